@@ -1,0 +1,1 @@
+"""What every Elastane daemon shares: records, wire codec, tokens, HTTP helpers, config."""

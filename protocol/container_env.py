@@ -1,0 +1,18 @@
+"""Environment variables the NM sets in every container (YARN's names where YARN has one)."""
+
+CONTAINER_ID = "CONTAINER_ID"
+NM_HOST = "NM_HOST"
+NM_PORT = "NM_HTTP_PORT"
+NM_HTTP_ADDRESS = "NM_HTTP_ADDRESS"
+APP_ID = "APPLICATION_ID"
+APP_ATTEMPT_ID = "APPLICATION_ATTEMPT_ID"
+USER = "USER"
+LOG_DIRS = "LOG_DIRS"
+PWD = "PWD"
+CONTAINER_MEMORY_MB = "CONTAINER_MEMORY_MB"
+CONTAINER_VCORES = "CONTAINER_VCORES"
+# Set by the RM for an AM container only:
+RM_ADDRESS = "ELASTANE_RM_ADDRESS"       # http://host:port of the RM
+AM_TOKEN = "ELASTANE_AM_TOKEN"           # the attempt's AM token
+APP_SUBMITTER = "APP_SUBMITTER"
+AM_DIR = "ELASTANE_AM_DIR"               # durable dir for checkpoints (per app, on the RM's state dir)

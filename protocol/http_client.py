@@ -1,0 +1,105 @@
+"""Async JSON-over-HTTP client (aiohttp keep-alive session, orjson codec, YARN error parsing)."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from . import codec
+
+
+class RemoteError(Exception):
+    """A non-2xx answer; carries YARN's RemoteException fields when the server sent them."""
+
+    def __init__(self, status: int, exception: str, message: str):
+        super().__init__(f"HTTP {status} {exception}: {message}")
+        self.status = status
+        self.exception = exception
+        self.message = message
+
+
+class JsonHttpClient:
+    """One keep-alive session to one base URL; `token` is sent as a bearer token on every call."""
+
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0,
+                 user: str | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.user = user
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=self._timeout,
+                                                  connector=aiohttp.TCPConnector(limit=64))
+        return self._session
+
+    async def request(self, method: str, path: str, body: Any = None,
+                      params: dict[str, str] | None = None, token: str | None = None) -> Any:
+        session = await self._get_session()
+        headers = {"Accept": "application/json"}
+        tok = token or self.token
+        if tok:
+            headers["Authorization"] = f"Bearer {tok}"
+        data = None
+        if body is not None:
+            data = body if isinstance(body, (bytes, bytearray)) else codec.dumps(body)
+            headers["Content-Type"] = "application/json"
+        params = dict(params or {})
+        if self.user and "user.name" not in params:
+            params["user.name"] = self.user
+        async with session.request(method, self.base_url + path, data=data, headers=headers,
+                                   params=params or None) as resp:
+            raw = await resp.read()
+            if resp.status >= 400:
+                exc, msg = "HTTPError", raw.decode(errors="replace")[:500]
+                try:
+                    re_ = codec.loads(raw)["RemoteException"]
+                    exc, msg = re_.get("exception", exc), re_.get("message", msg)
+                except Exception:
+                    pass
+                raise RemoteError(resp.status, exc, msg)
+            if not raw:
+                return None
+            ctype = resp.headers.get("Content-Type", "")
+            if "json" in ctype:
+                return codec.loads(raw)
+            return raw.decode(errors="replace")
+
+    async def get(self, path: str, params: dict[str, str] | None = None, **kw) -> Any:
+        return await self.request("GET", path, params=params, **kw)
+
+    async def post(self, path: str, body: Any = None, **kw) -> Any:
+        return await self.request("POST", path, body, **kw)
+
+    async def put(self, path: str, body: Any = None, **kw) -> Any:
+        return await self.request("PUT", path, body, **kw)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> "JsonHttpClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+async def wait_until_up(url: str, timeout_s: float = 30.0, interval_s: float = 0.05) -> None:
+    """Poll `url` until it answers (any status), or raise TimeoutError. A readiness check, not a sleep."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with aiohttp.ClientSession() as s:
+        while True:
+            try:
+                async with s.get(url) as r:
+                    await r.read()
+                    return
+            except (aiohttp.ClientError, OSError):
+                if loop.time() > deadline:
+                    raise TimeoutError(f"{url} did not come up within {timeout_s}s") from None
+                await asyncio.sleep(interval_s)

@@ -1,0 +1,63 @@
+"""YARN-format identifiers: application, attempt, container."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_APP_RE = re.compile(r"^application_(\d+)_(\d{4,})$")
+_ATTEMPT_RE = re.compile(r"^appattempt_(\d+)_(\d{4,})_(\d{6,})$")
+_CONTAINER_RE = re.compile(r"^container_(?:e\d+_)?(\d+)_(\d{4,})_(\d{2,})_(\d{6,})$")
+
+
+@dataclass(frozen=True, order=True)
+class ApplicationId:
+    cluster_ts: int
+    seq: int
+
+    def __str__(self) -> str:
+        return f"application_{self.cluster_ts}_{self.seq:04d}"
+
+    @classmethod
+    def parse(cls, s: str) -> "ApplicationId":
+        m = _APP_RE.match(s)
+        if not m:
+            raise ValueError(f"invalid application id {s!r}")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+
+@dataclass(frozen=True, order=True)
+class AttemptId:
+    app: ApplicationId
+    attempt: int
+
+    def __str__(self) -> str:
+        return f"appattempt_{self.app.cluster_ts}_{self.app.seq:04d}_{self.attempt:06d}"
+
+    @classmethod
+    def parse(cls, s: str) -> "AttemptId":
+        m = _ATTEMPT_RE.match(s)
+        if not m:
+            raise ValueError(f"invalid application attempt id {s!r}")
+        return cls(ApplicationId(int(m.group(1)), int(m.group(2))), int(m.group(3)))
+
+
+@dataclass(frozen=True, order=True)
+class ContainerId:
+    attempt: AttemptId
+    seq: int
+
+    def __str__(self) -> str:
+        a = self.attempt
+        return f"container_{a.app.cluster_ts}_{a.app.seq:04d}_{a.attempt:02d}_{self.seq:06d}"
+
+    @classmethod
+    def parse(cls, s: str) -> "ContainerId":
+        m = _CONTAINER_RE.match(s)
+        if not m:
+            raise ValueError(f"invalid container id {s!r}")
+        app = ApplicationId(int(m.group(1)), int(m.group(2)))
+        return cls(AttemptId(app, int(m.group(3))), int(m.group(4)))
+
+    @property
+    def app(self) -> ApplicationId:
+        return self.attempt.app

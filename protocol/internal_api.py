@@ -1,0 +1,197 @@
+"""Messages of the internal API (`/internal/v1/...`): NM <-> RM, AM <-> RM, AM/RM -> NM.
+
+Every call carries a bearer token (protocol.tokens): NMs an `nm` token they mint with the cluster
+secret, AMs the `am` token the RM put in their environment, container start/stop the `container`
+token the RM signed at allocation. Field names are snake_case JSON; resources use YARN's
+`{"memory", "vCores"}`.
+
+RM endpoints
+  POST /internal/v1/node/register   NodeRegisterRequest  -> NodeRegisterResponse   (nm token)
+  POST /internal/v1/node/heartbeat  NodeHeartbeatRequest -> NodeHeartbeatResponse  (nm token)
+  POST /internal/v1/am/register     AmRegisterRequest    -> AmRegisterResponse     (am token)
+  POST /internal/v1/am/allocate     AllocateRequest      -> AllocateResponse       (am token)
+  POST /internal/v1/am/finish       AmFinishRequest      -> AmFinishResponse       (am token)
+NM endpoints
+  POST /internal/v1/containers/start        StartContainerRequest -> ContainerStatus (container token)
+  POST /internal/v1/containers/{id}/stop    (empty body)          -> ContainerStatus (container token)
+  GET  /internal/v1/containers/{id}         -> ContainerStatus                      (container token)
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import msgspec
+
+from .records import Resource
+
+NODE_REGISTER = "/internal/v1/node/register"
+NODE_HEARTBEAT = "/internal/v1/node/heartbeat"
+AM_REGISTER = "/internal/v1/am/register"
+AM_ALLOCATE = "/internal/v1/am/allocate"
+AM_FINISH = "/internal/v1/am/finish"
+CONTAINER_START = "/internal/v1/containers/start"
+
+
+def container_stop_path(container_id: str) -> str:
+    return f"/internal/v1/containers/{container_id}/stop"
+
+
+def container_status_path(container_id: str) -> str:
+    return f"/internal/v1/containers/{container_id}"
+
+
+class _Msg(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=False):
+    pass
+
+
+# ----- containers -----------------------------------------------------------------------------
+
+class ContainerStatus(_Msg):
+    """What an NM knows of one container. `exit_status` is a YARN code (<0) or the process's own."""
+
+    container_id: str
+    state: str  # protocol.records.ContainerState value
+    exit_status: int = -1000
+    diagnostics: str = ""
+    resource: Optional[Resource] = None
+    pid: Optional[int] = None
+
+
+class LaunchContext(_Msg):
+    """YARN's ContainerLaunchContext, reduced to what Elastane uses."""
+
+    commands: list[str]
+    environment: dict[str, str] = {}
+    local_resources: dict[str, dict] = {}
+
+
+class StartContainerRequest(_Msg):
+    container_token: str
+    launch_context: LaunchContext
+
+
+# ----- NM <-> RM ------------------------------------------------------------------------------
+
+class NodeHealth(_Msg):
+    healthy: bool = True
+    report: str = ""
+
+
+class NodeRegisterRequest(_Msg):
+    node_id: str                 # "host:port" of the NM's HTTP server, as YARN names nodes
+    http_address: str            # "host:port" where /ws/v1/node and /internal/v1/containers are served
+    capability: Resource
+    rack: str = "/default-rack"
+    containers: list[ContainerStatus] = []   # running containers found again after an NM restart
+    version: str = ""
+
+
+class NodeRegisterResponse(_Msg):
+    node_id: str
+    heartbeat_interval_ms: int
+    rm_start_ms: int
+    action: str = "NORMAL"       # "NORMAL" | "SHUTDOWN"
+    diagnostics: str = ""
+
+
+class NodeHeartbeatRequest(_Msg):
+    node_id: str
+    response_id: int
+    used: Resource
+    container_statuses: list[ContainerStatus] = []
+    health: NodeHealth = msgspec.field(default_factory=NodeHealth)
+
+
+class NodeHeartbeatResponse(_Msg):
+    response_id: int
+    action: str = "NORMAL"       # "NORMAL" | "RESYNC" (register again) | "SHUTDOWN"
+    containers_to_cleanup: list[str] = []
+    apps_to_cleanup: list[str] = []
+    heartbeat_interval_ms: int = 1000
+    diagnostics: str = ""
+
+
+# ----- AM <-> RM ------------------------------------------------------------------------------
+
+class AmRegisterRequest(_Msg):
+    host: str = ""
+    rpc_port: int = -1
+    tracking_url: str = ""
+
+
+class AmRegisterResponse(_Msg):
+    app_id: str
+    attempt_id: str
+    maximum_resource: Resource
+    queue: str
+    user: str
+    containers_from_previous_attempts: list[str] = []
+
+
+class ResourceAsk(_Msg):
+    """One row of the AM's ask table. `count` is the total still wanted for this `ask_id`
+    (it replaces the previous count, as YARN's ResourceRequest does, so a lost reply is harmless)."""
+
+    ask_id: int
+    count: int
+    resource: Resource
+    priority: int = 0
+    nodes: list[str] = []        # preferred node ids or host names; empty = anywhere
+    relax_locality: bool = True
+    tag: str = ""                # free-form label the AM gets back (e.g. "worker", "server")
+
+
+class AllocatedContainer(_Msg):
+    container_id: str
+    node_id: str
+    node_http_address: str
+    resource: Resource
+    container_token: str
+    ask_id: int = 0
+    tag: str = ""
+
+
+class ShapeDirective(_Msg):
+    """A policy's word to an elastic job: have `workers` and `servers`, optionally on these nodes."""
+
+    workers: int
+    servers: int
+    nodes: list[str] = []
+    reason: str = ""
+    version: int = 0
+
+
+class AllocateRequest(_Msg):
+    response_id: int
+    asks: list[ResourceAsk] = []
+    releases: list[str] = []
+    progress: float = 0.0
+    # An elastic AM's current shape and early-feedback state, for the policies.
+    shape: Optional[dict] = None
+
+
+class NodeReport(_Msg):
+    node_id: str
+    state: str
+    http_address: str = ""
+
+
+class AllocateResponse(_Msg):
+    response_id: int
+    allocated: list[AllocatedContainer] = []
+    completed: list[ContainerStatus] = []
+    updated_nodes: list[NodeReport] = []
+    available: Resource = msgspec.field(default_factory=Resource)
+    num_cluster_nodes: int = 0
+    shape_directive: Optional[ShapeDirective] = None
+    action: str = "NORMAL"       # "NORMAL" | "RESYNC" | "SHUTDOWN" (app killed / attempt failed)
+
+
+class AmFinishRequest(_Msg):
+    final_status: str            # records.FinalStatus value
+    diagnostics: str = ""
+    tracking_url: str = ""
+
+
+class AmFinishResponse(_Msg):
+    unregistered: bool

@@ -1,0 +1,59 @@
+"""YARN's error body (`RemoteException`) and the exceptions daemons raise to produce it."""
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    """An error a handler raises to answer with YARN's RemoteException body; changes no state."""
+
+    status = 500
+    exception = "WebApplicationException"
+    java_class = "javax.ws.rs.WebApplicationException"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def body(self) -> dict[str, Any]:
+        return remote_exception_body(self.exception, self.message, self.java_class)
+
+
+class BadRequest(ApiError):
+    status = 400
+    exception = "BadRequestException"
+    java_class = "org.apache.hadoop.yarn.webapp.BadRequestException"
+
+
+class Unauthorized(ApiError):
+    status = 401
+    exception = "AuthenticationException"
+    java_class = "org.apache.hadoop.security.authentication.client.AuthenticationException"
+
+
+class Forbidden(ApiError):
+    status = 403
+    exception = "ForbiddenException"
+    java_class = "org.apache.hadoop.yarn.webapp.ForbiddenException"
+
+
+class NotFound(ApiError):
+    status = 404
+    exception = "NotFoundException"
+    java_class = "org.apache.hadoop.yarn.webapp.NotFoundException"
+
+
+class Conflict(ApiError):
+    status = 409
+    exception = "ConflictException"
+    java_class = "org.apache.hadoop.yarn.exceptions.YarnException"
+
+
+class ServiceUnavailable(ApiError):
+    status = 503
+    exception = "ServiceUnavailableException"
+    java_class = "org.apache.hadoop.ipc.StandbyException"
+
+
+def remote_exception_body(exception: str, message: str, java_class: str) -> dict[str, Any]:
+    return {"RemoteException": {"exception": exception, "message": message, "javaClassName": java_class}}

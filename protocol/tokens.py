@@ -1,0 +1,88 @@
+"""HMAC-SHA256 signed tokens: NM tokens, AM tokens (per attempt) and container tokens.
+
+A token is `base64url(json payload) "." base64url(hmac)`. Every payload carries `kind` and `exp`
+(unix seconds). The cluster secret lives in conf/cluster.toml and is shared by the RM and NMs,
+as Hadoop shares its secret keys; AMs never see it, they only hold tokens the RM gave them.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+import time
+from typing import Any, Callable
+
+import orjson
+
+NM = "nm"
+AM = "am"
+CONTAINER = "container"
+CLIENT = "client"
+
+
+class TokenError(Exception):
+    """A token that is malformed, forged, expired or of the wrong kind."""
+
+
+def generate_secret() -> str:
+    return secrets.token_hex(32)
+
+
+def _b64(b: bytes) -> str:
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+
+def _unb64(s: str) -> bytes:
+    return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+
+
+def sign(secret: str | bytes, kind: str, payload: dict[str, Any], lifetime_s: float,
+         now: float | None = None) -> str:
+    """Mint a token of `kind` carrying `payload`, valid for `lifetime_s` seconds."""
+    key = secret.encode() if isinstance(secret, str) else secret
+    now = time.time() if now is None else now
+    body = dict(payload)
+    body["kind"] = kind
+    body["exp"] = now + lifetime_s
+    encoded = _b64(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+    mac = hmac.new(key, encoded.encode(), hashlib.sha256).digest()
+    return encoded + "." + _b64(mac)
+
+
+def verify(secret: str | bytes, token: str, kind: str, now: float | None = None) -> dict[str, Any]:
+    """Return the payload of a valid token of `kind`; raise TokenError otherwise."""
+    key = secret.encode() if isinstance(secret, str) else secret
+    if not isinstance(token, str) or token.count(".") != 1:
+        raise TokenError("malformed token")
+    encoded, mac_s = token.split(".")
+    try:
+        mac = _unb64(mac_s)
+    except Exception:
+        raise TokenError("malformed token signature") from None
+    expected = hmac.new(key, encoded.encode(), hashlib.sha256).digest()
+    if not hmac.compare_digest(mac, expected):
+        raise TokenError("token signature does not match")
+    try:
+        payload = orjson.loads(_unb64(encoded))
+    except Exception:
+        raise TokenError("malformed token payload") from None
+    if payload.get("kind") != kind:
+        raise TokenError(f"expected a {kind} token, got {payload.get('kind')!r}")
+    now = time.time() if now is None else now
+    if float(payload.get("exp", 0)) < now:
+        raise TokenError("token expired")
+    return payload
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def token_from_header(value: str | None) -> str | None:
+    if not value or not value.startswith("Bearer "):
+        return None
+    return value[len("Bearer "):].strip()
+
+
+Clock = Callable[[], float]
