@@ -1,0 +1,1 @@
+"""NodeManager: registration, heartbeats, container launch, cgroups, RSS monitor, logs, recovery."""

@@ -1,0 +1,381 @@
+"""ApplicationMaster library: register with the RM, run the allocate loop, launch and stop
+containers on NMs, hand events to the app through an asyncio queue, and unregister.
+
+Typical use (see appmaster/distributed_shell.py):
+
+    am = ApplicationMaster.from_env()
+    await am.register(host, port, tracking_url)
+    am.add_ask(4, Resource(512, 1))
+    while True:
+        ev = await am.next_event()
+        if isinstance(ev, ContainersAllocated): ... await am.launch(c, LaunchContext(commands=[...]))
+        elif isinstance(ev, ContainersCompleted): ...
+        elif isinstance(ev, Shutdown): await am.stop_all(); return
+    await am.finish(FinalStatus.SUCCEEDED, "")
+
+Bookkeeping lives in ask_table.py and container_book.py (pure); this module does the I/O.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Optional
+
+import aiohttp
+
+from protocol import internal_api as api
+from protocol.http_client import RemoteError
+from protocol.internal_api import LaunchContext, NodeReport, ShapeDirective
+from protocol.nm_client import NMClient
+from protocol.records import ContainerState, ExitStatus, FinalStatus, Resource
+
+from .am_events import (AmEvent, ContainersAllocated, ContainersCompleted, NodesUpdated, ShapeChanged,
+                        Shutdown)
+from .ask_table import AskTable
+from .container_book import AmContainer, AmContainerState, ContainerBook, ContainerEvent
+from .rm_client import AmIdentity, RmClient
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class HeartbeatPolicy:
+    """How often the AM heartbeats: faster while asks are pending, as YARN's AMRMClient does."""
+
+    interval_s: float = 1.0
+    pending_interval_s: float = 0.25
+    rm_failure_timeout_s: float = 30.0    # give up (Shutdown) after the RM is unreachable this long
+
+    def interval(self, asks_pending: bool) -> float:
+        return self.pending_interval_s if asks_pending else self.interval_s
+
+
+class AmError(RuntimeError):
+    """Misuse of the AM library (e.g. launching a container that is not ALLOCATED)."""
+
+
+class ApplicationMaster:
+    """One attempt's AM: the RM protocol client, the NM launcher and the event queue."""
+
+    def __init__(self, identity: AmIdentity, *, policy: HeartbeatPolicy = HeartbeatPolicy(),
+                 clock: Clock = time.monotonic, auto_release_surplus: bool = True,
+                 rm_client: Optional[RmClient] = None, nm_client: Optional[NMClient] = None):
+        self.identity = identity
+        self.policy = policy
+        self.clock = clock
+        self.auto_release_surplus = auto_release_surplus
+        self.rm = rm_client or RmClient(identity)
+        self.nm = nm_client or NMClient()
+        self.asks = AskTable()
+        self.book = ContainerBook()
+        self.registration: Optional[api.AmRegisterResponse] = None
+        self.progress = 0.0
+        self.shape: Optional[dict] = None
+        self.last_directive: Optional[ShapeDirective] = None
+        self.nodes: dict[str, NodeReport] = {}
+        self.num_cluster_nodes = 0
+        self.available = Resource()
+        self._events: asyncio.Queue[AmEvent] = asyncio.Queue()
+        self._releases: list[str] = []
+        self._response_id = 0
+        self._register_req: Optional[api.AmRegisterRequest] = None
+        self._wake = asyncio.Event()
+        self._loop_task: Optional[asyncio.Task] = None
+        self._rm_down_since: Optional[float] = None
+        self._shut_down = False
+        self._finished = False
+
+    @classmethod
+    def from_env(cls, **kwargs) -> "ApplicationMaster":
+        """Build from ELASTANE_RM_ADDRESS / ELASTANE_AM_TOKEN / APPLICATION_ATTEMPT_ID."""
+        return cls(AmIdentity.from_env(), **kwargs)
+
+    # ----- lifecycle -------------------------------------------------------------------------
+
+    async def register(self, host: str = "", port: int = -1, tracking_url: str = "",
+                       start_heartbeats: bool = True) -> api.AmRegisterResponse:
+        """Register the attempt with the RM and start the allocate loop."""
+        self._register_req = api.AmRegisterRequest(host=host, rpc_port=port, tracking_url=tracking_url)
+        self.registration = await self.rm.register(self._register_req)
+        log.info("registered %s (app %s, queue %s)", self.registration.attempt_id,
+                 self.registration.app_id, self.registration.queue)
+        if start_heartbeats:
+            self._loop_task = asyncio.create_task(self._heartbeat_loop(), name="am-heartbeat")
+        return self.registration
+
+    async def finish(self, final_status: FinalStatus | str, diagnostics: str = "", tracking_url: str = "",
+                     timeout_s: float = 30.0) -> bool:
+        """Unregister with the final status; retries until the RM confirms or `timeout_s` passes."""
+        await self._stop_loop()
+        status = final_status.value if isinstance(final_status, FinalStatus) else str(final_status)
+        req = api.AmFinishRequest(final_status=status, diagnostics=diagnostics, tracking_url=tracking_url)
+        deadline = self.clock() + timeout_s
+        while True:
+            try:
+                out = await self.rm.finish(req)
+                if out.unregistered:
+                    self._finished = True
+                    return True
+            except RemoteError as e:
+                if e.status in (401, 403, 404, 409):  # the RM no longer knows this attempt
+                    log.warning("finish refused: %s", e)
+                    return False
+                log.warning("finish failed: %s", e)
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                log.warning("finish: RM unreachable: %s", e)
+            if self.clock() >= deadline:
+                return False
+            await asyncio.sleep(0.2)
+
+    async def close(self) -> None:
+        """Stop the loop and close HTTP sessions (does not unregister: see finish)."""
+        await self._stop_loop()
+        await self.rm.close()
+        await self.nm.close()
+
+    async def _stop_loop(self) -> None:
+        task, self._loop_task = self._loop_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    # ----- what the app wants ------------------------------------------------------------------
+
+    def add_ask(self, count: int, resource: Resource, *, priority: int = 0, nodes: list[str] | None = None,
+                relax_locality: bool = True, tag: str = "") -> int:
+        """Ask for `count` containers of `resource`; returns the ask_id they will carry."""
+        ask_id = self.asks.add(count, resource, priority=priority, nodes=nodes,
+                               relax_locality=relax_locality, tag=tag)
+        self.heartbeat_now()
+        return ask_id
+
+    def set_ask_count(self, ask_id: int, count: int) -> None:
+        self.asks.set_count(ask_id, count)
+        self.heartbeat_now()
+
+    def set_progress(self, progress: float) -> None:
+        self.progress = min(1.0, max(0.0, float(progress)))
+
+    def set_shape(self, shape: Optional[dict]) -> None:
+        """The elastic job's current shape / feedback, sent to the RM's policy on each heartbeat."""
+        self.shape = shape
+
+    def heartbeat_now(self) -> None:
+        self._wake.set()
+
+    async def next_event(self, timeout_s: Optional[float] = None) -> Optional[AmEvent]:
+        """The next event, or None after `timeout_s` (0 = only what is already queued)."""
+        if not self._events.empty():
+            return self._events.get_nowait()
+        if timeout_s is None:
+            return await self._events.get()
+        try:
+            return await asyncio.wait_for(self._events.get(), timeout_s)
+        except asyncio.TimeoutError:
+            return None
+
+    async def events(self) -> AsyncIterator[AmEvent]:
+        """Iterate events until (and including) Shutdown."""
+        while True:
+            ev = await self._events.get()
+            yield ev
+            if isinstance(ev, Shutdown):
+                return
+
+    @property
+    def containers(self) -> dict[str, AmContainer]:
+        return self.book.containers
+
+    # ----- containers on NMs ------------------------------------------------------------------
+
+    async def launch(self, container: AmContainer | str, ctx: LaunchContext) -> bool:
+        """Start an ALLOCATED container on its NM with its container token.
+
+        On failure the container is released to the RM and completed with exit status -1000
+        (INVALID) and the NM's message as diagnostics; returns False.
+        """
+        rec = self._record(container)
+        if rec.state is not AmContainerState.ALLOCATED:
+            raise AmError(f"cannot launch {rec.container_id} in state {rec.state.value}")
+        self.book.apply(rec.container_id, ContainerEvent.LAUNCH)
+        try:
+            status = await self.nm.start_container(rec.node_http_address, rec.token, ctx)
+        except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as e:
+            if rec.done:        # the RM already reported it (e.g. node lost meanwhile)
+                return False
+            self.book.finish_locally(rec.container_id, ContainerEvent.LAUNCH_FAILED, ExitStatus.INVALID,
+                                     f"launch on {rec.node_id} failed: {e}")
+            self._release(rec.container_id)
+            self._emit(ContainersCompleted([rec]))
+            return False
+        if not rec.done:
+            self.book.apply(rec.container_id, ContainerEvent.LAUNCHED)
+            rec.pid = status.pid
+            if status.state == ContainerState.COMPLETE.value:
+                self._complete([status])
+        return True
+
+    async def stop(self, container: AmContainer | str) -> None:
+        """Stop a container: release it if never launched, else ask its NM (the RM is told too)."""
+        rec = self._record(container)
+        if rec.done:
+            return
+        if rec.state is AmContainerState.ALLOCATED:
+            self.book.finish_locally(rec.container_id, ContainerEvent.STOP, ExitStatus.KILLED_BY_APPMASTER,
+                                     "released by the AM before launch")
+            self._release(rec.container_id)
+            self._emit(ContainersCompleted([rec]))
+            return
+        self.book.apply(rec.container_id, ContainerEvent.STOP)
+        try:
+            status = await self.nm.stop_container(rec.node_http_address, rec.container_id, rec.token)
+        except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as e:
+            # The NM may be gone; releasing makes the RM clean it up wherever it is.
+            log.warning("stop %s on %s failed (%s); releasing through the RM", rec.container_id, rec.node_id, e)
+            self._release(rec.container_id)
+            return
+        if status.state == ContainerState.COMPLETE.value:
+            self._complete([status])
+
+    async def stop_all(self) -> None:
+        """Stop every live container concurrently."""
+        live = self.book.live()
+        if live:
+            await asyncio.gather(*(self.stop(c) for c in live), return_exceptions=True)
+
+    def release(self, container: AmContainer | str) -> None:
+        """Give back a container that was never launched."""
+        rec = self._record(container)
+        if rec.done:
+            return
+        self.book.finish_locally(rec.container_id, ContainerEvent.RELEASE, ExitStatus.KILLED_BY_APPMASTER,
+                                 "released by the AM")
+        self._release(rec.container_id)
+
+    def _record(self, container: AmContainer | str) -> AmContainer:
+        cid = container if isinstance(container, str) else container.container_id
+        rec = self.book.get(cid)
+        if rec is None:
+            raise AmError(f"unknown container {cid}")
+        return rec
+
+    def _release(self, container_id: str) -> None:
+        if container_id not in self._releases:
+            self._releases.append(container_id)
+        self.heartbeat_now()
+
+    # ----- the allocate loop ------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        while not self._shut_down:
+            try:
+                await self.heartbeat_once()
+            except Exception as e:   # a bug here must not leave the app waiting forever
+                log.exception("allocate loop failed")
+                self._shutdown(f"AM allocate loop failed: {type(e).__name__}: {e}")
+                return
+            if self._shut_down:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.policy.interval(self.asks.pending))
+            except asyncio.TimeoutError:
+                pass
+
+    async def heartbeat_once(self) -> Optional[api.AllocateResponse]:
+        """One allocate round trip; errors are handled here (retried, or Shutdown when fatal)."""
+        asks = self.asks.to_send()
+        releases = list(self._releases)
+        req = api.AllocateRequest(response_id=self._response_id, asks=asks, releases=releases,
+                                  progress=self.progress, shape=self.shape)
+        try:
+            resp = await self.rm.allocate(req)
+        except RemoteError as e:
+            if e.status in (401, 403, 404, 409):
+                self._shutdown(f"RM refused the allocate call: {e}")
+            else:
+                self._rm_unreachable(str(e))
+            return None
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as e:
+            self._rm_unreachable(f"{type(e).__name__}: {e}")
+            return None
+        self._rm_down_since = None
+        self.asks.acknowledge(asks)
+        self._releases = [c for c in self._releases if c not in releases]
+        await self.on_allocate_response(resp)
+        return resp
+
+    def _rm_unreachable(self, why: str) -> None:
+        now = self.clock()
+        if self._rm_down_since is None:
+            self._rm_down_since = now
+        log.warning("allocate failed: %s", why)
+        if now - self._rm_down_since >= self.policy.rm_failure_timeout_s:
+            self._shutdown(f"RM unreachable for {now - self._rm_down_since:.0f}s: {why}")
+
+    async def on_allocate_response(self, resp: api.AllocateResponse) -> None:
+        """Apply one allocate response: book containers, emit events, follow the RM's action."""
+        self._response_id = resp.response_id
+        self.num_cluster_nodes = resp.num_cluster_nodes
+        self.available = resp.available
+        if resp.action == "RESYNC":
+            await self._resync()
+            return
+        granted: list[AmContainer] = []
+        for c in resp.allocated:
+            if self.book.get(c.container_id) is not None:
+                continue                                 # a duplicate grant in a retried response
+            rec = self.book.add(c)
+            if self.asks.on_allocated(c) or not self.auto_release_surplus:
+                granted.append(rec)
+            else:
+                log.info("releasing surplus container %s (ask %d)", c.container_id, c.ask_id)
+                self.release(rec)
+        if granted:
+            self._emit(ContainersAllocated(granted))
+        self._complete(resp.completed)
+        if resp.updated_nodes:
+            for n in resp.updated_nodes:
+                self.nodes[n.node_id] = n
+            self._emit(NodesUpdated(list(resp.updated_nodes)))
+        d = resp.shape_directive
+        if d is not None and d != self.last_directive:
+            self.last_directive = d
+            self._emit(ShapeChanged(d))
+        if resp.action == "SHUTDOWN":
+            self._shutdown("the RM asked the AM to shut down (app killed or attempt failed)")
+
+    async def _resync(self) -> None:
+        """The RM lost this attempt's session (e.g. it restarted): register again and resend all asks."""
+        log.warning("RM asked for resync; registering again")
+        self._response_id = 0
+        self.asks.mark_all_dirty()
+        if self._register_req is not None:
+            try:
+                self.registration = await self.rm.register(self._register_req)
+            except RemoteError as e:
+                self._shutdown(f"re-registration refused: {e}")
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                self._rm_unreachable(str(e))
+
+    def _complete(self, statuses: list[api.ContainerStatus]) -> None:
+        done = [rec for rec in (self.book.complete(s) for s in statuses) if rec is not None]
+        if done:
+            self._emit(ContainersCompleted(done))
+
+    def _shutdown(self, reason: str) -> None:
+        if self._shut_down:
+            return
+        self._shut_down = True
+        log.warning("shutdown: %s", reason)
+        self._emit(Shutdown(reason))
+
+    def _emit(self, ev: AmEvent) -> None:
+        self._events.put_nowait(ev)

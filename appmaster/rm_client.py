@@ -1,0 +1,57 @@
+"""The AM's client of the RM's internal AM API: register, allocate, finish (AM-token authenticated)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from protocol import codec, container_env
+from protocol import internal_api as api
+from protocol.http_client import JsonHttpClient
+
+
+class AmEnvironmentError(RuntimeError):
+    """The AM was started without the environment the RM gives an AM container."""
+
+
+@dataclass(frozen=True)
+class AmIdentity:
+    """What the RM put in the AM container's environment."""
+
+    rm_address: str
+    am_token: str
+    attempt_id: str
+    container_id: str = ""
+    am_dir: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "AmIdentity":
+        env = os.environ if env is None else env
+        missing = [k for k in (container_env.RM_ADDRESS, container_env.AM_TOKEN, container_env.APP_ATTEMPT_ID)
+                   if not env.get(k)]
+        if missing:
+            raise AmEnvironmentError(f"not running as an ApplicationMaster: {', '.join(missing)} not set")
+        return cls(rm_address=env[container_env.RM_ADDRESS], am_token=env[container_env.AM_TOKEN],
+                   attempt_id=env[container_env.APP_ATTEMPT_ID],
+                   container_id=env.get(container_env.CONTAINER_ID, ""),
+                   am_dir=env.get(container_env.AM_DIR, ""))
+
+
+class RmClient:
+    """Typed calls to /internal/v1/am/*; raises protocol.http_client.RemoteError on HTTP errors."""
+
+    def __init__(self, identity: AmIdentity, timeout_s: float = 15.0):
+        self.identity = identity
+        self._http = JsonHttpClient(identity.rm_address, token=identity.am_token, timeout_s=timeout_s)
+
+    async def register(self, req: api.AmRegisterRequest) -> api.AmRegisterResponse:
+        return codec.decode_as(await self._http.post(api.AM_REGISTER, req), api.AmRegisterResponse)
+
+    async def allocate(self, req: api.AllocateRequest) -> api.AllocateResponse:
+        return codec.decode_as(await self._http.post(api.AM_ALLOCATE, req), api.AllocateResponse)
+
+    async def finish(self, req: api.AmFinishRequest) -> api.AmFinishResponse:
+        return codec.decode_as(await self._http.post(api.AM_FINISH, req), api.AmFinishResponse)
+
+    async def close(self) -> None:
+        await self._http.close()

@@ -1,0 +1,184 @@
+"""Data-plane benchmark: push+pull throughput and pull latency vs a raw-socket ceiling.
+
+    .venv/bin/python bench/dataplane.py [--seconds 2.0]
+
+For 8 KiB, 1 MiB and 8 MiB float32 blocks, a client (this process) pushes a delta to a server
+executor (a separate `python -m psruntime.executor` process, which applies it with update "add")
+and pulls the block back, in a loop. The baseline, in the same run, moves the same bytes with plain
+blocking sockets between this process and a second process (sendall / recv_into, no framing, no
+store): the machine's ceiling for one round trip of N bytes each way. Prints a summary, then one
+JSON object as the last line.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SIZES = {"8kib": 8 << 10, "1mib": 1 << 20, "8mib": 8 << 20}
+NUM_BLOCKS = 16
+
+
+def raw_server(port_file: str) -> None:
+    """Echo N bytes back for each 8-byte length header, using preallocated buffers."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    Path(port_file + ".tmp").write_text(str(srv.getsockname()[1]))
+    os.replace(port_file + ".tmp", port_file)
+    buf = bytearray(max(SIZES.values()))
+    hdr = bytearray(8)
+    while True:  # one connection per measured size, served one after the other
+        conn, _ = srv.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while _recv_exactly(conn, memoryview(hdr)):
+            n = int.from_bytes(hdr, "little")
+            _recv_exactly(conn, memoryview(buf)[:n])
+            conn.sendall(memoryview(buf)[:n])
+        conn.close()
+
+
+def _recv_exactly(conn: socket.socket, view: memoryview) -> bool:
+    got = 0
+    while got < len(view):
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            return False
+        got += n
+    return True
+
+
+def _wait_file(path: Path, proc: subprocess.Popen[bytes], what: str) -> str:
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{what} did not start")
+        time.sleep(0.02)
+    return path.read_text()
+
+
+def bench_raw(port: int, nbytes: int, seconds: float) -> tuple[float, list[float]]:
+    """Round trips of nbytes each way over one socket; returns (GB/s both ways, per-trip seconds)."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    out = np.ones(nbytes // 4, np.float32)
+    back = bytearray(nbytes)
+    lat = []
+    moved = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        t = time.perf_counter()
+        s.sendall(nbytes.to_bytes(8, "little"))
+        s.sendall(memoryview(out).cast("B"))
+        _recv_exactly(s, memoryview(back))
+        lat.append(time.perf_counter() - t)
+        moved += 2 * nbytes
+    elapsed = time.perf_counter() - t0
+    s.close()
+    return moved / elapsed / 1e9, lat
+
+
+async def bench_store(address: str, nbytes: int, seconds: float, key: int) -> tuple[float, list[float]]:
+    """push(delta) + pull(block) pairs; returns (GB/s both ways, pull latencies in seconds)."""
+    from psruntime.ownership_table import OwnershipTable  # noqa: PLC0415
+    from psruntime.store_client import StoreClient  # noqa: PLC0415
+
+    table = OwnershipTable(NUM_BLOCKS, ["srv"] * NUM_BLOCKS, {"srv": address}, 1)
+    client = StoreClient(table)
+    delta = np.ones(nbytes // 4, np.float32)
+    await client.put([key], [np.zeros_like(delta)])
+    lat = []
+    moved = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        await client.push([key], [delta])
+        t = time.perf_counter()
+        got = await client.pull([key])
+        lat.append(time.perf_counter() - t)
+        moved += 2 * nbytes
+    elapsed = time.perf_counter() - t0
+    await client.flush()
+    assert got[key].nbytes == nbytes
+    # Every push was applied exactly once: the value counts them.
+    final = (await client.pull([key]))[key]
+    assert float(final[0]) == len(lat), (float(final[0]), len(lat))
+    await client.close()
+    return moved / elapsed / 1e9, lat
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seconds", type=float, default=2.0, help="measuring time per size and side")
+    p.add_argument("--raw-server", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.raw_server:
+        raw_server(args.raw_server)
+        return
+    repo = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(repo))
+    from protocol.daemon import install_uvloop  # noqa: PLC0415
+    install_uvloop()
+    tmp = Path(tempfile.mkdtemp(prefix="elastane-bench-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        ex = subprocess.Popen([sys.executable, "-m", "psruntime.executor", "--executor-id", "srv", "--port", "0",
+                               "--num-blocks", str(NUM_BLOCKS), "--ready-file", str(tmp / "ex.ready"),
+                               "--log-level", "WARNING"], cwd=repo)
+        procs.append(ex)
+        raw = subprocess.Popen([sys.executable, __file__, "--raw-server", str(tmp / "raw.port")])
+        procs.append(raw)
+        address = json.loads(_wait_file(tmp / "ex.ready", ex, "executor"))["address"]
+        raw_port = int(_wait_file(tmp / "raw.port", raw, "raw server"))
+        # The executor must own every block: hand it the table as the AM would.
+        from psruntime.dataplane import DataPlaneClient  # noqa: PLC0415
+        from psruntime.ownership_table import OwnershipTable  # noqa: PLC0415
+
+        async def setup() -> None:
+            dp = DataPlaneClient()
+            table = OwnershipTable(NUM_BLOCKS, ["srv"] * NUM_BLOCKS, {"srv": address}, 1)
+            await dp.request(address, {"op": "set_ownership", "table": table.to_wire()})
+            await dp.close()
+        asyncio.run(setup())
+
+        results: dict[str, dict[str, float]] = {}
+        for i, (name, nbytes) in enumerate(SIZES.items()):
+            raw_gbps, raw_lat = bench_raw(raw_port, nbytes, args.seconds)
+            gbps, lat = asyncio.run(bench_store(address, nbytes, args.seconds, key=i))
+            results[name] = {"gbps": gbps, "raw_gbps": raw_gbps, "ratio": gbps / raw_gbps,
+                             "p50_pull_us": statistics.median(lat) * 1e6,
+                             "p99_pull_us": float(np.percentile(lat, 99)) * 1e6,
+                             "raw_p50_rtt_us": statistics.median(raw_lat) * 1e6, "iterations": len(lat)}
+            r = results[name]
+            print(f"{name:>5}: push+pull {gbps:6.2f} GB/s  raw {raw_gbps:6.2f} GB/s  ratio {r['ratio']:.2f}  "
+                  f"pull p50 {r['p50_pull_us']:8.0f} us  p99 {r['p99_pull_us']:8.0f} us  "
+                  f"raw rtt p50 {r['raw_p50_rtt_us']:8.0f} us  ({len(lat)} iterations)")
+        summary = {"push_pull_gbps_8mib": round(results["8mib"]["gbps"], 3),
+                   "raw_socket_gbps": round(results["8mib"]["raw_gbps"], 3),
+                   "ratio_8mib": round(results["8mib"]["ratio"], 3),
+                   "p50_us_8kib": round(results["8kib"]["p50_pull_us"], 1),
+                   "push_pull_gbps_1mib": round(results["1mib"]["gbps"], 3),
+                   "ratio_1mib": round(results["1mib"]["ratio"], 3),
+                   "p50_us_1mib": round(results["1mib"]["p50_pull_us"], 1),
+                   "p50_us_8mib": round(results["8mib"]["p50_pull_us"], 1)}
+        print(json.dumps(summary))
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+if __name__ == "__main__":
+    main()

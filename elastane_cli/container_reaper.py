@@ -1,0 +1,107 @@
+"""Kill container processes that NMs recorded in their recovery dirs and left behind.
+
+An NM killed with SIGKILL (a simulated host crash) leaves its containers running, as a crashed
+host's NM would. When the local cluster stops, those processes must go too, but only those: a
+process is killed only if it belongs to a recorded pid / process group, started after the cluster
+did, and (when the record names its container) carries that CONTAINER_ID in its environment.
+"""
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from protocol import container_env
+
+from . import processes
+
+
+@dataclass(frozen=True)
+class RecordedContainer:
+    """A container process an NM wrote down in its recovery dir."""
+
+    pid: int
+    pgid: int
+    container_id: str = ""
+    start_ticks: int | None = None
+
+
+def _records_in(obj: Any) -> Iterator[RecordedContainer]:
+    """Find container records anywhere in a decoded recovery file (the NM's layout may nest them)."""
+    if isinstance(obj, dict):
+        pid = obj.get("pid")
+        if isinstance(pid, int) and pid > 1:
+            pgid = obj.get("pgid")
+            # The NM records the pid's /proc start time as `start_time` (clock ticks since boot).
+            ticks = obj.get("start_time", obj.get("start_ticks"))
+            yield RecordedContainer(
+                pid=pid,
+                pgid=pgid if isinstance(pgid, int) and pgid > 1 else pid,  # own session: pgid == pid
+                container_id=str(obj.get("container_id") or obj.get("id") or ""),
+                start_ticks=ticks if isinstance(ticks, int) else None,
+            )
+        for v in obj.values():
+            if isinstance(v, (dict, list)):
+                yield from _records_in(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _records_in(v)
+
+
+def recorded_containers(recovery_dir: Path) -> list[RecordedContainer]:
+    """Every container record in the JSON / JSON-lines files under `recovery_dir`."""
+    found: dict[tuple[int, str], RecordedContainer] = {}
+    if not recovery_dir.is_dir():
+        return []
+    for path in sorted(recovery_dir.rglob("*")):
+        if not path.is_file() or path.suffix not in (".json", ".jsonl", ""):
+            continue
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        docs: list[Any] = []
+        try:
+            docs.append(json.loads(text))
+        except ValueError:
+            for line in text.splitlines():
+                try:
+                    docs.append(json.loads(line))
+                except ValueError:
+                    continue
+        for doc in docs:
+            for rec in _records_in(doc):
+                found[(rec.pid, rec.container_id)] = rec
+    return list(found.values())
+
+
+def _belongs(pid: int, rec: RecordedContainer, not_before_unix: float) -> bool:
+    ticks = processes.proc_start_ticks(pid)
+    if ticks is None:
+        return False
+    if pid == rec.pid and rec.start_ticks is not None and ticks != rec.start_ticks:
+        return False  # the recorded pid was recycled
+    # Started before the cluster: certainly not one of its containers. 1 s slack for rounding.
+    if processes.ticks_to_unix(ticks) < not_before_unix - 1.0:
+        return False
+    if rec.container_id:
+        cid = processes.proc_environ(pid).get(container_env.CONTAINER_ID)
+        if cid is not None and cid != rec.container_id:
+            return False
+    return True
+
+
+def reap(recovery_dirs: list[Path], not_before_unix: float) -> list[int]:
+    """SIGKILL the live processes of every recorded container; return the pids killed."""
+    killed: list[int] = []
+    for rec in (r for d in recovery_dirs for r in recorded_containers(d)):
+        members = set(processes.group_members(rec.pgid))
+        if processes.is_alive(rec.pid):
+            members.add(rec.pid)
+        for pid in sorted(members):
+            if _belongs(pid, rec, not_before_unix) and processes.signal_pid(pid, signal.SIGKILL):
+                killed.append(pid)
+    processes.wait_gone([(p, None) for p in killed], 5.0)
+    return killed

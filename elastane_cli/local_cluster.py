@@ -1,0 +1,366 @@
+"""A whole Elastane cluster on localhost: one RM and N NMs as real processes on real sockets.
+
+Synchronous and subprocess-based so pytest fixtures, the CLI (`elastane cluster start`), the demo
+and the benchmarks all use it the same way:
+
+    with LocalCluster(tmp_path, nodes=3) as c:
+        ... c.rm_url ...
+
+Layout under `base_dir`: conf/cluster.toml (fresh secret), rm/ (state dir), nm<i>/{local,logs,
+recovery}/, logs/{rm,nm<i>}.log (daemon output), run/*.ready (ready files) and cluster.json
+(pids, so another process can stop the cluster: `LocalCluster.load(base_dir).stop()`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any, Mapping, Sequence
+
+from protocol import tokens
+
+from . import container_reaper, processes
+
+
+class ClusterStartError(RuntimeError):
+    """The cluster did not come up; the message carries the failing daemons' log tails."""
+
+
+@dataclass
+class NodeProcess:
+    """One NodeManager process of a LocalCluster and its directories."""
+
+    index: int
+    pid: int
+    node_id: str
+    http_address: str
+    base_dir: Path
+    log_dir: Path
+    local_dir: Path
+    recovery_dir: Path
+    start_ticks: int | None = None
+    alive: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("base_dir", "log_dir", "local_dir", "recovery_dir"):
+            d[k] = str(d[k])
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "NodeProcess":
+        d = dict(d)
+        for k in ("base_dir", "log_dir", "local_dir", "recovery_dir"):
+            d[k] = Path(d[k])
+        return cls(**d)
+
+
+@dataclass
+class _Spawned:
+    popen: subprocess.Popen | None
+    log: IO[bytes] | None = field(default=None, repr=False)
+
+
+class LocalCluster:
+    """One RM and `nodes` NMs on 127.0.0.1, each NM declaring `node_memory_mb` / `node_vcores`."""
+
+    STATE_FILE = "cluster.json"
+    # The daemons' modules; tests point these at fakes to exercise the harness on its own.
+    rm_module = "rm"
+    nm_module = "nodemanager"
+
+    def __init__(self, base_dir: Path, nodes: int = 3, node_memory_mb: int = 2048, node_vcores: int = 2,
+                 rm_port: int = 0, nm_expiry_s: float = 10.0, am_expiry_s: float = 10.0,
+                 heartbeat_interval_ms: int = 1000, cgroups: str = "auto", policy: str = "static",
+                 extra_rm_args: Sequence[str] = (), extra_nm_args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None) -> None:
+        if nodes < 1:
+            raise ValueError(f"nodes must be >= 1, got {nodes}")
+        if node_memory_mb < 1 or node_vcores < 1:
+            raise ValueError("node_memory_mb and node_vcores must be positive")
+        if not 0 <= rm_port <= 65535:
+            raise ValueError(f"rm_port must be in 0..65535, got {rm_port}")
+        self.base_dir = Path(base_dir).resolve()
+        self.num_nodes = nodes
+        self.node_memory_mb = node_memory_mb
+        self.node_vcores = node_vcores
+        self.rm_port = rm_port
+        self.nm_expiry_s = nm_expiry_s
+        self.am_expiry_s = am_expiry_s
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.cgroups = cgroups
+        self.policy = policy
+        self.extra_rm_args = list(extra_rm_args)
+        self.extra_nm_args = list(extra_nm_args)
+        self.env = dict(env or {})
+        self.rm_url = ""
+        self.secret = ""
+        self.nodes: list[NodeProcess] = []
+        self.rm_pid = 0
+        self.rm_start_ticks: int | None = None
+        self.started_at = 0.0
+        self._spawned: dict[str, _Spawned] = {}
+        self._stopped = False
+
+    # ----- paths ------------------------------------------------------------------------------
+
+    @property
+    def conf_path(self) -> Path:
+        return self.base_dir / "conf" / "cluster.toml"
+
+    def log_path(self, name: str) -> Path:
+        return self.base_dir / "logs" / f"{name}.log"
+
+    def _ready_path(self, name: str) -> Path:
+        return self.base_dir / "run" / f"{name}.ready"
+
+    # ----- start ------------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 60.0) -> "LocalCluster":
+        """Start the RM, then every NM; return once every node is RUNNING at the RM."""
+        deadline = time.monotonic() + timeout_s
+        for sub in ("conf", "rm", "logs", "run"):
+            (self.base_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.started_at = time.time()
+        self._stopped = False
+        self.secret = tokens.generate_secret()
+        self._write_cluster_conf(f"http://127.0.0.1:{self.rm_port or 8088}")
+        try:
+            rm_ready = self._start_rm(deadline)
+            self.rm_url = rm_ready.get("url") or f"http://{rm_ready['http_address']}"
+            self._write_cluster_conf(self.rm_url)
+            self.save_state()
+            for i in range(self.num_nodes):
+                self._spawn_nm(i)
+            for i in range(self.num_nodes):
+                self._await_nm(i, deadline)
+            self.save_state()
+            self._await_nodes_running(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _daemon_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _write_cluster_conf(self, rm_address: str) -> None:
+        text = ("# Written by LocalCluster: this cluster's own secret and RM address.\n"
+                "[cluster]\n"
+                f'secret = "{self.secret}"\n'
+                f'rm_address = "{rm_address}"\n')
+        tmp = self.conf_path.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.chmod(tmp, 0o600)
+        tmp.replace(self.conf_path)
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        self._ready_path(name).unlink(missing_ok=True)
+        log = open(self.log_path(name), "ab")
+        # Own session: the daemons outlive the CLI that started them and miss its Ctrl-C.
+        p = subprocess.Popen([sys.executable, *args], stdin=subprocess.DEVNULL, stdout=log,
+                             stderr=subprocess.STDOUT, env=self._daemon_env(), cwd=self.base_dir,
+                             start_new_session=True)
+        self._spawned[name] = _Spawned(p, log)
+        return p
+
+    def _await_ready(self, name: str, deadline: float) -> dict[str, Any]:
+        """Poll the daemon's ready file; fail fast if the daemon exits first."""
+        path = self._ready_path(name)
+        popen = self._spawned[name].popen
+        while True:
+            if path.exists():
+                try:
+                    return json.loads(path.read_text())
+                except ValueError:
+                    pass  # written atomically, so only a foreign writer gets here; retry
+            if popen is not None and popen.poll() is not None:
+                raise ClusterStartError(f"{name} exited with code {popen.returncode} before it was ready:\n"
+                                        + processes.tail(self.log_path(name)))
+            if time.monotonic() > deadline:
+                raise ClusterStartError(f"{name} was not ready in time; log tail:\n"
+                                        + processes.tail(self.log_path(name)))
+            time.sleep(0.05)
+
+    def _start_rm(self, deadline: float) -> dict[str, Any]:
+        args = ["-m", self.rm_module, "--cluster-config", str(self.conf_path), "--host", "127.0.0.1",
+                "--port", str(self.rm_port), "--state-dir", str(self.base_dir / "rm"),
+                "--nm-expiry-s", str(self.nm_expiry_s), "--am-expiry-s", str(self.am_expiry_s),
+                "--policy", self.policy, "--ready-file", str(self._ready_path("rm")), *self.extra_rm_args]
+        p = self._spawn("rm", args)
+        self.rm_pid = p.pid
+        self.rm_start_ticks = processes.proc_start_ticks(p.pid)
+        return self._await_ready("rm", deadline)
+
+    def _node_dirs(self, i: int) -> NodeProcess:
+        base = self.base_dir / f"nm{i}"
+        node = NodeProcess(index=i, pid=0, node_id="", http_address="", base_dir=base,
+                           log_dir=base / "logs", local_dir=base / "local", recovery_dir=base / "recovery")
+        for d in (node.log_dir, node.local_dir, node.recovery_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        return node
+
+    def _spawn_nm(self, i: int) -> None:
+        node = self._node_dirs(i)
+        args = ["-m", self.nm_module, "--cluster-config", str(self.conf_path), "--rm-address", self.rm_url,
+                "--host", "127.0.0.1", "--port", "0", "--memory-mb", str(self.node_memory_mb),
+                "--vcores", str(self.node_vcores), "--local-dir", str(node.local_dir),
+                "--log-dir", str(node.log_dir), "--recovery-dir", str(node.recovery_dir),
+                "--cgroups", self.cgroups, "--heartbeat-interval-ms", str(self.heartbeat_interval_ms),
+                "--ready-file", str(self._ready_path(f"nm{i}")), *self.extra_nm_args]
+        p = self._spawn(f"nm{i}", args)
+        node.pid = p.pid
+        node.start_ticks = processes.proc_start_ticks(p.pid)
+        if i < len(self.nodes):
+            self.nodes[i] = node
+        else:
+            self.nodes.append(node)
+
+    def _await_nm(self, i: int, deadline: float) -> None:
+        ready = self._await_ready(f"nm{i}", deadline)
+        self.nodes[i].node_id = ready["node_id"]
+        self.nodes[i].http_address = ready["http_address"]
+
+    def _rm_nodes(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(self.rm_url + "/ws/v1/cluster/nodes", timeout=5) as r:
+            body = json.loads(r.read())
+        return ((body or {}).get("nodes") or {}).get("node") or []
+
+    def _await_nodes_running(self, deadline: float, indexes: Sequence[int] | None = None) -> None:
+        want = {self.nodes[i].node_id for i in (indexes if indexes is not None else range(len(self.nodes)))}
+        states: dict[str, str] = {}
+        while True:
+            try:
+                states = {n.get("id"): n.get("state") for n in self._rm_nodes()}
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            if all(states.get(nid) == "RUNNING" for nid in want):
+                return
+            dead = [n for n in self.nodes if n.node_id in want and not processes.is_alive(n.pid)]
+            if dead or time.monotonic() > deadline:
+                logs = "\n".join(f"--- nm{n.index}:\n{processes.tail(self.log_path(f'nm{n.index}'))}"
+                                 for n in self.nodes if n.node_id in want)
+                raise ClusterStartError(
+                    f"nodes not RUNNING at the RM (states {states}); rm log:\n"
+                    f"{processes.tail(self.log_path('rm'))}\n{logs}")
+            time.sleep(0.05)
+
+    # ----- failures ---------------------------------------------------------------------------
+
+    def kill_node(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Signal NM `index`; with SIGKILL its containers keep running, like on a crashed host."""
+        node = self.nodes[index]
+        processes.signal_pid(node.pid, sig, node.start_ticks)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            spawned = self._spawned.get(f"nm{index}")
+            if spawned is not None and spawned.popen is not None:
+                try:
+                    spawned.popen.wait(timeout=20)  # reap, so the pid is really gone
+                except subprocess.TimeoutExpired:
+                    pass
+            processes.wait_gone([(node.pid, node.start_ticks)], 20.0)
+            node.alive = processes.is_alive(node.pid, node.start_ticks)
+        self.save_state()
+
+    def restart_node(self, index: int, timeout_s: float = 60.0) -> NodeProcess:
+        """Start NM `index` again on the same dirs (its recovery dir lets it find its containers)."""
+        deadline = time.monotonic() + timeout_s
+        old = self.nodes[index]
+        if processes.is_alive(old.pid, old.start_ticks):
+            raise RuntimeError(f"nm{index} (pid {old.pid}) is still running")
+        self._spawn_nm(index)
+        self._await_nm(index, deadline)
+        self.save_state()
+        self._await_nodes_running(deadline, [index])
+        return self.nodes[index]
+
+    # ----- stop -------------------------------------------------------------------------------
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM the NMs then the RM, SIGKILL stragglers, then reap containers left behind."""
+        if self._stopped:
+            return
+        nms = [(n.pid, n.start_ticks) for n in self.nodes if n.pid]
+        processes.terminate_all(nms, timeout_s)
+        if self.rm_pid:
+            processes.terminate_all([(self.rm_pid, self.rm_start_ticks)], timeout_s)
+        for spawned in self._spawned.values():
+            if spawned.popen is not None:
+                try:
+                    spawned.popen.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+            if spawned.log is not None:
+                spawned.log.close()
+        self._spawned.clear()
+        if self.started_at:
+            container_reaper.reap([n.recovery_dir for n in self.nodes], self.started_at)
+        for n in self.nodes:
+            n.alive = False
+        self._stopped = True
+        if self.base_dir.exists() and self.started_at:
+            self.save_state()
+
+    def pids(self) -> list[int]:
+        """Pids of the RM and every NM of this cluster (alive or not)."""
+        return [p for p in [self.rm_pid, *(n.pid for n in self.nodes)] if p]
+
+    def running(self) -> bool:
+        """True while the RM process is alive."""
+        return bool(self.rm_pid) and processes.is_alive(self.rm_pid, self.rm_start_ticks)
+
+    # ----- persistence ------------------------------------------------------------------------
+
+    def save_state(self) -> Path:
+        """Write base_dir/cluster.json: what `load` needs to stop this cluster from another process."""
+        state = {
+            "base_dir": str(self.base_dir), "rm_url": self.rm_url, "rm_pid": self.rm_pid,
+            "rm_start_ticks": self.rm_start_ticks, "started_at": self.started_at, "stopped": self._stopped,
+            "params": {"nodes": self.num_nodes, "node_memory_mb": self.node_memory_mb,
+                       "node_vcores": self.node_vcores, "rm_port": self.rm_port,
+                       "nm_expiry_s": self.nm_expiry_s, "am_expiry_s": self.am_expiry_s,
+                       "heartbeat_interval_ms": self.heartbeat_interval_ms, "cgroups": self.cgroups,
+                       "policy": self.policy, "extra_rm_args": self.extra_rm_args,
+                       "extra_nm_args": self.extra_nm_args, "env": self.env},
+            "nodes": [n.to_json() for n in self.nodes],
+        }
+        path = self.base_dir / self.STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, base_dir: Path) -> "LocalCluster":
+        """The cluster recorded in base_dir/cluster.json (raises FileNotFoundError if none)."""
+        path = Path(base_dir) / cls.STATE_FILE
+        state = json.loads(path.read_text())
+        c = cls(Path(state["base_dir"]), **state["params"])
+        c.rm_url = state["rm_url"]
+        c.rm_pid = state["rm_pid"]
+        c.rm_start_ticks = state["rm_start_ticks"]
+        c.started_at = state["started_at"]
+        # `stopped` is informational: stop() on a loaded cluster always re-checks the recorded pids.
+        c.nodes = [NodeProcess.from_json(n) for n in state["nodes"]]
+        try:
+            from protocol import config  # noqa: PLC0415
+            c.secret = config.load_cluster(str(c.conf_path)).secret
+        except Exception:
+            c.secret = ""
+        return c
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

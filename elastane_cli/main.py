@@ -1,0 +1,58 @@
+"""The `elastane` command: argparse front end, dispatch to the command groups, exit codes.
+
+Exit codes: 0 ok, 1 the operation or the app failed (or the RM is unreachable), 2 bad usage or
+bad input (argparse errors, and 400 / 404 answers from the RM).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from . import app_commands, cluster_commands, daemon_commands, node_commands, secret_command
+from .context import CliContext, common_parent, default_cluster_dir, default_user, global_options, resolve_rm_url
+from .errors import CliError
+
+PROG = "elastane"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Elastane: a YARN-style resource manager for elastic parameter-server ML.",
+        epilog="Exit codes: 0 ok, 1 failed, 2 bad usage or input.")
+    global_options(parser)
+    sub = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
+    common = common_parent()
+    for module in (cluster_commands, node_commands, app_commands, daemon_commands, secret_command):
+        module.add_parser(sub, common)
+    return parser
+
+
+def make_context(args: argparse.Namespace) -> CliContext:
+    cluster_dir = default_cluster_dir()
+    return CliContext(rm_url=resolve_rm_url(getattr(args, "rm", None), cluster_dir),
+                      user=getattr(args, "user", None) or default_user(), cluster_dir=cluster_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")  # exits 2
+    args.extra = extra
+    ctx = make_context(args)
+    try:
+        return args.func(args, ctx)
+    except CliError as e:
+        ctx.out.flush()
+        print(f"{PROG}: error: {e.message}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `elastane app logs ... | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

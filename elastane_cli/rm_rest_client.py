@@ -1,0 +1,129 @@
+"""Async client of the RM's YARN REST API (and the NMs' /ws/v1/node API) for the CLI.
+
+Errors come out as CLI errors: a 400 / 404 from a daemon is bad input (exit 2), an unreachable
+daemon or any other failure is an operation failure (exit 1).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from protocol.http_client import JsonHttpClient, RemoteError
+
+from .errors import CliError, OperationFailed, UsageError
+
+APPS = "/ws/v1/cluster/apps"
+NODES = "/ws/v1/cluster/nodes"
+
+
+def _items(body: Any, outer: str, inner: str) -> list[dict[str, Any]]:
+    """YARN wraps lists as {"apps": {"app": [...]}} and sends {"apps": null} when empty."""
+    if not isinstance(body, dict):
+        return []
+    wrapped = body.get(outer) or {}
+    items = wrapped.get(inner) if isinstance(wrapped, dict) else None
+    return items if isinstance(items, list) else []
+
+
+def translate(err: BaseException, what: str, url: str) -> CliError:
+    """Map an HTTP client exception to the CLI error (and exit code) it stands for."""
+    if isinstance(err, RemoteError):
+        if err.status in (400, 404):
+            return UsageError(err.message or str(err))
+        return OperationFailed(f"{what} answered HTTP {err.status} {err.exception}: {err.message}")
+    if isinstance(err, (aiohttp.ClientConnectionError, ConnectionError, OSError)):
+        return OperationFailed(f"cannot reach the {what} at {url}: {err}")
+    if isinstance(err, asyncio.TimeoutError):
+        return OperationFailed(f"the {what} at {url} did not answer in time")
+    if isinstance(err, aiohttp.ClientError):
+        return OperationFailed(f"error talking to the {what} at {url}: {err}")
+    raise err
+
+
+class RmRestClient:
+    """The YARN RM REST calls the CLI makes, as `user` (Hadoop simple auth: ?user.name=)."""
+
+    def __init__(self, rm_url: str, user: str, timeout_s: float = 30.0):
+        self.rm_url = rm_url.rstrip("/")
+        self.user = user
+        self._http = JsonHttpClient(self.rm_url, timeout_s=timeout_s, user=user)
+        self._nm: dict[str, JsonHttpClient] = {}
+        self._timeout_s = timeout_s
+
+    async def _call(self, method: str, path: str, body: Any = None,
+                    params: dict[str, str] | None = None) -> Any:
+        try:
+            return await self._http.request(method, path, body, params=params)
+        except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            raise translate(e, "ResourceManager", self.rm_url) from None
+
+    # ----- cluster ----------------------------------------------------------------------------
+
+    async def cluster_info(self) -> dict[str, Any]:
+        body = await self._call("GET", "/ws/v1/cluster/info")
+        return (body or {}).get("clusterInfo", body or {})
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        return _items(await self._call("GET", NODES), "nodes", "node")
+
+    # ----- apps -------------------------------------------------------------------------------
+
+    async def apps(self, states: str | None = None, queue: str | None = None, user: str | None = None,
+                   limit: int | None = None) -> list[dict[str, Any]]:
+        params = {k: str(v) for k, v in
+                  (("states", states), ("queue", queue), ("user", user), ("limit", limit)) if v is not None}
+        return _items(await self._call("GET", APPS, params=params), "apps", "app")
+
+    async def app(self, app_id: str) -> dict[str, Any]:
+        body = await self._call("GET", f"{APPS}/{app_id}")
+        return (body or {}).get("app", body or {})
+
+    async def app_attempts(self, app_id: str) -> list[dict[str, Any]]:
+        return _items(await self._call("GET", f"{APPS}/{app_id}/appattempts"), "appAttempts", "appAttempt")
+
+    async def kill(self, app_id: str) -> dict[str, Any]:
+        return await self._call("PUT", f"{APPS}/{app_id}/state", {"state": "KILLED"}) or {}
+
+    async def new_application(self) -> dict[str, Any]:
+        return await self._call("POST", f"{APPS}/new-application") or {}
+
+    async def submit(self, submission: dict[str, Any]) -> None:
+        await self._call("POST", APPS, submission)
+
+    # ----- NMs --------------------------------------------------------------------------------
+
+    def _nm_client(self, http_address: str) -> JsonHttpClient:
+        c = self._nm.get(http_address)
+        if c is None:
+            base = http_address if http_address.startswith("http") else f"http://{http_address}"
+            c = self._nm[http_address] = JsonHttpClient(base, timeout_s=self._timeout_s, user=self.user)
+        return c
+
+    async def _nm_call(self, http_address: str, path: str) -> Any:
+        try:
+            return await self._nm_client(http_address).get(path)
+        except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            raise translate(e, "NodeManager", http_address) from None
+
+    async def nm_containers(self, http_address: str) -> list[dict[str, Any]]:
+        return _items(await self._nm_call(http_address, "/ws/v1/node/containers"), "containers", "container")
+
+    async def container_log(self, http_address: str, container_id: str, file: str) -> str:
+        body = await self._nm_call(http_address, f"/ws/v1/node/containerlogs/{container_id}/{file}")
+        if body is None:
+            return ""
+        return body if isinstance(body, str) else str(body)
+
+    async def close(self) -> None:
+        await self._http.close()
+        for c in self._nm.values():
+            await c.close()
+        self._nm.clear()
+
+    async def __aenter__(self) -> "RmRestClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,53 @@
+"""`python -m nodemanager`: parse flags, load config, run the NodeManager until SIGTERM."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional
+
+from protocol import config as pconfig
+from protocol.daemon import run_daemon, setup_logging
+
+from . import node_settings
+from .node_manager import NodeManager
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m nodemanager", description="Elastane NodeManager")
+    p.add_argument("--config", help="nm.toml (default conf/nm.toml)")
+    p.add_argument("--cluster-config", help="cluster.toml (default conf/cluster.toml)")
+    p.add_argument("--rm-address", help="RM URL, e.g. http://127.0.0.1:8088")
+    p.add_argument("--host", help="address to bind")
+    p.add_argument("--port", type=int, help="HTTP port (0 = ephemeral)")
+    p.add_argument("--memory-mb", type=int, help="memory offered to containers (0 = detect)")
+    p.add_argument("--vcores", type=int, help="vcores offered to containers (0 = detect)")
+    p.add_argument("--local-dir", help="container working dirs")
+    p.add_argument("--log-dir", help="container logs")
+    p.add_argument("--recovery-dir", help="records of running containers, for NM restart")
+    p.add_argument("--cgroups", choices=node_settings.CGROUP_MODES, help="cgroup enforcement")
+    p.add_argument("--heartbeat-interval-ms", type=int, help="heartbeat period")
+    p.add_argument("--ready-file", help="JSON written once serving and registered")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    setup_logging("nodemanager")
+    try:
+        cfg = pconfig.merge(pconfig.load_nm(args.config), rm_address=args.rm_address, host=args.host,
+                            port=args.port, memory_mb=args.memory_mb, vcores=args.vcores,
+                            local_dir=args.local_dir, log_dir=args.log_dir, recovery_dir=args.recovery_dir,
+                            cgroups=args.cgroups, heartbeat_interval_ms=args.heartbeat_interval_ms)
+        cluster = pconfig.load_cluster(args.cluster_config)
+        node_settings.validate(cfg, cluster)
+        nm = NodeManager(cfg, cluster, ready_file=args.ready_file)
+        nm.bind()
+    except (pconfig.ConfigError, OSError, ValueError) as e:
+        print(f"nodemanager: {e}", file=sys.stderr)
+        return 2
+    run_daemon(nm.start, nm.stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

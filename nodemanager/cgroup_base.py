@@ -1,0 +1,147 @@
+"""What the v1 and v2 cgroup backends share: the per-container record and the backend interface."""
+from __future__ import annotations
+
+import abc
+import errno
+import os
+import re
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class CgroupError(OSError):
+    """A cgroup that cannot be created, configured or written."""
+
+
+@dataclass
+class ContainerCgroup:
+    """One container's cgroup directories (v1: one per controller; v2: a single one)."""
+
+    container_id: str
+    dirs: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"container_id": self.container_id, "dirs": list(self.dirs)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ContainerCgroup":
+        return cls(str(d["container_id"]), [str(x) for x in d.get("dirs", [])])
+
+
+def sanitise(name: str) -> str:
+    """A node id such as "127.0.0.1:8042" made safe as a directory name."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def write_file(path: str | Path, value: str) -> None:
+    """Write one cgroup control file; errors name the file."""
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+    except OSError as e:
+        raise CgroupError(e.errno or errno.EIO, f"cannot write {value!r} to {path}: {e.strerror}") from None
+
+
+def read_file(path: str | Path) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as e:
+        raise CgroupError(e.errno or errno.EIO, f"cannot read {path}: {e.strerror}") from None
+
+
+def read_pids(path: str | Path) -> list[int]:
+    """pids listed in a cgroup.procs / tasks file (empty if the cgroup is gone)."""
+    try:
+        return [int(x) for x in Path(path).read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def read_int(path: str | Path) -> int:
+    """An integer control file such as memory.max_usage_in_bytes (0 when absent or unreadable)."""
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def kv_counter(text: str, key: str) -> int:
+    """The value of `key` in a "key value" per line file such as memory.events."""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == key:
+            try:
+                return int(parts[1])
+            except ValueError:
+                return 0
+    return 0
+
+
+class CgroupBackend(abc.ABC):
+    """Creates, limits, watches and removes per-container cgroups under <mount>/<name>/<node>."""
+
+    version: str = ""
+
+    @abc.abstractmethod
+    def setup(self) -> None:
+        """Create the node's parent cgroup(s); raise CgroupError when the hierarchy is unusable."""
+
+    @abc.abstractmethod
+    def create(self, container_id: str, memory_mb: int, vcores: int) -> ContainerCgroup:
+        """Create a container's cgroup with its CPU and memory limits."""
+
+    @abc.abstractmethod
+    def join_files(self, cg: ContainerCgroup) -> list[str]:
+        """Files a process writes its own pid into to enter the container's cgroup."""
+
+    @abc.abstractmethod
+    def procs_file(self, cg: ContainerCgroup) -> str:
+        """The file listing every process of the container (for stragglers)."""
+
+    @abc.abstractmethod
+    def oom_killed(self, cg: ContainerCgroup, died_of_sigkill: bool) -> bool:
+        """Whether the kernel OOM killer killed a process of this container."""
+
+    @abc.abstractmethod
+    def peak_memory_bytes(self, cg: ContainerCgroup) -> int:
+        """The container's peak memory use as the kernel recorded it (0 if unknown)."""
+
+    @abc.abstractmethod
+    def node_dirs(self) -> list[str]:
+        """The node's parent cgroup dirs (removed at shutdown)."""
+
+    def pids(self, cg: ContainerCgroup) -> list[int]:
+        return read_pids(self.procs_file(cg))
+
+    def kill_all(self, cg: ContainerCgroup) -> int:
+        """SIGKILL every process left in the container's cgroup; returns how many were signalled."""
+        n = 0
+        for pid in self.pids(cg):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                n += 1
+            except ProcessLookupError:
+                pass
+        return n
+
+    def try_remove(self, cg: ContainerCgroup) -> bool:
+        """rmdir the container's cgroup dirs; False while processes remain (EBUSY)."""
+        done = True
+        for d in cg.dirs:
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                done = False
+        return done
+
+    def teardown(self) -> None:
+        """Remove the node's (empty) parent cgroups; the shared top one only if no other NM uses it."""
+        for d in self.node_dirs():
+            for path in (d, os.path.dirname(d)):
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    pass  # busy (another NM, or a container not yet gone) or already removed

@@ -1,0 +1,99 @@
+"""cgroup v1 backend: separate `cpu` and `memory` hierarchies (also the hybrid layout)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .cgroup_base import (CgroupBackend, CgroupError, ContainerCgroup, kv_counter, read_file, read_int,
+                          write_file)
+
+
+class CgroupV1(CgroupBackend):
+    """Per container: <cpu mount>/<name>/<node>/<cid> and <memory mount>/<name>/<node>/<cid>."""
+
+    version = "v1"
+
+    def __init__(self, cpu_mount: str, memory_mount: str, cgroup_name: str, node_dir: str,
+                 cpu_period_us: int = 100000, hard_cpu: bool = True):
+        self.cpu_parent = os.path.join(cpu_mount, cgroup_name, node_dir)
+        self.mem_parent = os.path.join(memory_mount, cgroup_name, node_dir)
+        self.period = cpu_period_us
+        self.hard_cpu = hard_cpu
+
+    def node_dirs(self) -> list[str]:
+        return [self.cpu_parent, self.mem_parent]
+
+    def setup(self) -> None:
+        for d in self.node_dirs():
+            try:
+                os.makedirs(d, exist_ok=True)
+            except OSError as e:
+                raise CgroupError(e.errno, f"cannot create cgroup {d}: {e.strerror}") from None
+            if not os.access(os.path.join(d, "tasks"), os.W_OK):
+                raise CgroupError(13, f"cgroup {d} is not writable")
+        # Make memory accounting hierarchical where the kernel still allows the choice.
+        try:
+            write_file(os.path.join(self.mem_parent, "memory.use_hierarchy"), "1")
+        except CgroupError:
+            pass
+
+    def _dirs(self, container_id: str) -> tuple[str, str]:
+        return os.path.join(self.cpu_parent, container_id), os.path.join(self.mem_parent, container_id)
+
+    def create(self, container_id: str, memory_mb: int, vcores: int) -> ContainerCgroup:
+        cpu_dir, mem_dir = self._dirs(container_id)
+        cg = ContainerCgroup(container_id, [cpu_dir, mem_dir])
+        try:
+            for d in cg.dirs:
+                os.makedirs(d, exist_ok=True)
+            if self.hard_cpu:
+                # Period first: the kernel checks quota against the current period.
+                write_file(os.path.join(cpu_dir, "cpu.cfs_period_us"), str(self.period))
+                write_file(os.path.join(cpu_dir, "cpu.cfs_quota_us"), str(max(1, vcores) * self.period))
+            else:
+                write_file(os.path.join(cpu_dir, "cpu.shares"), str(1024 * max(1, vcores)))
+            limit = str(memory_mb * 1024 * 1024)
+            # The swap limit (memsw) must stay >= the memory limit, so order depends on direction;
+            # a fresh cgroup is unlimited, so memory first, then memsw to the same value (no swap).
+            write_file(os.path.join(mem_dir, "memory.limit_in_bytes"), limit)
+            memsw = os.path.join(mem_dir, "memory.memsw.limit_in_bytes")
+            if os.path.exists(memsw):
+                write_file(memsw, limit)
+            swappiness = os.path.join(mem_dir, "memory.swappiness")
+            if os.path.exists(swappiness):
+                try:
+                    write_file(swappiness, "0")
+                except CgroupError:
+                    pass
+        except (CgroupError, OSError):
+            self.try_remove(cg)
+            raise
+        return cg
+
+    def join_files(self, cg: ContainerCgroup) -> list[str]:
+        return [os.path.join(d, "cgroup.procs") for d in cg.dirs]
+
+    def procs_file(self, cg: ContainerCgroup) -> str:
+        return os.path.join(cg.dirs[1], "cgroup.procs")
+
+    def oom_killed(self, cg: ContainerCgroup, died_of_sigkill: bool) -> bool:
+        mem_dir = cg.dirs[1]
+        try:
+            ctl = read_file(os.path.join(mem_dir, "memory.oom_control"))
+        except CgroupError:
+            return False
+        if "oom_kill " in ctl:  # kernels >= 4.13 count kills
+            return kv_counter(ctl, "oom_kill") > 0
+        try:
+            failcnt = int(read_file(os.path.join(mem_dir, "memory.failcnt")).strip() or 0)
+        except (CgroupError, ValueError):
+            return False
+        return failcnt > 0 and died_of_sigkill
+
+    def peak_memory_bytes(self, cg: ContainerCgroup) -> int:
+        return read_int(os.path.join(cg.dirs[1], "memory.max_usage_in_bytes"))
+
+    def cpu_quota(self, cg: ContainerCgroup) -> tuple[int, int]:
+        """(quota, period) of the container's cpu cgroup, for diagnostics and tests."""
+        d = Path(cg.dirs[0])
+        return int((d / "cpu.cfs_quota_us").read_text()), int((d / "cpu.cfs_period_us").read_text())

@@ -1,0 +1,91 @@
+"""cgroup v2 backend: one unified hierarchy with `cpu` and `memory` enabled down the tree."""
+from __future__ import annotations
+
+import os
+
+from .cgroup_base import (CgroupBackend, CgroupError, ContainerCgroup, kv_counter, read_file, read_int,
+                          write_file)
+
+
+def v2_weight(vcores: int) -> int:
+    """cpu.weight for soft mode: 100 per vcore (the v2 default weight is 100), clamped to 1..10000."""
+    return max(1, min(10000, 100 * max(1, vcores)))
+
+
+class CgroupV2(CgroupBackend):
+    """Per container: <mount>/<name>/<node>/<cid> with cpu.max, memory.max, memory.swap.max=0."""
+
+    version = "v2"
+
+    def __init__(self, mount: str, cgroup_name: str, node_dir: str,
+                 cpu_period_us: int = 100000, hard_cpu: bool = True):
+        self.mount = mount
+        self.top = os.path.join(mount, cgroup_name)
+        self.parent = os.path.join(self.top, node_dir)
+        self.period = cpu_period_us
+        self.hard_cpu = hard_cpu
+
+    def node_dirs(self) -> list[str]:
+        return [self.parent]
+
+    def _enable_controllers(self, d: str) -> None:
+        path = os.path.join(d, "cgroup.subtree_control")
+        enabled = set(read_file(path).split()) if os.path.exists(path) else set()
+        missing = [c for c in ("cpu", "memory") if c not in enabled]
+        if missing:
+            write_file(path, " ".join("+" + c for c in missing))
+
+    def setup(self) -> None:
+        try:
+            os.makedirs(self.parent, exist_ok=True)
+        except OSError as e:
+            raise CgroupError(e.errno, f"cannot create cgroup {self.parent}: {e.strerror}") from None
+        # Controllers must be enabled in every ancestor's subtree_control for a leaf to use them.
+        for d in (self.mount, self.top, self.parent):
+            self._enable_controllers(d)
+
+    def create(self, container_id: str, memory_mb: int, vcores: int) -> ContainerCgroup:
+        d = os.path.join(self.parent, container_id)
+        cg = ContainerCgroup(container_id, [d])
+        try:
+            os.makedirs(d, exist_ok=True)
+            if self.hard_cpu:
+                write_file(os.path.join(d, "cpu.max"), f"{max(1, vcores) * self.period} {self.period}")
+            else:
+                write_file(os.path.join(d, "cpu.weight"), str(v2_weight(vcores)))
+            write_file(os.path.join(d, "memory.max"), str(memory_mb * 1024 * 1024))
+            swap = os.path.join(d, "memory.swap.max")
+            if os.path.exists(swap):  # absent when the kernel has no swap accounting
+                write_file(swap, "0")
+            # Kill the whole container on OOM, not one random process of it.
+            write_file(os.path.join(d, "memory.oom.group"), "1")
+        except (CgroupError, OSError):
+            self.try_remove(cg)
+            raise
+        return cg
+
+    def join_files(self, cg: ContainerCgroup) -> list[str]:
+        return [os.path.join(cg.dirs[0], "cgroup.procs")]
+
+    def procs_file(self, cg: ContainerCgroup) -> str:
+        return os.path.join(cg.dirs[0], "cgroup.procs")
+
+    def oom_killed(self, cg: ContainerCgroup, died_of_sigkill: bool) -> bool:
+        try:
+            events = read_file(os.path.join(cg.dirs[0], "memory.events"))
+        except CgroupError:
+            return False
+        return kv_counter(events, "oom_kill") > 0 or kv_counter(events, "oom_group_kill") > 0
+
+    def peak_memory_bytes(self, cg: ContainerCgroup) -> int:
+        return read_int(os.path.join(cg.dirs[0], "memory.peak"))  # kernels >= 5.19
+
+    def kill_all(self, cg: ContainerCgroup) -> int:
+        # cgroup.kill (5.14+) kills everything atomically, including processes forking right now.
+        kill = os.path.join(cg.dirs[0], "cgroup.kill")
+        if os.path.exists(kill):
+            try:
+                write_file(kill, "1")
+            except CgroupError:
+                pass
+        return super().kill_all(cg)

@@ -1,0 +1,381 @@
+"""Runs the node's containers: admission, launch, exit handling, stop, cleanup and recovery.
+
+The lifecycle decisions go through the pure state machine (container_state); this module does
+the I/O around it: processes, cgroups, dirs and the recovery records.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from protocol import ids
+from protocol.config import NMConfig
+from protocol.internal_api import LaunchContext
+from protocol.records import ExitStatus, Resource
+from protocol.remote_exception import ApiError, BadRequest, Conflict
+
+from . import launcher, procfs
+from .container import Container
+from .container_state import ContainerEvent as Ev, NMContainerState as St, holds_resources, is_finished
+from .enforcement import Enforcement
+from .recovery_store import RecoveryStore
+from .rss_monitor import Watched, cgroup_oom_diagnostics, find_overruns
+
+log = logging.getLogger(__name__)
+
+KILL_GRACE_S = 1.0          # SIGTERM -> SIGKILL
+ADOPTED_POLL_S = 0.2        # how often a re-adopted (not our child) container is checked
+CGROUP_REMOVE_TIMEOUT_S = 5.0
+
+
+class InsufficientResources(ApiError):
+    """The node has not enough free capacity for the container."""
+
+    status = 409
+    exception = "InsufficientResourcesException"
+    java_class = "org.apache.hadoop.yarn.exceptions.YarnException"
+
+
+class ContainerManager:
+    """Owns every container of this node."""
+
+    def __init__(self, cfg: NMConfig, node_id: str, nm_host: str, nm_port: int, capability: Resource,
+                 enforcement: Enforcement, store: RecoveryStore, clock: Callable[[], float] = time.time):
+        self.cfg = cfg
+        self.node_id = node_id
+        self.nm_host = nm_host
+        self.nm_port = nm_port
+        self.capability = capability
+        self.enforcement = enforcement
+        self.store = store
+        self.clock = clock
+        self.containers: dict[str, Container] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._loops: list[asyncio.Task] = []
+        self._closing = False
+
+    # ----- capacity -----------------------------------------------------------------------------
+
+    def used(self) -> Resource:
+        total = Resource(0, 0)
+        for c in self.containers.values():
+            if holds_resources(c.state):
+                total = total + c.resource
+        return total
+
+    def free(self) -> Resource:
+        return self.capability - self.used()
+
+    def spawn_task(self, coro: Any) -> asyncio.Task:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    # ----- start --------------------------------------------------------------------------------
+
+    async def start(self, claims: dict[str, Any], resource: Resource, ctx: LaunchContext) -> Container:
+        """Admit and launch a container whose token claims were already verified."""
+        if self._closing:
+            raise Conflict("the NodeManager is shutting down")
+        cid = str(claims.get("container_id", ""))
+        try:
+            cparsed = ids.ContainerId.parse(cid)
+        except ValueError as e:
+            raise BadRequest(f"container token: {e}") from None
+        app_id = str(claims.get("app_id") or cparsed.app)
+        if not ctx.commands:
+            raise BadRequest("launch_context.commands: at least one command is required")
+        if resource.memory <= 0 or resource.vcores <= 0:
+            raise BadRequest(f"container token: resource must be positive, got {resource.to_json()}")
+        if cid in self.containers:
+            raise Conflict(f"container {cid} was already started on this node")
+        if not resource.fits_in(self.free()):
+            raise InsufficientResources(
+                f"container {cid} needs {resource.to_json()} but node {self.node_id} has "
+                f"{self.free().to_json()} free of {self.capability.to_json()}")
+        c = Container(
+            container_id=cid, app_id=app_id, attempt_id=str(claims.get("attempt_id", "")),
+            user=str(claims.get("user", "")), resource=resource, token_expiry=float(claims.get("exp", 0)),
+            work_dir=os.path.join(self.cfg.local_dir, app_id, cid),
+            log_dir=os.path.join(self.cfg.log_dir, app_id, cid), exit_file=self.store.exit_file(cid))
+        self.containers[cid] = c  # reserves the capacity before the first await
+        try:
+            await self._launch(c, ctx)
+        except Exception as e:  # a failed launch is the container's outcome, not the NM's crash
+            log.warning("launch of %s failed: %s", cid, e)
+            c.apply(Ev.LAUNCH_FAILED)
+            c.exit_status = ExitStatus.INVALID
+            c.diagnostics = f"container launch failed: {type(e).__name__}: {e}"
+            self.spawn_task(self._cleanup(c))
+        return c
+
+    async def _launch(self, c: Container, ctx: LaunchContext) -> None:
+        backend = self.enforcement.backend
+        if backend is not None:
+            c.cgroup = await asyncio.to_thread(backend.create, c.container_id, c.resource.memory, c.resource.vcores)
+        spec = launcher.LaunchSpec(
+            container_id=c.container_id, app_id=c.app_id, attempt_id=c.attempt_id, user=c.user,
+            memory_mb=c.resource.memory, vcores=c.resource.vcores, work_dir=c.work_dir, log_dir=c.log_dir,
+            exit_file=c.exit_file, nm_host=self.nm_host, nm_port=self.nm_port,
+            cgroup_join_files=tuple(backend.join_files(c.cgroup)) if backend and c.cgroup else ())
+        await asyncio.to_thread(launcher.prepare_dirs, spec)
+        c.apply(Ev.LOCALIZED)
+        proc = await launcher.spawn(spec, ctx)
+        c.process, c.pid, c.pgid = proc, proc.pid, proc.pid
+        st = procfs.read_stat(proc.pid)
+        c.start_time = st.start_time if st else None
+        c.launched_at = self.clock()
+        c.apply(Ev.LAUNCHED)
+        self.store.save(c.to_record())
+        if c.kill_status is not None:  # a stop arrived while the launch was in flight
+            c.apply(Ev.KILL)
+            self.spawn_task(self._kill(c))
+        log.info("launched %s pid %d (%s)", c.container_id, proc.pid, c.resource.to_json())
+        self.spawn_task(self._watch_child(c))
+
+    # ----- exit ---------------------------------------------------------------------------------
+
+    async def _watch_child(self, c: Container) -> None:
+        assert c.process is not None
+        rc = await c.process.wait()
+        await self._on_exit(c, launcher.exit_code_from_returncode(rc), died_of_sigkill=rc == -signal.SIGKILL)
+
+    async def _watch_adopted(self, c: Container) -> None:
+        assert c.pid is not None and c.start_time is not None
+        while procfs.is_same_process(c.pid, c.start_time):
+            await asyncio.sleep(ADOPTED_POLL_S)
+        code = self.store.read_exit_code(c.container_id)
+        await self._on_exit(c, code, died_of_sigkill=code == 128 + signal.SIGKILL)
+
+    async def _on_exit(self, c: Container, code: Optional[int], died_of_sigkill: bool) -> None:
+        """Decide the exit status (kill reason, OOM, or the process's code), then clean up."""
+        backend = self.enforcement.backend
+        if c.kill_status is not None:
+            status, diag = c.kill_status, c.kill_diagnostics
+        elif backend is not None and c.cgroup is not None and backend.oom_killed(c.cgroup, died_of_sigkill):
+            status = ExitStatus.KILLED_EXCEEDED_PMEM
+            diag = cgroup_oom_diagnostics(c.container_id, c.pid or 0, c.resource.memory,
+                                          backend.peak_memory_bytes(c.cgroup))
+        elif code is None:
+            status = ExitStatus.ABORTED
+            diag = "container process exited while the NodeManager was down and left no exit code"
+        else:
+            status = code
+            diag = "" if code == 0 else f"Exception from container-launch: exit code {code}"
+        c.exit_status, c.diagnostics = status, diag
+        c.finished_at = self.clock()
+        c.apply(Ev.EXITED_SUCCESS if status == 0 else Ev.EXITED_FAILURE)
+        c.exited.set()
+        log.info("container %s finished: %s %s", c.container_id, ExitStatus.describe(status), diag)
+        await self._cleanup(c)
+
+    async def _cleanup(self, c: Container) -> None:
+        """Kill leftovers, remove the cgroup and working dir, keep the record until reported."""
+        if c.finished_at is None:
+            c.finished_at = self.clock()
+            c.exited.set()
+        if c.pgid:
+            launcher.signal_group(c.pgid, signal.SIGKILL)
+        if c.cgroup is not None:
+            await self._remove_cgroup(c)
+        if self.cfg.delete_workdir:
+            await asyncio.to_thread(shutil.rmtree, c.work_dir, True)
+        c.apply(Ev.CLEANED_UP)
+        if not c.reported:
+            self.store.save(c.to_record())
+        else:
+            self.store.remove(c.container_id)
+
+    async def _remove_cgroup(self, c: Container) -> None:
+        assert c.cgroup is not None
+        backend = self.enforcement.backend
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CGROUP_REMOVE_TIMEOUT_S
+        while True:
+            if backend is not None:
+                backend.kill_all(c.cgroup)
+            if _rmdirs(c.cgroup.dirs):
+                return
+            if loop.time() > deadline:
+                log.warning("could not remove cgroup %s (processes remain)", c.cgroup.dirs)
+                return
+            await asyncio.sleep(0.02)
+
+    # ----- stop ---------------------------------------------------------------------------------
+
+    async def stop(self, cid: str, exit_status: int, diagnostics: str, wait: bool = True) -> Optional[Container]:
+        """Stop a container with `exit_status` unless it already finished; None if unknown."""
+        c = self.containers.get(cid)
+        if c is None:
+            return None
+        if is_finished(c.state) or c.kill_status is not None:
+            if wait and c.kill_status is not None:
+                await _wait_event(c.exited, KILL_GRACE_S + 3)
+            return c
+        c.kill_status, c.kill_diagnostics = exit_status, diagnostics
+        if c.state is St.RUNNING:
+            c.apply(Ev.KILL)
+            self.spawn_task(self._kill(c))
+        # NEW / LOCALIZED: _launch is in flight and acts on kill_status once the process exists.
+        if wait:
+            await _wait_event(c.exited, KILL_GRACE_S + 3)
+        return c
+
+    async def _kill(self, c: Container) -> None:
+        """SIGTERM the process group, SIGKILL it (and the cgroup) after a short grace."""
+        if c.pgid:
+            launcher.signal_group(c.pgid, signal.SIGTERM)
+        if await _wait_event(c.exited, KILL_GRACE_S):
+            return
+        if c.pgid:
+            launcher.signal_group(c.pgid, signal.SIGKILL)
+        if self.enforcement.backend is not None and c.cgroup is not None:
+            self.enforcement.backend.kill_all(c.cgroup)
+
+    async def stop_app(self, app_id: str) -> None:
+        """The RM says the app is over: kill what is left of it and drop its local dir."""
+        cids = [c.container_id for c in self.containers.values() if c.app_id == app_id]
+        await asyncio.gather(*(self.stop(cid, ExitStatus.KILLED_AFTER_APP_COMPLETION,
+                                         "Container killed after the application completed") for cid in cids))
+        if self.cfg.delete_workdir:
+            await asyncio.to_thread(shutil.rmtree, os.path.join(self.cfg.local_dir, app_id), True)
+
+    # ----- reporting ----------------------------------------------------------------------------
+
+    def statuses(self) -> list:
+        """Statuses the RM must hear: all live containers and completed ones it has not seen."""
+        return [c.status() for c in self.containers.values() if not c.reported]
+
+    def mark_reported(self, cids: list[str]) -> None:
+        """The RM has seen these completions: their recovery records go."""
+        for cid in cids:
+            c = self.containers.get(cid)
+            if c is not None and c.state is St.DONE:
+                c.reported = True
+                self.store.remove(cid)
+
+    # ----- background loops ---------------------------------------------------------------------
+
+    def start_loops(self) -> None:
+        if self.enforcement.backend is None:
+            self._loops.append(asyncio.get_running_loop().create_task(self._rss_monitor_loop()))
+        self._loops.append(asyncio.get_running_loop().create_task(self._janitor_loop()))
+
+    async def _rss_monitor_loop(self) -> None:
+        interval = max(0.05, self.cfg.monitor_interval_ms / 1000)
+        while True:
+            await asyncio.sleep(interval)
+            watched = [Watched(c.container_id, c.pid, c.resource.memory) for c in self.containers.values()
+                       if c.state is St.RUNNING and c.pid]
+            if not watched:
+                continue
+            try:
+                stats = await asyncio.to_thread(procfs.all_stats)
+                for o in find_overruns(watched, stats):
+                    log.warning("%s", o.diagnostics())
+                    await self.stop(o.container_id, ExitStatus.KILLED_EXCEEDED_PMEM, o.diagnostics(), wait=False)
+            except Exception:  # the monitor must outlive one bad sample
+                log.exception("RSS monitor pass failed")
+
+    async def _janitor_loop(self) -> None:
+        keep = self.cfg.keep_finished_logs_s
+        interval = max(0.5, min(30.0, keep / 2))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.expire_finished(self.clock())
+            except Exception:
+                log.exception("expiring finished containers failed")
+
+    def expire_finished(self, now: float) -> list[str]:
+        """Forget reported containers finished more than keep_finished_logs_s ago; drop their logs."""
+        gone = [c for c in self.containers.values() if c.reported and c.finished_at is not None
+                and now - c.finished_at > self.cfg.keep_finished_logs_s]
+        for c in gone:
+            shutil.rmtree(c.log_dir, ignore_errors=True)
+            _rmdir_quiet(os.path.dirname(c.log_dir))
+            del self.containers[c.container_id]
+        return [c.container_id for c in gone]
+
+    # ----- recovery -----------------------------------------------------------------------------
+
+    async def recover(self) -> list[Container]:
+        """Find the containers of a previous run again: adopt the live ones, settle the dead ones."""
+        found = []
+        for rec in self.store.load_all():
+            try:
+                c = Container.from_record(rec)
+            except (KeyError, TypeError, ValueError) as e:
+                log.warning("ignoring bad recovery record %s: %s", rec.get("container_id"), e)
+                continue
+            self.containers[c.container_id] = c
+            c.apply(Ev.RECOVERED)
+            final = rec.get("final")
+            if final:
+                c.exit_status, c.diagnostics = int(final["exit_status"]), str(final.get("diagnostics", ""))
+                c.finished_at = float(final.get("finished_at") or self.clock())
+                c.apply(Ev.EXITED_SUCCESS if c.exit_status == 0 else Ev.EXITED_FAILURE)
+                c.apply(Ev.CLEANED_UP)
+                c.exited.set()
+            elif c.pid and c.start_time is not None and procfs.is_same_process(c.pid, c.start_time):
+                log.info("re-adopted running container %s (pid %d)", c.container_id, c.pid)
+                self.spawn_task(self._watch_adopted(c))
+            else:
+                code = self.store.read_exit_code(c.container_id)
+                await self._on_exit(c, code, died_of_sigkill=code == 128 + signal.SIGKILL)
+            found.append(c)
+        return found
+
+    # ----- shutdown -----------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Kill every container (SIGTERM, then SIGKILL after a grace), remove cgroups."""
+        self._closing = True
+        for t in self._loops:
+            t.cancel()
+        live = [c.container_id for c in self.containers.values() if not is_finished(c.state)]
+        await asyncio.gather(*(self.stop(cid, ExitStatus.KILLED_BY_RESOURCEMANAGER,
+                                         "Container killed on NodeManager shutdown") for cid in live))
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=CGROUP_REMOVE_TIMEOUT_S + 2)
+        for t in self._loops:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.enforcement.backend is not None:
+            await asyncio.to_thread(self.enforcement.backend.teardown)
+
+
+async def _wait_event(ev: asyncio.Event, timeout: float) -> bool:
+    try:
+        await asyncio.wait_for(ev.wait(), timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
+def _rmdirs(dirs: list[str]) -> bool:
+    ok = True
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            ok = False
+    return ok
+
+
+def _rmdir_quiet(d: str) -> None:
+    try:
+        Path(d).rmdir()
+    except OSError:
+        pass

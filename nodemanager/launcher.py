@@ -1,0 +1,136 @@
+"""Launching a container's process: directories, environment, the wrapper script, the spawn.
+
+The wrapper (`launch_container.sh` in the working dir, as YARN names it) first moves itself into
+the container's cgroups, so nothing the user's command allocates escapes them, then runs the
+commands and writes their exit code to a file, which is how an NM that restarted learns how an
+adopted container ended.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol import container_env as cenv
+from protocol.internal_api import LaunchContext
+
+LOG_DIR_MARK = "<LOG_DIR>"
+INHERITED_ENV = ("HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM", "PYTHONPATH",
+                 "ELASTANE_LOG_LEVEL", "ELASTANE_CONF_DIR")
+JOIN_FAILED_EXIT = 125
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to start one container's process."""
+
+    container_id: str
+    app_id: str
+    attempt_id: str
+    user: str
+    memory_mb: int
+    vcores: int
+    work_dir: str
+    log_dir: str
+    exit_file: str
+    nm_host: str
+    nm_port: int
+    cgroup_join_files: tuple[str, ...] = ()
+
+
+def python_bin_dir() -> str:
+    """The NM's Python environment's bin/ (so `python` in a container is the NM's venv python)."""
+    return os.path.dirname(sys.executable)
+
+
+def build_env(spec: LaunchSpec, ctx: LaunchContext) -> dict[str, str]:
+    """Inherited basics, then the launch context's environment, then the names the NM owns."""
+    env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+    env.update({k: v.replace(LOG_DIR_MARK, spec.log_dir) for k, v in ctx.environment.items()})
+    path = env.get("PATH") or os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env["PATH"] = python_bin_dir() + os.pathsep + path
+    env.update({
+        cenv.CONTAINER_ID: spec.container_id,
+        cenv.NM_HOST: spec.nm_host,
+        cenv.NM_PORT: str(spec.nm_port),
+        cenv.NM_HTTP_ADDRESS: f"{spec.nm_host}:{spec.nm_port}",
+        cenv.APP_ID: spec.app_id,
+        cenv.USER: spec.user,
+        cenv.LOG_DIRS: spec.log_dir,
+        cenv.PWD: spec.work_dir,
+        cenv.CONTAINER_MEMORY_MB: str(spec.memory_mb),
+        cenv.CONTAINER_VCORES: str(spec.vcores),
+    })
+    if spec.attempt_id:
+        env.setdefault(cenv.APP_ATTEMPT_ID, spec.attempt_id)
+    return env
+
+
+def build_command(spec: LaunchSpec, ctx: LaunchContext) -> str:
+    """The user's commands joined with " && ", with <LOG_DIR> replaced (YARN's convention)."""
+    return " && ".join(c.replace(LOG_DIR_MARK, spec.log_dir) for c in ctx.commands)
+
+
+def wrapper_script(spec: LaunchSpec, command: str) -> str:
+    """The bash script that joins the cgroups, runs `command` and records its exit code."""
+    q = shlex.quote
+    lines = ["#!/bin/bash", f"# Elastane NM launch script for {spec.container_id}"]
+    for f in spec.cgroup_join_files:
+        lines.append(f"echo $$ > {q(f)} || {{ echo 'elastane: cannot join cgroup {f}' >&2; "
+                     f"exit {JOIN_FAILED_EXIT}; }}")
+    tmp = spec.exit_file + ".tmp"
+    lines += [
+        f"/bin/bash -c {q(command)}",
+        "rc=$?",
+        f"echo $rc > {q(tmp)} && mv -f {q(tmp)} {q(spec.exit_file)}",
+        "exit $rc",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def prepare_dirs(spec: LaunchSpec) -> None:
+    """Create the working and log dirs (the "localization" step)."""
+    Path(spec.work_dir).mkdir(parents=True, exist_ok=True)
+    Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        os.unlink(spec.exit_file)
+    except FileNotFoundError:
+        pass
+
+
+async def spawn(spec: LaunchSpec, ctx: LaunchContext) -> asyncio.subprocess.Process:
+    """Write the wrapper and start it in its own session (process group = its pid)."""
+    script = os.path.join(spec.work_dir, "launch_container.sh")
+    with open(script, "w") as f:
+        f.write(wrapper_script(spec, build_command(spec, ctx)))
+    os.chmod(script, 0o700)
+    out = open(os.path.join(spec.log_dir, "stdout"), "ab")
+    err = open(os.path.join(spec.log_dir, "stderr"), "ab")
+    try:
+        return await asyncio.create_subprocess_exec(
+            "/bin/bash", script, cwd=spec.work_dir, env=build_env(spec, ctx),
+            stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+    finally:
+        out.close()
+        err.close()
+
+
+def exit_code_from_returncode(returncode: int) -> int:
+    """A process's exit status as a shell reports it: death by signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """Signal a process group; False when it no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False

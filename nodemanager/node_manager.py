@@ -1,0 +1,162 @@
+"""The NodeManager daemon: HTTP server, enforcement, container manager and the RM link, wired up."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from typing import Any, Optional
+
+from aiohttp import web
+
+from protocol.config import ClusterConfig, NMConfig
+
+from . import node_settings
+from .container_manager import ContainerManager
+from .enforcement import Enforcement, choose
+from .recovery_store import RecoveryStore
+from .rm_link import RMLink
+from .web_api import NodeWebApi
+
+log = logging.getLogger(__name__)
+VERSION = "elastane-0.1.0"
+
+
+class NodeManager:
+    """One NM: `start` serves HTTP and begins registration in the background; `stop` kills containers."""
+
+    def __init__(self, cfg: NMConfig, cluster: ClusterConfig, ready_file: Optional[str] = None,
+                 mounts_file: str = "/proc/mounts"):
+        self.cfg = cfg
+        self.cluster = cluster
+        self.ready_file = ready_file
+        self.mounts_file = mounts_file
+        self.capability = node_settings.capability(cfg)
+        self.host = node_settings.advertise_host(cfg)
+        self.rm_address = node_settings.rm_address(cfg, cluster)
+        self.started_ms = int(time.time() * 1000)
+        self.port = 0
+        self.node_id = ""
+        self.enforcement: Optional[Enforcement] = None
+        self.manager: Optional[ContainerManager] = None
+        self.link: Optional[RMLink] = None
+        self._runner: Optional[web.AppRunner] = None
+        self._link_task: Optional[asyncio.Task] = None
+        self._sock: Optional[socket.socket] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def bind(self) -> None:
+        """Bind the HTTP socket (before the loop runs, so a busy port is a start-up error)."""
+        if self._sock is None:
+            self._sock = self._bind()
+            self.port = self._sock.getsockname()[1]
+            self.node_id = f"{self.host}:{self.port}"
+
+    def _bind(self) -> socket.socket:
+        # Bind before anything else so the node id (host:port) is known with --port 0.
+        family = socket.AF_INET6 if ":" in self.cfg.host else socket.AF_INET
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((self.cfg.host, self.cfg.port))
+        s.listen(256)
+        s.setblocking(False)
+        return s
+
+    async def start(self) -> None:
+        self.bind()
+        assert self._sock is not None
+        for d in (self.cfg.local_dir, self.cfg.log_dir, self.cfg.recovery_dir):
+            os.makedirs(d, exist_ok=True)
+        self.enforcement = await asyncio.to_thread(
+            choose, self.cfg.cgroups, self.node_id, self.cfg.cgroup_name, self.cfg.cpu_period_us,
+            self.cfg.cpu_enforcement == "hard", self.mounts_file)
+        if self.enforcement.warning:
+            log.warning("%s", self.enforcement.warning)
+        else:
+            log.info("container limits enforced with cgroups %s", self.enforcement.mode)
+        self.manager = ContainerManager(self.cfg, self.node_id, self.host, self.port, self.capability,
+                                        self.enforcement, RecoveryStore(self.cfg.recovery_dir))
+        recovered = await self.manager.recover()
+        if recovered:
+            log.info("recovered %d container(s) from %s", len(recovered), self.cfg.recovery_dir)
+        self.manager.start_loops()
+        api = NodeWebApi(self.manager, self.cluster.secret, self.node_id, lambda: self.url, self.node_info)
+        self._runner = web.AppRunner(api.app(), access_log=None)
+        await self._runner.setup()
+        await web.SockSite(self._runner, self._sock).start()
+        log.info("NodeManager %s serving on %s (capability %s)", self.node_id, self.url, self.capability.to_json())
+        self.link = RMLink(self.rm_address, self.cluster.secret, self.node_id, f"{self.host}:{self.port}",
+                           self.capability, self.cfg.rack, self.manager, self.cfg.heartbeat_interval_ms,
+                           self.cluster.token_lifetime_s, on_registered=self._write_ready_file, version=VERSION)
+        self._link_task = asyncio.get_running_loop().create_task(self._run_link())
+
+    async def _run_link(self) -> None:
+        assert self.link is not None
+        await self.link.run()
+        # Only a SHUTDOWN from the RM ends the link: stop the daemon as SIGTERM would.
+        log.warning("stopping on the RM's request")
+        os.kill(os.getpid(), 15)
+
+    def _write_ready_file(self) -> None:
+        if not self.ready_file:
+            return
+        info = {"pid": os.getpid(), "http_address": f"{self.host}:{self.port}", "node_id": self.node_id,
+                "url": self.url}
+        tmp = self.ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(info, f)
+        os.replace(tmp, self.ready_file)
+
+    def node_info(self) -> dict[str, Any]:
+        """YARN NM `nodeInfo`, plus Elastane's enforcement mode and free resources."""
+        m = self.manager
+        used = m.used() if m else self.capability
+        link = self.link
+        return {
+            "id": self.node_id,
+            "nodeHostName": self.host,
+            "nodeManagerVersion": VERSION,
+            "nodeManagerBuildVersion": VERSION,
+            "hadoopVersion": VERSION,
+            "healthReport": "",
+            "nodeHealthy": True,
+            "lastNodeUpdateTime": int((link.last_heartbeat_ok or 0) * 1000) if link else 0,
+            "nmStartupTime": self.started_ms,
+            "totalPmemAllocatedContainersMB": self.capability.memory,
+            "totalVCoresAllocatedContainers": self.capability.vcores,
+            "usedMemoryMB": used.memory,
+            "usedVirtualCores": used.vcores,
+            "availableMemoryMB": self.capability.memory - used.memory,
+            "availableVirtualCores": self.capability.vcores - used.vcores,
+            "numContainers": sum(1 for c in m.containers.values() if c.finished_at is None) if m else 0,
+            "registered": bool(link and link.registered),
+            "rmAddress": self.rm_address,
+            "enforcement": self.enforcement.mode if self.enforcement else "",
+            "rack": self.cfg.rack,
+        }
+
+    async def stop(self) -> None:
+        log.info("NodeManager %s stopping", self.node_id)
+        if self._link_task is not None:
+            self._link_task.cancel()
+            try:
+                await self._link_task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.manager is not None:
+            await self.manager.shutdown()
+        if self.link is not None:
+            await self.link.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self.ready_file:
+            try:
+                os.unlink(self.ready_file)
+            except FileNotFoundError:
+                pass
+        log.info("NodeManager %s stopped", self.node_id)

@@ -1,0 +1,133 @@
+"""The NM's side of the NM <-> RM protocol: register (with retry), heartbeat, act on responses."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, Optional
+
+import aiohttp
+
+from protocol import codec, tokens
+from protocol import internal_api as api
+from protocol.http_client import JsonHttpClient, RemoteError
+from protocol.records import ContainerState, ExitStatus, Resource
+
+from .container_manager import ContainerManager
+
+log = logging.getLogger(__name__)
+
+REGISTER_BACKOFF_MIN_S = 0.1
+REGISTER_BACKOFF_MAX_S = 5.0
+_TRANSIENT = (aiohttp.ClientError, OSError, asyncio.TimeoutError, RemoteError, codec.DecodeError)
+
+
+class RMLink:
+    """Registration and the heartbeat loop; `run` returns when the RM says SHUTDOWN."""
+
+    def __init__(self, rm_address: str, secret: str, node_id: str, http_address: str, capability: Resource,
+                 rack: str, manager: ContainerManager, heartbeat_interval_ms: int, token_lifetime_s: float,
+                 on_registered: Callable[[], None] = lambda: None, version: str = ""):
+        self.rm_address = rm_address
+        self.secret = secret
+        self.node_id = node_id
+        self.http_address = http_address
+        self.capability = capability
+        self.rack = rack
+        self.manager = manager
+        self.interval_s = heartbeat_interval_ms / 1000
+        self.token_lifetime_s = token_lifetime_s
+        self.on_registered = on_registered
+        self.version = version
+        self.client = JsonHttpClient(rm_address, timeout_s=max(5.0, 3 * self.interval_s))
+        self.response_id = 0
+        self.registered = False
+        self.last_heartbeat_ok: Optional[float] = None
+        self._token: Optional[str] = None
+        self._token_minted = 0.0
+
+    def token(self) -> str:
+        """The NM token, re-minted at half its lifetime."""
+        now = time.time()
+        if self._token is None or now - self._token_minted > self.token_lifetime_s / 2:
+            self._token = tokens.sign(self.secret, tokens.NM, {"node_id": self.node_id}, self.token_lifetime_s)
+            self._token_minted = now
+        return self._token
+
+    async def register(self) -> api.NodeRegisterResponse:
+        """Register, retrying with backoff until the RM answers."""
+        delay = REGISTER_BACKOFF_MIN_S
+        warned = False
+        while True:
+            req = api.NodeRegisterRequest(node_id=self.node_id, http_address=self.http_address,
+                                          capability=self.capability, rack=self.rack,
+                                          containers=self.manager.statuses(), version=self.version)
+            try:
+                out = await self.client.post(api.NODE_REGISTER, req, token=self.token())
+                resp = codec.decode_as(out, api.NodeRegisterResponse)
+            except _TRANSIENT as e:
+                if not warned:
+                    log.warning("cannot register with the RM at %s (%s); retrying", self.rm_address, e)
+                    warned = True
+                await asyncio.sleep(delay)
+                delay = min(REGISTER_BACKOFF_MAX_S, delay * 2)
+                continue
+            self.response_id = 0
+            self.registered = True
+            log.info("registered with the RM at %s as %s (capability %s)", self.rm_address, self.node_id,
+                     self.capability.to_json())
+            return resp
+
+    async def run(self) -> None:
+        """Register, then heartbeat until SHUTDOWN. Never gives up on an unreachable RM."""
+        resp = await self.register()
+        if resp.action == "SHUTDOWN":
+            log.warning("the RM refused the registration: %s", resp.diagnostics)
+            return
+        self.on_registered()
+        failures = 0
+        while True:
+            await asyncio.sleep(self.interval_s)
+            statuses = self.manager.statuses()
+            completed = [s.container_id for s in statuses if s.state == ContainerState.COMPLETE.value]
+            req = api.NodeHeartbeatRequest(node_id=self.node_id, response_id=self.response_id,
+                                           used=self.manager.used(), container_statuses=statuses,
+                                           health=api.NodeHealth(healthy=True, report=""))
+            try:
+                out = await self.client.post(api.NODE_HEARTBEAT, req, token=self.token())
+                hb = codec.decode_as(out, api.NodeHeartbeatResponse)
+            except _TRANSIENT as e:
+                failures += 1
+                if failures == 1 or failures % 30 == 0:
+                    log.warning("heartbeat to %s failed (%d in a row): %s", self.rm_address, failures, e)
+                if isinstance(e, RemoteError) and e.status in (401, 403, 404):
+                    # The RM does not know us (e.g. it restarted without state): register again.
+                    resp = await self.register()
+                continue
+            except Exception:  # a bug must not stop the heartbeats: the RM would declare the node LOST
+                log.exception("heartbeat failed unexpectedly")
+                continue
+            failures = 0
+            self.last_heartbeat_ok = time.time()
+            if hb.action == "SHUTDOWN":
+                log.warning("the RM asked this node to shut down: %s", hb.diagnostics)
+                return
+            if hb.action == "RESYNC":
+                log.info("the RM asked for a resync; registering again")
+                resp = await self.register()
+                if resp.action == "SHUTDOWN":
+                    return
+                continue
+            if hb.response_id > req.response_id:
+                # The RM has processed this heartbeat, so it has seen those completions.
+                self.manager.mark_reported(completed)
+            self.response_id = hb.response_id
+            for cid in hb.containers_to_cleanup:
+                self.manager.spawn_task(self.manager.stop(
+                    cid, ExitStatus.KILLED_BY_RESOURCEMANAGER, "Container killed by the ResourceManager.",
+                    wait=False))
+            for app_id in hb.apps_to_cleanup:
+                self.manager.spawn_task(self.manager.stop_app(app_id))
+
+    async def close(self) -> None:
+        await self.client.close()

@@ -1,0 +1,171 @@
+"""The NM's HTTP API: the container API (`/internal/v1/containers`) and YARN's `/ws/v1/node`."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from aiohttp import web
+
+from protocol import codec, tokens
+from protocol.http_server import json_response, make_app, read_json
+from protocol.internal_api import CONTAINER_START, StartContainerRequest
+from protocol.records import ExitStatus, Resource
+from protocol.remote_exception import BadRequest, NotFound, Unauthorized
+
+from .container import Container
+from .container_manager import ContainerManager
+
+
+class NodeWebApi:
+    """Request handlers; every container call is authorised by the RM-signed container token."""
+
+    def __init__(self, manager: ContainerManager, secret: str, node_id: str, url: Callable[[], str],
+                 node_info: Callable[[], dict[str, Any]]):
+        self.manager = manager
+        self.secret = secret
+        self.node_id = node_id
+        self.url = url
+        self.node_info = node_info
+
+    def app(self) -> web.Application:
+        app = make_app()
+        r = app.router
+        r.add_post(CONTAINER_START, self.start_container)
+        r.add_post("/internal/v1/containers/{id}/stop", self.stop_container)
+        r.add_get("/internal/v1/containers/{id}", self.container_status)
+        r.add_get("/ws/v1/node", self.get_node_info)
+        r.add_get("/ws/v1/node/info", self.get_node_info)
+        r.add_get("/ws/v1/node/apps", self.get_apps)
+        r.add_get("/ws/v1/node/containers", self.get_containers)
+        r.add_get("/ws/v1/node/containers/{id}", self.get_container)
+        r.add_get("/ws/v1/node/containers/{id}/logs", self.get_log_files)
+        r.add_get("/ws/v1/node/containerlogs/{id}", self.get_log_files)
+        r.add_get("/ws/v1/node/containerlogs/{id}/{filename}", self.get_log_file)
+        return app
+
+    # ----- token checks -------------------------------------------------------------------------
+
+    def _verify(self, token: str | None) -> dict[str, Any]:
+        """Claims of a valid container token for this node; 401 otherwise."""
+        if not token:
+            raise Unauthorized("missing container token")
+        try:
+            claims = tokens.verify(self.secret, token, tokens.CONTAINER)
+        except tokens.TokenError as e:
+            raise Unauthorized(f"invalid container token: {e}") from None
+        if claims.get("node_id") != self.node_id:
+            raise Unauthorized(f"container token is for node {claims.get('node_id')!r}, this is {self.node_id!r}")
+        return claims
+
+    def _verify_for(self, request: web.Request, cid: str) -> dict[str, Any]:
+        claims = self._verify(tokens.token_from_header(request.headers.get("Authorization")))
+        if claims.get("container_id") != cid:
+            raise Unauthorized(f"container token is for {claims.get('container_id')!r}, not {cid}")
+        return claims
+
+    # ----- container API ------------------------------------------------------------------------
+
+    async def start_container(self, request: web.Request) -> web.Response:
+        header_token = tokens.token_from_header(request.headers.get("Authorization"))
+        if header_token is not None:
+            self._verify(header_token)  # a forged header is refused before the body is looked at
+        req = await read_json(request, StartContainerRequest)
+        if header_token is not None and header_token != req.container_token:
+            raise Unauthorized("the bearer token and the body's container_token differ")
+        claims = self._verify(req.container_token)
+        try:
+            resource = codec.decode_as(claims.get("resource"), Resource)
+        except codec.DecodeError as e:
+            raise BadRequest(f"container token resource: {e}") from None
+        c = await self.manager.start(claims, resource, req.launch_context)
+        return json_response(c.status())
+
+    async def stop_container(self, request: web.Request) -> web.Response:
+        cid = request.match_info["id"]
+        self._verify_for(request, cid)
+        c = await self.manager.stop(cid, ExitStatus.KILLED_BY_APPMASTER, "Container killed by the ApplicationMaster.")
+        if c is None:
+            raise NotFound(f"container {cid} is not known on node {self.node_id}")
+        return json_response(c.status())
+
+    async def container_status(self, request: web.Request) -> web.Response:
+        cid = request.match_info["id"]
+        self._verify_for(request, cid)
+        return json_response(self._get(cid).status())
+
+    # ----- YARN NM REST -------------------------------------------------------------------------
+
+    def _get(self, cid: str) -> Container:
+        c = self.manager.containers.get(cid)
+        if c is None:
+            raise NotFound(f"container {cid} is not known on node {self.node_id}")
+        return c
+
+    async def get_node_info(self, request: web.Request) -> web.Response:
+        return json_response({"nodeInfo": self.node_info()})
+
+    async def get_apps(self, request: web.Request) -> web.Response:
+        apps: dict[str, dict[str, Any]] = {}
+        for c in self.manager.containers.values():
+            a = apps.setdefault(c.app_id, {"id": c.app_id, "user": c.user, "state": "FINISHED",
+                                           "containerids": []})
+            a["containerids"].append(c.container_id)
+            if c.finished_at is None:
+                a["state"] = "RUNNING"
+        return json_response({"apps": {"app": list(apps.values())}})
+
+    def _container_json(self, c: Container) -> dict[str, Any]:
+        d = c.node_info(self.node_id, self.url())
+        d["containerLogFiles"] = [f["fileName"] for f in _log_files(c.log_dir)]
+        return d
+
+    async def get_containers(self, request: web.Request) -> web.Response:
+        return json_response({"containers": {"container": [self._container_json(c)
+                                                           for c in self.manager.containers.values()]}})
+
+    async def get_container(self, request: web.Request) -> web.Response:
+        return json_response({"container": self._container_json(self._get(request.match_info["id"]))})
+
+    async def get_log_files(self, request: web.Request) -> web.Response:
+        c = self._get(request.match_info["id"])
+        return json_response({"containerLogsInfo": {"containerLogInfo": _log_files(c.log_dir),
+                                                    "logAggregationType": "LOCAL",
+                                                    "containerId": c.container_id,
+                                                    "nodeId": self.node_id}})
+
+    async def get_log_file(self, request: web.Request) -> web.StreamResponse:
+        c = self._get(request.match_info["id"])
+        name = request.match_info["filename"]
+        if name in ("", ".", "..") or "/" in name or "\x00" in name:
+            raise BadRequest(f"invalid log file name {name!r}")
+        path = os.path.join(c.log_dir, name)
+        if not os.path.isfile(path):
+            raise NotFound(f"log file {name} not found for container {c.container_id}")
+        start = request.query.get("start")
+        with open(path, "rb") as f:
+            data = f.read()
+        if start is not None:
+            try:
+                n = int(start)
+            except ValueError:
+                raise BadRequest(f"start must be an integer, got {start!r}") from None
+            data = data[n:]  # negative: the last -n bytes, as YARN's `start` parameter
+        return web.Response(body=data, content_type="text/plain", charset="utf-8")
+
+
+def _log_files(log_dir: str) -> list[dict[str, Any]]:
+    try:
+        names = sorted(os.listdir(log_dir))
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        p = os.path.join(log_dir, n)
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        if os.path.isfile(p):
+            out.append({"fileName": n, "fileSize": st.st_size, "lastModifiedTime": int(st.st_mtime * 1000)})
+    return out
+

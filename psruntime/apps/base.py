@@ -1,0 +1,302 @@
+"""The interface between an ML app and the PS worker loop.
+
+The model is a dense range of integer keys ``0 .. num_keys-1``; every key's value is a float32
+vector of ``key_length``. Servers hold keys (in blocks of the elastic store) and apply pushed
+deltas with "add". Workers hold input partitions, each a list of `DataBlock`s. Per mini-batch the
+worker loop does::
+
+    keys   = app.keys_for_batch(batch)                  # sorted, unique int64
+    params = KeyValues(keys, pull(keys))                # blocking PULL
+    deltas = app.compute(batch, params, ctx)            # COMP; updates the block's local state
+    push(deltas)                                        # PUSH, servers do value += delta
+
+Before the first epoch a worker calls ``app.init_block(block)`` on every block it generated and
+pushes any deltas it returns (LDA's initial topic counts). Servers initialise their keys with
+``app.init_value(keys)``. After each epoch every worker sums ``app.objective(block, params)`` over
+its blocks (pulling ``app.objective_keys(block)``), every server computes
+``app.server_objective(KeyValues)`` over the keys it owns, and the AM calls
+``app.combine(worker_parts, server_parts)`` and ``app.is_converged(history)``.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, Iterator, Mapping, Sequence, TypeVar
+
+import msgspec
+import numpy as np
+
+from psruntime.apps.blocks import DataBlock
+from psruntime.apps.random_streams import HELDOUT, TRAIN, num_blocks, partition_block_range
+
+SpecT = TypeVar("SpecT", bound=msgspec.Struct)
+HParamsT = TypeVar("HParamsT", bound=msgspec.Struct)
+
+
+class AppConfigError(ValueError):
+    """A data spec or hyper-parameter set that is invalid; the message names the field."""
+
+
+@dataclass
+class KeyValues:
+    """Values of a set of model keys: ``values[i]`` belongs to ``keys[i]``.
+
+    Used for pulled parameters and for pushed deltas. ``keys`` is sorted, unique int64;
+    ``values`` is float32 of shape (len(keys), key_length).
+    """
+
+    keys: np.ndarray
+    values: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.keys.ndim != 1 or self.values.ndim != 2 or len(self.keys) != len(self.values):
+            raise ValueError(f"KeyValues needs 1-D keys and 2-D values of the same length, got "
+                             f"keys {self.keys.shape} values {self.values.shape}")
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def rows_of(self, keys: np.ndarray) -> np.ndarray:
+        """Positions of `keys` (all present) in this set."""
+        pos = np.searchsorted(self.keys, keys)
+        if len(keys) and (pos.max(initial=0) >= len(self.keys) or not np.array_equal(self.keys[pos], keys)):
+            raise KeyError("some keys are not in this KeyValues")
+        return pos
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One mini-batch: rows [start, stop) of a block (positions within the block)."""
+
+    block: DataBlock
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What the worker loop tells `compute` about the step.
+
+    `num_workers` is the job's current number of workers (apps whose additive pushes must be
+    averaged to stay stable, like Lasso's proximal step, divide by it); `epoch` and the batch's
+    position seed any randomness of the step, so a rerun is reproducible.
+    """
+
+    epoch: int = 0
+    num_workers: int = 1
+
+
+@dataclass(frozen=True)
+class ObjectivePart:
+    """A worker's additive contribution to the epoch objective: a sum and how many terms it has."""
+
+    value: float = 0.0
+    count: int = 0
+
+    def __add__(self, other: "ObjectivePart") -> "ObjectivePart":
+        return ObjectivePart(self.value + other.value, self.count + other.count)
+
+
+@dataclass
+class Partition:
+    """The input blocks of worker partition `index` of `num_partitions`."""
+
+    index: int
+    num_partitions: int
+    blocks: list[DataBlock]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(b.num_rows for b in self.blocks)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.blocks)
+
+
+def parse_config(obj: Any, typ: type[HParamsT], what: str) -> HParamsT:
+    """Validate a builtins mapping (e.g. decoded JSON) into a Struct; errors name the field."""
+    if isinstance(obj, typ):
+        return obj
+    try:
+        return msgspec.convert(obj if obj is not None else {}, typ, strict=True)
+    except (msgspec.ValidationError, TypeError) as e:
+        raise AppConfigError(f"invalid {what}: {e}") from None
+
+
+class PSApp(ABC, Generic[SpecT, HParamsT]):
+    """An ML app as the PS runtime drives it: data generation, model layout and update math.
+
+    An instance is bound to one data spec and one hyper-parameter set and holds no training
+    state: the model lives on servers and the worker-local state in the input blocks.
+    """
+
+    name: ClassVar[str]
+    Spec: ClassVar[type[msgspec.Struct]]
+    HParams: ClassVar[type[msgspec.Struct]]
+    # Whether a larger objective is better (log-likelihood) or smaller (loss).
+    maximize: ClassVar[bool] = False
+    # Named data sizes: "tiny" for tests (< 1 s per epoch on one core) up to gigabytes.
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+    # Names of the per-entry and per-row arrays in a block's data (besides "indptr").
+    ENTRY_FIELDS: ClassVar[tuple[str, ...]] = ()
+    ROW_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, spec: SpecT, hparams: HParamsT) -> None:
+        self.spec = spec
+        self.hparams = hparams
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def from_config(cls, spec: Mapping[str, Any] | msgspec.Struct | None = None,
+                    hparams: Mapping[str, Any] | msgspec.Struct | None = None,
+                    preset: str | None = None) -> "PSApp":
+        """Build from builtins (a job spec's JSON): `preset` gives the base sizes, `spec` overrides
+        fields. Already validated Structs are taken as they are. Raises AppConfigError naming the
+        bad field."""
+        if isinstance(spec, cls.Spec):
+            return cls(spec, parse_config(hparams, cls.HParams, f"{cls.name} hyper-parameters"))
+        base: dict[str, Any] = {}
+        if preset is not None:
+            if preset not in cls.PRESETS:
+                raise AppConfigError(f"unknown preset {preset!r} for app {cls.name}; "
+                                     f"choose one of {sorted(cls.PRESETS)}")
+            base = dict(cls.PRESETS[preset])
+        if spec is not None and not isinstance(spec, Mapping):
+            raise AppConfigError(f"invalid {cls.name} data spec: expected an object")
+        return cls(parse_config({**base, **(spec or {})}, cls.Spec, f"{cls.name} data spec"),
+                   parse_config(hparams, cls.HParams, f"{cls.name} hyper-parameters"))
+
+    # ----------------------------------------------------------------- data
+    @property
+    @abstractmethod
+    def num_rows(self) -> int:
+        """Training rows (samples, users or documents)."""
+
+    @property
+    @abstractmethod
+    def num_heldout_rows(self) -> int:
+        """Held-out rows."""
+
+    @property
+    def rows_per_block(self) -> int:
+        return int(self.spec.rows_per_block)  # type: ignore[attr-defined]
+
+    @property
+    def seed(self) -> int:
+        return int(self.spec.seed)  # type: ignore[attr-defined]
+
+    @property
+    def num_blocks(self) -> int:
+        return num_blocks(self.num_rows, self.rows_per_block)
+
+    @abstractmethod
+    def generate_block(self, block_index: int, heldout: bool = False) -> DataBlock:
+        """Generate one input block (without worker-local state) from (seed, block_index)."""
+
+    def generate_partition(self, partition_index: int, num_partitions: int) -> Partition:
+        """Blocks of partition i of n, generated without materialising any other partition."""
+        rng = partition_block_range(self.num_blocks, partition_index, num_partitions)
+        return Partition(partition_index, num_partitions, [self.generate_block(b) for b in rng])
+
+    def generate_heldout(self) -> list[DataBlock]:
+        """The held-out set (rows drawn like training rows from their own random stream)."""
+        return [self.generate_block(b, heldout=True)
+                for b in range(num_blocks(self.num_heldout_rows, self.rows_per_block))]
+
+    def _stream(self, heldout: bool) -> int:
+        return HELDOUT if heldout else TRAIN
+
+    @abstractmethod
+    def data_nbytes(self) -> int:
+        """Expected bytes of all training blocks (input plus worker-local state)."""
+
+    # ----------------------------------------------------------------- model
+    @property
+    @abstractmethod
+    def num_keys(self) -> int:
+        """Model keys are 0 .. num_keys-1."""
+
+    @property
+    @abstractmethod
+    def key_length(self) -> int:
+        """Length of every key's float32 value vector."""
+
+    def model_keys(self) -> np.ndarray:
+        return np.arange(self.num_keys, dtype=np.int64)
+
+    def model_nbytes(self) -> int:
+        return self.num_keys * self.key_length * 4
+
+    @abstractmethod
+    def init_value(self, keys: np.ndarray) -> np.ndarray:
+        """Initial float32 values (len(keys), key_length); deterministic per key."""
+
+    # ----------------------------------------------------------------- worker
+    def init_block(self, block: DataBlock) -> KeyValues | None:
+        """Initialise the block's worker-local state (once, where the block is generated) and
+        return deltas the worker must push before training, or None."""
+        return None
+
+    def batches(self, block: DataBlock) -> Iterator[Batch]:
+        """The block's mini-batches, in order, of `hparams.batch_size` rows."""
+        size = int(self.hparams.batch_size)  # type: ignore[attr-defined]
+        for start in range(0, block.num_rows, size):
+            yield Batch(block, start, min(block.num_rows, start + size))
+
+    @abstractmethod
+    def keys_for_batch(self, batch: Batch) -> np.ndarray:
+        """Sorted unique int64 keys that `compute` needs pulled for this batch."""
+
+    @abstractmethod
+    def compute(self, batch: Batch, params: KeyValues, ctx: StepContext) -> KeyValues:
+        """Deltas to add on the servers (for a subset of params.keys, or exactly them); also
+        updates the batch's block state in place. Must not modify `params`."""
+
+    @abstractmethod
+    def objective_keys(self, block: DataBlock) -> np.ndarray:
+        """Sorted unique keys `objective` needs for this block (may be empty)."""
+
+    @abstractmethod
+    def objective(self, block: DataBlock, params: KeyValues) -> ObjectivePart:
+        """This block's additive contribution to the objective under the current model."""
+
+    def server_objective(self, params: KeyValues) -> float:
+        """Additive contribution of these model keys (regularisers, LDA's word part); a server
+        computes it over the keys it owns so the model never travels for the objective."""
+        return 0.0
+
+    def combine(self, worker_parts: Sequence[ObjectivePart], server_parts: Sequence[float]) -> float:
+        """The epoch objective from all parts: by default mean worker loss plus server terms."""
+        total = sum(worker_parts, ObjectivePart())
+        return (total.value / max(total.count, 1)) + float(sum(server_parts))
+
+    # ----------------------------------------------------------------- epoch control
+    @abstractmethod
+    def evaluate(self, model: np.ndarray, heldout: Sequence[DataBlock]) -> dict[str, float]:
+        """Quality metrics of the full model (num_keys, key_length) on the held-out set."""
+
+    def is_converged(self, history: Sequence[float]) -> bool:
+        """True when the relative change of the last two epoch objectives is below the
+        threshold, or the epoch limit is reached."""
+        hp = self.hparams
+        if len(history) >= int(hp.max_epochs):  # type: ignore[attr-defined]
+            return True
+        if len(history) < 2:
+            return False
+        prev, cur = history[-2], history[-1]
+        if not (math.isfinite(prev) and math.isfinite(cur)):
+            return False
+        return abs(cur - prev) / max(abs(prev), 1e-12) < float(hp.convergence_threshold)  # type: ignore[attr-defined]
+
+    def describe(self) -> dict[str, Any]:
+        """Sizes for memory accounting and logs."""
+        return {"app": self.name, "spec": msgspec.to_builtins(self.spec),
+                "hparams": msgspec.to_builtins(self.hparams), "num_rows": self.num_rows,
+                "num_blocks": self.num_blocks, "num_keys": self.num_keys, "key_length": self.key_length,
+                "data_bytes": self.data_nbytes(), "model_bytes": self.model_nbytes()}

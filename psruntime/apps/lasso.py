@@ -1,0 +1,197 @@
+"""Lasso (L1-regularised least squares) by proximal mini-batch SGD adapted to a PS.
+
+Data: sparse rows with `nnz_per_sample` N(0, 1) features, a ground-truth weight vector with
+`support_size` non-zeros of magnitude U(0.5, 1.5) and random sign, y = x.w* + N(0, noise_std^2).
+Model on servers: w, keys = groups of `features_per_key` weights.
+Objective: 0.5 * mean squared error + l1 * |w|_1 (the L1 term is a server part).
+
+Push rule: a worker computes the proximal step prox(w - lr*g) from the pulled w and pushes
+(prox - w) / num_workers, so the servers' additive merge yields the *average* of the workers'
+proximal steps. Summing them instead would over-shrink: near zero every worker pushes -w and the
+sum oscillates with growing amplitude once there are 3 or more workers. Averaging makes one model
+step per round of W mini-batches, so by default the step size follows the linear scaling rule
+(lr * num_workers, `scale_lr_with_workers`) to keep per-epoch progress close to one worker's.
+"""
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Annotated, Any, ClassVar, Optional, Sequence
+
+import msgspec
+import numpy as np
+
+from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
+from psruntime.apps.blocks import DataBlock
+from psruntime.apps.random_streams import TRUTH, block_row_range, rng_for
+from psruntime.apps.sparse_features import (batch_rows, generate_sparse_rows, keys_of_features,
+                                            local_design)
+
+Pos = Annotated[int, msgspec.Meta(ge=1)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class LassoSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """Size and shape of the synthetic Lasso data."""
+
+    num_samples: Pos = 2000
+    num_features: Pos = 200
+    nnz_per_sample: Pos = 20
+    support_size: Pos = 10
+    noise_std: NonNegFloat = 0.1
+    num_heldout: Pos = 500
+    rows_per_block: Pos = 250
+    seed: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    def __post_init__(self) -> None:
+        if self.nnz_per_sample > self.num_features:
+            raise ValueError("nnz_per_sample must be <= num_features")
+        if self.support_size > self.num_features:
+            raise ValueError("support_size must be <= num_features")
+
+
+class LassoHParams(msgspec.Struct, forbid_unknown_fields=True):
+    """Proximal SGD hyper-parameters of Lasso."""
+
+    learning_rate: PosFloat = 0.05
+    lr_decay: NonNegFloat = 0.0
+    # Default: 0.1 * nnz_per_sample / num_features, i.e. 10% of the loss gradient at w = 0 of a
+    # unit-weight support feature (E[x_j y] = w*_j nnz/D for these N(0, 1) sparse features).
+    l1: Optional[NonNegFloat] = None
+    batch_size: Pos = 50
+    features_per_key: Pos = 16
+    scale_lr_with_workers: bool = True   # lr * num_workers for the averaged pushes (see module doc)
+    support_threshold: PosFloat = 0.05   # |w_j| above this counts as "in the support"
+    convergence_threshold: PosFloat = 1e-3
+    max_epochs: Pos = 30
+
+
+class LassoApp(PSApp[LassoSpec, LassoHParams]):
+    """Lasso regression (proximal SGD with averaged pushes)."""
+
+    name: ClassVar[str] = "lasso"
+    Spec = LassoSpec
+    HParams = LassoHParams
+    ENTRY_FIELDS = ("features", "values")
+    ROW_FIELDS = ("targets",)
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "tiny": {},
+        "small": {"num_samples": 50_000, "num_features": 20_000, "nnz_per_sample": 50,
+                  "support_size": 200, "num_heldout": 5000, "rows_per_block": 2000},
+        "medium": {"num_samples": 1_000_000, "num_features": 200_000, "nnz_per_sample": 50,
+                   "support_size": 2000, "num_heldout": 20_000, "rows_per_block": 10_000},
+        "large": {"num_samples": 4_000_000, "num_features": 1_000_000, "nnz_per_sample": 50,
+                  "support_size": 10_000, "num_heldout": 50_000, "rows_per_block": 20_000},
+    }
+
+    @property
+    def num_rows(self) -> int:
+        return self.spec.num_samples
+
+    @property
+    def l1(self) -> float:
+        """The L1 weight in use (the hyper-parameter, or its sparsity-scaled default)."""
+        if self.hparams.l1 is not None:
+            return self.hparams.l1
+        return 0.1 * self.spec.nnz_per_sample / self.spec.num_features
+
+    @property
+    def num_heldout_rows(self) -> int:
+        return self.spec.num_heldout
+
+    @cached_property
+    def true_weights(self) -> np.ndarray:
+        """Ground truth w* (features,), zero outside a random support."""
+        s = self.spec
+        rng = rng_for(s.seed, TRUTH)
+        w = np.zeros(s.num_features, dtype=np.float32)
+        support = rng.choice(s.num_features, size=s.support_size, replace=False)
+        w[support] = rng.uniform(0.5, 1.5, s.support_size) * rng.choice([-1.0, 1.0], s.support_size)
+        return w
+
+    def generate_block(self, block_index: int, heldout: bool = False) -> DataBlock:
+        s = self.spec
+        total = self.num_heldout_rows if heldout else self.num_rows
+        start, stop = block_row_range(total, s.rows_per_block, block_index)
+        rng = rng_for(s.seed, self._stream(heldout), block_index)
+        indptr, feats, vals = generate_sparse_rows(rng, stop - start, s.num_features, s.nnz_per_sample, "normal")
+        x = local_design(indptr, feats, vals, np.arange(s.num_features, dtype=np.int64), 1)
+        y = np.asarray(x @ self.true_weights.astype(np.float64)) + rng.normal(0.0, s.noise_std, stop - start)
+        return DataBlock(self.name, block_index, start, stop - start,
+                         {"indptr": indptr, "features": feats, "values": vals, "targets": y.astype(np.float32)})
+
+    def data_nbytes(self) -> int:
+        s = self.spec
+        return s.num_samples * (s.nnz_per_sample * 8 + 8 + 4) + self.num_blocks * 8
+
+    @property
+    def num_keys(self) -> int:
+        return -(-self.spec.num_features // self.hparams.features_per_key)
+
+    @property
+    def key_length(self) -> int:
+        return self.hparams.features_per_key
+
+    def init_value(self, keys: np.ndarray) -> np.ndarray:
+        return np.zeros((len(keys), self.key_length), dtype=np.float32)
+
+    def weights_from_model(self, model: np.ndarray) -> np.ndarray:
+        return model.reshape(-1)[: self.spec.num_features]
+
+    def keys_for_batch(self, batch: Batch) -> np.ndarray:
+        _, feats, _ = batch_rows(batch.block, batch.start, batch.stop)
+        return keys_of_features(feats, self.hparams.features_per_key)
+
+    def _residuals(self, block: DataBlock, start: int, stop: int, params: KeyValues) -> tuple[Any, np.ndarray, np.ndarray]:
+        indptr, feats, vals = batch_rows(block, start, stop)
+        x = local_design(indptr, feats, vals, params.keys, self.hparams.features_per_key)
+        w = params.values.astype(np.float64).reshape(-1)
+        return x, w, np.asarray(x @ w) - block.data["targets"][start:stop]
+
+    def loss_gradient(self, batch: Batch, params: KeyValues) -> np.ndarray:
+        """Gradient of 0.5 * mean squared error over the batch w.r.t. the pulled weights."""
+        x, _, r = self._residuals(batch.block, batch.start, batch.stop, params)
+        return np.asarray(x.T @ r) / batch.size
+
+    def compute(self, batch: Batch, params: KeyValues, ctx: StepContext) -> KeyValues:
+        hp = self.hparams
+        w = params.values.astype(np.float64).reshape(-1)
+        workers = max(ctx.num_workers, 1)
+        lr = hp.learning_rate / (1.0 + hp.lr_decay * ctx.epoch)
+        if hp.scale_lr_with_workers:
+            lr *= workers
+        z = w - lr * self.loss_gradient(batch, params)
+        prox = np.sign(z) * np.maximum(np.abs(z) - lr * self.l1, 0.0)   # soft-thresholding
+        delta = (prox - w) / workers
+        return KeyValues(params.keys, delta.astype(np.float32).reshape(len(params.keys), self.key_length))
+
+    def objective_keys(self, block: DataBlock) -> np.ndarray:
+        return keys_of_features(block.data["features"], self.hparams.features_per_key)
+
+    def objective(self, block: DataBlock, params: KeyValues) -> ObjectivePart:
+        _, _, r = self._residuals(block, 0, block.num_rows, params)
+        return ObjectivePart(0.5 * float(np.dot(r, r)), block.num_rows)
+
+    def server_objective(self, params: KeyValues) -> float:
+        return self.l1 * float(np.abs(params.values, dtype=np.float64).sum())
+
+    def evaluate(self, model: np.ndarray, heldout: Sequence[DataBlock]) -> dict[str, float]:
+        """Support recovery vs the ground truth (precision, recall, F1, and the precision a random
+        guess would have), and held-out mean squared error."""
+        w = self.weights_from_model(model).astype(np.float64)
+        found = np.abs(w) > self.hparams.support_threshold
+        true = self.true_weights != 0
+        tp = int((found & true).sum())
+        precision = tp / max(int(found.sum()), 1)
+        recall = tp / int(true.sum())
+        everything = np.arange(self.spec.num_features, dtype=np.int64)
+        sq = n = 0.0
+        for block in heldout:
+            indptr, feats, vals = batch_rows(block, 0, block.num_rows)
+            r = np.asarray(local_design(indptr, feats, vals, everything, 1) @ w) - block.data["targets"]
+            sq += float(np.dot(r, r))
+            n += block.num_rows
+        return {"precision": precision, "recall": recall,
+                "f1": 2 * precision * recall / max(precision + recall, 1e-12),
+                "chance_precision": int(true.sum()) / self.spec.num_features,
+                "support_found": int(found.sum()), "heldout_mse": sq / n}

@@ -1,0 +1,245 @@
+"""Latent Dirichlet allocation by collapsed Gibbs sampling, with word-topic counts on servers.
+
+Data: documents drawn from a known topic model: topic-word distributions phi_k ~ Dir(beta_true),
+per document theta_d ~ Dir(alpha_true), length ~ Poisson(doc_length), and each token's topic
+z ~ theta_d, word ~ phi_z. Model on servers: keys 0..V-1 are the word-topic count rows n_wk and
+key V holds the topic totals n_k (all float32 vectors of num_topics; counts are exact below 2^24).
+Worker-local state, in the block: token topic assignments `z` and doc-topic counts `ndk`.
+Deltas are count changes, so the servers' additive merge keeps the totals exact.
+Objective: the joint log-likelihood log p(w, z) per token (higher is better); its document part
+is computed by workers, its word part by servers over the keys they own.
+"""
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Annotated, Any, ClassVar, Sequence
+
+import msgspec
+import numpy as np
+import scipy.sparse as sp
+from scipy.special import gammaln
+
+from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
+from psruntime.apps.blocks import DataBlock
+from psruntime.apps.lda_sampler import sample_batch
+from psruntime.apps.random_streams import STATE_INIT, STEP, TRUTH, block_row_range, rng_for
+
+Pos = Annotated[int, msgspec.Meta(ge=1)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class LDASpec(msgspec.Struct, forbid_unknown_fields=True):
+    """Size and shape of the synthetic corpus."""
+
+    num_docs: Pos = 300
+    vocab_size: Pos = 200
+    num_topics: Pos = 5
+    doc_length: Pos = 40                  # mean tokens per document (Poisson, at least 1)
+    alpha_true: PosFloat = 0.1
+    beta_true: PosFloat = 0.05
+    num_heldout: Pos = 50
+    rows_per_block: Pos = 100
+    seed: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class LDAHParams(msgspec.Struct, forbid_unknown_fields=True):
+    """Gibbs sampling hyper-parameters of LDA."""
+
+    num_topics: Pos = 5
+    alpha: PosFloat = 0.1
+    beta: PosFloat = 0.01
+    batch_size: Pos = 50
+    convergence_threshold: PosFloat = 1e-3
+    max_epochs: Pos = 30
+
+
+class LDAApp(PSApp[LDASpec, LDAHParams]):
+    """LDA (collapsed Gibbs sampling; word-topic counts on servers, assignments on workers)."""
+
+    name: ClassVar[str] = "lda"
+    Spec = LDASpec
+    HParams = LDAHParams
+    maximize: ClassVar[bool] = True
+    ENTRY_FIELDS = ("words",)
+    ROW_FIELDS = ()
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "tiny": {},
+        "small": {"num_docs": 20_000, "vocab_size": 10_000, "num_topics": 50, "doc_length": 100,
+                  "num_heldout": 500, "rows_per_block": 1000},
+        "medium": {"num_docs": 300_000, "vocab_size": 50_000, "num_topics": 100, "doc_length": 150,
+                   "num_heldout": 1000, "rows_per_block": 5000},
+        "large": {"num_docs": 2_000_000, "vocab_size": 140_000, "num_topics": 400, "doc_length": 90,
+                  "num_heldout": 2000, "rows_per_block": 10_000},
+    }
+
+    @property
+    def num_rows(self) -> int:
+        return self.spec.num_docs
+
+    @property
+    def num_heldout_rows(self) -> int:
+        return self.spec.num_heldout
+
+    @property
+    def vocab(self) -> int:
+        return self.spec.vocab_size
+
+    @cached_property
+    def true_topics(self) -> np.ndarray:
+        """Ground truth phi (true topics, vocab): each row a distribution over words."""
+        s = self.spec
+        return _dirichlet(rng_for(s.seed, TRUTH), s.beta_true, (s.num_topics, s.vocab_size))
+
+    def generate_block(self, block_index: int, heldout: bool = False) -> DataBlock:
+        s = self.spec
+        total = self.num_heldout_rows if heldout else self.num_rows
+        start, stop = block_row_range(total, s.rows_per_block, block_index)
+        n = stop - start
+        rng = rng_for(s.seed, self._stream(heldout), block_index)
+        theta = _dirichlet(rng, s.alpha_true, (n, s.num_topics))
+        lengths = np.maximum(rng.poisson(s.doc_length, n), 1)
+        indptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        docs = np.repeat(np.arange(n), lengths)
+        topics = _categorical(rng, theta[docs])
+        words = np.empty(len(docs), dtype=np.int32)
+        cum_phi = np.cumsum(self.true_topics, axis=1)
+        u = rng.random(len(docs))
+        for k in range(s.num_topics):   # tokens grouped by topic: one searchsorted per topic
+            sel = topics == k
+            words[sel] = np.minimum(np.searchsorted(cum_phi[k], u[sel] * cum_phi[k, -1], side="right"),
+                                    s.vocab_size - 1)
+        return DataBlock(self.name, block_index, start, n, {"indptr": indptr, "words": words})
+
+    def data_nbytes(self) -> int:
+        s = self.spec
+        # words + z (int32 each) per token, indptr and doc-topic counts per doc
+        return s.num_docs * (s.doc_length * 8 + 8 + 4 * self.hparams.num_topics)
+
+    @property
+    def num_keys(self) -> int:
+        return self.vocab + 1
+
+    @property
+    def key_length(self) -> int:
+        return self.hparams.num_topics
+
+    @property
+    def totals_key(self) -> int:
+        """The key holding the topic totals n_k."""
+        return self.vocab
+
+    def init_value(self, keys: np.ndarray) -> np.ndarray:
+        # Counts start at zero; workers push their initial assignments' counts (init_block).
+        return np.zeros((len(keys), self.key_length), dtype=np.float32)
+
+    def init_block(self, block: DataBlock) -> KeyValues | None:
+        """Random initial topics for every token; returns their counts to push."""
+        k = self.hparams.num_topics
+        words = block.data["words"]
+        z = rng_for(self.seed, STATE_INIT, block.block_index).integers(0, k, len(words)).astype(np.int32)
+        docs = np.repeat(np.arange(block.num_rows), np.diff(block.data["indptr"]))
+        block.state["z"] = z
+        block.state["ndk"] = np.bincount(docs * k + z, minlength=block.num_rows * k).reshape(
+            block.num_rows, k).astype(np.int32)
+        keys = np.append(np.unique(words).astype(np.int64), self.totals_key)
+        rows = np.searchsorted(keys, words)
+        counts = np.bincount(rows * k + z, minlength=len(keys) * k).reshape(len(keys), k)
+        counts[-1] = np.bincount(z, minlength=k)
+        return KeyValues(keys, counts.astype(np.float32))
+
+    def keys_for_batch(self, batch: Batch) -> np.ndarray:
+        ip = batch.block.data["indptr"]
+        words = batch.block.data["words"][ip[batch.start]:ip[batch.stop]]
+        return np.append(np.unique(words).astype(np.int64), self.totals_key)
+
+    def compute(self, batch: Batch, params: KeyValues, ctx: StepContext) -> KeyValues:
+        hp = self.hparams
+        block = batch.block
+        ip = block.data["indptr"]
+        lo, hi = int(ip[batch.start]), int(ip[batch.stop])
+        word_rows = params.rows_of(block.data["words"][lo:hi].astype(np.int64))
+        counts = params.values.astype(np.float64)     # local copy: sampling updates it as it goes
+        before = counts.copy()
+        rng = rng_for(self.seed, STEP, ctx.epoch, block.block_index, batch.start)
+        sample_batch(rng, ip[batch.start:batch.stop + 1] - lo, word_rows, block.state["z"][lo:hi],
+                     block.state["ndk"][batch.start:batch.stop], counts[:-1], counts[-1],
+                     hp.alpha, hp.beta, self.vocab)
+        return KeyValues(params.keys, (counts - before).astype(np.float32))
+
+    def objective_keys(self, block: DataBlock) -> np.ndarray:
+        return np.zeros(0, dtype=np.int64)   # the document part needs only local counts
+
+    def objective(self, block: DataBlock, params: KeyValues) -> ObjectivePart:
+        """log p(z) of the block's documents (the Dirichlet-multinomial over doc-topic counts)."""
+        a, k = self.hparams.alpha, self.hparams.num_topics
+        lengths = np.diff(block.data["indptr"])
+        ndk = block.state["ndk"].astype(np.float64)
+        value = (block.num_rows * gammaln(k * a) - gammaln(lengths + k * a).sum()
+                 + (gammaln(ndk + a) - gammaln(a)).sum())
+        return ObjectivePart(float(value), int(lengths.sum()))
+
+    def server_objective(self, params: KeyValues) -> float:
+        """log p(w | z) restricted to these keys: word rows and, if present, the topic totals."""
+        b, v = self.hparams.beta, self.vocab
+        counts = np.maximum(params.values.astype(np.float64), 0.0)
+        is_total = params.keys == self.totals_key
+        value = float((gammaln(counts[~is_total] + b) - gammaln(b)).sum())
+        if is_total.any():
+            value += float((gammaln(v * b) - gammaln(counts[is_total] + v * b)).sum())
+        return value
+
+    def combine(self, worker_parts: Sequence[ObjectivePart], server_parts: Sequence[float]) -> float:
+        total = sum(worker_parts, ObjectivePart())
+        return (total.value + float(sum(server_parts))) / max(total.count, 1)
+
+    def topic_word(self, model: np.ndarray) -> np.ndarray:
+        """Estimated p(word | topic) as (vocab, topics) from the count model."""
+        counts = np.maximum(model.astype(np.float64), 0.0)
+        b = self.hparams.beta
+        return (counts[:-1] + b) / (counts[-1] + self.vocab * b)
+
+    def evaluate(self, model: np.ndarray, heldout: Sequence[DataBlock]) -> dict[str, float]:
+        """Held-out log-likelihood per token by document completion: each held-out document's
+        topic mixture is fitted (EM fold-in) on its even-position tokens and its odd-position
+        tokens are scored. The same score with the true topics is reported for reference."""
+        return {"heldout_loglik_per_token": self._completion_loglik(self.topic_word(model), heldout),
+                "true_model_heldout_loglik_per_token": self._completion_loglik(self.true_topics.T, heldout)}
+
+    def _completion_loglik(self, phi: np.ndarray, heldout: Sequence[DataBlock], iters: int = 50) -> float:
+        a = self.hparams.alpha
+        total = 0.0
+        n = 0
+        for block in heldout:
+            ip, words = block.data["indptr"], block.data["words"].astype(np.int64)
+            docs = np.repeat(np.arange(block.num_rows), np.diff(ip))
+            even = (np.arange(len(words)) - ip[docs]) % 2 == 0
+            fit = sp.coo_matrix((np.ones(int(even.sum())), (docs[even], words[even])),
+                                shape=(block.num_rows, len(phi))).tocsr()
+            fit.sum_duplicates()
+            fd, fw = fit.nonzero()
+            fc = np.asarray(fit[fd, fw]).ravel()
+            theta = np.full((block.num_rows, phi.shape[1]), 1.0 / phi.shape[1])
+            for _ in range(iters):
+                s = (theta[fd] * phi[fw]).sum(axis=1)
+                ratio = sp.csr_matrix((fc / s, (fd, fw)), shape=fit.shape)
+                theta = theta * np.asarray(ratio @ phi) + a
+                theta /= theta.sum(axis=1, keepdims=True)
+            td, tw = docs[~even], words[~even]
+            total += float(np.log((theta[td] * phi[tw]).sum(axis=1)).sum())
+            n += len(tw)
+        return total / max(n, 1)
+
+
+def _dirichlet(rng: np.random.Generator, concentration: float, shape: tuple[int, int]) -> np.ndarray:
+    """Rows ~ Dir(concentration); via gammas, guarding the all-zero rows tiny priors can give."""
+    g = rng.gamma(concentration, 1.0, size=shape)
+    g[g.sum(axis=1) == 0, 0] = 1.0
+    return g / g.sum(axis=1, keepdims=True)
+
+
+def _categorical(rng: np.random.Generator, probs: np.ndarray) -> np.ndarray:
+    """One draw per row of `probs` (rows sum to 1)."""
+    c = np.cumsum(probs, axis=1)
+    u = rng.random((len(probs), 1)) * c[:, -1:]
+    return np.minimum((c < u).sum(axis=1), probs.shape[1] - 1)

@@ -1,0 +1,272 @@
+"""The per-container executor process: serves the elastic store and the AM's control channel.
+
+Run as::
+
+    python -m psruntime.executor --executor-id E --port 0 --num-blocks 64 [--am HOST:PORT]
+                                 [--role server|worker] [--staleness S] [--ready-file F]
+
+Everything (data ops, migration, control) travels on the one binary frame protocol
+(psruntime.frame_codec / psruntime.dataplane). Control ops from the AM:
+
+    set_ownership {table}          adopt a newer ownership table (initial placement, broadcasts)
+    move_blocks {blocks, dst, dst_address}   run the two-step migration as the source
+    switch_role {role}             worker <-> server in place (a server must hold no blocks first)
+    status                         pid, role, RSS from /proc/self/status, blocks, table version
+    checkpoint {dir, blocks?}      write owned blocks as .npy files + a manifest
+    restore {dir, blocks}          load blocks (which the table gives this executor) from a checkpoint
+    clock_add_worker / clock_remove_worker / clock_tick / clock_status   BSP/SSP clock service
+    shutdown                       reply, then stop the process cleanly (as SIGTERM does)
+
+On start it writes `--ready-file` (JSON: pid, executor_id, address) atomically and, with `--am`,
+announces itself to the AM with an "executor_ready" frame.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from protocol.daemon import install_uvloop, setup_logging
+from psruntime.checkpoint import restore_blocks, save_blocks
+from psruntime.clocks import ClockService
+from psruntime.dataplane import DataPlaneClient, DataPlaneServer, Reply, RequestError
+from psruntime.frame_codec import Frame
+from psruntime.migration import BlockState
+from psruntime.ownership_table import OwnershipTable
+from psruntime.store_service import DATA_OPS, StoreService
+
+log = logging.getLogger(__name__)
+ROLES = ("worker", "server")
+
+
+def read_rss_bytes() -> int:
+    """Resident set size of this process, from /proc/self/status (VmRSS)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _int_list(h: dict[str, Any], name: str) -> list[int]:
+    v = h.get(name)
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise RequestError(f"field {name!r} must be a list of block ids")
+    return v
+
+
+def _str_field(h: dict[str, Any], name: str) -> str:
+    v = h.get(name)
+    if not isinstance(v, str) or not v:
+        raise RequestError(f"field {name!r} must be a non-empty string")
+    return v
+
+
+class Executor:
+    """One Elastic Executor: a data-plane server over a StoreService, plus control ops."""
+
+    def __init__(self, executor_id: str, num_blocks: int, host: str = "127.0.0.1", port: int = 0,
+                 role: str = "server", staleness: int = 0) -> None:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        self.executor_id = executor_id
+        self.role = role
+        self.client = DataPlaneClient()
+        # Version -1: any table from the controller, even its first (version 0), is newer.
+        empty = OwnershipTable(num_blocks, [""] * num_blocks, version=-1)
+        self.service = StoreService(executor_id, empty, self.client)
+        self.clocks = ClockService(staleness)
+        self.server = DataPlaneServer(self.handle, host, port)
+        self.stopped = asyncio.Event()
+        self.address = ""
+
+    async def start(self) -> str:
+        self.address = await self.server.start()
+        self.service.address = self.address
+        self.service.table.addresses[self.executor_id] = self.address
+        return self.address
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        await self.client.close()
+
+    # -- dispatch ----------------------------------------------------------------------------
+    def handle(self, frame: Frame) -> Reply | Any:
+        h = frame.header
+        op = h.get("op")
+        if op in DATA_OPS:
+            return self.service.handle_data(frame)
+        method = self._OPS.get(op) if isinstance(op, str) else None
+        if method is None:
+            raise RequestError(f"unknown op {op!r}")
+        return method(self, frame)
+
+    def _op_take_ownership(self, frame: Frame) -> Reply:
+        self.service.take_ownership(_int_list(frame.header, "blocks"), _str_field(frame.header, "src"))
+        return {"op": "ok"}, ()
+
+    def _op_block_data(self, frame: Frame) -> Reply:
+        block = frame.header.get("block")
+        keys = frame.header.get("keys")
+        if not isinstance(block, int) or not isinstance(keys, list):
+            raise RequestError("block_data needs int field 'block' and list field 'keys'")
+        self.service.receive_block(block, keys, frame.arrays)
+        return {"op": "ok"}, ()
+
+    def _op_cancel_incoming(self, frame: Frame) -> Reply:
+        self.service.cancel_incoming(_int_list(frame.header, "blocks"))
+        return {"op": "ok"}, ()
+
+    async def _op_move_blocks(self, frame: Frame) -> Reply:
+        h = frame.header
+        done = await self.service.move_blocks(_int_list(h, "blocks"), _str_field(h, "dst"),
+                                              _str_field(h, "dst_address"))
+        return {"op": "ok", "moved": done}, ()
+
+    def _op_set_ownership(self, frame: Frame) -> Reply:
+        table = OwnershipTable.from_wire(frame.header.get("table"))
+        adopted = self.service.apply_table(table)
+        return {"op": "ok", "adopted": adopted, "version": self.service.table.version}, ()
+
+    def _op_switch_role(self, frame: Frame) -> Reply:
+        role = frame.header.get("role")
+        if role not in ROLES:
+            raise RequestError(f"field 'role' must be one of {ROLES}, got {role!r}")
+        if role == "worker" and self.service.owned_blocks():
+            raise RequestError(f"move blocks {self.service.owned_blocks()} away before switching to worker")
+        old, self.role = self.role, role
+        log.info("executor %s switched role %s -> %s", self.executor_id, old, role)
+        return {"op": "ok", "role": role, "previous": old}, ()
+
+    def _op_status(self, frame: Frame) -> Reply:
+        svc = self.service
+        return {"op": "ok", "executor_id": self.executor_id, "pid": os.getpid(), "role": self.role,
+                "address": self.address, "rss_bytes": read_rss_bytes(), "blocks": svc.owned_blocks(),
+                "store_bytes": svc.store.nbytes(), "table_version": svc.table.version,
+                "incoming": svc.states.blocks_in(BlockState.INCOMING),
+                "min_clock": self.clocks.table.min_clock()}, ()
+
+    def _op_checkpoint(self, frame: Frame) -> Reply:
+        directory = _str_field(frame.header, "dir")
+        blocks = _int_list(frame.header, "blocks") if "blocks" in frame.header else self.service.owned_blocks()
+        not_owned = sorted(set(blocks) - set(self.service.owned_blocks()))
+        if not_owned:
+            raise RequestError(f"blocks {not_owned} are not owned by {self.executor_id}")
+        # Synchronous on purpose: no update interleaves, so the checkpoint is a consistent cut.
+        path = save_blocks(self.service.store, blocks, directory, self.executor_id, self.service.table.version)
+        return {"op": "ok", "manifest": str(path), "blocks": blocks}, ()
+
+    def _op_restore(self, frame: Frame) -> Reply:
+        directory = _str_field(frame.header, "dir")
+        blocks = _int_list(frame.header, "blocks")
+        not_owned = sorted(set(blocks) - set(self.service.owned_blocks()))
+        if not_owned:
+            raise RequestError(f"blocks {not_owned} are not assigned to {self.executor_id}; set ownership first")
+        restore_blocks(self.service.store, blocks, directory)
+        return {"op": "ok", "blocks": blocks}, ()
+
+    async def _op_clock_add_worker(self, frame: Frame) -> Reply:
+        start = frame.header.get("start_clock")
+        if start is not None and not isinstance(start, int):
+            raise RequestError("field 'start_clock' must be an int")
+        clock = await self.clocks.add_worker(_str_field(frame.header, "worker"), start)
+        return {"op": "ok", "clock": clock}, ()
+
+    async def _op_clock_remove_worker(self, frame: Frame) -> Reply:
+        await self.clocks.remove_worker(_str_field(frame.header, "worker"))
+        return {"op": "ok"}, ()
+
+    async def _op_clock_tick(self, frame: Frame) -> Reply:
+        clock = await self.clocks.tick(_str_field(frame.header, "worker"))
+        return {"op": "ok", "clock": clock, "min_clock": self.clocks.table.min_clock()}, ()
+
+    def _op_clock_status(self, frame: Frame) -> Reply:
+        t = self.clocks.table
+        return {"op": "ok", "clocks": t.clocks, "min_clock": t.min_clock(), "staleness": t.staleness}, ()
+
+    def _op_ping(self, frame: Frame) -> Reply:
+        return {"op": "ok", "executor_id": self.executor_id}, ()
+
+    def _op_shutdown(self, frame: Frame) -> Reply:
+        # Reply first; the main loop stops after the reply has been written.
+        asyncio.get_running_loop().call_soon(self.stopped.set)
+        return {"op": "ok"}, ()
+
+    _OPS = {
+        "take_ownership": _op_take_ownership, "block_data": _op_block_data,
+        "cancel_incoming": _op_cancel_incoming, "move_blocks": _op_move_blocks,
+        "set_ownership": _op_set_ownership, "switch_role": _op_switch_role, "status": _op_status,
+        "checkpoint": _op_checkpoint, "restore": _op_restore, "ping": _op_ping, "shutdown": _op_shutdown,
+        "clock_add_worker": _op_clock_add_worker, "clock_remove_worker": _op_clock_remove_worker,
+        "clock_tick": _op_clock_tick, "clock_status": _op_clock_status,
+    }
+
+
+def _write_ready_file(path: str, payload: dict[str, Any]) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m psruntime.executor", description=__doc__.split("\n")[0])
+    p.add_argument("--executor-id", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--num-blocks", type=int, default=64)
+    p.add_argument("--role", choices=ROLES, default="server")
+    p.add_argument("--staleness", type=int, default=0, help="SSP bound of the clock service (0 = BSP)")
+    p.add_argument("--am", default=None, help="the AM's data-plane address host:port to announce to")
+    p.add_argument("--ready-file", default=None)
+    p.add_argument("--log-level", default=None)
+    args = p.parse_args(argv)
+    if args.num_blocks <= 0:
+        p.error("--num-blocks must be positive")
+    if args.staleness < 0:
+        p.error("--staleness must be >= 0")
+    return args
+
+
+async def run(args: argparse.Namespace) -> None:
+    ex = Executor(args.executor_id, args.num_blocks, args.host, args.port, args.role, args.staleness)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, ex.stopped.set)
+    address = await ex.start()
+    log.info("executor %s serving on %s as %s", args.executor_id, address, args.role)
+    if args.ready_file:
+        _write_ready_file(args.ready_file, {"pid": os.getpid(), "executor_id": args.executor_id,
+                                            "address": address})
+    if args.am:
+        try:
+            await ex.client.request(args.am, {"op": "executor_ready", "executor_id": args.executor_id,
+                                              "address": address, "pid": os.getpid(), "role": ex.role})
+        except Exception as e:  # noqa: BLE001 - the AM may retry through the ready file; keep serving
+            log.warning("could not announce to the AM at %s: %s", args.am, e)
+    await ex.stopped.wait()
+    await ex.stop()
+    log.info("executor %s stopped", args.executor_id)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    setup_logging(f"executor-{args.executor_id}", args.log_level)
+    install_uvloop()
+    try:
+        asyncio.run(run(args))
+    except OSError as e:
+        print(f"executor: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Elasticity Controller side of block migration (dissertation §3.3.2), used by the AM.
+
+`MigrationController` holds the authoritative ownership table. `move(blocks, src, dst)` asks the
+source executor to migrate the blocks (it hands over ownership to the destination, which queues
+requests, then sends the data and waits for the destination's ack), then bumps the table version
+and broadcasts the new table to every executor. Moves of disjoint blocks run concurrently; a block
+already being moved is refused.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Iterable
+
+from psruntime.dataplane import DataPlaneClient
+from psruntime.ownership_table import OwnershipError, OwnershipTable
+
+log = logging.getLogger(__name__)
+
+
+class MigrationControllerError(RuntimeError):
+    """A move that cannot start (bad blocks, wrong source, block already moving) or that failed."""
+
+
+class MigrationController:
+    """Drives moves over the data plane and keeps every executor's ownership table current."""
+
+    def __init__(self, table: OwnershipTable, client: DataPlaneClient | None = None) -> None:
+        self.table = table.copy()
+        self._client = client or DataPlaneClient()
+        self._own_client = client is None
+        self._moving: set[int] = set()
+
+    async def close(self) -> None:
+        if self._own_client:
+            await self._client.close()
+
+    def add_executor(self, executor_id: str, address: str) -> None:
+        """Make a new executor known (its address travels with the next broadcast)."""
+        self.table.addresses[executor_id] = address
+
+    def remove_executor(self, executor_id: str) -> None:
+        owned = self.table.blocks_owned_by(executor_id)
+        if owned:
+            raise MigrationControllerError(f"executor {executor_id} still owns blocks {owned}; move them first")
+        self.table.addresses.pop(executor_id, None)
+
+    async def broadcast(self, executors: Iterable[str] | None = None) -> None:
+        """Send the current table to `executors` (default: every executor with an address)."""
+        targets = list(executors) if executors is not None else list(self.table.addresses)
+        wire = self.table.to_wire()
+        results = await asyncio.gather(
+            *(self._client.request(self.table.address_of(e), {"op": "set_ownership", "table": wire})
+              for e in targets), return_exceptions=True)
+        failed = [f"{e}: {r}" for e, r in zip(targets, results) if isinstance(r, BaseException)]
+        if failed:
+            # A missed broadcast only costs redirects: executors and clients still converge.
+            log.warning("ownership broadcast v%d missed %s", self.table.version, "; ".join(failed))
+
+    async def move(self, blocks: Iterable[int], src: str, dst: str) -> int:
+        """Move `blocks` from `src` to `dst`; returns the table version that records the move."""
+        blocks = sorted(set(blocks))
+        if not blocks:
+            raise MigrationControllerError("no blocks to move")
+        try:
+            wrong = [b for b in blocks if self.table.owner_of_block(b) != src]
+            dst_address = self.table.address_of(dst)
+            src_address = self.table.address_of(src)
+        except OwnershipError as e:
+            raise MigrationControllerError(str(e)) from None
+        if wrong:
+            raise MigrationControllerError(f"blocks {wrong} are not owned by {src}")
+        if src == dst:
+            raise MigrationControllerError(f"source and destination are both {src}")
+        busy = sorted(self._moving.intersection(blocks))
+        if busy:
+            raise MigrationControllerError(f"blocks {busy} are already being moved")
+        self._moving.update(blocks)
+        try:
+            try:
+                await self._client.request(src_address, {"op": "move_blocks", "blocks": blocks, "dst": dst,
+                                                         "dst_address": dst_address})
+            except Exception as e:
+                raise MigrationControllerError(f"move of blocks {blocks} {src} -> {dst} failed: {e}") from e
+            version = self.table.assign(blocks, dst)
+        finally:
+            self._moving.difference_update(blocks)
+        await self.broadcast()
+        return version

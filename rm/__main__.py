@@ -1,0 +1,104 @@
+"""`python -m rm`: run the ResourceManager daemon (flags as in docs/internals.md)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+from protocol import config as config_mod
+from protocol.daemon import run_daemon, setup_logging
+
+from . import policies
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m rm", description="Elastane ResourceManager")
+    p.add_argument("--config", help="rm.toml (default: conf/rm.toml)")
+    p.add_argument("--cluster-config", help="cluster.toml (default: conf/cluster.toml)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--state-dir")
+    p.add_argument("--nm-expiry-s", type=float)
+    p.add_argument("--am-expiry-s", type=float)
+    p.add_argument("--policy")
+    p.add_argument("--ready-file")
+    return p.parse_args(argv)
+
+
+def load_configs(args: argparse.Namespace) -> tuple[config_mod.RMConfig, config_mod.ClusterConfig]:
+    """Config files plus flag overrides; ConfigError on anything invalid."""
+    if args.config and not Path(args.config).exists():
+        raise config_mod.ConfigError(f"--config: {args.config} does not exist")
+    cfg = config_mod.merge(config_mod.load_rm(args.config), host=args.host, port=args.port,
+                           state_dir=args.state_dir, nm_expiry_s=args.nm_expiry_s,
+                           am_expiry_s=args.am_expiry_s, policy=args.policy)
+    if not (0 <= cfg.port <= 65535):
+        raise config_mod.ConfigError(f"port must be within 0..65535, got {cfg.port}")
+    if cfg.nm_expiry_s <= 0 or cfg.am_expiry_s <= 0:
+        raise config_mod.ConfigError("nm_expiry_s and am_expiry_s must be positive")
+    if cfg.policy not in policies.known():
+        raise config_mod.ConfigError(f"policy: unknown policy {cfg.policy!r}; known: {', '.join(policies.known())}")
+    if cfg.minimum_allocation_mb <= 0 or cfg.maximum_allocation_mb < cfg.minimum_allocation_mb:
+        raise config_mod.ConfigError("need 0 < minimum_allocation_mb <= maximum_allocation_mb")
+    names = [q.name for q in cfg.queues]
+    if not names or len(set(names)) != len(names):
+        raise config_mod.ConfigError(f"queues: need at least one queue and unique names, got {names}")
+    for q in cfg.queues:
+        if not (0 < q.capacity <= q.max_capacity <= 100):
+            raise config_mod.ConfigError(f"queue {q.name!r}: need 0 < capacity <= max_capacity <= 100")
+    if sum(q.capacity for q in cfg.queues) > 100.0 + 1e-9:
+        raise config_mod.ConfigError(f"queues: capacities add up to {sum(q.capacity for q in cfg.queues)} > 100")
+    cluster_path = args.cluster_config or str(config_mod.CONF_DIR / "cluster.toml")
+    if args.cluster_config and not Path(args.cluster_config).exists():
+        raise config_mod.ConfigError(f"--cluster-config: {args.cluster_config} does not exist")
+    cluster = config_mod.load_cluster(cluster_path)
+    if not cluster.secret:
+        secret = config_mod.ensure_secret(cluster_path)
+        cluster = config_mod.merge(cluster, secret=secret)
+    if cluster.client_auth not in ("simple", "token"):
+        raise config_mod.ConfigError(f"client_auth must be 'simple' or 'token', got {cluster.client_auth!r}")
+    return cfg, cluster
+
+
+def write_ready_file(path: str, info: dict) -> None:
+    """Atomically (tmp + rename) write the ready file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, p)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    setup_logging("rm")
+    try:
+        cfg, cluster = load_configs(args)
+    except (config_mod.ConfigError, OSError) as e:
+        print(f"rm: configuration error: {e}", file=sys.stderr)
+        return 2
+    from .server import ResourceManagerServer   # imported late: flag errors need no aiohttp start-up
+
+    try:
+        server = ResourceManagerServer(cfg, cluster)
+    except (ValueError, OSError) as e:
+        print(f"rm: cannot start: {e}", file=sys.stderr)
+        return 2
+
+    async def start() -> None:
+        url = await server.start()
+        if args.ready_file:
+            write_ready_file(args.ready_file, {"pid": os.getpid(), "http_address": f"127.0.0.1:{server.port}"
+                                               if cfg.host in ("0.0.0.0", "127.0.0.1", "localhost", "")
+                                               else f"{cfg.host}:{server.port}",
+                                               "node_id": "", "url": url})
+
+    run_daemon(start, server.stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Launches AM containers on NMs (the RM's ApplicationMasterLauncher)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Callable
+
+from protocol import container_env
+from protocol import internal_api as api
+from protocol.nm_client import NMClient
+
+from .core import LaunchAm, ResourceManagerCore
+
+log = logging.getLogger(__name__)
+
+
+class AmLauncher:
+    """Turns the core's LaunchAm effects into NM start_container calls, reporting back to the core."""
+
+    def __init__(self, core: ResourceManagerCore, rm_url: str, state_dir: str, on_change: Callable[[], None],
+                 nm_client: NMClient | None = None):
+        self.core = core
+        self.rm_url = rm_url
+        self.apps_dir = Path(state_dir) / "apps"
+        self.on_change = on_change
+        self.nm = nm_client or NMClient(timeout_s=30.0)
+        self._tasks: set[asyncio.Task] = set()
+
+    def launch_context(self, eff: LaunchAm) -> api.LaunchContext:
+        """The AM's launch context: the submitted spec plus the env every Elastane AM gets."""
+        app = self.core.apps[eff.app_id]
+        am_dir = self.apps_dir / eff.app_id
+        am_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(app.am.environment)
+        env.update({
+            container_env.RM_ADDRESS: self.rm_url,
+            container_env.AM_TOKEN: eff.am_token,
+            container_env.APP_ATTEMPT_ID: eff.attempt_id,
+            container_env.APP_SUBMITTER: app.user,
+            container_env.AM_DIR: str(am_dir),
+        })
+        return api.LaunchContext(commands=list(app.am.commands), environment=env,
+                                 local_resources=dict(app.am.local_resources))
+
+    def launch(self, eff: LaunchAm) -> None:
+        task = asyncio.get_running_loop().create_task(self._launch(eff))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _launch(self, eff: LaunchAm) -> None:
+        c = eff.container
+        try:
+            ctx = self.launch_context(eff)
+            status = await self.nm.start_container(c.node_http_address, c.token, ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # any failure to launch fails the attempt, with the reason
+            log.warning("launching AM of %s on %s failed: %s", eff.attempt_id, c.node_id, e)
+            self.core.am_launch_failed(eff.attempt_id, f"{type(e).__name__}: {e}")
+        else:
+            if status.state == "COMPLETE":
+                self.core.am_launch_failed(eff.attempt_id, f"AM container {c.container_id} exited at once with "
+                                                           f"{status.exit_status}: {status.diagnostics}")
+            else:
+                self.core.am_launched(eff.attempt_id)
+        self.on_change()
+
+    async def drain(self) -> None:
+        """Wait until every launch started so far has finished (used by tests and shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.nm.close()

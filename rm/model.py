@@ -1,0 +1,131 @@
+"""The RM's in-memory records: nodes, applications, attempts, containers (mutable, no I/O)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from protocol import internal_api as api
+from protocol.records import ZERO, AppState, AttemptState, FinalStatus, NodeState, Resource
+
+
+@dataclass
+class Container:
+    """A container the scheduler handed out; lives until its NM reports it complete or it is reclaimed."""
+
+    container_id: str
+    app_id: str
+    attempt_id: str
+    node_id: str
+    node_http_address: str
+    resource: Resource
+    allocated_at: float
+    token: str
+    ask_id: int = 0
+    tag: str = ""
+    is_am: bool = False
+    launched: bool = False
+
+
+@dataclass
+class Node:
+    """A NodeManager as the RM tracks it."""
+
+    node_id: str
+    http_address: str
+    rack: str
+    capability: Resource
+    state: NodeState
+    last_heartbeat: float
+    used: Resource = ZERO
+    containers: set[str] = field(default_factory=set)
+    health_report: str = ""
+    last_health_update: float = 0.0
+    response_id: int = 0
+    version: str = ""
+    to_cleanup: list[str] = field(default_factory=list)
+    apps_to_cleanup: list[str] = field(default_factory=list)
+
+    @property
+    def host(self) -> str:
+        return self.node_id.rsplit(":", 1)[0]
+
+    @property
+    def free(self) -> Resource:
+        return self.capability - self.used
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state == NodeState.RUNNING
+
+
+@dataclass
+class AmSpec:
+    """What the RM needs to launch an app's AM (from the submission's am-container-spec)."""
+
+    commands: list[str]
+    environment: dict[str, str]
+    local_resources: dict[str, dict]
+    resource: Resource
+
+
+@dataclass
+class Attempt:
+    """One application attempt: one AM container plus the containers it was given."""
+
+    attempt_id: str
+    app_id: str
+    number: int
+    state: AttemptState
+    start_time: float
+    finish_time: float = 0.0
+    diagnostics: str = ""
+    counts_as_failure: bool = True      # False when it failed because the RM restarted
+    am_container_id: str = ""
+    am_node_id: str = ""
+    am_node_http_address: str = ""
+    host: str = ""
+    rpc_port: int = -1
+    tracking_url: str = ""
+    registered: bool = False
+    container_seq: int = 0
+    response_id: int = 0
+    containers: set[str] = field(default_factory=set)
+    to_deliver: list[Container] = field(default_factory=list)
+    completed: list[api.ContainerStatus] = field(default_factory=list)
+    updated_nodes: list[api.NodeReport] = field(default_factory=list)
+
+
+@dataclass
+class App:
+    """An application as the RM tracks it (YARN's RMApp)."""
+
+    app_id: str
+    user: str
+    name: str
+    queue: str
+    app_type: str
+    am: AmSpec
+    max_attempts: int
+    submit_time: float
+    seq: int
+    submission: dict[str, Any]
+    elastane: Optional[dict] = None
+    state: AppState = AppState.NEW
+    final_status: FinalStatus = FinalStatus.UNDEFINED
+    diagnostics: str = ""
+    start_time: float = 0.0
+    finish_time: float = 0.0
+    tracking_url: str = ""
+    progress: float = 0.0
+    attempts: list[str] = field(default_factory=list)
+    shape: Optional[dict] = None
+    directive: Optional[api.ShapeDirective] = None
+    directive_version: int = 0
+    delivered_directive_version: int = 0
+    memory_seconds: float = 0.0
+    vcore_seconds: float = 0.0
+    nodes_used: set[str] = field(default_factory=set)
+
+    @property
+    def current_attempt(self) -> Optional[str]:
+        return self.attempts[-1] if self.attempts else None

@@ -1,0 +1,111 @@
+"""Node tracker: NM registration, heartbeats and liveness (pure; the clock is injected).
+
+Liveness is kept in an insertion-ordered dict refreshed on every heartbeat, so finding expired
+nodes looks only at the oldest entries: a heartbeat is O(1) here, not a scan of the cluster.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterator, Optional
+
+from protocol.records import ZERO, NodeState, Resource
+
+from .model import Node
+
+
+class NodeTracker:
+    """All NMs the RM has heard of, their states, and the cluster's schedulable total."""
+
+    def __init__(self, expiry_s: float):
+        self.expiry_s = expiry_s
+        self.nodes: dict[str, Node] = {}
+        self._by_host: dict[str, set[str]] = {}
+        self._live: OrderedDict[str, float] = OrderedDict()   # node_id -> last heartbeat, oldest first
+        self.total: Resource = ZERO                            # capability of RUNNING nodes
+        self.running: dict[str, None] = {}                      # ids of RUNNING (schedulable) nodes
+
+    def get(self, node_id: str) -> Optional[Node]:
+        return self.nodes.get(node_id)
+
+    def lookup(self, name: str) -> list[Node]:
+        """Nodes named by id ("host:port") or by host name."""
+        n = self.nodes.get(name)
+        if n is not None:
+            return [n]
+        return [self.nodes[i] for i in self._by_host.get(name, ())]
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes.values())
+
+    def schedulable(self) -> list[Node]:
+        return [self.nodes[i] for i in self.running]
+
+    def register(self, node_id: str, http_address: str, capability: Resource, rack: str,
+                 version: str, now: float) -> Node:
+        """(Re-)register a node as RUNNING with a fresh capability. Returns the node record;
+        an existing record keeps its containers so the core can reconcile them."""
+        n = self.nodes.get(node_id)
+        if n is not None and n.state == NodeState.RUNNING:
+            self.total = self.total - n.capability
+        if n is None:
+            n = Node(node_id, http_address, rack, capability, NodeState.RUNNING, now)
+            self.nodes[node_id] = n
+            self._by_host.setdefault(n.host, set()).add(node_id)
+        else:
+            n.http_address, n.rack, n.capability = http_address, rack, capability
+            n.state = NodeState.RUNNING
+        n.version = version
+        n.last_heartbeat = now
+        n.last_health_update = now
+        n.health_report = ""
+        n.response_id = 0
+        self.total = self.total + capability
+        self.running[node_id] = None
+        self._live[node_id] = now
+        self._live.move_to_end(node_id)
+        return n
+
+    def heartbeat(self, n: Node, healthy: bool, report: str, now: float) -> None:
+        """Record a heartbeat from a known, non-LOST node; health flips RUNNING <-> UNHEALTHY."""
+        n.last_heartbeat = now
+        self._live[n.node_id] = now
+        self._live.move_to_end(n.node_id)
+        if report != n.health_report or (healthy != (n.state == NodeState.RUNNING)):
+            n.last_health_update = now
+        n.health_report = report
+        if healthy and n.state == NodeState.UNHEALTHY:
+            n.state = NodeState.RUNNING
+            self.total = self.total + n.capability
+            self.running[n.node_id] = None
+        elif not healthy and n.state == NodeState.RUNNING:
+            n.state = NodeState.UNHEALTHY
+            self.total = self.total - n.capability
+            self.running.pop(n.node_id, None)
+
+    def expired(self, now: float) -> list[Node]:
+        """Mark nodes silent for longer than expiry_s LOST and return them."""
+        out = []
+        deadline = now - self.expiry_s
+        while self._live:
+            node_id, last = next(iter(self._live.items()))
+            if last >= deadline:
+                break
+            self._live.popitem(last=False)
+            out.append(self.mark_lost(self.nodes[node_id]))
+        return out
+
+    def mark_lost(self, n: Node) -> Node:
+        if n.state == NodeState.RUNNING:
+            self.total = self.total - n.capability
+        self.running.pop(n.node_id, None)
+        n.state = NodeState.LOST
+        self._live.pop(n.node_id, None)
+        n.to_cleanup.clear()
+        n.apps_to_cleanup.clear()
+        return n
+
+    def counts(self) -> dict[NodeState, int]:
+        out: dict[NodeState, int] = {}
+        for n in self.nodes.values():
+            out[n.state] = out.get(n.state, 0) + 1
+        return out

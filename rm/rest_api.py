@@ -1,0 +1,186 @@
+"""YARN's RM REST API (`/ws/v1/cluster/...`): same paths, field names, states and error bodies."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from protocol import tokens
+from protocol.http_server import json_response, read_json
+from protocol.records import AppState, FinalStatus, NodeState
+from protocol.remote_exception import BadRequest, Forbidden, NotFound, Unauthorized
+
+from . import rest_views as views
+from .submission import AppStateUpdate, SubmissionContext, validate
+
+if TYPE_CHECKING:
+    from .server import ResourceManagerServer
+
+ANONYMOUS = "dr.who"
+BASE = "/ws/v1/cluster"
+
+
+class ClientApi:
+    """Handlers of the client REST API, bound to one RM server."""
+
+    def __init__(self, rm: "ResourceManagerServer"):
+        self.rm = rm
+
+    def add_routes(self, app: web.Application) -> None:
+        r = app.router
+        r.add_get(BASE, self.info)
+        r.add_get(BASE + "/", self.info)
+        r.add_get(BASE + "/info", self.info)
+        r.add_get(BASE + "/metrics", self.metrics)
+        r.add_get(BASE + "/scheduler", self.scheduler)
+        r.add_get(BASE + "/nodes", self.nodes)
+        r.add_get(BASE + "/nodes/{node_id}", self.node)
+        r.add_get(BASE + "/apps", self.apps)
+        r.add_post(BASE + "/apps", self.submit)
+        r.add_post(BASE + "/apps/new-application", self.new_application)
+        r.add_get(BASE + "/apps/{app_id}", self.app)
+        r.add_get(BASE + "/apps/{app_id}/state", self.app_state)
+        r.add_put(BASE + "/apps/{app_id}/state", self.put_app_state)
+        r.add_get(BASE + "/apps/{app_id}/appattempts", self.app_attempts)
+
+    # ----- identity -------------------------------------------------------------------------
+    def user(self, request: web.Request) -> str:
+        """The caller: Hadoop simple auth (?user.name=, default dr.who) or a client bearer token."""
+        cluster = self.rm.cluster
+        if cluster.client_auth == "token":
+            tok = tokens.token_from_header(request.headers.get("Authorization"))
+            if tok is None:
+                raise Unauthorized("this cluster requires 'Authorization: Bearer <client token>'")
+            user = cluster.client_tokens.get(tok)
+            if user is None:
+                raise Unauthorized("unknown client token")
+            return user
+        name = request.query.get("user.name", "")
+        return name or ANONYMOUS
+
+    # ----- cluster ----------------------------------------------------------------------------
+    async def info(self, request: web.Request) -> web.Response:
+        self.user(request)
+        return json_response(views.cluster_info(self.rm.core))
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        self.user(request)
+        return json_response(views.cluster_metrics(self.rm.core))
+
+    async def scheduler(self, request: web.Request) -> web.Response:
+        self.user(request)
+        return json_response(views.scheduler_info(self.rm.core))
+
+    async def nodes(self, request: web.Request) -> web.Response:
+        self.user(request)
+        states = _parse_states(request.query.get("states"), NodeState, "states")
+        nodes = [views.node_json(n) for n in self.rm.core.nodes
+                 if states is None or n.state in states]
+        return json_response({"nodes": {"node": nodes} if nodes else None})
+
+    async def node(self, request: web.Request) -> web.Response:
+        self.user(request)
+        node_id = request.match_info["node_id"]
+        n = self.rm.core.nodes.get(node_id)
+        if n is None:
+            raise NotFound(f"nodeId, {node_id}, is not found")
+        return json_response({"node": views.node_json(n)})
+
+    # ----- apps ---------------------------------------------------------------------------------
+    async def apps(self, request: web.Request) -> web.Response:
+        self.user(request)
+        q = request.query
+        states = _parse_states(q.get("states") or q.get("state"), AppState, "states")
+        final = _parse_states(q.get("finalStatus"), FinalStatus, "finalStatus")
+        user = q.get("user")
+        queue = q.get("queue")
+        types = {t.strip() for t in q["applicationTypes"].split(",") if t.strip()} if "applicationTypes" in q else None
+        limit = None
+        if "limit" in q:
+            try:
+                limit = int(q["limit"])
+            except ValueError:
+                raise BadRequest(f"limit must be a positive integer, got {q['limit']!r}") from None
+            if limit <= 0:
+                raise BadRequest(f"limit must be a positive integer, got {limit}")
+        out = []
+        for app in self.rm.core.apps.values():
+            if states is not None and app.state not in states:
+                continue
+            if final is not None and app.final_status not in final:
+                continue
+            if user and app.user != user:
+                continue
+            if queue and app.queue != queue:
+                continue
+            if types is not None and app.app_type not in types:
+                continue
+            out.append(views.app_json(self.rm.core, app))
+            if limit is not None and len(out) >= limit:
+                break
+        return json_response({"apps": {"app": out} if out else None})
+
+    async def new_application(self, request: web.Request) -> web.Response:
+        self.user(request)
+        app_id = self.rm.core.new_application()
+        return json_response({"application-id": app_id,
+                              "maximum-resource-capability": self.rm.core.max_resource().to_json()})
+
+    async def submit(self, request: web.Request) -> web.Response:
+        user = self.user(request)
+        ctx = await read_json(request, SubmissionContext)
+        sub = validate(ctx)
+        self.rm.submit(user, sub)
+        location = f"{request.url.origin()}{BASE}/apps/{sub.app_id}"
+        return web.Response(status=202, headers={"Location": location})
+
+    def _app(self, request: web.Request):
+        return self.rm.core.get_app(request.match_info["app_id"])
+
+    async def app(self, request: web.Request) -> web.Response:
+        self.user(request)
+        return json_response({"app": views.app_json(self.rm.core, self._app(request))})
+
+    async def app_state(self, request: web.Request) -> web.Response:
+        self.user(request)
+        return json_response({"state": self._app(request).state.value})
+
+    async def put_app_state(self, request: web.Request) -> web.Response:
+        user = self.user(request)
+        app = self._app(request)
+        body = await read_json(request, AppStateUpdate)
+        if body.state.upper() != AppState.KILLED.value:
+            raise BadRequest(f"state: only KILLED may be set, got {body.state!r}")
+        if user != app.user and user not in self.rm.cluster.admins:
+            raise Forbidden(f"user {user} is not allowed to kill {app.app_id} (owner {app.user}; "
+                            f"admins: {', '.join(self.rm.cluster.admins)})")
+        if app.state.is_final:
+            return json_response({"state": app.state.value})
+        diag = body.diagnostics or f"Application killed by user {user}."
+        self.rm.core.kill(app.app_id, diag)
+        return json_response({"state": app.state.value}, status=202,
+                             headers={"Location": str(request.url.with_query(None))})
+
+    async def app_attempts(self, request: web.Request) -> web.Response:
+        self.user(request)
+        app = self._app(request)
+        core = self.rm.core
+        return json_response({"appAttempts": {"appAttempt": [views.attempt_json(core, core.attempts[a])
+                                                               for a in app.attempts]}})
+
+
+def _parse_states(raw: str | None, enum_type: Any, field: str) -> set | None:
+    """Parse a comma list of enum values, case-insensitively; 400 naming the bad one."""
+    if raw is None:
+        return None
+    out = set()
+    for part in raw.split(","):
+        p = part.strip().upper()
+        if not p:
+            continue
+        try:
+            out.add(enum_type(p))
+        except ValueError:
+            valid = ", ".join(e.value for e in enum_type)
+            raise BadRequest(f"{field}: invalid value {part.strip()!r}; valid values are {valid}") from None
+    return out or None

@@ -1,0 +1,159 @@
+"""JSON renderings of RM state in YARN's RM REST API shapes (field names as Hadoop's)."""
+from __future__ import annotations
+
+from typing import Any
+
+from protocol.records import ZERO, AppState, NodeState, Resource
+
+from .core import ResourceManagerCore
+from .model import App, Attempt, Node
+
+RM_VERSION = "3.3.6-elastane-0.1.0"
+
+
+def _ms(t: float) -> int:
+    return int(t * 1000) if t else 0
+
+
+def cluster_info(core: ResourceManagerCore) -> dict[str, Any]:
+    return {"clusterInfo": {
+        "id": core.cluster_ts, "startedOn": core.cluster_ts, "state": "STARTED", "haState": "ACTIVE",
+        "rmStateStoreName": "org.elastane.rm.store.SqliteStateStore",
+        "resourceManagerVersion": RM_VERSION, "resourceManagerBuildVersion": RM_VERSION,
+        "resourceManagerVersionBuiltOn": "", "hadoopVersion": RM_VERSION, "hadoopBuildVersion": RM_VERSION,
+        "hadoopVersionBuiltOn": "", "haZooKeeperConnectionState": "ResourceManager HA is not enabled.",
+        "scheduler": "capacityScheduler", "policy": core.cfg.policy,
+    }}
+
+
+def cluster_metrics(core: ResourceManagerCore) -> dict[str, Any]:
+    by_state = {s: 0 for s in AppState}
+    for app in core.apps.values():
+        by_state[app.state] += 1
+    nodes = core.nodes.counts()
+    total = core.nodes.total
+    allocated = sum((q.used for q in core.scheduler.queues.values()), ZERO)
+    pending = sum(a.count for sa in core.scheduler.apps.values() for a in sa.asks.values())
+    return {"clusterMetrics": {
+        "appsSubmitted": len(core.apps),
+        "appsCompleted": by_state[AppState.FINISHED] + by_state[AppState.FAILED] + by_state[AppState.KILLED],
+        "appsPending": sum(by_state[s] for s in (AppState.NEW, AppState.NEW_SAVING, AppState.SUBMITTED,
+                                                 AppState.ACCEPTED)),
+        "appsRunning": by_state[AppState.RUNNING], "appsFailed": by_state[AppState.FAILED],
+        "appsKilled": by_state[AppState.KILLED],
+        "reservedMB": 0, "availableMB": max(0, total.memory - allocated.memory), "allocatedMB": allocated.memory,
+        "totalMB": total.memory,
+        "reservedVirtualCores": 0, "availableVirtualCores": max(0, total.vcores - allocated.vcores),
+        "allocatedVirtualCores": allocated.vcores, "totalVirtualCores": total.vcores,
+        "containersAllocated": len(core.containers), "containersReserved": 0, "containersPending": pending,
+        "totalNodes": len(core.nodes.nodes), "activeNodes": nodes.get(NodeState.RUNNING, 0),
+        "lostNodes": nodes.get(NodeState.LOST, 0), "unhealthyNodes": nodes.get(NodeState.UNHEALTHY, 0),
+        "decommissioningNodes": 0, "decommissionedNodes": nodes.get(NodeState.DECOMMISSIONED, 0),
+        "rebootedNodes": nodes.get(NodeState.REBOOTED, 0), "shutdownNodes": nodes.get(NodeState.SHUTDOWN, 0),
+    }}
+
+
+def _pct(part: float, whole: float) -> float:
+    return round(100.0 * part / whole, 4) if whole > 0 else 0.0
+
+
+def scheduler_info(core: ResourceManagerCore) -> dict[str, Any]:
+    total = core.nodes.total
+    queues = []
+    all_used = ZERO
+    for q in core.scheduler.queues.values():
+        all_used = all_used + q.used
+        apps = [core.apps[aid] for aid in q.apps if aid in core.apps]
+        active = sum(1 for a in apps if a.state == AppState.RUNNING)
+        guaranteed = q.capacity / 100.0
+        queues.append({
+            "type": "capacitySchedulerLeafQueueInfo", "queueName": q.name, "queuePath": f"root.{q.name}",
+            "state": "RUNNING", "capacity": q.capacity, "maxCapacity": q.max_capacity,
+            "usedCapacity": round(q.used.dominant_share(total) / guaranteed * 100.0, 4) if total != ZERO else 0.0,
+            "absoluteCapacity": q.capacity, "absoluteMaxCapacity": q.max_capacity,
+            "absoluteUsedCapacity": round(q.used.dominant_share(total) * 100.0, 4),
+            "numApplications": len(apps), "numActiveApplications": active,
+            "numPendingApplications": len(apps) - active,
+            "numContainers": sum(1 for c in core.containers.values() if c.app_id in q.apps),
+            "resourcesUsed": q.used.to_json(),
+            "users": {"user": [{"username": u, "resourcesUsed": r.to_json()} for u, r in sorted(q.user_used.items())
+                               if r != ZERO]} if any(r != ZERO for r in q.user_used.values()) else None,
+        })
+    return {"scheduler": {"schedulerInfo": {
+        "type": "capacityScheduler", "queueName": "root", "capacity": 100.0, "maxCapacity": 100.0,
+        "usedCapacity": round(all_used.dominant_share(total) * 100.0, 4),
+        "queues": {"queue": queues},
+    }}}
+
+
+def node_json(n: Node) -> dict[str, Any]:
+    free = n.free
+    return {
+        "rack": n.rack, "state": n.state.value, "id": n.node_id, "nodeHostName": n.host,
+        "nodeHTTPAddress": n.http_address, "lastHealthUpdate": _ms(n.last_health_update),
+        "version": n.version, "healthReport": n.health_report, "numContainers": len(n.containers),
+        "usedMemoryMB": n.used.memory, "availMemoryMB": max(0, free.memory),
+        "usedVirtualCores": n.used.vcores, "availableVirtualCores": max(0, free.vcores),
+        "totalResource": n.capability.to_json(),
+    }
+
+
+def app_json(core: ResourceManagerCore, app: App) -> dict[str, Any]:
+    at: Attempt | None = core.attempts.get(app.current_attempt or "")
+    now = core.clock()
+    used = core.scheduler.apps[app.app_id].used if app.app_id in core.scheduler.apps else ZERO
+    live = [core.containers[c] for c in (at.containers if at else ()) if c in core.containers]
+    mem_s = app.memory_seconds + sum(c.resource.memory * (now - c.allocated_at) for c in live)
+    vc_s = app.vcore_seconds + sum(c.resource.vcores * (now - c.allocated_at) for c in live)
+    end = app.finish_time or now
+    total = core.nodes.total
+    am_logs = am_http = ""
+    if at is not None and at.am_container_id:
+        am_http = at.am_node_http_address
+        am_logs = f"http://{am_http}/node/containerlogs/{at.am_container_id}/{app.user}"
+    if app.state == AppState.RUNNING and app.tracking_url:
+        tracking_ui = "ApplicationMaster"
+    elif app.state.is_final:
+        tracking_ui = "History"
+    else:
+        tracking_ui = "UNASSIGNED"
+    q = core.scheduler.queues.get(app.queue)
+    out: dict[str, Any] = {
+        "id": app.app_id, "user": app.user, "name": app.name, "queue": app.queue, "state": app.state.value,
+        "finalStatus": app.final_status.value, "progress": round(app.progress * 100.0, 2),
+        "trackingUI": tracking_ui, "trackingUrl": app.tracking_url, "diagnostics": app.diagnostics,
+        "clusterId": core.cluster_ts, "applicationType": app.app_type, "applicationTags": "",
+        "priority": 0, "startedTime": _ms(app.start_time or app.submit_time), "launchTime": _ms(app.start_time),
+        "finishedTime": _ms(app.finish_time),
+        "elapsedTime": int(max(0.0, end - (app.start_time or app.submit_time)) * 1000),
+        "amContainerLogs": am_logs, "amHostHttpAddress": am_http,
+        "amRPCAddress": f"{at.host}:{at.rpc_port}" if at is not None and at.host else "",
+        "allocatedMB": used.memory, "allocatedVCores": used.vcores, "reservedMB": 0, "reservedVCores": 0,
+        "runningContainers": len(live), "memorySeconds": int(mem_s), "vcoreSeconds": int(vc_s),
+        "queueUsagePercentage": _pct(used.memory, total.memory * (q.capacity / 100.0) if q else 0),
+        "clusterUsagePercentage": _pct(used.memory, total.memory),
+        "preemptedResourceMB": 0, "preemptedResourceVCores": 0, "numNonAMContainerPreempted": 0,
+        "numAMContainerPreempted": 0, "logAggregationStatus": "DISABLED", "unmanagedApplication": False,
+        "amNodeLabelExpression": "", "maxAppAttempts": app.max_attempts,
+    }
+    if app.elastane is not None:
+        out["elastane"] = app.elastane
+    if app.shape is not None:
+        out["shape"] = app.shape
+    return out
+
+
+def attempt_json(core: ResourceManagerCore, at: Attempt) -> dict[str, Any]:
+    app = core.apps[at.app_id]
+    logs = (f"http://{at.am_node_http_address}/node/containerlogs/{at.am_container_id}/{app.user}"
+            if at.am_container_id else "")
+    return {
+        "id": at.number, "appAttemptId": at.attempt_id, "startTime": _ms(at.start_time),
+        "finishedTime": _ms(at.finish_time), "containerId": at.am_container_id,
+        "nodeHttpAddress": at.am_node_http_address, "nodeId": at.am_node_id, "logsLink": logs,
+        "blacklistedNodes": "", "appAttemptState": at.state.value, "diagnosticsInfo": at.diagnostics,
+    }
+
+
+def resource_json(r: Resource) -> dict[str, int]:
+    return r.to_json()

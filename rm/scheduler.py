@@ -1,0 +1,303 @@
+"""Capacity scheduler: queues with guaranteed / maximum shares, DRF between users, FIFO per user.
+
+Pure: it reads and updates the `Node` records it is given and its own accounting; the core turns
+its `Allocation` decisions into containers. Order of service for each container:
+  1. the queue furthest below its guaranteed share (dominant share / guaranteed fraction);
+  2. inside it, AM containers of ACCEPTED apps first (FIFO), then the user with the lowest
+     dominant share (DRF), then that user's apps in submission order, asks by (priority, ask_id).
+Locality: an ask's `nodes` are tried first; with relax_locality=False only they are used.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+from protocol import internal_api as api
+from protocol.config import QueueConfig, RMConfig
+from protocol.records import ZERO, Resource
+
+from .model import Node
+
+AM_ASK_ID = -1   # the ask id an AM container is allocated under
+
+
+class AskError(ValueError):
+    """A resource ask the scheduler cannot accept (names the field and the limit)."""
+
+
+@dataclass
+class Ask:
+    """One row of an app's ask table, with a normalised resource."""
+
+    ask_id: int
+    count: int
+    resource: Resource
+    priority: int = 0
+    nodes: tuple[str, ...] = ()
+    relax_locality: bool = True
+    tag: str = ""
+
+
+@dataclass
+class SchedApp:
+    """The scheduler's view of one app: its queue, user, demand and usage."""
+
+    app_id: str
+    queue: str
+    user: str
+    seq: int
+    asks: dict[int, Ask] = field(default_factory=dict)
+    am_request: Optional[Resource] = None
+    used: Resource = ZERO
+
+    @property
+    def total(self) -> Resource:
+        """Capability of the schedulable nodes (owned by the node tracker)."""
+        return self._cluster_total()
+
+    @property
+    def has_demand(self) -> bool:
+        return self.am_request is not None or any(a.count > 0 for a in self.asks.values())
+
+
+@dataclass
+class Queue:
+    """A leaf queue of the capacity scheduler."""
+
+    name: str
+    capacity: float        # percent guaranteed
+    max_capacity: float    # percent ceiling
+    used: Resource = ZERO
+    apps: dict[str, SchedApp] = field(default_factory=dict)
+    user_used: dict[str, Resource] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One scheduling decision: give `app_id` a container of `resource` on `node_id`."""
+
+    app_id: str
+    node_id: str
+    resource: Resource
+    ask_id: int
+    tag: str = ""
+
+    @property
+    def is_am(self) -> bool:
+        return self.ask_id == AM_ASK_ID
+
+
+class CapacityScheduler:
+    """Queues, ask tables and allocation passes (see the module docstring for the order)."""
+
+    def __init__(self, cfg: RMConfig, lookup_nodes: Callable[[str], list[Node]],
+                 cluster_total: Callable[[], Resource]):
+        if not cfg.queues:
+            raise ValueError("at least one queue must be configured")
+        self.min_mb = max(1, cfg.minimum_allocation_mb)
+        self.maximum = Resource(cfg.maximum_allocation_mb, cfg.maximum_allocation_vcores)
+        self.queues: dict[str, Queue] = {}
+        for q in cfg.queues:
+            self._check_queue(q)
+            self.queues[q.name] = Queue(q.name, q.capacity, q.max_capacity)
+        self.apps: dict[str, SchedApp] = {}
+        self._cluster_total = cluster_total
+        self._lookup_nodes = lookup_nodes
+        # App ids with outstanding demand, per queue, so idle passes are O(1) and busy ones O(demand).
+        self._demand: dict[str, set[str]] = {name: set() for name in self.queues}
+        self._n_demand = 0
+
+    @staticmethod
+    def _check_queue(q: QueueConfig) -> None:
+        if not q.name:
+            raise ValueError("queue name must not be empty")
+        if not (0 < q.capacity <= 100) or not (q.capacity <= q.max_capacity <= 100):
+            raise ValueError(f"queue {q.name!r}: need 0 < capacity <= max_capacity <= 100, "
+                             f"got capacity={q.capacity} max_capacity={q.max_capacity}")
+
+    # ----- normalisation ------------------------------------------------------------------
+    def normalize(self, r: Resource, what: str = "resource") -> Resource:
+        """Round memory up to the minimum allocation; reject non-positive or too-big resources."""
+        if r.memory <= 0:
+            raise AskError(f"{what}.memory must be positive, got {r.memory}")
+        if r.vcores <= 0:
+            raise AskError(f"{what}.vCores must be positive, got {r.vcores}")
+        if r.memory > self.maximum.memory or r.vcores > self.maximum.vcores:
+            raise AskError(f"{what} {{memory: {r.memory}, vCores: {r.vcores}}} exceeds the maximum allocation "
+                           f"{{memory: {self.maximum.memory}, vCores: {self.maximum.vcores}}}")
+        mem = -(-r.memory // self.min_mb) * self.min_mb
+        return Resource(min(mem, self.maximum.memory), r.vcores)
+
+    def validate_asks(self, asks: Iterable[api.ResourceAsk]) -> list[Ask]:
+        """Normalise a batch of asks, all or nothing (AskError names the bad one)."""
+        out = []
+        for i, a in enumerate(asks):
+            if a.count < 0:
+                raise AskError(f"asks[{i}].count must be >= 0, got {a.count}")
+            res = self.normalize(a.resource, f"asks[{i}].resource")
+            out.append(Ask(a.ask_id, a.count, res, a.priority, tuple(a.nodes), a.relax_locality, a.tag))
+        return out
+
+    # ----- demand bookkeeping ----------------------------------------------------------------
+    def _mark(self, sa: SchedApp) -> None:
+        """Keep the demand index in step with `sa.has_demand`."""
+        bucket = self._demand[sa.queue]
+        if sa.has_demand and sa.app_id in self.apps:
+            if sa.app_id not in bucket:
+                bucket.add(sa.app_id)
+                self._n_demand += 1
+        elif sa.app_id in bucket:
+            bucket.discard(sa.app_id)
+            self._n_demand -= 1
+
+    # ----- apps ---------------------------------------------------------------------------
+    def add_app(self, app_id: str, queue: str, user: str, seq: int) -> None:
+        if queue not in self.queues:
+            raise KeyError(f"unknown queue {queue!r}")
+        sa = SchedApp(app_id, queue, user, seq)
+        self.apps[app_id] = sa
+        self.queues[queue].apps[app_id] = sa
+
+    def remove_app(self, app_id: str) -> None:
+        """Forget an app's demand (its containers are released one by one by the core)."""
+        sa = self.apps.pop(app_id, None)
+        if sa is not None:
+            self.queues[sa.queue].apps.pop(app_id, None)
+            self._mark(sa)
+
+    def request_am(self, app_id: str, resource: Resource) -> None:
+        sa = self.apps[app_id]
+        sa.am_request = resource
+        self._mark(sa)
+
+    def clear_demand(self, app_id: str) -> None:
+        sa = self.apps.get(app_id)
+        if sa is not None:
+            sa.am_request = None
+            sa.asks.clear()
+            self._mark(sa)
+
+    def update_asks(self, app_id: str, asks: list[Ask], undelivered: dict[int, int]) -> None:
+        """Replace ask rows. Containers allocated but not yet delivered count against `count`,
+        since the AM could not have known about them when it wrote the count."""
+        sa = self.apps[app_id]
+        for a in asks:
+            a.count = max(0, a.count - undelivered.get(a.ask_id, 0))
+            if a.count == 0:
+                sa.asks.pop(a.ask_id, None)
+            else:
+                sa.asks[a.ask_id] = a
+        self._mark(sa)
+
+    @property
+    def total(self) -> Resource:
+        """Capability of the schedulable nodes (owned by the node tracker)."""
+        return self._cluster_total()
+
+    @property
+    def has_demand(self) -> bool:
+        return self._n_demand > 0
+
+    # ----- accounting ---------------------------------------------------------------------
+    def _charge(self, sa: SchedApp, node: Optional[Node], r: Resource, sign: int) -> None:
+        delta = r if sign > 0 else Resource(-r.memory, -r.vcores)
+        if node is not None:
+            node.used = node.used + delta
+        sa.used = sa.used + delta
+        q = self.queues[sa.queue]
+        q.used = q.used + delta
+        q.user_used[sa.user] = q.user_used.get(sa.user, ZERO) + delta
+
+    def release(self, app_id: str, queue: str, user: str, node: Optional[Node], r: Resource) -> None:
+        """Give back a container's resources (the app may already have been removed)."""
+        sa = self.apps.get(app_id) or SchedApp(app_id, queue, user, 0)
+        self._charge(sa, node, r, -1)
+
+    def queue_limit(self, q: Queue) -> Resource:
+        return Resource(int(self.total.memory * q.max_capacity / 100), int(self.total.vcores * q.max_capacity / 100))
+
+    def headroom(self, app_id: str) -> Resource:
+        """What the app's queue may still grow by (YARN's 'available' in an allocate response)."""
+        sa = self.apps.get(app_id)
+        if sa is None:
+            return ZERO
+        lim = self.queue_limit(self.queues[sa.queue]) - self.queues[sa.queue].used
+        return Resource(max(0, lim.memory), max(0, lim.vcores))
+
+    # ----- allocation ---------------------------------------------------------------------
+    def allocate(self, candidates: list[Node]) -> list[Allocation]:
+        """Allocate as much outstanding demand as fits on `candidates` (schedulable nodes)."""
+        out: list[Allocation] = []
+        if not self._n_demand or not candidates:
+            return out
+        smallest = Resource(self.min_mb, 1)
+        # A full node cannot take anything: keeps heartbeats of busy nodes cheap.
+        cand = {n.node_id: n for n in candidates if n.schedulable and smallest.fits_in(n.free)}
+        if not cand:
+            return out
+        while True:
+            a = self._allocate_one(cand)
+            if a is None:
+                return out
+            out.append(a)
+
+    def _queue_order(self) -> list[Queue]:
+        qs = [q for q in self.queues.values() if self._demand[q.name]]
+
+        def key(q: Queue) -> tuple[float, str]:
+            return (q.used.dominant_share(self.total) / (q.capacity / 100.0), q.name)
+        return sorted(qs, key=key)
+
+    def _allocate_one(self, cand: dict[str, Node]) -> Optional[Allocation]:
+        for q in self._queue_order():
+            limit = self.queue_limit(q)
+            demand = [q.apps[aid] for aid in self._demand[q.name]]
+            # AM containers first, FIFO.
+            for sa in sorted((s for s in demand if s.am_request is not None), key=lambda s: s.seq):
+                r = sa.am_request
+                assert r is not None
+                if not (q.used + r).fits_in(limit):
+                    continue
+                node = self._pick_node(r, None, cand)
+                if node is not None:
+                    sa.am_request = None
+                    return self._commit(sa, node, r, AM_ASK_ID, "AM")
+            # Then DRF between users, FIFO within a user.
+            by_user: dict[str, list[SchedApp]] = {}
+            for sa in demand:
+                if sa.asks:
+                    by_user.setdefault(sa.user, []).append(sa)
+            users = sorted(by_user, key=lambda u: (q.user_used.get(u, ZERO).dominant_share(self.total), u))
+            for u in users:
+                for sa in sorted(by_user[u], key=lambda s: s.seq):
+                    for ask in sorted(sa.asks.values(), key=lambda a: (a.priority, a.ask_id)):
+                        if ask.count <= 0 or not (q.used + ask.resource).fits_in(limit):
+                            continue
+                        node = self._pick_node(ask.resource, ask, cand)
+                        if node is not None:
+                            ask.count -= 1
+                            if ask.count == 0:
+                                del sa.asks[ask.ask_id]
+                            return self._commit(sa, node, ask.resource, ask.ask_id, ask.tag)
+        return None
+
+    def _commit(self, sa: SchedApp, node: Node, r: Resource, ask_id: int, tag: str) -> Allocation:
+        self._charge(sa, node, r, +1)
+        self._mark(sa)
+        return Allocation(sa.app_id, node.node_id, r, ask_id, tag)
+
+    def _pick_node(self, r: Resource, ask: Optional[Ask], cand: dict[str, Node]) -> Optional[Node]:
+        if ask is not None and ask.nodes:
+            preferred = [n for name in ask.nodes for n in self._lookup_nodes(name) if n.schedulable]
+            for n in preferred:
+                if n.node_id in cand and r.fits_in(n.free):
+                    return n
+            if not ask.relax_locality:
+                return None
+            # A preferred node has room but is not in this pass: leave the ask for its turn.
+            if any(r.fits_in(n.free) for n in preferred):
+                return None
+        for n in cand.values():
+            if r.fits_in(n.free):
+                return n
+        return None

@@ -1,0 +1,186 @@
+"""The ResourceManager daemon: wires the core, state store, policy, AM launcher and HTTP APIs.
+
+All state changes happen in the core on the event loop; after every request and timer tick the
+server writes changed apps to the store and starts requested AM launches (`flush`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from typing import Callable, Optional
+
+from aiohttp import web
+
+from protocol.config import ClusterConfig, RMConfig
+from protocol.http_server import error_middleware
+from protocol.nm_client import NMClient
+from protocol.remote_exception import ServiceUnavailable
+
+from . import policies, prometheus
+from .am_launcher import AmLauncher
+from .core import ResourceManagerCore
+from .internal_handlers import InternalApi
+from .policy_runner import run_policy
+from .rest_api import ClientApi
+from .store import (SqliteStateStore, StateStore, app_from_record, app_to_record, attempt_from_record,
+                    attempt_to_record)
+from .submission import ValidSubmission
+from .web_ui import WebUi
+
+log = logging.getLogger(__name__)
+
+
+def advertised_host(cfg: RMConfig) -> str:
+    """The host name NMs and AMs use for the RM (RMConfig.advertise_host, else derived)."""
+    if cfg.advertise_host:
+        return cfg.advertise_host
+    if cfg.host in ("", "0.0.0.0", "::"):
+        name = socket.gethostname()
+        try:
+            socket.getaddrinfo(name, None)
+            return name
+        except OSError:
+            return "127.0.0.1"
+    return "127.0.0.1" if cfg.host == "localhost" else cfg.host
+
+
+class ResourceManagerServer:
+    """One RM: `await start()` binds and serves, `await stop()` shuts down cleanly."""
+
+    def __init__(self, cfg: RMConfig, cluster: ClusterConfig, clock: Callable[[], float] = time.time,
+                 store: Optional[StateStore] = None, nm_client: Optional[NMClient] = None,
+                 tick_interval_s: float = 0.5, policy_interval_s: float = 1.0, run_timers: bool = True):
+        if not cluster.secret:
+            raise ValueError("the cluster secret is empty; run `elastane secret` or protocol.config.ensure_secret")
+        self.cfg = cfg
+        self.cluster = cluster
+        self.core = ResourceManagerCore(cfg, cluster, clock)
+        self.policy = policies.create(cfg.policy)
+        self.store = store if store is not None else SqliteStateStore(cfg.state_dir)
+        self._nm_client = nm_client
+        self.tick_interval_s = tick_interval_s
+        self.policy_interval_s = policy_interval_s
+        self.run_timers = run_timers
+        self.url = ""
+        self.port = 0
+        self.launcher: Optional[AmLauncher] = None
+        self._runner: Optional[web.AppRunner] = None
+        self._timers: list[asyncio.Task] = []
+        self._recover()
+
+    # ----- recovery / persistence -------------------------------------------------------------
+    def _recover(self) -> None:
+        n = 0
+        for rec, attempts in self.store.load():
+            self.core.recover(app_from_record(rec), [attempt_from_record(a) for a in attempts])
+            n += 1
+        if n:
+            log.info("recovered %d applications from %s", n, getattr(self.store, "path", "the state store"))
+        self._persist(self.core.take_dirty())
+
+    def _persist(self, app_ids: set[str]) -> None:
+        for app_id in app_ids:
+            app = self.core.apps.get(app_id)
+            if app is None:
+                continue
+            self.store.save_app(app_to_record(app), [attempt_to_record(self.core.attempts[a]) for a in app.attempts])
+
+    def flush(self) -> None:
+        """Write changed apps to the store and start requested AM launches."""
+        core = self.core
+        if core.dirty:
+            try:
+                self._persist(core.take_dirty())
+            except Exception:
+                log.exception("state store write failed")
+        if core.effects and self.launcher is not None:
+            for eff in core.take_effects():
+                self.launcher.launch(eff)
+
+    def submit(self, user: str, sub: ValidSubmission) -> None:
+        """NEW -> NEW_SAVING -> (stored) -> SUBMITTED -> ACCEPTED; nothing is left if the store fails."""
+        app = self.core.submit(sub.app_id, user, sub.name, sub.queue, sub.app_type, sub.am,
+                               sub.max_attempts or self.cfg.max_app_attempts, sub.raw, sub.elastane)
+        try:
+            self._persist({app.app_id})
+        except Exception as e:
+            self.core.forget_unsaved(app.app_id)
+            log.exception("could not store %s", app.app_id)
+            raise ServiceUnavailable(f"could not save application {app.app_id}: {e}") from None
+        self.core.take_dirty()
+        self.core.app_saved(app.app_id)
+
+    # ----- HTTP -------------------------------------------------------------------------------
+    @web.middleware
+    async def _flush_middleware(self, request: web.Request, handler):
+        try:
+            return await handler(request)
+        finally:
+            if self.core.dirty or self.core.effects:
+                self.flush()
+
+    def build_app(self) -> web.Application:
+        app = web.Application(middlewares=[error_middleware, self._flush_middleware],
+                              client_max_size=16 * 1024 * 1024)
+        ClientApi(self).add_routes(app)
+        InternalApi(self).add_routes(app)
+        WebUi(self).add_routes(app)
+        app.router.add_get("/metrics/prometheus", self._prometheus)
+        return app
+
+    async def _prometheus(self, request: web.Request) -> web.Response:
+        return web.Response(body=prometheus.render(self.core).encode(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    def attach_launcher(self, url: str) -> None:
+        self.url = url
+        self.launcher = AmLauncher(self.core, url, self.cfg.state_dir, self.flush, self._nm_client)
+
+    async def start(self) -> str:
+        """Bind cfg.host:cfg.port (0 = ephemeral), start timers; returns the advertised URL."""
+        self._runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, reuse_address=True)
+        await site.start()
+        server = site._server  # aiohttp keeps the asyncio server here; needed for port 0
+        self.port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else self.cfg.port
+        self.attach_launcher(f"http://{advertised_host(self.cfg)}:{self.port}")
+        self.start_timers()
+        self.flush()
+        log.info("ResourceManager serving on %s:%d (advertised %s), policy %s",
+                 self.cfg.host, self.port, self.url, self.cfg.policy)
+        return self.url
+
+    def start_timers(self) -> None:
+        if self.run_timers:
+            loop = asyncio.get_running_loop()
+            self._timers = [loop.create_task(self._every(self.tick_interval_s, self.core.tick)),
+                            loop.create_task(self._every(self.policy_interval_s, self._run_policy))]
+
+    def _run_policy(self) -> None:
+        run_policy(self.core, self.policy)
+
+    async def _every(self, interval_s: float, fn: Callable[[], object]) -> None:
+        while True:
+            await asyncio.sleep(interval_s)   # a periodic timer, not a readiness wait
+            try:
+                fn()
+            except Exception:
+                log.exception("periodic %s failed", getattr(fn, "__name__", fn))
+            self.flush()
+
+    async def stop(self) -> None:
+        for t in self._timers:
+            t.cancel()
+        await asyncio.gather(*self._timers, return_exceptions=True)
+        self._timers = []
+        if self.launcher is not None:
+            await self.launcher.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self.flush()
+        self.store.close()
+        log.info("ResourceManager stopped")

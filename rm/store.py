@@ -1,0 +1,160 @@
+"""The RM state store: an abstract interface and its SQLite implementation.
+
+Apps and attempts are stored as JSON documents keyed by id, so a ZooKeeper or etcd store only
+has to implement the same five methods.
+"""
+from __future__ import annotations
+
+import abc
+import sqlite3
+from pathlib import Path
+from typing import Any, Optional
+
+import msgspec
+
+from protocol.records import AppState, AttemptState, FinalStatus, Resource
+
+from .model import AmSpec, App, Attempt
+
+
+class AppRecord(msgspec.Struct, forbid_unknown_fields=False):
+    """What survives an RM restart of an app."""
+
+    app_id: str
+    user: str
+    name: str
+    queue: str
+    app_type: str
+    am_commands: list[str]
+    am_environment: dict[str, str]
+    am_local_resources: dict[str, dict]
+    am_resource: Resource
+    max_attempts: int
+    submit_time: float
+    seq: int
+    submission: dict[str, Any]
+    state: str
+    final_status: str
+    diagnostics: str = ""
+    start_time: float = 0.0
+    finish_time: float = 0.0
+    tracking_url: str = ""
+    progress: float = 0.0
+    elastane: Optional[dict] = None
+    memory_seconds: float = 0.0
+    vcore_seconds: float = 0.0
+
+
+class AttemptRecord(msgspec.Struct, forbid_unknown_fields=False):
+    """What survives an RM restart of an attempt."""
+
+    attempt_id: str
+    app_id: str
+    number: int
+    state: str
+    start_time: float
+    finish_time: float = 0.0
+    diagnostics: str = ""
+    counts_as_failure: bool = True
+    am_container_id: str = ""
+    am_node_id: str = ""
+    am_node_http_address: str = ""
+    tracking_url: str = ""
+
+
+def app_to_record(app: App) -> AppRecord:
+    return AppRecord(app.app_id, app.user, app.name, app.queue, app.app_type, app.am.commands,
+                     app.am.environment, app.am.local_resources, app.am.resource, app.max_attempts,
+                     app.submit_time, app.seq, app.submission, app.state.value, app.final_status.value,
+                     app.diagnostics, app.start_time, app.finish_time, app.tracking_url, app.progress,
+                     app.elastane, app.memory_seconds, app.vcore_seconds)
+
+
+def app_from_record(r: AppRecord) -> App:
+    return App(app_id=r.app_id, user=r.user, name=r.name, queue=r.queue, app_type=r.app_type,
+               am=AmSpec(r.am_commands, r.am_environment, r.am_local_resources, r.am_resource),
+               max_attempts=r.max_attempts, submit_time=r.submit_time, seq=r.seq, submission=r.submission,
+               elastane=r.elastane, state=AppState(r.state), final_status=FinalStatus(r.final_status),
+               diagnostics=r.diagnostics, start_time=r.start_time, finish_time=r.finish_time,
+               tracking_url=r.tracking_url, progress=r.progress, memory_seconds=r.memory_seconds,
+               vcore_seconds=r.vcore_seconds)
+
+
+def attempt_to_record(at: Attempt) -> AttemptRecord:
+    return AttemptRecord(at.attempt_id, at.app_id, at.number, at.state.value, at.start_time, at.finish_time,
+                         at.diagnostics, at.counts_as_failure, at.am_container_id, at.am_node_id,
+                         at.am_node_http_address, at.tracking_url)
+
+
+def attempt_from_record(r: AttemptRecord) -> Attempt:
+    return Attempt(attempt_id=r.attempt_id, app_id=r.app_id, number=r.number, state=AttemptState(r.state),
+                   start_time=r.start_time, finish_time=r.finish_time, diagnostics=r.diagnostics,
+                   counts_as_failure=r.counts_as_failure, am_container_id=r.am_container_id,
+                   am_node_id=r.am_node_id, am_node_http_address=r.am_node_http_address,
+                   tracking_url=r.tracking_url)
+
+
+class StateStore(abc.ABC):
+    """Durable storage of apps and attempts for RM restart (and, later, HA)."""
+
+    @abc.abstractmethod
+    def save_app(self, app: AppRecord, attempts: list[AttemptRecord]) -> None:
+        """Atomically write an app and its attempts."""
+
+    @abc.abstractmethod
+    def load(self) -> list[tuple[AppRecord, list[AttemptRecord]]]:
+        """Every stored app with its attempts, in submission order."""
+
+    @abc.abstractmethod
+    def remove_app(self, app_id: str) -> None:
+        """Forget an app (and its attempts)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the store."""
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS apps (app_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, doc BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS attempts (attempt_id TEXT PRIMARY KEY, app_id TEXT NOT NULL, doc BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS attempts_by_app ON attempts (app_id);
+"""
+
+
+class SqliteStateStore(StateStore):
+    """SQLite (WAL) store at `<state_dir>/state.db`."""
+
+    def __init__(self, state_dir: str | Path):
+        path = Path(state_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        self.path = path / "state.db"
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._enc = msgspec.json.Encoder()
+
+    def save_app(self, app: AppRecord, attempts: list[AttemptRecord]) -> None:
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute("INSERT OR REPLACE INTO apps VALUES (?, ?, ?)", (app.app_id, app.seq, self._enc.encode(app)))
+            self._db.executemany("INSERT OR REPLACE INTO attempts VALUES (?, ?, ?)",
+                                 [(a.attempt_id, a.app_id, self._enc.encode(a)) for a in attempts])
+
+    def load(self) -> list[tuple[AppRecord, list[AttemptRecord]]]:
+        out = []
+        for (doc,) in self._db.execute("SELECT doc FROM apps ORDER BY seq, app_id").fetchall():
+            app = msgspec.json.decode(doc, type=AppRecord)
+            rows = self._db.execute("SELECT doc FROM attempts WHERE app_id = ?", (app.app_id,)).fetchall()
+            attempts = sorted((msgspec.json.decode(d, type=AttemptRecord) for (d,) in rows), key=lambda a: a.number)
+            out.append((app, attempts))
+        return out
+
+    def remove_app(self, app_id: str) -> None:
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM attempts WHERE app_id = ?", (app_id,))
+            self._db.execute("DELETE FROM apps WHERE app_id = ?", (app_id,))
+
+    def close(self) -> None:
+        self._db.close()

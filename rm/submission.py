@@ -1,0 +1,164 @@
+"""YARN's application-submission-context as msgspec Structs, and its validation.
+
+Unknown fields are rejected (400 naming the field). Fields YARN documents that Elastane accepts
+but ignores are listed in IGNORED_SUBMISSION_FIELDS / IGNORED_AM_CONTAINER_SPEC_FIELDS.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import msgspec
+
+from protocol.ids import ApplicationId
+from protocol.records import Resource
+from protocol.remote_exception import BadRequest
+
+from .model import AmSpec
+
+# Documented by YARN's RM REST API, accepted and ignored by Elastane (the README cites this list).
+IGNORED_SUBMISSION_FIELDS: tuple[str, ...] = (
+    "application-tags", "priority", "keep-containers-across-application-attempts", "unmanaged-AM",
+    "cancel-tokens-when-complete", "log-aggregation-context", "attempt-failures-validity-interval",
+    "reservation-id", "am-black-listing-requests", "application-timeouts", "node-label-expression",
+    "app-node-label-expression", "am-container-node-label-expression", "credentials",
+    "application-scheduling-properties",
+)
+IGNORED_AM_CONTAINER_SPEC_FIELDS: tuple[str, ...] = ("service-data", "credentials", "application-acls")
+
+
+class _In(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class KeyValue(_In):
+    key: str
+    value: str
+
+
+class Environment(_In):
+    # Jersey writes a one-element list as a bare object; accept both.
+    entry: Union[list[KeyValue], KeyValue] = []
+
+
+class LocalResourceEntry(_In):
+    key: str
+    value: dict[str, Any]
+
+
+class LocalResources(_In):
+    entry: Union[list[LocalResourceEntry], LocalResourceEntry] = []
+
+
+class Commands(_In):
+    command: str
+
+
+class AmContainerSpec(_In, rename={"local_resources": "local-resources", "service_data": "service-data",
+                                    "application_acls": "application-acls"}):
+    commands: Commands
+    environment: Optional[Environment] = None
+    local_resources: Optional[LocalResources] = None
+    service_data: Any = None
+    credentials: Any = None
+    application_acls: Any = None
+
+
+_RENAME = {
+    "application_id": "application-id", "application_name": "application-name",
+    "am_container_spec": "am-container-spec", "max_app_attempts": "max-app-attempts",
+    "application_type": "application-type", "application_tags": "application-tags",
+    "keep_containers": "keep-containers-across-application-attempts", "unmanaged_am": "unmanaged-AM",
+    "cancel_tokens": "cancel-tokens-when-complete", "log_aggregation_context": "log-aggregation-context",
+    "attempt_failures_validity_interval": "attempt-failures-validity-interval",
+    "reservation_id": "reservation-id", "am_black_listing_requests": "am-black-listing-requests",
+    "application_timeouts": "application-timeouts", "node_label_expression": "node-label-expression",
+    "app_node_label_expression": "app-node-label-expression",
+    "am_container_node_label_expression": "am-container-node-label-expression",
+    "application_scheduling_properties": "application-scheduling-properties",
+}
+
+
+class SubmissionContext(_In, rename=_RENAME):
+    """POST /ws/v1/cluster/apps body."""
+
+    application_id: str
+    am_container_spec: AmContainerSpec
+    resource: Resource
+    application_name: str = ""
+    queue: str = "default"
+    max_app_attempts: Optional[int] = None
+    application_type: str = "YARN"
+    elastane: Optional[dict[str, Any]] = None     # Elastane's extension (e.g. a PS job spec)
+    # ---- accepted and ignored (IGNORED_SUBMISSION_FIELDS) ----
+    application_tags: Any = None
+    priority: Any = None
+    keep_containers: Any = None
+    unmanaged_am: Any = None
+    cancel_tokens: Any = None
+    log_aggregation_context: Any = None
+    attempt_failures_validity_interval: Any = None
+    reservation_id: Any = None
+    am_black_listing_requests: Any = None
+    application_timeouts: Any = None
+    node_label_expression: Any = None
+    app_node_label_expression: Any = None
+    am_container_node_label_expression: Any = None
+    credentials: Any = None
+    application_scheduling_properties: Any = None
+
+
+class AppStateUpdate(_In):
+    """PUT /ws/v1/cluster/apps/{id}/state body."""
+
+    state: str
+    diagnostics: str = ""
+
+
+@dataclass
+class ValidSubmission:
+    """A submission that passed the REST-level checks (the core checks queue, id and limits)."""
+
+    app_id: str
+    name: str
+    queue: str
+    app_type: str
+    am: AmSpec
+    max_attempts: Optional[int]
+    elastane: Optional[dict]
+    raw: dict[str, Any]
+
+
+def _entries(x: Any) -> list:
+    if x is None:
+        return []
+    return x if isinstance(x, list) else [x]
+
+
+def validate(ctx: SubmissionContext) -> ValidSubmission:
+    """Field checks a schema cannot express; BadRequest names the field."""
+    try:
+        ApplicationId.parse(ctx.application_id)
+    except ValueError as e:
+        raise BadRequest(f"application-id: {e}") from None
+    command = ctx.am_container_spec.commands.command
+    if not command.strip():
+        raise BadRequest("am-container-spec.commands.command must not be empty")
+    if ctx.resource.memory <= 0:
+        raise BadRequest(f"resource.memory must be positive, got {ctx.resource.memory}")
+    if ctx.resource.vcores <= 0:
+        raise BadRequest(f"resource.vCores must be positive, got {ctx.resource.vcores}")
+    if ctx.max_app_attempts is not None and ctx.max_app_attempts < 1:
+        raise BadRequest(f"max-app-attempts must be >= 1, got {ctx.max_app_attempts}")
+    if not ctx.queue:
+        raise BadRequest("queue must not be empty")
+    env_spec = ctx.am_container_spec.environment
+    env = {kv.key: kv.value for kv in _entries(env_spec.entry if env_spec else None)}
+    if any(not k for k in env):
+        raise BadRequest("am-container-spec.environment.entry: key must not be empty")
+    lr_spec = ctx.am_container_spec.local_resources
+    local = {e.key: e.value for e in _entries(lr_spec.entry if lr_spec else None)}
+    am = AmSpec(commands=[command], environment=env, local_resources=local, resource=ctx.resource)
+    return ValidSubmission(app_id=ctx.application_id, name=ctx.application_name, queue=ctx.queue,
+                           app_type=ctx.application_type, am=am, max_attempts=ctx.max_app_attempts,
+                           elastane=ctx.elastane, raw=msgspec.to_builtins(ctx))

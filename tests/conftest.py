@@ -1,0 +1,333 @@
+"""Shared fixtures: an in-test fake RM + NM for AM-library tests, and real localhost clusters
+(LocalCluster: one RM and three NMs as processes) with REST helpers for end-to-end tests."""
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import pytest
+from aiohttp import web
+
+from protocol import codec, container_env, http_server
+from protocol import internal_api as api
+from protocol.records import ContainerState, ExitStatus, Resource
+from protocol.remote_exception import NotFound, Unauthorized
+
+# ===== fake RM / NM (in-process aiohttp servers) ===============================================
+
+AM_TOKEN = "fake-am-token"
+
+
+@dataclass
+class FakeNM:
+    """Minimal NM container API: accepts tokens starting with "ctok-", records what it launched."""
+
+    address: str = ""
+    started: dict[str, api.StartContainerRequest] = field(default_factory=dict)
+    stopped: list[str] = field(default_factory=list)
+    refuse: bool = False
+    complete_on_stop: bool = True
+
+    def app(self) -> web.Application:
+        app = http_server.make_app()
+        app.router.add_post(api.CONTAINER_START, self._start)
+        app.router.add_post("/internal/v1/containers/{cid}/stop", self._stop)
+        return app
+
+    def _check(self, request: web.Request) -> str:
+        tok = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if self.refuse or not tok.startswith("ctok-"):
+            raise Unauthorized("invalid container token")
+        return tok
+
+    async def _start(self, request: web.Request) -> web.Response:
+        self._check(request)
+        req = await http_server.read_json(request, api.StartContainerRequest)
+        cid = req.container_token.removeprefix("ctok-")
+        self.started[cid] = req
+        return http_server.json_response(api.ContainerStatus(container_id=cid, state="RUNNING", pid=4242))
+
+    async def _stop(self, request: web.Request) -> web.Response:
+        self._check(request)
+        cid = request.match_info["cid"]
+        if cid not in self.started:
+            raise NotFound(f"no container {cid}")
+        self.stopped.append(cid)
+        state = ContainerState.COMPLETE.value if self.complete_on_stop else ContainerState.RUNNING.value
+        return http_server.json_response(api.ContainerStatus(
+            container_id=cid, state=state, exit_status=ExitStatus.KILLED_BY_APPMASTER,
+            diagnostics="stopped by the AM"))
+
+
+@dataclass
+class FakeRM:
+    """The RM's AM API, scripted by the test: grants what is asked (when `grant`), queues completions."""
+
+    nm: FakeNM
+    address: str = ""
+    grant: bool = True
+    extra_grants: int = 0                 # grant this many containers nobody asked for (surplus)
+    asks: dict[int, api.ResourceAsk] = field(default_factory=dict)
+    requests: list[api.AllocateRequest] = field(default_factory=list)
+    registered: Optional[api.AmRegisterRequest] = None
+    register_calls: int = 0
+    finished: Optional[api.AmFinishRequest] = None
+    releases: list[str] = field(default_factory=list)
+    completed: list[api.ContainerStatus] = field(default_factory=list)
+    updated_nodes: list[api.NodeReport] = field(default_factory=list)
+    directive: Optional[api.ShapeDirective] = None
+    actions: list[str] = field(default_factory=list)   # next responses' actions, one per call
+    fail_allocates: int = 0                            # answer this many allocates with HTTP 500
+    seq: int = 1
+
+    def app(self) -> web.Application:
+        app = http_server.make_app()
+        app.router.add_post(api.AM_REGISTER, self._register)
+        app.router.add_post(api.AM_ALLOCATE, self._allocate)
+        app.router.add_post(api.AM_FINISH, self._finish)
+        return app
+
+    def _auth(self, request: web.Request) -> None:
+        if request.headers.get("Authorization") != f"Bearer {AM_TOKEN}":
+            raise Unauthorized("invalid am token")
+
+    async def _register(self, request: web.Request) -> web.Response:
+        self._auth(request)
+        self.registered = await http_server.read_json(request, api.AmRegisterRequest)
+        self.register_calls += 1
+        return http_server.json_response(api.AmRegisterResponse(
+            app_id="application_1_0001", attempt_id="appattempt_1_0001_000001",
+            maximum_resource=Resource(1024, 2), queue="default", user="alice"))
+
+    def new_container(self, resource: Resource, ask_id: int = 0, tag: str = "") -> api.AllocatedContainer:
+        self.seq += 1
+        cid = f"container_1_0001_01_{self.seq:06d}"
+        return api.AllocatedContainer(container_id=cid, node_id="n1:1", node_http_address=self.nm.address,
+                                      resource=resource, container_token=f"ctok-{cid}", ask_id=ask_id, tag=tag)
+
+    async def _allocate(self, request: web.Request) -> web.Response:
+        self._auth(request)
+        req = await http_server.read_json(request, api.AllocateRequest)
+        self.requests.append(req)
+        if self.fail_allocates > 0:
+            self.fail_allocates -= 1
+            return web.json_response({"RemoteException": {"exception": "Boom", "message": "x",
+                                                          "javaClassName": "x"}}, status=500)
+        for a in req.asks:
+            self.asks[a.ask_id] = a
+        self.releases.extend(req.releases)
+        allocated = []
+        if self.grant:
+            for a in list(self.asks.values()):
+                for _ in range(a.count):
+                    allocated.append(self.new_container(a.resource, a.ask_id, a.tag))
+                self.asks[a.ask_id] = msgspec_replace_count(a, 0)
+        for _ in range(self.extra_grants):
+            allocated.append(self.new_container(Resource(64, 1), ask_id=99))
+        self.extra_grants = 0
+        completed, self.completed = self.completed, []
+        nodes, self.updated_nodes = self.updated_nodes, []
+        action = self.actions.pop(0) if self.actions else "NORMAL"
+        return http_server.json_response(api.AllocateResponse(
+            response_id=req.response_id + 1, allocated=allocated, completed=completed,
+            updated_nodes=nodes, shape_directive=self.directive, action=action,
+            available=Resource(512, 1), num_cluster_nodes=1))
+
+    async def _finish(self, request: web.Request) -> web.Response:
+        self._auth(request)
+        self.finished = await http_server.read_json(request, api.AmFinishRequest)
+        return http_server.json_response(api.AmFinishResponse(unregistered=True))
+
+
+def msgspec_replace_count(a: api.ResourceAsk, count: int) -> api.ResourceAsk:
+    return codec.decode_as({**codec.to_builtins(a), "count": count}, api.ResourceAsk)
+
+
+@dataclass
+class FakeCluster:
+    rm: FakeRM
+    nm: FakeNM
+    env: dict[str, str]
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def fake_cluster() -> Any:
+    """A fake RM + NM on ephemeral ports and the AM environment pointing at them."""
+    nm = FakeNM()
+    nm_runner, nm.address = await _serve(nm.app())
+    rm = FakeRM(nm=nm)
+    rm_runner, rm.address = await _serve(rm.app())
+    env = {container_env.RM_ADDRESS: f"http://{rm.address}", container_env.AM_TOKEN: AM_TOKEN,
+           container_env.APP_ATTEMPT_ID: "appattempt_1_0001_000001"}
+    try:
+        yield FakeCluster(rm, nm, env)
+    finally:
+        await rm_runner.cleanup()
+        await nm_runner.cleanup()
+
+
+async def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.02) -> None:
+    """Poll `cond` until true, or fail the test (a readiness check, not a sleep)."""
+    import asyncio  # noqa: PLC0415
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(interval_s)
+
+
+# ===== real localhost clusters ===================================================================
+
+CLUSTER_KW = dict(nodes=3, node_memory_mb=1024, node_vcores=2, nm_expiry_s=3, am_expiry_s=5,
+                  heartbeat_interval_ms=250)
+FINAL_STATES = ("FINISHED", "FAILED", "KILLED")
+
+
+def _start_cluster(base: Path) -> Any:
+    local_cluster = pytest.importorskip("elastane_cli.local_cluster",
+                                        reason="elastane_cli.local_cluster is not available")
+    c = local_cluster.LocalCluster(base, **CLUSTER_KW)
+    c.start(timeout_s=60)
+    return c
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One RM + 3 NMs (1024 MB, 2 vcores each) shared by every non-destructive cluster test
+    (each such test kills or waits out its own apps, so the next one finds the cluster idle)."""
+    c = _start_cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def private_cluster(tmp_path: Path) -> Iterator[Any]:
+    """A cluster of its own for a test that breaks it (kills an NM)."""
+    c = _start_cluster(tmp_path / "cluster")
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+class RestError(Exception):
+    """A non-2xx answer from the RM REST API."""
+
+    def __init__(self, status: int, body: Any):
+        super().__init__(f"HTTP {status}: {body}")
+        self.status = status
+        self.body = body
+
+
+def rest(base_url: str, method: str, path: str, body: Any = None, user: Optional[str] = None,
+         raw: Optional[bytes] = None, timeout_s: float = 15.0) -> Any:
+    """One synchronous JSON call to the RM REST API (stdlib only, so usable from sync fixtures)."""
+    url = base_url.rstrip("/") + path
+    if user is not None:
+        url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"user.name": user})
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            payload = r.read()
+            return json.loads(payload) if payload else None
+    except urllib.error.HTTPError as e:
+        payload = e.read()
+        try:
+            parsed: Any = json.loads(payload)
+        except ValueError:
+            parsed = payload.decode(errors="replace")
+        raise RestError(e.code, parsed) from None
+
+
+def submit_app(base_url: str, submission: dict[str, Any], user: str = "alice") -> str:
+    """new-application + POST /apps as `user`; returns the application id."""
+    new = rest(base_url, "POST", "/ws/v1/cluster/apps/new-application", user=user)
+    app_id = new["application-id"]
+    rest(base_url, "POST", "/ws/v1/cluster/apps", dict(submission, **{"application-id": app_id}), user=user)
+    return app_id
+
+
+def get_app(base_url: str, app_id: str) -> dict[str, Any]:
+    return rest(base_url, "GET", f"/ws/v1/cluster/apps/{app_id}")["app"]
+
+
+def wait_app(base_url: str, app_id: str, states: tuple[str, ...] = FINAL_STATES,
+             timeout_s: float = 60.0) -> dict[str, Any]:
+    """Poll GET /apps/{id} until its state is one of `states`; fails with the last report on timeout.
+    Reaching a different final state fails at once."""
+    deadline = time.monotonic() + timeout_s
+    app: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        app = get_app(base_url, app_id)
+        if app["state"] in states:
+            return app
+        if app["state"] in FINAL_STATES:
+            raise AssertionError(f"{app_id} ended {app['state']}/{app.get('finalStatus')} "
+                                 f"while waiting for {states}: {app.get('diagnostics')}")
+        time.sleep(0.1)
+    raise AssertionError(f"{app_id} not in {states} within {timeout_s}s: last report {app}")
+
+
+def wait_until(cond: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition") -> Any:
+    """Poll a synchronous condition until it returns a truthy value; returns it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout_s}s")
+        time.sleep(0.1)
+
+
+# ===== process inspection (what the NMs really left running) =====================================
+
+def pids_with_env(name: str, value: str) -> list[int]:
+    """Live (non-zombie) processes whose environment has name=value, e.g. APPLICATION_ID=<app>."""
+    needle = f"{name}={value}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes()
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and needle in env.split(b"\0"):
+            out.append(int(d.name))
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one live process, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

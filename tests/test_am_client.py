@@ -1,0 +1,240 @@
+"""The AM library against an in-test fake RM and NM (real HTTP, no cluster processes)."""
+import asyncio
+
+import pytest
+
+from appmaster.am_client import AmError, ApplicationMaster, HeartbeatPolicy
+from appmaster.am_events import ContainersAllocated, ContainersCompleted, NodesUpdated, ShapeChanged, Shutdown
+from appmaster.container_book import AmContainerState
+from appmaster.rm_client import AmEnvironmentError, AmIdentity
+from protocol import container_env
+from protocol.internal_api import ContainerStatus, LaunchContext, NodeReport, ShapeDirective
+from protocol.records import FinalStatus, Resource
+
+R = Resource(256, 1)
+
+
+async def make_am(fake, **kw) -> ApplicationMaster:
+    am = ApplicationMaster(AmIdentity.from_env(fake.env), **kw)
+    await am.register("amhost", 1234, "http://amhost:1234/", start_heartbeats=False)
+    return am
+
+
+async def drain(am: ApplicationMaster) -> list:
+    out = []
+    while (ev := await am.next_event(timeout_s=0)) is not None:
+        out.append(ev)
+    return out
+
+
+async def test_register_ask_allocate_launch_complete_finish(fake_cluster):
+    rm, nm = fake_cluster.rm, fake_cluster.nm
+    am = await make_am(fake_cluster)
+    try:
+        assert rm.registered.host == "amhost" and rm.registered.rpc_port == 1234
+        assert am.registration.app_id == "application_1_0001"
+        ask = am.add_ask(2, R, tag="worker")
+        am.set_progress(0.25)
+        await am.heartbeat_once()
+        sent = rm.requests[-1]
+        assert [(a.ask_id, a.count, a.tag) for a in sent.asks] == [(ask, 2, "worker")]
+        assert sent.progress == 0.25
+        (ev,) = await drain(am)
+        assert isinstance(ev, ContainersAllocated) and len(ev.containers) == 2
+        assert all(c.tag == "worker" and c.resource == R for c in ev.containers)
+        assert am.asks.outstanding() == 0
+
+        c1, c2 = ev.containers
+        ctx = LaunchContext(commands=["echo hi"], environment={"A": "1"})
+        assert await am.launch(c1, ctx)
+        assert nm.started[c1.container_id].launch_context == ctx
+        assert c1.state is AmContainerState.RUNNING and c1.pid == 4242
+        with pytest.raises(AmError, match="cannot launch"):
+            await am.launch(c1, ctx)
+
+        rm.completed = [ContainerStatus(container_id=c1.container_id, state="COMPLETE", exit_status=0),
+                        ContainerStatus(container_id=c2.container_id, state="COMPLETE", exit_status=-100,
+                                        diagnostics="node lost")]
+        await am.heartbeat_once()
+        (ev,) = await drain(am)
+        assert isinstance(ev, ContainersCompleted)
+        assert {c.container_id: c.exit_status for c in ev.containers} == {c1.container_id: 0, c2.container_id: -100}
+        assert c2.diagnostics == "node lost"
+
+        # A repeated report of the same completion is not delivered twice.
+        rm.completed = [ContainerStatus(container_id=c1.container_id, state="COMPLETE", exit_status=0)]
+        await am.heartbeat_once()
+        assert await drain(am) == []
+        # A fully granted row needs no zero update: the RM zeroed its copy when it granted.
+        assert rm.requests[-1].asks == []
+
+        assert await am.finish(FinalStatus.FAILED, "c2 lost")
+        assert rm.finished.final_status == "FAILED" and rm.finished.diagnostics == "c2 lost"
+    finally:
+        await am.close()
+
+
+async def test_response_id_follows_the_rm(fake_cluster):
+    am = await make_am(fake_cluster)
+    try:
+        await am.heartbeat_once()
+        await am.heartbeat_once()
+        assert [r.response_id for r in fake_cluster.rm.requests] == [0, 1]
+    finally:
+        await am.close()
+
+
+async def test_failed_launch_completes_with_invalid_and_releases(fake_cluster):
+    fake_cluster.nm.refuse = True
+    am = await make_am(fake_cluster)
+    try:
+        am.add_ask(1, R)
+        await am.heartbeat_once()
+        (ev,) = await drain(am)
+        c = ev.containers[0]
+        assert not await am.launch(c, LaunchContext(commands=["true"]))
+        (done,) = await drain(am)
+        assert isinstance(done, ContainersCompleted) and done.containers[0].exit_status == -1000
+        assert "401" in c.diagnostics
+        await am.heartbeat_once()
+        assert fake_cluster.rm.releases == [c.container_id]
+        await am.heartbeat_once()
+        assert fake_cluster.rm.requests[-1].releases == [], "a release is sent once"
+    finally:
+        await am.close()
+
+
+async def test_stop_running_and_release_unlaunched(fake_cluster):
+    am = await make_am(fake_cluster)
+    try:
+        am.add_ask(2, R)
+        await am.heartbeat_once()
+        (ev,) = await drain(am)
+        running, idle = ev.containers
+        await am.launch(running, LaunchContext(commands=["sleep 100"]))
+        await am.stop_all()
+        events = await drain(am)
+        done = {c.container_id: c.exit_status for e in events for c in e.containers}
+        assert done == {running.container_id: -105, idle.container_id: -105}
+        assert fake_cluster.nm.stopped == [running.container_id]
+        await am.heartbeat_once()
+        assert fake_cluster.rm.releases == [idle.container_id]
+        assert am.book.live() == []
+    finally:
+        await am.close()
+
+
+async def test_surplus_containers_are_released_not_delivered(fake_cluster):
+    fake_cluster.rm.extra_grants = 2
+    am = await make_am(fake_cluster)
+    try:
+        await am.heartbeat_once()
+        assert await drain(am) == []
+        await am.heartbeat_once()
+        assert len(fake_cluster.rm.releases) == 2
+    finally:
+        await am.close()
+
+
+async def test_nodes_shape_and_shutdown(fake_cluster):
+    rm = fake_cluster.rm
+    am = await make_am(fake_cluster)
+    try:
+        am.set_shape({"workers": 2, "servers": 1})
+        rm.updated_nodes = [NodeReport(node_id="n2:1", state="LOST")]
+        rm.directive = ShapeDirective(workers=4, servers=2, version=1)
+        await am.heartbeat_once()
+        assert rm.requests[-1].shape == {"workers": 2, "servers": 1}
+        evs = await drain(am)
+        assert [type(e) for e in evs] == [NodesUpdated, ShapeChanged]
+        assert am.nodes["n2:1"].state == "LOST" and evs[1].directive.workers == 4
+        await am.heartbeat_once()
+        assert await drain(am) == [], "an unchanged directive is not delivered again"
+        rm.actions = ["SHUTDOWN"]
+        await am.heartbeat_once()
+        (ev,) = await drain(am)
+        assert isinstance(ev, Shutdown) and "shut down" in ev.reason
+    finally:
+        await am.close()
+
+
+async def test_resync_registers_again_and_resends_asks(fake_cluster):
+    rm = fake_cluster.rm
+    rm.grant = False
+    am = await make_am(fake_cluster)
+    try:
+        am.add_ask(3, R)
+        rm.actions = ["RESYNC"]
+        await am.heartbeat_once()
+        assert rm.register_calls == 2
+        await am.heartbeat_once()
+        assert rm.requests[-1].response_id == 0 and rm.requests[-1].asks[0].count == 3
+    finally:
+        await am.close()
+
+
+async def test_rm_errors_retried_then_shutdown_after_timeout(fake_cluster):
+    now = [0.0]
+    am = await make_am(fake_cluster, clock=lambda: now[0],
+                       policy=HeartbeatPolicy(rm_failure_timeout_s=10.0))
+    try:
+        fake_cluster.rm.fail_allocates = 1
+        assert await am.heartbeat_once() is None
+        assert await drain(am) == []
+        assert await am.heartbeat_once() is not None, "recovered on the next heartbeat"
+        fake_cluster.rm.fail_allocates = 3
+        await am.heartbeat_once()
+        now[0] = 5.0
+        await am.heartbeat_once()
+        assert await drain(am) == []
+        now[0] = 10.5
+        await am.heartbeat_once()
+        (ev,) = await drain(am)
+        assert isinstance(ev, Shutdown) and "unreachable" in ev.reason
+    finally:
+        await am.close()
+
+
+async def test_bad_am_token_is_fatal(fake_cluster):
+    am = await make_am(fake_cluster)
+    try:
+        am.rm._http.token = "forged"
+        await am.heartbeat_once()
+        (ev,) = await drain(am)
+        assert isinstance(ev, Shutdown) and "401" in ev.reason
+    finally:
+        await am.close()
+
+
+async def test_background_loop_heartbeats_faster_while_asks_pend(fake_cluster):
+    rm = fake_cluster.rm
+    rm.grant = False
+    am = ApplicationMaster(AmIdentity.from_env(fake_cluster.env),
+                           policy=HeartbeatPolicy(interval_s=30.0, pending_interval_s=0.01))
+    try:
+        await am.register()
+        am.add_ask(1, R)
+        from conftest import wait_for
+        await wait_for(lambda: len(rm.requests) >= 5)
+        rm.grant = True
+        ev = await am.next_event(timeout_s=10)
+        assert isinstance(ev, ContainersAllocated)
+        await asyncio.sleep(0)
+        n = len(rm.requests)
+        await am.finish(FinalStatus.SUCCEEDED)
+        assert len(rm.requests) <= n + 1, "no heartbeats after finish"
+    finally:
+        await am.close()
+
+
+def test_heartbeat_policy():
+    p = HeartbeatPolicy(interval_s=1.0, pending_interval_s=0.25)
+    assert p.interval(True) == 0.25 and p.interval(False) == 1.0
+
+
+def test_identity_from_env_names_missing_variables():
+    with pytest.raises(AmEnvironmentError, match=container_env.AM_TOKEN):
+        AmIdentity.from_env({container_env.RM_ADDRESS: "http://x", container_env.APP_ATTEMPT_ID: "a"})
+    ident = AmIdentity.from_env({container_env.RM_ADDRESS: "http://x", container_env.AM_TOKEN: "t",
+                                 container_env.APP_ATTEMPT_ID: "a", container_env.CONTAINER_ID: "c"})
+    assert ident.container_id == "c" and ident.am_token == "t"

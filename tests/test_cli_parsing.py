@@ -1,0 +1,111 @@
+"""`elastane` argument parsing, exit codes and error messages (no daemons needed)."""
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from elastane_cli import main as cli
+from elastane_cli.context import resolve_rm_url
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # argparse
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "required"),
+    (["bogus"], "invalid choice"),
+    (["app"], "required"),
+    (["app", "list", "--state", "RUNNNG"], "invalid state 'RUNNNG'"),
+    (["app", "list", "--limit", "0"], "--limit must be positive"),
+    (["app", "status", "app_1"], "invalid application id 'app_1'"),
+    (["app", "kill"], "APP_ID"),
+    (["app", "logs", "application_1_0001", "--file", "syslog"], "invalid choice: 'syslog'"),
+    (["app", "logs", "application_1_0001", "--container", "c1"], "invalid container id 'c1'"),
+    (["app", "run", "-n", "-1", "--", "true"], "-n must be positive"),
+    (["app", "run", "--memory", "lots", "--", "true"], "--memory must be an integer"),
+    (["app", "run", "-n", "2"], "no command given"),
+    (["app", "list", "--bogus"], "unrecognized arguments: --bogus"),
+    (["--rm", "localhost:8088", "node", "list"], "--rm expects a URL"),
+    (["cluster", "start", "--nodes", "0"], "expected a positive integer"),
+    (["cluster", "start", "--rm-port", "99999"], "port must be in 0..65535"),
+    (["cluster", "start", "--cgroups", "v3"], "invalid choice: 'v3'"),
+])
+def test_bad_usage_exits_2_with_a_message(argv: list[str], message: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(argv, capsys)
+    assert code == 2
+    assert message in err
+    assert "error" in err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("argv", [["node", "list"], ["app", "list"], ["app", "status", "application_1_0001"],
+                                  ["app", "kill", "application_1_0001"], ["app", "run", "--", "true"]])
+def test_unreachable_rm_exits_1_naming_the_url(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    code, out, err = run(["--rm", url, *argv], capsys)
+    assert code == 1
+    assert f"elastane: error: cannot reach the ResourceManager at {url}" in err
+
+
+def test_rm_option_after_the_command_and_env_fallbacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    code, _, err = run(["node", "list", "--rm", url], capsys)
+    assert code == 1 and url in err
+    monkeypatch.delenv("ELASTANE_RM", raising=False)
+    assert resolve_rm_url(None, tmp_path) == "http://127.0.0.1:8088"
+    (tmp_path / "cluster.json").write_text('{"rm_url": "http://127.0.0.1:4567"}')
+    assert resolve_rm_url(None, tmp_path) == "http://127.0.0.1:4567"
+    monkeypatch.setenv("ELASTANE_RM", "http://rm.example:8088/")
+    assert resolve_rm_url(None, tmp_path) == "http://rm.example:8088"
+    assert resolve_rm_url("http://x:1", tmp_path) == "http://x:1"
+
+
+def test_cluster_stop_without_a_cluster_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["cluster", "stop", "--dir", str(tmp_path)], capsys)
+    assert code == 1
+    assert "no cluster recorded in" in err
+
+
+def test_secret_generates_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    conf = tmp_path / "conf" / "cluster.toml"
+    code, out, _ = run(["secret", "--conf", str(conf)], capsys)
+    assert code == 0 and "generated" in out and str(conf) in out
+    first = conf.read_text()
+    assert 'secret = "' in first and oct(conf.stat().st_mode & 0o777) == "0o600"
+    code, out, _ = run(["secret", "--conf", str(conf)], capsys)
+    assert code == 0 and "already set" in out
+    assert conf.read_text() == first
+
+
+def test_secret_rejects_a_broken_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    conf = tmp_path / "cluster.toml"
+    conf.write_text("[cluster]\nsecrett = 3\n")
+    code, _, err = run(["secret", "--conf", str(conf)], capsys)
+    assert code == 2 and "secrett" in err
+    assert conf.read_text() == "[cluster]\nsecrett = 3\n"
+
+
+def test_daemon_start_passes_flags_through(monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    seen: list[list[str]] = []
+    monkeypatch.setattr(cli.daemon_commands.os, "execv", lambda path, argv: seen.append(argv))
+    code, _, _ = run(["rm", "start", "--port", "0", "--policy", "eps"], capsys)
+    assert code == 0
+    assert seen[0][1:] == ["-m", "rm", "--port", "0", "--policy", "eps"]
+    run(["nm", "start", "--memory-mb", "512"], capsys)
+    assert seen[1][1:] == ["-m", "nodemanager", "--memory-mb", "512"]

@@ -1,0 +1,231 @@
+"""Unit tests of the NM's smaller parts: /proc parsing, RSS monitor, launcher, settings, recovery,
+token checks of the container API (in process), reporting and expiry with an injected clock."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from protocol import internal_api as api, tokens
+from protocol.config import ClusterConfig, ConfigError, NMConfig
+from protocol.records import ExitStatus, Resource
+
+from nodemanager import launcher, node_settings, procfs
+from nodemanager.container import Container
+from nodemanager.container_manager import ContainerManager
+from nodemanager.container_state import ContainerEvent as E, NMContainerState as S
+from nodemanager.enforcement import Enforcement
+from nodemanager.recovery_store import RecoveryStore
+from nodemanager.rss_monitor import Watched, find_overruns
+from nodemanager.web_api import NodeWebApi
+from test_nm_harness import REPO, SECRET, container_token, new_ids
+
+MB = 1024 * 1024
+
+
+def stat_line(pid: int, comm: str, ppid: int, sid: int, rss_pages: int, start: int = 100) -> str:
+    fields = ["S", str(ppid), str(pid), str(sid)] + ["0"] * 7 + ["5", "6"] + ["0"] * 6 + [str(start), "0",
+                                                                                       str(rss_pages)]
+    return f"{pid} ({comm}) " + " ".join(fields)
+
+
+def test_parse_stat_handles_odd_command_names():
+    st = procfs.parse_stat(stat_line(42, "we ird) (name", ppid=1, sid=42, rss_pages=10, start=777))
+    assert (st.pid, st.ppid, st.sid, st.utime, st.stime, st.start_time, st.rss_pages) == (42, 1, 42, 5, 6, 777, 10)
+
+
+def test_own_process_is_recognised_by_start_time():
+    me = procfs.read_stat(os.getpid())
+    assert me is not None and procfs.is_same_process(os.getpid(), me.start_time)
+    assert not procfs.is_same_process(os.getpid(), me.start_time + 1)
+    assert procfs.read_stat(2 ** 22 + 12345) is None
+
+
+def test_rss_monitor_sums_the_tree_and_flags_only_overruns():
+    pages_per_mb = MB // procfs.PAGE_SIZE
+    stats = [procfs.parse_stat(s) for s in (
+        stat_line(100, "bash", 1, 100, 1 * pages_per_mb),
+        stat_line(101, "python", 100, 100, 40 * pages_per_mb),
+        stat_line(102, "escaped", 101, 102, 30 * pages_per_mb),   # setsid'd child: still in the tree
+        stat_line(200, "other", 1, 200, 500 * pages_per_mb),
+    )]
+    assert procfs.tree_pids(100, stats) == {100, 101, 102}
+    out = find_overruns([Watched("c1", 100, 64), Watched("c2", 200, 1024), Watched("c3", 100, 0)], stats)
+    assert [(o.container_id, o.rss_bytes // MB) for o in out] == [("c1", 71)]
+    assert "Container [pid=100,containerID=c1] is running beyond physical memory limits" in out[0].diagnostics()
+    assert "71.0 MB of 64.0 MB" in out[0].diagnostics()
+
+
+def _spec(tmp_path: Path, join: tuple[str, ...] = ()) -> launcher.LaunchSpec:
+    return launcher.LaunchSpec("container_1_0001_01_000001", "application_1_0001", "appattempt_1_0001_000001",
+                               "alice", 128, 1, str(tmp_path / "work"), str(tmp_path / "logs"),
+                               str(tmp_path / "exit"), "127.0.0.1", 8042, join)
+
+
+def test_launch_env_and_command(tmp_path):
+    spec = _spec(tmp_path)
+    ctx = api.LaunchContext(commands=["echo a", "cat <LOG_DIR>/x"],
+                            environment={"FOO": "<LOG_DIR>/f", "CONTAINER_ID": "spoofed", "PATH": "/opt/bin"})
+    env = launcher.build_env(spec, ctx)
+    assert env["CONTAINER_ID"] == spec.container_id  # the NM's names win over the launch context
+    assert env["FOO"] == f"{spec.log_dir}/f"
+    assert env["PATH"].split(os.pathsep)[:2] == [os.path.dirname(sys.executable), "/opt/bin"]
+    assert env["NM_HTTP_ADDRESS"] == "127.0.0.1:8042" and env["CONTAINER_MEMORY_MB"] == "128"
+    assert launcher.build_command(spec, ctx) == f"echo a && cat {spec.log_dir}/x"
+
+
+def test_wrapper_joins_cgroups_first_and_records_the_exit_code(tmp_path):
+    procs = tmp_path / "cgroup.procs"
+    spec = _spec(tmp_path, (str(procs),))
+    script = launcher.wrapper_script(spec, "echo out; exit 3")
+    lines = script.splitlines()
+    assert lines[2].startswith("echo $$ >") and "cgroup.procs" in lines[2]
+    path = tmp_path / "w.sh"
+    path.write_text(script)
+    r = subprocess.run(["/bin/bash", str(path)], capture_output=True, text=True)
+    assert r.returncode == 3 and r.stdout == "out\n"
+    assert procs.read_text().strip().isdigit()
+    assert Path(spec.exit_file).read_text().strip() == "3"
+    bad = launcher.wrapper_script(_spec(tmp_path, (str(tmp_path / "missing" / "cgroup.procs"),)), "echo never")
+    path.write_text(bad)
+    r = subprocess.run(["/bin/bash", str(path)], capture_output=True, text=True)
+    assert r.returncode == launcher.JOIN_FAILED_EXIT and "never" not in r.stdout and "cannot join" in r.stderr
+
+
+def test_exit_codes_map_signals_like_a_shell():
+    assert launcher.exit_code_from_returncode(0) == 0
+    assert launcher.exit_code_from_returncode(7) == 7
+    assert launcher.exit_code_from_returncode(-9) == 137
+    assert launcher.exit_code_from_returncode(-15) == 143
+
+
+def test_settings_capacity_host_and_validation(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:        8388608 kB\nMemFree: 1 kB\n")
+    cfg = NMConfig(reserved_memory_mb=1024)
+    assert node_settings.capability(cfg, str(meminfo)) == Resource(8192 - 1024, os.cpu_count() or 1)
+    assert node_settings.capability(NMConfig(memory_mb=300, vcores=3), str(meminfo)) == Resource(300, 3)
+    assert node_settings.advertise_host(NMConfig(host="0.0.0.0")) == "127.0.0.1"
+    assert node_settings.advertise_host(NMConfig(host="0.0.0.0", advertise_host="nm7")) == "nm7"
+    assert node_settings.rm_address(NMConfig(), ClusterConfig(rm_address="rm:8088")) == "http://rm:8088"
+    assert node_settings.rm_address(NMConfig(rm_address="http://x:1/"), ClusterConfig()) == "http://x:1"
+    good = ClusterConfig(secret="s")
+    node_settings.validate(NMConfig(), good)
+    for bad, field in ((NMConfig(cgroups="v3"), "cgroups"), (NMConfig(port=70000), "port"),
+                       (NMConfig(memory_mb=-1), "memory_mb"), (NMConfig(cpu_enforcement="x"), "cpu_enforcement"),
+                       (NMConfig(heartbeat_interval_ms=0), "heartbeat_interval_ms")):
+        with pytest.raises(ConfigError, match=field):
+            node_settings.validate(bad, good)
+    with pytest.raises(ConfigError, match="secret"):
+        node_settings.validate(NMConfig(), ClusterConfig())
+
+
+def test_cli_rejects_bad_flags_and_config_with_exit_2(tmp_path):
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "nodemanager", *args], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+    r = run("--cgroups", "v9")
+    assert r.returncode == 2 and "--cgroups" in r.stderr
+    bad = tmp_path / "nm.toml"
+    bad.write_text("[nm]\nno_such_key = 1\n")
+    r = run("--config", str(bad))
+    assert r.returncode == 2 and "no_such_key" in r.stderr
+    empty = tmp_path / "cluster.toml"
+    empty.write_text("[cluster]\n")
+    r = run("--cluster-config", str(empty), "--port", "0")
+    assert r.returncode == 2 and "secret" in r.stderr
+    good = tmp_path / "good.toml"
+    good.write_text(f'[cluster]\nsecret = "{SECRET}"\n')
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        r = run("--cluster-config", str(good), "--host", "127.0.0.1", "--port", str(busy.getsockname()[1]),
+                "--local-dir", str(tmp_path / "l"), "--log-dir", str(tmp_path / "g"),
+                "--recovery-dir", str(tmp_path / "r"))
+    assert r.returncode == 2 and "in use" in r.stderr
+
+
+def _manager(tmp_path: Path, clock) -> ContainerManager:
+    cfg = NMConfig(local_dir=str(tmp_path / "local"), log_dir=str(tmp_path / "logs"),
+                   recovery_dir=str(tmp_path / "rec"), keep_finished_logs_s=60.0)
+    return ContainerManager(cfg, "127.0.0.1:1", "127.0.0.1", 1, Resource(1024, 2), Enforcement(None),
+                            RecoveryStore(cfg.recovery_dir), clock=clock)
+
+
+def _finished(m: ContainerManager, cid: str, app: str, at: float, code: int = 0) -> Container:
+    c = Container(cid, app, "", "alice", Resource(128, 1), 0.0, os.path.join(m.cfg.local_dir, app, cid),
+                  os.path.join(m.cfg.log_dir, app, cid), m.store.exit_file(cid))
+    for e in (E.LOCALIZED, E.LAUNCHED, E.EXITED_SUCCESS if code == 0 else E.EXITED_FAILURE, E.CLEANED_UP):
+        c.apply(e)
+    c.exit_status, c.finished_at = code, at
+    os.makedirs(c.log_dir)
+    Path(c.log_dir, "stdout").write_text("x")
+    m.containers[cid] = c
+    m.store.save(c.to_record())
+    return c
+
+
+def test_completed_are_reported_until_acknowledged_then_expire(tmp_path):
+    now = [1000.0]
+    m = _manager(tmp_path, lambda: now[0])
+    app, _, cid = new_ids()
+    c = _finished(m, cid, app, at=1000.0, code=3)
+    assert [s.container_id for s in m.statuses()] == [cid] and m.statuses()[0].state == "COMPLETE"
+    assert m.expire_finished(5000.0) == []      # not yet seen by the RM: kept whatever its age
+    m.mark_reported([cid])
+    assert m.statuses() == [] and not m.store.exists(cid)
+    assert m.expire_finished(1030.0) == []      # within keep_finished_logs_s
+    assert Path(c.log_dir).exists()
+    assert m.expire_finished(1061.0) == [cid]
+    assert cid not in m.containers and not Path(c.log_dir).exists()
+    assert m.used() == Resource(0, 0)
+
+
+async def test_recovery_settles_dead_containers(tmp_path):
+    m = _manager(tmp_path, lambda: 50.0)
+    app, _, cid = new_ids()
+    app2, _, cid2 = new_ids()
+    for i, (a, c_id) in enumerate(((app, cid), (app2, cid2))):
+        c = Container(c_id, a, "", "bob", Resource(64, 1), 0.0, str(tmp_path / f"w{i}"), str(tmp_path / f"l{i}"),
+                      m.store.exit_file(c_id), pid=2 ** 22 + 999, start_time=1)
+        m.store.save(c.to_record())
+    Path(m.store.exit_file(cid)).write_text("9\n")   # the wrapper wrote an exit code; cid2 left none
+    m2 = _manager(tmp_path, lambda: 60.0)
+    found = {c.container_id: c for c in await m2.recover()}
+    assert found[cid].state is S.DONE and found[cid].exit_status == 9
+    assert found[cid2].exit_status == ExitStatus.ABORTED
+    assert {s.container_id: s.state for s in m2.statuses()} == {cid: "COMPLETE", cid2: "COMPLETE"}
+    # After the RM saw them, nothing is left to recover.
+    m2.mark_reported([cid, cid2])
+    assert RecoveryStore(m2.cfg.recovery_dir).load_all() == []
+
+
+async def test_container_api_token_checks_in_process(tmp_path):
+    m = _manager(tmp_path, lambda: 0.0)
+    web = NodeWebApi(m, SECRET, "127.0.0.1:1", lambda: "http://127.0.0.1:1", lambda: {"id": "127.0.0.1:1"})
+    app, attempt, cid = new_ids()
+    async with TestClient(TestServer(web.app())) as cl:
+        body = {"container_token": container_token("127.0.0.1:1", cid, app, attempt), "launch_context":
+                {"commands": ["true"]}}
+        forged = container_token("127.0.0.1:1", cid, app, attempt, secret="x")
+        r = await cl.post(api.CONTAINER_START, json=body, headers=tokens.bearer(forged))
+        assert r.status == 401 and "signature" in (await r.json())["RemoteException"]["message"]
+        r = await cl.post(api.CONTAINER_START, json=dict(body, container_token=forged))
+        assert r.status == 401
+        am_tok = tokens.sign(SECRET, tokens.AM, {"app_id": app}, 60)
+        r = await cl.post(api.CONTAINER_START, json=dict(body, container_token=am_tok))
+        assert r.status == 401 and "container" in (await r.json())["RemoteException"]["message"]
+        r = await cl.get(api.container_status_path(cid))
+        assert r.status == 401
+        r = await cl.get(api.container_status_path(cid), headers=tokens.bearer(body["container_token"]))
+        assert r.status == 404
+        r = await cl.get("/ws/v1/node/containerlogs/nope/stdout")
+        assert r.status == 404 and "RemoteException" in await r.json()
+        r = await cl.get("/ws/v1/node/info")
+        assert (await r.json())["nodeInfo"]["id"] == "127.0.0.1:1"
+    assert m.containers == {}

@@ -1,0 +1,441 @@
+"""In-process tests of the RM's REST and internal APIs (aiohttp TestServer, fake clock, fake NM)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from protocol import container_env, tokens
+from protocol import internal_api as api
+from protocol.config import ClusterConfig, QueueConfig, RMConfig
+from protocol.records import Resource
+from rm.server import ResourceManagerServer
+from rm.submission import IGNORED_SUBMISSION_FIELDS
+from rm.testing import SECRET, FakeClock
+
+BASE = "/ws/v1/cluster"
+
+
+class FakeNM:
+    """An NM container API that checks the container token and records launches."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[dict, api.StartContainerRequest]] = []
+
+    def app(self) -> web.Application:
+        from protocol.http_server import make_app, read_json, require_token, json_response
+
+        async def start(request: web.Request) -> web.Response:
+            claims = require_token(request, SECRET, tokens.CONTAINER)
+            req = await read_json(request, api.StartContainerRequest)
+            self.started.append((claims, req))
+            return json_response(api.ContainerStatus(container_id=claims["container_id"], state="RUNNING"))
+
+        app = make_app()
+        app.router.add_post(api.CONTAINER_START, start)
+        return app
+
+
+class Env:
+    """An RM under test plus a fake NM, with helpers that speak the internal API."""
+
+    def __init__(self, rm: ResourceManagerServer, client: TestClient, nm: FakeNM, nm_addr: str, clock: FakeClock):
+        self.rm, self.client, self.nm, self.nm_addr, self.clock = rm, client, nm, nm_addr, clock
+
+    async def call(self, method: str, path: str, body: Any = None, status: int = 200, token: str | None = None,
+                   raw: bytes | None = None, **params: str) -> Any:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        kw: dict[str, Any] = {"headers": headers, "params": params}
+        if raw is not None:
+            kw["data"] = raw
+        elif body is not None:
+            kw["json"] = body
+        resp = await self.client.request(method, path, **kw)
+        text = await resp.text()
+        assert resp.status == status, f"{method} {path}: {resp.status} {text}"
+        return await resp.json() if text and resp.content_type == "application/json" else resp
+
+    async def register_node(self, node_id: str, mem: int = 8192, vcores: int = 8) -> None:
+        req = api.NodeRegisterRequest(node_id=node_id, http_address=self.nm_addr, capability=Resource(mem, vcores))
+        await self.call("POST", api.NODE_REGISTER, _b(req), token=nm_token(node_id))
+
+    async def heartbeat(self, node_id: str, statuses: list[api.ContainerStatus] = ()) -> dict:
+        req = api.NodeHeartbeatRequest(node_id=node_id, response_id=0, used=Resource(0, 0),
+                                       container_statuses=list(statuses))
+        return await self.call("POST", api.NODE_HEARTBEAT, _b(req), token=nm_token(node_id))
+
+    async def submit(self, user: str = "alice", queue: str = "default", **extra: Any) -> str:
+        new = await self.call("POST", BASE + "/apps/new-application", **{"user.name": user})
+        body = submission(new["application-id"], queue=queue, **extra)
+        await self.call("POST", BASE + "/apps", body, status=202, **{"user.name": user})
+        return new["application-id"]
+
+    async def launch_am(self) -> str:
+        """Let the launcher reach the fake NM; return the AM token it passed in the env."""
+        await self.rm.launcher.drain()
+        _, req = self.nm.started[-1]
+        return req.launch_context.environment[container_env.AM_TOKEN]
+
+    async def app(self, app_id: str) -> dict:
+        return (await self.call("GET", f"{BASE}/apps/{app_id}"))["app"]
+
+
+def _b(msg: Any) -> Any:
+    import msgspec
+    return msgspec.to_builtins(msg)
+
+
+def nm_token(node_id: str, secret: str = SECRET) -> str:
+    return tokens.sign(secret, tokens.NM, {"node_id": node_id}, 3600)
+
+
+def submission(app_id: str, queue: str = "default", memory: int = 1024, vcores: int = 1, **extra: Any) -> dict:
+    body = {"application-id": app_id, "application-name": "job", "queue": queue,
+            "am-container-spec": {"commands": {"command": "python am.py"},
+                                  "environment": {"entry": [{"key": "FOO", "value": "bar"}]}},
+            "resource": {"memory": memory, "vCores": vcores}, "max-app-attempts": 2,
+            "application-type": "ELASTANE"}
+    body.update(extra)
+    return body
+
+
+async def make_env(tmp_path, clock: FakeClock | None = None, cluster: ClusterConfig | None = None,
+                   **cfg_kw: Any) -> Env:
+    clock = clock or FakeClock()
+    nm = FakeNM()
+    nm_server = TestServer(nm.app())
+    await nm_server.start_server()
+    cfg_kw.setdefault("queues", [QueueConfig("default", 70, 100), QueueConfig("research", 30, 50)])
+    cfg = RMConfig(state_dir=str(tmp_path / "state"), **cfg_kw)
+    rm = ResourceManagerServer(cfg, cluster or ClusterConfig(secret=SECRET, admins=["root"]), clock=clock,
+                               run_timers=False)
+    client = TestClient(TestServer(rm.build_app()))
+    await client.start_server()
+    rm.attach_launcher(str(client.make_url("")).rstrip("/"))
+    env = Env(rm, client, nm, f"127.0.0.1:{nm_server.port}", clock)
+    env._nm_server = nm_server  # type: ignore[attr-defined]
+    return env
+
+
+async def close_env(env: Env) -> None:
+    await env.rm.stop()
+    await env.client.close()
+    await env._nm_server.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+async def env(tmp_path):
+    e = await make_env(tmp_path)
+    yield e
+    await close_env(e)
+
+
+# ----- submit flow -----------------------------------------------------------------------------
+
+async def test_submit_flow_end_to_end_with_fake_nm(env: Env):
+    await env.register_node("n1:1")
+    app_id = await env.submit(elastane={"workers": 2})
+    assert (await env.app(app_id))["state"] == "ACCEPTED"
+    am_token = await env.launch_am()
+    claims, req = env.nm.started[-1]
+    assert claims["app_id"] == app_id and claims["node_id"] == "n1:1"
+    envv = req.launch_context.environment
+    assert envv["FOO"] == "bar" and envv[container_env.APP_SUBMITTER] == "alice"
+    assert envv[container_env.RM_ADDRESS] == env.rm.url
+    assert envv[container_env.APP_ATTEMPT_ID].startswith("appattempt_")
+    assert req.launch_context.commands == ["python am.py"]
+    reg = await env.call("POST", api.AM_REGISTER, {"tracking_url": "http://am:7"}, token=am_token)
+    assert reg["app_id"] == app_id and reg["queue"] == "default"
+    app = await env.app(app_id)
+    assert app["state"] == "RUNNING" and app["trackingUrl"] == "http://am:7" and app["elastane"] == {"workers": 2}
+    out = await env.call("POST", api.AM_ALLOCATE, {"response_id": 0, "progress": 0.5, "asks": [
+        {"ask_id": 1, "count": 2, "resource": {"memory": 512, "vCores": 1}, "tag": "worker"}]}, token=am_token)
+    assert len(out["allocated"]) == 2
+    tok = out["allocated"][0]["container_token"]
+    assert tokens.verify(SECRET, tok, tokens.CONTAINER)["container_id"] == out["allocated"][0]["container_id"]
+    app = await env.app(app_id)
+    assert app["runningContainers"] == 3 and app["allocatedMB"] == 2048 and app["progress"] == 50.0
+    attempts = (await env.call("GET", f"{BASE}/apps/{app_id}/appattempts"))["appAttempts"]["appAttempt"]
+    assert [a["id"] for a in attempts] == [1] and attempts[0]["nodeId"] == "n1:1"
+    await env.call("POST", api.AM_FINISH, {"final_status": "SUCCEEDED", "diagnostics": "done"}, token=am_token)
+    app = await env.app(app_id)
+    assert (app["state"], app["finalStatus"], app["progress"]) == ("FINISHED", "SUCCEEDED", 100.0)
+    assert (await env.call("GET", f"{BASE}/apps/{app_id}/state")) == {"state": "FINISHED"}
+
+
+async def test_submit_answers_202_with_location(env: Env):
+    new = await env.call("POST", BASE + "/apps/new-application")
+    assert new["maximum-resource-capability"] == {"memory": 65536, "vCores": 64}
+    resp = await env.client.post(BASE + "/apps", json=submission(new["application-id"]))
+    assert resp.status == 202
+    assert resp.headers["Location"].endswith(f"{BASE}/apps/{new['application-id']}")
+    assert (await env.app(new["application-id"]))["user"] == "dr.who"
+
+
+async def test_ignored_fields_are_accepted(env: Env):
+    new = await env.call("POST", BASE + "/apps/new-application")
+    body = submission(new["application-id"])
+    for name in IGNORED_SUBMISSION_FIELDS:
+        body[name] = {"some": "value"} if name != "priority" else 3
+    body["am-container-spec"]["service-data"] = {"entry": []}
+    await env.call("POST", BASE + "/apps", body, status=202)
+
+
+BAD_SUBMISSIONS = [
+    ("malformed", None, "malformed JSON"),
+    ("unknown field", {"bogus": 1}, "bogus"),
+    ("wrong type", {"resource": {"memory": "lots", "vCores": 1}}, "memory"),
+    ("zero memory", {"resource": {"memory": 0, "vCores": 1}}, "resource.memory"),
+    ("negative vcores", {"resource": {"memory": 512, "vCores": -1}}, "resource.vCores"),
+    ("unknown queue", {"queue": "nope"}, "queue"),
+    ("too big", {"resource": {"memory": 10 ** 7, "vCores": 1}}, "maximum allocation"),
+    ("empty command", {"am-container-spec": {"commands": {"command": "  "}}}, "commands.command"),
+    ("zero attempts", {"max-app-attempts": 0}, "max-app-attempts"),
+    ("missing spec", {"am-container-spec": None}, "am-container-spec"),
+]
+
+
+@pytest.mark.parametrize("case,change,needle", BAD_SUBMISSIONS, ids=[c[0] for c in BAD_SUBMISSIONS])
+async def test_bad_submissions_are_400_and_create_nothing(env: Env, case, change, needle):
+    new = await env.call("POST", BASE + "/apps/new-application")
+    body = submission(new["application-id"])
+    if change is None:
+        out = await env.call("POST", BASE + "/apps", raw=b"{not json", status=400)
+    else:
+        body.update(change)
+        if change.get("am-container-spec", 1) is None:
+            del body["am-container-spec"]
+        out = await env.call("POST", BASE + "/apps", body, status=400)
+    err = out["RemoteException"]
+    assert err["exception"] == "BadRequestException" and needle in err["message"]
+    assert (await env.call("GET", BASE + "/apps")) == {"apps": None}
+    assert (await env.call("GET", BASE + "/metrics"))["clusterMetrics"]["appsSubmitted"] == 0
+    # The id is still usable after a rejected submission.
+    await env.call("POST", BASE + "/apps", submission(new["application-id"]), status=202)
+
+
+async def test_unknown_or_reused_application_id_is_400(env: Env):
+    out = await env.call("POST", BASE + "/apps", submission("application_1_0001"), status=400)
+    assert "new-application" in out["RemoteException"]["message"]
+    app_id = await env.submit()
+    out = await env.call("POST", BASE + "/apps", submission(app_id), status=400)
+    assert "already submitted" in out["RemoteException"]["message"]
+
+
+# ----- authentication ----------------------------------------------------------------------------
+
+async def test_internal_calls_need_valid_tokens(env: Env):
+    body = _b(api.NodeRegisterRequest(node_id="n1:1", http_address="x", capability=Resource(1024, 1)))
+    for token in (None, nm_token("n1:1", secret="forged"), nm_token("other:1"), "garbage",
+                  tokens.sign(SECRET, tokens.AM, {"app_id": "a", "attempt_id": "b"}, 60)):
+        out = await env.call("POST", api.NODE_REGISTER, body, token=token, status=401)
+        assert out["RemoteException"]["exception"] == "AuthenticationException"
+    assert (await env.call("GET", BASE + "/nodes")) == {"nodes": None}
+    for path in (api.AM_REGISTER, api.AM_ALLOCATE, api.AM_FINISH):
+        await env.call("POST", path, {"response_id": 0}, token=nm_token("n1:1"), status=401)
+    forged_am = tokens.sign("forged", tokens.AM, {"app_id": "a", "attempt_id": "b"}, 60)
+    await env.call("POST", api.AM_REGISTER, {}, token=forged_am, status=401)
+
+
+async def test_bad_internal_bodies_are_400(env: Env):
+    await env.call("POST", api.NODE_REGISTER, {"node_id": "n1:1"}, token=nm_token("n1:1"), status=400)
+    await env.call("POST", api.NODE_REGISTER, raw=b"[", token=nm_token("n1:1"), status=400)
+    await env.register_node("n1:1")
+    app_id = await env.submit()
+    am_token = await env.launch_am()
+    await env.call("POST", api.AM_REGISTER, {}, token=am_token)
+    out = await env.call("POST", api.AM_ALLOCATE, {"response_id": 0, "asks": [
+        {"ask_id": 1, "count": 1, "resource": {"memory": 10 ** 8, "vCores": 1}}]}, token=am_token, status=400)
+    assert "maximum allocation" in out["RemoteException"]["message"]
+    await env.call("POST", api.AM_FINISH, {"final_status": "MAYBE"}, token=am_token, status=400)
+    assert (await env.app(app_id))["state"] == "RUNNING"
+
+
+async def test_kill_permissions(env: Env):
+    app_id = await env.submit(user="alice")
+    out = await env.call("PUT", f"{BASE}/apps/{app_id}/state", {"state": "KILLED"}, status=403,
+                         **{"user.name": "mallory"})
+    assert out["RemoteException"]["exception"] == "ForbiddenException"
+    assert (await env.app(app_id))["state"] == "ACCEPTED"
+    await env.call("PUT", f"{BASE}/apps/{app_id}/state", {"state": "RUNNING"}, status=400, **{"user.name": "alice"})
+    out = await env.call("PUT", f"{BASE}/apps/{app_id}/state", {"state": "KILLED"}, status=202,
+                         **{"user.name": "alice"})
+    assert out == {"state": "KILLED"}
+    await env.call("PUT", f"{BASE}/apps/{app_id}/state", {"state": "KILLED"}, status=200, **{"user.name": "alice"})
+    other = await env.submit(user="bob")
+    await env.call("PUT", f"{BASE}/apps/{other}/state", {"state": "KILLED"}, status=202, **{"user.name": "root"})
+    app = await env.app(other)
+    assert (app["state"], app["finalStatus"]) == ("KILLED", "KILLED")
+    await env.call("GET", f"{BASE}/apps/application_1_0009", status=404)
+
+
+async def test_killed_app_am_gets_shutdown_and_nm_cleanup(env: Env):
+    await env.register_node("n1:1")
+    app_id = await env.submit()
+    am_token = await env.launch_am()
+    await env.call("POST", api.AM_REGISTER, {}, token=am_token)
+    await env.call("PUT", f"{BASE}/apps/{app_id}/state", {"state": "KILLED"}, status=202, **{"user.name": "alice"})
+    out = await env.call("POST", api.AM_ALLOCATE, {"response_id": 1}, token=am_token)
+    assert out["action"] == "SHUTDOWN"
+    hb = await env.heartbeat("n1:1")
+    assert len(hb["containers_to_cleanup"]) == 1 and hb["apps_to_cleanup"] == [app_id]
+
+
+# ----- listing ------------------------------------------------------------------------------------
+
+async def test_app_list_filters(env: Env):
+    a = await env.submit(user="alice")
+    b = await env.submit(user="bob", queue="research")
+    c = await env.submit(user="bob")
+    await env.call("PUT", f"{BASE}/apps/{c}/state", {"state": "KILLED"}, status=202, **{"user.name": "bob"})
+
+    async def ids(**params: str) -> list[str]:
+        out = await env.call("GET", BASE + "/apps", **params)
+        return [x["id"] for x in out["apps"]["app"]] if out["apps"] else []
+
+    assert await ids() == [a, b, c]
+    assert await ids(states="accepted") == [a, b]
+    assert await ids(states="KILLED,finished") == [c]
+    assert await ids(user="bob") == [b, c]
+    assert await ids(queue="research") == [b]
+    assert await ids(limit="2") == [a, b]
+    assert await ids(states="RUNNING") == []
+    out = await env.call("GET", BASE + "/apps", status=400, states="SLEEPING")
+    assert "SLEEPING" in out["RemoteException"]["message"]
+    await env.call("GET", BASE + "/apps", status=400, limit="x")
+    await env.call("GET", BASE + "/apps", status=400, limit="0")
+
+
+async def test_cluster_endpoints(env: Env):
+    await env.register_node("n1:1", mem=4096, vcores=4)
+    await env.register_node("n2:1", mem=4096, vcores=4)
+    await env.submit()
+    info = (await env.call("GET", BASE + "/info"))["clusterInfo"]
+    assert info["state"] == "STARTED" and info["haState"] == "ACTIVE"
+    assert (await env.call("GET", BASE))["clusterInfo"]["id"] == info["id"]
+    m = (await env.call("GET", BASE + "/metrics"))["clusterMetrics"]
+    assert (m["totalMB"], m["allocatedMB"], m["activeNodes"], m["appsPending"]) == (8192, 1024, 2, 1)
+    s = (await env.call("GET", BASE + "/scheduler"))["scheduler"]["schedulerInfo"]
+    assert s["type"] == "capacityScheduler" and s["queueName"] == "root"
+    qs = {q["queueName"]: q for q in s["queues"]["queue"]}
+    assert qs["default"]["capacity"] == 70 and qs["research"]["maxCapacity"] == 50
+    assert qs["default"]["resourcesUsed"] == {"memory": 1024, "vCores": 1}
+    assert qs["default"]["numApplications"] == 1 and qs["default"]["type"] == "capacitySchedulerLeafQueueInfo"
+    nodes = (await env.call("GET", BASE + "/nodes"))["nodes"]["node"]
+    assert {n["id"] for n in nodes} == {"n1:1", "n2:1"}
+    assert (await env.call("GET", BASE + "/nodes", states="LOST")) == {"nodes": None}
+    await env.call("GET", BASE + "/nodes", states="BROKEN", status=400)
+    node = (await env.call("GET", BASE + "/nodes/n1:1"))["node"]
+    assert node["nodeHTTPAddress"] == env.nm_addr and node["state"] == "RUNNING"
+    out = await env.call("GET", BASE + "/nodes/zz:1", status=404)
+    assert out["RemoteException"]["exception"] == "NotFoundException"
+    prom = await env.client.get("/metrics/prometheus")
+    text = await prom.text()
+    assert 'elastane_rm_apps{state="ACCEPTED"} 1' in text and 'elastane_rm_memory_mb{kind="total"} 8192' in text
+    page = await env.client.get("/cluster")
+    assert page.status == 200 and "n1:1" in await page.text()
+    root = await env.client.get("/", allow_redirects=False)
+    assert root.status == 302 and root.headers["Location"] == "/cluster"
+
+
+# ----- liveness (driven with the fake clock) -------------------------------------------------------
+
+async def test_lost_node_is_reported_to_the_am_as_aborted(tmp_path):
+    env = await make_env(tmp_path, nm_expiry_s=10, am_expiry_s=1000)
+    try:
+        await env.register_node("am:1")
+        app_id = await env.submit()
+        am_token = await env.launch_am()
+        await env.call("POST", api.AM_REGISTER, {}, token=am_token)
+        await env.register_node("w:1")
+        out = await env.call("POST", api.AM_ALLOCATE, {"response_id": 0, "asks": [
+            {"ask_id": 1, "count": 1, "resource": {"memory": 1024, "vCores": 1}, "nodes": ["w:1"],
+             "relax_locality": False}]}, token=am_token)
+        (c,) = out["allocated"]
+        assert c["node_id"] == "w:1"
+        for _ in range(3):
+            env.clock.advance(5)
+            await env.heartbeat("am:1")
+            env.rm.core.tick()
+        out = await env.call("POST", api.AM_ALLOCATE, {"response_id": 1}, token=am_token)
+        assert [(s["container_id"], s["exit_status"]) for s in out["completed"]] == [(c["container_id"], -100)]
+        assert out["updated_nodes"][0]["state"] == "LOST"
+        assert (await env.call("GET", BASE + "/nodes/w:1"))["node"]["state"] == "LOST"
+        assert (await env.heartbeat("w:1"))["action"] == "RESYNC"
+        assert (await env.app(app_id))["state"] == "RUNNING"
+    finally:
+        await close_env(env)
+
+
+async def test_am_expiry_gives_a_new_attempt(tmp_path):
+    env = await make_env(tmp_path, nm_expiry_s=1000, am_expiry_s=5)
+    try:
+        await env.register_node("n1:1")
+        app_id = await env.submit()
+        first = await env.launch_am()
+        await env.call("POST", api.AM_REGISTER, {}, token=first)
+        env.clock.advance(6)
+        env.rm.core.tick()
+        await env.heartbeat("n1:1")   # the new attempt's AM container is placed on the next heartbeat
+        second = await env.launch_am()
+        assert second != first and len(env.nm.started) == 2
+        attempts = (await env.call("GET", f"{BASE}/apps/{app_id}/appattempts"))["appAttempts"]["appAttempt"]
+        assert [a["appAttemptState"] for a in attempts] == ["FAILED", "LAUNCHED"]
+        assert "timed out" in attempts[0]["diagnosticsInfo"]
+        await env.call("POST", api.AM_REGISTER, {}, token=first, status=401)
+        assert (await env.call("POST", api.AM_ALLOCATE, {"response_id": 3}, token=first))["action"] == "SHUTDOWN"
+        await env.call("POST", api.AM_REGISTER, {}, token=second)
+        assert (await env.app(app_id))["state"] == "RUNNING"
+    finally:
+        await close_env(env)
+
+
+# ----- restart ---------------------------------------------------------------------------------------
+
+async def test_state_store_recovery_across_restart(tmp_path):
+    env = await make_env(tmp_path)
+    await env.register_node("n1:1")
+    done = await env.submit()
+    tok = await env.launch_am()
+    await env.call("POST", api.AM_REGISTER, {}, token=tok)
+    await env.call("POST", api.AM_FINISH, {"final_status": "FAILED", "diagnostics": "bad data"}, token=tok)
+    running = await env.submit(user="bob", elastane={"servers": 1})
+    old_token = await env.launch_am()
+    await env.call("POST", api.AM_REGISTER, {}, token=old_token)
+    await close_env(env)
+
+    env2 = await make_env(tmp_path)
+    try:
+        listed = (await env2.call("GET", BASE + "/apps"))["apps"]["app"]
+        assert [a["id"] for a in listed] == [done, running]
+        d = await env2.app(done)
+        assert (d["state"], d["finalStatus"], d["diagnostics"]) == ("FINISHED", "FAILED", "bad data")
+        r = await env2.app(running)
+        assert r["state"] == "ACCEPTED" and r["user"] == "bob" and r["elastane"] == {"servers": 1}
+        attempts = (await env2.call("GET", f"{BASE}/apps/{running}/appattempts"))["appAttempts"]["appAttempt"]
+        assert [a["appAttemptState"] for a in attempts] == ["FAILED", "SCHEDULED"]
+        # The old AM is told to go away; a re-registering NM gets the new AM launched.
+        assert (await env2.call("POST", api.AM_ALLOCATE, {"response_id": 9}, token=old_token))["action"] == "SHUTDOWN"
+        await env2.register_node("n1:1")
+        new_token = await env2.launch_am()
+        await env2.call("POST", api.AM_REGISTER, {}, token=new_token)
+        assert (await env2.app(running))["state"] == "RUNNING"
+        # New ids do not collide with recovered ones.
+        assert await env2.submit() not in (done, running)
+    finally:
+        await close_env(env2)
+
+
+async def test_client_token_auth(tmp_path):
+    cluster = ClusterConfig(secret=SECRET, client_auth="token", client_tokens={"t-alice": "alice"})
+    env = await make_env(tmp_path, cluster=cluster)
+    try:
+        await env.call("GET", BASE + "/apps", status=401)
+        await env.call("GET", BASE + "/apps", token="wrong", status=401)
+        new = await env.call("POST", BASE + "/apps/new-application", token="t-alice")
+        await env.call("POST", BASE + "/apps", submission(new["application-id"]), token="t-alice", status=202)
+        assert (await env.call("GET", f"{BASE}/apps/{new['application-id']}", token="t-alice"))["app"]["user"] == "alice"
+    finally:
+        await close_env(env)
