@@ -87,7 +87,7 @@ class ApplicationMaster:
         self._loop_task: Optional[asyncio.Task] = None
         self._rm_down_since: Optional[float] = None
         self._shut_down = False
-        self._finished = False
+        self.unregistered = False
 
     @classmethod
     def from_env(cls, **kwargs) -> "ApplicationMaster":
@@ -118,10 +118,10 @@ class ApplicationMaster:
             try:
                 out = await self.rm.finish(req)
                 if out.unregistered:
-                    self._finished = True
+                    self.unregistered = True
                     return True
             except RemoteError as e:
-                if e.status in (401, 403, 404, 409):  # the RM no longer knows this attempt
+                if e.status in (400, 401, 403, 404, 409):  # refused for good: retrying cannot help
                     log.warning("finish refused: %s", e)
                     return False
                 log.warning("finish failed: %s", e)

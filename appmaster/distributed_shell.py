@@ -220,6 +220,9 @@ async def _amain(ns: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, shell.request_stop)
     try:
         result = await shell.run()
+    except Exception:   # e.g. registration refused: exit non-zero so the RM fails the attempt
+        log.exception("distributed shell failed")
+        return 1
     finally:
         await am.close()
     log.info("distributed shell ended: %s: %s", result.final_status.value if result.final_status else "stopped",

@@ -110,6 +110,8 @@ class ContainerManager:
             await self._launch(c, ctx)
         except Exception as e:  # a failed launch is the container's outcome, not the NM's crash
             log.warning("launch of %s failed: %s", cid, e)
+            if c.pgid:  # the process started; let it go with the cleanup below
+                launcher.signal_group(c.pgid, signal.SIGKILL)
             c.apply(Ev.LAUNCH_FAILED)
             c.exit_status = ExitStatus.INVALID
             c.diagnostics = f"container launch failed: {type(e).__name__}: {e}"
@@ -133,12 +135,17 @@ class ContainerManager:
         c.start_time = st.start_time if st else None
         c.launched_at = self.clock()
         c.apply(Ev.LAUNCHED)
-        self.store.save(c.to_record())
+        # From here on the watcher owns the container: nothing below may fail the launch.
+        self.spawn_task(self._watch_child(c))
+        try:
+            self.store.save(c.to_record())
+        except OSError as e:
+            log.error("cannot write the recovery record of %s (it will not survive an NM restart): %s",
+                      c.container_id, e)
         if c.kill_status is not None:  # a stop arrived while the launch was in flight
             c.apply(Ev.KILL)
             self.spawn_task(self._kill(c))
         log.info("launched %s pid %d (%s)", c.container_id, proc.pid, c.resource.to_json())
-        self.spawn_task(self._watch_child(c))
 
     # ----- exit ---------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The NM's HTTP API: the container API (`/internal/v1/containers`) and YARN's `/ws/v1/node`."""
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any, Callable
 
@@ -141,16 +142,23 @@ class NodeWebApi:
         path = os.path.join(c.log_dir, name)
         if not os.path.isfile(path):
             raise NotFound(f"log file {name} not found for container {c.container_id}")
-        start = request.query.get("start")
-        with open(path, "rb") as f:
-            data = f.read()
-        if start is not None:
-            try:
-                n = int(start)
-            except ValueError:
-                raise BadRequest(f"start must be an integer, got {start!r}") from None
-            data = data[n:]  # negative: the last -n bytes, as YARN's `start` parameter
+        start = request.query.get("start", "0")
+        try:
+            n = int(start)
+        except ValueError:
+            raise BadRequest(f"start must be an integer, got {start!r}") from None
+        data = await asyncio.to_thread(_read_from, path, n)
         return web.Response(body=data, content_type="text/plain", charset="utf-8")
+
+
+def _read_from(path: str, start: int) -> bytes:
+    """The file from byte `start`; a negative `start` gives the last -start bytes (YARN's `start`)."""
+    with open(path, "rb") as f:
+        if start < 0:
+            f.seek(max(0, os.fstat(f.fileno()).st_size + start))
+        elif start > 0:
+            f.seek(start)
+        return f.read()
 
 
 def _log_files(log_dir: str) -> list[dict[str, Any]]:

@@ -153,7 +153,7 @@ class Executor:
                 "address": self.address, "rss_bytes": read_rss_bytes(), "blocks": svc.owned_blocks(),
                 "store_bytes": svc.store.nbytes(), "table_version": svc.table.version,
                 "incoming": svc.states.blocks_in(BlockState.INCOMING),
-                "min_clock": self.clocks.table.min_clock()}, ()
+                "min_clock": self.clocks.table.min_clock(), "requests": svc.stats}, ()
 
     def _op_checkpoint(self, frame: Frame) -> Reply:
         directory = _str_field(frame.header, "dir")

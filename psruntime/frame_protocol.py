@@ -2,7 +2,7 @@
 
 Why not StreamReader.readexactly: it appends every received chunk to one growing bytearray, then
 copies the frame out and shifts the rest, so an 8 MiB body is copied about three times. Here the
-transport receives a large body straight into the frame's own bytearray (`get_buffer` hands out a
+transport receives a large body straight into the frame's own buffer (`get_buffer` hands out a
 view of it): the kernel-to-user copy is the only one. Small frames and headers go through a
 scratch buffer, several per recv.
 
@@ -38,7 +38,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._start = 0
         self._end = 0
         self._header: bytes | None = None
-        self._body: bytearray | None = None
+        self._body: np.ndarray | None = None
         self._body_got = 0
         self._direct = False
         self.transport: asyncio.Transport | None = None
@@ -102,7 +102,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         body = self._body
         if body is not None and self._start == self._end and len(body) - self._body_got >= DIRECT_MIN_BYTES:
             self._direct = True
-            return memoryview(body)[self._body_got:]
+            return memoryview(body[self._body_got:])
         self._direct = False
         if self._start == self._end:
             self._start = self._end = 0
@@ -137,7 +137,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 take = min(len(self._body) - self._body_got, avail)
                 if take:
                     self._body[self._body_got:self._body_got + take] = \
-                        memoryview(self._scratch)[self._start:self._start + take]
+                        np.frombuffer(self._scratch, np.uint8, take, self._start)
                     self._body_got += take
                     self._start += take
                 if self._body_got < len(self._body):
@@ -154,7 +154,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
             hstart = self._start + PREFIX.size
             self._header = bytes(self._scratch[hstart:hstart + hlen])
             self._start = hstart + hlen
-            self._body = bytearray(blen)
+            # np.empty, not bytearray: no zero-fill pass over a body that recv overwrites anyway.
+            self._body = np.empty(blen, np.uint8)
             self._body_got = 0
             if blen == 0:
                 self._emit()
@@ -163,7 +164,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         header, body = self._header, self._body
         self._header, self._body, self._body_got, self._direct = None, None, 0, False
         try:
-            frame = decode_frame(header or b"", body if body is not None else bytearray())
+            frame = decode_frame(header or b"", memoryview(body) if body is not None else b"")
         except FrameError as e:
             self._fail(e)
             return

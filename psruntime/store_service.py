@@ -28,6 +28,7 @@ from psruntime.ownership_table import Key, OwnershipTable, block_of
 
 log = logging.getLogger(__name__)
 DATA_OPS = frozenset({"get", "put", "update"})
+_STAT = {Disposition.SERVE: "served", Disposition.QUEUE: "queued", Disposition.REDIRECT: "redirected"}
 
 
 @dataclass
@@ -83,6 +84,8 @@ class StoreService:
         self._client = client
         self._queues: dict[int, list[_Queued]] = defaultdict(list)
         self.address = ""  # set by the executor once its server listens
+        self.handover_timeout_s = 30.0
+        self.stats = {"served": 0, "queued": 0, "redirected": 0}  # request parts, for status and tests
         self.apply_table(table, force=True)
 
     # -- ownership ---------------------------------------------------------------------------
@@ -140,6 +143,7 @@ class StoreService:
         for b, idx, disp in plan:
             bkeys = [keys[i] for i in idx]
             barrs = [arrays[i] for i in idx] if op != "get" else []
+            self.stats[_STAT[disp]] += 1
             if disp is Disposition.SERVE:
                 self._apply(op, func, b, bkeys, barrs, result)
             elif disp is Disposition.REDIRECT:
@@ -257,10 +261,18 @@ class StoreService:
 
     async def _move_one(self, block: int, dst: str, dst_address: str) -> None:
         try:
-            await self._client.request(dst_address, {"op": "take_ownership", "blocks": [block],
-                                                     "src": self.executor_id})
+            await asyncio.wait_for(self._client.request(dst_address, {"op": "take_ownership", "blocks": [block],
+                                                                      "src": self.executor_id}),
+                                   self.handover_timeout_s)
         except Exception:
             self.states.apply(block, MigrationEvent.ABORT)  # nothing was redirected yet: safe to keep
+            # Best effort: if the destination did start queueing, it stops (its queue is empty, as
+            # nobody was redirected to it) and can take the block in a later move.
+            try:
+                await asyncio.wait_for(self._client.request(dst_address, {"op": "cancel_incoming",
+                                                                          "blocks": [block]}), 5.0)
+            except Exception:  # noqa: BLE001
+                log.warning("could not cancel the incoming block %d at %s", block, dst)
             raise
         # Same event-loop step: snapshot and start redirecting, so each op is in exactly one of them.
         self.states.apply(block, MigrationEvent.HANDOVER_ACKED)

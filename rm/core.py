@@ -273,6 +273,8 @@ class ResourceManagerCore:
         if not self._is_current(app, at):
             raise Unauthorized(f"{at.attempt_id} is not the current attempt of {app.app_id} "
                                f"(attempt state {at.state.value}, app state {app.state.value})")
+        if at.state not in (AttemptState.ALLOCATED, AttemptState.LAUNCHED, AttemptState.RUNNING):
+            raise BadRequest(f"{at.attempt_id} cannot register in state {at.state.value}")
         if not at.registered:
             self._attempt_event(at, AttemptEvent.REGISTERED)
             at.registered = True

@@ -238,3 +238,54 @@ def test_identity_from_env_names_missing_variables():
     ident = AmIdentity.from_env({container_env.RM_ADDRESS: "http://x", container_env.AM_TOKEN: "t",
                                  container_env.APP_ATTEMPT_ID: "a", container_env.CONTAINER_ID: "c"})
     assert ident.container_id == "c" and ident.am_token == "t"
+
+
+async def test_stop_on_an_unreachable_nm_releases_through_the_rm(fake_cluster):
+    am = await make_am(fake_cluster)
+    try:
+        am.add_ask(1, R)
+        await am.heartbeat_once()
+        (ev,) = await drain(am)
+        c = ev.containers[0]
+        await am.launch(c, LaunchContext(commands=["sleep 100"]))
+        c.node_http_address = "127.0.0.1:1"          # its NM is gone
+        await am.stop(c)
+        assert c.state is AmContainerState.STOPPING
+        fake_cluster.rm.completed = [ContainerStatus(container_id=c.container_id, state="COMPLETE",
+                                                     exit_status=-100, diagnostics="released")]
+        await am.heartbeat_once()
+        assert fake_cluster.rm.releases == [c.container_id]
+        (done,) = await drain(am)
+        assert done.containers[0].exit_status == -100 and c.done
+    finally:
+        await am.close()
+
+
+async def test_events_iterator_ends_with_shutdown(fake_cluster):
+    am = await make_am(fake_cluster)
+    try:
+        am.add_ask(1, R)
+        fake_cluster.rm.actions = ["SHUTDOWN"]
+        await am.heartbeat_once()
+        kinds = [type(ev) async for ev in am.events()]
+        assert kinds == [ContainersAllocated, Shutdown]
+    finally:
+        await am.close()
+
+
+async def test_set_ask_count_replaces_the_outstanding_count(fake_cluster):
+    fake_cluster.rm.grant = False
+    am = await make_am(fake_cluster)
+    try:
+        ask = am.add_ask(5, R)
+        await am.heartbeat_once()
+        am.set_ask_count(ask, 2)
+        await am.heartbeat_once()
+        assert [a.count for a in fake_cluster.rm.requests[-1].asks] == [2]
+        am.set_ask_count(ask, 0)
+        await am.heartbeat_once()
+        assert [a.count for a in fake_cluster.rm.requests[-1].asks] == [0]
+        await am.heartbeat_once()
+        assert fake_cluster.rm.requests[-1].asks == [], "a cancelled row is sent once"
+    finally:
+        await am.close()

@@ -179,3 +179,16 @@ async def test_process_stops_its_containers_on_sigterm(fake_cluster):
             await proc.wait()
     assert sorted(fake_cluster.nm.stopped) == sorted(fake_cluster.nm.started)
     assert fake_cluster.rm.finished is None
+
+
+async def test_process_exits_1_when_the_rm_refuses_registration(fake_cluster):
+    fake_cluster.env["ELASTANE_AM_TOKEN"] = "forged"
+    proc = await _spawn_shell(fake_cluster, "--num-containers", "1", "--container-memory", "64", "--", "true")
+    try:
+        assert await asyncio.wait_for(proc.wait(), 20) == 1
+        err = (await proc.stderr.read()).decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert "401" in err and fake_cluster.rm.registered is None and fake_cluster.nm.started == {}

@@ -88,6 +88,8 @@ async def test_updates_exactly_once_while_blocks_move_back_and_forth() -> None:
         for k in KEYS:
             np.testing.assert_array_equal(got[k], expected[k], err_msg=f"key {k}")
         assert sum(c.redirects_followed for c in clients) > 0, "no request ever met a migration"
+        stats = [e.service.stats for e in executors]
+        assert sum(s["redirected"] for s in stats) > 0, stats
         await reader.close()
     finally:
         for c in clients:

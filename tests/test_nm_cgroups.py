@@ -105,6 +105,9 @@ def test_v2_oom_detection_and_removal(tmp_path):
     assert not b.oom_killed(cg, died_of_sigkill=True)
     (d / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     assert b.oom_killed(cg, died_of_sigkill=False)
+    assert b.peak_memory_bytes(cg) == 0
+    (d / "memory.peak").write_text("67108864\n")
+    assert b.peak_memory_bytes(cg) == 64 * 1024 * 1024
     assert b.pids(cg) == []
     assert not b.try_remove(cg)  # a plain dir with files is not removable: as a busy cgroup would be
     for f in d.iterdir():
@@ -175,6 +178,7 @@ REAL_V1 = _real_v1()
 
 
 @pytest.mark.skipif(REAL_V1 is None, reason="needs root and cgroup v1 cpu + memory hierarchies")
+@pytest.mark.cgroups
 def test_v1_real_create_limits_and_remove():
     assert REAL_V1 is not None
     cpu_m, mem_m = REAL_V1

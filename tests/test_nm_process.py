@@ -114,6 +114,10 @@ async def test_container_runs_completes_and_its_log_is_served(tmp_path, rm, clie
             out = await r.text()
         async with s.get(f"{nm.url}/ws/v1/node/containerlogs/{cid}/stderr") as r:
             assert (await r.text()) == "to-stderr\n"
+        async with s.get(f"{nm.url}/ws/v1/node/containerlogs/{cid}/stderr?start=-7") as r:
+            assert (await r.text()) == "stderr\n"
+        async with s.get(f"{nm.url}/ws/v1/node/containerlogs/{cid}/stderr?start=x") as r:
+            assert r.status == 400
         async with s.get(f"{nm.url}/ws/v1/node/containerlogs/{cid}/nope") as r:
             assert r.status == 404
             assert "RemoteException" in await r.json()
@@ -222,6 +226,7 @@ async def test_rm_cleanup_and_resync(tmp_path, rm, client, nms):
 
 
 @needs_v1
+@pytest.mark.cgroups
 async def test_cgroup_v1_oom_is_minus_104(tmp_path, rm, client, nms):
     nm = await start_nm(tmp_path / "nm", rm, cgroups="v1")
     nms.append(nm)
@@ -231,6 +236,7 @@ async def test_cgroup_v1_oom_is_minus_104(tmp_path, rm, client, nms):
     st = await _wait_complete(client, nm, cid, tok)
     assert st.exit_status == ExitStatus.KILLED_EXCEEDED_PMEM, st
     assert "running beyond physical memory limits" in st.diagnostics and "killed" in st.diagnostics
+    assert f"containerID={cid}" in st.diagnostics and "of 64.0 MB physical memory used" in st.diagnostics
     node_dir = Path("/sys/fs/cgroup/memory/elastane") / nm.node_id.replace(":", "_")
     await wait_for(lambda: not (node_dir / cid).exists(), what="container cgroup removed")
 
@@ -248,6 +254,7 @@ def _cpu_ticks(pids: list[int]) -> int:
 
 
 @needs_v1
+@pytest.mark.cgroups
 async def test_cgroup_v1_cpu_quota_holds_two_busy_loops_to_one_core(tmp_path, rm, client, nms):
     nm = await start_nm(tmp_path / "nm", rm, cgroups="v1")
     nms.append(nm)

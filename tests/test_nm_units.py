@@ -23,7 +23,7 @@ from nodemanager.enforcement import Enforcement
 from nodemanager.recovery_store import RecoveryStore
 from nodemanager.rss_monitor import Watched, find_overruns
 from nodemanager.web_api import NodeWebApi
-from test_nm_harness import REPO, SECRET, container_token, new_ids
+from test_nm_harness import REPO, SECRET, container_token, new_ids, wait_for
 
 MB = 1024 * 1024
 
@@ -229,3 +229,15 @@ async def test_container_api_token_checks_in_process(tmp_path):
         r = await cl.get("/ws/v1/node/info")
         assert (await r.json())["nodeInfo"]["id"] == "127.0.0.1:1"
     assert m.containers == {}
+
+
+async def test_failed_launch_is_reported_and_releases_capacity(tmp_path):
+    m = _manager(tmp_path, lambda: 1.0)
+    (tmp_path / "local").write_text("a file where the local dir should be")
+    app, attempt, cid = new_ids()
+    claims = tokens.verify(SECRET, container_token("127.0.0.1:1", cid, app, attempt, memory=256), tokens.CONTAINER)
+    c = await m.start(claims, Resource(256, 1), api.LaunchContext(commands=["true"]))
+    assert c.status().state == "COMPLETE" and c.exit_status == ExitStatus.INVALID
+    assert "container launch failed" in c.diagnostics
+    await wait_for(lambda: c.state is S.DONE, what="cleanup")
+    assert m.used() == Resource(0, 0) and [s.container_id for s in m.statuses()] == [cid]

@@ -15,55 +15,16 @@ step per round of W mini-batches, so by default the step size follows the linear
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Annotated, Any, ClassVar, Optional, Sequence
+from typing import Any, ClassVar, Sequence
 
-import msgspec
 import numpy as np
 
+from protocol.ps_app_schemas import LASSO_PRESETS, LassoHParams, LassoSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.random_streams import TRUTH, block_row_range, rng_for
 from psruntime.apps.sparse_features import (batch_rows, generate_sparse_rows, keys_of_features,
                                             local_design)
-
-Pos = Annotated[int, msgspec.Meta(ge=1)]
-PosFloat = Annotated[float, msgspec.Meta(gt=0)]
-NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
-
-
-class LassoSpec(msgspec.Struct, forbid_unknown_fields=True):
-    """Size and shape of the synthetic Lasso data."""
-
-    num_samples: Pos = 2000
-    num_features: Pos = 200
-    nnz_per_sample: Pos = 20
-    support_size: Pos = 10
-    noise_std: NonNegFloat = 0.1
-    num_heldout: Pos = 500
-    rows_per_block: Pos = 250
-    seed: Annotated[int, msgspec.Meta(ge=0)] = 0
-
-    def __post_init__(self) -> None:
-        if self.nnz_per_sample > self.num_features:
-            raise ValueError("nnz_per_sample must be <= num_features")
-        if self.support_size > self.num_features:
-            raise ValueError("support_size must be <= num_features")
-
-
-class LassoHParams(msgspec.Struct, forbid_unknown_fields=True):
-    """Proximal SGD hyper-parameters of Lasso."""
-
-    learning_rate: PosFloat = 0.05
-    lr_decay: NonNegFloat = 0.0
-    # Default: 0.1 * nnz_per_sample / num_features, i.e. 10% of the loss gradient at w = 0 of a
-    # unit-weight support feature (E[x_j y] = w*_j nnz/D for these N(0, 1) sparse features).
-    l1: Optional[NonNegFloat] = None
-    batch_size: Pos = 50
-    features_per_key: Pos = 16
-    scale_lr_with_workers: bool = True   # lr * num_workers for the averaged pushes (see module doc)
-    support_threshold: PosFloat = 0.05   # |w_j| above this counts as "in the support"
-    convergence_threshold: PosFloat = 1e-3
-    max_epochs: Pos = 30
 
 
 class LassoApp(PSApp[LassoSpec, LassoHParams]):
@@ -74,15 +35,7 @@ class LassoApp(PSApp[LassoSpec, LassoHParams]):
     HParams = LassoHParams
     ENTRY_FIELDS = ("features", "values")
     ROW_FIELDS = ("targets",)
-    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
-        "tiny": {},
-        "small": {"num_samples": 50_000, "num_features": 20_000, "nnz_per_sample": 50,
-                  "support_size": 200, "num_heldout": 5000, "rows_per_block": 2000},
-        "medium": {"num_samples": 1_000_000, "num_features": 200_000, "nnz_per_sample": 50,
-                   "support_size": 2000, "num_heldout": 20_000, "rows_per_block": 10_000},
-        "large": {"num_samples": 4_000_000, "num_features": 1_000_000, "nnz_per_sample": 50,
-                  "support_size": 10_000, "num_heldout": 50_000, "rows_per_block": 20_000},
-    }
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = LASSO_PRESETS
 
     @property
     def num_rows(self) -> int:

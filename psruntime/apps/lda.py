@@ -12,45 +12,17 @@ is computed by workers, its word part by servers over the keys they own.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Annotated, Any, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
-import msgspec
 import numpy as np
 import scipy.sparse as sp
 from scipy.special import gammaln
 
+from protocol.ps_app_schemas import LDA_PRESETS, LDAHParams, LDASpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.lda_sampler import sample_batch
 from psruntime.apps.random_streams import STATE_INIT, STEP, TRUTH, block_row_range, rng_for
-
-Pos = Annotated[int, msgspec.Meta(ge=1)]
-PosFloat = Annotated[float, msgspec.Meta(gt=0)]
-
-
-class LDASpec(msgspec.Struct, forbid_unknown_fields=True):
-    """Size and shape of the synthetic corpus."""
-
-    num_docs: Pos = 300
-    vocab_size: Pos = 200
-    num_topics: Pos = 5
-    doc_length: Pos = 40                  # mean tokens per document (Poisson, at least 1)
-    alpha_true: PosFloat = 0.1
-    beta_true: PosFloat = 0.05
-    num_heldout: Pos = 50
-    rows_per_block: Pos = 100
-    seed: Annotated[int, msgspec.Meta(ge=0)] = 0
-
-
-class LDAHParams(msgspec.Struct, forbid_unknown_fields=True):
-    """Gibbs sampling hyper-parameters of LDA."""
-
-    num_topics: Pos = 5
-    alpha: PosFloat = 0.1
-    beta: PosFloat = 0.01
-    batch_size: Pos = 50
-    convergence_threshold: PosFloat = 1e-3
-    max_epochs: Pos = 30
 
 
 class LDAApp(PSApp[LDASpec, LDAHParams]):
@@ -62,15 +34,7 @@ class LDAApp(PSApp[LDASpec, LDAHParams]):
     maximize: ClassVar[bool] = True
     ENTRY_FIELDS = ("words",)
     ROW_FIELDS = ()
-    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
-        "tiny": {},
-        "small": {"num_docs": 20_000, "vocab_size": 10_000, "num_topics": 50, "doc_length": 100,
-                  "num_heldout": 500, "rows_per_block": 1000},
-        "medium": {"num_docs": 300_000, "vocab_size": 50_000, "num_topics": 100, "doc_length": 150,
-                   "num_heldout": 1000, "rows_per_block": 5000},
-        "large": {"num_docs": 2_000_000, "vocab_size": 140_000, "num_topics": 400, "doc_length": 90,
-                  "num_heldout": 2000, "rows_per_block": 10_000},
-    }
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = LDA_PRESETS
 
     @property
     def num_rows(self) -> int:

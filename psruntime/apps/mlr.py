@@ -9,49 +9,16 @@ Pushes are plain SGD steps, summed by the servers as in Bösen.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Annotated, Any, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
-import msgspec
 import numpy as np
 
+from protocol.ps_app_schemas import MLR_PRESETS, MLRHParams, MLRSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.random_streams import TRUTH, block_row_range, rng_for
 from psruntime.apps.sparse_features import (batch_rows, generate_sparse_rows, keys_of_features,
                                             local_design)
-
-Pos = Annotated[int, msgspec.Meta(ge=1)]
-PosFloat = Annotated[float, msgspec.Meta(gt=0)]
-NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
-
-
-class MLRSpec(msgspec.Struct, forbid_unknown_fields=True):
-    """Size and shape of the synthetic MLR data."""
-
-    num_samples: Pos = 2000
-    num_features: Pos = 200
-    num_classes: Annotated[int, msgspec.Meta(ge=2)] = 5
-    nnz_per_sample: Pos = 20
-    logit_scale: PosFloat = 4.0   # std of the true logits: larger = less label noise
-    num_heldout: Pos = 500
-    rows_per_block: Pos = 250
-    seed: Annotated[int, msgspec.Meta(ge=0)] = 0
-
-    def __post_init__(self) -> None:
-        if self.nnz_per_sample > self.num_features:
-            raise ValueError("nnz_per_sample must be <= num_features")
-
-
-class MLRHParams(msgspec.Struct, forbid_unknown_fields=True):
-    """SGD hyper-parameters of MLR."""
-
-    learning_rate: PosFloat = 0.5
-    lr_decay: NonNegFloat = 0.0        # lr_epoch = learning_rate / (1 + lr_decay * epoch)
-    l2: NonNegFloat = 0.0
-    batch_size: Pos = 50
-    features_per_key: Pos = 4
-    convergence_threshold: PosFloat = 1e-3
-    max_epochs: Pos = 20
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -67,15 +34,7 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
     HParams = MLRHParams
     ENTRY_FIELDS = ("features", "values")
     ROW_FIELDS = ("labels",)
-    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
-        "tiny": {},
-        "small": {"num_samples": 50_000, "num_features": 10_000, "num_classes": 20,
-                  "nnz_per_sample": 50, "num_heldout": 5000, "rows_per_block": 2000},
-        "medium": {"num_samples": 500_000, "num_features": 100_000, "num_classes": 50,
-                   "nnz_per_sample": 100, "num_heldout": 20_000, "rows_per_block": 5000},
-        "large": {"num_samples": 2_000_000, "num_features": 160_000, "num_classes": 100,
-                  "nnz_per_sample": 100, "num_heldout": 50_000, "rows_per_block": 10_000},
-    }
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = MLR_PRESETS
 
     # ----------------------------------------------------------------- data
     @property

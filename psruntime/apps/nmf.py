@@ -13,47 +13,17 @@ several workers' steps can never make the effective model negative.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Annotated, Any, ClassVar, Optional, Sequence
+from typing import Any, ClassVar, Sequence
 
-import msgspec
 import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import nnls
 
+from protocol.ps_app_schemas import NMF_PRESETS, NMFHParams, NMFSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.random_streams import (MODEL_INIT, STATE_INIT, TRUTH, block_row_range,
                                            keyed_uniform, rng_for, sample_row_indices)
-
-Pos = Annotated[int, msgspec.Meta(ge=1)]
-PosFloat = Annotated[float, msgspec.Meta(gt=0)]
-NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
-
-
-class NMFSpec(msgspec.Struct, forbid_unknown_fields=True):
-    """Size and shape of the synthetic NMF data."""
-
-    num_users: Pos = 600
-    num_items: Pos = 200
-    rank: Pos = 5
-    observed_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.2
-    noise_std: NonNegFloat = 0.05
-    num_heldout: Pos = 100
-    rows_per_block: Pos = 100
-    seed: Annotated[int, msgspec.Meta(ge=0)] = 0
-
-
-class NMFHParams(msgspec.Struct, forbid_unknown_fields=True):
-    """Projected SGD hyper-parameters of NMF."""
-
-    rank: Pos = 5
-    learning_rate: PosFloat = 0.3
-    lr_decay: NonNegFloat = 0.0
-    l2: NonNegFloat = 0.0
-    batch_size: Pos = 20
-    init_scale: Optional[PosFloat] = None   # factors start U(0, init_scale); default 2/sqrt(rank)
-    convergence_threshold: PosFloat = 1e-3
-    max_epochs: Pos = 30
 
 
 class NMFApp(PSApp[NMFSpec, NMFHParams]):
@@ -64,15 +34,7 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
     HParams = NMFHParams
     ENTRY_FIELDS = ("items", "ratings")
     ROW_FIELDS = ()
-    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
-        "tiny": {},
-        "small": {"num_users": 20_000, "num_items": 5000, "rank": 20, "observed_fraction": 0.02,
-                  "num_heldout": 500, "rows_per_block": 1000},
-        "medium": {"num_users": 200_000, "num_items": 20_000, "rank": 50, "observed_fraction": 0.01,
-                   "num_heldout": 1000, "rows_per_block": 5000},
-        "large": {"num_users": 1_000_000, "num_items": 50_000, "rank": 100, "observed_fraction": 0.005,
-                  "num_heldout": 2000, "rows_per_block": 10_000},
-    }
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = NMF_PRESETS
 
     @property
     def num_rows(self) -> int:

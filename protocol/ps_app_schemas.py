@@ -1,0 +1,212 @@
+"""Data specs, hyper-parameters and size presets of the PS ML apps, as msgspec Structs.
+
+They live in `protocol` (not in `psruntime.apps`) so that the RM can validate a PS job spec at
+submission without importing the runtime: imports go protocol <- rm, psruntime <- appmaster.
+`psruntime.apps.<app>` binds each app's math to these schemas (`Spec`, `HParams`, `PRESETS`).
+
+JSON field names are snake_case, exactly the Struct field names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Optional
+
+import msgspec
+
+Pos = Annotated[int, msgspec.Meta(ge=1)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+
+
+# ----- mlr ---------------------------------------------------------------------------------------
+
+class MLRSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """Size and shape of the synthetic MLR data."""
+
+    num_samples: Pos = 2000
+    num_features: Pos = 200
+    num_classes: Annotated[int, msgspec.Meta(ge=2)] = 5
+    nnz_per_sample: Pos = 20
+    logit_scale: PosFloat = 4.0   # std of the true logits: larger = less label noise
+    num_heldout: Pos = 500
+    rows_per_block: Pos = 250
+    seed: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    def __post_init__(self) -> None:
+        if self.nnz_per_sample > self.num_features:
+            raise ValueError("nnz_per_sample must be <= num_features")
+
+
+class MLRHParams(msgspec.Struct, forbid_unknown_fields=True):
+    """SGD hyper-parameters of MLR."""
+
+    learning_rate: PosFloat = 0.5
+    lr_decay: NonNegFloat = 0.0        # lr_epoch = learning_rate / (1 + lr_decay * epoch)
+    l2: NonNegFloat = 0.0
+    batch_size: Pos = 50
+    features_per_key: Pos = 4
+    convergence_threshold: PosFloat = 1e-3
+    max_epochs: Pos = 20
+
+
+MLR_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "small": {"num_samples": 50_000, "num_features": 10_000, "num_classes": 20,
+              "nnz_per_sample": 50, "num_heldout": 5000, "rows_per_block": 2000},
+    "medium": {"num_samples": 500_000, "num_features": 100_000, "num_classes": 50,
+               "nnz_per_sample": 100, "num_heldout": 20_000, "rows_per_block": 5000},
+    "large": {"num_samples": 2_000_000, "num_features": 160_000, "num_classes": 100,
+              "nnz_per_sample": 100, "num_heldout": 50_000, "rows_per_block": 10_000},
+}
+
+
+# ----- nmf ---------------------------------------------------------------------------------------
+
+class NMFSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """Size and shape of the synthetic NMF data."""
+
+    num_users: Pos = 600
+    num_items: Pos = 200
+    rank: Pos = 5
+    observed_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.2
+    noise_std: NonNegFloat = 0.05
+    num_heldout: Pos = 100
+    rows_per_block: Pos = 100
+    seed: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class NMFHParams(msgspec.Struct, forbid_unknown_fields=True):
+    """Projected SGD hyper-parameters of NMF."""
+
+    rank: Pos = 5
+    learning_rate: PosFloat = 0.3
+    lr_decay: NonNegFloat = 0.0
+    l2: NonNegFloat = 0.0
+    batch_size: Pos = 20
+    init_scale: Optional[PosFloat] = None   # factors start U(0, init_scale); default 2/sqrt(rank)
+    convergence_threshold: PosFloat = 1e-3
+    max_epochs: Pos = 30
+
+
+NMF_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "small": {"num_users": 20_000, "num_items": 5000, "rank": 20, "observed_fraction": 0.02,
+              "num_heldout": 500, "rows_per_block": 1000},
+    "medium": {"num_users": 200_000, "num_items": 20_000, "rank": 50, "observed_fraction": 0.01,
+               "num_heldout": 1000, "rows_per_block": 5000},
+    "large": {"num_users": 1_000_000, "num_items": 50_000, "rank": 100, "observed_fraction": 0.005,
+              "num_heldout": 2000, "rows_per_block": 10_000},
+}
+
+
+# ----- lda ---------------------------------------------------------------------------------------
+
+class LDASpec(msgspec.Struct, forbid_unknown_fields=True):
+    """Size and shape of the synthetic corpus."""
+
+    num_docs: Pos = 300
+    vocab_size: Pos = 200
+    num_topics: Pos = 5
+    doc_length: Pos = 40                  # mean tokens per document (Poisson, at least 1)
+    alpha_true: PosFloat = 0.1
+    beta_true: PosFloat = 0.05
+    num_heldout: Pos = 50
+    rows_per_block: Pos = 100
+    seed: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class LDAHParams(msgspec.Struct, forbid_unknown_fields=True):
+    """Gibbs sampling hyper-parameters of LDA."""
+
+    num_topics: Pos = 5
+    alpha: PosFloat = 0.1
+    beta: PosFloat = 0.01
+    batch_size: Pos = 50
+    convergence_threshold: PosFloat = 1e-3
+    max_epochs: Pos = 30
+
+
+LDA_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "small": {"num_docs": 20_000, "vocab_size": 10_000, "num_topics": 50, "doc_length": 100,
+              "num_heldout": 500, "rows_per_block": 1000},
+    "medium": {"num_docs": 300_000, "vocab_size": 50_000, "num_topics": 100, "doc_length": 150,
+               "num_heldout": 1000, "rows_per_block": 5000},
+    "large": {"num_docs": 2_000_000, "vocab_size": 140_000, "num_topics": 400, "doc_length": 90,
+              "num_heldout": 2000, "rows_per_block": 10_000},
+}
+
+
+# ----- lasso -------------------------------------------------------------------------------------
+
+class LassoSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """Size and shape of the synthetic Lasso data."""
+
+    num_samples: Pos = 2000
+    num_features: Pos = 200
+    nnz_per_sample: Pos = 20
+    support_size: Pos = 10
+    noise_std: NonNegFloat = 0.1
+    num_heldout: Pos = 500
+    rows_per_block: Pos = 250
+    seed: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    def __post_init__(self) -> None:
+        if self.nnz_per_sample > self.num_features:
+            raise ValueError("nnz_per_sample must be <= num_features")
+        if self.support_size > self.num_features:
+            raise ValueError("support_size must be <= num_features")
+
+
+class LassoHParams(msgspec.Struct, forbid_unknown_fields=True):
+    """Proximal SGD hyper-parameters of Lasso."""
+
+    learning_rate: PosFloat = 0.05
+    lr_decay: NonNegFloat = 0.0
+    # Default: 0.1 * nnz_per_sample / num_features, i.e. 10% of the loss gradient at w = 0 of a
+    # unit-weight support feature (E[x_j y] = w*_j nnz/D for these N(0, 1) sparse features).
+    l1: Optional[NonNegFloat] = None
+    batch_size: Pos = 50
+    features_per_key: Pos = 16
+    scale_lr_with_workers: bool = True   # lr * num_workers for the averaged pushes (see module doc)
+    support_threshold: PosFloat = 0.05   # |w_j| above this counts as "in the support"
+    convergence_threshold: PosFloat = 1e-3
+    max_epochs: Pos = 30
+
+
+LASSO_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "small": {"num_samples": 50_000, "num_features": 20_000, "nnz_per_sample": 50,
+              "support_size": 200, "num_heldout": 5000, "rows_per_block": 2000},
+    "medium": {"num_samples": 1_000_000, "num_features": 200_000, "nnz_per_sample": 50,
+               "support_size": 2000, "num_heldout": 20_000, "rows_per_block": 10_000},
+    "large": {"num_samples": 4_000_000, "num_features": 1_000_000, "nnz_per_sample": 50,
+              "support_size": 10_000, "num_heldout": 50_000, "rows_per_block": 20_000},
+}
+
+
+@dataclass(frozen=True)
+class AppSchema:
+    """One app's configuration schema: data spec, hyper-parameters, presets, and which data-spec
+    field counts the input rows (what workers partition)."""
+
+    name: str
+    spec: type[msgspec.Struct]
+    hparams: type[msgspec.Struct]
+    presets: dict[str, dict[str, Any]]
+    rows_field: str
+
+    def num_input_blocks(self, spec: msgspec.Struct) -> int:
+        """How many input blocks the data has (the most workers that can get data)."""
+        rows = int(getattr(spec, self.rows_field))
+        per_block = int(getattr(spec, "rows_per_block"))
+        return -(-rows // per_block)
+
+
+APP_SCHEMAS: dict[str, AppSchema] = {
+    "mlr": AppSchema("mlr", MLRSpec, MLRHParams, MLR_PRESETS, "num_samples"),
+    "nmf": AppSchema("nmf", NMFSpec, NMFHParams, NMF_PRESETS, "num_users"),
+    "lda": AppSchema("lda", LDASpec, LDAHParams, LDA_PRESETS, "num_docs"),
+    "lasso": AppSchema("lasso", LassoSpec, LassoHParams, LASSO_PRESETS, "num_samples"),
+}
+PRESET_NAMES: tuple[str, ...] = ("tiny", "small", "medium", "large")

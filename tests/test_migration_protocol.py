@@ -1,0 +1,99 @@
+"""The migration protocol step by step on real executors: queueing at the destination until the
+data lands (served in arrival order), cancel, and abort when the destination is unreachable."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from psruntime.dataplane import DataPlaneClient, RemoteError
+from psruntime.executor import Executor
+from psruntime.migration import BlockState
+from psruntime.migration_controller import MigrationController, MigrationControllerError
+from psruntime.ownership_table import OwnershipTable
+
+NB = 4
+
+
+@pytest.fixture
+async def pair():
+    src, dst = Executor("src", NB), Executor("dst", NB)
+    addrs = {"src": await src.start(), "dst": await dst.start()}
+    ctl = MigrationController(OwnershipTable(NB, ["src"] * NB, addrs))
+    await ctl.broadcast()
+    dp = DataPlaneClient()
+    yield src, dst, ctl, dp
+    await dp.close()
+    await ctl.close()
+    await src.stop()
+    await dst.stop()
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_destination_queues_until_data_then_serves_in_order(pair) -> None:
+    src, dst, _, dp = pair
+    key = 7
+    block = src.service.table.block_of(key)
+    await dp.request(src.address, {"op": "put", "keys": [key]}, [np.array([1.0])])
+    await dp.request(dst.address, {"op": "take_ownership", "blocks": [block], "src": "src"})
+    assert dst.service.states.state(block) is BlockState.INCOMING
+    conn = await dp.connection(dst.address)
+    f1 = conn.submit({"op": "update", "func": "add", "keys": [key]}, [np.array([10.0])])
+    f2 = conn.submit({"op": "get", "keys": [key]})
+    f3 = conn.submit({"op": "update", "func": "max", "keys": [key]}, [np.array([100.0])])
+    await settle()
+    assert not (f1.done() or f2.done() or f3.done())
+    assert dst.service.stats["queued"] == 3
+    # The source's snapshot arrives: the queue drains in arrival order on top of it.
+    await dp.request(dst.address, {"op": "block_data", "block": block, "keys": [key], "src": "src"},
+                     [np.array([1.0])])
+    assert (await f2).arrays[0].tolist() == [11.0]  # the add queued before it was applied first
+    await f1, await f3
+    got = await dp.request(dst.address, {"op": "get", "keys": [key]})
+    assert got.arrays[0].tolist() == [100.0]
+
+
+async def test_cancelled_incoming_redirects_its_queue(pair) -> None:
+    src, dst, _, dp = pair
+    block = src.service.table.block_of(3)
+    await dp.request(dst.address, {"op": "take_ownership", "blocks": [block], "src": "src"})
+    conn = await dp.connection(dst.address)
+    queued = conn.submit({"op": "update", "func": "add", "keys": [3]}, [np.ones(2)])
+    await settle()
+    await dp.request(dst.address, {"op": "cancel_incoming", "blocks": [block]})
+    reply = (await queued).header
+    assert reply["keys"] == [] and reply["redirect_keys"] == [3]
+    assert reply["redirect"] == [[block, "src", src.address]]
+    assert dst.service.states.state(block) is BlockState.ABSENT
+
+
+async def test_move_to_unreachable_destination_aborts_and_keeps_serving(pair) -> None:
+    src, dst, ctl, dp = pair
+    block = src.service.table.block_of(5)
+    await dp.request(src.address, {"op": "put", "keys": [5]}, [np.array([4.0])])
+    dead = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    dead_addr = "127.0.0.1:%d" % dead.sockets[0].getsockname()[1]
+    dead.close()
+    await dead.wait_closed()
+    ctl.add_executor("ghost", dead_addr)
+    with pytest.raises(MigrationControllerError, match="move of blocks"):
+        await ctl.move([block], "src", "ghost")
+    assert src.service.states.state(block) is BlockState.OWNED
+    assert ctl.table.owner_of_block(block) == "src"
+    got = await dp.request(src.address, {"op": "get", "keys": [5]})
+    assert got.arrays[0].tolist() == [4.0]
+    # And the controller refuses moving a block twice at once.
+    t = asyncio.create_task(ctl.move([block], "src", "dst"))
+    await asyncio.sleep(0)
+    with pytest.raises(MigrationControllerError, match="already being moved"):
+        await ctl.move([block], "src", "dst")
+    await t
+    assert ctl.table.owner_of_block(block) == "dst"
+    with pytest.raises(RemoteError, match="not owned here"):
+        await dp.request(src.address, {"op": "move_blocks", "blocks": [block], "dst": "dst",
+                                       "dst_address": dst.address})

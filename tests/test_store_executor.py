@@ -1,0 +1,121 @@
+"""Executor control ops and the store client against executors on localhost sockets:
+bad input gets a clear error and changes nothing; pushes surface errors on flush."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from psruntime.dataplane import DataPlaneClient, RemoteError
+from psruntime.executor import Executor
+from psruntime.migration_controller import MigrationController
+from psruntime.ownership_table import OwnershipTable
+from psruntime.store_client import StoreClient, StoreClientError
+
+NB = 4
+
+
+@pytest.fixture
+async def cluster():
+    executors = [Executor(f"e{i}", NB) for i in range(2)]
+    addrs = {e.executor_id: await e.start() for e in executors}
+    ctl = MigrationController(OwnershipTable.round_robin(NB, list(addrs), addrs))
+    await ctl.broadcast()
+    dp = DataPlaneClient()
+    yield executors, ctl, dp
+    await dp.close()
+    await ctl.close()
+    for e in executors:
+        await e.stop()
+
+
+async def test_put_get_update_and_missing(cluster) -> None:
+    _, ctl, _ = cluster
+    c = StoreClient(ctl.table)
+    keys = list(range(10)) + ["w:bias"]
+    await c.put(keys, [np.full(3, i, np.float32) for i in range(len(keys))])
+    await c.update(keys, "max", [np.full(3, 5, np.float32)] * len(keys))
+    got = await c.pull(keys + [999])
+    assert 999 not in got
+    for i, k in enumerate(keys):
+        np.testing.assert_array_equal(got[k], np.full(3, max(i, 5), np.float32))
+    assert await c.get(12345) is None
+    await c.close()
+
+
+@pytest.mark.parametrize("header,arrays,msg", [
+    ({"op": "frobnicate"}, [], "unknown op 'frobnicate'"),
+    ({"op": "get", "keys": []}, [], "non-empty list"),
+    ({"op": "get", "keys": [1.5]}, [], "keys must be ints or strs"),
+    ({"op": "put", "keys": [1, 2]}, [np.ones(1)], "2 keys but 1 value buffers"),
+    ({"op": "update", "keys": [1]}, [np.ones(1)], "needs field 'func'"),
+    ({"op": "update", "keys": "OWN1", "func": "pow"}, [np.ones(3)], "unknown update function 'pow'"),
+    ({"op": "update", "keys": "OWN2", "func": "add"}, [np.ones(3), np.ones(4)], "shape"),
+    ({"op": "set_ownership", "table": {"num_blocks": NB}}, [], "missing field 'owners'"),
+    ({"op": "move_blocks", "blocks": "x"}, [], "'blocks' must be a list"),
+    ({"op": "move_blocks", "blocks": [0], "dst": "e9"}, [], "'dst_address'"),
+    ({"op": "switch_role", "role": "boss"}, [], "must be one of"),
+    ({"op": "switch_role", "role": "worker"}, [], "move blocks"),
+    ({"op": "take_ownership", "blocks": [0], "src": "e1"}, [], "cannot take ownership"),
+    ({"op": "block_data", "block": 1, "keys": []}, [], "not incoming"),
+    ({"op": "restore", "dir": "/nonexistent", "blocks": [0]}, [], "no checkpoint manifest"),
+    ({"op": "clock_tick", "worker": "ghost"}, [], "unknown worker"),
+])
+async def test_bad_requests_get_clear_errors_and_change_nothing(cluster, header, arrays, msg) -> None:
+    executors, ctl, dp = cluster
+    e0 = executors[0]
+    c = StoreClient(ctl.table)
+    own = [k for k in range(100) if ctl.table.owner_of(k) == "e0"][:2]  # keys e0 serves itself
+    await c.put(own, [np.zeros(3), np.zeros(3)])
+    if header.get("keys") in ("OWN1", "OWN2"):
+        header = {**header, "keys": own[:int(header["keys"][-1])]}
+    before = (e0.service.table.version, e0.service.owned_blocks(), e0.role)
+    with pytest.raises(RemoteError, match=msg):
+        await dp.request(e0.address, header, arrays)
+    assert (e0.service.table.version, e0.service.owned_blocks(), e0.role) == before
+    got = await c.pull(own)
+    for k in own:
+        np.testing.assert_array_equal(got[k], np.zeros(3))
+    assert (await dp.request(e0.address, {"op": "ping"})).header["executor_id"] == "e0"
+    await c.close()
+
+
+async def test_push_errors_surface_on_flush_and_next_call(cluster) -> None:
+    _, ctl, _ = cluster
+    c = StoreClient(ctl.table)
+    await c.put([0], [np.zeros(3)])
+    await c.push([0], [np.ones(5)])  # wrong shape: fails at the server, asynchronously
+    with pytest.raises(StoreClientError, match="shape"):
+        await c.flush()
+    await c.push([0], [np.ones(5)])
+    with pytest.raises(StoreClientError, match="earlier push failed"):
+        for _ in range(100):
+            await c.pull([0])
+    await c.push([0], [np.ones(3)])
+    await c.flush()
+    np.testing.assert_array_equal(await c.get(0), np.ones(3))
+    await c.close()
+
+
+async def test_switch_role_after_moving_blocks_away(cluster) -> None:
+    executors, ctl, dp = cluster
+    c = StoreClient(ctl.table)
+    await c.put(list(range(8)), [np.full(2, k, np.float64) for k in range(8)])
+    await ctl.move(ctl.table.blocks_owned_by("e0"), "e0", "e1")
+    reply = await dp.request(executors[0].address, {"op": "switch_role", "role": "worker"})
+    assert reply.header == {"op": "ok", "role": "worker", "previous": "server", "id": reply.header["id"]}
+    got = await c.pull(list(range(8)))  # the client's table is stale: redirects bring it through
+    for k in range(8):
+        np.testing.assert_array_equal(got[k], np.full(2, k, np.float64))
+    assert c.redirects_followed > 0
+    status = (await dp.request(executors[1].address, {"op": "status"})).header
+    assert status["blocks"] == list(range(NB)) and status["table_version"] == ctl.table.version
+    await c.close()
+
+
+def test_executor_rejects_bad_flags() -> None:
+    out = subprocess.run([sys.executable, "-m", "psruntime.executor", "--executor-id", "x", "--num-blocks", "0"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "--num-blocks must be positive" in out.stderr
