@@ -104,4 +104,43 @@ def reap(recovery_dirs: list[Path], not_before_unix: float) -> list[int]:
             if _belongs(pid, rec, not_before_unix) and processes.signal_pid(pid, signal.SIGKILL):
                 killed.append(pid)
     processes.wait_gone([(p, None) for p in killed], 5.0)
+    for d in recovery_dirs:
+        remove_recorded_cgroups(d)
     return killed
+
+
+def _recorded_cgroup_dirs(obj: Any) -> Iterator[str]:
+    if isinstance(obj, dict):
+        cg = obj.get("cgroup")
+        if isinstance(cg, dict) and isinstance(cg.get("dirs"), list):
+            yield from (str(x) for x in cg["dirs"])
+        for v in obj.values():
+            if isinstance(v, (dict, list)):
+                yield from _recorded_cgroup_dirs(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _recorded_cgroup_dirs(v)
+
+
+def remove_recorded_cgroups(recovery_dir: Path) -> list[str]:
+    """Remove the (now empty) cgroup dirs of containers a dead NM recorded; an NM killed with
+    SIGKILL cannot remove them itself. Only dirs named after a container under a cgroup mount."""
+    removed: list[str] = []
+    if not recovery_dir.is_dir():
+        return removed
+    for path in recovery_dir.rglob("*.json"):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for d in _recorded_cgroup_dirs(doc):
+            p = Path(d)
+            if not p.name.startswith("container_") or not str(p).startswith("/sys/fs/cgroup/"):
+                continue
+            try:
+                p.rmdir()  # fails (and is skipped) while a process is still in it
+                removed.append(d)
+                p.parent.rmdir()  # the NM's per-node dir, once its last container is gone
+            except OSError:
+                pass
+    return removed

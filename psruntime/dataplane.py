@@ -88,7 +88,8 @@ class _ServerConnection:
     def __init__(self, server: DataPlaneServer) -> None:
         self._server = server
         self._pending: set[asyncio.Task[None]] = set()
-        self.protocol = FrameProtocol(self._on_frame, self._on_lost, server._max_body, self._on_error)
+        self.protocol = FrameProtocol(self._on_frame, self._on_lost, server._max_body, self._on_error,
+                                      stop_reading_while_blocked=True)
         server._conns.add(self)
 
     def _on_frame(self, frame: Frame) -> None:

@@ -15,10 +15,12 @@ Everything (data ops, migration, control) travels on the one binary frame protoc
     checkpoint {dir, blocks?}      write owned blocks as .npy files + a manifest
     restore {dir, blocks}          load blocks (which the table gives this executor) from a checkpoint
     clock_add_worker / clock_remove_worker / clock_tick / clock_status   BSP/SSP clock service
+    start_worker / stop_worker / worker_status   the WORKER role's self-paced loop (psruntime.worker_role)
+    app_setup, worker_setup, run_epoch, ...      AM-paced app ops (psruntime.app_role, via extra_ops)
     shutdown                       reply, then stop the process cleanly (as SIGTERM does)
 
 On start it writes `--ready-file` (JSON: pid, executor_id, address) atomically and, with `--am`,
-announces itself to the AM with an "executor_ready" frame.
+announces itself to the AM with an "executor_ready" frame (and sends it each worker "epoch_report").
 """
 from __future__ import annotations
 
@@ -30,9 +32,10 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from protocol.daemon import install_uvloop, setup_logging
+from psruntime.app_role import AppRole
 from psruntime.checkpoint import restore_blocks, save_blocks
 from psruntime.clocks import ClockService
 from psruntime.dataplane import DataPlaneClient, DataPlaneServer, Reply, RequestError
@@ -40,6 +43,7 @@ from psruntime.frame_codec import Frame
 from psruntime.migration import BlockState
 from psruntime.ownership_table import OwnershipTable
 from psruntime.store_service import DATA_OPS, StoreService
+from psruntime.worker_role import WorkerRole
 
 log = logging.getLogger(__name__)
 ROLES = ("worker", "server")
@@ -85,6 +89,13 @@ class Executor:
         empty = OwnershipTable(num_blocks, [""] * num_blocks, version=-1)
         self.service = StoreService(executor_id, empty, self.client)
         self.clocks = ClockService(staleness)
+        self.am_address: str | None = None
+        self.worker = WorkerRole(self.client, self._report_to_am)
+        # Ops added by other layers on the same control channel (the AM-paced app ops of
+        # psruntime.app_role); built-in ops take precedence.
+        self.extra_ops: dict[str, Callable[[Frame], Any]] = {}
+        self.app_role = AppRole(self)
+        self.register_ops(self.app_role.ops())
         self.server = DataPlaneServer(self.handle, host, port)
         self.stopped = asyncio.Event()
         self.address = ""
@@ -96,8 +107,20 @@ class Executor:
         return self.address
 
     async def stop(self) -> None:
+        await self.worker.cancel()
         await self.server.stop()
         await self.client.close()
+
+    def register_ops(self, ops: dict[str, Callable[[Frame], Any]]) -> None:
+        """Add control ops (name -> handler(frame) returning a reply or an awaitable of one)."""
+        clash = sorted(set(ops) & (set(self._OPS) | DATA_OPS))
+        if clash:
+            raise ValueError(f"ops {clash} are built into the executor")
+        self.extra_ops.update(ops)
+
+    async def _report_to_am(self, header: dict[str, Any]) -> None:
+        if self.am_address:
+            await self.client.request(self.am_address, {**header, "executor_id": self.executor_id})
 
     # -- dispatch ----------------------------------------------------------------------------
     def handle(self, frame: Frame) -> Reply | Any:
@@ -106,9 +129,12 @@ class Executor:
         if op in DATA_OPS:
             return self.service.handle_data(frame)
         method = self._OPS.get(op) if isinstance(op, str) else None
-        if method is None:
+        if method is not None:
+            return method(self, frame)
+        extra = self.extra_ops.get(op) if isinstance(op, str) else None
+        if extra is None:
             raise RequestError(f"unknown op {op!r}")
-        return method(self, frame)
+        return extra(frame)
 
     def _op_take_ownership(self, frame: Frame) -> Reply:
         self.service.take_ownership(_int_list(frame.header, "blocks"), _str_field(frame.header, "src"))
@@ -135,6 +161,7 @@ class Executor:
     def _op_set_ownership(self, frame: Frame) -> Reply:
         table = OwnershipTable.from_wire(frame.header.get("table"))
         adopted = self.service.apply_table(table)
+        self.worker.set_table(table)
         return {"op": "ok", "adopted": adopted, "version": self.service.table.version}, ()
 
     def _op_switch_role(self, frame: Frame) -> Reply:
@@ -143,6 +170,8 @@ class Executor:
             raise RequestError(f"field 'role' must be one of {ROLES}, got {role!r}")
         if role == "worker" and self.service.owned_blocks():
             raise RequestError(f"move blocks {self.service.owned_blocks()} away before switching to worker")
+        if role == "server" and self.worker.active:
+            raise RequestError("stop the worker (stop_worker) before switching to server")
         old, self.role = self.role, role
         log.info("executor %s switched role %s -> %s", self.executor_id, old, role)
         return {"op": "ok", "role": role, "previous": old}, ()
@@ -193,6 +222,19 @@ class Executor:
         t = self.clocks.table
         return {"op": "ok", "clocks": t.clocks, "min_clock": t.min_clock(), "staleness": t.staleness}, ()
 
+    def _op_start_worker(self, frame: Frame) -> Reply:
+        if self.role != "worker":
+            raise RequestError(f"executor {self.executor_id} is a {self.role}; switch_role to worker first")
+        self.worker.start(frame.header)
+        return {"op": "ok", **self.worker.status()}, ()
+
+    async def _op_stop_worker(self, frame: Frame) -> Reply:
+        await self.worker.stop()
+        return {"op": "ok", **self.worker.status()}, ()
+
+    def _op_worker_status(self, frame: Frame) -> Reply:
+        return {"op": "ok", **self.worker.status()}, ()
+
     def _op_ping(self, frame: Frame) -> Reply:
         return {"op": "ok", "executor_id": self.executor_id}, ()
 
@@ -208,6 +250,7 @@ class Executor:
         "checkpoint": _op_checkpoint, "restore": _op_restore, "ping": _op_ping, "shutdown": _op_shutdown,
         "clock_add_worker": _op_clock_add_worker, "clock_remove_worker": _op_clock_remove_worker,
         "clock_tick": _op_clock_tick, "clock_status": _op_clock_status,
+        "start_worker": _op_start_worker, "stop_worker": _op_stop_worker, "worker_status": _op_worker_status,
     }
 
 
@@ -238,6 +281,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace) -> None:
     ex = Executor(args.executor_id, args.num_blocks, args.host, args.port, args.role, args.staleness)
+    ex.am_address = args.am
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, ex.stopped.set)

@@ -77,12 +77,6 @@ def encode_frame(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> l
     return [PREFIX.pack(MAGIC, len(raw_header), total), raw_header, *views]
 
 
-def write_frame(writer: asyncio.StreamWriter, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
-    """Queue one frame on `writer` without concatenating buffers (the caller awaits drain())."""
-    # writelines is synchronous, so frames written by concurrent tasks never interleave.
-    writer.writelines(encode_frame(header, arrays))
-
-
 def _parse_descs(bufs: Any, body_len: int) -> list[tuple[np.dtype, tuple[int, ...], int]]:
     if not isinstance(bufs, list):
         raise FrameError("header 'bufs' must be a list of [dtype, shape]")

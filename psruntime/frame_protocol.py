@@ -6,9 +6,11 @@ transport receives a large body straight into the frame's own buffer (`get_buffe
 view of it): the kernel-to-user copy is the only one. Small frames and headers go through a
 scratch buffer, several per recv.
 
-Also does write-side flow control: while the transport's write buffer is above its high-water mark
-the protocol stops reading, so a peer that never reads our replies cannot make us buffer without
-bound, and `drain()` lets writers wait.
+Also does write-side flow control: `drain()` lets writers wait while the transport's write buffer
+is above its high-water mark, and a server-side protocol (`stop_reading_while_blocked`) stops
+reading requests meanwhile, so a client that never reads its replies cannot make the server buffer
+without bound. Clients always keep reading: if both sides stopped, two peers with full buffers
+towards each other would wait forever.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from psruntime.frame_codec import PREFIX, Frame, FrameError, decode_frame, encod
 SCRATCH_BYTES = 256 << 10
 DIRECT_MIN_BYTES = 64 << 10  # bodies with at least this much left are received in place
 WRITE_HIGH_WATER = 16 << 20
+JOIN_BELOW_BYTES = 64 << 10
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
@@ -29,10 +32,12 @@ class FrameProtocol(asyncio.BufferedProtocol):
     closes), and `on_lost(exc|None)` when the connection ends."""
 
     def __init__(self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException | None], None],
-                 max_body_bytes: int, on_error: Callable[[FrameError], None] | None = None) -> None:
+                 max_body_bytes: int, on_error: Callable[[FrameError], None] | None = None,
+                 stop_reading_while_blocked: bool = False) -> None:
         self._on_frame = on_frame
         self._on_lost = on_lost
         self._on_error = on_error
+        self._stop_reading_while_blocked = stop_reading_while_blocked
         self._max_body = max_body_bytes
         self._scratch = bytearray(SCRATCH_BYTES)
         self._start = 0
@@ -59,12 +64,12 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def pause_writing(self) -> None:
         self._paused_writing = True
-        if self.transport is not None:
+        if self._stop_reading_while_blocked and self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._paused_writing = False
-        if self.transport is not None and not self._closed:
+        if self._stop_reading_while_blocked and self.transport is not None and not self._closed:
             self.transport.resume_reading()
         self._wake_drainers(None)
 
@@ -91,7 +96,16 @@ class FrameProtocol(asyncio.BufferedProtocol):
         """Queue a frame (synchronous, so frames from different tasks never interleave)."""
         if self._closed or self.transport is None:
             raise ConnectionError("connection closed")
-        self.transport.writelines(encode_frame(header, arrays))
+        pieces = encode_frame(header, arrays)
+        head = pieces[0] + pieces[1]
+        if len(pieces) == 2:
+            self.transport.write(head)
+        elif sum(len(p) for p in pieces[2:]) < JOIN_BELOW_BYTES:
+            # One write call per small frame: each piece would otherwise be its own send syscall
+            # (and, with TCP_NODELAY, its own packet); copying a few KiB is far cheaper.
+            self.transport.write(b"".join([head, *pieces[2:]]))
+        else:
+            self.transport.writelines([head, *pieces[2:]])  # large buffers go out from their own memory
 
     def close(self) -> None:
         if self.transport is not None and not self._closed:

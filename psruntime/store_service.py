@@ -112,6 +112,8 @@ class StoreService:
     def _redirect_target(self, block: int) -> tuple[str, str]:
         peer = self.states.peer(block) if self.states.state(block) is BlockState.MOVED else None
         owner = peer or self.table.owners[block]
+        if not owner:
+            raise RequestError(f"block {block} has no owner yet (no ownership table from the AM)")
         if owner == self.executor_id:
             raise RequestError(f"block {block} is not held here and the table names this executor")
         return owner, self.table.addresses.get(owner, "")

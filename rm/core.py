@@ -15,16 +15,17 @@ from protocol import tokens
 from protocol.ids import ApplicationId, AttemptId, ContainerId
 from protocol.config import ClusterConfig, RMConfig
 from protocol.nm_client import container_token_payload
-from protocol.records import AppState, AttemptState, ContainerState, ExitStatus, FinalStatus, NodeState, Resource
-from protocol.remote_exception import BadRequest, NotFound, Unauthorized
+from protocol.records import AppState, AttemptState, ExitStatus, FinalStatus, NodeState, Resource
+from protocol.remote_exception import BadRequest, NotFound
 
+from .am_protocol import AmProtocol
 from .model import AmSpec, App, Attempt, Container, Node
+from .nm_protocol import NmProtocol
 from .nodes import NodeTracker
 from .scheduler import AskError, CapacityScheduler
 from .state_machines import AppEvent, AttemptEvent, attempt_is_final, next_app_state, next_attempt_state
 
 CONTAINER_LAUNCH_EXPIRY_S = 600.0   # YARN's rm.container-allocation.expiry-interval
-
 
 @dataclass(frozen=True)
 class LaunchAm:
@@ -35,9 +36,8 @@ class LaunchAm:
     container: Container
     am_token: str
 
-
-class ResourceManagerCore:
-    """All RM state and the rules that change it."""
+class ResourceManagerCore(AmProtocol, NmProtocol):
+    """All RM state and the rules that change it (AM and NM protocols in their mixins)."""
 
     def __init__(self, cfg: RMConfig, cluster: ClusterConfig, clock: Callable[[], float],
                  launch_expiry_s: float = CONTAINER_LAUNCH_EXPIRY_S):
@@ -235,141 +235,6 @@ class ResourceManagerCore:
             if n is not None and n.state != NodeState.LOST:
                 n.apps_to_cleanup.append(app.app_id)
 
-    def _attempt_for_token(self, claims: dict) -> tuple[App, Attempt]:
-        app = self.apps.get(str(claims.get("app_id", "")))
-        at = self.attempts.get(str(claims.get("attempt_id", "")))
-        if app is None or at is None or at.app_id != app.app_id:
-            raise Unauthorized("am token names an unknown application attempt")
-        return app, at
-
-    def _is_current(self, app: App, at: Attempt) -> bool:
-        return app.current_attempt == at.attempt_id and not app.state.is_final and not attempt_is_final(at.state)
-
-    def am_token(self, at: Attempt) -> str:
-        app = self.apps[at.app_id]
-        return tokens.sign(self.cluster.secret, tokens.AM,
-                           {"app_id": app.app_id, "attempt_id": at.attempt_id, "user": app.user},
-                           self.cluster.token_lifetime_s, now=self.clock())
-
-    def am_launched(self, attempt_id: str) -> None:
-        at = self.attempts.get(attempt_id)
-        if at is None or attempt_is_final(at.state) or at.state == AttemptState.FINISHING:
-            return
-        if at.state in (AttemptState.ALLOCATED, AttemptState.RUNNING):
-            self._attempt_event(at, AttemptEvent.LAUNCHED)
-        c = self.containers.get(at.am_container_id)
-        if c is not None:
-            self._mark_launched(c)
-
-    def am_launch_failed(self, attempt_id: str, diagnostics: str) -> None:
-        at = self.attempts.get(attempt_id)
-        if at is None or attempt_is_final(at.state):
-            return
-        self._attempt_failed(at, f"Error launching {attempt_id}. Got exception: {diagnostics}")
-
-    # ----- AM protocol ----------------------------------------------------------------------
-    def am_register(self, claims: dict, req: api.AmRegisterRequest) -> api.AmRegisterResponse:
-        app, at = self._attempt_for_token(claims)
-        if not self._is_current(app, at):
-            raise Unauthorized(f"{at.attempt_id} is not the current attempt of {app.app_id} "
-                               f"(attempt state {at.state.value}, app state {app.state.value})")
-        if at.state not in (AttemptState.ALLOCATED, AttemptState.LAUNCHED, AttemptState.RUNNING):
-            raise BadRequest(f"{at.attempt_id} cannot register in state {at.state.value}")
-        if not at.registered:
-            self._attempt_event(at, AttemptEvent.REGISTERED)
-            at.registered = True
-            self._app_event(app, AppEvent.ATTEMPT_REGISTERED)
-        at.host, at.rpc_port, at.tracking_url = req.host, req.rpc_port, req.tracking_url
-        app.tracking_url = req.tracking_url
-        self._touch(at)
-        return api.AmRegisterResponse(app_id=app.app_id, attempt_id=at.attempt_id,
-                                      maximum_resource=self.scheduler.maximum, queue=app.queue, user=app.user)
-
-    def allocate(self, claims: dict, req: api.AllocateRequest) -> api.AllocateResponse:
-        app, at = self._attempt_for_token(claims)
-        if not self._is_current(app, at):
-            return api.AllocateResponse(response_id=req.response_id + 1, action="SHUTDOWN")
-        if not at.registered:
-            raise BadRequest(f"{at.attempt_id} must register before it allocates")
-        if not (0.0 <= req.progress <= 1.0):
-            raise BadRequest(f"progress must be within [0, 1], got {req.progress}")
-        try:
-            asks = self.scheduler.validate_asks(req.asks)
-        except AskError as e:
-            raise BadRequest(str(e)) from None
-        # Validated: now apply.
-        self.counters["am_allocates"] += 1
-        self._touch(at)
-        app.progress = req.progress
-        if req.shape is not None:
-            app.shape = req.shape
-        for cid in req.releases:
-            c = self.containers.get(cid)
-            if c is not None and c.attempt_id == at.attempt_id and not c.is_am:
-                self._release(c, cleanup_on_node=True)
-                at.completed.append(api.ContainerStatus(container_id=cid, state=ContainerState.COMPLETE.value,
-                                                        exit_status=ExitStatus.ABORTED,
-                                                        diagnostics="Container released by application"))
-        if asks:
-            undelivered: dict[int, int] = {}
-            for c in at.to_deliver:
-                undelivered[c.ask_id] = undelivered.get(c.ask_id, 0) + 1
-            self.scheduler.update_asks(app.app_id, asks, undelivered)
-        if self.scheduler.has_demand:
-            self._schedule(self.nodes.schedulable())
-        at.response_id += 1
-        resp = api.AllocateResponse(
-            response_id=at.response_id,
-            allocated=[api.AllocatedContainer(container_id=c.container_id, node_id=c.node_id,
-                                              node_http_address=c.node_http_address, resource=c.resource,
-                                              container_token=c.token, ask_id=c.ask_id, tag=c.tag)
-                       for c in at.to_deliver],
-            completed=at.completed, updated_nodes=at.updated_nodes,
-            available=self.scheduler.headroom(app.app_id),
-            num_cluster_nodes=len(self.nodes.running),
-        )
-        at.to_deliver, at.completed, at.updated_nodes = [], [], []
-        if app.directive is not None and app.directive_version > app.delivered_directive_version:
-            resp.shape_directive = app.directive
-            app.delivered_directive_version = app.directive_version
-        return resp
-
-    def am_finish(self, claims: dict, req: api.AmFinishRequest) -> api.AmFinishResponse:
-        app, at = self._attempt_for_token(claims)
-        if at.state in (AttemptState.FINISHING, AttemptState.FINISHED):   # a retried finish
-            return api.AmFinishResponse(unregistered=True)
-        if not self._is_current(app, at):
-            raise Unauthorized(f"{at.attempt_id} is not the current attempt of {app.app_id}")
-        try:
-            final = FinalStatus(req.final_status)
-        except ValueError:
-            raise BadRequest(f"final_status must be one of SUCCEEDED, FAILED, KILLED; got {req.final_status!r}") from None
-        if final == FinalStatus.UNDEFINED:
-            raise BadRequest("final_status must be one of SUCCEEDED, FAILED, KILLED; got 'UNDEFINED'")
-        if not at.registered:
-            raise BadRequest(f"{at.attempt_id} must register before it finishes")
-        self._attempt_event(at, AttemptEvent.UNREGISTERED)
-        at.diagnostics = req.diagnostics
-        if req.tracking_url:
-            at.tracking_url = app.tracking_url = req.tracking_url
-        app.final_status = final
-        app.diagnostics = req.diagnostics
-        self._app_event(app, AppEvent.ATTEMPT_FINISHED)
-        # Give back everything but the AM container, which exits on its own (then FINISHED).
-        self.scheduler.clear_demand(app.app_id)
-        for cid in list(at.containers):
-            c = self.containers.get(cid)
-            if c is not None and not c.is_am:
-                self._release(c, cleanup_on_node=True)
-        at.to_deliver.clear()
-        self._touch(at)   # the AM container gets am_expiry_s to exit before it is cleaned up
-        self._app_done(app)
-        return api.AmFinishResponse(unregistered=True)
-
-    def _touch(self, at: Attempt) -> None:
-        self._am_live[at.attempt_id] = self.clock()
-        self._am_live.move_to_end(at.attempt_id)
-
     # ----- containers -----------------------------------------------------------------------
     def _schedule(self, candidates: list[Node]) -> None:
         for a in self.scheduler.allocate(candidates):
@@ -440,105 +305,3 @@ class ResourceManagerCore:
         elif not attempt_is_final(at.state) and at.state != AttemptState.FINISHING:
             at.completed.append(status)
 
-    # ----- NM protocol ----------------------------------------------------------------------
-    def register_node(self, claims: dict, req: api.NodeRegisterRequest) -> api.NodeRegisterResponse:
-        if claims.get("node_id") != req.node_id:
-            raise Unauthorized(f"nm token is for node {claims.get('node_id')!r}, not {req.node_id!r}")
-        if req.capability.memory <= 0 or req.capability.vcores <= 0:
-            raise BadRequest(f"capability must be positive, got memory={req.capability.memory} "
-                             f"vCores={req.capability.vcores}")
-        now = self.clock()
-        node = self.nodes.register(req.node_id, req.http_address, req.capability, req.rack, req.version, now)
-        reported = {s.container_id: s for s in req.containers}
-        # Containers we think run there but the NM does not report: gone with the NM restart.
-        for cid in list(node.containers):
-            c = self.containers[cid]
-            s = reported.get(cid)
-            if s is None or s.state == ContainerState.COMPLETE.value:
-                self._container_completed(c, s or api.ContainerStatus(
-                    container_id=cid, state="COMPLETE", exit_status=ExitStatus.ABORTED,
-                    diagnostics="Container lost when its NodeManager re-registered"))
-            else:
-                self._mark_launched(c)
-        for cid, s in reported.items():
-            if cid not in self.containers and s.state != ContainerState.COMPLETE.value:
-                node.to_cleanup.append(cid)
-        if self.scheduler.has_demand:
-            self._schedule([node])
-        return api.NodeRegisterResponse(node_id=req.node_id, heartbeat_interval_ms=self.cfg.nm_heartbeat_interval_ms,
-                                        rm_start_ms=self.cluster_ts)
-
-    def node_heartbeat(self, claims: dict, req: api.NodeHeartbeatRequest) -> api.NodeHeartbeatResponse:
-        if claims.get("node_id") != req.node_id:
-            raise Unauthorized(f"nm token is for node {claims.get('node_id')!r}, not {req.node_id!r}")
-        node = self.nodes.get(req.node_id)
-        interval = self.cfg.nm_heartbeat_interval_ms
-        if node is None or node.state == NodeState.LOST:
-            return api.NodeHeartbeatResponse(response_id=0, action="RESYNC", heartbeat_interval_ms=interval,
-                                             diagnostics=f"node {req.node_id} is not registered with this RM")
-        self.counters["nm_heartbeats"] += 1
-        now = self.clock()
-        self.nodes.heartbeat(node, req.health.healthy, req.health.report, now)
-        containers = self.containers
-        for s in req.container_statuses:
-            c = containers.get(s.container_id)
-            if c is None or c.node_id != node.node_id:
-                if s.state != ContainerState.COMPLETE.value:
-                    node.to_cleanup.append(s.container_id)
-            elif s.state == ContainerState.COMPLETE.value:
-                self._container_completed(c, s)
-            elif not c.launched:
-                self._mark_launched(c)
-        if self.scheduler.has_demand and node.schedulable:
-            self._schedule([node])
-        node.response_id += 1
-        resp = api.NodeHeartbeatResponse(response_id=node.response_id, heartbeat_interval_ms=interval,
-                                          containers_to_cleanup=node.to_cleanup,
-                                          apps_to_cleanup=node.apps_to_cleanup)
-        node.to_cleanup, node.apps_to_cleanup = [], []
-        return resp
-
-    def _node_lost(self, node: Node) -> None:
-        report = api.NodeReport(node_id=node.node_id, state=NodeState.LOST.value, http_address=node.http_address)
-        told: set[str] = set()
-        for cid in list(node.containers):
-            c = self.containers[cid]
-            if c.attempt_id not in told:
-                told.add(c.attempt_id)
-                at = self.attempts.get(c.attempt_id)
-                if at is not None:
-                    at.updated_nodes.append(report)
-            self._container_completed(c, api.ContainerStatus(
-                container_id=cid, state=ContainerState.COMPLETE.value, exit_status=ExitStatus.ABORTED,
-                diagnostics=f"Container released on a *lost* node {node.node_id}"))
-
-    # ----- timers ---------------------------------------------------------------------------
-    def tick(self) -> None:
-        """Expire silent nodes, silent AMs and containers allocated but never launched."""
-        now = self.clock()
-        for node in self.nodes.expired(now):
-            self._node_lost(node)
-        deadline = now - self.cfg.am_expiry_s
-        while self._am_live:
-            aid, last = next(iter(self._am_live.items()))
-            if last >= deadline:
-                break
-            self._am_live.popitem(last=False)
-            at = self.attempts[aid]
-            if at.state == AttemptState.FINISHING:
-                # Unregistered but the AM container never exited: finish it and clean it up.
-                self._end_attempt(at, AttemptEvent.CONTAINER_FINISHED, "")
-            elif not attempt_is_final(at.state):
-                self._attempt_failed(at, f"ApplicationMaster for attempt {aid} timed out after "
-                                         f"{self.cfg.am_expiry_s:g}s without a heartbeat")
-        deadline = now - self.launch_expiry_s
-        while self._unlaunched:
-            cid, at_time = next(iter(self._unlaunched.items()))
-            if at_time >= deadline:
-                break
-            self._unlaunched.popitem(last=False)
-            c = self.containers.get(cid)
-            if c is not None:
-                self._container_completed(c, api.ContainerStatus(
-                    container_id=cid, state=ContainerState.COMPLETE.value, exit_status=ExitStatus.ABORTED,
-                    diagnostics="Container expired since it was unused"), cleanup_on_node=True)

@@ -93,6 +93,7 @@ class Attempt:
     to_deliver: list[Container] = field(default_factory=list)
     completed: list[api.ContainerStatus] = field(default_factory=list)
     updated_nodes: list[api.NodeReport] = field(default_factory=list)
+    last_response: Optional[api.AllocateResponse] = None   # re-sent when a retried request repeats its id
 
 
 @dataclass

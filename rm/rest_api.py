@@ -42,6 +42,7 @@ class ClientApi:
         r.add_get(BASE + "/apps/{app_id}/state", self.app_state)
         r.add_put(BASE + "/apps/{app_id}/state", self.put_app_state)
         r.add_get(BASE + "/apps/{app_id}/appattempts", self.app_attempts)
+        r.add_get(BASE + "/apps/{app_id}/shape", self.app_shape)
 
     # ----- identity -------------------------------------------------------------------------
     def user(self, request: web.Request) -> str:
@@ -167,6 +168,19 @@ class ClientApi:
         core = self.rm.core
         return json_response({"appAttempts": {"appAttempt": [views.attempt_json(core, core.attempts[a])
                                                                for a in app.attempts]}})
+
+
+    async def app_shape(self, request: web.Request) -> web.Response:
+        """Elastane extension: the shape the AM reports and the policy's latest directive."""
+        self.user(request)
+        app = self._app(request)
+        d = app.directive
+        return json_response({"shape": {
+            "appId": app.app_id, "policy": self.rm.cfg.policy, "current": app.shape,
+            "directive": None if d is None else {"workers": d.workers, "servers": d.servers, "nodes": d.nodes,
+                                                 "reason": d.reason, "version": d.version},
+            "directiveDelivered": d is not None and app.delivered_directive_version >= d.version,
+        }})
 
 
 def _parse_states(raw: str | None, enum_type: Any, field: str) -> set | None:

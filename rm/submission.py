@@ -10,6 +10,7 @@ from typing import Any, Optional, Union
 
 import msgspec
 
+from protocol import ps_job_spec
 from protocol.ids import ApplicationId
 from protocol.records import Resource
 from protocol.remote_exception import BadRequest
@@ -56,7 +57,7 @@ class Commands(_In):
 
 class AmContainerSpec(_In, rename={"local_resources": "local-resources", "service_data": "service-data",
                                     "application_acls": "application-acls"}):
-    commands: Commands
+    commands: Optional[Commands] = None    # may be left out for ELASTANE_PS: the RM runs the PS AM
     environment: Optional[Environment] = None
     local_resources: Optional[LocalResources] = None
     service_data: Any = None
@@ -135,13 +136,36 @@ def _entries(x: Any) -> list:
     return x if isinstance(x, list) else [x]
 
 
+def _ps_job(ctx: SubmissionContext) -> Optional[ps_job_spec.PSJobSpec]:
+    """The validated PS job spec of an ELASTANE_PS submission (`elastane.ps-job`), else None."""
+    ext = ctx.elastane or {}
+    field = f"elastane.{ps_job_spec.ELASTANE_FIELD}"
+    is_ps = ctx.application_type.upper() == ps_job_spec.APPLICATION_TYPE
+    if not is_ps:
+        if ps_job_spec.ELASTANE_FIELD in ext:
+            raise BadRequest(f"{field} needs application-type {ps_job_spec.APPLICATION_TYPE}")
+        return None
+    if ps_job_spec.ELASTANE_FIELD not in ext:
+        raise BadRequest(f"{field} is required for application-type {ps_job_spec.APPLICATION_TYPE}")
+    try:
+        return ps_job_spec.validate(ext[ps_job_spec.ELASTANE_FIELD])
+    except ps_job_spec.JobSpecError as e:
+        raise BadRequest(str(e.under(field))) from None
+
+
 def validate(ctx: SubmissionContext) -> ValidSubmission:
     """Field checks a schema cannot express; BadRequest names the field."""
     try:
         ApplicationId.parse(ctx.application_id)
     except ValueError as e:
         raise BadRequest(f"application-id: {e}") from None
-    command = ctx.am_container_spec.commands.command
+    ps_spec = _ps_job(ctx)
+    if ctx.am_container_spec.commands is not None:
+        command = ctx.am_container_spec.commands.command
+    elif ps_spec is not None:
+        command = ps_job_spec.AM_COMMAND
+    else:
+        raise BadRequest("am-container-spec.commands is required")
     if not command.strip():
         raise BadRequest("am-container-spec.commands.command must not be empty")
     if ctx.resource.memory <= 0:
@@ -156,6 +180,8 @@ def validate(ctx: SubmissionContext) -> ValidSubmission:
     env = {kv.key: kv.value for kv in _entries(env_spec.entry if env_spec else None)}
     if any(not k for k in env):
         raise BadRequest("am-container-spec.environment.entry: key must not be empty")
+    if ps_spec is not None:   # the PS AM reads its (validated, normalised) job spec from its env
+        env[ps_job_spec.PS_SPEC_ENV] = msgspec.json.encode(ps_spec.to_json()).decode()
     lr_spec = ctx.am_container_spec.local_resources
     local = {e.key: e.value for e in _entries(lr_spec.entry if lr_spec else None)}
     am = AmSpec(commands=[command], environment=env, local_resources=local, resource=ctx.resource)

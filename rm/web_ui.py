@@ -36,8 +36,9 @@ def render_cluster_page(rm: "ResourceManagerServer") -> str:
     apps = []
     for app in sorted(core.apps.values(), key=lambda a: a.seq, reverse=True):
         j = views.app_json(core, app)
-        link = (f'<a href="{_e(app.tracking_url)}">{_e(j["trackingUI"])}</a>' if app.tracking_url
-                else _e(j["trackingUI"]))
+        # Tracking URLs come from AMs: only http(s) ones become links.
+        link = (f'<a href="{_e(app.tracking_url)}">{_e(j["trackingUI"])}</a>'
+                if app.tracking_url.startswith(("http://", "https://")) else _e(j["trackingUI"]))
         apps.append([_e(app.app_id), _e(app.user), _e(app.name), _e(app.queue),
                      f'<span class="{_e(app.state.value)}">{_e(app.state.value)}</span>',
                      _e(app.final_status.value), f'{j["progress"]:.0f}%', str(j["runningContainers"]),

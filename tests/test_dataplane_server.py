@@ -107,3 +107,19 @@ def test_parse_address() -> None:
     for bad in ["nope", ":80", "h:", "h:x"]:
         with pytest.raises(ValueError, match="host:port"):
             parse_address(bad)
+
+
+async def test_large_frames_both_ways_with_many_in_flight_do_not_deadlock() -> None:
+    server = await echo_server()
+    client = DataPlaneClient()
+    try:
+        conn = await client.connection(server.address)
+        big = np.arange(1 << 20, dtype=np.float32)  # 4 MiB each way per request, 40 MiB in flight
+        futs = [conn.submit({"op": "echo", "n": i}, [big + i]) for i in range(10)]
+        replies = await asyncio.wait_for(asyncio.gather(*futs), 60)
+        for i, r in enumerate(replies):
+            assert r.header["n"] == i
+            np.testing.assert_array_equal(r.arrays[0], (big + i) * 2)
+    finally:
+        await client.close()
+        await server.stop()

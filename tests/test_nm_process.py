@@ -271,12 +271,21 @@ async def test_cgroup_v1_cpu_quota_holds_two_busy_loops_to_one_core(tmp_path, rm
     await wait_for(lambda: len(busy_pids()) == 2, what="two busy loops")
     pids = [int(p) for p in (cpu_dir / "cgroup.procs").read_text().split()]  # the bash wrappers too
     loop = asyncio.get_running_loop()
-    t0, c0 = loop.time(), _cpu_ticks(pids)
-    await asyncio.sleep(2.0)  # the measurement window, not a readiness wait
-    t1, c1 = loop.time(), _cpu_ticks(pids)
-    cores = (c1 - c0) / os.sysconf("SC_CLK_TCK") / (t1 - t0)
-    assert 0.5 <= cores <= 1.2, f"container used {cores:.2f} cores with a 1-vcore quota"
+    seen = []
+    # Up to three 2 s windows: every one must stay under the cap; one must show real use (>= 0.5),
+    # so a burst of other work on the machine during one window does not fail the test.
+    for _ in range(3):
+        t0, c0 = loop.time(), _cpu_ticks(pids)
+        await asyncio.sleep(2.0)  # the measurement window, not a readiness wait
+        t1, c1 = loop.time(), _cpu_ticks(pids)
+        cores = (c1 - c0) / os.sysconf("SC_CLK_TCK") / (t1 - t0)
+        seen.append(round(cores, 2))
+        assert cores <= 1.2, f"container used {cores:.2f} cores with a 1-vcore quota"
+        if cores >= 0.5:
+            break
+    assert max(seen) >= 0.5, f"busy container got only {seen} cores"
     await client.stop_container(nm.address, cid, tok)
+
 
 
 async def test_rss_monitor_kills_past_the_limit_without_cgroups(tmp_path, rm, client, nms):

@@ -23,12 +23,16 @@ class FakeNM:
 
     def __init__(self) -> None:
         self.started: list[tuple[dict, api.StartContainerRequest]] = []
+        self.refuse = False
 
     def app(self) -> web.Application:
-        from protocol.http_server import make_app, read_json, require_token, json_response
+        from protocol.http_server import json_response, make_app, read_json, require_token
+        from protocol.remote_exception import Unauthorized
 
         async def start(request: web.Request) -> web.Response:
             claims = require_token(request, SECRET, tokens.CONTAINER)
+            if self.refuse:
+                raise Unauthorized("launch refused by the test")
             req = await read_json(request, api.StartContainerRequest)
             self.started.append((claims, req))
             return json_response(api.ContainerStatus(container_id=claims["container_id"], state="RUNNING"))
@@ -157,6 +161,10 @@ async def test_submit_flow_end_to_end_with_fake_nm(env: Env):
     assert tokens.verify(SECRET, tok, tokens.CONTAINER)["container_id"] == out["allocated"][0]["container_id"]
     app = await env.app(app_id)
     assert app["runningContainers"] == 3 and app["allocatedMB"] == 2048 and app["progress"] == 50.0
+    await env.call("POST", api.AM_ALLOCATE, {"response_id": out["response_id"], "shape": {"workers": 2}},
+                   token=am_token)
+    shape = (await env.call("GET", f"{BASE}/apps/{app_id}/shape"))["shape"]
+    assert shape["current"] == {"workers": 2} and shape["directive"] is None and shape["policy"] == "static"
     attempts = (await env.call("GET", f"{BASE}/apps/{app_id}/appattempts"))["appAttempts"]["appAttempt"]
     assert [a["id"] for a in attempts] == [1] and attempts[0]["nodeId"] == "n1:1"
     await env.call("POST", api.AM_FINISH, {"final_status": "SUCCEEDED", "diagnostics": "done"}, token=am_token)
@@ -437,5 +445,38 @@ async def test_client_token_auth(tmp_path):
         new = await env.call("POST", BASE + "/apps/new-application", token="t-alice")
         await env.call("POST", BASE + "/apps", submission(new["application-id"]), token="t-alice", status=202)
         assert (await env.call("GET", f"{BASE}/apps/{new['application-id']}", token="t-alice"))["app"]["user"] == "alice"
+    finally:
+        await close_env(env)
+
+
+async def test_store_failure_on_submit_leaves_nothing(tmp_path):
+    env = await make_env(tmp_path)
+    try:
+        def broken(*a: Any, **kw: Any) -> None:
+            raise OSError("disk full")
+        env.rm.store.save_app = broken  # type: ignore[method-assign]
+        new = await env.call("POST", BASE + "/apps/new-application")
+        out = await env.call("POST", BASE + "/apps", submission(new["application-id"]), status=503)
+        assert "disk full" in out["RemoteException"]["message"]
+        assert (await env.call("GET", BASE + "/apps")) == {"apps": None}
+        assert env.rm.core.scheduler.apps == {}
+    finally:
+        del env.rm.store.save_app   # back to the real method, so shutdown can flush
+        await close_env(env)
+
+
+async def test_am_launch_failure_fails_the_attempt(tmp_path):
+    env = await make_env(tmp_path, max_app_attempts=1)
+    try:
+        env.nm.refuse = True
+        await env.register_node("n1:1")
+        app_id = await env.submit()
+        await env.rm.launcher.drain()
+        app = await env.app(app_id)
+        assert (app["state"], app["finalStatus"]) == ("FAILED", "FAILED")
+        assert "Error launching" in app["diagnostics"] and "launch refused" in app["diagnostics"]
+        assert (tmp_path / "state" / "apps" / app_id).is_dir()
+        node = (await env.call("GET", BASE + "/nodes/n1:1"))["node"]
+        assert node["usedMemoryMB"] == 0
     finally:
         await close_env(env)

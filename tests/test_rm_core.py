@@ -232,3 +232,24 @@ def test_recovery_roundtrip_gives_unfinished_apps_a_new_attempt():
     assert app.state == AppState.ACCEPTED and len(app.attempts) == 2   # restart does not count as a failure
     register(core2, "n1:1")
     assert len(core2.take_effects()) == 1
+
+
+def test_retried_allocate_gets_the_same_answer():
+    core = make_core()
+    register(core, "n1:1")
+    app_id = submit(core)
+    claims = launch_and_register(core, app_id)
+    first = core.allocate(claims, api.AllocateRequest(response_id=0, asks=[ask(1, 2)]))
+    again = core.allocate(claims, api.AllocateRequest(response_id=0, asks=[ask(1, 2)]))
+    assert again is first and len(first.allocated) == 2
+    nxt = core.allocate(claims, api.AllocateRequest(response_id=first.response_id, asks=[ask(1, 0)]))
+    assert nxt.response_id == first.response_id + 1 and nxt.allocated == []
+    assert len(core.containers) == 3
+
+
+def test_register_before_am_allocation_is_refused():
+    core = make_core()
+    app_id = submit(core)          # no node yet: the AM container is not allocated
+    with pytest.raises(BadRequest, match="cannot register"):
+        core.am_register(am_claims(core, app_id), api.AmRegisterRequest())
+    assert core.apps[app_id].state == AppState.ACCEPTED

@@ -119,3 +119,15 @@ def test_executor_rejects_bad_flags() -> None:
     out = subprocess.run([sys.executable, "-m", "psruntime.executor", "--executor-id", "x", "--num-blocks", "0"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "--num-blocks must be positive" in out.stderr
+
+
+async def test_extra_ops_are_dispatched_and_cannot_shadow_builtins(cluster) -> None:
+    executors, _, dp = cluster
+    e0 = executors[0]
+    e0.register_ops({"echo_extra": lambda frame: ({"op": "ok", "n": frame.header["n"]}, ())})
+    assert (await dp.request(e0.address, {"op": "echo_extra", "n": 4})).header["n"] == 4
+    with pytest.raises(ValueError, match="built into the executor"):
+        e0.register_ops({"status": lambda frame: ({}, ())})
+    # The AM-paced app ops (psruntime.app_role) are registered by default.
+    with pytest.raises(RemoteError, match="unknown app"):
+        await dp.request(e0.address, {"op": "app_setup", "app": "nope"})

@@ -1,0 +1,1 @@
+"""The PS ApplicationMaster: runs one parameter-server training job (`python -m appmaster.ps`)."""

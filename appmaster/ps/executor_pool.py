@@ -1,0 +1,176 @@
+"""The PS job's executors: which container runs which executor in which role, where it listens,
+and what it reports (RSS, data and model bytes, blocks).
+
+Executors are launched with `python -m psruntime.executor ... --am HOST:PORT` and announce their
+data-plane address to the AM's small data-plane server with an "executor_ready" frame
+(`handle_frame`); `wait_ready` waits for a role's executors with a deadline.
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from appmaster.container_book import AmContainer
+from protocol.internal_api import LaunchContext
+from protocol.records import ExitStatus
+from psruntime.dataplane import Reply, RequestError
+from psruntime.frame_codec import Frame
+
+
+class Role(str, enum.Enum):
+    SERVER = "server"
+    WORKER = "worker"
+
+
+class ExecutorState(str, enum.Enum):
+    LAUNCHING = "LAUNCHING"     # container launched, executor not announced yet
+    READY = "READY"             # announced its data-plane address
+    EXITED = "EXITED"           # its container completed
+
+
+@dataclass
+class ExecutorRecord:
+    """One executor as the AM knows it."""
+
+    executor_id: str
+    role: Role
+    container: AmContainer
+    state: ExecutorState = ExecutorState.LAUNCHING
+    address: str = ""
+    pid: Optional[int] = None
+    rss_bytes: int = 0
+    data_bytes: int = 0          # a worker's input partition (data + local state)
+    model_bytes: int = 0         # a server's model blocks
+    blocks: list[int] = field(default_factory=list)   # model blocks (server) / input blocks (worker)
+    partition: Optional[int] = None
+
+    @property
+    def container_id(self) -> str:
+        return self.container.container_id
+
+    def describe_exit(self, memory_mb: int) -> str:
+        """Why this executor's container ended, for the job's diagnostics."""
+        c = self.container
+        code = c.exit_status
+        text = (f"{self.executor_id} ({self.role.value}, {c.container_id} on {c.node_id}) exited with {code} "
+                f"({ExitStatus.describe(code)})")
+        if code == ExitStatus.KILLED_EXCEEDED_PMEM:
+            text += f": over its {memory_mb} MB limit"
+        if c.diagnostics:
+            text += f"; {c.diagnostics.strip()}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        mb = 1024 * 1024
+        return {"id": self.executor_id, "role": self.role.value, "container_id": self.container_id,
+                "node": self.container.node_id, "state": self.state.value, "address": self.address,
+                "pid": self.pid, "rss_mb": round(self.rss_bytes / mb, 1), "data_mb": round(self.data_bytes / mb, 3),
+                "model_mb": round(self.model_bytes / mb, 3), "blocks": list(self.blocks),
+                "partition": self.partition}
+
+
+class ExecutorPool:
+    """Every executor of the job, by id and by container."""
+
+    def __init__(self, num_blocks: int, am_address: str = "", python: str = "python") -> None:
+        self.num_blocks = num_blocks
+        self.am_address = am_address          # set once the AM's data-plane server listens
+        self.python = python
+        self.executors: dict[str, ExecutorRecord] = {}
+        self._by_container: dict[str, ExecutorRecord] = {}
+        self._next_index = {Role.SERVER: 0, Role.WORKER: 0}
+        self._changed = asyncio.Event()
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def add(self, role: Role, container: AmContainer) -> ExecutorRecord:
+        """Name the executor that `container` will run (server-0, server-1, worker-0 ...)."""
+        i = self._next_index[role]
+        self._next_index[role] = i + 1
+        rec = ExecutorRecord(f"{role.value}-{i}", role, container)
+        self.executors[rec.executor_id] = rec
+        self._by_container[container.container_id] = rec
+        return rec
+
+    def by_container(self, container_id: str) -> Optional[ExecutorRecord]:
+        return self._by_container.get(container_id)
+
+    def of_role(self, role: Role, state: Optional[ExecutorState] = None) -> list[ExecutorRecord]:
+        return [e for e in self.executors.values() if e.role is role and (state is None or e.state is state)]
+
+    @property
+    def servers(self) -> list[ExecutorRecord]:
+        return self.of_role(Role.SERVER)
+
+    @property
+    def workers(self) -> list[ExecutorRecord]:
+        return self.of_role(Role.WORKER)
+
+    def live(self) -> list[ExecutorRecord]:
+        return [e for e in self.executors.values() if e.state is not ExecutorState.EXITED]
+
+    def mark_exited(self, container: AmContainer) -> Optional[ExecutorRecord]:
+        rec = self._by_container.get(container.container_id)
+        if rec is not None:
+            rec.container = container
+            rec.state = ExecutorState.EXITED
+            self._changed.set()
+        return rec
+
+    # -- launch ------------------------------------------------------------------------------
+    def launch_context(self, rec: ExecutorRecord, environment: dict[str, str] | None = None) -> LaunchContext:
+        """The command that runs `rec` in its container; it binds the NM's host so peers reach it."""
+        if not self.am_address:
+            raise RuntimeError("the AM's data-plane address is not known yet")
+        args = [self.python, "-m", "psruntime.executor", "--executor-id", rec.executor_id,
+                "--role", rec.role.value, "--num-blocks", str(self.num_blocks), "--am", self.am_address]
+        command = shlex.join(args) + ' --host "${NM_HOST:-127.0.0.1}"'
+        env = {"PYTHONUNBUFFERED": "1", **(environment or {})}
+        return LaunchContext(commands=[command], environment=env)
+
+    # -- announcements -----------------------------------------------------------------------
+    def handle_frame(self, frame: Frame) -> Reply:
+        """Data-plane handler of the AM: executors announce themselves here."""
+        h = frame.header
+        if h.get("op") != "executor_ready":
+            raise RequestError(f"unknown op {h.get('op')!r} (the AM only takes executor_ready)")
+        eid, address = h.get("executor_id"), h.get("address")
+        rec = self.executors.get(eid) if isinstance(eid, str) else None
+        if rec is None:
+            raise RequestError(f"unknown executor {eid!r}")
+        if not isinstance(address, str) or ":" not in address:
+            raise RequestError(f"field 'address' must be host:port, got {address!r}")
+        if rec.state is ExecutorState.LAUNCHING:
+            rec.state = ExecutorState.READY
+            rec.address = address
+            pid = h.get("pid")
+            rec.pid = pid if isinstance(pid, int) else None
+            self._changed.set()
+        return {"op": "ok"}, ()
+
+    async def wait_ready(self, role: Role, count: int, timeout_s: float) -> list[ExecutorRecord]:
+        """Wait until `count` executors of `role` are READY; TimeoutError names the missing ones."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            ready = self.of_role(role, ExecutorState.READY)
+            if len(ready) >= count:
+                return sorted(ready, key=lambda e: int(e.executor_id.rsplit("-", 1)[1]))
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                waiting = [e.executor_id for e in self.of_role(role, ExecutorState.LAUNCHING)]
+                raise asyncio.TimeoutError(f"{len(ready)} of {count} {role.value}s ready after {timeout_s:.0f}s "
+                                           f"(still starting: {waiting or 'none launched'})")
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    def shape_json(self) -> dict[str, Any]:
+        ids = sorted(self.executors.values(), key=lambda e: (e.role.value, int(e.executor_id.rsplit("-", 1)[1])))
+        return {"workers": len([e for e in self.workers if e.state is not ExecutorState.EXITED]),
+                "servers": len([e for e in self.servers if e.state is not ExecutorState.EXITED]),
+                "executors": [e.to_json() for e in ids]}

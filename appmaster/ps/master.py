@@ -1,0 +1,303 @@
+"""The PS ApplicationMaster: one parameter-server training job from launch to final status.
+
+Phases (appmaster.ps.job): register with the RM (tracking URL = the status server) -> ask for S
+server containers and launch executors in them -> the same for W workers -> set up (blocks
+round-robin over servers, partitions over workers) -> train epoch by epoch -> final checkpoint and
+held-out evaluation -> unregister SUCCEEDED with "final objective X after N epochs (...)".
+
+An executor container that ends while the job needs it fails the job at once: every executor is
+stopped and the AM unregisters FAILED naming the executor, its role, container and exit status.
+SIGTERM or the RM's shutdown stops the executors and exits without unregistering (the RM has
+already decided the app's fate), like YARN's distributed shell.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from protocol import codec
+from protocol.ps_job_spec import PSJobSpec
+from protocol.records import FinalStatus, Resource
+from protocol.remote_exception import Conflict
+from psruntime.apps.registry import create_app
+from psruntime.dataplane import DataPlaneClient, DataPlaneServer
+
+from ..am_client import ApplicationMaster
+from ..am_events import ContainersAllocated, ContainersCompleted, NodesUpdated, ShapeChanged, Shutdown
+from ..container_book import AmContainer
+from .checkpoints import Checkpointer
+from .executor_pool import ExecutorPool, Role
+from .job import JobEvent, JobPhase, JobStateMachine
+from .metrics import EpochRecord, JobMetrics
+from .status_server import StatusServer
+from .training_controller import ExecutorCallError, TrainingController
+
+log = logging.getLogger(__name__)
+
+EXECUTOR_START_TIMEOUT_S = 120.0    # containers granted and executors announced
+FAILURE_REPORT_GRACE_S = 10.0       # how long a failed call waits for the container's exit status
+STATUS_POLL_S = 2.0
+FINAL_STATUS_FILE = "status.json"   # in the AM dir: the job's last status, written on exit
+
+
+class PSApplicationMaster:
+    """Runs one PS job (see the module doc); `run()` returns the final status, None if stopped."""
+
+    def __init__(self, am: ApplicationMaster, spec: PSJobSpec, am_dir: str | Path, host: str = "127.0.0.1",
+                 python: str = "python") -> None:
+        self.am = am
+        self.spec = spec
+        self.host = host
+        self.app = create_app(spec.app, spec.app_data(), spec.app_hparams())
+        self.job = JobStateMachine()
+        self.metrics = JobMetrics()
+        self.client = DataPlaneClient()
+        self.pool = ExecutorPool(spec.num_blocks, python=python)
+        self.data_server = DataPlaneServer(self.pool.handle_frame, host, 0)
+        self.status_server = StatusServer(self.status, self.request_checkpoint, host, 0)
+        self.am_dir = Path(am_dir)
+        self.checkpointer = Checkpointer(self.am_dir / "checkpoints", self.client)
+        self.training = TrainingController(spec, self.app, self.pool, self.metrics, self.client)
+        self.resource = Resource(spec.executor_memory_mb, spec.executor_vcores)
+        self.final_metrics: Optional[dict[str, float]] = None
+        self.started = time.time()
+        self._failure: asyncio.Future[str] | None = None
+        self._stop = asyncio.Event()
+        self._stop_reason = ""
+        self._checkpoint_requests: list[asyncio.Future[dict[str, Any]]] = []
+
+    # -- public ------------------------------------------------------------------------------
+    def request_stop(self, reason: str = "stopped by SIGTERM") -> None:
+        self._stop_reason = self._stop_reason or reason
+        self._stop.set()
+
+    def status(self) -> dict[str, Any]:
+        """The job status the HTTP endpoint serves."""
+        return {
+            "app": self.spec.app, "application_id": self.am.identity.app_id if self.am.identity else None,
+            "state": self.job.phase.value, "diagnostics": self.job.diagnostics,
+            "spec": self.spec.to_json(), "started": self.started,
+            "shape": self.pool.shape_json(), "num_blocks": self.spec.num_blocks,
+            "table_version": self.training.controller.table.version if self.training.controller else None,
+            "epoch": self.training.epochs_done, "converged": self.training.converged,
+            "initial_objective": self.metrics.initial_objective,
+            "objective_history": [e.to_json() for e in self.metrics.epochs],
+            "metrics": self.metrics.to_json(),
+            "checkpoints": list(self.checkpointer.written),
+            "final_metrics": self.final_metrics,
+            "model_mb": round(self.app.model_nbytes() / 2**20, 3), "data_mb": round(self.app.data_nbytes() / 2**20, 3),
+        }
+
+    async def request_checkpoint(self) -> dict[str, Any]:
+        """Checkpoint at the next epoch boundary (now, if training is between epochs)."""
+        if self.job.phase is not JobPhase.TRAINING:
+            raise Conflict(f"no checkpoint in phase {self.job.phase.value}: the model exists only while training")
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._checkpoint_requests.append(fut)
+        return await fut
+
+    async def run(self) -> Optional[FinalStatus]:
+        self._failure = asyncio.get_running_loop().create_future()
+        self.am_dir.mkdir(parents=True, exist_ok=True)
+        self.pool.am_address = await self.data_server.start()
+        url = await self.status_server.start()
+        pump = asyncio.create_task(self._pump_events(), name="ps-am-events")
+        drive = asyncio.create_task(self._drive(url), name="ps-am-drive")
+        stop = asyncio.create_task(self._stop.wait())
+        try:
+            await asyncio.wait({drive, self._failure, stop}, return_when=asyncio.FIRST_COMPLETED)
+            return await self._conclude(drive)
+        finally:
+            for t in (pump, drive, stop):
+                t.cancel()
+            await asyncio.gather(pump, drive, stop, return_exceptions=True)
+            self._resolve_checkpoints(Conflict(f"the job ended ({self.job.phase.value})"))
+            self._write_final_status()
+            await self.status_server.stop()
+            await self.data_server.stop()
+            await self.client.close()
+
+    def _write_final_status(self) -> None:
+        """Leave the last status in the AM dir: the HTTP endpoint goes away with the AM."""
+        try:
+            tmp = self.am_dir / (FINAL_STATUS_FILE + ".tmp")
+            tmp.write_bytes(codec.dumps(self.status()))
+            os.replace(tmp, self.am_dir / FINAL_STATUS_FILE)
+        except OSError as e:
+            log.warning("could not write the final status: %s", e)
+
+    # -- the phases --------------------------------------------------------------------------
+    async def _drive(self, url: str) -> str:
+        await self.am.register(self.host, self.status_server.port, url)
+        self.job.apply(JobEvent.REGISTERED)
+        await self._launch(Role.SERVER, self.spec.servers)
+        self.job.apply(JobEvent.SERVERS_READY)
+        await self._launch(Role.WORKER, self.spec.workers)
+        self.job.apply(JobEvent.WORKERS_READY)
+        self._publish_shape()
+        await self.training.setup()
+        self.job.apply(JobEvent.INITIALISED)
+        poller = asyncio.create_task(self._poll_status())
+        try:
+            await self.training.train(self._after_epoch)
+        finally:
+            poller.cancel()
+        self.job.apply(JobEvent.TRAINED)
+        epochs = self.training.epochs_done
+        if not self.checkpointer.written or self.checkpointer.written[-1]["epoch"] != epochs:
+            await self._checkpoint(epochs)
+        self.final_metrics = await self.training.evaluate()
+        await self.training.refresh_status()
+        final = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
+        return (f"final objective {final:.6g} after {epochs} epochs "
+                f"({'converged' if len(self.metrics.objectives) < self.app.hparams.max_epochs else 'epoch limit'}"  # type: ignore[attr-defined]
+                f"; initial {self.metrics.initial_objective:.6g}; {_describe_metrics(self.final_metrics)})")
+
+    async def _launch(self, role: Role, count: int) -> None:
+        self.am.add_ask(count, self.resource, tag=role.value)
+        await self.pool.wait_ready(role, count, EXECUTOR_START_TIMEOUT_S)
+
+    async def _after_epoch(self, rec: EpochRecord) -> None:
+        self.am.set_progress(min(1.0, rec.epoch / max(1, int(self.app.hparams.max_epochs))))  # type: ignore[attr-defined]
+        self._publish_shape(rec)
+        every = self.spec.checkpoint_every_epochs
+        due = every > 0 and (rec.epoch + 1) % every == 0
+        if due or self._checkpoint_requests:
+            await self._checkpoint(rec.epoch + 1)
+        if self._stop.is_set():
+            self.training.stop()
+
+    async def _checkpoint(self, epoch: int) -> dict[str, Any]:
+        objective = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
+        try:
+            info = await self.checkpointer.write(epoch, self.training.table, self.pool.servers,
+                                                 {"objective": objective, "spec": self.spec.to_json()})
+        except Exception as e:
+            self._resolve_checkpoints(e)
+            raise
+        self._resolve_checkpoints(info)
+        log.info("checkpoint of epoch %d in %s", epoch, info["dir"])
+        return info
+
+    def _resolve_checkpoints(self, outcome: dict[str, Any] | BaseException) -> None:
+        pending, self._checkpoint_requests = self._checkpoint_requests, []
+        for fut in pending:
+            if fut.done():
+                continue
+            if isinstance(outcome, BaseException):
+                fut.set_exception(outcome)
+            else:
+                fut.set_result(outcome)
+
+    def _publish_shape(self, rec: EpochRecord | None = None) -> None:
+        shape: dict[str, Any] = {"workers": len(self.pool.workers), "servers": len(self.pool.servers)}
+        if rec is not None:
+            shape.update(epoch=rec.epoch, epoch_time_s=rec.epoch_time_s, objective=rec.objective)
+        self.am.set_shape(shape)
+
+    async def _poll_status(self) -> None:
+        while True:
+            await asyncio.sleep(STATUS_POLL_S)
+            try:
+                await self.training.refresh_status()
+            except Exception:  # noqa: BLE001 - status is best effort; failures surface elsewhere
+                log.debug("status poll failed", exc_info=True)
+
+    # -- RM events ---------------------------------------------------------------------------
+    async def _pump_events(self) -> None:
+        while True:
+            ev = await self.am.next_event()
+            if isinstance(ev, ContainersAllocated):
+                await asyncio.gather(*(self._launch_executor(c) for c in ev.containers))
+            elif isinstance(ev, ContainersCompleted):
+                for c in ev.containers:
+                    self._on_completed(c)
+            elif isinstance(ev, NodesUpdated):
+                for n in ev.nodes:
+                    log.info("node %s is now %s", n.node_id, n.state)
+            elif isinstance(ev, ShapeChanged):
+                log.info("shape directive %s (elastic scaling arrives with a later issue)", ev.directive)
+            elif isinstance(ev, Shutdown):
+                self.request_stop(ev.reason)
+                return
+
+    async def _launch_executor(self, c: AmContainer) -> None:
+        try:
+            role = Role(c.tag)
+        except ValueError:
+            log.warning("releasing container %s with unknown tag %r", c.container_id, c.tag)
+            self.am.release(c)
+            return
+        rec = self.pool.add(role, c)
+        ok = await self.am.launch(c, self.pool.launch_context(rec))
+        log.info("launched %s in %s on %s: %s", rec.executor_id, c.container_id, c.node_id,
+                 "ok" if ok else c.diagnostics)
+
+    def _on_completed(self, c: AmContainer) -> None:
+        rec = self.pool.mark_exited(c)
+        if rec is None:
+            return
+        text = rec.describe_exit(self.spec.executor_memory_mb)
+        if self.job.phase.executors_expected_alive:
+            log.error("executor lost: %s", text)
+            self._fail(text)
+        else:
+            log.info("%s", text)
+
+    def _fail(self, diagnostics: str) -> None:
+        if self._failure is not None and not self._failure.done():
+            self._failure.set_result(diagnostics)
+
+    # -- the end ---------------------------------------------------------------------------
+    async def _conclude(self, drive: asyncio.Task[str]) -> Optional[FinalStatus]:
+        assert self._failure is not None
+        if drive.done() and not drive.cancelled() and drive.exception() is None:
+            self.job.apply(JobEvent.FINISHED, drive.result())
+            await self._stop_executors()
+            await self.am.finish(FinalStatus.SUCCEEDED, self.job.diagnostics)
+            return FinalStatus.SUCCEEDED
+        if self._stop.is_set() and not self._failure.done():
+            self.job.try_apply(JobEvent.STOP, self._stop_reason)
+            await self._stop_executors()
+            return None
+        diagnostics = await self._failure_diagnostics(drive)
+        self.job.try_apply(JobEvent.FAIL, diagnostics)
+        await self._stop_executors()
+        if self._stop.is_set():
+            return None          # stopped meanwhile: the RM already decided the app's fate
+        await self.am.finish(FinalStatus.FAILED, diagnostics)
+        return FinalStatus.FAILED
+
+    async def _failure_diagnostics(self, drive: asyncio.Task[str]) -> str:
+        assert self._failure is not None
+        if self._failure.done():
+            return self._failure.result()
+        err = drive.exception() if drive.done() and not drive.cancelled() else None
+        if isinstance(err, ExecutorCallError):
+            # The executor probably died: its container's exit status names why; wait for it briefly.
+            try:
+                return await asyncio.wait_for(asyncio.shield(self._failure), FAILURE_REPORT_GRACE_S)
+            except asyncio.TimeoutError:
+                return str(err)
+        log.error("PS job failed", exc_info=err)
+        return f"PS job failed in phase {self.job.phase.value}: {type(err).__name__}: {err}"
+
+    async def _stop_executors(self) -> None:
+        self.training.stop()
+        live = [e for e in self.pool.live() if e.address]
+        await asyncio.gather(*(self.client.request(e.address, {"op": "shutdown"}) for e in live),
+                             return_exceptions=True)
+        try:
+            await asyncio.wait_for(self.am.stop_all(), 15.0)
+        except asyncio.TimeoutError:
+            log.warning("stopping executor containers timed out")
+
+
+def _describe_metrics(metrics: dict[str, float] | None) -> str:
+    if not metrics:
+        return "no held-out metrics"
+    return "held-out " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())

@@ -1,0 +1,105 @@
+"""Training metrics the PS AM keeps: per-worker compute / communication time per mini-batch and
+per-server service time as exponential moving averages (what the optimizers of later issues
+read), plus the objective history with epoch times."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+DEFAULT_ALPHA = 0.1   # weight of the newest sample: smooths over ~10 mini-batches
+
+
+@dataclass
+class MovingAverage:
+    """An exponential moving average; the first sample initialises it."""
+
+    alpha: float = DEFAULT_ALPHA
+    value: Optional[float] = None
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
+
+    def add(self, sample: float) -> float:
+        self.count += 1
+        self.value = sample if self.value is None else self.value + self.alpha * (sample - self.value)
+        return self.value
+
+    def add_all(self, samples: Iterable[float]) -> Optional[float]:
+        for s in samples:
+            self.add(float(s))
+        return self.value
+
+
+@dataclass
+class WorkerTimes:
+    """Per-mini-batch times of one worker (seconds)."""
+
+    compute_s: MovingAverage = field(default_factory=MovingAverage)
+    comm_s: MovingAverage = field(default_factory=MovingAverage)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"compute_s": self.compute_s.value, "comm_s": self.comm_s.value, "batches": self.compute_s.count}
+
+
+@dataclass
+class ServerTimes:
+    """Mean time a server spends serving one data-plane request (seconds), over successive polls."""
+
+    service_s: MovingAverage = field(default_factory=lambda: MovingAverage(alpha=0.3))
+    requests: int = 0
+    busy_s: float = 0.0
+
+    def update(self, requests: int, busy_s: float) -> None:
+        """Fold in the server's cumulative counters (the mean over the requests since the last poll)."""
+        new_requests, new_busy = requests - self.requests, busy_s - self.busy_s
+        if new_requests > 0 and new_busy >= 0:
+            self.service_s.add(new_busy / new_requests)
+        self.requests, self.busy_s = requests, busy_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {"service_s": self.service_s.value, "requests": self.requests}
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """One finished epoch: its objective, how long its training took, and when it ended (unix time)."""
+
+    epoch: int
+    objective: float
+    epoch_time_s: float
+    time: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "objective": self.objective, "epoch_time_s": self.epoch_time_s,
+                "time": self.time}
+
+
+@dataclass
+class JobMetrics:
+    """Everything measured about the running job."""
+
+    workers: dict[str, WorkerTimes] = field(default_factory=dict)
+    servers: dict[str, ServerTimes] = field(default_factory=dict)
+    initial_objective: Optional[float] = None
+    epochs: list[EpochRecord] = field(default_factory=list)
+
+    def record_batches(self, worker: str, compute_s: Iterable[float], comm_s: Iterable[float]) -> None:
+        w = self.workers.setdefault(worker, WorkerTimes())
+        w.compute_s.add_all(compute_s)
+        w.comm_s.add_all(comm_s)
+
+    def record_server(self, server: str, requests: int, busy_s: float) -> None:
+        self.servers.setdefault(server, ServerTimes()).update(requests, busy_s)
+
+    def record_epoch(self, rec: EpochRecord) -> None:
+        self.epochs.append(rec)
+
+    @property
+    def objectives(self) -> list[float]:
+        return [e.objective for e in self.epochs]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workers": {k: v.to_json() for k, v in sorted(self.workers.items())},
+                "servers": {k: v.to_json() for k, v in sorted(self.servers.items())}}

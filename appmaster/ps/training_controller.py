@@ -1,0 +1,243 @@
+"""Drives a PS job's training over the executors' control ops (psruntime.app_role).
+
+Setup: the ownership table spreads the model blocks round-robin over the servers and is broadcast
+to every executor; each executor binds the app, worker i of W generates input partition i of W,
+worker-0 puts the initial model, every worker initialises its blocks, and the untrained objective
+is measured. Training: BSP runs each epoch on every worker and waits for all of them (a barrier),
+then gathers the objective (workers' parts over their data, servers' parts over their keys) with
+no push in flight, so it is exact. SSP lets each worker start epoch e+1 while the slowest has not
+finished more than e+1-s epochs; the objective of epoch e is gathered once every worker finished
+it (approximate: faster workers may be ahead). Stops at the app's convergence rule or max_epochs.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import Any, Awaitable, Callable, Optional
+
+import numpy as np
+
+from protocol.ps_job_spec import PSJobSpec
+from psruntime.apps.base import ObjectivePart, PSApp
+from psruntime.dataplane import DataPlaneClient
+from psruntime.frame_codec import Frame
+from psruntime.migration_controller import MigrationController
+from psruntime.ownership_table import OwnershipTable
+from psruntime.store_client import StoreClient
+
+from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
+from .metrics import EpochRecord, JobMetrics
+
+log = logging.getLogger(__name__)
+
+EpochHook = Callable[[EpochRecord], Awaitable[None]]
+
+
+class ExecutorCallError(RuntimeError):
+    """A control op on an executor failed (it died, or answered with an error)."""
+
+    def __init__(self, executor: ExecutorRecord, op: str, cause: BaseException) -> None:
+        super().__init__(f"{op} on {executor.executor_id} ({executor.role.value}, {executor.container_id}) "
+                         f"failed: {cause}")
+        self.executor = executor
+        self.op = op
+
+
+class TrainingController:
+    """Setup, epochs, objective, status polling and final model of one PS job."""
+
+    def __init__(self, spec: PSJobSpec, app: PSApp, pool: ExecutorPool, metrics: JobMetrics,
+                 client: DataPlaneClient, wall_clock: Callable[[], float] = time.time) -> None:
+        self.spec = spec
+        self.app = app
+        self.pool = pool
+        self.metrics = metrics
+        self.client = client
+        self.wall_clock = wall_clock
+        self.controller: Optional[MigrationController] = None
+        self.epochs_done = 0
+        self.converged = False
+        self._stop = False
+
+    @property
+    def table(self) -> OwnershipTable:
+        if self.controller is None:
+            raise RuntimeError("the ownership table is set up by setup()")
+        return self.controller.table
+
+    # -- calls -------------------------------------------------------------------------------
+    async def call(self, rec: ExecutorRecord, header: dict[str, Any]) -> Frame:
+        try:
+            return await self.client.request(rec.address, header)
+        except Exception as e:  # noqa: BLE001 - any failure is that executor's, named as such
+            raise ExecutorCallError(rec, str(header.get("op")), e) from e
+
+    async def call_all(self, recs: list[ExecutorRecord], header: dict[str, Any]) -> list[Frame]:
+        return list(await asyncio.gather(*(self.call(r, header) for r in recs)))
+
+    def _ready(self, role: Role) -> list[ExecutorRecord]:
+        recs = self.pool.of_role(role, ExecutorState.READY)
+        return sorted(recs, key=lambda e: int(e.executor_id.rsplit("-", 1)[1]))
+
+    # -- setup -------------------------------------------------------------------------------
+    async def setup(self) -> float:
+        """Place the model, bind the app, generate and initialise data; returns the initial objective."""
+        servers, workers = self._ready(Role.SERVER), self._ready(Role.WORKER)
+        everyone = servers + workers
+        addresses = {e.executor_id: e.address for e in everyone}
+        table = OwnershipTable.round_robin(self.spec.num_blocks, [s.executor_id for s in servers], addresses)
+        self.controller = MigrationController(table, self.client)
+        await self.controller.broadcast()
+        for s in servers:
+            s.blocks = table.blocks_owned_by(s.executor_id)
+        await self.call_all(everyone, {"op": "app_setup", "app": self.spec.app, "data": self.spec.app_data(),
+                                       "hparams": self.spec.app_hparams()})
+        replies = await asyncio.gather(*(self.call(w, {"op": "worker_setup", "partition": i,
+                                                       "num_partitions": len(workers)})
+                                         for i, w in enumerate(workers)))
+        for i, (w, r) in enumerate(zip(workers, replies)):
+            w.partition = i
+            w.data_bytes = int(r.header["data_bytes"])
+            w.blocks = list(r.header["blocks"])
+        await self.call(workers[0], {"op": "init_model"})
+        await self.call_all(workers, {"op": "init_blocks"})
+        initial = await self.objective()
+        self.metrics.initial_objective = initial
+        await self.refresh_status()
+        log.info("set up %d servers, %d workers, %d blocks; initial objective %.6g",
+                 len(servers), len(workers), self.spec.num_blocks, initial)
+        return initial
+
+    # -- objective ---------------------------------------------------------------------------
+    async def server_parts(self) -> list[float]:
+        return [float(f.header["value"]) for f in await self.call_all(self._ready(Role.SERVER),
+                                                                      {"op": "server_objective"})]
+
+    async def objective(self) -> float:
+        """The exact objective of the current model (call only with no epoch running)."""
+        worker_frames, server_parts = await asyncio.gather(
+            self.call_all(self._ready(Role.WORKER), {"op": "objective"}), self.server_parts())
+        parts = [ObjectivePart(float(f.header["value"]), int(f.header["count"])) for f in worker_frames]
+        return float(self.app.combine(parts, server_parts))
+
+    # -- training ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop after the current epoch (e.g. the job is being shut down)."""
+        self._stop = True
+
+    def _record_batches(self, rec: ExecutorRecord, frame: Frame) -> None:
+        if len(frame.arrays) == 2:
+            self.metrics.record_batches(rec.executor_id, frame.arrays[0], frame.arrays[1])
+
+    def _finish_epoch(self, epoch: int, objective: float, seconds: float) -> EpochRecord:
+        rec = EpochRecord(epoch=epoch, objective=objective, epoch_time_s=seconds, time=self.wall_clock())
+        self.metrics.record_epoch(rec)
+        self.epochs_done = epoch + 1
+        self.converged = self.app.is_converged(self.metrics.objectives)
+        log.info("epoch %d objective %.6g (%.3fs)%s", epoch, objective, seconds,
+                 " converged" if self.converged else "")
+        return rec
+
+    async def train(self, on_epoch: EpochHook) -> None:
+        """Train until converged (the app's rule, which includes its max_epochs) or stopped."""
+        if self.spec.sync == "ssp":
+            await self._train_ssp(on_epoch)
+        else:
+            await self._train_bsp(on_epoch)
+
+    async def _train_bsp(self, on_epoch: EpochHook) -> None:
+        workers = self._ready(Role.WORKER)
+        while not (self.converged or self._stop):
+            epoch = self.epochs_done
+            t0 = time.perf_counter()
+            frames = await self.call_all(workers, {"op": "run_epoch", "epoch": epoch, "num_workers": len(workers)})
+            seconds = time.perf_counter() - t0
+            for w, f in zip(workers, frames):
+                self._record_batches(w, f)
+            await on_epoch(self._finish_epoch(epoch, await self.objective(), seconds))
+
+    async def _train_ssp(self, on_epoch: EpochHook) -> None:
+        workers = self._ready(Role.WORKER)
+        staleness = self.spec.ssp_staleness
+        done = {w.executor_id: self.epochs_done for w in workers}
+        parts: dict[int, dict[str, ObjectivePart]] = defaultdict(dict)
+        started: dict[int, float] = {}
+        changed = asyncio.Condition()
+        finished_epochs: asyncio.Queue[int] = asyncio.Queue()
+
+        def may_start(epoch: int) -> bool:
+            return self.converged or self._stop or epoch - min(done.values()) <= staleness
+
+        async def run(w: ExecutorRecord) -> None:
+            epoch = done[w.executor_id]
+            while True:
+                async with changed:
+                    await changed.wait_for(lambda: may_start(epoch))
+                if self.converged or self._stop:
+                    return
+                started.setdefault(epoch, time.perf_counter())
+                f = await self.call(w, {"op": "run_epoch", "epoch": epoch, "num_workers": len(workers),
+                                        "with_objective": True})
+                self._record_batches(w, f)
+                value, count = f.header["objective"]
+                parts[epoch][w.executor_id] = ObjectivePart(float(value), int(count))
+                async with changed:
+                    done[w.executor_id] = epoch + 1
+                    changed.notify_all()
+                if len(parts[epoch]) == len(workers):
+                    finished_epochs.put_nowait(epoch)
+                epoch += 1
+
+        async def collect() -> None:
+            while not (self.converged or self._stop):
+                epoch = await finished_epochs.get()
+                seconds = time.perf_counter() - started[epoch]
+                objective = float(self.app.combine(list(parts.pop(epoch).values()), await self.server_parts()))
+                await on_epoch(self._finish_epoch(epoch, objective, seconds))
+            async with changed:
+                changed.notify_all()
+
+        runners = [asyncio.create_task(run(w)) for w in workers]
+        try:
+            await collect()
+            await asyncio.gather(*runners)
+        finally:
+            for t in runners:
+                t.cancel()
+
+    # -- status and model ----------------------------------------------------------------------
+    async def refresh_status(self) -> None:
+        """Poll every ready executor's status: RSS, model bytes and blocks, request service times."""
+        recs = self.pool.of_role(Role.SERVER, ExecutorState.READY) + self.pool.of_role(Role.WORKER, ExecutorState.READY)
+        frames = await asyncio.gather(*(self.call(r, {"op": "status"}) for r in recs), return_exceptions=True)
+        for r, f in zip(recs, frames):
+            if isinstance(f, BaseException):
+                continue          # a dead executor is reported by its container's completion
+            h = f.header
+            r.rss_bytes = int(h.get("rss_bytes", 0))
+            if r.role is Role.SERVER:
+                r.model_bytes = int(h.get("store_bytes", 0))
+                r.blocks = list(h.get("blocks", r.blocks))
+                if "busy_s" in h:
+                    served = h.get("requests", {})
+                    self.metrics.record_server(r.executor_id, int(sum(served.values())), float(h["busy_s"]))
+
+    async def model(self) -> np.ndarray:
+        """The whole model (num_keys, key_length), pulled from the servers."""
+        app = self.app
+        store = StoreClient(self.table, self.client)
+        out = np.zeros((app.num_keys, app.key_length), np.float32)
+        keys = app.model_keys()
+        chunk = 4096
+        for start in range(0, len(keys), chunk):
+            part = keys[start:start + chunk].tolist()
+            got = await store.pull(part)
+            for k, v in got.items():
+                out[k] = v
+        return out
+
+    async def evaluate(self) -> dict[str, float]:
+        model = await self.model()
+        return await asyncio.to_thread(lambda: self.app.evaluate(model, self.app.generate_heldout()))

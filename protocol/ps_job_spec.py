@@ -1,0 +1,179 @@
+"""The PS job spec: what a user submits to train one model on the parameter server.
+
+JSON field names are snake_case (the Struct's field names), like the apps' data specs and
+hyper-parameters in `protocol.ps_app_schemas`, so one spelling holds all the way down. Example::
+
+    {"app": "mlr", "preset": "tiny", "data": {"num_samples": 4000}, "hparams": {"learning_rate": 0.3},
+     "workers": 2, "servers": 2, "blocks": 8, "sync": "bsp", "max_epochs": 10}
+
+`validate(obj)` checks everything a submission can be checked for without the runtime: the generic
+fields here and the app's `data` / `hparams` against its schema (with the preset applied). Errors
+are `JobSpecError` (a `codec.DecodeError`, so a ValueError) whose message starts with the dotted
+path of the bad field, e.g. "hparams.learning_rate: Expected `float` > 0.0, got `0`".
+
+Used by the RM at submission (type ELASTANE_PS, Elastane extension `{"elastane": {"ps-job": ...}}`)
+and by the PS AM, which reads the spec from the env variable `PS_SPEC_ENV`.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Optional
+
+import msgspec
+
+from .codec import DecodeError
+from .ps_app_schemas import APP_SCHEMAS, PRESET_NAMES
+
+APPLICATION_TYPE = "ELASTANE_PS"
+PS_SPEC_ENV = "ELASTANE_PS_SPEC"          # env of the PS AM container: the validated spec as JSON
+ELASTANE_FIELD = "ps-job"                 # key of the spec inside the submission's "elastane" object
+AM_COMMAND = "python -m appmaster.ps"     # what the RM runs when the submission names no command
+BLOCKS_PER_SERVER = 4                     # default number of model blocks per (max) server
+MIN_EXECUTOR_MEMORY_MB = 64
+
+Pos = Annotated[int, msgspec.Meta(ge=1)]
+
+AppName = Literal["mlr", "nmf", "lda", "lasso"]
+Preset = Literal["tiny", "small", "medium", "large"]
+SyncMode = Literal["bsp", "ssp"]
+
+
+class JobSpecError(DecodeError):
+    """A PS job spec that is invalid; the message starts with the dotted path of the bad field
+    (`field`, "" when the spec as a whole is wrong) and goes on with `detail`."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}" if field else detail)
+        self.field = field
+        self.detail = detail
+
+    def under(self, prefix: str) -> "JobSpecError":
+        """The same error with its field path under `prefix` (e.g. "elastane.ps-job")."""
+        return JobSpecError(f"{prefix}.{self.field}" if self.field else prefix, self.detail)
+
+
+class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One PS training job (see the module doc for the JSON form)."""
+
+    app: AppName
+    preset: Preset = "tiny"
+    data: dict[str, Any] = {}              # overrides of the preset's data-spec fields
+    hparams: dict[str, Any] = {}           # the app's hyper-parameters
+    workers: Pos = 2
+    servers: Pos = 1
+    max_workers: Optional[Pos] = None      # upper bounds for elastic scaling (later issues)
+    max_servers: Optional[Pos] = None
+    blocks: Optional[Pos] = None           # model blocks of the key space; default 4 x max servers
+    sync: SyncMode = "bsp"
+    staleness: Optional[Annotated[int, msgspec.Meta(ge=0)]] = None   # SSP bound; default 0 bsp, 2 ssp
+    max_epochs: Optional[Pos] = None       # overrides hparams.max_epochs
+    convergence_threshold: Optional[Annotated[float, msgspec.Meta(gt=0)]] = None
+    executor_memory_mb: Annotated[int, msgspec.Meta(ge=MIN_EXECUTOR_MEMORY_MB)] = 512
+    executor_vcores: Pos = 1
+    checkpoint_every_epochs: Annotated[int, msgspec.Meta(ge=0)] = 0   # 0: only at the end
+    optimizer: Literal["off"] = "off"      # the Cruise optimizer arrives with a later issue
+    elastic_mode: Literal["eps", "kill"] = "eps"
+
+    # ----- derived values (valid after `validate`) ----------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        if self.blocks is not None:
+            return self.blocks
+        return BLOCKS_PER_SERVER * max(self.servers, self.max_servers or 0)
+
+    @property
+    def ssp_staleness(self) -> int:
+        if self.staleness is not None:
+            return self.staleness
+        return 2 if self.sync == "ssp" else 0
+
+    def app_hparams(self) -> dict[str, Any]:
+        """The app's hyper-parameters with the job-level overrides (max_epochs, threshold) applied."""
+        hp = dict(self.hparams)
+        if self.max_epochs is not None:
+            hp["max_epochs"] = self.max_epochs
+        if self.convergence_threshold is not None:
+            hp["convergence_threshold"] = self.convergence_threshold
+        return hp
+
+    def app_data(self) -> dict[str, Any]:
+        """The app's data spec: the preset's sizes with `data` overriding them."""
+        return {**APP_SCHEMAS[self.app].presets[self.preset], **self.data}
+
+    def to_json(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)
+
+
+_NAMED = re.compile(r"^Object (?P<kind>contains unknown|missing required) field `(?P<field>[^`]*)`$")
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+
+
+def _field_error(e: Exception, prefix: str = "") -> JobSpecError:
+    """Turn msgspec's "Expected ... - at `$.a.b`" into "prefix.a.b: Expected ..."."""
+    m = _AT.match(str(e))
+    msg, path = (m.group("msg"), m.group("path") or "") if m else (str(e), "")
+    named = _NAMED.match(msg)
+    if named:   # unknown / missing fields: msgspec names them in the text, not in the path
+        path += "." + named.group("field")
+        msg = "unknown field" if named.group("kind") == "contains unknown" else "required field is missing"
+    dotted = (prefix + path).lstrip(".")
+    # msgspec reports a __post_init__ ValueError at the Struct's path; name the object then.
+    return JobSpecError(dotted, msg)
+
+
+def _check_app(spec: PSJobSpec) -> None:
+    schema = APP_SCHEMAS[spec.app]
+    try:
+        data = msgspec.convert(spec.app_data(), schema.spec, strict=True)
+    except msgspec.ValidationError as e:
+        raise _field_error(e, "data") from None
+    try:
+        msgspec.convert(spec.app_hparams(), schema.hparams, strict=True)
+    except msgspec.ValidationError as e:
+        # An override of max_epochs / convergence_threshold was already checked at the top level,
+        # so a failure here is in the user's own hparams object.
+        raise _field_error(e, "hparams") from None
+    blocks = schema.num_input_blocks(data)
+    if spec.workers > blocks:
+        raise JobSpecError("workers", f"{spec.workers} workers but the {spec.app} data has only {blocks} "
+                           f"input blocks (data.{schema.rows_field} / data.rows_per_block); "
+                           f"lower workers or data.rows_per_block")
+
+
+def _check_generic(spec: PSJobSpec) -> None:
+    if spec.max_workers is not None and spec.max_workers < spec.workers:
+        raise JobSpecError("max_workers", f"{spec.max_workers} is below workers ({spec.workers})")
+    if spec.max_servers is not None and spec.max_servers < spec.servers:
+        raise JobSpecError("max_servers", f"{spec.max_servers} is below servers ({spec.servers})")
+    most_servers = max(spec.servers, spec.max_servers or 0)
+    if spec.blocks is not None and spec.blocks < most_servers:
+        raise JobSpecError("blocks", f"{spec.blocks} model blocks cannot give every one of "
+                           f"{most_servers} servers a block; use blocks >= {most_servers}")
+    if spec.sync == "bsp" and spec.staleness not in (None, 0):
+        raise JobSpecError("staleness", f"{spec.staleness} needs sync \"ssp\" (bsp has staleness 0)")
+    if spec.sync == "ssp" and spec.staleness == 0:
+        raise JobSpecError("staleness", "sync \"ssp\" needs staleness >= 1 (0 is bsp)")
+
+
+def validate(obj: Any) -> PSJobSpec:
+    """Decode and check a PS job spec (JSON bytes/str or decoded builtins); JobSpecError names the field."""
+    if isinstance(obj, PSJobSpec):
+        obj = obj.to_json()
+    if isinstance(obj, (bytes, str)):
+        try:
+            obj = msgspec.json.decode(obj)
+        except msgspec.DecodeError as e:
+            raise JobSpecError("", f"malformed PS job spec JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise JobSpecError("", f"a PS job spec must be a JSON object, got {type(obj).__name__}")
+    try:
+        spec = msgspec.convert(obj, PSJobSpec, strict=True)
+    except msgspec.ValidationError as e:
+        raise _field_error(e) from None
+    _check_generic(spec)
+    _check_app(spec)
+    return spec
+
+
+__all__ = ["APPLICATION_TYPE", "AM_COMMAND", "ELASTANE_FIELD", "JobSpecError", "PRESET_NAMES", "PSJobSpec",
+           "PS_SPEC_ENV", "validate"]

@@ -1,0 +1,187 @@
+"""The ML side of an executor: the control ops with which the PS AM drives training.
+
+An executor serves the elastic store either way; these ops add the app on top (registered on the
+executor's op table, see `Executor.extra_ops`):
+
+    app_setup {app, preset, data, hparams}   bind the ML app (servers need it for their objective part)
+    worker_setup {partition, num_partitions} generate this worker's input partition
+    init_model {}                            put every model key's initial value (one worker does it)
+    init_blocks {}                           initialise the blocks' local state, push what it yields
+    run_epoch {epoch, num_workers, with_objective?}
+                                             one pass over the partition: PULL -> COMP -> PUSH per
+                                             mini-batch, flushed at the end. Reply: counts and sums, and
+                                             the per-mini-batch compute / communication times as two
+                                             float64 buffers (no JSON for arrays)
+    objective {}                             this worker's objective part under the current model
+    server_objective {}                      the app's server part over the keys this executor owns
+    stop_training {}                         abandon a running epoch at the next mini-batch
+
+Epochs are paced by the AM (BSP: it waits for every worker before the next epoch; SSP: it keeps
+each worker within the staleness bound), so the objective it gathers between epochs is exact under
+BSP.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+import numpy as np
+
+from psruntime.apps.base import AppConfigError, KeyValues, ObjectivePart, PSApp, StepContext
+from psruntime.apps.blocks import DataBlock
+from psruntime.apps.registry import create_app
+from psruntime.dataplane import Reply, RequestError
+from psruntime.frame_codec import Frame
+from psruntime.store_client import StoreClient
+from psruntime.worker_loop import WorkerLoop, init_model, pull_key_values, push_key_values
+
+if TYPE_CHECKING:  # the executor imports this module, not the other way round at run time
+    from psruntime.executor import Executor
+
+Op = Callable[[Frame], "Reply | Awaitable[Reply]"]
+
+
+def _int_field(h: dict[str, Any], name: str, minimum: int = 0) -> int:
+    v = h.get(name)
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise RequestError(f"field {name!r} must be an int >= {minimum}, got {v!r}")
+    return v
+
+
+class AppRole:
+    """The app-level state of one executor: the app, and for a worker its partition and store client."""
+
+    def __init__(self, executor: "Executor") -> None:
+        self.executor = executor
+        self.app: PSApp | None = None
+        self.blocks: list[DataBlock] = []
+        self.store: StoreClient | None = None
+        self.stop = asyncio.Event()
+        self._busy = asyncio.Lock()   # one training step at a time on this executor
+
+    def ops(self) -> dict[str, Op]:
+        return {"app_setup": self.app_setup, "worker_setup": self.worker_setup, "init_model": self.init_model,
+                "init_blocks": self.init_blocks, "run_epoch": self.run_epoch, "objective": self.objective,
+                "server_objective": self.server_objective, "stop_training": self.stop_training}
+
+    def data_bytes(self) -> int:
+        return sum(b.nbytes for b in self.blocks)
+
+    # -- setup -------------------------------------------------------------------------------
+    def app_setup(self, frame: Frame) -> Reply:
+        h = frame.header
+        name = h.get("app")
+        if not isinstance(name, str):
+            raise RequestError("field 'app' must be an app name")
+        for f in ("data", "hparams"):
+            if not isinstance(h.get(f, {}), dict):
+                raise RequestError(f"field {f!r} must be an object")
+        try:
+            self.app = create_app(name, h.get("data") or {}, h.get("hparams") or {}, preset=h.get("preset"))
+        except AppConfigError as e:
+            raise RequestError(str(e)) from None
+        return {"op": "ok", "describe": self.app.describe()}, ()
+
+    def _need_app(self) -> PSApp:
+        if self.app is None:
+            raise RequestError("no app set up on this executor (send app_setup first)")
+        return self.app
+
+    def _need_store(self) -> StoreClient:
+        if self.store is None:
+            raise RequestError("this executor has no partition (send worker_setup first)")
+        # Adopt whatever newer ownership the executor has learned from the AM's broadcasts.
+        self.store.set_table(self.executor.service.table)
+        return self.store
+
+    def worker_setup(self, frame: Frame) -> Reply:
+        app = self._need_app()
+        n = _int_field(frame.header, "num_partitions", 1)
+        i = _int_field(frame.header, "partition", 0)
+        if i >= n:
+            raise RequestError(f"partition {i} is out of range for {n} partitions")
+        part = app.generate_partition(i, n)
+        self.blocks = part.blocks
+        if self.store is None:
+            self.store = StoreClient(self.executor.service.table, self.executor.client)
+        return {"op": "ok", "rows": part.num_rows, "data_bytes": part.nbytes,
+                "blocks": [b.block_index for b in part.blocks]}, ()
+
+    async def init_model(self, frame: Frame) -> Reply:
+        app, store = self._need_app(), self._need_store()
+        await init_model(store, app)
+        return {"op": "ok", "keys": app.num_keys}, ()
+
+    async def init_blocks(self, frame: Frame) -> Reply:
+        app, store = self._need_app(), self._need_store()
+        await WorkerLoop(app, self.blocks, store).initialise()
+        return {"op": "ok", "blocks": len(self.blocks)}, ()
+
+    # -- training ----------------------------------------------------------------------------
+    async def run_epoch(self, frame: Frame) -> Reply:
+        app, store = self._need_app(), self._need_store()
+        epoch = _int_field(frame.header, "epoch", 0)
+        ctx = StepContext(epoch=epoch, num_workers=_int_field(frame.header, "num_workers", 1))
+        with_objective = bool(frame.header.get("with_objective", False))
+        if self._busy.locked():
+            raise RequestError("an epoch is already running on this executor")
+        async with self._busy:
+            self.stop.clear()
+            compute, comm = [], []
+            t_start = time.perf_counter()
+            for block in self.blocks:
+                for batch in app.batches(block):
+                    if self.stop.is_set():
+                        raise RequestError(f"epoch {epoch} stopped by the AM")
+                    t0 = time.perf_counter()
+                    params = await pull_key_values(store, app.keys_for_batch(batch), app.key_length)
+                    t1 = time.perf_counter()
+                    deltas = app.compute(batch, params, ctx)
+                    t2 = time.perf_counter()
+                    await push_key_values(store, deltas)   # asynchronous: waits only for backpressure
+                    t3 = time.perf_counter()
+                    compute.append(t2 - t1)
+                    comm.append((t1 - t0) + (t3 - t2))
+            t_flush = time.perf_counter()
+            await store.flush()   # the epoch's pushes are applied before the AM moves on
+            if comm:
+                comm[-1] += time.perf_counter() - t_flush
+            header: dict[str, Any] = {"op": "ok", "epoch": epoch, "batches": len(compute),
+                                      "compute_s": float(sum(compute)), "comm_s": float(sum(comm)),
+                                      "seconds": time.perf_counter() - t_start}
+            if with_objective:
+                part = await self._objective(app, store)
+                header["objective"] = [part.value, part.count]
+        return header, [np.asarray(compute, np.float64), np.asarray(comm, np.float64)]
+
+    async def _objective(self, app: PSApp, store: StoreClient) -> ObjectivePart:
+        part = ObjectivePart()
+        for block in self.blocks:
+            params = await pull_key_values(store, app.objective_keys(block), app.key_length)
+            part = part + app.objective(block, params)
+        return part
+
+    async def objective(self, frame: Frame) -> Reply:
+        app, store = self._need_app(), self._need_store()
+        part = await self._objective(app, store)
+        return {"op": "ok", "value": part.value, "count": part.count}, ()
+
+    def server_objective(self, frame: Frame) -> Reply:
+        app = self._need_app()
+        store = self.executor.service.store
+        keys: list[int] = []
+        values: list[np.ndarray] = []
+        for b in self.executor.service.owned_blocks():
+            ks, arrs = store.export_block(b)
+            keys += ks  # type: ignore[arg-type]
+            values += arrs
+        if not keys:
+            return {"op": "ok", "value": 0.0, "keys": 0}, ()
+        order = np.argsort(np.asarray(keys, np.int64), kind="stable")
+        kv = KeyValues(np.asarray(keys, np.int64)[order], np.stack(values)[order])
+        return {"op": "ok", "value": float(app.server_objective(kv)), "keys": len(keys)}, ()
+
+    def stop_training(self, frame: Frame) -> Reply:
+        self.stop.set()
+        return {"op": "ok"}, ()

@@ -1,0 +1,175 @@
+"""The AM side of the RM core: register / allocate / finish, AM tokens and launch results.
+
+A mixin of ResourceManagerCore (rm/core.py), which owns the state these methods read and change;
+pure like the rest of the core.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Callable
+
+from protocol import internal_api as api
+from protocol import tokens
+from protocol.config import ClusterConfig
+from protocol.records import AttemptState, ContainerState, ExitStatus, FinalStatus
+from protocol.remote_exception import BadRequest, Unauthorized
+
+from .model import App, Attempt, Container
+from .scheduler import AskError, CapacityScheduler
+from .state_machines import AppEvent, AttemptEvent, attempt_is_final
+
+if TYPE_CHECKING:
+    from .nodes import NodeTracker
+
+
+class AmProtocol:
+    """ApplicationMaster protocol (YARN's ApplicationMasterService)."""
+
+    apps: dict[str, App]
+    attempts: dict[str, Attempt]
+    containers: dict[str, Container]
+    scheduler: CapacityScheduler
+    nodes: "NodeTracker"
+    cluster: ClusterConfig
+    clock: Callable[[], float]
+    counters: dict[str, int]
+    _am_live: OrderedDict[str, float]
+
+    def _attempt_for_token(self, claims: dict) -> tuple[App, Attempt]:
+        app = self.apps.get(str(claims.get("app_id", "")))
+        at = self.attempts.get(str(claims.get("attempt_id", "")))
+        if app is None or at is None or at.app_id != app.app_id:
+            raise Unauthorized("am token names an unknown application attempt")
+        return app, at
+
+    def _is_current(self, app: App, at: Attempt) -> bool:
+        return app.current_attempt == at.attempt_id and not app.state.is_final and not attempt_is_final(at.state)
+
+    def am_token(self, at: Attempt) -> str:
+        app = self.apps[at.app_id]
+        return tokens.sign(self.cluster.secret, tokens.AM,
+                           {"app_id": app.app_id, "attempt_id": at.attempt_id, "user": app.user},
+                           self.cluster.token_lifetime_s, now=self.clock())
+
+    def am_launched(self, attempt_id: str) -> None:
+        at = self.attempts.get(attempt_id)
+        if at is None or attempt_is_final(at.state) or at.state == AttemptState.FINISHING:
+            return
+        if at.state in (AttemptState.ALLOCATED, AttemptState.RUNNING):
+            self._attempt_event(at, AttemptEvent.LAUNCHED)
+        c = self.containers.get(at.am_container_id)
+        if c is not None:
+            self._mark_launched(c)
+
+    def am_launch_failed(self, attempt_id: str, diagnostics: str) -> None:
+        at = self.attempts.get(attempt_id)
+        if at is None or attempt_is_final(at.state):
+            return
+        self._attempt_failed(at, f"Error launching {attempt_id}. Got exception: {diagnostics}")
+
+    def am_register(self, claims: dict, req: api.AmRegisterRequest) -> api.AmRegisterResponse:
+        app, at = self._attempt_for_token(claims)
+        if not self._is_current(app, at):
+            raise Unauthorized(f"{at.attempt_id} is not the current attempt of {app.app_id} "
+                               f"(attempt state {at.state.value}, app state {app.state.value})")
+        if at.state not in (AttemptState.ALLOCATED, AttemptState.LAUNCHED, AttemptState.RUNNING):
+            raise BadRequest(f"{at.attempt_id} cannot register in state {at.state.value}")
+        if not at.registered:
+            self._attempt_event(at, AttemptEvent.REGISTERED)
+            at.registered = True
+            self._app_event(app, AppEvent.ATTEMPT_REGISTERED)
+        at.host, at.rpc_port, at.tracking_url = req.host, req.rpc_port, req.tracking_url
+        app.tracking_url = req.tracking_url
+        self._touch(at)
+        return api.AmRegisterResponse(app_id=app.app_id, attempt_id=at.attempt_id,
+                                      maximum_resource=self.scheduler.maximum, queue=app.queue, user=app.user)
+
+    def allocate(self, claims: dict, req: api.AllocateRequest) -> api.AllocateResponse:
+        app, at = self._attempt_for_token(claims)
+        if not self._is_current(app, at):
+            return api.AllocateResponse(response_id=req.response_id + 1, action="SHUTDOWN")
+        if not at.registered:
+            raise BadRequest(f"{at.attempt_id} must register before it allocates")
+        if at.last_response is not None and req.response_id + 1 == at.response_id:
+            # The AM never got our last answer and repeats its request: answer the same again.
+            self._touch(at)
+            return at.last_response
+        if not (0.0 <= req.progress <= 1.0):
+            raise BadRequest(f"progress must be within [0, 1], got {req.progress}")
+        try:
+            asks = self.scheduler.validate_asks(req.asks)
+        except AskError as e:
+            raise BadRequest(str(e)) from None
+        # Validated: now apply.
+        self.counters["am_allocates"] += 1
+        self._touch(at)
+        app.progress = req.progress
+        if req.shape is not None:
+            app.shape = req.shape
+        for cid in req.releases:
+            c = self.containers.get(cid)
+            if c is not None and c.attempt_id == at.attempt_id and not c.is_am:
+                self._release(c, cleanup_on_node=True)
+                at.completed.append(api.ContainerStatus(container_id=cid, state=ContainerState.COMPLETE.value,
+                                                        exit_status=ExitStatus.ABORTED,
+                                                        diagnostics="Container released by application"))
+        if asks:
+            undelivered: dict[int, int] = {}
+            for c in at.to_deliver:
+                undelivered[c.ask_id] = undelivered.get(c.ask_id, 0) + 1
+            self.scheduler.update_asks(app.app_id, asks, undelivered)
+        if self.scheduler.has_demand:
+            self._schedule(self.nodes.schedulable())
+        at.response_id += 1
+        resp = api.AllocateResponse(
+            response_id=at.response_id,
+            allocated=[api.AllocatedContainer(container_id=c.container_id, node_id=c.node_id,
+                                              node_http_address=c.node_http_address, resource=c.resource,
+                                              container_token=c.token, ask_id=c.ask_id, tag=c.tag)
+                       for c in at.to_deliver],
+            completed=at.completed, updated_nodes=at.updated_nodes,
+            available=self.scheduler.headroom(app.app_id),
+            num_cluster_nodes=len(self.nodes.running),
+        )
+        at.to_deliver, at.completed, at.updated_nodes = [], [], []
+        if app.directive is not None and app.directive_version > app.delivered_directive_version:
+            resp.shape_directive = app.directive
+            app.delivered_directive_version = app.directive_version
+        at.last_response = resp
+        return resp
+
+    def am_finish(self, claims: dict, req: api.AmFinishRequest) -> api.AmFinishResponse:
+        app, at = self._attempt_for_token(claims)
+        if at.state in (AttemptState.FINISHING, AttemptState.FINISHED):   # a retried finish
+            return api.AmFinishResponse(unregistered=True)
+        if not self._is_current(app, at):
+            raise Unauthorized(f"{at.attempt_id} is not the current attempt of {app.app_id}")
+        try:
+            final = FinalStatus(req.final_status)
+        except ValueError:
+            raise BadRequest(f"final_status must be one of SUCCEEDED, FAILED, KILLED; got {req.final_status!r}") from None
+        if final == FinalStatus.UNDEFINED:
+            raise BadRequest("final_status must be one of SUCCEEDED, FAILED, KILLED; got 'UNDEFINED'")
+        if not at.registered:
+            raise BadRequest(f"{at.attempt_id} must register before it finishes")
+        self._attempt_event(at, AttemptEvent.UNREGISTERED)
+        at.diagnostics = req.diagnostics
+        if req.tracking_url:
+            at.tracking_url = app.tracking_url = req.tracking_url
+        app.final_status = final
+        app.diagnostics = req.diagnostics
+        self._app_event(app, AppEvent.ATTEMPT_FINISHED)
+        # Give back everything but the AM container, which exits on its own (then FINISHED).
+        self.scheduler.clear_demand(app.app_id)
+        for cid in list(at.containers):
+            c = self.containers.get(cid)
+            if c is not None and not c.is_am:
+                self._release(c, cleanup_on_node=True)
+        at.to_deliver.clear()
+        self._touch(at)   # the AM container gets am_expiry_s to exit before it is cleaned up
+        self._app_done(app)
+        return api.AmFinishResponse(unregistered=True)
+
+    def _touch(self, at: Attempt) -> None:
+        self._am_live[at.attempt_id] = self.clock()
+        self._am_live.move_to_end(at.attempt_id)

@@ -1,0 +1,136 @@
+"""The NM side of the RM core: node register / heartbeat, lost nodes and the liveness timers.
+
+A mixin of ResourceManagerCore (rm/core.py), which owns the state these methods read and change;
+pure like the rest of the core. The heartbeat path does work in proportion to what changed.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable
+
+from protocol import internal_api as api
+from protocol.config import RMConfig
+from protocol.records import AttemptState, ContainerState, ExitStatus, NodeState
+from protocol.remote_exception import BadRequest, Unauthorized
+
+from .model import Attempt, Container, Node
+from .nodes import NodeTracker
+from .scheduler import CapacityScheduler
+from .state_machines import AttemptEvent, attempt_is_final
+
+
+class NmProtocol:
+    """NodeManager protocol (YARN's ResourceTrackerService) and the expiry timers."""
+
+    cfg: RMConfig
+    nodes: NodeTracker
+    scheduler: CapacityScheduler
+    attempts: dict[str, Attempt]
+    containers: dict[str, Container]
+    clock: Callable[[], float]
+    counters: dict[str, int]
+    cluster_ts: int
+    launch_expiry_s: float
+    _am_live: OrderedDict[str, float]
+    _unlaunched: OrderedDict[str, float]
+
+    def register_node(self, claims: dict, req: api.NodeRegisterRequest) -> api.NodeRegisterResponse:
+        if claims.get("node_id") != req.node_id:
+            raise Unauthorized(f"nm token is for node {claims.get('node_id')!r}, not {req.node_id!r}")
+        if req.capability.memory <= 0 or req.capability.vcores <= 0:
+            raise BadRequest(f"capability must be positive, got memory={req.capability.memory} "
+                             f"vCores={req.capability.vcores}")
+        now = self.clock()
+        node = self.nodes.register(req.node_id, req.http_address, req.capability, req.rack, req.version, now)
+        reported = {s.container_id: s for s in req.containers}
+        # Containers we think run there but the NM does not report: gone with the NM restart.
+        for cid in list(node.containers):
+            c = self.containers[cid]
+            s = reported.get(cid)
+            if s is None or s.state == ContainerState.COMPLETE.value:
+                self._container_completed(c, s or api.ContainerStatus(
+                    container_id=cid, state="COMPLETE", exit_status=ExitStatus.ABORTED,
+                    diagnostics="Container lost when its NodeManager re-registered"))
+            else:
+                self._mark_launched(c)
+        for cid, s in reported.items():
+            if cid not in self.containers and s.state != ContainerState.COMPLETE.value:
+                node.to_cleanup.append(cid)
+        if self.scheduler.has_demand:
+            self._schedule([node])
+        return api.NodeRegisterResponse(node_id=req.node_id, heartbeat_interval_ms=self.cfg.nm_heartbeat_interval_ms,
+                                        rm_start_ms=self.cluster_ts)
+
+    def node_heartbeat(self, claims: dict, req: api.NodeHeartbeatRequest) -> api.NodeHeartbeatResponse:
+        if claims.get("node_id") != req.node_id:
+            raise Unauthorized(f"nm token is for node {claims.get('node_id')!r}, not {req.node_id!r}")
+        node = self.nodes.get(req.node_id)
+        interval = self.cfg.nm_heartbeat_interval_ms
+        if node is None or node.state == NodeState.LOST:
+            return api.NodeHeartbeatResponse(response_id=0, action="RESYNC", heartbeat_interval_ms=interval,
+                                             diagnostics=f"node {req.node_id} is not registered with this RM")
+        self.counters["nm_heartbeats"] += 1
+        now = self.clock()
+        self.nodes.heartbeat(node, req.health.healthy, req.health.report, now)
+        containers = self.containers
+        for s in req.container_statuses:
+            c = containers.get(s.container_id)
+            if c is None or c.node_id != node.node_id:
+                if s.state != ContainerState.COMPLETE.value:
+                    node.to_cleanup.append(s.container_id)
+            elif s.state == ContainerState.COMPLETE.value:
+                self._container_completed(c, s)
+            elif not c.launched:
+                self._mark_launched(c)
+        if self.scheduler.has_demand and node.schedulable:
+            self._schedule([node])
+        node.response_id += 1
+        resp = api.NodeHeartbeatResponse(response_id=node.response_id, heartbeat_interval_ms=interval,
+                                          containers_to_cleanup=node.to_cleanup,
+                                          apps_to_cleanup=node.apps_to_cleanup)
+        node.to_cleanup, node.apps_to_cleanup = [], []
+        return resp
+
+    def _node_lost(self, node: Node) -> None:
+        report = api.NodeReport(node_id=node.node_id, state=NodeState.LOST.value, http_address=node.http_address)
+        told: set[str] = set()
+        for cid in list(node.containers):
+            c = self.containers[cid]
+            if c.attempt_id not in told:
+                told.add(c.attempt_id)
+                at = self.attempts.get(c.attempt_id)
+                if at is not None:
+                    at.updated_nodes.append(report)
+            self._container_completed(c, api.ContainerStatus(
+                container_id=cid, state=ContainerState.COMPLETE.value, exit_status=ExitStatus.ABORTED,
+                diagnostics=f"Container released on a *lost* node {node.node_id}"))
+
+    def tick(self) -> None:
+        """Expire silent nodes, silent AMs and containers allocated but never launched."""
+        now = self.clock()
+        for node in self.nodes.expired(now):
+            self._node_lost(node)
+        deadline = now - self.cfg.am_expiry_s
+        while self._am_live:
+            aid, last = next(iter(self._am_live.items()))
+            if last >= deadline:
+                break
+            self._am_live.popitem(last=False)
+            at = self.attempts[aid]
+            if at.state == AttemptState.FINISHING:
+                # Unregistered but the AM container never exited: finish it and clean it up.
+                self._end_attempt(at, AttemptEvent.CONTAINER_FINISHED, "")
+            elif not attempt_is_final(at.state):
+                self._attempt_failed(at, f"ApplicationMaster for attempt {aid} timed out after "
+                                         f"{self.cfg.am_expiry_s:g}s without a heartbeat")
+        deadline = now - self.launch_expiry_s
+        while self._unlaunched:
+            cid, at_time = next(iter(self._unlaunched.items()))
+            if at_time >= deadline:
+                break
+            self._unlaunched.popitem(last=False)
+            c = self.containers.get(cid)
+            if c is not None:
+                self._container_completed(c, api.ContainerStatus(
+                    container_id=cid, state=ContainerState.COMPLETE.value, exit_status=ExitStatus.ABORTED,
+                    diagnostics="Container expired since it was unused"), cleanup_on_node=True)

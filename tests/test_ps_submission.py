@@ -1,0 +1,104 @@
+"""The REST path of a PS job: the RM validates `elastane.ps-job` at submission (400 naming the
+field, nothing created), fills in the PS AM command when the submission has none, and passes the
+validated spec to the AM in its env. In-process RM (aiohttp TestServer, fake clock)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from appmaster.ps.submission import build_ps_submission
+from protocol import ps_job_spec
+from protocol.config import ClusterConfig, RMConfig
+from rm.server import ResourceManagerServer
+from rm.testing import SECRET, FakeClock
+
+BASE = "/ws/v1/cluster"
+
+
+@pytest.fixture
+async def rm(tmp_path):
+    server = ResourceManagerServer(RMConfig(state_dir=str(tmp_path / "state")),
+                                   ClusterConfig(secret=SECRET, admins=["root"]), clock=FakeClock(),
+                                   run_timers=False)
+    client = TestClient(TestServer(server.build_app()))
+    await client.start_server()
+    try:
+        yield server, client
+    finally:
+        await server.stop()
+        await client.close()
+
+
+async def _new_id(client: TestClient) -> str:
+    resp = await client.post(BASE + "/apps/new-application", params={"user.name": "alice"})
+    assert resp.status == 200
+    return (await resp.json())["application-id"]
+
+
+async def _submit(client: TestClient, body: dict[str, Any]) -> tuple[int, Any]:
+    resp = await client.post(BASE + "/apps", json=body, params={"user.name": "alice"})
+    return resp.status, (await resp.json() if resp.content_type == "application/json" else None)
+
+
+async def _app_ids(client: TestClient) -> set[str]:
+    body = await (await client.get(BASE + "/apps")).json()
+    return {a["id"] for a in ((body.get("apps") or {}).get("app") or [])}
+
+
+@pytest.mark.parametrize("ps_job, field", [
+    ({"app": "mlr", "hparams": {"learning_rate": -1}}, "elastane.ps-job.hparams.learning_rate"),
+    ({"app": "mlr", "workers": 0}, "elastane.ps-job.workers"),
+    ({"app": "kmeans"}, "elastane.ps-job.app"),
+    ({"app": "nmf", "data": {"rank": 0}}, "elastane.ps-job.data.rank"),
+    ({"app": "lda", "surprise": 1}, "elastane.ps-job.surprise"),
+    ("mlr", "elastane.ps-job"),
+])
+async def test_bad_ps_job_is_400_naming_the_field_and_creates_nothing(rm, ps_job: Any, field: str) -> None:
+    _, client = rm
+    app_id = await _new_id(client)
+    body = build_ps_submission({"app": "mlr"}, app_id=app_id)
+    body["elastane"] = {"ps-job": ps_job}
+    status, err = await _submit(client, body)
+    assert status == 400, err
+    message = err["RemoteException"]["message"]
+    assert message.startswith(field + ":") or message.startswith(field + " "), message
+    assert err["RemoteException"]["exception"] == "BadRequestException"
+    assert app_id not in await _app_ids(client)
+
+
+async def test_ps_type_needs_the_spec_and_the_spec_needs_the_type(rm) -> None:
+    _, client = rm
+    body = build_ps_submission({"app": "mlr"}, app_id=await _new_id(client))
+    del body["elastane"]
+    status, err = await _submit(client, body)
+    assert status == 400 and "elastane.ps-job is required" in err["RemoteException"]["message"]
+    body = build_ps_submission({"app": "mlr"}, app_id=await _new_id(client))
+    body["application-type"] = "YARN"
+    status, err = await _submit(client, body)
+    assert status == 400 and "application-type ELASTANE_PS" in err["RemoteException"]["message"]
+    assert not await _app_ids(client)
+
+
+async def test_good_ps_job_without_command_gets_the_ps_am_and_its_spec(rm) -> None:
+    server, client = rm
+    app_id = await _new_id(client)
+    body = {"application-id": app_id, "application-name": "mlr-job", "application-type": "ELASTANE_PS",
+            "am-container-spec": {}, "resource": {"memory": 512, "vCores": 1},
+            "elastane": {"ps-job": {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 3}}}
+    status, err = await _submit(client, body)
+    assert status == 202, err
+    assert app_id in await _app_ids(client)
+    am = server.core.apps[app_id].am
+    assert am.commands == [ps_job_spec.AM_COMMAND]
+    spec = ps_job_spec.validate(am.environment[ps_job_spec.PS_SPEC_ENV])
+    assert spec.app == "mlr" and spec.servers == 2 and spec.max_epochs == 3 and spec.num_blocks == 8
+
+
+async def test_other_apps_still_need_a_command(rm) -> None:
+    _, client = rm
+    body = {"application-id": await _new_id(client), "am-container-spec": {},
+            "resource": {"memory": 512, "vCores": 1}}
+    status, err = await _submit(client, body)
+    assert status == 400 and err["RemoteException"]["message"] == "am-container-spec.commands is required"
