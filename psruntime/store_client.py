@@ -74,7 +74,11 @@ class StoreClient:
         await self._run("update", func, list(keys), list(deltas))
 
     async def push(self, keys: Sequence[Key], deltas: Sequence[np.ndarray], func: str = "add") -> None:
-        """Send updates without waiting for them to be applied (awaits only socket backpressure)."""
+        """Send updates without waiting for them to be applied (awaits only socket backpressure).
+
+        Large deltas are sent from the caller's memory, not copied: do not modify them in place
+        before flush() (computing fresh arrays, as the apps do, is always safe).
+        """
         self._raise_pending_error()
         keys, deltas = list(keys), list(deltas)
         self._check_lengths(keys, deltas)

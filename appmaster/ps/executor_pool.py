@@ -171,6 +171,6 @@ class ExecutorPool:
 
     def shape_json(self) -> dict[str, Any]:
         ids = sorted(self.executors.values(), key=lambda e: (e.role.value, int(e.executor_id.rsplit("-", 1)[1])))
-        return {"workers": len([e for e in self.workers if e.state is not ExecutorState.EXITED]),
-                "servers": len([e for e in self.servers if e.state is not ExecutorState.EXITED]),
+        # The job's shape is the executors it was given; each one's `state` tells whether it still runs.
+        return {"workers": len(self.workers), "servers": len(self.servers),
                 "executors": [e.to_json() for e in ids]}

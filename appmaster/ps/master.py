@@ -78,7 +78,8 @@ class PSApplicationMaster:
     def status(self) -> dict[str, Any]:
         """The job status the HTTP endpoint serves."""
         return {
-            "app": self.spec.app, "application_id": self.am.identity.app_id if self.am.identity else None,
+            "app": self.spec.app, "attempt_id": self.am.identity.attempt_id,
+            "application_id": self.am.registration.app_id if self.am.registration else None,
             "state": self.job.phase.value, "diagnostics": self.job.diagnostics,
             "spec": self.spec.to_json(), "started": self.started,
             "shape": self.pool.shape_json(), "num_blocks": self.spec.num_blocks,
@@ -258,6 +259,7 @@ class PSApplicationMaster:
         if drive.done() and not drive.cancelled() and drive.exception() is None:
             self.job.apply(JobEvent.FINISHED, drive.result())
             await self._stop_executors()
+            self._write_final_status()
             await self.am.finish(FinalStatus.SUCCEEDED, self.job.diagnostics)
             return FinalStatus.SUCCEEDED
         if self._stop.is_set() and not self._failure.done():
@@ -269,6 +271,7 @@ class PSApplicationMaster:
         await self._stop_executors()
         if self._stop.is_set():
             return None          # stopped meanwhile: the RM already decided the app's fate
+        self._write_final_status()
         await self.am.finish(FinalStatus.FAILED, diagnostics)
         return FinalStatus.FAILED
 

@@ -1,0 +1,76 @@
+"""FrameProtocol's parser fed by hand: any chunking of the byte stream yields the same frames,
+large bodies are received in place, and a corrupt frame is reported and closes the connection."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from psruntime.frame_codec import PREFIX, Frame, FrameError, encode_frame
+from psruntime.frame_protocol import DIRECT_MIN_BYTES, FrameProtocol
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+
+def make() -> tuple[FrameProtocol, list[Frame], list[FrameError], FakeTransport]:
+    frames: list[Frame] = []
+    errors: list[FrameError] = []
+    proto = FrameProtocol(frames.append, lambda exc: None, 1 << 30, errors.append)
+    transport = FakeTransport()
+    proto.connection_made(transport)  # type: ignore[arg-type]
+    return proto, frames, errors, transport
+
+
+def feed(proto: FrameProtocol, data: bytes, chunks: list[int]) -> int:
+    """Deliver `data` as the transport would: into get_buffer()'s view, at most `chunk` at a time."""
+    pos, direct = 0, 0
+    i = 0
+    while pos < len(data):
+        buf = proto.get_buffer(-1)
+        n = min(len(buf), chunks[i % len(chunks)], len(data) - pos)
+        buf[:n] = data[pos:pos + n]
+        direct += proto._direct
+        proto.buffer_updated(n)
+        pos += n
+        i += 1
+    return direct
+
+
+STREAM = [({"op": "a", "id": 1}, []),
+          ({"op": "b", "id": 2}, [np.arange(10, dtype=np.int16), np.zeros((0, 3))]),
+          ({"op": "big", "id": 3}, [np.arange(DIRECT_MIN_BYTES, dtype=np.float64).reshape(-1, 8)]),
+          ({"op": "c", "id": 4, "keys": list(range(3000))}, [np.ones(5)])]
+
+
+def stream_bytes() -> bytes:
+    return b"".join(bytes(p) for h, a in STREAM for p in encode_frame(h, a))
+
+
+@pytest.mark.parametrize("chunks", [[1, 2, 3, 5000], [7, 3, 1000], [65536], [1 << 30], [13, 200_000]])
+def test_any_chunking_gives_the_same_frames(chunks: list[int]) -> None:
+    proto, frames, errors, _ = make()
+    direct = feed(proto, stream_bytes(), chunks)
+    assert not errors
+    assert [f.header for f in frames] == [h for h, _ in STREAM]
+    for f, (_, arrays) in zip(frames, STREAM):
+        for got, want in zip(f.arrays, arrays):
+            assert got.shape == want.shape and got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
+    if max(chunks) >= 65536:
+        assert direct > 0  # the big body was received straight into its own buffer
+
+
+def test_corrupt_frame_reports_and_closes() -> None:
+    proto, frames, errors, transport = make()
+    good = b"".join(bytes(p) for p in encode_frame({"op": "ok"}))
+    feed(proto, good + PREFIX.pack(0xDEADBEEF, 0, 0), [1 << 20])
+    assert [f.header for f in frames] == [{"op": "ok"}]
+    assert len(errors) == 1 and "magic" in str(errors[0]) and transport.closed

@@ -1,0 +1,177 @@
+"""PS jobs end to end on a real localhost cluster (RM + 3 NMs as processes): each of the four apps
+trains to convergence or its epoch limit with the objective improved by a stated factor; the
+status endpoint (tracking URL) and the final status show the shape, objective history and memory
+per executor; checkpoints are written; a killed executor fails the job naming it and its role."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from appmaster.ps.submission import build_ps_submission
+from conftest import FINAL_STATES, get_app, pids_with_env, rest, submit_app, wait_app, wait_until
+from protocol import container_env
+from psruntime.checkpoint import load_manifests
+
+pytestmark = pytest.mark.cluster
+
+EXECUTOR_MB = 320
+
+
+@pytest.fixture(scope="module")
+def ps_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One RM + 3 NMs (1536 MB, 2 vcores each) shared by the PS tests of this module."""
+    local_cluster = pytest.importorskip("elastane_cli.local_cluster")
+    c = local_cluster.LocalCluster(tmp_path_factory.mktemp("ps-cluster"), nodes=3, node_memory_mb=1536,
+                                   node_vcores=2, nm_expiry_s=3, am_expiry_s=5, heartbeat_interval_ms=250)
+    c.start(timeout_s=60)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def am_dir(cluster: Any, app_id: str) -> Path:
+    return Path(cluster.base_dir) / "rm" / "apps" / app_id
+
+
+def http_json(url: str, method: str = "GET", timeout_s: float = 30.0) -> Any:
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return json.loads(r.read())
+
+
+def live_status(cluster: Any, app_id: str) -> dict[str, Any] | None:
+    """The AM's status from its tracking URL, or None once the AM is gone."""
+    app = get_app(cluster.rm_url, app_id)
+    if app["state"] != "RUNNING" or not app.get("trackingUrl"):
+        return None
+    try:
+        return http_json(app["trackingUrl"].rstrip("/") + "/status", timeout_s=5)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def run_job(cluster: Any, spec: dict[str, Any], name: str) -> tuple[dict, dict, dict | None]:
+    """Submit, watch the live status once training has started, wait for the end.
+    Returns (RM app report, final status file, a live status seen while training or None)."""
+    sub = build_ps_submission({"executor_memory_mb": EXECUTOR_MB, **spec}, name=name, am_memory=384)
+    app_id = submit_app(cluster.rm_url, sub)
+    seen: dict[str, Any] = {}
+
+    def training_or_done() -> bool:
+        s = live_status(cluster, app_id)
+        if s is not None and s["objective_history"]:
+            seen.setdefault("live", s)
+        return bool(seen) or get_app(cluster.rm_url, app_id)["state"] in FINAL_STATES
+
+    wait_until(training_or_done, 120, f"{name} training")
+    app = wait_app(cluster.rm_url, app_id, ("FINISHED",), 180)
+    final = json.loads((am_dir(cluster, app_id) / "status.json").read_text())
+    wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
+    return app, final, seen.get("live")
+
+
+def check_common(app: dict, final: dict, live: dict | None, spec: dict, cluster: Any) -> list[float]:
+    assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
+    assert app["applicationType"] == "ELASTANE_PS"
+    assert app["diagnostics"].startswith("final objective "), app["diagnostics"]
+    assert final["state"] == "SUCCEEDED" and final["final_metrics"]
+    shape = final["shape"]
+    assert (shape["workers"], shape["servers"]) == (spec["workers"], spec["servers"])
+    roles = sorted(e["role"] for e in shape["executors"])
+    assert roles == ["server"] * spec["servers"] + ["worker"] * spec["workers"]
+    for e in shape["executors"]:
+        assert 20 < e["rss_mb"] < EXECUTOR_MB, e            # a real process, under its limit
+        assert e["container_id"].startswith("container_") and e["node"]
+        if e["role"] == "worker":
+            assert e["data_mb"] > 0 and e["blocks"], e
+        else:
+            assert e["model_mb"] > 0 and e["blocks"], e
+    servers = [e for e in shape["executors"] if e["role"] == "server"]
+    assert sorted(b for s in servers for b in s["blocks"]) == list(range(final["num_blocks"]))
+    history = final["objective_history"]
+    assert [h["epoch"] for h in history] == list(range(len(history))) and history
+    assert all(h["epoch_time_s"] > 0 for h in history)
+    assert final["epoch"] == len(history)
+    assert f"after {len(history)} epochs" in app["diagnostics"]
+    workers = final["metrics"]["workers"]
+    assert sorted(workers) == [f"worker-{i}" for i in range(spec["workers"])]
+    assert all(w["compute_s"] > 0 and w["comm_s"] > 0 and w["batches"] > 0 for w in workers.values())
+    # the final checkpoint holds every block of the model
+    ckpt = final["checkpoints"][-1]
+    assert ckpt["epoch"] == len(history) and Path(ckpt["dir"]).is_dir()
+    assert sorted(load_manifests(ckpt["dir"], final["num_blocks"])) == list(range(final["num_blocks"]))
+    if live is not None:        # the tracking URL served the same kind of status while training
+        assert live["state"] == "TRAINING" and live["shape"]["servers"] == spec["servers"]
+        assert all(e["rss_mb"] > 0 for e in live["shape"]["executors"])
+    return [final["initial_objective"]] + [h["objective"] for h in history]
+
+
+def test_mlr_trains_and_improves(ps_cluster) -> None:
+    spec = {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 8, "checkpoint_every_epochs": 4}
+    app, final, live = run_job(ps_cluster, spec, "ps-mlr")
+    obj = check_common(app, final, live, spec, ps_cluster)
+    assert obj[-1] < 0.6 * obj[0], obj                     # cross-entropy from log(5) down
+    assert [c["epoch"] for c in final["checkpoints"]] == [4, 8]
+    m = final["final_metrics"]
+    assert m["accuracy"] > 2.5 * m["chance_accuracy"], m
+
+
+def test_nmf_trains_and_improves(ps_cluster) -> None:
+    spec = {"app": "nmf", "workers": 2, "servers": 1, "max_epochs": 12}
+    app, final, live = run_job(ps_cluster, spec, "ps-nmf")
+    obj = check_common(app, final, live, spec, ps_cluster)
+    assert obj[-1] < 0.2 * obj[0], obj
+    m = final["final_metrics"]
+    assert m["heldout_rmse"] < 0.7 * m["mean_predictor_rmse"], m
+
+
+def test_lda_converges(ps_cluster) -> None:
+    spec = {"app": "lda", "workers": 2, "servers": 2}
+    app, final, live = run_job(ps_cluster, spec, "ps-lda")
+    obj = check_common(app, final, live, spec, ps_cluster)
+    assert obj[-1] > 0.7 * obj[0], obj                     # log-likelihood per token: up (less negative)
+    assert final["converged"] and len(obj) - 1 < 30        # converged before its epoch limit
+    assert "converged" in app["diagnostics"]
+
+
+def test_lasso_converges_with_ssp(ps_cluster) -> None:
+    spec = {"app": "lasso", "workers": 2, "servers": 1, "sync": "ssp", "staleness": 1}
+    app, final, live = run_job(ps_cluster, spec, "ps-lasso")
+    obj = check_common(app, final, live, spec, ps_cluster)
+    assert obj[-1] < 0.5 * obj[0], obj
+    assert final["final_metrics"]["f1"] > 0.8, final["final_metrics"]
+
+
+def test_checkpoint_on_request_then_killed_worker_fails_the_job(ps_cluster) -> None:
+    # Effectively endless training, so the job is surely running when we act on it.
+    spec = {"app": "nmf", "workers": 2, "servers": 1, "max_epochs": 10_000, "convergence_threshold": 1e-12,
+            "executor_memory_mb": EXECUTOR_MB}
+    app_id = submit_app(ps_cluster.rm_url, build_ps_submission(spec, name="ps-kill", am_memory=384))
+    try:
+        status = wait_until(lambda: (s := live_status(ps_cluster, app_id)) and len(s["objective_history"]) >= 2
+                            and s, 120, "two epochs trained")
+        url = get_app(ps_cluster.rm_url, app_id)["trackingUrl"].rstrip("/")
+        ckpt = http_json(url + "/checkpoint", "POST")
+        assert ckpt["epoch"] >= 2 and Path(ckpt["dir"]).parent == am_dir(ps_cluster, app_id) / "checkpoints"
+        blocks = load_manifests(ckpt["dir"], status["num_blocks"])
+        values = [np.load(Path(ckpt["dir"]) / name) for entries in blocks.values() for _, name in entries]
+        assert sum(len(entries) for entries in blocks.values()) == 200 and all(v.shape == (5,) for v in values)
+        victim = next(e for e in status["shape"]["executors"] if e["id"] == "worker-1")
+        os.kill(victim["pid"], signal.SIGKILL)
+        app = wait_app(ps_cluster.rm_url, app_id, ("FINISHED", "FAILED"), 60)
+    finally:
+        if get_app(ps_cluster.rm_url, app_id)["state"] not in FINAL_STATES:   # never leave it training
+            rest(ps_cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+    assert app["finalStatus"] == "FAILED", app
+    diag = app["diagnostics"]
+    assert "worker-1 (worker, " in diag and victim["container_id"] in diag and "exited with" in diag, diag
+    wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
