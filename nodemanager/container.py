@@ -38,7 +38,7 @@ class Container:
     reported: bool = False               # the RM has seen its completion
     launched_at: float = 0.0             # wall clock
     finished_at: Optional[float] = None  # wall clock
-    process: Optional[asyncio.subprocess.Process] = field(default=None, repr=False)
+    process: Optional[Any] = field(default=None, repr=False)  # launcher.ContainerProcess
     exited: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def apply(self, event: ContainerEvent) -> NMContainerState:

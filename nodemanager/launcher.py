@@ -11,9 +11,11 @@ import asyncio
 import os
 import shlex
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from protocol import container_env as cenv
 from protocol.internal_api import LaunchContext
@@ -103,7 +105,44 @@ def prepare_dirs(spec: LaunchSpec) -> None:
         pass
 
 
-async def spawn(spec: LaunchSpec, ctx: LaunchContext) -> asyncio.subprocess.Process:
+class ContainerProcess:
+    """A spawned container process whose exit is awaited through a pidfd on the event loop.
+
+    Spawned with subprocess.Popen (vfork/posix_spawn) rather than asyncio's subprocess API: under
+    uvloop the latter forks the whole NM and blocks the loop for several ms per launch, which
+    queues concurrent launches behind each other.
+    """
+
+    def __init__(self, popen: subprocess.Popen):
+        self._popen = popen
+        self.pid = popen.pid
+        self.returncode: Optional[int] = None
+
+    async def wait(self) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        loop = asyncio.get_running_loop()
+        try:
+            fd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            fd = -1
+        if fd >= 0:
+            done = loop.create_future()
+            loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+            try:
+                await done
+            finally:
+                loop.remove_reader(fd)
+                os.close(fd)
+            self.returncode = self._popen.wait()
+        else:  # kernels without pidfd: poll
+            while self._popen.poll() is None:
+                await asyncio.sleep(0.05)
+            self.returncode = self._popen.returncode
+        return self.returncode
+
+
+async def spawn(spec: LaunchSpec, ctx: LaunchContext) -> ContainerProcess:
     """Write the wrapper and start it in its own session (process group = its pid)."""
     script = os.path.join(spec.work_dir, "launch_container.sh")
     with open(script, "w") as f:
@@ -112,9 +151,10 @@ async def spawn(spec: LaunchSpec, ctx: LaunchContext) -> asyncio.subprocess.Proc
     out = open(os.path.join(spec.log_dir, "stdout"), "ab")
     err = open(os.path.join(spec.log_dir, "stderr"), "ab")
     try:
-        return await asyncio.create_subprocess_exec(
-            "/bin/bash", script, cwd=spec.work_dir, env=build_env(spec, ctx),
-            stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+        popen = subprocess.Popen(["/bin/bash", script], cwd=spec.work_dir, env=build_env(spec, ctx),
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
+                                 close_fds=True)
+        return ContainerProcess(popen)
     finally:
         out.close()
         err.close()

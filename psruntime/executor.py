@@ -31,6 +31,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -99,6 +100,8 @@ class Executor:
         self.server = DataPlaneServer(self.handle, host, port)
         self.stopped = asyncio.Event()
         self.address = ""
+        self.data_busy_s = 0.0     # seconds spent serving data ops (get/put/update frames)
+        self.data_requests = 0
 
     async def start(self) -> str:
         self.address = await self.server.start()
@@ -127,7 +130,15 @@ class Executor:
         h = frame.header
         op = h.get("op")
         if op in DATA_OPS:
-            return self.service.handle_data(frame)
+            # Service time of the data plane (what the AM's optimizer reads per server): the
+            # synchronous handling of a request; a request queued on a moving block counts only its
+            # dispatch, as its wait is the migration's, not the server's work.
+            t0 = time.perf_counter()
+            try:
+                return self.service.handle_data(frame)
+            finally:
+                self.data_busy_s += time.perf_counter() - t0
+                self.data_requests += 1
         method = self._OPS.get(op) if isinstance(op, str) else None
         if method is not None:
             return method(self, frame)
@@ -182,7 +193,9 @@ class Executor:
                 "address": self.address, "rss_bytes": read_rss_bytes(), "blocks": svc.owned_blocks(),
                 "store_bytes": svc.store.nbytes(), "table_version": svc.table.version,
                 "incoming": svc.states.blocks_in(BlockState.INCOMING),
-                "min_clock": self.clocks.table.min_clock(), "requests": svc.stats}, ()
+                "min_clock": self.clocks.table.min_clock(), "requests": svc.stats,
+                "data_requests": self.data_requests, "busy_s": self.data_busy_s,
+                "data_bytes": self.app_role.data_bytes()}, ()
 
     def _op_checkpoint(self, frame: Frame) -> Reply:
         directory = _str_field(frame.header, "dir")

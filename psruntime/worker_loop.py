@@ -48,9 +48,13 @@ class EpochReport:
 
 async def pull_key_values(store: StoreClient, keys: np.ndarray, key_length: int) -> KeyValues:
     """Pull int64 `keys` as a KeyValues (a key never written reads as zeros)."""
-    got = await store.pull(keys.tolist())
+    key_list = keys.tolist()
+    got = await store.pull(key_list)
+    if len(got) == len(key_list) and key_list:
+        # Every key was written (the usual case once the model is initialised): one stack copy.
+        return KeyValues(keys, np.stack([got[k] for k in key_list]).astype(np.float32, copy=False))
     values = np.zeros((len(keys), key_length), np.float32)
-    for i, k in enumerate(keys.tolist()):
+    for i, k in enumerate(key_list):
         v = got.get(k)
         if v is not None:
             values[i] = v

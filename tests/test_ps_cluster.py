@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import urllib.error
 import urllib.request
@@ -105,6 +106,7 @@ def check_common(app: dict, final: dict, live: dict | None, spec: dict, cluster:
     workers = final["metrics"]["workers"]
     assert sorted(workers) == [f"worker-{i}" for i in range(spec["workers"])]
     assert all(w["compute_s"] > 0 and w["comm_s"] > 0 and w["batches"] > 0 for w in workers.values())
+    assert all(s["service_s"] > 0 and s["requests"] > 0 for s in final["metrics"]["servers"].values())
     # the final checkpoint holds every block of the model
     ckpt = final["checkpoints"][-1]
     assert ckpt["epoch"] == len(history) and Path(ckpt["dir"]).is_dir()
@@ -174,4 +176,28 @@ def test_checkpoint_on_request_then_killed_worker_fails_the_job(ps_cluster) -> N
     assert app["finalStatus"] == "FAILED", app
     diag = app["diagnostics"]
     assert "worker-1 (worker, " in diag and victim["container_id"] in diag and "exited with" in diag, diag
+    wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
+
+
+def test_executor_over_its_memory_limit_fails_the_job_with_the_reason(ps_cluster) -> None:
+    # Each worker generates ~50 MB of input beside the interpreter's own: over a 64 MB limit (-104).
+    spec = {"app": "mlr", "workers": 2, "servers": 1, "executor_memory_mb": 64,
+            "data": {"num_samples": 600_000, "rows_per_block": 20_000}}
+    app_id = submit_app(ps_cluster.rm_url, build_ps_submission(spec, name="ps-oom", am_memory=384))
+    app = wait_app(ps_cluster.rm_url, app_id, ("FINISHED", "FAILED"), 120)
+    assert app["finalStatus"] == "FAILED", app
+    diag = app["diagnostics"]
+    assert re.search(r"worker-\d \(worker, container_\w+ on [^)]+\) exited with -104", diag), diag
+    assert "exited with -104 (KILLED_EXCEEDED_PMEM): over its 64 MB limit" in diag, diag
+    wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
+
+
+def test_killing_the_app_stops_the_am_and_every_executor(ps_cluster) -> None:
+    spec = {"app": "lda", "workers": 2, "servers": 1, "max_epochs": 10_000, "convergence_threshold": 1e-12}
+    app_id = submit_app(ps_cluster.rm_url, build_ps_submission(spec, name="ps-killed", am_memory=384))
+    wait_until(lambda: (s := live_status(ps_cluster, app_id)) and s["objective_history"], 120, "training")
+    assert len(pids_with_env(container_env.APP_ID, app_id)) >= 4        # the AM and three executors
+    rest(ps_cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+    app = wait_app(ps_cluster.rm_url, app_id, ("KILLED",), 60)
+    assert app["finalStatus"] == "KILLED"
     wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")

@@ -98,6 +98,9 @@ async def test_bsp_training_converges_and_checkpoints(job_factory, tmp_path) -> 
         assert m.compute_s.count == 4 * 2000 // 50 // 2 and m.compute_s.value > 0 and m.comm_s.value > 0
     await job.ctl.refresh_status()
     assert all(e.rss_bytes > 0 for e in job.pool.executors.values())
+    for s in job.pool.servers:     # served requests since setup's poll -> a mean service time
+        times = job.metrics.servers[s.executor_id]
+        assert times.requests > 0 and times.service_s.value is not None and times.service_s.value > 0
     assert sum(s.model_bytes for s in job.pool.servers) == job.app.model_nbytes()
     # a checkpoint covers every block, and the checkpointed model is the model
     ckpt = Checkpointer(tmp_path / "checkpoints", job.client)

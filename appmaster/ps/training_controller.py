@@ -221,8 +221,7 @@ class TrainingController:
                 r.model_bytes = int(h.get("store_bytes", 0))
                 r.blocks = list(h.get("blocks", r.blocks))
                 if "busy_s" in h:
-                    served = h.get("requests", {})
-                    self.metrics.record_server(r.executor_id, int(sum(served.values())), float(h["busy_s"]))
+                    self.metrics.record_server(r.executor_id, int(h["data_requests"]), float(h["busy_s"]))
 
     async def model(self) -> np.ndarray:
         """The whole model (num_keys, key_length), pulled from the servers."""

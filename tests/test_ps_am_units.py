@@ -1,0 +1,128 @@
+"""Pure parts of the PS AM: the job state machine, moving averages, the executor pool's naming,
+launch command, announcements and exit descriptions, and the status server's HTTP surface."""
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from appmaster.container_book import AmContainer
+from appmaster.ps.executor_pool import ExecutorPool, ExecutorState, Role
+from appmaster.ps.job import TRANSITIONS, JobEvent, JobPhase, JobStateMachine, JobTransitionError
+from appmaster.ps.metrics import JobMetrics, MovingAverage, ServerTimes
+from appmaster.ps.status_server import StatusServer
+from protocol.records import Resource
+from protocol.remote_exception import Conflict
+from psruntime.dataplane import RequestError
+from psruntime.frame_codec import Frame
+
+
+def test_job_runs_forward_to_succeeded() -> None:
+    job = JobStateMachine()
+    for ev in (JobEvent.REGISTERED, JobEvent.SERVERS_READY, JobEvent.WORKERS_READY, JobEvent.INITIALISED,
+               JobEvent.TRAINED):
+        job.apply(ev)
+    assert job.phase is JobPhase.FINISHING and job.phase.executors_expected_alive
+    job.apply(JobEvent.FINISHED, "final objective 1")
+    assert job.phase is JobPhase.SUCCEEDED and job.diagnostics == "final objective 1"
+    assert not job.phase.executors_expected_alive
+
+
+def test_job_fails_or_stops_from_any_live_phase_and_final_phases_are_final() -> None:
+    for phase in JobPhase:
+        for ev in (JobEvent.FAIL, JobEvent.STOP):
+            if phase.is_final:
+                assert (phase, ev) not in TRANSITIONS
+            else:
+                assert TRANSITIONS[(phase, ev)] in (JobPhase.FAILED, JobPhase.KILLED)
+    job = JobStateMachine(JobPhase.TRAINING)
+    job.apply(JobEvent.FAIL, "worker-1 died")
+    assert not job.try_apply(JobEvent.FAIL, "again") and job.diagnostics == "worker-1 died"
+    with pytest.raises(JobTransitionError):
+        JobStateMachine().apply(JobEvent.TRAINED)
+
+
+def test_moving_average_and_server_service_time() -> None:
+    m = MovingAverage(alpha=0.5)
+    assert m.value is None
+    m.add_all([4.0, 2.0, 1.0])
+    assert m.value == pytest.approx(2.0) and m.count == 3      # 4 -> 3 -> 2
+    with pytest.raises(ValueError):
+        MovingAverage(alpha=0)
+    s = ServerTimes()
+    s.update(10, 0.5)                 # 10 requests in 0.5 s
+    s.update(30, 1.5)                 # 20 more in 1.0 s: still 0.05 s each
+    assert s.service_s.value == pytest.approx(0.05) and s.requests == 30
+    s.update(30, 1.5)                 # nothing new: unchanged
+    assert s.service_s.count == 2
+    jm = JobMetrics()
+    jm.record_batches("worker-0", [0.1, 0.1], [0.2, 0.2])
+    assert jm.to_json()["workers"]["worker-0"] == {"compute_s": pytest.approx(0.1), "comm_s": pytest.approx(0.2),
+                                                   "batches": 2}
+
+
+def _container(seq: int, exit_status: int = -1000, diagnostics: str = "") -> AmContainer:
+    return AmContainer(container_id=f"container_1_0001_01_{seq:06d}", node_id="host:1", node_http_address="host:1",
+                       resource=Resource(512, 1), token="t", exit_status=exit_status, diagnostics=diagnostics)
+
+
+async def test_executor_pool_names_launches_and_hears_announcements() -> None:
+    pool = ExecutorPool(num_blocks=8, am_address="127.0.0.1:5000")
+    s0 = pool.add(Role.SERVER, _container(2))
+    w0 = pool.add(Role.WORKER, _container(3))
+    w1 = pool.add(Role.WORKER, _container(4))
+    assert [s0.executor_id, w0.executor_id, w1.executor_id] == ["server-0", "worker-0", "worker-1"]
+    ctx = pool.launch_context(w1)
+    cmd = ctx.commands[0]
+    assert cmd.startswith("python -m psruntime.executor --executor-id worker-1 --role worker --num-blocks 8 "
+                          "--am 127.0.0.1:5000") and "NM_HOST" in cmd
+    with pytest.raises(RequestError, match="unknown executor"):
+        pool.handle_frame(Frame({"op": "executor_ready", "executor_id": "worker-9", "address": "h:1"}))
+    with pytest.raises(RequestError, match="address"):
+        pool.handle_frame(Frame({"op": "executor_ready", "executor_id": "worker-0", "address": 7}))
+    with pytest.raises(RequestError, match="unknown op"):
+        pool.handle_frame(Frame({"op": "epoch_report"}))
+    assert w0.state is ExecutorState.LAUNCHING
+    pool.handle_frame(Frame({"op": "executor_ready", "executor_id": "worker-0", "address": "h:1", "pid": 42}))
+    with pytest.raises(TimeoutError, match=r"1 of 2 workers ready .*worker-1"):
+        await pool.wait_ready(Role.WORKER, 2, timeout_s=0.05)
+    pool.handle_frame(Frame({"op": "executor_ready", "executor_id": "worker-1", "address": "h:2", "pid": 43}))
+    assert [w.executor_id for w in await pool.wait_ready(Role.WORKER, 2, timeout_s=1)] == ["worker-0", "worker-1"]
+    shape = pool.shape_json()
+    assert (shape["workers"], shape["servers"]) == (2, 1) and shape["executors"][0]["id"] == "server-0"
+
+
+def test_exit_description_names_executor_role_container_and_reason() -> None:
+    pool = ExecutorPool(num_blocks=4, am_address="a:1")
+    rec = pool.add(Role.SERVER, _container(3))
+    pool.mark_exited(_container(3, -104, "Container killed: memory 600 MB over 512 MB"))
+    assert rec.state is ExecutorState.EXITED
+    text = rec.describe_exit(512)
+    assert text.startswith("server-0 (server, container_1_0001_01_000003 on host:1) exited with -104 "
+                           "(KILLED_EXCEEDED_PMEM): over its 512 MB limit; Container killed")
+    assert pool.mark_exited(_container(99)) is None
+    assert "exited with 137 (exit code 137)" in pool.add(Role.WORKER, _container(5, 137)).describe_exit(512)
+
+
+async def test_status_server_serves_status_and_checkpoint_errors() -> None:
+    calls = []
+
+    async def checkpoint() -> dict:
+        calls.append(1)
+        if len(calls) == 1:
+            return {"epoch": 3, "dir": "/x/epoch-3"}
+        raise Conflict("no checkpoint in phase FAILED")
+
+    server = StatusServer(lambda: {"state": "TRAINING", "epoch": 3}, checkpoint)
+    url = await server.start()
+    try:
+        async with aiohttp.ClientSession() as s:
+            for path in ("", "status"):
+                async with s.get(url + path) as r:
+                    assert r.status == 200 and (await r.json()) == {"state": "TRAINING", "epoch": 3}
+            async with s.post(url + "checkpoint") as r:
+                assert r.status == 200 and (await r.json())["dir"] == "/x/epoch-3"
+            async with s.post(url + "checkpoint") as r:
+                assert r.status == 409
+                assert "FAILED" in (await r.json())["RemoteException"]["message"]
+    finally:
+        await server.stop()
