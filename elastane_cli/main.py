@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from . import app_commands, cluster_commands, daemon_commands, node_commands, secret_command
+from . import app_commands, cluster_commands, daemon_commands, node_commands, ps_commands, secret_command
 from .context import CliContext, common_parent, default_cluster_dir, default_user, global_options, resolve_rm_url
 from .errors import CliError
 
@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     global_options(parser)
     sub = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
     common = common_parent()
-    for module in (cluster_commands, node_commands, app_commands, daemon_commands, secret_command):
+    for module in (cluster_commands, node_commands, app_commands, ps_commands, daemon_commands, secret_command):
         module.add_parser(sub, common)
     return parser
 

@@ -13,10 +13,15 @@ def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
     apps = []
     for sa in core.scheduler.apps.values():
         app = core.apps[sa.app_id]
+        pending = sa.am_request or ZERO
+        for a in sa.asks.values():
+            pending = pending + a.resource.scale(a.count)
         apps.append(AppView(app.app_id, app.queue, app.user, app.state.value, app.submit_time, sa.used,
-                            app.shape, app.elastane))
+                            app.shape, app.elastane, am_resource=app.am.resource, pending=pending,
+                            directive=app.directive))
     used = sum((q.used for q in core.scheduler.queues.values()), ZERO)
-    return ClusterSnapshot(now=core.clock(), total=core.nodes.total, used=used, nodes=nodes, apps=tuple(apps))
+    return ClusterSnapshot(now=core.clock(), total=core.nodes.total, used=used, nodes=nodes, apps=tuple(apps),
+                           minimum_allocation_mb=core.scheduler.min_mb)
 
 
 def apply_directives(core: ResourceManagerCore, directives: dict[str, api.ShapeDirective]) -> int:

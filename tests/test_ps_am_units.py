@@ -126,3 +126,21 @@ async def test_status_server_serves_status_and_checkpoint_errors() -> None:
                 assert "FAILED" in (await r.json())["RemoteException"]["message"]
     finally:
         await server.stop()
+
+
+def test_am_entry_point_refuses_a_bad_or_missing_spec(tmp_path, monkeypatch, capsys) -> None:
+    from appmaster.ps.__main__ import main
+    from protocol.ps_job_spec import PS_SPEC_ENV
+
+    monkeypatch.setattr("protocol.daemon.install_uvloop", lambda: None)   # keep the test session's loop policy
+    monkeypatch.delenv(PS_SPEC_ENV, raising=False)
+    assert main([]) == 2 and PS_SPEC_ENV in capsys.readouterr().err
+    bad = tmp_path / "spec.json"
+    bad.write_text('{"app": "mlr", "workers": 0}')
+    assert main(["--spec", str(bad)]) == 2
+    assert "invalid job spec: workers: " in capsys.readouterr().err
+    monkeypatch.setenv(PS_SPEC_ENV, '{"app": "mlr"}')       # valid, but not inside an AM container
+    for var in ("ELASTANE_RM_ADDRESS", "ELASTANE_AM_TOKEN", "APPLICATION_ATTEMPT_ID"):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["--am-dir", str(tmp_path)]) == 2
+    assert "build_ps_submission" in capsys.readouterr().err

@@ -161,6 +161,12 @@ def test_checkpoint_on_request_then_killed_worker_fails_the_job(ps_cluster) -> N
     try:
         status = wait_until(lambda: (s := live_status(ps_cluster, app_id)) and len(s["objective_history"]) >= 2
                             and s, 120, "two epochs trained")
+        # the live status at the tracking URL: shape, memory next to data per executor, history
+        assert status["state"] == "TRAINING" and (status["shape"]["workers"], status["shape"]["servers"]) == (2, 1)
+        for e in status["shape"]["executors"]:
+            assert e["state"] == "READY" and 20 < e["rss_mb"] < EXECUTOR_MB and e["pid"] > 0, e
+            assert (e["data_mb"] > 0) if e["role"] == "worker" else (e["model_mb"] > 0), e
+        assert all(h["objective"] < status["initial_objective"] for h in status["objective_history"])
         url = get_app(ps_cluster.rm_url, app_id)["trackingUrl"].rstrip("/")
         ckpt = http_json(url + "/checkpoint", "POST")
         assert ckpt["epoch"] >= 2 and Path(ckpt["dir"]).parent == am_dir(ps_cluster, app_id) / "checkpoints"

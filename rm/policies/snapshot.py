@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from protocol.records import Resource
+from protocol.internal_api import ShapeDirective
+from protocol.records import ZERO, Resource
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class AppView:
     resources: Resource                 # currently allocated to the app
     shape: Optional[dict] = None        # what the AM reported in AllocateRequest.shape
     elastane: Optional[dict] = None     # the app's `elastane` submission extension (job spec)
+    am_resource: Resource = ZERO        # the AM container's resource (held once the AM is allocated)
+    pending: Resource = ZERO            # demand the scheduler has not granted yet (AM + open asks)
+    directive: Optional[ShapeDirective] = None   # the latest directive the RM holds for the app
 
 
 @dataclass(frozen=True)
@@ -37,3 +41,4 @@ class ClusterSnapshot:
     used: Resource
     nodes: tuple[NodeView, ...] = field(default_factory=tuple)
     apps: tuple[AppView, ...] = field(default_factory=tuple)
+    minimum_allocation_mb: int = 1      # the scheduler rounds container memory up to a multiple of this

@@ -1,0 +1,404 @@
+"""`elastane ps submit | status`: parameter-server training jobs (application type ELASTANE_PS).
+
+`submit` builds a PS job spec from flags (and an optional JSON spec file the flags override),
+validates it here with `protocol.ps_job_spec` so a bad field is named before anything is sent
+(exit 2), submits it through the RM's YARN REST API and, with `--wait`, shows a progress bar over
+the epochs from the AM's status endpoint (the app's tracking URL) until the app ends.
+`status` shows what the AM reports while the job runs, or what the RM knows once it has ended.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from protocol import ps_job_spec
+from protocol.http_client import JsonHttpClient, RemoteError
+from protocol.ps_app_schemas import APP_SCHEMAS, PRESET_NAMES
+
+from .app_commands import FINAL_STATES, _app_id, _positive
+from .context import CliContext, common_parent
+from .errors import EXIT_FAILED, EXIT_OK, OperationFailed, UsageError
+from .progress_bar import EpochPoint, EpochProgress, ProgressBar, format_objective
+from .rm_rest_client import RmRestClient
+from .tables import format_duration, render_key_values, render_table
+
+POLL_S = 0.5
+FAST_POLL_S = 0.1        # while the AM evaluates: its final metrics are served only briefly
+AM_STATUS_TIMEOUT_S = 5.0
+DEFAULT_AM_MEMORY_MB = 512
+
+# Flags that set one top-level spec field: (flag, spec field).
+FIELD_FLAGS = (("--app", "app"), ("--preset", "preset"), ("--workers", "workers"), ("--servers", "servers"),
+               ("--blocks", "blocks"), ("--sync", "sync"), ("--staleness", "staleness"),
+               ("--max-epochs", "max_epochs"), ("--executor-memory", "executor_memory_mb"),
+               ("--executor-vcores", "executor_vcores"))
+
+
+def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    ps = sub.add_parser("ps", help="submit and watch parameter-server training jobs")
+    acts = ps.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    p = acts.add_parser("submit", parents=[common], help="submit a PS training job",
+                        description="Submit a PS job; flags override the fields of --spec-file.")
+    p.add_argument("--app", choices=sorted(APP_SCHEMAS), help="the ML app to train")
+    p.add_argument("--preset", choices=PRESET_NAMES, help="data size preset (default tiny)")
+    p.add_argument("--workers", type=int, help="worker executors (default 2)")
+    p.add_argument("--servers", type=int, help="server executors (default 1)")
+    p.add_argument("--blocks", type=int, help="model blocks (default 4 x servers)")
+    p.add_argument("--sync", choices=("bsp", "ssp"), help="synchronisation (default bsp)")
+    p.add_argument("--staleness", type=int, help="SSP staleness bound (default 2 with ssp)")
+    p.add_argument("--max-epochs", type=int, help="epoch limit (default: the app's)")
+    p.add_argument("--executor-memory", type=int, metavar="MB", help="MB per executor (default 512)")
+    p.add_argument("--executor-vcores", type=int, metavar="V", help="vcores per executor (default 1)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE",
+                   help="any spec field by dotted path, e.g. data.num_samples=4000 (repeatable)")
+    p.add_argument("--hparam", dest="hparams", action="append", default=[], metavar="KEY=VALUE",
+                   help="a hyper-parameter, e.g. learning_rate=0.3 (repeatable)")
+    p.add_argument("--spec-file", type=Path, metavar="JOB.json", help="a PS job spec as JSON")
+    p.add_argument("--name", help="application name (default ps-APP-PRESET)")
+    p.add_argument("--queue", default="default")
+    p.add_argument("--am-memory", type=_positive("--am-memory"), default=DEFAULT_AM_MEMORY_MB, metavar="MB",
+                   help=f"MB for the ApplicationMaster (default {DEFAULT_AM_MEMORY_MB})")
+    p.add_argument("--wait", action="store_true", help="show a progress bar until the job ends")
+    p.set_defaults(func=cmd_submit)
+
+    p = acts.add_parser("status", parents=[common], help="a PS job's shape, executors and objective")
+    p.add_argument("app_id", type=_app_id, metavar="APP_ID")
+    p.add_argument("--history", type=_positive("--history"), default=10, metavar="N",
+                   help="how many recent epochs to list (default 10)")
+    p.set_defaults(func=cmd_status)
+
+
+# ----- the spec from flags ---------------------------------------------------------------------
+
+def parse_value(text: str) -> Any:
+    """A flag value as JSON when it is JSON (4000, 0.3, true, [1, 2]), else the plain string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_assignment(text: str, flag: str) -> tuple[list[str], Any]:
+    """`data.num_samples=4000` -> (["data", "num_samples"], 4000); UsageError naming `flag`."""
+    key, sep, value = text.partition("=")
+    path = key.strip().split(".")
+    if not sep or not all(path):
+        raise UsageError(f"{flag} expects FIELD=VALUE with a dotted field path, got {text!r}")
+    return path, parse_value(value.strip())
+
+
+def set_path(spec: dict[str, Any], path: list[str], value: Any, flag: str) -> None:
+    node = spec
+    for i, part in enumerate(path[:-1]):
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise UsageError(f"{flag} {'.'.join(path)}: {'.'.join(path[:i + 1])} is not an object")
+        node = nxt
+    node[path[-1]] = value
+
+
+def load_spec_file(path: Path) -> dict[str, Any]:
+    try:
+        obj = json.loads(path.read_text())
+    except OSError as e:
+        raise UsageError(f"--spec-file: cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise UsageError(f"--spec-file: {path} is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise UsageError(f"--spec-file: {path} must hold a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The PS job spec (builtins, not yet validated): the spec file, then the flags over it."""
+    spec = load_spec_file(args.spec_file) if args.spec_file else {}
+    for flag, name in FIELD_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            spec[name] = value
+    for text in args.sets:
+        set_path(spec, *parse_assignment(text, "--set"), "--set")
+    for text in args.hparams:
+        path, value = parse_assignment(text, "--hparam")
+        set_path(spec, ["hparams", *path], value, "--hparam")
+    if "app" not in spec:
+        raise UsageError("app: required field is missing; give --app (one of "
+                         f"{', '.join(sorted(APP_SCHEMAS))}) or a --spec-file with \"app\"")
+    return spec
+
+
+def validate_spec(spec: dict[str, Any]) -> ps_job_spec.PSJobSpec:
+    """Validate client-side; UsageError (exit 2) naming the field, and the flag that set it."""
+    try:
+        return ps_job_spec.validate(spec)
+    except ps_job_spec.JobSpecError as e:
+        top = e.field.split(".", 1)[0]
+        flag = next((f for f, name in FIELD_FLAGS if name == top), None)
+        hint = f" (set by {flag})" if flag else ""
+        raise UsageError(f"invalid PS job spec: {e}{hint}") from None
+
+
+def max_epochs_of(spec_json: Any) -> int:
+    """The epoch limit a spec runs to: max_epochs, else hparams.max_epochs, else the app's default."""
+    try:
+        spec = ps_job_spec.validate(spec_json)
+        hp = msgspec.convert(spec.app_hparams(), APP_SCHEMAS[spec.app].hparams, strict=True)
+        return int(hp.max_epochs)  # type: ignore[attr-defined]
+    except (ps_job_spec.JobSpecError, msgspec.ValidationError, KeyError, AttributeError):
+        return 0
+
+
+# ----- AM status -------------------------------------------------------------------------------
+
+def progress_from_status(status: dict[str, Any], max_epochs: int = 0) -> EpochProgress:
+    """The progress bar's view of the AM's /status answer."""
+    history = [EpochPoint(int(h.get("epoch", i)), float(h["objective"]), float(h.get("epoch_time_s") or 0.0),
+                          float(h.get("time") or 0.0))
+               for i, h in enumerate(status.get("objective_history") or []) if h.get("objective") is not None]
+    done = int(status.get("epoch") or len(history))
+    limit = max_epochs or max_epochs_of(status.get("spec")) or done
+    return EpochProgress(phase=str(status.get("state") or "?"), epochs_done=done, max_epochs=max(limit, done),
+                         history=history, initial_objective=status.get("initial_objective"),
+                         converged=bool(status.get("converged")))
+
+
+class AmStatusReader:
+    """Reads GET <trackingUrl>/status; None when the AM does not answer (not up yet, or gone)."""
+
+    def __init__(self, user: str) -> None:
+        self.user = user
+        self._clients: dict[str, JsonHttpClient] = {}
+        self.last_error = ""
+
+    async def read(self, tracking_url: str) -> dict[str, Any] | None:
+        base = tracking_url.rstrip("/")
+        client = self._clients.get(base)
+        if client is None:
+            client = self._clients[base] = JsonHttpClient(base, timeout_s=AM_STATUS_TIMEOUT_S, user=self.user)
+        try:
+            body = await client.get("/status")
+        except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as e:
+            self.last_error = f"{base}/status: {e or type(e).__name__}"
+            return None
+        return body if isinstance(body, dict) else None
+
+    async def close(self) -> None:
+        for c in self._clients.values():
+            await c.close()
+        self._clients.clear()
+
+
+@dataclass
+class WatchResult:
+    """How a watched job ended: the RM's final app record and the last AM status seen."""
+
+    app: dict[str, Any]
+    status: dict[str, Any] | None
+
+
+async def watch_ps_job(client: RmRestClient, app_id: str, bar: ProgressBar, max_epochs: int = 0,
+                       poll_s: float = POLL_S, timeout_s: float | None = None) -> WatchResult:
+    """Poll the RM and the AM's status, redrawing `bar`, until the app reaches a final state."""
+    reader = AmStatusReader(client.user)
+    last: dict[str, Any] | None = None
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    try:
+        while True:
+            app = await client.app(app_id)
+            state = app.get("state")
+            if state in FINAL_STATES:
+                return WatchResult(app, last)
+            status = None
+            if state == "RUNNING" and app.get("trackingUrl"):
+                status = await reader.read(app["trackingUrl"])
+            if status is not None:
+                last = status
+                bar.update(progress_from_status(status, max_epochs))
+            elif last is None:
+                bar.message(f"{app_id}  {state}  (waiting for the ApplicationMaster)", key=str(state))
+            if deadline is not None and loop.time() > deadline:
+                raise OperationFailed(f"{app_id} did not finish within {timeout_s:.0f}s (state {state})")
+            finishing = status is not None and status.get("state") not in ("TRAINING", None) and status.get("epoch")
+            await asyncio.sleep(FAST_POLL_S if finishing else poll_s)  # poll interval of the live view
+    finally:
+        bar.finish()
+        await reader.close()
+
+
+# ----- reports ---------------------------------------------------------------------------------
+
+def _metrics_text(metrics: dict[str, Any] | None) -> str:
+    if not metrics:
+        return "-"
+    return ", ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in metrics.items())
+
+
+def final_report(result: WatchResult) -> list[tuple[str, Any]]:
+    """What `ps submit --wait` prints once the job has ended."""
+    app, status = result.app, result.status or {}
+    pairs: list[tuple[str, Any]] = [("Application-Id", app.get("id")),
+                                    ("Final-Status", f"{app.get('state')}/{app.get('finalStatus')}")]
+    history = status.get("objective_history") or []
+    shape = app.get("shape") or {}
+    if history:
+        pairs.append(("Final-Objective", f"{format_objective(history[-1]['objective'])} after {len(history)} "
+                                         f"epochs (initial {format_objective(status.get('initial_objective'))})"))
+    elif shape.get("objective") is not None:   # the RM's copy of the AM's last reported epoch
+        pairs.append(("Final-Objective", f"{format_objective(shape['objective'])} after "
+                                         f"{int(shape.get('epoch', 0)) + 1} epochs"))
+    if status.get("final_metrics"):
+        pairs.append(("Held-Out-Metrics", _metrics_text(status["final_metrics"])))
+    if app.get("diagnostics"):
+        pairs.append(("Diagnostics", app["diagnostics"]))
+    return pairs
+
+
+def _blocks_text(blocks: list[int]) -> str:
+    """[0, 1, 2, 3, 6] -> '0-3,6'."""
+    runs: list[list[int]] = []
+    for b in sorted(set(blocks)):
+        if runs and runs[-1][1] == b - 1:
+            runs[-1][1] = b
+        else:
+            runs.append([b, b])
+    return ",".join(str(a) if a == z else f"{a}-{z}" for a, z in runs) or "-"
+
+
+EXECUTOR_HEADERS = ["ID", "ROLE", "STATE", "NODE", "CONTAINER", "RSS-MB", "DATA-MB", "MODEL-MB", "BLOCKS"]
+
+
+def executor_rows(status: dict[str, Any]) -> list[list[Any]]:
+    return [[e.get("id"), e.get("role"), e.get("state", "-"), e.get("node"), e.get("container_id"),
+             f"{float(e.get('rss_mb') or 0):.1f}", f"{float(e.get('data_mb') or 0):.2f}",
+             f"{float(e.get('model_mb') or 0):.2f}", _blocks_text(list(e.get("blocks") or []))]
+            for e in (status.get("shape") or {}).get("executors") or []]
+
+
+def running_report(app: dict[str, Any], status: dict[str, Any]) -> tuple[list[tuple[str, Any]], EpochProgress]:
+    spec = status.get("spec") or {}
+    shape = status.get("shape") or {}
+    p = progress_from_status(status)
+    wall = p.wall_time_per_epoch_s()
+    eta = p.eta_s()
+    pairs: list[tuple[str, Any]] = [
+        ("Application-Id", app.get("id")), ("Name", app.get("name")), ("User", app.get("user")),
+        ("State", f"{app.get('state')} (job phase {status.get('state')})"),
+        ("App", f"{status.get('app', spec.get('app'))} (preset {spec.get('preset', '-')}, data "
+                f"{status.get('data_mb', '-')} MB, model {status.get('model_mb', '-')} MB)"),
+        ("Shape", f"{shape.get('workers', '?')} workers, {shape.get('servers', '?')} servers, "
+                  f"{status.get('num_blocks', '?')} blocks, sync {spec.get('sync', '-')}"),
+        ("Epoch", f"{p.epochs_done}/{p.max_epochs}" + (" (converged)" if p.converged else "")),
+        ("Objective", f"{format_objective(p.objective)} (initial {format_objective(p.initial_objective)})"),
+        ("Epoch-Time", "-" if p.last_epoch_time_s is None else
+         f"{p.last_epoch_time_s:.3f}s training, {wall:.3f}s wall per epoch" if wall else f"{p.last_epoch_time_s:.3f}s"),
+        ("ETA", "-" if eta is None or p.converged else f"<= {format_duration(eta)}"),
+        ("Tracking-URL", app.get("trackingUrl")),
+    ]
+    if status.get("final_metrics"):
+        pairs.append(("Held-Out-Metrics", _metrics_text(status["final_metrics"])))
+    if status.get("diagnostics"):
+        pairs.append(("Diagnostics", status["diagnostics"]))
+    return pairs, p
+
+
+def ended_report(app: dict[str, Any]) -> list[tuple[str, Any]]:
+    shape = app.get("shape") or {}
+    pairs: list[tuple[str, Any]] = [
+        ("Application-Id", app.get("id")), ("Name", app.get("name")), ("User", app.get("user")),
+        ("State", app.get("state")), ("Final-Status", app.get("finalStatus")),
+        ("Elapsed", format_duration((app.get("elapsedTime") or 0) / 1000))]
+    if shape:
+        pairs.append(("Last-Shape", f"{shape.get('workers', '?')} workers, {shape.get('servers', '?')} servers"))
+    if shape.get("objective") is not None:
+        pairs.append(("Last-Epoch", f"{int(shape.get('epoch', 0)) + 1} epochs, objective "
+                                    f"{format_objective(shape['objective'])}, epoch time "
+                                    f"{float(shape.get('epoch_time_s') or 0):.3f}s"))
+    pairs.append(("Diagnostics", app.get("diagnostics") or "-"))
+    return pairs
+
+
+# ----- commands --------------------------------------------------------------------------------
+
+def cmd_submit(args: argparse.Namespace, ctx: CliContext) -> int:
+    spec = validate_spec(spec_from_args(args))
+    name = args.name or f"ps-{spec.app}-{spec.preset}"
+
+    async def go() -> int:
+        async with RmRestClient(ctx.rm_url, ctx.user) as c:
+            app_id = await submit_ps_job(c, spec, name, args.queue, args.am_memory)
+            ctx.out.write(f"Submitted application {app_id}\n")
+            ctx.out.flush()
+            if not args.wait:
+                return EXIT_OK
+            result = await watch_ps_job(c, app_id, ProgressBar(ctx.out), max_epochs_of(spec))
+            ctx.out.write(render_key_values(final_report(result)) + "\n")
+            return EXIT_OK if result.app.get("finalStatus") == "SUCCEEDED" else EXIT_FAILED
+    try:
+        return asyncio.run(go())
+    except KeyboardInterrupt:
+        sys.stderr.write("\nelastane: stopped watching; the job keeps running "
+                         "(`elastane app kill APP_ID` to stop it)\n")
+        return 130
+
+
+async def submit_ps_job(client: RmRestClient, spec: ps_job_spec.PSJobSpec, name: str, queue: str = "default",
+                        am_memory: int = DEFAULT_AM_MEMORY_MB) -> str:
+    """new-application + POST /apps with the PS submission; returns the application id."""
+    from appmaster.ps.submission import build_ps_submission  # noqa: PLC0415 (only `ps submit` needs it)
+
+    new = await client.new_application()
+    app_id = new.get("application-id")
+    if not app_id:
+        raise OperationFailed(f"the RM's new-application answer has no application-id: {new}")
+    try:
+        sub = build_ps_submission(spec, name=name, queue=queue, am_memory=am_memory, app_id=app_id)
+    except ValueError as e:   # JobSpecError is a ValueError too
+        raise UsageError(str(e)) from None
+    await client.submit(sub)
+    return app_id
+
+
+def cmd_status(args: argparse.Namespace, ctx: CliContext) -> int:
+    async def go() -> tuple[dict[str, Any], dict[str, Any] | None, str]:
+        async with RmRestClient(ctx.rm_url, ctx.user) as c:
+            app = await c.app(args.app_id)
+            if app.get("applicationType") not in (None, ps_job_spec.APPLICATION_TYPE):
+                raise UsageError(f"{args.app_id} is not a PS job (application type {app['applicationType']}); "
+                                 "use `elastane app status`")
+            if app.get("state") != "RUNNING" or not app.get("trackingUrl"):
+                return app, None, ""
+            reader = AmStatusReader(ctx.user)
+            try:
+                return app, await reader.read(app["trackingUrl"]), reader.last_error
+            finally:
+                await reader.close()
+    app, status, error = asyncio.run(go())
+    if status is None:
+        ctx.out.write(render_key_values(ended_report(app)) + "\n")
+        if app.get("state") == "RUNNING":
+            ctx.err.write(f"elastane: the ApplicationMaster's status is not available "
+                          f"({error or 'it has not registered a tracking URL yet'})\n")
+        elif app.get("state") not in FINAL_STATES:
+            ctx.err.write(f"elastane: the job has not started yet ({app.get('state')})\n")
+        return EXIT_OK
+    pairs, p = running_report(app, status)
+    ctx.out.write(render_key_values(pairs) + "\n")
+    rows = executor_rows(status)
+    if rows:
+        ctx.out.write("\nExecutors:\n" + render_table(EXECUTOR_HEADERS, rows) + "\n")
+    recent = p.history[-args.history:]
+    if recent:
+        ctx.out.write("\nRecent epochs:\n" + render_table(
+            ["EPOCH", "OBJECTIVE", "EPOCH-TIME"],
+            [[h.epoch, format_objective(h.objective), f"{h.epoch_time_s:.3f}s"] for h in recent]) + "\n")
+    return EXIT_OK
