@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import processes
+from psruntime.bandwidth import format_rate, parse_rate
+
+from . import node_network, processes
 from .context import CliContext
 from .errors import EXIT_OK, OperationFailed, UsageError
 from .local_cluster import ClusterStartError, LocalCluster
@@ -32,6 +34,13 @@ def _port(v: str) -> int:
     return n
 
 
+def _rate(v: str) -> int:
+    try:
+        return parse_rate(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     cluster = sub.add_parser("cluster", help="start / stop a whole cluster on this machine")
     acts = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -45,6 +54,11 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--cgroups", choices=["auto", "v1", "v2", "off"], default="auto")
     p.add_argument("--policy", default="static", help="elastic policy: static | eps | optimus | dorm | harmony")
     p.add_argument("--heartbeat-interval-ms", type=_positive, default=1000)
+    p.add_argument("--node-bandwidth", type=_rate, metavar="RATE",
+                   help="cap each node's network, tc units: 100mbit, 1gbit, 125mbps (bps = bytes/s)")
+    p.add_argument("--network", choices=node_network.MODES, default="auto",
+                   help="how to cap: netns (tc on a namespace per node; root), emulated (token bucket in "
+                        "the data plane, per executor), auto (netns where possible)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for every node")
     p.set_defaults(func=cmd_start)
 
@@ -81,7 +95,8 @@ def cmd_start(args: argparse.Namespace, ctx: CliContext) -> int:
     try:
         cluster = LocalCluster(base, nodes=args.nodes, node_memory_mb=args.node_memory,
                                node_vcores=args.node_vcores, rm_port=args.rm_port, cgroups=args.cgroups,
-                               policy=args.policy, heartbeat_interval_ms=args.heartbeat_interval_ms)
+                               policy=args.policy, heartbeat_interval_ms=args.heartbeat_interval_ms,
+                               node_bandwidth=args.node_bandwidth, network=args.network)
     except ValueError as e:
         raise UsageError(str(e)) from None
     ctx.err.write(f"starting an RM and {args.nodes} NMs under {base} ...\n")
@@ -90,6 +105,10 @@ def cmd_start(args: argparse.Namespace, ctx: CliContext) -> int:
     except ClusterStartError as e:
         raise OperationFailed(f"the cluster did not start:\n{e}") from None
     cluster.save_state()
+    if cluster.node_bandwidth_bps:
+        how = (f"tc on a network namespace per node, bridge {cluster.net.bridge} {cluster.net.bridge_ip}"
+               if cluster.net else "emulated by a token bucket in each executor's data plane")
+        ctx.err.write(f"node bandwidth {format_rate(cluster.node_bandwidth_bps)}: {how}\n")
     ctx.err.write(f"cluster up: {len(cluster.nodes)} nodes, logs in {base / 'logs'}; "
                   f"stop it with `elastane cluster stop --dir {base}`\n")
     ctx.out.write(cluster.rm_url + "\n")
@@ -104,6 +123,8 @@ def cmd_stop(args: argparse.Namespace, ctx: CliContext) -> int:
     left = [p for p in cluster.pids() if processes.is_alive(p)]
     if left:
         raise OperationFailed(f"processes still alive after stop: {left}")
+    if cluster.network_errors:
+        raise OperationFailed("could not remove the node network: " + "; ".join(cluster.network_errors))
     ctx.out.write(f"stopped the cluster in {base} ({len(was)} daemons were running)\n")
     return EXIT_OK
 

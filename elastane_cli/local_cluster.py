@@ -9,6 +9,11 @@ and the benchmarks all use it the same way:
 Layout under `base_dir`: conf/cluster.toml (fresh secret), rm/ (state dir), nm<i>/{local,logs,
 recovery}/, logs/{rm,nm<i>}.log (daemon output), run/*.ready (ready files) and cluster.json
 (pids, so another process can stop the cluster: `LocalCluster.load(base_dir).stop()`).
+
+With `node_bandwidth` each node's network is capped (docs/internals.md, "Network bandwidth
+caps"): in "netns" mode every NM runs in its own network namespace behind a tc-capped veth on a
+bridge (elastane_cli.node_network) and the RM binds 0.0.0.0 and advertises the bridge address;
+in "emulated" mode the NMs tell their containers the cap and the data plane paces itself.
 """
 from __future__ import annotations
 
@@ -25,8 +30,9 @@ from pathlib import Path
 from typing import IO, Any, Mapping, Sequence
 
 from protocol import tokens
+from psruntime.bandwidth import parse_rate
 
-from . import container_reaper, processes
+from . import container_reaper, node_network, processes
 
 
 class ClusterStartError(RuntimeError):
@@ -80,13 +86,25 @@ class LocalCluster:
                  rm_port: int = 0, nm_expiry_s: float = 10.0, am_expiry_s: float = 10.0,
                  heartbeat_interval_ms: int = 1000, cgroups: str = "auto", policy: str = "static",
                  extra_rm_args: Sequence[str] = (), extra_nm_args: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, node_bandwidth: str | int | None = None,
+                 network: str = "auto") -> None:
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {nodes}")
         if node_memory_mb < 1 or node_vcores < 1:
             raise ValueError("node_memory_mb and node_vcores must be positive")
         if not 0 <= rm_port <= 65535:
             raise ValueError(f"rm_port must be in 0..65535, got {rm_port}")
+        if network not in node_network.MODES:
+            raise ValueError(f"network must be one of {', '.join(node_network.MODES)}, got {network!r}")
+        self.node_bandwidth_bps = parse_rate(node_bandwidth) if node_bandwidth is not None else None
+        if network == "emulated" and self.node_bandwidth_bps is None:
+            raise ValueError("network='emulated' needs node_bandwidth (e.g. '1gbit')")
+        if network == "netns" and nodes > node_network.MAX_NODES:
+            raise ValueError(f"network='netns' allows at most {node_network.MAX_NODES} nodes, got {nodes}")
+        self.network = network
+        self.network_mode = ""               # resolved at start: netns | emulated | none
+        self.net: node_network.ClusterNetwork | None = None
+        self.network_errors: list[str] = []  # what teardown could not remove
         self.base_dir = Path(base_dir).resolve()
         self.num_nodes = nodes
         self.node_memory_mb = node_memory_mb
@@ -133,6 +151,7 @@ class LocalCluster:
         self.secret = tokens.generate_secret()
         self._write_cluster_conf(f"http://127.0.0.1:{self.rm_port or 8088}")
         try:
+            self._setup_network()
             rm_ready = self._start_rm(deadline)
             self.rm_url = rm_ready.get("url") or f"http://{rm_ready['http_address']}"
             self._write_cluster_conf(self.rm_url)
@@ -147,6 +166,28 @@ class LocalCluster:
             self.stop()
             raise
         return self
+
+    def _setup_network(self) -> None:
+        """Resolve the network mode; in netns mode build the bridge and namespaces (recorded at once,
+        so a crash before the end leaves cluster.json naming them for `stop`)."""
+        try:
+            self.network_mode = node_network.resolve_mode(self.network, self.node_bandwidth_bps)
+        except node_network.NodeNetworkError as e:
+            raise ClusterStartError(str(e)) from None
+        if self.network_mode == "netns":
+            try:
+                self.net = node_network.create(self.base_dir, self.num_nodes, self.node_bandwidth_bps)
+            except node_network.NodeNetworkError as e:
+                raise ClusterStartError(f"cannot build the node namespaces: {e}") from None
+            self.save_state()
+            self._write_daemon_conf("rm.toml", "rm", "advertise_host", f'"{self.net.bridge_ip}"')
+        elif self.network_mode == "emulated":
+            self._write_daemon_conf("nm.toml", "nm", "network_bandwidth_bps", str(self.node_bandwidth_bps))
+
+    def _write_daemon_conf(self, name: str, section: str, key: str, value: str) -> None:
+        """A daemon config file holding only what this cluster changes (the rest stays default)."""
+        (self.base_dir / "conf" / name).write_text(
+            f"# Written by LocalCluster (network mode {self.network_mode}).\n[{section}]\n{key} = {value}\n")
 
     def _daemon_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -164,11 +205,11 @@ class LocalCluster:
         os.chmod(tmp, 0o600)
         tmp.replace(self.conf_path)
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], prefix: Sequence[str] = ()) -> subprocess.Popen:
         self._ready_path(name).unlink(missing_ok=True)
         log = open(self.log_path(name), "ab")
         # Own session: the daemons outlive the CLI that started them and miss its Ctrl-C.
-        p = subprocess.Popen([sys.executable, *args], stdin=subprocess.DEVNULL, stdout=log,
+        p = subprocess.Popen([*prefix, sys.executable, *args], stdin=subprocess.DEVNULL, stdout=log,
                              stderr=subprocess.STDOUT, env=self._daemon_env(), cwd=self.base_dir,
                              start_new_session=True)
         self._spawned[name] = _Spawned(p, log)
@@ -193,7 +234,9 @@ class LocalCluster:
             time.sleep(0.05)
 
     def _start_rm(self, deadline: float) -> dict[str, Any]:
-        args = ["-m", self.rm_module, "--cluster-config", str(self.conf_path), "--host", "127.0.0.1",
+        # In netns mode NMs reach the RM over the bridge: bind everywhere, advertise the bridge address.
+        host, conf = ("0.0.0.0", ["--config", str(self.base_dir / "conf" / "rm.toml")]) if self.net else ("127.0.0.1", [])
+        args = ["-m", self.rm_module, *conf, "--cluster-config", str(self.conf_path), "--host", host,
                 "--port", str(self.rm_port), "--state-dir", str(self.base_dir / "rm"),
                 "--nm-expiry-s", str(self.nm_expiry_s), "--am-expiry-s", str(self.am_expiry_s),
                 "--policy", self.policy, "--ready-file", str(self._ready_path("rm")), *self.extra_rm_args]
@@ -212,13 +255,15 @@ class LocalCluster:
 
     def _spawn_nm(self, i: int) -> None:
         node = self._node_dirs(i)
-        args = ["-m", self.nm_module, "--cluster-config", str(self.conf_path), "--rm-address", self.rm_url,
-                "--host", "127.0.0.1", "--port", "0", "--memory-mb", str(self.node_memory_mb),
+        conf = ["--config", str(self.base_dir / "conf" / "nm.toml")] if self.network_mode == "emulated" else []
+        host = self.net.node_ip(i) if self.net else "127.0.0.1"
+        args = ["-m", self.nm_module, *conf, "--cluster-config", str(self.conf_path), "--rm-address", self.rm_url,
+                "--host", host, "--port", "0", "--memory-mb", str(self.node_memory_mb),
                 "--vcores", str(self.node_vcores), "--local-dir", str(node.local_dir),
                 "--log-dir", str(node.log_dir), "--recovery-dir", str(node.recovery_dir),
                 "--cgroups", self.cgroups, "--heartbeat-interval-ms", str(self.heartbeat_interval_ms),
                 "--ready-file", str(self._ready_path(f"nm{i}")), *self.extra_nm_args]
-        p = self._spawn(f"nm{i}", args)
+        p = self._spawn(f"nm{i}", args, self.net.exec_prefix(i) if self.net else ())
         node.pid = p.pid
         node.start_ticks = processes.proc_start_ticks(p.pid)
         if i < len(self.nodes):
@@ -305,6 +350,8 @@ class LocalCluster:
         self._spawned.clear()
         if self.started_at:
             container_reaper.reap([n.recovery_dir for n in self.nodes], self.started_at)
+        if self.net is not None:  # after every process inside the namespaces is gone
+            self.network_errors = node_network.remove(self.net)
         for n in self.nodes:
             n.alive = False
         self._stopped = True
@@ -331,7 +378,10 @@ class LocalCluster:
                        "nm_expiry_s": self.nm_expiry_s, "am_expiry_s": self.am_expiry_s,
                        "heartbeat_interval_ms": self.heartbeat_interval_ms, "cgroups": self.cgroups,
                        "policy": self.policy, "extra_rm_args": self.extra_rm_args,
-                       "extra_nm_args": self.extra_nm_args, "env": self.env},
+                       "extra_nm_args": self.extra_nm_args, "env": self.env,
+                       "node_bandwidth": self.node_bandwidth_bps, "network": self.network},
+            "network_mode": self.network_mode,
+            "node_network": self.net.to_json() if self.net else None,
             "nodes": [n.to_json() for n in self.nodes],
         }
         path = self.base_dir / self.STATE_FILE
@@ -352,6 +402,9 @@ class LocalCluster:
         c.started_at = state["started_at"]
         # `stopped` is informational: stop() on a loaded cluster always re-checks the recorded pids.
         c.nodes = [NodeProcess.from_json(n) for n in state["nodes"]]
+        c.network_mode = state.get("network_mode", "")
+        if state.get("node_network"):
+            c.net = node_network.ClusterNetwork.from_json(state["node_network"])
         try:
             from protocol import config  # noqa: PLC0415
             c.secret = config.load_cluster(str(c.conf_path)).secret

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,10 @@ POLL_S = 0.5
 FAST_POLL_S = 0.1        # while the AM evaluates: its final metrics are served only briefly
 AM_STATUS_TIMEOUT_S = 5.0
 DEFAULT_AM_MEMORY_MB = 512
+AM_ENDING_PHASES = ("FINISHING", "SUCCEEDED", "FAILED", "KILLED")
+# The PS AM's final diagnostics: "final objective X after N epochs (...; held-out k v, k v)".
+FINAL_DIAGNOSTICS = re.compile(r"final objective (?P<objective>\S+) after (?P<epochs>\d+) epochs"
+                               r"(?:.*?held-out (?P<metrics>[^)]*)\))?")
 
 # Flags that set one top-level spec field: (flag, spec field).
 FIELD_FLAGS = (("--app", "app"), ("--preset", "preset"), ("--workers", "workers"), ("--servers", "servers"),
@@ -118,13 +123,16 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     return obj
 
 
-def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The PS job spec (builtins, not yet validated): the spec file, then the flags over it."""
+def spec_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """The PS job spec (builtins, not yet validated): the spec file, then the flags over it; and
+    which flag set which top-level field, to name it in errors."""
     spec = load_spec_file(args.spec_file) if args.spec_file else {}
+    set_by: dict[str, str] = {}
     for flag, name in FIELD_FLAGS:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
             spec[name] = value
+            set_by[name] = flag
     for text in args.sets:
         set_path(spec, *parse_assignment(text, "--set"), "--set")
     for text in args.hparams:
@@ -133,16 +141,15 @@ def spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if "app" not in spec:
         raise UsageError("app: required field is missing; give --app (one of "
                          f"{', '.join(sorted(APP_SCHEMAS))}) or a --spec-file with \"app\"")
-    return spec
+    return spec, set_by
 
 
-def validate_spec(spec: dict[str, Any]) -> ps_job_spec.PSJobSpec:
-    """Validate client-side; UsageError (exit 2) naming the field, and the flag that set it."""
+def validate_spec(spec: dict[str, Any], set_by: dict[str, str] | None = None) -> ps_job_spec.PSJobSpec:
+    """Validate client-side; UsageError (exit 2) naming the field (and the flag that set it)."""
     try:
         return ps_job_spec.validate(spec)
     except ps_job_spec.JobSpecError as e:
-        top = e.field.split(".", 1)[0]
-        flag = next((f for f, name in FIELD_FLAGS if name == top), None)
+        flag = (set_by or {}).get(e.field.split(".", 1)[0])
         hint = f" (set by {flag})" if flag else ""
         raise UsageError(f"invalid PS job spec: {e}{hint}") from None
 
@@ -206,8 +213,9 @@ class WatchResult:
 
 
 async def watch_ps_job(client: RmRestClient, app_id: str, bar: ProgressBar, max_epochs: int = 0,
-                       poll_s: float = POLL_S, timeout_s: float | None = None) -> WatchResult:
+                       poll_s: float | None = None, timeout_s: float | None = None) -> WatchResult:
     """Poll the RM and the AM's status, redrawing `bar`, until the app reaches a final state."""
+    poll_s = POLL_S if poll_s is None else poll_s
     reader = AmStatusReader(client.user)
     last: dict[str, Any] | None = None
     loop = asyncio.get_running_loop()
@@ -228,11 +236,21 @@ async def watch_ps_job(client: RmRestClient, app_id: str, bar: ProgressBar, max_
                 bar.message(f"{app_id}  {state}  (waiting for the ApplicationMaster)", key=str(state))
             if deadline is not None and loop.time() > deadline:
                 raise OperationFailed(f"{app_id} did not finish within {timeout_s:.0f}s (state {state})")
-            finishing = status is not None and status.get("state") not in ("TRAINING", None) and status.get("epoch")
-            await asyncio.sleep(FAST_POLL_S if finishing else poll_s)  # poll interval of the live view
+            await asyncio.sleep(min(poll_s, FAST_POLL_S) if _near_the_end(status, max_epochs) else poll_s)  # live view
+
     finally:
         bar.finish()
         await reader.close()
+
+
+def _near_the_end(status: dict[str, Any] | None, max_epochs: int) -> bool:
+    """Whether the job is in (or one epoch from) its final phase, whose status the AM serves only
+    until it exits: then poll faster to catch the final metrics."""
+    if status is None:
+        return False
+    if status.get("state") in AM_ENDING_PHASES:
+        return True
+    return bool(max_epochs) and int(status.get("epoch") or 0) >= max_epochs - 1
 
 
 # ----- reports ---------------------------------------------------------------------------------
@@ -243,21 +261,40 @@ def _metrics_text(metrics: dict[str, Any] | None) -> str:
     return ", ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in metrics.items())
 
 
+def _plural(n: Any, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def final_from_diagnostics(diagnostics: str | None) -> tuple[str, str, str] | None:
+    """(objective, epochs, held-out metrics text) from the PS AM's final diagnostics, if they are that."""
+    m = FINAL_DIAGNOSTICS.search(diagnostics or "")
+    if m is None:
+        return None
+    return m.group("objective"), m.group("epochs"), (m.group("metrics") or "").strip()
+
+
 def final_report(result: WatchResult) -> list[tuple[str, Any]]:
     """What `ps submit --wait` prints once the job has ended."""
     app, status = result.app, result.status or {}
     pairs: list[tuple[str, Any]] = [("Application-Id", app.get("id")),
                                     ("Final-Status", f"{app.get('state')}/{app.get('finalStatus')}")]
     history = status.get("objective_history") or []
-    shape = app.get("shape") or {}
-    if history:
-        pairs.append(("Final-Objective", f"{format_objective(history[-1]['objective'])} after {len(history)} "
-                                         f"epochs (initial {format_objective(status.get('initial_objective'))})"))
-    elif shape.get("objective") is not None:   # the RM's copy of the AM's last reported epoch
-        pairs.append(("Final-Objective", f"{format_objective(shape['objective'])} after "
-                                         f"{int(shape.get('epoch', 0)) + 1} epochs"))
+    parsed = final_from_diagnostics(app.get("diagnostics"))
+    initial = f" (initial {format_objective(status['initial_objective'])})" \
+        if status.get("initial_objective") is not None else ""
+    if status.get("state") in AM_ENDING_PHASES and history:
+        # The AM's own last word: the whole history, seen before it exited.
+        pairs.append(("Final-Objective", f"{format_objective(history[-1]['objective'])} after "
+                                         f"{_plural(len(history), 'epoch')}{initial}"))
+    elif parsed is not None:   # the last status seen was older: the AM's final diagnostics say it
+        pairs.append(("Final-Objective", f"{parsed[0]} after {_plural(int(parsed[1]), 'epoch')}{initial}"))
+    elif history:
+        pairs.append(("Last-Objective", f"{format_objective(history[-1]['objective'])} after "
+                                        f"{_plural(len(history), 'epoch')}{initial}"))
     if status.get("final_metrics"):
         pairs.append(("Held-Out-Metrics", _metrics_text(status["final_metrics"])))
+    elif parsed is not None and parsed[2]:
+        pairs.append(("Held-Out-Metrics", parsed[2]))
     if app.get("diagnostics"):
         pairs.append(("Diagnostics", app["diagnostics"]))
     return pairs
@@ -279,8 +316,8 @@ EXECUTOR_HEADERS = ["ID", "ROLE", "STATE", "NODE", "CONTAINER", "RSS-MB", "DATA-
 
 def executor_rows(status: dict[str, Any]) -> list[list[Any]]:
     return [[e.get("id"), e.get("role"), e.get("state", "-"), e.get("node"), e.get("container_id"),
-             f"{float(e.get('rss_mb') or 0):.1f}", f"{float(e.get('data_mb') or 0):.2f}",
-             f"{float(e.get('model_mb') or 0):.2f}", _blocks_text(list(e.get("blocks") or []))]
+             f"{float(e.get('rss_mb') or 0):.1f}", f"{float(e.get('data_mb') or 0):.3f}",
+             f"{float(e.get('model_mb') or 0):.3f}", _blocks_text(list(e.get("blocks") or []))]
             for e in (status.get("shape") or {}).get("executors") or []]
 
 
@@ -295,8 +332,8 @@ def running_report(app: dict[str, Any], status: dict[str, Any]) -> tuple[list[tu
         ("State", f"{app.get('state')} (job phase {status.get('state')})"),
         ("App", f"{status.get('app', spec.get('app'))} (preset {spec.get('preset', '-')}, data "
                 f"{status.get('data_mb', '-')} MB, model {status.get('model_mb', '-')} MB)"),
-        ("Shape", f"{shape.get('workers', '?')} workers, {shape.get('servers', '?')} servers, "
-                  f"{status.get('num_blocks', '?')} blocks, sync {spec.get('sync', '-')}"),
+        ("Shape", f"{_plural(shape.get('workers', '?'), 'worker')}, {_plural(shape.get('servers', '?'), 'server')}, "
+                  f"{_plural(status.get('num_blocks', '?'), 'block')}, sync {spec.get('sync', '-')}"),
         ("Epoch", f"{p.epochs_done}/{p.max_epochs}" + (" (converged)" if p.converged else "")),
         ("Objective", f"{format_objective(p.objective)} (initial {format_objective(p.initial_objective)})"),
         ("Epoch-Time", "-" if p.last_epoch_time_s is None else
@@ -318,9 +355,15 @@ def ended_report(app: dict[str, Any]) -> list[tuple[str, Any]]:
         ("State", app.get("state")), ("Final-Status", app.get("finalStatus")),
         ("Elapsed", format_duration((app.get("elapsedTime") or 0) / 1000))]
     if shape:
-        pairs.append(("Last-Shape", f"{shape.get('workers', '?')} workers, {shape.get('servers', '?')} servers"))
-    if shape.get("objective") is not None:
-        pairs.append(("Last-Epoch", f"{int(shape.get('epoch', 0)) + 1} epochs, objective "
+        pairs.append(("Last-Shape", f"{_plural(shape.get('workers', '?'), 'worker')}, "
+                                    f"{_plural(shape.get('servers', '?'), 'server')}"))
+    parsed = final_from_diagnostics(app.get("diagnostics"))
+    if parsed is not None:
+        pairs.append(("Final-Objective", f"{parsed[0]} after {_plural(int(parsed[1]), 'epoch')}"))
+        if parsed[2]:
+            pairs.append(("Held-Out-Metrics", parsed[2]))
+    elif shape.get("objective") is not None:   # the last epoch the AM reported to the RM
+        pairs.append(("Last-Epoch", f"{_plural(int(shape.get('epoch', 0)) + 1, 'epoch')}, objective "
                                     f"{format_objective(shape['objective'])}, epoch time "
                                     f"{float(shape.get('epoch_time_s') or 0):.3f}s"))
     pairs.append(("Diagnostics", app.get("diagnostics") or "-"))
@@ -330,7 +373,7 @@ def ended_report(app: dict[str, Any]) -> list[tuple[str, Any]]:
 # ----- commands --------------------------------------------------------------------------------
 
 def cmd_submit(args: argparse.Namespace, ctx: CliContext) -> int:
-    spec = validate_spec(spec_from_args(args))
+    spec = validate_spec(*spec_from_args(args))
     name = args.name or f"ps-{spec.app}-{spec.preset}"
 
     async def go() -> int:

@@ -126,6 +126,7 @@ class ContainerManager:
             container_id=c.container_id, app_id=c.app_id, attempt_id=c.attempt_id, user=c.user,
             memory_mb=c.resource.memory, vcores=c.resource.vcores, work_dir=c.work_dir, log_dir=c.log_dir,
             exit_file=c.exit_file, nm_host=self.nm_host, nm_port=self.nm_port,
+            network_bandwidth_bps=self.cfg.network_bandwidth_bps,
             cgroup_join_files=tuple(backend.join_files(c.cgroup)) if backend and c.cgroup else ())
         await asyncio.to_thread(launcher.prepare_dirs, spec)
         c.apply(Ev.LOCALIZED)

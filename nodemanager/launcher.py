@@ -42,6 +42,7 @@ class LaunchSpec:
     nm_host: str
     nm_port: int
     cgroup_join_files: tuple[str, ...] = ()
+    network_bandwidth_bps: int = 0   # > 0: the emulated bandwidth cap, told to the container's data plane
 
 
 def python_bin_dir() -> str:
@@ -67,6 +68,8 @@ def build_env(spec: LaunchSpec, ctx: LaunchContext) -> dict[str, str]:
         cenv.CONTAINER_MEMORY_MB: str(spec.memory_mb),
         cenv.CONTAINER_VCORES: str(spec.vcores),
     })
+    if spec.network_bandwidth_bps > 0:
+        env[cenv.NODE_BANDWIDTH_BPS] = str(spec.network_bandwidth_bps)
     if spec.attempt_id:
         env.setdefault(cenv.APP_ATTEMPT_ID, spec.attempt_id)
     return env

@@ -65,6 +65,8 @@ def validate(cfg: NMConfig, cluster: ClusterConfig) -> None:
             raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
     if not 1000 <= cfg.cpu_period_us <= 1000000:
         raise ConfigError(f"cpu_period_us must be 1000..1000000, got {cfg.cpu_period_us}")
+    if cfg.network_bandwidth_bps < 0:
+        raise ConfigError(f"network_bandwidth_bps must be >= 0 (0 = no cap), got {cfg.network_bandwidth_bps}")
     if cfg.keep_finished_logs_s < 0:
         raise ConfigError(f"keep_finished_logs_s must be >= 0, got {cfg.keep_finished_logs_s}")
     if not cluster.secret:

@@ -65,6 +65,7 @@ class NMConfig(msgspec.Struct, forbid_unknown_fields=True):
     monitor_interval_ms: int = 500  # RSS monitor period when cgroups are unusable
     keep_finished_logs_s: float = 3600.0
     delete_workdir: bool = True
+    network_bandwidth_bps: int = 0  # emulated node bandwidth cap (bit/s) passed to containers; 0 = none
 
 
 class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -68,6 +68,11 @@ class AppRole:
     def data_bytes(self) -> int:
         return sum(b.nbytes for b in self.blocks)
 
+    @property
+    def step_lock(self) -> asyncio.Lock:
+        """Held while a training step (an epoch) runs: whoever changes `blocks` takes it first."""
+        return self._busy
+
     # -- setup -------------------------------------------------------------------------------
     def app_setup(self, frame: Frame) -> Reply:
         h = frame.header

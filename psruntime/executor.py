@@ -17,6 +17,8 @@ Everything (data ops, migration, control) travels on the one binary frame protoc
     clock_add_worker / clock_remove_worker / clock_tick / clock_status   BSP/SSP clock service
     start_worker / stop_worker / worker_status   the WORKER role's self-paced loop (psruntime.worker_role)
     app_setup, worker_setup, run_epoch, ...      AM-paced app ops (psruntime.app_role, via extra_ops)
+    eps_join, eps_send_data, eps_commit, ...     EPS worker-to-worker split transmission
+                                                 (psruntime.eps_worker_ops, via extra_ops)
     shutdown                       reply, then stop the process cleanly (as SIGTERM does)
 
 On start it writes `--ready-file` (JSON: pid, executor_id, address) atomically and, with `--am`,
@@ -40,6 +42,7 @@ from psruntime.app_role import AppRole
 from psruntime.checkpoint import restore_blocks, save_blocks
 from psruntime.clocks import ClockService
 from psruntime.dataplane import DataPlaneClient, DataPlaneServer, Reply, RequestError
+from psruntime.eps_worker_ops import EpsWorkerOps
 from psruntime.frame_codec import Frame
 from psruntime.migration import BlockState
 from psruntime.ownership_table import OwnershipTable
@@ -97,6 +100,8 @@ class Executor:
         self.extra_ops: dict[str, Callable[[Frame], Any]] = {}
         self.app_role = AppRole(self)
         self.register_ops(self.app_role.ops())
+        self.eps = EpsWorkerOps(self.app_role)   # EPS worker-to-worker data transmission
+        self.register_ops(self.eps.ops())
         self.server = DataPlaneServer(self.handle, host, port)
         self.stopped = asyncio.Event()
         self.address = ""

@@ -11,20 +11,32 @@ is above its high-water mark, and a server-side protocol (`stop_reading_while_bl
 reading requests meanwhile, so a client that never reads its replies cannot make the server buffer
 without bound. Clients always keep reading: if both sides stopped, two peers with full buffers
 towards each other would wait forever.
+
+Bandwidth emulation: with a `pacer` (by default the process's, psruntime.bandwidth.process_pacer,
+set when the NM passes ELASTANE_NODE_BANDWIDTH_BPS) frames go out through a FIFO queue of chunks,
+each released when the shared token bucket allows it. `write_frame` stays synchronous (frames
+never interleave) and copies what it queues, since the caller may reuse its arrays at once; the
+queue counts towards the high-water mark, so `drain()` and the server's read pause also apply.
+Frames under PACE_MIN_BYTES are charged to the bucket but not delayed while the queue is empty,
+so control traffic is not held behind the pacing granularity.
 """
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from psruntime import bandwidth
 from psruntime.frame_codec import PREFIX, Frame, FrameError, decode_frame, encode_frame, parse_prefix
 
 SCRATCH_BYTES = 256 << 10
 DIRECT_MIN_BYTES = 64 << 10  # bodies with at least this much left are received in place
 WRITE_HIGH_WATER = 16 << 20
 JOIN_BELOW_BYTES = 64 << 10
+PACE_MIN_BYTES = 16 << 10    # smaller frames are charged to the bucket but not delayed
+_PROCESS_PACER: Any = object()  # sentinel: use bandwidth.process_pacer()
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
@@ -33,7 +45,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def __init__(self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException | None], None],
                  max_body_bytes: int, on_error: Callable[[FrameError], None] | None = None,
-                 stop_reading_while_blocked: bool = False) -> None:
+                 stop_reading_while_blocked: bool = False,
+                 pacer: "bandwidth.Pacer | None" = _PROCESS_PACER) -> None:
         self._on_frame = on_frame
         self._on_lost = on_lost
         self._on_error = on_error
@@ -47,9 +60,16 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._body_got = 0
         self._direct = False
         self.transport: asyncio.Transport | None = None
-        self._paused_writing = False
+        self._paused_writing = False      # blocked: transport paused or pacing queue over high water
+        self._transport_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._closed = False
+        self._pacer = bandwidth.process_pacer() if pacer is _PROCESS_PACER else pacer
+        self._outq: deque[memoryview] = deque()
+        self._queued = 0
+        self._pump: asyncio.Task[None] | None = None
+        self._pump_resume: asyncio.Future[None] | None = None
+        self._close_when_flushed = False
 
     # -- connection --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -59,19 +79,36 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._outq.clear()
+        self._queued = 0
+        if self._pump is not None:
+            self._pump.cancel()
         self._wake_drainers(exc or ConnectionError("connection closed"))
         self._on_lost(exc)
 
     def pause_writing(self) -> None:
-        self._paused_writing = True
-        if self._stop_reading_while_blocked and self.transport is not None:
-            self.transport.pause_reading()
+        self._transport_paused = True
+        self._flow_changed()
 
     def resume_writing(self) -> None:
-        self._paused_writing = False
+        self._transport_paused = False
+        if self._pump_resume is not None and not self._pump_resume.done():
+            self._pump_resume.set_result(None)
+        self._flow_changed()
+
+    def _flow_changed(self) -> None:
+        """Recompute "blocked" and, on a change, pause / resume reading and wake drainers."""
+        blocked = self._transport_paused or self._queued > WRITE_HIGH_WATER
+        if blocked == self._paused_writing:
+            return
+        self._paused_writing = blocked
         if self._stop_reading_while_blocked and self.transport is not None and not self._closed:
-            self.transport.resume_reading()
-        self._wake_drainers(None)
+            if blocked:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+        if not blocked:
+            self._wake_drainers(None)
 
     def _wake_drainers(self, exc: BaseException | None) -> None:
         waiters, self._drain_waiters = self._drain_waiters, []
@@ -98,7 +135,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
             raise ConnectionError("connection closed")
         pieces = encode_frame(header, arrays)
         head = pieces[0] + pieces[1]
-        if len(pieces) == 2:
+        if self._pacer is not None:
+            self._write_paced(head, pieces[2:])
+        elif len(pieces) == 2:
             self.transport.write(head)
         elif sum(len(p) for p in pieces[2:]) < JOIN_BELOW_BYTES:
             # One write call per small frame: each piece would otherwise be its own send syscall
@@ -109,7 +148,51 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def close(self) -> None:
         if self.transport is not None and not self._closed:
+            if self._outq:
+                self._close_when_flushed = True  # like a TCP close: what was written still goes out
+                return
             self.transport.close()
+
+    # -- paced writing (bandwidth emulation) ------------------------------------------------
+    def _write_paced(self, head: bytes, bufs: Sequence[Any]) -> None:
+        assert self._pacer is not None and self.transport is not None
+        total = len(head) + sum(len(b) for b in bufs)
+        if not self._outq and total < PACE_MIN_BYTES:
+            self._pacer.delay_for(total)  # charged: the next large write pays for it
+            self.transport.write(b"".join([head, *bufs]))
+            return
+        data = memoryview(b"".join([head, *bufs]))  # the one copy: the caller may reuse its arrays
+        step = self._pacer.bucket.burst
+        for off in range(0, total, step):
+            self._outq.append(data[off:off + step])
+        self._queued += total
+        self._flow_changed()
+        if self._pump is None:
+            self._pump = asyncio.get_running_loop().create_task(self._run_pump())
+
+    async def _run_pump(self) -> None:
+        assert self._pacer is not None
+        try:
+            while self._outq and not self._closed:
+                chunk = self._outq[0]
+                delay = self._pacer.delay_for(len(chunk))
+                if delay > 0:
+                    await self._pacer.sleep(delay)
+                if self._closed or self.transport is None:
+                    return
+                self._outq.popleft()
+                self._queued -= len(chunk)
+                self.transport.write(chunk)
+                self._flow_changed()
+                if self._transport_paused:
+                    # The real link is slower than the cap: wait rather than pile up in the transport.
+                    self._pump_resume = asyncio.get_running_loop().create_future()
+                    await self._pump_resume
+        finally:
+            self._pump = None
+            self._pump_resume = None
+            if self._close_when_flushed and not self._closed and self.transport is not None:
+                self.transport.close()
 
     # -- reading -----------------------------------------------------------------------------
     def get_buffer(self, sizehint: int) -> memoryview:

@@ -28,6 +28,7 @@ class Role(str, enum.Enum):
 class ExecutorState(str, enum.Enum):
     LAUNCHING = "LAUNCHING"     # container launched, executor not announced yet
     READY = "READY"             # announced its data-plane address
+    RETIRING = "RETIRING"       # removed from the job by an elastic change; its container is stopping
     EXITED = "EXITED"           # its container completed
 
 
@@ -110,6 +111,17 @@ class ExecutorPool:
 
     def live(self) -> list[ExecutorRecord]:
         return [e for e in self.executors.values() if e.state is not ExecutorState.EXITED]
+
+    def retire(self, rec: ExecutorRecord) -> None:
+        """`rec` leaves the job (EPS remove): its container ending is expected, not a failure."""
+        if rec.state is not ExecutorState.EXITED:
+            rec.state = ExecutorState.RETIRING
+            self._changed.set()
+
+    def count(self, role: Role) -> int:
+        """Executors of `role` the job has now: launching or serving, not retiring or exited."""
+        return sum(1 for e in self.executors.values()
+                   if e.role is role and e.state in (ExecutorState.LAUNCHING, ExecutorState.READY))
 
     def mark_exited(self, container: AmContainer) -> Optional[ExecutorRecord]:
         rec = self._by_container.get(container.container_id)

@@ -30,8 +30,10 @@ from ..am_client import ApplicationMaster
 from ..am_events import ContainersAllocated, ContainersCompleted, NodesUpdated, ShapeChanged, Shutdown
 from ..container_book import AmContainer
 from .checkpoints import Checkpointer
-from .executor_pool import ExecutorPool, Role
+from .directives import DirectiveHandler, ProgressTracker, Shape
+from .executor_pool import ExecutorPool, ExecutorState, Role
 from .job import JobEvent, JobPhase, JobStateMachine
+from .kill_restart import KillRestart
 from .metrics import EpochRecord, JobMetrics
 from .status_server import StatusServer
 from .training_controller import ExecutorCallError, TrainingController
@@ -69,6 +71,14 @@ class PSApplicationMaster:
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._checkpoint_requests: list[asyncio.Future[dict[str, Any]]] = []
+        # Elastic scaling: the ops that change the shape (the kill-based baseline for elastic_mode
+        # "kill"), the RM's shape directives acted on through them, and every change made so far.
+        self.retiring: set[str] = set()          # containers stopped on purpose: their exit is no failure
+        self.shape_history: list[dict[str, Any]] = []
+        self.elastic: Any = KillRestart(self) if spec.elastic_mode == "kill" else None
+        self.progress = ProgressTracker(spec.early_feedback_iterations)
+        self.directives = DirectiveHandler(lambda: self.elastic, self.live_shape, spec.max_workers,
+                                           spec.max_servers, on_change=self._on_directive_change)
 
     # -- public ------------------------------------------------------------------------------
     def request_stop(self, reason: str = "stopped by SIGTERM") -> None:
@@ -91,7 +101,20 @@ class PSApplicationMaster:
             "checkpoints": list(self.checkpointer.written),
             "final_metrics": self.final_metrics,
             "model_mb": round(self.app.model_nbytes() / 2**20, 3), "data_mb": round(self.app.data_nbytes() / 2**20, 3),
+            "elastic_mode": self.spec.elastic_mode, "shape_history": list(self.shape_history),
+            "directives": [d.to_json() for d in self.directives.history],
         }
+
+    def live_shape(self) -> Shape:
+        """Workers and servers serving now (launched executors that announced themselves)."""
+        return Shape(len(self.pool.of_role(Role.WORKER, ExecutorState.READY)),
+                     len(self.pool.of_role(Role.SERVER, ExecutorState.READY)))
+
+    def record_shape_change(self, record: dict[str, Any]) -> None:
+        """Add one finished (or failed) shape change to the history the status serves."""
+        self.shape_history.append(record)
+        self.progress.change_ended(time.time())     # speed is measured on the new shape from now
+        self._publish_shape()
 
     async def request_checkpoint(self) -> dict[str, Any]:
         """Checkpoint at the next epoch boundary (now, if training is between epochs)."""
@@ -116,6 +139,7 @@ class PSApplicationMaster:
             for t in (pump, drive, stop):
                 t.cancel()
             await asyncio.gather(pump, drive, stop, return_exceptions=True)
+            await self.directives.close()
             self._resolve_checkpoints(Conflict(f"the job ended ({self.job.phase.value})"))
             self._write_final_status()
             await self.status_server.stop()
@@ -142,9 +166,15 @@ class PSApplicationMaster:
         self._publish_shape()
         await self.training.setup()
         self.job.apply(JobEvent.INITIALISED)
+        self.progress.start(time.time())
+        self._publish_shape()
+        self.directives.training_started()
         poller = asyncio.create_task(self._poll_status())
         try:
-            await self.training.train(self._after_epoch)
+            if isinstance(self.elastic, KillRestart):
+                await self.elastic.train_with_restarts(self._after_epoch)
+            else:
+                await self.training.train(self._after_epoch)
         finally:
             poller.cancel()
         self.job.apply(JobEvent.TRAINED)
@@ -164,6 +194,9 @@ class PSApplicationMaster:
 
     async def _after_epoch(self, rec: EpochRecord) -> None:
         self.am.set_progress(min(1.0, rec.epoch / max(1, int(self.app.hparams.max_epochs))))  # type: ignore[attr-defined]
+        live = self.pool.of_role(Role.WORKER, ExecutorState.READY)
+        self.progress.on_epoch({w.executor_id: self.metrics.workers[w.executor_id].compute_s.count
+                                for w in live if w.executor_id in self.metrics.workers}, rec.time)
         self._publish_shape(rec)
         every = self.spec.checkpoint_every_epochs
         due = every > 0 and (rec.epoch + 1) % every == 0
@@ -195,10 +228,21 @@ class PSApplicationMaster:
                 fut.set_result(outcome)
 
     def _publish_shape(self, rec: EpochRecord | None = None) -> None:
-        shape: dict[str, Any] = {"workers": len(self.pool.workers), "servers": len(self.pool.servers)}
-        if rec is not None:
-            shape.update(epoch=rec.epoch, epoch_time_s=rec.epoch_time_s, objective=rec.objective)
-        self.am.set_shape(shape)
+        """The shape report (protocol.elastic_shape) the RM's policy reads on each heartbeat."""
+        extra: dict[str, Any] = {}
+        last = rec or (self.metrics.epochs[-1] if self.metrics.epochs else None)
+        if last is not None:
+            extra.update(epoch=last.epoch, epoch_time_s=last.epoch_time_s, objective=last.objective)
+        self.progress.changing = self.directives.busy or bool(getattr(self.elastic, "changing", False))
+        self.am.set_shape(self.progress.report(self.live_shape(), self.resource, self.directives.applied_version,
+                                               **extra))
+
+    def _on_directive_change(self, running: bool) -> None:
+        if running:
+            self.progress.change_started()
+        else:
+            self.progress.change_ended(time.time())
+        self._publish_shape()
 
     async def _poll_status(self) -> None:
         while True:
@@ -221,7 +265,7 @@ class PSApplicationMaster:
                 for n in ev.nodes:
                     log.info("node %s is now %s", n.node_id, n.state)
             elif isinstance(ev, ShapeChanged):
-                log.info("shape directive %s (elastic scaling arrives with a later issue)", ev.directive)
+                self.directives.on_directive(ev.directive)
             elif isinstance(ev, Shutdown):
                 self.request_stop(ev.reason)
                 return
@@ -241,6 +285,9 @@ class PSApplicationMaster:
     def _on_completed(self, c: AmContainer) -> None:
         rec = self.pool.mark_exited(c)
         if rec is None:
+            return
+        if c.container_id in self.retiring:
+            log.info("retired %s (%s, %s) exited", rec.executor_id, rec.role.value, c.container_id)
             return
         text = rec.describe_exit(self.spec.executor_memory_mb)
         if self.job.phase.executors_expected_alive:

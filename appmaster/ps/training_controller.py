@@ -8,6 +8,13 @@ then gathers the objective (workers' parts over their data, servers' parts over 
 no push in flight, so it is exact. SSP lets each worker start epoch e+1 while the slowest has not
 finished more than e+1-s epochs; the objective of epoch e is gathered once every worker finished
 it (approximate: faster workers may be ahead). Stops at the app's convergence rule or max_epochs.
+
+Elastic changes (appmaster.ps.elastic_ops) hook into the BSP loop at two points: `overlap_epoch(fn)`
+runs fn alongside the running (or next) epoch and makes that epoch's end wait for it -- EPS's
+transmissions overlap an iteration, and the barrier keeps them from overlapping the objective or a
+checkpoint; `at_boundary(fn)` runs fn between two epochs, while no worker trains (the switch-over).
+`workers` and `servers` are the executors in the job's barrier (EPS's clock and worker / server
+lists): an executor that has announced itself is not part of training until a change adds it.
 """
 from __future__ import annotations
 
@@ -33,6 +40,11 @@ from .metrics import EpochRecord, JobMetrics
 log = logging.getLogger(__name__)
 
 EpochHook = Callable[[EpochRecord], Awaitable[None]]
+Step = Callable[[], Awaitable[Any]]
+
+
+class TrainingNotRunning(RuntimeError):
+    """An elastic step offered while no BSP training loop runs (not started, ended, or SSP)."""
 
 
 class ExecutorCallError(RuntimeError):
@@ -60,6 +72,13 @@ class TrainingController:
         self.epochs_done = 0
         self.converged = False
         self._stop = False
+        self.workers: list[ExecutorRecord] = []     # in the BSP barrier, in partition order
+        self.servers: list[ExecutorRecord] = []     # serving (or about to serve) model blocks
+        self.iterations = 0                         # mini-batch rounds: per epoch, the most any worker ran
+        self._looping = False
+        self._in_epoch: Optional[list[asyncio.Task[Any]]] = None     # steps overlapping the running epoch
+        self._next_epoch: list[tuple[Step, asyncio.Future[tuple[Any, float]]]] = []
+        self._boundary: list[tuple[Step, asyncio.Future[tuple[Any, float]]]] = []
 
     @property
     def table(self) -> OwnershipTable:
@@ -85,6 +104,7 @@ class TrainingController:
     async def setup(self) -> float:
         """Place the model, bind the app, generate and initialise data; returns the initial objective."""
         servers, workers = self._ready(Role.SERVER), self._ready(Role.WORKER)
+        self.servers, self.workers = list(servers), list(workers)
         everyone = servers + workers
         addresses = {e.executor_id: e.address for e in everyone}
         table = OwnershipTable.round_robin(self.spec.num_blocks, [s.executor_id for s in servers], addresses)
@@ -112,13 +132,13 @@ class TrainingController:
 
     # -- objective ---------------------------------------------------------------------------
     async def server_parts(self) -> list[float]:
-        return [float(f.header["value"]) for f in await self.call_all(self._ready(Role.SERVER),
+        return [float(f.header["value"]) for f in await self.call_all(list(self.servers),
                                                                       {"op": "server_objective"})]
 
     async def objective(self) -> float:
         """The exact objective of the current model (call only with no epoch running)."""
         worker_frames, server_parts = await asyncio.gather(
-            self.call_all(self._ready(Role.WORKER), {"op": "objective"}), self.server_parts())
+            self.call_all(list(self.workers), {"op": "objective"}), self.server_parts())
         parts = [ObjectivePart(float(f.header["value"]), int(f.header["count"])) for f in worker_frames]
         return float(self.app.combine(parts, server_parts))
 
@@ -148,18 +168,92 @@ class TrainingController:
             await self._train_bsp(on_epoch)
 
     async def _train_bsp(self, on_epoch: EpochHook) -> None:
-        workers = self._ready(Role.WORKER)
-        while not (self.converged or self._stop):
-            epoch = self.epochs_done
+        self._looping = True
+        try:
+            while not (self.converged or self._stop):
+                await self._run_boundary()
+                workers = list(self.workers)
+                epoch = self.epochs_done
+                t0 = time.perf_counter()
+                self._in_epoch = [self._spawn(fn, fut) for fn, fut in self._next_epoch]
+                self._next_epoch = []
+                try:
+                    frames = await self.call_all(workers, {"op": "run_epoch", "epoch": epoch,
+                                                           "num_workers": len(workers)})
+                except BaseException:
+                    steps, self._in_epoch = self._in_epoch, None
+                    for t in steps:
+                        t.cancel()
+                    await asyncio.gather(*steps, return_exceptions=True)
+                    raise
+                # Barrier: transmissions overlapping this epoch end before its objective.
+                steps, self._in_epoch = self._in_epoch, None
+                await asyncio.gather(*steps, return_exceptions=True)
+                seconds = time.perf_counter() - t0
+                for w, f in zip(workers, frames):
+                    self._record_batches(w, f)
+                self.iterations += max((int(f.header.get("batches", 0)) for f in frames), default=0)
+                await on_epoch(self._finish_epoch(epoch, await self.objective(), seconds))
+        finally:
+            self._looping = False
+            self._abandon_steps()
+
+    # -- elastic steps -----------------------------------------------------------------------
+    def _spawn(self, fn: Step, fut: "asyncio.Future[tuple[Any, float]]") -> "asyncio.Task[Any]":
+        async def run() -> None:
             t0 = time.perf_counter()
-            frames = await self.call_all(workers, {"op": "run_epoch", "epoch": epoch, "num_workers": len(workers)})
-            seconds = time.perf_counter() - t0
-            for w, f in zip(workers, frames):
-                self._record_batches(w, f)
-            await on_epoch(self._finish_epoch(epoch, await self.objective(), seconds))
+            try:
+                result = await fn()
+            except BaseException as e:  # noqa: BLE001 - the step's caller gets its error, training goes on
+                if not fut.done():
+                    fut.set_exception(e)
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+                return
+            if not fut.done():
+                fut.set_result((result, time.perf_counter() - t0))
+        return asyncio.ensure_future(run())
+
+    def _check_elastic(self) -> None:
+        if self.spec.sync != "bsp":
+            raise TrainingNotRunning("elastic changes need BSP training (this job runs SSP)")
+        if not self._looping or self.converged or self._stop:
+            raise TrainingNotRunning("training is not running")
+
+    async def overlap_epoch(self, fn: Step) -> tuple[Any, float]:
+        """Run `fn` alongside the running epoch (or the next one, between epochs); that epoch ends
+        only once `fn` is done. Returns (fn's result, seconds it ran)."""
+        self._check_elastic()
+        fut: asyncio.Future[tuple[Any, float]] = asyncio.get_running_loop().create_future()
+        if self._in_epoch is not None:
+            self._in_epoch.append(self._spawn(fn, fut))
+        else:
+            self._next_epoch.append((fn, fut))
+        return await fut
+
+    async def at_boundary(self, fn: Step) -> tuple[Any, float]:
+        """Run `fn` between two epochs, while no worker trains. Returns (fn's result, seconds
+        training waited for it)."""
+        self._check_elastic()
+        fut: asyncio.Future[tuple[Any, float]] = asyncio.get_running_loop().create_future()
+        self._boundary.append((fn, fut))
+        return await fut
+
+    async def _run_boundary(self) -> None:
+        while self._boundary:
+            pending, self._boundary = self._boundary, []
+            for fn, fut in pending:
+                await self._spawn(fn, fut)
+
+    def _abandon_steps(self) -> None:
+        pending = self._next_epoch + self._boundary
+        self._next_epoch, self._boundary = [], []
+        for _, fut in pending:
+            if not fut.done():
+                fut.set_exception(TrainingNotRunning("training ended before the change could be made"))
 
     async def _train_ssp(self, on_epoch: EpochHook) -> None:
-        workers = self._ready(Role.WORKER)
+        workers = list(self.workers)
         staleness = self.spec.ssp_staleness
         done = {w.executor_id: self.epochs_done for w in workers}
         parts: dict[int, dict[str, ObjectivePart]] = defaultdict(dict)

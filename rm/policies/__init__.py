@@ -1,11 +1,15 @@
 """Elastic scheduling policies: pure `decide(ClusterSnapshot) -> {app_id: ShapeDirective}`.
 
-Later policies (eps, optimus, dorm, harmony) register themselves here with `register(name, factory)`.
+`eps` is EPS's H-scheduler (rm/policies/eps.py). Later policies (optimus, dorm, harmony) register
+themselves here with `register(name, factory)`.
 """
 from .base import Policy, create, known, register
 from .snapshot import AppView, ClusterSnapshot, NodeView
+from .eps import EpsPolicy
 from .static import StaticPolicy
 
 register("static", StaticPolicy)
+register("eps", EpsPolicy)
 
-__all__ = ["Policy", "create", "known", "register", "AppView", "ClusterSnapshot", "NodeView", "StaticPolicy"]
+__all__ = ["EpsPolicy", "Policy", "create", "known", "register", "AppView", "ClusterSnapshot", "NodeView",
+           "StaticPolicy"]

@@ -1,0 +1,173 @@
+"""The Cruise cost model, dissertation eq. 3.1-3.4.
+
+The epoch time of a configuration is the slowest worker's epoch (eq. 3.1); a worker's epoch is its
+computation plus communication cost (eq. 3.2); computation is C_w.proc * d_i (eq. 3.3) and
+communication is ceil(d_i / B) mini-batches times the per-mini-batch exchange, bounded either by the
+slowest server's bandwidth or by the worker's own (eq. 3.4):
+
+    C_i = C^i_w.proc d_i + ceil(d_i / B) * max( max_j m_j w / b_ij , sum_j m_j / b_ij )
+
+Units: d_i counts input blocks of `samples_per_block` samples each, m_j counts model blocks; a
+worker exchanges `bytes_per_batch` bytes with the servers per mini-batch (the whole model in the
+dissertation's dense pull), spread over the servers in proportion to the model blocks they hold.
+
+Departure, and why: the dissertation writes one pairwise bandwidth b_ij in both terms. Elastane
+measures bandwidth per executor, not per pair, so the server-bound term uses the server's serving
+bandwidth (its NIC carries the traffic of all w workers) and the worker-bound term the worker's
+own bandwidth (its NIC carries its exchange with all servers). On identical nodes this is exactly
+eq. 3.4 and gives eq. 3.5.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+
+class CostModelError(ValueError):
+    """Inputs the cost model cannot evaluate (a non-positive size, an unknown node...)."""
+
+
+@dataclass(frozen=True)
+class JobProfile:
+    """Sizes of one job: its input and model partitioning and its mini-batch size."""
+
+    input_blocks: int              # D, in blocks
+    samples_per_block: float       # training instances per input block
+    model_blocks: int              # M, in blocks
+    bytes_per_batch: float         # bytes one worker exchanges with all servers per mini-batch
+    batch_size: int                # B, instances per mini-batch
+
+    def __post_init__(self) -> None:
+        for name in ("input_blocks", "model_blocks", "batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise CostModelError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("samples_per_block", "bytes_per_batch"):
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise CostModelError(f"{name} must be a positive number, got {v}")
+
+    @property
+    def bytes_per_model_block(self) -> float:
+        """Bytes a worker exchanges per mini-batch with the holder of one model block."""
+        return self.bytes_per_batch / self.model_blocks
+
+    @property
+    def batches_per_input_block(self) -> float:
+        return self.samples_per_block / self.batch_size
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """What the cost model knows of one slot (a container that can run one executor)."""
+
+    node_id: str
+    compute_s_per_sample: float    # C^i_w.proc, measured
+    worker_bandwidth: float        # bytes/s the node moves as a worker, measured
+    server_bandwidth: float        # bytes/s the node serves as a server, measured
+
+    def __post_init__(self) -> None:
+        if not (self.compute_s_per_sample >= 0 and math.isfinite(self.compute_s_per_sample)):
+            raise CostModelError(f"{self.node_id}: compute_s_per_sample must be >= 0, "
+                                 f"got {self.compute_s_per_sample}")
+        for name in ("worker_bandwidth", "server_bandwidth"):
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise CostModelError(f"{self.node_id}: {name} must be a positive number, got {v}")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A configuration: input blocks per worker node and model blocks per server node (w, s, d, m)."""
+
+    workers: Mapping[str, int]
+    servers: Mapping[str, int]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.workers), len(self.servers)
+
+    def validate(self, job: JobProfile, nodes: Mapping[str, NodeProfile]) -> None:
+        """Check the constraints of Fig. 3.2: disjoint roles, all blocks placed, known nodes."""
+        both = set(self.workers) & set(self.servers)
+        if both:
+            raise CostModelError(f"nodes {sorted(both)} are both worker and server")
+        unknown = sorted((set(self.workers) | set(self.servers)) - set(nodes))
+        if unknown:
+            raise CostModelError(f"no profile for nodes {unknown}")
+        if not self.workers or not self.servers:
+            raise CostModelError(f"a configuration needs >= 1 worker and >= 1 server, got {self.shape}")
+        if any(v < 0 for v in self.workers.values()) or any(v < 0 for v in self.servers.values()):
+            raise CostModelError("block counts must be >= 0")
+        if sum(self.workers.values()) != job.input_blocks:
+            raise CostModelError(f"workers hold {sum(self.workers.values())} input blocks, "
+                                 f"the job has {job.input_blocks}")
+        if sum(self.servers.values()) != job.model_blocks:
+            raise CostModelError(f"servers hold {sum(self.servers.values())} model blocks, "
+                                 f"the job has {job.model_blocks}")
+
+
+@dataclass(frozen=True)
+class EpochPrediction:
+    """Predicted epoch time (eq. 3.1) with each worker's compute and communication cost."""
+
+    epoch_s: float
+    compute_s: dict[str, float] = field(default_factory=dict)
+    comm_s: dict[str, float] = field(default_factory=dict)
+    server_batch_s: float = 0.0          # max_j m_j w / b_j: per-batch time of the slowest server
+    slowest_worker: str = ""
+    server_bound: bool = False           # whether the slowest worker is server-bandwidth bound
+
+    def to_json(self) -> dict:
+        return {"epoch_s": self.epoch_s, "slowest_worker": self.slowest_worker,
+                "server_batch_s": self.server_batch_s, "server_bound": self.server_bound,
+                "compute_s": dict(self.compute_s), "comm_s": dict(self.comm_s)}
+
+
+def predict(job: JobProfile, nodes: Mapping[str, NodeProfile], assignment: Assignment,
+            integral_batches: bool = True) -> EpochPrediction:
+    """Epoch time of `assignment` by eq. 3.1-3.4.
+
+    `integral_batches` counts ceil(d_i / B) mini-batches as eq. 3.4 does; False uses d_i / B, the
+    continuous form eq. 3.5 and the solvers optimise (they differ by at most one batch per worker).
+    """
+    assignment.validate(job, nodes)
+    w = len(assignment.workers)
+    mb = job.bytes_per_model_block
+    # Server-bound term: the slowest server; it is the same for every worker.
+    server_batch = max(m * mb * w / nodes[j].server_bandwidth for j, m in assignment.servers.items())
+    compute, comm = {}, {}
+    slowest, worst, worst_bound = "", -1.0, False
+    for i, d in assignment.workers.items():
+        n = nodes[i]
+        samples = d * job.samples_per_block
+        batches = math.ceil(samples / job.batch_size - 1e-9) if integral_batches else samples / job.batch_size
+        worker_batch = job.bytes_per_batch / n.worker_bandwidth
+        compute[i] = n.compute_s_per_sample * samples
+        comm[i] = batches * max(server_batch, worker_batch)
+        if compute[i] + comm[i] > worst:
+            worst, slowest, worst_bound = compute[i] + comm[i], i, server_batch > worker_batch
+    return EpochPrediction(worst, compute, comm, server_batch, slowest, worst_bound)
+
+
+def epoch_time(job: JobProfile, nodes: Mapping[str, NodeProfile], assignment: Assignment,
+               integral_batches: bool = True) -> float:
+    """Just the predicted epoch time (eq. 3.1) of `assignment`."""
+    return predict(job, nodes, assignment, integral_batches).epoch_s
+
+
+def epoch_time_arrays(job: JobProfile, compute_s_per_sample: np.ndarray, worker_bandwidth: np.ndarray,
+                      input_blocks: np.ndarray, server_bandwidth: np.ndarray, model_blocks: np.ndarray,
+                      integral_batches: bool = False) -> float:
+    """Vectorised eq. 3.1-3.4 over arrays of workers (first three) and servers (last two); what the
+    solvers and the brute-force baselines evaluate many times."""
+    w = len(input_blocks)
+    server_batch = float(np.max(model_blocks * (job.bytes_per_model_block * w) / server_bandwidth))
+    samples = input_blocks * job.samples_per_block
+    batches = samples / job.batch_size
+    if integral_batches:
+        batches = np.ceil(batches - 1e-9)
+    per_batch = np.maximum(server_batch, job.bytes_per_batch / worker_bandwidth)
+    return float(np.max(compute_s_per_sample * samples + batches * per_batch))

@@ -1,0 +1,82 @@
+"""Measured metrics -> the cost model's inputs (dissertation §3.2.2: inputs measured, not configured).
+
+- C^i_w.proc: compute seconds per training instance, averaged per mini-batch (eq. 3.3's measure:
+  gradient time divided by the instances processed).
+- worker bandwidth: bytes exchanged per mini-batch / communication seconds per mini-batch. When the
+  servers are the bottleneck this underestimates the worker's own bandwidth, which is the safe
+  side: eq. 3.4 takes the max of both terms and the server term is measured separately.
+- server bandwidth: bytes served per second the server was busy serving.
+
+A slot without its own figure (a server never ran as worker, a container just granted) borrows them:
+first from executors of the same node class (same hardware), then from all executors, compute scaled
+by vcores (compute time per instance taken as inversely proportional to cores); bandwidths missing
+on one side take the other side's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from .cost_model import NodeProfile
+from .metrics import LastKnown, MetricsBook
+
+
+class ProfilingError(ValueError):
+    """Not enough has been measured to price a configuration."""
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """A container slot as the RM describes it: id (executor id, or a free slot's id), hardware class."""
+
+    slot_id: str
+    node_class: str = "default"
+    vcores: int = 1
+
+    def __post_init__(self) -> None:
+        if self.vcores < 1:
+            raise ProfilingError(f"{self.slot_id}: vcores must be >= 1, got {self.vcores}")
+
+
+def _borrow(slot: SlotInfo, slots: Sequence[SlotInfo], known: dict[str, LastKnown],
+            get: Callable[[LastKnown], Optional[float]], scale_by_vcores: bool) -> Optional[float]:
+    own = known.get(slot.slot_id)
+    if own is not None and get(own) is not None:
+        return get(own)
+    same = [get(known[s.slot_id]) for s in slots
+            if s.node_class == slot.node_class and s.slot_id in known and get(known[s.slot_id]) is not None]
+    if same:
+        return float(np.mean(same))
+    pairs = [(get(known[s.slot_id]), s.vcores) for s in slots
+             if s.slot_id in known and get(known[s.slot_id]) is not None]
+    if not pairs:
+        return None
+    if scale_by_vcores:
+        return float(np.mean([v * cores for v, cores in pairs])) / slot.vcores
+    return float(np.mean([v for v, _ in pairs]))
+
+
+def derive_profiles(book: MetricsBook, slots: Sequence[SlotInfo]) -> list[NodeProfile]:
+    """A NodeProfile for every slot, from what `book` measured (see the module doc)."""
+    known = book.last_known
+    out = []
+    for s in slots:
+        c = _borrow(s, slots, known, lambda k: k.compute_s_per_sample, True)
+        bw = _borrow(s, slots, known, lambda k: k.worker_bandwidth, False)
+        bs = _borrow(s, slots, known, lambda k: k.server_bandwidth, False)
+        if c is None:
+            raise ProfilingError("no worker has reported compute time yet")
+        bw, bs = bw or bs, bs or bw
+        if bw is None or bs is None:
+            raise ProfilingError("no bandwidth measured yet (workers' bytes or servers' counters)")
+        out.append(NodeProfile(s.slot_id, c, bw, bs))
+    return out
+
+
+def measured_bytes_per_batch(book: MetricsBook, nominal: float) -> float:
+    """Bytes one worker exchanges per mini-batch: the workers' mean if they report bytes, else
+    `nominal` (the whole model, the dissertation's dense pull)."""
+    vals = [w.bytes_per_batch.value for w in book.workers.values() if w.bytes_per_batch.value]
+    return float(np.mean(vals)) if vals else nominal

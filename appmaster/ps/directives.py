@@ -1,0 +1,401 @@
+"""The PS AM's side of the RM's elastic policies: act on shape directives, report the shape back.
+
+The RM's policy (`eps`, later `optimus`, `dorm`) sends `ShapeDirective(workers, servers, version)`
+in allocate responses; the AM library surfaces each new one as a `ShapeChanged` event. Here:
+
+- `diff` turns (current shape, target shape) into the calls to make: removals first (they free
+  resources the policy may be handing to another job), then additions.
+- `DirectiveTracker` is the pure state machine deciding what to do with a directive: apply it now,
+  ignore it (a version already seen), or keep it for later (a change is running, or training has
+  not started yet) -- only the latest kept directive is applied once the change ends.
+- `DirectiveHandler` drives it: it runs each change in its own task (never in the AM's event pump,
+  which must keep launching the containers the change asks for) through the job's elastic
+  operations -- EPS's (appmaster.ps.elastic_ops) or the kill-based baseline's
+  (appmaster.ps.kill_restart), whichever the job's `elastic_mode` selected.
+- `ProgressTracker` (pure, injected times) keeps what the AM reports in `AllocateRequest.shape`
+  (protocol.elastic_shape.ElasticShapeReport): iterations, early feedback, speed since the last
+  change, the directive version acted on.
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Protocol, runtime_checkable
+
+from protocol.elastic_shape import ElasticShapeReport
+from protocol.internal_api import ShapeDirective
+from protocol.records import Resource
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EARLY_FEEDBACK_ITERATIONS = 100   # EPS §2.1: "e.g. the first 100 iterations"
+
+
+# ===== the elastic operations a directive is carried out with ===================================
+
+@runtime_checkable
+class ElasticOps(Protocol):
+    """EPS's four calls (EPS §5.2: addServers, addWorkers, removeServers, removeWorkers)."""
+
+    async def add_workers(self, n: int) -> Any: ...
+    async def add_servers(self, n: int) -> Any: ...
+    async def remove_workers(self, n: int) -> Any: ...
+    async def remove_servers(self, n: int) -> Any: ...
+
+
+@runtime_checkable
+class Resizable(Protocol):
+    """Ops that change both counts in one step (the kill-based baseline: one restart, not four)."""
+
+    async def resize(self, workers: int, servers: int) -> Any: ...
+
+
+# ===== pure parts ================================================================================
+
+@dataclass(frozen=True)
+class Shape:
+    """Workers and servers of a job."""
+
+    workers: int
+    servers: int
+
+
+@dataclass(frozen=True)
+class ShapeDelta:
+    """Signed change of each role: positive adds, negative removes."""
+
+    workers: int
+    servers: int
+
+    @property
+    def empty(self) -> bool:
+        return self.workers == 0 and self.servers == 0
+
+    def steps(self) -> list[tuple[str, int]]:
+        """The ElasticOps calls to make, removals first (they free resources), then additions."""
+        out: list[tuple[str, int]] = []
+        if self.servers < 0:
+            out.append(("remove_servers", -self.servers))
+        if self.workers < 0:
+            out.append(("remove_workers", -self.workers))
+        if self.servers > 0:
+            out.append(("add_servers", self.servers))
+        if self.workers > 0:
+            out.append(("add_workers", self.workers))
+        return out
+
+
+def diff(current: Shape, target: Shape) -> ShapeDelta:
+    return ShapeDelta(target.workers - current.workers, target.servers - current.servers)
+
+
+def target_of(d: ShapeDirective, max_workers: Optional[int] = None, max_servers: Optional[int] = None) -> Shape:
+    """The shape a directive asks for, kept within [1, the job's max_workers / max_servers]:
+    a job always keeps one worker and one server (EPS's rule 2), and never exceeds its bounds."""
+    w = max(1, d.workers if max_workers is None else min(d.workers, max_workers))
+    s = max(1, d.servers if max_servers is None else min(d.servers, max_servers))
+    return Shape(w, s)
+
+
+class TrackerState(str, enum.Enum):
+    WAITING = "WAITING"       # training has not started: directives are kept for later
+    IDLE = "IDLE"             # no change running
+    CHANGING = "CHANGING"     # a change is running; newer directives are kept for after it
+
+
+class TrackerEvent(str, enum.Enum):
+    READY = "READY"           # training started
+    NEW = "NEW"               # a directive with a version not seen before
+    STALE = "STALE"           # a directive whose version was already seen
+    DONE = "DONE"             # the running change ended
+
+
+class Decision(str, enum.Enum):
+    APPLY = "APPLY"
+    KEEP = "KEEP"
+    IGNORE = "IGNORE"
+    NOTHING = "NOTHING"
+
+
+# (state, event) -> (next state, what to do). DONE / READY go to CHANGING+APPLY instead when a
+# directive is kept (see DirectiveTracker._settle).
+TRANSITIONS: dict[tuple[TrackerState, TrackerEvent], tuple[TrackerState, Decision]] = {
+    (TrackerState.WAITING, TrackerEvent.NEW): (TrackerState.WAITING, Decision.KEEP),
+    (TrackerState.WAITING, TrackerEvent.STALE): (TrackerState.WAITING, Decision.IGNORE),
+    (TrackerState.WAITING, TrackerEvent.READY): (TrackerState.IDLE, Decision.NOTHING),
+    (TrackerState.IDLE, TrackerEvent.NEW): (TrackerState.CHANGING, Decision.APPLY),
+    (TrackerState.IDLE, TrackerEvent.STALE): (TrackerState.IDLE, Decision.IGNORE),
+    (TrackerState.IDLE, TrackerEvent.READY): (TrackerState.IDLE, Decision.NOTHING),
+    (TrackerState.CHANGING, TrackerEvent.NEW): (TrackerState.CHANGING, Decision.KEEP),
+    (TrackerState.CHANGING, TrackerEvent.STALE): (TrackerState.CHANGING, Decision.IGNORE),
+    (TrackerState.CHANGING, TrackerEvent.DONE): (TrackerState.IDLE, Decision.NOTHING),
+    (TrackerState.CHANGING, TrackerEvent.READY): (TrackerState.CHANGING, Decision.NOTHING),
+}
+
+
+class TrackerError(RuntimeError):
+    """An event the tracker does not take in its state (e.g. DONE with no change running)."""
+
+
+@dataclass
+class DirectiveTracker:
+    """Which directive to act on when (pure: no I/O, no clock).
+
+    Versions are the RM's per-app counter (1, 2, ...); a directive whose version is not above the
+    highest seen is a repeat and ignored. While waiting or changing only the newest directive is
+    kept: the policy's latest word supersedes the ones before it.
+    """
+
+    state: TrackerState = TrackerState.WAITING
+    seen_version: int = 0
+    applied_version: int = 0          # the last directive acted on (started; reported to the RM)
+    running: Optional[ShapeDirective] = None
+    kept: Optional[ShapeDirective] = None
+
+    def _step(self, event: TrackerEvent) -> Decision:
+        nxt = TRANSITIONS.get((self.state, event))
+        if nxt is None:
+            raise TrackerError(f"event {event.value} is not allowed in state {self.state.value}")
+        self.state, decision = nxt
+        return decision
+
+    def offer(self, d: ShapeDirective) -> Optional[ShapeDirective]:
+        """A directive arrived; returns it if it is to be applied now (the caller then runs it)."""
+        event = TrackerEvent.NEW if d.version > self.seen_version else TrackerEvent.STALE
+        decision = self._step(event)
+        if event is TrackerEvent.NEW:
+            self.seen_version = d.version
+        if decision is Decision.KEEP:
+            self.kept = d
+        elif decision is Decision.APPLY:
+            return self._start(d)
+        return None
+
+    def ready(self) -> Optional[ShapeDirective]:
+        """Training started; returns a kept directive to apply now, if any."""
+        self._step(TrackerEvent.READY)
+        return self._settle()
+
+    def done(self) -> Optional[ShapeDirective]:
+        """The running change ended (well or not); returns the kept directive to apply next, if any."""
+        self._step(TrackerEvent.DONE)
+        self.running = None
+        return self._settle()
+
+    def _settle(self) -> Optional[ShapeDirective]:
+        if self.state is TrackerState.IDLE and self.kept is not None:
+            d, self.kept = self.kept, None
+            self.state = TrackerState.CHANGING
+            return self._start(d)
+        return None
+
+    def _start(self, d: ShapeDirective) -> ShapeDirective:
+        self.running = d
+        self.applied_version = d.version
+        return d
+
+
+@dataclass
+class ProgressTracker:
+    """Training progress for the shape report (pure: the caller passes times and counts).
+
+    An iteration is one pull-compute-push round of every worker: per epoch, the most mini-batches
+    any worker ran in it (workers' partitions differ by at most a block).
+    """
+
+    early_feedback_iterations: int = DEFAULT_EARLY_FEEDBACK_ITERATIONS
+    iterations: int = 0
+    started: bool = False
+    changing: bool = False
+    _batches_seen: dict[str, int] = field(default_factory=dict)
+    _speed_since: Optional[float] = None       # end of the last change (or training start)
+    _speed_base: int = 0                       # iterations at that time
+    _last_epoch_end: Optional[float] = None
+
+    def start(self, now: float) -> None:
+        self.started = True
+        self._speed_since, self._speed_base = now, self.iterations
+
+    def on_epoch(self, batches_by_worker: dict[str, int], now: float) -> int:
+        """Fold in the workers' cumulative mini-batch counts after an epoch; returns iterations."""
+        rounds = 0
+        for w, n in batches_by_worker.items():
+            rounds = max(rounds, n - self._batches_seen.get(w, 0))
+            self._batches_seen[w] = n
+        self.iterations += rounds
+        self._last_epoch_end = now
+        return self.iterations
+
+    def change_started(self) -> None:
+        self.changing = True
+
+    def change_ended(self, now: float) -> None:
+        self.changing = False
+        self._speed_since, self._speed_base = now, self.iterations
+
+    @property
+    def early_feedback(self) -> bool:
+        return self.iterations >= self.early_feedback_iterations
+
+    @property
+    def speed_iterations(self) -> int:
+        return self.iterations - self._speed_base
+
+    @property
+    def speed(self) -> float:
+        """Iterations per second over the epochs finished since the last change."""
+        if self._speed_since is None or self._last_epoch_end is None or self.speed_iterations <= 0:
+            return 0.0
+        elapsed = self._last_epoch_end - self._speed_since
+        return self.speed_iterations / elapsed if elapsed > 0 else 0.0
+
+    def report(self, shape: Shape, resource: Optional[Resource], directive_version: int,
+               **extra: Any) -> dict[str, Any]:
+        """The dict for `AllocateRequest.shape` (an ElasticShapeReport plus `extra` fields)."""
+        rep = ElasticShapeReport(workers=shape.workers, servers=shape.servers, started=self.started,
+                                 changing=self.changing, iterations=self.iterations,
+                                 early_feedback=self.early_feedback,
+                                 early_feedback_iterations=self.early_feedback_iterations,
+                                 speed=self.speed, speed_iterations=self.speed_iterations,
+                                 executor_resource=resource, directive_version=directive_version)
+        return {**rep.to_json(), **extra}
+
+
+# ===== the driver ================================================================================
+
+@dataclass
+class DirectiveOutcome:
+    """One directive acted on: what it asked, what was done, how long it took, how it ended."""
+
+    version: int
+    target: Shape
+    before: Shape
+    steps: list[tuple[str, int]]
+    started: float
+    seconds: float = 0.0
+    error: str = ""
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "workers": self.target.workers, "servers": self.target.servers,
+                "before": {"workers": self.before.workers, "servers": self.before.servers},
+                "steps": [list(s) for s in self.steps], "started": self.started,
+                "seconds": round(self.seconds, 4), "error": self.error, "reason": self.reason}
+
+
+async def apply_delta(ops: Any, target: Shape, delta: ShapeDelta) -> None:
+    """Carry out `delta` with `ops`: one `resize` when it has one, else EPS's calls in order."""
+    if delta.empty:
+        return
+    if isinstance(ops, Resizable):
+        await ops.resize(target.workers, target.servers)
+        return
+    for name, n in delta.steps():
+        await getattr(ops, name)(n)
+
+
+class DirectiveHandler:
+    """Acts on the RM's shape directives for one PS job (see the module doc).
+
+    `ops()` returns the job's elastic operations (None: this AM cannot reshape; directives are
+    then logged and dropped), `current()` its shape now. `on_change` is told when a change starts
+    (True) and ends (False), so the shape report says `changing`.
+    """
+
+    def __init__(self, ops: Callable[[], Any], current: Callable[[], Shape],
+                 max_workers: Optional[int] = None, max_servers: Optional[int] = None,
+                 on_change: Optional[Callable[[bool], None]] = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.ops = ops
+        self.current = current
+        self.max_workers = max_workers
+        self.max_servers = max_servers
+        self.on_change = on_change
+        self.wall_clock = wall_clock
+        self.tracker = DirectiveTracker()
+        self.history: list[DirectiveOutcome] = []
+        self._task: Optional[asyncio.Task[None]] = None
+
+    @property
+    def applied_version(self) -> int:
+        return self.tracker.applied_version
+
+    @property
+    def busy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def on_directive(self, d: ShapeDirective) -> None:
+        """A ShapeChanged event: apply, keep or ignore the directive (never blocks)."""
+        if self.ops() is None:
+            log.info("shape directive v%d (%d workers, %d servers) ignored: this job cannot reshape",
+                     d.version, d.workers, d.servers)
+            return
+        now = self.tracker.offer(d)
+        if now is not None:
+            self._spawn(now)
+        elif self.tracker.kept is d:
+            log.info("shape directive v%d kept until %s", d.version,
+                     "training starts" if self.tracker.state is TrackerState.WAITING else "the running change ends")
+        else:
+            log.debug("shape directive v%d ignored (already seen v%d)", d.version, self.tracker.seen_version)
+
+    def training_started(self) -> None:
+        """Training began: a directive kept meanwhile is applied now."""
+        if self.tracker.state is TrackerState.WAITING:
+            now = self.tracker.ready()
+            if now is not None:
+                self._spawn(now)
+
+    async def wait_idle(self, timeout_s: Optional[float] = None) -> None:
+        """Wait until no change is running (for tests and shutdown)."""
+        while self.busy:
+            assert self._task is not None
+            await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def _spawn(self, d: ShapeDirective) -> None:
+        self._task = asyncio.create_task(self._run(d), name=f"shape-directive-v{d.version}")
+
+    async def _run(self, d: Optional[ShapeDirective]) -> None:
+        while d is not None:
+            await self._apply(d)
+            d = self.tracker.done()
+
+    async def _apply(self, d: ShapeDirective) -> None:
+        before = self.current()
+        target = target_of(d, self.max_workers, self.max_servers)
+        delta = diff(before, target)
+        out = DirectiveOutcome(d.version, target, before, delta.steps(), self.wall_clock(), reason=d.reason)
+        self.history.append(out)
+        if delta.empty:
+            log.info("shape directive v%d: already %d workers, %d servers", d.version, target.workers, target.servers)
+            return
+        log.info("shape directive v%d: %d/%d -> %d/%d workers/servers (%s)", d.version, before.workers,
+                 before.servers, target.workers, target.servers, d.reason or "no reason given")
+        t0 = time.perf_counter()
+        if self.on_change:
+            self.on_change(True)
+        try:
+            await apply_delta(self.ops(), target, delta)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a refused or failed change must not stop later directives
+            out.error = f"{type(e).__name__}: {e}"
+            log.warning("shape directive v%d failed: %s", d.version, out.error)
+        finally:
+            out.seconds = time.perf_counter() - t0
+            if self.on_change:
+                self.on_change(False)
+
+
+__all__ = ["DEFAULT_EARLY_FEEDBACK_ITERATIONS", "Decision", "DirectiveHandler", "DirectiveOutcome",
+           "DirectiveTracker", "ElasticOps", "ProgressTracker", "Resizable", "Shape", "ShapeDelta",
+           "TrackerError", "TrackerEvent", "TrackerState", "TRANSITIONS", "apply_delta", "diff", "target_of"]

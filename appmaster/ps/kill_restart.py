@@ -1,0 +1,368 @@
+"""The kill-based baseline of elastic scaling (Optimus §5.4, Dorm §III-C; "kill-based" in EPS §6).
+
+Selected by the job option `elastic_mode = "kill"`. To change the job's shape it does what those
+systems do, one step after the other:
+
+1. pause at an iteration boundary: training stops after the epoch that is running (the AM's
+   epochs are its iterations; between them no push is in flight, so the model is a consistent cut);
+2. checkpoint the model -- every server block -- to the AM's durable dir (appmaster.ps.checkpoints);
+3. stop every executor container of the job and release them to the RM;
+4. start the job again with the new shape: ask the RM for the containers, launch executors in them,
+   place the blocks round-robin over the new servers, regenerate each worker's input partition;
+5. restore the model from the checkpoint and continue training from the same epoch.
+
+No progress is lost: the restored objective equals the checkpoint's (checked and recorded), and the
+epoch count, objective history and learning-rate schedule carry on. Each change records its
+duration, the time of each step and the training time lost (all of it: nothing trains meanwhile)
+in the job's shape history, as the EPS ops do for theirs.
+
+Only the servers' model is checkpointed (as Optimus and Dorm do), so apps that keep training
+state on the workers (NMF's user factors, LDA's topic assignments) are refused: restarting them
+would silently lose that state. Use elastic_mode "eps" for those.
+
+`RestartPhase` / `RESTART_TRANSITIONS` / `RestartTimeline` are the pure part: the steps, their
+order and their timing with an injected clock. `KillRestart` does the I/O on the PS AM.
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from protocol.remote_exception import BadRequest, Conflict
+from psruntime.apps.base import PSApp
+from psruntime.migration_controller import MigrationController
+from psruntime.ownership_table import OwnershipTable
+
+from .executor_pool import ExecutorRecord, ExecutorState, Role
+from .job import JobPhase
+from .training_controller import EpochHook, TrainingController
+
+if TYPE_CHECKING:   # the master imports this module
+    from .master import PSApplicationMaster
+
+log = logging.getLogger(__name__)
+
+RELEASE_TIMEOUT_S = 60.0        # old executors' containers reported complete
+RESTART_TIMEOUT_S = 180.0       # new containers granted and executors announced
+RESTORE_RTOL = 1e-4             # restored objective vs. the checkpoint's (float32 sums in another order)
+
+
+# ===== pure part ==================================================================================
+
+class RestartPhase(str, enum.Enum):
+    """Where a kill-based reshape is."""
+
+    REQUESTED = "REQUESTED"          # waiting for the epoch running now to end
+    PAUSED = "PAUSED"                # at the boundary: training stopped
+    CHECKPOINTED = "CHECKPOINTED"    # every server block on disk
+    RELEASED = "RELEASED"            # every old executor container stopped and released
+    ALLOCATED = "ALLOCATED"          # the new containers granted and their executors ready
+    RESTORED = "RESTORED"            # blocks placed, data regenerated, model restored: training resumes
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"          # the job finished training before the boundary: nothing to do
+
+
+_ORDER = [RestartPhase.REQUESTED, RestartPhase.PAUSED, RestartPhase.CHECKPOINTED, RestartPhase.RELEASED,
+          RestartPhase.ALLOCATED, RestartPhase.RESTORED]
+RESTART_TRANSITIONS: dict[RestartPhase, set[RestartPhase]] = {
+    **{a: {b, RestartPhase.FAILED} for a, b in zip(_ORDER, _ORDER[1:])},
+    RestartPhase.RESTORED: set(),
+    RestartPhase.FAILED: set(),
+    RestartPhase.CANCELLED: set(),
+}
+RESTART_TRANSITIONS[RestartPhase.REQUESTED].add(RestartPhase.CANCELLED)
+
+# The step each phase ends, as reported in the shape history.
+STEP_NAMES = {RestartPhase.PAUSED: "wait_boundary_s", RestartPhase.CHECKPOINTED: "checkpoint_s",
+              RestartPhase.RELEASED: "release_s", RestartPhase.ALLOCATED: "allocate_s",
+              RestartPhase.RESTORED: "restore_s"}
+
+
+class RestartTransitionError(RuntimeError):
+    """A reshape step out of order."""
+
+
+@dataclass
+class RestartTimeline:
+    """One kill-based reshape: its phases with the time each was reached (injected clock)."""
+
+    before: tuple[int, int]              # (workers, servers)
+    after: tuple[int, int]
+    clock: Callable[[], float] = time.perf_counter
+    phase: RestartPhase = RestartPhase.REQUESTED
+    reached: dict[RestartPhase, float] = field(default_factory=dict)
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        self.reached[RestartPhase.REQUESTED] = self.clock()
+
+    def advance(self, nxt: RestartPhase, error: str = "") -> None:
+        if nxt not in RESTART_TRANSITIONS[self.phase]:
+            raise RestartTransitionError(f"reshape cannot go from {self.phase.value} to {nxt.value}")
+        self.phase = nxt
+        self.reached[nxt] = self.clock()
+        if error:
+            self.error = error
+
+    def steps(self) -> dict[str, float]:
+        """Seconds spent in each step reached so far."""
+        out: dict[str, float] = {}
+        prev = self.reached[RestartPhase.REQUESTED]
+        for p in _ORDER[1:]:
+            if p not in self.reached:
+                break
+            out[STEP_NAMES[p]] = self.reached[p] - prev
+            prev = self.reached[p]
+        return out
+
+    @property
+    def seconds(self) -> float:
+        """The reshape's duration: from the pause to training resuming (or the failure)."""
+        start = self.reached.get(RestartPhase.PAUSED)
+        return 0.0 if start is None else self.reached[self.phase] - start
+
+    @property
+    def lost_s(self) -> float:
+        """Training time lost: nothing trains from the pause until the restored job resumes."""
+        return self.seconds
+
+
+def keeps_worker_state(app: PSApp) -> bool:
+    """Whether the app keeps training state on the workers (it initialises per-block local state,
+    as NMF and LDA do), which a checkpoint of the servers' model does not capture."""
+    return type(app).init_block is not PSApp.init_block
+
+
+def check_target(workers: int, servers: int, max_workers: Optional[int], max_servers: Optional[int]) -> None:
+    """BadRequest naming the field when a requested shape is impossible (changes nothing)."""
+    for name, v, most in (("workers", workers, max_workers), ("servers", servers, max_servers)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise BadRequest(f"{name} must be an integer >= 1, got {v!r}")
+        if most is not None and v > most:
+            raise BadRequest(f"{name}: {v} is above the job's max_{name} ({most})")
+
+
+# ===== the I/O ====================================================================================
+
+@dataclass
+class _Request:
+    workers: int
+    servers: int
+    timeline: RestartTimeline
+    done: "asyncio.Future[dict[str, Any]]"
+
+
+class KillRestart:
+    """The kill-based reshape of one PS job; the same entry points as EPS's ops.
+
+    The master runs training through `train_with_restarts` instead of `training.train`, marks the
+    containers in `master.retiring` as stopped on purpose, and records the outcome with
+    `master.record_shape_change`.
+    """
+
+    mode = "kill"
+
+    def __init__(self, master: "PSApplicationMaster", clock: Callable[[], float] = time.perf_counter,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.master = master
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self._lock = asyncio.Lock()          # one reshape at a time
+        self._request: Optional[_Request] = None
+
+    # -- EPS's entry points ---------------------------------------------------------------------
+    def _shape(self) -> tuple[int, int]:
+        pool = self.master.pool
+        return (len(pool.of_role(Role.WORKER, ExecutorState.READY)),
+                len(pool.of_role(Role.SERVER, ExecutorState.READY)))
+
+    async def add_workers(self, n: int) -> dict[str, Any]:
+        w, s = self._shape()
+        return await self.resize(w + _count(n), s)
+
+    async def add_servers(self, n: int) -> dict[str, Any]:
+        w, s = self._shape()
+        return await self.resize(w, s + _count(n))
+
+    async def remove_workers(self, n: int) -> dict[str, Any]:
+        w, s = self._shape()
+        return await self.resize(w - _count(n), s)
+
+    async def remove_servers(self, n: int) -> dict[str, Any]:
+        w, s = self._shape()
+        return await self.resize(w, s - _count(n))
+
+    @property
+    def changing(self) -> bool:
+        return self._lock.locked()
+
+    async def resize(self, workers: int, servers: int) -> dict[str, Any]:
+        """Restart the job with `workers` and `servers`; returns the shape-history record once
+        training has resumed. BadRequest / Conflict (nothing changed) when it cannot be done."""
+        spec, app = self.master.spec, self.master.app
+        check_target(workers, servers, spec.max_workers, spec.max_servers)
+        if keeps_worker_state(app):
+            raise Conflict(f"elastic_mode \"kill\" restores only the servers' model, but {spec.app} keeps "
+                           "training state on its workers that a restart would lose; use elastic_mode \"eps\"")
+        async with self._lock:
+            self._check_training()
+            before = self._shape()
+            if (workers, servers) == before:
+                return {"mode": self.mode, "workers": workers, "servers": servers, "changed": False}
+            fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            self._request = _Request(workers, servers, RestartTimeline(before, (workers, servers), self.clock), fut)
+            log.info("kill-based reshape %s -> %s workers/servers: stopping at the end of this epoch",
+                     before, (workers, servers))
+            self.master.training.stop()      # the running epoch ends, then train() returns
+            return await fut
+
+    def _check_training(self) -> None:
+        phase = self.master.job.phase
+        if phase is not JobPhase.TRAINING or self.master.training.converged:
+            raise Conflict(f"the job is {phase.value.lower()}, not training: its shape can only change while it trains")
+
+    # -- the master's training loop -------------------------------------------------------------
+    async def train_with_restarts(self, on_epoch: EpochHook) -> None:
+        """Train to the end, restarting the job whenever a reshape asks for it at an epoch boundary."""
+        while True:
+            await self.master.training.train(on_epoch)
+            if not await self._restart_if_requested():
+                return
+
+    async def _restart_if_requested(self) -> bool:
+        req, self._request = self._request, None
+        if req is None:
+            return False
+        training = self.master.training
+        if training.converged or self.master.job.phase is not JobPhase.TRAINING:
+            req.timeline.advance(RestartPhase.CANCELLED)
+            _settle(req.done, Conflict("the job finished training before the reshape could start"))
+            return False
+        try:
+            record = await self._restart(req)
+        except BaseException as e:
+            if req.timeline.phase not in (RestartPhase.FAILED, RestartPhase.RESTORED):
+                req.timeline.advance(RestartPhase.FAILED, f"{type(e).__name__}: {e}")
+            self.master.record_shape_change(self._record(req, {}))
+            _settle(req.done, e if isinstance(e, Exception) else Conflict("the job stopped during the reshape"))
+            raise                # the job's executors are gone: the job fails with this error
+        _settle(req.done, record)
+        return True
+
+    async def _restart(self, req: _Request) -> dict[str, Any]:
+        m, tl = self.master, req.timeline
+        tl.advance(RestartPhase.PAUSED)
+        epoch = m.training.epochs_done
+        objective = m.metrics.objectives[-1] if m.metrics.objectives else m.metrics.initial_objective
+        last = m.checkpointer.last
+        if last is None or last["epoch"] != epoch:
+            last = await m.checkpointer.write(epoch, m.training.table, m.pool.of_role(Role.SERVER, ExecutorState.READY),
+                                              {"objective": objective, "spec": m.spec.to_json(), "reason": "reshape"})
+        tl.advance(RestartPhase.CHECKPOINTED)
+        await self._release_all()
+        tl.advance(RestartPhase.RELEASED)
+        servers, workers = await self._allocate(req.servers, req.workers)
+        tl.advance(RestartPhase.ALLOCATED)
+        restored = await self._restore(servers, workers, last["dir"], epoch)
+        tl.advance(RestartPhase.RESTORED)
+        if objective is not None and not math.isclose(restored, objective, rel_tol=RESTORE_RTOL, abs_tol=1e-9):
+            log.warning("restored objective %.9g differs from the checkpoint's %.9g", restored, objective)
+        record = self._record(req, {"epoch": epoch, "checkpoint": last["dir"], "objective_before": objective,
+                                    "objective_restored": restored})
+        m.record_shape_change(record)
+        log.info("kill-based reshape to %d workers, %d servers done in %.2fs (%s)", req.workers, req.servers,
+                 tl.seconds, ", ".join(f"{k} {v:.2f}" for k, v in tl.steps().items()))
+        return record
+
+    def _record(self, req: _Request, extra: dict[str, Any]) -> dict[str, Any]:
+        tl = req.timeline
+        return {"mode": self.mode, "changed": tl.phase is RestartPhase.RESTORED, "phase": tl.phase.value,
+                "before": {"workers": tl.before[0], "servers": tl.before[1]},
+                "workers": req.workers, "servers": req.servers, "time": self.wall_clock(),
+                "seconds": round(tl.seconds, 4), "lost_s": round(tl.lost_s, 4),
+                "steps": {k: round(v, 4) for k, v in tl.steps().items()}, "error": tl.error, **extra}
+
+    async def _release_all(self) -> None:
+        """Shut every executor down, stop its container and wait until the RM's NMs report it gone."""
+        m = self.master
+        old = m.pool.live()
+        m.retiring.update(e.container_id for e in old)
+        await asyncio.gather(*(m.client.request(e.address, {"op": "shutdown"}) for e in old if e.address),
+                             return_exceptions=True)
+        await asyncio.gather(*(m.am.stop(e.container) for e in old), return_exceptions=True)
+        await _wait_for(lambda: all(e.state is ExecutorState.EXITED for e in old), RELEASE_TIMEOUT_S,
+                        lambda: f"old executors still running: {[e.executor_id for e in old if e.state is not ExecutorState.EXITED]}")
+
+    async def _allocate(self, servers: int, workers: int) -> tuple[list[ExecutorRecord], list[ExecutorRecord]]:
+        m = self.master
+        m.am.add_ask(servers, m.resource, tag=Role.SERVER.value)
+        m.am.add_ask(workers, m.resource, tag=Role.WORKER.value)
+        s, w = await asyncio.gather(m.pool.wait_ready(Role.SERVER, servers, RESTART_TIMEOUT_S),
+                                    m.pool.wait_ready(Role.WORKER, workers, RESTART_TIMEOUT_S))
+        return s[:servers], w[:workers]
+
+    async def _restore(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord], directory: str,
+                       epoch: int) -> float:
+        """Set the restarted job up as TrainingController.setup does, with the checkpoint's model
+        instead of the initial one; returns the restored objective."""
+        m = self.master
+        training = TrainingController(m.spec, m.app, m.pool, m.metrics, m.client)
+        training.epochs_done = epoch
+        everyone = servers + workers
+        table = OwnershipTable.round_robin(m.spec.num_blocks, [s.executor_id for s in servers],
+                                           {e.executor_id: e.address for e in everyone})
+        training.controller = MigrationController(table, m.client)
+        await training.controller.broadcast()
+        for s in servers:
+            s.blocks = table.blocks_owned_by(s.executor_id)
+        await training.call_all(everyone, {"op": "app_setup", "app": m.spec.app, "data": m.spec.app_data(),
+                                           "hparams": m.spec.app_hparams()})
+        replies = await asyncio.gather(*(training.call(w, {"op": "worker_setup", "partition": i,
+                                                           "num_partitions": len(workers)})
+                                         for i, w in enumerate(workers)),
+                                       *(training.call(s, {"op": "restore", "dir": directory, "blocks": s.blocks})
+                                         for s in servers))
+        for i, (w, r) in enumerate(zip(workers, replies)):
+            w.partition = i
+            w.data_bytes = int(r.header["data_bytes"])
+            w.blocks = list(r.header["blocks"])
+        restored = await training.objective()
+        training.converged = m.app.is_converged(m.metrics.objectives)
+        m.training = training
+        await training.refresh_status()
+        return restored
+
+
+def _count(n: int) -> int:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise BadRequest(f"the number of executors to add or remove must be an integer >= 1, got {n!r}")
+    return n
+
+
+def _settle(fut: "asyncio.Future[dict[str, Any]]", outcome: dict[str, Any] | BaseException) -> None:
+    if fut.done():
+        return
+    if isinstance(outcome, BaseException):
+        fut.set_exception(outcome)
+    else:
+        fut.set_result(outcome)
+
+
+async def _wait_for(cond: Callable[[], bool], timeout_s: float, what: Callable[[], str],
+                    poll_s: float = 0.05) -> None:
+    """Poll `cond` until true; TimeoutError naming what is missing after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not cond():
+        if loop.time() >= deadline:
+            raise asyncio.TimeoutError(f"after {timeout_s:.0f}s: {what()}")
+        await asyncio.sleep(poll_s)
+
+
+__all__ = ["KillRestart", "RESTART_TRANSITIONS", "RestartPhase", "RestartTimeline", "RestartTransitionError",
+           "check_target", "keeps_worker_state"]

@@ -1,0 +1,165 @@
+"""The EPS H-scheduler's view of a cluster snapshot: running elastic jobs, incoming jobs, the rest.
+
+A PS job (its `elastane` extension holds a `ps-job` spec) is *running* once its AM reports
+`started` (protocol.elastic_shape); before that — SUBMITTED, ACCEPTED, or RUNNING while its AM
+still gathers executors — it is *incoming* (EPS §4.1's "submitted job"). Any other app with
+demand the scheduler has not granted is just "queued": it blocks running-job scheduling (EPS §4:
+that mode runs only when "there are available resources but no submitted jobs") but EPS cannot
+size it in workers and servers, so it does not shrink jobs for it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import msgspec
+
+from protocol import ps_job_spec
+from protocol.elastic_shape import ElasticShapeReport
+from protocol.records import ZERO, Resource
+
+from .snapshot import AppView, ClusterSnapshot
+
+WAITING_STATES = ("NEW", "NEW_SAVING", "SUBMITTED", "ACCEPTED")
+
+
+def clamp0(r: Resource) -> Resource:
+    """`r` with negative components set to zero."""
+    return Resource(max(0, r.memory), max(0, r.vcores))
+
+
+def units(r: Resource, unit: Resource) -> int:
+    """How many `unit`s fit in `r` (on every dimension)."""
+    counts = []
+    if unit.memory > 0:
+        counts.append(max(0, r.memory) // unit.memory)
+    if unit.vcores > 0:
+        counts.append(max(0, r.vcores) // unit.vcores)
+    return min(counts) if counts else 0
+
+
+@dataclass(frozen=True)
+class JobSpecView:
+    """The parts of a PS job spec the scheduler needs, with the spec module's defaults applied."""
+
+    workers: int
+    servers: int
+    max_workers: int
+    max_servers: int
+    executor: Resource
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A started elastic PS job. `workers` / `servers` are its target: the RM's latest directive
+    if there is one (the AM is moving to it), else what the AM reports."""
+
+    app_id: str
+    submit_time: float
+    workers: int
+    servers: int
+    spec: JobSpecView
+    executor: Resource
+    am: Resource
+    held: Resource
+    report: ElasticShapeReport
+
+    @property
+    def order(self) -> tuple[float, str]:
+        return (self.submit_time, self.app_id)
+
+    def footprint(self, workers: int, servers: int) -> Resource:
+        """What the job holds once it has `workers` and `servers` (AM included)."""
+        return self.am + self.executor.scale(workers + servers)
+
+
+@dataclass(frozen=True)
+class IncomingJob:
+    """A PS job still waiting for (part of) what it asked for."""
+
+    app_id: str
+    submit_time: float
+    workers: int
+    servers: int
+    executor: Resource
+    am: Resource
+    held: Resource
+    report: Optional[ElasticShapeReport]
+
+    @property
+    def am_granted(self) -> bool:
+        return self.am.fits_in(self.held) and self.held != ZERO
+
+    @property
+    def need(self) -> Resource:
+        """What the job still lacks: its AM (if not granted) and its outstanding executors."""
+        return clamp0(self.am + self.executor.scale(self.workers + self.servers) - self.held)
+
+    def outstanding(self) -> tuple[int, int]:
+        """(workers, servers) not yet granted. Counted from what the RM has granted (the AM's report
+        lags behind its grants); the executors held are spread over the roles in the submitted ratio."""
+        granted = units(self.held - self.am, self.executor) if self.am_granted else 0
+        granted = min(granted, self.workers + self.servers)
+        got_s = min(self.servers, granted * self.servers // (self.workers + self.servers))
+        got_w = min(self.workers, granted - got_s)
+        return self.workers - got_w, self.servers - got_s
+
+
+@dataclass(frozen=True)
+class EpsView:
+    """A snapshot sorted for the H-scheduler (every list in (submit_time, app_id) order)."""
+
+    running: tuple[RunningJob, ...]
+    incoming: tuple[IncomingJob, ...]
+    other_queued: tuple[str, ...]
+    free: Resource
+
+
+def parse_spec(app: AppView, minimum_allocation_mb: int) -> Optional[JobSpecView]:
+    """The job spec of a PS app, or None for any other app (or a spec that no longer decodes)."""
+    raw = (app.elastane or {}).get(ps_job_spec.ELASTANE_FIELD)
+    if not isinstance(raw, dict):
+        return None
+    try:
+        # The RM validated the spec at submission; only the generic fields matter here.
+        spec = msgspec.convert(raw, ps_job_spec.PSJobSpec, strict=False)
+    except msgspec.ValidationError:
+        return None
+    step = max(1, minimum_allocation_mb)
+    mem = -(-spec.executor_memory_mb // step) * step     # as the scheduler normalises the asks
+    return JobSpecView(spec.workers, spec.servers, spec.max_workers or spec.workers,
+                       spec.max_servers or spec.servers, Resource(mem, spec.executor_vcores))
+
+
+def classify(snapshot: ClusterSnapshot) -> EpsView:
+    """Split the snapshot's apps into running elastic jobs, incoming PS jobs and other queued apps."""
+    running: list[RunningJob] = []
+    incoming: list[IncomingJob] = []
+    other: list[str] = []
+    for app in sorted(snapshot.apps, key=lambda a: (a.submit_time, a.app_id)):
+        if app.state in ("FINISHED", "FAILED", "KILLED"):
+            continue
+        spec = parse_spec(app, snapshot.minimum_allocation_mb)
+        report = ElasticShapeReport.parse(app.shape)
+        if spec is None:
+            if app.state in WAITING_STATES or app.pending != ZERO:
+                other.append(app.app_id)
+            continue
+        executor = (report.executor_resource if report is not None and report.executor_resource is not None
+                    else spec.executor)
+        if app.state == "RUNNING" and report is not None and report.started:
+            d = app.directive
+            workers, servers = (d.workers, d.servers) if d is not None else (report.workers, report.servers)
+            running.append(RunningJob(app.app_id, app.submit_time, workers, servers, spec, executor,
+                                      app.am_resource, app.resources, report))
+        else:
+            job = IncomingJob(app.app_id, app.submit_time, spec.workers, spec.servers, executor,
+                              app.am_resource, app.resources, report)
+            # A job holding all it asked for whose AM does not (yet) say `started` waits for nothing:
+            # it is neither managed nor queued (an AM that never reports `started` must not block growth).
+            if app.state != "RUNNING" or job.need != ZERO:
+                incoming.append(job)
+    return EpsView(tuple(running), tuple(incoming), tuple(other), snapshot.total - snapshot.used)
+
+
+__all__ = ["EpsView", "IncomingJob", "JobSpecView", "RunningJob", "clamp0", "classify", "parse_spec", "units"]

@@ -1,0 +1,203 @@
+"""Directive handling of the PS AM, pure parts and the async driver with fake elastic ops:
+diffing a directive against the current shape, version dedup, coalescing while a change runs,
+waiting for training to start, and the shape report's progress figures (injected times)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from appmaster.ps.directives import (DirectiveHandler, DirectiveTracker, ProgressTracker, Shape, ShapeDelta,
+                                     TrackerError, TrackerState, diff, target_of)
+from protocol.elastic_shape import ElasticShapeReport
+from protocol.internal_api import ShapeDirective
+from protocol.records import Resource
+
+
+def directive(w: int, s: int, v: int) -> ShapeDirective:
+    return ShapeDirective(workers=w, servers=s, version=v)
+
+
+# ----- diff ---------------------------------------------------------------------------------------
+
+def test_diff_orders_removals_before_additions() -> None:
+    assert diff(Shape(3, 3), Shape(2, 2)).steps() == [("remove_servers", 1), ("remove_workers", 1)]
+    assert diff(Shape(2, 2), Shape(3, 3)).steps() == [("add_servers", 1), ("add_workers", 1)]
+    assert diff(Shape(2, 3), Shape(4, 1)).steps() == [("remove_servers", 2), ("add_workers", 2)]
+    assert diff(Shape(2, 2), Shape(2, 2)).empty and diff(Shape(2, 2), Shape(2, 2)).steps() == []
+    assert ShapeDelta(-1, 0).steps() == [("remove_workers", 1)]
+
+
+def test_target_keeps_one_of_each_and_the_job_bounds() -> None:
+    assert target_of(directive(0, 0, 1)) == Shape(1, 1)
+    assert target_of(directive(9, 7, 1), max_workers=4, max_servers=3) == Shape(4, 3)
+    assert target_of(directive(3, 2, 1), max_workers=4) == Shape(3, 2)
+
+
+# ----- tracker ------------------------------------------------------------------------------------
+
+def test_tracker_keeps_directives_until_training_starts() -> None:
+    t = DirectiveTracker()
+    assert t.offer(directive(2, 2, 1)) is None and t.state is TrackerState.WAITING
+    assert t.offer(directive(1, 1, 2)) is None          # the newer one replaces the kept one
+    got = t.ready()
+    assert got is not None and got.version == 2 and t.state is TrackerState.CHANGING
+    assert t.applied_version == 2
+    assert t.done() is None and t.state is TrackerState.IDLE
+
+
+def test_tracker_ignores_repeated_and_older_versions() -> None:
+    t = DirectiveTracker()
+    t.ready()
+    d = t.offer(directive(2, 2, 3))
+    assert d is not None and d.version == 3
+    assert t.done() is None
+    assert t.offer(directive(2, 2, 3)) is None and t.state is TrackerState.IDLE      # repeat
+    assert t.offer(directive(5, 5, 2)) is None and t.state is TrackerState.IDLE      # older
+    assert t.applied_version == 3 and t.seen_version == 3
+
+
+def test_tracker_coalesces_directives_during_a_change_to_the_latest() -> None:
+    t = DirectiveTracker()
+    t.ready()
+    assert t.offer(directive(2, 2, 1)) is not None
+    assert t.offer(directive(3, 3, 2)) is None
+    assert t.offer(directive(4, 2, 3)) is None
+    assert t.offer(directive(4, 2, 3)) is None            # repeat of the kept one: still one kept
+    nxt = t.done()
+    assert nxt is not None and (nxt.workers, nxt.servers, nxt.version) == (4, 2, 3)
+    assert t.state is TrackerState.CHANGING
+    assert t.done() is None and t.state is TrackerState.IDLE
+
+
+def test_tracker_rejects_done_without_a_change() -> None:
+    t = DirectiveTracker()
+    t.ready()
+    with pytest.raises(TrackerError, match="DONE is not allowed in state IDLE"):
+        t.done()
+
+
+# ----- progress / shape report --------------------------------------------------------------------
+
+def test_progress_counts_rounds_and_speed_since_the_last_change() -> None:
+    p = ProgressTracker(early_feedback_iterations=25)
+    p.start(100.0)
+    assert p.on_epoch({"worker-0": 10, "worker-1": 9}, 105.0) == 10      # a round of every worker
+    assert p.on_epoch({"worker-0": 20, "worker-1": 19}, 110.0) == 20
+    assert not p.early_feedback and p.speed == pytest.approx(2.0)
+    p.change_started()
+    assert p.changing
+    p.change_ended(112.0)
+    assert p.speed == 0.0 and p.speed_iterations == 0
+    p.on_epoch({"worker-0": 30, "worker-1": 29, "worker-2": 4}, 116.0)   # a new worker counts from 0
+    assert p.iterations == 30 and p.early_feedback and p.speed == pytest.approx(10 / 4.0)
+    rep = p.report(Shape(3, 2), Resource(512, 1), 4, epoch=3)
+    parsed = ElasticShapeReport.decode({k: v for k, v in rep.items() if k != "epoch"})
+    assert (parsed.workers, parsed.servers, parsed.iterations, parsed.directive_version) == (3, 2, 30, 4)
+    assert parsed.started and parsed.early_feedback and not parsed.changing and rep["epoch"] == 3
+    assert ElasticShapeReport.parse(rep) is not None       # unknown extra fields are ignored
+
+
+# ----- the async driver ---------------------------------------------------------------------------
+
+class FakeOps:
+    """EPS-style ops that change a shape after a controllable delay."""
+
+    def __init__(self, shape: list[int]) -> None:
+        self.shape = shape                     # [workers, servers]
+        self.calls: list[tuple[str, int]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail = False
+
+    async def _op(self, name: str, n: int, role: int, sign: int) -> None:
+        self.calls.append((name, n))
+        await self.gate.wait()
+        if self.fail:
+            raise RuntimeError("no containers")
+        self.shape[role] += sign * n
+
+    async def add_workers(self, n: int) -> None:
+        await self._op("add_workers", n, 0, 1)
+
+    async def add_servers(self, n: int) -> None:
+        await self._op("add_servers", n, 1, 1)
+
+    async def remove_workers(self, n: int) -> None:
+        await self._op("remove_workers", n, 0, -1)
+
+    async def remove_servers(self, n: int) -> None:
+        await self._op("remove_servers", n, 1, -1)
+
+
+class FakeResizable:
+    def __init__(self) -> None:
+        self.shape = [3, 3]
+        self.calls: list[tuple[int, int]] = []
+
+    async def resize(self, workers: int, servers: int) -> None:
+        self.calls.append((workers, servers))
+        self.shape = [workers, servers]
+
+
+def handler_for(ops, changes: list[bool] | None = None) -> DirectiveHandler:
+    return DirectiveHandler(lambda: ops, lambda: Shape(*ops.shape), max_workers=4, max_servers=4,
+                            on_change=(changes.append if changes is not None else None))
+
+
+async def test_handler_applies_eps_calls_and_coalesces_during_a_change() -> None:
+    ops = FakeOps([3, 3])
+    changes: list[bool] = []
+    h = handler_for(ops, changes)
+    h.training_started()
+    ops.gate.clear()
+    h.on_directive(directive(2, 2, 1))
+    await asyncio.sleep(0)                      # let the change start and block on the gate
+    assert h.busy and ops.calls == [("remove_servers", 1)]
+    h.on_directive(directive(1, 1, 2))          # superseded by v3 before the change ends
+    h.on_directive(directive(3, 2, 3))
+    h.on_directive(directive(3, 2, 3))          # a repeat
+    ops.gate.set()
+    await h.wait_idle(5)
+    assert ops.shape == [3, 2]
+    assert ops.calls == [("remove_servers", 1), ("remove_workers", 1), ("add_workers", 1)]
+    assert [o.version for o in h.history] == [1, 3] and h.applied_version == 3
+    assert changes == [True, False, True, False]
+    await h.close()
+
+
+async def test_handler_waits_for_training_and_uses_resize_when_offered() -> None:
+    ops = FakeResizable()
+    h = handler_for(ops)
+    h.on_directive(directive(9, 1, 1))          # before training: kept
+    await asyncio.sleep(0)
+    assert ops.calls == [] and not h.busy
+    h.training_started()
+    await h.wait_idle(5)
+    assert ops.calls == [(4, 1)]                # clamped to max_workers, one resize for both roles
+    h.on_directive(directive(4, 1, 2))          # the shape it already has: nothing to do
+    await h.wait_idle(5)
+    assert ops.calls == [(4, 1)] and h.history[-1].steps == []
+    await h.close()
+
+
+async def test_a_failed_change_is_recorded_and_later_directives_still_run() -> None:
+    ops = FakeOps([2, 2])
+    h = handler_for(ops)
+    h.training_started()
+    ops.fail = True
+    h.on_directive(directive(3, 2, 1))
+    await h.wait_idle(5)
+    assert "no containers" in h.history[0].error and ops.shape == [2, 2]
+    ops.fail = False
+    h.on_directive(directive(3, 2, 2))
+    await h.wait_idle(5)
+    assert ops.shape == [3, 2] and h.history[1].error == ""
+    await h.close()
+
+
+async def test_without_elastic_ops_directives_are_dropped() -> None:
+    h = DirectiveHandler(lambda: None, lambda: Shape(2, 2))
+    h.training_started()
+    h.on_directive(directive(1, 1, 1))
+    assert not h.busy and h.history == [] and h.applied_version == 0
