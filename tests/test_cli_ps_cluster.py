@@ -3,6 +3,7 @@
 objective and held-out metrics, and the status of the finished job is what the RM knows."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from typing import Any
@@ -35,8 +36,9 @@ def test_ps_submit_wait_trains_a_tiny_mlr_job_and_prints_its_result(cluster: Any
     assert any(ln.startswith("epoch ") and "/4 [" in ln for ln in lines), r.stdout   # the progress bar
     final = report(r.stdout)
     assert final["Final-Status"] == "FINISHED/SUCCEEDED"
-    objective, _, rest = final["Final-Objective"].partition(" after 4 epochs")
-    assert rest, r.stdout
+    m = re.match(r"(\S+) after 4 epochs", final["Final-Objective"])
+    assert m, r.stdout
+    objective = m.group(1)
     assert 0 < float(objective) < 1.609                       # below log(5), the untrained objective
     assert "accuracy" in final["Held-Out-Metrics"]
 

@@ -9,6 +9,7 @@ Pure core, no I/O and an injected clock, so the PS ApplicationMaster drives it:
 - `balance`        optimal integer split of input / model blocks once roles are fixed
 - `solver_homogeneous`  closed form of eq. 3.5 (identical nodes), plus the brute-force baseline
 - `solver_milp`    MILP (scipy.optimize.milp / HiGHS) for heterogeneous nodes, grouped in classes
+- `baselines`      brute-force searches the solvers are tested and benchmarked against
 - `targets`        solver counts -> roles per slot, preferring each executor's current role
 - `plan`, `plan_builder`  the reconfiguration DAG of add / delete / switch / move and its execution state
 - `optimizer`      metrics -> profiles -> solver -> plan, with the gain threshold and a decision log

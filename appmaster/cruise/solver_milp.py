@@ -22,7 +22,9 @@ Mini-batches per epoch are taken as d_i / B (the continuous form of eq. 3.5); th
 is then priced with ceil(d_i / B). With roles fixed the block split is re-done by balance's exact
 greedy, which is at least as good as the MILP's p_k, q_k.
 
-Very large or badly scaled instances stop at `time_limit_s` with HiGHS's best incumbent.
+A cheap heuristic (closed-form W of the mean node, then a pattern search over workers per class)
+gives the MILP tight bounds and is the answer when HiGHS hits `time_limit_s` without an
+incumbent; with one, the incumbent (never worse than the heuristic, which bounds T) is returned.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from .solver_homogeneous import mean_profile
 from .targets import Slot, Target, build_target, choose_workers
 
 DEFAULT_CLASS_TOLERANCE = 0.05      # measured profiles within ~5% count as one class
-DEFAULT_TIME_LIMIT_S = 5.0
+DEFAULT_TIME_LIMIT_S = 0.9         # the solve-time target is < 1 s; past it, the best incumbent
 MIP_REL_GAP = 1e-4              # 0.01%: far inside the noise of measured profiles
 
 
@@ -57,20 +59,27 @@ class NodeClass:
     profile: NodeProfile
 
 
-def _bucket(v: float, tol: float) -> int:
-    return 0 if v <= 0 else 1 + round(math.log(v) / math.log1p(tol))
+def _close(a: float, b: float, tol: float) -> bool:
+    return abs(a - b) <= tol * max(abs(a), abs(b))
 
 
 def group_classes(profiles: Sequence[NodeProfile], tolerance: float = DEFAULT_CLASS_TOLERANCE) -> list[NodeClass]:
-    """Group nodes whose three measured values fall in the same ~`tolerance` log-bucket; with
-    tolerance 0 only exactly equal profiles group. Each class stands for its members' mean."""
-    groups: dict[tuple, list[NodeProfile]] = {}
-    for p in profiles:
-        vals = (p.compute_s_per_sample, p.worker_bandwidth, p.server_bandwidth)
-        key = vals if tolerance <= 0 else tuple(_bucket(v, tolerance) for v in vals)
-        groups.setdefault(key, []).append(p)
-    return [NodeClass([p.node_id for p in g], mean_profile(g, f"class-{i}"))
-            for i, (_, g) in enumerate(sorted(groups.items()))]
+    """Group nodes whose three measured values are all within `tolerance` (relative) of a class's
+    first member, taken in order of compute speed; tolerance 0 groups only equal profiles. Each
+    class stands for its members' mean."""
+    groups: list[list[NodeProfile]] = []
+    for p in sorted(profiles, key=lambda p: (p.compute_s_per_sample, p.worker_bandwidth,
+                                             p.server_bandwidth, p.node_id)):
+        for g in groups:
+            head = g[0]
+            if (_close(p.compute_s_per_sample, head.compute_s_per_sample, tolerance)
+                    and _close(p.worker_bandwidth, head.worker_bandwidth, tolerance)
+                    and _close(p.server_bandwidth, head.server_bandwidth, tolerance)):
+                g.append(p)
+                break
+        else:
+            groups.append([p])
+    return [NodeClass([p.node_id for p in g], mean_profile(g, f"class-{i}")) for i, g in enumerate(groups)]
 
 
 class _Builder:
@@ -157,12 +166,51 @@ def heuristic_workers(job: JobProfile, classes: Sequence[NodeClass]) -> tuple[fl
                 for i in ws:
                     counts[nodes[i][0]] += 1
                 best = (t, counts)
-    return best
+    return _pattern_search(job, classes, best)
+
+
+def _counts_time(job: JobProfile, classes: Sequence[NodeClass], counts: Sequence[int]) -> float:
+    """Continuous-batch epoch time with counts[k] workers of class k, blocks split optimally."""
+    n_w = np.array(counts)
+    n_s = np.array([len(c.members) for c in classes]) - n_w
+    if n_w.sum() < 1 or n_s.sum() < 1 or (n_w < 0).any() or (n_s < 0).any():
+        return math.inf
+    prof = [c.profile for c in classes]
+    c = np.repeat([p.compute_s_per_sample for p in prof], n_w)
+    bw = np.repeat([p.worker_bandwidth for p in prof], n_w)
+    bs = np.repeat([p.server_bandwidth for p in prof], n_s)
+    d, m = split_blocks(job, c, bw, bs)
+    return epoch_time_arrays(job, c, bw, d, bs, m, integral_batches=False)
+
+
+def _pattern_search(job: JobProfile, classes: Sequence[NodeClass],
+                    start: tuple[float, list[int]]) -> tuple[float, list[int]]:
+    """Improve worker counts per class by moves of +-step in one class or step from one class to
+    another, halving the step when nothing improves (a cheap incumbent, not a proof)."""
+    best_t, best = start
+    k = len(classes)
+    step = max(1, max(len(c.members) for c in classes) // 8)
+    while step >= 1:
+        improved = False
+        moves = [(i, s, None) for i in range(k) for s in (step, -step)]
+        moves += [(i, step, j) for i in range(k) for j in range(k) if i != j]
+        for i, s, j in moves:
+            cand = list(best)
+            cand[i] += s
+            if j is not None:
+                cand[j] -= s
+            t = _counts_time(job, classes, cand)
+            if t < best_t * (1 - 1e-12):
+                best_t, best, improved = t, cand, True
+        if not improved:
+            step //= 2
+    return best_t, best
 
 
 def solve_classes(job: JobProfile, classes: Sequence[NodeClass],
                   time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> MilpResult:
-    """Solve the class MILP (module doc); returns the number of workers of each class."""
+    """Solve the class MILP (module doc); returns the number of workers of each class.
+    `time_limit_s` covers the whole call (heuristic and model building included)."""
     t0 = time.perf_counter()
     t_heur, heur_counts = heuristic_workers(job, classes)
     n_total = sum(len(c.members) for c in classes)
@@ -231,7 +279,7 @@ def solve_classes(job: JobProfile, classes: Sequence[NodeClass],
     a = coo_matrix((b.vals, (b.rows, b.cols)), shape=(len(b.lo), n_vars)).tocsr()
     res = milp(cost, integrality=np.array(b.integral), bounds=Bounds(np.array(b.lb), np.array(b.ub)),
                constraints=LinearConstraint(a, np.array(b.lo), np.array(b.hi)),
-               options={"time_limit": time_limit_s, "mip_rel_gap": MIP_REL_GAP, "disp": False})
+               options={"time_limit": max(0.05, time_limit_s - (time.perf_counter() - t0)), "mip_rel_gap": MIP_REL_GAP, "disp": False})
     solve_ms = (time.perf_counter() - t0) * 1000.0
     if res.x is None:
         if res.status == 2:

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from protocol import codec
 from protocol.ps_job_spec import PSJobSpec
 from protocol.records import FinalStatus, Resource
-from protocol.remote_exception import Conflict
+from protocol.remote_exception import ApiError, BadRequest, Conflict
 from psruntime.apps.registry import create_app
 from psruntime.dataplane import DataPlaneClient, DataPlaneServer
 
@@ -31,6 +31,7 @@ from ..am_events import ContainersAllocated, ContainersCompleted, NodesUpdated, 
 from ..container_book import AmContainer
 from .checkpoints import Checkpointer
 from .directives import DirectiveHandler, ProgressTracker, Shape
+from .elastic_ops import ElasticOpError, ElasticOps
 from .executor_pool import ExecutorPool, ExecutorState, Role
 from .job import JobEvent, JobPhase, JobStateMachine
 from .kill_restart import KillRestart
@@ -60,7 +61,7 @@ class PSApplicationMaster:
         self.client = DataPlaneClient()
         self.pool = ExecutorPool(spec.num_blocks, python=python)
         self.data_server = DataPlaneServer(self.pool.handle_frame, host, 0)
-        self.status_server = StatusServer(self.status, self.request_checkpoint, host, 0)
+        self.status_server = StatusServer(self.status, self.request_checkpoint, host, 0, scale=self.request_scale)
         self.am_dir = Path(am_dir)
         self.checkpointer = Checkpointer(self.am_dir / "checkpoints", self.client)
         self.training = TrainingController(spec, self.app, self.pool, self.metrics, self.client)
@@ -75,7 +76,9 @@ class PSApplicationMaster:
         # "kill"), the RM's shape directives acted on through them, and every change made so far.
         self.retiring: set[str] = set()          # containers stopped on purpose: their exit is no failure
         self.shape_history: list[dict[str, Any]] = []
-        self.elastic: Any = KillRestart(self) if spec.elastic_mode == "kill" else None
+        self.elastic: Any = KillRestart(self) if spec.elastic_mode == "kill" else ElasticOps(
+            am, spec, self.pool, self.training, self.client, self.resource, lambda: self.job.phase,
+            retiring=self.retiring, on_start=self._publish_shape, on_record=self.record_shape_change)
         self.progress = ProgressTracker(spec.early_feedback_iterations)
         self.directives = DirectiveHandler(lambda: self.elastic, self.live_shape, spec.max_workers,
                                            spec.max_servers, on_change=self._on_directive_change)
@@ -103,7 +106,17 @@ class PSApplicationMaster:
             "model_mb": round(self.app.model_nbytes() / 2**20, 3), "data_mb": round(self.app.data_nbytes() / 2**20, 3),
             "elastic_mode": self.spec.elastic_mode, "shape_history": list(self.shape_history),
             "directives": [d.to_json() for d in self.directives.history],
+            "eps": self.elastic.status_json() if isinstance(self.elastic, ElasticOps) else None,
         }
+
+    async def request_scale(self, workers: int, servers: int) -> list[dict[str, Any]]:
+        """POST /scale: a relative change of workers and servers with EPS's functions."""
+        if not isinstance(self.elastic, ElasticOps):
+            raise Conflict(f"this job's elastic_mode is {self.spec.elastic_mode!r}: /scale needs \"eps\"")
+        try:
+            return [r.to_json() for r in await self.elastic.scale(workers, servers)]
+        except ElasticOpError as e:
+            raise {400: BadRequest, 409: Conflict}.get(e.http_status, ApiError)(str(e)) from None
 
     def live_shape(self) -> Shape:
         """Workers and servers serving now (launched executors that announced themselves)."""
@@ -208,7 +221,7 @@ class PSApplicationMaster:
     async def _checkpoint(self, epoch: int) -> dict[str, Any]:
         objective = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
         try:
-            info = await self.checkpointer.write(epoch, self.training.table, self.pool.servers,
+            info = await self.checkpointer.write(epoch, self.training.table, self.training.servers,
                                                  {"objective": objective, "spec": self.spec.to_json()})
         except Exception as e:
             self._resolve_checkpoints(e)

@@ -72,13 +72,33 @@ class TrainingController:
         self.epochs_done = 0
         self.converged = False
         self._stop = False
-        self.workers: list[ExecutorRecord] = []     # in the BSP barrier, in partition order
-        self.servers: list[ExecutorRecord] = []     # serving (or about to serve) model blocks
+        # In the BSP barrier / serving model blocks; until set (setup, elastic changes): the READY ones.
+        self._workers: Optional[list[ExecutorRecord]] = None
+        self._servers: Optional[list[ExecutorRecord]] = None
         self.iterations = 0                         # mini-batch rounds: per epoch, the most any worker ran
         self._looping = False
         self._in_epoch: Optional[list[asyncio.Task[Any]]] = None     # steps overlapping the running epoch
+        self._workers_done_at: Optional[float] = None                # when the running epoch's workers finished
         self._next_epoch: list[tuple[Step, asyncio.Future[tuple[Any, float]]]] = []
         self._boundary: list[tuple[Step, asyncio.Future[tuple[Any, float]]]] = []
+
+    @property
+    def workers(self) -> list[ExecutorRecord]:
+        """The workers in the BSP barrier (EPS's clock list), in partition order."""
+        return list(self._workers) if self._workers is not None else self._ready(Role.WORKER)
+
+    @workers.setter
+    def workers(self, recs: list[ExecutorRecord]) -> None:
+        self._workers = list(recs)
+
+    @property
+    def servers(self) -> list[ExecutorRecord]:
+        """The servers that serve (or are about to serve) model blocks."""
+        return list(self._servers) if self._servers is not None else self._ready(Role.SERVER)
+
+    @servers.setter
+    def servers(self, recs: list[ExecutorRecord]) -> None:
+        self._servers = list(recs)
 
     @property
     def table(self) -> OwnershipTable:
@@ -175,6 +195,7 @@ class TrainingController:
                 workers = list(self.workers)
                 epoch = self.epochs_done
                 t0 = time.perf_counter()
+                self._workers_done_at = None
                 self._in_epoch = [self._spawn(fn, fut) for fn, fut in self._next_epoch]
                 self._next_epoch = []
                 try:
@@ -187,6 +208,7 @@ class TrainingController:
                     await asyncio.gather(*steps, return_exceptions=True)
                     raise
                 # Barrier: transmissions overlapping this epoch end before its objective.
+                self._workers_done_at = time.perf_counter()
                 steps, self._in_epoch = self._in_epoch, None
                 await asyncio.gather(*steps, return_exceptions=True)
                 seconds = time.perf_counter() - t0
@@ -199,7 +221,9 @@ class TrainingController:
             self._abandon_steps()
 
     # -- elastic steps -----------------------------------------------------------------------
-    def _spawn(self, fn: Step, fut: "asyncio.Future[tuple[Any, float]]") -> "asyncio.Task[Any]":
+    def _spawn(self, fn: Step, fut: "asyncio.Future[tuple[Any, float]]", boundary: bool = False) -> "asyncio.Task[Any]":
+        """Run a step; its future gets (result, seconds training waited for it): all of a boundary
+        step, and of an overlapped step what it ran past its epoch's workers."""
         async def run() -> None:
             t0 = time.perf_counter()
             try:
@@ -210,8 +234,13 @@ class TrainingController:
                 if isinstance(e, asyncio.CancelledError):
                     raise
                 return
+            now = time.perf_counter()
+            if boundary:
+                lost = now - t0
+            else:
+                lost = now - self._workers_done_at if self._workers_done_at is not None else 0.0
             if not fut.done():
-                fut.set_result((result, time.perf_counter() - t0))
+                fut.set_result((result, max(0.0, lost)))
         return asyncio.ensure_future(run())
 
     def _check_elastic(self) -> None:
@@ -222,7 +251,7 @@ class TrainingController:
 
     async def overlap_epoch(self, fn: Step) -> tuple[Any, float]:
         """Run `fn` alongside the running epoch (or the next one, between epochs); that epoch ends
-        only once `fn` is done. Returns (fn's result, seconds it ran)."""
+        only once `fn` is done. Returns (fn's result, seconds the epoch's end waited for it)."""
         self._check_elastic()
         fut: asyncio.Future[tuple[Any, float]] = asyncio.get_running_loop().create_future()
         if self._in_epoch is not None:
@@ -243,7 +272,7 @@ class TrainingController:
         while self._boundary:
             pending, self._boundary = self._boundary, []
             for fn, fut in pending:
-                await self._spawn(fn, fut)
+                await self._spawn(fn, fut, boundary=True)
 
     def _abandon_steps(self) -> None:
         pending = self._next_epoch + self._boundary

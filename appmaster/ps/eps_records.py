@@ -1,0 +1,79 @@
+"""What an EPS elastic operation did, for its caller, the AM's status and the CLI."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+class ElasticOpError(RuntimeError):
+    """An elastic change that cannot be made or failed; `http_status` is what the AM's HTTP API
+    answers (400: an impossible change, 409: not now -- another change runs, or no training)."""
+
+    http_status = 400
+
+
+class ElasticBusy(ElasticOpError):
+    """Another change is running, or the job is not training: try again later."""
+
+    http_status = 409
+
+
+class ElasticOpFailed(ElasticOpError):
+    """A change that started and failed part-way (an executor or a transfer failed); what was
+    done is in its record, and the job trains on with the shape the record reports."""
+
+    http_status = 500
+
+
+@dataclass
+class ElasticOpRecord:
+    """One EPS operation (add_workers, add_servers, remove_workers, remove_servers)."""
+
+    op: str
+    requested: int
+    started: float                                  # unix time
+    epoch_started: int                              # epochs done when it started
+    workers_before: int
+    servers_before: int
+    workers_after: Optional[int] = None
+    servers_after: Optional[int] = None
+    epoch_switched: Optional[int] = None            # the first epoch trained with the new shape
+    duration_s: float = 0.0
+    containers_added: list[str] = field(default_factory=list)
+    containers_released: list[str] = field(default_factory=list)
+    executors_added: list[str] = field(default_factory=list)
+    executors_removed: list[str] = field(default_factory=list)
+    blocks_moved: int = 0                           # model blocks migrated server-to-server
+    splits_moved: int = 0                           # input splits sent worker-to-worker
+    splits_reactivated: int = 0                     # input splits taken back from inactive copies
+    bytes_sent: int = 0                             # worker-to-worker input data and state
+    transfers: list[dict[str, Any]] = field(default_factory=list)
+    training_time_lost_s: float = 0.0               # time training waited for the change
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    def to_history(self) -> dict[str, Any]:
+        """The entry of the AM's `shape_history` (the same keys as the kill-based baseline's)."""
+        return {"mode": "eps", "changed": self.ok, "op": self.op, "requested": self.requested,
+                "before": {"workers": self.workers_before, "servers": self.servers_before},
+                "workers": self.workers_after, "servers": self.servers_after, "time": self.started,
+                "seconds": round(self.duration_s, 4), "lost_s": round(self.training_time_lost_s, 4),
+                "blocks_moved": self.blocks_moved, "splits_moved": self.splits_moved,
+                "splits_reactivated": self.splits_reactivated, "epoch_switched": self.epoch_switched,
+                "containers_added": self.containers_added, "containers_released": self.containers_released,
+                "error": self.error}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "requested": self.requested, "started": self.started,
+                "epoch_started": self.epoch_started, "epoch_switched": self.epoch_switched,
+                "before": {"workers": self.workers_before, "servers": self.servers_before},
+                "after": {"workers": self.workers_after, "servers": self.servers_after},
+                "duration_s": round(self.duration_s, 4), "containers_added": self.containers_added,
+                "containers_released": self.containers_released, "executors_added": self.executors_added,
+                "executors_removed": self.executors_removed, "blocks_moved": self.blocks_moved,
+                "splits_moved": self.splits_moved, "splits_reactivated": self.splits_reactivated,
+                "bytes_sent": self.bytes_sent, "transfers": self.transfers,
+                "training_time_lost_s": round(self.training_time_lost_s, 4), "ok": self.ok, "error": self.error}

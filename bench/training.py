@@ -1,0 +1,258 @@
+"""PS training on a local cluster against the single-process numpy baseline of the same algorithm
+on the same data, plus the executors' peak memory against the bytes of data and model they hold.
+
+    .venv/bin/python bench/training.py [--quick] [--max-epochs N] [--keep-dir DIR]
+
+For MLR and NMF (sized so one single-process epoch takes ~1-3 s, so per-request overheads do not
+dominate), in one run:
+- the single-process baseline (psruntime.apps.single_process, in its own process): training time
+  per epoch (objective excluded) and time to converge (the sum of those);
+- PS jobs of (2 workers, 1 server) and (4 workers, 2 servers) on a LocalCluster of 3 NMs sized so
+  4 + 2 executors and the AM fit: the same figures from the AM's objective history, plus the job's
+  wall time from submission to FINISHED;
+- the peak RSS (VmHWM) of every executor, sampled from /proc while the job runs, against the data
+  and model bytes it reports, net of the interpreter's baseline: the RSS of an idle python process
+  that imports the executor's modules. Target: peak <= 2 x (data + model) + baseline.
+
+The epoch limit and convergence threshold are the same for both sides, so "time to converge" is
+the time to the threshold or to the limit (each run says which).
+
+Prints a summary, then one JSON object as the last line: {"mlr_epoch_s_2x1", "mlr_epoch_s_4x2",
+"mlr_single_process_epoch_s", "nmf_epoch_s_2x1", "nmf_epoch_s_4x2", "nmf_single_process_epoch_s",
+"peak_rss_over_data", ...} where peak_rss_over_data is the largest, over the PS runs, of
+sum(peak RSS - baseline) / sum(data + model bytes) over a run's executors.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from elastane_cli import ps_commands  # noqa: E402
+from elastane_cli.local_cluster import LocalCluster  # noqa: E402
+from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
+
+MB = 1024 * 1024
+SHAPES = ((2, 1), (4, 2))
+POLL_S = 0.5
+JOB_TIMEOUT_S = 600.0
+# Same data and hyper-parameters for the PS and the single-process runs.
+JOBS: dict[str, dict[str, Any]] = {
+    "mlr": {"preset": "small", "data": {"num_samples": 25_000},
+            "hparams": {"learning_rate": 0.5, "convergence_threshold": 0.01}},
+    "nmf": {"preset": "small", "data": {},
+            "hparams": {"convergence_threshold": 0.01}},
+}
+QUICK_DATA = {"mlr": {"preset": "tiny", "data": {"num_samples": 4000, "rows_per_block": 500}},
+              "nmf": {"preset": "tiny", "data": {}}}
+EXECUTOR_MEMORY_MB = 768
+AM_MEMORY_MB = 512
+# What an executor imports (psruntime.executor and, lazily, its roles and the apps).
+EXECUTOR_MODULES = ("psruntime.executor", "psruntime.worker_role", "psruntime.store_service",
+                    "psruntime.apps.registry", "uvloop")
+
+
+@dataclass
+class RunFigures:
+    """One training run (single-process or PS) of one app."""
+
+    label: str
+    epochs: int
+    epoch_s: float                  # median training time per epoch (objective excluded)
+    converge_s: float               # sum of the epochs' training times
+    converged: bool
+    initial_objective: float
+    final_objective: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+    wall_s: float | None = None     # PS: submission -> FINISHED
+    wall_epoch_s: float | None = None
+    memory: dict[str, Any] = field(default_factory=dict)
+
+
+# ----- memory ----------------------------------------------------------------------------------
+
+def proc_kb(pid: int, key: str) -> int | None:
+    """A `key: N kB` field of /proc/<pid>/status (VmRSS, VmHWM), None if the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def interpreter_baseline_bytes() -> int:
+    """RSS of an idle python that imported the executor's modules (what no data or model costs)."""
+    code = ("import importlib, sys\n"
+            f"for m in {EXECUTOR_MODULES!r}: importlib.import_module(m)\n"
+            "print('ready', flush=True)\nsys.stdin.read()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, cwd=ROOT)
+    try:
+        assert p.stdout is not None
+        if p.stdout.readline().strip() != "ready":
+            raise RuntimeError("the baseline interpreter did not start")
+        return (proc_kb(p.pid, "VmRSS") or 0) * 1024
+    finally:
+        p.kill()
+        p.wait()
+
+
+def memory_figures(peaks: dict[str, int], status: dict[str, Any], baseline: int) -> dict[str, Any]:
+    """Per executor: peak RSS, data + model bytes, and whether peak <= 2 x bytes + baseline."""
+    rows, excess, held = [], 0, 0
+    for e in (status.get("shape") or {}).get("executors") or []:
+        peak = peaks.get(e["id"])
+        if peak is None:
+            continue
+        nbytes = int((float(e.get("data_mb") or 0) + float(e.get("model_mb") or 0)) * MB)
+        rows.append({"id": e["id"], "peak_rss_mb": round(peak / MB, 1), "held_mb": round(nbytes / MB, 2),
+                     "within_target": peak <= 2 * nbytes + baseline})
+        excess += max(0, peak - baseline)
+        held += nbytes
+    return {"executors": rows, "excess_over_held": round(excess / held, 3) if held else None,
+            "all_within_target": all(r["within_target"] for r in rows)}
+
+
+# ----- single process --------------------------------------------------------------------------
+
+def single_process(app: str, job: dict[str, Any], max_epochs: int) -> RunFigures:
+    hparams = {**job["hparams"], "max_epochs": max_epochs}
+    r = subprocess.run([sys.executable, "-m", "psruntime.apps.single_process", "--app", app, "--preset",
+                        job["preset"], "--spec", json.dumps(job["data"]), "--hparams", json.dumps(hparams)],
+                       capture_output=True, text=True, cwd=ROOT, check=True)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    secs = [e["seconds"] for e in res["epochs"]]
+    return RunFigures("single process", len(secs), statistics.median(secs), sum(secs), bool(res["converged"]),
+                      res["initial_objective"], res["epochs"][-1]["objective"], res.get("metrics") or {})
+
+
+# ----- PS on the cluster -----------------------------------------------------------------------
+
+async def ps_run(cluster: LocalCluster, app: str, job: dict[str, Any], workers: int, servers: int,
+                 max_epochs: int, baseline: int) -> RunFigures:
+    spec = ps_commands.validate_spec({"app": app, "preset": job["preset"], "data": job["data"],
+                                      "hparams": job["hparams"], "max_epochs": max_epochs, "workers": workers,
+                                      "servers": servers, "executor_memory_mb": EXECUTOR_MEMORY_MB})
+    reader = ps_commands.AmStatusReader("bench")
+    peaks: dict[str, int] = {}
+    last: dict[str, Any] = {}
+    async with RmRestClient(cluster.rm_url, "bench") as client:
+        t0 = time.monotonic()
+        app_id = await ps_commands.submit_ps_job(client, spec, f"bench-{app}-{workers}x{servers}",
+                                                 am_memory=AM_MEMORY_MB)
+        try:
+            while True:
+                report = await client.app(app_id)
+                if report["state"] in ps_commands.FINAL_STATES:
+                    break
+                if time.monotonic() - t0 > JOB_TIMEOUT_S:
+                    raise RuntimeError(f"{app_id} did not finish within {JOB_TIMEOUT_S:.0f}s")
+                if report["state"] == "RUNNING" and report.get("trackingUrl"):
+                    status = await reader.read(report["trackingUrl"])
+                    if status is not None:
+                        last = status
+                        for e in status["shape"]["executors"]:
+                            hwm = proc_kb(e["pid"], "VmHWM") if e.get("pid") else None
+                            if hwm is not None:   # a high-water mark: the latest sample is the peak so far
+                                peaks[e["id"]] = hwm * 1024
+                await asyncio.sleep(POLL_S)   # sampling interval of the status and of /proc
+        finally:
+            await reader.close()
+        wall = time.monotonic() - t0
+    if report["finalStatus"] != "SUCCEEDED":
+        raise RuntimeError(f"{app_id} ended {report['state']}/{report['finalStatus']}: {report.get('diagnostics')}")
+    final = json.loads((cluster.base_dir / "rm" / "apps" / app_id / "status.json").read_text())
+    hist = final["objective_history"]
+    secs = [h["epoch_time_s"] for h in hist]
+    wall_epoch = (hist[-1]["time"] - hist[0]["time"]) / (len(hist) - 1) if len(hist) > 1 else None
+    return RunFigures(f"PS {workers}x{servers}", len(hist), statistics.median(secs), sum(secs),
+                      bool(final.get("converged")), final["initial_objective"], hist[-1]["objective"],
+                      final.get("final_metrics") or {}, wall, wall_epoch,
+                      memory_figures(peaks, last or final, baseline))
+
+
+# ----- report ----------------------------------------------------------------------------------
+
+def describe(app: str, r: RunFigures, base: RunFigures) -> str:
+    text = (f"  {app} {r.label:<15} {r.epochs:2d} epochs  epoch {r.epoch_s:6.3f}s ({r.epoch_s / base.epoch_s:4.1f}x)"
+            f"  to {'converge' if r.converged else 'limit'} {r.converge_s:6.1f}s  objective "
+            f"{r.initial_objective:.4g} -> {r.final_objective:.4g}")
+    if r.wall_s is not None:
+        text += f"  job wall {r.wall_s:.1f}s"
+        if r.wall_epoch_s:
+            text += f" ({r.wall_epoch_s:.2f}s/epoch incl. objective)"
+    if r.memory:
+        text += f"\n      memory: excess RSS / held bytes {r.memory['excess_over_held']}, per executor " + ", ".join(
+            f"{m['id']} {m['peak_rss_mb']}MB/{m['held_mb']}MB{'' if m['within_target'] else ' OVER'}"
+            for m in r.memory["executors"])
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench/training.py", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny data: a smoke run of the bench itself")
+    p.add_argument("--max-epochs", type=int, default=10)
+    p.add_argument("--keep-dir", type=Path, help="run the cluster in (and keep) this dir")
+    args = p.parse_args(argv)
+    jobs = {a: {**j, **QUICK_DATA[a]} for a, j in JOBS.items()} if args.quick else JOBS
+
+    baseline = interpreter_baseline_bytes()
+    print(f"interpreter baseline (idle python importing the executor's modules): {baseline / MB:.1f} MB",
+          flush=True)
+    tmp = None if args.keep_dir else tempfile.TemporaryDirectory(prefix="elastane-bench-training-")
+    base_dir = args.keep_dir or Path(tmp.name)  # type: ignore[union-attr]
+    cluster = LocalCluster(base_dir, nodes=3, node_memory_mb=3 * 1024, node_vcores=3, heartbeat_interval_ms=250)
+    results: dict[str, dict[str, RunFigures]] = {}
+    try:
+        cluster.start(timeout_s=60)
+        print(f"cluster: RM {cluster.rm_url}, 3 NMs x 3072 MB / 3 vcores (the machine has fewer cores: "
+              "executors share them)", flush=True)
+        for app, job in jobs.items():
+            runs = results[app] = {"single": single_process(app, job, args.max_epochs)}
+            print(describe(app, runs["single"], runs["single"]), flush=True)
+            for w, s in SHAPES:
+                runs[f"{w}x{s}"] = asyncio.run(ps_run(cluster, app, job, w, s, args.max_epochs, baseline))
+                print(describe(app, runs[f"{w}x{s}"], runs["single"]), flush=True)
+    finally:
+        cluster.stop()
+        if tmp is not None:
+            tmp.cleanup()
+
+    out: dict[str, Any] = {}
+    ratios = []
+    for app, runs in results.items():
+        out[f"{app}_single_process_epoch_s"] = round(runs["single"].epoch_s, 4)
+        out[f"{app}_single_process_converge_s"] = round(runs["single"].converge_s, 2)
+        out[f"{app}_single_process_objective"] = runs["single"].final_objective
+        for w, s in SHAPES:
+            r = runs[f"{w}x{s}"]
+            out[f"{app}_epoch_s_{w}x{s}"] = round(r.epoch_s, 4)
+            out[f"{app}_converge_s_{w}x{s}"] = round(r.converge_s, 2)
+            out[f"{app}_job_wall_s_{w}x{s}"] = round(r.wall_s or 0, 2)
+            out[f"{app}_objective_{w}x{s}"] = r.final_objective
+            out[f"{app}_epochs_{w}x{s}"] = r.epochs
+            if r.memory.get("excess_over_held") is not None:
+                ratios.append(r.memory["excess_over_held"])
+    out["peak_rss_over_data"] = max(ratios) if ratios else None
+    out["rss_target_met"] = all(r.memory.get("all_within_target", False)
+                                for runs in results.values() for k, r in runs.items() if k != "single")
+    out["interpreter_baseline_mb"] = round(baseline / MB, 1)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Cruise cost model (eq. 3.1-3.4) and the optimal block split on synthetic profiles."""
+import math
+
+import numpy as np
+import pytest
+
+from appmaster.cruise.balance import min_max_split, split_blocks
+from appmaster.cruise.cost_model import (Assignment, CostModelError, JobProfile, NodeProfile, epoch_time,
+                                         epoch_time_arrays, predict)
+
+JOB = JobProfile(input_blocks=100, samples_per_block=100, model_blocks=10, bytes_per_batch=1e6, batch_size=100)
+
+
+def node(i, c=1e-3, bw=1e7, bs=1e7):
+    return NodeProfile(f"n{i}", c, bw, bs)
+
+
+def test_worker_and_server_bound_terms_by_hand():
+    nodes = {"a": node("a"), "b": node("b"), "s": node("s", bs=2e7)}
+    nodes = {k: NodeProfile(k, v.compute_s_per_sample, v.worker_bandwidth, v.server_bandwidth) for k, v in nodes.items()}
+    a = Assignment({"a": 60, "b": 40}, {"s": 10})
+    p = predict(JOB, nodes, a)
+    # a: 6000 samples -> 6 s compute, 60 batches; server term 10 blocks * 1e5 B * 2 workers / 2e7 = 0.01 s,
+    # worker term 1e6 / 1e7 = 0.1 s -> worker-bound: 60 * 0.1 = 6 s.
+    assert p.compute_s["a"] == pytest.approx(6.0)
+    assert p.comm_s["a"] == pytest.approx(6.0)
+    assert p.epoch_s == pytest.approx(12.0) and p.slowest_worker == "a" and not p.server_bound
+    # A slow server makes the server term bind (eq. 3.4's first case) for every worker.
+    nodes["s"] = NodeProfile("s", 1e-3, 1e7, 1e5)
+    p = predict(JOB, nodes, a)
+    assert p.server_batch_s == pytest.approx(10 * 1e5 * 2 / 1e5)
+    assert p.server_bound and p.comm_s["b"] == pytest.approx(40 * 20.0)
+
+
+def test_ceil_batches_versus_continuous():
+    nodes = {"a": node("a"), "s": node("s")}
+    a = Assignment({"a": 100}, {"s": 10})
+    job = JobProfile(100, 1.5, 10, 1e6, 100)        # 150 samples: 1.5 -> 2 mini-batches
+    assert epoch_time(job, nodes, a) - epoch_time(job, nodes, a, integral_batches=False) == pytest.approx(0.5 * 0.1)
+
+
+def test_known_optimum_on_synthetic_metrics():
+    # 8 identical nodes, c = 9e-3 s/sample, K = bytes / (B b) = 1e-3 s/sample:
+    # f(w) = (D/w)(c + K max(1, w/(N-w))) is minimal where (N-w)/w = sqrt(K/c) = 1/3, i.e. W = 6,
+    # with f(6) = 10000/6 * (9e-3 + 3e-3) = 20 s.
+    nodes = {f"n{i}": node(i, c=9e-3) for i in range(8)}
+    times = {}
+    for w in range(1, 8):
+        times[w] = epoch_time_arrays(JOB, np.full(w, 9e-3), np.full(w, 1e7), np.full(w, 100 / w),
+                                     np.full(8 - w, 1e7), np.full(8 - w, 10 / (8 - w)))
+    assert min(times, key=times.get) == 6
+    assert times[6] == pytest.approx(20.0)
+    # The integral split of the same shape is priced by the mapping form, and still wins.
+    integral = {}
+    for w in range(1, 8):
+        d, m = split_blocks(JOB, np.full(w, 9e-3), np.full(w, 1e7), np.full(8 - w, 1e7))
+        a = Assignment({f"n{i}": int(x) for i, x in enumerate(d)}, {f"n{w + i}": int(x) for i, x in enumerate(m)})
+        integral[w] = epoch_time(JOB, nodes, a)
+    assert min(integral, key=integral.get) == 6
+
+
+def test_arrays_agree_with_mapping_form():
+    rng = np.random.default_rng(3)
+    nodes = {f"n{i}": NodeProfile(f"n{i}", rng.uniform(1e-4, 1e-3), rng.uniform(1e6, 1e7), rng.uniform(1e6, 1e7))
+             for i in range(6)}
+    a = Assignment({"n0": 30, "n1": 50, "n2": 20}, {"n3": 3, "n4": 3, "n5": 4})
+    c = np.array([nodes[k].compute_s_per_sample for k in a.workers])
+    bw = np.array([nodes[k].worker_bandwidth for k in a.workers])
+    bs = np.array([nodes[k].server_bandwidth for k in a.servers])
+    for integral in (True, False):
+        assert epoch_time_arrays(JOB, c, bw, np.array(list(a.workers.values())), bs,
+                                 np.array(list(a.servers.values())), integral) == pytest.approx(
+            epoch_time(JOB, nodes, a, integral))
+
+
+@pytest.mark.parametrize("assignment, message", [
+    (Assignment({"a": 100}, {"a": 10}), "both worker and server"),
+    (Assignment({"a": 99}, {"s": 10}), "input blocks"),
+    (Assignment({"a": 100}, {"s": 9}), "model blocks"),
+    (Assignment({"a": 100}, {}), ">= 1 server"),
+    (Assignment({"x": 100}, {"s": 10}), "no profile"),
+])
+def test_bad_configurations_are_named(assignment, message):
+    with pytest.raises(CostModelError, match=message):
+        predict(JOB, {"a": node("a"), "s": node("s")}, assignment)
+
+
+def test_bad_profiles_are_named():
+    with pytest.raises(CostModelError, match="worker_bandwidth"):
+        NodeProfile("x", 1e-3, 0.0, 1.0)
+    with pytest.raises(CostModelError, match="batch_size"):
+        JobProfile(10, 1, 1, 1.0, 0)
+
+
+def test_min_max_split_is_optimal_against_exhaustive():
+    rng = np.random.default_rng(7)
+    for _ in range(30):
+        k = int(rng.integers(1, 4))
+        w = rng.uniform(0.5, 3.0, k)
+        total = int(rng.integers(0, 12))
+        x = min_max_split(total, w)
+        assert x.sum() == total and (x >= 0).all()
+        best = min(max(a * wi for a, wi in zip(combo, w))
+                   for combo in np.ndindex(*([total + 1] * k)) if sum(combo) == total)
+        assert max(x * w) == pytest.approx(best)
+
+
+def test_split_blocks_gives_faster_workers_more():
+    d, m = split_blocks(JOB, np.array([1e-3, 5e-4]), np.array([1e7, 1e7]), np.array([1e7, 3e7]))
+    assert d.sum() == 100 and m.sum() == 10
+    assert d[1] > d[0] and m[1] > m[0]

@@ -1,0 +1,142 @@
+"""The kill-based baseline on a real localhost cluster (RM + 3 NMs as processes).
+
+A tiny MLR job with elastic_mode "kill" gets two shape directives through the AM library's event
+path (the AM entry point below is the PS AM plus a script that emits `ShapeChanged` events at
+given epochs, as the RM's policy would): remove a worker and a server, then add them back. Each
+change checkpoints, stops every executor, starts the job again and restores the model. Checked:
+the objective continues where it was (the restored objective equals the checkpoint's, no jump back
+to the untrained one), epochs carry on without a gap, every change is in the shape history with
+its steps and the training time it lost, the old executors' processes are gone, and the final
+objective is within 5% of the same job trained without changes (run beside it)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from appmaster.ps.submission import build_ps_submission
+from conftest import get_app, pids_with_env, submit_app, wait_app, wait_until
+from protocol import container_env
+
+pytestmark = pytest.mark.cluster
+
+EXECUTOR_MB = 320
+SCRIPT_ENV = "ELASTANE_TEST_DIRECTIVES"
+
+# The PS AM with scripted directives: each step waits for its epoch and for the previous change.
+SCRIPTED_AM = r'''
+import asyncio, json, os, signal, sys
+from protocol import container_env, daemon
+from protocol.internal_api import ShapeDirective
+from appmaster.am_client import ApplicationMaster
+from appmaster.am_events import ShapeChanged
+from appmaster.ps.__main__ import load_spec, parse_args
+from appmaster.ps.master import PSApplicationMaster
+
+
+async def script(master, am, steps):
+    for version, step in enumerate(steps, 1):
+        while master.training.epochs_done < step["after_epoch"] or master.directives.busy:
+            await asyncio.sleep(0.05)
+        am._emit(ShapeChanged(ShapeDirective(workers=step["workers"], servers=step["servers"],
+                                             version=version, reason="scripted by the test")))
+        while master.directives.applied_version < version:
+            await asyncio.sleep(0.05)
+
+
+async def main():
+    spec = load_spec(parse_args([]))
+    am = ApplicationMaster.from_env()
+    master = PSApplicationMaster(am, spec, os.environ[container_env.AM_DIR],
+                                 host=os.environ.get(container_env.NM_HOST, "127.0.0.1"))
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, master.request_stop)
+    driver = asyncio.create_task(script(master, am, json.loads(os.environ.get("%s", "[]"))))
+    try:
+        status = await master.run()
+    finally:
+        driver.cancel()
+        await am.close()
+    return 0 if status is not None else 143
+
+
+daemon.setup_logging("ps-am-scripted")
+sys.exit(asyncio.run(main()))
+''' % SCRIPT_ENV
+
+
+# 12 slots of 512 MB (the scheduler's rounding): the two jobs of a test (5 containers each) fit
+# side by side, so neither waits for the other's containers.
+@pytest.fixture(scope="module")
+def kill_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    local_cluster = pytest.importorskip("elastane_cli.local_cluster")
+    c = local_cluster.LocalCluster(tmp_path_factory.mktemp("kill-cluster"), nodes=3, node_memory_mb=2048,
+                                   node_vcores=2, nm_expiry_s=5, am_expiry_s=10, heartbeat_interval_ms=250)
+    c.start(timeout_s=60)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def submit_scripted(cluster: Any, spec: dict[str, Any], steps: list[dict[str, int]], name: str,
+                    tmp_path: Path) -> str:
+    driver = tmp_path / "scripted_am.py"
+    driver.write_text(SCRIPTED_AM)
+    sub = build_ps_submission({"executor_memory_mb": EXECUTOR_MB, **spec}, name=name, am_memory=384,
+                              environment={SCRIPT_ENV: json.dumps(steps)})
+    sub["am-container-spec"]["commands"]["command"] = f"python {driver}"
+    return submit_app(cluster.rm_url, sub)
+
+
+def final_status(cluster: Any, app_id: str) -> dict[str, Any]:
+    return json.loads((Path(cluster.base_dir) / "rm" / "apps" / app_id / "status.json").read_text())
+
+
+def test_kill_based_remove_and_add_back_keeps_training_progress(kill_cluster, tmp_path: Path) -> None:
+    spec = {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 8, "elastic_mode": "kill",
+            "hparams": {"learning_rate": 0.5}}
+    steps = [{"after_epoch": 2, "workers": 1, "servers": 1}, {"after_epoch": 4, "workers": 2, "servers": 2}]
+    changed = submit_scripted(kill_cluster, spec, steps, "kill-reshaped", tmp_path)
+    steady = submit_scripted(kill_cluster, spec, [], "kill-steady", tmp_path)
+    for app_id in (changed, steady):
+        app = wait_app(kill_cluster.rm_url, app_id, ("FINISHED",), 240)
+        assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
+    for app_id in (changed, steady):
+        wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
+
+    st, base = final_status(kill_cluster, changed), final_status(kill_cluster, steady)
+    assert base["shape_history"] == [] and st["elastic_mode"] == "kill"
+
+    # Two restarts, each with every step timed and its lost training time.
+    hist = st["shape_history"]
+    assert [(h["mode"], h["changed"], h["workers"], h["servers"]) for h in hist] == \
+        [("kill", True, 1, 1), ("kill", True, 2, 2)], hist
+    assert [h["before"] for h in hist] == [{"workers": 2, "servers": 2}, {"workers": 1, "servers": 1}]
+    for h in hist:
+        assert set(h["steps"]) == {"wait_boundary_s", "checkpoint_s", "release_s", "allocate_s", "restore_s"}
+        assert h["seconds"] > 0 and h["lost_s"] == h["seconds"] and h["error"] == ""
+        assert h["objective_restored"] == pytest.approx(h["objective_before"], rel=1e-4)   # no reset
+        assert Path(h["checkpoint"]).is_dir()
+    assert [h["epoch"] for h in hist] == [3, 5] or [h["epoch"] for h in hist] == [2, 4] or \
+        all(2 <= h["epoch"] <= 6 for h in hist), hist
+
+    # Epochs carry on without a gap or a reset; each executor generation ran in its own containers.
+    history = st["objective_history"]
+    assert [h["epoch"] for h in history] == list(range(8))
+    obj = [st["initial_objective"]] + [h["objective"] for h in history]
+    for h in hist:
+        after = obj[h["epoch"] + 1]            # the first epoch trained by the restarted job
+        assert after < 1.02 * h["objective_before"] < st["initial_objective"], (h, obj)
+    executors = st["shape"]["executors"]
+    assert sum(e["role"] == "worker" for e in executors) == 2 + 1 + 2
+    assert sum(e["role"] == "server" for e in executors) == 2 + 1 + 2
+    assert len({e["container_id"] for e in executors}) == len(executors)
+
+    # The same result as training without changes, within a stated tolerance.
+    final, ref = obj[-1], base["objective_history"][-1]["objective"]
+    assert abs(final - ref) <= 0.05 * abs(ref), (final, ref)
+    assert final < 0.6 * st["initial_objective"]
+    assert get_app(kill_cluster.rm_url, changed)["diagnostics"].startswith("final objective")
