@@ -26,10 +26,10 @@ import os
 import re
 import shutil
 import subprocess
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
-from contextlib import contextmanager
 
 from psruntime.bandwidth import default_burst_bytes
 

@@ -52,6 +52,14 @@ class JobSpecError(DecodeError):
         return JobSpecError(f"{prefix}.{self.field}" if self.field else prefix, self.detail)
 
 
+class CruiseOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Knobs of the Cruise optimizer (used when `optimizer` is "cruise")."""
+
+    min_batches: Pos = 10                  # mini-batches per worker since the last change before a decision
+    min_interval_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0    # between two decisions
+    gain_threshold: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.05   # skip plans predicted to gain less
+
+
 class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """One PS training job (see the module doc for the JSON form)."""
 
@@ -71,7 +79,8 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     executor_memory_mb: Annotated[int, msgspec.Meta(ge=MIN_EXECUTOR_MEMORY_MB)] = 512
     executor_vcores: Pos = 1
     checkpoint_every_epochs: Annotated[int, msgspec.Meta(ge=0)] = 0   # 0: only at the end
-    optimizer: Literal["off"] = "off"      # the Cruise optimizer arrives with a later issue
+    optimizer: Literal["off", "cruise"] = "off"   # "cruise": the AM reshapes the job while it trains
+    cruise: CruiseOptions = CruiseOptions()
     elastic_mode: Literal["eps", "kill"] = "eps"
     # EPS §2.1: iterations before the job gives its early feedback; the `eps` policy neither
     # shrinks nor grows a job before that (protocol/elastic_shape.py).
@@ -160,6 +169,10 @@ def _check_generic(spec: PSJobSpec) -> None:
                            f"{most_servers} servers a block; use blocks >= {most_servers}")
     if spec.sync == "bsp" and spec.staleness not in (None, 0):
         raise JobSpecError("staleness", f"{spec.staleness} needs sync \"ssp\" (bsp has staleness 0)")
+    if spec.optimizer == "cruise" and spec.sync != "bsp":
+        raise JobSpecError("optimizer", "\"cruise\" reshapes the job at BSP epoch boundaries: it needs sync \"bsp\"")
+    if spec.optimizer == "cruise" and spec.elastic_mode != "eps":
+        raise JobSpecError("optimizer", "\"cruise\" needs elastic_mode \"eps\" (it moves blocks, it does not restart)")
     if spec.sync == "ssp" and spec.staleness == 0:
         raise JobSpecError("staleness", "sync \"ssp\" needs staleness >= 1 (0 is bsp)")
 
@@ -185,4 +198,4 @@ def validate(obj: Any) -> PSJobSpec:
 
 
 __all__ = ["APPLICATION_TYPE", "AM_COMMAND", "ELASTANE_FIELD", "JobSpecError", "PRESET_NAMES", "PSJobSpec",
-           "PS_SPEC_ENV", "validate"]
+           "PS_SPEC_ENV", "CruiseOptions", "validate"]

@@ -7,9 +7,11 @@ executor's op table, see `Executor.extra_ops`):
     worker_setup {partition, num_partitions} generate this worker's input partition
     init_model {}                            put every model key's initial value (one worker does it)
     init_blocks {}                           initialise the blocks' local state, push what it yields
-    run_epoch {epoch, num_workers, with_objective?}
+    run_epoch {epoch, num_workers, with_objective?, count_key?}
                                              one pass over the partition: PULL -> COMP -> PUSH per
-                                             mini-batch, flushed at the end. Reply: counts and sums, and
+                                             mini-batch, flushed at the end; with count_key, also push
+                                             +1 to that key per mini-batch (an audit: the servers
+                                             count the mini-batches applied). Reply: counts and sums, and
                                              the per-mini-batch compute / communication times as two
                                              float64 buffers (no JSON for arrays)
     objective {}                             this worker's objective part under the current model
@@ -129,6 +131,10 @@ class AppRole:
         epoch = _int_field(frame.header, "epoch", 0)
         ctx = StepContext(epoch=epoch, num_workers=_int_field(frame.header, "num_workers", 1))
         with_objective = bool(frame.header.get("with_objective", False))
+        count_key = frame.header.get("count_key")
+        if count_key is not None and not isinstance(count_key, str):
+            raise RequestError("field 'count_key' must be a string key")
+        one = [np.ones(1, np.float32)]
         if self._busy.locked():
             raise RequestError("an epoch is already running on this executor")
         async with self._busy:
@@ -145,6 +151,8 @@ class AppRole:
                     deltas = app.compute(batch, params, ctx)
                     t2 = time.perf_counter()
                     await push_key_values(store, deltas)   # asynchronous: waits only for backpressure
+                    if count_key is not None:
+                        await store.push([count_key], one)
                     t3 = time.perf_counter()
                     compute.append(t2 - t1)
                     comm.append((t1 - t0) + (t3 - t2))
@@ -179,8 +187,10 @@ class AppRole:
         values: list[np.ndarray] = []
         for b in self.executor.service.owned_blocks():
             ks, arrs = store.export_block(b)
-            keys += ks  # type: ignore[arg-type]
-            values += arrs
+            for k, a in zip(ks, arrs):
+                if isinstance(k, int):      # model keys only (not e.g. the audit counter)
+                    keys.append(k)
+                    values.append(a)
         if not keys:
             return {"op": "ok", "value": 0.0, "keys": 0}, ()
         order = np.argsort(np.asarray(keys, np.int64), kind="stable")

@@ -49,7 +49,7 @@ def test_ssp_defaults_and_max_servers_drive_blocks() -> None:
     ({"app": "mlr", "convergence_threshold": 0}, "convergence_threshold"),
     ({"app": "mlr", "executor_memory_mb": 10}, "executor_memory_mb"),
     ({"app": "mlr", "checkpoint_every_epochs": -1}, "checkpoint_every_epochs"),
-    ({"app": "mlr", "optimizer": "cruise"}, "optimizer"),
+    ({"app": "mlr", "optimizer": "grid"}, "optimizer"),
     ({"app": "mlr", "elastic_mode": "pause"}, "elastic_mode"),
     ({"app": "mlr", "wokers": 2}, "wokers"),
     ({"app": "mlr", "hparams": {"learning_rate": 0}}, "hparams.learning_rate"),

@@ -128,6 +128,7 @@ class LastKnown:
     compute_s_per_sample: Optional[float] = None
     worker_bandwidth: Optional[float] = None
     server_bandwidth: Optional[float] = None
+    link_bandwidth: Optional[float] = None      # bytes/s of the node's link, as the cluster declares it
 
 
 class MetricsBook:
@@ -157,6 +158,12 @@ class MetricsBook:
         st.record(requests, busy_s, bytes_served)
         if st.bandwidth.value is not None:
             self.last_known.setdefault(executor, LastKnown()).server_bandwidth = st.bandwidth.value
+
+    def record_link(self, executor: str, bytes_per_s: float) -> None:
+        """The link rate the cluster declares for an executor's node (its NIC, or an emulated cap):
+        an upper bound of both its bandwidths, see profiling."""
+        self.last_known.setdefault(executor, LastKnown()).link_bandwidth = _check("link bandwidth", bytes_per_s,
+                                                                                  positive=True)
 
     def batches_since_reconfiguration(self, executor: str) -> int:
         st = self.workers.get(executor)

@@ -11,6 +11,12 @@ A slot without its own figure (a server never ran as worker, a container just gr
 first from executors of the same node class (same hardware), then from all executors, compute scaled
 by vcores (compute time per instance taken as inversely proportional to cores); bandwidths missing
 on one side take the other side's.
+
+A declared link rate (MetricsBook.record_link: the node's NIC speed or an emulated cap) is the
+bandwidth both roles get when the link is the bottleneck. It replaces the worker's measured figure,
+which is only a lower bound (a server-bound worker waits on the servers, and taking that wait as
+its own bandwidth would make adding servers look useless), and caps the server's measured serving
+rate, which counts CPU service and not transmission.
 """
 from __future__ import annotations
 
@@ -66,6 +72,9 @@ def derive_profiles(book: MetricsBook, slots: Sequence[SlotInfo]) -> list[NodePr
         c = _borrow(s, slots, known, lambda k: k.compute_s_per_sample, True)
         bw = _borrow(s, slots, known, lambda k: k.worker_bandwidth, False)
         bs = _borrow(s, slots, known, lambda k: k.server_bandwidth, False)
+        link = _borrow(s, slots, known, lambda k: k.link_bandwidth, False)
+        if link is not None:
+            bw, bs = link, min(bs, link) if bs is not None else link
         if c is None:
             raise ProfilingError("no worker has reported compute time yet")
         bw, bs = bw or bs, bs or bw

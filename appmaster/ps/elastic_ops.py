@@ -46,6 +46,7 @@ from psruntime.dataplane import DataPlaneClient
 from ..am_client import ApplicationMaster
 from .eps_datasets import SplitLedger
 from .eps_decisions import Transfer, balance_onto, drain, group_by_route, pick_leaving
+from .eps_split_transfers import SplitTransmitter
 from .eps_records import ElasticBusy, ElasticOpError, ElasticOpFailed, ElasticOpRecord
 from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
 from .job import JobPhase
@@ -93,6 +94,7 @@ class ElasticOps:
         self.current: Optional[ElasticOpRecord] = None
         self._busy = False
         self._ledger: Optional[SplitLedger] = None
+        self.splits = SplitTransmitter(training, pool, client)
 
     # -- the four functions ------------------------------------------------------------------
     async def add_workers(self, n: int) -> ElasticOpRecord:
@@ -333,15 +335,16 @@ class ElasticOps:
 
     # -- workers -----------------------------------------------------------------------------
     def _splits(self) -> SplitLedger:
-        if self._ledger is None:
-            ledger = SplitLedger()
-            for w in self.training.workers:
-                ledger.add_worker(w.executor_id, w.blocks)
+        """The two-dataset ledger, built from the workers' partitions once training has begun
+        (before that the partitions are not generated yet)."""
+        if self._ledger is not None:
+            return self._ledger
+        ledger = SplitLedger()
+        for w in self.training.workers:
+            ledger.add_worker(w.executor_id, w.blocks)
+        if self.phase() is JobPhase.TRAINING:
             self._ledger = ledger
-        return self._ledger
-
-    def _worker(self, executor_id: str) -> ExecutorRecord:
-        return self.pool.executors[executor_id]
+        return ledger
 
     async def _add_workers(self, rec: ElasticOpRecord, n: int) -> None:
         ledger = self._splits()
@@ -353,7 +356,7 @@ class ElasticOps:
 
         async def switch() -> None:
             try:
-                await self._commit(rec, transfers, keep_inactive=True)
+                await self.splits.commit(rec, transfers, self._splits(), keep_inactive=True)
             finally:
                 # The clock list: the new workers that hold splits train from the next epoch, with
                 # its number (even if some transfer failed: their splits must be trained).
@@ -362,7 +365,7 @@ class ElasticOps:
                 rec.epoch_switched = self.training.epochs_done
 
         try:
-            await self._stage(rec, transfers)
+            await self.splits.stage(rec, transfers)
             _, lost = await self.training.at_boundary(switch)
             rec.training_time_lost_s += lost
         except BaseException:
@@ -371,7 +374,7 @@ class ElasticOps:
             for e in idle:
                 ledger.remove_worker(e.executor_id)
             await self._retire(rec, idle, released=False)
-            await self._discard_staged(transfers)
+            await self.splits.discard_staged(transfers)
             raise
         finally:
             self._refresh_worker_records()
@@ -386,7 +389,7 @@ class ElasticOps:
 
         async def switch() -> None:
             try:
-                await self._commit(rec, transfers, keep_inactive=False)
+                await self.splits.commit(rec, transfers, self._splits(), keep_inactive=False)
             finally:
                 # Only a worker whose splits all moved leaves the clock list; one that still has
                 # some (a failed transfer) keeps training them.
@@ -396,11 +399,11 @@ class ElasticOps:
                 rec.epoch_switched = self.training.epochs_done
 
         try:
-            await self._stage(rec, [t for t in transfers if not t.reactivate])
+            await self.splits.stage(rec, [t for t in transfers if not t.reactivate])
             _, lost = await self.training.at_boundary(switch)
             rec.training_time_lost_s += lost
         except BaseException:
-            await self._discard_staged(transfers)
+            await self.splits.discard_staged(transfers)
             raise
         finally:
             for w in gone:
@@ -408,73 +411,24 @@ class ElasticOps:
             self._refresh_worker_records()
             await self._retire(rec, gone)
 
-    async def _stage(self, rec: ElasticOpRecord, transfers: list[Transfer]) -> None:
-        """Worker-to-worker transmission of the splits' input data, alongside an epoch."""
-        if not transfers:
-            return
-
-        async def step() -> int:
-            replies = await asyncio.gather(*(
-                self.training.call(self._worker(src), {"op": "eps_send_data", "splits": splits,
-                                                       "dst_address": self._worker(dst).address})
-                for (src, dst), splits in group_by_route(transfers).items()))
-            return sum(int(r.header.get("bytes", 0)) for r in replies)
-
-        sent, lost = await self.training.overlap_epoch(step)
-        rec.bytes_sent += sent
-        rec.training_time_lost_s += lost
-
-    async def _discard_staged(self, transfers: list[Transfer]) -> None:
-        """Drop data staged for transfers that were abandoned (best effort: memory only)."""
-        by_dst: dict[str, list[int]] = {}
-        for t in transfers:
-            if not t.reactivate:
-                by_dst.setdefault(t.dst, []).append(t.item)
-        await asyncio.gather(*(self.client.request(self._worker(d).address, {"op": "eps_discard_staged", "splits": s})
-                               for d, s in by_dst.items() if self._worker(d).address), return_exceptions=True)
-
-    async def _commit(self, rec: ElasticOpRecord, transfers: list[Transfer], keep_inactive: bool) -> None:
-        """At the boundary: each sender sends its splits' state (the data is staged or inactive at
-        the destination), drops them from its active dataset and keeps them inactive or not."""
-        ledger = self._splits()
-        ledger.check(transfers)
-        by_src: dict[str, list[Transfer]] = {}
-        for t in transfers:
-            by_src.setdefault(t.src, []).append(t)
-        rec.transfers += [{"kind": "split", **t.to_json()} for t in transfers]
-
-        async def one(src: str, ts: list[Transfer]) -> list[str]:
-            frame = await self.training.call(self._worker(src), {
-                "op": "eps_commit", "keep_inactive": keep_inactive,
-                "transfers": [{"split": t.item, "dst_address": self._worker(t.dst).address,
-                               "source": "inactive" if t.reactivate else "staged"} for t in ts]})
-            done = set(frame.header.get("done", []))
-            rec.bytes_sent += int(frame.header.get("bytes", 0))
-            for t in ts:
-                if t.item in done:
-                    ledger.apply(t, keep_inactive)
-                    if t.reactivate:
-                        rec.splits_reactivated += 1
-                    else:
-                        rec.splits_moved += 1
-            return [f"split {k}: {v}" for k, v in frame.header.get("failed", {}).items()]
-
-        failures = sum(await asyncio.gather(*(one(src, ts) for src, ts in by_src.items())), [])
-        if failures:
-            raise ElasticOpFailed("worker-to-worker transmission failed: " + "; ".join(failures))
-
     def _refresh_worker_records(self) -> None:
         ledger = self._splits()
         for w in self.training.workers:
-            w.blocks = ledger.active_of(w.executor_id)
+            if w.executor_id in ledger.active:
+                w.blocks = ledger.active_of(w.executor_id)
 
     # -- status ------------------------------------------------------------------------------
     def status_json(self) -> dict[str, Any]:
         """What the AM's status shows: whether a change runs, the shape history, the datasets."""
         return {"running": self.running, "current": self.current.to_json() if self.current else None,
+                "workers": [w.executor_id for w in self.training.workers],
+                "servers": [s.executor_id for s in self.training.servers],
+                "minibatches_applied": self.training.minibatches_applied,
+                "minibatches_run": self.training.minibatches_run,
+                "audit_mismatches": list(self.training.audit_mismatches),
                 "history": [r.to_json() for r in self.history],
-                "limits": self.limits() if self.training.workers else None,
-                "datasets": self._splits().to_json() if self.training.workers else None}
+                "limits": self.limits() if self._ledger is not None else None,
+                "datasets": self._ledger.to_json() if self._ledger is not None else None}
 
 
 def _is_count(n: Any) -> bool:

@@ -110,7 +110,11 @@ class PSApplicationMaster:
         }
 
     async def request_scale(self, workers: int, servers: int) -> list[dict[str, Any]]:
-        """POST /scale: a relative change of workers and servers with EPS's functions."""
+        """POST /scale: a relative change of workers and servers with EPS's functions, or one
+        restart with the new shape under the kill-based baseline (elastic_mode "kill")."""
+        if isinstance(self.elastic, KillRestart):
+            shape = self.live_shape()
+            return [await self.elastic.resize(shape.workers + workers, shape.servers + servers)]
         if not isinstance(self.elastic, ElasticOps):
             raise Conflict(f"this job's elastic_mode is {self.spec.elastic_mode!r}: /scale needs \"eps\"")
         try:

@@ -4,7 +4,7 @@ read), plus the objective history with epoch times."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 DEFAULT_ALPHA = 0.1   # weight of the newest sample: smooths over ~10 mini-batches
 
@@ -84,11 +84,16 @@ class JobMetrics:
     servers: dict[str, ServerTimes] = field(default_factory=dict)
     initial_objective: Optional[float] = None
     epochs: list[EpochRecord] = field(default_factory=list)
+    # Who else wants each worker's per-mini-batch times (e.g. the Cruise driver): f(worker, compute, comm).
+    batch_listeners: list[Callable[[str, list[float], list[float]], None]] = field(default_factory=list, repr=False)
 
     def record_batches(self, worker: str, compute_s: Iterable[float], comm_s: Iterable[float]) -> None:
+        compute, comm = [float(x) for x in compute_s], [float(x) for x in comm_s]
         w = self.workers.setdefault(worker, WorkerTimes())
-        w.compute_s.add_all(compute_s)
-        w.comm_s.add_all(comm_s)
+        w.compute_s.add_all(compute)
+        w.comm_s.add_all(comm)
+        for listener in self.batch_listeners:
+            listener(worker, compute, comm)
 
     def record_server(self, server: str, requests: int, busy_s: float) -> None:
         self.servers.setdefault(server, ServerTimes()).update(requests, busy_s)

@@ -43,6 +43,9 @@ EpochHook = Callable[[EpochRecord], Awaitable[None]]
 Step = Callable[[], Awaitable[Any]]
 
 
+AUDIT_KEY = "eps:minibatches"   # with spec.audit_updates: +1 per mini-batch, counted by the servers
+
+
 class TrainingNotRunning(RuntimeError):
     """An elastic step offered while no BSP training loop runs (not started, ended, or SSP)."""
 
@@ -76,6 +79,11 @@ class TrainingController:
         self._workers: Optional[list[ExecutorRecord]] = None
         self._servers: Optional[list[ExecutorRecord]] = None
         self.iterations = 0                         # mini-batch rounds: per epoch, the most any worker ran
+        # spec.audit_updates: the servers' count of applied mini-batches and the workers' count of
+        # mini-batches run; under BSP both are compared at every epoch's end (nothing in flight).
+        self.minibatches_applied: Optional[int] = None
+        self.minibatches_run = 0
+        self.audit_mismatches: list[dict[str, int]] = []
         self._looping = False
         self._in_epoch: Optional[list[asyncio.Task[Any]]] = None     # steps overlapping the running epoch
         self._workers_done_at: Optional[float] = None                # when the running epoch's workers finished
@@ -200,7 +208,7 @@ class TrainingController:
                 self._next_epoch = []
                 try:
                     frames = await self.call_all(workers, {"op": "run_epoch", "epoch": epoch,
-                                                           "num_workers": len(workers)})
+                                                           "num_workers": len(workers), **self._audit()})
                 except BaseException:
                     steps, self._in_epoch = self._in_epoch, None
                     for t in steps:
@@ -215,6 +223,9 @@ class TrainingController:
                 for w, f in zip(workers, frames):
                     self._record_batches(w, f)
                 self.iterations += max((int(f.header.get("batches", 0)) for f in frames), default=0)
+                self.minibatches_run += sum(int(f.header.get("batches", 0)) for f in frames)
+                if self._audit():
+                    await self._check_audit(epoch)
                 await on_epoch(self._finish_epoch(epoch, await self.objective(), seconds))
         finally:
             self._looping = False
@@ -302,7 +313,7 @@ class TrainingController:
                     return
                 started.setdefault(epoch, time.perf_counter())
                 f = await self.call(w, {"op": "run_epoch", "epoch": epoch, "num_workers": len(workers),
-                                        "with_objective": True})
+                                        "with_objective": True, **self._audit()})
                 self._record_batches(w, f)
                 value, count = f.header["objective"]
                 parts[epoch][w.executor_id] = ObjectivePart(float(value), int(count))
@@ -329,6 +340,19 @@ class TrainingController:
         finally:
             for t in runners:
                 t.cancel()
+
+    def _audit(self) -> dict[str, Any]:
+        return {"count_key": AUDIT_KEY} if getattr(self.spec, "audit_updates", False) else {}
+
+    async def _check_audit(self, epoch: int) -> None:
+        """Exactly-once audit at an epoch's end: every mini-batch run was applied once."""
+        got = await StoreClient(self.table, self.client).pull([AUDIT_KEY])
+        self.minibatches_applied = int(got[AUDIT_KEY][0]) if AUDIT_KEY in got else 0
+        if self.minibatches_applied != self.minibatches_run:
+            log.error("audit: after epoch %d the servers applied %d mini-batches, the workers ran %d",
+                      epoch, self.minibatches_applied, self.minibatches_run)
+            self.audit_mismatches.append({"epoch": epoch, "applied": self.minibatches_applied,
+                                          "run": self.minibatches_run})
 
     # -- status and model ----------------------------------------------------------------------
     async def refresh_status(self) -> None:

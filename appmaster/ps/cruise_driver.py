@@ -1,0 +1,285 @@
+"""Runs the Cruise optimizer (appmaster.cruise) inside the PS AM while the job trains.
+
+Inputs: each worker's per-mini-batch compute and communication times (from its run_epoch reply,
+via JobMetrics' batch listeners), and at every epoch boundary one status round over the job's
+executors: workers' cumulative training counters (samples, bytes pulled + pushed), servers'
+service counters (requests, busy seconds, bytes served) and the node link rate the cluster
+declares. They become the optimizer's moving averages.
+
+Decisions: at an epoch boundary, once the trigger policy allows (every worker has run the
+configured number of mini-batches since the last change), the optimizer solves for the current
+slots; a plan predicted to gain at least the threshold is executed as a background task
+(plan_executor), so training goes on: model moves overlap an epoch, input splits change hands at
+the next boundary. `on_capacity_change(n)` re-solves for capacity the RM grants or reclaims.
+
+History: every executed plan is kept with its predicted epoch time before / after and the measured
+ones (mean of the last epochs before the plan started, and of the first epochs that started after
+it finished), per-op timings, and the bytes moved -- the job status's "cruise" section.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from appmaster.cruise.optimizer import CruiseOptimizer, Decision, JobSizes
+from appmaster.cruise.plan_builder import ExecutorState as CruiseExecutor
+from appmaster.cruise.profiling import SlotInfo
+from appmaster.cruise.targets import Role
+
+from .metrics import EpochRecord
+from .plan_executor import PlanExecutor, PlanFailed, PlanRun, PlanRuntime
+
+log = logging.getLogger(__name__)
+
+EPOCHS_MEASURED = 2          # epochs averaged for the measured epoch time before / after a plan
+HISTORY_LIMIT = 50
+
+
+@dataclass
+class PlanRecord:
+    """One executed plan, for the job status (`plan_history`)."""
+
+    decision: Decision
+    started: float                                   # unix time
+    shape_before: tuple[int, int]
+    epoch_started: int
+    measured_before_s: Optional[float]
+    run: Optional[PlanRun] = None
+    finished: Optional[float] = None
+    shape_after: Optional[tuple[int, int]] = None
+    measured_after: list[float] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def measured_after_s(self) -> Optional[float]:
+        return sum(self.measured_after) / len(self.measured_after) if self.measured_after else None
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.decision
+        return {"time": self.started, "trigger": d.trigger, "epoch": self.epoch_started,
+                "shape_before": list(self.shape_before),
+                "shape_after": list(self.shape_after) if self.shape_after else None,
+                "chosen_shape": list(d.target.shape) if d.target else None,
+                "predicted_epoch_before_s": d.before_s, "predicted_epoch_after_s": d.after_s,
+                "predicted_gain": d.gain, "measured_epoch_before_s": self.measured_before_s,
+                "measured_epoch_after_s": self.measured_after_s,
+                "plan_s": self.run.seconds if self.run else None,
+                "bytes_moved": self.run.bytes_moved if self.run else 0,
+                "ops": len(d.plan.ops) if d.plan else 0, "finished": self.finished, "error": self.error,
+                "run": self.run.to_json() if self.run else None}
+
+
+class CruiseDriver:
+    """Feeds the optimizer, asks for decisions at epoch boundaries, executes plans (module doc).
+
+    `training` is the TrainingController, `elastic` the EPS ElasticOps (its split ledger and its
+    busy flag are shared so EPS and Cruise never change the job at the same time).
+    """
+
+    def __init__(self, optimizer: CruiseOptimizer, training: Any, elastic: Any, runtime: PlanRuntime,
+                 vcores: int = 1, wall_clock: Callable[[], float] = time.time,
+                 on_change: Optional[Callable[[bool], None]] = None) -> None:
+        self.optimizer = optimizer
+        self.training = training
+        self.elastic = elastic
+        self.executor = PlanExecutor(runtime)
+        self.vcores = vcores
+        self.wall_clock = wall_clock
+        self.on_change = on_change
+        self.history: list[PlanRecord] = []
+        self.task: Optional[asyncio.Task[None]] = None
+        self._batches: dict[str, list[float]] = {}          # worker -> [batches, compute_s, comm_s]
+        self._counters: dict[str, dict[str, float]] = {}    # executor -> last cumulative counters
+        self._waiting: list[PlanRecord] = []                 # plans whose measured epoch time is due
+        self.last_error = ""
+
+    # -- inputs --------------------------------------------------------------------------------
+    def on_batches(self, worker: str, compute_s: list[float], comm_s: list[float]) -> None:
+        """A worker's per-mini-batch times of one epoch (JobMetrics batch listener)."""
+        acc = self._batches.setdefault(worker, [0.0, 0.0, 0.0])
+        acc[0] += len(compute_s)
+        acc[1] += sum(compute_s)
+        acc[2] += sum(comm_s)
+
+    async def _poll(self) -> None:
+        """One status round: feed workers' epoch figures and servers' counters to the optimizer."""
+        workers, servers = list(self.training.workers), list(self.training.servers)
+        frames = await asyncio.gather(*(self.training.call(r, {"op": "status"}) for r in workers + servers),
+                                      return_exceptions=True)
+        for i, (rec, f) in enumerate(zip(workers + servers, frames)):
+            if isinstance(f, BaseException):
+                continue
+            self._feed(rec, f.header, is_worker=i < len(workers))
+        self._batches.clear()
+
+    def _feed(self, rec: Any, h: dict[str, Any], is_worker: bool) -> None:
+        eid = rec.executor_id
+        link_bps = h.get("link_bps")
+        if isinstance(link_bps, (int, float)) and link_bps > 0:
+            self.optimizer.metrics.record_link(eid, link_bps / 8.0)
+        last = self._counters.setdefault(eid, {})
+        train = h.get("train_counters") or {}
+        acc = self._batches.get(eid)
+        if is_worker and acc and acc[0] >= 1:
+            samples = _delta(train, last, "samples")
+            nbytes = _delta(train, last, "bytes")
+            if not samples:     # an executor without counters: the rows of the splits it trains
+                samples = len(rec.blocks) * self.optimizer.job.samples_per_block
+            try:
+                self.optimizer.record_worker(eid, int(acc[0]), samples, acc[1], acc[2], nbytes or None)
+            except ValueError as e:
+                log.debug("worker report of %s ignored: %s", eid, e)
+        for k in ("samples", "bytes"):
+            if k in train:
+                last[k] = float(train[k])
+        if not is_worker and "busy_s" in h and "bytes_served" in h:
+            try:
+                self.optimizer.record_server(eid, float(h["data_requests"]), float(h["busy_s"]),
+                                             float(h["bytes_served"]))
+            except ValueError as e:
+                log.debug("server report of %s ignored: %s", eid, e)
+
+    # -- configuration ---------------------------------------------------------------------------
+    def configuration(self) -> tuple[list[CruiseExecutor], list[SlotInfo]]:
+        """The executors as the optimizer sees them (role, owned blocks) and their slots."""
+        ledger = self.elastic._splits()
+        table = self.training.table
+        out = [CruiseExecutor(w, Role.WORKER, frozenset(ledger.active_of(w))) for w in sorted(ledger.active)]
+        out += [CruiseExecutor(s.executor_id, Role.SERVER, frozenset(table.blocks_owned_by(s.executor_id)))
+                for s in self.training.servers]
+        return out, [SlotInfo(e.executor_id, "default", self.vcores) for e in out]
+
+    def shape(self) -> tuple[int, int]:
+        return len(self.training.workers), len(self.training.servers)
+
+    # -- decisions -------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    async def on_epoch(self, rec: EpochRecord) -> Optional[Decision]:
+        """Epoch-boundary hook: measure, and maybe start a plan. Returns a decision taken now."""
+        self._measure(rec)
+        if self.running or self.elastic.running:
+            self._batches.clear()
+            return None
+        await self._poll()
+        self.optimizer.set_configuration(*self.configuration())
+        decision = self.optimizer.maybe_decide()
+        if decision is not None and decision.action == "reconfigure":
+            self._start(decision, rec)
+        elif decision is not None:
+            log.info("cruise: %s (%s)", decision.action, decision.reason)
+        return decision
+
+    async def on_capacity_change(self, capacity: int) -> Decision:
+        """The RM grants or reclaims containers: re-solve for `capacity` slots and execute."""
+        if self.running:
+            raise RuntimeError("a Cruise plan is running; capacity changes wait for it")
+        self.optimizer.set_configuration(*self.configuration())
+        decision = self.optimizer.on_capacity_change(capacity)
+        if decision.action == "reconfigure":
+            last = self.training.metrics.epochs[-1] if self.training.metrics.epochs else None
+            self._start(decision, last)
+        return decision
+
+    def _start(self, decision: Decision, rec: Optional[EpochRecord]) -> None:
+        epochs = self.training.metrics.epochs[-EPOCHS_MEASURED:]
+        before = sum(e.epoch_time_s for e in epochs) / len(epochs) if epochs else None
+        record = PlanRecord(decision, self.wall_clock(), self.shape(), self.training.epochs_done, before)
+        self.history.append(record)
+        del self.history[:-HISTORY_LIMIT]
+        log.info("cruise: reconfigure %s -> %s (predicted %.3fs -> %.3fs), %d ops", record.shape_before,
+                 decision.target.shape if decision.target else None, decision.before_s or 0.0,
+                 decision.after_s or 0.0, len(decision.plan.ops) if decision.plan else 0)
+        self.task = asyncio.ensure_future(self._execute(record))
+
+    async def _execute(self, record: PlanRecord) -> None:
+        assert record.decision.plan is not None
+        self.elastic._busy = True                # EPS calls get ElasticBusy meanwhile
+        if self.on_change:
+            self.on_change(True)
+        try:
+            record.run = await self.executor.execute(record.decision.plan)
+        except PlanFailed as e:
+            record.run, record.error = e.run, e.run.error
+            self.last_error = record.error
+            log.warning("cruise plan failed: %s", record.error)
+        except Exception as e:  # noqa: BLE001 - the job trains on; the record says what happened
+            record.error = f"{type(e).__name__}: {e}"
+            self.last_error = record.error
+            log.exception("cruise plan failed")
+        finally:
+            self.elastic._busy = False
+            record.finished = self.wall_clock()
+            record.shape_after = self.shape()
+            # Measurements restart on the shape the job really has now, whatever the plan did.
+            self._counters.clear()
+            self._batches.clear()
+            self.optimizer.reconfigured(*self.configuration())
+            self._waiting.append(record)
+            if self.on_change:
+                self.on_change(False)
+
+    def _measure(self, rec: EpochRecord) -> None:
+        """Epochs that started after a plan finished are its measured epoch time."""
+        started = rec.time - rec.epoch_time_s
+        for p in list(self._waiting):
+            if p.finished is not None and started >= p.finished:
+                p.measured_after.append(rec.epoch_time_s)
+                if len(p.measured_after) >= EPOCHS_MEASURED:
+                    self._waiting.remove(p)
+
+    async def close(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    def status_json(self) -> dict[str, Any]:
+        """The job status's "cruise" section: current shape, state, plan history, decisions."""
+        running = self.executor.current
+        return {"optimizer": "cruise", "shape": list(self.shape()), "running": self.running,
+                "current_plan": running.to_json() if running else None, "last_error": self.last_error,
+                "plan_history": [p.to_json() for p in self.history],
+                "decisions": [d.to_json() for d in self.optimizer.decisions[-20:]],
+                "why_not_ready": self.optimizer.why_not_ready(),
+                "metrics": self.optimizer.metrics.to_json()}
+
+
+def _delta(now: dict[str, Any], last: dict[str, float], key: str) -> Optional[float]:
+    if key not in now:
+        return None
+    d = float(now[key]) - last.get(key, 0.0)
+    return d if d > 0 else None
+
+
+def job_sizes(spec: Any, app: Any, input_blocks: int) -> JobSizes:
+    """The optimizer's job sizes from the spec and the app: splits, rows per split, model blocks,
+    mini-batch size, and a dense pull + push of the model as the bytes per mini-batch until
+    workers report what they really exchange."""
+    return JobSizes(input_blocks=input_blocks, samples_per_block=float(app.rows_per_block),
+                    model_blocks=spec.num_blocks, batch_size=int(app.hparams.batch_size),
+                    nominal_bytes_per_batch=2.0 * float(app.model_nbytes()))
+
+
+def build_cruise_driver(master: Any) -> CruiseDriver:
+    """The driver of a PS AM (`appmaster.ps.master.PSApplicationMaster`) whose job runs with
+    optimizer "cruise"; call once training is set up (the split count comes from the workers)."""
+    from appmaster.cruise.optimizer import CruiseConfig
+
+    from .plan_executor import AmPlanRuntime
+
+    spec, opts = master.spec, master.spec.cruise
+    splits = sum(len(s) for s in master.elastic._splits().active.values())
+    optimizer = CruiseOptimizer(job_sizes(spec, master.app, splits),
+                                CruiseConfig(min_batches=opts.min_batches, min_interval_s=opts.min_interval_s,
+                                             gain_threshold=opts.gain_threshold))
+    runtime = AmPlanRuntime(master.am, spec, master.pool, master.training, master.elastic, master.client,
+                            master.resource, block_bytes=lambda: master.app.model_nbytes() / spec.num_blocks)
+    driver = CruiseDriver(optimizer, master.training, master.elastic, runtime, spec.executor_vcores,
+                          on_change=master._on_directive_change)
+    master.metrics.batch_listeners.append(driver.on_batches)
+    return driver

@@ -1,0 +1,225 @@
+"""EPS's overhead experiment (EPS §7, Table 2 / Fig. 20): remove one worker and one server from a
+running MLR job and add them back, with EPS and with the kill-based baseline, in the same run.
+
+    python bench/eps_overhead.py [--features 210000 --classes 128 --samples 6000] [--keep-dir D]
+
+One local cluster (an RM and 3 NMs as processes, sized for a 2-core / 24 GB machine). For each
+mode (eps, then kill) it submits the same MLR job -- 3 workers, 3 servers, a model of >= 100 MB --
+waits until it trains, then asks the AM (POST /scale, what `elastane ps scale` calls) for
+-1 worker -1 server, lets one more epoch run, asks for +1 +1, lets an epoch run on the restored
+shape, and kills the app. Measured per change, from the request to the new shape training:
+
+- EPS: the four functions' durations (call to done, from the AM's own records);
+- kill: the restart's duration from the request (waiting for the epoch boundary, checkpoint of
+  every server block, stopping and releasing every container, asking for and launching the new
+  ones, regenerating the input data, restoring the model) to training resuming;
+- the training time each change lost (EPS: the time training waited for it; kill: all of the
+  restart, as nothing trains meanwhile).
+
+Last line, JSON: {"eps_remove_s", "kill_remove_s", "eps_add_s", "kill_add_s", "ratio", ...}, ratio =
+EPS total / kill total (the EPS paper's Fig. 20 shows about 0.24).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from appmaster.ps.submission import build_ps_submission  # noqa: E402
+from elastane_cli.local_cluster import LocalCluster  # noqa: E402
+
+FINAL = ("FINISHED", "FAILED", "KILLED")
+
+
+def log(text: str) -> None:
+    print(f"[eps_overhead] {text}", file=sys.stderr, flush=True)
+
+
+def http(url: str, method: str = "GET", body: Any = None, timeout_s: float = 600.0) -> Any:
+    data = json.dumps(body).encode() if body is not None else (b"" if method in ("POST", "PUT") else None)
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            payload = r.read()
+            return json.loads(payload) if payload else None
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"{method} {url}: HTTP {e.code}: {e.read()[:500]!r}") from None
+
+
+def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(poll_s)
+
+
+class Job:
+    """One submitted PS job, watched through the RM and its AM's tracking URL."""
+
+    def __init__(self, cluster: LocalCluster, spec: dict[str, Any], name: str) -> None:
+        self.rm = cluster.rm_url
+        new = http(f"{self.rm}/ws/v1/cluster/apps/new-application?user.name=bench", "POST")
+        self.app_id = new["application-id"]
+        sub = build_ps_submission(spec, name=name, am_memory=512, app_id=self.app_id)
+        http(f"{self.rm}/ws/v1/cluster/apps?user.name=bench", "POST", sub)
+        self.url = ""
+
+    def app(self) -> dict[str, Any]:
+        return http(f"{self.rm}/ws/v1/cluster/apps/{self.app_id}")["app"]
+
+    def status(self) -> dict[str, Any] | None:
+        app = self.app()
+        if app["state"] in FINAL:
+            raise RuntimeError(f"{self.app_id} ended: {app['finalStatus']}: {app['diagnostics']}")
+        if app["state"] != "RUNNING" or not app.get("trackingUrl"):
+            return None
+        self.url = app["trackingUrl"].rstrip("/")
+        try:
+            return http(self.url + "/status", timeout_s=30)
+        except (urllib.error.URLError, OSError, RuntimeError):
+            return None
+
+    def epochs(self) -> int:
+        s = self.status()
+        return len(s["objective_history"]) if s else 0
+
+    def wait_epochs(self, n: int, timeout_s: float = 900.0) -> None:
+        wait_for(lambda: self.epochs() >= n, timeout_s, f"{self.app_id} to finish {n} epochs")
+
+    def scale(self, workers: int, servers: int) -> tuple[list[dict[str, Any]], float]:
+        t0 = time.perf_counter()
+        out = http(self.url + "/scale", "POST", {"workers": workers, "servers": servers})
+        return out["changes"], time.perf_counter() - t0
+
+    def kill(self) -> None:
+        """Kill the app and wait until its processes are gone and every node is empty again
+        (so the next job finds the NMs' resources free, not only the RM's books)."""
+        http(f"{self.rm}/ws/v1/cluster/apps/{self.app_id}/state?user.name=bench", "PUT", {"state": "KILLED"})
+        wait_for(lambda: self.app()["state"] in FINAL, 120, f"{self.app_id} to end")
+        wait_for(lambda: not pids_of_app(self.app_id), 120, f"the processes of {self.app_id} to exit")
+        wait_for(lambda: all(n["numContainers"] == 0 for n in
+                             http(f"{self.rm}/ws/v1/cluster/nodes")["nodes"]["node"]), 120, "empty nodes")
+
+
+def pids_of_app(app_id: str) -> list[int]:
+    """Live processes whose environment names the app (APPLICATION_ID=<app_id>)."""
+    needle = f"APPLICATION_ID={app_id}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if needle in (d / "environ").read_bytes().split(b"\0") and \
+                    (d / "stat").read_text().split(") ")[1][0] != "Z":
+                out.append(int(d.name))
+        except OSError:
+            continue
+    return out
+
+
+def change_seconds(changes: list[dict[str, Any]], mode: str) -> tuple[float, float]:
+    """(duration from the request to the new shape training, training time lost) of one /scale."""
+    if mode == "kill":
+        (c,) = changes
+        if not c.get("changed"):
+            raise RuntimeError(f"the kill-based change did nothing: {c}")
+        return sum(c["steps"].values()), c["lost_s"]
+    bad = [c for c in changes if not c.get("ok")]
+    if bad:
+        raise RuntimeError(f"EPS change failed: {bad}")
+    return sum(c["duration_s"] for c in changes), sum(c["training_time_lost_s"] for c in changes)
+
+
+def run_mode(cluster: LocalCluster, mode: str, spec: dict[str, Any]) -> dict[str, Any]:
+    job = Job(cluster, {**spec, "elastic_mode": mode}, f"overhead-{mode}")
+    log(f"{mode}: submitted {job.app_id}; waiting for the first epoch")
+    job.wait_epochs(1)
+    st = job.status() or {}
+    log(f"{mode}: training, model {st.get('model_mb')} MB over {spec['servers']} servers, "
+        f"epoch time {st['objective_history'][-1]['epoch_time_s']:.2f}s")
+    out: dict[str, Any] = {"app_id": job.app_id, "model_mb": st.get("model_mb")}
+    for label, delta in (("remove", -1), ("add", +1)):
+        changes, wall = job.scale(delta, delta)
+        seconds, lost = change_seconds(changes, mode)
+        out[f"{label}_s"], out[f"{label}_lost_s"], out[f"{label}_http_s"] = seconds, lost, wall
+        out[f"{label}_detail"] = changes
+        done = job.epochs()
+        log(f"{mode}: {label} 1 worker + 1 server: {seconds:.2f}s (training lost {lost:.2f}s, "
+            f"HTTP call {wall:.2f}s)")
+        job.wait_epochs(done + 1)
+    st = job.status() or {}
+    objectives = [h["objective"] for h in st.get("objective_history", [])]
+    out["objectives"] = objectives
+    out["epoch_times_s"] = [round(h["epoch_time_s"], 3) for h in st.get("objective_history", [])]
+    # No progress lost: the objective never went back up to where it was before the changes.
+    out["objective_monotone"] = all(b <= a * 1.02 for a, b in zip(objectives, objectives[1:]))
+    job.kill()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--features", type=int, default=210_000)
+    p.add_argument("--classes", type=int, default=128)
+    p.add_argument("--samples", type=int, default=6000)
+    p.add_argument("--executor-mb", type=int, default=1024)
+    p.add_argument("--keep-dir", type=Path, default=None)
+    ns = p.parse_args(argv)
+    model_mb = ns.features * ns.classes * 4 / 2**20
+    spec = {"app": "mlr", "workers": 3, "servers": 3, "blocks": 12, "max_epochs": 50,
+            "executor_memory_mb": ns.executor_mb,
+            "data": {"num_samples": ns.samples, "num_features": ns.features, "num_classes": ns.classes,
+                     "nnz_per_sample": 20, "num_heldout": 500, "rows_per_block": 500},
+            "hparams": {"learning_rate": 0.5, "features_per_key": 4}}
+    tmp = None if ns.keep_dir else tempfile.TemporaryDirectory(prefix="eps-overhead-")
+    base = ns.keep_dir or Path(tmp.name)  # type: ignore[union-attr]
+    # 3 nodes x (3 GB, 4 vcores): room for the AM and 3 + 3 executors of 1 GB, one job at a time.
+    cluster = LocalCluster(base, nodes=3, node_memory_mb=3 * ns.executor_mb + 512, node_vcores=4,
+                           heartbeat_interval_ms=250, nm_expiry_s=30, am_expiry_s=30)
+    results: dict[str, Any] = {}
+    try:
+        log(f"starting the cluster under {base}; model {model_mb:.1f} MiB")
+        cluster.start(timeout_s=60)
+        for mode in ("eps", "kill"):
+            results[mode] = run_mode(cluster, mode, spec)
+    finally:
+        cluster.stop()
+        if tmp is not None:
+            tmp.cleanup()
+    eps, kill = results["eps"], results["kill"]
+    ratio = (eps["remove_s"] + eps["add_s"]) / (kill["remove_s"] + kill["add_s"])
+    for mode in ("eps", "kill"):
+        r = results[mode]
+        log(f"{mode:4s}: remove {r['remove_s']:.2f}s (lost {r['remove_lost_s']:.2f}s), add {r['add_s']:.2f}s "
+            f"(lost {r['add_lost_s']:.2f}s); epoch times {r['epoch_times_s']}")
+    kill_steps = {label: kill[f"{label}_detail"][0]["steps"] for label in ("remove", "add")}
+    summary = {
+        "eps_remove_s": round(eps["remove_s"], 3), "kill_remove_s": round(kill["remove_s"], 3),
+        "eps_add_s": round(eps["add_s"], 3), "kill_add_s": round(kill["add_s"], 3), "ratio": round(ratio, 3),
+        "eps_remove_lost_s": round(eps["remove_lost_s"], 3), "kill_remove_lost_s": round(kill["remove_lost_s"], 3),
+        "eps_add_lost_s": round(eps["add_lost_s"], 3), "kill_add_lost_s": round(kill["add_lost_s"], 3),
+        "kill_steps_s": {k: {s: round(v, 3) for s, v in d.items()} for k, d in kill_steps.items()},
+        "eps_blocks_moved": sum(c["blocks_moved"] for label in ("remove", "add") for c in eps[f"{label}_detail"]),
+        "model_mib": round(model_mb, 1), "workers": 3, "servers": 3,
+        "objective_monotone": {"eps": eps["objective_monotone"], "kill": kill["objective_monotone"]},
+        "paper_ratio": 0.24,
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

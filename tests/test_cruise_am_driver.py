@@ -1,0 +1,165 @@
+"""CruiseDriver: metrics from epochs and status -> optimizer decision at an epoch boundary -> plan
+run in the background -> plan history with predicted and measured epoch times (fakes for the
+training controller, EPS's ledger and the runtime; no processes)."""
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+from appmaster.cruise.optimizer import CruiseConfig, CruiseOptimizer, JobSizes
+from appmaster.cruise.plan import BlockKind
+from appmaster.cruise.targets import Role
+from appmaster.ps.cruise_driver import CruiseDriver
+from appmaster.ps.eps_datasets import SplitLedger
+from appmaster.ps.metrics import EpochRecord, JobMetrics
+from psruntime.ownership_table import OwnershipTable
+
+SPLITS, MODEL_BLOCKS, ROWS, BATCH = 10, 10, 100, 10
+LINK_BPS = 8_000_000            # 1 MB/s per executor
+MODEL_BYTES = 200_000           # pulled and pushed per mini-batch
+
+
+class FakeTraining:
+    def __init__(self, workers: int, servers: int) -> None:
+        self.recs = {f"w{i}": SimpleNamespace(executor_id=f"w{i}", blocks=[]) for i in range(workers)}
+        self.recs.update({f"s{i}": SimpleNamespace(executor_id=f"s{i}", blocks=[]) for i in range(servers)})
+        self.workers = [r for k, r in self.recs.items() if k.startswith("w")]
+        self.servers = [r for k, r in self.recs.items() if k.startswith("s")]
+        self.table = OwnershipTable.round_robin(MODEL_BLOCKS, [s.executor_id for s in self.servers],
+                                                {k: "127.0.0.1:1" for k in self.recs})
+        self.metrics = JobMetrics()
+        self.epochs_done = 0
+        self.samples = {k: 0 for k in self.recs}
+
+    async def call(self, rec: Any, header: dict) -> Any:
+        assert header == {"op": "status"}
+        h = {"link_bps": LINK_BPS, "train_counters": {"samples": self.samples[rec.executor_id],
+                                                      "bytes": self.samples[rec.executor_id] // BATCH * MODEL_BYTES}}
+        return SimpleNamespace(header=h)
+
+
+class FakeElastic:
+    def __init__(self, training: FakeTraining) -> None:
+        self.ledger = SplitLedger()
+        for i, w in enumerate(training.workers):
+            self.ledger.add_worker(w.executor_id, [s for s in range(SPLITS) if s % len(training.workers) == i])
+        self.running = False
+        self._busy = False
+
+    def _splits(self) -> SplitLedger:
+        return self.ledger
+
+
+class FakeRuntime:
+    """Applies the plan to the fakes (roles and ownership) and lets the test see the busy flag."""
+
+    def __init__(self, training: FakeTraining, elastic: FakeElastic) -> None:
+        self.t, self.e = training, elastic
+        self.busy_seen = False
+        self.gate = asyncio.Event()
+
+    async def add(self, role: Role, n: int) -> list[str]:
+        raise AssertionError("no adds expected")
+
+    async def delete(self, executor: str) -> None:
+        raise AssertionError("no deletes expected")
+
+    async def switch(self, executor: str, role: Role) -> None:
+        rec = self.t.recs[executor]
+        if role is Role.SERVER:
+            self.e.ledger.remove_worker(executor)
+            self.t.workers.remove(rec)
+            self.t.servers.append(rec)
+        else:
+            self.t.servers.remove(rec)
+            self.e.ledger.add_worker(executor)
+
+    async def move(self, kind: BlockKind, blocks: Sequence[int], src: str, dst: str, src_leaving: bool) -> int:
+        self.busy_seen = self.e._busy
+        await self.gate.wait()
+        if kind is BlockKind.MODEL:
+            self.t.table.assign(list(blocks), dst)
+        else:
+            for b in blocks:
+                self.e.ledger.active[src].discard(b)
+                self.e.ledger.active[dst].add(b)
+        return len(blocks)
+
+    def abort(self) -> None:
+        pass
+
+
+def _driver(workers: int, servers: int, gain: float = 0.05) -> tuple[CruiseDriver, FakeTraining, FakeRuntime]:
+    t = FakeTraining(workers, servers)
+    e = FakeElastic(t)
+    rt = FakeRuntime(t, e)
+    opt = CruiseOptimizer(JobSizes(SPLITS, ROWS, MODEL_BLOCKS, BATCH, 2 * MODEL_BYTES),
+                          CruiseConfig(min_batches=5, min_interval_s=0.0, gain_threshold=gain), clock=lambda: 0.0)
+    d = CruiseDriver(opt, t, e, rt, wall_clock=lambda: 1015.0)   # between epochs 1 and 2
+    t.metrics.batch_listeners.append(d.on_batches)
+    return d, t, rt
+
+
+def _epoch(d: CruiseDriver, t: FakeTraining, n: int, seconds: float) -> EpochRecord:
+    """Every worker trains its splits: 10 ms compute per mini-batch, communication from the link."""
+    for w in t.workers:
+        batches = len(d.elastic.ledger.active_of(w.executor_id)) * ROWS // BATCH
+        t.metrics.record_batches(w.executor_id, [0.01] * batches, [0.4] * batches)
+        t.samples[w.executor_id] += batches * BATCH
+    t.epochs_done = n + 1
+    rec = EpochRecord(n, 1.0 / (n + 1), seconds, 1000.0 + 10 * n)
+    t.metrics.record_epoch(rec)
+    return rec
+
+
+async def test_bad_split_is_reconfigured_and_measured() -> None:
+    d, t, rt = _driver(workers=5, servers=1)
+    first = await d.on_epoch(_epoch(d, t, 0, 8.0))
+    assert first is not None and first.action == "reconfigure"
+    assert d.running
+    (w, s) = first.target.shape
+    assert s > 1 and w + s == 6
+    # Training goes on while the plan runs; no second decision meanwhile.
+    for _ in range(100):            # let the plan task reach its first op
+        if rt.busy_seen:
+            break
+        await asyncio.sleep(0)
+    assert await d.on_epoch(_epoch(d, t, 1, 8.0)) is None
+    assert rt.busy_seen and d.elastic._busy
+    rt.gate.set()
+    await asyncio.wait_for(d.task, 5)
+    assert not d.elastic._busy and d.optimizer.in_progress is None
+    assert d.shape() == (w, s)
+    # Every input split and model block is owned exactly once after the plan.
+    assert sorted(b for bs in d.elastic.ledger.active.values() for b in bs) == list(range(SPLITS))
+    assert sorted(b for x in t.servers for b in t.table.blocks_owned_by(x.executor_id)) == list(range(MODEL_BLOCKS))
+    for n in (2, 3):
+        await d.on_epoch(_epoch(d, t, n, 4.0))
+    hist = d.status_json()["plan_history"]
+    assert len(hist) == 1
+    h = hist[0]
+    assert h["shape_before"] == [5, 1] and h["shape_after"] == [w, s]
+    assert h["measured_epoch_before_s"] == 8.0 and h["measured_epoch_after_s"] == 4.0
+    assert h["predicted_epoch_after_s"] < h["predicted_epoch_before_s"]
+    assert h["run"]["ok"] and h["error"] == ""
+
+
+async def test_no_decision_before_min_batches_or_under_gain_threshold() -> None:
+    d, t, _ = _driver(workers=5, servers=1, gain=0.99)
+    t.metrics.record_batches("w0", [0.01] * 2, [0.4] * 2)     # too few mini-batches
+    assert await d.on_epoch(EpochRecord(0, 1.0, 1.0, 1.0)) is None
+    assert "mini-batches" in (d.optimizer.why_not_ready() or "")
+    decision = await d.on_epoch(_epoch(d, t, 1, 8.0))
+    assert decision is not None and decision.action == "skip" and "gain" in decision.reason
+    assert not d.running and d.history == []
+
+
+async def test_capacity_change_resolves_for_new_n() -> None:
+    d, t, rt = _driver(workers=3, servers=3)
+    await d.on_epoch(_epoch(d, t, 0, 4.0))
+    d.optimizer.trigger.min_batches = 10 ** 6                  # only the capacity path decides now
+    decision = await d.on_capacity_change(4)
+    assert decision.trigger == "capacity" and decision.action == "reconfigure"
+    assert sum(decision.target.shape) == 4
+    assert any(op.to_json()["op"] == "delete" for op in decision.plan.ops.values())

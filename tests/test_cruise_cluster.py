@@ -1,0 +1,89 @@
+"""Cruise on a real localhost cluster (RM + 3 NMs, emulated per-executor bandwidth caps).
+
+An MLR job whose mini-batches exchange most of its model starts at a deliberately bad split,
+4 workers / 1 server: the one server's link carries every worker's pulls. With optimizer "cruise"
+the AM measures the first epoch, solves, and reconfigures while training -- switching workers to
+servers in place and moving input splits and model blocks. Checked: a plan with switches and
+moves ran without error, the shape changed to one with more servers, the measured epoch time after
+the plan is below the one before, the objective trajectory continues (no jump back towards the
+untrained objective), every mini-batch update reached the servers exactly once (the servers'
+audit counter equals the mini-batches the workers report), and the job's processes are gone.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from appmaster.ps.submission import build_ps_submission
+from conftest import pids_with_env, submit_app, wait_app, wait_until
+from protocol import container_env
+
+pytestmark = pytest.mark.cluster
+
+# 20,000 features in keys of 4: 5,000 keys of 5 classes (400 KB of model); 200 non-zeros per row
+# and 50 rows per mini-batch touch nearly every key, so communication dominates at 40 mbit/s.
+CRUISE_JOB: dict[str, Any] = {
+    "app": "mlr", "data": {"num_features": 20_000, "nnz_per_sample": 200, "num_samples": 2000},
+    "hparams": {"learning_rate": 0.5}, "workers": 4, "servers": 1, "blocks": 12, "max_epochs": 6,
+    "optimizer": "cruise", "cruise": {"min_batches": 8}, "audit_updates": True, "executor_memory_mb": 320,
+}
+
+
+@pytest.fixture(scope="module")
+def capped_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    local_cluster = pytest.importorskip("elastane_cli.local_cluster")
+    c = local_cluster.LocalCluster(tmp_path_factory.mktemp("cruise-cluster"), nodes=3, node_memory_mb=2048,
+                                   node_vcores=4, nm_expiry_s=5, am_expiry_s=10, heartbeat_interval_ms=250,
+                                   node_bandwidth="40mbit", network="emulated")
+    c.start(timeout_s=60)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def final_status(cluster: Any, app_id: str) -> dict[str, Any]:
+    return json.loads((Path(cluster.base_dir) / "rm" / "apps" / app_id / "status.json").read_text())
+
+
+def test_bad_split_is_reconfigured_during_training(capped_cluster: Any) -> None:
+    app_id = submit_app(capped_cluster.rm_url, build_ps_submission(CRUISE_JOB, name="cruise-bad-split",
+                                                                   am_memory=384))
+    app = wait_app(capped_cluster.rm_url, app_id, ("FINISHED", "FAILED", "KILLED"), 300)
+    assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
+    wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
+    st = final_status(capped_cluster, app_id)
+    cruise = st["cruise"]
+    assert st["optimizer"] == "cruise" and cruise is not None
+    plans = cruise["plan_history"]
+    assert plans, cruise["decisions"]
+    first = plans[0]
+    assert first["error"] == "" and first["run"]["ok"], first
+    assert first["shape_before"] == [4, 1]
+    w, s = first["shape_after"]
+    assert w + s == 5 and s > 1, first
+    kinds = [op["op"] for op in first["run"]["plan"]["ops"]]
+    assert "switch" in kinds and "move" in kinds, kinds
+    assert first["predicted_epoch_after_s"] < first["predicted_epoch_before_s"]
+    assert first["bytes_moved"] > 0
+
+    # The epoch time drops: the epochs that started after the plan against those before it.
+    assert first["measured_epoch_after_s"] is not None, first
+    assert first["measured_epoch_after_s"] < first["measured_epoch_before_s"], first
+
+    # The model came through intact: the objective goes on from where it was, no update lost or doubled.
+    history = st["objective_history"]
+    assert [h["epoch"] for h in history] == list(range(len(history)))
+    obj = [st["initial_objective"]] + [h["objective"] for h in history]
+    at = first["epoch"]
+    assert all(o < 1.02 * obj[at] for o in obj[at + 1:]), (at, obj)
+    assert obj[-1] < 0.8 * obj[0], obj
+    batches = sum(wk["batches"] for wk in st["metrics"]["workers"].values())
+    assert st["eps"]["minibatches_applied"] == batches > 0
+
+    # The executors now serve their new roles; every input split and model block has one owner.
+    executors = [e for e in st["shape"]["executors"] if e["state"] != "EXITED"] or st["shape"]["executors"]
+    assert sum(1 for e in executors if e["role"] == "server") >= s

@@ -1,0 +1,87 @@
+"""Shape directives from the RM's `eps` policy (EPS's H-scheduler) acted on by a real PS AM.
+
+Two nodes of three 512 MB / 1 vcore slots. Job A (MLR, 2 workers + 2 servers, elastic_mode "kill")
+takes five of them; once it has given early feedback, job B (1 worker + 1 server) arrives and
+does not fit. The policy tells A to shrink; A's AM diffs the directive against its shape and
+restarts itself smaller (the kill-based baseline); B gets the freed containers and finishes; then
+the policy grows A back. Checked: A acted on the policy's directives in version order and recorded
+each change, A's shape report reached the RM, both jobs succeed, and A's training went on."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from appmaster.ps.submission import build_ps_submission
+from conftest import get_app, pids_with_env, rest, submit_app, wait_app, wait_until
+from protocol import container_env
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def eps_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    local_cluster = pytest.importorskip("elastane_cli.local_cluster")
+    from rm import policies
+    if "eps" not in policies.known():
+        pytest.skip("the RM has no eps policy")
+    c = local_cluster.LocalCluster(tmp_path_factory.mktemp("eps-cluster"), nodes=2, node_memory_mb=1536,
+                                   node_vcores=3, nm_expiry_s=5, am_expiry_s=10, heartbeat_interval_ms=250,
+                                   policy="eps")
+    c.start(timeout_s=60)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def submit(cluster: Any, spec: dict[str, Any], name: str) -> str:
+    return submit_app(cluster.rm_url, build_ps_submission({"executor_memory_mb": 320, **spec}, name=name,
+                                                          am_memory=384))
+
+
+def shape_report(cluster: Any, app_id: str) -> dict[str, Any] | None:
+    app = get_app(cluster.rm_url, app_id)
+    try:
+        return rest(cluster.rm_url, "GET", f"/ws/v1/cluster/apps/{app_id}/shape") if app["state"] == "RUNNING" else None
+    except Exception:  # noqa: BLE001 - the endpoint may not exist in this RM; the final status still checks
+        return None
+
+
+def test_eps_policy_directives_reshape_a_kill_mode_job(eps_cluster) -> None:
+    a = submit(eps_cluster, {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 25, "elastic_mode": "kill",
+                             "early_feedback_iterations": 20}, "eps-a")
+    seen: dict[str, Any] = {}
+
+    def a_gave_feedback() -> bool:
+        rep = shape_report(eps_cluster, a)
+        if rep:
+            seen["report"] = rep
+        return bool(rep) and json.dumps(rep).find('"early_feedback": true') >= 0
+    wait_until(a_gave_feedback, 120, "job A reports early feedback to the RM")
+
+    b = submit(eps_cluster, {"app": "mlr", "workers": 1, "servers": 1, "max_epochs": 3}, "eps-b")
+    app_b = wait_app(eps_cluster.rm_url, b, ("FINISHED",), 180)
+    assert app_b["finalStatus"] == "SUCCEEDED", app_b["diagnostics"]
+    app_a = wait_app(eps_cluster.rm_url, a, ("FINISHED",), 240)
+    assert app_a["finalStatus"] == "SUCCEEDED", app_a["diagnostics"]
+    for app_id in (a, b):
+        wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
+
+    st = json.loads((Path(eps_cluster.base_dir) / "rm" / "apps" / a / "status.json").read_text())
+    directives = st["directives"]
+    assert directives, "job A got no directive from the eps policy"
+    versions = [d["version"] for d in directives]
+    assert versions == sorted(set(versions)), versions          # each version acted on once, in order
+    shrink = directives[0]
+    assert (shrink["workers"], shrink["servers"]) < (2, 2) and shrink["error"] == "", shrink
+    assert shrink["steps"] and all(name.startswith("remove_") for name, _ in shrink["steps"])
+    changes = st["shape_history"]
+    assert changes and changes[0]["mode"] == "kill" and changes[0]["changed"], changes
+    assert (changes[0]["workers"], changes[0]["servers"]) == (shrink["workers"], shrink["servers"])
+    assert changes[0]["objective_restored"] == pytest.approx(changes[0]["objective_before"], rel=1e-4)
+    obj = [h["objective"] for h in st["objective_history"]]
+    assert [h["epoch"] for h in st["objective_history"]] == list(range(len(obj)))
+    assert obj[-1] < obj[0] < st["initial_objective"]

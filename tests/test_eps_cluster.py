@@ -1,0 +1,179 @@
+"""EPS on a real localhost cluster (RM + 3 NMs as processes): add and remove workers and servers of
+a training MLR job over the AM's HTTP API and the CLI, without restarting it.
+
+Stated tolerance: under BSP the elastic run's objective after every epoch is within 5% (relative)
+of an unchanged run of the same seed and spec (in practice it is within a fraction of a percent:
+the data and the model are the same, only which process trains which split changes).
+Exactly-once: the job runs with `audit_updates`, so every mini-batch also pushes +1 to one model
+key; that key's block migrates to an added server and back when servers are removed while the
+workers push, and the servers' count must equal the mini-batches the workers ran.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from appmaster.ps.submission import build_ps_submission
+from conftest import get_app, pids_with_env, submit_app, wait_app, wait_until
+from protocol import container_env
+from psruntime.checkpoint import load_manifests
+from psruntime.ownership_table import block_of
+
+pytestmark = pytest.mark.cluster
+
+TOLERANCE = 0.05
+SPEC: dict[str, Any] = {
+    "app": "mlr", "workers": 2, "servers": 2, "max_workers": 3, "max_servers": 3, "blocks": 12,
+    "max_epochs": 30, "convergence_threshold": 1e-9, "audit_updates": True, "executor_memory_mb": 320,
+    "data": {"num_samples": 16000, "seed": 7},          # 64 input splits of 250 rows
+}
+
+
+@pytest.fixture(scope="module")
+def eps_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One RM + 3 NMs (2048 MB, 4 vcores each: room for the AM and 6 executors) for this module."""
+    local_cluster = pytest.importorskip("elastane_cli.local_cluster")
+    c = local_cluster.LocalCluster(tmp_path_factory.mktemp("eps-cluster"), nodes=3, node_memory_mb=2048,
+                                   node_vcores=4, nm_expiry_s=3, am_expiry_s=5, heartbeat_interval_ms=250)
+    c.start(timeout_s=60)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def http(url: str, body: Any = None, timeout_s: float = 300.0) -> tuple[int, Any]:
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    req = urllib.request.Request(url, method="GET" if body is None else "POST", data=data,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def final_status(cluster: Any, app_id: str) -> dict[str, Any]:
+    return json.loads((Path(cluster.base_dir) / "rm" / "apps" / app_id / "status.json").read_text())
+
+
+def finish(cluster: Any, app_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    app = wait_app(cluster.rm_url, app_id, ("FINISHED",), 300)
+    wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
+    return app, final_status(cluster, app_id)
+
+
+def objectives(final: dict[str, Any]) -> list[float]:
+    return [h["objective"] for h in final["objective_history"]]
+
+
+@pytest.fixture(scope="module")
+def unchanged_run(eps_cluster: Any) -> list[float]:
+    """The same job (same seed) trained without any change: the reference trajectory."""
+    app_id = submit_app(eps_cluster.rm_url, build_ps_submission(SPEC, name="eps-reference", am_memory=384))
+    app, final = finish(eps_cluster, app_id)
+    assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
+    assert final["eps"]["minibatches_applied"] == sum(w["batches"] for w in final["metrics"]["workers"].values())
+    return objectives(final)
+
+
+def scale(url: str, **change: int) -> list[dict[str, Any]]:
+    code, body = http(url + "/scale", change)
+    assert code == 200, body
+    assert all(c["ok"] for c in body["changes"]), body
+    return body["changes"]
+
+
+def test_add_and_remove_each_role_while_training_follows_the_unchanged_run(eps_cluster: Any, unchanged_run: list[float],
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from elastane_cli.main import main as cli
+
+    app_id = submit_app(eps_cluster.rm_url, build_ps_submission(SPEC, name="eps-elastic", am_memory=384))
+    url = wait_until(lambda: (a := get_app(eps_cluster.rm_url, app_id))["state"] == "RUNNING"
+                     and a.get("trackingUrl"), 60, "the AM's tracking URL").rstrip("/")
+    wait_until(lambda: len(http(url + "/status")[1]["objective_history"]) >= 2, 120, "two epochs trained")
+
+    # Impossible changes: a clear 400, nothing changes.
+    for body, msg in [({"workers": 2}, "more than this job's maximum of 3"),
+                      ({"servers": -2}, "at least 1 server"), ({"workers": -2}, "at least 1 worker"),
+                      ({}, "nothing to change"), ({"workers": "x"}, "workers"), ({"cores": 1}, "cores")]:
+        code, err = http(url + "/scale", body)
+        assert code == 400 and msg in err["RemoteException"]["message"], (body, err)
+    assert http(url + "/status")[1]["eps"]["history"] == []
+
+    # add_workers(1) over HTTP; a second change while it runs gets 409.
+    result: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: result.update(changes=scale(url, workers=1)))
+    t.start()
+    wait_until(lambda: http(url + "/status")[1]["eps"]["running"] or not t.is_alive(), 60, "the change running")
+    code, err = http(url + "/scale", {"servers": 1})
+    t.join(120)
+    assert code == 409 and "another change is running" in err["RemoteException"]["message"], err
+    [add_w] = result["changes"]
+    assert add_w["op"] == "add_workers" and add_w["after"] == {"workers": 3, "servers": 2}
+    assert len(add_w["containers_added"]) == 1 and add_w["splits_moved"] == 21 and add_w["bytes_sent"] > 0
+    assert add_w["epoch_switched"] > add_w["epoch_started"]
+
+    # add_servers(1) through the CLI.
+    assert cli(["ps", "scale", app_id, "--servers", "+1", "--rm", eps_cluster.rm_url]) == 0
+    out = capsys.readouterr().out
+    assert "add_servers" in out and "4 model blocks" in out, out
+    status = http(url + "/status")[1]
+    add_s = status["eps"]["history"][-1]
+    audit_block = block_of("eps:minibatches", SPEC["blocks"])
+    assert add_s["op"] == "add_servers" and add_s["blocks_moved"] == 4
+    assert audit_block in [t["item"] for t in add_s["transfers"]]        # the audit key migrates
+    assert (status["eps"]["workers"], status["eps"]["servers"]) == (["worker-0", "worker-1", "worker-2"],
+                                                                    ["server-0", "server-1", "server-2"])
+
+    # Down to one worker and one server (removals), then back up.
+    rm_s, rm_w = scale(url, workers=-2, servers=-2)
+    assert rm_s["op"] == "remove_servers" and rm_s["blocks_moved"] == 8
+    assert audit_block in [t["item"] for t in rm_s["transfers"]]         # and migrates back
+    assert rm_w["op"] == "remove_workers" and rm_w["after"] == {"workers": 1, "servers": 1}
+    # worker-0 kept inactive copies of the splits it gave worker-2: they come back without resending
+    # (worker-0 gave worker-2 11 splits and worker-1 gave it 10; worker-1's own 22 and those 10 travel)
+    assert rm_w["splits_reactivated"] == 11 and rm_w["splits_moved"] == 22 + 10
+    assert len(rm_s["containers_released"]) == 2 and len(rm_w["containers_released"]) == 2
+    up = scale(url, workers=1, servers=1)
+    assert [c["op"] for c in up] == ["add_servers", "add_workers"] and up[-1]["after"] == {"workers": 2, "servers": 2}
+
+    app, final = finish(eps_cluster, app_id)
+    assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
+    history = final["shape_history"]
+    assert [h["op"] for h in history] == ["add_workers", "add_servers", "remove_servers", "remove_workers",
+                                          "add_servers", "add_workers"]
+    assert all(h["mode"] == "eps" and h["changed"] for h in history)
+
+    # BSP epochs stayed consistent and the trajectory follows the unchanged run.
+    elastic = objectives(final)
+    assert [h["epoch"] for h in final["objective_history"]] == list(range(SPEC["max_epochs"]))
+    assert len(elastic) == len(unchanged_run)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(elastic, unchanged_run))
+    assert worst <= TOLERANCE, (worst, elastic, unchanged_run)
+
+    # Exactly-once: every mini-batch any worker ran (including removed ones) was applied once.
+    batches = sum(w["batches"] for w in final["metrics"]["workers"].values())
+    assert final["eps"]["minibatches_applied"] == batches > 0
+    # The final model is whole: the last checkpoint covers every block from the remaining servers.
+    ckpt = final["checkpoints"][-1]
+    assert sorted(load_manifests(ckpt["dir"], SPEC["blocks"])) == list(range(SPEC["blocks"]))
+    retired = {e["id"] for e in final["shape"]["executors"] if e["state"] == "EXITED"}
+    assert {"server-1", "server-2", "worker-1", "worker-2"} <= retired
+
+
+def test_scale_refused_when_the_job_is_not_training(eps_cluster: Any) -> None:
+    # A job that ends at once: asking to scale it after the end fails with a clear error.
+    spec = {**SPEC, "max_epochs": 1, "data": {"num_samples": 2000}}
+    app_id = submit_app(eps_cluster.rm_url, build_ps_submission(spec, name="eps-short", am_memory=384))
+    app, final = finish(eps_cluster, app_id)
+    assert app["finalStatus"] == "SUCCEEDED"
+    from elastane_cli.main import main as cli
+    assert cli(["ps", "scale", app_id, "--workers", "+1", "--rm", eps_cluster.rm_url]) == 2
+    assert final["eps"]["history"] == [] and final["eps"]["running"] is False
