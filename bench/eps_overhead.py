@@ -17,7 +17,9 @@ shape, and kills the app. Measured per change, from the request to the new shape
   restart, as nothing trains meanwhile).
 
 Last line, JSON: {"eps_remove_s", "kill_remove_s", "eps_add_s", "kill_add_s", "ratio", ...}, ratio =
-EPS total / kill total (the EPS paper's Fig. 20 shows about 0.24).
+EPS total / kill total (the EPS paper's Fig. 20 shows about 0.24); also the training time lost per
+change and its ratio (`lost_ratio`), the kill restart's steps, and `kill_restart_s` (the restart
+alone, from the pause at the epoch boundary to training resuming).
 """
 from __future__ import annotations
 
@@ -211,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         "eps_add_s": round(eps["add_s"], 3), "kill_add_s": round(kill["add_s"], 3), "ratio": round(ratio, 3),
         "eps_remove_lost_s": round(eps["remove_lost_s"], 3), "kill_remove_lost_s": round(kill["remove_lost_s"], 3),
         "eps_add_lost_s": round(eps["add_lost_s"], 3), "kill_add_lost_s": round(kill["add_lost_s"], 3),
+        "lost_ratio": round((eps["remove_lost_s"] + eps["add_lost_s"])
+                            / max(1e-9, kill["remove_lost_s"] + kill["add_lost_s"]), 4),
+        "kill_restart_s": {label: kill[f"{label}_detail"][0]["seconds"] for label in ("remove", "add")},
         "kill_steps_s": {k: {s: round(v, 3) for s, v in d.items()} for k, d in kill_steps.items()},
         "eps_blocks_moved": sum(c["blocks_moved"] for label in ("remove", "add") for c in eps[f"{label}_detail"]),
         "model_mib": round(model_mb, 1), "workers": 3, "servers": 3,

@@ -3,7 +3,9 @@
 The frame (`run_on_local_cluster`: start a cluster in a temp dir, run a body against it, stop the
 cluster whatever happens, Ctrl-C and SIGTERM included) is separate from the bodies: `ps_demo`
 (the default: multinomial logistic regression on 2 workers and 1 server, trained to convergence)
-and `shell_demo` (`--shell`: a distributed-shell app in 3 containers).
+`shell_demo` (`--shell`: a distributed-shell app in 3 containers) and `cruise_demo` (`--cruise`:
+a job started at a bad split of 4 workers and 1 server on nodes with capped bandwidth, which the
+Cruise optimizer reshapes while it trains).
 """
 from __future__ import annotations
 
@@ -14,7 +16,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Awaitable, Callable, TextIO
+from typing import Any, Awaitable, Callable, TextIO
+
+import aiohttp
+
+from protocol.http_client import JsonHttpClient, RemoteError
 
 from . import app_commands, container_logs, ps_commands
 from .context import default_user
@@ -50,6 +56,10 @@ PS_DEMO_JOB: dict = {
     "hparams": {"learning_rate": 0.5, "max_epochs": 40},
 }
 PS_DEMO_AM_MEMORY_MB = 384
+# While it trains the demo scales the job out, then back in, through the AM's POST /scale (what
+# `elastane ps scale` calls; EPS: no restart): (epochs done, +workers, +servers).
+PS_DEMO_SCALING: tuple[tuple[int, int, int], ...] = ((4, +1, +1), (4, -1, -1))   # epochs after the previous step
+SCALE_TIMEOUT_S = 120.0
 
 
 def _say(out: TextIO, text: str) -> None:
@@ -58,7 +68,8 @@ def _say(out: TextIO, text: str) -> None:
 
 
 def run_on_local_cluster(body: DemoBody, nodes: int = 3, node_memory_mb: int = 1024, node_vcores: int = 2,
-                         keep_dir: Path | None = None, out: TextIO = sys.stdout) -> int:
+                         keep_dir: Path | None = None, out: TextIO = sys.stdout,
+                         node_bandwidth: str | None = None, network: str = "auto") -> int:
     """Start a LocalCluster (RM on a free port), run `body`, stop the cluster on any exit path."""
     def on_sigterm(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # unwind through the same cleanup as Ctrl-C
@@ -67,7 +78,8 @@ def run_on_local_cluster(body: DemoBody, nodes: int = 3, node_memory_mb: int = 1
     tmp = None if keep_dir else tempfile.TemporaryDirectory(prefix="elastane-demo-")
     base = keep_dir or Path(tmp.name)  # type: ignore[union-attr]
     cluster = LocalCluster(base, nodes=nodes, node_memory_mb=node_memory_mb, node_vcores=node_vcores,
-                           rm_port=0, heartbeat_interval_ms=500)
+                           rm_port=0, heartbeat_interval_ms=500, node_bandwidth=node_bandwidth,
+                           network=network)
     try:
         _say(out, f"starting a ResourceManager and {nodes} NodeManagers under {base} ...")
         t = time.monotonic()
@@ -119,8 +131,13 @@ async def ps_demo(cluster: LocalCluster, client: RmRestClient, out: TextIO) -> i
     _say(out, f"submitted {app_id}: multinomial logistic regression, {data['num_samples']} samples x "
               f"{data['num_features']} features, {data['num_classes']} classes, on {spec.workers} workers "
               f"and {spec.servers} server ({spec.executor_memory_mb} MB each), until it converges")
-    result = await ps_commands.watch_ps_job(client, app_id, ProgressBar(out), ps_commands.max_epochs_of(spec),
-                                            timeout_s=300)
+    scaler = asyncio.create_task(scale_while_training(client, app_id, out, PS_DEMO_SCALING))
+    try:
+        result = await ps_commands.watch_ps_job(client, app_id, ProgressBar(out), ps_commands.max_epochs_of(spec),
+                                                timeout_s=300)
+    finally:
+        scaler.cancel()
+        await asyncio.gather(scaler, return_exceptions=True)
     out.write(render_key_values(ps_commands.final_report(result)) + "\n")
     rows = ps_commands.executor_rows(result.status or {})
     if rows:
@@ -130,14 +147,153 @@ async def ps_demo(cluster: LocalCluster, client: RmRestClient, out: TextIO) -> i
     return 0 if result.app.get("finalStatus") == "SUCCEEDED" else 1
 
 
+# A model of 0.4 MB that every mini-batch touches, on 40 mbit/s links: the one server's link
+# carries all 4 workers' pulls, so 4 x 1 is a bad split; Cruise finds a better one while training.
+CRUISE_DEMO_JOB: dict[str, Any] = {
+    "app": "mlr", "data": {"num_features": 20_000, "nnz_per_sample": 200, "num_samples": 1000,
+                           "rows_per_block": 125},
+    "hparams": {"learning_rate": 0.5}, "workers": 4, "servers": 1, "blocks": 12, "max_epochs": 10,
+    "optimizer": "cruise", "cruise": {"min_batches": 4}, "executor_memory_mb": 320,
+}
+CRUISE_DEMO_BANDWIDTH = "40mbit"
+
+
+async def cruise_demo(cluster: LocalCluster, client: RmRestClient, out: TextIO) -> int:
+    """Submit CRUISE_DEMO_JOB at a bad split and narrate Cruise's plans while it trains."""
+    spec = ps_commands.validate_spec(CRUISE_DEMO_JOB)
+    app_id = await ps_commands.submit_ps_job(client, spec, "demo: Cruise reshapes a bad split",
+                                             am_memory=PS_DEMO_AM_MEMORY_MB)
+    _say(out, f"submitted {app_id}: MLR on {spec.workers} workers and {spec.servers} server, links capped at "
+              f"{CRUISE_DEMO_BANDWIDTH}; optimizer cruise")
+    narrator = asyncio.create_task(narrate_cruise(client, app_id, out))
+    try:
+        result = await ps_commands.watch_ps_job(client, app_id, ProgressBar(out), ps_commands.max_epochs_of(spec),
+                                                timeout_s=600)
+    finally:
+        narrator.cancel()
+        await asyncio.gather(narrator, return_exceptions=True)
+    out.write(render_key_values(ps_commands.final_report(result)) + "\n")
+    plans = ps_commands.plan_history_rows(result.status or {})
+    if plans:
+        out.write("Cruise plans (epoch times: predicted by the cost model, measured on the cluster):\n"
+                  + render_table(ps_commands.PLAN_HEADERS, plans) + "\n")
+    out.flush()
+    return 0 if result.app.get("finalStatus") == "SUCCEEDED" else 1
+
+
+async def narrate_cruise(client: RmRestClient, app_id: str, out: TextIO) -> None:
+    """Print each Cruise plan as it starts and ends (from the AM's status)."""
+    while True:
+        app = await client.app(app_id)
+        if app.get("state") == "RUNNING" and app.get("trackingUrl"):
+            break
+        await asyncio.sleep(0.5)
+    am = JsonHttpClient(app["trackingUrl"].rstrip("/"), timeout_s=10, user=client.user)
+    seen: dict[int, bool] = {}
+    try:
+        while True:
+            st = await _am_status(am)
+            for i, p in enumerate(((st or {}).get("cruise") or {}).get("plan_history") or []):
+                done = p.get("finished") is not None
+                if seen.get(i) == done:
+                    continue
+                seen[i] = done
+                if out.isatty():
+                    out.write("\n")
+                before, chosen = "x".join(map(str, p["shape_before"])), "x".join(map(str, p["chosen_shape"] or []))
+                if not done:
+                    _say(out, f"Cruise: {before} -> {chosen}, predicted epoch {p['predicted_epoch_before_s']:.2f}s -> "
+                              f"{p['predicted_epoch_after_s']:.2f}s; a plan of {p['ops']} ops runs while training goes on")
+                else:
+                    _say(out, f"Cruise: plan done in {p['plan_s'] or 0:.2f}s, now "
+                              f"{'x'.join(map(str, p['shape_after'] or []))}" + (f" (error: {p['error']})" if p["error"] else ""))
+            await asyncio.sleep(1.0)
+    finally:
+        await am.close()
+
+
+async def _am_status(am: JsonHttpClient) -> dict[str, Any] | None:
+    try:
+        body = await am.get("/status")
+    except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+async def _epochs_reached(am: JsonHttpClient, n: int) -> dict[str, Any]:
+    while True:
+        st = await _am_status(am)
+        if st is not None and len(st.get("objective_history") or []) >= n:
+            return st
+        await asyncio.sleep(0.25)
+
+
+def _last_epoch_s(status: dict[str, Any]) -> float:
+    hist = status.get("objective_history") or []
+    return float(hist[-1]["epoch_time_s"]) if hist else float("nan")
+
+
+async def scale_while_training(client: RmRestClient, app_id: str, out: TextIO,
+                               steps: tuple[tuple[int, int, int], ...]) -> None:
+    """Scale the running job by each (after N more epochs, +workers, +servers) step through its AM's
+    POST /scale, printing the shape and the epoch time before and after each change."""
+    while True:
+        app = await client.app(app_id)
+        if app.get("state") == "RUNNING" and app.get("trackingUrl"):
+            break
+        await asyncio.sleep(0.5)
+    am = JsonHttpClient(app["trackingUrl"].rstrip("/"), timeout_s=SCALE_TIMEOUT_S, user=client.user)
+    try:
+        done = 0
+        for after, workers, servers in steps:
+            st = await _epochs_reached(am, done + after)
+            shape = st.get("shape") or {}
+            live = [e for e in shape.get("executors", []) if e.get("state") == "READY"]
+            w0, s0 = sum(e["role"] == "worker" for e in live), sum(e["role"] == "server" for e in live)
+            word = "out" if workers + servers > 0 else "in"
+            if out.isatty():
+                out.write("\n")        # below the live progress line
+            _say(out, f"scaling {word}: {w0} workers + {s0} servers -> {w0 + workers} + {s0 + servers} "
+                      f"(epoch {len(st['objective_history'])}, epoch time {_last_epoch_s(st):.2f}s)")
+            try:
+                body = await am.post("/scale", {"workers": workers, "servers": servers})
+            except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                _say(out, f"scale {word} refused or failed: {getattr(e, 'message', None) or e}")
+                return
+            changes = body.get("changes", []) if isinstance(body, dict) else []
+            took = sum(float(c.get("duration_s", 0)) for c in changes)
+            waited = sum(float(c.get("training_time_lost_s", 0)) for c in changes)
+            moved = sum(int(c.get("blocks_moved", 0)) for c in changes)
+            after_st = await _am_status(am) or st
+            done = len(after_st.get("objective_history") or [])
+            _say(out, f"scaled {word} with EPS in {took:.2f}s while training went on (training waited "
+                      f"{waited:.3f}s, {moved} model blocks moved): "
+                      + ", ".join(f"{c.get('op')}({c.get('requested')})" for c in changes))
+            nxt = await _epochs_reached(am, done + 1)
+            now = [e for e in (nxt.get("shape") or {}).get("executors", []) if e.get("state") == "READY"]
+            _say(out, f"now {sum(e['role'] == 'worker' for e in now)} workers + "
+                      f"{sum(e['role'] == 'server' for e in now)} servers: epoch time {_last_epoch_s(nxt):.2f}s "
+                      f"(was {_last_epoch_s(st):.2f}s)")
+            done = len(nxt.get("objective_history") or [])
+    finally:
+        await am.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m elastane_cli.demo", description=__doc__.splitlines()[0])
     p.add_argument("--keep-dir", type=Path, help="use (and keep) this dir instead of a temp dir")
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--shell", action="store_true", help="the distributed-shell demo instead of PS training")
+    p.add_argument("--cruise", action="store_true",
+                   help="start a PS job at a bad split on bandwidth-capped nodes and watch Cruise reshape it")
     ns = p.parse_args(argv)
     if ns.nodes < 1:
         p.error("--nodes must be >= 1")
+    if ns.shell and ns.cruise:
+        p.error("--shell and --cruise are different demos: pick one")
+    if ns.cruise:
+        return run_on_local_cluster(cruise_demo, nodes=ns.nodes, node_vcores=4, node_memory_mb=2048,
+                                    keep_dir=ns.keep_dir, node_bandwidth=CRUISE_DEMO_BANDWIDTH, network="emulated")
     return run_on_local_cluster(shell_demo if ns.shell else ps_demo, nodes=ns.nodes, keep_dir=ns.keep_dir)
 
 

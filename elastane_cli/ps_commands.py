@@ -321,6 +321,33 @@ def executor_rows(status: dict[str, Any]) -> list[list[Any]]:
             for e in (status.get("shape") or {}).get("executors") or []]
 
 
+PLAN_HEADERS = ["EPOCH", "TRIGGER", "FROM", "TO", "PREDICTED", "MEASURED", "PLAN-TIME", "OPS", "ERROR"]
+
+
+def _secs(v: Any) -> str:
+    return "-" if v is None else f"{float(v):.2f}s"
+
+
+def plan_history_rows(status: dict[str, Any]) -> list[list[Any]]:
+    """Cruise's executed plans: shape before / after, predicted and measured epoch times."""
+    cruise = status.get("cruise") or {}
+    return [[p.get("epoch"), p.get("trigger"), "x".join(map(str, p.get("shape_before") or [])) or "-",
+             "x".join(map(str, p.get("shape_after") or p.get("chosen_shape") or [])) or "-",
+             f"{_secs(p.get('predicted_epoch_before_s'))} -> {_secs(p.get('predicted_epoch_after_s'))}",
+             f"{_secs(p.get('measured_epoch_before_s'))} -> {_secs(p.get('measured_epoch_after_s'))}",
+             _secs(p.get("plan_s")), p.get("ops"), p.get("error") or "-"]
+            for p in cruise.get("plan_history") or []]
+
+
+def optimizer_text(status: dict[str, Any]) -> str:
+    cruise = status.get("cruise")
+    if not cruise:
+        return str(status.get("optimizer") or (status.get("spec") or {}).get("optimizer") or "off")
+    w, s = (cruise.get("shape") or ["?", "?"])[:2]
+    state = "reconfiguring" if cruise.get("running") else (cruise.get("why_not_ready") or "measuring")
+    return f"cruise: {w} workers x {s} servers, {_plural(len(cruise.get('plan_history') or []), 'plan')}; {state}"
+
+
 def running_report(app: dict[str, Any], status: dict[str, Any]) -> tuple[list[tuple[str, Any]], EpochProgress]:
     spec = status.get("spec") or {}
     shape = status.get("shape") or {}
@@ -341,6 +368,8 @@ def running_report(app: dict[str, Any], status: dict[str, Any]) -> tuple[list[tu
         ("ETA", "-" if eta is None or p.converged else f"<= {format_duration(eta)}"),
         ("Tracking-URL", app.get("trackingUrl")),
     ]
+    if status.get("cruise") or (spec.get("optimizer") not in (None, "off")):
+        pairs.append(("Optimizer", optimizer_text(status)))
     if status.get("final_metrics"):
         pairs.append(("Held-Out-Metrics", _metrics_text(status["final_metrics"])))
     if status.get("diagnostics"):
@@ -439,6 +468,9 @@ def cmd_status(args: argparse.Namespace, ctx: CliContext) -> int:
     rows = executor_rows(status)
     if rows:
         ctx.out.write("\nExecutors:\n" + render_table(EXECUTOR_HEADERS, rows) + "\n")
+    plans = plan_history_rows(status)
+    if plans:
+        ctx.out.write("\nCruise plans:\n" + render_table(PLAN_HEADERS, plans) + "\n")
     recent = p.history[-args.history:]
     if recent:
         ctx.out.write("\nRecent epochs:\n" + render_table(

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import get_app, pids_with_env, submit_app, wait_app, wait_until
+from conftest import FINAL_STATES, get_app, pids_with_env, rest, submit_app, wait_app, wait_until
 from protocol import container_env
 from psruntime.checkpoint import load_manifests
 from psruntime.ownership_table import block_of
@@ -28,19 +28,20 @@ from psruntime.ownership_table import block_of
 pytestmark = pytest.mark.cluster
 
 TOLERANCE = 0.05
+REFERENCE_EPOCHS = 25
 SPEC: dict[str, Any] = {
     "app": "mlr", "workers": 2, "servers": 2, "max_workers": 3, "max_servers": 3, "blocks": 12,
-    "max_epochs": 30, "convergence_threshold": 1e-9, "audit_updates": True, "executor_memory_mb": 320,
-    "data": {"num_samples": 16000, "seed": 7},          # 64 input splits of 250 rows
+    "max_epochs": REFERENCE_EPOCHS, "convergence_threshold": 1e-9, "audit_updates": True,
+    "executor_memory_mb": 320, "data": {"num_samples": 16000, "seed": 7},   # 64 input splits of 250 rows
 }
 
 
 @pytest.fixture(scope="module")
 def eps_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One RM + 3 NMs (2048 MB, 4 vcores each: room for the AM and 6 executors) for this module."""
+    """One RM + 3 NMs (2048 MB, 5 vcores each: room for two AMs and 10 executors) for this module."""
     local_cluster = pytest.importorskip("elastane_cli.local_cluster")
     c = local_cluster.LocalCluster(tmp_path_factory.mktemp("eps-cluster"), nodes=3, node_memory_mb=2048,
-                                   node_vcores=4, nm_expiry_s=3, am_expiry_s=5, heartbeat_interval_ms=250)
+                                   node_vcores=5, nm_expiry_s=10, am_expiry_s=30, heartbeat_interval_ms=250)
     c.start(timeout_s=60)
     try:
         yield c
@@ -49,7 +50,7 @@ def eps_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def http(url: str, body: Any = None, timeout_s: float = 300.0) -> tuple[int, Any]:
-    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, method="GET" if body is None else "POST", data=data,
                                  headers={"Content-Type": "application/json"})
     try:
@@ -63,24 +64,22 @@ def final_status(cluster: Any, app_id: str) -> dict[str, Any]:
     return json.loads((Path(cluster.base_dir) / "rm" / "apps" / app_id / "status.json").read_text())
 
 
-def finish(cluster: Any, app_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    app = wait_app(cluster.rm_url, app_id, ("FINISHED",), 300)
+def gone(cluster: Any, app_id: str) -> None:
     wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
-    return app, final_status(cluster, app_id)
-
-
-def objectives(final: dict[str, Any]) -> list[float]:
-    return [h["objective"] for h in final["objective_history"]]
 
 
 @pytest.fixture(scope="module")
-def unchanged_run(eps_cluster: Any) -> list[float]:
-    """The same job (same seed) trained without any change: the reference trajectory."""
-    app_id = submit_app(eps_cluster.rm_url, build_ps_submission(SPEC, name="eps-reference", am_memory=384))
-    app, final = finish(eps_cluster, app_id)
+def reference(eps_cluster: Any) -> str:
+    """The same job (same seed) trained without any change, submitted first and left running
+    beside the elastic one: its trajectory is the reference."""
+    return submit_app(eps_cluster.rm_url, build_ps_submission(SPEC, name="eps-reference", am_memory=384))
+
+
+def reference_run(cluster: Any, app_id: str) -> dict[str, Any]:
+    app = wait_app(cluster.rm_url, app_id, ("FINISHED",), 300)
     assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
-    assert final["eps"]["minibatches_applied"] == sum(w["batches"] for w in final["metrics"]["workers"].values())
-    return objectives(final)
+    gone(cluster, app_id)
+    return final_status(cluster, app_id)
 
 
 def scale(url: str, **change: int) -> list[dict[str, Any]]:
@@ -90,15 +89,37 @@ def scale(url: str, **change: int) -> list[dict[str, Any]]:
     return body["changes"]
 
 
-def test_add_and_remove_each_role_while_training_follows_the_unchanged_run(eps_cluster: Any, unchanged_run: list[float],
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_add_and_remove_each_role_while_training_follows_the_unchanged_run(
+        eps_cluster: Any, reference: str, capsys: pytest.CaptureFixture[str]) -> None:
     from elastane_cli.main import main as cli
 
-    app_id = submit_app(eps_cluster.rm_url, build_ps_submission(SPEC, name="eps-elastic", am_memory=384))
-    url = wait_until(lambda: (a := get_app(eps_cluster.rm_url, app_id))["state"] == "RUNNING"
-                     and a.get("trackingUrl"), 60, "the AM's tracking URL").rstrip("/")
-    wait_until(lambda: len(http(url + "/status")[1]["objective_history"]) >= 2, 120, "two epochs trained")
+    # Effectively endless, so the job surely trains through every change; stopped by the test.
+    spec = {**SPEC, "max_epochs": 10_000}
+    app_id = submit_app(eps_cluster.rm_url, build_ps_submission(spec, name="eps-elastic", am_memory=384))
+    try:
+        url = wait_until(lambda: (a := get_app(eps_cluster.rm_url, app_id))["state"] == "RUNNING"
+                         and a.get("trackingUrl"), 60, "the AM's tracking URL").rstrip("/")
+        wait_until(lambda: len(http(url + "/status")[1]["objective_history"]) >= 2, 120, "two epochs trained")
+        status = check_elastic_job(eps_cluster, app_id, url, cli, capsys)
+    finally:
+        if get_app(eps_cluster.rm_url, app_id)["state"] not in FINAL_STATES:   # never leave it training
+            rest(eps_cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+        gone(eps_cluster, app_id)
+    ref = reference_run(eps_cluster, reference)
 
+    # BSP epochs stayed consistent, and the trajectory follows the unchanged run of the same seed.
+    hist = status["objective_history"]
+    assert [h["epoch"] for h in hist] == list(range(len(hist))) and len(hist) >= REFERENCE_EPOCHS
+    elastic = [h["objective"] for h in hist[:REFERENCE_EPOCHS]]
+    unchanged = [h["objective"] for h in ref["objective_history"]]
+    assert len(unchanged) == REFERENCE_EPOCHS
+    worst = max(abs(a - b) / abs(b) for a, b in zip(elastic, unchanged))
+    assert worst <= TOLERANCE, (worst, elastic, unchanged)
+
+
+def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
+                      capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """Every change and every refusal, checked on the running job; returns its last status."""
     # Impossible changes: a clear 400, nothing changes.
     for body, msg in [({"workers": 2}, "more than this job's maximum of 3"),
                       ({"servers": -2}, "at least 1 server"), ({"workers": -2}, "at least 1 worker"),
@@ -121,7 +142,7 @@ def test_add_and_remove_each_role_while_training_follows_the_unchanged_run(eps_c
     assert add_w["epoch_switched"] > add_w["epoch_started"]
 
     # add_servers(1) through the CLI.
-    assert cli(["ps", "scale", app_id, "--servers", "+1", "--rm", eps_cluster.rm_url]) == 0
+    assert cli(["ps", "scale", app_id, "--servers", "+1", "--rm", cluster.rm_url]) == 0
     out = capsys.readouterr().out
     assert "add_servers" in out and "4 model blocks" in out, out
     status = http(url + "/status")[1]
@@ -137,43 +158,38 @@ def test_add_and_remove_each_role_while_training_follows_the_unchanged_run(eps_c
     assert rm_s["op"] == "remove_servers" and rm_s["blocks_moved"] == 8
     assert audit_block in [t["item"] for t in rm_s["transfers"]]         # and migrates back
     assert rm_w["op"] == "remove_workers" and rm_w["after"] == {"workers": 1, "servers": 1}
-    # worker-0 kept inactive copies of the splits it gave worker-2: they come back without resending
-    # (worker-0 gave worker-2 11 splits and worker-1 gave it 10; worker-1's own 22 and those 10 travel)
+    # worker-0 kept inactive copies of the 11 splits it gave worker-2: they come back without
+    # resending; worker-1's own 22 splits and the 10 it gave worker-2 travel.
     assert rm_w["splits_reactivated"] == 11 and rm_w["splits_moved"] == 22 + 10
     assert len(rm_s["containers_released"]) == 2 and len(rm_w["containers_released"]) == 2
     up = scale(url, workers=1, servers=1)
     assert [c["op"] for c in up] == ["add_servers", "add_workers"] and up[-1]["after"] == {"workers": 2, "servers": 2}
 
-    app, final = finish(eps_cluster, app_id)
-    assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
-    history = final["shape_history"]
-    assert [h["op"] for h in history] == ["add_workers", "add_servers", "remove_servers", "remove_workers",
-                                          "add_servers", "add_workers"]
-    assert all(h["mode"] == "eps" and h["changed"] for h in history)
-
-    # BSP epochs stayed consistent and the trajectory follows the unchanged run.
-    elastic = objectives(final)
-    assert [h["epoch"] for h in final["objective_history"]] == list(range(SPEC["max_epochs"]))
-    assert len(elastic) == len(unchanged_run)
-    worst = max(abs(a - b) / abs(b) for a, b in zip(elastic, unchanged_run))
-    assert worst <= TOLERANCE, (worst, elastic, unchanged_run)
-
-    # Exactly-once: every mini-batch any worker ran (including removed ones) was applied once.
-    batches = sum(w["batches"] for w in final["metrics"]["workers"].values())
-    assert final["eps"]["minibatches_applied"] == batches > 0
-    # The final model is whole: the last checkpoint covers every block from the remaining servers.
-    ckpt = final["checkpoints"][-1]
+    # Train on past the reference's epochs, then take a checkpoint: the model is whole.
+    wait_until(lambda: len(http(url + "/status")[1]["objective_history"]) >= REFERENCE_EPOCHS + 1, 300,
+               f"{REFERENCE_EPOCHS + 1} epochs")
+    code, ckpt = http(url + "/checkpoint", {})
+    assert code == 200, ckpt
     assert sorted(load_manifests(ckpt["dir"], SPEC["blocks"])) == list(range(SPEC["blocks"]))
-    retired = {e["id"] for e in final["shape"]["executors"] if e["state"] == "EXITED"}
+    status = http(url + "/status")[1]
+    eps = status["eps"]
+    assert [h["op"] for h in status["shape_history"]] == ["add_workers", "add_servers", "remove_servers",
+                                                          "remove_workers", "add_servers", "add_workers"]
+    assert all(h["mode"] == "eps" and h["changed"] for h in status["shape_history"])
+    # Exactly-once, checked by the AM at every epoch's end: each mini-batch run (by any worker,
+    # removed ones included) was applied once, across every migration of the audit key's block.
+    assert eps["audit_mismatches"] == [] and eps["minibatches_applied"] == eps["minibatches_run"] > 0
+    retired = {e["id"] for e in status["shape"]["executors"] if e["state"] == "EXITED"}
     assert {"server-1", "server-2", "worker-1", "worker-2"} <= retired
+    return status
 
 
-def test_scale_refused_when_the_job_is_not_training(eps_cluster: Any) -> None:
-    # A job that ends at once: asking to scale it after the end fails with a clear error.
-    spec = {**SPEC, "max_epochs": 1, "data": {"num_samples": 2000}}
-    app_id = submit_app(eps_cluster.rm_url, build_ps_submission(spec, name="eps-short", am_memory=384))
-    app, final = finish(eps_cluster, app_id)
-    assert app["finalStatus"] == "SUCCEEDED"
+def test_a_job_that_ended_cannot_be_scaled(eps_cluster: Any, reference: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
     from elastane_cli.main import main as cli
-    assert cli(["ps", "scale", app_id, "--workers", "+1", "--rm", eps_cluster.rm_url]) == 2
+
+    final = reference_run(eps_cluster, reference)
     assert final["eps"]["history"] == [] and final["eps"]["running"] is False
+    assert final["eps"]["audit_mismatches"] == [] and final["eps"]["minibatches_applied"] == 64 * 5 * REFERENCE_EPOCHS
+    assert cli(["ps", "scale", reference, "--workers", "+1", "--rm", eps_cluster.rm_url]) == 2
+    assert "only a running PS job can be scaled" in capsys.readouterr().err

@@ -18,7 +18,7 @@ from .metrics import DEFAULT_ALPHA, MetricsBook
 from .plan import Plan
 from .plan_builder import (DEFAULT_GAIN_THRESHOLD, ExecutorState, build_plan, predicted_gain,
                            should_reconfigure)
-from .profiling import ProfilingError, SlotInfo, derive_profiles, measured_bytes_per_batch
+from .profiling import ProfilingError, SlotInfo, derive_profiles, measured_bytes_per_batch, pool_by_class
 from .solver_homogeneous import solve_homogeneous_target
 from .solver_milp import DEFAULT_CLASS_TOLERANCE, DEFAULT_TIME_LIMIT_S, SolverError, group_classes, solve_milp_target
 from .targets import Role, Slot, Target
@@ -37,6 +37,7 @@ class CruiseConfig:
     ema_alpha: float = DEFAULT_ALPHA
     class_tolerance: float = DEFAULT_CLASS_TOLERANCE
     milp_time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    pool_classes: bool = False                 # slots of one declared node class are identical
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,10 @@ class CruiseOptimizer:
         own_slots = {s.slot_id for s in slots}
         # Profiles for the offered slots and for current executors (the "before" prediction).
         every = list(slots) + [s for s in self.slots if s.slot_id not in own_slots]
-        profiles = {p.node_id: p for p in derive_profiles(self.metrics, every)}
+        derived = derive_profiles(self.metrics, every)
+        if self.config.pool_classes:
+            derived = pool_by_class(derived, every)
+        profiles = {p.node_id: p for p in derived}
         job = JobProfile(self.job.input_blocks, self.job.samples_per_block, self.job.model_blocks,
                          measured_bytes_per_batch(self.metrics, self.job.nominal_bytes_per_batch),
                          self.job.batch_size)

@@ -89,3 +89,22 @@ def measured_bytes_per_batch(book: MetricsBook, nominal: float) -> float:
     `nominal` (the whole model, the dissertation's dense pull)."""
     vals = [w.bytes_per_batch.value for w in book.workers.values() if w.bytes_per_batch.value]
     return float(np.mean(vals)) if vals else nominal
+
+
+def pool_by_class(profiles: Sequence[NodeProfile], slots: Sequence[SlotInfo]) -> list[NodeProfile]:
+    """Profiles with every slot of one declared node class given the class's mean figures (compute
+    scaled by vcores). For slots the cluster declares identical (the containers of one job), what
+    differs between their measurements is noise -- CPU contention, a slow mini-batch -- and taking
+    it for hardware would make the solver trade blocks and roles over it."""
+    by_id = {s.slot_id: s for s in slots}
+    groups: dict[str, list[NodeProfile]] = {}
+    for p in profiles:
+        groups.setdefault(by_id[p.node_id].node_class, []).append(p)
+    out = []
+    for p in profiles:
+        g = groups[by_id[p.node_id].node_class]
+        cores = by_id[p.node_id].vcores
+        compute = float(np.mean([q.compute_s_per_sample * by_id[q.node_id].vcores for q in g])) / cores
+        out.append(NodeProfile(p.node_id, compute, float(np.mean([q.worker_bandwidth for q in g])),
+                               float(np.mean([q.server_bandwidth for q in g]))))
+    return out

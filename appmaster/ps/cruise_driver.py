@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 EPOCHS_MEASURED = 2          # epochs averaged for the measured epoch time before / after a plan
 HISTORY_LIMIT = 50
+MAX_PLAN_FAILURES = 2        # consecutive failed plans after which Cruise stops reconfiguring the job
 
 
 @dataclass
@@ -95,6 +96,7 @@ class CruiseDriver:
         self._counters: dict[str, dict[str, float]] = {}    # executor -> last cumulative counters
         self._waiting: list[PlanRecord] = []                 # plans whose measured epoch time is due
         self.last_error = ""
+        self.failures = 0                                    # consecutive failed plans
 
     # -- inputs --------------------------------------------------------------------------------
     def on_batches(self, worker: str, compute_s: list[float], comm_s: list[float]) -> None:
@@ -163,7 +165,7 @@ class CruiseDriver:
     async def on_epoch(self, rec: EpochRecord) -> Optional[Decision]:
         """Epoch-boundary hook: measure, and maybe start a plan. Returns a decision taken now."""
         self._measure(rec)
-        if self.running or self.elastic.running:
+        if self.running or self.elastic.running or self.failures >= MAX_PLAN_FAILURES:
             self._batches.clear()
             return None
         await self._poll()
@@ -190,6 +192,7 @@ class CruiseDriver:
         epochs = self.training.metrics.epochs[-EPOCHS_MEASURED:]
         before = sum(e.epoch_time_s for e in epochs) / len(epochs) if epochs else None
         record = PlanRecord(decision, self.wall_clock(), self.shape(), self.training.epochs_done, before)
+        self._waiting.clear()        # epochs from now on overlap this plan: they measure no earlier one
         self.history.append(record)
         del self.history[:-HISTORY_LIMIT]
         log.info("cruise: reconfigure %s -> %s (predicted %.3fs -> %.3fs), %d ops", record.shape_before,
@@ -204,11 +207,19 @@ class CruiseDriver:
             self.on_change(True)
         try:
             record.run = await self.executor.execute(record.decision.plan)
+            self.failures = 0
+        except asyncio.CancelledError:
+            record.error = "cancelled: the job ended while the plan ran"
+            if self.executor.last is not None and self.executor.last.plan is record.decision.plan:
+                record.run = self.executor.last
+            raise
         except PlanFailed as e:
+            self.failures += 1
             record.run, record.error = e.run, e.run.error
             self.last_error = record.error
             log.warning("cruise plan failed: %s", record.error)
         except Exception as e:  # noqa: BLE001 - the job trains on; the record says what happened
+            self.failures += 1
             record.error = f"{type(e).__name__}: {e}"
             self.last_error = record.error
             log.exception("cruise plan failed")
@@ -245,7 +256,8 @@ class CruiseDriver:
                 "current_plan": running.to_json() if running else None, "last_error": self.last_error,
                 "plan_history": [p.to_json() for p in self.history],
                 "decisions": [d.to_json() for d in self.optimizer.decisions[-20:]],
-                "why_not_ready": self.optimizer.why_not_ready(),
+                "why_not_ready": (f"{self.failures} plans failed in a row: Cruise stopped reconfiguring"
+                                  if self.failures >= MAX_PLAN_FAILURES else self.optimizer.why_not_ready()),
                 "metrics": self.optimizer.metrics.to_json()}
 
 
@@ -276,7 +288,7 @@ def build_cruise_driver(master: Any) -> CruiseDriver:
     splits = sum(len(s) for s in master.elastic._splits().active.values())
     optimizer = CruiseOptimizer(job_sizes(spec, master.app, splits),
                                 CruiseConfig(min_batches=opts.min_batches, min_interval_s=opts.min_interval_s,
-                                             gain_threshold=opts.gain_threshold))
+                                             gain_threshold=opts.gain_threshold, pool_classes=True))
     runtime = AmPlanRuntime(master.am, spec, master.pool, master.training, master.elastic, master.client,
                             master.resource, block_bytes=lambda: master.app.model_nbytes() / spec.num_blocks)
     driver = CruiseDriver(optimizer, master.training, master.elastic, runtime, spec.executor_vcores,

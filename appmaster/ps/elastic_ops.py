@@ -294,7 +294,15 @@ class ElasticOps:
         moves = balance_onto(holdings, current, [e.executor_id for e in new])
         # In the server list from now on: they answer the objective (0 until their blocks land).
         self.training.servers = sorted(self.training.servers + new, key=_index)
-        await self._migrate(rec, moves)
+        try:
+            await self._migrate(rec, moves)
+        except BaseException:
+            # A new server that received nothing leaves again; one that holds blocks serves them.
+            idle = [e for e in new if not self._controller().table.blocks_owned_by(e.executor_id)]
+            ids = {e.executor_id for e in idle}
+            self.training.servers = [s for s in self.training.servers if s.executor_id not in ids]
+            await self._retire(rec, idle, released=False)
+            raise
         rec.epoch_switched = self.training.epochs_done + 1
 
     async def _remove_servers(self, rec: ElasticOpRecord, n: int) -> None:

@@ -33,6 +33,7 @@ from appmaster.cruise.targets import Role
 
 from .eps_decisions import Transfer
 from .eps_records import ElasticOpRecord
+from .eps_split_transfers import SplitTransmitter
 from .executor_pool import Role as PoolRole
 
 log = logging.getLogger(__name__)
@@ -128,12 +129,13 @@ class PlanExecutor:
     def __init__(self, runtime: PlanRuntime, clock: Callable[[], float] = time.perf_counter) -> None:
         self.runtime = runtime
         self.clock = clock
-        self.current: Optional[PlanRun] = None
+        self.current: Optional[PlanRun] = None     # the run under way
+        self.last: Optional[PlanRun] = None        # the latest run, finished or not
 
     async def execute(self, plan: Plan) -> PlanRun:
         """Run `plan` to the end; returns its run, or raises PlanFailed (after running ops ended)."""
         run = PlanRun(plan)
-        self.current = run
+        self.current = self.last = run
         t0 = self.clock()
         # Which executors leave their role in this plan: their outgoing moves need not keep copies.
         leaving = {op.executor for op in plan.ops.values() if isinstance(op, (SwitchOp, DeleteOp))}
@@ -222,6 +224,7 @@ class AmPlanRuntime:
         self.elastic, self.client, self.resource = elastic, client, resource
         self.block_bytes = block_bytes            # bytes of one model block (for the bytes moved)
         self.launch_timeout_s = launch_timeout_s
+        self.splits = SplitTransmitter(training, pool, client)   # EPS's worker-to-worker transmission
         self._aborted = False
         self._became_worker: dict[str, asyncio.Event] = {}
 
@@ -364,17 +367,17 @@ class AmPlanRuntime:
         # meanwhile (any executor can hold it), the hand-over waits until it is a worker.
         inactive = set(ledger.inactive.get(dst, ()))
         transfers = [Transfer(b, src, dst, reactivate=b in inactive) for b in blocks]
-        await self.elastic._stage(rec, [t for t in transfers if not t.reactivate])
+        await self.splits.stage(rec, [t for t in transfers if not t.reactivate])
         if dst not in ledger.active:
             ev = self._became_worker.setdefault(dst, asyncio.Event())
             await asyncio.wait_for(ev.wait(), self.launch_timeout_s)
             if self._aborted or dst not in ledger.active:
-                await self.elastic._discard_staged(transfers)
+                await self.splits.discard_staged(transfers)
                 raise RuntimeError(f"{dst} did not become a worker")
 
         async def handover() -> None:
             try:
-                await self.elastic._commit(rec, transfers, keep_inactive=not src_leaving)
+                await self.splits.commit(rec, transfers, ledger, keep_inactive=not src_leaving)
             finally:
                 self._sync_workers()
 

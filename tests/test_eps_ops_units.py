@@ -1,0 +1,180 @@
+"""EPS on the AM without a cluster: the training loop's elastic hooks (a step overlapping an epoch
+holds that epoch's end; a boundary step runs while no worker trains; steps offered after the end
+are refused) against a scripted data plane, and ElasticOps' refusals of impossible changes, which
+change nothing."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from appmaster.container_book import AmContainer
+from appmaster.ps.elastic_ops import ElasticBusy, ElasticOpError, ElasticOps
+from appmaster.ps.executor_pool import ExecutorPool, ExecutorState, Role
+from appmaster.ps.job import JobPhase
+from appmaster.ps.metrics import JobMetrics
+from appmaster.ps.training_controller import TrainingController, TrainingNotRunning
+from protocol.ps_job_spec import validate
+from protocol.records import Resource
+from psruntime.apps.registry import create_app
+from psruntime.frame_codec import Frame
+
+
+class ScriptedPlane:
+    """Answers the AM's control ops; run_epoch waits until the test opens `gate`."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, Any]] = []
+        self.gate = asyncio.Event()
+        self.running = 0
+
+    async def request(self, address: str, header: dict[str, Any], arrays: Any = ()) -> Frame:
+        op = header["op"]
+        if op == "run_epoch":
+            self.running += 1
+            self.log.append(("run_epoch", header["epoch"]))
+            await self.gate.wait()
+            self.running -= 1
+            return Frame({"op": "ok", "batches": 2}, [np.zeros(2), np.zeros(2)])
+        if op == "objective":
+            self.log.append(("objective", None))
+            # a falling objective, so the job never counts as converged early
+            return Frame({"op": "ok", "value": 10.0 / len(self.log), "count": 1})
+        if op == "server_objective":
+            return Frame({"op": "ok", "value": 0.0})
+        return Frame({"op": "ok"})
+
+
+def container(seq: int) -> AmContainer:
+    return AmContainer(container_id=f"container_1_0001_01_{seq:06d}", node_id="host:1", node_http_address="host:1",
+                       resource=Resource(512, 1), token="t")
+
+
+def make(spec_json: dict[str, Any], workers: int = 2, servers: int = 2) -> tuple[TrainingController, ScriptedPlane, ExecutorPool]:
+    spec = validate({"app": "mlr", **spec_json})
+    pool = ExecutorPool(spec.num_blocks)
+    seq = 0
+    for role, n in ((Role.SERVER, servers), (Role.WORKER, workers)):
+        for _ in range(n):
+            seq += 1
+            rec = pool.add(role, container(seq))
+            rec.state, rec.address = ExecutorState.READY, f"127.0.0.1:{1000 + seq}"
+    plane = ScriptedPlane()
+    app = create_app(spec.app, spec.app_data(), spec.app_hparams())
+    training = TrainingController(spec, app, pool, JobMetrics(), plane)  # type: ignore[arg-type]
+    training.workers = pool.of_role(Role.WORKER)
+    training.servers = pool.of_role(Role.SERVER)
+    for i, w in enumerate(training.workers):
+        w.blocks = list(range(i * 4, i * 4 + 4))
+    return training, plane, pool
+
+
+async def until(cond: Any) -> None:
+    """Let the event loop run until `cond()` holds (bounded: fails rather than hangs)."""
+    for _ in range(10_000):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+async def test_overlapped_step_holds_the_epoch_end_and_boundary_step_runs_between_epochs() -> None:
+    training, plane, _ = make({"max_epochs": 3, "convergence_threshold": 1e-12})
+    epochs: list[int] = []
+
+    async def on_epoch(rec: Any) -> None:
+        epochs.append(rec.epoch)
+
+    loop = asyncio.create_task(training.train(on_epoch))
+    await until(lambda: plane.running == 2)                      # epoch 0 is training
+    step_done = asyncio.Event()
+
+    async def transmission() -> str:
+        await step_done.wait()
+        return "moved"
+
+    overlapped = asyncio.create_task(training.overlap_epoch(transmission))
+    plane.gate.set()                                              # the workers finish epoch 0 ...
+    await until(lambda: plane.running == 0)
+    plane.gate.clear()                                            # epoch 1 will wait for the test
+    for _ in range(100):                                          # give the loop every chance to move on
+        await asyncio.sleep(0)
+    assert ("objective", None) not in plane.log and epochs == []  # ... but the epoch waits (barrier)
+    step_done.set()
+    result, waited = await overlapped
+    assert result == "moved" and waited >= 0.0
+
+    seen: list[int] = []
+
+    async def switch() -> None:
+        seen.append(plane.running)                                # nobody trains at the boundary
+        training.workers = training.workers[:1]                   # the clock list changes here
+
+    await until(lambda: epochs == [0])
+    boundary = asyncio.create_task(training.at_boundary(switch))
+    await until(lambda: plane.running >= 1)
+    plane.gate.set()
+    _, lost = await boundary
+    await loop
+    assert seen == [0] and lost >= 0.0 and epochs == [0, 1, 2]
+    # epoch 1 ran on the workers of before or after the switch, epoch 2 on one worker only
+    assert [e for op, e in plane.log if op == "run_epoch"][-1:] == [2]
+    assert sum(1 for op, e in plane.log if op == "run_epoch" and e == 2) == 1
+    with pytest.raises(TrainingNotRunning, match="not running"):
+        await training.at_boundary(switch)
+
+
+async def test_elastic_steps_need_bsp() -> None:
+    training, _, _ = make({"sync": "ssp"})
+    with pytest.raises(TrainingNotRunning, match="BSP"):
+        await training.overlap_epoch(lambda: asyncio.sleep(0))
+
+
+def ops_for(spec_json: dict[str, Any], phase: JobPhase = JobPhase.TRAINING, **kw: int) -> ElasticOps:
+    training, plane, pool = make(spec_json, **kw)
+    return ElasticOps(None, training.spec, pool, training, plane, Resource(512, 1), lambda: phase)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("call,n,error,msg", [
+    ("add_workers", 2, ElasticOpError, "4 workers is more than this job's maximum of 3"),
+    ("add_servers", 2, ElasticOpError, "4 servers is more than this job's maximum of 3"),
+    ("remove_workers", 2, ElasticOpError, "at least 1 worker"),
+    ("remove_servers", 2, ElasticOpError, "at least 1 server"),
+    ("add_workers", 0, ElasticOpError, "n must be a positive integer"),
+    ("remove_servers", -1, ElasticOpError, "n must be a positive integer"),
+    ("add_servers", True, ElasticOpError, "n must be a positive integer"),
+])
+async def test_impossible_changes_are_refused_and_change_nothing(call: str, n: Any, error: type, msg: str) -> None:
+    ops = ops_for({"workers": 2, "servers": 2, "max_workers": 3, "max_servers": 3})
+    with pytest.raises(error, match=msg):
+        await getattr(ops, call)(n)
+    assert ops.history == [] and not ops.running
+    assert (len(ops.training.workers), len(ops.training.servers)) == (2, 2)
+
+
+async def test_refused_while_busy_not_training_or_ssp() -> None:
+    ops = ops_for({"max_workers": 3})
+    ops._busy = True
+    with pytest.raises(ElasticBusy, match="another change is running"):
+        await ops.add_workers(1)
+    with pytest.raises(ElasticBusy, match="phase FINISHING"):
+        await ops_for({}, JobPhase.FINISHING).add_workers(1)
+    with pytest.raises(ElasticOpError, match="SSP"):
+        await ops_for({"sync": "ssp", "max_workers": 3}).add_workers(1)
+    relative = ops_for({"max_workers": 3})
+    with pytest.raises(ElasticOpError, match="nothing to change"):
+        await relative.scale(0, 0)
+    with pytest.raises(ElasticOpError, match="signed integer"):
+        await relative.scale("1", 0)  # type: ignore[arg-type]
+    with pytest.raises(ElasticOpError, match="at least 1 server"):
+        await relative.scale(1, -2)                    # validated as a whole: the add never starts
+    assert relative.history == []
+
+
+def test_limits_without_a_maximum_are_the_splits_and_blocks() -> None:
+    ops = ops_for({"workers": 2, "servers": 2})         # 8 splits in the fake workers, 8 blocks
+    assert ops.limits() == {"workers": 8, "servers": 8, "min_workers": 1, "min_servers": 1}
+    capped = ops_for({"workers": 2, "servers": 2, "max_workers": 5, "max_servers": 3})
+    assert capped.limits()["workers"] == 5 and capped.limits()["servers"] == 3
