@@ -8,12 +8,16 @@ hyper-parameters on a local cluster under three approaches, in the same run:
 
     python bench/eps_multijob.py [--jobs 10] [--mean-interarrival-s 5] [--threshold 2] [--seed 7]
 
-The "user" (this script) submits the jobs with exponential inter-arrival times (the same seeded
-times and learning rates for every approach), watches each job's early feedback (the AM's shape
-report: `early_feedback` after `early_feedback_iterations`, with the objective then), and whenever
-more jobs than the threshold are in their training phase it kills the one with the worst early
-feedback (EPS §6). Per approach: mean early-feedback latency (submission to early feedback), mean
-JCT of the jobs that completed, makespan (first submission to the last job's end).
+The "user" (this script) has jobs arrive with exponential inter-arrival times (the same seeded
+times and learning rates for every approach) and submits them in arrival order, one starting at a
+time: the next is submitted once the previous one holds all its executors (the AM's shape report
+says `started`). Without that, several AMs would each hold part of the executors they need and
+wait for the rest (YARN grants no gangs), which deadlocks a full cluster under any policy. The
+user watches each job's early feedback (the shape report's `early_feedback` after
+`early_feedback_iterations`, with the objective then), and whenever more jobs than the threshold
+are in their training phase it kills the one with the worst early feedback (EPS §6).
+Per approach, all from the job's arrival (so queueing counts, as in the paper): mean early-feedback
+latency, mean JCT of the jobs that completed, makespan (first arrival to the last job's end).
 
 Last line, JSON: {"static": {...}, "kill": {...}, "eps": {...}} each with feedback_latency_s,
 mean_jct_s, makespan_s (plus counts).
@@ -72,6 +76,7 @@ class Trial:
     learning_rate: float
     app_id: str = ""
     submitted: Optional[float] = None
+    started: bool = False
     feedback_at: Optional[float] = None
     feedback_objective: Optional[float] = None
     ended_at: Optional[float] = None
@@ -108,7 +113,8 @@ def run_exploration(cluster: LocalCluster, mode: str, trials: list[Trial], thres
         if time.monotonic() > deadline:
             raise TimeoutError(f"exploration not done after {timeout_s:.0f}s: {len(pending)} to submit, "
                                f"{[t.app_id for t in live]} running")
-        while pending and pending[0].arrival_s <= now:
+        starting = [t for t in live if not t.started]
+        if pending and pending[0].arrival_s <= now and not starting:
             t = pending.pop(0)
             t.app_id = http(rm + "/apps/new-application", "POST")["application-id"]
             sub = build_ps_submission(job_spec(t, mode, epochs, feedback_iterations), name=f"trial-{t.index}",
@@ -128,9 +134,10 @@ def run_exploration(cluster: LocalCluster, mode: str, trials: list[Trial], thres
                 log(f"  t={t.ended_at:6.1f}s trial {t.index} ended {t.final_status}"
                     f"{' (killed: worst early feedback)' if t.killed_by_user else ''}")
                 continue
-            if t.feedback_at is None and app["state"] == "RUNNING":
+            if (t.feedback_at is None or not t.started) and app["state"] == "RUNNING":
                 shape = (http(f"{rm}/apps/{t.app_id}/shape")["shape"].get("current") or {})
-                if shape.get("early_feedback"):
+                t.started = t.started or bool(shape.get("started"))
+                if shape.get("early_feedback") and t.feedback_at is None:
                     t.feedback_at = time.monotonic() - start
                     t.feedback_objective = float(shape.get("objective", math.inf))
                     log(f"  t={t.feedback_at:6.1f}s trial {t.index} early feedback: objective "
@@ -145,16 +152,17 @@ def run_exploration(cluster: LocalCluster, mode: str, trials: list[Trial], thres
 
 
 def summarise(trials: list[Trial]) -> dict[str, Any]:
-    latencies = [t.feedback_at - t.submitted for t in trials if t.feedback_at is not None and t.submitted is not None]
-    completed = [t.ended_at - t.submitted for t in trials
-                 if t.final_status == "SUCCEEDED" and t.ended_at is not None and t.submitted is not None]
+    latencies = [t.feedback_at - t.arrival_s for t in trials if t.feedback_at is not None]
+    completed = [t.ended_at - t.arrival_s for t in trials if t.final_status == "SUCCEEDED" and t.ended_at is not None]
     ends = [t.ended_at for t in trials if t.ended_at is not None]
-    starts = [t.submitted for t in trials if t.submitted is not None]
+    starts = [t.arrival_s for t in trials]
     return {"feedback_latency_s": round(statistics.mean(latencies), 2) if latencies else None,
             "mean_jct_s": round(statistics.mean(completed), 2) if completed else None,
             "makespan_s": round(max(ends) - min(starts), 2) if ends and starts else None,
             "jobs": len(trials), "completed": len(completed), "killed_by_user": sum(t.killed_by_user for t in trials),
             "failed": sum(t.final_status == "FAILED" for t in trials),
+            "mean_queued_s": round(statistics.mean(t.submitted - t.arrival_s for t in trials
+                                                   if t.submitted is not None), 2),
             "gave_feedback": len(latencies)}
 
 
@@ -175,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=10)
     p.add_argument("--mean-interarrival-s", type=float, default=5.0)
     p.add_argument("--threshold", type=int, default=2, help="most jobs in their training phase")
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=25)
     p.add_argument("--feedback-iterations", type=int, default=48, help="early-feedback phase (iterations)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--nodes", type=int, default=3)

@@ -82,9 +82,6 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     optimizer: Literal["off", "cruise"] = "off"   # "cruise": the AM reshapes the job while it trains
     cruise: CruiseOptions = CruiseOptions()
     elastic_mode: Literal["eps", "kill"] = "eps"
-    # EPS §2.1: iterations before the job gives its early feedback; the `eps` policy neither
-    # shrinks nor grows a job before that (protocol/elastic_shape.py).
-    early_feedback_iterations: Annotated[int, msgspec.Meta(ge=0)] = 100
     # EPS §2.1: the early-feedback phase is the first N iterations (one pull-compute-push round of
     # every worker); the AM reports when it is over (protocol.elastic_shape) and the policies act on it.
     early_feedback_iterations: Pos = 100

@@ -46,6 +46,16 @@ def _check_dtype(dtype: np.dtype) -> None:
         raise FrameError(f"dtype {dtype} is not allowed on the data plane (numeric dtypes only)")
 
 
+def check_wire_dtype(name: str) -> np.dtype:
+    """The dtype named `name` (numpy's str form, e.g. "<f4") if it may travel; FrameError otherwise."""
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        raise FrameError(f"unknown dtype {name!r}") from None
+    _check_dtype(dtype)
+    return dtype
+
+
 def encode_frame(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> list[Any]:
     """Return the pieces of a frame for `writer.writelines` (prefix, header, one memoryview per array).
 

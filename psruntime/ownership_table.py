@@ -48,6 +48,20 @@ def blocks_of_int_keys(keys: np.ndarray, num_blocks: int) -> np.ndarray:
     return (x % np.uint64(num_blocks)).astype(np.int64)
 
 
+def as_int_keys(keys: object) -> np.ndarray:
+    """`keys` as a 1-D int64 array (no copy when it already is one); ValueError naming what is wrong."""
+    arr = np.asarray(keys)
+    if arr.ndim != 1:
+        raise ValueError(f"int keys must be a 1-D array, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        if arr.size == 0:
+            return np.zeros(0, np.int64)
+        raise ValueError(f"int keys must have an integer dtype, got {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        raise ValueError("int keys must fit in int64")
+    return arr.astype(np.int64, copy=False)
+
+
 class OwnershipError(ValueError):
     """An ownership table or update that is inconsistent (bad block id, unknown owner...)."""
 
@@ -65,6 +79,8 @@ class OwnershipTable:
     owners: list[str]
     addresses: dict[str, str] = field(default_factory=dict)
     version: int = 0
+    # (owners snapshot, distinct owners, block -> owner position): see owner_index().
+    _owner_index: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.num_blocks <= 0:
@@ -81,6 +97,22 @@ class OwnershipTable:
 
     def block_of(self, key: Key) -> int:
         return block_of(key, self.num_blocks)
+
+    def owner_index(self) -> tuple[list[str], np.ndarray]:
+        """(distinct owners, block -> position in that list as an int array), for vectorised routing.
+
+        Cached until `owners` changes (a newer table, an assignment or a learned redirect), so
+        routing a batch of keys costs one hash and two fancy-indexing passes, no Python per key.
+        """
+        snapshot = tuple(self.owners)
+        cached = self._owner_index
+        if cached is not None and cached[0] == snapshot:
+            return cached[1], cached[2]
+        names = sorted(set(snapshot))
+        pos = {o: i for i, o in enumerate(names)}
+        index = np.fromiter((pos[o] for o in snapshot), np.int64, len(snapshot))
+        self._owner_index = (snapshot, names, index)
+        return names, index
 
     def owner_of_block(self, block: int) -> str:
         self._check_block(block)

@@ -4,6 +4,12 @@ Routes every key by the local ownership table (one batched frame per owner), fol
 (learning the new owner, and the whole table when the server's is newer) and re-sends only the
 redirected keys, so a request that meets a migration completes transparently and exactly once.
 
+Two APIs over the two wire forms of psruntime.store_requests:
+- arrays (`pull_array`, `put_array`, `update_array`, `push_array`): int64 key arrays and one
+  values array, routed with a vectorised hash and the table's cached block -> owner index; what
+  the worker loop uses, with no Python work per key;
+- per key (`pull`, `put`, `update`, `push`): any int or str keys, a value array each.
+
 `push` is asynchronous: it writes the frames at once (so a later pull on the same connection is
 served after it) and returns; its replies, redirects and errors are handled in the background and
 an error is raised by the next call or by `flush()`.
@@ -19,7 +25,8 @@ import numpy as np
 
 from psruntime.dataplane import DataPlaneClient, DataPlaneConnection
 from psruntime.frame_codec import Frame
-from psruntime.ownership_table import Key, OwnershipTable
+from psruntime.ownership_table import Key, OwnershipTable, as_int_keys, blocks_of_int_keys
+from psruntime.store_requests import MISSING, REDIRECTED
 
 MAX_ROUNDS = 200          # a key redirected this often means ownership never converged
 FAST_ROUNDS = 3           # redirects re-sent at once; later rounds back off
@@ -27,6 +34,17 @@ FAST_ROUNDS = 3           # redirects re-sent at once; later rounds back off
 
 class StoreClientError(RuntimeError):
     """A store request that could not be completed (no route, too many redirects, remote error)."""
+
+
+Sent = list[tuple[DataPlaneConnection, Any, "asyncio.Future[Frame]"]]
+
+
+@dataclass
+class _ArrayOutcome:
+    """What an array-form request gathers: pulled rows (get) and which keys had a value."""
+
+    out: np.ndarray | None = None
+    found: np.ndarray | None = None
 
 
 @dataclass
@@ -94,6 +112,182 @@ class StoreClient:
         while self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
         self._raise_pending_error()
+
+    # -- array API (int64 key arrays, one values array) -------------------------------------
+    async def pull_array(self, keys: np.ndarray, row_shape: Sequence[int] = (),
+                         dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
+        """(values, found) of int `keys`: values has shape (len(keys), *row_shape), in key order,
+        zeros for keys never written; found[i] says whether keys[i] had a value."""
+        self._raise_pending_error()
+        keys = self._keys_array(keys)
+        dt = np.dtype(dtype)
+        shape = tuple(int(s) for s in row_shape)
+        extra = {"dtype": dt.str, "shape": list(shape)}
+        found = np.ones(len(keys), bool)
+        if not len(keys):
+            return np.zeros((0, *shape), dt), found
+        sent = await self._submit_array("get", None, keys, None, None, extra)
+        if len(sent) == 1 and sent[0][1] is None:
+            # One owner (the usual case): the reply's array is the result, no gather copy.
+            reply = await self._await_reply(sent[0], "get", len(keys))
+            if not reply.header.get("status"):
+                self._check_rows(reply, len(keys), shape, dt)
+                return reply.arrays[0], found
+            out = _ArrayOutcome(np.zeros((len(keys), *shape), dt), found)
+            retry = self._absorb_array(reply, keys, None, out)
+            if retry is not None and len(retry):
+                await self._complete_array("get", None, keys, None, [], out, extra, retry)
+            return out.out, found  # type: ignore[return-value]
+        out = _ArrayOutcome(np.zeros((len(keys), *shape), dt), found)
+        await self._complete_array("get", None, keys, None, sent, out, extra)
+        return out.out, found  # type: ignore[return-value]
+
+    async def put_array(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Set the values of int `keys` (values[i] for keys[i]) and wait until stored."""
+        self._raise_pending_error()
+        keys, values = self._keys_values(keys, values)
+        if len(keys):
+            sent = await self._submit_array("put", None, keys, values, None, {})
+            await self._complete_array("put", None, keys, values, sent, _ArrayOutcome(), {})
+
+    async def update_array(self, keys: np.ndarray, values: np.ndarray, func: str = "add") -> None:
+        """Apply func(value, values[i]) to every key at its owner and wait until applied."""
+        self._raise_pending_error()
+        keys, values = self._keys_values(keys, values)
+        if len(keys):
+            sent = await self._submit_array("update", func, keys, values, None, {"func": func})
+            await self._complete_array("update", func, keys, values, sent, _ArrayOutcome(), {"func": func})
+
+    async def push_array(self, keys: np.ndarray, values: np.ndarray, func: str = "add") -> None:
+        """update_array without waiting for it to be applied (awaits only socket backpressure).
+
+        Like push(): large values are sent from the caller's memory; do not modify them in place
+        before flush().
+        """
+        self._raise_pending_error()
+        keys, values = self._keys_values(keys, values)
+        if not len(keys):
+            return
+        extra = {"func": func}
+        sent = await self._submit_array("update", func, keys, values, None, extra)
+        task = asyncio.ensure_future(self._complete_array("update", func, keys, values, sent, _ArrayOutcome(), extra))
+        self._pending.add(task)
+        task.add_done_callback(self._push_done)
+        for conn in {c for c, _, _ in sent}:
+            await conn.drain()
+
+    # -- array internals ---------------------------------------------------------------------
+    @staticmethod
+    def _keys_array(keys: Any) -> np.ndarray:
+        try:
+            return as_int_keys(keys)
+        except ValueError as e:
+            raise StoreClientError(str(e)) from None
+
+    def _keys_values(self, keys: Any, values: Any) -> tuple[np.ndarray, np.ndarray]:
+        keys = self._keys_array(keys)
+        values = np.asarray(values)
+        if values.ndim < 1 or len(values) != len(keys):
+            raise ValueError(f"{len(keys)} keys but values of shape {values.shape}")
+        return keys, values
+
+    def _route_array(self, keys: np.ndarray, sub: np.ndarray | None) -> list[tuple[str, np.ndarray | None]]:
+        """[(address, indices into keys)] for keys[sub] (all keys when sub is None); indices None = all."""
+        names, block_owner = self.table.owner_index()
+        part = keys if sub is None else keys[sub]
+        blocks = blocks_of_int_keys(part, self.table.num_blocks)
+        if len(names) == 1:
+            groups: list[tuple[str, np.ndarray | None]] = [(names[0], sub)]
+            owners = None
+        else:
+            owners = block_owner[blocks]
+            groups = []
+            for pos in np.flatnonzero(np.bincount(owners, minlength=len(names))):
+                idx = np.flatnonzero(owners == pos)
+                groups.append((names[pos], idx if sub is None else sub[idx]))
+        out = []
+        for owner, idx in groups:
+            if not owner:
+                first = 0 if owners is None else int(np.flatnonzero(owners == names.index(""))[0])
+                raise StoreClientError(f"no owner known for key {int(part[first])} (block {int(blocks[first])})")
+            out.append((self.table.address_of(owner), idx))
+        return out
+
+    async def _submit_array(self, op: str, func: str | None, keys: np.ndarray, values: np.ndarray | None,
+                            sub: np.ndarray | None, extra: dict[str, Any]) -> Sent:
+        sent: Sent = []
+        for address, idx in self._route_array(keys, sub):
+            conn = self._client.cached(address) or await self._client.connection(address)
+            header: dict[str, Any] = {"op": op, "key_array": True, "v": self.table.version, **extra}
+            k = keys if idx is None else keys[idx]
+            arrays = [k] if values is None else [k, values if idx is None else values[idx]]
+            sent.append((conn, idx, conn.submit(header, arrays)))
+        return sent
+
+    @staticmethod
+    async def _await_reply(item: tuple[DataPlaneConnection, Any, "asyncio.Future[Frame]"], op: str, n: int) -> Frame:
+        conn, _, fut = item
+        try:
+            return await fut
+        except Exception as e:
+            raise StoreClientError(f"{op} of {n} keys at {conn.address} failed: {e}") from e
+
+    @staticmethod
+    def _check_rows(reply: Frame, n: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        a = reply.arrays[0] if reply.arrays else None
+        if a is None or a.shape != (n, *shape) or a.dtype != dtype:
+            got = None if a is None else (a.shape, a.dtype)
+            raise StoreClientError(f"get reply has values {got}, expected {((n, *shape), dtype)}")
+
+    async def _complete_array(self, op: str, func: str | None, keys: np.ndarray, values: np.ndarray | None,
+                              sent: Sent, out: _ArrayOutcome, extra: dict[str, Any],
+                              retry: np.ndarray | None = None) -> None:
+        for rnd in range(MAX_ROUNDS):
+            if retry is None:
+                parts = []
+                for item in sent:
+                    n = len(keys) if item[1] is None else len(item[1])
+                    r = self._absorb_array(await self._await_reply(item, op, n), keys, item[1], out)
+                    if r is not None and len(r):
+                        parts.append(r)
+                if not parts:
+                    return
+                retry = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            self.redirects_followed += 1
+            if rnd >= FAST_ROUNDS:
+                await asyncio.sleep(min(0.001 * 2 ** (rnd - FAST_ROUNDS), 0.05))
+            sent = await self._submit_array(op, func, keys, values, retry, extra)
+            retry = None
+        raise StoreClientError(f"{op}: keys still redirected after {MAX_ROUNDS} rounds")
+
+    def _absorb_array(self, reply: Frame, keys: np.ndarray, idx: np.ndarray | None,
+                      out: _ArrayOutcome) -> np.ndarray | None:
+        """Record an array-form reply; return the indices (into keys) to re-send after a redirect."""
+        h = reply.header
+        n = len(keys) if idx is None else len(idx)
+        status = reply.arrays[-1] if h.get("status") else None
+        if status is not None and (status.shape != (n,) or status.dtype != np.uint8):
+            raise StoreClientError(f"reply status buffer has shape {status.shape}, expected ({n},)")
+        if out.out is not None:
+            self._check_rows(reply, n, out.out.shape[1:], out.out.dtype)
+            if idx is None:
+                out.out[:] = reply.arrays[0]
+            else:
+                out.out[idx] = reply.arrays[0]
+            if status is not None and out.found is not None:
+                miss = np.flatnonzero(status == MISSING)
+                out.found[miss if idx is None else idx[miss]] = False
+        if status is None:
+            return None
+        self._learn_redirects(h)
+        redirected = np.flatnonzero(status == REDIRECTED)
+        return redirected if idx is None else idx[redirected]
+
+    def _learn_redirects(self, h: dict[str, Any]) -> None:
+        if "table" in h:
+            self.table.replace_if_newer(OwnershipTable.from_wire(h["table"]))
+        for block, owner, address in h.get("redirect", []):
+            self.table.note_owner(block, owner, address or None)
 
     # -- internals ---------------------------------------------------------------------------
     def _push_done(self, task: asyncio.Task[None]) -> None:
@@ -170,10 +364,7 @@ class StoreClient:
         out.missing += h.get("missing", [])
         if "redirect" not in h:
             return []
-        if "table" in h:
-            self.table.replace_if_newer(OwnershipTable.from_wire(h["table"]))
-        for block, owner, address in h["redirect"]:
-            self.table.note_owner(block, owner, address or None)
+        self._learn_redirects(h)
         redirected = set()
         for k in h.get("redirect_keys", []):
             redirected.add(k)

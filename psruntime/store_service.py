@@ -15,61 +15,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from psruntime.block_store import BlockStore
+from psruntime.block_store import BlockArrays, BlockStore
 from psruntime.dataplane import DataPlaneClient, Reply, RequestError
 from psruntime.frame_codec import Frame
 from psruntime.migration import BlockState, BlockStates, Disposition, MigrationEvent
-from psruntime.ownership_table import Key, OwnershipTable, block_of
+from psruntime.ownership_table import OwnershipTable
+from psruntime.store_requests import DataRequest, parse_request
 
 log = logging.getLogger(__name__)
 DATA_OPS = frozenset({"get", "put", "update"})
 _STAT = {Disposition.SERVE: "served", Disposition.QUEUE: "queued", Disposition.REDIRECT: "redirected"}
-
-
-@dataclass
-class _Result:
-    keys: list[Key] = field(default_factory=list)
-    arrays: list[np.ndarray] = field(default_factory=list)
-    missing: list[Key] = field(default_factory=list)
-    redirect: dict[int, tuple[str, str]] = field(default_factory=dict)
-    redirect_keys: list[Key] = field(default_factory=list)
-
-    def merge(self, other: "_Result") -> None:
-        self.keys += other.keys
-        self.arrays += other.arrays
-        self.missing += other.missing
-        self.redirect.update(other.redirect)
-        self.redirect_keys += other.redirect_keys
-
-
-@dataclass
-class _Queued:
-    """A part of a request parked on an INCOMING block until its data lands."""
-
-    op: str
-    func: str | None
-    keys: list[Key]
-    arrays: list[np.ndarray]
-    fut: asyncio.Future[_Result]
-
-
-def _parse_keys(header: dict[str, Any], n_arrays: int, with_values: bool) -> list[Key]:
-    keys = header.get("keys")
-    if not isinstance(keys, list) or not keys:
-        raise RequestError("field 'keys' must be a non-empty list of int or str keys")
-    for k in keys:
-        if isinstance(k, bool) or not isinstance(k, (int, str)):
-            raise RequestError(f"field 'keys' has {k!r}: keys must be ints or strs")
-    if with_values and n_arrays != len(keys):
-        raise RequestError(f"{len(keys)} keys but {n_arrays} value buffers")
-    if not with_values and n_arrays:
-        raise RequestError("a get carries no value buffers")
-    return keys
 
 
 class StoreService:
@@ -82,7 +41,7 @@ class StoreService:
         self.store = BlockStore(table.num_blocks)
         self.states = BlockStates(table.num_blocks, clock) if clock else BlockStates(table.num_blocks)
         self._client = client
-        self._queues: dict[int, list[_Queued]] = defaultdict(list)
+        self._queues: dict[int, list[tuple[DataRequest, Any]]] = defaultdict(list)  # parts on INCOMING blocks
         self.address = ""  # set by the executor once its server listens
         self.handover_timeout_s = 30.0
         self.stats = {"served": 0, "queued": 0, "redirected": 0}  # request parts, for status and tests
@@ -120,100 +79,57 @@ class StoreService:
 
     # -- data ops ----------------------------------------------------------------------------
     def handle_data(self, frame: Frame) -> Reply | asyncio.Future[Reply]:
-        h = frame.header
-        op = h["op"]
-        func = h.get("func") if op == "update" else None
-        if op == "update" and not isinstance(func, str):
-            raise RequestError("an update needs field 'func' (e.g. \"add\")")
-        keys = _parse_keys(h, len(frame.arrays), with_values=op != "get")
-        arrays = frame.arrays
-        by_block: dict[int, list[int]] = defaultdict(list)
-        for i, k in enumerate(keys):
-            by_block[block_of(k, self.table.num_blocks)].append(i)
-        # Validate everything that is served now before applying anything: a bad request changes nothing.
+        """Serve, queue or redirect each block's part of a data request (psruntime.store_requests)."""
+        req = parse_request(frame.header, frame.arrays)
         plan = []
-        for b, idx in by_block.items():
+        # Validate everything that is served now before applying anything: a bad request changes nothing.
+        for b, part in req.parts(self.table.num_blocks):
             disp = self.states.disposition(b)
-            if disp is Disposition.SERVE and op == "update":
-                for i in idx:
-                    self.store.check_update(keys[i], func, arrays[i], b)  # type: ignore[arg-type]
+            if disp is Disposition.SERVE:
+                req.check(self.store, b, part)
             elif disp is Disposition.REDIRECT:
                 self._redirect_target(b)
-            plan.append((b, idx, disp))
-        result = _Result()
-        waits: list[asyncio.Future[_Result]] = []
-        for b, idx, disp in plan:
-            bkeys = [keys[i] for i in idx]
-            barrs = [arrays[i] for i in idx] if op != "get" else []
+            plan.append((b, part, disp))
+        for b, part, disp in plan:
             self.stats[_STAT[disp]] += 1
             if disp is Disposition.SERVE:
-                self._apply(op, func, b, bkeys, barrs, result)
+                req.apply(self.store, b, part)
             elif disp is Disposition.REDIRECT:
-                result.redirect[b] = self._redirect_target(b)
-                result.redirect_keys += bkeys
+                req.redirect(b, part, self._redirect_target(b))
             else:
-                fut: asyncio.Future[_Result] = asyncio.get_running_loop().create_future()
-                self._queues[b].append(_Queued(op, func, bkeys, barrs, fut))
-                waits.append(fut)
-        if not waits:
-            return self._reply(result, h)
-        return asyncio.ensure_future(self._reply_later(result, waits, h))
+                req.part_queued()
+                self._queues[b].append((req, part))
+        if req.done is None:
+            return self._reply(req, frame.header)
+        return asyncio.ensure_future(self._reply_later(req, frame.header))
 
-    async def _reply_later(self, result: _Result, waits: list[asyncio.Future[_Result]], h: dict[str, Any]) -> Reply:
-        for part in await asyncio.gather(*waits):
-            result.merge(part)
-        return self._reply(result, h)
+    async def _reply_later(self, req: DataRequest, h: dict[str, Any]) -> Reply:
+        assert req.done is not None
+        await req.done
+        return self._reply(req, h)
 
-    def _reply(self, r: _Result, h: dict[str, Any]) -> Reply:
-        header: dict[str, Any] = {"op": "ok", "keys": r.keys}
-        if r.missing:
-            header["missing"] = r.missing
-        if r.redirect:
-            header["redirect"] = [[b, o, a] for b, (o, a) in r.redirect.items()]
-            header["redirect_keys"] = r.redirect_keys
+    def _reply(self, req: DataRequest, h: dict[str, Any]) -> Reply:
+        header, arrays = req.reply()
+        if req.redirects:
+            header["redirect"] = [[b, o, a] for b, (o, a) in req.redirects.items()]
             v = h.get("v")
             if isinstance(v, int) and v < self.table.version:
                 header["table"] = self.table.to_wire()
-        return header, r.arrays
-
-    def _apply(self, op: str, func: str | None, block: int, keys: list[Key], arrays: Sequence[np.ndarray],
-               result: _Result) -> None:
-        if op == "get":
-            for k in keys:
-                v = self.store.get(k, block)
-                if v is None:
-                    result.missing.append(k)
-                else:
-                    result.keys.append(k)
-                    result.arrays.append(v)
-        elif op == "put":
-            for k, a in zip(keys, arrays):
-                self.store.put(k, a, block)
-            result.keys += keys
-        else:
-            for k, a in zip(keys, arrays):
-                self.store.update(k, func, a, block)  # type: ignore[arg-type]
-            result.keys += keys
+        return header, arrays
 
     def _drain(self, block: int) -> None:
         """Serve (or redirect, if the move was cancelled) a block's queue in arrival order."""
-        for q in self._queues.pop(block, []):
-            part = _Result()
+        for req, part in self._queues.pop(block, []):
             try:
                 if self.states.disposition(block) is Disposition.SERVE:
-                    if q.op == "update":
-                        for k, a in zip(q.keys, q.arrays):
-                            self.store.check_update(k, q.func, a, block)  # type: ignore[arg-type]
-                    self._apply(q.op, q.func, block, q.keys, q.arrays, part)
+                    req.check(self.store, block, part)
+                    req.apply(self.store, block, part)
                 else:
-                    part.redirect[block] = self._redirect_target(block)
-                    part.redirect_keys += q.keys
+                    req.redirect(block, part, self._redirect_target(block))
             except Exception as e:  # noqa: BLE001 - a bad queued part fails its own request only
-                if not q.fut.done():
-                    q.fut.set_exception(e)
+                req.part_finished(e)
                 continue
-            if not q.fut.done():
-                q.fut.set_result(part)
+            req.part_finished()
 
     # -- migration: destination side ---------------------------------------------------------
     def take_ownership(self, blocks: list[int], src: str) -> None:
@@ -225,9 +141,19 @@ class StoreService:
             self.states.apply(b, MigrationEvent.TAKE_OWNERSHIP, peer=src)
 
     def receive_block(self, block: int, keys: list[Any], arrays: Sequence[np.ndarray]) -> None:
+        """Install a block's data (a "block_data" frame's `keys` and buffers) and drain its queue.
+
+        Two forms: one buffer per key (len(arrays) == len(keys)), or what `block_data_message`
+        sends: the keys and buffers of the block's non-dense keys, then its dense int64 keys and
+        their values as two more buffers (len(arrays) == len(keys) + 2).
+        """
         if self.states.state(block) is not BlockState.INCOMING:
             raise RequestError(f"block {block} is {self.states.state(block).value}, not incoming")
-        self.store.import_block(block, keys, arrays)
+        if len(arrays) == len(keys) + 2:
+            n = len(keys)
+            self.store.import_arrays(block, BlockArrays(arrays[n], arrays[n + 1], list(keys), list(arrays[:n])))
+        else:
+            self.store.import_block(block, keys, arrays)
         self.states.apply(block, MigrationEvent.DATA_RECEIVED)
         self._drain(block)
 
@@ -278,15 +204,22 @@ class StoreService:
             raise
         # Same event-loop step: snapshot and start redirecting, so each op is in exactly one of them.
         self.states.apply(block, MigrationEvent.HANDOVER_ACKED)
-        keys, arrays = self.store.export_block(block)
+        header, arrays = block_data_message(block, self.executor_id, self.store.export_arrays(block))
         last: Exception | None = None
         for _attempt in range(3):
             try:
-                await self._client.request(dst_address, {"op": "block_data", "block": block, "keys": keys,
-                                                         "src": self.executor_id}, arrays)
+                await self._client.request(dst_address, header, arrays)
                 self.store.drop_block(block)
                 return
             except ConnectionError as e:  # resend: the destination ignores nothing, it is still INCOMING
                 last = e
         # The snapshot stays here (block MOVED, data kept) so an operator can recover it.
         raise RuntimeError(f"block {block} data not delivered to {dst}: {last}")
+
+
+def block_data_message(block: int, src: str, data: BlockArrays) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """The "block_data" frame of a block: JSON keys only for its non-dense keys, the dense rows as two
+    buffers (keys, values) after their buffers; see StoreService.receive_block."""
+    values = data.values if data.values is not None else np.zeros(0, np.float32)
+    return ({"op": "block_data", "block": block, "keys": data.other_keys, "src": src},
+            [*data.other_arrays, data.keys, values])

@@ -47,23 +47,19 @@ class EpochReport:
 
 
 async def pull_key_values(store: StoreClient, keys: np.ndarray, key_length: int) -> KeyValues:
-    """Pull int64 `keys` as a KeyValues (a key never written reads as zeros)."""
-    key_list = keys.tolist()
-    got = await store.pull(key_list)
-    if len(got) == len(key_list) and key_list:
-        # Every key was written (the usual case once the model is initialised): one stack copy.
-        return KeyValues(keys, np.stack([got[k] for k in key_list]).astype(np.float32, copy=False))
-    values = np.zeros((len(keys), key_length), np.float32)
-    for i, k in enumerate(key_list):
-        v = got.get(k)
-        if v is not None:
-            values[i] = v
+    """Pull int64 `keys` as a KeyValues (a key never written reads as zeros).
+
+    One array-form request per owner: the reply's (len(keys), key_length) float32 array is used as
+    is (with one owner) or gathered once, with no Python work per key.
+    """
+    values, _found = await store.pull_array(keys, (key_length,), np.float32)
     return KeyValues(keys, values)
 
 
 async def push_key_values(store: StoreClient, deltas: KeyValues | None) -> None:
+    """Push `deltas` (value += delta at the owners) as one array-form update per owner."""
     if deltas is not None and len(deltas):
-        await store.push(deltas.keys.tolist(), list(deltas.values))
+        await store.push_array(deltas.keys, deltas.values)
 
 
 async def init_model(store: StoreClient, app: PSApp) -> None:
@@ -71,7 +67,7 @@ async def init_model(store: StoreClient, app: PSApp) -> None:
     keys = app.model_keys()
     for start in range(0, len(keys), INIT_CHUNK_KEYS):
         chunk = keys[start:start + INIT_CHUNK_KEYS]
-        await store.put(chunk.tolist(), list(app.init_value(chunk)))
+        await store.put_array(chunk, app.init_value(chunk))
 
 
 class WorkerLoop:

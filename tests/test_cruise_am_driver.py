@@ -63,13 +63,20 @@ class FakeRuntime:
         raise AssertionError("no adds expected")
 
     async def delete(self, executor: str) -> None:
-        raise AssertionError("no deletes expected")
+        rec = self.t.recs[executor]
+        if executor in self.e.ledger.active:
+            self.e.ledger.remove_worker(executor)          # refuses while it holds splits
+            self.t.workers.remove(rec)
+        else:
+            assert not self.t.table.blocks_owned_by(executor)
+            self.t.servers.remove(rec)
 
     async def switch(self, executor: str, role: Role) -> None:
         rec = self.t.recs[executor]
         if role is Role.SERVER:
             self.e.ledger.remove_worker(executor)
-            self.t.workers.remove(rec)
+            if rec in self.t.workers:
+                self.t.workers.remove(rec)
             self.t.servers.append(rec)
         else:
             self.t.servers.remove(rec)
@@ -163,3 +170,19 @@ async def test_capacity_change_resolves_for_new_n() -> None:
     assert decision.trigger == "capacity" and decision.action == "reconfigure"
     assert sum(decision.target.shape) == 4
     assert any(op.to_json()["op"] == "delete" for op in decision.plan.ops.values())
+
+
+async def test_rm_directive_resizes_through_cruise() -> None:
+    """The directive handler calls `resize` (one step): Cruise re-solves for W + S and waits for its plan."""
+    from appmaster.ps.directives import Resizable
+
+    d, t, rt = _driver(workers=5, servers=1)
+    assert isinstance(d, Resizable)
+    await d.on_epoch(_epoch(d, t, 0, 8.0))
+    rt.gate.set()
+    await asyncio.wait_for(d.task, 5)
+    shape = d.shape()
+    decision = await asyncio.wait_for(d.resize(2, 2), 5)
+    assert decision.trigger == "capacity" and sum(decision.target.shape) == 4
+    assert sum(d.shape()) == 4 and shape != d.shape()
+    assert d.history[-1].error == "" and d.history[-1].decision is decision

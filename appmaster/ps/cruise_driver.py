@@ -188,6 +188,23 @@ class CruiseDriver:
             self._start(decision, last)
         return decision
 
+    async def resize(self, workers: int, servers: int) -> Decision:
+        """An RM shape directive (appmaster.ps.directives calls `resize` on ops that have it): the
+        policy grants this job `workers + servers` containers; Cruise decides their split, executes
+        the plan and returns once it is done. Raises when it could not be carried out."""
+        if self.task is not None and not self.task.done():
+            await asyncio.gather(self.task, return_exceptions=True)     # one change at a time
+        decision = await self.on_capacity_change(workers + servers)
+        if decision.action != "reconfigure":
+            if decision.reason.startswith("cannot decide"):
+                raise RuntimeError(f"Cruise: {decision.reason}")
+            return decision
+        assert self.task is not None
+        await asyncio.gather(self.task, return_exceptions=True)
+        if self.history and self.history[-1].decision is decision and self.history[-1].error:
+            raise RuntimeError(f"Cruise plan for {workers + servers} containers failed: {self.history[-1].error}")
+        return decision
+
     def _start(self, decision: Decision, rec: Optional[EpochRecord]) -> None:
         epochs = self.training.metrics.epochs[-EPOCHS_MEASURED:]
         before = sum(e.epoch_time_s for e in epochs) / len(epochs) if epochs else None

@@ -285,7 +285,11 @@ class KillRestart:
                 "before": {"workers": tl.before[0], "servers": tl.before[1]},
                 "workers": req.workers, "servers": req.servers, "time": self.wall_clock(),
                 "seconds": round(tl.seconds, 4), "lost_s": round(tl.lost_s, 4),
-                "steps": {k: round(v, 4) for k, v in tl.steps().items()}, "error": tl.error, **extra}
+                "steps": {k: round(v, 4) for k, v in tl.steps().items()}, "error": tl.error,
+                # the keys of an EPS op's record too, so `elastane ps scale` shows either kind
+                "op": "kill_restart", "requested": abs(req.workers - tl.before[0]) + abs(req.servers - tl.before[1]),
+                "after": {"workers": req.workers, "servers": req.servers}, "duration_s": round(tl.seconds, 4),
+                "training_time_lost_s": round(tl.lost_s, 4), "ok": not tl.error, **extra}
 
     async def _release_all(self) -> None:
         """Shut every executor down, stop its container and wait until the RM's NMs report it gone."""

@@ -1,0 +1,272 @@
+"""Data-op requests of the elastic store ("get", "put", "update"), parsed from frames and applied
+to a BlockStore one block at a time.
+
+Two wire forms, chosen by the client:
+
+- **array form** (`"key_array": true`), what workers use: buffer 0 is an int64 key array; a put or
+  update carries buffer 1, the values as one (n, *row_shape) array; a get names the `dtype` and
+  row `shape` it wants. The reply of a get is one (n, *row_shape) array in request order (rows of
+  missing or redirected keys are zeros). When some key was not served, the header has
+  `"status": true` and a last uint8 buffer says per key: 0 served, 1 missing (get), 2 redirected.
+  No JSON key lists, no buffer per key: a request costs a few numpy passes whatever its size.
+- **list form** (`"keys": [...]`, one buffer per key): any int or str keys, values of any shape
+  each. The reply lists the keys served (with one buffer each), `missing` and `redirect_keys`.
+
+Either way a request is split by block; the StoreService decides per block whether it is served,
+queued (the block is arriving) or redirected (the block has moved), and the reply's `redirect`
+lists [block, owner, address] for the redirected blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from typing import Any, Sequence
+
+import numpy as np
+
+from psruntime.block_store import BlockStore, check_func
+from psruntime.dataplane import Reply, RequestError
+from psruntime.frame_codec import check_wire_dtype
+from psruntime.ownership_table import Key, as_int_keys, block_of, blocks_of_int_keys
+
+SERVED, MISSING, REDIRECTED = 0, 1, 2    # per-key status codes of an array-form reply
+MASK_GROUPING_MAX_BLOCKS = 32           # up to this many blocks per request, group keys by masks
+
+
+def group_by_block(blocks: np.ndarray, num_blocks: int) -> list[tuple[int, np.ndarray | None]]:
+    """[(block, indices)] of an int array of block ids, in block order; indices None = all of them."""
+    present = np.flatnonzero(np.bincount(blocks, minlength=num_blocks))
+    if len(present) == 1:
+        return [(int(present[0]), None)]
+    if len(present) <= MASK_GROUPING_MAX_BLOCKS:
+        return [(int(b), np.flatnonzero(blocks == b)) for b in present]
+    order = np.argsort(blocks, kind="stable")
+    cuts = np.searchsorted(blocks[order], present[1:])
+    return [(int(b), idx) for b, idx in zip(present, np.split(order, cuts))]
+
+
+class DataRequest(ABC):
+    """One parsed data request; its parts (one per block) are applied, queued or redirected."""
+
+    def __init__(self, op: str, func: str | None) -> None:
+        self.op = op
+        self.func = func
+        self.redirects: dict[int, tuple[str, str]] = {}
+        self.pending = 0                              # parts queued on incoming blocks
+        self.done: asyncio.Future[None] | None = None
+
+    @abstractmethod
+    def parts(self, num_blocks: int) -> list[tuple[int, Any]]:
+        """[(block, part)] where a part selects this request's keys of that block."""
+
+    @abstractmethod
+    def check(self, store: BlockStore, block: int, part: Any) -> None:
+        """Raise StoreError if applying `part` would fail (so a bad request changes nothing)."""
+
+    @abstractmethod
+    def apply(self, store: BlockStore, block: int, part: Any) -> None:
+        """Serve `part` from / into the store."""
+
+    @abstractmethod
+    def redirect(self, block: int, part: Any, target: tuple[str, str]) -> None:
+        """Mark `part` as not applied here: the client re-sends it to `target` (owner, address)."""
+
+    @abstractmethod
+    def reply(self) -> Reply:
+        """The reply header (without redirect / table, which the service adds) and buffers."""
+
+    # -- queued parts ------------------------------------------------------------------------
+    def part_queued(self) -> None:
+        self.pending += 1
+        if self.done is None:
+            self.done = asyncio.get_running_loop().create_future()
+
+    def part_finished(self, error: BaseException | None = None) -> None:
+        self.pending -= 1
+        if self.done is None or self.done.done():
+            return
+        if error is not None:
+            self.done.set_exception(error)   # a bad queued part fails its own request only
+        elif self.pending == 0:
+            self.done.set_result(None)
+
+
+# ----- array form ----------------------------------------------------------------------------
+
+class ArrayRequest(DataRequest):
+    """A request in the array form: one key array, one values array (put/update) or a wanted layout."""
+
+    def __init__(self, op: str, func: str | None, keys: np.ndarray, values: np.ndarray | None,
+                 out: np.ndarray | None) -> None:
+        super().__init__(op, func)
+        self.keys = keys
+        self.values = values
+        self.out = out
+        self.status: np.ndarray | None = None
+
+    def _status(self) -> np.ndarray:
+        if self.status is None:
+            self.status = np.zeros(len(self.keys), np.uint8)
+        return self.status
+
+    def parts(self, num_blocks: int) -> list[tuple[int, Any]]:
+        return group_by_block(blocks_of_int_keys(self.keys, num_blocks), num_blocks)
+
+    def _select(self, part: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+        if part is None:
+            return self.keys, self.values
+        return self.keys[part], (self.values[part] if self.values is not None else None)
+
+    def check(self, store: BlockStore, block: int, part: Any) -> None:
+        if self.op == "update":
+            keys, values = self._select(part)
+            store.check_update_many(block, self.func, keys, values)  # type: ignore[arg-type]
+
+    def apply(self, store: BlockStore, block: int, part: Any) -> None:
+        keys, values = self._select(part)
+        if self.op == "get":
+            assert self.out is not None
+            if part is None:
+                missing = store.gather(block, keys, self.out)
+            else:
+                rows = np.zeros((len(keys), *self.out.shape[1:]), self.out.dtype)
+                missing = store.gather(block, keys, rows)
+                self.out[part] = rows
+            if missing.any():
+                self._status()[missing.nonzero()[0] if part is None else part[missing]] = MISSING
+        elif self.op == "put":
+            store.put_many(block, keys, values)  # type: ignore[arg-type]
+        else:
+            store.update_many(block, self.func, keys, values)  # type: ignore[arg-type]
+
+    def redirect(self, block: int, part: Any, target: tuple[str, str]) -> None:
+        self.redirects[block] = target
+        self._status()[slice(None) if part is None else part] = REDIRECTED
+
+    def reply(self) -> Reply:
+        header: dict[str, Any] = {"op": "ok", "key_array": True}
+        arrays: list[np.ndarray] = [self.out] if self.out is not None else []
+        if self.status is not None and self.status.any():
+            if self.out is not None:
+                self.out[self.status != SERVED] = 0   # no stale bytes in rows that carry no value
+            header["status"] = True
+            header["missing"] = int(np.count_nonzero(self.status == MISSING))
+            arrays.append(self.status)
+        return header, arrays
+
+
+def _parse_array_request(op: str, func: str | None, h: dict[str, Any], arrays: Sequence[np.ndarray]) -> ArrayRequest:
+    want = 1 if op == "get" else 2
+    if len(arrays) != want:
+        raise RequestError(f"an array-form {op} carries {want} buffer(s) (keys{'' if want == 1 else ', values'}), "
+                           f"got {len(arrays)}")
+    try:
+        keys = as_int_keys(arrays[0])
+    except ValueError as e:
+        raise RequestError(f"buffer 0 (keys): {e}") from None
+    if not len(keys):
+        raise RequestError("buffer 0 (keys) must hold at least one key")
+    if op != "get":
+        values = arrays[1]
+        if values.ndim < 1 or len(values) != len(keys):
+            raise RequestError(f"buffer 1 (values) must have one row per key: {len(keys)} keys, values of "
+                               f"shape {values.shape}")
+        return ArrayRequest(op, func, keys, values, None)
+    dtype, shape = h.get("dtype"), h.get("shape")
+    if not isinstance(dtype, str):
+        raise RequestError("an array-form get needs field 'dtype' (e.g. \"<f4\")")
+    try:
+        dt = check_wire_dtype(dtype)
+    except ValueError as e:
+        raise RequestError(f"field 'dtype': {e}") from None
+    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                              for s in shape):
+        raise RequestError("field 'shape' must be the row shape, a list of non-negative ints")
+    return ArrayRequest(op, None, keys, None, np.zeros((len(keys), *shape), dt))
+
+
+# ----- list form -----------------------------------------------------------------------------
+
+class ListRequest(DataRequest):
+    """A request in the list form: JSON keys, one buffer per key."""
+
+    def __init__(self, op: str, func: str | None, keys: list[Key], arrays: Sequence[np.ndarray]) -> None:
+        super().__init__(op, func)
+        self.keys = keys
+        self.arrays = arrays
+        self.served_keys: list[Key] = []
+        self.served_arrays: list[np.ndarray] = []
+        self.missing: list[Key] = []
+        self.redirect_keys: list[Key] = []
+
+    def parts(self, num_blocks: int) -> list[tuple[int, Any]]:
+        by_block: dict[int, list[int]] = defaultdict(list)
+        for i, k in enumerate(self.keys):
+            by_block[block_of(k, num_blocks)].append(i)
+        return list(by_block.items())
+
+    def check(self, store: BlockStore, block: int, part: Any) -> None:
+        if self.op == "update":
+            for i in part:
+                store.check_update(self.keys[i], self.func, self.arrays[i], block)  # type: ignore[arg-type]
+
+    def apply(self, store: BlockStore, block: int, part: Any) -> None:
+        if self.op == "get":
+            for i in part:
+                k = self.keys[i]
+                v = store.get(k, block)
+                if v is None:
+                    self.missing.append(k)
+                else:
+                    self.served_keys.append(k)
+                    self.served_arrays.append(v)
+            return
+        for i in part:
+            if self.op == "put":
+                store.put(self.keys[i], self.arrays[i], block)
+            else:
+                store.update(self.keys[i], self.func, self.arrays[i], block)  # type: ignore[arg-type]
+        self.served_keys += [self.keys[i] for i in part]
+
+    def redirect(self, block: int, part: Any, target: tuple[str, str]) -> None:
+        self.redirects[block] = target
+        self.redirect_keys += [self.keys[i] for i in part]
+
+    def reply(self) -> Reply:
+        header: dict[str, Any] = {"op": "ok", "keys": self.served_keys}
+        if self.missing:
+            header["missing"] = self.missing
+        if self.redirect_keys:
+            header["redirect_keys"] = self.redirect_keys
+        return header, self.served_arrays
+
+
+def _parse_list_request(op: str, func: str | None, h: dict[str, Any], arrays: Sequence[np.ndarray]) -> ListRequest:
+    keys = h.get("keys")
+    if not isinstance(keys, list) or not keys:
+        raise RequestError("field 'keys' must be a non-empty list of int or str keys")
+    for k in keys:
+        if isinstance(k, bool) or not isinstance(k, (int, str)):
+            raise RequestError(f"field 'keys' has {k!r}: keys must be ints or strs")
+    if op != "get" and len(arrays) != len(keys):
+        raise RequestError(f"{len(keys)} keys but {len(arrays)} value buffers")
+    if op == "get" and arrays:
+        raise RequestError("a get carries no value buffers")
+    return ListRequest(op, func, keys, arrays)
+
+
+def parse_request(h: dict[str, Any], arrays: Sequence[np.ndarray]) -> DataRequest:
+    """The request of a data-op frame; RequestError naming the field that is wrong."""
+    op = h["op"]
+    func = h.get("func") if op == "update" else None
+    if op == "update":
+        if not isinstance(func, str):
+            raise RequestError("an update needs field 'func' (e.g. \"add\")")
+        try:
+            check_func(func)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+    if h.get("key_array"):
+        return _parse_array_request(op, func, h, arrays)
+    return _parse_list_request(op, func, h, arrays)
