@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import os
 import subprocess
 import sys
@@ -101,6 +102,10 @@ def dataplane_throughput(bps: int, seconds: float, workdir: Path) -> float:
         proc.wait(10)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bandwidth", default="100mbit", help="emulated link of every executor (default 100mbit)")
@@ -114,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(args.keep_dir) if args.keep_dir else Path(tempfile.mkdtemp(prefix="cruise-reconfig-"))
     cluster = LocalCluster(base, nodes=3, node_memory_mb=2048, node_vcores=4, heartbeat_interval_ms=250,
                            node_bandwidth=args.bandwidth, network="emulated")
+    signal.signal(signal.SIGTERM, _interrupt)      # SIGTERM unwinds through cluster.stop() like Ctrl-C
     cluster.start(timeout_s=60)
     try:
         status = asyncio.run(run_cruise_job(cluster))

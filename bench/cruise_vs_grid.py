@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -50,15 +51,17 @@ AM_MEMORY_MB = 384
 
 # Models of ~0.4-0.8 MB that a mini-batch mostly touches: communication-bound at tens of mbit/s.
 WORKLOADS: dict[str, dict[str, Any]] = {
-    "mlr-b50": {"app": "mlr", "data": {"num_features": 20_000, "nnz_per_sample": 200, "num_samples": 2000},
+    "mlr-b50": {"app": "mlr", "data": {"num_features": 20_000, "nnz_per_sample": 200, "num_samples": 1000,
+                         "rows_per_block": 125},
                 "hparams": {"learning_rate": 0.5, "batch_size": 50}},
-    "mlr-b125": {"app": "mlr", "data": {"num_features": 20_000, "nnz_per_sample": 200, "num_samples": 2000},
+    "mlr-b125": {"app": "mlr", "data": {"num_features": 20_000, "nnz_per_sample": 200, "num_samples": 1000,
+                          "rows_per_block": 125},
                  "hparams": {"learning_rate": 0.5, "batch_size": 125}},
-    "nmf-b20": {"app": "nmf", "data": {"num_users": 800, "num_items": 20_000, "observed_fraction": 0.02,
-                                       "rank": 8, "rows_per_block": 100},
+    "nmf-b20": {"app": "nmf", "data": {"num_users": 400, "num_items": 20_000, "observed_fraction": 0.02,
+                                       "rank": 8, "rows_per_block": 50},
                 "hparams": {"rank": 8, "batch_size": 20}},
-    "nmf-b50": {"app": "nmf", "data": {"num_users": 800, "num_items": 20_000, "observed_fraction": 0.02,
-                                       "rank": 8, "rows_per_block": 100},
+    "nmf-b50": {"app": "nmf", "data": {"num_users": 400, "num_items": 20_000, "observed_fraction": 0.02,
+                                       "rank": 8, "rows_per_block": 50},
                 "hparams": {"rank": 8, "batch_size": 50}},
 }
 
@@ -148,6 +151,10 @@ async def bench(cluster: LocalCluster, n: int, names: list[str]) -> list[dict[st
     return cases
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--executors", type=int, default=4, help="N: executors of every job (default 4)")
@@ -162,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(args.keep_dir) if args.keep_dir else Path(tempfile.mkdtemp(prefix="cruise-vs-grid-"))
     cluster = LocalCluster(base, nodes=3, node_memory_mb=2048, node_vcores=4, heartbeat_interval_ms=250,
                            node_bandwidth=args.bandwidth, network="emulated")
+    signal.signal(signal.SIGTERM, _interrupt)      # SIGTERM unwinds through cluster.stop() like Ctrl-C
     cluster.start(timeout_s=60)
     try:
         cases = asyncio.run(bench(cluster, args.executors, names))

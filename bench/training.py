@@ -12,15 +12,22 @@ dominate), in one run:
   wall time from submission to FINISHED;
 - the peak RSS (VmHWM) of every executor, sampled from /proc while the job runs, against the data
   and model bytes it reports, net of the interpreter's baseline: the RSS of an idle python process
-  that imports the executor's modules. Target: peak <= 2 x (data + model) + baseline.
+  that imports the executor's modules. Target: peak <= 2 x (data + model) + baseline. Per executor
+  and per run it reports (peak - baseline) / (data + model), the figure the target bounds by 2.
+  For reference it also prints the RSS of an idle executor process (event loop and server up,
+  nothing held), which is a few MB above the import-only baseline.
+
+A run that fails (a job that does not finish, a crash of the baseline) is reported with its error
+and the others still run; the JSON then has "errors".
 
 The epoch limit and convergence threshold are the same for both sides, so "time to converge" is
 the time to the threshold or to the limit (each run says which).
 
 Prints a summary, then one JSON object as the last line: {"mlr_epoch_s_2x1", "mlr_epoch_s_4x2",
 "mlr_single_process_epoch_s", "nmf_epoch_s_2x1", "nmf_epoch_s_4x2", "nmf_single_process_epoch_s",
-"peak_rss_over_data", ...} where peak_rss_over_data is the largest, over the PS runs, of
-sum(peak RSS - baseline) / sum(data + model bytes) over a run's executors.
+"peak_rss_over_data", "worst_executor_rss_over_data", ...} where peak_rss_over_data is the largest,
+over the PS runs, of sum(peak RSS - baseline) / sum(data + model bytes) over a run's executors, and
+worst_executor_rss_over_data the largest (peak RSS - baseline) / (data + model) of one executor.
 """
 from __future__ import annotations
 
@@ -112,8 +119,41 @@ def interpreter_baseline_bytes() -> int:
         p.wait()
 
 
+def idle_executor_bytes() -> int:
+    """Peak RSS of an executor process that serves but holds nothing (after one status request)."""
+    code = ("import asyncio, json, subprocess, sys, tempfile, time, pathlib\n"
+            "from psruntime.dataplane import DataPlaneClient\n"
+            "async def main():\n"
+            "    ready = pathlib.Path(tempfile.mkdtemp()) / 'ready'\n"
+            "    p = subprocess.Popen([sys.executable, '-m', 'psruntime.executor', '--executor-id', 'idle',\n"
+            "                          '--ready-file', str(ready), '--log-level', 'WARNING'])\n"
+            "    try:\n"
+            "        deadline = time.monotonic() + 30\n"
+            "        while not ready.exists():\n"
+            "            if p.poll() is not None or time.monotonic() > deadline:\n"
+            "                raise SystemExit('the idle executor did not start')\n"
+            "            await asyncio.sleep(0.05)\n"
+            "        dp = DataPlaneClient()\n"
+            "        address = json.loads(ready.read_text())['address']\n"
+            "        await dp.request(address, {'op': 'status'})\n"
+            "        hwm = [l for l in open(f'/proc/{p.pid}/status') if l.startswith('VmHWM:')][0]\n"
+            "        print(int(hwm.split()[1]) * 1024)\n"
+            "        await dp.request(address, {'op': 'shutdown'})\n"
+            "        await dp.close()\n"
+            "    finally:\n"
+            "        if p.poll() is None:\n"
+            "            p.terminate()\n"
+            "        p.wait()\n"
+            "asyncio.run(main())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError(f"idle executor probe failed: {r.stderr.strip()[-300:]}")
+    return int(r.stdout.strip().splitlines()[-1])
+
+
 def memory_figures(peaks: dict[str, int], status: dict[str, Any], baseline: int) -> dict[str, Any]:
-    """Per executor: peak RSS, data + model bytes, and whether peak <= 2 x bytes + baseline."""
+    """Per executor: peak RSS, data + model bytes, (peak - baseline) / held, and whether
+    peak <= 2 x held + baseline; per run the same ratio over all its executors."""
     rows, excess, held = [], 0, 0
     for e in (status.get("shape") or {}).get("executors") or []:
         peak = peaks.get(e["id"])
@@ -121,10 +161,13 @@ def memory_figures(peaks: dict[str, int], status: dict[str, Any], baseline: int)
             continue
         nbytes = int((float(e.get("data_mb") or 0) + float(e.get("model_mb") or 0)) * MB)
         rows.append({"id": e["id"], "peak_rss_mb": round(peak / MB, 1), "held_mb": round(nbytes / MB, 2),
+                     "excess_over_held": round(max(0, peak - baseline) / nbytes, 2) if nbytes else None,
                      "within_target": peak <= 2 * nbytes + baseline})
         excess += max(0, peak - baseline)
         held += nbytes
+    ratios = [r["excess_over_held"] for r in rows if r["excess_over_held"] is not None]
     return {"executors": rows, "excess_over_held": round(excess / held, 3) if held else None,
+            "worst_executor": max(ratios) if ratios else None,
             "all_within_target": all(r["within_target"] for r in rows)}
 
 
@@ -197,9 +240,10 @@ def describe(app: str, r: RunFigures, base: RunFigures) -> str:
         if r.wall_epoch_s:
             text += f" ({r.wall_epoch_s:.2f}s/epoch incl. objective)"
     if r.memory:
-        text += f"\n      memory: excess RSS / held bytes {r.memory['excess_over_held']}, per executor " + ", ".join(
-            f"{m['id']} {m['peak_rss_mb']}MB/{m['held_mb']}MB{'' if m['within_target'] else ' OVER'}"
-            for m in r.memory["executors"])
+        text += (f"\n      memory: (peak RSS - baseline) / held bytes {r.memory['excess_over_held']} (target <= 2),"
+                 " per executor peak/held (ratio): ") + ", ".join(
+            f"{m['id']} {m['peak_rss_mb']}MB/{m['held_mb']}MB ({m['excess_over_held']})"
+            f"{'' if m['within_target'] else ' OVER'}" for m in r.memory["executors"])
     return text
 
 
@@ -214,19 +258,37 @@ def main(argv: list[str] | None = None) -> int:
     baseline = interpreter_baseline_bytes()
     print(f"interpreter baseline (idle python importing the executor's modules): {baseline / MB:.1f} MB",
           flush=True)
+    try:
+        idle = idle_executor_bytes()
+        print(f"idle executor (serving, holding nothing): peak RSS {idle / MB:.1f} MB", flush=True)
+    except (RuntimeError, subprocess.SubprocessError, ValueError) as e:
+        idle = None
+        print(f"idle executor probe failed: {e}", flush=True)
     tmp = None if args.keep_dir else tempfile.TemporaryDirectory(prefix="elastane-bench-training-")
     base_dir = args.keep_dir or Path(tmp.name)  # type: ignore[union-attr]
     cluster = LocalCluster(base_dir, nodes=3, node_memory_mb=3 * 1024, node_vcores=3, heartbeat_interval_ms=250)
     results: dict[str, dict[str, RunFigures]] = {}
+    errors: dict[str, str] = {}
     try:
         cluster.start(timeout_s=60)
         print(f"cluster: RM {cluster.rm_url}, 3 NMs x 3072 MB / 3 vcores (the machine has fewer cores: "
               "executors share them)", flush=True)
         for app, job in jobs.items():
-            runs = results[app] = {"single": single_process(app, job, args.max_epochs)}
+            runs = results[app] = {}
+            try:
+                runs["single"] = single_process(app, job, args.max_epochs)
+            except (subprocess.CalledProcessError, ValueError, KeyError) as e:
+                errors[f"{app}_single"] = _describe_error(e)
+                print(f"  {app} single process FAILED: {errors[f'{app}_single']}", flush=True)
+                continue   # no baseline: the PS runs of this app would have nothing to compare with
             print(describe(app, runs["single"], runs["single"]), flush=True)
             for w, s in SHAPES:
-                runs[f"{w}x{s}"] = asyncio.run(ps_run(cluster, app, job, w, s, args.max_epochs, baseline))
+                try:
+                    runs[f"{w}x{s}"] = asyncio.run(ps_run(cluster, app, job, w, s, args.max_epochs, baseline))
+                except Exception as e:  # noqa: BLE001 - one failed run must not lose the others' figures
+                    errors[f"{app}_{w}x{s}"] = _describe_error(e)
+                    print(f"  {app} PS {w}x{s} FAILED: {errors[f'{app}_{w}x{s}']}", flush=True)
+                    continue
                 print(describe(app, runs[f"{w}x{s}"], runs["single"]), flush=True)
     finally:
         cluster.stop()
@@ -234,26 +296,43 @@ def main(argv: list[str] | None = None) -> int:
             tmp.cleanup()
 
     out: dict[str, Any] = {}
-    ratios = []
+    ratios, worst = [], []
     for app, runs in results.items():
+        if "single" not in runs:
+            continue
         out[f"{app}_single_process_epoch_s"] = round(runs["single"].epoch_s, 4)
         out[f"{app}_single_process_converge_s"] = round(runs["single"].converge_s, 2)
         out[f"{app}_single_process_objective"] = runs["single"].final_objective
         for w, s in SHAPES:
-            r = runs[f"{w}x{s}"]
+            r = runs.get(f"{w}x{s}")
+            if r is None:
+                continue
             out[f"{app}_epoch_s_{w}x{s}"] = round(r.epoch_s, 4)
+            out[f"{app}_epoch_ratio_{w}x{s}"] = round(r.epoch_s / runs["single"].epoch_s, 2)
             out[f"{app}_converge_s_{w}x{s}"] = round(r.converge_s, 2)
             out[f"{app}_job_wall_s_{w}x{s}"] = round(r.wall_s or 0, 2)
             out[f"{app}_objective_{w}x{s}"] = r.final_objective
             out[f"{app}_epochs_{w}x{s}"] = r.epochs
             if r.memory.get("excess_over_held") is not None:
                 ratios.append(r.memory["excess_over_held"])
+            if r.memory.get("worst_executor") is not None:
+                worst.append(r.memory["worst_executor"])
     out["peak_rss_over_data"] = max(ratios) if ratios else None
+    out["worst_executor_rss_over_data"] = max(worst) if worst else None
     out["rss_target_met"] = all(r.memory.get("all_within_target", False)
                                 for runs in results.values() for k, r in runs.items() if k != "single")
     out["interpreter_baseline_mb"] = round(baseline / MB, 1)
+    out["idle_executor_mb"] = round(idle / MB, 1) if idle is not None else None
+    if errors:
+        out["errors"] = errors
     print(json.dumps(out))
-    return 0
+    return 1 if errors else 0
+
+
+def _describe_error(e: BaseException) -> str:
+    if isinstance(e, subprocess.CalledProcessError):
+        return f"exit {e.returncode}: {(e.stderr or '').strip()[-500:]}"
+    return f"{type(e).__name__}: {e}"
 
 
 if __name__ == "__main__":

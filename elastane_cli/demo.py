@@ -228,6 +228,10 @@ async def _epochs_reached(am: JsonHttpClient, n: int) -> dict[str, Any]:
         await asyncio.sleep(0.25)
 
 
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
 def _last_epoch_s(status: dict[str, Any]) -> float:
     hist = status.get("objective_history") or []
     return float(hist[-1]["epoch_time_s"]) if hist else float("nan")
@@ -253,7 +257,8 @@ async def scale_while_training(client: RmRestClient, app_id: str, out: TextIO,
             word = "out" if workers + servers > 0 else "in"
             if out.isatty():
                 out.write("\n")        # below the live progress line
-            _say(out, f"scaling {word}: {w0} workers + {s0} servers -> {w0 + workers} + {s0 + servers} "
+            _say(out, f"scaling {word}: {_n(w0, 'worker')} + {_n(s0, 'server')} -> "
+                      f"{_n(w0 + workers, 'worker')} + {_n(s0 + servers, 'server')} "
                       f"(epoch {len(st['objective_history'])}, epoch time {_last_epoch_s(st):.2f}s)")
             try:
                 body = await am.post("/scale", {"workers": workers, "servers": servers})
@@ -271,8 +276,8 @@ async def scale_while_training(client: RmRestClient, app_id: str, out: TextIO,
                       + ", ".join(f"{c.get('op')}({c.get('requested')})" for c in changes))
             nxt = await _epochs_reached(am, done + 1)
             now = [e for e in (nxt.get("shape") or {}).get("executors", []) if e.get("state") == "READY"]
-            _say(out, f"now {sum(e['role'] == 'worker' for e in now)} workers + "
-                      f"{sum(e['role'] == 'server' for e in now)} servers: epoch time {_last_epoch_s(nxt):.2f}s "
+            _say(out, f"now {_n(sum(e['role'] == 'worker' for e in now), 'worker')} + "
+                      f"{_n(sum(e['role'] == 'server' for e in now), 'server')}: epoch time {_last_epoch_s(nxt):.2f}s "
                       f"(was {_last_epoch_s(st):.2f}s)")
             done = len(nxt.get("objective_history") or [])
     finally:

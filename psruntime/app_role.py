@@ -51,6 +51,11 @@ def _int_field(h: dict[str, Any], name: str, minimum: int = 0) -> int:
     return v
 
 
+def _kv_bytes(kv: KeyValues | None) -> int:
+    """Bytes a pull or push of `kv` carries (keys and values)."""
+    return 0 if kv is None else int(kv.keys.nbytes + kv.values.nbytes)
+
+
 class AppRole:
     """The app-level state of one executor: the app, and for a worker its partition and store client."""
 
@@ -61,6 +66,8 @@ class AppRole:
         self.store: StoreClient | None = None
         self.stop = asyncio.Event()
         self._busy = asyncio.Lock()   # one training step at a time on this executor
+        # Cumulative training figures (the AM's Cruise driver differences them per epoch).
+        self.counters = {"batches": 0, "samples": 0, "bytes": 0}
 
     def ops(self) -> dict[str, Op]:
         return {"app_setup": self.app_setup, "worker_setup": self.worker_setup, "init_model": self.init_model,
@@ -155,6 +162,9 @@ class AppRole:
                         await store.push([count_key], one)
                     t3 = time.perf_counter()
                     compute.append(t2 - t1)
+                    self.counters["batches"] += 1
+                    self.counters["samples"] += batch.size
+                    self.counters["bytes"] += _kv_bytes(params) + _kv_bytes(deltas)
                     comm.append((t1 - t0) + (t3 - t2))
             t_flush = time.perf_counter()
             await store.flush()   # the epoch's pushes are applied before the AM moves on

@@ -1,10 +1,10 @@
 """The blocks one executor owns, with put / get / update one key at a time or many keys at once.
 
 Model keys are dense int ranges whose values share one layout (MLR/NMF: float32 vectors of the
-app's key length), so each block keeps its int keys as **dense rows**: a sorted int64 key array and
-one (rows, *row_shape) array, in a buffer with spare capacity so appending keys in increasing order
-(how a model is initialised) is amortised O(1). A multi-key get or update is then one
-np.searchsorted plus one fancy-indexed numpy op. Any other key (a str key, an int key whose value
+app's key length), so each block keeps its int keys as **dense rows** (psruntime.block_contents):
+a sorted int64 key array and one (rows, *row_shape) array, with spare capacity so appending keys
+in increasing order (how a model is initialised) is amortised O(1). A multi-key get or update is
+then one np.searchsorted plus one fancy-indexed numpy op. Any other key (a str key, an int key whose value
 has another shape or dtype) lives in a per-block dict, as before.
 
 `update(key, func, delta)` applies a registered commutative and associative function in place.
@@ -24,6 +24,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from psruntime.block_contents import BlockContents as _Block
+from psruntime.block_contents import strictly_increasing as _strictly_increasing
 from psruntime.ownership_table import Key, block_of, blocks_of_int_keys
 
 UpdateFunc = Callable[[np.ndarray, np.ndarray], None]
@@ -49,10 +51,6 @@ class StoreError(ValueError):
 # References to a stored dict array inside update() when nobody else holds it: the block dict, the
 # local variable and getrefcount's own argument.
 _UNSHARED_REFS = 3
-# References to a block's dense values array when nobody holds a view: the _Block slot and
-# getrefcount's argument (see _Block.writable_values).
-_UNSHARED_DENSE_REFS = 2
-_GROWTH = 1.5     # capacity growth of the dense rows: bounds the spare memory to a third
 
 
 def _check_key(key: object) -> Key:
@@ -78,10 +76,6 @@ def check_func(func: str) -> np.ufunc:
         raise StoreError(f"unknown update function {func!r}; known: {sorted(UPDATE_UFUNCS)}") from None
 
 
-def _strictly_increasing(a: np.ndarray) -> bool:
-    return len(a) < 2 or bool(np.all(a[1:] > a[:-1]))
-
-
 @dataclass
 class BlockArrays:
     """A block as arrays: sorted int64 `keys` with their `values` rows, plus every other key."""
@@ -95,96 +89,6 @@ class BlockArrays:
     def nbytes(self) -> int:
         dense = self.values.nbytes if self.values is not None else 0
         return dense + sum(a.nbytes for a in self.other_arrays)
-
-
-class _Block:
-    """One block's contents: dense rows for int keys of the block's layout, a dict for the rest."""
-
-    __slots__ = ("keys", "values", "n", "extra")
-
-    def __init__(self) -> None:
-        self.keys = np.zeros(0, np.int64)        # capacity buffer; [:n] sorted, unique
-        self.values: np.ndarray | None = None    # (capacity, *row_shape); None until a first int key
-        self.n = 0
-        self.extra: dict[Key, np.ndarray] = {}
-
-    # -- layout and lookup -------------------------------------------------------------------
-    def fits(self, dtype: np.dtype, row_shape: tuple[int, ...]) -> bool:
-        """Whether rows of this dtype and shape can be dense rows of this block."""
-        return self.values is None or (self.values.dtype == dtype and self.values.shape[1:] == row_shape)
-
-    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(row, found) for int64 `keys`; a row is meaningful only where found."""
-        n = self.n
-        if n == 0:
-            return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
-        held = self.keys[:n]
-        rows = np.searchsorted(held, keys)
-        np.minimum(rows, n - 1, out=rows)
-        return rows, held[rows] == keys
-
-    def row_of(self, key: int) -> int | None:
-        if self.n == 0:
-            return None
-        i = int(np.searchsorted(self.keys[:self.n], key))
-        return i if i < self.n and int(self.keys[i]) == key else None
-
-    def writable_values(self) -> np.ndarray:
-        """The dense values, copied first if a reader still holds a view of them (copy-on-write)."""
-        assert self.values is not None
-        if sys.getrefcount(self.values) > _UNSHARED_DENSE_REFS:
-            fresh = np.empty_like(self.values)
-            fresh[:self.n] = self.values[:self.n]
-            self.values = fresh
-        return self.values
-
-    # -- changing the dense rows -------------------------------------------------------------
-    def _reserve(self, rows: int) -> None:
-        assert self.values is not None
-        cap = len(self.keys)
-        if rows <= cap:
-            return
-        cap = max(rows, int(cap * _GROWTH), 16)
-        keys = np.empty(cap, np.int64)
-        keys[:self.n] = self.keys[:self.n]
-        values = np.empty((cap, *self.values.shape[1:]), self.values.dtype)
-        values[:self.n] = self.values[:self.n]
-        self.keys, self.values = keys, values
-
-    def insert(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        """Add new int64 `keys` (sorted, unique, none held yet) with their value `rows` (copied)."""
-        if not len(keys):
-            return
-        if self.values is None:
-            self.values = np.empty((0, *rows.shape[1:]), rows.dtype)
-        n, k = self.n, len(keys)
-        if n == 0 or keys[0] > self.keys[n - 1]:
-            # Appending in key order (model initialisation): in place, amortised by the capacity.
-            self._reserve(n + k)
-            self.keys[n:n + k] = keys
-            self.values[n:n + k] = rows
-        else:
-            all_keys = np.concatenate([self.keys[:n], keys])
-            order = np.argsort(all_keys, kind="stable")
-            self.keys = all_keys[order]
-            self.values = np.concatenate([self.values[:n], rows.astype(self.values.dtype, copy=False)])[order]
-        self.n = n + k
-
-    def remove(self, key: int) -> None:
-        row = self.row_of(key)
-        if row is not None and self.values is not None:
-            self.keys = np.delete(self.keys[:self.n], row)
-            self.values = np.delete(self.values[:self.n], row, axis=0)
-            self.n -= 1
-
-    def dense(self) -> tuple[np.ndarray, np.ndarray | None]:
-        if self.values is None:
-            return self.keys[:0], None
-        return self.keys[:self.n], self.values[:self.n]
-
-    def nbytes(self) -> int:
-        dense = self.n * self.values[:1].nbytes if self.values is not None and len(self.values) else 0
-        return dense + sum(v.nbytes for v in self.extra.values())
 
 
 class BlockStore:

@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from protocol.daemon import install_uvloop, setup_logging
 from psruntime.app_role import AppRole
+from psruntime.bandwidth import process_pacer
 from psruntime.checkpoint import restore_blocks, save_blocks
 from psruntime.clocks import ClockService
 from psruntime.dataplane import DataPlaneClient, DataPlaneServer, Reply, RequestError
@@ -107,6 +108,7 @@ class Executor:
         self.address = ""
         self.data_busy_s = 0.0     # seconds spent serving data ops (get/put/update frames)
         self.data_requests = 0
+        self.bytes_served = 0      # bytes of the data replies it sent
 
     async def start(self) -> str:
         self.address = await self.server.start()
@@ -140,7 +142,10 @@ class Executor:
             # dispatch, as its wait is the migration's, not the server's work.
             t0 = time.perf_counter()
             try:
-                return self.service.handle_data(frame)
+                reply = self.service.handle_data(frame)
+                if isinstance(reply, tuple) and len(reply) == 2:
+                    self.bytes_served += sum(getattr(a, "nbytes", 0) for a in reply[1])
+                return reply
             finally:
                 self.data_busy_s += time.perf_counter() - t0
                 self.data_requests += 1
@@ -200,7 +205,9 @@ class Executor:
                 "incoming": svc.states.blocks_in(BlockState.INCOMING),
                 "min_clock": self.clocks.table.min_clock(), "requests": svc.stats,
                 "data_requests": self.data_requests, "busy_s": self.data_busy_s,
-                "data_bytes": self.app_role.data_bytes()}, ()
+                "data_bytes": self.app_role.data_bytes(), "bytes_served": self.bytes_served,
+                "train_counters": dict(self.app_role.counters),
+                "link_bps": pacer.bps if (pacer := process_pacer()) is not None else None}, ()
 
     def _op_checkpoint(self, frame: Frame) -> Reply:
         directory = _str_field(frame.header, "dir")

@@ -19,6 +19,7 @@ lists [block, owner, address] for the redirected blocks.
 from __future__ import annotations
 
 import asyncio
+import math
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from typing import Any, Sequence
@@ -27,7 +28,7 @@ import numpy as np
 
 from psruntime.block_store import BlockStore, check_func
 from psruntime.dataplane import Reply, RequestError
-from psruntime.frame_codec import check_wire_dtype
+from psruntime.frame_codec import DEFAULT_MAX_BODY_BYTES, check_wire_dtype
 from psruntime.ownership_table import Key, as_int_keys, block_of, blocks_of_int_keys
 
 SERVED, MISSING, REDIRECTED = 0, 1, 2    # per-key status codes of an array-form reply
@@ -148,8 +149,7 @@ class ArrayRequest(DataRequest):
         header: dict[str, Any] = {"op": "ok", "key_array": True}
         arrays: list[np.ndarray] = [self.out] if self.out is not None else []
         if self.status is not None and self.status.any():
-            if self.out is not None:
-                self.out[self.status != SERVED] = 0   # no stale bytes in rows that carry no value
+            # Rows of missing or redirected keys are still the zeros `out` was made with.
             header["status"] = True
             header["missing"] = int(np.count_nonzero(self.status == MISSING))
             arrays.append(self.status)
@@ -183,6 +183,9 @@ def _parse_array_request(op: str, func: str | None, h: dict[str, Any], arrays: S
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                               for s in shape):
         raise RequestError("field 'shape' must be the row shape, a list of non-negative ints")
+    nbytes = len(keys) * math.prod(shape) * dt.itemsize
+    if nbytes > DEFAULT_MAX_BODY_BYTES:
+        raise RequestError(f"the reply would be {nbytes} bytes, over the frame limit of {DEFAULT_MAX_BODY_BYTES}")
     return ArrayRequest(op, None, keys, None, np.zeros((len(keys), *shape), dt))
 
 

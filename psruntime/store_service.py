@@ -1,14 +1,15 @@
 """The server side of the elastic store on one executor: data ops and the migration protocol.
 
-Data ops (batched, many keys per frame): "get" (pull), "put", "update" (push with func "add").
-Each key's block is served, queued (block INCOMING) or redirected (block MOVED / not ours) as the
-pure state machine in psruntime.migration says. A reply lists the keys applied/returned, the keys
-that were missing (get), and `redirect`: [[block, owner, address], ...] for keys not applied here,
-which the client re-sends to the new owner. A redirected key is never applied here, so a retry
-applies it exactly once.
+Data ops (batched, many keys per frame): "get" (pull), "put", "update" (push with func "add"), in
+the array or the list wire form (psruntime.store_requests). Each block's part of a request is
+served, queued (block INCOMING) or redirected (block MOVED / not ours) as the pure state machine in
+psruntime.migration says; the reply's `redirect` lists [block, owner, address] for the parts not
+applied here, which the client re-sends to the new owner. A redirected part is never applied here,
+so a retry applies it exactly once.
 
 Migration ops: "move_blocks" (controller -> source), "take_ownership", "block_data" and
-"cancel_incoming" (source -> destination).
+"cancel_incoming" (source -> destination). A block travels as its dense key and value arrays
+(block_data_message), so moving a block costs a few buffers, not one per key.
 """
 from __future__ import annotations
 

@@ -96,6 +96,9 @@ class FakeRuntime:
     def abort(self) -> None:
         pass
 
+    def reset(self) -> None:
+        pass
+
 
 def _driver(workers: int, servers: int, gain: float = 0.05) -> tuple[CruiseDriver, FakeTraining, FakeRuntime]:
     t = FakeTraining(workers, servers)

@@ -69,6 +69,9 @@ class FakeRuntime:
     def abort(self) -> None:
         self.aborted = True
 
+    def reset(self) -> None:
+        self.aborted = False
+
 
 def _bad_split() -> tuple[list[ExecutorState], Target]:
     """5 workers / 1 server (8 input blocks, 8 model blocks) -> 3 workers / 3 servers, via switches."""

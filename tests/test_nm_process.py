@@ -16,6 +16,7 @@ from protocol.nm_client import NMClient
 from protocol.records import ContainerState, ExitStatus
 
 from nodemanager.cgroup_detect import CgroupVersion, detect_from_file
+from cpu_accounting import check_held_to_one_core, idle_cores, machine_cpu_ticks
 from test_nm_harness import (FakeRM, container_token, free_port, group_alive, new_ids, proc_alive, start_nm,
                              stop_nm, wait_for)
 
@@ -271,19 +272,19 @@ async def test_cgroup_v1_cpu_quota_holds_two_busy_loops_to_one_core(tmp_path, rm
     await wait_for(lambda: len(busy_pids()) == 2, what="two busy loops")
     pids = [int(p) for p in (cpu_dir / "cgroup.procs").read_text().split()]  # the bash wrappers too
     loop = asyncio.get_running_loop()
-    seen = []
-    # Up to three 2 s windows: every one must stay under the cap; one must show real use (>= 0.5),
-    # so a burst of other work on the machine during one window does not fail the test.
+    # Up to three 2 s windows: none may exceed the cap; the container must get real use (>= 0.5
+    # cores) in one of them unless other work saturated the machine meanwhile (cpu_accounting).
+    problem = None
     for _ in range(3):
-        t0, c0 = loop.time(), _cpu_ticks(pids)
+        t0, c0, m0 = loop.time(), _cpu_ticks(pids), machine_cpu_ticks()
         await asyncio.sleep(2.0)  # the measurement window, not a readiness wait
-        t1, c1 = loop.time(), _cpu_ticks(pids)
+        t1, c1, m1 = loop.time(), _cpu_ticks(pids), machine_cpu_ticks()
         cores = (c1 - c0) / os.sysconf("SC_CLK_TCK") / (t1 - t0)
-        seen.append(round(cores, 2))
         assert cores <= 1.2, f"container used {cores:.2f} cores with a 1-vcore quota"
-        if cores >= 0.5:
+        problem = check_held_to_one_core(cores, idle_cores(m0, m1, t1 - t0))
+        if problem is None:
             break
-    assert max(seen) >= 0.5, f"busy container got only {seen} cores"
+    assert problem is None, problem
     await client.stop_container(nm.address, cid, tok)
 
 

@@ -106,16 +106,25 @@ class CruiseDriver:
         acc[1] += sum(compute_s)
         acc[2] += sum(comm_s)
 
-    async def _poll(self) -> None:
-        """One status round: feed workers' epoch figures and servers' counters to the optimizer."""
+    async def _poll(self, feed: bool = True) -> None:
+        """One status round: feed workers' epoch figures and servers' counters to the optimizer
+        (`feed` False: only move the counters' baselines on, e.g. while a plan runs)."""
         workers, servers = list(self.training.workers), list(self.training.servers)
         frames = await asyncio.gather(*(self.training.call(r, {"op": "status"}) for r in workers + servers),
                                       return_exceptions=True)
         for i, (rec, f) in enumerate(zip(workers + servers, frames)):
             if isinstance(f, BaseException):
                 continue
-            self._feed(rec, f.header, is_worker=i < len(workers))
+            if feed:
+                self._feed(rec, f.header, is_worker=i < len(workers))
+            else:
+                self._rebase(rec.executor_id, f.header)
         self._batches.clear()
+
+    def _rebase(self, eid: str, h: dict[str, Any]) -> None:
+        last = self._counters.setdefault(eid, {})
+        for k, v in (h.get("train_counters") or {}).items():
+            last[k] = float(v)
 
     def _feed(self, rec: Any, h: dict[str, Any], is_worker: bool) -> None:
         eid = rec.executor_id
@@ -134,9 +143,7 @@ class CruiseDriver:
                 self.optimizer.record_worker(eid, int(acc[0]), samples, acc[1], acc[2], nbytes or None)
             except ValueError as e:
                 log.debug("worker report of %s ignored: %s", eid, e)
-        for k in ("samples", "bytes"):
-            if k in train:
-                last[k] = float(train[k])
+        self._rebase(eid, h)
         if not is_worker and "busy_s" in h and "bytes_served" in h:
             try:
                 self.optimizer.record_server(eid, float(h["data_requests"]), float(h["busy_s"]),
@@ -166,7 +173,7 @@ class CruiseDriver:
         """Epoch-boundary hook: measure, and maybe start a plan. Returns a decision taken now."""
         self._measure(rec)
         if self.running or self.elastic.running or self.failures >= MAX_PLAN_FAILURES:
-            self._batches.clear()
+            await self._poll(feed=False)      # this epoch's figures describe no one shape
             return None
         await self._poll()
         self.optimizer.set_configuration(*self.configuration())
@@ -244,8 +251,8 @@ class CruiseDriver:
             self.elastic._busy = False
             record.finished = self.wall_clock()
             record.shape_after = self.shape()
-            # Measurements restart on the shape the job really has now, whatever the plan did.
-            self._counters.clear()
+            # Measurements restart on the shape the job really has now, whatever the plan did
+            # (the cumulative counters' baselines stay: the next poll differences from them).
             self._batches.clear()
             self.optimizer.reconfigured(*self.configuration())
             self._waiting.append(record)

@@ -30,6 +30,7 @@ from ..am_client import ApplicationMaster
 from ..am_events import ContainersAllocated, ContainersCompleted, NodesUpdated, ShapeChanged, Shutdown
 from ..container_book import AmContainer
 from .checkpoints import Checkpointer
+from .cruise_driver import CruiseDriver, build_cruise_driver
 from .directives import DirectiveHandler, ProgressTracker, Shape
 from .elastic_ops import ElasticOpError, ElasticOps
 from .executor_pool import ExecutorPool, ExecutorState, Role
@@ -80,7 +81,8 @@ class PSApplicationMaster:
             am, spec, self.pool, self.training, self.client, self.resource, lambda: self.job.phase,
             retiring=self.retiring, on_start=self._publish_shape, on_record=self.record_shape_change)
         self.progress = ProgressTracker(spec.early_feedback_iterations)
-        self.directives = DirectiveHandler(lambda: self.elastic, self.live_shape, spec.max_workers,
+        self.cruise: Optional[CruiseDriver] = None    # optimizer "cruise": built once training is set up
+        self.directives = DirectiveHandler(lambda: self.cruise or self.elastic, self.live_shape, spec.max_workers,
                                            spec.max_servers, on_change=self._on_directive_change)
 
     # -- public ------------------------------------------------------------------------------
@@ -107,6 +109,7 @@ class PSApplicationMaster:
             "elastic_mode": self.spec.elastic_mode, "shape_history": list(self.shape_history),
             "directives": [d.to_json() for d in self.directives.history],
             "eps": self.elastic.status_json() if isinstance(self.elastic, ElasticOps) else None,
+            "optimizer": self.spec.optimizer, "cruise": self.cruise.status_json() if self.cruise else None,
         }
 
     async def request_scale(self, workers: int, servers: int) -> list[dict[str, Any]]:
@@ -157,6 +160,8 @@ class PSApplicationMaster:
                 t.cancel()
             await asyncio.gather(pump, drive, stop, return_exceptions=True)
             await self.directives.close()
+            if self.cruise is not None:
+                await self.cruise.close()
             self._resolve_checkpoints(Conflict(f"the job ended ({self.job.phase.value})"))
             self._write_final_status()
             await self.status_server.stop()
@@ -185,6 +190,8 @@ class PSApplicationMaster:
         self.job.apply(JobEvent.INITIALISED)
         self.progress.start(time.time())
         self._publish_shape()
+        if self.spec.optimizer == "cruise" and isinstance(self.elastic, ElasticOps):
+            self.cruise = build_cruise_driver(self)     # RM directives go through Cruise from now on
         self.directives.training_started()
         poller = asyncio.create_task(self._poll_status())
         try:
@@ -219,6 +226,8 @@ class PSApplicationMaster:
         due = every > 0 and (rec.epoch + 1) % every == 0
         if due or self._checkpoint_requests:
             await self._checkpoint(rec.epoch + 1)
+        if self.cruise is not None and not self._stop.is_set():
+            await self.cruise.on_epoch(rec)
         if self._stop.is_set():
             self.training.stop()
 

@@ -63,6 +63,10 @@ class PlanRuntime(Protocol):
         """An op failed: ops waiting on another op's effect give up instead of waiting it out."""
         ...
 
+    def reset(self) -> None:
+        """A new plan starts (an earlier plan's abort no longer applies)."""
+        ...
+
 
 class PlanFailed(RuntimeError):
     """An op of the plan failed; `run` says what was done and what failed."""
@@ -136,6 +140,7 @@ class PlanExecutor:
         """Run `plan` to the end; returns its run, or raises PlanFailed (after running ops ended)."""
         run = PlanRun(plan)
         self.current = self.last = run
+        self.runtime.reset()
         t0 = self.clock()
         # Which executors leave their role in this plan: their outgoing moves need not keep copies.
         leaving = {op.executor for op in plan.ops.values() if isinstance(op, (SwitchOp, DeleteOp))}
@@ -257,6 +262,12 @@ class AmPlanRuntime:
         self._aborted = True
         for ev in self._became_worker.values():
             ev.set()
+
+    def reset(self) -> None:
+        self._aborted = False
+        # Keep only the events of executors that are workers now (set ones that still mean it).
+        ledger = self.elastic._splits()
+        self._became_worker = {e: ev for e, ev in self._became_worker.items() if e in ledger.active and ev.is_set()}
 
     async def _wait_new(self, role: Any, before: set[str], n: int) -> list[Any]:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,117 @@
+"""The contents of one block of the elastic store: int keys as dense rows, other keys in a dict.
+
+Dense rows are a sorted int64 key array and one (rows, *row_shape) values array, so looking up
+many keys is one np.searchsorted and reading or updating them one fancy-indexed numpy op.
+Appending keys in increasing order (how a model is initialised) fills spare capacity in place.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from psruntime.ownership_table import Key
+
+# References to a block's values array when nobody holds a view of it: the slot and
+# getrefcount's argument (see BlockContents.writable_values).
+_UNSHARED_DENSE_REFS = 2
+_GROWTH = 1.5     # capacity growth of the dense rows: bounds the spare memory to a third
+
+
+def strictly_increasing(a: np.ndarray) -> bool:
+    """Whether a 1-D array is sorted without repeats."""
+    return len(a) < 2 or bool(np.all(a[1:] > a[:-1]))
+
+
+class BlockContents:
+    """One block's contents: dense rows for the int keys of the block's layout, a dict for the rest.
+
+    `keys[:n]` is sorted and unique; `values[:n]` are their rows. Both are buffers with spare
+    capacity, and `values` always owns its memory (copy-on-write counts references to it).
+    """
+
+    __slots__ = ("keys", "values", "n", "extra")
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(0, np.int64)        # capacity buffer; [:n] sorted, unique
+        self.values: np.ndarray | None = None    # (capacity, *row_shape); None until a first int key
+        self.n = 0
+        self.extra: dict[Key, np.ndarray] = {}
+
+    # -- layout and lookup -------------------------------------------------------------------
+    def fits(self, dtype: np.dtype, row_shape: tuple[int, ...]) -> bool:
+        """Whether rows of this dtype and shape can be dense rows of this block."""
+        return self.values is None or (self.values.dtype == dtype and self.values.shape[1:] == row_shape)
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row, found) for int64 `keys`; a row is meaningful only where found."""
+        n = self.n
+        if n == 0:
+            return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
+        held = self.keys[:n]
+        rows = np.searchsorted(held, keys)
+        np.minimum(rows, n - 1, out=rows)
+        return rows, held[rows] == keys
+
+    def row_of(self, key: int) -> int | None:
+        if self.n == 0:
+            return None
+        i = int(np.searchsorted(self.keys[:self.n], key))
+        return i if i < self.n and int(self.keys[i]) == key else None
+
+    def writable_values(self) -> np.ndarray:
+        """The dense values, copied first if a reader still holds a view of them (copy-on-write)."""
+        assert self.values is not None
+        if sys.getrefcount(self.values) > _UNSHARED_DENSE_REFS:
+            fresh = np.empty_like(self.values)
+            fresh[:self.n] = self.values[:self.n]
+            self.values = fresh
+        return self.values
+
+    # -- changing the dense rows -------------------------------------------------------------
+    def _reserve(self, rows: int) -> None:
+        assert self.values is not None
+        cap = len(self.keys)
+        if rows <= cap:
+            return
+        cap = max(rows, int(cap * _GROWTH), 16)
+        keys = np.empty(cap, np.int64)
+        keys[:self.n] = self.keys[:self.n]
+        values = np.empty((cap, *self.values.shape[1:]), self.values.dtype)
+        values[:self.n] = self.values[:self.n]
+        self.keys, self.values = keys, values
+
+    def insert(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Add new int64 `keys` (sorted, unique, none held yet) with their value `rows` (copied)."""
+        if not len(keys):
+            return
+        if self.values is None:
+            self.values = np.empty((0, *rows.shape[1:]), rows.dtype)
+        n, k = self.n, len(keys)
+        if n == 0 or keys[0] > self.keys[n - 1]:
+            # Appending in key order (model initialisation): in place, amortised by the capacity.
+            self._reserve(n + k)
+            self.keys[n:n + k] = keys
+            self.values[n:n + k] = rows
+        else:
+            all_keys = np.concatenate([self.keys[:n], keys])
+            order = np.argsort(all_keys, kind="stable")
+            self.keys = all_keys[order]
+            self.values = np.concatenate([self.values[:n], rows.astype(self.values.dtype, copy=False)])[order]
+        self.n = n + k
+
+    def remove(self, key: int) -> None:
+        row = self.row_of(key)
+        if row is not None and self.values is not None:
+            self.keys = np.delete(self.keys[:self.n], row)
+            self.values = np.delete(self.values[:self.n], row, axis=0)
+            self.n -= 1
+
+    def dense(self) -> tuple[np.ndarray, np.ndarray | None]:
+        if self.values is None:
+            return self.keys[:0], None
+        return self.keys[:self.n], self.values[:self.n]
+
+    def nbytes(self) -> int:
+        dense = self.n * self.values[:1].nbytes if self.values is not None and len(self.values) else 0
+        return dense + sum(v.nbytes for v in self.extra.values())

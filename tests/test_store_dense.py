@@ -1,0 +1,155 @@
+"""Dense rows of the block store: many-key get / put / update as numpy ops, with the same semantics
+as the per-key ops (missing keys, repeated keys, other layouts, copy-on-write, export / import)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from psruntime.block_store import BlockArrays, BlockStore, StoreError
+from psruntime.ownership_table import OwnershipTable, block_of, blocks_of_int_keys
+from psruntime.store_requests import group_by_block
+
+NB = 4
+
+
+def store() -> BlockStore:
+    s = BlockStore(NB)
+    for b in range(NB):
+        s.create_block(b)
+    return s
+
+
+def per_block(keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    blocks = blocks_of_int_keys(keys, NB)
+    return [(b, keys[blocks == b]) for b in sorted(set(blocks.tolist()))]
+
+
+def gather_all(s: BlockStore, keys: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    out = np.full((len(keys), width), -1.0, np.float32)
+    missing = np.zeros(len(keys), bool)
+    blocks = blocks_of_int_keys(keys, NB)
+    for b in set(blocks.tolist()):
+        idx = np.flatnonzero(blocks == b)
+        rows = out[idx]
+        missing[idx] = s.gather(b, keys[idx], rows)
+        out[idx] = rows
+    return out, missing
+
+
+def test_many_key_ops_match_per_key_semantics() -> None:
+    s = store()
+    keys = np.arange(0, 200, 2)  # even keys, written in two chunks (append path, then merge path)
+    for chunk in (keys[50:], keys[:50]):
+        for b, k in per_block(chunk):
+            s.put_many(b, k, np.repeat(k[:, None], 3, axis=1).astype(np.float32))
+    for k in (0, 98, 198):
+        np.testing.assert_array_equal(s.get(k), [k, k, k])
+    assert s.nbytes() == 100 * 12 and s.get(1) is None
+    probe = np.array([4, 5, 6, 7])
+    got, missing = gather_all(s, probe, 3)
+    assert missing.tolist() == [False, True, False, True]
+    np.testing.assert_array_equal(got[~missing], [[4] * 3, [6] * 3])
+    np.testing.assert_array_equal(got[missing], -1.0)  # rows of missing keys are left as they were
+    # update: held keys add, a missing key starts as its delta, repeated keys accumulate
+    upd = np.array([4, 5, 4, 6])
+    for b, _ in per_block(upd):
+        sel = blocks_of_int_keys(upd, NB) == b
+        s.check_update_many(b, "add", upd[sel], np.ones((sel.sum(), 3), np.float32))
+        s.update_many(b, "add", upd[sel], np.ones((sel.sum(), 3), np.float32))
+    np.testing.assert_array_equal(s.get(4), [6, 6, 6])
+    np.testing.assert_array_equal(s.get(5), [1, 1, 1])
+    np.testing.assert_array_equal(s.get(6), [7, 7, 7])
+    for func, delta, want in (("max", 10.0, 10.0), ("min", 3.0, 3.0)):
+        b = int(blocks_of_int_keys(np.array([8]), NB)[0])
+        s.update_many(b, func, np.array([8]), np.full((1, 3), delta, np.float32))
+        np.testing.assert_array_equal(s.get(8), [want] * 3)
+
+
+def test_whole_block_add_in_place_and_copy_on_write_of_views() -> None:
+    s = store()
+    keys = np.arange(100)
+    b, k = per_block(keys)[0]
+    s.put_many(b, k, np.zeros((len(k), 2)))
+    held = s.get(int(k[3]))       # a view, like a pull reply still being sent
+    s.update_many(b, "add", k, np.ones((len(k), 2)))
+    np.testing.assert_array_equal(held, [0, 0])  # not torn: the update went to a copy
+    del held
+    data = s.export_arrays(b).values
+    addr = data.__array_interface__["data"][0]
+    del data
+    s.update_many(b, "add", k, np.ones((len(k), 2)))  # nobody holds a view: in place
+    after = s.export_arrays(b).values
+    assert after.__array_interface__["data"][0] == addr
+    np.testing.assert_array_equal(after, 2.0)
+
+
+def test_other_layouts_and_str_keys_take_the_per_key_path() -> None:
+    s = store()
+    b = int(blocks_of_int_keys(np.array([1]), NB)[0])
+    same = [k for k in range(100) if int(blocks_of_int_keys(np.array([k]), NB)[0]) == b][:3]
+    s.put_many(b, np.array(same[:2]), np.ones((2, 4), np.float32))
+    s.put(same[2], np.arange(6.0))          # another shape: kept beside the dense rows
+    s.put(same[0], np.zeros(5))             # a dense key changes layout: moves out of the rows
+    np.testing.assert_array_equal(s.get(same[0]), np.zeros(5))
+    np.testing.assert_array_equal(s.get(same[1]), np.ones(4))
+    # float64 deltas update float32 rows (same_kind cast); a key held with another shape is refused
+    s.update_many(b, "add", np.array([same[1]]), np.ones((1, 4)))
+    np.testing.assert_array_equal(s.get(same[1]), np.full(4, 2.0))
+    assert s.get(same[1]).dtype == np.float32
+    with pytest.raises(StoreError, match="shape"):
+        s.check_update_many(b, "add", np.array([same[2]]), np.ones((1, 4), np.float32))
+    with pytest.raises(StoreError, match="unknown update function"):
+        s.check_update_many(b, "pow", np.array([same[1]]), np.ones((1, 4), np.float32))
+    out = np.zeros((1, 4), np.float32)
+    with pytest.raises(StoreError, match="shape"):
+        s.gather(b, np.array([same[2]]), out)
+    keys, arrays = s.export_block(b)
+    assert sorted(map(str, keys)) == sorted(map(str, same))
+    other = BlockStore(NB)
+    other.import_block(b, keys, arrays)
+    for k in same:
+        np.testing.assert_array_equal(other.get(k), s.get(k))
+
+
+def test_export_import_arrays_round_trip_and_bad_blocks() -> None:
+    s = store()
+    keys = np.arange(300)
+    for b, k in per_block(keys):
+        s.put_many(b, k, np.stack([k, -k]).T.astype(np.float64))
+    b = block_of("w:bias", NB)
+    s.put("w:bias", np.ones(2))   # a str key travels beside the dense rows
+    data = s.export_arrays(b)
+    other = BlockStore(NB)
+    shuffled = np.random.default_rng(0).permutation(len(data.keys))
+    other.import_arrays(b, BlockArrays(data.keys[shuffled], data.values[shuffled], data.other_keys,
+                                       data.other_arrays))
+    got = other.export_arrays(b)
+    np.testing.assert_array_equal(got.keys, data.keys)
+    np.testing.assert_array_equal(got.values, data.values)
+    assert got.other_keys == data.other_keys
+    wrong = (b + 1) % NB
+    with pytest.raises(StoreError, match="does not hash to block"):
+        other.import_arrays(wrong, data)
+    with pytest.raises(StoreError, match="repeated dense keys"):
+        other.import_arrays(b, BlockArrays(np.repeat(data.keys[:1], 2)[::-1].copy(), np.zeros((2, 2))))
+    with pytest.raises(StoreError, match="dense keys but values"):
+        other.import_arrays(b, BlockArrays(data.keys, data.values[:-1]))
+    np.testing.assert_array_equal(other.export_arrays(b).keys, data.keys)  # the bad imports changed nothing
+
+
+def test_group_by_block_and_owner_index_cache() -> None:
+    blocks = np.array([3, 1, 3, 0, 1])
+    groups = group_by_block(blocks, 4)
+    assert [(b, idx.tolist()) for b, idx in groups] == [(0, [3]), (1, [1, 4]), (3, [0, 2])]
+    assert group_by_block(np.array([2, 2]), 4) == [(2, None)]
+    many = np.random.default_rng(1).integers(0, 200, 1000)
+    big = group_by_block(many, 200)   # more blocks than the mask path handles: argsort + split
+    assert sorted(np.concatenate([i for _, i in big]).tolist()) == list(range(1000))
+    assert all((many[i] == b).all() for b, i in big)
+    t = OwnershipTable.round_robin(4, ["a", "b"])
+    names, idx = t.owner_index()
+    assert names == ["a", "b"] and idx.tolist() == [0, 1, 0, 1]
+    assert t.owner_index()[1] is idx   # cached while the owners stay the same
+    t.note_owner(1, "c", "h:3")
+    names, idx = t.owner_index()
+    assert [names[i] for i in idx] == ["a", "c", "a", "b"]
