@@ -116,6 +116,13 @@ class Job:
                              http(f"{self.rm}/ws/v1/cluster/nodes")["nodes"]["node"]), 120, "empty nodes")
 
 
+def am_log_tail(cluster: LocalCluster, app_id: str, lines: int = 30) -> str:
+    """The end of the AM container's stderr (container ..._000001 of the app's first attempt)."""
+    for f in Path(cluster.base_dir).glob(f"nm*/logs/{app_id}/container_*_01_000001/stderr"):
+        return "\n".join(f.read_text(errors="replace").splitlines()[-lines:])
+    return "(no AM log found)"
+
+
 def pids_of_app(app_id: str) -> list[int]:
     """Live processes whose environment names the app (APPLICATION_ID=<app_id>)."""
     needle = f"APPLICATION_ID={app_id}".encode()
@@ -154,7 +161,11 @@ def run_mode(cluster: LocalCluster, mode: str, spec: dict[str, Any]) -> dict[str
         f"epoch time {st['objective_history'][-1]['epoch_time_s']:.2f}s")
     out: dict[str, Any] = {"app_id": job.app_id, "model_mb": st.get("model_mb")}
     for label, delta in (("remove", -1), ("add", +1)):
-        changes, wall = job.scale(delta, delta)
+        try:
+            changes, wall = job.scale(delta, delta)
+        except (OSError, RuntimeError):
+            log(f"{mode}: the {label} call failed; the AM's log ends with:\n" + am_log_tail(cluster, job.app_id))
+            raise
         seconds, lost = change_seconds(changes, mode)
         out[f"{label}_s"], out[f"{label}_lost_s"], out[f"{label}_http_s"] = seconds, lost, wall
         out[f"{label}_detail"] = changes

@@ -317,6 +317,8 @@ class KillRestart:
         m = self.master
         training = TrainingController(m.spec, m.app, m.pool, m.metrics, m.client)
         training.epochs_done = epoch
+        training.iterations = m.training.iterations        # the job's progress carries on
+        training.workers, training.servers = workers, servers    # the barrier's members, in partition order
         everyone = servers + workers
         table = OwnershipTable.round_robin(m.spec.num_blocks, [s.executor_id for s in servers],
                                            {e.executor_id: e.address for e in everyone})
