@@ -64,7 +64,13 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
         counts = np.maximum(rng.binomial(s.num_items, s.observed_fraction, n), 1)
         indptr, items = sample_row_indices(rng, counts, s.num_items)
         users = np.repeat(np.arange(n), np.diff(indptr))
-        clean = (user_factors[users] * self.true_item_factors[items]).sum(axis=1)
+        # Row-wise dot products in chunks: the gathered (entries x rank) float64 operands of a
+        # whole block would dominate a worker's peak memory while it generates its data.
+        clean = np.empty(len(items))
+        step = 1 << 16
+        for lo in range(0, len(items), step):
+            hi = lo + step
+            clean[lo:hi] = np.einsum("ij,ij->i", user_factors[users[lo:hi]], self.true_item_factors[items[lo:hi]])
         ratings = (clean + rng.normal(0, s.noise_std, len(items))).astype(np.float32)
         return DataBlock(self.name, block_index, start, n, {"indptr": indptr, "items": items, "ratings": ratings})
 
