@@ -22,7 +22,7 @@ import aiohttp
 
 from protocol.http_client import JsonHttpClient, RemoteError
 
-from . import app_commands, container_logs, ps_commands
+from . import app_commands, container_logs, ps_commands, ps_reports
 from .context import default_user
 from .errors import CliError
 from .local_cluster import LocalCluster
@@ -133,16 +133,16 @@ async def ps_demo(cluster: LocalCluster, client: RmRestClient, out: TextIO) -> i
               f"and {spec.servers} server ({spec.executor_memory_mb} MB each), until it converges")
     scaler = asyncio.create_task(scale_while_training(client, app_id, out, PS_DEMO_SCALING))
     try:
-        result = await ps_commands.watch_ps_job(client, app_id, ProgressBar(out), ps_commands.max_epochs_of(spec),
+        result = await ps_commands.watch_ps_job(client, app_id, ProgressBar(out), ps_reports.max_epochs_of(spec),
                                                 timeout_s=300)
     finally:
         scaler.cancel()
         await asyncio.gather(scaler, return_exceptions=True)
-    out.write(render_key_values(ps_commands.final_report(result)) + "\n")
-    rows = ps_commands.executor_rows(result.status or {})
+    out.write(render_key_values(ps_reports.final_report(result)) + "\n")
+    rows = ps_reports.executor_rows(result.status or {})
     if rows:
         out.write("executors (as last reported while training):\n"
-                  + render_table(ps_commands.EXECUTOR_HEADERS, rows) + "\n")
+                  + render_table(ps_reports.EXECUTOR_HEADERS, rows) + "\n")
     out.flush()
     return 0 if result.app.get("finalStatus") == "SUCCEEDED" else 1
 
@@ -167,16 +167,16 @@ async def cruise_demo(cluster: LocalCluster, client: RmRestClient, out: TextIO) 
               f"{CRUISE_DEMO_BANDWIDTH}; optimizer cruise")
     narrator = asyncio.create_task(narrate_cruise(client, app_id, out))
     try:
-        result = await ps_commands.watch_ps_job(client, app_id, ProgressBar(out), ps_commands.max_epochs_of(spec),
+        result = await ps_commands.watch_ps_job(client, app_id, ProgressBar(out), ps_reports.max_epochs_of(spec),
                                                 timeout_s=600)
     finally:
         narrator.cancel()
         await asyncio.gather(narrator, return_exceptions=True)
-    out.write(render_key_values(ps_commands.final_report(result)) + "\n")
-    plans = ps_commands.plan_history_rows(result.status or {})
+    out.write(render_key_values(ps_reports.final_report(result)) + "\n")
+    plans = ps_reports.plan_history_rows(result.status or {})
     if plans:
         out.write("Cruise plans (epoch times: predicted by the cost model, measured on the cluster):\n"
-                  + render_table(ps_commands.PLAN_HEADERS, plans) + "\n")
+                  + render_table(ps_reports.PLAN_HEADERS, plans) + "\n")
     out.flush()
     return 0 if result.app.get("finalStatus") == "SUCCEEDED" else 1
 

@@ -26,6 +26,8 @@ class QueueConfig(msgspec.Struct, forbid_unknown_fields=True):
     name: str
     capacity: float = 100.0          # percent of the cluster guaranteed to this queue
     max_capacity: float = 100.0      # percent it may grow to when others are idle
+    # Fraction of this queue's capacity its AMs may hold; None = RMConfig.max_am_resource_percent.
+    max_am_resource_percent: Optional[float] = None
 
 
 class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -42,6 +44,9 @@ class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
     maximum_allocation_mb: int = 65536
     maximum_allocation_vcores: int = 64
     container_token_lifetime_s: float = 86400.0
+    # Fraction (0, 1] of a queue's capacity that its ApplicationMasters may hold, as YARN's
+    # yarn.scheduler.capacity.maximum-am-resource-percent; a queue always admits at least one AM.
+    max_am_resource_percent: float = 0.5
     queues: list[QueueConfig] = msgspec.field(default_factory=lambda: [QueueConfig(name="default")])
 
 

@@ -88,6 +88,10 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Workers also push +1 per mini-batch to the model key "eps:minibatches", so the servers count
     # the mini-batches they applied: an exactly-once audit of the updates across elastic changes.
     audit_updates: bool = False
+    # Mini-batches per worker per clock (one BSP iteration: the barrier, and the points where an
+    # elastic change, a Cruise plan or a kill-restart checkpoint can take effect). 0 = auto: the
+    # AM sizes clocks to take about CLOCK_TARGET_S on the slowest worker (appmaster.ps.clock_pacing).
+    clock_batches: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     # ----- derived values (valid after `validate`) ----------------------------------------------
     @property

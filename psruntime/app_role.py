@@ -7,20 +7,29 @@ executor's op table, see `Executor.extra_ops`):
     worker_setup {partition, num_partitions} generate this worker's input partition
     init_model {}                            put every model key's initial value (one worker does it)
     init_blocks {}                           initialise the blocks' local state, push what it yields
-    run_epoch {epoch, num_workers, with_objective?, count_key?}
-                                             one pass over the partition: PULL -> COMP -> PUSH per
-                                             mini-batch, flushed at the end; with count_key, also push
-                                             +1 to that key per mini-batch (an audit: the servers
-                                             count the mini-batches applied). Reply: counts and sums, and
-                                             the per-mini-batch compute / communication times as two
+    run_clock {epoch, batches, num_workers, count_key?}
+                                             one clock (BSP iteration): the next `batches` mini-batches
+                                             of the epoch, PULL -> COMP -> PUSH each, flushed at the end;
+                                             with count_key, also push +1 to that key per mini-batch
+                                             (an audit: the servers count the mini-batches applied).
+                                             Reply: counts and sums, `epoch_done` (every block held
+                                             here has had its pass of the epoch), and the
+                                             per-mini-batch compute / communication times as two
                                              float64 buffers (no JSON for arrays)
+    run_epoch {epoch, num_workers, with_objective?, count_key?}
+                                             the rest of the epoch in one op (all of it if no clock of
+                                             it ran); with_objective, the worker's objective part too
+    positions {} / set_positions {positions}  every held block's position in its epoch pass
     objective {}                             this worker's objective part under the current model
     server_objective {}                      the app's server part over the keys this executor owns
     stop_training {}                         abandon a running epoch at the next mini-batch
 
-Epochs are paced by the AM (BSP: it waits for every worker before the next epoch; SSP: it keeps
-each worker within the staleness bound), so the objective it gathers between epochs is exact under
-BSP.
+Clocks are paced by the AM (BSP: it waits for every worker before the next clock; SSP: it keeps
+each worker within the staleness bound, in clocks), so the objective it gathers between epochs is
+exact under BSP. A worker keeps its place in the epoch across clocks in each block's state
+(`[epoch, next_row]`, key POSITION): the place travels with a block that EPS moves to another
+worker between two clocks, so an epoch is still every input block trained exactly once, whoever
+holds it when.
 """
 from __future__ import annotations
 
@@ -71,7 +80,8 @@ class AppRole:
 
     def ops(self) -> dict[str, Op]:
         return {"app_setup": self.app_setup, "worker_setup": self.worker_setup, "init_model": self.init_model,
-                "init_blocks": self.init_blocks, "run_epoch": self.run_epoch, "objective": self.objective,
+                "init_blocks": self.init_blocks, "run_epoch": self.run_epoch, "run_clock": self.run_clock,
+                "positions": self.positions, "set_positions": self.set_positions, "objective": self.objective,
                 "server_objective": self.server_objective, "stop_training": self.stop_training}
 
     def data_bytes(self) -> int:
@@ -133,50 +143,110 @@ class AppRole:
         return {"op": "ok", "blocks": len(self.blocks)}, ()
 
     # -- training ----------------------------------------------------------------------------
-    async def run_epoch(self, frame: Frame) -> Reply:
-        app, store = self._need_app(), self._need_store()
+    def _clock_header(self, frame: Frame) -> tuple[int, StepContext, str | None]:
         epoch = _int_field(frame.header, "epoch", 0)
         ctx = StepContext(epoch=epoch, num_workers=_int_field(frame.header, "num_workers", 1))
-        with_objective = bool(frame.header.get("with_objective", False))
         count_key = frame.header.get("count_key")
         if count_key is not None and not isinstance(count_key, str):
             raise RequestError("field 'count_key' must be a string key")
-        one = [np.ones(1, np.float32)]
+        return epoch, ctx, count_key
+
+    async def run_clock(self, frame: Frame) -> Reply:
+        """One clock: the next `batches` mini-batches of the epoch, flushed (see the module doc)."""
+        app, store = self._need_app(), self._need_store()
+        epoch, ctx, count_key = self._clock_header(frame)
+        limit = _int_field(frame.header, "batches", 1)
+        if self._busy.locked():
+            raise RequestError("a clock is already running on this executor")
+        async with self._busy:
+            self.stop.clear()
+            stats = _ClockStats()
+            await self._run_batches(app, store, epoch, ctx, count_key, limit, stats)
+            done = all(epoch_position(b, epoch) >= b.num_rows for b in self.blocks)
+            header = stats.header(epoch, done)
+        return header, stats.arrays()
+
+    async def run_epoch(self, frame: Frame) -> Reply:
+        """The rest of the epoch (all of it, unless clocks of it ran already) in one op."""
+        app, store = self._need_app(), self._need_store()
+        epoch, ctx, count_key = self._clock_header(frame)
+        with_objective = bool(frame.header.get("with_objective", False))
         if self._busy.locked():
             raise RequestError("an epoch is already running on this executor")
         async with self._busy:
             self.stop.clear()
-            compute, comm = [], []
-            t_start = time.perf_counter()
-            for block in self.blocks:
-                for batch in app.batches(block):
-                    if self.stop.is_set():
-                        raise RequestError(f"epoch {epoch} stopped by the AM")
-                    t0 = time.perf_counter()
-                    params = await pull_key_values(store, app.keys_for_batch(batch), app.key_length)
-                    t1 = time.perf_counter()
-                    deltas = app.compute(batch, params, ctx)
-                    t2 = time.perf_counter()
-                    await push_key_values(store, deltas)   # asynchronous: waits only for backpressure
-                    if count_key is not None:
-                        await store.push([count_key], one)
-                    t3 = time.perf_counter()
-                    compute.append(t2 - t1)
-                    self.counters["batches"] += 1
-                    self.counters["samples"] += batch.size
-                    self.counters["bytes"] += _kv_bytes(params) + _kv_bytes(deltas)
-                    comm.append((t1 - t0) + (t3 - t2))
-            t_flush = time.perf_counter()
-            await store.flush()   # the epoch's pushes are applied before the AM moves on
-            if comm:
-                comm[-1] += time.perf_counter() - t_flush
-            header: dict[str, Any] = {"op": "ok", "epoch": epoch, "batches": len(compute),
-                                      "compute_s": float(sum(compute)), "comm_s": float(sum(comm)),
-                                      "seconds": time.perf_counter() - t_start}
+            stats = _ClockStats()
+            await self._run_batches(app, store, epoch, ctx, count_key, None, stats)
+            header = stats.header(epoch, True)
             if with_objective:
                 part = await self._objective(app, store)
                 header["objective"] = [part.value, part.count]
-        return header, [np.asarray(compute, np.float64), np.asarray(comm, np.float64)]
+        return header, stats.arrays()
+
+    async def _run_batches(self, app: PSApp, store: StoreClient, epoch: int, ctx: StepContext,
+                           count_key: str | None, limit: int | None, stats: "_ClockStats") -> None:
+        """PULL -> COMP -> PUSH for up to `limit` (None: all) of the epoch's remaining mini-batches,
+        in block order from each block's position, then flush (the pushes are applied before the
+        AM moves on). Each block's position is in its state, so it travels with the block."""
+        one = [np.ones(1, np.float32)]
+        compute, comm = stats.compute, stats.comm
+        for block in self.blocks:
+            if limit is not None and len(compute) >= limit:
+                break
+            pos = epoch_position(block, epoch)
+            if pos >= block.num_rows:
+                continue
+            for batch in app.batches(block):
+                if batch.start < pos:
+                    continue                   # run in an earlier clock of this epoch
+                if limit is not None and len(compute) >= limit:
+                    break
+                if self.stop.is_set():
+                    raise RequestError(f"epoch {epoch} stopped by the AM")
+                t0 = time.perf_counter()
+                params = await pull_key_values(store, app.keys_for_batch(batch), app.key_length)
+                t1 = time.perf_counter()
+                deltas = app.compute(batch, params, ctx)
+                t2 = time.perf_counter()
+                await push_key_values(store, deltas)   # asynchronous: waits only for backpressure
+                if count_key is not None:
+                    await store.push([count_key], one)
+                t3 = time.perf_counter()
+                set_epoch_position(block, epoch, batch.stop)
+                compute.append(t2 - t1)
+                self.counters["batches"] += 1
+                self.counters["samples"] += batch.size
+                self.counters["bytes"] += _kv_bytes(params) + _kv_bytes(deltas)
+                comm.append((t1 - t0) + (t3 - t2))
+        t_flush = time.perf_counter()
+        await store.flush()
+        if comm:
+            comm[-1] += time.perf_counter() - t_flush
+
+    def positions(self, frame: Frame) -> Reply:
+        """Each block's position in the epoch: {block: [epoch, next_row]} (for a restart)."""
+        return {"op": "ok", "positions": {str(b.block_index): list(_position(b)) for b in self.blocks}}, ()
+
+    async def set_positions(self, frame: Frame) -> Reply:
+        """Set the positions of the blocks held here that appear in {block: [epoch, next_row]}
+        (a restarted job continues the epoch where the old one stopped)."""
+        given = frame.header.get("positions")
+        if not isinstance(given, dict):
+            raise RequestError("field 'positions' must be an object {block: [epoch, next_row]}")
+        parsed: dict[int, tuple[int, int]] = {}
+        for k, v in given.items():
+            if (not isinstance(k, str) or not k.isdigit() or not isinstance(v, list) or len(v) != 2
+                    or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)):
+                raise RequestError(f"bad position {k!r}: {v!r} (want \"<block>\": [epoch, next_row])")
+            parsed[int(k)] = (v[0], v[1])
+        async with self._busy:
+            applied = 0
+            for b in self.blocks:
+                if b.block_index in parsed:
+                    e, row = parsed[b.block_index]
+                    set_epoch_position(b, e, min(row, b.num_rows))
+                    applied += 1
+        return {"op": "ok", "applied": applied}, ()
 
     async def _objective(self, app: PSApp, store: StoreClient) -> ObjectivePart:
         part = ObjectivePart()
@@ -193,20 +263,58 @@ class AppRole:
     def server_objective(self, frame: Frame) -> Reply:
         app = self._need_app()
         store = self.executor.service.store
-        keys: list[int] = []
+        keys: list[np.ndarray] = []
         values: list[np.ndarray] = []
         for b in self.executor.service.owned_blocks():
-            ks, arrs = store.export_block(b)
-            for k, a in zip(ks, arrs):
-                if isinstance(k, int):      # model keys only (not e.g. the audit counter)
-                    keys.append(k)
-                    values.append(a)
+            data = store.export_arrays(b)      # dense model rows; other keys (the audit counter) left out
+            if data.values is not None and len(data.keys):
+                keys.append(data.keys)
+                values.append(data.values)
         if not keys:
             return {"op": "ok", "value": 0.0, "keys": 0}, ()
-        order = np.argsort(np.asarray(keys, np.int64), kind="stable")
-        kv = KeyValues(np.asarray(keys, np.int64)[order], np.stack(values)[order])
-        return {"op": "ok", "value": float(app.server_objective(kv)), "keys": len(keys)}, ()
+        all_keys = np.concatenate(keys)
+        order = np.argsort(all_keys, kind="stable")
+        kv = KeyValues(all_keys[order], np.concatenate(values)[order])
+        return {"op": "ok", "value": float(app.server_objective(kv)), "keys": len(all_keys)}, ()
 
     def stop_training(self, frame: Frame) -> Reply:
         self.stop.set()
         return {"op": "ok"}, ()
+
+
+POSITION = "_epoch_position"     # block state: int64 [epoch, next_row] of the block's pass
+
+
+def _position(block: DataBlock) -> tuple[int, int]:
+    p = block.state.get(POSITION)
+    return (0, 0) if p is None else (int(p[0]), int(p[1]))
+
+
+def epoch_position(block: DataBlock, epoch: int) -> int:
+    """The first row of `block` not yet trained in `epoch` (0 if the block's pass is of an earlier
+    epoch, num_rows if it is of a later one: nothing left to do in `epoch`)."""
+    e, row = _position(block)
+    if e < epoch:
+        return 0
+    return row if e == epoch else block.num_rows
+
+
+def set_epoch_position(block: DataBlock, epoch: int, row: int) -> None:
+    block.state[POSITION] = np.array([epoch, row], np.int64)
+
+
+class _ClockStats:
+    """Per-mini-batch compute and communication times of one clock (or epoch) on this worker."""
+
+    def __init__(self) -> None:
+        self.compute: list[float] = []
+        self.comm: list[float] = []
+        self.t_start = time.perf_counter()
+
+    def header(self, epoch: int, done: bool) -> dict[str, Any]:
+        return {"op": "ok", "epoch": epoch, "batches": len(self.compute), "epoch_done": done,
+                "compute_s": float(sum(self.compute)), "comm_s": float(sum(self.comm)),
+                "seconds": time.perf_counter() - self.t_start}
+
+    def arrays(self) -> list[np.ndarray]:
+        return [np.asarray(self.compute, np.float64), np.asarray(self.comm, np.float64)]

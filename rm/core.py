@@ -18,6 +18,7 @@ from protocol.nm_client import container_token_payload
 from protocol.records import AppState, AttemptState, ExitStatus, FinalStatus, NodeState, Resource
 from protocol.remote_exception import BadRequest, NotFound
 
+from .am_limit import AM_LIMIT_DIAGNOSTICS
 from .am_protocol import AmProtocol
 from .model import AmSpec, App, Attempt, Container, Node
 from .nm_protocol import NmProtocol
@@ -47,7 +48,8 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self.start_time = clock()
         self.cluster_ts = int(self.start_time * 1000)
         self.nodes = NodeTracker(cfg.nm_expiry_s)
-        self.scheduler = CapacityScheduler(cfg, self.nodes.lookup, lambda: self.nodes.total)
+        self.scheduler = CapacityScheduler(cfg, self.nodes.lookup, lambda: self.nodes.total,
+                                           on_activation=self._am_activation_changed)
         self.apps: dict[str, App] = {}
         self.attempts: dict[str, Attempt] = {}
         self.containers: dict[str, Container] = {}
@@ -70,6 +72,17 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
     def _attempt_event(self, at: Attempt, ev: AttemptEvent) -> None:
         at.state = next_attempt_state(at.state, ev)
         self.dirty.add(at.app_id)
+
+    def _am_activation_changed(self, app_id: str, diagnostics: Optional[str]) -> None:
+        """The scheduler held an app back at its queue's AM limit (diagnostics) or activated it (None)."""
+        app = self.apps.get(app_id)
+        if app is None or app.state.is_final:
+            return
+        if diagnostics is not None:
+            app.diagnostics = diagnostics
+        elif app.diagnostics.startswith(AM_LIMIT_DIAGNOSTICS):
+            app.diagnostics = ""
+        self.dirty.add(app_id)
 
     def get_app(self, app_id: str) -> App:
         app = self.apps.get(app_id)
@@ -271,7 +284,9 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             self._unlaunched.pop(c.container_id, None)
 
     def _release(self, c: Container, cleanup_on_node: bool) -> None:
-        """Forget a container and give its resources back; optionally tell its NM to kill it."""
+        """Forget a container and give its resources back to its app and queue; optionally tell
+        its NM to kill it, in which case the node keeps the resources charged until the NM
+        confirms (rm/nm_protocol.py), so nothing new is placed where the old process still runs."""
         self.containers.pop(c.container_id, None)
         self._unlaunched.pop(c.container_id, None)
         app = self.apps[c.app_id]
@@ -279,14 +294,15 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         now = self.clock()
         app.memory_seconds += c.resource.memory * max(0.0, now - c.allocated_at)
         app.vcore_seconds += c.resource.vcores * max(0.0, now - c.allocated_at)
-        self.scheduler.release(c.app_id, app.queue, app.user, node, c.resource)
+        hold = cleanup_on_node and node is not None and node.state != NodeState.LOST
+        self.scheduler.release(c.app_id, app.queue, app.user, None if hold else node, c.resource, c.is_am)
         at = self.attempts.get(c.attempt_id)
         if at is not None:
             at.containers.discard(c.container_id)
         if node is not None:
             node.containers.discard(c.container_id)
-            if cleanup_on_node and node.state != NodeState.LOST:
-                node.to_cleanup.append(c.container_id)
+            if hold:
+                node.hold_release(c.container_id, c.resource)
 
     def _container_completed(self, c: Container, status: api.ContainerStatus, cleanup_on_node: bool = False) -> None:
         self._release(c, cleanup_on_node)

@@ -27,8 +27,20 @@ class Container:
 
 
 @dataclass
+class PendingRelease:
+    """A container the RM has given up on but whose NM may still run it: its resources stay
+    charged to the node until the NM reports it COMPLETE or shows it does not have it."""
+
+    resource: Resource
+    sent_in: int = 0    # response id of the heartbeat response that asked the NM to clean it up (0 = not yet)
+
+
+@dataclass
 class Node:
-    """A NodeManager as the RM tracks it."""
+    """A NodeManager as the RM tracks it.
+
+    `used` counts the containers the scheduler placed here plus those in `releasing`, so a
+    killed container's resources are not handed out before its NM has freed them (YARN's rule)."""
 
     node_id: str
     http_address: str
@@ -44,6 +56,25 @@ class Node:
     version: str = ""
     to_cleanup: list[str] = field(default_factory=list)
     apps_to_cleanup: list[str] = field(default_factory=list)
+    releasing: dict[str, PendingRelease] = field(default_factory=dict)
+
+    def hold_release(self, container_id: str, resource: Resource) -> None:
+        """Keep a released container charged here and ask the NM to clean it up."""
+        self.releasing[container_id] = PendingRelease(resource)
+        self.to_cleanup.append(container_id)
+
+    def finish_release(self, container_id: str) -> bool:
+        """The NM no longer holds the container: give its resources back to the node."""
+        pr = self.releasing.pop(container_id, None)
+        if pr is None:
+            return False
+        self.used = self.used - pr.resource
+        return True
+
+    def drop_releases(self) -> None:
+        """Forget every pending release (the node is lost: its capacity leaves the pool anyway)."""
+        for cid in list(self.releasing):
+            self.finish_release(cid)
 
     @property
     def host(self) -> str:

@@ -53,6 +53,14 @@ class NmProtocol:
                     diagnostics="Container lost when its NodeManager re-registered"))
             else:
                 self._mark_launched(c)
+        # Containers released earlier: free those the restarted NM no longer runs; ask again for
+        # the rest (response ids restart with the registration, so earlier requests do not count).
+        for cid, pr in list(node.releasing.items()):
+            s = reported.get(cid)
+            if s is None or s.state == ContainerState.COMPLETE.value:
+                node.finish_release(cid)
+            else:
+                pr.sent_in = 0
         for cid, s in reported.items():
             if cid not in self.containers and s.state != ContainerState.COMPLETE.value:
                 node.to_cleanup.append(cid)
@@ -73,25 +81,49 @@ class NmProtocol:
         now = self.clock()
         self.nodes.heartbeat(node, req.health.healthy, req.health.report, now)
         containers = self.containers
+        releasing = node.releasing
         for s in req.container_statuses:
             c = containers.get(s.container_id)
             if c is None or c.node_id != node.node_id:
-                if s.state != ContainerState.COMPLETE.value:
+                pr = releasing.get(s.container_id)
+                if pr is None:
+                    if s.state != ContainerState.COMPLETE.value:
+                        node.to_cleanup.append(s.container_id)
+                elif s.state == ContainerState.COMPLETE.value:
+                    node.finish_release(s.container_id)
+                elif pr.sent_in and req.response_id < pr.sent_in:
+                    # The NM never got the response that asked for the cleanup: ask again.
                     node.to_cleanup.append(s.container_id)
             elif s.state == ContainerState.COMPLETE.value:
                 self._container_completed(c, s)
             elif not c.launched:
                 self._mark_launched(c)
+        if releasing:
+            self._confirm_absent(node, req)
         if self.scheduler.has_demand and node.schedulable:
             self._schedule([node])
         node.response_id += 1
+        for cid in node.to_cleanup:
+            pr = releasing.get(cid)
+            if pr is not None:
+                pr.sent_in = node.response_id
         resp = api.NodeHeartbeatResponse(response_id=node.response_id, heartbeat_interval_ms=interval,
                                           containers_to_cleanup=node.to_cleanup,
                                           apps_to_cleanup=node.apps_to_cleanup)
         node.to_cleanup, node.apps_to_cleanup = [], []
         return resp
 
+    @staticmethod
+    def _confirm_absent(node: Node, req: api.NodeHeartbeatRequest) -> None:
+        """Free released containers the NM does not report although it has seen their cleanup
+        request: it never launched them (or finished and reported them before), so holds nothing."""
+        reported = {s.container_id for s in req.container_statuses}
+        for cid, pr in list(node.releasing.items()):
+            if pr.sent_in and req.response_id >= pr.sent_in and cid not in reported:
+                node.finish_release(cid)
+
     def _node_lost(self, node: Node) -> None:
+        node.drop_releases()
         report = api.NodeReport(node_id=node.node_id, state=NodeState.LOST.value, http_address=node.http_address)
         told: set[str] = set()
         for cid in list(node.containers):

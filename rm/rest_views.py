@@ -64,7 +64,9 @@ def scheduler_info(core: ResourceManagerCore) -> dict[str, Any]:
     for q in core.scheduler.queues.values():
         all_used = all_used + q.used
         apps = [core.apps[aid] for aid in q.apps if aid in core.apps]
-        active = sum(1 for a in apps if a.state == AppState.RUNNING)
+        # As YARN: pending = held back by the queue's AM limit, active = the rest.
+        pending = len(q.am.blocked)
+        am_limit = core.scheduler.am_limit(q)
         guaranteed = q.capacity / 100.0
         queues.append({
             "type": "capacitySchedulerLeafQueueInfo", "queueName": q.name, "queuePath": f"root.{q.name}",
@@ -72,8 +74,11 @@ def scheduler_info(core: ResourceManagerCore) -> dict[str, Any]:
             "usedCapacity": round(q.used.dominant_share(total) / guaranteed * 100.0, 4) if total != ZERO else 0.0,
             "absoluteCapacity": q.capacity, "absoluteMaxCapacity": q.max_capacity,
             "absoluteUsedCapacity": round(q.used.dominant_share(total) * 100.0, 4),
-            "numApplications": len(apps), "numActiveApplications": active,
-            "numPendingApplications": len(apps) - active,
+            "numApplications": len(apps), "numActiveApplications": len(apps) - pending,
+            "numPendingApplications": pending,
+            "maxAMResourcePercent": q.am.fraction,
+            "AMResourceLimit": am_limit.to_json(), "userAMResourceLimit": am_limit.to_json(),
+            "usedAMResource": q.am.used.to_json(),
             "numContainers": sum(1 for c in core.containers.values() if c.app_id in q.apps),
             "resourcesUsed": q.used.to_json(),
             "users": {"user": [{"username": u, "resourcesUsed": r.to_json()} for u, r in sorted(q.user_used.items())

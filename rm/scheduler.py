@@ -5,6 +5,7 @@ its `Allocation` decisions into containers. Order of service for each container:
   1. the queue furthest below its guaranteed share (dominant share / guaranteed fraction);
   2. inside it, AM containers of ACCEPTED apps first (FIFO), then the user with the lowest
      dominant share (DRF), then that user's apps in submission order, asks by (priority, ask_id).
+An AM container is only scheduled for an app the queue's AM limit has activated (rm/am_limit.py).
 Locality: an ask's `nodes` are tried first; with relax_locality=False only they are used.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from protocol import internal_api as api
 from protocol.config import QueueConfig, RMConfig
 from protocol.records import ZERO, Resource
 
+from .am_limit import AmGate, am_resource_limit, limit_diagnostics
 from .model import Node
 
 AM_ASK_ID = -1   # the ask id an AM container is allocated under
@@ -48,6 +50,7 @@ class SchedApp:
     seq: int
     asks: dict[int, Ask] = field(default_factory=dict)
     am_request: Optional[Resource] = None
+    am_active: bool = False     # activated by the AM limit, AM container not allocated yet
     used: Resource = ZERO
 
     @property
@@ -67,6 +70,7 @@ class Queue:
     name: str
     capacity: float        # percent guaranteed
     max_capacity: float    # percent ceiling
+    am: AmGate = field(default_factory=lambda: AmGate(1.0))
     used: Resource = ZERO
     apps: dict[str, SchedApp] = field(default_factory=dict)
     user_used: dict[str, Resource] = field(default_factory=dict)
@@ -91,7 +95,8 @@ class CapacityScheduler:
     """Queues, ask tables and allocation passes (see the module docstring for the order)."""
 
     def __init__(self, cfg: RMConfig, lookup_nodes: Callable[[str], list[Node]],
-                 cluster_total: Callable[[], Resource]):
+                 cluster_total: Callable[[], Resource],
+                 on_activation: Callable[[str, Optional[str]], None] = lambda app_id, diagnostics: None):
         if not cfg.queues:
             raise ValueError("at least one queue must be configured")
         self.min_mb = max(1, cfg.minimum_allocation_mb)
@@ -99,13 +104,17 @@ class CapacityScheduler:
         self.queues: dict[str, Queue] = {}
         for q in cfg.queues:
             self._check_queue(q)
-            self.queues[q.name] = Queue(q.name, q.capacity, q.max_capacity)
+            fraction = cfg.max_am_resource_percent if q.max_am_resource_percent is None else q.max_am_resource_percent
+            self.queues[q.name] = Queue(q.name, q.capacity, q.max_capacity, AmGate(fraction))
         self.apps: dict[str, SchedApp] = {}
         self._cluster_total = cluster_total
         self._lookup_nodes = lookup_nodes
         # App ids with outstanding demand, per queue, so idle passes are O(1) and busy ones O(demand).
         self._demand: dict[str, set[str]] = {name: set() for name in self.queues}
         self._n_demand = 0
+        # Told (app_id, diagnostics) when an app is held back by the AM limit, (app_id, None) when activated.
+        self._on_activation = on_activation
+        self._admitted_total: Resource = ZERO   # cluster total the AM limits were last computed for
 
     @staticmethod
     def _check_queue(q: QueueConfig) -> None:
@@ -114,6 +123,9 @@ class CapacityScheduler:
         if not (0 < q.capacity <= 100) or not (q.capacity <= q.max_capacity <= 100):
             raise ValueError(f"queue {q.name!r}: need 0 < capacity <= max_capacity <= 100, "
                              f"got capacity={q.capacity} max_capacity={q.max_capacity}")
+        if q.max_am_resource_percent is not None and not (0 < q.max_am_resource_percent <= 1):
+            raise ValueError(f"queue {q.name!r}: max_am_resource_percent must be a fraction in (0, 1], "
+                             f"got {q.max_am_resource_percent}")
 
     # ----- normalisation ------------------------------------------------------------------
     def normalize(self, r: Resource, what: str = "resource") -> Resource:
@@ -160,22 +172,58 @@ class CapacityScheduler:
 
     def remove_app(self, app_id: str) -> None:
         """Forget an app's demand (its containers are released one by one by the core)."""
-        sa = self.apps.pop(app_id, None)
+        sa = self.apps.get(app_id)
         if sa is not None:
+            self._drop_am_request(sa)
+            del self.apps[app_id]
             self.queues[sa.queue].apps.pop(app_id, None)
             self._mark(sa)
 
     def request_am(self, app_id: str, resource: Resource) -> None:
+        """A new attempt needs an AM container; it is scheduled once the AM limit activates the app."""
         sa = self.apps[app_id]
+        self._drop_am_request(sa)
         sa.am_request = resource
+        q = self.queues[sa.queue]
+        q.am.add(app_id, sa.seq, resource)
         self._mark(sa)
+        self._admit(q)
 
     def clear_demand(self, app_id: str) -> None:
         sa = self.apps.get(app_id)
         if sa is not None:
-            sa.am_request = None
+            self._drop_am_request(sa)
             sa.asks.clear()
             self._mark(sa)
+
+    def _drop_am_request(self, sa: SchedApp) -> None:
+        """Withdraw an AM request not yet allocated, giving back its activation charge."""
+        q = self.queues[sa.queue]
+        if sa.am_request is None:
+            return
+        if sa.am_active:
+            q.am.uncharge(sa.am_request)
+            sa.am_active = False
+        q.am.drop(sa.app_id)
+        sa.am_request = None
+        self._admit(q)
+
+    # ----- AM limit -----------------------------------------------------------------------
+    def am_limit(self, q: Queue) -> Resource:
+        """The most the queue's active AMs may hold (besides the one AM a queue always admits)."""
+        return am_resource_limit(self.total, q.capacity, q.am.fraction, self.min_mb)
+
+    def _admit(self, q: Queue) -> None:
+        """Activate the queue's waiting apps that now fit its AM limit; tell the core about changes."""
+        if not q.am.pending:
+            return
+        activated, blocked = q.am.admit(self.am_limit(q))
+        for app_id in activated:
+            self.apps[app_id].am_active = True
+            self._on_activation(app_id, None)
+        for app_id in blocked:
+            r = q.am.pending[app_id][1]
+            self._on_activation(app_id, limit_diagnostics(r, q.am.limit, q.am.used))
 
     def update_asks(self, app_id: str, asks: list[Ask], undelivered: dict[int, int]) -> None:
         """Replace ask rows. Containers allocated but not yet delivered count against `count`,
@@ -208,10 +256,16 @@ class CapacityScheduler:
         q.used = q.used + delta
         q.user_used[sa.user] = q.user_used.get(sa.user, ZERO) + delta
 
-    def release(self, app_id: str, queue: str, user: str, node: Optional[Node], r: Resource) -> None:
-        """Give back a container's resources (the app may already have been removed)."""
+    def release(self, app_id: str, queue: str, user: str, node: Optional[Node], r: Resource,
+                is_am: bool = False) -> None:
+        """Give back a container's resources (the app may already have been removed). `node` is
+        None when the node keeps the resources charged until its NM confirms the container is gone."""
         sa = self.apps.get(app_id) or SchedApp(app_id, queue, user, 0)
         self._charge(sa, node, r, -1)
+        if is_am:
+            q = self.queues[queue]
+            q.am.uncharge(r)
+            self._admit(q)
 
     def queue_limit(self, q: Queue) -> Resource:
         return Resource(int(self.total.memory * q.max_capacity / 100), int(self.total.vcores * q.max_capacity / 100))
@@ -228,7 +282,15 @@ class CapacityScheduler:
     def allocate(self, candidates: list[Node]) -> list[Allocation]:
         """Allocate as much outstanding demand as fits on `candidates` (schedulable nodes)."""
         out: list[Allocation] = []
-        if not self._n_demand or not candidates:
+        if not self._n_demand:
+            return out
+        total = self.total
+        if total != self._admitted_total:
+            # AM limits scale with the cluster: nodes that joined may let waiting apps in.
+            self._admitted_total = total
+            for q in self.queues.values():
+                self._admit(q)
+        if not candidates:
             return out
         smallest = Resource(self.min_mb, 1)
         # A full node cannot take anything: keeps heartbeats of busy nodes cheap.
@@ -253,14 +315,15 @@ class CapacityScheduler:
             limit = self.queue_limit(q)
             demand = [q.apps[aid] for aid in self._demand[q.name]]
             # AM containers first, FIFO.
-            for sa in sorted((s for s in demand if s.am_request is not None), key=lambda s: s.seq):
+            for sa in sorted((s for s in demand if s.am_request is not None and s.am_active), key=lambda s: s.seq):
                 r = sa.am_request
                 assert r is not None
                 if not (q.used + r).fits_in(limit):
                     continue
                 node = self._pick_node(r, None, cand)
                 if node is not None:
-                    sa.am_request = None
+                    # The activation charge now belongs to the AM container (given back on its release).
+                    sa.am_request, sa.am_active = None, False
                     return self._commit(sa, node, r, AM_ASK_ID, "AM")
             # Then DRF between users, FIFO within a user.
             by_user: dict[str, list[SchedApp]] = {}

@@ -45,9 +45,13 @@ def register(core: ResourceManagerCore, node_id: str, mem: int = 8192, vcores: i
 
 
 def heartbeat(core: ResourceManagerCore, node_id: str, statuses: list[api.ContainerStatus] | None = None,
-              healthy: bool = True) -> api.NodeHeartbeatResponse:
+              healthy: bool = True, response_id: int | None = None) -> api.NodeHeartbeatResponse:
+    """Heartbeat as an NM that got the RM's last response (`response_id` echoes it) unless told otherwise."""
+    if response_id is None:
+        node = core.nodes.get(node_id)
+        response_id = node.response_id if node is not None else 0
     return core.node_heartbeat(nm_claims(node_id), api.NodeHeartbeatRequest(
-        node_id=node_id, response_id=0, used=Resource(0, 0), container_statuses=statuses or [],
+        node_id=node_id, response_id=response_id, used=Resource(0, 0), container_statuses=statuses or [],
         health=api.NodeHealth(healthy=healthy)))
 
 

@@ -23,7 +23,7 @@ from psruntime.frame_codec import Frame
 
 
 class ScriptedPlane:
-    """Answers the AM's control ops; run_epoch waits until the test opens `gate`."""
+    """Answers the AM's control ops; run_clock waits until the test opens `gate`."""
 
     def __init__(self) -> None:
         self.log: list[tuple[str, Any]] = []
@@ -32,12 +32,12 @@ class ScriptedPlane:
 
     async def request(self, address: str, header: dict[str, Any], arrays: Any = ()) -> Frame:
         op = header["op"]
-        if op == "run_epoch":
+        if op == "run_clock":          # one clock that is the whole epoch
             self.running += 1
             self.log.append(("run_epoch", header["epoch"]))
             await self.gate.wait()
             self.running -= 1
-            return Frame({"op": "ok", "batches": 2}, [np.zeros(2), np.zeros(2)])
+            return Frame({"op": "ok", "batches": 2, "epoch_done": True}, [np.zeros(2), np.zeros(2)])
         if op == "objective":
             self.log.append(("objective", None))
             # a falling objective, so the job never counts as converged early

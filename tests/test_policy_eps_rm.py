@@ -14,7 +14,7 @@ from rm.model import AmSpec
 from rm.policies import EpsPolicy
 from rm.policy_runner import run_policy
 from rm.server import ResourceManagerServer
-from rm.testing import FakeClock, ask, launch_and_register, make_core, register
+from rm.testing import FakeClock, ask, heartbeat, launch_and_register, make_core, register
 
 E = Resource(1024, 1)
 
@@ -67,10 +67,14 @@ async def test_eps_directive_reaches_the_running_jobs_am_and_frees_room_for_the_
                                                                                        "changing": True}))
         assert r.shape_directive is None
 
-        # A's AM obeys: it releases two workers and a server; B's AM gets its container.
+        # A's AM obeys: it releases two workers and a server; once the NM reports them gone,
+        # B's AM gets its container.
         release = granted["worker"][:2] + granted["server"][:1]
         r = core.allocate(claims, api.AllocateRequest(response_id=r.response_id, releases=release,
                                                       shape=shape(1, 1)))
+        assert core.scheduler.apps[b].am_request is not None
+        heartbeat(core, "n1:1", [api.ContainerStatus(container_id=cid, state="COMPLETE", exit_status=-105)
+                                 for cid in release])
         assert core.scheduler.apps[b].am_request is None
         assert any(c.app_id == b and c.is_am for c in core.containers.values())
         assert run_policy(core, rm.policy) == 0

@@ -19,7 +19,7 @@ import pytest
 from appmaster.ps.submission import build_ps_submission
 from conftest import FINAL_STATES, get_app, pids_with_env, rest, submit_app, wait_app, wait_until
 from protocol import container_env
-from psruntime.checkpoint import load_manifests
+from psruntime.checkpoint import load_blocks, load_manifests
 
 pytestmark = pytest.mark.cluster
 
@@ -170,9 +170,9 @@ def test_checkpoint_on_request_then_killed_worker_fails_the_job(ps_cluster) -> N
         url = get_app(ps_cluster.rm_url, app_id)["trackingUrl"].rstrip("/")
         ckpt = http_json(url + "/checkpoint", "POST")
         assert ckpt["epoch"] >= 2 and Path(ckpt["dir"]).parent == am_dir(ps_cluster, app_id) / "checkpoints"
-        blocks = load_manifests(ckpt["dir"], status["num_blocks"])
-        values = [np.load(Path(ckpt["dir"]) / name) for entries in blocks.values() for _, name in entries]
-        assert sum(len(entries) for entries in blocks.values()) == 200 and all(v.shape == (5,) for v in values)
+        blocks = load_blocks(ckpt["dir"], status["num_blocks"])
+        assert sum(len(b.keys) for b in blocks.values()) == 200
+        assert all(b.values is not None and b.values.shape == (len(b.keys), 5) for b in blocks.values())
         victim = next(e for e in status["shape"]["executors"] if e["id"] == "worker-1")
         os.kill(victim["pid"], signal.SIGKILL)
         app = wait_app(ps_cluster.rm_url, app_id, ("FINISHED", "FAILED"), 60)

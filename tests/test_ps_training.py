@@ -3,6 +3,7 @@ no RM): setup, BSP and SSP epochs, objective, metrics, status, checkpoints and t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from appmaster.ps.training_controller import ExecutorCallError, TrainingControll
 from protocol.ps_job_spec import validate
 from protocol.records import Resource
 from psruntime.apps.registry import create_app
-from psruntime.checkpoint import load_manifests
+from psruntime.checkpoint import load_blocks, load_manifests
 from psruntime.dataplane import DataPlaneClient
 from psruntime.executor import Executor
 from psruntime.frame_codec import Frame
@@ -107,8 +108,10 @@ async def test_bsp_training_converges_and_checkpoints(job_factory, tmp_path) -> 
     info = await ckpt.write(4, job.ctl.table, job.pool.servers, {"objective": objectives[-1]})
     manifest = json.loads((tmp_path / "checkpoints" / "epoch-4" / JOB_MANIFEST).read_text())
     assert manifest["epoch"] == 4 and manifest["table"]["owners"] == job.ctl.table.owners
-    blocks = load_manifests(info["dir"], job.spec.num_blocks)
-    saved = {k: np.load(f"{info['dir']}/{name}") for entries in blocks.values() for k, name in entries}
+    assert sorted(load_manifests(info["dir"], job.spec.num_blocks)) == list(range(job.spec.num_blocks))
+    assert len(list(Path(info["dir"]).glob("block_*.npz"))) == job.spec.num_blocks   # one file per block
+    saved = {int(k): v for data in load_blocks(info["dir"], job.spec.num_blocks).values()
+             for k, v in zip(data.keys, data.values)}
     model = await job.ctl.model()
     assert len(saved) == job.app.num_keys
     assert all(np.array_equal(saved[k], model[k]) for k in saved)

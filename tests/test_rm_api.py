@@ -65,8 +65,8 @@ class Env:
         req = api.NodeRegisterRequest(node_id=node_id, http_address=self.nm_addr, capability=Resource(mem, vcores))
         await self.call("POST", api.NODE_REGISTER, _b(req), token=nm_token(node_id))
 
-    async def heartbeat(self, node_id: str, statuses: list[api.ContainerStatus] = ()) -> dict:
-        req = api.NodeHeartbeatRequest(node_id=node_id, response_id=0, used=Resource(0, 0),
+    async def heartbeat(self, node_id: str, statuses: list[api.ContainerStatus] = (), response_id: int = 0) -> dict:
+        req = api.NodeHeartbeatRequest(node_id=node_id, response_id=response_id, used=Resource(0, 0),
                                        container_statuses=list(statuses))
         return await self.call("POST", api.NODE_HEARTBEAT, _b(req), token=nm_token(node_id))
 
@@ -476,6 +476,13 @@ async def test_am_launch_failure_fails_the_attempt(tmp_path):
         assert (app["state"], app["finalStatus"]) == ("FAILED", "FAILED")
         assert "Error launching" in app["diagnostics"] and "launch refused" in app["diagnostics"]
         assert (tmp_path / "state" / "apps" / app_id).is_dir()
+        # The never-launched AM container stays charged to the node until its NM confirms it does
+        # not have it: asked to clean it up, the NM's next heartbeat does not report it.
+        node = (await env.call("GET", BASE + "/nodes/n1:1"))["node"]
+        assert node["usedMemoryMB"] == 1024
+        hb = await env.heartbeat("n1:1")
+        assert len(hb["containers_to_cleanup"]) == 1
+        await env.heartbeat("n1:1", response_id=hb["response_id"])
         node = (await env.call("GET", BASE + "/nodes/n1:1"))["node"]
         assert node["usedMemoryMB"] == 0
     finally:

@@ -174,8 +174,13 @@ def test_kill_cleans_up_and_old_token_gets_shutdown():
     app = core.apps[app_id]
     assert app.state == AppState.KILLED and app.final_status == FinalStatus.KILLED
     assert core.allocate(claims, api.AllocateRequest(response_id=1)).action == "SHUTDOWN"
-    assert core.nodes.get("n1:1").used == Resource(0, 0)
     assert core.kill(app_id).state == AppState.KILLED   # idempotent
+    # The AM container stays charged to its node until the NM reports it gone.
+    am_cid = core.attempts[claims["attempt_id"]].am_container_id
+    assert heartbeat(core, "n1:1").containers_to_cleanup == [am_cid]
+    assert core.nodes.get("n1:1").used == Resource(1024, 1)
+    heartbeat(core, "n1:1", [api.ContainerStatus(container_id=am_cid, state="COMPLETE", exit_status=-106)])
+    assert core.nodes.get("n1:1").used == Resource(0, 0)
 
 
 def test_release_and_unknown_running_container_cleanup():

@@ -1,12 +1,14 @@
-"""Model checkpoints of a PS job: every server writes its blocks into one directory per epoch.
+"""Model checkpoints of a PS job: every server writes its blocks into one directory per cut.
 
 Layout under the AM's durable dir (ELASTANE_AM_DIR)::
 
-    checkpoints/epoch-<N>/manifest-<server>.json, block_<b>/<i>.npy   (psruntime.checkpoint's format)
+    checkpoints/epoch-<N>/manifest-<server>.json, block_<b>.npz   (psruntime.checkpoint's format)
     checkpoints/epoch-<N>/job.json   epoch, objective, the ownership table and the job spec
+    checkpoints/epoch-<N>-clock-<C>/...   a cut inside epoch N, after the job's C-th clock (a
+                                          kill-based reshape pauses at the next clock boundary)
 
 `job.json` is written last (atomically), so a directory without it is an incomplete checkpoint.
-The AM only checkpoints between epochs, when no push is in flight, so a checkpoint is a
+The AM only checkpoints at clock boundaries, when no push is in flight, so a checkpoint is a
 consistent cut of the model. (Servers write to the AM's dir directly: on a real multi-host
 cluster that dir must be on a shared file system.)
 """
@@ -41,14 +43,15 @@ class Checkpointer:
         self.written: list[dict[str, Any]] = []
         self._lock = asyncio.Lock()
 
-    def directory(self, epoch: int) -> Path:
-        return self.root / f"epoch-{epoch}"
+    def directory(self, epoch: int, clock: int = 0) -> Path:
+        return self.root / (f"epoch-{epoch}-clock-{clock}" if clock else f"epoch-{epoch}")
 
     async def write(self, epoch: int, table: OwnershipTable, servers: Sequence[ExecutorRecord],
-                    job: dict[str, Any]) -> dict[str, Any]:
-        """Checkpoint every block at `epoch`; returns {"epoch", "dir", "blocks", "time"}."""
+                    job: dict[str, Any], clock: int = 0) -> dict[str, Any]:
+        """Checkpoint every block at the start of `epoch` (clock 0) or inside it, after the job's
+        `clock`-th clock; returns {"epoch", "clock", "dir", "blocks", "seconds", "time"}."""
         async with self._lock:
-            d = self.directory(epoch)
+            d = self.directory(epoch, clock)
             d.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
             await asyncio.gather(*(self.client.request(s.address, {"op": "checkpoint", "dir": str(d)})
@@ -57,12 +60,12 @@ class Checkpointer:
             missing = sorted(set(range(table.num_blocks)) - set(covered))
             if missing:
                 raise CheckpointIncomplete(f"checkpoint {d} lacks blocks {missing}")
-            manifest = {"epoch": epoch, "time": time.time(), "num_blocks": table.num_blocks,
+            manifest = {"epoch": epoch, "clock": clock, "time": time.time(), "num_blocks": table.num_blocks,
                         "table": table.to_wire(), "servers": [s.executor_id for s in servers], **job}
             tmp = d / (JOB_MANIFEST + ".tmp")
             tmp.write_text(json.dumps(manifest))
             os.replace(tmp, d / JOB_MANIFEST)
-            info = {"epoch": epoch, "dir": str(d), "blocks": table.num_blocks,
+            info = {"epoch": epoch, "clock": clock, "dir": str(d), "blocks": table.num_blocks,
                     "seconds": round(time.perf_counter() - t0, 4), "time": manifest["time"]}
             self.written.append(info)
             return info

@@ -202,8 +202,9 @@ class DirectiveTracker:
 class ProgressTracker:
     """Training progress for the shape report (pure: the caller passes times and counts).
 
-    An iteration is one pull-compute-push round of every worker: per epoch, the most mini-batches
-    any worker ran in it (workers' partitions differ by at most a block).
+    An iteration is one pull-compute-push round of every worker: per clock (the AM calls
+    `on_clock` after every BSP clock, and `on_epoch` at an epoch's end), the most mini-batches any
+    worker ran in it.
     """
 
     early_feedback_iterations: int = DEFAULT_EARLY_FEEDBACK_ITERATIONS
@@ -220,7 +221,8 @@ class ProgressTracker:
         self._speed_since, self._speed_base = now, self.iterations
 
     def on_epoch(self, batches_by_worker: dict[str, int], now: float) -> int:
-        """Fold in the workers' cumulative mini-batch counts after an epoch; returns iterations."""
+        """Fold in the workers' cumulative mini-batch counts after a clock or an epoch; returns
+        iterations (counts already folded in add nothing)."""
         rounds = 0
         for w, n in batches_by_worker.items():
             rounds = max(rounds, n - self._batches_seen.get(w, 0))
@@ -228,6 +230,8 @@ class ProgressTracker:
         self.iterations += rounds
         self._last_epoch_end = now
         return self.iterations
+
+    on_clock = on_epoch
 
     def change_started(self) -> None:
         self.changing = True

@@ -3,15 +3,17 @@
 Selected by the job option `elastic_mode = "kill"`. To change the job's shape it does what those
 systems do, one step after the other:
 
-1. pause at an iteration boundary: training stops after the epoch that is running (the AM's
-   epochs are its iterations; between them no push is in flight, so the model is a consistent cut);
+1. pause at an iteration boundary: training stops at the next BSP clock boundary (between clocks no
+   push is in flight, so the model is a consistent cut); mid-epoch, every input block's place in
+   the epoch is collected from the workers and the objective at the pause is measured;
 2. checkpoint the model -- every server block -- to the AM's durable dir (appmaster.ps.checkpoints);
 3. stop every executor container of the job and release them to the RM;
 4. start the job again with the new shape: ask the RM for the containers, launch executors in them,
    place the blocks round-robin over the new servers, regenerate each worker's input partition;
-5. restore the model from the checkpoint and continue training from the same epoch.
+5. restore the model from the checkpoint and continue training from the same epoch and place: each
+   regenerated block gets its place back, so no mini-batch of the epoch runs twice or never.
 
-No progress is lost: the restored objective equals the checkpoint's (checked and recorded), and the
+No progress is lost: the restored objective equals the one at the pause (checked and recorded), and the
 epoch count, objective history and learning-rate schedule carry on. Each change records its
 duration, the time of each step and the training time lost (all of it: nothing trains meanwhile)
 in the job's shape history, as the EPS ops do for theirs.
@@ -216,9 +218,9 @@ class KillRestart:
                 return {"mode": self.mode, "workers": workers, "servers": servers, "changed": False}
             fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
             self._request = _Request(workers, servers, RestartTimeline(before, (workers, servers), self.clock), fut)
-            log.info("kill-based reshape %s -> %s workers/servers: stopping at the end of this epoch",
+            log.info("kill-based reshape %s -> %s workers/servers: stopping at the next clock boundary",
                      before, (workers, servers))
-            self.master.training.stop()      # the running epoch ends, then train() returns
+            self.master.training.stop()      # the running clock ends, then train() returns
             return await fut
 
     def _check_training(self) -> None:
@@ -258,21 +260,29 @@ class KillRestart:
         m, tl = self.master, req.timeline
         tl.advance(RestartPhase.PAUSED)
         epoch = m.training.epochs_done
+        positions = await self._positions(m.training)
+        mid_epoch = any(e == epoch and row > 0 for e, row in positions.values())
+        clock = m.training.clocks_done if mid_epoch else 0
         objective = m.metrics.objectives[-1] if m.metrics.objectives else m.metrics.initial_objective
+        if mid_epoch:
+            objective = await m.training.objective()      # the model at the pause, not at the epoch's end
         last = m.checkpointer.last
-        if last is None or last["epoch"] != epoch:
+        if last is None or (last["epoch"], last.get("clock", 0)) != (epoch, clock):
             last = await m.checkpointer.write(epoch, m.training.table, m.pool.of_role(Role.SERVER, ExecutorState.READY),
-                                              {"objective": objective, "spec": m.spec.to_json(), "reason": "reshape"})
+                                              {"objective": objective, "spec": m.spec.to_json(), "reason": "reshape",
+                                               "positions": {str(b): list(p) for b, p in positions.items()}},
+                                              clock=clock)
         tl.advance(RestartPhase.CHECKPOINTED)
         await self._release_all()
         tl.advance(RestartPhase.RELEASED)
         servers, workers = await self._allocate(req.servers, req.workers)
         tl.advance(RestartPhase.ALLOCATED)
-        restored = await self._restore(servers, workers, last["dir"], epoch)
+        restored = await self._restore(servers, workers, last["dir"], epoch, positions)
         tl.advance(RestartPhase.RESTORED)
         if objective is not None and not math.isclose(restored, objective, rel_tol=RESTORE_RTOL, abs_tol=1e-9):
             log.warning("restored objective %.9g differs from the checkpoint's %.9g", restored, objective)
-        record = self._record(req, {"epoch": epoch, "checkpoint": last["dir"], "objective_before": objective,
+        record = self._record(req, {"epoch": epoch, "mid_epoch": mid_epoch, "checkpoint": last["dir"],
+                                    "objective_before": objective,
                                     "objective_restored": restored})
         m.record_shape_change(record)
         log.info("kill-based reshape to %d workers, %d servers done in %.2fs (%s)", req.workers, req.servers,
@@ -310,14 +320,25 @@ class KillRestart:
                                     m.pool.wait_ready(Role.WORKER, workers, RESTART_TIMEOUT_S))
         return s[:servers], w[:workers]
 
+    async def _positions(self, training: TrainingController) -> dict[int, tuple[int, int]]:
+        """Every input block's place in its epoch pass ([epoch, next_row]), from the workers."""
+        frames = await training.call_all(list(training.workers), {"op": "positions"})
+        out: dict[int, tuple[int, int]] = {}
+        for f in frames:
+            for b, (e, row) in f.header.get("positions", {}).items():
+                out[int(b)] = (int(e), int(row))
+        return out
+
     async def _restore(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord], directory: str,
-                       epoch: int) -> float:
+                       epoch: int, positions: Optional[dict[int, tuple[int, int]]] = None) -> float:
         """Set the restarted job up as TrainingController.setup does, with the checkpoint's model
         instead of the initial one; returns the restored objective."""
         m = self.master
-        training = TrainingController(m.spec, m.app, m.pool, m.metrics, m.client)
+        training = TrainingController(m.spec, m.app, m.pool, m.metrics, m.client, on_clock=m.training.on_clock)
         training.epochs_done = epoch
         training.iterations = m.training.iterations        # the job's progress carries on
+        training.clocks_done = m.training.clocks_done
+        training.pacer = m.training.pacer
         training.workers, training.servers = workers, servers    # the barrier's members, in partition order
         everyone = servers + workers
         table = OwnershipTable.round_robin(m.spec.num_blocks, [s.executor_id for s in servers],
@@ -337,6 +358,9 @@ class KillRestart:
             w.partition = i
             w.data_bytes = int(r.header["data_bytes"])
             w.blocks = list(r.header["blocks"])
+        if positions:       # the regenerated blocks continue their pass of the epoch where it stopped
+            wire = {str(b): [e, row] for b, (e, row) in positions.items()}
+            await training.call_all(workers, {"op": "set_positions", "positions": wire})
         restored = await training.objective()
         training.converged = m.app.is_converged(m.metrics.objectives)
         m.training = training

@@ -2,7 +2,7 @@
 
 Phases (appmaster.ps.job): register with the RM (tracking URL = the status server) -> ask for S
 server containers and launch executors in them -> the same for W workers -> set up (blocks
-round-robin over servers, partitions over workers) -> train epoch by epoch -> final checkpoint and
+round-robin over servers, partitions over workers) -> train in clocks, epoch by epoch -> final checkpoint and
 held-out evaluation -> unregister SUCCEEDED with "final objective X after N epochs (...)".
 
 An executor container that ends while the job needs it fails the job at once: every executor is
@@ -65,7 +65,8 @@ class PSApplicationMaster:
         self.status_server = StatusServer(self.status, self.request_checkpoint, host, 0, scale=self.request_scale)
         self.am_dir = Path(am_dir)
         self.checkpointer = Checkpointer(self.am_dir / "checkpoints", self.client)
-        self.training = TrainingController(spec, self.app, self.pool, self.metrics, self.client)
+        self.training = TrainingController(spec, self.app, self.pool, self.metrics, self.client,
+                                           on_clock=self._after_clock)
         self.resource = Resource(spec.executor_memory_mb, spec.executor_vcores)
         self.final_metrics: Optional[dict[str, float]] = None
         self.started = time.time()
@@ -216,11 +217,19 @@ class PSApplicationMaster:
         self.am.add_ask(count, self.resource, tag=role.value)
         await self.pool.wait_ready(role, count, EXECUTOR_START_TIMEOUT_S)
 
+    def _batches_by_worker(self) -> dict[str, int]:
+        live = self.pool.of_role(Role.WORKER, ExecutorState.READY)
+        return {w.executor_id: self.metrics.workers[w.executor_id].compute_s.count
+                for w in live if w.executor_id in self.metrics.workers}
+
+    def _after_clock(self) -> None:
+        """After every BSP clock: the iterations (early feedback, speed) reach the RM per clock."""
+        self.progress.on_clock(self._batches_by_worker(), time.time())
+        self._publish_shape()
+
     async def _after_epoch(self, rec: EpochRecord) -> None:
         self.am.set_progress(min(1.0, rec.epoch / max(1, int(self.app.hparams.max_epochs))))  # type: ignore[attr-defined]
-        live = self.pool.of_role(Role.WORKER, ExecutorState.READY)
-        self.progress.on_epoch({w.executor_id: self.metrics.workers[w.executor_id].compute_s.count
-                                for w in live if w.executor_id in self.metrics.workers}, rec.time)
+        self.progress.on_epoch(self._batches_by_worker(), rec.time)
         self._publish_shape(rec)
         every = self.spec.checkpoint_every_epochs
         due = every > 0 and (rec.epoch + 1) % every == 0

@@ -3,18 +3,25 @@
 Setup: the ownership table spreads the model blocks round-robin over the servers and is broadcast
 to every executor; each executor binds the app, worker i of W generates input partition i of W,
 worker-0 puts the initial model, every worker initialises its blocks, and the untrained objective
-is measured. Training: BSP runs each epoch on every worker and waits for all of them (a barrier),
-then gathers the objective (workers' parts over their data, servers' parts over their keys) with
-no push in flight, so it is exact. SSP lets each worker start epoch e+1 while the slowest has not
-finished more than e+1-s epochs; the objective of epoch e is gathered once every worker finished
-it (approximate: faster workers may be ahead). Stops at the app's convergence rule or max_epochs.
+is measured. Training runs in clocks (BSP iterations): in each clock every worker runs its next
+`clock_batches` mini-batches of the epoch (appmaster.ps.clock_pacing; the worker keeps its place in
+each block across clocks), flushes, and the AM waits for all of them (the barrier). An epoch ends
+when every input block had its pass; then the AM gathers the objective (workers' parts over their
+data, servers' parts over their keys) with no push in flight, so it is exact. SSP lets each worker
+start clock c while the slowest has finished at least c-s clocks; a worker's part of the objective
+of epoch e is taken when it finished its pass of e, and the epoch's objective once every worker
+has (approximate: faster workers may be ahead). Stops at the app's convergence rule or max_epochs,
+or at a clock boundary when asked to (`stop`).
 
 Elastic changes (appmaster.ps.elastic_ops) hook into the BSP loop at two points: `overlap_epoch(fn)`
-runs fn alongside the running (or next) epoch and makes that epoch's end wait for it -- EPS's
-transmissions overlap an iteration, and the barrier keeps them from overlapping the objective or a
-checkpoint; `at_boundary(fn)` runs fn between two epochs, while no worker trains (the switch-over).
-`workers` and `servers` are the executors in the job's barrier (EPS's clock and worker / server
-lists): an executor that has announced itself is not part of training until a change adds it.
+runs fn alongside the running (or next) epoch's clocks and makes that epoch's end wait for it --
+EPS's transmissions overlap training, and the barrier keeps them from overlapping the objective or a
+checkpoint; `at_boundary(fn)` runs fn at the next clock boundary, while no worker trains (the
+switch-over: input splits change hands with their place in the epoch, so every block is still
+trained once per epoch). `workers` and `servers` are the executors in the job's barrier (EPS's
+clock and worker / server lists): an executor that has announced itself is not part of training
+until a change adds it. `iterations` counts mini-batch rounds (per clock, the most any worker ran)
+and `on_clock` is called after every clock, so progress reports (early feedback) move per clock.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ from psruntime.migration_controller import MigrationController
 from psruntime.ownership_table import OwnershipTable
 from psruntime.store_client import StoreClient
 
+from .clock_pacing import ClockPacer
 from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
 from .metrics import EpochRecord, JobMetrics
 
@@ -64,7 +72,8 @@ class TrainingController:
     """Setup, epochs, objective, status polling and final model of one PS job."""
 
     def __init__(self, spec: PSJobSpec, app: PSApp, pool: ExecutorPool, metrics: JobMetrics,
-                 client: DataPlaneClient, wall_clock: Callable[[], float] = time.time) -> None:
+                 client: DataPlaneClient, wall_clock: Callable[[], float] = time.time,
+                 on_clock: Optional[Callable[[], None]] = None) -> None:
         self.spec = spec
         self.app = app
         self.pool = pool
@@ -78,7 +87,7 @@ class TrainingController:
         # In the BSP barrier / serving model blocks; until set (setup, elastic changes): the READY ones.
         self._workers: Optional[list[ExecutorRecord]] = None
         self._servers: Optional[list[ExecutorRecord]] = None
-        self.iterations = 0                         # mini-batch rounds: per epoch, the most any worker ran
+        self.iterations = 0                         # mini-batch rounds: per clock, the most any worker ran
         # spec.audit_updates: the servers' count of applied mini-batches and the workers' count of
         # mini-batches run; under BSP both are compared at every epoch's end (nothing in flight).
         self.minibatches_applied: Optional[int] = None
@@ -89,6 +98,9 @@ class TrainingController:
         self._workers_done_at: Optional[float] = None                # when the running epoch's workers finished
         self._next_epoch: list[tuple[Step, asyncio.Future[tuple[Any, float]]]] = []
         self._boundary: list[tuple[Step, asyncio.Future[tuple[Any, float]]]] = []
+        self.pacer = ClockPacer(getattr(spec, "clock_batches", 0))
+        self.clocks_done = 0                        # BSP clocks (iterations) run by this controller
+        self.on_clock = on_clock                    # called after every BSP clock (progress reports)
 
     @property
     def workers(self) -> list[ExecutorRecord]:
@@ -172,7 +184,7 @@ class TrainingController:
 
     # -- training ----------------------------------------------------------------------------
     def stop(self) -> None:
-        """Stop after the current epoch (e.g. the job is being shut down)."""
+        """Stop at the next clock boundary (e.g. the job is being shut down or restarted)."""
         self._stop = True
 
     def _record_batches(self, rec: ExecutorRecord, frame: Frame) -> None:
@@ -199,37 +211,60 @@ class TrainingController:
         self._looping = True
         try:
             while not (self.converged or self._stop):
-                await self._run_boundary()
-                workers = list(self.workers)
                 epoch = self.epochs_done
                 t0 = time.perf_counter()
                 self._workers_done_at = None
                 self._in_epoch = [self._spawn(fn, fut) for fn, fut in self._next_epoch]
                 self._next_epoch = []
                 try:
-                    frames = await self.call_all(workers, {"op": "run_epoch", "epoch": epoch,
-                                                           "num_workers": len(workers), **self._audit()})
+                    finished = await self._run_clocks(epoch)
                 except BaseException:
                     steps, self._in_epoch = self._in_epoch, None
                     for t in steps:
                         t.cancel()
                     await asyncio.gather(*steps, return_exceptions=True)
                     raise
-                # Barrier: transmissions overlapping this epoch end before its objective.
+                # Barrier: transmissions overlapping this epoch end before its objective (and before
+                # a checkpoint, even when training stops mid-epoch).
                 self._workers_done_at = time.perf_counter()
                 steps, self._in_epoch = self._in_epoch, None
                 await asyncio.gather(*steps, return_exceptions=True)
+                if not finished:
+                    return          # stopped at a clock boundary, in the middle of the epoch
                 seconds = time.perf_counter() - t0
-                for w, f in zip(workers, frames):
-                    self._record_batches(w, f)
-                self.iterations += max((int(f.header.get("batches", 0)) for f in frames), default=0)
-                self.minibatches_run += sum(int(f.header.get("batches", 0)) for f in frames)
                 if self._audit():
                     await self._check_audit(epoch)
                 await on_epoch(self._finish_epoch(epoch, await self.objective(), seconds))
         finally:
             self._looping = False
             self._abandon_steps()
+
+    async def _run_clocks(self, epoch: int) -> bool:
+        """The clocks of `epoch` until every worker's blocks had their pass; False if stopped at a
+        clock boundary first. Boundary steps run before each clock, while no worker trains."""
+        while True:
+            await self._run_boundary()
+            if self._stop:
+                return False
+            workers = list(self.workers)
+            frames = await self.call_all(workers, {"op": "run_clock", "epoch": epoch, "batches": self.pacer.batches,
+                                                   "num_workers": len(workers), **self._audit()})
+            self._end_clock(workers, frames)
+            if all(f.header.get("epoch_done", True) for f in frames):
+                return True
+
+    def _end_clock(self, workers: list[ExecutorRecord], frames: list[Frame]) -> None:
+        batches = [int(f.header.get("batches", 0)) for f in frames]
+        for w, f in zip(workers, frames):
+            self._record_batches(w, f)
+        slowest = max(frames, key=lambda f: float(f.header.get("seconds", 0.0)), default=None)
+        if slowest is not None:
+            self.pacer.observe(int(slowest.header.get("batches", 0)), float(slowest.header.get("seconds", 0.0)))
+        self.iterations += max(batches, default=0)
+        self.minibatches_run += sum(batches)
+        self.clocks_done += 1
+        if self.on_clock is not None:
+            self.on_clock()
 
     # -- elastic steps -----------------------------------------------------------------------
     def _spawn(self, fn: Step, fut: "asyncio.Future[tuple[Any, float]]", boundary: bool = False) -> "asyncio.Task[Any]":
@@ -272,7 +307,7 @@ class TrainingController:
         return await fut
 
     async def at_boundary(self, fn: Step) -> tuple[Any, float]:
-        """Run `fn` between two epochs, while no worker trains. Returns (fn's result, seconds
+        """Run `fn` at the next clock boundary, while no worker trains. Returns (fn's result, seconds
         training waited for it)."""
         self._check_elastic()
         fut: asyncio.Future[tuple[Any, float]] = asyncio.get_running_loop().create_future()
@@ -295,34 +330,38 @@ class TrainingController:
     async def _train_ssp(self, on_epoch: EpochHook) -> None:
         workers = list(self.workers)
         staleness = self.spec.ssp_staleness
-        done = {w.executor_id: self.epochs_done for w in workers}
+        clocks = {w.executor_id: 0 for w in workers}       # clocks each worker finished (this run)
         parts: dict[int, dict[str, ObjectivePart]] = defaultdict(dict)
         started: dict[int, float] = {}
         changed = asyncio.Condition()
         finished_epochs: asyncio.Queue[int] = asyncio.Queue()
 
-        def may_start(epoch: int) -> bool:
-            return self.converged or self._stop or epoch - min(done.values()) <= staleness
+        def may_start(clock: int) -> bool:
+            return self.converged or self._stop or clock - min(clocks.values()) <= staleness
 
         async def run(w: ExecutorRecord) -> None:
-            epoch = done[w.executor_id]
+            epoch, clock = self.epochs_done, 0
             while True:
                 async with changed:
-                    await changed.wait_for(lambda: may_start(epoch))
+                    await changed.wait_for(lambda: may_start(clock))
                 if self.converged or self._stop:
                     return
                 started.setdefault(epoch, time.perf_counter())
-                f = await self.call(w, {"op": "run_epoch", "epoch": epoch, "num_workers": len(workers),
-                                        "with_objective": True, **self._audit()})
+                f = await self.call(w, {"op": "run_clock", "epoch": epoch, "batches": self.pacer.batches,
+                                        "num_workers": len(workers), **self._audit()})
                 self._record_batches(w, f)
-                value, count = f.header["objective"]
-                parts[epoch][w.executor_id] = ObjectivePart(float(value), int(count))
+                self.pacer.observe(int(f.header.get("batches", 0)), float(f.header.get("seconds", 0.0)))
+                if f.header.get("epoch_done", True):
+                    # This worker's part of the epoch objective (approximate: others may be ahead).
+                    o = await self.call(w, {"op": "objective"})
+                    parts[epoch][w.executor_id] = ObjectivePart(float(o.header["value"]), int(o.header["count"]))
+                    if len(parts[epoch]) == len(workers):
+                        finished_epochs.put_nowait(epoch)
+                    epoch += 1
+                clock += 1
                 async with changed:
-                    done[w.executor_id] = epoch + 1
+                    clocks[w.executor_id] = clock
                     changed.notify_all()
-                if len(parts[epoch]) == len(workers):
-                    finished_epochs.put_nowait(epoch)
-                epoch += 1
 
         async def collect() -> None:
             while not (self.converged or self._stop):
@@ -371,18 +410,11 @@ class TrainingController:
                     self.metrics.record_server(r.executor_id, int(h["data_requests"]), float(h["busy_s"]))
 
     async def model(self) -> np.ndarray:
-        """The whole model (num_keys, key_length), pulled from the servers."""
+        """The whole model (num_keys, key_length), pulled from the servers as arrays."""
         app = self.app
         store = StoreClient(self.table, self.client)
-        out = np.zeros((app.num_keys, app.key_length), np.float32)
-        keys = app.model_keys()
-        chunk = 4096
-        for start in range(0, len(keys), chunk):
-            part = keys[start:start + chunk].tolist()
-            got = await store.pull(part)
-            for k, v in got.items():
-                out[k] = v
-        return out
+        values, _found = await store.pull_array(app.model_keys(), (app.key_length,), np.float32)
+        return np.asarray(values, np.float32).reshape(app.num_keys, app.key_length)
 
     async def evaluate(self) -> dict[str, float]:
         model = await self.model()

@@ -1,0 +1,191 @@
+"""Plain-text reports of PS jobs for `elastane ps status` and `ps submit --wait`: the executor
+table, Cruise plan history, the running report from the AM's status and the report of an ended job."""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from protocol import ps_job_spec
+from protocol.ps_app_schemas import APP_SCHEMAS
+
+from .progress_bar import EpochPoint, EpochProgress, format_objective
+from .tables import format_duration
+
+if TYPE_CHECKING:
+    from .ps_commands import WatchResult
+
+AM_ENDING_PHASES = ("FINISHING", "SUCCEEDED", "FAILED", "KILLED")
+# The PS AM's final diagnostics: "final objective X after N epochs (...; held-out k v, k v)".
+FINAL_DIAGNOSTICS = re.compile(r"final objective (?P<objective>\S+) after (?P<epochs>\d+) epochs"
+                               r"(?:.*?held-out (?P<metrics>[^)]*)\))?")
+
+
+def max_epochs_of(spec_json: Any) -> int:
+    """The epoch limit a spec runs to: max_epochs, else hparams.max_epochs, else the app's default."""
+    try:
+        spec = ps_job_spec.validate(spec_json)
+        hp = msgspec.convert(spec.app_hparams(), APP_SCHEMAS[spec.app].hparams, strict=True)
+        return int(hp.max_epochs)  # type: ignore[attr-defined]
+    except (ps_job_spec.JobSpecError, msgspec.ValidationError, KeyError, AttributeError):
+        return 0
+
+
+def progress_from_status(status: dict[str, Any], max_epochs: int = 0) -> EpochProgress:
+    """The progress bar's view of the AM's /status answer."""
+    history = [EpochPoint(int(h.get("epoch", i)), float(h["objective"]), float(h.get("epoch_time_s") or 0.0),
+                          float(h.get("time") or 0.0))
+               for i, h in enumerate(status.get("objective_history") or []) if h.get("objective") is not None]
+    done = int(status.get("epoch") or len(history))
+    limit = max_epochs or max_epochs_of(status.get("spec")) or done
+    return EpochProgress(phase=str(status.get("state") or "?"), epochs_done=done, max_epochs=max(limit, done),
+                         history=history, initial_objective=status.get("initial_objective"),
+                         converged=bool(status.get("converged")))
+
+
+def _metrics_text(metrics: dict[str, Any] | None) -> str:
+    if not metrics:
+        return "-"
+    return ", ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in metrics.items())
+
+
+def _plural(n: Any, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def final_from_diagnostics(diagnostics: str | None) -> tuple[str, str, str] | None:
+    """(objective, epochs, held-out metrics text) from the PS AM's final diagnostics, if they are that."""
+    m = FINAL_DIAGNOSTICS.search(diagnostics or "")
+    if m is None:
+        return None
+    return m.group("objective"), m.group("epochs"), (m.group("metrics") or "").strip()
+
+
+def final_report(result: WatchResult) -> list[tuple[str, Any]]:
+    """What `ps submit --wait` prints once the job has ended."""
+    app, status = result.app, result.status or {}
+    pairs: list[tuple[str, Any]] = [("Application-Id", app.get("id")),
+                                    ("Final-Status", f"{app.get('state')}/{app.get('finalStatus')}")]
+    history = status.get("objective_history") or []
+    parsed = final_from_diagnostics(app.get("diagnostics"))
+    initial = f" (initial {format_objective(status['initial_objective'])})" \
+        if status.get("initial_objective") is not None else ""
+    if status.get("state") in AM_ENDING_PHASES and history:
+        # The AM's own last word: the whole history, seen before it exited.
+        pairs.append(("Final-Objective", f"{format_objective(history[-1]['objective'])} after "
+                                         f"{_plural(len(history), 'epoch')}{initial}"))
+    elif parsed is not None:   # the last status seen was older: the AM's final diagnostics say it
+        pairs.append(("Final-Objective", f"{parsed[0]} after {_plural(int(parsed[1]), 'epoch')}{initial}"))
+    elif history:
+        pairs.append(("Last-Objective", f"{format_objective(history[-1]['objective'])} after "
+                                        f"{_plural(len(history), 'epoch')}{initial}"))
+    if status.get("final_metrics"):
+        pairs.append(("Held-Out-Metrics", _metrics_text(status["final_metrics"])))
+    elif parsed is not None and parsed[2]:
+        pairs.append(("Held-Out-Metrics", parsed[2]))
+    if app.get("diagnostics"):
+        pairs.append(("Diagnostics", app["diagnostics"]))
+    return pairs
+
+
+def _blocks_text(blocks: list[int]) -> str:
+    """[0, 1, 2, 3, 6] -> '0-3,6'."""
+    runs: list[list[int]] = []
+    for b in sorted(set(blocks)):
+        if runs and runs[-1][1] == b - 1:
+            runs[-1][1] = b
+        else:
+            runs.append([b, b])
+    return ",".join(str(a) if a == z else f"{a}-{z}" for a, z in runs) or "-"
+
+
+EXECUTOR_HEADERS = ["ID", "ROLE", "STATE", "NODE", "CONTAINER", "RSS-MB", "DATA-MB", "MODEL-MB", "BLOCKS"]
+
+
+def executor_rows(status: dict[str, Any]) -> list[list[Any]]:
+    return [[e.get("id"), e.get("role"), e.get("state", "-"), e.get("node"), e.get("container_id"),
+             f"{float(e.get('rss_mb') or 0):.1f}", f"{float(e.get('data_mb') or 0):.3f}",
+             f"{float(e.get('model_mb') or 0):.3f}", _blocks_text(list(e.get("blocks") or []))]
+            for e in (status.get("shape") or {}).get("executors") or []]
+
+
+PLAN_HEADERS = ["EPOCH", "TRIGGER", "FROM", "TO", "PREDICTED", "MEASURED", "PLAN-TIME", "OPS", "ERROR"]
+
+
+def _secs(v: Any) -> str:
+    return "-" if v is None else f"{float(v):.2f}s"
+
+
+def plan_history_rows(status: dict[str, Any]) -> list[list[Any]]:
+    """Cruise's executed plans: shape before / after, predicted and measured epoch times."""
+    cruise = status.get("cruise") or {}
+    return [[p.get("epoch"), p.get("trigger"), "x".join(map(str, p.get("shape_before") or [])) or "-",
+             "x".join(map(str, p.get("shape_after") or p.get("chosen_shape") or [])) or "-",
+             f"{_secs(p.get('predicted_epoch_before_s'))} -> {_secs(p.get('predicted_epoch_after_s'))}",
+             f"{_secs(p.get('measured_epoch_before_s'))} -> {_secs(p.get('measured_epoch_after_s'))}",
+             _secs(p.get("plan_s")), p.get("ops"), p.get("error") or "-"]
+            for p in cruise.get("plan_history") or []]
+
+
+def optimizer_text(status: dict[str, Any]) -> str:
+    cruise = status.get("cruise")
+    if not cruise:
+        return str(status.get("optimizer") or (status.get("spec") or {}).get("optimizer") or "off")
+    w, s = (cruise.get("shape") or ["?", "?"])[:2]
+    state = "reconfiguring" if cruise.get("running") else (cruise.get("why_not_ready") or "measuring")
+    return f"cruise: {w} workers x {s} servers, {_plural(len(cruise.get('plan_history') or []), 'plan')}; {state}"
+
+
+def running_report(app: dict[str, Any], status: dict[str, Any]) -> tuple[list[tuple[str, Any]], EpochProgress]:
+    spec = status.get("spec") or {}
+    shape = status.get("shape") or {}
+    p = progress_from_status(status)
+    wall = p.wall_time_per_epoch_s()
+    eta = p.eta_s()
+    pairs: list[tuple[str, Any]] = [
+        ("Application-Id", app.get("id")), ("Name", app.get("name")), ("User", app.get("user")),
+        ("State", f"{app.get('state')} (job phase {status.get('state')})"),
+        ("App", f"{status.get('app', spec.get('app'))} (preset {spec.get('preset', '-')}, data "
+                f"{status.get('data_mb', '-')} MB, model {status.get('model_mb', '-')} MB)"),
+        ("Shape", f"{_plural(shape.get('workers', '?'), 'worker')}, {_plural(shape.get('servers', '?'), 'server')}, "
+                  f"{_plural(status.get('num_blocks', '?'), 'block')}, sync {spec.get('sync', '-')}"),
+        ("Epoch", f"{p.epochs_done}/{p.max_epochs}" + (" (converged)" if p.converged else "")),
+        ("Objective", f"{format_objective(p.objective)} (initial {format_objective(p.initial_objective)})"),
+        ("Epoch-Time", "-" if p.last_epoch_time_s is None else
+         f"{p.last_epoch_time_s:.3f}s training, {wall:.3f}s wall per epoch" if wall else f"{p.last_epoch_time_s:.3f}s"),
+        ("ETA", "-" if eta is None or p.converged else f"<= {format_duration(eta)}"),
+        ("Tracking-URL", app.get("trackingUrl")),
+    ]
+    if status.get("cruise") or (spec.get("optimizer") not in (None, "off")):
+        pairs.append(("Optimizer", optimizer_text(status)))
+    if status.get("final_metrics"):
+        pairs.append(("Held-Out-Metrics", _metrics_text(status["final_metrics"])))
+    if status.get("diagnostics"):
+        pairs.append(("Diagnostics", status["diagnostics"]))
+    return pairs, p
+
+
+def ended_report(app: dict[str, Any]) -> list[tuple[str, Any]]:
+    shape = app.get("shape") or {}
+    pairs: list[tuple[str, Any]] = [
+        ("Application-Id", app.get("id")), ("Name", app.get("name")), ("User", app.get("user")),
+        ("State", app.get("state")), ("Final-Status", app.get("finalStatus")),
+        ("Elapsed", format_duration((app.get("elapsedTime") or 0) / 1000))]
+    if shape:
+        pairs.append(("Last-Shape", f"{_plural(shape.get('workers', '?'), 'worker')}, "
+                                    f"{_plural(shape.get('servers', '?'), 'server')}"))
+    parsed = final_from_diagnostics(app.get("diagnostics"))
+    if parsed is not None:
+        pairs.append(("Final-Objective", f"{parsed[0]} after {_plural(int(parsed[1]), 'epoch')}"))
+        if parsed[2]:
+            pairs.append(("Held-Out-Metrics", parsed[2]))
+    elif shape.get("objective") is not None:   # the last epoch the AM reported to the RM
+        pairs.append(("Last-Epoch", f"{_plural(int(shape.get('epoch', 0)) + 1, 'epoch')}, objective "
+                                    f"{format_objective(shape['objective'])}, epoch time "
+                                    f"{float(shape.get('epoch_time_s') or 0):.3f}s"))
+    pairs.append(("Diagnostics", app.get("diagnostics") or "-"))
+    return pairs
+
+
+# ----- commands --------------------------------------------------------------------------------
