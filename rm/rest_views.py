@@ -65,7 +65,7 @@ def scheduler_info(core: ResourceManagerCore) -> dict[str, Any]:
         all_used = all_used + q.used
         apps = [core.apps[aid] for aid in q.apps if aid in core.apps]
         # As YARN: pending = held back by the queue's AM limit, active = the rest.
-        pending = len(q.am.blocked)
+        pending = len(q.am.pending)
         am_limit = core.scheduler.am_limit(q)
         guaranteed = q.capacity / 100.0
         queues.append({

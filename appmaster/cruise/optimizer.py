@@ -10,7 +10,7 @@ Identical slots (one class) use the closed form of eq. 3.5, otherwise the class 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
 from .cost_model import Assignment, CostModelError, JobProfile, predict
