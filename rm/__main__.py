@@ -43,12 +43,18 @@ def load_configs(args: argparse.Namespace) -> tuple[config_mod.RMConfig, config_
         raise config_mod.ConfigError(f"policy: unknown policy {cfg.policy!r}; known: {', '.join(policies.known())}")
     if cfg.minimum_allocation_mb <= 0 or cfg.maximum_allocation_mb < cfg.minimum_allocation_mb:
         raise config_mod.ConfigError("need 0 < minimum_allocation_mb <= maximum_allocation_mb")
+    if not (0 < cfg.max_am_resource_percent <= 1):
+        raise config_mod.ConfigError(f"max_am_resource_percent must be a fraction in (0, 1], "
+                                     f"got {cfg.max_am_resource_percent}")
     names = [q.name for q in cfg.queues]
     if not names or len(set(names)) != len(names):
         raise config_mod.ConfigError(f"queues: need at least one queue and unique names, got {names}")
     for q in cfg.queues:
         if not (0 < q.capacity <= q.max_capacity <= 100):
             raise config_mod.ConfigError(f"queue {q.name!r}: need 0 < capacity <= max_capacity <= 100")
+        if q.max_am_resource_percent is not None and not (0 < q.max_am_resource_percent <= 1):
+            raise config_mod.ConfigError(f"queue {q.name!r}: max_am_resource_percent must be a fraction in (0, 1], "
+                                         f"got {q.max_am_resource_percent}")
     if sum(q.capacity for q in cfg.queues) > 100.0 + 1e-9:
         raise config_mod.ConfigError(f"queues: capacities add up to {sum(q.capacity for q in cfg.queues)} > 100")
     cluster_path = args.cluster_config or str(config_mod.CONF_DIR / "cluster.toml")

@@ -99,6 +99,8 @@ class CapacityScheduler:
                  on_activation: Callable[[str, Optional[str]], None] = lambda app_id, diagnostics: None):
         if not cfg.queues:
             raise ValueError("at least one queue must be configured")
+        if not (0 < cfg.max_am_resource_percent <= 1):
+            raise ValueError(f"max_am_resource_percent must be a fraction in (0, 1], got {cfg.max_am_resource_percent}")
         self.min_mb = max(1, cfg.minimum_allocation_mb)
         self.maximum = Resource(cfg.maximum_allocation_mb, cfg.maximum_allocation_vcores)
         self.queues: dict[str, Queue] = {}

@@ -1,5 +1,4 @@
 """Cruise cost model (eq. 3.1-3.4) and the optimal block split on synthetic profiles."""
-import math
 
 import numpy as np
 import pytest

@@ -13,7 +13,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
