@@ -89,7 +89,7 @@ class AppRole:
 
     @property
     def step_lock(self) -> asyncio.Lock:
-        """Held while a training step (an epoch) runs: whoever changes `blocks` takes it first."""
+        """Held while a training step (a clock or an epoch) runs: whoever changes `blocks` takes it first."""
         return self._busy
 
     # -- setup -------------------------------------------------------------------------------

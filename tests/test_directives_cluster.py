@@ -3,12 +3,15 @@
 Two nodes of three 512 MB / 1 vcore slots. Job A (MLR, 2 workers + 2 servers, elastic_mode "kill")
 takes five of them; once it has given early feedback, job B (1 worker + 1 server) arrives and
 does not fit. The policy tells A to shrink; A's AM diffs the directive against its shape and
-restarts itself smaller (the kill-based baseline); B gets the freed containers and finishes; then
-the policy grows A back. Checked: A acted on the policy's directives in version order and recorded
-each change, A's shape report reached the RM, both jobs succeed, and A's training went on."""
+restarts itself smaller (the kill-based baseline); B gets the freed containers and finishes. A
+trains with no epoch limit in reach until the test has seen it restarted and train on, then the
+test kills it (its AM leaves its final status). Checked: A acted on the policy's directives in
+version order and recorded each change, A's shape report reached the RM, B succeeds, and A's
+training went on from where the restart left it."""
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -50,8 +53,21 @@ def shape_report(cluster: Any, app_id: str) -> dict[str, Any] | None:
         return None
 
 
+def am_status(cluster: Any, app_id: str) -> dict[str, Any] | None:
+    """The AM's own status (its tracking URL), or None while it is not reachable."""
+    try:
+        url = get_app(cluster.rm_url, app_id)["trackingUrl"].rstrip("/")
+        with urllib.request.urlopen(url + "/status", timeout=5) as r:
+            return json.loads(r.read())
+    except Exception:  # noqa: BLE001 - not up yet, or restarting its executors
+        return None
+
+
 def test_eps_policy_directives_reshape_a_kill_mode_job(eps_cluster) -> None:
-    a = submit(eps_cluster, {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 25, "elastic_mode": "kill",
+    # Job A trains until the test has seen what it checks (epoch limit far away, no convergence):
+    # how fast training is does not decide whether the policy had time to act on it.
+    a = submit(eps_cluster, {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 100_000,
+                             "convergence_threshold": 1e-12, "elastic_mode": "kill",
                              "early_feedback_iterations": 20}, "eps-a")
     seen: dict[str, Any] = {}
 
@@ -60,13 +76,23 @@ def test_eps_policy_directives_reshape_a_kill_mode_job(eps_cluster) -> None:
         if rep:
             seen["report"] = rep
         return bool(rep) and json.dumps(rep).find('"early_feedback": true') >= 0
-    wait_until(a_gave_feedback, 120, "job A reports early feedback to the RM")
+    try:
+        wait_until(a_gave_feedback, 120, "job A reports early feedback to the RM")
 
-    b = submit(eps_cluster, {"app": "mlr", "workers": 1, "servers": 1, "max_epochs": 3}, "eps-b")
-    app_b = wait_app(eps_cluster.rm_url, b, ("FINISHED",), 180)
-    assert app_b["finalStatus"] == "SUCCEEDED", app_b["diagnostics"]
-    app_a = wait_app(eps_cluster.rm_url, a, ("FINISHED",), 240)
-    assert app_a["finalStatus"] == "SUCCEEDED", app_a["diagnostics"]
+        b = submit(eps_cluster, {"app": "mlr", "workers": 1, "servers": 1, "max_epochs": 3}, "eps-b")
+        app_b = wait_app(eps_cluster.rm_url, b, ("FINISHED",), 180)
+        assert app_b["finalStatus"] == "SUCCEEDED", app_b["diagnostics"]
+
+        def a_reshaped_and_trained_on() -> bool:
+            st = am_status(eps_cluster, a)
+            if not st or not st["shape_history"] or not st["shape_history"][0].get("changed"):
+                return False
+            return st["epoch"] >= st["shape_history"][0]["epoch"] + 2    # epochs after the restart
+        wait_until(a_reshaped_and_trained_on, 180, "job A restarted smaller and trained on")
+    finally:
+        if get_app(eps_cluster.rm_url, a)["state"] not in ("FINISHED", "FAILED", "KILLED"):
+            rest(eps_cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{a}/state", {"state": "KILLED"}, user="alice")
+    wait_app(eps_cluster.rm_url, a, ("FINISHED", "FAILED", "KILLED"), 60)
     for app_id in (a, b):
         wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
 

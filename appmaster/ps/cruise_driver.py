@@ -1,6 +1,6 @@
 """Runs the Cruise optimizer (appmaster.cruise) inside the PS AM while the job trains.
 
-Inputs: each worker's per-mini-batch compute and communication times (from its run_epoch reply,
+Inputs: each worker's per-mini-batch compute and communication times (from its run_clock replies,
 via JobMetrics' batch listeners), and at every epoch boundary one status round over the job's
 executors: workers' cumulative training counters (samples, bytes pulled + pushed), servers'
 service counters (requests, busy seconds, bytes served) and the node link rate the cluster
@@ -9,8 +9,8 @@ declares. They become the optimizer's moving averages.
 Decisions: at an epoch boundary, once the trigger policy allows (every worker has run the
 configured number of mini-batches since the last change), the optimizer solves for the current
 slots; a plan predicted to gain at least the threshold is executed as a background task
-(plan_executor), so training goes on: model moves overlap an epoch, input splits change hands at
-the next boundary. `on_capacity_change(n)` re-solves for capacity the RM grants or reclaims.
+(plan_executor), so training goes on: model moves overlap training, input splits change hands at
+the next clock boundary (the AM's BSP iteration), with their place in the running epoch. `on_capacity_change(n)` re-solves for capacity the RM grants or reclaims.
 
 History: every executed plan is kept with its predicted epoch time before / after and the measured
 ones (mean of the last epochs before the plan started, and of the first epochs that started after

@@ -6,31 +6,35 @@ running job without restarting it and without losing training progress.
                        server takes (eps_decisions.balance_onto); the dependency update broadcasts
                        the new servers' addresses (every executor's server list); the blocks migrate
                        server-to-server with the elastic store's two-step protocol (psruntime.
-                       migration_controller) alongside the running epoch, each move broadcasting the
-                       new ownership table; the epoch ends only once they landed (barrier 4).
+                       migration_controller) alongside training (the running clocks), each move
+                       broadcasting the new ownership table; the epoch ends only once they landed
+                       (barrier 4).
     remove_servers(n)  the most recently added servers' blocks go round-robin to the others
-                       (eps_decisions.drain), alongside an epoch; they leave the server lists and
+                       (eps_decisions.drain), alongside training; they leave the server lists and
                        their containers are stopped and released to the RM.
     add_workers(n)     n worker executors start; the AM decides round-robin which input splits the
                        current workers hand over; the senders stage the splits' input data at the new
-                       workers alongside the running epoch (worker-to-worker transmission); at the
-                       next epoch boundary the splits' worker-local state follows, the senders keep
-                       their copies as *inactive* splits on local disk (eps_datasets), and the new
-                       workers join the BSP barrier (the clock list) at the current epoch.
+                       workers alongside training (worker-to-worker transmission); at the next
+                       clock boundary the splits' worker-local state follows (with each split's
+                       place in the running epoch), the senders keep their copies as *inactive*
+                       splits on local disk (eps_datasets), and the new workers join the BSP
+                       barrier (the clock list) at the next clock, in the current epoch.
     remove_workers(n)  the most recently added workers' splits go back round-robin: to a remaining
                        worker that still holds an inactive copy (re-activated: only state travels),
-                       else staged alongside an epoch; at the boundary the state follows and the
-                       workers leave the barrier; then their containers are stopped and released.
+                       else staged alongside training; at the next clock boundary the state follows
+                       and the workers leave the barrier; then their containers are stopped and
+                       released.
 
 Exactly-once. Model blocks move with the store's protocol: every update reaches the block once,
 at the source before the snapshot or at the destination after. Input splits change hands only
-at an epoch boundary, while no worker trains, so no mini-batch is trained twice or skipped and BSP
-epoch numbers stay the same for every worker (the AM paces epochs).
+at a clock boundary (an iteration of the AM's BSP clock), while no worker trains, and carry their
+place in the epoch in their state, so no mini-batch is trained twice or skipped in an epoch and
+BSP epoch numbers stay the same for every worker (the AM paces clocks and epochs).
 
 One change at a time: a second call while one runs gets ElasticBusy (HTTP 409); an impossible
 change (above the job's max_workers / max_servers or the number of splits / blocks, below one
 worker or server, n < 1) gets ElasticOpError (HTTP 400), and neither changes anything.
-Elastic changes need BSP training (the AM-paced barrier is the switch-over point).
+Elastic changes need BSP training (the AM-paced clock barrier is the switch-over point).
 """
 from __future__ import annotations
 
@@ -366,8 +370,8 @@ class ElasticOps:
             try:
                 await self.splits.commit(rec, transfers, self._splits(), keep_inactive=True)
             finally:
-                # The clock list: the new workers that hold splits train from the next epoch, with
-                # its number (even if some transfer failed: their splits must be trained).
+                # The clock list: the new workers that hold splits train from the next clock, in
+                # the running epoch (even if some transfer failed: their splits must be trained).
                 joined = [e for e in new if ledger.active_of(e.executor_id)]
                 self.training.workers = sorted(self.training.workers + joined, key=_index)
                 rec.epoch_switched = self.training.epochs_done

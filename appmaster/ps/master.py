@@ -101,6 +101,7 @@ class PSApplicationMaster:
             "shape": self.pool.shape_json(), "num_blocks": self.spec.num_blocks,
             "table_version": self.training.controller.table.version if self.training.controller else None,
             "epoch": self.training.epochs_done, "converged": self.training.converged,
+            "clocks": self.training.clocks_done, "clock_batches": self.training.pacer.batches,
             "initial_objective": self.metrics.initial_objective,
             "objective_history": [e.to_json() for e in self.metrics.epochs],
             "metrics": self.metrics.to_json(),

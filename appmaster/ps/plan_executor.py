@@ -8,7 +8,7 @@ bookkeeping honest; this module only does the I/O, through a `PlanRuntime`:
     delete(executor)                stop an executor that holds nothing any more, release its container
     switch(executor, role)          worker <-> server in place (executor's switch_role op)
     move(kind, blocks, src, dst)    model blocks: the store's two-step migration; input blocks:
-                                    worker-to-worker transmission, handed over at an epoch boundary
+                                    worker-to-worker transmission, handed over at a clock boundary
 
 `AmPlanRuntime` is the PS AM's runtime: it launches and retires executors like EPS does, moves
 model blocks with the migration controller alongside an epoch, and hands input splits over with
