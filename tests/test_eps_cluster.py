@@ -139,7 +139,8 @@ def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
     [add_w] = result["changes"]
     assert add_w["op"] == "add_workers" and add_w["after"] == {"workers": 3, "servers": 2}
     assert len(add_w["containers_added"]) == 1 and add_w["splits_moved"] == 21 and add_w["bytes_sent"] > 0
-    assert add_w["epoch_switched"] > add_w["epoch_started"]
+    # switched in at a clock boundary: in the epoch the change started in, or a later one
+    assert add_w["epoch_switched"] >= add_w["epoch_started"]
 
     # add_servers(1) through the CLI.
     assert cli(["ps", "scale", app_id, "--servers", "+1", "--rm", cluster.rm_url]) == 0
