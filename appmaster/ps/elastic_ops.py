@@ -134,7 +134,11 @@ class ElasticOps:
             steps.append(("add_workers", Role.WORKER, workers, self._add_workers))
         self._busy = True
         try:
-            return [await self._run(op, abs(d), fn) for op, _role, d, fn in steps]
+            removals = [await self._run(op, abs(d), fn) for op, _role, d, fn in steps if d < 0]
+            # The additions of the two roles are independent (new servers take model blocks, new
+            # workers take input splits), so their container launches and transfers overlap.
+            additions = await asyncio.gather(*(self._run(op, d, fn) for op, _role, d, fn in steps if d > 0))
+            return removals + list(additions)
         finally:
             self._busy = False
 
