@@ -263,19 +263,15 @@ class AppRole:
     def server_objective(self, frame: Frame) -> Reply:
         app = self._need_app()
         store = self.executor.service.store
-        keys: list[np.ndarray] = []
-        values: list[np.ndarray] = []
+        # Block by block (the server part is additive over keys): concatenating and sorting every
+        # owned block first would copy the whole model twice at the server's memory peak.
+        value, count = 0.0, 0
         for b in self.executor.service.owned_blocks():
             data = store.export_arrays(b)      # dense model rows; other keys (the audit counter) left out
             if data.values is not None and len(data.keys):
-                keys.append(data.keys)
-                values.append(data.values)
-        if not keys:
-            return {"op": "ok", "value": 0.0, "keys": 0}, ()
-        all_keys = np.concatenate(keys)
-        order = np.argsort(all_keys, kind="stable")
-        kv = KeyValues(all_keys[order], np.concatenate(values)[order])
-        return {"op": "ok", "value": float(app.server_objective(kv)), "keys": len(all_keys)}, ()
+                value += float(app.server_objective(KeyValues(data.keys, data.values)))
+                count += len(data.keys)
+        return {"op": "ok", "value": value, "keys": count}, ()
 
     def stop_training(self, frame: Frame) -> Reply:
         self.stop.set()

@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
+import gc
 import json
 import logging
 import os
@@ -279,6 +282,41 @@ class Executor:
     }
 
 
+# glibc mallopt parameters (malloc.h) and the values the executor uses.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+MMAP_THRESHOLD_BYTES = 256 << 10
+TRIM_THRESHOLD_BYTES = 1 << 20
+ARENA_MAX = 2
+
+
+def tune_malloc() -> bool:
+    """Keep freed memory from inflating the executor's RSS; True if glibc took the settings.
+
+    glibc raises its mmap threshold each time a large mmapped block is freed (up to 32 MiB), so
+    after the first freed temporary, data-generation and pull/push arrays of a few MiB come from
+    the brk heap, where blocks held for the whole job pin the freed temporaries between them:
+    the RSS stayed 2x the held data after generation. A fixed threshold keeps arrays over 256 KiB
+    in their own mappings (returned to the kernel on free) and disables the dynamic raise; a trim
+    threshold returns the heap's free top; two arenas bound what BLAS / resolver threads can pin.
+    Environment settings (MALLOC_MMAP_THRESHOLD_ etc.) win: they are left alone if present.
+    """
+    path = ctypes.util.find_library("c")
+    if path is None:
+        return False
+    try:
+        libc = ctypes.CDLL(path)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False   # not glibc (musl has no mallopt): nothing to tune
+    ok = True
+    for env, param, value in (("MALLOC_MMAP_THRESHOLD_", _M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+                              ("MALLOC_TRIM_THRESHOLD_", _M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
+                              ("MALLOC_ARENA_MAX", _M_ARENA_MAX, ARENA_MAX)):
+        if env not in os.environ:
+            ok = bool(mallopt(param, value)) and ok
+    return ok
+
+
 def _write_ready_file(path: str, payload: dict[str, Any]) -> None:
     tmp = Path(path + ".tmp")
     tmp.write_text(json.dumps(payload))
@@ -328,6 +366,10 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    tune_malloc()
+    # The imported modules' objects live as long as the process: keep the collector from
+    # scanning (and touching the pages of) them on every full collection.
+    gc.freeze()
     setup_logging(f"executor-{args.executor_id}", args.log_level)
     install_uvloop()
     try:

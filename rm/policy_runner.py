@@ -9,6 +9,7 @@ from .policies import AppView, ClusterSnapshot, NodeView, Policy
 
 
 def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
+    """The policy's view of `core` now: nodes, apps known to the scheduler, their demand and limits."""
     nodes = tuple(NodeView(n.node_id, n.rack, n.state.value, n.capability, n.used) for n in core.nodes)
     apps = []
     for sa in core.scheduler.apps.values():
@@ -16,9 +17,12 @@ def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
         pending = sa.am_request or ZERO
         for a in sa.asks.values():
             pending = pending + a.resource.scale(a.count)
+        # An AM request not yet activated is held back by the queue's AM limit (am_active is set on
+        # activation and the request cleared once the AM container is allocated).
+        am_limited = sa.am_request is not None and not sa.am_active
         apps.append(AppView(app.app_id, app.queue, app.user, app.state.value, app.submit_time, sa.used,
                             app.shape, app.elastane, am_resource=app.am.resource, pending=pending,
-                            directive=app.directive))
+                            directive=app.directive, am_limited=am_limited))
     used = sum((q.used for q in core.scheduler.queues.values()), ZERO)
     return ClusterSnapshot(now=core.clock(), total=core.nodes.total, used=used, nodes=nodes, apps=tuple(apps),
                            minimum_allocation_mb=core.scheduler.min_mb)
@@ -42,4 +46,5 @@ def apply_directives(core: ResourceManagerCore, directives: dict[str, api.ShapeD
 
 
 def run_policy(core: ResourceManagerCore, policy: Policy) -> int:
+    """One policy round: decide on a fresh snapshot and store the directives; returns how many changed."""
     return apply_directives(core, policy.decide(build_snapshot(core)))

@@ -146,6 +146,9 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
     # Names of the per-entry and per-row arrays in a block's data (besides "indptr").
     ENTRY_FIELDS: ClassVar[tuple[str, ...]] = ()
     ROW_FIELDS: ClassVar[tuple[str, ...]] = ()
+    # Cached properties only data generation needs (ground truths): a worker drops them once its
+    # partition is generated, so they do not stay beside the data for the whole job.
+    GENERATION_CACHES: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, spec: SpecT, hparams: HParamsT) -> None:
         self.spec = spec
@@ -202,7 +205,14 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
     def generate_partition(self, partition_index: int, num_partitions: int) -> Partition:
         """Blocks of partition i of n, generated without materialising any other partition."""
         rng = partition_block_range(self.num_blocks, partition_index, num_partitions)
-        return Partition(partition_index, num_partitions, [self.generate_block(b) for b in rng])
+        part = Partition(partition_index, num_partitions, [self.generate_block(b) for b in rng])
+        self.release_generation_caches()
+        return part
+
+    def release_generation_caches(self) -> None:
+        """Forget the ground truths cached for generation (recomputed, identically, if used again)."""
+        for name in self.GENERATION_CACHES:
+            self.__dict__.pop(name, None)
 
     def generate_heldout(self) -> list[DataBlock]:
         """The held-out set (rows drawn like training rows from their own random stream)."""

@@ -36,6 +36,7 @@ class LassoApp(PSApp[LassoSpec, LassoHParams]):
     ENTRY_FIELDS = ("features", "values")
     ROW_FIELDS = ("targets",)
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = LASSO_PRESETS
+    GENERATION_CACHES = ("true_weights",)
 
     @property
     def num_rows(self) -> int:

@@ -35,6 +35,7 @@ class LDAApp(PSApp[LDASpec, LDAHParams]):
     ENTRY_FIELDS = ("words",)
     ROW_FIELDS = ()
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = LDA_PRESETS
+    GENERATION_CACHES = ("true_topics",)
 
     @property
     def num_rows(self) -> int:

@@ -35,6 +35,7 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
     ENTRY_FIELDS = ("features", "values")
     ROW_FIELDS = ("labels",)
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = MLR_PRESETS
+    GENERATION_CACHES = ("true_weights",)
 
     # ----------------------------------------------------------------- data
     @property
@@ -58,8 +59,14 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
         start, stop = block_row_range(total, s.rows_per_block, block_index)
         rng = rng_for(s.seed, self._stream(heldout), block_index)
         indptr, feats, vals = generate_sparse_rows(rng, stop - start, s.num_features, s.nnz_per_sample, "uniform")
-        x = local_design(indptr, feats, vals, np.arange(s.num_features, dtype=np.int64), 1)
-        probs = np.exp(_log_softmax(np.asarray(x @ self.true_weights.astype(np.float64))))
+        # Only the ground-truth rows of the block's features, in float64: the design's columns
+        # are those features in order, so every logit sums the same products in the same order
+        # as over all features, without a (features x classes) float64 copy per block.
+        used = np.unique(feats).astype(np.int64)
+        x = local_design(indptr, feats, vals, used, 1)
+        logits = np.asarray(x @ self.true_weights[used].astype(np.float64))
+        del x, used
+        probs = np.exp(_log_softmax(logits))
         u = rng.random((stop - start, 1))
         labels = np.minimum((probs.cumsum(axis=1) < u).sum(axis=1), s.num_classes - 1).astype(np.int32)
         return DataBlock(self.name, block_index, start, stop - start,

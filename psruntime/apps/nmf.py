@@ -25,6 +25,21 @@ from psruntime.apps.random_streams import (MODEL_INIT, STATE_INIT, TRUTH, block_
                                            keyed_uniform, rng_for, sample_row_indices)
 
 
+GATHER_CHUNK_BYTES = 1 << 20
+
+
+def _row_dots(a: np.ndarray, rows: np.ndarray, b: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """(a[rows] * b[cols]).sum(axis=1), gathered in chunks of ~GATHER_CHUNK_BYTES per operand:
+    the whole (entries x rank) float64 gathers of a batch or block would be several times the
+    bytes of the data they are computed from. Each entry's sum is computed alone, as unchunked."""
+    out = np.empty(len(rows))
+    step = max(1, GATHER_CHUNK_BYTES // (8 * max(a.shape[1], 1)))
+    for lo in range(0, len(rows), step):
+        hi = lo + step
+        out[lo:hi] = (a[rows[lo:hi]] * b[cols[lo:hi]]).sum(axis=1)
+    return out
+
+
 class NMFApp(PSApp[NMFSpec, NMFHParams]):
     """Non-negative matrix factorisation (projected SGD, H on servers, W on workers)."""
 
@@ -34,6 +49,7 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
     ENTRY_FIELDS = ("items", "ratings")
     ROW_FIELDS = ()
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = NMF_PRESETS
+    GENERATION_CACHES = ("true_item_factors",)
 
     @property
     def num_rows(self) -> int:
@@ -63,14 +79,18 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
         counts = np.maximum(rng.binomial(s.num_items, s.observed_fraction, n), 1)
         indptr, items = sample_row_indices(rng, counts, s.num_items)
         users = np.repeat(np.arange(n), np.diff(indptr))
-        # Row-wise dot products in chunks: the gathered (entries x rank) float64 operands of a
-        # whole block would dominate a worker's peak memory while it generates its data.
-        clean = np.empty(len(items))
-        step = 1 << 16
+        # Row-wise dot products in chunks of ~GATHER_CHUNK_BYTES per gathered (entries x rank)
+        # float64 operand: whole-block operands would dominate a worker's peak while it generates
+        # its data. Each entry's product is computed alone, so the chunking does not change values.
+        ratings = np.empty(len(items), np.float32)
+        step = max(1, GATHER_CHUNK_BYTES // (8 * s.rank))
+        truth = self.true_item_factors
+        noise = rng.normal(0, s.noise_std, len(items))
         for lo in range(0, len(items), step):
             hi = lo + step
-            clean[lo:hi] = np.einsum("ij,ij->i", user_factors[users[lo:hi]], self.true_item_factors[items[lo:hi]])
-        ratings = (clean + rng.normal(0, s.noise_std, len(items))).astype(np.float32)
+            clean = np.einsum("ij,ij->i", user_factors[users[lo:hi]], truth[items[lo:hi]])
+            ratings[lo:hi] = clean + noise[lo:hi]
+        del noise, users
         return DataBlock(self.name, block_index, start, n, {"indptr": indptr, "items": items, "ratings": ratings})
 
     def data_nbytes(self) -> int:
@@ -113,7 +133,7 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
         cols = params.rows_of(items.astype(np.int64))
         w = batch.block.state["W"][batch.start:batch.stop].astype(np.float64)
         h = np.maximum(params.values.astype(np.float64), 0.0)
-        err = (w[rows] * h[cols]).sum(axis=1) - ratings
+        err = _row_dots(w, rows, h, cols) - ratings
         e = sp.csr_matrix((err, (rows, cols)), shape=(batch.size, len(params.keys)))
         return w, h, np.asarray(e @ h), np.asarray(e.T @ w)
 
@@ -135,8 +155,8 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
 
     def objective(self, block: DataBlock, params: KeyValues) -> ObjectivePart:
         _, rows, items, ratings = self._entries(block, 0, block.num_rows)
-        h = np.maximum(params.values.astype(np.float64), 0.0)[params.rows_of(items.astype(np.int64))]
-        err = (block.state["W"].astype(np.float64)[rows] * h).sum(axis=1) - ratings
+        h = np.maximum(params.values.astype(np.float64), 0.0)
+        err = _row_dots(block.state["W"].astype(np.float64), rows, h, params.rows_of(items.astype(np.int64))) - ratings
         return ObjectivePart(float(np.dot(err, err)), len(err))
 
     def evaluate(self, model: np.ndarray, heldout: Sequence[DataBlock]) -> dict[str, float]:

@@ -26,7 +26,21 @@ Departures from the paper, and why:
 * Resources already promised are accounted: free = cluster free + what running jobs will release
   to reach their directives - what they will take to reach them, so a shrink in flight is not
   asked for twice on the next tick.
-* Resources are counted cluster-wide as the paper's H-scheduler does (getClusterResource), not per node.
+* Jobs held back by their queue's AM resource limit (YARN's maximum-am-resource-percent; the
+  snapshot's `AppView.am_limited`) are not incoming jobs here: the scheduler will not allocate their
+  AM whatever is free, so shrinking running jobs for them would only idle the released resources.
+  They still wait in the queue -- a submitted job the cluster has not started, which is what the
+  paper's "queued" means (§4; §5 "a new job has to wait in a queue") -- so running-job scheduling,
+  which runs only when "there are available resources but no submitted jobs", does not grow
+  running jobs while one is held. Additions on trial are not taken back for a held job either
+  (that too would free resources it cannot use); the trial runs to its verdict. Once the AM limit
+  admits the job it becomes an incoming job and the jobs behind it are served as before. Jobs
+  behind a held one are not blocked by it (YARN's activation skips a blocked AM too).
+* Resources are counted cluster-wide as the paper's H-scheduler does (getClusterResource), not per
+  node. When the free resources are fragmented -- the cluster-wide total holds an incoming job's
+  executors but no single node has room for one -- the job counts as fitting, nothing is shrunk for
+  it, and it (and running-job growth) waits until a node frees enough. Shrinks do not cure this in
+  general either: which nodes a removed executor frees is the AM's choice, not the policy's.
 
 State kept between calls (decide() is deterministic given the sequence of snapshots): the growth
 trials in progress and, per job, the shape an addition was taken back from (its growth cap).
@@ -85,13 +99,12 @@ class EpsPolicy:
         rnd = _Round(jobs, {a: (j.workers, j.servers) for a, j in jobs.items()})
         self._forget(snapshot, jobs)
         self._advance_trials(rnd, snapshot.now)
-        queued = bool(view.incoming or view.other_queued)
-        if queued:
+        if view.startable_waiting:
             self._preempt_trials(rnd, snapshot.now)
         free = view.free + rnd.promised()
         if view.incoming:
             self._schedule_incoming(view, rnd, free)
-        elif not queued:
+        elif not view.queued:
             self._schedule_running(view, rnd, clamp0(free), snapshot.now)
         return {a: ShapeDirective(workers=w, servers=s, reason=rnd.reasons.get(a, "eps"))
                 for a, (w, s) in sorted(rnd.targets.items())
@@ -145,6 +158,8 @@ class EpsPolicy:
         for job in view.incoming:
             avail = clamp0(free)
             need = job.need
+            # Cluster-wide, as in the paper: with the free resources fragmented over nodes the job may
+            # "fit" here yet no node can take one of its executors (see the module doc).
             if need.fits_in(avail):
                 free = free - need
                 continue

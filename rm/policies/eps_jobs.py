@@ -6,6 +6,11 @@ still gathers executors — it is *incoming* (EPS §4.1's "submitted job"). Any 
 demand the scheduler has not granted is just "queued": it blocks running-job scheduling (EPS §4:
 that mode runs only when "there are available resources but no submitted jobs") but EPS cannot
 size it in workers and servers, so it does not shrink jobs for it.
+
+An app (PS or not) whose AM request is held back by its queue's AM resource limit
+(`AppView.am_limited`, YARN's "Queue's AM resource limit exceeded") is *held*: it waits in the
+queue, so it blocks running-job scheduling like any submitted job, but the scheduler will not
+allocate its AM whatever is free, so no job is shrunk for it (see rm/policies/eps.py).
 """
 from __future__ import annotations
 
@@ -113,6 +118,17 @@ class EpsView:
     incoming: tuple[IncomingJob, ...]
     other_queued: tuple[str, ...]
     free: Resource
+    held: tuple[str, ...] = ()      # apps whose AM the queue's AM limit holds back (waiting, not startable)
+
+    @property
+    def queued(self) -> bool:
+        """Something waits in a queue (EPS §4: running-job scheduling only runs when nothing does)."""
+        return bool(self.incoming or self.other_queued or self.held)
+
+    @property
+    def startable_waiting(self) -> bool:
+        """Something waits that freed resources could go to (the scheduler may allocate to it)."""
+        return bool(self.incoming or self.other_queued)
 
 
 def parse_spec(app: AppView, minimum_allocation_mb: int) -> Optional[JobSpecView]:
@@ -136,8 +152,14 @@ def classify(snapshot: ClusterSnapshot) -> EpsView:
     running: list[RunningJob] = []
     incoming: list[IncomingJob] = []
     other: list[str] = []
+    held: list[str] = []
     for app in sorted(snapshot.apps, key=lambda a: (a.submit_time, a.app_id)):
         if app.state in ("FINISHED", "FAILED", "KILLED"):
+            continue
+        if app.am_limited:
+            # Its AM cannot be allocated until the queue's AM limit admits it (e.g. another AM in the
+            # queue finishes). A job whose AM request waits has no AM to direct, whatever it last reported.
+            held.append(app.app_id)
             continue
         spec = parse_spec(app, snapshot.minimum_allocation_mb)
         report = ElasticShapeReport.parse(app.shape)
@@ -159,7 +181,7 @@ def classify(snapshot: ClusterSnapshot) -> EpsView:
             # it is neither managed nor queued (an AM that never reports `started` must not block growth).
             if app.state != "RUNNING" or job.need != ZERO:
                 incoming.append(job)
-    return EpsView(tuple(running), tuple(incoming), tuple(other), snapshot.total - snapshot.used)
+    return EpsView(tuple(running), tuple(incoming), tuple(other), snapshot.total - snapshot.used, tuple(held))
 
 
 __all__ = ["EpsView", "IncomingJob", "JobSpecView", "RunningJob", "clamp0", "classify", "parse_spec", "units"]

@@ -30,6 +30,9 @@ class AppView:
     am_resource: Resource = ZERO        # the AM container's resource (held once the AM is allocated)
     pending: Resource = ZERO            # demand the scheduler has not granted yet (AM + open asks)
     directive: Optional[ShapeDirective] = None   # the latest directive the RM holds for the app
+    # The app's AM request waits for activation by its queue's AM resource limit (rm/am_limit.py):
+    # the scheduler will not allocate its AM whatever is free, so freeing resources cannot start it.
+    am_limited: bool = False
 
 
 @dataclass(frozen=True)
