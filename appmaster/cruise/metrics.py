@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterable, Optional
 
 DEFAULT_ALPHA = 0.2     # weight of the newest sample: smooths over ~5 mini-batches
 
@@ -45,6 +45,12 @@ class MovingAverage:
         a = 1.0 - (1.0 - self.alpha) ** weight
         self.value = sample if self.value is None else self.value + a * (sample - self.value)
         self.count += weight
+        return self.value
+
+    def add_all(self, samples: Iterable[float]) -> Optional[float]:
+        """Fold in each of `samples` in order; the average after them (None if still empty)."""
+        for x in samples:
+            self.add(float(x))
         return self.value
 
 

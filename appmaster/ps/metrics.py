@@ -6,38 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+from appmaster.cruise.metrics import MovingAverage
+
 DEFAULT_ALPHA = 0.1   # weight of the newest sample: smooths over ~10 mini-batches
-
-
-@dataclass
-class MovingAverage:
-    """An exponential moving average; the first sample initialises it."""
-
-    alpha: float = DEFAULT_ALPHA
-    value: Optional[float] = None
-    count: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.alpha <= 1.0:
-            raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
-
-    def add(self, sample: float) -> float:
-        self.count += 1
-        self.value = sample if self.value is None else self.value + self.alpha * (sample - self.value)
-        return self.value
-
-    def add_all(self, samples: Iterable[float]) -> Optional[float]:
-        for s in samples:
-            self.add(float(s))
-        return self.value
 
 
 @dataclass
 class WorkerTimes:
     """Per-mini-batch times of one worker (seconds)."""
 
-    compute_s: MovingAverage = field(default_factory=MovingAverage)
-    comm_s: MovingAverage = field(default_factory=MovingAverage)
+    compute_s: MovingAverage = field(default_factory=lambda: MovingAverage(DEFAULT_ALPHA))
+    comm_s: MovingAverage = field(default_factory=lambda: MovingAverage(DEFAULT_ALPHA))
 
     def to_json(self) -> dict[str, Any]:
         return {"compute_s": self.compute_s.value, "comm_s": self.comm_s.value, "batches": self.compute_s.count}
