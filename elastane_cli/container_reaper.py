@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from nodemanager.cgroup_base import sanitise
 from protocol import container_env
 
 from . import processes
@@ -144,3 +145,20 @@ def remove_recorded_cgroups(recovery_dir: Path) -> list[str]:
             except OSError:
                 pass
     return removed
+
+
+def remove_node_cgroup_dirs(node_ids: list[str], cgroup_name: str = "elastane",
+                            root: Path = Path("/sys/fs/cgroup")) -> list[str]:
+    """Remove the (empty) per-node cgroup dirs NMs of this cluster leave when they die without a
+    clean shutdown; rmdir refuses a dir that still has containers, so nothing live is touched."""
+    removed: list[str] = []
+    for node_id in node_ids:
+        name = sanitise(node_id)
+        for d in [*root.glob(f"*/{cgroup_name}/{name}"), root / cgroup_name / name]:
+            try:
+                d.rmdir()
+                removed.append(str(d))
+            except OSError:
+                pass
+    return removed
+

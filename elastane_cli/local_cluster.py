@@ -350,6 +350,7 @@ class LocalCluster:
         self._spawned.clear()
         if self.started_at:
             container_reaper.reap([n.recovery_dir for n in self.nodes], self.started_at)
+            container_reaper.remove_node_cgroup_dirs([n.node_id for n in self.nodes if n.node_id])
         if self.net is not None:  # after every process inside the namespaces is gone
             self.network_errors = node_network.remove(self.net)
         for n in self.nodes:

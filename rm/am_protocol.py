@@ -117,6 +117,7 @@ class AmProtocol:
         app.progress = req.progress
         if req.shape is not None:
             app.shape = req.shape
+            app.shape_history.record(self.clock(), req.shape)
         for cid in req.releases:
             c = self.containers.get(cid)
             if c is not None and c.attempt_id == at.attempt_id and not c.is_am:

@@ -7,6 +7,8 @@ from typing import Any, Optional
 from protocol import internal_api as api
 from protocol.records import ZERO, AppState, AttemptState, FinalStatus, NodeState, Resource
 
+from .shape_history import ShapeHistory
+
 
 @dataclass
 class Container:
@@ -151,6 +153,7 @@ class App:
     progress: float = 0.0
     attempts: list[str] = field(default_factory=list)
     shape: Optional[dict] = None
+    shape_history: ShapeHistory = field(default_factory=ShapeHistory)   # in memory only (web UI)
     directive: Optional[api.ShapeDirective] = None
     directive_version: int = 0
     delivered_directive_version: int = 0
