@@ -27,6 +27,7 @@ from .rest_api import ClientApi
 from .store import (SqliteStateStore, StateStore, app_from_record, app_to_record, attempt_from_record,
                     attempt_to_record)
 from .submission import ValidSubmission
+from .web_app_page import AppPage
 from .web_ui import WebUi
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ class ResourceManagerServer:
         ClientApi(self).add_routes(app)
         InternalApi(self).add_routes(app)
         WebUi(self).add_routes(app)
+        AppPage(self).add_routes(app)
         app.router.add_get("/metrics/prometheus", self._prometheus)
         return app
 

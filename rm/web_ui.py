@@ -37,7 +37,8 @@ def app_link(app_id: str) -> str:
 def render_cluster_page(rm: "ResourceManagerServer") -> str:
     core = rm.core
     m = views.cluster_metrics(core)["clusterMetrics"]
-    nodes = [[escape(n.node_id), escape(n.rack), f'<span class="{escape(n.state.value)}">{escape(n.state.value)}</span>',
+    nodes = [[escape(n.node_id), escape(n.rack),
+              f'<span class="{escape(n.state.value)}">{escape(n.state.value)}</span>',
               escape(n.http_address), str(len(n.containers)), f"{n.used.memory} / {n.capability.memory}",
               f"{n.used.vcores} / {n.capability.vcores}", escape(n.health_report)] for n in core.nodes]
     apps = []
@@ -57,14 +58,15 @@ def render_cluster_page(rm: "ResourceManagerServer") -> str:
 apps submitted {m["appsSubmitted"]}, running {m["appsRunning"]}, pending {m["appsPending"]} &middot;
 memory {m["allocatedMB"]} / {m["totalMB"]} MB &middot; vcores {m["allocatedVirtualCores"]} / {m["totalVirtualCores"]}
 &middot; nodes {m["activeNodes"]} active, {m["lostNodes"]} lost</p>
-<h2>Nodes</h2>{html_table(["Node", "Rack", "State", "HTTP address", "Containers", "Memory MB", "VCores", "Health"], nodes)}
+<h2>Nodes</h2>{html_table(["Node", "Rack", "State", "HTTP address", "Containers", "Memory MB", "VCores",
+                            "Health"], nodes)}
 <h2>Applications</h2>{html_table(["ID", "User", "Name", "Queue", "State", "Final status", "Progress", "Containers",
                                "Allocated MB", "Tracking", "Diagnostics"], apps)}
 </body></html>"""
 
 
 class WebUi:
-    """`/` and `/cluster` handlers."""
+    """`/` and `/cluster` handlers (one app's page is rm/web_app_page.py)."""
 
     def __init__(self, rm: "ResourceManagerServer"):
         self.rm = rm

@@ -1,0 +1,156 @@
+"""The RM web UI's per-application page (/cluster/app/{id}) and the shape history behind it."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from protocol import internal_api as api
+from protocol.config import ClusterConfig, RMConfig
+from protocol.records import Resource
+from rm.model import AmSpec
+from rm.server import ResourceManagerServer
+from rm.shape_history import ShapeHistory, ShapeSample
+from rm.testing import SECRET, FakeClock, launch_and_register, register
+
+
+# ----- ShapeHistory on its own -------------------------------------------------------------------
+
+def test_history_records_changes_and_skips_repeats():
+    h = ShapeHistory()
+    h.record(10.0, {"workers": 2, "servers": 1, "speed": 1.0})
+    h.record(11.0, {"workers": 2, "servers": 1, "speed": 1.0})      # a repeated heartbeat
+    h.record(12.0, {"workers": 4, "servers": 1, "speed": 1.5})
+    h.record(13.0, {"workers": 4, "servers": 2, "speed": 2.0})
+    h.record(14.0, "not a dict")                                     # ignored
+    assert [(c.t, c.before, c.after) for c in h.changes] == [
+        (10.0, None, (2, 1)), (12.0, (2, 1), (4, 1)), (13.0, (4, 1), (4, 2))]
+    assert [s.t for s in h.samples] == [10.0, 12.0, 13.0]
+
+
+def test_history_is_bounded_and_spans_the_whole_life():
+    h = ShapeHistory(max_samples=10, max_changes=5)
+    for i in range(1000):
+        h.record(float(i), {"workers": 1 + i % 3, "servers": 1, "iterations": i})
+    assert len(h.samples) <= 11 and len(h.changes) == 5
+    assert h.samples[0].t == 0.0 and h.samples[-1].t == 999.0
+    assert [s.t for s in h.samples] == sorted(s.t for s in h.samples)
+
+
+def test_sample_ignores_mistyped_fields():
+    s = ShapeSample.from_report(1.0, {"workers": True, "servers": "2", "speed": float("nan"), "epoch": 3,
+                                      "objective": 0.5, "changing": "yes"})
+    assert (s.workers, s.servers, s.speed, s.epoch, s.objective, s.changing) == (None, None, None, 3, 0.5, False)
+
+
+# ----- the page over HTTP --------------------------------------------------------------------------
+
+class PageEnv:
+    """An in-process RM (no timers, fake clock) with an HTTP test client."""
+
+    def __init__(self, rm: ResourceManagerServer, client: TestClient, clock: FakeClock):
+        self.rm, self.client, self.clock = rm, client, clock
+
+    def submit(self, name: str = "job", app_type: str = "YARN") -> str:
+        core = self.rm.core
+        app_id = core.new_application()
+        core.submit(app_id, "alice", name, "default", app_type, AmSpec(["true"], {}, {}, Resource(1024, 1)),
+                    2, {}, None)
+        core.app_saved(app_id)
+        return app_id
+
+    async def get(self, path: str, status: int = 200) -> str:
+        resp = await self.client.get(path)
+        text = await resp.text()
+        assert resp.status == status, f"GET {path}: {resp.status} {text}"
+        assert resp.content_type == "text/html"
+        return text
+
+
+@pytest.fixture
+async def page_env(tmp_path):
+    clock = FakeClock()
+    rm = ResourceManagerServer(RMConfig(state_dir=str(tmp_path / "state")),
+                               ClusterConfig(secret=SECRET, admins=["root"]), clock=clock, run_timers=False)
+    register(rm.core, "n1:1")
+    client = TestClient(TestServer(rm.build_app()))
+    await client.start_server()
+    yield PageEnv(rm, client, clock)
+    await rm.stop()
+    await client.close()
+
+
+async def test_plain_app_page_and_link_from_cluster_page(page_env: PageEnv):
+    app_id = page_env.submit(name="wordcount")
+    cluster = await page_env.get("/cluster")
+    assert f'href="/cluster/app/{app_id}"' in cluster
+    page = await page_env.get(f"/cluster/app/{app_id}")
+    for text in (app_id, "wordcount", "alice", "default", "YARN", "ACCEPTED", "UNDEFINED"):
+        assert text in page
+    assert "Current shape" not in page and "<svg" not in page
+
+
+async def test_unknown_app_is_404_html(page_env: PageEnv):
+    page = await page_env.get("/cluster/app/application_1_9999", status=404)
+    assert "not found" in page.lower() and "application_1_9999" in page
+    page = await page_env.get("/cluster/app/%3Cscript%3Ex", status=404)
+    assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+async def test_user_values_are_escaped(page_env: PageEnv):
+    app_id = page_env.submit(name="<script>alert(1)</script>")
+    core = page_env.rm.core
+    claims = launch_and_register(core, app_id)
+    core.am_finish(claims, api.AmFinishRequest(final_status="FAILED", diagnostics='<img src=x onerror="boom">'))
+    for path in (f"/cluster/app/{app_id}", "/cluster"):
+        page = await page_env.get(path)
+        assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    page = await page_env.get(f"/cluster/app/{app_id}")
+    assert "<img" not in page and "&lt;img src=x" in page
+
+
+def _report(workers: int, servers: int, iterations: int, speed: float, epoch: int, epoch_time: float,
+            objective: float) -> dict:
+    return {"workers": workers, "servers": servers, "started": True, "changing": False,
+            "iterations": iterations, "early_feedback": iterations >= 100, "early_feedback_iterations": 100,
+            "speed": speed, "speed_iterations": 20, "executor_resource": {"memory": 512, "vCores": 1},
+            "directive_version": 0, "epoch": epoch, "epoch_time_s": epoch_time, "objective": objective}
+
+
+async def test_ps_app_page_shows_shape_changes_and_charts(page_env: PageEnv):
+    core = page_env.rm.core
+    app_id = page_env.submit(name="mf", app_type="ELASTANE_PS")
+    claims = launch_and_register(core, app_id)
+    page = await page_env.get(f"/cluster/app/{app_id}")
+    assert "has not reported its shape yet" in page
+    reports = [_report(2, 1, 50, 1.0, 1, 50.0, 0.9), _report(2, 1, 120, 1.1, 2, 45.0, 0.7),
+               _report(4, 1, 200, 2.0, 3, 25.0, 0.5), _report(4, 2, 300, 2.6, 4, 19.0, 0.4)]
+    for i, rep in enumerate(reports):
+        page_env.clock.advance(30)
+        core.allocate(claims, api.AllocateRequest(response_id=i, progress=0.1 * i, shape=rep))
+    page = await page_env.get(f"/cluster/app/{app_id}")
+    shape = page.split("<h2>Current shape</h2>")[1].split("<h2>")[0]
+    assert "<th>Workers</th><td>4</td>" in shape and "<th>Servers</th><td>2</td>" in shape
+    assert "<th>Iterations</th><td>300</td>" in shape and "2.6 iterations/s" in shape
+    changes = page.split("<h2>Shape changes</h2>")[1].split("<h2>")[0]
+    rows = re.findall(r"<tr>(.*?)</tr>", changes)[1:]
+    cells = [re.findall(r"<td>(.*?)</td>", r) for r in rows]
+    assert [c[2:] for c in cells] == [["2", "1"], ["2 &rarr; 4", "1"], ["4", "1 &rarr; 2"]]
+    assert [c[1] for c in cells] == ["30", "90", "120"]
+    charts = page.split("<h2>Training over time</h2>")[1]
+    for title in ("Speed (iterations/s)", "Epoch time (s)", "Objective"):
+        assert f'aria-label="{title}"' in charts
+    speed_svg = charts.split('aria-label="Speed (iterations/s)"')[1].split("</svg>")[0]
+    assert len(re.search(r'<polyline[^>]* points="([^"]*)"', speed_svg).group(1).split()) == 4
+
+
+async def test_ps_app_bad_shape_report_changes_no_history(page_env: PageEnv):
+    core = page_env.rm.core
+    app_id = page_env.submit(app_type="ELASTANE_PS")
+    claims = launch_and_register(core, app_id)
+    with pytest.raises(Exception, match="shape"):
+        core.allocate(claims, api.AllocateRequest(response_id=0, shape={"workers": -1, "servers": 1}))
+    assert len(core.apps[app_id].shape_history) == 0 and not core.apps[app_id].shape_history.changes
+    page = await page_env.get(f"/cluster/app/{app_id}")
+    assert "Speed (iterations/s): no data reported yet." in page
