@@ -180,6 +180,11 @@ class ClientApi:
             "directive": None if d is None else {"workers": d.workers, "servers": d.servers, "nodes": d.nodes,
                                                  "reason": d.reason, "version": d.version},
             "directiveDelivered": d is not None and app.delivered_directive_version >= d.version,
+            # Shape changes over the app's life (times in ms since the epoch, as YARN's times).
+            "history": [{"time": int(c.t * 1000), "before": None if c.before is None else
+                         {"workers": c.before[0], "servers": c.before[1]},
+                         "after": {"workers": c.after[0], "servers": c.after[1]}}
+                        for c in app.shape_history.changes],
         }})
 
 

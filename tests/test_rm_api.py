@@ -165,6 +165,8 @@ async def test_submit_flow_end_to_end_with_fake_nm(env: Env):
                    token=am_token)
     shape = (await env.call("GET", f"{BASE}/apps/{app_id}/shape"))["shape"]
     assert shape["current"] == {"workers": 2} and shape["directive"] is None and shape["policy"] == "static"
+    assert [h["after"] for h in shape["history"]] == [{"workers": 2, "servers": None}]
+    assert shape["history"][0]["before"] is None and shape["history"][0]["time"] > 0
     attempts = (await env.call("GET", f"{BASE}/apps/{app_id}/appattempts"))["appAttempts"]["appAttempt"]
     assert [a["id"] for a in attempts] == [1] and attempts[0]["nodeId"] == "n1:1"
     await env.call("POST", api.AM_FINISH, {"final_status": "SUCCEEDED", "diagnostics": "done"}, token=am_token)
