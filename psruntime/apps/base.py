@@ -28,7 +28,8 @@ import msgspec
 import numpy as np
 
 from psruntime.apps.blocks import DataBlock
-from psruntime.apps.random_streams import HELDOUT, TRAIN, num_blocks, partition_block_range
+from psruntime.apps.random_streams import (HELDOUT, TRAIN, block_row_range, num_blocks, partition_block_range,
+                                           rng_for)
 
 SpecT = TypeVar("SpecT", bound=msgspec.Struct)
 HParamsT = TypeVar("HParamsT", bound=msgspec.Struct)
@@ -182,9 +183,9 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
         """Training rows (samples, users or documents)."""
 
     @property
-    @abstractmethod
     def num_heldout_rows(self) -> int:
-        """Held-out rows."""
+        """Held-out rows (every app's data spec has `num_heldout`)."""
+        return int(self.spec.num_heldout)  # type: ignore[attr-defined]
 
     @property
     def rows_per_block(self) -> int:
@@ -221,6 +222,13 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
 
     def _stream(self, heldout: bool) -> int:
         return HELDOUT if heldout else TRAIN
+
+    def _block_rows(self, block_index: int, heldout: bool) -> tuple[int, int, np.random.Generator]:
+        """(first row, rows, random stream) of a training or held-out block: what every app's
+        `generate_block` starts from, so a block depends only on (seed, stream, block_index)."""
+        total = self.num_heldout_rows if heldout else self.num_rows
+        start, stop = block_row_range(total, self.rows_per_block, block_index)
+        return start, stop - start, rng_for(self.seed, self._stream(heldout), block_index)
 
     @abstractmethod
     def data_nbytes(self) -> int:

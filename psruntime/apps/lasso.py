@@ -22,7 +22,7 @@ import numpy as np
 from protocol.ps_app_schemas import LASSO_PRESETS, LassoHParams, LassoSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
-from psruntime.apps.random_streams import TRUTH, block_row_range, rng_for
+from psruntime.apps.random_streams import TRUTH, rng_for
 from psruntime.apps.sparse_features import (batch_rows, generate_sparse_rows, keys_of_features,
                                             local_design)
 
@@ -49,10 +49,6 @@ class LassoApp(PSApp[LassoSpec, LassoHParams]):
             return self.hparams.l1
         return 0.1 * self.spec.nnz_per_sample / self.spec.num_features
 
-    @property
-    def num_heldout_rows(self) -> int:
-        return self.spec.num_heldout
-
     @cached_property
     def true_weights(self) -> np.ndarray:
         """Ground truth w* (features,), zero outside a random support."""
@@ -65,13 +61,11 @@ class LassoApp(PSApp[LassoSpec, LassoHParams]):
 
     def generate_block(self, block_index: int, heldout: bool = False) -> DataBlock:
         s = self.spec
-        total = self.num_heldout_rows if heldout else self.num_rows
-        start, stop = block_row_range(total, s.rows_per_block, block_index)
-        rng = rng_for(s.seed, self._stream(heldout), block_index)
-        indptr, feats, vals = generate_sparse_rows(rng, stop - start, s.num_features, s.nnz_per_sample, "normal")
+        start, n, rng = self._block_rows(block_index, heldout)
+        indptr, feats, vals = generate_sparse_rows(rng, n, s.num_features, s.nnz_per_sample, "normal")
         x = local_design(indptr, feats, vals, np.arange(s.num_features, dtype=np.int64), 1)
-        y = np.asarray(x @ self.true_weights.astype(np.float64)) + rng.normal(0.0, s.noise_std, stop - start)
-        return DataBlock(self.name, block_index, start, stop - start,
+        y = np.asarray(x @ self.true_weights.astype(np.float64)) + rng.normal(0.0, s.noise_std, n)
+        return DataBlock(self.name, block_index, start, n,
                          {"indptr": indptr, "features": feats, "values": vals, "targets": y.astype(np.float32)})
 
     def data_nbytes(self) -> int:

@@ -22,7 +22,7 @@ from protocol.ps_app_schemas import LDA_PRESETS, LDAHParams, LDASpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.lda_sampler import sample_batch
-from psruntime.apps.random_streams import STATE_INIT, STEP, TRUTH, block_row_range, rng_for
+from psruntime.apps.random_streams import STATE_INIT, STEP, TRUTH, rng_for
 
 
 class LDAApp(PSApp[LDASpec, LDAHParams]):
@@ -42,10 +42,6 @@ class LDAApp(PSApp[LDASpec, LDAHParams]):
         return self.spec.num_docs
 
     @property
-    def num_heldout_rows(self) -> int:
-        return self.spec.num_heldout
-
-    @property
     def vocab(self) -> int:
         return self.spec.vocab_size
 
@@ -57,10 +53,7 @@ class LDAApp(PSApp[LDASpec, LDAHParams]):
 
     def generate_block(self, block_index: int, heldout: bool = False) -> DataBlock:
         s = self.spec
-        total = self.num_heldout_rows if heldout else self.num_rows
-        start, stop = block_row_range(total, s.rows_per_block, block_index)
-        n = stop - start
-        rng = rng_for(s.seed, self._stream(heldout), block_index)
+        start, n, rng = self._block_rows(block_index, heldout)
         theta = _dirichlet(rng, s.alpha_true, (n, s.num_topics))
         lengths = np.maximum(rng.poisson(s.doc_length, n), 1)
         indptr = np.zeros(n + 1, dtype=np.int64)

@@ -16,7 +16,7 @@ import numpy as np
 from protocol.ps_app_schemas import MLR_PRESETS, MLRHParams, MLRSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
-from psruntime.apps.random_streams import TRUTH, block_row_range, rng_for
+from psruntime.apps.random_streams import TRUTH, rng_for
 from psruntime.apps.sparse_features import (batch_rows, generate_sparse_rows, keys_of_features,
                                             local_design)
 
@@ -42,10 +42,6 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
     def num_rows(self) -> int:
         return self.spec.num_samples
 
-    @property
-    def num_heldout_rows(self) -> int:
-        return self.spec.num_heldout
-
     @cached_property
     def true_weights(self) -> np.ndarray:
         """Ground truth W* (features, classes), scaled so logits have std ~ logit_scale."""
@@ -55,10 +51,8 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
 
     def generate_block(self, block_index: int, heldout: bool = False) -> DataBlock:
         s = self.spec
-        total = self.num_heldout_rows if heldout else self.num_rows
-        start, stop = block_row_range(total, s.rows_per_block, block_index)
-        rng = rng_for(s.seed, self._stream(heldout), block_index)
-        indptr, feats, vals = generate_sparse_rows(rng, stop - start, s.num_features, s.nnz_per_sample, "uniform")
+        start, n, rng = self._block_rows(block_index, heldout)
+        indptr, feats, vals = generate_sparse_rows(rng, n, s.num_features, s.nnz_per_sample, "uniform")
         # Only the ground-truth rows of the block's features, in float64: the design's columns
         # are those features in order, so every logit sums the same products in the same order
         # as over all features, without a (features x classes) float64 copy per block.
@@ -67,9 +61,9 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
         logits = np.asarray(x @ self.true_weights[used].astype(np.float64))
         del x, used
         probs = np.exp(_log_softmax(logits))
-        u = rng.random((stop - start, 1))
+        u = rng.random((n, 1))
         labels = np.minimum((probs.cumsum(axis=1) < u).sum(axis=1), s.num_classes - 1).astype(np.int32)
-        return DataBlock(self.name, block_index, start, stop - start,
+        return DataBlock(self.name, block_index, start, n,
                          {"indptr": indptr, "features": feats, "values": vals, "labels": labels})
 
     def data_nbytes(self) -> int:

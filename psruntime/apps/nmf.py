@@ -21,7 +21,7 @@ import scipy.sparse as sp
 from protocol.ps_app_schemas import NMF_PRESETS, NMFHParams, NMFSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
-from psruntime.apps.random_streams import (MODEL_INIT, STATE_INIT, TRUTH, block_row_range,
+from psruntime.apps.random_streams import (MODEL_INIT, STATE_INIT, TRUTH,
                                            keyed_uniform, rng_for, sample_row_indices)
 
 
@@ -56,10 +56,6 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
         return self.spec.num_users
 
     @property
-    def num_heldout_rows(self) -> int:
-        return self.spec.num_heldout
-
-    @property
     def init_scale(self) -> float:
         return self.hparams.init_scale or 2.0 / np.sqrt(self.hparams.rank)
 
@@ -71,10 +67,7 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
 
     def generate_block(self, block_index: int, heldout: bool = False) -> DataBlock:
         s = self.spec
-        total = self.num_heldout_rows if heldout else self.num_rows
-        start, stop = block_row_range(total, s.rows_per_block, block_index)
-        n = stop - start
-        rng = rng_for(s.seed, self._stream(heldout), block_index)
+        start, n, rng = self._block_rows(block_index, heldout)
         user_factors = rng.uniform(0, 2 / np.sqrt(s.rank), (n, s.rank))
         counts = np.maximum(rng.binomial(s.num_items, s.observed_fraction, n), 1)
         indptr, items = sample_row_indices(rng, counts, s.num_items)
