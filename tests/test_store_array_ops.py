@@ -7,11 +7,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from psruntime.dataplane import DataPlaneClient, RemoteError
-from psruntime.executor import Executor
-from psruntime.migration_controller import MigrationController
+from psruntime.dataplane import RemoteError
 from psruntime.ownership_table import OwnershipTable
 from psruntime.store_client import StoreClient, StoreClientError
+from store_cluster import executor_cluster
 
 NB = 8
 WIDTH = 6
@@ -19,16 +18,8 @@ WIDTH = 6
 
 @pytest.fixture
 async def cluster():
-    executors = [Executor(f"e{i}", NB) for i in range(3)]
-    addrs = {e.executor_id: await e.start() for e in executors}
-    ctl = MigrationController(OwnershipTable.round_robin(NB, list(addrs), addrs))
-    await ctl.broadcast()
-    dp = DataPlaneClient()
-    yield executors, ctl, dp
-    await dp.close()
-    await ctl.close()
-    for e in executors:
-        await e.stop()
+    async with executor_cluster(3, NB) as c:
+        yield c
 
 
 async def test_pull_put_push_arrays_across_owners(cluster) -> None:

@@ -8,27 +8,17 @@ import sys
 import numpy as np
 import pytest
 
-from psruntime.dataplane import DataPlaneClient, RemoteError
-from psruntime.executor import Executor
-from psruntime.migration_controller import MigrationController
-from psruntime.ownership_table import OwnershipTable
+from psruntime.dataplane import RemoteError
 from psruntime.store_client import StoreClient, StoreClientError
+from store_cluster import executor_cluster
 
 NB = 4
 
 
 @pytest.fixture
 async def cluster():
-    executors = [Executor(f"e{i}", NB) for i in range(2)]
-    addrs = {e.executor_id: await e.start() for e in executors}
-    ctl = MigrationController(OwnershipTable.round_robin(NB, list(addrs), addrs))
-    await ctl.broadcast()
-    dp = DataPlaneClient()
-    yield executors, ctl, dp
-    await dp.close()
-    await ctl.close()
-    for e in executors:
-        await e.stop()
+    async with executor_cluster(2, NB) as c:
+        yield c
 
 
 async def test_put_get_update_and_missing(cluster) -> None:

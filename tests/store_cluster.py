@@ -1,0 +1,28 @@
+"""In-process executors on real localhost sockets, with a migration controller that has
+broadcast a round-robin ownership table: the fixture shared by the store tests."""
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from psruntime.dataplane import DataPlaneClient
+from psruntime.executor import Executor
+from psruntime.migration_controller import MigrationController
+from psruntime.ownership_table import OwnershipTable
+
+
+@asynccontextmanager
+async def executor_cluster(num_executors: int, num_blocks: int
+                           ) -> AsyncIterator[tuple[list[Executor], MigrationController, DataPlaneClient]]:
+    executors = [Executor(f"e{i}", num_blocks) for i in range(num_executors)]
+    addrs = {e.executor_id: await e.start() for e in executors}
+    ctl = MigrationController(OwnershipTable.round_robin(num_blocks, list(addrs), addrs))
+    await ctl.broadcast()
+    dp = DataPlaneClient()
+    try:
+        yield executors, ctl, dp
+    finally:
+        await dp.close()
+        await ctl.close()
+        for e in executors:
+            await e.stop()
