@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 import json
-import threading
 import urllib.parse
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Iterator
 
 import pytest
 
 from elastane_cli import app_commands
 from elastane_cli import main as cli
+from threaded_http import serve_in_thread
 
 APP = "application_1700000000000_0001"
 AM = "container_1700000000000_0001_01_000001"
@@ -119,16 +119,9 @@ def yarn() -> Iterator[FakeYarn]:
 
         do_GET = do_POST = do_PUT = _handle
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    fake.address = f"127.0.0.1:{srv.server_address[1]}"
-    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    t.start()
-    try:
+    with serve_in_thread(Handler) as address:
+        fake.address = address
         yield fake
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        t.join()
 
 
 @pytest.fixture(autouse=True)

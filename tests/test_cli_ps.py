@@ -6,10 +6,9 @@ from __future__ import annotations
 import io
 import json
 import socket
-import threading
 import urllib.parse
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,6 +17,7 @@ import pytest
 from elastane_cli import main as cli
 from elastane_cli import ps_commands
 from elastane_cli.progress_bar import EpochPoint, EpochProgress, ProgressBar, format_progress
+from threaded_http import serve_in_thread
 
 APP = "application_1700000000000_0001"
 DIAG = ("final objective 0.5123 after 3 epochs (converged; initial 1.6; held-out accuracy 0.81, "
@@ -250,16 +250,9 @@ def fake() -> Iterator[FakePsCluster]:
 
         do_GET = do_POST = _handle
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    f.address = f"127.0.0.1:{srv.server_address[1]}"
-    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    t.start()
-    try:
+    with serve_in_thread(Handler) as address:
+        f.address = address
         yield f
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        t.join()
 
 
 @pytest.fixture(autouse=True)
