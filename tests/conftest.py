@@ -288,6 +288,20 @@ def wait_app(base_url: str, app_id: str, states: tuple[str, ...] = FINAL_STATES,
     raise AssertionError(f"{app_id} not in {states} within {timeout_s}s: last report {app}")
 
 
+def app_post_mortem(cluster: Any, app_id: str, lines: int = 60) -> str:
+    """What a failed cluster test should show: the app's state and diagnostics, and the tail of each
+    of its AM attempts' stderr (the NM's container log)."""
+    try:
+        app = get_app(cluster.rm_url, app_id)
+        out = [f"{app_id}: {app['state']}/{app.get('finalStatus')}: {app.get('diagnostics')}"]
+    except Exception as e:  # noqa: BLE001 - the RM itself may be the problem
+        out = [f"{app_id}: no report from the RM ({e})"]
+    for log in sorted(Path(cluster.base_dir).glob(f"nm*/logs/{app_id}/container_*_000001/stderr")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        out += [f"--- {log}", *tail]
+    return "\n".join(out)
+
+
 def wait_until(cond: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition") -> Any:
     """Poll a synchronous condition until it returns a truthy value; returns it."""
     deadline = time.monotonic() + timeout_s

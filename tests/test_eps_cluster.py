@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import FINAL_STATES, get_app, pids_with_env, rest, submit_app, wait_app, wait_until
+from conftest import FINAL_STATES, app_post_mortem, get_app, pids_with_env, rest, submit_app, wait_app, wait_until
 from protocol import container_env
 from psruntime.checkpoint import load_manifests
 from psruntime.ownership_table import block_of
@@ -101,6 +101,9 @@ def test_add_and_remove_each_role_while_training_follows_the_unchanged_run(
                          and a.get("trackingUrl"), 60, "the AM's tracking URL").rstrip("/")
         wait_until(lambda: len(http(url + "/status")[1]["objective_history"]) >= 2, 120, "two epochs trained")
         status = check_elastic_job(eps_cluster, app_id, url, cli, capsys)
+    except BaseException as e:
+        e.add_note(app_post_mortem(eps_cluster, app_id))
+        raise
     finally:
         if get_app(eps_cluster.rm_url, app_id)["state"] not in FINAL_STATES:   # never leave it training
             rest(eps_cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")

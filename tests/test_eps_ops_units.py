@@ -126,6 +126,22 @@ async def test_overlapped_step_holds_the_epoch_end_and_boundary_step_runs_betwee
         await training.at_boundary(switch)
 
 
+async def test_clock_boundary_waits_for_the_running_clock_and_not_when_idle() -> None:
+    training, plane, _ = make({"max_epochs": 2, "convergence_threshold": 1e-12})
+    await training.clock_boundary()                # not training: nothing in flight, returns at once
+
+    loop = asyncio.create_task(training.train(lambda rec: asyncio.sleep(0)))
+    await until(lambda: plane.running == 2)        # a clock is running: worker requests may be in flight
+    boundary = asyncio.create_task(training.clock_boundary())
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert not boundary.done()                     # a leaving server must not be stopped yet
+    plane.gate.set()                               # the clock ends (every worker flushed)
+    await boundary
+    await loop
+    await training.clock_boundary()                # training over: at once again
+
+
 async def test_elastic_steps_need_bsp() -> None:
     training, _, _ = make({"sync": "ssp"})
     with pytest.raises(TrainingNotRunning, match="BSP"):

@@ -325,6 +325,10 @@ class ElasticOps:
             ctl.remove_executor(s.executor_id)
         await ctl.broadcast()          # dependency update: the servers leave every server list
         rec.epoch_switched = self.training.epochs_done + 1
+        # Barrier 3 only at a clock boundary: a worker's request routed by its old table before
+        # the broadcast reached it may still be on its way to a leaving server (which answers it
+        # with a redirect); stopping that server now would fail the request and the worker's clock.
+        await self.training.clock_boundary()
         await self._retire(rec, gone)
 
     async def _migrate(self, rec: ElasticOpRecord, moves: list[Transfer], drop: list[ExecutorRecord] = ()) -> None:

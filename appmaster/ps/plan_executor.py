@@ -329,6 +329,7 @@ class AmPlanRuntime:
         ctl = self.training.controller
         ctl.remove_executor(executor)                # refuses while it still owns model blocks
         await ctl.broadcast()
+        await self.training.clock_boundary()         # no worker request in flight to it (see EPS's remove)
         await self.elastic._retire(self._record("cruise_delete", 1), [rec])
 
     async def switch(self, executor: str, role: Role) -> None:

@@ -314,6 +314,17 @@ class TrainingController:
         self._boundary.append((fn, fut))
         return await fut
 
+    async def clock_boundary(self) -> None:
+        """Wait for the next clock boundary: every worker has flushed its clock, so no request a
+        worker routed by an older ownership table is still in flight. At once when training is
+        not running (nothing is in flight then either)."""
+        if self.spec.sync != "bsp" or not self._looping or self.converged or self._stop:
+            return
+        try:
+            await self.at_boundary(_nothing)
+        except TrainingNotRunning:
+            pass
+
     async def _run_boundary(self) -> None:
         while self._boundary:
             pending, self._boundary = self._boundary, []
@@ -419,3 +430,7 @@ class TrainingController:
     async def evaluate(self) -> dict[str, float]:
         model = await self.model()
         return await asyncio.to_thread(lambda: self.app.evaluate(model, self.app.generate_heldout()))
+
+
+async def _nothing() -> None:
+    """A boundary step that only marks the boundary (see TrainingController.clock_boundary)."""
