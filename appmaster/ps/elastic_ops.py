@@ -10,8 +10,9 @@ running job without restarting it and without losing training progress.
                        broadcasting the new ownership table; the epoch ends only once they landed
                        (barrier 4).
     remove_servers(n)  the most recently added servers' blocks go round-robin to the others
-                       (eps_decisions.drain), alongside training; they leave the server lists and
-                       their containers are stopped and released to the RM.
+                       (eps_decisions.drain), alongside training; they leave the server lists and,
+                       at the next clock boundary (every worker flushed, so none still has a
+                       request on its way to them), their containers are stopped and released.
     add_workers(n)     n worker executors start; the AM decides round-robin which input splits the
                        current workers hand over; the senders stage the splits' input data at the new
                        workers alongside training (worker-to-worker transmission); at the next
