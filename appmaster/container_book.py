@@ -16,6 +16,7 @@ from typing import Optional
 
 from protocol.internal_api import AllocatedContainer, ContainerStatus
 from protocol.records import ExitStatus, Resource
+from protocol.state_machine import TransitionTable
 
 
 class AmContainerState(str, enum.Enum):
@@ -36,7 +37,7 @@ class ContainerEvent(str, enum.Enum):
 
 
 S, E = AmContainerState, ContainerEvent
-TRANSITIONS: dict[tuple[AmContainerState, ContainerEvent], AmContainerState] = {
+TRANSITIONS: TransitionTable[AmContainerState, ContainerEvent, AmContainerState] = TransitionTable({
     (S.ALLOCATED, E.LAUNCH): S.LAUNCHING,
     (S.ALLOCATED, E.RELEASE): S.COMPLETED,
     (S.ALLOCATED, E.STOP): S.COMPLETED,          # never started: stopping it is releasing it
@@ -51,7 +52,7 @@ TRANSITIONS: dict[tuple[AmContainerState, ContainerEvent], AmContainerState] = {
     (S.STOPPING, E.LAUNCHED): S.STOPPING,        # the start call returned after we asked to stop
     (S.STOPPING, E.LAUNCH_FAILED): S.COMPLETED,
     (S.STOPPING, E.STOP): S.STOPPING,
-}
+}, lambda state, event: TransitionError(f"container event {event.value} not allowed in state {state.value}"))
 
 
 class TransitionError(RuntimeError):
@@ -59,10 +60,7 @@ class TransitionError(RuntimeError):
 
 
 def next_state(state: AmContainerState, event: ContainerEvent) -> AmContainerState:
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        raise TransitionError(f"container event {event.value} not allowed in state {state.value}") from None
+    return TRANSITIONS.next(state, event)
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 
 from protocol.records import ContainerState
+from protocol.state_machine import TransitionTable
 
 
 class NMContainerState(str, enum.Enum):
@@ -37,7 +38,7 @@ class ContainerEvent(str, enum.Enum):
 S, E = NMContainerState, ContainerEvent
 
 # (state, event) -> next state. A missing pair is an invalid transition.
-TRANSITIONS: dict[tuple[NMContainerState, ContainerEvent], NMContainerState] = {
+TRANSITIONS: TransitionTable[NMContainerState, ContainerEvent, NMContainerState] = TransitionTable({
     (S.NEW, E.LOCALIZED): S.LOCALIZED,
     (S.NEW, E.RECOVERED): S.RUNNING,
     (S.NEW, E.LAUNCH_FAILED): S.EXITED_WITH_FAILURE,
@@ -59,7 +60,7 @@ TRANSITIONS: dict[tuple[NMContainerState, ContainerEvent], NMContainerState] = {
     (S.EXITED_WITH_FAILURE, E.KILL): S.EXITED_WITH_FAILURE,
     (S.DONE, E.KILL): S.DONE,
     (S.DONE, E.CLEANED_UP): S.DONE,
-}
+}, lambda state, event: InvalidTransition(f"container event {event.value} is not valid in state {state.value}"))
 
 
 class InvalidTransition(ValueError):
@@ -68,10 +69,7 @@ class InvalidTransition(ValueError):
 
 def transition(state: NMContainerState, event: ContainerEvent) -> NMContainerState:
     """The state after `event` in `state`; raises InvalidTransition for a pair not in the table."""
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        raise InvalidTransition(f"container event {event.value} is not valid in state {state.value}") from None
+    return TRANSITIONS.next(state, event)
 
 
 _EXTERNAL = {

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from protocol.state_machine import TransitionTable
+
 
 class BlockState(enum.Enum):
     ABSENT = "absent"
@@ -54,7 +56,7 @@ class Disposition(enum.Enum):
 
 
 S, E = BlockState, MigrationEvent
-TRANSITIONS: dict[tuple[BlockState, MigrationEvent], BlockState] = {
+TRANSITIONS: TransitionTable[BlockState, MigrationEvent, BlockState] = TransitionTable({
     (S.ABSENT, E.ASSIGN): S.OWNED,
     (S.MOVED, E.ASSIGN): S.OWNED,
     (S.OWNED, E.ASSIGN): S.OWNED,
@@ -68,7 +70,7 @@ TRANSITIONS: dict[tuple[BlockState, MigrationEvent], BlockState] = {
     (S.MOVED, E.TAKE_OWNERSHIP): S.INCOMING,
     (S.INCOMING, E.DATA_RECEIVED): S.OWNED,
     (S.INCOMING, E.CANCEL): S.ABSENT,
-}
+}, lambda state, event: InvalidTransition(f"event {event.value} is not allowed in state {state.value}"))
 
 DISPOSITION: dict[BlockState, Disposition] = {
     S.OWNED: Disposition.SERVE,
@@ -85,10 +87,7 @@ class InvalidTransition(RuntimeError):
 
 def next_state(state: BlockState, event: MigrationEvent) -> BlockState:
     """The pure transition function; raises InvalidTransition for a pair not in TRANSITIONS."""
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        raise InvalidTransition(f"event {event.value} is not allowed in state {state.value}") from None
+    return TRANSITIONS.next(state, event)
 
 
 @dataclass(slots=True)

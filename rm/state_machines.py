@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 
 from protocol.records import AppState, AttemptState
+from protocol.state_machine import TransitionTable
 
 
 class InvalidTransition(ValueError):
@@ -31,7 +32,7 @@ class AppEvent(str, enum.Enum):
 
 
 _S, _E = AppState, AppEvent
-APP_TRANSITIONS: dict[tuple[AppState, AppEvent], AppState] = {
+APP_TRANSITIONS: TransitionTable[AppState, AppEvent, AppState] = TransitionTable({
     (_S.NEW, _E.START): _S.NEW_SAVING,
     (_S.NEW, _E.RECOVER): _S.ACCEPTED,
     (_S.NEW_SAVING, _E.SAVED): _S.SUBMITTED,
@@ -42,7 +43,7 @@ APP_TRANSITIONS: dict[tuple[AppState, AppEvent], AppState] = {
     (_S.RUNNING, _E.ATTEMPT_FINISHED): _S.FINISHED,
     (_S.RUNNING, _E.ATTEMPT_RETRY): _S.ACCEPTED,
     (_S.RUNNING, _E.ATTEMPT_FAILED): _S.FAILED,
-}
+}, lambda state, event: InvalidTransition("application", state, event))
 for _st in (_S.NEW, _S.NEW_SAVING, _S.SUBMITTED, _S.ACCEPTED, _S.RUNNING):
     APP_TRANSITIONS[(_st, _E.KILL)] = _S.KILLED
 
@@ -60,7 +61,7 @@ class AttemptEvent(str, enum.Enum):
 
 
 _A, _AE = AttemptState, AttemptEvent
-ATTEMPT_TRANSITIONS: dict[tuple[AttemptState, AttemptEvent], AttemptState] = {
+ATTEMPT_TRANSITIONS: TransitionTable[AttemptState, AttemptEvent, AttemptState] = TransitionTable({
     (_A.NEW, _AE.START): _A.SUBMITTED,
     (_A.SUBMITTED, _AE.SCHEDULE): _A.SCHEDULED,
     (_A.SCHEDULED, _AE.ALLOCATED): _A.ALLOCATED,
@@ -71,7 +72,7 @@ ATTEMPT_TRANSITIONS: dict[tuple[AttemptState, AttemptEvent], AttemptState] = {
     (_A.RUNNING, _AE.LAUNCHED): _A.RUNNING,
     (_A.RUNNING, _AE.UNREGISTERED): _A.FINISHING,
     (_A.FINISHING, _AE.CONTAINER_FINISHED): _A.FINISHED,
-}
+}, lambda state, event: InvalidTransition("application attempt", state, event))
 for _st in (_A.NEW, _A.SUBMITTED, _A.SCHEDULED, _A.ALLOCATED, _A.LAUNCHED, _A.RUNNING):
     ATTEMPT_TRANSITIONS[(_st, _AE.FAIL)] = _A.FAILED
     ATTEMPT_TRANSITIONS[(_st, _AE.KILL)] = _A.KILLED
@@ -84,18 +85,12 @@ ATTEMPT_FINAL = frozenset({_A.FINISHED, _A.FAILED, _A.KILLED})
 
 def next_app_state(state: AppState, event: AppEvent) -> AppState:
     """The state after `event`, or InvalidTransition."""
-    try:
-        return APP_TRANSITIONS[(state, event)]
-    except KeyError:
-        raise InvalidTransition("application", state, event) from None
+    return APP_TRANSITIONS.next(state, event)
 
 
 def next_attempt_state(state: AttemptState, event: AttemptEvent) -> AttemptState:
     """The state after `event`, or InvalidTransition."""
-    try:
-        return ATTEMPT_TRANSITIONS[(state, event)]
-    except KeyError:
-        raise InvalidTransition("application attempt", state, event) from None
+    return ATTEMPT_TRANSITIONS.next(state, event)
 
 
 def attempt_is_final(state: AttemptState) -> bool:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Protocol, runtime_checkable
 from protocol.elastic_shape import ElasticShapeReport
 from protocol.internal_api import ShapeDirective
 from protocol.records import Resource
+from protocol.state_machine import TransitionTable
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class Decision(str, enum.Enum):
 
 # (state, event) -> (next state, what to do). DONE / READY go to CHANGING+APPLY instead when a
 # directive is kept (see DirectiveTracker._settle).
-TRANSITIONS: dict[tuple[TrackerState, TrackerEvent], tuple[TrackerState, Decision]] = {
+TRANSITIONS: TransitionTable[TrackerState, TrackerEvent, tuple[TrackerState, Decision]] = TransitionTable({
     (TrackerState.WAITING, TrackerEvent.NEW): (TrackerState.WAITING, Decision.KEEP),
     (TrackerState.WAITING, TrackerEvent.STALE): (TrackerState.WAITING, Decision.IGNORE),
     (TrackerState.WAITING, TrackerEvent.READY): (TrackerState.IDLE, Decision.NOTHING),
@@ -133,7 +134,7 @@ TRANSITIONS: dict[tuple[TrackerState, TrackerEvent], tuple[TrackerState, Decisio
     (TrackerState.CHANGING, TrackerEvent.STALE): (TrackerState.CHANGING, Decision.IGNORE),
     (TrackerState.CHANGING, TrackerEvent.DONE): (TrackerState.IDLE, Decision.NOTHING),
     (TrackerState.CHANGING, TrackerEvent.READY): (TrackerState.CHANGING, Decision.NOTHING),
-}
+}, lambda state, event: TrackerError(f"event {event.value} is not allowed in state {state.value}"))
 
 
 class TrackerError(RuntimeError):
@@ -156,10 +157,7 @@ class DirectiveTracker:
     kept: Optional[ShapeDirective] = None
 
     def _step(self, event: TrackerEvent) -> Decision:
-        nxt = TRANSITIONS.get((self.state, event))
-        if nxt is None:
-            raise TrackerError(f"event {event.value} is not allowed in state {self.state.value}")
-        self.state, decision = nxt
+        self.state, decision = TRANSITIONS.next(self.state, event)
         return decision
 
     def offer(self, d: ShapeDirective) -> Optional[ShapeDirective]:

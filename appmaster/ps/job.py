@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from protocol.state_machine import TransitionTable
+
 
 class JobPhase(str, enum.Enum):
     """Where the PS job is."""
@@ -55,11 +57,11 @@ _FORWARD: dict[tuple[JobPhase, JobEvent], JobPhase] = {
     (JobPhase.TRAINING, JobEvent.TRAINED): JobPhase.FINISHING,
     (JobPhase.FINISHING, JobEvent.FINISHED): JobPhase.SUCCEEDED,
 }
-TRANSITIONS: dict[tuple[JobPhase, JobEvent], JobPhase] = {
+TRANSITIONS: TransitionTable[JobPhase, JobEvent, JobPhase] = TransitionTable({
     **_FORWARD,
     **{(p, JobEvent.FAIL): JobPhase.FAILED for p in JobPhase if not p.is_final},
     **{(p, JobEvent.STOP): JobPhase.KILLED for p in JobPhase if not p.is_final},
-}
+}, lambda phase, event: JobTransitionError(f"event {event.value} is not allowed in phase {phase.value}"))
 
 
 class JobTransitionError(RuntimeError):
@@ -75,9 +77,7 @@ class JobStateMachine:
     history: list[tuple[JobPhase, JobEvent, JobPhase]] = field(default_factory=list)
 
     def apply(self, event: JobEvent, diagnostics: str = "") -> JobPhase:
-        nxt = TRANSITIONS.get((self.phase, event))
-        if nxt is None:
-            raise JobTransitionError(f"event {event.value} is not allowed in phase {self.phase.value}")
+        nxt = TRANSITIONS.next(self.phase, event)
         self.history.append((self.phase, event, nxt))
         self.phase = nxt
         if diagnostics:
@@ -86,7 +86,7 @@ class JobStateMachine:
 
     def try_apply(self, event: JobEvent, diagnostics: str = "") -> bool:
         """Apply `event` if allowed (e.g. a second failure after the first); returns whether it was."""
-        if (self.phase, event) not in TRANSITIONS:
+        if not TRANSITIONS.allows(self.phase, event):
             return False
         self.apply(event, diagnostics)
         return True

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from protocol.elastic_shape import ElasticShapeReport
+from protocol.state_machine import TransitionTable
 
 
 class TrialState(str, enum.Enum):
@@ -43,7 +44,7 @@ class TrialEvent(str, enum.Enum):
     PREEMPTED = "PREEMPTED"
 
 
-TRANSITIONS: dict[tuple[TrialState, TrialEvent], TrialState] = {
+TRANSITIONS: TransitionTable[TrialState, TrialEvent, TrialState] = TransitionTable({
     (TrialState.SETTLING, TrialEvent.REACHED): TrialState.MEASURING,
     (TrialState.SETTLING, TrialEvent.TIMEOUT): TrialState.ABANDONED,
     (TrialState.SETTLING, TrialEvent.PREEMPTED): TrialState.ABANDONED,
@@ -51,7 +52,7 @@ TRANSITIONS: dict[tuple[TrialState, TrialEvent], TrialState] = {
     (TrialState.MEASURING, TrialEvent.SPEED_DROPPED): TrialState.REVERTED,
     (TrialState.MEASURING, TrialEvent.TIMEOUT): TrialState.KEPT,
     (TrialState.MEASURING, TrialEvent.PREEMPTED): TrialState.ABANDONED,
-}
+}, lambda state, event: IllegalTrialTransition(f"{event.value} in state {state.value}"))
 
 
 class IllegalTrialTransition(ValueError):
@@ -93,9 +94,10 @@ class Trial:
 
 def advance(trial: Trial, event: TrialEvent, now: float, speed_after: float = 0.0) -> Trial:
     """The trial after `event` (IllegalTrialTransition if its state does not accept it)."""
-    nxt = TRANSITIONS.get((trial.state, event))
-    if nxt is None:
-        raise IllegalTrialTransition(f"trial of {trial.app_id}: {event.value} in state {trial.state.value}")
+    try:
+        nxt = TRANSITIONS.next(trial.state, event)
+    except IllegalTrialTransition as e:
+        raise IllegalTrialTransition(f"trial of {trial.app_id}: {e}") from None
     if nxt == TrialState.MEASURING:
         return replace(trial, state=nxt, reached_at=now)
     return replace(trial, state=nxt, speed_after=speed_after or trial.speed_after)

@@ -1,0 +1,55 @@
+"""The shared transition table: lookups, the machine's own error, and the modules built on it."""
+from __future__ import annotations
+
+import enum
+
+import pytest
+
+from protocol.state_machine import TransitionTable
+
+
+class Light(enum.Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+class Ev(enum.Enum):
+    GO = "go"
+    STOP = "stop"
+
+
+class LightError(ValueError):
+    pass
+
+
+TABLE: TransitionTable[Light, Ev, Light] = TransitionTable(
+    {(Light.RED, Ev.GO): Light.GREEN, (Light.GREEN, Ev.STOP): Light.RED},
+    lambda s, e: LightError(f"{e.value} not allowed in {s.value}"))
+
+
+def test_next_follows_the_table_and_raises_the_machines_own_error() -> None:
+    assert TABLE.next(Light.RED, Ev.GO) is Light.GREEN
+    assert TABLE.allows(Light.GREEN, Ev.STOP) and not TABLE.allows(Light.GREEN, Ev.GO)
+    with pytest.raises(LightError, match="go not allowed in green"):
+        TABLE.next(Light.GREEN, Ev.GO)
+
+
+def test_it_is_a_dict_that_can_be_extended_while_a_module_is_built() -> None:
+    t = TransitionTable(dict(TABLE), lambda s, e: LightError("no"))
+    t[(Light.RED, Ev.STOP)] = Light.RED
+    assert t.next(Light.RED, Ev.STOP) is Light.RED and len(t) == 3 and len(TABLE) == 2
+
+
+def test_every_machine_of_the_project_uses_it_and_keeps_its_error() -> None:
+    from appmaster.container_book import TRANSITIONS as am_containers, AmContainerState, ContainerEvent, TransitionError
+    from appmaster.ps.directives import TRANSITIONS as directives
+    from appmaster.ps.job import TRANSITIONS as job
+    from nodemanager.container_state import TRANSITIONS as nm_containers
+    from psruntime.migration import TRANSITIONS as migration
+    from rm.policies.eps_trial import TRANSITIONS as trials
+    from rm.state_machines import APP_TRANSITIONS, ATTEMPT_TRANSITIONS
+    for table in (am_containers, directives, job, nm_containers, migration, trials, APP_TRANSITIONS,
+                  ATTEMPT_TRANSITIONS):
+        assert isinstance(table, TransitionTable) and len(table) > 0
+    with pytest.raises(TransitionError, match="LAUNCH not allowed in state COMPLETED"):
+        am_containers.next(AmContainerState.COMPLETED, ContainerEvent.LAUNCH)
