@@ -1,7 +1,7 @@
 """Cruise plan execution: how long a reconfiguration takes and how fast it moves state, against
 the data plane's own throughput measured in the same run.
 
-    .venv/bin/python bench/cruise_reconfig.py [--bandwidth 100mbit] [--keep-dir DIR]
+    .venv/bin/python bench/cruise_reconfig.py [--bandwidth 100mbit] [--features 2000000] [--keep-dir DIR]
 
 1. A LocalCluster of 3 NMs with emulated per-executor links (--bandwidth) runs an MLR job with
    optimizer "cruise" started at a bad split (4 workers, 1 server); Cruise reconfigures it while
@@ -50,7 +50,9 @@ from psruntime.ownership_table import OwnershipTable  # noqa: E402
 MB = 1e6
 JOB_TIMEOUT_S = 400.0
 JOB: dict[str, Any] = {
-    "app": "mlr", "data": {"num_features": 40_000, "nnz_per_sample": 200, "num_samples": 1000,
+    # 2M features: the plan moves ~20 MB, so its time is mostly transfer, not the switch-over at a
+    # clock boundary (with 40k features it moved 0.8 MB and measured mostly the wait).
+    "app": "mlr", "data": {"num_features": 2_000_000, "nnz_per_sample": 200, "num_samples": 1000,
                            "rows_per_block": 125},
     "hparams": {"learning_rate": 0.5, "convergence_threshold": 1e-9}, "workers": 4, "servers": 1,
     "blocks": 12, "max_epochs": 8, "optimizer": "cruise", "cruise": {"min_batches": 4},
@@ -58,8 +60,8 @@ JOB: dict[str, Any] = {
 }
 
 
-async def run_cruise_job(cluster: LocalCluster) -> dict[str, Any]:
-    spec = ps_commands.validate_spec(JOB)
+async def run_cruise_job(cluster: LocalCluster, job: dict[str, Any]) -> dict[str, Any]:
+    spec = ps_commands.validate_spec(job)
     async with RmRestClient(cluster.rm_url, "bench") as client:
         app_id = await ps_commands.submit_ps_job(client, spec, "bench-cruise-reconfig", am_memory=384)
         t0 = time.monotonic()
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bandwidth", default="100mbit", help="emulated link of every executor (default 100mbit)")
     ap.add_argument("--seconds", type=float, default=3.0, help="length of the data-plane baseline")
+    ap.add_argument("--features", type=int, default=JOB["data"]["num_features"],
+                    help="MLR features (the model is features x classes floats; more moves more bytes)")
     ap.add_argument("--keep-dir", default=None)
     args = ap.parse_args(argv)
     try:
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)      # SIGTERM unwinds through cluster.stop() like Ctrl-C
     cluster.start(timeout_s=60)
     try:
-        status = asyncio.run(run_cruise_job(cluster))
+        status = asyncio.run(run_cruise_job(cluster, {**JOB, "data": {**JOB["data"], "num_features": args.features}}))
     finally:
         cluster.stop()
     plans = [p for p in (status.get("cruise") or {}).get("plan_history", []) if p.get("plan_s")]
