@@ -218,6 +218,9 @@ class AppRole:
                 self.counters["samples"] += batch.size
                 self.counters["bytes"] += _kv_bytes(params) + _kv_bytes(deltas)
                 comm.append((t1 - t0) + (t3 - t2))
+                # Drop this batch's pulled values and deltas before the next pull: held across
+                # it, they would double the per-batch arrays at the worker's memory peak.
+                del params, deltas
         t_flush = time.perf_counter()
         await store.flush()
         if comm:
@@ -253,6 +256,7 @@ class AppRole:
         for block in self.blocks:
             params = await pull_key_values(store, app.objective_keys(block), app.key_length)
             part = part + app.objective(block, params)
+            del params     # not held across the next block's pull
         return part
 
     async def objective(self, frame: Frame) -> Reply:

@@ -107,6 +107,7 @@ class WorkerLoop:
                 t2 = time.perf_counter()
                 await push_key_values(self.store, deltas)
                 t3 = time.perf_counter()
+                del params, deltas   # not held across the next batch's pull (the worker's peak)
                 n_batches += 1
                 comp += t2 - t1
                 comm += (t1 - t0) + (t3 - t2)

@@ -23,6 +23,7 @@ from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepCont
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.lda_sampler import sample_batch
 from psruntime.apps.random_streams import STATE_INIT, STEP, TRUTH, rng_for
+from psruntime.apps.sorted_unique import sorted_unique
 
 
 class LDAApp(PSApp[LDASpec, LDAHParams]):
@@ -100,7 +101,7 @@ class LDAApp(PSApp[LDASpec, LDAHParams]):
         block.state["z"] = z
         block.state["ndk"] = np.bincount(docs * k + z, minlength=block.num_rows * k).reshape(
             block.num_rows, k).astype(np.int32)
-        keys = np.append(np.unique(words).astype(np.int64), self.totals_key)
+        keys = np.append(sorted_unique(words).astype(np.int64), self.totals_key)
         rows = np.searchsorted(keys, words)
         counts = np.bincount(rows * k + z, minlength=len(keys) * k).reshape(len(keys), k)
         counts[-1] = np.bincount(z, minlength=k)
@@ -109,7 +110,7 @@ class LDAApp(PSApp[LDASpec, LDAHParams]):
     def keys_for_batch(self, batch: Batch) -> np.ndarray:
         ip = batch.block.data["indptr"]
         words = batch.block.data["words"][ip[batch.start]:ip[batch.stop]]
-        return np.append(np.unique(words).astype(np.int64), self.totals_key)
+        return np.append(sorted_unique(words).astype(np.int64), self.totals_key)
 
     def compute(self, batch: Batch, params: KeyValues, ctx: StepContext) -> KeyValues:
         hp = self.hparams

@@ -17,8 +17,8 @@ from protocol.ps_app_schemas import MLR_PRESETS, MLRHParams, MLRSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.random_streams import TRUTH, rng_for
-from psruntime.apps.sparse_features import (batch_rows, generate_sparse_rows, keys_of_features,
-                                            local_design)
+from psruntime.apps.sparse_features import (batch_rows, column_chunks, design_product, generate_sparse_rows,
+                                            keys_of_features, local_design, times_columns)
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -53,13 +53,10 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
         s = self.spec
         start, n, rng = self._block_rows(block_index, heldout)
         indptr, feats, vals = generate_sparse_rows(rng, n, s.num_features, s.nnz_per_sample, "uniform")
-        # Only the ground-truth rows of the block's features, in float64: the design's columns
-        # are those features in order, so every logit sums the same products in the same order
-        # as over all features, without a (features x classes) float64 copy per block.
-        used = np.unique(feats).astype(np.int64)
-        x = local_design(indptr, feats, vals, used, 1)
-        logits = np.asarray(x @ self.true_weights[used].astype(np.float64))
-        del x, used
+        # Over all features, a chunk of rows and of classes at a time: every logit sums the same
+        # products in the same order, and no (features x classes) float64 copy or whole-block
+        # design is made (see sparse_features).
+        logits = design_product(indptr, feats, vals, None, 1, self.true_weights)
         probs = np.exp(_log_softmax(logits))
         u = rng.random((n, 1))
         labels = np.minimum((probs.cumsum(axis=1) < u).sum(axis=1), s.num_classes - 1).astype(np.int32)
@@ -91,31 +88,40 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
         _, feats, _ = batch_rows(batch.block, batch.start, batch.stop)
         return keys_of_features(feats, self.hparams.features_per_key)
 
-    def _logits(self, block: DataBlock, start: int, stop: int, params: KeyValues) -> tuple[Any, np.ndarray, np.ndarray]:
-        r, c = self.hparams.features_per_key, self.spec.num_classes
-        indptr, feats, vals = batch_rows(block, start, stop)
-        x = local_design(indptr, feats, vals, params.keys, r)
-        w = params.values.astype(np.float64).reshape(len(params.keys) * r, c)
-        return x, w, np.asarray(x @ w)
+    def _weights(self, params: KeyValues) -> np.ndarray:
+        """The pulled values as float32 (local features, classes) weight rows (a view)."""
+        return params.values.reshape(len(params.keys) * self.hparams.features_per_key, self.spec.num_classes)
 
     def compute(self, batch: Batch, params: KeyValues, ctx: StepContext) -> KeyValues:
         hp = self.hparams
-        x, w, logits = self._logits(batch.block, batch.start, batch.stop, params)
-        probs = np.exp(_log_softmax(logits))
+        indptr, feats, vals = batch_rows(batch.block, batch.start, batch.stop)
+        x = local_design(indptr, feats, vals, params.keys, hp.features_per_key)
+        w = self._weights(params)
+        probs = np.exp(_log_softmax(times_columns(x, w)))
         labels = batch.block.data["labels"][batch.start:batch.stop]
         probs[np.arange(batch.size), labels] -= 1.0                 # d(CE)/d(logits)
-        grad = np.asarray(x.T @ probs) / batch.size
-        if hp.l2 > 0:
-            grad += hp.l2 * w                                        # lazy L2: on the pulled rows only
         lr = hp.learning_rate / (1.0 + hp.lr_decay * ctx.epoch)
-        delta = (-lr * grad).astype(np.float32).reshape(len(params.keys), self.key_length)
-        return KeyValues(params.keys, delta)
+        # The float64 gradient a few classes at a time, each chunk scaled in place and written
+        # to the float32 delta: a whole (features x classes) float64 gradient and its scaled
+        # copies were most of a worker's per-batch memory. Same operations per element.
+        delta = np.empty(w.shape, np.float32)
+        xt = x.T
+        for lo, hi in column_chunks(*w.shape):
+            grad = np.asarray(xt @ probs[:, lo:hi])
+            grad /= batch.size
+            if hp.l2 > 0:
+                grad += hp.l2 * w[:, lo:hi].astype(np.float64)      # lazy L2: on the pulled rows only
+            grad *= -lr
+            delta[:, lo:hi] = grad
+        return KeyValues(params.keys, delta.reshape(len(params.keys), self.key_length))
 
     def objective_keys(self, block: DataBlock) -> np.ndarray:
         return keys_of_features(block.data["features"], self.hparams.features_per_key)
 
     def objective(self, block: DataBlock, params: KeyValues) -> ObjectivePart:
-        _, _, logits = self._logits(block, 0, block.num_rows, params)
+        indptr, feats, vals = batch_rows(block, 0, block.num_rows)
+        logits = design_product(indptr, feats, vals, params.keys, self.hparams.features_per_key,
+                                self._weights(params))
         labels = block.data["labels"]
         ce = -_log_softmax(logits)[np.arange(block.num_rows), labels].sum()
         return ObjectivePart(float(ce), block.num_rows)

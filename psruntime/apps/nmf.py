@@ -13,7 +13,7 @@ several workers' steps can never make the effective model negative.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -23,21 +23,62 @@ from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepCont
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.random_streams import (MODEL_INIT, STATE_INIT, TRUTH,
                                            keyed_uniform, rng_for, sample_row_indices)
+from psruntime.apps.sorted_unique import sorted_unique
 
 
 GATHER_CHUNK_BYTES = 1 << 20
 
 
-def _row_dots(a: np.ndarray, rows: np.ndarray, b: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """(a[rows] * b[cols]).sum(axis=1), gathered in chunks of ~GATHER_CHUNK_BYTES per operand:
-    the whole (entries x rank) float64 gathers of a batch or block would be several times the
-    bytes of the data they are computed from. Each entry's sum is computed alone, as unchunked."""
-    out = np.empty(len(rows))
-    step = max(1, GATHER_CHUNK_BYTES // (8 * max(a.shape[1], 1)))
-    for lo in range(0, len(rows), step):
-        hi = lo + step
-        out[lo:hi] = (a[rows[lo:hi]] * b[cols[lo:hi]]).sum(axis=1)
-    return out
+def _chunk_rows(width: int) -> int:
+    """Rows of a (rows, width) float64 operand that make ~GATHER_CHUNK_BYTES."""
+    return max(1, GATHER_CHUNK_BYTES // (8 * max(width, 1)))
+
+
+def _effective(values: np.ndarray) -> np.ndarray:
+    """The projected factors max(values, 0) in float64 (one array, projected in place)."""
+    h = values.astype(np.float64)
+    np.maximum(h, 0.0, out=h)
+    return h
+
+
+IndexAt = Callable[[int, int], np.ndarray]   # (lo, hi) -> an index per entry of [lo, hi)
+
+
+def _entry_errors(w: np.ndarray, h: np.ndarray, ratings: np.ndarray, rows_at: IndexAt, cols_at: IndexAt) -> np.ndarray:
+    """w[row] . h[col] - rating for every entry, float64, a chunk of ~GATHER_CHUNK_BYTES per
+    gathered (entries x rank) operand at a time: the whole gathers (and, for a block, its rows and
+    columns, which `rows_at` / `cols_at` make per chunk) would be several times the bytes of the
+    data. Each entry's sum is computed alone, so the chunking does not change values."""
+    err = np.empty(len(ratings))
+    step = _chunk_rows(w.shape[1])
+    for lo in range(0, len(ratings), step):
+        hi = min(len(ratings), lo + step)
+        np.subtract((w[rows_at(lo, hi)] * h[cols_at(lo, hi)]).sum(axis=1), ratings[lo:hi], out=err[lo:hi])
+    return err
+
+
+def _entry_rows(indptr: np.ndarray) -> IndexAt:
+    """The CSR row of entries [lo, hi), computed per chunk (indptr starts at 0)."""
+    return lambda lo, hi: np.searchsorted(indptr, np.arange(lo, hi), side="right") - 1
+
+
+def _projected_step(x: np.ndarray, grad: np.ndarray, counts: np.ndarray, lr: float, l2: float,
+                    delta: np.ndarray | None = None) -> np.ndarray:
+    """max(x - lr * (grad / max(counts, 1) + l2 * x), 0) per row, written over `grad` (returned)
+    a chunk of rows at a time, so the step's temporaries stay ~GATHER_CHUNK_BYTES; with `delta`,
+    also delta = new - x (cast to its dtype). Same operations per element as whole arrays."""
+    step = _chunk_rows(x.shape[1])
+    for lo in range(0, len(x), step):
+        hi = min(len(x), lo + step)
+        g, xs = grad[lo:hi], x[lo:hi]
+        g /= np.maximum(counts[lo:hi], 1)[:, None]
+        g += l2 * xs
+        g *= lr
+        np.subtract(xs, g, out=g)
+        np.maximum(g, 0.0, out=g)
+        if delta is not None:
+            delta[lo:hi] = g - xs
+    return grad
 
 
 class NMFApp(PSApp[NMFSpec, NMFHParams]):
@@ -71,19 +112,19 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
         user_factors = rng.uniform(0, 2 / np.sqrt(s.rank), (n, s.rank))
         counts = np.maximum(rng.binomial(s.num_items, s.observed_fraction, n), 1)
         indptr, items = sample_row_indices(rng, counts, s.num_items)
-        users = np.repeat(np.arange(n), np.diff(indptr))
-        # Row-wise dot products in chunks of ~GATHER_CHUNK_BYTES per gathered (entries x rank)
-        # float64 operand: whole-block operands would dominate a worker's peak while it generates
-        # its data. Each entry's product is computed alone, so the chunking does not change values.
+        # Row-wise dot products, noise and entry users a chunk of ~GATHER_CHUNK_BYTES per gathered
+        # (entries x rank) float64 operand at a time: whole-block operands (and the block's noise
+        # and user of every entry, 16 bytes per entry) would dominate a worker's peak while it
+        # generates its data. Each entry's product is computed alone and the noise is drawn in
+        # the same order from the same stream, so the chunking does not change values.
         ratings = np.empty(len(items), np.float32)
         step = max(1, GATHER_CHUNK_BYTES // (8 * s.rank))
         truth = self.true_item_factors
-        noise = rng.normal(0, s.noise_std, len(items))
         for lo in range(0, len(items), step):
-            hi = lo + step
-            clean = np.einsum("ij,ij->i", user_factors[users[lo:hi]], truth[items[lo:hi]])
-            ratings[lo:hi] = clean + noise[lo:hi]
-        del noise, users
+            hi = min(len(items), lo + step)
+            users = np.searchsorted(indptr, np.arange(lo, hi), side="right") - 1
+            clean = np.einsum("ij,ij->i", user_factors[users], truth[items[lo:hi]])
+            ratings[lo:hi] = clean + rng.normal(0, s.noise_std, hi - lo)
         return DataBlock(self.name, block_index, start, n, {"indptr": indptr, "items": items, "ratings": ratings})
 
     def data_nbytes(self) -> int:
@@ -117,7 +158,7 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
 
     def keys_for_batch(self, batch: Batch) -> np.ndarray:
         _, _, items, _ = self._entries(batch.block, batch.start, batch.stop)
-        return np.unique(items).astype(np.int64)
+        return sorted_unique(items).astype(np.int64)
 
     def gradients(self, batch: Batch, params: KeyValues) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(W, H, dL/dW, dL/dH) of L = 0.5 * sum of squared errors over the batch's entries,
@@ -125,8 +166,8 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
         _, rows, items, ratings = self._entries(batch.block, batch.start, batch.stop)
         cols = params.rows_of(items.astype(np.int64))
         w = batch.block.state["W"][batch.start:batch.stop].astype(np.float64)
-        h = np.maximum(params.values.astype(np.float64), 0.0)
-        err = _row_dots(w, rows, h, cols) - ratings
+        h = _effective(params.values)
+        err = _entry_errors(w, h, ratings, lambda lo, hi: rows[lo:hi], lambda lo, hi: cols[lo:hi])
         e = sp.csr_matrix((err, (rows, cols)), shape=(batch.size, len(params.keys)))
         return w, h, np.asarray(e @ h), np.asarray(e.T @ w)
 
@@ -138,18 +179,18 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
         # Each factor row steps along its gradient averaged over its own entries in the batch,
         # so the step size does not depend on how many ratings a user or item has.
         per_item = np.bincount(params.rows_of(items.astype(np.int64)), minlength=len(params.keys))
-        w_new = np.maximum(w - lr * (gw / np.maximum(counts, 1)[:, None] + hp.l2 * w), 0.0)
-        h_new = np.maximum(h - lr * (gh / np.maximum(per_item, 1)[:, None] + hp.l2 * h), 0.0)
-        batch.block.state["W"][batch.start:batch.stop] = w_new
-        return KeyValues(params.keys, (h_new - h).astype(np.float32))
+        batch.block.state["W"][batch.start:batch.stop] = _projected_step(w, gw, counts, lr, hp.l2)
+        delta = np.empty(h.shape, np.float32)
+        _projected_step(h, gh, per_item, lr, hp.l2, delta)
+        return KeyValues(params.keys, delta)
 
     def objective_keys(self, block: DataBlock) -> np.ndarray:
-        return np.unique(block.data["items"]).astype(np.int64)
+        return sorted_unique(block.data["items"]).astype(np.int64)
 
     def objective(self, block: DataBlock, params: KeyValues) -> ObjectivePart:
-        _, rows, items, ratings = self._entries(block, 0, block.num_rows)
-        h = np.maximum(params.values.astype(np.float64), 0.0)
-        err = _row_dots(block.state["W"].astype(np.float64), rows, h, params.rows_of(items.astype(np.int64))) - ratings
+        ip, items = block.data["indptr"], block.data["items"]
+        err = _entry_errors(block.state["W"].astype(np.float64), _effective(params.values), block.data["ratings"],
+                            _entry_rows(ip - ip[0]), lambda lo, hi: params.rows_of(items[lo:hi].astype(np.int64)))
         return ObjectivePart(float(np.dot(err, err)), len(err))
 
     def evaluate(self, model: np.ndarray, heldout: Sequence[DataBlock]) -> dict[str, float]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from psruntime.apps.sorted_unique import sorted_unique, unique_of_sorted
+
 # Stream ids: one per independent use of randomness, so adding a use never shifts another.
 TRUTH = 1        # ground-truth model of the synthetic data
 TRAIN = 2        # training rows, per block
@@ -52,13 +54,18 @@ def sample_row_indices(rng: np.random.Generator, counts: np.ndarray, dim: int) -
     (the count of a row shrinks slightly when dim is small). Returns (indptr int64, indices int32).
     """
     counts = np.asarray(counts, dtype=np.int64)
-    rows = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    cols = rng.integers(0, dim, size=len(rows), dtype=np.int64)
-    keys = np.unique(rows * dim + cols)      # sorts by (row, col) and removes duplicates
-    rows, cols = np.divmod(keys, dim)
-    indptr = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=len(counts)), out=indptr[1:])
-    return indptr, cols.astype(np.int32)
+    # (row, col) pairs as row * dim + col, built and sorted in place: this is most of a worker's
+    # transient memory while it generates its data, at 16 bytes per entry instead of ~40.
+    cols = rng.integers(0, dim, size=int(counts.sum()), dtype=np.int64)
+    keys = np.repeat(np.arange(len(counts), dtype=np.int64) * dim, counts)
+    keys += cols
+    del cols
+    keys.sort()
+    keys = unique_of_sorted(keys)            # sorted by (row, col), duplicates removed
+    # Row r's entries are the keys in [r * dim, (r + 1) * dim).
+    indptr = np.searchsorted(keys, np.arange(len(counts) + 1, dtype=np.int64) * dim).astype(np.int64)
+    np.remainder(keys, dim, out=keys)
+    return indptr, keys.astype(np.int32)
 
 
 def keyed_uniform(seed: int, stream: int, keys: np.ndarray, length: int,
@@ -67,7 +74,7 @@ def keyed_uniform(seed: int, stream: int, keys: np.ndarray, length: int,
     keys = np.asarray(keys, dtype=np.int64)
     out = np.empty((len(keys), length), dtype=np.float32)
     chunks = keys // KEY_CHUNK
-    for chunk in np.unique(chunks):
+    for chunk in sorted_unique(chunks):
         sel = chunks == chunk
         table = rng_for(seed, stream, int(chunk)).uniform(low, high, size=(KEY_CHUNK, length))
         out[sel] = table[keys[sel] - chunk * KEY_CHUNK]
