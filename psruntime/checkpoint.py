@@ -1,4 +1,5 @@
-"""Checkpoints of store blocks: one .npz file per block plus a JSON manifest, written atomically.
+"""Checkpoints of store blocks: one .npz file per block plus a JSON manifest, written atomically;
+and the wire form in which blocks travel between a server and the AM over the data plane.
 
 Layout of a checkpoint directory (format 2)::
 
@@ -11,17 +12,25 @@ Layout of a checkpoint directory (format 2)::
 A block is written to a temporary name and renamed into place; the manifest is written last (and
 renamed), so a crash mid-checkpoint leaves the previous manifest intact. Several executors may
 checkpoint into the same directory (each its own blocks): each writes `manifest-<executor>.json`;
-`load_manifests` merges them.
+`load_manifests` merges them. Who writes does not matter: a server writing its own blocks
+(`save_blocks`) and the AM writing blocks it received over the data plane (`write_block` +
+`write_manifest`) produce the same files.
 
 The older format 1 (`"blocks": {"<b>": [[key, "block_<b>/<i>.npy"], ...]}`, one .npy per key) is
 still read.
+
+Wire form (`pack_blocks` / `unpack_blocks`): a frame header field "blocks" lists one
+`{"block", "other_keys", "has_values"}` per block and the frame's buffers are, block after block,
+`keys`, then `values` if has_values, then one array per other key. `CheckpointCut` is a server's
+consistent snapshot of its blocks, handed out in batches of bounded size.
 """
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Sequence, Union
 
 import numpy as np
 
@@ -33,10 +42,15 @@ BlockEntry = Union[dict[str, Any], list[list[Any]]]
 
 
 class CheckpointError(ValueError):
-    """A checkpoint directory that is missing, incomplete or for another job shape."""
+    """A checkpoint directory that is missing, incomplete or for another job shape, or blocks on the
+    wire that do not add up."""
 
 
-def _write_block(root: Path, block: int, data: BlockArrays) -> str:
+# ===== files ======================================================================================
+
+def write_block(directory: str | os.PathLike[str], block: int, data: BlockArrays) -> dict[str, Any]:
+    """Write one block's arrays as `block_<b>.npz` (atomically); returns its manifest entry."""
+    root = Path(directory)
     name = f"block_{block}.npz"
     arrays: dict[str, np.ndarray] = {"keys": np.asarray(data.keys, np.int64)}
     if data.values is not None:
@@ -47,7 +61,20 @@ def _write_block(root: Path, block: int, data: BlockArrays) -> str:
     with open(tmp, "wb") as f:          # a file object: np.savez appends no suffix
         np.savez(f, **arrays)
     os.replace(tmp, root / name)
-    return name
+    return {"file": name, "other_keys": list(data.other_keys)}
+
+
+def write_manifest(directory: str | os.PathLike[str], executor_id: str, num_blocks: int, table_version: int,
+                   entries: dict[int, dict[str, Any]]) -> Path:
+    """Write `manifest-<executor_id>.json` over `entries` (block -> write_block's entry), last and
+    atomically: a crash before it leaves the previous manifest intact."""
+    manifest = {"format": FORMAT, "num_blocks": num_blocks, "table_version": table_version,
+                "blocks": {str(b): e for b, e in sorted(entries.items())}}
+    path = Path(directory) / f"manifest-{executor_id}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest))
+    os.replace(tmp, path)
+    return path
 
 
 def save_blocks(store: BlockStore, blocks: list[int], directory: str | os.PathLike[str], executor_id: str,
@@ -55,16 +82,8 @@ def save_blocks(store: BlockStore, blocks: list[int], directory: str | os.PathLi
     """Write `blocks` of `store` under `directory` (one file per block); returns the manifest path."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    manifest: dict[str, Any] = {"format": FORMAT, "num_blocks": store.num_blocks, "table_version": table_version,
-                                "blocks": {}}
-    for b in blocks:
-        data = store.export_arrays(b)
-        manifest["blocks"][str(b)] = {"file": _write_block(root, b, data), "other_keys": list(data.other_keys)}
-    path = root / f"manifest-{executor_id}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest))
-    os.replace(tmp, path)  # a crash mid-checkpoint leaves the previous manifest intact
-    return path
+    entries = {b: write_block(root, b, store.export_arrays(b)) for b in blocks}
+    return write_manifest(root, executor_id, store.num_blocks, table_version, entries)
 
 
 def load_manifests(directory: str | os.PathLike[str], num_blocks: int) -> dict[int, BlockEntry]:
@@ -84,6 +103,16 @@ def load_manifests(directory: str | os.PathLike[str], num_blocks: int) -> dict[i
         for b, entry in m.get("blocks", {}).items():
             blocks[int(b)] = entry
     return blocks
+
+
+def checkpoint_entries(directory: str | os.PathLike[str], num_blocks: int, blocks: Sequence[int]
+                       ) -> dict[int, BlockEntry]:
+    """The manifest entries of `blocks`; CheckpointError naming any the checkpoint lacks."""
+    manifest = load_manifests(directory, num_blocks)
+    missing = [b for b in blocks if b not in manifest]
+    if missing:
+        raise CheckpointError(f"blocks {missing} are not in the checkpoint at {Path(directory)}")
+    return {b: manifest[b] for b in blocks}
 
 
 def read_block(directory: str | os.PathLike[str], block: int, entry: BlockEntry) -> BlockArrays:
@@ -116,17 +145,127 @@ def load_blocks(directory: str | os.PathLike[str], num_blocks: int) -> dict[int,
     return {b: read_block(directory, b, e) for b, e in load_manifests(directory, num_blocks).items()}
 
 
+def install_blocks(store: BlockStore, items: Sequence[tuple[int, BlockArrays]]) -> None:
+    """Install blocks (replacing their contents) all or nothing: if one is refused, the blocks
+    installed before it get their previous contents back and the error propagates."""
+    previous = {b: store.export_arrays(b) if store.has_block(b) else None for b, _ in items}
+    done: list[int] = []
+    try:
+        for b, data in items:
+            store.import_arrays(b, data)
+            done.append(b)
+    except Exception:
+        for b in done:
+            old = previous[b]
+            if old is None:
+                store.drop_block(b)
+            else:   # views of the replaced storage: nothing wrote to it since
+                store.import_arrays(b, old)
+        raise
+
+
 def restore_blocks(store: BlockStore, blocks: list[int], directory: str | os.PathLike[str]) -> None:
     """Load `blocks` from the checkpoint in `directory` into `store` (replacing their contents)."""
     root = Path(directory)
-    manifest = load_manifests(root, store.num_blocks)
-    missing = [b for b in blocks if b not in manifest]
-    if missing:
-        raise CheckpointError(f"blocks {missing} are not in the checkpoint at {root}")
+    entries = checkpoint_entries(root, store.num_blocks, blocks)
     for b in blocks:
-        entry = manifest[b]
+        entry = entries[b]
         if isinstance(entry, list):      # format 1: the store's per-key import keeps its layout rules
             keys = [k for k, _ in entry]
             store.import_block(b, keys, [np.load(root / name, allow_pickle=False) for _, name in entry])
         else:
             store.import_arrays(b, read_block(root, b, entry))
+
+
+# ===== wire =======================================================================================
+
+def block_wire_bytes(data: BlockArrays) -> int:
+    """Bytes the block's buffers take in a frame body."""
+    return int(np.asarray(data.keys).nbytes) + data.nbytes
+
+
+def pack_blocks(items: Sequence[tuple[int, BlockArrays]]) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """Blocks as a frame's "blocks" header field and its buffers (see the module docstring)."""
+    descs: list[dict[str, Any]] = []
+    arrays: list[np.ndarray] = []
+    for b, data in items:
+        descs.append({"block": b, "other_keys": list(data.other_keys), "has_values": data.values is not None})
+        arrays.append(np.asarray(data.keys, np.int64))
+        if data.values is not None:
+            arrays.append(data.values)
+        arrays.extend(np.asarray(a) for a in data.other_arrays)
+    return descs, arrays
+
+
+def unpack_blocks(descs: Any, arrays: Sequence[np.ndarray], num_blocks: int) -> list[tuple[int, BlockArrays]]:
+    """The blocks of a frame packed by `pack_blocks`; CheckpointError naming what does not add up.
+    The arrays stay views into the frame's body (BlockStore.import_arrays copies what it keeps)."""
+    if not isinstance(descs, list):
+        raise CheckpointError("field 'blocks' must be a list of {block, other_keys, has_values}")
+    out: list[tuple[int, BlockArrays]] = []
+    seen: set[int] = set()
+    i = 0
+    for n, d in enumerate(descs):
+        if not isinstance(d, dict):
+            raise CheckpointError(f"'blocks'[{n}] must be an object {{block, other_keys, has_values}}")
+        b, other_keys, has_values = d.get("block"), d.get("other_keys"), d.get("has_values")
+        if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b < num_blocks:
+            raise CheckpointError(f"'blocks'[{n}].block must be a block id in [0, {num_blocks}), got {b!r}")
+        if b in seen:
+            raise CheckpointError(f"block {b} is listed twice")
+        seen.add(b)
+        if not isinstance(other_keys, list) or not all(
+                isinstance(k, (int, str)) and not isinstance(k, bool) for k in other_keys):
+            raise CheckpointError(f"'blocks'[{n}].other_keys must be a list of int or str keys")
+        if not isinstance(has_values, bool):
+            raise CheckpointError(f"'blocks'[{n}].has_values must be true or false")
+        count = 1 + int(has_values) + len(other_keys)
+        if i + count > len(arrays):
+            raise CheckpointError(f"block {b} needs {count} buffers but the frame has only {len(arrays) - i} left")
+        keys = arrays[i]
+        values = arrays[i + 1] if has_values else None
+        others = list(arrays[i + 1 + int(has_values):i + count])
+        i += count
+        out.append((b, BlockArrays(keys, values, list(other_keys), others)))
+    if i != len(arrays):
+        raise CheckpointError(f"the blocks use {i} buffers but the frame has {len(arrays)}")
+    return out
+
+
+@dataclass
+class CheckpointCut:
+    """A server's consistent snapshot of some of its blocks, handed out in bounded batches.
+
+    The snapshot holds `BlockStore.export_arrays` views taken in one synchronous step: the store's
+    copy-on-write keeps them intact if updates arrive while batches are still being sent, so every
+    batch belongs to the same cut of the model.
+    """
+
+    cut_id: int
+    table_version: int
+    pending: list[tuple[int, BlockArrays]] = field(default_factory=list)
+
+    @classmethod
+    def take(cls, store: BlockStore, blocks: Sequence[int], cut_id: int, table_version: int) -> "CheckpointCut":
+        return cls(cut_id, table_version, [(b, store.export_arrays(b)) for b in blocks])
+
+    @property
+    def remaining(self) -> list[int]:
+        return [b for b, _ in self.pending]
+
+    def next_batch(self, max_bytes: int, frame_limit: int) -> list[tuple[int, BlockArrays]]:
+        """The next blocks whose buffers add up to at most `max_bytes` (always at least one block,
+        which must fit `frame_limit`, the body size a data-plane frame may have)."""
+        batch: list[tuple[int, BlockArrays]] = []
+        total = 0
+        while self.pending:
+            b, data = self.pending[0]
+            size = block_wire_bytes(data)
+            if size > frame_limit:
+                raise CheckpointError(f"block {b} holds {size} bytes, more than one data-plane frame carries "
+                                      f"({frame_limit}); use more blocks for this model")
+            if batch and total + size > max_bytes:
+                break
+            batch.append(self.pending.pop(0))
+            total += size
+        return batch

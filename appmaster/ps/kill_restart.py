@@ -6,11 +6,13 @@ systems do, one step after the other:
 1. pause at an iteration boundary: training stops at the next BSP clock boundary (between clocks no
    push is in flight, so the model is a consistent cut); mid-epoch, every input block's place in
    the epoch is collected from the workers and the objective at the pause is measured;
-2. checkpoint the model -- every server block -- to the AM's durable dir (appmaster.ps.checkpoints);
+2. checkpoint the model -- every server block, sent to the AM over the data plane -- to the AM's
+   durable dir (appmaster.ps.checkpoints);
 3. stop every executor container of the job and release them to the RM;
 4. start the job again with the new shape: ask the RM for the containers, launch executors in them,
    place the blocks round-robin over the new servers, regenerate each worker's input partition;
-5. restore the model from the checkpoint and continue training from the same epoch and place: each
+5. restore the model from the checkpoint (the AM sends each new server its blocks over the data
+   plane) and continue training from the same epoch and place: each
    regenerated block gets its place back, so no mini-batch of the epoch runs twice or never.
 
 No progress is lost: the restored objective equals the one at the pause (checked and recorded), and the
@@ -349,11 +351,12 @@ class KillRestart:
             s.blocks = table.blocks_owned_by(s.executor_id)
         await training.call_all(everyone, {"op": "app_setup", "app": m.spec.app, "data": m.spec.app_data(),
                                            "hparams": m.spec.app_hparams()})
+        # The AM reads the checkpoint and sends each server its blocks over the data plane: the
+        # servers may be on other hosts than the AM's dir.
         replies = await asyncio.gather(*(training.call(w, {"op": "worker_setup", "partition": i,
                                                            "num_partitions": len(workers)})
                                          for i, w in enumerate(workers)),
-                                       *(training.call(s, {"op": "restore", "dir": directory, "blocks": s.blocks})
-                                         for s in servers))
+                                       m.checkpointer.restore(directory, servers, m.spec.num_blocks))
         for i, (w, r) in enumerate(zip(workers, replies)):
             w.partition = i
             w.data_bytes = int(r.header["data_bytes"])
