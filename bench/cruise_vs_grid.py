@@ -1,6 +1,6 @@
 """Cruise against a grid search of every (W, S) split on the local cluster (dissertation Table 3.4).
 
-    .venv/bin/python bench/cruise_vs_grid.py [--executors 4] [--bandwidth 40mbit] [--keep-dir DIR]
+    .venv/bin/python bench/cruise_vs_grid.py [--executors 6] [--bandwidth 40mbit] [--keep-dir DIR]
 
 For MLR and NMF with two hyper-parameter settings each (mini-batch sizes), on a LocalCluster of 3
 NMs whose executors' links are capped (emulated, so every executor has its own link and the split
@@ -48,6 +48,11 @@ JOB_TIMEOUT_S = 300.0
 POLL_S = 0.5
 EXECUTOR_MEMORY_MB = 320
 AM_MEMORY_MB = 384
+# Cruise decides once every worker has run `min_batches` (8) mini-batches. A job's 8 data blocks of
+# one mini-batch each (MLR at batch 125) spread over 5 workers leave the least-loaded worker one
+# mini-batch per epoch, so a Cruise run needs 8 epochs before it may decide, and a few more to
+# execute the plan and train on the new shape.
+CRUISE_EPOCHS = 12
 
 # Models of ~0.4-0.8 MB that a mini-batch mostly touches: communication-bound at tens of mbit/s.
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -131,7 +136,7 @@ async def bench(cluster: LocalCluster, n: int, names: list[str]) -> list[dict[st
         best_shape = min(grid, key=grid.__getitem__)
         worst = sorted(grid, key=grid.__getitem__, reverse=True)[:2]
         for start in worst:
-            st = await run_job(cluster, job, start[0], start[1], 6, True, f"cruise-{name}-{start[0]}x{start[1]}")
+            st = await run_job(cluster, job, start[0], start[1], CRUISE_EPOCHS, True, f"cruise-{name}-{start[0]}x{start[1]}")
             chosen = final_shape(st)
             plans = st["cruise"]["plan_history"] if st.get("cruise") else []
             done = [p for p in plans if p.get("finished")]
@@ -157,7 +162,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--executors", type=int, default=4, help="N: executors of every job (default 4)")
+    ap.add_argument("--executors", type=int, default=6, help="N: executors of every job (default 6: five (W, S) splits)")
     ap.add_argument("--bandwidth", default="40mbit", help="emulated link of every executor (default 40mbit)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of " + ", ".join(WORKLOADS))
     ap.add_argument("--keep-dir", default=None)
