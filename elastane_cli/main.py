@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from . import app_commands, cluster_commands, daemon_commands, node_commands, ps_commands, ps_scale_command, secret_command
+from . import app_commands, cluster_commands, daemon_commands, data_commands, node_commands, ps_commands, ps_scale_command, secret_command
 from .context import CliContext, common_parent, default_cluster_dir, default_user, global_options, resolve_rm_url
 from .errors import CliError
 
@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     global_options(parser)
     sub = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
     common = common_parent()
-    for module in (cluster_commands, node_commands, app_commands, ps_commands, daemon_commands, secret_command):
+    for module in (cluster_commands, node_commands, app_commands, ps_commands, daemon_commands, secret_command,
+                   data_commands):
         module.add_parser(sub, common)
     ps_scale_command.add_parser(sub, common)     # `elastane ps scale` (EPS), beside ps submit / status
     return parser

@@ -31,6 +31,9 @@ class MLRSpec(msgspec.Struct, forbid_unknown_fields=True):
     num_heldout: Pos = 500
     rows_per_block: Pos = 250
     seed: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # A dataset directory (docs/dataset_format.md): the data comes from its files and the
+    # dimensions from its dataset.json (see protocol.dataset_manifest.resolve_data_spec).
+    path: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.nnz_per_sample > self.num_features:
@@ -73,6 +76,9 @@ class NMFSpec(msgspec.Struct, forbid_unknown_fields=True):
     num_heldout: Pos = 100
     rows_per_block: Pos = 100
     seed: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # A dataset directory (docs/dataset_format.md): the data comes from its files and the
+    # dimensions from its dataset.json (see protocol.dataset_manifest.resolve_data_spec).
+    path: Optional[str] = None
 
 
 class NMFHParams(msgspec.Struct, forbid_unknown_fields=True):
@@ -113,6 +119,9 @@ class LDASpec(msgspec.Struct, forbid_unknown_fields=True):
     num_heldout: Pos = 50
     rows_per_block: Pos = 100
     seed: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # A dataset directory (docs/dataset_format.md): the data comes from its files and the
+    # dimensions from its dataset.json (see protocol.dataset_manifest.resolve_data_spec).
+    path: Optional[str] = None
 
 
 class LDAHParams(msgspec.Struct, forbid_unknown_fields=True):
@@ -150,11 +159,14 @@ class LassoSpec(msgspec.Struct, forbid_unknown_fields=True):
     num_heldout: Pos = 500
     rows_per_block: Pos = 250
     seed: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # A dataset directory (docs/dataset_format.md): the data comes from its files and the
+    # dimensions from its dataset.json (see protocol.dataset_manifest.resolve_data_spec).
+    path: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.nnz_per_sample > self.num_features:
             raise ValueError("nnz_per_sample must be <= num_features")
-        if self.support_size > self.num_features:
+        if self.support_size > self.num_features and self.path is None:   # no truth to draw with files
             raise ValueError("support_size must be <= num_features")
 
 

@@ -6,6 +6,9 @@ hyper-parameters in `protocol.ps_app_schemas`, so one spelling holds all the way
     {"app": "mlr", "preset": "tiny", "data": {"num_samples": 4000}, "hparams": {"learning_rate": 0.3},
      "workers": 2, "servers": 2, "blocks": 8, "sync": "bsp", "max_epochs": 10}
 
+`"data": {"path": "/abs/dir"}` trains on a dataset directory (docs/dataset_format.md) instead of
+the generator: its dataset.json gives the data's dimensions, checked here at submission.
+
 `validate(obj)` checks everything a submission can be checked for without the runtime: the generic
 fields here and the app's `data` / `hparams` against its schema (with the preset applied). Errors
 are `JobSpecError` (a `codec.DecodeError`, so a ValueError) whose message starts with the dotted
@@ -22,6 +25,7 @@ from typing import Annotated, Any, Literal, Optional
 import msgspec
 
 from .codec import DecodeError
+from .dataset_manifest import DatasetError, resolve_data_spec
 from .ps_app_schemas import APP_SCHEMAS, PRESET_NAMES
 
 APPLICATION_TYPE = "ELASTANE_PS"
@@ -116,8 +120,9 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return hp
 
     def app_data(self) -> dict[str, Any]:
-        """The app's data spec: the preset's sizes with `data` overriding them."""
-        return {**APP_SCHEMAS[self.app].presets[self.preset], **self.data}
+        """The app's data spec: the preset's sizes with `data` overriding them; with `data.path`,
+        the dimensions of the dataset's files (DatasetError when they cannot be read)."""
+        return resolve_data_spec(self.app, self.data, APP_SCHEMAS[self.app].presets[self.preset])
 
     def to_json(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)
@@ -142,8 +147,15 @@ def _field_error(e: Exception, prefix: str = "") -> JobSpecError:
 
 def _check_app(spec: PSJobSpec) -> None:
     schema = APP_SCHEMAS[spec.app]
+    path = spec.data.get("path")
+    if path is not None and not isinstance(path, str):
+        raise JobSpecError("data.path", f"Expected `str`, got `{type(path).__name__}`")
     try:
-        data = msgspec.convert(spec.app_data(), schema.spec, strict=True)
+        resolved = spec.app_data()
+    except DatasetError as e:
+        raise JobSpecError(f"data.{e.field}", e.detail) from None
+    try:
+        data = msgspec.convert(resolved, schema.spec, strict=True)
     except msgspec.ValidationError as e:
         raise _field_error(e, "data") from None
     try:

@@ -22,11 +22,13 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar, Generic, Iterator, Mapping, Sequence, TypeVar
 
 import msgspec
 import numpy as np
 
+from protocol.dataset_manifest import INDEX_BOUNDS, DatasetError, DatasetManifest, load_manifest, resolve_data_spec
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.random_streams import (HELDOUT, TRAIN, block_row_range, num_blocks, partition_block_range,
                                            rng_for)
@@ -173,7 +175,13 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
             base = dict(cls.PRESETS[preset])
         if spec is not None and not isinstance(spec, Mapping):
             raise AppConfigError(f"invalid {cls.name} data spec: expected an object")
-        return cls(parse_config({**base, **(spec or {})}, cls.Spec, f"{cls.name} data spec"),
+        try:
+            # With a `path`, the dataset's dimensions replace the preset's (and are re-checked here,
+            # on the AM and every executor, against what the submission saw).
+            merged = resolve_data_spec(cls.name, spec or {}, base)
+        except DatasetError as e:
+            raise AppConfigError(f"invalid {cls.name} data spec: {e.field}: {e.detail}") from None
+        return cls(parse_config(merged, cls.Spec, f"{cls.name} data spec"),
                    parse_config(hparams, cls.HParams, f"{cls.name} hyper-parameters"))
 
     # ----------------------------------------------------------------- data
@@ -203,10 +211,48 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
     def generate_block(self, block_index: int, heldout: bool = False) -> DataBlock:
         """Generate one input block (without worker-local state) from (seed, block_index)."""
 
+    # ----------------------------------------------------------------- file data
+    @property
+    def data_path(self) -> str | None:
+        """The dataset directory the data comes from, or None for generated data."""
+        return getattr(self.spec, "path", None)
+
+    @property
+    def has_ground_truth(self) -> bool:
+        """Generated data has a known true model; file data has none (evaluate omits those metrics)."""
+        return self.data_path is None
+
+    @cached_property
+    def dataset(self) -> DatasetManifest:
+        """The manifest of the dataset directory (file data only), checked against the spec."""
+        path = self.data_path
+        if path is None:
+            raise AppConfigError(f"{self.name}: the data spec has no path; the data is generated")
+        try:
+            m = load_manifest(path)
+        except DatasetError as e:
+            raise AppConfigError(f"invalid {self.name} data spec: {e.field}: {e.detail}") from None
+        spec = msgspec.to_builtins(self.spec)
+        wrong = {k: v for k, v in m.spec.items() if spec.get(k) != v}
+        if m.app != self.name or wrong:
+            raise AppConfigError(f"{path}: dataset ({m.app}, {m.spec}) changed since the job was set up "
+                                 f"(differs in {sorted(wrong) or 'app'})")
+        return m
+
+    def input_block(self, block_index: int, heldout: bool = False) -> DataBlock:
+        """Input block `block_index`: read from the dataset's files when the spec has a path,
+        generated otherwise. Raises DatasetFileError naming a missing or damaged file."""
+        if self.data_path is None:
+            return self.generate_block(block_index, heldout)
+        from psruntime.apps.dataset_files import read_block   # numpy I/O only file-data jobs need
+
+        bounds = {f: int(getattr(self.spec, f)) for f in INDEX_BOUNDS[self.name].values()}
+        return read_block(self.data_path, self.dataset, "heldout" if heldout else "train", block_index, bounds)
+
     def generate_partition(self, partition_index: int, num_partitions: int) -> Partition:
-        """Blocks of partition i of n, generated without materialising any other partition."""
+        """Blocks of partition i of n, generated (or read) without materialising any other partition."""
         rng = partition_block_range(self.num_blocks, partition_index, num_partitions)
-        part = Partition(partition_index, num_partitions, [self.generate_block(b) for b in rng])
+        part = Partition(partition_index, num_partitions, [self.input_block(b) for b in rng])
         self.release_generation_caches()
         return part
 
@@ -216,8 +262,9 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
             self.__dict__.pop(name, None)
 
     def generate_heldout(self) -> list[DataBlock]:
-        """The held-out set (rows drawn like training rows from their own random stream)."""
-        return [self.generate_block(b, heldout=True)
+        """The held-out set (rows drawn like training rows from their own random stream, or the
+        dataset's held-out block files)."""
+        return [self.input_block(b, heldout=True)
                 for b in range(num_blocks(self.num_heldout_rows, self.rows_per_block))]
 
     def _stream(self, heldout: bool) -> int:

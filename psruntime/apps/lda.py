@@ -161,9 +161,12 @@ class LDAApp(PSApp[LDASpec, LDAHParams]):
     def evaluate(self, model: np.ndarray, heldout: Sequence[DataBlock]) -> dict[str, float]:
         """Held-out log-likelihood per token by document completion: each held-out document's
         topic mixture is fitted (EM fold-in) on its even-position tokens and its odd-position
-        tokens are scored. The same score with the true topics is reported for reference."""
-        return {"heldout_loglik_per_token": self._completion_loglik(self.topic_word(model), heldout),
-                "true_model_heldout_loglik_per_token": self._completion_loglik(self.true_topics.T, heldout)}
+        tokens are scored. With generated data the same score with the true topics is reported
+        for reference."""
+        metrics = {"heldout_loglik_per_token": self._completion_loglik(self.topic_word(model), heldout)}
+        if self.has_ground_truth:
+            metrics["true_model_heldout_loglik_per_token"] = self._completion_loglik(self.true_topics.T, heldout)
+        return metrics
 
     def _completion_loglik(self, phi: np.ndarray, heldout: Sequence[DataBlock], iters: int = 50) -> float:
         a = self.hparams.alpha

@@ -217,5 +217,7 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
                 base_sq += float(np.sum((test_r - fit_mean) ** 2))
                 n += len(test_r)
         n = max(n, 1)
-        return {"heldout_rmse": float(np.sqrt(sq / n)), "mean_predictor_rmse": float(np.sqrt(base_sq / n)),
-                "noise_std": self.spec.noise_std}
+        metrics = {"heldout_rmse": float(np.sqrt(sq / n)), "mean_predictor_rmse": float(np.sqrt(base_sq / n))}
+        if self.has_ground_truth:   # the generator's noise level: the best RMSE a model can reach
+            metrics["noise_std"] = self.spec.noise_std
+        return metrics
