@@ -17,6 +17,7 @@ from protocol.ps_app_schemas import MLR_PRESETS, MLRHParams, MLRSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.random_streams import TRUTH, rng_for
+from psruntime.apps.sorted_unique import sorted_unique
 from psruntime.apps.sparse_features import (batch_rows, column_chunks, design_product, generate_sparse_rows,
                                             keys_of_features, local_design, times_columns)
 
@@ -53,10 +54,12 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
         s = self.spec
         start, n, rng = self._block_rows(block_index, heldout)
         indptr, feats, vals = generate_sparse_rows(rng, n, s.num_features, s.nnz_per_sample, "uniform")
-        # Over all features, a chunk of rows and of classes at a time: every logit sums the same
-        # products in the same order, and no (features x classes) float64 copy or whole-block
-        # design is made (see sparse_features).
-        logits = design_product(indptr, feats, vals, None, 1, self.true_weights)
+        # Only the ground-truth rows of the block's features (the design's columns are those
+        # features in order), a chunk of rows and of classes at a time: every logit sums the same
+        # products in the same order as over all features, and no (features x classes) float64
+        # copy -- nor a float64 conversion of every feature's row per block -- is made.
+        used = sorted_unique(feats).astype(np.int64)
+        logits = design_product(indptr, feats, vals, used, 1, self.true_weights[used])
         probs = np.exp(_log_softmax(logits))
         u = rng.random((n, 1))
         labels = np.minimum((probs.cumsum(axis=1) < u).sum(axis=1), s.num_classes - 1).astype(np.int32)
@@ -133,8 +136,10 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
 
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, model: np.ndarray, heldout: Sequence[DataBlock]) -> dict[str, float]:
-        """Held-out accuracy and cross-entropy, beside chance and the true model's accuracy."""
+        """Held-out accuracy and cross-entropy, beside chance and (generated data only) the true
+        model's accuracy."""
         w = self.weights_from_model(model).astype(np.float64)
+        truth = self.true_weights if self.has_ground_truth else None
         everything = np.arange(self.spec.num_features, dtype=np.int64)
         correct = truth_correct = n = 0
         ce = 0.0
@@ -144,8 +149,12 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
             labels = block.data["labels"]
             logp = _log_softmax(np.asarray(x @ w))
             correct += int((logp.argmax(axis=1) == labels).sum())
-            truth_correct += int((np.asarray(x @ self.true_weights).argmax(axis=1) == labels).sum())
+            if truth is not None:
+                truth_correct += int((np.asarray(x @ truth).argmax(axis=1) == labels).sum())
             ce -= float(logp[np.arange(block.num_rows), labels].sum())
             n += block.num_rows
-        return {"accuracy": correct / n, "cross_entropy": ce / n,
-                "chance_accuracy": 1.0 / self.spec.num_classes, "true_model_accuracy": truth_correct / n}
+        n = max(n, 1)
+        metrics = {"accuracy": correct / n, "cross_entropy": ce / n, "chance_accuracy": 1.0 / self.spec.num_classes}
+        if truth is not None:
+            metrics["true_model_accuracy"] = truth_correct / n
+        return metrics
