@@ -11,8 +11,8 @@ shape; that round runs `--rounds` times (3), and each change reports its median 
 kills the app. Measured per change, from the request to the new shape training:
 
 - EPS: from the first function's call to the last one's end (the AM's own records): the two
-  removals run one after the other, the two additions concurrently; the plain sum of the four
-  durations, which counts the overlapped launches twice, is reported as `eps_*_ops_sum_s` and
+  removals run concurrently, and so do the two additions; the plain sum of the four durations,
+  which counts the overlapped parts twice, is reported as `eps_*_ops_sum_s` and
   `ratio_of_ops_sum`;
 - kill: the restart's duration from the request (waiting for the epoch boundary, checkpoint of
   every server block, stopping and releasing every container, asking for and launching the new
@@ -157,9 +157,9 @@ def change_seconds(changes: list[dict[str, Any]], mode: str) -> tuple[float, flo
 
 
 def eps_span_s(changes: list[dict[str, Any]]) -> float:
-    """From the first op's start to the last op's end: the removals run one after the other and
-    the additions of the two roles concurrently, so summing their durations would count the
-    overlapped container launches twice (the sum is reported too, as `eps_*_ops_sum_s`)."""
+    """From the first op's start to the last op's end: the two roles' removals run concurrently,
+    and so do their additions, so summing their durations would count the overlapped clock
+    boundaries and container launches twice (the sum is reported too, as `eps_*_ops_sum_s`)."""
     return max(c["started"] + c["duration_s"] for c in changes) - min(c["started"] for c in changes)
 
 

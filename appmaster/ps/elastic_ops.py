@@ -116,7 +116,8 @@ class ElasticOps:
 
     async def scale(self, workers: int = 0, servers: int = 0) -> list[ElasticOpRecord]:
         """A relative change of both roles (POST /scale, `elastane ps scale`): removals first (they
-        free resources), then additions; validated as a whole before anything starts."""
+        free resources), then additions, each pair concurrently; validated as a whole before
+        anything starts."""
         for name, d in (("workers", workers), ("servers", servers)):
             if not isinstance(d, int) or isinstance(d, bool):
                 raise ElasticOpError(f"{name} must be a signed integer change, got {d!r}")
@@ -135,11 +136,13 @@ class ElasticOps:
             steps.append(("add_workers", Role.WORKER, workers, self._add_workers))
         self._busy = True
         try:
-            removals = [await self._run(op, abs(d), fn) for op, _role, d, fn in steps if d < 0]
-            # The additions of the two roles are independent (new servers take model blocks, new
-            # workers take input splits), so their container launches and transfers overlap.
+            # The two roles' changes are independent (servers hand over model blocks, workers input
+            # splits), so each pair runs concurrently: the removals' transfers and clock-boundary
+            # waits overlap, as do the additions' container launches. Removals go first: they free
+            # the resources an addition may need.
+            removals = await asyncio.gather(*(self._run(op, abs(d), fn) for op, _role, d, fn in steps if d < 0))
             additions = await asyncio.gather(*(self._run(op, d, fn) for op, _role, d, fn in steps if d > 0))
-            return removals + list(additions)
+            return list(removals) + list(additions)
         finally:
             self._busy = False
 
