@@ -25,6 +25,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--log-dir", help="container logs")
     p.add_argument("--recovery-dir", help="records of running containers, for NM restart")
     p.add_argument("--cgroups", choices=node_settings.CGROUP_MODES, help="cgroup enforcement")
+    p.add_argument("--cpu-limit-cores", type=float,
+                   help="cores the node's containers get in all, shared by vcore (0 = a vcore is a core)")
     p.add_argument("--heartbeat-interval-ms", type=int, help="heartbeat period")
     p.add_argument("--ready-file", help="JSON written once serving and registered")
     return p.parse_args(argv)
@@ -37,7 +39,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = pconfig.merge(pconfig.load_nm(args.config), rm_address=args.rm_address, host=args.host,
                             port=args.port, memory_mb=args.memory_mb, vcores=args.vcores,
                             local_dir=args.local_dir, log_dir=args.log_dir, recovery_dir=args.recovery_dir,
-                            cgroups=args.cgroups, heartbeat_interval_ms=args.heartbeat_interval_ms)
+                            cgroups=args.cgroups, heartbeat_interval_ms=args.heartbeat_interval_ms,
+                            cpu_limit_cores=args.cpu_limit_cores)
         cluster = pconfig.load_cluster(args.cluster_config)
         node_settings.validate(cfg, cluster)
         nm = NodeManager(cfg, cluster, ready_file=args.ready_file)

@@ -78,6 +78,15 @@ def kv_counter(text: str, key: str) -> int:
     return 0
 
 
+MIN_CPU_QUOTA_US = 1000      # the kernel refuses a CFS quota below 1 ms
+
+
+def cpu_quota_us(vcores: int, period_us: int, cores_per_vcore: float = 1.0) -> int:
+    """The CFS quota (us per `period_us`) of a container with `vcores`: one core per vcore, or
+    `cores_per_vcore` when the node shares a CPU limit out by vcore (YARN's strict mode)."""
+    return max(MIN_CPU_QUOTA_US, round(max(1, vcores) * period_us * cores_per_vcore))
+
+
 class CgroupBackend(abc.ABC):
     """Creates, limits, watches and removes per-container cgroups under <mount>/<name>/<node>."""
 

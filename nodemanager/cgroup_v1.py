@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .cgroup_base import (CgroupBackend, CgroupError, ContainerCgroup, kv_counter, read_file, read_int,
-                          write_file)
+from .cgroup_base import (CgroupBackend, CgroupError, ContainerCgroup, cpu_quota_us, kv_counter, read_file,
+                          read_int, write_file)
 
 
 class CgroupV1(CgroupBackend):
@@ -14,11 +14,12 @@ class CgroupV1(CgroupBackend):
     version = "v1"
 
     def __init__(self, cpu_mount: str, memory_mount: str, cgroup_name: str, node_dir: str,
-                 cpu_period_us: int = 100000, hard_cpu: bool = True):
+                 cpu_period_us: int = 100000, hard_cpu: bool = True, cores_per_vcore: float = 1.0):
         self.cpu_parent = os.path.join(cpu_mount, cgroup_name, node_dir)
         self.mem_parent = os.path.join(memory_mount, cgroup_name, node_dir)
         self.period = cpu_period_us
         self.hard_cpu = hard_cpu
+        self.cores_per_vcore = cores_per_vcore
 
     def node_dirs(self) -> list[str]:
         return [self.cpu_parent, self.mem_parent]
@@ -49,7 +50,8 @@ class CgroupV1(CgroupBackend):
             if self.hard_cpu:
                 # Period first: the kernel checks quota against the current period.
                 write_file(os.path.join(cpu_dir, "cpu.cfs_period_us"), str(self.period))
-                write_file(os.path.join(cpu_dir, "cpu.cfs_quota_us"), str(max(1, vcores) * self.period))
+                write_file(os.path.join(cpu_dir, "cpu.cfs_quota_us"), str(cpu_quota_us(vcores, self.period,
+                                                                                        self.cores_per_vcore)))
             else:
                 write_file(os.path.join(cpu_dir, "cpu.shares"), str(1024 * max(1, vcores)))
             limit = str(memory_mb * 1024 * 1024)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 
-from .cgroup_base import (CgroupBackend, CgroupError, ContainerCgroup, kv_counter, read_file, read_int,
-                          write_file)
+from .cgroup_base import (CgroupBackend, CgroupError, ContainerCgroup, cpu_quota_us, kv_counter, read_file,
+                          read_int, write_file)
 
 
 def v2_weight(vcores: int) -> int:
@@ -18,12 +18,13 @@ class CgroupV2(CgroupBackend):
     version = "v2"
 
     def __init__(self, mount: str, cgroup_name: str, node_dir: str,
-                 cpu_period_us: int = 100000, hard_cpu: bool = True):
+                 cpu_period_us: int = 100000, hard_cpu: bool = True, cores_per_vcore: float = 1.0):
         self.mount = mount
         self.top = os.path.join(mount, cgroup_name)
         self.parent = os.path.join(self.top, node_dir)
         self.period = cpu_period_us
         self.hard_cpu = hard_cpu
+        self.cores_per_vcore = cores_per_vcore
 
     def node_dirs(self) -> list[str]:
         return [self.parent]
@@ -50,7 +51,8 @@ class CgroupV2(CgroupBackend):
         try:
             os.makedirs(d, exist_ok=True)
             if self.hard_cpu:
-                write_file(os.path.join(d, "cpu.max"), f"{max(1, vcores) * self.period} {self.period}")
+                write_file(os.path.join(d, "cpu.max"),
+                           f"{cpu_quota_us(vcores, self.period, self.cores_per_vcore)} {self.period}")
             else:
                 write_file(os.path.join(d, "cpu.weight"), str(v2_weight(vcores)))
             write_file(os.path.join(d, "memory.max"), str(memory_mb * 1024 * 1024))

@@ -23,7 +23,7 @@ class Enforcement:
 
 
 def choose(mode: str, node_id: str, cgroup_name: str, cpu_period_us: int, hard_cpu: bool,
-           mounts_file: str = "/proc/mounts") -> Enforcement:
+           mounts_file: str = "/proc/mounts", cores_per_vcore: float = 1.0) -> Enforcement:
     """Detect, build and set up the backend for `mode` (auto | v1 | v2 | off)."""
     fallback = "; falling back to the RSS monitor (memory only, no CPU caps)"
     layout = detect_from_file(mounts_file, mode)
@@ -33,10 +33,10 @@ def choose(mode: str, node_id: str, cgroup_name: str, cpu_period_us: int, hard_c
     backend: CgroupBackend
     if layout.version is CgroupVersion.V2:
         assert layout.v2_mount is not None
-        backend = CgroupV2(layout.v2_mount, cgroup_name, node_dir, cpu_period_us, hard_cpu)
+        backend = CgroupV2(layout.v2_mount, cgroup_name, node_dir, cpu_period_us, hard_cpu, cores_per_vcore)
     else:
         backend = CgroupV1(layout.v1_mounts["cpu"], layout.v1_mounts["memory"], cgroup_name, node_dir,
-                           cpu_period_us, hard_cpu)
+                           cpu_period_us, hard_cpu, cores_per_vcore)
     try:
         backend.setup()
     except (CgroupError, OSError) as e:

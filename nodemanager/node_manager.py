@@ -74,7 +74,8 @@ class NodeManager:
             os.makedirs(d, exist_ok=True)
         self.enforcement = await asyncio.to_thread(
             choose, self.cfg.cgroups, self.node_id, self.cfg.cgroup_name, self.cfg.cpu_period_us,
-            self.cfg.cpu_enforcement == "hard", self.mounts_file)
+            self.cfg.cpu_enforcement == "hard", self.mounts_file,
+            node_settings.cores_per_vcore(self.cfg, self.capability))
         if self.enforcement.warning:
             log.warning("%s", self.enforcement.warning)
         else:

@@ -31,6 +31,15 @@ def capability(cfg: NMConfig, meminfo_path: str = "/proc/meminfo") -> Resource:
     return Resource(memory, vcores)
 
 
+def cores_per_vcore(cfg: NMConfig, capability: Resource) -> float:
+    """What one vcore's CPU quota is worth in cores: 1, or the node's `cpu_limit_cores` shared out
+    over its vcores (so 12 vcores declared on 2 cores give every vcore 1/6 of a core, and a job
+    with more vcores really gets more CPU, as on hosts with a core per vcore)."""
+    if cfg.cpu_limit_cores <= 0:
+        return 1.0
+    return cfg.cpu_limit_cores / max(1, capability.vcores)
+
+
 def advertise_host(cfg: NMConfig) -> str:
     """The host part of the node id: configured, 127.0.0.1 for local binds, else the hostname."""
     if cfg.advertise_host:
@@ -63,6 +72,10 @@ def validate(cfg: NMConfig, cluster: ClusterConfig) -> None:
     for name in ("heartbeat_interval_ms", "monitor_interval_ms", "cpu_period_us"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
+    if cfg.cpu_limit_cores < 0:
+        raise ConfigError(f"cpu_limit_cores must be >= 0 (0 = a vcore is one core), got {cfg.cpu_limit_cores}")
+    if cfg.cpu_limit_cores > (os.cpu_count() or 1):
+        raise ConfigError(f"cpu_limit_cores {cfg.cpu_limit_cores} is more than this host's {os.cpu_count()} cores")
     if not 1000 <= cfg.cpu_period_us <= 1000000:
         raise ConfigError(f"cpu_period_us must be 1000..1000000, got {cfg.cpu_period_us}")
     if cfg.network_bandwidth_bps < 0:

@@ -67,6 +67,9 @@ class NMConfig(msgspec.Struct, forbid_unknown_fields=True):
     cgroup_name: str = "elastane"   # parent cgroup (per NM it becomes elastane/<node>)
     cpu_enforcement: str = "hard"   # hard (quota = vcores x period) | soft (shares)
     cpu_period_us: int = 100000
+    # Hard mode only: the cores this node's containers get in all, shared out by vcore (YARN's
+    # strict cgroups mode with percentage-physical-cpu-limit); 0 = a vcore is one core.
+    cpu_limit_cores: float = 0.0
     monitor_interval_ms: int = 500  # RSS monitor period when cgroups are unusable
     keep_finished_logs_s: float = 3600.0
     delete_workdir: bool = True

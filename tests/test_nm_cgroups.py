@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nodemanager.cgroup_base import ContainerCgroup, sanitise
+from nodemanager.cgroup_base import ContainerCgroup, cpu_quota_us, sanitise
 from nodemanager.cgroup_detect import CgroupVersion, detect, parse_mounts
 from nodemanager.cgroup_v1 import CgroupV1
 from nodemanager.cgroup_v2 import CgroupV2, v2_weight
@@ -83,6 +83,16 @@ def test_v2_setup_and_create_write_the_limits(tmp_path):
     assert (cdir / "memory.swap.max").read_text() == "0"
     assert (cdir / "memory.oom.group").read_text() == "1"
     assert b.join_files(cg) == [str(cdir / "cgroup.procs")]
+
+
+def test_v2_quota_follows_the_cores_per_vcore_and_never_drops_below_a_millisecond(tmp_path):
+    root = fake_v2(tmp_path / "cg")
+    b = CgroupV2(str(root), "elastane", "n1", cpu_period_us=50000, cores_per_vcore=0.25)
+    b.setup()
+    b.create("c1", 64, 2)
+    assert (root / "elastane" / "n1" / "c1" / "cpu.max").read_text() == "25000 50000"
+    assert cpu_quota_us(3, 100000) == 300000 and cpu_quota_us(0, 100000, 0.5) == 50000
+    assert cpu_quota_us(1, 100000, 0.001) == 1000          # the kernel's minimum
 
 
 def test_v2_soft_mode_uses_weight(tmp_path):

@@ -289,6 +289,21 @@ async def test_cgroup_v1_cpu_quota_holds_two_busy_loops_to_one_core(tmp_path, rm
 
 
 
+@needs_v1
+@pytest.mark.cgroups
+async def test_cpu_limit_cores_shares_the_node_cpu_out_by_vcore(tmp_path, rm, client, nms):
+    # YARN's strict mode: 1 core for the node's 4 vcores, so a 1-vcore container gets a quarter core
+    # and a 2-vcore one half (the vcores a job holds buy it real CPU, whatever the host has).
+    nm = await start_nm(tmp_path / "nm", rm, cgroups="v1", vcores=4, extra_nm="cpu_limit_cores = 1.0\n")
+    nms.append(nm)
+    for vcores, quota in ((1, "25000"), (2, "50000")):
+        cid, tok, _ = await _launch(client, nm, ["sleep 30"], vcores=vcores)
+        _, info = await _get_json(f"{nm.url}/ws/v1/node/containers/{cid}")
+        cpu_dir = Path(info["container"]["cgroupDirs"][0])
+        assert (cpu_dir / "cpu.cfs_quota_us").read_text().strip() == quota
+        await client.stop_container(nm.address, cid, tok)
+
+
 async def test_rss_monitor_kills_past_the_limit_without_cgroups(tmp_path, rm, client, nms):
     nm = await start_nm(tmp_path / "nm", rm, cgroups="off", extra_nm="monitor_interval_ms = 100\n")
     nms.append(nm)

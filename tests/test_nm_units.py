@@ -118,11 +118,15 @@ def test_settings_capacity_host_and_validation(tmp_path):
     node_settings.validate(NMConfig(), good)
     for bad, field in ((NMConfig(cgroups="v3"), "cgroups"), (NMConfig(port=70000), "port"),
                        (NMConfig(memory_mb=-1), "memory_mb"), (NMConfig(cpu_enforcement="x"), "cpu_enforcement"),
-                       (NMConfig(heartbeat_interval_ms=0), "heartbeat_interval_ms")):
+                       (NMConfig(heartbeat_interval_ms=0), "heartbeat_interval_ms"),
+                       (NMConfig(cpu_limit_cores=-1), "cpu_limit_cores"),
+                       (NMConfig(cpu_limit_cores=(os.cpu_count() or 1) + 1), "cpu_limit_cores")):
         with pytest.raises(ConfigError, match=field):
             node_settings.validate(bad, good)
     with pytest.raises(ConfigError, match="secret"):
         node_settings.validate(NMConfig(), ClusterConfig())
+    assert node_settings.cores_per_vcore(NMConfig(), Resource(1024, 4)) == 1.0
+    assert node_settings.cores_per_vcore(NMConfig(cpu_limit_cores=1.0), Resource(1024, 4)) == 0.25
 
 
 def test_cli_rejects_bad_flags_and_config_with_exit_2(tmp_path):
