@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 
 import numpy as np
 import pytest
@@ -19,11 +18,12 @@ from protocol.records import Resource
 from psruntime.block_store import BlockArrays, BlockStore
 from psruntime.checkpoint import (CheckpointCut, CheckpointError, load_blocks, pack_blocks, save_blocks,
                                   unpack_blocks, write_block)
-from psruntime.dataplane import DataPlaneClient, DataPlaneServer, RemoteError
+from psruntime.dataplane import DataPlaneClient, RemoteError
 from psruntime.executor import Executor
 from psruntime.migration_controller import MigrationController
-from psruntime.ownership_table import OwnershipTable, block_of
+from psruntime.ownership_table import block_of
 from psruntime.store_client import StoreClient
+from store_cluster import executor_cluster
 
 NB = 8
 DIM = 16
@@ -40,25 +40,10 @@ def _record(e: Executor, seq: int) -> ExecutorRecord:
                           blocks=e.service.owned_blocks())
 
 
-@asynccontextmanager
-async def servers(n: int, max_body_bytes: int | None = None
-                  ) -> AsyncIterator[tuple[list[Executor], MigrationController, DataPlaneClient]]:
+def servers(n: int, max_body_bytes: int | None = None
+            ) -> AbstractAsyncContextManager[tuple[list[Executor], MigrationController, DataPlaneClient]]:
     """In-process executors on localhost, optionally reading frames of at most `max_body_bytes`."""
-    executors = [Executor(f"e{i}", NB) for i in range(n)]
-    if max_body_bytes is not None:
-        for e in executors:
-            e.server = DataPlaneServer(e.handle, "127.0.0.1", 0, max_body_bytes)
-    addrs = {e.executor_id: await e.start() for e in executors}
-    ctl = MigrationController(OwnershipTable.round_robin(NB, list(addrs), addrs))
-    await ctl.broadcast()
-    dp = DataPlaneClient(max_body_bytes) if max_body_bytes is not None else DataPlaneClient()
-    try:
-        yield executors, ctl, dp
-    finally:
-        await dp.close()
-        await ctl.close()
-        for e in executors:
-            await e.stop()
+    return executor_cluster(n, NB, max_body_bytes)
 
 
 def _model() -> dict:
