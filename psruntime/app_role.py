@@ -44,6 +44,7 @@ from psruntime.apps.blocks import DataBlock
 from psruntime.apps.registry import create_app
 from psruntime.dataplane import Reply, RequestError
 from psruntime.frame_codec import Frame
+from psruntime.request_fields import int_field
 from psruntime.store_client import StoreClient
 from psruntime.worker_loop import WorkerLoop, init_model, pull_key_values, push_key_values
 
@@ -51,13 +52,6 @@ if TYPE_CHECKING:  # the executor imports this module, not the other way round a
     from psruntime.executor import Executor
 
 Op = Callable[[Frame], "Reply | Awaitable[Reply]"]
-
-
-def _int_field(h: dict[str, Any], name: str, minimum: int = 0) -> int:
-    v = h.get(name)
-    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-        raise RequestError(f"field {name!r} must be an int >= {minimum}, got {v!r}")
-    return v
 
 
 def _kv_bytes(kv: KeyValues | None) -> int:
@@ -121,8 +115,8 @@ class AppRole:
 
     def worker_setup(self, frame: Frame) -> Reply:
         app = self._need_app()
-        n = _int_field(frame.header, "num_partitions", 1)
-        i = _int_field(frame.header, "partition", 0)
+        n = int_field(frame.header, "num_partitions", 1)
+        i = int_field(frame.header, "partition", 0)
         if i >= n:
             raise RequestError(f"partition {i} is out of range for {n} partitions")
         part = app.generate_partition(i, n)
@@ -144,8 +138,8 @@ class AppRole:
 
     # -- training ----------------------------------------------------------------------------
     def _clock_header(self, frame: Frame) -> tuple[int, StepContext, str | None]:
-        epoch = _int_field(frame.header, "epoch", 0)
-        ctx = StepContext(epoch=epoch, num_workers=_int_field(frame.header, "num_workers", 1))
+        epoch = int_field(frame.header, "epoch", 0)
+        ctx = StepContext(epoch=epoch, num_workers=int_field(frame.header, "num_workers", 1))
         count_key = frame.header.get("count_key")
         if count_key is not None and not isinstance(count_key, str):
             raise RequestError("field 'count_key' must be a string key")
@@ -155,7 +149,7 @@ class AppRole:
         """One clock: the next `batches` mini-batches of the epoch, flushed (see the module doc)."""
         app, store = self._need_app(), self._need_store()
         epoch, ctx, count_key = self._clock_header(frame)
-        limit = _int_field(frame.header, "batches", 1)
+        limit = int_field(frame.header, "batches", 1)
         if self._busy.locked():
             raise RequestError("a clock is already running on this executor")
         async with self._busy:

@@ -12,12 +12,8 @@ Everything (data ops, migration, control) travels on the one binary frame protoc
     move_blocks {blocks, dst, dst_address}   run the two-step migration as the source
     switch_role {role}             worker <-> server in place (a server must hold no blocks first)
     status                         pid, role, RSS from /proc/self/status, blocks, table version
-    checkpoint_blocks {blocks?, max_bytes?} / {cut, max_bytes?}
-                                   a consistent cut of owned blocks, sent back over the data plane in
-                                   batches of at most max_bytes (the AM writes the files)
-    restore_blocks_data {blocks} + arrays   install blocks (assigned to this executor) sent by the AM
-    checkpoint {dir, blocks?}      write owned blocks into a local dir (.npz per block + a manifest)
-    restore {dir, blocks}          load blocks (which the table gives this executor) from a local dir
+    checkpoint_blocks / restore_blocks_data / checkpoint / restore   model blocks out to the AM and
+                                   back (psruntime.checkpoint_ops, via extra_ops)
     clock_add_worker / clock_remove_worker / clock_tick / clock_status   BSP/SSP clock service
     start_worker / stop_worker / worker_status   the WORKER role's self-paced loop (psruntime.worker_role)
     app_setup, worker_setup, run_epoch, ...      AM-paced app ops (psruntime.app_role, via extra_ops)
@@ -47,20 +43,19 @@ from typing import Any, Callable
 from protocol.daemon import install_uvloop, setup_logging
 from psruntime.app_role import AppRole
 from psruntime.bandwidth import process_pacer
-from psruntime.checkpoint import (CheckpointCut, CheckpointError, install_blocks, pack_blocks, restore_blocks,
-                                  save_blocks, unpack_blocks)
+from psruntime.checkpoint_ops import CheckpointOps
 from psruntime.clocks import ClockService
 from psruntime.dataplane import DataPlaneClient, DataPlaneServer, Reply, RequestError
 from psruntime.eps_worker_ops import EpsWorkerOps
-from psruntime.frame_codec import DEFAULT_MAX_BODY_BYTES, Frame
+from psruntime.frame_codec import Frame
 from psruntime.migration import BlockState
+from psruntime.request_fields import int_list_field, str_field
 from psruntime.ownership_table import OwnershipTable
 from psruntime.store_service import DATA_OPS, StoreService
 from psruntime.worker_role import WorkerRole
 
 log = logging.getLogger(__name__)
 ROLES = ("worker", "server")
-CHECKPOINT_BATCH_BYTES = 64 << 20    # default size of one checkpoint_blocks reply's buffers
 
 
 def read_rss_bytes() -> int:
@@ -73,20 +68,6 @@ def read_rss_bytes() -> int:
     except OSError:
         pass
     return 0
-
-
-def _int_list(h: dict[str, Any], name: str) -> list[int]:
-    v = h.get(name)
-    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        raise RequestError(f"field {name!r} must be a list of block ids")
-    return v
-
-
-def _str_field(h: dict[str, Any], name: str) -> str:
-    v = h.get(name)
-    if not isinstance(v, str) or not v:
-        raise RequestError(f"field {name!r} must be a non-empty string")
-    return v
 
 
 class Executor:
@@ -112,14 +93,14 @@ class Executor:
         self.register_ops(self.app_role.ops())
         self.eps = EpsWorkerOps(self.app_role)   # EPS worker-to-worker data transmission
         self.register_ops(self.eps.ops())
+        self.checkpoints = CheckpointOps(executor_id, self.service)
+        self.register_ops(self.checkpoints.ops())
         self.server = DataPlaneServer(self.handle, host, port)
         self.stopped = asyncio.Event()
         self.address = ""
         self.data_busy_s = 0.0     # seconds spent serving data ops (get/put/update frames)
         self.data_requests = 0
         self.bytes_served = 0      # bytes of the data replies it sent
-        self._cut: CheckpointCut | None = None    # the checkpoint_blocks cut being sent, if any
-        self._cut_ids = 0
 
     async def start(self) -> str:
         self.address = await self.server.start()
@@ -169,7 +150,7 @@ class Executor:
         return extra(frame)
 
     def _op_take_ownership(self, frame: Frame) -> Reply:
-        self.service.take_ownership(_int_list(frame.header, "blocks"), _str_field(frame.header, "src"))
+        self.service.take_ownership(int_list_field(frame.header, "blocks"), str_field(frame.header, "src"))
         return {"op": "ok"}, ()
 
     def _op_block_data(self, frame: Frame) -> Reply:
@@ -181,13 +162,13 @@ class Executor:
         return {"op": "ok"}, ()
 
     def _op_cancel_incoming(self, frame: Frame) -> Reply:
-        self.service.cancel_incoming(_int_list(frame.header, "blocks"))
+        self.service.cancel_incoming(int_list_field(frame.header, "blocks"))
         return {"op": "ok"}, ()
 
     async def _op_move_blocks(self, frame: Frame) -> Reply:
         h = frame.header
-        done = await self.service.move_blocks(_int_list(h, "blocks"), _str_field(h, "dst"),
-                                              _str_field(h, "dst_address"))
+        done = await self.service.move_blocks(int_list_field(h, "blocks"), str_field(h, "dst"),
+                                              str_field(h, "dst_address"))
         return {"op": "ok", "moved": done}, ()
 
     def _op_set_ownership(self, frame: Frame) -> Reply:
@@ -220,81 +201,19 @@ class Executor:
                 "train_counters": dict(self.app_role.counters),
                 "link_bps": pacer.bps if (pacer := process_pacer()) is not None else None}, ()
 
-    def _op_checkpoint(self, frame: Frame) -> Reply:
-        directory = _str_field(frame.header, "dir")
-        blocks = _int_list(frame.header, "blocks") if "blocks" in frame.header else self.service.owned_blocks()
-        not_owned = sorted(set(blocks) - set(self.service.owned_blocks()))
-        if not_owned:
-            raise RequestError(f"blocks {not_owned} are not owned by {self.executor_id}")
-        # Synchronous on purpose: no update interleaves, so the checkpoint is a consistent cut.
-        path = save_blocks(self.service.store, blocks, directory, self.executor_id, self.service.table.version)
-        return {"op": "ok", "manifest": str(path), "blocks": blocks}, ()
-
-    def _op_checkpoint_blocks(self, frame: Frame) -> Reply:
-        h = frame.header
-        max_bytes = h.get("max_bytes", CHECKPOINT_BATCH_BYTES)
-        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes <= 0:
-            raise RequestError(f"field 'max_bytes' must be a positive int, got {max_bytes!r}")
-        if "cut" in h:          # the next batch of a cut this executor is sending
-            cut = self._cut
-            if cut is None or h["cut"] != cut.cut_id:
-                raise RequestError(f"no checkpoint cut {h['cut']!r} in progress on {self.executor_id} "
-                                   f"(it was sent completely or a newer one replaced it)")
-        else:
-            blocks = _int_list(h, "blocks") if "blocks" in h else self.service.owned_blocks()
-            not_owned = sorted(set(blocks) - set(self.service.owned_blocks()))
-            if not_owned:
-                raise RequestError(f"blocks {not_owned} are not owned by {self.executor_id}")
-            # Synchronous on purpose: all blocks are taken in one step, so the cut is consistent;
-            # the store's copy-on-write keeps the views intact while later batches are sent.
-            self._cut_ids += 1
-            cut = self._cut = CheckpointCut.take(self.service.store, sorted(set(blocks)), self._cut_ids,
-                                                 self.service.table.version)
-        try:
-            batch = cut.next_batch(max_bytes, DEFAULT_MAX_BODY_BYTES)
-        except CheckpointError as e:
-            self._cut = None
-            raise RequestError(str(e)) from None
-        if not cut.pending:
-            self._cut = None     # sent completely: let go of the snapshot's views
-        descs, arrays = pack_blocks(batch)
-        return {"op": "ok", "cut": cut.cut_id, "blocks": descs, "remaining": cut.remaining,
-                "table_version": cut.table_version, "num_blocks": self.service.store.num_blocks}, arrays
-
-    def _op_restore_blocks_data(self, frame: Frame) -> Reply:
-        try:
-            items = unpack_blocks(frame.header.get("blocks"), frame.arrays, self.service.store.num_blocks)
-        except CheckpointError as e:
-            raise RequestError(str(e)) from None
-        blocks = [b for b, _ in items]
-        not_owned = sorted(set(blocks) - set(self.service.owned_blocks()))
-        if not_owned:
-            raise RequestError(f"blocks {not_owned} are not assigned to {self.executor_id}; set ownership first")
-        install_blocks(self.service.store, items)     # all or nothing
-        return {"op": "ok", "blocks": blocks}, ()
-
-    def _op_restore(self, frame: Frame) -> Reply:
-        directory = _str_field(frame.header, "dir")
-        blocks = _int_list(frame.header, "blocks")
-        not_owned = sorted(set(blocks) - set(self.service.owned_blocks()))
-        if not_owned:
-            raise RequestError(f"blocks {not_owned} are not assigned to {self.executor_id}; set ownership first")
-        restore_blocks(self.service.store, blocks, directory)
-        return {"op": "ok", "blocks": blocks}, ()
-
     async def _op_clock_add_worker(self, frame: Frame) -> Reply:
         start = frame.header.get("start_clock")
         if start is not None and not isinstance(start, int):
             raise RequestError("field 'start_clock' must be an int")
-        clock = await self.clocks.add_worker(_str_field(frame.header, "worker"), start)
+        clock = await self.clocks.add_worker(str_field(frame.header, "worker"), start)
         return {"op": "ok", "clock": clock}, ()
 
     async def _op_clock_remove_worker(self, frame: Frame) -> Reply:
-        await self.clocks.remove_worker(_str_field(frame.header, "worker"))
+        await self.clocks.remove_worker(str_field(frame.header, "worker"))
         return {"op": "ok"}, ()
 
     async def _op_clock_tick(self, frame: Frame) -> Reply:
-        clock = await self.clocks.tick(_str_field(frame.header, "worker"))
+        clock = await self.clocks.tick(str_field(frame.header, "worker"))
         return {"op": "ok", "clock": clock, "min_clock": self.clocks.table.min_clock()}, ()
 
     def _op_clock_status(self, frame: Frame) -> Reply:
@@ -326,8 +245,6 @@ class Executor:
         "take_ownership": _op_take_ownership, "block_data": _op_block_data,
         "cancel_incoming": _op_cancel_incoming, "move_blocks": _op_move_blocks,
         "set_ownership": _op_set_ownership, "switch_role": _op_switch_role, "status": _op_status,
-        "checkpoint": _op_checkpoint, "restore": _op_restore,
-        "checkpoint_blocks": _op_checkpoint_blocks, "restore_blocks_data": _op_restore_blocks_data,
         "ping": _op_ping, "shutdown": _op_shutdown,
         "clock_add_worker": _op_clock_add_worker, "clock_remove_worker": _op_clock_remove_worker,
         "clock_tick": _op_clock_tick, "clock_status": _op_clock_status,
