@@ -256,9 +256,7 @@ class ElasticOps:
                          key=_index)[:n]
             rec.executors_added = [e.executor_id for e in new]
             rec.containers_added = [e.container_id for e in new]
-            await asyncio.gather(*(self.training.call(e, {"op": "app_setup", "app": self.spec.app,
-                                                          "data": self.spec.app_data(),
-                                                          "hparams": self.spec.app_hparams()}) for e in new))
+            await self.training.call_all(new, self.training.app_setup_request())
             if role is Role.WORKER:
                 await asyncio.gather(*(self.training.call(e, {"op": "eps_join"}) for e in new))
             # Dependency update: every executor learns the newcomers' addresses (and they the table).

@@ -39,8 +39,6 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from protocol.remote_exception import BadRequest, Conflict
 from psruntime.apps.base import PSApp
-from psruntime.migration_controller import MigrationController
-from psruntime.ownership_table import OwnershipTable
 
 from .executor_pool import ExecutorRecord, ExecutorState, Role
 from .job import JobPhase
@@ -341,26 +339,11 @@ class KillRestart:
         training.iterations = m.training.iterations        # the job's progress carries on
         training.clocks_done = m.training.clocks_done
         training.pacer = m.training.pacer
-        training.workers, training.servers = workers, servers    # the barrier's members, in partition order
-        everyone = servers + workers
-        table = OwnershipTable.round_robin(m.spec.num_blocks, [s.executor_id for s in servers],
-                                           {e.executor_id: e.address for e in everyone})
-        training.controller = MigrationController(table, m.client)
-        await training.controller.broadcast()
-        for s in servers:
-            s.blocks = table.blocks_owned_by(s.executor_id)
-        await training.call_all(everyone, {"op": "app_setup", "app": m.spec.app, "data": m.spec.app_data(),
-                                           "hparams": m.spec.app_hparams()})
+        await training.place_model(servers, workers)    # the barrier's members, in partition order
         # The AM reads the checkpoint and sends each server its blocks over the data plane: the
         # servers may be on other hosts than the AM's dir.
-        replies = await asyncio.gather(*(training.call(w, {"op": "worker_setup", "partition": i,
-                                                           "num_partitions": len(workers)})
-                                         for i, w in enumerate(workers)),
-                                       m.checkpointer.restore(directory, servers, m.spec.num_blocks))
-        for i, (w, r) in enumerate(zip(workers, replies)):
-            w.partition = i
-            w.data_bytes = int(r.header["data_bytes"])
-            w.blocks = list(r.header["blocks"])
+        await asyncio.gather(*(training.setup_worker(w, i, len(workers)) for i, w in enumerate(workers)),
+                             m.checkpointer.restore(directory, servers, m.spec.num_blocks))
         if positions:       # the regenerated blocks continue their pass of the epoch where it stopped
             wire = {str(b): [e, row] for b, (e, row) in positions.items()}
             await training.call_all(workers, {"op": "set_positions", "positions": wire})

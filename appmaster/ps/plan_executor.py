@@ -294,9 +294,7 @@ class AmPlanRuntime:
         ask_id = self.am.add_ask(n, self.resource, tag=prole.value)
         try:
             new = await self._wait_new(prole, before, n)
-            await asyncio.gather(*(self.training.call(e, {"op": "app_setup", "app": self.spec.app,
-                                                          "data": self.spec.app_data(),
-                                                          "hparams": self.spec.app_hparams()}) for e in new))
+            await self.training.call_all(new, self.training.app_setup_request())
             ctl = self.training.controller
             for e in new:
                 ctl.add_executor(e.executor_id, e.address)

@@ -141,26 +141,36 @@ class TrainingController:
         return sorted(recs, key=lambda e: int(e.executor_id.rsplit("-", 1)[1]))
 
     # -- setup -------------------------------------------------------------------------------
-    async def setup(self) -> float:
-        """Place the model, bind the app, generate and initialise data; returns the initial objective."""
-        servers, workers = self._ready(Role.SERVER), self._ready(Role.WORKER)
+    def app_setup_request(self) -> dict[str, Any]:
+        """The `app_setup` op that binds an executor to this job's app, data spec and hparams."""
+        return {"op": "app_setup", "app": self.spec.app, "data": self.spec.app_data(),
+                "hparams": self.spec.app_hparams()}
+
+    async def place_model(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord]) -> None:
+        """Make `servers` and `workers` the job's executors: the blocks round-robin over the servers
+        (broadcast to everyone), and every executor bound to the app."""
         self.servers, self.workers = list(servers), list(workers)
         everyone = servers + workers
-        addresses = {e.executor_id: e.address for e in everyone}
-        table = OwnershipTable.round_robin(self.spec.num_blocks, [s.executor_id for s in servers], addresses)
+        table = OwnershipTable.round_robin(self.spec.num_blocks, [s.executor_id for s in servers],
+                                           {e.executor_id: e.address for e in everyone})
         self.controller = MigrationController(table, self.client)
         await self.controller.broadcast()
         for s in servers:
             s.blocks = table.blocks_owned_by(s.executor_id)
-        await self.call_all(everyone, {"op": "app_setup", "app": self.spec.app, "data": self.spec.app_data(),
-                                       "hparams": self.spec.app_hparams()})
-        replies = await asyncio.gather(*(self.call(w, {"op": "worker_setup", "partition": i,
-                                                       "num_partitions": len(workers)})
-                                         for i, w in enumerate(workers)))
-        for i, (w, r) in enumerate(zip(workers, replies)):
-            w.partition = i
-            w.data_bytes = int(r.header["data_bytes"])
-            w.blocks = list(r.header["blocks"])
+        await self.call_all(everyone, self.app_setup_request())
+
+    async def setup_worker(self, worker: ExecutorRecord, partition: int, num_partitions: int) -> None:
+        """Have `worker` generate (or load) input partition `partition` of `num_partitions`."""
+        r = await self.call(worker, {"op": "worker_setup", "partition": partition, "num_partitions": num_partitions})
+        worker.partition = partition
+        worker.data_bytes = int(r.header["data_bytes"])
+        worker.blocks = list(r.header["blocks"])
+
+    async def setup(self) -> float:
+        """Place the model, bind the app, generate and initialise data; returns the initial objective."""
+        servers, workers = self._ready(Role.SERVER), self._ready(Role.WORKER)
+        await self.place_model(servers, workers)
+        await asyncio.gather(*(self.setup_worker(w, i, len(workers)) for i, w in enumerate(workers)))
         await self.call(workers[0], {"op": "init_model"})
         await self.call_all(workers, {"op": "init_blocks"})
         initial = await self.objective()
