@@ -29,7 +29,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +37,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from dataplane import StoreSide, _wait_file  # noqa: E402  (bench/dataplane.py's store round trips)
+from support.ps_job_runner import run_ps_job  # noqa: E402  (bench/support: not a benchmark itself)
 
 from elastane_cli import ps_commands  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
-from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
 from protocol import container_env  # noqa: E402
 from psruntime.bandwidth import parse_rate  # noqa: E402
 from psruntime.dataplane import DataPlaneClient  # noqa: E402
@@ -61,20 +60,7 @@ JOB: dict[str, Any] = {
 
 
 async def run_cruise_job(cluster: LocalCluster, job: dict[str, Any]) -> dict[str, Any]:
-    spec = ps_commands.validate_spec(job)
-    async with RmRestClient(cluster.rm_url, "bench") as client:
-        app_id = await ps_commands.submit_ps_job(client, spec, "bench-cruise-reconfig", am_memory=384)
-        t0 = time.monotonic()
-        while True:
-            report = await client.app(app_id)
-            if report["state"] in ps_commands.FINAL_STATES:
-                break
-            if time.monotonic() - t0 > JOB_TIMEOUT_S:
-                raise RuntimeError(f"{app_id} did not finish within {JOB_TIMEOUT_S:.0f}s")
-            await asyncio.sleep(0.5)
-    if report["finalStatus"] != "SUCCEEDED":
-        raise RuntimeError(f"{app_id} ended {report['finalStatus']}: {report.get('diagnostics')}")
-    return json.loads((cluster.base_dir / "rm" / "apps" / app_id / "status.json").read_text())
+    return await run_ps_job(cluster, ps_commands.validate_spec(job), "bench-cruise-reconfig", 384, JOB_TIMEOUT_S)
 
 
 def dataplane_throughput(bps: int, seconds: float, workdir: Path) -> float:

@@ -28,7 +28,6 @@ import signal
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -37,12 +36,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import cruise_solve  # noqa: E402  (the solve-time setups of bench/cruise_solve.py)
+from support.ps_job_runner import run_ps_job  # noqa: E402  (bench/support: not a benchmark itself)
 
 from appmaster.cruise.solver_homogeneous import solve_homogeneous_target  # noqa: E402
 from appmaster.cruise.solver_milp import solve_milp_target  # noqa: E402
 from elastane_cli import ps_commands  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
-from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
 
 JOB_TIMEOUT_S = 300.0
 POLL_S = 0.5
@@ -79,19 +78,7 @@ async def run_job(cluster: LocalCluster, job: dict[str, Any], workers: int, serv
                                       "hparams": {**job["hparams"], "convergence_threshold": 1e-9},
                                       "optimizer": "cruise" if cruise else "off",
                                       "cruise": {"min_batches": 8}})
-    async with RmRestClient(cluster.rm_url, "bench") as client:
-        t0 = time.monotonic()
-        app_id = await ps_commands.submit_ps_job(client, spec, name, am_memory=AM_MEMORY_MB)
-        while True:
-            report = await client.app(app_id)
-            if report["state"] in ps_commands.FINAL_STATES:
-                break
-            if time.monotonic() - t0 > JOB_TIMEOUT_S:
-                raise RuntimeError(f"{app_id} did not finish within {JOB_TIMEOUT_S:.0f}s")
-            await asyncio.sleep(POLL_S)
-    if report["finalStatus"] != "SUCCEEDED":
-        raise RuntimeError(f"{app_id} ended {report['state']}/{report['finalStatus']}: {report.get('diagnostics')}")
-    return json.loads((cluster.base_dir / "rm" / "apps" / app_id / "status.json").read_text())
+    return await run_ps_job(cluster, spec, name, AM_MEMORY_MB, JOB_TIMEOUT_S, POLL_S)
 
 
 def steady_epoch_s(status: dict[str, Any], after_time: Optional[float] = None) -> Optional[float]:

@@ -45,10 +45,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from elastane_cli import ps_commands  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
-from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
+from support.ps_job_runner import run_ps_job  # noqa: E402  (bench/support: not a benchmark itself)
 
 MB = 1024 * 1024
 SHAPES = ((2, 1), (4, 2))
@@ -203,32 +204,25 @@ async def ps_run(cluster: LocalCluster, app: str, job: dict[str, Any], workers: 
     reader = ps_commands.AmStatusReader("bench")
     peaks: dict[str, int] = {}
     last: dict[str, Any] = {}
-    async with RmRestClient(cluster.rm_url, "bench") as client:
-        t0 = time.monotonic()
-        app_id = await ps_commands.submit_ps_job(client, spec, f"bench-{app}-{workers}x{servers}",
-                                                 am_memory=AM_MEMORY_MB)
-        try:
-            while True:
-                report = await client.app(app_id)
-                if report["state"] in ps_commands.FINAL_STATES:
-                    break
-                if time.monotonic() - t0 > JOB_TIMEOUT_S:
-                    raise RuntimeError(f"{app_id} did not finish within {JOB_TIMEOUT_S:.0f}s")
-                if report["state"] == "RUNNING" and report.get("trackingUrl"):
-                    status = await reader.read(report["trackingUrl"])
-                    if status is not None:
-                        last = status
-                        for e in status["shape"]["executors"]:
-                            hwm = proc_kb(e["pid"], "VmHWM") if e.get("pid") else None
-                            if hwm is not None:   # a high-water mark: the latest sample is the peak so far
-                                peaks[e["id"]] = hwm * 1024
-                await asyncio.sleep(POLL_S)   # sampling interval of the status and of /proc
-        finally:
-            await reader.close()
-        wall = time.monotonic() - t0
-    if report["finalStatus"] != "SUCCEEDED":
-        raise RuntimeError(f"{app_id} ended {report['state']}/{report['finalStatus']}: {report.get('diagnostics')}")
-    final = json.loads((cluster.base_dir / "rm" / "apps" / app_id / "status.json").read_text())
+
+    async def sample(report: dict[str, Any]) -> None:
+        nonlocal last
+        if report["state"] == "RUNNING" and report.get("trackingUrl"):
+            status = await reader.read(report["trackingUrl"])
+            if status is not None:
+                last = status
+                for e in status["shape"]["executors"]:
+                    hwm = proc_kb(e["pid"], "VmHWM") if e.get("pid") else None
+                    if hwm is not None:   # a high-water mark: the latest sample is the peak so far
+                        peaks[e["id"]] = hwm * 1024
+
+    t0 = time.monotonic()
+    try:   # POLL_S: the sampling interval of the status and of /proc
+        final = await run_ps_job(cluster, spec, f"bench-{app}-{workers}x{servers}", AM_MEMORY_MB, JOB_TIMEOUT_S,
+                                 POLL_S, sample)
+    finally:
+        await reader.close()
+    wall = time.monotonic() - t0
     hist = final["objective_history"]
     secs = [h["epoch_time_s"] for h in hist]
     wall_epoch = (hist[-1]["time"] - hist[0]["time"]) / (len(hist) - 1) if len(hist) > 1 else None
