@@ -33,15 +33,16 @@ import sys
 import tempfile
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from appmaster.ps.submission import build_ps_submission  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
+from support.http_json import http_json  # noqa: E402
 
 FINAL = ("FINISHED", "FAILED", "KILLED")
 
@@ -51,14 +52,7 @@ def log(text: str) -> None:
 
 
 def http(url: str, method: str = "GET", body: Any = None, timeout_s: float = 600.0) -> Any:
-    data = json.dumps(body).encode() if body is not None else (b"" if method in ("POST", "PUT") else None)
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            payload = r.read()
-            return json.loads(payload) if payload else None
-    except urllib.error.HTTPError as e:
-        raise RuntimeError(f"{method} {url}: HTTP {e.code}: {e.read()[:500]!r}") from None
+    return http_json(url, method, body, timeout_s)
 
 
 def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.5) -> Any:
