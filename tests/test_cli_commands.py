@@ -1,17 +1,14 @@
 """The `elastane` commands against a scripted fake RM + NM speaking YARN's REST API."""
 from __future__ import annotations
 
-import json
-import urllib.parse
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any, Iterator
 
 import pytest
 
 from elastane_cli import app_commands
 from elastane_cli import main as cli
-from threaded_http import serve_in_thread
+from threaded_http import serve_routes
 
 APP = "application_1700000000000_0001"
 AM = "container_1700000000000_0001_01_000001"
@@ -101,25 +98,7 @@ def _remote(exc: str, msg: str) -> dict[str, Any]:
 def yarn() -> Iterator[FakeYarn]:
     fake = FakeYarn()
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *a: Any) -> None:
-            pass
-
-        def _handle(self) -> None:
-            url = urllib.parse.urlsplit(self.path)
-            n = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(n)) if n else None
-            status, out = fake.route(self.command, url.path, urllib.parse.parse_qs(url.query), body)
-            raw = out.encode() if isinstance(out, str) else (json.dumps(out).encode() if out is not None else b"")
-            self.send_response(status)
-            self.send_header("Content-Type", "text/plain" if isinstance(out, str) else "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
-        do_GET = do_POST = do_PUT = _handle
-
-    with serve_in_thread(Handler) as address:
+    with serve_routes(lambda *request: fake.route(*request)) as address:   # late: tests may patch route
         fake.address = address
         yield fake
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 import io
 import json
 import socket
-import urllib.parse
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -17,7 +15,7 @@ import pytest
 from elastane_cli import main as cli
 from elastane_cli import ps_commands
 from elastane_cli.progress_bar import EpochPoint, EpochProgress, ProgressBar, format_progress
-from threaded_http import serve_in_thread
+from threaded_http import serve_routes
 
 APP = "application_1700000000000_0001"
 DIAG = ("final objective 0.5123 after 3 epochs (converged; initial 1.6; held-out accuracy 0.81, "
@@ -232,25 +230,7 @@ def am_status(state: str, epochs: int, final_metrics: dict[str, float] | None = 
 def fake() -> Iterator[FakePsCluster]:
     f = FakePsCluster()
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *a: Any) -> None:
-            pass
-
-        def _handle(self) -> None:
-            url = urllib.parse.urlsplit(self.path)
-            n = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(n)) if n else None
-            status, out = f.route(self.command, url.path, urllib.parse.parse_qs(url.query), body)
-            raw = json.dumps(out).encode() if out is not None else b""
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
-        do_GET = do_POST = _handle
-
-    with serve_in_thread(Handler) as address:
+    with serve_routes(lambda *request: f.route(*request), ("GET", "POST")) as address:   # late: tests patch route
         f.address = address
         yield f
 
