@@ -13,7 +13,7 @@ import pytest
 from appmaster.container_book import AmContainer
 from appmaster.ps.checkpoints import Checkpointer
 from appmaster.ps.executor_pool import ExecutorRecord, ExecutorState, Role
-from appmaster.ps.training_controller import ExecutorCallError
+from appmaster.ps.executor_rpc import ExecutorCallError
 from protocol.records import Resource
 from psruntime.block_store import BlockArrays, BlockStore
 from psruntime.checkpoint import (CheckpointCut, CheckpointError, load_blocks, pack_blocks, save_blocks,

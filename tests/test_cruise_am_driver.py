@@ -4,6 +4,7 @@ training controller, EPS's ledger and the runtime; no processes)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from types import SimpleNamespace
 from typing import Any, Sequence
 
@@ -13,6 +14,7 @@ from appmaster.cruise.targets import Role
 from appmaster.ps.cruise_driver import CruiseDriver
 from appmaster.ps.eps_datasets import SplitLedger
 from appmaster.ps.metrics import EpochRecord, JobMetrics
+from protocol import executor_ops as ops
 from psruntime.ownership_table import OwnershipTable
 
 SPLITS, MODEL_BLOCKS, ROWS, BATCH = 10, 10, 100, 10
@@ -20,7 +22,38 @@ LINK_BPS = 8_000_000            # 1 MB/s per executor
 MODEL_BYTES = 200_000           # pulled and pushed per mini-batch
 
 
+class FakeMembership:
+    def __init__(self, training: "FakeTraining") -> None:
+        self.t = training
+
+    @property
+    def workers(self) -> list[Any]:
+        return list(self.t.workers)
+
+    @property
+    def servers(self) -> list[Any]:
+        return list(self.t.servers)
+
+    def shape(self) -> tuple[int, int]:
+        return len(self.t.workers), len(self.t.servers)
+
+
+class FakeRpc:
+    """Answers the status op the driver polls with the training counters the test sets."""
+
+    def __init__(self, training: "FakeTraining") -> None:
+        self.t = training
+
+    async def call(self, rec: Any, request: Any, reply: Any) -> Any:
+        assert isinstance(request, ops.Status) and reply is ops.StatusReply
+        samples = self.t.samples[rec.executor_id]
+        return ops.StatusReply(link_bps=LINK_BPS, train_counters={"samples": samples,
+                                                                  "bytes": samples // BATCH * MODEL_BYTES})
+
+
 class FakeTraining:
+    """The parts of appmaster.ps.training.Training the driver reads."""
+
     def __init__(self, workers: int, servers: int) -> None:
         self.recs = {f"w{i}": SimpleNamespace(executor_id=f"w{i}", blocks=[]) for i in range(workers)}
         self.recs.update({f"s{i}": SimpleNamespace(executor_id=f"s{i}", blocks=[]) for i in range(servers)})
@@ -29,32 +62,44 @@ class FakeTraining:
         self.table = OwnershipTable.round_robin(MODEL_BLOCKS, [s.executor_id for s in self.servers],
                                                 {k: "127.0.0.1:1" for k in self.recs})
         self.metrics = JobMetrics()
-        self.epochs_done = 0
+        self.loop = SimpleNamespace(epochs_done=0)
+        self.membership = FakeMembership(self)
+        self.placement = SimpleNamespace(blocks_of=self.table.blocks_owned_by)
+        self.rpc = FakeRpc(self)
         self.samples = {k: 0 for k in self.recs}
 
-    async def call(self, rec: Any, header: dict) -> Any:
-        assert header == {"op": "status"}
-        h = {"link_bps": LINK_BPS, "train_counters": {"samples": self.samples[rec.executor_id],
-                                                      "bytes": self.samples[rec.executor_id] // BATCH * MODEL_BYTES}}
-        return SimpleNamespace(header=h)
 
+class FakeSteps:
+    """The reconfiguration layer as the driver uses it: the split ledger and the change guard."""
 
-class FakeElastic:
     def __init__(self, training: FakeTraining) -> None:
+        self.training = training
         self.ledger = SplitLedger()
         for i, w in enumerate(training.workers):
             self.ledger.add_worker(w.executor_id, [s for s in range(SPLITS) if s % len(training.workers) == i])
-        self.running = False
-        self._busy = False
+        self.current: str | None = None
 
-    def _splits(self) -> SplitLedger:
+    @property
+    def busy(self) -> bool:
+        return self.current is not None
+
+    def splits(self) -> SplitLedger:
         return self.ledger
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, what: str) -> Any:
+        assert self.current is None
+        self.current = what
+        try:
+            yield
+        finally:
+            self.current = None
 
 
 class FakeRuntime:
     """Applies the plan to the fakes (roles and ownership) and lets the test see the busy flag."""
 
-    def __init__(self, training: FakeTraining, elastic: FakeElastic) -> None:
+    def __init__(self, training: FakeTraining, elastic: FakeSteps) -> None:
         self.t, self.e = training, elastic
         self.busy_seen = False
         self.gate = asyncio.Event()
@@ -83,7 +128,7 @@ class FakeRuntime:
             self.e.ledger.add_worker(executor)
 
     async def move(self, kind: BlockKind, blocks: Sequence[int], src: str, dst: str, src_leaving: bool) -> int:
-        self.busy_seen = self.e._busy
+        self.busy_seen = self.e.busy
         await self.gate.wait()
         if kind is BlockKind.MODEL:
             self.t.table.assign(list(blocks), dst)
@@ -102,11 +147,11 @@ class FakeRuntime:
 
 def _driver(workers: int, servers: int, gain: float = 0.05) -> tuple[CruiseDriver, FakeTraining, FakeRuntime]:
     t = FakeTraining(workers, servers)
-    e = FakeElastic(t)
+    e = FakeSteps(t)
     rt = FakeRuntime(t, e)
     opt = CruiseOptimizer(JobSizes(SPLITS, ROWS, MODEL_BLOCKS, BATCH, 2 * MODEL_BYTES),
                           CruiseConfig(min_batches=5, min_interval_s=0.0, gain_threshold=gain), clock=lambda: 0.0)
-    d = CruiseDriver(opt, t, e, rt, wall_clock=lambda: 1015.0)   # between epochs 1 and 2
+    d = CruiseDriver(opt, e, rt, wall_clock=lambda: 1015.0)  # type: ignore[arg-type]   # between epochs 1 and 2
     t.metrics.batch_listeners.append(d.on_batches)
     return d, t, rt
 
@@ -114,10 +159,10 @@ def _driver(workers: int, servers: int, gain: float = 0.05) -> tuple[CruiseDrive
 def _epoch(d: CruiseDriver, t: FakeTraining, n: int, seconds: float) -> EpochRecord:
     """Every worker trains its splits: 10 ms compute per mini-batch, communication from the link."""
     for w in t.workers:
-        batches = len(d.elastic.ledger.active_of(w.executor_id)) * ROWS // BATCH
+        batches = len(d.steps.splits().active_of(w.executor_id)) * ROWS // BATCH
         t.metrics.record_batches(w.executor_id, [0.01] * batches, [0.4] * batches)
         t.samples[w.executor_id] += batches * BATCH
-    t.epochs_done = n + 1
+    t.loop.epochs_done = n + 1
     rec = EpochRecord(n, 1.0 / (n + 1), seconds, 1000.0 + 10 * n)
     t.metrics.record_epoch(rec)
     return rec
@@ -136,13 +181,13 @@ async def test_bad_split_is_reconfigured_and_measured() -> None:
             break
         await asyncio.sleep(0)
     assert await d.on_epoch(_epoch(d, t, 1, 8.0)) is None
-    assert rt.busy_seen and d.elastic._busy
+    assert rt.busy_seen and d.steps.busy
     rt.gate.set()
     await asyncio.wait_for(d.task, 5)
-    assert not d.elastic._busy and d.optimizer.in_progress is None
+    assert not d.steps.busy and d.optimizer.in_progress is None
     assert d.shape() == (w, s)
     # Every input split and model block is owned exactly once after the plan.
-    assert sorted(b for bs in d.elastic.ledger.active.values() for b in bs) == list(range(SPLITS))
+    assert sorted(b for bs in d.steps.splits().active.values() for b in bs) == list(range(SPLITS))
     assert sorted(b for x in t.servers for b in t.table.blocks_owned_by(x.executor_id)) == list(range(MODEL_BLOCKS))
     for n in (2, 3):
         await d.on_epoch(_epoch(d, t, n, 4.0))
@@ -176,16 +221,15 @@ async def test_capacity_change_resolves_for_new_n() -> None:
 
 
 async def test_rm_directive_resizes_through_cruise() -> None:
-    """The directive handler calls `resize` (one step): Cruise re-solves for W + S and waits for its plan."""
-    from appmaster.ps.directives import Resizable
+    """The directive handler calls `reshape` (one step): Cruise re-solves for W + S and waits for its plan."""
+    from appmaster.ps.directives import Shape
 
     d, t, rt = _driver(workers=5, servers=1)
-    assert isinstance(d, Resizable)
     await d.on_epoch(_epoch(d, t, 0, 8.0))
     rt.gate.set()
     await asyncio.wait_for(d.task, 5)
     shape = d.shape()
-    decision = await asyncio.wait_for(d.resize(2, 2), 5)
+    decision = await asyncio.wait_for(d.reshape(Shape(2, 2), ()), 5)
     assert decision.trigger == "capacity" and sum(decision.target.shape) == 4
     assert sum(d.shape()) == 4 and shape != d.shape()
     assert d.history[-1].error == "" and d.history[-1].decision is decision

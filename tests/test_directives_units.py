@@ -129,20 +129,31 @@ class FakeOps:
     async def remove_servers(self, n: int) -> None:
         await self._op("remove_servers", n, 1, -1)
 
+    async def reshape(self, target: Shape, nodes: tuple[str, ...]) -> None:
+        """As EPS does it: removals first, then additions (here one after the other)."""
+        for name, n in diff(Shape(*self.shape), target).steps():
+            await getattr(self, name)(n)
 
-class FakeResizable:
+
+class FakeRestart:
+    """A reshaper that changes both counts in one step (the kill-based baseline), on `nodes`."""
+
     def __init__(self) -> None:
         self.shape = [3, 3]
-        self.calls: list[tuple[int, int]] = []
+        self.nodes: tuple[str, ...] = ()
+        self.calls: list[tuple[int, int, tuple[str, ...]]] = []
 
-    async def resize(self, workers: int, servers: int) -> None:
-        self.calls.append((workers, servers))
-        self.shape = [workers, servers]
+    async def reshape(self, target: Shape, nodes: tuple[str, ...]) -> None:
+        self.calls.append((target.workers, target.servers, nodes))
+        self.shape = [target.workers, target.servers]
+        self.nodes = nodes
 
 
 def handler_for(ops, changes: list[bool] | None = None) -> DirectiveHandler:
     return DirectiveHandler(lambda: ops, lambda: Shape(*ops.shape), max_workers=4, max_servers=4,
-                            on_change=(changes.append if changes is not None else None))
+                            on_change=(changes.append if changes is not None else None),
+                            placed=lambda nodes: set(getattr(ops, "nodes", ())) <= set(nodes) and bool(
+                                getattr(ops, "nodes", ())))
 
 
 async def test_handler_applies_eps_calls_and_coalesces_during_a_change() -> None:
@@ -166,18 +177,32 @@ async def test_handler_applies_eps_calls_and_coalesces_during_a_change() -> None
     await h.close()
 
 
-async def test_handler_waits_for_training_and_uses_resize_when_offered() -> None:
-    ops = FakeResizable()
+async def test_handler_waits_for_training_and_reshapes_in_one_step() -> None:
+    ops = FakeRestart()
     h = handler_for(ops)
     h.on_directive(directive(9, 1, 1))          # before training: kept
     await asyncio.sleep(0)
     assert ops.calls == [] and not h.busy
     h.training_started()
     await h.wait_idle(5)
-    assert ops.calls == [(4, 1)]                # clamped to max_workers, one resize for both roles
+    assert ops.calls == [(4, 1, ())]            # clamped to max_workers, one step for both roles
     h.on_directive(directive(4, 1, 2))          # the shape it already has: nothing to do
     await h.wait_idle(5)
-    assert ops.calls == [(4, 1)] and h.history[-1].steps == []
+    assert ops.calls == [(4, 1, ())] and h.history[-1].steps == []
+    await h.close()
+
+
+async def test_a_directive_naming_nodes_is_carried_out_even_with_the_same_counts() -> None:
+    ops = FakeRestart()
+    h = handler_for(ops)
+    h.training_started()
+    h.on_directive(ShapeDirective(workers=3, servers=3, nodes=["n3:1", "n4:1"], version=1))
+    await h.wait_idle(5)
+    assert ops.calls == [(3, 3, ("n3:1", "n4:1"))]          # same counts, new place: the job moves
+    assert h.history[-1].to_json()["nodes"] == ["n3:1", "n4:1"]
+    h.on_directive(ShapeDirective(workers=3, servers=3, nodes=["n3:1", "n4:1"], version=2))
+    await h.wait_idle(5)
+    assert len(ops.calls) == 1                              # already there: nothing to do
     await h.close()
 
 

@@ -15,7 +15,9 @@ from appmaster.ps.elastic_ops import ElasticBusy, ElasticOpError, ElasticOps
 from appmaster.ps.executor_pool import ExecutorPool, ExecutorState, Role
 from appmaster.ps.job import JobPhase
 from appmaster.ps.metrics import JobMetrics
-from appmaster.ps.training_controller import TrainingController, TrainingNotRunning
+from appmaster.ps.boundary_scheduler import TrainingNotRunning
+from appmaster.ps.reconfiguration import Reconfiguration
+from appmaster.ps.training import Training
 from protocol.ps_job_spec import validate
 from protocol.records import Resource
 from psruntime.apps.registry import create_app
@@ -52,7 +54,7 @@ def container(seq: int) -> AmContainer:
                        resource=Resource(512, 1), token="t")
 
 
-def make(spec_json: dict[str, Any], workers: int = 2, servers: int = 2) -> tuple[TrainingController, ScriptedPlane, ExecutorPool]:
+def make(spec_json: dict[str, Any], workers: int = 2, servers: int = 2) -> tuple[Training, ScriptedPlane, ExecutorPool]:
     spec = validate({"app": "mlr", **spec_json})
     pool = ExecutorPool(spec.num_blocks)
     seq = 0
@@ -63,10 +65,9 @@ def make(spec_json: dict[str, Any], workers: int = 2, servers: int = 2) -> tuple
             rec.state, rec.address = ExecutorState.READY, f"127.0.0.1:{1000 + seq}"
     plane = ScriptedPlane()
     app = create_app(spec.app, spec.app_data(), spec.app_hparams())
-    training = TrainingController(spec, app, pool, JobMetrics(), plane)  # type: ignore[arg-type]
-    training.workers = pool.of_role(Role.WORKER)
-    training.servers = pool.of_role(Role.SERVER)
-    for i, w in enumerate(training.workers):
+    training = Training.build(spec, app, pool, JobMetrics(), plane)  # type: ignore[arg-type]
+    training.membership.set(pool.of_role(Role.SERVER), pool.of_role(Role.WORKER))
+    for i, w in enumerate(training.membership.workers):
         w.blocks = list(range(i * 4, i * 4 + 4))
     return training, plane, pool
 
@@ -87,7 +88,7 @@ async def test_overlapped_step_holds_the_epoch_end_and_boundary_step_runs_betwee
     async def on_epoch(rec: Any) -> None:
         epochs.append(rec.epoch)
 
-    loop = asyncio.create_task(training.train(on_epoch))
+    loop = asyncio.create_task(training.loop.train(on_epoch))
     await until(lambda: plane.running == 2)                      # epoch 0 is training
     step_done = asyncio.Event()
 
@@ -95,7 +96,7 @@ async def test_overlapped_step_holds_the_epoch_end_and_boundary_step_runs_betwee
         await step_done.wait()
         return "moved"
 
-    overlapped = asyncio.create_task(training.overlap_epoch(transmission))
+    overlapped = asyncio.create_task(training.loop.boundaries.overlap_epoch(transmission))
     plane.gate.set()                                              # the workers finish epoch 0 ...
     await until(lambda: plane.running == 0)
     plane.gate.clear()                                            # epoch 1 will wait for the test
@@ -110,10 +111,10 @@ async def test_overlapped_step_holds_the_epoch_end_and_boundary_step_runs_betwee
 
     async def switch() -> None:
         seen.append(plane.running)                                # nobody trains at the boundary
-        training.workers = training.workers[:1]                   # the clock list changes here
+        training.membership.set_workers(training.membership.workers[:1])   # the clock list changes here
 
     await until(lambda: epochs == [0])
-    boundary = asyncio.create_task(training.at_boundary(switch))
+    boundary = asyncio.create_task(training.loop.boundaries.at_boundary(switch))
     await until(lambda: plane.running >= 1)
     plane.gate.set()
     _, lost = await boundary
@@ -123,34 +124,36 @@ async def test_overlapped_step_holds_the_epoch_end_and_boundary_step_runs_betwee
     assert [e for op, e in plane.log if op == "run_epoch"][-1:] == [2]
     assert sum(1 for op, e in plane.log if op == "run_epoch" and e == 2) == 1
     with pytest.raises(TrainingNotRunning, match="not running"):
-        await training.at_boundary(switch)
+        await training.loop.boundaries.at_boundary(switch)
 
 
 async def test_clock_boundary_waits_for_the_running_clock_and_not_when_idle() -> None:
     training, plane, _ = make({"max_epochs": 2, "convergence_threshold": 1e-12})
-    await training.clock_boundary()                # not training: nothing in flight, returns at once
+    await training.loop.boundaries.clock_boundary()   # not training: nothing in flight, returns at once
 
-    loop = asyncio.create_task(training.train(lambda rec: asyncio.sleep(0)))
+    loop = asyncio.create_task(training.loop.train(lambda rec: asyncio.sleep(0)))
     await until(lambda: plane.running == 2)        # a clock is running: worker requests may be in flight
-    boundary = asyncio.create_task(training.clock_boundary())
+    boundary = asyncio.create_task(training.loop.boundaries.clock_boundary())
     for _ in range(100):
         await asyncio.sleep(0)
     assert not boundary.done()                     # a leaving server must not be stopped yet
     plane.gate.set()                               # the clock ends (every worker flushed)
     await boundary
     await loop
-    await training.clock_boundary()                # training over: at once again
+    await training.loop.boundaries.clock_boundary()   # training over: at once again
 
 
 async def test_elastic_steps_need_bsp() -> None:
     training, _, _ = make({"sync": "ssp"})
     with pytest.raises(TrainingNotRunning, match="BSP"):
-        await training.overlap_epoch(lambda: asyncio.sleep(0))
+        await training.loop.boundaries.overlap_epoch(lambda: asyncio.sleep(0))
 
 
 def ops_for(spec_json: dict[str, Any], phase: JobPhase = JobPhase.TRAINING, **kw: int) -> ElasticOps:
     training, plane, pool = make(spec_json, **kw)
-    return ElasticOps(None, training.spec, pool, training, plane, Resource(512, 1), lambda: phase)  # type: ignore[arg-type]
+    steps = Reconfiguration(None, training, None, Resource(512, 1), set(),  # type: ignore[arg-type]
+                            started=lambda: phase is JobPhase.TRAINING)
+    return ElasticOps(training.spec, steps, lambda: phase)
 
 
 @pytest.mark.parametrize("call,n,error,msg", [
@@ -167,14 +170,14 @@ async def test_impossible_changes_are_refused_and_change_nothing(call: str, n: A
     with pytest.raises(error, match=msg):
         await getattr(ops, call)(n)
     assert ops.history == [] and not ops.running
-    assert (len(ops.training.workers), len(ops.training.servers)) == (2, 2)
+    assert ops.training.membership.shape() == (2, 2)
 
 
 async def test_refused_while_busy_not_training_or_ssp() -> None:
     ops = ops_for({"max_workers": 3})
-    ops._busy = True
-    with pytest.raises(ElasticBusy, match="another change is running"):
-        await ops.add_workers(1)
+    async with ops.steps.exclusive("a test's change"):
+        with pytest.raises(ElasticBusy, match="another change is running"):
+            await ops.add_workers(1)
     with pytest.raises(ElasticBusy, match="phase FINISHING"):
         await ops_for({}, JobPhase.FINISHING).add_workers(1)
     with pytest.raises(ElasticOpError, match="SSP"):

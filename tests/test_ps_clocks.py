@@ -47,7 +47,7 @@ def test_bad_pacer_settings_are_refused() -> None:
 # -- one worker's clocks ---------------------------------------------------------------------
 async def test_clocks_walk_the_epoch_once_and_keep_their_place(job_factory) -> None:  # noqa: F811
     job = await job_factory({"app": "mlr", "workers": 2, "servers": 1, "max_epochs": 2})
-    await job.ctl.setup()
+    await job.setup()
     w = job.pool.workers[0]
 
     async def op(header: dict[str, Any]) -> dict[str, Any]:
@@ -84,46 +84,46 @@ async def test_clocks_walk_the_epoch_once_and_keep_their_place(job_factory) -> N
 # -- the AM's loop -----------------------------------------------------------------------------
 async def test_bsp_training_in_clocks_runs_every_batch_once_per_epoch(job_factory) -> None:  # noqa: F811
     job = await job_factory({"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 3, "clock_batches": 4})
-    initial = await job.ctl.setup()
+    initial = await job.setup()
     epochs: list[EpochRecord] = []
     clocks: list[int] = []
-    job.ctl.on_clock = lambda: clocks.append(job.ctl.iterations)
+    job.ctl.loop.on_clock = lambda: clocks.append(job.ctl.loop.iterations)
 
     async def on_epoch(rec: EpochRecord) -> None:
         epochs.append(rec)
 
-    await job.ctl.train(on_epoch)
-    assert [r.epoch for r in epochs] == [0, 1, 2] and job.ctl.converged
+    await job.ctl.loop.train(on_epoch)
+    assert [r.epoch for r in epochs] == [0, 1, 2] and job.ctl.loop.converged
     per_epoch = -(-BATCHES_PER_WORKER // 4)
-    assert job.ctl.clocks_done == len(clocks) == 3 * per_epoch
-    assert clocks == sorted(clocks) and job.ctl.iterations == 3 * BATCHES_PER_WORKER
+    assert job.ctl.loop.clocks_done == len(clocks) == 3 * per_epoch
+    assert clocks == sorted(clocks) and job.ctl.loop.iterations == 3 * BATCHES_PER_WORKER
     for w in job.pool.workers:
         assert job.metrics.workers[w.executor_id].compute_s.count == 3 * BATCHES_PER_WORKER
     objectives = [r.objective for r in epochs]
     assert all(b < a for a, b in zip([initial] + objectives, objectives)), objectives
-    assert await job.ctl.objective() == pytest.approx(objectives[-1], rel=1e-9)   # exact under BSP
+    assert await job.ctl.evaluation.objective() == pytest.approx(objectives[-1], rel=1e-9)   # exact under BSP
 
 
 async def test_a_stop_at_a_clock_boundary_resumes_the_epoch_where_it_was(job_factory) -> None:  # noqa: F811
     job = await job_factory({"app": "mlr", "workers": 2, "servers": 1, "max_epochs": 2, "clock_batches": 3})
-    await job.ctl.setup()
+    await job.setup()
     epochs: list[int] = []
 
     async def on_epoch(rec: EpochRecord) -> None:
         epochs.append(rec.epoch)
 
     def stop_after_two() -> None:
-        if job.ctl.clocks_done == 2:
-            job.ctl.stop()
+        if job.ctl.loop.clocks_done == 2:
+            job.ctl.loop.stop()
 
-    job.ctl.on_clock = stop_after_two
-    await job.ctl.train(on_epoch)
-    assert epochs == [] and job.ctl.epochs_done == 0 and job.ctl.clocks_done == 2   # mid-epoch
+    job.ctl.loop.on_clock = stop_after_two
+    await job.ctl.loop.train(on_epoch)
+    assert epochs == [] and job.ctl.loop.epochs_done == 0 and job.ctl.loop.clocks_done == 2   # mid-epoch
     for w in job.pool.workers:
         assert job.metrics.workers[w.executor_id].compute_s.count == 6
-    job.ctl._stop = False          # as a restarted controller would start: not stopped
-    job.ctl.on_clock = None
-    await job.ctl.train(on_epoch)
+    job.ctl.loop.resume()          # as a restarted job starts: not stopped
+    job.ctl.loop.on_clock = None
+    await job.ctl.loop.train(on_epoch)
     assert epochs == [0, 1]
     for w in job.pool.workers:   # epoch 0 finished its remaining batches only: each batch once per epoch
         assert job.metrics.workers[w.executor_id].compute_s.count == 2 * BATCHES_PER_WORKER
@@ -132,11 +132,11 @@ async def test_a_stop_at_a_clock_boundary_resumes_the_epoch_where_it_was(job_fac
 async def test_ssp_runs_in_clocks_within_the_staleness(job_factory) -> None:  # noqa: F811
     job = await job_factory({"app": "lasso", "workers": 2, "servers": 1, "sync": "ssp", "staleness": 1,
                              "max_epochs": 3, "clock_batches": 2})
-    await job.ctl.setup()
+    await job.setup()
     epochs: list[int] = []
 
     async def on_epoch(rec: EpochRecord) -> None:
         epochs.append(rec.epoch)
 
-    await job.ctl.train(on_epoch)
+    await job.ctl.loop.train(on_epoch)
     assert epochs[:3] == [0, 1, 2]

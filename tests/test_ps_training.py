@@ -12,7 +12,8 @@ from appmaster.container_book import AmContainer
 from appmaster.ps.checkpoints import JOB_MANIFEST, Checkpointer
 from appmaster.ps.executor_pool import ExecutorPool, ExecutorState, Role
 from appmaster.ps.metrics import EpochRecord, JobMetrics
-from appmaster.ps.training_controller import ExecutorCallError, TrainingController
+from appmaster.ps.executor_rpc import ExecutorCallError
+from appmaster.ps.training import Training
 from protocol.ps_job_spec import validate
 from protocol.records import Resource
 from psruntime.apps.registry import create_app
@@ -37,7 +38,7 @@ class InProcessJob:
         self.client = DataPlaneClient()
         self.metrics = JobMetrics()
         self.executors: list[Executor] = []
-        self.ctl = TrainingController(self.spec, self.app, self.pool, self.metrics, self.client)
+        self.ctl = Training.build(self.spec, self.app, self.pool, self.metrics, self.client)
 
     async def start(self) -> "InProcessJob":
         n = 0
@@ -52,9 +53,12 @@ class InProcessJob:
                                               "address": address, "pid": 1}))
         return self
 
+    async def setup(self) -> float:
+        return await self.ctl.setup(self.pool.ready(Role.SERVER), self.pool.ready(Role.WORKER))
+
     async def close(self) -> None:
-        if self.ctl.controller is not None:
-            await self.ctl.controller.close()
+        if self.ctl.placement.placed:
+            await self.ctl.placement.controller.close()
         await self.client.close()
         for ex in self.executors:
             await ex.stop()
@@ -76,8 +80,8 @@ async def job_factory():
 
 async def test_bsp_training_converges_and_checkpoints(job_factory, tmp_path) -> None:
     job = await job_factory({"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 4})
-    initial = await job.ctl.setup()
-    assert job.ctl.table.owners == ["server-0", "server-1"] * 4        # round-robin, 8 blocks
+    initial = await job.setup()
+    assert job.ctl.placement.table.owners == ["server-0", "server-1"] * 4        # round-robin, 8 blocks
     workers = job.pool.workers
     assert [w.partition for w in workers] == [0, 1] and all(w.data_bytes > 0 for w in workers)
     assert sorted(b for w in workers for b in w.blocks) == list(range(job.app.num_blocks))
@@ -87,17 +91,17 @@ async def test_bsp_training_converges_and_checkpoints(job_factory, tmp_path) -> 
     async def on_epoch(rec: EpochRecord) -> None:
         seen.append(rec)
 
-    await job.ctl.train(on_epoch)
-    assert [r.epoch for r in seen] == [0, 1, 2, 3] and job.ctl.epochs_done == 4 and job.ctl.converged
+    await job.ctl.loop.train(on_epoch)
+    assert [r.epoch for r in seen] == [0, 1, 2, 3] and job.ctl.loop.epochs_done == 4 and job.ctl.loop.converged
     objectives = [r.objective for r in seen]
     assert all(b < a for a, b in zip([initial] + objectives, objectives)), objectives
     assert objectives[-1] < 0.8 * initial
     # the BSP objective is exact: recomputing it now gives the same number
-    assert await job.ctl.objective() == pytest.approx(objectives[-1], rel=1e-9)
+    assert await job.ctl.evaluation.objective() == pytest.approx(objectives[-1], rel=1e-9)
     for w in workers:
         m = job.metrics.workers[w.executor_id]
         assert m.compute_s.count == 4 * 2000 // 50 // 2 and m.compute_s.value > 0 and m.comm_s.value > 0
-    await job.ctl.refresh_status()
+    await job.ctl.status.refresh()
     assert all(e.rss_bytes > 0 for e in job.pool.executors.values())
     for s in job.pool.servers:     # served requests since setup's poll -> a mean service time
         times = job.metrics.servers[s.executor_id]
@@ -105,41 +109,41 @@ async def test_bsp_training_converges_and_checkpoints(job_factory, tmp_path) -> 
     assert sum(s.model_bytes for s in job.pool.servers) == job.app.model_nbytes()
     # a checkpoint covers every block, and the checkpointed model is the model
     ckpt = Checkpointer(tmp_path / "checkpoints", job.client)
-    info = await ckpt.write(4, job.ctl.table, job.pool.servers, {"objective": objectives[-1]})
+    info = await ckpt.write(4, job.ctl.placement.table, job.pool.servers, {"objective": objectives[-1]})
     manifest = json.loads((tmp_path / "checkpoints" / "epoch-4" / JOB_MANIFEST).read_text())
-    assert manifest["epoch"] == 4 and manifest["table"]["owners"] == job.ctl.table.owners
+    assert manifest["epoch"] == 4 and manifest["table"]["owners"] == job.ctl.placement.table.owners
     assert sorted(load_manifests(info["dir"], job.spec.num_blocks)) == list(range(job.spec.num_blocks))
     assert len(list(Path(info["dir"]).glob("block_*.npz"))) == job.spec.num_blocks   # one file per block
     saved = {int(k): v for data in load_blocks(info["dir"], job.spec.num_blocks).values()
              for k, v in zip(data.keys, data.values)}
-    model = await job.ctl.model()
+    model = await job.ctl.evaluation.model()
     assert len(saved) == job.app.num_keys
     assert all(np.array_equal(saved[k], model[k]) for k in saved)
-    metrics = await job.ctl.evaluate()
+    metrics = await job.ctl.evaluation.evaluate()
     assert metrics["accuracy"] > 2 * metrics["chance_accuracy"]
 
 
 async def test_ssp_training_reaches_the_epoch_limit(job_factory) -> None:
     job = await job_factory({"app": "lasso", "workers": 2, "servers": 1, "sync": "ssp", "staleness": 1,
                              "max_epochs": 5})
-    initial = await job.ctl.setup()
+    initial = await job.setup()
     records: list[EpochRecord] = []
 
     async def on_epoch(rec: EpochRecord) -> None:
         records.append(rec)
 
-    await job.ctl.train(on_epoch)
-    assert [r.epoch for r in records][:3] == [0, 1, 2] and job.ctl.converged
+    await job.ctl.loop.train(on_epoch)
+    assert [r.epoch for r in records][:3] == [0, 1, 2] and job.ctl.loop.converged
     assert records[-1].objective < 0.5 * initial
 
 
 async def test_a_dead_executor_is_named(job_factory) -> None:
     job = await job_factory({"app": "nmf", "workers": 2, "servers": 1, "max_epochs": 3})
-    await job.ctl.setup()
+    await job.setup()
     await job.executors[-1].stop()            # worker-1 goes away
     with pytest.raises(ExecutorCallError) as e:
         async def on_epoch(rec: EpochRecord) -> None:
             pass
-        await job.ctl.train(on_epoch)
+        await job.ctl.loop.train(on_epoch)
     assert e.value.executor.executor_id == "worker-1" and "worker" in str(e.value)
     assert job.pool.executors["worker-1"].state is ExecutorState.READY   # the container's exit decides

@@ -34,7 +34,7 @@ from psruntime.frame_codec import Frame
 from psruntime.ownership_table import OwnershipTable
 
 from .executor_pool import ExecutorRecord
-from .training_controller import ExecutorCallError
+from .executor_rpc import ExecutorCallError
 
 log = logging.getLogger(__name__)
 

@@ -24,13 +24,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from appmaster.cruise.optimizer import CruiseOptimizer, Decision, JobSizes
+from appmaster.cruise.optimizer import CruiseConfig, CruiseOptimizer, Decision, JobSizes
 from appmaster.cruise.plan_builder import ExecutorState as CruiseExecutor
 from appmaster.cruise.profiling import SlotInfo
 from appmaster.cruise.targets import Role
+from protocol import executor_ops as ops
+from protocol.ps_job_spec import PSJobSpec
+from psruntime.apps.base import PSApp
 
+from .directives import Shape
+from .executor_pool import ExecutorRecord
 from .metrics import EpochRecord
-from .plan_executor import PlanExecutor, PlanFailed, PlanRun, PlanRuntime
+from .plan_executor import AmPlanRuntime, PlanExecutor, PlanFailed, PlanRun, PlanRuntime
+from .reconfiguration import ChangeBusy, Reconfiguration
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +82,18 @@ class PlanRecord:
 class CruiseDriver:
     """Feeds the optimizer, asks for decisions at epoch boundaries, executes plans (module doc).
 
-    `training` is the TrainingController, `elastic` the EPS ElasticOps (its split ledger and its
-    busy flag are shared so EPS and Cruise never change the job at the same time).
+    `steps` is the job's reconfiguration layer: its split ledger and its one-change-at-a-time
+    guard are shared with EPS, so EPS and Cruise never change the job at the same time; a plan
+    holds the guard while it runs.
     """
 
-    def __init__(self, optimizer: CruiseOptimizer, training: Any, elastic: Any, runtime: PlanRuntime,
+    def __init__(self, optimizer: CruiseOptimizer, steps: Reconfiguration, runtime: PlanRuntime,
                  vcores: int = 1, wall_clock: Callable[[], float] = time.time,
                  on_change: Optional[Callable[[bool], None]] = None) -> None:
         self.optimizer = optimizer
-        self.training = training
-        self.elastic = elastic
+        self.steps = steps
+        self.training = steps.training
+        self.runtime = runtime
         self.executor = PlanExecutor(runtime)
         self.vcores = vcores
         self.wall_clock = wall_clock
@@ -109,30 +117,30 @@ class CruiseDriver:
     async def _poll(self, feed: bool = True) -> None:
         """One status round: feed workers' epoch figures and servers' counters to the optimizer
         (`feed` False: only move the counters' baselines on, e.g. while a plan runs)."""
-        workers, servers = list(self.training.workers), list(self.training.servers)
-        frames = await asyncio.gather(*(self.training.call(r, {"op": "status"}) for r in workers + servers),
-                                      return_exceptions=True)
-        for i, (rec, f) in enumerate(zip(workers + servers, frames)):
-            if isinstance(f, BaseException):
+        membership, rpc = self.training.membership, self.training.rpc
+        workers, servers = membership.workers, membership.servers
+        replies = await asyncio.gather(*(rpc.call(r, ops.Status(), ops.StatusReply) for r in workers + servers),
+                                       return_exceptions=True)
+        for i, (rec, st) in enumerate(zip(workers + servers, replies)):
+            if isinstance(st, BaseException):
                 continue
             if feed:
-                self._feed(rec, f.header, is_worker=i < len(workers))
+                self._feed(rec, st, is_worker=i < len(workers))
             else:
-                self._rebase(rec.executor_id, f.header)
+                self._rebase(rec.executor_id, st)
         self._batches.clear()
 
-    def _rebase(self, eid: str, h: dict[str, Any]) -> None:
+    def _rebase(self, eid: str, st: ops.StatusReply) -> None:
         last = self._counters.setdefault(eid, {})
-        for k, v in (h.get("train_counters") or {}).items():
+        for k, v in st.train_counters.items():
             last[k] = float(v)
 
-    def _feed(self, rec: Any, h: dict[str, Any], is_worker: bool) -> None:
+    def _feed(self, rec: ExecutorRecord, st: ops.StatusReply, is_worker: bool) -> None:
         eid = rec.executor_id
-        link_bps = h.get("link_bps")
-        if isinstance(link_bps, (int, float)) and link_bps > 0:
-            self.optimizer.metrics.record_link(eid, link_bps / 8.0)
+        if st.link_bps is not None and st.link_bps > 0:
+            self.optimizer.metrics.record_link(eid, st.link_bps / 8.0)
         last = self._counters.setdefault(eid, {})
-        train = h.get("train_counters") or {}
+        train = st.train_counters
         acc = self._batches.get(eid)
         if is_worker and acc and acc[0] >= 1:
             samples = _delta(train, last, "samples")
@@ -143,26 +151,25 @@ class CruiseDriver:
                 self.optimizer.record_worker(eid, int(acc[0]), samples, acc[1], acc[2], nbytes or None)
             except ValueError as e:
                 log.debug("worker report of %s ignored: %s", eid, e)
-        self._rebase(eid, h)
-        if not is_worker and "busy_s" in h and "bytes_served" in h:
+        self._rebase(eid, st)
+        if not is_worker and st.busy_s is not None and st.bytes_served is not None:
             try:
-                self.optimizer.record_server(eid, float(h["data_requests"]), float(h["busy_s"]),
-                                             float(h["bytes_served"]))
+                self.optimizer.record_server(eid, float(st.data_requests), st.busy_s, st.bytes_served)
             except ValueError as e:
                 log.debug("server report of %s ignored: %s", eid, e)
 
     # -- configuration ---------------------------------------------------------------------------
     def configuration(self) -> tuple[list[CruiseExecutor], list[SlotInfo]]:
         """The executors as the optimizer sees them (role, owned blocks) and their slots."""
-        ledger = self.elastic._splits()
-        table = self.training.table
+        ledger = self.steps.splits()
+        placement = self.training.placement
         out = [CruiseExecutor(w, Role.WORKER, frozenset(ledger.active_of(w))) for w in sorted(ledger.active)]
-        out += [CruiseExecutor(s.executor_id, Role.SERVER, frozenset(table.blocks_owned_by(s.executor_id)))
-                for s in self.training.servers]
+        out += [CruiseExecutor(s.executor_id, Role.SERVER, frozenset(placement.blocks_of(s.executor_id)))
+                for s in self.training.membership.servers]
         return out, [SlotInfo(e.executor_id, "default", self.vcores) for e in out]
 
     def shape(self) -> tuple[int, int]:
-        return len(self.training.workers), len(self.training.servers)
+        return self.training.membership.shape()
 
     # -- decisions -------------------------------------------------------------------------------
     @property
@@ -172,7 +179,7 @@ class CruiseDriver:
     async def on_epoch(self, rec: EpochRecord) -> Optional[Decision]:
         """Epoch-boundary hook: measure, and maybe start a plan. Returns a decision taken now."""
         self._measure(rec)
-        if self.running or self.elastic.running or self.failures >= MAX_PLAN_FAILURES:
+        if self.running or self.steps.busy or self.failures >= MAX_PLAN_FAILURES:
             await self._poll(feed=False)      # this epoch's figures describe no one shape
             return None
         await self._poll()
@@ -195,6 +202,16 @@ class CruiseDriver:
             self._start(decision, last)
         return decision
 
+    async def reshape(self, target: Shape, nodes: tuple[str, ...]) -> Decision:
+        """An RM shape directive (appmaster.ps.directives.Reshaper): Cruise splits the granted
+        containers itself; executors it adds start on `nodes` when the directive names them."""
+        self.runtime_nodes(nodes)
+        return await self.resize(target.workers, target.servers)
+
+    def runtime_nodes(self, nodes: tuple[str, ...]) -> None:
+        if isinstance(self.runtime, AmPlanRuntime):
+            self.runtime.nodes = nodes
+
     async def resize(self, workers: int, servers: int) -> Decision:
         """An RM shape directive (appmaster.ps.directives calls `resize` on ops that have it): the
         policy grants this job `workers + servers` containers; Cruise decides their split, executes
@@ -215,7 +232,7 @@ class CruiseDriver:
     def _start(self, decision: Decision, rec: Optional[EpochRecord]) -> None:
         epochs = self.training.metrics.epochs[-EPOCHS_MEASURED:]
         before = sum(e.epoch_time_s for e in epochs) / len(epochs) if epochs else None
-        record = PlanRecord(decision, self.wall_clock(), self.shape(), self.training.epochs_done, before)
+        record = PlanRecord(decision, self.wall_clock(), self.shape(), self.training.loop.epochs_done, before)
         self._waiting.clear()        # epochs from now on overlap this plan: they measure no earlier one
         self.history.append(record)
         del self.history[:-HISTORY_LIMIT]
@@ -226,12 +243,15 @@ class CruiseDriver:
 
     async def _execute(self, record: PlanRecord) -> None:
         assert record.decision.plan is not None
-        self.elastic._busy = True                # EPS calls get ElasticBusy meanwhile
         if self.on_change:
             self.on_change(True)
         try:
-            record.run = await self.executor.execute(record.decision.plan)
+            async with self.steps.exclusive("cruise plan"):     # EPS calls get ElasticBusy meanwhile
+                record.run = await self.executor.execute(record.decision.plan)
             self.failures = 0
+        except ChangeBusy as e:
+            record.error = f"not started: {e}"
+            log.info("cruise plan not started: %s", e)
         except asyncio.CancelledError:
             record.error = "cancelled: the job ended while the plan ran"
             if self.executor.last is not None and self.executor.last.plan is record.decision.plan:
@@ -248,7 +268,6 @@ class CruiseDriver:
             self.last_error = record.error
             log.exception("cruise plan failed")
         finally:
-            self.elastic._busy = False
             record.finished = self.wall_clock()
             record.shape_after = self.shape()
             # Measurements restart on the shape the job really has now, whatever the plan did
@@ -292,30 +311,24 @@ def _delta(now: dict[str, Any], last: dict[str, float], key: str) -> Optional[fl
     return d if d > 0 else None
 
 
-def job_sizes(spec: Any, app: Any, input_blocks: int) -> JobSizes:
+def job_sizes(spec: PSJobSpec, app: PSApp, input_blocks: int) -> JobSizes:
     """The optimizer's job sizes from the spec and the app: splits, rows per split, model blocks,
     mini-batch size, and a dense pull + push of the model as the bytes per mini-batch until
     workers report what they really exchange."""
     return JobSizes(input_blocks=input_blocks, samples_per_block=float(app.rows_per_block),
-                    model_blocks=spec.num_blocks, batch_size=int(app.hparams.batch_size),
+                    model_blocks=spec.num_blocks, batch_size=int(app.hparams.batch_size),  # type: ignore[attr-defined]
                     nominal_bytes_per_batch=2.0 * float(app.model_nbytes()))
 
 
-def build_cruise_driver(master: Any) -> CruiseDriver:
-    """The driver of a PS AM (`appmaster.ps.master.PSApplicationMaster`) whose job runs with
-    optimizer "cruise"; call once training is set up (the split count comes from the workers)."""
-    from appmaster.cruise.optimizer import CruiseConfig
-
-    from .plan_executor import AmPlanRuntime
-
-    spec, opts = master.spec, master.spec.cruise
-    splits = sum(len(s) for s in master.elastic._splits().active.values())
-    optimizer = CruiseOptimizer(job_sizes(spec, master.app, splits),
+def build_cruise_driver(spec: PSJobSpec, app: PSApp, steps: Reconfiguration,
+                        on_change: Optional[Callable[[bool], None]] = None) -> CruiseDriver:
+    """The Cruise driver of a PS job whose spec says optimizer "cruise"; build it once training is
+    set up (the split count comes from the workers)."""
+    opts = spec.cruise
+    optimizer = CruiseOptimizer(job_sizes(spec, app, steps.split_count()),
                                 CruiseConfig(min_batches=opts.min_batches, min_interval_s=opts.min_interval_s,
                                              gain_threshold=opts.gain_threshold, pool_classes=True))
-    runtime = AmPlanRuntime(master.am, spec, master.pool, master.training, master.elastic, master.client,
-                            master.resource, block_bytes=lambda: master.app.model_nbytes() / spec.num_blocks)
-    driver = CruiseDriver(optimizer, master.training, master.elastic, runtime, spec.executor_vcores,
-                          on_change=master._on_directive_change)
-    master.metrics.batch_listeners.append(driver.on_batches)
+    runtime = AmPlanRuntime(steps, block_bytes=lambda: app.model_nbytes() / spec.num_blocks)
+    driver = CruiseDriver(optimizer, steps, runtime, spec.executor_vcores, on_change=on_change)
+    steps.training.metrics.batch_listeners.append(driver.on_batches)
     return driver

@@ -9,9 +9,11 @@ in allocate responses; the AM library surfaces each new one as a `ShapeChanged` 
   ignore it (a version already seen), or keep it for later (a change is running, or training has
   not started yet) -- only the latest kept directive is applied once the change ends.
 - `DirectiveHandler` drives it: it runs each change in its own task (never in the AM's event pump,
-  which must keep launching the containers the change asks for) through the job's elastic
-  operations -- EPS's (appmaster.ps.elastic_ops) or the kill-based baseline's
-  (appmaster.ps.kill_restart), whichever the job's `elastic_mode` selected.
+  which must keep launching the containers the change asks for) through the job's `Reshaper` --
+  EPS's functions (appmaster.ps.elastic_ops), the kill-based baseline (appmaster.ps.kill_restart)
+  or Cruise (appmaster.ps.cruise_driver), all compositions of the reconfiguration layer. A
+  directive that names nodes is obeyed: executors are asked for on exactly those nodes, and
+  executors elsewhere move there.
 - `ProgressTracker` (pure, injected times) keeps what the AM reports in `AllocateRequest.shape`
   (protocol.elastic_shape.ElasticShapeReport): iterations, early feedback, speed since the last
   change, the directive version acted on.
@@ -23,7 +25,7 @@ import enum
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Optional, Protocol
 
 from protocol.elastic_shape import ElasticShapeReport
 from protocol.internal_api import ShapeDirective
@@ -35,23 +37,14 @@ log = logging.getLogger(__name__)
 DEFAULT_EARLY_FEEDBACK_ITERATIONS = 100   # EPS §2.1: "e.g. the first 100 iterations"
 
 
-# ===== the elastic operations a directive is carried out with ===================================
+# ===== what a directive is carried out with ====================================================
 
-@runtime_checkable
-class ElasticOps(Protocol):
-    """EPS's four calls (EPS §5.2: addServers, addWorkers, removeServers, removeWorkers)."""
+class Reshaper(Protocol):
+    """A job's reshaping mechanism, as a directive drives it: EPS's functions (appmaster.ps.
+    elastic_ops), the kill-based baseline (appmaster.ps.kill_restart) or Cruise (appmaster.ps.
+    cruise_driver). `nodes`: the only nodes the job may run executors on (empty: anywhere)."""
 
-    async def add_workers(self, n: int) -> Any: ...
-    async def add_servers(self, n: int) -> Any: ...
-    async def remove_workers(self, n: int) -> Any: ...
-    async def remove_servers(self, n: int) -> Any: ...
-
-
-@runtime_checkable
-class Resizable(Protocol):
-    """Ops that change both counts in one step (the kill-based baseline: one restart, not four)."""
-
-    async def resize(self, workers: int, servers: int) -> Any: ...
+    async def reshape(self, target: "Shape", nodes: tuple[str, ...]) -> object: ...
 
 
 # ===== pure parts ================================================================================
@@ -280,39 +273,33 @@ class DirectiveOutcome:
     seconds: float = 0.0
     error: str = ""
     reason: str = ""
+    nodes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "workers": self.target.workers, "servers": self.target.servers,
+                "nodes": list(self.nodes),
                 "before": {"workers": self.before.workers, "servers": self.before.servers},
                 "steps": [list(s) for s in self.steps], "started": self.started,
                 "seconds": round(self.seconds, 4), "error": self.error, "reason": self.reason}
 
 
-async def apply_delta(ops: Any, target: Shape, delta: ShapeDelta) -> None:
-    """Carry out `delta` with `ops`: one `resize` when it has one, else EPS's calls in order."""
-    if delta.empty:
-        return
-    if isinstance(ops, Resizable):
-        await ops.resize(target.workers, target.servers)
-        return
-    for name, n in delta.steps():
-        await getattr(ops, name)(n)
-
-
 class DirectiveHandler:
     """Acts on the RM's shape directives for one PS job (see the module doc).
 
-    `ops()` returns the job's elastic operations (None: this AM cannot reshape; directives are
-    then logged and dropped), `current()` its shape now. `on_change` is told when a change starts
+    `reshaper()` returns the job's reshaping mechanism (None: this AM cannot reshape; directives
+    are then logged and dropped), `current()` its shape now and `placed(nodes)` whether every
+    executor already runs on `nodes`. `on_change` is told when a change starts
     (True) and ends (False), so the shape report says `changing`.
     """
 
-    def __init__(self, ops: Callable[[], Any], current: Callable[[], Shape],
+    def __init__(self, reshaper: Callable[[], Optional[Reshaper]], current: Callable[[], Shape],
                  max_workers: Optional[int] = None, max_servers: Optional[int] = None,
                  on_change: Optional[Callable[[bool], None]] = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
-        self.ops = ops
+                 wall_clock: Callable[[], float] = time.time,
+                 placed: Callable[[tuple[str, ...]], bool] = lambda nodes: True) -> None:
+        self.reshaper = reshaper
         self.current = current
+        self.placed = placed
         self.max_workers = max_workers
         self.max_servers = max_servers
         self.on_change = on_change
@@ -331,7 +318,7 @@ class DirectiveHandler:
 
     def on_directive(self, d: ShapeDirective) -> None:
         """A ShapeChanged event: apply, keep or ignore the directive (never blocks)."""
-        if self.ops() is None:
+        if self.reshaper() is None:
             log.info("shape directive v%d (%d workers, %d servers) ignored: this job cannot reshape",
                      d.version, d.workers, d.servers)
             return
@@ -375,18 +362,23 @@ class DirectiveHandler:
         before = self.current()
         target = target_of(d, self.max_workers, self.max_servers)
         delta = diff(before, target)
-        out = DirectiveOutcome(d.version, target, before, delta.steps(), self.wall_clock(), reason=d.reason)
+        nodes = tuple(d.nodes)
+        out = DirectiveOutcome(d.version, target, before, delta.steps(), self.wall_clock(), reason=d.reason,
+                               nodes=list(nodes))
         self.history.append(out)
-        if delta.empty:
-            log.info("shape directive v%d: already %d workers, %d servers", d.version, target.workers, target.servers)
+        reshaper = self.reshaper()
+        if reshaper is None or (delta.empty and (not nodes or self.placed(nodes))):
+            log.info("shape directive v%d: already %d workers, %d servers%s", d.version, target.workers,
+                     target.servers, f" on {list(nodes)}" if nodes else "")
             return
-        log.info("shape directive v%d: %d/%d -> %d/%d workers/servers (%s)", d.version, before.workers,
-                 before.servers, target.workers, target.servers, d.reason or "no reason given")
+        log.info("shape directive v%d: %d/%d -> %d/%d workers/servers%s (%s)", d.version, before.workers,
+                 before.servers, target.workers, target.servers, f" on {list(nodes)}" if nodes else "",
+                 d.reason or "no reason given")
         t0 = time.perf_counter()
         if self.on_change:
             self.on_change(True)
         try:
-            await apply_delta(self.ops(), target, delta)
+            await reshaper.reshape(target, nodes)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a refused or failed change must not stop later directives
@@ -399,5 +391,5 @@ class DirectiveHandler:
 
 
 __all__ = ["DEFAULT_EARLY_FEEDBACK_ITERATIONS", "Decision", "DirectiveHandler", "DirectiveOutcome",
-           "DirectiveTracker", "ElasticOps", "ProgressTracker", "Resizable", "Shape", "ShapeDelta",
-           "TrackerError", "TrackerEvent", "TrackerState", "TRANSITIONS", "apply_delta", "diff", "target_of"]
+           "DirectiveTracker", "ProgressTracker", "Reshaper", "Shape", "ShapeDelta",
+           "TrackerError", "TrackerEvent", "TrackerState", "TRANSITIONS", "diff", "target_of"]

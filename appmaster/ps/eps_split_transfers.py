@@ -9,22 +9,23 @@ from __future__ import annotations
 
 import asyncio
 
-from psruntime.dataplane import DataPlaneClient
+from protocol import executor_ops as ops
 
+from .boundary_scheduler import BoundaryScheduler
 from .eps_datasets import SplitLedger
 from .eps_decisions import Transfer, group_by_route
 from .eps_records import ElasticOpFailed, ElasticOpRecord
 from .executor_pool import ExecutorPool, ExecutorRecord
-from .training_controller import TrainingController
+from .executor_rpc import ExecutorRpc
 
 
 class SplitTransmitter:
     """Moves input splits between the job's workers over their control channel."""
 
-    def __init__(self, training: TrainingController, pool: ExecutorPool, client: DataPlaneClient) -> None:
-        self.training = training
+    def __init__(self, rpc: ExecutorRpc, pool: ExecutorPool, boundaries: BoundaryScheduler) -> None:
+        self.rpc = rpc
         self.pool = pool
-        self.client = client
+        self.boundaries = boundaries
 
     def _worker(self, executor_id: str) -> ExecutorRecord:
         return self.pool.executors[executor_id]
@@ -36,12 +37,12 @@ class SplitTransmitter:
 
         async def step() -> int:
             replies = await asyncio.gather(*(
-                self.training.call(self._worker(src), {"op": "eps_send_data", "splits": splits,
-                                                       "dst_address": self._worker(dst).address})
+                self.rpc.call(self._worker(src), ops.EpsSendData(splits=splits, dst_address=self._worker(dst).address),
+                              ops.EpsSendDataReply)
                 for (src, dst), splits in group_by_route(transfers).items()))
-            return sum(int(r.header.get("bytes", 0)) for r in replies)
+            return sum(r.bytes for r in replies)
 
-        sent, lost = await self.training.overlap_epoch(step)
+        sent, lost = await self.boundaries.overlap_epoch(step)
         rec.bytes_sent += sent
         rec.training_time_lost_s += lost
 
@@ -51,7 +52,7 @@ class SplitTransmitter:
         for t in transfers:
             if not t.reactivate:
                 by_dst.setdefault(t.dst, []).append(t.item)
-        await asyncio.gather(*(self.client.request(self._worker(d).address, {"op": "eps_discard_staged", "splits": s})
+        await asyncio.gather(*(self.rpc.send(self._worker(d), ops.EpsDiscardStaged(splits=s))
                                for d, s in by_dst.items() if self._worker(d).address), return_exceptions=True)
 
     async def commit(self, rec: ElasticOpRecord, transfers: list[Transfer], ledger: SplitLedger,
@@ -65,12 +66,13 @@ class SplitTransmitter:
         rec.transfers += [{"kind": "split", **t.to_json()} for t in transfers]
 
         async def one(src: str, ts: list[Transfer]) -> list[str]:
-            frame = await self.training.call(self._worker(src), {
-                "op": "eps_commit", "keep_inactive": keep_inactive,
-                "transfers": [{"split": t.item, "dst_address": self._worker(t.dst).address,
-                               "source": "inactive" if t.reactivate else "staged"} for t in ts]})
-            done = set(frame.header.get("done", []))
-            rec.bytes_sent += int(frame.header.get("bytes", 0))
+            reply = await self.rpc.call(self._worker(src), ops.EpsCommit(
+                keep_inactive=keep_inactive,
+                transfers=[ops.SplitHandover(split=t.item, dst_address=self._worker(t.dst).address,
+                                             source="inactive" if t.reactivate else "staged") for t in ts]),
+                ops.EpsCommitReply)
+            done = set(reply.done)
+            rec.bytes_sent += reply.bytes
             for t in ts:
                 if t.item in done:
                     ledger.apply(t, keep_inactive)
@@ -78,7 +80,7 @@ class SplitTransmitter:
                         rec.splits_reactivated += 1
                     else:
                         rec.splits_moved += 1
-            return [f"split {k}: {v}" for k, v in frame.header.get("failed", {}).items()]
+            return [f"split {k}: {v}" for k, v in reply.failed.items()]
 
         failures = sum(await asyncio.gather(*(one(src, ts) for src, ts in by_src.items())), [])
         if failures:

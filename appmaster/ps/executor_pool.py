@@ -109,6 +109,10 @@ class ExecutorPool:
     def workers(self) -> list[ExecutorRecord]:
         return self.of_role(Role.WORKER)
 
+    def ready(self, role: Role) -> list[ExecutorRecord]:
+        """The READY executors of `role`, in launch order."""
+        return sorted(self.of_role(role, ExecutorState.READY), key=lambda e: int(e.executor_id.rsplit("-", 1)[1]))
+
     def live(self) -> list[ExecutorRecord]:
         return [e for e in self.executors.values() if e.state is not ExecutorState.EXITED]
 
@@ -175,6 +179,53 @@ class ExecutorPool:
                 waiting = [e.executor_id for e in self.of_role(role, ExecutorState.LAUNCHING)]
                 raise asyncio.TimeoutError(f"{len(ready)} of {count} {role.value}s ready after {timeout_s:.0f}s "
                                            f"(still starting: {waiting or 'none launched'})")
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    async def wait_new(self, role: Role, before: set[str], n: int, timeout_s: float,
+                       aborted: Optional[asyncio.Event] = None) -> list[ExecutorRecord]:
+        """Wait until `n` executors of `role` not in `before` are READY (the first n by index).
+        RuntimeError as soon as one of them exits first or `aborted` is set; TimeoutError
+        naming how many came up."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            new = [e for i, e in self.executors.items() if i not in before and e.role is role]
+            ready = [e for e in new if e.state is ExecutorState.READY]
+            if len(ready) >= n:
+                return sorted(ready, key=lambda e: int(e.executor_id.rsplit("-", 1)[1]))[:n]
+            dead = [e.executor_id for e in new if e.state is ExecutorState.EXITED]
+            if dead:
+                raise RuntimeError(f"new {role.value}s {dead} exited before they started")
+            if aborted is not None and aborted.is_set():
+                raise RuntimeError(f"the launch of {n} {role.value}s was aborted")
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise asyncio.TimeoutError(f"{len(ready)} of {n} new {role.value}s ready after {timeout_s:.0f}s")
+            self._changed.clear()
+            waits = [asyncio.ensure_future(self._changed.wait())]
+            if aborted is not None:
+                waits.append(asyncio.ensure_future(aborted.wait()))
+            try:
+                await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+
+    async def wait_exited(self, recs: list[ExecutorRecord], timeout_s: float) -> None:
+        """Wait until every one of `recs` has EXITED; TimeoutError naming those still running."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            running = [e.executor_id for e in recs if e.state is not ExecutorState.EXITED]
+            if not running:
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise asyncio.TimeoutError(f"after {timeout_s:.0f}s executors still running: {running}")
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), remaining)

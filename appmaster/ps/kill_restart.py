@@ -35,22 +35,22 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
+from protocol import executor_ops as ops
+from protocol.ps_job_spec import PSJobSpec
 from protocol.remote_exception import BadRequest, Conflict
 from psruntime.apps.base import PSApp
 
-from .executor_pool import ExecutorRecord, ExecutorState, Role
+from .clock_loop import EpochHook
+from .directives import Shape
+from .executor_pool import ExecutorRecord, Role
 from .job import JobPhase
-from .training_controller import EpochHook, TrainingController
-
-if TYPE_CHECKING:   # the master imports this module
-    from .master import PSApplicationMaster
+from .reconfiguration import Reconfiguration
 
 log = logging.getLogger(__name__)
 
 RELEASE_TIMEOUT_S = 60.0        # old executors' containers reported complete
-RESTART_TIMEOUT_S = 180.0       # new containers granted and executors announced
 RESTORE_RTOL = 1e-4             # restored objective vs. the checkpoint's (float32 sums in another order)
 
 
@@ -157,21 +157,28 @@ class _Request:
     servers: int
     timeline: RestartTimeline
     done: "asyncio.Future[dict[str, Any]]"
+    nodes: tuple[str, ...] = ()
 
 
 class KillRestart:
-    """The kill-based reshape of one PS job; the same entry points as EPS's ops.
+    """The kill-based reshape of one PS job; the same entry points as EPS's ops, built from the
+    job's reconfiguration steps (pause, checkpoint, retire, start, restore).
 
-    The master runs training through `train_with_restarts` instead of `training.train`, marks the
-    containers in `master.retiring` as stopped on purpose, and records the outcome with
-    `master.record_shape_change`.
+    The master runs training through `train_with_restarts` instead of the clock loop's `train`;
+    each finished (or failed) restart is passed to `on_record` for the job's shape history.
     """
 
     mode = "kill"
 
-    def __init__(self, master: "PSApplicationMaster", clock: Callable[[], float] = time.perf_counter,
+    def __init__(self, spec: PSJobSpec, app: PSApp, steps: Reconfiguration, phase: Callable[[], JobPhase],
+                 on_record: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.perf_counter,
                  wall_clock: Callable[[], float] = time.time) -> None:
-        self.master = master
+        self.spec = spec
+        self.app = app
+        self.steps = steps
+        self.training = steps.training
+        self.phase = phase
+        self.on_record = on_record
         self.clock = clock
         self.wall_clock = wall_clock
         self._lock = asyncio.Lock()          # one reshape at a time
@@ -179,9 +186,7 @@ class KillRestart:
 
     # -- EPS's entry points ---------------------------------------------------------------------
     def _shape(self) -> tuple[int, int]:
-        pool = self.master.pool
-        return (len(pool.of_role(Role.WORKER, ExecutorState.READY)),
-                len(pool.of_role(Role.SERVER, ExecutorState.READY)))
+        return self.training.membership.shape()
 
     async def add_workers(self, n: int) -> dict[str, Any]:
         w, s = self._shape()
@@ -203,10 +208,15 @@ class KillRestart:
     def changing(self) -> bool:
         return self._lock.locked()
 
-    async def resize(self, workers: int, servers: int) -> dict[str, Any]:
+    async def reshape(self, target: Shape, nodes: tuple[str, ...] = ()) -> dict[str, Any]:
+        """An RM directive (appmaster.ps.directives.Reshaper): one restart with the target shape,
+        its executors on `nodes` when the directive names them."""
+        return await self.resize(target.workers, target.servers, nodes)
+
+    async def resize(self, workers: int, servers: int, nodes: tuple[str, ...] = ()) -> dict[str, Any]:
         """Restart the job with `workers` and `servers`; returns the shape-history record once
         training has resumed. BadRequest / Conflict (nothing changed) when it cannot be done."""
-        spec, app = self.master.spec, self.master.app
+        spec, app = self.spec, self.app
         check_target(workers, servers, spec.max_workers, spec.max_servers)
         if keeps_worker_state(app):
             raise Conflict(f"elastic_mode \"kill\" restores only the servers' model, but {spec.app} keeps "
@@ -214,25 +224,27 @@ class KillRestart:
         async with self._lock:
             self._check_training()
             before = self._shape()
-            if (workers, servers) == before:
+            placed = all(e.container.node_id in nodes for e in self.training.pool.live()) if nodes else True
+            if (workers, servers) == before and placed:
                 return {"mode": self.mode, "workers": workers, "servers": servers, "changed": False}
             fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-            self._request = _Request(workers, servers, RestartTimeline(before, (workers, servers), self.clock), fut)
+            self._request = _Request(workers, servers, RestartTimeline(before, (workers, servers), self.clock), fut,
+                                     nodes)
             log.info("kill-based reshape %s -> %s workers/servers: stopping at the next clock boundary",
                      before, (workers, servers))
-            self.master.training.stop()      # the running clock ends, then train() returns
+            self.steps.pause()      # the running clock ends, then train() returns
             return await fut
 
     def _check_training(self) -> None:
-        phase = self.master.job.phase
-        if phase is not JobPhase.TRAINING or self.master.training.converged:
+        phase = self.phase()
+        if phase is not JobPhase.TRAINING or self.training.loop.converged:
             raise Conflict(f"the job is {phase.value.lower()}, not training: its shape can only change while it trains")
 
     # -- the master's training loop -------------------------------------------------------------
     async def train_with_restarts(self, on_epoch: EpochHook) -> None:
-        """Train to the end, restarting the job whenever a reshape asks for it at an epoch boundary."""
+        """Train to the end, restarting the job whenever a reshape asks for it at a clock boundary."""
         while True:
-            await self.master.training.train(on_epoch)
+            await self.training.loop.train(on_epoch)
             if not await self._restart_if_requested():
                 return
 
@@ -240,8 +252,7 @@ class KillRestart:
         req, self._request = self._request, None
         if req is None:
             return False
-        training = self.master.training
-        if training.converged or self.master.job.phase is not JobPhase.TRAINING:
+        if self.training.loop.converged or self.phase() is not JobPhase.TRAINING:
             req.timeline.advance(RestartPhase.CANCELLED)
             _settle(req.done, Conflict("the job finished training before the reshape could start"))
             return False
@@ -250,41 +261,43 @@ class KillRestart:
         except BaseException as e:
             if req.timeline.phase not in (RestartPhase.FAILED, RestartPhase.RESTORED):
                 req.timeline.advance(RestartPhase.FAILED, f"{type(e).__name__}: {e}")
-            self.master.record_shape_change(self._record(req, {}))
+            self.on_record(self._record(req, {}))
             _settle(req.done, e if isinstance(e, Exception) else Conflict("the job stopped during the reshape"))
             raise                # the job's executors are gone: the job fails with this error
         _settle(req.done, record)
         return True
 
     async def _restart(self, req: _Request) -> dict[str, Any]:
-        m, tl = self.master, req.timeline
+        steps, loop, tl = self.steps, self.training.loop, req.timeline
+        metrics = self.training.metrics
         tl.advance(RestartPhase.PAUSED)
-        epoch = m.training.epochs_done
-        positions = await self._positions(m.training)
+        epoch = loop.epochs_done
+        positions = await self._positions()
         mid_epoch = any(e == epoch and row > 0 for e, row in positions.values())
-        clock = m.training.clocks_done if mid_epoch else 0
-        objective = m.metrics.objectives[-1] if m.metrics.objectives else m.metrics.initial_objective
+        clock = loop.clocks_done if mid_epoch else 0
+        objective = metrics.objectives[-1] if metrics.objectives else metrics.initial_objective
         if mid_epoch:
-            objective = await m.training.objective()      # the model at the pause, not at the epoch's end
-        last = m.checkpointer.last
+            objective = await self.training.evaluation.objective()   # the model at the pause, not at the epoch's end
+        last = steps.checkpointer.last
         if last is None or (last["epoch"], last.get("clock", 0)) != (epoch, clock):
-            last = await m.checkpointer.write(epoch, m.training.table, m.pool.of_role(Role.SERVER, ExecutorState.READY),
-                                              {"objective": objective, "spec": m.spec.to_json(), "reason": "reshape",
-                                               "positions": {str(b): list(p) for b, p in positions.items()}},
-                                              clock=clock)
+            last = await steps.checkpoint(epoch, {"objective": objective, "spec": self.spec.to_json(),
+                                                  "reason": "reshape",
+                                                  "positions": {str(b): list(p) for b, p in positions.items()}},
+                                          clock=clock)
         tl.advance(RestartPhase.CHECKPOINTED)
-        await self._release_all()
+        await steps.retire_all(RELEASE_TIMEOUT_S)
         tl.advance(RestartPhase.RELEASED)
-        servers, workers = await self._allocate(req.servers, req.workers)
+        servers, workers = await asyncio.gather(steps.start_executors(Role.SERVER, req.servers, req.nodes),
+                                                steps.start_executors(Role.WORKER, req.workers, req.nodes))
         tl.advance(RestartPhase.ALLOCATED)
-        restored = await self._restore(servers, workers, last["dir"], epoch, positions)
+        restored = await self._restore(servers, workers, last["dir"], positions)
         tl.advance(RestartPhase.RESTORED)
         if objective is not None and not math.isclose(restored, objective, rel_tol=RESTORE_RTOL, abs_tol=1e-9):
             log.warning("restored objective %.9g differs from the checkpoint's %.9g", restored, objective)
         record = self._record(req, {"epoch": epoch, "mid_epoch": mid_epoch, "checkpoint": last["dir"],
                                     "objective_before": objective,
                                     "objective_restored": restored})
-        m.record_shape_change(record)
+        self.on_record(record)
         log.info("kill-based reshape to %d workers, %d servers done in %.2fs (%s)", req.workers, req.servers,
                  tl.seconds, ", ".join(f"{k} {v:.2f}" for k, v in tl.steps().items()))
         return record
@@ -301,56 +314,34 @@ class KillRestart:
                 "after": {"workers": req.workers, "servers": req.servers}, "duration_s": round(tl.seconds, 4),
                 "training_time_lost_s": round(tl.lost_s, 4), "ok": not tl.error, **extra}
 
-    async def _release_all(self) -> None:
-        """Shut every executor down, stop its container and wait until the RM's NMs report it gone."""
-        m = self.master
-        old = m.pool.live()
-        m.retiring.update(e.container_id for e in old)
-        await asyncio.gather(*(m.client.request(e.address, {"op": "shutdown"}) for e in old if e.address),
-                             return_exceptions=True)
-        await asyncio.gather(*(m.am.stop(e.container) for e in old), return_exceptions=True)
-        await _wait_for(lambda: all(e.state is ExecutorState.EXITED for e in old), RELEASE_TIMEOUT_S,
-                        lambda: f"old executors still running: {[e.executor_id for e in old if e.state is not ExecutorState.EXITED]}")
-
-    async def _allocate(self, servers: int, workers: int) -> tuple[list[ExecutorRecord], list[ExecutorRecord]]:
-        m = self.master
-        m.am.add_ask(servers, m.resource, tag=Role.SERVER.value)
-        m.am.add_ask(workers, m.resource, tag=Role.WORKER.value)
-        s, w = await asyncio.gather(m.pool.wait_ready(Role.SERVER, servers, RESTART_TIMEOUT_S),
-                                    m.pool.wait_ready(Role.WORKER, workers, RESTART_TIMEOUT_S))
-        return s[:servers], w[:workers]
-
-    async def _positions(self, training: TrainingController) -> dict[int, tuple[int, int]]:
+    async def _positions(self) -> dict[int, tuple[int, int]]:
         """Every input block's place in its epoch pass ([epoch, next_row]), from the workers."""
-        frames = await training.call_all(list(training.workers), {"op": "positions"})
+        replies = await self.training.rpc.call_all(self.training.membership.workers, ops.Positions(),
+                                                   ops.PositionsReply)
         out: dict[int, tuple[int, int]] = {}
-        for f in frames:
-            for b, (e, row) in f.header.get("positions", {}).items():
+        for r in replies:
+            for b, (e, row) in r.positions.items():
                 out[int(b)] = (int(e), int(row))
         return out
 
     async def _restore(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord], directory: str,
-                       epoch: int, positions: Optional[dict[int, tuple[int, int]]] = None) -> float:
-        """Set the restarted job up as TrainingController.setup does, with the checkpoint's model
-        instead of the initial one; returns the restored objective."""
-        m = self.master
-        training = TrainingController(m.spec, m.app, m.pool, m.metrics, m.client, on_clock=m.training.on_clock)
-        training.epochs_done = epoch
-        training.iterations = m.training.iterations        # the job's progress carries on
-        training.clocks_done = m.training.clocks_done
-        training.pacer = m.training.pacer
-        await training.place_model(servers, workers)    # the barrier's members, in partition order
+                       positions: Optional[dict[int, tuple[int, int]]] = None) -> float:
+        """Set the restarted job up as the first setup does, with the checkpoint's model instead
+        of the initial one; the epoch count, iterations and pacing carry on. Returns the
+        restored objective."""
+        training = self.training
+        await training.placement.place(servers, workers)    # the barrier's members, in partition order
         # The AM reads the checkpoint and sends each server its blocks over the data plane: the
         # servers may be on other hosts than the AM's dir.
-        await asyncio.gather(*(training.setup_worker(w, i, len(workers)) for i, w in enumerate(workers)),
-                             m.checkpointer.restore(directory, servers, m.spec.num_blocks))
+        await asyncio.gather(*(training.placement.setup_worker(w, i, len(workers)) for i, w in enumerate(workers)),
+                             self.steps.restore(directory, servers))
         if positions:       # the regenerated blocks continue their pass of the epoch where it stopped
-            wire = {str(b): [e, row] for b, (e, row) in positions.items()}
-            await training.call_all(workers, {"op": "set_positions", "positions": wire})
-        restored = await training.objective()
-        training.converged = m.app.is_converged(m.metrics.objectives)
-        m.training = training
-        await training.refresh_status()
+            wire = {str(b): (e, row) for b, (e, row) in positions.items()}
+            await training.rpc.send_all(workers, ops.SetPositions(positions=wire))
+        restored = await training.evaluation.objective()
+        training.loop.recheck_convergence()
+        training.loop.resume()
+        await training.status.refresh()
         return restored
 
 
@@ -367,17 +358,6 @@ def _settle(fut: "asyncio.Future[dict[str, Any]]", outcome: dict[str, Any] | Bas
         fut.set_exception(outcome)
     else:
         fut.set_result(outcome)
-
-
-async def _wait_for(cond: Callable[[], bool], timeout_s: float, what: Callable[[], str],
-                    poll_s: float = 0.05) -> None:
-    """Poll `cond` until true; TimeoutError naming what is missing after `timeout_s`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():
-        if loop.time() >= deadline:
-            raise asyncio.TimeoutError(f"after {timeout_s:.0f}s: {what()}")
-        await asyncio.sleep(poll_s)
 
 
 __all__ = ["KillRestart", "RESTART_TRANSITIONS", "RestartPhase", "RestartTimeline", "RestartTransitionError",

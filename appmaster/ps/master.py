@@ -31,14 +31,16 @@ from ..am_events import ContainersAllocated, ContainersCompleted, NodesUpdated, 
 from ..container_book import AmContainer
 from .checkpoints import Checkpointer
 from .cruise_driver import CruiseDriver, build_cruise_driver
-from .directives import DirectiveHandler, ProgressTracker, Shape
+from .directives import DirectiveHandler, ProgressTracker, Reshaper, Shape
 from .elastic_ops import ElasticOpError, ElasticOps
 from .executor_pool import ExecutorPool, ExecutorState, Role
+from .executor_rpc import ExecutorCallError
 from .job import JobEvent, JobPhase, JobStateMachine
 from .kill_restart import KillRestart
 from .metrics import EpochRecord, JobMetrics
+from .reconfiguration import Reconfiguration
 from .status_server import StatusServer
-from .training_controller import ExecutorCallError, TrainingController
+from .training import Training
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +67,8 @@ class PSApplicationMaster:
         self.status_server = StatusServer(self.status, self.request_checkpoint, host, 0, scale=self.request_scale)
         self.am_dir = Path(am_dir)
         self.checkpointer = Checkpointer(self.am_dir / "checkpoints", self.client)
-        self.training = TrainingController(spec, self.app, self.pool, self.metrics, self.client,
-                                           on_clock=self._after_clock)
+        self.training = Training.build(spec, self.app, self.pool, self.metrics, self.client,
+                                       on_clock=self._after_clock)
         self.resource = Resource(spec.executor_memory_mb, spec.executor_vcores)
         self.final_metrics: Optional[dict[str, float]] = None
         self.started = time.time()
@@ -74,17 +76,24 @@ class PSApplicationMaster:
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._checkpoint_requests: list[asyncio.Future[dict[str, Any]]] = []
-        # Elastic scaling: the ops that change the shape (the kill-based baseline for elastic_mode
-        # "kill"), the RM's shape directives acted on through them, and every change made so far.
+        # Elastic scaling: the reconfiguration steps, the mechanism composed of them that changes
+        # the shape (EPS's functions, or the kill-based baseline for elastic_mode "kill"; Cruise
+        # on top when the optimizer is "cruise"), the RM's shape directives acted on through it,
+        # and every change made so far.
         self.retiring: set[str] = set()          # containers stopped on purpose: their exit is no failure
         self.shape_history: list[dict[str, Any]] = []
-        self.elastic: Any = KillRestart(self) if spec.elastic_mode == "kill" else ElasticOps(
-            am, spec, self.pool, self.training, self.client, self.resource, lambda: self.job.phase,
-            retiring=self.retiring, on_start=self._publish_shape, on_record=self.record_shape_change)
+        self.steps = Reconfiguration(am, self.training, self.checkpointer, self.resource, self.retiring,
+                                     started=lambda: self.job.phase is JobPhase.TRAINING)
+        self.elastic: ElasticOps | KillRestart = (
+            KillRestart(spec, self.app, self.steps, lambda: self.job.phase, on_record=self.record_shape_change)
+            if spec.elastic_mode == "kill" else
+            ElasticOps(spec, self.steps, lambda: self.job.phase, on_start=self._publish_shape,
+                       on_record=self.record_shape_change))
         self.progress = ProgressTracker(spec.early_feedback_iterations)
         self.cruise: Optional[CruiseDriver] = None    # optimizer "cruise": built once training is set up
-        self.directives = DirectiveHandler(lambda: self.cruise or self.elastic, self.live_shape, spec.max_workers,
-                                           spec.max_servers, on_change=self._on_directive_change)
+        self.directives = DirectiveHandler(self._reshaper, self.live_shape, spec.max_workers,
+                                           spec.max_servers, on_change=self._on_directive_change,
+                                           placed=self._placed)
 
     # -- public ------------------------------------------------------------------------------
     def request_stop(self, reason: str = "stopped by SIGTERM") -> None:
@@ -99,9 +108,9 @@ class PSApplicationMaster:
             "state": self.job.phase.value, "diagnostics": self.job.diagnostics,
             "spec": self.spec.to_json(), "started": self.started,
             "shape": self.pool.shape_json(), "num_blocks": self.spec.num_blocks,
-            "table_version": self.training.controller.table.version if self.training.controller else None,
-            "epoch": self.training.epochs_done, "converged": self.training.converged,
-            "clocks": self.training.clocks_done, "clock_batches": self.training.pacer.batches,
+            "table_version": self.training.placement.version,
+            "epoch": self.training.loop.epochs_done, "converged": self.training.loop.converged,
+            "clocks": self.training.loop.clocks_done, "clock_batches": self.training.loop.pacer.batches,
             "initial_objective": self.metrics.initial_objective,
             "objective_history": [e.to_json() for e in self.metrics.epochs],
             "metrics": self.metrics.to_json(),
@@ -126,6 +135,13 @@ class PSApplicationMaster:
             return [r.to_json() for r in await self.elastic.scale(workers, servers)]
         except ElasticOpError as e:
             raise {400: BadRequest, 409: Conflict}.get(e.http_status, ApiError)(str(e)) from None
+
+    def _reshaper(self) -> Reshaper:
+        return self.cruise if self.cruise is not None else self.elastic
+
+    def _placed(self, nodes: tuple[str, ...]) -> bool:
+        """Whether every live executor runs on one of `nodes`."""
+        return all(e.container.node_id in nodes for e in self.pool.live())
 
     def live_shape(self) -> Shape:
         """Workers and servers serving now (launched executors that announced themselves)."""
@@ -188,27 +204,28 @@ class PSApplicationMaster:
         await self._launch(Role.WORKER, self.spec.workers)
         self.job.apply(JobEvent.WORKERS_READY)
         self._publish_shape()
-        await self.training.setup()
+        await self.training.setup(self.pool.ready(Role.SERVER), self.pool.ready(Role.WORKER))
         self.job.apply(JobEvent.INITIALISED)
         self.progress.start(time.time())
         self._publish_shape()
         if self.spec.optimizer == "cruise" and isinstance(self.elastic, ElasticOps):
-            self.cruise = build_cruise_driver(self)     # RM directives go through Cruise from now on
+            # RM directives go through Cruise from now on
+            self.cruise = build_cruise_driver(self.spec, self.app, self.steps, on_change=self._on_directive_change)
         self.directives.training_started()
         poller = asyncio.create_task(self._poll_status())
         try:
             if isinstance(self.elastic, KillRestart):
                 await self.elastic.train_with_restarts(self._after_epoch)
             else:
-                await self.training.train(self._after_epoch)
+                await self.training.loop.train(self._after_epoch)
         finally:
             poller.cancel()
         self.job.apply(JobEvent.TRAINED)
-        epochs = self.training.epochs_done
+        epochs = self.training.loop.epochs_done
         if not self.checkpointer.written or self.checkpointer.written[-1]["epoch"] != epochs:
             await self._checkpoint(epochs)
-        self.final_metrics = await self.training.evaluate()
-        await self.training.refresh_status()
+        self.final_metrics = await self.training.evaluation.evaluate()
+        await self.training.status.refresh()
         final = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
         return (f"final objective {final:.6g} after {epochs} epochs "
                 f"({'converged' if len(self.metrics.objectives) < self.app.hparams.max_epochs else 'epoch limit'}"  # type: ignore[attr-defined]
@@ -239,13 +256,12 @@ class PSApplicationMaster:
         if self.cruise is not None and not self._stop.is_set():
             await self.cruise.on_epoch(rec)
         if self._stop.is_set():
-            self.training.stop()
+            self.training.loop.stop()
 
     async def _checkpoint(self, epoch: int) -> dict[str, Any]:
         objective = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
         try:
-            info = await self.checkpointer.write(epoch, self.training.table, self.training.servers,
-                                                 {"objective": objective, "spec": self.spec.to_json()})
+            info = await self.steps.checkpoint(epoch, {"objective": objective, "spec": self.spec.to_json()})
         except Exception as e:
             self._resolve_checkpoints(e)
             raise
@@ -269,7 +285,7 @@ class PSApplicationMaster:
         last = rec or (self.metrics.epochs[-1] if self.metrics.epochs else None)
         if last is not None:
             extra.update(epoch=last.epoch, epoch_time_s=last.epoch_time_s, objective=last.objective)
-        self.progress.changing = self.directives.busy or bool(getattr(self.elastic, "changing", False))
+        self.progress.changing = self.directives.busy or self.steps.busy or self.elastic.changing
         self.am.set_shape(self.progress.report(self.live_shape(), self.resource, self.directives.applied_version,
                                                **extra))
 
@@ -284,7 +300,7 @@ class PSApplicationMaster:
         while True:
             await asyncio.sleep(STATUS_POLL_S)
             try:
-                await self.training.refresh_status()
+                await self.training.status.refresh()
             except Exception:  # noqa: BLE001 - status is best effort; failures surface elsewhere
                 log.debug("status poll failed", exc_info=True)
 
@@ -373,10 +389,8 @@ class PSApplicationMaster:
         return f"PS job failed in phase {self.job.phase.value}: {type(err).__name__}: {err}"
 
     async def _stop_executors(self) -> None:
-        self.training.stop()
-        live = [e for e in self.pool.live() if e.address]
-        await asyncio.gather(*(self.client.request(e.address, {"op": "shutdown"}) for e in live),
-                             return_exceptions=True)
+        self.training.loop.stop()
+        await self.training.rpc.shutdown(self.pool.live())
         try:
             await asyncio.wait_for(self.am.stop_all(), 15.0)
         except asyncio.TimeoutError:

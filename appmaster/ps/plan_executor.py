@@ -10,10 +10,10 @@ bookkeeping honest; this module only does the I/O, through a `PlanRuntime`:
     move(kind, blocks, src, dst)    model blocks: the store's two-step migration; input blocks:
                                     worker-to-worker transmission, handed over at a clock boundary
 
-`AmPlanRuntime` is the PS AM's runtime: it launches and retires executors like EPS does, moves
-model blocks with the migration controller alongside an epoch, and hands input splits over with
-EPS's worker-to-worker transmission (staged alongside an epoch, committed at the next boundary),
-sharing EPS's split ledger so both kinds of change see the same datasets.
+`AmPlanRuntime` is the PS AM's runtime: each operation is a composition of the reconfiguration
+layer's steps (appmaster.ps.reconfiguration) -- launch / retire executors, move model blocks
+alongside an epoch, stage input splits alongside an epoch and commit them at the next boundary,
+switch a role -- sharing the job's split ledger with EPS.
 
 Failure: the first failed op stops new ops from starting; ops already running finish (each is
 atomic on its own: a migration either lands or leaves the block with its source), then
@@ -33,8 +33,8 @@ from appmaster.cruise.targets import Role
 
 from .eps_decisions import Transfer
 from .eps_records import ElasticOpRecord
-from .eps_split_transfers import SplitTransmitter
 from .executor_pool import Role as PoolRole
+from .reconfiguration import Reconfiguration
 
 log = logging.getLogger(__name__)
 
@@ -208,150 +208,70 @@ class PlanExecutor:
 
 # ---- the PS AM's runtime -------------------------------------------------------------------------
 
-WAIT_POLL_S = 0.05
-
-
-def _index(executor_id: str) -> tuple[int, str]:
-    return int(executor_id.rsplit("-", 1)[1]), executor_id
-
-
 class AmPlanRuntime:
-    """`PlanRuntime` over the PS AM: its executor pool, training controller and EPS machinery.
+    """`PlanRuntime` over the PS AM's reconfiguration steps (appmaster.ps.reconfiguration).
 
     Runs while the BSP loop trains (plans start from an epoch-boundary hook, as a background task):
     model moves overlap an epoch (whose end waits for them), input splits are staged alongside an
-    epoch and change hands at the next boundary, so no mini-batch is trained twice or skipped.
+    epoch and change hands at the next boundary, so no mini-batch is trained twice or skipped. It
+    shares the job's split ledger with EPS, so both kinds of change see the same datasets.
+    `nodes`: where added executors start (a placement directive's nodes; empty: anywhere).
     """
 
-    def __init__(self, am: Any, spec: Any, pool: Any, training: Any, elastic: Any, client: Any, resource: Any,
-                 block_bytes: Callable[[], float], launch_timeout_s: float = 120.0) -> None:
-        self.am, self.spec, self.pool, self.training = am, spec, pool, training
-        self.elastic, self.client, self.resource = elastic, client, resource
+    def __init__(self, steps: Reconfiguration, block_bytes: Callable[[], float]) -> None:
+        self.steps = steps
+        self.training = steps.training
         self.block_bytes = block_bytes            # bytes of one model block (for the bytes moved)
-        self.launch_timeout_s = launch_timeout_s
-        self.splits = SplitTransmitter(training, pool, client)   # EPS's worker-to-worker transmission
-        self._aborted = False
+        self.nodes: tuple[str, ...] = ()
         self._became_worker: dict[str, asyncio.Event] = {}
 
-    # -- helpers -------------------------------------------------------------------------------
-    def _record(self, op: str, n: int) -> Any:
-        return ElasticOpRecord(op, n, time.time(), self.training.epochs_done, len(self.training.workers),
-                               len(self.training.servers))
-
-    def _rec(self, executor: str) -> Any:
-        rec = self.pool.executors.get(executor)
-        if rec is None:
-            raise RuntimeError(f"no executor {executor}")
-        return rec
-
-    def _sync_workers(self) -> None:
-        """The BSP barrier = workers that hold active splits (ledger order by index)."""
-        ledger = self.elastic._splits()
-        members = sorted((w for w, s in ledger.active.items() if s), key=_index)
-        self.training.workers = [self._rec(w) for w in members]
-        for w in ledger.active:
-            self._rec(w).blocks = ledger.active_of(w)
-
-    def _sync_servers(self, servers: Sequence[Any]) -> None:
-        table = self.training.table
-        self.training.servers = sorted(servers, key=lambda r: _index(r.executor_id))
-        for s in self.training.servers:
-            s.blocks = table.blocks_owned_by(s.executor_id)
+    def _record(self, op: str, n: int) -> ElasticOpRecord:
+        w, s = self.training.membership.shape()
+        return ElasticOpRecord(op, n, time.time(), self.training.loop.epochs_done, w, s)
 
     def abort(self) -> None:
-        self._aborted = True
+        self.steps.aborted.set()
         for ev in self._became_worker.values():
             ev.set()
 
     def reset(self) -> None:
-        self._aborted = False
+        self.steps.aborted.clear()
         # Keep only the events of executors that are workers now (set ones that still mean it).
-        ledger = self.elastic._splits()
+        ledger = self.steps.splits()
         self._became_worker = {e: ev for e, ev in self._became_worker.items() if e in ledger.active and ev.is_set()}
-
-    async def _wait_new(self, role: Any, before: set[str], n: int) -> list[Any]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.launch_timeout_s
-        while True:
-            new = [e for i, e in self.pool.executors.items() if i not in before and e.role is role]
-            ready = [e for e in new if e.state.value == "READY"]
-            if len(ready) >= n:
-                return sorted(ready, key=lambda e: _index(e.executor_id))[:n]
-            dead = [e.executor_id for e in new if e.state.value == "EXITED"]
-            if dead:
-                raise RuntimeError(f"new {role.value}s {dead} exited before they started")
-            if self._aborted:
-                raise RuntimeError("the plan was aborted")
-            if loop.time() > deadline:
-                raise asyncio.TimeoutError(f"{len(ready)} of {n} new {role.value}s ready after "
-                                           f"{self.launch_timeout_s:.0f}s")
-            await asyncio.sleep(WAIT_POLL_S)
 
     # -- the four operations -------------------------------------------------------------------
     async def add(self, role: Role, n: int) -> list[str]:
         prole = PoolRole(role.value)
-        before = set(self.pool.executors)
-        ask_id = self.am.add_ask(n, self.resource, tag=prole.value)
-        try:
-            new = await self._wait_new(prole, before, n)
-            await self.training.call_all(new, self.training.app_setup_request())
-            ctl = self.training.controller
+        new = await self.steps.launch(prole, n, self._record("cruise_add", n), self.nodes)
+        if prole is PoolRole.WORKER:
+            ledger = self.steps.splits()
             for e in new:
-                ctl.add_executor(e.executor_id, e.address)
-            await ctl.broadcast()
-            if prole is PoolRole.WORKER:
-                await asyncio.gather(*(self.training.call(e, {"op": "eps_join"}) for e in new))
-                ledger = self.elastic._splits()
-                for e in new:
-                    ledger.add_worker(e.executor_id)
-                    self._became_worker.setdefault(e.executor_id, asyncio.Event()).set()
-            else:
-                self._sync_servers(self.training.servers + new)
-            return [e.executor_id for e in new]
-        except BaseException:
-            try:
-                self.am.set_ask_count(ask_id, 0)
-            except Exception:  # noqa: BLE001 - the ask may already be fully granted
-                pass
-            started = [e for i, e in self.pool.executors.items() if i not in before]
-            await self.elastic._retire(self._record("cruise_add", n), started, released=False)
-            raise
+                ledger.add_worker(e.executor_id)
+                self._became_worker.setdefault(e.executor_id, asyncio.Event()).set()
+        else:
+            self.training.membership.add_servers(new)
+            self.training.placement.refresh_server_blocks()
+        return [e.executor_id for e in new]
 
     async def delete(self, executor: str) -> None:
-        rec = self._rec(executor)
-        ledger = self.elastic._splits()
+        steps = self.steps
+        rec = steps.executor(executor)
+        ledger = steps.splits()
         if executor in ledger.active:
             ledger.remove_worker(executor)           # refuses while it still has active splits
-            self._sync_workers()
-        self._sync_servers([s for s in self.training.servers if s.executor_id != executor])
-        ctl = self.training.controller
-        ctl.remove_executor(executor)                # refuses while it still owns model blocks
-        await ctl.broadcast()
-        await self.training.clock_boundary()         # no worker request in flight to it (see EPS's remove)
-        await self.elastic._retire(self._record("cruise_delete", 1), [rec])
+            steps.sync_workers_with_ledger()
+        self.training.membership.remove_servers([executor])
+        await self.training.placement.forget([executor])   # refuses while it still owns model blocks
+        await steps.wait_boundary()                  # no worker request in flight to it (see EPS's remove)
+        await steps.retire([rec], self._record("cruise_delete", 1))
 
     async def switch(self, executor: str, role: Role) -> None:
-        rec = self._rec(executor)
-        if rec.role.value == role.value:
-            return
+        rec = self.steps.executor(executor)
+        await self.steps.switch_role(rec, PoolRole(role.value))
         if role is Role.SERVER:
-            ledger = self.elastic._splits()
-            if executor in ledger.active:
-                ledger.remove_worker(executor)       # refuses while it still has active splits
-            self._sync_workers()
-            await self.training.call(rec, {"op": "switch_role", "role": "server"})
-            rec.role, rec.blocks = PoolRole.SERVER, []
             self._became_worker.pop(executor, None)
-            self._sync_servers(self.training.servers + [rec])
         else:
-            owned = self.training.table.blocks_owned_by(executor)
-            if owned:
-                raise RuntimeError(f"{executor} still owns model blocks {owned[:5]}")
-            self._sync_servers([s for s in self.training.servers if s.executor_id != executor])
-            await self.training.call(rec, {"op": "switch_role", "role": "worker"})
-            rec.role, rec.blocks = PoolRole.WORKER, []
-            await self.training.call(rec, {"op": "eps_join"})
-            self.elastic._splits().add_worker(executor)
             self._became_worker.setdefault(executor, asyncio.Event()).set()
 
     async def move(self, kind: BlockKind, blocks: Sequence[int], src: str, dst: str, src_leaving: bool) -> int:
@@ -360,36 +280,31 @@ class AmPlanRuntime:
         return await self._move_input(list(blocks), src, dst, src_leaving)
 
     async def _move_model(self, blocks: list[int], src: str, dst: str) -> int:
-        ctl = self.training.controller
-
-        async def step() -> int:
-            await ctl.move(blocks, src, dst)
-            self._sync_servers(self.training.servers)
-            return len(blocks)
-
-        await self.training.overlap_epoch(step)
+        rec = self._record("cruise_move", len(blocks))
+        await self.steps.move_model_blocks(rec, [Transfer(b, src, dst) for b in blocks])
         return int(len(blocks) * self.block_bytes())
 
     async def _move_input(self, blocks: list[int], src: str, dst: str, src_leaving: bool) -> int:
-        ledger = self.elastic._splits()
+        steps = self.steps
+        ledger = steps.splits()
         rec = self._record("cruise_move", len(blocks))
         # The destination may be a server switching to worker in this plan: the data is staged
         # meanwhile (any executor can hold it), the hand-over waits until it is a worker.
         inactive = set(ledger.inactive.get(dst, ()))
         transfers = [Transfer(b, src, dst, reactivate=b in inactive) for b in blocks]
-        await self.splits.stage(rec, [t for t in transfers if not t.reactivate])
+        await steps.stage_splits(rec, transfers)
         if dst not in ledger.active:
             ev = self._became_worker.setdefault(dst, asyncio.Event())
-            await asyncio.wait_for(ev.wait(), self.launch_timeout_s)
-            if self._aborted or dst not in ledger.active:
-                await self.splits.discard_staged(transfers)
+            await asyncio.wait_for(ev.wait(), steps.launch_timeout_s)
+            if steps.aborted.is_set() or dst not in ledger.active:
+                await steps.discard_staged(transfers)
                 raise RuntimeError(f"{dst} did not become a worker")
 
         async def handover() -> None:
             try:
-                await self.splits.commit(rec, transfers, ledger, keep_inactive=not src_leaving)
+                await steps.commit_splits(rec, transfers, keep_inactive=not src_leaving)
             finally:
-                self._sync_workers()
+                steps.sync_workers_with_ledger()
 
-        await self.training.at_boundary(handover)
+        await steps.at_boundary(handover)
         return int(rec.bytes_sent)

@@ -1,0 +1,239 @@
+"""A PS job's training loop: BSP or SSP clocks of mini-batches, epoch by epoch, paced by the AM.
+
+Training runs in clocks (BSP iterations): in each clock every worker runs its next `clock_batches`
+mini-batches of the epoch (appmaster.ps.clock_pacing; the worker keeps its place in each block
+across clocks), flushes, and the AM waits for all of them (the barrier). An epoch ends when every
+input block had its pass; then the objective is gathered with no push in flight, so it is exact.
+SSP lets each worker start clock c while the slowest has finished at least c-s clocks; a worker's
+part of the objective of epoch e is taken when it finished its pass of e, and the epoch's objective
+once every worker has (approximate: faster workers may be ahead). Stops at the app's convergence
+rule (which includes max_epochs), or at a clock boundary when asked to (`stop`).
+
+Elastic changes hook into the BSP loop through its `boundaries` (appmaster.ps.boundary_scheduler).
+`iterations` counts mini-batch rounds (per clock, the most any worker ran) and `on_clock` is called
+after every clock, so progress reports (early feedback) move per clock. With the spec's
+`audit_updates`, every mini-batch also pushes +1 to AUDIT_KEY and at every BSP epoch's end the
+servers' count must equal the workers' (the exactly-once audit).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import Awaitable, Callable, Optional
+
+from protocol import executor_ops as ops
+from protocol.ps_job_spec import PSJobSpec
+from psruntime.apps.base import ObjectivePart, PSApp
+from psruntime.dataplane import DataPlaneClient
+from psruntime.frame_codec import Frame
+from psruntime.store_client import StoreClient
+
+from .boundary_scheduler import BoundaryScheduler
+from .clock_pacing import ClockPacer
+from .evaluation import Evaluation
+from .executor_pool import ExecutorRecord
+from .executor_rpc import ExecutorRpc
+from .membership import Membership
+from .metrics import EpochRecord, JobMetrics
+from .model_placement import ModelPlacement
+
+log = logging.getLogger(__name__)
+
+EpochHook = Callable[[EpochRecord], Awaitable[None]]
+
+AUDIT_KEY = "eps:minibatches"   # with spec.audit_updates: +1 per mini-batch, counted by the servers
+
+
+class ClockLoop:
+    """Epochs of BSP / SSP clocks over the job's members (see the module doc)."""
+
+    def __init__(self, spec: PSJobSpec, app: PSApp, rpc: ExecutorRpc, client: DataPlaneClient,
+                 membership: Membership, placement: ModelPlacement, evaluation: Evaluation, metrics: JobMetrics,
+                 wall_clock: Callable[[], float] = time.time, on_clock: Optional[Callable[[], None]] = None) -> None:
+        self.spec = spec
+        self.app = app
+        self.rpc = rpc
+        self.client = client
+        self.membership = membership
+        self.placement = placement
+        self.evaluation = evaluation
+        self.metrics = metrics
+        self.wall_clock = wall_clock
+        self.on_clock = on_clock                    # called after every BSP clock (progress reports)
+        self.epochs_done = 0
+        self.converged = False
+        self.iterations = 0                         # mini-batch rounds: per clock, the most any worker ran
+        self.clocks_done = 0                        # BSP clocks (iterations) run
+        self.pacer = ClockPacer(spec.clock_batches)
+        # spec.audit_updates: the servers' count of applied mini-batches and the workers' count of
+        # mini-batches run; under BSP both are compared at every epoch's end (nothing in flight).
+        self.minibatches_applied: Optional[int] = None
+        self.minibatches_run = 0
+        self.audit_mismatches: list[dict[str, int]] = []
+        self._stop = False
+        self._looping = False
+        self.boundaries = BoundaryScheduler(self._why_closed)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop
+
+    def _why_closed(self) -> Optional[str]:
+        if self.spec.sync != "bsp":
+            return "elastic changes need BSP training (this job runs SSP)"
+        if not self._looping or self.converged or self._stop:
+            return "training is not running"
+        return None
+
+    def stop(self) -> None:
+        """Stop at the next clock boundary (the job is being shut down, paused or restarted)."""
+        self._stop = True
+
+    def resume(self) -> None:
+        """Allow `train` to run again after a stop (a restarted job continues its epochs)."""
+        self._stop = False
+
+    def recheck_convergence(self) -> None:
+        self.converged = self.app.is_converged(self.metrics.objectives)
+
+    async def train(self, on_epoch: EpochHook) -> None:
+        """Train until converged or stopped."""
+        if self.spec.sync == "ssp":
+            await self._train_ssp(on_epoch)
+        else:
+            await self._train_bsp(on_epoch)
+
+    def _finish_epoch(self, epoch: int, objective: float, seconds: float) -> EpochRecord:
+        rec = EpochRecord(epoch=epoch, objective=objective, epoch_time_s=seconds, time=self.wall_clock())
+        self.metrics.record_epoch(rec)
+        self.epochs_done = epoch + 1
+        self.recheck_convergence()
+        log.info("epoch %d objective %.6g (%.3fs)%s", epoch, objective, seconds,
+                 " converged" if self.converged else "")
+        return rec
+
+    def _clock_request(self, num_workers: int, epoch: int) -> ops.RunClock:
+        return ops.RunClock(epoch=epoch, batches=self.pacer.batches, num_workers=num_workers,
+                            count_key=AUDIT_KEY if self.spec.audit_updates else None)
+
+    def _record_batches(self, rec: ExecutorRecord, frame: Frame) -> None:
+        if len(frame.arrays) == 2:
+            self.metrics.record_batches(rec.executor_id, frame.arrays[0], frame.arrays[1])
+
+    # -- BSP ----------------------------------------------------------------------------------
+    async def _train_bsp(self, on_epoch: EpochHook) -> None:
+        self._looping = True
+        try:
+            while not (self.converged or self._stop):
+                epoch = self.epochs_done
+                t0 = time.perf_counter()
+                self.boundaries.begin_epoch()
+                try:
+                    finished = await self._run_clocks(epoch)
+                except BaseException:
+                    await self.boundaries.abort_epoch()
+                    raise
+                # Barrier: transmissions overlapping this epoch end before its objective (and before
+                # a checkpoint, even when training stops mid-epoch).
+                await self.boundaries.end_epoch()
+                if not finished:
+                    return          # stopped at a clock boundary, in the middle of the epoch
+                seconds = time.perf_counter() - t0
+                if self.spec.audit_updates:
+                    await self._check_audit(epoch)
+                await on_epoch(self._finish_epoch(epoch, await self.evaluation.objective(), seconds))
+        finally:
+            self._looping = False
+            self.boundaries.close()
+
+    async def _run_clocks(self, epoch: int) -> bool:
+        """The clocks of `epoch` until every worker's blocks had their pass; False if stopped at a
+        clock boundary first. Boundary steps run before each clock, while no worker trains."""
+        while True:
+            await self.boundaries.run_boundary()
+            if self._stop:
+                return False
+            workers = self.membership.workers
+            frames = await self.rpc.frames_all(workers, self._clock_request(len(workers), epoch))
+            replies = [ops.decode_reply(f.header, ops.RunClockReply) for f in frames]
+            self._end_clock(workers, frames, replies)
+            if all(r.epoch_done for r in replies):
+                return True
+
+    def _end_clock(self, workers: list[ExecutorRecord], frames: list[Frame], replies: list[ops.RunClockReply]) -> None:
+        for w, f in zip(workers, frames):
+            self._record_batches(w, f)
+        slowest = max(replies, key=lambda r: r.seconds, default=None)
+        if slowest is not None:
+            self.pacer.observe(slowest.batches, slowest.seconds)
+        self.iterations += max((r.batches for r in replies), default=0)
+        self.minibatches_run += sum(r.batches for r in replies)
+        self.clocks_done += 1
+        if self.on_clock is not None:
+            self.on_clock()
+
+    async def _check_audit(self, epoch: int) -> None:
+        """Exactly-once audit at an epoch's end: every mini-batch run was applied once."""
+        got = await StoreClient(self.placement.table, self.client).pull([AUDIT_KEY])
+        self.minibatches_applied = int(got[AUDIT_KEY][0]) if AUDIT_KEY in got else 0
+        if self.minibatches_applied != self.minibatches_run:
+            log.error("audit: after epoch %d the servers applied %d mini-batches, the workers ran %d",
+                      epoch, self.minibatches_applied, self.minibatches_run)
+            self.audit_mismatches.append({"epoch": epoch, "applied": self.minibatches_applied,
+                                          "run": self.minibatches_run})
+
+    # -- SSP ----------------------------------------------------------------------------------
+    async def _train_ssp(self, on_epoch: EpochHook) -> None:
+        workers = self.membership.workers
+        staleness = self.spec.ssp_staleness
+        clocks = {w.executor_id: 0 for w in workers}       # clocks each worker finished (this run)
+        parts: dict[int, dict[str, ObjectivePart]] = defaultdict(dict)
+        started: dict[int, float] = {}
+        changed = asyncio.Condition()
+        finished_epochs: asyncio.Queue[int] = asyncio.Queue()
+
+        def may_start(clock: int) -> bool:
+            return self.converged or self._stop or clock - min(clocks.values()) <= staleness
+
+        async def run(w: ExecutorRecord) -> None:
+            epoch, clock = self.epochs_done, 0
+            while True:
+                async with changed:
+                    await changed.wait_for(lambda: may_start(clock))
+                if self.converged or self._stop:
+                    return
+                started.setdefault(epoch, time.perf_counter())
+                f = await self.rpc.frame(w, self._clock_request(len(workers), epoch))
+                r = ops.decode_reply(f.header, ops.RunClockReply)
+                self._record_batches(w, f)
+                self.pacer.observe(r.batches, r.seconds)
+                if r.epoch_done:
+                    # This worker's part of the epoch objective (approximate: others may be ahead).
+                    parts[epoch][w.executor_id] = await self.evaluation.worker_part(w)
+                    if len(parts[epoch]) == len(workers):
+                        finished_epochs.put_nowait(epoch)
+                    epoch += 1
+                clock += 1
+                async with changed:
+                    clocks[w.executor_id] = clock
+                    changed.notify_all()
+
+        async def collect() -> None:
+            while not (self.converged or self._stop):
+                epoch = await finished_epochs.get()
+                seconds = time.perf_counter() - started[epoch]
+                objective = float(self.app.combine(list(parts.pop(epoch).values()),
+                                                   await self.evaluation.server_parts()))
+                await on_epoch(self._finish_epoch(epoch, objective, seconds))
+            async with changed:
+                changed.notify_all()
+
+        runners = [asyncio.create_task(run(w)) for w in workers]
+        try:
+            await collect()
+            await asyncio.gather(*runners)
+        finally:
+            for t in runners:
+                t.cancel()

@@ -1,0 +1,113 @@
+"""Where a PS job's model lives: the ownership table of its blocks, and binding executors to it.
+
+`place` spreads the blocks round-robin over the servers, broadcasts the table to every executor and
+binds each to the app (`app_setup`); `setup_worker` has a worker generate (or load) its input
+partition. Afterwards the table changes only through here: executors join (`register`, the EPS
+dependency update), leave (`forget`), and blocks move server to server with the elastic store's
+two-step protocol (`move`, psruntime.migration_controller), each change broadcast.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Iterable, Optional
+
+from protocol import executor_ops as ops
+from protocol.ps_job_spec import PSJobSpec
+from psruntime.dataplane import DataPlaneClient
+from psruntime.migration_controller import MigrationController
+from psruntime.ownership_table import OwnershipTable
+
+from .executor_pool import ExecutorRecord
+from .executor_rpc import ExecutorRpc
+from .membership import Membership
+
+
+class ModelPlacement:
+    """The job's ownership table and the calls that set executors up around it."""
+
+    def __init__(self, spec: PSJobSpec, rpc: ExecutorRpc, client: DataPlaneClient, membership: Membership) -> None:
+        self.spec = spec
+        self.rpc = rpc
+        self.client = client
+        self.membership = membership
+        self._controller: Optional[MigrationController] = None
+
+    @property
+    def placed(self) -> bool:
+        return self._controller is not None
+
+    @property
+    def controller(self) -> MigrationController:
+        if self._controller is None:
+            raise RuntimeError("the model is not placed yet (ModelPlacement.place)")
+        return self._controller
+
+    @property
+    def table(self) -> OwnershipTable:
+        return self.controller.table
+
+    @property
+    def version(self) -> Optional[int]:
+        return self._controller.table.version if self._controller is not None else None
+
+    def app_setup_request(self) -> ops.AppSetup:
+        """The `app_setup` op that binds an executor to this job's app, data spec and hparams."""
+        return ops.AppSetup(app=self.spec.app, data=self.spec.app_data(), hparams=self.spec.app_hparams())
+
+    async def place(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord]) -> None:
+        """Make `servers` and `workers` the job's executors: the blocks round-robin over the servers
+        (broadcast to everyone), and every executor bound to the app."""
+        self.membership.set(servers, workers)
+        everyone = servers + workers
+        table = OwnershipTable.round_robin(self.spec.num_blocks, [s.executor_id for s in servers],
+                                           {e.executor_id: e.address for e in everyone})
+        self._controller = MigrationController(table, self.client)
+        await self._controller.broadcast()
+        for s in servers:
+            s.blocks = table.blocks_owned_by(s.executor_id)
+        await self.rpc.send_all(everyone, self.app_setup_request())
+
+    async def setup_worker(self, worker: ExecutorRecord, partition: int, num_partitions: int) -> None:
+        """Have `worker` generate (or load) input partition `partition` of `num_partitions`."""
+        r = await self.rpc.call(worker, ops.WorkerSetup(partition=partition, num_partitions=num_partitions),
+                                ops.WorkerSetupReply)
+        worker.partition = partition
+        worker.data_bytes = r.data_bytes
+        worker.blocks = list(r.blocks)
+
+    async def bind(self, executors: list[ExecutorRecord]) -> None:
+        """Bind newly started executors to the app (EPS barrier 1)."""
+        await self.rpc.send_all(executors, self.app_setup_request())
+
+    async def register(self, executors: Iterable[ExecutorRecord]) -> None:
+        """Dependency update: every executor learns the newcomers' addresses (and they the table)."""
+        for e in executors:
+            self.controller.add_executor(e.executor_id, e.address)
+        await self.controller.broadcast()
+
+    async def forget(self, executor_ids: Iterable[str]) -> None:
+        """Executors leave every server list (they must own no blocks any more); broadcast."""
+        for e in executor_ids:
+            self.controller.remove_executor(e)
+        await self.controller.broadcast()
+
+    def drop_address(self, executor_id: str) -> None:
+        """Forget a gone executor's address without a broadcast (it never owned blocks, or is lost)."""
+        if self._controller is not None:
+            self._controller.table.addresses.pop(executor_id, None)
+
+    def blocks_of(self, executor_id: str) -> list[int]:
+        return self.table.blocks_owned_by(executor_id)
+
+    async def move(self, blocks: list[int], src: str, dst: str) -> int:
+        """Move model `blocks` from `src` to `dst` (two-step migration + broadcast); the new version."""
+        return await self.controller.move(blocks, src, dst)
+
+    async def move_routes(self, routes: dict[tuple[str, str], list[int]]) -> None:
+        """Several moves at once, one per (src, dst) route."""
+        await asyncio.gather(*(self.move(blocks, src, dst) for (src, dst), blocks in routes.items()))
+
+    def refresh_server_blocks(self) -> None:
+        """Each serving executor's record shows the blocks it owns now."""
+        for s in self.membership.servers:
+            s.blocks = self.table.blocks_owned_by(s.executor_id)

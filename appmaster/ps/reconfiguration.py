@@ -1,0 +1,280 @@
+"""The reconfiguration layer: the steps every reshaping of a running PS job is made of.
+
+EPS's four functions (appmaster.ps.elastic_ops), Cruise's plan operations (appmaster.ps.
+plan_executor), the kill-based baseline (appmaster.ps.kill_restart) and the RM's shape directives
+(appmaster.ps.directives) are compositions of these steps; none of them reaches into another's
+internals, and all of them share the one `Reconfiguration` of the job (its split ledger and its
+one-change-at-a-time guard).
+
+The steps and their contract:
+
+    launch(role, n, nodes)       ask the RM for n containers (on exactly `nodes` when given: locality
+                                 is not relaxed), start executors in them, bind them to the app,
+                                 register their addresses with every executor (EPS barrier 1). All or
+                                 nothing: on failure the ask is withdrawn and what started is retired.
+    retire(executors)            stop executors that left the job and give their containers back
+                                 (EPS barrier 3); their exits are expected, not failures. The caller
+                                 makes sure no request is still on its way to them (wait_boundary).
+    move_model_blocks(moves)     server-to-server migration with the store's two-step protocol,
+                                 alongside the running epoch, whose end waits for it.
+    stage_splits(transfers)      worker-to-worker input data, alongside the running epoch.
+    commit_splits(transfers)     at a clock boundary: the splits' worker-local state follows (with its
+                                 place in the epoch) and the ledger records the new holders.
+    switch_role(executor, role)  worker <-> server in place (it holds nothing of its old role).
+    wait_boundary()              the next clock boundary (every worker flushed).
+    at_boundary(fn) / overlap_epoch(fn)   run a composite step at those points (boundary_scheduler).
+    checkpoint(epoch, ...)       every server block to the AM's durable dir (appmaster.ps.checkpoints).
+    restore(directory, servers)  those blocks back onto (new) servers.
+    pause() / resume()           stop training at the next clock boundary / let it run again.
+
+Exactly-once: model blocks move with the store's protocol (every update reaches a block once, at
+the source before the snapshot or at the destination after); input splits change hands only at a
+clock boundary, while no worker trains, carrying their place in the epoch.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence, TypeVar
+
+from protocol import executor_ops as ops
+from protocol.records import Resource
+
+from ..am_client import ApplicationMaster
+from .checkpoints import Checkpointer
+from .eps_datasets import SplitLedger
+from .eps_decisions import Transfer, group_by_route
+from .eps_records import ElasticBusy, ElasticOpFailed, ElasticOpRecord
+from .eps_split_transfers import SplitTransmitter
+from .executor_pool import ExecutorRecord, Role
+from .membership import by_index
+from .training import Training
+
+log = logging.getLogger(__name__)
+
+LAUNCH_TIMEOUT_S = 120.0
+T = TypeVar("T")
+
+
+class ChangeBusy(ElasticBusy):
+    """Another reshaping runs: one change of a job's shape at a time."""
+
+
+class LaunchFailed(ElasticOpFailed):
+    """New executors did not start (no containers in time, or they exited before announcing)."""
+
+
+class Reconfiguration:
+    """The reconfiguration steps over one PS job's training parts (see the module doc)."""
+
+    def __init__(self, am: ApplicationMaster, training: Training, checkpointer: Checkpointer, resource: Resource,
+                 retiring: set[str], started: Callable[[], bool], launch_timeout_s: float = LAUNCH_TIMEOUT_S) -> None:
+        self.am = am
+        self.training = training
+        self.checkpointer = checkpointer
+        self.resource = resource
+        # Containers stopped on purpose: the master treats their exits as expected.
+        self.retiring = retiring
+        self.started = started                      # whether training has begun (partitions exist)
+        self.launch_timeout_s = launch_timeout_s
+        self.splits_moved = SplitTransmitter(training.rpc, training.pool, training.loop.boundaries)
+        self._ledger: Optional[SplitLedger] = None
+        self._current: Optional[str] = None
+        self.aborted = asyncio.Event()              # a failed plan: launches waiting on it give up
+
+    # -- one change at a time --------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self._current is not None
+
+    @property
+    def current(self) -> Optional[str]:
+        """What change runs now (None: none)."""
+        return self._current
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, what: str) -> AsyncIterator[None]:
+        """Hold the job's one change slot for `what`; ChangeBusy (nothing done) if it is taken."""
+        if self._current is not None:
+            raise ChangeBusy(f"another change is running ({self._current})")
+        self._current = what
+        try:
+            yield
+        finally:
+            self._current = None
+
+    # -- what the job holds ----------------------------------------------------------------------
+    def splits(self) -> SplitLedger:
+        """EPS's two-dataset ledger, built from the workers' partitions once training has begun
+        (before that the partitions are not generated yet)."""
+        if self._ledger is not None:
+            return self._ledger
+        ledger = SplitLedger()
+        for w in self.training.membership.workers:
+            ledger.add_worker(w.executor_id, w.blocks)
+        if self.started():
+            self._ledger = ledger
+        return ledger
+
+    @property
+    def ledger_ready(self) -> bool:
+        """Whether the split ledger exists (training has begun)."""
+        return self._ledger is not None
+
+    def split_count(self) -> int:
+        return sum(len(s) for s in self.splits().active.values())
+
+    def executor(self, executor_id: str) -> ExecutorRecord:
+        rec = self.training.pool.executors.get(executor_id)
+        if rec is None:
+            raise ElasticOpFailed(f"no executor {executor_id}")
+        return rec
+
+    def sync_workers_with_ledger(self) -> None:
+        """The BSP barrier = the workers holding active splits; each record lists its splits."""
+        ledger = self.splits()
+        self.training.membership.set_workers(self.executor(w) for w, s in ledger.active.items() if s)
+        for w in ledger.active:
+            self.executor(w).blocks = ledger.active_of(w)
+
+    # -- executors in and out ----------------------------------------------------------------------
+    async def start_executors(self, role: Role, n: int, nodes: Sequence[str] = ()) -> list[ExecutorRecord]:
+        """Ask for n containers (on `nodes`, strictly, when given) and wait until the executors in
+        them announce themselves; nothing bound yet (a restart places them afresh). On failure the
+        ask is withdrawn and what started is retired."""
+        pool = self.training.pool
+        before = set(pool.executors)
+        ask_id = self.am.add_ask(n, self.resource, tag=role.value, nodes=list(nodes) or None,
+                                 relax_locality=not nodes)
+        try:
+            return await pool.wait_new(role, before, n, self.launch_timeout_s, self.aborted)
+        except BaseException as e:
+            try:
+                self.am.set_ask_count(ask_id, 0)
+            except Exception:  # noqa: BLE001 - the ask may already be fully granted
+                pass
+            await self.retire([x for i, x in pool.executors.items() if i not in before], released=False)
+            if isinstance(e, (asyncio.TimeoutError, RuntimeError)):
+                raise LaunchFailed(f"the new {role.value}s did not start: {e}") from None
+            raise
+
+    async def launch(self, role: Role, n: int, rec: ElasticOpRecord, nodes: Sequence[str] = ()) -> list[ExecutorRecord]:
+        """Start n executors (see `start_executors`), bind them to the app and register their
+        addresses with every executor; all or nothing (see the module doc)."""
+        new = await self.start_executors(role, n, nodes)
+        try:
+            rec.executors_added += [e.executor_id for e in new]
+            rec.containers_added += [e.container_id for e in new]
+            await self.training.placement.bind(new)
+            if role is Role.WORKER:
+                await self.training.rpc.send_all(new, ops.EpsJoin())
+            await self.training.placement.register(new)
+            return new
+        except BaseException:
+            await self.retire(new, rec, released=False)
+            raise
+
+    async def retire_all(self, timeout_s: float) -> list[ExecutorRecord]:
+        """Stop every live executor of the job and wait until their containers are reported gone."""
+        old = self.training.pool.live()
+        await self.retire(old, released=False)
+        await self.training.pool.wait_exited(old, timeout_s)
+        return old
+
+    async def retire(self, executors: Sequence[ExecutorRecord], rec: Optional[ElasticOpRecord] = None,
+                     released: bool = True) -> None:
+        """Stop executors that left the job and give their containers back to the RM."""
+        pool = self.training.pool
+        for e in executors:
+            self.retiring.add(e.container_id)
+            pool.retire(e)
+            self.training.placement.drop_address(e.executor_id)
+        await self.training.rpc.shutdown(executors)
+        await asyncio.gather(*(self.am.stop(e.container) for e in executors), return_exceptions=True)
+        if released and rec is not None:
+            rec.executors_removed += [e.executor_id for e in executors]
+            rec.containers_released += [e.container_id for e in executors]
+
+    async def switch_role(self, executor: ExecutorRecord, role: Role) -> None:
+        """Switch `executor` to `role` in place; it must hold nothing of its old role."""
+        membership = self.training.membership
+        if executor.role is role:
+            return
+        if role is Role.SERVER:
+            ledger = self.splits()
+            if executor.executor_id in ledger.active:
+                ledger.remove_worker(executor.executor_id)   # refuses while it still has active splits
+            self.sync_workers_with_ledger()
+            await self.training.rpc.send(executor, ops.SwitchRole(role="server"))
+            executor.role, executor.blocks = Role.SERVER, []
+            membership.add_servers([executor])
+            self.training.placement.refresh_server_blocks()
+        else:
+            owned = self.training.placement.blocks_of(executor.executor_id)
+            if owned:
+                raise ElasticOpFailed(f"{executor.executor_id} still owns model blocks {owned[:5]}")
+            membership.remove_servers([executor.executor_id])
+            await self.training.rpc.send(executor, ops.SwitchRole(role="worker"))
+            executor.role, executor.blocks = Role.WORKER, []
+            await self.training.rpc.send(executor, ops.EpsJoin())
+            self.splits().add_worker(executor.executor_id)
+
+    # -- model blocks and input splits -------------------------------------------------------------
+    async def move_model_blocks(self, rec: ElasticOpRecord, moves: Sequence[Transfer],
+                                drop: Sequence[ExecutorRecord] = ()) -> None:
+        """Server-to-server parameter transmission alongside an epoch, which ends once it is done;
+        `drop` leave the server list within the same step (they own nothing by then)."""
+        if not moves and not drop:
+            return
+        placement, membership = self.training.placement, self.training.membership
+        rec.transfers += [{"kind": "block", **t.to_json()} for t in moves]
+
+        async def step() -> int:
+            await placement.move_routes(group_by_route(list(moves)))
+            if drop:
+                membership.remove_servers(d.executor_id for d in drop)
+            placement.refresh_server_blocks()
+            return len(moves)
+
+        moved, lost = await self.overlap_epoch(step)
+        rec.blocks_moved += moved
+        rec.training_time_lost_s += lost
+
+    async def stage_splits(self, rec: ElasticOpRecord, transfers: Sequence[Transfer]) -> None:
+        """Worker-to-worker transmission of the splits' input data, alongside an epoch."""
+        await self.splits_moved.stage(rec, [t for t in transfers if not t.reactivate])
+
+    async def discard_staged(self, transfers: Sequence[Transfer]) -> None:
+        await self.splits_moved.discard_staged(list(transfers))
+
+    async def commit_splits(self, rec: ElasticOpRecord, transfers: Sequence[Transfer], keep_inactive: bool) -> None:
+        """Hand the splits over (call at a clock boundary: inside `at_boundary`)."""
+        await self.splits_moved.commit(rec, list(transfers), self.splits(), keep_inactive)
+
+    # -- clock points ----------------------------------------------------------------------------------
+    async def overlap_epoch(self, fn: Callable[[], Awaitable[T]]) -> tuple[T, float]:
+        return await self.training.loop.boundaries.overlap_epoch(fn)
+
+    async def at_boundary(self, fn: Callable[[], Awaitable[T]]) -> tuple[T, float]:
+        return await self.training.loop.boundaries.at_boundary(fn)
+
+    async def wait_boundary(self) -> None:
+        await self.training.loop.boundaries.clock_boundary()
+
+    def pause(self) -> None:
+        """Training stops at the next clock boundary (`ClockLoop.train` returns)."""
+        self.training.loop.stop()
+
+    def resume(self) -> None:
+        self.training.loop.resume()
+
+    # -- durable state -------------------------------------------------------------------------------
+    async def checkpoint(self, epoch: int, job: dict[str, Any], clock: int = 0) -> dict[str, Any]:
+        """Every server block of the job to the AM's durable dir."""
+        return await self.checkpointer.write(epoch, self.training.placement.table, self.training.membership.servers,
+                                             job, clock=clock)
+
+    async def restore(self, directory: str, servers: Sequence[ExecutorRecord]) -> None:
+        """The checkpoint's blocks onto `servers` (which own them in the current table)."""
+        await self.checkpointer.restore(directory, by_index(servers), self.training.spec.num_blocks)
