@@ -139,7 +139,7 @@ class ContainerProcess:
                 os.close(fd)
             self.returncode = self._popen.wait()
         else:  # kernels without pidfd: poll
-            while self._popen.poll() is None:
+            while self._popen.poll() is None:  # noqa: ASYNC110 (another process: nothing to await)
                 await asyncio.sleep(0.05)
             self.returncode = self._popen.returncode
         return self.returncode
