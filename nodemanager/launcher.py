@@ -130,8 +130,13 @@ class ContainerProcess:
         except (AttributeError, OSError):
             fd = -1
         if fd >= 0:
-            done = loop.create_future()
-            loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+            done: asyncio.Future[None] = loop.create_future()
+
+            def readable() -> None:
+                if not done.done():
+                    done.set_result(None)
+
+            loop.add_reader(fd, readable)
             try:
                 await done
             finally:
