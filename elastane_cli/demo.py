@@ -75,8 +75,12 @@ def run_on_local_cluster(body: DemoBody, nodes: int = 3, node_memory_mb: int = 1
         raise KeyboardInterrupt  # unwind through the same cleanup as Ctrl-C
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
-    tmp = None if keep_dir else tempfile.TemporaryDirectory(prefix="elastane-demo-")
-    base = keep_dir or Path(tmp.name)  # type: ignore[union-attr]
+    tmp: tempfile.TemporaryDirectory[str] | None = None
+    if keep_dir:
+        base = keep_dir
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="elastane-demo-")
+        base = Path(tmp.name)
     cluster = LocalCluster(base, nodes=nodes, node_memory_mb=node_memory_mb, node_vcores=node_vcores,
                            rm_port=0, heartbeat_interval_ms=500, node_bandwidth=node_bandwidth,
                            network=network)

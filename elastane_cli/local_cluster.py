@@ -283,7 +283,7 @@ class LocalCluster:
 
     def _await_nodes_running(self, deadline: float, indexes: Sequence[int] | None = None) -> None:
         want = {self.nodes[i].node_id for i in (indexes if indexes is not None else range(len(self.nodes)))}
-        states: dict[str, str] = {}
+        states: dict[str | None, str | None] = {}
         while True:
             try:
                 states = {n.get("id"): n.get("state") for n in self._rm_nodes()}

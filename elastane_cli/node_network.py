@@ -169,7 +169,7 @@ def _allocation_lock() -> Iterator[None]:
 def used_subnets(runner: Runner = run) -> set[int]:
     """The X of every 10.213.X.0/24 already holding an address or a route in the root namespace."""
     text = runner(["ip", "-4", "-o", "addr", "show"]) + "\n" + runner(["ip", "-4", "route", "show"])
-    used = set()
+    used: set[int] = set()
     for m in re.finditer(r"\b10\.213\.(\d{1,3})\.\d{1,3}(/(\d+))?", text):
         x = int(m.group(1))
         if m.group(3) is not None and int(m.group(3)) < 24:

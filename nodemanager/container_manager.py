@@ -157,7 +157,7 @@ class ContainerManager:
 
     async def _watch_adopted(self, c: Container) -> None:
         assert c.pid is not None and c.start_time is not None
-        while procfs.is_same_process(c.pid, c.start_time):
+        while procfs.is_same_process(c.pid, c.start_time):  # noqa: ASYNC110 (not our child: nothing to await)
             await asyncio.sleep(ADOPTED_POLL_S)
         code = self.store.read_exit_code(c.container_id)
         await self._on_exit(c, code, died_of_sigkill=code == 128 + signal.SIGKILL)

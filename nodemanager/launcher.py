@@ -130,8 +130,13 @@ class ContainerProcess:
         except (AttributeError, OSError):
             fd = -1
         if fd >= 0:
-            done = loop.create_future()
-            loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+            done: asyncio.Future[None] = loop.create_future()
+
+            def readable() -> None:
+                if not done.done():
+                    done.set_result(None)
+
+            loop.add_reader(fd, readable)
             try:
                 await done
             finally:
@@ -139,7 +144,7 @@ class ContainerProcess:
                 os.close(fd)
             self.returncode = self._popen.wait()
         else:  # kernels without pidfd: poll
-            while self._popen.poll() is None:
+            while self._popen.poll() is None:  # noqa: ASYNC110 (another process: nothing to await)
                 await asyncio.sleep(0.05)
             self.returncode = self._popen.returncode
         return self.returncode

@@ -50,7 +50,7 @@ def is_same_process(pid: int, start_time: int, proc_root: str = "/proc") -> bool
 
 def all_stats(proc_root: str = "/proc") -> list[ProcStat]:
     """A snapshot of every process."""
-    out = []
+    out: list[ProcStat] = []
     try:
         names = os.listdir(proc_root)
     except OSError:

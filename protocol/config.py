@@ -14,7 +14,7 @@ import msgspec
 
 from . import tokens
 
-T = TypeVar("T")
+T = TypeVar("T", bound=msgspec.Struct)
 CONF_DIR = Path(os.environ.get("ELASTANE_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
 
 

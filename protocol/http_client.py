@@ -68,14 +68,16 @@ class JsonHttpClient:
                 return codec.loads(raw)
             return raw.decode(errors="replace")
 
-    async def get(self, path: str, params: dict[str, str] | None = None, **kw) -> Any:
-        return await self.request("GET", path, params=params, **kw)
+    async def get(self, path: str, params: dict[str, str] | None = None, token: str | None = None) -> Any:
+        return await self.request("GET", path, params=params, token=token)
 
-    async def post(self, path: str, body: Any = None, **kw) -> Any:
-        return await self.request("POST", path, body, **kw)
+    async def post(self, path: str, body: Any = None, params: dict[str, str] | None = None,
+                   token: str | None = None) -> Any:
+        return await self.request("POST", path, body, params=params, token=token)
 
-    async def put(self, path: str, body: Any = None, **kw) -> Any:
-        return await self.request("PUT", path, body, **kw)
+    async def put(self, path: str, body: Any = None, params: dict[str, str] | None = None,
+                  token: str | None = None) -> Any:
+        return await self.request("PUT", path, body, params=params, token=token)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -85,7 +87,7 @@ class JsonHttpClient:
     async def __aenter__(self) -> "JsonHttpClient":
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
 

@@ -5,6 +5,7 @@ import logging
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from . import codec, tokens
 from .remote_exception import ApiError, BadRequest, Unauthorized, remote_exception_body
@@ -20,7 +21,7 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler):
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Turn ApiError into YARN's RemoteException body; no request can crash a daemon."""
     try:
         return await handler(request)
@@ -60,5 +61,5 @@ def require_token(request: web.Request, secret: str, kind: str) -> dict[str, Any
         raise Unauthorized(f"invalid {kind} token: {e}") from None
 
 
-def make_app(**kwargs) -> web.Application:
+def make_app(**kwargs: Any) -> web.Application:
     return web.Application(middlewares=[error_middleware], client_max_size=16 * 1024 * 1024, **kwargs)

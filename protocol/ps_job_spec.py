@@ -20,7 +20,7 @@ and by the PS AM, which reads the spec from the env variable `PS_SPEC_ENV`.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, cast
 
 import msgspec
 
@@ -125,7 +125,7 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return resolve_data_spec(self.app, self.data, APP_SCHEMAS[self.app].presets[self.preset])
 
     def to_json(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)
+        return cast(dict[str, Any], msgspec.to_builtins(self))  # a Struct encodes as an object
 
 
 _NAMED = re.compile(r"^Object (?P<kind>contains unknown|missing required) field `(?P<field>[^`]*)`$")

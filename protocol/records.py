@@ -36,7 +36,7 @@ class Resource(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename={
             shares.append(self.vcores / total.vcores)
         return max(shares) if shares else 0.0
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, int]:
         return {"memory": self.memory, "vCores": self.vcores}
 
 

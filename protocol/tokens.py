@@ -67,6 +67,8 @@ def verify(secret: str | bytes, token: str, kind: str, now: float | None = None)
         payload = orjson.loads(_unb64(encoded))
     except Exception:
         raise TokenError("malformed token payload") from None
+    if not isinstance(payload, dict):
+        raise TokenError("malformed token payload: not an object")
     if payload.get("kind") != kind:
         raise TokenError(f"expected a {kind} token, got {payload.get('kind')!r}")
     now = time.time() if now is None else now

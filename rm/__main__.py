@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from protocol import config as config_mod
 from protocol.daemon import run_daemon, setup_logging
@@ -69,7 +69,7 @@ def load_configs(args: argparse.Namespace) -> tuple[config_mod.RMConfig, config_
     return cfg, cluster
 
 
-def write_ready_file(path: str, info: dict) -> None:
+def write_ready_file(path: str, info: dict[str, Any]) -> None:
     """Atomically (tmp + rename) write the ready file."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ class AmLauncher:
         self.apps_dir = Path(state_dir) / "apps"
         self.on_change = on_change
         self.nm = nm_client or NMClient(timeout_s=30.0)
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def launch_context(self, eff: LaunchAm) -> api.LaunchContext:
         """The AM's launch context: the submitted spec plus the env every Elastane AM gets."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from protocol import internal_api as api
 from protocol import tokens
@@ -122,7 +122,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             raise BadRequest(str(e)) from None
 
     def submit(self, app_id: str, user: str, name: str, queue: str, app_type: str, am: AmSpec,
-               max_attempts: int, submission: dict, elastane: Optional[dict]) -> App:
+               max_attempts: int, submission: dict[str, Any], elastane: Optional[dict[str, Any]]) -> App:
         """Create the app in NEW_SAVING; the caller stores it and then calls `app_saved`."""
         am.resource = self.check_submission(app_id, queue, am.resource)
         if max_attempts < 1:

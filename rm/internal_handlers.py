@@ -5,7 +5,7 @@ node or attempt a call acts for comes from the token, never from the body alone.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -31,7 +31,7 @@ class InternalApi:
         r.add_post(api.AM_ALLOCATE, self.am_allocate)
         r.add_post(api.AM_FINISH, self.am_finish)
 
-    def _claims(self, request: web.Request, kind: str) -> dict:
+    def _claims(self, request: web.Request, kind: str) -> dict[str, Any]:
         return require_token(request, self.rm.cluster.secret, kind)
 
     async def node_register(self, request: web.Request) -> web.Response:

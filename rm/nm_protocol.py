@@ -6,7 +6,7 @@ pure like the rest of the core. The heartbeat path does work in proportion to wh
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from protocol import internal_api as api
 from protocol.config import RMConfig
@@ -34,7 +34,15 @@ class NmProtocol:
     _am_live: OrderedDict[str, float]
     _unlaunched: OrderedDict[str, float]
 
-    def register_node(self, claims: dict, req: api.NodeRegisterRequest) -> api.NodeRegisterResponse:
+    if TYPE_CHECKING:  # implemented by ResourceManagerCore (rm/core.py)
+        def _container_completed(self, c: Container, status: api.ContainerStatus,
+                                 cleanup_on_node: bool = False) -> None: ...
+        def _mark_launched(self, c: Container) -> None: ...
+        def _schedule(self, candidates: list[Node]) -> None: ...
+        def _end_attempt(self, at: Attempt, ev: AttemptEvent, diagnostics: str) -> None: ...
+        def _attempt_failed(self, at: Attempt, diagnostics: str, counts: bool = True) -> None: ...
+
+    def register_node(self, claims: dict[str, Any], req: api.NodeRegisterRequest) -> api.NodeRegisterResponse:
         if claims.get("node_id") != req.node_id:
             raise Unauthorized(f"nm token is for node {claims.get('node_id')!r}, not {req.node_id!r}")
         if req.capability.memory <= 0 or req.capability.vcores <= 0:
@@ -69,7 +77,7 @@ class NmProtocol:
         return api.NodeRegisterResponse(node_id=req.node_id, heartbeat_interval_ms=self.cfg.nm_heartbeat_interval_ms,
                                         rm_start_ms=self.cluster_ts)
 
-    def node_heartbeat(self, claims: dict, req: api.NodeHeartbeatRequest) -> api.NodeHeartbeatResponse:
+    def node_heartbeat(self, claims: dict[str, Any], req: api.NodeHeartbeatRequest) -> api.NodeHeartbeatResponse:
         if claims.get("node_id") != req.node_id:
             raise Unauthorized(f"nm token is for node {claims.get('node_id')!r}, not {req.node_id!r}")
         node = self.nodes.get(req.node_id)

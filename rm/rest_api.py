@@ -1,7 +1,8 @@
 """YARN's RM REST API (`/ws/v1/cluster/...`): same paths, field names, states and error bodies."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import enum
+from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
 
@@ -14,6 +15,7 @@ from . import rest_views as views
 from .submission import AppStateUpdate, SubmissionContext, validate
 
 if TYPE_CHECKING:
+    from .model import App
     from .server import ResourceManagerServer
 
 ANONYMOUS = "dr.who"
@@ -135,7 +137,7 @@ class ClientApi:
         location = f"{request.url.origin()}{BASE}/apps/{sub.app_id}"
         return web.Response(status=202, headers={"Location": location})
 
-    def _app(self, request: web.Request):
+    def _app(self, request: web.Request) -> App:
         return self.rm.core.get_app(request.match_info["app_id"])
 
     async def app(self, request: web.Request) -> web.Response:
@@ -188,11 +190,14 @@ class ClientApi:
         }})
 
 
-def _parse_states(raw: str | None, enum_type: Any, field: str) -> set | None:
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _parse_states(raw: str | None, enum_type: type[E], field: str) -> set[E] | None:
     """Parse a comma list of enum values, case-insensitively; 400 naming the bad one."""
     if raw is None:
         return None
-    out = set()
+    out: set[E] = set()
     for part in raw.split(","):
         p = part.strip().upper()
         if not p:

@@ -54,11 +54,6 @@ class SchedApp:
     used: Resource = ZERO
 
     @property
-    def total(self) -> Resource:
-        """Capability of the schedulable nodes (owned by the node tracker)."""
-        return self._cluster_total()
-
-    @property
     def has_demand(self) -> bool:
         return self.am_request is not None or any(a.count > 0 for a in self.asks.values())
 

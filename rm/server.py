@@ -12,6 +12,7 @@ import time
 from typing import Callable, Optional
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from protocol.config import ClusterConfig, RMConfig
 from protocol.http_server import error_middleware
@@ -68,7 +69,7 @@ class ResourceManagerServer:
         self.port = 0
         self.launcher: Optional[AmLauncher] = None
         self._runner: Optional[web.AppRunner] = None
-        self._timers: list[asyncio.Task] = []
+        self._timers: list[asyncio.Task[None]] = []
         self._recover()
 
     # ----- recovery / persistence -------------------------------------------------------------
@@ -115,7 +116,7 @@ class ResourceManagerServer:
 
     # ----- HTTP -------------------------------------------------------------------------------
     @web.middleware
-    async def _flush_middleware(self, request: web.Request, handler):
+    async def _flush_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         finally:
@@ -146,8 +147,8 @@ class ResourceManagerServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, reuse_address=True)
         await site.start()
-        server = site._server  # aiohttp keeps the asyncio server here; needed for port 0
-        self.port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else self.cfg.port
+        addresses = self._runner.addresses  # the bound port, needed for port 0
+        self.port = addresses[0][1] if addresses else self.cfg.port
         self.attach_launcher(f"http://{advertised_host(self.cfg)}:{self.port}")
         self.start_timers()
         self.flush()

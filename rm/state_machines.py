@@ -73,9 +73,9 @@ ATTEMPT_TRANSITIONS: TransitionTable[AttemptState, AttemptEvent, AttemptState] =
     (_A.RUNNING, _AE.UNREGISTERED): _A.FINISHING,
     (_A.FINISHING, _AE.CONTAINER_FINISHED): _A.FINISHED,
 }, lambda state, event: InvalidTransition("application attempt", state, event))
-for _st in (_A.NEW, _A.SUBMITTED, _A.SCHEDULED, _A.ALLOCATED, _A.LAUNCHED, _A.RUNNING):
-    ATTEMPT_TRANSITIONS[(_st, _AE.FAIL)] = _A.FAILED
-    ATTEMPT_TRANSITIONS[(_st, _AE.KILL)] = _A.KILLED
+for _at in (_A.NEW, _A.SUBMITTED, _A.SCHEDULED, _A.ALLOCATED, _A.LAUNCHED, _A.RUNNING):
+    ATTEMPT_TRANSITIONS[(_at, _AE.FAIL)] = _A.FAILED
+    ATTEMPT_TRANSITIONS[(_at, _AE.KILL)] = _A.KILLED
 # A FINISHING attempt whose app is killed (or whose AM container never exits) just finishes.
 ATTEMPT_TRANSITIONS[(_A.FINISHING, _AE.KILL)] = _A.FINISHED
 ATTEMPT_TRANSITIONS[(_A.FINISHING, _AE.FAIL)] = _A.FINISHED

@@ -126,11 +126,11 @@ class ValidSubmission:
     app_type: str
     am: AmSpec
     max_attempts: Optional[int]
-    elastane: Optional[dict]
+    elastane: Optional[dict[str, Any]]
     raw: dict[str, Any]
 
 
-def _entries(x: Any) -> list:
+def _entries(x: Any) -> list[Any]:
     if x is None:
         return []
     return x if isinstance(x, list) else [x]

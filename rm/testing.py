@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from protocol import internal_api as api
 from protocol import tokens
@@ -29,12 +30,12 @@ class FakeClock:
 
 
 def make_core(clock: FakeClock | None = None, queues: list[QueueConfig] | None = None,
-              **cfg_kw) -> ResourceManagerCore:
+              **cfg_kw: Any) -> ResourceManagerCore:
     cfg = RMConfig(**cfg_kw) if queues is None else RMConfig(queues=queues, **cfg_kw)
     return ResourceManagerCore(cfg, ClusterConfig(secret=SECRET, admins=["root"]), clock or FakeClock())
 
 
-def nm_claims(node_id: str) -> dict:
+def nm_claims(node_id: str) -> dict[str, Any]:
     return {"node_id": node_id}
 
 
@@ -64,12 +65,12 @@ def submit(core: ResourceManagerCore, user: str = "alice", queue: str = "default
     return app_id
 
 
-def am_claims(core: ResourceManagerCore, app_id: str) -> dict:
+def am_claims(core: ResourceManagerCore, app_id: str) -> dict[str, Any]:
     app = core.apps[app_id]
     return {"app_id": app_id, "attempt_id": app.current_attempt, "user": app.user}
 
 
-def launch_and_register(core: ResourceManagerCore, app_id: str) -> dict:
+def launch_and_register(core: ResourceManagerCore, app_id: str) -> dict[str, Any]:
     """Process the AM launch effect for `app_id` and register its AM; returns its token claims."""
     for eff in core.take_effects():
         core.am_launched(eff.attempt_id)
@@ -78,7 +79,7 @@ def launch_and_register(core: ResourceManagerCore, app_id: str) -> dict:
     return claims
 
 
-def ask(ask_id: int, count: int, mem: int = 1024, vcores: int = 1, **kw) -> api.ResourceAsk:
+def ask(ask_id: int, count: int, mem: int = 1024, vcores: int = 1, **kw: Any) -> api.ResourceAsk:
     return api.ResourceAsk(ask_id=ask_id, count=count, resource=Resource(mem, vcores), **kw)
 
 

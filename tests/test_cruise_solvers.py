@@ -41,7 +41,7 @@ def test_closed_form_edges():
 
 def test_homogeneous_target_keeps_current_roles_and_splits_evenly():
     job = JobProfile(100, 100, 10, 1e6, 100)
-    p = lambda i: NodeProfile(f"e{i}", 9e-3, 1e7, 1e7)  # optimum W = 6 of 8
+    p = lambda i: NodeProfile(f"e{i}", 9e-3, 1e7, 1e7)  # noqa: E731  # optimum W = 6 of 8
     slots = [Slot(p(i), Role.SERVER if i < 4 else Role.WORKER, 5) for i in range(8)]
     t = solve_homogeneous_target(job, slots)
     assert t.shape == (6, 2)

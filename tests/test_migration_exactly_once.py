@@ -161,7 +161,7 @@ async def test_exactly_once_with_executor_processes(tmp_path: Path) -> None:
         # Checkpoint every block, then restore them into a fresh process as the sole owner.
         ckpt = tmp_path / "ckpt"
         dp = DataPlaneClient()
-        for name, addr in addrs.items():
+        for addr in addrs.values():
             await dp.request(addr, {"op": "checkpoint", "dir": str(ckpt)})
         procs["p2"] = _spawn_executor(tmp_path, "p2")
         addr2 = procs["p2"][1]

@@ -1,0 +1,1 @@
+"""Domain models shared by the RM, the AMs and the CLI."""
