@@ -7,12 +7,14 @@ from typing import TYPE_CHECKING, TypeVar
 from aiohttp import web
 
 from protocol import tokens
+from protocol.internal_api import ShapeDirective
 from protocol.http_server import json_response, read_json
 from protocol.records import AppState, FinalStatus, NodeState
 from protocol.remote_exception import BadRequest, Forbidden, NotFound, Unauthorized
 
 from . import rest_views as views
-from .submission import AppStateUpdate, SubmissionContext, validate
+from .policy_runner import apply_directives
+from .submission import AppShapeUpdate, AppStateUpdate, SubmissionContext, validate
 
 if TYPE_CHECKING:
     from .model import App
@@ -43,6 +45,7 @@ class ClientApi:
         r.add_get(BASE + "/apps/{app_id}", self.app)
         r.add_get(BASE + "/apps/{app_id}/state", self.app_state)
         r.add_put(BASE + "/apps/{app_id}/state", self.put_app_state)
+        r.add_put(BASE + "/apps/{app_id}/shape", self.put_app_shape)
         r.add_get(BASE + "/apps/{app_id}/appattempts", self.app_attempts)
         r.add_get(BASE + "/apps/{app_id}/shape", self.app_shape)
 
@@ -188,6 +191,32 @@ class ClientApi:
                          "after": {"workers": c.after[0], "servers": c.after[1]}}
                         for c in app.shape_history.changes],
         }})
+
+
+    async def put_app_shape(self, request: web.Request) -> web.Response:
+        """Elastane extension: the owner (or an admin) directs an elastic PS job to a shape, and
+        with `nodes` to exactly those nodes; the AM carries it out on its next allocate (as it does
+        a policy's directive, which a later policy round may supersede)."""
+        user = self.user(request)
+        app = self._app(request)
+        body = await read_json(request, AppShapeUpdate)
+        if user != app.user and user not in self.rm.cluster.admins:
+            raise Forbidden(f"user {user} is not allowed to reshape {app.app_id} (owner {app.user}; "
+                            f"admins: {', '.join(self.rm.cluster.admins)})")
+        if app.elastane is None:
+            raise BadRequest(f"{app.app_id} is not an elastic PS job (application-type {app.app_type}): "
+                             "it has no shape to change")
+        if app.state.is_final:
+            raise BadRequest(f"{app.app_id} is {app.state.value}: its shape can no longer change")
+        known = {n.node_id for n in self.rm.core.nodes if n.state is NodeState.RUNNING}
+        unknown = [n for n in body.nodes if n not in known]
+        if unknown:
+            raise BadRequest(f"nodes: {', '.join(unknown)} not RUNNING nodes of this cluster "
+                             f"(known: {', '.join(sorted(known)) or 'none'})")
+        reason = body.reason or f"set by {user}"
+        apply_directives(self.rm.core, {app.app_id: ShapeDirective(workers=body.workers, servers=body.servers,
+                                                                    nodes=list(body.nodes), reason=reason)})
+        return await self.app_shape(request)
 
 
 E = TypeVar("E", bound=enum.Enum)

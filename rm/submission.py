@@ -6,7 +6,7 @@ but ignores are listed in IGNORED_SUBMISSION_FIELDS / IGNORED_AM_CONTAINER_SPEC_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Annotated, Any, Optional, Union
 
 import msgspec
 
@@ -114,6 +114,16 @@ class AppStateUpdate(_In):
 
     state: str
     diagnostics: str = ""
+
+
+class AppShapeUpdate(_In):
+    """PUT /ws/v1/cluster/apps/{id}/shape body (Elastane extension): an operator's or owner's shape
+    directive for an elastic PS job -- `workers` and `servers`, optionally on exactly `nodes`."""
+
+    workers: Annotated[int, msgspec.Meta(ge=1)]
+    servers: Annotated[int, msgspec.Meta(ge=1)]
+    nodes: list[str] = []
+    reason: str = ""
 
 
 @dataclass

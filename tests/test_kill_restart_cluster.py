@@ -38,7 +38,7 @@ from appmaster.ps.master import PSApplicationMaster
 
 async def script(master, am, steps):
     for version, step in enumerate(steps, 1):
-        while master.training.epochs_done < step["after_epoch"] or master.directives.busy:
+        while master.training.loop.epochs_done < step["after_epoch"] or master.directives.busy:
             await asyncio.sleep(0.05)
         am._emit(ShapeChanged(ShapeDirective(workers=step["workers"], servers=step["servers"],
                                              version=version, reason="scripted by the test")))

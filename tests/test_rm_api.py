@@ -489,3 +489,31 @@ async def test_am_launch_failure_fails_the_attempt(tmp_path):
         assert node["usedMemoryMB"] == 0
     finally:
         await close_env(env)
+
+
+# ----- shape directives from the owner (Elastane extension) -----------------------------------------
+
+async def test_put_shape_directs_an_elastic_job_and_refuses_bad_input(env: Env):
+    await env.register_node("n1:1")
+    await env.register_node("n2:1")
+    ps = {"application-type": "ELASTANE_PS", "elastane": {"ps-job": {"app": "mlr", "workers": 2, "servers": 2}}}
+    app_id = await env.submit(user="alice", **ps)
+    path = f"{BASE}/apps/{app_id}/shape"
+    shape = {"workers": 1, "servers": 1, "nodes": ["n2:1"]}
+    out = await env.call("PUT", path, shape, status=403, **{"user.name": "mallory"})
+    assert out["RemoteException"]["exception"] == "ForbiddenException"
+    for bad, needle in [({"workers": 0, "servers": 1}, "workers"), ({"workers": 1}, "servers"),
+                        ({"workers": 1, "servers": 1, "nodes": ["n9:1"]}, "n9:1"),
+                        ({"workers": 1, "servers": 1, "colour": "red"}, "colour")]:
+        out = await env.call("PUT", path, bad, status=400, **{"user.name": "alice"})
+        assert needle in out["RemoteException"]["message"], out
+    assert (await env.call("GET", path))["shape"]["directive"] is None      # refusals changed nothing
+    out = await env.call("PUT", path, shape, **{"user.name": "alice"})
+    d = out["shape"]["directive"]
+    assert (d["workers"], d["servers"], d["nodes"], d["version"]) == (1, 1, ["n2:1"], 1)
+    assert d["reason"] == "set by alice"
+    await env.call("PUT", path, shape, **{"user.name": "root"})               # the same again: no new version
+    assert (await env.call("GET", path))["shape"]["directive"]["version"] == 1
+    plain = await env.submit(user="alice")
+    out = await env.call("PUT", f"{BASE}/apps/{plain}/shape", shape, status=400, **{"user.name": "alice"})
+    assert "not an elastic PS job" in out["RemoteException"]["message"]

@@ -25,7 +25,7 @@ from typing import Awaitable, Callable, Optional
 
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
-from psruntime.apps.base import ObjectivePart, PSApp
+from psruntime.apps.base import AnyPSApp, ObjectivePart
 from psruntime.dataplane import DataPlaneClient
 from psruntime.frame_codec import Frame
 from psruntime.store_client import StoreClient
@@ -49,7 +49,7 @@ AUDIT_KEY = "eps:minibatches"   # with spec.audit_updates: +1 per mini-batch, co
 class ClockLoop:
     """Epochs of BSP / SSP clocks over the job's members (see the module doc)."""
 
-    def __init__(self, spec: PSJobSpec, app: PSApp, rpc: ExecutorRpc, client: DataPlaneClient,
+    def __init__(self, spec: PSJobSpec, app: AnyPSApp, rpc: ExecutorRpc, client: DataPlaneClient,
                  membership: Membership, placement: ModelPlacement, evaluation: Evaluation, metrics: JobMetrics,
                  wall_clock: Callable[[], float] = time.time, on_clock: Optional[Callable[[], None]] = None) -> None:
         self.spec = spec

@@ -30,7 +30,7 @@ from appmaster.cruise.profiling import SlotInfo
 from appmaster.cruise.targets import Role
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
-from psruntime.apps.base import PSApp
+from psruntime.apps.base import AnyPSApp
 
 from .directives import Shape
 from .executor_pool import ExecutorRecord
@@ -311,16 +311,16 @@ def _delta(now: dict[str, Any], last: dict[str, float], key: str) -> Optional[fl
     return d if d > 0 else None
 
 
-def job_sizes(spec: PSJobSpec, app: PSApp, input_blocks: int) -> JobSizes:
+def job_sizes(spec: PSJobSpec, app: AnyPSApp, input_blocks: int) -> JobSizes:
     """The optimizer's job sizes from the spec and the app: splits, rows per split, model blocks,
     mini-batch size, and a dense pull + push of the model as the bytes per mini-batch until
     workers report what they really exchange."""
     return JobSizes(input_blocks=input_blocks, samples_per_block=float(app.rows_per_block),
-                    model_blocks=spec.num_blocks, batch_size=int(app.hparams.batch_size),  # type: ignore[attr-defined]
+                    model_blocks=spec.num_blocks, batch_size=int(app.hparams.batch_size),
                     nominal_bytes_per_batch=2.0 * float(app.model_nbytes()))
 
 
-def build_cruise_driver(spec: PSJobSpec, app: PSApp, steps: Reconfiguration,
+def build_cruise_driver(spec: PSJobSpec, app: AnyPSApp, steps: Reconfiguration,
                         on_change: Optional[Callable[[bool], None]] = None) -> CruiseDriver:
     """The Cruise driver of a PS job whose spec says optimizer "cruise"; build it once training is
     set up (the split count comes from the workers)."""

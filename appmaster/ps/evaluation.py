@@ -11,7 +11,7 @@ import asyncio
 import numpy as np
 
 from protocol import executor_ops as ops
-from psruntime.apps.base import ObjectivePart, PSApp
+from psruntime.apps.base import AnyPSApp, ObjectivePart
 from psruntime.dataplane import DataPlaneClient
 from psruntime.store_client import StoreClient
 
@@ -24,7 +24,7 @@ from .model_placement import ModelPlacement
 class Evaluation:
     """Objective and held-out metrics of the job's current model."""
 
-    def __init__(self, app: PSApp, rpc: ExecutorRpc, client: DataPlaneClient, membership: Membership,
+    def __init__(self, app: AnyPSApp, rpc: ExecutorRpc, client: DataPlaneClient, membership: Membership,
                  placement: ModelPlacement) -> None:
         self.app = app
         self.rpc = rpc

@@ -40,7 +40,7 @@ from typing import Any, Callable, Optional
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
 from protocol.remote_exception import BadRequest, Conflict
-from psruntime.apps.base import PSApp
+from psruntime.apps.base import AnyPSApp, PSApp
 
 from .clock_loop import EpochHook
 from .directives import Shape
@@ -134,7 +134,7 @@ class RestartTimeline:
         return self.seconds
 
 
-def keeps_worker_state(app: PSApp) -> bool:
+def keeps_worker_state(app: AnyPSApp) -> bool:
     """Whether the app keeps training state on the workers (it initialises per-block local state,
     as NMF and LDA do), which a checkpoint of the servers' model does not capture."""
     return type(app).init_block is not PSApp.init_block
@@ -170,7 +170,7 @@ class KillRestart:
 
     mode = "kill"
 
-    def __init__(self, spec: PSJobSpec, app: PSApp, steps: Reconfiguration, phase: Callable[[], JobPhase],
+    def __init__(self, spec: PSJobSpec, app: AnyPSApp, steps: Reconfiguration, phase: Callable[[], JobPhase],
                  on_record: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.perf_counter,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self.spec = spec

@@ -171,7 +171,8 @@ class PSApplicationMaster:
         drive = asyncio.create_task(self._drive(url), name="ps-am-drive")
         stop = asyncio.create_task(self._stop.wait())
         try:
-            await asyncio.wait({drive, self._failure, stop}, return_when=asyncio.FIRST_COMPLETED)
+            waits: set[asyncio.Future[Any]] = {drive, self._failure, stop}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             return await self._conclude(drive)
         finally:
             for t in (pump, drive, stop):
@@ -228,7 +229,7 @@ class PSApplicationMaster:
         await self.training.status.refresh()
         final = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
         return (f"final objective {final:.6g} after {epochs} epochs "
-                f"({'converged' if len(self.metrics.objectives) < self.app.hparams.max_epochs else 'epoch limit'}"  # type: ignore[attr-defined]
+                f"({'converged' if len(self.metrics.objectives) < self.app.hparams.max_epochs else 'epoch limit'}"
                 f"; initial {self.metrics.initial_objective:.6g}; {_describe_metrics(self.final_metrics)})")
 
     async def _launch(self, role: Role, count: int) -> None:
@@ -246,7 +247,7 @@ class PSApplicationMaster:
         self._publish_shape()
 
     async def _after_epoch(self, rec: EpochRecord) -> None:
-        self.am.set_progress(min(1.0, rec.epoch / max(1, int(self.app.hparams.max_epochs))))  # type: ignore[attr-defined]
+        self.am.set_progress(min(1.0, rec.epoch / max(1, int(self.app.hparams.max_epochs))))
         self.progress.on_epoch(self._batches_by_worker(), rec.time)
         self._publish_shape(rec)
         every = self.spec.checkpoint_every_epochs

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
-from psruntime.apps.base import PSApp
+from psruntime.apps.base import AnyPSApp
 from psruntime.dataplane import DataPlaneClient
 
 from .clock_loop import ClockLoop
@@ -32,7 +32,7 @@ class Training:
     """One PS job's training parts (see the module doc)."""
 
     spec: PSJobSpec
-    app: PSApp
+    app: AnyPSApp
     pool: ExecutorPool
     metrics: JobMetrics
     rpc: ExecutorRpc
@@ -43,7 +43,7 @@ class Training:
     status: StatusPoller
 
     @classmethod
-    def build(cls, spec: PSJobSpec, app: PSApp, pool: ExecutorPool, metrics: JobMetrics, client: DataPlaneClient,
+    def build(cls, spec: PSJobSpec, app: AnyPSApp, pool: ExecutorPool, metrics: JobMetrics, client: DataPlaneClient,
               wall_clock: Callable[[], float] = time.time, on_clock: Optional[Callable[[], None]] = None) -> "Training":
         rpc = ExecutorRpc(client)
         membership = Membership(pool)

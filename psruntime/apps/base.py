@@ -365,3 +365,7 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
                 "hparams": msgspec.to_builtins(self.hparams), "num_rows": self.num_rows,
                 "num_blocks": self.num_blocks, "num_keys": self.num_keys, "key_length": self.key_length,
                 "data_bytes": self.data_nbytes(), "model_bytes": self.model_nbytes()}
+
+
+AnyPSApp = PSApp[Any, Any]
+"""An app of whatever data spec and hyper-parameter types (what the AM holds)."""
