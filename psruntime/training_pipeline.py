@@ -16,6 +16,9 @@ transfer / decode can hand the runner only the transfer.
 
 COMP runs one at a time and in order (one thread), and a batch's PULL waits for the previous
 batch's PUSH: the math is that of a sequential loop, so the same seed trains the same trajectory.
+A batch's compute time is its COMP subtask and its communication time its PULL and PUSH (the last
+batch's also the flush), each as the runner ran it: time a runner waits for a slot counts in.
+The objective part runs the same way (PULL, then COMP in the thread, per block).
 
 A worker's place in an epoch is in each block's state (`[epoch, next_row]`, key POSITION), so it
 travels with a block that EPS moves between two clocks.
