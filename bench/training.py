@@ -78,7 +78,7 @@ QUICK_DATA = {"mlr": {"preset": "tiny", "data": {"num_samples": 4000, "rows_per_
 EXECUTOR_MEMORY_MB = 768
 AM_MEMORY_MB = 512
 # What an executor imports (psruntime.executor and, lazily, its roles and the apps).
-EXECUTOR_MODULES = ("psruntime.executor", "psruntime.worker_role", "psruntime.store_service",
+EXECUTOR_MODULES = ("psruntime.executor", "psruntime.training_pipeline", "psruntime.store_service",
                     "psruntime.apps.registry", "uvloop")
 
 

@@ -27,9 +27,9 @@ executor's op table, see `Executor.extra_ops`):
 Clocks are paced by the AM (BSP: it waits for every worker before the next clock; SSP: it keeps
 each worker within the staleness bound, in clocks), so the objective it gathers between epochs is
 exact under BSP. A worker keeps its place in the epoch across clocks in each block's state
-(`[epoch, next_row]`, key POSITION): the place travels with a block that EPS moves to another
-worker between two clocks, so an epoch is still every input block trained exactly once, whoever
-holds it when.
+(`[epoch, next_row]`, training_pipeline.POSITION): the place travels with a block that EPS moves to
+another worker between two clocks, so an epoch is still every input block trained exactly once,
+whoever holds it when. The mini-batches themselves run in psruntime.training_pipeline.
 """
 from __future__ import annotations
 
@@ -39,14 +39,15 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import numpy as np
 
-from psruntime.apps.base import AppConfigError, KeyValues, ObjectivePart, PSApp, StepContext
+from psruntime.apps.base import AppConfigError, KeyValues, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.registry import create_app
 from psruntime.dataplane import Reply, RequestError
 from psruntime.frame_codec import Frame
 from psruntime.request_fields import int_field
 from psruntime.store_client import StoreClient
-from psruntime.worker_loop import WorkerLoop, init_model, pull_key_values, push_key_values
+from psruntime.training_pipeline import (StepTimes, SubtaskRunner, TrainingPipeline, TrainingStopped, block_position,
+                                         epoch_position, init_blocks, init_model, set_epoch_position)
 
 if TYPE_CHECKING:  # the executor imports this module, not the other way round at run time
     from psruntime.executor import Executor
@@ -54,23 +55,17 @@ if TYPE_CHECKING:  # the executor imports this module, not the other way round a
 Op = Callable[[Frame], "Reply | Awaitable[Reply]"]
 
 
-def _kv_bytes(kv: KeyValues | None) -> int:
-    """Bytes a pull or push of `kv` carries (keys and values)."""
-    return 0 if kv is None else int(kv.keys.nbytes + kv.values.nbytes)
-
-
 class AppRole:
     """The app-level state of one executor: the app, and for a worker its partition and store client."""
 
-    def __init__(self, executor: "Executor") -> None:
+    def __init__(self, executor: "Executor", runner: SubtaskRunner | None = None) -> None:
         self.executor = executor
         self.app: PSApp | None = None
         self.blocks: list[DataBlock] = []
         self.store: StoreClient | None = None
         self.stop = asyncio.Event()
         self._busy = asyncio.Lock()   # one training step at a time on this executor
-        # Cumulative training figures (the AM's Cruise driver differences them per epoch).
-        self.counters = {"batches": 0, "samples": 0, "bytes": 0}
+        self.pipeline = TrainingPipeline(runner)
 
     def ops(self) -> dict[str, Op]:
         return {"app_setup": self.app_setup, "worker_setup": self.worker_setup, "init_model": self.init_model,
@@ -78,8 +73,16 @@ class AppRole:
                 "positions": self.positions, "set_positions": self.set_positions, "objective": self.objective,
                 "server_objective": self.server_objective, "stop_training": self.stop_training}
 
+    @property
+    def counters(self) -> dict[str, int]:
+        """Cumulative training figures (the AM's Cruise driver differences them per epoch)."""
+        return self.pipeline.counters
+
     def data_bytes(self) -> int:
         return sum(b.nbytes for b in self.blocks)
+
+    def close(self) -> None:
+        self.pipeline.close()
 
     @property
     def step_lock(self) -> asyncio.Lock:
@@ -133,7 +136,7 @@ class AppRole:
 
     async def init_blocks(self, frame: Frame) -> Reply:
         app, store = self._need_app(), self._need_store()
-        await WorkerLoop(app, self.blocks, store).initialise()
+        await init_blocks(store, app, self.blocks)
         return {"op": "ok", "blocks": len(self.blocks)}, ()
 
     # -- training ----------------------------------------------------------------------------
@@ -153,12 +156,10 @@ class AppRole:
         if self._busy.locked():
             raise RequestError("a clock is already running on this executor")
         async with self._busy:
-            self.stop.clear()
-            stats = _ClockStats()
-            await self._run_batches(app, store, epoch, ctx, count_key, limit, stats)
+            t_start = time.perf_counter()
+            times = await self._run_batches(app, store, ctx, count_key, limit)
             done = all(epoch_position(b, epoch) >= b.num_rows for b in self.blocks)
-            header = stats.header(epoch, done)
-        return header, stats.arrays()
+        return _step_reply(epoch, done, times, t_start)
 
     async def run_epoch(self, frame: Frame) -> Reply:
         """The rest of the epoch (all of it, unless clocks of it ran already) in one op."""
@@ -168,61 +169,26 @@ class AppRole:
         if self._busy.locked():
             raise RequestError("an epoch is already running on this executor")
         async with self._busy:
-            self.stop.clear()
-            stats = _ClockStats()
-            await self._run_batches(app, store, epoch, ctx, count_key, None, stats)
-            header = stats.header(epoch, True)
+            t_start = time.perf_counter()
+            times = await self._run_batches(app, store, ctx, count_key, None)
+            header, arrays = _step_reply(epoch, True, times, t_start)
             if with_objective:
-                part = await self._objective(app, store)
+                part = await self.pipeline.objective(app, store, self.blocks)
                 header["objective"] = [part.value, part.count]
-        return header, stats.arrays()
+        return header, arrays
 
-    async def _run_batches(self, app: PSApp, store: StoreClient, epoch: int, ctx: StepContext,
-                           count_key: str | None, limit: int | None, stats: "_ClockStats") -> None:
-        """PULL -> COMP -> PUSH for up to `limit` (None: all) of the epoch's remaining mini-batches,
-        in block order from each block's position, then flush (the pushes are applied before the
-        AM moves on). Each block's position is in its state, so it travels with the block."""
-        one = [np.ones(1, np.float32)]
-        compute, comm = stats.compute, stats.comm
-        for block in self.blocks:
-            if limit is not None and len(compute) >= limit:
-                break
-            pos = epoch_position(block, epoch)
-            if pos >= block.num_rows:
-                continue
-            for batch in app.batches(block):
-                if batch.start < pos:
-                    continue                   # run in an earlier clock of this epoch
-                if limit is not None and len(compute) >= limit:
-                    break
-                if self.stop.is_set():
-                    raise RequestError(f"epoch {epoch} stopped by the AM")
-                t0 = time.perf_counter()
-                params = await pull_key_values(store, app.keys_for_batch(batch), app.key_length)
-                t1 = time.perf_counter()
-                deltas = app.compute(batch, params, ctx)
-                t2 = time.perf_counter()
-                await push_key_values(store, deltas)   # asynchronous: waits only for backpressure
-                if count_key is not None:
-                    await store.push([count_key], one)
-                t3 = time.perf_counter()
-                set_epoch_position(block, epoch, batch.stop)
-                compute.append(t2 - t1)
-                self.counters["batches"] += 1
-                self.counters["samples"] += batch.size
-                self.counters["bytes"] += _kv_bytes(params) + _kv_bytes(deltas)
-                comm.append((t1 - t0) + (t3 - t2))
-                # Drop this batch's pulled values and deltas before the next pull: held across
-                # it, they would double the per-batch arrays at the worker's memory peak.
-                del params, deltas
-        t_flush = time.perf_counter()
-        await store.flush()
-        if comm:
-            comm[-1] += time.perf_counter() - t_flush
+    async def _run_batches(self, app: PSApp, store: StoreClient, ctx: StepContext, count_key: str | None,
+                           limit: int | None) -> StepTimes:
+        """The pipeline's mini-batches of this step, from each block's position (see the module doc)."""
+        self.stop.clear()
+        try:
+            return await self.pipeline.run_batches(app, store, self.blocks, ctx, limit, count_key, self.stop)
+        except TrainingStopped as e:
+            raise RequestError(str(e)) from None
 
     def positions(self, frame: Frame) -> Reply:
         """Each block's position in the epoch: {block: [epoch, next_row]} (for a restart)."""
-        return {"op": "ok", "positions": {str(b.block_index): list(_position(b)) for b in self.blocks}}, ()
+        return {"op": "ok", "positions": {str(b.block_index): list(block_position(b)) for b in self.blocks}}, ()
 
     async def set_positions(self, frame: Frame) -> Reply:
         """Set the positions of the blocks held here that appear in {block: [epoch, next_row]}
@@ -245,17 +211,9 @@ class AppRole:
                     applied += 1
         return {"op": "ok", "applied": applied}, ()
 
-    async def _objective(self, app: PSApp, store: StoreClient) -> ObjectivePart:
-        part = ObjectivePart()
-        for block in self.blocks:
-            params = await pull_key_values(store, app.objective_keys(block), app.key_length)
-            part = part + app.objective(block, params)
-            del params     # not held across the next block's pull
-        return part
-
     async def objective(self, frame: Frame) -> Reply:
         app, store = self._need_app(), self._need_store()
-        part = await self._objective(app, store)
+        part = await self.pipeline.objective(app, store, self.blocks)
         return {"op": "ok", "value": part.value, "count": part.count}, ()
 
     def server_objective(self, frame: Frame) -> Reply:
@@ -276,39 +234,11 @@ class AppRole:
         return {"op": "ok"}, ()
 
 
-POSITION = "_epoch_position"     # block state: int64 [epoch, next_row] of the block's pass
-
-
-def _position(block: DataBlock) -> tuple[int, int]:
-    p = block.state.get(POSITION)
-    return (0, 0) if p is None else (int(p[0]), int(p[1]))
-
-
-def epoch_position(block: DataBlock, epoch: int) -> int:
-    """The first row of `block` not yet trained in `epoch` (0 if the block's pass is of an earlier
-    epoch, num_rows if it is of a later one: nothing left to do in `epoch`)."""
-    e, row = _position(block)
-    if e < epoch:
-        return 0
-    return row if e == epoch else block.num_rows
-
-
-def set_epoch_position(block: DataBlock, epoch: int, row: int) -> None:
-    block.state[POSITION] = np.array([epoch, row], np.int64)
-
-
-class _ClockStats:
-    """Per-mini-batch compute and communication times of one clock (or epoch) on this worker."""
-
-    def __init__(self) -> None:
-        self.compute: list[float] = []
-        self.comm: list[float] = []
-        self.t_start = time.perf_counter()
-
-    def header(self, epoch: int, done: bool) -> dict[str, Any]:
-        return {"op": "ok", "epoch": epoch, "batches": len(self.compute), "epoch_done": done,
-                "compute_s": float(sum(self.compute)), "comm_s": float(sum(self.comm)),
-                "seconds": time.perf_counter() - self.t_start}
-
-    def arrays(self) -> list[np.ndarray]:
-        return [np.asarray(self.compute, np.float64), np.asarray(self.comm, np.float64)]
+def _step_reply(epoch: int, done: bool, times: StepTimes, t_start: float) -> Reply:
+    """A run_clock / run_epoch reply: counts and sums in the header, the per-mini-batch compute and
+    communication times as two float64 buffers."""
+    header: dict[str, Any] = {
+        "op": "ok", "epoch": epoch, "batches": times.batches, "epoch_done": done,
+        "compute_s": float(sum(times.compute)), "comm_s": float(sum(times.comm)),
+        "seconds": time.perf_counter() - t_start}
+    return header, [np.asarray(times.compute, np.float64), np.asarray(times.comm, np.float64)]

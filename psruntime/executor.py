@@ -3,7 +3,7 @@
 Run as::
 
     python -m psruntime.executor --executor-id E --port 0 --num-blocks 64 [--am HOST:PORT]
-                                 [--role server|worker] [--staleness S] [--ready-file F]
+                                 [--role server|worker] [--ready-file F]
 
 Everything (data ops, migration, control) travels on the one binary frame protocol
 (psruntime.frame_codec / psruntime.dataplane). Control ops from the AM:
@@ -14,15 +14,14 @@ Everything (data ops, migration, control) travels on the one binary frame protoc
     status                         pid, role, RSS from /proc/self/status, blocks, table version
     checkpoint_blocks / restore_blocks_data / checkpoint / restore   model blocks out to the AM and
                                    back (psruntime.checkpoint_ops, via extra_ops)
-    clock_add_worker / clock_remove_worker / clock_tick / clock_status   BSP/SSP clock service
-    start_worker / stop_worker / worker_status   the WORKER role's self-paced loop (psruntime.worker_role)
-    app_setup, worker_setup, run_epoch, ...      AM-paced app ops (psruntime.app_role, via extra_ops)
+    app_setup, worker_setup, run_clock, ...      AM-paced app ops (psruntime.app_role, via extra_ops;
+                                                 the AM paces the clocks, BSP or SSP)
     eps_join, eps_send_data, eps_commit, ...     EPS worker-to-worker split transmission
                                                  (psruntime.eps_worker_ops, via extra_ops)
     shutdown                       reply, then stop the process cleanly (as SIGTERM does)
 
 On start it writes `--ready-file` (JSON: pid, executor_id, address) atomically and, with `--am`,
-announces itself to the AM with an "executor_ready" frame (and sends it each worker "epoch_report").
+announces itself to the AM with an "executor_ready" frame.
 """
 from __future__ import annotations
 
@@ -44,7 +43,6 @@ from protocol.daemon import install_uvloop, setup_logging
 from psruntime.app_role import AppRole
 from psruntime.bandwidth import process_pacer
 from psruntime.checkpoint_ops import CheckpointOps
-from psruntime.clocks import ClockService
 from psruntime.dataplane import DataPlaneClient, DataPlaneServer, Reply, RequestError
 from psruntime.eps_worker_ops import EpsWorkerOps
 from psruntime.frame_codec import Frame
@@ -52,7 +50,6 @@ from psruntime.migration import BlockState
 from psruntime.request_fields import int_list_field, str_field
 from psruntime.ownership_table import OwnershipTable
 from psruntime.store_service import DATA_OPS, StoreService
-from psruntime.worker_role import WorkerRole
 
 log = logging.getLogger(__name__)
 ROLES = ("worker", "server")
@@ -74,7 +71,7 @@ class Executor:
     """One Elastic Executor: a data-plane server over a StoreService, plus control ops."""
 
     def __init__(self, executor_id: str, num_blocks: int, host: str = "127.0.0.1", port: int = 0,
-                 role: str = "server", staleness: int = 0) -> None:
+                 role: str = "server") -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
         self.executor_id = executor_id
@@ -83,9 +80,7 @@ class Executor:
         # Version -1: any table from the controller, even its first (version 0), is newer.
         empty = OwnershipTable(num_blocks, [""] * num_blocks, version=-1)
         self.service = StoreService(executor_id, empty, self.client)
-        self.clocks = ClockService(staleness)
         self.am_address: str | None = None
-        self.worker = WorkerRole(self.client, self._report_to_am)
         # Ops added by other layers on the same control channel (the AM-paced app ops of
         # psruntime.app_role); built-in ops take precedence.
         self.extra_ops: dict[str, Callable[[Frame], Any]] = {}
@@ -109,8 +104,8 @@ class Executor:
         return self.address
 
     async def stop(self) -> None:
-        await self.worker.cancel()
         await self.server.stop()
+        self.app_role.close()
         await self.client.close()
 
     def register_ops(self, ops: dict[str, Callable[[Frame], Any]]) -> None:
@@ -119,10 +114,6 @@ class Executor:
         if clash:
             raise ValueError(f"ops {clash} are built into the executor")
         self.extra_ops.update(ops)
-
-    async def _report_to_am(self, header: dict[str, Any]) -> None:
-        if self.am_address:
-            await self.client.request(self.am_address, {**header, "executor_id": self.executor_id})
 
     # -- dispatch ----------------------------------------------------------------------------
     def handle(self, frame: Frame) -> Reply | Any:
@@ -174,7 +165,6 @@ class Executor:
     def _op_set_ownership(self, frame: Frame) -> Reply:
         table = OwnershipTable.from_wire(frame.header.get("table"))
         adopted = self.service.apply_table(table)
-        self.worker.set_table(table)
         return {"op": "ok", "adopted": adopted, "version": self.service.table.version}, ()
 
     def _op_switch_role(self, frame: Frame) -> Reply:
@@ -183,8 +173,8 @@ class Executor:
             raise RequestError(f"field 'role' must be one of {ROLES}, got {role!r}")
         if role == "worker" and self.service.owned_blocks():
             raise RequestError(f"move blocks {self.service.owned_blocks()} away before switching to worker")
-        if role == "server" and self.worker.active:
-            raise RequestError("stop the worker (stop_worker) before switching to server")
+        if role == "server" and self.app_role.step_lock.locked():
+            raise RequestError("a training step is running; switch to server between steps")
         old, self.role = self.role, role
         log.info("executor %s switched role %s -> %s", self.executor_id, old, role)
         return {"op": "ok", "role": role, "previous": old}, ()
@@ -195,43 +185,11 @@ class Executor:
                 "address": self.address, "rss_bytes": read_rss_bytes(), "blocks": svc.owned_blocks(),
                 "store_bytes": svc.store.nbytes(), "table_version": svc.table.version,
                 "incoming": svc.states.blocks_in(BlockState.INCOMING),
-                "min_clock": self.clocks.table.min_clock(), "requests": svc.stats,
+                "requests": svc.stats,
                 "data_requests": self.data_requests, "busy_s": self.data_busy_s,
                 "data_bytes": self.app_role.data_bytes(), "bytes_served": self.bytes_served,
                 "train_counters": dict(self.app_role.counters),
                 "link_bps": pacer.bps if (pacer := process_pacer()) is not None else None}, ()
-
-    async def _op_clock_add_worker(self, frame: Frame) -> Reply:
-        start = frame.header.get("start_clock")
-        if start is not None and not isinstance(start, int):
-            raise RequestError("field 'start_clock' must be an int")
-        clock = await self.clocks.add_worker(str_field(frame.header, "worker"), start)
-        return {"op": "ok", "clock": clock}, ()
-
-    async def _op_clock_remove_worker(self, frame: Frame) -> Reply:
-        await self.clocks.remove_worker(str_field(frame.header, "worker"))
-        return {"op": "ok"}, ()
-
-    async def _op_clock_tick(self, frame: Frame) -> Reply:
-        clock = await self.clocks.tick(str_field(frame.header, "worker"))
-        return {"op": "ok", "clock": clock, "min_clock": self.clocks.table.min_clock()}, ()
-
-    def _op_clock_status(self, frame: Frame) -> Reply:
-        t = self.clocks.table
-        return {"op": "ok", "clocks": t.clocks, "min_clock": t.min_clock(), "staleness": t.staleness}, ()
-
-    def _op_start_worker(self, frame: Frame) -> Reply:
-        if self.role != "worker":
-            raise RequestError(f"executor {self.executor_id} is a {self.role}; switch_role to worker first")
-        self.worker.start(frame.header)
-        return {"op": "ok", **self.worker.status()}, ()
-
-    async def _op_stop_worker(self, frame: Frame) -> Reply:
-        await self.worker.stop()
-        return {"op": "ok", **self.worker.status()}, ()
-
-    def _op_worker_status(self, frame: Frame) -> Reply:
-        return {"op": "ok", **self.worker.status()}, ()
 
     def _op_ping(self, frame: Frame) -> Reply:
         return {"op": "ok", "executor_id": self.executor_id}, ()
@@ -246,9 +204,6 @@ class Executor:
         "cancel_incoming": _op_cancel_incoming, "move_blocks": _op_move_blocks,
         "set_ownership": _op_set_ownership, "switch_role": _op_switch_role, "status": _op_status,
         "ping": _op_ping, "shutdown": _op_shutdown,
-        "clock_add_worker": _op_clock_add_worker, "clock_remove_worker": _op_clock_remove_worker,
-        "clock_tick": _op_clock_tick, "clock_status": _op_clock_status,
-        "start_worker": _op_start_worker, "stop_worker": _op_stop_worker, "worker_status": _op_worker_status,
     }
 
 
@@ -300,20 +255,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--num-blocks", type=int, default=64)
     p.add_argument("--role", choices=ROLES, default="server")
-    p.add_argument("--staleness", type=int, default=0, help="SSP bound of the clock service (0 = BSP)")
     p.add_argument("--am", default=None, help="the AM's data-plane address host:port to announce to")
     p.add_argument("--ready-file", default=None)
     p.add_argument("--log-level", default=None)
     args = p.parse_args(argv)
     if args.num_blocks <= 0:
         p.error("--num-blocks must be positive")
-    if args.staleness < 0:
-        p.error("--staleness must be >= 0")
     return args
 
 
 async def run(args: argparse.Namespace) -> None:
-    ex = Executor(args.executor_id, args.num_blocks, args.host, args.port, args.role, args.staleness)
+    ex = Executor(args.executor_id, args.num_blocks, args.host, args.port, args.role)
     ex.am_address = args.am
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -51,7 +51,7 @@ async def test_put_get_update_and_missing(cluster) -> None:
     ({"op": "take_ownership", "blocks": [0], "src": "e1"}, [], "cannot take ownership"),
     ({"op": "block_data", "block": 1, "keys": []}, [], "not incoming"),
     ({"op": "restore", "dir": "/nonexistent", "blocks": [0]}, [], "no checkpoint manifest"),
-    ({"op": "clock_tick", "worker": "ghost"}, [], "unknown worker"),
+    ({"op": "start_worker", "worker_id": "w0"}, [], "unknown op"),   # the self-paced loop is gone
 ])
 async def test_bad_requests_get_clear_errors_and_change_nothing(cluster, header, arrays, msg) -> None:
     executors, ctl, dp = cluster

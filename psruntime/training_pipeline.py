@@ -1,0 +1,253 @@
+"""A worker's training pipeline: PULL -> COMP -> PUSH per mini-batch, as subtasks behind a runner.
+
+Per mini-batch the pipeline runs three subtasks, one after the other (DESIGN.md, PS runtime):
+
+    PULL  (COMM)  the batch's model keys from their owners
+    COMP  (CPU)   app.compute, in the pipeline's compute thread: numpy releases the GIL, so the
+                  event loop keeps serving pushes, pulls, flushes and block reloads meanwhile
+    PUSH  (COMM)  the deltas (and the audit count), asynchronous: it waits only for backpressure
+
+A `SubtaskRunner` decides when each subtask runs: `await runner.run(kind, work)`. The default,
+`ImmediateRunner`, runs it at once. A Harmony runner takes a slot of `kind.resource` from its node's
+arbiter before `await work()` and gives it back after, with no change here. `work` is exactly the
+subtask (the compute thread hand-off included), so what is not its job can stay outside it: the
+batch's keys are chosen before PULL's work, and a later split of a pull or push into encode /
+transfer / decode can hand the runner only the transfer.
+
+COMP runs one at a time and in order (one thread), and a batch's PULL waits for the previous
+batch's PUSH: the math is that of a sequential loop, so the same seed trains the same trajectory.
+A batch's compute time is its COMP subtask and its communication time its PULL and PUSH (the last
+batch's also the flush), each as the runner ran it: time a runner waits for a slot counts in.
+The objective part runs the same way (PULL, then COMP in the thread, per block).
+
+A worker's place in an epoch is in each block's state (`[epoch, next_row]`, key POSITION), so it
+travels with a block that EPS moves between two clocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from psruntime.apps.base import KeyValues, ObjectivePart, PSApp, StepContext
+from psruntime.apps.blocks import DataBlock
+from psruntime.store_client import StoreClient
+
+T = TypeVar("T")
+INIT_CHUNK_KEYS = 4096
+POSITION = "_epoch_position"     # block state: int64 [epoch, next_row] of the block's pass
+
+
+class Resource(enum.Enum):
+    """What a subtask occupies on its node (what a per-node arbiter hands out slots of)."""
+
+    CPU = "cpu"
+    COMM = "comm"
+
+
+class Subtask(enum.Enum):
+    """The subtasks of one mini-batch, in the order they run."""
+
+    PULL = "pull"
+    COMP = "comp"
+    PUSH = "push"
+
+    @property
+    def resource(self) -> Resource:
+        return Resource.CPU if self is Subtask.COMP else Resource.COMM
+
+
+class SubtaskRunner(Protocol):
+    """Runs the pipeline's subtasks: `run(kind, work)` returns `await work()`, run when the runner
+    lets it (see the module doc)."""
+
+    async def run(self, kind: Subtask, work: Callable[[], Awaitable[T]]) -> T: ...
+
+
+class ImmediateRunner:
+    """The default runner: every subtask runs as soon as the pipeline reaches it."""
+
+    async def run(self, kind: Subtask, work: Callable[[], Awaitable[T]]) -> T:
+        return await work()
+
+
+class ComputeThread:
+    """One thread that runs COMP off the event loop: one call at a time, in the order they came."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="comp")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    def close(self) -> None:
+        """Let the thread go once its current call (if any) ends; a later call starts a new one."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+
+class TrainingStopped(Exception):
+    """The stop event was set: the step ended before its next mini-batch."""
+
+
+@dataclass
+class StepTimes:
+    """Per-mini-batch compute and communication seconds of one step (a clock or an epoch)."""
+
+    compute: list[float] = field(default_factory=list)
+    comm: list[float] = field(default_factory=list)
+
+    @property
+    def batches(self) -> int:
+        return len(self.compute)
+
+
+# -- model and block setup, pulls and pushes ---------------------------------------------------
+async def pull_key_values(store: StoreClient, keys: np.ndarray, key_length: int) -> KeyValues:
+    """Pull int64 `keys` as a KeyValues (a key never written reads as zeros).
+
+    One array-form request per owner: the reply's (len(keys), key_length) float32 array is used as
+    is (with one owner) or gathered once, with no Python work per key.
+    """
+    values, _found = await store.pull_array(keys, (key_length,), np.float32)
+    return KeyValues(keys, values)
+
+
+async def push_key_values(store: StoreClient, deltas: KeyValues | None) -> None:
+    """Push `deltas` (value += delta at the owners) as one array-form update per owner."""
+    if deltas is not None and len(deltas):
+        await store.push_array(deltas.keys, deltas.values)
+
+
+async def init_model(store: StoreClient, app: PSApp[Any, Any]) -> None:
+    """Put every model key's initial value (done once per job, by one worker)."""
+    keys = app.model_keys()
+    for start in range(0, len(keys), INIT_CHUNK_KEYS):
+        chunk = keys[start:start + INIT_CHUNK_KEYS]
+        await store.put_array(chunk, app.init_value(chunk))
+
+
+async def init_blocks(store: StoreClient, app: PSApp[Any, Any], blocks: Sequence[DataBlock]) -> None:
+    """Initialise each block's worker-local state and push the deltas that come with it."""
+    for block in blocks:
+        await push_key_values(store, app.init_block(block))
+    await store.flush()
+
+
+# -- a block's place in the epoch ----------------------------------------------------------------
+def block_position(block: DataBlock) -> tuple[int, int]:
+    """(epoch, next_row) of the block's latest pass; (0, 0) for a block never trained."""
+    p = block.state.get(POSITION)
+    return (0, 0) if p is None else (int(p[0]), int(p[1]))
+
+
+def epoch_position(block: DataBlock, epoch: int) -> int:
+    """The first row of `block` not yet trained in `epoch` (0 if the block's pass is of an earlier
+    epoch, num_rows if it is of a later one: nothing left to do in `epoch`)."""
+    e, row = block_position(block)
+    if e < epoch:
+        return 0
+    return row if e == epoch else block.num_rows
+
+
+def set_epoch_position(block: DataBlock, epoch: int, row: int) -> None:
+    block.state[POSITION] = np.array([epoch, row], np.int64)
+
+
+def _kv_bytes(kv: KeyValues | None) -> int:
+    """Bytes a pull or push of `kv` carries (keys and values)."""
+    return 0 if kv is None else int(kv.keys.nbytes + kv.values.nbytes)
+
+
+# -- the pipeline ------------------------------------------------------------------------------
+class TrainingPipeline:
+    """A worker's mini-batch loop: PULL -> COMP -> PUSH per batch, each subtask through `runner`,
+    COMP in the pipeline's compute thread. Keeps the worker's cumulative training counters."""
+
+    def __init__(self, runner: SubtaskRunner | None = None) -> None:
+        self.runner: SubtaskRunner = runner if runner is not None else ImmediateRunner()
+        self.compute_thread = ComputeThread()
+        # Cumulative training figures (the AM's Cruise driver differences them per epoch).
+        self.counters = {"batches": 0, "samples": 0, "bytes": 0}
+
+    def close(self) -> None:
+        self.compute_thread.close()
+
+    async def _compute(self, fn: Callable[[], T]) -> T:
+        return await self.runner.run(Subtask.COMP, functools.partial(self.compute_thread.call, fn))
+
+    async def run_batches(self, app: PSApp[Any, Any], store: StoreClient, blocks: Sequence[DataBlock],
+                          ctx: StepContext, limit: int | None = None, count_key: str | None = None,
+                          stop: asyncio.Event | None = None) -> StepTimes:
+        """PULL -> COMP -> PUSH for up to `limit` (None: all) of epoch `ctx.epoch`'s remaining
+        mini-batches, in block order from each block's position, then flush (the pushes are
+        applied before the AM moves on). With `count_key`, also push +1 to that key per
+        mini-batch (an audit: the servers count the mini-batches applied). Raises
+        TrainingStopped when `stop` is set before a mini-batch."""
+        epoch = ctx.epoch
+        one = [np.ones(1, np.float32)]
+        times = StepTimes()
+        compute, comm = times.compute, times.comm
+        for block in blocks:
+            if limit is not None and len(compute) >= limit:
+                break
+            pos = epoch_position(block, epoch)
+            if pos >= block.num_rows:
+                continue
+            for batch in app.batches(block):
+                if batch.start < pos:
+                    continue                   # run in an earlier clock of this epoch
+                if limit is not None and len(compute) >= limit:
+                    break
+                if stop is not None and stop.is_set():
+                    raise TrainingStopped(f"epoch {epoch} stopped by the AM")
+                t0 = time.perf_counter()
+                keys = app.keys_for_batch(batch)
+                params = await self.runner.run(
+                    Subtask.PULL, functools.partial(pull_key_values, store, keys, app.key_length))
+                t1 = time.perf_counter()
+                deltas = await self._compute(functools.partial(app.compute, batch, params, ctx))
+                t2 = time.perf_counter()
+                await self.runner.run(Subtask.PUSH, functools.partial(self._push, store, deltas, count_key, one))
+                t3 = time.perf_counter()
+                set_epoch_position(block, epoch, batch.stop)
+                compute.append(t2 - t1)
+                self.counters["batches"] += 1
+                self.counters["samples"] += batch.size
+                self.counters["bytes"] += _kv_bytes(params) + _kv_bytes(deltas)
+                comm.append((t1 - t0) + (t3 - t2))
+                # Drop this batch's pulled values and deltas before the next pull: held across
+                # it, they would double the per-batch arrays at the worker's memory peak.
+                del keys, params, deltas
+        t_flush = time.perf_counter()
+        await self.runner.run(Subtask.PUSH, store.flush)
+        if comm:
+            comm[-1] += time.perf_counter() - t_flush
+        return times
+
+    @staticmethod
+    async def _push(store: StoreClient, deltas: KeyValues | None, count_key: str | None,
+                    one: list[np.ndarray]) -> None:
+        await push_key_values(store, deltas)   # asynchronous: waits only for backpressure
+        if count_key is not None:
+            await store.push([count_key], one)
+
+    async def objective(self, app: PSApp[Any, Any], store: StoreClient, blocks: Sequence[DataBlock]) -> ObjectivePart:
+        """This worker's objective part under the current model: PULL and COMP per block."""
+        part = ObjectivePart()
+        for block in blocks:
+            params = await self.runner.run(
+                Subtask.PULL, functools.partial(pull_key_values, store, app.objective_keys(block), app.key_length))
+            part = part + await self._compute(functools.partial(app.objective, block, params))
+            del params     # not held across the next block's pull
+        return part
