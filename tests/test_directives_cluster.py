@@ -17,7 +17,8 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import get_app, pids_with_env, rest, submit_app, wait_app, wait_until
+from conftest import get_app, pids_with_env, rest, submit_app, wait_app
+from polling import wait_until
 from protocol import container_env
 
 pytestmark = pytest.mark.cluster
