@@ -26,6 +26,8 @@ def container_stdouts(cluster, app_id: str) -> dict[str, str]:
 
 
 def test_distributed_shell_runs_to_succeeded(cluster):
+    # "sleep 1" is no readiness wait: it keeps the app RUNNING for ten of wait_app's polls, so the
+    # test can see that state before FINISHED (RUNNING is bounded below by it on any host).
     sub = build_submission("hello", ["sh", "-c", "sleep 1; echo hello-from-$CONTAINER_ID"], 2, 128, 1)
     app_id = submit_app(cluster.rm_url, sub, user="alice")
     running = wait_app(cluster.rm_url, app_id, ("RUNNING",), 60)

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import get_app, pids_with_env, submit_app, wait_app
+from conftest import get_app, pids_with_env, running_cluster, submit_app, wait_app
 from polling import wait_until
 from protocol import container_env
 
@@ -84,14 +84,9 @@ sys.exit(asyncio.run(main()))
 # side by side, so neither waits for the other's containers.
 @pytest.fixture(scope="module")
 def kill_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    local_cluster = pytest.importorskip("elastane_cli.local_cluster")
-    c = local_cluster.LocalCluster(tmp_path_factory.mktemp("kill-cluster"), nodes=3, node_memory_mb=2048,
-                                   node_vcores=4, nm_expiry_s=5, am_expiry_s=10, heartbeat_interval_ms=250)
-    c.start(timeout_s=60)
-    try:
+    with running_cluster(tmp_path_factory.mktemp("kill-cluster"), node_memory_mb=2048, node_vcores=4,
+                         nm_expiry_s=5, am_expiry_s=10) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def submit_scripted(cluster: Any, spec: dict[str, Any], steps: list[dict[str, int]], name: str,
