@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import pytest
 from aiohttp import web
@@ -19,6 +19,7 @@ from protocol import codec, container_env, http_server
 from protocol import internal_api as api
 from protocol.records import ContainerState, ExitStatus, Resource
 from protocol.remote_exception import NotFound, Unauthorized
+from polling import wait_until
 
 # ===== fake RM / NM (in-process aiohttp servers) ===============================================
 
@@ -182,16 +183,6 @@ async def fake_cluster() -> Any:
         await nm_runner.cleanup()
 
 
-async def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.02) -> None:
-    """Poll `cond` until true, or fail the test (a readiness check, not a sleep)."""
-    import asyncio  # noqa: PLC0415
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s}s")
-        await asyncio.sleep(interval_s)
-
-
 # ===== real localhost clusters ===================================================================
 
 CLUSTER_KW = dict(nodes=3, node_memory_mb=1024, node_vcores=2, nm_expiry_s=3, am_expiry_s=5,
@@ -199,33 +190,35 @@ CLUSTER_KW = dict(nodes=3, node_memory_mb=1024, node_vcores=2, nm_expiry_s=3, am
 FINAL_STATES = ("FINISHED", "FAILED", "KILLED")
 
 
-def _start_cluster(base: Path) -> Any:
+@contextmanager
+def running_cluster(base: Path, **options: Any) -> Iterator[Any]:
+    """A LocalCluster under `base`, started, with CLUSTER_KW's settings overridden by `options`
+    (nodes, node_memory_mb, node_vcores, expiries, policy, node_bandwidth, network, ...); stopped
+    on exit, also when starting it failed half-way. Module fixtures that need other capacities
+    build their cluster with this."""
     local_cluster = pytest.importorskip("elastane_cli.local_cluster",
                                         reason="elastane_cli.local_cluster is not available")
-    c = local_cluster.LocalCluster(base, **CLUSTER_KW)
-    c.start(timeout_s=60)
-    return c
+    c = local_cluster.LocalCluster(base, **{**CLUSTER_KW, **options})
+    try:
+        c.start(timeout_s=60)
+        yield c
+    finally:
+        c.stop()
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One RM + 3 NMs (1024 MB, 2 vcores each) shared by every non-destructive cluster test
     (each such test kills or waits out its own apps, so the next one finds the cluster idle)."""
-    c = _start_cluster(tmp_path_factory.mktemp("cluster"))
-    try:
+    with running_cluster(tmp_path_factory.mktemp("cluster")) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture
 def private_cluster(tmp_path: Path) -> Iterator[Any]:
     """A cluster of its own for a test that breaks it (kills an NM)."""
-    c = _start_cluster(tmp_path / "cluster")
-    try:
+    with running_cluster(tmp_path / "cluster") as c:
         yield c
-    finally:
-        c.stop()
 
 
 class RestError(Exception):
@@ -275,17 +268,22 @@ def wait_app(base_url: str, app_id: str, states: tuple[str, ...] = FINAL_STATES,
              timeout_s: float = 60.0) -> dict[str, Any]:
     """Poll GET /apps/{id} until its state is one of `states`; fails with the last report on timeout.
     Reaching a different final state fails at once."""
-    deadline = time.monotonic() + timeout_s
-    app: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+    last: dict[str, Any] = {}
+
+    def reached() -> dict[str, Any] | None:
         app = get_app(base_url, app_id)
+        last.update(app)
         if app["state"] in states:
             return app
         if app["state"] in FINAL_STATES:
             raise AssertionError(f"{app_id} ended {app['state']}/{app.get('finalStatus')} "
                                  f"while waiting for {states}: {app.get('diagnostics')}")
-        time.sleep(0.1)
-    raise AssertionError(f"{app_id} not in {states} within {timeout_s}s: last report {app}")
+        return None
+    try:
+        return wait_until(reached, timeout_s, f"{app_id} in {states}")
+    except AssertionError as e:
+        e.add_note(f"last report: {last}")
+        raise
 
 
 def app_post_mortem(cluster: Any, app_id: str, lines: int = 60) -> str:
@@ -300,18 +298,6 @@ def app_post_mortem(cluster: Any, app_id: str, lines: int = 60) -> str:
         tail = log.read_text(errors="replace").splitlines()[-lines:]
         out += [f"--- {log}", *tail]
     return "\n".join(out)
-
-
-def wait_until(cond: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition") -> Any:
-    """Poll a synchronous condition until it returns a truthy value; returns it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout_s}s")
-        time.sleep(0.1)
 
 
 # ===== process inspection (what the NMs really left running) =====================================

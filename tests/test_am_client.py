@@ -9,6 +9,7 @@ from appmaster.container_book import AmContainerState
 from appmaster.rm_client import AmEnvironmentError, AmIdentity
 from protocol import container_env
 from protocol.internal_api import ContainerStatus, LaunchContext, NodeReport, ShapeDirective
+from polling import async_wait_until
 from protocol.records import FinalStatus, Resource
 
 R = Resource(256, 1)
@@ -214,8 +215,7 @@ async def test_background_loop_heartbeats_faster_while_asks_pend(fake_cluster):
     try:
         await am.register()
         am.add_ask(1, R)
-        from conftest import wait_for
-        await wait_for(lambda: len(rm.requests) >= 5)
+        await async_wait_until(lambda: len(rm.requests) >= 5, what="five heartbeats while the ask pends")
         rm.grant = True
         ev = await am.next_event(timeout_s=10)
         assert isinstance(ev, ContainersAllocated)

@@ -7,7 +7,7 @@ import pytest
 from appmaster.am_client import ApplicationMaster, HeartbeatPolicy
 from appmaster.distributed_shell import DistributedShell, am_command, build_submission, parse_args
 from appmaster.rm_client import AmIdentity
-from conftest import wait_for
+from polling import async_wait_until
 from protocol.internal_api import ContainerStatus
 from protocol.records import FinalStatus, Resource
 
@@ -22,7 +22,7 @@ def shell_for(fake, n=2, cmd=("echo", "hello world")) -> DistributedShell:
 async def run_with_exits(fake, shell, exits: list[tuple[int, str]]):
     task = asyncio.create_task(shell.run())
     try:
-        await wait_for(lambda: len(fake.nm.started) == len(exits) or task.done())
+        await async_wait_until(lambda: len(fake.nm.started) == len(exits) or task.done())
         assert not task.done(), task.result()
         cids = sorted(fake.nm.started)
         fake.rm.completed = [ContainerStatus(container_id=c, state="COMPLETE", exit_status=code, diagnostics=d)
@@ -67,7 +67,7 @@ async def test_sigterm_stops_containers_without_unregistering(fake_cluster):
     shell = shell_for(fake_cluster, n=2)
     task = asyncio.create_task(shell.run())
     try:
-        await wait_for(lambda: len(fake_cluster.nm.started) == 2)
+        await async_wait_until(lambda: len(fake_cluster.nm.started) == 2)
         shell.request_stop()
         result = await asyncio.wait_for(task, 10)
     finally:
@@ -81,7 +81,7 @@ async def test_rm_shutdown_stops_containers(fake_cluster):
     shell = shell_for(fake_cluster, n=1)
     task = asyncio.create_task(shell.run())
     try:
-        await wait_for(lambda: len(fake_cluster.nm.started) == 1)
+        await async_wait_until(lambda: len(fake_cluster.nm.started) == 1)
         fake_cluster.rm.actions = ["SHUTDOWN"]
         result = await asyncio.wait_for(task, 10)
     finally:
@@ -155,7 +155,7 @@ async def _spawn_shell(fake, *args: str) -> asyncio.subprocess.Process:
 async def test_process_unregisters_and_exits_0(fake_cluster):
     proc = await _spawn_shell(fake_cluster, "--num-containers", "1", "--container-memory", "64", "--", "true")
     try:
-        await wait_for(lambda: len(fake_cluster.nm.started) == 1)
+        await async_wait_until(lambda: len(fake_cluster.nm.started) == 1)
         (cid,) = fake_cluster.nm.started
         fake_cluster.rm.completed = [ContainerStatus(container_id=cid, state="COMPLETE", exit_status=0)]
         assert await asyncio.wait_for(proc.wait(), 20) == 0
@@ -170,7 +170,7 @@ async def test_process_stops_its_containers_on_sigterm(fake_cluster):
     import signal
     proc = await _spawn_shell(fake_cluster, "--num-containers", "2", "--container-memory", "64", "--", "sleep", "100")
     try:
-        await wait_for(lambda: len(fake_cluster.nm.started) == 2)
+        await async_wait_until(lambda: len(fake_cluster.nm.started) == 2)
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 143
     finally:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from nodemanager import launcher, node_settings
+from polling import async_wait_until
 from protocol import config as pconfig
 from protocol import container_env
 from protocol.internal_api import LaunchContext
@@ -196,14 +197,9 @@ async def test_close_flushes_what_was_queued(paced):
     try:
         conn.submit({"op": "put"}, [np.zeros(300_000, np.uint8)])
         await conn.close()                 # queued bytes still go out before the FIN
-        await asyncio.wait_for(_until(lambda: got == [300_000]), 5)
+        await async_wait_until(lambda: got == [300_000], 5, "the queued bytes delivered", interval_s=0.01)
     finally:
         await server.stop()
-
-
-async def _until(cond) -> None:
-    while not cond():  # noqa: ASYNC110 (cond reads state that no Event signals)
-        await asyncio.sleep(0.01)
 
 
 def test_unpaced_protocol_is_unchanged_without_the_env(monkeypatch):

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from conftest import get_app, pids_with_env, wait_until
+from conftest import get_app, pids_with_env
+from polling import wait_until
 from protocol import container_env
 
 pytestmark = pytest.mark.cluster

@@ -8,7 +8,8 @@ import pytest
 
 from appmaster.distributed_shell import build_submission
 from cpu_accounting import check_held_to_one_core, idle_cores, machine_cpu_ticks
-from conftest import cpu_seconds, pid_alive, pids_with_env, rest, submit_app, wait_app, wait_until
+from conftest import cpu_seconds, pid_alive, pids_with_env, rest, submit_app, wait_app
+from polling import wait_until
 from protocol import container_env
 
 pytestmark = pytest.mark.cluster

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from appmaster.distributed_shell import build_submission
-from conftest import rest, submit_app, wait_app, wait_until
+from conftest import rest, submit_app, wait_app
+from polling import wait_until
 
 pytestmark = pytest.mark.cluster
 

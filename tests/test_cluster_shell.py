@@ -1,13 +1,13 @@
 """End to end on a real localhost cluster (RM + 3 NMs as processes): the distributed shell's
 lifecycle — success, failure, kill (and who may kill), AM attempts, and the YARN REST flow."""
-import asyncio
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from appmaster.distributed_shell import build_submission
-from conftest import (RestError, get_app, pid_alive, pids_with_env, rest, submit_app, wait_app, wait_until)
+from conftest import FINAL_STATES, RestError, get_app, pid_alive, pids_with_env, rest, submit_app, wait_app
+from polling import async_wait_until, wait_until
 from protocol import container_env
 
 pytestmark = pytest.mark.cluster
@@ -26,6 +26,8 @@ def container_stdouts(cluster, app_id: str) -> dict[str, str]:
 
 
 def test_distributed_shell_runs_to_succeeded(cluster):
+    # "sleep 1" is no readiness wait: it keeps the app RUNNING for ten of wait_app's polls, so the
+    # test can see that state before FINISHED (RUNNING is bounded below by it on any host).
     sub = build_submission("hello", ["sh", "-c", "sleep 1; echo hello-from-$CONTAINER_ID"], 2, 128, 1)
     app_id = submit_app(cluster.rm_url, sub, user="alice")
     running = wait_app(cluster.rm_url, app_id, ("RUNNING",), 60)
@@ -115,13 +117,11 @@ async def test_yarn_rest_flow_as_a_yarn_tool_does_it(cluster):
         }
         async with s.post(url + "/apps", params={"user.name": "bob"}, json=body) as r:
             assert r.status == 202, await r.text()
-        state = None
-        for _ in range(600):    # poll like a YARN client, up to ~60 s
+        async def final_state() -> str | None:      # poll the state endpoint like a YARN client
             async with s.get(f"{url}/apps/{app_id}/state") as r:
                 state = (await r.json())["state"]
-            if state in ("FINISHED", "FAILED", "KILLED"):
-                break
-            await asyncio.sleep(0.1)
+            return state if state in FINAL_STATES else None
+        state = await async_wait_until(final_state, 60, f"{app_id} in a final state", interval_s=0.1)
         assert state == "FINISHED"
         async with s.get(f"{url}/apps/{app_id}") as r:
             app = (await r.json())["app"]

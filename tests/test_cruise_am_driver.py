@@ -15,6 +15,7 @@ from appmaster.ps.cruise_driver import CruiseDriver
 from appmaster.ps.eps_datasets import SplitLedger
 from appmaster.ps.metrics import EpochRecord, JobMetrics
 from protocol import executor_ops as ops
+from polling import async_wait_until
 from psruntime.ownership_table import OwnershipTable
 
 SPLITS, MODEL_BLOCKS, ROWS, BATCH = 10, 10, 100, 10
@@ -176,10 +177,7 @@ async def test_bad_split_is_reconfigured_and_measured() -> None:
     (w, s) = first.target.shape
     assert s > 1 and w + s == 6
     # Training goes on while the plan runs; no second decision meanwhile.
-    for _ in range(100):            # let the plan task reach its first op
-        if rt.busy_seen:
-            break
-        await asyncio.sleep(0)
+    await async_wait_until(lambda: rt.busy_seen, 10, "the plan task at its first op", interval_s=0)
     assert await d.on_epoch(_epoch(d, t, 1, 8.0)) is None
     assert rt.busy_seen and d.steps.busy
     rt.gate.set()

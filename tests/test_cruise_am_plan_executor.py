@@ -12,6 +12,7 @@ from appmaster.cruise.plan import BlockKind
 from appmaster.cruise.plan_builder import ExecutorState, apply_plan, build_plan
 from appmaster.cruise.targets import Role, Target
 from appmaster.ps.plan_executor import PlanExecutor, PlanFailed
+from polling import async_wait_until
 
 
 class FakeRuntime:
@@ -130,12 +131,22 @@ async def test_cancellation_cancels_running_ops() -> None:
     current, target = _bad_split()
 
     class Slow(FakeRuntime):
+        moving = 0
+        cancelled = 0
+
         async def move(self, *a, **k) -> int:          # type: ignore[override]
-            await asyncio.sleep(60)
+            self.moving += 1
+            try:
+                await asyncio.sleep(60)                 # an op that is still running when the plan is cancelled
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
             return 0
 
-    task = asyncio.ensure_future(PlanExecutor(Slow(current)).execute(build_plan(current, target)))
-    await asyncio.sleep(0.01)
+    rt = Slow(current)
+    task = asyncio.ensure_future(PlanExecutor(rt).execute(build_plan(current, target)))
+    await async_wait_until(lambda: rt.moving, 10, "a move running")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    assert rt.cancelled == rt.moving, (rt.cancelled, rt.moving)   # no op left running behind the plan

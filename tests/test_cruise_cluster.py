@@ -18,7 +18,8 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import pids_with_env, submit_app, wait_app, wait_until
+from conftest import pids_with_env, running_cluster, submit_app, wait_app
+from polling import wait_until
 from protocol import container_env
 
 pytestmark = pytest.mark.cluster
@@ -36,15 +37,9 @@ CRUISE_JOB: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def capped_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    local_cluster = pytest.importorskip("elastane_cli.local_cluster")
-    c = local_cluster.LocalCluster(tmp_path_factory.mktemp("cruise-cluster"), nodes=3, node_memory_mb=2048,
-                                   node_vcores=4, nm_expiry_s=5, am_expiry_s=10, heartbeat_interval_ms=250,
-                                   node_bandwidth="20mbit", network="emulated")
-    c.start(timeout_s=60)
-    try:
+    with running_cluster(tmp_path_factory.mktemp("cruise-cluster"), node_memory_mb=2048, node_vcores=4,
+                         nm_expiry_s=5, am_expiry_s=10, node_bandwidth="20mbit", network="emulated") as c:
         yield c
-    finally:
-        c.stop()
 
 
 def final_status(cluster: Any, app_id: str) -> dict[str, Any]:

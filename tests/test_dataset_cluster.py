@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import app_post_mortem, pids_with_env, submit_app, wait_app, wait_until
+from conftest import app_post_mortem, pids_with_env, submit_app, wait_app
+from polling import wait_until
 from elastane_cli.main import main as cli_main
 from protocol import container_env
 

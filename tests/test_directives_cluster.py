@@ -17,7 +17,8 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import get_app, pids_with_env, rest, submit_app, wait_app, wait_until
+from conftest import get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
+from polling import wait_until
 from protocol import container_env
 
 pytestmark = pytest.mark.cluster
@@ -25,18 +26,12 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def eps_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    local_cluster = pytest.importorskip("elastane_cli.local_cluster")
     from rm import policies
     if "eps" not in policies.known():
         pytest.skip("the RM has no eps policy")
-    c = local_cluster.LocalCluster(tmp_path_factory.mktemp("eps-cluster"), nodes=2, node_memory_mb=1536,
-                                   node_vcores=3, nm_expiry_s=5, am_expiry_s=10, heartbeat_interval_ms=250,
-                                   policy="eps")
-    c.start(timeout_s=60)
-    try:
+    with running_cluster(tmp_path_factory.mktemp("eps-cluster"), nodes=2, node_memory_mb=1536, node_vcores=3,
+                         nm_expiry_s=5, am_expiry_s=10, policy="eps") as c:
         yield c
-    finally:
-        c.stop()
 
 
 def submit(cluster: Any, spec: dict[str, Any], name: str) -> str:

@@ -20,7 +20,9 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import FINAL_STATES, app_post_mortem, get_app, pids_with_env, rest, submit_app, wait_app, wait_until
+from conftest import (FINAL_STATES, app_post_mortem, get_app, pids_with_env, rest, running_cluster, submit_app,
+                      wait_app)
+from polling import wait_until
 from protocol import container_env
 from psruntime.checkpoint import load_manifests
 from psruntime.ownership_table import block_of
@@ -39,14 +41,9 @@ SPEC: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def eps_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One RM + 3 NMs (2048 MB, 5 vcores each: room for two AMs and 10 executors) for this module."""
-    local_cluster = pytest.importorskip("elastane_cli.local_cluster")
-    c = local_cluster.LocalCluster(tmp_path_factory.mktemp("eps-cluster"), nodes=3, node_memory_mb=2048,
-                                   node_vcores=5, nm_expiry_s=10, am_expiry_s=30, heartbeat_interval_ms=250)
-    c.start(timeout_s=60)
-    try:
+    with running_cluster(tmp_path_factory.mktemp("eps-cluster"), node_memory_mb=2048, node_vcores=5,
+                         nm_expiry_s=10, am_expiry_s=30) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def http(url: str, body: Any = None, timeout_s: float = 300.0) -> tuple[int, Any]:

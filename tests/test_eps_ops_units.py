@@ -18,6 +18,7 @@ from appmaster.ps.metrics import JobMetrics
 from appmaster.ps.boundary_scheduler import TrainingNotRunning
 from appmaster.ps.reconfiguration import Reconfiguration
 from appmaster.ps.training import Training
+from polling import async_wait_until
 from protocol.ps_job_spec import validate
 from protocol.records import Resource
 from psruntime.apps.registry import create_app
@@ -72,13 +73,9 @@ def make(spec_json: dict[str, Any], workers: int = 2, servers: int = 2) -> tuple
     return training, plane, pool
 
 
-async def until(cond: Any) -> None:
-    """Let the event loop run until `cond()` holds (bounded: fails rather than hangs)."""
-    for _ in range(10_000):
-        if cond():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never held")
+async def until(cond: Any, what: str) -> None:
+    """Let the event loop run (no wall-clock pause) until `cond()` holds; fails rather than hangs."""
+    await async_wait_until(cond, 10, what, interval_s=0)
 
 
 async def test_overlapped_step_holds_the_epoch_end_and_boundary_step_runs_between_epochs() -> None:
@@ -89,7 +86,7 @@ async def test_overlapped_step_holds_the_epoch_end_and_boundary_step_runs_betwee
         epochs.append(rec.epoch)
 
     loop = asyncio.create_task(training.loop.train(on_epoch))
-    await until(lambda: plane.running == 2)                      # epoch 0 is training
+    await until(lambda: plane.running == 2, "both workers training")  # epoch 0 is training
     step_done = asyncio.Event()
 
     async def transmission() -> str:
@@ -98,7 +95,7 @@ async def test_overlapped_step_holds_the_epoch_end_and_boundary_step_runs_betwee
 
     overlapped = asyncio.create_task(training.loop.boundaries.overlap_epoch(transmission))
     plane.gate.set()                                              # the workers finish epoch 0 ...
-    await until(lambda: plane.running == 0)
+    await until(lambda: plane.running == 0, "the workers done with epoch 0")
     plane.gate.clear()                                            # epoch 1 will wait for the test
     for _ in range(100):                                          # give the loop every chance to move on
         await asyncio.sleep(0)
@@ -113,9 +110,9 @@ async def test_overlapped_step_holds_the_epoch_end_and_boundary_step_runs_betwee
         seen.append(plane.running)                                # nobody trains at the boundary
         training.membership.set_workers(training.membership.workers[:1])   # the clock list changes here
 
-    await until(lambda: epochs == [0])
+    await until(lambda: epochs == [0], "epoch 0 ended")
     boundary = asyncio.create_task(training.loop.boundaries.at_boundary(switch))
-    await until(lambda: plane.running >= 1)
+    await until(lambda: plane.running >= 1, "a worker training")
     plane.gate.set()
     _, lost = await boundary
     await loop
@@ -132,7 +129,7 @@ async def test_clock_boundary_waits_for_the_running_clock_and_not_when_idle() ->
     await training.loop.boundaries.clock_boundary()   # not training: nothing in flight, returns at once
 
     loop = asyncio.create_task(training.loop.train(lambda rec: asyncio.sleep(0)))
-    await until(lambda: plane.running == 2)        # a clock is running: worker requests may be in flight
+    await until(lambda: plane.running == 2, "both workers training")  # a clock is running: requests in flight
     boundary = asyncio.create_task(training.loop.boundaries.clock_boundary())
     for _ in range(100):
         await asyncio.sleep(0)

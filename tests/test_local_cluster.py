@@ -18,6 +18,7 @@ import pytest
 
 from elastane_cli import container_reaper, processes
 from elastane_cli.local_cluster import ClusterStartError, LocalCluster
+from polling import wait_until
 
 FAKE_RM = textwrap.dedent('''
     import argparse, json, os, signal, sys, threading
@@ -245,11 +246,8 @@ def test_real_containers_of_a_killed_nm_are_reaped_at_stop(tmp_path: Path) -> No
         def live_records() -> list[container_reaper.RecordedContainer]:
             recs = container_reaper.recorded_containers(c.nodes[0].recovery_dir)
             return [r for r in recs if processes.is_alive(r.pid, r.start_ticks)]
-        deadline = time.monotonic() + 60
-        while len(live_records()) < 2:  # the AM and its sleep container
-            assert time.monotonic() < deadline, "containers did not start"
-            time.sleep(0.1)
-        recs = live_records()
+        # the AM and its sleep container
+        recs = wait_until(lambda: r if len(r := live_records()) >= 2 else None, 60, "both containers started")
         c.kill_node(0)
         assert all(processes.is_alive(r.pid, r.start_ticks) for r in recs)
     finally:

@@ -7,12 +7,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from polling import wait_until
 from psruntime.dataplane import DataPlaneClient
 from psruntime.executor import Executor
 from psruntime.migration_controller import MigrationController, MigrationControllerError
@@ -122,12 +122,17 @@ def _spawn_executor(tmp: Path, name: str) -> tuple[subprocess.Popen[bytes], str]
     proc = subprocess.Popen([sys.executable, "-m", "psruntime.executor", "--executor-id", name, "--port", "0",
                              "--num-blocks", str(NUM_BLOCKS), "--ready-file", str(ready)],
                             stderr=open(tmp / f"{name}.log", "wb"))
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"executor {name} did not start: {(tmp / f'{name}.log').read_text()}")
-        time.sleep(0.02)
+
+    def ready_or_dead() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"executor {name} exited with {proc.returncode}")
+        return ready.exists()
+    try:
+        wait_until(ready_or_dead, 30, f"executor {name}'s ready file", interval_s=0.02)
+    except BaseException as e:
+        proc.kill()
+        e.add_note(f"executor {name} did not start: {(tmp / f'{name}.log').read_text()}")
+        raise
     return proc, json.loads(ready.read_text())["address"]
 
 

@@ -1,7 +1,6 @@
 """Test support for NodeManager process tests: a fake RM and an NM subprocess runner (no tests here)."""
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import os
@@ -11,7 +10,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from aiohttp import web
 
@@ -20,26 +19,12 @@ from protocol import internal_api as api
 from protocol.http_server import json_response, make_app, read_json, require_token
 from protocol.nm_client import container_token_payload
 from protocol.records import Resource
+from polling import async_wait_until
 
 SECRET = "test-secret-" + "ab" * 16
 REPO = Path(__file__).resolve().parent.parent
 RM_START_MS = 1700000000000
 _seq = itertools.count(1)
-
-
-async def wait_for(cond: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05, what: str = "") -> Any:
-    """Poll `cond` until it returns a truthy value; fail after `timeout` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        v = cond()
-        if asyncio.iscoroutine(v):
-            v = await v
-        if v:
-            return v
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what or cond}")
-        await asyncio.sleep(interval)
 
 
 @dataclass
@@ -172,7 +157,7 @@ async def start_nm(base: Path, rm: FakeRM, *, cgroups: str = "auto", memory_mb: 
     if not wait_ready:
         return NMProcess(proc, ready, {}, dirs)
     try:
-        await wait_for(ready_or_dead, timeout, what="NM ready file")
+        await async_wait_until(ready_or_dead, timeout, what="NM ready file")
     except BaseException:
         kill_nm(proc)
         raise
@@ -195,7 +180,7 @@ async def stop_nm(nm: NMProcess, timeout: float = 20.0) -> int:
     """SIGTERM the NM by pid and wait for its exit status."""
     if nm.proc.poll() is None:
         nm.proc.send_signal(signal.SIGTERM)
-        await wait_for(lambda: nm.proc.poll() is not None, timeout, what="NM exit after SIGTERM")
+        await async_wait_until(lambda: nm.proc.poll() is not None, timeout, what="NM exit after SIGTERM")
     return nm.proc.returncode
 
 

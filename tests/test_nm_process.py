@@ -17,8 +17,9 @@ from protocol.records import ContainerState, ExitStatus
 
 from nodemanager.cgroup_detect import CgroupVersion, detect_from_file
 from cpu_accounting import check_held_to_one_core, idle_cores, machine_cpu_ticks
+from polling import async_wait_until
 from test_nm_harness import (FakeRM, container_token, free_port, group_alive, new_ids, proc_alive, start_nm,
-                             stop_nm, wait_for)
+                             stop_nm)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -78,7 +79,7 @@ async def _wait_complete(client: NMClient, nm, cid: str, tok: str, timeout: floa
     async def done():
         st = await client.container_status(nm.address, cid, tok)
         return st if st.state == ContainerState.COMPLETE.value else None
-    return await wait_for(done, timeout, interval=0.1, what=f"{cid} COMPLETE")
+    return await async_wait_until(done, timeout, interval_s=0.1, what=f"{cid} COMPLETE")
 
 
 async def _get_json(url: str) -> tuple[int, dict]:
@@ -101,11 +102,11 @@ async def test_container_runs_completes_and_its_log_is_served(tmp_path, rm, clie
         "echo logdir=<LOG_DIR>",
     ])
     assert st.state == ContainerState.RUNNING.value and st.pid
-    await wait_for(lambda: (s := rm.last_status(cid)) and s.state == "RUNNING", what="RUNNING in a heartbeat")
+    await async_wait_until(lambda: (s := rm.last_status(cid)) and s.state == "RUNNING", what="RUNNING in a heartbeat")
     marker.touch()
     st = await _wait_complete(client, nm, cid, tok)
     assert st.exit_status == 0, st
-    await wait_for(lambda: (s := rm.last_status(cid)) and s.state == "COMPLETE", what="COMPLETE in a heartbeat")
+    await async_wait_until(lambda: (s := rm.last_status(cid)) and s.state == "COMPLETE", what="COMPLETE in a heartbeat")
     status, files = await _get_json(f"{nm.url}/ws/v1/node/containerlogs/{cid}")
     assert status == 200
     assert {f["fileName"] for f in files["containerLogsInfo"]["containerLogInfo"]} == {"stdout", "stderr"}
@@ -129,7 +130,7 @@ async def test_container_runs_completes_and_its_log_is_served(tmp_path, rm, clie
     assert lines[2] == f"logdir={nm.dirs['logs'] / info['container']['appId'] / cid}"
     # Completed containers are reported until the RM acknowledged them, then no more.
     n = len(rm.heartbeats)
-    await wait_for(lambda: len(rm.heartbeats) > n + 3, what="more heartbeats")
+    await async_wait_until(lambda: len(rm.heartbeats) > n + 3, what="more heartbeats")
     assert all(s.container_id != cid for s in rm.heartbeats[-1].container_statuses)
     status, info = await _get_json(f"{nm.url}/ws/v1/node/containers/{cid}")
     assert status == 200 and info["container"]["exitCode"] == 0 and info["container"]["state"] == "DONE"
@@ -194,12 +195,12 @@ async def test_stop_kills_the_process_group_with_minus_105(tmp_path, rm, client,
     # A command that ignores SIGTERM must still go (SIGKILL after the grace), children included.
     cid, tok, st = await _launch(client, nm, ["trap '' TERM; sleep 300 & sleep 301 & wait"])
     pgid = st.pid
-    await wait_for(lambda: group_alive(pgid), what="container process group")
+    await async_wait_until(lambda: group_alive(pgid), what="container process group")
     st = await client.stop_container(nm.address, cid, tok)
     st = await _wait_complete(client, nm, cid, tok)
     assert st.exit_status == ExitStatus.KILLED_BY_APPMASTER
-    await wait_for(lambda: not group_alive(pgid), what="process group gone")
-    await wait_for(lambda: (s := rm.last_status(cid)) and s.exit_status == -105, what="-105 reported")
+    await async_wait_until(lambda: not group_alive(pgid), what="process group gone")
+    await async_wait_until(lambda: (s := rm.last_status(cid)) and s.exit_status == -105, what="-105 reported")
 
 
 async def test_rm_cleanup_and_resync(tmp_path, rm, client, nms):
@@ -212,7 +213,7 @@ async def test_rm_cleanup_and_resync(tmp_path, rm, client, nms):
     cid2, tok2, _ = await _launch(client, nm, ["sleep 300"])
     n = len(rm.registrations)
     rm.next_action = "RESYNC"
-    await wait_for(lambda: len(rm.registrations) > n, what="re-registration after RESYNC")
+    await async_wait_until(lambda: len(rm.registrations) > n, what="re-registration after RESYNC")
     assert any(s.container_id == cid2 and s.state == "RUNNING" for s in rm.registrations[-1].containers)
     _, info = await _get_json(f"{nm.url}/ws/v1/node/containers/{cid2}")
     app2 = info["container"]["appId"]
@@ -220,9 +221,9 @@ async def test_rm_cleanup_and_resync(tmp_path, rm, client, nms):
     rm.pending_app_cleanup.append(app2)
     st = await _wait_complete(client, nm, cid2, tok2)
     assert st.exit_status == ExitStatus.KILLED_AFTER_APP_COMPLETION
-    await wait_for(lambda: not (nm.dirs["local"] / app2).exists(), what="app dir removed")
+    await async_wait_until(lambda: not (nm.dirs["local"] / app2).exists(), what="app dir removed")
     rm.next_action = "SHUTDOWN"
-    await wait_for(lambda: nm.proc.poll() is not None, what="NM exit on SHUTDOWN")
+    await async_wait_until(lambda: nm.proc.poll() is not None, what="NM exit on SHUTDOWN")
     assert nm.proc.returncode == 0
 
 
@@ -239,7 +240,7 @@ async def test_cgroup_v1_oom_is_minus_104(tmp_path, rm, client, nms):
     assert "running beyond physical memory limits" in st.diagnostics and "killed" in st.diagnostics
     assert f"containerID={cid}" in st.diagnostics and "of 64.0 MB physical memory used" in st.diagnostics
     node_dir = Path("/sys/fs/cgroup/memory/elastane") / nm.node_id.replace(":", "_")
-    await wait_for(lambda: not (node_dir / cid).exists(), what="container cgroup removed")
+    await async_wait_until(lambda: not (node_dir / cid).exists(), what="container cgroup removed")
 
 
 def _cpu_ticks(pids: list[int]) -> int:
@@ -269,7 +270,7 @@ async def test_cgroup_v1_cpu_quota_holds_two_busy_loops_to_one_core(tmp_path, rm
     def busy_pids() -> list[int]:
         pids = [int(p) for p in (cpu_dir / "cgroup.procs").read_text().split()]
         return [p for p in pids if Path(f"/proc/{p}/comm").read_text().startswith("python")]
-    await wait_for(lambda: len(busy_pids()) == 2, what="two busy loops")
+    await async_wait_until(lambda: len(busy_pids()) == 2, what="two busy loops")
     pids = [int(p) for p in (cpu_dir / "cgroup.procs").read_text().split()]  # the bash wrappers too
     loop = asyncio.get_running_loop()
     # Up to three 2 s windows: none may exceed the cap; the container must get real use (>= 0.5
@@ -354,7 +355,7 @@ async def test_restart_readopts_a_running_container(tmp_path, rm, client, nms):
         go.touch()
         st = await _wait_complete(client, nm2, cid, tok)
         assert st.exit_status == 7
-        await wait_for(lambda: (s := rm.last_status(cid)) and s.state == "COMPLETE" and s.exit_status == 7,
+        await async_wait_until(lambda: (s := rm.last_status(cid)) and s.state == "COMPLETE" and s.exit_status == 7,
                        what="adopted container's completion reported")
         assert not proc_alive(pid)
     finally:
@@ -369,17 +370,17 @@ async def test_nm_keeps_retrying_until_the_rm_answers(tmp_path, nms):
                         rm_url=f"http://127.0.0.1:{rm_port}")
     nms.append(nm)
     log_file = tmp_path / "nm" / "nm.stderr"
-    await wait_for(lambda: "cannot register with the RM" in log_file.read_text(), what="registration retries")
+    await async_wait_until(lambda: "cannot register with the RM" in log_file.read_text(), what="registration retries")
     assert nm.proc.poll() is None and not nm.ready_file.exists()
     await late_rm.start(rm_port)
     try:
-        await wait_for(lambda: nm.ready_file.exists(), 20, what="ready file after the RM came up")
-        await wait_for(lambda: len(late_rm.heartbeats) >= 2, what="heartbeats")
+        await async_wait_until(lambda: nm.ready_file.exists(), 20, what="ready file after the RM came up")
+        await async_wait_until(lambda: len(late_rm.heartbeats) >= 2, what="heartbeats")
         assert late_rm.bad_tokens == 0
     finally:
         await late_rm.stop()
     n = len(late_rm.heartbeats)
     # With the RM gone again the NM stays up, and stops cleanly on SIGTERM.
-    await wait_for(lambda: "heartbeat to" in log_file.read_text(), what="heartbeat failure logged")
+    await async_wait_until(lambda: "heartbeat to" in log_file.read_text(), what="heartbeat failure logged")
     assert nm.proc.poll() is None and len(late_rm.heartbeats) == n
     assert await stop_nm(nm) == 0

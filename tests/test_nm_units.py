@@ -23,7 +23,8 @@ from nodemanager.enforcement import Enforcement
 from nodemanager.recovery_store import RecoveryStore
 from nodemanager.rss_monitor import Watched, find_overruns
 from nodemanager.web_api import NodeWebApi
-from test_nm_harness import REPO, SECRET, container_token, new_ids, wait_for
+from polling import async_wait_until
+from test_nm_harness import REPO, SECRET, container_token, new_ids
 
 MB = 1024 * 1024
 
@@ -243,5 +244,5 @@ async def test_failed_launch_is_reported_and_releases_capacity(tmp_path):
     c = await m.start(claims, Resource(256, 1), api.LaunchContext(commands=["true"]))
     assert c.status().state == "COMPLETE" and c.exit_status == ExitStatus.INVALID
     assert "container launch failed" in c.diagnostics
-    await wait_for(lambda: c.state is S.DONE, what="cleanup")
+    await async_wait_until(lambda: c.state is S.DONE, what="cleanup")
     assert m.used() == Resource(0, 0) and [s.container_id for s in m.statuses()] == [cid]

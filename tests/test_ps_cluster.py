@@ -16,7 +16,8 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import FINAL_STATES, get_app, pids_with_env, rest, submit_app, wait_app, wait_until
+from conftest import FINAL_STATES, get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
+from polling import wait_until
 from protocol import container_env
 from psruntime.checkpoint import load_blocks, load_manifests
 
@@ -28,14 +29,8 @@ EXECUTOR_MB = 320
 @pytest.fixture(scope="module")
 def ps_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One RM + 3 NMs (1536 MB, 2 vcores each) shared by the PS tests of this module."""
-    local_cluster = pytest.importorskip("elastane_cli.local_cluster")
-    c = local_cluster.LocalCluster(tmp_path_factory.mktemp("ps-cluster"), nodes=3, node_memory_mb=1536,
-                                   node_vcores=2, nm_expiry_s=3, am_expiry_s=5, heartbeat_interval_ms=250)
-    c.start(timeout_s=60)
-    try:
+    with running_cluster(tmp_path_factory.mktemp("ps-cluster"), node_memory_mb=1536) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def am_dir(cluster: Any, app_id: str) -> Path:

@@ -5,11 +5,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from polling import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,11 +27,10 @@ def test_runs_serves_and_stops_on_sigterm(tmp_path):
     proc = _rm(tmp_path, "--cluster-config", str(cluster), "--host", "127.0.0.1", "--port", "0",
                "--state-dir", str(tmp_path / "state"), "--ready-file", str(ready))
     try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
+        def ready_or_dead() -> bool:
             assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "RM did not become ready"
-            time.sleep(0.05)   # polling a condition with a deadline
+            return ready.exists()
+        wait_until(ready_or_dead, 30, "the RM's ready file", interval_s=0.05)
         info = json.loads(ready.read_text())
         assert info["pid"] == proc.pid and info["url"].startswith("http://127.0.0.1:")
         with urllib.request.urlopen(info["url"] + "/ws/v1/cluster/info", timeout=10) as r:
