@@ -1,4 +1,4 @@
-"""The Cruise cost model, dissertation eq. 3.1-3.4.
+"""The Cruise cost model, dissertation eq. 3.1-3.4 (shared by the Cruise optimizer and the policies).
 
 The epoch time of a configuration is the slowest worker's epoch (eq. 3.1); a worker's epoch is its
 computation plus communication cost (eq. 3.2); computation is C_w.proc * d_i (eq. 3.3) and
