@@ -175,10 +175,13 @@ class ClientApi:
         self.user(request)
         app = self._app(request)
         d = app.directive
+        current = None if app.shape is None else app.shape.to_json()
         return json_response({"shape": {
-            "appId": app.app_id, "policy": self.rm.cfg.policy, "current": app.shape,
-            "directive": None if d is None else {"workers": d.workers, "servers": d.servers, "nodes": d.nodes,
-                                                 "reason": d.reason, "version": d.version},
+            "appId": app.app_id, "policy": self.rm.cfg.policy, "current": current,
+            "directive": None if d is None else {
+                "workers": d.workers, "servers": d.servers, "nodes": d.nodes, "reason": d.reason,
+                "version": d.version, "group": d.group, "runState": d.run_state.value,
+                "placement": [{"node": p.node, "workers": p.workers, "servers": p.servers} for p in d.placement]},
             "directiveDelivered": d is not None and app.delivered_directive_version >= d.version,
             # Shape changes over the app's life (times in ms since the epoch, as YARN's times).
             "history": [{"time": int(c.t * 1000), "before": None if c.before is None else
