@@ -120,7 +120,7 @@ class EpochPrediction:
     slowest_worker: str = ""
     server_bound: bool = False           # whether the slowest worker is server-bandwidth bound
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {"epoch_s": self.epoch_s, "slowest_worker": self.slowest_worker,
                 "server_batch_s": self.server_batch_s, "server_bound": self.server_bound,
                 "compute_s": dict(self.compute_s), "comm_s": dict(self.comm_s)}
