@@ -3,8 +3,8 @@ per-server service time as exponential moving averages (what the optimizers of l
 read), plus the objective history with epoch times."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import math
+from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable, Optional
 
 from appmaster.cruise.metrics import MovingAverage
