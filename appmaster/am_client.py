@@ -28,6 +28,7 @@ import aiohttp
 from protocol import internal_api as api
 from protocol.http_client import RemoteError
 from protocol.internal_api import LaunchContext, NodeReport, ShapeDirective
+from protocol.job_report import JobReport
 from protocol.nm_client import NMClient
 from protocol.records import ContainerState, ExitStatus, FinalStatus, Resource
 
@@ -74,7 +75,7 @@ class ApplicationMaster:
         self.book = ContainerBook()
         self.registration: Optional[api.AmRegisterResponse] = None
         self.progress = 0.0
-        self.shape: Optional[dict] = None
+        self.shape: Optional[JobReport] = None
         self.last_directive: Optional[ShapeDirective] = None
         self.nodes: dict[str, NodeReport] = {}
         self.num_cluster_nodes = 0
@@ -163,8 +164,9 @@ class ApplicationMaster:
     def set_progress(self, progress: float) -> None:
         self.progress = min(1.0, max(0.0, float(progress)))
 
-    def set_shape(self, shape: Optional[dict]) -> None:
-        """The elastic job's current shape / feedback, sent to the RM's policy on each heartbeat."""
+    def set_shape(self, shape: Optional[JobReport]) -> None:
+        """The elastic job's report (shape, progress, measurements), sent to the RM's policy on each
+        heartbeat."""
         self.shape = shape
 
     def heartbeat_now(self) -> None:

@@ -18,10 +18,10 @@ import statistics
 import time
 
 from appmaster.cruise.baselines import brute_force_homogeneous
-from appmaster.cruise.cost_model import JobProfile, NodeProfile
 from appmaster.cruise.solver_homogeneous import solve_homogeneous, solve_homogeneous_target
 from appmaster.cruise.solver_milp import solve_milp_target
 from appmaster.cruise.targets import Slot
+from models.cruise_cost import JobProfile, NodeProfile
 
 # NMF-like job of §3.4.6: 200 input blocks of 10K items, 128 model blocks, mini-batch 10K,
 # the whole 284 MB model exchanged per mini-batch.

@@ -137,7 +137,8 @@ def run_exploration(cluster: LocalCluster, mode: str, trials: list[Trial], thres
                 t.started = t.started or bool(shape.get("started"))
                 if shape.get("early_feedback") and t.feedback_at is None:
                     t.feedback_at = time.monotonic() - start
-                    t.feedback_objective = float(shape.get("objective", math.inf))
+                    objective = shape.get("objective")      # None until the job's first epoch ends
+                    t.feedback_objective = math.inf if objective is None else float(objective)
                     log(f"  t={t.feedback_at:6.1f}s trial {t.index} early feedback: objective "
                         f"{t.feedback_objective:.4f}")
         training = [t for t in live if t.feedback_at is not None and not t.killed_by_user]

@@ -18,10 +18,12 @@ NM endpoints
 """
 from __future__ import annotations
 
+import enum
 from typing import Optional
 
 import msgspec
 
+from .job_report import JobReport
 from .records import Resource
 
 NODE_REGISTER = "/internal/v1/node/register"
@@ -151,14 +153,36 @@ class AllocatedContainer(_Msg):
     tag: str = ""
 
 
+class RunState(str, enum.Enum):
+    """Whether a policy wants an elastic job running, paused (checkpointed, executors released) or
+    resumed from its checkpoint (Harmony)."""
+
+    RUN = "run"
+    PAUSE = "pause"
+    RESUME = "resume"
+
+
+class NodePlacement(_Msg):
+    """How many of a job's workers and servers a policy places on one node."""
+
+    node: str
+    workers: int = 0
+    servers: int = 0
+
+
 class ShapeDirective(_Msg):
-    """A policy's word to an elastic job: have `workers` and `servers`, optionally on these nodes."""
+    """A policy's word to an elastic job: have `workers` and `servers`, placed as `placement` says
+    (empty: anywhere), in `group` (Harmony's co-location group, None: none), in `run_state`.
+    `nodes` is the placement's nodes in order, kept for readers that know only node names."""
 
     workers: int
     servers: int
     nodes: list[str] = []
     reason: str = ""
     version: int = 0
+    placement: list[NodePlacement] = []
+    group: Optional[str] = None
+    run_state: RunState = RunState.RUN
 
 
 class AllocateRequest(_Msg):
@@ -166,8 +190,9 @@ class AllocateRequest(_Msg):
     asks: list[ResourceAsk] = []
     releases: list[str] = []
     progress: float = 0.0
-    # An elastic AM's current shape and early-feedback state, for the policies.
-    shape: Optional[dict] = None
+    # An elastic AM's job report (shape, progress, measurements) for the policies; typed, so a bad
+    # field is refused at decode with its path (`$.shape.workers`).
+    shape: Optional[JobReport] = None
 
 
 class NodeReport(_Msg):

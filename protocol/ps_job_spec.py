@@ -87,7 +87,7 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cruise: CruiseOptions = CruiseOptions()
     elastic_mode: Literal["eps", "kill"] = "eps"
     # EPS §2.1: the early-feedback phase is the first N iterations (one pull-compute-push round of
-    # every worker); the AM reports when it is over (protocol.elastic_shape) and the policies act on it.
+    # every worker); the AM reports when it is over (protocol.job_report) and the policies act on it.
     early_feedback_iterations: Pos = 100
     # Workers also push +1 per mini-batch to the model key "eps:minibatches", so the servers count
     # the mini-batches they applied: an exactly-once audit of the updates across elastic changes.

@@ -8,13 +8,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable
 
-import msgspec
-
 from protocol import internal_api as api
-from protocol import ps_job_spec
 from protocol import tokens
 from protocol.config import ClusterConfig
-from protocol.elastic_shape import ElasticShapeReport
 from protocol.records import AttemptState, ContainerState, ExitStatus, FinalStatus
 from protocol.remote_exception import BadRequest, Unauthorized
 
@@ -104,13 +100,6 @@ class AmProtocol:
             asks = self.scheduler.validate_asks(req.asks)
         except AskError as e:
             raise BadRequest(str(e)) from None
-        if req.shape is not None and app.app_type.upper() == ps_job_spec.APPLICATION_TYPE:
-            # The elastic policies read a PS AM's shape as an ElasticShapeReport: refuse a bad one here,
-            # where its AM hears why, instead of the policy silently ignoring the job.
-            try:
-                ElasticShapeReport.decode(req.shape)
-            except msgspec.ValidationError as e:
-                raise BadRequest(f"shape: not a valid elastic shape report: {e}") from None
         # Validated: now apply.
         self.counters["am_allocates"] += 1
         self._touch(at)

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from protocol import internal_api as api
+from protocol.job_report import JobReport
 from protocol.records import ZERO, AppState, AttemptState, FinalStatus, NodeState, Resource
 
 from .shape_history import ShapeHistory
@@ -152,7 +153,7 @@ class App:
     tracking_url: str = ""
     progress: float = 0.0
     attempts: list[str] = field(default_factory=list)
-    shape: Optional[dict] = None
+    shape: Optional[JobReport] = None     # the AM's latest job report (AllocateRequest.shape)
     shape_history: ShapeHistory = field(default_factory=ShapeHistory)   # in memory only (web UI)
     directive: Optional[api.ShapeDirective] = None
     directive_version: int = 0

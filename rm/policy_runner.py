@@ -1,11 +1,10 @@
-"""Builds the policy's cluster snapshot from the core and applies its directives (pure)."""
+"""Builds the policy's cluster snapshot from the core and applies its Decision as directives (pure)."""
 from __future__ import annotations
 
-from protocol import internal_api as api
 from protocol.records import ZERO
 
 from .core import ResourceManagerCore
-from .policies import AppView, ClusterSnapshot, NodeView, Policy
+from .policies import AppView, ClusterSnapshot, Decision, NodeView, Policy
 
 
 def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
@@ -28,23 +27,21 @@ def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
                            minimum_allocation_mb=core.scheduler.min_mb)
 
 
-def apply_directives(core: ResourceManagerCore, directives: dict[str, api.ShapeDirective]) -> int:
-    """Store new directives on their apps (delivered on the AM's next allocate); returns how many changed."""
+def apply_decision(core: ResourceManagerCore, decision: Decision) -> int:
+    """Turn each job decision into its app's directive (delivered on the AM's next allocate),
+    numbering it only when it changes what the app's current directive says (shape, placement,
+    group or run state; a new reason alone is not a change); returns how many changed."""
     changed = 0
-    for app_id, d in directives.items():
+    for app_id, jd in decision.jobs.items():
         app = core.apps.get(app_id)
-        if app is None or app.state.is_final:
-            continue
-        cur = app.directive
-        if cur is not None and (cur.workers, cur.servers, cur.nodes) == (d.workers, d.servers, d.nodes):
+        if app is None or app.state.is_final or jd.same_as(app.directive):
             continue
         app.directive_version += 1
-        app.directive = api.ShapeDirective(workers=d.workers, servers=d.servers, nodes=list(d.nodes),
-                                           reason=d.reason, version=app.directive_version)
+        app.directive = jd.directive(app.directive_version)
         changed += 1
     return changed
 
 
 def run_policy(core: ResourceManagerCore, policy: Policy) -> int:
     """One policy round: decide on a fresh snapshot and store the directives; returns how many changed."""
-    return apply_directives(core, policy.decide(build_snapshot(core)))
+    return apply_decision(core, policy.decide(build_snapshot(core)))

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, TypeVar
 from aiohttp import web
 
 from protocol import tokens
-from protocol.internal_api import ShapeDirective
 from protocol.http_server import json_response, read_json
 from protocol.records import AppState, FinalStatus, NodeState
 from protocol.remote_exception import BadRequest, Forbidden, NotFound, Unauthorized
 
 from . import rest_views as views
-from .policy_runner import apply_directives
+from .policies.decision import Decision, JobDecision
+from .policy_runner import apply_decision
 from .submission import AppShapeUpdate, AppStateUpdate, SubmissionContext, validate
 
 if TYPE_CHECKING:
@@ -180,10 +180,13 @@ class ClientApi:
         self.user(request)
         app = self._app(request)
         d = app.directive
+        current = None if app.shape is None else app.shape.to_json()
         return json_response({"shape": {
-            "appId": app.app_id, "policy": self.rm.cfg.policy, "current": app.shape,
-            "directive": None if d is None else {"workers": d.workers, "servers": d.servers, "nodes": d.nodes,
-                                                 "reason": d.reason, "version": d.version},
+            "appId": app.app_id, "policy": self.rm.cfg.policy, "current": current,
+            "directive": None if d is None else {
+                "workers": d.workers, "servers": d.servers, "nodes": d.nodes, "reason": d.reason,
+                "version": d.version, "group": d.group, "runState": d.run_state.value,
+                "placement": [{"node": p.node, "workers": p.workers, "servers": p.servers} for p in d.placement]},
             "directiveDelivered": d is not None and app.delivered_directive_version >= d.version,
             # Shape changes over the app's life (times in ms since the epoch, as YARN's times).
             "history": [{"time": int(c.t * 1000), "before": None if c.before is None else
@@ -214,8 +217,8 @@ class ClientApi:
             raise BadRequest(f"nodes: {', '.join(unknown)} not RUNNING nodes of this cluster "
                              f"(known: {', '.join(sorted(known)) or 'none'})")
         reason = body.reason or f"set by {user}"
-        apply_directives(self.rm.core, {app.app_id: ShapeDirective(workers=body.workers, servers=body.servers,
-                                                                    nodes=list(body.nodes), reason=reason)})
+        apply_decision(self.rm.core, Decision({app.app_id: JobDecision.spread(body.workers, body.servers,
+                                                                              body.nodes, reason)}))
         return await self.app_shape(request)
 
 

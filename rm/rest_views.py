@@ -144,7 +144,7 @@ def app_json(core: ResourceManagerCore, app: App) -> dict[str, Any]:
     if app.elastane is not None:
         out["elastane"] = app.elastane
     if app.shape is not None:
-        out["shape"] = app.shape
+        out["shape"] = app.shape.to_json()
     return out
 
 

@@ -1,4 +1,4 @@
-"""A bounded, in-memory history of the shape reports an app's AM sent (`AllocateRequest.shape`).
+"""A bounded, in-memory history of the job reports an app's AM sent (`AllocateRequest.shape`).
 
 The RM keeps the latest report in `App.shape`; this keeps what the web UI's app page charts: a
 series of samples over the app's whole life and the moments its workers / servers changed. Both
@@ -8,24 +8,19 @@ log keeps the most recent changes. Pure: the caller passes the RM's clock readin
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
+
+from protocol.job_report import JobReport
 
 MAX_SAMPLES = 200
 MAX_CHANGES = 200
 
 
-def _int(v: Any) -> Optional[int]:
-    # bool is an int in Python; a report's True is not a count.
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _num(v: Any) -> Optional[float]:
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        f = float(v)
-        return f if f == f and f not in (float("inf"), float("-inf")) else None
-    return None
+def _finite(v: Optional[float]) -> Optional[float]:
+    return v if v is not None and math.isfinite(v) else None
 
 
 @dataclass(frozen=True)
@@ -43,12 +38,11 @@ class ShapeSample:
     changing: bool = False
 
     @classmethod
-    def from_report(cls, t: float, shape: dict[str, Any]) -> "ShapeSample":
-        """Pick the known fields out of a report; missing or mistyped ones become None."""
-        return cls(t=t, workers=_int(shape.get("workers")), servers=_int(shape.get("servers")),
-                   iterations=_int(shape.get("iterations")), speed=_num(shape.get("speed")),
-                   epoch=_int(shape.get("epoch")), epoch_time_s=_num(shape.get("epoch_time_s")),
-                   objective=_num(shape.get("objective")), changing=shape.get("changing") is True)
+    def from_report(cls, t: float, report: JobReport) -> "ShapeSample":
+        """The scalar fields of a report (a non-finite number becomes None)."""
+        return cls(t=t, workers=report.workers, servers=report.servers, iterations=report.iterations,
+                   speed=_finite(report.speed), epoch=report.epoch, epoch_time_s=_finite(report.epoch_time_s),
+                   objective=_finite(report.objective), changing=report.changing)
 
     def same_values(self, other: "ShapeSample") -> bool:
         """Equal apart from the time (a repeated heartbeat that reports nothing new)."""
@@ -86,11 +80,9 @@ class ShapeHistory:
             return [*self._samples, self._last]
         return list(self._samples)
 
-    def record(self, t: float, shape: Any) -> None:
-        """Add one report received at time `t`; non-dict reports are ignored."""
-        if not isinstance(shape, dict):
-            return
-        s = ShapeSample.from_report(t, shape)
+    def record(self, t: float, report: JobReport) -> None:
+        """Add one report received at time `t`."""
+        s = ShapeSample.from_report(t, report)
         prev = self._last
         if prev is None or (prev.workers, prev.servers) != (s.workers, s.servers):
             self.changes.append(ShapeChange(t, None if prev is None else (prev.workers, prev.servers),

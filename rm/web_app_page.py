@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from aiohttp import web
 
 from protocol import ps_job_spec
-from protocol.elastic_shape import ElasticShapeReport
+from protocol.internal_api import RunState
+from protocol.job_report import JobReport
 
 from . import rest_views as views
 from .model import App
@@ -75,12 +76,23 @@ def _opt(v: Any, fmt: str = "{}") -> str:
     return "N/A" if v is None else escape(fmt.format(v))
 
 
+def _worker_times(rep: JobReport) -> str:
+    t = rep.worker_times
+    if t.workers == 0:
+        return "N/A"
+    return f"compute {t.compute_s * 1000:.3g} ms, communication {t.comm_s * 1000:.3g} ms per mini-batch"
+
+
+def _server_times(rep: JobReport) -> str:
+    t = rep.server_times
+    return "N/A" if t.servers == 0 else f"{t.service_s * 1000:.3g} ms per request"
+
+
 def _current_shape(rm: "ResourceManagerServer", app: App) -> str:
-    rep = ElasticShapeReport.parse(app.shape)
+    rep = app.shape
     if rep is None:
         out = "<p>The application master has not reported its shape yet.</p>"
     else:
-        extra = app.shape or {}
         ef = "done" if rep.early_feedback else f"not yet (after {rep.early_feedback_iterations} iterations)"
         res = rep.executor_resource
         out = _fields([
@@ -89,8 +101,11 @@ def _current_shape(rm: "ResourceManagerServer", app: App) -> str:
             ("Changing", "yes (reconfiguration under way)" if rep.changing else "no"),
             ("Iterations", str(rep.iterations)), ("Early feedback", escape(ef)),
             ("Speed", f"{rep.speed:.3g} iterations/s over {rep.speed_iterations} iterations"),
-            ("Epoch", _opt(extra.get("epoch"))), ("Last epoch time", _opt(extra.get("epoch_time_s"), "{} s")),
-            ("Objective", _opt(extra.get("objective"))),
+            ("Phase", escape(rep.phase) or "N/A"), ("Epoch", _opt(rep.epoch)),
+            ("Last epoch time", _opt(rep.epoch_time_s, "{} s")), ("Objective", _opt(rep.objective)),
+            ("Initial objective", _opt(rep.initial_objective)),
+            ("Worker times", _worker_times(rep)), ("Server service time", _server_times(rep)),
+            ("Memory", f"{rep.memory_mb:.0f} MB in use, {rep.spilled_mb:.0f} MB spilled"),
             ("Executor", "N/A" if res is None else f"{res.memory} MB, {res.vcores} vcores"),
             ("Directive acted on", str(rep.directive_version)),
         ])
@@ -100,8 +115,10 @@ def _current_shape(rm: "ResourceManagerServer", app: App) -> str:
     else:
         delivered = "delivered" if app.delivered_directive_version >= d.version else "not yet delivered"
         nodes = f" on {escape(', '.join(d.nodes))}" if d.nodes else ""
+        group = f", group {escape(d.group)}" if d.group is not None else ""
+        state = f", {escape(d.run_state.value)}" if d.run_state is not RunState.RUN else ""
         out += (f"<p>Policy <b>{escape(rm.cfg.policy)}</b> directive v{d.version} ({delivered}): "
-                f"{d.workers} workers, {d.servers} servers{nodes}. {escape(d.reason)}</p>")
+                f"{d.workers} workers, {d.servers} servers{nodes}{group}{state}. {escape(d.reason)}</p>")
     return out
 
 
@@ -153,7 +170,7 @@ def render_app_page(rm: "ResourceManagerServer", app: App) -> str:
                  f"<h2>Shape changes</h2>{_changes_table(hist, t0)}"
                  f"<h2>Training over time</h2>{_charts(hist, t0)}")
     elif app.shape is not None:
-        body += "<h2>Reported shape</h2>" + _fields([(str(k), escape(v)) for k, v in app.shape.items()])
+        body += "<h2>Reported shape</h2>" + _fields([(str(k), escape(v)) for k, v in app.shape.to_json().items()])
     return _page(f"Application {app.app_id}", body)
 
 

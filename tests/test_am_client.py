@@ -10,6 +10,7 @@ from appmaster.rm_client import AmEnvironmentError, AmIdentity
 from protocol import container_env
 from protocol.internal_api import ContainerStatus, LaunchContext, NodeReport, ShapeDirective
 from polling import async_wait_until
+from protocol.job_report import JobReport
 from protocol.records import FinalStatus, Resource
 
 R = Resource(256, 1)
@@ -141,11 +142,11 @@ async def test_nodes_shape_and_shutdown(fake_cluster):
     rm = fake_cluster.rm
     am = await make_am(fake_cluster)
     try:
-        am.set_shape({"workers": 2, "servers": 1})
+        am.set_shape(JobReport(workers=2, servers=1, phase="TRAINING"))
         rm.updated_nodes = [NodeReport(node_id="n2:1", state="LOST")]
         rm.directive = ShapeDirective(workers=4, servers=2, version=1)
         await am.heartbeat_once()
-        assert rm.requests[-1].shape == {"workers": 2, "servers": 1}
+        assert rm.requests[-1].shape == JobReport(workers=2, servers=1, phase="TRAINING")   # typed on the wire
         evs = await drain(am)
         assert [type(e) for e in evs] == [NodesUpdated, ShapeChanged]
         assert am.nodes["n2:1"].state == "LOST" and evs[1].directive.workers == 4

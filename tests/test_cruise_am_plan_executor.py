@@ -7,11 +7,11 @@ from typing import Sequence
 
 import pytest
 
-from appmaster.cruise.cost_model import Assignment
 from appmaster.cruise.plan import BlockKind
 from appmaster.cruise.plan_builder import ExecutorState, apply_plan, build_plan
 from appmaster.cruise.targets import Role, Target
 from appmaster.ps.plan_executor import PlanExecutor, PlanFailed
+from models.cruise_cost import Assignment
 from polling import async_wait_until
 
 

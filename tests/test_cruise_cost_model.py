@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from appmaster.cruise.balance import min_max_split, split_blocks
-from appmaster.cruise.cost_model import (Assignment, CostModelError, JobProfile, NodeProfile, epoch_time,
-                                         epoch_time_arrays, predict)
+from models.cruise_cost import (Assignment, CostModelError, JobProfile, NodeProfile, epoch_time,
+                                 epoch_time_arrays, predict)
 
 JOB = JobProfile(input_blocks=100, samples_per_block=100, model_blocks=10, bytes_per_batch=1e6, batch_size=100)
 

@@ -3,12 +3,12 @@ conserved, a valid dependency order, concurrency of independent ops, the op stat
 the gain threshold."""
 import pytest
 
-from appmaster.cruise.cost_model import Assignment
 from appmaster.cruise.plan import (OP_TRANSITIONS, AddOp, BlockKind, DeleteOp, MoveOp, OpState, Plan,
                                    PlanError, SwitchOp)
 from appmaster.cruise.plan_builder import (ExecutorState, apply_plan, build_plan, predicted_gain,
                                            should_reconfigure)
 from appmaster.cruise.targets import Role, Target
+from models.cruise_cost import Assignment
 
 W, S = Role.WORKER, Role.SERVER
 

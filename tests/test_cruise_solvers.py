@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from appmaster.cruise.baselines import brute_force_heterogeneous, brute_force_homogeneous
-from appmaster.cruise.cost_model import CostModelError, JobProfile, NodeProfile
 from appmaster.cruise.solver_homogeneous import (homogeneous_epoch_time, solve_homogeneous,
                                                  solve_homogeneous_target)
 from appmaster.cruise.solver_milp import group_classes, solve_classes, solve_milp_target
 from appmaster.cruise.targets import Role, Slot
+from models.cruise_cost import CostModelError, JobProfile, NodeProfile
 
 
 def random_job(rng):

@@ -9,7 +9,6 @@ import pytest
 
 from appmaster.ps.directives import (DirectiveHandler, DirectiveTracker, ProgressTracker, Shape, ShapeDelta,
                                      TrackerError, TrackerState, diff, target_of)
-from protocol.elastic_shape import ElasticShapeReport
 from protocol.internal_api import ShapeDirective
 from protocol.records import Resource
 
@@ -91,11 +90,10 @@ def test_progress_counts_rounds_and_speed_since_the_last_change() -> None:
     assert p.speed == 0.0 and p.speed_iterations == 0
     p.on_epoch({"worker-0": 30, "worker-1": 29, "worker-2": 4}, 116.0)   # a new worker counts from 0
     assert p.iterations == 30 and p.early_feedback and p.speed == pytest.approx(10 / 4.0)
-    rep = p.report(Shape(3, 2), Resource(512, 1), 4, epoch=3)
-    parsed = ElasticShapeReport.decode({k: v for k, v in rep.items() if k != "epoch"})
-    assert (parsed.workers, parsed.servers, parsed.iterations, parsed.directive_version) == (3, 2, 30, 4)
-    assert parsed.started and parsed.early_feedback and not parsed.changing and rep["epoch"] == 3
-    assert ElasticShapeReport.parse(rep) is not None       # unknown extra fields are ignored
+    rep = p.report(Shape(3, 2), Resource(512, 1), 4, epoch=3, phase="TRAINING")
+    assert (rep.workers, rep.servers, rep.iterations, rep.directive_version) == (3, 2, 30, 4)
+    assert rep.started and rep.early_feedback and not rep.changing and (rep.epoch, rep.phase) == (3, "TRAINING")
+    assert rep.executor_resource == Resource(512, 1)
 
 
 # ----- the async driver ---------------------------------------------------------------------------

@@ -5,25 +5,27 @@ import random
 from dataclasses import replace
 from typing import Optional
 
-from protocol.elastic_shape import ElasticShapeReport
+import msgspec
+
+from protocol.job_report import JobReport
 from protocol.internal_api import ShapeDirective
 from protocol.records import ZERO, Resource
 from rm import policies
-from rm.policies import AppView, ClusterSnapshot, EpsPolicy
+from rm.policies import AppView, ClusterSnapshot, Decision, EpsPolicy
 
 E = Resource(1024, 1)          # one executor
 AM = Resource(1024, 1)         # one AM container
 
 
 def report(w: int, s: int, ef: bool = True, speed: float = 2.0, speed_its: int = 20, started: bool = True,
-           changing: bool = False) -> dict:
-    return ElasticShapeReport(workers=w, servers=s, started=started, changing=changing, iterations=200,
+           changing: bool = False) -> JobReport:
+    return JobReport(workers=w, servers=s, started=started, changing=changing, iterations=200,
                               early_feedback=ef, early_feedback_iterations=100, speed=speed,
-                              speed_iterations=speed_its, executor_resource=E).to_json()
+                              speed_iterations=speed_its, executor_resource=E)
 
 
 def ps_app(app_id: str, t: float, w: int, s: int, *, state: str = "RUNNING", max_w: Optional[int] = None,
-           max_s: Optional[int] = None, shape: Optional[dict] = None, held: Optional[Resource] = None,
+           max_s: Optional[int] = None, shape: Optional[JobReport] = None, held: Optional[Resource] = None,
            directive: Optional[tuple[int, int]] = None, ef: bool = True, speed: float = 2.0) -> AppView:
     spec = {"app": "mlr", "workers": w, "servers": s, "executor_memory_mb": E.memory, "executor_vcores": E.vcores}
     if max_w is not None:
@@ -48,8 +50,8 @@ def snap(apps: list[AppView], total_units: int, now: float = 1000.0) -> ClusterS
     return ClusterSnapshot(now=now, total=E.scale(total_units), used=used, apps=tuple(apps))
 
 
-def shapes(directives: dict[str, ShapeDirective]) -> dict[str, tuple[int, int]]:
-    return {a: (d.workers, d.servers) for a, d in directives.items()}
+def shapes(decision: Decision) -> dict[str, tuple[int, int]]:
+    return {a: (d.workers, d.servers) for a, d in decision.jobs.items()}
 
 
 def full_cluster() -> list[AppView]:
@@ -66,7 +68,7 @@ def test_full_cluster_shrinks_jobs_with_early_feedback_round_robin_just_enough()
     # Workers: 2 for D + 1 for its AM, most workers first (A 4, B 3): A, B, A.
     # Servers: 2, most servers first (B 3, A 2): B, A. C has no early feedback: untouched.
     assert shapes(out) == {"app_A": (2, 1), "app_B": (2, 2)}
-    assert all("app_D" in d.reason for d in out.values())
+    assert all("app_D" in d.reason for d in out.jobs.values())
 
 
 def test_free_resources_count_so_only_the_shortfall_is_removed():
@@ -75,7 +77,7 @@ def test_free_resources_count_so_only_the_shortfall_is_removed():
     removed = sum(4 + 2 - w - s for w, s in [shapes(out).get("app_A", (4, 2))]) + \
         sum(3 + 3 - w - s for w, s in [shapes(out).get("app_B", (3, 3))])
     assert removed == 3          # 5 needed - 2 free
-    assert "app_C" not in out
+    assert "app_C" not in out.jobs
 
 
 def test_jobs_with_one_worker_or_server_keep_it():
@@ -84,20 +86,20 @@ def test_jobs_with_one_worker_or_server_keep_it():
     # D lacks AM + 1w + 1s = 3; the worker split is 1 (+1 for its AM) and the server split 1.
     out = EpsPolicy().decide(snap(apps, total_units=sum(1 + w + s for w, s in [(1, 3), (1, 1), (3, 1)])))
     assert shapes(out) == {"app_A": (1, 2), "app_C": (1, 1)}
-    assert "app_B" not in out
+    assert "app_B" not in out.jobs
 
 
 def test_job_fitting_in_free_resources_shrinks_nothing():
     apps = full_cluster() + [incoming("app_D", 10, 2, 2)]
-    assert EpsPolicy().decide(snap(apps, total_units=23 + 5)) == {}
+    assert EpsPolicy().decide(snap(apps, total_units=23 + 5)).jobs == {}
 
 
 def test_job_that_cannot_fit_even_after_shrinking_shrinks_nothing():
     apps = full_cluster() + [incoming("app_D", 10, 8, 8)]
-    assert EpsPolicy().decide(snap(apps, total_units=23)) == {}
+    assert EpsPolicy().decide(snap(apps, total_units=23)).jobs == {}
     # ... and a smaller job behind it waits too (FIFO), while nothing grows.
     apps.append(incoming("app_E", 11, 1, 1))
-    assert EpsPolicy().decide(snap(apps, total_units=23)) == {}
+    assert EpsPolicy().decide(snap(apps, total_units=23)).jobs == {}
 
 
 def test_shrink_in_flight_is_not_asked_for_twice():
@@ -107,10 +109,10 @@ def test_shrink_in_flight_is_not_asked_for_twice():
     # The RM now holds those directives; the AMs have not released anything yet.
     apps2 = [replace(a, directive=ShapeDirective(workers=first[a.app_id][0], servers=first[a.app_id][1], version=1))
              if a.app_id in first else a for a in apps]
-    assert policy.decide(snap(apps2, total_units=23)) == {}
+    assert policy.decide(snap(apps2, total_units=23)).jobs == {}
     # Half-way: A released its containers (it reports and holds 2w + 1s); still nothing more.
     apps3 = [replace(a, shape=report(2, 1), resources=AM + E.scale(3)) if a.app_id == "app_A" else a for a in apps2]
-    assert policy.decide(snap(apps3, total_units=23)) == {}
+    assert policy.decide(snap(apps3, total_units=23)).jobs == {}
 
 
 def test_two_incoming_jobs_are_served_in_submission_order():
@@ -127,7 +129,7 @@ def test_free_resources_add_one_worker_and_server_per_training_job_capped_by_max
             ps_app("app_C", 3, 1, 1, max_w=5, max_s=5, ef=False), ps_app("app_D", 4, 2, 2)]   # D: no max
     out = EpsPolicy().decide(snap(apps, total_units=40))
     assert shapes(out) == {"app_A": (3, 2), "app_B": (2, 1)}
-    assert "trial" in out["app_A"].reason
+    assert "trial" in out.jobs["app_A"].reason
 
 
 def test_growth_is_round_robin_fewest_first_within_the_free_resources():
@@ -142,13 +144,13 @@ def test_growth_is_round_robin_fewest_first_within_the_free_resources():
 def test_no_growth_while_any_job_is_queued():
     apps = [ps_app("app_A", 1, 2, 1, max_w=4, max_s=3)]
     other = AppView("app_X", "default", "bob", "ACCEPTED", 5, ZERO, pending=Resource(1024, 1))
-    assert EpsPolicy().decide(snap(apps + [other], total_units=40)) == {}
+    assert EpsPolicy().decide(snap(apps + [other], total_units=40)).jobs == {}
 
 
 def test_jobs_without_measured_speed_or_mid_change_do_not_grow():
     apps = [ps_app("app_A", 1, 2, 1, max_w=4, max_s=3, shape=report(2, 1, speed_its=0)),
             ps_app("app_B", 2, 2, 1, max_w=4, max_s=3, shape=report(2, 1, changing=True))]
-    assert EpsPolicy().decide(snap(apps, total_units=40)) == {}
+    assert EpsPolicy().decide(snap(apps, total_units=40)).jobs == {}
 
 
 def _trial_sequence(policy: EpsPolicy, speed_after: float) -> list[dict[str, tuple[int, int]]]:
@@ -172,7 +174,7 @@ def test_speed_drop_after_an_addition_takes_it_back_and_caps_the_job():
     assert seq == [{"app_A": (3, 2)}, {}, {}, {"app_A": (2, 1)}]
     # Back at (2, 1) with plenty free: it is not grown again.
     a = ps_app("app_A", 1, 2, 1, max_w=4, max_s=3, directive=(2, 1))
-    assert policy.decide(snap([a], total_units=40, now=120)) == {}
+    assert policy.decide(snap([a], total_units=40, now=120)).jobs == {}
 
 
 def test_speed_kept_after_an_addition_keeps_it_and_growth_continues():
@@ -186,12 +188,12 @@ def test_addition_never_applied_is_taken_back_after_the_settle_timeout():
     a = ps_app("app_A", 1, 2, 1, max_w=4, max_s=3)
     assert shapes(policy.decide(snap([a], total_units=40, now=0))) == {"app_A": (3, 2)}
     stuck = replace(a, directive=ShapeDirective(workers=3, servers=2, version=1))
-    assert policy.decide(snap([stuck], total_units=40, now=60)) == {}
+    assert policy.decide(snap([stuck], total_units=40, now=60)).jobs == {}
     out = policy.decide(snap([stuck], total_units=40, now=policy.cfg.settle_timeout_s + 1))
-    assert shapes(out) == {"app_A": (2, 1)} and "taking it back" in out["app_A"].reason
+    assert shapes(out) == {"app_A": (2, 1)} and "taking it back" in out.jobs["app_A"].reason
     # It is not tried again until another settle timeout has passed.
     back = replace(a, directive=ShapeDirective(workers=2, servers=1, version=2))
-    assert policy.decide(snap([back], total_units=40, now=policy.cfg.settle_timeout_s + 2)) == {}
+    assert policy.decide(snap([back], total_units=40, now=policy.cfg.settle_timeout_s + 2)).jobs == {}
     assert shapes(policy.decide(snap([back], total_units=40, now=2 * policy.cfg.settle_timeout_s + 2))) == \
         {"app_A": (3, 2)}
 
@@ -222,28 +224,29 @@ def test_decisions_are_deterministic_and_ignore_snapshot_order():
 
 def test_static_policy_gives_no_directives_and_eps_is_registered():
     apps = full_cluster() + [incoming("app_D", 10, 2, 2)]
-    assert policies.create("static").decide(snap(apps, total_units=23)) == {}
+    assert policies.create("static").decide(snap(apps, total_units=23)).jobs == {}
     assert isinstance(policies.create("eps"), EpsPolicy)
 
 
-def test_non_ps_apps_and_bad_reports_are_left_alone():
-    yarn_app = AppView("app_Y", "default", "bob", "RUNNING", 1, Resource(4096, 4), shape={"workers": "x"})
-    bad = ps_app("app_B", 2, 2, 2, shape={"workers": -1, "servers": 1})       # not a valid report: incoming
-    assert EpsPolicy().decide(snap([yarn_app, bad], total_units=40)) == {}
+def test_non_ps_apps_and_jobs_without_a_report_are_left_alone():
+    yarn_app = AppView("app_Y", "default", "bob", "RUNNING", 1, Resource(4096, 4),
+                       shape=JobReport(workers=3, servers=1))
+    silent = replace(ps_app("app_B", 2, 2, 2), shape=None)       # holds all it asked for, never reported
+    assert EpsPolicy().decide(snap([yarn_app, silent], total_units=40)).jobs == {}
 
 
 def test_running_ps_job_without_started_report_blocks_nothing_once_it_holds_everything():
-    old_am = ps_app("app_O", 1, 2, 1, shape={"workers": 2, "servers": 1, "epoch": 1})   # pre-EPS AM report
+    old_am = ps_app("app_O", 1, 2, 1, shape=JobReport(workers=2, servers=1, epoch=1))   # pre-EPS AM
     a = ps_app("app_A", 2, 2, 1, max_w=3, max_s=2)
     assert shapes(EpsPolicy().decide(snap([old_am, a], total_units=40))) == {"app_A": (3, 2)}
     starving = replace(old_am, resources=AM + E)                                          # still gathering
-    assert EpsPolicy().decide(snap([starving, a], total_units=40)) == {}
+    assert EpsPolicy().decide(snap([starving, a], total_units=40)).jobs == {}
 
 
 def test_bigger_executors_are_counted_in_resources():
     big = Resource(2048, 2)
     a = ps_app("app_A", 1, 4, 2)
-    a = replace(a, shape={**report(4, 2), "executor_resource": big.to_json()}, resources=AM + big.scale(6))
+    a = replace(a, shape=msgspec.structs.replace(report(4, 2), executor_resource=big), resources=AM + big.scale(6))
     d = incoming("app_D", 10, 2, 2)            # needs AM + 4 small executors = 5 units
     out = shapes(EpsPolicy().decide(snap([a, d], total_units=13)))
     # Workers: 2 small + the AM = 3 units -> two big workers; servers: 2 units -> one big server.

@@ -7,11 +7,11 @@ from dataclasses import replace
 from typing import Optional
 
 from protocol import internal_api as api
-from protocol.elastic_shape import ElasticShapeReport
+from protocol.job_report import JobReport
 from protocol.internal_api import ShapeDirective
 from protocol.records import ZERO, Resource
 from rm.model import AmSpec
-from rm.policies import AppView, ClusterSnapshot, EpsPolicy, NodeView
+from rm.policies import AppView, ClusterSnapshot, Decision, EpsPolicy, NodeView
 from rm.policies.eps_jobs import classify
 from rm.policy_runner import build_snapshot, run_policy
 from rm.testing import ask, launch_and_register, make_core, register
@@ -20,10 +20,10 @@ E = Resource(1024, 1)          # one executor
 AM = Resource(1024, 1)         # one AM container
 
 
-def report(w: int, s: int, speed_its: int = 20) -> dict:
-    return ElasticShapeReport(workers=w, servers=s, started=True, iterations=200, early_feedback=True,
+def report(w: int, s: int, speed_its: int = 20) -> JobReport:
+    return JobReport(workers=w, servers=s, started=True, iterations=200, early_feedback=True,
                               early_feedback_iterations=100, speed=2.0, speed_iterations=speed_its,
-                              executor_resource=E).to_json()
+                              executor_resource=E)
 
 
 def spec(w: int, s: int, max_w: Optional[int] = None, max_s: Optional[int] = None) -> dict:
@@ -51,8 +51,8 @@ def snap(apps: list[AppView], total_units: int, now: float = 1000.0,
     return ClusterSnapshot(now=now, total=E.scale(total_units), used=used, nodes=nodes, apps=tuple(apps))
 
 
-def shapes(directives: dict[str, ShapeDirective]) -> dict[str, tuple[int, int]]:
-    return {a: (d.workers, d.servers) for a, d in directives.items()}
+def shapes(decision: Decision) -> dict[str, tuple[int, int]]:
+    return {a: (d.workers, d.servers) for a, d in decision.jobs.items()}
 
 
 def full_cluster() -> list[AppView]:
@@ -64,7 +64,7 @@ def full_cluster() -> list[AppView]:
 
 def test_job_held_by_the_am_limit_shrinks_nobody_but_the_same_job_admitted_does():
     held = waiting("app_D", 10, 2, 2, am_limited=True)
-    assert EpsPolicy().decide(snap(full_cluster() + [held], total_units=13)) == {}
+    assert EpsPolicy().decide(snap(full_cluster() + [held], total_units=13)).jobs == {}
     # The flag is what makes the difference: admitted, D makes A and B give up 5 executors' worth.
     out = shapes(EpsPolicy().decide(snap(full_cluster() + [replace(held, am_limited=False)], total_units=13)))
     assert out == {"app_A": (2, 1), "app_B": (2, 2)}
@@ -81,13 +81,14 @@ def test_held_job_waits_in_the_queue_so_running_jobs_do_not_grow():
     # With 10 units free and nobody waiting, both jobs get a worker and a server on trial.
     assert shapes(EpsPolicy().decide(snap(apps, total_units=20))) == {"app_A": (3, 2), "app_B": (3, 3)}
     # A held job is a submitted job waiting in the queue (EPS §4): running-job scheduling does not run.
-    assert EpsPolicy().decide(snap(apps + [waiting("app_D", 10, 1, 1, am_limited=True)], total_units=20)) == {}
+    held = waiting("app_D", 10, 1, 1, am_limited=True)
+    assert EpsPolicy().decide(snap(apps + [held], total_units=20)).jobs == {}
 
 
 def test_held_non_ps_app_blocks_growth_and_shrinks_nobody():
     apps = [running("app_A", 1, 2, 1, max_w=4, max_s=3)]
     yarn_app = AppView("app_Y", "default", "bob", "ACCEPTED", 5, ZERO, pending=AM, am_limited=True)
-    assert EpsPolicy().decide(snap(apps + [yarn_app], total_units=20)) == {}
+    assert EpsPolicy().decide(snap(apps + [yarn_app], total_units=20)).jobs == {}
     assert classify(snap(apps + [yarn_app], total_units=20)).held == ("app_Y",)
 
 
@@ -99,7 +100,7 @@ def test_addition_on_trial_is_not_taken_back_for_a_held_job():
                     resources=AM + E.scale(5))
     held = waiting("app_D", 10, 1, 1, am_limited=True)
     # Freeing the trial's executors could not start D: the trial stays, no directive changes.
-    assert policy.decide(snap([grown, held], total_units=6, now=5)) == {}
+    assert policy.decide(snap([grown, held], total_units=6, now=5)).jobs == {}
     # Once the limit admits D, the addition on trial is the first thing given back.
     out = shapes(policy.decide(snap([grown, replace(held, am_limited=False)], total_units=6, now=6)))
     assert out == {"app_A": (1, 1)}
@@ -111,7 +112,7 @@ def test_held_job_does_not_block_an_admitted_job_behind_it():
     out = EpsPolicy().decide(snap(apps, total_units=13))
     # E lacks its AM + 1 worker + 1 server: 3 executors' worth, freed for E alone.
     removed = sum(6 - w - s for w, s in shapes(out).values())
-    assert removed == 3 and all("app_E" in d.reason for d in out.values())
+    assert removed == 3 and all("app_E" in d.reason for d in out.jobs.values())
 
 
 def test_fragmented_free_resources_are_counted_cluster_wide():
@@ -125,7 +126,7 @@ def test_fragmented_free_resources_are_counted_cluster_wide():
     total = E.scale(24)
     snapshot = ClusterSnapshot(now=1000.0, total=total, used=total - half.scale(6), nodes=nodes,
                                apps=tuple(apps + [d]))
-    assert EpsPolicy().decide(snapshot) == {}
+    assert EpsPolicy().decide(snapshot).jobs == {}
 
 
 # ----- in the ResourceManager ----------------------------------------------------------------------

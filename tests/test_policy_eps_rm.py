@@ -3,12 +3,13 @@ running one shrink, the directive reaches its AM's allocate response once, and t
 containers go to the waiting job."""
 from __future__ import annotations
 
+import msgspec
 import pytest
 
+from protocol import codec
 from protocol import internal_api as api
-from protocol.elastic_shape import ElasticShapeReport
+from protocol.job_report import MAX_OBJECTIVES, JobReport
 from protocol.records import Resource
-from protocol.remote_exception import BadRequest
 from rm.__main__ import load_configs, parse_args
 from rm.model import AmSpec
 from rm.policies import EpsPolicy
@@ -28,10 +29,10 @@ def submit_ps(core, workers: int, servers: int, name: str) -> str:
     return app_id
 
 
-def shape(workers: int, servers: int) -> dict:
-    return ElasticShapeReport(workers=workers, servers=servers, started=True, iterations=150, early_feedback=True,
+def shape(workers: int, servers: int) -> JobReport:
+    return JobReport(workers=workers, servers=servers, started=True, iterations=150, early_feedback=True,
                               early_feedback_iterations=100, speed=1.0, speed_iterations=50,
-                              executor_resource=E).to_json()
+                              executor_resource=E)
 
 
 async def test_eps_directive_reaches_the_running_jobs_am_and_frees_room_for_the_incoming_job(tmp_path):
@@ -63,8 +64,8 @@ async def test_eps_directive_reaches_the_running_jobs_am_and_frees_room_for_the_
         assert d is not None and (d.workers, d.servers, d.version) == (1, 1, 1) and b in d.reason
         # Delivered once; the next tick does not ask again while A is shrinking.
         assert run_policy(core, rm.policy) == 0
-        r = core.allocate(claims, api.AllocateRequest(response_id=r.response_id, shape={**shape(3, 2),
-                                                                                       "changing": True}))
+        r = core.allocate(claims, api.AllocateRequest(response_id=r.response_id, shape=msgspec.structs.replace(
+            shape(3, 2), changing=True)))
         assert r.shape_directive is None
 
         # A's AM obeys: it releases two workers and a server; once the NM reports them gone,
@@ -85,13 +86,19 @@ async def test_eps_directive_reaches_the_running_jobs_am_and_frees_room_for_the_
         rm.store.close()
 
 
-def test_ps_am_with_a_bad_shape_report_gets_400_and_nothing_changes():
+def test_a_bad_job_report_is_refused_at_decode_naming_the_field():
+    # The report is typed on the wire: the RM refuses a bad one when it decodes the request (a 400
+    # naming the field, before the core sees it; tests/test_rm_api.py checks it over HTTP).
+    with pytest.raises(codec.DecodeError, match=r"\$\.shape\.workers"):
+        codec.decode_as(codec.dumps({"response_id": 0, "shape": {"workers": -2, "servers": 1}}), api.AllocateRequest)
+    with pytest.raises(codec.DecodeError, match=r"\$\.shape\.objectives"):
+        codec.decode_as(codec.dumps({"response_id": 0, "shape": {"workers": 1, "servers": 1, "objectives": [
+            {"epoch": i, "objective": 1.0} for i in range(MAX_OBJECTIVES + 1)]}}), api.AllocateRequest)
     core = make_core(policy="eps")
     register(core, "n1:1")
     a = submit_ps(core, 1, 1, "A")
     claims = launch_and_register(core, a)
-    with pytest.raises(BadRequest, match=r"shape: .*workers"):
-        core.allocate(claims, api.AllocateRequest(response_id=0, shape={"workers": -2, "servers": 1}))
-    assert core.apps[a].shape is None and core.attempts[claims["attempt_id"]].response_id == 0
-    ok = core.allocate(claims, api.AllocateRequest(response_id=0, shape={"workers": 1, "servers": 1, "epoch": 2}))
-    assert ok.response_id == 1 and core.apps[a].shape["epoch"] == 2
+    req = codec.decode_as(codec.dumps({"response_id": 0, "shape": {"workers": 1, "servers": 1, "epoch": 2}}),
+                          api.AllocateRequest)
+    ok = core.allocate(claims, req)
+    assert ok.response_id == 1 and core.apps[a].shape == JobReport(workers=1, servers=1, epoch=2)

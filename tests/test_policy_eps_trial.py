@@ -4,7 +4,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from protocol.elastic_shape import ElasticShapeReport
+from protocol.job_report import EpochObjective, JobReport, ServerTiming, WorkerTiming
 from protocol.records import Resource
 from rm.policies.eps_trial import (TRANSITIONS, IllegalTrialTransition, Trial, TrialConfig, TrialEvent, TrialState,
                                    advance, observe)
@@ -16,8 +16,8 @@ def trial(**kw) -> Trial:
     return Trial("app_A", before=(2, 1), after=(3, 2), speed_before=2.0, started_at=0.0, **kw)
 
 
-def rep(w: int = 3, s: int = 2, speed: float = 2.0, its: int = 10, changing: bool = False) -> ElasticShapeReport:
-    return ElasticShapeReport(workers=w, servers=s, started=True, changing=changing, speed=speed,
+def rep(w: int = 3, s: int = 2, speed: float = 2.0, its: int = 10, changing: bool = False) -> JobReport:
+    return JobReport(workers=w, servers=s, started=True, changing=changing, speed=speed,
                               speed_iterations=its)
 
 
@@ -62,22 +62,26 @@ def test_trial_knows_which_roles_it_added():
 
 
 def test_shape_report_round_trips_and_tolerates_extra_fields():
-    r = ElasticShapeReport(workers=3, servers=2, started=True, iterations=120, early_feedback=True,
-                           early_feedback_iterations=100, speed=1.5, speed_iterations=20,
-                           executor_resource=Resource(512, 1), directive_version=2)
+    r = JobReport(workers=3, servers=2, started=True, iterations=120, early_feedback=True,
+                  early_feedback_iterations=100, speed=1.5, speed_iterations=20,
+                  executor_resource=Resource(512, 1), directive_version=2, phase="TRAINING", epoch=1,
+                  epoch_time_s=2.5, objective=0.4, epoch_times=[3.0, 2.5], initial_objective=0.7,
+                  objectives=[EpochObjective(0, 0.5), EpochObjective(1, 0.4)],
+                  worker_times=WorkerTiming(compute_s=0.02, comm_s=0.01, workers=3),
+                  server_times=ServerTiming(service_s=0.001, servers=2), memory_mb=900.5, spilled_mb=0.0)
     d = r.to_json()
     assert d["executor_resource"] == {"memory": 512, "vCores": 1}
-    assert ElasticShapeReport.decode(msgspec.json.decode(msgspec.json.encode(d))) == r
-    # What today's PS AM sends (counts + epoch fields) is a valid report with defaults.
-    old = ElasticShapeReport.parse({"workers": 2, "servers": 1, "epoch": 3, "objective": 0.5})
-    assert old is not None and not old.started and not old.early_feedback
+    assert d["objectives"][1] == {"epoch": 1, "objective": 0.4} and d["worker_times"]["workers"] == 3
+    assert JobReport.decode(msgspec.json.decode(msgspec.json.encode(d))) == r
+    # An older AM's report (counts only) and a newer one's unknown fields decode, with defaults.
+    old = JobReport.decode({"workers": 2, "servers": 1, "epoch": 3, "objective": 0.5, "from_the_future": 1})
+    assert not old.started and not old.early_feedback and (old.epoch, old.objective) == (3, 0.5)
 
 
-def test_bad_shape_reports_name_the_field_and_parse_to_none():
+def test_bad_shape_reports_name_the_field():
     with pytest.raises(msgspec.ValidationError, match="workers"):
-        ElasticShapeReport.decode({"workers": -1, "servers": 1})
+        JobReport.decode({"workers": -1, "servers": 1})
     with pytest.raises(msgspec.ValidationError, match="servers"):
-        ElasticShapeReport.decode({"workers": 1})
-    assert ElasticShapeReport.parse({"workers": 1, "servers": 1, "speed": "fast"}) is None
-    assert ElasticShapeReport.parse(["workers"]) is None
-    assert ElasticShapeReport.parse(None) is None
+        JobReport.decode({"workers": 1})
+    with pytest.raises(msgspec.ValidationError, match="speed"):
+        JobReport.decode({"workers": 1, "servers": 1, "speed": "fast"})

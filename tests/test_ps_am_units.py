@@ -10,6 +10,9 @@ from appmaster.ps.executor_pool import ExecutorPool, ExecutorState, Role
 from appmaster.ps.job import TRANSITIONS, JobEvent, JobPhase, JobStateMachine, JobTransitionError
 from appmaster.ps.metrics import JobMetrics, MovingAverage, ServerTimes
 from appmaster.ps.status_server import StatusServer
+from protocol import codec
+from protocol.job_report import (MAX_EPOCH_TIMES, MAX_OBJECTIVES, JobReport, finite, recent_epoch_times,
+                                 recent_objectives)
 from protocol.records import Resource
 from protocol.remote_exception import Conflict
 from psruntime.dataplane import RequestError
@@ -58,6 +61,32 @@ def test_moving_average_and_server_service_time() -> None:
     jm.record_batches("worker-0", [0.1, 0.1], [0.2, 0.2])
     assert jm.to_json()["workers"]["worker-0"] == {"compute_s": pytest.approx(0.1), "comm_s": pytest.approx(0.2),
                                                    "batches": 2}
+
+
+def test_job_report_timings_average_the_live_executors_measured() -> None:
+    jm = JobMetrics()
+    jm.record_batches("worker-0", [0.1], [0.2])
+    jm.record_batches("worker-1", [0.3], [0.4])
+    jm.record_batches("worker-9", [9.0], [9.0])      # retired: not asked for
+    jm.record_server("server-0", 10, 0.5)
+    jm.record_server("server-1", 0, 0.0)            # served nothing yet: unknown, not 0
+    live = {"worker-0", "worker-1", "worker-2", "server-0", "server-1"}
+    w = jm.worker_timing(live)
+    assert (w.compute_s, w.comm_s, w.workers) == (pytest.approx(0.2), pytest.approx(0.3), 2)
+    s = jm.server_timing(live)
+    assert (s.service_s, s.servers) == (pytest.approx(0.05), 1)
+    assert JobMetrics().worker_timing(live).workers == 0 and JobMetrics().server_timing(live).servers == 0
+
+
+def test_job_report_histories_are_bounded_and_finite() -> None:
+    times = recent_epoch_times([float(i) for i in range(MAX_EPOCH_TIMES + 5)] + [float("nan")])
+    assert len(times) == MAX_EPOCH_TIMES and times[-1] == MAX_EPOCH_TIMES + 4
+    objs = recent_objectives([(i, 1.0 / (i + 1)) for i in range(MAX_OBJECTIVES + 3)] + [(999, float("inf"))])
+    assert len(objs) == MAX_OBJECTIVES and objs[0].epoch == 3 and objs[-1].epoch == MAX_OBJECTIVES + 2
+    assert finite(float("nan")) is None and finite(None) is None and finite(0.5) == 0.5
+    # What the AM builds from them decodes on the RM side (JSON has no NaN: it would be null).
+    rep = JobReport(workers=1, servers=1, epoch_times=times, objectives=objs, initial_objective=finite(float("nan")))
+    assert JobReport.decode(codec.loads(codec.dumps(rep))) == rep
 
 
 def _container(seq: int, exit_status: int = -1000, diagnostics: str = "") -> AmContainer:

@@ -161,11 +161,22 @@ async def test_submit_flow_end_to_end_with_fake_nm(env: Env):
     assert tokens.verify(SECRET, tok, tokens.CONTAINER)["container_id"] == out["allocated"][0]["container_id"]
     app = await env.app(app_id)
     assert app["runningContainers"] == 3 and app["allocatedMB"] == 2048 and app["progress"] == 50.0
-    await env.call("POST", api.AM_ALLOCATE, {"response_id": out["response_id"], "shape": {"workers": 2}},
-                   token=am_token)
+    # A job report with a bad field is refused naming it, and changes nothing.
+    bad = await env.call("POST", api.AM_ALLOCATE, {"response_id": out["response_id"], "shape": {
+        "workers": 2, "servers": 1, "epoch_times": [1.0, -3.0]}}, status=400, token=am_token)
+    assert "$.shape.epoch_times[1]" in bad["RemoteException"]["message"]
+    assert (await env.call("GET", f"{BASE}/apps/{app_id}/shape"))["shape"]["current"] is None
+    await env.call("POST", api.AM_ALLOCATE, {"response_id": out["response_id"], "shape": {
+        "workers": 2, "servers": 1, "phase": "TRAINING", "objectives": [{"epoch": 0, "objective": 0.5}],
+        "memory_mb": 300.0}}, token=am_token)
     shape = (await env.call("GET", f"{BASE}/apps/{app_id}/shape"))["shape"]
-    assert shape["current"] == {"workers": 2} and shape["directive"] is None and shape["policy"] == "static"
-    assert [h["after"] for h in shape["history"]] == [{"workers": 2, "servers": None}]
+    cur = shape["current"]
+    assert (cur["workers"], cur["servers"], cur["phase"], cur["memory_mb"]) == (2, 1, "TRAINING", 300.0)
+    assert cur["objectives"] == [{"epoch": 0, "objective": 0.5}] and cur["spilled_mb"] == 0.0
+    assert cur["iterations"] == 0 and cur["worker_times"] == {"compute_s": 0.0, "comm_s": 0.0, "workers": 0}
+    assert shape["directive"] is None and shape["policy"] == "static"
+    assert (await env.app(app_id))["shape"] == cur
+    assert [h["after"] for h in shape["history"]] == [{"workers": 2, "servers": 1}]
     assert shape["history"][0]["before"] is None and shape["history"][0]["time"] > 0
     attempts = (await env.call("GET", f"{BASE}/apps/{app_id}/appattempts"))["appAttempts"]["appAttempt"]
     assert [a["id"] for a in attempts] == [1] and attempts[0]["nodeId"] == "n1:1"

@@ -7,7 +7,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from protocol import internal_api as api
+from protocol import tokens
 from protocol.config import ClusterConfig, RMConfig
+from protocol.job_report import JobReport
 from protocol.records import Resource
 from rm.model import AmSpec
 from rm.server import ResourceManagerServer
@@ -19,11 +21,10 @@ from rm.testing import SECRET, FakeClock, launch_and_register, register
 
 def test_history_records_changes_and_skips_repeats():
     h = ShapeHistory()
-    h.record(10.0, {"workers": 2, "servers": 1, "speed": 1.0})
-    h.record(11.0, {"workers": 2, "servers": 1, "speed": 1.0})      # a repeated heartbeat
-    h.record(12.0, {"workers": 4, "servers": 1, "speed": 1.5})
-    h.record(13.0, {"workers": 4, "servers": 2, "speed": 2.0})
-    h.record(14.0, "not a dict")                                     # ignored
+    h.record(10.0, JobReport(workers=2, servers=1, speed=1.0))
+    h.record(11.0, JobReport(workers=2, servers=1, speed=1.0))      # a repeated heartbeat
+    h.record(12.0, JobReport(workers=4, servers=1, speed=1.5))
+    h.record(13.0, JobReport(workers=4, servers=2, speed=2.0))
     assert [(c.t, c.before, c.after) for c in h.changes] == [
         (10.0, None, (2, 1)), (12.0, (2, 1), (4, 1)), (13.0, (4, 1), (4, 2))]
     assert [s.t for s in h.samples] == [10.0, 12.0, 13.0]
@@ -32,16 +33,19 @@ def test_history_records_changes_and_skips_repeats():
 def test_history_is_bounded_and_spans_the_whole_life():
     h = ShapeHistory(max_samples=10, max_changes=5)
     for i in range(1000):
-        h.record(float(i), {"workers": 1 + i % 3, "servers": 1, "iterations": i})
+        h.record(float(i), JobReport(workers=1 + i % 3, servers=1, iterations=i))
     assert len(h.samples) <= 11 and len(h.changes) == 5
     assert h.samples[0].t == 0.0 and h.samples[-1].t == 999.0
     assert [s.t for s in h.samples] == sorted(s.t for s in h.samples)
 
 
-def test_sample_ignores_mistyped_fields():
-    s = ShapeSample.from_report(1.0, {"workers": True, "servers": "2", "speed": float("nan"), "epoch": 3,
-                                      "objective": 0.5, "changing": "yes"})
-    assert (s.workers, s.servers, s.speed, s.epoch, s.objective, s.changing) == (None, None, None, 3, 0.5, False)
+def test_sample_keeps_the_scalar_fields_and_drops_non_finite_numbers():
+    s = ShapeSample.from_report(1.0, JobReport(workers=2, servers=1, speed=float("inf"), epoch=3, objective=0.5,
+                                               epoch_time_s=float("nan"), changing=True))
+    assert (s.workers, s.servers, s.speed, s.epoch, s.objective, s.changing) == (2, 1, None, 3, 0.5, True)
+    assert s.epoch_time_s is None
+    before_any_epoch = ShapeSample.from_report(1.0, JobReport(workers=2, servers=1))
+    assert (before_any_epoch.epoch, before_any_epoch.epoch_time_s, before_any_epoch.objective) == (None, None, None)
 
 
 # ----- the page over HTTP --------------------------------------------------------------------------
@@ -111,11 +115,13 @@ async def test_user_values_are_escaped(page_env: PageEnv):
 
 
 def _report(workers: int, servers: int, iterations: int, speed: float, epoch: int, epoch_time: float,
-            objective: float) -> dict:
-    return {"workers": workers, "servers": servers, "started": True, "changing": False,
+            objective: float) -> JobReport:
+    return JobReport.decode({"workers": workers, "servers": servers, "started": True, "changing": False,
             "iterations": iterations, "early_feedback": iterations >= 100, "early_feedback_iterations": 100,
             "speed": speed, "speed_iterations": 20, "executor_resource": {"memory": 512, "vCores": 1},
-            "directive_version": 0, "epoch": epoch, "epoch_time_s": epoch_time, "objective": objective}
+            "directive_version": 0, "epoch": epoch, "epoch_time_s": epoch_time, "objective": objective,
+            "phase": "TRAINING", "worker_times": {"compute_s": 0.012, "comm_s": 0.003, "workers": workers},
+            "memory_mb": 100.0 * (workers + servers)})
 
 
 async def test_ps_app_page_shows_shape_changes_and_charts(page_env: PageEnv):
@@ -133,6 +139,8 @@ async def test_ps_app_page_shows_shape_changes_and_charts(page_env: PageEnv):
     shape = page.split("<h2>Current shape</h2>")[1].split("<h2>")[0]
     assert "<th>Workers</th><td>4</td>" in shape and "<th>Servers</th><td>2</td>" in shape
     assert "<th>Iterations</th><td>300</td>" in shape and "2.6 iterations/s" in shape
+    assert "<th>Phase</th><td>TRAINING</td>" in shape and "<th>Memory</th><td>600 MB in use" in shape
+    assert "compute 12 ms, communication 3 ms per mini-batch" in shape
     changes = page.split("<h2>Shape changes</h2>")[1].split("<h2>")[0]
     rows = re.findall(r"<tr>(.*?)</tr>", changes)[1:]
     cells = [re.findall(r"<td>(.*?)</td>", r) for r in rows]
@@ -149,8 +157,10 @@ async def test_ps_app_bad_shape_report_changes_no_history(page_env: PageEnv):
     core = page_env.rm.core
     app_id = page_env.submit(app_type="ELASTANE_PS")
     claims = launch_and_register(core, app_id)
-    with pytest.raises(Exception, match="shape"):
-        core.allocate(claims, api.AllocateRequest(response_id=0, shape={"workers": -1, "servers": 1}))
+    token = tokens.sign(SECRET, tokens.AM, claims, 3600, now=page_env.clock())
+    resp = await page_env.client.post(api.AM_ALLOCATE, json={"response_id": 0, "shape": {"workers": -1, "servers": 1}},
+                                      headers={"Authorization": f"Bearer {token}"})
+    assert resp.status == 400 and "$.shape.workers" in (await resp.json())["RemoteException"]["message"]
     assert len(core.apps[app_id].shape_history) == 0 and not core.apps[app_id].shape_history.changes
     page = await page_env.get(f"/cluster/app/{app_id}")
     assert "Speed (iterations/s): no data reported yet." in page

@@ -5,7 +5,7 @@ Pure core, no I/O and an injected clock, so the PS ApplicationMaster drives it:
 - `metrics`        per-executor moving averages of what workers and servers report
 - `trigger`        when a decision may be taken (K mini-batches per worker since the last change)
 - `profiling`      measured metrics -> cost-model inputs (per-sample compute, bandwidths)
-- `cost_model`     eq. 3.1-3.4: predicted epoch time of a configuration
+- the cost model (eq. 3.1-3.4, predicted epoch time of a configuration) is `models.cruise_cost`: RM policies need it too
 - `balance`        optimal integer split of input / model blocks once roles are fixed
 - `solver_homogeneous`  closed form of eq. 3.5 (identical nodes), plus the brute-force baseline
 - `solver_milp`    MILP (scipy.optimize.milp / HiGHS) for heterogeneous nodes, grouped in classes

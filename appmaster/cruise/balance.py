@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .cost_model import JobProfile
+from models.cruise_cost import JobProfile
 
 
 def min_max_split(total: int, weights: Sequence[float] | np.ndarray) -> np.ndarray:

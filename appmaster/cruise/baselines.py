@@ -12,8 +12,9 @@ from typing import Sequence
 
 import numpy as np
 
+from models.cruise_cost import CostModelError, JobProfile, NodeProfile, epoch_time_arrays
+
 from .balance import split_blocks
-from .cost_model import CostModelError, JobProfile, NodeProfile, epoch_time_arrays
 from .solver_homogeneous import HomogeneousOptimum
 
 

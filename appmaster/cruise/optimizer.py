@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
-from .cost_model import Assignment, CostModelError, JobProfile, predict
+from models.cruise_cost import Assignment, CostModelError, JobProfile, predict
+
 from .metrics import DEFAULT_ALPHA, MetricsBook
 from .plan import Plan
 from .plan_builder import (DEFAULT_GAIN_THRESHOLD, ExecutorState, build_plan, predicted_gain,

@@ -25,7 +25,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from .cost_model import NodeProfile
+from models.cruise_cost import NodeProfile
+
 from .metrics import LastKnown, MetricsBook
 
 

@@ -23,7 +23,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .cost_model import CostModelError, JobProfile, NodeProfile
+from models.cruise_cost import CostModelError, JobProfile, NodeProfile
+
 from .targets import Slot, Target, build_target, choose_workers
 
 

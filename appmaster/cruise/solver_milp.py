@@ -37,8 +37,9 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
+from models.cruise_cost import CostModelError, JobProfile, NodeProfile, epoch_time_arrays
+
 from .balance import split_blocks
-from .cost_model import CostModelError, JobProfile, NodeProfile, epoch_time_arrays
 from .solver_homogeneous import mean_profile
 from .targets import Slot, Target, build_target, choose_workers
 

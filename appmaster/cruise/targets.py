@@ -15,8 +15,9 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from models.cruise_cost import Assignment, CostModelError, JobProfile, NodeProfile, epoch_time
+
 from .balance import split_blocks
-from .cost_model import Assignment, CostModelError, JobProfile, NodeProfile, epoch_time
 
 
 class Role(str, enum.Enum):

@@ -15,8 +15,8 @@ in allocate responses; the AM library surfaces each new one as a `ShapeChanged` 
   directive that names nodes is obeyed: executors are asked for on exactly those nodes, and
   executors elsewhere move there.
 - `ProgressTracker` (pure, injected times) keeps what the AM reports in `AllocateRequest.shape`
-  (protocol.elastic_shape.ElasticShapeReport): iterations, early feedback, speed since the last
-  change, the directive version acted on.
+  (protocol.job_report.JobReport): iterations, early feedback, speed since the last change, the
+  directive version acted on.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol
 
-from protocol.elastic_shape import ElasticShapeReport
 from protocol.internal_api import ShapeDirective
+from protocol.job_report import JobReport
 from protocol.records import Resource
 from protocol.state_machine import TransitionTable
 
@@ -248,15 +248,14 @@ class ProgressTracker:
         return self.speed_iterations / elapsed if elapsed > 0 else 0.0
 
     def report(self, shape: Shape, resource: Optional[Resource], directive_version: int,
-               **extra: Any) -> dict[str, Any]:
-        """The dict for `AllocateRequest.shape` (an ElasticShapeReport plus `extra` fields)."""
-        rep = ElasticShapeReport(workers=shape.workers, servers=shape.servers, started=self.started,
-                                 changing=self.changing, iterations=self.iterations,
-                                 early_feedback=self.early_feedback,
-                                 early_feedback_iterations=self.early_feedback_iterations,
-                                 speed=self.speed, speed_iterations=self.speed_iterations,
-                                 executor_resource=resource, directive_version=directive_version)
-        return {**rep.to_json(), **extra}
+               **extra: Any) -> JobReport:
+        """The `AllocateRequest.shape` report: this progress plus `extra` JobReport fields (phase,
+        epoch, measurements ...: what the AM measured)."""
+        return JobReport(workers=shape.workers, servers=shape.servers, started=self.started,
+                         changing=self.changing, iterations=self.iterations, early_feedback=self.early_feedback,
+                         early_feedback_iterations=self.early_feedback_iterations,
+                         speed=self.speed, speed_iterations=self.speed_iterations,
+                         executor_resource=resource, directive_version=directive_version, **extra)
 
 
 # ===== the driver ================================================================================

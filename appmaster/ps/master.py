@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from protocol import codec
+from protocol.job_report import finite, recent_epoch_times, recent_objectives
 from protocol.ps_job_spec import PSJobSpec
 from protocol.records import FinalStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
@@ -281,11 +282,19 @@ class PSApplicationMaster:
                 fut.set_result(outcome)
 
     def _publish_shape(self, rec: EpochRecord | None = None) -> None:
-        """The shape report (protocol.elastic_shape) the RM's policy reads on each heartbeat."""
+        """The job report (protocol.job_report) the RM's policy reads on each heartbeat."""
+        m = self.metrics
         extra: dict[str, Any] = {}
-        last = rec or (self.metrics.epochs[-1] if self.metrics.epochs else None)
+        last = rec or (m.epochs[-1] if m.epochs else None)
         if last is not None:
-            extra.update(epoch=last.epoch, epoch_time_s=last.epoch_time_s, objective=last.objective)
+            extra.update(epoch=last.epoch, epoch_time_s=max(0.0, last.epoch_time_s), objective=finite(last.objective))
+        live = self.pool.live()
+        ready = {e.executor_id for e in live if e.state is ExecutorState.READY}
+        extra.update(phase=self.job.phase.value, epoch_times=recent_epoch_times(e.epoch_time_s for e in m.epochs),
+                     initial_objective=finite(m.initial_objective),
+                     objectives=recent_objectives((e.epoch, e.objective) for e in m.epochs),
+                     worker_times=m.worker_timing(ready), server_times=m.server_timing(ready),
+                     memory_mb=sum(e.rss_bytes for e in live) / (1024 * 1024))
         self.progress.changing = self.directives.busy or self.steps.busy or self.elastic.changing
         self.am.set_shape(self.progress.report(self.live_shape(), self.resource, self.directives.applied_version,
                                                **extra))

@@ -3,10 +3,12 @@ per-server service time as exponential moving averages (what the optimizers of l
 read), plus the objective history with epoch times."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Collection, Iterable, Optional
 
 from appmaster.cruise.metrics import MovingAverage
+from protocol.job_report import ServerTiming, WorkerTiming
 
 DEFAULT_ALPHA = 0.1   # weight of the newest sample: smooths over ~10 mini-batches
 
@@ -83,6 +85,23 @@ class JobMetrics:
     @property
     def objectives(self) -> list[float]:
         return [e.objective for e in self.epochs]
+
+    def worker_timing(self, workers: Collection[str]) -> WorkerTiming:
+        """The job report's worker times: the mean of `workers`' moving averages (those measured)."""
+        pairs = [(t.compute_s.value, t.comm_s.value) for w, t in self.workers.items() if w in workers]
+        known = [(c, m) for c, m in pairs if c is not None and m is not None and math.isfinite(c + m)]
+        if not known:
+            return WorkerTiming()
+        return WorkerTiming(compute_s=max(0.0, sum(c for c, _ in known) / len(known)),
+                            comm_s=max(0.0, sum(m for _, m in known) / len(known)), workers=len(known))
+
+    def server_timing(self, servers: Collection[str]) -> ServerTiming:
+        """The job report's server time: the mean service time of `servers` (those measured)."""
+        values = [t.service_s.value for s, t in self.servers.items() if s in servers]
+        known = [v for v in values if v is not None and math.isfinite(v)]
+        if not known:
+            return ServerTiming()
+        return ServerTiming(service_s=max(0.0, sum(known) / len(known)), servers=len(known))
 
     def to_json(self) -> dict[str, Any]:
         return {"workers": {k: v.to_json() for k, v in sorted(self.workers.items())},

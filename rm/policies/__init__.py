@@ -1,9 +1,10 @@
-"""Elastic scheduling policies: pure `decide(ClusterSnapshot) -> {app_id: ShapeDirective}`.
+"""Elastic scheduling policies: pure `decide(ClusterSnapshot) -> Decision` (per job a `JobDecision`).
 
 `eps` is EPS's H-scheduler (rm/policies/eps.py). Later policies (optimus, dorm, harmony) register
 themselves here with `register(name, factory)`.
 """
 from .base import Policy, create, known, register
+from .decision import Decision, DecisionError, JobDecision
 from .snapshot import AppView, ClusterSnapshot, NodeView
 from .eps import EpsPolicy
 from .static import StaticPolicy
@@ -12,4 +13,4 @@ register("static", StaticPolicy)
 register("eps", EpsPolicy)
 
 __all__ = ["EpsPolicy", "Policy", "create", "known", "register", "AppView", "ClusterSnapshot", "NodeView",
-           "StaticPolicy"]
+           "StaticPolicy", "Decision", "DecisionError", "JobDecision"]

@@ -1,19 +1,18 @@
-"""The policy slot: a pure function of a cluster snapshot to shape directives, and a registry."""
+"""The policy slot: a pure function of a cluster snapshot to a typed Decision, and a registry."""
 from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from protocol.internal_api import ShapeDirective
-
+from .decision import Decision
 from .snapshot import ClusterSnapshot
 
 
 class Policy(Protocol):
-    """An elastic-scheduling policy. `decide` must be pure: same snapshot, same directives."""
+    """An elastic-scheduling policy. `decide` must be pure: same snapshot (sequence), same Decision."""
 
     name: str
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, ShapeDirective]:
+    def decide(self, snapshot: ClusterSnapshot) -> Decision:
         ...
 
 

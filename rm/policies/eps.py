@@ -1,4 +1,4 @@
-"""The `eps` policy: the H-scheduler of EPS (Algorithm 1), as shape directives.
+"""The `eps` policy: the H-scheduler of EPS (Algorithm 1), as a typed Decision of new shapes.
 
 Two modes, as in EPS §4:
 
@@ -50,9 +50,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.internal_api import ShapeDirective
 from protocol.records import ZERO, Resource
 
+from .decision import Decision, JobDecision
 from .eps_jobs import EpsView, IncomingJob, RunningJob, clamp0, classify, units
 from .eps_trial import Trial, TrialConfig, TrialEvent, TrialState, advance, observe
 from .snapshot import ClusterSnapshot
@@ -91,9 +91,9 @@ class EpsPolicy:
         self._caps: dict[str, Shape] = {}
         self._backoff: dict[str, float] = {}     # app -> time before which it is not grown again
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, ShapeDirective]:
-        """Directives for the running jobs whose target changes this round (the RM numbers them).
-        Jobs are read through `ElasticShapeReport` (protocol/elastic_shape.py), their AMs' reports."""
+    def decide(self, snapshot: ClusterSnapshot) -> Decision:
+        """Job decisions for the running jobs whose target changes this round (the RM numbers the
+        directives). Jobs are read through their AMs' `JobReport`s (protocol/job_report.py)."""
         view = classify(snapshot)
         jobs = {j.app_id: j for j in view.running}
         rnd = _Round(jobs, {a: (j.workers, j.servers) for a, j in jobs.items()})
@@ -106,9 +106,9 @@ class EpsPolicy:
             self._schedule_incoming(view, rnd, free)
         elif not view.queued:
             self._schedule_running(view, rnd, clamp0(free), snapshot.now)
-        return {a: ShapeDirective(workers=w, servers=s, reason=rnd.reasons.get(a, "eps"))
-                for a, (w, s) in sorted(rnd.targets.items())
-                if (w, s) != (jobs[a].workers, jobs[a].servers)}
+        return Decision({a: JobDecision(workers=w, servers=s, reason=rnd.reasons.get(a, "eps"))
+                         for a, (w, s) in sorted(rnd.targets.items())
+                         if (w, s) != (jobs[a].workers, jobs[a].servers)})
 
     # ----- state between calls ------------------------------------------------------------------
     def _forget(self, snapshot: ClusterSnapshot, jobs: dict[str, RunningJob]) -> None:

@@ -1,7 +1,7 @@
 """The EPS H-scheduler's view of a cluster snapshot: running elastic jobs, incoming jobs, the rest.
 
 A PS job (its `elastane` extension holds a `ps-job` spec) is *running* once its AM reports
-`started` (protocol.elastic_shape); before that — SUBMITTED, ACCEPTED, or RUNNING while its AM
+`started` (protocol.job_report); before that — SUBMITTED, ACCEPTED, or RUNNING while its AM
 still gathers executors — it is *incoming* (EPS §4.1's "submitted job"). Any other app with
 demand the scheduler has not granted is just "queued": it blocks running-job scheduling (EPS §4:
 that mode runs only when "there are available resources but no submitted jobs") but EPS cannot
@@ -20,7 +20,7 @@ from typing import Optional
 import msgspec
 
 from protocol import ps_job_spec
-from protocol.elastic_shape import ElasticShapeReport
+from protocol.job_report import JobReport
 from protocol.records import ZERO, Resource
 
 from .snapshot import AppView, ClusterSnapshot
@@ -67,7 +67,7 @@ class RunningJob:
     executor: Resource
     am: Resource
     held: Resource
-    report: ElasticShapeReport
+    report: JobReport
 
     @property
     def order(self) -> tuple[float, str]:
@@ -89,7 +89,7 @@ class IncomingJob:
     executor: Resource
     am: Resource
     held: Resource
-    report: Optional[ElasticShapeReport]
+    report: Optional[JobReport]
 
     @property
     def am_granted(self) -> bool:
@@ -162,7 +162,7 @@ def classify(snapshot: ClusterSnapshot) -> EpsView:
             held.append(app.app_id)
             continue
         spec = parse_spec(app, snapshot.minimum_allocation_mb)
-        report = ElasticShapeReport.parse(app.shape)
+        report = app.shape
         if spec is None:
             if app.state in WAITING_STATES or app.pending != ZERO:
                 other.append(app.app_id)

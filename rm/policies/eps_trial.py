@@ -20,7 +20,7 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from protocol.elastic_shape import ElasticShapeReport
+from protocol.job_report import JobReport
 from protocol.state_machine import TransitionTable
 
 
@@ -103,7 +103,7 @@ def advance(trial: Trial, event: TrialEvent, now: float, speed_after: float = 0.
     return replace(trial, state=nxt, speed_after=speed_after or trial.speed_after)
 
 
-def observe(trial: Trial, report: Optional[ElasticShapeReport], now: float,
+def observe(trial: Trial, report: Optional[JobReport], now: float,
             cfg: TrialConfig) -> Optional[TrialEvent]:
     """What the latest report (or the passing of time) means for the trial; None: keep waiting."""
     if trial.state == TrialState.SETTLING:

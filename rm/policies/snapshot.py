@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from protocol.internal_api import ShapeDirective
+from protocol.job_report import JobReport
 from protocol.records import ZERO, Resource
 
 
@@ -25,8 +26,8 @@ class AppView:
     state: str
     submit_time: float
     resources: Resource                 # currently allocated to the app
-    shape: Optional[dict] = None        # what the AM reported in AllocateRequest.shape
-    elastane: Optional[dict] = None     # the app's `elastane` submission extension (job spec)
+    shape: Optional[JobReport] = None   # the AM's latest job report (AllocateRequest.shape)
+    elastane: Optional[dict[str, object]] = None   # the app's `elastane` submission extension (job spec)
     am_resource: Resource = ZERO        # the AM container's resource (held once the AM is allocated)
     pending: Resource = ZERO            # demand the scheduler has not granted yet (AM + open asks)
     directive: Optional[ShapeDirective] = None   # the latest directive the RM holds for the app

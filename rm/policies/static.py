@@ -1,8 +1,7 @@
-"""The `static` policy: what YARN does. Jobs keep the shape they asked for; no directives."""
+"""The `static` policy: what YARN does. Jobs keep the shape they asked for; an empty Decision."""
 from __future__ import annotations
 
-from protocol.internal_api import ShapeDirective
-
+from .decision import Decision
 from .snapshot import ClusterSnapshot
 
 
@@ -11,5 +10,5 @@ class StaticPolicy:
 
     name = "static"
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, ShapeDirective]:
-        return {}
+    def decide(self, snapshot: ClusterSnapshot) -> Decision:
+        return Decision()

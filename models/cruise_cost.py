@@ -1,4 +1,4 @@
-"""The Cruise cost model, dissertation eq. 3.1-3.4.
+"""The Cruise cost model, dissertation eq. 3.1-3.4 (shared by the Cruise optimizer and the policies).
 
 The epoch time of a configuration is the slowest worker's epoch (eq. 3.1); a worker's epoch is its
 computation plus communication cost (eq. 3.2); computation is C_w.proc * d_i (eq. 3.3) and
@@ -120,7 +120,7 @@ class EpochPrediction:
     slowest_worker: str = ""
     server_bound: bool = False           # whether the slowest worker is server-bandwidth bound
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {"epoch_s": self.epoch_s, "slowest_worker": self.slowest_worker,
                 "server_batch_s": self.server_batch_s, "server_bound": self.server_bound,
                 "compute_s": dict(self.compute_s), "comm_s": dict(self.comm_s)}
