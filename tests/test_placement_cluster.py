@@ -1,0 +1,101 @@
+"""Placement is obeyed: a shape directive that names nodes moves a running PS job there.
+
+Four nodes; an MLR job (2 workers, 2 servers, EPS mode, the exactly-once audit on) trains with no
+epoch limit in reach. The owner directs it (`PUT /ws/v1/cluster/apps/{id}/shape`, the same
+ShapeDirective a policy sends) first onto nodes {A, B}, then onto {C, D}. Each time the AM asks
+for containers on exactly those nodes (locality not relaxed), moves the model blocks and input
+splits of every executor elsewhere onto the newcomers, and retires the old ones. Checked: after
+each directive every live executor runs on the named nodes, the shape is unchanged, training went
+on (more epochs, objective still falling, no epoch skipped), and the servers applied every
+mini-batch the workers ran exactly once across the moves. Then the test kills the job.
+"""
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any, Iterator
+
+import pytest
+
+from appmaster.ps.submission import build_ps_submission
+from conftest import get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
+from polling import wait_until
+from protocol import container_env
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def four_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    # Room for the job's four executors twice on two nodes (old and new side by side) plus its AM.
+    with running_cluster(tmp_path_factory.mktemp("placement"), nodes=4, node_memory_mb=2048,
+                         node_vcores=6) as c:
+        yield c
+
+
+def am_status(cluster: Any, app_id: str) -> dict[str, Any] | None:
+    try:
+        url = get_app(cluster.rm_url, app_id)["trackingUrl"].rstrip("/")
+        with urllib.request.urlopen(url + "/status", timeout=5) as r:
+            return json.loads(r.read())
+    except Exception:  # noqa: BLE001 - not up yet
+        return None
+
+
+def live_nodes(status: dict[str, Any]) -> dict[str, str]:
+    """executor id -> node of every executor still in the job."""
+    return {e["id"]: e["node"] for e in status["shape"]["executors"] if e["state"] in ("LAUNCHING", "READY")}
+
+
+def directed(cluster: Any, app_id: str, version: int, nodes: list[str]) -> dict[str, Any] | None:
+    """The AM's status once it has carried out directive `version` and every executor is on `nodes`."""
+    st = am_status(cluster, app_id)
+    if st is None:
+        return None
+    outcomes = [d for d in st["directives"] if d["version"] == version]
+    if not outcomes:
+        return None
+    assert outcomes[-1]["error"] == "", outcomes[-1]
+    # Relocation retires what ran elsewhere only once the newcomers serve: all on `nodes` = done.
+    return st if set(live_nodes(st).values()) <= set(nodes) else None
+
+
+def test_a_directive_moves_a_running_job_onto_the_named_nodes(four_nodes) -> None:
+    cluster = four_nodes
+    nodes = sorted(n["id"] for n in rest(cluster.rm_url, "GET", "/ws/v1/cluster/nodes")["nodes"]["node"])
+    assert len(nodes) == 4
+    app_id = submit_app(cluster.rm_url, build_ps_submission(
+        {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 100_000, "convergence_threshold": 1e-12,
+         "audit_updates": True, "executor_memory_mb": 320}, name="placed", am_memory=384))
+    try:
+        first = wait_until(lambda: (s := am_status(cluster, app_id)) and s["epoch"] >= 1 and s, 120,
+                           "the job trains")
+        initial = first["initial_objective"]
+        history = [(nodes[:2], 1), (nodes[2:], 2)]
+        for target, version in history:
+            before = wait_until(lambda: am_status(cluster, app_id), 30, "the AM answers")
+            rest(cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/shape",
+                 {"workers": 2, "servers": 2, "nodes": target}, user="alice")
+            st = wait_until(lambda: directed(cluster, app_id, version, target), 180,
+                            f"every executor on {target} after directive v{version}")
+            live = live_nodes(st)
+            assert sorted(k.split("-")[0] for k in live) == ["server", "server", "worker", "worker"], live
+            # Training goes on after the move: more epochs on the new nodes, none skipped.
+            moved_at = st["epoch"]
+            st = wait_until(lambda: (s := am_status(cluster, app_id)) and s["epoch"] >= moved_at + 2 and s, 120,
+                            f"two more epochs after directive v{version}")
+            assert st["epoch"] > before["epoch"]
+            epochs = [h["epoch"] for h in st["objective_history"]]
+            assert epochs == list(range(len(epochs)))
+            assert st["objective_history"][-1]["objective"] < initial
+            assert st["eps"]["audit_mismatches"] == []
+            assert st["eps"]["minibatches_applied"] == st["eps"]["minibatches_run"] > 0
+        relocations = [h for h in st["shape_history"] if h["op"].startswith("relocate")]
+        assert relocations and all(h["error"] == "" for h in relocations), st["shape_history"]
+        # The RM shows the directive as delivered.
+        shape = rest(cluster.rm_url, "GET", f"/ws/v1/cluster/apps/{app_id}/shape")["shape"]
+        assert shape["directive"]["nodes"] == nodes[2:] and shape["directiveDelivered"]
+    finally:
+        rest(cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+        wait_app(cluster.rm_url, app_id, ("KILLED", "FINISHED", "FAILED"), 60)
+        wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
