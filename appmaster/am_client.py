@@ -88,6 +88,9 @@ class ApplicationMaster:
         self._loop_task: Optional[asyncio.Task] = None
         self._rm_down_since: Optional[float] = None
         self._shut_down = False
+        # Set before the loop task is cancelled: Python 3.11's wait_for swallows a cancellation that
+        # lands as the awaited event fires (gh-86296), so the loop must also see a plain flag.
+        self._loop_stopping = False
         self.unregistered = False
 
     @classmethod
@@ -105,6 +108,7 @@ class ApplicationMaster:
         log.info("registered %s (app %s, queue %s)", self.registration.attempt_id,
                  self.registration.app_id, self.registration.queue)
         if start_heartbeats:
+            self._loop_stopping = False
             self._loop_task = asyncio.create_task(self._heartbeat_loop(), name="am-heartbeat")
         return self.registration
 
@@ -141,6 +145,8 @@ class ApplicationMaster:
     async def _stop_loop(self) -> None:
         task, self._loop_task = self._loop_task, None
         if task is not None and task is not asyncio.current_task():
+            self._loop_stopping = True
+            self._wake.set()
             task.cancel()
             try:
                 await task
@@ -276,14 +282,14 @@ class ApplicationMaster:
     # ----- the allocate loop ------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
-        while not self._shut_down:
+        while not (self._shut_down or self._loop_stopping):
             try:
                 await self.heartbeat_once()
             except Exception as e:   # a bug here must not leave the app waiting forever
                 log.exception("allocate loop failed")
                 self._shutdown(f"AM allocate loop failed: {type(e).__name__}: {e}")
                 return
-            if self._shut_down:
+            if self._shut_down or self._loop_stopping:
                 return
             self._wake.clear()
             try:

@@ -290,3 +290,21 @@ async def test_set_ask_count_replaces_the_outstanding_count(fake_cluster):
         assert fake_cluster.rm.requests[-1].asks == [], "a cancelled row is sent once"
     finally:
         await am.close()
+
+
+async def test_finish_stops_the_loop_even_when_a_wake_up_lands_with_the_cancel(fake_cluster):
+    """Python 3.11's wait_for swallows a cancellation that arrives in the same loop step as the
+    event it waits for; finish() right after heartbeat_now() must still stop the allocate loop
+    (it hung the AM forever before, with its job's phase already FAILED)."""
+    am = ApplicationMaster(AmIdentity.from_env(fake_cluster.env))
+    await am.register("amhost", 1234, "http://amhost:1234/")             # the loop runs
+    await async_wait_until(lambda: len(fake_cluster.rm.requests) >= 1, 5, "the loop's first allocate")
+    for _ in range(20):                                                    # it waits for a wake-up now
+        await asyncio.sleep(0)
+    am.heartbeat_now()
+    finishing = asyncio.ensure_future(am.finish(FinalStatus.FAILED, "gave up"))
+    done, _ = await asyncio.wait({finishing}, timeout=10)       # a bound on a hang, not a speed
+    assert finishing in done, "finish() never returned: the allocate loop ignored its cancellation"
+    assert finishing.result() is True
+    assert fake_cluster.rm.finished is not None and fake_cluster.rm.finished.final_status == "FAILED"
+    await am.close()
