@@ -62,7 +62,8 @@ class StatusServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        addresses = self._runner.addresses      # the bound port, needed for port 0
+        self.port = int(addresses[0][1]) if addresses else self.port
         return self.url
 
     @property
