@@ -109,6 +109,31 @@ async def test_restore_onto_another_shape_of_servers(tmp_path) -> None:
         _assert_model(await _pull(ctl, list(model)), model)
 
 
+async def test_the_am_reads_checkpoint_replies_by_their_record(tmp_path) -> None:
+    """A reply field the AM does not know is ignored (an executor may report more); a reply that
+    lacks one the AM needs fails the checkpoint naming the executor, the op and the field."""
+    async with servers(2) as (executors, ctl, dp):
+        model = await _fill(ctl)
+        e0 = executors[0]
+        recs = [_record(e, i) for i, e in enumerate(executors)]
+        serve = e0.extra_ops["checkpoint_blocks"]
+
+        def reporting_more(frame):
+            header, arrays = serve(frame)
+            return {**header, "compressed": False}, arrays
+        e0.register_ops({"checkpoint_blocks": reporting_more})
+        info = await Checkpointer(tmp_path, dp, batch_bytes=4096).write(1, ctl.table, recs, {})
+        assert sorted(load_blocks(info["dir"], NB)) == list(range(NB))
+
+        def without_blocks(frame):
+            header, arrays = serve(frame)
+            return {k: v for k, v in header.items() if k != "blocks"}, arrays
+        e0.register_ops({"checkpoint_blocks": without_blocks})
+        with pytest.raises(ExecutorCallError, match="checkpoint_blocks on e0 .* missing required field `blocks`"):
+            await Checkpointer(tmp_path, dp).write(2, ctl.table, recs, {})
+        _assert_model(await _pull(ctl, list(model)), model)
+
+
 async def test_a_model_larger_than_a_frame_travels_in_several(tmp_path) -> None:
     async with servers(1, max_body_bytes=FRAME_LIMIT) as (executors, ctl, dp):
         model = _model()
