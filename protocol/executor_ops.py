@@ -230,6 +230,17 @@ class StatusReply(ControlReply):
     train_counters: dict[str, float] = {}
 
 
+class CheckpointBlocksReply(ControlReply):
+    """One batch of a server's checkpoint cut `cut`: `blocks` describes the blocks whose arrays are
+    the frame's buffers (psruntime.checkpoint.pack_blocks); `remaining`: blocks still to come."""
+
+    cut: int
+    num_blocks: NonNeg
+    blocks: list[dict[str, Any]]
+    remaining: list[int] = []
+    table_version: int = -1
+
+
 class EpsSendDataReply(ControlReply):
     splits: list[int] = []
     bytes: NonNeg = 0

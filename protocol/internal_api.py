@@ -19,7 +19,7 @@ NM endpoints
 from __future__ import annotations
 
 import enum
-from typing import Optional
+from typing import Any, Optional
 
 import msgspec
 
@@ -64,7 +64,7 @@ class LaunchContext(_Msg):
 
     commands: list[str]
     environment: dict[str, str] = {}
-    local_resources: dict[str, dict] = {}
+    local_resources: dict[str, dict[str, Any]] = {}
 
 
 class StartContainerRequest(_Msg):

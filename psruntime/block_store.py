@@ -56,7 +56,7 @@ _UNSHARED_REFS = 3
 def _check_key(key: object) -> Key:
     if isinstance(key, bool) or not isinstance(key, (int, str)):
         raise StoreError(f"key {key!r} must be an int or a str")
-    return key  # type: ignore[return-value]
+    return key
 
 
 def _is_dense_key(key: Key) -> bool:
@@ -329,8 +329,8 @@ class BlockStore:
         if not blk.extra:
             return keys, values
         slow = np.fromiter((int(k) in blk.extra for k in keys), bool, len(keys))
-        for i in np.flatnonzero(slow):
-            one(int(keys[i]), values[i])
+        for j in np.flatnonzero(slow):
+            one(int(keys[j]), values[j])
         return keys[~slow], values[~slow]
 
     # -- migration and checkpoints -----------------------------------------------------------

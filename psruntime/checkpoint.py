@@ -59,7 +59,8 @@ def write_block(directory: str | os.PathLike[str], block: int, data: BlockArrays
         arrays[f"other_{i}"] = np.asarray(a)
     tmp = root / f".{name}.tmp"
     with open(tmp, "wb") as f:          # a file object: np.savez appends no suffix
-        np.savez(f, **arrays)
+        # mypy checks **arrays against savez's allow_pickle too (python/mypy#1969); no key is named so
+        np.savez(f, **arrays)  # type: ignore[arg-type]
     os.replace(tmp, root / name)
     return {"file": name, "other_keys": list(data.other_keys)}
 

@@ -58,7 +58,7 @@ class DataPlaneServer:
         self._host = host
         self._port = port
         self._max_body = max_body_bytes
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self._conns: set[_ServerConnection] = set()
 
     @property

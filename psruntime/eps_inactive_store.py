@@ -44,7 +44,7 @@ class InactiveSplits:
             f.write(_LEN.pack(len(raw)))
             f.write(raw)
             for a in arrays:
-                f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+                f.write(np.ascontiguousarray(a).data.cast("B"))
         os.replace(tmp, path)
         return path.stat().st_size
 

@@ -20,6 +20,9 @@ Everything (data ops, migration, control) travels on the one binary frame protoc
                                                  (psruntime.eps_worker_ops, via extra_ops)
     shutdown                       reply, then stop the process cleanly (as SIGTERM does)
 
+Each control request is checked against its record in protocol.executor_ops before its op runs: a
+misspelt or ill-typed field is refused with an error naming it, and nothing changes.
+
 On start it writes `--ready-file` (JSON: pid, executor_id, address) atomically and, with `--am`,
 announces itself to the AM with an "executor_ready" frame.
 """
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from protocol.daemon import install_uvloop, setup_logging
+from protocol.executor_ops import REQUEST_OPS, ControlMessageError, decode_request
 from psruntime.app_role import AppRole
 from psruntime.bandwidth import process_pacer
 from psruntime.checkpoint_ops import CheckpointOps
@@ -132,6 +136,8 @@ class Executor:
             finally:
                 self.data_busy_s += time.perf_counter() - t0
                 self.data_requests += 1
+        if op in REQUEST_OPS:
+            check_control_header(h)
         method = self._OPS.get(op) if isinstance(op, str) else None
         if method is not None:
             return method(self, frame)
@@ -205,6 +211,15 @@ class Executor:
         "set_ownership": _op_set_ownership, "switch_role": _op_switch_role, "status": _op_status,
         "ping": _op_ping, "shutdown": _op_shutdown,
     }
+
+
+def check_control_header(header: dict[str, Any]) -> None:
+    """Refuse a control request whose header does not match its op's record (protocol.executor_ops),
+    naming the field, before the op runs: a misspelt or ill-typed field changes nothing."""
+    try:
+        decode_request({k: v for k, v in header.items() if k != "id"})   # "id" is the data plane's
+    except ControlMessageError as e:
+        raise RequestError(str(e)) from None
 
 
 # glibc mallopt parameters (malloc.h) and the values the executor uses.

@@ -75,7 +75,7 @@ def encode_frame(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> l
         descs.append((arr.dtype.str, arr.shape))
         total += arr.nbytes
         if arr.nbytes:
-            views.append(memoryview(arr.reshape(-1)).cast("B"))
+            views.append(arr.reshape(-1).data.cast("B"))
     if "bufs" in header:
         raise FrameError("header key 'bufs' is reserved for the codec")
     try:

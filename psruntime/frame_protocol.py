@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 
@@ -73,9 +73,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     # -- connection --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A stream connection's transport is a Transport; BufferedProtocol types it as the base.
+        self.transport = tr = cast(asyncio.Transport, transport)
         # The default 64 KiB high-water mark would pause reading on every multi-MiB reply.
-        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        tr.set_write_buffer_limits(high=WRITE_HIGH_WATER)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -199,7 +200,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         body = self._body
         if body is not None and self._start == self._end and len(body) - self._body_got >= DIRECT_MIN_BYTES:
             self._direct = True
-            return memoryview(body[self._body_got:])
+            return body[self._body_got:].data
         self._direct = False
         if self._start == self._end:
             self._start = self._end = 0
@@ -261,7 +262,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         header, body = self._header, self._body
         self._header, self._body, self._body_got, self._direct = None, None, 0, False
         try:
-            frame = decode_frame(header or b"", memoryview(body) if body is not None else b"")
+            frame = decode_frame(header or b"", body.data if body is not None else b"")
         except FrameError as e:
             self._fail(e)
             return

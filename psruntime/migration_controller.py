@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import Iterable
 
+from protocol.executor_ops import MoveBlocks, SetOwnership, to_header
 from psruntime.dataplane import DataPlaneClient
 from psruntime.ownership_table import OwnershipError, OwnershipTable
 
@@ -48,10 +49,9 @@ class MigrationController:
     async def broadcast(self, executors: Iterable[str] | None = None) -> None:
         """Send the current table to `executors` (default: every executor with an address)."""
         targets = list(executors) if executors is not None else list(self.table.addresses)
-        wire = self.table.to_wire()
+        header = to_header(SetOwnership(table=self.table.to_wire()))
         results = await asyncio.gather(
-            *(self._client.request(self.table.address_of(e), {"op": "set_ownership", "table": wire})
-              for e in targets), return_exceptions=True)
+            *(self._client.request(self.table.address_of(e), header) for e in targets), return_exceptions=True)
         failed = [f"{e}: {r}" for e, r in zip(targets, results) if isinstance(r, BaseException)]
         if failed:
             # A missed broadcast only costs redirects: executors and clients still converge.
@@ -78,8 +78,8 @@ class MigrationController:
         self._moving.update(blocks)
         try:
             try:
-                await self._client.request(src_address, {"op": "move_blocks", "blocks": blocks, "dst": dst,
-                                                         "dst_address": dst_address})
+                await self._client.request(src_address, to_header(MoveBlocks(blocks=blocks, dst=dst,
+                                                                             dst_address=dst_address)))
             except Exception as e:
                 raise MigrationControllerError(f"move of blocks {blocks} {src} -> {dst} failed: {e}") from e
             version = self.table.assign(blocks, dst)

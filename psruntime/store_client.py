@@ -205,12 +205,12 @@ class StoreClient:
             for pos in np.flatnonzero(np.bincount(owners, minlength=len(names))):
                 idx = np.flatnonzero(owners == pos)
                 groups.append((names[pos], idx if sub is None else sub[idx]))
-        out = []
-        for owner, idx in groups:
+        out: list[tuple[str, np.ndarray | None]] = []
+        for owner, sel in groups:
             if not owner:
                 first = 0 if owners is None else int(np.flatnonzero(owners == names.index(""))[0])
                 raise StoreClientError(f"no owner known for key {int(part[first])} (block {int(blocks[first])})")
-            out.append((self.table.address_of(owner), idx))
+            out.append((self.table.address_of(owner), sel))
         return out
 
     async def _submit_array(self, op: str, func: str | None, keys: np.ndarray, values: np.ndarray | None,

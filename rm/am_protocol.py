@@ -6,7 +6,7 @@ pure like the rest of the core.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from protocol import internal_api as api
 from protocol import tokens
@@ -19,6 +19,7 @@ from .scheduler import AskError, CapacityScheduler
 from .state_machines import AppEvent, AttemptEvent, attempt_is_final
 
 if TYPE_CHECKING:
+    from .model import Node
     from .nodes import NodeTracker
 
 
@@ -35,7 +36,16 @@ class AmProtocol:
     counters: dict[str, int]
     _am_live: OrderedDict[str, float]
 
-    def _attempt_for_token(self, claims: dict) -> tuple[App, Attempt]:
+    if TYPE_CHECKING:  # implemented by ResourceManagerCore (rm/core.py)
+        def _app_event(self, app: App, ev: AppEvent) -> None: ...
+        def _attempt_event(self, at: Attempt, ev: AttemptEvent) -> None: ...
+        def _attempt_failed(self, at: Attempt, diagnostics: str, counts: bool = True) -> None: ...
+        def _app_done(self, app: App) -> None: ...
+        def _schedule(self, candidates: list[Node]) -> None: ...
+        def _mark_launched(self, c: Container) -> None: ...
+        def _release(self, c: Container, cleanup_on_node: bool) -> None: ...
+
+    def _attempt_for_token(self, claims: dict[str, Any]) -> tuple[App, Attempt]:
         app = self.apps.get(str(claims.get("app_id", "")))
         at = self.attempts.get(str(claims.get("attempt_id", "")))
         if app is None or at is None or at.app_id != app.app_id:
@@ -67,7 +77,7 @@ class AmProtocol:
             return
         self._attempt_failed(at, f"Error launching {attempt_id}. Got exception: {diagnostics}")
 
-    def am_register(self, claims: dict, req: api.AmRegisterRequest) -> api.AmRegisterResponse:
+    def am_register(self, claims: dict[str, Any], req: api.AmRegisterRequest) -> api.AmRegisterResponse:
         app, at = self._attempt_for_token(claims)
         if not self._is_current(app, at):
             raise Unauthorized(f"{at.attempt_id} is not the current attempt of {app.app_id} "
@@ -84,7 +94,7 @@ class AmProtocol:
         return api.AmRegisterResponse(app_id=app.app_id, attempt_id=at.attempt_id,
                                       maximum_resource=self.scheduler.maximum, queue=app.queue, user=app.user)
 
-    def allocate(self, claims: dict, req: api.AllocateRequest) -> api.AllocateResponse:
+    def allocate(self, claims: dict[str, Any], req: api.AllocateRequest) -> api.AllocateResponse:
         app, at = self._attempt_for_token(claims)
         if not self._is_current(app, at):
             return api.AllocateResponse(response_id=req.response_id + 1, action="SHUTDOWN")
@@ -139,7 +149,7 @@ class AmProtocol:
         at.last_response = resp
         return resp
 
-    def am_finish(self, claims: dict, req: api.AmFinishRequest) -> api.AmFinishResponse:
+    def am_finish(self, claims: dict[str, Any], req: api.AmFinishRequest) -> api.AmFinishResponse:
         app, at = self._attempt_for_token(claims)
         if at.state in (AttemptState.FINISHING, AttemptState.FINISHED):   # a retried finish
             return api.AmFinishResponse(unregistered=True)

@@ -98,7 +98,7 @@ class AmSpec:
 
     commands: list[str]
     environment: dict[str, str]
-    local_resources: dict[str, dict]
+    local_resources: dict[str, dict[str, Any]]
     resource: Resource
 
 
@@ -144,7 +144,7 @@ class App:
     submit_time: float
     seq: int
     submission: dict[str, Any]
-    elastane: Optional[dict] = None
+    elastane: Optional[dict[str, Any]] = None
     state: AppState = AppState.NEW
     final_status: FinalStatus = FinalStatus.UNDEFINED
     diagnostics: str = ""

@@ -27,7 +27,7 @@ class AppRecord(msgspec.Struct, forbid_unknown_fields=False):
     app_type: str
     am_commands: list[str]
     am_environment: dict[str, str]
-    am_local_resources: dict[str, dict]
+    am_local_resources: dict[str, dict[str, Any]]
     am_resource: Resource
     max_attempts: int
     submit_time: float
@@ -40,7 +40,7 @@ class AppRecord(msgspec.Struct, forbid_unknown_fields=False):
     finish_time: float = 0.0
     tracking_url: str = ""
     progress: float = 0.0
-    elastane: Optional[dict] = None
+    elastane: Optional[dict[str, Any]] = None
     memory_seconds: float = 0.0
     vcore_seconds: float = 0.0
 

@@ -109,6 +109,31 @@ async def test_restore_onto_another_shape_of_servers(tmp_path) -> None:
         _assert_model(await _pull(ctl, list(model)), model)
 
 
+async def test_the_am_reads_checkpoint_replies_by_their_record(tmp_path) -> None:
+    """A reply field the AM does not know is ignored (an executor may report more); a reply that
+    lacks one the AM needs fails the checkpoint naming the executor, the op and the field."""
+    async with servers(2) as (executors, ctl, dp):
+        model = await _fill(ctl)
+        e0 = executors[0]
+        recs = [_record(e, i) for i, e in enumerate(executors)]
+        serve = e0.extra_ops["checkpoint_blocks"]
+
+        def reporting_more(frame):
+            header, arrays = serve(frame)
+            return {**header, "compressed": False}, arrays
+        e0.register_ops({"checkpoint_blocks": reporting_more})
+        info = await Checkpointer(tmp_path, dp, batch_bytes=4096).write(1, ctl.table, recs, {})
+        assert sorted(load_blocks(info["dir"], NB)) == list(range(NB))
+
+        def without_blocks(frame):
+            header, arrays = serve(frame)
+            return {k: v for k, v in header.items() if k != "blocks"}, arrays
+        e0.register_ops({"checkpoint_blocks": without_blocks})
+        with pytest.raises(ExecutorCallError, match="checkpoint_blocks on e0 .* missing required field `blocks`"):
+            await Checkpointer(tmp_path, dp).write(2, ctl.table, recs, {})
+        _assert_model(await _pull(ctl, list(model)), model)
+
+
 async def test_a_model_larger_than_a_frame_travels_in_several(tmp_path) -> None:
     async with servers(1, max_body_bytes=FRAME_LIMIT) as (executors, ctl, dp):
         model = _model()
@@ -153,8 +178,8 @@ async def test_a_cut_is_consistent_and_sent_in_bounded_batches() -> None:
 
 @pytest.mark.parametrize("header,msg", [
     ({"op": "checkpoint_blocks", "blocks": [1]}, r"blocks \[1\] are not owned by e0"),
-    ({"op": "checkpoint_blocks", "blocks": "all"}, "'blocks' must be a list"),
-    ({"op": "checkpoint_blocks", "max_bytes": 0}, "'max_bytes' must be a positive int"),
+    ({"op": "checkpoint_blocks", "blocks": "all"}, r"Expected `array \| null`, got `str` - at `\$\.blocks`"),
+    ({"op": "checkpoint_blocks", "max_bytes": 0}, r"Expected `int` >= 1 - at `\$\.max_bytes`"),
     ({"op": "checkpoint_blocks", "cut": 99}, "no checkpoint cut 99 in progress on e0"),
 ])
 async def test_bad_checkpoint_requests_are_refused(header, msg) -> None:
@@ -179,7 +204,7 @@ async def test_restoring_unowned_or_malformed_blocks_changes_nothing() -> None:
         descs, arrays = pack_blocks([(own[0], zero[own[0]])])
         with pytest.raises(RemoteError, match="needs 2 buffers"):
             await dp.request(e0.address, {"op": "restore_blocks_data", "blocks": descs}, arrays[:1])
-        with pytest.raises(RemoteError, match="must be a list"):
+        with pytest.raises(RemoteError, match=r"Expected `array`, got `int` - at `\$\.blocks`"):
             await dp.request(e0.address, {"op": "restore_blocks_data", "blocks": 3})
         # the second block's keys belong elsewhere: the first one, already installed, is rolled back
         descs, arrays = pack_blocks([(own[0], zero[own[0]]), (own[1], zero[own[0]])])

@@ -113,11 +113,11 @@ async def test_a_split_can_travel_whole_in_the_commit(job) -> None:
 
 @pytest.mark.parametrize("header,msg", [
     ({"op": "eps_send_data", "splits": [999], "dst_address": "127.0.0.1:1"}, "not in the active dataset"),
-    ({"op": "eps_send_data", "splits": "x", "dst_address": "127.0.0.1:1"}, "list of split indices"),
+    ({"op": "eps_send_data", "splits": "x", "dst_address": "127.0.0.1:1"}, r"Expected `array`, got `str` - at `\$\.splits`"),
     ({"op": "eps_send_data", "splits": [0], "dst_address": "nowhere"}, "host:port"),
     ({"op": "eps_commit", "transfers": []}, "non-empty list"),
     ({"op": "eps_commit", "transfers": [{"split": 0, "dst_address": "127.0.0.1:1", "source": "carrier pigeon"}]},
-     "must be one of"),
+     r"Invalid enum value 'carrier pigeon' - at `\$\.transfers\[0\]\.source`"),
     ({"op": "eps_activate", "split": 0, "block": "x", "source": "staged"}, "block header"),
     ({"op": "eps_stage", "split": "zero"}, "must be an int"),
 ])

@@ -44,9 +44,9 @@ async def test_put_get_update_and_missing(cluster) -> None:
     ({"op": "update", "keys": "OWN1", "func": "pow"}, [np.ones(3)], "unknown update function 'pow'"),
     ({"op": "update", "keys": "OWN2", "func": "add"}, [np.ones(3), np.ones(4)], "shape"),
     ({"op": "set_ownership", "table": {"num_blocks": NB}}, [], "missing field 'owners'"),
-    ({"op": "move_blocks", "blocks": "x"}, [], "'blocks' must be a list"),
-    ({"op": "move_blocks", "blocks": [0], "dst": "e9"}, [], "'dst_address'"),
-    ({"op": "switch_role", "role": "boss"}, [], "must be one of"),
+    ({"op": "move_blocks", "blocks": "x"}, [], r"Expected `array`, got `str` - at `\$\.blocks`"),
+    ({"op": "move_blocks", "blocks": [0], "dst": "e9"}, [], "missing required field `dst_address`"),
+    ({"op": "switch_role", "role": "boss"}, [], r"Invalid enum value 'boss' - at `\$\.role`"),
     ({"op": "switch_role", "role": "worker"}, [], "move blocks"),
     ({"op": "take_ownership", "blocks": [0], "src": "e1"}, [], "cannot take ownership"),
     ({"op": "block_data", "block": 1, "keys": []}, [], "not incoming"),
@@ -70,6 +70,39 @@ async def test_bad_requests_get_clear_errors_and_change_nothing(cluster, header,
         np.testing.assert_array_equal(got[k], np.zeros(3))
     assert (await dp.request(e0.address, {"op": "ping"})).header["executor_id"] == "e0"
     await c.close()
+
+
+async def test_control_fields_are_checked_against_their_records_before_the_op_runs(cluster) -> None:
+    """A misspelt or ill-typed field of a control request is refused naming it and changes nothing,
+    though the same request well-formed changes the executor (shown at the end)."""
+    executors, ctl, dp = cluster
+    e0, e1 = executors
+    blocks = ctl.table.blocks_owned_by("e0")
+    newer = {**ctl.table.to_wire(), "version": ctl.table.version + 1}
+    adopt = {"op": "set_ownership", "table": newer}
+    move = {"op": "move_blocks", "blocks": blocks, "dst": "e1", "dst_address": e1.address}
+    switch = {"op": "switch_role", "role": "worker"}
+    refused = [
+        ({**adopt, "tabel": newer}, "'set_ownership': Object contains unknown field `tabel`"),
+        ({**adopt, "table": [newer]}, r"'set_ownership': Expected `object`, got `array` - at `\$\.table`"),
+        ({**move, "dts": "e1"}, "'move_blocks': Object contains unknown field `dts`"),
+        ({**move, "blocks": blocks[0]}, r"'move_blocks': Expected `array`, got `int` - at `\$\.blocks`"),
+        ({**move, "dst_address": 7}, r"'move_blocks': Expected `str`, got `int` - at `\$\.dst_address`"),
+        ({**switch, "force": True}, "'switch_role': Object contains unknown field `force`"),
+    ]
+
+    def state() -> tuple[object, ...]:
+        return (e0.service.table.version, e0.service.owned_blocks(), e0.role, e1.service.owned_blocks())
+
+    before = state()
+    for header, msg in refused:
+        with pytest.raises(RemoteError, match=msg):
+            await dp.request(e0.address, header)
+        assert state() == before, header
+    assert (await dp.request(e0.address, adopt)).header["adopted"]
+    assert (await dp.request(e0.address, move)).header["moved"] == blocks
+    assert (await dp.request(e0.address, switch)).header["role"] == "worker"
+    assert state() == (before[0] + 1, [], "worker", list(range(NB)))
 
 
 async def test_push_errors_surface_on_flush_and_next_call(cluster) -> None:

@@ -38,7 +38,7 @@ def brute_force_heterogeneous(job: JobProfile, nodes: Sequence[NodeProfile]) -> 
     """(best continuous-batch epoch time, worker node ids) over all 2^N - 2 role assignments."""
     if len(nodes) > 16:
         raise CostModelError(f"brute force over {len(nodes)} nodes would take too long")
-    best = (float("inf"), ())
+    best: tuple[float, tuple[str, ...]] = (float("inf"), ())
     for roles in itertools.product((True, False), repeat=len(nodes)):
         ws = [p for p, r in zip(nodes, roles) if r]
         ss = [p for p, r in zip(nodes, roles) if not r]

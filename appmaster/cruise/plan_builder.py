@@ -100,19 +100,19 @@ def build_plan(current: Sequence[ExecutorState], target: Target) -> Plan:
     for e in current:
         role = target.role_of(e.executor_id)
         if role is None:
-            op = DeleteOp(f"delete-{e.executor_id}", e.executor_id)
-            delete_of[e.executor_id] = op.op_id
-            ops.append(op)
+            delete = DeleteOp(f"delete-{e.executor_id}", e.executor_id)
+            delete_of[e.executor_id] = delete.op_id
+            ops.append(delete)
         elif role is not e.role:
-            op = SwitchOp(f"switch-{e.executor_id}", e.executor_id, role)
-            switch_of[e.executor_id] = op.op_id
-            ops.append(op)
+            switch = SwitchOp(f"switch-{e.executor_id}", e.executor_id, role)
+            switch_of[e.executor_id] = switch.op_id
+            ops.append(switch)
     for role, slots in ((Role.WORKER, target.assignment.workers), (Role.SERVER, target.assignment.servers)):
         new = tuple(sorted(s for s in slots if s not in by_id))
         if new:
-            op = AddOp(f"add-{role.value}s", len(new), role, new)
-            ops.append(op)
-            creator.update({s: op.op_id for s in new})
+            add = AddOp(f"add-{role.value}s", len(new), role, new)
+            ops.append(add)
+            creator.update({s: add.op_id for s in new})
 
     next_id = [0]
     moves: list[MoveOp] = []
@@ -128,7 +128,7 @@ def build_plan(current: Sequence[ExecutorState], target: Target) -> Plan:
         after_src = switch_of.get(m.src) or delete_of.get(m.src)
         if after_src:
             deps.setdefault(after_src, set()).add(m.op_id)
-    return Plan(ops + moves, deps)
+    return Plan([*ops, *moves], deps)
 
 
 def apply_plan(current: Sequence[ExecutorState], plan: Plan) -> dict[str, ExecutorState]:
@@ -167,10 +167,10 @@ def apply_plan(current: Sequence[ExecutorState], plan: Plan) -> dict[str, Execut
             held[op.src][op.kind] -= set(op.blocks)
             held[op.dst][op.kind] |= set(op.blocks)
     out = {}
-    for e, role in roles.items():
+    for eid, role in roles.items():
         kind = BlockKind.INPUT if role is Role.WORKER else BlockKind.MODEL
         other = BlockKind.MODEL if kind is BlockKind.INPUT else BlockKind.INPUT
-        if held[e][other]:
-            raise PlanError(f"{e} ends as {role.value} owning {other.value} blocks")
-        out[e] = ExecutorState(e, role, frozenset(held[e][kind]))
+        if held[eid][other]:
+            raise PlanError(f"{eid} ends as {role.value} owning {other.value} blocks")
+        out[eid] = ExecutorState(eid, role, frozenset(held[eid][kind]))
     return out

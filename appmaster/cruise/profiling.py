@@ -52,12 +52,12 @@ def _borrow(slot: SlotInfo, slots: Sequence[SlotInfo], known: dict[str, LastKnow
     own = known.get(slot.slot_id)
     if own is not None and get(own) is not None:
         return get(own)
-    same = [get(known[s.slot_id]) for s in slots
-            if s.node_class == slot.node_class and s.slot_id in known and get(known[s.slot_id]) is not None]
+    same = [v for s in slots
+            if s.node_class == slot.node_class and s.slot_id in known and (v := get(known[s.slot_id])) is not None]
     if same:
         return float(np.mean(same))
-    pairs = [(get(known[s.slot_id]), s.vcores) for s in slots
-             if s.slot_id in known and get(known[s.slot_id]) is not None]
+    pairs = [(v, s.vcores) for s in slots
+             if s.slot_id in known and (v := get(known[s.slot_id])) is not None]
     if not pairs:
         return None
     if scale_by_vcores:

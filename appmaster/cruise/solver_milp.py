@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -193,7 +193,7 @@ def _pattern_search(job: JobProfile, classes: Sequence[NodeClass],
     step = max(1, max(len(c.members) for c in classes) // 8)
     while step >= 1:
         improved = False
-        moves = [(i, s, None) for i in range(k) for s in (step, -step)]
+        moves: list[tuple[int, int, Optional[int]]] = [(i, s, None) for i in range(k) for s in (step, -step)]
         moves += [(i, step, j) for i in range(k) for j in range(k) if i != j]
         for i, s, j in moves:
             cand = list(best)

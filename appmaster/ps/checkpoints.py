@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from protocol import executor_ops as ops
 from psruntime.checkpoint import (BlockEntry, CheckpointError, block_wire_bytes, checkpoint_entries,
                                   load_manifests, pack_blocks, read_block, unpack_blocks, write_block,
                                   write_manifest)
@@ -34,7 +35,7 @@ from psruntime.frame_codec import Frame
 from psruntime.ownership_table import OwnershipTable
 
 from .executor_pool import ExecutorRecord
-from .executor_rpc import ExecutorCallError
+from .executor_rpc import ExecutorCallError, ExecutorRpc
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class Checkpointer:
             raise ValueError(f"batch_bytes must be positive, got {batch_bytes}")
         self.root = Path(root)
         self.client = client
+        self._rpc = ExecutorRpc(client)
         self.batch_bytes = batch_bytes
         self.written: list[dict[str, Any]] = []
         self._lock = asyncio.Lock()
@@ -93,12 +95,6 @@ class Checkpointer:
                      info["bytes"] / 2**20, len(servers), info["seconds"])
             return info
 
-    async def _call(self, server: ExecutorRecord, header: dict[str, Any], arrays: Sequence[Any] = ()) -> Frame:
-        try:
-            return await self.client.request(server.address, header, arrays)
-        except Exception as e:  # noqa: BLE001 - name the server the failure is on
-            raise ExecutorCallError(server, str(header.get("op")), e) from e
-
     async def _fetch(self, server: ExecutorRecord, d: Path, num_blocks: int) -> int:
         """Receive every block `server` owns and write it under `d`, then its manifest; returns bytes."""
         async with self._transfers:
@@ -107,24 +103,25 @@ class Checkpointer:
     async def _fetch_now(self, server: ExecutorRecord, d: Path, num_blocks: int) -> int:
         entries: dict[int, dict[str, Any]] = {}
         nbytes = 0
-        header: dict[str, Any] = {"op": "checkpoint_blocks", "max_bytes": self.batch_bytes}
-        pending: asyncio.Future[Frame] | None = asyncio.ensure_future(self._call(server, header))
+        first = ops.CheckpointBlocks(max_bytes=self.batch_bytes)
+        pending: asyncio.Future[Frame] | None = asyncio.ensure_future(self._rpc.frame(server, first))
         try:
             while pending is not None:
                 frame = await pending
                 pending = None
-                h = frame.header
-                if h.get("num_blocks") != num_blocks:
-                    raise CheckpointError(f"{server.executor_id} has {h.get('num_blocks')} blocks, the job "
-                                          f"{num_blocks}")
-                items = unpack_blocks(h.get("blocks"), frame.arrays, num_blocks)
-                if h.get("remaining"):      # the next batch travels while this one is written
-                    pending = asyncio.ensure_future(self._call(
-                        server, {"op": "checkpoint_blocks", "cut": h["cut"], "max_bytes": self.batch_bytes}))
+                try:
+                    h = ops.decode_reply(frame.header, ops.CheckpointBlocksReply)
+                except ops.ControlMessageError as e:
+                    raise ExecutorCallError(server, "checkpoint_blocks", e) from e
+                if h.num_blocks != num_blocks:
+                    raise CheckpointError(f"{server.executor_id} has {h.num_blocks} blocks, the job {num_blocks}")
+                items = unpack_blocks(h.blocks, frame.arrays, num_blocks)
+                if h.remaining:      # the next batch travels while this one is written
+                    pending = asyncio.ensure_future(self._rpc.frame(
+                        server, ops.CheckpointBlocks(cut=h.cut, max_bytes=self.batch_bytes)))
                 entries.update(await asyncio.to_thread(_write_blocks, d, items))
                 nbytes += sum(block_wire_bytes(data) for _, data in items)
-            await asyncio.to_thread(write_manifest, d, server.executor_id, num_blocks,
-                                    int(frame.header.get("table_version", -1)), entries)
+            await asyncio.to_thread(write_manifest, d, server.executor_id, num_blocks, h.table_version, entries)
         finally:
             _discard(pending)
         return nbytes
@@ -157,8 +154,7 @@ class Checkpointer:
             if inflight is not None:
                 await inflight
             descs, arrays = pack_blocks(batch)
-            inflight = asyncio.ensure_future(self._call(server, {"op": "restore_blocks_data", "blocks": descs},
-                                                        arrays))
+            inflight = asyncio.ensure_future(self._rpc.frame(server, ops.RestoreBlocksData(blocks=descs), arrays))
             batch, batch_size = [], 0
 
         try:

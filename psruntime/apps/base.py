@@ -159,12 +159,14 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
 
     # ----------------------------------------------------------------- construction
     @classmethod
-    def from_config(cls, spec: Mapping[str, Any] | msgspec.Struct | None = None,
+    def from_config(cls: type[AnyPSApp], spec: Mapping[str, Any] | msgspec.Struct | None = None,
                     hparams: Mapping[str, Any] | msgspec.Struct | None = None,
                     preset: str | None = None) -> "PSApp":
         """Build from builtins (a job spec's JSON): `preset` gives the base sizes, `spec` overrides
         fields. Already validated Structs are taken as they are. Raises AppConfigError naming the
         bad field."""
+        # `cls` is typed PSApp[Any, Any]: that Spec and HParams are SpecT's and HParamsT's classes
+        # is more than a ClassVar can say, so the Structs they parse are taken as they are.
         if isinstance(spec, cls.Spec):
             return cls(spec, parse_config(hparams, cls.HParams, f"{cls.name} hyper-parameters"))
         base: dict[str, Any] = {}

@@ -128,7 +128,8 @@ class DatasetWriter:
         name = block_file_name(part, len(listed))
         entries = check_block_arrays(self.app, data, rows, _no_bounds(self.app), name)
         buf = io.BytesIO()
-        np.savez(buf, **{k: np.ascontiguousarray(v) for k, v in data.items()})
+        # mypy checks the ** mapping against savez's allow_pickle too (python/mypy#1969); no field is named so
+        np.savez(buf, **{k: np.ascontiguousarray(v) for k, v in data.items()})  # type: ignore[arg-type]
         raw = buf.getvalue()
         with open(os.path.join(self.directory, name), "wb") as f:
             f.write(raw)

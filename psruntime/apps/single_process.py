@@ -78,7 +78,7 @@ def train_single_process(app: PSApp, max_epochs: int | None = None, evaluate: bo
         model.push(app.init_block(block))
     history = [epoch_objective(app, blocks, model)]
     result = TrainResult(app.name, history[0])
-    limit = max_epochs if max_epochs is not None else int(app.hparams.max_epochs)  # type: ignore[attr-defined]
+    limit = max_epochs if max_epochs is not None else int(app.hparams.max_epochs)
     for epoch in range(limit):
         t0 = time.perf_counter()
         ctx = StepContext(epoch=epoch, num_workers=1)

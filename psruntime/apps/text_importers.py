@@ -17,7 +17,7 @@ import os
 import re
 from array import array
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -88,13 +88,14 @@ class _RowBlocks:
     def _reset(self) -> None:
         self.indptr = array("q", [0])
         self.entries = {k: array(t) for k, t in self.entry_types.items()}
-        self.rows = {k: array(t) for k, t in self.row_types.items()}
+        # int or float items, as each field's typecode says
+        self.rows: dict[str, array[Any]] = {k: array(t) for k, t in self.row_types.items()}
 
     def add(self, entries: dict[str, list | array], row: dict[str, float | int]) -> None:
         for k, v in entries.items():
             self.entries[k].extend(v)
-        for k, v in row.items():
-            self.rows[k].append(v)
+        for k, x in row.items():
+            self.rows[k].append(x)
         self.indptr.append(len(self.entries[next(iter(self.entries))]))
         if len(self.indptr) - 1 == self.writer.rows_per_block:
             self.flush()
@@ -223,7 +224,7 @@ _SEPARATORS = re.compile(r"::|[,;\s]+")
 
 def _read_triplets(path: str, base: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(users, items, ratings, line numbers) of a triplet file, items rebased to 0."""
-    cols = [array("q"), array("q"), array("d"), array("q")]
+    cols: tuple[array[int], array[int], array[float], array[int]] = (array("q"), array("q"), array("d"), array("q"))
     first = True
     for number, text in _lines(path):
         fields = _SEPARATORS.split(text)
