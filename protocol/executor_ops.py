@@ -269,7 +269,7 @@ def to_header(request: ControlRequest) -> dict[str, Any]:
 def decode_request(header: Mapping[str, Any]) -> ControlRequest:
     """The typed request a control header carries; ControlMessageError naming the bad field."""
     try:
-        request: ControlRequest = msgspec.convert(dict(header), ControlRequest, strict=False)
+        request: ControlRequest = msgspec.convert(dict(header), ControlRequest)
     except msgspec.ValidationError as e:
         raise ControlMessageError(f"{header.get('op')!r}: {e}") from None
     return request
