@@ -179,6 +179,23 @@ class Checkpointer:
     def last(self) -> dict[str, Any] | None:
         return self.written[-1] if self.written else None
 
+    def latest(self) -> dict[str, Any] | None:
+        """The newest complete checkpoint under the root (by epoch, then clock), as its job manifest
+        plus `dir` -- e.g. one an earlier AM attempt of the job wrote -- or None. Directories
+        without a readable job manifest are incomplete and skipped."""
+        best: tuple[tuple[int, int], dict[str, Any]] | None = None
+        if not self.root.is_dir():
+            return None
+        for d in self.root.iterdir():
+            try:
+                manifest = json.loads((d / JOB_MANIFEST).read_text())
+                key = (int(manifest["epoch"]), int(manifest.get("clock", 0)))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if best is None or key > best[0]:
+                best = (key, {**manifest, "dir": str(d)})
+        return None if best is None else best[1]
+
 
 def _discard(fut: "asyncio.Future[Frame] | None") -> None:
     """Drop a request left behind by a failure (its own error, if any, is not the one to report)."""

@@ -95,6 +95,10 @@ class ClockLoop:
         """Allow `train` to run again after a stop (a restarted job continues its epochs)."""
         self._stop = False
 
+    def continue_from(self, epochs_done: int, iterations: int, clocks_done: int) -> None:
+        """A job resumed from a checkpoint continues its epoch count and progress counters."""
+        self.epochs_done, self.iterations, self.clocks_done = epochs_done, iterations, clocks_done
+
     def recheck_convergence(self) -> None:
         self.converged = self.app.is_converged(self.metrics.objectives)
 

@@ -44,7 +44,7 @@ from psruntime.apps.base import AnyPSApp, PSApp
 
 from .clock_loop import EpochHook
 from .directives import Shape
-from .executor_pool import ExecutorRecord, Role
+from .executor_pool import Role
 from .job import JobPhase
 from .reconfiguration import Reconfiguration
 
@@ -172,13 +172,15 @@ class KillRestart:
 
     def __init__(self, spec: PSJobSpec, app: AnyPSApp, steps: Reconfiguration, phase: Callable[[], JobPhase],
                  on_record: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.perf_counter,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time,
+                 job_record: Callable[[], dict[str, Any]] = dict) -> None:
         self.spec = spec
         self.app = app
         self.steps = steps
         self.training = steps.training
         self.phase = phase
         self.on_record = on_record
+        self.job_record = job_record            # what a checkpoint says about the job (the master's)
         self.clock = clock
         self.wall_clock = wall_clock
         self._lock = asyncio.Lock()          # one reshape at a time
@@ -280,8 +282,7 @@ class KillRestart:
             objective = await self.training.evaluation.objective()   # the model at the pause, not at the epoch's end
         last = steps.checkpointer.last
         if last is None or (last["epoch"], last.get("clock", 0)) != (epoch, clock):
-            last = await steps.checkpoint(epoch, {"objective": objective, "spec": self.spec.to_json(),
-                                                  "reason": "reshape",
+            last = await steps.checkpoint(epoch, {**self.job_record(), "objective": objective, "reason": "reshape",
                                                   "positions": {str(b): list(p) for b, p in positions.items()}},
                                           clock=clock)
         tl.advance(RestartPhase.CHECKPOINTED)
@@ -290,7 +291,7 @@ class KillRestart:
         servers, workers = await asyncio.gather(steps.start_executors(Role.SERVER, req.servers, req.nodes),
                                                 steps.start_executors(Role.WORKER, req.workers, req.nodes))
         tl.advance(RestartPhase.ALLOCATED)
-        restored = await self._restore(servers, workers, last["dir"], positions)
+        restored = await steps.restart_on(servers, workers, last["dir"], positions)
         tl.advance(RestartPhase.RESTORED)
         if objective is not None and not math.isclose(restored, objective, rel_tol=RESTORE_RTOL, abs_tol=1e-9):
             log.warning("restored objective %.9g differs from the checkpoint's %.9g", restored, objective)
@@ -323,26 +324,6 @@ class KillRestart:
             for b, (e, row) in r.positions.items():
                 out[int(b)] = (int(e), int(row))
         return out
-
-    async def _restore(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord], directory: str,
-                       positions: Optional[dict[int, tuple[int, int]]] = None) -> float:
-        """Set the restarted job up as the first setup does, with the checkpoint's model instead
-        of the initial one; the epoch count, iterations and pacing carry on. Returns the
-        restored objective."""
-        training = self.training
-        await training.placement.place(servers, workers)    # the barrier's members, in partition order
-        # The AM reads the checkpoint and sends each server its blocks over the data plane: the
-        # servers may be on other hosts than the AM's dir.
-        await asyncio.gather(*(training.placement.setup_worker(w, i, len(workers)) for i, w in enumerate(workers)),
-                             self.steps.restore(directory, servers))
-        if positions:       # the regenerated blocks continue their pass of the epoch where it stopped
-            wire = {str(b): (e, row) for b, (e, row) in positions.items()}
-            await training.rpc.send_all(workers, ops.SetPositions(positions=wire))
-        restored = await training.evaluation.objective()
-        training.loop.recheck_convergence()
-        training.loop.resume()
-        await training.status.refresh()
-        return restored
 
 
 def _count(n: int) -> int:

@@ -34,10 +34,10 @@ from .checkpoints import Checkpointer
 from .cruise_driver import CruiseDriver, build_cruise_driver
 from .directives import DirectiveHandler, ProgressTracker, Reshaper, Shape
 from .elastic_ops import ElasticOpError, ElasticOps
-from .executor_pool import ExecutorPool, ExecutorState, Role
+from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
 from .job import JobEvent, JobPhase, JobStateMachine
-from .kill_restart import KillRestart
+from .kill_restart import KillRestart, keeps_worker_state
 from .metrics import EpochRecord, JobMetrics
 from .reconfiguration import Reconfiguration
 from .status_server import StatusServer
@@ -72,6 +72,7 @@ class PSApplicationMaster:
                                        on_clock=self._after_clock)
         self.resource = Resource(spec.executor_memory_mb, spec.executor_vcores)
         self.final_metrics: Optional[dict[str, float]] = None
+        self.resumed_from: Optional[dict[str, Any]] = None   # the checkpoint an earlier attempt left
         self.started = time.time()
         self._failure: asyncio.Future[str] | None = None
         self._stop = asyncio.Event()
@@ -86,7 +87,8 @@ class PSApplicationMaster:
         self.steps = Reconfiguration(am, self.training, self.checkpointer, self.resource, self.retiring,
                                      started=lambda: self.job.phase is JobPhase.TRAINING)
         self.elastic: ElasticOps | KillRestart = (
-            KillRestart(spec, self.app, self.steps, lambda: self.job.phase, on_record=self.record_shape_change)
+            KillRestart(spec, self.app, self.steps, lambda: self.job.phase, on_record=self.record_shape_change,
+                        job_record=self.job_record)
             if spec.elastic_mode == "kill" else
             ElasticOps(spec, self.steps, lambda: self.job.phase, on_start=self._publish_shape,
                        on_record=self.record_shape_change))
@@ -122,6 +124,7 @@ class PSApplicationMaster:
             "directives": [d.to_json() for d in self.directives.history],
             "eps": self.elastic.status_json() if isinstance(self.elastic, ElasticOps) else None,
             "optimizer": self.spec.optimizer, "cruise": self.cruise.status_json() if self.cruise else None,
+            "resumed_from": self.resumed_from,
         }
 
     async def request_scale(self, workers: int, servers: int) -> list[dict[str, Any]]:
@@ -206,7 +209,12 @@ class PSApplicationMaster:
         await self._launch(Role.WORKER, self.spec.workers)
         self.job.apply(JobEvent.WORKERS_READY)
         self._publish_shape()
-        await self.training.setup(self.pool.ready(Role.SERVER), self.pool.ready(Role.WORKER))
+        servers, workers = self.pool.ready(Role.SERVER), self.pool.ready(Role.WORKER)
+        resume = self._resumable_checkpoint()
+        if resume is None:
+            await self.training.setup(servers, workers)
+        else:
+            await self._resume(resume, servers, workers)
         self.job.apply(JobEvent.INITIALISED)
         self.progress.start(time.time())
         self._publish_shape()
@@ -232,6 +240,54 @@ class PSApplicationMaster:
         return (f"final objective {final:.6g} after {epochs} epochs "
                 f"({'converged' if len(self.metrics.objectives) < self.app.hparams.max_epochs else 'epoch limit'}"
                 f"; initial {self.metrics.initial_objective:.6g}; {_describe_metrics(self.final_metrics)})")
+
+    def job_record(self) -> dict[str, Any]:
+        """What a checkpoint records about the job besides the model, so that a new AM attempt can
+        continue it: the spec, the attempt, the objective and shape histories, the progress."""
+        loop = self.training.loop
+        return {"spec": self.spec.to_json(), "attempt_id": self.am.identity.attempt_id,
+                "initial_objective": self.metrics.initial_objective,
+                "objective_history": [e.to_json() for e in self.metrics.epochs],
+                "shape_history": list(self.shape_history), "iterations": loop.iterations,
+                "clocks": loop.clocks_done}
+
+    def _resumable_checkpoint(self) -> Optional[dict[str, Any]]:
+        """The job's latest checkpoint in the durable AM dir (an earlier attempt's), if this attempt
+        can continue from it; None to start from the initial model."""
+        latest = self.checkpointer.latest()
+        if latest is None:
+            return None
+        if (latest.get("spec") or {}).get("app") != self.spec.app or "objective_history" not in latest:
+            log.warning("checkpoint %s is not this job's (or predates resumable checkpoints): starting over",
+                        latest["dir"])
+            return None
+        if keeps_worker_state(self.app):
+            # The checkpoint holds the servers' model only; NMF's / LDA's worker-local state would
+            # be re-initialised against restored server state (LDA: topic counts counted twice).
+            log.warning("%s keeps training state on its workers, which checkpoints do not hold: this "
+                        "attempt starts over instead of resuming from %s", self.spec.app, latest["dir"])
+            return None
+        return latest
+
+    async def _resume(self, manifest: dict[str, Any], servers: list[ExecutorRecord],
+                      workers: list[ExecutorRecord]) -> None:
+        """Continue the job from an earlier attempt's checkpoint: its epochs, objective and shape
+        histories carry on, and training resumes at the checkpoint's place in the epoch."""
+        m = self.metrics
+        m.initial_objective = float(manifest["initial_objective"])
+        for e in manifest["objective_history"]:
+            m.record_epoch(EpochRecord(epoch=int(e["epoch"]), objective=float(e["objective"]),
+                                       epoch_time_s=float(e["epoch_time_s"]), time=float(e["time"])))
+        self.shape_history = list(manifest.get("shape_history", []))
+        self.training.loop.continue_from(int(manifest["epoch"]), int(manifest.get("iterations", 0)),
+                                         int(manifest.get("clocks", 0)))
+        positions = {int(b): (int(p[0]), int(p[1])) for b, p in (manifest.get("positions") or {}).items()}
+        restored = await self.steps.restart_on(servers, workers, manifest["dir"], positions)
+        self.resumed_from = {"dir": manifest["dir"], "epoch": int(manifest["epoch"]),
+                             "clock": int(manifest.get("clock", 0)), "attempt_id": manifest.get("attempt_id"),
+                             "objective": manifest.get("objective"), "objective_restored": restored}
+        log.info("resumed from checkpoint %s of %s: epoch %d, objective %.6g", manifest["dir"],
+                 manifest.get("attempt_id"), manifest["epoch"], restored)
 
     async def _launch(self, role: Role, count: int) -> None:
         self.am.add_ask(count, self.resource, tag=role.value)
@@ -263,7 +319,7 @@ class PSApplicationMaster:
     async def _checkpoint(self, epoch: int) -> dict[str, Any]:
         objective = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
         try:
-            info = await self.steps.checkpoint(epoch, {"objective": objective, "spec": self.spec.to_json()})
+            info = await self.steps.checkpoint(epoch, {**self.job_record(), "objective": objective})
         except Exception as e:
             self._resolve_checkpoints(e)
             raise

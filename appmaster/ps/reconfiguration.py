@@ -278,3 +278,25 @@ class Reconfiguration:
     async def restore(self, directory: str, servers: Sequence[ExecutorRecord]) -> None:
         """The checkpoint's blocks onto `servers` (which own them in the current table)."""
         await self.checkpointer.restore(directory, by_index(servers), self.training.spec.num_blocks)
+
+    async def restart_on(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord], directory: str,
+                         positions: Optional[dict[int, tuple[int, int]]] = None) -> float:
+        """Set the job up afresh on new executors with a checkpoint's model instead of the initial
+        one: place the blocks, regenerate the workers' partitions, restore the blocks, put every
+        input block back at its place in the epoch, and let training run; the epoch count,
+        iterations and pacing carry on. Returns the restored objective. (The kill-based restart
+        and a new AM attempt resuming the job are this step.)"""
+        training = self.training
+        await training.placement.place(servers, workers)    # the barrier's members, in partition order
+        # The AM reads the checkpoint and sends each server its blocks over the data plane: the
+        # servers may be on other hosts than the AM's dir.
+        await asyncio.gather(*(training.placement.setup_worker(w, i, len(workers)) for i, w in enumerate(workers)),
+                             self.restore(directory, servers))
+        if positions:       # the regenerated blocks continue their pass of the epoch where it stopped
+            wire = {str(b): (e, row) for b, (e, row) in positions.items()}
+            await training.rpc.send_all(workers, ops.SetPositions(positions=wire))
+        restored = await training.evaluation.objective()
+        training.loop.recheck_convergence()
+        training.loop.resume()
+        await training.status.refresh()
+        return restored
