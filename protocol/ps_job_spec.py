@@ -96,6 +96,11 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # elastic change, a Cruise plan or a kill-restart checkpoint can take effect). 0 = auto: the
     # AM sizes clocks to take about CLOCK_TARGET_S on the slowest worker (appmaster.ps.clock_pacing).
     clock_batches: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Executor losses the job survives (YARN's max-failures style): a lost worker or server is
+    # replaced and training goes back to the latest checkpoint; one loss more fails the job. 0: the
+    # first loss fails it. Apps that keep training state on their workers (NMF, LDA) cannot be
+    # recovered this way and fail at the first loss.
+    max_executor_failures: Annotated[int, msgspec.Meta(ge=0)] = 3
 
     # ----- derived values (valid after `validate`) ----------------------------------------------
     @property

@@ -68,7 +68,8 @@ sys.exit(asyncio.run(main()))
 @pytest.fixture(scope="module")
 def recovery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     # The faulted job and its reference run side by side (an AM and four executors each).
-    with running_cluster(tmp_path_factory.mktemp("am-recovery"), node_memory_mb=2048, node_vcores=4) as c:
+    with running_cluster(tmp_path_factory.mktemp("am-recovery"), node_memory_mb=2048, node_vcores=4,
+                         am_expiry_s=15) as c:
         yield c
 
 

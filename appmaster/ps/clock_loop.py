@@ -95,9 +95,13 @@ class ClockLoop:
         """Allow `train` to run again after a stop (a restarted job continues its epochs)."""
         self._stop = False
 
-    def continue_from(self, epochs_done: int, iterations: int, clocks_done: int) -> None:
-        """A job resumed from a checkpoint continues its epoch count and progress counters."""
+    def continue_from(self, epochs_done: int, iterations: int, clocks_done: int,
+                      minibatches_run: Optional[int] = None) -> None:
+        """A job resumed from a checkpoint continues its epoch count and progress counters (and the
+        audit's count of mini-batches run, which the checkpoint's model matches)."""
         self.epochs_done, self.iterations, self.clocks_done = epochs_done, iterations, clocks_done
+        if minibatches_run is not None:
+            self.minibatches_run = minibatches_run
 
     def recheck_convergence(self) -> None:
         self.converged = self.app.is_converged(self.metrics.objectives)

@@ -26,6 +26,7 @@ from protocol.records import FinalStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
 from psruntime.apps.registry import create_app
 from psruntime.dataplane import DataPlaneClient, DataPlaneServer
+from psruntime.store_client import StoreClientError
 
 from ..am_client import ApplicationMaster
 from ..am_events import ContainersAllocated, ContainersCompleted, NodesUpdated, ShapeChanged, Shutdown
@@ -40,6 +41,7 @@ from .job import JobEvent, JobPhase, JobStateMachine
 from .kill_restart import KillRestart, keeps_worker_state
 from .metrics import EpochRecord, JobMetrics
 from .reconfiguration import Reconfiguration
+from .recovery import ExecutorRecovery
 from .status_server import StatusServer
 from .training import Training
 
@@ -47,6 +49,7 @@ log = logging.getLogger(__name__)
 
 EXECUTOR_START_TIMEOUT_S = 120.0    # containers granted and executors announced
 FAILURE_REPORT_GRACE_S = 10.0       # how long a failed call waits for the container's exit status
+LOSS_REPORT_WAIT_S = 30.0           # the same for a recoverable job (a lost node is reported at its expiry)
 STATUS_POLL_S = 2.0
 FINAL_STATUS_FILE = "status.json"   # in the AM dir: the job's last status, written on exit
 
@@ -92,6 +95,8 @@ class PSApplicationMaster:
             if spec.elastic_mode == "kill" else
             ElasticOps(spec, self.steps, lambda: self.job.phase, on_start=self._publish_shape,
                        on_record=self.record_shape_change))
+        self.recovery = ExecutorRecovery(spec, self.app, self.steps, lambda: self.job.phase,
+                                         on_record=self.record_shape_change)
         self.progress = ProgressTracker(spec.early_feedback_iterations)
         self.cruise: Optional[CruiseDriver] = None    # optimizer "cruise": built once training is set up
         self.directives = DirectiveHandler(self._reshaper, self.live_shape, spec.max_workers,
@@ -124,7 +129,7 @@ class PSApplicationMaster:
             "directives": [d.to_json() for d in self.directives.history],
             "eps": self.elastic.status_json() if isinstance(self.elastic, ElasticOps) else None,
             "optimizer": self.spec.optimizer, "cruise": self.cruise.status_json() if self.cruise else None,
-            "resumed_from": self.resumed_from,
+            "resumed_from": self.resumed_from, "recovery": self.recovery.status_json(),
         }
 
     async def request_scale(self, workers: int, servers: int) -> list[dict[str, Any]]:
@@ -222,12 +227,11 @@ class PSApplicationMaster:
             # RM directives go through Cruise from now on
             self.cruise = build_cruise_driver(self.spec, self.app, self.steps, on_change=self._on_directive_change)
         self.directives.training_started()
+        if self.recovery.enabled and not self.checkpointer.written:
+            await self._checkpoint(self.training.loop.epochs_done)    # what a recovery goes back to
         poller = asyncio.create_task(self._poll_status())
         try:
-            if isinstance(self.elastic, KillRestart):
-                await self.elastic.train_with_restarts(self._after_epoch)
-            else:
-                await self.training.loop.train(self._after_epoch)
+            await self._train()
         finally:
             poller.cancel()
         self.job.apply(JobEvent.TRAINED)
@@ -241,6 +245,25 @@ class PSApplicationMaster:
                 f"({'converged' if len(self.metrics.objectives) < self.app.hparams.max_epochs else 'epoch limit'}"
                 f"; initial {self.metrics.initial_objective:.6g}; {_describe_metrics(self.final_metrics)})")
 
+    async def _train(self) -> None:
+        """Train to the end; after an executor loss the job may survive (appmaster.ps.recovery),
+        replace its executors, go back to the latest checkpoint, and train on."""
+        while True:
+            try:
+                if isinstance(self.elastic, KillRestart):
+                    await self.elastic.train_with_restarts(self._after_epoch)
+                else:
+                    await self.training.loop.train(self._after_epoch)
+            except (ExecutorCallError, StoreClientError):
+                # A call to a dead executor (a control op, or the AM's own store client: the audit,
+                # the model) usually fails before its container's exit reaches us.
+                if not await self.recovery.loss_reported(LOSS_REPORT_WAIT_S):
+                    raise
+            if not self.recovery.pending or self._stop.is_set():
+                return
+            await self.recovery.recover()
+            self._publish_shape()
+
     def job_record(self) -> dict[str, Any]:
         """What a checkpoint records about the job besides the model, so that a new AM attempt can
         continue it: the spec, the attempt, the objective and shape histories, the progress."""
@@ -249,7 +272,7 @@ class PSApplicationMaster:
                 "initial_objective": self.metrics.initial_objective,
                 "objective_history": [e.to_json() for e in self.metrics.epochs],
                 "shape_history": list(self.shape_history), "iterations": loop.iterations,
-                "clocks": loop.clocks_done}
+                "clocks": loop.clocks_done, "minibatches_run": loop.minibatches_run}
 
     def _resumable_checkpoint(self) -> Optional[dict[str, Any]]:
         """The job's latest checkpoint in the durable AM dir (an earlier attempt's), if this attempt
@@ -280,7 +303,7 @@ class PSApplicationMaster:
                                        epoch_time_s=float(e["epoch_time_s"]), time=float(e["time"])))
         self.shape_history = list(manifest.get("shape_history", []))
         self.training.loop.continue_from(int(manifest["epoch"]), int(manifest.get("iterations", 0)),
-                                         int(manifest.get("clocks", 0)))
+                                         int(manifest.get("clocks", 0)), manifest.get("minibatches_run"))
         positions = {int(b): (int(p[0]), int(p[1])) for b, p in (manifest.get("positions") or {}).items()}
         restored = await self.steps.restart_on(servers, workers, manifest["dir"], positions)
         self.resumed_from = {"dir": manifest["dir"], "epoch": int(manifest["epoch"]),
@@ -409,8 +432,12 @@ class PSApplicationMaster:
             return
         text = rec.describe_exit(self.spec.executor_memory_mb)
         if self.job.phase.executors_expected_alive:
-            log.error("executor lost: %s", text)
-            self._fail(text)
+            fatal = self.recovery.on_lost(text)
+            if fatal is None:
+                self.training.loop.stop()      # training returns at its next boundary, then recovers
+                return
+            log.error("executor lost: %s", fatal)
+            self._fail(fatal)
         else:
             log.info("%s", text)
 

@@ -82,6 +82,10 @@ class JobMetrics:
     def record_epoch(self, rec: EpochRecord) -> None:
         self.epochs.append(rec)
 
+    def truncate_epochs(self, epochs: int) -> None:
+        """Forget the epochs from `epochs` on (training went back to a checkpoint taken then)."""
+        del self.epochs[epochs:]
+
     @property
     def objectives(self) -> list[float]:
         return [e.objective for e in self.epochs]
