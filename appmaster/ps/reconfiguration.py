@@ -81,6 +81,8 @@ class Reconfiguration:
         self.splits_moved = SplitTransmitter(training.rpc, training.pool, training.loop.boundaries)
         self._ledger: Optional[SplitLedger] = None
         self._current: Optional[str] = None
+        self._free = asyncio.Event()
+        self._free.set()
         self.aborted = asyncio.Event()              # a failed plan: launches waiting on it give up
 
     # -- one change at a time --------------------------------------------------------------------
@@ -99,10 +101,23 @@ class Reconfiguration:
         if self._current is not None:
             raise ChangeBusy(f"another change is running ({self._current})")
         self._current = what
+        self._free.clear()
         try:
             yield
         finally:
             self._current = None
+            self._free.set()
+
+    @contextlib.asynccontextmanager
+    async def exclusive_when_free(self, what: str) -> AsyncIterator[None]:
+        """Hold the change slot for `what`, first waiting for a running change to end (a recovery
+        waits for an EPS change or a Cruise plan that the loss is making fail: its steps get
+        TrainingNotRunning once training stops, so it ends, rolled back, before anything is
+        replaced)."""
+        while self._current is not None:
+            await self._free.wait()
+        async with self.exclusive(what):
+            yield
 
     # -- what the job holds ----------------------------------------------------------------------
     def splits(self) -> SplitLedger:

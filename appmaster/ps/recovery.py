@@ -118,6 +118,10 @@ class ExecutorRecovery:
     async def recover(self) -> dict[str, Any]:
         """Replace every executor and continue from the latest checkpoint (module doc); returns
         the shape-history record."""
+        async with self.steps.exclusive_when_free("recovery"):
+            return await self._recover()
+
+    async def _recover(self) -> dict[str, Any]:
         steps, loop, metrics = self.steps, self.training.loop, self.training.metrics
         t0 = time.perf_counter()
         lost, self.pending = list(self.pending), []

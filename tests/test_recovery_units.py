@@ -1,0 +1,41 @@
+"""ExecutorRecovery's bookkeeping without a cluster: which losses a job survives, how losses that
+arrive together count, when it gives up and with what diagnostics."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from appmaster.ps.job import JobPhase
+from appmaster.ps.recovery import ExecutorRecovery
+from protocol.ps_job_spec import validate
+from psruntime.apps.registry import create_app
+
+
+def recovery(spec_json: dict[str, Any], phase: JobPhase = JobPhase.TRAINING, checkpoint: bool = True) -> ExecutorRecovery:
+    spec = validate({"workers": 2, "servers": 2, **spec_json})
+    app = create_app(spec.app, spec.app_data(), spec.app_hparams())
+    steps = SimpleNamespace(training=None, checkpointer=SimpleNamespace(last={"dir": "d"} if checkpoint else None))
+    return ExecutorRecovery(spec, app, steps, lambda: phase, on_record=lambda r: None)  # type: ignore[arg-type]
+
+
+def test_losses_within_the_limit_are_recovered_and_one_event_counts_once() -> None:
+    r = recovery({"app": "mlr", "max_executor_failures": 2})
+    assert r.enabled and r.why_not() is None
+    assert r.on_lost("server-0 (server, c2 on n1) exited with -100 (ABORTED)") is None
+    assert r.on_lost("worker-1 (worker, c5 on n1) exited with -100 (ABORTED)") is None   # same node, same event
+    assert r.failures == 1 and len(r.pending) == 2 and len(r.losses) == 2
+    r.pending.clear()                                     # recovered
+    assert r.on_lost("worker-0 (worker, c9 on n2) exited with 137") is None
+    assert r.failures == 2
+    r.pending.clear()
+    fatal = r.on_lost("server-3 (server, c11 on n3) exited with 1")
+    assert fatal is not None and "gave up after 3 executor failures (max_executor_failures 2)" in fatal
+    assert fatal.endswith("server-3 (server, c11 on n3) exited with 1") and r.failures == 2
+
+
+def test_jobs_that_cannot_recover_fail_at_the_first_loss_with_its_description() -> None:
+    text = "worker-1 (worker, c5 on n1) exited with -104 (KILLED_EXCEEDED_PMEM)"
+    for r in (recovery({"app": "nmf"}), recovery({"app": "lda"}), recovery({"app": "mlr", "max_executor_failures": 0}),
+              recovery({"app": "mlr"}, phase=JobPhase.INITIALISING), recovery({"app": "mlr"}, checkpoint=False)):
+        assert r.on_lost(text) == text and r.pending == [] and r.failures == 0, r.why_not()
+    assert not recovery({"app": "nmf"}).enabled and recovery({"app": "lasso"}).enabled
