@@ -308,7 +308,8 @@ class PSApplicationMaster:
         restored = await self.steps.restart_on(servers, workers, manifest["dir"], positions)
         self.resumed_from = {"dir": manifest["dir"], "epoch": int(manifest["epoch"]),
                              "clock": int(manifest.get("clock", 0)), "attempt_id": manifest.get("attempt_id"),
-                             "objective": manifest.get("objective"), "objective_restored": restored}
+                             "objective": manifest.get("objective"), "objective_restored": restored,
+                             "checkpoint_time": manifest.get("time"), "time": time.time()}
         log.info("resumed from checkpoint %s of %s: epoch %d, objective %.6g", manifest["dir"],
                  manifest.get("attempt_id"), manifest["epoch"], restored)
 

@@ -133,6 +133,7 @@ class ExecutorRecovery:
         record: dict[str, Any] = {"mode": "recovery", "op": "recover", "time": self.wall_clock(), "lost": lost,
                                   "workers": workers, "servers": servers, "checkpoint": last["dir"],
                                   "epoch": int(manifest["epoch"]), "epochs_redone": epoch_before - int(manifest["epoch"]),
+                                  "checkpoint_time": manifest.get("time"),
                                   "before": {"workers": workers, "servers": servers},
                                   "after": {"workers": workers, "servers": servers}, "changed": False, "error": ""}
         try:
