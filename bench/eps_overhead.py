@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from appmaster.ps.submission import build_ps_submission  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
+from protocol import tokens  # noqa: E402
 from support.http_json import http_json  # noqa: E402
 
 FINAL = ("FINISHED", "FAILED", "KILLED")
@@ -71,6 +72,7 @@ class Job:
 
     def __init__(self, cluster: LocalCluster, spec: dict[str, Any], name: str) -> None:
         self.rm = cluster.rm_url
+        self.cluster_secret = cluster.secret     # the bench owns the cluster: it signs the AM's control token
         new = http(f"{self.rm}/ws/v1/cluster/apps/new-application?user.name=bench", "POST")
         self.app_id = new["application-id"]
         sub = build_ps_submission(spec, name=name, am_memory=512, app_id=self.app_id)
@@ -100,8 +102,11 @@ class Job:
         wait_for(lambda: self.epochs() >= n, timeout_s, f"{self.app_id} to finish {n} epochs")
 
     def scale(self, workers: int, servers: int) -> tuple[list[dict[str, Any]], float]:
+        attempt = (self.status() or {})["attempt_id"]
+        token = tokens.am_control_token(tokens.job_secret(self.cluster_secret, attempt), attempt)
         t0 = time.perf_counter()
-        out = http(self.url + "/scale", "POST", {"workers": workers, "servers": servers})
+        out = http_json(self.url + "/scale", "POST", {"workers": workers, "servers": servers}, 600.0,
+                        headers=tokens.bearer(token))
         return out["changes"], time.perf_counter() - t0
 
     def kill(self) -> None:
