@@ -1,9 +1,9 @@
 """`elastane ps scale APP_ID --workers +2 --servers -1`: change a running PS job's shape with EPS.
 
-Goes through the RM, as the user, so it needs no token of the job's: reads the job's current shape
-(GET /ws/v1/cluster/apps/{id}/shape, what the AM reports), turns the relative flags into the
-absolute target, checks it against the job's limits (from the AM's readable /status), and PUTs it
-(PUT .../shape: the app ACL applies, so only the owner or an admin may). The AM carries the
+Goes through the RM, as the user, so it needs no token of the job's: reads the job's live shape and
+limits from the AM's readable /status (once no other change runs), turns the relative flags into
+the absolute target, and PUTs it to the RM (PUT /ws/v1/cluster/apps/{id}/shape: the app ACL
+applies, so only the owner or an admin may). The AM carries the
 directive out on its next heartbeat with EPS's functions, without restarting the job; the command
 waits until it has, then prints one line per EPS function called: what it did, how long it took,
 what it moved and how long training waited.
@@ -81,6 +81,12 @@ def change_rows(changes: list[dict[str, Any]]) -> list[list[Any]]:
     return rows
 
 
+def live_shape(status: dict[str, Any]) -> tuple[int, int]:
+    """(workers, servers) serving now, from the AM's /status: what a directive starts from."""
+    live = [e for e in (status.get("shape") or {}).get("executors") or [] if e.get("state") == "READY"]
+    return sum(e.get("role") == "worker" for e in live), sum(e.get("role") == "server" for e in live)
+
+
 def check_target(status: dict[str, Any], workers: int, servers: int) -> None:
     """UsageError for a target the job cannot take (the limits the AM's /status shows)."""
     if workers < 1:
@@ -119,20 +125,25 @@ async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
         if app.get("state") != "RUNNING" or not app.get("trackingUrl"):
             raise UsageError(f"{app_id} is {app.get('state')}: only a running PS job can be scaled")
         url = app["trackingUrl"]
-        current = (await rm.app_shape(app_id)).get("current") or {}
-        if not isinstance(current.get("workers"), int) or not isinstance(current.get("servers"), int):
-            raise UsageError(f"{app_id} has not reported its shape yet: try again once it trains")
-        target_w, target_s = current["workers"] + workers, current["servers"] + servers
         am = JsonHttpClient(url, timeout_s=30.0, user=ctx.user)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         try:
-            status = await _am_status(am, url)
+            # The shape to change is the AM's live one (the RM's copy lags a heartbeat behind), read
+            # once no change runs, so the relative flags apply to the shape that change left.
+            while (status := await _am_status(am, url)) and (status.get("eps") or {}).get("running"):
+                if loop.time() > deadline:
+                    raise OperationFailed(f"another change of {app_id} is still running after {timeout_s:.0f}s")
+                await asyncio.sleep(POLL_S)
+            current_w, current_s = live_shape(status)
+            if current_w == 0 or current_s == 0:
+                raise UsageError(f"{app_id} has no serving executors yet: scale it once it trains")
+            target_w, target_s = current_w + workers, current_s + servers
             check_target(status, target_w, target_s)
             seen = len(status.get("shape_history") or [])
             shape = await rm.put_shape(app_id, target_w, target_s, reason=(
                 f"elastane ps scale by {ctx.user}: workers {workers:+d}, servers {servers:+d}"))
             version = int((shape.get("directive") or {}).get("version", 0))
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout_s
             while (outcome := _outcome(status, version)) is None:
                 if loop.time() > deadline:
                     raise OperationFailed(f"the job did not reach {target_w} workers, {target_s} servers "

@@ -86,11 +86,6 @@ class RmRestClient:
     async def kill(self, app_id: str) -> dict[str, Any]:
         return await self._call("PUT", f"{APPS}/{app_id}/state", {"state": "KILLED"}) or {}
 
-    async def app_shape(self, app_id: str) -> dict[str, Any]:
-        """Elastane extension: the shape an elastic PS job reports and its latest directive."""
-        body = await self._call("GET", f"{APPS}/{app_id}/shape")
-        return (body or {}).get("shape", body or {})
-
     async def put_shape(self, app_id: str, workers: int, servers: int, reason: str = "") -> dict[str, Any]:
         """Direct an elastic PS job to `workers` and `servers` (the app ACL applies: owner or admin)."""
         body = await self._call("PUT", f"{APPS}/{app_id}/shape",

@@ -221,6 +221,34 @@ async def test_am_control_endpoints_need_the_apps_token() -> None:
         await server.stop()
 
 
+async def test_a_silent_peer_is_dropped_after_the_handshake_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("psruntime.dataplane.HANDSHAKE_TIMEOUT_S", 0.05)
+    server = DataPlaneServer(lambda f: ({"op": "ok"}, ()), secret=KEY)
+    address = await server.start()
+    try:
+        reader, writer = await raw_connect(address)
+        assert (await read_frame(reader)).header["op"] == "auth_challenge"
+        assert [h["op"] for h in await read_until_closed(reader)] == ["error"]
+        writer.close()
+        assert server.refused == 1
+    finally:
+        await server.stop()
+
+
+def test_executors_get_the_secret_in_their_environment_not_their_command() -> None:
+    from appmaster.container_book import AmContainer
+    from appmaster.ps.executor_pool import ExecutorPool, Role
+    from protocol import container_env
+    from protocol.records import Resource
+
+    pool = ExecutorPool(num_blocks=4, am_address="h:1", job_secret=SECRET)
+    rec = pool.add(Role.WORKER, AmContainer(container_id="container_1_0001_01_000002", node_id="n:1",
+                                            node_http_address="n:1", resource=Resource(512, 1), token="t"))
+    ctx = pool.launch_context(rec)
+    assert ctx.environment[container_env.JOB_SECRET] == SECRET
+    assert all(SECRET not in c for c in ctx.commands)
+
+
 def test_job_secrets_differ_per_attempt_and_cluster() -> None:
     a1 = tokens.job_secret("s", "appattempt_1_0001_000001")
     assert a1 == tokens.job_secret("s", "appattempt_1_0001_000001") and len(a1) == 64

@@ -118,6 +118,21 @@ def test_add_and_remove_each_role_while_training_follows_the_unchanged_run(
     assert worst <= TOLERANCE, (worst, elastic, unchanged)
 
 
+def check_job_secret_stays_in_the_environment(cluster: Any, app_id: str, status: dict[str, Any]) -> None:
+    """The attempt's job secret reached the AM and every executor through their environment, and
+    no command line, launch script, log or state file holds it."""
+    secret = tokens.job_secret(cluster.secret, status["attempt_id"])
+    holders = set(pids_with_env(container_env.JOB_SECRET, secret))
+    job = set(pids_with_env(container_env.APP_ID, app_id))
+    pids = {e["pid"] for e in status["shape"]["executors"] if e["state"] == "READY"}
+    assert pids and pids <= holders <= job and len(holders) > len(pids)    # the executors and the AM
+    for pid in job:
+        assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    leaks = [str(f) for f in Path(cluster.base_dir).rglob("*")
+             if f.is_file() and secret.encode() in f.read_bytes()]
+    assert leaks == [], leaks
+
+
 def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
                       capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     """Every change and every refusal, checked on the running job; returns its last status."""
@@ -130,6 +145,7 @@ def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
     assert code == 403, err
     code, err = http(url + "/checkpoint", {})
     assert code == 401, err
+    check_job_secret_stays_in_the_environment(cluster, app_id, http(url + "/status")[1])
     # Through the RM another user is refused (403, the app ACL), and nothing changes.
     assert cli(["ps", "scale", app_id, "--workers", "+1", "--rm", cluster.rm_url, "--user", "mallory"]) == 1
     assert "403" in capsys.readouterr().err
