@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from appmaster.ps.submission import build_ps_submission
 from elastane_cli.local_cluster import LocalCluster
+from protocol import tokens
 from support.http_json import http_json
 
 FINAL = ("FINISHED", "FAILED", "KILLED")
@@ -35,6 +36,7 @@ class Job:
 
     def __init__(self, cluster: LocalCluster, spec: dict[str, Any], name: str, max_app_attempts: int = 1) -> None:
         self.rm = cluster.rm_url
+        self.cluster_secret = cluster.secret     # the bench owns the cluster: it signs the AM's control token
         new = http(f"{self.rm}/ws/v1/cluster/apps/new-application?user.name=bench", "POST")
         self.app_id = new["application-id"]
         sub = build_ps_submission(spec, name=name, am_memory=512, app_id=self.app_id,
@@ -65,8 +67,13 @@ class Job:
         wait_for(lambda: self.epochs() >= n, timeout_s, f"{self.app_id} to finish {n} epochs")
 
     def scale(self, workers: int, servers: int) -> tuple[list[dict[str, Any]], float]:
+        """POST /scale to the AM (EPS, synchronous: returns once the change is done) with the
+        app's control token, signed from the cluster secret the benchmark holds."""
+        attempt = (self.status() or {})["attempt_id"]
+        token = tokens.am_control_token(tokens.job_secret(self.cluster_secret, attempt), attempt)
         t0 = time.perf_counter()
-        out = http(self.url + "/scale", "POST", {"workers": workers, "servers": servers})
+        out = http_json(self.url + "/scale", "POST", {"workers": workers, "servers": servers}, 600.0,
+                        headers=tokens.bearer(token))
         return out["changes"], time.perf_counter() - t0
 
     def kill(self) -> None:
