@@ -39,3 +39,41 @@ def test_jobs_that_cannot_recover_fail_at_the_first_loss_with_its_description() 
               recovery({"app": "mlr"}, phase=JobPhase.INITIALISING), recovery({"app": "mlr"}, checkpoint=False)):
         assert r.on_lost(text) == text and r.pending == [] and r.failures == 0, r.why_not()
     assert not recovery({"app": "nmf"}).enabled and recovery({"app": "lasso"}).enabled
+
+
+async def test_a_recovery_waits_for_the_running_change_to_end() -> None:
+    """A change that a loss makes fail ends (rolled back by its own steps) before anything is
+    replaced: the recovery's hold on the change slot comes after it, never beside it."""
+    import asyncio
+
+    from appmaster.ps.reconfiguration import ChangeBusy, Reconfiguration
+
+    training = SimpleNamespace(rpc=None, pool=None, loop=SimpleNamespace(boundaries=None))
+    steps = Reconfiguration(None, training, None, None, set(), started=lambda: True)  # type: ignore[arg-type]
+    order: list[str] = []
+    change_may_end = asyncio.Event()
+
+    async def change() -> None:
+        async with steps.exclusive("add_workers(1)"):
+            order.append("change starts")
+            await change_may_end.wait()
+            order.append("change ends")
+
+    async def recovery() -> None:
+        async with steps.exclusive_when_free("recovery"):
+            order.append("recovery")
+
+    running = asyncio.ensure_future(change())
+    await asyncio.sleep(0)
+    waiting = asyncio.ensure_future(recovery())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert order == ["change starts"] and steps.current == "add_workers(1)"
+    try:
+        async with steps.exclusive("another change"):
+            raise AssertionError("a second change may not start meanwhile")
+    except ChangeBusy:
+        pass
+    change_may_end.set()
+    await asyncio.gather(running, waiting)
+    assert order == ["change starts", "change ends", "recovery"] and not steps.busy
