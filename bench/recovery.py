@@ -25,7 +25,8 @@ checkpoint as the lost-worker case).
 
 Last line, JSON: {"worker_recover_s", "server_recover_s", "am_recover_s", "restart_baseline_s",
 "worker_lost_s", "server_lost_s", "am_lost_s", "restart_baseline_lost_s", "auth_throughput_ratio", ...};
-`auth_throughput_ratio` is null here (bench/dataplane.py measures the handshake's cost).
+`auth_throughput_ratio` comes from bench/dataplane.py run at the end (its authenticated over its
+unauthenticated 8 MiB push+pull throughput, in the same run).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -101,6 +103,13 @@ def am_recovery(cluster: LocalCluster, job: Job) -> dict[str, Any]:
     return {"recover_s": recover_s, "lost_s": recover_s + redone, "redone_s": redone, "record": r}
 
 
+def auth_throughput_ratio(seconds: float) -> float:
+    """bench/dataplane.py's handshake cost: authenticated / unauthenticated 8 MiB throughput."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "dataplane.py"), "--seconds", str(seconds)],
+                         capture_output=True, text=True, check=True, cwd=ROOT)
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["auth_throughput_ratio"])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--features", type=int, default=210_000)
@@ -161,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster.stop()
         if tmp is not None:
             tmp.cleanup()
+    log("measuring the data plane with and without authentication (bench/dataplane.py)")
+    auth_ratio = auth_throughput_ratio(2.0 if ns.quick else 6.0)
     restart_s = out["baseline"]["restart_s"]
     summary = {
         "worker_recover_s": round(out["worker"]["recover_s"], 3),
@@ -174,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         "baseline_steps_s": {k: round(v, 3) for k, v in out["baseline"]["steps"].items()},
         "epoch_time_s": round(out["epoch_time_s"], 3), "model_mib": round(model_mb, 1),
         "worker_mode": out["worker"]["record"].get("mode"), "server_mode": out["server"]["record"].get("mode"),
-        "auth_throughput_ratio": None,
+        "auth_throughput_ratio": round(auth_ratio, 3),
     }
     print(json.dumps(summary))
     return 0
