@@ -100,26 +100,34 @@ class NMFHParams(msgspec.Struct, forbid_unknown_fields=True):
     l2: NonNegFloat = 0.0
     batch_size: Pos = 20
     init_scale: Optional[PosFloat] = None   # factors start U(0, init_scale); default 2/sqrt(rank)
-    user_steps: Pos = 1                     # projected steps on a batch's (worker-local) user rows per push
+    # How the batch's (worker-local) user rows keep up with H: fitted by least squares against the
+    # pulled H before the step (`user_solve`), and/or `user_steps` projected steps per push.
+    user_solve: bool = False
+    user_steps: Pos = 1
     convergence_threshold: PosFloat = 1e-3
     max_epochs: Pos = 30
 
 
+# Every item rated ~100 times per 1000 users, so a mini-batch of 50 users steps each item's factors
+# on a few ratings, not on one; a low rank: non-negative factors share a large mean, which
+# makes the SGD steps crawl in the other rank - 1 directions (condition number ~3 x rank).
 NMF_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {},
-    "small": {"num_users": 20_000, "num_items": 5000, "rank": 20, "observed_fraction": 0.02,
+    "small": {"num_users": 20_000, "num_items": 1000, "rank": 5, "observed_fraction": 0.1,
               "num_heldout": 500, "rows_per_block": 1000},
-    "medium": {"num_users": 200_000, "num_items": 20_000, "rank": 50, "observed_fraction": 0.01,
+    "medium": {"num_users": 200_000, "num_items": 4000, "rank": 10, "observed_fraction": 0.025,
                "num_heldout": 1000, "rows_per_block": 5000},
     "large": {"num_users": 1_000_000, "num_items": 50_000, "rank": 100, "observed_fraction": 0.005,
               "num_heldout": 2000, "rows_per_block": 10_000},
 }
-# A user row is visited once per epoch: several local steps on it per push (`user_steps`) let W
-# keep up with H, and a batch of 50 users gives every item's factors a less noisy step.
-_NMF_HPARAMS: dict[str, Any] = {"learning_rate": 0.6, "batch_size": 50, "user_steps": 8, "max_epochs": 30}
-# The model's rank is the data's: a rank-5 model of rank-20 data stalls far above the noise.
+# A user row is visited once per epoch while H steps every batch: several local steps on it per
+# push (`user_steps`), or from `small` on (many batches per epoch) a least-squares fit against
+# the pulled H (`user_solve`), keep W up with H. The model's rank is the data's: a rank-5 model of
+# rank-20 data stalls far above the noise.
+_NMF_HPARAMS: dict[str, Any] = {"learning_rate": 0.3, "batch_size": 50, "user_solve": True, "max_epochs": 30}
 NMF_PRESET_HPARAMS: dict[str, dict[str, Any]] = {
     p: {**_NMF_HPARAMS, "rank": sizes.get("rank", NMFSpec().rank)} for p, sizes in NMF_PRESETS.items()}
+NMF_PRESET_HPARAMS["tiny"].update(learning_rate=0.6, user_solve=False, user_steps=8)
 
 
 # ----- lda ---------------------------------------------------------------------------------------
@@ -221,7 +229,7 @@ LASSO_PRESETS: dict[str, dict[str, Any]] = {
     "large": {"num_samples": 4_000_000, "num_features": 1_000_000, "nnz_per_sample": 50,
               "support_size": 10_000, "num_heldout": 50_000, "rows_per_block": 20_000},
 }
-_LASSO_HPARAMS: dict[str, Any] = {"max_epochs": 30}
+_LASSO_HPARAMS: dict[str, Any] = {"learning_rate": 0.15, "max_epochs": 30}
 LASSO_PRESET_HPARAMS: dict[str, dict[str, Any]] = {p: dict(_LASSO_HPARAMS) for p in LASSO_PRESETS}
 
 

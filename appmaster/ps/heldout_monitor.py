@@ -77,11 +77,12 @@ class HeldoutTracker:
                     f"({best.value:.4g} -> {last.value:.4g}): the model overfits")
         return None
 
-    def should_stop(self, epochs_done: int) -> bool:
-        """Early stopping: `patience` epochs or more trained since the best held-out score."""
+    def should_stop(self) -> bool:
+        """Early stopping: a score `patience` epochs or more after the best one and no better.
+        Counted over scored epochs: an epoch whose score is pending or was skipped is no evidence."""
         if self.patience is None or self.best is None or not self.history:
             return False
-        return epochs_done - (self.best.epoch + 1) >= self.patience
+        return self.history[-1].epoch - self.best.epoch >= self.patience
 
     def stop_reason(self) -> str:
         assert self.best is not None

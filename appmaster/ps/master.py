@@ -296,7 +296,7 @@ class PSApplicationMaster:
             else:
                 self.heldout.submit(rec.epoch, rec.objective, model)
         tracker = self.heldout.tracker
-        if tracker.should_stop(rec.epoch + 1) and self.training.loop.early_stop is None:
+        if tracker.should_stop() and self.training.loop.early_stop is None:
             log.info("%s", tracker.stop_reason())
             self.training.loop.stop_early(tracker.stop_reason())
 

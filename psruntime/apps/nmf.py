@@ -176,9 +176,11 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
         hp = self.hparams
         lr = hp.learning_rate / (1.0 + hp.lr_decay * ctx.epoch)
         counts, _, items, _ = self._entries(batch.block, batch.start, batch.stop)
-        # The batch's user rows are worker-local: `user_steps` - 1 extra projected steps on them
-        # against the pulled H cost no communication, and a user row is visited once per epoch,
-        # so with one step W lags far behind H.
+        # The batch's user rows are worker-local and visited once per epoch, while H takes a step
+        # per batch: with one step per visit W lags far behind H. Fitting them to the pulled H
+        # first (`user_solve`), or `user_steps` - 1 extra projected steps, costs no communication.
+        if hp.user_solve:
+            self.fit_users(batch, params)
         for _ in range(hp.user_steps - 1):
             w, _, gw, _ = self.gradients(batch, params)
             batch.block.state["W"][batch.start:batch.stop] = _projected_step(w, gw, counts, lr, hp.l2)
@@ -190,6 +192,21 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
         delta = np.empty(h.shape, np.float32)
         _projected_step(h, gh, per_item, lr, hp.l2, delta)
         return KeyValues(params.keys, delta)
+
+    def fit_users(self, batch: Batch, params: KeyValues) -> None:
+        """Set the batch's user rows to their ridge least-squares fit (l2, plus a tiny ridge so
+        a user with few ratings stays solvable) against the pulled effective H, clipped at 0."""
+        counts, _, items, ratings = self._entries(batch.block, batch.start, batch.stop)
+        h = _effective(params.values)
+        cols = params.rows_of(items.astype(np.int64))
+        w = batch.block.state["W"]
+        eye = np.eye(h.shape[1])
+        lo = 0
+        for u, n in enumerate(counts.tolist()):
+            hu = h[cols[lo:lo + n]]
+            a = hu.T @ hu + (self.hparams.l2 * n + 1e-6) * eye
+            w[batch.start + u] = np.maximum(np.linalg.solve(a, hu.T @ ratings[lo:lo + n].astype(np.float64)), 0.0)
+            lo += n
 
     def objective_keys(self, block: DataBlock) -> np.ndarray:
         return sorted_unique(block.data["items"]).astype(np.int64)
