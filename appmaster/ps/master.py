@@ -234,7 +234,8 @@ class PSApplicationMaster:
         if not self.checkpointer.written or self.checkpointer.written[-1]["epoch"] != epochs:
             await self._checkpoint(epochs)
         final = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
-        self.final_metrics = await self.heldout.score_final(epochs - 1, final, await self.training.evaluation.model())
+        self.final_metrics = await self.heldout.score_final(epochs - 1, final if final is not None else float("nan"),
+                                                            await self.training.evaluation.model())
         await self.training.status.refresh()
         self.stop_criterion = self._stop_criterion()
         quality = check_quality(self.app.name, self.final_metrics)
