@@ -22,6 +22,9 @@ AM_ENDING_PHASES = ("FINISHING", "SUCCEEDED", "FAILED", "KILLED")
 # metrics are the last "held-out" (the stop criterion and a divergence warning may name it before).
 FINAL_DIAGNOSTICS = re.compile(r"final objective (?P<objective>\S+) after (?P<epochs>\d+) epochs"
                                r"(?:.*held-out (?P<metrics>[^)]*)\))?")
+# ... and before them what ended training, and the final model against the true model's.
+STOP_CRITERION = re.compile(r"after \d+ epochs \((?P<criterion>.*?); initial ")
+VS_TRUE_MODEL = re.compile(r"; (?P<quality>\S+ \S+ vs true model \S+ \((?:meets|misses) [^)]*\))")
 
 
 def max_epochs_of(spec_json: Any) -> int:
@@ -118,15 +121,21 @@ def final_report(result: WatchResult) -> list[tuple[str, Any]]:
     elif history:
         pairs.append(("Last-Objective", f"{format_objective(history[-1]['objective'])} after "
                                         f"{_plural(len(history), 'epoch')}{initial}"))
-    if status.get("stop_criterion"):
-        pairs.append(("Stopped-By", status["stop_criterion"]))
+    diagnostics = app.get("diagnostics") or ""
+    stopped = STOP_CRITERION.search(diagnostics) if parsed is not None else None
+    criterion = status.get("stop_criterion") or (stopped.group("criterion") if stopped else None)
+    if criterion:
+        pairs.append(("Stopped-By", criterion))
     if status.get("final_metrics"):
         pairs.append(("Held-Out-Metrics", _metrics_text(status["final_metrics"])))
         quality = quality_text(status.get("app"), status["final_metrics"])
         if quality:
             pairs.append(("Vs-True-Model", quality))
-    elif parsed is not None and parsed[2]:
+    elif parsed is not None and parsed[2]:   # the last status seen was older: from the diagnostics
         pairs.append(("Held-Out-Metrics", parsed[2]))
+        vs_true = VS_TRUE_MODEL.search(diagnostics)
+        if vs_true:
+            pairs.append(("Vs-True-Model", vs_true.group("quality")))
     warning = (status.get("heldout") or {}).get("warning")
     if warning:
         pairs.append(("Warning", warning))

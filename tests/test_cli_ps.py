@@ -382,3 +382,11 @@ def test_final_report_names_the_stop_criterion_and_the_true_model() -> None:
     assert "Warning" not in pairs
     # the metrics are the last "held-out" of the diagnostics, whatever comes before
     assert ps_reports.final_from_diagnostics(diag) == ("0.59", "9", "accuracy 0.77, cross_entropy 0.65")
+    # a last status seen before the end: the same from the diagnostics
+    older = dict(ps_commands.final_report(ps_commands.WatchResult(
+        app={"id": APP, "state": "FINISHED", "finalStatus": "SUCCEEDED", "diagnostics": diag},
+        status=am_status("TRAINING", 8))))
+    assert older["Stopped-By"] == ("early stopping: held-out cross_entropy did not improve for 4 epochs "
+                                   "(best 0.64 after epoch 5)")
+    assert older["Vs-True-Model"] == pairs["Vs-True-Model"]
+    assert older["Held-Out-Metrics"] == "accuracy 0.77, cross_entropy 0.65"

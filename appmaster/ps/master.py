@@ -234,10 +234,10 @@ class PSApplicationMaster:
         if not self.checkpointer.written or self.checkpointer.written[-1]["epoch"] != epochs:
             await self._checkpoint(epochs)
         final = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
+        self.stop_criterion = self._stop_criterion()
         self.final_metrics = await self.heldout.score_final(epochs - 1, final if final is not None else float("nan"),
                                                             await self.training.evaluation.model())
         await self.training.status.refresh()
-        self.stop_criterion = self._stop_criterion()
         quality = check_quality(self.app.name, self.final_metrics)
         warning = self.heldout.tracker.warning
         # The held-out metrics stay last: `elastane ps` reads them from there (elastane_cli.ps_reports).
