@@ -160,11 +160,13 @@ class LDAHParams(msgspec.Struct, forbid_unknown_fields=True):
     max_epochs: Pos = 30
 
 
+# Tens of tokens or more per topic-word count, and few enough topics that ~30 Gibbs sweeps mix:
+# at 50 topics over 10 000 words 30 sweeps left the held-out perplexity 1.7x the true topics'.
 LDA_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {},
-    "small": {"num_docs": 20_000, "vocab_size": 10_000, "num_topics": 50, "doc_length": 100,
+    "small": {"num_docs": 20_000, "vocab_size": 2000, "num_topics": 20, "doc_length": 100,
               "num_heldout": 500, "rows_per_block": 1000},
-    "medium": {"num_docs": 300_000, "vocab_size": 50_000, "num_topics": 100, "doc_length": 150,
+    "medium": {"num_docs": 300_000, "vocab_size": 5000, "num_topics": 30, "doc_length": 150,
                "num_heldout": 1000, "rows_per_block": 5000},
     "large": {"num_docs": 2_000_000, "vocab_size": 140_000, "num_topics": 400, "doc_length": 90,
               "num_heldout": 2000, "rows_per_block": 10_000},
