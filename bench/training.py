@@ -94,7 +94,7 @@ QUICK_DATA = {"mlr": {"preset": "tiny", "data": {"num_samples": 4000, "rows_per_
 EXECUTOR_MEMORY_MB = 768
 QUALITY_PRESETS = ("small", "medium")
 QUALITY_EXECUTOR_MEMORY_MB = {"tiny": 384, "small": 768, "medium": 1536}
-QUALITY_TIMEOUT_S = 3600.0
+QUALITY_TIMEOUT_S = 7200.0    # LDA medium: ~45M tokens of Gibbs sampling per epoch
 AM_MEMORY_MB = 512
 # What an executor imports (psruntime.executor and, lazily, its roles and the apps).
 EXECUTOR_MODULES = ("psruntime.executor", "psruntime.training_pipeline", "psruntime.store_service",
