@@ -129,3 +129,12 @@ async def test_a_failed_score_loses_the_point_not_the_job(caplog: pytest.LogCapt
     (p,) = mon.tracker.history
     assert p.epoch == 3 and p.value == pytest.approx(np.log(5)) and "true_model_cross_entropy" in p.metrics
     assert not HeldoutMonitor(app, every=0).due(1)       # 0: only the final score
+
+
+def test_scoring_is_off_when_the_model_would_crowd_the_ams_container() -> None:
+    from appmaster.ps.heldout_monitor import heldout_too_big
+
+    assert heldout_too_big(10_000, "512") is None                      # a small model: scored
+    assert heldout_too_big(100 * 2**20, None) is None                  # no limit known: scored
+    why = heldout_too_big(100 * 2**20, "512")                          # 4 x 100 MB > 256 MB
+    assert why is not None and "100 MB model" in why and "512 MB" in why

@@ -24,6 +24,25 @@ from psruntime.apps.quality import HeldoutMetric, heldout_metric
 
 log = logging.getLogger(__name__)
 
+# Scoring holds the pulled model plus the app's working copies of it (float64 products, ...):
+# about this many model-sizes; it must fit in half of the AM's container with room to spare.
+SCORING_MODEL_COPIES = 4
+
+
+def heldout_too_big(model_nbytes: int, am_memory_mb: Optional[str]) -> Optional[str]:
+    """Why the AM should not score the model while training (None: it may): a model whose
+    scoring would take more than half of the AM container's memory (`CONTAINER_MEMORY_MB`)
+    would get the AM killed for memory (-104) in the middle of training."""
+    if not am_memory_mb or not am_memory_mb.isdigit():
+        return None
+    need = SCORING_MODEL_COPIES * model_nbytes
+    budget = int(am_memory_mb) * 2**20 // 2
+    if need <= budget:
+        return None
+    return (f"a {model_nbytes / 2**20:.0f} MB model needs about {need / 2**20:.0f} MB to score, more than half "
+            f"of the AM's {am_memory_mb} MB container (give the AM more memory for held-out scores)")
+
+
 # Divergence: the held-out metric is this much (relative) worse than its best while the training
 # objective is better than at that point -- small wobbles of the held-out score are no warning.
 DIVERGENCE_TOLERANCE = 0.01
@@ -104,9 +123,11 @@ class HeldoutTracker:
 class HeldoutMonitor:
     """Scores the model every `every` epochs in a thread (see the module doc)."""
 
-    def __init__(self, app: AnyPSApp, every: int, patience: Optional[int] = None) -> None:
+    def __init__(self, app: AnyPSApp, every: int, patience: Optional[int] = None,
+                 disabled_reason: Optional[str] = None) -> None:
         self.app = app
         self.every = every
+        self.disabled_reason = disabled_reason      # why scoring while training is off (status)
         self.tracker = HeldoutTracker(heldout_metric(app.name), app.maximize, patience)
         self._heldout: Optional[list[DataBlock]] = None
         self._scoring: Optional[asyncio.Task[None]] = None

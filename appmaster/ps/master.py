@@ -39,7 +39,7 @@ from .directives import DirectiveHandler, ProgressTracker, Reshaper, Shape
 from .elastic_ops import ElasticOpError, ElasticOps
 from .executor_pool import ExecutorPool, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
-from .heldout_monitor import HeldoutMonitor
+from .heldout_monitor import HeldoutMonitor, heldout_too_big
 from .job import JobEvent, JobPhase, JobStateMachine
 from .job_resume import job_record, resumable_checkpoint, resume_job
 from .kill_restart import KillRestart
@@ -88,8 +88,13 @@ class PSApplicationMaster:
         self.resource = Resource(spec.executor_memory_mb, spec.executor_vcores)
         self.final_metrics: Optional[dict[str, float]] = None
         self.resumed_from: Optional[dict[str, Any]] = None   # the checkpoint an earlier attempt left
-        # Held-out quality every few epochs, scored in a thread while training goes on.
-        self.heldout = HeldoutMonitor(self.app, spec.heldout_every_epochs, spec.early_stopping)
+        # Held-out quality every few epochs, scored in a thread while training goes on -- unless
+        # a copy of the model and its scoring would crowd the AM's own container.
+        why_not = heldout_too_big(self.app.model_nbytes(), os.environ.get(container_env.CONTAINER_MEMORY_MB))
+        if why_not:
+            log.warning("no held-out scoring while training: %s", why_not)
+        self.heldout = HeldoutMonitor(self.app, 0 if why_not else spec.heldout_every_epochs, spec.early_stopping,
+                                      disabled_reason=why_not)
         self.stop_criterion: Optional[str] = None     # what ended training (final diagnostics)
         self.started = time.time()
         self._failure: asyncio.Future[str] | None = None
@@ -138,7 +143,8 @@ class PSApplicationMaster:
             "objective_history": [e.to_json() for e in self.metrics.epochs],
             "metrics": self.metrics.to_json(),
             "checkpoints": list(self.checkpointer.written),
-            "heldout": self.heldout.tracker.to_json(), "stop_criterion": self.stop_criterion,
+            "heldout": {**self.heldout.tracker.to_json(), "disabled": self.heldout.disabled_reason},
+            "stop_criterion": self.stop_criterion,
             "final_metrics": self.final_metrics,
             "model_mb": round(self.app.model_nbytes() / 2**20, 3), "data_mb": round(self.app.data_nbytes() / 2**20, 3),
             "elastic_mode": self.spec.elastic_mode, "shape_history": list(self.shape_history),
