@@ -1,0 +1,87 @@
+"""Idempotent pushes: a mini-batch's pushes carry an id, and a server applies each id once per block.
+
+When a worker is lost in the middle of a BSP clock, its replacement runs the whole clock again
+from where it began (appmaster.ps.recovery). Some of that clock's mini-batches were pushed already,
+some only to a part of their servers (the worker died half-way through a push). So every push of a
+training mini-batch carries one int, its *push id*, unique per (input split, epoch, first row of
+the batch, kind of push: the model deltas or the audit count), and every server remembers, per
+model block, the ids it applied: a repeated id is acknowledged without being applied. Per block,
+not per server, so a request that is partly redirected (its other blocks moved) is still right.
+
+A server keeps the ids of the latest two epochs it has seen (the current and the previous one:
+a clock is redone within its own epoch) and forgets older ones. A block's ids travel with it when
+it migrates (StoreService's block_data frame), so a block moving while a worker is lost mid-clock
+still drops the redone pushes it already holds; a block restored from a checkpoint forgets its ids
+(the epochs after the checkpoint are trained again and must apply).
+
+The wire is one int in the push's header (`PUSH_ID_FIELD`). Pushes without it (initialisation,
+the AM's own updates) are always applied.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+PUSH_ID_FIELD = "push_id"       # header field of an update request: the push id (an int)
+
+KIND_BITS, ROW_BITS, SPLIT_BITS, EPOCH_BITS = 1, 26, 18, 18     # 63 bits in all: a positive int64
+DELTAS, COUNT = 0, 1            # the kinds of push of one mini-batch
+
+
+def push_id(split: int, epoch: int, start_row: int, kind: int = DELTAS) -> Optional[int]:
+    """The id of one push of a mini-batch, or None when a field is out of range (such a push is
+    simply not deduplicated: a job with over 2**18 epochs or splits, or 2**26 rows per split)."""
+    if not (0 <= split < 1 << SPLIT_BITS and 0 <= epoch < 1 << EPOCH_BITS and 0 <= start_row < 1 << ROW_BITS
+            and kind in (DELTAS, COUNT)):
+        return None
+    return (((epoch << SPLIT_BITS | split) << ROW_BITS | start_row) << KIND_BITS) | kind
+
+
+def epoch_of(pid: int) -> int:
+    return pid >> (KIND_BITS + ROW_BITS + SPLIT_BITS)
+
+
+class AppliedPushes:
+    """The push ids a server applied, per model block, for the latest two epochs (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[int, dict[int, set[int]]] = {}     # epoch -> block -> ids applied
+        self.newest = -1                                    # the latest epoch seen
+        self.repeats = 0                                    # parts acknowledged without applying
+
+    def first_time(self, pid: int, block: int) -> bool:
+        """Record that `pid`'s part for `block` is applied now; False if it was applied before
+        (the caller acknowledges it and applies nothing)."""
+        epoch = epoch_of(pid)
+        if epoch > self.newest:
+            self.newest = epoch
+            for old in [e for e in self._ids if e < epoch - 1]:
+                del self._ids[old]
+        elif epoch < self.newest - 1:
+            return True         # older than anything remembered: apply (a redo never reaches back so far)
+        ids = self._ids.setdefault(epoch, {}).setdefault(block, set())
+        if pid in ids:
+            self.repeats += 1
+            return False
+        ids.add(pid)
+        return True
+
+    def export(self, block: int) -> list[int]:
+        """The ids remembered for `block` (they go with it when it migrates)."""
+        return sorted(i for by_block in self._ids.values() for i in by_block.get(block, ()))
+
+    def import_ids(self, block: int, ids: Iterable[int]) -> None:
+        """Remember ids that `block` was applied with elsewhere (it migrated here)."""
+        for pid in ids:
+            self.first_time(int(pid), block)
+
+    def forget(self, blocks: Iterable[int]) -> None:
+        """Forget what `blocks` were applied with (their contents were replaced, e.g. restored)."""
+        gone = set(blocks)
+        for by_block in self._ids.values():
+            for b in gone:
+                by_block.pop(b, None)
+        self._ids = {e: d for e, d in self._ids.items() if d}
+        self.newest = max(self._ids, default=-1)
+
+    def __len__(self) -> int:
+        return sum(len(ids) for by_block in self._ids.values() for ids in by_block.values())
