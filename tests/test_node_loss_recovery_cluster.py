@@ -3,10 +3,12 @@
 Four nodes; an MLR job (2 workers, 2 servers, checkpoints every 2 epochs, the exactly-once audit
 on) trains with no epoch limit in reach. Once it has trained 3 epochs the test crashes a node that
 hosts some of its executors but not its AM. The RM declares the node LOST after its expiry and
-reports the containers -100 (ABORTED); the AM replaces its executors on the surviving nodes and
-goes back to the latest checkpoint. Checked: the job recovers once (the shape history names the
-executors lost with -100), it trains two more epochs afterwards, none of its executors runs on the
-lost node, the epochs form one contiguous run and the audit is exact. Then the test kills the job.
+reports the containers -100 (ABORTED). What the AM does depends on what the node hosted: only
+workers, and it replaces them on the surviving nodes and goes on from the clock they were lost in;
+a server among them, and it replaces every executor and goes back to the latest checkpoint.
+Checked either way: the job recovers once (the shape history names the executors lost with -100),
+it trains two more epochs afterwards, none of its executors runs on the lost node, the epochs
+form one contiguous run and the audit is exact. Then the test kills the job.
 """
 from __future__ import annotations
 
@@ -63,13 +65,16 @@ def test_a_crashed_host_costs_the_job_a_recovery_not_its_life(four_nodes) -> Non
             for pid in pids_with_env(container_env.CONTAINER_ID, e["container_id"]):
                 os.kill(pid, signal.SIGKILL)
 
-        st = wait_until(lambda: (s := am_status(c, app_id)) and s["recovery"]["recoveries"] >= 1 and s, 120,
-                        "the job recovered")
+        st = wait_until(lambda: (s := am_status(c, app_id)) and s["recovery"]["recoveries"]
+                        + s["recovery"]["replacements"] >= 1 and s, 120, "the job recovered")
         after = st["epoch"]
         st = wait_until(lambda: (s := am_status(c, app_id)) and s["epoch"] >= after + 2 and s, 120,
                         "two epochs after the recovery")
-        rec = [h for h in st["shape_history"] if h["mode"] == "recovery"]
+        rec = [h for h in st["shape_history"] if h["mode"] in ("recovery", "replace_worker")]
         assert len(rec) == 1 and rec[0]["error"] == "" and st["recovery"]["failures"] == 1, st["shape_history"]
+        servers_lost = any(e["role"] == "server" for e in doomed)
+        assert rec[0]["mode"] == ("recovery" if servers_lost else "replace_worker"), (doomed, rec[0])
+        assert servers_lost or rec[0]["epochs_redone"] == 0, rec[0]
         assert any("exited with -100" in lost for lost in rec[0]["lost"]), rec[0]["lost"]
         assert {e["id"] for e in doomed} <= {lost.split(" ")[0] for lost in rec[0]["lost"]}, rec[0]["lost"]
         live = [e for e in st["shape"]["executors"] if e["state"] == "READY"]
