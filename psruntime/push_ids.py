@@ -41,12 +41,14 @@ def epoch_of(pid: int) -> int:
 
 
 class AppliedPushes:
-    """The push ids a server applied, per model block, for the latest two epochs (see the module doc)."""
+    """The push ids a server applied, per model block, for the latest two epochs (see the module
+    doc). Per id one int, a bit mask of the blocks it was applied to: memory grows with the
+    mini-batches of two epochs, not with their blocks."""
 
     def __init__(self) -> None:
-        self._ids: dict[int, dict[int, set[int]]] = {}     # epoch -> block -> ids applied
-        self.newest = -1                                    # the latest epoch seen
-        self.repeats = 0                                    # parts acknowledged without applying
+        self._ids: dict[int, dict[int, int]] = {}      # epoch -> push id -> mask of blocks applied
+        self.newest = -1                                # the latest epoch seen
+        self.repeats = 0                                # parts acknowledged without applying
 
     def first_time(self, pid: int, block: int) -> bool:
         """Record that `pid`'s part for `block` is applied now; False if it was applied before
@@ -58,16 +60,20 @@ class AppliedPushes:
                 del self._ids[old]
         elif epoch < self.newest - 1:
             return True         # older than anything remembered: apply (a redo never reaches back so far)
-        ids = self._ids.setdefault(epoch, {}).setdefault(block, set())
-        if pid in ids:
+        ids = self._ids.get(epoch)
+        if ids is None:
+            ids = self._ids[epoch] = {}
+        mask, bit = ids.get(pid, 0), 1 << block
+        if mask & bit:
             self.repeats += 1
             return False
-        ids.add(pid)
+        ids[pid] = mask | bit
         return True
 
     def export(self, block: int) -> list[int]:
         """The ids remembered for `block` (they go with it when it migrates)."""
-        return sorted(i for by_block in self._ids.values() for i in by_block.get(block, ()))
+        bit = 1 << block
+        return sorted(pid for ids in self._ids.values() for pid, mask in ids.items() if mask & bit)
 
     def import_ids(self, block: int, ids: Iterable[int]) -> None:
         """Remember ids that `block` was applied with elsewhere (it migrated here)."""
@@ -76,12 +82,11 @@ class AppliedPushes:
 
     def forget(self, blocks: Iterable[int]) -> None:
         """Forget what `blocks` were applied with (their contents were replaced, e.g. restored)."""
-        gone = set(blocks)
-        for by_block in self._ids.values():
-            for b in gone:
-                by_block.pop(b, None)
-        self._ids = {e: d for e, d in self._ids.items() if d}
+        keep = ~sum(1 << b for b in set(blocks))
+        self._ids = {e: kept for e, ids in self._ids.items()
+                     if (kept := {pid: m for pid, mask in ids.items() if (m := mask & keep)})}
         self.newest = max(self._ids, default=-1)
 
     def __len__(self) -> int:
-        return sum(len(ids) for by_block in self._ids.values() for ids in by_block.values())
+        """(id, block) pairs remembered."""
+        return sum(bin(mask).count("1") for ids in self._ids.values() for mask in ids.values())

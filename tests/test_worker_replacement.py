@@ -140,10 +140,11 @@ class DiesBeforeBatch:
             self.died = True
             assert role.store is not None
             await role.store.flush()
-            # Its container's exit is reported; its connections close (not awaited here: stopping
-            # the server waits for this very request's handler).
-            self.on_death()
+            # Its connections close, unanswered, and its container's exit is reported. (Stopping
+            # is not awaited to its end here: the server waits for this very request's handler.)
             self.stopping = asyncio.ensure_future(self.executor.stop())
+            await asyncio.sleep(0)          # one step: the stop closes every connection
+            self.on_death()
             raise ConnectionError(f"{self.executor.executor_id} died")
         return await work()
 

@@ -16,7 +16,7 @@ after every clock, so progress reports (early feedback) move per clock. With the
 servers' count must equal the workers' (the exactly-once audit).
 
 A lost worker (BSP): every clock's run_clock calls are gathered with their failures, so the other
-workers finish the clock; then `replace_lost_workers` (appmaster.ps.recovery) may put a
+workers finish the clock; if no failed worker answered (each is gone, not refusing), then `replace_lost_workers` (appmaster.ps.recovery) may put a
 replacement in the lost worker's place, holding its splits at the positions they had when the
 clock began (`positions`: each input block's [epoch, next_row] as the workers last reported it),
 and the replacement alone runs the clock again; the servers drop the pushes the lost worker had
@@ -205,7 +205,8 @@ class ClockLoop:
         without replacements, the survivors' clock is counted and the first failure raised."""
         errors = [e for _, e in failed]
         replacements = None
-        if self.replace_lost_workers is not None and all(isinstance(e, ExecutorCallError) for e in errors):
+        if self.replace_lost_workers is not None and all(isinstance(e, ExecutorCallError) and not e.answered
+                                                         for e in errors):
             replacements = await self.replace_lost_workers([w for w, _ in failed])
         if replacements is None:
             replies = [ops.decode_reply(f.header, ops.RunClockReply) for _, f in ran]
