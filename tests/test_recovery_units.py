@@ -55,3 +55,11 @@ def test_lost_workers_alone_are_replaced_anything_else_goes_back_to_the_checkpoi
     unknown = recovery({"app": "mlr"})
     unknown.on_lost("worker-1 (worker, c5 on n1) exited with 137")
     assert unknown.rollback_needed
+
+
+def test_a_lost_worker_that_held_no_splits_counts_but_leaves_nothing_to_replace() -> None:
+    r = recovery({"app": "mlr"})
+    r.training = SimpleNamespace(membership=SimpleNamespace(worker_ids=lambda: ["worker-0", "worker-1"]))
+    joining = SimpleNamespace(executor_id="worker-2", role=Role.WORKER)     # an EPS addition, not committed
+    assert r.on_lost("worker-2 (worker, c7 on n2) exited with 137", joining) is None  # type: ignore[arg-type]
+    assert r.failures == 1 and r.pending == [] and not r.rollback_needed

@@ -127,12 +127,21 @@ class ExecutorRecovery:
         if why is not None:
             return f"{why}; the last: {description}" if self.failures else description
         self.failures += 1
+        if executor is not None and executor.role is Role.WORKER and not self._in_barrier(executor):
+            # A worker that held no splits yet (an EPS addition before its commit) trained nothing:
+            # nothing to replace; the change that was adding it fails on its own.
+            log.warning("executor lost (failure %d of %d the job survives): %s; it held no input splits",
+                        self.failures, self.spec.max_executor_failures, description)
+            return None
         self.pending.append(description)
         self._reported.set()
         log.warning("executor lost (failure %d of %d the job survives): %s; %s", self.failures,
                     self.spec.max_executor_failures, description,
                     "going back to the latest checkpoint" if self.rollback_needed else "replacing it")
         return None
+
+    def _in_barrier(self, worker: ExecutorRecord) -> bool:
+        return self.training is None or worker.executor_id in self.training.membership.worker_ids()
 
     def _pending_executors(self) -> list[Optional[ExecutorRecord]]:
         return [self.lost.get(d) for d in self.pending]
