@@ -23,6 +23,7 @@ class AmIdentity:
     attempt_id: str
     container_id: str = ""
     am_dir: str = ""
+    job_secret: str = ""     # the attempt's job secret (data plane and control endpoints); "" if not given
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "AmIdentity":
@@ -34,7 +35,7 @@ class AmIdentity:
         return cls(rm_address=env[container_env.RM_ADDRESS], am_token=env[container_env.AM_TOKEN],
                    attempt_id=env[container_env.APP_ATTEMPT_ID],
                    container_id=env.get(container_env.CONTAINER_ID, ""),
-                   am_dir=env.get(container_env.AM_DIR, ""))
+                   am_dir=env.get(container_env.AM_DIR, ""), job_secret=env.get(container_env.JOB_SECRET, ""))
 
 
 class RmClient:

@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable, TextIO
 
 import aiohttp
 
+from protocol import tokens
 from protocol.http_client import JsonHttpClient, RemoteError
 
 from . import app_commands, container_logs, ps_commands, ps_reports
@@ -135,7 +136,7 @@ async def ps_demo(cluster: LocalCluster, client: RmRestClient, out: TextIO) -> i
     _say(out, f"submitted {app_id}: multinomial logistic regression, {data['num_samples']} samples x "
               f"{data['num_features']} features, {data['num_classes']} classes, on {spec.workers} workers "
               f"and {spec.servers} server ({spec.executor_memory_mb} MB each), until it converges")
-    scaler = asyncio.create_task(scale_while_training(client, app_id, out, PS_DEMO_SCALING))
+    scaler = asyncio.create_task(scale_while_training(client, app_id, out, PS_DEMO_SCALING, cluster.secret))
     try:
         result = await ps_commands.watch_ps_job(client, app_id, ProgressBar(out), ps_reports.max_epochs_of(spec),
                                                 timeout_s=300)
@@ -242,9 +243,11 @@ def _last_epoch_s(status: dict[str, Any]) -> float:
 
 
 async def scale_while_training(client: RmRestClient, app_id: str, out: TextIO,
-                               steps: tuple[tuple[int, int, int], ...]) -> None:
+                               steps: tuple[tuple[int, int, int], ...], cluster_secret: str) -> None:
     """Scale the running job by each (after N more epochs, +workers, +servers) step through its AM's
-    POST /scale, printing the shape and the epoch time before and after each change."""
+    POST /scale, printing the shape and the epoch time before and after each change. The demo owns
+    the cluster, so it signs the AM-control token itself from the cluster secret (a user would go
+    through the RM: `elastane ps scale`)."""
     while True:
         app = await client.app(app_id)
         if app.get("state") == "RUNNING" and app.get("trackingUrl"):
@@ -264,8 +267,10 @@ async def scale_while_training(client: RmRestClient, app_id: str, out: TextIO,
             _say(out, f"scaling {word}: {_n(w0, 'worker')} + {_n(s0, 'server')} -> "
                       f"{_n(w0 + workers, 'worker')} + {_n(s0 + servers, 'server')} "
                       f"(epoch {len(st['objective_history'])}, epoch time {_last_epoch_s(st):.2f}s)")
+            attempt = str(st.get("attempt_id", ""))
+            token = tokens.am_control_token(tokens.job_secret(cluster_secret, attempt), attempt)
             try:
-                body = await am.post("/scale", {"workers": workers, "servers": servers})
+                body = await am.post("/scale", {"workers": workers, "servers": servers}, token=token)
             except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
                 _say(out, f"scale {word} refused or failed: {getattr(e, 'message', None) or e}")
                 return

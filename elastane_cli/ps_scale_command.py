@@ -1,11 +1,14 @@
 """`elastane ps scale APP_ID --workers +2 --servers -1`: change a running PS job's shape with EPS.
 
-Finds the job's ApplicationMaster through the RM (its tracking URL) and POSTs the relative change
-to the AM's /scale endpoint (appmaster.ps.status_server), which adds or removes workers and
-servers without restarting the job and answers once the change is done. Prints one line per EPS
-function called: what it did, how long it took, what it moved and how long training waited.
-Exit codes: 0 done, 2 an impossible change or bad usage (the AM's 400 / 409 message is shown),
-1 the change failed or the AM cannot be reached.
+Goes through the RM, as the user, so it needs no token of the job's: reads the job's live shape and
+limits from the AM's readable /status (once no other change runs), turns the relative flags into
+the absolute target, and PUTs it to the RM (PUT /ws/v1/cluster/apps/{id}/shape: the app ACL
+applies, so only the owner or an admin may). The AM carries the
+directive out on its next heartbeat with EPS's functions, without restarting the job; the command
+waits until it has, then prints one line per EPS function called: what it did, how long it took,
+what it moved and how long training waited.
+Exit codes: 0 done, 2 an impossible change or bad usage, 1 the change failed, was refused (403)
+or the RM / AM cannot be reached.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from .rm_rest_client import RmRestClient
 from .tables import render_table
 
 SCALE_TIMEOUT_S = 600.0      # a change waits for containers and an epoch boundary
+POLL_S = 0.5
 _SIGNED = re.compile(r"^[+-]?\d+$")
 
 
@@ -77,26 +81,80 @@ def change_rows(changes: list[dict[str, Any]]) -> list[list[Any]]:
     return rows
 
 
-async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int) -> list[dict[str, Any]]:
+def live_shape(status: dict[str, Any]) -> tuple[int, int]:
+    """(workers, servers) serving now, from the AM's /status: what a directive starts from."""
+    live = [e for e in (status.get("shape") or {}).get("executors") or [] if e.get("state") == "READY"]
+    return sum(e.get("role") == "worker" for e in live), sum(e.get("role") == "server" for e in live)
+
+
+def check_target(status: dict[str, Any], workers: int, servers: int) -> None:
+    """UsageError for a target the job cannot take (the limits the AM's /status shows)."""
+    if workers < 1:
+        raise UsageError(f"a job keeps at least 1 worker: the change would leave {workers}")
+    if servers < 1:
+        raise UsageError(f"a job keeps at least 1 server: the change would leave {servers}")
+    limits = (status.get("eps") or {}).get("limits") or {}
+    for role, n in (("workers", workers), ("servers", servers)):
+        if isinstance(limits.get(role), int) and n > limits[role]:
+            raise UsageError(f"{n} {role} is more than this job's maximum of {limits[role]}")
+
+
+async def _am_status(am: JsonHttpClient, url: str) -> dict[str, Any]:
+    try:
+        body = await am.get("/status")
+    except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+        raise OperationFailed(f"cannot read the job's status at {url}: {e or type(e).__name__}") from None
+    return body if isinstance(body, dict) else {}
+
+
+def _outcome(status: dict[str, Any], version: int) -> dict[str, Any] | None:
+    """The AM's record of directive `version` (or a later one that superseded it), once it ended."""
+    for d in reversed(status.get("directives") or []):
+        if isinstance(d, dict) and int(d.get("version", 0)) >= version:
+            ended = d.get("error") or not d.get("steps") or float(d.get("seconds", 0)) > 0
+            return d if ended else None
+    return None
+
+
+async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
+                    timeout_s: float = SCALE_TIMEOUT_S) -> list[dict[str, Any]]:
     async with RmRestClient(ctx.rm_url, ctx.user) as rm:
         app = await rm.app(app_id)
-    if app.get("applicationType") not in (None, ps_job_spec.APPLICATION_TYPE):
-        raise UsageError(f"{app_id} is not a PS job (application type {app['applicationType']})")
-    if app.get("state") != "RUNNING" or not app.get("trackingUrl"):
-        raise UsageError(f"{app_id} is {app.get('state')}: only a running PS job can be scaled")
-    client = JsonHttpClient(app["trackingUrl"], timeout_s=SCALE_TIMEOUT_S, user=ctx.user)
-    try:
-        body = await client.post("/scale", {"workers": workers, "servers": servers})
-    except RemoteError as e:
-        if e.status in (400, 409):
-            raise UsageError(e.message) from None
-        raise OperationFailed(f"the scale failed: {e.message}") from None
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-        raise OperationFailed(f"cannot reach the job's ApplicationMaster at {app['trackingUrl']}: "
-                              f"{e or type(e).__name__}") from None
-    finally:
-        await client.close()
-    return list(body.get("changes", [])) if isinstance(body, dict) else []
+        if app.get("applicationType") not in (None, ps_job_spec.APPLICATION_TYPE):
+            raise UsageError(f"{app_id} is not a PS job (application type {app['applicationType']})")
+        if app.get("state") != "RUNNING" or not app.get("trackingUrl"):
+            raise UsageError(f"{app_id} is {app.get('state')}: only a running PS job can be scaled")
+        url = app["trackingUrl"]
+        am = JsonHttpClient(url, timeout_s=30.0, user=ctx.user)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:
+            # The shape to change is the AM's live one (the RM's copy lags a heartbeat behind), read
+            # once no change runs, so the relative flags apply to the shape that change left.
+            while (status := await _am_status(am, url)) and (status.get("eps") or {}).get("running"):
+                if loop.time() > deadline:
+                    raise OperationFailed(f"another change of {app_id} is still running after {timeout_s:.0f}s")
+                await asyncio.sleep(POLL_S)
+            current_w, current_s = live_shape(status)
+            if current_w == 0 or current_s == 0:
+                raise UsageError(f"{app_id} has no serving executors yet: scale it once it trains")
+            target_w, target_s = current_w + workers, current_s + servers
+            check_target(status, target_w, target_s)
+            seen = len(status.get("shape_history") or [])
+            shape = await rm.put_shape(app_id, target_w, target_s, reason=(
+                f"elastane ps scale by {ctx.user}: workers {workers:+d}, servers {servers:+d}"))
+            version = int((shape.get("directive") or {}).get("version", 0))
+            while (outcome := _outcome(status, version)) is None:
+                if loop.time() > deadline:
+                    raise OperationFailed(f"the job did not reach {target_w} workers, {target_s} servers "
+                                          f"within {timeout_s:.0f}s")
+                await asyncio.sleep(POLL_S)
+                status = await _am_status(am, url)
+        finally:
+            await am.close()
+    if outcome.get("error"):
+        raise OperationFailed(f"the scale failed: {outcome['error']}")
+    return list((status.get("shape_history") or [])[seen:])
 
 
 def cmd_scale(args: argparse.Namespace, ctx: CliContext) -> int:

@@ -86,6 +86,12 @@ class RmRestClient:
     async def kill(self, app_id: str) -> dict[str, Any]:
         return await self._call("PUT", f"{APPS}/{app_id}/state", {"state": "KILLED"}) or {}
 
+    async def put_shape(self, app_id: str, workers: int, servers: int, reason: str = "") -> dict[str, Any]:
+        """Direct an elastic PS job to `workers` and `servers` (the app ACL applies: owner or admin)."""
+        body = await self._call("PUT", f"{APPS}/{app_id}/shape",
+                                {"workers": workers, "servers": servers, "reason": reason})
+        return (body or {}).get("shape", body or {})
+
     async def new_application(self) -> dict[str, Any]:
         return await self._call("POST", f"{APPS}/new-application") or {}
 

@@ -1,4 +1,5 @@
-"""HMAC-SHA256 signed tokens: NM tokens, AM tokens (per attempt) and container tokens.
+"""HMAC-SHA256 signed tokens: NM tokens, AM tokens (per attempt) and container tokens; and the
+per-job secret of an AM attempt, with the AM-control tokens signed with it.
 
 A token is `base64url(json payload) "." base64url(hmac)`. Every payload carries `kind` and `exp`
 (unix seconds). The cluster secret lives in conf/cluster.toml and is shared by the RM and NMs,
@@ -19,6 +20,9 @@ NM = "nm"
 AM = "am"
 CONTAINER = "container"
 CLIENT = "client"
+AM_CONTROL = "am-control"   # signed with a job's secret: lets its bearer use the AM's /scale, /checkpoint
+AM_CONTROL_LIFETIME_S = 300.0
+_JOB_SECRET_CONTEXT = b"elastane job secret\0"
 
 
 class TokenError(Exception):
@@ -27,6 +31,26 @@ class TokenError(Exception):
 
 def generate_secret() -> str:
     return secrets.token_hex(32)
+
+
+def job_secret(cluster_secret: str | bytes, attempt_id: str) -> str:
+    """The per-job secret of one AM attempt (hex): the data plane's key and the AM's control key.
+
+    A keyed derivation (HMAC of the attempt id under the cluster secret) rather than fresh random
+    bytes: as unpredictable to anyone without the cluster secret, distinct per attempt, and the RM
+    (or an operator holding the cluster secret) can recompute it at any time, so it needs no state
+    store entry and survives an RM restart. Each attempt gets its own: executors left over from a
+    failed attempt can neither reach the new attempt's executors nor be reached by them.
+    """
+    key = cluster_secret.encode() if isinstance(cluster_secret, str) else cluster_secret
+    return hmac.new(key, _JOB_SECRET_CONTEXT + attempt_id.encode(), hashlib.sha256).hexdigest()
+
+
+def am_control_token(secret: str | bytes, attempt_id: str, lifetime_s: float = AM_CONTROL_LIFETIME_S,
+                     now: float | None = None) -> str:
+    """A short-lived bearer token for an AM's control endpoints, signed with its job secret
+    (the secret itself never travels)."""
+    return sign(secret, AM_CONTROL, {"attempt_id": attempt_id}, lifetime_s, now=now)
 
 
 def _b64(b: bytes) -> str:

@@ -4,6 +4,13 @@ Every request frame carries an "id"; the reply frame carries the same id, so man
 flight on one connection and replies are matched by id. The server handles the frames of one
 connection in arrival order (a handler that returns a plain reply answers before the next frame is
 read), which gives each client read-my-writes ordering on a connection.
+
+With a job secret (`secret=`, the key from psruntime.dataplane_auth.secret_key) every connection
+first runs psruntime.dataplane_auth's handshake: the server serves no frame, and takes no frame
+with a body, before the client proved the secret, and drops the connection (logging the peer and
+the reason) on a bad or missing proof or after HANDSHAKE_TIMEOUT_S; the client's `open` returns
+once the server proved it too. `secret=None` is today's unauthenticated data plane (in-process
+tests, tools); the PS AM and the executors it launches always pass the job's secret.
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ from typing import Any, Awaitable, Callable, Sequence, Union
 
 import numpy as np
 
+from psruntime.dataplane_auth import HANDSHAKE_TIMEOUT_S, AuthError, ClientHandshake, ServerHandshake
 from psruntime.frame_codec import DEFAULT_MAX_BODY_BYTES, Frame, FrameError
 from psruntime.frame_protocol import FrameProtocol
 
@@ -50,11 +58,14 @@ def error_reply(exc: BaseException) -> Reply:
 
 
 class DataPlaneServer:
-    """Serves frames on a TCP port; `handler(frame)` returns the reply (or an awaitable of it)."""
+    """Serves frames on a TCP port; `handler(frame)` returns the reply (or an awaitable of it).
+    With `secret`, only to connections that proved it (see the module doc)."""
 
     def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 0,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, secret: bytes | None = None) -> None:
         self._handler = handler
+        self._secret = secret
+        self.refused = 0           # connections refused by the handshake (for tests and status)
         self._host = host
         self._port = port
         self._max_body = max_body_bytes
@@ -88,11 +99,55 @@ class _ServerConnection:
     def __init__(self, server: DataPlaneServer) -> None:
         self._server = server
         self._pending: set[asyncio.Task[None]] = set()
-        self.protocol = FrameProtocol(self._on_frame, self._on_lost, server._max_body, self._on_error,
-                                      stop_reading_while_blocked=True)
+        self._auth = ServerHandshake(server._secret) if server._secret is not None else None
+        self._refused = False
+        self._auth_timer: asyncio.TimerHandle | None = None
+        # Until the peer proved the secret it may send header-only frames, nothing to allocate for.
+        self.protocol = FrameProtocol(self._on_frame, self._on_lost, 0 if self._auth else server._max_body,
+                                      self._on_error, stop_reading_while_blocked=True,
+                                      on_connected=self._on_connected if self._auth else None)
         server._conns.add(self)
 
+    def _peer(self) -> str:
+        tr = self.protocol.transport
+        peer = tr.get_extra_info("peername") if tr is not None else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+
+    def _on_connected(self) -> None:
+        assert self._auth is not None
+        self._auth_timer = asyncio.get_running_loop().call_later(
+            HANDSHAKE_TIMEOUT_S, self._refuse, f"no answer to the challenge within {HANDSHAKE_TIMEOUT_S:.0f}s")
+        self.protocol.write_frame(self._auth.challenge())
+
+    def _authenticate(self, frame: Frame) -> None:
+        assert self._auth is not None
+        try:
+            ok = self._auth.check(frame)
+        except AuthError as e:
+            self._refuse(str(e))
+            return
+        self._auth = None
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+        self.protocol.set_max_body_bytes(self._server._max_body)
+        self.protocol.write_frame(ok)
+
+    def _refuse(self, reason: str) -> None:
+        """Drop a connection that did not prove the secret: nothing of it is served, ever."""
+        if self._refused:
+            return
+        self._refused = True
+        self._server.refused += 1
+        log.warning("refused data-plane connection from %s: %s", self._peer(), reason)
+        self._send(None, error_reply(AuthError("authentication failed")))
+        self.protocol.close()
+
     def _on_frame(self, frame: Frame) -> None:
+        if self._refused:
+            return   # frames that were already buffered behind a refused handshake
+        if self._auth is not None:
+            self._authenticate(frame)
+            return
         rid = frame.header.get("id")
         try:
             result = self._server._handler(frame)
@@ -106,11 +161,16 @@ class _ServerConnection:
             self._send(rid, result)
 
     def _on_error(self, e: FrameError) -> None:
+        if self._auth is not None:   # e.g. a body sent before the handshake
+            self._refuse(f"bad frame before the handshake: {e}")
+            return
         # The stream is out of step after a bad frame: say why, then the protocol drops the connection.
         log.warning("closing data-plane connection: %s", e)
         self._send(None, error_reply(e))
 
     def _on_lost(self, exc: BaseException | None) -> None:
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
         for t in self._pending:
             t.cancel()
         self._server._conns.discard(self)
@@ -139,21 +199,35 @@ class _ServerConnection:
 
 
 class DataPlaneConnection:
-    """One client connection to a peer, with many requests in flight matched by id."""
+    """One client connection to a peer, with many requests in flight matched by id; with `secret`,
+    `open` authenticates it (both ways) before returning it."""
 
-    def __init__(self, address: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(self, address: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 secret: bytes | None = None) -> None:
         self.address = address
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Frame]] = {}
         self._closed_error: BaseException | None = None
-        self._lost = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._lost = loop.create_future()
+        self._auth = ClientHandshake(secret) if secret is not None else None
+        self._authenticated: asyncio.Future[None] = loop.create_future()
         self.protocol = FrameProtocol(self._on_frame, self._on_lost, max_body_bytes, self._on_error)
 
     @classmethod
-    async def open(cls, address: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> "DataPlaneConnection":
+    async def open(cls, address: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                   secret: bytes | None = None) -> "DataPlaneConnection":
         host, port = parse_address(address)
-        conn = cls(address, max_body_bytes)
+        conn = cls(address, max_body_bytes, secret)
         await asyncio.get_running_loop().create_connection(lambda: conn.protocol, host, port)
+        if conn._auth is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(conn._authenticated), HANDSHAKE_TIMEOUT_S)
+            except BaseException as e:
+                await conn.close()
+                if isinstance(e, asyncio.TimeoutError):
+                    raise AuthError(f"no handshake from {address} within {HANDSHAKE_TIMEOUT_S:.0f}s") from None
+                raise
         return conn
 
     @property
@@ -182,11 +256,33 @@ class DataPlaneConnection:
         await self.protocol.drain()
         return await fut
 
+    def _handshake(self, frame: Frame) -> None:
+        assert self._auth is not None
+        try:
+            if frame.header.get("op") == "auth_challenge":
+                self.protocol.write_frame(self._auth.answer(frame))
+                return
+            self._auth.confirm(frame)
+        except (AuthError, ConnectionError) as e:
+            self._closed_error = e
+            if not self._authenticated.done():
+                self._authenticated.set_exception(e)
+            self.protocol.close()
+            return
+        self._auth = None
+        self._authenticated.set_result(None)
+
     def _on_frame(self, frame: Frame) -> None:
+        if self._auth is not None:
+            self._handshake(frame)
+            return
         rid = frame.header.get("id")
         fut = self._waiting.pop(rid, None) if isinstance(rid, int) else None
         if fut is None:
-            if frame.header.get("op") == "error":  # the peer refused our stream as a whole
+            if frame.header.get("op") == "auth_challenge":   # the peer needs a job secret we lack
+                self._closed_error = AuthError(f"{self.address} requires the job's secret; this client has none")
+                self.protocol.close()
+            elif frame.header.get("op") == "error":  # the peer refused our stream as a whole
                 self._closed_error = RemoteError(str(frame.header.get("kind", "Error")),
                                                  str(frame.header.get("error", "")))
                 self.protocol.close()
@@ -211,6 +307,10 @@ class DataPlaneConnection:
                 fut.set_exception(err)
                 fut.exception()  # a fire-and-forget caller may never look at it: no "never retrieved" noise
         self._waiting.clear()
+        if self._auth is not None and not self._authenticated.done():
+            self._authenticated.set_exception(AuthError(f"{self.address} closed the connection during the "
+                                                        f"handshake: {exc or 'closed'}"))
+            self._authenticated.exception()
         if not self._lost.done():
             self._lost.set_result(None)
 
@@ -221,12 +321,14 @@ class DataPlaneConnection:
 
 
 class DataPlaneClient:
-    """Keeps one connection per peer address and reopens it after a failure."""
+    """Keeps one connection per peer address and reopens it after a failure; with `secret`, every
+    connection is authenticated when it opens."""
 
-    def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, secret: bytes | None = None) -> None:
         self._conns: dict[str, DataPlaneConnection] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._max_body = max_body_bytes
+        self._secret = secret
 
     def cached(self, address: str) -> DataPlaneConnection | None:
         """The open connection to `address`, if there is one (lets callers submit without awaiting)."""
@@ -244,7 +346,7 @@ class DataPlaneClient:
                 old = self._conns.pop(address, None)
                 if old is not None:
                     await old.close()
-                conn = await DataPlaneConnection.open(address, self._max_body)
+                conn = await DataPlaneConnection.open(address, self._max_body, self._secret)
                 self._conns[address] = conn
             return conn
 

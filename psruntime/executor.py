@@ -25,6 +25,11 @@ misspelt or ill-typed field is refused with an error naming it, and nothing chan
 
 On start it writes `--ready-file` (JSON: pid, executor_id, address) atomically and, with `--am`,
 announces itself to the AM with an "executor_ready" frame.
+
+With ELASTANE_JOB_SECRET in its environment (a PS AM always sets it; never a flag, so it is not
+on a command line) every data-plane connection it serves or opens -- the AM's, workers', peers'
+for migration and EPS split transfers -- is authenticated (psruntime.dataplane_auth); without it
+the executor serves unauthenticated, as in-process tests and tools do.
 """
 from __future__ import annotations
 
@@ -42,12 +47,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from protocol import container_env
 from protocol.daemon import install_uvloop, setup_logging
 from protocol.executor_ops import REQUEST_OPS, ControlMessageError, decode_request
 from psruntime.app_role import AppRole
 from psruntime.bandwidth import process_pacer
 from psruntime.checkpoint_ops import CheckpointOps
 from psruntime.dataplane import DataPlaneClient, DataPlaneServer, Reply, RequestError
+from psruntime.dataplane_auth import secret_key
 from psruntime.eps_worker_ops import EpsWorkerOps
 from psruntime.frame_codec import Frame
 from psruntime.migration import BlockState
@@ -72,15 +79,16 @@ def read_rss_bytes() -> int:
 
 
 class Executor:
-    """One Elastic Executor: a data-plane server over a StoreService, plus control ops."""
+    """One Elastic Executor: a data-plane server over a StoreService, plus control ops; with a
+    job `secret` (HMAC key) it serves and connects only with the data-plane handshake."""
 
     def __init__(self, executor_id: str, num_blocks: int, host: str = "127.0.0.1", port: int = 0,
-                 role: str = "server") -> None:
+                 role: str = "server", secret: bytes | None = None) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
         self.executor_id = executor_id
         self.role = role
-        self.client = DataPlaneClient()
+        self.client = DataPlaneClient(secret=secret)
         # Version -1: any table from the controller, even its first (version 0), is newer.
         empty = OwnershipTable(num_blocks, [""] * num_blocks, version=-1)
         self.service = StoreService(executor_id, empty, self.client)
@@ -94,7 +102,7 @@ class Executor:
         self.register_ops(self.eps.ops())
         self.checkpoints = CheckpointOps(executor_id, self.service)
         self.register_ops(self.checkpoints.ops())
-        self.server = DataPlaneServer(self.handle, host, port)
+        self.server = DataPlaneServer(self.handle, host, port, secret=secret)
         self.stopped = asyncio.Event()
         self.address = ""
         self.data_busy_s = 0.0     # seconds spent serving data ops (get/put/update frames)
@@ -281,13 +289,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> None:
-    ex = Executor(args.executor_id, args.num_blocks, args.host, args.port, args.role)
+    secret = secret_key(os.environ.get(container_env.JOB_SECRET))
+    ex = Executor(args.executor_id, args.num_blocks, args.host, args.port, args.role, secret=secret)
     ex.am_address = args.am
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, ex.stopped.set)
     address = await ex.start()
-    log.info("executor %s serving on %s as %s", args.executor_id, address, args.role)
+    log.info("executor %s serving on %s as %s (%s)", args.executor_id, address, args.role,
+             "authenticated data plane" if secret else "no job secret: unauthenticated data plane")
     if args.ready_file:
         _write_ready_file(args.ready_file, {"pid": os.getpid(), "executor_id": args.executor_id,
                                             "address": address})

@@ -41,13 +41,15 @@ _PROCESS_PACER: Any = object()  # sentinel: use bandwidth.process_pacer()
 
 class FrameProtocol(asyncio.BufferedProtocol):
     """Calls `on_frame(frame)` for each complete frame, `on_error(exc)` for a malformed one (then
-    closes), and `on_lost(exc|None)` when the connection ends."""
+    closes), `on_connected()` once the connection is made and `on_lost(exc|None)` when it ends."""
 
     def __init__(self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException | None], None],
                  max_body_bytes: int, on_error: Callable[[FrameError], None] | None = None,
                  stop_reading_while_blocked: bool = False,
-                 pacer: "bandwidth.Pacer | None" = _PROCESS_PACER) -> None:
+                 pacer: "bandwidth.Pacer | None" = _PROCESS_PACER,
+                 on_connected: Callable[[], None] | None = None) -> None:
         self._on_frame = on_frame
+        self._on_connected = on_connected
         self._on_lost = on_lost
         self._on_error = on_error
         self._stop_reading_while_blocked = stop_reading_while_blocked
@@ -77,6 +79,13 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.transport = tr = cast(asyncio.Transport, transport)
         # The default 64 KiB high-water mark would pause reading on every multi-MiB reply.
         tr.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        if self._on_connected is not None:
+            self._on_connected()
+
+    def set_max_body_bytes(self, max_body_bytes: int) -> None:
+        """Change the largest frame body accepted from the next frame on (an authenticating
+        server takes header-only frames until the peer proved the secret)."""
+        self._max_body = max_body_bytes
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import Callable
 
-from protocol import container_env
+from protocol import container_env, tokens
 from protocol import internal_api as api
 from protocol.nm_client import NMClient
 
@@ -28,7 +28,9 @@ class AmLauncher:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def launch_context(self, eff: LaunchAm) -> api.LaunchContext:
-        """The AM's launch context: the submitted spec plus the env every Elastane AM gets."""
+        """The AM's launch context: the submitted spec plus the env every Elastane AM gets, the
+        attempt's job secret included (in the environment only: the NM writes no environment to
+        disk and logs none of it)."""
         app = self.core.apps[eff.app_id]
         am_dir = self.apps_dir / eff.app_id
         am_dir.mkdir(parents=True, exist_ok=True)
@@ -39,6 +41,7 @@ class AmLauncher:
             container_env.APP_ATTEMPT_ID: eff.attempt_id,
             container_env.APP_SUBMITTER: app.user,
             container_env.AM_DIR: str(am_dir),
+            container_env.JOB_SECRET: tokens.job_secret(self.core.cluster.secret, eff.attempt_id),
         })
         return api.LaunchContext(commands=list(app.am.commands), environment=env,
                                  local_resources=dict(app.am.local_resources))

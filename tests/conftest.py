@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional
 import pytest
 from aiohttp import web
 
-from protocol import codec, container_env, http_server
+from protocol import codec, container_env, http_server, tokens
 from protocol import internal_api as api
 from protocol.records import ContainerState, ExitStatus, Resource
 from protocol.remote_exception import NotFound, Unauthorized
@@ -250,6 +250,15 @@ def rest(base_url: str, method: str, path: str, body: Any = None, user: Optional
         except ValueError:
             parsed = payload.decode(errors="replace")
         raise RestError(e.code, parsed) from None
+
+
+def am_control_headers(cluster: Any, am_url: str) -> dict[str, str]:
+    """The Authorization header a PS AM's /scale and /checkpoint need: an AM-control token signed
+    with the job's secret, which whoever holds the cluster secret (the RM, an operator, this test)
+    can derive from the attempt id the AM's readable /status shows."""
+    with urllib.request.urlopen(am_url.rstrip("/") + "/status", timeout=15) as r:
+        attempt_id = json.loads(r.read())["attempt_id"]
+    return tokens.bearer(tokens.am_control_token(tokens.job_secret(cluster.secret, attempt_id), attempt_id))
 
 
 def submit_app(base_url: str, submission: dict[str, Any], user: str = "alice") -> str:

@@ -20,10 +20,10 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import (FINAL_STATES, app_post_mortem, get_app, pids_with_env, rest, running_cluster, submit_app,
-                      wait_app)
+from conftest import (FINAL_STATES, am_control_headers, app_post_mortem, get_app, pids_with_env, rest,
+                      running_cluster, submit_app, wait_app)
 from polling import wait_until
-from protocol import container_env
+from protocol import container_env, tokens
 from psruntime.checkpoint import load_manifests
 from psruntime.ownership_table import block_of
 
@@ -46,10 +46,11 @@ def eps_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield c
 
 
-def http(url: str, body: Any = None, timeout_s: float = 300.0) -> tuple[int, Any]:
+def http(url: str, body: Any = None, timeout_s: float = 300.0, headers: dict[str, str] | None = None
+         ) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, method="GET" if body is None else "POST", data=data,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
             return r.status, json.loads(r.read())
@@ -79,8 +80,8 @@ def reference_run(cluster: Any, app_id: str) -> dict[str, Any]:
     return final_status(cluster, app_id)
 
 
-def scale(url: str, **change: int) -> list[dict[str, Any]]:
-    code, body = http(url + "/scale", change)
+def scale(url: str, auth: dict[str, str], **change: int) -> list[dict[str, Any]]:
+    code, body = http(url + "/scale", change, headers=auth)
     assert code == 200, body
     assert all(c["ok"] for c in body["changes"]), body
     return body["changes"]
@@ -117,23 +118,52 @@ def test_add_and_remove_each_role_while_training_follows_the_unchanged_run(
     assert worst <= TOLERANCE, (worst, elastic, unchanged)
 
 
+def check_job_secret_stays_in_the_environment(cluster: Any, app_id: str, status: dict[str, Any]) -> None:
+    """The attempt's job secret reached the AM and every executor through their environment, and
+    no command line, launch script, log or state file holds it."""
+    secret = tokens.job_secret(cluster.secret, status["attempt_id"])
+    holders = set(pids_with_env(container_env.JOB_SECRET, secret))
+    job = set(pids_with_env(container_env.APP_ID, app_id))
+    pids = {e["pid"] for e in status["shape"]["executors"] if e["state"] == "READY"}
+    assert pids and pids <= holders <= job and len(holders) > len(pids)    # the executors and the AM
+    for pid in job:
+        assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    leaks = [str(f) for f in Path(cluster.base_dir).rglob("*")
+             if f.is_file() and secret.encode() in f.read_bytes()]
+    assert leaks == [], leaks
+
+
 def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
                       capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     """Every change and every refusal, checked on the running job; returns its last status."""
+    # The AM's control endpoints act only with the app's token (users go through the RM): without
+    # one 401, with a forged one 403, and nothing changes; /status stays readable.
+    code, err = http(url + "/scale", {"workers": 1})
+    assert code == 401 and "token" in err["RemoteException"]["message"], err
+    forged = tokens.am_control_token("not the job secret", http(url + "/status")[1]["attempt_id"])
+    code, err = http(url + "/scale", {"workers": 1}, headers=tokens.bearer(forged))
+    assert code == 403, err
+    code, err = http(url + "/checkpoint", {})
+    assert code == 401, err
+    check_job_secret_stays_in_the_environment(cluster, app_id, http(url + "/status")[1])
+    # Through the RM another user is refused (403, the app ACL), and nothing changes.
+    assert cli(["ps", "scale", app_id, "--workers", "+1", "--rm", cluster.rm_url, "--user", "mallory"]) == 1
+    assert "403" in capsys.readouterr().err
+    auth = am_control_headers(cluster, url)
     # Impossible changes: a clear 400, nothing changes.
     for body, msg in [({"workers": 2}, "more than this job's maximum of 3"),
                       ({"servers": -2}, "at least 1 server"), ({"workers": -2}, "at least 1 worker"),
                       ({}, "nothing to change"), ({"workers": "x"}, "workers"), ({"cores": 1}, "cores")]:
-        code, err = http(url + "/scale", body)
+        code, err = http(url + "/scale", body, headers=auth)
         assert code == 400 and msg in err["RemoteException"]["message"], (body, err)
     assert http(url + "/status")[1]["eps"]["history"] == []
 
     # add_workers(1) over HTTP; a second change while it runs gets 409.
     result: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: result.update(changes=scale(url, workers=1)))
+    t = threading.Thread(target=lambda: result.update(changes=scale(url, auth, workers=1)))
     t.start()
     wait_until(lambda: http(url + "/status")[1]["eps"]["running"] or not t.is_alive(), 60, "the change running")
-    code, err = http(url + "/scale", {"servers": 1})
+    code, err = http(url + "/scale", {"servers": 1}, headers=auth)
     t.join(120)
     assert code == 409 and "another change is running" in err["RemoteException"]["message"], err
     [add_w] = result["changes"]
@@ -142,8 +172,8 @@ def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
     # switched in at a clock boundary: in the epoch the change started in, or a later one
     assert add_w["epoch_switched"] >= add_w["epoch_started"]
 
-    # add_servers(1) through the CLI.
-    assert cli(["ps", "scale", app_id, "--servers", "+1", "--rm", cluster.rm_url]) == 0
+    # add_servers(1) through the CLI, as the owner: it PUTs the shape to the RM, no token needed.
+    assert cli(["ps", "scale", app_id, "--servers", "+1", "--rm", cluster.rm_url, "--user", "alice"]) == 0
     out = capsys.readouterr().out
     assert "add_servers" in out and "4 model blocks" in out, out
     status = http(url + "/status")[1]
@@ -155,7 +185,7 @@ def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
                                                                     ["server-0", "server-1", "server-2"])
 
     # Down to one worker and one server (removals), then back up.
-    rm_s, rm_w = scale(url, workers=-2, servers=-2)
+    rm_s, rm_w = scale(url, auth, workers=-2, servers=-2)
     assert rm_s["op"] == "remove_servers" and rm_s["blocks_moved"] == 8
     assert audit_block in [t["item"] for t in rm_s["transfers"]]         # and migrates back
     # The two removals run concurrently: each op's "after" is the shape when it ended, so only its
@@ -167,7 +197,7 @@ def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
     # resending; worker-1's own 22 splits and the 10 it gave worker-2 travel.
     assert rm_w["splits_reactivated"] == 11 and rm_w["splits_moved"] == 22 + 10
     assert len(rm_s["containers_released"]) == 2 and len(rm_w["containers_released"]) == 2
-    up = scale(url, workers=1, servers=1)
+    up = scale(url, auth, workers=1, servers=1)
     assert [c["op"] for c in up] == ["add_servers", "add_workers"]   # run concurrently by /scale
     shape = http(url + "/status")[1]["eps"]
     assert (len(shape["workers"]), len(shape["servers"])) == (2, 2), shape
@@ -175,7 +205,7 @@ def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
     # Train on past the reference's epochs, then take a checkpoint: the model is whole.
     wait_until(lambda: len(http(url + "/status")[1]["objective_history"]) >= REFERENCE_EPOCHS + 1, 300,
                f"{REFERENCE_EPOCHS + 1} epochs")
-    code, ckpt = http(url + "/checkpoint", {})
+    code, ckpt = http(url + "/checkpoint", {}, headers=am_control_headers(cluster, url))
     assert code == 200, ckpt
     assert sorted(load_manifests(ckpt["dir"], SPEC["blocks"])) == list(range(SPEC["blocks"]))
     status = http(url + "/status")[1]

@@ -18,26 +18,46 @@ from protocol.records import ContainerState, ExitStatus
 from nodemanager.cgroup_detect import CgroupVersion, detect_from_file
 from cpu_accounting import check_held_to_one_core, idle_cores, machine_cpu_ticks
 from polling import async_wait_until
-from test_nm_harness import (FakeRM, container_token, free_port, group_alive, new_ids, proc_alive, start_nm,
+from test_nm_harness import (FakeRM, NMProcess, container_token, free_port, group_alive, new_ids, proc_alive, start_nm,
                              stop_nm)
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _v1_usable() -> str:
+def _usable(version: str) -> str:
+    """Why the enforcement tests cannot run on cgroup `version` here ("" when they can)."""
     if os.geteuid() != 0:
         return "needs root to create cgroups"
-    layout = detect_from_file("/proc/mounts", "v1")
-    if layout.version is not CgroupVersion.V1:
-        return f"no cgroup v1 cpu+memory hierarchy: {layout.reason}"
-    for m in layout.v1_mounts.values():
+    layout = detect_from_file("/proc/mounts", version)
+    if layout.version is not CgroupVersion(version):
+        return f"no cgroup {version} cpu+memory hierarchy on this host: {layout.reason}"
+    mounts = list(layout.v1_mounts.values()) if version == "v1" else [layout.v2_mount or ""]
+    for m in mounts:
         if not os.access(m, os.W_OK):
             return f"{m} is not writable"
     return ""
 
 
-V1_SKIP = _v1_usable()
-needs_v1 = pytest.mark.skipif(bool(V1_SKIP), reason=V1_SKIP or "cgroups v1 usable")
+# The enforcement tests run on each hierarchy the host has: v1 (and hybrid) dev machines, v2 hosts.
+CGROUP_VERSIONS = [pytest.param(v, marks=pytest.mark.skipif(bool(_usable(v)), reason=_usable(v) or "usable"), id=v)
+                   for v in ("v1", "v2")]
+
+
+def _container_cgroup_gone(nm: NMProcess, version: str, cid: str) -> bool:
+    """Whether the container's cgroup directories were removed (the memory one on v1)."""
+    node = nm.node_id.replace(":", "_")
+    if version == "v1":
+        return not (Path("/sys/fs/cgroup/memory/elastane") / node / cid).exists()
+    v2 = detect_from_file("/proc/mounts", "v2").v2_mount or "/sys/fs/cgroup"
+    return not (Path(v2) / "elastane" / node / cid).exists()
+
+
+def _cpu_quota(cpu_dir: Path, version: str) -> tuple[str, str]:
+    """(quota, period) in microseconds as the container's cgroup holds them."""
+    if version == "v1":
+        return (cpu_dir / "cpu.cfs_quota_us").read_text().strip(), (cpu_dir / "cpu.cfs_period_us").read_text().strip()
+    quota, period = (cpu_dir / "cpu.max").read_text().split()
+    return quota, period
 
 
 @pytest.fixture
@@ -227,10 +247,10 @@ async def test_rm_cleanup_and_resync(tmp_path, rm, client, nms):
     assert nm.proc.returncode == 0
 
 
-@needs_v1
+@pytest.mark.parametrize("version", CGROUP_VERSIONS)
 @pytest.mark.cgroups
-async def test_cgroup_v1_oom_is_minus_104(tmp_path, rm, client, nms):
-    nm = await start_nm(tmp_path / "nm", rm, cgroups="v1")
+async def test_cgroup_oom_is_minus_104(tmp_path, rm, client, nms, version):
+    nm = await start_nm(tmp_path / "nm", rm, cgroups=version)
     nms.append(nm)
     cid, tok, st = await _launch(client, nm, [
         "python -c 'b = bytearray(200 * 1024 * 1024); [b.__setitem__(i, 1) for i in range(0, len(b), 4096)]; "
@@ -239,8 +259,7 @@ async def test_cgroup_v1_oom_is_minus_104(tmp_path, rm, client, nms):
     assert st.exit_status == ExitStatus.KILLED_EXCEEDED_PMEM, st
     assert "running beyond physical memory limits" in st.diagnostics and "killed" in st.diagnostics
     assert f"containerID={cid}" in st.diagnostics and "of 64.0 MB physical memory used" in st.diagnostics
-    node_dir = Path("/sys/fs/cgroup/memory/elastane") / nm.node_id.replace(":", "_")
-    await async_wait_until(lambda: not (node_dir / cid).exists(), what="container cgroup removed")
+    await async_wait_until(lambda: _container_cgroup_gone(nm, version, cid), what="container cgroup removed")
 
 
 def _cpu_ticks(pids: list[int]) -> int:
@@ -255,17 +274,16 @@ def _cpu_ticks(pids: list[int]) -> int:
     return total
 
 
-@needs_v1
+@pytest.mark.parametrize("version", CGROUP_VERSIONS)
 @pytest.mark.cgroups
-async def test_cgroup_v1_cpu_quota_holds_two_busy_loops_to_one_core(tmp_path, rm, client, nms):
-    nm = await start_nm(tmp_path / "nm", rm, cgroups="v1")
+async def test_cgroup_cpu_quota_holds_two_busy_loops_to_one_core(tmp_path, rm, client, nms, version):
+    nm = await start_nm(tmp_path / "nm", rm, cgroups=version)
     nms.append(nm)
     busy = "python -c 'while True: pass'"
     cid, tok, st = await _launch(client, nm, [f"{busy} & {busy} & wait"], vcores=1)
     _, info = await _get_json(f"{nm.url}/ws/v1/node/containers/{cid}")
     cpu_dir = Path(info["container"]["cgroupDirs"][0])
-    assert (cpu_dir / "cpu.cfs_quota_us").read_text().strip() == "100000"
-    assert (cpu_dir / "cpu.cfs_period_us").read_text().strip() == "100000"
+    assert _cpu_quota(cpu_dir, version) == ("100000", "100000")
 
     def busy_pids() -> list[int]:
         pids = [int(p) for p in (cpu_dir / "cgroup.procs").read_text().split()]
@@ -290,18 +308,18 @@ async def test_cgroup_v1_cpu_quota_holds_two_busy_loops_to_one_core(tmp_path, rm
 
 
 
-@needs_v1
+@pytest.mark.parametrize("version", CGROUP_VERSIONS)
 @pytest.mark.cgroups
-async def test_cpu_limit_cores_shares_the_node_cpu_out_by_vcore(tmp_path, rm, client, nms):
+async def test_cpu_limit_cores_shares_the_node_cpu_out_by_vcore(tmp_path, rm, client, nms, version):
     # YARN's strict mode: 1 core for the node's 4 vcores, so a 1-vcore container gets a quarter core
     # and a 2-vcore one half (the vcores a job holds buy it real CPU, whatever the host has).
-    nm = await start_nm(tmp_path / "nm", rm, cgroups="v1", vcores=4, extra_nm="cpu_limit_cores = 1.0\n")
+    nm = await start_nm(tmp_path / "nm", rm, cgroups=version, vcores=4, extra_nm="cpu_limit_cores = 1.0\n")
     nms.append(nm)
     for vcores, quota in ((1, "25000"), (2, "50000")):
         cid, tok, _ = await _launch(client, nm, ["sleep 30"], vcores=vcores)
         _, info = await _get_json(f"{nm.url}/ws/v1/node/containers/{cid}")
         cpu_dir = Path(info["container"]["cgroupDirs"][0])
-        assert (cpu_dir / "cpu.cfs_quota_us").read_text().strip() == quota
+        assert _cpu_quota(cpu_dir, version)[0] == quota
         await client.stop_container(nm.address, cid, tok)
 
 
@@ -327,7 +345,7 @@ async def test_sigterm_kills_containers_and_removes_cgroups(tmp_path, rm, client
     pgid = st.pid
     _, info = await _get_json(f"{nm.url}/ws/v1/node/containers/{cid}")
     cg_dirs = [Path(d) for d in info["container"]["cgroupDirs"]]
-    if not V1_SKIP:
+    if not (_usable("v1") and _usable("v2")):      # cgroups usable here ("auto" picks them): they exist
         assert cg_dirs and all(d.exists() for d in cg_dirs)
     assert await stop_nm(nm) == 0
     assert not group_alive(pgid) and not proc_alive(pgid)

@@ -16,7 +16,8 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import FINAL_STATES, get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
+from conftest import (FINAL_STATES, am_control_headers, get_app, pids_with_env, rest, running_cluster, submit_app,
+                      wait_app)
 from polling import wait_until
 from protocol import container_env
 from psruntime.checkpoint import load_blocks, load_manifests
@@ -37,8 +38,8 @@ def am_dir(cluster: Any, app_id: str) -> Path:
     return Path(cluster.base_dir) / "rm" / "apps" / app_id
 
 
-def http_json(url: str, method: str = "GET", timeout_s: float = 30.0) -> Any:
-    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+def http_json(url: str, method: str = "GET", timeout_s: float = 30.0, headers: dict[str, str] | None = None) -> Any:
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None, headers=headers or {})
     with urllib.request.urlopen(req, timeout=timeout_s) as r:
         return json.loads(r.read())
 
@@ -165,7 +166,7 @@ def test_checkpoint_on_request_then_killed_worker_fails_the_job(ps_cluster) -> N
             assert (e["data_mb"] > 0) if e["role"] == "worker" else (e["model_mb"] > 0), e
         assert all(h["objective"] < status["initial_objective"] for h in status["objective_history"])
         url = get_app(ps_cluster.rm_url, app_id)["trackingUrl"].rstrip("/")
-        ckpt = http_json(url + "/checkpoint", "POST")
+        ckpt = http_json(url + "/checkpoint", "POST", headers=am_control_headers(ps_cluster, url))
         assert ckpt["epoch"] >= 2 and Path(ckpt["dir"]).parent == am_dir(ps_cluster, app_id) / "checkpoints"
         blocks = load_blocks(ckpt["dir"], status["num_blocks"])
         assert sum(len(b.keys) for b in blocks.values()) == 200

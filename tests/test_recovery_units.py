@@ -63,3 +63,41 @@ def test_a_lost_worker_that_held_no_splits_counts_but_leaves_nothing_to_replace(
     joining = SimpleNamespace(executor_id="worker-2", role=Role.WORKER)     # an EPS addition, not committed
     assert r.on_lost("worker-2 (worker, c7 on n2) exited with 137", joining) is None  # type: ignore[arg-type]
     assert r.failures == 1 and r.pending == [] and not r.rollback_needed
+
+
+async def test_a_recovery_waits_for_the_running_change_to_end() -> None:
+    """A change that a loss makes fail ends (rolled back by its own steps) before anything is
+    replaced: the recovery's hold on the change slot comes after it, never beside it."""
+    import asyncio
+
+    from appmaster.ps.reconfiguration import ChangeBusy, Reconfiguration
+
+    training = SimpleNamespace(rpc=None, pool=None, loop=SimpleNamespace(boundaries=None))
+    steps = Reconfiguration(None, training, None, None, set(), started=lambda: True)  # type: ignore[arg-type]
+    order: list[str] = []
+    change_may_end = asyncio.Event()
+
+    async def change() -> None:
+        async with steps.exclusive("add_workers(1)"):
+            order.append("change starts")
+            await change_may_end.wait()
+            order.append("change ends")
+
+    async def recovery() -> None:
+        async with steps.exclusive_when_free("recovery"):
+            order.append("recovery")
+
+    running = asyncio.ensure_future(change())
+    await asyncio.sleep(0)
+    waiting = asyncio.ensure_future(recovery())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert order == ["change starts"] and steps.current == "add_workers(1)"
+    try:
+        async with steps.exclusive("another change"):
+            raise AssertionError("a second change may not start meanwhile")
+    except ChangeBusy:
+        pass
+    change_may_end.set()
+    await asyncio.gather(running, waiting)
+    assert order == ["change starts", "change ends", "recovery"] and not steps.busy

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from appmaster.container_book import AmContainer
+from protocol import container_env
 from protocol.internal_api import LaunchContext
 from protocol.records import ExitStatus
 from psruntime.dataplane import Reply, RequestError
@@ -76,10 +77,12 @@ class ExecutorRecord:
 class ExecutorPool:
     """Every executor of the job, by id and by container."""
 
-    def __init__(self, num_blocks: int, am_address: str = "", python: str = "python") -> None:
+    def __init__(self, num_blocks: int, am_address: str = "", python: str = "python",
+                 job_secret: str = "") -> None:
         self.num_blocks = num_blocks
         self.am_address = am_address          # set once the AM's data-plane server listens
         self.python = python
+        self.job_secret = job_secret          # handed to every executor in its environment
         self.executors: dict[str, ExecutorRecord] = {}
         self._by_container: dict[str, ExecutorRecord] = {}
         self._next_index = {Role.SERVER: 0, Role.WORKER: 0}
@@ -137,13 +140,16 @@ class ExecutorPool:
 
     # -- launch ------------------------------------------------------------------------------
     def launch_context(self, rec: ExecutorRecord, environment: dict[str, str] | None = None) -> LaunchContext:
-        """The command that runs `rec` in its container; it binds the NM's host so peers reach it."""
+        """The command that runs `rec` in its container; it binds the NM's host so peers reach it.
+        The job secret goes in the environment, never on the command line."""
         if not self.am_address:
             raise RuntimeError("the AM's data-plane address is not known yet")
         args = [self.python, "-m", "psruntime.executor", "--executor-id", rec.executor_id,
                 "--role", rec.role.value, "--num-blocks", str(self.num_blocks), "--am", self.am_address]
         command = shlex.join(args) + ' --host "${NM_HOST:-127.0.0.1}"'
         env = {"PYTHONUNBUFFERED": "1", **(environment or {})}
+        if self.job_secret:
+            env[container_env.JOB_SECRET] = self.job_secret
         return LaunchContext(commands=[command], environment=env)
 
     # -- announcements -----------------------------------------------------------------------

@@ -19,13 +19,14 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from protocol import codec
+from protocol import codec, container_env, tokens
 from protocol.job_report import finite, recent_epoch_times, recent_objectives
 from protocol.ps_job_spec import PSJobSpec
 from protocol.records import FinalStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
 from psruntime.apps.registry import create_app
 from psruntime.dataplane import DataPlaneClient, DataPlaneServer
+from psruntime.dataplane_auth import secret_key
 from psruntime.store_client import StoreClientError
 
 from ..am_client import ApplicationMaster
@@ -42,7 +43,7 @@ from .kill_restart import KillRestart, keeps_worker_state
 from .metrics import EpochRecord, JobMetrics
 from .reconfiguration import Reconfiguration
 from .recovery import ExecutorRecovery
-from .status_server import StatusServer
+from .status_server import ControlAuth, StatusServer
 from .training import Training
 
 log = logging.getLogger(__name__)
@@ -65,10 +66,18 @@ class PSApplicationMaster:
         self.app = create_app(spec.app, spec.app_data(), spec.app_hparams())
         self.job = JobStateMachine()
         self.metrics = JobMetrics()
-        self.client = DataPlaneClient()
-        self.pool = ExecutorPool(spec.num_blocks, python=python)
-        self.data_server = DataPlaneServer(self.pool.handle_frame, host, 0)
-        self.status_server = StatusServer(self.status, self.request_checkpoint, host, 0, scale=self.request_scale)
+        # Job traffic is authenticated with the attempt's secret from the RM; an AM started without
+        # one (by hand) makes its own, so its executors and data plane are never unauthenticated.
+        job_secret = am.identity.job_secret
+        if not job_secret:
+            log.warning("no %s in the environment: using a secret of this AM's own", container_env.JOB_SECRET)
+            job_secret = tokens.generate_secret()
+        key = secret_key(job_secret)
+        self.client = DataPlaneClient(secret=key)
+        self.pool = ExecutorPool(spec.num_blocks, python=python, job_secret=job_secret)
+        self.data_server = DataPlaneServer(self.pool.handle_frame, host, 0, secret=key)
+        self.status_server = StatusServer(self.status, self.request_checkpoint, host, 0, scale=self.request_scale,
+                                          control_auth=ControlAuth(job_secret, am.identity.attempt_id))
         self.am_dir = Path(am_dir)
         self.checkpointer = Checkpointer(self.am_dir / "checkpoints", self.client)
         self.training = Training.build(spec, self.app, self.pool, self.metrics, self.client,
@@ -311,7 +320,8 @@ class PSApplicationMaster:
         restored = await self.steps.restart_on(servers, workers, manifest["dir"], positions)
         self.resumed_from = {"dir": manifest["dir"], "epoch": int(manifest["epoch"]),
                              "clock": int(manifest.get("clock", 0)), "attempt_id": manifest.get("attempt_id"),
-                             "objective": manifest.get("objective"), "objective_restored": restored}
+                             "objective": manifest.get("objective"), "objective_restored": restored,
+                             "checkpoint_time": manifest.get("time"), "time": time.time()}
         log.info("resumed from checkpoint %s of %s: epoch %d, objective %.6g", manifest["dir"],
                  manifest.get("attempt_id"), manifest["epoch"], restored)
 

@@ -23,11 +23,11 @@ resumes, from where its splits stood. A replacement that fails (no container in 
 to the checkpoint path below.
 
 Lost server (or a server and workers lost together, a job training SSP, or a loss while a reshape
-runs inside the clock): when an executor's container ends while the job trains (its process died, it was killed for
-memory, or its node was lost) and it was not retired on purpose, the master hands the loss here
-instead of failing the job, as long as the job has losses to spare (`max_executor_failures`, YARN's
-max-failures) and a checkpoint to go back to (the master checkpoints once right after setup, so
-there always is one). Recovery is a composition of the reconfiguration layer's steps:
+runs inside the clock): when an executor's container ends while the job trains (its process
+died, it was killed for memory, or its node was lost) and it was not retired on purpose, the
+master hands the loss here instead of failing the job, as long as the job has losses to spare
+(`max_executor_failures`, YARN's max-failures) and a checkpoint to go back to (the master
+checkpoints once right after setup, so there always is one). Recovery is a composition of the reconfiguration layer's steps:
 
     retire_all       every executor of the job stops (the survivors hold model blocks or input
                      positions that are ahead of the checkpoint, so none of them is kept)
@@ -289,6 +289,7 @@ class ExecutorRecovery:
         record: dict[str, Any] = {"mode": "recovery", "op": "recover", "time": self.wall_clock(), "lost": lost,
                                   "workers": workers, "servers": servers, "checkpoint": last["dir"],
                                   "epoch": int(manifest["epoch"]), "epochs_redone": epoch_before - int(manifest["epoch"]),
+                                  "checkpoint_time": manifest.get("time"),
                                   "before": {"workers": workers, "servers": servers},
                                   "after": {"workers": workers, "servers": servers}, "changed": False, "error": ""}
         try:

@@ -8,6 +8,12 @@ functions (appmaster.ps.elastic_ops) and answers {"changes": [...]} once done: o
 function called (duration, containers added / released, blocks and splits moved, training time
 lost). 400 for an impossible change (above the job's maximum, below 1), 409 while another change
 runs or the job is not training.
+With a `ControlAuth` (the PS AM always gives one) POST /checkpoint and POST /scale act only for
+`Authorization: Bearer <t>` with t an AM-control token signed with the job's secret
+(protocol.tokens.am_control_token): 401 without one, 403 for a forged, expired or another
+attempt's token, and nothing happens. GET /status stays readable without a token, as YARN's
+tracking pages are: it shows progress and shape, never the secret. Users reach the control
+actions through the RM (`PUT /ws/v1/cluster/apps/{id}/shape`, checked against the app ACL).
 Errors use YARN's RemoteException body (protocol.http_server).
 """
 from __future__ import annotations
@@ -18,8 +24,9 @@ from typing import Any, Awaitable, Callable
 import msgspec
 from aiohttp import web
 
+from protocol import tokens
 from protocol.http_server import json_response, make_app, read_json
-from protocol.remote_exception import BadRequest
+from protocol.remote_exception import BadRequest, Forbidden, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +42,43 @@ class ScaleRequest(msgspec.Struct, forbid_unknown_fields=True):
     servers: int = 0
 
 
+class ControlAuth:
+    """Who may use the AM's control endpoints: holders of an AM-control token of this attempt,
+    signed with the job's secret."""
+
+    def __init__(self, job_secret: str, attempt_id: str) -> None:
+        self._secret = job_secret
+        self.attempt_id = attempt_id
+
+    def check(self, request: web.Request) -> None:
+        """Return if `request` carries a valid token; raise Unauthorized / Forbidden (logged) if not."""
+        token = tokens.token_from_header(request.headers.get("Authorization"))
+        peer = request.remote or "?"
+        if token is None:
+            log.warning("refused %s %s from %s: no bearer token", request.method, request.path, peer)
+            raise Unauthorized(f"{request.path} needs the app's token (Authorization: Bearer); "
+                               "users go through the RM: PUT /ws/v1/cluster/apps/{id}/shape")
+        try:
+            claims = tokens.verify(self._secret, token, tokens.AM_CONTROL)
+        except tokens.TokenError as e:
+            log.warning("refused %s %s from %s: %s", request.method, request.path, peer, e)
+            raise Forbidden(f"bad token for {request.path}: {e}") from None
+        if claims.get("attempt_id") != self.attempt_id:
+            log.warning("refused %s %s from %s: a token of attempt %r", request.method, request.path, peer,
+                        claims.get("attempt_id"))
+            raise Forbidden(f"the token is for attempt {claims.get('attempt_id')!r}, not {self.attempt_id}")
+
+
 class StatusServer:
-    """Serves the AM's status and checkpoint requests on `host`:`port` (0 = ephemeral)."""
+    """Serves the AM's status and checkpoint requests on `host`:`port` (0 = ephemeral); with
+    `control_auth`, the control endpoints only for the app's token (None: open, for unit tests)."""
 
     def __init__(self, status: StatusFn, checkpoint: CheckpointFn, host: str = "127.0.0.1", port: int = 0,
-                 scale: ScaleFn | None = None) -> None:
+                 scale: ScaleFn | None = None, control_auth: ControlAuth | None = None) -> None:
         self._status = status
         self._checkpoint = checkpoint
         self._scale = scale
+        self._control_auth = control_auth
         self.host = host
         self.port = port
         self._runner: web.AppRunner | None = None
@@ -78,11 +114,17 @@ class StatusServer:
     async def _get_status(self, request: web.Request) -> web.Response:
         return json_response(self._status())
 
+    def _authorize(self, request: web.Request) -> None:
+        if self._control_auth is not None:
+            self._control_auth.check(request)
+
     async def _post_checkpoint(self, request: web.Request) -> web.Response:
+        self._authorize(request)
         return json_response(await self._checkpoint())
 
     async def _post_scale(self, request: web.Request) -> web.Response:
         assert self._scale is not None
+        self._authorize(request)
         body = await read_json(request, ScaleRequest)
         if body.workers == 0 and body.servers == 0:
             raise BadRequest("nothing to change: give \"workers\" and/or \"servers\" as +N or -N")

@@ -9,13 +9,14 @@ from typing import Any, Optional
 
 
 def http_json(url: str, method: str = "GET", body: Any = None, timeout_s: float = 30.0,
-              user: Optional[str] = None) -> Any:
-    """The decoded JSON reply (None for an empty one); `user` is sent as Hadoop's `user.name`.
+              user: Optional[str] = None, headers: Optional[dict[str, str]] = None) -> Any:
+    """The decoded JSON reply (None for an empty one); `user` is sent as Hadoop's `user.name`;
+    `headers` are added (e.g. the AM-control token's Authorization).
     An HTTP error raises RuntimeError with the status and the start of the body."""
     if user is not None:
         url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"user.name": user})
     data = json.dumps(body).encode() if body is not None else (b"" if method in ("POST", "PUT") else None)
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
             payload = r.read()

@@ -1,0 +1,195 @@
+"""What a lost executor or a lost AM costs a PS job, against restarting the whole job.
+
+    python bench/recovery.py [--features 210000 --classes 128 --samples 6000] [--quick] [--keep-dir D]
+
+One local cluster (an RM and 3 NMs as processes). An MLR job with a model of >= 100 MB (3 workers,
+3 servers, checkpoints every 2 epochs, two AM attempts allowed) trains; once it is past its epoch-2
+checkpoint, the benchmark injects, one after the other in the same job:
+
+- a lost worker: SIGKILL of worker-1's process (its container ends; the NM reports it);
+- a lost server: SIGKILL of a server's process;
+- a lost AM: SIGKILL of the AM's process; the RM starts attempt 2, which resumes from the latest
+  checkpoint in the durable AM dir.
+
+For each: `*_recover_s`, from the fault to training again (the AM's recovery record, or the new
+attempt's `resumed_from`, against the benchmark's clock on the same host), and `*_lost_s`, the
+training time lost: the recovery plus the work redone since the checkpoint it went back to.
+
+The baseline, measured in the same run on a kill-mode copy of the job (elastic_mode "kill"):
+`restart_baseline_s` is the kill-based restart of the whole job from a checkpoint -- checkpoint,
+stop every container, ask for and launch new ones, regenerate the input, restore the model --
+what a framework without elastic recovery does after any failure (triggered by removing one
+worker, so it restarts at once, from a checkpoint taken at the pause); `restart_baseline_lost_s`
+adds the work such a restart redoes after a real failure (the same epochs since the last periodic
+checkpoint as the lost-worker case).
+
+Last line, JSON: {"worker_recover_s", "server_recover_s", "am_recover_s", "restart_baseline_s",
+"worker_lost_s", "server_lost_s", "am_lost_s", "restart_baseline_lost_s", "auth_throughput_ratio", ...};
+`auth_throughput_ratio` comes from bench/dataplane.py run at the end (its authenticated over its
+unauthenticated 8 MiB push+pull throughput, in the same run).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from elastane_cli.local_cluster import LocalCluster  # noqa: E402
+from support.watched_job import Job, am_log_tail, http, wait_for  # noqa: E402
+
+
+def log(text: str) -> None:
+    print(f"[recovery] {text}", file=sys.stderr, flush=True)
+
+
+def kill_pid(pid: int) -> float:
+    t = time.time()
+    os.kill(pid, signal.SIGKILL)
+    return t
+
+
+def am_pid(cluster: LocalCluster, job: Job) -> int:
+    attempts = http(f"{job.rm}/ws/v1/cluster/apps/{job.app_id}/appattempts")["appAttempts"]["appAttempt"]
+    cid = attempts[-1]["containerId"]
+    needle = f"CONTAINER_ID={cid}".encode()
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and needle in (d / "environ").read_bytes().split(b"\0") \
+                    and b"python" in (d / "cmdline").read_bytes():
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    if not pids:
+        raise RuntimeError(f"no AM process of {cid} found")
+    return max(pids)          # the interpreter (the launch shell started it, so it is younger)
+
+
+def executor_recovery(job: Job, victim: str, done_before: int) -> dict[str, Any]:
+    st = wait_for(lambda: job.status(), 120, "the AM's status")
+    pid = next(e["pid"] for e in st["shape"]["executors"] if e["id"] == victim)
+    t_fault = kill_pid(pid)
+    log(f"killed {victim} (pid {pid}); waiting for the recovery")
+    st = wait_for(lambda: (s := job.status()) and s["recovery"]["recoveries"] > done_before and s, 600,
+                  f"the recovery from losing {victim}")
+    rec = [h for h in st["shape_history"] if h.get("mode") in ("recovery", "replace_worker")][-1]
+    if rec.get("error"):
+        raise RuntimeError(f"recovery failed: {rec}")
+    training_again = rec["time"] + rec["seconds"]
+    recover_s = training_again - t_fault
+    redone = t_fault - rec["checkpoint_time"] if rec.get("checkpoint_time") and rec.get("epochs_redone") else 0.0
+    return {"recover_s": recover_s, "lost_s": recover_s + redone, "redone_s": redone, "record": rec}
+
+
+def am_recovery(cluster: LocalCluster, job: Job) -> dict[str, Any]:
+    pid = am_pid(cluster, job)
+    t_fault = kill_pid(pid)
+    log(f"killed the AM (pid {pid}); waiting for attempt 2 to resume")
+    st = wait_for(lambda: (s := job.status()) and s.get("resumed_from") and s, 600, "attempt 2 to resume")
+    r = st["resumed_from"]
+    recover_s = r["time"] - t_fault
+    redone = t_fault - r["checkpoint_time"] if r.get("checkpoint_time") else 0.0
+    return {"recover_s": recover_s, "lost_s": recover_s + redone, "redone_s": redone, "record": r}
+
+
+def auth_throughput_ratio(seconds: float) -> float:
+    """bench/dataplane.py's handshake cost: authenticated / unauthenticated 8 MiB throughput."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "dataplane.py"), "--seconds", str(seconds)],
+                         capture_output=True, text=True, check=True, cwd=ROOT)
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["auth_throughput_ratio"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--features", type=int, default=210_000)
+    p.add_argument("--classes", type=int, default=128)
+    p.add_argument("--samples", type=int, default=6000)
+    p.add_argument("--executor-mb", type=int, default=1024)
+    p.add_argument("--quick", action="store_true", help="a 2 MB model: check the benchmark runs")
+    p.add_argument("--keep-dir", type=Path, default=None)
+    ns = p.parse_args(argv)
+    if ns.quick:
+        ns.features, ns.classes, ns.executor_mb = 4000, 128, 384
+    model_mb = ns.features * ns.classes * 4 / 2**20
+    spec = {"app": "mlr", "workers": 3, "servers": 3, "blocks": 12, "max_epochs": 100_000,
+            "convergence_threshold": 1e-12, "checkpoint_every_epochs": 2, "executor_memory_mb": ns.executor_mb,
+            "data": {"num_samples": ns.samples, "num_features": ns.features, "num_classes": ns.classes,
+                     "nnz_per_sample": 20, "num_heldout": 500, "rows_per_block": 500},
+            "hparams": {"learning_rate": 0.5, "features_per_key": 4}}
+    tmp = None if ns.keep_dir else tempfile.TemporaryDirectory(prefix="recovery-")
+    base = ns.keep_dir or Path(tmp.name)  # type: ignore[union-attr]
+    # Room for the AM and 3 + 3 executors, twice over while old containers are still reported.
+    cluster = LocalCluster(base, nodes=3, node_memory_mb=6 * ns.executor_mb + 1024, node_vcores=8,
+                           heartbeat_interval_ms=250, nm_expiry_s=30, am_expiry_s=30)
+    out: dict[str, Any] = {}
+    try:
+        log(f"starting the cluster under {base}; model {model_mb:.1f} MiB")
+        cluster.start(timeout_s=60)
+        job = Job(cluster, spec, "recovery", max_app_attempts=2)
+        try:
+            job.wait_epochs(3)
+            st = job.status() or {}
+            epoch_s = st["objective_history"][-1]["epoch_time_s"]
+            log(f"training: model {st.get('model_mb')} MB, epoch time {epoch_s:.2f}s")
+            out["epoch_time_s"] = epoch_s
+            out["worker"] = executor_recovery(job, "worker-1", 0)
+            job.wait_epochs(job.epochs() + 2)
+            victim = next(e["id"] for e in (job.status() or {})["shape"]["executors"]
+                          if e["role"] == "server" and e["state"] == "READY")
+            out["server"] = executor_recovery(job, victim, 1)
+            job.wait_epochs(job.epochs() + 2)
+            out["am"] = am_recovery(cluster, job)
+            job.wait_epochs(job.epochs() + 1)
+        except Exception:
+            log("the job's AM log ends with:\n" + am_log_tail(cluster, job.app_id))
+            raise
+        finally:
+            job.kill()
+        baseline = Job(cluster, {**spec, "elastic_mode": "kill"}, "restart-baseline")
+        try:
+            baseline.wait_epochs(3)
+            changes, _ = baseline.scale(-1, 0)
+            (change,) = changes
+            if not change.get("changed"):
+                raise RuntimeError(f"the kill-based restart did nothing: {change}")
+            out["baseline"] = {"restart_s": change["seconds"], "steps": change["steps"]}
+        finally:
+            baseline.kill()
+    finally:
+        cluster.stop()
+        if tmp is not None:
+            tmp.cleanup()
+    log("measuring the data plane with and without authentication (bench/dataplane.py)")
+    auth_ratio = auth_throughput_ratio(2.0 if ns.quick else 6.0)
+    restart_s = out["baseline"]["restart_s"]
+    summary = {
+        "worker_recover_s": round(out["worker"]["recover_s"], 3),
+        "server_recover_s": round(out["server"]["recover_s"], 3),
+        "am_recover_s": round(out["am"]["recover_s"], 3),
+        "restart_baseline_s": round(restart_s, 3),
+        "worker_lost_s": round(out["worker"]["lost_s"], 3), "server_lost_s": round(out["server"]["lost_s"], 3),
+        "am_lost_s": round(out["am"]["lost_s"], 3),
+        "restart_baseline_lost_s": round(restart_s + out["worker"]["redone_s"], 3),
+        "worker_over_baseline": round(out["worker"]["lost_s"] / (restart_s + out["worker"]["redone_s"]), 3),
+        "baseline_steps_s": {k: round(v, 3) for k, v in out["baseline"]["steps"].items()},
+        "epoch_time_s": round(out["epoch_time_s"], 3), "model_mib": round(model_mb, 1),
+        "worker_mode": out["worker"]["record"].get("mode"), "server_mode": out["server"]["record"].get("mode"),
+        "auth_throughput_ratio": round(auth_ratio, 3),
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
