@@ -191,7 +191,7 @@ async def test_a_worker_lost_mid_clock_is_replaced_and_its_clock_redone_exactly_
     assert rec["mode"] == "replace_worker" and rec["changed"] and rec["error"] == "" and rec["clock_redone"], rec
     assert rec["epochs_redone"] == 0 and rec["epoch"] == 1 and "worker-1 (" in rec["lost"][0], rec
     assert rec["replacements"] == {"worker-1": "worker-2"}
-    assert job.recovery.failures == 1 and job.recovery.replacements == 1 and job.recovery.recoveries == 0
+    assert job.recovery.failures == 1 and job.recovery.replacements == 1 and job.recovery.recoveries == 1
     # The ledger, the barrier and the replacement's record name the replacement with the lost splits.
     ledger = job.steps.splits()
     assert ledger.active_of("worker-2") == splits and "worker-1" not in ledger.active

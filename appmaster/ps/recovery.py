@@ -89,7 +89,7 @@ class ExecutorRecovery:
         self.pending: list[str] = []         # losses not recovered from yet
         self.lost: dict[str, ExecutorRecord] = {}     # description -> the executor it describes
         self.failures = 0                    # loss events: losses reported together count once
-        self.recoveries = 0                  # checkpoint recoveries
+        self.recoveries = 0                  # loss events recovered from, either way
         self.replacements = 0                # lost workers replaced with no checkpoint
         self._reported = asyncio.Event()
 
@@ -239,6 +239,7 @@ class ExecutorRecovery:
         finally:
             record["seconds"] = record["duration_s"] = record["lost_s"] = round(time.perf_counter() - t0, 4)
             self.on_record(record)
+        self.recoveries += 1
         self.replacements += len(new)
         log.info("replaced %s in %.2fs (%s)", "; ".join(descriptions), record["seconds"],
                  "the lost clock runs again on the replacement" if redo else "training goes on where it stood")
