@@ -37,6 +37,8 @@ class EpochProgress:
     history: Sequence[EpochPoint] = ()
     initial_objective: float | None = None
     converged: bool = False
+    heldout: str | None = None          # the latest held-out score, e.g. "cross_entropy 0.65 (true 0.49)"
+    diverging: bool = False             # training improves while held-out worsens
 
     @property
     def objective(self) -> float | None:
@@ -80,6 +82,8 @@ def format_progress(p: EpochProgress, width: int = BAR_WIDTH) -> str:
     digits = len(str(p.max_epochs))
     text = f"epoch {p.epochs_done:>{digits}}/{p.max_epochs} {_bar(p.epochs_done, p.max_epochs, width)}"
     text += f"  objective {format_objective(p.objective)}"
+    if p.heldout is not None:
+        text += f"  held-out {p.heldout}" + ("  OVERFITTING" if p.diverging else "")
     if p.last_epoch_time_s is not None:
         text += f"  epoch {p.last_epoch_time_s:.2f}s"
     if p.converged:
@@ -103,7 +107,8 @@ class ProgressBar:
 
     def update(self, p: EpochProgress) -> None:
         # On a pipe the key decides what is new: an epoch or a phase, not the ETA ticking.
-        self._line.update(format_progress(p, self.width), key=f"{p.phase}:{p.epochs_done}:{p.converged}")
+        self._line.update(format_progress(p, self.width),
+                          key=f"{p.phase}:{p.epochs_done}:{p.converged}:{p.heldout}:{p.diverging}")
         self.shown = True
 
     def message(self, text: str, key: str) -> None:

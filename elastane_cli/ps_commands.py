@@ -40,7 +40,7 @@ DEFAULT_AM_MEMORY_MB = 512
 FIELD_FLAGS = (("--app", "app"), ("--preset", "preset"), ("--workers", "workers"), ("--servers", "servers"),
                ("--blocks", "blocks"), ("--sync", "sync"), ("--staleness", "staleness"),
                ("--max-epochs", "max_epochs"), ("--executor-memory", "executor_memory_mb"),
-               ("--executor-vcores", "executor_vcores"))
+               ("--executor-vcores", "executor_vcores"), ("--early-stopping", "early_stopping"))
 
 
 def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -57,6 +57,8 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--sync", choices=("bsp", "ssp"), help="synchronisation (default bsp)")
     p.add_argument("--staleness", type=int, help="SSP staleness bound (default 2 with ssp)")
     p.add_argument("--max-epochs", type=int, help="epoch limit (default: the app's)")
+    p.add_argument("--early-stopping", type=int, metavar="EPOCHS",
+                   help="end the job once its held-out metric has not improved for EPOCHS epochs")
     p.add_argument("--executor-memory", type=int, metavar="MB", help="MB per executor (default 512)")
     p.add_argument("--executor-vcores", type=int, metavar="V", help="vcores per executor (default 1)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE",

@@ -9,6 +9,7 @@ import msgspec
 
 from protocol import ps_job_spec
 from protocol.ps_app_schemas import APP_SCHEMAS
+from psruntime.apps.quality import check_quality
 
 from .progress_bar import EpochPoint, EpochProgress, format_objective
 from .tables import format_duration
@@ -17,9 +18,13 @@ if TYPE_CHECKING:
     from .ps_commands import WatchResult
 
 AM_ENDING_PHASES = ("FINISHING", "SUCCEEDED", "FAILED", "KILLED")
-# The PS AM's final diagnostics: "final objective X after N epochs (...; held-out k v, k v)".
+# The PS AM's final diagnostics: "final objective X after N epochs (...; held-out k v, k v)"; the
+# metrics are the last "held-out" (the stop criterion and a divergence warning may name it before).
 FINAL_DIAGNOSTICS = re.compile(r"final objective (?P<objective>\S+) after (?P<epochs>\d+) epochs"
-                               r"(?:.*?held-out (?P<metrics>[^)]*)\))?")
+                               r"(?:.*held-out (?P<metrics>[^)]*)\))?")
+# ... and before them what ended training, and the final model against the true model's.
+STOP_CRITERION = re.compile(r"after \d+ epochs \((?P<criterion>.*?); initial ")
+VS_TRUE_MODEL = re.compile(r"; (?P<quality>\S+ \S+ vs true model \S+ \((?:meets|misses) [^)]*\))")
 
 
 def max_epochs_of(spec_json: Any) -> int:
@@ -39,9 +44,45 @@ def progress_from_status(status: dict[str, Any], max_epochs: int = 0) -> EpochPr
                for i, h in enumerate(status.get("objective_history") or []) if h.get("objective") is not None]
     done = int(status.get("epoch") or len(history))
     limit = max_epochs or max_epochs_of(status.get("spec")) or done
+    heldout = status.get("heldout") or {}
     return EpochProgress(phase=str(status.get("state") or "?"), epochs_done=done, max_epochs=max(limit, done),
                          history=history, initial_objective=status.get("initial_objective"),
-                         converged=bool(status.get("converged")))
+                         converged=bool(status.get("converged")), heldout=heldout_short(heldout),
+                         diverging=bool(heldout.get("warning")))
+
+
+def heldout_short(heldout: dict[str, Any]) -> str | None:
+    """`cross_entropy 0.6456 (true 0.4944)`: the latest held-out score of the AM's status."""
+    if heldout.get("value") is None:
+        return None
+    true = heldout.get("true_model_value")
+    return f"{heldout['metric']} {float(heldout['value']):.4g}" + (f" (true {float(true):.4g})" if true is not None else "")
+
+
+def heldout_text(heldout: dict[str, Any]) -> str:
+    """The held-out line of `ps status`: latest score, epoch, the true model's, the best so far."""
+    short = heldout_short(heldout)
+    if short is None:
+        every = "" if heldout.get("metric") is None else f" ({heldout['metric']})"
+        return f"not scored yet{every}"
+    text = f"{short} after epoch {int(heldout.get('epoch') or 0) + 1}"
+    best = heldout.get("best")
+    if best and best.get("epoch") != heldout.get("epoch"):
+        text += f", best {float(best['value']):.4g} after epoch {int(best['epoch']) + 1}"
+    if heldout.get("early_stopping"):
+        text += f", early stopping after {_plural(heldout['early_stopping'], 'epoch')} without improvement"
+    return text
+
+
+def quality_text(app: str | None, metrics: dict[str, Any] | None) -> str | None:
+    """The final model's held-out figure against the true model's and the target (generated data)."""
+    if not app or not metrics:
+        return None
+    try:
+        q = check_quality(app, metrics)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return q.describe() if q else None
 
 
 def _metrics_text(metrics: dict[str, Any] | None) -> str:
@@ -80,10 +121,24 @@ def final_report(result: WatchResult) -> list[tuple[str, Any]]:
     elif history:
         pairs.append(("Last-Objective", f"{format_objective(history[-1]['objective'])} after "
                                         f"{_plural(len(history), 'epoch')}{initial}"))
+    diagnostics = app.get("diagnostics") or ""
+    stopped = STOP_CRITERION.search(diagnostics) if parsed is not None else None
+    criterion = status.get("stop_criterion") or (stopped.group("criterion") if stopped else None)
+    if criterion:
+        pairs.append(("Stopped-By", criterion))
     if status.get("final_metrics"):
         pairs.append(("Held-Out-Metrics", _metrics_text(status["final_metrics"])))
-    elif parsed is not None and parsed[2]:
+        quality = quality_text(status.get("app"), status["final_metrics"])
+        if quality:
+            pairs.append(("Vs-True-Model", quality))
+    elif parsed is not None and parsed[2]:   # the last status seen was older: from the diagnostics
         pairs.append(("Held-Out-Metrics", parsed[2]))
+        vs_true = VS_TRUE_MODEL.search(diagnostics)
+        if vs_true:
+            pairs.append(("Vs-True-Model", vs_true.group("quality")))
+    warning = (status.get("heldout") or {}).get("warning")
+    if warning:
+        pairs.append(("Warning", warning))
     if app.get("diagnostics"):
         pairs.append(("Diagnostics", app["diagnostics"]))
     return pairs
@@ -152,6 +207,7 @@ def running_report(app: dict[str, Any], status: dict[str, Any]) -> tuple[list[tu
                   f"{_plural(status.get('num_blocks', '?'), 'block')}, sync {spec.get('sync', '-')}"),
         ("Epoch", f"{p.epochs_done}/{p.max_epochs}" + (" (converged)" if p.converged else "")),
         ("Objective", f"{format_objective(p.objective)} (initial {format_objective(p.initial_objective)})"),
+        ("Held-Out", heldout_text(status.get("heldout") or {})),
         ("Epoch-Time", "-" if p.last_epoch_time_s is None else
          f"{p.last_epoch_time_s:.3f}s training, {wall:.3f}s wall per epoch" if wall else f"{p.last_epoch_time_s:.3f}s"),
         ("ETA", "-" if eta is None or p.converged else f"<= {format_duration(eta)}"),
@@ -159,6 +215,8 @@ def running_report(app: dict[str, Any], status: dict[str, Any]) -> tuple[list[tu
     ]
     if status.get("cruise") or (spec.get("optimizer") not in (None, "off")):
         pairs.append(("Optimizer", optimizer_text(status)))
+    if (status.get("heldout") or {}).get("warning"):
+        pairs.append(("Warning", status["heldout"]["warning"]))
     if status.get("final_metrics"):
         pairs.append(("Held-Out-Metrics", _metrics_text(status["final_metrics"])))
     if status.get("diagnostics"):

@@ -5,6 +5,12 @@ submission without importing the runtime: imports go protocol <- rm, psruntime <
 `psruntime.apps.<app>` binds each app's math to these schemas (`Spec`, `HParams`, `PRESETS`).
 
 JSON field names are snake_case, exactly the Struct field names.
+
+A preset names both data sizes (`*_PRESETS`) and the hyper-parameters a default run at those sizes
+trains with (`*_PRESET_HPARAMS`, under the job's own `hparams`): sizes with enough rows per model
+parameter that the model can generalize, and regularization, step sizes and epochs under which a
+default run gets close to the generator's true model on held-out data (tests/test_presets_quality.py
+at `tiny`, bench/training.py at `small` and `medium`). `large` is sized for scale, not for quality.
 """
 from __future__ import annotations
 
@@ -52,15 +58,19 @@ class MLRHParams(msgspec.Struct, forbid_unknown_fields=True):
     max_epochs: Pos = 20
 
 
+# Ten or more training rows per weight (features x classes): with fewer, the dense true weights
+# cannot be learned and held-out accuracy stays far below the true model's, whatever the L2.
 MLR_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {},
-    "small": {"num_samples": 50_000, "num_features": 10_000, "num_classes": 20,
-              "nnz_per_sample": 50, "num_heldout": 5000, "rows_per_block": 2000},
-    "medium": {"num_samples": 500_000, "num_features": 100_000, "num_classes": 50,
-               "nnz_per_sample": 100, "num_heldout": 20_000, "rows_per_block": 5000},
+    "tiny": {"num_features": 80, "nnz_per_sample": 10, "num_heldout": 2000},
+    "small": {"num_samples": 100_000, "num_features": 500, "num_classes": 20,
+              "nnz_per_sample": 25, "num_heldout": 5000, "rows_per_block": 2000},
+    "medium": {"num_samples": 1_000_000, "num_features": 2000, "num_classes": 50,
+               "nnz_per_sample": 50, "num_heldout": 20_000, "rows_per_block": 10_000},
     "large": {"num_samples": 2_000_000, "num_features": 160_000, "num_classes": 100,
               "nnz_per_sample": 100, "num_heldout": 50_000, "rows_per_block": 10_000},
 }
+_MLR_HPARAMS: dict[str, Any] = {"learning_rate": 1.0, "lr_decay": 0.05, "l2": 1e-4, "max_epochs": 20}
+MLR_PRESET_HPARAMS: dict[str, dict[str, Any]] = {p: dict(_MLR_HPARAMS) for p in MLR_PRESETS}
 
 
 # ----- nmf ---------------------------------------------------------------------------------------
@@ -90,19 +100,34 @@ class NMFHParams(msgspec.Struct, forbid_unknown_fields=True):
     l2: NonNegFloat = 0.0
     batch_size: Pos = 20
     init_scale: Optional[PosFloat] = None   # factors start U(0, init_scale); default 2/sqrt(rank)
+    # How the batch's (worker-local) user rows keep up with H: fitted by least squares against the
+    # pulled H before the step (`user_solve`), and/or `user_steps` projected steps per push.
+    user_solve: bool = False
+    user_steps: Pos = 1
     convergence_threshold: PosFloat = 1e-3
     max_epochs: Pos = 30
 
 
+# Every item rated ~100 times per 1000 users, so a mini-batch of 50 users steps each item's factors
+# on a few ratings, not on one; a low rank: non-negative factors share a large mean, which
+# makes the SGD steps crawl in the other rank - 1 directions (condition number ~3 x rank).
 NMF_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {},
-    "small": {"num_users": 20_000, "num_items": 5000, "rank": 20, "observed_fraction": 0.02,
+    "small": {"num_users": 20_000, "num_items": 1000, "rank": 5, "observed_fraction": 0.1,
               "num_heldout": 500, "rows_per_block": 1000},
-    "medium": {"num_users": 200_000, "num_items": 20_000, "rank": 50, "observed_fraction": 0.01,
+    "medium": {"num_users": 200_000, "num_items": 4000, "rank": 10, "observed_fraction": 0.025,
                "num_heldout": 1000, "rows_per_block": 5000},
     "large": {"num_users": 1_000_000, "num_items": 50_000, "rank": 100, "observed_fraction": 0.005,
               "num_heldout": 2000, "rows_per_block": 10_000},
 }
+# A user row is visited once per epoch while H steps every batch: several local steps on it per
+# push (`user_steps`), or from `small` on (many batches per epoch) a least-squares fit against
+# the pulled H (`user_solve`), keep W up with H. The model's rank is the data's: a rank-5 model of
+# rank-20 data stalls far above the noise.
+_NMF_HPARAMS: dict[str, Any] = {"learning_rate": 0.3, "batch_size": 50, "user_solve": True, "max_epochs": 30}
+NMF_PRESET_HPARAMS: dict[str, dict[str, Any]] = {
+    p: {**_NMF_HPARAMS, "rank": sizes.get("rank", NMFSpec().rank)} for p, sizes in NMF_PRESETS.items()}
+NMF_PRESET_HPARAMS["tiny"].update(learning_rate=0.6, user_solve=False, user_steps=8)
 
 
 # ----- lda ---------------------------------------------------------------------------------------
@@ -135,15 +160,23 @@ class LDAHParams(msgspec.Struct, forbid_unknown_fields=True):
     max_epochs: Pos = 30
 
 
+# Tens of tokens or more per topic-word count, and few enough topics that ~30 Gibbs sweeps mix:
+# at 50 topics over 10 000 words 30 sweeps left the held-out perplexity 1.7x the true topics'.
 LDA_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {},
-    "small": {"num_docs": 20_000, "vocab_size": 10_000, "num_topics": 50, "doc_length": 100,
+    "small": {"num_docs": 20_000, "vocab_size": 2000, "num_topics": 20, "doc_length": 100,
               "num_heldout": 500, "rows_per_block": 1000},
-    "medium": {"num_docs": 300_000, "vocab_size": 50_000, "num_topics": 100, "doc_length": 150,
+    "medium": {"num_docs": 300_000, "vocab_size": 5000, "num_topics": 30, "doc_length": 150,
                "num_heldout": 1000, "rows_per_block": 5000},
     "large": {"num_docs": 2_000_000, "vocab_size": 140_000, "num_topics": 400, "doc_length": 90,
               "num_heldout": 2000, "rows_per_block": 10_000},
 }
+# Smaller batches: the counts a batch samples against are refreshed per batch, and with 50
+# documents the sampler settles well below the true topics' held-out likelihood.
+_LDA_HPARAMS: dict[str, Any] = {"batch_size": 20, "max_epochs": 30}
+# As many topics as the corpus was generated with.
+LDA_PRESET_HPARAMS: dict[str, dict[str, Any]] = {
+    p: {**_LDA_HPARAMS, "num_topics": sizes.get("num_topics", LDASpec().num_topics)} for p, sizes in LDA_PRESETS.items()}
 
 
 # ----- lasso -------------------------------------------------------------------------------------
@@ -175,8 +208,11 @@ class LassoHParams(msgspec.Struct, forbid_unknown_fields=True):
 
     learning_rate: PosFloat = 0.05
     lr_decay: NonNegFloat = 0.0
-    # Default: 0.1 * nnz_per_sample / num_features, i.e. 10% of the loss gradient at w = 0 of a
-    # unit-weight support feature (E[x_j y] = w*_j nnz/D for these N(0, 1) sparse features).
+    # Default: 0.02 * nnz_per_sample / num_features, i.e. 2% of the loss gradient at w = 0 of a
+    # unit-weight support feature (E[x_j y] = w*_j nnz/D for these N(0, 1) sparse features). It
+    # also shrinks every support weight by ~2%: at 10% that bias alone made the held-out RMSE ~1.5x
+    # the noise. Fewer off-support weights are exactly 0 than at 10%; support_threshold still
+    # separates the support.
     l1: Optional[NonNegFloat] = None
     batch_size: Pos = 50
     features_per_key: Pos = 16
@@ -195,18 +231,22 @@ LASSO_PRESETS: dict[str, dict[str, Any]] = {
     "large": {"num_samples": 4_000_000, "num_features": 1_000_000, "nnz_per_sample": 50,
               "support_size": 10_000, "num_heldout": 50_000, "rows_per_block": 20_000},
 }
+_LASSO_HPARAMS: dict[str, Any] = {"learning_rate": 0.15, "max_epochs": 30}
+LASSO_PRESET_HPARAMS: dict[str, dict[str, Any]] = {p: dict(_LASSO_HPARAMS) for p in LASSO_PRESETS}
 
 
 @dataclass(frozen=True)
 class AppSchema:
-    """One app's configuration schema: data spec, hyper-parameters, presets, and which data-spec
-    field counts the input rows (what workers partition)."""
+    """One app's configuration schema: data spec, hyper-parameters, presets (data sizes and the
+    hyper-parameters that go with them), and which data-spec field counts the input rows (what
+    workers partition)."""
 
     name: str
     spec: type[msgspec.Struct]
     hparams: type[msgspec.Struct]
     presets: dict[str, dict[str, Any]]
     rows_field: str
+    preset_hparams: dict[str, dict[str, Any]]
 
     def num_input_blocks(self, spec: msgspec.Struct) -> int:
         """How many input blocks the data has (the most workers that can get data)."""
@@ -216,9 +256,9 @@ class AppSchema:
 
 
 APP_SCHEMAS: dict[str, AppSchema] = {
-    "mlr": AppSchema("mlr", MLRSpec, MLRHParams, MLR_PRESETS, "num_samples"),
-    "nmf": AppSchema("nmf", NMFSpec, NMFHParams, NMF_PRESETS, "num_users"),
-    "lda": AppSchema("lda", LDASpec, LDAHParams, LDA_PRESETS, "num_docs"),
-    "lasso": AppSchema("lasso", LassoSpec, LassoHParams, LASSO_PRESETS, "num_samples"),
+    "mlr": AppSchema("mlr", MLRSpec, MLRHParams, MLR_PRESETS, "num_samples", MLR_PRESET_HPARAMS),
+    "nmf": AppSchema("nmf", NMFSpec, NMFHParams, NMF_PRESETS, "num_users", NMF_PRESET_HPARAMS),
+    "lda": AppSchema("lda", LDASpec, LDAHParams, LDA_PRESETS, "num_docs", LDA_PRESET_HPARAMS),
+    "lasso": AppSchema("lasso", LassoSpec, LassoHParams, LASSO_PRESETS, "num_samples", LASSO_PRESET_HPARAMS),
 }
 PRESET_NAMES: tuple[str, ...] = ("tiny", "small", "medium", "large")

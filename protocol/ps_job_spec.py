@@ -80,6 +80,11 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     staleness: Optional[Annotated[int, msgspec.Meta(ge=0)]] = None   # SSP bound; default 0 bsp, 2 ssp
     max_epochs: Optional[Pos] = None       # overrides hparams.max_epochs
     convergence_threshold: Optional[Annotated[float, msgspec.Meta(gt=0)]] = None
+    # Held-out quality while training: the AM scores the model every `heldout_every_epochs` epochs
+    # (0: only at the end) off the critical path; with `early_stopping` (patience, in epochs) the
+    # job also ends once its held-out metric has not improved for that many epochs.
+    heldout_every_epochs: Annotated[int, msgspec.Meta(ge=0)] = 2
+    early_stopping: Optional[Pos] = None
     executor_memory_mb: Annotated[int, msgspec.Meta(ge=MIN_EXECUTOR_MEMORY_MB)] = 512
     executor_vcores: Pos = 1
     checkpoint_every_epochs: Annotated[int, msgspec.Meta(ge=0)] = 0   # 0: only at the end
@@ -116,8 +121,9 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return 2 if self.sync == "ssp" else 0
 
     def app_hparams(self) -> dict[str, Any]:
-        """The app's hyper-parameters with the job-level overrides (max_epochs, threshold) applied."""
-        hp = dict(self.hparams)
+        """The app's hyper-parameters: the preset's, the job's `hparams` over them, and the
+        job-level overrides (max_epochs, threshold) over both."""
+        hp = {**APP_SCHEMAS[self.app].preset_hparams[self.preset], **self.hparams}
         if self.max_epochs is not None:
             hp["max_epochs"] = self.max_epochs
         if self.convergence_threshold is not None:
@@ -193,6 +199,11 @@ def _check_generic(spec: PSJobSpec) -> None:
         raise JobSpecError("optimizer", "\"cruise\" needs elastic_mode \"eps\" (it moves blocks, it does not restart)")
     if spec.sync == "ssp" and spec.staleness == 0:
         raise JobSpecError("staleness", "sync \"ssp\" needs staleness >= 1 (0 is bsp)")
+    if spec.early_stopping is not None and spec.heldout_every_epochs == 0:
+        raise JobSpecError("early_stopping", "needs the held-out metric while training: heldout_every_epochs >= 1")
+    if spec.early_stopping is not None and spec.early_stopping < spec.heldout_every_epochs:
+        raise JobSpecError("early_stopping", f"a patience of {spec.early_stopping} epochs is shorter than the "
+                           f"held-out evaluation interval (heldout_every_epochs {spec.heldout_every_epochs})")
 
 
 def validate(obj: Any) -> PSJobSpec:

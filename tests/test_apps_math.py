@@ -82,7 +82,7 @@ def test_lasso_gradient_and_proximal_step():
                                one / 3, atol=1e-6)
     assert app.server_objective(KeyValues(keys, w)) == pytest.approx(l1 * np.abs(w).sum())
     # without an explicit l1 the weight scales with the data's sparsity (nnz / features)
-    assert create_app("lasso", {"num_features": 1000, "nnz_per_sample": 20}).l1 == pytest.approx(0.1 * 20 / 1000)
+    assert create_app("lasso", {"num_features": 1000, "nnz_per_sample": 20}).l1 == pytest.approx(0.02 * 20 / 1000)
 
 
 def test_nmf_gradients_match_finite_differences_and_steps_stay_non_negative():

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import pytest
 
 from elastane_cli import main as cli
-from elastane_cli import ps_commands
+from elastane_cli import ps_commands, ps_reports
 from elastane_cli.progress_bar import EpochPoint, EpochProgress, ProgressBar, format_progress
 from threaded_http import serve_routes
 
@@ -56,6 +56,9 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     (["--app", "mlr", "--executor-memory", "10"], "executor_memory_mb: Expected `int` >= 64 "
                                                   "(set by --executor-memory)"),
     (["--app", "mlr", "--set", "nope=1"], "nope: unknown field"),
+    (["--app", "mlr", "--early-stopping", "0"], "early_stopping: Expected `int` >= 1 (set by --early-stopping)"),
+    (["--app", "mlr", "--early-stopping", "3", "--set", "heldout_every_epochs=0"],
+     "early_stopping: needs the held-out metric while training"),
     (["--workers", "2"], "app: required field is missing"),
     (["--app", "svm"], "invalid choice: 'svm'"),
     (["--app", "mlr", "--sync", "asp"], "invalid choice: 'asp'"),
@@ -338,3 +341,52 @@ def test_submit_with_a_spec_the_rm_refuses_exits_2(fake: FakePsCluster, capsys: 
     code, out, err = run(["--rm", f"http://{fake.address}", "ps", "submit", "--app", "mlr", "--queue", "nope"],
                          capsys)
     assert code == 2 and "queue 'nope' does not exist" in err
+
+
+HELDOUT = {"metric": "cross_entropy", "maximize": False, "true_model_metric": "true_model_cross_entropy",
+           "value": 0.72, "true_model_value": 0.49, "epoch": 3,
+           "best": {"epoch": 1, "value": 0.65, "objective": 0.5, "metrics": {}},
+           "early_stopping": 4, "warning": ("the training objective improved since epoch 2 (0.5 -> 0.2) while held-out "
+                                            "cross_entropy worsened (0.65 -> 0.72): the model overfits"),
+           "history": []}
+
+
+def test_status_and_progress_show_heldout_next_to_the_objective_and_warn_on_divergence(
+        fake: FakePsCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.script = [("RUNNING", {**am_status("TRAINING", 4), "heldout": HELDOUT})]
+    code, out, err = run(["--rm", f"http://{fake.address}", "ps", "status", APP], capsys)
+    assert code == 0, err
+    report = kv(out)
+    assert report["Held-Out"] == ("cross_entropy 0.72 (true 0.49) after epoch 4, best 0.65 after epoch 2, "
+                                  "early stopping after 4 epochs without improvement")
+    assert report["Warning"].endswith("worsened (0.65 -> 0.72): the model overfits")
+    line = format_progress(ps_reports.progress_from_status({**am_status("TRAINING", 4), "heldout": HELDOUT}))
+    assert "objective 0.2  held-out cross_entropy 0.72 (true 0.49)  OVERFITTING" in line
+    # not scored yet: no held-out on the bar, and the status says so
+    assert "held-out" not in format_progress(ps_reports.progress_from_status(am_status("TRAINING", 1)))
+    assert ps_reports.heldout_text({"metric": "cross_entropy", "value": None}) == "not scored yet (cross_entropy)"
+
+
+def test_final_report_names_the_stop_criterion_and_the_true_model() -> None:
+    metrics = {"accuracy": 0.77, "cross_entropy": 0.65, "chance_accuracy": 0.2, "true_model_accuracy": 0.81,
+               "true_model_cross_entropy": 0.49}
+    diag = ("final objective 0.59 after 9 epochs (early stopping: held-out cross_entropy did not improve for 4 "
+            "epochs (best 0.64 after epoch 5); initial 1.61; accuracy 0.77 vs true model 0.81 (meets within 0.05 "
+            "of the true model); held-out accuracy 0.77, cross_entropy 0.65)")
+    status = {**am_status("SUCCEEDED", 9, metrics), "heldout": {**HELDOUT, "warning": None},
+              "stop_criterion": "early stopping: held-out cross_entropy did not improve for 4 epochs"}
+    pairs = dict(ps_commands.final_report(ps_commands.WatchResult(
+        app={"id": APP, "state": "FINISHED", "finalStatus": "SUCCEEDED", "diagnostics": diag}, status=status)))
+    assert pairs["Stopped-By"] == "early stopping: held-out cross_entropy did not improve for 4 epochs"
+    assert pairs["Vs-True-Model"] == "accuracy 0.77 vs true model 0.81 (meets within 0.05 of the true model)"
+    assert "Warning" not in pairs
+    # the metrics are the last "held-out" of the diagnostics, whatever comes before
+    assert ps_reports.final_from_diagnostics(diag) == ("0.59", "9", "accuracy 0.77, cross_entropy 0.65")
+    # a last status seen before the end: the same from the diagnostics
+    older = dict(ps_commands.final_report(ps_commands.WatchResult(
+        app={"id": APP, "state": "FINISHED", "finalStatus": "SUCCEEDED", "diagnostics": diag},
+        status=am_status("TRAINING", 8))))
+    assert older["Stopped-By"] == ("early stopping: held-out cross_entropy did not improve for 4 epochs "
+                                   "(best 0.64 after epoch 5)")
+    assert older["Vs-True-Model"] == pairs["Vs-True-Model"]
+    assert older["Held-Out-Metrics"] == "accuracy 0.77, cross_entropy 0.65"

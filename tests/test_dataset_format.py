@@ -50,7 +50,8 @@ def test_generated_dataset_reads_back_array_for_array(tmp_path: Path, app: str) 
     # evaluation with file data names no ground-truth metric, and does not fail
     model = files.init_value(files.model_keys())
     truth_keys = set(gen.evaluate(model, gen.generate_heldout())) - set(files.evaluate(model, files.generate_heldout()))
-    assert all(k in ("true_model_accuracy", "precision", "recall", "f1", "chance_precision", "noise_std",
+    assert all(k in ("true_model_accuracy", "true_model_cross_entropy", "precision", "recall", "f1",
+                     "chance_precision", "noise_std", "true_model_heldout_rmse",
                      "true_model_heldout_loglik_per_token") for k in truth_keys)
     assert truth_keys
 

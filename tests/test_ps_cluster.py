@@ -123,6 +123,34 @@ def test_mlr_trains_and_improves(ps_cluster) -> None:
                                  "recoveries": 0, "replacements": 0}
     m = final["final_metrics"]
     assert m["accuracy"] > 2.5 * m["chance_accuracy"], m
+    # held-out quality every 2 epochs (the default) beside the training objective, and at the end
+    # the stop criterion and the final model against the true model
+    heldout = final["heldout"]
+    assert heldout["metric"] == "cross_entropy" and [p["epoch"] for p in heldout["history"]] == [1, 3, 5, 7]
+    assert heldout["history"][-1]["metrics"] == m and heldout["true_model_value"] == m["true_model_cross_entropy"]
+    assert final["stop_criterion"] == "epoch limit" and "(epoch limit; " in app["diagnostics"]
+    assert "vs true model" in app["diagnostics"]
+
+
+def test_mlr_early_stopping_ends_the_job_on_heldout_quality(ps_cluster) -> None:
+    # Few rows for many weights and no L2: the held-out cross-entropy bottoms out after ~7 epochs
+    # while the training objective keeps falling (1% worse 4 epochs later).
+    spec = {"app": "mlr", "workers": 2, "servers": 1, "max_epochs": 25, "convergence_threshold": 1e-9,
+            "data": {"num_samples": 500, "rows_per_block": 125, "num_features": 400, "nnz_per_sample": 20},
+            "hparams": {"l2": 0, "learning_rate": 3.0, "lr_decay": 0}, "early_stopping": 5,
+            "heldout_every_epochs": 1}
+    app, final, live = run_job(ps_cluster, spec, "ps-mlr-early-stop")
+    obj = check_common(app, final, live, spec, ps_cluster)
+    epochs = len(obj) - 1
+    assert epochs < 25 and final["converged"], obj
+    assert final["stop_criterion"].startswith("early stopping: held-out cross_entropy did not improve for 5 epochs")
+    assert "(early stopping: " in app["diagnostics"]
+    heldout = final["heldout"]
+    best, last = heldout["best"], heldout["history"][-1]
+    assert last["epoch"] - best["epoch"] >= 5 and all(p["value"] >= best["value"] for p in heldout["history"])
+    assert epochs <= last["epoch"] + 3         # stopped within a couple of epochs of the deciding score
+    assert last["objective"] < best["objective"]     # training kept improving after the best held-out epoch ...
+    assert heldout["warning"] and "overfits" in heldout["warning"], heldout     # ... and the job said so
 
 
 def test_nmf_trains_and_improves(ps_cluster) -> None:

@@ -18,9 +18,12 @@ def test_good_spec_with_defaults_and_derived_values() -> None:
                      "hparams": {"learning_rate": 0.3}, "max_epochs": 7, "convergence_threshold": 0.01})
     assert spec.preset == "tiny" and spec.sync == "bsp" and spec.ssp_staleness == 0
     assert spec.num_blocks == 2 * ps_job_spec.BLOCKS_PER_SERVER
-    assert spec.app_data() == {"num_samples": 4000}
-    assert validate({"app": "mlr", "preset": "small"}).app_data()["num_features"] == 10_000
-    assert spec.app_hparams() == {"learning_rate": 0.3, "max_epochs": 7, "convergence_threshold": 0.01}
+    assert spec.app_data() == {**APP_SCHEMAS["mlr"].presets["tiny"], "num_samples": 4000}
+    assert validate({"app": "mlr", "preset": "small"}).app_data()["num_features"] == 500
+    # the preset's hyper-parameters, the job's hparams over them, the job-level limits over both
+    assert spec.app_hparams() == {**APP_SCHEMAS["mlr"].preset_hparams["tiny"], "learning_rate": 0.3,
+                                  "max_epochs": 7, "convergence_threshold": 0.01}
+    assert spec.heldout_every_epochs == 2 and spec.early_stopping is None
     # JSON bytes and an already valid spec round-trip to the same thing
     assert validate(json.dumps(spec.to_json()).encode()) == spec
     assert validate(spec) == spec
@@ -60,6 +63,11 @@ def test_ssp_defaults_and_max_servers_drive_blocks() -> None:
     ({"app": "mlr", "data": {"colour": "red"}}, "data.colour"),
     ({"app": "mlr", "data": "big"}, "data"),
     ({"app": "mlr", "workers": 9}, "workers"),      # tiny MLR has 8 input blocks
+    ({"app": "mlr", "early_stopping": 0}, "early_stopping"),
+    ({"app": "mlr", "early_stopping": "3"}, "early_stopping"),
+    ({"app": "mlr", "early_stopping": 3, "heldout_every_epochs": 0}, "early_stopping"),
+    ({"app": "mlr", "early_stopping": 1, "heldout_every_epochs": 2}, "early_stopping"),
+    ({"app": "mlr", "heldout_every_epochs": -1}, "heldout_every_epochs"),
 ])
 def test_bad_field_is_named(bad: dict, field: str) -> None:
     with pytest.raises(JobSpecError) as e:
@@ -85,6 +93,7 @@ def test_apps_use_the_protocol_schemas() -> None:
     for name, schema in APP_SCHEMAS.items():
         cls = get_app(name)
         assert cls.Spec is schema.spec and cls.HParams is schema.hparams and cls.PRESETS is schema.presets
+        assert cls.PRESET_HPARAMS is schema.preset_hparams and set(schema.preset_hparams) == set(schema.presets)
         assert set(schema.presets) == set(ps_job_spec.PRESET_NAMES)
 
 

@@ -53,6 +53,8 @@ async def _app_ids(client: TestClient) -> set[str]:
     ({"app": "kmeans"}, "elastane.ps-job.app"),
     ({"app": "nmf", "data": {"rank": 0}}, "elastane.ps-job.data.rank"),
     ({"app": "lda", "surprise": 1}, "elastane.ps-job.surprise"),
+    ({"app": "mlr", "early_stopping": 0}, "elastane.ps-job.early_stopping"),
+    ({"app": "mlr", "early_stopping": 4, "heldout_every_epochs": 0}, "elastane.ps-job.early_stopping"),
     ("mlr", "elastane.ps-job"),
 ])
 async def test_bad_ps_job_is_400_naming_the_field_and_creates_nothing(rm, ps_job: Any, field: str) -> None:

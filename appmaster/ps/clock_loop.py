@@ -7,7 +7,8 @@ input block had its pass; then the objective is gathered with no push in flight,
 SSP lets each worker start clock c while the slowest has finished at least c-s clocks; a worker's
 part of the objective of epoch e is taken when it finished its pass of e, and the epoch's objective
 once every worker has (approximate: faster workers may be ahead). Stops at the app's convergence
-rule (which includes max_epochs), or at a clock boundary when asked to (`stop`).
+rule (which includes max_epochs), at an epoch's end on early stopping (`stop_early`, decided on the
+held-out metric by the AM), or at a clock boundary when asked to (`stop`).
 
 Elastic changes hook into the BSP loop through its `boundaries` (appmaster.ps.boundary_scheduler).
 `iterations` counts mini-batch rounds (per clock, the most any worker ran) and `on_clock` is called
@@ -75,6 +76,7 @@ class ClockLoop:
         self.on_clock = on_clock                    # called after every BSP clock (progress reports)
         self.epochs_done = 0
         self.converged = False
+        self.early_stop: Optional[str] = None       # why training ended on held-out quality, if it did
         self.iterations = 0                         # mini-batch rounds: per clock, the most any worker ran
         self.clocks_done = 0                        # BSP clocks (iterations) run
         self.pacer = ClockPacer(spec.clock_batches)
@@ -128,7 +130,13 @@ class ClockLoop:
         return {b: self.positions.get(b, (0, 0)) for b in blocks}
 
     def recheck_convergence(self) -> None:
-        self.converged = self.app.is_converged(self.metrics.objectives)
+        self.converged = self.early_stop is not None or self.app.is_converged(self.metrics.objectives)
+
+    def stop_early(self, reason: str) -> None:
+        """End training after the current epoch because of held-out quality (early stopping): the
+        job is done, as if converged (a pending restart does not resume it)."""
+        self.early_stop = reason
+        self.converged = True
 
     async def train(self, on_epoch: EpochHook) -> None:
         """Train until converged or stopped."""

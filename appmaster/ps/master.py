@@ -24,6 +24,7 @@ from protocol.job_report import finite, recent_epoch_times, recent_objectives
 from protocol.ps_job_spec import PSJobSpec
 from protocol.records import FinalStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
+from psruntime.apps.quality import check_quality
 from psruntime.apps.registry import create_app
 from psruntime.dataplane import DataPlaneClient, DataPlaneServer
 from psruntime.dataplane_auth import secret_key
@@ -38,6 +39,7 @@ from .directives import DirectiveHandler, ProgressTracker, Reshaper, Shape
 from .elastic_ops import ElasticOpError, ElasticOps
 from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
+from .heldout_monitor import HeldoutMonitor
 from .job import JobEvent, JobPhase, JobStateMachine
 from .kill_restart import KillRestart, keeps_worker_state
 from .metrics import EpochRecord, JobMetrics
@@ -85,6 +87,9 @@ class PSApplicationMaster:
         self.resource = Resource(spec.executor_memory_mb, spec.executor_vcores)
         self.final_metrics: Optional[dict[str, float]] = None
         self.resumed_from: Optional[dict[str, Any]] = None   # the checkpoint an earlier attempt left
+        # Held-out quality every few epochs, scored in a thread while training goes on.
+        self.heldout = HeldoutMonitor(self.app, spec.heldout_every_epochs, spec.early_stopping)
+        self.stop_criterion: Optional[str] = None     # what ended training (final diagnostics)
         self.started = time.time()
         self._failure: asyncio.Future[str] | None = None
         self._stop = asyncio.Event()
@@ -134,6 +139,7 @@ class PSApplicationMaster:
             "objective_history": [e.to_json() for e in self.metrics.epochs],
             "metrics": self.metrics.to_json(),
             "checkpoints": list(self.checkpointer.written),
+            "heldout": self.heldout.tracker.to_json(), "stop_criterion": self.stop_criterion,
             "final_metrics": self.final_metrics,
             "model_mb": round(self.app.model_nbytes() / 2**20, 3), "data_mb": round(self.app.data_nbytes() / 2**20, 3),
             "elastic_mode": self.spec.elastic_mode, "shape_history": list(self.shape_history),
@@ -197,6 +203,7 @@ class PSApplicationMaster:
         finally:
             for t in (pump, drive, stop):
                 t.cancel()
+            self.heldout.cancel()
             await asyncio.gather(pump, drive, stop, return_exceptions=True)
             await self.directives.close()
             if self.cruise is not None:
@@ -249,12 +256,28 @@ class PSApplicationMaster:
         epochs = self.training.loop.epochs_done
         if not self.checkpointer.written or self.checkpointer.written[-1]["epoch"] != epochs:
             await self._checkpoint(epochs)
-        self.final_metrics = await self.training.evaluation.evaluate()
-        await self.training.status.refresh()
         final = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
-        return (f"final objective {final:.6g} after {epochs} epochs "
-                f"({'converged' if len(self.metrics.objectives) < self.app.hparams.max_epochs else 'epoch limit'}"
-                f"; initial {self.metrics.initial_objective:.6g}; {_describe_metrics(self.final_metrics)})")
+        self.stop_criterion = self._stop_criterion()
+        self.final_metrics = await self.heldout.score_final(epochs - 1, final if final is not None else float("nan"),
+                                                            await self.training.evaluation.model())
+        await self.training.status.refresh()
+        quality = check_quality(self.app.name, self.final_metrics)
+        warning = self.heldout.tracker.warning
+        # The held-out metrics stay last: `elastane ps` reads them from there (elastane_cli.ps_reports).
+        return (f"final objective {final:.6g} after {epochs} epochs ({self.stop_criterion}"
+                f"; initial {self.metrics.initial_objective:.6g}"
+                f"{'; ' + quality.describe() if quality else ''}{'; warning: ' + warning if warning else ''}"
+                f"; {_describe_metrics(self.final_metrics)})")
+
+    def _stop_criterion(self) -> str:
+        """Which criterion ended training: early stopping, the training objective, the epoch limit."""
+        loop = self.training.loop
+        if loop.early_stop is not None:
+            return loop.early_stop
+        if len(self.metrics.objectives) < int(self.app.hparams.max_epochs):
+            return (f"converged on the training objective (relative change below "
+                    f"{float(self.app.hparams.convergence_threshold):g})")
+        return "epoch limit"
 
     async def _train(self) -> None:
         """Train to the end; after an executor loss the job may survive (appmaster.ps.recovery):
@@ -343,6 +366,7 @@ class PSApplicationMaster:
         self.am.set_progress(min(1.0, rec.epoch / max(1, int(self.app.hparams.max_epochs))))
         self.progress.on_epoch(self._batches_by_worker(), rec.time)
         self._publish_shape(rec)
+        await self._watch_heldout(rec)
         every = self.spec.checkpoint_every_epochs
         due = every > 0 and (rec.epoch + 1) % every == 0
         if due or self._checkpoint_requests:
@@ -351,6 +375,23 @@ class PSApplicationMaster:
             await self.cruise.on_epoch(rec)
         if self._stop.is_set():
             self.training.loop.stop()
+
+    async def _watch_heldout(self, rec: EpochRecord) -> None:
+        """Every few epochs hand the model to the held-out monitor (pulled now, at the epoch
+        boundary; scored in a thread while the next epoch trains), and end training when early
+        stopping says so."""
+        if self.heldout.due(rec.epoch):
+            try:
+                model = await self.training.evaluation.model()
+            except Exception:  # noqa: BLE001 - a missed score is no reason to fail the job
+                log.warning("could not pull the model for the held-out score of epoch %d", rec.epoch + 1,
+                            exc_info=True)
+            else:
+                self.heldout.submit(rec.epoch, rec.objective, model)
+        tracker = self.heldout.tracker
+        if tracker.should_stop() and self.training.loop.early_stop is None:
+            log.info("%s", tracker.stop_reason())
+            self.training.loop.stop_early(tracker.stop_reason())
 
     async def _checkpoint(self, epoch: int) -> dict[str, Any]:
         objective = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective

@@ -29,6 +29,7 @@ async def run_ps_job(cluster: LocalCluster, spec: PSJobSpec, name: str, am_memor
             if report["state"] in ps_commands.FINAL_STATES:
                 break
             if time.monotonic() - t0 > timeout_s:
+                await client.kill(app_id)     # not left running beside the next job
                 raise RuntimeError(f"{app_id} did not finish within {timeout_s:.0f}s")
             if on_poll is not None:
                 await on_poll(report)

@@ -146,6 +146,8 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
     maximize: ClassVar[bool] = False
     # Named data sizes: "tiny" for tests (< 1 s per epoch on one core) up to gigabytes.
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+    # The hyper-parameters each preset trains with (under the caller's own).
+    PRESET_HPARAMS: ClassVar[dict[str, dict[str, Any]]] = {}
     # Names of the per-entry and per-row arrays in a block's data (besides "indptr").
     ENTRY_FIELDS: ClassVar[tuple[str, ...]] = ()
     ROW_FIELDS: ClassVar[tuple[str, ...]] = ()
@@ -162,9 +164,9 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
     def from_config(cls: type[AnyPSApp], spec: Mapping[str, Any] | msgspec.Struct | None = None,
                     hparams: Mapping[str, Any] | msgspec.Struct | None = None,
                     preset: str | None = None) -> "PSApp":
-        """Build from builtins (a job spec's JSON): `preset` gives the base sizes, `spec` overrides
-        fields. Already validated Structs are taken as they are. Raises AppConfigError naming the
-        bad field."""
+        """Build from builtins (a job spec's JSON): `preset` gives the base sizes and
+        hyper-parameters, `spec` and `hparams` override their fields. Already validated Structs are
+        taken as they are. Raises AppConfigError naming the bad field."""
         # `cls` is typed PSApp[Any, Any]: that Spec and HParams are SpecT's and HParamsT's classes
         # is more than a ClassVar can say, so the Structs they parse are taken as they are.
         if isinstance(spec, cls.Spec):
@@ -175,6 +177,8 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
                 raise AppConfigError(f"unknown preset {preset!r} for app {cls.name}; "
                                      f"choose one of {sorted(cls.PRESETS)}")
             base = dict(cls.PRESETS[preset])
+            if isinstance(hparams, Mapping) or hparams is None:
+                hparams = {**cls.PRESET_HPARAMS.get(preset, {}), **(hparams or {})}
         if spec is not None and not isinstance(spec, Mapping):
             raise AppConfigError(f"invalid {cls.name} data spec: expected an object")
         try:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from protocol.ps_app_schemas import LASSO_PRESETS, LassoHParams, LassoSpec
+from protocol.ps_app_schemas import LASSO_PRESET_HPARAMS, LASSO_PRESETS, LassoHParams, LassoSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.random_streams import TRUTH, rng_for
@@ -36,6 +36,7 @@ class LassoApp(PSApp[LassoSpec, LassoHParams]):
     ENTRY_FIELDS = ("features", "values")
     ROW_FIELDS = ("targets",)
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = LASSO_PRESETS
+    PRESET_HPARAMS: ClassVar[dict[str, dict[str, Any]]] = LASSO_PRESET_HPARAMS
     GENERATION_CACHES = ("true_weights",)
 
     @property
@@ -47,7 +48,7 @@ class LassoApp(PSApp[LassoSpec, LassoHParams]):
         """The L1 weight in use (the hyper-parameter, or its sparsity-scaled default)."""
         if self.hparams.l1 is not None:
             return self.hparams.l1
-        return 0.1 * self.spec.nnz_per_sample / self.spec.num_features
+        return 0.02 * self.spec.nnz_per_sample / self.spec.num_features
 
     @cached_property
     def true_weights(self) -> np.ndarray:
@@ -124,20 +125,30 @@ class LassoApp(PSApp[LassoSpec, LassoHParams]):
         return self.l1 * float(np.abs(params.values, dtype=np.float64).sum())
 
     def evaluate(self, model: np.ndarray, heldout: Sequence[DataBlock]) -> dict[str, float]:
-        """Held-out mean squared error and the support found; with generated data also support
-        recovery vs the ground truth (precision, recall, F1, and a random guess's precision)."""
+        """Held-out mean squared error (and its root) and the support found; with generated data also
+        the noise floor (noise_std, the true weights' held-out RMSE) and support recovery vs the
+        ground truth (precision, recall, F1, and a random guess's precision)."""
         w = self.weights_from_model(model).astype(np.float64)
         found = np.abs(w) > self.hparams.support_threshold
         everything = np.arange(self.spec.num_features, dtype=np.int64)
-        sq = n = 0.0
+        truth = self.true_weights.astype(np.float64) if self.has_ground_truth else None
+        sq = true_sq = n = 0.0
         for block in heldout:
             indptr, feats, vals = batch_rows(block, 0, block.num_rows)
-            r = np.asarray(local_design(indptr, feats, vals, everything, 1) @ w) - block.data["targets"]
+            x = local_design(indptr, feats, vals, everything, 1)
+            r = np.asarray(x @ w) - block.data["targets"]
             sq += float(np.dot(r, r))
+            if truth is not None:
+                rt = np.asarray(x @ truth) - block.data["targets"]
+                true_sq += float(np.dot(rt, rt))
             n += block.num_rows
-        metrics: dict[str, float] = {"support_found": int(found.sum()), "heldout_mse": sq / max(n, 1)}
-        if not self.has_ground_truth:
+        n = max(n, 1)
+        metrics: dict[str, float] = {"support_found": int(found.sum()), "heldout_mse": sq / n,
+                                     "heldout_rmse": float(np.sqrt(sq / n))}
+        if truth is None:
             return metrics
+        # The noise floor: the generator's noise level, and what the true weights score on this set.
+        metrics.update(noise_std=self.spec.noise_std, true_model_heldout_rmse=float(np.sqrt(true_sq / n)))
         true = self.true_weights != 0
         tp = int((found & true).sum())
         precision = tp / max(int(found.sum()), 1)

@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import gammaln
 
-from protocol.ps_app_schemas import LDA_PRESETS, LDAHParams, LDASpec
+from protocol.ps_app_schemas import LDA_PRESET_HPARAMS, LDA_PRESETS, LDAHParams, LDASpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.lda_sampler import sample_batch
@@ -36,6 +36,7 @@ class LDAApp(PSApp[LDASpec, LDAHParams]):
     ENTRY_FIELDS = ("words",)
     ROW_FIELDS = ()
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = LDA_PRESETS
+    PRESET_HPARAMS: ClassVar[dict[str, dict[str, Any]]] = LDA_PRESET_HPARAMS
     GENERATION_CACHES = ("true_topics",)
 
     @property

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from protocol.ps_app_schemas import MLR_PRESETS, MLRHParams, MLRSpec
+from protocol.ps_app_schemas import MLR_PRESET_HPARAMS, MLR_PRESETS, MLRHParams, MLRSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.random_streams import TRUTH, rng_for
@@ -36,6 +36,7 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
     ENTRY_FIELDS = ("features", "values")
     ROW_FIELDS = ("labels",)
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = MLR_PRESETS
+    PRESET_HPARAMS: ClassVar[dict[str, dict[str, Any]]] = MLR_PRESET_HPARAMS
     GENERATION_CACHES = ("true_weights",)
 
     # ----------------------------------------------------------------- data
@@ -137,12 +138,12 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, model: np.ndarray, heldout: Sequence[DataBlock]) -> dict[str, float]:
         """Held-out accuracy and cross-entropy, beside chance and (generated data only) the true
-        model's accuracy."""
+        model's accuracy and cross-entropy."""
         w = self.weights_from_model(model).astype(np.float64)
         truth = self.true_weights if self.has_ground_truth else None
         everything = np.arange(self.spec.num_features, dtype=np.int64)
         correct = truth_correct = n = 0
-        ce = 0.0
+        ce = truth_ce = 0.0
         for block in heldout:
             indptr, feats, vals = batch_rows(block, 0, block.num_rows)
             x = local_design(indptr, feats, vals, everything, 1)
@@ -150,11 +151,13 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
             logp = _log_softmax(np.asarray(x @ w))
             correct += int((logp.argmax(axis=1) == labels).sum())
             if truth is not None:
-                truth_correct += int((np.asarray(x @ truth).argmax(axis=1) == labels).sum())
+                truth_logp = _log_softmax(np.asarray(x @ truth, dtype=np.float64))
+                truth_correct += int((truth_logp.argmax(axis=1) == labels).sum())
+                truth_ce -= float(truth_logp[np.arange(block.num_rows), labels].sum())
             ce -= float(logp[np.arange(block.num_rows), labels].sum())
             n += block.num_rows
         n = max(n, 1)
         metrics = {"accuracy": correct / n, "cross_entropy": ce / n, "chance_accuracy": 1.0 / self.spec.num_classes}
         if truth is not None:
-            metrics["true_model_accuracy"] = truth_correct / n
+            metrics.update(true_model_accuracy=truth_correct / n, true_model_cross_entropy=truth_ce / n)
         return metrics

@@ -1,0 +1,167 @@
+"""Held-out quality while a PS job trains: scored every few epochs off the critical path, early
+stopping on it, and a warning when it and the training objective diverge.
+
+At an epoch boundary the AM pulls the model (one round trip, nothing in flight under BSP) and hands
+it to `HeldoutMonitor.submit`, which scores it in a thread while the next epoch trains; an epoch
+that ends while a score is still running is skipped, so the BSP loop never waits on scoring.
+`HeldoutTracker` is the pure part: it folds each score into the history, the best point, the early
+stopping decision (no better held-out metric for `patience` epochs) and the divergence warning
+(the training objective improved since the best held-out point while held-out got worse).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from psruntime.apps.base import AnyPSApp
+from psruntime.apps.blocks import DataBlock
+from psruntime.apps.quality import HeldoutMetric, heldout_metric
+
+log = logging.getLogger(__name__)
+
+# Divergence: the held-out metric is this much (relative) worse than its best while the training
+# objective is better than at that point -- small wobbles of the held-out score are no warning.
+DIVERGENCE_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class HeldoutPoint:
+    """The held-out metrics of the model after `epoch`, and the training objective then."""
+
+    epoch: int
+    value: float                 # the app's held-out metric (HeldoutMetric.name)
+    objective: float             # the training objective after the same epoch
+    metrics: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "value": self.value, "objective": self.objective, "metrics": self.metrics}
+
+
+@dataclass
+class HeldoutTracker:
+    """History, best point, early stopping and divergence of the held-out metric (pure)."""
+
+    metric: HeldoutMetric
+    maximize_objective: bool
+    patience: Optional[int] = None
+    history: list[HeldoutPoint] = field(default_factory=list)
+    best: Optional[HeldoutPoint] = None
+    warning: Optional[str] = None
+
+    def _better(self, a: float, b: float) -> bool:
+        return a > b if self.metric.maximize else a < b
+
+    def add(self, point: HeldoutPoint) -> None:
+        """Fold in the score of one epoch (scores arrive in epoch order)."""
+        self.history.append(point)
+        if math.isfinite(point.value) and (self.best is None or self._better(point.value, self.best.value)):
+            self.best = point
+        self.warning = self._divergence(point)
+        if self.warning:
+            log.warning("%s", self.warning)
+
+    def _divergence(self, last: HeldoutPoint) -> Optional[str]:
+        best = self.best
+        if best is None or best is last or not (math.isfinite(last.value) and math.isfinite(last.objective)):
+            return None
+        worse = (best.value - last.value) if self.metric.maximize else (last.value - best.value)
+        improved = (last.objective > best.objective) if self.maximize_objective else (last.objective < best.objective)
+        if improved and worse > DIVERGENCE_TOLERANCE * max(abs(best.value), 1e-12):
+            return (f"the training objective improved since epoch {best.epoch + 1} "
+                    f"({best.objective:.4g} -> {last.objective:.4g}) while held-out {self.metric.name} worsened "
+                    f"({best.value:.4g} -> {last.value:.4g}): the model overfits")
+        return None
+
+    def should_stop(self) -> bool:
+        """Early stopping: a score `patience` epochs or more after the best one and no better.
+        Counted over scored epochs: an epoch whose score is pending or was skipped is no evidence."""
+        if self.patience is None or self.best is None or not self.history:
+            return False
+        return self.history[-1].epoch - self.best.epoch >= self.patience
+
+    def stop_reason(self) -> str:
+        assert self.best is not None
+        return (f"early stopping: held-out {self.metric.name} did not improve for {self.patience} epochs "
+                f"(best {self.best.value:.4g} after epoch {self.best.epoch + 1})")
+
+    def to_json(self) -> dict[str, Any]:
+        last = self.history[-1] if self.history else None
+        return {"metric": self.metric.name, "maximize": self.metric.maximize,
+                "true_model_metric": self.metric.true_model,
+                "value": last.value if last else None,
+                "true_model_value": last.metrics.get(self.metric.true_model) if last else None,
+                "epoch": last.epoch if last else None,
+                "best": self.best.to_json() if self.best else None,
+                "early_stopping": self.patience, "warning": self.warning,
+                "history": [p.to_json() for p in self.history]}
+
+
+class HeldoutMonitor:
+    """Scores the model every `every` epochs in a thread (see the module doc)."""
+
+    def __init__(self, app: AnyPSApp, every: int, patience: Optional[int] = None) -> None:
+        self.app = app
+        self.every = every
+        self.tracker = HeldoutTracker(heldout_metric(app.name), app.maximize, patience)
+        self._heldout: Optional[list[DataBlock]] = None
+        self._scoring: Optional[asyncio.Task[None]] = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0
+
+    def due(self, epoch: int) -> bool:
+        """Whether the model after `epoch` (0-based) is to be scored: every `every` epochs, and
+        not while the last score is still running (that epoch is skipped, nothing waits)."""
+        return self.enabled and (epoch + 1) % self.every == 0 and not self.busy
+
+    @property
+    def busy(self) -> bool:
+        return self._scoring is not None and not self._scoring.done()
+
+    def submit(self, epoch: int, objective: float, model: np.ndarray) -> None:
+        """Score `model` (the model after `epoch`) in a thread; the result lands in `tracker`."""
+        self._scoring = asyncio.create_task(self._score(epoch, objective, model), name=f"heldout-{epoch}")
+
+    async def score_final(self, epoch: int, objective: float, model: np.ndarray) -> dict[str, float]:
+        """The final model's held-out metrics (after a score in flight ends); a point of the
+        history too unless that epoch was scored already."""
+        await self.drain()
+        metrics = await asyncio.to_thread(self._evaluate, model)
+        last = self.tracker.history[-1] if self.tracker.history else None
+        if epoch >= 0 and (last is None or last.epoch < epoch):
+            self._record(epoch, objective, metrics)
+        return metrics
+
+    async def _score(self, epoch: int, objective: float, model: np.ndarray) -> None:
+        try:
+            metrics = await asyncio.to_thread(self._evaluate, model)
+        except Exception:  # noqa: BLE001 - a failed score loses a point of the curve, not the job
+            log.warning("held-out evaluation after epoch %d failed", epoch + 1, exc_info=True)
+            return
+        self._record(epoch, objective, metrics)
+
+    def _record(self, epoch: int, objective: float, metrics: dict[str, float]) -> None:
+        value = float(metrics.get(self.tracker.metric.name, math.nan))
+        self.tracker.add(HeldoutPoint(epoch, value, objective, metrics))
+        log.info("held-out after epoch %d: %s %.6g", epoch + 1, self.tracker.metric.name, value)
+
+    def _evaluate(self, model: np.ndarray) -> dict[str, float]:
+        if self._heldout is None:   # generated (or read) once, in the scoring thread
+            self._heldout = self.app.generate_heldout()
+        return self.app.evaluate(model, self._heldout)
+
+    async def drain(self) -> None:
+        """Wait for a score in flight (at the job's end, so its point is not lost)."""
+        if self._scoring is not None:
+            await asyncio.gather(self._scoring, return_exceptions=True)
+
+    def cancel(self) -> None:
+        if self._scoring is not None:
+            self._scoring.cancel()
+
