@@ -11,7 +11,8 @@ not per server, so a request that is partly redirected (its other blocks moved) 
 A server keeps the ids of the latest two epochs it has seen (the current and the previous one:
 a clock is redone within its own epoch) and forgets older ones. A block's ids travel with it when
 it migrates (StoreService's block_data frame), so a block moving while a worker is lost mid-clock
-still drops the redone pushes it already holds; a block restored from a checkpoint forgets its ids
+still drops the redone pushes it already holds (parts queued at the destination while the block is
+on its way are judged when it has arrived, with its ids); a block restored from a checkpoint forgets its ids
 (the epochs after the checkpoint are trained again and must apply).
 
 The wire is one int in the push's header (`PUSH_ID_FIELD`). Pushes without it (initialisation,
@@ -77,8 +78,10 @@ class AppliedPushes:
 
     def import_ids(self, block: int, ids: Iterable[int]) -> None:
         """Remember ids that `block` was applied with elsewhere (it migrated here)."""
+        repeats = self.repeats
         for pid in ids:
             self.first_time(int(pid), block)
+        self.repeats = repeats            # what the block brings along is no repeat
 
     def forget(self, blocks: Iterable[int]) -> None:
         """Forget what `blocks` were applied with (their contents were replaced, e.g. restored)."""

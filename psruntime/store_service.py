@@ -45,7 +45,8 @@ class StoreService:
         self.store = BlockStore(table.num_blocks)
         self.states = BlockStates(table.num_blocks, clock) if clock else BlockStates(table.num_blocks)
         self._client = client
-        self._queues: dict[int, list[tuple[DataRequest, Any]]] = defaultdict(list)  # parts on INCOMING blocks
+        # Parts on INCOMING blocks, with their push ids (judged when served: the block's ids come with it).
+        self._queues: dict[int, list[tuple[DataRequest, Any, int | None]]] = defaultdict(list)
         self.address = ""  # set by the executor once its server listens
         self.handover_timeout_s = 30.0
         self.stats = {"served": 0, "queued": 0, "redirected": 0}  # request parts, for status and tests
@@ -99,7 +100,7 @@ class StoreService:
                 self._redirect_target(b)
             plan.append((b, part, disp))
         for b, part, disp in plan:
-            if pid is not None and disp is not Disposition.REDIRECT and not self.applied_pushes.first_time(pid, b):
+            if pid is not None and disp is Disposition.SERVE and not self.applied_pushes.first_time(pid, b):
                 continue        # applied before (a redone clock's push): acknowledged, not applied again
             self.stats[_STAT[disp]] += 1
             if disp is Disposition.SERVE:
@@ -108,7 +109,7 @@ class StoreService:
                 req.redirect(b, part, self._redirect_target(b))
             else:
                 req.part_queued()
-                self._queues[b].append((req, part))
+                self._queues[b].append((req, part, pid))
         if req.done is None:
             return self._reply(req, frame.header)
         return asyncio.ensure_future(self._reply_later(req, frame.header))
@@ -129,11 +130,12 @@ class StoreService:
 
     def _drain(self, block: int) -> None:
         """Serve (or redirect, if the move was cancelled) a block's queue in arrival order."""
-        for req, part in self._queues.pop(block, []):
+        for req, part, pid in self._queues.pop(block, []):
             try:
                 if self.states.disposition(block) is Disposition.SERVE:
-                    req.check(self.store, block, part)
-                    req.apply(self.store, block, part)
+                    if pid is None or self.applied_pushes.first_time(pid, block):
+                        req.check(self.store, block, part)
+                        req.apply(self.store, block, part)
                 else:
                     req.redirect(block, part, self._redirect_target(block))
             except Exception as e:  # noqa: BLE001 - a bad queued part fails its own request only
@@ -161,7 +163,8 @@ class StoreService:
         """
         if self.states.state(block) is not BlockState.INCOMING:
             raise RequestError(f"block {block} is {self.states.state(block).value}, not incoming")
-        self.applied_pushes.forget([block])
+        # Before its queue drains: a queued part whose id the block was applied with at its source
+        # is acknowledged, not applied again.
         self.applied_pushes.import_ids(block, applied)
         if len(arrays) == len(keys) + 2:
             n = len(keys)

@@ -6,8 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from psruntime.frame_codec import Frame
+from psruntime.ownership_table import OwnershipTable
 from psruntime.push_ids import COUNT, DELTAS, EPOCH_BITS, AppliedPushes, epoch_of, push_id
 from psruntime.store_client import StoreClient
+from psruntime.store_service import StoreService
 from store_cluster import executor_cluster
 
 NB = 6
@@ -93,3 +96,27 @@ async def test_a_block_keeps_its_ids_when_it_migrates_and_forgets_them_when_rest
     await dp.request(dst.address, {"op": "restore_blocks_data", "blocks": ckpt.header["blocks"]}, ckpt.arrays)
     assert all(dst.service.applied_pushes.export(b) == [] for b in dst.service.owned_blocks())
     await c.close()
+
+
+async def test_a_repeat_queued_on_an_incoming_block_is_judged_with_the_ids_it_brings() -> None:
+    """A redone push that reaches a block's destination while the block is on its way (queued
+    there) is not applied if the block was applied with its id at the source."""
+    table = OwnershipTable(1, ["src"], {"src": "127.0.0.1:1"}, version=1)
+    dst = StoreService("dst", table, None)  # type: ignore[arg-type]  # it starts no migration here
+    dst.take_ownership([0], "src")                        # block 0 is on its way from src
+    pid = push_id(1, 0, 50)
+    keys, ones = np.arange(4, dtype=np.int64), np.ones((4, WIDTH), np.float32)
+
+    def push(p: int | None) -> object:
+        header = {"op": "update", "func": "add", "key_array": True, **({} if p is None else {"push_id": p})}
+        return dst.handle_data(Frame(header, [keys, ones]))
+
+    queued = [push(pid), push(pid), push(push_id(1, 0, 100))]    # the redo's push twice, then a new one
+    # The block arrives with its data (the original push already applied: 1s) and its ids.
+    dst.receive_block(0, [], [keys, ones.copy()], applied=[pid])
+    for reply in queued:
+        await reply  # type: ignore[misc]
+    got = np.zeros((4, WIDTH), np.float32)
+    dst.store.gather(0, keys, got)
+    np.testing.assert_array_equal(got, np.full((4, WIDTH), 2, np.float32))    # the original + the new one
+    assert dst.applied_pushes.repeats == 2
