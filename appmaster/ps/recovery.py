@@ -191,7 +191,7 @@ class ExecutorRecovery:
             return None
         try:
             async with self.steps.exclusive("recovery"):
-                return await self._replace(self._pending_workers(), redo=True)
+                return await self._replace(lost, redo=True)
         except Exception as e:  # noqa: BLE001 - the checkpoint path is the fallback
             log.warning("replacing %s failed (%s): the job goes back to the latest checkpoint",
                         ", ".join(w.executor_id for w in lost), e)
@@ -201,11 +201,14 @@ class ExecutorRecovery:
         return [e for e in self._pending_executors() if e is not None]
 
     async def _replace(self, lost: list[ExecutorRecord], redo: bool) -> list[ExecutorRecord]:
-        """Replace the lost workers (module doc); returns the replacements, in `lost`'s order."""
+        """Replace the lost workers (module doc); returns the replacements, in `lost`'s order.
+        Their losses leave `pending` (another pending worker is replaced when its own clock fails)."""
         steps, training = self.steps, self.training
         loop = training.loop
         t0 = time.perf_counter()
-        descriptions, self.pending = list(self.pending), []
+        ids = {w.executor_id for w in lost}
+        descriptions = [d for d in self.pending if (e := self.lost.get(d)) is not None and e.executor_id in ids]
+        self.pending = [d for d in self.pending if d not in descriptions]
         workers, servers = training.membership.shape()
         record: dict[str, Any] = {"mode": "replace_worker", "op": "replace", "time": self.wall_clock(),
                                   "lost": descriptions, "workers": workers, "servers": servers,
