@@ -37,11 +37,12 @@ from .checkpoints import Checkpointer
 from .cruise_driver import CruiseDriver, build_cruise_driver
 from .directives import DirectiveHandler, ProgressTracker, Reshaper, Shape
 from .elastic_ops import ElasticOpError, ElasticOps
-from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
+from .executor_pool import ExecutorPool, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
 from .heldout_monitor import HeldoutMonitor
 from .job import JobEvent, JobPhase, JobStateMachine
-from .kill_restart import KillRestart, keeps_worker_state
+from .job_resume import job_record, resumable_checkpoint, resume_job
+from .kill_restart import KillRestart
 from .metrics import EpochRecord, JobMetrics
 from .reconfiguration import Reconfiguration
 from .recovery import ExecutorRecovery
@@ -233,11 +234,12 @@ class PSApplicationMaster:
         self.job.apply(JobEvent.WORKERS_READY)
         self._publish_shape()
         servers, workers = self.pool.ready(Role.SERVER), self.pool.ready(Role.WORKER)
-        resume = self._resumable_checkpoint()
+        resume = resumable_checkpoint(self.checkpointer, self.spec, self.app)
         if resume is None:
             await self.training.setup(servers, workers)
-        else:
-            await self._resume(resume, servers, workers)
+        else:      # a new attempt: continue from the checkpoint the failed one left
+            self.shape_history = list(resume.get("shape_history", []))
+            self.resumed_from = await resume_job(resume, servers, workers, self.metrics, self.steps)
         self.job.apply(JobEvent.INITIALISED)
         self.progress.start(time.time())
         self._publish_shape()
@@ -300,53 +302,9 @@ class PSApplicationMaster:
             self._publish_shape()
 
     def job_record(self) -> dict[str, Any]:
-        """What a checkpoint records about the job besides the model, so that a new AM attempt can
-        continue it: the spec, the attempt, the objective and shape histories, the progress."""
-        loop = self.training.loop
-        return {"spec": self.spec.to_json(), "attempt_id": self.am.identity.attempt_id,
-                "initial_objective": self.metrics.initial_objective,
-                "objective_history": [e.to_json() for e in self.metrics.epochs],
-                "shape_history": list(self.shape_history), "iterations": loop.iterations,
-                "clocks": loop.clocks_done, "minibatches_run": loop.minibatches_run}
-
-    def _resumable_checkpoint(self) -> Optional[dict[str, Any]]:
-        """The job's latest checkpoint in the durable AM dir (an earlier attempt's), if this attempt
-        can continue from it; None to start from the initial model."""
-        latest = self.checkpointer.latest()
-        if latest is None:
-            return None
-        if (latest.get("spec") or {}).get("app") != self.spec.app or "objective_history" not in latest:
-            log.warning("checkpoint %s is not this job's (or predates resumable checkpoints): starting over",
-                        latest["dir"])
-            return None
-        if keeps_worker_state(self.app):
-            # The checkpoint holds the servers' model only; NMF's / LDA's worker-local state would
-            # be re-initialised against restored server state (LDA: topic counts counted twice).
-            log.warning("%s keeps training state on its workers, which checkpoints do not hold: this "
-                        "attempt starts over instead of resuming from %s", self.spec.app, latest["dir"])
-            return None
-        return latest
-
-    async def _resume(self, manifest: dict[str, Any], servers: list[ExecutorRecord],
-                      workers: list[ExecutorRecord]) -> None:
-        """Continue the job from an earlier attempt's checkpoint: its epochs, objective and shape
-        histories carry on, and training resumes at the checkpoint's place in the epoch."""
-        m = self.metrics
-        m.initial_objective = float(manifest["initial_objective"])
-        for e in manifest["objective_history"]:
-            m.record_epoch(EpochRecord(epoch=int(e["epoch"]), objective=float(e["objective"]),
-                                       epoch_time_s=float(e["epoch_time_s"]), time=float(e["time"])))
-        self.shape_history = list(manifest.get("shape_history", []))
-        self.training.loop.continue_from(int(manifest["epoch"]), int(manifest.get("iterations", 0)),
-                                         int(manifest.get("clocks", 0)), manifest.get("minibatches_run"))
-        positions = {int(b): (int(p[0]), int(p[1])) for b, p in (manifest.get("positions") or {}).items()}
-        restored = await self.steps.restart_on(servers, workers, manifest["dir"], positions)
-        self.resumed_from = {"dir": manifest["dir"], "epoch": int(manifest["epoch"]),
-                             "clock": int(manifest.get("clock", 0)), "attempt_id": manifest.get("attempt_id"),
-                             "objective": manifest.get("objective"), "objective_restored": restored,
-                             "checkpoint_time": manifest.get("time"), "time": time.time()}
-        log.info("resumed from checkpoint %s of %s: epoch %d, objective %.6g", manifest["dir"],
-                 manifest.get("attempt_id"), manifest["epoch"], restored)
+        """What a checkpoint records about the job besides the model (appmaster.ps.job_resume)."""
+        return job_record(self.spec, self.am.identity.attempt_id, self.metrics, self.shape_history,
+                          self.training.loop)
 
     async def _launch(self, role: Role, count: int) -> None:
         self.am.add_ask(count, self.resource, tag=role.value)
