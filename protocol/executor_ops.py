@@ -45,6 +45,12 @@ class WorkerSetup(_Request, tag="worker_setup"):
     num_partitions: Positive
 
 
+class LoadSplits(_Request, tag="load_splits"):
+    """Generate (or load) exactly the input blocks `blocks` (a replacement for a lost worker)."""
+
+    blocks: list[NonNeg]
+
+
 class InitModel(_Request, tag="init_model"):
     """Put every model key's initial value (one worker does it for the job)."""
 
@@ -173,7 +179,7 @@ class EpsDiscardStaged(_Request, tag="eps_discard_staged"):
     splits: list[NonNeg]
 
 
-ControlRequest = Union[AppSetup, WorkerSetup, InitModel, InitBlocks, RunClock, RunEpoch, Objective,
+ControlRequest = Union[AppSetup, WorkerSetup, LoadSplits, InitModel, InitBlocks, RunClock, RunEpoch, Objective,
                        ServerObjective, Positions, SetPositions, StopTraining, Status, Shutdown, SwitchRole,
                        SetOwnership, MoveBlocks, CheckpointBlocks, RestoreBlocksData, EpsJoin, EpsSendData,
                        EpsCommit, EpsDiscardStaged]
@@ -195,7 +201,9 @@ class WorkerSetupReply(ControlReply):
 
 
 class RunClockReply(ControlReply):
-    """What a worker ran in one clock (its per-mini-batch times come as two float64 buffers)."""
+    """What a worker ran in one clock (its per-mini-batch times come as two float64 buffers), and
+    where each of its input blocks is now, {block: [epoch, next_row]} (where a replacement would
+    start the next clock from)."""
 
     epoch: NonNeg = 0
     batches: NonNeg = 0
@@ -203,6 +211,7 @@ class RunClockReply(ControlReply):
     compute_s: float = 0.0
     comm_s: float = 0.0
     seconds: float = 0.0
+    positions: dict[str, tuple[NonNeg, NonNeg]] = {}
 
 
 class ObjectiveReply(ControlReply):

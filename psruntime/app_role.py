@@ -5,6 +5,8 @@ executor's op table, see `Executor.extra_ops`):
 
     app_setup {app, preset, data, hparams}   bind the ML app (servers need it for their objective part)
     worker_setup {partition, num_partitions} generate this worker's input partition
+    load_splits {blocks}                     generate exactly these input blocks (a worker that
+                                             replaces a lost one takes over its splits)
     init_model {}                            put every model key's initial value (one worker does it)
     init_blocks {}                           initialise the blocks' local state, push what it yields
     run_clock {epoch, batches, num_workers, count_key?}
@@ -13,7 +15,8 @@ executor's op table, see `Executor.extra_ops`):
                                              with count_key, also push +1 to that key per mini-batch
                                              (an audit: the servers count the mini-batches applied).
                                              Reply: counts and sums, `epoch_done` (every block held
-                                             here has had its pass of the epoch), and the
+                                             here has had its pass of the epoch), `positions` (each
+                                             held block's [epoch, next_row] now), and the
                                              per-mini-batch compute / communication times as two
                                              float64 buffers (no JSON for arrays)
     run_epoch {epoch, num_workers, with_objective?, count_key?}
@@ -68,7 +71,8 @@ class AppRole:
         self.pipeline = TrainingPipeline(runner)
 
     def ops(self) -> dict[str, Op]:
-        return {"app_setup": self.app_setup, "worker_setup": self.worker_setup, "init_model": self.init_model,
+        return {"app_setup": self.app_setup, "worker_setup": self.worker_setup, "load_splits": self.load_splits,
+                "init_model": self.init_model,
                 "init_blocks": self.init_blocks, "run_epoch": self.run_epoch, "run_clock": self.run_clock,
                 "positions": self.positions, "set_positions": self.set_positions, "objective": self.objective,
                 "server_objective": self.server_objective, "stop_training": self.stop_training}
@@ -129,6 +133,22 @@ class AppRole:
         return {"op": "ok", "rows": part.num_rows, "data_bytes": part.nbytes,
                 "blocks": [b.block_index for b in part.blocks]}, ()
 
+    async def load_splits(self, frame: Frame) -> Reply:
+        """Generate (or read) exactly the given input blocks, in split order, as this worker's
+        active splits; their positions start at (0, 0) until `set_positions`."""
+        app = self._need_app()
+        wanted = frame.header.get("blocks")
+        if (not isinstance(wanted, list) or
+                not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < app.num_blocks for b in wanted)):
+            raise RequestError(f"field 'blocks' must be a list of input blocks below {app.num_blocks}")
+        async with self._busy:
+            self.blocks = [app.input_block(b) for b in sorted(set(wanted))]
+            app.release_generation_caches()
+        if self.store is None:
+            self.store = StoreClient(self.executor.service.table, self.executor.client)
+        return {"op": "ok", "rows": sum(b.num_rows for b in self.blocks), "data_bytes": self.data_bytes(),
+                "blocks": [b.block_index for b in self.blocks]}, ()
+
     async def init_model(self, frame: Frame) -> Reply:
         app, store = self._need_app(), self._need_store()
         await init_model(store, app)
@@ -159,7 +179,9 @@ class AppRole:
             t_start = time.perf_counter()
             times = await self._run_batches(app, store, ctx, count_key, limit)
             done = all(epoch_position(b, epoch) >= b.num_rows for b in self.blocks)
-        return _step_reply(epoch, done, times, t_start)
+            header, arrays = _step_reply(epoch, done, times, t_start)
+            header["positions"] = {str(b.block_index): list(block_position(b)) for b in self.blocks}
+        return header, arrays
 
     async def run_epoch(self, frame: Frame) -> Reply:
         """The rest of the epoch (all of it, unless clocks of it ran already) in one op."""

@@ -77,6 +77,7 @@ class CheckpointOps:
         blocks = [b for b, _ in items]
         self._check_owned(blocks, f"are not assigned to {self.executor_id}; set ownership first")
         install_blocks(self.service.store, items)     # all or nothing
+        self.service.applied_pushes.forget(blocks)    # their epochs after the checkpoint are trained again
         return {"op": "ok", "blocks": blocks}, ()
 
     def checkpoint(self, frame: Frame) -> Reply:
@@ -92,4 +93,5 @@ class CheckpointOps:
         blocks = int_list_field(frame.header, "blocks")
         self._check_owned(blocks, f"are not assigned to {self.executor_id}; set ownership first")
         restore_blocks(self.service.store, blocks, directory)
+        self.service.applied_pushes.forget(blocks)
         return {"op": "ok", "blocks": blocks}, ()

@@ -163,7 +163,8 @@ class Executor:
         keys = frame.header.get("keys")
         if not isinstance(block, int) or not isinstance(keys, list):
             raise RequestError("block_data needs int field 'block' and list field 'keys'")
-        self.service.receive_block(block, keys, frame.arrays)
+        applied = int_list_field(frame.header, "applied") if "applied" in frame.header else []
+        self.service.receive_block(block, keys, frame.arrays, applied)
         return {"op": "ok"}, ()
 
     def _op_cancel_incoming(self, frame: Frame) -> Reply:

@@ -12,7 +12,9 @@ Two APIs over the two wire forms of psruntime.store_requests:
 
 `push` is asynchronous: it writes the frames at once (so a later pull on the same connection is
 served after it) and returns; its replies, redirects and errors are handled in the background and
-an error is raised by the next call or by `flush()`.
+an error is raised by the next call or by `flush()`. A push may carry a push id
+(psruntime.push_ids), which goes with every frame of it, re-sends included: each server applies
+it once per block.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import numpy as np
 from psruntime.dataplane import DataPlaneClient, DataPlaneConnection
 from psruntime.frame_codec import Frame
 from psruntime.ownership_table import Key, OwnershipTable, as_int_keys, blocks_of_int_keys
+from psruntime.push_ids import PUSH_ID_FIELD
 from psruntime.store_requests import MISSING, REDIRECTED
 
 MAX_ROUNDS = 200          # a key redirected this often means ownership never converged
@@ -91,8 +94,10 @@ class StoreClient:
         self._raise_pending_error()
         await self._run("update", func, list(keys), list(deltas))
 
-    async def push(self, keys: Sequence[Key], deltas: Sequence[np.ndarray], func: str = "add") -> None:
-        """Send updates without waiting for them to be applied (awaits only socket backpressure).
+    async def push(self, keys: Sequence[Key], deltas: Sequence[np.ndarray], func: str = "add",
+                   push_id: int | None = None) -> None:
+        """Send updates without waiting for them to be applied (awaits only socket backpressure);
+        with `push_id`, a server that applied that id to a block before ignores it there.
 
         Large deltas are sent from the caller's memory, not copied: do not modify them in place
         before flush() (computing fresh arrays, as the apps do, is always safe).
@@ -100,8 +105,8 @@ class StoreClient:
         self._raise_pending_error()
         keys, deltas = list(keys), list(deltas)
         self._check_lengths(keys, deltas)
-        first = await self._submit("update", func, keys, deltas, list(range(len(keys))))
-        task = asyncio.ensure_future(self._complete("update", func, keys, deltas, first, _Outcome()))
+        first = await self._submit("update", func, keys, deltas, list(range(len(keys))), push_id)
+        task = asyncio.ensure_future(self._complete("update", func, keys, deltas, first, _Outcome(), push_id))
         self._pending.add(task)
         task.add_done_callback(self._push_done)
         for conn in {c for c, _, _ in first}:
@@ -158,8 +163,10 @@ class StoreClient:
             sent = await self._submit_array("update", func, keys, values, None, {"func": func})
             await self._complete_array("update", func, keys, values, sent, _ArrayOutcome(), {"func": func})
 
-    async def push_array(self, keys: np.ndarray, values: np.ndarray, func: str = "add") -> None:
-        """update_array without waiting for it to be applied (awaits only socket backpressure).
+    async def push_array(self, keys: np.ndarray, values: np.ndarray, func: str = "add",
+                         push_id: int | None = None) -> None:
+        """update_array without waiting for it to be applied (awaits only socket backpressure);
+        `push_id` as in push().
 
         Like push(): large values are sent from the caller's memory; do not modify them in place
         before flush().
@@ -168,7 +175,7 @@ class StoreClient:
         keys, values = self._keys_values(keys, values)
         if not len(keys):
             return
-        extra = {"func": func}
+        extra: dict[str, Any] = {"func": func} if push_id is None else {"func": func, PUSH_ID_FIELD: push_id}
         sent = await self._submit_array("update", func, keys, values, None, extra)
         task = asyncio.ensure_future(self._complete_array("update", func, keys, values, sent, _ArrayOutcome(), extra))
         self._pending.add(task)
@@ -315,13 +322,16 @@ class StoreClient:
         return groups
 
     async def _submit(self, op: str, func: str | None, keys: list[Key], values: list[np.ndarray],
-                      idx: list[int]) -> list[tuple[DataPlaneConnection, list[int], asyncio.Future[Frame]]]:
+                      idx: list[int], push_id: int | None = None
+                      ) -> list[tuple[DataPlaneConnection, list[int], asyncio.Future[Frame]]]:
         sent = []
         for address, group in self._route(keys, idx).items():
             conn = self._client.cached(address) or await self._client.connection(address)
             header: dict[str, Any] = {"op": op, "keys": [keys[i] for i in group], "v": self.table.version}
             if func is not None:
                 header["func"] = func
+            if push_id is not None:
+                header[PUSH_ID_FIELD] = push_id
             fut = conn.submit(header, [values[i] for i in group] if values else [])
             sent.append((conn, group, fut))
         return sent
@@ -338,7 +348,7 @@ class StoreClient:
 
     async def _complete(self, op: str, func: str | None, keys: list[Key], values: list[np.ndarray],
                         sent: list[tuple[DataPlaneConnection, list[int], asyncio.Future[Frame]]],
-                        out: _Outcome) -> None:
+                        out: _Outcome, push_id: int | None = None) -> None:
         for rnd in range(MAX_ROUNDS):
             retry: list[int] = []
             for conn, group, fut in sent:
@@ -353,7 +363,7 @@ class StoreClient:
             if rnd >= FAST_ROUNDS:
                 # Ownership is converging through a chain of moves: give the broadcast a moment.
                 await asyncio.sleep(min(0.001 * 2 ** (rnd - FAST_ROUNDS), 0.05))
-            sent = await self._submit(op, func, keys, values, retry)
+            sent = await self._submit(op, func, keys, values, retry, push_id)
         raise StoreClientError(f"{op}: keys still redirected after {MAX_ROUNDS} rounds")
 
     def _absorb(self, reply: Frame, keys: list[Key], group: list[int], out: _Outcome) -> list[int]:

@@ -5,7 +5,9 @@ the array or the list wire form (psruntime.store_requests). Each block's part of
 served, queued (block INCOMING) or redirected (block MOVED / not ours) as the pure state machine in
 psruntime.migration says; the reply's `redirect` lists [block, owner, address] for the parts not
 applied here, which the client re-sends to the new owner. A redirected part is never applied here,
-so a retry applies it exactly once.
+so a retry applies it exactly once. An update that carries a push id (psruntime.push_ids: a
+worker's mini-batch) is applied once per block: a block's part whose id it was applied with
+before (a redone clock) is acknowledged and not applied.
 
 Migration ops: "move_blocks" (controller -> source), "take_ownership", "block_data" and
 "cancel_incoming" (source -> destination). A block travels as its dense key and value arrays
@@ -25,6 +27,7 @@ from psruntime.dataplane import DataPlaneClient, Reply, RequestError
 from psruntime.frame_codec import Frame
 from psruntime.migration import BlockState, BlockStates, Disposition, MigrationEvent
 from psruntime.ownership_table import OwnershipTable
+from psruntime.push_ids import PUSH_ID_FIELD, AppliedPushes
 from psruntime.store_requests import DataRequest, parse_request
 
 log = logging.getLogger(__name__)
@@ -42,10 +45,12 @@ class StoreService:
         self.store = BlockStore(table.num_blocks)
         self.states = BlockStates(table.num_blocks, clock) if clock else BlockStates(table.num_blocks)
         self._client = client
-        self._queues: dict[int, list[tuple[DataRequest, Any]]] = defaultdict(list)  # parts on INCOMING blocks
+        # Parts on INCOMING blocks, with their push ids (judged when served: the block's ids come with it).
+        self._queues: dict[int, list[tuple[DataRequest, Any, int | None]]] = defaultdict(list)
         self.address = ""  # set by the executor once its server listens
         self.handover_timeout_s = 30.0
         self.stats = {"served": 0, "queued": 0, "redirected": 0}  # request parts, for status and tests
+        self.applied_pushes = AppliedPushes()
         self.apply_table(table, force=True)
 
     # -- ownership ---------------------------------------------------------------------------
@@ -82,6 +87,9 @@ class StoreService:
     def handle_data(self, frame: Frame) -> Reply | asyncio.Future[Reply]:
         """Serve, queue or redirect each block's part of a data request (psruntime.store_requests)."""
         req = parse_request(frame.header, frame.arrays)
+        pid = frame.header.get(PUSH_ID_FIELD) if req.op == "update" else None
+        if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid < 0):
+            raise RequestError(f"field {PUSH_ID_FIELD!r} must be a non-negative int")
         plan = []
         # Validate everything that is served now before applying anything: a bad request changes nothing.
         for b, part in req.parts(self.table.num_blocks):
@@ -92,6 +100,8 @@ class StoreService:
                 self._redirect_target(b)
             plan.append((b, part, disp))
         for b, part, disp in plan:
+            if pid is not None and disp is Disposition.SERVE and not self.applied_pushes.first_time(pid, b):
+                continue        # applied before (a redone clock's push): acknowledged, not applied again
             self.stats[_STAT[disp]] += 1
             if disp is Disposition.SERVE:
                 req.apply(self.store, b, part)
@@ -99,7 +109,7 @@ class StoreService:
                 req.redirect(b, part, self._redirect_target(b))
             else:
                 req.part_queued()
-                self._queues[b].append((req, part))
+                self._queues[b].append((req, part, pid))
         if req.done is None:
             return self._reply(req, frame.header)
         return asyncio.ensure_future(self._reply_later(req, frame.header))
@@ -120,11 +130,12 @@ class StoreService:
 
     def _drain(self, block: int) -> None:
         """Serve (or redirect, if the move was cancelled) a block's queue in arrival order."""
-        for req, part in self._queues.pop(block, []):
+        for req, part, pid in self._queues.pop(block, []):
             try:
                 if self.states.disposition(block) is Disposition.SERVE:
-                    req.check(self.store, block, part)
-                    req.apply(self.store, block, part)
+                    if pid is None or self.applied_pushes.first_time(pid, block):
+                        req.check(self.store, block, part)
+                        req.apply(self.store, block, part)
                 else:
                     req.redirect(block, part, self._redirect_target(block))
             except Exception as e:  # noqa: BLE001 - a bad queued part fails its own request only
@@ -141,8 +152,10 @@ class StoreService:
         for b in blocks:
             self.states.apply(b, MigrationEvent.TAKE_OWNERSHIP, peer=src)
 
-    def receive_block(self, block: int, keys: list[Any], arrays: Sequence[np.ndarray]) -> None:
-        """Install a block's data (a "block_data" frame's `keys` and buffers) and drain its queue.
+    def receive_block(self, block: int, keys: list[Any], arrays: Sequence[np.ndarray],
+                      applied: Sequence[int] = ()) -> None:
+        """Install a block's data (a "block_data" frame's `keys` and buffers, `applied` the push
+        ids it was applied with at its source) and drain its queue.
 
         Two forms: one buffer per key (len(arrays) == len(keys)), or what `block_data_message`
         sends: the keys and buffers of the block's non-dense keys, then its dense int64 keys and
@@ -150,6 +163,9 @@ class StoreService:
         """
         if self.states.state(block) is not BlockState.INCOMING:
             raise RequestError(f"block {block} is {self.states.state(block).value}, not incoming")
+        # Before its queue drains: a queued part whose id the block was applied with at its source
+        # is acknowledged, not applied again.
+        self.applied_pushes.import_ids(block, applied)
         if len(arrays) == len(keys) + 2:
             n = len(keys)
             self.store.import_arrays(block, BlockArrays(arrays[n], arrays[n + 1], list(keys), list(arrays[:n])))
@@ -205,7 +221,8 @@ class StoreService:
             raise
         # Same event-loop step: snapshot and start redirecting, so each op is in exactly one of them.
         self.states.apply(block, MigrationEvent.HANDOVER_ACKED)
-        header, arrays = block_data_message(block, self.executor_id, self.store.export_arrays(block))
+        header, arrays = block_data_message(block, self.executor_id, self.store.export_arrays(block),
+                                            self.applied_pushes.export(block))
         last: Exception | None = None
         for _attempt in range(3):
             try:
@@ -218,9 +235,13 @@ class StoreService:
         raise RuntimeError(f"block {block} data not delivered to {dst}: {last}")
 
 
-def block_data_message(block: int, src: str, data: BlockArrays) -> tuple[dict[str, Any], list[np.ndarray]]:
+def block_data_message(block: int, src: str, data: BlockArrays,
+                       applied: Sequence[int] = ()) -> tuple[dict[str, Any], list[np.ndarray]]:
     """The "block_data" frame of a block: JSON keys only for its non-dense keys, the dense rows as two
-    buffers (keys, values) after their buffers; see StoreService.receive_block."""
+    buffers (keys, values) after their buffers, and the push ids the block was applied with (only
+    when there are some); see StoreService.receive_block."""
     values = data.values if data.values is not None else np.zeros(0, np.float32)
-    return ({"op": "block_data", "block": block, "keys": data.other_keys, "src": src},
-            [*data.other_arrays, data.keys, values])
+    header: dict[str, Any] = {"op": "block_data", "block": block, "keys": data.other_keys, "src": src}
+    if applied:
+        header["applied"] = list(applied)
+    return header, [*data.other_arrays, data.keys, values]

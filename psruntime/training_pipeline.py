@@ -21,7 +21,9 @@ batch's also the flush), each as the runner ran it: time a runner waits for a sl
 The objective part runs the same way (PULL, then COMP in the thread, per block).
 
 A worker's place in an epoch is in each block's state (`[epoch, next_row]`, key POSITION), so it
-travels with a block that EPS moves between two clocks.
+travels with a block that EPS moves between two clocks. Each mini-batch's pushes carry a push id
+(psruntime.push_ids: split, epoch, first row), so a clock that a replacement worker runs again
+applies none of them twice.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ import numpy as np
 
 from psruntime.apps.base import KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
+from psruntime.push_ids import COUNT, DELTAS, push_id
 from psruntime.store_client import StoreClient
 
 T = TypeVar("T")
@@ -123,10 +126,11 @@ async def pull_key_values(store: StoreClient, keys: np.ndarray, key_length: int)
     return KeyValues(keys, values)
 
 
-async def push_key_values(store: StoreClient, deltas: KeyValues | None) -> None:
-    """Push `deltas` (value += delta at the owners) as one array-form update per owner."""
+async def push_key_values(store: StoreClient, deltas: KeyValues | None, pid: int | None = None) -> None:
+    """Push `deltas` (value += delta at the owners) as one array-form update per owner, with push
+    id `pid` when given."""
     if deltas is not None and len(deltas):
-        await store.push_array(deltas.keys, deltas.values)
+        await store.push_array(deltas.keys, deltas.values, push_id=pid)
 
 
 async def init_model(store: StoreClient, app: PSApp[Any, Any]) -> None:
@@ -218,7 +222,8 @@ class TrainingPipeline:
                 t1 = time.perf_counter()
                 deltas = await self._compute(functools.partial(app.compute, batch, params, ctx))
                 t2 = time.perf_counter()
-                await self.runner.run(Subtask.PUSH, functools.partial(self._push, store, deltas, count_key, one))
+                await self.runner.run(Subtask.PUSH, functools.partial(
+                    self._push, store, deltas, count_key, one, block.block_index, epoch, batch.start))
                 t3 = time.perf_counter()
                 set_epoch_position(block, epoch, batch.stop)
                 compute.append(t2 - t1)
@@ -237,10 +242,11 @@ class TrainingPipeline:
 
     @staticmethod
     async def _push(store: StoreClient, deltas: KeyValues | None, count_key: str | None,
-                    one: list[np.ndarray]) -> None:
-        await push_key_values(store, deltas)   # asynchronous: waits only for backpressure
+                    one: list[np.ndarray], split: int, epoch: int, start: int) -> None:
+        # asynchronous: waits only for backpressure
+        await push_key_values(store, deltas, push_id(split, epoch, start, DELTAS))
         if count_key is not None:
-            await store.push([count_key], one)
+            await store.push([count_key], one, push_id=push_id(split, epoch, start, COUNT))
 
     async def objective(self, app: PSApp[Any, Any], store: StoreClient, blocks: Sequence[DataBlock]) -> ObjectivePart:
         """This worker's objective part under the current model: PULL and COMP per block."""

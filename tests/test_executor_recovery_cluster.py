@@ -1,13 +1,15 @@
 """A PS job survives a lost server and a lost worker (RM + 3 NMs as processes).
 
-Three MLR jobs side by side (2 workers, 2 servers, checkpoints every 2 epochs, the exactly-once
-audit on): in one the AM SIGKILLs its server-0 process once epoch 3 is done, in another its
-worker-1, the third trains undisturbed as the reference. The fault is injected by a small AM
-script at a point that does not depend on how fast the host is. Checked: both faulted jobs SUCCEED,
-each recovered once (its shape history names the lost executor and the checkpoint it went back
-to), their epochs form one contiguous run (the epochs after the checkpoint were trained again, not
-skipped), the servers applied every mini-batch the workers ran exactly once, and the final
-objective is within 1 % of the undisturbed run.
+Three MLR jobs side by side (2 workers, 2 servers, checkpoints every 2 epochs, four clocks an
+epoch, the exactly-once audit on): in one the AM SIGKILLs its server-0 process after the first
+clock of epoch 3, in another its worker-1, the third trains undisturbed as the reference. The fault is injected by a small AM
+script at a point that does not depend on how fast the host is. Checked: both faulted jobs SUCCEED
+and the servers applied every mini-batch the workers ran exactly once, with the final objective
+within 1 % of the undisturbed run. The lost worker was replaced by one new worker that ran the
+lost clock again, with no epoch redone and no checkpoint used (its shape history has one
+"replace_worker" record); the lost server's job went back to a checkpoint (one "recovery" record
+naming it) and trained the epochs after it again, on a full set of new executors. Either way the
+epochs form one contiguous run.
 """
 from __future__ import annotations
 
@@ -73,6 +75,7 @@ def recovery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def submit(cluster: Any, name: str, tmp_path: Path, victim: str) -> str:
     spec = {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 12, "convergence_threshold": 1e-12,
             "checkpoint_every_epochs": 2, "audit_updates": True, "executor_memory_mb": 320,
+            "clock_batches": 5,     # 4 clocks an epoch: the worker dies between two of them
             "hparams": {"learning_rate": 0.5}}
     sub = build_ps_submission(spec, name=name, am_memory=384)
     driver = tmp_path / "faulty_am.py"
@@ -95,18 +98,31 @@ def test_lost_server_and_lost_worker_are_replaced_and_training_goes_on(recovery_
     assert status[""]["recovery"]["failures"] == 0 and status[""]["recovery"]["enabled"]
     for victim in ("server-0", "worker-1"):
         st = status[victim]
-        recoveries = [h for h in st["shape_history"] if h["mode"] == "recovery"]
-        assert len(recoveries) == 1 and st["recovery"]["failures"] == 1, st["shape_history"]
-        rec = recoveries[0]
-        assert rec["error"] == "" and rec["changed"] and f"{victim} (" in rec["lost"][0], rec
-        assert rec["epoch"] in (2, 4) and rec["epochs_redone"] >= 1, rec    # back to the checkpoint of epoch 2 or 4
-        assert Path(rec["checkpoint"]).name == f"epoch-{rec['epoch']}"
+        assert st["recovery"]["failures"] == 1, st["recovery"]
         assert [h["epoch"] for h in st["objective_history"]] == list(range(12)), st["objective_history"]
         assert st["eps"]["audit_mismatches"] == [], st["eps"]["audit_mismatches"]
         assert st["eps"]["minibatches_applied"] == st["eps"]["minibatches_run"] > 0
         final = st["objective_history"][-1]["objective"]
         assert abs(final - reference) <= 0.01 * abs(reference), (victim, final, reference)
-        # The job ran on a full set of replacements: 4 executors, then 4 more.
-        assert len(st["shape"]["executors"]) == 8, st["shape"]["executors"]
+    # The lost server: back to the checkpoint of epoch 2 or 4, the epochs after it trained again,
+    # on a full set of replacements (4 executors, then 4 more).
+    st = status["server-0"]
+    [rec] = [h for h in st["shape_history"] if h["mode"] in ("recovery", "replace_worker")]
+    assert rec["mode"] == "recovery" and rec["error"] == "" and rec["changed"] and "server-0 (" in rec["lost"][0], rec
+    assert rec["epoch"] in (2, 4) and rec["epochs_redone"] >= 1, rec
+    assert Path(rec["checkpoint"]).name == f"epoch-{rec['epoch']}"
+    assert st["recovery"]["recoveries"] == 1 and st["recovery"]["replacements"] == 0, st["recovery"]
+    assert len(st["shape"]["executors"]) == 8, st["shape"]["executors"]
+    # The lost worker: one new worker in its place, the clock it was lost in run again, no epoch
+    # redone and no checkpoint gone back to.
+    st = status["worker-1"]
+    [rec] = [h for h in st["shape_history"] if h["mode"] in ("recovery", "replace_worker")]
+    assert rec["mode"] == "replace_worker" and rec["error"] == "" and rec["changed"], rec
+    assert "worker-1 (" in rec["lost"][0] and rec["epochs_redone"] == 0 and rec["epoch"] >= 3, rec
+    assert rec["clock_redone"] and rec["replacements"] == {"worker-1": "worker-2"}, rec
+    assert st["recovery"]["recoveries"] == 1 and st["recovery"]["replacements"] == 1, st["recovery"]
+    executors = {e["id"]: e for e in st["shape"]["executors"]}
+    assert sorted(executors) == ["server-0", "server-1", "worker-0", "worker-1", "worker-2"], executors
+    assert executors["worker-1"]["state"] == "EXITED" and executors["worker-2"]["blocks"], executors
     for app_id in jobs.values():
         wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")

@@ -120,7 +120,7 @@ def test_mlr_trains_and_improves(ps_cluster) -> None:
     # the one at setup is what a recovery from a lost executor goes back to (appmaster.ps.recovery)
     assert [c["epoch"] for c in final["checkpoints"]] == [0, 4, 8]
     assert final["recovery"] == {"enabled": True, "max_executor_failures": 3, "failures": 0, "losses": [],
-                                 "recoveries": 0}
+                                 "recoveries": 0, "replacements": 0}
     m = final["final_metrics"]
     assert m["accuracy"] > 2.5 * m["chance_accuracy"], m
     # held-out quality every 2 epochs (the default) beside the training objective, and at the end

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from appmaster.ps.executor_pool import Role
 from appmaster.ps.job import JobPhase
 from appmaster.ps.recovery import ExecutorRecovery
 from protocol.ps_job_spec import validate
@@ -39,6 +40,29 @@ def test_jobs_that_cannot_recover_fail_at_the_first_loss_with_its_description() 
               recovery({"app": "mlr"}, phase=JobPhase.INITIALISING), recovery({"app": "mlr"}, checkpoint=False)):
         assert r.on_lost(text) == text and r.pending == [] and r.failures == 0, r.why_not()
     assert not recovery({"app": "nmf"}).enabled and recovery({"app": "lasso"}).enabled
+
+
+def test_lost_workers_alone_are_replaced_anything_else_goes_back_to_the_checkpoint() -> None:
+    worker, server = (SimpleNamespace(executor_id=f"{r}-1", role=Role(r)) for r in ("worker", "server"))
+    r = recovery({"app": "mlr"})
+    assert r.on_lost("worker-1 (worker, c5 on n1) exited with -100 (ABORTED)", worker) is None  # type: ignore[arg-type]
+    assert r.pending and not r.rollback_needed
+    assert r.on_lost("server-1 (server, c2 on n1) exited with -100 (ABORTED)", server) is None  # type: ignore[arg-type]
+    assert r.rollback_needed and r.failures == 1          # one event, and now with a server in it
+    ssp = recovery({"app": "mlr", "sync": "ssp"})
+    ssp.on_lost("worker-1 (worker, c5 on n1) exited with 137", worker)  # type: ignore[arg-type]
+    assert ssp.rollback_needed                            # a clock is redone only under BSP
+    unknown = recovery({"app": "mlr"})
+    unknown.on_lost("worker-1 (worker, c5 on n1) exited with 137")
+    assert unknown.rollback_needed
+
+
+def test_a_lost_worker_that_held_no_splits_counts_but_leaves_nothing_to_replace() -> None:
+    r = recovery({"app": "mlr"})
+    r.training = SimpleNamespace(membership=SimpleNamespace(worker_ids=lambda: ["worker-0", "worker-1"]))
+    joining = SimpleNamespace(executor_id="worker-2", role=Role.WORKER)     # an EPS addition, not committed
+    assert r.on_lost("worker-2 (worker, c7 on n2) exited with 137", joining) is None  # type: ignore[arg-type]
+    assert r.failures == 1 and r.pending == [] and not r.rollback_needed
 
 
 async def test_a_recovery_waits_for_the_running_change_to_end() -> None:

@@ -15,6 +15,15 @@ Elastic changes hook into the BSP loop through its `boundaries` (appmaster.ps.bo
 after every clock, so progress reports (early feedback) move per clock. With the spec's
 `audit_updates`, every mini-batch also pushes +1 to AUDIT_KEY and at every BSP epoch's end the
 servers' count must equal the workers' (the exactly-once audit).
+
+A lost worker (BSP): every clock's run_clock calls are gathered with their failures, so the other
+workers finish the clock; if no failed worker answered (each is gone, not refusing), then
+`replace_lost_workers` (appmaster.ps.recovery) may put a replacement in each lost worker's place,
+holding its splits at the positions they had when the clock began (`positions`: each input
+block's [epoch, next_row] as the workers last reported it), and the replacements alone run the
+clock again; the servers drop the pushes the lost worker had made already (psruntime.push_ids),
+so no update is lost or applied twice and the epoch goes on.
+Without a replacement the survivors' part of the clock is counted and the failure is raised.
 """
 from __future__ import annotations
 
@@ -22,7 +31,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from typing import Awaitable, Callable, Optional
+from typing import Awaitable, Callable, Optional, Sequence
 
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
@@ -35,7 +44,7 @@ from .boundary_scheduler import BoundaryScheduler
 from .clock_pacing import ClockPacer
 from .evaluation import Evaluation
 from .executor_pool import ExecutorRecord
-from .executor_rpc import ExecutorRpc
+from .executor_rpc import ExecutorCallError, ExecutorRpc
 from .membership import Membership
 from .metrics import EpochRecord, JobMetrics
 from .model_placement import ModelPlacement
@@ -43,6 +52,9 @@ from .model_placement import ModelPlacement
 log = logging.getLogger(__name__)
 
 EpochHook = Callable[[EpochRecord], Awaitable[None]]
+# Workers whose run_clock failed -> their replacements, in the same order (None: not replaced).
+WorkerLossHook = Callable[[list[ExecutorRecord]], Awaitable[Optional[list[ExecutorRecord]]]]
+Position = tuple[int, int]      # an input block's (epoch, next_row)
 
 AUDIT_KEY = "eps:minibatches"   # with spec.audit_updates: +1 per mini-batch, counted by the servers
 
@@ -74,6 +86,8 @@ class ClockLoop:
         self.minibatches_applied: Optional[int] = None
         self.minibatches_run = 0
         self.audit_mismatches: list[dict[str, int]] = []
+        self.positions: dict[int, Position] = {}    # input block -> where its last clock left it
+        self.replace_lost_workers: Optional[WorkerLossHook] = None
         self._stop = False
         self._looping = False
         self.boundaries = BoundaryScheduler(self._why_closed)
@@ -104,6 +118,17 @@ class ClockLoop:
         self.epochs_done, self.iterations, self.clocks_done = epochs_done, iterations, clocks_done
         if minibatches_run is not None:
             self.minibatches_run = minibatches_run
+
+    def reset_positions(self, positions: Optional[dict[int, Position]] = None) -> None:
+        """The input blocks start from `positions` (none: from the start of the epoch), e.g. after
+        a restart from a checkpoint."""
+        self.positions = dict(positions or {})
+
+    def clock_start_positions(self, blocks: Sequence[int]) -> dict[int, Position]:
+        """Where `blocks` stood when the running clock began (between clocks: where the next one
+        begins). A block not reported yet has not trained in this run: (0, 0), which a clock of
+        any epoch reads as "from the first row"."""
+        return {b: self.positions.get(b, (0, 0)) for b in blocks}
 
     def recheck_convergence(self) -> None:
         self.converged = self.early_stop is not None or self.app.is_converged(self.metrics.objectives)
@@ -172,15 +197,38 @@ class ClockLoop:
             if self._stop:
                 return False
             workers = self.membership.workers
-            frames = await self.rpc.frames_all(workers, self._clock_request(len(workers), epoch))
-            replies = [ops.decode_reply(f.header, ops.RunClockReply) for f in frames]
-            self._end_clock(workers, frames, replies)
+            request = self._clock_request(len(workers), epoch)
+            results = await asyncio.gather(*(self.rpc.frame(w, request) for w in workers), return_exceptions=True)
+            ran = [(w, r) for w, r in zip(workers, results) if isinstance(r, Frame)]
+            if len(ran) < len(workers):
+                ran += await self._redo_lost(request, [(w, r) for w, r in zip(workers, results)
+                                                       if not isinstance(r, Frame)], ran)
+            replies = [ops.decode_reply(f.header, ops.RunClockReply) for _, f in ran]
+            self._end_clock([w for w, _ in ran], [f for _, f in ran], replies)
             if all(r.epoch_done for r in replies):
                 return True
 
+    async def _redo_lost(self, request: ops.RunClock, failed: list[tuple[ExecutorRecord, BaseException]],
+                         ran: list[tuple[ExecutorRecord, Frame]]) -> list[tuple[ExecutorRecord, Frame]]:
+        """Workers whose clock failed: their replacements run it again, alone (see the module doc);
+        without replacements, the survivors' clock is counted and the first failure raised."""
+        errors = [e for _, e in failed]
+        replacements = None
+        if self.replace_lost_workers is not None and all(isinstance(e, ExecutorCallError) and not e.answered
+                                                         for e in errors):
+            replacements = await self.replace_lost_workers([w for w, _ in failed])
+        if replacements is None:
+            replies = [ops.decode_reply(f.header, ops.RunClockReply) for _, f in ran]
+            self._end_clock([w for w, _ in ran], [f for _, f in ran], replies)
+            raise errors[0]
+        log.info("clock %d runs again on %s (replacing %s)", self.clocks_done,
+                 ", ".join(w.executor_id for w in replacements), ", ".join(w.executor_id for w, _ in failed))
+        return list(zip(replacements, await self.rpc.frames_all(replacements, request)))
+
     def _end_clock(self, workers: list[ExecutorRecord], frames: list[Frame], replies: list[ops.RunClockReply]) -> None:
-        for w, f in zip(workers, frames):
+        for w, f, r in zip(workers, frames, replies):
             self._record_batches(w, f)
+            self.positions.update((int(b), (p[0], p[1])) for b, p in r.positions.items())
         slowest = max(replies, key=lambda r: r.seconds, default=None)
         if slowest is not None:
             self.pacer.observe(slowest.batches, slowest.seconds)

@@ -50,6 +50,18 @@ class SplitLedger:
         del self.active[worker]
         del self.inactive[worker]
 
+    def replace_worker(self, lost: str, replacement: str) -> list[int]:
+        """`replacement` takes over the active splits of `lost`, which leaves the ledger (its
+        inactive copies went with its container); returns the splits taken over."""
+        self._need(lost)
+        if replacement in self.active:
+            raise LedgerError(f"worker {replacement} is already in the ledger")
+        splits = self.active.pop(lost)
+        del self.inactive[lost]
+        self.active[replacement] = splits
+        self.inactive[replacement] = set()
+        return sorted(splits)
+
     def _need(self, worker: str) -> None:
         if worker not in self.active:
             raise LedgerError(f"unknown worker {worker}")

@@ -12,7 +12,7 @@ from typing import Sequence, TypeVar
 import numpy as np
 
 from protocol import executor_ops as ops
-from psruntime.dataplane import DataPlaneClient
+from psruntime.dataplane import DataPlaneClient, RemoteError
 from psruntime.frame_codec import Frame
 
 from .executor_pool import ExecutorRecord
@@ -28,6 +28,8 @@ class ExecutorCallError(RuntimeError):
                          f"failed: {cause}")
         self.executor = executor
         self.op = op
+        # The executor answered with an error: it is alive (a dead one answers nothing).
+        self.answered = isinstance(cause, RemoteError)
 
 
 class ExecutorRpc:

@@ -117,6 +117,8 @@ class PSApplicationMaster:
                        on_record=self.record_shape_change))
         self.recovery = ExecutorRecovery(spec, self.app, self.steps, lambda: self.job.phase,
                                          on_record=self.record_shape_change)
+        if self.recovery.enabled:      # a worker lost mid-clock is replaced inside the clock loop
+            self.training.loop.replace_lost_workers = self.recovery.replace_lost_workers
         self.progress = ProgressTracker(spec.early_feedback_iterations)
         self.cruise: Optional[CruiseDriver] = None    # optimizer "cruise": built once training is set up
         self.directives = DirectiveHandler(self._reshaper, self.live_shape, spec.max_workers,
@@ -286,8 +288,9 @@ class PSApplicationMaster:
         return "epoch limit"
 
     async def _train(self) -> None:
-        """Train to the end; after an executor loss the job may survive (appmaster.ps.recovery),
-        replace its executors, go back to the latest checkpoint, and train on."""
+        """Train to the end; after an executor loss the job may survive (appmaster.ps.recovery):
+        a lost worker is replaced inside the clock loop, or here when training stopped first;
+        otherwise its executors are replaced, it goes back to the latest checkpoint, and trains on."""
         while True:
             try:
                 if isinstance(self.elastic, KillRestart):
@@ -447,10 +450,11 @@ class PSApplicationMaster:
             return
         text = rec.describe_exit(self.spec.executor_memory_mb)
         if self.job.phase.executors_expected_alive:
-            fatal = self.recovery.on_lost(text)
+            fatal = self.recovery.on_lost(text, rec)
             if fatal is None:
-                self.training.loop.stop()      # training returns at its next boundary, then recovers
-                return
+                if self.recovery.rollback_needed:
+                    self.training.loop.stop()  # training returns at its next boundary, then recovers
+                return                         # (a lost worker is replaced at its next clock)
             log.error("executor lost: %s", fatal)
             self._fail(fatal)
         else:

@@ -310,6 +310,7 @@ class Reconfiguration:
         if positions:       # the regenerated blocks continue their pass of the epoch where it stopped
             wire = {str(b): (e, row) for b, (e, row) in positions.items()}
             await training.rpc.send_all(workers, ops.SetPositions(positions=wire))
+        training.loop.reset_positions(positions)
         restored = await training.evaluation.objective()
         training.loop.recheck_convergence()
         training.loop.resume()

@@ -1,10 +1,33 @@
-"""A PS job survives lost executors: replace them and go back to the latest checkpoint.
+"""A PS job survives lost executors: a lost worker is replaced and training goes on from the clock
+it was lost in; after a lost server every executor is replaced and the job goes back to the latest
+checkpoint.
 
-When an executor's container ends while the job trains (its process died, it was killed for
-memory, or its node was lost) and it was not retired on purpose, the master hands the loss here
-instead of failing the job, as long as the job has losses to spare (`max_executor_failures`, YARN's
-max-failures) and a checkpoint to go back to (the master checkpoints once right after setup, so
-there always is one). Recovery is a composition of the reconfiguration layer's steps:
+Lost worker (BSP, only workers lost): the clock loop lets the other workers finish the running
+clock and asks `replace_lost_workers` for replacements, a composition of the reconfiguration
+layer's steps:
+
+    start_executors  one new worker container per lost worker, anywhere the RM has room (a LOST
+                     node is out of its pool)
+    bind + eps_join  bound to the app, with a store client and no splits yet
+    load_splits      it generates (or reads) the lost worker's active splits (the split ledger's),
+    set_positions    at the positions they had when the lost clock began (the clock loop's)
+    register         its address in the ownership broadcast; the ledger and the BSP barrier name
+                     it instead of the lost worker
+
+Then the replacement alone runs the lost clock again: the servers acknowledge without applying the
+pushes the lost worker had made already (each mini-batch's pushes carry a push id, applied once
+per block: psruntime.push_ids), so no update is lost or applied twice, and the epoch goes on with
+the next clock for everyone; no epoch is redone. A worker lost between clocks (its exit reported,
+or a call between clocks failed) is replaced the same way, at the next clock or before training
+resumes, from where its splits stood. A replacement that fails (no container in time) falls back
+to the checkpoint path below.
+
+Lost server (or a server and workers lost together, a job training SSP, or a loss while a reshape
+runs inside the clock): when an executor's container ends while the job trains (its process
+died, it was killed for memory, or its node was lost) and it was not retired on purpose, the
+master hands the loss here instead of failing the job, as long as the job has losses to spare
+(`max_executor_failures`, YARN's max-failures) and a checkpoint to go back to (the master
+checkpoints once right after setup, so there always is one). Recovery is a composition of the reconfiguration layer's steps:
 
     retire_all       every executor of the job stops (the survivors hold model blocks or input
                      positions that are ahead of the checkpoint, so none of them is kept)
@@ -33,6 +56,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
 from psruntime.apps.base import AnyPSApp
 
@@ -44,6 +68,7 @@ from .reconfiguration import LaunchFailed, Reconfiguration
 
 log = logging.getLogger(__name__)
 
+LOSS_REPORT_WAIT_S = 30.0    # a failed call waits this long for its container's exit (a lost node: its expiry)
 RELEASE_TIMEOUT_S = 90.0     # the old executors reported gone (a lost node's after the RM's expiry)
 LAUNCH_TRIES = 3             # new executors: a launch onto a node that just died fails once
 
@@ -62,8 +87,10 @@ class ExecutorRecovery:
         self.wall_clock = wall_clock
         self.losses: list[str] = []          # every executor loss of the job, in order
         self.pending: list[str] = []         # losses not recovered from yet
+        self.lost: dict[str, ExecutorRecord] = {}     # description -> the executor it describes
         self.failures = 0                    # loss events: losses reported together count once
-        self.recoveries = 0
+        self.recoveries = 0                  # loss events recovered from, either way
+        self.replacements = 0                # lost workers replaced with no checkpoint
         self._reported = asyncio.Event()
 
     @property
@@ -86,22 +113,148 @@ class ExecutorRecovery:
                     f"(max_executor_failures {self.spec.max_executor_failures})")
         return None
 
-    def on_lost(self, description: str) -> Optional[str]:
+    def on_lost(self, description: str, executor: Optional[ExecutorRecord] = None) -> Optional[str]:
         """An executor was lost (`description` names it and why). Returns None when the job will
         recover from it, else the diagnostics to fail the job with."""
         self.losses.append(description)
+        if executor is not None:
+            self.lost[description] = executor
         if self.pending:                     # the same event (e.g. a lost node's executors): one recovery
             self.pending.append(description)
+            self._reported.set()
             return None
         why = self.why_not()
         if why is not None:
             return f"{why}; the last: {description}" if self.failures else description
         self.failures += 1
+        if executor is not None and executor.role is Role.WORKER and not self._in_barrier(executor):
+            # A worker that held no splits yet (an EPS addition before its commit) trained nothing:
+            # nothing to replace; the change that was adding it fails on its own.
+            log.warning("executor lost (failure %d of %d the job survives): %s; it held no input splits",
+                        self.failures, self.spec.max_executor_failures, description)
+            return None
         self.pending.append(description)
         self._reported.set()
-        log.warning("executor lost (failure %d of %d the job survives): %s; going back to the latest checkpoint",
-                    self.failures, self.spec.max_executor_failures, description)
+        log.warning("executor lost (failure %d of %d the job survives): %s; %s", self.failures,
+                    self.spec.max_executor_failures, description,
+                    "going back to the latest checkpoint" if self.rollback_needed else "replacing it")
         return None
+
+    def _in_barrier(self, worker: ExecutorRecord) -> bool:
+        return self.training is None or worker.executor_id in self.training.membership.worker_ids()
+
+    def _pending_executors(self) -> list[Optional[ExecutorRecord]]:
+        return [self.lost.get(d) for d in self.pending]
+
+    @property
+    def rollback_needed(self) -> bool:
+        """Whether the pending losses need the checkpoint path: a server (or an executor not known
+        to be a worker) among them, or a job training SSP. Otherwise training goes on and the lost
+        workers are replaced (module doc)."""
+        return bool(self.pending) and not self._replaceable()
+
+    def _replaceable(self) -> bool:
+        executors = self._pending_executors()
+        return (self.spec.sync == "bsp" and bool(executors)
+                and all(e is not None and e.role is Role.WORKER for e in executors))
+
+    async def _workers_reported(self, ids: set[str], timeout_s: float) -> bool:
+        """Wait up to `timeout_s` until every worker in `ids` is reported lost; False if that does
+        not happen, or a loss that needs the checkpoint path is reported meanwhile."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            pending = {e.executor_id for e in self._pending_executors() if e is not None}
+            if self.rollback_needed:
+                return False
+            if ids <= pending:
+                return True
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return False
+            self._reported.clear()
+            try:
+                await asyncio.wait_for(self._reported.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    async def replace_lost_workers(self, lost: list[ExecutorRecord]) -> Optional[list[ExecutorRecord]]:
+        """The clock loop's hook (appmaster.ps.clock_loop): `lost` workers' run_clock failed. Once
+        their exits are reported, put a replacement in each one's place, its splits where they
+        stood when the clock began; the loop then runs the clock again on them. None (the loop
+        raises the failure and the master takes the checkpoint path) when the failure was not
+        those workers' loss alone, a reshape holds the job's change slot, or the replacement
+        failed."""
+        if not await self._workers_reported({w.executor_id for w in lost}, LOSS_REPORT_WAIT_S):
+            return None
+        if self.steps.busy:
+            log.warning("a worker was lost while %s runs: going back to the latest checkpoint", self.steps.current)
+            return None
+        try:
+            async with self.steps.exclusive("recovery"):
+                return await self._replace(lost, redo=True)
+        except Exception as e:  # noqa: BLE001 - the checkpoint path is the fallback
+            log.warning("replacing %s failed (%s): the job goes back to the latest checkpoint",
+                        ", ".join(w.executor_id for w in lost), e)
+            return None
+
+    def _pending_workers(self) -> list[ExecutorRecord]:
+        return [e for e in self._pending_executors() if e is not None]
+
+    async def _replace(self, lost: list[ExecutorRecord], redo: bool) -> list[ExecutorRecord]:
+        """Replace the lost workers (module doc); returns the replacements, in `lost`'s order.
+        Their losses leave `pending` (another pending worker is replaced when its own clock fails)."""
+        steps, training = self.steps, self.training
+        loop = training.loop
+        t0 = time.perf_counter()
+        ids = {w.executor_id for w in lost}
+        descriptions = [d for d in self.pending if (e := self.lost.get(d)) is not None and e.executor_id in ids]
+        self.pending = [d for d in self.pending if d not in descriptions]
+        workers, servers = training.membership.shape()
+        record: dict[str, Any] = {"mode": "replace_worker", "op": "replace", "time": self.wall_clock(),
+                                  "lost": descriptions, "workers": workers, "servers": servers,
+                                  "epoch": loop.epochs_done, "clock": loop.clocks_done, "clock_redone": redo,
+                                  "epochs_redone": 0, "before": {"workers": workers, "servers": servers},
+                                  "after": {"workers": workers, "servers": servers}, "changed": False, "error": ""}
+        try:
+            ledger = steps.splits()
+            splits = [ledger.active_of(w.executor_id) for w in lost]
+            new = await self._start(Role.WORKER, len(lost))
+            try:
+                for w in lost:          # no broadcast may wait on a dead address
+                    training.placement.drop_address(w.executor_id)
+                await training.placement.bind(new)
+                await training.rpc.send_all(new, ops.EpsJoin())
+                await asyncio.gather(*(self._take_over(old, rep, s) for old, rep, s in zip(lost, new, splits)))
+                await training.placement.register(new)
+            except BaseException:
+                await steps.retire(new, released=False)
+                raise
+            for old, rep in zip(lost, new):
+                ledger.replace_worker(old.executor_id, rep.executor_id)
+            steps.sync_workers_with_ledger()
+            record["replacements"] = {old.executor_id: rep.executor_id for old, rep in zip(lost, new)}
+            record["nodes"] = [rep.container.node_id for rep in new]
+            record["changed"] = True
+        except BaseException as e:
+            self.pending = descriptions + self.pending     # still to recover from (the checkpoint path)
+            record["error"] = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            record["seconds"] = record["duration_s"] = record["lost_s"] = round(time.perf_counter() - t0, 4)
+            self.on_record(record)
+        self.recoveries += 1
+        self.replacements += len(new)
+        log.info("replaced %s in %.2fs (%s)", "; ".join(descriptions), record["seconds"],
+                 "the lost clock runs again on the replacement" if redo else "training goes on where it stood")
+        return new
+
+    async def _take_over(self, old: ExecutorRecord, new: ExecutorRecord, splits: list[int]) -> None:
+        """`new` generates `old`'s splits and puts them where they stood when the clock began."""
+        rpc = self.training.rpc
+        r = await rpc.call(new, ops.LoadSplits(blocks=splits), ops.WorkerSetupReply)
+        new.data_bytes, new.partition = r.data_bytes, old.partition
+        positions = self.training.loop.clock_start_positions(splits)
+        await rpc.send(new, ops.SetPositions(positions={str(b): p for b, p in positions.items()}))
 
     async def loss_reported(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` for a loss to be reported (a failed call to an executor usually
@@ -115,11 +268,18 @@ class ExecutorRecovery:
             pass
         return bool(self.pending)
 
-    async def recover(self) -> dict[str, Any]:
-        """Replace every executor and continue from the latest checkpoint (module doc); returns
-        the shape-history record."""
+    async def recover(self) -> None:
+        """Recover from the pending losses while training does not run: replace lost workers
+        where they stood, or else replace every executor and continue from the latest checkpoint
+        (module doc)."""
         async with self.steps.exclusive_when_free("recovery"):
-            return await self._recover()
+            if self._replaceable():
+                try:
+                    await self._replace(self._pending_workers(), redo=False)
+                    return
+                except Exception as e:  # noqa: BLE001 - the checkpoint path is the fallback
+                    log.warning("replacing lost workers failed (%s): going back to the latest checkpoint", e)
+            await self._recover()
 
     async def _recover(self) -> dict[str, Any]:
         steps, loop, metrics = self.steps, self.training.loop, self.training.metrics
@@ -145,6 +305,7 @@ class ExecutorRecovery:
                                int(manifest.get("clocks", loop.clocks_done)), manifest.get("minibatches_run"))
             positions = {int(b): (int(p[0]), int(p[1])) for b, p in (manifest.get("positions") or {}).items()}
             record["objective_restored"] = await steps.restart_on(new_servers, new_workers, last["dir"], positions)
+            self.lost.clear()
             record["changed"] = True
         except BaseException as e:
             record["error"] = f"{type(e).__name__}: {e}"
@@ -170,4 +331,5 @@ class ExecutorRecovery:
 
     def status_json(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "max_executor_failures": self.spec.max_executor_failures,
-                "failures": self.failures, "losses": list(self.losses), "recoveries": self.recoveries}
+                "failures": self.failures, "losses": list(self.losses), "recoveries": self.recoveries,
+                "replacements": self.replacements}
