@@ -97,6 +97,18 @@ class SetPositions(_Request, tag="set_positions"):
     positions: dict[str, tuple[NonNeg, NonNeg]]
 
 
+class BlockStates(_Request, tag="block_states"):
+    """The worker-local state of every input block held here (NMF's user factors, LDA's topic
+    assignments, each block's place in its epoch), for a checkpoint: one block header each in the
+    reply, their arrays in its buffers."""
+
+
+class SetBlockStates(_Request, tag="set_block_states"):
+    """Put the held blocks' state back from a checkpoint (headers here, arrays in the buffers)."""
+
+    blocks: list[dict[str, Any]]
+
+
 class StopTraining(_Request, tag="stop_training"):
     """Abandon a running clock at the next mini-batch."""
 
@@ -180,8 +192,8 @@ class EpsDiscardStaged(_Request, tag="eps_discard_staged"):
 
 
 ControlRequest = Union[AppSetup, WorkerSetup, LoadSplits, InitModel, InitBlocks, RunClock, RunEpoch, Objective,
-                       ServerObjective, Positions, SetPositions, StopTraining, Status, Shutdown, SwitchRole,
-                       SetOwnership, MoveBlocks, CheckpointBlocks, RestoreBlocksData, EpsJoin, EpsSendData,
+                       ServerObjective, Positions, SetPositions, BlockStates, SetBlockStates, StopTraining, Status,
+                       Shutdown, SwitchRole, SetOwnership, MoveBlocks, CheckpointBlocks, RestoreBlocksData, EpsJoin, EpsSendData,
                        EpsCommit, EpsDiscardStaged]
 
 REQUEST_OPS: frozenset[str] = frozenset(t.__struct_config__.tag for t in ControlRequest.__args__)  # type: ignore[attr-defined]
@@ -221,6 +233,12 @@ class ObjectiveReply(ControlReply):
 
 class PositionsReply(ControlReply):
     positions: dict[str, tuple[int, int]] = {}
+
+
+class BlockStatesReply(ControlReply):
+    """Block headers (psruntime.apps.blocks.DataBlock.to_buffers) of the held blocks' state."""
+
+    blocks: list[dict[str, Any]] = []
 
 
 class StatusReply(ControlReply):

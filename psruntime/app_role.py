@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import numpy as np
 
 from psruntime.apps.base import AppConfigError, KeyValues, PSApp, StepContext
-from psruntime.apps.blocks import DataBlock
+from psruntime.apps.blocks import BlockFormatError, DataBlock
 from psruntime.apps.registry import create_app
 from psruntime.dataplane import Reply, RequestError
 from psruntime.frame_codec import Frame
@@ -75,7 +75,8 @@ class AppRole:
                 "init_model": self.init_model,
                 "init_blocks": self.init_blocks, "run_epoch": self.run_epoch, "run_clock": self.run_clock,
                 "positions": self.positions, "set_positions": self.set_positions, "objective": self.objective,
-                "server_objective": self.server_objective, "stop_training": self.stop_training}
+                "server_objective": self.server_objective, "stop_training": self.stop_training,
+                "block_states": self.block_states, "set_block_states": self.set_block_states}
 
     @property
     def counters(self) -> dict[str, int]:
@@ -207,6 +208,42 @@ class AppRole:
             return await self.pipeline.run_batches(app, store, self.blocks, ctx, limit, count_key, self.stop)
         except TrainingStopped as e:
             raise RequestError(str(e)) from None
+
+    async def block_states(self, frame: Frame) -> Reply:
+        """The worker-local state of every held block, for a checkpoint: one block header each
+        (DataBlock.to_buffers of the block without its input data), the arrays in the buffers."""
+        headers: list[dict[str, Any]] = []
+        arrays: list[np.ndarray] = []
+        async with self._busy:         # at a clock boundary: no training step changes the state
+            for b in self.blocks:
+                h, bufs = DataBlock(b.app, b.block_index, b.row_start, b.num_rows, {}, b.state).to_buffers()
+                headers.append(h)
+                arrays.extend(np.ascontiguousarray(x) for x in bufs)
+        return {"op": "ok", "blocks": headers}, arrays
+
+    async def set_block_states(self, frame: Frame) -> Reply:
+        """Put held blocks' state back from a checkpoint (all of them or none)."""
+        headers = frame.header.get("blocks")
+        if not isinstance(headers, list):
+            raise RequestError("field 'blocks' must be a list of block headers")
+        held = {b.block_index: b for b in self.blocks}
+        states: list[tuple[DataBlock, dict[str, np.ndarray]]] = []
+        at = 0
+        for h in headers:
+            n = len(h.get("arrays", [])) if isinstance(h, dict) else 0
+            try:
+                incoming = DataBlock.from_buffers(h, frame.arrays[at:at + n])
+            except BlockFormatError as e:
+                raise RequestError(f"bad block state: {e}") from None
+            at += n
+            block = held.get(incoming.block_index)
+            if block is None or block.num_rows != incoming.num_rows:
+                raise RequestError(f"block {incoming.block_index} is not held here (or has other rows)")
+            states.append((block, incoming.state))
+        async with self._busy:
+            for block, state in states:
+                block.state = state
+        return {"op": "ok", "blocks": [b.block_index for b, _ in states]}, ()
 
     def positions(self, frame: Frame) -> Reply:
         """Each block's position in the epoch: {block: [epoch, next_row]} (for a restart)."""

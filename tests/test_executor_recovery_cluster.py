@@ -72,11 +72,13 @@ def recovery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield c
 
 
-def submit(cluster: Any, name: str, tmp_path: Path, victim: str) -> str:
-    spec = {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 12, "convergence_threshold": 1e-12,
-            "checkpoint_every_epochs": 2, "audit_updates": True, "executor_memory_mb": 320,
-            "clock_batches": 5,     # 4 clocks an epoch: the worker dies between two of them
-            "hparams": {"learning_rate": 0.5}}
+MLR = {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 12, "convergence_threshold": 1e-12,
+       "checkpoint_every_epochs": 2, "audit_updates": True, "executor_memory_mb": 320,
+       "clock_batches": 5,     # 4 clocks an epoch: the worker dies between two of them
+       "hparams": {"learning_rate": 0.5}}
+
+
+def submit(cluster: Any, name: str, tmp_path: Path, victim: str, spec: dict[str, Any] = MLR) -> str:
     sub = build_ps_submission(spec, name=name, am_memory=384)
     driver = tmp_path / "faulty_am.py"
     driver.write_text(FAULTY_AM)
@@ -126,3 +128,29 @@ def test_lost_server_and_lost_worker_are_replaced_and_training_goes_on(recovery_
     assert executors["worker-1"]["state"] == "EXITED" and executors["worker-2"]["blocks"], executors
     for app_id in jobs.values():
         wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
+
+
+def test_a_lost_nmf_worker_comes_back_with_its_user_factors_from_the_checkpoint(recovery_cluster,
+                                                                                 tmp_path: Path) -> None:
+    """NMF keeps its user factors on the workers: checkpoints hold them with the servers' item
+    factors (one cut), a lost worker sends the job back to the checkpoint, and both come back."""
+    cluster = recovery_cluster
+    spec = {"app": "nmf", "workers": 2, "servers": 1, "max_epochs": 10, "convergence_threshold": 1e-12,
+            "checkpoint_every_epochs": 2, "audit_updates": True, "executor_memory_mb": 320}
+    jobs = {victim: submit(cluster, f"nmf-lose-{victim or 'nothing'}", tmp_path, victim, spec)
+            for victim in ("worker-0", "")}
+    for app_id in jobs.values():
+        app = wait_app(cluster.rm_url, app_id, ("FINISHED",), 240)
+        assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
+    base = Path(cluster.base_dir) / "rm" / "apps"
+    st, ref = (json.loads((base / jobs[v] / "status.json").read_text()) for v in ("worker-0", ""))
+    rec = [h for h in st["shape_history"] if h["mode"] == "recovery"]
+    assert len(rec) == 1 and rec[0]["error"] == "" and "worker-0 (" in rec[0]["lost"][0], st["shape_history"]
+    assert (Path(rec[0]["checkpoint"]) / "worker_state_0.npz").exists()        # the workers' block state
+    assert rec[0]["objective_restored"] == pytest.approx(
+        st["objective_history"][rec[0]["epoch"] - 1]["objective"] if rec[0]["epoch"] else st["initial_objective"],
+        rel=1e-3)                                                               # the user factors came back too
+    assert [h["epoch"] for h in st["objective_history"]] == list(range(10))
+    assert st["eps"]["audit_mismatches"] == []
+    final, expected = st["objective_history"][-1]["objective"], ref["objective_history"][-1]["objective"]
+    assert abs(final - expected) <= 0.02 * abs(expected), (final, expected)

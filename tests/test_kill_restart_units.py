@@ -66,5 +66,6 @@ def test_check_target_accepts_shapes_within_bounds() -> None:
 
 
 @pytest.mark.parametrize("app,keeps", [("mlr", False), ("lasso", False), ("nmf", True), ("lda", True)])
-def test_only_apps_with_all_state_on_servers_can_be_restarted(app: str, keeps: bool) -> None:
+def test_apps_with_worker_state_are_known(app: str, keeps: bool) -> None:
+    """NMF and LDA keep state on their workers: their checkpoints hold it too."""
     assert keeps_worker_state(create_app(app, {}, {})) is keeps

@@ -180,9 +180,10 @@ def test_lasso_converges_with_ssp(ps_cluster) -> None:
 
 
 def test_checkpoint_on_request_then_killed_worker_fails_the_job(ps_cluster) -> None:
-    # Effectively endless training, so the job is surely running when we act on it.
+    # Effectively endless training, so the job is surely running when we act on it; a job that
+    # survives no executor loss (max_executor_failures 0) fails naming it.
     spec = {"app": "nmf", "workers": 2, "servers": 1, "max_epochs": 10_000, "convergence_threshold": 1e-12,
-            "executor_memory_mb": EXECUTOR_MB}
+            "executor_memory_mb": EXECUTOR_MB, "max_executor_failures": 0}
     app_id = submit_app(ps_cluster.rm_url, build_ps_submission(spec, name="ps-kill", am_memory=384))
     try:
         status = wait_until(lambda: (s := live_status(ps_cluster, app_id)) and len(s["objective_history"]) >= 2

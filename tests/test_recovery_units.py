@@ -36,10 +36,19 @@ def test_losses_within_the_limit_are_recovered_and_one_event_counts_once() -> No
 
 def test_jobs_that_cannot_recover_fail_at_the_first_loss_with_its_description() -> None:
     text = "worker-1 (worker, c5 on n1) exited with -104 (KILLED_EXCEEDED_PMEM)"
-    for r in (recovery({"app": "nmf"}), recovery({"app": "lda"}), recovery({"app": "mlr", "max_executor_failures": 0}),
+    for r in (recovery({"app": "mlr", "max_executor_failures": 0}),
               recovery({"app": "mlr"}, phase=JobPhase.INITIALISING), recovery({"app": "mlr"}, checkpoint=False)):
         assert r.on_lost(text) == text and r.pending == [] and r.failures == 0, r.why_not()
-    assert not recovery({"app": "nmf"}).enabled and recovery({"app": "lasso"}).enabled
+    assert not recovery({"app": "nmf", "max_executor_failures": 0}).enabled and recovery({"app": "lasso"}).enabled
+
+
+def test_apps_with_worker_state_go_back_to_the_checkpoint_even_for_a_lost_worker() -> None:
+    """NMF's user factors and LDA's assignments of a lost worker exist only in the checkpoint."""
+    worker = SimpleNamespace(executor_id="worker-1", role=Role("worker"))
+    for app in ("nmf", "lda"):
+        r = recovery({"app": app})
+        assert r.enabled and r.on_lost("worker-1 (worker, c5 on n1) exited with 137", worker) is None  # type: ignore[arg-type]
+        assert r.rollback_needed, app
 
 
 def test_lost_workers_alone_are_replaced_anything_else_goes_back_to_the_checkpoint() -> None:

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from protocol import executor_ops as ops
 from psruntime.checkpoint import (BlockEntry, CheckpointError, block_wire_bytes, checkpoint_entries,
                                   load_manifests, pack_blocks, read_block, unpack_blocks, write_block,
@@ -40,6 +42,7 @@ from .executor_rpc import ExecutorCallError, ExecutorRpc
 log = logging.getLogger(__name__)
 
 JOB_MANIFEST = "job.json"
+WORKER_STATE_PREFIX = "worker_state_"    # + <input block>.npz: a worker-local block state (NMF, LDA)
 # Bytes of block buffers per frame, both ways, and servers served at once: the AM (a small
 # container, 512 MB by default) holds at most two batches per server in transfer -- one being
 # written or read, one on the wire -- so at most 2 * PARALLEL_SERVERS * BATCH_BYTES (or a larger
@@ -71,20 +74,24 @@ class Checkpointer:
         return self.root / (f"epoch-{epoch}-clock-{clock}" if clock else f"epoch-{epoch}")
 
     async def write(self, epoch: int, table: OwnershipTable, servers: Sequence[ExecutorRecord],
-                    job: dict[str, Any], clock: int = 0) -> dict[str, Any]:
+                    job: dict[str, Any], clock: int = 0, workers: Sequence[ExecutorRecord] = ()) -> dict[str, Any]:
         """Checkpoint every block at the start of `epoch` (clock 0) or inside it, after the job's
-        `clock`-th clock; returns {"epoch", "clock", "dir", "blocks", "seconds", "bytes", "time"}."""
+        `clock`-th clock -- and with `workers`, the worker-local state of their input blocks (apps
+        that keep training state on the workers); returns {"epoch", "clock", "dir", "blocks",
+        "seconds", "bytes", "time"}."""
         async with self._lock:
             d = self.directory(epoch, clock)
             d.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
-            sizes = await asyncio.gather(*(self._fetch(s, d, table.num_blocks) for s in servers))
+            sizes = await asyncio.gather(*(self._fetch(s, d, table.num_blocks) for s in servers),
+                                         *(self._fetch_worker_state(w, d) for w in workers))
             covered = load_manifests(d, table.num_blocks)
             missing = sorted(set(range(table.num_blocks)) - set(covered))
             if missing:
                 raise CheckpointIncomplete(f"checkpoint {d} lacks blocks {missing}")
             manifest = {"epoch": epoch, "clock": clock, "time": time.time(), "num_blocks": table.num_blocks,
-                        "table": table.to_wire(), "servers": [s.executor_id for s in servers], **job}
+                        "table": table.to_wire(), "servers": [s.executor_id for s in servers],
+                        "worker_state": bool(workers), **job}
             tmp = d / (JOB_MANIFEST + ".tmp")
             tmp.write_text(json.dumps(manifest))
             os.replace(tmp, d / JOB_MANIFEST)
@@ -125,6 +132,42 @@ class Checkpointer:
         finally:
             _discard(pending)
         return nbytes
+
+    async def _fetch_worker_state(self, worker: ExecutorRecord, d: Path) -> int:
+        """Receive the state of every input block `worker` holds and write one file per block
+        (`worker_state_<b>.npz` with its block header beside the arrays); returns bytes."""
+        frame = await self._rpc.frame(worker, ops.BlockStates())
+        reply = ops.decode_reply(frame.header, ops.BlockStatesReply)
+        at, nbytes = 0, 0
+        for h in reply.blocks:
+            n = len(h.get("arrays", []))
+            arrays = frame.arrays[at:at + n]
+            at += n
+            b = int(h["block_index"])
+            tmp = d / f"{WORKER_STATE_PREFIX}{b}.tmp.npz"
+            np.savez(tmp, header=np.frombuffer(json.dumps(h).encode(), np.uint8),
+                     **{f"a{i}": a for i, a in enumerate(arrays)})  # type: ignore[arg-type]  # see psruntime/checkpoint.py
+            os.replace(tmp, d / f"{WORKER_STATE_PREFIX}{b}.npz")
+            nbytes += sum(int(a.nbytes) for a in arrays)
+        return nbytes
+
+    async def restore_worker_state(self, directory: str | os.PathLike[str], workers: Sequence[ExecutorRecord]) -> int:
+        """Send each worker the checkpointed state of the input blocks it holds now
+        (`ExecutorRecord.blocks`, after it regenerated them); returns the bytes sent."""
+        d = Path(directory)
+
+        async def one(worker: ExecutorRecord) -> int:
+            headers: list[dict[str, Any]] = []
+            arrays: list[np.ndarray] = []
+            for b in worker.blocks:
+                with np.load(d / f"{WORKER_STATE_PREFIX}{b}.npz") as f:
+                    h = json.loads(bytes(f["header"]).decode())
+                    headers.append(h)
+                    arrays.extend(f[f"a{i}"] for i in range(len(h.get("arrays", []))))
+            await self._rpc.frame(worker, ops.SetBlockStates(blocks=headers), arrays)
+            return sum(int(a.nbytes) for a in arrays)
+
+        return sum(await asyncio.gather(*(one(w) for w in workers)))
 
     async def restore(self, directory: str | os.PathLike[str], servers: Sequence[ExecutorRecord],
                       num_blocks: int) -> int:

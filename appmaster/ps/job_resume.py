@@ -5,8 +5,8 @@ The job record (written into each checkpoint's `job.json` by appmaster.ps.checkp
 spec, the attempt, the objective and shape histories and the progress counters (iterations,
 clocks, the exactly-once audit's mini-batch count), so a resumed job's epoch count, histories and
 audit continue where the checkpoint was taken. Resuming itself is the reconfiguration layer's
-`restart_on` step. Apps that keep training state on their workers (NMF, LDA) start over: the
-checkpoint holds only the servers' model.
+`restart_on` step, which also puts back the workers' block state of apps that keep training state
+on their workers (NMF, LDA): their checkpoints hold it.
 """
 from __future__ import annotations
 
@@ -20,9 +20,8 @@ from psruntime.apps.base import AnyPSApp
 from .checkpoints import Checkpointer
 from .clock_loop import ClockLoop
 from .executor_pool import ExecutorRecord
-from .kill_restart import keeps_worker_state
 from .metrics import EpochRecord, JobMetrics
-from .reconfiguration import Reconfiguration
+from .reconfiguration import Reconfiguration, keeps_worker_state
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +44,9 @@ def resumable_checkpoint(checkpointer: Checkpointer, spec: PSJobSpec, app: AnyPS
         log.warning("checkpoint %s is not this job's (or predates resumable checkpoints): starting over",
                     latest["dir"])
         return None
-    if keeps_worker_state(app):
-        # The checkpoint holds the servers' model only; NMF's / LDA's worker-local state would be
-        # re-initialised against restored server state (LDA: topic counts counted twice).
-        log.warning("%s keeps training state on its workers, which checkpoints do not hold: this "
-                    "attempt starts over instead of resuming from %s", spec.app, latest["dir"])
+    if keeps_worker_state(app) and not latest.get("worker_state"):
+        log.warning("checkpoint %s predates worker-state checkpoints, which %s needs: starting over",
+                    latest["dir"], spec.app)
         return None
     return latest
 

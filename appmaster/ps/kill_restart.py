@@ -20,9 +20,10 @@ epoch count, objective history and learning-rate schedule carry on. Each change 
 duration, the time of each step and the training time lost (all of it: nothing trains meanwhile)
 in the job's shape history, as the EPS ops do for theirs.
 
-Only the servers' model is checkpointed (as Optimus and Dorm do), so apps that keep training
-state on the workers (NMF's user factors, LDA's topic assignments) are refused: restarting them
-would silently lose that state. Use elastic_mode "eps" for those.
+Optimus and Dorm checkpoint only the servers' model; apps that keep training state on the workers
+(NMF's user factors, LDA's topic assignments) would lose it in such a restart, so their checkpoints
+also hold every worker's block state, taken at the same clock boundary, and the restart puts it
+back (appmaster.ps.reconfiguration: checkpoint, restart_on).
 
 `RestartPhase` / `RESTART_TRANSITIONS` / `RestartTimeline` are the pure part: the steps, their
 order and their timing with an injected clock. `KillRestart` does the I/O on the PS AM.
@@ -40,13 +41,13 @@ from typing import Any, Callable, Optional
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
 from protocol.remote_exception import BadRequest, Conflict
-from psruntime.apps.base import AnyPSApp, PSApp
+from psruntime.apps.base import AnyPSApp
 
 from .clock_loop import EpochHook
 from .directives import Shape
 from .executor_pool import Role
 from .job import JobPhase
-from .reconfiguration import Reconfiguration
+from .reconfiguration import Reconfiguration, keeps_worker_state
 
 log = logging.getLogger(__name__)
 
@@ -134,12 +135,6 @@ class RestartTimeline:
         return self.seconds
 
 
-def keeps_worker_state(app: AnyPSApp) -> bool:
-    """Whether the app keeps training state on the workers (it initialises per-block local state,
-    as NMF and LDA do), which a checkpoint of the servers' model does not capture."""
-    return type(app).init_block is not PSApp.init_block
-
-
 def check_target(workers: int, servers: int, max_workers: Optional[int], max_servers: Optional[int]) -> None:
     """BadRequest naming the field when a requested shape is impossible (changes nothing)."""
     for name, v, most in (("workers", workers, max_workers), ("servers", servers, max_servers)):
@@ -218,11 +213,8 @@ class KillRestart:
     async def resize(self, workers: int, servers: int, nodes: tuple[str, ...] = ()) -> dict[str, Any]:
         """Restart the job with `workers` and `servers`; returns the shape-history record once
         training has resumed. BadRequest / Conflict (nothing changed) when it cannot be done."""
-        spec, app = self.spec, self.app
+        spec = self.spec
         check_target(workers, servers, spec.max_workers, spec.max_servers)
-        if keeps_worker_state(app):
-            raise Conflict(f"elastic_mode \"kill\" restores only the servers' model, but {spec.app} keeps "
-                           "training state on its workers that a restart would lose; use elastic_mode \"eps\"")
         async with self._lock:
             self._check_training()
             before = self._shape()

@@ -40,6 +40,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence, 
 
 from protocol import executor_ops as ops
 from protocol.records import Resource
+from psruntime.apps.base import AnyPSApp, PSApp
 
 from ..am_client import ApplicationMaster
 from .checkpoints import Checkpointer
@@ -55,6 +56,12 @@ log = logging.getLogger(__name__)
 
 LAUNCH_TIMEOUT_S = 120.0
 T = TypeVar("T")
+
+
+def keeps_worker_state(app: AnyPSApp) -> bool:
+    """Whether the app keeps training state on the workers (it initialises per-block local state,
+    as NMF and LDA do): checkpoints then hold that state too, and a restart puts it back."""
+    return type(app).init_block is not PSApp.init_block
 
 
 class ChangeBusy(ElasticBusy):
@@ -286,9 +293,12 @@ class Reconfiguration:
 
     # -- durable state -------------------------------------------------------------------------------
     async def checkpoint(self, epoch: int, job: dict[str, Any], clock: int = 0) -> dict[str, Any]:
-        """Every server block of the job to the AM's durable dir."""
+        """Every server block of the job to the AM's durable dir -- and the workers' block state
+        for an app that keeps training state on its workers (one consistent cut: call at a clock
+        boundary)."""
+        workers = self.training.membership.workers if keeps_worker_state(self.training.app) else []
         return await self.checkpointer.write(epoch, self.training.placement.table, self.training.membership.servers,
-                                             job, clock=clock)
+                                             job, clock=clock, workers=workers)
 
     async def restore(self, directory: str, servers: Sequence[ExecutorRecord]) -> None:
         """The checkpoint's blocks onto `servers` (which own them in the current table)."""
@@ -307,6 +317,8 @@ class Reconfiguration:
         # servers may be on other hosts than the AM's dir.
         await asyncio.gather(*(training.placement.setup_worker(w, i, len(workers)) for i, w in enumerate(workers)),
                              self.restore(directory, servers))
+        if keeps_worker_state(training.app):      # NMF's user factors, LDA's assignments: the same cut
+            await self.checkpointer.restore_worker_state(directory, workers)
         if positions:       # the regenerated blocks continue their pass of the epoch where it stopped
             wire = {str(b): (e, row) for b, (e, row) in positions.items()}
             await training.rpc.send_all(workers, ops.SetPositions(positions=wire))

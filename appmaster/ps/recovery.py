@@ -43,9 +43,9 @@ recovery is in the shape history with what was lost, the checkpoint, the epochs 
 duration. What a user trades: a shorter `checkpoint_every_epochs` redoes less work after a loss
 and costs one checkpoint (every server's blocks to the AM) per that many epochs.
 
-Apps that keep training state on their workers (NMF's user factors, LDA's topic assignments) are
-not recovered: a checkpoint holds only the servers' model, and LDA's restored topic counts would
-be counted twice against fresh assignments. Such a job fails at its first loss, as before.
+Apps that keep training state on their workers (NMF's user factors, LDA's topic assignments) lose
+some of it with a lost worker, so they always take the checkpoint path: their checkpoints hold the
+workers' block state with the servers' model (the same cut), and restart_on puts both back.
 """
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ from psruntime.apps.base import AnyPSApp
 from .checkpoints import JOB_MANIFEST
 from .executor_pool import ExecutorRecord, Role
 from .job import JobPhase
-from .kill_restart import keeps_worker_state
-from .reconfiguration import LaunchFailed, Reconfiguration
+
+from .reconfiguration import LaunchFailed, Reconfiguration, keeps_worker_state
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +96,12 @@ class ExecutorRecovery:
     @property
     def enabled(self) -> bool:
         """Whether this job can be recovered at all (its app and its limit allow it)."""
-        return self.spec.max_executor_failures > 0 and not keeps_worker_state(self.app)
+        return self.spec.max_executor_failures > 0
 
     def why_not(self) -> Optional[str]:
         """Why a loss now cannot be recovered from (None: it can)."""
         if self.spec.max_executor_failures == 0:
             return "max_executor_failures is 0"
-        if keeps_worker_state(self.app):
-            return f"{self.spec.app} keeps training state on its workers, which checkpoints do not hold"
         if self.phase() is not JobPhase.TRAINING:
             return f"the job is {self.phase().value}, not training"
         if self.steps.checkpointer.last is None:
@@ -155,7 +153,8 @@ class ExecutorRecovery:
 
     def _replaceable(self) -> bool:
         executors = self._pending_executors()
-        return (self.spec.sync == "bsp" and bool(executors)
+        # A lost worker's block state (NMF, LDA) is only in the checkpoint: go back to it.
+        return (self.spec.sync == "bsp" and bool(executors) and not keeps_worker_state(self.app)
                 and all(e is not None and e.role is Role.WORKER for e in executors))
 
     async def _workers_reported(self, ids: set[str], timeout_s: float) -> bool:
