@@ -38,7 +38,7 @@ def node_rows(nodes: list[dict[str, Any]], now_ms: float | None = None) -> list[
         rows.append([n.get("id", ""), n.get("state", ""), n.get("nodeHTTPAddress", ""),
                      n.get("numContainers", 0), f"{n.get('usedMemoryMB', 0)}/{mem_total}",
                      f"{n.get('usedVirtualCores', 0)}/{vc_total}",
-                     format_age(n.get("lastHealthUpdate"), now_ms)])
+                     format_age(n.get("lastHeartbeat", n.get("lastHealthUpdate")), now_ms)])
     return rows
 
 

@@ -96,6 +96,8 @@ def node_json(n: Node) -> dict[str, Any]:
     return {
         "rack": n.rack, "state": n.state.value, "id": n.node_id, "nodeHostName": n.host,
         "nodeHTTPAddress": n.http_address, "lastHealthUpdate": _ms(n.last_health_update),
+        # Elastane extension: YARN's lastHealthUpdate moves only when the health report changes.
+        "lastHeartbeat": _ms(n.last_heartbeat),
         "version": n.version, "healthReport": n.health_report, "numContainers": len(n.containers),
         "usedMemoryMB": n.used.memory, "availMemoryMB": max(0, free.memory),
         "usedVirtualCores": n.used.vcores, "availableVirtualCores": max(0, free.vcores),

@@ -39,7 +39,8 @@ def test_durations(s: float, text: str) -> None:
 def test_node_rows_use_total_resource_or_used_plus_available() -> None:
     nodes = [
         {"id": "h:2", "state": "RUNNING", "nodeHTTPAddress": "h:8042", "numContainers": 2, "usedMemoryMB": 512,
-         "availMemoryMB": 1536, "usedVirtualCores": 1, "availableVirtualCores": 1, "lastHealthUpdate": 9_000},
+         "availMemoryMB": 1536, "usedVirtualCores": 1, "availableVirtualCores": 1, "lastHealthUpdate": 1_000,
+         "lastHeartbeat": 9_000},      # the heartbeat, not the last change of the health report
         {"id": "h:1", "state": "LOST", "nodeHTTPAddress": "h:8043", "numContainers": 0, "usedMemoryMB": 0,
          "usedVirtualCores": 0, "totalResource": {"memory": 1024, "vCores": 4}, "lastHealthUpdate": 0},
     ]

@@ -350,6 +350,11 @@ async def test_cluster_endpoints(env: Env):
     await env.call("GET", BASE + "/nodes", states="BROKEN", status=400)
     node = (await env.call("GET", BASE + "/nodes/n1:1"))["node"]
     assert node["nodeHTTPAddress"] == env.nm_addr and node["state"] == "RUNNING"
+    registered = node["lastHeartbeat"]
+    env.clock.advance(7.5)
+    await env.heartbeat("n1:1")            # a heartbeat moves lastHeartbeat, not lastHealthUpdate
+    node = (await env.call("GET", BASE + "/nodes/n1:1"))["node"]
+    assert node["lastHeartbeat"] == registered + 7500 and node["lastHealthUpdate"] == registered
     out = await env.call("GET", BASE + "/nodes/zz:1", status=404)
     assert out["RemoteException"]["exception"] == "NotFoundException"
     prom = await env.client.get("/metrics/prometheus")
