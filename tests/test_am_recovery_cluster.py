@@ -22,47 +22,24 @@ from appmaster.ps.submission import build_ps_submission
 from conftest import pids_with_env, rest, running_cluster, submit_app, wait_app
 from polling import wait_until
 from protocol import container_env
+from scripted_am import use_scripted_am
 
 pytestmark = pytest.mark.cluster
 
 FAULT_ENV = "ELASTANE_TEST_KILL_AM_AFTER_CHECKPOINT"
 
-# The PS AM; in attempt 1 it SIGKILLs itself after the first clock that follows a checkpoint of
-# epoch >= $FAULT_ENV.
-FAULTY_AM = r'''
-import asyncio, os, signal, sys
-from protocol import container_env, daemon
-from appmaster.am_client import ApplicationMaster
-from appmaster.ps.__main__ import load_spec, parse_args
-from appmaster.ps.master import PSApplicationMaster
+# In attempt 1 the AM SIGKILLs itself after the first clock that follows a checkpoint of epoch
+# >= $FAULT_ENV.
+KILL_AFTER_CHECKPOINT = f"""
+def make_hook(master, am):
+    after = int(os.environ["{FAULT_ENV}"])
+    first_attempt = os.environ[container_env.APP_ATTEMPT_ID].endswith("_000001")
 
-
-async def main():
-    spec = load_spec(parse_args([]))
-    am = ApplicationMaster.from_env()
-    master = PSApplicationMaster(am, spec, os.environ[container_env.AM_DIR],
-                                 host=os.environ.get(container_env.NM_HOST, "127.0.0.1"))
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, master.request_stop)
-    after = int(os.environ["%s"])
-    if os.environ[container_env.APP_ATTEMPT_ID].endswith("_000001"):
-        inner = master.training.loop.on_clock
-
-        def on_clock():
-            if inner is not None:
-                inner()
-            if any(c["epoch"] >= after for c in master.checkpointer.written):
-                os.kill(os.getpid(), signal.SIGKILL)
-        master.training.loop.on_clock = on_clock
-    try:
-        status = await master.run()
-    finally:
-        await am.close()
-    return 0 if status is not None else 143
-
-
-daemon.setup_logging("ps-am-faulty")
-sys.exit(asyncio.run(main()))
-''' % FAULT_ENV
+    def hook():
+        if first_attempt and any(c["epoch"] >= after for c in master.checkpointer.written):
+            os.kill(os.getpid(), signal.SIGKILL)
+    return hook
+"""
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +53,7 @@ def recovery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def submit(cluster: Any, spec: dict[str, Any], name: str, tmp_path: Path, kill_after: int | None) -> str:
     sub = build_ps_submission({"executor_memory_mb": 320, **spec}, name=name, am_memory=384, max_app_attempts=2)
     if kill_after is not None:
-        driver = tmp_path / "faulty_am.py"
-        driver.write_text(FAULTY_AM)
-        sub["am-container-spec"]["commands"]["command"] = f"python {driver}"
-        sub["am-container-spec"]["environment"]["entry"].append({"key": FAULT_ENV, "value": str(kill_after)})
+        use_scripted_am(sub, tmp_path, KILL_AFTER_CHECKPOINT, {FAULT_ENV: str(kill_after)})
     return submit_app(cluster.rm_url, sub)
 
 

@@ -23,46 +23,24 @@ from appmaster.ps.submission import build_ps_submission
 from conftest import pids_with_env, running_cluster, submit_app, wait_app
 from polling import wait_until
 from protocol import container_env
+from scripted_am import use_scripted_am
 
 pytestmark = pytest.mark.cluster
 
 VICTIM_ENV = "ELASTANE_TEST_KILL_EXECUTOR"
 
-FAULTY_AM = r'''
-import asyncio, os, signal, sys
-from protocol import container_env, daemon
-from appmaster.am_client import ApplicationMaster
-from appmaster.ps.__main__ import load_spec, parse_args
-from appmaster.ps.master import PSApplicationMaster
-
-
-async def main():
-    spec = load_spec(parse_args([]))
-    am = ApplicationMaster.from_env()
-    master = PSApplicationMaster(am, spec, os.environ[container_env.AM_DIR],
-                                 host=os.environ.get(container_env.NM_HOST, "127.0.0.1"))
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, master.request_stop)
-    victim = os.environ.get("%s")
-    inner = master.training.loop.on_clock
+# Once epoch 3 is done the AM SIGKILLs the process of executor $VICTIM_ENV (none if empty).
+KILL_EXECUTOR = f"""
+def make_hook(master, am):
+    victim = os.environ.get("{VICTIM_ENV}")
     done = []
 
-    def on_clock():
-        if inner is not None:
-            inner()
+    def hook():
         if victim and not done and master.training.loop.epochs_done >= 3:
             done.append(victim)
             os.kill(master.pool.executors[victim].pid, signal.SIGKILL)
-    master.training.loop.on_clock = on_clock
-    try:
-        status = await master.run()
-    finally:
-        await am.close()
-    return 0 if status is not None else 143
-
-
-daemon.setup_logging("ps-am-faulty")
-sys.exit(asyncio.run(main()))
-''' % VICTIM_ENV
+    return hook
+"""
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +58,7 @@ MLR = {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 12, "convergence_
 
 def submit(cluster: Any, name: str, tmp_path: Path, victim: str, spec: dict[str, Any] = MLR) -> str:
     sub = build_ps_submission(spec, name=name, am_memory=384)
-    driver = tmp_path / "faulty_am.py"
-    driver.write_text(FAULTY_AM)
-    sub["am-container-spec"]["commands"]["command"] = f"python {driver}"
-    sub["am-container-spec"]["environment"]["entry"].append({"key": VICTIM_ENV, "value": victim})
-    return submit_app(cluster.rm_url, sub)
+    return submit_app(cluster.rm_url, use_scripted_am(sub, tmp_path, KILL_EXECUTOR, {VICTIM_ENV: victim}))
 
 
 def test_lost_server_and_lost_worker_are_replaced_and_training_goes_on(recovery_cluster, tmp_path: Path) -> None:

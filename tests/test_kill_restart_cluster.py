@@ -20,6 +20,7 @@ from appmaster.ps.submission import build_ps_submission
 from conftest import get_app, pids_with_env, running_cluster, submit_app, wait_app
 from polling import wait_until
 from protocol import container_env
+from scripted_am import use_scripted_am
 
 pytestmark = pytest.mark.cluster
 
@@ -31,25 +32,13 @@ SCRIPT_ENV = "ELASTANE_TEST_DIRECTIVES"
 # training controller's on_clock, which a restarted controller inherits), not on a timer: how many
 # epochs pass between the step's epoch and the restart then depends on the training loop's order
 # of events, not on how many epochs a fast host trains during a poll interval.
-SCRIPTED_AM = r'''
-import asyncio, json, os, signal, sys
-from protocol import container_env, daemon
-from protocol.internal_api import ShapeDirective
-from appmaster.am_client import ApplicationMaster
-from appmaster.am_events import ShapeChanged
-from appmaster.ps.__main__ import load_spec, parse_args
-from appmaster.ps.master import PSApplicationMaster
-
-
-def script(master, am, steps):
-    """Wraps the training controller's on_clock with the step script."""
-    inner = master.training.loop.on_clock
+SCRIPTED_DIRECTIVES = f"""
+def make_hook(master, am):
+    steps = json.loads(os.environ.get("{SCRIPT_ENV}", "[]"))
     emitted = 0
 
-    def on_clock():
+    def hook():
         nonlocal emitted
-        if inner is not None:
-            inner()
         if emitted == len(steps) or master.directives.busy or master.directives.applied_version < emitted:
             return
         step = steps[emitted]
@@ -57,27 +46,8 @@ def script(master, am, steps):
             emitted += 1
             am._emit(ShapeChanged(ShapeDirective(workers=step["workers"], servers=step["servers"],
                                                  version=emitted, reason="scripted by the test")))
-    master.training.loop.on_clock = on_clock
-
-
-async def main():
-    spec = load_spec(parse_args([]))
-    am = ApplicationMaster.from_env()
-    master = PSApplicationMaster(am, spec, os.environ[container_env.AM_DIR],
-                                 host=os.environ.get(container_env.NM_HOST, "127.0.0.1"))
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, master.request_stop)
-    script(master, am, json.loads(os.environ.get("%s", "[]")))
-    try:
-        status = await master.run()
-    finally:
-        await am.close()
-    return 0 if status is not None else 143
-
-
-daemon.setup_logging("ps-am-scripted")
-sys.exit(asyncio.run(main()))
-''' % SCRIPT_ENV
+    return hook
+"""
 
 
 # 12 slots of 512 MB and 1 vcore: the two jobs of a test (5 containers each) fit
@@ -91,12 +61,11 @@ def kill_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 def submit_scripted(cluster: Any, spec: dict[str, Any], steps: list[dict[str, int]], name: str,
                     tmp_path: Path) -> str:
-    driver = tmp_path / "scripted_am.py"
-    driver.write_text(SCRIPTED_AM)
-    sub = build_ps_submission({"executor_memory_mb": EXECUTOR_MB, **spec}, name=name, am_memory=384,
-                              environment={SCRIPT_ENV: json.dumps(steps)})
-    sub["am-container-spec"]["commands"]["command"] = f"python {driver}"
-    return submit_app(cluster.rm_url, sub)
+    sub = build_ps_submission({"executor_memory_mb": EXECUTOR_MB, **spec}, name=name, am_memory=384)
+    script_dir = tmp_path / name
+    script_dir.mkdir()
+    return submit_app(cluster.rm_url, use_scripted_am(sub, script_dir, SCRIPTED_DIRECTIVES,
+                                                      {SCRIPT_ENV: json.dumps(steps)}))
 
 
 def final_status(cluster: Any, app_id: str) -> dict[str, Any]:

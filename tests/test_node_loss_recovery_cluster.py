@@ -27,54 +27,29 @@ from appmaster.ps.submission import build_ps_submission
 from conftest import get_app, pids_with_env, running_cluster, submit_app, wait_app
 from polling import wait_until
 from protocol import container_env
+from scripted_am import use_scripted_am
 from test_cluster_node_loss import remove_leftover_cgroups
 
 pytestmark = pytest.mark.cluster
 
 PAUSE_ENV = "ELASTANE_TEST_PAUSE_DIR"
 
-# The PS AM; once epoch 3 is done it writes <dir>/paused with the live executors and blocks until
-# <dir>/go exists (at most 10 s: below the AM expiry the test's cluster uses).
-PAUSING_AM = r'''
-import asyncio, json, os, signal, sys, time
-from pathlib import Path
-from protocol import container_env, daemon
-from appmaster.am_client import ApplicationMaster
-from appmaster.ps.__main__ import load_spec, parse_args
-from appmaster.ps.master import PSApplicationMaster
-
-
-async def main():
-    spec = load_spec(parse_args([]))
-    am = ApplicationMaster.from_env()
-    master = PSApplicationMaster(am, spec, os.environ[container_env.AM_DIR],
-                                 host=os.environ.get(container_env.NM_HOST, "127.0.0.1"))
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, master.request_stop)
-    d = Path(os.environ["%s"])
-    inner = master.training.loop.on_clock
+# Once epoch 3 is done the AM writes <dir>/paused with the live executors and blocks until <dir>/go
+# exists (at most 10 s: below the AM expiry the test's cluster uses).
+PAUSE = f"""
+def make_hook(master, am):
+    d = Path(os.environ["{PAUSE_ENV}"])
     done = []
 
-    def on_clock():
-        if inner is not None:
-            inner()
+    def hook():
         if not done and master.training.loop.epochs_done >= 3:
             done.append(True)
-            live = [e.to_json() for e in master.pool.live()]
-            (d / "paused").write_text(json.dumps(live))
+            (d / "paused").write_text(json.dumps([e.to_json() for e in master.pool.live()]))
             deadline = time.monotonic() + 10
             while not (d / "go").exists() and time.monotonic() < deadline:
                 time.sleep(0.02)   # holding the AM still is the point here
-    master.training.loop.on_clock = on_clock
-    try:
-        status = await master.run()
-    finally:
-        await am.close()
-    return 0 if status is not None else 143
-
-
-daemon.setup_logging("ps-am-pausing")
-sys.exit(asyncio.run(main()))
-''' % PAUSE_ENV
+    return hook
+"""
 
 SPEC = {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 12, "convergence_threshold": 1e-12,
         "checkpoint_every_epochs": 2, "audit_updates": True, "executor_memory_mb": 320,
@@ -94,11 +69,8 @@ def test_a_crashed_host_costs_the_job_a_recovery_not_its_life(four_nodes, tmp_pa
     reference = submit_app(c.rm_url, build_ps_submission(SPEC, name="undisturbed", am_memory=384))
     assert wait_app(c.rm_url, reference, ("FINISHED",), 240)["finalStatus"] == "SUCCEEDED"
 
-    driver = tmp_path / "pausing_am.py"
-    driver.write_text(PAUSING_AM)
-    sub = build_ps_submission(SPEC, name="host-crash", am_memory=384)
-    sub["am-container-spec"]["commands"]["command"] = f"python {driver}"
-    sub["am-container-spec"]["environment"]["entry"].append({"key": PAUSE_ENV, "value": str(tmp_path)})
+    sub = use_scripted_am(build_ps_submission(SPEC, name="host-crash", am_memory=384), tmp_path, PAUSE,
+                          {PAUSE_ENV: str(tmp_path)})
     app_id = submit_app(c.rm_url, sub)
     victim = None
     try:
