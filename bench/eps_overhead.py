@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
-from support.watched_job import Job, am_log_tail  # noqa: E402
+from support.watched_job import Job, am_log_tail, mlr_job_spec  # noqa: E402
 
 
 
@@ -117,11 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="remove/add rounds per mode (the median is reported)")
     ns = p.parse_args(argv)
     model_mb = ns.features * ns.classes * 4 / 2**20
-    spec = {"app": "mlr", "workers": 3, "servers": 3, "blocks": 12, "max_epochs": 50,
-            "executor_memory_mb": ns.executor_mb,
-            "data": {"num_samples": ns.samples, "num_features": ns.features, "num_classes": ns.classes,
-                     "nnz_per_sample": 20, "num_heldout": 500, "rows_per_block": 500},
-            "hparams": {"learning_rate": 0.5, "features_per_key": 4}}
+    spec = mlr_job_spec(ns.features, ns.classes, ns.samples, ns.executor_mb)
     tmp = None if ns.keep_dir else tempfile.TemporaryDirectory(prefix="eps-overhead-")
     base = ns.keep_dir or Path(tmp.name)  # type: ignore[union-attr]
     # 3 nodes x (3 GB, 4 vcores): room for the AM and 3 + 3 executors of 1 GB, one job at a time.

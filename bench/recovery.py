@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
-from support.watched_job import Job, am_log_tail, http, wait_for  # noqa: E402
+from support.watched_job import Job, am_log_tail, http, mlr_job_spec, wait_for  # noqa: E402
 
 
 def log(text: str) -> None:
@@ -125,11 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.quick:
         ns.features, ns.classes, ns.executor_mb = 4000, 128, 384
     model_mb = ns.features * ns.classes * 4 / 2**20
-    spec = {"app": "mlr", "workers": 3, "servers": 3, "blocks": 12, "max_epochs": 100_000,
-            "convergence_threshold": 1e-12, "checkpoint_every_epochs": 2, "executor_memory_mb": ns.executor_mb,
-            "data": {"num_samples": ns.samples, "num_features": ns.features, "num_classes": ns.classes,
-                     "nnz_per_sample": 20, "num_heldout": 500, "rows_per_block": 500},
-            "hparams": {"learning_rate": 0.5, "features_per_key": 4}}
+    spec = mlr_job_spec(ns.features, ns.classes, ns.samples, ns.executor_mb, max_epochs=100_000,
+                        convergence_threshold=1e-12, checkpoint_every_epochs=2)
     tmp = None if ns.keep_dir else tempfile.TemporaryDirectory(prefix="recovery-")
     base = ns.keep_dir or Path(tmp.name)  # type: ignore[union-attr]
     # Room for the AM and 3 + 3 executors, twice over while old containers are still reported.

@@ -107,3 +107,14 @@ def pids_of_app(app_id: str) -> list[int]:
         except OSError:
             continue
     return out
+
+
+def mlr_job_spec(features: int, classes: int, samples: int, executor_mb: int, **extra: Any) -> dict[str, Any]:
+    """The MLR job the reshaping and recovery benchmarks share: 3 workers, 3 servers, 12 model
+    blocks, a model of features x classes float32 (210,000 x 128 = 102.5 MiB by default);
+    `extra` adds or overrides spec fields."""
+    return {"app": "mlr", "workers": 3, "servers": 3, "blocks": 12, "max_epochs": 50,
+            "executor_memory_mb": executor_mb,
+            "data": {"num_samples": samples, "num_features": features, "num_classes": classes,
+                     "nnz_per_sample": 20, "num_heldout": 500, "rows_per_block": 500},
+            "hparams": {"learning_rate": 0.5, "features_per_key": 4}, **extra}
