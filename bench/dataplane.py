@@ -50,7 +50,8 @@ NUM_BLOCKS = 16
 TARGET_RATIO = {"8mib": 0.8, "1mib": 0.6}
 # Every measuring loop stops at its time or at this many messages, whichever comes first.
 MAX_MESSAGES_PER_ROUND = 2_000_000
-# A raw socket idle this long means the other side is stuck: fail rather than hang.
+# A raw socket idle this long means the other side is stuck: fail rather than hang. The raw
+# server's connections also wait out the other sides' rounds: it gets that time on top (--raw-idle).
 RAW_IDLE_S = 60.0
 RAW_MAX_CONNECTIONS = 4
 ECHO, STREAM = b"E", b"S"  # first byte of a raw connection: which service it wants
@@ -61,10 +62,10 @@ def stream_window(nbytes: int) -> int:
     return max(2, min(64, (32 << 20) // nbytes))
 
 
-def raw_server(port_file: str) -> None:
-    """Serve raw connections (one thread each) until none has come for RAW_IDLE_S and all closed."""
+def raw_server(port_file: str, idle_s: float) -> None:
+    """Serve raw connections (one thread each) until none has come for `idle_s` and all closed."""
     srv = socket.create_server(("127.0.0.1", 0))
-    srv.settimeout(RAW_IDLE_S)
+    srv.settimeout(idle_s)
     Path(port_file + ".tmp").write_text(str(srv.getsockname()[1]))
     os.replace(port_file + ".tmp", port_file)
     threads = []
@@ -73,17 +74,17 @@ def raw_server(port_file: str) -> None:
             conn, _ = srv.accept()
         except TimeoutError:
             break
-        threads.append(threading.Thread(target=_serve_raw, args=(conn,), daemon=True))
+        threads.append(threading.Thread(target=_serve_raw, args=(conn, idle_s), daemon=True))
         threads[-1].start()
     srv.close()
     for thread in threads:
         thread.join()
 
 
-def _serve_raw(conn: socket.socket) -> None:
+def _serve_raw(conn: socket.socket, idle_s: float) -> None:
     """ECHO: per 16-byte header (request bytes, reply bytes) read the request, send the reply.
     STREAM: send back every byte as it arrives."""
-    conn.settimeout(RAW_IDLE_S)
+    conn.settimeout(idle_s)
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     buf = bytearray(max(SIZES.values()))
     view, hdr = memoryview(buf), bytearray(16)
@@ -339,9 +340,10 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=4.0, help="measuring time per size and side")
     p.add_argument("--rounds", type=int, default=8, help="alternating raw/store rounds per size")
     p.add_argument("--raw-server", help=argparse.SUPPRESS)
+    p.add_argument("--raw-idle", type=float, default=RAW_IDLE_S, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.raw_server:
-        raw_server(args.raw_server)
+        raw_server(args.raw_server, args.raw_idle)
         return
     repo = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(repo))
@@ -360,7 +362,8 @@ def main() -> None:
                                     "--log-level", "WARNING"], cwd=repo,
                                    env={**env, "ELASTANE_JOB_SECRET": AUTH_SECRET})
         procs.append(ex_auth)
-        raw = subprocess.Popen([sys.executable, __file__, "--raw-server", str(tmp / "raw.port")])
+        raw = subprocess.Popen([sys.executable, __file__, "--raw-server", str(tmp / "raw.port"),
+                                "--raw-idle", str(RAW_IDLE_S + 4 * args.seconds / args.rounds)])
         procs.append(raw)
         address = json.loads(_wait_file(tmp / "ex.ready", ex, "executor"))["address"]
         raw_port = int(_wait_file(tmp / "raw.port", raw, "raw server"))
