@@ -25,9 +25,11 @@ ratio is the RM's ceiling against the bare endpoint's only when the echo ladder 
 (`ceiling_is_server_bound`).
 
 On a 2-core machine the server gets one core and the whole generator the other, so the generator has
-no more CPU than the server, and the two still share the machine (the loopback network stack, other
-processes): the output says so (`shared_host_note`), and the echo ladder there is likely to stop at
-the generator. On a many-core host the generator has several cores to itself.
+no more CPU than the server (the steps' CPU figures say whether it ran out), and the two share the
+machine (the loopback network stack, other processes), which shows as p99 spikes well below either
+core's limit: the output says so (`shared_host_note`). There the flat-out figures, taken with the
+server's core busy, are the steadier comparison. On a many-core host the generator has several cores
+to itself.
 
 Last line: {"rm_heartbeats_per_s", "rm_p99_ms", "echo_ceiling_per_s", "ratio_to_ceiling", ...}
 """
