@@ -1,33 +1,64 @@
-"""Highest NM heartbeat rate the RM sustains on one core with p99 < 50 ms, against an aiohttp echo ceiling.
+"""Highest NM heartbeat rate a real RM process sustains on one core with p99 < 50 ms, against the
+ceiling of a bare aiohttp endpoint on that core under the same load, in the same run.
 
-The RM runs as its own process pinned to core 0; simulated NMs run in a separate client process
-pinned to core 1 (a raw asyncio HTTP/1.1 keep-alive client, so the client is not the bottleneck).
-The load is open-loop: heartbeats are sent on a fixed schedule at the target rate across many
-simulated nodes, each node with at most one heartbeat in flight (like a real NM). The rate steps up
-until p99 exceeds the bound or the achieved rate falls below 95% of the target. The same ladder is
-run against a bare aiohttp endpoint that echoes a small JSON body, in the same run: the ceiling of
-an aiohttp server on this core.
+The server under test (the RM, then a bare aiohttp endpoint that echoes a small JSON body) runs as its
+own process pinned to the first core this process may use. The load comes from --clients client
+processes (default: one per remaining core, at least 2, at most 8), pinned round-robin to the other
+cores, each with its own event loop, its own keep-alive connections (a raw asyncio HTTP/1.1 client)
+and its own slice of the simulated nodes. The load is open-loop: every client sends its share of the
+target rate on a fixed schedule that starts at the same instant in every client, each node with at
+most one heartbeat in flight (like a real NM); heartbeats are sent when due, in batches at most 1 ms
+apart (the event loop's timer resolution), never early, and latency is measured from the scheduled
+send time, so queueing in the generator counts against the server, never in its favour. The rate steps up until
+p99 exceeds the bound, the achieved rate falls below 95% of the target, or a request fails; the best
+step that passed is the figure (a step that fails without errors is tried once more, so one noisy
+step on a shared host does not end the ladder). After the ladder one flat-out step sends on every
+connection as soon as its reply is in (closed loop): the most the server takes at any latency. Both
+servers get the same generator, the same ladder and the same core, so the ratios compare the RM with
+what aiohttp itself can do there.
 
-Last line: {"rm_heartbeats_per_s", "rm_p99_ms", "echo_ceiling_per_s", ...}
+Whether the generator was the limit is measured, not assumed: each step records the CPU the client
+processes used (per generator core: 1.0 = that core was busy all the time) and the CPU of the server
+process (all its threads). `*_limited_by` names what ran out at the step where a ladder stopped:
+"generator" (a generator core was >= 85% busy), "server" (the server's core was), or "unclear". The
+ratio is the RM's ceiling against the bare endpoint's only when the echo ladder was server-bound
+(`ceiling_is_server_bound`).
+
+On a 2-core machine the server gets one core and the whole generator the other, so the generator has
+no more CPU than the server (the steps' CPU figures say whether it ran out), and the two share the
+machine (the loopback network stack, other processes), which shows as p99 spikes well below either
+core's limit: the output says so (`shared_host_note`). There the flat-out figures, taken with the
+server's core busy, are the steadier comparison. On a many-core host the generator has several cores
+to itself.
+
+Last line: {"rm_heartbeats_per_s", "rm_p99_ms", "echo_ceiling_per_s", "ratio_to_ceiling", ...}
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import math
 import os
+import selectors
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 P99_BOUND_MS = 50.0
-RATES = [1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000, 12000, 15000]
+RATES = [1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000, 12000, 15000, 20000, 25000, 30000, 40000]
+BUSY = 0.85            # a core this busy during a step is taken to be the limit
+START_LEAD_S = 0.3     # the clients start each step this long after the driver sends it
+DRAIN_S = 10.0         # a step's last replies must arrive this long after its last send
+READY_TIMEOUT_S = 120.0
+MAX_CLIENTS = 64
 
 
 # ----------------------------------------------------------------------------- client side
@@ -76,64 +107,65 @@ def _http_post(host: str, path: str, body: bytes, token: str | None) -> bytes:
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
-async def _client_main(args) -> None:
-    import orjson
+class _LoadClient:
+    """One client process's part of the load: its connections and its slice of the simulated nodes."""
 
-    from protocol import tokens
+    def __init__(self, args, node_ids: list[str]):
+        self.args = args
+        self.node_ids = node_ids
+        self.idle: asyncio.Queue[_Conn] = asyncio.Queue()
+        self.node_tokens: dict[str, str] = {}
+        self.response_ids: dict[str, int] = {}
 
-    loop = asyncio.get_running_loop()
-    host, port = args.host, args.port
-    n_nodes = args.nodes
-    conns = []
-    for _ in range(args.connections):
-        _, proto = await loop.create_connection(_Conn, host, port)
-        conns.append(proto)
-    idle = asyncio.Queue()
-    for c in conns:
-        idle.put_nowait(c)
+    async def connect(self, n: int) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(n):
+            _, proto = await loop.create_connection(_Conn, self.args.host, self.args.port)
+            self.idle.put_nowait(proto)
 
-    node_ids = [f"sim-{i:05d}.bench:{10000 + i}" for i in range(n_nodes)]
-    node_tokens = {}
-    response_ids = {}
-    if args.mode == "rm":
-        for nid in node_ids:
-            node_tokens[nid] = tokens.sign(args.secret, tokens.NM, {"node_id": nid}, 3600)
-        # Register all simulated nodes (not timed).
-        sem = asyncio.Semaphore(len(conns))
+    async def register(self) -> None:
+        """Register this client's nodes with the RM (not timed)."""
+        import orjson
 
-        async def register(nid):
-            async with sem:
-                c = await idle.get()
-                try:
-                    body = orjson.dumps({"node_id": nid, "http_address": nid,
-                                         "capability": {"memory": 8192, "vCores": 8}})
-                    status, out = await c.request(_http_post(host, "/internal/v1/node/register", body, node_tokens[nid]))
-                    if status != 200:
-                        raise RuntimeError(f"register {nid}: {status} {out[:200]!r}")
-                    response_ids[nid] = 0
-                finally:
-                    idle.put_nowait(c)
-        await asyncio.gather(*(register(n) for n in node_ids))
+        from protocol import tokens
 
-    results = []
-    for rate in args.rates:
+        for nid in self.node_ids:
+            self.node_tokens[nid] = tokens.sign(self.args.secret, tokens.NM, {"node_id": nid}, 3600)
+
+        async def one(nid: str) -> None:
+            c = await self.idle.get()
+            try:
+                body = orjson.dumps({"node_id": nid, "http_address": nid,
+                                     "capability": {"memory": 8192, "vCores": 8}})
+                status, out = await c.request(_http_post(self.args.host, "/internal/v1/node/register", body,
+                                                         self.node_tokens[nid]))
+                if status != 200:
+                    raise RuntimeError(f"register {nid}: {status} {out[:200]!r}")
+                self.response_ids[nid] = 0
+            finally:
+                self.idle.put_nowait(c)
+        await asyncio.wait_for(asyncio.gather(*(one(n) for n in self.node_ids)), READY_TIMEOUT_S)
+
+    async def step(self, rate: float, start_at: float, duration: float) -> dict[str, Any]:
+        """From wall-clock time `start_at` (shared by all clients), for `duration` s: send `rate`
+        heartbeats/s on a fixed schedule (open loop), or, with `rate` 0, send on every connection as
+        soon as its previous reply is in (closed loop: the most the server can take, whatever the latency)."""
+        import orjson
+
+        args, host, idle = self.args, self.args.host, self.idle
+        n_nodes = len(self.node_ids)
         latencies: list[float] = []
         errors = 0
-        duration = args.duration
-        n_req = int(rate * duration)
-        interval = 1.0 / rate
-        in_flight: set[str] = set()
-        next_node = 0
         skipped = 0
+        in_flight: set[str] = set()
 
-        async def one(nid: str, t_sched: float):
+        async def send(c: _Conn, nid: str, t_from: float) -> None:
             nonlocal errors
-            c = await idle.get()
             try:
                 if args.mode == "rm":
-                    body = orjson.dumps({"node_id": nid, "response_id": response_ids[nid],
+                    body = orjson.dumps({"node_id": nid, "response_id": self.response_ids[nid],
                                          "used": {"memory": 0, "vCores": 0}, "container_statuses": []})
-                    raw = _http_post(host, "/internal/v1/node/heartbeat", body, node_tokens[nid])
+                    raw = _http_post(host, "/internal/v1/node/heartbeat", body, self.node_tokens[nid])
                 else:
                     body = orjson.dumps({"node_id": nid, "response_id": 0})
                     raw = _http_post(host, "/echo", body, None)
@@ -141,41 +173,94 @@ async def _client_main(args) -> None:
                 if status != 200:
                     errors += 1
                 elif args.mode == "rm":
-                    response_ids[nid] = orjson.loads(out)["response_id"]
-                latencies.append(time.perf_counter() - t_sched)
+                    self.response_ids[nid] = orjson.loads(out)["response_id"]
+                latencies.append(time.perf_counter() - t_from)
             except Exception:
                 errors += 1
             finally:
-                idle.put_nowait(c)
                 in_flight.discard(nid)
 
+        async def scheduled(nid: str, t_sched: float) -> None:
+            c = await idle.get()
+            try:
+                await send(c, nid, t_sched)
+            finally:
+                idle.put_nowait(c)
+
+        async def flat_out(c: _Conn, stop_at: float) -> None:
+            nonlocal k
+            while time.perf_counter() < stop_at:
+                for _ in range(n_nodes):  # the next node without a heartbeat in flight
+                    nid = self.node_ids[k % n_nodes]
+                    k += 1
+                    if nid not in in_flight:
+                        break
+                else:
+                    return
+                in_flight.add(nid)
+                await send(c, nid, time.perf_counter())
+
+        delay = start_at - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
         tasks = []
+        k = 0
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
-        for k in range(n_req):
-            t_sched = t0 + k * interval
-            delay = t_sched - time.perf_counter()
-            if delay > 0.001:
-                await asyncio.sleep(delay)
-            nid = node_ids[next_node % n_nodes]
-            next_node += 1
-            if nid in in_flight:  # a real NM never has two heartbeats in flight
-                skipped += 1
-                continue
-            in_flight.add(nid)
-            tasks.append(asyncio.ensure_future(one(nid, t_sched)))
-        await asyncio.gather(*tasks)
+        if rate > 0:
+            n_req = int(rate * duration)
+            interval = 1.0 / rate
+            while k < n_req:
+                # Send every heartbeat that is due, never one early, then sleep to the next one;
+                # latency counts from the scheduled time, so a late send counts against the server.
+                now = time.perf_counter()
+                while k < n_req and t0 + k * interval <= now:
+                    nid = self.node_ids[k % n_nodes]
+                    if nid in in_flight:  # a real NM never has two heartbeats in flight
+                        skipped += 1
+                    else:
+                        in_flight.add(nid)
+                        tasks.append(asyncio.ensure_future(scheduled(nid, t0 + k * interval)))
+                    k += 1
+                if k < n_req:
+                    # At least 1 ms: the loop's timers have ms resolution, and a shorter sleep returns
+                    # at once, so the generator would spin and look saturated; sends go in <= 1 ms batches.
+                    await asyncio.sleep(max(0.001, t0 + k * interval - time.perf_counter()))
+        else:
+            conns = [idle.get_nowait() for _ in range(idle.qsize())]
+            tasks = [asyncio.ensure_future(flat_out(c, t0 + duration)) for c in conns]
+            for c in conns:
+                idle.put_nowait(c)  # each worker keeps using its own connection until it stops
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=duration + DRAIN_S)
+            for t in pending:  # counted as errors, so the ladder stops at this step
+                t.cancel()
+            errors += len(pending)
         elapsed = time.perf_counter() - t0
-        latencies.sort()
-        done = len(latencies)
-        p50 = latencies[done // 2] * 1000 if done else float("inf")
-        p99 = latencies[min(done - 1, int(done * 0.99))] * 1000 if done else float("inf")
-        achieved = done / elapsed
-        results.append({"target": rate, "achieved": round(achieved, 1), "p50_ms": round(p50, 2),
-                        "p99_ms": round(p99, 2), "errors": errors, "skipped": skipped})
-        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
-        if p99 > P99_BOUND_MS or achieved < 0.95 * rate or errors:
+        cpu = time.process_time() - cpu0
+        return {"latencies_ms": sorted(round(x * 1000, 3) for x in latencies), "errors": errors,
+                "skipped": skipped, "elapsed_s": elapsed, "cpu_s": cpu}
+
+
+async def _client_main(args) -> None:
+    """A client process: connect (and register its nodes with the RM), say ready, then run the steps
+    the driver sends on stdin, one JSON line each, answering each with one JSON line on stdout."""
+    all_nodes = [f"sim-{i:05d}.bench:{10000 + i}" for i in range(args.nodes)]
+    client = _LoadClient(args, all_nodes[args.client_index::args.clients])
+    await client.connect(args.connections)
+    if args.mode == "rm":
+        await client.register()
+    print(json.dumps({"ready": True}), flush=True)
+    loop = asyncio.get_running_loop()
+    for _ in range(2 * len(args.rates) + 2):  # each ladder step at most twice, the flat-out step, stop
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line.strip():
             break
-    print(json.dumps(results), flush=True)
+        cmd = json.loads(line)
+        if cmd.get("stop"):
+            break
+        result = await client.step(cmd["rate"], cmd["start_at"], cmd["duration"])
+        print(json.dumps(result), flush=True)
 
 
 # ----------------------------------------------------------------------------- echo server
@@ -211,13 +296,37 @@ def _echo_main(port_file: str) -> None:
 
 # ----------------------------------------------------------------------------- driver
 
+def _cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
 def _pin(core: int):
     def f():
         try:
-            os.sched_setaffinity(0, {core % os.cpu_count()})
-        except OSError:
+            os.sched_setaffinity(0, {core})
+        except (AttributeError, OSError):
             pass
     return f
+
+
+def _layout(n_clients: int) -> tuple[int, list[int]]:
+    """The server's core and each client's core: the server alone on the first core, the clients
+    round-robin on the others (on the server's core only when there is no other)."""
+    cores = _cores()
+    gen_cores = cores[1:] or cores[:1]
+    return cores[0], [gen_cores[i % len(gen_cores)] for i in range(n_clients)]
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
 
 
 def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> str:
@@ -231,32 +340,180 @@ def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> str
     return path.read_text()
 
 
-def _run_client(mode: str, port: int, secret: str, args) -> list[dict]:
-    cmd = [sys.executable, __file__, "--client", mode, "--port", str(port), "--secret", secret,
-           "--nodes", str(args.nodes), "--connections", str(args.connections),
-           "--duration", str(args.duration), "--rates", ",".join(map(str, args.rates))]
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, preexec_fn=_pin(1), text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+class _Generator:
+    """The load generator's client processes for one server: started together, stepped together,
+    stopped by pid."""
+
+    def __init__(self, mode: str, port: int, secret: str, args, client_cores: list[int]):
+        self.client_cores = client_cores
+        n = len(client_cores)
+        per_client_conns = max(1, math.ceil(args.connections / n))
+        self.procs: list[subprocess.Popen] = []
+        self.bufs: dict[int, bytearray] = {}
+        for i, core in enumerate(client_cores):
+            cmd = [sys.executable, __file__, "--client", mode, "--client-index", str(i), "--clients", str(n),
+                   "--port", str(port), "--secret", secret, "--nodes", str(args.nodes),
+                   "--connections", str(per_client_conns), "--rates", ",".join(map(str, args.rates))]
+            p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                                 preexec_fn=_pin(core))
+            self.procs.append(p)
+            self.bufs[p.pid] = bytearray()
+
+    def _read_lines(self, timeout_s: float) -> list[dict]:
+        """One JSON line from every client, within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        lines: dict[int, dict] = {}
+        with selectors.DefaultSelector() as sel:
+            for p in self.procs:
+                assert p.stdout is not None
+                sel.register(p.stdout, selectors.EVENT_READ, p)
+            while len(lines) < len(self.procs):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{len(self.procs) - len(lines)} load clients did not answer in {timeout_s:g} s")
+                for key, _ in sel.select(min(left, 1.0)):
+                    p = key.data
+                    chunk = os.read(key.fd, 1 << 20)
+                    if not chunk:
+                        raise RuntimeError(f"load client {p.pid} exited with {p.wait(timeout=5)}")
+                    buf = self.bufs[p.pid]
+                    buf += chunk
+                    nl = buf.find(b"\n")
+                    if nl >= 0:
+                        lines[p.pid] = json.loads(bytes(buf[:nl]))
+                        del buf[:nl + 1]
+                        sel.unregister(p.stdout)
+        return [lines[p.pid] for p in self.procs]
+
+    def wait_ready(self) -> None:
+        self._read_lines(READY_TIMEOUT_S)
+
+    def step(self, rate: int, duration: float, server_pid: int) -> dict[str, Any]:
+        """Run one ladder step on all clients at once and merge what they measured."""
+        n = len(self.procs)
+        start_at = time.time() + START_LEAD_S
+        cmd = json.dumps({"rate": rate / n, "start_at": start_at, "duration": duration}).encode() + b"\n"
+        for p in self.procs:
+            assert p.stdin is not None
+            p.stdin.write(cmd)
+        time.sleep(max(0.0, start_at - time.time()))
+        cpu0, t0 = _cpu_s(server_pid), time.perf_counter()
+        parts = self._read_lines(duration + DRAIN_S + 30.0)
+        server_cpu = (_cpu_s(server_pid) - cpu0) / (time.perf_counter() - t0)
+        latencies = sorted(x for r in parts for x in r["latencies_ms"])
+        done = len(latencies)
+        elapsed = max(r["elapsed_s"] for r in parts)
+        busy_by_core: dict[int, float] = {}
+        for core, r in zip(self.client_cores, parts):
+            busy_by_core[core] = busy_by_core.get(core, 0.0) + r["cpu_s"] / r["elapsed_s"]
+        return {"target": rate, "achieved": round(done / elapsed, 1),
+                "p50_ms": round(latencies[done // 2], 2) if done else float("inf"),
+                "p99_ms": round(latencies[min(done - 1, int(done * 0.99))], 2) if done else float("inf"),
+                "errors": sum(r["errors"] for r in parts), "skipped": sum(r["skipped"] for r in parts),
+                "server_cpu": round(server_cpu, 3),
+                "generator_cpu": round(sum(busy_by_core.values()), 3),
+                "generator_core_busy_max": round(max(busy_by_core.values()), 3)}
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None and p.stdin is not None:
+                try:
+                    p.stdin.write(json.dumps({"stop": True}).encode() + b"\n")
+                    p.stdin.close()
+                except OSError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _passed(r: dict) -> bool:
+    return r["p99_ms"] <= P99_BOUND_MS and r["achieved"] >= 0.95 * r["target"] and not r["errors"]
+
+
+def _ladder(mode: str, port: int, server_pid: int, secret: str, args,
+            client_cores: list[int]) -> tuple[list[dict], dict | None]:
+    """The rate ladder's steps, then one flat-out (closed-loop) step: the most the server takes."""
+    gen = _Generator(mode, port, secret, args, client_cores)
+    results: list[dict] = []
+    flat_out = None
+    try:
+        gen.wait_ready()
+        for rate in args.rates:
+            r = gen.step(rate, args.duration, server_pid)
+            if not _passed(r) and not r["errors"]:
+                # One more try: on a shared host one noisy step should not end the ladder.
+                print(f"{mode}: {json.dumps(r)} (trying again)", file=sys.stderr, flush=True)
+                r = gen.step(rate, args.duration, server_pid)
+                r["tries"] = 2
+            results.append(r)
+            print(f"{mode}: {json.dumps(r)}", file=sys.stderr, flush=True)
+            if not _passed(r):
+                break
+        if not results[-1]["errors"]:  # after errors the connections may hold stale replies
+            flat_out = gen.step(0, args.duration, server_pid)
+            print(f"{mode} flat out: {json.dumps(flat_out)}", file=sys.stderr, flush=True)
+    finally:
+        gen.stop()
+    return results, flat_out
 
 
 def _best(results: list[dict]) -> dict:
-    ok = [r for r in results if r["p99_ms"] <= P99_BOUND_MS and r["achieved"] >= 0.95 * r["target"]
-          and not r["errors"]]
-    return max(ok, key=lambda r: r["achieved"]) if ok else {"achieved": 0.0, "p99_ms": float("nan")}
+    ok = [r for r in results if _passed(r)]
+    return max(ok, key=lambda r: r["achieved"]) if ok else {"achieved": 0.0, "p50_ms": float("nan"),
+                                                            "p99_ms": float("nan")}
+
+
+def _ran_out(step: dict | None) -> str:
+    """What was busy during a step: "generator" (a generator core), "server" (its core), or "unclear"."""
+    if step is None:
+        return "unclear"
+    if step["generator_core_busy_max"] >= BUSY:
+        return "generator"
+    if step["server_cpu"] >= BUSY:
+        return "server"
+    return "unclear"
+
+
+def _limited_by(results: list[dict]) -> str:
+    """What ran out at the step where the ladder stopped, or "not reached" when the top rate passed."""
+    if not results or _passed(results[-1]):
+        return "not reached"
+    return _ran_out(results[-1])
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--client", choices=["rm", "echo"])
-    ap.add_argument("--echo-server")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--secret", default="")
-    ap.add_argument("--nodes", type=int, default=5000)
-    ap.add_argument("--connections", type=int, default=64)
-    ap.add_argument("--duration", type=float, default=4.0)
+    cores = _cores()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=min(8, max(2, len(cores) - 1)),
+                    help="load-generator client processes (default: one per core apart from the server's, 2..8)")
+    ap.add_argument("--nodes", type=int, default=5000, help="simulated NMs, split across the clients")
+    ap.add_argument("--connections", type=int, default=256, help="keep-alive connections, split across the clients")
+    ap.add_argument("--duration", type=float, default=4.0, help="seconds per ladder step")
     ap.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",")], default=RATES)
+    # Internal: the load clients and the echo server are this script run again.
+    ap.add_argument("--client", choices=["rm", "echo"], help=argparse.SUPPRESS)
+    ap.add_argument("--client-index", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--echo-server", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--secret", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.host = "127.0.0.1"  # traffic stays on this host
     if args.echo_server:
         return _echo_main(args.echo_server)
     if args.client:
@@ -264,48 +521,80 @@ def main() -> None:
         from protocol.daemon import install_uvloop
         install_uvloop()
         return asyncio.run(_client_main(args))
+    if not 1 <= args.clients <= MAX_CLIENTS:
+        ap.error(f"--clients must be 1..{MAX_CLIENTS}")
 
     from protocol import tokens
 
-    with tempfile.TemporaryDirectory(prefix="elastane-bench-hb-") as tmp:
-        tmp = Path(tmp)
+    server_core, client_cores = _layout(args.clients)
+    gen_cores = sorted(set(client_cores))
+    with tempfile.TemporaryDirectory(prefix="elastane-bench-hb-") as tmp_dir:
+        tmp = Path(tmp_dir)
         secret = tokens.generate_secret()
         (tmp / "cluster.toml").write_text(f'[cluster]\nsecret = "{secret}"\nrm_address = "http://127.0.0.1:0"\n')
         env = dict(os.environ, ELASTANE_LOG_LEVEL="WARNING")
         ready = tmp / "rm.ready"
-        rm = subprocess.Popen([sys.executable, "-m", "rm", "--port", "0", "--state-dir", str(tmp / "rm"),
-                               "--cluster-config", str(tmp / "cluster.toml"), "--ready-file", str(ready),
-                               # Nodes stay alive across the whole ladder.
-                               "--nm-expiry-s", "600"],
-                              cwd=ROOT, env=env, preexec_fn=_pin(0), stderr=open(tmp / "rm.log", "wb"))
-        echo_port_file = tmp / "echo.port"
-        echo = subprocess.Popen([sys.executable, __file__, "--echo-server", str(echo_port_file)],
-                                cwd=ROOT, env=env, preexec_fn=_pin(0))
-        try:
-            rm_port = int(json.loads(_wait_file(ready, rm))["http_address"].rsplit(":", 1)[1])
-            echo_port = int(_wait_file(echo_port_file, echo))
-            echo_results = _run_client("echo", echo_port, secret, args)
-            rm_results = _run_client("rm", rm_port, secret, args)
-        finally:
-            for p in (rm, echo):
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            for p in (rm, echo):
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-        rm_best, echo_best = _best(rm_results), _best(echo_results)
-        print("rate ladder (RM):  ", rm_results)
-        print("rate ladder (echo):", echo_results)
-        print(f"RM sustains {rm_best['achieved']:.0f} heartbeats/s (p99 {rm_best['p99_ms']} ms); "
-              f"aiohttp echo ceiling {echo_best['achieved']:.0f}/s; target 5000/s")
-        print(json.dumps({"rm_heartbeats_per_s": rm_best["achieved"], "rm_p99_ms": rm_best["p99_ms"],
-                          "echo_ceiling_per_s": echo_best["achieved"],
-                          "ratio_to_ceiling": round(rm_best["achieved"] / echo_best["achieved"], 3)
-                          if echo_best["achieved"] else None,
-                          "simulated_nodes": args.nodes, "target_per_s": 5000}))
+        procs: list[subprocess.Popen] = []
+        with open(tmp / "rm.log", "wb") as rm_log:
+            try:
+                rm = subprocess.Popen([sys.executable, "-m", "rm", "--port", "0", "--state-dir", str(tmp / "rm"),
+                                       "--cluster-config", str(tmp / "cluster.toml"), "--ready-file", str(ready),
+                                       # Nodes stay alive across the whole ladder.
+                                       "--nm-expiry-s", "600"],
+                                      cwd=ROOT, env=env, preexec_fn=_pin(server_core), stderr=rm_log)
+                procs.append(rm)
+                echo_port_file = tmp / "echo.port"
+                echo = subprocess.Popen([sys.executable, __file__, "--echo-server", str(echo_port_file)],
+                                        cwd=ROOT, env=env, preexec_fn=_pin(server_core))
+                procs.append(echo)
+                rm_port = int(json.loads(_wait_file(ready, rm))["http_address"].rsplit(":", 1)[1])
+                echo_port = int(_wait_file(echo_port_file, echo))
+                echo_results, echo_flat = _ladder("echo", echo_port, echo.pid, secret, args, client_cores)
+                rm_results, rm_flat = _ladder("rm", rm_port, rm.pid, secret, args, client_cores)
+            finally:
+                _stop(procs)
+    rm_best, echo_best = _best(rm_results), _best(echo_results)
+    echo_limit, rm_limit = _limited_by(echo_results), _limited_by(rm_results)
+    shared_note = None
+    if len(cores) - 1 < args.clients:
+        shared_note = (f"{len(cores)} core(s): the server has core {server_core}, the {args.clients} load clients "
+                       f"share core(s) {gen_cores}" + (" with it" if server_core in gen_cores else "")
+                       + "; generator and server share this host, so the generator may be the limit "
+                       "(see echo_limited_by and the steps' generator_core_busy_max)")
+    print("rate ladder (echo):", echo_results)
+    print("rate ladder (RM):  ", rm_results)
+    print(f"RM sustains {rm_best['achieved']:.0f} heartbeats/s (p50 {rm_best['p50_ms']} ms, "
+          f"p99 {rm_best['p99_ms']} ms; limited by: {rm_limit}); bare aiohttp endpoint "
+          f"{echo_best['achieved']:.0f}/s (limited by: {echo_limit}); target 5000/s and >= 0.6 of the endpoint")
+    rm_max = rm_flat["achieved"] if rm_flat else None
+    echo_max = echo_flat["achieved"] if echo_flat else None
+    print(f"flat out (closed loop, any latency): RM {rm_max}/s (busy: {_ran_out(rm_flat)}), "
+          f"bare endpoint {echo_max}/s (busy: {_ran_out(echo_flat)})")
+    if shared_note:
+        print("note:", shared_note)
+    ratio = round(rm_best["achieved"] / echo_best["achieved"], 3) if echo_best["achieved"] else None
+    print(json.dumps({
+        "rm_heartbeats_per_s": rm_best["achieved"], "rm_p50_ms": rm_best["p50_ms"], "rm_p99_ms": rm_best["p99_ms"],
+        "echo_ceiling_per_s": echo_best["achieved"], "echo_p50_ms": echo_best["p50_ms"],
+        "echo_p99_ms": echo_best["p99_ms"],
+        "ratio_to_ceiling": ratio,
+        # The ratio is the RM against aiohttp's own ceiling only when the server, not the generator, stopped the echo.
+        "ceiling_is_server_bound": echo_limit == "server",
+        "echo_limited_by": echo_limit, "rm_limited_by": rm_limit,
+        "generator_saturated": "generator" in (echo_limit, rm_limit),
+        "echo_stop_step": echo_results[-1] if echo_results else None,
+        "rm_stop_step": rm_results[-1] if rm_results else None,
+        # Closed loop on every connection: the most each server takes whatever the latency, and what was busy.
+        "echo_flat_out_per_s": echo_max, "rm_flat_out_per_s": rm_max,
+        "flat_out_ratio": round(rm_max / echo_max, 3) if rm_max and echo_max else None,
+        "echo_flat_out_busy": _ran_out(echo_flat), "rm_flat_out_busy": _ran_out(rm_flat),
+        "echo_flat_out_step": echo_flat, "rm_flat_out_step": rm_flat,
+        "clients": args.clients, "connections": args.connections, "cores": len(cores),
+        "server_core": server_core, "generator_cores": gen_cores, "shared_host_note": shared_note,
+        "simulated_nodes": args.nodes, "target_per_s": 5000, "target_ratio": 0.6,
+        "meets_target": bool(rm_best["achieved"] >= 5000 and rm_best["p99_ms"] < P99_BOUND_MS
+                             and ratio is not None and ratio >= 0.6),
+    }))
 
 
 if __name__ == "__main__":
