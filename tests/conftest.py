@@ -273,6 +273,20 @@ def get_app(base_url: str, app_id: str) -> dict[str, Any]:
     return rest(base_url, "GET", f"/ws/v1/cluster/apps/{app_id}")["app"]
 
 
+def am_status(cluster: Any, app_id: str) -> dict[str, Any] | None:
+    """A running PS job's status from its AM (the app's tracking URL), or None while there is none
+    to ask: not RUNNING yet or any more, or the AM not answering (starting, restarting, gone)."""
+    app = get_app(cluster.rm_url, app_id)
+    if app["state"] != "RUNNING" or not app.get("trackingUrl"):
+        return None
+    try:
+        with urllib.request.urlopen(app["trackingUrl"].rstrip("/") + "/status", timeout=5) as r:
+            status: dict[str, Any] = json.loads(r.read())
+            return status
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
 def wait_app(base_url: str, app_id: str, states: tuple[str, ...] = FINAL_STATES,
              timeout_s: float = 60.0) -> dict[str, Any]:
     """Poll GET /apps/{id} until its state is one of `states`; fails with the last report on timeout.

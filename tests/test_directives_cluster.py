@@ -11,13 +11,12 @@ training went on from where the restart left it."""
 from __future__ import annotations
 
 import json
-import urllib.request
 from typing import Any, Iterator
 
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
+from conftest import am_status, get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
 from polling import wait_until
 from protocol import container_env
 
@@ -44,16 +43,6 @@ def shape_report(cluster: Any, app_id: str) -> dict[str, Any] | None:
     try:
         return rest(cluster.rm_url, "GET", f"/ws/v1/cluster/apps/{app_id}/shape") if app["state"] == "RUNNING" else None
     except Exception:  # noqa: BLE001 - the endpoint may not exist in this RM; the final status still checks
-        return None
-
-
-def am_status(cluster: Any, app_id: str) -> dict[str, Any] | None:
-    """The AM's own status (its tracking URL), or None while it is not reachable."""
-    try:
-        url = get_app(cluster.rm_url, app_id)["trackingUrl"].rstrip("/")
-        with urllib.request.urlopen(url + "/status", timeout=5) as r:
-            return json.loads(r.read())
-    except Exception:  # noqa: BLE001 - not up yet, or restarting its executors
         return None
 
 

@@ -11,14 +11,12 @@ mini-batch the workers ran exactly once across the moves. Then the test kills th
 """
 from __future__ import annotations
 
-import json
-import urllib.request
 from typing import Any, Iterator
 
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
+from conftest import am_status, pids_with_env, rest, running_cluster, submit_app, wait_app
 from polling import wait_until
 from protocol import container_env
 
@@ -31,15 +29,6 @@ def four_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     with running_cluster(tmp_path_factory.mktemp("placement"), nodes=4, node_memory_mb=2048,
                          node_vcores=6) as c:
         yield c
-
-
-def am_status(cluster: Any, app_id: str) -> dict[str, Any] | None:
-    try:
-        url = get_app(cluster.rm_url, app_id)["trackingUrl"].rstrip("/")
-        with urllib.request.urlopen(url + "/status", timeout=5) as r:
-            return json.loads(r.read())
-    except Exception:  # noqa: BLE001 - not up yet
-        return None
 
 
 def live_nodes(status: dict[str, Any]) -> dict[str, str]:

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import (FINAL_STATES, am_control_headers, get_app, pids_with_env, rest, running_cluster, submit_app,
+from conftest import (FINAL_STATES, am_control_headers, am_status, get_app, pids_with_env, rest, running_cluster, submit_app,
                       wait_app)
 from polling import wait_until
 from protocol import container_env
@@ -44,17 +44,6 @@ def http_json(url: str, method: str = "GET", timeout_s: float = 30.0, headers: d
         return json.loads(r.read())
 
 
-def live_status(cluster: Any, app_id: str) -> dict[str, Any] | None:
-    """The AM's status from its tracking URL, or None once the AM is gone."""
-    app = get_app(cluster.rm_url, app_id)
-    if app["state"] != "RUNNING" or not app.get("trackingUrl"):
-        return None
-    try:
-        return http_json(app["trackingUrl"].rstrip("/") + "/status", timeout_s=5)
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-
-
 def run_job(cluster: Any, spec: dict[str, Any], name: str) -> tuple[dict, dict, dict | None]:
     """Submit, watch the live status once training has started, wait for the end.
     Returns (RM app report, final status file, a live status seen while training or None)."""
@@ -63,7 +52,7 @@ def run_job(cluster: Any, spec: dict[str, Any], name: str) -> tuple[dict, dict, 
     seen: dict[str, Any] = {}
 
     def training_or_done() -> bool:
-        s = live_status(cluster, app_id)
+        s = am_status(cluster, app_id)
         if s is not None and s["objective_history"]:
             seen.setdefault("live", s)
         return bool(seen) or get_app(cluster.rm_url, app_id)["state"] in FINAL_STATES
@@ -186,7 +175,7 @@ def test_checkpoint_on_request_then_killed_worker_fails_the_job(ps_cluster) -> N
             "executor_memory_mb": EXECUTOR_MB, "max_executor_failures": 0}
     app_id = submit_app(ps_cluster.rm_url, build_ps_submission(spec, name="ps-kill", am_memory=384))
     try:
-        status = wait_until(lambda: (s := live_status(ps_cluster, app_id)) and len(s["objective_history"]) >= 2
+        status = wait_until(lambda: (s := am_status(ps_cluster, app_id)) and len(s["objective_history"]) >= 2
                             and s, 120, "two epochs trained")
         # the live status at the tracking URL: shape, memory next to data per executor, history
         assert status["state"] == "TRAINING" and (status["shape"]["workers"], status["shape"]["servers"]) == (2, 1)
@@ -228,7 +217,7 @@ def test_executor_over_its_memory_limit_fails_the_job_with_the_reason(ps_cluster
 def test_killing_the_app_stops_the_am_and_every_executor(ps_cluster) -> None:
     spec = {"app": "lda", "workers": 2, "servers": 1, "max_epochs": 10_000, "convergence_threshold": 1e-12}
     app_id = submit_app(ps_cluster.rm_url, build_ps_submission(spec, name="ps-killed", am_memory=384))
-    wait_until(lambda: (s := live_status(ps_cluster, app_id)) and s["objective_history"], 120, "training")
+    wait_until(lambda: (s := am_status(ps_cluster, app_id)) and s["objective_history"], 120, "training")
     assert len(pids_with_env(container_env.APP_ID, app_id)) >= 4        # the AM and three executors
     rest(ps_cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
     app = wait_app(ps_cluster.rm_url, app_id, ("KILLED",), 60)

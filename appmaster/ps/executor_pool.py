@@ -11,7 +11,7 @@ import asyncio
 import enum
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from appmaster.container_book import AmContainer
 from protocol import container_env
@@ -74,6 +74,15 @@ class ExecutorRecord:
                 "partition": self.partition}
 
 
+def executor_index(rec: ExecutorRecord) -> int:
+    """The number in an executor's id (`worker-3` -> 3): launch order within its role."""
+    return int(rec.executor_id.rsplit("-", 1)[1])
+
+
+def by_index(recs: Iterable[ExecutorRecord]) -> list[ExecutorRecord]:
+    return sorted(recs, key=executor_index)
+
+
 class ExecutorPool:
     """Every executor of the job, by id and by container."""
 
@@ -114,10 +123,14 @@ class ExecutorPool:
 
     def ready(self, role: Role) -> list[ExecutorRecord]:
         """The READY executors of `role`, in launch order."""
-        return sorted(self.of_role(role, ExecutorState.READY), key=lambda e: int(e.executor_id.rsplit("-", 1)[1]))
+        return by_index(self.of_role(role, ExecutorState.READY))
 
     def live(self) -> list[ExecutorRecord]:
         return [e for e in self.executors.values() if e.state is not ExecutorState.EXITED]
+
+    def all_on(self, nodes: tuple[str, ...]) -> bool:
+        """Whether every live executor runs on one of `nodes` (a placement directive's)."""
+        return all(e.container.node_id in nodes for e in self.live())
 
     def retire(self, rec: ExecutorRecord) -> None:
         """`rec` leaves the job (EPS remove): its container ending is expected, not a failure."""
@@ -174,72 +187,64 @@ class ExecutorPool:
 
     async def wait_ready(self, role: Role, count: int, timeout_s: float) -> list[ExecutorRecord]:
         """Wait until `count` executors of `role` are READY; TimeoutError names the missing ones."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             ready = self.of_role(role, ExecutorState.READY)
             if len(ready) >= count:
-                return sorted(ready, key=lambda e: int(e.executor_id.rsplit("-", 1)[1]))
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+                return by_index(ready)
+            if not await self._changes(deadline):
                 waiting = [e.executor_id for e in self.of_role(role, ExecutorState.LAUNCHING)]
                 raise asyncio.TimeoutError(f"{len(ready)} of {count} {role.value}s ready after {timeout_s:.0f}s "
                                            f"(still starting: {waiting or 'none launched'})")
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except asyncio.TimeoutError:
-                pass
 
     async def wait_new(self, role: Role, before: set[str], n: int, timeout_s: float,
                        aborted: Optional[asyncio.Event] = None) -> list[ExecutorRecord]:
         """Wait until `n` executors of `role` not in `before` are READY (the first n by index).
         RuntimeError as soon as one of them exits first or `aborted` is set; TimeoutError
         naming how many came up."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             new = [e for i, e in self.executors.items() if i not in before and e.role is role]
             ready = [e for e in new if e.state is ExecutorState.READY]
             if len(ready) >= n:
-                return sorted(ready, key=lambda e: int(e.executor_id.rsplit("-", 1)[1]))[:n]
+                return by_index(ready)[:n]
             dead = [e.executor_id for e in new if e.state is ExecutorState.EXITED]
             if dead:
                 raise RuntimeError(f"new {role.value}s {dead} exited before they started")
             if aborted is not None and aborted.is_set():
                 raise RuntimeError(f"the launch of {n} {role.value}s was aborted")
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+            if not await self._changes(deadline, aborted):
                 raise asyncio.TimeoutError(f"{len(ready)} of {n} new {role.value}s ready after {timeout_s:.0f}s")
-            self._changed.clear()
-            waits = [asyncio.ensure_future(self._changed.wait())]
-            if aborted is not None:
-                waits.append(asyncio.ensure_future(aborted.wait()))
-            try:
-                await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
 
     async def wait_exited(self, recs: list[ExecutorRecord], timeout_s: float) -> None:
         """Wait until every one of `recs` has EXITED; TimeoutError naming those still running."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             running = [e.executor_id for e in recs if e.state is not ExecutorState.EXITED]
             if not running:
                 return
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+            if not await self._changes(deadline):
                 raise asyncio.TimeoutError(f"after {timeout_s:.0f}s executors still running: {running}")
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except asyncio.TimeoutError:
-                pass
+
+    async def _changes(self, deadline: float, also: Optional[asyncio.Event] = None) -> bool:
+        """Wait for the next change of any executor's state (or `also` to be set) until `deadline`
+        (loop time); False once the deadline has passed. The waits above check, then call this."""
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            return False
+        self._changed.clear()
+        waits = [asyncio.ensure_future(self._changed.wait())]
+        if also is not None:
+            waits.append(asyncio.ensure_future(also.wait()))
+        try:
+            await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        return True
 
     def shape_json(self) -> dict[str, Any]:
-        ids = sorted(self.executors.values(), key=lambda e: (e.role.value, int(e.executor_id.rsplit("-", 1)[1])))
+        ids = sorted(self.executors.values(), key=lambda e: (e.role.value, executor_index(e)))
         # The job's shape is the executors it was given; each one's `state` tells whether it still runs.
         return {"workers": len(self.workers), "servers": len(self.servers),
                 "executors": [e.to_json() for e in ids]}

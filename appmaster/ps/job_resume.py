@@ -60,10 +60,7 @@ async def resume_job(manifest: dict[str, Any], servers: list[ExecutorRecord], wo
     for e in manifest["objective_history"]:
         metrics.record_epoch(EpochRecord(epoch=int(e["epoch"]), objective=float(e["objective"]),
                                          epoch_time_s=float(e["epoch_time_s"]), time=float(e["time"])))
-    steps.training.loop.continue_from(int(manifest["epoch"]), int(manifest.get("iterations", 0)),
-                                      int(manifest.get("clocks", 0)), manifest.get("minibatches_run"))
-    positions = {int(b): (int(p[0]), int(p[1])) for b, p in (manifest.get("positions") or {}).items()}
-    restored = await steps.restart_on(servers, workers, manifest["dir"], positions)
+    restored = await steps.continue_from_checkpoint(servers, workers, manifest["dir"], manifest)
     log.info("resumed from checkpoint %s of %s: epoch %d, objective %.6g", manifest["dir"],
              manifest.get("attempt_id"), manifest["epoch"], restored)
     return {"dir": manifest["dir"], "epoch": int(manifest["epoch"]), "clock": int(manifest.get("clock", 0)),

@@ -218,7 +218,7 @@ class KillRestart:
         async with self._lock:
             self._check_training()
             before = self._shape()
-            placed = all(e.container.node_id in nodes for e in self.training.pool.live()) if nodes else True
+            placed = self.training.pool.all_on(nodes) if nodes else True
             if (workers, servers) == before and placed:
                 return {"mode": self.mode, "workers": workers, "servers": servers, "changed": False}
             fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()

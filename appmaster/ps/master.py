@@ -45,7 +45,7 @@ from .job_resume import job_record, resumable_checkpoint, resume_job
 from .kill_restart import KillRestart
 from .metrics import EpochRecord, JobMetrics
 from .reconfiguration import Reconfiguration
-from .recovery import ExecutorRecovery
+from .recovery import LOSS_REPORT_WAIT_S, ExecutorRecovery
 from .status_server import ControlAuth, StatusServer
 from .training import Training
 
@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 
 EXECUTOR_START_TIMEOUT_S = 120.0    # containers granted and executors announced
 FAILURE_REPORT_GRACE_S = 10.0       # how long a failed call waits for the container's exit status
-LOSS_REPORT_WAIT_S = 30.0           # the same for a recoverable job (a lost node is reported at its expiry)
 STATUS_POLL_S = 2.0
 FINAL_STATUS_FILE = "status.json"   # in the AM dir: the job's last status, written on exit
 
@@ -123,7 +122,7 @@ class PSApplicationMaster:
         self.cruise: Optional[CruiseDriver] = None    # optimizer "cruise": built once training is set up
         self.directives = DirectiveHandler(self._reshaper, self.live_shape, spec.max_workers,
                                            spec.max_servers, on_change=self._on_directive_change,
-                                           placed=self._placed)
+                                           placed=self.pool.all_on)
 
     # -- public ------------------------------------------------------------------------------
     def request_stop(self, reason: str = "stopped by SIGTERM") -> None:
@@ -171,10 +170,6 @@ class PSApplicationMaster:
 
     def _reshaper(self) -> Reshaper:
         return self.cruise if self.cruise is not None else self.elastic
-
-    def _placed(self, nodes: tuple[str, ...]) -> bool:
-        """Whether every live executor runs on one of `nodes`."""
-        return all(e.container.node_id in nodes for e in self.pool.live())
 
     def live_shape(self) -> Shape:
         """Workers and servers serving now (launched executors that announced themselves)."""

@@ -9,16 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
-
-
-def executor_index(rec: ExecutorRecord) -> int:
-    """The number in an executor's id (`worker-3` -> 3): launch order within its role."""
-    return int(rec.executor_id.rsplit("-", 1)[1])
-
-
-def by_index(recs: Iterable[ExecutorRecord]) -> list[ExecutorRecord]:
-    return sorted(recs, key=executor_index)
+from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role, by_index
 
 
 class Membership:

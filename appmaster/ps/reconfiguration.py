@@ -48,8 +48,7 @@ from .eps_datasets import SplitLedger
 from .eps_decisions import Transfer, group_by_route
 from .eps_records import ElasticBusy, ElasticOpFailed, ElasticOpRecord
 from .eps_split_transfers import SplitTransmitter
-from .executor_pool import ExecutorRecord, Role
-from .membership import by_index
+from .executor_pool import ExecutorRecord, Role, by_index
 from .training import Training
 
 log = logging.getLogger(__name__)
@@ -303,6 +302,17 @@ class Reconfiguration:
     async def restore(self, directory: str, servers: Sequence[ExecutorRecord]) -> None:
         """The checkpoint's blocks onto `servers` (which own them in the current table)."""
         await self.checkpointer.restore(directory, by_index(servers), self.training.spec.num_blocks)
+
+    async def continue_from_checkpoint(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord],
+                                       directory: str, manifest: dict[str, Any]) -> float:
+        """`restart_on` a checkpoint written by the job (its `job.json` in `manifest`): the clock
+        loop's epoch count and counters go back to the checkpoint's, and every input block to
+        its recorded place in the epoch. Returns the restored objective."""
+        loop = self.training.loop
+        loop.continue_from(int(manifest["epoch"]), int(manifest.get("iterations", loop.iterations)),
+                           int(manifest.get("clocks", loop.clocks_done)), manifest.get("minibatches_run"))
+        positions = {int(b): (int(p[0]), int(p[1])) for b, p in (manifest.get("positions") or {}).items()}
+        return await self.restart_on(servers, workers, directory, positions)
 
     async def restart_on(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord], directory: str,
                          positions: Optional[dict[int, tuple[int, int]]] = None) -> float:

@@ -157,16 +157,10 @@ class ExecutorRecovery:
         return (self.spec.sync == "bsp" and bool(executors) and not keeps_worker_state(self.app)
                 and all(e is not None and e.role is Role.WORKER for e in executors))
 
-    async def _workers_reported(self, ids: set[str], timeout_s: float) -> bool:
-        """Wait up to `timeout_s` until every worker in `ids` is reported lost; False if that does
-        not happen, or a loss that needs the checkpoint path is reported meanwhile."""
+    async def _until_reported(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait up to `timeout_s`, re-checking `done` after every reported loss; its last answer."""
         deadline = asyncio.get_running_loop().time() + timeout_s
-        while True:
-            pending = {e.executor_id for e in self._pending_executors() if e is not None}
-            if self.rollback_needed:
-                return False
-            if ids <= pending:
-                return True
+        while not done():
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
                 return False
@@ -175,6 +169,15 @@ class ExecutorRecovery:
                 await asyncio.wait_for(self._reported.wait(), remaining)
             except asyncio.TimeoutError:
                 pass
+        return True
+
+    async def _workers_reported(self, ids: set[str], timeout_s: float) -> bool:
+        """Wait up to `timeout_s` until every worker in `ids` is reported lost; False if that does
+        not happen, or a loss that needs the checkpoint path is reported meanwhile."""
+        def settled() -> bool:
+            pending = {e.executor_id for e in self._pending_executors() if e is not None}
+            return self.rollback_needed or ids <= pending
+        return await self._until_reported(settled, timeout_s) and not self.rollback_needed
 
     async def replace_lost_workers(self, lost: list[ExecutorRecord]) -> Optional[list[ExecutorRecord]]:
         """The clock loop's hook (appmaster.ps.clock_loop): `lost` workers' run_clock failed. Once
@@ -258,14 +261,7 @@ class ExecutorRecovery:
     async def loss_reported(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` for a loss to be reported (a failed call to an executor usually
         comes before its container's exit reaches the AM); True if one is pending."""
-        if self.pending:
-            return True
-        self._reported.clear()
-        try:
-            await asyncio.wait_for(self._reported.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        return bool(self.pending)
+        return await self._until_reported(lambda: bool(self.pending), timeout_s)
 
     async def recover(self) -> None:
         """Recover from the pending losses while training does not run: replace lost workers
@@ -300,10 +296,8 @@ class ExecutorRecovery:
             new_servers, new_workers = await asyncio.gather(self._start(Role.SERVER, servers),
                                                             self._start(Role.WORKER, workers))
             metrics.truncate_epochs(int(manifest["epoch"]))
-            loop.continue_from(int(manifest["epoch"]), int(manifest.get("iterations", loop.iterations)),
-                               int(manifest.get("clocks", loop.clocks_done)), manifest.get("minibatches_run"))
-            positions = {int(b): (int(p[0]), int(p[1])) for b, p in (manifest.get("positions") or {}).items()}
-            record["objective_restored"] = await steps.restart_on(new_servers, new_workers, last["dir"], positions)
+            record["objective_restored"] = await steps.continue_from_checkpoint(new_servers, new_workers,
+                                                                                last["dir"], manifest)
             self.lost.clear()
             record["changed"] = True
         except BaseException as e:
