@@ -124,10 +124,13 @@ class HeldoutMonitor:
     """Scores the model every `every` epochs in a thread (see the module doc)."""
 
     def __init__(self, app: AnyPSApp, every: int, patience: Optional[int] = None,
-                 disabled_reason: Optional[str] = None) -> None:
+                 am_memory_mb: Optional[str] = None) -> None:
         self.app = app
-        self.every = every
-        self.disabled_reason = disabled_reason      # why scoring while training is off (status)
+        # Why scoring while training is off (the status shows it): a model too big for the AM.
+        self.disabled_reason = heldout_too_big(app.model_nbytes(), am_memory_mb) if am_memory_mb else None
+        if self.disabled_reason:
+            log.warning("no held-out scoring while training: %s", self.disabled_reason)
+        self.every = 0 if self.disabled_reason else every
         self.tracker = HeldoutTracker(heldout_metric(app.name), app.maximize, patience)
         self._heldout: Optional[list[DataBlock]] = None
         self._scoring: Optional[asyncio.Task[None]] = None

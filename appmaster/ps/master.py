@@ -39,7 +39,7 @@ from .directives import DirectiveHandler, ProgressTracker, Reshaper, Shape
 from .elastic_ops import ElasticOpError, ElasticOps
 from .executor_pool import ExecutorPool, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
-from .heldout_monitor import HeldoutMonitor, heldout_too_big
+from .heldout_monitor import HeldoutMonitor
 from .job import JobEvent, JobPhase, JobStateMachine
 from .job_resume import job_record, resumable_checkpoint, resume_job
 from .kill_restart import KillRestart
@@ -89,11 +89,8 @@ class PSApplicationMaster:
         self.resumed_from: Optional[dict[str, Any]] = None   # the checkpoint an earlier attempt left
         # Held-out quality every few epochs, scored in a thread while training goes on -- unless
         # a copy of the model and its scoring would crowd the AM's own container.
-        why_not = heldout_too_big(self.app.model_nbytes(), os.environ.get(container_env.CONTAINER_MEMORY_MB))
-        if why_not:
-            log.warning("no held-out scoring while training: %s", why_not)
-        self.heldout = HeldoutMonitor(self.app, 0 if why_not else spec.heldout_every_epochs, spec.early_stopping,
-                                      disabled_reason=why_not)
+        self.heldout = HeldoutMonitor(self.app, spec.heldout_every_epochs, spec.early_stopping,
+                                      am_memory_mb=os.environ.get(container_env.CONTAINER_MEMORY_MB))
         self.stop_criterion: Optional[str] = None     # what ended training (final diagnostics)
         self.started = time.time()
         self._failure: asyncio.Future[str] | None = None
