@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 from typing import Any, Awaitable, Callable
 
 from protocol.ps_job_spec import PSJobSpec
@@ -119,9 +120,9 @@ class ElasticOps:
         if workers < 0:
             plan.append(("remove_workers", workers, self._remove_workers))
         if servers > 0:
-            plan.append(("add_servers", servers, self._placed(self._add_servers, nodes)))
+            plan.append(("add_servers", servers, partial(self._add_servers, nodes=nodes)))
         if workers > 0:
-            plan.append(("add_workers", workers, self._placed(self._add_workers, nodes)))
+            plan.append(("add_workers", workers, partial(self._add_workers, nodes=nodes)))
         async with self.steps.exclusive(f"scale workers {workers:+d}, servers {servers:+d}"):
             # The two roles' changes are independent (servers hand over model blocks, workers input
             # splits), so each pair runs concurrently: the removals' transfers and clock-boundary
@@ -160,8 +161,8 @@ class ElasticOps:
                               else (self._add_workers, self._remove_workers))
             op = f"relocate_{role.value}s"
             async with self.steps.exclusive(f"{op} to {sorted(allowed)}"):
-                out.append(await self._run(f"{op}_add", len(away), self._placed(adder, nodes)))
-                out.append(await self._run(f"{op}_remove", len(away), self._leaving(remover, away)))
+                out.append(await self._run(f"{op}_add", len(away), partial(adder, nodes=nodes)))
+                out.append(await self._run(f"{op}_remove", len(away), partial(remover, leaving=away)))
         return out
 
     # -- checks ------------------------------------------------------------------------------
@@ -254,19 +255,6 @@ class ElasticOps:
                  rec.servers_after, rec.blocks_moved, rec.splits_moved, rec.splits_reactivated,
                  rec.training_time_lost_s)
         return rec
-
-    @staticmethod
-    def _placed(fn: Callable[[ElasticOpRecord, int, tuple[str, ...]], Awaitable[None]], nodes: tuple[str, ...]) -> Step:
-        async def run(rec: ElasticOpRecord, n: int) -> None:
-            await fn(rec, n, nodes)
-        return run
-
-    @staticmethod
-    def _leaving(fn: Callable[[ElasticOpRecord, int, list[ExecutorRecord] | None], Awaitable[None]],
-                 leaving: list[ExecutorRecord]) -> Step:
-        async def run(rec: ElasticOpRecord, n: int) -> None:
-            await fn(rec, n, leaving)
-        return run
 
     # -- servers -----------------------------------------------------------------------------
     async def _add_servers(self, rec: ElasticOpRecord, n: int, nodes: tuple[str, ...] = ()) -> None:

@@ -84,7 +84,7 @@ class Reconfiguration:
         self.retiring = retiring
         self.started = started                      # whether training has begun (partitions exist)
         self.launch_timeout_s = launch_timeout_s
-        self.splits_moved = SplitTransmitter(training.rpc, training.pool, training.loop.boundaries)
+        self.transmitter = SplitTransmitter(training.rpc, training.pool, training.loop.boundaries)
         self._ledger: Optional[SplitLedger] = None
         self._current: Optional[str] = None
         self._free = asyncio.Event()
@@ -264,14 +264,14 @@ class Reconfiguration:
 
     async def stage_splits(self, rec: ElasticOpRecord, transfers: Sequence[Transfer]) -> None:
         """Worker-to-worker transmission of the splits' input data, alongside an epoch."""
-        await self.splits_moved.stage(rec, [t for t in transfers if not t.reactivate])
+        await self.transmitter.stage(rec, [t for t in transfers if not t.reactivate])
 
     async def discard_staged(self, transfers: Sequence[Transfer]) -> None:
-        await self.splits_moved.discard_staged(list(transfers))
+        await self.transmitter.discard_staged(list(transfers))
 
     async def commit_splits(self, rec: ElasticOpRecord, transfers: Sequence[Transfer], keep_inactive: bool) -> None:
         """Hand the splits over (call at a clock boundary: inside `at_boundary`)."""
-        await self.splits_moved.commit(rec, list(transfers), self.splits(), keep_inactive)
+        await self.transmitter.commit(rec, list(transfers), self.splits(), keep_inactive)
 
     # -- clock points ----------------------------------------------------------------------------------
     async def overlap_epoch(self, fn: Callable[[], Awaitable[T]]) -> tuple[T, float]:
