@@ -335,6 +335,6 @@ class Reconfiguration:
         training.loop.reset_positions(positions)
         restored = await training.evaluation.objective()
         training.loop.recheck_convergence()
-        training.loop.resume()
+        self.resume()
         await training.status.refresh()
         return restored
