@@ -54,6 +54,8 @@ Fields, and what the AM must put in them:
 - `memory_mb`: memory in use: the total RSS of the job's live executors (MB) as last sampled.
 - `spilled_mb`: input / model data the job's executors have spilled to disk (MB); 0 until spill
   (Harmony) reports it.
+- `paused`: the job is paused (or pausing / resuming) on a directive's run state (Harmony): its
+  model is checkpointed and it holds no executors (`workers` = `servers` = 0 while paused).
 
 Unknown fields are ignored, so a newer AM may report more than this RM reads; older AMs that send
 only workers / servers (and any subset of the rest) still decode.
@@ -121,6 +123,7 @@ class JobReport(msgspec.Struct, kw_only=True):
     server_times: ServerTiming = msgspec.field(default_factory=ServerTiming)
     memory_mb: NonNegFloat = 0.0
     spilled_mb: NonNegFloat = 0.0
+    paused: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-ready builtins (what the REST API and the web UI show)."""

@@ -1,6 +1,7 @@
 """YARN's RM REST API (`/ws/v1/cluster/...`): same paths, field names, states and error bodies."""
 from __future__ import annotations
 
+import dataclasses
 import enum
 from typing import TYPE_CHECKING, TypeVar
 
@@ -217,8 +218,9 @@ class ClientApi:
             raise BadRequest(f"nodes: {', '.join(unknown)} not RUNNING nodes of this cluster "
                              f"(known: {', '.join(sorted(known)) or 'none'})")
         reason = body.reason or f"set by {user}"
-        apply_decision(self.rm.core, Decision({app.app_id: JobDecision.spread(body.workers, body.servers,
-                                                                              body.nodes, reason)}))
+        decision = dataclasses.replace(JobDecision.spread(body.workers, body.servers, body.nodes, reason),
+                                       run_state=body.run_state)
+        apply_decision(self.rm.core, Decision({app.app_id: decision}))
         return await self.app_shape(request)
 
 

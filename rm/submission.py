@@ -12,6 +12,7 @@ import msgspec
 
 from protocol import ps_job_spec
 from protocol.ids import ApplicationId
+from protocol.internal_api import RunState
 from protocol.records import Resource
 from protocol.remote_exception import BadRequest
 
@@ -118,12 +119,15 @@ class AppStateUpdate(_In):
 
 class AppShapeUpdate(_In):
     """PUT /ws/v1/cluster/apps/{id}/shape body (Elastane extension): an operator's or owner's shape
-    directive for an elastic PS job -- `workers` and `servers`, optionally on exactly `nodes`."""
+    directive for an elastic PS job -- `workers` and `servers`, optionally on exactly `nodes`; with
+    `runState` "pause" the job checkpoints and gives its executors back, and "resume" (or "run")
+    brings a paused job back with this shape."""
 
     workers: Annotated[int, msgspec.Meta(ge=1)]
     servers: Annotated[int, msgspec.Meta(ge=1)]
     nodes: list[str] = []
     reason: str = ""
+    run_state: RunState = msgspec.field(default=RunState.RUN, name="runState")
 
 
 @dataclass

@@ -25,9 +25,9 @@ import enum
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, Sequence
 
-from protocol.internal_api import ShapeDirective
+from protocol.internal_api import NodePlacement, RunState, ShapeDirective
 from protocol.job_report import JobReport
 from protocol.records import Resource
 from protocol.state_machine import TransitionTable
@@ -45,6 +45,19 @@ class Reshaper(Protocol):
     cruise_driver). `nodes`: the only nodes the job may run executors on (empty: anywhere)."""
 
     async def reshape(self, target: "Shape", nodes: tuple[str, ...]) -> object: ...
+
+
+class Suspender(Protocol):
+    """Pauses and resumes the job (appmaster.ps.suspension.JobSuspension): what a directive's
+    run state asks for."""
+
+    @property
+    def paused(self) -> bool: ...
+
+    async def pause(self) -> object: ...
+
+    async def resume(self, workers: int, servers: int, placement: Sequence[NodePlacement] = (),
+                     nodes: Sequence[str] = ()) -> object: ...
 
 
 # ===== pure parts ================================================================================
@@ -295,8 +308,10 @@ class DirectiveHandler:
                  max_workers: Optional[int] = None, max_servers: Optional[int] = None,
                  on_change: Optional[Callable[[bool], None]] = None,
                  wall_clock: Callable[[], float] = time.time,
-                 placed: Callable[[tuple[str, ...]], bool] = lambda nodes: True) -> None:
+                 placed: Callable[[tuple[str, ...]], bool] = lambda nodes: True,
+                 suspender: Optional[Suspender] = None) -> None:
         self.reshaper = reshaper
+        self.suspender = suspender
         self.current = current
         self.placed = placed
         self.max_workers = max_workers
@@ -365,6 +380,9 @@ class DirectiveHandler:
         out = DirectiveOutcome(d.version, target, before, delta.steps(), self.wall_clock(), reason=d.reason,
                                nodes=list(nodes))
         self.history.append(out)
+        if self.suspender is not None and (d.run_state is RunState.PAUSE or self.suspender.paused):
+            await self._suspend_or_resume(d, target, out)
+            return
         reshaper = self.reshaper()
         if reshaper is None or (delta.empty and (not nodes or self.placed(nodes))):
             log.info("shape directive v%d: already %d workers, %d servers%s", d.version, target.workers,
@@ -388,7 +406,36 @@ class DirectiveHandler:
             if self.on_change:
                 self.on_change(False)
 
+    async def _suspend_or_resume(self, d: ShapeDirective, target: Shape, out: DirectiveOutcome) -> None:
+        """Harmony's run states: PAUSE a running job; any other run state resumes a paused one with
+        the directive's shape and placement (RESUME, or RUN from a policy that never paused it)."""
+        assert self.suspender is not None
+        pause = d.run_state is RunState.PAUSE
+        if pause == self.suspender.paused:
+            log.info("shape directive v%d: the job is already %s", d.version, "paused" if pause else "running")
+            return
+        log.info("shape directive v%d: %s (%s)", d.version, "pause" if pause else
+                 f"resume with {target.workers} workers, {target.servers} servers", d.reason or "no reason given")
+        out.steps = [("pause", 1)] if pause else [("resume", 1)]
+        t0 = time.perf_counter()
+        if self.on_change:
+            self.on_change(True)
+        try:
+            if pause:
+                await self.suspender.pause()
+            else:
+                await self.suspender.resume(target.workers, target.servers, d.placement, d.nodes)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a refused pause / resume must not stop later directives
+            out.error = f"{type(e).__name__}: {e}"
+            log.warning("shape directive v%d failed: %s", d.version, out.error)
+        finally:
+            out.seconds = time.perf_counter() - t0
+            if self.on_change:
+                self.on_change(False)
+
 
 __all__ = ["DEFAULT_EARLY_FEEDBACK_ITERATIONS", "Decision", "DirectiveHandler", "DirectiveOutcome",
-           "DirectiveTracker", "ProgressTracker", "Reshaper", "Shape", "ShapeDelta",
+           "DirectiveTracker", "ProgressTracker", "Reshaper", "Shape", "ShapeDelta", "Suspender",
            "TrackerError", "TrackerEvent", "TrackerState", "TRANSITIONS", "diff", "target_of"]

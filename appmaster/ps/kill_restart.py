@@ -33,26 +33,22 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
 from protocol.remote_exception import BadRequest, Conflict
 from psruntime.apps.base import AnyPSApp
 
 from .clock_loop import EpochHook
 from .directives import Shape
-from .executor_pool import Role
 from .job import JobPhase
 from .reconfiguration import Reconfiguration, keeps_worker_state
+from .suspension import RELEASE_TIMEOUT_S, restart_from, start_placed, take_cut
 
 log = logging.getLogger(__name__)
 
-RELEASE_TIMEOUT_S = 60.0        # old executors' containers reported complete
-RESTORE_RTOL = 1e-4             # restored objective vs. the checkpoint's (float32 sums in another order)
 
 
 # ===== pure part ==================================================================================
@@ -262,33 +258,18 @@ class KillRestart:
         return True
 
     async def _restart(self, req: _Request) -> dict[str, Any]:
-        steps, loop, tl = self.steps, self.training.loop, req.timeline
-        metrics = self.training.metrics
+        steps, tl = self.steps, req.timeline
         tl.advance(RestartPhase.PAUSED)
-        epoch = loop.epochs_done
-        positions = await self._positions()
-        mid_epoch = any(e == epoch and row > 0 for e, row in positions.values())
-        clock = loop.clocks_done if mid_epoch else 0
-        objective = metrics.objectives[-1] if metrics.objectives else metrics.initial_objective
-        if mid_epoch:
-            objective = await self.training.evaluation.objective()   # the model at the pause, not at the epoch's end
-        last = steps.checkpointer.last
-        if last is None or (last["epoch"], last.get("clock", 0)) != (epoch, clock):
-            last = await steps.checkpoint(epoch, {**self.job_record(), "objective": objective, "reason": "reshape",
-                                                  "positions": {str(b): list(p) for b, p in positions.items()}},
-                                          clock=clock)
+        cut = await take_cut(steps, self.job_record(), reason="reshape")
         tl.advance(RestartPhase.CHECKPOINTED)
         await steps.retire_all(RELEASE_TIMEOUT_S)
         tl.advance(RestartPhase.RELEASED)
-        servers, workers = await asyncio.gather(steps.start_executors(Role.SERVER, req.servers, req.nodes),
-                                                steps.start_executors(Role.WORKER, req.workers, req.nodes))
+        servers, workers = await start_placed(steps, req.workers, req.servers, nodes=req.nodes)
         tl.advance(RestartPhase.ALLOCATED)
-        restored = await steps.restart_on(servers, workers, last["dir"], positions)
+        restored = await restart_from(steps, cut, servers, workers)
         tl.advance(RestartPhase.RESTORED)
-        if objective is not None and not math.isclose(restored, objective, rel_tol=RESTORE_RTOL, abs_tol=1e-9):
-            log.warning("restored objective %.9g differs from the checkpoint's %.9g", restored, objective)
-        record = self._record(req, {"epoch": epoch, "mid_epoch": mid_epoch, "checkpoint": last["dir"],
-                                    "objective_before": objective,
+        record = self._record(req, {"epoch": cut.epoch, "mid_epoch": cut.mid_epoch, "checkpoint": cut.checkpoint["dir"],
+                                    "objective_before": cut.objective,
                                     "objective_restored": restored})
         self.on_record(record)
         log.info("kill-based reshape to %d workers, %d servers done in %.2fs (%s)", req.workers, req.servers,
@@ -306,16 +287,6 @@ class KillRestart:
                 "op": "kill_restart", "requested": abs(req.workers - tl.before[0]) + abs(req.servers - tl.before[1]),
                 "after": {"workers": req.workers, "servers": req.servers}, "duration_s": round(tl.seconds, 4),
                 "training_time_lost_s": round(tl.lost_s, 4), "ok": not tl.error, **extra}
-
-    async def _positions(self) -> dict[int, tuple[int, int]]:
-        """Every input block's place in its epoch pass ([epoch, next_row]), from the workers."""
-        replies = await self.training.rpc.call_all(self.training.membership.workers, ops.Positions(),
-                                                   ops.PositionsReply)
-        out: dict[int, tuple[int, int]] = {}
-        for r in replies:
-            for b, (e, row) in r.positions.items():
-                out[int(b)] = (int(e), int(row))
-        return out
 
 
 def _count(n: int) -> int:

@@ -47,6 +47,7 @@ from .metrics import EpochRecord, JobMetrics
 from .reconfiguration import Reconfiguration
 from .recovery import LOSS_REPORT_WAIT_S, ExecutorRecovery
 from .status_server import ControlAuth, StatusServer
+from .suspension import JobSuspension
 from .training import Training
 
 log = logging.getLogger(__name__)
@@ -115,11 +116,14 @@ class PSApplicationMaster:
                                          on_record=self.record_shape_change)
         if self.recovery.enabled:      # a worker lost mid-clock is replaced inside the clock loop
             self.training.loop.replace_lost_workers = self.recovery.replace_lost_workers
+        # Harmony's pause / resume (directive run states): a checkpoint and no executors in between.
+        self.suspension = JobSuspension(self.steps, self.job_record, on_record=self.record_shape_change,
+                                        on_state=self._publish_shape)
         self.progress = ProgressTracker(spec.early_feedback_iterations)
         self.cruise: Optional[CruiseDriver] = None    # optimizer "cruise": built once training is set up
         self.directives = DirectiveHandler(self._reshaper, self.live_shape, spec.max_workers,
                                            spec.max_servers, on_change=self._on_directive_change,
-                                           placed=self.pool.all_on)
+                                           placed=self.pool.all_on, suspender=self.suspension)
 
     # -- public ------------------------------------------------------------------------------
     def request_stop(self, reason: str = "stopped by SIGTERM") -> None:
@@ -150,11 +154,14 @@ class PSApplicationMaster:
             "eps": self.elastic.status_json() if isinstance(self.elastic, ElasticOps) else None,
             "optimizer": self.spec.optimizer, "cruise": self.cruise.status_json() if self.cruise else None,
             "resumed_from": self.resumed_from, "recovery": self.recovery.status_json(),
+            "suspension": self.suspension.status_json(),
         }
 
     async def request_scale(self, workers: int, servers: int) -> list[dict[str, Any]]:
         """POST /scale: a relative change of workers and servers with EPS's functions, or one
         restart with the new shape under the kill-based baseline (elastic_mode "kill")."""
+        if self.suspension.paused:
+            raise Conflict(f"the job is {self.suspension.state.value.lower()}: its shape changes when it resumes")
         if isinstance(self.elastic, KillRestart):
             shape = self.live_shape()
             return [await self.elastic.resize(shape.workers + workers, shape.servers + servers)]
@@ -294,6 +301,8 @@ class PSApplicationMaster:
                 # the model) usually fails before its container's exit reaches us.
                 if not await self.recovery.loss_reported(LOSS_REPORT_WAIT_S):
                     raise
+            if await self.suspension.hold_if_requested(self._stop.is_set):
+                continue        # paused, then resumed from the pause's checkpoint: train on
             if not self.recovery.pending or self._stop.is_set():
                 return
             await self.recovery.recover()
@@ -383,7 +392,8 @@ class PSApplicationMaster:
                      initial_objective=finite(m.initial_objective),
                      objectives=recent_objectives((e.epoch, e.objective) for e in m.epochs),
                      worker_times=m.worker_timing(ready), server_times=m.server_timing(ready),
-                     memory_mb=sum(e.rss_bytes for e in live) / (1024 * 1024))
+                     memory_mb=sum(e.rss_bytes for e in live) / (1024 * 1024),
+                     paused=self.suspension.paused)
         self.progress.changing = self.directives.busy or self.steps.busy or self.elastic.changing
         self.am.set_shape(self.progress.report(self.live_shape(), self.resource, self.directives.applied_version,
                                                **extra))

@@ -8,6 +8,8 @@ one-change-at-a-time guard).
 
 The steps and their contract:
 
+    start_executors(role, n, nodes) / start_placed(role, {node: n})
+                                 containers and executors in them, not yet part of the job.
     launch(role, n, nodes)       ask the RM for n containers (on exactly `nodes` when given: locality
                                  is not relaxed), start executors in them, bind them to the app,
                                  register their addresses with every executor (EPS barrier 1). All or
@@ -164,17 +166,27 @@ class Reconfiguration:
         """Ask for n containers (on `nodes`, strictly, when given) and wait until the executors in
         them announce themselves; nothing bound yet (a restart places them afresh). On failure the
         ask is withdrawn and what started is retired."""
+        return await self._start(role, [(n, list(nodes))])
+
+    async def start_placed(self, role: Role, per_node: dict[str, int]) -> list[ExecutorRecord]:
+        """`start_executors` with a count per node (a policy's placement): one strict ask per node,
+        all or nothing like the rest."""
+        return await self._start(role, [(n, [node]) for node, n in per_node.items()])
+
+    async def _start(self, role: Role, wanted: list[tuple[int, list[str]]]) -> list[ExecutorRecord]:
         pool = self.training.pool
         before = set(pool.executors)
-        ask_id = self.am.add_ask(n, self.resource, tag=role.value, nodes=list(nodes) or None,
-                                 relax_locality=not nodes)
+        wanted = [(n, nodes) for n, nodes in wanted if n > 0]
+        asks = [self.am.add_ask(n, self.resource, tag=role.value, nodes=nodes or None, relax_locality=not nodes)
+                for n, nodes in wanted]
         try:
-            return await pool.wait_new(role, before, n, self.launch_timeout_s, self.aborted)
+            return await pool.wait_new(role, before, sum(n for n, _ in wanted), self.launch_timeout_s, self.aborted)
         except BaseException as e:
-            try:
-                self.am.set_ask_count(ask_id, 0)
-            except Exception:  # noqa: BLE001 - the ask may already be fully granted
-                pass
+            for ask_id in asks:
+                try:
+                    self.am.set_ask_count(ask_id, 0)
+                except Exception:  # noqa: BLE001 - the ask may already be fully granted
+                    pass
             await self.retire([x for i, x in pool.executors.items() if i not in before], released=False)
             if isinstance(e, (asyncio.TimeoutError, RuntimeError)):
                 raise LaunchFailed(f"the new {role.value}s did not start: {e}") from None

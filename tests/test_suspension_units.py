@@ -1,0 +1,121 @@
+"""Pause / resume of a PS job: the pure transition table and how directives' run states drive it.
+
+The I/O of a pause (cut, checkpoint, release) and of a resume (start, restore) is checked on a
+real cluster in tests/test_pause_resume_cluster.py."""
+from __future__ import annotations
+
+import asyncio
+from typing import Sequence
+
+import pytest
+
+from appmaster.ps.directives import DirectiveHandler, Shape
+from appmaster.ps.suspension import TRANSITIONS, SuspendEvent, SuspendState
+from protocol.internal_api import NodePlacement, RunState, ShapeDirective
+from protocol.remote_exception import Conflict
+
+
+def test_a_job_pauses_only_while_running_and_resumes_only_while_paused() -> None:
+    S, E = SuspendState, SuspendEvent
+    assert TRANSITIONS.next(S.RUNNING, E.PAUSE) is S.PAUSING
+    assert TRANSITIONS.next(S.PAUSING, E.STOPPED) is S.PAUSED
+    assert TRANSITIONS.next(S.PAUSED, E.RESUME) is S.RESUMING
+    assert TRANSITIONS.next(S.RESUMING, E.RESUMED) is S.RUNNING
+    # converged before the boundary: back to running; a failed resume stays paused (the cut is kept)
+    assert TRANSITIONS.next(S.PAUSING, E.FAILED) is S.RUNNING
+    assert TRANSITIONS.next(S.RESUMING, E.FAILED) is S.PAUSED
+    for state, event in [(S.RUNNING, E.RESUME), (S.PAUSED, E.PAUSE), (S.PAUSING, E.PAUSE),
+                         (S.RESUMING, E.PAUSE), (S.RUNNING, E.STOPPED)]:
+        with pytest.raises(Conflict, match=state.value.lower()):
+            TRANSITIONS.next(state, event)
+
+
+class FakeSuspender:
+    """Records pause / resume calls; a pause holds until `stopped` is set (the clock boundary)."""
+
+    def __init__(self) -> None:
+        self.paused = False
+        self.calls: list[tuple[object, ...]] = []
+        self.stopped = asyncio.Event()
+        self.stopped.set()
+
+    async def pause(self) -> None:
+        self.calls.append(("pause",))
+        self.paused = True
+        await self.stopped.wait()
+
+    async def resume(self, workers: int, servers: int, placement: Sequence[NodePlacement] = (),
+                     nodes: Sequence[str] = ()) -> None:
+        self.calls.append(("resume", workers, servers, tuple(placement), tuple(nodes)))
+        self.paused = False
+
+
+class FakeReshaper:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, tuple[str, ...]]] = []
+
+    async def reshape(self, target: Shape, nodes: tuple[str, ...]) -> None:
+        self.calls.append((target.workers, target.servers, nodes))
+
+
+def directive(version: int, workers: int, servers: int, run_state: RunState = RunState.RUN,
+              placement: Sequence[NodePlacement] = ()) -> ShapeDirective:
+    return ShapeDirective(workers=workers, servers=servers, version=version, run_state=run_state,
+                          placement=list(placement), nodes=[p.node for p in placement])
+
+
+async def test_run_states_pause_and_resume_through_the_suspender_not_the_reshaper() -> None:
+    sus, reshaper = FakeSuspender(), FakeReshaper()
+    changes: list[bool] = []
+    h = DirectiveHandler(lambda: reshaper, lambda: Shape(2, 2), on_change=changes.append, suspender=sus)
+    h.training_started()
+
+    h.on_directive(directive(1, 2, 2, RunState.PAUSE))
+    await h.wait_idle(5)
+    assert sus.calls == [("pause",)] and sus.paused and reshaper.calls == []
+
+    h.on_directive(directive(2, 2, 2, RunState.PAUSE))       # already paused: nothing happens
+    await h.wait_idle(5)
+    assert sus.calls == [("pause",)]
+
+    placement = (NodePlacement(node="n1", workers=2, servers=1), NodePlacement(node="n2", workers=1, servers=0))
+    h.on_directive(directive(3, 3, 1, RunState.RESUME, placement))
+    await h.wait_idle(5)
+    assert sus.calls[-1] == ("resume", 3, 1, placement, ("n1", "n2")) and not sus.paused
+    assert reshaper.calls == [] and changes == [True, False, True, False]
+    assert [o.steps for o in h.history] == [[("pause", 1)], [], [("resume", 1)]]
+    assert all(o.error == "" for o in h.history)
+
+    h.on_directive(directive(4, 3, 2))                        # running again: a plain reshape
+    await h.wait_idle(5)
+    assert reshaper.calls == [(3, 2, ())]
+
+
+async def test_a_resume_while_the_pause_waits_for_its_boundary_is_applied_after_it() -> None:
+    sus, reshaper = FakeSuspender(), FakeReshaper()
+    sus.stopped.clear()
+    h = DirectiveHandler(lambda: reshaper, lambda: Shape(1, 1), suspender=sus)
+    h.training_started()
+    h.on_directive(directive(1, 1, 1, RunState.PAUSE))
+    h.on_directive(directive(2, 2, 1, RunState.RUN))          # the policy changed its mind meanwhile
+    await asyncio.sleep(0)
+    assert sus.calls == [("pause",)] and h.busy
+    sus.stopped.set()
+    await h.wait_idle(5)
+    assert sus.calls == [("pause",), ("resume", 2, 1, (), ())]
+
+
+async def test_a_failed_pause_is_recorded_and_later_directives_still_run() -> None:
+    class Refusing(FakeSuspender):
+        async def pause(self) -> None:
+            raise Conflict("the job finished training before it could pause")
+
+    sus, reshaper = Refusing(), FakeReshaper()
+    h = DirectiveHandler(lambda: reshaper, lambda: Shape(2, 2), suspender=sus)
+    h.training_started()
+    h.on_directive(directive(1, 2, 2, RunState.PAUSE))
+    await h.wait_idle(5)
+    assert "finished training" in h.history[0].error and not sus.paused
+    h.on_directive(directive(2, 3, 2))
+    await h.wait_idle(5)
+    assert reshaper.calls == [(3, 2, ())]
