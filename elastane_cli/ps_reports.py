@@ -192,6 +192,25 @@ def optimizer_text(status: dict[str, Any]) -> str:
     return f"cruise: {w} workers x {s} servers, {_plural(len(cruise.get('plan_history') or []), 'plan')}; {state}"
 
 
+def colocation_text(status: dict[str, Any]) -> str | None:
+    """Harmony's view of the job: its group (the latest directive's), whether it runs or is
+    paused, and its input spill (alpha, MB on disk) when it spills; None when none applies."""
+    directives = status.get("directives") or []
+    group = directives[-1].get("group") if directives else None
+    sus = status.get("suspension") or {}
+    spill = status.get("spill") or {}
+    parts = []
+    if group:
+        parts.append(f"group {group}")
+    state = sus.get("state")
+    if state and (state != "RUNNING" or sus.get("pauses")):
+        parts.append(f"{state.lower()}, {_plural(sus.get('pauses', 0), 'pause')} "
+                     f"({format_duration(float(sus.get('paused_s') or 0.0))} paused)")
+    if spill.get("alpha") is not None:
+        parts.append(f"spill alpha {float(spill['alpha']):.2f}, {float(spill.get('spilled_mb') or 0.0):.1f} MB on disk")
+    return "; ".join(parts) or None
+
+
 def running_report(app: dict[str, Any], status: dict[str, Any]) -> tuple[list[tuple[str, Any]], EpochProgress]:
     spec = status.get("spec") or {}
     shape = status.get("shape") or {}
@@ -215,6 +234,9 @@ def running_report(app: dict[str, Any], status: dict[str, Any]) -> tuple[list[tu
     ]
     if status.get("cruise") or (spec.get("optimizer") not in (None, "off")):
         pairs.append(("Optimizer", optimizer_text(status)))
+    colocation = colocation_text(status)
+    if colocation:
+        pairs.append(("Colocation", colocation))
     if (status.get("heldout") or {}).get("warning"):
         pairs.append(("Warning", status["heldout"]["warning"]))
     if status.get("final_metrics"):

@@ -119,3 +119,15 @@ async def test_a_failed_pause_is_recorded_and_later_directives_still_run() -> No
     h.on_directive(directive(2, 3, 2))
     await h.wait_idle(5)
     assert reshaper.calls == [(3, 2, ())]
+
+
+def test_ps_status_shows_the_group_the_pause_and_the_spill() -> None:
+    from elastane_cli.ps_reports import colocation_text
+    assert colocation_text({}) is None
+    assert colocation_text({"suspension": {"state": "RUNNING", "pauses": 0}}) is None
+    status = {"directives": [{"group": None}, {"group": "g2", "run_state": "pause"}],
+              "suspension": {"state": "PAUSED", "pauses": 1, "paused_s": 12.0},
+              "spill": {"alpha": 0.25, "spilled_mb": 31.46}}
+    text = colocation_text(status)
+    assert text is not None and text.startswith("group g2; paused, 1 pause (")
+    assert text.endswith("spill alpha 0.25, 31.5 MB on disk")

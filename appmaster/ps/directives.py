@@ -286,13 +286,16 @@ class DirectiveOutcome:
     error: str = ""
     reason: str = ""
     nodes: list[str] = field(default_factory=list)
+    group: Optional[str] = None
+    run_state: str = RunState.RUN.value
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "workers": self.target.workers, "servers": self.target.servers,
                 "nodes": list(self.nodes),
                 "before": {"workers": self.before.workers, "servers": self.before.servers},
                 "steps": [list(s) for s in self.steps], "started": self.started,
-                "seconds": round(self.seconds, 4), "error": self.error, "reason": self.reason}
+                "seconds": round(self.seconds, 4), "error": self.error, "reason": self.reason,
+                "group": self.group, "run_state": self.run_state}
 
 
 class DirectiveHandler:
@@ -378,7 +381,7 @@ class DirectiveHandler:
         delta = diff(before, target)
         nodes = tuple(d.nodes)
         out = DirectiveOutcome(d.version, target, before, delta.steps(), self.wall_clock(), reason=d.reason,
-                               nodes=list(nodes))
+                               nodes=list(nodes), group=d.group, run_state=d.run_state.value)
         self.history.append(out)
         if self.suspender is not None and (d.run_state is RunState.PAUSE or self.suspender.paused):
             await self._suspend_or_resume(d, target, out)
