@@ -119,21 +119,12 @@ class ContainerManager:
         return c
 
     async def _launch(self, c: Container, ctx: LaunchContext) -> None:
-        backend = self.enforcement.backend
-        if backend is not None:
-            c.cgroup = await asyncio.to_thread(backend.create, c.container_id, c.resource.memory, c.resource.vcores)
-        spec = launcher.LaunchSpec(
-            container_id=c.container_id, app_id=c.app_id, attempt_id=c.attempt_id, user=c.user,
-            memory_mb=c.resource.memory, vcores=c.resource.vcores, work_dir=c.work_dir, log_dir=c.log_dir,
-            exit_file=c.exit_file, nm_host=self.nm_host, nm_port=self.nm_port,
-            network_bandwidth_bps=self.cfg.network_bandwidth_bps,
-            cgroup_join_files=tuple(backend.join_files(c.cgroup)) if backend and c.cgroup else ())
-        await asyncio.to_thread(launcher.prepare_dirs, spec)
-        c.apply(Ev.LOCALIZED)
-        proc = await launcher.spawn(spec, ctx)
+        # Cgroup, dirs, wrapper script and spawn in one worker-thread hop: each hop is a
+        # thread handoff and an event-loop wakeup, which under load cost more than the work.
+        proc, st = await asyncio.to_thread(self._prepare_and_spawn, c, ctx)
         c.process, c.pid, c.pgid = proc, proc.pid, proc.pid
-        st = procfs.read_stat(proc.pid)
         c.start_time = st.start_time if st else None
+        c.apply(Ev.LOCALIZED)
         c.launched_at = self.clock()
         c.apply(Ev.LAUNCHED)
         # From here on the watcher owns the container: nothing below may fail the launch.
@@ -147,6 +138,23 @@ class ContainerManager:
             c.apply(Ev.KILL)
             self.spawn_task(self._kill(c))
         log.info("launched %s pid %d (%s)", c.container_id, proc.pid, c.resource.to_json())
+
+    def _prepare_and_spawn(self, c: Container, ctx: LaunchContext
+                           ) -> tuple[launcher.ContainerProcess, Optional[procfs.ProcStat]]:
+        """The blocking part of a launch (in a worker thread): the container's cgroup (kept on `c`
+        at once, so a failure later is cleaned up), its dirs, the wrapper, the process."""
+        backend = self.enforcement.backend
+        if backend is not None:
+            c.cgroup = backend.create(c.container_id, c.resource.memory, c.resource.vcores)
+        spec = launcher.LaunchSpec(
+            container_id=c.container_id, app_id=c.app_id, attempt_id=c.attempt_id, user=c.user,
+            memory_mb=c.resource.memory, vcores=c.resource.vcores, work_dir=c.work_dir, log_dir=c.log_dir,
+            exit_file=c.exit_file, nm_host=self.nm_host, nm_port=self.nm_port,
+            network_bandwidth_bps=self.cfg.network_bandwidth_bps,
+            cgroup_join_files=tuple(backend.join_files(c.cgroup)) if backend and c.cgroup else ())
+        launcher.prepare_dirs(spec)
+        proc = launcher.spawn(spec, ctx)
+        return proc, procfs.read_stat(proc.pid)
 
     # ----- exit ---------------------------------------------------------------------------------
 

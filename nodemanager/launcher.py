@@ -89,7 +89,9 @@ def wrapper_script(spec: LaunchSpec, command: str) -> str:
                      f"exit {JOIN_FAILED_EXIT}; }}")
     tmp = spec.exit_file + ".tmp"
     lines += [
-        f"/bin/bash -c {q(command)}",
+        # In a subshell of this script (a fork, no second bash exec): `eval` keeps a syntax error in
+        # the command the command's own failure (exit 2, recorded) instead of the wrapper's.
+        f"( eval {q(command)} )",
         "rc=$?",
         f"echo $rc > {q(tmp)} && mv -f {q(tmp)} {q(spec.exit_file)}",
         "exit $rc",
@@ -150,8 +152,9 @@ class ContainerProcess:
         return self.returncode
 
 
-async def spawn(spec: LaunchSpec, ctx: LaunchContext) -> ContainerProcess:
-    """Write the wrapper and start it in its own session (process group = its pid)."""
+def spawn(spec: LaunchSpec, ctx: LaunchContext) -> ContainerProcess:
+    """Write the wrapper and start it in its own session (process group = its pid). Blocking:
+    the NM calls it from a worker thread."""
     script = os.path.join(spec.work_dir, "launch_container.sh")
     with open(script, "w") as f:
         f.write(wrapper_script(spec, build_command(spec, ctx)))
