@@ -26,6 +26,7 @@ from .container_state import ContainerEvent as Ev, NMContainerState as St, holds
 from .enforcement import Enforcement
 from .recovery_store import RecoveryStore
 from .rss_monitor import Watched, cgroup_oom_diagnostics, find_overruns
+from .warm_launcher import WarmLauncher, WarmLaunchError, WarmProcess, warm_request
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class ContainerManager:
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
         self._closing = False
+        self.warm: Optional[WarmLauncher] = None      # the executor zygote (set by the NM when it runs one)
 
     # ----- capacity -----------------------------------------------------------------------------
 
@@ -121,7 +123,18 @@ class ContainerManager:
     async def _launch(self, c: Container, ctx: LaunchContext) -> None:
         # Cgroup, dirs, wrapper script and spawn in one worker-thread hop: each hop is a
         # thread handoff and an event-loop wakeup, which under load cost more than the work.
-        proc, st = await asyncio.to_thread(self._prepare_and_spawn, c, ctx)
+        warm = self.warm
+        proc: launcher.ContainerProcess | WarmProcess
+        if ctx.warm_start is not None and warm is not None and warm.serves(ctx.warm_start.module):
+            spec = await asyncio.to_thread(self._prepare, c)
+            try:
+                proc = await warm.launch(warm_request(spec, ctx, ctx.warm_start))
+            except WarmLaunchError as e:
+                log.warning("%s: %s; launching it cold", c.container_id, e)
+                proc = await asyncio.to_thread(launcher.spawn, spec, ctx)
+            st = await asyncio.to_thread(procfs.read_stat, proc.pid)
+        else:
+            proc, st = await asyncio.to_thread(self._prepare_and_spawn, c, ctx)
         c.process, c.pid, c.pgid = proc, proc.pid, proc.pid
         c.start_time = st.start_time if st else None
         c.apply(Ev.LOCALIZED)
@@ -141,8 +154,14 @@ class ContainerManager:
 
     def _prepare_and_spawn(self, c: Container, ctx: LaunchContext
                            ) -> tuple[launcher.ContainerProcess, Optional[procfs.ProcStat]]:
-        """The blocking part of a launch (in a worker thread): the container's cgroup (kept on `c`
-        at once, so a failure later is cleaned up), its dirs, the wrapper, the process."""
+        """The blocking part of a cold launch (in a worker thread): `_prepare`, then the wrapper and
+        the process."""
+        spec = self._prepare(c)
+        proc = launcher.spawn(spec, ctx)
+        return proc, procfs.read_stat(proc.pid)
+
+    def _prepare(self, c: Container) -> launcher.LaunchSpec:
+        """The container's cgroup (kept on `c` at once, so a failure later is cleaned up) and dirs."""
         backend = self.enforcement.backend
         if backend is not None:
             c.cgroup = backend.create(c.container_id, c.resource.memory, c.resource.vcores)
@@ -153,8 +172,7 @@ class ContainerManager:
             network_bandwidth_bps=self.cfg.network_bandwidth_bps,
             cgroup_join_files=tuple(backend.join_files(c.cgroup)) if backend and c.cgroup else ())
         launcher.prepare_dirs(spec)
-        proc = launcher.spawn(spec, ctx)
-        return proc, procfs.read_stat(proc.pid)
+        return spec
 
     # ----- exit ---------------------------------------------------------------------------------
 

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Optional
 
 from protocol import container_env as cenv
+from protocol.zygote_wire import CGROUP_JOIN_FAILED_EXIT
 from protocol.internal_api import LaunchContext
 
 LOG_DIR_MARK = "<LOG_DIR>"
 INHERITED_ENV = ("HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM", "PYTHONPATH",
                  "ELASTANE_LOG_LEVEL", "ELASTANE_CONF_DIR")
-JOIN_FAILED_EXIT = 125
+JOIN_FAILED_EXIT = CGROUP_JOIN_FAILED_EXIT   # the wrapper could not join the container's cgroup
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from . import node_settings
 from .container_manager import ContainerManager
 from .enforcement import Enforcement, choose
 from .recovery_store import RecoveryStore
+from .warm_launcher import WarmLauncher
 from .rm_link import RMLink
 from .web_api import NodeWebApi
 
@@ -42,6 +43,7 @@ class NodeManager:
         self.enforcement: Optional[Enforcement] = None
         self.manager: Optional[ContainerManager] = None
         self.link: Optional[RMLink] = None
+        self.warm: Optional[WarmLauncher] = None      # the executor zygote (cfg.warm_modules)
         self._runner: Optional[web.AppRunner] = None
         self._link_task: Optional[asyncio.Task] = None
         self._sock: Optional[socket.socket] = None
@@ -82,6 +84,13 @@ class NodeManager:
             log.info("container limits enforced with cgroups %s", self.enforcement.mode)
         self.manager = ContainerManager(self.cfg, self.node_id, self.host, self.port, self.capability,
                                         self.enforcement, RecoveryStore(self.cfg.recovery_dir))
+        if self.cfg.warm_modules:
+            self.warm = WarmLauncher(self.cfg.warm_modules)
+            try:
+                await self.warm.start()
+                self.manager.warm = self.warm
+            except OSError as e:
+                log.warning("no executor zygote (containers start cold): %s", e)
         recovered = await self.manager.recover()
         if recovered:
             log.info("recovered %d container(s) from %s", len(recovered), self.cfg.recovery_dir)
@@ -151,6 +160,8 @@ class NodeManager:
                 pass
         if self.manager is not None:
             await self.manager.shutdown()
+        if self.warm is not None:       # after the containers: it exits once its children are reaped
+            await self.warm.close()
         if self.link is not None:
             await self.link.close()
         if self._runner is not None:

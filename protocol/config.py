@@ -71,6 +71,9 @@ class NMConfig(msgspec.Struct, forbid_unknown_fields=True):
     # strict cgroups mode with percentage-physical-cpu-limit); 0 = a vcore is one core.
     cpu_limit_cores: float = 0.0
     monitor_interval_ms: int = 500  # RSS monitor period when cgroups are unusable
+    # Modules an executor zygote preloads so containers offering them as their warm start fork from
+    # it instead of starting an interpreter (nodemanager.warm_launcher); [] = no zygote.
+    warm_modules: list[str] = msgspec.field(default_factory=lambda: ["psruntime.executor"])
     keep_finished_logs_s: float = 3600.0
     delete_workdir: bool = True
     network_bandwidth_bps: int = 0  # emulated node bandwidth cap (bit/s) passed to containers; 0 = none

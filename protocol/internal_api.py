@@ -59,12 +59,22 @@ class ContainerStatus(_Msg):
     pid: Optional[int] = None
 
 
+class WarmStart(_Msg):
+    """What a container's command runs, as a module of the NM's Python and its argv: an NM whose
+    executor zygote preloaded `module` forks the container from it instead of running the command
+    (nodemanager.warm_launcher); any other NM runs the command."""
+
+    module: str
+    argv: list[str] = []
+
+
 class LaunchContext(_Msg):
-    """YARN's ContainerLaunchContext, reduced to what Elastane uses."""
+    """YARN's ContainerLaunchContext, reduced to what Elastane uses (plus the optional warm start)."""
 
     commands: list[str]
     environment: dict[str, str] = {}
     local_resources: dict[str, dict[str, Any]] = {}
+    warm_start: Optional[WarmStart] = None
 
 
 class StartContainerRequest(_Msg):

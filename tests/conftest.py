@@ -326,18 +326,32 @@ def app_post_mortem(cluster: Any, app_id: str, lines: int = 60) -> str:
 # ===== process inspection (what the NMs really left running) =====================================
 
 def pids_with_env(name: str, value: str) -> list[int]:
-    """Live (non-zombie) processes whose environment has name=value, e.g. APPLICATION_ID=<app>."""
+    """Live (non-zombie) processes whose environment has name=value, e.g. APPLICATION_ID=<app>.
+    A container forked warm from an NM's zygote keeps the zygote's initial environment in /proc;
+    it shows its container identity (CONTAINER_ID, APPLICATION_ID) in its process title instead
+    (`warm_pids_with`), which counts here too."""
+    return sorted(set(_pids_where(name, value, in_env=True)) | set(warm_pids_with(name, value)))
+
+
+def warm_pids_with(name: str, value: str) -> list[int]:
+    """Live warm-started executors (forked from an NM's zygote) whose title names name=value."""
+    return _pids_where(name, value, in_env=False)
+
+
+def _pids_where(name: str, value: str, in_env: bool) -> list[int]:
     needle = f"{name}={value}".encode()
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            env = (d / "environ").read_bytes()
+            raw = (d / ("environ" if in_env else "cmdline")).read_bytes()
             state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and needle in env.split(b"\0"):
+        found = (needle in raw.split(b"\0") if in_env else
+                 b"psruntime.executor" in raw and needle in raw.replace(b"\0", b" ").split())
+        if state != "Z" and found:
             out.append(int(d.name))
     return out
 

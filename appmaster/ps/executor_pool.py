@@ -15,10 +15,12 @@ from typing import Any, Iterable, Optional
 
 from appmaster.container_book import AmContainer
 from protocol import container_env
-from protocol.internal_api import LaunchContext
+from protocol.internal_api import LaunchContext, WarmStart
 from protocol.records import ExitStatus
 from psruntime.dataplane import Reply, RequestError
 from psruntime.frame_codec import Frame
+
+EXECUTOR_MODULE = "psruntime.executor"
 
 
 class Role(str, enum.Enum):
@@ -157,13 +159,15 @@ class ExecutorPool:
         The job secret goes in the environment, never on the command line."""
         if not self.am_address:
             raise RuntimeError("the AM's data-plane address is not known yet")
-        args = [self.python, "-m", "psruntime.executor", "--executor-id", rec.executor_id,
-                "--role", rec.role.value, "--num-blocks", str(self.num_blocks), "--am", self.am_address]
-        command = shlex.join(args) + ' --host "${NM_HOST:-127.0.0.1}"'
+        argv = ["--executor-id", rec.executor_id, "--role", rec.role.value, "--num-blocks", str(self.num_blocks),
+                "--am", self.am_address]
+        command = shlex.join([self.python, "-m", EXECUTOR_MODULE, *argv]) + ' --host "${NM_HOST:-127.0.0.1}"'
         env = {"PYTHONUNBUFFERED": "1", **(environment or {})}
         if self.job_secret:
             env[container_env.JOB_SECRET] = self.job_secret
-        return LaunchContext(commands=[command], environment=env)
+        # An NM with an executor zygote forks the executor warm (it binds $NM_HOST by default).
+        warm = WarmStart(module=EXECUTOR_MODULE, argv=argv) if self.python == "python" else None
+        return LaunchContext(commands=[command], environment=env, warm_start=warm)
 
     # -- announcements -----------------------------------------------------------------------
     def handle_frame(self, frame: Frame) -> Reply:

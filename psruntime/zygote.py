@@ -1,0 +1,258 @@
+"""The executor zygote: a pre-started interpreter that forks warm containers for its NodeManager.
+
+    python -m psruntime.zygote --fd N --preload psruntime.executor
+
+Started by the NM (nodemanager.warm_launcher) with one end of a socketpair as fd N. It imports the
+preload modules once (numpy, asyncio, msgspec, the data plane, the store: most of an executor's
+start-up), then serves `WarmLaunch` requests (protocol.zygote_wire): for each it forks a child that
+makes itself the container exactly as the cold launch's wrapper script does -- its own session
+(process group = its pid), joined to the container's cgroups before it runs anything of the
+container, in the container's working dir with exactly the container's environment, stdin from
+/dev/null, stdout / stderr appended to the container's log files -- and then runs the module as
+__main__ with the container's argv. Memory the child allocates is charged to its container's
+cgroup; the pages it shares with the zygote (the preloaded modules, copy-on-write) stay charged to
+the NM's, as a shared library's would.
+
+The zygote is the children's parent: it reaps each one, writes its exit code to the container's
+exit file (atomically, as the wrapper does, so an NM restarted meanwhile still learns it) and
+reports the raw wait status to the NM. It is single-threaded (a selector over the socket and the
+SIGCHLD wakeup pipe), so a fork never copies another thread's half-done state. When the NM closes
+the socket the zygote forks no more and exits once its last child has been reaped.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import importlib
+import os
+import runpy
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from typing import Optional
+
+import msgspec
+
+from protocol import container_env
+from protocol import zygote_wire as wire
+
+# The container identity a warm child puts in its process title (its /proc environ is the zygote's).
+TITLE_ENV = (container_env.CONTAINER_ID, container_env.APP_ID)
+
+
+def _write_exit_file(path: str, code: int) -> None:
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write(f"{code}\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass        # the NM still gets the status over the socket
+
+
+def _exit_code(status: int) -> int:
+    """A wait status as a shell reports it (death by signal N is 128 + N), for the exit file."""
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def set_process_title(title: str) -> bool:
+    """Show `title` as this process's /proc/PID/cmdline: a forked child keeps the zygote's argv and
+    its *initial* environment there, so `ps` and the tools that look for a container's processes
+    (by CONTAINER_ID / APPLICATION_ID) would not see which container it is. The kernel shows the
+    argv area [arg_start, arg_end) of the process's own memory; the zygote's argv reserved room in
+    it (--title-room), and the title is written there, cut to fit."""
+    try:
+        fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])       # arg_start, arg_end: stat fields 48, 49
+    except (OSError, IndexError, ValueError):
+        return False
+    size = end - start
+    if size <= 1:
+        return False
+    data = title.encode(errors="replace")[:size - 1].ljust(size, b"\0")
+    ctypes.memmove(start, data, size)
+    return True
+
+
+def container_title(req: wire.WarmLaunch) -> str:
+    """What a warm container shows as its command line: the command it runs, then its identity as
+    the cold launch's environment would carry it."""
+    ident = " ".join(f"{k}={req.env[k]}" for k in TITLE_ENV if k in req.env)
+    return " ".join(["python", "-m", req.module, *req.argv, ident])
+
+
+def _become_container(req: wire.WarmLaunch, ready: int) -> int:
+    """In the forked child: set up the container's process and run its module; returns the exit
+    code. `ready` is closed once the child leads its session and joined its cgroups (the zygote
+    waits for that before it reports the start)."""
+    try:
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        out = os.open(req.stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        err = os.open(req.stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for fd, target in ((devnull, 0), (out, 1), (err, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+        for procs in req.cgroup_procs:
+            try:
+                with open(procs, "w") as f:
+                    f.write(str(os.getpid()))
+            except OSError as e:
+                os.write(2, f"elastane: cannot join cgroup {procs}: {e}\n".encode())
+                return wire.CGROUP_JOIN_FAILED_EXIT
+    finally:
+        os.close(ready)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024)
+    os.chdir(req.cwd)
+    os.environ.clear()
+    os.environ.update(req.env)
+    if req.env.get("PYTHONUNBUFFERED"):      # read at interpreter start, which was the zygote's
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    sys.argv = [req.module, *req.argv]
+    set_process_title(container_title(req))
+    try:
+        runpy.run_module(req.module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        if e.code is None:
+            return 0
+        if isinstance(e.code, int):
+            return e.code
+        print(e.code, file=sys.stderr)
+        return 1
+    except BaseException:  # noqa: BLE001 - the container's failure, reported as its exit code
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+class Zygote:
+    """Serves warm launches over `sock` (see the module doc)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.children: dict[int, wire.WarmLaunch] = {}
+        self.closing = False
+        self._buf = b""
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    def serve(self) -> int:
+        signal.set_wakeup_fd(self._wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)      # wakes the selector through the pipe
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)       # the NM ends us by closing the socket
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        sel = selectors.DefaultSelector()
+        sel.register(self.sock, selectors.EVENT_READ, "sock")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        while not (self.closing and not self.children):
+            for key, _ in sel.select():
+                if key.data == "wake":
+                    self._drain_wakeups()
+                    self._reap()
+                elif not self._read():
+                    self.closing = True
+                    sel.unregister(self.sock)
+            self._reap()            # a SIGCHLD may have come between select and the handler
+        return 0
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _read(self) -> bool:
+        try:
+            data = self.sock.recv(1 << 16)
+        except InterruptedError:
+            return True
+        if not data:
+            return False
+        self._buf += data
+        while len(self._buf) >= wire.HEADER.size:
+            n = wire.body_length(self._buf[:wire.HEADER.size])
+            if len(self._buf) < wire.HEADER.size + n:
+                break
+            body, self._buf = self._buf[wire.HEADER.size:wire.HEADER.size + n], self._buf[wire.HEADER.size + n:]
+            self._launch(wire.decode_request(body))
+        return True
+
+    def _send(self, msg: msgspec.Struct) -> None:
+        if self.closing:
+            return
+        try:
+            self.sock.sendall(wire.frame(msg))
+        except OSError:
+            self.closing = True
+
+    def _launch(self, req: wire.WarmLaunch) -> None:
+        ready_r, ready_w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            os.close(ready_r)
+            os.close(ready_w)
+            self._send(wire.WarmFailed(req.request_id, f"fork: {e}"))
+            return
+        if pid == 0:      # the container
+            code = 1
+            try:
+                os.close(ready_r)
+                signal.set_wakeup_fd(-1)
+                for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                code = _become_container(req, ready_w)
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+        os.close(ready_w)
+        # Started only once the child leads its own session and sits in its cgroups (or gave up
+        # on them): from then on the NM may signal its process group, and nothing of the
+        # container has run outside its limits. As Popen returns only after the child's setsid.
+        try:
+            os.read(ready_r, 1)
+        finally:
+            os.close(ready_r)
+        self.children[pid] = req
+        self._send(wire.WarmStarted(req.request_id, pid))
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                self.children.clear()
+                return
+            if pid == 0:
+                return
+            req = self.children.pop(pid, None)
+            if req is not None:
+                _write_exit_file(req.exit_file, _exit_code(status))
+            self._send(wire.WarmExited(pid, status))
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m psruntime.zygote", description=__doc__.split("\n")[0])
+    p.add_argument("--fd", type=int, required=True, help="the NM's end of the socketpair")
+    p.add_argument("--preload", action="append", default=[], help="a module to import before serving")
+    p.add_argument("--title-room", default="", help="padding: argv room for the children's process titles")
+    ns = p.parse_args(argv)
+    sock = socket.socket(fileno=ns.fd)
+    for module in ns.preload:
+        importlib.import_module(module)
+    gc.collect()
+    gc.freeze()      # the preloaded objects' GC headers are not written in every child (copy-on-write)
+    return Zygote(sock).serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

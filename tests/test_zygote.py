@@ -1,0 +1,119 @@
+"""The executor zygote and the NM's warm launcher: a forked container is set up exactly as the cold
+wrapper sets one up (session, cgroup join first, working dir, environment, log files, exit file),
+and its exit status reaches the NM.
+
+The containers here run the stdlib's `timeit` module as their warm start: `-n 1 -r 1 CODE` runs
+any statement once, so one module shows the environment, the exit codes and a kill."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import AsyncIterator
+
+import pytest
+
+from nodemanager.warm_launcher import WarmLauncher, WarmLaunchError
+from protocol import zygote_wire as wire
+
+
+@pytest.fixture
+async def zygote(tmp_path: Path) -> AsyncIterator[WarmLauncher]:
+    w = WarmLauncher(["timeit", "json"])
+    await w.start()
+    try:
+        yield w
+    finally:
+        await w.close()
+        assert w.pid is not None and not Path(f"/proc/{w.pid}").exists()   # the zygote is gone
+
+
+def request(tmp_path: Path, code: str, name: str = "c1", **extra: object) -> wire.WarmLaunch:
+    work = tmp_path / name
+    work.mkdir()
+    fields: dict[str, object] = dict(
+        request_id=0, container_id=name, module="timeit", argv=["-n", "1", "-r", "1", code],
+        env={"PATH": os.environ["PATH"], "CONTAINER_ID": name}, cwd=str(work), stdout=str(work / "stdout"),
+        stderr=str(work / "stderr"), exit_file=str(work / "exit_code"))
+    fields.update(extra)
+    return wire.WarmLaunch(**fields)  # type: ignore[arg-type]
+
+
+async def test_a_warm_container_runs_in_its_own_dir_env_and_session(zygote: WarmLauncher, tmp_path: Path) -> None:
+    code = ("import os, sys; print('cwd', os.getcwd()); print('env', sorted(os.environ)); "
+            "print('sid', os.getsid(0) == os.getpid(), os.getpgid(0) == os.getpid()); "
+            "print('argv0', sys.argv[0]); sys.stdout.flush()")
+    req = request(tmp_path, code)
+    proc = await zygote.launch(req)
+    assert await asyncio.wait_for(proc.wait(), 30) == 0
+    out = Path(req.stdout).read_text()
+    assert f"cwd {req.cwd}" in out
+    assert "env ['CONTAINER_ID', 'PATH']" in out        # exactly the container's environment
+    assert "sid True True" in out                       # session and process group of its own
+    assert Path(req.exit_file).read_text().strip() == "0"
+
+
+async def test_exit_codes_and_kills_reach_the_nm_and_the_exit_file(zygote: WarmLauncher, tmp_path: Path) -> None:
+    failed = request(tmp_path, "import os; os._exit(3)", "failed")
+    sleeper = request(tmp_path, "import time; time.sleep(60)", "sleeper")
+    p1, p2 = await zygote.launch(failed), await zygote.launch(sleeper)
+    assert await asyncio.wait_for(p1.wait(), 30) == 3
+    assert Path(failed.exit_file).read_text().strip() == "3"
+    # Its /proc environ is the zygote's: the process title says which container it is.
+    title = Path(f"/proc/{p2.pid}/cmdline").read_bytes().rstrip(b"\0").decode()
+    assert title.startswith("python -m timeit -n 1 -r 1 import time") and title.endswith("CONTAINER_ID=sleeper")
+    os.killpg(p2.pid, signal.SIGKILL)                  # as the NM stops a container: its group
+    assert await asyncio.wait_for(p2.wait(), 30) == -signal.SIGKILL
+    assert Path(sleeper.exit_file).read_text().strip() == str(128 + signal.SIGKILL)
+    crashed = request(tmp_path, "raise RuntimeError('boom')", "crashed")
+    p3 = await zygote.launch(crashed)
+    assert await asyncio.wait_for(p3.wait(), 30) == 1
+    assert "RuntimeError: boom" in Path(crashed.stderr).read_text()
+    # SystemExit from the module itself (json.tool's argparse on a missing file: 2).
+    usage = request(tmp_path, "", "usage", module="json", argv=[str(tmp_path / "missing.json")])
+    usage = wire.WarmLaunch(**{**{f: getattr(usage, f) for f in usage.__struct_fields__},
+                               "module": "json.tool"})
+    p4 = await zygote.launch(usage)
+    assert await asyncio.wait_for(p4.wait(), 30) == 2
+    assert "missing.json" in Path(usage.stderr).read_text()
+
+
+async def test_the_container_joins_its_cgroups_before_it_runs(zygote: WarmLauncher, tmp_path: Path) -> None:
+    procs = tmp_path / "cgroup.procs"          # a stand-in for the cgroup's procs file
+    procs.write_text("")
+    req = request(tmp_path, "print('ran')", cgroup_procs=[str(procs)])
+    proc = await zygote.launch(req)
+    assert await asyncio.wait_for(proc.wait(), 30) == 0
+    assert procs.read_text() == str(proc.pid)
+    # A cgroup it cannot join: the container does not run, and says why (as the cold wrapper).
+    bad = request(tmp_path, "print('ran')", "bad", cgroup_procs=[str(tmp_path / "no" / "cgroup.procs")])
+    proc = await zygote.launch(bad)
+    assert await asyncio.wait_for(proc.wait(), 30) == wire.CGROUP_JOIN_FAILED_EXIT
+    assert "cannot join cgroup" in Path(bad.stderr).read_text() and "ran" not in Path(bad.stdout).read_text()
+
+
+async def test_without_a_zygote_a_launch_is_refused_for_the_cold_path(tmp_path: Path) -> None:
+    w = WarmLauncher(["timeit"])
+    assert not w.serves("timeit")
+    with pytest.raises(WarmLaunchError, match="not running"):
+        await w.launch(request(tmp_path, "pass"))
+    await w.start()
+    assert w.serves("timeit") and not w.serves("psruntime.executor")
+    assert w.pid is not None
+    os.kill(w.pid, signal.SIGKILL)              # the zygote dies: the NM sees the channel close
+    await asyncio.wait_for(w.wait_channel_closed(), 30)
+    assert not w.alive
+    with pytest.raises(WarmLaunchError):
+        await w.launch(request(tmp_path, "pass", "late"))
+    await w.close()
+
+
+def test_frames_round_trip_and_refuse_garbage() -> None:
+    msg = wire.WarmExited(pid=12, status=9)
+    data = wire.frame(msg)
+    assert wire.body_length(data[:4]) == len(data) - 4 and wire.decode_reply(data[4:]) == msg
+    with pytest.raises(wire.FrameError):
+        wire.decode_reply(b"\x01\x02")
+    with pytest.raises(wire.FrameError):
+        wire.body_length((wire.MAX_FRAME + 1).to_bytes(4, "big"))
