@@ -36,6 +36,8 @@ def sig(v: float, digits: int = 3) -> str:
         return f"{v:.{digits - 1}e}"
     decimals = max(0, digits - 1 - math.floor(math.log10(abs(v))))
     text = f"{v:.{decimals}f}"
+    if abs(float(text)) >= 10 ** digits:      # rounded up to a digit more (999.6 -> 1000)
+        return f"{float(text):,.0f}"
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return text

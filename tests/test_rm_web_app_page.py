@@ -4,17 +4,13 @@ from __future__ import annotations
 import re
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from protocol import internal_api as api
 from protocol import tokens
-from protocol.config import ClusterConfig, RMConfig
 from protocol.job_report import JobReport
-from protocol.records import Resource
-from rm.model import AmSpec
-from rm.server import ResourceManagerServer
 from rm.shape_history import ShapeHistory, ShapeSample
-from rm.testing import SECRET, FakeClock, launch_and_register, register
+from rm.testing import SECRET, launch_and_register
+from web_page_env import PageEnv, page_env_of
 
 
 # ----- ShapeHistory on its own -------------------------------------------------------------------
@@ -50,39 +46,10 @@ def test_sample_keeps_the_scalar_fields_and_drops_non_finite_numbers():
 
 # ----- the page over HTTP --------------------------------------------------------------------------
 
-class PageEnv:
-    """An in-process RM (no timers, fake clock) with an HTTP test client."""
-
-    def __init__(self, rm: ResourceManagerServer, client: TestClient, clock: FakeClock):
-        self.rm, self.client, self.clock = rm, client, clock
-
-    def submit(self, name: str = "job", app_type: str = "YARN") -> str:
-        core = self.rm.core
-        app_id = core.new_application()
-        core.submit(app_id, "alice", name, "default", app_type, AmSpec(["true"], {}, {}, Resource(1024, 1)),
-                    2, {}, None)
-        core.app_saved(app_id)
-        return app_id
-
-    async def get(self, path: str, status: int = 200) -> str:
-        resp = await self.client.get(path)
-        text = await resp.text()
-        assert resp.status == status, f"GET {path}: {resp.status} {text}"
-        assert resp.content_type == "text/html"
-        return text
-
-
 @pytest.fixture
 async def page_env(tmp_path):
-    clock = FakeClock()
-    rm = ResourceManagerServer(RMConfig(state_dir=str(tmp_path / "state")),
-                               ClusterConfig(secret=SECRET, admins=["root"]), clock=clock, run_timers=False)
-    register(rm.core, "n1:1")
-    client = TestClient(TestServer(rm.build_app()))
-    await client.start_server()
-    yield PageEnv(rm, client, clock)
-    await rm.stop()
-    await client.close()
+    async for env in page_env_of(tmp_path):
+        yield env
 
 
 async def test_plain_app_page_and_link_from_cluster_page(page_env: PageEnv):

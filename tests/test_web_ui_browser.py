@@ -191,3 +191,23 @@ def test_first_view_without_javascript(served: ServedRm) -> None:
         page.goto(served.url + "/cluster/nodes")
         assert page.locator("#nodes a", has_text="n1:1").count() == 1
         assert page.locator("#nodes td").nth(5).inner_text() == "0 B"
+
+
+def test_script_formats_as_the_server(served: ServedRm) -> None:
+    # The live updates must read as the first view: the script's formatters against web_format's.
+    from rm.web_format import FORMATTERS, fmt
+    values: list[Any] = [None, 0, 1, 0.85, 8.144906441000103, 2.2392394644510802, 123.456, 999.6, 1536, 12345.6,
+                         0.000123, 1e-6, -3.25, 185, 7400, 90000, 3 * 1024 ** 3, 2.5e6, 1_700_000_000_000, "x", True,
+                         [{"node": "n1", "workers": 2, "servers": 1}, {"node": "n2", "workers": 1, "servers": 0}]]
+    # age is relative to each side's clock; text is for strings (Python and JS spell floats differently).
+    cases = {n: values for n in FORMATTERS if n not in ("age", "text")}
+    cases["text"] = [None, "x", "<b>", True, False, 0, 185, ["a", "b"]]
+    expected = {n: [fmt(n, v) for v in vs] for n, vs in cases.items()}
+    with chromium_page() as (page, log):
+        page.goto(served.url + "/cluster/scheduler")
+        got = page.evaluate("cases => Object.fromEntries(Object.entries(cases).map("
+                            "([n, vs]) => [n, vs.map(v => window.elastaneFormat(n, v))]))", cases)
+    for n in expected:
+        assert got[n] == expected[n], n
+    assert got == expected
+    assert log.errors == []

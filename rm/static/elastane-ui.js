@@ -22,9 +22,10 @@
     d = d || 3;
     if (v === 0) return "0";
     if (Math.abs(v) >= Math.pow(10, d)) return group(Math.round(v));
-    if (Math.abs(v) < 1e-4) return v.toExponential(d - 1);
+    if (Math.abs(v) < 1e-4) return v.toExponential(d - 1).replace(/e([+-])(\d)$/, "e$10$2");   // as Python: e-06
     const dec = Math.max(0, d - 1 - Math.floor(Math.log10(Math.abs(v))));
     let t = v.toFixed(dec);
+    if (Math.abs(Number(t)) >= Math.pow(10, d)) return group(Math.round(Number(t)));   // 999.6 -> 1,000
     if (t.indexOf(".") >= 0) t = t.replace(/0+$/, "").replace(/\.$/, "");
     return t;
   }
@@ -87,6 +88,7 @@
     },
   };
   function fmt(name, v) { return (FORMATS[name] || text)(v); }
+  window.elastaneFormat = fmt;     // for the tests that compare it with rm/web_format.py
   function getPath(obj, path) {
     for (const step of path) {
       if (obj === null || typeof obj !== "object" || Array.isArray(obj)) return null;
