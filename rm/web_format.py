@@ -130,14 +130,16 @@ def fmt_time(v: Any) -> str:
 
 
 def fmt_age(v: Any, now_ms: Optional[float] = None) -> str:
-    """How long before `now_ms` a timestamp in ms was ("1.2 s ago"); 0: "never"."""
+    """How long before `now_ms` a timestamp in ms was ("1.2 s ago", "3 min 5 s ago"); 0: "never"."""
     f = _number(v)
     if f is None:
         return NA
     if f <= 0:
         return "never"
     now = time.time() * 1000 if now_ms is None else now_ms
-    return fmt_seconds(max(0.0, now - f) / 1000) + " ago"
+    age = max(0.0, now - f) / 1000
+    # Tenths of a second under a minute: a heartbeat every second reads "0.4 s ago", not "400 ms ago".
+    return (f"{age:.1f} s" if age < 60 else fmt_seconds(age)) + " ago"
 
 
 def fmt_text(v: Any) -> str:

@@ -48,7 +48,8 @@ def test_times_absolute_and_relative() -> None:
     assert fmt_time(0) == "N/A"
     assert fmt_age(1000, now_ms=2200) == "1.2 s ago"
     assert fmt_age(0, now_ms=5000) == "never"
-    assert fmt_age(10_000, now_ms=5000) == "0 ms ago"      # a clock a little ahead: never "-5 s ago"
+    assert fmt_age(10_000, now_ms=5000) == "0.0 s ago"      # a clock a little ahead: never "-5 s ago"
+    assert fmt_age(1000, now_ms=1400) == "0.4 s ago"
     assert fmt("age", 1000, now_ms=61_000) == "1 min 0 s ago"
 
 

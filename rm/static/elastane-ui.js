@@ -77,7 +77,8 @@
       const f = num(v);
       if (f === null) return NA;
       if (f <= 0) return "never";
-      return seconds(Math.max(0, Date.now() - f) / 1000) + " ago";
+      const age = Math.max(0, Date.now() - f) / 1000;
+      return (age < 60 ? age.toFixed(1) + " s" : seconds(age)) + " ago";
     },
     placement: (v) => {
       if (!Array.isArray(v) || v.length === 0) return "anywhere";
