@@ -20,7 +20,7 @@ from .decision_log import DecisionRecord
 from .model import App
 from .shape_history import ShapeChange, ShapeHistory, ShapeSample
 from .web_format import fmt_time
-from .web_layout import escape, html_table, live_chart, live_fields, page, static_fields
+from .web_layout import escape, html_table, live_chart, live_fields, note_until, page, static_fields
 from .web_svg_chart import Marker, Series, chart
 
 if TYPE_CHECKING:
@@ -172,9 +172,10 @@ def render_app_page(rm: "ResourceManagerServer", app: App, now_ms: Optional[floa
     if app.app_type.upper() == ps_job_spec.APPLICATION_TYPE:
         t0 = app.start_time or app.submit_time
         sj = views.shape_json(rm.core, app)
-        note = "" if app.shape is not None else "<p>The application master has not reported its shape yet.</p>"
+        note = ("" if app.shape is not None else
+                note_until(shape_src, ["shape", "current"], "The application master has not reported its shape yet."))
         directive = ("" if app.directive is not None else
-                     f"<p>Policy <b>{escape(rm.cfg.policy)}</b> has sent no directive.</p>")
+                     note_until(shape_src, ["shape", "directive"], f"Policy {rm.cfg.policy} has sent no directive."))
         directive += live_fields("directive", shape_src, ["shape"], DIRECTIVE_FIELDS, sj, now)
         body += (f"<h2>Current shape</h2>{note}"
                  f'{live_fields("shape", shape_src, ["shape"], SHAPE_FIELDS, sj, now)}'

@@ -145,6 +145,11 @@ def live_chart(css_id: str, src: Optional[str], spec: dict[str, Any], svg: str) 
     return f'<div id="{escape(css_id)}" class="live-chart"{src_attr}>{svg}</div>'
 
 
+def note_until(src: str, path: Sequence[str], text: str) -> str:
+    """A note (plain text, escaped) that the script hides once `src` has a value at `path`."""
+    return f'<p class="note" data-src="{escape(src)}" data-hide-when="{attr_json(path)}">{escape(text)}</p>'
+
+
 def page(title: str, body: str, active: str = "") -> str:
     """A whole page: the navigation bar, `body`, the live-update script (deferred)."""
     nav = "".join(f'<a href="{href}"{" class=active" if href == active else ""}>{escape(label)}</a>'
@@ -157,5 +162,5 @@ def page(title: str, body: str, active: str = "") -> str:
 
 
 __all__ = ["Column", "NAV", "PAGE_CSS", "POLL_MS", "SCRIPT", "app_link", "attr_json", "escape", "get_path",
-           "html_table", "live_chart", "live_fields", "live_table", "node_link", "page", "sort_records",
+           "html_table", "live_chart", "live_fields", "live_table", "node_link", "note_until", "page", "sort_records",
            "state_badge", "static_fields"]

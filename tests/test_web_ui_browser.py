@@ -145,8 +145,11 @@ def test_pages_live_updates_shape_change_and_links(served: ServedRm) -> None:
         assert page.locator("#shape td").first.inner_text() == "4"
 
         # An operator's directive: on the app page, and in the scheduler's decisions.
+        no_directive = page.locator("p.note", has_text="has sent no directive")
+        assert no_directive.is_visible()
         status = served.call_async(_put_shape(served.url, app_id))
         assert status == 200
+        no_directive.wait_for(state="hidden")
         page.wait_for_function("() => document.querySelectorAll('#chart-speed line.marker.directive').length > 0")
         page.click("nav a:has-text('Scheduler')")
         page.wait_for_url("**/cluster/scheduler")

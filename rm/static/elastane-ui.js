@@ -1,8 +1,9 @@
 // Elastane RM web UI: keeps the server-rendered pages live by polling the RM's REST API.
 // Elements with data-src are refreshed from that path: tables by their column specs
 // (data-columns), field tables cell by cell (data-key, data-fmt), charts by their spec
-// (data-chart). The formatters and the chart geometry mirror rm/web_format.py and
-// rm/web_svg_chart.py. Everything inserted is escaped (names and reasons are user input).
+// (data-chart), notes hidden once their data-hide-when path has a value. The formatters and the
+// chart geometry mirror rm/web_format.py and rm/web_svg_chart.py. Everything inserted is escaped
+// (names and reasons are user input).
 "use strict";
 (function () {
   const NA = "N/A";
@@ -234,7 +235,8 @@
 
   // ----- polling -----
   function update(el, body) {
-    if (el.dataset.chart) updateChart(el, body);
+    if (el.dataset.hideWhen) el.hidden = getPath(body, JSON.parse(el.dataset.hideWhen)) !== null;
+    else if (el.dataset.chart) updateChart(el, body);
     else if (el.classList.contains("live-table")) updateTable(el, body);
     else updateFields(el, body);
   }
