@@ -20,12 +20,15 @@ NODE_COLUMNS = (
 )
 
 
+def nodes_table(rm: "ResourceManagerServer", now_ms: float, css_id: str = "nodes") -> str:
+    """The live table of every node the RM knows."""
+    nodes = [views.node_json(n) for n in rm.core.nodes]
+    return live_table(css_id, NODES, ["nodes", "node"], NODE_COLUMNS, nodes, now_ms, sort_key="id", empty="no nodes")
+
+
 def render_nodes_page(rm: "ResourceManagerServer", now_ms: float) -> str:
     """Every node the RM knows, live."""
-    nodes = [views.node_json(n) for n in rm.core.nodes]
-    table = live_table("nodes", NODES, ["nodes", "node"], NODE_COLUMNS, nodes, now_ms, sort_key="id",
-                       empty="no nodes")
-    return page("Nodes", f"<h1>Nodes</h1>{table}", active="/cluster/nodes")
+    return page("Nodes", f"<h1>Nodes</h1>{nodes_table(rm, now_ms)}", active="/cluster/nodes")
 
 
-__all__ = ["NODE_COLUMNS", "render_nodes_page"]
+__all__ = ["NODE_COLUMNS", "nodes_table", "render_nodes_page"]

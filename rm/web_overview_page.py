@@ -1,4 +1,4 @@
-"""The RM web UI's overview, `/cluster`: cluster metrics, utilization charts, running apps."""
+"""The RM web UI's overview, `/cluster`: cluster metrics, utilization charts, running apps, nodes."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
@@ -9,6 +9,7 @@ from . import rest_views as views
 from .web_apps_page import apps_table
 from .web_format import fmt_time
 from .web_layout import escape, live_fields, page
+from .web_nodes_page import nodes_table
 from .web_utilization import utilization_charts
 
 if TYPE_CHECKING:
@@ -42,7 +43,8 @@ def render_overview_page(rm: "ResourceManagerServer", now_ms: float, utilization
             f'</div><div><h2><a href="/cluster/nodes">Nodes</a></h2>'
             f'{live_fields("metrics-nodes", METRICS, path, NODE_FIELDS, metrics["clusterMetrics"], now_ms)}</div></div>'
             f"<h2>Cluster utilization</h2>{utilization_charts(utilization, utilization_served)}"
-            f"<h2>Running applications</h2>{apps_table(rm, now_ms, AppState.RUNNING, css_id='running-apps')}")
+            f"<h2>Running applications</h2>{apps_table(rm, now_ms, AppState.RUNNING, css_id='running-apps')}"
+            f"<h2>Nodes</h2>{nodes_table(rm, now_ms, css_id='overview-nodes')}")
     return page("Elastane ResourceManager", body, active="/cluster")
 
 

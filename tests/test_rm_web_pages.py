@@ -71,6 +71,7 @@ async def test_overview_without_utilization(env: PageEnv) -> None:
     assert field(page, "Submitted") == "2" and field(page, "Running") == "1" and field(page, "Pending") == "1"
     assert field(page, "Memory total") == "8 GB" and field(page, "Memory used") == "2 GB"   # both AMs hold a container
     assert field(page, "Active") == "1"
+    assert [r[:3] for r in table_rows(page, "overview-nodes")] == [["n1:1", "/default-rack", "RUNNING"]]
     assert "does not measure utilization" in section(page, "Cluster utilization")
     assert 'data-src="/ws/v1/cluster/utilization' not in page
     rows = table_rows(page, "running-apps")
