@@ -115,6 +115,13 @@ def fmt_seconds(v: Any) -> str:
     return f"{s // 86400} d {s % 86400 // 3600} h"
 
 
+def fmt_measured_s(v: Any) -> str:
+    """A measured time in seconds where 0 means not measured yet (a job report's worker / server
+    times): as fmt_seconds, 0 as "N/A"."""
+    f = _number(v)
+    return NA if not f else fmt_seconds(f)
+
+
 def fmt_duration_ms(v: Any) -> str:
     """A duration in milliseconds, as fmt_seconds."""
     f = _number(v)
@@ -170,7 +177,7 @@ Formatter = Callable[[Any], str]
 
 FORMATTERS: dict[str, Formatter] = {
     "text": fmt_text, "num": fmt_num, "int": fmt_int, "bytes": fmt_bytes, "mb": fmt_mb, "rate": fmt_rate,
-    "pct": fmt_pct, "cores": fmt_cores, "speed": fmt_speed, "seconds": fmt_seconds,
+    "pct": fmt_pct, "cores": fmt_cores, "speed": fmt_speed, "seconds": fmt_seconds, "measured_s": fmt_measured_s,
     "duration_ms": fmt_duration_ms, "time": fmt_time, "age": fmt_age, "placement": fmt_placement,
 }
 
@@ -182,6 +189,6 @@ def fmt(name: str, v: Any, now_ms: Optional[float] = None) -> str:
     return FORMATTERS[name](v)
 
 
-__all__ = ["FORMATTERS", "NA", "fmt", "fmt_age", "fmt_bytes", "fmt_cores", "fmt_duration_ms", "fmt_int", "fmt_mb",
+__all__ = ["FORMATTERS", "NA", "fmt", "fmt_age", "fmt_bytes", "fmt_cores", "fmt_duration_ms", "fmt_int", "fmt_mb", "fmt_measured_s",
            "fmt_num", "fmt_pct", "fmt_placement", "fmt_rate", "fmt_seconds", "fmt_speed", "fmt_text", "fmt_time",
            "sig"]

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from .web_format import fmt, sig
+from .web_format import fmt, fmt_seconds
 
 WIDTH, HEIGHT = 640, 200
 _LEFT, _RIGHT, _TOP, _BOTTOM = 60, 15, 22, 30
@@ -39,7 +39,7 @@ class Marker:
 def _x_text(x: float, x_fmt: str) -> str:
     if x_fmt == "clock":
         return time.strftime("%H:%M:%S", time.localtime(x))
-    return f"{sig(x)} s"
+    return fmt_seconds(x)
 
 
 def chart(title: str, series: Sequence[Series], markers: Sequence[Marker] = (), x_fmt: str = "s",

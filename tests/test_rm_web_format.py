@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rm.web_format import (FORMATTERS, fmt, fmt_age, fmt_bytes, fmt_cores, fmt_duration_ms, fmt_int, fmt_mb,
+from rm.web_format import (FORMATTERS, fmt, fmt_age, fmt_bytes, fmt_cores, fmt_duration_ms, fmt_int, fmt_mb, fmt_measured_s,
                            fmt_num, fmt_pct, fmt_placement, fmt_rate, fmt_seconds, fmt_speed, fmt_text, fmt_time, sig)
 
 
@@ -40,6 +40,7 @@ def test_durations() -> None:
         "12.3 ms", "850 ms", "8.14 s", "59.9 s", "3 min 5 s", "2 h 3 min", "1 d 1 h"]
     assert fmt_seconds(-5) == "0 ms"
     assert fmt_duration_ms(65_000) == "1 min 5 s"
+    assert fmt_measured_s(0.0) == "N/A" and fmt_measured_s(0.012) == "12 ms"
 
 
 def test_times_absolute_and_relative() -> None:

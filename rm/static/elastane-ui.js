@@ -67,6 +67,7 @@
     cores: (v) => { const f = num(v); return f === null ? NA : sig(f) + (f === 1 ? " core" : " cores"); },
     speed: (v) => { const f = num(v); return f === null ? NA : sig(f) + " it/s"; },
     seconds: seconds,
+    measured_s: (v) => { const f = num(v); return !f ? NA : seconds(f); },
     duration_ms: (v) => { const f = num(v); return f === null ? NA : seconds(f / 1000); },
     time: (v) => {
       const f = num(v);
@@ -144,7 +145,7 @@
   const W = 640, H = 200, LEFT = 60, RIGHT = 15, TOP = 22, BOTTOM = 30;
   const COLORS = ["#2a6fd6", "#d6602a", "#2aa05a", "#8a2ad6"];
   const MARKER_COLORS = { shape: "#c0392b", directive: "#7f8c8d", pause: "#e67e22" };
-  function xText(x, xFmt) { return xFmt === "clock" ? clock(new Date(x * 1000)) : sig(x) + " s"; }
+  function xText(x, xFmt) { return xFmt === "clock" ? clock(new Date(x * 1000)) : seconds(x); }
   function markerOf(type, r, t0) {
     const x = (num(r.time) - t0) / 1000;
     if (type === "changes") {
