@@ -1,4 +1,4 @@
-"""The RM web UI in headless Chromium against a local cluster (RM + 2 NMs as processes) training a
+"""The RM web UI in headless Chromium (and `elastane top`) against a local cluster (RM + 2 NMs as processes) training a
 real PS job: every page loads with no console error (this RM may or may not serve utilization:
 either way no failed request), the app page follows the job's iterations live, a shape change
 made through the RM (PUT .../shape, as `elastane ps scale` does) appears on the app's charts
@@ -34,12 +34,17 @@ def _iterations(page: Any) -> int:
     return int(text) if text.isdigit() else -1
 
 
-def test_web_ui_follows_a_training_ps_job(ui_cluster: Any) -> None:
+def test_web_ui_follows_a_training_ps_job(ui_cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from elastane_cli.main import main as cli
     rm = ui_cluster.rm_url
     app_id = submit_app(rm, build_ps_submission(SPEC, name="webui-mlr", am_memory=384))
     try:
         wait_until(lambda: (rest(rm, "GET", f"/ws/v1/cluster/apps/{app_id}/shape")["shape"]["current"] or {})
                    .get("iterations", 0) > 0, 120, "the job trains and reports to the RM")
+        # `elastane top --once` lists the job with its shape and speed.
+        assert cli(["--rm", rm, "top", "--once"]) == 0
+        line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(app_id))
+        assert " 1/1 " in line and " it/s " in line and line.endswith("webui-mlr"), line
         with chromium_page() as (page, log):
             page.goto(rm + "/cluster")
             assert page.locator("#running-apps a", has_text=app_id).count() == 1
