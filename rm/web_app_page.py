@@ -132,7 +132,10 @@ def _charts(rm: "ResourceManagerServer", app: App, t0: float) -> str:
                             {"path": ["shape", "decisions"], "type": "decisions"}]}
         out.append(live_chart(f"chart-{suffix}", src, spec,
                               chart(title, series, markers, y_fmt=y_fmt, css_class=f"chart {suffix}")))
-    return f'<div class="charts">{"".join(out)}</div>'
+    legend = ('<p class="legend">Dashed lines: <span style="color:#c0392b">shape change</span>, '
+              '<span style="color:#7f8c8d">directive</span>, <span style="color:#e67e22">pause</span> '
+              "(hover for details).</p>")
+    return f'<div class="charts">{"".join(out)}</div>{legend}'
 
 
 def _change_cell(before: Optional[int], after: Optional[int], first: bool) -> str:

@@ -266,7 +266,8 @@
   }
   function start() {
     const ms = Number(document.body.dataset.pollMs) || 2000;
-    const loop = async () => { await poll(); setTimeout(loop, ms); };
+    // A hidden tab does not poll (it would load the RM for nobody); it catches up when shown.
+    const loop = async () => { if (!document.hidden) await poll(); setTimeout(loop, ms); };
     setTimeout(loop, ms);
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
