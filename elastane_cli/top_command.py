@@ -136,6 +136,11 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser 
     p.set_defaults(func=cmd_top)
 
 
+async def pause(seconds: float) -> None:
+    """The refresh period between frames (not a readiness wait)."""
+    await asyncio.sleep(seconds)
+
+
 def _draw(out: TextIO, frame: str) -> None:
     """Redraw the screen in place: home, each line cleared to its end, the rest cleared."""
     out.write(HOME + "".join(line + CLEAR_LINE + "\n" for line in frame.split("\n")) + CLEAR_BELOW)
@@ -155,7 +160,7 @@ def cmd_top(args: argparse.Namespace, ctx: CliContext) -> int:
                 snap = await fetch_snapshot(client)
                 width = shutil.get_terminal_size().columns
                 _draw(ctx.out, render_frame(snap, time.time(), args.sort, width))
-                await asyncio.sleep(args.interval)   # the refresh period, not a readiness wait
+                await pause(args.interval)
 
     try:
         asyncio.run(go())

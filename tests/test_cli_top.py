@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 
 from elastane_cli import main as cli
+from elastane_cli import top_command
 from elastane_cli.top_command import APP_STATES, Snapshot, render_frame
 from threaded_http import serve_routes
 
@@ -75,3 +76,28 @@ def test_top_once_prints_one_frame_from_the_rm(capsys: pytest.CaptureFixture[str
 def test_top_unreachable_rm_fails_with_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(["--rm", "http://127.0.0.1:9", "top", "--once"])
     assert code == 1 and "cannot reach the ResourceManager" in capsys.readouterr().err
+
+
+def test_top_redraws_in_place_until_interrupted(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    frames: list[float] = []
+
+    async def pause(seconds: float) -> None:
+        frames.append(seconds)
+        if len(frames) == 2:
+            raise KeyboardInterrupt      # Ctrl-C during the second wait
+
+    monkeypatch.setattr(top_command, "pause", pause)
+
+    def route(method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        return 200, {"/ws/v1/cluster/info": {"clusterInfo": INFO}, "/ws/v1/cluster/metrics": {"clusterMetrics": METRICS},
+                     "/ws/v1/cluster/apps": {"apps": None}}[path]
+
+    with serve_routes(route) as address:
+        code = cli.main(["--rm", f"http://{address}", "top", "--interval", "0.5"])
+    out = capsys.readouterr().out
+    assert code == 0 and frames == [0.5, 0.5]
+    assert out.count(top_command.HOME) == 2 and out.count(top_command.CLEAR_BELOW) == 2
+    first = out.split(top_command.HOME)[1]
+    assert first.startswith("elastane top - ") and "NodeManager(s): 3 total" in first
+    assert all(line.endswith(top_command.CLEAR_LINE) for line in first.split("\n")[:-1])
