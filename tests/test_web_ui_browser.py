@@ -139,6 +139,8 @@ def test_pages_live_updates_shape_change_and_links(served: ServedRm) -> None:
         markers = page.locator("#chart-speed line.marker.shape").count()
         served.call(lambda: report(_report(2, 1, 40, 1)))
         page.wait_for_function("() => /40/.test(document.querySelector('#shape tr:nth-child(6) td').textContent)")
+        # After a live update, the user's name is still text, not markup.
+        assert page.locator("#app td").nth(2).inner_text() == "<b>mf</b>" and page.locator("main b").count() == 0
         served.call(lambda: report(_report(4, 1, 80, 2)))
         page.wait_for_function(f"() => document.querySelectorAll('#chart-speed line.marker.shape').length > {markers}")
         assert "2 \u2192 4 workers" in (page.locator("#chart-speed line.marker.shape").last.text_content() or "")
