@@ -65,6 +65,10 @@ class RmRestClient:
         body = await self._call("GET", "/ws/v1/cluster/info")
         return (body or {}).get("clusterInfo", body or {})
 
+    async def cluster_metrics(self) -> dict[str, Any]:
+        body = await self._call("GET", "/ws/v1/cluster/metrics")
+        return (body or {}).get("clusterMetrics", body or {})
+
     async def nodes(self) -> list[dict[str, Any]]:
         return _items(await self._call("GET", NODES), "nodes", "node")
 

@@ -20,6 +20,7 @@ from protocol.remote_exception import BadRequest, NotFound
 
 from .am_limit import AM_LIMIT_DIAGNOSTICS
 from .am_protocol import AmProtocol
+from .decision_log import DecisionLog
 from .model import AmSpec, App, Attempt, Container, Node
 from .nm_protocol import NmProtocol
 from .nodes import NodeTracker
@@ -61,6 +62,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self._unlaunched: OrderedDict[str, float] = OrderedDict()   # container -> allocated at
         self.effects: list[LaunchAm] = []
         self.dirty: set[str] = set()
+        self.decisions = DecisionLog()      # recent directive changes, for operators (in memory only)
         self.counters = {"nm_heartbeats": 0, "am_allocates": 0, "containers_allocated": 0,
                          "apps_submitted": 0}
 

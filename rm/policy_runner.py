@@ -38,6 +38,7 @@ def apply_decision(core: ResourceManagerCore, decision: Decision) -> int:
             continue
         app.directive_version += 1
         app.directive = jd.directive(app.directive_version)
+        core.decisions.record(core.clock(), app_id, app.directive)
         changed += 1
     return changed
 

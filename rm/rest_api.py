@@ -179,22 +179,7 @@ class ClientApi:
     async def app_shape(self, request: web.Request) -> web.Response:
         """Elastane extension: the shape the AM reports and the policy's latest directive."""
         self.user(request)
-        app = self._app(request)
-        d = app.directive
-        current = None if app.shape is None else app.shape.to_json()
-        return json_response({"shape": {
-            "appId": app.app_id, "policy": self.rm.cfg.policy, "current": current,
-            "directive": None if d is None else {
-                "workers": d.workers, "servers": d.servers, "nodes": d.nodes, "reason": d.reason,
-                "version": d.version, "group": d.group, "runState": d.run_state.value,
-                "placement": [{"node": p.node, "workers": p.workers, "servers": p.servers} for p in d.placement]},
-            "directiveDelivered": d is not None and app.delivered_directive_version >= d.version,
-            # Shape changes over the app's life (times in ms since the epoch, as YARN's times).
-            "history": [{"time": int(c.t * 1000), "before": None if c.before is None else
-                         {"workers": c.before[0], "servers": c.before[1]},
-                         "after": {"workers": c.after[0], "servers": c.after[1]}}
-                        for c in app.shape_history.changes],
-        }})
+        return json_response({"shape": views.shape_json(self.rm.core, self._app(request))})
 
 
     async def put_app_shape(self, request: web.Request) -> web.Response:

@@ -9,6 +9,7 @@ from .core import ResourceManagerCore
 from .model import App, Attempt, Node
 
 RM_VERSION = "3.3.6-elastane-0.1.0"
+DECISIONS_SHOWN = 50     # of the decision log, in GET /ws/v1/cluster/scheduler
 
 
 def _ms(t: float) -> int:
@@ -88,6 +89,9 @@ def scheduler_info(core: ResourceManagerCore) -> dict[str, Any]:
         "type": "capacityScheduler", "queueName": "root", "capacity": 100.0, "maxCapacity": 100.0,
         "usedCapacity": round(all_used.dominant_share(total) * 100.0, 4),
         "queues": {"queue": queues},
+        # Elastane extension: the active policy and its recent directive changes, newest first.
+        "elastanePolicy": {"name": core.cfg.policy,
+                           "decisions": [r.to_json() for r in core.decisions.recent(DECISIONS_SHOWN)]},
     }}}
 
 
@@ -164,3 +168,26 @@ def attempt_json(core: ResourceManagerCore, at: Attempt) -> dict[str, Any]:
 
 def resource_json(r: Resource) -> dict[str, int]:
     return r.to_json()
+
+
+def shape_json(core: ResourceManagerCore, app: App) -> dict[str, Any]:
+    """Elastane extension, GET /ws/v1/cluster/apps/{id}/shape: the shape the AM reports, the
+    policy's latest directive, the shape changes, the sampled reports and the app's recent directive
+    changes (times in ms since the epoch, as YARN's times)."""
+    d = app.directive
+    return {
+        "appId": app.app_id, "policy": core.cfg.policy,
+        "current": None if app.shape is None else app.shape.to_json(),
+        "directive": None if d is None else {
+            "workers": d.workers, "servers": d.servers, "nodes": d.nodes, "reason": d.reason,
+            "version": d.version, "group": d.group, "runState": d.run_state.value,
+            "placement": [{"node": p.node, "workers": p.workers, "servers": p.servers} for p in d.placement]},
+        "directiveDelivered": d is not None and app.delivered_directive_version >= d.version,
+        "history": [{"time": _ms(c.t), "before": None if c.before is None else
+                     {"workers": c.before[0], "servers": c.before[1]},
+                     "after": {"workers": c.after[0], "servers": c.after[1]}}
+                    for c in app.shape_history.changes],
+        # For the web UI's live charts: the sampled reports and this app's directive changes.
+        "samples": [s.to_json() for s in app.shape_history.samples],
+        "decisions": [r.to_json() for r in core.decisions.for_app(app.app_id)],
+    }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from protocol.job_report import JobReport
 
@@ -43,6 +43,12 @@ class ShapeSample:
         return cls(t=t, workers=report.workers, servers=report.servers, iterations=report.iterations,
                    speed=_finite(report.speed), epoch=report.epoch, epoch_time_s=_finite(report.epoch_time_s),
                    objective=_finite(report.objective), changing=report.changing)
+
+    def to_json(self) -> dict[str, Any]:
+        """The sample for the REST API and the web UI's charts (time in ms since the epoch)."""
+        return {"time": int(self.t * 1000), "workers": self.workers, "servers": self.servers,
+                "iterations": self.iterations, "speed": self.speed, "epoch": self.epoch,
+                "epochTimeS": self.epoch_time_s, "objective": self.objective, "changing": self.changing}
 
     def same_values(self, other: "ShapeSample") -> bool:
         """Equal apart from the time (a repeated heartbeat that reports nothing new)."""

@@ -1,130 +1,148 @@
 """The RM web UI's page for one application: `/cluster/app/{app_id}` as in YARN.
 
 Shows the app's fields, and for elastic PS apps (ELASTANE_PS) its current shape from the AM's
-latest shape report, the policy's latest directive, the shape changes over time and charts of
-the job's speed, epoch time and objective (from the RM's bounded ShapeHistory). Every value is
-HTML-escaped: names, diagnostics and reports come from users and AMs.
+latest job report, the policy's latest directive (with Harmony's group and run state), the shape
+changes over time and charts of the job's speed, epoch time, objective and shape, with the shape
+changes, directives and pauses marked on the time axis (from the RM's bounded ShapeHistory and
+decision log). Every value is HTML-escaped: names, diagnostics and reports come from users and AMs.
 """
 from __future__ import annotations
 
-import time
+import urllib.parse
 from typing import TYPE_CHECKING, Any, Optional
 
 from aiohttp import web
 
 from protocol import ps_job_spec
-from protocol.internal_api import RunState
-from protocol.job_report import JobReport
 
 from . import rest_views as views
+from .decision_log import DecisionRecord
 from .model import App
-from .shape_history import ShapeHistory
-from .web_svg_chart import line_chart
-from .web_ui import PAGE_CSS, escape, html_table
+from .shape_history import ShapeChange, ShapeHistory, ShapeSample
+from .web_format import fmt_time
+from .web_layout import escape, html_table, live_chart, live_fields, note_until, page, static_fields
+from .web_svg_chart import Marker, Series, chart
 
 if TYPE_CHECKING:
     from .server import ResourceManagerServer
 
 APP_PAGE = "/cluster/app/{app_id}"
 
-
-def _when(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "N/A"
-
-
-def _elapsed(ms: int) -> str:
-    s = ms // 1000
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h {m}m {sec}s" if h else (f"{m}m {sec}s" if m else f"{sec}s")
-
-
-def _page(title: str, body: str) -> str:
-    return (f'<!doctype html><html><head><meta charset="utf-8"><title>{escape(title)}</title>'
-            f'<style>{PAGE_CSS}\n.nochart{{color:#666}}svg{{display:block;margin-bottom:1.5em}}</style>'
-            f'</head><body><p><a href="/cluster">&larr; Cluster</a></p>{body}</body></html>')
-
-
-def _fields(rows: list[tuple[str, str]]) -> str:
-    """A two-column table of (label, already-escaped value)."""
-    return "<table>" + "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
-
-
-def _overview(rm: "ResourceManagerServer", app: App) -> str:
-    j = views.app_json(rm.core, app)
-    # Tracking URLs come from AMs: only http(s) ones become links.
-    if app.tracking_url.startswith(("http://", "https://")):
-        tracking = f'<a href="{escape(app.tracking_url)}">{escape(j["trackingUI"])}</a>'
-    else:
-        tracking = escape(j["trackingUI"])
-    state = escape(app.state.value)
-    return _fields([
-        ("ID", escape(app.app_id)), ("User", escape(app.user)), ("Name", escape(app.name)),
-        ("Queue", escape(app.queue)), ("Application type", escape(app.app_type)),
-        ("State", f'<span class="{state}">{state}</span>'), ("Final status", escape(app.final_status.value)),
-        ("Progress", f'{j["progress"]:.0f}%'), ("Tracking URL", tracking),
-        ("Attempts", f"{len(app.attempts)} of at most {app.max_attempts}"),
-        ("Running containers", str(j["runningContainers"])),
-        ("Allocated", f'{j["allocatedMB"]} MB, {j["allocatedVCores"]} vcores'),
-        ("Submitted", escape(_when(app.submit_time))), ("Started", escape(_when(app.start_time))),
-        ("Finished", escape(_when(app.finish_time))), ("Elapsed", escape(_elapsed(j["elapsedTime"]))),
-        ("Diagnostics", f'<pre>{escape(app.diagnostics)}</pre>' if app.diagnostics else ""),
-    ])
+APP_FIELDS = (
+    ("ID", "id", "text"), ("User", "user", "text"), ("Name", "name", "text"), ("Queue", "queue", "text"),
+    ("Application type", "applicationType", "text"), ("State", "state", "state"),
+    ("Final status", "finalStatus", "text"), ("Progress", "progress", "pct"),
+    ("Running containers", "runningContainers", "int"), ("Allocated memory", "allocatedMB", "mb"),
+    ("Allocated vcores", "allocatedVCores", "int"), ("Started", "startedTime", "time"),
+    ("Finished", "finishedTime", "time"), ("Elapsed", "elapsedTime", "duration_ms"),
+    ("Diagnostics", "diagnostics", "text"),
+)
+# Paths under the shape endpoint's "shape" object. Fields a report lacks (e.g. Harmony's alpha
+# before Harmony reports it) show N/A.
+SHAPE_FIELDS = (
+    ("Workers", "current.workers", "int"), ("Servers", "current.servers", "int"),
+    ("Started", "current.started", "text"), ("Changing", "current.changing", "text"),
+    ("Phase", "current.phase", "text"), ("Iterations", "current.iterations", "int"),
+    ("Early feedback done", "current.early_feedback", "text"),
+    ("Speed", "current.speed", "speed"), ("Speed measured over (iterations)", "current.speed_iterations", "int"),
+    ("Epoch", "current.epoch", "int"), ("Last epoch time", "current.epoch_time_s", "seconds"),
+    ("Objective", "current.objective", "num"), ("Initial objective", "current.initial_objective", "num"),
+    ("Worker compute per mini-batch", "current.worker_times.compute_s", "measured_s"),
+    ("Worker communication per mini-batch", "current.worker_times.comm_s", "measured_s"),
+    ("Server service time per request", "current.server_times.service_s", "measured_s"),
+    ("Memory in use", "current.memory_mb", "mb"), ("Spilled", "current.spilled_mb", "mb"),
+    ("Alpha (Harmony)", "current.alpha", "num"),
+    ("Executor memory", "current.executor_resource.memory", "mb"),
+    ("Executor vcores", "current.executor_resource.vCores", "int"),
+    ("Directive acted on", "current.directive_version", "int"),
+)
+DIRECTIVE_FIELDS = (
+    ("Policy", "policy", "text"), ("Version", "directive.version", "int"),
+    ("Delivered to the AM", "directiveDelivered", "text"),
+    ("Workers", "directive.workers", "int"), ("Servers", "directive.servers", "int"),
+    ("Placement", "directive.placement", "placement"), ("Group (Harmony)", "directive.group", "text"),
+    ("Run state", "directive.runState", "text"), ("Reason", "directive.reason", "text"),
+)
 
 
-def _opt(v: Any, fmt: str = "{}") -> str:
-    return "N/A" if v is None else escape(fmt.format(v))
+def change_label(c: ShapeChange) -> str:
+    """A shape change's tooltip (the script words it the same)."""
+    w, s = c.after
+    if c.before is None:
+        return f"shape: {w} workers, {s} servers"
+    return f"shape: {c.before[0]} \u2192 {w} workers, {c.before[1]} \u2192 {s} servers"
 
 
-def _worker_times(rep: JobReport) -> str:
-    t = rep.worker_times
-    if t.workers == 0:
-        return "N/A"
-    return f"compute {t.compute_s * 1000:.3g} ms, communication {t.comm_s * 1000:.3g} ms per mini-batch"
+def decision_label(r: DecisionRecord) -> str:
+    """A directive's tooltip (the script words it the same)."""
+    d = r.directive
+    return f"directive v{d.version}: {d.workers} workers, {d.servers} servers, {d.run_state.value}. {d.reason}"
 
 
-def _server_times(rep: JobReport) -> str:
-    t = rep.server_times
-    return "N/A" if t.servers == 0 else f"{t.service_s * 1000:.3g} ms per request"
-
-
-def _current_shape(rm: "ResourceManagerServer", app: App) -> str:
-    rep = app.shape
-    if rep is None:
-        out = "<p>The application master has not reported its shape yet.</p>"
-    else:
-        ef = "done" if rep.early_feedback else f"not yet (after {rep.early_feedback_iterations} iterations)"
-        res = rep.executor_resource
-        out = _fields([
-            ("Workers", str(rep.workers)), ("Servers", str(rep.servers)),
-            ("Started", "yes" if rep.started else "no"),
-            ("Changing", "yes (reconfiguration under way)" if rep.changing else "no"),
-            ("Iterations", str(rep.iterations)), ("Early feedback", escape(ef)),
-            ("Speed", f"{rep.speed:.3g} iterations/s over {rep.speed_iterations} iterations"),
-            ("Phase", escape(rep.phase) or "N/A"), ("Epoch", _opt(rep.epoch)),
-            ("Last epoch time", _opt(rep.epoch_time_s, "{} s")), ("Objective", _opt(rep.objective)),
-            ("Initial objective", _opt(rep.initial_objective)),
-            ("Worker times", _worker_times(rep)), ("Server service time", _server_times(rep)),
-            ("Memory", f"{rep.memory_mb:.0f} MB in use, {rep.spilled_mb:.0f} MB spilled"),
-            ("Executor", "N/A" if res is None else f"{res.memory} MB, {res.vcores} vcores"),
-            ("Directive acted on", str(rep.directive_version)),
-        ])
-    d = app.directive
-    if d is None:
-        out += f"<p>Policy <b>{escape(rm.cfg.policy)}</b> has sent no directive.</p>"
-    else:
-        delivered = "delivered" if app.delivered_directive_version >= d.version else "not yet delivered"
-        nodes = f" on {escape(', '.join(d.nodes))}" if d.nodes else ""
-        group = f", group {escape(d.group)}" if d.group is not None else ""
-        state = f", {escape(d.run_state.value)}" if d.run_state is not RunState.RUN else ""
-        out += (f"<p>Policy <b>{escape(rm.cfg.policy)}</b> directive v{d.version} ({delivered}): "
-                f"{d.workers} workers, {d.servers} servers{nodes}{group}{state}. {escape(d.reason)}</p>")
+def _markers(hist: ShapeHistory, decisions: list[DecisionRecord], t0: float) -> list[Marker]:
+    out = [Marker(c.t - t0, change_label(c), "shape") for c in hist.changes]
+    out += [Marker(r.t - t0, decision_label(r), "pause" if r.directive.run_state.value == "pause" else "directive")
+            for r in decisions]
     return out
+
+
+def _per_epoch(samples: list[ShapeSample]) -> list[ShapeSample]:
+    """One sample per epoch: the report that first carried it."""
+    seen: set[int] = set()
+    out = []
+    for s in samples:
+        if s.epoch is not None and s.epoch not in seen:
+            seen.add(s.epoch)
+            out.append(s)
+    return out
+
+
+def _points(samples: list[ShapeSample], attr: str, t0: float) -> list[tuple[float, float]]:
+    out = []
+    for s in samples:
+        v = getattr(s, attr)
+        if v is not None:
+            out.append((s.t - t0, float(v)))
+    return out
+
+
+# (css id suffix, title, y format, per epoch?, [(sample attribute, JSON key, label)])
+CHARTS: tuple[tuple[str, str, str, bool, tuple[tuple[str, str, str], ...]], ...] = (
+    ("speed", "Speed (iterations/s)", "num", False, (("speed", "speed", "speed"),)),
+    ("epoch-time", "Epoch time (s)", "num", True, (("epoch_time_s", "epochTimeS", "epoch time"),)),
+    ("objective", "Objective", "num", True, (("objective", "objective", "objective"),)),
+    ("shape", "Workers and servers", "int", False, (("workers", "workers", "workers"),
+                                                     ("servers", "servers", "servers"))),
+)
+
+
+def _charts(rm: "ResourceManagerServer", app: App, t0: float) -> str:
+    hist = app.shape_history
+    samples = hist.samples
+    markers = _markers(hist, rm.core.decisions.for_app(app.app_id), t0)
+    src = f"/ws/v1/cluster/apps/{urllib.parse.quote(app.app_id, safe='')}/shape"
+    out = []
+    for suffix, title, y_fmt, per_epoch, keys in CHARTS:
+        chosen = _per_epoch(samples) if per_epoch else samples
+        series = [Series(label, _points(chosen, attr, t0)) for attr, _, label in keys]
+        spec = {"title": title, "xFmt": "s", "yFmt": y_fmt, "t0": int(t0 * 1000), "perEpoch": per_epoch,
+                "series": [{"path": ["shape", "samples"], "x": "time", "y": key, "label": label}
+                           for _, key, label in keys],
+                "markers": [{"path": ["shape", "history"], "type": "changes"},
+                            {"path": ["shape", "decisions"], "type": "decisions"}]}
+        out.append(live_chart(f"chart-{suffix}", src, spec,
+                              chart(title, series, markers, y_fmt=y_fmt, css_class=f"chart {suffix}")))
+    legend = ('<p class="legend">Dashed lines: <span style="color:#c0392b">shape change</span>, '
+              '<span style="color:#7f8c8d">directive</span>, <span style="color:#e67e22">pause</span> '
+              "(hover for details).</p>")
+    return f'<div class="charts">{"".join(out)}</div>{legend}'
 
 
 def _change_cell(before: Optional[int], after: Optional[int], first: bool) -> str:
     """"2 &rarr; 4" when the count changed, else just the count."""
-    return _opt(after) if first or before == after else f"{_opt(before)} &rarr; {_opt(after)}"
+    def text(v: Optional[int]) -> str:
+        return "N/A" if v is None else str(v)
+    return text(after) if first or before == after else f"{text(before)} &rarr; {text(after)}"
 
 
 def _changes_table(hist: ShapeHistory, t0: float) -> str:
@@ -132,53 +150,51 @@ def _changes_table(hist: ShapeHistory, t0: float) -> str:
     for c in hist.changes:
         bw, bs = c.before if c.before is not None else (None, None)
         first = c.before is None
-        rows.append([escape(_when(c.t)), f"{c.t - t0:.0f}", _change_cell(bw, c.after[0], first),
+        rows.append([escape(fmt_time(c.t * 1000)), f"{c.t - t0:.0f}", _change_cell(bw, c.after[0], first),
                      _change_cell(bs, c.after[1], first)])
     return html_table(["Time", "Seconds since start", "Workers", "Servers"], rows)
 
 
-def _charts(hist: ShapeHistory, t0: float) -> str:
-    samples = hist.samples
-    speed = [(s.t - t0, s.speed) for s in samples if s.speed is not None]
-    # One point per epoch: the report that first carried it.
-    epoch_time: list[tuple[float, float]] = []
-    objective: list[tuple[float, float]] = []
-    seen: set[int] = set()
-    for s in samples:
-        if s.epoch is None or s.epoch in seen:
-            continue
-        seen.add(s.epoch)
-        if s.epoch_time_s is not None:
-            epoch_time.append((s.t - t0, s.epoch_time_s))
-        if s.objective is not None:
-            objective.append((s.t - t0, s.objective))
-    out = line_chart("Speed (iterations/s)", speed, css_class="chart speed")
-    if epoch_time:
-        out += line_chart("Epoch time (s)", epoch_time, css_class="chart epoch-time")
-    if objective:
-        out += line_chart("Objective", objective, css_class="chart objective")
-    return out
+def _tracking(app: App, j: dict[str, Any]) -> str:
+    # Tracking URLs come from AMs: only http(s) ones become links.
+    if app.tracking_url.startswith(("http://", "https://")):
+        return f'<a href="{escape(app.tracking_url)}">{escape(j["trackingUI"])}</a>'
+    return escape(j["trackingUI"])
 
 
-def render_app_page(rm: "ResourceManagerServer", app: App) -> str:
+def render_app_page(rm: "ResourceManagerServer", app: App, now_ms: Optional[float] = None) -> str:
     """The HTML page of one application."""
-    body = f"<h1>Application {escape(app.app_id)}</h1>{_overview(rm, app)}"
+    now = rm.core.clock() * 1000 if now_ms is None else now_ms
+    j = views.app_json(rm.core, app)
+    quoted = urllib.parse.quote(app.app_id, safe="")
+    body = (f"<h1>Application {escape(app.app_id)}</h1>"
+            f'{live_fields("app", f"/ws/v1/cluster/apps/{quoted}", ["app"], APP_FIELDS, j, now)}'
+            + static_fields([("Tracking URL", _tracking(app, j)),
+                             ("Attempts", f"{len(app.attempts)} of at most {app.max_attempts}")]))
+    shape_src = f"/ws/v1/cluster/apps/{quoted}/shape"
     if app.app_type.upper() == ps_job_spec.APPLICATION_TYPE:
         t0 = app.start_time or app.submit_time
-        hist = app.shape_history
-        body += (f"<h2>Current shape</h2>{_current_shape(rm, app)}"
-                 f"<h2>Shape changes</h2>{_changes_table(hist, t0)}"
-                 f"<h2>Training over time</h2>{_charts(hist, t0)}")
+        sj = views.shape_json(rm.core, app)
+        note = ("" if app.shape is not None else
+                note_until(shape_src, ["shape", "current"], "The application master has not reported its shape yet."))
+        directive = ("" if app.directive is not None else
+                     note_until(shape_src, ["shape", "directive"], f"Policy {rm.cfg.policy} has sent no directive."))
+        directive += live_fields("directive", shape_src, ["shape"], DIRECTIVE_FIELDS, sj, now)
+        body += (f"<h2>Current shape</h2>{note}"
+                 f'{live_fields("shape", shape_src, ["shape"], SHAPE_FIELDS, sj, now)}'
+                 f"<h2>Directive</h2>{directive}"
+                 f"<h2>Training over time</h2>{_charts(rm, app, t0)}"
+                 f"<h2>Shape changes</h2>{_changes_table(app.shape_history, t0)}")
     elif app.shape is not None:
-        body += "<h2>Reported shape</h2>" + _fields([(str(k), escape(v)) for k, v in app.shape.to_json().items()])
-    return _page(f"Application {app.app_id}", body)
+        body += "<h2>Reported shape</h2>" + static_fields([(str(k), escape(v)) for k, v in app.shape.to_json().items()])
+    return page(f"Application {app.app_id}", body, active="/cluster/apps")
 
 
 def render_not_found(app_id: str) -> str:
     """The 404 page for an application the RM does not know."""
-    return _page("Application not found",
-                 f"<h1>Application not found</h1><p>The ResourceManager knows no application "
-                 f"<code>{escape(app_id)}</code>.</p>")
+    return page("Application not found",
+                f"<h1>Application not found</h1><p>The ResourceManager knows no application "
+                f"<code>{escape(app_id)}</code>.</p>", active="/cluster/apps")
 
 
 class AppPage:

@@ -4,17 +4,13 @@ from __future__ import annotations
 import re
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from protocol import internal_api as api
 from protocol import tokens
-from protocol.config import ClusterConfig, RMConfig
 from protocol.job_report import JobReport
-from protocol.records import Resource
-from rm.model import AmSpec
-from rm.server import ResourceManagerServer
 from rm.shape_history import ShapeHistory, ShapeSample
-from rm.testing import SECRET, FakeClock, launch_and_register, register
+from rm.testing import SECRET, launch_and_register
+from web_page_env import PageEnv, page_env_of
 
 
 # ----- ShapeHistory on its own -------------------------------------------------------------------
@@ -50,45 +46,16 @@ def test_sample_keeps_the_scalar_fields_and_drops_non_finite_numbers():
 
 # ----- the page over HTTP --------------------------------------------------------------------------
 
-class PageEnv:
-    """An in-process RM (no timers, fake clock) with an HTTP test client."""
-
-    def __init__(self, rm: ResourceManagerServer, client: TestClient, clock: FakeClock):
-        self.rm, self.client, self.clock = rm, client, clock
-
-    def submit(self, name: str = "job", app_type: str = "YARN") -> str:
-        core = self.rm.core
-        app_id = core.new_application()
-        core.submit(app_id, "alice", name, "default", app_type, AmSpec(["true"], {}, {}, Resource(1024, 1)),
-                    2, {}, None)
-        core.app_saved(app_id)
-        return app_id
-
-    async def get(self, path: str, status: int = 200) -> str:
-        resp = await self.client.get(path)
-        text = await resp.text()
-        assert resp.status == status, f"GET {path}: {resp.status} {text}"
-        assert resp.content_type == "text/html"
-        return text
-
-
 @pytest.fixture
 async def page_env(tmp_path):
-    clock = FakeClock()
-    rm = ResourceManagerServer(RMConfig(state_dir=str(tmp_path / "state")),
-                               ClusterConfig(secret=SECRET, admins=["root"]), clock=clock, run_timers=False)
-    register(rm.core, "n1:1")
-    client = TestClient(TestServer(rm.build_app()))
-    await client.start_server()
-    yield PageEnv(rm, client, clock)
-    await rm.stop()
-    await client.close()
+    async for env in page_env_of(tmp_path):
+        yield env
 
 
 async def test_plain_app_page_and_link_from_cluster_page(page_env: PageEnv):
     app_id = page_env.submit(name="wordcount")
-    cluster = await page_env.get("/cluster")
-    assert f'href="/cluster/app/{app_id}"' in cluster
+    apps = await page_env.get("/cluster/apps")
+    assert f'href="/cluster/app/{app_id}"' in apps
     page = await page_env.get(f"/cluster/app/{app_id}")
     for text in (app_id, "wordcount", "alice", "default", "YARN", "ACCEPTED", "UNDEFINED"):
         assert text in page
@@ -107,11 +74,18 @@ async def test_user_values_are_escaped(page_env: PageEnv):
     core = page_env.rm.core
     claims = launch_and_register(core, app_id)
     core.am_finish(claims, api.AmFinishRequest(final_status="FAILED", diagnostics='<img src=x onerror="boom">'))
-    for path in (f"/cluster/app/{app_id}", "/cluster"):
+    for path in (f"/cluster/app/{app_id}", "/cluster/apps", "/cluster/apps/FINISHED"):
         page = await page_env.get(path)
         assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     page = await page_env.get(f"/cluster/app/{app_id}")
     assert "<img" not in page and "&lt;img src=x" in page
+
+
+def field(html: str, label: str) -> str:
+    """The value cell of a field table's row `label`, tags stripped."""
+    m = re.search(r"<th>" + re.escape(label) + r"</th><td[^>]*>(.*?)</td>", html)
+    assert m, f"no field {label!r}"
+    return re.sub(r"<[^>]+>", "", m.group(1))
 
 
 def _report(workers: int, servers: int, iterations: int, speed: float, epoch: int, epoch_time: float,
@@ -137,10 +111,12 @@ async def test_ps_app_page_shows_shape_changes_and_charts(page_env: PageEnv):
         core.allocate(claims, api.AllocateRequest(response_id=i, progress=0.1 * i, shape=rep))
     page = await page_env.get(f"/cluster/app/{app_id}")
     shape = page.split("<h2>Current shape</h2>")[1].split("<h2>")[0]
-    assert "<th>Workers</th><td>4</td>" in shape and "<th>Servers</th><td>2</td>" in shape
-    assert "<th>Iterations</th><td>300</td>" in shape and "2.6 iterations/s" in shape
-    assert "<th>Phase</th><td>TRAINING</td>" in shape and "<th>Memory</th><td>600 MB in use" in shape
-    assert "compute 12 ms, communication 3 ms per mini-batch" in shape
+    assert "has not reported" not in shape
+    expected = {"Workers": "4", "Servers": "2", "Iterations": "300", "Speed": "2.6 it/s", "Phase": "TRAINING",
+                "Epoch": "4", "Last epoch time": "19 s", "Objective": "0.4", "Memory in use": "600 MB",
+                "Worker compute per mini-batch": "12 ms", "Worker communication per mini-batch": "3 ms",
+                "Alpha (Harmony)": "N/A", "Executor memory": "512 MB"}
+    assert {k: field(shape, k) for k in expected} == expected
     changes = page.split("<h2>Shape changes</h2>")[1].split("<h2>")[0]
     rows = re.findall(r"<tr>(.*?)</tr>", changes)[1:]
     cells = [re.findall(r"<td>(.*?)</td>", r) for r in rows]
@@ -151,6 +127,9 @@ async def test_ps_app_page_shows_shape_changes_and_charts(page_env: PageEnv):
         assert f'aria-label="{title}"' in charts
     speed_svg = charts.split('aria-label="Speed (iterations/s)"')[1].split("</svg>")[0]
     assert len(re.search(r'<polyline[^>]* points="([^"]*)"', speed_svg).group(1).split()) == 4
+    # The shape changes are marked on the time axis of every chart.
+    assert speed_svg.count('class="marker shape"') == 3
+    assert "shape: 2 \u2192 4 workers, 1 \u2192 1 servers" in speed_svg
 
 
 async def test_ps_app_bad_shape_report_changes_no_history(page_env: PageEnv):

@@ -1,0 +1,59 @@
+"""An in-process RM (no timers, fake clock) behind an HTTP test client, for the web UI page tests."""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Optional
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from protocol.config import ClusterConfig, RMConfig
+from protocol.records import Resource
+from rm.model import AmSpec
+from rm.server import ResourceManagerServer
+from rm.testing import SECRET, FakeClock, register
+
+
+class PageEnv:
+    """The RM, its test client and its clock."""
+
+    def __init__(self, rm: ResourceManagerServer, client: TestClient, clock: FakeClock):
+        self.rm, self.client, self.clock = rm, client, clock
+
+    def submit(self, name: str = "job", app_type: str = "YARN", user: str = "alice") -> str:
+        core = self.rm.core
+        app_id = core.new_application()
+        core.submit(app_id, user, name, "default", app_type, AmSpec(["true"], {}, {}, Resource(1024, 1)),
+                    2, {}, None)
+        core.app_saved(app_id)
+        return app_id
+
+    async def get(self, path: str, status: int = 200) -> str:
+        resp = await self.client.get(path)
+        text = await resp.text()
+        assert resp.status == status, f"GET {path}: {resp.status} {text}"
+        assert resp.content_type == "text/html"
+        return text
+
+    async def get_json(self, path: str) -> Any:
+        resp = await self.client.get(path)
+        assert resp.status == 200, f"GET {path}: {resp.status}"
+        return await resp.json()
+
+
+async def page_env_of(tmp_path: Any, utilization: Optional[dict[str, Any]] = None) -> AsyncIterator[PageEnv]:
+    """A PageEnv with node n1:1 registered; `utilization` (when given) is served as the RM's
+    /ws/v1/cluster/utilization answer, as the metrics part of the RM would."""
+    clock = FakeClock()
+    rm = ResourceManagerServer(RMConfig(state_dir=str(tmp_path / "state")),
+                               ClusterConfig(secret=SECRET, admins=["root"]), clock=clock, run_timers=False)
+    register(rm.core, "n1:1")
+    app = rm.build_app()
+    if utilization is not None:
+        async def serve(request: web.Request) -> web.Response:
+            return web.json_response(utilization)
+        app.router.add_get("/ws/v1/cluster/utilization", serve)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    yield PageEnv(rm, client, clock)
+    await rm.stop()
+    await client.close()
