@@ -86,17 +86,27 @@ class ElasticJob:
         workers, servers = self.split(n)
         now = {p.node: (p.workers, p.servers) for p in self.current}
         nodes = sorted(k for k, v in per_node.items() if v > 0)
+        # Keep each node's current workers, then its servers, within the new count; the slots left
+        # over take the workers still missing (first nodes first), then kept servers turn into
+        # workers if need be -- or, with too many workers kept, the last nodes' workers turn into
+        # servers.
         w_on = {k: min(per_node[k], now.get(k, (0, 0))[0]) for k in nodes}
-        excess = sum(w_on.values()) - workers
-        for k in reversed(nodes):          # too many kept: drop workers from the last nodes
-            drop = min(excess, w_on[k]) if excess > 0 else 0
-            w_on[k] -= drop
-            excess -= drop
+        s_kept = {k: min(per_node[k] - w_on[k], now.get(k, (0, 0))[1]) for k in nodes}
         short = workers - sum(w_on.values())
-        for k in nodes:                    # too few: fill the other slots, first nodes first
-            add = min(short, per_node[k] - w_on[k])
-            w_on[k] += add
-            short -= add
+        for free_only in (True, False):
+            for k in nodes:
+                if short <= 0:
+                    break
+                slots = per_node[k] - w_on[k] - (s_kept[k] if free_only else 0)
+                add = min(short, max(0, slots))
+                w_on[k] += add
+                short -= add
+        for k in reversed(nodes):
+            if short >= 0:
+                break
+            drop = min(-short, w_on[k])
+            w_on[k] -= drop
+            short += drop
         placement = tuple(NodePlacement(node=k, workers=w_on[k], servers=per_node[k] - w_on[k]) for k in nodes)
         return JobDecision(workers, servers, placement, reason=reason)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from protocol.records import Resource
+from protocol.records import ZERO, Resource
 
 from .elastic_jobs import ElasticJob, ElasticView
 
@@ -32,6 +32,12 @@ class Packing:
         # they are when they can (fewer executors move).
         self.unplaced_current: dict[str, dict[int, int]] = {
             j.app_id: {index[node]: n for node, n in j.current_on().items() if node in index} for j in view.jobs}
+        # Per node, what those not yet re-placed executors hold: room another job takes from it
+        # displaces them (see `undisplacing`).
+        self.claimed: list[Resource] = [ZERO] * len(view.nodes)
+        for j in view.jobs:
+            for k, n in self.unplaced_current[j.app_id].items():
+                self.claimed[k] = self.claimed[k] + j.demand.scale(n)
 
     def fits(self, r: Resource, k: int) -> bool:
         return r.fits_in(self.free[k])
@@ -52,6 +58,14 @@ class Packing:
                 return k
         return None
 
+    def undisplacing(self, job: ElasticJob, r: Resource, cands: list[int]) -> list[int]:
+        """Of `cands`, the nodes where `r` fits without the room other jobs' executors now use
+        there (all of `cands` if none): placing there moves no one else's executor."""
+        own = self.unplaced_current[job.app_id]
+        out = [k for k in cands
+               if r.fits_in(self.free[k] - self.claimed[k] + job.demand.scale(own.get(k, 0)))]
+        return out or cands
+
     def take(self, job: ElasticJob, r: Resource, k: int, executor: bool = True) -> None:
         self.free[k] = self.free[k] - r
         if executor:
@@ -60,6 +74,7 @@ class Packing:
             cur = self.unplaced_current[job.app_id]
             if cur.get(k, 0) > 0:
                 cur[k] -= 1
+                self.claimed[k] = self.claimed[k] - job.demand
 
     def place(self, job: ElasticJob, choose: NodeChooser) -> bool:
         """One more executor of `job` on the node `choose` picks; False if none fits."""
@@ -81,7 +96,7 @@ class Packing:
             if job.started:
                 continue
             saved = (list(self.free), {a: dict(c) for a, c in self.counts.items()},
-                     {a: dict(c) for a, c in self.unplaced_current.items()})
+                     {a: dict(c) for a, c in self.unplaced_current.items()}, list(self.claimed))
             ok = True
             if job.am.memory or job.am.vcores:
                 k = choose(self, job, job.am)
@@ -91,19 +106,21 @@ class Packing:
             while ok and self.n(job.app_id) < job.n_min:
                 ok = self.place(job, choose)
             if not ok:
-                self.free, self.counts, self.unplaced_current = saved
+                self.free, self.counts, self.unplaced_current, self.claimed = saved
                 return
 
 
 def least_loaded(packing: Packing, job: ElasticJob, r: Resource) -> Optional[int]:
     """Load balancing (the default placement of Kubernetes the Optimus paper runs DRF with): the
-    node whose room is least used (dominant share), after the job's own current nodes."""
+    node whose room is least used (dominant share). A job's executors stay on the nodes they are
+    on first, and others go where they displace no one's current executor if they can."""
     k = packing.sticky(job, r)
     if k is not None:
         return k
     cands = packing.fitting(r)
     if not cands:
         return None
+    cands = packing.undisplacing(job, r, cands)
     view = packing.view
 
     def used_share(i: int) -> float:

@@ -36,10 +36,12 @@ def alignment(demand: Resource, free: Resource, capacity: Resource) -> float:
 
 
 def best_aligned(packing: Packing, job: ElasticJob, r: Resource) -> Optional[int]:
-    """The node `r` fits on with the highest alignment score (then the job's current node, then id)."""
+    """The node `r` fits on with the highest alignment score (then the job's current node, then id),
+    among those where it displaces no other job's current executor if there are any."""
     cands = packing.fitting(r)
     if not cands:
         return None
+    cands = packing.undisplacing(job, r, cands)
     cap = packing.view.capacity
     current = packing.unplaced_current[job.app_id]
     return max(cands, key=lambda k: (alignment(r, packing.free[k], cap[k]), current.get(k, 0) > 0, -k))
