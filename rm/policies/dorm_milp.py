@@ -90,9 +90,10 @@ class P2Solution:
     utilization: float
 
 
-def solve_p2(p: P2Problem, time_limit_s: float = 2.0) -> Optional[P2Solution]:
-    """P2's optimum (or the best allocation found within `time_limit_s`); None when P2 is
-    infeasible or no feasible allocation was found in time."""
+def solve_p2(p: P2Problem, time_limit_s: float = 2.0, mip_rel_gap: float = 1e-4) -> Optional[P2Solution]:
+    """P2's optimum to within `mip_rel_gap` of utilization (HiGHS's own default 1e-4), or the best
+    allocation found within `time_limit_s`; None when P2 is infeasible or nothing feasible was
+    found in time."""
     a, b, m = p.shape
     if a == 0 or b == 0:
         return None
@@ -107,12 +108,14 @@ def solve_p2(p: P2Problem, time_limit_s: float = 2.0) -> Optional[P2Solution]:
     def xi(i: int, j: int) -> int:
         return i * b + j
 
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fit_all = np.where(p.demand[:, None, :] > 0, p.capacity[None, :, :] / np.where(
+            p.demand[:, None, :] > 0, p.demand[:, None, :], 1), np.inf).min(axis=2)           # (a, b)
     c = np.zeros(n_var)
     c[:n_x] = -np.repeat(util_per_x, b)
     positive = util_per_x[util_per_x > 0]
     eps = 0.5 * (positive.min() if positive.size else 1.0) / (a + 1)
     c[ix_r:ix_r + a] = eps
-    big_m = np.maximum(p.n_max, p.current.max(axis=1) if b else 0).astype(float)
 
     rows: list[sp.coo_matrix] = []
     lbs: list[np.ndarray] = []
@@ -146,19 +149,23 @@ def solve_p2(p: P2Problem, time_limit_s: float = 2.0) -> Optional[P2Solution]:
                              (np.concatenate([np.repeat(np.arange(a), b), np.arange(a)]),
                               np.concatenate([np.arange(n_x), ix_l + np.arange(a)]))), shape=(a, n_var))
         add(mat, sign * p.fair_share.astype(float), np.full(a, np.inf))
-    # (13, 14): M_i r_i + x_ij >= x'_ij and M_i r_i - x_ij >= -x'_ij, for jobs running before
+    # (13, 14) with the tightest M per job and node: x'_ij - x_ij <= x'_ij r_i (x_ij >= 0) and
+    # x_ij - x'_ij <= (u_ij - x'_ij) r_i, u_ij the most executors of job i node j can hold.
     adj = np.flatnonzero(p.adjustable)
     if adj.size:
-        rr = np.arange(adj.size * b)
-        cols_x = (adj[:, None] * b + np.arange(b)[None, :]).reshape(-1)
-        cols_r = np.repeat(ix_r + adj, b)
-        mvals = np.repeat(big_m[adj], b)
-        cur = p.current[adj].reshape(-1).astype(float)
-        for sign in (1.0, -1.0):
-            mat = sp.coo_matrix((np.concatenate([mvals, np.full(rr.size, sign)]),
-                                 (np.concatenate([rr, rr]), np.concatenate([cols_r, cols_x]))),
-                                shape=(rr.size, n_var))
-            add(mat, sign * cur, np.full(rr.size, np.inf))
+        upper_x = fit_all[adj]
+        upper_x = np.minimum(np.floor(upper_x + 1e-9), p.n_max[adj, None].astype(float))
+        cur = p.current[adj].astype(float)                                                  # (adj, b)
+        cols_x = (adj[:, None] * b + np.arange(b)[None, :])
+        cols_r = np.repeat((ix_r + adj)[:, None], b, axis=1)
+        for m_ij, sign, keep in ((cur, 1.0, cur > 0), (upper_x - cur, -1.0, upper_x > cur)):
+            # sign +1: M r + x >= x' ; sign -1: M r - x >= -x'
+            k = int(keep.sum())
+            rr = np.arange(k)
+            mat = sp.coo_matrix((np.concatenate([m_ij[keep], np.full(k, sign)]),
+                                 (np.concatenate([rr, rr]), np.concatenate([cols_r[keep], cols_x[keep]]))),
+                                shape=(k, n_var))
+            add(mat, sign * cur[keep], np.full(k, np.inf))
     # (15) sum_i l_i <= θ1 2m, (16) sum_i r_i <= ceil(θ2 |A^t ∩ A^t-1|)
     one = np.zeros((2, n_var))
     one[0, ix_l:ix_l + a] = 1.0
@@ -171,12 +178,14 @@ def solve_p2(p: P2Problem, time_limit_s: float = 2.0) -> Optional[P2Solution]:
         add(mat, np.ones(len(am_jobs)), np.ones(len(am_jobs)))
 
     lower = np.zeros(n_var)
-    upper = np.concatenate([np.repeat(p.n_max.astype(float), b), np.full(a, np.inf),
+    # x_ij <= the executors of job i node j can hold alone (implied by (6); tighter bounds help the solver)
+    x_upper = np.minimum(np.floor(fit_all + 1e-9), p.n_max[:, None].astype(float)).reshape(-1)
+    upper = np.concatenate([x_upper, np.full(a, np.inf),
                             np.where(p.adjustable, 1.0, 0.0), np.ones(n_y)])
     integrality = np.concatenate([np.ones(n_x), np.zeros(a), np.ones(a), np.ones(n_y)])
     res = milp(c, integrality=integrality, bounds=Bounds(lower, upper),
                constraints=LinearConstraint(sp.vstack(rows).tocsr(), np.concatenate(lbs), np.concatenate(ubs)),
-               options={"time_limit": time_limit_s, "disp": False})
+               options={"time_limit": time_limit_s, "disp": False, "mip_rel_gap": mip_rel_gap})
     if res.x is None:
         return None
     sol = res.x
