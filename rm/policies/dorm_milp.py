@@ -134,11 +134,11 @@ def solve_p2(p: P2Problem, time_limit_s: float = 2.0, mip_rel_gap: float = 1e-4)
                 r_idx.append(np.arange(b) * m + k)
                 c_idx.append(xi(i, 0) + np.arange(b))
                 vals.append(np.full(b, p.demand[i, k], dtype=float))
-        for t, i in enumerate(am_jobs):
-            if p.am[i, k]:
+        for t, i_am in enumerate(am_jobs.tolist()):
+            if p.am[i_am, k]:
                 r_idx.append(np.arange(b) * m + k)
                 c_idx.append(ix_y + t * b + np.arange(b))
-                vals.append(np.full(b, p.am[i, k], dtype=float))
+                vals.append(np.full(b, p.am[i_am, k], dtype=float))
     add(_coo(r_idx, c_idx, vals, b * m, n_var), np.full(b * m, -np.inf), p.capacity.reshape(-1).astype(float))
     # (7, 8): n_min_i <= sum_j x_ij <= n_max_i
     sums = sp.coo_matrix((np.ones(n_x), (np.repeat(np.arange(a), b), np.arange(n_x))), shape=(a, n_var))
@@ -192,8 +192,8 @@ def solve_p2(p: P2Problem, time_limit_s: float = 2.0, mip_rel_gap: float = 1e-4)
     x = np.rint(sol[:n_x]).astype(int).reshape(a, b)
     resized = np.rint(sol[ix_r:ix_r + a]).astype(int)
     am_node = np.full(a, -1)
-    for t, i in enumerate(am_jobs):
-        am_node[i] = int(np.argmax(sol[ix_y + t * b: ix_y + (t + 1) * b]))
+    for t, i_am in enumerate(am_jobs.tolist()):
+        am_node[i_am] = int(np.argmax(sol[ix_y + t * b: ix_y + (t + 1) * b]))
     return P2Solution(x, sol[ix_l:ix_l + a], resized, am_node, float((x.sum(axis=1) * util_per_x).sum()))
 
 
