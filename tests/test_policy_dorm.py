@@ -160,6 +160,22 @@ def test_a_zero_fairness_threshold_gives_every_job_exactly_its_drf_share() -> No
     assert p.fair_share.tolist() == pytest.approx([0.5, 0.25])
 
 
+def test_a_job_that_just_started_is_resized_outside_the_adjustment_budget() -> None:
+    # θ2 = 0: no job running at the last solve may be resized; B, launched since, may.
+    nodes = [node("n1", 4096, 4), node("n2", 4096, 4)]
+    a = job("app_1", E, {"n1": (1, 1)}, workers=1, servers=1, max_workers=2, max_servers=2, submit_time=1)
+    b_new = job("app_2", E, {}, started=False, am_on=None, workers=1, servers=1, max_workers=3, max_servers=3,
+                submit_time=2)
+    b_run = job("app_2", E, {"n2": (1, 1)}, workers=1, servers=1, max_workers=3, max_servers=3, submit_time=2)
+    dorm = DormPolicy(0.1, 0.0)
+    assert dorm.decide(snapshot(nodes, [a])) == policies.Decision()          # A may not grow: θ2 = 0
+    assert dorm.decide(snapshot(nodes, [a, b_new])) == policies.Decision()   # B fits on n2 as it is
+    d = dorm.decide(snapshot(nodes, [a, b_run], am_nodes={"app_2": "n2"}))   # B started: solve again
+    assert set(d.jobs) == {"app_2"}
+    assert d.jobs["app_2"].workers + d.jobs["app_2"].servers == 4               # the two free slots
+    assert dorm.last_problem is not None and dorm.last_problem.adjustable.tolist() == [True, False]
+
+
 def test_problem_uses_the_jobs_weights_for_drf_shares() -> None:
     nodes = [node("n1", 8192, 8)]
     a = job("app_1", E, {"n1": (1, 1)}, workers=1, servers=1, max_workers=8, max_servers=8, weight=3.0,

@@ -2,8 +2,8 @@
 
 Each PS job is an application with Dorm's 6-tuple (protocol/ps_job_spec.py: demand vector = one
 executor's resource, weight, n_min, n_max; the app and the PS AM are the executor and cmd) and a
-partition of the cluster: x_ij executors on node j. When jobs arrive or complete (and when the
-schedulable nodes change) the utilization-fairness optimizer decides new partitions: the MILP P2
+partition of the cluster: x_ij executors on node j. When jobs arrive, start or complete (and when
+the schedulable nodes change) the utilization-fairness optimizer decides new partitions: the MILP P2
 (rm/policies/dorm_milp.py) maximizes utilization with the DRF fairness loss bounded by θ1 and the
 number of resized running jobs by θ2 (RMConfig.dorm_fairness_threshold / dorm_adjustment_threshold,
 conf/rm.toml). ŝ_i, the DRF share each job would have, comes from weighted DRF progressive filling
@@ -17,9 +17,10 @@ checkpoint-kill-resume protocol (elastic_mode "kill", appmaster/ps/kill_restart.
 Departures, and why:
 * A job that has not started is fixed at its submitted shape (rm/policies/elastic_jobs.py): the PS
   AM starts with exactly what it was submitted with and acts on a directive only once training has
-  begun. P2 makes room for it (and for its AM, see dorm_milp.py) and sends it no directive; the
-  set of jobs does not change when it starts, so it keeps the partition it started with until the
-  next arrival or completion.
+  begun. P2 makes room for it (and for its AM, see dorm_milp.py) and sends it no directive. Dorm
+  solves again when it has started ("newly launched", so it does not count in θ2's adjustment
+  overhead, eq. 4) and resizes it then: a job is launched at its submitted shape and moved to the
+  size Dorm decides, instead of being launched at that size.
 * Partitions are computed over the room the jobs' executors share (node capacity less AMs and
   other apps' containers), while shares and utilization are of the whole cluster (Dorm's C_k).
 * A solve is bounded in time (`time_limit_s`; the RM's event loop runs the policy) and stops
@@ -52,8 +53,11 @@ def _vec(r: Resource) -> list[float]:
     return [float(r.memory), float(r.vcores)]
 
 
-def build_problem(view: ElasticView, theta1: float, theta2: float) -> P2Problem:
-    """P2 for the view's jobs and nodes (x' = where each job's executors are now)."""
+def build_problem(view: ElasticView, theta1: float, theta2: float,
+                  running_before: Optional[frozenset[str]] = None) -> P2Problem:
+    """P2 for the view's jobs and nodes (x' = where each job's executors are now). The adjustable
+    jobs (A^t ∩ A^t-1) are the started ones that were running at the last solve too (`running_before`;
+    None: every started job)."""
     jobs, nodes = view.jobs, view.nodes
     index = {n: k for k, n in enumerate(nodes)}
     current = np.zeros((len(jobs), len(nodes)), dtype=int)
@@ -71,13 +75,16 @@ def build_problem(view: ElasticView, theta1: float, theta2: float) -> P2Problem:
         capacity=np.array([_vec(r) for r in view.room]).reshape(len(nodes), 2),
         total=np.array(_vec(view.total)),
         n_min=np.array([j.n_min for j in jobs]), n_max=np.array([j.n_max for j in jobs]),
-        fair_share=share, current=current, adjustable=np.array([j.started for j in jobs], dtype=bool),
+        fair_share=share, current=current,
+        adjustable=np.array([j.started and (running_before is None or j.app_id in running_before) for j in jobs],
+                            dtype=bool),
         am=np.array([_vec(j.am) for j in jobs]).reshape(len(jobs), 2), theta1=theta1, theta2=theta2)
 
 
 class DormPolicy:
     """Dorm's utilization-fairness optimizer as an Elastane policy (see the module doc). Keeps, between
-    calls, the job and node sets it last solved for (it solves again only when they change)."""
+    calls, the job, running-job and node sets it last solved for (it solves again only when they
+    change; the running jobs then are A^t-1)."""
 
     name = "dorm"
 
@@ -90,7 +97,7 @@ class DormPolicy:
         self.theta2 = adjustment_threshold
         self.time_limit_s = time_limit_s
         self.mip_rel_gap = mip_rel_gap
-        self._solved_for: Optional[tuple[frozenset[str], tuple[str, ...]]] = None
+        self._solved_for: Optional[tuple[frozenset[str], frozenset[str], tuple[str, ...]]] = None
         self.last_solution: Optional[P2Solution] = None     # for the web UI / tests: the last P2 solved
         self.last_problem: Optional[P2Problem] = None
 
@@ -100,11 +107,13 @@ class DormPolicy:
 
     def decide(self, snapshot: ClusterSnapshot) -> Decision:
         view = elastic_view(snapshot)
-        key = (frozenset(j.app_id for j in view.jobs), view.nodes)
+        running = frozenset(j.app_id for j in view.started)
+        key = (frozenset(j.app_id for j in view.jobs), running, view.nodes)
         if key == self._solved_for or not view.jobs or not view.nodes:
             return Decision()
+        before = self._solved_for[1] if self._solved_for is not None else None
         self._solved_for = key
-        problem = build_problem(view, self.theta1, self.theta2)
+        problem = build_problem(view, self.theta1, self.theta2, before)
         solution = solve_p2(problem, self.time_limit_s, self.mip_rel_gap)
         self.last_problem, self.last_solution = problem, solution
         if solution is None:

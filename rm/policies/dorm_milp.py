@@ -44,8 +44,8 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 @dataclass(frozen=True)
 class P2Problem:
     """One instance of P2. Arrays: demand (a, m), capacity (b, m), total (m,), n_min / n_max (a,),
-    fair_share ŝ (a,), current x' (a, b), adjustable (a,) bool: running before and now (has r_i),
-    am (a, m): an AM to place (zero row: none)."""
+    fair_share ŝ (a,), current x' (a, b), adjustable (a,) bool: running before and now (A^t ∩
+    A^t-1, the jobs (16) counts), am (a, m): an AM to place (zero row: none)."""
 
     demand: np.ndarray
     capacity: np.ndarray
@@ -80,7 +80,8 @@ class P2Problem:
 
 @dataclass(frozen=True)
 class P2Solution:
-    """x (a, b) executors per job and node, l (a,) fairness losses, r (a,) resized (0/1), am_node
+    """x (a, b) executors per job and node, l (a,) fairness losses, r (a,) moved (0/1; (16) counts
+    the adjustable jobs'), am_node
     (a,) the node index of each AM placed (-1: none), and the utilization (10) reached."""
 
     x: np.ndarray
@@ -151,7 +152,10 @@ def solve_p2(p: P2Problem, time_limit_s: float = 2.0, mip_rel_gap: float = 1e-4)
         add(mat, sign * p.fair_share.astype(float), np.full(a, np.inf))
     # (13, 14) with the tightest M per job and node: x'_ij - x_ij <= x'_ij r_i (x_ij >= 0) and
     # x_ij - x'_ij <= (u_ij - x'_ij) r_i, u_ij the most executors of job i node j can hold.
-    adj = np.flatnonzero(p.adjustable)
+    # Every job holding executors gets r_i (the cost on r_i keeps it where it is when nothing is
+    # gained by moving it); only the jobs running before and now count in (16).
+    tracked = p.adjustable | (p.current.sum(axis=1) > 0)
+    adj = np.flatnonzero(tracked)
     if adj.size:
         upper_x = fit_all[adj]
         upper_x = np.minimum(np.floor(upper_x + 1e-9), p.n_max[adj, None].astype(float))
@@ -169,7 +173,7 @@ def solve_p2(p: P2Problem, time_limit_s: float = 2.0, mip_rel_gap: float = 1e-4)
     # (15) sum_i l_i <= θ1 2m, (16) sum_i r_i <= ceil(θ2 |A^t ∩ A^t-1|)
     one = np.zeros((2, n_var))
     one[0, ix_l:ix_l + a] = 1.0
-    one[1, ix_r:ix_r + a] = 1.0
+    one[1, ix_r:ix_r + a] = p.adjustable.astype(float)
     add(sp.coo_matrix(one), np.full(2, -np.inf), np.array([p.loss_bound(), float(p.adjustment_bound())]))
     # each AM on exactly one node
     if n_y:
@@ -181,7 +185,7 @@ def solve_p2(p: P2Problem, time_limit_s: float = 2.0, mip_rel_gap: float = 1e-4)
     # x_ij <= the executors of job i node j can hold alone (implied by (6); tighter bounds help the solver)
     x_upper = np.minimum(np.floor(fit_all + 1e-9), p.n_max[:, None].astype(float)).reshape(-1)
     upper = np.concatenate([x_upper, np.full(a, np.inf),
-                            np.where(p.adjustable, 1.0, 0.0), np.ones(n_y)])
+                            np.where(tracked, 1.0, 0.0), np.ones(n_y)])
     integrality = np.concatenate([np.ones(n_x), np.zeros(a), np.ones(a), np.ones(n_y)])
     res = milp(c, integrality=integrality, bounds=Bounds(lower, upper),
                constraints=LinearConstraint(sp.vstack(rows).tocsr(), np.concatenate(lbs), np.concatenate(ubs)),
