@@ -1,4 +1,5 @@
-"""The `dorm` policy driving real PS AMs on a local cluster.
+"""The `dorm` policy (and the `drf` and `tetris` baselines, the same way) driving real PS AMs on a
+local cluster.
 
 Two nodes of three 1-vcore slots (320 MB executors, 384 MB AMs). Job A (MLR, 1 worker + 1 server,
 up to 2 + 2, elastic_mode "eps") starts; Dorm solves again once it runs and, the cluster having
@@ -20,11 +21,12 @@ from protocol import container_env
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture(scope="module")
-def dorm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    with running_cluster(tmp_path_factory.mktemp("dorm-cluster"), nodes=2, node_memory_mb=1536, node_vcores=3,
-                         nm_expiry_s=5, am_expiry_s=10, policy="dorm") as c:
-        yield c
+@pytest.fixture(scope="module", params=["dorm", "drf", "tetris"])
+def policy_cluster(request: pytest.FixtureRequest,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
+    with running_cluster(tmp_path_factory.mktemp(f"{request.param}-cluster"), nodes=2, node_memory_mb=1536,
+                         node_vcores=3, nm_expiry_s=5, am_expiry_s=10, policy=request.param) as c:
+        yield c, request.param
 
 
 def submit(cluster: Any, spec: dict[str, Any], name: str) -> str:
@@ -41,7 +43,8 @@ def done_directives(cluster: Any, app_id: str, seen: dict[str, Any]) -> list[dic
     return [d for d in directives if d.get("seconds", 0) > 0 or d.get("error")]
 
 
-def test_dorm_grows_a_job_in_place_then_shrinks_it_for_an_arriving_one(dorm_cluster) -> None:
+def test_policy_grows_a_job_in_place_then_shrinks_it_for_an_arriving_one(policy_cluster) -> None:
+    dorm_cluster, policy = policy_cluster
     a = submit(dorm_cluster, {"app": "mlr", "workers": 1, "servers": 1, "max_workers": 2, "max_servers": 2,
                               "max_epochs": 100_000, "convergence_threshold": 1e-12}, "dorm-a")
     b = None
@@ -49,7 +52,7 @@ def test_dorm_grows_a_job_in_place_then_shrinks_it_for_an_arriving_one(dorm_clus
     try:
         def grown() -> bool:
             return any((d["workers"], d["servers"]) == (2, 2) for d in done_directives(dorm_cluster, a, seen))
-        wait_until(grown, 120, "job A grown to 2 workers + 2 servers by dorm")
+        wait_until(grown, 120, "job A grown to 2 workers + 2 servers by the policy")
 
         b = submit(dorm_cluster, {"app": "mlr", "workers": 1, "servers": 1, "max_epochs": 2}, "dorm-b")
         app_b = wait_app(dorm_cluster.rm_url, b, ("FINISHED",), 180)
@@ -72,7 +75,7 @@ def test_dorm_grows_a_job_in_place_then_shrinks_it_for_an_arriving_one(dorm_clus
     versions = [d["version"] for d in directives]
     assert versions == sorted(set(versions)), versions          # each version acted on once, in order
     grow = next(d for d in directives if (d["workers"], d["servers"]) == (2, 2))
-    assert grow["error"] == "" and grow["reason"].startswith("dorm:") and grow["nodes"], grow
+    assert grow["error"] == "" and grow["reason"].startswith(policy + ":") and grow["nodes"], grow
     assert all(name.startswith("add_") for name, _ in grow["steps"]), grow
     shrink = next(d for d in directives if d["version"] > grow["version"] and d["workers"] + d["servers"] < 4)
     assert shrink["error"] == "" and any(name.startswith("remove_") for name, _ in shrink["steps"]), shrink
