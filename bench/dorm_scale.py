@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--max-jobs", type=int, default=256)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    limit = max(5.0, 5 * args.budget_s)
+    limit = max(2.0, 3 * args.budget_s)
     out: dict[str, object] = {}
     for label, gap in (("", DEFAULT_MIP_REL_GAP), ("_optimal", 1e-4)):
         print(f"-- P2 solved to within {gap:g} of the best utilization", flush=True)
