@@ -7,7 +7,7 @@ import pytest
 
 from partition_snapshots import job, node, snapshot
 from protocol.records import ZERO, Resource
-from rm.policies import ClusterSnapshot, Decision, DrfPolicy, TetrisPolicy
+from rm.policies import ClusterSnapshot, Decision, DrfPolicy, NodeView, TetrisPolicy
 from rm.policies.drf import drf_counts
 from rm.policies.elastic_jobs import ElasticJob, elastic_view
 from rm.policies.tetris import alignment
@@ -141,3 +141,12 @@ def test_a_decision_keeps_roles_on_their_nodes() -> None:
     jd = j.decision({"n1": 1, "n2": 1}, "test")
     assert (jd.workers, jd.servers) == (1, 1) and {p.node for p in jd.placement} == {"n1", "n2"}
     assert j.split(2) == (1, 1) and j.split(8) == (4, 4) and ZERO == Resource()
+
+
+@pytest.mark.parametrize("policy", [DrfPolicy, TetrisPolicy])
+def test_too_little_room_for_a_jobs_minimum_gives_it_no_directive(policy) -> None:
+    # Its second node is gone: one slot is left for a job that needs two.
+    nodes = [node("n1", 2048, 2), NodeView("n2", "/default-rack", "LOST", Resource(2048, 2), ZERO)]
+    a = job("app_1", E, {"n1": (1, 0), "n2": (0, 1)}, workers=1, servers=1, max_workers=2, max_servers=2)
+    snap = snapshot(nodes, [a])
+    assert policy().decide(snap) == Decision()

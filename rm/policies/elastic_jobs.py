@@ -76,7 +76,7 @@ class ElasticJob:
         ratio = self.workers / (self.workers + self.servers) if self.workers + self.servers else 0.5
         lo = max(self.min_workers, n - self.max_servers)
         hi = min(self.max_workers, n - self.min_servers)
-        w = min(hi, max(lo, round(n * ratio)))
+        w = max(0, min(n, hi, max(lo, round(n * ratio))))
         return w, n - w
 
     def decision(self, per_node: dict[str, int], reason: str) -> JobDecision:
@@ -110,10 +110,6 @@ class ElasticJob:
         placement = tuple(NodePlacement(node=k, workers=w_on[k], servers=per_node[k] - w_on[k]) for k in nodes)
         return JobDecision(workers, servers, placement, reason=reason)
 
-    def placement_now(self) -> tuple[NodePlacement, ...]:
-        """`current` without empty nodes, sorted by node (the form `decision` builds)."""
-        return tuple(sorted((p for p in self.current if p.workers + p.servers), key=lambda p: p.node))
-
 
 @dataclass(frozen=True)
 class ElasticView:
@@ -131,8 +127,10 @@ class ElasticView:
         return tuple(j for j in self.jobs if j.started)
 
     def changed(self, job: ElasticJob, per_node: dict[str, int]) -> bool:
-        """Whether `per_node` differs from where the job's executors are now."""
-        return {k: v for k, v in per_node.items() if v} != job.current_on()
+        """Whether `per_node` is a partition within the job's bounds that differs from where its
+        executors are now (one below n_min -- room lost with a node -- is no directive to give)."""
+        n = sum(per_node.values())
+        return job.n_min <= n <= job.n_max and {k: v for k, v in per_node.items() if v} != job.current_on()
 
 
 @dataclass(frozen=True)
@@ -204,9 +202,4 @@ def clamp0(r: Resource) -> Resource:
     return Resource(max(0, r.memory), max(0, r.vcores))
 
 
-def per_container_share(demand: Resource, total: Resource) -> float:
-    """The dominant share one executor of `demand` adds (Dorm's s_i per container)."""
-    return demand.dominant_share(total)
-
-
-__all__ = ["ElasticJob", "ElasticView", "clamp0", "elastic_view", "per_container_share"]
+__all__ = ["ElasticJob", "ElasticView", "clamp0", "elastic_view"]
