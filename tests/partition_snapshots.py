@@ -37,6 +37,8 @@ def snapshot(nodes: list[NodeView], apps: list[AppView], am_nodes: Optional[dict
     AM container on any node (the policies see it as granted once it holds executors)."""
     used: dict[str, Resource] = {n.node_id: ZERO for n in nodes}
     for a in apps:
+        if "ps-job" not in (a.elastane or {}):
+            continue            # another app: nothing of it runs yet
         ex = a.shape.executor_resource if a.shape and a.shape.executor_resource else None
         spec = (a.elastane or {})["ps-job"]
         ex = ex or Resource(spec["executor_memory_mb"], spec["executor_vcores"])

@@ -7,7 +7,7 @@ import pytest
 
 from partition_snapshots import job, node, snapshot
 from protocol.records import ZERO, Resource
-from rm.policies import ClusterSnapshot, Decision, DrfPolicy, NodeView, TetrisPolicy
+from rm.policies import AppView, ClusterSnapshot, Decision, DrfPolicy, NodeView, TetrisPolicy
 from rm.policies.drf import drf_counts
 from rm.policies.elastic_jobs import ElasticJob, elastic_view
 from rm.policies.tetris import alignment
@@ -150,3 +150,12 @@ def test_too_little_room_for_a_jobs_minimum_gives_it_no_directive(policy) -> Non
     a = job("app_1", E, {"n1": (1, 0), "n2": (0, 1)}, workers=1, servers=1, max_workers=2, max_servers=2)
     snap = snapshot(nodes, [a])
     assert policy().decide(snap) == Decision()
+
+
+@pytest.mark.parametrize("policy", [DrfPolicy, TetrisPolicy])
+def test_another_apps_waiting_demand_is_left_free(policy) -> None:
+    nodes = [node("n1", 8192, 8)]
+    a = job("app_1", E, {"n1": (1, 1)}, max_workers=8, max_servers=8, am_on=None, submit_time=1)
+    shell = AppView("app_9", "default", "bob", "ACCEPTED", 2.0, ZERO, pending=Resource(2048, 2))
+    d = policy().decide(snapshot(nodes, [a, shell]))
+    assert d.jobs["app_1"].workers + d.jobs["app_1"].servers == 6      # 8 slots less the 2 it waits for

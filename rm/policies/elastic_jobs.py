@@ -12,7 +12,9 @@ node -- and resize the partitions. Here a snapshot becomes:
 * per node: the room the jobs' executors may share (`ElasticView.room`): the node's capacity less
   what is not theirs to move (AM containers, other apps, containers still being released).
 * the AMs still to be placed: a job whose AM container is not granted needs room for it too, or a
-  cluster the policy keeps full would never start another job.
+  cluster the policy keeps full would never start another job. Likewise the ungranted demand of
+  apps that are not PS jobs is kept out of the room (from the roomiest nodes; an approximation:
+  their asks' sizes and locality are not looked at).
 
 Apps held back by their queue's AM limit (`AppView.am_limited`) are left out, as in `eps`: the
 scheduler will not start them whatever is free.
@@ -193,8 +195,18 @@ def elastic_view(snapshot: ClusterSnapshot) -> ElasticView:
         for p in by_id[j.app_id].executors:
             held[p.node] = held.get(p.node, ZERO) + j.demand.scale(p.workers + p.servers)
     nodes = sorted((n for n in snapshot.nodes if n.state == "RUNNING"), key=lambda n: n.node_id)
-    room = tuple(clamp0(n.capacity - n.used + held.get(n.node_id, ZERO)) for n in nodes)
-    return ElasticView(tuple(jobs), tuple(n.node_id for n in nodes), tuple(n.capacity for n in nodes), room,
+    room = [clamp0(n.capacity - n.used + held.get(n.node_id, ZERO)) for n in nodes]
+    # Other apps' demand the scheduler has not granted yet (a YARN app beside the PS jobs) is kept
+    # free, or a policy that fills the cluster would starve it: taken from the roomiest nodes.
+    ps = {j.app_id for j in jobs}
+    for app in snapshot.apps:
+        if app.app_id in ps or app.state in FINAL_STATES or app.am_limited or app.pending == ZERO:
+            continue
+        want = app.pending
+        for k in sorted(range(len(room)), key=lambda i: (-room[i].vcores, -room[i].memory, i)):
+            take = Resource(min(want.memory, room[k].memory), min(want.vcores, room[k].vcores))
+            room[k], want = room[k] - take, want - take
+    return ElasticView(tuple(jobs), tuple(n.node_id for n in nodes), tuple(n.capacity for n in nodes), tuple(room),
                        snapshot.total)
 
 
