@@ -119,13 +119,14 @@ class DormPolicy:
         if solution is None:
             return Decision()       # infeasible: everyone keeps the allocation they have
         out = {}
+        per_executor = problem.share_per_executor()
         for i, j in enumerate(view.jobs):
             if not j.started:
                 continue
             per_node = {view.nodes[k]: int(n) for k, n in enumerate(solution.x[i]) if n > 0}
             if not view.changed(j, per_node):
                 continue
-            s = float(problem.share_per_executor()[i] * solution.x[i].sum())
+            s = float(per_executor[i] * solution.x[i].sum())
             out[j.app_id] = j.decision(per_node, f"dorm: utilization-fairness optimizer (share {s:.3f}, "
                                                  f"DRF share {problem.fair_share[i]:.3f})")
         return Decision(out)
