@@ -2,10 +2,10 @@
 local cluster.
 
 Two nodes of three 1-vcore slots (320 MB executors, 384 MB AMs). Job A (MLR, 1 worker + 1 server,
-up to 2 + 2, elastic_mode "eps") starts; Dorm solves again once it runs and, the cluster having
-room, grows it to 2 + 2 with a placement; A's AM adds the executors in place (EPS) on the named
-nodes. Job B (1 + 1) arrives and does not fit: Dorm shrinks A (its θ2 budget allows one running
-job to be resized), A removes executors in place, B starts and finishes. A trains on with no epoch
+up to 2 + 2; elastic_mode "eps", or "kill" under drf) starts; Dorm solves again once it runs and,
+the cluster having room, grows it to 2 + 2 with a placement; A's AM adds the executors on the named
+nodes, in place (EPS) or by restarting itself bigger (the kill-based baseline). Job B (1 + 1) arrives and does not fit: Dorm shrinks A (its θ2 budget allows one running
+job to be resized), A gives executors back, B starts and finishes. A trains on with no epoch
 limit in reach until the test has seen both changes in its AM's status, then the test kills it."""
 from __future__ import annotations
 
@@ -21,7 +21,12 @@ from protocol import container_env
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture(scope="module", params=["dorm", "drf", "tetris"])
+# The policy, and how job A carries its directives out: in place (EPS) or by the kill-based restart
+# (Dorm's own checkpoint-kill-resume protocol).
+MODES = {"dorm": "eps", "drf": "kill", "tetris": "eps"}
+
+
+@pytest.fixture(scope="module", params=sorted(MODES))
 def policy_cluster(request: pytest.FixtureRequest,
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
     with running_cluster(tmp_path_factory.mktemp(f"{request.param}-cluster"), nodes=2, node_memory_mb=1536,
@@ -46,7 +51,8 @@ def done_directives(cluster: Any, app_id: str, seen: dict[str, Any]) -> list[dic
 def test_policy_grows_a_job_in_place_then_shrinks_it_for_an_arriving_one(policy_cluster) -> None:
     dorm_cluster, policy = policy_cluster
     a = submit(dorm_cluster, {"app": "mlr", "workers": 1, "servers": 1, "max_workers": 2, "max_servers": 2,
-                              "max_epochs": 100_000, "convergence_threshold": 1e-12}, "dorm-a")
+                              "max_epochs": 100_000, "convergence_threshold": 1e-12,
+                              "elastic_mode": MODES[policy]}, "dorm-a")
     b = None
     seen: dict[str, Any] = {}
     try:
@@ -79,4 +85,6 @@ def test_policy_grows_a_job_in_place_then_shrinks_it_for_an_arriving_one(policy_
     assert all(name.startswith("add_") for name, _ in grow["steps"]), grow
     shrink = next(d for d in directives if d["version"] > grow["version"] and d["workers"] + d["servers"] < 4)
     assert shrink["error"] == "" and any(name.startswith("remove_") for name, _ in shrink["steps"]), shrink
-    assert seen["status"]["spec"]["elastic_mode"] == "eps"
+    assert seen["status"]["spec"]["elastic_mode"] == MODES[policy]
+    changes = seen["status"]["shape_history"]          # what A's mechanism recorded for each change
+    assert changes and all(c.get("mode", MODES[policy]) == MODES[policy] for c in changes), changes
