@@ -22,7 +22,10 @@ Departures, and why:
   and DRF share are at most 1 per resource summed), so θ1 x 2m is the fraction θ1 of its range; the
   ceiling would make every θ1 in (0, 1/(2m)] the same bound of 1 -- i.e. no bound at all for m=2
   -- so it is dropped here. (16) keeps its ceiling: it bounds a count.
-* M is per job, the smallest value that makes (13, 14) exact: max(n_max_i, max_j x'_ij).
+* M is per job and node, the smallest value that keeps (13, 14) exact: x'_ij for a decrease and
+  (the most executors of job i node j holds) - x'_ij for an increase. Every job holding executors
+  gets an r_i (a newly launched one too, so that it is not moved for nothing, see below); (16)
+  counts only those running before and now.
 * A job whose AM container is not placed yet needs room for it on one node: binaries y_ij with
   sum_j y_ij = 1 enter (6) with the AM's resource. Without them a cluster Dorm keeps full would
   never start another job in YARN, where the AM comes before the executors.
