@@ -3,6 +3,8 @@ weights), work conservation (after a decision no job below its maximum fits anyw
 for a job that has not started, Tetris's alignment choices, and the role split of a decision."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from partition_snapshots import job, node, snapshot
@@ -10,7 +12,8 @@ from protocol.records import ZERO, Resource
 from rm.policies import AppView, ClusterSnapshot, Decision, DrfPolicy, NodeView, TetrisPolicy
 from rm.policies.drf import drf_counts
 from rm.policies.elastic_jobs import ElasticJob, elastic_view
-from rm.policies.tetris import alignment
+from rm.policies.packing import Packing
+from rm.policies.tetris import alignment, best_aligned
 
 E = Resource(1024, 1)
 
@@ -159,3 +162,49 @@ def test_another_apps_waiting_demand_is_left_free(policy) -> None:
     shell = AppView("app_9", "default", "bob", "ACCEPTED", 2.0, ZERO, pending=Resource(2048, 2))
     d = policy().decide(snapshot(nodes, [a, shell]))
     assert d.jobs["app_1"].workers + d.jobs["app_1"].servers == 6      # 8 slots less the 2 it waits for
+
+
+def reference_tetris(snap: ClusterSnapshot) -> Decision:
+    """Tetris by its definition, one `best_aligned` call per job per step (what `grow` vectorizes)."""
+    view = elastic_view(snap)
+    packing = Packing(view)
+    packing.place_minimums(best_aligned)
+    packing.place_incoming(best_aligned)
+    growing = list(view.started)
+    while growing:
+        best = None
+        for j in list(growing):
+            k = best_aligned(packing, j, j.demand) if packing.n(j.app_id) < j.n_max else None
+            if k is None:
+                growing.remove(j)
+                continue
+            key = (-alignment(j.demand, packing.free[k], view.capacity[k]),
+                   j.demand.scale(packing.n(j.app_id)).dominant_share(view.total), j.order)
+            if best is None or key < best[0]:
+                best = (key, j, k)
+        if best is not None:
+            packing.take(best[1], best[1].demand, best[2])
+    return Decision({j.app_id: j.decision(packing.per_node(j.app_id), "ref") for j in view.started
+                     if packing.per_node(j.app_id) and view.changed(j, packing.per_node(j.app_id))})
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_tetris_growth_matches_its_step_by_step_definition(seed: int) -> None:
+    rng = random.Random(seed)
+    nodes = [node(f"n{k}", rng.choice([4096, 8192, 16384]), rng.choice([4, 8, 16])) for k in range(rng.randint(2, 6))]
+    apps = []
+    free = {n.node_id: n.capacity for n in nodes}
+    for i in range(rng.randint(2, 8)):
+        ex = Resource(rng.choice([512, 1024, 3072]), rng.choice([1, 2, 3]))
+        room = [n for n, r in sorted(free.items()) if ex.scale(2).fits_in(r)]
+        if not room:
+            continue
+        n = rng.choice(room)
+        free[n] = free[n] - ex.scale(2)
+        apps.append(job(f"app_{i}", ex, {n: (1, 1)}, workers=1, servers=1, max_workers=rng.randint(1, 8),
+                        max_servers=rng.randint(1, 8), submit_time=float(i), am_on=None))
+    snap = snapshot(nodes, apps)
+    want = reference_tetris(snap)
+    got = TetrisPolicy().decide(snap)
+    assert {a: (d.workers, d.servers, d.placement) for a, d in got.jobs.items()} == \
+        {a: (d.workers, d.servers, d.placement) for a, d in want.jobs.items()}

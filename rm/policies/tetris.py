@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from protocol.records import Resource
 
 from .decision import Decision
@@ -47,6 +49,63 @@ def best_aligned(packing: Packing, job: ElasticJob, r: Resource) -> Optional[int
     return max(cands, key=lambda k: (alignment(r, packing.free[k], cap[k]), current.get(k, 0) > 0, -k))
 
 
+def grow(packing: Packing, jobs: list[ElasticJob]) -> None:
+    """Tetris's growth: one executor at a time to the best (job, node) pair -- per job its
+    `best_aligned` node; across jobs the highest alignment, then the least held (dominant share),
+    then the earliest job -- until no job below its n_max fits anywhere. The same choices as
+    calling `best_aligned` for every job at every step, with the (job, node) matrices in numpy:
+    placing on node k changes only column k."""
+    view = packing.view
+    a, b = len(jobs), len(view.nodes)
+    if not a or not b:
+        return
+    demand = np.array([[j.demand.memory, j.demand.vcores] for j in jobs], dtype=float)          # (a, 2)
+    cap = np.array([[c.memory, c.vcores] for c in view.capacity], dtype=float)                   # (b, 2)
+    has_cap = cap > 0
+    safe_cap = np.where(has_cap, cap, 1.0)
+    free = np.array([[r.memory, r.vcores] for r in packing.free], dtype=float)
+    claimed = np.array([[r.memory, r.vcores] for r in packing.claimed], dtype=float)
+    own = np.zeros((a, b))
+    for i, j in enumerate(jobs):
+        for k, n in packing.unplaced_current[j.app_id].items():
+            own[i, k] = n
+    count = np.array([packing.n(j.app_id) for j in jobs])
+    active = count < np.array([j.n_max for j in jobs])
+    d_norm = np.where(has_cap[None, :, :], demand[:, None, :] / safe_cap[None, :, :], 0.0)        # (a, b, 2)
+
+    def columns(ks: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """fits, undisplacing and alignment of every job on nodes `ks`."""
+        f, c, o = free[ks], claimed[ks], own[:, ks]
+        fits = np.all(demand[:, None, :] <= f[None], axis=-1)
+        und = np.all(demand[:, None, :] <= f[None] - c[None] + demand[:, None, :] * o[:, :, None], axis=-1)
+        align = np.sum(d_norm[:, ks, :] * np.where(has_cap[ks], f / safe_cap[ks], 0.0)[None], axis=-1)
+        return fits, und & fits, align
+
+    fits, und, align = columns(slice(None))
+    while True:
+        cand = np.where(und.any(1, keepdims=True), und, fits) & active[:, None]
+        live = cand.any(1)
+        if not live.any():
+            return
+        masked = np.where(cand, align, -np.inf)
+        best = masked.max(1)
+        tie = cand & (masked >= best[:, None])
+        pref = tie & (own > 0)
+        node = np.where(pref.any(1), pref.argmax(1), tie.argmax(1))
+        # the smallest key wins: highest alignment, then least held, then earliest job
+        i = min(np.flatnonzero(live).tolist(), key=lambda i: (
+            -float(best[i]), jobs[i].demand.scale(int(count[i])).dominant_share(view.total), jobs[i].order))
+        k = int(node[i])
+        packing.take(jobs[i], jobs[i].demand, k)
+        free[k] -= demand[i]
+        if own[i, k] > 0:
+            own[i, k] -= 1
+            claimed[k] -= demand[i]
+        count[i] += 1
+        active[i] = count[i] < jobs[i].n_max
+        fits[:, k:k + 1], und[:, k:k + 1], align[:, k:k + 1] = columns(slice(k, k + 1))
+
+
 class TetrisPolicy:
     """Alignment packing of executors (see the module doc). Stateless."""
 
@@ -57,21 +116,7 @@ class TetrisPolicy:
         packing = Packing(view)
         packing.place_minimums(best_aligned)
         packing.place_incoming(best_aligned)
-        growing = list(view.started)
-        while growing:
-            best: Optional[tuple[tuple[float, float, tuple[float, str]], ElasticJob, int]] = None
-            for j in list(growing):
-                k = best_aligned(packing, j, j.demand) if packing.n(j.app_id) < j.n_max else None
-                if k is None:
-                    growing.remove(j)      # at its maximum or fits nowhere: it gets no more
-                    continue
-                held = j.demand.scale(packing.n(j.app_id)).dominant_share(view.total)
-                # the smallest key wins: highest alignment, then least held, then earliest job
-                key = (-alignment(j.demand, packing.free[k], view.capacity[k]), held, j.order)
-                if best is None or key < best[0]:
-                    best = (key, j, k)
-            if best is not None:
-                packing.take(best[1], best[1].demand, best[2])
+        grow(packing, list(view.started))
         out = {}
         for j in view.started:
             per_node = packing.per_node(j.app_id)
