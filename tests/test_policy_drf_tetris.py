@@ -4,12 +4,14 @@ for a job that has not started, Tetris's alignment choices, and the role split o
 from __future__ import annotations
 
 import random
+from typing import Optional
 
 import pytest
 
 from partition_snapshots import job, node, snapshot
 from protocol.records import ZERO, Resource
 from rm.policies import AppView, ClusterSnapshot, Decision, DrfPolicy, NodeView, TetrisPolicy
+from rm.policies import drf as drf_module
 from rm.policies.drf import drf_counts
 from rm.policies.elastic_jobs import ElasticJob, elastic_view
 from rm.policies.packing import Packing
@@ -188,8 +190,7 @@ def reference_tetris(snap: ClusterSnapshot) -> Decision:
                      if packing.per_node(j.app_id) and view.changed(j, packing.per_node(j.app_id))})
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_tetris_growth_matches_its_step_by_step_definition(seed: int) -> None:
+def random_cluster(seed: int) -> ClusterSnapshot:
     rng = random.Random(seed)
     nodes = [node(f"n{k}", rng.choice([4096, 8192, 16384]), rng.choice([4, 8, 16])) for k in range(rng.randint(2, 6))]
     apps = []
@@ -202,9 +203,39 @@ def test_tetris_growth_matches_its_step_by_step_definition(seed: int) -> None:
         n = rng.choice(room)
         free[n] = free[n] - ex.scale(2)
         apps.append(job(f"app_{i}", ex, {n: (1, 1)}, workers=1, servers=1, max_workers=rng.randint(1, 8),
-                        max_servers=rng.randint(1, 8), submit_time=float(i), am_on=None))
-    snap = snapshot(nodes, apps)
-    want = reference_tetris(snap)
-    got = TetrisPolicy().decide(snap)
+                        max_servers=rng.randint(1, 8), submit_time=float(i), am_on=None, weight=rng.choice([1, 2])))
+    return snapshot(nodes, apps)
+
+
+def same(got: Decision, want: Decision) -> None:
     assert {a: (d.workers, d.servers, d.placement) for a, d in got.jobs.items()} == \
         {a: (d.workers, d.servers, d.placement) for a, d in want.jobs.items()}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_tetris_growth_matches_its_step_by_step_definition(seed: int) -> None:
+    snap = random_cluster(seed)
+    same(TetrisPolicy().decide(snap), reference_tetris(snap))
+
+
+def reference_least_loaded(packing: Packing, job: ElasticJob, r: Resource) -> Optional[int]:
+    """`least_loaded` node by node, in plain Python (what the policy computes with arrays)."""
+    k = packing.sticky(job, r)
+    if k is not None:
+        return k
+    cands = [k for k in range(len(packing.free)) if r.fits_in(packing.free[k])]
+    if not cands:
+        return None
+    own = packing.unplaced_current[job.app_id]
+    und = [k for k in cands
+           if r.fits_in(packing.free[k] - packing.claimed[k] + job.demand.scale(own.get(k, 0)))]
+    room = packing.view.room
+    return min(und or cands, key=lambda i: ((room[i] - packing.free[i]).dominant_share(room[i]), i))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_drf_placement_matches_its_node_by_node_definition(seed: int, monkeypatch) -> None:
+    snap = random_cluster(seed)
+    got = DrfPolicy().decide(snap)
+    monkeypatch.setattr(drf_module, "least_loaded", reference_least_loaded)
+    same(got, DrfPolicy().decide(snap))

@@ -10,7 +10,9 @@ a pure function of the snapshot, so an unchanged cluster gets unchanged directiv
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
+
+import numpy as np
 
 from protocol.records import ZERO, Resource
 
@@ -38,12 +40,20 @@ class Packing:
         for j in view.jobs:
             for k, n in self.unplaced_current[j.app_id].items():
                 self.claimed[k] = self.claimed[k] + j.demand.scale(n)
+        # The same as arrays (node x (memory, vcores)), so a chooser looks at every node at once.
+        self.free_array = _array(self.free)
+        self.claimed_array = _array(self.claimed)
+        self.room_array = _array(view.room)
 
     def fits(self, r: Resource, k: int) -> bool:
         return r.fits_in(self.free[k])
 
     def fitting(self, r: Resource) -> list[int]:
-        return [k for k in range(len(self.free)) if r.fits_in(self.free[k])]
+        return np.flatnonzero(self.fit_mask(r)).tolist()
+
+    def fit_mask(self, r: Resource) -> np.ndarray:
+        mask: np.ndarray = np.all(np.array([r.memory, r.vcores], dtype=float) <= self.free_array, axis=1)
+        return mask
 
     def n(self, app_id: str) -> int:
         return sum(self.counts.get(app_id, {}).values())
@@ -61,13 +71,22 @@ class Packing:
     def undisplacing(self, job: ElasticJob, r: Resource, cands: list[int]) -> list[int]:
         """Of `cands`, the nodes where `r` fits without the room other jobs' executors now use
         there (all of `cands` if none): placing there moves no one else's executor."""
-        own = self.unplaced_current[job.app_id]
-        out = [k for k in cands
-               if r.fits_in(self.free[k] - self.claimed[k] + job.demand.scale(own.get(k, 0)))]
-        return out or cands
+        out = np.flatnonzero(self.undisplacing_mask(job, r))
+        keep = set(cands)
+        return [k for k in out.tolist() if k in keep] or cands
+
+    def undisplacing_mask(self, job: ElasticJob, r: Resource) -> np.ndarray:
+        """Per node: `r` fits in the room other jobs' current executors leave there."""
+        avail = self.free_array - self.claimed_array
+        for k, n in self.unplaced_current[job.app_id].items():
+            if n:
+                avail[k] += np.array([job.demand.memory, job.demand.vcores], dtype=float) * n
+        mask: np.ndarray = np.all(np.array([r.memory, r.vcores], dtype=float) <= avail, axis=1)
+        return mask
 
     def take(self, job: ElasticJob, r: Resource, k: int, executor: bool = True) -> None:
         self.free[k] = self.free[k] - r
+        self.free_array[k] -= (r.memory, r.vcores)
         if executor:
             c = self.counts.setdefault(job.app_id, {})
             c[k] = c.get(k, 0) + 1
@@ -75,6 +94,7 @@ class Packing:
             if cur.get(k, 0) > 0:
                 cur[k] -= 1
                 self.claimed[k] = self.claimed[k] - job.demand
+                self.claimed_array[k] -= (job.demand.memory, job.demand.vcores)
 
     def place(self, job: ElasticJob, choose: NodeChooser) -> bool:
         """One more executor of `job` on the node `choose` picks; False if none fits."""
@@ -96,7 +116,8 @@ class Packing:
             if job.started:
                 continue
             saved = (list(self.free), {a: dict(c) for a, c in self.counts.items()},
-                     {a: dict(c) for a, c in self.unplaced_current.items()}, list(self.claimed))
+                     {a: dict(c) for a, c in self.unplaced_current.items()}, list(self.claimed),
+                     self.free_array.copy(), self.claimed_array.copy())
             ok = True
             if job.am.memory or job.am.vcores:
                 k = choose(self, job, job.am)
@@ -106,8 +127,13 @@ class Packing:
             while ok and self.n(job.app_id) < job.n_min:
                 ok = self.place(job, choose)
             if not ok:
-                self.free, self.counts, self.unplaced_current, self.claimed = saved
+                (self.free, self.counts, self.unplaced_current, self.claimed, self.free_array,
+                 self.claimed_array) = saved
                 return
+
+
+def _array(resources: Sequence[Resource]) -> np.ndarray:
+    return np.array([[r.memory, r.vcores] for r in resources], dtype=float).reshape(len(resources), 2)
 
 
 def least_loaded(packing: Packing, job: ElasticJob, r: Resource) -> Optional[int]:
@@ -117,15 +143,17 @@ def least_loaded(packing: Packing, job: ElasticJob, r: Resource) -> Optional[int
     k = packing.sticky(job, r)
     if k is not None:
         return k
-    cands = packing.fitting(r)
-    if not cands:
+    fits = packing.fit_mask(r)
+    if not fits.any():
         return None
-    cands = packing.undisplacing(job, r, cands)
-    view = packing.view
-
-    def used_share(i: int) -> float:
-        return (view.room[i] - packing.free[i]).dominant_share(view.room[i])
-    return min(cands, key=lambda i: (used_share(i), i))
+    und = fits & packing.undisplacing_mask(job, r)
+    cands = und if und.any() else fits
+    room = packing.room_array
+    # Resource.dominant_share of what is used of the room: the largest share over the resources
+    # the node has (0 for a node with none); the lowest, first node wins.
+    share = np.where(room > 0, (room - packing.free_array) / np.where(room > 0, room, 1.0), -np.inf).max(axis=1)
+    share = np.where(np.isfinite(share), share, 0.0)
+    return int(np.argmin(np.where(cands, share, np.inf)))
 
 
 __all__ = ["NodeChooser", "Packing", "least_loaded"]
