@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--node-memory", type=_positive, default=2048, metavar="MB")
     p.add_argument("--node-vcores", type=_positive, default=2, metavar="N")
     p.add_argument("--cgroups", choices=["auto", "v1", "v2", "off"], default="auto")
-    p.add_argument("--policy", default="static", help="elastic policy: static | eps | optimus | dorm | harmony")
+    p.add_argument("--policy", default="static", help="elastic policy: static | drf | tetris | eps | optimus | dorm | harmony")
     p.add_argument("--heartbeat-interval-ms", type=_positive, default=1000)
     p.add_argument("--node-bandwidth", type=_rate, metavar="RATE",
                    help="cap each node's network, tc units: 100mbit, 1gbit, 125mbps (bps = bytes/s)")

@@ -39,7 +39,7 @@ class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
     am_expiry_s: float = 10.0
     nm_heartbeat_interval_ms: int = 1000
     max_app_attempts: int = 2       # cluster-wide cap on an app's max-app-attempts
-    policy: str = "static"          # static | eps | optimus | dorm | harmony
+    policy: str = "static"          # static | drf | tetris | eps | optimus | dorm | harmony
     minimum_allocation_mb: int = 32
     maximum_allocation_mb: int = 65536
     maximum_allocation_vcores: int = 64
@@ -48,6 +48,11 @@ class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
     # yarn.scheduler.capacity.maximum-am-resource-percent; a queue always admits at least one AM.
     max_am_resource_percent: float = 0.5
     queues: list[QueueConfig] = msgspec.field(default_factory=lambda: [QueueConfig(name="default")])
+    # Dorm's thresholds (Dorm §IV-B, eq. 15-16), fractions in [0, 1]: θ1 bounds the cluster's DRF
+    # fairness loss (sum over jobs of |share - DRF share| <= θ1 x 2m, m resource types) and θ2 the
+    # adjustment overhead (at most ceil(θ2 x running jobs) jobs resized per decision).
+    dorm_fairness_threshold: float = 0.1
+    dorm_adjustment_threshold: float = 0.5
 
 
 class NMConfig(msgspec.Struct, forbid_unknown_fields=True):

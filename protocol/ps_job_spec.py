@@ -106,6 +106,14 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # first loss fails it. Apps that keep training state on their workers (NMF, LDA) cannot be
     # recovered this way and fail at the first loss.
     max_executor_failures: Annotated[int, msgspec.Meta(ge=0)] = 3
+    # Dorm's submission 6-tuple (executor, d, w, n_max, n_min, cmd; Dorm §III-B) maps onto this spec:
+    # the executor and cmd are the app and the PS AM, the demand vector d is one executor's resource
+    # (executor_memory_mb, executor_vcores), n_max = max_workers + max_servers and n_min =
+    # min_workers + min_servers (Elastane keeps the two PS roles apart, so the bounds are per role);
+    # w is `weight`, the job's weight in (weighted) dominant resource fairness (dorm, drf).
+    weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    min_workers: Pos = 1                   # lower bounds for elastic scaling (a job keeps one of each)
+    min_servers: Pos = 1
 
     # ----- derived values (valid after `validate`) ----------------------------------------------
     @property
@@ -187,6 +195,10 @@ def _check_generic(spec: PSJobSpec) -> None:
         raise JobSpecError("max_workers", f"{spec.max_workers} is below workers ({spec.workers})")
     if spec.max_servers is not None and spec.max_servers < spec.servers:
         raise JobSpecError("max_servers", f"{spec.max_servers} is below servers ({spec.servers})")
+    if spec.min_workers > spec.workers:
+        raise JobSpecError("min_workers", f"{spec.min_workers} is above workers ({spec.workers})")
+    if spec.min_servers > spec.servers:
+        raise JobSpecError("min_servers", f"{spec.min_servers} is above servers ({spec.servers})")
     most_servers = max(spec.servers, spec.max_servers or 0)
     if spec.blocks is not None and spec.blocks < most_servers:
         raise JobSpecError("blocks", f"{spec.blocks} model blocks cannot give every one of "

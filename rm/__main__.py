@@ -46,6 +46,9 @@ def load_configs(args: argparse.Namespace) -> tuple[config_mod.RMConfig, config_
     if not (0 < cfg.max_am_resource_percent <= 1):
         raise config_mod.ConfigError(f"max_am_resource_percent must be a fraction in (0, 1], "
                                      f"got {cfg.max_am_resource_percent}")
+    for name in ("dorm_fairness_threshold", "dorm_adjustment_threshold"):
+        if not (0 <= getattr(cfg, name) <= 1):
+            raise config_mod.ConfigError(f"{name} must be a fraction in [0, 1], got {getattr(cfg, name)}")
     names = [q.name for q in cfg.queues]
     if not names or len(set(names)) != len(names):
         raise config_mod.ConfigError(f"queues: need at least one queue and unique names, got {names}")

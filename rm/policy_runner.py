@@ -1,10 +1,26 @@
 """Builds the policy's cluster snapshot from the core and applies its Decision as directives (pure)."""
 from __future__ import annotations
 
+from protocol.internal_api import NodePlacement
 from protocol.records import ZERO
 
 from .core import ResourceManagerCore
+from .model import App
 from .policies import AppView, ClusterSnapshot, Decision, NodeView, Policy
+
+
+def executors_of(core: ResourceManagerCore, app: App) -> tuple[NodePlacement, ...]:
+    """Per node (sorted), the workers and servers the app's current attempt holds (AM excluded)."""
+    attempt = core.attempts.get(app.current_attempt or "")
+    if attempt is None:
+        return ()
+    counts: dict[str, list[int]] = {}
+    for cid in attempt.containers:
+        c = core.containers.get(cid)
+        if c is None or c.is_am:
+            continue
+        counts.setdefault(c.node_id, [0, 0])[1 if c.tag == "server" else 0] += 1
+    return tuple(NodePlacement(node=n, workers=w, servers=s) for n, (w, s) in sorted(counts.items()))
 
 
 def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
@@ -21,7 +37,7 @@ def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
         am_limited = sa.am_request is not None and not sa.am_active
         apps.append(AppView(app.app_id, app.queue, app.user, app.state.value, app.submit_time, sa.used,
                             app.shape, app.elastane, am_resource=app.am.resource, pending=pending,
-                            directive=app.directive, am_limited=am_limited))
+                            directive=app.directive, am_limited=am_limited, executors=executors_of(core, app)))
     used = sum((q.used for q in core.scheduler.queues.values()), ZERO)
     return ClusterSnapshot(now=core.clock(), total=core.nodes.total, used=used, nodes=nodes, apps=tuple(apps),
                            minimum_allocation_mb=core.scheduler.min_mb)

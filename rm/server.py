@@ -59,7 +59,7 @@ class ResourceManagerServer:
         self.cfg = cfg
         self.cluster = cluster
         self.core = ResourceManagerCore(cfg, cluster, clock)
-        self.policy = policies.create(cfg.policy)
+        self.policy = policies.create(cfg.policy, cfg)
         self.store = store if store is not None else SqliteStateStore(cfg.state_dir)
         self._nm_client = nm_client
         self.tick_interval_s = tick_interval_s

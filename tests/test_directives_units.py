@@ -31,6 +31,8 @@ def test_target_keeps_one_of_each_and_the_job_bounds() -> None:
     assert target_of(directive(0, 0, 1)) == Shape(1, 1)
     assert target_of(directive(9, 7, 1), max_workers=4, max_servers=3) == Shape(4, 3)
     assert target_of(directive(3, 2, 1), max_workers=4) == Shape(3, 2)
+    # the job spec's minimums (Dorm's n_min per role) hold too
+    assert target_of(directive(1, 1, 1), min_workers=2, min_servers=3) == Shape(2, 3)
 
 
 # ----- tracker ------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from appmaster.ps.eps_datasets import LedgerError, SplitLedger
 from appmaster.ps.eps_decisions import (DecisionError, Transfer, balance_onto, drain, group_by_route,
-                                        holdings_after, pick_leaving)
+                                        holdings_after, pick_leaving, pick_leaving_off)
 
 
 def counts(h: dict[str, list[int]]) -> dict[str, int]:
@@ -91,6 +91,14 @@ def test_impossible_decisions_are_refused() -> None:
 def test_pick_leaving_takes_the_most_recent() -> None:
     assert pick_leaving(["w0", "w1", "w2", "w3"], 2) == ["w2", "w3"]
     assert pick_leaving(["w0"], 0) == []
+
+
+def test_pick_leaving_off_removes_executors_off_the_allowed_nodes_first() -> None:
+    held = [("w0", "n1"), ("w1", "n2"), ("w2", "n1"), ("w3", "n3")]
+    assert pick_leaving_off(held, 1, ["n1"]) == ["w3"]
+    assert pick_leaving_off(held, 2, ["n1"]) == ["w1", "w3"]
+    assert pick_leaving_off(held, 3, ["n1"]) == ["w1", "w3", "w2"]
+    assert pick_leaving_off(held, 2, []) == ["w2", "w3"]          # no placement: the most recent
 
 
 # ----- the two datasets ---------------------------------------------------------------------------

@@ -89,6 +89,16 @@ def test_jobs_with_one_worker_or_server_keep_it():
     assert "app_B" not in out.jobs
 
 
+def test_jobs_keep_their_spec_minimums():
+    a = ps_app("app_A", 1, 3, 3)
+    spec = dict(a.elastane["ps-job"], min_workers=3, min_servers=2)      # type: ignore[index]
+    a = replace(a, elastane={"ps-job": spec})
+    apps = [a, ps_app("app_B", 2, 3, 3), incoming("app_D", 10, 1, 1)]
+    out = EpsPolicy().decide(snap(apps, total_units=14))    # D lacks AM + 1w + 1s = 3
+    assert shapes(out).get("app_A", (3, 3))[0] == 3 and shapes(out).get("app_A", (3, 3))[1] >= 2
+    assert shapes(out)["app_B"][0] < 3                      # the workers come from B
+
+
 def test_job_fitting_in_free_resources_shrinks_nothing():
     apps = full_cluster() + [incoming("app_D", 10, 2, 2)]
     assert EpsPolicy().decide(snap(apps, total_units=23 + 5)).jobs == {}

@@ -29,6 +29,15 @@ def test_good_spec_with_defaults_and_derived_values() -> None:
     assert validate(spec) == spec
 
 
+def test_dorm_submission_fields_default_and_round_trip() -> None:
+    spec = validate({"app": "mlr"})
+    assert (spec.weight, spec.min_workers, spec.min_servers) == (1.0, 1, 1)
+    spec = validate({"app": "mlr", "workers": 3, "servers": 2, "min_workers": 2, "min_servers": 2,
+                     "max_workers": 4, "weight": 2.5})
+    assert (spec.weight, spec.min_workers, spec.min_servers, spec.max_workers) == (2.5, 2, 2, 4)
+    assert validate(spec.to_json()) == spec
+
+
 def test_ssp_defaults_and_max_servers_drive_blocks() -> None:
     spec = validate({"app": "lda", "sync": "ssp", "servers": 1, "max_servers": 3})
     assert spec.ssp_staleness == 2
@@ -68,6 +77,11 @@ def test_ssp_defaults_and_max_servers_drive_blocks() -> None:
     ({"app": "mlr", "early_stopping": 3, "heldout_every_epochs": 0}, "early_stopping"),
     ({"app": "mlr", "early_stopping": 1, "heldout_every_epochs": 2}, "early_stopping"),
     ({"app": "mlr", "heldout_every_epochs": -1}, "heldout_every_epochs"),
+    ({"app": "mlr", "weight": 0}, "weight"),
+    ({"app": "mlr", "weight": "heavy"}, "weight"),
+    ({"app": "mlr", "min_workers": 0}, "min_workers"),
+    ({"app": "mlr", "workers": 2, "min_workers": 3}, "min_workers"),
+    ({"app": "mlr", "servers": 1, "min_servers": 2}, "min_servers"),
 ])
 def test_bad_field_is_named(bad: dict, field: str) -> None:
     with pytest.raises(JobSpecError) as e:

@@ -55,6 +55,8 @@ async def _app_ids(client: TestClient) -> set[str]:
     ({"app": "lda", "surprise": 1}, "elastane.ps-job.surprise"),
     ({"app": "mlr", "early_stopping": 0}, "elastane.ps-job.early_stopping"),
     ({"app": "mlr", "early_stopping": 4, "heldout_every_epochs": 0}, "elastane.ps-job.early_stopping"),
+    ({"app": "mlr", "weight": -1}, "elastane.ps-job.weight"),
+    ({"app": "mlr", "workers": 2, "min_workers": 3}, "elastane.ps-job.min_workers"),
     ("mlr", "elastane.ps-job"),
 ])
 async def test_bad_ps_job_is_400_naming_the_field_and_creates_nothing(rm, ps_job: Any, field: str) -> None:

@@ -99,11 +99,13 @@ def diff(current: Shape, target: Shape) -> ShapeDelta:
     return ShapeDelta(target.workers - current.workers, target.servers - current.servers)
 
 
-def target_of(d: ShapeDirective, max_workers: Optional[int] = None, max_servers: Optional[int] = None) -> Shape:
-    """The shape a directive asks for, kept within [1, the job's max_workers / max_servers]:
-    a job always keeps one worker and one server (EPS's rule 2), and never exceeds its bounds."""
-    w = max(1, d.workers if max_workers is None else min(d.workers, max_workers))
-    s = max(1, d.servers if max_servers is None else min(d.servers, max_servers))
+def target_of(d: ShapeDirective, max_workers: Optional[int] = None, max_servers: Optional[int] = None,
+              min_workers: int = 1, min_servers: int = 1) -> Shape:
+    """The shape a directive asks for, kept within [the job's min_workers / min_servers (at least 1),
+    its max_workers / max_servers]: a job always keeps one worker and one server (EPS's rule 2), and
+    never leaves its bounds."""
+    w = max(1, min_workers, d.workers if max_workers is None else min(d.workers, max_workers))
+    s = max(1, min_servers, d.servers if max_servers is None else min(d.servers, max_servers))
     return Shape(w, s)
 
 
@@ -312,9 +314,12 @@ class DirectiveHandler:
                  on_change: Optional[Callable[[bool], None]] = None,
                  wall_clock: Callable[[], float] = time.time,
                  placed: Callable[[tuple[str, ...]], bool] = lambda nodes: True,
-                 suspender: Optional[Suspender] = None) -> None:
+                 suspender: Optional[Suspender] = None,
+                 min_workers: int = 1, min_servers: int = 1) -> None:
         self.reshaper = reshaper
         self.suspender = suspender
+        self.min_workers = min_workers
+        self.min_servers = min_servers
         self.current = current
         self.placed = placed
         self.max_workers = max_workers
@@ -377,7 +382,7 @@ class DirectiveHandler:
 
     async def _apply(self, d: ShapeDirective) -> None:
         before = self.current()
-        target = target_of(d, self.max_workers, self.max_servers)
+        target = target_of(d, self.max_workers, self.max_servers, self.min_workers, self.min_servers)
         delta = diff(before, target)
         nodes = tuple(d.nodes)
         out = DirectiveOutcome(d.version, target, before, delta.steps(), self.wall_clock(), reason=d.reason,

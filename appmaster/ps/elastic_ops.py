@@ -49,7 +49,7 @@ from protocol.ps_job_spec import PSJobSpec
 
 from .boundary_scheduler import TrainingNotRunning
 from .directives import Shape
-from .eps_decisions import Transfer, balance_onto, drain, pick_leaving
+from .eps_decisions import Transfer, balance_onto, drain, pick_leaving, pick_leaving_off
 from .eps_records import ElasticBusy, ElasticOpError, ElasticOpFailed, ElasticOpRecord
 from .executor_pool import ExecutorRecord, Role
 from .job import JobPhase
@@ -115,10 +115,14 @@ class ElasticOps:
         w, s = self.training.membership.shape()
         self._check_shape(w + workers, s + servers)
         plan: list[tuple[str, int, Step]] = []
+        # With `nodes` (a directive's placement), the executors removed are those off the nodes
+        # first: they would have to move there otherwise (reshape's relocate), needing room first.
         if servers < 0:
-            plan.append(("remove_servers", servers, self._remove_servers))
+            plan.append(("remove_servers", servers, partial(
+                self._remove_servers, leaving=self._leaving(self.training.membership.servers, -servers, nodes))))
         if workers < 0:
-            plan.append(("remove_workers", workers, self._remove_workers))
+            plan.append(("remove_workers", workers, partial(
+                self._remove_workers, leaving=self._leaving(self.training.membership.workers, -workers, nodes))))
         if servers > 0:
             plan.append(("add_servers", servers, partial(self._add_servers, nodes=nodes)))
         if workers > 0:
@@ -131,6 +135,14 @@ class ElasticOps:
             removals = await asyncio.gather(*(self._run(op, abs(d), fn) for op, d, fn in plan if d < 0))
             additions = await asyncio.gather(*(self._run(op, d, fn) for op, d, fn in plan if d > 0))
             return list(removals) + list(additions)
+
+    @staticmethod
+    def _leaving(members: list[ExecutorRecord], n: int, nodes: tuple[str, ...]) -> list[ExecutorRecord] | None:
+        """The executors to remove for a change limited to `nodes` (None: the remover picks)."""
+        if not nodes:
+            return None
+        ids = set(pick_leaving_off([(e.executor_id, e.container.node_id) for e in members], n, nodes))
+        return [e for e in members if e.executor_id in ids]
 
     async def reshape(self, target: Shape, nodes: tuple[str, ...] = ()) -> list[ElasticOpRecord]:
         """Carry the job to `target` workers and servers (an RM directive); `nodes`: where added

@@ -117,6 +117,20 @@ def pick_leaving(candidates: Sequence[str], n: int) -> list[str]:
     return list(candidates[len(candidates) - n:])
 
 
+def pick_leaving_off(candidates: Sequence[tuple[str, str]], n: int, allowed: Sequence[str]) -> list[str]:
+    """The `n` holders to remove when the job may keep executors only on the `allowed` nodes
+    (a directive's placement): `(holder, node)` pairs; those on other nodes first (they would have
+    to move anyway), then `pick_leaving` among the rest. Empty `allowed`: `pick_leaving`."""
+    if not allowed:
+        return pick_leaving([h for h, _ in candidates], n)
+    keep = set(allowed)
+    away = [h for h, node in candidates if node not in keep]
+    on = [h for h, node in candidates if node in keep]
+    if n <= len(away):
+        return pick_leaving(away, n)
+    return away + pick_leaving(on, n - len(away))
+
+
 def group_by_route(transfers: Sequence[Transfer]) -> dict[tuple[str, str], list[int]]:
     """Items per (src, dst) pair, in order: one migration or one send per pair."""
     out: dict[tuple[str, str], list[int]] = {}

@@ -1,7 +1,9 @@
 """The policy slot: a pure function of a cluster snapshot to a typed Decision, and a registry."""
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Optional, Protocol
+
+from protocol.config import RMConfig
 
 from .decision import Decision
 from .snapshot import ClusterSnapshot
@@ -16,22 +18,28 @@ class Policy(Protocol):
         ...
 
 
-_REGISTRY: dict[str, Callable[[], Policy]] = {}
+# name -> (factory, whether the factory takes the RM's settings)
+_REGISTRY: dict[str, tuple[Callable[..., Policy], bool]] = {}
 
 
-def register(name: str, factory: Callable[[], Policy]) -> None:
-    """Make a policy available under `name` (RMConfig.policy / --policy)."""
-    _REGISTRY[name] = factory
+def register(name: str, factory: Callable[..., Policy], *, takes_settings: bool = False) -> None:
+    """Make a policy available under `name` (RMConfig.policy / --policy). With `takes_settings` the
+    factory is called with the RM's settings (protocol.config.RMConfig: thresholds such as Dorm's
+    θ1 / θ2 live there), otherwise with no arguments."""
+    _REGISTRY[name] = (factory, takes_settings)
 
 
 def known() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def create(name: str) -> Policy:
-    """Instantiate the policy called `name`; KeyError listing the known ones otherwise."""
+def create(name: str, settings: Optional[RMConfig] = None) -> Policy:
+    """Instantiate the policy called `name` (with `settings`, the defaults when None, for a factory
+    that takes them); KeyError listing the known ones otherwise."""
     try:
-        factory = _REGISTRY[name]
+        factory, takes_settings = _REGISTRY[name]
     except KeyError:
         raise KeyError(f"unknown policy {name!r}; known policies: {', '.join(known())}") from None
+    if takes_settings:
+        return factory(settings if settings is not None else RMConfig())
     return factory()

@@ -7,6 +7,7 @@ Two modes, as in EPS §4:
   and servers in its worker:server ratio, count the workers (N_w_r) and servers (N_s_r) that do not
   fit, and remove that many round-robin from the running jobs that *have given early feedback*
   and have more than one worker (resp. server), the jobs with the most workers (servers) first.
+  (A job spec's `min_workers` / `min_servers` raise that floor: the job is not shrunk below them.)
   The scheduler then hands the released containers to the waiting job.
 * **Running-job scheduling** (lines 29-40), only when no job is queued: split the free resources
   in the cluster's worker:server ratio and add one worker (and one server) to each job in its
@@ -208,13 +209,16 @@ class EpsPolicy:
         def left(j: RunningJob) -> int:
             return rnd.targets[j.app_id][role] - removed.get(j.app_id, [0, 0])[role]
 
-        queue = sorted((j for j in eligible if left(j) > 1), key=lambda j: (-left(j), j.order))
+        def floor(j: RunningJob) -> int:    # one of each, or the job spec's minimum
+            return max(1, j.spec.min_workers if role == 0 else j.spec.min_servers)
+
+        queue = sorted((j for j in eligible if left(j) > floor(j)), key=lambda j: (-left(j), j.order))
         freed = already
         while queue and not need.fits_in(freed):
             for j in list(queue):
                 removed.setdefault(j.app_id, [0, 0])[role] += 1
                 freed = freed + j.executor
-                if left(j) <= 1:
+                if left(j) <= floor(j):
                     queue.remove(j)
                 if need.fits_in(freed):
                     break

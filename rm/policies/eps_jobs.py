@@ -52,6 +52,8 @@ class JobSpecView:
     max_workers: int
     max_servers: int
     executor: Resource
+    min_workers: int = 1        # the job's lower bounds (never shrunk below them)
+    min_servers: int = 1
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,8 @@ def parse_spec(app: AppView, minimum_allocation_mb: int) -> Optional[JobSpecView
     step = max(1, minimum_allocation_mb)
     mem = -(-spec.executor_memory_mb // step) * step     # as the scheduler normalises the asks
     return JobSpecView(spec.workers, spec.servers, spec.max_workers or spec.workers,
-                       spec.max_servers or spec.servers, Resource(mem, spec.executor_vcores))
+                       spec.max_servers or spec.servers, Resource(mem, spec.executor_vcores),
+                       spec.min_workers, spec.min_servers)
 
 
 def classify(snapshot: ClusterSnapshot) -> EpsView:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from protocol.internal_api import ShapeDirective
+from protocol.internal_api import NodePlacement, ShapeDirective
 from protocol.job_report import JobReport
 from protocol.records import ZERO, Resource
 
@@ -34,6 +34,9 @@ class AppView:
     # The app's AM request waits for activation by its queue's AM resource limit (rm/am_limit.py):
     # the scheduler will not allocate its AM whatever is free, so freeing resources cannot start it.
     am_limited: bool = False
+    # Where the app's executors (its non-AM containers) run now: per node, how many are tagged
+    # "worker" and "server" (the PS AM tags its asks with the role; other tags count as workers).
+    executors: tuple[NodePlacement, ...] = ()
 
 
 @dataclass(frozen=True)
