@@ -8,9 +8,12 @@ from .decision import Decision, DecisionError, JobDecision
 from .snapshot import AppView, ClusterSnapshot, NodeView
 from .eps import EpsPolicy
 from .static import StaticPolicy
+from .optimus import OptimusPolicy
 
 register("static", StaticPolicy)
 register("eps", EpsPolicy)
+register("optimus", OptimusPolicy)
 
 __all__ = ["EpsPolicy", "Policy", "create", "known", "register", "AppView", "ClusterSnapshot", "NodeView",
            "StaticPolicy", "Decision", "DecisionError", "JobDecision"]
+__all__ += ["OptimusPolicy"]
