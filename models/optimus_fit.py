@@ -20,8 +20,8 @@
   the features, each row scaled by the measured f so the residuals are relative speed errors.
   Departure: the paper pre-runs each job at ~5 (p, w) pairs before it starts; Elastane cannot, so
   the fit adds pseudo-samples from a reference speed function (the paper's Table 2 coefficients),
-  scaled to the job's own measured speeds, with a total weight `PRIOR_WEIGHT` that real samples at
-  distinct shapes soon outweigh. With samples at one shape only, the fit is the reference scaled to
+  scaled to the job's own measured speeds, with a total weight `PRIOR_WEIGHT` divided by the number
+  of distinct shapes sampled, so real samples soon outweigh it. With samples at one shape only, the fit is the reference scaled to
   it: enough to explore a neighbouring shape, whose sample then corrects it.
 
 Speeds may be in any unit (the policy uses epochs per second); remaining time = epochs / speed.
@@ -42,7 +42,7 @@ Array = NDArray[np.float64]
 OUTLIER_WINDOW = 5          # §3.1: neighbours = the previous / subsequent 5 points
 MAX_FIT_POINTS = 32         # longer histories are averaged into this many points
 MIN_LOSS_POINTS = 4         # fewer (initial objective included) and there is no curve
-BETA2_GRID = 64             # coarse grid over β2 in [0, min l), then as many points around the best
+BETA2_GRID = 32             # coarse grid over β2 in [0, min l), then as many points around the best
 PRIOR_WEIGHT = 0.5          # total weight of the reference pseudo-samples (a real sample weighs 1)
 
 # General speed features; eq. 3 and eq. 4 each use some of them (1/f = θ · features).
@@ -125,10 +125,10 @@ def _remove_outliers(loss: Array, mask: NDArray[np.bool_], lengths: NDArray[np.i
     J, n = loss.shape
     hi = np.full((J, n), -np.inf)
     lo = np.full((J, n), np.inf)
-    for d in range(1, window + 1):
-        if d < n:
-            hi[:, d:] = np.maximum(hi[:, d:], loss[:, :-d])                               # previous
-            lo[:, :-d] = np.minimum(lo[:, :-d], np.where(mask[:, d:], loss[:, d:], np.inf))  # subsequent
+    beyond = np.where(mask, loss, np.inf)      # past a row's end nothing counts as subsequent
+    for d in range(1, min(window, n - 1) + 1):
+        np.maximum(hi[:, d:], loss[:, :-d], out=hi[:, d:])       # previous
+        np.minimum(lo[:, :-d], beyond[:, d:], out=lo[:, :-d])    # subsequent
     col = np.arange(n)[None, :]
     bad = mask & ((loss > hi) | (loss < lo)) & (col > 0) & (col < lengths[:, None] - 1)
     if not bad.any():
@@ -239,12 +239,17 @@ def fit_loss_curves(series: Sequence[tuple[Array, Array]]) -> list[Optional[Loss
     """Fit eq. 1 to each (k, loss) series at once (None where there are too few points or a loss is
     not positive). Pre-processing per `prepare`; see the module doc for the method."""
     out: list[Optional[LossCurve]] = [None] * len(series)
-    keep = [i for i, (ks, ls) in enumerate(series)
-            if len(ks) >= MIN_LOSS_POINTS and bool(np.all(np.asarray(ls) > 0)) and bool(np.all(np.isfinite(ls)))]
+    keep = [i for i, (ks, _) in enumerate(series) if len(ks) >= MIN_LOSS_POINTS]
     if not keep:
         return out
     k, loss, mask, lengths = _pad([(np.asarray(series[i][0], float), np.asarray(series[i][1], float))
                                    for i in keep])
+    valid = ~np.any(mask & ~((loss > 0) & np.isfinite(loss)), axis=1)     # losses must be positive
+    if not valid.all():
+        keep = [i for i, v in zip(keep, valid) if v]
+        k, loss, mask, lengths = k[valid], loss[valid], mask[valid], lengths[valid]
+        if not keep:
+            return out
     k, loss, mask, scale = _prepare(k, loss, mask, lengths, MAX_FIT_POINTS)
     J = len(keep)
     rows = np.arange(J)
@@ -341,7 +346,8 @@ def fit_speed(samples: Sequence[tuple[int, int, float]], sync: bool, max_servers
               max_workers: int = 32, prior_weight: float = PRIOR_WEIGHT) -> Optional[SpeedFunction]:
     """NNLS fit of eq. 4 (`sync`) or eq. 3 to (servers, workers, speed) samples (None: no usable
     sample). Pseudo-samples of the scaled reference over a ladder of shapes up to the bounds carry
-    `prior_weight` in all (0: the paper's plain fit, which needs samples at enough shapes).
+    `prior_weight` / (distinct shapes sampled) in all (0: the paper's plain fit, which needs
+    samples at enough shapes).
 
     Samples at one shape only (and a prior) give the reference scaled to them, computed directly:
     the NNLS would return (nearly) that, and the RM refits thousands of such jobs per round."""
@@ -369,7 +375,7 @@ def fit_speed(samples: Sequence[tuple[int, int, float]], sync: bool, max_servers
     b = np.ones(len(good))
     if prior_weight > 0:
         xp, ref_inv = _pseudo_shapes(sync, max(1, max_servers), max(1, max_workers))
-        weight = math.sqrt(prior_weight / len(xp))
+        weight = math.sqrt(prior_weight / len(logs) / len(xp))    # fades as distinct shapes come in
         A = np.vstack([A, xp * (scale * weight / ref_inv)[:, None]])
         b = np.concatenate([b, np.full(len(xp), weight)])
     # Columns scaled to unit norm so NNLS is well conditioned whatever the units.
