@@ -77,15 +77,19 @@ def synthetic_snapshot(jobs: int, nodes: int, seed: int = 0, round: int = 0,
                 "max_servers": int(max_s[j]), "executor_memory_mb": m, "executor_vcores": v,
                 "sync": "bsp" if sync[j] else "ssp", "max_epochs": 10_000}
         held = AM + ex.scale(w + s)
-        # Executors (and the AM) spread round-robin over the nodes.
-        for _ in range(w + s + 1):
+        # The AM, then the executors, spread round-robin over the nodes.
+        on: dict[int, int] = {}
+        for unit in range(w + s + 1):
             n = cursor % nodes
-            used_mem[n] += m
-            used_vc[n] += v
+            used_mem[n] += m if unit else AM.memory
+            used_vc[n] += v if unit else AM.vcores
+            if unit:
+                on[n] = on.get(n, 0) + 1
             cursor += 1
         apps.append(AppView(app_id=f"application_1_{j + 1:05d}", queue="default", user="bench", state="RUNNING",
                             submit_time=float(j), resources=held, shape=report, elastane={"ps-job": spec},
-                            am_resource=AM))
+                            am_resource=AM, executors_on=tuple((f"node{n:05d}:8042", ex.scale(c))
+                                                               for n, c in sorted(on.items()))))
     node_views = tuple(NodeView(f"node{n:05d}:8042", "/default-rack", "RUNNING", node_cap,
                                 Resource(int(used_mem[n]), int(used_vc[n]))) for n in range(nodes))
     total = node_cap.scale(nodes)

@@ -30,10 +30,11 @@ Departures from the paper, and why:
   target), so a directive is not changed while the AM carries it out.
 * The paper pre-runs each job at several shapes to seed its speed function; here the fit is seeded
   with a reference function scaled to the job's own samples (see models/optimus_fit.py).
-* A job that cannot be placed evenly is kept at its current shape rather than paused (pausing is
-  Harmony's run state); one that shrinks and cannot be placed shrinks anywhere (its AM removes
-  executors where they are). Nodes are credited with a reshaped job's executors only where its
-  current directive placed them (the snapshot does not say where the others run).
+* A job that cannot be placed evenly is not paused (pausing is Harmony's run state): it takes only
+  the shrinking part of its change, with no placement (its AM removes executors where they are),
+  and keeps its shape otherwise; the next round may place it.
+* A reshaped job's own executors are placed anew (the AM moves those not on the named nodes), so
+  the room they take on their nodes (`AppView.executors_on`) counts as free when placing it.
 
 State between calls (decide() is deterministic for a sequence of snapshots): per job, its speed
 samples, the shape it settled at and since when, and the cached fits.
@@ -284,13 +285,12 @@ class OptimusPolicy:
         index = {n.node_id: i for i, n in enumerate(running)}
         mem = [n.capacity.memory - n.used.memory for n in running]
         vc = [n.capacity.vcores - n.used.vcores for n in running]
-        directives = {a.app_id: a.directive for a in snapshot.apps}
-        for j in changed:      # what a reshaped job holds where its directive put it is free again
-            d = directives.get(j.app_id)
-            for p in (d.placement if d is not None else []):
-                if p.node in index:
-                    mem[index[p.node]] += (p.workers + p.servers) * j.executor.memory
-                    vc[index[p.node]] += (p.workers + p.servers) * j.executor.vcores
+        views = {a.app_id: a for a in snapshot.apps}
+        for j in changed:      # a reshaped job's own executors are placed anew: their room is free
+            for node_id, held in _executors_on(views[j.app_id], j.executor):
+                if node_id in index:
+                    mem[index[node_id]] += held.memory
+                    vc[index[node_id]] += held.vcores
         book = NodeBook([n.node_id for n in running], mem, vc)
         placed = place_jobs(book, [PlacementJob(j.app_id, *targets[j.app_id], j.executor.memory, j.executor.vcores)
                                    for j in changed])
@@ -300,9 +300,21 @@ class OptimusPolicy:
             where = placed[j.app_id]
             if where is not None:
                 out[j.app_id] = JobDecision(w, s, where, reason=reasons[j.app_id])
-            elif w <= j.workers and s <= j.servers:
-                out[j.app_id] = JobDecision(w, s, reason=reasons[j.app_id] + " (shrinks where it runs)")
+                continue
+            # No even placement: only the shrinking part of the change, where the job runs.
+            w, s = min(w, j.workers), min(s, j.servers)
+            if (w, s) != (j.workers, j.servers):
+                out[j.app_id] = JobDecision(w, s, reason=reasons[j.app_id] + "; no even placement: shrinks only")
         return Decision(dict(sorted(out.items())))
+
+
+def _executors_on(app: AppView, executor: Resource) -> tuple[tuple[str, Resource], ...]:
+    """Where the app's executors are: the snapshot's own account, else (a snapshot without it, e.g.
+    a simulator's) where its current directive placed them."""
+    if app.executors_on:
+        return app.executors_on
+    d = app.directive
+    return tuple((p.node, executor.scale(p.workers + p.servers)) for p in (d.placement if d is not None else []))
 
 
 __all__ = ["JobModel", "JobTraits", "OptimusPolicy", "observe"]

@@ -106,7 +106,7 @@ def allocate(prob: AllocationProblem) -> tuple[IntArray, IntArray]:
         return servers, workers
     # The heap's order: by the running minimum of each job's gains along its own sequence.
     key = gain.copy()
-    order = np.lexsort((job, step))          # each job's additions in step order
+    order = np.lexsort((step, job))          # each job's additions in step order
     for_job = job[order]
     starts = np.r_[0, np.nonzero(np.diff(for_job))[0] + 1]
     key[order] = _segment_cummin(gain[order], starts)

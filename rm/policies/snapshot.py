@@ -34,6 +34,9 @@ class AppView:
     # The app's AM request waits for activation by its queue's AM resource limit (rm/am_limit.py):
     # the scheduler will not allocate its AM whatever is free, so freeing resources cannot start it.
     am_limited: bool = False
+    # Where the app's executors (its containers other than the AM) run: (node id, resources held
+    # there), in node order. Optimus frees a reshaped job's own executors before placing it anew.
+    executors_on: tuple[tuple[str, Resource], ...] = ()
 
 
 @dataclass(frozen=True)
