@@ -12,7 +12,7 @@ from protocol.internal_api import NodePlacement, ShapeDirective
 from protocol.job_report import EpochObjective, JobReport
 from protocol.records import ZERO, Resource
 from rm.policies import ClusterSnapshot, NodeView, OptimusPolicy, create
-from rm.policies.optimus import PRIORITY_FACTOR
+from rm.policies.optimus import PRIORITY_FACTOR, SCHEDULING_INTERVAL_S
 from rm.policies.optimus_alloc import AllocationProblem, allocate, greedy_reference, remaining_time
 from rm.policies.optimus_placement import NodeBook, PlacementJob, even_split, place_jobs
 from rm.policies.snapshot import AppView
@@ -235,7 +235,10 @@ def test_fitted_jobs_grow_into_free_resources_with_theorem_1_placements():
         assert max(c[0] for c in counts) - min(c[0] for c in counts) <= 1     # even split
         total += jd.workers + jd.servers
     assert total + 2 <= 24                       # AMs and executors within the cluster
-    assert policy.decide(snap).jobs == d.jobs    # same data, same decision
+    assert OptimusPolicy().decide(snap).jobs == d.jobs    # same data, same decision
+    assert len(policy.decide(snap)) == 0                  # within the scheduling interval: no new round
+    later = dataclasses.replace(snap, now=snap.now + SCHEDULING_INTERVAL_S)
+    assert policy.decide(later).jobs == d.jobs
 
 
 def test_an_incoming_job_makes_the_running_ones_shrink_to_leave_it_room():

@@ -12,6 +12,7 @@ from protocol.records import Resource
 from rm.__main__ import load_configs, parse_args
 from rm.model import AmSpec
 from rm.policies import OptimusPolicy
+from rm.policies.optimus import SCHEDULING_INTERVAL_S
 from rm.policy_runner import run_policy
 from rm.server import ResourceManagerServer
 from rm.testing import FakeClock, ask, launch_and_register, register
@@ -50,7 +51,8 @@ async def test_optimus_grows_the_fitted_job_onto_named_nodes_and_leaves_the_othe
     (tmp_path / "cluster.toml").write_text('[cluster]\nsecret = "test-secret-0123456789"\n')
     cfg, cluster = load_configs(parse_args(["--policy", "optimus", "--state-dir", str(tmp_path / "rm"),
                                             "--cluster-config", str(tmp_path / "cluster.toml")]))
-    rm = ResourceManagerServer(cfg, cluster, clock=FakeClock(), run_timers=False)
+    clock = FakeClock()
+    rm = ResourceManagerServer(cfg, cluster, clock=clock, run_timers=False)
     core = rm.core
     try:
         assert isinstance(rm.policy, OptimusPolicy)
@@ -106,6 +108,7 @@ async def test_optimus_grows_the_fitted_job_onto_named_nodes_and_leaves_the_othe
         r = core.allocate(a_claims, api.AllocateRequest(response_id=a_rid,
                                                         shape=report(got.workers, got.servers, epochs=13, version=1)))
         assert r.shape_directive is None
+        clock.advance(SCHEDULING_INTERVAL_S)              # the next scheduling round
         assert run_policy(core, rm.policy) == 0
         assert core.apps[b].directive is None
     finally:

@@ -62,6 +62,10 @@ from .snapshot import AppView, ClusterSnapshot
 
 PRIORITY_FACTOR = 0.95      # §4.1: gains of jobs at the beginning of training, to damp prediction errors
 EARLY_PROGRESS = 0.2        # "beginning": fitted progress (epochs trained / predicted total) below this
+# §4: Optimus re-plans every scheduling interval (10 minutes in §6.1), not on every RM tick, so a
+# job is not reshaped again before its last change has been measured; a job arriving, starting or
+# leaving triggers a round at once (its room must be made, or its resources reused).
+SCHEDULING_INTERVAL_S = 30.0
 MAX_SPEED_SAMPLES = 16      # the most recent samples kept per job
 DEFAULT_THRESHOLD = 1e-3    # the apps' default convergence_threshold, for a spec that cannot be read
 DEFAULT_MAX_EPOCHS = 1000   # remaining epochs are capped by max_epochs; without one, by this
@@ -177,9 +181,13 @@ class OptimusPolicy:
 
     def __init__(self) -> None:
         self._models: dict[str, JobModel] = {}
+        self._last_round: Optional[float] = None
+        self._last_jobs: tuple[tuple[str, ...], ...] = ()
 
     def decide(self, snapshot: ClusterSnapshot) -> Decision:
-        """Job decisions for the running PS jobs whose shape changes this round."""
+        """Job decisions for the running PS jobs whose shape changes this round. Speed samples are
+        taken on every call; a round (fits, allocation, placement) runs every
+        `SCHEDULING_INTERVAL_S`, or at once when a job arrives, starts or leaves."""
         view = classify(snapshot)
         apps = {a.app_id: a for a in snapshot.apps}
         jobs = list(view.running)
@@ -187,6 +195,11 @@ class OptimusPolicy:
                         for j in jobs}
         for j in jobs:
             observe(self._models[j.app_id], j.report, (j.workers, j.servers))
+        present = (tuple(j.app_id for j in jobs), tuple(j.app_id for j in view.incoming), view.other_queued)
+        if (self._last_round is not None and present == self._last_jobs
+                and snapshot.now < self._last_round + SCHEDULING_INTERVAL_S):
+            return Decision({})
+        self._last_round, self._last_jobs = snapshot.now, present
         self._refit(jobs)
         fitted, fixed = self._split(jobs)
         budget = self._budget(snapshot, view.running, view.incoming, view.other_queued, apps)
