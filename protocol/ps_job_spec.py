@@ -106,6 +106,10 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # first loss fails it. Apps that keep training state on their workers (NMF, LDA) cannot be
     # recovered this way and fail at the first loss.
     max_executor_failures: Annotated[int, msgspec.Meta(ge=0)] = 3
+    # Optimus §5.2: replace a worker confirmed at under half its peers' median speed (BSP jobs;
+    # appmaster.ps.stragglers). Off by default: on an oversubscribed host healthy workers' times
+    # spread that wide too, and each replacement costs a container start.
+    replace_stragglers: bool = False
 
     # ----- derived values (valid after `validate`) ----------------------------------------------
     @property

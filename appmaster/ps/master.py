@@ -337,8 +337,11 @@ class PSApplicationMaster:
             self.training.loop.stop()
 
     async def _replace_straggler(self) -> None:
-        """Optimus §5.2 at an epoch end: a worker confirmed much slower than its peers is replaced
-        (appmaster.ps.stragglers, ExecutorRecovery.replace_straggler)."""
+        """Optimus §5.2 at an epoch end, for a job that asks for it (`replace_stragglers`): a worker
+        confirmed much slower than its peers is replaced (appmaster.ps.stragglers,
+        ExecutorRecovery.replace_straggler)."""
+        if not self.spec.replace_stragglers:
+            return
         paces = []
         for w in self.training.membership.workers:
             t = self.metrics.workers.get(w.executor_id)

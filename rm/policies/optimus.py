@@ -48,7 +48,7 @@ from typing import Optional
 import msgspec
 import numpy as np
 
-from models.optimus_fit import FEATURES, LossCurve, SpeedFunction, fit_loss_curves, fit_speed, inverse_speed
+from models.optimus_fit import FEATURES, MIN_LOSS_POINTS, LossCurve, SpeedFunction, fit_loss_curves, fit_speed, inverse_speed
 from protocol import ps_job_spec
 from protocol.job_report import MAX_OBJECTIVES, JobReport
 from protocol.ps_app_schemas import APP_SCHEMAS
@@ -63,8 +63,9 @@ from .snapshot import AppView, ClusterSnapshot
 PRIORITY_FACTOR = 0.95      # §4.1: gains of jobs at the beginning of training, to damp prediction errors
 EARLY_PROGRESS = 0.2        # "beginning": fitted progress (epochs trained / predicted total) below this
 # §4: Optimus re-plans every scheduling interval (10 minutes in §6.1), not on every RM tick, so a
-# job is not reshaped again before its last change has been measured; a job arriving, starting or
-# leaving triggers a round at once (its room must be made, or its resources reused).
+# job is not reshaped again before its last change has been measured; a job arriving, starting,
+# leaving or becoming fittable triggers a round at once (its room must be made, its resources
+# reused, or its first fit acted on).
 SCHEDULING_INTERVAL_S = 30.0
 MAX_SPEED_SAMPLES = 16      # the most recent samples kept per job
 DEFAULT_THRESHOLD = 1e-3    # the apps' default convergence_threshold, for a spec that cannot be read
@@ -187,7 +188,8 @@ class OptimusPolicy:
     def decide(self, snapshot: ClusterSnapshot) -> Decision:
         """Job decisions for the running PS jobs whose shape changes this round. Speed samples are
         taken on every call; a round (fits, allocation, placement) runs every
-        `SCHEDULING_INTERVAL_S`, or at once when a job arrives, starts or leaves."""
+        `SCHEDULING_INTERVAL_S`, or at once when a job arrives, starts, leaves or has just gathered
+        the data to be fitted."""
         view = classify(snapshot)
         apps = {a.app_id: a for a in snapshot.apps}
         jobs = list(view.running)
@@ -195,7 +197,10 @@ class OptimusPolicy:
                         for j in jobs}
         for j in jobs:
             observe(self._models[j.app_id], j.report, (j.workers, j.servers))
-        present = (tuple(j.app_id for j in jobs), tuple(j.app_id for j in view.incoming), view.other_queued)
+        # A job that has just gathered enough data to be fitted counts as a newcomer too.
+        ready = tuple(j.app_id for j in jobs if self._models[j.app_id].samples
+                      and len(j.report.objectives) + (j.report.initial_objective is not None) >= MIN_LOSS_POINTS)
+        present = (tuple(j.app_id for j in jobs), tuple(j.app_id for j in view.incoming), view.other_queued, ready)
         if (self._last_round is not None and present == self._last_jobs
                 and snapshot.now < self._last_round + SCHEDULING_INTERVAL_S):
             return Decision({})
