@@ -264,15 +264,27 @@ def test_a_job_in_the_middle_of_a_change_is_not_redirected():
 def test_speed_samples_come_from_epochs_trained_at_a_settled_shape():
     from rm.policies.optimus import JobModel, JobTraits, observe
     m = JobModel(JobTraits(True, 1e-3, 100))
-    observe(m, report(2, 2, epochs=5, epoch_time=2.0), (2, 2))          # never reshaped: every epoch counts
+    observe(m, report(2, 2, epochs=5, epoch_time=2.0), True)          # never reshaped: every epoch counts
     assert [s[:2] for s in m.samples] == [(2, 2)] * 5 and m.samples[0][2] == pytest.approx(0.5)
-    observe(m, report(2, 2, epochs=5, epoch_time=2.0), (2, 2))          # no new epoch: nothing new
+    observe(m, report(2, 2, epochs=5, epoch_time=2.0), True)          # no new epoch: nothing new
+    assert len(m.samples) == 5
+    observe(m, report(2, 2, epochs=6, epoch_time=2.0, changing=True), False)   # a change runs: none
     assert len(m.samples) == 5
     # Reshaped to (4, 2): the epoch under way at the change is mixed; only later ones count.
     r = report(4, 2, epochs=6, epoch_time=1.5, directive_version=1)
-    observe(m, r, (4, 2))
+    observe(m, r, True)
     assert len(m.samples) == 5
-    observe(m, report(4, 2, epochs=7, epoch_time=1.5, directive_version=1), (4, 2))
+    observe(m, report(4, 2, epochs=7, epoch_time=1.5, directive_version=1), True)
     assert len(m.samples) == 5
-    observe(m, report(4, 2, epochs=8, epoch_time=1.2, directive_version=1), (4, 2))
+    observe(m, report(4, 2, epochs=8, epoch_time=1.2, directive_version=1), True)
     assert m.samples[-1] == (2, 4, pytest.approx(1 / 1.2)) and len(m.samples) == 6
+
+
+def test_a_job_whose_am_ended_a_change_short_of_its_directive_is_planned_again():
+    # The AM acted on directive 1 (4 workers) but got only 2 (no containers in time): not "changing".
+    target = ShapeDirective(workers=4, servers=2, version=1)
+    short = report(2, 2, epochs=10, epoch_time=1.0, directive_version=1)
+    d = OptimusPolicy().decide(snapshot([app(1, short, directive=target, most=4)], nodes=2))
+    # Planned again, not held at the unreachable target: its samples at 2 x 2 start after the change,
+    # so until then it gets its requested shape -- the one it has.
+    assert (d.jobs["app_1"].workers, d.jobs["app_1"].servers) == (2, 2)

@@ -112,11 +112,11 @@ def job_traits(app: AppView) -> JobTraits:
     return JobTraits(spec.sync == "bsp", threshold, int(getattr(hp, "max_epochs", DEFAULT_MAX_EPOCHS)))
 
 
-def observe(model: JobModel, report: JobReport, target: tuple[int, int]) -> None:
+def observe(model: JobModel, report: JobReport, is_settled: bool) -> None:
     """Take speed samples from `report`: 1 / epoch time for each new epoch trained entirely at the
-    shape the job is settled at (not changing, at its target)."""
+    shape the job is settled at (`settled`)."""
     shape = (report.workers, report.servers)
-    if report.changing or shape != target or report.workers < 1 or report.servers < 1:
+    if not is_settled or report.workers < 1 or report.servers < 1:
         model.settled = None
         return
     if model.settled != shape:
@@ -165,6 +165,17 @@ def update_history(model: JobModel, report: JobReport) -> bool:
     return True
 
 
+def settled(job: RunningJob, app: AppView) -> bool:
+    """The job is not in the middle of a change: it reports no change running and either has the
+    shape of its directive or has acted on that directive already (an AM that could not reach the
+    shape -- no containers in time -- ends the change at the shape it got)."""
+    r = job.report
+    if r.changing:
+        return False
+    version = app.directive.version if app.directive is not None else 0
+    return (r.workers, r.servers) == (job.workers, job.servers) or r.directive_version >= version
+
+
 @dataclass(frozen=True)
 class _Fitted:
     """A job the allocation sizes: its remaining epochs, speed function and bounds."""
@@ -196,7 +207,7 @@ class OptimusPolicy:
         self._models = {j.app_id: self._models.get(j.app_id) or JobModel(job_traits(apps[j.app_id]))
                         for j in jobs}
         for j in jobs:
-            observe(self._models[j.app_id], j.report, (j.workers, j.servers))
+            observe(self._models[j.app_id], j.report, settled(j, apps[j.app_id]))
         # A job that has just gathered enough data to be fitted counts as a newcomer too.
         ready = tuple(j.app_id for j in jobs if self._models[j.app_id].samples
                       and len(j.report.objectives) + (j.report.initial_objective is not None) >= MIN_LOSS_POINTS)
@@ -206,12 +217,12 @@ class OptimusPolicy:
             return Decision({})
         self._last_round, self._last_jobs = snapshot.now, present
         self._refit(jobs)
-        fitted, fixed = self._split(jobs)
+        fitted, fixed = self._split(jobs, apps)
         budget = self._budget(snapshot, view.running, view.incoming, view.other_queued, apps)
         targets: dict[str, tuple[int, int]] = {}
         reasons: dict[str, str] = {}
         for j in fixed:
-            targets[j.app_id] = self._fixed_target(j)
+            targets[j.app_id] = self._fixed_target(j, apps[j.app_id])
             budget = budget - j.executor.scale(sum(targets[j.app_id]))
             reasons[j.app_id] = "optimus: not fitted yet; requested shape"
         if fitted:
@@ -240,13 +251,12 @@ class OptimusPolicy:
         for m, curve in zip(stale, fit_loss_curves(series)):
             m.curve, m.curve_epoch = curve, (m.epochs[-1] if m.epochs else None)
 
-    def _split(self, jobs: list[RunningJob]) -> tuple[list[_Fitted], list[RunningJob]]:
+    def _split(self, jobs: list[RunningJob], apps: dict[str, AppView]) -> tuple[list[_Fitted], list[RunningJob]]:
         fitted: list[_Fitted] = []
         fixed: list[RunningJob] = []
         for j in jobs:
             m, r = self._models[j.app_id], j.report
-            settled = not r.changing and (r.workers, r.servers) == (j.workers, j.servers)
-            if not settled or m.curve is None or m.speed is None:
+            if not settled(j, apps[j.app_id]) or m.curve is None or m.speed is None:
                 fixed.append(j)
                 continue
             trained = (r.objectives[-1].epoch + 1) if r.objectives else 0
@@ -256,9 +266,9 @@ class OptimusPolicy:
             fitted.append(_Fitted(j, left, m.speed, total > 0 and trained / total < EARLY_PROGRESS))
         return fitted, fixed
 
-    def _fixed_target(self, j: RunningJob) -> tuple[int, int]:
-        r = j.report
-        if r.changing or (r.workers, r.servers) != (j.workers, j.servers):
+    @staticmethod
+    def _fixed_target(j: RunningJob, app: AppView) -> tuple[int, int]:
+        if not settled(j, app):
             return (j.workers, j.servers)            # a change is under way: keep its target
         return (j.spec.workers, j.spec.servers)      # not fitted: the requested shape
 
