@@ -3,7 +3,7 @@
 Two nodes of three 320 MB / 1 vcore slots (an AM takes one). Job A (MLR, 1 worker + 1 server, may
 grow to 2 + 2, EPS in-place reshaping) trains alone: once its loss curve and epoch times are
 known, Optimus grows it into the free slots with a placement, and A's AM carries the directive out.
-Then job B (1 + 1, three epochs) arrives and does not fit: Optimus shrinks A to make room, A's AM
+Then job B (1 + 1, two epochs) arrives and does not fit: Optimus shrinks A to make room, A's AM
 carries that out too, and B runs to success. A trains with no epoch limit in reach until the test
 has seen both changes in its AM's status; then the test kills it."""
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_optimus_grows_a_job_then_shrinks_it_for_a_newcomer(optimus_cluster) -> 
             return False
         wait_until(a_grew, 150, "job A grown by the optimus policy")
 
-        b = submit(optimus_cluster, {"app": "mlr", "workers": 1, "servers": 1, "max_epochs": 3}, "optimus-b")
+        b = submit(optimus_cluster, {"app": "mlr", "workers": 1, "servers": 1, "max_epochs": 2}, "optimus-b")
 
         def a_shrank() -> bool:
             st = am_status(optimus_cluster, a)
