@@ -25,8 +25,10 @@ AM = Resource(1024, 1)
 class ClusterShape:
     """Node size and job mix of a synthetic cluster."""
 
-    node_memory_mb: int = 128 * 1024
-    node_vcores: int = 32
+    # Small enough that the jobs' demand at their max shapes (~2x the cluster) exceeds it: the
+    # allocation's budget binds, as in a busy cluster.
+    node_memory_mb: int = 32 * 1024
+    node_vcores: int = 8
     max_workers: int = 32
     max_servers: int = 16
     executor_vcores: tuple[int, ...] = (1, 2, 4)

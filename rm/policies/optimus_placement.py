@@ -61,11 +61,11 @@ class NodeBook:
         # Prefix sums of the first nodes' free resources: a cheap necessary condition per k.
         mem_sum = list(accumulate(-m for _, m, _ in head))
         vc_sum = list(accumulate(-v for v, _, _ in head))
+        n = job.workers + job.servers
         for k in range(1, len(head) + 1):
-            ws, ss = even_split(job.workers, k), even_split(job.servers, k)
-            n = job.workers + job.servers
             if mem_sum[k - 1] < n * job.memory or vc_sum[k - 1] < n * job.vcores:
                 continue
+            ws, ss = even_split(job.workers, k), even_split(job.servers, k)
             if all(-head[i][0] >= (ws[i] + ss[i]) * job.vcores and -head[i][1] >= (ws[i] + ss[i]) * job.memory
                    for i in range(k)):
                 return self._take(head[:k], ws, ss, job)
