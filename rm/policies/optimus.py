@@ -191,7 +191,9 @@ class OptimusPolicy:
 
     name = "optimus"
 
-    def __init__(self) -> None:
+    def __init__(self, settings: object = None) -> None:
+        # `settings`: whatever the policy registry may hand its factories; Optimus has none of its
+        # own (its constants are this module's).
         self._models: dict[str, JobModel] = {}
         self._last_round: Optional[float] = None
         self._last_jobs: tuple[tuple[str, ...], ...] = ()
