@@ -114,6 +114,10 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     min_workers: Pos = 1                   # lower bounds for elastic scaling (a job keeps one of each)
     min_servers: Pos = 1
+    # Optimus §5.2: replace a worker confirmed at under half its peers' median speed (BSP jobs;
+    # appmaster.ps.stragglers). Off by default: on an oversubscribed host healthy workers' times
+    # spread that wide too, and each replacement costs a container start.
+    replace_stragglers: bool = False
 
     # ----- derived values (valid after `validate`) ----------------------------------------------
     @property

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from protocol.internal_api import NodePlacement
-from protocol.records import ZERO
+from protocol.records import ZERO, Resource
 
 from .core import ResourceManagerCore
 from .model import App
@@ -27,6 +27,11 @@ def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
     """The policy's view of `core` now: nodes, apps known to the scheduler, their demand and limits."""
     nodes = tuple(NodeView(n.node_id, n.rack, n.state.value, n.capability, n.used) for n in core.nodes)
     apps = []
+    executors_on: dict[str, dict[str, Resource]] = {}
+    for c in core.containers.values():
+        if not c.is_am:
+            on = executors_on.setdefault(c.app_id, {})
+            on[c.node_id] = on.get(c.node_id, ZERO) + c.resource
     for sa in core.scheduler.apps.values():
         app = core.apps[sa.app_id]
         pending = sa.am_request or ZERO
@@ -37,7 +42,8 @@ def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
         am_limited = sa.am_request is not None and not sa.am_active
         apps.append(AppView(app.app_id, app.queue, app.user, app.state.value, app.submit_time, sa.used,
                             app.shape, app.elastane, am_resource=app.am.resource, pending=pending,
-                            directive=app.directive, am_limited=am_limited, executors=executors_of(core, app)))
+                            directive=app.directive, am_limited=am_limited, executors=executors_of(core, app),
+                            executors_on=tuple(sorted(executors_on.get(app.app_id, {}).items()))))
     used = sum((q.used for q in core.scheduler.queues.values()), ZERO)
     return ClusterSnapshot(now=core.clock(), total=core.nodes.total, used=used, nodes=nodes, apps=tuple(apps),
                            minimum_allocation_mb=core.scheduler.min_mb)

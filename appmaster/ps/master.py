@@ -48,6 +48,7 @@ from .reconfiguration import Reconfiguration
 from .recovery import LOSS_REPORT_WAIT_S, ExecutorRecovery
 from .status_server import ControlAuth, StatusServer
 from .suspension import JobSuspension
+from .stragglers import StragglerWatch, WorkerPace
 from .training import Training
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ class PSApplicationMaster:
         self.suspension = JobSuspension(self.steps, self.job_record, on_record=self.record_shape_change,
                                         on_state=self._publish_shape)
         self.progress = ProgressTracker(spec.early_feedback_iterations)
+        self.stragglers = StragglerWatch()     # Optimus §5.2: slow workers replaced at epoch ends
         self.cruise: Optional[CruiseDriver] = None    # optimizer "cruise": built once training is set up
         self.directives = DirectiveHandler(self._reshaper, self.live_shape, spec.max_workers,
                                            spec.max_servers, on_change=self._on_directive_change,
@@ -156,6 +158,7 @@ class PSApplicationMaster:
             "optimizer": self.spec.optimizer, "cruise": self.cruise.status_json() if self.cruise else None,
             "resumed_from": self.resumed_from, "recovery": self.recovery.status_json(),
             "suspension": self.suspension.status_json(),
+            "stragglers": self.stragglers.status_json(),
         }
 
     async def request_scale(self, workers: int, servers: int) -> list[dict[str, Any]]:
@@ -332,6 +335,7 @@ class PSApplicationMaster:
         self.am.set_progress(min(1.0, rec.epoch / max(1, int(self.app.hparams.max_epochs))))
         self.progress.on_epoch(self._batches_by_worker(), rec.time)
         self._publish_shape(rec)
+        await self._replace_straggler()
         await self._watch_heldout(rec)
         every = self.spec.checkpoint_every_epochs
         due = every > 0 and (rec.epoch + 1) % every == 0
@@ -341,6 +345,28 @@ class PSApplicationMaster:
             await self.cruise.on_epoch(rec)
         if self._stop.is_set():
             self.training.loop.stop()
+
+    async def _replace_straggler(self) -> None:
+        """Optimus §5.2 at an epoch end, for a job that asks for it (`replace_stragglers`): a worker
+        confirmed much slower than its peers is replaced (appmaster.ps.stragglers,
+        ExecutorRecovery.replace_straggler)."""
+        if not self.spec.replace_stragglers:
+            return
+        paces = []
+        for w in self.training.membership.workers:
+            t = self.metrics.workers.get(w.executor_id)
+            if t is not None and t.compute_s.value is not None and t.comm_s.value is not None:
+                paces.append(WorkerPace(w.executor_id, t.compute_s.value + t.comm_s.value, t.compute_s.count))
+        slow = self.stragglers.check(paces)
+        if slow is None or self._stop.is_set():
+            return
+        worker = next(w for w in self.training.membership.workers if w.executor_id == slow.worker)
+        log.info("straggler: %s; replacing it", slow.describe())
+        new = await self.recovery.replace_straggler(worker, slow.describe())
+        if new is not None:
+            self.stragglers.record(slow, new.executor_id)
+            self.metrics.workers.pop(slow.worker, None)
+            self._publish_shape()
 
     async def _watch_heldout(self, rec: EpochRecord) -> None:
         """Every few epochs hand the model to the held-out monitor (pulled now, at the epoch

@@ -9,7 +9,7 @@ two-step protocol (`move`, psruntime.migration_controller), each change broadcas
 from __future__ import annotations
 
 import asyncio
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
@@ -20,6 +20,7 @@ from psruntime.ownership_table import OwnershipTable
 from .executor_pool import ExecutorRecord
 from .executor_rpc import ExecutorRpc
 from .membership import Membership
+from .parameter_assignment import owners
 
 
 class ModelPlacement:
@@ -54,13 +55,20 @@ class ModelPlacement:
         """The `app_setup` op that binds an executor to this job's app, data spec and hparams."""
         return ops.AppSetup(app=self.spec.app, data=self.spec.app_data(), hparams=self.spec.app_hparams())
 
-    async def place(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord]) -> None:
-        """Make `servers` and `workers` the job's executors: the blocks round-robin over the servers
-        (broadcast to everyone), and every executor bound to the app."""
+    async def place(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord],
+                    block_sizes: Optional[Mapping[int, float]] = None) -> None:
+        """Make `servers` and `workers` the job's executors: the blocks over the servers (broadcast
+        to everyone), and every executor bound to the app. With the blocks' sizes known (a restart
+        on a checkpoint) Optimus's parameter assignment balances size and requests per server
+        (appmaster.ps.parameter_assignment); otherwise (equal, empty blocks) round-robin."""
         self.membership.set(servers, workers)
         everyone = servers + workers
-        table = OwnershipTable.round_robin(self.spec.num_blocks, [s.executor_id for s in servers],
-                                           {e.executor_id: e.address for e in everyone})
+        addresses = {e.executor_id: e.address for e in everyone}
+        ids = [s.executor_id for s in servers]
+        if block_sizes:
+            table = OwnershipTable(self.spec.num_blocks, owners(self.spec.num_blocks, block_sizes, ids), addresses)
+        else:
+            table = OwnershipTable.round_robin(self.spec.num_blocks, ids, addresses)
         self._controller = MigrationController(table, self.client)
         await self._controller.broadcast()
         for s in servers:

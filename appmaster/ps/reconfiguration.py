@@ -51,6 +51,7 @@ from .eps_decisions import Transfer, group_by_route
 from .eps_records import ElasticBusy, ElasticOpFailed, ElasticOpRecord
 from .eps_split_transfers import SplitTransmitter
 from .executor_pool import ExecutorRecord, Role, by_index
+from .parameter_assignment import checkpoint_block_sizes
 from .training import Training
 
 log = logging.getLogger(__name__)
@@ -334,7 +335,9 @@ class Reconfiguration:
         iterations and pacing carry on. Returns the restored objective. (The kill-based restart
         and a new AM attempt resuming the job are this step.)"""
         training = self.training
-        await training.placement.place(servers, workers)    # the barrier's members, in partition order
+        # The barrier's members, in partition order; the checkpoint's block sizes let the parameter
+        # assignment balance the servers (Optimus §5.3).
+        await training.placement.place(servers, workers, checkpoint_block_sizes(directory, training.spec.num_blocks))
         # The AM reads the checkpoint and sends each server its blocks over the data plane: the
         # servers may be on other hosts than the AM's dir.
         await asyncio.gather(*(training.placement.setup_worker(w, i, len(workers)) for i, w in enumerate(workers)),

@@ -202,9 +202,30 @@ class ExecutorRecovery:
     def _pending_workers(self) -> list[ExecutorRecord]:
         return [e for e in self._pending_executors() if e is not None]
 
-    async def _replace(self, lost: list[ExecutorRecord], redo: bool) -> list[ExecutorRecord]:
+    async def replace_straggler(self, worker: ExecutorRecord, why: str) -> Optional[ExecutorRecord]:
+        """Optimus §5.2 (appmaster.ps.stragglers): put a new worker in a slow, live worker's place
+        the way a lost worker is replaced between clocks (its splits where they stand), then retire
+        the slow one. Called at an epoch end, while no clock runs. None, with nothing changed,
+        where a lost worker would not be replaced either (SSP, an app keeping state on its workers,
+        not training), while a reshape holds the job's change slot or a loss is pending; a
+        replacement that fails leaves the straggler in place."""
+        if (self.spec.sync != "bsp" or keeps_worker_state(self.app) or self.steps.busy or self.pending
+                or self.phase() is not JobPhase.TRAINING):
+            return None
+        try:
+            async with self.steps.exclusive("straggler"):
+                new = await self._replace([worker], redo=False, mode="straggler", why=why)
+                await self.steps.retire([worker])
+        except Exception as e:  # noqa: BLE001 - a straggler is slow, not fatal: keep it
+            log.warning("replacing straggler %s failed (%s); it stays", worker.executor_id, e)
+            return None
+        return new[0]
+
+    async def _replace(self, lost: list[ExecutorRecord], redo: bool, mode: str = "replace_worker",
+                       why: str = "") -> list[ExecutorRecord]:
         """Replace the lost workers (module doc); returns the replacements, in `lost`'s order.
-        Their losses leave `pending` (another pending worker is replaced when its own clock fails)."""
+        Their losses leave `pending` (another pending worker is replaced when its own clock fails).
+        `mode` "straggler": the workers are slow, not lost (`replace_straggler`), `why` says how."""
         steps, training = self.steps, self.training
         loop = training.loop
         t0 = time.perf_counter()
@@ -212,8 +233,8 @@ class ExecutorRecovery:
         descriptions = [d for d in self.pending if (e := self.lost.get(d)) is not None and e.executor_id in ids]
         self.pending = [d for d in self.pending if d not in descriptions]
         workers, servers = training.membership.shape()
-        record: dict[str, Any] = {"mode": "replace_worker", "op": "replace", "time": self.wall_clock(),
-                                  "lost": descriptions, "workers": workers, "servers": servers,
+        record: dict[str, Any] = {"mode": mode, "op": "replace", "time": self.wall_clock(),
+                                  "lost": descriptions if mode != "straggler" else [why], "workers": workers, "servers": servers,
                                   "epoch": loop.epochs_done, "clock": loop.clocks_done, "clock_redone": redo,
                                   "epochs_redone": 0, "before": {"workers": workers, "servers": servers},
                                   "after": {"workers": workers, "servers": servers}, "changed": False, "error": ""}
@@ -244,6 +265,9 @@ class ExecutorRecovery:
         finally:
             record["seconds"] = record["duration_s"] = record["lost_s"] = round(time.perf_counter() - t0, 4)
             self.on_record(record)
+        if mode == "straggler":
+            log.info("replaced a straggler in %.2fs: %s", record["seconds"], why)
+            return new
         self.recoveries += 1
         self.replacements += len(new)
         log.info("replaced %s in %.2fs (%s)", "; ".join(descriptions), record["seconds"],

@@ -1,24 +1,28 @@
 """Elastic scheduling policies: pure `decide(ClusterSnapshot) -> Decision` (per job a `JobDecision`).
 
-`eps` is EPS's H-scheduler (rm/policies/eps.py); `dorm` Dorm's utilization-fairness optimizer
-(rm/policies/dorm.py); `drf` and `tetris` the baselines of Optimus §6.1 (rm/policies/drf.py,
-tetris.py). Later policies (optimus, harmony) register
-themselves here with `register(name, factory)`.
+`static` is what YARN does; `eps` EPS's H-scheduler (rm/policies/eps.py); `optimus` Optimus's
+marginal-gain allocation on fitted loss and speed curves (rm/policies/optimus.py); `dorm` Dorm's
+utilization-fairness optimizer (rm/policies/dorm.py); `drf` and `tetris` the baselines of Optimus
+§6.1 (rm/policies/drf.py, tetris.py); `harmony` Harmony's grouping of complementary jobs
+(rm/policies/harmony.py). Each registers itself here with `register(name, factory)`.
 """
 from .base import Policy, create, known, register
 from .decision import Decision, DecisionError, JobDecision
 from .snapshot import AppView, ClusterSnapshot, NodeView
-from .eps import EpsPolicy
-from .static import StaticPolicy
 from .dorm import DormPolicy
 from .drf import DrfPolicy
+from .eps import EpsPolicy
+from .optimus import OptimusPolicy
+from .static import StaticPolicy
 from .tetris import TetrisPolicy
 
 register("static", StaticPolicy)
 register("eps", EpsPolicy)
+register("optimus", OptimusPolicy)
 register("dorm", DormPolicy.from_settings, takes_settings=True)
 register("drf", DrfPolicy)
 register("tetris", TetrisPolicy)
 
-__all__ = ["DormPolicy", "DrfPolicy", "TetrisPolicy", "EpsPolicy", "Policy", "create", "known", "register", "AppView", "ClusterSnapshot", "NodeView",
-           "StaticPolicy", "Decision", "DecisionError", "JobDecision"]
+__all__ = ["AppView", "ClusterSnapshot", "Decision", "DecisionError", "DormPolicy", "DrfPolicy", "EpsPolicy",
+           "JobDecision", "NodeView", "OptimusPolicy", "Policy", "StaticPolicy", "TetrisPolicy", "create", "known",
+           "register"]

@@ -37,6 +37,10 @@ class AppView:
     # Where the app's executors (its non-AM containers) run now: per node, how many are tagged
     # "worker" and "server" (the PS AM tags its asks with the role; other tags count as workers).
     executors: tuple[NodePlacement, ...] = ()
+    # The same containers by the resources they hold per node (node id, resources), in node order:
+    # Optimus frees a reshaped job's own executors before placing it anew (containers of one job
+    # may differ in size, which the role counts above do not say).
+    executors_on: tuple[tuple[str, Resource], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,403 @@
+"""Optimus's performance models (Peng et al., EuroSys'18, §3): the loss curve and the speed function.
+
+* **Loss curve** (§3.1, eq. 1): l = 1/(β0·k + β1) + β2, β ≥ 0, k = epochs trained. Pre-processing as
+  the paper: losses are normalised by the largest seen so far, and a point outside [the minimum of
+  the next 5, the maximum of the previous 5] is an outlier replaced by the mean of its neighbours.
+  Long histories are averaged into at most `MAX_FIT_POINTS` points (§3.1: "average the values of
+  several data points ... as a single data point").
+  Eq. 1 is not linear in β2, so the fit is NNLS in (β0, β1) for each β2 on a grid in [0, min l),
+  keeping the β2 whose curve has the least squared error in loss space (the linearised NNLS rows
+  are weighted by (l − β2)², the derivative of 1/y, so its least squares approximates that error),
+  then a finer grid around the best. The best grid point is solved again with
+  `scipy.optimize.nnls`; the grid itself uses the same 2-variable NNLS in closed form, vectorised
+  over many jobs at once (`fit_loss_curves`), because the RM refits thousands of jobs per round.
+* **Remaining epochs**: the job converges when an epoch lowers the loss by less than `threshold`
+  relative to the previous one (the PS runtime's test, psruntime/apps/base.py); on the fitted
+  curve that first happens at the k solving a quadratic (`LossCurve.epochs_to_converge`).
+* **Speed function** (§3.2): eq. 3 for asynchronous training, f(p, w) = w / (θ0 + θ1·w/p + θ2·w +
+  θ3·p), and eq. 4 for synchronous, f(p, w) = 1 / (θ0·M/w + θ1 + θ2·w/p + θ3·w + θ4·p) (M, the
+  fixed global batch, is folded into θ0). Both are linear in θ once inverted, so NNLS fits 1/f on
+  the features, each row scaled by the measured f so the residuals are relative speed errors.
+  Departure: the paper pre-runs each job at ~5 (p, w) pairs before it starts; Elastane cannot, so
+  the fit adds pseudo-samples from a reference speed function (the paper's Table 2 coefficients),
+  scaled to the job's own measured speeds, with a total weight `PRIOR_WEIGHT` divided by the number
+  of distinct shapes sampled, so real samples soon outweigh it. With samples at one shape only, the fit is the reference scaled to
+  it: enough to explore a neighbouring shape, whose sample then corrects it.
+
+Speeds may be in any unit (the policy uses epochs per second); remaining time = epochs / speed.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.optimize import nnls
+
+Array = NDArray[np.float64]
+
+OUTLIER_WINDOW = 5          # §3.1: neighbours = the previous / subsequent 5 points
+MAX_FIT_POINTS = 32         # longer histories are averaged into this many points
+MIN_LOSS_POINTS = 4         # fewer (initial objective included) and there is no curve
+BETA2_GRID = 32             # coarse grid over β2 in [0, min l), then as many points around the best
+PRIOR_WEIGHT = 0.5          # total weight of the reference pseudo-samples (a real sample weighs 1)
+
+# General speed features; eq. 3 and eq. 4 each use some of them (1/f = θ · features).
+FEATURES = ("1/w", "1/p", "1", "w/p", "w", "p", "p/w")
+SYNC_FEATURES = (0, 2, 3, 4, 5)       # eq. 4: θ0·M/w + θ1 + θ2·w/p + θ3·w + θ4·p
+ASYNC_FEATURES = (0, 1, 2, 6)         # eq. 3 divided by w: θ0/w + θ1/p + θ2 + θ3·p/w
+# Reference coefficients (Table 2, ResNet-50). Sync: the M/w term is Table 2's 1.02 with M = 16
+# (the paper does not give M; 16 keeps the reference's optimum at a few tens of workers).
+SYNC_REFERENCE = (1.02 * 16, 2.78, 4.92, 0.0, 0.02)
+ASYNC_REFERENCE = (2.83, 3.92, 0.0, 0.11)
+
+
+# ===== loss curve ================================================================================
+
+@dataclass(frozen=True)
+class LossCurve:
+    """A fitted eq. 1 in normalised units (losses divided by `scale`); `rss` its residual."""
+
+    beta0: float
+    beta1: float
+    beta2: float
+    scale: float = 1.0
+    rss: float = 0.0
+
+    def loss(self, k: float | Array) -> float | Array:
+        """The predicted raw loss after `k` epochs."""
+        return self.scale * (1.0 / (self.beta0 * np.asarray(k, dtype=float) + self.beta1) + self.beta2)
+
+    def raw(self) -> tuple[float, float, float]:
+        """(β0, β1, β2) of the curve in raw loss units: s·(1/(b0 k + b1) + b2) = 1/(b0/s k + b1/s) + s b2."""
+        return self.beta0 / self.scale, self.beta1 / self.scale, self.beta2 * self.scale
+
+    def epochs_to_converge(self, threshold: float) -> float:
+        """The first k at which epoch k lowers the loss by less than `threshold` relative to epoch
+        k-1 (inf if never; 0 for a flat curve). With a = β0(k-1) + β1 the relative drop is
+        β0 / ((a + β0)(1 + β2·a)) < δ, i.e. δβ2·a² + δ(1 + β2β0)·a + β0(δ - 1) > 0."""
+        b0, b1, b2, d = self.beta0, self.beta1, self.beta2, threshold
+        if b0 <= 0.0:
+            return 0.0
+        if d >= 1.0:
+            return 1.0
+        qa, qb, qc = d * b2, d * (1.0 + b2 * b0), b0 * (d - 1.0)
+        if qa > 0.0:
+            a = (-qb + math.sqrt(qb * qb - 4.0 * qa * qc)) / (2.0 * qa)
+        else:
+            a = -qc / qb
+        return max(1.0, math.floor((a - b1) / b0 + 1.0) + 1.0)
+
+    def remaining_epochs(self, trained: float, threshold: float) -> float:
+        """Epochs still to train after `trained` ones until the curve says converged (>= 0)."""
+        return max(0.0, self.epochs_to_converge(threshold) - trained)
+
+
+def loss_points(initial: Optional[float], history: Iterable[tuple[int, float]]) -> tuple[Array, Array]:
+    """(k, loss) points of a job: the initial objective at k = 0 and each finished epoch e at
+    k = e + 1 (epochs trained), sorted by k, non-finite values dropped."""
+    pts = {} if initial is None or not math.isfinite(initial) else {0: float(initial)}
+    for epoch, obj in history:
+        if math.isfinite(obj):
+            pts[int(epoch) + 1] = float(obj)
+    ks = sorted(pts)
+    return np.asarray(ks, dtype=float), np.asarray([pts[k] for k in ks], dtype=float)
+
+
+def _pad(series: Sequence[tuple[Array, Array]]) -> tuple[Array, Array, NDArray[np.bool_], NDArray[np.int64]]:
+    """Series as J x N matrices (k, loss, mask) left-aligned, and their lengths."""
+    lengths = np.array([len(s[0]) for s in series], dtype=np.int64)
+    n = int(lengths.max()) if len(lengths) else 0
+    k = np.zeros((len(series), n))
+    loss = np.ones((len(series), n))
+    for j, (ks, ls) in enumerate(series):
+        k[j, :len(ks)] = ks
+        loss[j, :len(ls)] = ls
+    mask = np.arange(n)[None, :] < lengths[:, None]
+    return k, loss, mask, lengths
+
+
+def _remove_outliers(loss: Array, mask: NDArray[np.bool_], lengths: NDArray[np.int64], window: int) -> Array:
+    """`remove_outliers` on every row of a padded matrix at once."""
+    J, n = loss.shape
+    hi = np.full((J, n), -np.inf)
+    lo = np.full((J, n), np.inf)
+    beyond = np.where(mask, loss, np.inf)      # past a row's end nothing counts as subsequent
+    for d in range(1, min(window, n - 1) + 1):
+        np.maximum(hi[:, d:], loss[:, :-d], out=hi[:, d:])       # previous
+        np.minimum(lo[:, :-d], beyond[:, d:], out=lo[:, :-d])    # subsequent
+    col = np.arange(n)[None, :]
+    bad = mask & ((loss > hi) | (loss < lo)) & (col > 0) & (col < lengths[:, None] - 1)
+    if not bad.any():
+        return loss
+    left = np.concatenate([loss[:, :1], loss[:, :-1]], axis=1)
+    right = np.concatenate([loss[:, 1:], loss[:, -1:]], axis=1)
+    return np.where(bad, 0.5 * (left + right), loss)
+
+
+def remove_outliers(losses: Array, window: int = OUTLIER_WINDOW) -> Array:
+    """§3.1: a point above the max of its previous `window` or below the min of its next `window`
+    is replaced by the mean of its two neighbours (the first and last points are kept)."""
+    x = np.asarray(losses, dtype=float)
+    if len(x) < 3:
+        return x.copy()
+    k, loss, mask, lengths = _pad([(np.arange(len(x), dtype=float), x)])
+    out: Array = _remove_outliers(loss, mask, lengths, window)[0]
+    return out
+
+
+def _prepare(k: Array, loss: Array, mask: NDArray[np.bool_], lengths: NDArray[np.int64],
+             max_points: int) -> tuple[Array, Array, NDArray[np.bool_], Array]:
+    """`prepare` on padded rows: returns (k, l, mask, scale) with at most `max_points` columns."""
+    scale = np.where(mask, loss, -np.inf).max(axis=1)
+    loss = _remove_outliers(loss, mask, lengths, OUTLIER_WINDOW) / scale[:, None]
+    if loss.shape[1] <= max_points:
+        return k, loss, mask, scale
+    # Rows longer than max_points: means of consecutive near-equal groups, from prefix sums.
+    long = lengths > max_points
+    starts = (np.arange(max_points)[None, :] * lengths[:, None]) // max_points
+    ends = np.concatenate([starts[:, 1:], lengths[:, None]], axis=1)
+    zero = np.zeros((len(k), 1))
+    ck = np.concatenate([zero, np.cumsum(np.where(mask, k, 0.0), axis=1)], axis=1)
+    cl = np.concatenate([zero, np.cumsum(np.where(mask, loss, 0.0), axis=1)], axis=1)
+    size = np.maximum(ends - starts, 1)
+    kb = (np.take_along_axis(ck, ends, 1) - np.take_along_axis(ck, starts, 1)) / size
+    lb = (np.take_along_axis(cl, ends, 1) - np.take_along_axis(cl, starts, 1)) / size
+    kb = np.where(long[:, None], kb, k[:, :max_points])
+    lb = np.where(long[:, None], lb, loss[:, :max_points])
+    return kb, lb, mask[:, :max_points] | long[:, None], scale
+
+
+def prepare(ks: Array, losses: Array, max_points: int = MAX_FIT_POINTS) -> tuple[Array, Array, float]:
+    """The paper's pre-processing: outliers replaced, losses divided by their maximum, then long
+    series averaged down to `max_points` (consecutive groups). Returns (k, l, scale)."""
+    k, loss, mask, lengths = _pad([(np.asarray(ks, float), np.asarray(losses, float))])
+    kb, lb, mb, scale = _prepare(k, loss, mask, lengths, max_points)
+    return kb[0][mb[0]], lb[0][mb[0]], float(scale[0])
+
+
+def _nnls2(sw: Array, sk: Array, skk: Array, sy: Array, sky: Array) -> tuple[Array, Array, NDArray[np.bool_]]:
+    """Closed-form NNLS of min Σ w (a·k + b − y)² over a, b ≥ 0, from its weighted sums (any shape);
+    the third array says where the unconstrained optimum was already feasible."""
+    det = skk * sw - sk * sk
+    safe = np.where(det > 1e-300, det, 1.0)
+    a = np.where(det > 1e-300, (sw * sky - sk * sy) / safe, -1.0)
+    b = np.where(det > 1e-300, (skk * sy - sk * sky) / safe, -1.0)
+    inside = (a >= 0) & (b >= 0)
+    # Off the feasible quadrant the optimum lies on an axis: a only (b = 0) or b only (a = 0).
+    a_only = np.maximum(0.0, sky / np.where(skk > 0, skk, 1.0))
+    b_only = np.maximum(0.0, sy / np.where(sw > 0, sw, 1.0))
+    cost_a = a_only * a_only * skk - 2 * a_only * sky
+    cost_b = b_only * b_only * sw - 2 * b_only * sy
+    use_a = cost_a < cost_b
+    return (np.where(inside, a, np.where(use_a, a_only, 0.0)),
+            np.where(inside, b, np.where(use_a, 0.0, b_only)), inside)
+
+
+def _moments(k: Array, loss: Array, mask: NDArray[np.bool_]) -> Array:
+    """M[:, p, q] = Σ k^p · l^q over each row's points (p <= 2, q <= 4)."""
+    kk = np.where(mask, k, 0.0)
+    m = mask.astype(float)
+    out = np.empty((len(k), 3, 5))
+    lq = m
+    for q in range(5):
+        kp = lq
+        for p_ in range(3):
+            out[:, p_, q] = kp.sum(axis=1)
+            kp = kp * kk
+        lq = lq * loss
+    return out
+
+
+_BINOM = [[1], [1, 1], [1, 2, 1], [1, 3, 3, 1], [1, 4, 6, 4, 1]]
+
+
+def _grid_fit(moments: Array, c: Array) -> tuple[Array, Array, Array, NDArray[np.bool_]]:
+    """For jobs (their `_moments`) and β2 candidates c (J x G): the NNLS (β0, β1) of each
+    candidate's weighted, linearised rows and that fit's objective. The rows' sums are polynomials
+    in β2 -- Σ k^p (l − β2)^n = Σ_q C(n, q) (−β2)^(n−q) M[p, q] -- so a candidate costs O(1), not
+    O(points). Returns (a, b, objective, interior), each J x G."""
+    powers = [np.ones_like(c)]
+    for _ in range(4):
+        powers.append(powers[-1] * -c)
+
+    def S(n: int, p_: int) -> Array:      # Σ k^p (l − β2)^n
+        return sum((_BINOM[n][q] * powers[n - q] * moments[:, p_, q][:, None] for q in range(n + 1)),
+                   start=np.zeros_like(c))
+
+    sw, sk, skk = S(4, 0), S(4, 1), S(4, 2)
+    sy, sky, syy = S(3, 0), S(3, 1), S(2, 0)
+    a, b, inside = _nnls2(sw, sk, skk, sy, sky)
+    obj = a * a * skk + 2 * a * b * sk + b * b * sw - 2 * a * sky - 2 * b * sy + syy
+    return a, b, obj, inside
+
+
+def fit_loss_curves(series: Sequence[tuple[Array, Array]]) -> list[Optional[LossCurve]]:
+    """Fit eq. 1 to each (k, loss) series at once (None where there are too few points or a loss is
+    not positive). Pre-processing per `prepare`; see the module doc for the method."""
+    out: list[Optional[LossCurve]] = [None] * len(series)
+    keep = [i for i, (ks, _) in enumerate(series) if len(ks) >= MIN_LOSS_POINTS]
+    if not keep:
+        return out
+    k, loss, mask, lengths = _pad([(np.asarray(series[i][0], float), np.asarray(series[i][1], float))
+                                   for i in keep])
+    valid = ~np.any(mask & ~((loss > 0) & np.isfinite(loss)), axis=1)     # losses must be positive
+    if not valid.all():
+        keep = [i for i, v in zip(keep, valid) if v]
+        k, loss, mask, lengths = k[valid], loss[valid], mask[valid], lengths[valid]
+        if not keep:
+            return out
+    k, loss, mask, scale = _prepare(k, loss, mask, lengths, MAX_FIT_POINTS)
+    J = len(keep)
+    rows = np.arange(J)
+    moments = _moments(k, loss, mask)
+    lmin = np.where(mask, loss, np.inf).min(axis=1)
+    c = lmin[:, None] * (np.arange(BETA2_GRID) / BETA2_GRID)[None, :]        # β2 in [0, min l)
+    _, _, obj, _ = _grid_fit(moments, c)
+    best = c[rows, obj.argmin(axis=1)]
+    # Refine between the best candidate's neighbours.
+    step = lmin / BETA2_GRID
+    lo = np.maximum(0.0, best - step)
+    hi = np.minimum(lmin * (1 - 1e-6), best + step)
+    c2 = lo[:, None] + (hi - lo)[:, None] * np.linspace(0.0, 1.0, BETA2_GRID)[None, :]
+    a, b, obj2, inside = _grid_fit(moments, c2)
+    pick = obj2.argmin(axis=1)
+    beta2, b0, b1, interior = c2[rows, pick], a[rows, pick], b[rows, pick], inside[rows, pick]
+    pred = 1.0 / np.maximum(b0[:, None] * k + b1[:, None], 1e-12) + beta2[:, None]
+    res = np.where(mask, (pred - loss) ** 2, 0.0).sum(axis=1)
+    for r in np.nonzero(~interior)[0]:
+        # A bound is active: the chosen β2's (β0, β1) from scipy's NNLS on the same weighted rows
+        # (where the unconstrained optimum is feasible it is the NNLS solution already).
+        ks, ls = k[r][mask[r]], loss[r][mask[r]]
+        gap = ls - beta2[r]
+        wt = gap * gap
+        sol, _ = nnls(np.column_stack([ks * wt, wt]), wt / gap)
+        b0[r], b1[r] = sol[0], sol[1]
+        res[r] = float(((1.0 / np.maximum(b0[r] * ks + b1[r], 1e-12) + beta2[r] - ls) ** 2).sum())
+    for j, i in enumerate(keep):
+        out[i] = LossCurve(float(b0[j]), float(b1[j]), float(beta2[j]), float(scale[j]), float(res[j]))
+    return out
+
+
+def fit_loss_curve(ks: Array, losses: Array) -> Optional[LossCurve]:
+    """Fit eq. 1 to one job's (k, loss) points (None: too few points, or a loss <= 0)."""
+    return fit_loss_curves([(ks, losses)])[0]
+
+
+# ===== speed function ============================================================================
+
+def features(servers: Array | float, workers: Array | float) -> Array:
+    """The general speed features (`FEATURES`) of (p, w), shape (..., 7)."""
+    p = np.asarray(servers, dtype=float)
+    w = np.asarray(workers, dtype=float)
+    return np.stack([1.0 / w, 1.0 / p, np.ones_like(p), w / p, w, p, p / w], axis=-1)
+
+
+@dataclass(frozen=True)
+class SpeedFunction:
+    """A fitted eq. 3 / eq. 4: 1/f(p, w) = coefficients · features(p, w); `rss` of the relative errors."""
+
+    coefficients: tuple[float, ...]      # over FEATURES (zeros for the features the mode does not use)
+    sync: bool
+    rss: float = 0.0
+
+    def inverse(self, servers: Array | float, workers: Array | float) -> Array:
+        """1/f: time per unit of progress at (p, w)."""
+        return np.asarray(features(servers, workers) @ np.asarray(self.coefficients))
+
+    def speed(self, servers: Array | float, workers: Array | float) -> Array:
+        return 1.0 / self.inverse(servers, workers)
+
+    def theta(self) -> tuple[float, ...]:
+        """The paper's θ of eq. 4 (sync) or eq. 3 (async), in the equation's order."""
+        return tuple(self.coefficients[i] for i in (SYNC_FEATURES if self.sync else ASYNC_FEATURES))
+
+
+@functools.lru_cache(maxsize=2)
+def reference(sync: bool) -> SpeedFunction:
+    """The reference speed function (Table 2's coefficients) the pseudo-samples come from."""
+    coef = [0.0] * len(FEATURES)
+    for i, v in zip(SYNC_FEATURES if sync else ASYNC_FEATURES, SYNC_REFERENCE if sync else ASYNC_REFERENCE):
+        coef[i] = v
+    return SpeedFunction(tuple(coef), sync)
+
+
+def _ladder(most: int) -> list[int]:
+    out, v = [], 1
+    while v < most:
+        out.append(v)
+        v *= 2
+    return out + [max(1, most)]
+
+
+@functools.lru_cache(maxsize=1024)
+def _pseudo_shapes(sync: bool, max_servers: int, max_workers: int) -> tuple[Array, Array]:
+    """The pseudo-samples' features (rows, the mode's columns) and the reference's 1/f there."""
+    shapes = [(p, w) for p in _ladder(max_servers) for w in _ladder(max_workers)]
+    x = features(np.array([s[0] for s in shapes], float), np.array([s[1] for s in shapes], float))
+    ref = np.asarray(reference(sync).coefficients)
+    return x[:, list(SYNC_FEATURES if sync else ASYNC_FEATURES)], x @ ref
+
+
+def fit_speed(samples: Sequence[tuple[int, int, float]], sync: bool, max_servers: int = 32,
+              max_workers: int = 32, prior_weight: float = PRIOR_WEIGHT) -> Optional[SpeedFunction]:
+    """NNLS fit of eq. 4 (`sync`) or eq. 3 to (servers, workers, speed) samples (None: no usable
+    sample). Pseudo-samples of the scaled reference over a ladder of shapes up to the bounds carry
+    `prior_weight` / (distinct shapes sampled) in all (0: the paper's plain fit, which needs
+    samples at enough shapes).
+
+    Samples at one shape only (and a prior) give the reference scaled to them, computed directly:
+    the NNLS would return (nearly) that, and the RM refits thousands of such jobs per round."""
+    good = [(p, w, f) for p, w, f in samples if p >= 1 and w >= 1 and f > 0 and math.isfinite(f)]
+    if not good:
+        return None
+    ref = reference(sync)
+    # The reference scaled to the job: the geometric mean of measured / reference speed.
+    logs: dict[tuple[int, int], list[float]] = {}
+    for p, w, f in good:
+        logs.setdefault((p, w), []).append(math.log(f))
+    log_scale = sum(sum(v) + len(v) * math.log(inverse_speed(ref.coefficients, p, w))
+                    for (p, w), v in logs.items()) / len(good)
+    scale = math.exp(log_scale)
+    if prior_weight > 0 and len(logs) == 1:
+        ((p, w),) = logs
+        inv = inverse_speed(ref.coefficients, p, w) / scale
+        return SpeedFunction(tuple(c / scale for c in ref.coefficients), sync,
+                             sum((inv * f - 1.0) ** 2 for _, _, f in good))
+    cols = list(SYNC_FEATURES if sync else ASYNC_FEATURES)
+    arr = np.array(good, dtype=float)
+    speed = arr[:, 2]
+    X = features(arr[:, 0], arr[:, 1])[:, cols]
+    A = X * speed[:, None]                      # (θ·x − 1/f)·f: the relative error of the prediction
+    b = np.ones(len(good))
+    if prior_weight > 0:
+        xp, ref_inv = _pseudo_shapes(sync, max(1, max_servers), max(1, max_workers))
+        weight = math.sqrt(prior_weight / len(logs) / len(xp))    # fades as distinct shapes come in
+        A = np.vstack([A, xp * (scale * weight / ref_inv)[:, None]])
+        b = np.concatenate([b, np.full(len(xp), weight)])
+    # Columns scaled to unit norm so NNLS is well conditioned whatever the units.
+    norms = np.sqrt((A * A).sum(axis=0))
+    norms[norms == 0] = 1.0
+    theta, _ = nnls(A / norms, b)
+    theta = theta / norms
+    if not np.any(theta > 0):
+        return None
+    coef = [0.0] * len(FEATURES)
+    for i, v in zip(cols, theta):
+        coef[i] = float(v)
+    rss = float((((X @ theta) * speed - 1.0) ** 2).sum())
+    return SpeedFunction(tuple(coef), sync, rss)
+
+
+def inverse_speed(coefficients: Sequence[float], p: float, w: float) -> float:
+    """1/f at one shape: coefficients · features(p, w), without numpy (hot paths)."""
+    c = coefficients
+    return c[0] / w + c[1] / p + c[2] + c[3] * w / p + c[4] * w + c[5] * p + c[6] * p / w
+
+
+__all__ = ["ASYNC_FEATURES", "FEATURES", "LossCurve", "MAX_FIT_POINTS", "MIN_LOSS_POINTS", "PRIOR_WEIGHT",
+           "SYNC_FEATURES", "SpeedFunction", "features", "fit_loss_curve", "fit_loss_curves", "fit_speed",
+           "inverse_speed", "loss_points", "prepare", "reference", "remove_outliers"]

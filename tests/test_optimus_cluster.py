@@ -1,0 +1,87 @@
+"""`--policy optimus` driving real PS AMs on a local cluster.
+
+Two nodes of three 320 MB / 1 vcore slots (an AM takes one). Job A (MLR, 1 worker + 1 server, may
+grow to 2 + 2, EPS in-place reshaping) trains alone: once its loss curve and epoch times are
+known, Optimus grows it into the free slots with a placement, and A's AM carries the directive out.
+Then job B (1 + 1, two epochs) arrives and does not fit: Optimus shrinks A to make room, A's AM
+carries that out too, and B runs to success. A trains with no epoch limit in reach until the test
+has seen both changes in its AM's status; then the test kills it."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+
+from appmaster.ps.submission import build_ps_submission
+from conftest import am_status, get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
+from polling import wait_until
+from protocol import container_env
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def optimus_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    with running_cluster(tmp_path_factory.mktemp("optimus-cluster"), nodes=2, node_memory_mb=1536, node_vcores=3,
+                         nm_expiry_s=5, am_expiry_s=10, policy="optimus") as c:
+        yield c
+
+
+def submit(cluster: Any, spec: dict[str, Any], name: str) -> str:
+    return submit_app(cluster.rm_url, build_ps_submission({"executor_memory_mb": 320, **spec}, name=name,
+                                                          am_memory=384))
+
+
+def changes(st: dict[str, Any]) -> list[tuple[int, int]]:
+    """The shapes A's AM reshaped to with EPS's operations, in order (those that took effect)."""
+    return [(c["after"]["workers"], c["after"]["servers"]) for c in (st.get("eps") or {}).get("history", [])
+            if c.get("ok")]
+
+
+def test_optimus_grows_a_job_then_shrinks_it_for_a_newcomer(optimus_cluster) -> None:
+    a = submit(optimus_cluster, {"app": "mlr", "workers": 1, "servers": 1, "max_workers": 2, "max_servers": 2,
+                                 "max_epochs": 100_000, "convergence_threshold": 1e-12}, "optimus-a")
+    seen: dict[str, Any] = {}
+    b = None
+    try:
+        def a_grew() -> bool:
+            st = am_status(optimus_cluster, a)
+            if st and any(w + s > 2 for w, s in changes(st)):
+                seen["grown"] = st
+                return True
+            return False
+        wait_until(a_grew, 150, "job A grown by the optimus policy")
+
+        b = submit(optimus_cluster, {"app": "mlr", "workers": 1, "servers": 1, "max_epochs": 2}, "optimus-b")
+
+        def a_shrank() -> bool:
+            st = am_status(optimus_cluster, a)
+            shapes = changes(st) if st else []
+            grown = [i for i, (w, s) in enumerate(shapes) if w + s > 2]
+            if grown and any(w + s < sum(shapes[grown[0]]) for w, s in shapes[grown[0] + 1:]):
+                seen["shrunk"] = st
+                return True
+            return False
+        wait_until(a_shrank, 120, "job A shrunk to make room for job B")
+        app_b = wait_app(optimus_cluster.rm_url, b, ("FINISHED",), 180)
+        assert app_b["finalStatus"] == "SUCCEEDED", app_b["diagnostics"]
+    finally:
+        for app_id in (a, b):
+            if app_id and get_app(optimus_cluster.rm_url, app_id)["state"] not in ("FINISHED", "FAILED", "KILLED"):
+                rest(optimus_cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"},
+                     user="alice")
+    for app_id in (a, b):
+        if app_id:
+            wait_app(optimus_cluster.rm_url, app_id, ("FINISHED", "FAILED", "KILLED"), 60)
+            wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
+
+    st = seen["shrunk"]
+    directives = st["directives"]
+    versions = [d["version"] for d in directives]
+    assert versions == sorted(set(versions)), versions           # each acted on once, in order
+    assert all(d["error"] == "" for d in directives), directives
+    assert any("optimus" in d.get("reason", "") for d in directives), directives
+    grow = next(d for d in directives if d["workers"] + d["servers"] > 2)
+    assert grow["workers"] <= 2 and grow["servers"] <= 2
+    obj = [h["objective"] for h in st["objective_history"]]
+    assert obj[-1] < obj[0]                                       # trained on through both changes
