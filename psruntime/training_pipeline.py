@@ -262,7 +262,7 @@ class TrainingPipeline:
             self._send_push, store, prepared, count_key, one, push_id(split, epoch, start, COUNT)))
 
     async def _send_push(self, store: StoreClient, prepared: PreparedArray | None, count_key: str | None,
-                         one: list[np.ndarray], count_id: int) -> None:
+                         one: list[np.ndarray], count_id: int | None) -> None:
         if prepared is not None:
             await store.send_push(prepared, self.gate)
         if count_key is not None:
