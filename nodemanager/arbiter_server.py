@@ -17,7 +17,7 @@ import logging
 import os
 import tempfile
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
 
 from protocol.arbiter_wire import FRAME, FRAME_SIZE, Frame, Op, SlotKind
 
@@ -47,8 +47,7 @@ class _Connection(asyncio.Protocol):
         self.buf = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)   # uvloop's is no asyncio.Transport subclass
         self.server.connections[self.conn] = self
 
     def data_received(self, data: bytes) -> None:
