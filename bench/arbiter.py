@@ -30,10 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nodemanager.arbiter_server import ArbiterServer  # noqa: E402
-from protocol.arbiter_wire import SlotKind  # noqa: E402
-from protocol.daemon import install_uvloop  # noqa: E402
-from psruntime.arbiter_client import ArbiterClient  # noqa: E402
+from nodemanager.arbiter_server import ArbiterServer
+from protocol.arbiter_wire import SlotKind
+from protocol.daemon import install_uvloop
+from psruntime.arbiter_client import ArbiterClient
 
 KINDS = ("ping", "grant_cpu", "grant_comm", "handoff")
 
