@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Optional, cast
+from typing import Optional
 
 from protocol.arbiter_wire import FRAME, FRAME_SIZE, YIELDING, Frame, Op, Role, SlotKind, name_hash
 
@@ -85,7 +85,7 @@ class ArbiterClient:
             transport, _ = await loop.create_unix_connection(lambda: _Protocol(self), self.path)
         except OSError as e:
             raise ArbiterUnavailable(f"arbiter at {self.path}: {e}") from e
-        self._transport = cast(asyncio.Transport, transport)   # uvloop's is no asyncio.Transport subclass
+        self._transport = transport
 
     async def close(self) -> None:
         if self._transport is not None:
