@@ -14,6 +14,7 @@ from aiohttp import web
 from protocol.config import ClusterConfig, NMConfig
 
 from . import node_settings
+from .arbiter_server import ArbiterServer, socket_path
 from .container_manager import ContainerManager
 from .enforcement import Enforcement, choose
 from .recovery_store import RecoveryStore
@@ -45,6 +46,9 @@ class NodeManager:
         self._runner: Optional[web.AppRunner] = None
         self._link_task: Optional[asyncio.Task] = None
         self._sock: Optional[socket.socket] = None
+        # Auxiliary service: Harmony's per-node arbiter, started and stopped with the NM.
+        self.arbiter: Optional[ArbiterServer] = (
+            ArbiterServer(socket_path(cfg.local_dir, cfg.arbiter_socket)) if cfg.arbiter else None)
 
     @property
     def url(self) -> str:
@@ -80,13 +84,17 @@ class NodeManager:
             log.warning("%s", self.enforcement.warning)
         else:
             log.info("container limits enforced with cgroups %s", self.enforcement.mode)
+        if self.arbiter is not None:
+            await self.arbiter.start()
         self.manager = ContainerManager(self.cfg, self.node_id, self.host, self.port, self.capability,
-                                        self.enforcement, RecoveryStore(self.cfg.recovery_dir))
+                                        self.enforcement, RecoveryStore(self.cfg.recovery_dir),
+                                        arbiter_socket=self.arbiter.path if self.arbiter else "")
         recovered = await self.manager.recover()
         if recovered:
             log.info("recovered %d container(s) from %s", len(recovered), self.cfg.recovery_dir)
         self.manager.start_loops()
-        api = NodeWebApi(self.manager, self.cluster.secret, self.node_id, lambda: self.url, self.node_info)
+        api = NodeWebApi(self.manager, self.cluster.secret, self.node_id, lambda: self.url, self.node_info,
+                         self.arbiter.view if self.arbiter else None)
         self._runner = web.AppRunner(api.app(), access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, self._sock).start()
@@ -155,6 +163,8 @@ class NodeManager:
             await self.link.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.arbiter is not None:
+            await self.arbiter.stop()
         if self.ready_file:
             try:
                 os.unlink(self.ready_file)

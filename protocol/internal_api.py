@@ -65,6 +65,10 @@ class LaunchContext(_Msg):
     commands: list[str]
     environment: dict[str, str] = {}
     local_resources: dict[str, dict[str, Any]] = {}
+    # True: CPU by weight only (cgroup cpu.weight / cpu.shares, no quota) whatever the NM's
+    # cpu_enforcement, memory still a hard limit: Harmony's co-location model, where the node's
+    # arbiter runs one COMP at a time and that COMP should get the whole node.
+    cpu_weighted: bool = False
 
 
 class StartContainerRequest(_Msg):

@@ -10,9 +10,11 @@ Per mini-batch the pipeline runs three subtasks, one after the other (DESIGN.md,
 A `SubtaskRunner` decides when each subtask runs: `await runner.run(kind, work)`. The default,
 `ImmediateRunner`, runs it at once. A Harmony runner takes a slot of `kind.resource` from its node's
 arbiter before `await work()` and gives it back after, with no change here. `work` is exactly the
-subtask (the compute thread hand-off included), so what is not its job can stay outside it: the
-batch's keys are chosen before PULL's work, and a later split of a pull or push into encode /
-transfer / decode can hand the runner only the transfer.
+subtask (the compute thread hand-off included), so what is not its job stays outside it: the
+batch's keys are chosen before PULL's work, and a pull or push is split into encode / transfer /
+decode (`StoreClient.prepare_*`, `send_*`, `finish_pull`) of which the runner gets only the
+transfer, so (de)serialization never holds a network slot (dissertation §4.3.1). A runner that is
+also a `TransferGate` (Harmony's) paces the transfer's per-owner pieces.
 
 COMP runs one at a time and in order (one thread), and a batch's PULL waits for the previous
 batch's PUSH: the math is that of a sequential loop, so the same seed trains the same trajectory.
@@ -41,7 +43,7 @@ import numpy as np
 from psruntime.apps.base import KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.push_ids import COUNT, DELTAS, push_id
-from psruntime.store_client import StoreClient
+from psruntime.store_client import PreparedArray, StoreClient, TransferGate
 
 T = TypeVar("T")
 INIT_CHUNK_KEYS = 4096
@@ -126,6 +128,15 @@ async def pull_key_values(store: StoreClient, keys: np.ndarray, key_length: int)
     return KeyValues(keys, values)
 
 
+async def pull_through(runner: SubtaskRunner, gate: TransferGate | None, store: StoreClient,
+                       keys: np.ndarray, key_length: int) -> KeyValues:
+    """PULL as a subtask of `runner`: encode before it, only the transfer in it, decode after."""
+    prepared = store.prepare_pull(keys, (key_length,), np.float32)
+    replies = await runner.run(Subtask.PULL, functools.partial(store.send_pull, prepared, gate))
+    values, _found = await store.finish_pull(prepared, replies)
+    return KeyValues(keys, values)
+
+
 async def push_key_values(store: StoreClient, deltas: KeyValues | None, pid: int | None = None) -> None:
     """Push `deltas` (value += delta at the owners) as one array-form update per owner, with push
     id `pid` when given."""
@@ -180,6 +191,8 @@ class TrainingPipeline:
 
     def __init__(self, runner: SubtaskRunner | None = None) -> None:
         self.runner: SubtaskRunner = runner if runner is not None else ImmediateRunner()
+        # A runner that paces transfers (Harmony's) is also their gate.
+        self.gate: TransferGate | None = runner if isinstance(runner, TransferGate) else None
         self.compute_thread = ComputeThread()
         # Cumulative training figures (the AM's Cruise driver differences them per epoch).
         self.counters = {"batches": 0, "samples": 0, "bytes": 0}
@@ -217,13 +230,11 @@ class TrainingPipeline:
                     raise TrainingStopped(f"epoch {epoch} stopped by the AM")
                 t0 = time.perf_counter()
                 keys = app.keys_for_batch(batch)
-                params = await self.runner.run(
-                    Subtask.PULL, functools.partial(pull_key_values, store, keys, app.key_length))
+                params = await pull_through(self.runner, self.gate, store, keys, app.key_length)
                 t1 = time.perf_counter()
                 deltas = await self._compute(functools.partial(app.compute, batch, params, ctx))
                 t2 = time.perf_counter()
-                await self.runner.run(Subtask.PUSH, functools.partial(
-                    self._push, store, deltas, count_key, one, block.block_index, epoch, batch.start))
+                await self._push(store, deltas, count_key, one, block.block_index, epoch, batch.start)
                 t3 = time.perf_counter()
                 set_epoch_position(block, epoch, batch.stop)
                 compute.append(t2 - t1)
@@ -240,20 +251,28 @@ class TrainingPipeline:
             comm[-1] += time.perf_counter() - t_flush
         return times
 
-    @staticmethod
-    async def _push(store: StoreClient, deltas: KeyValues | None, count_key: str | None,
+    async def _push(self, store: StoreClient, deltas: KeyValues | None, count_key: str | None,
                     one: list[np.ndarray], split: int, epoch: int, start: int) -> None:
-        # asynchronous: waits only for backpressure
-        await push_key_values(store, deltas, push_id(split, epoch, start, DELTAS))
+        """PUSH as a subtask: the deltas' encode before it, the (asynchronous: it waits only for
+        backpressure) transfer and the audit count in it."""
+        prepared = None
+        if deltas is not None and len(deltas):
+            prepared = store.prepare_push(deltas.keys, deltas.values, push_id=push_id(split, epoch, start, DELTAS))
+        await self.runner.run(Subtask.PUSH, functools.partial(
+            self._send_push, store, prepared, count_key, one, push_id(split, epoch, start, COUNT)))
+
+    async def _send_push(self, store: StoreClient, prepared: PreparedArray | None, count_key: str | None,
+                         one: list[np.ndarray], count_id: int | None) -> None:
+        if prepared is not None:
+            await store.send_push(prepared, self.gate)
         if count_key is not None:
-            await store.push([count_key], one, push_id=push_id(split, epoch, start, COUNT))
+            await store.push([count_key], one, push_id=count_id)
 
     async def objective(self, app: PSApp[Any, Any], store: StoreClient, blocks: Sequence[DataBlock]) -> ObjectivePart:
         """This worker's objective part under the current model: PULL and COMP per block."""
         part = ObjectivePart()
         for block in blocks:
-            params = await self.runner.run(
-                Subtask.PULL, functools.partial(pull_key_values, store, app.objective_keys(block), app.key_length))
+            params = await pull_through(self.runner, self.gate, store, app.objective_keys(block), app.key_length)
             part = part + await self._compute(functools.partial(app.objective, block, params))
             del params     # not held across the next block's pull
         return part

@@ -92,6 +92,9 @@ class ExecutorPool:
         self.am_address = am_address          # set once the AM's data-plane server listens
         self.python = python
         self.job_secret = job_secret          # handed to every executor in its environment
+        # Harmony's co-location group of the job (its latest ShapeDirective's; None: not grouped):
+        # executors launched while it is set take their node's arbiter slots and weighted CPU.
+        self.harmony_group: Optional[str] = None
         self.executors: dict[str, ExecutorRecord] = {}
         self._by_container: dict[str, ExecutorRecord] = {}
         self._next_index = {Role.SERVER: 0, Role.WORKER: 0}
@@ -163,7 +166,9 @@ class ExecutorPool:
         env = {"PYTHONUNBUFFERED": "1", **(environment or {})}
         if self.job_secret:
             env[container_env.JOB_SECRET] = self.job_secret
-        return LaunchContext(commands=[command], environment=env)
+        if self.harmony_group is not None:
+            env[container_env.HARMONY] = "1"
+        return LaunchContext(commands=[command], environment=env, cpu_weighted=self.harmony_group is not None)
 
     # -- announcements -----------------------------------------------------------------------
     def handle_frame(self, frame: Frame) -> Reply:

@@ -426,6 +426,7 @@ class PSApplicationMaster:
                 for n in ev.nodes:
                     log.info("node %s is now %s", n.node_id, n.state)
             elif isinstance(ev, ShapeChanged):
+                self.pool.harmony_group = ev.directive.group    # for the executors launched from now on
                 self.directives.on_directive(ev.directive)
             elif isinstance(ev, Shutdown):
                 self.request_stop(ev.reason)
