@@ -54,6 +54,8 @@ Fields, and what the AM must put in them:
 - `memory_mb`: memory in use: the total RSS of the job's live executors (MB) as last sampled.
 - `spilled_mb`: input / model data the job's executors have spilled to disk (MB); 0 until spill
   (Harmony) reports it.
+- `alpha`: the job's disk block ratio (Harmony spill, §4.3.3): the mean over its spilling workers
+  of the fraction of their input blocks kept on disk; None when the job does not spill.
 
 Unknown fields are ignored, so a newer AM may report more than this RM reads; older AMs that send
 only workers / servers (and any subset of the rest) still decode.
@@ -121,6 +123,7 @@ class JobReport(msgspec.Struct, kw_only=True):
     server_times: ServerTiming = msgspec.field(default_factory=ServerTiming)
     memory_mb: NonNegFloat = 0.0
     spilled_mb: NonNegFloat = 0.0
+    alpha: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]] = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-ready builtins (what the REST API and the web UI show)."""
