@@ -36,6 +36,8 @@ class AppSetup(_Request, tag="app_setup"):
     data: dict[str, Any] = {}
     hparams: dict[str, Any] = {}
     preset: Optional[str] = None
+    # Harmony spill (protocol.ps_job_spec.PSJobSpec.spill_alpha): None = no spill.
+    spill_alpha: Optional[Union[Annotated[float, msgspec.Meta(ge=0, le=1)], Literal["auto"]]] = None
 
 
 class WorkerSetup(_Request, tag="worker_setup"):
@@ -241,6 +243,18 @@ class BlockStatesReply(ControlReply):
     blocks: list[dict[str, Any]] = []
 
 
+class SpillFigures(msgspec.Struct, kw_only=True):
+    """A spilling worker's figures: its disk block ratio, the bytes of its spill files, and its
+    cumulative load stall seconds and block loads."""
+
+    alpha: float = 0.0
+    spilled_bytes: NonNeg = 0
+    stall_s: float = 0.0
+    loads: NonNeg = 0
+    disk_blocks: NonNeg = 0
+    peak_rss_bytes: NonNeg = 0
+
+
 class StatusReply(ControlReply):
     """The fields of an executor's status the AM uses (it reports more; see psruntime.executor)."""
 
@@ -255,6 +269,7 @@ class StatusReply(ControlReply):
     bytes_served: Optional[float] = None
     link_bps: Optional[float] = None
     train_counters: dict[str, float] = {}
+    spill: Optional[SpillFigures] = None        # a worker with spill (psruntime.worker_spill)
 
 
 class CheckpointBlocksReply(ControlReply):

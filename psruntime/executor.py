@@ -206,6 +206,7 @@ class Executor:
                 "data_requests": self.data_requests, "busy_s": self.data_busy_s,
                 "data_bytes": self.app_role.data_bytes(), "bytes_served": self.bytes_served,
                 "train_counters": dict(self.app_role.counters),
+                "spill": self.app_role.spill_figures(),
                 "link_bps": pacer.bps if (pacer := process_pacer()) is not None else None}, ()
 
     def _op_ping(self, frame: Frame) -> Reply:

@@ -76,6 +76,30 @@ class SubtaskRunner(Protocol):
     async def run(self, kind: Subtask, work: Callable[[], Awaitable[T]]) -> T: ...
 
 
+class BlockResidency(Protocol):
+    """Where a step's input blocks' data is: `plan` names the blocks a step visits, in order, and
+    `acquire` / `release` bracket each block's use (psruntime.block_reloader keeps some on disk)."""
+
+    def plan(self, blocks: Sequence[DataBlock]) -> None: ...
+
+    async def acquire(self, block: DataBlock) -> None: ...
+
+    def release(self, block: DataBlock) -> None: ...
+
+
+class AllInMemory:
+    """The default residency: every block's data is in memory all the time."""
+
+    def plan(self, blocks: Sequence[DataBlock]) -> None:
+        pass
+
+    async def acquire(self, block: DataBlock) -> None:
+        pass
+
+    def release(self, block: DataBlock) -> None:
+        pass
+
+
 class ImmediateRunner:
     """The default runner: every subtask runs as soon as the pipeline reaches it."""
 
@@ -194,6 +218,7 @@ class TrainingPipeline:
         # A runner that paces transfers (Harmony's) is also their gate.
         self.gate: TransferGate | None = runner if isinstance(runner, TransferGate) else None
         self.compute_thread = ComputeThread()
+        self.residency: BlockResidency = AllInMemory()
         # Cumulative training figures (the AM's Cruise driver differences them per epoch).
         self.counters = {"batches": 0, "samples": 0, "bytes": 0}
 
@@ -215,12 +240,14 @@ class TrainingPipeline:
         one = [np.ones(1, np.float32)]
         times = StepTimes()
         compute, comm = times.compute, times.comm
+        self.residency.plan([b for b in blocks if epoch_position(b, epoch) < b.num_rows])
         for block in blocks:
             if limit is not None and len(compute) >= limit:
                 break
             pos = epoch_position(block, epoch)
             if pos >= block.num_rows:
                 continue
+            await self.residency.acquire(block)
             for batch in app.batches(block):
                 if batch.start < pos:
                     continue                   # run in an earlier clock of this epoch
@@ -245,6 +272,7 @@ class TrainingPipeline:
                 # Drop this batch's pulled values and deltas before the next pull: held across
                 # it, they would double the per-batch arrays at the worker's memory peak.
                 del keys, params, deltas
+            self.residency.release(block)
         t_flush = time.perf_counter()
         await self.runner.run(Subtask.PUSH, store.flush)
         if comm:
@@ -271,8 +299,11 @@ class TrainingPipeline:
     async def objective(self, app: PSApp[Any, Any], store: StoreClient, blocks: Sequence[DataBlock]) -> ObjectivePart:
         """This worker's objective part under the current model: PULL and COMP per block."""
         part = ObjectivePart()
+        self.residency.plan(blocks)
         for block in blocks:
+            await self.residency.acquire(block)
             params = await pull_through(self.runner, self.gate, store, app.objective_keys(block), app.key_length)
             part = part + await self._compute(functools.partial(app.objective, block, params))
             del params     # not held across the next block's pull
+            self.residency.release(block)
         return part

@@ -48,6 +48,8 @@ class ExecutorRecord:
     model_bytes: int = 0         # a server's model blocks
     blocks: list[int] = field(default_factory=list)   # model blocks (server) / input blocks (worker)
     partition: Optional[int] = None
+    spill_alpha: Optional[float] = None   # a spilling worker's disk block ratio (Harmony §4.3.3)
+    spilled_bytes: int = 0               # bytes of its spill files
 
     @property
     def container_id(self) -> str:
@@ -71,7 +73,8 @@ class ExecutorRecord:
                 "node": self.container.node_id, "state": self.state.value, "address": self.address,
                 "pid": self.pid, "rss_mb": round(self.rss_bytes / mb, 1), "data_mb": round(self.data_bytes / mb, 3),
                 "model_mb": round(self.model_bytes / mb, 3), "blocks": list(self.blocks),
-                "partition": self.partition}
+                "partition": self.partition, "spill_alpha": self.spill_alpha,
+                "spilled_mb": round(self.spilled_bytes / mb, 3)}
 
 
 def executor_index(rec: ExecutorRecord) -> int:

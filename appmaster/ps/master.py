@@ -39,6 +39,7 @@ from .directives import DirectiveHandler, ProgressTracker, Reshaper, Shape
 from .elastic_ops import ElasticOpError, ElasticOps
 from .executor_pool import ExecutorPool, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
+from .executor_status import spill_report
 from .heldout_monitor import HeldoutMonitor
 from .job import JobEvent, JobPhase, JobStateMachine
 from .job_resume import job_record, resumable_checkpoint, resume_job
@@ -393,7 +394,7 @@ class PSApplicationMaster:
                      objectives=recent_objectives((e.epoch, e.objective) for e in m.epochs),
                      worker_times=m.worker_timing(ready), server_times=m.server_timing(ready),
                      memory_mb=sum(e.rss_bytes for e in live) / (1024 * 1024),
-                     paused=self.suspension.paused)
+                     paused=self.suspension.paused, **spill_report(live))
         self.progress.changing = self.directives.busy or self.steps.busy or self.elastic.changing
         self.am.set_shape(self.progress.report(self.live_shape(), self.resource, self.directives.applied_version,
                                                **extra))
