@@ -187,6 +187,9 @@ class ShapeDirective(_Msg):
     placement: list[NodePlacement] = []
     group: Optional[str] = None
     run_state: RunState = RunState.RUN
+    # The resource of each of the job's executor containers (Harmony sizes a group's containers so
+    # the group fits its nodes); None: the job spec's executor size.
+    executor_resource: Optional[Resource] = None
 
 
 class AllocateRequest(_Msg):
