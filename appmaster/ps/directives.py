@@ -57,7 +57,7 @@ class Suspender(Protocol):
     async def pause(self) -> object: ...
 
     async def resume(self, workers: int, servers: int, placement: Sequence[NodePlacement] = (),
-                     nodes: Sequence[str] = ()) -> object: ...
+                     nodes: Sequence[str] = (), resource: Optional[Resource] = None) -> object: ...
 
 
 # ===== pure parts ================================================================================
@@ -427,7 +427,8 @@ class DirectiveHandler:
             if pause:
                 await self.suspender.pause()
             else:
-                await self.suspender.resume(target.workers, target.servers, d.placement, d.nodes)
+                await self.suspender.resume(target.workers, target.servers, d.placement, d.nodes,
+                                            d.executor_resource)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a refused pause / resume must not stop later directives

@@ -396,7 +396,7 @@ class PSApplicationMaster:
                      memory_mb=sum(e.rss_bytes for e in live) / (1024 * 1024),
                      paused=self.suspension.paused, **spill_report(live))
         self.progress.changing = self.directives.busy or self.steps.busy or self.elastic.changing
-        self.am.set_shape(self.progress.report(self.live_shape(), self.resource, self.directives.applied_version,
+        self.am.set_shape(self.progress.report(self.live_shape(), self.steps.resource, self.directives.applied_version,
                                                **extra))
 
     def _on_directive_change(self, running: bool) -> None:
