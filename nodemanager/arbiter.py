@@ -84,7 +84,8 @@ class Notice(NamedTuple):
 
 @dataclass
 class GrantRecord:
-    """One grant in the log: times on the arbiter's clock; `released_at` None while held."""
+    """One grant in the log: times on the arbiter's clock (the NM's: wall-clock seconds, so they
+    line up with other nodes' logs and accounting); `released_at` None while held."""
 
     role: str                  # "cpu" | "primary" | "secondary" (as granted)
     job: int

@@ -70,7 +70,7 @@ class _Connection(asyncio.Protocol):
 class ArbiterServer:
     """The NM's arbiter service: `start()` listens on `path`, `stop()` closes every connection."""
 
-    def __init__(self, path: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
         self.path = path
         self.arbiter = Arbiter(clock=clock)
         self.connections: dict[int, _Connection] = {}

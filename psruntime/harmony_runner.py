@@ -39,6 +39,10 @@ class HarmonyRunner:
     async def run(self, kind: Subtask, work: Callable[[], Awaitable[T]]) -> T:
         resource = kind.resource
         t0 = time.perf_counter()
+        if not self.client.connected:
+            # The arbiter went away (its NM restarted and re-adopted this container): reconnect
+            # once; if it is still gone, the subtask fails with ArbiterUnavailable.
+            await self.client.connect()
         grant = await self.client.acquire(_SLOT_OF[resource])
         self.wait_s[resource] += time.perf_counter() - t0
         if resource is Resource.COMM:
