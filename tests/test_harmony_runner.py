@@ -123,7 +123,7 @@ async def test_every_subtask_holds_its_slot_and_serialization_stays_outside_the_
     # Encode and decode ran with no network slot held.
     assert store.steps and not any(held for _, held in store.steps)
     assert {s for s, _ in store.steps} == {"prepare_pull", "finish_pull", "prepare_push"}
-    assert runner.wait_s[Subtask.COMP.resource] >= 0.0
+    assert runner.held_s[Subtask.COMP.resource] > 0.0 and runner.held_s[Subtask.PULL.resource] > 0.0
 
     # The same seed trains the same model with the default runner (fresh executors).
     async with executor_cluster(2, NUM_BLOCKS) as (_, ctl2, dp2):
