@@ -73,6 +73,7 @@ TRANSITIONS: TransitionTable[RequestState, RequestEvent, RequestState] = Transit
 }, lambda s, e: ArbiterError(f"{e.value} not allowed for a request that is {s.value}"))
 
 _ROLE_OF = {S.CPU: Role.CPU, S.PRIMARY: Role.PRIMARY, S.SECONDARY: Role.SECONDARY}
+_ROLE_NAME = {S.CPU: "cpu", S.PRIMARY: "primary", S.SECONDARY: "secondary"}
 
 
 class Notice(NamedTuple):
@@ -82,9 +83,10 @@ class Notice(NamedTuple):
     frame: Frame
 
 
-@dataclass
+@dataclass(slots=True)
 class GrantRecord:
-    """One grant in the log: times on the arbiter's clock; `released_at` None while held."""
+    """One grant in the log: times on the arbiter's clock (the NM's: wall-clock seconds, so they
+    line up with other nodes' logs and accounting); `released_at` None while held."""
 
     role: str                  # "cpu" | "primary" | "secondary" (as granted)
     job: int
@@ -103,7 +105,7 @@ class GrantRecord:
                 "reclaimed": self.reclaimed}
 
 
-@dataclass
+@dataclass(slots=True)
 class _Request:
     conn: int
     request_id: int
@@ -208,13 +210,12 @@ class Arbiter:
             self.secondary = None
 
     def _grant(self, req: _Request, event: RequestEvent, flags: int = 0) -> Notice:
-        req.state = TRANSITIONS.next(req.state, event)
-        role = _ROLE_OF[req.state]
-        now = self._clock()
-        req.record = GrantRecord(role.name.lower(), req.job, req.executor, req.request_id, req.asked_at, now)
+        state = req.state = TRANSITIONS.next(req.state, event)
+        req.record = GrantRecord(_ROLE_NAME[state], req.job, req.executor, req.request_id, req.asked_at,
+                                 self._clock())
         self.log.append(req.record)
         self.grants += 1
-        return req.frame(Op.GRANT, role, flags)
+        return req.frame(Op.GRANT, _ROLE_OF[state], flags)
 
     def _dispatch(self) -> list[Notice]:
         """Fill free slots from the queues' heads and tell the secondary whether to yield."""

@@ -17,7 +17,7 @@ import logging
 import os
 import tempfile
 import time
-from typing import Callable, Optional, cast
+from typing import Callable, Mapping, Optional, cast
 
 from protocol.arbiter_wire import FRAME, FRAME_SIZE, Frame, Op, SlotKind
 
@@ -70,7 +70,7 @@ class _Connection(asyncio.Protocol):
 class ArbiterServer:
     """The NM's arbiter service: `start()` listens on `path`, `stop()` closes every connection."""
 
-    def __init__(self, path: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
         self.path = path
         self.arbiter = Arbiter(clock=clock)
         self.connections: dict[int, _Connection] = {}
@@ -129,8 +129,15 @@ class ArbiterServer:
             if c is not None:
                 c.send(n.frame)
 
-    def view(self, limit: int = 1000) -> dict[str, object]:
-        """The arbiter's state and its latest `limit` grants (the NM web API's /ws/v1/node/arbiter)."""
+    def view(self, limit: int = 1000, names: Optional[Mapping[int, str]] = None) -> dict[str, object]:
+        """The arbiter's state and its latest `limit` grants (the NM web API's /ws/v1/node/arbiter);
+        `names` (name_hash -> app / container id, from the NM's containers) names the job and the
+        executor of a grant where it can."""
         records = self.arbiter.records()
+        log = [r.to_json() for r in records[-limit:]] if limit > 0 else []
+        if names:
+            for g in log:
+                g["app_id"] = names.get(int(str(g["job"]), 16), "")
+                g["container_id"] = names.get(int(str(g["executor"]), 16), "")
         return {"socket": self.path, "connections": len(self.connections), **self.arbiter.state(),
-                "grantLog": [r.to_json() for r in records[-limit:]] if limit > 0 else []}
+                "grantLog": log}

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from aiohttp import web
 
+from protocol.arbiter_wire import name_hash
 from protocol.config import ClusterConfig, NMConfig
 
 from . import node_settings
@@ -94,7 +95,7 @@ class NodeManager:
             log.info("recovered %d container(s) from %s", len(recovered), self.cfg.recovery_dir)
         self.manager.start_loops()
         api = NodeWebApi(self.manager, self.cluster.secret, self.node_id, lambda: self.url, self.node_info,
-                         self.arbiter.view if self.arbiter else None)
+                         self._arbiter_view if self.arbiter else None)
         self._runner = web.AppRunner(api.app(), access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, self._sock).start()
@@ -110,6 +111,15 @@ class NodeManager:
         # Only a SHUTDOWN from the RM ends the link: stop the daemon as SIGTERM would.
         log.warning("stopping on the RM's request")
         os.kill(os.getpid(), 15)
+
+    def _arbiter_view(self, limit: int) -> dict[str, Any]:
+        """The arbiter's state and grant log, its hashed job / executor ids named by this NM's containers."""
+        assert self.arbiter is not None
+        names: dict[int, str] = {}
+        for c in (self.manager.containers.values() if self.manager else ()):
+            names[name_hash(c.container_id)] = c.container_id
+            names[name_hash(c.app_id)] = c.app_id
+        return self.arbiter.view(limit, names)
 
     def _write_ready_file(self) -> None:
         if not self.ready_file:

@@ -62,7 +62,8 @@ class _Protocol(asyncio.Protocol):
         del buf[:n]
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
-        self.client._lost(exc)
+        if self.client._protocol is self:     # not an older connection's late goodbye
+            self.client._lost(exc)
 
 
 class ArbiterClient:
@@ -78,14 +79,21 @@ class ArbiterClient:
         self._pings: dict[int, asyncio.Future[None]] = {}
         self._held: dict[int, Grant] = {}
         self._closed: Optional[BaseException] = None
+        self._protocol: Optional[_Protocol] = None
 
     async def connect(self) -> None:
+        """Open the connection (again, after the arbiter closed it: e.g. its NM restarted)."""
         loop = asyncio.get_running_loop()
         try:
-            transport, _ = await loop.create_unix_connection(lambda: _Protocol(self), self.path)
+            transport, protocol = await loop.create_unix_connection(lambda: _Protocol(self), self.path)
         except OSError as e:
             raise ArbiterUnavailable(f"arbiter at {self.path}: {e}") from e
-        self._transport = transport
+        self._transport, self._protocol = transport, protocol
+        self._closed = None
+
+    @property
+    def connected(self) -> bool:
+        return self._transport is not None and self._closed is None
 
     async def close(self) -> None:
         if self._transport is not None:

@@ -35,12 +35,18 @@ class HarmonyRunner:
         self.client = client
         self._comm: Optional[Grant] = None
         self.wait_s = {Resource.CPU: 0.0, Resource.COMM: 0.0}   # seconds spent waiting for slots
+        self.held_s = {Resource.CPU: 0.0, Resource.COMM: 0.0}   # seconds the subtasks ran, holding them
 
     async def run(self, kind: Subtask, work: Callable[[], Awaitable[T]]) -> T:
         resource = kind.resource
         t0 = time.perf_counter()
+        if not self.client.connected:
+            # The arbiter went away (its NM restarted and re-adopted this container): reconnect
+            # once; if it is still gone, the subtask fails with ArbiterUnavailable.
+            await self.client.connect()
         grant = await self.client.acquire(_SLOT_OF[resource])
-        self.wait_s[resource] += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.wait_s[resource] += t1 - t0
         if resource is Resource.COMM:
             self._comm = grant
         try:
@@ -49,6 +55,7 @@ class HarmonyRunner:
             if self._comm is grant:
                 self._comm = None
             self.client.release(grant)
+            self.held_s[resource] += time.perf_counter() - t1
 
     # -- TransferGate ------------------------------------------------------------------------
     async def wait_turn(self) -> None:

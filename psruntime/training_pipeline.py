@@ -274,7 +274,7 @@ class TrainingPipeline:
                 del keys, params, deltas
             self.residency.release(block)
         t_flush = time.perf_counter()
-        await self.runner.run(Subtask.PUSH, store.flush)
+        await self.runner.run(Subtask.PUSH, functools.partial(self._flush, store))
         if comm:
             comm[-1] += time.perf_counter() - t_flush
         return times
@@ -288,6 +288,12 @@ class TrainingPipeline:
             prepared = store.prepare_push(deltas.keys, deltas.values, push_id=push_id(split, epoch, start, DELTAS))
         await self.runner.run(Subtask.PUSH, functools.partial(
             self._send_push, store, prepared, count_key, one, push_id(split, epoch, start, COUNT)))
+
+    async def _flush(self, store: StoreClient) -> None:
+        # Only waits on the servers' replies: nothing of it needs the link a secondary could use.
+        if self.gate is not None:
+            self.gate.sent()
+        await store.flush()
 
     async def _send_push(self, store: StoreClient, prepared: PreparedArray | None, count_key: str | None,
                          one: list[np.ndarray], count_id: int | None) -> None:

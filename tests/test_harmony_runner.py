@@ -30,6 +30,8 @@ class FakeArbiter:
     """Stands in for ArbiterClient: grants at once (network grants as `comm_role`), and notes
     every acquire / release / busy change in `events`."""
 
+    connected = True
+
     def __init__(self, comm_role: Role = Role.PRIMARY, yielding: bool = False) -> None:
         self.comm_role = comm_role
         self.yielding = yielding
@@ -121,7 +123,7 @@ async def test_every_subtask_holds_its_slot_and_serialization_stays_outside_the_
     # Encode and decode ran with no network slot held.
     assert store.steps and not any(held for _, held in store.steps)
     assert {s for s, _ in store.steps} == {"prepare_pull", "finish_pull", "prepare_push"}
-    assert runner.wait_s[Subtask.COMP.resource] >= 0.0
+    assert runner.held_s[Subtask.COMP.resource] > 0.0 and runner.held_s[Subtask.PULL.resource] > 0.0
 
     # The same seed trains the same model with the default runner (fresh executors).
     async with executor_cluster(2, NUM_BLOCKS) as (_, ctl2, dp2):
@@ -192,4 +194,29 @@ async def test_two_jobs_through_one_real_arbiter_never_overlap_their_comp(tmp_pa
     finally:
         for c in clients:
             await c.close()
+        await server.stop()
+
+
+async def test_runner_reconnects_once_its_arbiter_is_back(tmp_path) -> None:
+    """An NM restart (containers re-adopted) closes the socket; the next subtask reconnects."""
+    path = socket_path(str(tmp_path))
+    server = ArbiterServer(path)
+    await server.start()
+    client = ArbiterClient(path, "application_1_0001", "c1")
+    await client.connect()
+    runner = HarmonyRunner(client)
+    try:
+        assert await runner.run(Subtask.COMP, _answer) == 42
+        await server.stop()
+        for _ in range(100):
+            if not client.connected:
+                break
+            await asyncio.sleep(0)
+        assert not client.connected
+        server = ArbiterServer(path)
+        await server.start()
+        assert await runner.run(Subtask.PULL, _answer) == 42
+        assert [r.role for r in server.arbiter.records()] == ["primary"]
+    finally:
+        await runner.close()
         await server.stop()
