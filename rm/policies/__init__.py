@@ -8,9 +8,11 @@ from .decision import Decision, DecisionError, JobDecision
 from .snapshot import AppView, ClusterSnapshot, NodeView
 from .eps import EpsPolicy
 from .static import StaticPolicy
+from .harmony import HarmonyPolicy
 
 register("static", StaticPolicy)
 register("eps", EpsPolicy)
+register("harmony", HarmonyPolicy)
 
-__all__ = ["EpsPolicy", "Policy", "create", "known", "register", "AppView", "ClusterSnapshot", "NodeView",
+__all__ = ["EpsPolicy", "HarmonyPolicy", "Policy", "create", "known", "register", "AppView", "ClusterSnapshot", "NodeView",
            "StaticPolicy", "Decision", "DecisionError", "JobDecision"]
