@@ -459,8 +459,8 @@ def group_jobs(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Option
         groups = [g for g in assign_jobs(t_cpu, t_net, n_groups, cap, swap_budget) if g]
         group_of = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
         flat = np.fromiter((j for g in groups for j in g), dtype=np.int64, count=int(group_of.size))
-        c1 = np.bincount(group_of, weights=t_cpu1[flat], minlength=len(groups))
-        nn = np.bincount(group_of, weights=t_net[flat], minlength=len(groups))
+        c1 = np.bincount(group_of, weights=t_cpu1[flat], minlength=len(groups)).astype(np.float64)
+        nn = np.bincount(group_of, weights=t_net[flat], minlength=len(groups)).astype(np.float64)
         m = allocate_machines(c1, nn, machines)
         g = evaluate(t_cpu1, t_net, groups, m.tolist(), cpu_weight)
         if refine_budget > 0 and n <= REFINE_LIMIT and machines <= REFINE_MACHINES:
