@@ -24,8 +24,9 @@ job, where it runs:
 A grouped job runs one worker and one server on every node of its group (`placement`), in `group`
 (a stable id such as "g3"), with `executor_resource` sized so the group fits its nodes: a node's
 capacity, less room for the AMs the scheduler may place there, split evenly among the group's 2k
-containers (k jobs). The jobs per group are capped so every container gets a vcore and at least
-`min_executor_mb`. A paused or waiting job is told PAUSE with no executors; a job put back in a
+containers (k jobs); a job keeps its containers' size while that still fits (a partner leaving does not
+resize them), they shrink when the group grows. The jobs per group are capped so every container
+gets a vcore and at least `min_executor_mb`. A paused or waiting job is told PAUSE with no executors; a job put back in a
 group RESUME; a running job moved to other nodes RUN with its new placement (the AM migrates it).
 
 Utilization is compared over all running nodes, free ones counting as idle (zero), so giving idle
@@ -80,6 +81,7 @@ class _Job:
     node: Optional[str] = None          # its profiling node (profiling / profiled)
     run_state: RunState = RunState.RUN
     note: str = ""
+    size: Optional[Resource] = None     # its executors' size in its group (kept while it fits)
 
     @property
     def order(self) -> tuple[float, str]:
@@ -459,7 +461,7 @@ class HarmonyPolicy:
             job.state = advance(job.state, JobEvent.MOVE)
             if job.run_state is not RunState.RESUME:
                 job.run_state = RunState.RUN
-            if job.group in self.groups and job.group != g.group_id:
+            if job.group in self.groups and job.group != g.group_id and app_id in self.groups[job.group].jobs:
                 self.groups[job.group].jobs.remove(app_id)
         else:
             raise AssertionError(f"{app_id} cannot join a group while {job.state.value}")
@@ -504,24 +506,27 @@ class HarmonyPolicy:
             while len(keep) < m and free:
                 keep.append(free.pop(0))
         chosen = {a for mem in members for a in mem}
+        before = {a: self.jobs[a].group for a in job_ids}
+        for gid in old:
+            del self.groups[gid]
         for a in job_ids:
             if a not in chosen and self.jobs[a].state is not JobState.PAUSED:
                 self._pause(a, f"waits: left out by {note}")
-        for gid in old:
-            if gid not in ids:
-                for a in list(old[gid].jobs):
-                    if a not in chosen:
-                        self._pause(a, f"waits: left out by {note}")
-                del self.groups[gid]
         for gid, mem, keep in zip(ids, members, placed):
-            g = self.groups[gid] if gid is not None else self._new_group()
-            self._set_nodes(g, keep)
+            g = self._new_group() if gid is None else self.groups.setdefault(gid, _Group(gid))
+            g.nodes = keep
             for a in mem:
-                if a not in g.jobs or self.jobs[a].state is not JobState.RUNNING:
-                    self._join(a, g, note)
+                job = self.jobs[a]
+                if job.state is JobState.RUNNING:
+                    if before[a] != g.group_id or old_nodes.get(g.group_id) != keep:
+                        job.state = advance(job.state, JobEvent.MOVE)
+                        if job.run_state is not RunState.RESUME:
+                            job.run_state = RunState.RUN
+                    job.group = g.group_id
+                    job.note = note
+                    g.jobs.append(a)
                 else:
-                    self.jobs[a].note = note
-            g.jobs = [a for a in g.jobs if a in mem] + [a for a in mem if a not in g.jobs]
+                    self._join(a, g, note)
 
     # ----- the decision --------------------------------------------------------------------------------------------
     def _room(self, nodes: Iterable[str]) -> Resource:
@@ -548,7 +553,11 @@ class HarmonyPolicy:
                 f"; {job.note}" if job.note else "")
             if job.state is JobState.RUNNING and job.group in self.groups:
                 g = self.groups[job.group]
-                size = self._executor(self._room(g.nodes), CONTAINERS_PER_JOB * len(g.jobs))
+                share = self._executor(self._room(g.nodes), CONTAINERS_PER_JOB * len(g.jobs))
+                # Containers keep their size while it fits (a job leaving the group does not
+                # make its partners restart theirs); they shrink when the group grows.
+                size = job.size if job.size is not None and job.size.fits_in(share) else share
+                job.size = size
                 placement = tuple(NodePlacement(node=n, workers=1, servers=1) for n in g.nodes)
                 out[app_id] = JobDecision(len(g.nodes), len(g.nodes), placement, group=g.group_id,
                                           run_state=job.run_state, reason=why, executor_resource=size)
@@ -557,6 +566,7 @@ class HarmonyPolicy:
                 out[app_id] = JobDecision(1, 1, (NodePlacement(node=job.node, workers=1, servers=1),),
                                           run_state=RunState.RUN, reason=why, executor_resource=size)
             else:
+                job.size = None
                 out[app_id] = JobDecision(0, 0, run_state=RunState.PAUSE, reason=why)
         return Decision(out)
 
