@@ -158,12 +158,13 @@ class HarmonyPolicy:
                 continue
             if app.am_limited:
                 continue        # its AM cannot start yet: nothing to direct
-            spec = parse_spec(app, snapshot.minimum_allocation_mb)
-            if spec is None:
-                continue
-            seen.add(app.app_id)
             if job is None:
+                # The spec is parsed once, when the job is first seen (it does not change).
+                spec = parse_spec(app, snapshot.minimum_allocation_mb)
+                if spec is None:
+                    continue
                 job = self.jobs[app.app_id] = _Job(app.app_id, app.submit_time, spec.executor)
+            seen.add(app.app_id)
             if self._steady(app) and job.state in (JobState.PROFILING, JobState.PROFILED, JobState.RUNNING):
                 self.profiles.observe(app.app_id, app.shape)
         for app_id in [a for a in self.jobs if a not in seen]:
@@ -546,20 +547,22 @@ class HarmonyPolicy:
 
     def _decision(self, apps: dict[str, AppView]) -> Decision:
         out: dict[str, JobDecision] = {}
+        # Per group, once: its placement (a worker and a server on each node) and container share.
+        per_group = {gid: (tuple(NodePlacement(node=n, workers=1, servers=1) for n in g.nodes),
+                           self._executor(self._room(g.nodes), CONTAINERS_PER_JOB * len(g.jobs)))
+                     for gid, g in self.groups.items() if g.jobs}
         for app_id, job in sorted(self.jobs.items()):
             if app_id not in apps:
                 continue
             why = f"harmony: {job.state.value}" + (f" in {job.group}" if job.group else "") + (
                 f"; {job.note}" if job.note else "")
-            if job.state is JobState.RUNNING and job.group in self.groups:
-                g = self.groups[job.group]
-                share = self._executor(self._room(g.nodes), CONTAINERS_PER_JOB * len(g.jobs))
+            if job.state is JobState.RUNNING and job.group in per_group:
+                placement, share = per_group[job.group]
                 # Containers keep their size while it fits (a job leaving the group does not
                 # make its partners restart theirs); they shrink when the group grows.
                 size = job.size if job.size is not None and job.size.fits_in(share) else share
                 job.size = size
-                placement = tuple(NodePlacement(node=n, workers=1, servers=1) for n in g.nodes)
-                out[app_id] = JobDecision(len(g.nodes), len(g.nodes), placement, group=g.group_id,
+                out[app_id] = JobDecision(len(placement), len(placement), placement, group=job.group,
                                           run_state=job.run_state, reason=why, executor_resource=size)
             elif job.state in (JobState.PROFILING, JobState.PROFILED) and job.node is not None:
                 size = self._executor(self._room([job.node]), CONTAINERS_PER_JOB, job.executor)

@@ -180,13 +180,12 @@ def assign_jobs(t_cpu: FloatArray, t_net: FloatArray, n_groups: int, cap: Option
             gs.add(g, j, cpu[j], net[j])
             s += diff[j]
     rest = sorted((j for j in order if not taken[j]), key=lambda j: (-abs(diff[j]), j))    # L12
-    keys = sorted((gs.diff(g), g) for g in range(n_groups))
+    # Groups that can still take a job, by S_g (a full group leaves, so the search skips none).
+    keys = sorted((gs.diff(g), g) for g in range(n_groups) if cap is None or len(gs.members[g]) < cap)
     for j in rest:                                                            # L13-22
         chosen = -1
         fallback = -1
         for g in _nearest(keys, -diff[j]):
-            if cap is not None and len(gs.members[g]) >= cap:
-                continue
             if fallback < 0:
                 fallback = g
             if itr[j] > gs.max_itr[g] and gs.job_bound_with(g, cpu[j], net[j]):
@@ -199,8 +198,9 @@ def assign_jobs(t_cpu: FloatArray, t_net: FloatArray, n_groups: int, cap: Option
             break           # every group full: the caller asked for more jobs than fit
         keys.remove((gs.diff(chosen), chosen))
         gs.add(chosen, j, cpu[j], net[j])
-        bisect.insort(keys, (gs.diff(chosen), chosen))
-    _fine_tune(gs, keys, diff, cpu, net, swap_budget)
+        if cap is None or len(gs.members[chosen]) < cap:
+            bisect.insort(keys, (gs.diff(chosen), chosen))
+    _fine_tune(gs, sorted((gs.diff(g), g) for g in range(n_groups)), diff, cpu, net, swap_budget)
     return gs.members
 
 
