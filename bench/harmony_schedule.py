@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from protocol.internal_api import NodePlacement, RunState, ShapeDirective
+from protocol.internal_api import RunState, ShapeDirective
 from protocol.job_report import JobReport, WorkerTiming
 from protocol.records import ZERO, Resource
 from rm.policies.harmony import HarmonyPolicy
