@@ -166,3 +166,47 @@ def test_groups_are_capped_so_every_container_gets_a_vcore():
         if s == "running":
             groups[g] = groups.get(g, 0) + 1
     assert groups and max(groups.values()) <= 2
+
+
+def test_invariants_hold_through_arrivals_completions_and_node_changes():
+    # A seeded churn of jobs and nodes; after every round: each node serves one group or one
+    # profiling job at most, a grouped job is placed on exactly its group's nodes, the lifecycle
+    # and the run states agree, and no group holds more jobs than its containers allow.
+    import random
+    rng = random.Random(3)
+    w, p = World(6, mem=16384, vcores=8), HarmonyPolicy()
+    names = iter(f"j{i:02d}" for i in range(100))
+    for _ in range(5):
+        w.submit(next(names), rng.uniform(0.5, 12.0), rng.uniform(0.2, 3.0))
+    for step in range(60):
+        event = rng.random()
+        live = [a for a, app in w.apps.items() if app.state == "RUNNING"]
+        if event < 0.25:
+            w.submit(next(names), rng.uniform(0.5, 12.0), rng.uniform(0.2, 3.0))
+        elif event < 0.45 and live:
+            w.finish(rng.choice(live))
+        elif event < 0.5 and len(w.nodes) > 3:
+            w.nodes = w.nodes[:-1]
+        elif event < 0.55:
+            w.nodes.append(w.nodes[0].__class__(f"m{step}", "/r", "RUNNING", Resource(16384, 8),
+                                                w.nodes[0].used))
+        decision = w.step(p)
+        alive = {n.node_id for n in w.nodes}
+        owner: dict[str, str] = {}
+        for a, v in p.describe().items():
+            jd = decision.jobs[a]
+            key = v["group"] or a
+            if v["state"] in ("running", "profiling", "profiled"):
+                assert jd.run_state is not RunState.PAUSE and jd.nodes and set(jd.nodes) <= alive
+                for n in jd.nodes:
+                    assert owner.setdefault(n, key) == key, f"{n} serves {owner[n]} and {key}"
+                assert (jd.group is not None) == (v["state"] == "running")
+            else:
+                assert (jd.run_state, jd.workers, jd.group) == (RunState.PAUSE, 0, None)
+        groups: dict[object, list[str]] = {}
+        for a, v in p.describe().items():
+            if v["state"] == "running":
+                groups.setdefault(v["group"], []).append(a)
+        for members in groups.values():
+            assert len({tuple(decision.jobs[a].nodes) for a in members}) == 1
+            assert len(members) <= 3            # (8 vcores - the AMs' room) / 2 containers per job
