@@ -41,7 +41,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from models.harmony import CPU_WEIGHT, group_stats, score
+from models.harmony import CPU_WEIGHT, FloatArray, GroupStats, group_stats, score
 from protocol.internal_api import NodePlacement, RunState
 from protocol.records import ZERO, Resource
 
@@ -234,8 +234,8 @@ class HarmonyPolicy:
         assert p is not None, f"{app_id} is grouped without a profile"
         return p
 
-    def _score(self, groups: Iterable[tuple[Iterable[str], int]]) -> float:
-        """score(U) of groups (job ids, machines) over all running nodes (the rest idle)."""
+    def _stats(self, groups: Iterable[tuple[Iterable[str], int]]) -> GroupStats:
+        """Eq. 4.1-4.3 of groups (job ids, machines)."""
         cpu: list[float] = []
         net: list[float] = []
         group_of: list[int] = []
@@ -247,13 +247,31 @@ class HarmonyPolicy:
                 cpu.append(p.t_cpu1)
                 net.append(p.t_net)
                 group_of.append(i)
-        total = max(1, len(self._nodes))
-        if not machines:
+        return group_stats(np.array(cpu), np.array(net), np.array(group_of, dtype=np.int64),
+                           np.array(machines, dtype=np.int64))
+
+    def _score(self, groups: Iterable[tuple[Iterable[str], int]]) -> float:
+        """score(U) of groups (job ids, machines) over all running nodes (the rest idle)."""
+        stats = self._stats(groups)
+        if stats.machines.size == 0:
             return 0.0
-        stats = group_stats(np.array(cpu), np.array(net), np.array(group_of, dtype=np.int64),
-                            np.array(machines, dtype=np.int64))
-        u = (stats.machines[:, None] * stats.utilization).sum(axis=0) / total
+        u = (stats.machines[:, None] * stats.utilization).sum(axis=0) / max(1, len(self._nodes))
         return score(u, self.cfg.cpu_weight)
+
+    def _scores_with(self, groups: list[_Group], app_id: str) -> FloatArray:
+        """For each of `groups` (all with jobs), the cluster's score(U) if `app_id` joined it (the
+        others as they are): eq. 4.1-4.4 updated group by group, vectorised."""
+        stats = self._stats((g.jobs, len(g.nodes)) for g in groups)
+        p = self._profile(app_id)
+        m = stats.machines
+        cpu, net = stats.cpu + p.t_cpu1 / m, stats.net + p.t_net
+        t = np.maximum(np.maximum(cpu, net), np.maximum(stats.max_job, p.t_cpu1 / m + p.t_net))
+        joined = np.stack([cpu / t, net / t], axis=1)
+        total = max(1, len(self._nodes))
+        base = (m[:, None] * stats.utilization).sum(axis=0)
+        u = (base[None, :] + m[:, None] * (joined - stats.utilization)) / total
+        out: FloatArray = self.cfg.cpu_weight * u[:, 0] + (1.0 - self.cfg.cpu_weight) * u[:, 1]
+        return out
 
     def _current(self) -> list[tuple[list[str], int]]:
         return [(g.jobs, len(g.nodes)) for _, g in sorted(self.groups.items()) if g.jobs]
@@ -310,13 +328,13 @@ class HarmonyPolicy:
         base = self._score(current)
         cap = self._cap()
         best: Optional[tuple[float, Optional[str]]] = None
-        for gid, g in sorted(self.groups.items()):
-            if not g.jobs or len(g.jobs) >= cap:
-                continue
-            s = self._score([(x.jobs + [app_id] if x is g else x.jobs, len(x.nodes))
-                             for _, x in sorted(self.groups.items()) if x.jobs])
-            if best is None or s > best[0]:
-                best = (s, gid)
+        live = [g for _, g in sorted(self.groups.items()) if g.jobs]
+        if live:
+            scores = self._scores_with(live, app_id)
+            scores[np.array([len(g.jobs) >= cap for g in live])] = -np.inf
+            i = int(np.argmax(scores))
+            if np.isfinite(scores[i]):
+                best = (float(scores[i]), live[i].group_id)
         free = self._idle_nodes() + ([job.node] if job.node else [])
         if free:
             s = self._score(current + [([app_id], len(free))])
