@@ -30,6 +30,11 @@ Departures from the paper, and why:
   most exceeds its COMM at its current m (the "most computation-intensive"), until every machine
   is given. That greedy picks the largest of the decreasing marginal values C_g/m - N_g, so it is
   computed in one go: a threshold found by bisection, ties broken by group order.
+* Additions, for quality on small instances: besides L6's n_G, n_G - 1 and n_G + 1 are tried (every
+  possible n_G when there are fewer than `SMALL_GROUP_COUNTS`), and groupings of up to
+  `REFINE_LIMIT` jobs on up to `REFINE_MACHINES` machines are hill-climbed on the model's score
+  (`refine`). Algorithm 2 balances at an assumed equal DoP and allocates machines afterwards; on
+  2-6 job instances that alone is up to 17 % below exhaustive search, with these within 1 %.
 """
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ GROWTH = 1.25
 SWAP_BUDGET = 256
 REFINE_BUDGET = 64
 REFINE_LIMIT = 16       # refine only groupings of up to this many jobs (a pass is O(n^2) moves) ...
-REFINE_MACHINES = 128   # ... on up to this many machines (each move shifts one machine)
+REFINE_MACHINES = 128   # ... on up to this many machines
 PATIENCE = 2            # Algorithm 1 stops after this many job counts without a better U ...
 PATIENCE_GROWTH = 1.5   # ... and once the count has grown this much past the best one
 NEIGHBOUR_LIMIT = 256   # up to this many jobs, n_G +- 1 are tried too
