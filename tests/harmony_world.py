@@ -9,7 +9,7 @@ from typing import Optional
 from protocol.internal_api import RunState, ShapeDirective
 from protocol.job_report import JobReport, WorkerTiming
 from protocol.records import ZERO, Resource
-from rm.policies import ClusterSnapshot, Decision, NodeView
+from rm.policies import ClusterSnapshot, Decision, NodeView, Policy
 from rm.policies.snapshot import AppView
 
 AM = Resource(512, 1)
@@ -64,7 +64,7 @@ class World:
         total = sum((n.capacity for n in self.nodes), ZERO)
         return ClusterSnapshot(now=self.now, total=total, used=ZERO, nodes=tuple(self.nodes), apps=tuple(views))
 
-    def step(self, policy) -> Decision:   # type: ignore[no-untyped-def]
+    def step(self, policy: Policy) -> Decision:
         decision = policy.decide(self.snapshot())
         for app_id, jd in decision.jobs.items():
             app = self.apps[app_id]
