@@ -13,6 +13,7 @@ from protocol.records import AppState, FinalStatus, NodeState
 from protocol.remote_exception import BadRequest, Forbidden, NotFound, Unauthorized
 
 from . import rest_views as views
+from .policies import describe as describe_policy
 from .policies.decision import Decision, JobDecision
 from .policy_runner import apply_decision
 from .submission import AppShapeUpdate, AppStateUpdate, SubmissionContext, validate
@@ -76,7 +77,11 @@ class ClientApi:
 
     async def scheduler(self, request: web.Request) -> web.Response:
         self.user(request)
-        return json_response(views.scheduler_info(self.rm.core))
+        info = views.scheduler_info(self.rm.core)
+        # Elastane extension: the elastic policy and its per-app state (Policy.describe, optional).
+        info["scheduler"]["schedulerInfo"]["policy"] = {"name": self.rm.cfg.policy,
+                                                        "apps": describe_policy(self.rm.policy)}
+        return json_response(info)
 
     async def nodes(self, request: web.Request) -> web.Response:
         self.user(request)
@@ -187,8 +192,10 @@ class ClientApi:
             "directive": None if d is None else {
                 "workers": d.workers, "servers": d.servers, "nodes": d.nodes, "reason": d.reason,
                 "version": d.version, "group": d.group, "runState": d.run_state.value,
+                "executorResource": None if d.executor_resource is None else d.executor_resource.to_json(),
                 "placement": [{"node": p.node, "workers": p.workers, "servers": p.servers} for p in d.placement]},
             "directiveDelivered": d is not None and app.delivered_directive_version >= d.version,
+            "policyState": describe_policy(self.rm.policy).get(app.app_id),
             # Shape changes over the app's life (times in ms since the epoch, as YARN's times).
             "history": [{"time": int(c.t * 1000), "before": None if c.before is None else
                          {"workers": c.before[0], "servers": c.before[1]},

@@ -47,7 +47,9 @@ def update(profile: Optional[Profile], report: JobReport, ema_weight: float = EM
     """`profile` with the report's sample folded in (unchanged when the report has no timings or no
     iterations since the last sample)."""
     s = sample(report)
-    if s is None or (profile is not None and report.iterations <= profile.iterations):
+    # The AM's moving averages move only with iterations; fewer iterations than the last sample
+    # mean a new AM attempt counting afresh, whose report is a sample too.
+    if s is None or (profile is not None and report.iterations == profile.iterations):
         return profile
     t_cpu, t_net, machines = s
     t1 = normalise_cpu(t_cpu, machines)

@@ -86,4 +86,4 @@ def fewest_within(options: Sequence[tuple[int, float]], gain: float = GAIN) -> i
     return min(ok, key=lambda i: (options[i][0], -options[i][1], i))
 
 
-__all__ = ["GAIN", "TOLERANCE", "cpu_share", "fewest_within", "replacement", "similar", "worth_regrouping"]
+__all__ = ["GAIN", "TOLERANCE", "Times", "cpu_share", "fewest_within", "replacement", "similar", "worth_regrouping"]
