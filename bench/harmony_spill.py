@@ -1,6 +1,6 @@
 """Harmony's spill (dissertation §4.3.3, Fig. 4.19): fixed disk block ratios against the adaptive one.
 
-    python bench/harmony_spill.py [--samples 360000 --workers 2 --executor-mb 176 --epochs 4] [--keep-dir D]
+    python bench/harmony_spill.py [--samples 360000 --workers 2 --executor-mb 144 --epochs 6] [--keep-dir D]
 
 One local cluster (an RM and 2 NMs as processes, cgroup memory limits where the NMs can use them).
 The same MLR job, whose workers' input is about as large as what their memory-tight containers
@@ -8,7 +8,7 @@ hold beside the executor itself, runs once per setting, one after the other: `sp
 at 0, 0.25, 0.5, 0.75 and 1, then "auto" (initial alpha from sampled sizes, hill climbing per clock
 between load stalls and memory pressure). Same seed, so every run trains the same trajectory.
 
-Per setting: `iteration_s`, the mean epoch time after the first epoch (the AM's epoch times);
+Per setting: `iteration_s`, the median epoch time after the first epoch (the AM's epoch times);
 `stall_s`, the workers' load stall time in total (from their last status); `peak_rss_mb`, the
 largest RSS of any of the job's executors, sampled by the benchmark every 0.2 s from /proc;
 `alpha`, the job's mean alpha at its end; `spilled_mb`; `outcome` ("SUCCEEDED", or how it ended, e.g.
@@ -97,13 +97,15 @@ def run_one(cluster: LocalCluster, ns: argparse.Namespace, alpha: float | str) -
     final = json.loads((cluster.base_dir / "rm" / "apps" / job.app_id / "status.json").read_text())
     shape = app.get("shape") or {}
     times = [e["epoch_time_s"] for e in final["objective_history"] if e.get("epoch_time_s") is not None]
-    steady = times[1:] or times
+    steady = sorted(times[1:] or times)
     workers = [e for e in final["shape"]["executors"] if e["role"] == "worker"]
-    out.update(iteration_s=round(sum(steady) / len(steady), 3) if steady else None,
+    # The median epoch after the first: the machine may be shared, one slow epoch is noise.
+    out.update(iteration_s=round(steady[len(steady) // 2], 3) if steady else None,
                stall_s=round(sum(e.get("spill_stall_s") or 0.0 for e in workers), 3),
                alpha=None if shape.get("alpha") is None else round(shape["alpha"], 3),
                spilled_mb=round(shape.get("spilled_mb") or 0.0, 1),
-               objective=(shape.get("objective")))
+               epoch_times=[round(t, 2) for t in times],
+               objectives=[round(e["objective"], 5) for e in final["objective_history"]])
     log(f"alpha {alpha}: {out}")
     return out
 
@@ -113,11 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=360_000, help="MLR training rows (412 bytes each)")
     p.add_argument("--rows-per-block", type=int, default=5000)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--executor-mb", type=int, default=176)
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--executor-mb", type=int, default=144)
+    p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--clock-batches", type=int, default=10)
     p.add_argument("--timeout-s", type=float, default=600)
     p.add_argument("--keep-dir", type=Path, default=None)
+    p.add_argument("--only", nargs="*", default=None, metavar="ALPHA",
+                   help="run only these settings (numbers and/or auto), e.g. to repeat one")
     ns = p.parse_args(argv)
     tmp = None if ns.keep_dir else tempfile.TemporaryDirectory(prefix="harmony-spill-")
     base = ns.keep_dir or Path(tmp.name)  # type: ignore[union-attr]
@@ -130,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start(timeout_s=60)
         http(f"{cluster.rm_url}/ws/v1/cluster/info")
         for alpha in FIXED:
-            results["fixed"][str(alpha)] = run_one(cluster, ns, alpha)
-        results["adaptive"] = run_one(cluster, ns, "auto")
+            if ns.only is None or str(alpha) in ns.only or f"{alpha:g}" in ns.only:
+                results["fixed"][str(alpha)] = run_one(cluster, ns, alpha)
+        if ns.only is None or "auto" in ns.only:
+            results["adaptive"] = run_one(cluster, ns, "auto")
     finally:
         cluster.stop()
         if tmp is not None:

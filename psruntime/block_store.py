@@ -139,6 +139,8 @@ class BlockStore:
     def create_block(self, block: int) -> None:
         """Make an empty block present (a fresh job's owner starts with empty blocks)."""
         self._check_block(block)
+        if self.spilled is not None and self.spilled.holds(block):
+            return                      # held, on disk: an empty block would shadow it
         self._blocks.setdefault(block, _Block())
 
     def drop_block(self, block: int) -> None:

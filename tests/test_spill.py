@@ -380,3 +380,36 @@ async def test_a_server_at_the_hard_limit_spills_model_blocks_and_still_serves_t
         pulled = await pull_key_values(store, keys, app.key_length)   # every block reloaded on access
         np.testing.assert_array_equal(pulled.values, np.full((len(keys), app.key_length), 0.5, np.float32))
         assert monitor.figures()["model_blocks_spilled"] == 0 and monitor.figures()["model_reloads"] == 4
+
+
+# ----- a job through the AM's training parts ---------------------------------------------------------
+
+async def test_a_job_with_spill_trains_as_without_and_reports_alpha_and_spilled_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_ps_training import InProcessJob
+
+    monkeypatch.setenv("PWD", str(tmp_path))          # the executors' spill/ is the "container's" dir
+    # One worker: with two, a worker's pulls see the other's pushes as they happen to arrive.
+    spec = {"app": "lda", "workers": 1, "servers": 2, "max_epochs": 2, "data": SIZES["lda"]}
+    histories = {}
+    for alpha in (None, 0.5):
+        job = await InProcessJob({**spec, "spill_alpha": alpha}).start()
+        try:
+            await job.setup()
+            seen: list[float] = []
+
+            async def on_epoch(rec: Any) -> None:
+                seen.append(rec.objective)
+
+            await job.ctl.loop.train(on_epoch)
+            histories[alpha] = seen
+            await job.ctl.status.refresh()
+            report = spill_report(job.pool.executors.values())
+            if alpha is None:
+                assert report == {}
+            else:
+                assert report["alpha"] == 0.5 and report["spilled_mb"] > 0
+                assert all(w.spill_alpha == 0.5 and w.spill_stall_s >= 0 for w in job.pool.workers)
+        finally:
+            await job.close()
+    assert histories[0.5] == histories[None] and len(histories[None]) == 2
