@@ -15,6 +15,9 @@ holds a view updates stay in place and allocate nothing.
 
 A block serialises to `BlockArrays` (dense keys + values + the other keys' arrays) for migration
 and checkpoints; `export_block` / `import_block` keep the older per-key form.
+
+A store may hold blocks on disk (`spilled`, Harmony's model spill: psruntime.model_spill): they
+count as held, and any access brings such a block back into memory first.
 """
 from __future__ import annotations
 
