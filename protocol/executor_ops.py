@@ -244,15 +244,19 @@ class BlockStatesReply(ControlReply):
 
 
 class SpillFigures(msgspec.Struct, kw_only=True):
-    """A spilling worker's figures: its disk block ratio, the bytes of its spill files, and its
-    cumulative load stall seconds and block loads."""
+    """A spilling executor's figures: a worker's disk block ratio (None on a server), the bytes of
+    its spill files, its cumulative load stall seconds and block loads, and the model blocks a
+    server has on disk now, and how often it spilled and reloaded them."""
 
-    alpha: float = 0.0
+    alpha: Optional[float] = None
     spilled_bytes: NonNeg = 0
     stall_s: float = 0.0
     loads: NonNeg = 0
     disk_blocks: NonNeg = 0
     peak_rss_bytes: NonNeg = 0
+    model_blocks_spilled: NonNeg = 0
+    model_spills: NonNeg = 0
+    model_reloads: NonNeg = 0
 
 
 class StatusReply(ControlReply):

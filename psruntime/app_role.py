@@ -52,6 +52,7 @@ from psruntime.apps.random_streams import partition_block_range
 from psruntime.apps.registry import create_app
 from psruntime.dataplane import Reply, RequestError
 from psruntime.frame_codec import Frame
+from psruntime.model_spill import ModelSpillMonitor
 from psruntime.request_fields import int_field
 from psruntime.store_client import StoreClient
 from psruntime.training_pipeline import (StepTimes, SubtaskRunner, TrainingPipeline, TrainingStopped, block_position,
@@ -76,6 +77,7 @@ class AppRole:
         self._busy = asyncio.Lock()   # one training step at a time on this executor
         self.pipeline = TrainingPipeline(runner)
         self.spill: WorkerSpill | None = None      # with the job's spill_alpha (psruntime.worker_spill)
+        self.model_spill: ModelSpillMonitor | None = None   # ... and a server's model blocks (psruntime.model_spill)
 
     def ops(self) -> dict[str, Op]:
         return {"app_setup": self.app_setup, "worker_setup": self.worker_setup, "load_splits": self.load_splits,
@@ -97,6 +99,8 @@ class AppRole:
         self.pipeline.close()
         if self.spill is not None:
             self.spill.close()
+        if self.model_spill is not None:
+            self.model_spill.stop()
 
     @property
     def step_lock(self) -> asyncio.Lock:
@@ -123,6 +127,9 @@ class AppRole:
         if mode is not None and self.spill is None:
             self.spill = WorkerSpill(mode)
             self.pipeline.residency = self.spill.reloader
+            self.model_spill = ModelSpillMonitor(self.executor.service, self.spill.reloader.store,
+                                                 self.spill.limit_bytes, self.spill.rss)
+            self.model_spill.start()
         return {"op": "ok", "describe": self.app.describe()}, ()
 
     def _need_app(self) -> PSApp:
@@ -238,8 +245,15 @@ class AppRole:
             self.spill.reloader.materialize(block)
 
     def spill_figures(self) -> dict[str, Any] | None:
-        """alpha, bytes spilled, stall seconds ... of this worker (None without spill)."""
-        return self.spill.figures() if self.spill is not None and self.blocks else None
+        """alpha, bytes spilled, stall seconds ... of this worker, or a server's bytes and model
+        blocks spilled (None without spill)."""
+        if self.spill is None:
+            return None
+        figures: dict[str, Any] = self.spill.figures() if self.blocks else {"alpha": None}
+        if self.model_spill is not None:
+            figures.update(self.model_spill.figures())
+        figures["spilled_bytes"] = self.spill.reloader.store.nbytes()    # input and model files
+        return figures
 
     async def _run_batches(self, app: PSApp, store: StoreClient, ctx: StepContext, count_key: str | None,
                            limit: int | None) -> StepTimes:

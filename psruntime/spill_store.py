@@ -142,6 +142,12 @@ class SpillStore:
             return []
         return sorted(p.stem for p in self.root.glob("*.lz4"))
 
+    def nbytes_of(self, name: str) -> int:
+        try:
+            return self._path(name).stat().st_size
+        except FileNotFoundError:
+            return 0
+
     def nbytes(self) -> int:
         """Bytes of all spill files on disk (what `spilled_mb` reports)."""
         if not self.root.is_dir():

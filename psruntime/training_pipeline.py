@@ -22,6 +22,10 @@ A batch's compute time is its COMP subtask and its communication time its PULL a
 batch's also the flush), each as the runner ran it: time a runner waits for a slot counts in.
 The objective part runs the same way (PULL, then COMP in the thread, per block).
 
+Where each block's input data is while a step runs is the pipeline's `residency`: all in memory by
+default; with Harmony's spill a `block_reloader.BlockReloader`, which keeps some blocks on disk and
+reloads each ahead of its use (the step `acquire`s a block before its batches, `release`s it after).
+
 A worker's place in an epoch is in each block's state (`[epoch, next_row]`, key POSITION), so it
 travels with a block that EPS moves between two clocks. Each mini-batch's pushes carry a push id
 (psruntime.push_ids: split, epoch, first row), so a clock that a replacement worker runs again

@@ -315,3 +315,101 @@ def test_the_report_carries_the_mean_alpha_and_the_spilled_megabytes() -> None:
                               ops.StatusReply)
     assert status.spill is not None and status.spill.alpha == 0.5
     assert ops.decode_reply({"op": "ok"}, ops.StatusReply).spill is None
+
+
+# ----- model blocks: a server's last resort ------------------------------------------------------
+
+def test_a_spilled_model_block_is_still_held_and_comes_back_on_its_next_access(tmp_path: Path) -> None:
+    from psruntime.block_store import BlockStore
+    from psruntime.model_spill import ModelSpill, block_to_spill
+    from psruntime.ownership_table import blocks_of_int_keys
+
+    store = BlockStore(4)
+    keys = np.arange(40, dtype=np.int64)
+    owner = blocks_of_int_keys(keys, 4)
+    for b in range(4):
+        store.create_block(b)
+        mine = keys[owner == b]
+        store.put_many(b, mine, np.outer(mine, np.ones(3)).astype(np.float32))
+    store.put("audit", np.array([7.0], np.float32))
+    files = SpillStore(tmp_path)
+    spill = ModelSpill(store, files)
+    store.spilled = spill
+    audit_block = next(b for b in range(4) if "audit" in store.keys(b))
+    before = store.nbytes()
+    assert spill.spill(audit_block) > 0
+    assert store.has_block(audit_block) and not store.in_memory(audit_block) and store.nbytes() < before
+    assert audit_block in store.block_ids() and files.names() == [files.model_name(audit_block)]
+    # The next access (a pull of its keys) brings it back, whole, and the file goes: it will change.
+    mine = keys[owner == audit_block]
+    out = np.zeros((len(mine), 3), np.float32)
+    assert not store.gather(audit_block, mine, out).any()           # none missing
+    np.testing.assert_array_equal(out, np.outer(mine, np.ones(3)))
+    assert store.get("audit") is not None and float(store.get("audit")[0]) == 7.0
+    assert store.in_memory(audit_block) and files.names() == [] and spill.reloads == 1
+    # A push to a spilled block lands on its reloaded rows; a dropped (moved away) block's file goes.
+    other = (audit_block + 1) % 4
+    spill.spill(other)
+    theirs = keys[owner == other]
+    store.update_many(other, "add", theirs, np.ones((len(theirs), 3), np.float32))
+    np.testing.assert_array_equal(store.export_arrays(other).values, np.outer(theirs, np.ones(3)) + 1)
+    spill.spill(other)
+    store.drop_block(other)
+    assert not store.has_block(other) and files.names() == []
+    assert block_to_spill({0: 10, 1: 30, 2: 30, 3: 0}) == 1 and block_to_spill({3: 0}) is None
+
+
+async def test_a_server_at_the_hard_limit_spills_model_blocks_and_still_serves_them(tmp_path: Path) -> None:
+    from psruntime.model_spill import ModelSpillMonitor
+
+    app = _app("mlr")
+    async with executor_cluster(1, 4) as (executors, ctl, dp):
+        store = StoreClient(ctl.table, dp)
+        await init_model(store, app)
+        keys = app.model_keys()
+        await store.push_array(keys, np.full((len(keys), app.key_length), 0.5, np.float32))
+        await store.flush()
+        service = executors[0].service
+        rss = [100]
+        monitor = ModelSpillMonitor(service, SpillStore(tmp_path), limit_bytes=1000, rss=lambda: rss[0])
+        assert monitor.check() is None                               # 10 % of the limit: nothing to do
+        rss[0] = 950
+        spilled = [monitor.check() for _ in range(5)]
+        assert sorted(b for b in spilled if b is not None) == [0, 1, 2, 3] and spilled[-1] is None
+        assert monitor.figures()["model_blocks_spilled"] == 4 and service.store.nbytes() == 0
+        pulled = await pull_key_values(store, keys, app.key_length)   # every block reloaded on access
+        np.testing.assert_array_equal(pulled.values, np.full((len(keys), app.key_length), 0.5, np.float32))
+        assert monitor.figures()["model_blocks_spilled"] == 0 and monitor.figures()["model_reloads"] == 4
+
+
+# ----- a job through the AM's training parts ---------------------------------------------------------
+
+async def test_a_job_with_spill_trains_as_without_and_reports_alpha_and_spilled_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_ps_training import InProcessJob
+
+    monkeypatch.setenv("PWD", str(tmp_path))          # the executors' spill/ is the "container's" dir
+    # One worker: with two, a worker's pulls see the other's pushes as they happen to arrive.
+    spec = {"app": "lda", "workers": 1, "servers": 2, "max_epochs": 2, "data": SIZES["lda"]}
+    histories = {}
+    for alpha in (None, 0.5):
+        job = await InProcessJob({**spec, "spill_alpha": alpha}).start()
+        try:
+            await job.setup()
+            seen: list[float] = []
+
+            async def on_epoch(rec: Any) -> None:
+                seen.append(rec.objective)
+
+            await job.ctl.loop.train(on_epoch)
+            histories[alpha] = seen
+            await job.ctl.status.refresh()
+            report = spill_report(job.pool.executors.values())
+            if alpha is None:
+                assert report == {}
+            else:
+                assert report["alpha"] == 0.5 and report["spilled_mb"] > 0
+                assert all(w.spill_alpha == 0.5 and w.spill_stall_s >= 0 for w in job.pool.workers)
+        finally:
+            await job.close()
+    assert histories[0.5] == histories[None] and len(histories[None]) == 2

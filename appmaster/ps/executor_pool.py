@@ -50,6 +50,7 @@ class ExecutorRecord:
     partition: Optional[int] = None
     spill_alpha: Optional[float] = None   # a spilling worker's disk block ratio (Harmony §4.3.3)
     spilled_bytes: int = 0               # bytes of its spill files
+    spill_stall_s: float = 0.0           # its load stall seconds so far
 
     @property
     def container_id(self) -> str:
@@ -74,7 +75,7 @@ class ExecutorRecord:
                 "pid": self.pid, "rss_mb": round(self.rss_bytes / mb, 1), "data_mb": round(self.data_bytes / mb, 3),
                 "model_mb": round(self.model_bytes / mb, 3), "blocks": list(self.blocks),
                 "partition": self.partition, "spill_alpha": self.spill_alpha,
-                "spilled_mb": round(self.spilled_bytes / mb, 3)}
+                "spilled_mb": round(self.spilled_bytes / mb, 3), "spill_stall_s": round(self.spill_stall_s, 3)}
 
 
 def executor_index(rec: ExecutorRecord) -> int:

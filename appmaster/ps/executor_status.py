@@ -30,7 +30,7 @@ class StatusPoller:
                 continue          # a dead executor is reported by its container's completion
             r.rss_bytes = st.rss_bytes
             if st.spill is not None:
-                r.spill_alpha, r.spilled_bytes = st.spill.alpha, st.spill.spilled_bytes
+                r.spill_alpha, r.spilled_bytes, r.spill_stall_s = st.spill.alpha, st.spill.spilled_bytes, st.spill.stall_s
             if r.role is Role.SERVER:
                 r.model_bytes = st.store_bytes
                 r.blocks = list(st.blocks)
@@ -40,9 +40,10 @@ class StatusPoller:
 
 def spill_report(executors: Iterable[ExecutorRecord]) -> dict[str, Any]:
     """The job report's `alpha` (mean over the spilling workers; None if none spills) and
-    `spilled_mb` (all their spill files) from the executors' last status."""
-    spilling = [e for e in executors if e.spill_alpha is not None]
+    `spilled_mb` (the spill files of all executors: workers' input, servers' model blocks) from
+    the executors' last status."""
+    executors = list(executors)
+    spilling = [e.spill_alpha for e in executors if e.spill_alpha is not None]
     if not spilling:
         return {}
-    return {"alpha": sum(e.spill_alpha or 0.0 for e in spilling) / len(spilling),
-            "spilled_mb": sum(e.spilled_bytes for e in spilling) / 2**20}
+    return {"alpha": sum(spilling) / len(spilling), "spilled_mb": sum(e.spilled_bytes for e in executors) / 2**20}
