@@ -273,7 +273,7 @@ class StatusReply(ControlReply):
     bytes_served: Optional[float] = None
     link_bps: Optional[float] = None
     train_counters: dict[str, float] = {}
-    spill: Optional[SpillFigures] = None        # a worker with spill (psruntime.worker_spill)
+    spill: Optional[SpillFigures] = None        # an executor of a job with spill (psruntime.worker_spill)
 
 
 class CheckpointBlocksReply(ControlReply):

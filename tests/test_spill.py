@@ -413,3 +413,20 @@ async def test_a_job_with_spill_trains_as_without_and_reports_alpha_and_spilled_
         finally:
             await job.close()
     assert histories[0.5] == histories[None] and len(histories[None]) == 2
+
+
+def test_auto_spill_picks_alpha_from_the_first_block_and_spills_while_it_generates(tmp_path: Path) -> None:
+    app = _app("mlr")
+    sample = app.input_block(0).nbytes
+    n = app.num_blocks
+    # A limit that leaves room for about a third of the data beside a 1 MB "process" and 3 blocks.
+    limit = int((2**20 + 3 * sample + app.model_nbytes() + n * sample / 3) / 0.7)
+    spill = WorkerSpill("auto", SpillStore(tmp_path), limit_bytes=limit, rss=lambda: 2**20)
+    blocks = spill.load_blocks(app, range(n))
+    assert spill.alpha == initial_alpha(n * sample, sample, app.model_nbytes(), 2**20, limit, n)
+    assert 0.5 <= spill.alpha < 1.0
+    on_disk = [b.block_index for b in blocks if not b.data]
+    assert len(on_disk) == round(spill.alpha * n) and sorted(spill.reloader.disk) == on_disk
+    assert spill.tuner is not None and spill.tuner.alpha == spill.alpha
+    # Without a known limit "auto" spills nothing.
+    assert WorkerSpill("auto", SpillStore(tmp_path / "none"), limit_bytes=0).load_blocks(app, range(n))[0].data
