@@ -133,3 +133,18 @@ def test_ps_status_shows_the_group_the_pause_and_the_spill() -> None:
     text = colocation_text(status)
     assert text is not None and text.startswith("group g2; paused, 1 pause (")
     assert text.endswith("spill alpha 0.25, 31.5 MB on disk")
+
+
+async def test_a_new_executor_size_moves_the_job_by_restarting_it_from_a_cut() -> None:
+    sus, reshaper = FakeSuspender(), FakeReshaper()
+    size = [Resource(512, 1)]
+    h = DirectiveHandler(lambda: reshaper, lambda: Shape(1, 1), suspender=sus, executor_resource=lambda: size[0])
+    h.training_started()
+    placement = (NodePlacement(node="n2", workers=1, servers=1),)
+    h.on_directive(directive(1, 1, 1, placement=placement, resource=Resource(512, 1)))   # same size: live
+    await h.wait_idle(5)
+    assert reshaper.calls == [(1, 1, ("n2",))] and sus.calls == []
+    h.on_directive(directive(2, 1, 1, placement=placement, resource=Resource(384, 1)))   # another size
+    await h.wait_idle(5)
+    assert sus.calls == [("pause",), ("resume", 1, 1, placement, ("n2",), Resource(384, 1))]
+    assert h.history[-1].steps == [("pause", 1), ("resume", 1)] and reshaper.calls == [(1, 1, ("n2",))]

@@ -124,7 +124,8 @@ class PSApplicationMaster:
         self.cruise: Optional[CruiseDriver] = None    # optimizer "cruise": built once training is set up
         self.directives = DirectiveHandler(self._reshaper, self.live_shape, spec.max_workers,
                                            spec.max_servers, on_change=self._on_directive_change,
-                                           placed=self.pool.all_on, suspender=self.suspension)
+                                           placed=self.pool.all_on, suspender=self.suspension,
+                                           executor_resource=lambda: self.steps.resource)
 
     # -- public ------------------------------------------------------------------------------
     def request_stop(self, reason: str = "stopped by SIGTERM") -> None:
