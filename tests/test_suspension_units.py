@@ -138,7 +138,8 @@ def test_ps_status_shows_the_group_the_pause_and_the_spill() -> None:
 async def test_a_new_executor_size_moves_the_job_by_restarting_it_from_a_cut() -> None:
     sus, reshaper = FakeSuspender(), FakeReshaper()
     size = [Resource(512, 1)]
-    h = DirectiveHandler(lambda: reshaper, lambda: Shape(1, 1), suspender=sus, executor_resource=lambda: size[0])
+    h = DirectiveHandler(lambda: reshaper, lambda: Shape(1, 1), suspender=sus, executor_resource=lambda: size[0],
+                         placed=lambda nodes: False)     # its executors are elsewhere
     h.training_started()
     placement = (NodePlacement(node="n2", workers=1, servers=1),)
     h.on_directive(directive(1, 1, 1, placement=placement, resource=Resource(512, 1)))   # same size: live
