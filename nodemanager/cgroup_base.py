@@ -97,7 +97,7 @@ class CgroupBackend(abc.ABC):
         """Create the node's parent cgroup(s); raise CgroupError when the hierarchy is unusable."""
 
     @abc.abstractmethod
-    def create(self, container_id: str, memory_mb: int, vcores: int) -> ContainerCgroup:
+    def create(self, container_id: str, memory_mb: int, vcores: int, cpu_weighted: bool = False) -> ContainerCgroup:
         """Create a container's cgroup with its CPU and memory limits."""
 
     @abc.abstractmethod

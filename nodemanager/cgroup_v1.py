@@ -41,13 +41,13 @@ class CgroupV1(CgroupBackend):
     def _dirs(self, container_id: str) -> tuple[str, str]:
         return os.path.join(self.cpu_parent, container_id), os.path.join(self.mem_parent, container_id)
 
-    def create(self, container_id: str, memory_mb: int, vcores: int) -> ContainerCgroup:
+    def create(self, container_id: str, memory_mb: int, vcores: int, cpu_weighted: bool = False) -> ContainerCgroup:
         cpu_dir, mem_dir = self._dirs(container_id)
         cg = ContainerCgroup(container_id, [cpu_dir, mem_dir])
         try:
             for d in cg.dirs:
                 os.makedirs(d, exist_ok=True)
-            if self.hard_cpu:
+            if self.hard_cpu and not cpu_weighted:
                 # Period first: the kernel checks quota against the current period.
                 write_file(os.path.join(cpu_dir, "cpu.cfs_period_us"), str(self.period))
                 write_file(os.path.join(cpu_dir, "cpu.cfs_quota_us"), str(cpu_quota_us(vcores, self.period,

@@ -45,12 +45,12 @@ class CgroupV2(CgroupBackend):
         for d in (self.mount, self.top, self.parent):
             self._enable_controllers(d)
 
-    def create(self, container_id: str, memory_mb: int, vcores: int) -> ContainerCgroup:
+    def create(self, container_id: str, memory_mb: int, vcores: int, cpu_weighted: bool = False) -> ContainerCgroup:
         d = os.path.join(self.parent, container_id)
         cg = ContainerCgroup(container_id, [d])
         try:
             os.makedirs(d, exist_ok=True)
-            if self.hard_cpu:
+            if self.hard_cpu and not cpu_weighted:
                 write_file(os.path.join(d, "cpu.max"),
                            f"{cpu_quota_us(vcores, self.period, self.cores_per_vcore)} {self.period}")
             else:

@@ -47,8 +47,10 @@ class ContainerManager:
     """Owns every container of this node."""
 
     def __init__(self, cfg: NMConfig, node_id: str, nm_host: str, nm_port: int, capability: Resource,
-                 enforcement: Enforcement, store: RecoveryStore, clock: Callable[[], float] = time.time):
+                 enforcement: Enforcement, store: RecoveryStore, clock: Callable[[], float] = time.time,
+                 arbiter_socket: str = ""):
         self.cfg = cfg
+        self.arbiter_socket = arbiter_socket   # the Harmony arbiter's, told to Harmony jobs' containers
         self.node_id = node_id
         self.nm_host = nm_host
         self.nm_port = nm_port
@@ -126,7 +128,7 @@ class ContainerManager:
         warm = self.warm
         proc: launcher.ContainerProcess | WarmProcess
         if ctx.warm_start is not None and warm is not None and warm.serves(ctx.warm_start.module):
-            spec = await asyncio.to_thread(self._prepare, c)
+            spec = await asyncio.to_thread(self._prepare, c, ctx)
             try:
                 proc = await warm.launch(warm_request(spec, ctx, ctx.warm_start))
             except WarmLaunchError as e:
@@ -156,20 +158,20 @@ class ContainerManager:
                            ) -> tuple[launcher.ContainerProcess, Optional[procfs.ProcStat]]:
         """The blocking part of a cold launch (in a worker thread): `_prepare`, then the wrapper and
         the process."""
-        spec = self._prepare(c)
+        spec = self._prepare(c, ctx)
         proc = launcher.spawn(spec, ctx)
         return proc, procfs.read_stat(proc.pid)
 
-    def _prepare(self, c: Container) -> launcher.LaunchSpec:
+    def _prepare(self, c: Container, ctx: LaunchContext) -> launcher.LaunchSpec:
         """The container's cgroup (kept on `c` at once, so a failure later is cleaned up) and dirs."""
         backend = self.enforcement.backend
         if backend is not None:
-            c.cgroup = backend.create(c.container_id, c.resource.memory, c.resource.vcores)
+            c.cgroup = backend.create(c.container_id, c.resource.memory, c.resource.vcores, ctx.cpu_weighted)
         spec = launcher.LaunchSpec(
             container_id=c.container_id, app_id=c.app_id, attempt_id=c.attempt_id, user=c.user,
             memory_mb=c.resource.memory, vcores=c.resource.vcores, work_dir=c.work_dir, log_dir=c.log_dir,
             exit_file=c.exit_file, nm_host=self.nm_host, nm_port=self.nm_port,
-            network_bandwidth_bps=self.cfg.network_bandwidth_bps,
+            network_bandwidth_bps=self.cfg.network_bandwidth_bps, arbiter_socket=self.arbiter_socket,
             cgroup_join_files=tuple(backend.join_files(c.cgroup)) if backend and c.cgroup else ())
         launcher.prepare_dirs(spec)
         return spec

@@ -44,6 +44,7 @@ class LaunchSpec:
     nm_port: int
     cgroup_join_files: tuple[str, ...] = ()
     network_bandwidth_bps: int = 0   # > 0: the emulated bandwidth cap, told to the container's data plane
+    arbiter_socket: str = ""         # the node's Harmony arbiter (told to Harmony jobs' containers only)
 
 
 def python_bin_dir() -> str:
@@ -71,6 +72,8 @@ def build_env(spec: LaunchSpec, ctx: LaunchContext) -> dict[str, str]:
     })
     if spec.network_bandwidth_bps > 0:
         env[cenv.NODE_BANDWIDTH_BPS] = str(spec.network_bandwidth_bps)
+    if spec.arbiter_socket and env.get(cenv.HARMONY) == "1":
+        env[cenv.ARBITER_SOCKET] = spec.arbiter_socket
     if spec.attempt_id:
         env.setdefault(cenv.APP_ATTEMPT_ID, spec.attempt_id)
     return env

@@ -11,9 +11,11 @@ from typing import Any, Optional
 
 from aiohttp import web
 
+from protocol.arbiter_wire import name_hash
 from protocol.config import ClusterConfig, NMConfig
 
 from . import node_settings
+from .arbiter_server import ArbiterServer, socket_path
 from .container_manager import ContainerManager
 from .enforcement import Enforcement, choose
 from .recovery_store import RecoveryStore
@@ -47,6 +49,9 @@ class NodeManager:
         self._runner: Optional[web.AppRunner] = None
         self._link_task: Optional[asyncio.Task] = None
         self._sock: Optional[socket.socket] = None
+        # Auxiliary service: Harmony's per-node arbiter, started and stopped with the NM.
+        self.arbiter: Optional[ArbiterServer] = (
+            ArbiterServer(socket_path(cfg.local_dir, cfg.arbiter_socket)) if cfg.arbiter else None)
 
     @property
     def url(self) -> str:
@@ -82,8 +87,11 @@ class NodeManager:
             log.warning("%s", self.enforcement.warning)
         else:
             log.info("container limits enforced with cgroups %s", self.enforcement.mode)
+        if self.arbiter is not None:
+            await self.arbiter.start()
         self.manager = ContainerManager(self.cfg, self.node_id, self.host, self.port, self.capability,
-                                        self.enforcement, RecoveryStore(self.cfg.recovery_dir))
+                                        self.enforcement, RecoveryStore(self.cfg.recovery_dir),
+                                        arbiter_socket=self.arbiter.path if self.arbiter else "")
         if self.cfg.warm_modules:
             self.warm = WarmLauncher(self.cfg.warm_modules)
             try:
@@ -95,7 +103,8 @@ class NodeManager:
         if recovered:
             log.info("recovered %d container(s) from %s", len(recovered), self.cfg.recovery_dir)
         self.manager.start_loops()
-        api = NodeWebApi(self.manager, self.cluster.secret, self.node_id, lambda: self.url, self.node_info)
+        api = NodeWebApi(self.manager, self.cluster.secret, self.node_id, lambda: self.url, self.node_info,
+                         self._arbiter_view if self.arbiter else None)
         self._runner = web.AppRunner(api.app(), access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, self._sock).start()
@@ -111,6 +120,15 @@ class NodeManager:
         # Only a SHUTDOWN from the RM ends the link: stop the daemon as SIGTERM would.
         log.warning("stopping on the RM's request")
         os.kill(os.getpid(), 15)
+
+    def _arbiter_view(self, limit: int) -> dict[str, Any]:
+        """The arbiter's state and grant log, its hashed job / executor ids named by this NM's containers."""
+        assert self.arbiter is not None
+        names: dict[int, str] = {}
+        for c in (self.manager.containers.values() if self.manager else ()):
+            names[name_hash(c.container_id)] = c.container_id
+            names[name_hash(c.app_id)] = c.app_id
+        return self.arbiter.view(limit, names)
 
     def _write_ready_file(self) -> None:
         if not self.ready_file:
@@ -166,6 +184,8 @@ class NodeManager:
             await self.link.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.arbiter is not None:
+            await self.arbiter.stop()
         if self.ready_file:
             try:
                 os.unlink(self.ready_file)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from aiohttp import web
 
@@ -21,8 +21,10 @@ class NodeWebApi:
     """Request handlers; every container call is authorised by the RM-signed container token."""
 
     def __init__(self, manager: ContainerManager, secret: str, node_id: str, url: Callable[[], str],
-                 node_info: Callable[[], dict[str, Any]]):
+                 node_info: Callable[[], dict[str, Any]],
+                 arbiter_view: Optional[Callable[[int], dict[str, Any]]] = None):
         self.manager = manager
+        self.arbiter_view = arbiter_view
         self.secret = secret
         self.node_id = node_id
         self.url = url
@@ -42,6 +44,7 @@ class NodeWebApi:
         r.add_get("/ws/v1/node/containers/{id}/logs", self.get_log_files)
         r.add_get("/ws/v1/node/containerlogs/{id}", self.get_log_files)
         r.add_get("/ws/v1/node/containerlogs/{id}/{filename}", self.get_log_file)
+        r.add_get("/ws/v1/node/arbiter", self.get_arbiter)
         return app
 
     # ----- token checks -------------------------------------------------------------------------
@@ -114,6 +117,16 @@ class NodeWebApi:
             if c.finished_at is None:
                 a["state"] = "RUNNING"
         return json_response({"apps": {"app": list(apps.values())}})
+
+    async def get_arbiter(self, request: web.Request) -> web.Response:
+        """The Harmony arbiter's holders, queues and latest grants (`?limit=N`, default 1000)."""
+        if self.arbiter_view is None:
+            raise NotFound(f"node {self.node_id} runs no arbiter")
+        try:
+            limit = int(request.query.get("limit", "1000"))
+        except ValueError:
+            raise BadRequest(f"limit must be an integer, got {request.query.get('limit')!r}") from None
+        return json_response({"arbiter": self.arbiter_view(limit)})
 
     def _container_json(self, c: Container) -> dict[str, Any]:
         d = c.node_info(self.node_id, self.url())

@@ -82,6 +82,8 @@ class NMConfig(msgspec.Struct, forbid_unknown_fields=True):
     keep_finished_logs_s: float = 3600.0
     delete_workdir: bool = True
     network_bandwidth_bps: int = 0  # emulated node bandwidth cap (bit/s) passed to containers; 0 = none
+    arbiter: bool = True            # run the Harmony arbiter (an aux service on a unix socket)
+    arbiter_socket: str = ""        # its path; "" = <local_dir>/arbiter.sock (or a short temp path)
 
 
 class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True):

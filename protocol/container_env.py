@@ -20,3 +20,8 @@ AM_DIR = "ELASTANE_AM_DIR"               # durable dir for checkpoints (per app,
 JOB_SECRET = "ELASTANE_JOB_SECRET"       # the attempt's job secret (protocol.tokens.job_secret), hex
 # Set by an NM whose network_bandwidth_bps > 0 (emulated node bandwidth cap, bits per second):
 NODE_BANDWIDTH_BPS = "ELASTANE_NODE_BANDWIDTH_BPS"
+# Set by a PS AM for the executors of a job that Harmony runs (its ShapeDirective has a group), and
+# only then: the executor takes a slot from its node's arbiter before each subtask.
+HARMONY = "ELASTANE_HARMONY"             # "1" for a Harmony job's executors
+# Set by the NM beside HARMONY=1 (only in the containers whose launch environment has it):
+ARBITER_SOCKET = "ELASTANE_ARBITER_SOCKET"   # the arbiter's unix socket path

@@ -36,6 +36,8 @@ class AppSetup(_Request, tag="app_setup"):
     data: dict[str, Any] = {}
     hparams: dict[str, Any] = {}
     preset: Optional[str] = None
+    # Harmony spill (protocol.ps_job_spec.PSJobSpec.spill_alpha): None = no spill.
+    spill_alpha: Optional[Union[Annotated[float, msgspec.Meta(ge=0, le=1)], Literal["auto"]]] = None
 
 
 class WorkerSetup(_Request, tag="worker_setup"):
@@ -241,6 +243,22 @@ class BlockStatesReply(ControlReply):
     blocks: list[dict[str, Any]] = []
 
 
+class SpillFigures(msgspec.Struct, kw_only=True):
+    """A spilling executor's figures: a worker's disk block ratio (None on a server), the bytes of
+    its spill files, its cumulative load stall seconds and block loads, and the model blocks a
+    server has on disk now, and how often it spilled and reloaded them."""
+
+    alpha: Optional[float] = None
+    spilled_bytes: NonNeg = 0
+    stall_s: float = 0.0
+    loads: NonNeg = 0
+    disk_blocks: NonNeg = 0
+    peak_rss_bytes: NonNeg = 0
+    model_blocks_spilled: NonNeg = 0
+    model_spills: NonNeg = 0
+    model_reloads: NonNeg = 0
+
+
 class StatusReply(ControlReply):
     """The fields of an executor's status the AM uses (it reports more; see psruntime.executor)."""
 
@@ -255,6 +273,7 @@ class StatusReply(ControlReply):
     bytes_served: Optional[float] = None
     link_bps: Optional[float] = None
     train_counters: dict[str, float] = {}
+    spill: Optional[SpillFigures] = None        # an executor of a job with spill (psruntime.worker_spill)
 
 
 class CheckpointBlocksReply(ControlReply):

@@ -75,6 +75,10 @@ class LaunchContext(_Msg):
     environment: dict[str, str] = {}
     local_resources: dict[str, dict[str, Any]] = {}
     warm_start: Optional[WarmStart] = None
+    # True: CPU by weight only (cgroup cpu.weight / cpu.shares, no quota) whatever the NM's
+    # cpu_enforcement, memory still a hard limit: Harmony's co-location model, where the node's
+    # arbiter runs one COMP at a time and that COMP should get the whole node.
+    cpu_weighted: bool = False
 
 
 class StartContainerRequest(_Msg):
@@ -193,6 +197,9 @@ class ShapeDirective(_Msg):
     placement: list[NodePlacement] = []
     group: Optional[str] = None
     run_state: RunState = RunState.RUN
+    # The resource of each of the job's executor containers (Harmony sizes a group's containers so
+    # the group fits its nodes); None: the job spec's executor size.
+    executor_resource: Optional[Resource] = None
 
 
 class AllocateRequest(_Msg):

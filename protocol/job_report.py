@@ -56,6 +56,8 @@ Fields, and what the AM must put in them:
   (Harmony) reports it.
 - `paused`: the job is paused (or pausing / resuming) on a directive's run state (Harmony): its
   model is checkpointed and it holds no executors (`workers` = `servers` = 0 while paused).
+- `alpha`: the job's disk block ratio (Harmony spill, §4.3.3): the mean over its spilling workers
+  of the fraction of their input blocks kept on disk; None when the job does not spill.
 
 Unknown fields are ignored, so a newer AM may report more than this RM reads; older AMs that send
 only workers / servers (and any subset of the rest) still decode.
@@ -124,6 +126,7 @@ class JobReport(msgspec.Struct, kw_only=True):
     memory_mb: NonNegFloat = 0.0
     spilled_mb: NonNegFloat = 0.0
     paused: bool = False
+    alpha: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]] = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-ready builtins (what the REST API and the web UI show)."""

@@ -20,7 +20,7 @@ and by the PS AM, which reads the spec from the env variable `PS_SPEC_ENV`.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Optional, cast
+from typing import Annotated, Any, Literal, Optional, Union, cast
 
 import msgspec
 
@@ -118,6 +118,11 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # appmaster.ps.stragglers). Off by default: on an oversubscribed host healthy workers' times
     # spread that wide too, and each replacement costs a container start.
     replace_stragglers: bool = False
+    # Harmony's spill (dissertation §4.3.3, psruntime.worker_spill): each worker keeps this fraction
+    # of its input blocks on local disk as lz4 frames, reloaded ahead of use; "auto" starts from the
+    # data and model sizes against executor_memory_mb and tunes it per clock by hill climbing
+    # between load stalls and memory pressure. None (the default): no spill.
+    spill_alpha: Optional[Union[Annotated[float, msgspec.Meta(ge=0, le=1)], Literal["auto"]]] = None
 
     # ----- derived values (valid after `validate`) ----------------------------------------------
     @property

@@ -27,6 +27,10 @@ executor's op table, see `Executor.extra_ops`):
     server_objective {}                      the app's server part over the keys this executor owns
     stop_training {}                         abandon a running epoch at the next mini-batch
 
+With `spill_alpha` in app_setup a worker keeps a fraction alpha of its input blocks on local disk
+as lz4 frames, reloaded ahead of use (psruntime.worker_spill); its step replies then carry a
+`spill` object (alpha, bytes spilled, load stall seconds).
+
 Clocks are paced by the AM (BSP: it waits for every worker before the next clock; SSP: it keeps
 each worker within the staleness bound, in clocks), so the objective it gathers between epochs is
 exact under BSP. A worker keeps its place in the epoch across clocks in each block's state
@@ -42,15 +46,18 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import numpy as np
 
-from psruntime.apps.base import AppConfigError, KeyValues, PSApp, StepContext
+from psruntime.apps.base import AppConfigError, KeyValues, Partition, PSApp, StepContext
 from psruntime.apps.blocks import BlockFormatError, DataBlock
+from psruntime.apps.random_streams import partition_block_range
 from psruntime.apps.registry import create_app
 from psruntime.dataplane import Reply, RequestError
 from psruntime.frame_codec import Frame
+from psruntime.model_spill import ModelSpillMonitor
 from psruntime.request_fields import int_field
 from psruntime.store_client import StoreClient
 from psruntime.training_pipeline import (StepTimes, SubtaskRunner, TrainingPipeline, TrainingStopped, block_position,
                                          epoch_position, init_blocks, init_model, set_epoch_position)
+from psruntime.worker_spill import WorkerSpill, parse_mode
 
 if TYPE_CHECKING:  # the executor imports this module, not the other way round at run time
     from psruntime.executor import Executor
@@ -69,6 +76,8 @@ class AppRole:
         self.stop = asyncio.Event()
         self._busy = asyncio.Lock()   # one training step at a time on this executor
         self.pipeline = TrainingPipeline(runner)
+        self.spill: WorkerSpill | None = None      # with the job's spill_alpha (psruntime.worker_spill)
+        self.model_spill: ModelSpillMonitor | None = None   # ... and a server's model blocks (psruntime.model_spill)
 
     def ops(self) -> dict[str, Op]:
         return {"app_setup": self.app_setup, "worker_setup": self.worker_setup, "load_splits": self.load_splits,
@@ -88,6 +97,10 @@ class AppRole:
 
     def close(self) -> None:
         self.pipeline.close()
+        if self.spill is not None:
+            self.spill.close()
+        if self.model_spill is not None:
+            self.model_spill.stop()
 
     @property
     def step_lock(self) -> asyncio.Lock:
@@ -107,6 +120,16 @@ class AppRole:
             self.app = create_app(name, h.get("data") or {}, h.get("hparams") or {}, preset=h.get("preset"))
         except AppConfigError as e:
             raise RequestError(str(e)) from None
+        try:
+            mode = parse_mode(h.get("spill_alpha"))
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        if mode is not None and self.spill is None:
+            self.spill = WorkerSpill(mode)
+            self.pipeline.residency = self.spill.reloader
+            self.model_spill = ModelSpillMonitor(self.executor.service, self.spill.reloader.store,
+                                                 self.spill.limit_bytes, self.spill.rss)
+            self.model_spill.start()
         return {"op": "ok", "describe": self.app.describe()}, ()
 
     def _need_app(self) -> PSApp:
@@ -127,7 +150,10 @@ class AppRole:
         i = int_field(frame.header, "partition", 0)
         if i >= n:
             raise RequestError(f"partition {i} is out of range for {n} partitions")
-        part = app.generate_partition(i, n)
+        if self.spill is not None:
+            part = Partition(i, n, self.spill.load_blocks(app, partition_block_range(app.num_blocks, i, n)))
+        else:
+            part = app.generate_partition(i, n)
         self.blocks = part.blocks
         if self.store is None:
             self.store = StoreClient(self.executor.service.table, self.executor.client)
@@ -143,7 +169,10 @@ class AppRole:
                 not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < app.num_blocks for b in wanted)):
             raise RequestError(f"field 'blocks' must be a list of input blocks below {app.num_blocks}")
         async with self._busy:
-            self.blocks = [app.input_block(b) for b in sorted(set(wanted))]
+            if self.spill is not None:
+                self.blocks = self.spill.load_blocks(app, sorted(set(wanted)))
+            else:
+                self.blocks = [app.input_block(b) for b in sorted(set(wanted))]
             app.release_generation_caches()
         if self.store is None:
             self.store = StoreClient(self.executor.service.table, self.executor.client)
@@ -157,7 +186,10 @@ class AppRole:
 
     async def init_blocks(self, frame: Frame) -> Reply:
         app, store = self._need_app(), self._need_store()
-        await init_blocks(store, app, self.blocks)
+        if self.spill is not None:
+            await self.spill.init_blocks(store, app, self.blocks)
+        else:
+            await init_blocks(store, app, self.blocks)
         return {"op": "ok", "blocks": len(self.blocks)}, ()
 
     # -- training ----------------------------------------------------------------------------
@@ -181,6 +213,7 @@ class AppRole:
             times = await self._run_batches(app, store, ctx, count_key, limit)
             done = all(epoch_position(b, epoch) >= b.num_rows for b in self.blocks)
             header, arrays = _step_reply(epoch, done, times, t_start)
+            self._after_step(header)
             header["positions"] = {str(b.block_index): list(block_position(b)) for b in self.blocks}
         return header, arrays
 
@@ -195,10 +228,32 @@ class AppRole:
             t_start = time.perf_counter()
             times = await self._run_batches(app, store, ctx, count_key, None)
             header, arrays = _step_reply(epoch, True, times, t_start)
+            self._after_step(header)
             if with_objective:
                 part = await self.pipeline.objective(app, store, self.blocks)
                 header["objective"] = [part.value, part.count]
         return header, arrays
+
+    def _after_step(self, header: dict[str, Any]) -> None:
+        """With spill: the step's stall time and alpha in the reply, alpha tuned for the next step."""
+        if self.spill is not None:
+            header["spill"] = self.spill.after_step(self.blocks, float(header["seconds"]))
+
+    def materialize(self, block: DataBlock) -> None:
+        """Bring a spilled block's data back into memory for good (before it leaves this worker)."""
+        if self.spill is not None:
+            self.spill.reloader.materialize(block)
+
+    def spill_figures(self) -> dict[str, Any] | None:
+        """alpha, bytes spilled, stall seconds ... of this worker, or a server's bytes and model
+        blocks spilled (None without spill)."""
+        if self.spill is None:
+            return None
+        figures: dict[str, Any] = self.spill.figures() if self.blocks else {"alpha": None}
+        if self.model_spill is not None:
+            figures.update(self.model_spill.figures())
+        figures["spilled_bytes"] = self.spill.reloader.store.nbytes()    # input and model files
+        return figures
 
     async def _run_batches(self, app: PSApp, store: StoreClient, ctx: StepContext, count_key: str | None,
                            limit: int | None) -> StepTimes:

@@ -15,12 +15,15 @@ holds a view updates stay in place and allocate nothing.
 
 A block serialises to `BlockArrays` (dense keys + values + the other keys' arrays) for migration
 and checkpoints; `export_block` / `import_block` keep the older per-key form.
+
+A store may hold blocks on disk (`spilled`, Harmony's model spill: psruntime.model_spill): they
+count as held, and any access brings such a block back into memory first.
 """
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -91,6 +94,20 @@ class BlockArrays:
         return dense + sum(a.nbytes for a in self.other_arrays)
 
 
+class SpilledBlocks(Protocol):
+    """Blocks a store holds on disk (psruntime.model_spill.ModelSpill)."""
+
+    def blocks(self) -> list[int]: ...
+
+    def holds(self, block: int) -> bool: ...
+
+    def take(self, block: int) -> BlockArrays:
+        """The block's arrays, no longer on disk once taken."""
+        ...
+
+    def forget(self, block: int) -> None: ...
+
+
 class BlockStore:
     """The blocks held by one executor. Not thread-safe: one event loop owns it."""
 
@@ -99,21 +116,40 @@ class BlockStore:
             raise StoreError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
         self._blocks: dict[int, _Block] = {}
+        # Blocks spilled to disk under memory pressure (Harmony, psruntime.model_spill): still
+        # held, brought back into memory on their next access.
+        self.spilled: SpilledBlocks | None = None
 
     # -- blocks ------------------------------------------------------------------------------
     def block_ids(self) -> list[int]:
-        return sorted(self._blocks)
+        on_disk = self.spilled.blocks() if self.spilled is not None else ()
+        return sorted({*self._blocks, *on_disk})
 
     def has_block(self, block: int) -> bool:
+        return block in self._blocks or (self.spilled is not None and self.spilled.holds(block))
+
+    def _present(self, block: int) -> _Block | None:
+        """The block in memory, brought back first if it was spilled; None if not held."""
+        blk = self._blocks.get(block)
+        if blk is None and self.spilled is not None and self.spilled.holds(block):
+            self.import_arrays(block, self.spilled.take(block))
+            blk = self._blocks.get(block)
+        return blk
+
+    def in_memory(self, block: int) -> bool:
         return block in self._blocks
 
     def create_block(self, block: int) -> None:
         """Make an empty block present (a fresh job's owner starts with empty blocks)."""
         self._check_block(block)
+        if self.spilled is not None and self.spilled.holds(block):
+            return                      # held, on disk: an empty block would shadow it
         self._blocks.setdefault(block, _Block())
 
     def drop_block(self, block: int) -> None:
         self._blocks.pop(block, None)
+        if self.spilled is not None:
+            self.spilled.forget(block)
 
     def block_nbytes(self, block: int) -> int:
         blk = self._blocks.get(block)
@@ -127,11 +163,11 @@ class BlockStore:
             raise StoreError(f"block {block} is out of range 0..{self.num_blocks - 1}")
 
     def _held(self, block: int, what: object = None) -> _Block:
-        try:
-            return self._blocks[block]
-        except KeyError:
+        blk = self._present(block)
+        if blk is None:
             of = f" (of key {what!r})" if what is not None else ""
-            raise StoreError(f"block {block}{of} is not held by this store") from None
+            raise StoreError(f"block {block}{of} is not held by this store")
+        return blk
 
     def _block_for(self, key: Key, block: int | None) -> _Block:
         return self._held(block_of(key, self.num_blocks) if block is None else block, key)
@@ -207,7 +243,7 @@ class BlockStore:
             raise StoreError(f"delta for key {key!r} is {delta.dtype}, cannot update a {value.dtype} value")
 
     def keys(self, block: int) -> list[Key]:
-        blk = self._blocks.get(block)
+        blk = self._present(block)
         if blk is None:
             return []
         return [*blk.keys[:blk.n].tolist(), *blk.extra]
@@ -337,7 +373,7 @@ class BlockStore:
     def export_arrays(self, block: int) -> BlockArrays:
         """The block as arrays (views, no copy: the caller sends them before anything mutates them;
         if something does, copy-on-write keeps these views intact)."""
-        blk = self._blocks.get(block)
+        blk = self._present(block)
         if blk is None:
             raise StoreError(f"block {block} is not held by this store")
         keys, values = blk.dense()

@@ -107,6 +107,7 @@ class EpsWorkerOps:
         client = self.role.executor.client
         sent = 0
         for b in blocks:
+            self.role.materialize(b)                     # a spilled split's data comes back first
             # Input data never changes, so it can travel while the epoch trains on it.
             header, arrays = part_buffers(b, "data")
             await client.request(dst, {"op": "eps_stage", "split": b.block_index, "block": header}, arrays)
@@ -136,6 +137,8 @@ class EpsWorkerOps:
             client = self.role.executor.client
 
             async def one(split: int, dst: str, source: str) -> int:
+                if source == "message":
+                    self.role.materialize(blocks[split])
                 header, arrays = part_buffers(blocks[split], "all" if source == "message" else "state")
                 await client.request(dst, {"op": "eps_activate", "split": split, "block": header,
                                            "source": source}, arrays)
@@ -154,6 +157,7 @@ class EpsWorkerOps:
                 b = blocks[split]
                 self.role.blocks.remove(b)
                 if keep:
+                    self.role.materialize(b)
                     self.inactive.put(b)
             self.sent_bytes += sent
         return {"op": "ok", "done": done, "failed": failed, "bytes": sent,

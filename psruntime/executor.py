@@ -50,6 +50,7 @@ from typing import Any, Callable
 from protocol import container_env
 from protocol.daemon import install_uvloop, setup_logging
 from protocol.executor_ops import REQUEST_OPS, ControlMessageError, decode_request
+from psruntime import harmony_runner
 from psruntime.app_role import AppRole
 from psruntime.bandwidth import process_pacer
 from psruntime.checkpoint_ops import CheckpointOps
@@ -61,6 +62,7 @@ from psruntime.migration import BlockState
 from psruntime.request_fields import int_list_field, str_field
 from psruntime.ownership_table import OwnershipTable
 from psruntime.store_service import DATA_OPS, StoreService
+from psruntime.training_pipeline import SubtaskRunner
 
 log = logging.getLogger(__name__)
 ROLES = ("worker", "server")
@@ -83,7 +85,7 @@ class Executor:
     job `secret` (HMAC key) it serves and connects only with the data-plane handshake."""
 
     def __init__(self, executor_id: str, num_blocks: int, host: str = "127.0.0.1", port: int = 0,
-                 role: str = "server", secret: bytes | None = None) -> None:
+                 role: str = "server", secret: bytes | None = None, runner: SubtaskRunner | None = None) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
         self.executor_id = executor_id
@@ -96,7 +98,7 @@ class Executor:
         # Ops added by other layers on the same control channel (the AM-paced app ops of
         # psruntime.app_role); built-in ops take precedence.
         self.extra_ops: dict[str, Callable[[Frame], Any]] = {}
-        self.app_role = AppRole(self)
+        self.app_role = AppRole(self, runner)
         self.register_ops(self.app_role.ops())
         self.eps = EpsWorkerOps(self.app_role)   # EPS worker-to-worker data transmission
         self.register_ops(self.eps.ops())
@@ -204,6 +206,7 @@ class Executor:
                 "data_requests": self.data_requests, "busy_s": self.data_busy_s,
                 "data_bytes": self.app_role.data_bytes(), "bytes_served": self.bytes_served,
                 "train_counters": dict(self.app_role.counters),
+                "spill": self.app_role.spill_figures(),
                 "link_bps": pacer.bps if (pacer := process_pacer()) is not None else None}, ()
 
     def _op_ping(self, frame: Frame) -> Reply:
@@ -291,7 +294,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace) -> None:
     secret = secret_key(os.environ.get(container_env.JOB_SECRET))
-    ex = Executor(args.executor_id, args.num_blocks, args.host, args.port, args.role, secret=secret)
+    # A Harmony job's executor takes its node's arbiter slots around every subtask; others never touch it.
+    runner = await harmony_runner.from_environment()
+    ex = Executor(args.executor_id, args.num_blocks, args.host, args.port, args.role, secret=secret, runner=runner)
     ex.am_address = args.am
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -310,6 +315,8 @@ async def run(args: argparse.Namespace) -> None:
             log.warning("could not announce to the AM at %s: %s", args.am, e)
     await ex.stopped.wait()
     await ex.stop()
+    if runner is not None:
+        await runner.close()
     log.info("executor %s stopped", args.executor_id)
 
 

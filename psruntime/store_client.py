@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -48,6 +48,29 @@ class _ArrayOutcome:
 
     out: np.ndarray | None = None
     found: np.ndarray | None = None
+
+
+@dataclass
+class PreparedArray:
+    """An array-form request routed and cut per owner, not sent yet (see the module doc)."""
+
+    op: str
+    func: str | None
+    keys: np.ndarray
+    values: np.ndarray | None
+    extra: dict[str, Any]
+    parts: list[tuple[str, np.ndarray | None, list[np.ndarray]]]   # (address, indices, arrays)
+    row_shape: tuple[int, ...] = ()
+    dtype: np.dtype | None = None
+
+
+@runtime_checkable
+class TransferGate(Protocol):
+    """Paces a transfer's per-owner pieces (Harmony: a secondary network slot yields)."""
+
+    async def wait_turn(self) -> None: ...
+
+    def sent(self) -> None: ...
 
 
 @dataclass
@@ -123,28 +146,45 @@ class StoreClient:
                          dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
         """(values, found) of int `keys`: values has shape (len(keys), *row_shape), in key order,
         zeros for keys never written; found[i] says whether keys[i] had a value."""
+        prepared = self.prepare_pull(keys, row_shape, dtype)
+        return await self.finish_pull(prepared, await self.send_pull(prepared))
+
+    def prepare_pull(self, keys: np.ndarray, row_shape: Sequence[int] = (),
+                     dtype: Any = np.float32) -> PreparedArray:
+        """pull_array's encode: route `keys` and cut them per owner."""
         self._raise_pending_error()
         keys = self._keys_array(keys)
         dt = np.dtype(dtype)
         shape = tuple(int(s) for s in row_shape)
         extra = {"dtype": dt.str, "shape": list(shape)}
+        parts = self._split_array(keys, None, None) if len(keys) else []
+        return PreparedArray("get", None, keys, None, extra, parts, shape, dt)
+
+    async def send_pull(self, prepared: PreparedArray, gate: TransferGate | None = None) -> list[Frame]:
+        """pull_array's transfer: write the per-owner requests and wait for their replies."""
+        sent = await self._send_parts(prepared, gate)
+        if gate is not None:
+            gate.sent()
+        n = len(prepared.keys)
+        return [await self._await_reply(item, "get", n if item[1] is None else len(item[1])) for item in sent]
+
+    async def finish_pull(self, prepared: PreparedArray, replies: list[Frame]) -> tuple[np.ndarray, np.ndarray]:
+        """pull_array's decode: gather the replies (re-sending what a migration redirected)."""
+        keys, shape, dt = prepared.keys, prepared.row_shape, prepared.dtype
+        assert dt is not None
         found = np.ones(len(keys), bool)
         if not len(keys):
             return np.zeros((0, *shape), dt), found
-        sent = await self._submit_array("get", None, keys, None, None, extra)
-        if len(sent) == 1 and sent[0][1] is None:
+        if len(replies) == 1 and prepared.parts[0][1] is None and not replies[0].header.get("status"):
             # One owner (the usual case): the reply's array is the result, no gather copy.
-            reply = await self._await_reply(sent[0], "get", len(keys))
-            if not reply.header.get("status"):
-                self._check_rows(reply, len(keys), shape, dt)
-                return reply.arrays[0], found
-            out = _ArrayOutcome(np.zeros((len(keys), *shape), dt), found)
-            retry = self._absorb_array(reply, keys, None, out)
-            if retry is not None and len(retry):
-                await self._complete_array("get", None, keys, None, [], out, extra, retry)
-            return out.out, found  # type: ignore[return-value]
+            self._check_rows(replies[0], len(keys), shape, dt)
+            return replies[0].arrays[0], found
         out = _ArrayOutcome(np.zeros((len(keys), *shape), dt), found)
-        await self._complete_array("get", None, keys, None, sent, out, extra)
+        retry = [r for reply, (_, idx, _) in zip(replies, prepared.parts)
+                 if (r := self._absorb_array(reply, keys, idx, out)) is not None and len(r)]
+        if retry:
+            await self._complete_array("get", None, keys, None, [], out, prepared.extra,
+                                       np.concatenate(retry) if len(retry) > 1 else retry[0])
         return out.out, found  # type: ignore[return-value]
 
     async def put_array(self, keys: np.ndarray, values: np.ndarray) -> None:
@@ -171,17 +211,31 @@ class StoreClient:
         Like push(): large values are sent from the caller's memory; do not modify them in place
         before flush().
         """
+        await self.send_push(self.prepare_push(keys, values, func, push_id))
+
+    def prepare_push(self, keys: np.ndarray, values: np.ndarray, func: str = "add",
+                     push_id: int | None = None) -> PreparedArray:
+        """push_array's encode: route the keys and cut keys and values per owner."""
         self._raise_pending_error()
         keys, values = self._keys_values(keys, values)
-        if not len(keys):
-            return
         extra: dict[str, Any] = {"func": func} if push_id is None else {"func": func, PUSH_ID_FIELD: push_id}
-        sent = await self._submit_array("update", func, keys, values, None, extra)
-        task = asyncio.ensure_future(self._complete_array("update", func, keys, values, sent, _ArrayOutcome(), extra))
+        parts = self._split_array(keys, values, None) if len(keys) else []
+        return PreparedArray("update", func, keys, values, extra, parts)
+
+    async def send_push(self, prepared: PreparedArray, gate: TransferGate | None = None) -> None:
+        """push_array's transfer: write the per-owner frames; their replies are awaited in the
+        background (flush() waits for them)."""
+        if not prepared.parts:
+            return
+        sent = await self._send_parts(prepared, gate)
+        p = prepared
+        task = asyncio.ensure_future(self._complete_array(p.op, p.func, p.keys, p.values, sent, _ArrayOutcome(), p.extra))
         self._pending.add(task)
         task.add_done_callback(self._push_done)
         for conn in {c for c, _, _ in sent}:
             await conn.drain()
+        if gate is not None:
+            gate.sent()
 
     # -- array internals ---------------------------------------------------------------------
     @staticmethod
@@ -220,16 +274,29 @@ class StoreClient:
             out.append((self.table.address_of(owner), sel))
         return out
 
-    async def _submit_array(self, op: str, func: str | None, keys: np.ndarray, values: np.ndarray | None,
-                            sub: np.ndarray | None, extra: dict[str, Any]) -> Sent:
-        sent: Sent = []
+    def _split_array(self, keys: np.ndarray, values: np.ndarray | None,
+                     sub: np.ndarray | None) -> list[tuple[str, np.ndarray | None, list[np.ndarray]]]:
+        """[(address, indices into keys, [keys part, values part])] for keys[sub] (all when None)."""
+        parts = []
         for address, idx in self._route_array(keys, sub):
-            conn = self._client.cached(address) or await self._client.connection(address)
-            header: dict[str, Any] = {"op": op, "key_array": True, "v": self.table.version, **extra}
             k = keys if idx is None else keys[idx]
-            arrays = [k] if values is None else [k, values if idx is None else values[idx]]
+            parts.append((address, idx, [k] if values is None else [k, values if idx is None else values[idx]]))
+        return parts
+
+    async def _send_parts(self, p: PreparedArray, gate: TransferGate | None = None) -> Sent:
+        sent: Sent = []
+        for address, idx, arrays in p.parts:
+            if gate is not None:
+                await gate.wait_turn()
+            conn = self._client.cached(address) or await self._client.connection(address)
+            header: dict[str, Any] = {"op": p.op, "key_array": True, "v": self.table.version, **p.extra}
             sent.append((conn, idx, conn.submit(header, arrays)))
         return sent
+
+    async def _submit_array(self, op: str, func: str | None, keys: np.ndarray, values: np.ndarray | None,
+                            sub: np.ndarray | None, extra: dict[str, Any]) -> Sent:
+        parts = self._split_array(keys, values, sub)
+        return await self._send_parts(PreparedArray(op, func, keys, values, extra, parts))
 
     @staticmethod
     async def _await_reply(item: tuple[DataPlaneConnection, Any, "asyncio.Future[Frame]"], op: str, n: int) -> Frame:

@@ -10,15 +10,21 @@ Per mini-batch the pipeline runs three subtasks, one after the other (DESIGN.md,
 A `SubtaskRunner` decides when each subtask runs: `await runner.run(kind, work)`. The default,
 `ImmediateRunner`, runs it at once. A Harmony runner takes a slot of `kind.resource` from its node's
 arbiter before `await work()` and gives it back after, with no change here. `work` is exactly the
-subtask (the compute thread hand-off included), so what is not its job can stay outside it: the
-batch's keys are chosen before PULL's work, and a later split of a pull or push into encode /
-transfer / decode can hand the runner only the transfer.
+subtask (the compute thread hand-off included), so what is not its job stays outside it: the
+batch's keys are chosen before PULL's work, and a pull or push is split into encode / transfer /
+decode (`StoreClient.prepare_*`, `send_*`, `finish_pull`) of which the runner gets only the
+transfer, so (de)serialization never holds a network slot (dissertation §4.3.1). A runner that is
+also a `TransferGate` (Harmony's) paces the transfer's per-owner pieces.
 
 COMP runs one at a time and in order (one thread), and a batch's PULL waits for the previous
 batch's PUSH: the math is that of a sequential loop, so the same seed trains the same trajectory.
 A batch's compute time is its COMP subtask and its communication time its PULL and PUSH (the last
 batch's also the flush), each as the runner ran it: time a runner waits for a slot counts in.
 The objective part runs the same way (PULL, then COMP in the thread, per block).
+
+Where each block's input data is while a step runs is the pipeline's `residency`: all in memory by
+default; with Harmony's spill a `block_reloader.BlockReloader`, which keeps some blocks on disk and
+reloads each ahead of its use (the step `acquire`s a block before its batches, `release`s it after).
 
 A worker's place in an epoch is in each block's state (`[epoch, next_row]`, key POSITION), so it
 travels with a block that EPS moves between two clocks. Each mini-batch's pushes carry a push id
@@ -41,7 +47,7 @@ import numpy as np
 from psruntime.apps.base import KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.push_ids import COUNT, DELTAS, push_id
-from psruntime.store_client import StoreClient
+from psruntime.store_client import PreparedArray, StoreClient, TransferGate
 
 T = TypeVar("T")
 INIT_CHUNK_KEYS = 4096
@@ -72,6 +78,30 @@ class SubtaskRunner(Protocol):
     lets it (see the module doc)."""
 
     async def run(self, kind: Subtask, work: Callable[[], Awaitable[T]]) -> T: ...
+
+
+class BlockResidency(Protocol):
+    """Where a step's input blocks' data is: `plan` names the blocks a step visits, in order, and
+    `acquire` / `release` bracket each block's use (psruntime.block_reloader keeps some on disk)."""
+
+    def plan(self, blocks: Sequence[DataBlock]) -> None: ...
+
+    async def acquire(self, block: DataBlock) -> None: ...
+
+    def release(self, block: DataBlock) -> None: ...
+
+
+class AllInMemory:
+    """The default residency: every block's data is in memory all the time."""
+
+    def plan(self, blocks: Sequence[DataBlock]) -> None:
+        pass
+
+    async def acquire(self, block: DataBlock) -> None:
+        pass
+
+    def release(self, block: DataBlock) -> None:
+        pass
 
 
 class ImmediateRunner:
@@ -123,6 +153,15 @@ async def pull_key_values(store: StoreClient, keys: np.ndarray, key_length: int)
     is (with one owner) or gathered once, with no Python work per key.
     """
     values, _found = await store.pull_array(keys, (key_length,), np.float32)
+    return KeyValues(keys, values)
+
+
+async def pull_through(runner: SubtaskRunner, gate: TransferGate | None, store: StoreClient,
+                       keys: np.ndarray, key_length: int) -> KeyValues:
+    """PULL as a subtask of `runner`: encode before it, only the transfer in it, decode after."""
+    prepared = store.prepare_pull(keys, (key_length,), np.float32)
+    replies = await runner.run(Subtask.PULL, functools.partial(store.send_pull, prepared, gate))
+    values, _found = await store.finish_pull(prepared, replies)
     return KeyValues(keys, values)
 
 
@@ -180,7 +219,10 @@ class TrainingPipeline:
 
     def __init__(self, runner: SubtaskRunner | None = None) -> None:
         self.runner: SubtaskRunner = runner if runner is not None else ImmediateRunner()
+        # A runner that paces transfers (Harmony's) is also their gate.
+        self.gate: TransferGate | None = runner if isinstance(runner, TransferGate) else None
         self.compute_thread = ComputeThread()
+        self.residency: BlockResidency = AllInMemory()
         # Cumulative training figures (the AM's Cruise driver differences them per epoch).
         self.counters = {"batches": 0, "samples": 0, "bytes": 0}
 
@@ -202,12 +244,14 @@ class TrainingPipeline:
         one = [np.ones(1, np.float32)]
         times = StepTimes()
         compute, comm = times.compute, times.comm
+        self.residency.plan([b for b in blocks if epoch_position(b, epoch) < b.num_rows])
         for block in blocks:
             if limit is not None and len(compute) >= limit:
                 break
             pos = epoch_position(block, epoch)
             if pos >= block.num_rows:
                 continue
+            await self.residency.acquire(block)
             for batch in app.batches(block):
                 if batch.start < pos:
                     continue                   # run in an earlier clock of this epoch
@@ -217,13 +261,11 @@ class TrainingPipeline:
                     raise TrainingStopped(f"epoch {epoch} stopped by the AM")
                 t0 = time.perf_counter()
                 keys = app.keys_for_batch(batch)
-                params = await self.runner.run(
-                    Subtask.PULL, functools.partial(pull_key_values, store, keys, app.key_length))
+                params = await pull_through(self.runner, self.gate, store, keys, app.key_length)
                 t1 = time.perf_counter()
                 deltas = await self._compute(functools.partial(app.compute, batch, params, ctx))
                 t2 = time.perf_counter()
-                await self.runner.run(Subtask.PUSH, functools.partial(
-                    self._push, store, deltas, count_key, one, block.block_index, epoch, batch.start))
+                await self._push(store, deltas, count_key, one, block.block_index, epoch, batch.start)
                 t3 = time.perf_counter()
                 set_epoch_position(block, epoch, batch.stop)
                 compute.append(t2 - t1)
@@ -234,26 +276,44 @@ class TrainingPipeline:
                 # Drop this batch's pulled values and deltas before the next pull: held across
                 # it, they would double the per-batch arrays at the worker's memory peak.
                 del keys, params, deltas
+            self.residency.release(block)
         t_flush = time.perf_counter()
-        await self.runner.run(Subtask.PUSH, store.flush)
+        await self.runner.run(Subtask.PUSH, functools.partial(self._flush, store))
         if comm:
             comm[-1] += time.perf_counter() - t_flush
         return times
 
-    @staticmethod
-    async def _push(store: StoreClient, deltas: KeyValues | None, count_key: str | None,
+    async def _push(self, store: StoreClient, deltas: KeyValues | None, count_key: str | None,
                     one: list[np.ndarray], split: int, epoch: int, start: int) -> None:
-        # asynchronous: waits only for backpressure
-        await push_key_values(store, deltas, push_id(split, epoch, start, DELTAS))
+        """PUSH as a subtask: the deltas' encode before it, the (asynchronous: it waits only for
+        backpressure) transfer and the audit count in it."""
+        prepared = None
+        if deltas is not None and len(deltas):
+            prepared = store.prepare_push(deltas.keys, deltas.values, push_id=push_id(split, epoch, start, DELTAS))
+        await self.runner.run(Subtask.PUSH, functools.partial(
+            self._send_push, store, prepared, count_key, one, push_id(split, epoch, start, COUNT)))
+
+    async def _flush(self, store: StoreClient) -> None:
+        # Only waits on the servers' replies: nothing of it needs the link a secondary could use.
+        if self.gate is not None:
+            self.gate.sent()
+        await store.flush()
+
+    async def _send_push(self, store: StoreClient, prepared: PreparedArray | None, count_key: str | None,
+                         one: list[np.ndarray], count_id: int | None) -> None:
+        if prepared is not None:
+            await store.send_push(prepared, self.gate)
         if count_key is not None:
-            await store.push([count_key], one, push_id=push_id(split, epoch, start, COUNT))
+            await store.push([count_key], one, push_id=count_id)
 
     async def objective(self, app: PSApp[Any, Any], store: StoreClient, blocks: Sequence[DataBlock]) -> ObjectivePart:
         """This worker's objective part under the current model: PULL and COMP per block."""
         part = ObjectivePart()
+        self.residency.plan(blocks)
         for block in blocks:
-            params = await self.runner.run(
-                Subtask.PULL, functools.partial(pull_key_values, store, app.objective_keys(block), app.key_length))
+            await self.residency.acquire(block)
+            params = await pull_through(self.runner, self.gate, store, app.objective_keys(block), app.key_length)
             part = part + await self._compute(functools.partial(app.objective, block, params))
             del params     # not held across the next block's pull
+            self.residency.release(block)
         return part

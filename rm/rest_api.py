@@ -13,6 +13,7 @@ from protocol.records import AppState, FinalStatus, NodeState
 from protocol.remote_exception import BadRequest, Forbidden, NotFound, Unauthorized
 
 from . import rest_views as views
+from .policies import describe as describe_policy
 from .policies.decision import Decision, JobDecision
 from .policy_runner import apply_decision
 from .submission import AppShapeUpdate, AppStateUpdate, SubmissionContext, validate
@@ -76,7 +77,11 @@ class ClientApi:
 
     async def scheduler(self, request: web.Request) -> web.Response:
         self.user(request)
-        return json_response(views.scheduler_info(self.rm.core))
+        info = views.scheduler_info(self.rm.core)
+        # Elastane extension: the elastic policy and its per-app state (Policy.describe, optional).
+        info["scheduler"]["schedulerInfo"]["policy"] = {"name": self.rm.cfg.policy,
+                                                        "apps": describe_policy(self.rm.policy)}
+        return json_response(info)
 
     async def nodes(self, request: web.Request) -> web.Response:
         self.user(request)
@@ -179,7 +184,10 @@ class ClientApi:
     async def app_shape(self, request: web.Request) -> web.Response:
         """Elastane extension: the shape the AM reports and the policy's latest directive."""
         self.user(request)
-        return json_response({"shape": views.shape_json(self.rm.core, self._app(request))})
+        app = self._app(request)
+        shape = views.shape_json(self.rm.core, app)
+        shape["policyState"] = describe_policy(self.rm.policy).get(app.app_id)    # e.g. Harmony's job state
+        return json_response({"shape": shape})
 
 
     async def put_app_shape(self, request: web.Request) -> web.Response:

@@ -181,6 +181,7 @@ def shape_json(core: ResourceManagerCore, app: App) -> dict[str, Any]:
         "directive": None if d is None else {
             "workers": d.workers, "servers": d.servers, "nodes": d.nodes, "reason": d.reason,
             "version": d.version, "group": d.group, "runState": d.run_state.value,
+            "executorResource": None if d.executor_resource is None else d.executor_resource.to_json(),
             "placement": [{"node": p.node, "workers": p.workers, "servers": p.servers} for p in d.placement]},
         "directiveDelivered": d is not None and app.delivered_directive_version >= d.version,
         "history": [{"time": _ms(c.t), "before": None if c.before is None else

@@ -12,6 +12,7 @@ import pytest
 from appmaster.ps.directives import DirectiveHandler, Shape
 from appmaster.ps.suspension import TRANSITIONS, SuspendEvent, SuspendState
 from protocol.internal_api import NodePlacement, RunState, ShapeDirective
+from protocol.records import Resource
 from protocol.remote_exception import Conflict
 
 
@@ -45,8 +46,9 @@ class FakeSuspender:
         await self.stopped.wait()
 
     async def resume(self, workers: int, servers: int, placement: Sequence[NodePlacement] = (),
-                     nodes: Sequence[str] = ()) -> None:
-        self.calls.append(("resume", workers, servers, tuple(placement), tuple(nodes)))
+                     nodes: Sequence[str] = (), resource: Resource | None = None) -> None:
+        self.calls.append(("resume", workers, servers, tuple(placement), tuple(nodes)) +
+                          ((resource,) if resource is not None else ()))
         self.paused = False
 
 
@@ -59,9 +61,9 @@ class FakeReshaper:
 
 
 def directive(version: int, workers: int, servers: int, run_state: RunState = RunState.RUN,
-              placement: Sequence[NodePlacement] = ()) -> ShapeDirective:
+              placement: Sequence[NodePlacement] = (), resource: Resource | None = None) -> ShapeDirective:
     return ShapeDirective(workers=workers, servers=servers, version=version, run_state=run_state,
-                          placement=list(placement), nodes=[p.node for p in placement])
+                          placement=list(placement), nodes=[p.node for p in placement], executor_resource=resource)
 
 
 async def test_run_states_pause_and_resume_through_the_suspender_not_the_reshaper() -> None:
@@ -79,9 +81,9 @@ async def test_run_states_pause_and_resume_through_the_suspender_not_the_reshape
     assert sus.calls == [("pause",)]
 
     placement = (NodePlacement(node="n1", workers=2, servers=1), NodePlacement(node="n2", workers=1, servers=0))
-    h.on_directive(directive(3, 3, 1, RunState.RESUME, placement))
+    h.on_directive(directive(3, 3, 1, RunState.RESUME, placement, Resource(256, 1)))
     await h.wait_idle(5)
-    assert sus.calls[-1] == ("resume", 3, 1, placement, ("n1", "n2")) and not sus.paused
+    assert sus.calls[-1] == ("resume", 3, 1, placement, ("n1", "n2"), Resource(256, 1)) and not sus.paused
     assert reshaper.calls == [] and changes == [True, False, True, False]
     assert [o.steps for o in h.history] == [[("pause", 1)], [], [("resume", 1)]]
     assert all(o.error == "" for o in h.history)
@@ -131,3 +133,19 @@ def test_ps_status_shows_the_group_the_pause_and_the_spill() -> None:
     text = colocation_text(status)
     assert text is not None and text.startswith("group g2; paused, 1 pause (")
     assert text.endswith("spill alpha 0.25, 31.5 MB on disk")
+
+
+async def test_a_new_executor_size_moves_the_job_by_restarting_it_from_a_cut() -> None:
+    sus, reshaper = FakeSuspender(), FakeReshaper()
+    size = [Resource(512, 1)]
+    h = DirectiveHandler(lambda: reshaper, lambda: Shape(1, 1), suspender=sus, executor_resource=lambda: size[0],
+                         placed=lambda nodes: False)     # its executors are elsewhere
+    h.training_started()
+    placement = (NodePlacement(node="n2", workers=1, servers=1),)
+    h.on_directive(directive(1, 1, 1, placement=placement, resource=Resource(512, 1)))   # same size: live
+    await h.wait_idle(5)
+    assert reshaper.calls == [(1, 1, ("n2",))] and sus.calls == []
+    h.on_directive(directive(2, 1, 1, placement=placement, resource=Resource(384, 1)))   # another size
+    await h.wait_idle(5)
+    assert sus.calls == [("pause",), ("resume", 1, 1, placement, ("n2",), Resource(384, 1))]
+    assert h.history[-1].steps == [("pause", 1), ("resume", 1)] and reshaper.calls == [(1, 1, ("n2",))]

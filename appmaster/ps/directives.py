@@ -57,7 +57,7 @@ class Suspender(Protocol):
     async def pause(self) -> object: ...
 
     async def resume(self, workers: int, servers: int, placement: Sequence[NodePlacement] = (),
-                     nodes: Sequence[str] = ()) -> object: ...
+                     nodes: Sequence[str] = (), resource: Optional[Resource] = None) -> object: ...
 
 
 # ===== pure parts ================================================================================
@@ -315,11 +315,13 @@ class DirectiveHandler:
                  wall_clock: Callable[[], float] = time.time,
                  placed: Callable[[tuple[str, ...]], bool] = lambda nodes: True,
                  suspender: Optional[Suspender] = None,
-                 min_workers: int = 1, min_servers: int = 1) -> None:
+                 min_workers: int = 1, min_servers: int = 1,
+                 executor_resource: Callable[[], Optional[Resource]] = lambda: None) -> None:
         self.reshaper = reshaper
         self.suspender = suspender
         self.min_workers = min_workers
         self.min_servers = min_servers
+        self.executor_resource = executor_resource     # the size the job's executors have now
         self.current = current
         self.placed = placed
         self.max_workers = max_workers
@@ -391,6 +393,13 @@ class DirectiveHandler:
         if self.suspender is not None and (d.run_state is RunState.PAUSE or self.suspender.paused):
             await self._suspend_or_resume(d, target, out)
             return
+        if (self.suspender is not None and d.executor_resource is not None
+                and d.executor_resource != self.executor_resource()):
+            # Executors of another size are new containers, every one of them: the job moves by
+            # restarting from a cut (release first, then start where the placement says), which
+            # also never waits for room its own old executors hold (Harmony §4.3.2 pauses to move).
+            await self._suspend_or_resume(d, target, out, restart=True)
+            return
         reshaper = self.reshaper()
         if reshaper is None or (delta.empty and (not nodes or self.placed(nodes))):
             log.info("shape directive v%d: already %d workers, %d servers%s", d.version, target.workers,
@@ -414,25 +423,29 @@ class DirectiveHandler:
             if self.on_change:
                 self.on_change(False)
 
-    async def _suspend_or_resume(self, d: ShapeDirective, target: Shape, out: DirectiveOutcome) -> None:
+    async def _suspend_or_resume(self, d: ShapeDirective, target: Shape, out: DirectiveOutcome,
+                                 restart: bool = False) -> None:
         """Harmony's run states: PAUSE a running job; any other run state resumes a paused one with
-        the directive's shape and placement (RESUME, or RUN from a policy that never paused it)."""
+        the directive's shape and placement (RESUME, or RUN from a policy that never paused it).
+        `restart`: a running job pauses and resumes at once (a new executor size)."""
         assert self.suspender is not None
         pause = d.run_state is RunState.PAUSE
-        if pause == self.suspender.paused:
+        if not restart and pause == self.suspender.paused:
             log.info("shape directive v%d: the job is already %s", d.version, "paused" if pause else "running")
             return
-        log.info("shape directive v%d: %s (%s)", d.version, "pause" if pause else
-                 f"resume with {target.workers} workers, {target.servers} servers", d.reason or "no reason given")
-        out.steps = [("pause", 1)] if pause else [("resume", 1)]
+        what = ("restart with" if restart else "pause" if pause else "resume with")
+        log.info("shape directive v%d: %s%s (%s)", d.version, what, "" if pause else
+                 f" {target.workers} workers, {target.servers} servers", d.reason or "no reason given")
+        out.steps = [("pause", 1), ("resume", 1)] if restart else [("pause", 1)] if pause else [("resume", 1)]
         t0 = time.perf_counter()
         if self.on_change:
             self.on_change(True)
         try:
-            if pause:
+            if pause or restart:
                 await self.suspender.pause()
-            else:
-                await self.suspender.resume(target.workers, target.servers, d.placement, d.nodes)
+            if not pause:
+                await self.suspender.resume(target.workers, target.servers, d.placement, d.nodes,
+                                            d.executor_resource)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a refused pause / resume must not stop later directives

@@ -50,6 +50,9 @@ class ExecutorRecord:
     model_bytes: int = 0         # a server's model blocks
     blocks: list[int] = field(default_factory=list)   # model blocks (server) / input blocks (worker)
     partition: Optional[int] = None
+    spill_alpha: Optional[float] = None   # a spilling worker's disk block ratio (Harmony §4.3.3)
+    spilled_bytes: int = 0               # bytes of its spill files
+    spill_stall_s: float = 0.0           # its load stall seconds so far
 
     @property
     def container_id(self) -> str:
@@ -73,7 +76,8 @@ class ExecutorRecord:
                 "node": self.container.node_id, "state": self.state.value, "address": self.address,
                 "pid": self.pid, "rss_mb": round(self.rss_bytes / mb, 1), "data_mb": round(self.data_bytes / mb, 3),
                 "model_mb": round(self.model_bytes / mb, 3), "blocks": list(self.blocks),
-                "partition": self.partition}
+                "partition": self.partition, "spill_alpha": self.spill_alpha,
+                "spilled_mb": round(self.spilled_bytes / mb, 3), "spill_stall_s": round(self.spill_stall_s, 3)}
 
 
 def executor_index(rec: ExecutorRecord) -> int:
@@ -94,6 +98,9 @@ class ExecutorPool:
         self.am_address = am_address          # set once the AM's data-plane server listens
         self.python = python
         self.job_secret = job_secret          # handed to every executor in its environment
+        # Harmony's co-location group of the job (its latest ShapeDirective's; None: not grouped):
+        # executors launched while it is set take their node's arbiter slots and weighted CPU.
+        self.harmony_group: Optional[str] = None
         self.executors: dict[str, ExecutorRecord] = {}
         self._by_container: dict[str, ExecutorRecord] = {}
         self._next_index = {Role.SERVER: 0, Role.WORKER: 0}
@@ -165,9 +172,12 @@ class ExecutorPool:
         env = {"PYTHONUNBUFFERED": "1", **(environment or {})}
         if self.job_secret:
             env[container_env.JOB_SECRET] = self.job_secret
+        if self.harmony_group is not None:
+            env[container_env.HARMONY] = "1"
         # An NM with an executor zygote forks the executor warm (it binds $NM_HOST by default).
         warm = WarmStart(module=EXECUTOR_MODULE, argv=argv) if self.python == "python" else None
-        return LaunchContext(commands=[command], environment=env, warm_start=warm)
+        return LaunchContext(commands=[command], environment=env, warm_start=warm,
+                             cpu_weighted=self.harmony_group is not None)
 
     # -- announcements -----------------------------------------------------------------------
     def handle_frame(self, frame: Frame) -> Reply:

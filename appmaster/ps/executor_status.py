@@ -1,12 +1,14 @@
 """Polls a PS job's executors for what they report about themselves: RSS, model bytes and blocks
-(servers), and the data plane's service counters (the optimizers' server measurements)."""
+(servers), the data plane's service counters (the optimizers' server measurements), and a
+spilling worker's alpha and spilled bytes (Harmony)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any, Iterable
 
 from protocol import executor_ops as ops
 
-from .executor_pool import ExecutorPool, ExecutorState, Role
+from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
 from .executor_rpc import ExecutorRpc
 from .metrics import JobMetrics
 
@@ -27,8 +29,21 @@ class StatusPoller:
             if isinstance(st, BaseException):
                 continue          # a dead executor is reported by its container's completion
             r.rss_bytes = st.rss_bytes
+            if st.spill is not None:
+                r.spill_alpha, r.spilled_bytes, r.spill_stall_s = st.spill.alpha, st.spill.spilled_bytes, st.spill.stall_s
             if r.role is Role.SERVER:
                 r.model_bytes = st.store_bytes
                 r.blocks = list(st.blocks)
                 if st.busy_s is not None:
                     self.metrics.record_server(r.executor_id, st.data_requests, st.busy_s)
+
+
+def spill_report(executors: Iterable[ExecutorRecord]) -> dict[str, Any]:
+    """The job report's `alpha` (mean over the spilling workers; None if none spills) and
+    `spilled_mb` (the spill files of all executors: workers' input, servers' model blocks) from
+    the executors' last status."""
+    executors = list(executors)
+    spilling = [e.spill_alpha for e in executors if e.spill_alpha is not None]
+    if not spilling:
+        return {}
+    return {"alpha": sum(spilling) / len(spilling), "spilled_mb": sum(e.spilled_bytes for e in executors) / 2**20}

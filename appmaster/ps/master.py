@@ -39,6 +39,7 @@ from .directives import DirectiveHandler, ProgressTracker, Reshaper, Shape
 from .elastic_ops import ElasticOpError, ElasticOps
 from .executor_pool import ExecutorPool, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
+from .executor_status import spill_report
 from .heldout_monitor import HeldoutMonitor
 from .job import JobEvent, JobPhase, JobStateMachine
 from .job_resume import job_record, resumable_checkpoint, resume_job
@@ -126,7 +127,8 @@ class PSApplicationMaster:
         self.directives = DirectiveHandler(self._reshaper, self.live_shape, spec.max_workers,
                                            spec.max_servers, on_change=self._on_directive_change,
                                            placed=self.pool.all_on, suspender=self.suspension,
-                                           min_workers=spec.min_workers, min_servers=spec.min_servers)
+                                           min_workers=spec.min_workers, min_servers=spec.min_servers,
+                                           executor_resource=lambda: self.steps.resource)
 
     # -- public ------------------------------------------------------------------------------
     def request_stop(self, reason: str = "stopped by SIGTERM") -> None:
@@ -420,9 +422,9 @@ class PSApplicationMaster:
                      objectives=recent_objectives((e.epoch, e.objective) for e in m.epochs),
                      worker_times=m.worker_timing(ready), server_times=m.server_timing(ready),
                      memory_mb=sum(e.rss_bytes for e in live) / (1024 * 1024),
-                     paused=self.suspension.paused)
+                     paused=self.suspension.paused, **spill_report(live))
         self.progress.changing = self.directives.busy or self.steps.busy or self.elastic.changing
-        self.am.set_shape(self.progress.report(self.live_shape(), self.resource, self.directives.applied_version,
+        self.am.set_shape(self.progress.report(self.live_shape(), self.steps.resource, self.directives.applied_version,
                                                **extra))
 
     def _on_directive_change(self, running: bool) -> None:
@@ -453,6 +455,7 @@ class PSApplicationMaster:
                 for n in ev.nodes:
                     log.info("node %s is now %s", n.node_id, n.state)
             elif isinstance(ev, ShapeChanged):
+                self.pool.harmony_group = ev.directive.group    # for the executors launched from now on
                 self.directives.on_directive(ev.directive)
             elif isinstance(ev, Shutdown):
                 self.request_stop(ev.reason)

@@ -53,7 +53,8 @@ class ModelPlacement:
 
     def app_setup_request(self) -> ops.AppSetup:
         """The `app_setup` op that binds an executor to this job's app, data spec and hparams."""
-        return ops.AppSetup(app=self.spec.app, data=self.spec.app_data(), hparams=self.spec.app_hparams())
+        return ops.AppSetup(app=self.spec.app, data=self.spec.app_data(), hparams=self.spec.app_hparams(),
+                            spill_alpha=self.spec.spill_alpha)
 
     async def place(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord],
                     block_sizes: Optional[Mapping[int, float]] = None) -> None:

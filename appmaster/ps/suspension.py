@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from protocol import executor_ops as ops
 from protocol.internal_api import NodePlacement
+from protocol.records import Resource
 from protocol.remote_exception import Conflict
 from protocol.state_machine import TransitionTable
 
@@ -142,6 +143,7 @@ class SuspendTarget:
     servers: int
     placement: tuple[NodePlacement, ...] = ()
     nodes: tuple[str, ...] = ()
+    resource: Optional[Resource] = None      # each new executor's container (None: as before)
 
 
 # ===== the I/O ====================================================================================
@@ -189,11 +191,12 @@ class JobSuspension:
         return await self._stopped
 
     async def resume(self, workers: int, servers: int, placement: Sequence[NodePlacement] = (),
-                     nodes: Sequence[str] = ()) -> float:
+                     nodes: Sequence[str] = (), resource: Optional[Resource] = None) -> float:
         """Start `workers` and `servers` executors (per node as `placement` says, else on `nodes`,
-        else anywhere) and continue from the pause's cut; returns the restored objective once
-        training runs again."""
-        target = SuspendTarget(workers, servers, tuple(placement), tuple(nodes))
+        else anywhere; each of `resource` when given, e.g. sized by Harmony to fit its group's
+        nodes) and continue from the pause's cut; returns the restored objective once training
+        runs again."""
+        target = SuspendTarget(workers, servers, tuple(placement), tuple(nodes), resource)
         if self._resume is None or self.state is not SuspendState.PAUSED:
             raise Conflict(f"the job is {self.state.value.lower()}, not paused: nothing to resume")
         self._step(SuspendEvent.RESUME)
@@ -231,6 +234,8 @@ class JobSuspension:
         target = await resume
         t1 = self.clock()
         assert self._resumed is not None
+        if target.resource is not None:
+            self.steps.resource = target.resource      # every executor of the job is new: one size again
         try:
             servers, workers = await start_placed(self.steps, target.workers, target.servers, target.placement,
                                                   target.nodes)

@@ -6,7 +6,7 @@ utilization-fairness optimizer (rm/policies/dorm.py); `drf` and `tetris` the bas
 §6.1 (rm/policies/drf.py, tetris.py); `harmony` Harmony's grouping of complementary jobs
 (rm/policies/harmony.py). Each registers itself here with `register(name, factory)`.
 """
-from .base import Policy, create, known, register
+from .base import Policy, create, describe, known, register
 from .decision import Decision, DecisionError, JobDecision
 from .snapshot import AppView, ClusterSnapshot, NodeView
 from .dorm import DormPolicy
@@ -15,6 +15,7 @@ from .eps import EpsPolicy
 from .optimus import OptimusPolicy
 from .static import StaticPolicy
 from .tetris import TetrisPolicy
+from .harmony import HarmonyPolicy
 
 register("static", StaticPolicy)
 register("eps", EpsPolicy)
@@ -22,7 +23,8 @@ register("optimus", OptimusPolicy)
 register("dorm", DormPolicy.from_settings, takes_settings=True)
 register("drf", DrfPolicy)
 register("tetris", TetrisPolicy)
+register("harmony", HarmonyPolicy)
 
 __all__ = ["AppView", "ClusterSnapshot", "Decision", "DecisionError", "DormPolicy", "DrfPolicy", "EpsPolicy",
-           "JobDecision", "NodeView", "OptimusPolicy", "Policy", "StaticPolicy", "TetrisPolicy", "create", "known",
-           "register"]
+           "HarmonyPolicy", "JobDecision", "NodeView", "OptimusPolicy", "Policy", "StaticPolicy", "TetrisPolicy",
+           "create", "describe", "known", "register"]

@@ -29,6 +29,16 @@ def register(name: str, factory: Callable[..., Policy], *, takes_settings: bool 
     _REGISTRY[name] = (factory, takes_settings)
 
 
+def describe(policy: Policy) -> dict[str, dict[str, object]]:
+    """The policy's own per-app state for the RM's pages (e.g. Harmony's lifecycle state and group),
+    from its optional `describe()` method; {} for a policy without one."""
+    method = getattr(policy, "describe", None)
+    if not callable(method):
+        return {}
+    out: dict[str, dict[str, object]] = method()
+    return out
+
+
 def known() -> list[str]:
     return sorted(_REGISTRY)
 

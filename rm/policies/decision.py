@@ -2,7 +2,8 @@
 
 A `JobDecision` says what a job should look like: its shape (workers, servers), where its
 executors go (`placement`: per node, how many of each role; empty = anywhere), its co-location
-group (Harmony; None = none), its run state (run / pause / resume) and why. The policy runner
+group (Harmony; None = none), its run state (run / pause / resume), the size of its executor
+containers (Harmony; None = the job spec's) and why. The policy runner
 (rm/policy_runner.py) turns each into the app's `ShapeDirective` -- the wire form the AM receives
 (protocol/internal_api.py) -- numbering it only when it differs from the app's current directive.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from protocol.internal_api import NodePlacement, RunState, ShapeDirective
+from protocol.records import Resource
 
 
 class DecisionError(ValueError):
@@ -28,6 +30,7 @@ class JobDecision:
     group: Optional[str] = None
     run_state: RunState = RunState.RUN
     reason: str = ""
+    executor_resource: Optional[Resource] = None     # each executor's container (None: the spec's)
 
     def __post_init__(self) -> None:
         if self.workers < 0 or self.servers < 0:
@@ -61,14 +64,16 @@ class JobDecision:
 
     def same_as(self, d: Optional[ShapeDirective]) -> bool:
         """True when directive `d` already says this (the reason and version aside)."""
-        return d is not None and (d.workers, d.servers, d.placement, d.nodes, d.group, d.run_state) == (
-            self.workers, self.servers, list(self.placement), self.nodes, self.group, self.run_state)
+        return d is not None and (d.workers, d.servers, d.placement, d.nodes, d.group, d.run_state,
+                                  d.executor_resource) == (
+            self.workers, self.servers, list(self.placement), self.nodes, self.group, self.run_state,
+            self.executor_resource)
 
     def directive(self, version: int) -> ShapeDirective:
         """This decision as the wire directive numbered `version`."""
         return ShapeDirective(workers=self.workers, servers=self.servers, nodes=self.nodes, reason=self.reason,
                               version=version, placement=list(self.placement), group=self.group,
-                              run_state=self.run_state)
+                              run_state=self.run_state, executor_resource=self.executor_resource)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,155 @@
+"""Harmony's performance model, dissertation eq. 4.1-4.4 (the `harmony` policy and its benchmark).
+
+A job j is profiled as the 3-tuple (T_cpu_j, T_net_j, c_g): the mean time of its COMP subtask and
+of its COMM (PULL + PUSH) subtasks per iteration, measured on the c_g machines of its group. COMP
+parallelises over the group's machines (eq. 4.2, T_cpu ∝ 1/m_g) while COMM stays about the same, so
+the model keeps T_cpu normalised to ONE machine (`t_cpu1 = T_cpu * c_g`) and evaluates it at any m:
+
+    T_cpu_j(m)  = t_cpu1_j / m                                             (4.2)
+    T_itr_j     = T_cpu_j + T_net_j          (a job alone: COMP then COMM)
+    Tg_itr_g    = max( sum_j T_cpu_j, sum_j T_net_j, max_j T_itr_j )        (4.1)
+    U(g)        = [ sum_j T_cpu_j / Tg_itr_g,  sum_j T_net_j / Tg_itr_g ]   (4.3)
+    U           = sum_g m_g U(g) / sum_g m_g                                (4.4)
+
+The first two terms of eq. 4.1 are the resource-bound cases (the arbiter runs one COMP and one
+primary COMM at a time per node, so a group's subtasks of one kind queue behind each other), the
+third the job-bound case (one long job holds the group's iteration back).
+
+The dissertation compares groupings by U but says CPU "is treated more importantly than the network
+utilization"; `score` makes that a number: a weighted sum with `CPU_WEIGHT` on CPU.
+
+Everything is numpy and vectorised over jobs: a grouping is `group_of` (per job its group index,
+-1 = not running) plus `machines` (per group its m_g), so a cluster of thousands of groups is
+evaluated in a few array passes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+CPU_WEIGHT = 2.0 / 3.0      # the weight of CPU utilization in `score` (network gets the rest)
+
+
+class ModelError(ValueError):
+    """Inputs the model cannot evaluate (negative times, a group without machines...)."""
+
+
+def cpu_time(t_cpu1: FloatArray | float, machines: FloatArray | float) -> FloatArray:
+    """Eq. 4.2: the COMP time on `machines` machines of a job whose COMP takes `t_cpu1` on one."""
+    return np.asarray(t_cpu1, dtype=np.float64) / np.asarray(machines, dtype=np.float64)
+
+
+def normalise_cpu(t_cpu: float, machines: int) -> float:
+    """The inverse of eq. 4.2: a COMP time measured on `machines` machines, as on one machine."""
+    if machines < 1:
+        raise ModelError(f"a profile needs at least one machine, got {machines}")
+    return t_cpu * machines
+
+
+def job_iteration_time(t_cpu: FloatArray | float, t_net: FloatArray | float) -> FloatArray:
+    """A job's own iteration: its COMP then its COMM (T_itr_j)."""
+    return np.asarray(t_cpu, dtype=np.float64) + np.asarray(t_net, dtype=np.float64)
+
+
+def group_iteration_time(t_cpu: FloatArray, t_net: FloatArray) -> float:
+    """Eq. 4.1 for one group, its members' COMP times already at the group's m_g."""
+    t_cpu = np.asarray(t_cpu, dtype=np.float64)
+    t_net = np.asarray(t_net, dtype=np.float64)
+    if t_cpu.size == 0:
+        return 0.0
+    return float(max(t_cpu.sum(), t_net.sum(), (t_cpu + t_net).max()))
+
+
+def group_utilization(t_cpu: FloatArray, t_net: FloatArray) -> FloatArray:
+    """Eq. 4.3 for one group: [U_cpu, U_net] (zeros for an empty or idle group)."""
+    t_itr = group_iteration_time(t_cpu, t_net)
+    if t_itr <= 0.0:
+        return np.zeros(2)
+    return np.array([np.sum(t_cpu) / t_itr, np.sum(t_net) / t_itr])
+
+
+def cluster_utilization(machines: IntArray | FloatArray, utils: FloatArray) -> FloatArray:
+    """Eq. 4.4: the groups' [U_cpu, U_net] (rows of `utils`) weighted by their machines."""
+    m = np.asarray(machines, dtype=np.float64)
+    if m.size == 0 or m.sum() <= 0:
+        return np.zeros(2)
+    out: FloatArray = (m[:, None] * np.asarray(utils, dtype=np.float64).reshape(-1, 2)).sum(axis=0) / m.sum()
+    return out
+
+
+def score(u: FloatArray, cpu_weight: float = CPU_WEIGHT) -> float:
+    """One number to compare utilizations by: CPU weighted `cpu_weight`, network the rest."""
+    return float(cpu_weight * u[0] + (1.0 - cpu_weight) * u[1])
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Eq. 4.1-4.3 for every group of a grouping at once (arrays indexed by group)."""
+
+    cpu: FloatArray         # sum_j T_cpu_j(m_g)
+    net: FloatArray         # sum_j T_net_j
+    max_job: FloatArray     # max_j T_itr_j(m_g)
+    machines: FloatArray
+
+    @property
+    def iteration_time(self) -> FloatArray:
+        """Eq. 4.1 per group."""
+        out: FloatArray = np.maximum(np.maximum(self.cpu, self.net), self.max_job)
+        return out
+
+    @property
+    def utilization(self) -> FloatArray:
+        """Eq. 4.3 per group: shape (groups, 2); an empty group's row is zero."""
+        t = self.iteration_time
+        safe = np.where(t > 0.0, t, 1.0)
+        out: FloatArray = np.stack([self.cpu / safe, self.net / safe], axis=1) * (t > 0.0)[:, None]
+        return out
+
+    @property
+    def job_bound(self) -> npt.NDArray[np.bool_]:
+        """Groups whose longest job, not a resource, sets the iteration time (Fig. 4.7b)."""
+        out: npt.NDArray[np.bool_] = self.max_job > np.maximum(self.cpu, self.net)
+        return out
+
+    def cluster(self) -> FloatArray:
+        """Eq. 4.4 over these groups."""
+        return cluster_utilization(self.machines, self.utilization)
+
+
+def group_stats(t_cpu1: FloatArray, t_net: FloatArray, group_of: IntArray, machines: IntArray) -> GroupStats:
+    """Eq. 4.1-4.3 of every group of the grouping (`group_of[j]` = job j's group, -1: not running;
+    `machines[g]` = m_g >= 1)."""
+    t_cpu1 = np.asarray(t_cpu1, dtype=np.float64)
+    t_net = np.asarray(t_net, dtype=np.float64)
+    group_of = np.asarray(group_of, dtype=np.int64)
+    m = np.asarray(machines, dtype=np.float64)
+    if np.any(t_cpu1 < 0) or np.any(t_net < 0):
+        raise ModelError("subtask times must be non-negative")
+    n_groups = m.size
+    running = group_of >= 0
+    g = group_of[running]
+    if np.any(g >= n_groups):
+        raise ModelError(f"a job names group {int(g.max())} of {n_groups}")
+    if np.any(m[np.unique(g)] < 1):
+        raise ModelError("a group with jobs needs at least one machine")
+    cpu_j = t_cpu1[running] / np.where(m[g] > 0, m[g], 1.0)
+    net_j = t_net[running]
+    cpu = np.bincount(g, weights=cpu_j, minlength=n_groups).astype(np.float64)
+    net = np.bincount(g, weights=net_j, minlength=n_groups).astype(np.float64)
+    max_job = np.zeros(n_groups)
+    np.maximum.at(max_job, g, cpu_j + net_j)
+    return GroupStats(cpu, net, max_job, m)
+
+
+def utilization(t_cpu1: FloatArray, t_net: FloatArray, group_of: IntArray, machines: IntArray) -> FloatArray:
+    """Eq. 4.4 of a grouping: the cluster's [U_cpu, U_net]."""
+    return group_stats(t_cpu1, t_net, group_of, machines).cluster()
+
+
+__all__ = ["CPU_WEIGHT", "GroupStats", "ModelError", "cluster_utilization", "cpu_time", "group_iteration_time",
+           "group_stats", "group_utilization", "job_iteration_time", "normalise_cpu", "score", "utilization"]

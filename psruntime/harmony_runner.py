@@ -1,0 +1,86 @@
+"""The Harmony subtask runner: every COMP / COMM subtask holds a slot of its node's arbiter.
+
+`HarmonyRunner` implements `training_pipeline.SubtaskRunner`: before `await work()` it takes a slot
+of the subtask's resource (CPU for COMP, the network for PULL / PUSH) from the arbiter and gives it
+back after, whatever way the work ends. It is also the pipeline's `TransferGate`: a pull or push
+sends its per-owner pieces only when `wait_turn()` lets it (a secondary network grant waits while
+the arbiter says yield), and `sent()` tells the arbiter that this transfer's requests are all out
+(it only waits on servers now, so a secondary may go on).
+
+Executors use it only when their launch environment says Harmony runs the job
+(`protocol.container_env.HARMONY` = "1" and `ARBITER_SOCKET`: `from_environment`); any other job
+keeps the pipeline's ImmediateRunner and never touches the arbiter.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Optional, TypeVar
+
+from protocol import container_env as cenv
+from protocol.arbiter_wire import SlotKind
+
+from .arbiter_client import ArbiterClient, Grant
+from .training_pipeline import Resource, Subtask
+
+T = TypeVar("T")
+_SLOT_OF = {Resource.CPU: SlotKind.CPU, Resource.COMM: SlotKind.COMM}
+
+
+class HarmonyRunner:
+    """Runs each subtask while holding the arbiter's slot for it; counts the time spent waiting."""
+
+    def __init__(self, client: ArbiterClient) -> None:
+        self.client = client
+        self._comm: Optional[Grant] = None
+        self.wait_s = {Resource.CPU: 0.0, Resource.COMM: 0.0}   # seconds spent waiting for slots
+        self.held_s = {Resource.CPU: 0.0, Resource.COMM: 0.0}   # seconds the subtasks ran, holding them
+
+    async def run(self, kind: Subtask, work: Callable[[], Awaitable[T]]) -> T:
+        resource = kind.resource
+        t0 = time.perf_counter()
+        if not self.client.connected:
+            # The arbiter went away (its NM restarted and re-adopted this container): reconnect
+            # once; if it is still gone, the subtask fails with ArbiterUnavailable.
+            await self.client.connect()
+        grant = await self.client.acquire(_SLOT_OF[resource])
+        t1 = time.perf_counter()
+        self.wait_s[resource] += t1 - t0
+        if resource is Resource.COMM:
+            self._comm = grant
+        try:
+            return await work()
+        finally:
+            if self._comm is grant:
+                self._comm = None
+            self.client.release(grant)
+            self.held_s[resource] += time.perf_counter() - t1
+
+    # -- TransferGate ------------------------------------------------------------------------
+    async def wait_turn(self) -> None:
+        g = self._comm
+        if g is not None:
+            await g.wait_turn()
+
+    def sent(self) -> None:
+        g = self._comm
+        if g is not None:
+            self.client.set_busy(g, False)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def harmony_enabled(env: Mapping[str, str]) -> bool:
+    """Whether the launch environment says Harmony runs this job (and names the arbiter)."""
+    return env.get(cenv.HARMONY) == "1" and bool(env.get(cenv.ARBITER_SOCKET))
+
+
+async def from_environment(env: Mapping[str, str] = os.environ) -> Optional[HarmonyRunner]:
+    """A connected HarmonyRunner for a Harmony job's executor; None for any other job."""
+    if not harmony_enabled(env):
+        return None
+    client = ArbiterClient(env[cenv.ARBITER_SOCKET], env.get(cenv.APP_ID, ""), env.get(cenv.CONTAINER_ID, ""))
+    await client.connect()
+    return HarmonyRunner(client)

@@ -1,0 +1,136 @@
+"""Spill of one worker's input blocks (Harmony §4.3.3): what `AppRole` does when the job asks for it.
+
+The job spec's `spill_alpha` (a fixed ratio, or "auto") reaches every executor with `app_setup`.
+A worker then
+
+- generates (or reads) its partition one block at a time, spilling each disk block as soon as it
+  is made, so a partition larger than the container's memory never is in memory at once; with
+  "auto" the initial alpha comes from the first block's sampled size, the model's size and the
+  process's RSS against the container's memory limit (`CONTAINER_MEMORY_MB`);
+- trains with its `BlockReloader` as the pipeline's residency (disk blocks reloaded ahead of use);
+- after each step (a clock) measures the step's load stall time and its RSS (/proc/self/statm)
+  and, with "auto", lets its `AlphaTuner` move alpha for the next step.
+
+Its figures (alpha, bytes spilled, stall seconds, loads) go into the step replies and the
+executor's status, from which the AM builds the job report's `alpha` and `spilled_mb`.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Iterable, Literal, Sequence, Union
+
+from protocol import container_env
+from psruntime.alpha_tuner import AlphaTuner, SpillMeasurement, initial_alpha, quantize
+from psruntime.apps.base import PSApp
+from psruntime.apps.blocks import DataBlock
+from psruntime.block_reloader import BlockReloader
+from psruntime.spill_store import SpillStore
+from psruntime.store_client import StoreClient
+from psruntime.training_pipeline import init_blocks
+
+SpillMode = Union[float, Literal["auto"]]
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def read_statm_rss() -> int:
+    """This process's resident set size (bytes) from /proc/self/statm; 0 where there is none."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def container_limit_bytes() -> int:
+    """The container's memory limit from its environment (0: not in a container / unknown)."""
+    mb = os.environ.get(container_env.CONTAINER_MEMORY_MB, "")
+    return int(mb) * 2**20 if mb.isdigit() else 0
+
+
+def parse_mode(value: Any) -> SpillMode | None:
+    """`spill_alpha` as app_setup carries it: None (no spill), a ratio in [0, 1] or "auto"."""
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
+        return float(value)
+    raise ValueError(f"spill_alpha must be a number in [0, 1] or \"auto\", got {value!r}")
+
+
+class WorkerSpill:
+    """The spill side of one worker: its reloader, its tuner (with "auto") and its figures."""
+
+    def __init__(self, mode: SpillMode, store: SpillStore | None = None, limit_bytes: int | None = None,
+                 rss: Callable[[], int] = read_statm_rss, clock: Callable[[], float] = time.perf_counter,
+                 prefetch: int = 1) -> None:
+        self.mode = mode
+        self.limit_bytes = container_limit_bytes() if limit_bytes is None else limit_bytes
+        self.rss = rss
+        self.reloader = BlockReloader(store or SpillStore(), 0.0 if mode == "auto" else float(mode),
+                                      prefetch=prefetch, clock=clock)
+        self.tuner: AlphaTuner | None = None
+        self._stall_seen = 0.0
+        self.peak_rss = 0
+
+    @property
+    def alpha(self) -> float:
+        return self.reloader.alpha
+
+    def load_blocks(self, app: PSApp[Any, Any], indices: Iterable[int]) -> list[DataBlock]:
+        """Input blocks `indices` (in order), each disk block spilled as soon as it is made."""
+        wanted = list(indices)
+        blocks: list[DataBlock] = []
+        for pos, idx in enumerate(wanted):
+            block = app.input_block(idx)
+            if pos == 0 and self.mode == "auto":
+                self._choose_initial_alpha(app, block, len(wanted))
+            self.reloader.admit(len(wanted), pos, block)
+            blocks.append(block)
+        app.release_generation_caches()
+        return blocks
+
+    def _choose_initial_alpha(self, app: PSApp[Any, Any], sample: DataBlock, num_blocks: int) -> None:
+        """alpha from the sampled first block (times the partition's blocks), the worker-local state
+        the app adds to its data (it never spills), the model and this process against the limit."""
+        data = sample.nbytes * num_blocks
+        state = max(0, app.data_nbytes() * num_blocks // max(app.num_blocks, 1) - data)
+        alpha = initial_alpha(data, sample.nbytes, app.model_nbytes(), self.rss() + state,
+                              self.limit_bytes, num_blocks, prefetch=self.reloader.prefetch)
+        self.reloader.alpha = alpha
+        self.tuner = AlphaTuner(alpha, num_blocks=num_blocks)
+
+    async def init_blocks(self, store: StoreClient, app: PSApp[Any, Any], blocks: Sequence[DataBlock]) -> None:
+        """`training_pipeline.init_blocks` a block at a time, each disk block loaded for it."""
+        self.reloader.plan(blocks)
+        for b in blocks:
+            await self.reloader.acquire(b)
+            await init_blocks(store, app, [b])
+            self.reloader.release(b)
+
+    def after_step(self, blocks: Sequence[DataBlock], step_s: float) -> dict[str, Any]:
+        """Measure the step just run; with "auto", move alpha for the next one. Returns the
+        figures for the step's reply."""
+        stall = self.reloader.stall_s - self._stall_seen
+        self._stall_seen = self.reloader.stall_s
+        rss = self.rss()
+        self.peak_rss = max(self.peak_rss, rss)
+        if self.tuner is None and self.mode == "auto":
+            self.tuner = AlphaTuner(quantize(self.alpha, len(blocks)), num_blocks=len(blocks))
+        if self.tuner is not None and blocks:
+            self.tuner.num_blocks = len(blocks)
+            alpha = self.tuner.observe(SpillMeasurement(step_s, stall, rss, self.limit_bytes))
+            if alpha != self.alpha:
+                self.reloader.set_alpha(blocks, alpha)
+        return {**self.figures(), "step_stall_s": stall}
+
+    @property
+    def wants_model_spill(self) -> bool:
+        return self.tuner is not None and self.tuner.wants_model_spill
+
+    def figures(self) -> dict[str, Any]:
+        r = self.reloader
+        return {"alpha": self.alpha, "spilled_bytes": r.store.nbytes(), "stall_s": r.stall_s, "loads": r.loads,
+                "disk_blocks": len(r.disk), "peak_rss_bytes": self.peak_rss}
+
+    def close(self) -> None:
+        self.reloader.close()

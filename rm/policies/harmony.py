@@ -1,0 +1,595 @@
+"""The `harmony` policy: co-locate PS jobs whose COMP and COMM complement each other (dissertation ch. 4).
+
+Every round it reads the PS jobs from the snapshot, folds their reports into profiles
+(harmony_profiles.py), moves each job through its lifecycle (harmony_lifecycle.py) and says, per
+job, where it runs:
+
+* **Profiling.** A new job waits until it gets a node of its own, then runs one worker and one
+  server there until its report has COMP/COMM timings. Free nodes are used first; once groups hold
+  every node, one node at a time (`profiling_nodes`) is taken from the group with the most
+  machines. At start-up every job that finds a free node is profiled at once ("run as many jobs as
+  possible at initialization, ... the smallest number of machines for each job").
+* **Initial grouping.** When nothing is grouped and every job being profiled has its profile,
+  Algorithm 1 (harmony_grouping.py) groups the profiled and paused jobs on the free nodes; the jobs
+  it leaves out are paused.
+* **Arrival.** A newly profiled job joins the group (or a new group on free nodes) that raises the
+  modelled utilization U the most -- only when no other job is already waiting (profiled or
+  paused) and only if U rises; otherwise it is paused and waits.
+* **Completion.** A group whose job finished takes a similar waiting job (or bundle) within 5 %
+  (harmony_regroup.py); failing that, it and the smallest other groups are regrouped with
+  Algorithm 1, the fewest jobs moved unless 5 % better, and nothing changes for under 5 % gain.
+* **Free nodes** (a finished profile, a new node, a dissolved group) go to the groups one at a
+  time, to the most computation-bound group (C_g/m_g - N_g largest), as the allocation does.
+
+A grouped job runs one worker and one server on every node of its group (`placement`), in `group`
+(a stable id such as "g3"), with `executor_resource` sized so the group fits its nodes: a node's
+capacity, less room for the AMs the scheduler may place there, split evenly among the group's 2k
+containers (k jobs); a job keeps its containers' size while that still fits (a partner leaving does not
+resize them), they shrink when the group grows. The jobs per group are capped so every container
+gets a vcore and at least `min_executor_mb`. A paused or waiting job is told PAUSE with no executors; a job put back in a
+group RESUME; a running job moved to other nodes RUN with its new placement (the AM migrates it).
+
+Utilization is compared over all running nodes, free ones counting as idle (zero), so giving idle
+nodes work raises U. State kept between calls: the jobs' lifecycle states, profiles and groups; an
+RM restart starts them afresh (jobs are profiled again).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import numpy as np
+
+from models.harmony import CPU_WEIGHT, FloatArray, GroupStats, group_stats, score
+from protocol.internal_api import NodePlacement, RunState
+from protocol.records import ZERO, Resource
+
+from .decision import Decision, JobDecision
+from .eps_jobs import parse_spec
+from .harmony_grouping import SWAP_BUDGET, Grouping, schedule
+from .harmony_lifecycle import JobEvent, JobState, advance
+from .harmony_profiles import EMA_WEIGHT, Profile, ProfileBook
+from .harmony_regroup import GAIN, TOLERANCE, Times, fewest_within, replacement, worth_regrouping
+from .snapshot import AppView, ClusterSnapshot, NodeView
+
+FINAL = ("FINISHED", "FAILED", "KILLED")
+CONTAINERS_PER_JOB = 2      # per node: one worker and one server
+
+
+@dataclass(frozen=True)
+class HarmonyConfig:
+    """The policy's knobs (defaults from the dissertation where it gives one)."""
+
+    tolerance: float = TOLERANCE        # "similar" jobs: within 5 %
+    gain: float = GAIN                  # no regrouping under a 5 % gain in U
+    ema_weight: float = EMA_WEIGHT
+    cpu_weight: float = CPU_WEIGHT
+    swap_budget: int = SWAP_BUDGET
+    min_executor_mb: int = 256
+    profiling_nodes: int = 1            # nodes taken from groups to profile on at once
+    regroup_options: int = 5            # partial regroupings compared on a completion
+
+
+@dataclass
+class _Job:
+    app_id: str
+    submit_time: float
+    executor: Resource                  # the spec's executor size (for profiling)
+    state: JobState = JobState.WAITING
+    group: Optional[str] = None
+    node: Optional[str] = None          # its profiling node (profiling / profiled)
+    run_state: RunState = RunState.RUN
+    note: str = ""
+    size: Optional[Resource] = None     # its executors' size in its group (kept while it fits)
+
+    @property
+    def order(self) -> tuple[float, str]:
+        return (self.submit_time, self.app_id)
+
+
+@dataclass
+class _Group:
+    group_id: str
+    jobs: list[str] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+
+
+class HarmonyPolicy:
+    """Harmony's job scheduler (see the module docstring). One instance per RM; keeps job state."""
+
+    name = "harmony"
+
+    def __init__(self, config: HarmonyConfig | None = None):
+        self.cfg = config or HarmonyConfig()
+        self.jobs: dict[str, _Job] = {}
+        self.groups: dict[str, _Group] = {}
+        self.profiles = ProfileBook(self.cfg.ema_weight)
+        self._next_group = 1
+        self._nodes: dict[str, NodeView] = {}
+        self._am_reserve = ZERO
+        self._min_mb = 1
+
+    # ----- the round -----------------------------------------------------------------------------------------------
+    def decide(self, snapshot: ClusterSnapshot) -> Decision:
+        """Per tracked PS job its placement, group and run state (the RM numbers changed ones)."""
+        self._nodes = {n.node_id: n for n in snapshot.nodes if n.state == "RUNNING"}
+        self._min_mb = max(1, snapshot.minimum_allocation_mb)
+        apps = {a.app_id: a for a in snapshot.apps}
+        finished = self._sync_apps(snapshot)
+        self._sync_nodes()
+        self._am_reserve = self._am_room(snapshot)
+        arrivals = self._measure(apps)
+        for gid, times in finished:
+            self._on_completion(gid, times)
+        if not self.groups:
+            if self._pool() and not self._in_state(JobState.PROFILING):
+                self._initial_grouping()
+        else:
+            for app_id in arrivals:
+                self._on_arrival(app_id)
+        self._profile_waiting()
+        self._give_idle_nodes()
+        return self._decision(apps)
+
+    def describe(self) -> dict[str, dict[str, object]]:
+        """Per tracked app its Harmony state, group, profiling node and profile (for the RM's pages)."""
+        out: dict[str, dict[str, object]] = {}
+        for app_id, job in sorted(self.jobs.items()):
+            p = self.profiles.get(app_id)
+            out[app_id] = {"state": job.state.value, "group": job.group, "node": job.node,
+                           "runState": job.run_state.value, "note": job.note,
+                           "tCpu1": None if p is None else round(p.t_cpu1, 6),
+                           "tNet": None if p is None else round(p.t_net, 6),
+                           "groupNodes": len(self.groups[job.group].nodes) if job.group in self.groups else 0}
+        return out
+
+    # ----- what the snapshot says ----------------------------------------------------------------------------------
+    def _sync_apps(self, snapshot: ClusterSnapshot) -> list[tuple[str, Optional[Times]]]:
+        """Track new PS jobs, finish ended ones; returns (group, the finished job's (T_cpu, T_net)
+        there) per grouped job that ended."""
+        seen = set()
+        finished: list[tuple[str, Optional[Times]]] = []
+        for app in sorted(snapshot.apps, key=lambda a: (a.submit_time, a.app_id)):
+            job = self.jobs.get(app.app_id)
+            if app.state in FINAL:
+                if job is not None:
+                    finished.extend(self._drop(job))
+                continue
+            if app.am_limited:
+                continue        # its AM cannot start yet: nothing to direct
+            if job is None:
+                # The spec is parsed once, when the job is first seen (it does not change).
+                spec = parse_spec(app, snapshot.minimum_allocation_mb)
+                if spec is None:
+                    continue
+                job = self.jobs[app.app_id] = _Job(app.app_id, app.submit_time, spec.executor)
+            seen.add(app.app_id)
+            if self._steady(app) and job.state in (JobState.PROFILING, JobState.PROFILED, JobState.RUNNING):
+                self.profiles.observe(app.app_id, app.shape)
+        for app_id in [a for a in self.jobs if a not in seen]:
+            finished.extend(self._drop(self.jobs[app_id]))
+        return finished
+
+    @staticmethod
+    def _steady(app: AppView) -> bool:
+        """The report describes the shape the job was last told to have."""
+        r, d = app.shape, app.directive
+        return (r is not None and not r.changing and r.directive_version > 0
+                and (d is None or r.directive_version >= d.version))
+
+    def _drop(self, job: _Job) -> list[tuple[str, Optional[Times]]]:
+        """Forget a finished job; [(its group, its times there)] if it was grouped."""
+        advance(job.state, JobEvent.FINISH)
+        out: list[tuple[str, Optional[Times]]] = []
+        if job.group in self.groups:
+            g = self.groups[job.group]
+            p = self.profiles.get(job.app_id)
+            out.append((g.group_id, None if p is None else p.at(max(1, len(g.nodes)))))
+            g.jobs.remove(job.app_id)
+        self.jobs.pop(job.app_id)
+        self.profiles.forget(job.app_id)
+        return out
+
+    def _sync_nodes(self) -> None:
+        """Lost nodes leave their groups; a group left without nodes pauses its jobs; a profiling job
+        whose node is lost waits again."""
+        for gid in sorted(self.groups):
+            g = self.groups[gid]
+            alive = [n for n in g.nodes if n in self._nodes]
+            if alive != g.nodes:
+                self._set_nodes(g, alive)
+            if not g.nodes:
+                for app_id in list(g.jobs):
+                    self._pause(app_id, "its group's nodes were lost")
+                del self.groups[gid]
+        for job in self.jobs.values():
+            if job.node is not None and job.node not in self._nodes:
+                job.node = None
+                if job.state is JobState.PROFILING:
+                    job.state = advance(job.state, JobEvent.REQUEUE)
+                elif job.state is JobState.PROFILED:
+                    self._pause(job.app_id, "its profiling node was lost")
+
+    def _am_room(self, snapshot: ClusterSnapshot) -> Resource:
+        """Room left on each node for the AMs the scheduler places anywhere: the largest AM times
+        the AMs per node if they were spread evenly."""
+        am = Resource(max((a.am_resource.memory for a in snapshot.apps if a.state not in FINAL), default=0),
+                      max((a.am_resource.vcores for a in snapshot.apps if a.state not in FINAL), default=0))
+        live = sum(1 for a in snapshot.apps if a.state not in FINAL)
+        return am.scale(math.ceil(live / max(1, len(self._nodes))))
+
+    def _measure(self, apps: dict[str, AppView]) -> list[str]:
+        """Profiling jobs whose reports have timings become profiled; returns them (FIFO)."""
+        out = []
+        for job in sorted(self.jobs.values(), key=lambda j: j.order):
+            if job.state is JobState.PROFILING and self.profiles.get(job.app_id) is not None:
+                job.state = advance(job.state, JobEvent.MEASURED)
+                out.append(job.app_id)
+        return out
+
+    # ----- the model over the cluster ------------------------------------------------------------------------------
+    def _profile(self, app_id: str) -> Profile:
+        p = self.profiles.get(app_id)
+        assert p is not None, f"{app_id} is grouped without a profile"
+        return p
+
+    def _stats(self, groups: Iterable[tuple[Iterable[str], int]]) -> GroupStats:
+        """Eq. 4.1-4.3 of groups (job ids, machines)."""
+        cpu: list[float] = []
+        net: list[float] = []
+        group_of: list[int] = []
+        machines: list[int] = []
+        for i, (jobs, m) in enumerate(groups):
+            machines.append(m)
+            for a in jobs:
+                p = self._profile(a)
+                cpu.append(p.t_cpu1)
+                net.append(p.t_net)
+                group_of.append(i)
+        return group_stats(np.array(cpu), np.array(net), np.array(group_of, dtype=np.int64),
+                           np.array(machines, dtype=np.int64))
+
+    def _score(self, groups: Iterable[tuple[Iterable[str], int]]) -> float:
+        """score(U) of groups (job ids, machines) over all running nodes (the rest idle)."""
+        stats = self._stats(groups)
+        if stats.machines.size == 0:
+            return 0.0
+        u = (stats.machines[:, None] * stats.utilization).sum(axis=0) / max(1, len(self._nodes))
+        return score(u, self.cfg.cpu_weight)
+
+    def _scores_with(self, groups: list[_Group], app_id: str) -> FloatArray:
+        """For each of `groups` (all with jobs), the cluster's score(U) if `app_id` joined it (the
+        others as they are): eq. 4.1-4.4 updated group by group, vectorised."""
+        stats = self._stats((g.jobs, len(g.nodes)) for g in groups)
+        p = self._profile(app_id)
+        m = stats.machines
+        cpu, net = stats.cpu + p.t_cpu1 / m, stats.net + p.t_net
+        t = np.maximum(np.maximum(cpu, net), np.maximum(stats.max_job, p.t_cpu1 / m + p.t_net))
+        joined = np.stack([cpu / t, net / t], axis=1)
+        total = max(1, len(self._nodes))
+        base = (m[:, None] * stats.utilization).sum(axis=0)
+        u = (base[None, :] + m[:, None] * (joined - stats.utilization)) / total
+        out: FloatArray = self.cfg.cpu_weight * u[:, 0] + (1.0 - self.cfg.cpu_weight) * u[:, 1]
+        return out
+
+    def _current(self) -> list[tuple[list[str], int]]:
+        return [(g.jobs, len(g.nodes)) for _, g in sorted(self.groups.items()) if g.jobs]
+
+    def _cap(self) -> int:
+        """How many jobs a group may hold: every container needs a vcore and `min_executor_mb`."""
+        if not self._nodes:
+            return 1
+        room = [n.capacity - self._am_reserve for n in self._nodes.values()]
+        vcores = min(r.vcores for r in room)
+        mem = min(r.memory for r in room)
+        return max(1, min(vcores // CONTAINERS_PER_JOB, mem // (CONTAINERS_PER_JOB * self.cfg.min_executor_mb)))
+
+    def _schedule(self, job_ids: list[str], machines: int) -> Grouping:
+        cpu = np.array([self._profile(a).t_cpu1 for a in job_ids])
+        net = np.array([self._profile(a).t_net for a in job_ids])
+        return schedule(cpu, net, machines, self._cap(), swap_budget=self.cfg.swap_budget,
+                        cpu_weight=self.cfg.cpu_weight)
+
+    # ----- pools ---------------------------------------------------------------------------------------------------
+    def _in_state(self, *states: JobState) -> list[str]:
+        return [j.app_id for j in sorted(self.jobs.values(), key=lambda j: j.order) if j.state in states]
+
+    def _pool(self) -> list[str]:
+        """Jobs waiting for a group: profiled and paused, FIFO."""
+        return self._in_state(JobState.PROFILED, JobState.PAUSED)
+
+    def _nodes_of(self, app_ids: Iterable[str]) -> list[str]:
+        """The profiling nodes these jobs hold."""
+        return [n for n in (self.jobs[a].node for a in app_ids) if n is not None]
+
+    def _idle_nodes(self) -> list[str]:
+        used = {n for g in self.groups.values() for n in g.nodes}
+        used |= {j.node for j in self.jobs.values() if j.node is not None}
+        return sorted(n for n in self._nodes if n not in used)
+
+    # ----- scheduling events ---------------------------------------------------------------------------------------
+    def _initial_grouping(self) -> None:
+        pool = self._pool()
+        nodes = sorted(set(self._idle_nodes()) | set(self._nodes_of(pool)))
+        if not nodes:
+            return
+        self._install(self._schedule(pool, len(nodes)), pool, nodes, [], "initial grouping")
+
+    def _on_arrival(self, app_id: str) -> None:
+        job = self.jobs[app_id]
+        if job.state is not JobState.PROFILED:
+            return
+        waiting = [a for a in self._pool() if a != app_id]
+        if waiting:
+            self._pause(app_id, f"waits: {len(waiting)} profiled/paused job(s) wait before it")
+            return
+        current = self._current()
+        base = self._score(current)
+        cap = self._cap()
+        best: Optional[tuple[float, Optional[str]]] = None
+        live = [g for _, g in sorted(self.groups.items()) if g.jobs]
+        if live:
+            scores = self._scores_with(live, app_id)
+            scores[np.array([len(g.jobs) >= cap for g in live])] = -np.inf
+            i = int(np.argmax(scores))
+            if np.isfinite(scores[i]):
+                best = (float(scores[i]), live[i].group_id)
+        free = self._idle_nodes() + ([job.node] if job.node else [])
+        if free:
+            s = self._score(current + [([app_id], len(free))])
+            if best is None or s > best[0]:
+                best = (s, None)
+        if best is None or best[0] <= base:
+            self._pause(app_id, f"waits: no group it raises U in (U={base:.3f})")
+            return
+        if best[1] is None:
+            g = self._new_group()
+            self._set_nodes(g, sorted(free))
+            self._join(app_id, g, f"new group on free nodes (U {base:.3f} -> {best[0]:.3f})")
+        else:
+            self._join(app_id, self.groups[best[1]], f"joins {best[1]} (U {base:.3f} -> {best[0]:.3f})")
+
+    def _on_completion(self, gid: str, times: Optional[Times]) -> None:
+        g = self.groups.get(gid)
+        if g is None:
+            return
+        pool = self._pool()
+        if pool and times is not None and self._replace(g, times, pool):
+            return
+        if pool or g.jobs:
+            if self._regroup_around(g):
+                return
+        if not g.jobs:
+            del self.groups[gid]    # its nodes fall idle and go to the other groups
+
+    def _replace(self, g: _Group, finished: Times, pool: list[str]) -> bool:
+        """Put a waiting job (or bundle) similar to the finished job (within `tolerance`, at the
+        group's machines) in its place."""
+        m = len(g.nodes)
+        found = replacement(finished, [(a, self._profile(a).at(m)) for a in pool], self.cfg.tolerance)
+        if found is None or len(g.jobs) + len(found) > self._cap():
+            return False
+        for a in found:
+            self._join(a, g, f"replaces a finished job of {g.group_id}")
+        return True
+
+    def _regroup_around(self, g: _Group) -> bool:
+        """Algorithm 1 on g's jobs, the waiting ones and more and more of the smallest groups."""
+        pool = self._pool()
+        others = sorted((x for x in self.groups.values() if x is not g and x.jobs),
+                        key=lambda x: (len(x.jobs), x.group_id))
+        idle = self._idle_nodes()
+        base = self._score(self._current())
+        options: list[tuple[int, float, Grouping, list[str], list[str], list[_Group]]] = []
+        k = 0
+        while k <= len(others) and len(options) < self.cfg.regroup_options:
+            sel = [g] + others[:k]
+            running = sorted((a for x in sel for a in x.jobs), key=lambda a: self.jobs[a].order)
+            job_ids = running + pool
+            nodes = sorted({n for x in sel for n in x.nodes} | set(idle) | set(self._nodes_of(pool)))
+            grouping = self._schedule(job_ids, len(nodes))
+            kept = [(x.jobs, len(x.nodes)) for x in others[k:]]
+            new = [([job_ids[i] for i in grp], m) for grp, m in zip(grouping.groups, grouping.machines)]
+            options.append((len(running), self._score(kept + new), grouping, job_ids, nodes, sel))
+            k = 1 if k == 0 else 2 * k
+        i = fewest_within([(o[0], o[1]) for o in options], self.cfg.gain)
+        _, s, grouping, job_ids, nodes, sel = options[i]
+        if not worth_regrouping(base, s, self.cfg.gain):
+            self._note(g, f"kept: regrouping would change U {base:.3f} -> {s:.3f} (< {self.cfg.gain:.0%} gain)")
+            return False
+        self._install(grouping, job_ids, nodes, sel, f"regrouped (U {base:.3f} -> {s:.3f})")
+        return True
+
+    def _profile_waiting(self) -> None:
+        """Give waiting jobs a node each to be profiled on: a free node, else (up to
+        `profiling_nodes` at once) the last node of the group with the most machines."""
+        idle = self._idle_nodes()
+        borrowed = sum(1 for j in self.jobs.values() if j.state is JobState.PROFILING) if self.groups else 0
+        for app_id in self._in_state(JobState.WAITING):
+            job = self.jobs[app_id]
+            if idle:
+                node = idle.pop(0)
+            elif self.groups and borrowed < self.cfg.profiling_nodes:
+                donor = max(self.groups.values(), key=lambda x: (len(x.nodes), x.group_id))
+                if len(donor.nodes) < 2:
+                    job.note = "waits for a node to be profiled on"
+                    continue
+                node = donor.nodes[-1]
+                self._set_nodes(donor, donor.nodes[:-1])
+                borrowed += 1
+            else:
+                job.note = "waits for a node to be profiled on"
+                continue
+            job.state = advance(job.state, JobEvent.PROFILE)
+            job.node = node
+            job.run_state = RunState.RUN
+            job.note = f"profiling on {node}"
+
+    def _give_idle_nodes(self) -> None:
+        """Idle nodes go to the groups one by one, the most computation-bound group first."""
+        live = [g for _, g in sorted(self.groups.items()) if g.jobs]
+        if not live:
+            return
+        idle = self._idle_nodes()
+        if not idle:
+            return
+        c = np.array([sum(self._profile(a).t_cpu1 for a in g.jobs) for g in live])
+        n = np.array([sum(self._profile(a).t_net for a in g.jobs) for g in live])
+        m = np.array([len(g.nodes) for g in live], dtype=np.float64)
+        extra: dict[int, list[str]] = {}
+        for node in idle:
+            i = int(np.argmax(c / np.maximum(m, 1.0) - n))
+            extra.setdefault(i, []).append(node)
+            m[i] += 1
+        for i, nodes in sorted(extra.items()):
+            self._set_nodes(live[i], live[i].nodes + nodes)
+
+    # ----- changing jobs and groups --------------------------------------------------------------------------------
+    def _new_group(self) -> _Group:
+        gid = f"g{self._next_group}"
+        self._next_group += 1
+        g = self.groups[gid] = _Group(gid)
+        return g
+
+    def _note(self, g: _Group, note: str) -> None:
+        for a in g.jobs:
+            self.jobs[a].note = note
+
+    def _set_nodes(self, g: _Group, nodes: list[str]) -> None:
+        """Move group g to `nodes`; its running jobs are moved with it."""
+        if nodes == g.nodes:
+            return
+        g.nodes = list(nodes)
+        for a in g.jobs:
+            job = self.jobs[a]
+            if job.state is JobState.RUNNING:
+                job.state = advance(job.state, JobEvent.MOVE)
+                if job.run_state is not RunState.RESUME:
+                    job.run_state = RunState.RUN
+
+    def _join(self, app_id: str, g: _Group, note: str) -> None:
+        job = self.jobs[app_id]
+        if job.state is JobState.PAUSED:
+            job.state = advance(job.state, JobEvent.RESUME)
+            job.run_state = RunState.RESUME
+        elif job.state is JobState.PROFILED:
+            job.state = advance(job.state, JobEvent.RUN)
+            job.run_state = RunState.RUN
+        elif job.state is JobState.RUNNING:
+            job.state = advance(job.state, JobEvent.MOVE)
+            if job.run_state is not RunState.RESUME:
+                job.run_state = RunState.RUN
+            if job.group in self.groups and job.group != g.group_id and app_id in self.groups[job.group].jobs:
+                self.groups[job.group].jobs.remove(app_id)
+        else:
+            raise AssertionError(f"{app_id} cannot join a group while {job.state.value}")
+        if app_id not in g.jobs:
+            g.jobs.append(app_id)
+        job.group = g.group_id
+        job.node = None
+        job.note = note
+
+    def _pause(self, app_id: str, note: str) -> None:
+        job = self.jobs[app_id]
+        if job.state is not JobState.PAUSED:
+            job.state = advance(job.state, JobEvent.PAUSE)
+        if job.group in self.groups:
+            self.groups[job.group].jobs.remove(app_id)
+        job.group = None
+        job.node = None
+        job.run_state = RunState.PAUSE
+        job.note = note
+
+    def _install(self, grouping: Grouping, job_ids: list[str], nodes: list[str], replaced: list[_Group],
+                 note: str) -> None:
+        """Replace `replaced` groups by `grouping` of `job_ids` on `nodes`: a new group keeps the id
+        (and as many nodes as it gets) of the old group it shares the most jobs with; jobs left out
+        are paused."""
+        old = {g.group_id: g for g in replaced}
+        old_nodes = {g.group_id: list(g.nodes) for g in replaced}
+        members = [[job_ids[i] for i in grp] for grp in grouping.groups]
+        ids: list[Optional[str]] = []
+        for mem in members:
+            overlap = sorted(((sum(1 for a in mem if a in g.jobs), gid) for gid, g in old.items()
+                              if gid not in ids), key=lambda x: (-x[0], x[1]))
+            ids.append(overlap[0][1] if overlap and overlap[0][0] > 0 else None)
+        free = list(nodes)
+        placed: list[list[str]] = []
+        for gid, m in zip(ids, grouping.machines):
+            keep = [n for n in old_nodes.get(gid or "", []) if n in free][:m]
+            for n in keep:
+                free.remove(n)
+            placed.append(keep)
+        for keep, m in zip(placed, grouping.machines):
+            while len(keep) < m and free:
+                keep.append(free.pop(0))
+        chosen = {a for mem in members for a in mem}
+        before = {a: self.jobs[a].group for a in job_ids}
+        for gid in old:
+            del self.groups[gid]
+        for a in job_ids:
+            if a not in chosen and self.jobs[a].state is not JobState.PAUSED:
+                self._pause(a, f"waits: left out by {note}")
+        for gid, mem, keep in zip(ids, members, placed):
+            g = self._new_group() if gid is None else self.groups.setdefault(gid, _Group(gid))
+            g.nodes = keep
+            for a in mem:
+                job = self.jobs[a]
+                if job.state is JobState.RUNNING:
+                    if before[a] != g.group_id or old_nodes.get(g.group_id) != keep:
+                        job.state = advance(job.state, JobEvent.MOVE)
+                        if job.run_state is not RunState.RESUME:
+                            job.run_state = RunState.RUN
+                    job.group = g.group_id
+                    job.note = note
+                    g.jobs.append(a)
+                else:
+                    self._join(a, g, note)
+
+    # ----- the decision --------------------------------------------------------------------------------------------
+    def _room(self, nodes: Iterable[str]) -> Resource:
+        """What one node of these leaves for executors (the smallest of them, less the AMs' room)."""
+        room = [self._nodes[n].capacity - self._am_reserve for n in nodes if n in self._nodes]
+        if not room:
+            return ZERO
+        return Resource(max(0, min(r.memory for r in room)), max(0, min(r.vcores for r in room)))
+
+    def _executor(self, room: Resource, containers: int, ceiling: Optional[Resource] = None) -> Resource:
+        mem = room.memory // max(1, containers)
+        vcores = max(1, room.vcores // max(1, containers))
+        if ceiling is not None:
+            mem, vcores = min(mem, ceiling.memory), min(vcores, ceiling.vcores)
+        mem = max(self._min_mb, mem // self._min_mb * self._min_mb)
+        return Resource(mem, vcores)
+
+    def _decision(self, apps: dict[str, AppView]) -> Decision:
+        out: dict[str, JobDecision] = {}
+        # Per group, once: its placement (a worker and a server on each node) and container share.
+        per_group = {gid: (tuple(NodePlacement(node=n, workers=1, servers=1) for n in g.nodes),
+                           self._executor(self._room(g.nodes), CONTAINERS_PER_JOB * len(g.jobs)))
+                     for gid, g in self.groups.items() if g.jobs}
+        for app_id, job in sorted(self.jobs.items()):
+            if app_id not in apps:
+                continue
+            why = f"harmony: {job.state.value}" + (f" in {job.group}" if job.group else "") + (
+                f"; {job.note}" if job.note else "")
+            if job.state is JobState.RUNNING and job.group in per_group:
+                placement, share = per_group[job.group]
+                # Containers keep their size while it fits (a job leaving the group does not
+                # make its partners restart theirs); they shrink when the group grows.
+                size = job.size if job.size is not None and job.size.fits_in(share) else share
+                job.size = size
+                out[app_id] = JobDecision(len(placement), len(placement), placement, group=job.group,
+                                          run_state=job.run_state, reason=why, executor_resource=size)
+            elif job.state in (JobState.PROFILING, JobState.PROFILED) and job.node is not None:
+                size = self._executor(self._room([job.node]), CONTAINERS_PER_JOB, job.executor)
+                out[app_id] = JobDecision(1, 1, (NodePlacement(node=job.node, workers=1, servers=1),),
+                                          run_state=RunState.RUN, reason=why, executor_resource=size)
+            else:
+                job.size = None
+                out[app_id] = JobDecision(0, 0, run_state=RunState.PAUSE, reason=why)
+        return Decision(out)
+
+
+__all__ = ["HarmonyConfig", "HarmonyPolicy"]

@@ -1,0 +1,79 @@
+"""A scripted world for the pure `harmony` policy: nodes, PS apps whose AMs obey every directive
+at once and report the COMP / COMM times their true profile gives at the shape they were told.
+No RM, no clock: one `step()` is one policy round."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from protocol.internal_api import RunState, ShapeDirective
+from protocol.job_report import JobReport, WorkerTiming
+from protocol.records import ZERO, Resource
+from rm.policies import ClusterSnapshot, Decision, NodeView, Policy
+from rm.policies.snapshot import AppView
+
+AM = Resource(512, 1)
+
+
+@dataclass
+class App:
+    app_id: str
+    t_cpu1: float           # true COMP time per iteration on one machine
+    t_net: float            # true COMM time per iteration
+    submit_time: float
+    state: str = "RUNNING"
+    directive: Optional[ShapeDirective] = None
+    iterations: int = 0
+    history: list[ShapeDirective] = field(default_factory=list)
+
+    def report(self) -> JobReport:
+        d = self.directive
+        if d is None or d.run_state is RunState.PAUSE or d.workers == 0:
+            return JobReport(workers=0, servers=0, started=True, iterations=self.iterations,
+                             directive_version=0 if d is None else d.version)
+        return JobReport(workers=d.workers, servers=d.servers, started=True, iterations=self.iterations,
+                         directive_version=d.version, executor_resource=d.executor_resource,
+                         worker_times=WorkerTiming(compute_s=self.t_cpu1 / d.workers, comm_s=self.t_net,
+                                                   workers=d.workers))
+
+
+class World:
+    """Nodes and apps; `step(policy)` decides on a snapshot and applies the directives."""
+
+    def __init__(self, nodes: int, mem: int = 16384, vcores: int = 16):
+        self.nodes = [NodeView(f"n{i}", "/r", "RUNNING", Resource(mem, vcores), ZERO) for i in range(1, nodes + 1)]
+        self.apps: dict[str, App] = {}
+        self.now = 1000.0
+
+    def submit(self, app_id: str, t_cpu1: float, t_net: float) -> App:
+        self.now += 1.0
+        app = self.apps[app_id] = App(app_id, t_cpu1, t_net, self.now)
+        return app
+
+    def finish(self, app_id: str) -> None:
+        self.apps[app_id].state = "FINISHED"
+
+    def snapshot(self) -> ClusterSnapshot:
+        views = []
+        for a in self.apps.values():
+            spec = {"ps-job": {"app": "mlr", "workers": 1, "servers": 1, "executor_memory_mb": 1024,
+                               "executor_vcores": 1}}
+            views.append(AppView(a.app_id, "default", "alice", a.state, a.submit_time, ZERO,
+                                 a.report() if a.state == "RUNNING" else None, spec, am_resource=AM,
+                                 directive=a.directive))
+        total = sum((n.capacity for n in self.nodes), ZERO)
+        return ClusterSnapshot(now=self.now, total=total, used=ZERO, nodes=tuple(self.nodes), apps=tuple(views))
+
+    def step(self, policy: Policy) -> Decision:
+        decision = policy.decide(self.snapshot())
+        for app_id, jd in decision.jobs.items():
+            app = self.apps[app_id]
+            if not jd.same_as(app.directive):
+                version = 1 if app.directive is None else app.directive.version + 1
+                app.directive = jd.directive(version)
+                app.history.append(app.directive)
+        for app in self.apps.values():
+            if app.state == "RUNNING" and app.directive is not None and app.directive.workers > 0:
+                app.iterations += 10
+        self.now += 1.0
+        return decision

@@ -1,0 +1,59 @@
+"""Harmony's performance model (eq. 4.1-4.4) on hand-worked groups."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from models.harmony import (GroupStats, ModelError, cluster_utilization, cpu_time, group_iteration_time,
+                            group_stats, group_utilization, normalise_cpu, score, utilization)
+
+
+def test_cpu_time_scales_inversely_with_the_groups_machines():
+    # Eq. 4.2: 8 s of COMP on one machine is 2 s on four; COMM does not scale.
+    assert cpu_time(8.0, 4) == pytest.approx(2.0)
+    assert normalise_cpu(2.0, 4) == pytest.approx(8.0)
+    with pytest.raises(ModelError):
+        normalise_cpu(1.0, 0)
+
+
+def test_a_resource_bound_group_iterates_in_the_sum_of_its_busier_resource():
+    # A: COMP 4, COMM 1; B: COMP 1, COMM 3 (at the group's m). COMP sums to 5, COMM to 4, the
+    # longest job takes 5: the group is CPU-bound, T = 5 (eq. 4.1), U = [5/5, 4/5] (eq. 4.3).
+    cpu, net = np.array([4.0, 1.0]), np.array([1.0, 3.0])
+    assert group_iteration_time(cpu, net) == pytest.approx(5.0)
+    assert group_utilization(cpu, net) == pytest.approx([1.0, 0.8])
+
+
+def test_a_job_bound_group_iterates_in_its_longest_job():
+    # C: 1 + 1, D: 8 + 6. Sums 9 and 7, but D alone takes 14: T = 14, both resources part idle.
+    cpu, net = np.array([1.0, 8.0]), np.array([1.0, 6.0])
+    assert group_iteration_time(cpu, net) == pytest.approx(14.0)
+    assert group_utilization(cpu, net) == pytest.approx([9 / 14, 7 / 14])
+
+
+def test_cluster_utilization_weights_the_groups_by_their_machines():
+    # Eq. 4.4: group 1 on 2 machines at [1, .8], group 2 on 6 at [.5, .5].
+    u = cluster_utilization(np.array([2, 6]), np.array([[1.0, 0.8], [0.5, 0.5]]))
+    assert u == pytest.approx([(2 * 1.0 + 6 * 0.5) / 8, (2 * 0.8 + 6 * 0.5) / 8])
+    assert score(np.array([1.0, 0.4]), cpu_weight=0.75) == pytest.approx(0.85)
+
+
+def test_group_stats_evaluates_a_whole_grouping_at_each_groups_machines():
+    # Profiles on ONE machine: A (8, 1), B (2, 3) in group 0 on 2 machines -> the first case above;
+    # C (2, 1), D (16, 6) in group 1 on 2 machines -> the job-bound case; E not running.
+    t_cpu1 = np.array([8.0, 2.0, 2.0, 16.0, 5.0])
+    t_net = np.array([1.0, 3.0, 1.0, 6.0, 5.0])
+    stats = group_stats(t_cpu1, t_net, np.array([0, 0, 1, 1, -1]), np.array([2, 2]))
+    assert isinstance(stats, GroupStats)
+    assert stats.iteration_time == pytest.approx([5.0, 14.0])
+    assert list(stats.job_bound) == [False, True]
+    assert stats.utilization == pytest.approx(np.array([[1.0, 0.8], [9 / 14, 0.5]]))
+    assert utilization(t_cpu1, t_net, np.array([0, 0, 1, 1, -1]), np.array([2, 2])) == pytest.approx(
+        [(1.0 + 9 / 14) / 2, (0.8 + 0.5) / 2])
+
+
+def test_group_stats_refuses_a_group_without_machines_and_negative_times():
+    with pytest.raises(ModelError, match="machine"):
+        group_stats(np.array([1.0]), np.array([1.0]), np.array([0]), np.array([0]))
+    with pytest.raises(ModelError, match="non-negative"):
+        group_stats(np.array([-1.0]), np.array([1.0]), np.array([0]), np.array([1]))

@@ -1,0 +1,212 @@
+"""The pure `harmony` policy in a scripted world (tests/harmony_world.py): AMs that obey every
+directive at once and report the COMP / COMM times of their true profiles."""
+from __future__ import annotations
+
+from protocol.internal_api import RunState
+from protocol.records import Resource
+from rm.policies import HarmonyPolicy, create
+from rm.policies.harmony import HarmonyConfig
+
+from harmony_world import AM, World
+
+
+def states(policy: HarmonyPolicy) -> dict[str, tuple[str, object]]:
+    return {a: (v["state"], v["group"]) for a, v in policy.describe().items()}
+
+
+def four_jobs() -> tuple[World, HarmonyPolicy]:
+    w, p = World(4), HarmonyPolicy()
+    w.submit("a", 8.0, 1.0)      # COMP-heavy
+    w.submit("b", 1.0, 1.8)      # COMM-heavy
+    w.submit("c", 6.0, 0.6)      # COMP-heavy
+    w.submit("d", 0.8, 2.0)      # COMM-heavy
+    return w, p
+
+
+def test_harmony_is_registered():
+    assert isinstance(create("harmony"), HarmonyPolicy)
+
+
+def test_new_jobs_are_profiled_alone_on_a_node_each_then_grouped():
+    w, p = four_jobs()
+    d = w.step(p)
+    assert {a: s for a, (s, _) in states(p).items()} == dict.fromkeys("abcd", "profiling")
+    # One worker and one server each, on a node of its own, no group yet; the spec's executor.
+    assert sorted(jd.nodes[0] for jd in d.jobs.values()) == ["n1", "n2", "n3", "n4"]
+    assert all((jd.workers, jd.servers, jd.group, jd.run_state) == (1, 1, None, RunState.RUN) for jd in d.jobs.values())
+    assert all(jd.executor_resource == Resource(1024, 1) for jd in d.jobs.values())
+    assert "profiling" in d.jobs["a"].reason
+
+    d = w.step(p)                                   # every report now has timings
+    st = states(p)
+    running = {a for a, (s, _) in st.items() if s == "running"}
+    assert running and {s for s, _ in st.values()} <= {"running", "paused"}
+    for a, (s, g) in st.items():
+        jd = d.jobs[a]
+        if s == "paused":
+            assert (jd.workers, jd.servers, jd.placement, jd.run_state) == (0, 0, (), RunState.PAUSE)
+            continue
+        # A grouped job runs a worker and a server on EVERY node of its group.
+        members = [x for x, (_, gx) in st.items() if gx == g]
+        assert jd.group == g and jd.run_state is RunState.RUN
+        assert all((pl.workers, pl.servers) == (1, 1) for pl in jd.placement)
+        assert all(d.jobs[x].nodes == jd.nodes for x in members)
+        # The group's containers and the AMs' room fit every node of the group.
+        size = jd.executor_resource
+        assert size is not None
+        per_node = size.scale(2 * len(members)) + AM.scale(1)
+        assert per_node.fits_in(Resource(16384, 16))
+    # Groups hold every node, each node once.
+    nodes = [n for g in {g for s, g in st.values() if s == "running"} for n in
+             next(d.jobs[a].nodes for a, (_, ga) in st.items() if ga == g)]
+    assert sorted(nodes) == ["n1", "n2", "n3", "n4"]
+
+
+def test_a_profiled_arrival_waits_behind_a_paused_job_and_replaces_a_similar_finished_one():
+    w, p = four_jobs()
+    w.step(p)
+    w.step(p)
+    assert states(p)["d"] == ("paused", None)        # the initial grouping left d out
+    # e arrives: it borrows a node of the group to be profiled on ...
+    w.submit("e", 7.9, 1.0)                          # like a (8, 1) within 5 %
+    w.step(p)
+    assert states(p)["e"] == ("profiling", None)
+    # ... and, profiled, waits: d already waits (no group is reshuffled for it).
+    w.step(p)
+    assert states(p)["e"] == ("paused", None)
+    assert "waits" in w.apps["e"].directive.reason
+    # a finishes: e, similar within 5 %, takes its place in a's group and is resumed there.
+    group_a = states(p)["a"][1]
+    w.finish("a")
+    w.step(p)
+    assert states(p)["e"] == ("running", group_a)
+    resumed = w.apps["e"].directive
+    assert resumed.run_state is RunState.RESUME and resumed.group == group_a
+    assert resumed.nodes == w.apps["b"].directive.nodes or resumed.nodes == w.apps["c"].directive.nodes
+    assert [dv.run_state for dv in w.apps["e"].history] == [RunState.RUN, RunState.PAUSE, RunState.RESUME]
+    assert states(p)["d"] == ("paused", None)
+
+
+def test_no_regrouping_for_under_five_percent_gain():
+    w, p = World(4), HarmonyPolicy()
+    for name, c, n in [("a", 6.3, 1.4), ("b", 3.0, 2.2), ("c", 3.0, 0.9), ("d", 8.9, 0.6)]:
+        w.submit(name, c, n)
+    for _ in range(3):
+        w.step(p)
+    before = {a: app.directive for a, app in w.apps.items()}
+    w.finish("d")
+    w.step(p)
+    # Regrouping a, b, c would raise U by 4.9 %: they keep their group, nodes and directives.
+    notes = {a: v["note"] for a, v in p.describe().items()}
+    assert all("kept" in notes[a] and "< 5% gain" in notes[a] for a in "abc")
+    assert all(w.apps[a].directive == before[a] for a in "abc")
+
+
+def test_a_finished_job_frees_its_groups_nodes_for_the_others():
+    w, p = World(3), HarmonyPolicy()
+    for name, c, n in [("a", 8.0, 2.0), ("b", 2.0, 4.0), ("x", 0.3, 0.2)]:
+        w.submit(name, c, n)
+    for _ in range(3):
+        w.step(p)
+    assert states(p)["x"][0] == "running" and states(p)["x"][1] != states(p)["a"][1]
+    w.finish("x")
+    w.step(p)
+    # x's group is gone; its node went to the remaining group (moved: RUN with the new placement).
+    assert w.apps["a"].directive.nodes == ["n1", "n2", "n3"] == w.apps["b"].directive.nodes
+    assert w.apps["a"].directive.run_state is RunState.RUN
+    assert "x" not in p.describe()
+
+
+def test_a_lost_node_leaves_its_group_and_a_profiling_job_waits_again():
+    w, p = four_jobs()
+    w.step(p)
+    w.nodes = w.nodes[:3]                            # n4, where d is being profiled, is lost
+    w.step(p)
+    # a, b, c are profiled and grouped on n1-n3; d went back to waiting and is profiled again on a
+    # node borrowed from that group.
+    assert states(p)["d"] == ("profiling", None)
+    assert w.apps["d"].directive.nodes[0] in ("n1", "n2", "n3")
+    w.step(p)
+    grouped = [a for a, (s, _) in states(p).items() if s == "running"]
+    assert grouped
+    w.nodes = w.nodes[:2]                            # n3 is lost too: groups keep n1, n2 only
+    w.step(p)
+    assert all(set(w.apps[a].directive.nodes) <= {"n1", "n2"} for a in grouped if states(p)[a][0] == "running")
+
+
+def test_reports_from_before_the_latest_directive_are_not_profiled():
+    w, p = World(1), HarmonyPolicy()
+    app = w.submit("a", 4.0, 1.0)
+    w.step(p)
+    # The AM has not acted on its profiling directive yet: its timings describe another shape.
+    app.directive = app.directive.__class__(**{**{f: getattr(app.directive, f) for f in
+                                                  app.directive.__struct_fields__}, "version": 5})
+    real = app.report
+
+    def stale():
+        r = real()
+        return r.__class__(**{**{f: getattr(r, f) for f in r.__struct_fields__}, "directive_version": 4})
+    app.report = stale      # type: ignore[method-assign]
+    w.step(p)
+    assert states(p)["a"] == ("profiling", None)
+    app.report = real       # type: ignore[method-assign]
+    w.step(p)
+    assert states(p)["a"][0] == "running"
+
+
+def test_groups_are_capped_so_every_container_gets_a_vcore():
+    # 6-vcore nodes with one AM's room each: 5 vcores, 2 containers per job -> 2 jobs a group.
+    w, p = World(2, mem=16384, vcores=6), HarmonyPolicy(HarmonyConfig())
+    for i in range(6):
+        w.submit(f"j{i}", 4.0 if i % 2 else 0.5, 0.5 if i % 2 else 2.0)
+    for _ in range(8):
+        w.step(p)
+    groups: dict[object, int] = {}
+    for s, g in states(p).values():
+        if s == "running":
+            groups[g] = groups.get(g, 0) + 1
+    assert groups and max(groups.values()) <= 2
+
+
+def test_invariants_hold_through_arrivals_completions_and_node_changes():
+    # A seeded churn of jobs and nodes; after every round: each node serves one group or one
+    # profiling job at most, a grouped job is placed on exactly its group's nodes, the lifecycle
+    # and the run states agree, and no group holds more jobs than its containers allow.
+    import random
+    rng = random.Random(3)
+    w, p = World(6, mem=16384, vcores=8), HarmonyPolicy()
+    names = iter(f"j{i:02d}" for i in range(100))
+    for _ in range(5):
+        w.submit(next(names), rng.uniform(0.5, 12.0), rng.uniform(0.2, 3.0))
+    for step in range(60):
+        event = rng.random()
+        live = [a for a, app in w.apps.items() if app.state == "RUNNING"]
+        if event < 0.25:
+            w.submit(next(names), rng.uniform(0.5, 12.0), rng.uniform(0.2, 3.0))
+        elif event < 0.45 and live:
+            w.finish(rng.choice(live))
+        elif event < 0.5 and len(w.nodes) > 3:
+            w.nodes = w.nodes[:-1]
+        elif event < 0.55:
+            w.nodes.append(w.nodes[0].__class__(f"m{step}", "/r", "RUNNING", Resource(16384, 8),
+                                                w.nodes[0].used))
+        decision = w.step(p)
+        alive = {n.node_id for n in w.nodes}
+        owner: dict[str, str] = {}
+        for a, v in p.describe().items():
+            jd = decision.jobs[a]
+            key = v["group"] or a
+            if v["state"] in ("running", "profiling", "profiled"):
+                assert jd.run_state is not RunState.PAUSE and jd.nodes and set(jd.nodes) <= alive
+                for n in jd.nodes:
+                    assert owner.setdefault(n, key) == key, f"{n} serves {owner[n]} and {key}"
+                assert (jd.group is not None) == (v["state"] == "running")
+            else:
+                assert (jd.run_state, jd.workers, jd.group) == (RunState.PAUSE, 0, None)
+        groups: dict[object, list[str]] = {}
+        for a, v in p.describe().items():
+            if v["state"] == "running":
+                groups.setdefault(v["group"], []).append(a)
+        for members in groups.values():
+            assert len({tuple(decision.jobs[a].nodes) for a in members}) == 1
+            assert len(members) <= 3            # (8 vcores - the AMs' room) / 2 containers per job
