@@ -3,9 +3,10 @@
 The frame (`run_on_local_cluster`: start a cluster in a temp dir, run a body against it, stop the
 cluster whatever happens, Ctrl-C and SIGTERM included) is separate from the bodies: `ps_demo`
 (the default: multinomial logistic regression on 2 workers and 1 server, trained to convergence)
-`shell_demo` (`--shell`: a distributed-shell app in 3 containers) and `cruise_demo` (`--cruise`:
+`shell_demo` (`--shell`: a distributed-shell app in 3 containers), `cruise_demo` (`--cruise`:
 a job started at a bad split of 4 workers and 1 server on nodes with capped bandwidth, which the
-Cruise optimizer reshapes while it trains).
+Cruise optimizer reshapes while it trains) and `harmony_demo` (`--harmony`: four jobs on a
+cluster run by the harmony policy, profiled, grouped, interleaved by the arbiters and spilling).
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def _say(out: TextIO, text: str) -> None:
 
 def run_on_local_cluster(body: DemoBody, nodes: int = 3, node_memory_mb: int = 1024, node_vcores: int = 2,
                          keep_dir: Path | None = None, out: TextIO = sys.stdout,
-                         node_bandwidth: str | None = None, network: str = "auto") -> int:
+                         node_bandwidth: str | None = None, network: str = "auto", policy: str = "static") -> int:
     """Start a LocalCluster (RM on a free port), run `body`, stop the cluster on any exit path."""
     def on_sigterm(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # unwind through the same cleanup as Ctrl-C
@@ -84,7 +85,7 @@ def run_on_local_cluster(body: DemoBody, nodes: int = 3, node_memory_mb: int = 1
         base = Path(tmp.name)
     cluster = LocalCluster(base, nodes=nodes, node_memory_mb=node_memory_mb, node_vcores=node_vcores,
                            rm_port=0, heartbeat_interval_ms=500, node_bandwidth=node_bandwidth,
-                           network=network)
+                           network=network, policy=policy)
     try:
         _say(out, f"starting a ResourceManager and {nodes} NodeManagers under {base} ...")
         t = time.monotonic()
@@ -186,6 +187,73 @@ async def cruise_demo(cluster: LocalCluster, client: RmRestClient, out: TextIO) 
                   + render_table(ps_reports.PLAN_HEADERS, plans) + "\n")
     out.flush()
     return 0 if result.app.get("finalStatus") == "SUCCEEDED" else 1
+
+
+# The Harmony demo's jobs: four apps whose COMP / COMM balance differs, sized so an epoch takes a
+# good part of a second (the policy profiles and groups them while most epochs are still to go);
+# two of them keep part of their input on disk (spill, alpha tuned while they train).
+HARMONY_DEMO_JOBS: tuple[dict[str, Any], ...] = (
+    {"app": "mlr", "data": {"num_samples": 30_000}},
+    {"app": "nmf", "data": {"num_users": 6000}, "spill_alpha": "auto"},
+    {"app": "lda", "data": {"num_docs": 3000}},
+    {"app": "lasso", "data": {"num_samples": 30_000}, "spill_alpha": 0.5},
+)
+HARMONY_DEMO_EPOCHS = 40
+
+
+async def harmony_demo(cluster: LocalCluster, client: RmRestClient, out: TextIO) -> int:
+    """Submit HARMONY_DEMO_JOBS to a cluster run by the `harmony` policy and narrate what it does
+    with them (profiling, groups, pauses), the arbiters' interleaving and the jobs' spill."""
+    apps: dict[str, str] = {}
+    started = time.monotonic()
+    for job in HARMONY_DEMO_JOBS:
+        spec = ps_commands.validate_spec({"workers": 1, "servers": 1, "executor_memory_mb": 256,
+                                          "max_epochs": HARMONY_DEMO_EPOCHS, "convergence_threshold": 1e-12,
+                                          **job})
+        app_id = await ps_commands.submit_ps_job(client, spec, f"demo: harmony {job['app']}", am_memory=256)
+        apps[app_id] = str(job["app"])
+        _say(out, f"submitted {app_id}: {job['app']}"
+                  + (f", spill alpha {job['spill_alpha']}" if "spill_alpha" in job else ""))
+    seen: dict[str, tuple[Any, ...]] = {}
+    final: dict[str, dict[str, Any]] = {}
+    while len(final) < len(apps):
+        policy = (await client.policy_state()).get("apps") or {}
+        for app_id, name in apps.items():
+            if app_id in final:
+                continue
+            app = await client.app(app_id)
+            if app.get("state") in ("FINISHED", "FAILED", "KILLED"):
+                final[app_id] = app
+                _say(out, f"{name} {app_id[-4:]}: {app.get('finalStatus')} after "
+                          f"{time.monotonic() - started:.0f}s: {str(app.get('diagnostics', ''))[:100]}")
+                continue
+            st = policy.get(app_id) or {}
+            shape = (await client.app_shape(app_id)).get("current") or {} if app.get("state") == "RUNNING" else {}
+            now = (st.get("state"), st.get("group"), st.get("runState"))
+            if st and now != seen.get(app_id):
+                seen[app_id] = now
+                _say(out, f"{name} {app_id[-4:]}: {st.get('state')}" + (f" in {st['group']}" if st.get("group") else "")
+                          + f" ({st.get('note', '')}); epoch {shape.get('epoch', '-')}"
+                          + (f", spill alpha {shape['alpha']:.2f} ({shape.get('spilled_mb', 0):.1f} MB on disk)"
+                             if shape.get("alpha") is not None else ""))
+        await asyncio.sleep(1.0)
+    # How the nodes' arbiters interleaved the co-located jobs' subtasks.
+    rows = []
+    for node in await client.nodes():
+        try:
+            arb = await client.nm_arbiter(str(node.get("nodeHTTPAddress", "")))
+        except CliError:
+            continue
+        cpu: dict[str, int] = {}
+        for g in arb.get("grantLog") or []:
+            if g.get("role") == "cpu":
+                key = apps.get(str(g.get("app_id")), str(g.get("app_id") or "?"))
+                cpu[key] = cpu.get(key, 0) + 1
+        rows.append([node.get("id"), ", ".join(f"{k} {v}" for k, v in sorted(cpu.items())) or "-"])
+    out.write("COMP slots granted per job by each node's arbiter (one COMP at a time per node):\n"
+              + render_table(["NODE", "COMP GRANTS"], rows) + "\n")
+    out.flush()
+    return 0 if all(a.get("finalStatus") == "SUCCEEDED" for a in final.values()) else 1
 
 
 async def narrate_cruise(client: RmRestClient, app_id: str, out: TextIO) -> None:
@@ -302,11 +370,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shell", action="store_true", help="the distributed-shell demo instead of PS training")
     p.add_argument("--cruise", action="store_true",
                    help="start a PS job at a bad split on bandwidth-capped nodes and watch Cruise reshape it")
+    p.add_argument("--harmony", action="store_true",
+                   help="four PS jobs under --policy harmony: profiled, grouped, interleaved, spilling")
     ns = p.parse_args(argv)
     if ns.nodes < 1:
         p.error("--nodes must be >= 1")
-    if ns.shell and ns.cruise:
-        p.error("--shell and --cruise are different demos: pick one")
+    if ns.shell + ns.cruise + ns.harmony > 1:
+        p.error("--shell, --cruise and --harmony are different demos: pick one")
+    if ns.harmony:
+        # Room for four AMs beside the groups' executors (Harmony sizes the executors to the rest).
+        return run_on_local_cluster(harmony_demo, nodes=ns.nodes, node_vcores=8, node_memory_mb=3072,
+                                    keep_dir=ns.keep_dir, policy="harmony")
     if ns.cruise:
         return run_on_local_cluster(cruise_demo, nodes=ns.nodes, node_vcores=4, node_memory_mb=2048,
                                     keep_dir=ns.keep_dir, node_bandwidth=CRUISE_DEMO_BANDWIDTH, network="emulated")

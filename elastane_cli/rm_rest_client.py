@@ -72,6 +72,20 @@ class RmRestClient:
     async def nodes(self) -> list[dict[str, Any]]:
         return _items(await self._call("GET", NODES), "nodes", "node")
 
+    async def policy_state(self) -> dict[str, Any]:
+        """The active policy and what it says of each job (`schedulerInfo.policy`: Harmony's job
+        states and groups; {} for policies that say nothing)."""
+        body = await self._call("GET", "/ws/v1/cluster/scheduler")
+        info = ((body or {}).get("scheduler") or {}).get("schedulerInfo") or {}
+        policy: dict[str, Any] = info.get("policy") or {}
+        return policy
+
+    async def app_shape(self, app_id: str) -> dict[str, Any]:
+        """The job report and directive of an elastic PS job (GET /apps/{id}/shape)."""
+        body = await self._call("GET", f"/ws/v1/cluster/apps/{app_id}/shape")
+        shape: dict[str, Any] = (body or {}).get("shape") or {}
+        return shape
+
     # ----- apps -------------------------------------------------------------------------------
 
     async def apps(self, states: str | None = None, queue: str | None = None, user: str | None = None,
@@ -116,6 +130,12 @@ class RmRestClient:
             return await self._nm_client(http_address).get(path)
         except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
             raise translate(e, "NodeManager", http_address) from None
+
+    async def nm_arbiter(self, http_address: str, limit: int = 100_000) -> dict[str, Any]:
+        """A node's Harmony arbiter: holders, queues and its latest `limit` grants."""
+        body = await self._nm_call(http_address, f"/ws/v1/node/arbiter?limit={limit}")
+        arbiter: dict[str, Any] = (body or {}).get("arbiter") or {}
+        return arbiter
 
     async def nm_containers(self, http_address: str) -> list[dict[str, Any]]:
         return _items(await self._nm_call(http_address, "/ws/v1/node/containers"), "containers", "container")
