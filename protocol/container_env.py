@@ -20,3 +20,6 @@ AM_DIR = "ELASTANE_AM_DIR"               # durable dir for checkpoints (per app,
 JOB_SECRET = "ELASTANE_JOB_SECRET"       # the attempt's job secret (protocol.tokens.job_secret), hex
 # Set by an NM whose network_bandwidth_bps > 0 (emulated node bandwidth cap, bits per second):
 NODE_BANDWIDTH_BPS = "ELASTANE_NODE_BANDWIDTH_BPS"
+# Set by whoever launches a container that has a role (the RM: "am"; a PS AM: "worker" / "server"):
+# the NM labels the container's utilization metrics with it.
+CONTAINER_ROLE = "ELASTANE_CONTAINER_ROLE"

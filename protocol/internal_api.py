@@ -96,12 +96,44 @@ class NodeRegisterResponse(_Msg):
     diagnostics: str = ""
 
 
+class ContainerUtilization(_Msg):
+    """What one container used at the NM's last sample: CPU in cores (cgroup accounting, else its
+    process tree's /proc times), memory in MB (cgroup usage less inactive page cache, else RSS), and
+    bytes under its working dir's `spill/`. `role` is the launch environment's
+    ELASTANE_CONTAINER_ROLE ("" when it had none)."""
+
+    container_id: str
+    app_id: str
+    cpu_cores: float = 0.0
+    memory_mb: float = 0.0
+    spill_bytes: int = 0
+    role: str = ""
+
+
+class NodeUtilization(_Msg):
+    """A node's measured use, sent with heartbeats (YARN's nodeUtilization + containersUtilization).
+    The host figures (`cpu_cores` busy out of `host_cores`, `memory_mb` used out of
+    `memory_total_mb`, network rates over every interface but loopback) cover the whole machine;
+    `containers` are this NM's own."""
+
+    sampled_ms: int = 0          # epoch ms of the sample
+    cpu_cores: float = 0.0
+    host_cores: int = 0
+    memory_mb: float = 0.0
+    memory_total_mb: float = 0.0
+    net_rx_bytes_per_s: float = 0.0
+    net_tx_bytes_per_s: float = 0.0
+    spill_bytes: int = 0         # sum over `containers`
+    containers: list[ContainerUtilization] = []
+
+
 class NodeHeartbeatRequest(_Msg):
     node_id: str
     response_id: int
     used: Resource
     container_statuses: list[ContainerStatus] = []
     health: NodeHealth = msgspec.field(default_factory=NodeHealth)
+    utilization: Optional[NodeUtilization] = None   # None: an NM that does not measure (or not yet)
 
 
 class NodeHeartbeatResponse(_Msg):

@@ -1,0 +1,58 @@
+"""Runs the utilization sampler on its own period, in a worker thread, and keeps the latest sample
+for the heartbeat (which only reads it, so measuring never delays a heartbeat) and the NM's
+Prometheus exposition."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Optional
+
+from protocol.internal_api import NodeUtilization
+
+from .container_manager import ContainerManager
+from .container_state import NMContainerState
+from .utilization_sampler import ContainerProbe, UtilizationSampler
+
+log = logging.getLogger(__name__)
+
+MIN_INTERVAL_S = 0.25
+
+
+class UtilizationMonitor:
+    """Samples every `interval_s` while started; `latest` is None until the first sample."""
+
+    def __init__(self, manager: ContainerManager, sampler: UtilizationSampler, interval_s: float):
+        self.manager = manager
+        self.sampler = sampler
+        self.interval_s = max(MIN_INTERVAL_S, interval_s)
+        self.latest: Optional[NodeUtilization] = None
+        self._task: Optional[asyncio.Task[None]] = None
+
+    def probes(self) -> list[ContainerProbe]:
+        """The running containers with a process to measure."""
+        return [ContainerProbe(c.container_id, c.app_id, c.pid, c.work_dir, c.cgroup, c.role)
+                for c in self.manager.containers.values() if c.state is NMContainerState.RUNNING and c.pid]
+
+    def sample_now(self) -> NodeUtilization:
+        self.latest = self.sampler.sample(self.probes())
+        return self.latest
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                self.latest = await asyncio.to_thread(self.sampler.sample, self.probes())
+            except Exception:  # one bad read must not end the measurements
+                log.exception("utilization sample failed")
+            await asyncio.sleep(self.interval_s)   # a sampling period, not a readiness wait
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._task = None
