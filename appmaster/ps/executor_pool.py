@@ -160,7 +160,7 @@ class ExecutorPool:
         args = [self.python, "-m", "psruntime.executor", "--executor-id", rec.executor_id,
                 "--role", rec.role.value, "--num-blocks", str(self.num_blocks), "--am", self.am_address]
         command = shlex.join(args) + ' --host "${NM_HOST:-127.0.0.1}"'
-        env = {"PYTHONUNBUFFERED": "1", **(environment or {})}
+        env = {"PYTHONUNBUFFERED": "1", **(environment or {}), container_env.CONTAINER_ROLE: rec.role.value}
         if self.job_secret:
             env[container_env.JOB_SECRET] = self.job_secret
         return LaunchContext(commands=[command], environment=env)
