@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 from protocol.internal_api import ContainerUtilization, NodeUtilization
 from protocol.records import Resource
@@ -26,9 +26,8 @@ NODE_POINTS = 600        # 10 minutes a node at INTERVAL_MS
 CLUSTER_POINTS = 3600    # 1 hour for the cluster
 
 
-@dataclass(frozen=True)
-class NodePoint:
-    """One node's figures in one interval."""
+class NodePoint(NamedTuple):
+    """One node's figures in one interval (a tuple: one is made per heartbeat)."""
 
     t_ms: int
     cpu_cores: float
@@ -46,8 +45,7 @@ class NodePoint:
                 "hostCpuCores": round(self.host_cpu_cores, 3), "hostMemoryMB": round(self.host_memory_mb, 1)}
 
 
-@dataclass(frozen=True)
-class ClusterPoint:
+class ClusterPoint(NamedTuple):
     """The cluster's figures in one interval, with its schedulable capacity then."""
 
     node: NodePoint
@@ -112,29 +110,29 @@ class AppUse:
                 "spillBytes": self.spill_bytes, "containers": self.containers}
 
 
-@dataclass
-class _Sums:
-    cpu: float = 0.0
-    mem: float = 0.0
-    spill: int = 0
-
-
-@dataclass(frozen=True)
-class _HostFigures:
-    rx: float
-    tx: float
-    cpu: float
-    mem: float
-
-
-@dataclass(frozen=True)
-class LatestReport:
+class LatestReport(NamedTuple):
     """A node's last report and when the RM received it."""
 
     t_ms: int
     host: str
     report: NodeUtilization
     point: NodePoint
+
+
+class _Sums:
+    """Running sums of the reporting nodes' latest figures (containers per node, host per host)."""
+
+    __slots__ = ("cpu", "mem", "spill", "rx", "tx", "host_cpu", "host_mem")
+
+    def __init__(self) -> None:
+        self.cpu = self.mem = self.rx = self.tx = self.host_cpu = self.host_mem = 0.0
+        self.spill = 0
+
+    def shift_host(self, p: NodePoint, sign: int) -> None:
+        self.rx += sign * p.net_rx_bytes_per_s
+        self.tx += sign * p.net_tx_bytes_per_s
+        self.host_cpu += sign * p.host_cpu_cores
+        self.host_mem += sign * p.host_memory_mb
 
 
 class UtilizationSeries:
@@ -145,19 +143,20 @@ class UtilizationSeries:
                  cluster_points: int = CLUSTER_POINTS):
         self.interval_ms = interval_ms
         self.node_points = node_points
-        self.cluster = Ring(cluster_points, interval_ms)
+        self._cluster = Ring(cluster_points, interval_ms)
+        self._pending: Optional[tuple[int, Resource]] = None   # the cluster point not yet written
         self.nodes: dict[str, Ring] = {}
         self.latest: dict[str, LatestReport] = {}
         self._sums = _Sums()
-        self._hosts: dict[str, _HostFigures] = {}
+        self._hosts: dict[str, NodePoint] = {}          # host -> the point whose host figures count
         self._host_nodes: dict[str, set[str]] = {}
-        self._host_sum = _HostFigures(0.0, 0.0, 0.0, 0.0)
         self._node_apps: dict[str, dict[str, AppUse]] = {}
         self.apps: dict[str, AppUse] = {}
 
     def report(self, node_id: str, host: str, now: float, u: NodeUtilization, capacity: Resource) -> None:
         """Take one heartbeat's measurements; `capacity` is the cluster's schedulable total now."""
         t_ms = int(now * 1000)
+        self._close_interval(t_ms)
         cpu = mem = 0.0
         node_apps: dict[str, AppUse] = {}
         for c in u.containers:
@@ -165,33 +164,49 @@ class UtilizationSeries:
             mem += c.memory_mb
             use = node_apps.get(c.app_id)
             if use is None:
-                use = node_apps[c.app_id] = AppUse()
-            use.add(AppUse(c.cpu_cores, c.memory_mb, c.spill_bytes, 1), 1)
+                node_apps[c.app_id] = AppUse(c.cpu_cores, c.memory_mb, c.spill_bytes, 1)
+            else:
+                use.cpu_cores += c.cpu_cores
+                use.memory_mb += c.memory_mb
+                use.spill_bytes += c.spill_bytes
+                use.containers += 1
         point = NodePoint(t_ms, cpu, mem, u.net_rx_bytes_per_s, u.net_tx_bytes_per_s, u.spill_bytes,
                           u.cpu_cores, u.memory_mb)
         self._drop_node_sums(node_id)
         self.latest[node_id] = LatestReport(t_ms, host, u, point)
-        self._sums.cpu += cpu
-        self._sums.mem += mem
-        self._sums.spill += u.spill_bytes
-        self._set_host(host, node_id, _HostFigures(u.net_rx_bytes_per_s, u.net_tx_bytes_per_s, u.cpu_cores,
-                                                   u.memory_mb))
-        self._node_apps[node_id] = node_apps
-        for app_id, use in node_apps.items():
-            total = self.apps.get(app_id)
-            if total is None:
-                total = self.apps[app_id] = AppUse()
-            total.add(use, 1)
+        sums = self._sums
+        sums.cpu += cpu
+        sums.mem += mem
+        sums.spill += u.spill_bytes
+        old_host = self._hosts.get(host)
+        if old_host is not None:
+            sums.shift_host(old_host, -1)
+        else:
+            self._host_nodes[host] = set()
+        self._hosts[host] = point
+        sums.shift_host(point, 1)
+        self._host_nodes[host].add(node_id)
+        if node_apps:
+            self._node_apps[node_id] = node_apps
+            apps = self.apps
+            for app_id, use in node_apps.items():
+                total = apps.get(app_id)
+                if total is None:
+                    apps[app_id] = AppUse(use.cpu_cores, use.memory_mb, use.spill_bytes, use.containers)
+                else:
+                    total.add(use, 1)
         ring = self.nodes.get(node_id)
         if ring is None:
             ring = self.nodes[node_id] = Ring(self.node_points, self.interval_ms)
         ring.add(point)
-        self._add_cluster_point(t_ms, capacity)
+        self._pending = (t_ms, capacity)
 
     def forget_node(self, node_id: str, now: float, capacity: Resource) -> None:
         """A lost node's figures leave the cluster's sums (its ring stays readable)."""
         if node_id not in self.latest:
             return
+        t_ms = int(now * 1000)
+        self._close_interval(t_ms)
         self._drop_node_sums(node_id)
         rep = self.latest.pop(node_id)
         nodes = self._host_nodes.get(rep.host)
@@ -199,8 +214,8 @@ class UtilizationSeries:
             nodes.discard(node_id)
             if not nodes:
                 del self._host_nodes[rep.host]
-                self._shift_host(self._hosts.pop(rep.host), -1)
-        self._add_cluster_point(int(now * 1000), capacity)
+                self._sums.shift_host(self._hosts.pop(rep.host), -1)
+        self._pending = (t_ms, capacity)
 
     def _drop_node_sums(self, node_id: str) -> None:
         old = self.latest.get(node_id)
@@ -215,25 +230,30 @@ class UtilizationSeries:
                 if total.containers <= 0:
                     del self.apps[app_id]
 
-    def _shift_host(self, h: _HostFigures, sign: int) -> None:
-        s = self._host_sum
-        self._host_sum = _HostFigures(s.rx + sign * h.rx, s.tx + sign * h.tx, s.cpu + sign * h.cpu,
-                                      s.mem + sign * h.mem)
+    def _close_interval(self, t_ms: int) -> None:
+        """Before a change in a later interval: write the pending cluster point, the sums as they
+        stood at the end of its interval. Within one interval nothing is written (a heartbeat costs
+        no cluster point; a reader flushes)."""
+        p = self._pending
+        if p is not None and p[0] // self.interval_ms != t_ms // self.interval_ms:
+            self._flush()
 
-    def _set_host(self, host: str, node_id: str, figures: _HostFigures) -> None:
-        old = self._hosts.get(host)
-        if old is not None:
-            self._shift_host(old, -1)
-        self._hosts[host] = figures
-        self._shift_host(figures, 1)
-        self._host_nodes.setdefault(host, set()).add(node_id)
+    def _flush(self) -> None:
+        if self._pending is None:
+            return
+        t_ms, capacity = self._pending
+        self._pending = None
+        s = self._sums
+        self._cluster.add(ClusterPoint(NodePoint(t_ms, max(0.0, s.cpu), max(0.0, s.mem), max(0.0, s.rx),
+                                                 max(0.0, s.tx), max(0, s.spill), max(0.0, s.host_cpu),
+                                                 max(0.0, s.host_mem)),
+                                       capacity.vcores, capacity.memory))
 
-    def _add_cluster_point(self, t_ms: int, capacity: Resource) -> None:
-        s, h = self._sums, self._host_sum
-        self.cluster.add(ClusterPoint(NodePoint(t_ms, max(0.0, s.cpu), max(0.0, s.mem), max(0.0, h.rx),
-                                                max(0.0, h.tx), max(0, s.spill), max(0.0, h.cpu),
-                                                max(0.0, h.mem)),
-                                      capacity.vcores, capacity.memory))
+    @property
+    def cluster(self) -> Ring:
+        """The cluster's ring, its current interval's point included."""
+        self._flush()
+        return self._cluster
 
     # ----- reading ------------------------------------------------------------------------------
     def to_json(self, since_ms: Optional[int] = None, node_id: Optional[str] = None) -> dict[str, Any]:
