@@ -15,7 +15,9 @@ from .utilization_sampler import ContainerProbe, UtilizationSampler
 
 log = logging.getLogger(__name__)
 
-MIN_INTERVAL_S = 0.25
+# Heartbeats may come faster (a local cluster's 250 ms): they resend the latest sample, and the
+# RM keeps one point a second anyway; a /proc scan without cgroups is not free.
+MIN_INTERVAL_S = 1.0
 
 
 class UtilizationMonitor:

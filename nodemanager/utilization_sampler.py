@@ -81,10 +81,15 @@ class UtilizationSampler:
                 cpu_ns = self.backend.cpu_usage_ns(p.cgroup)
                 mem = self.backend.memory_usage_bytes(p.cgroup)
             if cpu_ns is None or mem is None:
-                if stats is None:  # one /proc scan per sample, and only when a container needs it
-                    stats = self.process_stats()
-                pids = procfs.tree_pids(p.pid, stats)
-                tree = [s for s in stats if s.pid in pids]
+                if self.backend is not None and p.cgroup is not None:
+                    # The cgroup lists its processes: read just those (v1 with cpuacct mounted apart).
+                    tree = [st for st in (procfs.read_stat(pid, self.proc_root)
+                                          for pid in self.backend.pids(p.cgroup)) if st is not None]
+                else:
+                    if stats is None:  # one /proc scan per sample, and only when a container needs it
+                        stats = self.process_stats()
+                    pids = procfs.tree_pids(p.pid, stats)
+                    tree = [s for s in stats if s.pid in pids]
                 if cpu_ns is None:
                     # Ticks to ns; a separate key, as the two sources' counters do not compare.
                     cpu_ns = sum(s.utime + s.stime for s in tree) * 1_000_000_000 // self.clk_tck

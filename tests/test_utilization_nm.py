@@ -181,6 +181,37 @@ def test_sampler_falls_back_to_the_process_tree_without_cgroups(tmp_path: Path) 
     assert s.sample([probe]).containers[0].cpu_cores == 0
 
 
+def proc_pid_stat(pid: int, utime: int, stime: int, rss_pages: int) -> str:
+    fields = ["S", "1", str(pid), str(pid)] + ["0"] * 7 + [str(utime), str(stime)] + ["0"] * 6 + ["7", "0",
+                                                                                                str(rss_pages)]
+    return f"{pid} (python (x)) " + " ".join(fields) + "\n"
+
+
+def test_sampler_reads_the_cgroups_processes_where_it_does_not_account_cpu(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    write_proc(proc, busy=10, idle=10, rx=0, tx=0)
+    for pid, ut in ((51, 100), (52, 20)):
+        (proc / str(pid)).mkdir()
+        (proc / str(pid) / "stat").write_text(proc_pid_stat(pid, ut, 0, 10))
+
+    class V1ApartCpuacct(FakeCgroups):
+        def pids(self, cg: ContainerCgroup) -> list[int]:
+            return [51, 52, 53]                        # 53 exited after the list was read
+
+    cg = V1ApartCpuacct()
+    cg.mem["c1"] = 5 * MB
+    clock = Clock()
+
+    def no_scan() -> list[procfs.ProcStat]:
+        raise AssertionError("the cgroup lists the processes: no /proc scan")
+    s = UtilizationSampler(cg, clock=clock, proc_root=str(proc), clk_tck=CLK_TCK, process_stats=no_scan)
+    probe = ContainerProbe("c1", "a", pid=51, work_dir=str(tmp_path), cgroup=ContainerCgroup("c1", ["x", "y"]))
+    assert s.sample([probe]).containers[0].memory_mb == 5
+    clock.t += 1.0
+    (proc / "52" / "stat").write_text(proc_pid_stat(52, 20 + 150, 0, 10))
+    assert s.sample([probe]).containers[0].cpu_cores == 1.5
+
+
 def test_heartbeats_decode_with_and_without_utilization() -> None:
     old = {"node_id": "n:1", "response_id": 3, "used": {"memory": 0, "vCores": 0}}
     assert codec.decode_as(old, api.NodeHeartbeatRequest).utilization is None
