@@ -114,7 +114,8 @@ def render_utilization(core: ResourceManagerCore) -> str:
     out.family("elastane_rm_app_containers_measured", "gauge", "An application's containers in the latest reports.",
                [(app_labels(a), u.containers) for a, u in apps])
 
-    last = series.cluster.points[-1].node if series.cluster.points else None
+    cluster_now = series.cluster.latest()
+    last = cluster_now.node if cluster_now is not None else None
     cluster: tuple[tuple[str, str, Callable[[NodePoint], float]], ...] = (
             ("elastane_rm_cluster_cpu_cores", "CPU cores all containers use.",
              lambda p: p.cpu_cores),

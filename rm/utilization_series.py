@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterator, NamedTuple, Optional
+from typing import Any, Callable, Generic, Iterator, NamedTuple, Optional, TypeVar
 
 from protocol.internal_api import ContainerUtilization, NodeUtilization
 from protocol.records import Resource
@@ -24,6 +24,7 @@ from protocol.records import Resource
 INTERVAL_MS = 1000
 NODE_POINTS = 600        # 10 minutes a node at INTERVAL_MS
 CLUSTER_POINTS = 3600    # 1 hour for the cluster
+P = TypeVar("P")
 
 
 class NodePoint(NamedTuple):
@@ -63,31 +64,47 @@ class ClusterPoint(NamedTuple):
         return out
 
 
-class Ring:
-    """The last `maxlen` points, oldest first; a point in the newest point's interval replaces it."""
+class Ring(Generic[P]):
+    """The last `maxlen` points, oldest first; a point in the newest point's interval replaces it.
 
-    def __init__(self, maxlen: int, interval_ms: int):
-        self.points: deque[Any] = deque(maxlen=maxlen)
+    Points are kept as plain tuples of numbers (time first), which the garbage collector stops
+    tracking, so a million of them cost it nothing; `make` turns one back into its typed point
+    when read."""
+
+    def __init__(self, maxlen: int, interval_ms: int, make: Callable[[tuple[Any, ...]], P]):
+        self.points: deque[tuple[Any, ...]] = deque(maxlen=maxlen)
         self.interval_ms = interval_ms
+        self.make = make
 
-    def add(self, point: Any) -> None:
+    def add(self, values: tuple[Any, ...]) -> None:
         pts = self.points
-        if pts and pts[-1].t_ms // self.interval_ms >= point.t_ms // self.interval_ms:
-            pts[-1] = point
+        if pts and pts[-1][0] // self.interval_ms >= values[0] // self.interval_ms:
+            pts[-1] = values
         else:
-            pts.append(point)
+            pts.append(values)
 
-    def since(self, t_ms: Optional[int]) -> list[Any]:
+    def since(self, t_ms: Optional[int]) -> list[P]:
         """Points newer than `t_ms` (all when None), oldest first."""
         if t_ms is None:
-            return list(self.points)
+            return [self.make(v) for v in self.points]
         out = []
-        for p in reversed(self.points):  # the newest are what a poller asks for
-            if p.t_ms <= t_ms:
+        for v in reversed(self.points):  # the newest are what a poller asks for
+            if v[0] <= t_ms:
                 break
-            out.append(p)
+            out.append(self.make(v))
         out.reverse()
         return out
+
+    def latest(self) -> Optional[P]:
+        return self.make(self.points[-1]) if self.points else None
+
+
+def _node_point(v: tuple[Any, ...]) -> NodePoint:
+    return NodePoint._make(v)
+
+
+def _cluster_point(v: tuple[Any, ...]) -> ClusterPoint:
+    return ClusterPoint(NodePoint._make(v[:8]), v[8], v[9])
 
 
 @dataclass
@@ -143,9 +160,9 @@ class UtilizationSeries:
                  cluster_points: int = CLUSTER_POINTS):
         self.interval_ms = interval_ms
         self.node_points = node_points
-        self._cluster = Ring(cluster_points, interval_ms)
+        self._cluster: Ring[ClusterPoint] = Ring(cluster_points, interval_ms, _cluster_point)
         self._pending: Optional[tuple[int, Resource]] = None   # the cluster point not yet written
-        self.nodes: dict[str, Ring] = {}
+        self.nodes: dict[str, Ring[NodePoint]] = {}
         self.latest: dict[str, LatestReport] = {}
         self._sums = _Sums()
         self._hosts: dict[str, NodePoint] = {}          # host -> the point whose host figures count
@@ -170,8 +187,9 @@ class UtilizationSeries:
                 use.memory_mb += c.memory_mb
                 use.spill_bytes += c.spill_bytes
                 use.containers += 1
-        point = NodePoint(t_ms, cpu, mem, u.net_rx_bytes_per_s, u.net_tx_bytes_per_s, u.spill_bytes,
-                          u.cpu_cores, u.memory_mb)
+        values = (t_ms, cpu, mem, u.net_rx_bytes_per_s, u.net_tx_bytes_per_s, u.spill_bytes, u.cpu_cores,
+                  u.memory_mb)
+        point = NodePoint._make(values)
         self._drop_node_sums(node_id)
         self.latest[node_id] = LatestReport(t_ms, host, u, point)
         sums = self._sums
@@ -197,8 +215,8 @@ class UtilizationSeries:
                     total.add(use, 1)
         ring = self.nodes.get(node_id)
         if ring is None:
-            ring = self.nodes[node_id] = Ring(self.node_points, self.interval_ms)
-        ring.add(point)
+            ring = self.nodes[node_id] = Ring(self.node_points, self.interval_ms, _node_point)
+        ring.add(values)
         self._pending = (t_ms, capacity)
 
     def forget_node(self, node_id: str, now: float, capacity: Resource) -> None:
@@ -244,13 +262,12 @@ class UtilizationSeries:
         t_ms, capacity = self._pending
         self._pending = None
         s = self._sums
-        self._cluster.add(ClusterPoint(NodePoint(t_ms, max(0.0, s.cpu), max(0.0, s.mem), max(0.0, s.rx),
-                                                 max(0.0, s.tx), max(0, s.spill), max(0.0, s.host_cpu),
-                                                 max(0.0, s.host_mem)),
-                                       capacity.vcores, capacity.memory))
+        self._cluster.add((t_ms, max(0.0, s.cpu), max(0.0, s.mem), max(0.0, s.rx), max(0.0, s.tx),
+                           max(0, s.spill), max(0.0, s.host_cpu), max(0.0, s.host_mem), capacity.vcores,
+                           capacity.memory))
 
     @property
-    def cluster(self) -> Ring:
+    def cluster(self) -> Ring[ClusterPoint]:
         """The cluster's ring, its current interval's point included."""
         self._flush()
         return self._cluster
