@@ -36,7 +36,9 @@ step of plain heartbeats and one whose heartbeats each carry a utilization repor
 containers, as an NM sends it), in alternating order; the flat-out step likewise, three times each
 (ABBAAB), the median counting. `utilization_payload_ratio` is the sustained rate with reports
 against without (target >= 0.9), `utilization_flat_out_ratio` the same for the flat-out medians (the
-steadier figure on a 2-core host); `rm_*` figures are the plain side's.
+steadier figure on a 2-core host) and `utilization_cpu_ratio` heartbeats per second of the server's
+CPU with reports against without (what a heartbeat costs, which holds where other processes take
+the server's core part of the time); `rm_*` figures are the plain side's.
 
 Last line: {"rm_heartbeats_per_s", "rm_p99_ms", "echo_ceiling_per_s", "ratio_to_ceiling", ...,
 "with_utilization_rate", "utilization_payload_ratio", "utilization_flat_out_ratio", ...}
@@ -493,7 +495,7 @@ def _ladder(mode: str, port: int, server_pid: int, secret: str, args,
 
 
 def _paired_ladder(port: int, server_pid: int, secret: str, args,
-                   client_cores: list[int]) -> tuple[list[dict], dict | None, list[dict], dict | None]:
+                   client_cores: list[int]) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
     """The RM's ladder without and with utilization reports, interleaved on one generator: at each
     rate both (in alternating order, so drift of a shared host hits both alike), each side until it
     fails; then flat-out steps in the order FLAT_OUT_ORDER, each side's median the figure."""
@@ -526,9 +528,18 @@ def _paired_ladder(port: int, server_pid: int, secret: str, args,
     finally:
         gen.stop()
 
-    def median(steps: list[dict]) -> dict | None:
-        return sorted(steps, key=lambda r: r["achieved"])[len(steps) // 2] if steps else None
-    return results[False], median(flat[False]), results[True], median(flat[True])
+    return results[False], flat[False], results[True], flat[True]
+
+
+def _median_step(steps: list[dict]) -> dict | None:
+    return sorted(steps, key=lambda r: r["achieved"])[len(steps) // 2] if steps else None
+
+
+def _per_cpu_s(steps: list[dict]) -> float | None:
+    """Median heartbeats per second of server CPU over flat-out steps: what one heartbeat costs the
+    server, which holds on a host where other processes take the server's core part of the time."""
+    rates = sorted(r["achieved"] / r["server_cpu"] for r in steps if r["server_cpu"] > 0)
+    return round(rates[len(rates) // 2], 1) if rates else None
 
 
 def _best(results: list[dict]) -> dict:
@@ -622,8 +633,9 @@ def main() -> None:
                 rm_port = int(json.loads(_wait_file(ready, rm))["http_address"].rsplit(":", 1)[1])
                 echo_port = int(_wait_file(echo_port_file, echo))
                 echo_results, echo_flat = _ladder("echo", echo_port, echo.pid, secret, args, client_cores)
-                rm_results, rm_flat, util_results, util_flat = _paired_ladder(rm_port, rm.pid, secret, args,
-                                                                              client_cores)
+                rm_results, rm_flats, util_results, util_flats = _paired_ladder(rm_port, rm.pid, secret, args,
+                                                                                client_cores)
+                rm_flat, util_flat = _median_step(rm_flats), _median_step(util_flats)
             finally:
                 _stop(procs)
     rm_best, echo_best, util_best = _best(rm_results), _best(echo_results), _best(util_results)
@@ -646,6 +658,8 @@ def main() -> None:
     util_max = util_flat["achieved"] if util_flat else None
     util_ratio = round(util_best["achieved"] / rm_best["achieved"], 3) if rm_best["achieved"] else None
     util_flat_ratio = round(util_max / rm_max, 3) if util_max and rm_max else None
+    rm_per_cpu, util_per_cpu = _per_cpu_s(rm_flats), _per_cpu_s(util_flats)
+    util_cpu_ratio = round(util_per_cpu / rm_per_cpu, 3) if util_per_cpu and rm_per_cpu else None
     bare = {"node_id": "sim-00000.bench:10000", "response_id": 0, "used": {"memory": 0, "vCores": 0},
             "container_statuses": []}
     bare_bytes = len(json.dumps(bare, separators=(",", ":")))
@@ -653,7 +667,8 @@ def main() -> None:
                                 separators=(",", ":")))
     print(f"with utilization reports ({args.util_containers} containers, {util_bytes} B against {bare_bytes} B): "
           f"{util_best['achieved']:.0f}/s sustained ({util_ratio} of without; target >= {UTIL_TARGET_RATIO}), "
-          f"flat out {util_max}/s ({util_flat_ratio} of without)")
+          f"flat out {util_max}/s ({util_flat_ratio} of without); per server CPU-second {util_per_cpu} against "
+          f"{rm_per_cpu} ({util_cpu_ratio})")
     if shared_note:
         print("note:", shared_note)
     ratio = round(rm_best["achieved"] / echo_best["achieved"], 3) if echo_best["achieved"] else None
@@ -684,6 +699,9 @@ def main() -> None:
         "with_utilization_limited_by": _limited_by(util_results),
         "with_utilization_stop_step": util_results[-1] if util_results else None,
         "with_utilization_flat_out_per_s": util_max, "utilization_flat_out_ratio": util_flat_ratio,
+        # Flat out, per second of the server's CPU (medians): the payload's cost where the host is shared.
+        "rm_heartbeats_per_cpu_s": rm_per_cpu, "with_utilization_heartbeats_per_cpu_s": util_per_cpu,
+        "utilization_cpu_ratio": util_cpu_ratio,
         "utilization_containers_per_report": args.util_containers,
         "heartbeat_bytes": bare_bytes, "heartbeat_with_utilization_bytes": util_bytes,
         "meets_utilization_target": bool(util_ratio is not None and util_ratio >= UTIL_TARGET_RATIO),
