@@ -4,8 +4,9 @@ Heartbeats carry each node's latest measurements (protocol NodeUtilization). Poi
 by the RM's clock at `interval_ms`: a node heartbeating faster than that replaces its bucket's
 point, so a ring holds one point per interval and its length bounds the memory (NODE_POINTS per
 node, CLUSTER_POINTS for the cluster). The cluster's figures are running sums of every reporting
-node's latest (updated in O(1) per heartbeat, plus O(containers) for the per-app sums), so a point
-for the cluster costs no scan of the nodes.
+node's latest (a heartbeat adds its node's container sums, O(its containers), and no per-app or
+cluster-wide work); the cluster's point is written once per interval, and the per-application sums
+are made when read.
 
 Per node, `cpuCores` / `memoryMB` / `spillBytes` are what that NM's containers use (so they compare
 with the node's vcores and memory), `hostCpuCores` / `hostMemoryMB` the whole machine's. Network
@@ -116,12 +117,6 @@ class AppUse:
     spill_bytes: int = 0
     containers: int = 0
 
-    def add(self, other: "AppUse", sign: int) -> None:
-        self.cpu_cores += sign * other.cpu_cores
-        self.memory_mb += sign * other.memory_mb
-        self.spill_bytes += sign * other.spill_bytes
-        self.containers += sign * other.containers
-
     def to_json(self) -> dict[str, Any]:
         return {"cpuCores": round(max(0.0, self.cpu_cores), 3), "memoryMB": round(max(0.0, self.memory_mb), 1),
                 "spillBytes": self.spill_bytes, "containers": self.containers}
@@ -167,26 +162,16 @@ class UtilizationSeries:
         self._sums = _Sums()
         self._hosts: dict[str, NodePoint] = {}          # host -> the point whose host figures count
         self._host_nodes: dict[str, set[str]] = {}
-        self._node_apps: dict[str, dict[str, AppUse]] = {}
-        self.apps: dict[str, AppUse] = {}
+        self._apps: Optional[dict[str, AppUse]] = None   # per-app sums, made when read
 
     def report(self, node_id: str, host: str, now: float, u: NodeUtilization, capacity: Resource) -> None:
         """Take one heartbeat's measurements; `capacity` is the cluster's schedulable total now."""
         t_ms = int(now * 1000)
         self._close_interval(t_ms)
         cpu = mem = 0.0
-        node_apps: dict[str, AppUse] = {}
         for c in u.containers:
             cpu += c.cpu_cores
             mem += c.memory_mb
-            use = node_apps.get(c.app_id)
-            if use is None:
-                node_apps[c.app_id] = AppUse(c.cpu_cores, c.memory_mb, c.spill_bytes, 1)
-            else:
-                use.cpu_cores += c.cpu_cores
-                use.memory_mb += c.memory_mb
-                use.spill_bytes += c.spill_bytes
-                use.containers += 1
         values = (t_ms, cpu, mem, u.net_rx_bytes_per_s, u.net_tx_bytes_per_s, u.spill_bytes, u.cpu_cores,
                   u.memory_mb)
         point = NodePoint._make(values)
@@ -204,15 +189,7 @@ class UtilizationSeries:
         self._hosts[host] = point
         sums.shift_host(point, 1)
         self._host_nodes[host].add(node_id)
-        if node_apps:
-            self._node_apps[node_id] = node_apps
-            apps = self.apps
-            for app_id, use in node_apps.items():
-                total = apps.get(app_id)
-                if total is None:
-                    apps[app_id] = AppUse(use.cpu_cores, use.memory_mb, use.spill_bytes, use.containers)
-                else:
-                    total.add(use, 1)
+        self._apps = None
         ring = self.nodes.get(node_id)
         if ring is None:
             ring = self.nodes[node_id] = Ring(self.node_points, self.interval_ms, _node_point)
@@ -226,6 +203,7 @@ class UtilizationSeries:
         t_ms = int(now * 1000)
         self._close_interval(t_ms)
         self._drop_node_sums(node_id)
+        self._apps = None
         rep = self.latest.pop(node_id)
         nodes = self._host_nodes.get(rep.host)
         if nodes is not None:
@@ -241,12 +219,6 @@ class UtilizationSeries:
             self._sums.cpu -= old.point.cpu_cores
             self._sums.mem -= old.point.memory_mb
             self._sums.spill -= old.point.spill_bytes
-        for app_id, use in self._node_apps.pop(node_id, {}).items():
-            total = self.apps.get(app_id)
-            if total is not None:
-                total.add(use, -1)
-                if total.containers <= 0:
-                    del self.apps[app_id]
 
     def _close_interval(self, t_ms: int) -> None:
         """Before a change in a later interval: write the pending cluster point, the sums as they
@@ -283,6 +255,24 @@ class UtilizationSeries:
             "nodes": {i: [p.to_json() for p in self.nodes[i].since(since_ms)] if i in self.nodes else []
                       for i in ids},
         }}
+
+    @property
+    def apps(self) -> dict[str, AppUse]:
+        """What each application's containers use in the nodes' latest reports. Summed when read
+        (once per request: no heartbeat runs during one), so a heartbeat does no per-app work."""
+        if self._apps is None:
+            apps: dict[str, AppUse] = {}
+            for rep in self.latest.values():
+                for c in rep.report.containers:
+                    use = apps.get(c.app_id)
+                    if use is None:
+                        use = apps[c.app_id] = AppUse()
+                    use.cpu_cores += c.cpu_cores
+                    use.memory_mb += c.memory_mb
+                    use.spill_bytes += c.spill_bytes
+                    use.containers += 1
+            self._apps = apps
+        return self._apps
 
     def has_node(self, node_id: str) -> bool:
         return node_id in self.nodes
