@@ -261,3 +261,15 @@ async def test_nm_serves_its_exposition(tmp_path: Path) -> None:
         fams = parse(await r.text())
     assert fams["elastane_nm_vcores"].value(kind="total") == 2
     assert fams["elastane_nm_network_receive_bytes_per_second"].value(node="127.0.0.1:1") == 100
+
+
+def test_launchers_name_the_role_the_nm_labels_metrics_with(tmp_path: Path) -> None:
+    from appmaster.container_book import AmContainer
+    from appmaster.ps.executor_pool import ExecutorPool, Role
+    from protocol import container_env
+
+    pool = ExecutorPool(num_blocks=4, am_address="h:1", job_secret="s")
+    for role in (Role.WORKER, Role.SERVER):
+        rec = pool.add(role, AmContainer(container_id=f"container_1_0001_01_00000{2 + (role is Role.SERVER)}",
+                                         node_id="n:1", node_http_address="n:1", resource=Resource(512, 1), token="t"))
+        assert pool.launch_context(rec).environment[container_env.CONTAINER_ROLE] == role.value
