@@ -263,7 +263,7 @@ async def test_nm_serves_its_exposition(tmp_path: Path) -> None:
     assert fams["elastane_nm_network_receive_bytes_per_second"].value(node="127.0.0.1:1") == 100
 
 
-def test_launchers_name_the_role_the_nm_labels_metrics_with(tmp_path: Path) -> None:
+def test_launchers_name_the_role_the_nm_labels_metrics_with() -> None:
     from appmaster.container_book import AmContainer
     from appmaster.ps.executor_pool import ExecutorPool, Role
     from protocol import container_env
