@@ -107,7 +107,7 @@ class UtilizationSampler:
                 spill_bytes=host_stats.dir_bytes(os.path.join(p.work_dir, SPILL_SUBDIR))))
         self.counters.keep_only({("cgroup", p.container_id) for p in probes}
                                 | {("tree", p.container_id) for p in probes} | {"cpu", "rx", "tx"})
-        node = NodeUtilization(sampled_ms=int(now * 1000), containers=containers,
+        node = NodeUtilization(sampled_ms=int(now * 1000), containers=tuple(containers),
                                spill_bytes=sum(c.spill_bytes for c in containers))
         stat = host_stats.read_text(f"{self.proc_root}/stat")
         if stat is not None:

@@ -125,7 +125,9 @@ class NodeUtilization(_Msg, gc=False):
     net_rx_bytes_per_s: float = 0.0
     net_tx_bytes_per_s: float = 0.0
     spill_bytes: int = 0         # sum over `containers`
-    containers: list[ContainerUtilization] = []
+    # A tuple, not a list: the RM keeps each node's last report, and a tuple of untracked Structs
+    # is left alone by the garbage collector (a list would be scanned at every collection).
+    containers: tuple[ContainerUtilization, ...] = ()
 
 
 class NodeHeartbeatRequest(_Msg):

@@ -147,13 +147,24 @@ class AppUse:
                 "spillBytes": self.spill_bytes, "containers": self.containers}
 
 
-class LatestReport(NamedTuple):
-    """A node's last report and when the RM received it."""
+# Indexes into a node point's numbers (NodePoint's fields).
+_T, _CPU, _MEM, _RX, _TX, _SPILL, _HOST_CPU, _HOST_MEM = range(NODE_WIDTH)
 
-    t_ms: int
-    host: str
-    report: NodeUtilization
-    point: NodePoint
+
+class LatestReport:
+    """A node's last report and when the RM received it: one record per node, updated in place."""
+
+    __slots__ = ("t_ms", "host", "report", "values")
+
+    def __init__(self, t_ms: int, host: str, report: NodeUtilization, values: tuple[float, ...]):
+        self.t_ms = t_ms
+        self.host = host
+        self.report = report
+        self.values = values
+
+    @property
+    def point(self) -> NodePoint:
+        return _node_point(self.values)
 
 
 class _Sums:
@@ -165,27 +176,38 @@ class _Sums:
         self.cpu = self.mem = self.rx = self.tx = self.host_cpu = self.host_mem = 0.0
         self.spill = 0
 
-    def shift_host(self, p: NodePoint, sign: int) -> None:
-        self.rx += sign * p.net_rx_bytes_per_s
-        self.tx += sign * p.net_tx_bytes_per_s
-        self.host_cpu += sign * p.host_cpu_cores
-        self.host_mem += sign * p.host_memory_mb
+    def shift_node(self, v: tuple[float, ...], sign: int) -> None:
+        self.cpu += sign * v[_CPU]
+        self.mem += sign * v[_MEM]
+        self.spill += sign * int(v[_SPILL])
+
+    def shift_host(self, v: tuple[float, ...], sign: int) -> None:
+        self.rx += sign * v[_RX]
+        self.tx += sign * v[_TX]
+        self.host_cpu += sign * v[_HOST_CPU]
+        self.host_mem += sign * v[_HOST_MEM]
 
 
 class UtilizationSeries:
     """Rings of node and cluster points fed from heartbeats, the latest report per node, and the
-    per-application sums of the latest reports."""
+    per-application sums of the latest reports.
+
+    A heartbeat allocates nothing that outlives it but plain tuples of numbers (which the garbage
+    collector stops tracking) and the report itself (untracked Structs): objects that live until
+    the node's next heartbeat would otherwise reach the collector's old generations and make its
+    full collections more frequent, a cost far above the report's own."""
 
     def __init__(self, interval_ms: int = INTERVAL_MS, node_points: int = NODE_POINTS,
                  cluster_points: int = CLUSTER_POINTS):
         self.interval_ms = interval_ms
         self.node_points = node_points
         self._cluster: Ring[ClusterPoint] = Ring(cluster_points, interval_ms, CLUSTER_WIDTH, _cluster_point)
-        self._pending: Optional[tuple[int, Resource]] = None   # the cluster point not yet written
+        self._pending_t: Optional[int] = None            # the cluster point not yet written: its time
+        self._pending_capacity = Resource(0, 0)          # and the capacity then
         self.nodes: dict[str, Ring[NodePoint]] = {}
         self.latest: dict[str, LatestReport] = {}
         self._sums = _Sums()
-        self._hosts: dict[str, NodePoint] = {}          # host -> the point whose host figures count
+        self._hosts: dict[str, tuple[float, ...]] = {}   # host -> the point whose host figures count
         self._host_nodes: dict[str, set[str]] = {}
         self._apps: Optional[dict[str, AppUse]] = None   # per-app sums, made when read
 
@@ -199,66 +221,61 @@ class UtilizationSeries:
             mem += c.memory_mb
         values = (t_ms, cpu, mem, u.net_rx_bytes_per_s, u.net_tx_bytes_per_s, u.spill_bytes, u.cpu_cores,
                   u.memory_mb)
-        point = NodePoint._make(values)
-        self._drop_node_sums(node_id)
-        self.latest[node_id] = LatestReport(t_ms, host, u, point)
         sums = self._sums
-        sums.cpu += cpu
-        sums.mem += mem
-        sums.spill += u.spill_bytes
+        latest = self.latest.get(node_id)
+        if latest is None:
+            self.latest[node_id] = LatestReport(t_ms, host, u, values)
+        else:
+            sums.shift_node(latest.values, -1)
+            latest.t_ms, latest.host, latest.report, latest.values = t_ms, host, u, values
+        sums.shift_node(values, 1)
         old_host = self._hosts.get(host)
         if old_host is not None:
             sums.shift_host(old_host, -1)
         else:
             self._host_nodes[host] = set()
-        self._hosts[host] = point
-        sums.shift_host(point, 1)
+        self._hosts[host] = values
+        sums.shift_host(values, 1)
         self._host_nodes[host].add(node_id)
         self._apps = None
         ring = self.nodes.get(node_id)
         if ring is None:
             ring = self.nodes[node_id] = Ring(self.node_points, self.interval_ms, NODE_WIDTH, _node_point)
         ring.add(values)
-        self._pending = (t_ms, capacity)
+        self._pending_t, self._pending_capacity = t_ms, capacity
 
     def forget_node(self, node_id: str, now: float, capacity: Resource) -> None:
         """A lost node's figures leave the cluster's sums (its ring stays readable)."""
-        if node_id not in self.latest:
+        rep = self.latest.get(node_id)
+        if rep is None:
             return
         t_ms = int(now * 1000)
         self._close_interval(t_ms)
-        self._drop_node_sums(node_id)
+        self._sums.shift_node(rep.values, -1)
+        del self.latest[node_id]
         self._apps = None
-        rep = self.latest.pop(node_id)
         nodes = self._host_nodes.get(rep.host)
         if nodes is not None:
             nodes.discard(node_id)
             if not nodes:
                 del self._host_nodes[rep.host]
                 self._sums.shift_host(self._hosts.pop(rep.host), -1)
-        self._pending = (t_ms, capacity)
-
-    def _drop_node_sums(self, node_id: str) -> None:
-        old = self.latest.get(node_id)
-        if old is not None:
-            self._sums.cpu -= old.point.cpu_cores
-            self._sums.mem -= old.point.memory_mb
-            self._sums.spill -= old.point.spill_bytes
+        self._pending_t, self._pending_capacity = t_ms, capacity
 
     def _close_interval(self, t_ms: int) -> None:
         """Before a change in a later interval: write the pending cluster point, the sums as they
         stood at the end of its interval. Within one interval nothing is written (a heartbeat costs
         no cluster point; a reader flushes)."""
-        p = self._pending
-        if p is not None and p[0] // self.interval_ms != t_ms // self.interval_ms:
+        t = self._pending_t
+        if t is not None and t // self.interval_ms != t_ms // self.interval_ms:
             self._flush()
 
     def _flush(self) -> None:
-        if self._pending is None:
+        t_ms = self._pending_t
+        if t_ms is None:
             return
-        t_ms, capacity = self._pending
-        self._pending = None
-        s = self._sums
+        self._pending_t = None
+        s, capacity = self._sums, self._pending_capacity
         self._cluster.add((t_ms, max(0.0, s.cpu), max(0.0, s.mem), max(0.0, s.rx), max(0.0, s.tx),
                            max(0, s.spill), max(0.0, s.host_cpu), max(0.0, s.host_mem), capacity.vcores,
                            capacity.memory))

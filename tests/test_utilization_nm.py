@@ -176,7 +176,7 @@ def test_sampler_falls_back_to_the_process_tree_without_cgroups(tmp_path: Path) 
     ticks["child"] += 50                               # 0.5 CPU-seconds in 0.5 s
     assert s.sample([probe]).containers[0].cpu_cores == 1.0
     # A container gone from the probes is forgotten: it would start again without a rate.
-    assert s.sample([]).containers == []
+    assert s.sample([]).containers == ()
     clock.t += 1
     assert s.sample([probe]).containers[0].cpu_cores == 0
 
