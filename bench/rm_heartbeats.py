@@ -33,7 +33,8 @@ to itself.
 
 The RM's ladder runs twice over, interleaved on the same RM process and generator: at each rate a
 step of plain heartbeats and one whose heartbeats each carry a utilization report (--util-containers
-containers, as an NM sends it), in alternating order; the flat-out step likewise, three times each
+containers, listed in every LIST_EVERY-th report as an NM does, the sums in every one), in
+alternating order; the flat-out step likewise, three times each
 (ABBAAB), the median counting. `utilization_payload_ratio` is the sustained rate with reports
 against without (target >= 0.9), `utilization_flat_out_ratio` the same for the flat-out medians (the
 steadier figure on a 2-core host) and `utilization_cpu_ratio` heartbeats per second of the server's
@@ -73,17 +74,28 @@ UTIL_TARGET_RATIO = 0.9
 FLAT_OUT_ORDER = (False, True, True, False, False, True)   # with utilization? ABBAAB cancels drift
 
 
-def utilization_report(i: int, n_containers: int) -> dict[str, Any]:
+# An NM sends its per-container list with every LIST_EVERY-th report (every 5 s at the default 1 s
+# heartbeat: nodemanager/utilization_monitor.py), the sums with every one.
+LIST_EVERY = 5
+
+
+def utilization_report(i: int, n_containers: int, with_list: bool = True) -> dict[str, Any]:
     """A node's utilization report as an NM sends it (protocol NodeUtilization) with `n_containers`
-    containers, figures varied per node so nothing is a constant the server could skip."""
+    containers (listed only `with_list`), figures varied per node so nothing is a constant the
+    server could skip."""
     app = f"application_1700000000000_{i % 97 + 1:04d}"
-    return {"sampled_ms": 1_700_000_000_000 + i, "cpu_cores": 1.25 + i % 7, "host_cores": 16,
-            "memory_mb": 20480.5 + i, "memory_total_mb": 65536.0, "net_rx_bytes_per_s": 1.5e7 + i,
-            "net_tx_bytes_per_s": 9.1e6 + i, "spill_bytes": 4096 * n_containers,
-            "containers": [{"container_id": f"container_1700000000000_{i % 97 + 1:04d}_01_{i * 16 + k:06d}",
-                            "app_id": app, "cpu_cores": 0.5 + k * 0.125, "memory_mb": 512.0 + k,
-                            "spill_bytes": 4096, "role": "worker" if k else "server"}
-                           for k in range(n_containers)]}
+    containers = [{"container_id": f"container_1700000000000_{i % 97 + 1:04d}_01_{i * 16 + k:06d}",
+                   "app_id": app, "cpu_cores": 0.5 + k * 0.125, "memory_mb": 512.0 + k,
+                   "spill_bytes": 4096, "role": "worker" if k else "server"} for k in range(n_containers)]
+    out: dict[str, Any] = {
+        "sampled_ms": 1_700_000_000_000 + i, "cpu_cores": 1.25 + i % 7, "host_cores": 16,
+        "memory_mb": 20480.5 + i, "memory_total_mb": 65536.0, "net_rx_bytes_per_s": 1.5e7 + i,
+        "net_tx_bytes_per_s": 9.1e6 + i, "spill_bytes": 4096 * n_containers,
+        "containers_cpu_cores": sum(c["cpu_cores"] for c in containers),
+        "containers_memory_mb": sum(c["memory_mb"] for c in containers)}
+    if with_list:
+        out["containers"] = containers
+    return out
 
 
 # ----------------------------------------------------------------------------- client side
@@ -141,7 +153,10 @@ class _LoadClient:
         self.idle: asyncio.Queue[_Conn] = asyncio.Queue()
         self.node_tokens: dict[str, str] = {}
         self.response_ids: dict[str, int] = {}
-        self.utilization = {nid: utilization_report(i, args.util_containers) for i, nid in enumerate(node_ids)}
+        self.utilization = {nid: (utilization_report(i, args.util_containers),
+                                  utilization_report(i, args.util_containers, with_list=False))
+                            for i, nid in enumerate(node_ids)}
+        self.reports_sent: dict[str, int] = {nid: 0 for nid in node_ids}
 
     async def connect(self, n: int) -> None:
         loop = asyncio.get_running_loop()
@@ -193,7 +208,9 @@ class _LoadClient:
                     hb = {"node_id": nid, "response_id": self.response_ids[nid],
                           "used": {"memory": 0, "vCores": 0}, "container_statuses": []}
                     if utilization:
-                        hb["utilization"] = self.utilization[nid]
+                        n = self.reports_sent[nid]
+                        self.reports_sent[nid] = n + 1
+                        hb["utilization"] = self.utilization[nid][0 if n % LIST_EVERY == 0 else 1]
                     body = orjson.dumps(hb)
                     raw = _http_post(host, "/internal/v1/node/heartbeat", body, self.node_tokens[nid])
                 else:
@@ -665,7 +682,10 @@ def main() -> None:
     bare_bytes = len(json.dumps(bare, separators=(",", ":")))
     util_bytes = len(json.dumps(dict(bare, utilization=utilization_report(0, args.util_containers)),
                                 separators=(",", ":")))
-    print(f"with utilization reports ({args.util_containers} containers, {util_bytes} B against {bare_bytes} B): "
+    sums_bytes = len(json.dumps(dict(bare, utilization=utilization_report(0, args.util_containers, False)),
+                                separators=(",", ":")))
+    print(f"with utilization reports ({args.util_containers} containers listed every {LIST_EVERY}th, "
+          f"{util_bytes} B / {sums_bytes} B against {bare_bytes} B): "
           f"{util_best['achieved']:.0f}/s sustained ({util_ratio} of without; target >= {UTIL_TARGET_RATIO}), "
           f"flat out {util_max}/s ({util_flat_ratio} of without); per server CPU-second {util_per_cpu} against "
           f"{rm_per_cpu} ({util_cpu_ratio})")
@@ -704,6 +724,7 @@ def main() -> None:
         "utilization_cpu_ratio": util_cpu_ratio,
         "utilization_containers_per_report": args.util_containers,
         "heartbeat_bytes": bare_bytes, "heartbeat_with_utilization_bytes": util_bytes,
+        "heartbeat_with_utilization_sums_bytes": sums_bytes, "utilization_list_every": LIST_EVERY,
         "meets_utilization_target": bool(util_ratio is not None and util_ratio >= UTIL_TARGET_RATIO),
     }))
 

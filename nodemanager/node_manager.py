@@ -101,7 +101,7 @@ class NodeManager:
         self.link = RMLink(self.rm_address, self.cluster.secret, self.node_id, f"{self.host}:{self.port}",
                            self.capability, self.cfg.rack, self.manager, self.cfg.heartbeat_interval_ms,
                            self.cluster.token_lifetime_s, on_registered=self._write_ready_file, version=VERSION,
-                           utilization=lambda: self.utilization.latest if self.utilization else None)
+                           utilization=lambda: self.utilization.for_heartbeat() if self.utilization else None)
         self._link_task = asyncio.get_running_loop().create_task(self._run_link())
 
     async def _run_link(self) -> None:

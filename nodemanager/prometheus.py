@@ -38,7 +38,7 @@ def render(node_id: str, capability: Resource, used: Resource, running: int,
                [(n, x.spill_bytes) for n, x in host])
     out.family("elastane_nm_sample_age_seconds", "gauge", "Seconds since the utilization sample shown here.",
                [(n, round(max(0.0, now - x.sampled_ms / 1000), 3)) for n, x in host])
-    cs = sorted(u.containers, key=lambda c: c.container_id) if u is not None else []
+    cs = sorted(u.containers or (), key=lambda c: c.container_id) if u is not None else []
 
     def labels(app: str, role: str, container: str) -> dict[str, str]:
         return {"node": node_id, "app": app, "role": role, "container": container}

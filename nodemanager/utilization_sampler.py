@@ -108,7 +108,9 @@ class UtilizationSampler:
         self.counters.keep_only({("cgroup", p.container_id) for p in probes}
                                 | {("tree", p.container_id) for p in probes} | {"cpu", "rx", "tx"})
         node = NodeUtilization(sampled_ms=int(now * 1000), containers=tuple(containers),
-                               spill_bytes=sum(c.spill_bytes for c in containers))
+                               spill_bytes=sum(c.spill_bytes for c in containers),
+                               containers_cpu_cores=round(sum(c.cpu_cores for c in containers), 4),
+                               containers_memory_mb=round(sum(c.memory_mb for c in containers), 3))
         stat = host_stats.read_text(f"{self.proc_root}/stat")
         if stat is not None:
             ticks = host_stats.parse_cpu_ticks(stat)

@@ -114,7 +114,9 @@ class NodeUtilization(_Msg, gc=False):
     """A node's measured use, sent with heartbeats (YARN's nodeUtilization + containersUtilization).
     The host figures (`cpu_cores` busy out of `host_cores`, `memory_mb` used out of
     `memory_total_mb`, network rates over every interface but loopback) cover the whole machine;
-    `containers` are this NM's own. Both are untracked by the garbage collector (`gc=False`: they
+    the `containers_*` sums and `containers` are this NM's own. Every report carries the sums;
+    the per-container list comes when the NM's set of containers changed and every few seconds
+    (None in between: the last list stands), which keeps the heartbeat's payload small. Both are untracked by the garbage collector (`gc=False`: they
     hold no cycles), which halves what decoding a report costs the RM's heartbeat path."""
 
     sampled_ms: int = 0          # epoch ms of the sample
@@ -124,10 +126,12 @@ class NodeUtilization(_Msg, gc=False):
     memory_total_mb: float = 0.0
     net_rx_bytes_per_s: float = 0.0
     net_tx_bytes_per_s: float = 0.0
-    spill_bytes: int = 0         # sum over `containers`
-    # A tuple, not a list: the RM keeps each node's last report, and a tuple of untracked Structs
-    # is left alone by the garbage collector (a list would be scanned at every collection).
-    containers: tuple[ContainerUtilization, ...] = ()
+    spill_bytes: int = 0         # sum over the containers
+    containers_cpu_cores: float = 0.0
+    containers_memory_mb: float = 0.0
+    # A tuple, not a list: the RM keeps each node's last list, and a tuple of untracked Structs is
+    # left alone by the garbage collector (a list would be scanned at every collection).
+    containers: Optional[tuple[ContainerUtilization, ...]] = None
 
 
 class NodeHeartbeatRequest(_Msg):

@@ -121,7 +121,7 @@ def node_utilization_json(latest: LatestReport) -> dict[str, Any]:
         "containersCPUUsage": round(p.cpu_cores, 3),
         "hostCores": u.host_cores, "hostMemoryTotalMB": round(u.memory_total_mb),
         "netRxBytesPerSec": round(u.net_rx_bytes_per_s, 1), "netTxBytesPerSec": round(u.net_tx_bytes_per_s, 1),
-        "spillBytes": u.spill_bytes, "numContainersMeasured": len(u.containers), "lastUpdate": latest.t_ms,
+        "spillBytes": u.spill_bytes, "numContainersMeasured": len(latest.containers), "lastUpdate": latest.t_ms,
     }
 
 

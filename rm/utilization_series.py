@@ -4,9 +4,9 @@ Heartbeats carry each node's latest measurements (protocol NodeUtilization). Poi
 by the RM's clock at `interval_ms`: a node heartbeating faster than that replaces its bucket's
 point, so a ring holds one point per interval and its length bounds the memory (NODE_POINTS per
 node, CLUSTER_POINTS for the cluster). The cluster's figures are running sums of every reporting
-node's latest (a heartbeat adds its node's container sums, O(its containers), and no per-app or
-cluster-wide work); the cluster's point is written once per interval, and the per-application sums
-are made when read.
+node's latest (a heartbeat does O(1) work: the NM sends its containers' sums, and no per-app or
+cluster-wide work happens); the cluster's point is written once per interval, and the
+per-application sums are made when read from each node's last per-container list.
 
 Per node, `cpuCores` / `memoryMB` / `spillBytes` are what that NM's containers use (so they compare
 with the node's vcores and memory), `hostCpuCores` / `hostMemoryMB` the whole machine's. Network
@@ -152,15 +152,17 @@ _T, _CPU, _MEM, _RX, _TX, _SPILL, _HOST_CPU, _HOST_MEM = range(NODE_WIDTH)
 
 
 class LatestReport:
-    """A node's last report and when the RM received it: one record per node, updated in place."""
+    """A node's last report, when the RM received it, and the last per-container list it sent
+    (reports without one keep it): one record per node, updated in place."""
 
-    __slots__ = ("t_ms", "host", "report", "values")
+    __slots__ = ("t_ms", "host", "report", "values", "containers")
 
     def __init__(self, t_ms: int, host: str, report: NodeUtilization, values: tuple[float, ...]):
         self.t_ms = t_ms
         self.host = host
         self.report = report
         self.values = values
+        self.containers: tuple[ContainerUtilization, ...] = report.containers or ()
 
     @property
     def point(self) -> NodePoint:
@@ -215,11 +217,7 @@ class UtilizationSeries:
         """Take one heartbeat's measurements; `capacity` is the cluster's schedulable total now."""
         t_ms = int(now * 1000)
         self._close_interval(t_ms)
-        cpu = mem = 0.0
-        for c in u.containers:
-            cpu += c.cpu_cores
-            mem += c.memory_mb
-        values = (t_ms, cpu, mem, u.net_rx_bytes_per_s, u.net_tx_bytes_per_s, u.spill_bytes, u.cpu_cores,
+        values = (t_ms, u.containers_cpu_cores, u.containers_memory_mb, u.net_rx_bytes_per_s, u.net_tx_bytes_per_s, u.spill_bytes, u.cpu_cores,
                   u.memory_mb)
         sums = self._sums
         latest = self.latest.get(node_id)
@@ -228,6 +226,8 @@ class UtilizationSeries:
         else:
             sums.shift_node(latest.values, -1)
             latest.t_ms, latest.host, latest.report, latest.values = t_ms, host, u, values
+            if u.containers is not None:
+                latest.containers = u.containers
         sums.shift_node(values, 1)
         old_host = self._hosts.get(host)
         if old_host is not None:
@@ -305,7 +305,7 @@ class UtilizationSeries:
         if self._apps is None:
             apps: dict[str, AppUse] = {}
             for rep in self.latest.values():
-                for c in rep.report.containers:
+                for c in rep.containers:
                     use = apps.get(c.app_id)
                     if use is None:
                         use = apps[c.app_id] = AppUse()
@@ -322,5 +322,5 @@ class UtilizationSeries:
     def containers(self) -> Iterator[tuple[str, ContainerUtilization]]:
         """(node id, container figures) of every container in the nodes' latest reports."""
         for node_id, rep in self.latest.items():
-            for c in rep.report.containers:
+            for c in rep.containers:
                 yield node_id, c

@@ -232,8 +232,8 @@ def sample_report() -> api.NodeUtilization:
     return api.NodeUtilization(
         sampled_ms=9_000, cpu_cores=2.5, host_cores=8, memory_mb=1024, memory_total_mb=4096,
         net_rx_bytes_per_s=100.0, net_tx_bytes_per_s=50.0, spill_bytes=7,
-        containers=[api.ContainerUtilization("c2", "app1", 1.25, 100.0, 7, "server"),
-                    api.ContainerUtilization("c1", "app1", 0.5, 50.0, 0, "")])
+        containers=(api.ContainerUtilization("c2", "app1", 1.25, 100.0, 7, "server"),
+                    api.ContainerUtilization("c1", "app1", 0.5, 50.0, 0, "")))
 
 
 def test_nm_exposition_covers_host_and_containers_with_labels() -> None:
@@ -273,3 +273,27 @@ def test_launchers_name_the_role_the_nm_labels_metrics_with() -> None:
         rec = pool.add(role, AmContainer(container_id=f"container_1_0001_01_00000{2 + (role is Role.SERVER)}",
                                          node_id="n:1", node_http_address="n:1", resource=Resource(512, 1), token="t"))
         assert pool.launch_context(rec).environment[container_env.CONTAINER_ROLE] == role.value
+
+
+def test_heartbeats_carry_the_container_list_when_it_changes_and_every_few_seconds(tmp_path: Path) -> None:
+    from nodemanager.utilization_monitor import CONTAINER_LIST_EVERY_S, UtilizationMonitor
+
+    clock = Clock(0.0)
+    mon = UtilizationMonitor(_manager(tmp_path, lambda: 0.0), UtilizationSampler(None), 1.0, clock=clock)
+    assert mon.for_heartbeat() is None                 # nothing sampled yet
+    mon.latest = sample_report()
+    first = mon.for_heartbeat()
+    assert first is not None and first.containers is not None and len(first.containers) == 2
+    clock.t += 1.0
+    second = mon.for_heartbeat()
+    # Sums only: the RM keeps the list it has.
+    assert second is not None and second.containers is None and second.cpu_cores == 2.5
+    mon.latest = api.NodeUtilization(containers=sample_report().containers[:1])   # a container finished
+    third = mon.for_heartbeat()
+    assert third is not None and third.containers is not None and len(third.containers) == 1
+    clock.t += CONTAINER_LIST_EVERY_S
+    fourth = mon.for_heartbeat()
+    assert fourth is not None and fourth.containers is not None
+    mon.latest = api.NodeUtilization(containers=())  # the last one finished: an empty list, not None
+    last = mon.for_heartbeat()
+    assert last is not None and last.containers == ()

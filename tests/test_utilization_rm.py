@@ -24,7 +24,8 @@ def report(*containers: tuple[str, str, float, float], rx: float = 0.0, host_cpu
                                    spill_bytes=spill, role="worker") for cid, app, cpu, mem in containers]
     return api.NodeUtilization(cpu_cores=host_cpu, host_cores=4, memory_mb=1000, memory_total_mb=4000,
                                net_rx_bytes_per_s=rx, net_tx_bytes_per_s=rx / 2,
-                               spill_bytes=spill * len(cs), containers=cs)
+                               spill_bytes=spill * len(cs), containers_cpu_cores=sum(c.cpu_cores for c in cs),
+                               containers_memory_mb=sum(c.memory_mb for c in cs), containers=tuple(cs))
 
 
 def test_points_are_bucketed_per_interval_and_the_rings_are_bounded() -> None:
@@ -56,6 +57,12 @@ def test_cluster_sums_each_nodes_latest_and_each_host_once() -> None:
     last = s.to_json()["utilization"]["cluster"][-1]
     assert (last["cpuCores"], last["netRxBytesPerSec"], last["spillBytes"]) == (2.75, 700, 0)
     assert s.apps["a1"].to_json() == {"cpuCores": 0.75, "memoryMB": 150.0, "spillBytes": 0, "containers": 2}
+    # A report without the per-container list (the NM sends it every few seconds) moves the node's
+    # sums; the per-application sums keep the node's last list.
+    s.report("n:1", "h1", 10.35, msgspec.structs.replace(report(("c1", "a1", 0.5, 100.0), rx=500, host_cpu=2.0),
+                                                         containers=None), CAP)
+    assert s.to_json()["utilization"]["cluster"][-1]["cpuCores"] == 3.0
+    assert s.apps["a1"].to_json()["cpuCores"] == 0.75 and len(s.latest["n:1"].containers) == 1
     # A lost node leaves the sums (its history stays); h1 still has n:2.
     s.forget_node("n:1", 10.4, CAP)
     last = s.to_json()["utilization"]["cluster"][-1]
