@@ -116,8 +116,9 @@ class NodeUtilization(_Msg, gc=False):
     `memory_total_mb`, network rates over every interface but loopback) cover the whole machine;
     the `containers_*` sums and `containers` are this NM's own. Every report carries the sums;
     the per-container list comes when the NM's set of containers changed and every few seconds
-    (None in between: the last list stands), which keeps the heartbeat's payload small. Both are untracked by the garbage collector (`gc=False`: they
-    hold no cycles), which halves what decoding a report costs the RM's heartbeat path."""
+    (None in between: the last list stands), which keeps the heartbeat's payload small. Both
+    Structs are untracked by the garbage collector (`gc=False`: they hold no cycles), which
+    halves what decoding a report costs the RM's heartbeat path."""
 
     sampled_ms: int = 0          # epoch ms of the sample
     cpu_cores: float = 0.0
