@@ -31,7 +31,18 @@ core's limit: the output says so (`shared_host_note`). There the flat-out figure
 server's core busy, are the steadier comparison. On a many-core host the generator has several cores
 to itself.
 
-Last line: {"rm_heartbeats_per_s", "rm_p99_ms", "echo_ceiling_per_s", "ratio_to_ceiling", ...}
+The RM's ladder runs twice over, interleaved on the same RM process and generator: at each rate a
+step of plain heartbeats and one whose heartbeats each carry a utilization report (--util-containers
+containers, listed in every LIST_EVERY-th report as an NM does, the sums in every one), in
+alternating order; the flat-out step likewise, three times each
+(ABBAAB), the median counting. `utilization_payload_ratio` is the sustained rate with reports
+against without (target >= 0.9), `utilization_flat_out_ratio` the same for the flat-out medians (the
+steadier figure on a 2-core host) and `utilization_cpu_ratio` heartbeats per second of the server's
+CPU with reports against without (what a heartbeat costs, which holds where other processes take
+the server's core part of the time); `rm_*` figures are the plain side's.
+
+Last line: {"rm_heartbeats_per_s", "rm_p99_ms", "echo_ceiling_per_s", "ratio_to_ceiling", ...,
+"with_utilization_rate", "utilization_payload_ratio", "utilization_flat_out_ratio", ...}
 """
 from __future__ import annotations
 
@@ -59,6 +70,32 @@ START_LEAD_S = 0.3     # the clients start each step this long after the driver 
 DRAIN_S = 10.0         # a step's last replies must arrive this long after its last send
 READY_TIMEOUT_S = 120.0
 MAX_CLIENTS = 64
+UTIL_TARGET_RATIO = 0.9
+FLAT_OUT_ORDER = (False, True, True, False, False, True)   # with utilization? ABBAAB cancels drift
+
+
+# An NM sends its per-container list with every LIST_EVERY-th report (every 5 s at the default 1 s
+# heartbeat: nodemanager/utilization_monitor.py), the sums with every one.
+LIST_EVERY = 5
+
+
+def utilization_report(i: int, n_containers: int, with_list: bool = True) -> dict[str, Any]:
+    """A node's utilization report as an NM sends it (protocol NodeUtilization) with `n_containers`
+    containers (listed only `with_list`), figures varied per node so nothing is a constant the
+    server could skip."""
+    app = f"application_1700000000000_{i % 97 + 1:04d}"
+    containers = [{"container_id": f"container_1700000000000_{i % 97 + 1:04d}_01_{i * 16 + k:06d}",
+                   "app_id": app, "cpu_cores": 0.5 + k * 0.125, "memory_mb": 512.0 + k,
+                   "spill_bytes": 4096, "role": "worker" if k else "server"} for k in range(n_containers)]
+    out: dict[str, Any] = {
+        "sampled_ms": 1_700_000_000_000 + i, "cpu_cores": 1.25 + i % 7, "host_cores": 16,
+        "memory_mb": 20480.5 + i, "memory_total_mb": 65536.0, "net_rx_bytes_per_s": 1.5e7 + i,
+        "net_tx_bytes_per_s": 9.1e6 + i, "spill_bytes": 4096 * n_containers,
+        "containers_cpu_cores": sum(c["cpu_cores"] for c in containers),
+        "containers_memory_mb": sum(c["memory_mb"] for c in containers)}
+    if with_list:
+        out["containers"] = containers
+    return out
 
 
 # ----------------------------------------------------------------------------- client side
@@ -116,6 +153,10 @@ class _LoadClient:
         self.idle: asyncio.Queue[_Conn] = asyncio.Queue()
         self.node_tokens: dict[str, str] = {}
         self.response_ids: dict[str, int] = {}
+        self.utilization = {nid: (utilization_report(i, args.util_containers),
+                                  utilization_report(i, args.util_containers, with_list=False))
+                            for i, nid in enumerate(node_ids)}
+        self.reports_sent: dict[str, int] = {nid: 0 for nid in node_ids}
 
     async def connect(self, n: int) -> None:
         loop = asyncio.get_running_loop()
@@ -146,10 +187,11 @@ class _LoadClient:
                 self.idle.put_nowait(c)
         await asyncio.wait_for(asyncio.gather(*(one(n) for n in self.node_ids)), READY_TIMEOUT_S)
 
-    async def step(self, rate: float, start_at: float, duration: float) -> dict[str, Any]:
+    async def step(self, rate: float, start_at: float, duration: float, utilization: bool = False) -> dict[str, Any]:
         """From wall-clock time `start_at` (shared by all clients), for `duration` s: send `rate`
         heartbeats/s on a fixed schedule (open loop), or, with `rate` 0, send on every connection as
-        soon as its previous reply is in (closed loop: the most the server can take, whatever the latency)."""
+        soon as its previous reply is in (closed loop: the most the server can take, whatever the latency).
+        With `utilization` every RM heartbeat carries its node's utilization report."""
         import orjson
 
         args, host, idle = self.args, self.args.host, self.idle
@@ -163,8 +205,13 @@ class _LoadClient:
             nonlocal errors
             try:
                 if args.mode == "rm":
-                    body = orjson.dumps({"node_id": nid, "response_id": self.response_ids[nid],
-                                         "used": {"memory": 0, "vCores": 0}, "container_statuses": []})
+                    hb = {"node_id": nid, "response_id": self.response_ids[nid],
+                          "used": {"memory": 0, "vCores": 0}, "container_statuses": []}
+                    if utilization:
+                        n = self.reports_sent[nid]
+                        self.reports_sent[nid] = n + 1
+                        hb["utilization"] = self.utilization[nid][0 if n % LIST_EVERY == 0 else 1]
+                    body = orjson.dumps(hb)
                     raw = _http_post(host, "/internal/v1/node/heartbeat", body, self.node_tokens[nid])
                 else:
                     body = orjson.dumps({"node_id": nid, "response_id": 0})
@@ -252,14 +299,15 @@ async def _client_main(args) -> None:
         await client.register()
     print(json.dumps({"ready": True}), flush=True)
     loop = asyncio.get_running_loop()
-    for _ in range(2 * len(args.rates) + 2):  # each ladder step at most twice, the flat-out step, stop
+    # Each ladder step at most twice, with and without utilization, the flat-out steps, stop.
+    for _ in range(4 * len(args.rates) + len(FLAT_OUT_ORDER) + 2):
         line = await loop.run_in_executor(None, sys.stdin.readline)
         if not line.strip():
             break
         cmd = json.loads(line)
         if cmd.get("stop"):
             break
-        result = await client.step(cmd["rate"], cmd["start_at"], cmd["duration"])
+        result = await client.step(cmd["rate"], cmd["start_at"], cmd["duration"], cmd.get("utilization", False))
         print(json.dumps(result), flush=True)
 
 
@@ -353,7 +401,8 @@ class _Generator:
         for i, core in enumerate(client_cores):
             cmd = [sys.executable, __file__, "--client", mode, "--client-index", str(i), "--clients", str(n),
                    "--port", str(port), "--secret", secret, "--nodes", str(args.nodes),
-                   "--connections", str(per_client_conns), "--rates", ",".join(map(str, args.rates))]
+                   "--connections", str(per_client_conns), "--rates", ",".join(map(str, args.rates)),
+                   "--util-containers", str(args.util_containers)]
             p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
                                  preexec_fn=_pin(core))
             self.procs.append(p)
@@ -388,11 +437,12 @@ class _Generator:
     def wait_ready(self) -> None:
         self._read_lines(READY_TIMEOUT_S)
 
-    def step(self, rate: int, duration: float, server_pid: int) -> dict[str, Any]:
+    def step(self, rate: int, duration: float, server_pid: int, utilization: bool = False) -> dict[str, Any]:
         """Run one ladder step on all clients at once and merge what they measured."""
         n = len(self.procs)
         start_at = time.time() + START_LEAD_S
-        cmd = json.dumps({"rate": rate / n, "start_at": start_at, "duration": duration}).encode() + b"\n"
+        cmd = json.dumps({"rate": rate / n, "start_at": start_at, "duration": duration,
+                          "utilization": utilization}).encode() + b"\n"
         for p in self.procs:
             assert p.stdin is not None
             p.stdin.write(cmd)
@@ -461,6 +511,54 @@ def _ladder(mode: str, port: int, server_pid: int, secret: str, args,
     return results, flat_out
 
 
+def _paired_ladder(port: int, server_pid: int, secret: str, args,
+                   client_cores: list[int]) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
+    """The RM's ladder without and with utilization reports, interleaved on one generator: at each
+    rate both (in alternating order, so drift of a shared host hits both alike), each side until it
+    fails; then flat-out steps in the order FLAT_OUT_ORDER, each side's median the figure."""
+    gen = _Generator("rm", port, secret, args, client_cores)
+    results: dict[bool, list[dict]] = {False: [], True: []}
+    flat: dict[bool, list[dict]] = {False: [], True: []}
+    name = {False: "rm", True: "rm+utilization"}
+    try:
+        gen.wait_ready()
+        live = {False: True, True: True}
+        for i, rate in enumerate(args.rates):
+            for util in ((False, True) if i % 2 == 0 else (True, False)):
+                if not live[util]:
+                    continue
+                r = gen.step(rate, args.duration, server_pid, util)
+                if not _passed(r) and not r["errors"]:
+                    print(f"{name[util]}: {json.dumps(r)} (trying again)", file=sys.stderr, flush=True)
+                    r = gen.step(rate, args.duration, server_pid, util)
+                    r["tries"] = 2
+                results[util].append(r)
+                print(f"{name[util]}: {json.dumps(r)}", file=sys.stderr, flush=True)
+                live[util] = _passed(r)
+            if not any(live.values()):
+                break
+        if not any(rs and rs[-1]["errors"] for rs in results.values()):
+            for util in FLAT_OUT_ORDER:
+                r = gen.step(0, args.duration, server_pid, util)
+                flat[util].append(r)
+                print(f"{name[util]} flat out: {json.dumps(r)}", file=sys.stderr, flush=True)
+    finally:
+        gen.stop()
+
+    return results[False], flat[False], results[True], flat[True]
+
+
+def _median_step(steps: list[dict]) -> dict | None:
+    return sorted(steps, key=lambda r: r["achieved"])[len(steps) // 2] if steps else None
+
+
+def _per_cpu_s(steps: list[dict]) -> float | None:
+    """Median heartbeats per second of server CPU over flat-out steps: what one heartbeat costs the
+    server, which holds on a host where other processes take the server's core part of the time."""
+    rates = sorted(r["achieved"] / r["server_cpu"] for r in steps if r["server_cpu"] > 0)
+    return round(rates[len(rates) // 2], 1) if rates else None
+
+
 def _best(results: list[dict]) -> dict:
     ok = [r for r in results if _passed(r)]
     return max(ok, key=lambda r: r["achieved"]) if ok else {"achieved": 0.0, "p50_ms": float("nan"),
@@ -506,6 +604,8 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=256, help="keep-alive connections, split across the clients")
     ap.add_argument("--duration", type=float, default=4.0, help="seconds per ladder step")
     ap.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",")], default=RATES)
+    ap.add_argument("--util-containers", type=int, default=8,
+                    help="containers in each simulated node's utilization report (the with-utilization ladder)")
     # Internal: the load clients and the echo server are this script run again.
     ap.add_argument("--client", choices=["rm", "echo"], help=argparse.SUPPRESS)
     ap.add_argument("--client-index", type=int, default=0, help=argparse.SUPPRESS)
@@ -550,10 +650,12 @@ def main() -> None:
                 rm_port = int(json.loads(_wait_file(ready, rm))["http_address"].rsplit(":", 1)[1])
                 echo_port = int(_wait_file(echo_port_file, echo))
                 echo_results, echo_flat = _ladder("echo", echo_port, echo.pid, secret, args, client_cores)
-                rm_results, rm_flat = _ladder("rm", rm_port, rm.pid, secret, args, client_cores)
+                rm_results, rm_flats, util_results, util_flats = _paired_ladder(rm_port, rm.pid, secret, args,
+                                                                                client_cores)
+                rm_flat, util_flat = _median_step(rm_flats), _median_step(util_flats)
             finally:
                 _stop(procs)
-    rm_best, echo_best = _best(rm_results), _best(echo_results)
+    rm_best, echo_best, util_best = _best(rm_results), _best(echo_results), _best(util_results)
     echo_limit, rm_limit = _limited_by(echo_results), _limited_by(rm_results)
     shared_note = None
     if len(cores) - 1 < args.clients:
@@ -570,6 +672,23 @@ def main() -> None:
     echo_max = echo_flat["achieved"] if echo_flat else None
     print(f"flat out (closed loop, any latency): RM {rm_max}/s (busy: {_ran_out(rm_flat)}), "
           f"bare endpoint {echo_max}/s (busy: {_ran_out(echo_flat)})")
+    util_max = util_flat["achieved"] if util_flat else None
+    util_ratio = round(util_best["achieved"] / rm_best["achieved"], 3) if rm_best["achieved"] else None
+    util_flat_ratio = round(util_max / rm_max, 3) if util_max and rm_max else None
+    rm_per_cpu, util_per_cpu = _per_cpu_s(rm_flats), _per_cpu_s(util_flats)
+    util_cpu_ratio = round(util_per_cpu / rm_per_cpu, 3) if util_per_cpu and rm_per_cpu else None
+    bare = {"node_id": "sim-00000.bench:10000", "response_id": 0, "used": {"memory": 0, "vCores": 0},
+            "container_statuses": []}
+    bare_bytes = len(json.dumps(bare, separators=(",", ":")))
+    util_bytes = len(json.dumps(dict(bare, utilization=utilization_report(0, args.util_containers)),
+                                separators=(",", ":")))
+    sums_bytes = len(json.dumps(dict(bare, utilization=utilization_report(0, args.util_containers, False)),
+                                separators=(",", ":")))
+    print(f"with utilization reports ({args.util_containers} containers listed every {LIST_EVERY}th, "
+          f"{util_bytes} B / {sums_bytes} B against {bare_bytes} B): "
+          f"{util_best['achieved']:.0f}/s sustained ({util_ratio} of without; target >= {UTIL_TARGET_RATIO}), "
+          f"flat out {util_max}/s ({util_flat_ratio} of without); per server CPU-second {util_per_cpu} against "
+          f"{rm_per_cpu} ({util_cpu_ratio})")
     if shared_note:
         print("note:", shared_note)
     ratio = round(rm_best["achieved"] / echo_best["achieved"], 3) if echo_best["achieved"] else None
@@ -594,6 +713,19 @@ def main() -> None:
         "simulated_nodes": args.nodes, "target_per_s": 5000, "target_ratio": 0.6,
         "meets_target": bool(rm_best["achieved"] >= 5000 and rm_best["p99_ms"] < P99_BOUND_MS
                              and ratio is not None and ratio >= 0.6),
+        # The same RM, the same ladder, every heartbeat carrying a utilization report: its cost.
+        "with_utilization_rate": util_best["achieved"], "with_utilization_p99_ms": util_best["p99_ms"],
+        "utilization_payload_ratio": util_ratio, "utilization_target_ratio": UTIL_TARGET_RATIO,
+        "with_utilization_limited_by": _limited_by(util_results),
+        "with_utilization_stop_step": util_results[-1] if util_results else None,
+        "with_utilization_flat_out_per_s": util_max, "utilization_flat_out_ratio": util_flat_ratio,
+        # Flat out, per second of the server's CPU (medians): the payload's cost where the host is shared.
+        "rm_heartbeats_per_cpu_s": rm_per_cpu, "with_utilization_heartbeats_per_cpu_s": util_per_cpu,
+        "utilization_cpu_ratio": util_cpu_ratio,
+        "utilization_containers_per_report": args.util_containers,
+        "heartbeat_bytes": bare_bytes, "heartbeat_with_utilization_bytes": util_bytes,
+        "heartbeat_with_utilization_sums_bytes": sums_bytes, "utilization_list_every": LIST_EVERY,
+        "meets_utilization_target": bool(util_ratio is not None and util_ratio >= UTIL_TARGET_RATIO),
     }))
 
 

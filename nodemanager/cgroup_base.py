@@ -8,6 +8,7 @@ import re
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 
 class CgroupError(OSError):
@@ -115,6 +116,15 @@ class CgroupBackend(abc.ABC):
     @abc.abstractmethod
     def peak_memory_bytes(self, cg: ContainerCgroup) -> int:
         """The container's peak memory use as the kernel recorded it (0 if unknown)."""
+
+    def cpu_usage_ns(self, cg: ContainerCgroup) -> Optional[int]:
+        """CPU time the container's processes used so far, in ns; None where this hierarchy does not
+        account it (v1 with cpuacct mounted apart from cpu): the sampler then reads /proc."""
+        return None
+
+    def memory_usage_bytes(self, cg: ContainerCgroup) -> Optional[int]:
+        """The container's memory use less inactive page cache; None when unreadable."""
+        return None
 
     @abc.abstractmethod
     def node_dirs(self) -> list[str]:

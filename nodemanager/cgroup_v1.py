@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
+from . import host_stats
 from .cgroup_base import (CgroupBackend, CgroupError, ContainerCgroup, cpu_quota_us, kv_counter, read_file,
                           read_int, write_file)
 
@@ -94,6 +96,23 @@ class CgroupV1(CgroupBackend):
 
     def peak_memory_bytes(self, cg: ContainerCgroup) -> int:
         return read_int(os.path.join(cg.dirs[1], "memory.max_usage_in_bytes"))
+
+    def cpu_usage_ns(self, cg: ContainerCgroup) -> Optional[int]:
+        # cpuacct.usage sits in the cpu dir only where cpu and cpuacct share a mount (cpu,cpuacct).
+        text = host_stats.read_text(os.path.join(cg.dirs[0], "cpuacct.usage"))
+        try:
+            return int(text) if text is not None else None
+        except ValueError:
+            return None
+
+    def memory_usage_bytes(self, cg: ContainerCgroup) -> Optional[int]:
+        mem_dir = cg.dirs[1]
+        usage = host_stats.read_text(os.path.join(mem_dir, "memory.usage_in_bytes"))
+        stat = host_stats.read_text(os.path.join(mem_dir, "memory.stat")) or ""
+        try:
+            return host_stats.working_set_bytes(int(usage), stat, "total_inactive_file") if usage else None
+        except ValueError:
+            return None
 
     def cpu_quota(self, cg: ContainerCgroup) -> tuple[int, int]:
         """(quota, period) of the container's cpu cgroup, for diagnostics and tests."""

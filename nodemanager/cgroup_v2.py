@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+from typing import Optional
 
+from . import host_stats
 from .cgroup_base import (CgroupBackend, CgroupError, ContainerCgroup, cpu_quota_us, kv_counter, read_file,
                           read_int, write_file)
 
@@ -81,6 +83,18 @@ class CgroupV2(CgroupBackend):
 
     def peak_memory_bytes(self, cg: ContainerCgroup) -> int:
         return read_int(os.path.join(cg.dirs[0], "memory.peak"))  # kernels >= 5.19
+
+    def cpu_usage_ns(self, cg: ContainerCgroup) -> Optional[int]:
+        text = host_stats.read_text(os.path.join(cg.dirs[0], "cpu.stat"))
+        return None if text is None else host_stats.stat_value(text, "usage_usec") * 1000
+
+    def memory_usage_bytes(self, cg: ContainerCgroup) -> Optional[int]:
+        usage = host_stats.read_text(os.path.join(cg.dirs[0], "memory.current"))
+        stat = host_stats.read_text(os.path.join(cg.dirs[0], "memory.stat")) or ""
+        try:
+            return host_stats.working_set_bytes(int(usage), stat, "inactive_file") if usage else None
+        except ValueError:
+            return None
 
     def kill_all(self, cg: ContainerCgroup) -> int:
         # cgroup.kill (5.14+) kills everything atomically, including processes forking right now.

@@ -38,6 +38,7 @@ class Container:
     reported: bool = False               # the RM has seen its completion
     launched_at: float = 0.0             # wall clock
     finished_at: Optional[float] = None  # wall clock
+    role: str = ""                       # launch environment's ELASTANE_CONTAINER_ROLE (metrics label)
     process: Optional[Any] = field(default=None, repr=False)  # launcher.ContainerProcess
     exited: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -58,6 +59,7 @@ class Container:
             "work_dir": self.work_dir, "log_dir": self.log_dir, "exit_file": self.exit_file,
             "pid": self.pid, "pgid": self.pgid, "start_time": self.start_time,
             "cgroup": self.cgroup.to_json() if self.cgroup else None, "launched_at": self.launched_at,
+            "role": self.role,
             # Set once the container is finished, so a restarted NM can still report it.
             "final": ({"exit_status": self.exit_status, "diagnostics": self.diagnostics,
                        "finished_at": self.finished_at} if self.finished_at is not None else None),
@@ -73,7 +75,7 @@ class Container:
             log_dir=str(r["log_dir"]), exit_file=str(r["exit_file"]), pid=r.get("pid"), pgid=r.get("pgid"),
             start_time=r.get("start_time"),
             cgroup=ContainerCgroup.from_json(r["cgroup"]) if r.get("cgroup") else None,
-            launched_at=float(r.get("launched_at", 0)), recovered=True)
+            launched_at=float(r.get("launched_at", 0)), role=str(r.get("role", "")), recovered=True)
 
     def node_info(self, node_id: str, nm_url: str) -> dict[str, Any]:
         """YARN NM REST `container` object."""

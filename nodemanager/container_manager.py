@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from protocol import ids
+from protocol import container_env, ids
 from protocol.config import NMConfig
 from protocol.internal_api import LaunchContext
 from protocol.records import ExitStatus, Resource
@@ -108,7 +108,8 @@ class ContainerManager:
             container_id=cid, app_id=app_id, attempt_id=str(claims.get("attempt_id", "")),
             user=str(claims.get("user", "")), resource=resource, token_expiry=float(claims.get("exp", 0)),
             work_dir=os.path.join(self.cfg.local_dir, app_id, cid),
-            log_dir=os.path.join(self.cfg.log_dir, app_id, cid), exit_file=self.store.exit_file(cid))
+            log_dir=os.path.join(self.cfg.log_dir, app_id, cid), exit_file=self.store.exit_file(cid),
+            role=ctx.environment.get(container_env.CONTAINER_ROLE, ""))
         self.containers[cid] = c  # reserves the capacity before the first await
         try:
             await self._launch(c, ctx)

@@ -21,6 +21,8 @@ from .enforcement import Enforcement, choose
 from .recovery_store import RecoveryStore
 from .warm_launcher import WarmLauncher
 from .rm_link import RMLink
+from .utilization_monitor import UtilizationMonitor
+from .utilization_sampler import UtilizationSampler
 from .web_api import NodeWebApi
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ class NodeManager:
         self.manager: Optional[ContainerManager] = None
         self.link: Optional[RMLink] = None
         self.warm: Optional[WarmLauncher] = None      # the executor zygote (cfg.warm_modules)
+        self.utilization: Optional[UtilizationMonitor] = None
         self._runner: Optional[web.AppRunner] = None
         self._link_task: Optional[asyncio.Task] = None
         self._sock: Optional[socket.socket] = None
@@ -103,15 +106,20 @@ class NodeManager:
         if recovered:
             log.info("recovered %d container(s) from %s", len(recovered), self.cfg.recovery_dir)
         self.manager.start_loops()
+        self.utilization = UtilizationMonitor(self.manager, UtilizationSampler(self.enforcement.backend),
+                                              self.cfg.heartbeat_interval_ms / 1000)
+        self.utilization.start()
         api = NodeWebApi(self.manager, self.cluster.secret, self.node_id, lambda: self.url, self.node_info,
-                         self._arbiter_view if self.arbiter else None)
+                         self._arbiter_view if self.arbiter else None,
+                         utilization=lambda: self.utilization.latest if self.utilization else None)
         self._runner = web.AppRunner(api.app(), access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, self._sock).start()
         log.info("NodeManager %s serving on %s (capability %s)", self.node_id, self.url, self.capability.to_json())
         self.link = RMLink(self.rm_address, self.cluster.secret, self.node_id, f"{self.host}:{self.port}",
                            self.capability, self.cfg.rack, self.manager, self.cfg.heartbeat_interval_ms,
-                           self.cluster.token_lifetime_s, on_registered=self._write_ready_file, version=VERSION)
+                           self.cluster.token_lifetime_s, on_registered=self._write_ready_file, version=VERSION,
+                           utilization=lambda: self.utilization.for_heartbeat() if self.utilization else None)
         self._link_task = asyncio.get_running_loop().create_task(self._run_link())
 
     async def _run_link(self) -> None:
@@ -176,6 +184,8 @@ class NodeManager:
                 await self._link_task
             except (asyncio.CancelledError, Exception):
                 pass
+        if self.utilization is not None:
+            await self.utilization.stop()
         if self.manager is not None:
             await self.manager.shutdown()
         if self.warm is not None:       # after the containers: it exits once its children are reaped

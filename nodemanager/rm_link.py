@@ -27,7 +27,8 @@ class RMLink:
 
     def __init__(self, rm_address: str, secret: str, node_id: str, http_address: str, capability: Resource,
                  rack: str, manager: ContainerManager, heartbeat_interval_ms: int, token_lifetime_s: float,
-                 on_registered: Callable[[], None] = lambda: None, version: str = ""):
+                 on_registered: Callable[[], None] = lambda: None, version: str = "",
+                 utilization: Callable[[], Optional[api.NodeUtilization]] = lambda: None):
         self.rm_address = rm_address
         self.secret = secret
         self.node_id = node_id
@@ -39,6 +40,7 @@ class RMLink:
         self.token_lifetime_s = token_lifetime_s
         self.on_registered = on_registered
         self.version = version
+        self.utilization = utilization   # the latest sample (read only: sampling runs elsewhere)
         self.client = JsonHttpClient(rm_address, timeout_s=max(5.0, 3 * self.interval_s))
         self.response_id = 0
         self.registered = False
@@ -92,7 +94,8 @@ class RMLink:
             completed = [s.container_id for s in statuses if s.state == ContainerState.COMPLETE.value]
             req = api.NodeHeartbeatRequest(node_id=self.node_id, response_id=self.response_id,
                                            used=self.manager.used(), container_statuses=statuses,
-                                           health=api.NodeHealth(healthy=True, report=""))
+                                           health=api.NodeHealth(healthy=True, report=""),
+                                           utilization=self.utilization())
             try:
                 out = await self.client.post(api.NODE_HEARTBEAT, req, token=self.token())
                 hb = codec.decode_as(out, api.NodeHeartbeatResponse)

@@ -3,18 +3,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any, Callable, Optional
 
 from aiohttp import web
 
 from protocol import codec, tokens
 from protocol.http_server import json_response, make_app, read_json
-from protocol.internal_api import CONTAINER_START, StartContainerRequest
+from protocol.internal_api import CONTAINER_START, NodeUtilization, StartContainerRequest
+from protocol.prometheus_text import CONTENT_TYPE
 from protocol.records import ExitStatus, Resource
 from protocol.remote_exception import BadRequest, NotFound, Unauthorized
 
+from . import prometheus
 from .container import Container
 from .container_manager import ContainerManager
+from .container_state import NMContainerState
 
 
 class NodeWebApi:
@@ -22,9 +26,11 @@ class NodeWebApi:
 
     def __init__(self, manager: ContainerManager, secret: str, node_id: str, url: Callable[[], str],
                  node_info: Callable[[], dict[str, Any]],
-                 arbiter_view: Optional[Callable[[int], dict[str, Any]]] = None):
+                 arbiter_view: Optional[Callable[[int], dict[str, Any]]] = None,
+                 utilization: Callable[[], Optional[NodeUtilization]] = lambda: None):
         self.manager = manager
         self.arbiter_view = arbiter_view
+        self.utilization = utilization
         self.secret = secret
         self.node_id = node_id
         self.url = url
@@ -45,7 +51,14 @@ class NodeWebApi:
         r.add_get("/ws/v1/node/containerlogs/{id}", self.get_log_files)
         r.add_get("/ws/v1/node/containerlogs/{id}/{filename}", self.get_log_file)
         r.add_get("/ws/v1/node/arbiter", self.get_arbiter)
+        r.add_get("/metrics/prometheus", self.prometheus)
         return app
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        m = self.manager
+        running = sum(1 for c in m.containers.values() if c.state is NMContainerState.RUNNING)
+        text = prometheus.render(self.node_id, m.capability, m.used(), running, self.utilization(), time.time())
+        return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     # ----- token checks -------------------------------------------------------------------------
 

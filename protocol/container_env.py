@@ -25,3 +25,6 @@ NODE_BANDWIDTH_BPS = "ELASTANE_NODE_BANDWIDTH_BPS"
 HARMONY = "ELASTANE_HARMONY"             # "1" for a Harmony job's executors
 # Set by the NM beside HARMONY=1 (only in the containers whose launch environment has it):
 ARBITER_SOCKET = "ELASTANE_ARBITER_SOCKET"   # the arbiter's unix socket path
+# Set by whoever launches a container that has a role (the RM: "am"; a PS AM: "worker" / "server"):
+# the NM labels the container's utilization metrics with it.
+CONTAINER_ROLE = "ELASTANE_CONTAINER_ROLE"

@@ -110,12 +110,52 @@ class NodeRegisterResponse(_Msg):
     diagnostics: str = ""
 
 
+class ContainerUtilization(_Msg, gc=False):
+    """What one container used at the NM's last sample: CPU in cores (cgroup accounting, else its
+    process tree's /proc times), memory in MB (cgroup usage less inactive page cache, else RSS), and
+    bytes under its working dir's `spill/`. `role` is the launch environment's
+    ELASTANE_CONTAINER_ROLE ("" when it had none)."""
+
+    container_id: str
+    app_id: str
+    cpu_cores: float = 0.0
+    memory_mb: float = 0.0
+    spill_bytes: int = 0
+    role: str = ""
+
+
+class NodeUtilization(_Msg, gc=False):
+    """A node's measured use, sent with heartbeats (YARN's nodeUtilization + containersUtilization).
+    The host figures (`cpu_cores` busy out of `host_cores`, `memory_mb` used out of
+    `memory_total_mb`, network rates over every interface but loopback) cover the whole machine;
+    the `containers_*` sums and `containers` are this NM's own. Every report carries the sums;
+    the per-container list comes when the NM's set of containers changed and every few seconds
+    (None in between: the last list stands), which keeps the heartbeat's payload small. Both
+    Structs are untracked by the garbage collector (`gc=False`: they hold no cycles), which
+    halves what decoding a report costs the RM's heartbeat path."""
+
+    sampled_ms: int = 0          # epoch ms of the sample
+    cpu_cores: float = 0.0
+    host_cores: int = 0
+    memory_mb: float = 0.0
+    memory_total_mb: float = 0.0
+    net_rx_bytes_per_s: float = 0.0
+    net_tx_bytes_per_s: float = 0.0
+    spill_bytes: int = 0         # sum over the containers
+    containers_cpu_cores: float = 0.0
+    containers_memory_mb: float = 0.0
+    # A tuple, not a list: the RM keeps each node's last list, and a tuple of untracked Structs is
+    # left alone by the garbage collector (a list would be scanned at every collection).
+    containers: Optional[tuple[ContainerUtilization, ...]] = None
+
+
 class NodeHeartbeatRequest(_Msg):
     node_id: str
     response_id: int
     used: Resource
     container_statuses: list[ContainerStatus] = []
     health: NodeHealth = msgspec.field(default_factory=NodeHealth)
+    utilization: Optional[NodeUtilization] = None   # None: an NM that does not measure (or not yet)
 
 
 class NodeHeartbeatResponse(_Msg):

@@ -42,6 +42,7 @@ class AmLauncher:
             container_env.APP_SUBMITTER: app.user,
             container_env.AM_DIR: str(am_dir),
             container_env.JOB_SECRET: tokens.job_secret(self.core.cluster.secret, eff.attempt_id),
+            container_env.CONTAINER_ROLE: "am",
         })
         return api.LaunchContext(commands=list(app.am.commands), environment=env,
                                  local_resources=dict(app.am.local_resources))

@@ -26,6 +26,7 @@ from .nm_protocol import NmProtocol
 from .nodes import NodeTracker
 from .scheduler import AskError, CapacityScheduler
 from .state_machines import AppEvent, AttemptEvent, attempt_is_final, next_app_state, next_attempt_state
+from .utilization_series import UtilizationSeries
 
 CONTAINER_LAUNCH_EXPIRY_S = 600.0   # YARN's rm.container-allocation.expiry-interval
 
@@ -65,6 +66,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self.decisions = DecisionLog()      # recent directive changes, for operators (in memory only)
         self.counters = {"nm_heartbeats": 0, "am_allocates": 0, "containers_allocated": 0,
                          "apps_submitted": 0}
+        self.utilization = UtilizationSeries()   # fed by heartbeats that carry measurements
 
     # ----- helpers --------------------------------------------------------------------------
     def _app_event(self, app: App, ev: AppEvent) -> None:

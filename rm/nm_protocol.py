@@ -17,6 +17,7 @@ from .model import Attempt, Container, Node
 from .nodes import NodeTracker
 from .scheduler import CapacityScheduler
 from .state_machines import AttemptEvent, attempt_is_final
+from .utilization_series import UtilizationSeries
 
 
 class NmProtocol:
@@ -31,6 +32,7 @@ class NmProtocol:
     counters: dict[str, int]
     cluster_ts: int
     launch_expiry_s: float
+    utilization: UtilizationSeries
     _am_live: OrderedDict[str, float]
     _unlaunched: OrderedDict[str, float]
 
@@ -88,6 +90,8 @@ class NmProtocol:
         self.counters["nm_heartbeats"] += 1
         now = self.clock()
         self.nodes.heartbeat(node, req.health.healthy, req.health.report, now)
+        if req.utilization is not None:
+            self.utilization.report(node.node_id, node.host, now, req.utilization, self.nodes.total)
         containers = self.containers
         releasing = node.releasing
         for s in req.container_statuses:
@@ -132,6 +136,7 @@ class NmProtocol:
 
     def _node_lost(self, node: Node) -> None:
         node.drop_releases()
+        self.utilization.forget_node(node.node_id, self.clock(), self.nodes.total)
         report = api.NodeReport(node_id=node.node_id, state=NodeState.LOST.value, http_address=node.http_address)
         told: set[str] = set()
         for cid in list(node.containers):

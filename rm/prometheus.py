@@ -1,9 +1,14 @@
 """Prometheus text exposition of RM metrics (`/metrics/prometheus`)."""
 from __future__ import annotations
 
+from typing import Callable
+
+from protocol.internal_api import ContainerUtilization
+from protocol.prometheus_text import Exposition
 from protocol.records import ZERO, AppState, NodeState
 
 from .core import ResourceManagerCore
+from .utilization_series import LatestReport, NodePoint
 
 
 def render(core: ResourceManagerCore) -> str:
@@ -42,4 +47,84 @@ def render(core: ResourceManagerCore) -> str:
            [("", core.counters["apps_submitted"])])
     metric("elastane_rm_queue_memory_mb", "gauge", "Memory allocated per queue.",
            [(f'{{queue="{q.name}"}}', q.used.memory) for q in core.scheduler.queues.values()])
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + render_utilization(core)
+
+
+MB = 1024 * 1024
+
+
+def render_utilization(core: ResourceManagerCore) -> str:
+    """The measured figures (docs/metrics.md): per node and cluster from the nodes' latest reports,
+    per container and per application with their queue and (where launched with one) role."""
+    series = core.utilization
+    out = Exposition()
+    latest = sorted(series.latest.items())
+
+    def per_node(name: str, help_: str, value: Callable[[LatestReport], float]) -> None:
+        out.family(name, "gauge", help_, [({"node": nid}, value(r)) for nid, r in latest])
+
+    per_node("elastane_rm_node_cpu_cores", "CPU cores the node's containers use (cgroup accounting or /proc).",
+             lambda r: r.point.cpu_cores)
+    per_node("elastane_rm_node_memory_bytes", "Memory the node's containers use (cgroup less inactive cache, or RSS).",
+             lambda r: round(r.point.memory_mb * MB))
+    per_node("elastane_rm_node_spill_bytes", "Bytes the node's containers have spilled to local disk.",
+             lambda r: r.point.spill_bytes)
+    per_node("elastane_rm_node_host_cpu_cores", "CPU cores busy on the node's whole host (/proc/stat).",
+             lambda r: r.report.cpu_cores)
+    per_node("elastane_rm_node_host_cores", "CPU cores of the node's host.", lambda r: r.report.host_cores)
+    per_node("elastane_rm_node_host_memory_bytes", "Memory in use on the node's whole host (MemTotal - MemAvailable).",
+             lambda r: round(r.report.memory_mb * MB))
+    per_node("elastane_rm_node_host_memory_total_bytes", "Memory of the node's host.",
+             lambda r: round(r.report.memory_total_mb * MB))
+    per_node("elastane_rm_node_network_receive_bytes_per_second",
+             "Bytes per second the node's host receives (all interfaces but loopback).",
+             lambda r: r.report.net_rx_bytes_per_s)
+    per_node("elastane_rm_node_network_transmit_bytes_per_second",
+             "Bytes per second the node's host sends (all interfaces but loopback).",
+             lambda r: r.report.net_tx_bytes_per_s)
+    per_node("elastane_rm_node_utilization_age_seconds", "Seconds since the node's last utilization report.",
+             lambda r: round(max(0.0, core.clock() - r.t_ms / 1000), 3))
+
+    containers = sorted(series.containers(), key=lambda nc: (nc[1].app_id, nc[1].container_id))
+
+    def labels(node_id: str, c: ContainerUtilization) -> dict[str, str]:
+        app = core.apps.get(c.app_id)
+        return {"node": node_id, "app": c.app_id, "queue": app.queue if app else "", "role": c.role,
+                "container": c.container_id}
+
+    out.family("elastane_rm_container_cpu_cores", "gauge", "CPU cores a running container uses.",
+               [(labels(n, c), c.cpu_cores) for n, c in containers])
+    out.family("elastane_rm_container_memory_bytes", "gauge", "Memory a running container uses.",
+               [(labels(n, c), round(c.memory_mb * MB)) for n, c in containers])
+    out.family("elastane_rm_container_spill_bytes", "gauge", "Bytes a running container has spilled to disk.",
+               [(labels(n, c), c.spill_bytes) for n, c in containers])
+
+    apps = sorted(series.apps.items())
+
+    def app_labels(app_id: str) -> dict[str, str]:
+        app = core.apps.get(app_id)
+        return {"app": app_id, "queue": app.queue if app else ""}
+
+    out.family("elastane_rm_app_cpu_cores", "gauge", "CPU cores an application's running containers use.",
+               [(app_labels(a), round(u.cpu_cores, 4)) for a, u in apps])
+    out.family("elastane_rm_app_memory_bytes", "gauge", "Memory an application's running containers use.",
+               [(app_labels(a), round(u.memory_mb * MB)) for a, u in apps])
+    out.family("elastane_rm_app_spill_bytes", "gauge", "Bytes an application's containers have spilled to disk.",
+               [(app_labels(a), u.spill_bytes) for a, u in apps])
+    out.family("elastane_rm_app_containers_measured", "gauge", "An application's containers in the latest reports.",
+               [(app_labels(a), u.containers) for a, u in apps])
+
+    cluster_now = series.cluster.latest()
+    last = cluster_now.node if cluster_now is not None else None
+    cluster: tuple[tuple[str, str, Callable[[NodePoint], float]], ...] = (
+            ("elastane_rm_cluster_cpu_cores", "CPU cores all containers use.",
+             lambda p: p.cpu_cores),
+            ("elastane_rm_cluster_memory_bytes", "Memory all containers use.", lambda p: round(p.memory_mb * MB)),
+            ("elastane_rm_cluster_spill_bytes", "Bytes all containers have spilled to disk.", lambda p: p.spill_bytes),
+            ("elastane_rm_cluster_network_receive_bytes_per_second",
+             "Bytes per second the cluster's hosts receive (each host once).", lambda p: p.net_rx_bytes_per_s),
+            ("elastane_rm_cluster_network_transmit_bytes_per_second",
+             "Bytes per second the cluster's hosts send (each host once).", lambda p: p.net_tx_bytes_per_s))
+    for name, help_, value in cluster:
+        out.family(name, "gauge", help_, [({}, value(last))] if last is not None else [])
+    return out.text()

@@ -50,6 +50,7 @@ class ClientApi:
         r.add_put(BASE + "/apps/{app_id}/shape", self.put_app_shape)
         r.add_get(BASE + "/apps/{app_id}/appattempts", self.app_attempts)
         r.add_get(BASE + "/apps/{app_id}/shape", self.app_shape)
+        r.add_get(BASE + "/utilization", self.utilization)
 
     # ----- identity -------------------------------------------------------------------------
     def user(self, request: web.Request) -> str:
@@ -86,7 +87,8 @@ class ClientApi:
     async def nodes(self, request: web.Request) -> web.Response:
         self.user(request)
         states = _parse_states(request.query.get("states"), NodeState, "states")
-        nodes = [views.node_json(n) for n in self.rm.core.nodes
+        latest = self.rm.core.utilization.latest
+        nodes = [views.node_json(n, latest.get(n.node_id)) for n in self.rm.core.nodes
                  if states is None or n.state in states]
         return json_response({"nodes": {"node": nodes} if nodes else None})
 
@@ -96,7 +98,26 @@ class ClientApi:
         n = self.rm.core.nodes.get(node_id)
         if n is None:
             raise NotFound(f"nodeId, {node_id}, is not found")
-        return json_response({"node": views.node_json(n)})
+        return json_response({"node": views.node_json(n, self.rm.core.utilization.latest.get(node_id))})
+
+    async def utilization(self, request: web.Request) -> web.Response:
+        """Elastane extension: the utilization time series, oldest point first (?node=, ?since=)."""
+        self.user(request)
+        q = request.query
+        since = None
+        if "since" in q:
+            try:
+                since = int(q["since"])
+            except ValueError:
+                raise BadRequest(f"since must be epoch milliseconds (an integer), got {q['since']!r}") from None
+        node = q.get("node")
+        series = self.rm.core.utilization
+        if node is not None:
+            if not node:
+                raise BadRequest("node must be a node id (host:port), got an empty value")
+            if self.rm.core.nodes.get(node) is None and not series.has_node(node):
+                raise NotFound(f"nodeId, {node}, is not found")
+        return json_response(series.to_json(since, node))
 
     # ----- apps ---------------------------------------------------------------------------------
     async def apps(self, request: web.Request) -> web.Response:

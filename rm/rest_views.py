@@ -1,12 +1,13 @@
 """JSON renderings of RM state in YARN's RM REST API shapes (field names as Hadoop's)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from protocol.records import ZERO, AppState, NodeState, Resource
 
 from .core import ResourceManagerCore
 from .model import App, Attempt, Node
+from .utilization_series import LatestReport
 
 RM_VERSION = "3.3.6-elastane-0.1.0"
 DECISIONS_SHOWN = 50     # of the decision log, in GET /ws/v1/cluster/scheduler
@@ -95,9 +96,9 @@ def scheduler_info(core: ResourceManagerCore) -> dict[str, Any]:
     }}}
 
 
-def node_json(n: Node) -> dict[str, Any]:
+def node_json(n: Node, latest: Optional[LatestReport] = None) -> dict[str, Any]:
     free = n.free
-    return {
+    out = {
         "rack": n.rack, "state": n.state.value, "id": n.node_id, "nodeHostName": n.host,
         "nodeHTTPAddress": n.http_address, "lastHealthUpdate": _ms(n.last_health_update),
         # Elastane extension: YARN's lastHealthUpdate moves only when the health report changes.
@@ -106,6 +107,25 @@ def node_json(n: Node) -> dict[str, Any]:
         "usedMemoryMB": n.used.memory, "availMemoryMB": max(0, free.memory),
         "usedVirtualCores": n.used.vcores, "availableVirtualCores": max(0, free.vcores),
         "totalResource": n.capability.to_json(),
+    }
+    if latest is not None:
+        out["resourceUtilization"] = node_utilization_json(latest)
+    return out
+
+
+def node_utilization_json(latest: LatestReport) -> dict[str, Any]:
+    """YARN's node `resourceUtilization` (CPU in cores) from the node's last report, plus Elastane's
+    network, spill and host figures and when the RM received it (`lastUpdate`, epoch ms)."""
+    u, p = latest.report, latest.point
+    return {
+        "nodePhysicalMemoryMB": round(u.memory_mb), "nodeVirtualMemoryMB": round(u.memory_mb),
+        "nodeCPUUsage": round(u.cpu_cores, 3),
+        "aggregatedContainersPhysicalMemoryMB": round(p.memory_mb),
+        "aggregatedContainersVirtualMemoryMB": round(p.memory_mb),
+        "containersCPUUsage": round(p.cpu_cores, 3),
+        "hostCores": u.host_cores, "hostMemoryTotalMB": round(u.memory_total_mb),
+        "netRxBytesPerSec": round(u.net_rx_bytes_per_s, 1), "netTxBytesPerSec": round(u.net_tx_bytes_per_s, 1),
+        "spillBytes": u.spill_bytes, "numContainersMeasured": len(latest.containers), "lastUpdate": latest.t_ms,
     }
 
 
@@ -151,6 +171,10 @@ def app_json(core: ResourceManagerCore, app: App) -> dict[str, Any]:
         out["elastane"] = app.elastane
     if app.shape is not None:
         out["shape"] = app.shape.to_json()
+    use = core.utilization.apps.get(app.app_id)
+    if use is not None and not app.state.is_final:
+        # Elastane extension: what its running containers use, from the nodes' latest reports.
+        out["resourceUtilization"] = use.to_json()
     return out
 
 

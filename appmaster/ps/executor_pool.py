@@ -169,7 +169,7 @@ class ExecutorPool:
         argv = ["--executor-id", rec.executor_id, "--role", rec.role.value, "--num-blocks", str(self.num_blocks),
                 "--am", self.am_address]
         command = shlex.join([self.python, "-m", EXECUTOR_MODULE, *argv]) + ' --host "${NM_HOST:-127.0.0.1}"'
-        env = {"PYTHONUNBUFFERED": "1", **(environment or {})}
+        env = {"PYTHONUNBUFFERED": "1", **(environment or {}), container_env.CONTAINER_ROLE: rec.role.value}
         if self.job_secret:
             env[container_env.JOB_SECRET] = self.job_secret
         if self.harmony_group is not None:
