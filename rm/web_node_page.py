@@ -37,13 +37,13 @@ def _containers(rm: "ResourceManagerServer", node: Node, now_ms: float) -> str:
 
 
 def render_node_page(rm: "ResourceManagerServer", node: Node, now_ms: float,
-                     utilization: Optional[dict[str, Any]], utilization_served: bool) -> str:
+                     utilization: Optional[dict[str, Any]]) -> str:
     """One node's page."""
     src = f"/ws/v1/cluster/nodes/{urllib.parse.quote(node.node_id, safe='')}"
     body = (f"<h1>Node {escape(node.node_id)}</h1>"
             f'{live_fields("node", src, ["node"], NODE_FIELDS, views.node_json(node), now_ms)}'
             f"<h2>Containers</h2>{_containers(rm, node, now_ms)}"
-            f"<h2>Utilization</h2>{utilization_charts(utilization, utilization_served, node.node_id)}")
+            f"<h2>Utilization</h2>{utilization_charts(utilization, node.node_id)}")
     return page(f"Node {node.node_id}", body, active="/cluster/nodes")
 
 

@@ -27,9 +27,8 @@ NODE_FIELDS = (("Active", "activeNodes", "int"), ("Lost", "lostNodes", "int"),
                ("Unhealthy", "unhealthyNodes", "int"), ("Decommissioned", "decommissionedNodes", "int"))
 
 
-def render_overview_page(rm: "ResourceManagerServer", now_ms: float, utilization: Optional[dict[str, Any]],
-                         utilization_served: bool) -> str:
-    """The cluster overview page (utilization: the endpoint's JSON, None when absent or failed)."""
+def render_overview_page(rm: "ResourceManagerServer", now_ms: float, utilization: Optional[dict[str, Any]]) -> str:
+    """The cluster overview page (utilization: the RM series' JSON)."""
     core = rm.core
     metrics = views.cluster_metrics(core)
     path = ["clusterMetrics"]
@@ -42,7 +41,7 @@ def render_overview_page(rm: "ResourceManagerServer", now_ms: float, utilization
             f'{live_fields("metrics-resources", METRICS, path, RESOURCE_FIELDS, metrics["clusterMetrics"], now_ms)}'
             f'</div><div><h2><a href="/cluster/nodes">Nodes</a></h2>'
             f'{live_fields("metrics-nodes", METRICS, path, NODE_FIELDS, metrics["clusterMetrics"], now_ms)}</div></div>'
-            f"<h2>Cluster utilization</h2>{utilization_charts(utilization, utilization_served)}"
+            f"<h2>Cluster utilization</h2>{utilization_charts(utilization)}"
             f"<h2>Running applications</h2>{apps_table(rm, now_ms, AppState.RUNNING, css_id='running-apps')}"
             f"<h2>Nodes</h2>{nodes_table(rm, now_ms, css_id='overview-nodes')}")
     return page("Elastane ResourceManager", body, active="/cluster")

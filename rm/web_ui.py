@@ -15,7 +15,6 @@ from .web_node_page import render_node_not_found, render_node_page
 from .web_nodes_page import render_nodes_page
 from .web_overview_page import render_overview_page
 from .web_scheduler_page import render_scheduler_page
-from .web_utilization import fetch_utilization, has_utilization
 
 if TYPE_CHECKING:
     from .server import ResourceManagerServer
@@ -52,8 +51,8 @@ class WebUi:
         raise web.HTTPFound("/cluster")
 
     async def cluster(self, request: web.Request) -> web.Response:
-        util = await fetch_utilization(request)
-        return _html(render_overview_page(self.rm, self._now_ms(), util, has_utilization(request.app)))
+        util = self.rm.core.utilization.to_json()
+        return _html(render_overview_page(self.rm, self._now_ms(), util))
 
     async def apps(self, request: web.Request) -> web.Response:
         raw = request.match_info.get("state")
@@ -71,8 +70,8 @@ class WebUi:
         node = self.rm.core.nodes.get(node_id)
         if node is None:
             return _html(render_node_not_found(node_id), status=404)
-        util = await fetch_utilization(request, node_id)
-        return _html(render_node_page(self.rm, node, self._now_ms(), util, has_utilization(request.app)))
+        util = self.rm.core.utilization.to_json(None, node_id)
+        return _html(render_node_page(self.rm, node, self._now_ms(), util))
 
     async def scheduler(self, request: web.Request) -> web.Response:
         return _html(render_scheduler_page(self.rm, self._now_ms()))

@@ -254,7 +254,7 @@ def test_nm_exposition_covers_host_and_containers_with_labels() -> None:
 
 async def test_nm_serves_its_exposition(tmp_path: Path) -> None:
     m = _manager(tmp_path, lambda: 0.0)
-    web = NodeWebApi(m, "s", "127.0.0.1:1", lambda: "http://127.0.0.1:1", lambda: {}, sample_report)
+    web = NodeWebApi(m, "s", "127.0.0.1:1", lambda: "http://127.0.0.1:1", lambda: {}, utilization=sample_report)
     async with TestClient(TestServer(web.app())) as cl:
         r = await cl.get("/metrics/prometheus")
         assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")

@@ -33,21 +33,13 @@ class ServedRm:
         self.loop = asyncio.new_event_loop()
         self.rm = ResourceManagerServer(RMConfig(state_dir=tmp), ClusterConfig(secret=SECRET, admins=["root"]),
                                         run_timers=False)
-        self.points: list[dict[str, Any]] = []      # the stand-in utilization series
+        self.t = time.time() - 60.0                   # when the next utilization report is (1.1 s apart)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.url = self.call_async(self._start())
 
-    async def _utilization(self, request: web.Request) -> web.Response:
-        # The metrics branch's contract (GET /ws/v1/cluster/utilization), served from test data.
-        node_records = [{k: v for k, v in p.items() if not k.endswith("Total") and not k.endswith("TotalMB")}
-                        for p in self.points]
-        return web.json_response({"utilization": {"intervalMs": 1000, "cluster": self.points,
-                                                  "nodes": {"n1:1": node_records}}})
-
     async def _start(self) -> str:
         app = self.rm.build_app()
-        app.router.add_get("/ws/v1/cluster/utilization", self._utilization)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -65,10 +57,13 @@ class ServedRm:
         return self.call_async(run())
 
     def add_point(self, cpu: float, mem: float) -> None:
+        """Node n1:1 reports this use (as its heartbeats carry it) into the RM's utilization series."""
         def add() -> None:
-            self.points.append({"t": int(time.time() * 1000) + len(self.points), "cpuCores": cpu, "vcoresTotal": 8,
-                                "memoryMB": mem, "memoryTotalMB": 8192, "netRxBytesPerSec": 1e6,
-                                "netTxBytesPerSec": 2e6, "spillBytes": 0})
+            self.t += 1.1
+            u = api.NodeUtilization(sampled_ms=int(self.t * 1000), cpu_cores=cpu, host_cores=8, memory_mb=mem,
+                                    memory_total_mb=8192, net_rx_bytes_per_s=1e6, net_tx_bytes_per_s=2e6,
+                                    containers_cpu_cores=cpu, containers_memory_mb=mem)
+            self.rm.core.utilization.report("n1:1", "host-1", self.t, u, Resource(8192, 8))
         self.call(add)
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from typing import AsyncIterator
 import pytest
 
 from nodemanager.warm_launcher import WarmLauncher, WarmLaunchError
+from polling import async_wait_until
 from protocol import zygote_wire as wire
 
 
@@ -61,7 +62,10 @@ async def test_exit_codes_and_kills_reach_the_nm_and_the_exit_file(zygote: WarmL
     assert await asyncio.wait_for(p1.wait(), 30) == 3
     assert Path(failed.exit_file).read_text().strip() == "3"
     # Its /proc environ is the zygote's: the process title says which container it is.
-    title = Path(f"/proc/{p2.pid}/cmdline").read_bytes().rstrip(b"\0").decode()
+    # (the child sets it right after it reported its start: wait for it)
+    title = await async_wait_until(
+        lambda: (t := Path(f"/proc/{p2.pid}/cmdline").read_bytes().rstrip(b"\0").decode()).endswith(
+            "CONTAINER_ID=sleeper") and t, 10, what="the sleeper's title")
     assert title.startswith("python -m timeit -n 1 -r 1 import time") and title.endswith("CONTAINER_ID=sleeper")
     os.killpg(p2.pid, signal.SIGKILL)                  # as the NM stops a container: its group
     assert await asyncio.wait_for(p2.wait(), 30) == -signal.SIGKILL

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Optional
 
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from protocol.config import ClusterConfig, RMConfig
@@ -41,17 +40,16 @@ class PageEnv:
 
 
 async def page_env_of(tmp_path: Any, utilization: Optional[dict[str, Any]] = None) -> AsyncIterator[PageEnv]:
-    """A PageEnv with node n1:1 registered; `utilization` (when given) is served as the RM's
-    /ws/v1/cluster/utilization answer, as the metrics part of the RM would."""
+    """A PageEnv with node n1:1 registered; `utilization` (when given) is what the RM's
+    /ws/v1/cluster/utilization answers, as if the NMs had reported those series."""
     clock = FakeClock()
     rm = ResourceManagerServer(RMConfig(state_dir=str(tmp_path / "state")),
                                ClusterConfig(secret=SECRET, admins=["root"]), clock=clock, run_timers=False)
     register(rm.core, "n1:1")
-    app = rm.build_app()
     if utilization is not None:
-        async def serve(request: web.Request) -> web.Response:
-            return web.json_response(utilization)
-        app.router.add_get("/ws/v1/cluster/utilization", serve)
+        # The RM's own endpoint serves these canned series (as if NMs had reported them).
+        rm.core.utilization.to_json = lambda since_ms=None, node_id=None: utilization  # type: ignore[method-assign]
+    app = rm.build_app()
     client = TestClient(TestServer(app))
     await client.start_server()
     yield PageEnv(rm, client, clock)
