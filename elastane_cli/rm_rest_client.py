@@ -72,6 +72,12 @@ class RmRestClient:
     async def nodes(self) -> list[dict[str, Any]]:
         return _items(await self._call("GET", NODES), "nodes", "node")
 
+    async def utilization(self, node: str | None = None) -> dict[str, Any]:
+        """The RM's utilization series (GET /ws/v1/cluster/utilization; `node` limits it to one)."""
+        body: dict[str, Any] = await self._call("GET", "/ws/v1/cluster/utilization",
+                                                params={"node": node} if node else None) or {}
+        return body
+
     async def policy_state(self) -> dict[str, Any]:
         """The active policy and what it says of each job (`schedulerInfo.policy`: Harmony's job
         states and groups; {} for policies that say nothing)."""
