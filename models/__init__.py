@@ -6,4 +6,5 @@ RM or the simulator) must compute the same way. No I/O, no clocks, no daemon sta
 and `protocol` only (imports go `protocol` <- `models` <- `rm`, `appmaster`).
 
 - `cruise_cost`   Cruise's cost model, dissertation eq. 3.1-3.4: predicted epoch time of a shape
+- `ps_iteration_time`  Optimus's speed form (eq. 4) as an epoch time of (workers, servers), NNLS fit
 """

@@ -1,0 +1,100 @@
+"""Per-app coefficients the simulator runs on, measured by `elastane sim calibrate` on a real cluster.
+
+A calibration file (JSON; sim/calibration.json is the default, measured on this project's dev
+machine) holds, per app:
+
+- `reference`: the job the coefficients were measured with (data / hparams / executor size): a trace
+  job's `data_scale` is relative to this data;
+- `theta`: the epoch-time form of models.ps_iteration_time (seconds per epoch on the reference data)
+  and the measured `samples` [workers, servers, epoch seconds] it was fitted to;
+- `clocks_per_epoch`: iterations (BSP clocks) per epoch, so simulated reports count iterations;
+- `loss_curve`: β0, β1, β2 of the Optimus curve fitted to a real run's objectives;
+- costs in seconds, measured on the cluster: `am_start_s` (AM container allocated -> registered),
+  `startup_s` (executors granted -> training starts), `finish_s` (converged -> AM unregistered),
+  `reshape_s` (an EPS add / remove, training stalled), `restart_s` (the kill-based restart from a
+  checkpoint; also a resume after a pause), `pause_s` (checkpoint and release on a pause).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import msgspec
+
+from models.ps_iteration_time import EpochTimeError, EpochTimeModel
+
+from .convergence import CurveError, LossCurve
+
+DEFAULT_PATH = Path(__file__).resolve().parent / "calibration.json"
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be read or used."""
+
+
+class AppCalibration(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One app's coefficients (see the module doc)."""
+
+    theta: list[float]
+    loss_curve: list[float]
+    clocks_per_epoch: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0
+    reference: dict[str, Any] = {}
+    samples: list[list[float]] = []
+    initial_objective: Optional[float] = None
+    am_start_s: NonNegFloat = 2.0
+    startup_s: NonNegFloat = 3.0
+    finish_s: NonNegFloat = 1.0
+    reshape_s: NonNegFloat = 2.0
+    restart_s: NonNegFloat = 6.0
+    pause_s: NonNegFloat = 2.0
+    max_epochs: Annotated[int, msgspec.Meta(ge=1)] = 1000    # the app's epoch limit when a job sets none
+
+    def epoch_model(self) -> EpochTimeModel:
+        return EpochTimeModel(tuple(self.theta))
+
+    def curve(self) -> LossCurve:
+        if len(self.loss_curve) != 3:
+            raise CurveError(f"loss_curve needs 3 coefficients, got {len(self.loss_curve)}")
+        return LossCurve(*self.loss_curve)
+
+
+class Calibration(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A calibration file: per app its coefficients, and where they were measured."""
+
+    apps: dict[str, AppCalibration]
+    measured_on: str = ""
+    note: str = ""
+
+    def app(self, name: str) -> AppCalibration:
+        try:
+            return self.apps[name]
+        except KeyError:
+            raise CalibrationError(f"the calibration has no app {name!r}; it has: "
+                                   f"{', '.join(sorted(self.apps)) or 'none'}") from None
+
+
+def load(path: Path = DEFAULT_PATH) -> Calibration:
+    """Read and check a calibration file (CalibrationError naming the problem otherwise)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise CalibrationError(f"cannot read calibration {path}: {e.strerror or e}") from None
+    try:
+        cal = msgspec.json.decode(raw, type=Calibration)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise CalibrationError(f"calibration {path}: {e}") from None
+    for name, app in cal.apps.items():
+        try:
+            app.epoch_model()
+            app.curve()
+        except (EpochTimeError, CurveError) as e:
+            raise CalibrationError(f"calibration {path}: app {name}: {e}") from None
+    return cal
+
+
+def save(cal: Calibration, path: Path) -> None:
+    path.write_bytes(msgspec.json.format(msgspec.json.encode(cal), indent=2) + b"\n")
+
+
+__all__ = ["AppCalibration", "Calibration", "CalibrationError", "DEFAULT_PATH", "load", "save"]
