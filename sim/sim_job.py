@@ -371,7 +371,8 @@ class SimJob:
                 -MAX_EPOCH_TIMES:]
         self._reported_epochs = done
         first = max(1, done - MAX_OBJECTIVES + 1)
-        objectives = [EpochObjective(e, self.curve.loss(e)) for e in range(first, done + 1)]
+        # Reports number epochs from 0 (the objective after k epochs is epoch k - 1's).
+        objectives = [EpochObjective(e - 1, self.curve.loss(e)) for e in range(first, done + 1)]
         compute = self.model.theta[0] * self.job.data_scale / w if w >= 1 else 0.0
         per_clock = 1.0 / self.cal.clocks_per_epoch
         iterations = self.iterations
