@@ -107,7 +107,8 @@ class Summary:
     events: int
 
     def to_json(self) -> dict[str, object]:
-        r = (lambda x: None if x is None else round(x, 4))
+        def r(x: Optional[float]) -> Optional[float]:
+            return None if x is None else round(x, 4)
         return {"jobs": self.jobs, "finished": self.finished, "mean_jct_s": r(self.mean_jct_s),
                 "median_jct_s": r(self.median_jct_s), "makespan_s": r(self.makespan_s),
                 "mean_utilization": r(self.mean_utilization), "mean_fairness_loss": r(self.mean_fairness_loss),

@@ -12,9 +12,9 @@ from typing import Sequence
 import matplotlib
 
 matplotlib.use("Agg")   # before pyplot: files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from .metrics import Sample  # noqa: E402
+from .metrics import Sample
 
 
 def write_plots(out_dir: Path, title: str, jcts: Sequence[float], samples: Sequence[Sample]) -> list[Path]:

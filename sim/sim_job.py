@@ -80,7 +80,8 @@ class JobRecord:
         return None if self.end is None else self.end - self.arrival
 
     def to_json(self, t0: float) -> dict[str, object]:
-        rel = (lambda t: None if t is None else round(t - t0, 3))
+        def rel(t: Optional[float]) -> Optional[float]:
+            return None if t is None else round(t - t0, 3)
         return {"name": self.name, "app": self.app, "app_id": self.app_id, "user": self.user, "queue": self.queue,
                 "arrival": rel(self.arrival), "am_start": rel(self.am_start), "start": rel(self.start),
                 "end": rel(self.end), "jct": None if self.jct is None else round(self.jct, 3),
