@@ -125,6 +125,7 @@ class SimJob:
         self.directive_version = 0
         self.run_state = api.RunState.RUN
         self.releases: list[str] = []
+        self.preferred_nodes: tuple[str, ...] = ()
         self.epochs = 0.0
         self.rate = 0.0                                       # epochs per second now
         self.last_t = 0.0
@@ -192,7 +193,9 @@ class SimJob:
         held = self._held()
         want = self._wanted()
         r = Resource(self.job.executor_memory_mb, self.job.executor_vcores)
-        return [api.ResourceAsk(ask_id=ASK_ID[role], count=max(0, want[i] - held[i]), resource=r, tag=role)
+        # A directive's placement is passed on as a node preference (relaxed: any node will do).
+        return [api.ResourceAsk(ask_id=ASK_ID[role], count=max(0, want[i] - held[i]), resource=r, tag=role,
+                                nodes=list(self.preferred_nodes))
                 for i, role in enumerate((WORKER, SERVER))]
 
     def _allocate(self) -> None:
@@ -226,6 +229,7 @@ class SimJob:
         self.directive_version = d.version
         if d.workers >= 1 and d.servers >= 1:
             self.target = (d.workers, d.servers)
+            self.preferred_nodes = tuple(d.nodes)
         if d.run_state == api.RunState.PAUSE and self.phase in (Phase.TRAINING, Phase.RESHAPING):
             self._pause()
         elif d.run_state != api.RunState.PAUSE and self.phase == Phase.PAUSED:

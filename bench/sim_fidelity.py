@@ -1,0 +1,119 @@
+"""The simulator against the local cluster: one small trace, the same policy, per-job JCT error.
+
+    .venv/bin/python bench/sim_fidelity.py [--policy static] [--calibration sim/calibration.json]
+                                           [--keep-dir DIR]
+
+The trace (`TRACE`: 6 jobs of the four apps at their calibration reference data, arriving a few
+seconds apart, so later ones queue behind earlier ones) runs twice:
+
+1. on a LocalCluster shaped as the calibration's (elastane_cli/sim_calibrate.ClusterShape: 2 NMs
+   of 4 vcores sharing this machine's cores out by vcore), each job submitted at its arrival time
+   (the reference job spec with the trace's shape, threshold and epoch limit) and followed to its
+   end; its JCT is the RM's finishedTime - startedTime;
+2. in the simulator on the same cluster shape (2 nodes x 4 vcores, 2048 MB; AM 384 MB; NM
+   heartbeats every 250 ms as the local cluster's), with the calibration file.
+
+Per job: |JCT_sim - JCT_real| / JCT_real; makespan (first arrival to last end) likewise. Target:
+mean absolute JCT error <= 10 %. Prints the per-job table, then one JSON object as the last line:
+{"jct_mean_abs_error", "makespan_error", "jobs": [...], "policy"}.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from elastane_cli.context import default_user  # noqa: E402
+from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
+from elastane_cli.sim_calibrate import AM_MEMORY_MB, EXECUTOR_MEMORY_MB, ClusterShape, reference_job, run_job  # noqa: E402
+from sim import calibration  # noqa: E402
+from sim.sim_job import JobTimings  # noqa: E402
+from sim.simulator import SimConfig, simulate  # noqa: E402
+from sim.trace import TraceJob  # noqa: E402
+
+# (arrival s, app, workers, servers, threshold); epoch limit MAX_EPOCHS for every job.
+TRACE_ROWS: tuple[tuple[float, str, int, int, float], ...] = (
+    (0.0, "mlr", 2, 1, 0.03), (3.0, "nmf", 2, 1, 0.03), (6.0, "lasso", 1, 1, 0.03),
+    (9.0, "lda", 2, 1, 0.03), (12.0, "mlr", 1, 1, 0.02), (15.0, "lasso", 2, 1, 0.02),
+)
+MAX_EPOCHS = 12
+
+
+def trace() -> list[TraceJob]:
+    return [TraceJob(name=f"f{i + 1}-{app}", arrival_s=t, app=app, workers=w, servers=s,  # type: ignore[arg-type]
+                     threshold=th, max_epochs=MAX_EPOCHS, executor_memory_mb=EXECUTOR_MEMORY_MB)
+            for i, (t, app, w, s, th) in enumerate(TRACE_ROWS)]
+
+
+def real_spec(job: TraceJob) -> dict[str, Any]:
+    return {**reference_job(job.app, MAX_EPOCHS), "workers": job.workers, "servers": job.servers,
+            "convergence_threshold": job.threshold}
+
+
+def run_real(jobs: list[TraceJob], policy: str, base: Path) -> dict[str, dict[str, float]]:
+    cluster = ClusterShape().start(base, policy=policy)
+    try:
+        async def go() -> dict[str, dict[str, float]]:
+            async with RmRestClient(cluster.rm_url, default_user()) as client:
+                t0 = asyncio.get_running_loop().time() + 0.5
+                runs = await asyncio.gather(*(run_job(client, real_spec(j), j.name, at_s=j.arrival_s, t0=t0)
+                                              for j in jobs))
+                out = {}
+                for j, r in zip(jobs, runs):
+                    app = await client.app(r.app_id)
+                    out[j.name] = {"arrival": (app["startedTime"]) / 1000.0, "end": app["finishedTime"] / 1000.0,
+                                   "jct": float(r.jct_s or 0.0), "epochs": float(r.epochs),
+                                   "ok": float(r.final_status == "SUCCEEDED")}
+                return out
+        return asyncio.run(go())
+    finally:
+        cluster.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--policy", default="static")
+    p.add_argument("--calibration", type=Path, default=calibration.DEFAULT_PATH)
+    p.add_argument("--keep-dir", type=Path, default=None)
+    ns = p.parse_args(argv)
+    cal = calibration.load(ns.calibration)
+    jobs = trace()
+    cs = ClusterShape()
+    sim = simulate(jobs, ns.policy, cal, SimConfig(nodes=cs.nodes, node_memory_mb=cs.node_memory_mb,
+                                                   node_vcores=cs.node_vcores, heartbeat_s=0.25,
+                                                   timings=JobTimings(am_memory_mb=AM_MEMORY_MB)))
+    if ns.keep_dir:
+        real = run_real(jobs, ns.policy, ns.keep_dir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="elastane-fidelity-") as tmp:
+            real = run_real(jobs, ns.policy, Path(tmp))
+    rows = []
+    for rec in sim.records:
+        r = real[rec.name]
+        err = abs(float(rec.jct or 0.0) - r["jct"]) / r["jct"] if r["jct"] > 0 else None
+        rows.append({"name": rec.name, "real_jct_s": round(r["jct"], 2), "sim_jct_s": round(float(rec.jct or 0.0), 2),
+                     "error": None if err is None else round(err, 4), "real_epochs": int(r["epochs"]),
+                     "sim_epochs": rec.epochs, "real_ok": bool(r["ok"])})
+        print(f"{rec.name:>10}: real {r['jct']:7.2f} s ({int(r['epochs'])} epochs)  sim {float(rec.jct or 0):7.2f} s "
+              f"({rec.epochs} epochs)  error {err if err is not None else float('nan'):.1%}", file=sys.stderr)
+    real_makespan = max(r["end"] for r in real.values()) - min(r["arrival"] for r in real.values())
+    sim_makespan = float(sim.summary.makespan_s or 0.0)
+    errors = [r["error"] for r in rows if r["error"] is not None]
+    print(f"makespan: real {real_makespan:.2f} s  sim {sim_makespan:.2f} s", file=sys.stderr)
+    print(json.dumps({"jct_mean_abs_error": round(statistics.fmean(errors), 4) if errors else None,
+                      "makespan_error": round(abs(sim_makespan - real_makespan) / real_makespan, 4),
+                      "real_makespan_s": round(real_makespan, 2), "sim_makespan_s": round(sim_makespan, 2),
+                      "policy": ns.policy, "jobs": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
