@@ -210,3 +210,39 @@ def test_cli_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit) as e:
         main(["sim", "generate", "--jobs", "0"])
     assert e.value.code == 2
+
+
+class _PauseThenResume:
+    """A test policy: pauses every running job at `pause_at` and resumes it at `resume_at`."""
+
+    name = "pause-test"
+
+    def __init__(self, pause_at: float, resume_at: float):
+        self.pause_at, self.resume_at = pause_at, resume_at
+
+    def decide(self, snapshot: policies.ClusterSnapshot) -> policies.Decision:
+        from protocol.internal_api import RunState
+        t = snapshot.now - T0
+        if t < self.pause_at:
+            return policies.Decision()
+        state = RunState.PAUSE if t < self.resume_at else RunState.RESUME
+        return policies.Decision({a.app_id: policies.JobDecision(2, 1, run_state=state)
+                                  for a in snapshot.apps if a.shape is not None and a.shape.started})
+
+
+def test_a_paused_job_releases_its_executors_and_resumes() -> None:
+    job = TraceJob(name="p", arrival_s=0.0, app="mlr", threshold=0.01, workers=2, servers=1, data_scale=20.0)
+    plain = simulate([job], "static", calibration(), SMALL).records[0]
+    sim = Simulator([job], "static", calibration(), SMALL)
+    sim.policy = _PauseThenResume(100.0, 400.0)
+    rec = sim.run().records[0]
+    assert rec.pauses == 1 and rec.final_status == "SUCCEEDED"
+    assert [s[1:] for s in rec.shapes] == [(2, 1), (0, 0), (2, 1)]
+    paused_at, resumed_at = rec.shapes[1][0] - T0, rec.shapes[2][0] - T0
+    assert 100.0 < paused_at < 110.0 and resumed_at > 400.0
+    # While paused the job held only its AM.
+    held = [s for s in sim.samples if paused_at + 5 < s.t < 395.0]
+    assert held and all(s.vcores_used == 1 for s in held)
+    cal = calibration().apps["mlr"]
+    lost = (resumed_at - paused_at) + cal.pause_s
+    assert rec.jct == pytest.approx(plain.jct + lost, abs=1.0)
