@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 from appmaster.ps.submission import build_ps_submission
 from models.ps_iteration_time import fit as fit_epoch_time
@@ -214,12 +214,19 @@ async def calibrate_apps(client: RmRestClient, apps: list[str], shapes: tuple[tu
                 runs.append(run)
         runs_all += runs
         if not runs:
-            raise RuntimeError(f"no calibration run of {app} succeeded")
+            log(f"{app}: no run succeeded; left out of the calibration")
+            continue
         samples = [(r.shape[0] or w, r.shape[1] or s, float(r.epoch_wall_s or 0.0))
                    for r, (w, s) in zip(runs, shapes)]
-        model = fit_epoch_time(samples)
         history = [p for r in runs for p in r.objectives]
-        curve = fit_curve(history)
+        # The curve is a falling loss; an objective that rises (LDA's log-likelihood) is fitted negated.
+        sign: Literal[1, -1] = -1 if history and statistics.fmean(v for _, v in history) < 0 else 1
+        try:
+            model = fit_epoch_time(samples)
+            curve = fit_curve([(k, sign * v) for k, v in history])
+        except ValueError as e:    # EpochTimeError, CurveError
+            log(f"{app}: cannot fit its runs ({e}); left out of the calibration")
+            continue
         am_start = [r.first_report for r in runs if r.first_report is not None]
         startup = [r.started - r.first_report for r in runs if r.started is not None and r.first_report is not None]
         finish = [float(r.jct_s or 0.0) - float(r.started or 0.0) - sum(r.epoch_times) for r in runs]
@@ -230,7 +237,7 @@ async def calibrate_apps(client: RmRestClient, apps: list[str], shapes: tuple[tu
             initial_objective=history[0][1] if history and history[0][0] == 0 else None,
             am_start_s=round(_mean(am_start, 2.0), 3), startup_s=round(_mean(startup, 3.0), 3),
             finish_s=round(max(0.0, _mean(finish, 1.0)), 3),
-            max_epochs=int(reference_job(app)["max_epochs"]))
+            max_epochs=int(reference_job(app)["max_epochs"]), objective_sign=sign)
         log(f"{app}: theta {out[app].theta}, curve {out[app].loss_curve}")
     return out, runs_all
 
@@ -255,6 +262,8 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
             async def go() -> Calibration:
                 async with RmRestClient(cluster.rm_url, default_user()) as client:
                     per_app, _ = await calibrate_apps(client, apps, shapes, epochs, log)
+                    if not per_app:
+                        raise RuntimeError("no app could be calibrated")
                     reshape = await measure_reshape(client, "eps", log)
                     restart = await measure_reshape(client, "kill", log)
                 for a in per_app.values():

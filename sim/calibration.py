@@ -8,7 +8,8 @@ machine) holds, per app:
 - `theta`: the epoch-time form of models.ps_iteration_time (seconds per epoch on the reference data)
   and the measured `samples` [workers, servers, epoch seconds] it was fitted to;
 - `clocks_per_epoch`: iterations (BSP clocks) per epoch, so simulated reports count iterations;
-- `loss_curve`: β0, β1, β2 of the Optimus curve fitted to a real run's objectives;
+- `loss_curve`: β0, β1, β2 of the Optimus curve fitted to a real run's objectives (times
+  `objective_sign`: -1 for an objective that rises, LDA's log-likelihood);
 - costs in seconds, measured on the cluster: `am_start_s` (AM container allocated -> registered),
   `startup_s` (executors granted -> training starts), `finish_s` (converged -> AM unregistered),
   `reshape_s` (an EPS add / remove, training stalled), `restart_s` (the kill-based restart from a
@@ -17,7 +18,7 @@ machine) holds, per app:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import msgspec
 
@@ -49,6 +50,9 @@ class AppCalibration(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     restart_s: NonNegFloat = 6.0
     pause_s: NonNegFloat = 2.0
     max_epochs: Annotated[int, msgspec.Meta(ge=1)] = 1000    # the app's epoch limit when a job sets none
+    # -1 for apps whose objective rises as they learn (LDA's log-likelihood): the curve is fitted to
+    # -objective, and simulated reports give -l(k). The convergence test is the same either way.
+    objective_sign: Literal[1, -1] = 1
 
     def epoch_model(self) -> EpochTimeModel:
         return EpochTimeModel(tuple(self.theta))

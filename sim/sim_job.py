@@ -377,7 +377,8 @@ class SimJob:
         self._reported_epochs = done
         first = max(1, done - MAX_OBJECTIVES + 1)
         # Reports number epochs from 0 (the objective after k epochs is epoch k - 1's).
-        objectives = [EpochObjective(e - 1, self.curve.loss(e)) for e in range(first, done + 1)]
+        sign = self.cal.objective_sign
+        objectives = [EpochObjective(e - 1, sign * self.curve.loss(e)) for e in range(first, done + 1)]
         compute = self.model.theta[0] * self.job.data_scale / w if w >= 1 else 0.0
         per_clock = 1.0 / self.cal.clocks_per_epoch
         iterations = self.iterations
@@ -392,8 +393,8 @@ class SimJob:
             executor_resource=Resource(self.job.executor_memory_mb, self.job.executor_vcores),
             directive_version=self.directive_version, phase=self.phase.value,
             epoch=done - 1 if done >= 1 else None, epoch_time_s=self.epoch_times[-1] if self.epoch_times else None,
-            objective=self.curve.loss(done) if done >= 1 else None, epoch_times=list(self.epoch_times),
-            initial_objective=self.curve.loss(0), objectives=objectives,
+            objective=sign * self.curve.loss(done) if done >= 1 else None, epoch_times=list(self.epoch_times),
+            initial_objective=sign * self.curve.loss(0), objectives=objectives,
             worker_times=WorkerTiming(compute_s=compute * per_clock, comm_s=max(0.0, epoch_s - compute) * per_clock,
                                       workers=w),
             server_times=ServerTiming(service_s=0.0, servers=0))
