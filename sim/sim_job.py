@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Callable, Optional
 
+import msgspec
+
 from protocol import internal_api as api
 from protocol import ps_job_spec
 from protocol.job_report import EpochObjective, JobReport, ServerTiming, WorkerTiming, MAX_EPOCH_TIMES, MAX_OBJECTIVES
@@ -146,7 +148,13 @@ class SimJob:
                                      convergence_threshold=j.threshold, executor_memory_mb=j.executor_memory_mb,
                                      executor_vcores=j.executor_vcores, elastic_mode=j.elastic_mode,
                                      max_epochs=j.max_epochs)
-        return spec.to_json()
+        out = spec.to_json()
+        # A spec that knows a minimum shape (Dorm's n_min) gets the trace's; today's has none.
+        names = {f.name for f in msgspec.structs.fields(ps_job_spec.PSJobSpec)}
+        for key, value in (("min_workers", j.shape_min[0]), ("min_servers", j.shape_min[1])):
+            if key in names:
+                out[key] = value
+        return out
 
     def submit(self) -> None:
         self.record.arrival = self.loop.now
