@@ -65,6 +65,10 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     r.add_argument("--nodes", type=_positive_int, default=8)
     r.add_argument("--node-memory-mb", type=_positive_int, default=8192)
     r.add_argument("--node-vcores", type=_positive_int, default=8)
+    r.add_argument("--heartbeat-s", type=_non_negative_float, default=1.0,
+                   help="NM heartbeat interval (a real NM's: 1 s; larger runs big clusters faster)")
+    r.add_argument("--policy-interval-s", type=_non_negative_float, default=1.0,
+                   help="seconds between policy rounds (the RM's: 1 s)")
     r.add_argument("--calibration", type=Path, default=calibration_file.DEFAULT_PATH)
     r.add_argument("--out", type=Path, default=Path("sim-out"), help="directory for records and plots")
     r.add_argument("--no-plots", action="store_true")
@@ -104,7 +108,10 @@ def cmd_run(args: argparse.Namespace, ctx: CliContext) -> int:
     try:
         trace = read_trace(args.trace)
         cal = calibration_file.load(args.calibration)
-        cfg = SimConfig(nodes=args.nodes, node_memory_mb=args.node_memory_mb, node_vcores=args.node_vcores)
+        if args.heartbeat_s <= 0 or args.policy_interval_s <= 0:
+            raise UsageError("--heartbeat-s and --policy-interval-s must be positive")
+        cfg = SimConfig(nodes=args.nodes, node_memory_mb=args.node_memory_mb, node_vcores=args.node_vcores,
+                        heartbeat_s=args.heartbeat_s, policy_interval_s=args.policy_interval_s)
         result = simulate(trace, args.policy, cal, cfg)
     except (TraceError, CalibrationError) as e:
         raise UsageError(str(e)) from None
