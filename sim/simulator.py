@@ -27,6 +27,7 @@ from .sim_job import JobRecord, JobTimings, Phase, SimJob
 from .sim_node import SimNode
 from .trace import TraceJob
 
+ACTIVE = (Phase.LAUNCHING, Phase.TRAINING, Phase.RESHAPING, Phase.PAUSING, Phase.FINISHING)
 T0 = 1_000_000_000.0        # virtual epoch: IDs and tokens look like a real RM's; records are relative to it
 SIM_SECRET = "elastane-simulator-secret"
 
@@ -43,6 +44,9 @@ class SimConfig:
     policy_interval_s: float = 1.0
     sample_s: float = 5.0
     max_virtual_s: float = 30 * 86400.0
+    # Stop when, after the last arrival, no job has trained for this long (jobs each holding part of
+    # what they asked for can wait on each other forever: YARN grants no gangs); they stay unfinished.
+    stall_s: float = 6 * 3600.0
     timings: JobTimings = JobTimings()
     rm: RMConfig = field(default_factory=lambda: RMConfig(nm_expiry_s=10.0, am_expiry_s=10.0))
 
@@ -82,6 +86,8 @@ class Simulator:
         self.by_app: dict[str, SimJob] = {}
         self.samples: list[Sample] = []
         self.finished = 0
+        self.last_active = self.loop.now
+        self.stalled = False
 
     # ----- periodic work ----------------------------------------------------------------------
     def _heartbeat(self, node: SimNode) -> None:
@@ -98,6 +104,11 @@ class Simulator:
 
     def _sample(self) -> None:
         self.samples.append(self.sample())
+        if any(j.phase in ACTIVE for j in self.jobs) or len(self.by_app) < len(self.jobs):
+            self.last_active = self.loop.now
+        elif self.loop.now - self.last_active > self.cfg.stall_s:
+            self.stalled = True
+            return
         self.loop.after(self.cfg.sample_s, self._sample)
 
     def _arrive(self, job: SimJob) -> None:
@@ -152,7 +163,7 @@ class Simulator:
         loop.after(cfg.policy_interval_s, self._policy_round)
         loop.at(T0 + (self.jobs[0].job.arrival_s if self.jobs else 0.0), self._sample)
         total = len(self.jobs)
-        loop.run(stop=lambda: self.finished >= total, until=T0 + cfg.max_virtual_s, on_event=self._drain)
+        loop.run(stop=lambda: self.finished >= total or self.stalled, until=T0 + cfg.max_virtual_s, on_event=self._drain)
         self.samples.append(self.sample())
         records = [j.record for j in self.jobs]
         summary = summarize([r.jct for r in records], [r.arrival - T0 for r in records],

@@ -246,3 +246,13 @@ def test_a_paused_job_releases_its_executors_and_resumes() -> None:
     cal = calibration().apps["mlr"]
     lost = (resumed_at - paused_at) + cal.pause_s
     assert rec.jct == pytest.approx(plain.jct + lost, abs=1.0)
+
+
+def test_a_job_that_can_never_start_ends_the_run_as_stalled() -> None:
+    # 4 vcores cannot hold an AM plus 4 executors: the job holds part and waits for ever.
+    job = TraceJob(name="big", arrival_s=0.0, app="mlr", threshold=0.01, workers=3, servers=1)
+    result = simulate([job], "static", calibration(), SimConfig(nodes=1, node_vcores=4, stall_s=600.0))
+    rec = result.records[0]
+    assert rec.end is None and rec.start is None and rec.am_start is not None
+    assert result.summary.finished == 0 and result.summary.makespan_s is None
+    assert 600.0 < result.summary.virtual_s < 700.0
