@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import re
 import statistics
 import tempfile
 import time
@@ -44,11 +45,13 @@ from .local_cluster import LocalCluster
 from .rm_rest_client import RmRestClient
 
 FINAL_STATES = ("FINISHED", "FAILED", "KILLED")
+EPOCHS_DONE = re.compile(r"after (\d+) epochs")
 POLL_S = 0.2
 AM_MEMORY_MB = 384
 EXECUTOR_MEMORY_MB = 384
 CALIBRATION_EPOCHS = 10
 SHAPES: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (4, 1), (2, 2))
+REFERENCE_SHAPE = (2, 1)     # PSJobSpec's default shape: the loss curve is fitted on this run
 
 
 # Ten times the `tiny` rows, so an epoch is long enough (~1 s on a worker) to time.
@@ -104,7 +107,8 @@ class JobRun:
     iterations: int = 0
     objectives: list[tuple[int, float]] = field(default_factory=list)   # (epochs done, objective)
     epoch_times: list[float] = field(default_factory=list)               # as the AM measured them
-    shape: tuple[int, int] = (0, 0)
+    shape: tuple[int, int] = (0, 0)          # as last reported
+    requested: tuple[int, int] = (0, 0)      # as submitted
     reshape_lost_s: list[float] = field(default_factory=list)
 
     @property
@@ -157,6 +161,11 @@ async def run_job(client: RmRestClient, spec: dict[str, Any], name: str, at_s: f
         if app.get("state") in FINAL_STATES:
             run.ended = now
             run.final_state, run.final_status = str(app.get("state")), str(app.get("finalStatus"))
+            # The last report seen may be epochs behind (AMs report once a second): the AM's final
+            # diagnostics say how many epochs it trained ("final objective X after N epochs ...").
+            done = EPOCHS_DONE.search(str(app.get("diagnostics") or ""))
+            if done:
+                run.epochs = int(done.group(1))
             started_ms, finished_ms = app.get("startedTime") or 0, app.get("finishedTime") or 0
             run.jct_s = (finished_ms - started_ms) / 1000.0 if started_ms and finished_ms else now
             return run
@@ -208,6 +217,7 @@ async def calibrate_apps(client: RmRestClient, apps: list[str], shapes: tuple[tu
         for w, s in shapes:
             spec = {**reference_job(app, epochs), "workers": w, "servers": s}
             run = await run_job(client, spec, f"calibrate {app} {w}x{s}", t0=asyncio.get_running_loop().time())
+            run.requested = (w, s)
             log(f"{app} {w}x{s}: {run.final_status}, jct {run.jct_s:.1f}s, epochs {run.epochs}, "
                 f"epoch {run.epoch_wall_s or 0:.2f}s, start {run.started or 0:.1f}s")
             if run.final_status == "SUCCEEDED" and run.epoch_wall_s:
@@ -216,9 +226,12 @@ async def calibrate_apps(client: RmRestClient, apps: list[str], shapes: tuple[tu
         if not runs:
             log(f"{app}: no run succeeded; left out of the calibration")
             continue
-        samples = [(r.shape[0] or w, r.shape[1] or s, float(r.epoch_wall_s or 0.0))
-                   for r, (w, s) in zip(runs, shapes)]
-        history = [p for r in runs for p in r.objectives]
+        samples = [(r.requested[0], r.requested[1], float(r.epoch_wall_s or 0.0)) for r in runs]
+        # Convergence per epoch depends on the shape a little (more workers, other mini-batch
+        # interleavings): the curve is the one of the apps' default shape (2 workers, 1 server),
+        # the pooled runs' when that run is missing or too short.
+        ref = [r for r in runs if r.requested == REFERENCE_SHAPE and len(r.objectives) >= 4]
+        history = ref[0].objectives if ref else [p for r in runs for p in r.objectives]
         # The curve is a falling loss; an objective that rises (LDA's log-likelihood) is fitted negated.
         sign: Literal[1, -1] = -1 if history and statistics.fmean(v for _, v in history) < 0 else 1
         try:
@@ -235,6 +248,7 @@ async def calibrate_apps(client: RmRestClient, apps: list[str], shapes: tuple[tu
             clocks_per_epoch=max(1.0, statistics.fmean(r.iterations / max(1, r.epochs) for r in runs)),
             reference=reference_job(app, epochs), samples=[[w, s, round(t, 4)] for w, s, t in samples],
             initial_objective=history[0][1] if history and history[0][0] == 0 else None,
+            histories=[[[k, v] for k, v in r.objectives] for r in runs],
             am_start_s=round(_mean(am_start, 2.0), 3), startup_s=round(_mean(startup, 3.0), 3),
             finish_s=round(max(0.0, _mean(finish, 1.0)), 3),
             max_epochs=int(reference_job(app)["max_epochs"]), objective_sign=sign)

@@ -43,6 +43,7 @@ class AppCalibration(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     reference: dict[str, Any] = {}
     samples: list[list[float]] = []
     initial_objective: Optional[float] = None
+    histories: list[list[list[float]]] = []     # per calibration run its [epochs done, objective] points
     am_start_s: NonNegFloat = 2.0
     startup_s: NonNegFloat = 3.0
     finish_s: NonNegFloat = 1.0
