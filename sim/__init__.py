@@ -12,6 +12,7 @@ messages a real daemon sends. Modules:
 - `convergence`   the Optimus loss curve: fit and epochs to a convergence threshold
 - `sim_node`      a simulated NodeManager
 - `sim_job`       a simulated PS ApplicationMaster and its job
+- `job_record`    what is recorded of a job (arrival, start, end, shape over time)
 - `metrics`       JCT, makespan, utilization, DRF fairness loss (Dorm)
 - `simulator`     wires them together: `simulate(trace, policy, ...)`
 - `plots`         PNG plots of a run (matplotlib, Agg)

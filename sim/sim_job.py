@@ -21,7 +21,7 @@ the loss curve) and per-worker compute / communication times split as the epoch-
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -34,6 +34,7 @@ from protocol.records import FinalStatus, Resource
 from rm.model import AmSpec
 
 from .calibration import AppCalibration
+from .job_record import JobRecord
 from .event_loop import EventLoop
 from .sim_node import SimNode
 from .trace import TraceJob
@@ -55,41 +56,6 @@ class Phase(str, Enum):
     PAUSED = "PAUSED"
     FINISHING = "FINISHING"
     DONE = "SUCCEEDED"
-
-
-@dataclass
-class JobRecord:
-    """What the simulator reports of one job (times in seconds from the start of the run)."""
-
-    name: str
-    app: str
-    user: str
-    queue: str
-    app_id: str = ""
-    arrival: float = 0.0
-    am_start: Optional[float] = None        # AM registered
-    start: Optional[float] = None           # training began (all executors up)
-    end: Optional[float] = None             # AM unregistered
-    epochs: int = 0
-    target_epochs: int = 0
-    reshapes: int = 0
-    pauses: int = 0
-    final_status: str = ""
-    shapes: list[tuple[float, int, int]] = field(default_factory=list)   # (time, workers, servers)
-
-    @property
-    def jct(self) -> Optional[float]:
-        return None if self.end is None else self.end - self.arrival
-
-    def to_json(self, t0: float) -> dict[str, object]:
-        def rel(t: Optional[float]) -> Optional[float]:
-            return None if t is None else round(t - t0, 3)
-        return {"name": self.name, "app": self.app, "app_id": self.app_id, "user": self.user, "queue": self.queue,
-                "arrival": rel(self.arrival), "am_start": rel(self.am_start), "start": rel(self.start),
-                "end": rel(self.end), "jct": None if self.jct is None else round(self.jct, 3),
-                "epochs": self.epochs, "target_epochs": self.target_epochs, "reshapes": self.reshapes,
-                "pauses": self.pauses, "final_status": self.final_status,
-                "shapes": [[round(t - t0, 3), w, s] for t, w, s in self.shapes]}
 
 
 @dataclass(frozen=True)
@@ -413,4 +379,4 @@ class SimJob:
         return 100
 
 
-__all__ = ["JobRecord", "JobTimings", "Phase", "SimJob"]
+__all__ = ["JobTimings", "Phase", "SimJob"]

@@ -23,7 +23,8 @@ from rm.policy_runner import run_policy
 from .calibration import Calibration
 from .event_loop import EventLoop
 from .metrics import Demand, Sample, Summary, fairness_loss, summarize, utilization
-from .sim_job import JobRecord, JobTimings, Phase, SimJob
+from .job_record import JobRecord
+from .sim_job import JobTimings, Phase, SimJob
 from .sim_node import SimNode
 from .trace import TraceJob
 
