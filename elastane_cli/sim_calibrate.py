@@ -242,7 +242,9 @@ async def calibrate_apps(client: RmRestClient, apps: list[str], shapes: tuple[tu
             continue
         am_start = [r.first_report for r in runs if r.first_report is not None]
         startup = [r.started - r.first_report for r in runs if r.started is not None and r.first_report is not None]
-        finish = [float(r.jct_s or 0.0) - float(r.started or 0.0) - sum(r.epoch_times) for r in runs]
+        # epochs (from the diagnostics) x the typical epoch: the reported times may miss the last ones.
+        finish = [float(r.jct_s or 0.0) - float(r.started or 0.0) - r.epochs * float(r.epoch_wall_s or 0.0)
+                  for r in runs]
         out[app] = AppCalibration(
             theta=[round(t, 6) for t in model.theta], loss_curve=[curve.beta0, curve.beta1, curve.beta2],
             clocks_per_epoch=max(1.0, statistics.fmean(r.iterations / max(1, r.epochs) for r in runs)),
