@@ -251,6 +251,7 @@ async def calibrate_apps(client: RmRestClient, apps: list[str], shapes: tuple[tu
             reference=reference_job(app, epochs), samples=[[w, s, round(t, 4)] for w, s, t in samples],
             initial_objective=history[0][1] if history and history[0][0] == 0 else None,
             histories=[[[k, v] for k, v in r.objectives] for r in runs],
+            convergence_history=[v for k, v in ref[0].objectives if k >= 1] if ref else [],
             am_start_s=round(_mean(am_start, 2.0), 3), startup_s=round(_mean(startup, 3.0), 3),
             finish_s=round(max(0.0, _mean(finish, 1.0)), 3),
             max_epochs=int(reference_job(app)["max_epochs"]), objective_sign=sign)

@@ -9,7 +9,9 @@ machine) holds, per app:
   and the measured `samples` [workers, servers, epoch seconds] it was fitted to;
 - `clocks_per_epoch`: iterations (BSP clocks) per epoch, so simulated reports count iterations;
 - `loss_curve`: β0, β1, β2 of the Optimus curve fitted to a real run's objectives (times
-  `objective_sign`: -1 for an objective that rises, LDA's log-likelihood);
+  `objective_sign`: -1 for an objective that rises, LDA's log-likelihood), and that run's
+  objectives (`convergence_history`): a job's epoch count is where they meet its threshold, the
+  curve's prediction when they never do;
 - costs in seconds, measured on the cluster: `am_start_s` (AM container allocated -> registered),
   `startup_s` (executors granted -> training starts), `finish_s` (converged -> AM unregistered),
   `reshape_s` (an EPS add / remove, training stalled), `restart_s` (the kill-based restart from a
@@ -44,6 +46,9 @@ class AppCalibration(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     samples: list[list[float]] = []
     initial_objective: Optional[float] = None
     histories: list[list[list[float]]] = []     # per calibration run its [epochs done, objective] points
+    # The objectives after 1, 2, ... epochs of the reference run (the one the curve is fitted on):
+    # where they meet a job's threshold they give its epoch count, the curve extrapolates beyond.
+    convergence_history: list[float] = []
     am_start_s: NonNegFloat = 2.0
     startup_s: NonNegFloat = 3.0
     finish_s: NonNegFloat = 1.0
@@ -57,6 +62,19 @@ class AppCalibration(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     def epoch_model(self) -> EpochTimeModel:
         return EpochTimeModel(tuple(self.theta))
+
+    def epochs_to_converge(self, threshold: float, max_epochs: int) -> int:
+        """The epoch a job with this threshold stops after: as the measured reference run would
+        (the apps' own test on its objectives), or, when it never meets the threshold, as the
+        fitted curve predicts (at least one epoch past the measured ones)."""
+        h = self.convergence_history
+        for k in range(2, min(len(h), max_epochs) + 1):
+            prev, cur = h[k - 2], h[k - 1]
+            if abs(cur - prev) / max(abs(prev), 1e-12) < threshold:
+                return k
+        if len(h) >= max_epochs:
+            return max_epochs
+        return min(max_epochs, max(len(h) + 1, self.curve().epochs_to_converge(threshold, max_epochs)))
 
     def curve(self) -> LossCurve:
         if len(self.loss_curve) != 3:

@@ -79,7 +79,7 @@ class SimJob:
         self.model = cal.epoch_model()
         self.curve = cal.curve()
         max_epochs = job.max_epochs or int(job.hparams.get("max_epochs", cal.max_epochs))
-        self.target_epochs = self.curve.epochs_to_converge(job.threshold, max_epochs)
+        self.target_epochs = cal.epochs_to_converge(job.threshold, max_epochs)
         self.record = JobRecord(job.name, job.app, job.user, job.queue, target_epochs=self.target_epochs)
         self.phase = Phase.SUBMITTED
         self.app_id = ""
