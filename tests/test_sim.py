@@ -256,3 +256,14 @@ def test_a_job_that_can_never_start_ends_the_run_as_stalled() -> None:
     assert rec.end is None and rec.start is None and rec.am_start is not None
     assert result.summary.finished == 0 and result.summary.makespan_s is None
     assert 600.0 < result.summary.virtual_s < 700.0
+
+
+def test_convergence_follows_the_measured_run_then_the_curve() -> None:
+    app = msgspec.structs.replace(calibration().apps["mlr"], convergence_history=[1.0, 0.8, 0.7, 0.68, 0.67])
+    # relative changes after epochs 2..5: 20 %, 12.5 %, 2.9 %, 1.5 %
+    assert app.epochs_to_converge(0.05, 100) == 4
+    assert app.epochs_to_converge(0.02, 100) == 5
+    assert app.epochs_to_converge(0.02, 3) == 3
+    # never met in the measured epochs: the curve's answer, but past them
+    curve_k = LossCurve(0.5, 2.0, 0.1).epochs_to_converge(0.001, 1000)
+    assert app.epochs_to_converge(0.001, 1000) == max(6, curve_k)
