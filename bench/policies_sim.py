@@ -1,12 +1,12 @@
 """Every registered policy on one simulated cluster and one generated trace (Optimus §6.1 style).
 
-    .venv/bin/python bench/policies_sim.py [--jobs 40] [--seed 1] [--window-s 2000] [--nodes 4]
+    .venv/bin/python bench/policies_sim.py [--jobs 60] [--seed 1] [--window-s 1500] [--nodes 4]
                                            [--calibration sim/calibration.json]
 
 The trace comes from `sim.workload.generate` (arrivals uniform over the window, thresholds 1-5 %,
 apps and BSP / SSP drawn at random, data sizes log-uniform); each policy replays it on the same
 simulated cluster (sim/simulator.py: the real RM core and policy code on a virtual clock). The
-default size loads the cluster (about 70 % utilization under `static`) so that policies differ:
+default size loads the cluster (about 75 % utilization under `static`) so that policies differ:
 Optimus §6 compares them under contention. With the shipped calibration (sim/calibration.json)
 an epoch of the reference data takes about a second, so jobs of 20-200x that data run minutes.
 Per policy: mean JCT, makespan, mean utilization, mean DRF fairness loss (Dorm eq. 2), finished
@@ -44,9 +44,9 @@ def ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", type=int, default=40)
+    p.add_argument("--jobs", type=int, default=60)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--window-s", type=float, default=2000.0)
+    p.add_argument("--window-s", type=float, default=1500.0)
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--node-memory-mb", type=int, default=8192)
     p.add_argument("--node-vcores", type=int, default=8)

@@ -47,7 +47,7 @@ class SimConfig:
     max_virtual_s: float = 30 * 86400.0
     # Stop when, after the last arrival, no job has trained for this long (jobs each holding part of
     # what they asked for can wait on each other forever: YARN grants no gangs); they stay unfinished.
-    stall_s: float = 6 * 3600.0
+    stall_s: float = 3600.0
     timings: JobTimings = JobTimings()
     rm: RMConfig = field(default_factory=lambda: RMConfig(nm_expiry_s=10.0, am_expiry_s=10.0))
 
