@@ -14,8 +14,8 @@ how much slower the host is when it runs, with a probe job).
 - startup_s: first report -> `started` (executors granted, launched, data loaded);
 - the epoch time: the lower quartile of the epoch times the AM reports (the first left out); the
   (workers, servers, epoch time) samples are fitted to models.ps_iteration_time's form (NNLS);
-- finish_s: the rest of the JCT beyond the epochs' training times (between-epoch work, the final
-  evaluation and checkpoint, unregistering). The reports reach the RM once a second, so the split
+- finish_s: the rest of the JCT beyond the epochs' training times as the AM measured them
+  (between-epoch work, the final evaluation and checkpoint, unregistering). The reports reach the RM once a second, so the split
   between am_start_s, startup_s and finish_s is approximate; their sum is the measured JCT minus
   the training time.
 - the objective history (with the initial objective), pooled over the runs, fitted to the Optimus
@@ -114,6 +114,20 @@ class JobRun:
     shape: tuple[int, int] = (0, 0)          # as last reported
     requested: tuple[int, int] = (0, 0)      # as submitted
     reshape_lost_s: list[float] = field(default_factory=list)
+
+    @property
+    def training_s(self) -> float:
+        """The epochs' training time as the AM measured it; epochs it trained after its last report
+        reached the RM (the diagnostics count them) at the median epoch time."""
+        if not self.epoch_times:
+            return 0.0
+        missing = max(0, self.epochs - len(self.epoch_times))
+        return sum(self.epoch_times) + missing * statistics.median(self.epoch_times)
+
+    def to_json(self) -> dict[str, Any]:
+        """What the calibration file keeps of the run (for refits without running it again)."""
+        return {"shape": list(self.requested), "jct_s": self.jct_s, "first_report_s": self.first_report,
+                "started_s": self.started, "epochs": self.epochs, "epoch_times": self.epoch_times}
 
     @property
     def epoch_wall_s(self) -> Optional[float]:
@@ -249,15 +263,13 @@ async def calibrate_apps(client: RmRestClient, apps: list[str], shapes: tuple[tu
             continue
         am_start = [r.first_report for r in runs if r.first_report is not None]
         startup = [r.started - r.first_report for r in runs if r.started is not None and r.first_report is not None]
-        # epochs (from the diagnostics) x the typical epoch: the reported times may miss the last ones.
-        finish = [float(r.jct_s or 0.0) - float(r.started or 0.0) - r.epochs * float(r.epoch_wall_s or 0.0)
-                  for r in runs]
+        finish = [float(r.jct_s or 0.0) - float(r.started or 0.0) - r.training_s for r in runs]
         out[app] = AppCalibration(
             theta=[round(t, 6) for t in model.theta], loss_curve=[curve.beta0, curve.beta1, curve.beta2],
             clocks_per_epoch=max(1.0, statistics.fmean(r.iterations / max(1, r.epochs) for r in runs)),
             reference=reference_job(app, epochs), samples=[[w, s, round(t, 4)] for w, s, t in samples],
             initial_objective=history[0][1] if history and history[0][0] == 0 else None,
-            histories=[[[k, v] for k, v in r.objectives] for r in runs],
+            histories=[[[k, v] for k, v in r.objectives] for r in runs], runs=[r.to_json() for r in runs],
             convergence_history=[v for k, v in ref[0].objectives if k >= 1] if ref else [],
             am_start_s=round(_least(am_start, 2.0), 3), startup_s=round(_least(startup, 3.0), 3),
             finish_s=round(max(0.0, _least(finish, 1.0)), 3),

@@ -49,6 +49,7 @@ class AppCalibration(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # The objectives after 1, 2, ... epochs of the reference run (the one the curve is fitted on):
     # where they meet a job's threshold they give its epoch count, the curve extrapolates beyond.
     convergence_history: list[float] = []
+    runs: list[dict[str, Any]] = []             # what each calibration run measured (shape, JCT, times, epochs)
     am_start_s: NonNegFloat = 2.0
     startup_s: NonNegFloat = 3.0
     finish_s: NonNegFloat = 1.0
