@@ -78,6 +78,8 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
                         help="run short real jobs of each app on a local cluster and write the coefficients")
     c.add_argument("--apps", default="mlr,nmf,lda,lasso", help="comma-separated apps")
     c.add_argument("-o", "--output", type=Path, default=calibration_file.DEFAULT_PATH)
+    c.add_argument("--passes", type=_positive_int, default=1,
+                   help="calibrate this many times and keep the fastest (a shared host only ever slows runs)")
     c.set_defaults(func=cmd_calibrate)
 
 
@@ -151,7 +153,7 @@ def cmd_calibrate(args: argparse.Namespace, ctx: CliContext) -> int:
         ctx.out.write(f"[calibrate] {text}\n")
         ctx.out.flush()
     try:
-        calibrate(args.output, apps, log=log)
+        calibrate(args.output, apps, log=log, passes=args.passes)
     except (RuntimeError, TimeoutError, OSError) as e:
         raise OperationFailed(f"calibration failed: {e}") from None
     ctx.out.write(f"wrote {args.output}\n")
