@@ -6,7 +6,7 @@ on a LocalCluster whose NMs share this machine's cores out by vcore (YARN's stri
 bench/eps_multijob.py does: otherwise 8 declared vcores on 2 cores would make every shape equally
 slow). From each run, polling the RM's app record and the job report (`/apps/{id}/shape`):
 
-Costs are the smallest over the runs and epoch times a lower quartile: the dev host is shared, and
+Costs are those of the run with the least time outside training and epoch times a lower quartile: the dev host is shared, and
 other work only ever adds time, so these estimate the unloaded host (bench/sim_fidelity.py measures
 how much slower the host is when it runs, with a probe job).
 
@@ -17,7 +17,7 @@ how much slower the host is when it runs, with a probe job).
 - finish_s: the rest of the JCT beyond the epochs' training times as the AM measured them
   (between-epoch work, the final evaluation and checkpoint, unregistering). The reports reach the RM once a second, so the split
   between am_start_s, startup_s and finish_s is approximate; their sum is the measured JCT minus
-  the training time.
+  the training time, taken from the run with the least of it.
 - the objective history (with the initial objective), pooled over the runs, fitted to the Optimus
   loss curve (sim/convergence.py); clocks_per_epoch = iterations / epochs.
 
@@ -226,9 +226,22 @@ class ReshapeProbe:
         self.after_epochs = run.epochs + 1
 
 
-def _least(xs: list[float], default: float) -> float:
-    """The smallest of the runs' measurements of a cost: the host's other work only adds to it."""
-    return min(xs) if xs else default
+def split_costs(jct_s: float, training_s: float, first_report_s: Optional[float],
+                started_s: Optional[float]) -> tuple[float, float, float]:
+    """(am_start_s, startup_s, finish_s) of one run, adding up to its JCT less its training. The
+    first report and `started` are seen when a report reaches the RM (once a second), so they may be
+    late: where that would leave the finish negative, the AM start and startup give way."""
+    fixed = max(0.0, jct_s - training_s)
+    am_start = min(fixed, first_report_s if first_report_s is not None else fixed)
+    startup = min(fixed - am_start, max(0.0, (started_s or 0.0) - (first_report_s or 0.0)))
+    return am_start, startup, fixed - am_start - startup
+
+
+def run_costs(runs: list[JobRun]) -> tuple[float, float, float]:
+    """The costs of the run with the least time outside training: the host's other work only adds
+    to it, so that run is the best estimate of the unloaded host."""
+    splits = [split_costs(float(r.jct_s or 0.0), r.training_s, r.first_report, r.started) for r in runs]
+    return min(splits, key=sum) if splits else (2.0, 3.0, 1.0)
 
 
 async def calibrate_apps(client: RmRestClient, apps: list[str], shapes: tuple[tuple[int, int], ...],
@@ -263,9 +276,7 @@ async def calibrate_apps(client: RmRestClient, apps: list[str], shapes: tuple[tu
         except ValueError as e:    # EpochTimeError, CurveError
             log(f"{app}: cannot fit its runs ({e}); left out of the calibration")
             continue
-        am_start = [r.first_report for r in runs if r.first_report is not None]
-        startup = [r.started - r.first_report for r in runs if r.started is not None and r.first_report is not None]
-        finish = [float(r.jct_s or 0.0) - float(r.started or 0.0) - r.training_s for r in runs]
+        am_start, startup, finish = run_costs(runs)
         out[app] = AppCalibration(
             theta=[round(t, 6) for t in model.theta], loss_curve=[curve.beta0, curve.beta1, curve.beta2],
             clocks_per_epoch=max(1.0, statistics.fmean(r.iterations / max(1, r.epochs) for r in runs)),
@@ -273,8 +284,7 @@ async def calibrate_apps(client: RmRestClient, apps: list[str], shapes: tuple[tu
             initial_objective=history[0][1] if history and history[0][0] == 0 else None,
             histories=[[[k, v] for k, v in r.objectives] for r in runs], runs=[r.to_json() for r in runs],
             convergence_history=[v for k, v in ref[0].objectives if k >= 1] if ref else [],
-            am_start_s=round(_least(am_start, 2.0), 3), startup_s=round(_least(startup, 3.0), 3),
-            finish_s=round(max(0.0, _least(finish, 1.0)), 3),
+            am_start_s=round(am_start, 3), startup_s=round(startup, 3), finish_s=round(finish, 3),
             max_epochs=int(reference_job(app)["max_epochs"]), objective_sign=sign)
         log(f"{app}: theta {out[app].theta}, curve {out[app].loss_curve}")
     return out, runs_all
@@ -291,7 +301,8 @@ async def measure_reshape(client: RmRestClient, mode: str, log: Callable[[str], 
 
 def merge_passes(passes: list[Calibration]) -> Calibration:
     """One calibration from several passes of the same command: per app and shape the fastest epoch
-    time (refitted), the smallest start / finish costs, the last pass's reshape costs and curve.
+    time (refitted), the start / finish costs of the pass with the least of them, the last pass's
+    reshape costs and curve.
     The host's other work only ever adds time, so the least of several passes is the best estimate
     of the unloaded host; passes at different load disagree by up to 2x on the 2-core dev host."""
     last = passes[-1]
@@ -304,11 +315,11 @@ def merge_passes(passes: list[Calibration]) -> Calibration:
                 key = (int(w), int(s))
                 best[key] = min(best.get(key, float("inf")), float(t))
         samples = sorted((w, s, t) for (w, s), t in best.items())
+        cheapest = min(mine, key=lambda a: a.am_start_s + a.startup_s + a.finish_s)
         merged = msgspec.structs.replace(
             app, theta=[round(t, 6) for t in fit_epoch_time(samples).theta],
             samples=[[w, s, round(t, 4)] for w, s, t in samples],
-            am_start_s=min(a.am_start_s for a in mine), startup_s=min(a.startup_s for a in mine),
-            finish_s=min(a.finish_s for a in mine))
+            **{k: getattr(cheapest, k) for k in ("am_start_s", "startup_s", "finish_s")})
         apps[name] = merged
     return Calibration(apps=apps, measured_on=last.measured_on,
                        note=last.note + f"; {len(passes)} passes merged (fastest epoch per shape, least costs)")
