@@ -116,6 +116,11 @@ class RmRestClient:
                                 {"workers": workers, "servers": servers, "reason": reason})
         return (body or {}).get("shape", body or {})
 
+    async def app_shape(self, app_id: str) -> dict[str, Any]:
+        """The job report the app's AM last sent, its directive and shape history (Elastane extension)."""
+        body = await self._call("GET", f"{APPS}/{app_id}/shape")
+        return (body or {}).get("shape", body or {})
+
     async def new_application(self) -> dict[str, Any]:
         return await self._call("POST", f"{APPS}/new-application") or {}
 

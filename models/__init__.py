@@ -7,4 +7,5 @@ and `protocol` only (imports go `protocol` <- `models` <- `rm`, `appmaster`).
 
 - `cruise_cost`   Cruise's cost model, dissertation eq. 3.1-3.4: predicted epoch time of a shape
 - `optimus_fit`   Optimus §3: the loss curve (eq. 1) and the speed functions (eq. 3, eq. 4), NNLS fits
+- `ps_iteration_time`  Optimus's speed form (eq. 4) as an epoch time of (workers, servers), NNLS fit
 """

@@ -1,0 +1,160 @@
+"""`elastane sim`: the discrete-event simulator (sim/) from the command line.
+
+    elastane sim generate --jobs N --seed S [--window-s W] [-o TRACE]    a seeded Optimus §6 workload
+    elastane sim run TRACE --policy P [--nodes N] [--out DIR]            replay it; table, records, plots
+    elastane sim calibrate [--apps mlr,nmf,...] [-o FILE]                 measure the apps on a local cluster
+
+`run` prints one table (mean JCT, makespan, mean utilization, DRF fairness loss ...) and writes
+DIR/records.jsonl (one job a line: arrival, start, end, JCT, shape over time), DIR/summary.json
+and the PNG plots (jct.png, utilization.png, running_jobs.png). Bad input (a trace line, an
+unknown policy, a calibration without an app of the trace) exits 2 with a message.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rm import policies
+from sim import calibration as calibration_file
+from sim.calibration import CalibrationError
+from sim.simulator import SimConfig, simulate
+from sim.trace import TraceError, dump_trace, read_trace
+from sim.workload import WorkloadSpec, generate
+
+from .context import CliContext
+from .errors import EXIT_OK, OperationFailed, UsageError
+from .tables import render_table
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("sim", help="discrete-event simulator: replay a workload trace through the RM's policies")
+    ssub = p.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
+
+    g = ssub.add_parser("generate", parents=[common], help="write a seeded Optimus-style workload trace")
+    g.add_argument("--jobs", type=_positive_int, default=20)
+    g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--window-s", type=_non_negative_float, default=12000.0,
+                   help="arrivals are uniform over [0, window] seconds (Optimus §6.1: 12000)")
+    g.add_argument("-o", "--output", type=Path, help="trace file (default: stdout)")
+    g.set_defaults(func=cmd_generate)
+
+    r = ssub.add_parser("run", parents=[common], help="replay a trace under a policy on a simulated cluster")
+    r.add_argument("trace", type=Path)
+    r.add_argument("--policy", default="static", help=f"a registered policy ({', '.join(policies.known())})")
+    r.add_argument("--nodes", type=_positive_int, default=8)
+    r.add_argument("--node-memory-mb", type=_positive_int, default=8192)
+    r.add_argument("--node-vcores", type=_positive_int, default=8)
+    r.add_argument("--heartbeat-s", type=_non_negative_float, default=1.0,
+                   help="NM heartbeat interval (a real NM's: 1 s; larger runs big clusters faster)")
+    r.add_argument("--policy-interval-s", type=_non_negative_float, default=1.0,
+                   help="seconds between policy rounds (the RM's: 1 s)")
+    r.add_argument("--calibration", type=Path, default=calibration_file.DEFAULT_PATH)
+    r.add_argument("--out", type=Path, default=Path("sim-out"), help="directory for records and plots")
+    r.add_argument("--no-plots", action="store_true")
+    r.set_defaults(func=cmd_run)
+
+    c = ssub.add_parser("calibrate", parents=[common],
+                        help="run short real jobs of each app on a local cluster and write the coefficients")
+    c.add_argument("--apps", default="mlr,nmf,lda,lasso", help="comma-separated apps")
+    c.add_argument("-o", "--output", type=Path, default=calibration_file.DEFAULT_PATH)
+    c.add_argument("--passes", type=_positive_int, default=1,
+                   help="calibrate this many times and keep the fastest (a shared host only ever slows runs)")
+    c.set_defaults(func=cmd_calibrate)
+
+
+def cmd_generate(args: argparse.Namespace, ctx: CliContext) -> int:
+    try:
+        jobs = generate(WorkloadSpec(jobs=args.jobs, window_s=args.window_s), args.seed)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    text = dump_trace(jobs)
+    if args.output is None:
+        ctx.out.write(text)
+    else:
+        try:
+            args.output.write_text(text)
+        except OSError as e:
+            raise OperationFailed(f"cannot write {args.output}: {e.strerror or e}") from None
+        ctx.out.write(f"wrote {len(jobs)} jobs to {args.output}\n")
+    return EXIT_OK
+
+
+def _fmt(x: object, scale: float = 1.0, digits: int = 1) -> str:
+    return "-" if x is None else f"{float(x) / scale:.{digits}f}"  # type: ignore[arg-type]
+
+
+def cmd_run(args: argparse.Namespace, ctx: CliContext) -> int:
+    if args.policy not in policies.known():
+        raise UsageError(f"unknown policy {args.policy!r}; known policies: {', '.join(policies.known())}")
+    try:
+        trace = read_trace(args.trace)
+        cal = calibration_file.load(args.calibration)
+        if args.heartbeat_s <= 0 or args.policy_interval_s <= 0:
+            raise UsageError("--heartbeat-s and --policy-interval-s must be positive")
+        cfg = SimConfig(nodes=args.nodes, node_memory_mb=args.node_memory_mb, node_vcores=args.node_vcores,
+                        heartbeat_s=args.heartbeat_s, policy_interval_s=args.policy_interval_s)
+        result = simulate(trace, args.policy, cal, cfg)
+    except (TraceError, CalibrationError) as e:
+        raise UsageError(str(e)) from None
+    s = result.summary
+    ctx.out.write(render_table(
+        ["POLICY", "JOBS", "FINISHED", "MEAN-JCT-MIN", "MAKESPAN-H", "UTILIZATION-%", "FAIRNESS-LOSS", "RESHAPES",
+         "SIM-S"],
+        [[args.policy, s.jobs, s.finished, _fmt(s.mean_jct_s, 60.0), _fmt(s.makespan_s, 3600.0, 2),
+          _fmt(100.0 * s.mean_utilization), _fmt(s.mean_fairness_loss, digits=3), s.reshapes,
+          _fmt(s.wall_s, digits=2)]]) + "\n")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        with (args.out / "records.jsonl").open("w") as f:
+            for rec in result.record_lines():
+                f.write(json.dumps(rec) + "\n")
+        (args.out / "summary.json").write_text(json.dumps({"policy": args.policy, **s.to_json()}, indent=2) + "\n")
+        written = ["records.jsonl", "summary.json"]
+        if not args.no_plots:
+            from sim.plots import write_plots  # noqa: PLC0415 (matplotlib is slow to import)
+            jcts = [r.jct for r in result.records if r.jct is not None]
+            written += [p.name for p in write_plots(args.out, args.policy, jcts, result.samples)]
+    except OSError as e:
+        raise OperationFailed(f"cannot write into {args.out}: {e.strerror or e}") from None
+    ctx.out.write(f"wrote {', '.join(written)} in {args.out}\n")
+    return EXIT_OK if s.finished == s.jobs else 1
+
+
+def cmd_calibrate(args: argparse.Namespace, ctx: CliContext) -> int:
+    from .sim_calibrate import calibrate  # noqa: PLC0415 (starts a local cluster: only this command needs it)
+
+    apps = [a.strip() for a in args.apps.split(",") if a.strip()]
+    bad = [a for a in apps if a not in ("mlr", "nmf", "lda", "lasso")]
+    if not apps or bad:
+        raise UsageError(f"--apps: unknown app(s) {', '.join(bad) or '(none given)'}; apps: mlr, nmf, lda, lasso")
+
+    def log(text: str) -> None:
+        ctx.out.write(f"[calibrate] {text}\n")
+        ctx.out.flush()
+    try:
+        calibrate(args.output, apps, log=log, passes=args.passes)
+    except (RuntimeError, TimeoutError, OSError) as e:
+        raise OperationFailed(f"calibration failed: {e}") from None
+    ctx.out.write(f"wrote {args.output}\n")
+    return EXIT_OK

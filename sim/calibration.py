@@ -1,0 +1,124 @@
+"""Per-app coefficients the simulator runs on, measured by `elastane sim calibrate` on a real cluster.
+
+A calibration file (JSON; sim/calibration.json is the default, measured on this project's dev
+machine) holds, per app:
+
+- `reference`: the job the coefficients were measured with (data / hparams / executor size): a trace
+  job's `data_scale` is relative to this data;
+- `theta`: the epoch-time form of models.ps_iteration_time (seconds per epoch on the reference data)
+  and the measured `samples` [workers, servers, epoch seconds] it was fitted to;
+- `clocks_per_epoch`: iterations (BSP clocks) per epoch, so simulated reports count iterations;
+- `loss_curve`: β0, β1, β2 of the Optimus curve fitted to a real run's objectives (times
+  `objective_sign`: -1 for an objective that rises, LDA's log-likelihood), and that run's
+  objectives (`convergence_history`): a job's epoch count is where they meet its threshold, the
+  curve's prediction when they never do;
+- costs in seconds, measured on the cluster: `am_start_s` (AM container allocated -> registered),
+  `startup_s` (executors granted -> training starts), `finish_s` (converged -> AM unregistered),
+  `reshape_s` (an EPS add / remove, training stalled), `restart_s` (the kill-based restart from a
+  checkpoint; also a resume after a pause), `pause_s` (checkpoint and release on a pause).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+import msgspec
+
+from models.ps_iteration_time import EpochTimeError, EpochTimeModel
+
+from .convergence import CurveError, LossCurve
+
+DEFAULT_PATH = Path(__file__).resolve().parent / "calibration.json"
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be read or used."""
+
+
+class AppCalibration(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One app's coefficients (see the module doc)."""
+
+    theta: list[float]
+    loss_curve: list[float]
+    clocks_per_epoch: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0
+    reference: dict[str, Any] = {}
+    samples: list[list[float]] = []
+    initial_objective: Optional[float] = None
+    histories: list[list[list[float]]] = []     # per calibration run its [epochs done, objective] points
+    # The objectives after 1, 2, ... epochs of the reference run (the one the curve is fitted on):
+    # where they meet a job's threshold they give its epoch count, the curve extrapolates beyond.
+    convergence_history: list[float] = []
+    runs: list[dict[str, Any]] = []             # what each calibration run measured (shape, JCT, times, epochs)
+    am_start_s: NonNegFloat = 2.0
+    startup_s: NonNegFloat = 3.0
+    finish_s: NonNegFloat = 1.0
+    reshape_s: NonNegFloat = 2.0
+    restart_s: NonNegFloat = 6.0
+    pause_s: NonNegFloat = 2.0
+    max_epochs: Annotated[int, msgspec.Meta(ge=1)] = 1000    # the app's epoch limit when a job sets none
+    # -1 for apps whose objective rises as they learn (LDA's log-likelihood): the curve is fitted to
+    # -objective, and simulated reports give -l(k). The convergence test is the same either way.
+    objective_sign: Literal[1, -1] = 1
+
+    def epoch_model(self) -> EpochTimeModel:
+        return EpochTimeModel(tuple(self.theta))
+
+    def epochs_to_converge(self, threshold: float, max_epochs: int) -> int:
+        """The epoch a job with this threshold stops after: as the measured reference run would
+        (the apps' own test on its objectives), or, when it never meets the threshold, as the
+        fitted curve predicts (at least one epoch past the measured ones)."""
+        h = self.convergence_history
+        for k in range(2, min(len(h), max_epochs) + 1):
+            prev, cur = h[k - 2], h[k - 1]
+            if abs(cur - prev) / max(abs(prev), 1e-12) < threshold:
+                return k
+        if len(h) >= max_epochs:
+            return max_epochs
+        return min(max_epochs, max(len(h) + 1, self.curve().epochs_to_converge(threshold, max_epochs)))
+
+    def curve(self) -> LossCurve:
+        if len(self.loss_curve) != 3:
+            raise CurveError(f"loss_curve needs 3 coefficients, got {len(self.loss_curve)}")
+        return LossCurve(*self.loss_curve)
+
+
+class Calibration(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A calibration file: per app its coefficients, and where they were measured."""
+
+    apps: dict[str, AppCalibration]
+    measured_on: str = ""
+    note: str = ""
+
+    def app(self, name: str) -> AppCalibration:
+        try:
+            return self.apps[name]
+        except KeyError:
+            raise CalibrationError(f"the calibration has no app {name!r}; it has: "
+                                   f"{', '.join(sorted(self.apps)) or 'none'}") from None
+
+
+def load(path: Path = DEFAULT_PATH) -> Calibration:
+    """Read and check a calibration file (CalibrationError naming the problem otherwise)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise CalibrationError(f"cannot read calibration {path}: {e.strerror or e}") from None
+    try:
+        cal = msgspec.json.decode(raw, type=Calibration)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise CalibrationError(f"calibration {path}: {e}") from None
+    for name, app in cal.apps.items():
+        try:
+            app.epoch_model()
+            app.curve()
+        except (EpochTimeError, CurveError) as e:
+            raise CalibrationError(f"calibration {path}: app {name}: {e}") from None
+    return cal
+
+
+def save(cal: Calibration, path: Path) -> None:
+    path.write_bytes(msgspec.json.format(msgspec.json.encode(cal), indent=2) + b"\n")
+
+
+__all__ = ["AppCalibration", "Calibration", "CalibrationError", "DEFAULT_PATH", "load", "save"]

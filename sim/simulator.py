@@ -1,0 +1,183 @@
+"""Runs a trace through the real RM core and a policy on the virtual clock (see sim/__init__.py).
+
+`simulate(trace, policy, nodes, ...)` builds a `ResourceManagerCore` whose clock is the event
+loop's, registers `nodes` simulated NMs, schedules the periodic work a real RM and its daemons do
+(NM heartbeats, the core's liveness tick, policy rounds: rm/server.py's timers) and each job's
+arrival, and runs events until every job has finished (or `max_virtual_s` passes). After every
+event it drains the core's effects (AM launches go to their simulated AM) as the RM server does.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import msgspec
+
+from protocol.config import ClusterConfig, RMConfig
+from protocol.records import Resource
+from rm import policies
+from rm.core import ResourceManagerCore
+from rm.policy_runner import run_policy
+
+from .calibration import Calibration
+from .event_loop import EventLoop
+from .metrics import Demand, Sample, Summary, fairness_loss, summarize, utilization
+from .job_record import JobRecord
+from .sim_job import JobTimings, Phase, SimJob
+from .sim_node import SimNode
+from .trace import TraceJob
+
+ACTIVE = (Phase.LAUNCHING, Phase.TRAINING, Phase.RESHAPING, Phase.PAUSING, Phase.FINISHING)
+T0 = 1_000_000_000.0        # virtual epoch: IDs and tokens look like a real RM's; records are relative to it
+SIM_SECRET = "elastane-simulator-secret"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The simulated cluster and the RM's timers (defaults: a real RM's, rm/server.py)."""
+
+    nodes: int = 8
+    node_memory_mb: int = 8192
+    node_vcores: int = 8
+    heartbeat_s: float = 1.0
+    tick_s: float = 0.5
+    policy_interval_s: float = 1.0
+    sample_s: float = 5.0
+    max_virtual_s: float = 30 * 86400.0
+    # Stop when, after the last arrival, no job has trained for this long (jobs each holding part of
+    # what they asked for can wait on each other forever: YARN grants no gangs); they stay unfinished.
+    stall_s: float = 3600.0
+    timings: JobTimings = JobTimings()
+    rm: RMConfig = field(default_factory=lambda: RMConfig(nm_expiry_s=10.0, am_expiry_s=10.0))
+
+
+@dataclass
+class SimResult:
+    """A finished run: per-job records, cluster samples over time and the summary."""
+
+    policy: str
+    records: list[JobRecord]
+    samples: list[Sample]
+    summary: Summary
+    t0: float = T0
+
+    def record_lines(self) -> list[dict[str, object]]:
+        return [r.to_json(self.t0) for r in self.records]
+
+
+class Simulator:
+    """One run's state: the loop, the core, the nodes and the jobs."""
+
+    def __init__(self, trace: Sequence[TraceJob], policy_name: str, calibration: Calibration,
+                 cfg: SimConfig = SimConfig()):
+        for j in trace:
+            calibration.app(j.app)      # CalibrationError now rather than mid-run
+        self.cfg = cfg
+        self.loop = EventLoop(T0)
+        rm_cfg = msgspec.structs.replace(cfg.rm, policy=policy_name,
+                                         nm_heartbeat_interval_ms=int(cfg.heartbeat_s * 1000))
+        self.core = ResourceManagerCore(rm_cfg, ClusterConfig(secret=SIM_SECRET, admins=["root"]), self.loop.clock)
+        self.policy_name = policy_name
+        self.policy = policies.create(policy_name)
+        self.nodes = {n.node_id: n for n in (
+            SimNode(f"sim-{i:05d}:8042", Resource(cfg.node_memory_mb, cfg.node_vcores)) for i in range(cfg.nodes))}
+        self.jobs = [SimJob(j, calibration.app(j.app), self.loop, self.core, self.nodes, cfg.timings, self._done)
+                     for j in trace]
+        self.by_app: dict[str, SimJob] = {}
+        self.samples: list[Sample] = []
+        self.finished = 0
+        self.last_active = self.loop.now
+        self.stalled = False
+
+    # ----- periodic work ----------------------------------------------------------------------
+    def _heartbeat(self, node: SimNode) -> None:
+        node.heartbeat(self.core)
+        self.loop.after(self.cfg.heartbeat_s, self._heartbeat, node)
+
+    def _tick(self) -> None:
+        self.core.tick()
+        self.loop.after(self.cfg.tick_s, self._tick)
+
+    def _policy_round(self) -> None:
+        run_policy(self.core, self.policy)
+        self.loop.after(self.cfg.policy_interval_s, self._policy_round)
+
+    def _sample(self) -> None:
+        self.samples.append(self.sample())
+        if any(j.phase in ACTIVE for j in self.jobs) or len(self.by_app) < len(self.jobs):
+            self.last_active = self.loop.now
+        elif self.loop.now - self.last_active > self.cfg.stall_s:
+            self.stalled = True
+            return
+        self.loop.after(self.cfg.sample_s, self._sample)
+
+    def _arrive(self, job: SimJob) -> None:
+        job.submit()
+        self.by_app[job.app_id] = job
+
+    def _done(self, job: SimJob) -> None:
+        self.finished += 1
+
+    def _drain(self) -> None:
+        for eff in self.core.take_effects():
+            self.by_app[eff.app_id].am_launched(eff)
+        self.core.take_dirty()
+
+    # ----- measurement ------------------------------------------------------------------------
+    def sample(self) -> Sample:
+        core = self.core
+        total = core.nodes.total
+        used = Resource(0, 0)
+        for q in core.scheduler.queues.values():
+            used = used + q.used
+        demands = []
+        running = waiting = 0
+        for job in self.jobs:
+            if not job.app_id or job.phase == Phase.DONE:
+                continue
+            sa = core.scheduler.apps.get(job.app_id)
+            held = sa.used if sa is not None else Resource(0, 0)
+            w, s = job.job.shape_max
+            demands.append(Demand(job.app_id, Resource(self.cfg.timings.am_memory_mb, 1),
+                                  Resource(job.job.executor_memory_mb, job.job.executor_vcores), w + s, held))
+            if job.record.start is None:
+                waiting += 1
+            else:
+                running += 1
+        return Sample(t=self.loop.now - T0, utilization=utilization(used, total), memory_used=used.memory,
+                      vcores_used=used.vcores, running=running, waiting=waiting,
+                      fairness_loss=fairness_loss(demands, total) if demands else 0.0)
+
+    # ----- the run ----------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        wall = time.perf_counter()
+        loop, cfg = self.loop, self.cfg
+        n = max(1, len(self.nodes))
+        for i, node in enumerate(self.nodes.values()):
+            node.register(self.core)
+            # Spread the heartbeats over the interval, as independent NMs would be.
+            loop.after(cfg.heartbeat_s * (i + 1) / n, self._heartbeat, node)
+        for job in self.jobs:
+            loop.at(T0 + job.job.arrival_s, self._arrive, job)
+        loop.after(cfg.tick_s, self._tick)
+        loop.after(cfg.policy_interval_s, self._policy_round)
+        loop.at(T0 + (self.jobs[0].job.arrival_s if self.jobs else 0.0), self._sample)
+        total = len(self.jobs)
+        loop.run(stop=lambda: self.finished >= total or self.stalled, until=T0 + cfg.max_virtual_s, on_event=self._drain)
+        self.samples.append(self.sample())
+        records = [j.record for j in self.jobs]
+        summary = summarize([r.jct for r in records], [r.arrival - T0 for r in records],
+                            [None if r.end is None else r.end - T0 for r in records], self.samples,
+                            sum(r.reshapes for r in records), loop.now - T0, time.perf_counter() - wall,
+                            loop.processed)
+        return SimResult(self.policy_name, records, self.samples, summary)
+
+
+def simulate(trace: Sequence[TraceJob], policy: str, calibration: Calibration,
+             cfg: Optional[SimConfig] = None) -> SimResult:
+    """Run `trace` under `policy` (a registered name) on the simulated cluster `cfg`."""
+    return Simulator(trace, policy, calibration, cfg or SimConfig()).run()
+
+
+__all__ = ["SimConfig", "SimResult", "Simulator", "T0", "simulate"]

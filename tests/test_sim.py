@@ -1,0 +1,269 @@
+"""The discrete-event simulator (sim/): determinism, virtual time only, the job model, every policy."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from elastane_cli.main import main
+from models.ps_iteration_time import EpochTimeModel, fit
+from protocol.records import Resource
+from rm import policies
+from sim.calibration import AppCalibration, Calibration, save
+from sim.convergence import LossCurve, fit_curve
+from sim.event_loop import EventLoop
+from sim.metrics import Demand, drf_shares, fairness_loss
+from sim.simulator import T0, SimConfig, Simulator, simulate
+from sim.trace import TraceError, TraceJob, dump_trace, parse_trace
+from sim.workload import WorkloadSpec, generate
+
+THETA = [2.0, 0.3, 0.2, 0.05, 0.05]
+
+
+def calibration() -> Calibration:
+    app = AppCalibration(theta=THETA, loss_curve=[0.5, 2.0, 0.1], clocks_per_epoch=20.0, am_start_s=2.0,
+                         startup_s=3.0, finish_s=1.0, reshape_s=2.0, restart_s=5.0, pause_s=2.0)
+    return Calibration(apps={a: app for a in ("mlr", "nmf", "lda", "lasso")}, measured_on="test")
+
+
+def small_trace(jobs: int = 6, seed: int = 5) -> list[TraceJob]:
+    return generate(WorkloadSpec(jobs=jobs, window_s=600.0, data_scale=(2.0, 10.0), executor_memory_mb=1024), seed)
+
+
+SMALL = SimConfig(nodes=3, node_memory_mb=8192, node_vcores=8)
+
+
+# ----- the models the simulated jobs follow ------------------------------------------------------
+
+def test_epoch_time_fit_recovers_theta() -> None:
+    truth = EpochTimeModel(tuple(THETA))
+    samples = [(w, s, truth.epoch_time(w, s)) for w in (1, 2, 4, 8) for s in (1, 2, 4)]
+    got = fit(samples)
+    for w, s, t in samples:
+        assert got.epoch_time(w, s) == pytest.approx(t, rel=1e-6)
+
+
+def test_loss_curve_fit_and_convergence_epoch() -> None:
+    truth = LossCurve(0.4, 1.5, 0.2)
+    got = fit_curve([(k, truth.loss(k)) for k in range(0, 25)])
+    assert (got.beta0, got.beta1, got.beta2) == pytest.approx((0.4, 1.5, 0.2), rel=0.02)
+    k = truth.epochs_to_converge(0.02, 1000)
+    rel = lambda j: abs(truth.loss(j) - truth.loss(j - 1)) / truth.loss(j - 1)  # noqa: E731
+    assert rel(k) < 0.02 <= rel(k - 1)
+    assert truth.epochs_to_converge(1e-9, 7) == 7     # the epoch limit
+
+
+# ----- trace and generator -----------------------------------------------------------------------
+
+def test_trace_round_trip_and_errors() -> None:
+    jobs = small_trace()
+    assert parse_trace(dump_trace(jobs).splitlines()) == jobs
+    with pytest.raises(TraceError, match="line 2: threshold"):
+        parse_trace(['{"arrival_s": 0, "app": "mlr", "threshold": 0.1, "workers": 1, "servers": 1}',
+                     '{"arrival_s": 0, "app": "mlr", "threshold": 2, "workers": 1, "servers": 1}'])
+    with pytest.raises(TraceError, match="max_workers 1 is below workers 2"):
+        parse_trace(['{"arrival_s": 0, "app": "mlr", "threshold": 0.1, "workers": 2, "servers": 1, "max_workers": 1}'])
+    with pytest.raises(TraceError, match="no jobs"):
+        parse_trace(["# only a comment", ""])
+
+
+def test_generator_is_seeded_and_follows_optimus_workload() -> None:
+    a = generate(WorkloadSpec(jobs=40), 7)
+    assert a == generate(WorkloadSpec(jobs=40), 7) and a != generate(WorkloadSpec(jobs=40), 8)
+    assert all(0 <= j.arrival_s <= 12000 and 0.01 <= j.threshold <= 0.05 for j in a)
+    assert [j.arrival_s for j in a] == sorted(j.arrival_s for j in a)
+    assert {j.sync for j in a} == {"bsp", "ssp"}
+
+
+# ----- the event loop and the run ----------------------------------------------------------------
+
+def test_event_loop_runs_in_time_order_and_only_moves_forward() -> None:
+    loop = EventLoop(100.0)
+    seen: list[tuple[float, str]] = []
+    loop.at(105.0, lambda: seen.append((loop.now, "b")))
+    loop.at(101.0, lambda: (seen.append((loop.now, "a")), loop.at(50.0, lambda: seen.append((loop.now, "late")))))
+    loop.at(105.0, lambda: seen.append((loop.now, "c")))
+    loop.run(stop=lambda: False)
+    assert seen == [(101.0, "a"), (101.0, "late"), (105.0, "b"), (105.0, "c")]
+
+
+def test_the_core_only_sees_event_times() -> None:
+    sim = Simulator(small_trace(4), "eps", calibration(), SMALL)
+    event_times: set[float] = set()
+    reads: list[float] = []
+    run_one = sim.loop.run
+
+    def clock() -> float:
+        reads.append(sim.loop.now)
+        return sim.loop.now
+
+    def recording_run(stop, until=float("inf"), on_event=lambda: None):  # type: ignore[no-untyped-def]
+        def after() -> None:
+            event_times.add(sim.loop.now)
+            on_event()
+        run_one(stop, until, after)
+
+    sim.core.clock = clock
+    sim.loop.run = recording_run  # type: ignore[method-assign]
+    result = sim.run()
+    assert result.summary.finished == 4
+    assert reads and set(reads) <= event_times | {T0}
+    assert reads == sorted(reads)
+
+
+def test_a_run_is_deterministic() -> None:
+    a = simulate(small_trace(), "eps", calibration(), SMALL)
+    b = simulate(small_trace(), "eps", calibration(), SMALL)
+    assert a.record_lines() == b.record_lines()
+    assert a.summary.to_json() | {"wall_s": 0} == b.summary.to_json() | {"wall_s": 0}
+
+
+def test_a_job_trains_at_the_models_speed() -> None:
+    job = TraceJob(name="solo", arrival_s=10.0, app="mlr", threshold=0.02, workers=3, servers=2, data_scale=5.0)
+    cal = calibration()
+    sim = Simulator([job], "static", cal, SMALL)
+    reports = []
+    original = sim.core.allocate
+
+    def spy(claims, req):  # type: ignore[no-untyped-def]
+        if req.shape is not None and req.shape.speed > 0:
+            reports.append(req.shape)
+        return original(claims, req)
+    sim.core.allocate = spy  # type: ignore[method-assign]
+    rec = sim.run().records[0]
+    app = cal.apps["mlr"]
+    epoch_s = EpochTimeModel(tuple(THETA)).epoch_time(3, 2, 5.0)
+    epochs = LossCurve(0.5, 2.0, 0.1).epochs_to_converge(0.02, app.max_epochs)
+    assert rec.epochs == rec.target_epochs == epochs
+    assert rec.start is not None and rec.end is not None
+    assert rec.end - rec.start == pytest.approx(epochs * epoch_s + app.finish_s, abs=1e-6)
+    assert rec.start - rec.arrival == pytest.approx(app.am_start_s + app.startup_s, abs=1e-6)
+    assert reports and all(r.speed == pytest.approx(app.clocks_per_epoch / epoch_s) for r in reports)
+    assert reports[-1].objectives[-1].objective == pytest.approx(LossCurve(0.5, 2.0, 0.1).loss(reports[-1].epoch + 1))
+
+
+@pytest.mark.parametrize("policy", policies.known())
+def test_every_policy_runs_a_small_trace_to_completion(policy: str) -> None:
+    result = simulate(small_trace(), policy, calibration(), SMALL)
+    assert result.summary.finished == result.summary.jobs == 6
+    assert all(r.final_status == "SUCCEEDED" and r.jct is not None and r.jct > 0 for r in result.records)
+    assert 0.0 < result.summary.mean_utilization <= 1.0
+
+
+def test_eps_grows_a_lone_elastic_job() -> None:
+    job = TraceJob(name="grow", arrival_s=0.0, app="mlr", threshold=0.01, workers=1, servers=1, max_workers=4,
+                   max_servers=2, data_scale=20.0)
+    static = simulate([job], "static", calibration(), SMALL).records[0]
+    eps = simulate([job], "eps", calibration(), SMALL).records[0]
+    assert [s[1:] for s in static.shapes] == [(1, 1)]
+    assert eps.reshapes >= 1 and max(s[1] for s in eps.shapes) > 1
+    assert eps.jct is not None and static.jct is not None and eps.jct < static.jct
+
+
+# ----- metrics -----------------------------------------------------------------------------------
+
+def test_drf_shares_and_fairness_loss() -> None:
+    total = Resource(100, 100)
+    cpu_heavy = Demand("a", Resource(0, 0), Resource(1, 4), 100, Resource(0, 0))
+    mem_heavy = Demand("b", Resource(0, 0), Resource(4, 1), 100, Resource(0, 0))
+    shares = drf_shares([cpu_heavy, mem_heavy], total)
+    assert shares["a"] == pytest.approx(shares["b"], abs=0.04) and shares["a"] > 0.7
+    capped = Demand("c", Resource(0, 0), Resource(10, 10), 2, Resource(20, 20))
+    assert drf_shares([capped], total)["c"] == pytest.approx(0.2)
+    assert fairness_loss([capped], total) == pytest.approx(0.0)
+    idle = Demand("c", Resource(0, 0), Resource(10, 10), 2, Resource(0, 0))
+    assert fairness_loss([idle], total) == pytest.approx(0.2)
+
+
+# ----- the command line --------------------------------------------------------------------------
+
+def test_cli_generate_and_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cal = tmp_path / "cal.json"
+    save(calibration(), cal)
+    trace = tmp_path / "trace.jsonl"
+    assert main(["sim", "generate", "--jobs", "4", "--seed", "2", "--window-s", "300", "-o", str(trace)]) == 0
+    out = tmp_path / "out"
+    assert main(["sim", "run", str(trace), "--policy", "static", "--nodes", "4", "--calibration", str(cal),
+                 "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "MEAN-JCT-MIN" in table and "static" in table
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and all(r["jct"] > 0 and r["shapes"] for r in records)
+    for png in ("jct.png", "utilization.png", "running_jobs.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"arrival_s": 0, "app": "svm", "threshold": 0.1, "workers": 1, "servers": 1}\n')
+    assert main(["sim", "run", str(bad), "--no-plots", "--out", str(tmp_path / "o")]) == 2
+    assert "line 1: app" in capsys.readouterr().err
+    assert main(["sim", "run", str(bad), "--policy", "nope"]) == 2
+    cal = tmp_path / "cal.json"
+    cal.write_bytes(msgspec.json.encode({"apps": {"mlr": {"theta": [0, 0, 0, 0, 0], "loss_curve": [1, 1, 0]}}}))
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"arrival_s": 0, "app": "mlr", "threshold": 0.1, "workers": 1, "servers": 1}\n')
+    assert main(["sim", "run", str(good), "--calibration", str(cal), "--no-plots"]) == 2
+    assert "theta is all zero" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["sim", "generate", "--jobs", "0"])
+    assert e.value.code == 2
+
+
+class _PauseThenResume:
+    """A test policy: pauses every running job at `pause_at` and resumes it at `resume_at`."""
+
+    name = "pause-test"
+
+    def __init__(self, pause_at: float, resume_at: float):
+        self.pause_at, self.resume_at = pause_at, resume_at
+
+    def decide(self, snapshot: policies.ClusterSnapshot) -> policies.Decision:
+        from protocol.internal_api import RunState
+        t = snapshot.now - T0
+        if t < self.pause_at:
+            return policies.Decision()
+        state = RunState.PAUSE if t < self.resume_at else RunState.RESUME
+        return policies.Decision({a.app_id: policies.JobDecision(2, 1, run_state=state)
+                                  for a in snapshot.apps if a.shape is not None and a.shape.started})
+
+
+def test_a_paused_job_releases_its_executors_and_resumes() -> None:
+    job = TraceJob(name="p", arrival_s=0.0, app="mlr", threshold=0.01, workers=2, servers=1, data_scale=20.0)
+    plain = simulate([job], "static", calibration(), SMALL).records[0]
+    sim = Simulator([job], "static", calibration(), SMALL)
+    sim.policy = _PauseThenResume(100.0, 400.0)
+    rec = sim.run().records[0]
+    assert rec.pauses == 1 and rec.final_status == "SUCCEEDED"
+    assert [s[1:] for s in rec.shapes] == [(2, 1), (0, 0), (2, 1)]
+    paused_at, resumed_at = rec.shapes[1][0] - T0, rec.shapes[2][0] - T0
+    assert 100.0 < paused_at < 110.0 and resumed_at > 400.0
+    # While paused the job held only its AM.
+    held = [s for s in sim.samples if paused_at + 5 < s.t < 395.0]
+    assert held and all(s.vcores_used == 1 for s in held)
+    cal = calibration().apps["mlr"]
+    lost = (resumed_at - paused_at) + cal.pause_s
+    assert rec.jct == pytest.approx(plain.jct + lost, abs=1.0)
+
+
+def test_a_job_that_can_never_start_ends_the_run_as_stalled() -> None:
+    # 4 vcores cannot hold an AM plus 4 executors: the job holds part and waits for ever.
+    job = TraceJob(name="big", arrival_s=0.0, app="mlr", threshold=0.01, workers=3, servers=1)
+    result = simulate([job], "static", calibration(), SimConfig(nodes=1, node_vcores=4, stall_s=600.0))
+    rec = result.records[0]
+    assert rec.end is None and rec.start is None and rec.am_start is not None
+    assert result.summary.finished == 0 and result.summary.makespan_s is None
+    assert 600.0 < result.summary.virtual_s < 700.0
+
+
+def test_convergence_follows_the_measured_run_then_the_curve() -> None:
+    app = msgspec.structs.replace(calibration().apps["mlr"], convergence_history=[1.0, 0.8, 0.7, 0.68, 0.67])
+    # relative changes after epochs 2..5: 20 %, 12.5 %, 2.9 %, 1.5 %
+    assert app.epochs_to_converge(0.05, 100) == 4
+    assert app.epochs_to_converge(0.02, 100) == 5
+    assert app.epochs_to_converge(0.02, 3) == 3
+    # never met in the measured epochs: the curve's answer, but past them
+    curve_k = LossCurve(0.5, 2.0, 0.1).epochs_to_converge(0.001, 1000)
+    assert app.epochs_to_converge(0.001, 1000) == max(6, curve_k)
