@@ -86,12 +86,6 @@ class RmRestClient:
         policy: dict[str, Any] = info.get("policy") or {}
         return policy
 
-    async def app_shape(self, app_id: str) -> dict[str, Any]:
-        """The job report and directive of an elastic PS job (GET /apps/{id}/shape)."""
-        body = await self._call("GET", f"/ws/v1/cluster/apps/{app_id}/shape")
-        shape: dict[str, Any] = (body or {}).get("shape") or {}
-        return shape
-
     # ----- apps -------------------------------------------------------------------------------
 
     async def apps(self, states: str | None = None, queue: str | None = None, user: str | None = None,
