@@ -15,9 +15,11 @@ of PS jobs on one local cluster under three ways of sharing it, in the same run.
 
 The workload (`--jobs`, default 8) cycles over MLR, NMF, LDA and Lasso with different batch sizes, so
 their CPU / network balance differs; all jobs arrive at once (the same jobs in every mode).
-Each node has a CPU share (`--cpu-limit-cores` = this machine's cores / nodes, YARN's strict mode,
-so a vcore is worth real CPU) and a network cap (`--node-bandwidth`, enforced by network namespaces
-with a shaped veth per node where the machine allows it, else by the data plane's pacing).
+The nodes share this machine's cores (no per-node CPU quota: YARN's strict mode shares a node's
+cores out by vcore, which would hand a container of a big naive node a sliver of a core while the
+node idles, and Harmony's weighted containers take no quota at all); each node has a network cap
+(`--node-bandwidth`, enforced by network namespaces with a shaped veth per node where the machine
+allows it, else by the data plane's pacing).
 
 Measured, not modelled: JCT (submission to finish, queueing included) and makespan from the RM's
 app reports; CPU utilization from the NMs' cgroup CPU accounting (the RM's utilization series, the
@@ -155,7 +157,6 @@ def main() -> int:
         bandwidth = parse_rate(ns.node_bandwidth)
     except ValueError as e:
         p.error(f"--node-bandwidth: {e}")
-    cpu_share = (os.cpu_count() or 1) / ns.nodes
     # One job = its AM + a worker + a server: an isolated node holds exactly one.
     one_job_vcores, one_job_mb = 3, AM_MB + 2 * EXECUTOR_MB + 64
     modes = {"isolated": ("static", 1, False), "naive": ("static", 4, False),
@@ -165,13 +166,12 @@ def main() -> int:
         if name not in modes:
             p.error(f"--modes: unknown mode {name!r}; known: {', '.join(modes)}")
         policy, scale, spill = modes[name]
-        log(f"{name}: policy {policy}, nodes of {one_job_vcores * scale} vcores / {one_job_mb * scale} MB, "
-            f"{cpu_share:.2f} cores and {ns.node_bandwidth} each")
+        log(f"{name}: policy {policy}, nodes of {one_job_vcores * scale} vcores / {one_job_mb * scale} MB "
+            f"and {ns.node_bandwidth} each")
         with tempfile.TemporaryDirectory(prefix=f"colocation-{name}-") as tmp:
             cluster = LocalCluster(Path(tmp), nodes=ns.nodes, node_vcores=one_job_vcores * scale,
                                    node_memory_mb=one_job_mb * scale, heartbeat_interval_ms=500, policy=policy,
-                                   am_expiry_s=60, nm_expiry_s=60, node_bandwidth=bandwidth,
-                                   extra_nm_args=["--cpu-limit-cores", f"{cpu_share:.4f}"])
+                                   am_expiry_s=60, nm_expiry_s=60, node_bandwidth=bandwidth)
             try:
                 cluster.start()
                 max_running = ns.nodes if name == "isolated" else ns.jobs
