@@ -113,7 +113,8 @@ async def run_mode(cluster: LocalCluster, specs: list[dict[str, Any]], max_runni
                 if r["state"] in ps_commands.FINAL_STATES:
                     reports[a] = r
                     running.remove(a)
-                    log(f"  {a} {r['name']}: {r['finalStatus']} after {time.time() - t0:.0f}s")
+                    log(f"  {a} {r['name']}: {r['finalStatus']} after {time.time() - t0:.0f}s"
+                        + ("" if r["finalStatus"] == "SUCCEEDED" else f": {str(r.get('diagnostics', ''))[:300]}"))
             await asyncio.sleep(POLL_S)
         end = time.time()
         util = await client.utilization()
