@@ -149,3 +149,28 @@ async def test_a_new_executor_size_moves_the_job_by_restarting_it_from_a_cut() -
     await h.wait_idle(5)
     assert sus.calls == [("pause",), ("resume", 1, 1, placement, ("n2",), Resource(384, 1))]
     assert h.history[-1].steps == [("pause", 1), ("resume", 1)] and reshaper.calls == [(1, 1, ("n2",))]
+
+
+async def test_a_resume_that_got_no_executors_is_tried_again_while_the_job_stays_paused(monkeypatch) -> None:
+    from appmaster.ps import directives as directives_module
+    from appmaster.ps.reconfiguration import LaunchFailed
+    monkeypatch.setattr(directives_module, "RESUME_RETRY_S", 0.0)
+
+    class Refusing(FakeSuspender):
+        refusals = 2
+
+        async def resume(self, *args: object, **kw: object) -> None:
+            if self.refusals:
+                self.refusals -= 1
+                self.calls.append(("refused",))
+                raise LaunchFailed("the new workers did not start: 0 of 1 new workers ready after 120s")
+            await super().resume(*args, **kw)  # type: ignore[arg-type]
+
+    sus, reshaper = Refusing(), FakeReshaper()
+    h = DirectiveHandler(lambda: reshaper, lambda: Shape(1, 1), suspender=sus)
+    h.training_started()
+    h.on_directive(directive(1, 1, 1, RunState.PAUSE))
+    h.on_directive(directive(2, 1, 1, RunState.RESUME))
+    await h.wait_idle(5)
+    assert [c[0] for c in sus.calls] == ["pause", "refused", "refused", "resume"] and not sus.paused
+    assert h.history[-1].error == ""

@@ -35,6 +35,8 @@ from protocol.state_machine import TransitionTable
 log = logging.getLogger(__name__)
 
 DEFAULT_EARLY_FEEDBACK_ITERATIONS = 100   # EPS §2.1: "e.g. the first 100 iterations"
+RESUME_TRIES = 5            # a paused job's resume that got no executors is tried this often
+RESUME_RETRY_S = 5.0
 
 
 # ===== what a directive is carried out with ====================================================
@@ -444,8 +446,7 @@ class DirectiveHandler:
             if pause or restart:
                 await self.suspender.pause()
             if not pause:
-                await self.suspender.resume(target.workers, target.servers, d.placement, d.nodes,
-                                            d.executor_resource)
+                await self._resume(d, target)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a refused pause / resume must not stop later directives
@@ -455,6 +456,23 @@ class DirectiveHandler:
             out.seconds = time.perf_counter() - t0
             if self.on_change:
                 self.on_change(False)
+
+    async def _resume(self, d: ShapeDirective, target: Shape) -> None:
+        """Resume as `d` says; a resume that got no containers leaves the job paused (the
+        suspender keeps its cut), so it is tried again a few times, until a newer directive
+        arrives (it is applied next instead) or the tries are used up (the error is recorded)."""
+        assert self.suspender is not None
+        for attempt in range(RESUME_TRIES):
+            try:
+                await self.suspender.resume(target.workers, target.servers, d.placement, d.nodes,
+                                            d.executor_resource)
+                return
+            except Exception:
+                if attempt + 1 == RESUME_TRIES or self.tracker.kept is not None or not self.suspender.paused:
+                    raise
+                log.warning("shape directive v%d: resume got no executors; trying again in %.0fs", d.version,
+                            RESUME_RETRY_S)
+                await asyncio.sleep(RESUME_RETRY_S)     # a backoff before asking the RM again
 
 
 __all__ = ["DEFAULT_EARLY_FEEDBACK_ITERATIONS", "Decision", "DirectiveHandler", "DirectiveOutcome",

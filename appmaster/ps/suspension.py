@@ -36,7 +36,7 @@ from protocol.remote_exception import Conflict
 from protocol.state_machine import TransitionTable
 
 from .executor_pool import ExecutorRecord, Role
-from .reconfiguration import Reconfiguration
+from .reconfiguration import LaunchFailed, Reconfiguration
 
 log = logging.getLogger(__name__)
 
@@ -231,18 +231,29 @@ class JobSuspension:
                                    "objective_before": cut.objective})
         _settle(stopped, cut)
         log.info("paused at epoch %d clock %d (%s)", cut.epoch, cut.clock, cut.checkpoint["dir"])
-        target = await resume
-        t1 = self.clock()
-        assert self._resumed is not None
-        if target.resource is not None:
-            self.steps.resource = target.resource      # every executor of the job is new: one size again
-        try:
-            servers, workers = await start_placed(self.steps, target.workers, target.servers, target.placement,
-                                                  target.nodes)
-            restored = await restart_from(self.steps, cut, servers, workers)
-        except BaseException as e:
-            _settle(self._resumed, e if isinstance(e, Exception) else Conflict("the job stopped while resuming"))
-            raise        # the job has no executors: it fails with this error
+        while True:
+            target = await resume
+            t1 = self.clock()
+            assert self._resumed is not None
+            if target.resource is not None:
+                self.steps.resource = target.resource      # every executor of the job is new: one size again
+            try:
+                servers, workers = await start_placed(self.steps, target.workers, target.servers,
+                                                      target.placement, target.nodes)
+                restored = await restart_from(self.steps, cut, servers, workers)
+                break
+            except LaunchFailed as e:
+                # No containers where the directive placed the job (yet): it holds nothing, so it
+                # stays paused on its cut and a later resume tries again -- failing the job here
+                # would throw its progress away for a placement it could not get.
+                await self.steps.retire_all(RELEASE_TIMEOUT_S)
+                self._step(SuspendEvent.FAILED)
+                resume = self._resume = asyncio.get_running_loop().create_future()
+                _settle(self._resumed, e)
+                log.warning("resume failed, the job stays paused: %s", e)
+            except BaseException as e:
+                _settle(self._resumed, e if isinstance(e, Exception) else Conflict("the job stopped while resuming"))
+                raise        # the job has no executors: it fails with this error
         if self._paused_at is not None:
             self.paused_s += t1 - self._paused_at
         self._step(SuspendEvent.RESUMED)
