@@ -19,7 +19,10 @@ Pure (no I/O, an injected clock); `arbiter_server.py` puts it behind the NM's un
 Every request goes through the `TRANSITIONS` table (QUEUED -> CPU / PRIMARY / SECONDARY -> DONE,
 SECONDARY -> PRIMARY on promotion). Every grant is recorded in a bounded log (`GrantRecord`: role,
 job, executor, when asked, granted, released), which the NM serves so a test can check that COMP
-subtasks of different jobs never overlapped.
+subtasks of different jobs never overlapped. The log is bounded, so cumulative counters sit beside
+it: CPU grants per job and `cpu_interleavings` (CPU grants to a job that had the slot before, with
+another job's grant in between -- the COMP interleaving Harmony is for), which a long run cannot
+push out.
 """
 from __future__ import annotations
 
@@ -134,6 +137,9 @@ class Arbiter:
         self.secondary: Optional[_Request] = None
         self.log: Deque[GrantRecord] = collections.deque(maxlen=log_size)
         self.grants = 0
+        self.cpu_grants_by_job: collections.Counter[int] = collections.Counter()
+        self.cpu_interleavings = 0
+        self._last_cpu_job: Optional[int] = None
 
     # -- events ------------------------------------------------------------------------------
     def acquire(self, conn: int, request_id: int, kind: SlotKind, job: int, executor: int) -> list[Notice]:
@@ -189,7 +195,8 @@ class Arbiter:
                                            "request_id": r.request_id}
         return {"cpu": who(self.cpu), "primary": who(self.primary), "secondary": who(self.secondary),
                 "cpu_waiting": self.waiting(SlotKind.CPU), "comm_waiting": self.waiting(SlotKind.COMM),
-                "grants": self.grants}
+                "grants": self.grants, "cpu_interleavings": self.cpu_interleavings,
+                "cpu_grants_by_job": {f"{j:016x}": n for j, n in self.cpu_grants_by_job.items()}}
 
     # -- internals ---------------------------------------------------------------------------
     def _end(self, req: _Request, event: RequestEvent) -> None:
@@ -215,6 +222,11 @@ class Arbiter:
                                  self._clock())
         self.log.append(req.record)
         self.grants += 1
+        if state is RequestState.CPU:
+            if req.job != self._last_cpu_job and self.cpu_grants_by_job[req.job] > 0:
+                self.cpu_interleavings += 1
+            self.cpu_grants_by_job[req.job] += 1
+            self._last_cpu_job = req.job
         return req.frame(Op.GRANT, _ROLE_OF[state], flags)
 
     def _dispatch(self) -> list[Notice]:

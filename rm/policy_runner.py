@@ -28,8 +28,11 @@ def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
     nodes = tuple(NodeView(n.node_id, n.rack, n.state.value, n.capability, n.used) for n in core.nodes)
     apps = []
     executors_on: dict[str, dict[str, Resource]] = {}
+    am_node: dict[str, str] = {}
     for c in core.containers.values():
-        if not c.is_am:
+        if c.is_am:
+            am_node[c.app_id] = c.node_id
+        else:
             on = executors_on.setdefault(c.app_id, {})
             on[c.node_id] = on.get(c.node_id, ZERO) + c.resource
     for sa in core.scheduler.apps.values():
@@ -43,7 +46,8 @@ def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
         apps.append(AppView(app.app_id, app.queue, app.user, app.state.value, app.submit_time, sa.used,
                             app.shape, app.elastane, am_resource=app.am.resource, pending=pending,
                             directive=app.directive, am_limited=am_limited, executors=executors_of(core, app),
-                            executors_on=tuple(sorted(executors_on.get(app.app_id, {}).items()))))
+                            executors_on=tuple(sorted(executors_on.get(app.app_id, {}).items())),
+                            am_node=am_node.get(app.app_id)))
     used = sum((q.used for q in core.scheduler.queues.values()), ZERO)
     return ClusterSnapshot(now=core.clock(), total=core.nodes.total, used=used, nodes=nodes, apps=tuple(apps),
                            minimum_allocation_mb=core.scheduler.min_mb)

@@ -25,6 +25,7 @@ class App:
     directive: Optional[ShapeDirective] = None
     iterations: int = 0
     history: list[ShapeDirective] = field(default_factory=list)
+    am_node: Optional[str] = None   # where its AM runs (None: not placed yet)
 
     def report(self) -> JobReport:
         d = self.directive
@@ -60,7 +61,7 @@ class World:
                                "executor_vcores": 1}}
             views.append(AppView(a.app_id, "default", "alice", a.state, a.submit_time, ZERO,
                                  a.report() if a.state == "RUNNING" else None, spec, am_resource=AM,
-                                 directive=a.directive))
+                                 directive=a.directive, am_node=a.am_node))
         total = sum((n.capacity for n in self.nodes), ZERO)
         return ClusterSnapshot(now=self.now, total=total, used=ZERO, nodes=tuple(self.nodes), apps=tuple(views))
 

@@ -172,6 +172,21 @@ def test_grant_log_is_bounded_and_records_times() -> None:
     assert recs[0].to_json()["job"] == f"{JOB_A:016x}"
 
 
+def test_counters_outlive_the_bounded_log() -> None:
+    a = Arbiter(clock=Clock(), log_size=2)
+    # A, B, C one after another is no interleaving; A coming back after C is one, B after A another.
+    for i, job in enumerate([JOB_A, JOB_A, JOB_B, JOB_C, JOB_A, JOB_B]):
+        a.acquire(1, i, CPU, job, 1)
+        a.release(1, i)
+    a.acquire(1, 99, COMM, JOB_C, 1)            # network grants count for neither
+    assert len(a.records()) == 2
+    assert a.cpu_grants_by_job == {JOB_A: 3, JOB_B: 2, JOB_C: 1}
+    assert a.cpu_interleavings == 2
+    st = a.state()
+    assert st["cpu_interleavings"] == 2 and st["cpu_grants_by_job"] == {f"{JOB_A:016x}": 3, f"{JOB_B:016x}": 2,
+                                                                        f"{JOB_C:016x}": 1}
+
+
 def test_overlap_check_finds_overlapping_comp_of_different_jobs() -> None:
     ok = [GrantRecord("cpu", JOB_A, 1, 1, 0, 0, 2), GrantRecord("cpu", JOB_B, 2, 1, 0, 2, 3)]
     assert overlapping_cpu_grants(ok) == []

@@ -4,8 +4,8 @@ co-located with their COMP / COMM subtasks interleaved by each node's arbiter, a
 
 Checked: every job SUCCEEDED; jobs shared a group at some point (their directives name the same
 group); each move or pause kept the objective trajectory (the restored objective is the one at the
-cut); on every node the arbiter's grant log holds COMP grants of more than one job and never two
-overlapping COMP grants of different jobs; no process of the jobs is left."""
+cut); some node's arbiter gave COMP slots to more than one job, interleaved, and no arbiter's grant
+log holds two overlapping COMP grants of different jobs; no process of the jobs is left."""
 from __future__ import annotations
 
 import json
@@ -29,10 +29,10 @@ pytestmark = pytest.mark.cluster
 JOBS = [("mlr", {"num_samples": 30_000}), ("nmf", {"num_users": 6000}), ("lda", {"num_docs": 3000})]
 
 
-def _arbiter_log(http_address: str) -> list[dict[str, Any]]:
+def _arbiter_view(http_address: str) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://{http_address}/ws/v1/node/arbiter?limit=1000000", timeout=10) as r:
-        log: list[dict[str, Any]] = json.loads(r.read())["arbiter"]["grantLog"]
-        return log
+        view: dict[str, Any] = json.loads(r.read())["arbiter"]
+        return view
 
 
 def _record(g: dict[str, Any]) -> GrantRecord:
@@ -51,7 +51,7 @@ def test_three_jobs_are_profiled_grouped_interleaved_and_finish(tmp_path: Path) 
             apps.append(submit_app(cluster.rm_url, build_ps_submission(spec, name=f"harmony-{app}", am_memory=256)))
         finals = [wait_app(cluster.rm_url, a, ("FINISHED", "FAILED", "KILLED"), 600) for a in apps]
         nodes = rest(cluster.rm_url, "GET", "/ws/v1/cluster/nodes")["nodes"]["node"]
-        logs = {n["id"]: _arbiter_log(n["nodeHTTPAddress"]) for n in nodes}
+        views = {n["id"]: _arbiter_view(n["nodeHTTPAddress"]) for n in nodes}
         statuses = [json.loads((Path(cluster.base_dir) / "rm" / "apps" / a / "status.json").read_text()) for a in apps]
         for a in apps:
             wait_until(lambda a=a: not pids_with_env(container_env.APP_ID, a), 30, f"every process of {a} gone")
@@ -71,10 +71,12 @@ def test_three_jobs_are_profiled_grouped_interleaved_and_finish(tmp_path: Path) 
             assert h["ok"]
             if h["op"] == "resume" and h["objective_before"] is not None:
                 assert h["objective_restored"] == pytest.approx(h["objective_before"], rel=1e-3), h
-    # The arbiters interleaved the co-located jobs' COMP subtasks and never overlapped two jobs'.
-    shared = 0
-    for node, log in logs.items():
-        records = [_record(g) for g in log]
-        assert overlapping_cpu_grants(records) == [], node
-        shared += len({g["app_id"] or g["job"] for g in log if g["role"] == "cpu"}) >= 2
-    assert shared >= 1, {n: len(log) for n, log in logs.items()}
+    # The arbiters never overlapped two jobs' COMP subtasks (in the bounded grant log they kept) and
+    # interleaved co-located jobs' COMP subtasks (cumulative counters: on a fast host the last job
+    # alone fills the log's tail).
+    for node, view in views.items():
+        assert overlapping_cpu_grants([_record(g) for g in view["grantLog"]]) == [], node
+    interleaved = {n: v["cpu_interleavings"] for n, v in views.items()}
+    assert any(len(v["cpu_grants_by_job"]) >= 2 for v in views.values()), interleaved
+    assert max(interleaved.values()) >= 1, ({n: v["cpu_grants_by_job"] for n, v in views.items()},
+                                            [st["directives"] for st in statuses])

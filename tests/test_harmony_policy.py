@@ -62,6 +62,23 @@ def test_new_jobs_are_profiled_alone_on_a_node_each_then_grouped():
     assert sorted(nodes) == ["n1", "n2", "n3", "n4"]
 
 
+def test_groups_fit_beside_the_ams_the_scheduler_packed_on_one_node():
+    # Found on a real cluster: every AM on one node, containers sized as if AMs were spread evenly,
+    # and a grouped job's resume waited until its partner finished for room the AMs held.
+    w, p = World(2, mem=2048, vcores=8), HarmonyPolicy()
+    for app_id, (cpu, net) in {"a": (8.0, 1.0), "b": (1.0, 1.8), "c": (6.0, 0.6)}.items():
+        w.submit(app_id, cpu, net).am_node = "n1"
+    for _ in range(4):
+        d = w.step(p)
+    used = {n.node_id: AM.scale(sum(a.am_node == n.node_id for a in w.apps.values())) for n in w.nodes}
+    for jd in d.jobs.values():
+        for pl in jd.placement:
+            assert jd.executor_resource is not None
+            used[pl.node] = used[pl.node] + jd.executor_resource.scale(pl.workers + pl.servers)
+    assert any(jd.placement for jd in d.jobs.values())
+    assert all(u.fits_in(Resource(2048, 8)) for u in used.values()), used
+
+
 def test_a_profiled_arrival_waits_behind_a_paused_job_and_replaces_a_similar_finished_one():
     w, p = four_jobs()
     w.step(p)

@@ -23,7 +23,7 @@ job, where it runs:
 
 A grouped job runs one worker and one server on every node of its group (`placement`), in `group`
 (a stable id such as "g3"), with `executor_resource` sized so the group fits its nodes: a node's
-capacity, less room for the AMs the scheduler may place there, split evenly among the group's 2k
+capacity, less the AMs running there and room for AMs not placed yet, split evenly among the group's 2k
 containers (k jobs); a job keeps its containers' size while that still fits (a partner leaving does not
 resize them), they shrink when the group grows. The jobs per group are capped so every container
 gets a vcore and at least `min_executor_mb`. A paused or waiting job is told PAUSE with no executors; a job put back in a
@@ -107,7 +107,8 @@ class HarmonyPolicy:
         self.profiles = ProfileBook(self.cfg.ema_weight)
         self._next_group = 1
         self._nodes: dict[str, NodeView] = {}
-        self._am_reserve = ZERO
+        self._am_on: dict[str, Resource] = {}    # per node: the AMs placed there
+        self._am_unplaced = ZERO                  # per node: room kept for AMs not placed yet
         self._min_mb = 1
 
     # ----- the round -----------------------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ class HarmonyPolicy:
         apps = {a.app_id: a for a in snapshot.apps}
         finished = self._sync_apps(snapshot)
         self._sync_nodes()
-        self._am_reserve = self._am_room(snapshot)
+        self._am_on, self._am_unplaced = self._am_room(snapshot)
         arrivals = self._measure(apps)
         for gid, times in finished:
             self._on_completion(gid, times)
@@ -211,13 +212,23 @@ class HarmonyPolicy:
                 elif job.state is JobState.PROFILED:
                     self._pause(job.app_id, "its profiling node was lost")
 
-    def _am_room(self, snapshot: ClusterSnapshot) -> Resource:
-        """Room left on each node for the AMs the scheduler places anywhere: the largest AM times
-        the AMs per node if they were spread evenly."""
-        am = Resource(max((a.am_resource.memory for a in snapshot.apps if a.state not in FINAL), default=0),
-                      max((a.am_resource.vcores for a in snapshot.apps if a.state not in FINAL), default=0))
-        live = sum(1 for a in snapshot.apps if a.state not in FINAL)
-        return am.scale(math.ceil(live / max(1, len(self._nodes))))
+    def _am_room(self, snapshot: ClusterSnapshot) -> tuple[dict[str, Resource], Resource]:
+        """Room the AMs take: per node, the AMs running there (the scheduler packs them, so all of
+        them may sit on one node); and, on every node, room for the AMs not placed yet: the largest
+        AM times those AMs per node if they were spread evenly."""
+        live = [a for a in snapshot.apps if a.state not in FINAL]
+        on: dict[str, Resource] = {}
+        for a in live:
+            if a.am_node is not None:
+                on[a.am_node] = on.get(a.am_node, ZERO) + a.am_resource
+        unplaced = [a for a in live if a.am_node is None]
+        am = Resource(max((a.am_resource.memory for a in live), default=0),
+                      max((a.am_resource.vcores for a in live), default=0))
+        return on, am.scale(math.ceil(len(unplaced) / max(1, len(self._nodes))))
+
+    def _executor_room(self, node: NodeView) -> Resource:
+        """What `node` leaves for executors once its AMs (and the unplaced AMs' share) have room."""
+        return node.capacity - self._am_on.get(node.node_id, ZERO) - self._am_unplaced
 
     def _measure(self, apps: dict[str, AppView]) -> list[str]:
         """Profiling jobs whose reports have timings become profiled; returns them (FIFO)."""
@@ -280,7 +291,7 @@ class HarmonyPolicy:
         """How many jobs a group may hold: every container needs a vcore and `min_executor_mb`."""
         if not self._nodes:
             return 1
-        room = [n.capacity - self._am_reserve for n in self._nodes.values()]
+        room = [self._executor_room(n) for n in self._nodes.values()]
         vcores = min(r.vcores for r in room)
         mem = min(r.memory for r in room)
         return max(1, min(vcores // CONTAINERS_PER_JOB, mem // (CONTAINERS_PER_JOB * self.cfg.min_executor_mb)))
@@ -550,7 +561,7 @@ class HarmonyPolicy:
     # ----- the decision --------------------------------------------------------------------------------------------
     def _room(self, nodes: Iterable[str]) -> Resource:
         """What one node of these leaves for executors (the smallest of them, less the AMs' room)."""
-        room = [self._nodes[n].capacity - self._am_reserve for n in nodes if n in self._nodes]
+        room = [self._executor_room(self._nodes[n]) for n in nodes if n in self._nodes]
         if not room:
             return ZERO
         return Resource(max(0, min(r.memory for r in room)), max(0, min(r.vcores for r in room)))

@@ -41,6 +41,9 @@ class AppView:
     # Optimus frees a reshaped job's own executors before placing it anew (containers of one job
     # may differ in size, which the role counts above do not say).
     executors_on: tuple[tuple[str, Resource], ...] = ()
+    # The node the AM container runs on (None until it is allocated): the scheduler packs AMs, so a
+    # policy that sizes executors to fill nodes must leave each node's actual AMs their room.
+    am_node: Optional[str] = None
 
 
 @dataclass(frozen=True)
