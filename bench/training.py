@@ -2,6 +2,7 @@
 on the same data, plus the executors' peak memory against the bytes of data and model they hold.
 
     .venv/bin/python bench/training.py [--quick] [--max-epochs N] [--keep-dir DIR]
+        [--quality-presets small,medium] [--quality-apps mlr,nmf,lda,lasso] [--no-perf]
 
 For MLR and NMF (sized so one single-process epoch takes ~1-3 s, so per-request overheads do not
 dominate), in one run:
@@ -23,7 +24,7 @@ preset's sizes and hyper-parameters, no overrides, 2 workers and 1 server, to co
 preset's epoch limit -- and its final held-out metric against the generator's true model's
 (psruntime.apps.quality: MLR accuracy within 5 points, NMF / Lasso RMSE within 10 % of the noise
 floor, LDA perplexity within 10 %). `medium` jobs take long (LDA's Gibbs sampling most):
---quality-timeout bounds each.
+--quality-timeout bounds each; --quality-apps picks apps, --no-perf runs the quality jobs alone.
 
 A run that fails (a job that does not finish, a crash of the baseline) is reported with its error
 and the others still run; the JSON then has "errors".
@@ -292,10 +293,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated presets of the held-out quality runs (default small,medium; "
                         "tiny with --quick; 'none' skips them)")
     p.add_argument("--quality-timeout", type=float, default=QUALITY_TIMEOUT_S, help="seconds per quality job")
+    p.add_argument("--quality-apps", default=",".join(APP_NAMES),
+                   help=f"comma-separated apps of the held-out quality runs (default {','.join(APP_NAMES)})")
+    p.add_argument("--no-perf", action="store_true",
+                   help="skip the PS-vs-single-process and memory runs (only the quality runs)")
     args = p.parse_args(argv)
     jobs = {a: {**j, **QUICK_DATA[a]} for a, j in JOBS.items()} if args.quick else JOBS
     presets_arg = args.quality_presets or ("tiny" if args.quick else ",".join(QUALITY_PRESETS))
     quality_presets = [] if presets_arg == "none" else [q.strip() for q in presets_arg.split(",") if q.strip()]
+    quality_apps = [a.strip() for a in args.quality_apps.split(",") if a.strip()]
+    unknown = sorted(set(quality_apps) - set(APP_NAMES))
+    if unknown:
+        p.error(f"--quality-apps: unknown app(s) {', '.join(unknown)} (known: {', '.join(APP_NAMES)})")
+    if args.no_perf:
+        jobs = {}
 
     baseline = interpreter_baseline_bytes()
     print(f"interpreter baseline (idle python importing the executor's modules): {baseline / MB:.1f} MB",
@@ -334,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 print(describe(app, runs[f"{w}x{s}"], runs["single"]), flush=True)
         for preset in quality_presets:
-            for app in APP_NAMES:
+            for app in quality_apps:
                 key = f"{app}_{preset}"
                 try:
                     quality[key] = asyncio.run(quality_run(cluster, app, preset, args.quality_timeout))
@@ -375,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                 worst.append(r.memory["worst_executor"])
     out["peak_rss_over_data"] = max(ratios) if ratios else None
     out["worst_executor_rss_over_data"] = max(worst) if worst else None
-    out["rss_target_met"] = all(r.memory.get("all_within_target", False)
-                                for runs in results.values() for k, r in runs.items() if k != "single")
+    ps_runs = [r for runs in results.values() for k, r in runs.items() if k != "single"]
+    out["rss_target_met"] = all(r.memory.get("all_within_target", False) for r in ps_runs) if ps_runs else None
     out["heldout_quality"] = quality
     out["heldout_targets_met"] = bool(quality) and all(q["met"] for q in quality.values())
     out["interpreter_baseline_mb"] = round(baseline / MB, 1)
