@@ -79,6 +79,14 @@ def test_groups_fit_beside_the_ams_the_scheduler_packed_on_one_node():
     assert all(u.fits_in(Resource(2048, 8)) for u in used.values()), used
 
 
+def test_a_new_job_is_profiled_on_the_free_node_with_room_beside_the_ams():
+    w, p = World(3, mem=2048, vcores=8), HarmonyPolicy()
+    for app_id in ("a", "b"):
+        w.submit(app_id, 4.0, 1.0).am_node = "n1"      # n1 holds both AMs
+    d = w.step(p)
+    assert sorted(jd.nodes[0] for jd in d.jobs.values()) == ["n2", "n3"]
+
+
 def test_a_profiled_arrival_waits_behind_a_paused_job_and_replaces_a_similar_finished_one():
     w, p = four_jobs()
     w.step(p)

@@ -413,9 +413,11 @@ class HarmonyPolicy:
         return True
 
     def _profile_waiting(self) -> None:
-        """Give waiting jobs a node each to be profiled on: a free node, else (up to
+        """Give waiting jobs a node each to be profiled on: a free node (the roomiest), else (up to
         `profiling_nodes` at once) the last node of the group with the most machines."""
-        idle = self._idle_nodes()
+        # The free node with the most room for executors first: the scheduler packs AMs, so the
+        # node holding them may not fit even one worker and one server of the spec's size.
+        idle = sorted(self._idle_nodes(), key=lambda n: -self._executor_room(self._nodes[n]).memory)
         borrowed = sum(1 for j in self.jobs.values() if j.state is JobState.PROFILING) if self.groups else 0
         for app_id in self._in_state(JobState.WAITING):
             job = self.jobs[app_id]
