@@ -139,5 +139,8 @@ class ArbiterServer:
             for g in log:
                 g["app_id"] = names.get(int(str(g["job"]), 16), "")
                 g["container_id"] = names.get(int(str(g["executor"]), 16), "")
-        return {"socket": self.path, "connections": len(self.connections), **self.arbiter.state(),
-                "grantLog": log}
+        state = self.arbiter.state()
+        if names:
+            by_job = self.arbiter.cpu_grants_by_job
+            state["cpu_grants_by_app"] = {names[j]: n for j, n in by_job.items() if j in names}
+        return {"socket": self.path, "connections": len(self.connections), **state, "grantLog": log}

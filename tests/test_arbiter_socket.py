@@ -171,4 +171,8 @@ async def test_view_lists_holders_and_the_grant_log(server: ArbiterServer) -> No
                         "request_id": g.request_id}
     assert [r["role"] for r in v["grantLog"]] == ["cpu"] and v["grantLog"][0]["released_at"] is None
     assert server.view(limit=0)["grantLog"] == []
+    # Named by the NM's containers where it knows them, counted whatever the log still holds.
+    named = server.view(names={name_hash("app_a"): "app_a"})
+    assert named["cpu_grants_by_app"] == {"app_a": 1} and named["grantLog"][0]["app_id"] == "app_a"
+    assert named["cpu_grants_by_job"] == {f"{name_hash('app_a'):016x}": 1}
     await a.close()
