@@ -31,7 +31,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
 from elastane_cli.errors import CliError  # noqa: E402
 from elastane_cli.local_cluster import ClusterStartError, LocalCluster  # noqa: E402
@@ -281,13 +281,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return ns
 
 
-def _raise_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)   # unwinds through run_cluster's finally: the cluster is stopped
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
     work = Path(tempfile.mkdtemp(prefix="elastane-bench-launch-"))
     started = time.monotonic()
     try:

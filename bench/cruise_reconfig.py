@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import os
 import subprocess
 import sys
@@ -38,6 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from dataplane import StoreSide, _wait_file  # noqa: E402  (bench/dataplane.py's store round trips)
 from support.ps_job_runner import run_ps_job  # noqa: E402  (bench/support: not a benchmark itself)
+from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
 from elastane_cli import ps_commands  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
@@ -90,11 +90,8 @@ def dataplane_throughput(bps: int, seconds: float, workdir: Path) -> float:
         proc.wait(10)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
+    unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bandwidth", default="100mbit", help="emulated link of every executor (default 100mbit)")
     ap.add_argument("--seconds", type=float, default=3.0, help="length of the data-plane baseline")
@@ -109,7 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(args.keep_dir) if args.keep_dir else Path(tempfile.mkdtemp(prefix="cruise-reconfig-"))
     cluster = LocalCluster(base, nodes=3, node_memory_mb=2048, node_vcores=4, heartbeat_interval_ms=250,
                            node_bandwidth=args.bandwidth, network="emulated")
-    signal.signal(signal.SIGTERM, _interrupt)      # SIGTERM unwinds through cluster.stop() like Ctrl-C
     cluster.start(timeout_s=60)
     try:
         status = asyncio.run(run_cruise_job(cluster, {**JOB, "data": {**JOB["data"], "num_features": args.features}}))

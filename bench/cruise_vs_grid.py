@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import statistics
 import sys
 import tempfile
@@ -37,6 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import cruise_solve  # noqa: E402  (the solve-time setups of bench/cruise_solve.py)
 from support.ps_job_runner import run_ps_job  # noqa: E402  (bench/support: not a benchmark itself)
+from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
 from appmaster.cruise.solver_homogeneous import solve_homogeneous_target  # noqa: E402
 from appmaster.cruise.solver_milp import solve_milp_target  # noqa: E402
@@ -143,11 +143,8 @@ async def bench(cluster: LocalCluster, n: int, names: list[str]) -> list[dict[st
     return cases
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
+    unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--executors", type=int, default=6, help="N: executors of every job (default 6: five (W, S) splits)")
     ap.add_argument("--bandwidth", default="40mbit", help="emulated link of every executor (default 40mbit)")
@@ -161,7 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(args.keep_dir) if args.keep_dir else Path(tempfile.mkdtemp(prefix="cruise-vs-grid-"))
     cluster = LocalCluster(base, nodes=3, node_memory_mb=2048, node_vcores=4, heartbeat_interval_ms=250,
                            node_bandwidth=args.bandwidth, network="emulated")
-    signal.signal(signal.SIGTERM, _interrupt)      # SIGTERM unwinds through cluster.stop() like Ctrl-C
     cluster.start(timeout_s=60)
     try:
         cases = asyncio.run(bench(cluster, args.executors, names))

@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from appmaster.ps.submission import build_ps_submission  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
 from support.http_json import http_json  # noqa: E402
+from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
 FINAL = ("FINISHED", "FAILED", "KILLED")
 USER = "explorer"
@@ -178,6 +179,7 @@ def directives_seen(cluster: LocalCluster, trials: list[Trial]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=10)
     p.add_argument("--mean-interarrival-s", type=float, default=5.0)

@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
 from support.watched_job import Job, am_log_tail, mlr_job_spec  # noqa: E402
+from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
 
 
@@ -108,6 +109,7 @@ def run_mode(cluster: LocalCluster, mode: str, spec: dict[str, Any], rounds: int
 
 
 def main(argv: list[str] | None = None) -> int:
+    unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--features", type=int, default=210_000)
     p.add_argument("--classes", type=int, default=128)

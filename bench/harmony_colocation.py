@@ -48,6 +48,7 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
 from elastane_cli import ps_commands  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
@@ -144,6 +145,7 @@ def utilization_of(util: dict[str, Any], t0_ms: float, t1_ms: float, cluster: Lo
 
 
 def main() -> int:
+    unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--nodes", type=int, default=4)

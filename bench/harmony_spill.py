@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
 from support.watched_job import FINAL, Job, am_log_tail, http, pids_of_app, wait_for  # noqa: E402
+from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
 FIXED = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -121,6 +122,7 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=360_000, help="MLR training rows (412 bytes each)")
     p.add_argument("--rows-per-block", type=int, default=5000)

@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
 from support.watched_job import Job, am_log_tail, http, mlr_job_spec, wait_for  # noqa: E402
+from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
 
 def log(text: str) -> None:
@@ -114,6 +115,7 @@ def auth_throughput_ratio(seconds: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--features", type=int, default=210_000)
     p.add_argument("--classes", type=int, default=128)

@@ -63,6 +63,7 @@ from psruntime.apps.quality import check_quality  # noqa: E402
 from psruntime.apps.registry import APP_NAMES  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
 from support.ps_job_runner import run_ps_job  # noqa: E402  (bench/support: not a benchmark itself)
+from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
 MB = 1024 * 1024
 SHAPES = ((2, 1), (4, 2))
@@ -285,6 +286,7 @@ def describe(app: str, r: RunFigures, base: RunFigures) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
     p = argparse.ArgumentParser(prog="bench/training.py", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny data: a smoke run of the bench itself")
     p.add_argument("--max-epochs", type=int, default=4)
