@@ -9,9 +9,11 @@ of PS jobs on one local cluster under three ways of sharing it, in the same run.
   no arbiter (their subtasks contend);
 - harmony:  RM policy `harmony` on the naive nodes: jobs profiled, grouped, their COMP / COMM
   interleaved by each node's arbiter, two of them spilling input (`spill_alpha`);
-- harmony_no_spill: the same without spill, so the two harmony runs give the "+ reloading" step of
-  Fig. 4.12's breakdown. (Its "subtasks only" step -- the arbiter without the grouping -- has no
-  switch in Elastane: the arbiter is used by the jobs the policy groups.)
+- subtasks: the naive cluster with every job's executors taking the node arbiter's slots around
+  their COMP / COMM subtasks (job spec `use_arbiter`), no grouping, no spill: Fig. 4.12's
+  "subtasks only" step;
+- harmony_no_spill: Harmony without spill ("+ grouping"), so with `harmony` ("+ reloading") the
+  three give Fig. 4.12's breakdown.
 
 The workload (`--jobs`, default 8) cycles over MLR, NMF, LDA and Lasso with different batch sizes, so
 their CPU / network balance differs; all jobs arrive at once (the same jobs in every mode).
@@ -28,9 +30,10 @@ counters over the nodes' caps (null when the nodes have no interfaces of their o
 bandwidth on loopback). Anchors (80 jobs on 100 machines): Harmony 2.11x faster mean JCT, 1.60x
 shorter makespan, 1.65x utilization against isolated; naive co-location only 11 % / 9 % faster.
 
-Last line, JSON: {"isolated": {...}, "naive": {...}, "harmony": {...}, "harmony_no_spill": {...},
-"utilization_gain", "jct_gain", "makespan_gain"} (gains = isolated over Harmony for times, Harmony
-over isolated for CPU utilization).
+Last line, JSON: {"isolated": {...}, "naive": {...}, "subtasks": {...}, "harmony_no_spill": {...},
+"harmony": {...}, "utilization_gain", "jct_gain", "makespan_gain", "naive_jct_gain",
+"subtasks_jct_gain", "grouping_jct_gain", "reloading_jct_gain"} (gains = isolated over the mode for
+times, Harmony over isolated for CPU utilization; reloading = harmony_no_spill over harmony).
 """
 from __future__ import annotations
 
@@ -76,13 +79,15 @@ def log(text: str) -> None:
     print(f"[harmony_colocation] {text}", file=sys.stderr, flush=True)
 
 
-def job_specs(n: int, epochs: int, spill: bool) -> list[dict[str, Any]]:
+def job_specs(n: int, epochs: int, spill: bool, use_arbiter: bool = False) -> list[dict[str, Any]]:
     out = []
     for i in range(n):
         app, data, hparams = WORKLOAD[i % len(WORKLOAD)]
         spec: dict[str, Any] = {"app": app, "workers": 1, "servers": 1, "executor_memory_mb": EXECUTOR_MB,
                                 "max_epochs": epochs, "convergence_threshold": 1e-12, "data": data,
                                 "hparams": hparams}
+        if use_arbiter:
+            spec["use_arbiter"] = True
         if spill and i % len(WORKLOAD) in SPILLING:
             spec["spill_alpha"] = "auto" if i % 2 else 0.5
         out.append(spec)
@@ -152,7 +157,7 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--node-bandwidth", default="400mbit")
     p.add_argument("--timeout-s", type=float, default=1500.0, help="per mode")
-    p.add_argument("--modes", default="isolated,naive,harmony,harmony_no_spill")
+    p.add_argument("--modes", default="isolated,naive,subtasks,harmony_no_spill,harmony")
     ns = p.parse_args()
     if ns.jobs < 1 or ns.nodes < 1 or ns.epochs < 1:
         p.error("--jobs, --nodes and --epochs must be >= 1")
@@ -162,13 +167,15 @@ def main() -> int:
         p.error(f"--node-bandwidth: {e}")
     # One job = its AM + a worker + a server: an isolated node holds exactly one.
     one_job_vcores, one_job_mb = 3, AM_MB + 2 * EXECUTOR_MB + 64
-    modes = {"isolated": ("static", 1, False), "naive": ("static", 4, False),
-             "harmony": ("harmony", 4, True), "harmony_no_spill": ("harmony", 4, False)}
+    # mode: (policy, node scale, spill, use_arbiter)
+    modes = {"isolated": ("static", 1, False, False), "naive": ("static", 4, False, False),
+             "subtasks": ("static", 4, False, True), "harmony": ("harmony", 4, True, False),
+             "harmony_no_spill": ("harmony", 4, False, False)}
     out: dict[str, Any] = {}
     for name in [m for m in ns.modes.split(",") if m]:
         if name not in modes:
             p.error(f"--modes: unknown mode {name!r}; known: {', '.join(modes)}")
-        policy, scale, spill = modes[name]
+        policy, scale, spill, use_arbiter = modes[name]
         log(f"{name}: policy {policy}, nodes of {one_job_vcores * scale} vcores / {one_job_mb * scale} MB "
             f"and {ns.node_bandwidth} each")
         with tempfile.TemporaryDirectory(prefix=f"colocation-{name}-") as tmp:
@@ -178,8 +185,8 @@ def main() -> int:
             try:
                 cluster.start()
                 max_running = ns.nodes if name == "isolated" else ns.jobs
-                out[name] = asyncio.run(run_mode(cluster, job_specs(ns.jobs, ns.epochs, spill), max_running,
-                                                 ns.timeout_s))
+                specs = job_specs(ns.jobs, ns.epochs, spill, use_arbiter)
+                out[name] = asyncio.run(run_mode(cluster, specs, max_running, ns.timeout_s))
             except Exception as e:  # noqa: BLE001 - one mode failing is reported, the others still run
                 out[name] = {"error": f"{type(e).__name__}: {e}"}
             finally:
@@ -194,6 +201,9 @@ def main() -> int:
                makespan_gain=ratio(iso.get("makespan_s"), har.get("makespan_s")),
                utilization_gain=ratio(har.get("cpu_utilization"), iso.get("cpu_utilization")),
                naive_jct_gain=ratio(iso.get("mean_jct_s"), out.get("naive", {}).get("mean_jct_s")),
+               # Fig. 4.12's breakdown, each step's mean JCT against isolated's
+               subtasks_jct_gain=ratio(iso.get("mean_jct_s"), out.get("subtasks", {}).get("mean_jct_s")),
+               grouping_jct_gain=ratio(iso.get("mean_jct_s"), out.get("harmony_no_spill", {}).get("mean_jct_s")),
                reloading_jct_gain=ratio(out.get("harmony_no_spill", {}).get("mean_jct_s"), har.get("mean_jct_s")),
                cores=os.cpu_count(), nodes=ns.nodes, jobs=ns.jobs, epochs=ns.epochs)
     print(json.dumps(out))

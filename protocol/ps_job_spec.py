@@ -123,6 +123,11 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # data and model sizes against executor_memory_mb and tunes it per clock by hill climbing
     # between load stalls and memory pressure. None (the default): no spill.
     spill_alpha: Optional[Union[Annotated[float, msgspec.Meta(ge=0, le=1)], Literal["auto"]]] = None
+    # The job's executors take the node arbiter's slots around every COMP / COMM subtask whether or
+    # not a Harmony group holds it (without one they get no weighted CPU): the "subtasks only" step
+    # of the dissertation's Fig. 4.12 breakdown -- interleaving without the grouping. Under
+    # `--policy harmony` a grouped job uses the arbiter anyway; other jobs leave it alone.
+    use_arbiter: bool = False
 
     # ----- derived values (valid after `validate`) ----------------------------------------------
     @property

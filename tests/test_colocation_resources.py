@@ -14,6 +14,7 @@ from appmaster.ps.executor_pool import ExecutorPool, ExecutorRecord, Role
 from nodemanager.cgroup_detect import CgroupVersion, detect
 from nodemanager.cgroup_v1 import CgroupV1
 from nodemanager.cgroup_v2 import CgroupV2
+from protocol.ps_job_spec import PSJobSpec
 from nodemanager.launcher import LaunchSpec, build_env
 from protocol import container_env as cenv
 from protocol.internal_api import LaunchContext, StartContainerRequest
@@ -108,3 +109,18 @@ def test_the_am_asks_for_harmony_only_while_its_directive_has_a_group() -> None:
     pool.harmony_group = "g0"
     ctx = pool.launch_context(rec)
     assert ctx.environment[cenv.HARMONY] == "1" and ctx.cpu_weighted
+
+
+def test_a_job_with_use_arbiter_takes_slots_without_a_group_but_keeps_its_cpu_share() -> None:
+    # Fig. 4.12's "subtasks only": the arbiter's interleaving without Harmony's grouping.
+    pool = ExecutorPool(8, am_address="127.0.0.1:1", use_arbiter=True)
+    rec = ExecutorRecord("worker-0", Role.WORKER, _Container())  # type: ignore[arg-type]
+    ctx = pool.launch_context(rec)
+    assert ctx.environment[cenv.HARMONY] == "1" and not ctx.cpu_weighted
+
+
+def test_use_arbiter_is_a_checked_job_spec_field() -> None:
+    assert msgspec.convert({"app": "mlr"}, PSJobSpec).use_arbiter is False
+    assert msgspec.convert({"app": "mlr", "use_arbiter": True}, PSJobSpec).use_arbiter is True
+    with pytest.raises(msgspec.ValidationError, match="use_arbiter"):
+        msgspec.convert({"app": "mlr", "use_arbiter": "yes"}, PSJobSpec)

@@ -93,7 +93,7 @@ class ExecutorPool:
     """Every executor of the job, by id and by container."""
 
     def __init__(self, num_blocks: int, am_address: str = "", python: str = "python",
-                 job_secret: str = "") -> None:
+                 job_secret: str = "", use_arbiter: bool = False) -> None:
         self.num_blocks = num_blocks
         self.am_address = am_address          # set once the AM's data-plane server listens
         self.python = python
@@ -101,6 +101,7 @@ class ExecutorPool:
         # Harmony's co-location group of the job (its latest ShapeDirective's; None: not grouped):
         # executors launched while it is set take their node's arbiter slots and weighted CPU.
         self.harmony_group: Optional[str] = None
+        self.use_arbiter = use_arbiter        # the job spec's `use_arbiter`: slots with no group too
         self.executors: dict[str, ExecutorRecord] = {}
         self._by_container: dict[str, ExecutorRecord] = {}
         self._next_index = {Role.SERVER: 0, Role.WORKER: 0}
@@ -172,7 +173,7 @@ class ExecutorPool:
         env = {"PYTHONUNBUFFERED": "1", **(environment or {}), container_env.CONTAINER_ROLE: rec.role.value}
         if self.job_secret:
             env[container_env.JOB_SECRET] = self.job_secret
-        if self.harmony_group is not None:
+        if self.harmony_group is not None or self.use_arbiter:
             env[container_env.HARMONY] = "1"
         # An NM with an executor zygote forks the executor warm (it binds $NM_HOST by default).
         warm = WarmStart(module=EXECUTOR_MODULE, argv=argv) if self.python == "python" else None

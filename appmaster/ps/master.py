@@ -79,7 +79,8 @@ class PSApplicationMaster:
             job_secret = tokens.generate_secret()
         key = secret_key(job_secret)
         self.client = DataPlaneClient(secret=key)
-        self.pool = ExecutorPool(spec.num_blocks, python=python, job_secret=job_secret)
+        self.pool = ExecutorPool(spec.num_blocks, python=python, job_secret=job_secret,
+                                 use_arbiter=spec.use_arbiter)
         self.data_server = DataPlaneServer(self.pool.handle_frame, host, 0, secret=key)
         self.status_server = StatusServer(self.status, self.request_checkpoint, host, 0, scale=self.request_scale,
                                           control_auth=ControlAuth(job_secret, am.identity.attempt_id))
