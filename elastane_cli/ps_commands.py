@@ -25,9 +25,9 @@ from protocol.ps_app_schemas import APP_SCHEMAS, PRESET_NAMES
 from .app_commands import FINAL_STATES, _app_id, _positive
 from .context import CliContext
 from .errors import EXIT_FAILED, EXIT_OK, OperationFailed, UsageError
-from .progress_bar import ProgressBar, format_objective
-from .ps_reports import (AM_ENDING_PHASES, EXECUTOR_HEADERS, PLAN_HEADERS, ended_report, executor_rows, final_report,
-                         max_epochs_of, plan_history_rows, progress_from_status, running_report)
+from .progress_bar import EpochPoint, EpochProgress, ProgressBar, format_objective
+from .ps_reports import (AM_ENDING_PHASES, EXECUTOR_HEADERS, PLAN_HEADERS, ended_report, executor_rows,
+                         final_from_diagnostics, final_report, max_epochs_of, plan_history_rows, progress_from_status, running_report)
 from .rm_rest_client import RmRestClient
 from .tables import render_key_values, render_table
 
@@ -199,6 +199,7 @@ async def watch_ps_job(client: RmRestClient, app_id: str, bar: ProgressBar, max_
             app = await client.app(app_id)
             state = app.get("state")
             if state in FINAL_STATES:
+                _draw_the_end(bar, app, last, max_epochs)
                 return WatchResult(app, last)
             status = None
             if state == "RUNNING" and app.get("trackingUrl"):
@@ -215,6 +216,24 @@ async def watch_ps_job(client: RmRestClient, app_id: str, bar: ProgressBar, max_
     finally:
         bar.finish()
         await reader.close()
+
+
+def _draw_the_end(bar: ProgressBar, app: dict[str, Any], last: dict[str, Any] | None, max_epochs: int) -> None:
+    """The bar's last frame from the AM's final diagnostics, when the last status seen is older
+    than the end (a short job can train through between two polls): the bar always ends where
+    the job did."""
+    parsed = final_from_diagnostics(app.get("diagnostics"))
+    if parsed is None:
+        return
+    done = int(parsed[1])
+    if last is not None and int(last.get("epoch") or 0) >= done:
+        return
+    try:
+        history = [EpochPoint(done - 1, float(parsed[0]), 0.0, 0.0)] if done > 0 else []
+    except ValueError:
+        history = []
+    bar.update(EpochProgress(phase=str(app.get("state")), epochs_done=done, max_epochs=max(max_epochs, done),
+                             history=history))
 
 
 def _near_the_end(status: dict[str, Any] | None, max_epochs: int) -> bool:

@@ -310,6 +310,18 @@ def test_submit_wait_shows_each_epoch_and_the_final_result(fake: FakePsCluster,
     assert kv(out)["Held-Out-Metrics"] == "accuracy 0.8123, chance_accuracy 0.2"
 
 
+def test_submit_wait_draws_the_end_of_a_job_that_trained_through_between_two_polls(
+        fake: FakePsCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    # Found on a fast CI host: a tiny job went ACCEPTED -> FINISHED between polls, no bar at all.
+    fake.script = [("ACCEPTED", None)]
+    code, out, err = run(["--rm", f"http://{fake.address}", "ps", "submit", "--app", "mlr", "--max-epochs", "4",
+                          "--wait"], capsys)
+    assert code == 0, err
+    bars = [ln for ln in out.splitlines() if ln.startswith("epoch ")]
+    assert len(bars) == 1 and bars[0].startswith("epoch 3/4 [") and "0.5123" in bars[0], out
+    assert kv(out)["Final-Objective"] == "0.5123 after 3 epochs"
+
+
 def test_submit_wait_exits_1_when_the_job_fails_and_reports_from_diagnostics(
         fake: FakePsCluster, capsys: pytest.CaptureFixture[str]) -> None:
     fake.script = [("RUNNING", am_status("TRAINING", 1))]
