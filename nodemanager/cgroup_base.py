@@ -68,7 +68,8 @@ def read_int(path: str | Path) -> int:
 
 
 def kv_counter(text: str, key: str) -> int:
-    """The value of `key` in a "key value" per line file such as memory.events."""
+    """The value of `key` in a "key value" per line file (memory.events, memory.stat, cpu.stat);
+    0 when absent."""
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0] == key:

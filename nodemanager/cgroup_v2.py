@@ -86,7 +86,7 @@ class CgroupV2(CgroupBackend):
 
     def cpu_usage_ns(self, cg: ContainerCgroup) -> Optional[int]:
         text = host_stats.read_text(os.path.join(cg.dirs[0], "cpu.stat"))
-        return None if text is None else host_stats.stat_value(text, "usage_usec") * 1000
+        return None if text is None else kv_counter(text, "usage_usec") * 1000
 
     def memory_usage_bytes(self, cg: ContainerCgroup) -> Optional[int]:
         usage = host_stats.read_text(os.path.join(cg.dirs[0], "memory.current"))

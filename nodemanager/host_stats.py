@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from .cgroup_base import kv_counter
+
 
 @dataclass(frozen=True)
 class CpuTicks:
@@ -82,22 +84,10 @@ def parse_net_dev(text: str, skip: tuple[str, ...] = ("lo",)) -> tuple[int, int]
     return rx, tx
 
 
-def stat_value(text: str, key: str) -> int:
-    """The value of `key` in a "key value" per line file (cgroup memory.stat, cpu.stat); 0 if absent."""
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == key:
-            try:
-                return int(parts[1])
-            except ValueError:
-                return 0
-    return 0
-
-
 def working_set_bytes(usage_bytes: int, memory_stat: str, inactive_file_key: str) -> int:
     """A cgroup's memory usage less its inactive page cache (what the kernel reclaims first), as
     kubelet and docker count a container's memory: the figure comparable with RSS."""
-    return max(0, usage_bytes - stat_value(memory_stat, inactive_file_key))
+    return max(0, usage_bytes - kv_counter(memory_stat, inactive_file_key))
 
 
 def dir_bytes(path: str) -> int:
