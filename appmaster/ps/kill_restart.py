@@ -45,7 +45,7 @@ from .clock_loop import EpochHook
 from .directives import Shape
 from .job import JobPhase
 from .reconfiguration import Reconfiguration, keeps_worker_state
-from .suspension import RELEASE_TIMEOUT_S, restart_from, start_placed, take_cut
+from .suspension import RELEASE_TIMEOUT_S, restart_from, settle, start_placed, take_cut
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ class KillRestart:
             return False
         if self.training.loop.converged or self.phase() is not JobPhase.TRAINING:
             req.timeline.advance(RestartPhase.CANCELLED)
-            _settle(req.done, Conflict("the job finished training before the reshape could start"))
+            settle(req.done, Conflict("the job finished training before the reshape could start"))
             return False
         try:
             record = await self._restart(req)
@@ -252,9 +252,9 @@ class KillRestart:
             if req.timeline.phase not in (RestartPhase.FAILED, RestartPhase.RESTORED):
                 req.timeline.advance(RestartPhase.FAILED, f"{type(e).__name__}: {e}")
             self.on_record(self._record(req, {}))
-            _settle(req.done, e if isinstance(e, Exception) else Conflict("the job stopped during the reshape"))
+            settle(req.done, e if isinstance(e, Exception) else Conflict("the job stopped during the reshape"))
             raise                # the job's executors are gone: the job fails with this error
-        _settle(req.done, record)
+        settle(req.done, record)
         return True
 
     async def _restart(self, req: _Request) -> dict[str, Any]:
@@ -293,15 +293,6 @@ def _count(n: int) -> int:
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise BadRequest(f"the number of executors to add or remove must be an integer >= 1, got {n!r}")
     return n
-
-
-def _settle(fut: "asyncio.Future[dict[str, Any]]", outcome: dict[str, Any] | BaseException) -> None:
-    if fut.done():
-        return
-    if isinstance(outcome, BaseException):
-        fut.set_exception(outcome)
-    else:
-        fut.set_result(outcome)
 
 
 __all__ = ["KillRestart", "RESTART_TRANSITIONS", "RestartPhase", "RestartTimeline", "RestartTransitionError",

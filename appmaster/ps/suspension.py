@@ -27,7 +27,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from protocol import executor_ops as ops
 from protocol.internal_api import NodePlacement
@@ -39,6 +39,7 @@ from .executor_pool import ExecutorRecord, Role
 from .reconfiguration import LaunchFailed, Reconfiguration
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RELEASE_TIMEOUT_S = 60.0        # retired executors' containers reported complete
 RESTORE_RTOL = 1e-4             # restored objective vs. the checkpoint's (float32 sums in another order)
@@ -214,14 +215,14 @@ class JobSuspension:
         stopped, resume = self._stopped, self._resume
         if stopping() or self.steps.training.loop.converged:
             self._step(SuspendEvent.FAILED)
-            _settle(stopped, Conflict("the job finished training before it could pause"))
+            settle(stopped, Conflict("the job finished training before it could pause"))
             return False
         t0 = self.clock()
         try:
             cut = await take_cut(self.steps, self.job_record(), reason="pause")
             await self.steps.retire_all(RELEASE_TIMEOUT_S)
         except BaseException as e:
-            _settle(stopped, e if isinstance(e, Exception) else Conflict("the job stopped while pausing"))
+            settle(stopped, e if isinstance(e, Exception) else Conflict("the job stopped while pausing"))
             raise
         self.cut = cut
         self.pauses += 1
@@ -229,7 +230,7 @@ class JobSuspension:
         self._step(SuspendEvent.STOPPED)
         self._record("pause", t0, {"epoch": cut.epoch, "clock": cut.clock, "checkpoint": cut.checkpoint["dir"],
                                    "objective_before": cut.objective})
-        _settle(stopped, cut)
+        settle(stopped, cut)
         log.info("paused at epoch %d clock %d (%s)", cut.epoch, cut.clock, cut.checkpoint["dir"])
         while True:
             target = await resume
@@ -249,10 +250,10 @@ class JobSuspension:
                 await self.steps.retire_all(RELEASE_TIMEOUT_S)
                 self._step(SuspendEvent.FAILED)
                 resume = self._resume = asyncio.get_running_loop().create_future()
-                _settle(self._resumed, e)
+                settle(self._resumed, e)
                 log.warning("resume failed, the job stays paused: %s", e)
             except BaseException as e:
-                _settle(self._resumed, e if isinstance(e, Exception) else Conflict("the job stopped while resuming"))
+                settle(self._resumed, e if isinstance(e, Exception) else Conflict("the job stopped while resuming"))
                 raise        # the job has no executors: it fails with this error
         if self._paused_at is not None:
             self.paused_s += t1 - self._paused_at
@@ -261,7 +262,7 @@ class JobSuspension:
                                     "objective_restored": restored, "workers": target.workers,
                                     "servers": target.servers, "nodes": sorted({p.node for p in target.placement}
                                                                                or set(target.nodes))})
-        _settle(self._resumed, restored)
+        settle(self._resumed, restored)
         log.info("resumed with %d workers, %d servers: objective %.6g", target.workers, target.servers, restored)
         return True
 
@@ -278,7 +279,9 @@ class JobSuspension:
                 "history": list(self._history)}
 
 
-def _settle(fut: "asyncio.Future[Any]", outcome: Any) -> None:
+def settle(fut: "asyncio.Future[T]", outcome: "T | BaseException") -> None:
+    """Resolve a waiter's future with a result or an exception, unless it is already resolved
+    (the change it waits on may end by more than one path). Shared with kill_restart."""
     if fut.done():
         return
     if isinstance(outcome, BaseException):
@@ -288,4 +291,4 @@ def _settle(fut: "asyncio.Future[Any]", outcome: Any) -> None:
 
 
 __all__ = ["Cut", "JobSuspension", "SuspendEvent", "SuspendState", "SuspendTarget", "TRANSITIONS",
-           "restart_from", "start_placed", "take_cut"]
+           "restart_from", "settle", "start_placed", "take_cut"]
