@@ -25,7 +25,7 @@ import enum
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Optional, Protocol, Sequence
 
 from protocol.internal_api import NodePlacement, RunState, ShapeDirective
 from protocol.job_report import JobReport
@@ -410,20 +410,7 @@ class DirectiveHandler:
         log.info("shape directive v%d: %d/%d -> %d/%d workers/servers%s (%s)", d.version, before.workers,
                  before.servers, target.workers, target.servers, f" on {list(nodes)}" if nodes else "",
                  d.reason or "no reason given")
-        t0 = time.perf_counter()
-        if self.on_change:
-            self.on_change(True)
-        try:
-            await reshaper.reshape(target, nodes)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a refused or failed change must not stop later directives
-            out.error = f"{type(e).__name__}: {e}"
-            log.warning("shape directive v%d failed: %s", d.version, out.error)
-        finally:
-            out.seconds = time.perf_counter() - t0
-            if self.on_change:
-                self.on_change(False)
+        await self._run_change(d, out, lambda: reshaper.reshape(target, nodes))
 
     async def _suspend_or_resume(self, d: ShapeDirective, target: Shape, out: DirectiveOutcome,
                                  restart: bool = False) -> None:
@@ -439,17 +426,26 @@ class DirectiveHandler:
         log.info("shape directive v%d: %s%s (%s)", d.version, what, "" if pause else
                  f" {target.workers} workers, {target.servers} servers", d.reason or "no reason given")
         out.steps = [("pause", 1), ("resume", 1)] if restart else [("pause", 1)] if pause else [("resume", 1)]
+        suspender = self.suspender
+
+        async def suspend_or_resume() -> None:
+            if pause or restart:
+                await suspender.pause()
+            if not pause:
+                await self._resume(d, target)
+
+        await self._run_change(d, out, suspend_or_resume)
+
+    async def _run_change(self, d: ShapeDirective, out: DirectiveOutcome, change: Callable[[], Awaitable[Any]]) -> None:
+        """Run one directive's change with `on_change` around it, its time and any error in `out`."""
         t0 = time.perf_counter()
         if self.on_change:
             self.on_change(True)
         try:
-            if pause or restart:
-                await self.suspender.pause()
-            if not pause:
-                await self._resume(d, target)
+            await change()
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001 - a refused pause / resume must not stop later directives
+        except Exception as e:  # noqa: BLE001 - a refused or failed change must not stop later directives
             out.error = f"{type(e).__name__}: {e}"
             log.warning("shape directive v%d failed: %s", d.version, out.error)
         finally:
