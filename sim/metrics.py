@@ -33,15 +33,6 @@ class Demand:
     held: Resource
 
 
-def dominant_share(r: Resource, total: Resource) -> float:
-    shares = []
-    if total.memory > 0:
-        shares.append(r.memory / total.memory)
-    if total.vcores > 0:
-        shares.append(r.vcores / total.vcores)
-    return max(shares) if shares else 0.0
-
-
 def drf_shares(demands: Sequence[Demand], total: Resource) -> dict[str, float]:
     """ŝ_i: progressive filling, one container at a time to the job with the smallest dominant
     share (ties by app id) whose next container still fits the cluster; jobs are capped at their
@@ -61,13 +52,13 @@ def drf_shares(demands: Sequence[Demand], total: Resource) -> dict[str, float]:
         free = free - nxt
         alloc[app_id] = alloc[app_id] + nxt
         count[app_id] += 1
-        heapq.heappush(heap, (dominant_share(alloc[app_id], total), app_id))
-    return {a: dominant_share(r, total) for a, r in alloc.items()}
+        heapq.heappush(heap, (alloc[app_id].dominant_share(total), app_id))
+    return {a: r.dominant_share(total) for a, r in alloc.items()}
 
 
 def fairness_loss(demands: Sequence[Demand], total: Resource) -> float:
     fair = drf_shares(demands, total)
-    return sum(abs(dominant_share(d.held, total) - fair[d.app_id]) for d in demands)
+    return sum(abs(d.held.dominant_share(total) - fair[d.app_id]) for d in demands)
 
 
 def utilization(used: Resource, total: Resource) -> float:
@@ -131,5 +122,5 @@ def summarize(jcts: Iterable[Optional[float]], arrivals: Sequence[float], ends: 
                    reshapes=reshapes, virtual_s=virtual_s, wall_s=wall_s, events=events)
 
 
-__all__ = ["Demand", "Sample", "Summary", "dominant_share", "drf_shares", "fairness_loss", "summarize",
+__all__ = ["Demand", "Sample", "Summary", "drf_shares", "fairness_loss", "summarize",
            "utilization"]
