@@ -179,13 +179,29 @@ async def submit_and_wait(rm_url: str, sub_for: Any, timeout_s: float) -> dict[s
             await asyncio.sleep(POLL_S)
 
 
-def enforcement_mode(cluster: LocalCluster) -> str:
-    """What the first NM enforces limits with (v1 / v2 / rss-monitor), from its /ws/v1/node/info."""
+def node_info(http_address: str) -> dict[str, Any]:
+    """An NM's /ws/v1/node/info ({} when unreadable)."""
     try:
-        with urllib.request.urlopen(f"http://{cluster.nodes[0].http_address}/ws/v1/node/info", timeout=5) as r:
-            return str(json.loads(r.read())["nodeInfo"].get("enforcement", "unknown"))
+        with urllib.request.urlopen(f"http://{http_address}/ws/v1/node/info", timeout=5) as r:
+            return dict(json.loads(r.read())["nodeInfo"])
     except (OSError, ValueError, KeyError):
-        return "unknown"
+        return {}
+
+
+def enforcement_mode(cluster: LocalCluster) -> str:
+    """What the first NM enforces limits with (v1 / v2 / rss-monitor)."""
+    return str(node_info(cluster.nodes[0].http_address).get("enforcement", "unknown"))
+
+
+def shell_launches(cluster: LocalCluster) -> dict[str, int]:
+    """Launches that took a pre-started shell (nodemanager.container_shell_pool) and that found
+    none ready, summed over the NMs."""
+    out = {"served": 0, "missed": 0}
+    for node in cluster.nodes:
+        shells = node_info(node.http_address).get("containerShells", {})
+        for k in out:
+            out[k] += int(shells.get(k, 0))
+    return out
 
 
 def am_log_tail(cluster: LocalCluster, app_id: str, lines: int = 30) -> str:
@@ -202,7 +218,8 @@ def run_cluster(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], s
     stamp_dir.mkdir(parents=True, exist_ok=True)
     cluster = LocalCluster(work / "cluster", nodes=args.nodes, node_memory_mb=args.node_memory_mb,
                            node_vcores=args.node_vcores, rm_port=0, heartbeat_interval_ms=args.heartbeat_ms,
-                           cgroups=args.cgroups, env={"ELASTANE_LOG_LEVEL": "WARNING"})
+                           cgroups=args.cgroups, env={"ELASTANE_LOG_LEVEL": "WARNING"},
+                           extra_nm_args=["--container-shells", str(args.container_shells)])
     try:
         cluster.start()
         mode = enforcement_mode(cluster)
@@ -213,6 +230,7 @@ def run_cluster(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], s
             raise BenchError(f"{app.get('id')} ended {app.get('state')}/{app.get('finalStatus')}: "
                              f"{app.get('diagnostics')}\nAM stderr:\n{am_log_tail(cluster, app.get('id', ''))}")
         result = json.loads(result_file.read_text())
+        result["shells"] = shell_launches(cluster)
         # Same run, cluster up but idle: the machine in the same state the containers saw.
         fork = fork_exec_baseline(args.containers, work)
         wrapper = wrapper_baseline(args.containers, work)
@@ -255,6 +273,8 @@ def summarise(args: argparse.Namespace, result: dict[str, Any], mode: str, fork:
         "failed_containers": result["failures"], "cgroups": mode,
         "am_dispatch_p50_ms": pct(f.am_dispatch, 50), "nm_start_rpc_p50_ms": pct(f.start_rpc, 50),
         "nm_call_to_start_p50_ms": pct(f.call_to_start, 50), "nm_wrapper_exec_p50_ms": pct(wrapper, 50),
+        "container_shells": args.container_shells, "shell_launches": result["shells"]["served"],
+        "cold_launches": result["shells"]["missed"],
         "nodes": args.nodes, "window": args.window, "container_memory_mb": args.memory,
         "wall_s": round(wall_s, 1),
     }
@@ -271,6 +291,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=8, help="max containers asked-for or running at once")
     p.add_argument("--heartbeat-ms", type=int, default=250, help="NM heartbeat interval")
     p.add_argument("--cgroups", choices=["auto", "v1", "v2", "off"], default="auto")
+    p.add_argument("--container-shells", type=int, default=4,
+                   help="pre-started shells per NM (its container_shells setting; 0 = every launch cold)")
     p.add_argument("--timeout-s", type=float, default=150.0, help="give up on the app after this long")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stamps, AM result)")
     ns = p.parse_args(list(argv))

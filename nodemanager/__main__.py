@@ -28,6 +28,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--cpu-limit-cores", type=float,
                    help="cores the node's containers get in all, shared by vcore (0 = a vcore is a core)")
     p.add_argument("--heartbeat-interval-ms", type=int, help="heartbeat period")
+    p.add_argument("--container-shells", type=int,
+                   help="shells kept started inside cgroups of their own for fast launches (0 = none)")
     p.add_argument("--ready-file", help="JSON written once serving and registered")
     return p.parse_args(argv)
 
@@ -40,7 +42,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                             port=args.port, memory_mb=args.memory_mb, vcores=args.vcores,
                             local_dir=args.local_dir, log_dir=args.log_dir, recovery_dir=args.recovery_dir,
                             cgroups=args.cgroups, heartbeat_interval_ms=args.heartbeat_interval_ms,
-                            cpu_limit_cores=args.cpu_limit_cores)
+                            cpu_limit_cores=args.cpu_limit_cores, container_shells=args.container_shells)
         cluster = pconfig.load_cluster(args.cluster_config)
         node_settings.validate(cfg, cluster)
         nm = NodeManager(cfg, cluster, ready_file=args.ready_file)

@@ -99,8 +99,27 @@ class CgroupBackend(abc.ABC):
         """Create the node's parent cgroup(s); raise CgroupError when the hierarchy is unusable."""
 
     @abc.abstractmethod
+    def make(self, name: str) -> ContainerCgroup:
+        """Create the cgroup dir(s) `name` under the node's, without limits (a fresh cgroup has none)."""
+
+    @abc.abstractmethod
+    def configure(self, cg: ContainerCgroup, memory_mb: int, vcores: int, cpu_weighted: bool = False) -> None:
+        """Set a fresh cgroup's CPU and memory limits."""
+
     def create(self, container_id: str, memory_mb: int, vcores: int, cpu_weighted: bool = False) -> ContainerCgroup:
-        """Create a container's cgroup with its CPU and memory limits."""
+        """Create a container's cgroup with its CPU and memory limits (removed again on failure)."""
+        cg = self.make(container_id)
+        try:
+            self.configure(cg, memory_mb, vcores, cpu_weighted)
+        except (CgroupError, OSError):
+            self.try_remove(cg)
+            raise
+        return cg
+
+    def rename(self, cg: ContainerCgroup, container_id: str) -> ContainerCgroup:
+        """The cgroup made under another name (a pre-started shell's) as the container's. v2 cannot
+        rename a cgroup (the kernel refuses), so there it keeps its name: `dirs` say where it is."""
+        return ContainerCgroup(container_id, list(cg.dirs))
 
     @abc.abstractmethod
     def join_files(self, cg: ContainerCgroup) -> list[str]:

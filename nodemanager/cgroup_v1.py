@@ -43,36 +43,55 @@ class CgroupV1(CgroupBackend):
     def _dirs(self, container_id: str) -> tuple[str, str]:
         return os.path.join(self.cpu_parent, container_id), os.path.join(self.mem_parent, container_id)
 
-    def create(self, container_id: str, memory_mb: int, vcores: int, cpu_weighted: bool = False) -> ContainerCgroup:
-        cpu_dir, mem_dir = self._dirs(container_id)
-        cg = ContainerCgroup(container_id, [cpu_dir, mem_dir])
+    def make(self, name: str) -> ContainerCgroup:
+        cg = ContainerCgroup(name, list(self._dirs(name)))
         try:
             for d in cg.dirs:
                 os.makedirs(d, exist_ok=True)
-            if self.hard_cpu and not cpu_weighted:
-                # Period first: the kernel checks quota against the current period.
-                write_file(os.path.join(cpu_dir, "cpu.cfs_period_us"), str(self.period))
-                write_file(os.path.join(cpu_dir, "cpu.cfs_quota_us"), str(cpu_quota_us(vcores, self.period,
-                                                                                        self.cores_per_vcore)))
-            else:
-                write_file(os.path.join(cpu_dir, "cpu.shares"), str(1024 * max(1, vcores)))
-            limit = str(memory_mb * 1024 * 1024)
-            # The swap limit (memsw) must stay >= the memory limit, so order depends on direction;
-            # a fresh cgroup is unlimited, so memory first, then memsw to the same value (no swap).
-            write_file(os.path.join(mem_dir, "memory.limit_in_bytes"), limit)
-            memsw = os.path.join(mem_dir, "memory.memsw.limit_in_bytes")
-            if os.path.exists(memsw):
-                write_file(memsw, limit)
-            swappiness = os.path.join(mem_dir, "memory.swappiness")
-            if os.path.exists(swappiness):
-                try:
-                    write_file(swappiness, "0")
-                except CgroupError:
-                    pass
-        except (CgroupError, OSError):
+        except OSError:
             self.try_remove(cg)
             raise
         return cg
+
+    def configure(self, cg: ContainerCgroup, memory_mb: int, vcores: int, cpu_weighted: bool = False) -> None:
+        cpu_dir, mem_dir = cg.dirs
+        if self.hard_cpu and not cpu_weighted:
+            # Period first: the kernel checks quota against the current period.
+            write_file(os.path.join(cpu_dir, "cpu.cfs_period_us"), str(self.period))
+            write_file(os.path.join(cpu_dir, "cpu.cfs_quota_us"), str(cpu_quota_us(vcores, self.period,
+                                                                                    self.cores_per_vcore)))
+        else:
+            write_file(os.path.join(cpu_dir, "cpu.shares"), str(1024 * max(1, vcores)))
+        limit = str(memory_mb * 1024 * 1024)
+        # The swap limit (memsw) must stay >= the memory limit, so order depends on direction;
+        # a fresh cgroup is unlimited, so memory first, then memsw to the same value (no swap).
+        write_file(os.path.join(mem_dir, "memory.limit_in_bytes"), limit)
+        memsw = os.path.join(mem_dir, "memory.memsw.limit_in_bytes")
+        if os.path.exists(memsw):
+            write_file(memsw, limit)
+        swappiness = os.path.join(mem_dir, "memory.swappiness")
+        if os.path.exists(swappiness):
+            try:
+                write_file(swappiness, "0")
+            except CgroupError:
+                pass
+
+    def rename(self, cg: ContainerCgroup, container_id: str) -> ContainerCgroup:
+        # cgroup v1 renames a cgroup within its parent; on failure it keeps its name (dirs say where).
+        dirs = list(self._dirs(container_id))
+        done: list[tuple[str, str]] = []
+        try:
+            for old, new in zip(cg.dirs, dirs):
+                os.rename(old, new)
+                done.append((old, new))
+        except OSError:
+            for old, new in reversed(done):
+                try:
+                    os.rename(new, old)
+                except OSError:
+                    return ContainerCgroup(container_id, [new if d == old else d for d in cg.dirs])
+            return ContainerCgroup(container_id, list(cg.dirs))
+        return ContainerCgroup(container_id, dirs)
 
     def join_files(self, cg: ContainerCgroup) -> list[str]:
         return [os.path.join(d, "cgroup.procs") for d in cg.dirs]

@@ -47,26 +47,24 @@ class CgroupV2(CgroupBackend):
         for d in (self.mount, self.top, self.parent):
             self._enable_controllers(d)
 
-    def create(self, container_id: str, memory_mb: int, vcores: int, cpu_weighted: bool = False) -> ContainerCgroup:
-        d = os.path.join(self.parent, container_id)
-        cg = ContainerCgroup(container_id, [d])
-        try:
-            os.makedirs(d, exist_ok=True)
-            if self.hard_cpu and not cpu_weighted:
-                write_file(os.path.join(d, "cpu.max"),
-                           f"{cpu_quota_us(vcores, self.period, self.cores_per_vcore)} {self.period}")
-            else:
-                write_file(os.path.join(d, "cpu.weight"), str(v2_weight(vcores)))
-            write_file(os.path.join(d, "memory.max"), str(memory_mb * 1024 * 1024))
-            swap = os.path.join(d, "memory.swap.max")
-            if os.path.exists(swap):  # absent when the kernel has no swap accounting
-                write_file(swap, "0")
-            # Kill the whole container on OOM, not one random process of it.
-            write_file(os.path.join(d, "memory.oom.group"), "1")
-        except (CgroupError, OSError):
-            self.try_remove(cg)
-            raise
-        return cg
+    def make(self, name: str) -> ContainerCgroup:
+        d = os.path.join(self.parent, name)
+        os.makedirs(d, exist_ok=True)
+        return ContainerCgroup(name, [d])
+
+    def configure(self, cg: ContainerCgroup, memory_mb: int, vcores: int, cpu_weighted: bool = False) -> None:
+        d = cg.dirs[0]
+        if self.hard_cpu and not cpu_weighted:
+            write_file(os.path.join(d, "cpu.max"),
+                       f"{cpu_quota_us(vcores, self.period, self.cores_per_vcore)} {self.period}")
+        else:
+            write_file(os.path.join(d, "cpu.weight"), str(v2_weight(vcores)))
+        write_file(os.path.join(d, "memory.max"), str(memory_mb * 1024 * 1024))
+        swap = os.path.join(d, "memory.swap.max")
+        if os.path.exists(swap):  # absent when the kernel has no swap accounting
+            write_file(swap, "0")
+        # Kill the whole container on OOM, not one random process of it.
+        write_file(os.path.join(d, "memory.oom.group"), "1")
 
     def join_files(self, cg: ContainerCgroup) -> list[str]:
         return [os.path.join(cg.dirs[0], "cgroup.procs")]

@@ -22,6 +22,7 @@ from protocol.remote_exception import ApiError, BadRequest, Conflict
 
 from . import launcher, procfs
 from .container import Container
+from .container_shell_pool import ContainerShell, ContainerShellPool, ShellLaunchError
 from .container_state import ContainerEvent as Ev, NMContainerState as St, holds_resources, is_finished
 from .enforcement import Enforcement
 from .recovery_store import RecoveryStore
@@ -63,6 +64,7 @@ class ContainerManager:
         self._loops: list[asyncio.Task] = []
         self._closing = False
         self.warm: Optional[WarmLauncher] = None      # the executor zygote (set by the NM when it runs one)
+        self.shells: Optional[ContainerShellPool] = None  # pre-started shells (set by the NM with cgroups)
 
     # ----- capacity -----------------------------------------------------------------------------
 
@@ -137,7 +139,7 @@ class ContainerManager:
                 proc = await asyncio.to_thread(launcher.spawn, spec, ctx)
             st = await asyncio.to_thread(procfs.read_stat, proc.pid)
         else:
-            proc, st = await asyncio.to_thread(self._prepare_and_spawn, c, ctx)
+            proc, st = await self._launch_in_shell_or_cold(c, ctx)
         c.process, c.pid, c.pgid = proc, proc.pid, proc.pid
         c.start_time = st.start_time if st else None
         c.apply(Ev.LOCALIZED)
@@ -155,6 +157,33 @@ class ContainerManager:
             self.spawn_task(self._kill(c))
         log.info("launched %s pid %d (%s)", c.container_id, proc.pid, c.resource.to_json())
 
+    async def _launch_in_shell_or_cold(self, c: Container, ctx: LaunchContext
+                                       ) -> tuple[launcher.ContainerProcess, Optional[procfs.ProcStat]]:
+        shell = self.shells.take() if self.shells is not None else None
+        if shell is not None:
+            try:
+                return await asyncio.to_thread(self._run_in_shell, c, ctx, shell)
+            except (ShellLaunchError, OSError) as e:
+                log.warning("%s: %s; launching it cold", c.container_id, e)
+                assert self.shells is not None
+                await asyncio.to_thread(self.shells.discard, shell)
+                c.cgroup = None
+        return await asyncio.to_thread(self._prepare_and_spawn, c, ctx)
+
+    def _run_in_shell(self, c: Container, ctx: LaunchContext, shell: ContainerShell
+                      ) -> tuple[launcher.ContainerProcess, Optional[procfs.ProcStat]]:
+        """The blocking part of a launch in a pre-started shell (in a worker thread): the shell's
+        cgroup gets the container's limits and name, then the shell runs the launch script."""
+        backend = self.enforcement.backend
+        assert backend is not None
+        backend.configure(shell.cgroup, c.resource.memory, c.resource.vcores, ctx.cpu_weighted)
+        c.cgroup = backend.rename(shell.cgroup, c.container_id)
+        shell.cgroup = c.cgroup         # a failure below removes the cgroup by its new name
+        spec = self._spec(c)
+        launcher.prepare_dirs(spec)
+        proc = shell.run(spec, ctx)
+        return proc, procfs.read_stat(proc.pid)
+
     def _prepare_and_spawn(self, c: Container, ctx: LaunchContext
                            ) -> tuple[launcher.ContainerProcess, Optional[procfs.ProcStat]]:
         """The blocking part of a cold launch (in a worker thread): `_prepare`, then the wrapper and
@@ -168,14 +197,18 @@ class ContainerManager:
         backend = self.enforcement.backend
         if backend is not None:
             c.cgroup = backend.create(c.container_id, c.resource.memory, c.resource.vcores, ctx.cpu_weighted)
-        spec = launcher.LaunchSpec(
+        spec = self._spec(c)
+        launcher.prepare_dirs(spec)
+        return spec
+
+    def _spec(self, c: Container) -> launcher.LaunchSpec:
+        backend = self.enforcement.backend
+        return launcher.LaunchSpec(
             container_id=c.container_id, app_id=c.app_id, attempt_id=c.attempt_id, user=c.user,
             memory_mb=c.resource.memory, vcores=c.resource.vcores, work_dir=c.work_dir, log_dir=c.log_dir,
             exit_file=c.exit_file, nm_host=self.nm_host, nm_port=self.nm_port,
             network_bandwidth_bps=self.cfg.network_bandwidth_bps, arbiter_socket=self.arbiter_socket,
             cgroup_join_files=tuple(backend.join_files(c.cgroup)) if backend and c.cgroup else ())
-        launcher.prepare_dirs(spec)
-        return spec
 
     # ----- exit ---------------------------------------------------------------------------------
 
@@ -238,7 +271,7 @@ class ContainerManager:
         while True:
             if backend is not None:
                 backend.kill_all(c.cgroup)
-            if _rmdirs(c.cgroup.dirs):
+            if backend.try_remove(c.cgroup) if backend is not None else _rmdirs(c.cgroup.dirs):
                 return
             if loop.time() > deadline:
                 log.warning("could not remove cgroup %s (processes remain)", c.cgroup.dirs)
@@ -387,6 +420,8 @@ class ContainerManager:
                 await t
             except (asyncio.CancelledError, Exception):
                 pass
+        if self.shells is not None:
+            await self.shells.close()
         if self.enforcement.backend is not None:
             await asyncio.to_thread(self.enforcement.backend.teardown)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -91,8 +92,13 @@ def wrapper_script(spec: LaunchSpec, command: str) -> str:
     for f in spec.cgroup_join_files:
         lines.append(f"echo $$ > {q(f)} || {{ echo 'elastane: cannot join cgroup {f}' >&2; "
                      f"exit {JOIN_FAILED_EXIT}; }}")
+    return "\n".join(lines + _run_and_record(spec, command))
+
+
+def _run_and_record(spec: LaunchSpec, command: str) -> list[str]:
+    q = shlex.quote
     tmp = spec.exit_file + ".tmp"
-    lines += [
+    return [
         # In a subshell of this script (a fork, no second bash exec): `eval` keeps a syntax error in
         # the command the command's own failure (exit 2, recorded) instead of the wrapper's.
         f"( eval {q(command)} )",
@@ -101,7 +107,33 @@ def wrapper_script(spec: LaunchSpec, command: str) -> str:
         "exit $rc",
         "",
     ]
-    return "\n".join(lines)
+
+
+# What a pre-started container shell runs (nodemanager.container_shell_pool): it joins the cgroups
+# named by its arguments, says so on stdout, then reads the path of its launch script and runs it
+# in this same process. A pipe closed before that (the NM went away) ends it.
+SHELL_STUB = ('for f in "$@"; do echo $$ > "$f" || exit %d; done; echo ready; read -r s || exit 0; . "$s"'
+              % JOIN_FAILED_EXIT)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def shell_can_set(env: dict[str, str]) -> bool:
+    """Whether a shell can export this environment as it is (names a shell accepts, no NUL)."""
+    return all(_ENV_NAME.match(k) and "\0" not in v for k, v in env.items())
+
+
+def shell_script(spec: LaunchSpec, command: str, env: dict[str, str]) -> str:
+    """The launch script a pre-started shell sources: first what Popen does for a cold launch (the
+    working dir, exactly `env`, stdin and the log files), then what the wrapper does once in the
+    cgroups. The shell started with an empty environment, so the exports are all it passes on."""
+    q = shlex.quote
+    lines = ["#!/bin/bash", f"# Elastane NM launch script for {spec.container_id} (a pre-started shell)",
+             f"cd -- {q(spec.work_dir)} || exit {JOIN_FAILED_EXIT}",
+             "unset OLDPWD",
+             f"exec </dev/null >>{q(os.path.join(spec.log_dir, 'stdout'))} "
+             f"2>>{q(os.path.join(spec.log_dir, 'stderr'))} || exit {JOIN_FAILED_EXIT}"]
+    lines += [f"export {k}={q(v)}" for k, v in env.items()]
+    return "\n".join(lines + _run_and_record(spec, command))
 
 
 def prepare_dirs(spec: LaunchSpec) -> None:

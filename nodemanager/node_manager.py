@@ -19,6 +19,7 @@ from .arbiter_server import ArbiterServer, socket_path
 from .container_manager import ContainerManager
 from .enforcement import Enforcement, choose
 from .recovery_store import RecoveryStore
+from .container_shell_pool import ContainerShellPool
 from .warm_launcher import WarmLauncher
 from .rm_link import RMLink
 from .utilization_monitor import UtilizationMonitor
@@ -95,6 +96,9 @@ class NodeManager:
         self.manager = ContainerManager(self.cfg, self.node_id, self.host, self.port, self.capability,
                                         self.enforcement, RecoveryStore(self.cfg.recovery_dir),
                                         arbiter_socket=self.arbiter.path if self.arbiter else "")
+        if self.cfg.container_shells > 0 and self.enforcement.backend is not None:
+            self.manager.shells = ContainerShellPool(self.enforcement.backend, self.cfg.container_shells)
+            await self.manager.shells.start()
         if self.cfg.warm_modules:
             self.warm = WarmLauncher(self.cfg.warm_modules)
             try:
@@ -174,6 +178,7 @@ class NodeManager:
             "rmAddress": self.rm_address,
             "enforcement": self.enforcement.mode if self.enforcement else "",
             "rack": self.cfg.rack,
+            "containerShells": m.shells.stats() if m and m.shells else {"size": 0},
         }
 
     async def stop(self) -> None:

@@ -79,6 +79,10 @@ class NMConfig(msgspec.Struct, forbid_unknown_fields=True):
     # Modules an executor zygote preloads so containers offering them as their warm start fork from
     # it instead of starting an interpreter (nodemanager.warm_launcher); [] = no zygote.
     warm_modules: list[str] = msgspec.field(default_factory=lambda: ["psruntime.executor"])
+    # Shells kept started, each already in a cgroup of its own, so a launch skips the cgroup join's
+    # wait on the launch path (nodemanager.container_shell_pool); 0 = every launch joins cold.
+    # Only where cgroups enforce the limits.
+    container_shells: int = 4
     keep_finished_logs_s: float = 3600.0
     delete_workdir: bool = True
     network_bandwidth_bps: int = 0  # emulated node bandwidth cap (bit/s) passed to containers; 0 = none

@@ -1,0 +1,231 @@
+"""Pre-started container shells: the cgroup join taken off the container launch path.
+
+A cold launch starts the wrapper script, which moves itself into the container's cgroups before it
+runs the command. Moving a process into a cgroup takes the kernel's cgroup threadgroup lock for
+writing, which waits for an RCU grace period unless another move happened just before: measured on
+the NM's launch path here (cgroup v1), the first join of a launch took 15-20 ms of the ~22 ms from
+the AM's allocation to the command running, against 2 ms for a plain fork+exec of the command
+(bench/container_launch.py). The pool pays that wait ahead of time: it keeps a few bash processes,
+each in a session of its own and already inside a cgroup of its own (made without limits), waiting
+on a pipe. A launch takes one, gives its cgroup the container's limits (v1 also renames it to the
+container id; v2 cannot rename a cgroup, so there it keeps its `shell-N` name and the container's
+record names the dir), writes the launch script and sends its path down the pipe; the shell runs it
+in the same process, so the container's pid, process group and session are the shell's.
+
+The launch script (`launcher.shell_script`) first does what Popen does for a cold launch -- the
+working dir, the environment (the shell started with an empty one, so the script's exports are the
+whole of it), stdin from /dev/null and the log files -- then what the wrapper does after joining:
+run the command, record its exit code. A container whose environment a shell cannot export as it is
+(a name that is not a shell identifier) and any launch the pool has no ready shell for take the
+cold path, unchanged.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import select
+import signal
+import subprocess
+import time
+from typing import Optional
+
+from protocol.internal_api import LaunchContext
+
+from . import launcher
+from .cgroup_base import CgroupBackend, CgroupError, ContainerCgroup
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 10.0     # a join waits for at most a grace period or two; far more is a broken host
+NAME_PREFIX = "shell-"
+REFILL_LULL_S = 0.05       # refill once no launch took a shell for this long
+READY_LINE = b"ready\n"
+
+
+class ShellLaunchError(RuntimeError):
+    """A shell could not take this container (the caller launches it cold instead)."""
+
+
+class ContainerShell:
+    """One pre-started shell: a bash process in its own session, inside `cgroup`, waiting on stdin."""
+
+    def __init__(self, popen: subprocess.Popen, cgroup: ContainerCgroup) -> None:
+        self.popen = popen
+        self.cgroup = cgroup
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def run(self, spec: launcher.LaunchSpec, ctx: LaunchContext) -> launcher.ContainerProcess:
+        """Write the container's launch script and hand it to the shell (blocking: a worker thread).
+        The shell's cgroup must already carry the container's limits."""
+        env = launcher.build_env(spec, ctx)
+        if not launcher.shell_can_set(env):
+            raise ShellLaunchError("the container's environment has names a shell cannot export")
+        script = os.path.join(spec.work_dir, "launch_container.sh")
+        with open(script, "w") as f:
+            f.write(launcher.shell_script(spec, launcher.build_command(spec, ctx), env))
+        os.chmod(script, 0o700)
+        stdin = self.popen.stdin
+        assert stdin is not None
+        try:
+            stdin.write(script.encode() + b"\n")
+            stdin.close()
+        except (BrokenPipeError, ValueError, OSError) as e:
+            raise ShellLaunchError(f"shell {self.pid} is gone: {e}") from None
+        return launcher.ContainerProcess(self.popen)
+
+    def kill(self) -> None:
+        """End an unused shell (blocking: it reaps it)."""
+        launcher.signal_group(self.pid, signal.SIGKILL)
+        for f in (self.popen.stdin, self.popen.stdout):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        self.popen.wait()
+
+
+class ContainerShellPool:
+    """Keeps up to `size` ready shells for a node's container manager; refills in the background."""
+
+    def __init__(self, backend: CgroupBackend, size: int) -> None:
+        if size < 1:
+            raise ValueError("a shell pool needs a size >= 1")
+        self.backend = backend
+        self.size = size
+        self._ready: collections.deque[ContainerShell] = collections.deque()
+        self._seq = 0
+        self._refill: Optional[asyncio.Task[None]] = None
+        self._closed = False
+        self._last_take = float("-inf")
+        self.broken = ""            # why the pool stopped making shells ("" = it did not)
+        self.served = 0             # launches that took a ready shell
+        self.missed = 0             # launches that found none ready
+
+    @property
+    def ready(self) -> int:
+        return len(self._ready)
+
+    def stats(self) -> dict[str, int | str]:
+        """For the NM's node info: how many shells it keeps, has ready, and launches served or not."""
+        return {"size": self.size, "ready": len(self._ready), "served": self.served, "missed": self.missed,
+                "broken": self.broken}
+
+    async def start(self) -> None:
+        """Remove shell cgroups a previous NM left behind (their shells exited when its pipes
+        closed), then fill the pool in the background."""
+        await asyncio.to_thread(self._remove_stale)
+        self._kick()
+
+    def take(self) -> Optional[ContainerShell]:
+        """A ready shell (the pool refills behind it, once launches pause), or None: launch cold."""
+        self._last_take = time.monotonic()
+        while self._ready:
+            shell = self._ready.popleft()
+            if shell.popen.poll() is None:
+                self.served += 1
+                self._kick()
+                return shell
+            self.backend.try_remove(shell.cgroup)   # died while idle (killed from outside)
+        self.missed += 1
+        self._kick()
+        return None
+
+    def discard(self, shell: ContainerShell) -> None:
+        """A taken shell the launch could not use (blocking): end it and remove its cgroup."""
+        shell.kill()
+        self.backend.try_remove(shell.cgroup)
+
+    async def close(self) -> None:
+        """Stop refilling, end every idle shell and remove its cgroup."""
+        self._closed = True
+        if self._refill is not None:
+            self._refill.cancel()
+            try:
+                await self._refill
+            except (asyncio.CancelledError, Exception):
+                pass
+        idle, self._ready = list(self._ready), collections.deque()
+        for shell in idle:
+            await asyncio.to_thread(self.discard, shell)
+
+    # ----- filling ------------------------------------------------------------------------------
+
+    def _kick(self) -> None:
+        if self._closed or self.broken or (self._refill is not None and not self._refill.done()):
+            return
+        if len(self._ready) < self.size:
+            self._refill = asyncio.get_running_loop().create_task(self._fill())
+
+    async def _fill(self) -> None:
+        # Wait for a lull: a shell joining its cgroup holds the kernel's cgroup locks while the join
+        # waits (15-20 ms measured), stalling the renames and removals of a burst's launches.
+        # (ASYNC110: a deadline each take moves, not a condition to await)
+        while (wait := self._last_take + REFILL_LULL_S - time.monotonic()) > 0:  # noqa: ASYNC110
+            await asyncio.sleep(wait)
+        while not self._closed and len(self._ready) < self.size:
+            try:
+                shell = await asyncio.to_thread(self._start_one)
+            except (OSError, CgroupError, ShellLaunchError) as e:
+                self.broken = str(e)
+                log.warning("no pre-started container shells (containers join their cgroups at launch): %s", e)
+                return
+            if self._closed:
+                await asyncio.to_thread(self.discard, shell)
+                return
+            self._ready.append(shell)
+
+    def _start_one(self) -> ContainerShell:
+        """Make a cgroup, start a shell that joins it, wait until it has (blocking)."""
+        self._seq += 1
+        # The NM's pid in the name: a restarted NM must not reuse a cgroup (v2 keeps shell names)
+        # that still holds a container it recovers.
+        cg = self.backend.make(f"{NAME_PREFIX}{os.getpid()}-{self._seq}")
+        try:
+            popen = subprocess.Popen(
+                ["/bin/bash", "-c", launcher.SHELL_STUB, "elastane-shell", *self.backend.join_files(cg)],
+                env={}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                start_new_session=True, close_fds=True, cwd="/")
+        except OSError:
+            self.backend.try_remove(cg)
+            raise
+        shell = ContainerShell(popen, cg)
+        line = _read_line(popen, READY_TIMEOUT_S)
+        if line != READY_LINE:
+            self.discard(shell)
+            raise ShellLaunchError(f"a shell did not join its cgroup {cg.dirs} (said {line!r}, "
+                                   f"exit {popen.returncode})")
+        assert popen.stdout is not None
+        popen.stdout.close()        # the launch script sends stdout to the log files
+        return shell
+
+    def _remove_stale(self) -> None:
+        for parent in self.backend.node_dirs():
+            try:
+                names = [n for n in os.listdir(parent) if n.startswith(NAME_PREFIX)]
+            except OSError:
+                continue
+            for n in names:     # an empty one only: the kernel refuses to remove one with processes
+                self.backend.try_remove(ContainerCgroup(n, [os.path.join(parent, n)]))
+
+
+def _read_line(popen: subprocess.Popen, timeout_s: float) -> bytes:
+    """The shell's first line, or what it said before exiting or the timeout (b"")."""
+    assert popen.stdout is not None
+    fd = popen.stdout.fileno()
+    got = b""
+    deadline = time.monotonic() + timeout_s
+    while not got.endswith(b"\n") and len(got) < 64:
+        r, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not r:
+            return got
+        chunk = os.read(fd, 64 - len(got))
+        if not chunk:
+            return got
+        got += chunk
+    return got
