@@ -139,10 +139,11 @@ class LaunchFigures:
 
 # ----- the cluster run --------------------------------------------------------------------------
 
-def am_submission(app_id: str, args: argparse.Namespace, result_file: Path, stamp_dir: Path) -> dict[str, Any]:
+def am_submission(app_id: str, args: argparse.Namespace, result_file: Path, stamp_dir: Path,
+                  containers: int, window: int) -> dict[str, Any]:
     """YARN REST application-submission-context whose AM is the bench AM."""
-    cmd = ["python", str(AM_SCRIPT), "--containers", str(args.containers), "--memory", str(args.memory),
-           "--vcores", "1", "--window", str(args.window), "--command", COMMAND,
+    cmd = ["python", str(AM_SCRIPT), "--containers", str(containers), "--memory", str(args.memory),
+           "--vcores", "1", "--window", str(window), "--command", COMMAND,
            "--deadline-s", str(args.timeout_s)]
     env = {"PYTHONUNBUFFERED": "1", "BENCH_LAUNCH_RESULT": str(result_file),
            "BENCH_LAUNCH_STAMP_DIR": str(stamp_dir), "PYTHONPATH": str(ROOT)}
@@ -212,10 +213,43 @@ def am_log_tail(cluster: LocalCluster, app_id: str, lines: int = 30) -> str:
     return "(no AM log found)"
 
 
-def run_cluster(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], str, list[float], list[float]]:
-    """Start the cluster, run the AM, measure the baselines; always stop the cluster."""
-    result_file, stamp_dir = work / "am_result.json", work / "stamps"
+def nm_launch_phases(cluster: LocalCluster, app_id: str) -> list[dict[str, Any]]:
+    """Each of the app's containers as its NM reports it: how it started (launchPath) and the NM's
+    start path, phase by phase (launchPhasesMs), from /ws/v1/node/containers."""
+    out = []
+    for node in cluster.nodes:
+        try:
+            with urllib.request.urlopen(f"http://{node.http_address}/ws/v1/node/containers", timeout=10) as r:
+                listed = json.loads(r.read())["containers"]["container"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        out += [c for c in listed if c.get("appId") == app_id and c.get("launchPhasesMs")]
+    return out
+
+
+def run_app(cluster: LocalCluster, args: argparse.Namespace, work: Path, tag: str, containers: int,
+            window: int) -> dict[str, Any]:
+    """One bench AM run of `containers` launches `window` at a time; its timelines plus the NMs'."""
+    result_file, stamp_dir = work / f"am_result_{tag}.json", work / f"stamps_{tag}"
     stamp_dir.mkdir(parents=True, exist_ok=True)
+    before = shell_launches(cluster)
+    app = asyncio.run(submit_and_wait(
+        cluster.rm_url, lambda app_id: am_submission(app_id, args, result_file, stamp_dir, containers, window),
+        args.timeout_s + 30))
+    if app.get("finalStatus") != "SUCCEEDED" or not result_file.exists():
+        raise BenchError(f"{app.get('id')} ended {app.get('state')}/{app.get('finalStatus')}: "
+                         f"{app.get('diagnostics')}\nAM stderr:\n{am_log_tail(cluster, app.get('id', ''))}")
+    result = json.loads(result_file.read_text())
+    after = shell_launches(cluster)
+    result["shells"] = {k: after[k] - before[k] for k in after}
+    result["nm"] = nm_launch_phases(cluster, str(app.get("id")))
+    return result
+
+
+def run_cluster(args: argparse.Namespace, work: Path
+                ) -> tuple[dict[str, Any], dict[str, Any] | None, str, list[float], list[float]]:
+    """Start the cluster, run the AM (windowed, then serial), measure the baselines; always stop
+    the cluster."""
     cluster = LocalCluster(work / "cluster", nodes=args.nodes, node_memory_mb=args.node_memory_mb,
                            node_vcores=args.node_vcores, rm_port=0, heartbeat_interval_ms=args.heartbeat_ms,
                            cgroups=args.cgroups, env={"ELASTANE_LOG_LEVEL": "WARNING"},
@@ -223,26 +257,37 @@ def run_cluster(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], s
     try:
         cluster.start()
         mode = enforcement_mode(cluster)
-        app = asyncio.run(submit_and_wait(
-            cluster.rm_url, lambda app_id: am_submission(app_id, args, result_file, stamp_dir),
-            args.timeout_s + 30))
-        if app.get("finalStatus") != "SUCCEEDED" or not result_file.exists():
-            raise BenchError(f"{app.get('id')} ended {app.get('state')}/{app.get('finalStatus')}: "
-                             f"{app.get('diagnostics')}\nAM stderr:\n{am_log_tail(cluster, app.get('id', ''))}")
-        result = json.loads(result_file.read_text())
-        result["shells"] = shell_launches(cluster)
+        result = run_app(cluster, args, work, "window", args.containers, args.window)
+        # One launch at a time: the NM's own path, without the queueing a window adds on few cores.
+        serial = run_app(cluster, args, work, "serial", args.serial, 1) if args.serial else None
         # Same run, cluster up but idle: the machine in the same state the containers saw.
         fork = fork_exec_baseline(args.containers, work)
         wrapper = wrapper_baseline(args.containers, work)
-        return result, mode, fork, wrapper
+        return result, serial, mode, fork, wrapper
     finally:
         cluster.stop()
 
 
 # ----- report -----------------------------------------------------------------------------------
 
-def summarise(args: argparse.Namespace, result: dict[str, Any], mode: str, fork: list[float],
-              wrapper: list[float], wall_s: float) -> dict[str, Any]:
+def nm_phase_p50(result: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The NM's start path per launch path (shell / cold / zygote): p50 ms of each phase it
+    reported -- handoff (to the worker thread), cgroup, dirs, spawn (the wrapper started or the
+    script handed to a shell), stat, return (back on the event loop) -- and of their sum."""
+    by_path: dict[str, list[dict[str, float]]] = {}
+    for c in result.get("nm", []):
+        by_path.setdefault(str(c.get("launchPath") or "?"), []).append(c["launchPhasesMs"])
+    out: dict[str, dict[str, float]] = {}
+    for path, rows in sorted(by_path.items()):
+        names = sorted({k for r in rows for k in r})
+        out[path] = {k: pct([r[k] for r in rows if k in r], 50) for k in names}
+        out[path]["total"] = pct([sum(r.values()) for r in rows], 50)
+        out[path]["containers"] = len(rows)
+    return out
+
+
+def summarise(args: argparse.Namespace, result: dict[str, Any], serial: dict[str, Any] | None, mode: str,
+              fork: list[float], wrapper: list[float], wall_s: float) -> dict[str, Any]:
     f = LaunchFigures.from_result(result)
     if not f.launch:
         raise BenchError("the AM measured no container")
@@ -265,8 +310,25 @@ def summarise(args: argparse.Namespace, result: dict[str, Any], mode: str, fork:
     for node, vals in sorted(f.per_node.items()):
         print(f"  on {node}: {len(vals)} containers, p50 {pct(vals, 50):.3f} ms")
     ratio = round(launch_p50 / fork_p50, 1) if fork_p50 > 0 else None
+    phases = nm_phase_p50(result)
+    for path, ph in phases.items():
+        print(f"  NM start path, {path} ({int(ph['containers'])} containers), p50 ms: "
+              + ", ".join(f"{k} {v:.3f}" for k, v in ph.items() if k != "containers"))
     print(f"  launch p50 is {ratio}x a bare fork+exec; {result['failures']} failed containers; "
-          f"run took {wall_s:.1f} s")
+          f"{result['shells']['served']} launched in pre-started shells")
+    extra: dict[str, Any] = {}
+    if serial is not None:
+        g = LaunchFigures.from_result(serial)
+        if g.launch:
+            sp50 = pct(g.launch, 50)
+            extra = {"serial_launch_p50_ms": sp50, "serial_ratio_p50": round(sp50 / fork_p50, 1) if fork_p50 > 0 else None,
+                     "serial_nm_start_rpc_p50_ms": pct(g.start_rpc, 50),
+                     "serial_nm_call_to_start_p50_ms": pct(g.call_to_start, 50), "serial_containers": len(g.launch),
+                     "serial_shell_launches": serial["shells"]["served"], "serial_nm_phases_p50_ms": nm_phase_p50(serial)}
+            print(f"  one at a time ({len(g.launch)} containers): launch p50 {sp50:.3f} ms, "
+                  f"{extra['serial_ratio_p50']}x a bare fork+exec; NM call -> started p50 "
+                  f"{extra['serial_nm_call_to_start_p50_ms']:.3f} ms")
+    print(f"  run took {wall_s:.1f} s")
     return {
         "launch_p50_ms": launch_p50, "launch_p99_ms": pct(f.launch, 99), "fork_exec_p50_ms": fork_p50,
         "fork_exec_p99_ms": pct(fork, 99), "ratio_p50": ratio, "containers": len(f.launch),
@@ -274,7 +336,7 @@ def summarise(args: argparse.Namespace, result: dict[str, Any], mode: str, fork:
         "am_dispatch_p50_ms": pct(f.am_dispatch, 50), "nm_start_rpc_p50_ms": pct(f.start_rpc, 50),
         "nm_call_to_start_p50_ms": pct(f.call_to_start, 50), "nm_wrapper_exec_p50_ms": pct(wrapper, 50),
         "container_shells": args.container_shells, "shell_launches": result["shells"]["served"],
-        "cold_launches": result["shells"]["missed"],
+        "cold_launches": result["shells"]["missed"], "nm_phases_p50_ms": phases, **extra,
         "nodes": args.nodes, "window": args.window, "container_memory_mb": args.memory,
         "wall_s": round(wall_s, 1),
     }
@@ -293,6 +355,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--cgroups", choices=["auto", "v1", "v2", "off"], default="auto")
     p.add_argument("--container-shells", type=int, default=4,
                    help="pre-started shells per NM (its container_shells setting; 0 = every launch cold)")
+    p.add_argument("--serial", type=int, default=40,
+                   help="then this many launches one at a time (window 1; 0 = skip)")
     p.add_argument("--timeout-s", type=float, default=150.0, help="give up on the app after this long")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stamps, AM result)")
     ns = p.parse_args(list(argv))
@@ -300,6 +364,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                   "heartbeat_ms", "timeout_s"):
         if getattr(ns, label) <= 0:
             p.error(f"--{label.replace('_', '-')} must be positive, got {getattr(ns, label)}")
+    for label in ("serial", "container_shells"):
+        if getattr(ns, label) < 0:
+            p.error(f"--{label.replace('_', '-')} must be >= 0, got {getattr(ns, label)}")
     return ns
 
 
@@ -309,8 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="elastane-bench-launch-"))
     started = time.monotonic()
     try:
-        result, mode, fork, wrapper = run_cluster(args, work)
-        figures = summarise(args, result, mode, fork, wrapper, time.monotonic() - started)
+        result, serial, mode, fork, wrapper = run_cluster(args, work)
+        figures = summarise(args, result, serial, mode, fork, wrapper, time.monotonic() - started)
     except (BenchError, CliError, ClusterStartError) as e:
         print(f"container_launch: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -39,12 +40,23 @@ class Container:
     launched_at: float = 0.0             # wall clock
     finished_at: Optional[float] = None  # wall clock
     role: str = ""                       # launch environment's ELASTANE_CONTAINER_ROLE (metrics label)
+    launch_path: str = ""                # how its process started: shell | cold | zygote
+    launch_ms: dict[str, float] = field(default_factory=dict, repr=False)  # the NM's launch phases
+    phase_mark: float = field(default=0.0, repr=False)
     process: Optional[Any] = field(default=None, repr=False)  # launcher.ContainerProcess
     exited: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def apply(self, event: ContainerEvent) -> NMContainerState:
         self.state = transition(self.state, event)
         return self.state
+
+    def launch_phase(self, name: str) -> None:
+        """Record the time since the previous phase ended (or the launch began: name "") as `name`,
+        for the node API (bench/container_launch.py reads the NM's start path from it)."""
+        now = time.perf_counter()
+        if name and self.phase_mark:
+            self.launch_ms[name] = round((now - self.phase_mark) * 1e3, 3)
+        self.phase_mark = now
 
     def status(self) -> ContainerStatus:
         return ContainerStatus(container_id=self.container_id, state=external_state(self.state).value,
@@ -93,4 +105,6 @@ class Container:
             "containerLogFiles": [],
             "pid": self.pid,
             "cgroupDirs": list(self.cgroup.dirs) if self.cgroup else [],
+            "launchPath": self.launch_path,
+            "launchPhasesMs": dict(self.launch_ms),
         }

@@ -130,16 +130,21 @@ class ContainerManager:
         # thread handoff and an event-loop wakeup, which under load cost more than the work.
         warm = self.warm
         proc: launcher.ContainerProcess | WarmProcess
+        c.launch_phase("")
         if ctx.warm_start is not None and warm is not None and warm.serves(ctx.warm_start.module):
+            c.launch_path = "zygote"
             spec = await asyncio.to_thread(self._prepare, c, ctx)
             try:
                 proc = await warm.launch(warm_request(spec, ctx, ctx.warm_start))
             except WarmLaunchError as e:
                 log.warning("%s: %s; launching it cold", c.container_id, e)
+                c.launch_path = "cold"
                 proc = await asyncio.to_thread(launcher.spawn, spec, ctx)
+            c.launch_phase("spawn")
             st = await asyncio.to_thread(procfs.read_stat, proc.pid)
         else:
             proc, st = await self._launch_in_shell_or_cold(c, ctx)
+        c.launch_phase("return")
         c.process, c.pid, c.pgid = proc, proc.pid, proc.pid
         c.start_time = st.start_time if st else None
         c.apply(Ev.LOCALIZED)
@@ -162,43 +167,57 @@ class ContainerManager:
         shell = self.shells.take() if self.shells is not None else None
         if shell is not None:
             try:
+                c.launch_path = "shell"
                 return await asyncio.to_thread(self._run_in_shell, c, ctx, shell)
             except (ShellLaunchError, OSError) as e:
                 log.warning("%s: %s; launching it cold", c.container_id, e)
                 assert self.shells is not None
                 await asyncio.to_thread(self.shells.discard, shell)
                 c.cgroup = None
+        c.launch_path = "cold"
         return await asyncio.to_thread(self._prepare_and_spawn, c, ctx)
 
     def _run_in_shell(self, c: Container, ctx: LaunchContext, shell: ContainerShell
                       ) -> tuple[launcher.ContainerProcess, Optional[procfs.ProcStat]]:
         """The blocking part of a launch in a pre-started shell (in a worker thread): the shell's
         cgroup gets the container's limits and name, then the shell runs the launch script."""
+        c.launch_phase("handoff")
         backend = self.enforcement.backend
         assert backend is not None
         backend.configure(shell.cgroup, c.resource.memory, c.resource.vcores, ctx.cpu_weighted)
         c.cgroup = backend.rename(shell.cgroup, c.container_id)
         shell.cgroup = c.cgroup         # a failure below removes the cgroup by its new name
+        c.launch_phase("cgroup")
         spec = self._spec(c)
         launcher.prepare_dirs(spec)
+        c.launch_phase("dirs")
         proc = shell.run(spec, ctx)
-        return proc, procfs.read_stat(proc.pid)
+        c.launch_phase("spawn")
+        st = procfs.read_stat(proc.pid)
+        c.launch_phase("stat")
+        return proc, st
 
     def _prepare_and_spawn(self, c: Container, ctx: LaunchContext
                            ) -> tuple[launcher.ContainerProcess, Optional[procfs.ProcStat]]:
         """The blocking part of a cold launch (in a worker thread): `_prepare`, then the wrapper and
         the process."""
+        c.launch_phase("handoff")
         spec = self._prepare(c, ctx)
         proc = launcher.spawn(spec, ctx)
-        return proc, procfs.read_stat(proc.pid)
+        c.launch_phase("spawn")
+        st = procfs.read_stat(proc.pid)
+        c.launch_phase("stat")
+        return proc, st
 
     def _prepare(self, c: Container, ctx: LaunchContext) -> launcher.LaunchSpec:
         """The container's cgroup (kept on `c` at once, so a failure later is cleaned up) and dirs."""
         backend = self.enforcement.backend
         if backend is not None:
             c.cgroup = backend.create(c.container_id, c.resource.memory, c.resource.vcores, ctx.cpu_weighted)
+        c.launch_phase("cgroup")
         spec = self._spec(c)
         launcher.prepare_dirs(spec)
+        c.launch_phase("dirs")
         return spec
 
     def _spec(self, c: Container) -> launcher.LaunchSpec:

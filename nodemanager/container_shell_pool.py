@@ -12,10 +12,11 @@ container id; v2 cannot rename a cgroup, so there it keeps its `shell-N` name an
 record names the dir), writes the launch script and sends its path down the pipe; the shell runs it
 in the same process, so the container's pid, process group and session are the shell's.
 
-The launch script (`launcher.shell_script`) first does what Popen does for a cold launch -- the
-working dir, the environment (the shell started with an empty one, so the script's exports are the
-whole of it), stdin from /dev/null and the log files -- then what the wrapper does after joining:
-run the command, record its exit code. A container whose environment a shell cannot export as it is
+The shell first sources the container's environment from the pipe (`export` lines; it started with
+an empty environment, so they are the whole of it; never written to a file, as it holds the job's
+secret), then runs the launch script (`launcher.shell_script`): what Popen does for a cold launch --
+the working dir, stdin from /dev/null and the log files -- then what the wrapper does after
+joining: run the command, record its exit code. A container whose environment a shell cannot export as it is
 (a name that is not a shell identifier) and any launch the pool has no ready shell for take the
 cold path, unchanged.
 """
@@ -67,12 +68,12 @@ class ContainerShell:
             raise ShellLaunchError("the container's environment has names a shell cannot export")
         script = os.path.join(spec.work_dir, "launch_container.sh")
         with open(script, "w") as f:
-            f.write(launcher.shell_script(spec, launcher.build_command(spec, ctx), env))
+            f.write(launcher.shell_script(spec, launcher.build_command(spec, ctx)))
         os.chmod(script, 0o700)
         stdin = self.popen.stdin
         assert stdin is not None
-        try:
-            stdin.write(script.encode() + b"\n")
+        try:       # the environment goes down the pipe only: it holds the job's secret
+            stdin.write(script.encode() + b"\n" + launcher.shell_exports(env).encode())
             stdin.close()
         except (BrokenPipeError, ValueError, OSError) as e:
             raise ShellLaunchError(f"shell {self.pid} is gone: {e}") from None

@@ -110,10 +110,12 @@ def _run_and_record(spec: LaunchSpec, command: str) -> list[str]:
 
 
 # What a pre-started container shell runs (nodemanager.container_shell_pool): it joins the cgroups
-# named by its arguments, says so on stdout, then reads the path of its launch script and runs it
-# in this same process. A pipe closed before that (the NM went away) ends it.
-SHELL_STUB = ('for f in "$@"; do echo $$ > "$f" || exit %d; done; echo ready; read -r s || exit 0; . "$s"'
-              % JOIN_FAILED_EXIT)
+# named by its arguments and says so on stdout; then it reads from the pipe the path of its launch
+# script and the container's environment (`export` lines, never written to a file: it holds the
+# job's secret), and runs the script in this same process. A pipe closed first (the NM went away)
+# ends it.
+SHELL_STUB = ('for f in "$@"; do echo $$ > "$f" || exit %d; done; echo ready; read -r s || exit 0; '
+              '. /dev/stdin || exit %d; . "$s"' % (JOIN_FAILED_EXIT, JOIN_FAILED_EXIT))
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -122,17 +124,22 @@ def shell_can_set(env: dict[str, str]) -> bool:
     return all(_ENV_NAME.match(k) and "\0" not in v for k, v in env.items())
 
 
-def shell_script(spec: LaunchSpec, command: str, env: dict[str, str]) -> str:
-    """The launch script a pre-started shell sources: first what Popen does for a cold launch (the
-    working dir, exactly `env`, stdin and the log files), then what the wrapper does once in the
-    cgroups. The shell started with an empty environment, so the exports are all it passes on."""
+def shell_exports(env: dict[str, str]) -> str:
+    """`env` as the export lines a pre-started shell sources from its pipe. The shell started with
+    an empty environment, so these are the whole of what the container's processes inherit."""
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+
+
+def shell_script(spec: LaunchSpec, command: str) -> str:
+    """The launch script a pre-started shell runs once its environment is set: first what Popen does
+    for a cold launch (the working dir, stdin and the log files), then what the wrapper does once in
+    the cgroups."""
     q = shlex.quote
     lines = ["#!/bin/bash", f"# Elastane NM launch script for {spec.container_id} (a pre-started shell)",
              f"cd -- {q(spec.work_dir)} || exit {JOIN_FAILED_EXIT}",
              "unset OLDPWD",
              f"exec </dev/null >>{q(os.path.join(spec.log_dir, 'stdout'))} "
              f"2>>{q(os.path.join(spec.log_dir, 'stderr'))} || exit {JOIN_FAILED_EXIT}"]
-    lines += [f"export {k}={q(v)}" for k, v in env.items()]
     return "\n".join(lines + _run_and_record(spec, command))
 
 

@@ -116,6 +116,9 @@ async def test_a_container_in_a_shell_sees_what_a_cold_launch_sees(tmp_path):
         # Only the names that carry the container's own id, dirs and pwd may differ.
         assert differ <= {"CONTAINER_ID", "PWD", "LOG_DIRS", "ELASTANE_CONTAINER_ID"}, (differ, w, k)
         assert w["FOO"] == "bar baz" and w["QUOTED"] == env["QUOTED"]
+        # The environment reached the shell down its pipe, never through a file (it holds the
+        # job's secret): the launch script has none of it.
+        assert "bar baz" not in (Path(warm.work_dir) / "launch_container.sh").read_text()
         # The shell's cgroup became the container's: its limits, its name (v2 cannot rename).
         assert warm.cgroup is not None and Path(warm.cgroup.dirs[0]).name.startswith(NAME_PREFIX)
     finally:
@@ -240,8 +243,9 @@ async def test_v1_the_shell_is_in_the_renamed_cgroup_with_the_containers_limits(
         assert cpu_dir.name == mem_dir.name == c.container_id
         assert int((mem_dir / "memory.limit_in_bytes").read_text()) == 80 * 1024 * 1024
         assert c.pid in backend.pids(c.cgroup)
-        await async_wait_until(lambda: f"{name}/node_1/{c.container_id}" in
-                               (Path(c.log_dir) / "stdout").read_text(), what="the command's own cgroup")
+        out = Path(c.log_dir) / "stdout"
+        await async_wait_until(lambda: out.exists() and f"{name}/node_1/{c.container_id}" in out.read_text(),
+                               what="the command's own cgroup")
         await m.stop(c.container_id, -105, "test")
         await async_wait_until(lambda: not mem_dir.exists(), what="cgroup removed")
     finally:
