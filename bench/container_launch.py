@@ -1,6 +1,7 @@
 """Container launch latency on a local cluster against a bare fork+exec of the same command.
 
-    .venv/bin/python bench/container_launch.py [--containers 200] [--nodes 2] [--window 8]
+    .venv/bin/python bench/container_launch.py [--containers 200] [--nodes 2] [--window 8] [--serial 40]
+        [--container-shells 4]
 
 Launch latency = from the moment the AM receives a container's allocation (the allocate response
 is read off the wire) to the moment the container's command starts. Every container runs
@@ -20,8 +21,15 @@ from just before Popen to the stamp. A second reference runs the NM's own wrappe
 (nodemanager.launcher.wrapper_script, minus the cgroup join) the same way, to separate the
 wrapper's cost from the NM's.
 
+Then, on the same cluster, `--serial` more launches one at a time (window 1): the NM's own path
+without the queueing that eight launches in flight add on a 2-core host (`serial_*` keys). Each NM
+reports how it started every container (a pre-started shell, cold, or the executor zygote) and its
+start path phase by phase; `nm_phases_p50_ms` has their p50s per path. `--container-shells 0` runs
+the NMs without pre-started shells (every launch joins its cgroup on the launch path), to compare.
+
 Prints a summary, then one JSON object as the last line:
-{"launch_p50_ms", "launch_p99_ms", "fork_exec_p50_ms", ...}.
+{"launch_p50_ms", "launch_p99_ms", "fork_exec_p50_ms", "ratio_p50", "nm_phases_p50_ms",
+ "serial_launch_p50_ms", "serial_ratio_p50", ...}.
 """
 from __future__ import annotations
 
