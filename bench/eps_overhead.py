@@ -154,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         "eps_remove_ops_sum_s": round(eps["remove_ops_sum_s"], 3), "eps_add_ops_sum_s": round(eps["add_ops_sum_s"], 3),
         "ratio_of_ops_sum": round((eps["remove_ops_sum_s"] + eps["add_ops_sum_s"]) / (kill["remove_s"] + kill["add_s"]), 3),
         "rounds_s": {m: {label: results[m][f"{label}_rounds_s"] for label in ("remove", "add")} for m in results},
+        # Where each EPS change's time went (the median round's), by op and step: see
+        # appmaster/ps/eps_records.py ElasticOpRecord.phases.
+        "eps_steps_s": {label: {c["op"]: c.get("phases", {}) for c in eps[f"{label}_detail"]}
+                        for label in ("remove", "add")},
         "eps_blocks_moved": sum(c["blocks_moved"] for label in ("remove", "add") for c in eps[f"{label}_detail"]),
         "model_mib": round(model_mb, 1), "workers": 3, "servers": 3,
         "objective_monotone": {"eps": eps["objective_monotone"], "kill": kill["objective_monotone"]},

@@ -77,8 +77,12 @@ class NMConfig(msgspec.Struct, forbid_unknown_fields=True):
     cpu_limit_cores: float = 0.0
     monitor_interval_ms: int = 500  # RSS monitor period when cgroups are unusable
     # Modules an executor zygote preloads so containers offering them as their warm start fork from
-    # it instead of starting an interpreter (nodemanager.warm_launcher); [] = no zygote.
-    warm_modules: list[str] = msgspec.field(default_factory=lambda: ["psruntime.executor"])
+    # it instead of starting an interpreter (nodemanager.warm_launcher); [] = no zygote. The apps'
+    # modules too: an executor imports its app when the AM binds it (0.1-0.15 s each, scipy.sparse
+    # and the app), which an EPS add would otherwise wait for.
+    warm_modules: list[str] = msgspec.field(default_factory=lambda: [
+        "psruntime.executor", "psruntime.apps.mlr", "psruntime.apps.nmf", "psruntime.apps.lda",
+        "psruntime.apps.lasso"])
     # Shells kept started, each already in a cgroup of its own, so a launch skips the cgroup join's
     # wait on the launch path (nodemanager.container_shell_pool); 0 = every launch joins cold.
     # Only where cgroups enforce the limits.

@@ -174,6 +174,9 @@ def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
     assert len(add_w["containers_added"]) == 1 and add_w["splits_moved"] == 21 and add_w["bytes_sent"] > 0
     # switched in at a clock boundary: in the epoch the change started in, or a later one
     assert add_w["epoch_switched"] >= add_w["epoch_started"]
+    # where its time went, step by step, within the change's own duration
+    assert {"allocate", "start", "register", "stage_splits", "boundary"} <= add_w["phases"].keys()
+    assert sum(add_w["phases"].values()) <= add_w["duration_s"] + 0.01, add_w
 
     # add_servers(1) through the CLI, as the owner: it PUTs the shape to the RM, no token needed.
     assert cli(["ps", "scale", app_id, "--servers", "+1", "--rm", cluster.rm_url, "--user", "alice"]) == 0
@@ -183,6 +186,7 @@ def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
     add_s = status["eps"]["history"][-1]
     audit_block = block_of("eps:minibatches", SPEC["blocks"])
     assert add_s["op"] == "add_servers" and add_s["blocks_moved"] == 4
+    assert {"allocate", "start", "register", "move_blocks"} <= add_s["phases"].keys()
     assert audit_block in [t["item"] for t in add_s["transfers"]]        # the audit key migrates
     assert (status["eps"]["workers"], status["eps"]["servers"]) == (["worker-0", "worker-1", "worker-2"],
                                                                     ["server-0", "server-1", "server-2"])

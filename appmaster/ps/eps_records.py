@@ -49,7 +49,14 @@ class ElasticOpRecord:
     bytes_sent: int = 0                             # worker-to-worker input data and state
     transfers: list[dict[str, Any]] = field(default_factory=list)
     training_time_lost_s: float = 0.0               # time training waited for the change
+    # Where the time went, seconds by step: allocate (ask -> last container granted), start
+    # (granted -> last executor announced), register (bind + address broadcast), move_blocks,
+    # stage_splits, boundary (waiting for the clock boundary and switching there).
+    phases: dict[str, float] = field(default_factory=dict)
     error: str = ""
+
+    def add_phase(self, name: str, seconds: float) -> None:
+        self.phases[name] = round(self.phases.get(name, 0.0) + max(0.0, seconds), 4)
 
     @property
     def ok(self) -> bool:
@@ -76,4 +83,5 @@ class ElasticOpRecord:
                 "executors_removed": self.executors_removed, "blocks_moved": self.blocks_moved,
                 "splits_moved": self.splits_moved, "splits_reactivated": self.splits_reactivated,
                 "bytes_sent": self.bytes_sent, "transfers": self.transfers,
-                "training_time_lost_s": round(self.training_time_lost_s, 4), "ok": self.ok, "error": self.error}
+                "training_time_lost_s": round(self.training_time_lost_s, 4), "phases": dict(self.phases),
+                "ok": self.ok, "error": self.error}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import shlex
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -53,6 +54,8 @@ class ExecutorRecord:
     spill_alpha: Optional[float] = None   # a spilling worker's disk block ratio (Harmony §4.3.3)
     spilled_bytes: int = 0               # bytes of its spill files
     spill_stall_s: float = 0.0           # its load stall seconds so far
+    allocated_at: float = field(default_factory=time.monotonic)   # its container arrived
+    ready_at: float = 0.0                # it announced itself (monotonic; 0 = not yet)
 
     @property
     def container_id(self) -> str:
@@ -194,6 +197,7 @@ class ExecutorPool:
             raise RequestError(f"field 'address' must be host:port, got {address!r}")
         if rec.state is ExecutorState.LAUNCHING:
             rec.state = ExecutorState.READY
+            rec.ready_at = time.monotonic()
             rec.address = address
             pid = h.get("pid")
             rec.pid = pid if isinstance(pid, int) else None

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence, TypeVar
 
 from protocol import executor_ops as ops
@@ -196,7 +197,13 @@ class Reconfiguration:
     async def launch(self, role: Role, n: int, rec: ElasticOpRecord, nodes: Sequence[str] = ()) -> list[ExecutorRecord]:
         """Start n executors (see `start_executors`), bind them to the app and register their
         addresses with every executor; all or nothing (see the module doc)."""
+        asked = time.monotonic()
         new = await self.start_executors(role, n, nodes)
+        started = time.monotonic()
+        if new:
+            granted = max(e.allocated_at for e in new)
+            rec.add_phase("allocate", granted - asked)
+            rec.add_phase("start", max(e.ready_at for e in new) - granted)
         try:
             rec.executors_added += [e.executor_id for e in new]
             rec.containers_added += [e.container_id for e in new]
@@ -204,6 +211,7 @@ class Reconfiguration:
             if role is Role.WORKER:
                 await self.training.rpc.send_all(new, ops.EpsJoin())
             await self.training.placement.register(new)
+            rec.add_phase("register", time.monotonic() - started)
             return new
         except BaseException:
             await self.retire(new, rec, released=False)
