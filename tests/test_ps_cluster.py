@@ -202,11 +202,12 @@ def test_checkpoint_on_request_then_killed_worker_fails_the_job(ps_cluster) -> N
 
 
 def test_executor_over_its_memory_limit_fails_the_job_with_the_reason(ps_cluster) -> None:
-    # Each worker generates ~80 MB of input: over a 64 MB limit (-104) by its own allocations alone
-    # (an executor forked warm from the NM's zygote shares the interpreter's pages with it; those
-    # stay charged to the NM, as a shared library's would).
+    # Each worker would generate ~160 MB of input: over a 64 MB limit (-104) by its own allocations
+    # alone (an executor forked warm from the NM's zygote shares the interpreter's and the apps'
+    # preloaded pages with it; those stay charged to the NM, as a shared library's would). It is
+    # killed once past the limit, so the size costs no time.
     spec = {"app": "mlr", "workers": 2, "servers": 1, "executor_memory_mb": 64,
-            "data": {"num_samples": 1_000_000, "rows_per_block": 20_000}}
+            "data": {"num_samples": 2_000_000, "rows_per_block": 20_000}}
     app_id = submit_app(ps_cluster.rm_url, build_ps_submission(spec, name="ps-oom", am_memory=384))
     app = wait_app(ps_cluster.rm_url, app_id, ("FINISHED", "FAILED"), 120)
     assert app["finalStatus"] == "FAILED", app
