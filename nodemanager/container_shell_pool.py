@@ -146,10 +146,11 @@ class ContainerShellPool:
         """Stop refilling, end every idle shell and remove its cgroup."""
         self._closed = True
         if self._refill is not None:
-            self._refill.cancel()
+            # Not cancelled: a shell being started in a worker thread would outlive the task and
+            # leave its cgroup behind; the refill sees `_closed` once that shell is up and ends it.
             try:
                 await self._refill
-            except (asyncio.CancelledError, Exception):
+            except Exception:   # noqa: BLE001 - it logged its own failure
                 pass
         idle, self._ready = list(self._ready), collections.deque()
         for shell in idle:
