@@ -258,3 +258,22 @@ def test_register_before_am_allocation_is_refused():
     with pytest.raises(BadRequest, match="cannot register"):
         core.am_register(am_claims(core, app_id), api.AmRegisterRequest())
     assert core.apps[app_id].state == AppState.ACCEPTED
+
+
+def test_a_verified_token_is_checked_again_for_kind_and_expiry_and_its_claims_are_a_copy():
+    # Verified tokens are cached (protocol.tokens): the cache must change no answer.
+    tok = tokens.sign(SECRET, tokens.NM, {"node_id": "n1:1"}, 60, now=1000.0)
+    claims = tokens.verify(SECRET, tok, tokens.NM, now=1000.0)
+    claims["node_id"] = "tampered"
+    assert tokens.verify(SECRET, tok, tokens.NM, now=1000.0)["node_id"] == "n1:1"
+    with pytest.raises(tokens.TokenError, match="expired"):
+        tokens.verify(SECRET, tok, tokens.NM, now=1061.0)
+    with pytest.raises(tokens.TokenError, match="expected a am token"):
+        tokens.verify(SECRET, tok, tokens.AM, now=1000.0)
+    with pytest.raises(tokens.TokenError, match="does not match"):
+        tokens.verify("another-secret", tok, tokens.NM, now=1000.0)
+    encoded, mac = tok.split(".")
+    forged = encoded + "." + ("A" if mac[0] != "A" else "B") + mac[1:]
+    for _ in range(2):          # a failure is not cached as a success
+        with pytest.raises(tokens.TokenError):
+            tokens.verify(SECRET, forged, tokens.NM, now=1000.0)
