@@ -6,10 +6,9 @@ transport receives a large body straight into the frame's own buffer (`get_buffe
 view of it): the kernel-to-user copy is the only one. Small frames and headers go through a
 scratch buffer, several per recv.
 
-Large bodies are received into buffers the protocol keeps and reuses (`BodyBuffers`) once nothing
-holds a view of them any more (the server's push applied, the client's pulled values dropped): a
-fresh multi-MiB buffer is a fresh mapping under the executor's malloc settings, and faulting in
-and zeroing its pages cost as much as receiving the bytes.
+Large bodies are received into buffers the connection reuses (psruntime.buffer_pool) once no view
+of them is alive (the server's push applied, the client's pulled values dropped): a fresh
+multi-MiB buffer cost as much in page faults as receiving the bytes into it.
 
 Also does write-side flow control: `drain()` lets writers wait while the transport's write buffer
 is above its high-water mark, and a server-side protocol (`stop_reading_while_blocked`) stops
@@ -28,63 +27,24 @@ so control traffic is not held behind the pacing granularity.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections import deque
 from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 
 from psruntime import bandwidth
+from psruntime.buffer_pool import BufferPool
 from psruntime.frame_codec import PREFIX, Frame, FrameError, decode_frame, encode_frame, parse_prefix
 
 SCRATCH_BYTES = 256 << 10
 DIRECT_MIN_BYTES = 64 << 10  # bodies with at least this much left are received in place
+# One recv into the scratch takes at most this much: more would bring the start of a large body
+# in through the scratch (an extra copy) instead of into the body's own buffer.
+SCRATCH_READ_BYTES = 64 << 10
 WRITE_HIGH_WATER = 16 << 20
 JOIN_BELOW_BYTES = 64 << 10
 PACE_MIN_BYTES = 16 << 10    # smaller frames are charged to the bucket but not delayed
-REUSE_MAX_BYTES = 64 << 20   # bodies up to this size are received into reused buffers
-REUSE_BUFFERS = 2            # per connection: a pull's values may still be held while the next arrives
 _PROCESS_PACER: Any = object()  # sentinel: use bandwidth.process_pacer()
-
-
-class BodyBuffers:
-    """Receive buffers for frame bodies, reused once no view of them is alive.
-
-    A frame's arrays are views into its body buffer (np.frombuffer over it), so while any of them,
-    or anything derived from them, is alive the buffer's reference count is above what this object
-    holds, and it is not handed out again (the check copy-on-write uses in psruntime.block_store).
-    Keeps at most `count` buffers, each at most `max_bytes` and no more than twice the body it
-    serves, so what a connection pins follows its current frame sizes.
-    """
-
-    # References to a kept buffer when nobody else holds it: the list and getrefcount's argument.
-    _UNSHARED_REFS = 2
-
-    def __init__(self, count: int = REUSE_BUFFERS, max_bytes: int = REUSE_MAX_BYTES) -> None:
-        self._count = count
-        self._max_bytes = max_bytes
-        self._bufs: list[np.ndarray] = []
-
-    def take(self, nbytes: int) -> np.ndarray:
-        """A uint8 array of `nbytes` that nothing else references (contents undefined)."""
-        if nbytes > self._max_bytes or nbytes < DIRECT_MIN_BYTES:
-            # np.empty, not bytearray: no zero-fill pass over a body that recv overwrites anyway.
-            return np.empty(nbytes, np.uint8)
-        free = -1
-        for i in range(len(self._bufs)):
-            if sys.getrefcount(self._bufs[i]) == self._UNSHARED_REFS:
-                if nbytes <= len(self._bufs[i]) <= 2 * nbytes:
-                    return self._bufs[i][:nbytes]
-                free = i
-        fresh = np.empty(nbytes, np.uint8)
-        if free >= 0:
-            self._bufs[free] = fresh      # a free buffer of the wrong size: replaced
-        elif len(self._bufs) < self._count:
-            self._bufs.append(fresh)
-        return fresh[:nbytes]
-
-    def clear(self) -> None:
-        self._bufs.clear()
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
@@ -109,7 +69,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._body: np.ndarray | None = None
         self._body_got = 0
         self._direct = False
-        self._body_buffers = BodyBuffers()
+        self._body_buffers = BufferPool()
         self.transport: asyncio.Transport | None = None
         self._paused_writing = False      # blocked: transport paused or pacing queue over high water
         self._transport_paused = False
@@ -270,7 +230,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._start, self._end = 0, n
             if len(self._scratch) - n < 4096:
                 self._scratch.extend(bytes(len(self._scratch)))  # a header larger than the scratch
-        return memoryview(self._scratch)[self._end:]
+        return memoryview(self._scratch)[self._end:self._end + SCRATCH_READ_BYTES]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._direct:

@@ -74,3 +74,29 @@ def test_corrupt_frame_reports_and_closes() -> None:
     feed(proto, good + PREFIX.pack(0xDEADBEEF, 0, 0), [1 << 20])
     assert [f.header for f in frames] == [{"op": "ok"}]
     assert len(errors) == 1 and "magic" in str(errors[0]) and transport.closed
+
+
+def big_frame(fill: float) -> bytes:
+    return b"".join(bytes(p) for p in encode_frame({"op": "big"}, [np.full(DIRECT_MIN_BYTES, fill)]))
+
+
+def test_a_held_frame_keeps_its_values_while_later_frames_arrive() -> None:
+    proto, frames, errors, _ = make()
+    feed(proto, big_frame(1.0), [1 << 20])
+    held = frames[0].arrays[0]
+    frames.clear()
+    for fill in (2.0, 3.0, 4.0):      # more frames than the connection keeps buffers
+        feed(proto, big_frame(fill), [1 << 20])
+    assert not errors
+    assert (held == 1.0).all()                                   # never received into while held
+    assert [float(f.arrays[0][0]) for f in frames] == [2.0, 3.0, 4.0]
+    assert all((f.arrays[0] == f.arrays[0][0]).all() for f in frames)
+
+
+def test_a_dropped_frames_buffer_receives_the_next_frame() -> None:
+    proto, frames, _, _ = make()
+    feed(proto, big_frame(1.0), [1 << 20])
+    address = frames[0].arrays[0].ctypes.data
+    frames.clear()
+    feed(proto, big_frame(2.0), [1 << 20])
+    assert frames[0].arrays[0].ctypes.data == address and (frames[0].arrays[0] == 2.0).all()
