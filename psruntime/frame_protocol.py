@@ -82,6 +82,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._pump: asyncio.Task[None] | None = None
         self._pump_resume: asyncio.Future[None] | None = None
         self._close_when_flushed = False
+        self._cork: list[Any] | None = None     # frames kept while a read is handled (write_frame)
+        self._cork_bytes = 0
 
     # -- connection --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -99,6 +101,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._cork, self._cork_bytes = None, 0
         self._outq.clear()
         self._queued = 0
         self._body_buffers.clear()
@@ -158,17 +161,38 @@ class FrameProtocol(asyncio.BufferedProtocol):
         head = pieces[0] + pieces[1]
         if self._pacer is not None:
             self._write_paced(head, pieces[2:])
-        elif len(pieces) == 2:
-            self.transport.write(head)
-        elif sum(len(p) for p in pieces[2:]) < JOIN_BELOW_BYTES:
-            # One write call per small frame: each piece would otherwise be its own send syscall
+            return
+        nbytes = len(head) + sum(len(p) for p in pieces[2:])
+        if self._cork is None:
+            self._send([head, *pieces[2:]], nbytes)
+            return
+        # Written while handling a read: kept until that read is handled, so the replies to
+        # the requests it brought go out in one send syscall (a push's ack with the next pull's
+        # reply). A large frame goes out at once, with what was kept before it.
+        self._cork += [head, *pieces[2:]]
+        self._cork_bytes += nbytes
+        if nbytes >= JOIN_BELOW_BYTES:
+            self._flush_cork()
+
+    def _send(self, pieces: list[Any], nbytes: int) -> None:
+        assert self.transport is not None
+        if nbytes < JOIN_BELOW_BYTES:
+            # One write call for small frames: each piece would otherwise be its own send syscall
             # (and, with TCP_NODELAY, its own packet); copying a few KiB is far cheaper.
-            self.transport.write(b"".join([head, *pieces[2:]]))
+            self.transport.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
         else:
-            self.transport.writelines([head, *pieces[2:]])  # large buffers go out from their own memory
+            self.transport.writelines(pieces)  # large buffers go out from their own memory
+
+    def _flush_cork(self) -> None:
+        pieces, nbytes = self._cork, self._cork_bytes
+        if pieces:
+            self._cork, self._cork_bytes = [], 0
+            if not self._closed and self.transport is not None:
+                self._send(pieces, nbytes)
 
     def close(self) -> None:
         if self.transport is not None and not self._closed:
+            self._flush_cork()
             if self._outq:
                 self._close_when_flushed = True  # like a TCP close: what was written still goes out
                 return
@@ -234,16 +258,21 @@ class FrameProtocol(asyncio.BufferedProtocol):
         return memoryview(self._scratch)[self._end:self._end + SCRATCH_READ_BYTES]
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._direct:
-            self._body_got += nbytes
-            if self._body_got == len(self._body):  # type: ignore[arg-type]
-                self._emit()
-            return
-        self._end += nbytes
+        self._cork = []     # see write_frame
         try:
-            self._parse()
-        except FrameError as e:
-            self._fail(e)
+            if self._direct:
+                self._body_got += nbytes
+                if self._body_got == len(self._body):  # type: ignore[arg-type]
+                    self._emit()
+                return
+            self._end += nbytes
+            try:
+                self._parse()
+            except FrameError as e:
+                self._fail(e)
+        finally:
+            self._flush_cork()
+            self._cork = None
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost reports it
@@ -290,6 +319,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def _fail(self, e: FrameError) -> None:
         if self._on_error is not None:
             self._on_error(e)
+        self._flush_cork()   # the error reply _on_error wrote goes out before the close
         self._closed = True
         if self.transport is not None:
             self.transport.close()
