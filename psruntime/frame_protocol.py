@@ -8,7 +8,8 @@ scratch buffer, several per recv.
 
 Large bodies are received into buffers the connection reuses (psruntime.buffer_pool) once no view
 of them is alive (the server's push applied, the client's pulled values dropped): a fresh
-multi-MiB buffer cost as much in page faults as receiving the bytes into it.
+multi-MiB buffer cost as much in page faults as receiving the bytes into it. Replies written while
+one read is handled go out in one send (`write_frame`).
 
 Also does write-side flow control: `drain()` lets writers wait while the transport's write buffer
 is above its high-water mark, and a server-side protocol (`stop_reading_while_blocked`) stops
