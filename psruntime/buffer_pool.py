@@ -17,7 +17,9 @@ import numpy as np
 
 MIN_BYTES = 64 << 10       # smaller buffers come from malloc's heap, cheap as they are
 MAX_BYTES = 64 << 20       # larger ones are not kept: what a pool pins stays bounded
-BUFFERS = 2                # per pool: a pull's values may still be held while the next arrives
+# Per pool: a request body is released once handled, and a worker drops a pull's values before
+# its next pull, so one buffer covers the steady state (a caller holding more gets fresh ones).
+BUFFERS = 1
 
 # References to a kept buffer when nobody else holds it: the pool's list and getrefcount's argument.
 _UNSHARED_REFS = 2

@@ -103,11 +103,9 @@ class _ServerConnection:
         self._refused = False
         self._auth_timer: asyncio.TimerHandle | None = None
         # Until the peer proved the secret it may send header-only frames, nothing to allocate for.
-        # One reused body buffer: a request's body is released once handled (a client may hold a
-        # pulled reply while the next arrives, so clients keep two).
         self.protocol = FrameProtocol(self._on_frame, self._on_lost, 0 if self._auth else server._max_body,
                                       self._on_error, stop_reading_while_blocked=True,
-                                      on_connected=self._on_connected if self._auth else None, body_buffers=1)
+                                      on_connected=self._on_connected if self._auth else None)
         server._conns.add(self)
 
     def _peer(self) -> str:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence, cast
 import numpy as np
 
 from psruntime import bandwidth
-from psruntime.buffer_pool import BUFFERS, BufferPool
+from psruntime.buffer_pool import BufferPool
 from psruntime.frame_codec import PREFIX, Frame, FrameError, decode_frame, encode_frame, parse_prefix
 
 SCRATCH_BYTES = 256 << 10
@@ -50,14 +50,13 @@ _PROCESS_PACER: Any = object()  # sentinel: use bandwidth.process_pacer()
 
 class FrameProtocol(asyncio.BufferedProtocol):
     """Calls `on_frame(frame)` for each complete frame, `on_error(exc)` for a malformed one (then
-    closes), `on_connected()` once the connection is made and `on_lost(exc|None)` when it ends.
-    Keeps up to `body_buffers` large body buffers for reuse (see the module doc)."""
+    closes), `on_connected()` once the connection is made and `on_lost(exc|None)` when it ends."""
 
     def __init__(self, on_frame: Callable[[Frame], None], on_lost: Callable[[BaseException | None], None],
                  max_body_bytes: int, on_error: Callable[[FrameError], None] | None = None,
                  stop_reading_while_blocked: bool = False,
                  pacer: "bandwidth.Pacer | None" = _PROCESS_PACER,
-                 on_connected: Callable[[], None] | None = None, body_buffers: int = BUFFERS) -> None:
+                 on_connected: Callable[[], None] | None = None) -> None:
         self._on_frame = on_frame
         self._on_connected = on_connected
         self._on_lost = on_lost
@@ -71,7 +70,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._body: np.ndarray | None = None
         self._body_got = 0
         self._direct = False
-        self._body_buffers = BufferPool(body_buffers)
+        self._body_buffers = BufferPool()
         self.transport: asyncio.Transport | None = None
         self._paused_writing = False      # blocked: transport paused or pacing queue over high water
         self._transport_paused = False
