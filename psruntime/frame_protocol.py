@@ -6,6 +6,11 @@ transport receives a large body straight into the frame's own buffer (`get_buffe
 view of it): the kernel-to-user copy is the only one. Small frames and headers go through a
 scratch buffer, several per recv.
 
+Large bodies are received into buffers the connection reuses (psruntime.buffer_pool) once no view
+of them is alive (the server's push applied, the client's pulled values dropped): a fresh
+multi-MiB buffer cost as much in page faults as receiving the bytes into it. Replies written while
+one read is handled go out in one send (`write_frame`).
+
 Also does write-side flow control: `drain()` lets writers wait while the transport's write buffer
 is above its high-water mark, and a server-side protocol (`stop_reading_while_blocked`) stops
 reading requests meanwhile, so a client that never reads its replies cannot make the server buffer
@@ -29,10 +34,14 @@ from typing import Any, Callable, Sequence, cast
 import numpy as np
 
 from psruntime import bandwidth
+from psruntime.buffer_pool import BufferPool
 from psruntime.frame_codec import PREFIX, Frame, FrameError, decode_frame, encode_frame, parse_prefix
 
 SCRATCH_BYTES = 256 << 10
 DIRECT_MIN_BYTES = 64 << 10  # bodies with at least this much left are received in place
+# One recv into the scratch takes at most this much: more would bring the start of a large body
+# in through the scratch (an extra copy) instead of into the body's own buffer.
+SCRATCH_READ_BYTES = 64 << 10
 WRITE_HIGH_WATER = 16 << 20
 JOIN_BELOW_BYTES = 64 << 10
 PACE_MIN_BYTES = 16 << 10    # smaller frames are charged to the bucket but not delayed
@@ -61,6 +70,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._body: np.ndarray | None = None
         self._body_got = 0
         self._direct = False
+        self._body_buffers = BufferPool()
         self.transport: asyncio.Transport | None = None
         self._paused_writing = False      # blocked: transport paused or pacing queue over high water
         self._transport_paused = False
@@ -72,6 +82,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._pump: asyncio.Task[None] | None = None
         self._pump_resume: asyncio.Future[None] | None = None
         self._close_when_flushed = False
+        self._cork: list[Any] | None = None     # frames kept while a read is handled (write_frame)
+        self._cork_bytes = 0
 
     # -- connection --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -89,8 +101,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._cork, self._cork_bytes = None, 0
         self._outq.clear()
         self._queued = 0
+        self._body_buffers.clear()
         if self._pump is not None:
             self._pump.cancel()
         self._wake_drainers(exc or ConnectionError("connection closed"))
@@ -147,17 +161,38 @@ class FrameProtocol(asyncio.BufferedProtocol):
         head = pieces[0] + pieces[1]
         if self._pacer is not None:
             self._write_paced(head, pieces[2:])
-        elif len(pieces) == 2:
-            self.transport.write(head)
-        elif sum(len(p) for p in pieces[2:]) < JOIN_BELOW_BYTES:
-            # One write call per small frame: each piece would otherwise be its own send syscall
+            return
+        nbytes = len(head) + sum(len(p) for p in pieces[2:])
+        if self._cork is None:
+            self._send([head, *pieces[2:]], nbytes)
+            return
+        # Written while handling a read: kept until that read is handled, so the replies to
+        # the requests it brought go out in one send syscall (a push's ack with the next pull's
+        # reply). A large frame goes out at once, with what was kept before it.
+        self._cork += [head, *pieces[2:]]
+        self._cork_bytes += nbytes
+        if nbytes >= JOIN_BELOW_BYTES:
+            self._flush_cork()
+
+    def _send(self, pieces: list[Any], nbytes: int) -> None:
+        assert self.transport is not None
+        if nbytes < JOIN_BELOW_BYTES:
+            # One write call for small frames: each piece would otherwise be its own send syscall
             # (and, with TCP_NODELAY, its own packet); copying a few KiB is far cheaper.
-            self.transport.write(b"".join([head, *pieces[2:]]))
+            self.transport.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
         else:
-            self.transport.writelines([head, *pieces[2:]])  # large buffers go out from their own memory
+            self.transport.writelines(pieces)  # large buffers go out from their own memory
+
+    def _flush_cork(self) -> None:
+        pieces, nbytes = self._cork, self._cork_bytes
+        if pieces:
+            self._cork, self._cork_bytes = [], 0
+            if not self._closed and self.transport is not None:
+                self._send(pieces, nbytes)
 
     def close(self) -> None:
         if self.transport is not None and not self._closed:
+            self._flush_cork()
             if self._outq:
                 self._close_when_flushed = True  # like a TCP close: what was written still goes out
                 return
@@ -220,19 +255,24 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._start, self._end = 0, n
             if len(self._scratch) - n < 4096:
                 self._scratch.extend(bytes(len(self._scratch)))  # a header larger than the scratch
-        return memoryview(self._scratch)[self._end:]
+        return memoryview(self._scratch)[self._end:self._end + SCRATCH_READ_BYTES]
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._direct:
-            self._body_got += nbytes
-            if self._body_got == len(self._body):  # type: ignore[arg-type]
-                self._emit()
-            return
-        self._end += nbytes
+        self._cork = []     # see write_frame
         try:
-            self._parse()
-        except FrameError as e:
-            self._fail(e)
+            if self._direct:
+                self._body_got += nbytes
+                if self._body_got == len(self._body):  # type: ignore[arg-type]
+                    self._emit()
+                return
+            self._end += nbytes
+            try:
+                self._parse()
+            except FrameError as e:
+                self._fail(e)
+        finally:
+            self._flush_cork()
+            self._cork = None
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost reports it
@@ -261,8 +301,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             hstart = self._start + PREFIX.size
             self._header = bytes(self._scratch[hstart:hstart + hlen])
             self._start = hstart + hlen
-            # np.empty, not bytearray: no zero-fill pass over a body that recv overwrites anyway.
-            self._body = np.empty(blen, np.uint8)
+            self._body = self._body_buffers.take(blen)
             self._body_got = 0
             if blen == 0:
                 self._emit()
@@ -280,6 +319,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def _fail(self, e: FrameError) -> None:
         if self._on_error is not None:
             self._on_error(e)
+        self._flush_cork()   # the error reply _on_error wrote goes out before the close
         self._closed = True
         if self.transport is not None:
             self.transport.close()

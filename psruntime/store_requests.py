@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from psruntime.block_store import BlockStore, check_func
+from psruntime.buffer_pool import BufferPool
 from psruntime.dataplane import Reply, RequestError
 from psruntime.frame_codec import DEFAULT_MAX_BODY_BYTES, check_wire_dtype
 from psruntime.ownership_table import Key, as_int_keys, block_of, blocks_of_int_keys
@@ -130,6 +131,8 @@ class ArrayRequest(DataRequest):
             assert self.out is not None
             if part is None:
                 missing = store.gather(block, keys, self.out)
+                if missing.any():
+                    self.out[missing] = 0   # `out` may be a reused buffer: not zeros to begin with
             else:
                 rows = np.zeros((len(keys), *self.out.shape[1:]), self.out.dtype)
                 missing = store.gather(block, keys, rows)
@@ -144,19 +147,22 @@ class ArrayRequest(DataRequest):
     def redirect(self, block: int, part: Any, target: tuple[str, str]) -> None:
         self.redirects[block] = target
         self._status()[slice(None) if part is None else part] = REDIRECTED
+        if self.out is not None:
+            self.out[slice(None) if part is None else part] = 0
 
     def reply(self) -> Reply:
         header: dict[str, Any] = {"op": "ok", "key_array": True}
         arrays: list[np.ndarray] = [self.out] if self.out is not None else []
         if self.status is not None and self.status.any():
-            # Rows of missing or redirected keys are still the zeros `out` was made with.
+            # Rows of missing or redirected keys are zeros (apply and redirect wrote them).
             header["status"] = True
             header["missing"] = int(np.count_nonzero(self.status == MISSING))
             arrays.append(self.status)
         return header, arrays
 
 
-def _parse_array_request(op: str, func: str | None, h: dict[str, Any], arrays: Sequence[np.ndarray]) -> ArrayRequest:
+def _parse_array_request(op: str, func: str | None, h: dict[str, Any], arrays: Sequence[np.ndarray],
+                         pool: BufferPool | None) -> ArrayRequest:
     want = 1 if op == "get" else 2
     if len(arrays) != want:
         raise RequestError(f"an array-form {op} carries {want} buffer(s) (keys{'' if want == 1 else ', values'}), "
@@ -186,7 +192,10 @@ def _parse_array_request(op: str, func: str | None, h: dict[str, Any], arrays: S
     nbytes = len(keys) * math.prod(shape) * dt.itemsize
     if nbytes > DEFAULT_MAX_BODY_BYTES:
         raise RequestError(f"the reply would be {nbytes} bytes, over the frame limit of {DEFAULT_MAX_BODY_BYTES}")
-    return ArrayRequest(op, None, keys, None, np.zeros((len(keys), *shape), dt))
+    # Every row of `out` is written by the part that covers it (served, missing or redirected).
+    out_shape = (len(keys), *shape)
+    out = pool.take_array(out_shape, dt) if pool is not None else np.empty(out_shape, dt)
+    return ArrayRequest(op, None, keys, None, out)
 
 
 # ----- list form -----------------------------------------------------------------------------
@@ -259,8 +268,9 @@ def _parse_list_request(op: str, func: str | None, h: dict[str, Any], arrays: Se
     return ListRequest(op, func, keys, arrays)
 
 
-def parse_request(h: dict[str, Any], arrays: Sequence[np.ndarray]) -> DataRequest:
-    """The request of a data-op frame; RequestError naming the field that is wrong."""
+def parse_request(h: dict[str, Any], arrays: Sequence[np.ndarray], pool: BufferPool | None = None) -> DataRequest:
+    """The request of a data-op frame; RequestError naming the field that is wrong. An array-form
+    get's reply array comes from `pool` when given (a reused buffer, not a fresh mapping)."""
     op = h["op"]
     func = h.get("func") if op == "update" else None
     if op == "update":
@@ -271,5 +281,5 @@ def parse_request(h: dict[str, Any], arrays: Sequence[np.ndarray]) -> DataReques
         except ValueError as e:
             raise RequestError(str(e)) from None
     if h.get("key_array"):
-        return _parse_array_request(op, func, h, arrays)
+        return _parse_array_request(op, func, h, arrays, pool)
     return _parse_list_request(op, func, h, arrays)

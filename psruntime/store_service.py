@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from psruntime.block_store import BlockArrays, BlockStore
+from psruntime.buffer_pool import BufferPool
 from psruntime.dataplane import DataPlaneClient, Reply, RequestError
 from psruntime.frame_codec import Frame
 from psruntime.migration import BlockState, BlockStates, Disposition, MigrationEvent
@@ -51,6 +52,7 @@ class StoreService:
         self.handover_timeout_s = 30.0
         self.stats = {"served": 0, "queued": 0, "redirected": 0}  # request parts, for status and tests
         self.applied_pushes = AppliedPushes()
+        self._reply_buffers = BufferPool()   # array-form get replies, reused once sent
         self.apply_table(table, force=True)
 
     # -- ownership ---------------------------------------------------------------------------
@@ -86,7 +88,7 @@ class StoreService:
     # -- data ops ----------------------------------------------------------------------------
     def handle_data(self, frame: Frame) -> Reply | asyncio.Future[Reply]:
         """Serve, queue or redirect each block's part of a data request (psruntime.store_requests)."""
-        req = parse_request(frame.header, frame.arrays)
+        req = parse_request(frame.header, frame.arrays, self._reply_buffers)
         pid = frame.header.get(PUSH_ID_FIELD) if req.op == "update" else None
         if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid < 0):
             raise RequestError(f"field {PUSH_ID_FIELD!r} must be a non-negative int")

@@ -74,3 +74,74 @@ def test_corrupt_frame_reports_and_closes() -> None:
     feed(proto, good + PREFIX.pack(0xDEADBEEF, 0, 0), [1 << 20])
     assert [f.header for f in frames] == [{"op": "ok"}]
     assert len(errors) == 1 and "magic" in str(errors[0]) and transport.closed
+
+
+def big_frame(fill: float) -> bytes:
+    return b"".join(bytes(p) for p in encode_frame({"op": "big"}, [np.full(DIRECT_MIN_BYTES, fill)]))
+
+
+def test_a_held_frame_keeps_its_values_while_later_frames_arrive() -> None:
+    proto, frames, errors, _ = make()
+    feed(proto, big_frame(1.0), [1 << 20])
+    held = frames[0].arrays[0]
+    frames.clear()
+    for fill in (2.0, 3.0, 4.0):      # more frames than the connection keeps buffers
+        feed(proto, big_frame(fill), [1 << 20])
+    assert not errors
+    assert (held == 1.0).all()                                   # never received into while held
+    assert [float(f.arrays[0][0]) for f in frames] == [2.0, 3.0, 4.0]
+    assert all((f.arrays[0] == f.arrays[0][0]).all() for f in frames)
+
+
+def test_a_dropped_frames_buffer_receives_the_next_frame() -> None:
+    proto, frames, _, _ = make()
+    feed(proto, big_frame(1.0), [1 << 20])
+    address = frames[0].arrays[0].ctypes.data
+    frames.clear()
+    feed(proto, big_frame(2.0), [1 << 20])
+    assert frames[0].arrays[0].ctypes.data == address and (frames[0].arrays[0] == 2.0).all()
+
+
+class WritingTransport(FakeTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sends: list[bytes] = []      # one entry per write call: what one send syscall carries
+
+    def write(self, data: bytes) -> None:
+        self.sends.append(bytes(data))
+
+    def writelines(self, pieces: list[bytes]) -> None:
+        self.sends.append(b"".join(bytes(p) for p in pieces))
+
+
+def replying(reply_arrays: dict[str, list[np.ndarray]]) -> tuple[FrameProtocol, WritingTransport, list[int]]:
+    """A protocol that answers each frame with the arrays named by its op, noting how many
+    sends had gone out when each frame arrived."""
+    transport = WritingTransport()
+    seen: list[int] = []
+
+    def on_frame(frame: Frame) -> None:
+        seen.append(len(transport.sends))
+        proto.write_frame({"op": "ok", "id": frame.header["id"]}, reply_arrays[frame.header["op"]])
+
+    proto = FrameProtocol(on_frame, lambda exc: None, 1 << 30, pacer=None)
+    proto.connection_made(transport)  # type: ignore[arg-type]
+    return proto, transport, seen
+
+
+def test_replies_to_the_requests_of_one_read_go_out_in_one_send() -> None:
+    proto, transport, _ = replying({"small": [np.arange(4.0)]})
+    data = b"".join(bytes(p) for i in range(3) for p in encode_frame({"op": "small", "id": i}))
+    feed(proto, data, [len(data)])
+    assert len(transport.sends) == 1
+    replies = b"".join(bytes(p) for i in range(3) for p in encode_frame({"op": "ok", "id": i}, [np.arange(4.0)]))
+    assert transport.sends[0] == replies
+
+
+def test_a_large_reply_goes_out_before_the_next_request_is_handled() -> None:
+    proto, transport, seen = replying({"small": [], "big": [np.ones(DIRECT_MIN_BYTES)]})
+    data = b"".join(bytes(p) for op, i in (("small", 0), ("big", 1), ("small", 2))
+                    for p in encode_frame({"op": op, "id": i}))
+    feed(proto, data, [len(data)])
+    assert seen == [0, 0, 1]                 # the small reply waited for the big one, then both went
+    assert len(transport.sends) == 2

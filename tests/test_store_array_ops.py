@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from psruntime.dataplane import RemoteError
-from psruntime.ownership_table import OwnershipTable
+from psruntime.ownership_table import OwnershipTable, blocks_of_int_keys
 from psruntime.store_client import StoreClient, StoreClientError
 from store_cluster import executor_cluster
 
@@ -59,6 +59,29 @@ async def test_one_owner_pull_returns_the_reply_array(cluster) -> None:
     values, found = await c.pull_array(keys, (WIDTH,))
     assert found.all() and (values == 1).all()
     values += 1   # the result is the caller's to change (a writable view of the received frame)
+    await c.close()
+
+
+async def test_large_pulls_into_reused_reply_buffers_read_missing_keys_as_zeros(cluster) -> None:
+    _, ctl, _ = cluster
+    c = StoreClient(ctl.table)
+    wide = 4096     # rows of 16 KiB: the replies are received and gathered into reused buffers
+    keys = np.arange(4000)
+    keys = keys[blocks_of_int_keys(keys, NB) == 0][:40]
+    held, missing = keys[:20], keys[20:]
+    await c.put_array(held, np.full((20, wide), 5, np.float32))
+    for _ in range(3):   # each pull may get the buffer that the one before filled with fives
+        values, found = await c.pull_array(held, (wide,))
+        assert found.all() and (values == 5).all()
+        del values
+        # One block, half of it missing: the missing rows come first, where the pull before put fives.
+        values, found = await c.pull_array(np.concatenate([missing, held]), (wide,))
+        assert found.tolist() == [False] * 20 + [True] * 20
+        assert (values[:20] == 0).all() and (values[20:] == 5).all()
+        del values
+        values, found = await c.pull_array(np.concatenate([missing, np.arange(5000, 5040)]), (wide,))
+        assert not found.any() and (values == 0).all()                # across blocks, none held
+        del values
     await c.close()
 
 
