@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -207,7 +208,8 @@ class Executor:
                 "data_bytes": self.app_role.data_bytes(), "bytes_served": self.bytes_served,
                 "train_counters": dict(self.app_role.counters),
                 "spill": self.app_role.spill_figures(),
-                "link_bps": pacer.bps if (pacer := process_pacer()) is not None else None}, ()
+                "link_bps": pacer.bps if (pacer := process_pacer()) is not None else None,
+                "host": socket.gethostname(), "host_cores": len(os.sched_getaffinity(0))}, ()
 
     def _op_ping(self, frame: Frame) -> Reply:
         return {"op": "ok", "executor_id": self.executor_id}, ()
