@@ -81,6 +81,14 @@ def read_rss_bytes() -> int:
     return 0
 
 
+def _usable_cores() -> int:
+    """CPU cores this process may run on (its affinity where the OS has one): what the Cruise cost
+    model counts as the host's cores its workers share."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 class Executor:
     """One Elastic Executor: a data-plane server over a StoreService, plus control ops; with a
     job `secret` (HMAC key) it serves and connects only with the data-plane handshake."""
@@ -209,7 +217,7 @@ class Executor:
                 "train_counters": dict(self.app_role.counters),
                 "spill": self.app_role.spill_figures(),
                 "link_bps": pacer.bps if (pacer := process_pacer()) is not None else None,
-                "host": socket.gethostname(), "host_cores": len(os.sched_getaffinity(0))}, ()
+                "host": socket.gethostname(), "host_cores": _usable_cores()}, ()
 
     def _op_ping(self, frame: Frame) -> Reply:
         return {"op": "ok", "executor_id": self.executor_id}, ()

@@ -178,3 +178,16 @@ def test_latency_and_contention_terms_by_hand():
         NodeProfile("x", 1e-3, 1.0, 1.0, -1.0)
     with pytest.raises(CostModelError, match="compute_parallelism"):
         JobProfile(10, 1, 1, 1.0, 1, 0.0)
+
+
+def test_overlap_hides_compute_in_the_servers_term_by_hand():
+    nodes = {"a": node("a"), "s": NodeProfile("s", 1e-3, 1e7, 1e6)}
+    a = Assignment({"a": 100}, {"s": 10})
+    # 10000 samples: 10 s compute, 100 batches; server term 10 * 1e5 / 1e6 = 1 s, worker 0.1 s.
+    assert epoch_time(JOB, nodes, a) == pytest.approx(10 + 100 * 1.0)
+    overlap = dataclasses.replace(JOB, overlap=True)
+    assert epoch_time(overlap, nodes, a) == pytest.approx(max(10 + 100 * 0.1, 100 * 1.0))
+    fast = {"a": node("a"), "s": NodeProfile("s", 1e-3, 1e7, 1e8)}     # worker-bound: no change
+    assert epoch_time(overlap, fast, a) == pytest.approx(epoch_time(JOB, fast, a))
+    assert epoch_time_arrays(overlap, np.array([1e-3]), np.array([1e7]), np.array([100]), np.array([1e6]),
+                             np.array([10]), True) == pytest.approx(epoch_time(overlap, nodes, a))

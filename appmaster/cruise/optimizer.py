@@ -206,7 +206,7 @@ class CruiseOptimizer:
         every = list(slots) + [s for s in self.slots if s.slot_id not in own_slots]
         job = JobProfile(self.job.input_blocks, self.job.samples_per_block, self.job.model_blocks,
                          measured_bytes_per_batch(self.metrics, self.job.nominal_bytes_per_batch),
-                         self.job.batch_size, self.metrics.compute_parallelism())
+                         self.job.batch_size, self.metrics.compute_parallelism(), overlap=True)
         current = Assignment({e.executor_id: len(e.blocks) for e in self.executors if e.role is Role.WORKER},
                              {e.executor_id: len(e.blocks) for e in self.executors if e.role is Role.SERVER})
         derived = isolate_from_shape(derive_profiles(self.metrics, every), job, current, self.metrics)

@@ -51,8 +51,11 @@ def homogeneous_epoch_time(job: JobProfile, node: NodeProfile, n: int, w: int) -
     k_w = job.bytes_per_batch / (job.batch_size * node.worker_bandwidth)
     k_s = job.bytes_per_batch / (job.batch_size * node.server_bandwidth)
     samples = job.input_blocks * job.samples_per_block
-    per_sample = node.compute_s_per_sample * job.contention(w) + node.latency_s_per_batch / job.batch_size
-    return samples / w * (per_sample + max(k_w, k_s * w / (n - w)))
+    compute = node.compute_s_per_sample * job.contention(w)
+    lat = node.latency_s_per_batch / job.batch_size
+    if job.overlap:
+        return samples / w * (lat + max(compute + k_w, k_s * w / (n - w)))
+    return samples / w * (compute + lat + max(k_w, k_s * w / (n - w)))
 
 
 def homogeneous_epoch_time_blocks(job: JobProfile, node: NodeProfile, n: int, w: int) -> float:
@@ -63,8 +66,12 @@ def homogeneous_epoch_time_blocks(job: JobProfile, node: NodeProfile, n: int, w:
     samples = blocks * job.samples_per_block
     batches = math.ceil(samples / job.batch_size - 1e-9)
     server_batch = model * job.bytes_per_model_block * w / node.server_bandwidth
-    per_batch = node.latency_s_per_batch + max(job.bytes_per_batch / node.worker_bandwidth, server_batch)
-    return node.compute_s_per_sample * job.contention(w) * samples + batches * per_batch
+    worker_batch = job.bytes_per_batch / node.worker_bandwidth
+    compute = node.compute_s_per_sample * job.contention(w) * samples
+    if job.overlap:
+        return max(compute + batches * (node.latency_s_per_batch + worker_batch),
+                   batches * (node.latency_s_per_batch + server_batch))
+    return compute + batches * (node.latency_s_per_batch + max(worker_batch, server_batch))
 
 
 def solve_homogeneous(job: JobProfile, node: NodeProfile, n: int, integral: bool = False) -> HomogeneousOptimum:
@@ -75,9 +82,19 @@ def solve_homogeneous(job: JobProfile, node: NodeProfile, n: int, integral: bool
     c, lat = node.compute_s_per_sample, node.latency_s_per_batch / job.batch_size
     k_w = job.bytes_per_batch / (job.batch_size * node.worker_bandwidth)
     k_s = job.bytes_per_batch / (job.batch_size * node.server_bandwidth)
-    points = [n * k_w / (k_w + k_s), n * math.sqrt(c + lat) / (math.sqrt(c + lat) + math.sqrt(k_s))]
-    if job.compute_parallelism < n:
-        points += [job.compute_parallelism, n * math.sqrt(lat) / (math.sqrt(lat) + math.sqrt(k_s))]
+    p = job.compute_parallelism
+    if job.overlap:
+        # Compute joins the worker's side of the max: the crossover moves to (c + K_w)(N - w) = K_s w
+        # (for w > P, c w / P + K_w = K_s w / (N - w), a quadratic), and past it only the latency
+        # falls with w, so its convex minimum is the w_c of a = L / B.
+        points = [n * (c + k_w) / (c + k_w + k_s), n * math.sqrt(lat) / (math.sqrt(lat) + math.sqrt(k_s))]
+        if p < n:
+            a, b = c / p, c * n / p - k_w - k_s
+            points += [p, (b + math.sqrt(b * b + 4 * a * k_w * n)) / (2 * a) if a > 0 else p]
+    else:
+        points = [n * k_w / (k_w + k_s), n * math.sqrt(c + lat) / (math.sqrt(c + lat) + math.sqrt(k_s))]
+        if p < n:
+            points += [p, n * math.sqrt(lat) / (math.sqrt(lat) + math.sqrt(k_s))]
     candidates = {min(max(v, 1), n - 1) for p in points for v in (math.floor(p), math.ceil(p))}
     cost = homogeneous_epoch_time
     if integral:

@@ -15,7 +15,8 @@ the max over workers, eq. 3.1). Constraints:
   sum_k (n_k - x_k) q_k >= M        (every model block has a server)
   Z >= q_k W mb / bs_k              (server-bound term of eq. 3.4)
   T >= spb c_k p_k + (spb/B) p_k Z  and  T >= p_k (spb c_k + (spb/B) bytes / bw_k)   (eq. 3.2-3.4)
-(c_k here includes the latency per sample L_k / B and the contention k(W) at the heuristic's W).
+(c_k here includes the latency per sample L_k / B and the contention k(W) at the heuristic's W; with
+the cost model's overlap, the first constraint is T >= (spb/B) p_k (Z + L_k)).
 The products are linearised as the dissertation does, by binary expansion: x_k, W and p_k are
 written in bits and each bit-times-bounded-variable product gets a McCormick envelope. Only the
 side of the envelope that the optimiser would otherwise exploit is needed, which keeps it exact.
@@ -272,7 +273,8 @@ def solve_classes(job: JobProfile, classes: Sequence[NodeClass],
         b.row(terms, -np.inf, 0)
         # T >= spb c_k p_k + g p_k Z  and  T >= p_k (spb c_k + g bytes / bw_k)
         terms = {a: g * 2 ** t for t, a in enumerate(b.product_bits(p_bits, z_var, z_max, "lower"))}
-        terms[pk] = comp
+        # With overlap (cost model departure 5) the server-bound side carries only the latency.
+        terms[pk] = g * p.latency_s_per_batch / scale if job.overlap else comp
         terms[t_var] = -1
         b.row(terms, -np.inf, 0)
         b.row({pk: comp + g * job.bytes_per_batch / p.worker_bandwidth / scale, t_var: -1}, -np.inf, 0)
