@@ -119,6 +119,7 @@ def test_optimizer_reconfigures_when_gain_is_large():
     assert opt.maybe_decide() is None                              # plan in progress
     js = d.to_json()
     assert js["chosen_shape"] == list(d.target.shape) and js["plan"]["ops"]
+    assert js["inputs"]["job"]["overlap"] and len(js["inputs"]["nodes"]) == 6     # what it was priced with
     opt.reconfigured(list(final.values()))
     assert opt.metrics.batches_since_reconfiguration("w0") == 0 and opt.maybe_decide() is None
 

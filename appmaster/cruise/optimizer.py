@@ -27,6 +27,7 @@ from .targets import Role, Slot, Target
 from .trigger import TriggerPolicy
 
 MAX_DECISIONS_KEPT = 100
+MAX_NODES_IN_INPUTS = 64
 
 
 @dataclass(frozen=True)
@@ -193,8 +194,9 @@ class CruiseOptimizer:
         plan = build_plan(self.executors, target) if action == "reconfigure" else None
         if plan is not None and not plan.ops:
             action, reason, plan = "skip", "target equals the current configuration", None
-        decision = Decision(now, trigger, action, reason, before, target.epoch_s, shape, target, plan,
-                            model_inputs_json(job, profiles))
+        # The inputs go into the job status with the decision: per node, so only for small jobs.
+        inputs = model_inputs_json(job, profiles) if len(profiles) <= MAX_NODES_IN_INPUTS else None
+        decision = Decision(now, trigger, action, reason, before, target.epoch_s, shape, target, plan, inputs)
         if action == "reconfigure":
             self.in_progress = decision
             self.slots = slots
