@@ -170,12 +170,13 @@ def spearman(a: list[float], b: list[float]) -> Optional[float]:
 
 def sized(job: dict[str, Any], n: int) -> dict[str, Any]:
     """The workload for N executors: 8 input blocks per 5 workers (so every worker of every split
-    has a block), the rows of a block kept."""
+    has a block), the rows of a block kept, and a model block for every server of every split."""
     k = -(-(n - 1) // 5)
     data = dict(job["data"])
     rows = "num_samples" if job["app"] == "mlr" else "num_users"
     data[rows] = data[rows] * k
-    return {**{k: v for k, v in job.items() if k != "bandwidth"}, "data": data}
+    sized_job = {key: v for key, v in job.items() if key != "bandwidth"}
+    return {**sized_job, "data": data, "blocks": max(job.get("blocks", 12), n - 1)}
 
 
 async def bench(cluster: LocalCluster, n: int, names: list[str], grid_only: bool = False,
