@@ -8,17 +8,34 @@ slowest server's bandwidth or by the worker's own (eq. 3.4):
     C_i = C^i_w.proc d_i + ceil(d_i / B) * max( max_j m_j w / b_ij , sum_j m_j / b_ij )
 
 Units: d_i counts input blocks of `samples_per_block` samples each, m_j counts model blocks; a
-worker exchanges `bytes_per_batch` bytes with the servers per mini-batch (the whole model in the
-dissertation's dense pull), spread over the servers in proportion to the model blocks they hold.
+worker moves `bytes_per_batch` bytes each way per mini-batch (its pull; its push is as large:
+the same keys), spread over the servers in proportion to the model blocks they hold.
 
-Departure, and why: the dissertation writes one pairwise bandwidth b_ij in both terms. Elastane
-measures bandwidth per executor, not per pair, so the server-bound term uses the server's serving
-bandwidth (its NIC carries the traffic of all w workers) and the worker-bound term the worker's
-own bandwidth (its NIC carries its exchange with all servers). On identical nodes this is exactly
-eq. 3.4 and gives eq. 3.5.
+Departures, each measured (docs/cruise.md has the numbers) and each at its spot below:
+1. Per-executor bandwidth: the dissertation writes one pairwise bandwidth b_ij in both terms.
+   Elastane measures bandwidth per executor, not per pair, so the server-bound term uses the
+   server's serving bandwidth (its NIC carries the traffic of all w workers) and the worker-bound
+   term the worker's own (its NIC carries its exchange with all servers).
+2. Bytes per direction: a link is full duplex (and the emulated cap paces egress only), so a pull
+   and a push do not queue behind each other on one NIC; the exchange is priced by the bytes of
+   one direction, the dissertation's m_j (the model pulled), not pull + push.
+3. Per-mini-batch latency L_i (`NodeProfile.latency_s_per_batch`): a round trip's fixed cost that
+   no number of servers shortens: C_i gains ceil(d_i / B) * L_i.
+4. Compute under concurrency (`JobProfile.compute_parallelism` P): the workers of a job whose
+   hosts have P cores in all slow each other down once W > P, so C^i_w.proc is the uncontended
+   per-sample cost times max(1, W / P).
+5. Compute overlaps the servers' queue (`JobProfile.overlap`, what the optimizer uses): eq. 3.4
+   adds a worker's compute to the slowest server's per-batch term, as if all W workers waited
+   for it together every mini-batch. Within an epoch they drift apart, and a server serves the
+   others while one computes, so a server-bound mini-batch costs max(own exchange, server term -
+   its compute): the epoch is max(compute + batches (L + h / b_w), batches (L + server term)).
+   Measured: nmf-b20 at 4x2 (2 cores) spent 69 ms a mini-batch communicating where the server
+   term is 90 ms, and its compute (~40 ms a mini-batch) explains the difference.
+With L = 0, P = inf and no overlap this is eq. 3.4, and on identical nodes eq. 3.5.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -37,8 +54,13 @@ class JobProfile:
     input_blocks: int              # D, in blocks
     samples_per_block: float       # training instances per input block
     model_blocks: int              # M, in blocks
-    bytes_per_batch: float         # bytes one worker exchanges with all servers per mini-batch
+    bytes_per_batch: float         # bytes one worker moves each way (its pull) per mini-batch
     batch_size: int                # B, instances per mini-batch
+    # Departure 4 (module doc): workers that compute at full speed at once (the cores of the hosts
+    # the job's executors share); beyond it their per-sample compute grows as W / P.
+    compute_parallelism: float = math.inf
+    # Departure 5 (module doc): a worker's compute overlaps the servers serving the other workers.
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in ("input_blocks", "model_blocks", "batch_size"):
@@ -48,6 +70,12 @@ class JobProfile:
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):
                 raise CostModelError(f"{name} must be a positive number, got {v}")
+        if not self.compute_parallelism > 0:
+            raise CostModelError(f"compute_parallelism must be > 0, got {self.compute_parallelism}")
+
+    def contention(self, workers: int | float) -> float:
+        """How much slower each of `workers` concurrent workers computes than one alone."""
+        return max(1.0, workers / self.compute_parallelism)
 
     @property
     def bytes_per_model_block(self) -> float:
@@ -64,14 +92,16 @@ class NodeProfile:
     """What the cost model knows of one slot (a container that can run one executor)."""
 
     node_id: str
-    compute_s_per_sample: float    # C^i_w.proc, measured
+    compute_s_per_sample: float    # C^i_w.proc, measured, normalised to an uncontended worker
     worker_bandwidth: float        # bytes/s the node moves as a worker, measured
     server_bandwidth: float        # bytes/s the node serves as a server, measured
+    latency_s_per_batch: float = 0.0   # departure 3 (module doc): fixed cost of a mini-batch's round trip
 
     def __post_init__(self) -> None:
-        if not (self.compute_s_per_sample >= 0 and math.isfinite(self.compute_s_per_sample)):
-            raise CostModelError(f"{self.node_id}: compute_s_per_sample must be >= 0, "
-                                 f"got {self.compute_s_per_sample}")
+        for name in ("compute_s_per_sample", "latency_s_per_batch"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise CostModelError(f"{self.node_id}: {name} must be >= 0, got {v}")
         for name in ("worker_bandwidth", "server_bandwidth"):
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):
@@ -138,6 +168,7 @@ def predict(job: JobProfile, nodes: Mapping[str, NodeProfile], assignment: Assig
     mb = job.bytes_per_model_block
     # Server-bound term: the slowest server; it is the same for every worker.
     server_batch = max(m * mb * w / nodes[j].server_bandwidth for j, m in assignment.servers.items())
+    contention = job.contention(w)             # departure 4
     compute, comm = {}, {}
     slowest, worst, worst_bound = "", -1.0, False
     for i, d in assignment.workers.items():
@@ -145,8 +176,12 @@ def predict(job: JobProfile, nodes: Mapping[str, NodeProfile], assignment: Assig
         samples = d * job.samples_per_block
         batches = math.ceil(samples / job.batch_size - 1e-9) if integral_batches else samples / job.batch_size
         worker_batch = job.bytes_per_batch / n.worker_bandwidth
-        compute[i] = n.compute_s_per_sample * samples
-        comm[i] = batches * max(server_batch, worker_batch)
+        compute[i] = n.compute_s_per_sample * contention * samples
+        # Departure 3: the round trip's latency on top of the bandwidth-bound exchange.
+        comm[i] = batches * (n.latency_s_per_batch + max(server_batch, worker_batch))
+        if job.overlap:     # departure 5: the server term absorbs the worker's own compute
+            comm[i] = max(batches * (n.latency_s_per_batch + worker_batch),
+                          batches * (n.latency_s_per_batch + server_batch) - compute[i])
         if compute[i] + comm[i] > worst:
             worst, slowest, worst_bound = compute[i] + comm[i], i, server_batch > worker_batch
     return EpochPrediction(worst, compute, comm, server_batch, slowest, worst_bound)
@@ -160,14 +195,38 @@ def epoch_time(job: JobProfile, nodes: Mapping[str, NodeProfile], assignment: As
 
 def epoch_time_arrays(job: JobProfile, compute_s_per_sample: np.ndarray, worker_bandwidth: np.ndarray,
                       input_blocks: np.ndarray, server_bandwidth: np.ndarray, model_blocks: np.ndarray,
-                      integral_batches: bool = False) -> float:
-    """Vectorised eq. 3.1-3.4 over arrays of workers (first three) and servers (last two); what the
-    solvers and the brute-force baselines evaluate many times."""
+                      integral_batches: bool = False, latency_s_per_batch: np.ndarray | float = 0.0) -> float:
+    """Vectorised eq. 3.1-3.4 (with the module doc's departures) over arrays of workers (first
+    three, and the latencies) and servers (the next two); what the solvers and the brute-force
+    baselines evaluate many times."""
     w = len(input_blocks)
     server_batch = float(np.max(model_blocks * (job.bytes_per_model_block * w) / server_bandwidth))
     samples = input_blocks * job.samples_per_block
     batches = samples / job.batch_size
     if integral_batches:
         batches = np.ceil(batches - 1e-9)
-    per_batch = np.maximum(server_batch, job.bytes_per_batch / worker_bandwidth)
-    return float(np.max(compute_s_per_sample * samples + batches * per_batch))
+    compute = compute_s_per_sample * job.contention(w) * samples
+    worker_batch = job.bytes_per_batch / worker_bandwidth
+    if job.overlap:
+        return float(np.max(np.maximum(compute + batches * (latency_s_per_batch + worker_batch),
+                                       batches * (latency_s_per_batch + server_batch))))
+    per_batch = latency_s_per_batch + np.maximum(server_batch, worker_batch)
+    return float(np.max(compute + batches * per_batch))
+
+
+def model_inputs_json(job: JobProfile, nodes: Mapping[str, NodeProfile]) -> dict[str, object]:
+    """The model's inputs as JSON (for the job status, benchmarks and recorded test profiles)."""
+    out = dataclasses.asdict(job)
+    if math.isinf(job.compute_parallelism):
+        out["compute_parallelism"] = None           # JSON has no infinity
+    return {"job": out, "nodes": [dataclasses.asdict(n) for n in nodes.values()]}
+
+
+def model_inputs_from_json(data: Mapping[str, object]) -> tuple[JobProfile, dict[str, NodeProfile]]:
+    """Inverse of `model_inputs_json`."""
+    fields = dict(data["job"])  # type: ignore[call-overload]
+    if fields.get("compute_parallelism") is None:
+        fields["compute_parallelism"] = math.inf
+    job = JobProfile(**fields)
+    nodes = [NodeProfile(**n) for n in data["nodes"]]  # type: ignore[attr-defined]
+    return job, {n.node_id: n for n in nodes}

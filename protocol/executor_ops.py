@@ -272,6 +272,8 @@ class StatusReply(ControlReply):
     busy_s: Optional[float] = None
     bytes_served: Optional[float] = None
     link_bps: Optional[float] = None
+    host: str = ""                              # the machine the executor runs on (its hostname)
+    host_cores: Optional[int] = None            # CPU cores the executor's process may run on
     train_counters: dict[str, float] = {}
     spill: Optional[SpillFigures] = None        # an executor of a job with spill (psruntime.worker_spill)
 

@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -78,6 +79,14 @@ def read_rss_bytes() -> int:
     except OSError:
         pass
     return 0
+
+
+def _usable_cores() -> int:
+    """CPU cores this process may run on (its affinity where the OS has one): what the Cruise cost
+    model counts as the host's cores its workers share."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 class Executor:
@@ -207,7 +216,8 @@ class Executor:
                 "data_bytes": self.app_role.data_bytes(), "bytes_served": self.bytes_served,
                 "train_counters": dict(self.app_role.counters),
                 "spill": self.app_role.spill_figures(),
-                "link_bps": pacer.bps if (pacer := process_pacer()) is not None else None}, ()
+                "link_bps": pacer.bps if (pacer := process_pacer()) is not None else None,
+                "host": socket.gethostname(), "host_cores": _usable_cores()}, ()
 
     def _op_ping(self, frame: Frame) -> Reply:
         return {"op": "ok", "executor_id": self.executor_id}, ()

@@ -158,10 +158,14 @@ def _driver(workers: int, servers: int, gain: float = 0.05) -> tuple[CruiseDrive
 
 
 def _epoch(d: CruiseDriver, t: FakeTraining, n: int, seconds: float) -> EpochRecord:
-    """Every worker trains its splits: 10 ms compute per mini-batch, communication from the link."""
+    """Every worker trains its splits: 10 ms compute per mini-batch, communication from the link
+    (its push, and its share of the busiest server's pulls: the cost model's exchange, no latency)."""
+    link = LINK_BPS / 8
+    busiest = max(len(t.table.blocks_owned_by(x.executor_id)) for x in t.servers)
+    comm = MODEL_BYTES / 2 / link + busiest * MODEL_BYTES / 2 / MODEL_BLOCKS * len(t.workers) / link
     for w in t.workers:
         batches = len(d.steps.splits().active_of(w.executor_id)) * ROWS // BATCH
-        t.metrics.record_batches(w.executor_id, [0.01] * batches, [0.4] * batches)
+        t.metrics.record_batches(w.executor_id, [0.01] * batches, [comm] * batches)
         t.samples[w.executor_id] += batches * BATCH
     t.loop.epochs_done = n + 1
     rec = EpochRecord(n, 1.0 / (n + 1), seconds, 1000.0 + 10 * n)

@@ -119,13 +119,16 @@ def test_optimizer_reconfigures_when_gain_is_large():
     assert opt.maybe_decide() is None                              # plan in progress
     js = d.to_json()
     assert js["chosen_shape"] == list(d.target.shape) and js["plan"]["ops"]
+    assert js["inputs"]["job"]["overlap"] and len(js["inputs"]["nodes"]) == 6     # what it was priced with
     opt.reconfigured(list(final.values()))
     assert opt.metrics.batches_since_reconfiguration("w0") == 0 and opt.maybe_decide() is None
 
 
 def test_optimizer_skips_below_the_gain_threshold():
     clock = FakeClock()
-    opt = start(["w0", "w1", "w2", "w3", "w4", "w5"], ["s0", "s1"], clock)   # (6, 2) is optimal
+    # (7, 1) is optimal: 9 ms of compute per sample against 0.5 MB each way per mini-batch of 100 at
+    # 10 MB/s (eq. 3.5 alone would say (6, 2); the compute overlaps the servers' queue).
+    opt = start(["w0", "w1", "w2", "w3", "w4", "w5", "w6"], ["s0"], clock)
     report(opt)
     d = opt.maybe_decide()
     assert d.action == "skip" and d.plan is None
@@ -157,3 +160,31 @@ def test_optimizer_records_why_it_cannot_decide():
     opt = start(["w0"], ["s0"], FakeClock())
     d = opt.decide()
     assert d.action == "skip" and "cannot decide" in d.reason
+
+
+def test_shape_is_taken_out_of_measured_profiles():
+    # Two workers on one 1-core host, one server: compute was measured with both computing at once,
+    # and each mini-batch's communication took 30 ms more than its exchange could.
+    from appmaster.cruise.profiling import isolate_from_shape, measured_bytes_per_batch
+    from models.cruise_cost import Assignment, JobProfile, NodeProfile
+
+    book = MetricsBook(alpha=1.0)
+    for e in ("w0", "w1", "s0"):
+        book.record_host(e, "host-a", 1)
+    assert book.compute_parallelism() == 1.0
+    book.record_host("s0", "host-b", 4)           # an executor moves: its host's cores count once
+    assert book.compute_parallelism() == 5.0
+    book.record_host("s0", "host-a", 1)
+    for w in ("w0", "w1"):
+        book.record_worker(w, batches=10, samples=1000, compute_s=2.0, comm_s=10 * 0.05, bytes_moved=10 * 2e5)
+    assert measured_bytes_per_batch(book, 1.0) == pytest.approx(1e5)          # pull + push, each way
+    job = JobProfile(4, 100, 2, measured_bytes_per_batch(book, 1.0), 10, book.compute_parallelism())
+    measured = [NodeProfile(e, 2e-3, 1e7, 1e7) for e in ("w0", "w1", "s0")]
+    out = {p.node_id: p for p in isolate_from_shape(measured, job, Assignment({"w0": 2, "w1": 2}, {"s0": 2}), book)}
+    # Exchange: 1e5 B / 1e7 B/s on the worker's link + 2 blocks * 5e4 B * 2 workers / 1e7 B/s at the server.
+    assert out["w0"].latency_s_per_batch == pytest.approx(0.05 - 0.01 - 0.02)
+    assert out["s0"].latency_s_per_batch == pytest.approx(0.02)      # a server borrows the workers' mean
+    assert out["w0"].compute_s_per_sample == pytest.approx(1e-3)     # 2 workers on 1 core: k = 2
+    with pytest.raises(MetricsError, match="cores"):
+        book.record_host("w0", "host-a", 0)
+    assert MetricsBook().compute_parallelism() == float("inf")

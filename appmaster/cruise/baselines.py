@@ -27,7 +27,8 @@ def brute_force_homogeneous(job: JobProfile, node: NodeProfile, n: int) -> Homog
         s = n - w
         t = epoch_time_arrays(job, np.full(w, node.compute_s_per_sample), np.full(w, node.worker_bandwidth),
                               np.full(w, job.input_blocks / w), np.full(s, node.server_bandwidth),
-                              np.full(s, job.model_blocks / s), integral_batches=False)
+                              np.full(s, job.model_blocks / s), integral_batches=False,
+                              latency_s_per_batch=node.latency_s_per_batch)
         if best is None or t < best.epoch_s:
             best = HomogeneousOptimum(w, s, t)
     assert best is not None
@@ -47,8 +48,9 @@ def brute_force_heterogeneous(job: JobProfile, nodes: Sequence[NodeProfile]) -> 
         c = np.array([p.compute_s_per_sample for p in ws])
         bw = np.array([p.worker_bandwidth for p in ws])
         bs = np.array([p.server_bandwidth for p in ss])
-        d, m = split_blocks(job, c, bw, bs)
-        t = epoch_time_arrays(job, c, bw, d, bs, m, integral_batches=False)
+        lat = np.array([p.latency_s_per_batch for p in ws])
+        d, m = split_blocks(job, c, bw, bs, lat)
+        t = epoch_time_arrays(job, c, bw, d, bs, m, integral_batches=False, latency_s_per_batch=lat)
         if t < best[0] - 1e-12:
             best = (t, tuple(p.node_id for p in ws))
     return best

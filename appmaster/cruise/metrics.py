@@ -135,6 +135,8 @@ class LastKnown:
     worker_bandwidth: Optional[float] = None
     server_bandwidth: Optional[float] = None
     link_bandwidth: Optional[float] = None      # bytes/s of the node's link, as the cluster declares it
+    host: str = ""                              # the machine it runs on, and that machine's cores
+    host_cores: Optional[int] = None
 
 
 class MetricsBook:
@@ -170,6 +172,20 @@ class MetricsBook:
         an upper bound of both its bandwidths, see profiling."""
         self.last_known.setdefault(executor, LastKnown()).link_bandwidth = _check("link bandwidth", bytes_per_s,
                                                                                   positive=True)
+
+    def record_host(self, executor: str, host: str, cores: int) -> None:
+        """The machine an executor runs on and the CPU cores it may use there."""
+        if int(cores) < 1:
+            raise MetricsError(f"host cores must be >= 1, got {cores}")
+        lk = self.last_known.setdefault(executor, LastKnown())
+        lk.host, lk.host_cores = host, int(cores)
+
+    def compute_parallelism(self) -> float:
+        """Workers of the job that can compute at once at full speed: the cores of the distinct
+        machines its executors run on (inf while none has said). Executors that share a machine
+        share its cores -- all of a local cluster's, on one host."""
+        cores = {k.host: k.host_cores for k in self.last_known.values() if k.host and k.host_cores}
+        return float(sum(cores.values())) if cores else math.inf
 
     def batches_since_reconfiguration(self, executor: str) -> int:
         st = self.workers.get(executor)

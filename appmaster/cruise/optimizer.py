@@ -13,19 +13,21 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
-from models.cruise_cost import Assignment, CostModelError, JobProfile, predict
+from models.cruise_cost import Assignment, CostModelError, JobProfile, NodeProfile, model_inputs_json, predict
 
 from .metrics import DEFAULT_ALPHA, MetricsBook
 from .plan import Plan
 from .plan_builder import (DEFAULT_GAIN_THRESHOLD, ExecutorState, build_plan, predicted_gain,
                            should_reconfigure)
-from .profiling import ProfilingError, SlotInfo, derive_profiles, measured_bytes_per_batch, pool_by_class
+from .profiling import (ProfilingError, SlotInfo, derive_profiles, isolate_from_shape, measured_bytes_per_batch,
+                        pool_by_class)
 from .solver_homogeneous import solve_homogeneous_target
 from .solver_milp import DEFAULT_CLASS_TOLERANCE, DEFAULT_TIME_LIMIT_S, SolverError, group_classes, solve_milp_target
 from .targets import Role, Slot, Target
 from .trigger import TriggerPolicy
 
 MAX_DECISIONS_KEPT = 100
+MAX_NODES_IN_INPUTS = 64
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class Decision:
     current_shape: tuple[int, int]
     target: Optional[Target] = None
     plan: Optional[Plan] = None
+    inputs: Optional[dict] = None    # the cost model's inputs it was priced with (job, node profiles)
 
     @property
     def gain(self) -> Optional[float]:
@@ -79,7 +82,7 @@ class Decision:
                 "predicted_gain": self.gain, "current_shape": list(self.current_shape),
                 "chosen_shape": list(self.target.shape) if self.target else None,
                 "target": self.target.to_json() if self.target else None,
-                "plan": self.plan.to_json() if self.plan else None}
+                "plan": self.plan.to_json() if self.plan else None, "inputs": self.inputs}
 
 
 class CruiseOptimizer:
@@ -177,7 +180,7 @@ class CruiseOptimizer:
                  sum(e.role is Role.SERVER for e in self.executors))
         reclaimed = sorted({e.executor_id for e in self.executors} - {s.slot_id for s in slots})
         try:
-            job, target, before = self._solve(slots)
+            job, target, before, profiles = self._solve(slots)
         except (ProfilingError, CostModelError, SolverError) as e:
             return self._record(Decision(now, trigger, "skip", f"cannot decide: {e}", None, None, shape))
         if reclaimed:
@@ -191,23 +194,27 @@ class CruiseOptimizer:
         plan = build_plan(self.executors, target) if action == "reconfigure" else None
         if plan is not None and not plan.ops:
             action, reason, plan = "skip", "target equals the current configuration", None
-        decision = Decision(now, trigger, action, reason, before, target.epoch_s, shape, target, plan)
+        # The inputs go into the job status with the decision: per node, so only for small jobs.
+        inputs = model_inputs_json(job, profiles) if len(profiles) <= MAX_NODES_IN_INPUTS else None
+        decision = Decision(now, trigger, action, reason, before, target.epoch_s, shape, target, plan, inputs)
         if action == "reconfigure":
             self.in_progress = decision
             self.slots = slots
         return self._record(decision)
 
-    def _solve(self, slots: Sequence[SlotInfo]) -> tuple[JobProfile, Target, Optional[float]]:
+    def _solve(self, slots: Sequence[SlotInfo]) -> tuple[JobProfile, Target, Optional[float], dict[str, NodeProfile]]:
         own_slots = {s.slot_id for s in slots}
         # Profiles for the offered slots and for current executors (the "before" prediction).
         every = list(slots) + [s for s in self.slots if s.slot_id not in own_slots]
-        derived = derive_profiles(self.metrics, every)
+        job = JobProfile(self.job.input_blocks, self.job.samples_per_block, self.job.model_blocks,
+                         measured_bytes_per_batch(self.metrics, self.job.nominal_bytes_per_batch),
+                         self.job.batch_size, self.metrics.compute_parallelism(), overlap=True)
+        current = Assignment({e.executor_id: len(e.blocks) for e in self.executors if e.role is Role.WORKER},
+                             {e.executor_id: len(e.blocks) for e in self.executors if e.role is Role.SERVER})
+        derived = isolate_from_shape(derive_profiles(self.metrics, every), job, current, self.metrics)
         if self.config.pool_classes:
             derived = pool_by_class(derived, every)
         profiles = {p.node_id: p for p in derived}
-        job = JobProfile(self.job.input_blocks, self.job.samples_per_block, self.job.model_blocks,
-                         measured_bytes_per_batch(self.metrics, self.job.nominal_bytes_per_batch),
-                         self.job.batch_size)
         held = {e.executor_id: e for e in self.executors}
         slot_list = [Slot(profiles[s.slot_id], held[s.slot_id].role if s.slot_id in held else None,
                           len(held[s.slot_id].blocks) if s.slot_id in held else 0) for s in slots]
@@ -216,13 +223,11 @@ class CruiseOptimizer:
             target = solve_homogeneous_target(job, slot_list)
         else:
             target = solve_milp_target(job, slot_list, self.config.class_tolerance, self.config.milp_time_limit_s)
-        current = Assignment({e.executor_id: len(e.blocks) for e in self.executors if e.role is Role.WORKER},
-                             {e.executor_id: len(e.blocks) for e in self.executors if e.role is Role.SERVER})
         try:
             before: Optional[float] = predict(job, profiles, current).epoch_s
         except CostModelError:
             before = None           # e.g. no executors yet, or blocks not all placed
-        return job, target, before
+        return job, target, before, profiles
 
     def _record(self, decision: Decision) -> Decision:
         self.decisions.append(decision)

@@ -17,6 +17,15 @@ bandwidth both roles get when the link is the bottleneck. It replaces the worker
 which is only a lower bound (a server-bound worker waits on the servers, and taking that wait as
 its own bandwidth would make adding servers look useless), and caps the server's measured serving
 rate, which counts CPU service and not transmission.
+
+The measured figures describe the node under the current shape; `isolate_from_shape` takes the
+shape's share out, so they can price any other shape (the cost model's departures 3 and 4):
+- compute: measured while W workers compute at once, so divided by the contention k(W) of the
+  hosts' cores (JobProfile.compute_parallelism);
+- latency per mini-batch: what the worker's measured communication time per mini-batch leaves
+  once even a fully serialised exchange -- its own link's term plus the slowest server's -- is
+  taken out (never negative). Bandwidth queueing shows in the two terms, a round trip's fixed cost
+  in neither; slots that measured none take the workers' mean.
 """
 from __future__ import annotations
 
@@ -25,7 +34,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from models.cruise_cost import NodeProfile
+from models.cruise_cost import Assignment, JobProfile, NodeProfile
 
 from .metrics import LastKnown, MetricsBook
 
@@ -86,10 +95,31 @@ def derive_profiles(book: MetricsBook, slots: Sequence[SlotInfo]) -> list[NodePr
 
 
 def measured_bytes_per_batch(book: MetricsBook, nominal: float) -> float:
-    """Bytes one worker exchanges per mini-batch: the workers' mean if they report bytes, else
-    `nominal` (the whole model, the dissertation's dense pull)."""
+    """Bytes one worker moves each way per mini-batch: half the workers' mean pull + push if they
+    report bytes (a push carries the keys its pull fetched), else `nominal` (the whole model, the
+    dissertation's dense pull)."""
     vals = [w.bytes_per_batch.value for w in book.workers.values() if w.bytes_per_batch.value]
-    return float(np.mean(vals)) if vals else nominal
+    return float(np.mean(vals)) / 2.0 if vals else nominal
+
+
+def isolate_from_shape(profiles: Sequence[NodeProfile], job: JobProfile, current: Assignment,
+                       book: MetricsBook) -> list[NodeProfile]:
+    """`profiles` measured under the `current` shape, with that shape's share taken out (module doc)."""
+    by_id = {p.node_id: p for p in profiles}
+    contention = job.contention(len(current.workers)) if current.workers else 1.0
+    latency: dict[str, float] = {}
+    servers = [(by_id[j], m) for j, m in current.servers.items() if j in by_id]
+    if servers and len(servers) == len(current.servers):
+        w = len(current.workers)
+        server_batch = max(m * job.bytes_per_model_block * w / p.server_bandwidth for p, m in servers)
+        for i in current.workers:
+            st = book.workers.get(i)
+            if i in by_id and st is not None and st.comm_s.value is not None:
+                exchange = job.bytes_per_batch / by_id[i].worker_bandwidth + server_batch
+                latency[i] = max(0.0, st.comm_s.value - exchange)
+    fallback = float(np.mean(list(latency.values()))) if latency else 0.0
+    return [NodeProfile(p.node_id, p.compute_s_per_sample / contention, p.worker_bandwidth, p.server_bandwidth,
+                        latency.get(p.node_id, fallback)) for p in profiles]
 
 
 def pool_by_class(profiles: Sequence[NodeProfile], slots: Sequence[SlotInfo]) -> list[NodeProfile]:
@@ -107,5 +137,6 @@ def pool_by_class(profiles: Sequence[NodeProfile], slots: Sequence[SlotInfo]) ->
         cores = by_id[p.node_id].vcores
         compute = float(np.mean([q.compute_s_per_sample * by_id[q.node_id].vcores for q in g])) / cores
         out.append(NodeProfile(p.node_id, compute, float(np.mean([q.worker_bandwidth for q in g])),
-                               float(np.mean([q.server_bandwidth for q in g]))))
+                               float(np.mean([q.server_bandwidth for q in g])),
+                               float(np.mean([q.latency_s_per_batch for q in g]))))
     return out

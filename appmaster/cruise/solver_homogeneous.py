@@ -1,18 +1,25 @@
 """Closed-form solve of eq. 3.5 for identical nodes.
 
-With N identical nodes (per-sample compute c, worker bandwidth b_w, server bandwidth b_s), the
-optimal d and m are even splits, so only the number of workers w matters (S = N - w):
+With N identical nodes (per-sample compute c, worker bandwidth b_w, server bandwidth b_s, latency
+L per mini-batch; contention k(w) = max(1, w / P), models.cruise_cost), the optimal d and m are even
+splits, so only the number of workers w matters (S = N - w):
 
-    f(w) = (D / w) * T(w),   T(w) = c + (bytes / B) * max(1 / b_w, w / ((N - w) b_s))
+    f(w) = (D / w) * T(w),   T(w) = c k(w) + L / B + (bytes / B) * max(1 / b_w, w / ((N - w) b_s))
 
-which is eq. 3.5 when b_w = b_s = b (bytes = M, the whole model pulled per mini-batch).
-Write K_w = bytes / (B b_w), K_s = bytes / (B b_s). Below the crossover w_x = N K_w / (K_w + K_s)
-the worker's own bandwidth binds and f = D (c + K_w) / w falls with w; above it
-f = D c / w + D K_s / (N - w), convex, with its minimum where (N - w) / w = sqrt(K_s / c), i.e.
-w_c = N sqrt(c) / (sqrt(c) + sqrt(K_s)). So f falls then is convex (unimodal) and the continuous
-optimum is w* = max(w_x, w_c); the integer optimum is floor(w*) or ceil(w*). That is O(1) instead
-of the dissertation's O(N) scan; `baselines.brute_force_homogeneous` is that scan and the tests
-check the two agree.
+which is eq. 3.5 when L = 0, P = inf and b_w = b_s = b (bytes = M, the whole model pulled per
+mini-batch). Write K_w = bytes / (B b_w), K_s = bytes / (B b_s), a = c + L / B. Below the
+crossover w_x = N K_w / (K_w + K_s) the worker's own bandwidth binds and f falls with w; above it,
+for w <= P, f = D a / w + D K_s / (N - w), convex, with its minimum where (N - w) / w = sqrt(K_s / a),
+i.e. w_c = N sqrt(a) / (sqrt(a) + sqrt(K_s)); for w >= P the compute term is the constant D c / P
+and the same holds with a = L / B. So the continuous optimum is one of w_x, the two w_c and P, and
+the integer optimum is the floor or ceil of one of them: O(1) instead of the dissertation's O(N)
+scan; `baselines.brute_force_homogeneous` is that scan and the tests check the two agree.
+
+Whole blocks: with few input blocks per worker, ceil(D / w) is what the slowest worker trains
+(8 blocks on 3 workers: 3, not 2.67), so `integral=True` (what the optimizer uses) also tries, near
+each candidate, the fewest workers that give each worker one block less (and the fewest servers
+that hold as many model blocks each), and compares the candidates by whole blocks and ceil'd
+mini-batches, as the chosen target is priced.
 """
 from __future__ import annotations
 
@@ -44,23 +51,65 @@ def homogeneous_epoch_time(job: JobProfile, node: NodeProfile, n: int, w: int) -
     k_w = job.bytes_per_batch / (job.batch_size * node.worker_bandwidth)
     k_s = job.bytes_per_batch / (job.batch_size * node.server_bandwidth)
     samples = job.input_blocks * job.samples_per_block
-    return samples / w * (node.compute_s_per_sample + max(k_w, k_s * w / (n - w)))
+    compute = node.compute_s_per_sample * job.contention(w)
+    lat = node.latency_s_per_batch / job.batch_size
+    if job.overlap:
+        return samples / w * (lat + max(compute + k_w, k_s * w / (n - w)))
+    return samples / w * (compute + lat + max(k_w, k_s * w / (n - w)))
 
 
-def solve_homogeneous(job: JobProfile, node: NodeProfile, n: int) -> HomogeneousOptimum:
-    """The best number of workers for `n` nodes like `node`, in O(1) (see the module doc)."""
+def homogeneous_epoch_time_blocks(job: JobProfile, node: NodeProfile, n: int, w: int) -> float:
+    """The epoch time of w workers and n - w servers with whole blocks split as evenly as they go
+    and ceil'd mini-batches: what the target of that shape is priced at."""
+    blocks = -(-job.input_blocks // w)
+    model = -(-job.model_blocks // (n - w))
+    samples = blocks * job.samples_per_block
+    batches = math.ceil(samples / job.batch_size - 1e-9)
+    server_batch = model * job.bytes_per_model_block * w / node.server_bandwidth
+    worker_batch = job.bytes_per_batch / node.worker_bandwidth
+    compute = node.compute_s_per_sample * job.contention(w) * samples
+    if job.overlap:
+        return max(compute + batches * (node.latency_s_per_batch + worker_batch),
+                   batches * (node.latency_s_per_batch + server_batch))
+    return compute + batches * (node.latency_s_per_batch + max(worker_batch, server_batch))
+
+
+def solve_homogeneous(job: JobProfile, node: NodeProfile, n: int, integral: bool = False) -> HomogeneousOptimum:
+    """The best number of workers for `n` nodes like `node`, in O(1) (see the module doc); with
+    `integral`, by whole blocks, and epoch_s is then `homogeneous_epoch_time_blocks`."""
     if n < 2:
         raise CostModelError(f"need at least 2 nodes (one worker, one server), got {n}")
-    c = node.compute_s_per_sample
+    c, lat = node.compute_s_per_sample, node.latency_s_per_batch / job.batch_size
     k_w = job.bytes_per_batch / (job.batch_size * node.worker_bandwidth)
     k_s = job.bytes_per_batch / (job.batch_size * node.server_bandwidth)
-    w_cross = n * k_w / (k_w + k_s)
-    w_convex = n * math.sqrt(c) / (math.sqrt(c) + math.sqrt(k_s))
-    w_star = max(w_cross, w_convex)
-    candidates = {min(max(v, 1), n - 1) for v in (math.floor(w_star), math.ceil(w_star))}
+    p = job.compute_parallelism
+    if job.overlap:
+        # Compute joins the worker's side of the max: the crossover moves to (c + K_w)(N - w) = K_s w
+        # (for w > P, c w / P + K_w = K_s w / (N - w), a quadratic), and past it only the latency
+        # falls with w, so its convex minimum is the w_c of a = L / B.
+        points = [n * (c + k_w) / (c + k_w + k_s), n * math.sqrt(lat) / (math.sqrt(lat) + math.sqrt(k_s))]
+        if p < n:
+            a, b = c / p, c * n / p - k_w - k_s
+            points += [p, (b + math.sqrt(b * b + 4 * a * k_w * n)) / (2 * a) if a > 0 else p]
+    else:
+        points = [n * k_w / (k_w + k_s), n * math.sqrt(c + lat) / (math.sqrt(c + lat) + math.sqrt(k_s))]
+        if p < n:
+            points += [p, n * math.sqrt(lat) / (math.sqrt(lat) + math.sqrt(k_s))]
+    candidates = {min(max(v, 1), n - 1) for p in points for v in (math.floor(p), math.ceil(p))}
+    cost = homogeneous_epoch_time
+    if integral:
+        cost = homogeneous_epoch_time_blocks
+        for w in list(candidates):
+            per_worker, per_server = -(-job.input_blocks // w), -(-job.model_blocks // (n - w))
+            for q in (per_worker - 1, per_worker):          # fewest workers for q blocks each
+                if q >= 1:
+                    candidates.add(min(max(-(-job.input_blocks // q), 1), n - 1))
+            for r in (per_server - 1, per_server):          # most workers leaving r model blocks per server
+                if r >= 1:
+                    candidates.add(min(max(n - -(-job.model_blocks // r), 1), n - 1))
     # Ties go to fewer workers: the same predicted time with less input to spread.
-    best = min(sorted(candidates), key=lambda w: homogeneous_epoch_time(job, node, n, w))
-    return HomogeneousOptimum(best, n - best, homogeneous_epoch_time(job, node, n, best))
+    best = min(sorted(candidates), key=lambda w: cost(job, node, n, w))
+    return HomogeneousOptimum(best, n - best, cost(job, node, n, best))
 
 
 def mean_profile(profiles: Sequence[NodeProfile], node_id: str = "mean") -> NodeProfile:
@@ -69,7 +118,8 @@ def mean_profile(profiles: Sequence[NodeProfile], node_id: str = "mean") -> Node
         raise CostModelError("no node profiles")
     return NodeProfile(node_id, float(np.mean([p.compute_s_per_sample for p in profiles])),
                        float(np.mean([p.worker_bandwidth for p in profiles])),
-                       float(np.mean([p.server_bandwidth for p in profiles])))
+                       float(np.mean([p.server_bandwidth for p in profiles])),
+                       float(np.mean([p.latency_s_per_batch for p in profiles])))
 
 
 def solve_homogeneous_target(job: JobProfile, slots: Sequence[Slot],
@@ -78,7 +128,7 @@ def solve_homogeneous_target(job: JobProfile, slots: Sequence[Slot],
     split evenly (as evenly as whole blocks allow)."""
     t0 = time.perf_counter()
     node = node or mean_profile([s.profile for s in slots])
-    best = solve_homogeneous(job, node, len(slots))
+    best = solve_homogeneous(job, node, len(slots), integral=True)
     solve_ms = (time.perf_counter() - t0) * 1000.0
     workers = [s.slot_id for s in choose_workers(slots, best.workers)]
     return build_target(job, slots, workers, "closed-form", solve_ms,

@@ -15,6 +15,8 @@ the max over workers, eq. 3.1). Constraints:
   sum_k (n_k - x_k) q_k >= M        (every model block has a server)
   Z >= q_k W mb / bs_k              (server-bound term of eq. 3.4)
   T >= spb c_k p_k + (spb/B) p_k Z  and  T >= p_k (spb c_k + (spb/B) bytes / bw_k)   (eq. 3.2-3.4)
+(c_k here includes the latency per sample L_k / B and the contention k(W) at the heuristic's W; with
+the cost model's overlap, the first constraint is T >= (spb/B) p_k (Z + L_k)).
 The products are linearised as the dissertation does, by binary expansion: x_k, W and p_k are
 written in bits and each bit-times-bounded-variable product gets a McCormick envelope. Only the
 side of the envelope that the optimiser would otherwise exploit is needed, which keeps it exact.
@@ -65,7 +67,7 @@ def _close(a: float, b: float, tol: float) -> bool:
 
 
 def group_classes(profiles: Sequence[NodeProfile], tolerance: float = DEFAULT_CLASS_TOLERANCE) -> list[NodeClass]:
-    """Group nodes whose three measured values are all within `tolerance` (relative) of a class's
+    """Group nodes whose four measured values are all within `tolerance` (relative) of a class's
     first member, taken in order of compute speed; tolerance 0 groups only equal profiles. Each
     class stands for its members' mean."""
     groups: list[list[NodeProfile]] = []
@@ -75,7 +77,8 @@ def group_classes(profiles: Sequence[NodeProfile], tolerance: float = DEFAULT_CL
             head = g[0]
             if (_close(p.compute_s_per_sample, head.compute_s_per_sample, tolerance)
                     and _close(p.worker_bandwidth, head.worker_bandwidth, tolerance)
-                    and _close(p.server_bandwidth, head.server_bandwidth, tolerance)):
+                    and _close(p.server_bandwidth, head.server_bandwidth, tolerance)
+                    and _close(p.latency_s_per_batch, head.latency_s_per_batch, tolerance)):
                 g.append(p)
                 break
         else:
@@ -160,8 +163,9 @@ def heuristic_workers(job: JobProfile, classes: Sequence[NodeClass]) -> tuple[fl
             c = np.array([nodes[i][1].compute_s_per_sample for i in ws])
             bw = np.array([nodes[i][1].worker_bandwidth for i in ws])
             bs = np.array([nodes[i][1].server_bandwidth for i in ss])
-            d, m = split_blocks(job, c, bw, bs)
-            t = epoch_time_arrays(job, c, bw, d, bs, m, integral_batches=False)
+            lat = np.array([nodes[i][1].latency_s_per_batch for i in ws])
+            d, m = split_blocks(job, c, bw, bs, lat)
+            t = epoch_time_arrays(job, c, bw, d, bs, m, integral_batches=False, latency_s_per_batch=lat)
             if t < best[0]:
                 counts = [0] * len(classes)
                 for i in ws:
@@ -180,8 +184,9 @@ def _counts_time(job: JobProfile, classes: Sequence[NodeClass], counts: Sequence
     c = np.repeat([p.compute_s_per_sample for p in prof], n_w)
     bw = np.repeat([p.worker_bandwidth for p in prof], n_w)
     bs = np.repeat([p.server_bandwidth for p in prof], n_s)
-    d, m = split_blocks(job, c, bw, bs)
-    return epoch_time_arrays(job, c, bw, d, bs, m, integral_batches=False)
+    lat = np.repeat([p.latency_s_per_batch for p in prof], n_w)
+    d, m = split_blocks(job, c, bw, bs, lat)
+    return epoch_time_arrays(job, c, bw, d, bs, m, integral_batches=False, latency_s_per_batch=lat)
 
 
 def _pattern_search(job: JobProfile, classes: Sequence[NodeClass],
@@ -214,6 +219,7 @@ def solve_classes(job: JobProfile, classes: Sequence[NodeClass],
     `time_limit_s` covers the whole call (heuristic and model building included)."""
     t0 = time.perf_counter()
     t_heur, heur_counts = heuristic_workers(job, classes)
+    contention = job.contention(sum(heur_counts))
     n_total = sum(len(c.members) for c in classes)
     if n_total < 2:
         raise CostModelError(f"need at least 2 nodes (one worker, one server), got {n_total}")
@@ -244,7 +250,9 @@ def solve_classes(job: JobProfile, classes: Sequence[NodeClass],
         w_sum[x] = 1.0
         x_bits = b.bits(n_k)
         b.row({x: 1, **{v: -(2 ** t) for t, v in enumerate(x_bits)}}, 0, 0)
-        comp = spb * p.compute_s_per_sample / scale
+        # Compute and the per-batch latency per block; the contention k(W) is taken at the
+        # heuristic's W (it would make the model non-linear in W), the target is priced exactly.
+        comp = spb * (p.compute_s_per_sample * contention + p.latency_s_per_batch / job.batch_size) / scale
         p_max = int(min(D, math.floor(t_ub / (comp + g * job.bytes_per_batch / p.worker_bandwidth / scale))))
         q_max = int(min(M, math.floor(z_max * scale * p.server_bandwidth / mb)))
         pk = b.var(0, p_max, True)
@@ -265,7 +273,8 @@ def solve_classes(job: JobProfile, classes: Sequence[NodeClass],
         b.row(terms, -np.inf, 0)
         # T >= spb c_k p_k + g p_k Z  and  T >= p_k (spb c_k + g bytes / bw_k)
         terms = {a: g * 2 ** t for t, a in enumerate(b.product_bits(p_bits, z_var, z_max, "lower"))}
-        terms[pk] = comp
+        # With overlap (cost model departure 5) the server-bound side carries only the latency.
+        terms[pk] = g * p.latency_s_per_batch / scale if job.overlap else comp
         terms[t_var] = -1
         b.row(terms, -np.inf, 0)
         b.row({pk: comp + g * job.bytes_per_batch / p.worker_bandwidth / scale, t_var: -1}, -np.inf, 0)

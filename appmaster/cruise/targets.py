@@ -104,7 +104,8 @@ def build_target(job: JobProfile, slots: Sequence[Slot], workers: Sequence[str],
                              f"got ({len(w_slots)}, {len(s_slots)})")
     d, m = split_blocks(job, np.array([s.profile.compute_s_per_sample for s in w_slots]),
                         np.array([s.profile.worker_bandwidth for s in w_slots]),
-                        np.array([s.profile.server_bandwidth for s in s_slots]))
+                        np.array([s.profile.server_bandwidth for s in s_slots]),
+                        np.array([s.profile.latency_s_per_batch for s in w_slots]))
     assignment = Assignment({s.slot_id: int(x) for s, x in zip(w_slots, d)},
                             {s.slot_id: int(x) for s, x in zip(s_slots, m)})
     nodes = {s.slot_id: s.profile for s in slots}

@@ -139,6 +139,8 @@ class CruiseDriver:
         eid = rec.executor_id
         if st.link_bps is not None and st.link_bps > 0:
             self.optimizer.metrics.record_link(eid, st.link_bps / 8.0)
+        if st.host and st.host_cores:
+            self.optimizer.metrics.record_host(eid, st.host, st.host_cores)
         last = self._counters.setdefault(eid, {})
         train = st.train_counters
         acc = self._batches.get(eid)
@@ -313,11 +315,11 @@ def _delta(now: dict[str, Any], last: dict[str, float], key: str) -> Optional[fl
 
 def job_sizes(spec: PSJobSpec, app: AnyPSApp, input_blocks: int) -> JobSizes:
     """The optimizer's job sizes from the spec and the app: splits, rows per split, model blocks,
-    mini-batch size, and a dense pull + push of the model as the bytes per mini-batch until
+    mini-batch size, and a dense pull of the model as the bytes each way per mini-batch until
     workers report what they really exchange."""
     return JobSizes(input_blocks=input_blocks, samples_per_block=float(app.rows_per_block),
                     model_blocks=spec.num_blocks, batch_size=int(app.hparams.batch_size),
-                    nominal_bytes_per_batch=2.0 * float(app.model_nbytes()))
+                    nominal_bytes_per_batch=float(app.model_nbytes()))
 
 
 def build_cruise_driver(spec: PSJobSpec, app: AnyPSApp, steps: Reconfiguration,
