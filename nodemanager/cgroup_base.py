@@ -80,6 +80,20 @@ def kv_counter(text: str, key: str) -> int:
     return 0
 
 
+def remove_dirs(dirs: list[str]) -> bool:
+    """rmdir each of `dirs` (gone already is fine); False if any remains (a cgroup still holding
+    processes refuses with EBUSY)."""
+    done = True
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            done = False
+    return done
+
+
 MIN_CPU_QUOTA_US = 1000      # the kernel refuses a CFS quota below 1 ms
 
 
@@ -166,15 +180,7 @@ class CgroupBackend(abc.ABC):
 
     def try_remove(self, cg: ContainerCgroup) -> bool:
         """rmdir the container's cgroup dirs; False while processes remain (EBUSY)."""
-        done = True
-        for d in cg.dirs:
-            try:
-                os.rmdir(d)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                done = False
-        return done
+        return remove_dirs(cg.dirs)
 
     def teardown(self) -> None:
         """Remove the node's (empty) parent cgroups; the shared top one only if no other NM uses it."""

@@ -77,20 +77,15 @@ class CgroupV1(CgroupBackend):
                 pass
 
     def rename(self, cg: ContainerCgroup, container_id: str) -> ContainerCgroup:
-        # cgroup v1 renames a cgroup within its parent; on failure it keeps its name (dirs say where).
-        dirs = list(self._dirs(container_id))
-        done: list[tuple[str, str]] = []
-        try:
-            for old, new in zip(cg.dirs, dirs):
+        # cgroup v1 renames a cgroup within its parent; a dir that cannot be renamed keeps its name
+        # (the record's dirs say where each one is).
+        dirs = []
+        for old, new in zip(cg.dirs, self._dirs(container_id)):
+            try:
                 os.rename(old, new)
-                done.append((old, new))
-        except OSError:
-            for old, new in reversed(done):
-                try:
-                    os.rename(new, old)
-                except OSError:
-                    return ContainerCgroup(container_id, [new if d == old else d for d in cg.dirs])
-            return ContainerCgroup(container_id, list(cg.dirs))
+                dirs.append(new)
+            except OSError:
+                dirs.append(old)
         return ContainerCgroup(container_id, dirs)
 
     def join_files(self, cg: ContainerCgroup) -> list[str]:

@@ -21,6 +21,7 @@ from protocol.records import ExitStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
 
 from . import launcher, procfs
+from .cgroup_base import remove_dirs
 from .container import Container
 from .container_shell_pool import ContainerShell, ContainerShellPool, ShellLaunchError
 from .container_state import ContainerEvent as Ev, NMContainerState as St, holds_resources, is_finished
@@ -164,15 +165,15 @@ class ContainerManager:
 
     async def _launch_in_shell_or_cold(self, c: Container, ctx: LaunchContext
                                        ) -> tuple[launcher.ContainerProcess, Optional[procfs.ProcStat]]:
-        shell = self.shells.take() if self.shells is not None else None
-        if shell is not None:
+        pool = self.shells
+        shell = pool.take() if pool is not None else None
+        if pool is not None and shell is not None:
             try:
                 c.launch_path = "shell"
                 return await asyncio.to_thread(self._run_in_shell, c, ctx, shell)
             except (ShellLaunchError, OSError) as e:
                 log.warning("%s: %s; launching it cold", c.container_id, e)
-                assert self.shells is not None
-                await asyncio.to_thread(self.shells.discard, shell)
+                await asyncio.to_thread(pool.discard, shell)
                 c.cgroup = None
         c.launch_path = "cold"
         return await asyncio.to_thread(self._prepare_and_spawn, c, ctx)
@@ -290,7 +291,7 @@ class ContainerManager:
         while True:
             if backend is not None:
                 backend.kill_all(c.cgroup)
-            if backend.try_remove(c.cgroup) if backend is not None else _rmdirs(c.cgroup.dirs):
+            if backend.try_remove(c.cgroup) if backend is not None else remove_dirs(c.cgroup.dirs):
                 return
             if loop.time() > deadline:
                 log.warning("could not remove cgroup %s (processes remain)", c.cgroup.dirs)
@@ -451,18 +452,6 @@ async def _wait_event(ev: asyncio.Event, timeout: float) -> bool:
         return True
     except asyncio.TimeoutError:
         return False
-
-
-def _rmdirs(dirs: list[str]) -> bool:
-    ok = True
-    for d in dirs:
-        try:
-            os.rmdir(d)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            ok = False
-    return ok
 
 
 def _rmdir_quiet(d: str) -> None:

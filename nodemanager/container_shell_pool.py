@@ -35,7 +35,7 @@ from typing import Optional
 from protocol.internal_api import LaunchContext
 
 from . import launcher
-from .cgroup_base import CgroupBackend, CgroupError, ContainerCgroup
+from .cgroup_base import CgroupBackend, ContainerCgroup
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class ContainerShellPool:
 
     def stats(self) -> dict[str, int | str]:
         """For the NM's node info: how many shells it keeps, has ready, and launches served or not."""
-        return {"size": self.size, "ready": len(self._ready), "served": self.served, "missed": self.missed,
+        return {"size": self.size, "ready": self.ready, "served": self.served, "missed": self.missed,
                 "broken": self.broken}
 
     async def start(self) -> None:
@@ -173,7 +173,7 @@ class ContainerShellPool:
         while not self._closed and len(self._ready) < self.size:
             try:
                 shell = await asyncio.to_thread(self._start_one)
-            except (OSError, CgroupError, ShellLaunchError) as e:
+            except (OSError, ShellLaunchError) as e:     # CgroupError is an OSError
                 self.broken = str(e)
                 log.warning("no pre-started container shells (containers join their cgroups at launch): %s", e)
                 return

@@ -25,7 +25,9 @@ from protocol.internal_api import LaunchContext
 LOG_DIR_MARK = "<LOG_DIR>"
 INHERITED_ENV = ("HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM", "PYTHONPATH",
                  "ELASTANE_LOG_LEVEL", "ELASTANE_CONF_DIR")
-JOIN_FAILED_EXIT = CGROUP_JOIN_FAILED_EXIT   # the wrapper could not join the container's cgroup
+# The wrapper could not join the container's cgroup; a pre-started shell (which joined it before)
+# exits with it too when it cannot set the container up (working dir, environment, log files).
+JOIN_FAILED_EXIT = CGROUP_JOIN_FAILED_EXIT
 
 
 @dataclass(frozen=True)
