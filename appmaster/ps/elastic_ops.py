@@ -276,10 +276,9 @@ class ElasticOps:
         moves = balance_onto({s: placement.blocks_of(s) for s in current}, current, [e.executor_id for e in new])
         # In the server list from now on: they answer the objective (0 until their blocks land).
         membership.add_servers(new)
-        t = time.monotonic()
         try:
-            await steps.move_model_blocks(rec, moves)
-            rec.add_phase("move_blocks", time.monotonic() - t)
+            with rec.timed("move_blocks"):
+                await steps.move_model_blocks(rec, moves)
         except BaseException:
             # A new server that received nothing leaves again; one that holds blocks serves them.
             idle = [e for e in new if not placement.blocks_of(e.executor_id)]
@@ -295,20 +294,17 @@ class ElasticOps:
         remaining = [s.executor_id for s in servers if s.executor_id not in ids]
         moves = drain({s: placement.blocks_of(s) for s in ids + remaining}, ids, remaining)
         gone = [s for s in servers if s.executor_id in ids]
-        t = time.monotonic()
-        await steps.move_model_blocks(rec, moves, drop=gone)
-        await placement.forget(s.executor_id for s in gone)     # dependency update: out of every server list
-        rec.add_phase("move_blocks", time.monotonic() - t)
+        with rec.timed("move_blocks"):
+            await steps.move_model_blocks(rec, moves, drop=gone)
+            await placement.forget(s.executor_id for s in gone)     # dependency update: out of every server list
         rec.epoch_switched = self.training.loop.epochs_done + 1
         # Barrier 3 only at a clock boundary: a worker's request routed by its old table before
         # the broadcast reached it may still be on its way to a leaving server (which answers it
         # with a redirect); stopping that server now would fail the request and the worker's clock.
-        t = time.monotonic()
-        await steps.wait_boundary()
-        rec.add_phase("boundary", time.monotonic() - t)
-        t = time.monotonic()
-        await steps.retire(gone, rec)
-        rec.add_phase("retire", time.monotonic() - t)
+        with rec.timed("boundary"):
+            await steps.wait_boundary()
+        with rec.timed("retire"):
+            await steps.retire(gone, rec)
 
     # -- workers -----------------------------------------------------------------------------
     async def _add_workers(self, rec: ElasticOpRecord, n: int, nodes: tuple[str, ...] = ()) -> None:
@@ -330,12 +326,10 @@ class ElasticOps:
                 rec.epoch_switched = self.training.loop.epochs_done
 
         try:
-            t = time.monotonic()
-            await steps.stage_splits(rec, transfers)
-            rec.add_phase("stage_splits", time.monotonic() - t)
-            t = time.monotonic()
-            _, lost = await steps.at_boundary(switch)
-            rec.add_phase("boundary", time.monotonic() - t)
+            with rec.timed("stage_splits"):
+                await steps.stage_splits(rec, transfers)
+            with rec.timed("boundary"):
+                _, lost = await steps.at_boundary(switch)
             rec.training_time_lost_s += lost
         except BaseException:
             # Only a new worker that got no split can go again.
@@ -368,12 +362,10 @@ class ElasticOps:
                 rec.epoch_switched = self.training.loop.epochs_done
 
         try:
-            t = time.monotonic()
-            await steps.stage_splits(rec, transfers)
-            rec.add_phase("stage_splits", time.monotonic() - t)
-            t = time.monotonic()
-            _, lost = await steps.at_boundary(switch)
-            rec.add_phase("boundary", time.monotonic() - t)
+            with rec.timed("stage_splits"):
+                await steps.stage_splits(rec, transfers)
+            with rec.timed("boundary"):
+                _, lost = await steps.at_boundary(switch)
             rec.training_time_lost_s += lost
         except BaseException:
             await steps.discard_staged(transfers)
@@ -382,9 +374,8 @@ class ElasticOps:
             for w in gone:
                 ledger.remove_worker(w.executor_id)
             self._refresh_worker_records()
-            t = time.monotonic()
-            await steps.retire(gone, rec)
-            rec.add_phase("retire", time.monotonic() - t)
+            with rec.timed("retire"):
+                await steps.retire(gone, rec)
 
     def _refresh_worker_records(self) -> None:
         ledger = self.steps.splits()

@@ -1,8 +1,10 @@
 """What an EPS elastic operation did, for its caller, the AM's status and the CLI."""
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 
 class ElasticOpError(RuntimeError):
@@ -57,6 +59,13 @@ class ElasticOpRecord:
 
     def add_phase(self, name: str, seconds: float) -> None:
         self.phases[name] = round(self.phases.get(name, 0.0) + max(0.0, seconds), 4)
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Add the time the `with` block took to phase `name` (a block that raises adds none)."""
+        t = time.monotonic()
+        yield
+        self.add_phase(name, time.monotonic() - t)
 
     @property
     def ok(self) -> bool:
