@@ -188,13 +188,18 @@ async def submit_and_wait(rm_url: str, sub_for: Any, timeout_s: float) -> dict[s
             await asyncio.sleep(POLL_S)
 
 
+def nm_get(http_address: str, path: str, field: str) -> Any:
+    """`field` of the JSON an NM serves at `path`, or None when unreadable."""
+    try:
+        with urllib.request.urlopen(f"http://{http_address}{path}", timeout=10) as r:
+            return json.loads(r.read())[field]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def node_info(http_address: str) -> dict[str, Any]:
     """An NM's /ws/v1/node/info ({} when unreadable)."""
-    try:
-        with urllib.request.urlopen(f"http://{http_address}/ws/v1/node/info", timeout=5) as r:
-            return dict(json.loads(r.read())["nodeInfo"])
-    except (OSError, ValueError, KeyError):
-        return {}
+    return dict(nm_get(http_address, "/ws/v1/node/info", "nodeInfo") or {})
 
 
 def enforcement_mode(cluster: LocalCluster) -> str:
@@ -226,11 +231,7 @@ def nm_launch_phases(cluster: LocalCluster, app_id: str) -> list[dict[str, Any]]
     start path, phase by phase (launchPhasesMs), from /ws/v1/node/containers."""
     out = []
     for node in cluster.nodes:
-        try:
-            with urllib.request.urlopen(f"http://{node.http_address}/ws/v1/node/containers", timeout=10) as r:
-                listed = json.loads(r.read())["containers"]["container"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+        listed = (nm_get(node.http_address, "/ws/v1/node/containers", "containers") or {}).get("container", [])
         out += [c for c in listed if c.get("appId") == app_id and c.get("launchPhasesMs")]
     return out
 
