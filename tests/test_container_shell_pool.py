@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,11 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def idle_shells(backend: CgroupV2) -> dict[Path, int]:
+    """The pool's idle shells as the cgroup tree shows them: each shell cgroup and the pid in it."""
+    return {d: int((d / "cgroup.procs").read_text()) for d in Path(backend.parent).glob(f"{NAME_PREFIX}*")}
 
 
 def fake_backend(tmp_path: Path) -> CgroupV2:
@@ -153,17 +159,18 @@ async def test_a_dead_or_unusable_shell_means_a_cold_launch(tmp_path):
     pool = await full_pool(backend, size=1)
     m = manager(tmp_path, backend, pool)
     try:
-        shell = pool._ready[0]
-        shell.kill()
+        [(_, pid)] = idle_shells(backend).items()
+        os.kill(pid, signal.SIGKILL)        # an idle shell killed from outside, as an operator might
+        await async_wait_until(lambda: not _alive(pid), what="the shell gone")
         c = await run_to_end(m, "exit 0")
         assert c.exit_status == 0 and pool.missed == 1 and pool.served == 0
         assert c.cgroup is not None and Path(c.cgroup.dirs[0]).name == c.container_id   # cold: its own
         await async_wait_until(lambda: pool.ready == 1, what="pool refilled")
         # A name a shell cannot export: the launch goes cold, the shell is ended and its cgroup removed.
-        taken = pool._ready[0]
+        [(taken_dir, taken_pid)] = idle_shells(backend).items()
         c2 = await run_to_end(m, 'test "$(printenv BAD-NAME)" = x', env={"BAD-NAME": "x"})
-        assert c2.exit_status == 0 and taken.popen.poll() is not None
-        assert not Path(taken.cgroup.dirs[0]).exists()
+        assert c2.exit_status == 0 and not _alive(taken_pid)
+        assert not taken_dir.exists()
     finally:
         await m.shutdown()
         await pool.close()
@@ -200,12 +207,11 @@ async def test_close_ends_idle_shells_and_start_removes_stale_ones(tmp_path):
     stale.mkdir()
     pool = await full_pool(backend, size=3)
     assert not stale.exists()
-    shells = list(pool._ready)
-    dirs = [Path(s.cgroup.dirs[0]) for s in shells]
-    assert all(d.exists() for d in dirs) and len({s.pid for s in shells}) == 3
+    shells = idle_shells(backend)
+    assert len(set(shells.values())) == 3 and all(_alive(pid) for pid in shells.values())
     await pool.close()
-    assert all(s.popen.poll() is not None for s in shells)
-    assert not any(d.exists() for d in dirs)
+    assert not any(_alive(pid) for pid in shells.values())
+    assert not any(d.exists() for d in shells)
     assert pool.take() is None
 
 
