@@ -25,18 +25,29 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     """Turn ApiError into YARN's RemoteException body; no request can crash a daemon."""
     try:
         return await handler(request)
-    except ApiError as e:
+    except Exception as e:
+        resp = error_response(request, e)
+        if resp is None:
+            raise
+        return resp
+
+
+def error_response(request: web.Request, e: Exception) -> web.Response | None:
+    """What error_middleware answers for `e`, raised while serving `request` (call it from the
+    `except` block: a bug is logged with its traceback), or None for an aiohttp HTTPException that
+    aiohttp itself should answer. Shared so a daemon can fold it into its one middleware (rm/server.py)."""
+    if isinstance(e, ApiError):
         return json_response(e.body(), status=e.status)
-    except web.HTTPException as e:
+    if isinstance(e, web.HTTPException):
         if e.status >= 400 and request.path.startswith(("/ws/", "/internal/")):
             name = {404: "NotFoundException", 405: "WebApplicationException"}.get(e.status, "WebApplicationException")
             return json_response(remote_exception_body(name, e.reason or str(e), "javax.ws.rs.WebApplicationException"),
                                  status=e.status)
-        raise
-    except Exception as e:  # a bug must not take the daemon down
-        log.exception("internal error serving %s %s", request.method, request.path)
-        return json_response(remote_exception_body("InternalError", f"{type(e).__name__}: {e}",
-                                                    "java.lang.RuntimeException"), status=500)
+        return None
+    # a bug must not take the daemon down
+    log.exception("internal error serving %s %s", request.method, request.path)
+    return json_response(remote_exception_body("InternalError", f"{type(e).__name__}: {e}",
+                                                "java.lang.RuntimeException"), status=500)
 
 
 async def read_json(request: web.Request, typ: type[T]) -> T:

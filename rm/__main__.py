@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -12,6 +13,14 @@ from protocol import config as config_mod
 from protocol.daemon import run_daemon, setup_logging
 
 from . import policies
+
+# The young generation is collected every GC_YOUNG_THRESHOLD net allocations instead of CPython's
+# 700. Under load hundreds of requests are in flight, and a young collection finds their objects
+# alive and promotes them; at 700 that was a collection every ~140 NM heartbeats, plus the full
+# collections the promotions bring on, which walk every node, app and container record: ~10 us of
+# CPU per heartbeat with 5000 NMs. A heartbeat's garbage holds no cycles (reference counting frees
+# it), so collecting less often keeps little more memory.
+GC_YOUNG_THRESHOLD = 10_000
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -96,6 +105,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ValueError, OSError) as e:
         print(f"rm: cannot start: {e}", file=sys.stderr)
         return 2
+
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
     async def start() -> None:
         url = await server.start()

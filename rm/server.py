@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from protocol.config import ClusterConfig, RMConfig
-from protocol.http_server import error_middleware
+from protocol.http_server import error_response
 from protocol.nm_client import NMClient
 from protocol.remote_exception import ServiceUnavailable
 
@@ -116,16 +116,24 @@ class ResourceManagerServer:
 
     # ----- HTTP -------------------------------------------------------------------------------
     @web.middleware
-    async def _flush_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """protocol.http_server's error_middleware around a flush after every request, in one
+        middleware: each is a coroutine layer on every NM heartbeat."""
         try:
-            return await handler(request)
-        finally:
-            if self.core.dirty or self.core.effects:
-                self.flush()
+            try:
+                return await handler(request)
+            finally:
+                core = self.core
+                if core.dirty or core.effects:
+                    self.flush()
+        except Exception as e:
+            resp = error_response(request, e)
+            if resp is None:
+                raise
+            return resp
 
     def build_app(self) -> web.Application:
-        app = web.Application(middlewares=[error_middleware, self._flush_middleware],
-                              client_max_size=16 * 1024 * 1024)
+        app = web.Application(middlewares=[self._middleware], client_max_size=16 * 1024 * 1024)
         ClientApi(self).add_routes(app)
         InternalApi(self).add_routes(app)
         WebUi(self).add_routes(app)

@@ -366,6 +366,31 @@ async def test_cluster_endpoints(env: Env):
     assert root.status == 302 and root.headers["Location"] == "/cluster"
 
 
+
+async def test_error_bodies_for_routing_failures_and_bugs(env: Env, monkeypatch, caplog):
+    """Unknown API paths and wrong methods get YARN's RemoteException body; other paths aiohttp's
+    own answer; a bug is a 500 with the body (logged), and the RM goes on serving."""
+    out = await env.call("GET", BASE + "/nosuch", status=404)
+    assert out["RemoteException"]["exception"] == "NotFoundException"
+    assert out["RemoteException"]["javaClassName"] == "javax.ws.rs.WebApplicationException"
+    out = await env.call("GET", api.NODE_HEARTBEAT, status=405)
+    assert out["RemoteException"]["exception"] == "WebApplicationException"
+    plain = await env.call("GET", "/nosuch", status=404)
+    assert plain.content_type != "application/json"
+
+    def broken(*a: Any) -> None:
+        raise RuntimeError("boom")
+    monkeypatch.setattr(env.rm.core, "node_heartbeat", broken)
+    await env.register_node("n1:1")
+    out = await env.call("POST", api.NODE_HEARTBEAT, _b(api.NodeHeartbeatRequest(
+        node_id="n1:1", response_id=0, used=Resource(0, 0))), token=nm_token("n1:1"), status=500)
+    assert out["RemoteException"] == {"exception": "InternalError", "message": "RuntimeError: boom",
+                                      "javaClassName": "java.lang.RuntimeException"}
+    assert "internal error serving POST " + api.NODE_HEARTBEAT in caplog.text
+    monkeypatch.undo()
+    assert (await env.heartbeat("n1:1"))["action"] == "NORMAL"
+
+
 # ----- liveness (driven with the fake clock) -------------------------------------------------------
 
 async def test_lost_node_is_reported_to_the_am_as_aborted(tmp_path):
