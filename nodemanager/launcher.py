@@ -99,13 +99,15 @@ def wrapper_script(spec: LaunchSpec, command: str) -> str:
 
 def _run_and_record(spec: LaunchSpec, command: str) -> list[str]:
     q = shlex.quote
-    tmp = spec.exit_file + ".tmp"
     return [
         # In a subshell of this script (a fork, no second bash exec): `eval` keeps a syntax error in
         # the command the command's own failure (exit 2, recorded) instead of the wrapper's.
         f"( eval {q(command)} )",
         "rc=$?",
-        f"echo $rc > {q(tmp)} && mv -f {q(tmp)} {q(spec.exit_file)}",
+        # Written in place, not to a temp file renamed with mv (a fork+exec of /bin/mv in every
+        # container): the NM reads it only once this process is gone (its exit, or recovery after
+        # a restart finding the pid gone), so nobody reads it half-written.
+        f"echo $rc > {q(spec.exit_file)}",
         "exit $rc",
         "",
     ]
