@@ -16,6 +16,7 @@ class Enforcement:
 
     backend: Optional[CgroupBackend]
     warning: Optional[str] = None
+    favor_dynmods: Optional[bool] = None   # cgroup_detect.favors_dynamic_mods of this host
 
     @property
     def mode(self) -> str:
@@ -41,4 +42,4 @@ def choose(mode: str, node_id: str, cgroup_name: str, cpu_period_us: int, hard_c
         backend.setup()
     except (CgroupError, OSError) as e:
         return Enforcement(None, f"cgroups {layout.version.value} not usable: {e}{fallback}")
-    return Enforcement(backend)
+    return Enforcement(backend, favor_dynmods=layout.favor_dynmods)

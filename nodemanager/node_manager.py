@@ -91,6 +91,11 @@ class NodeManager:
             log.warning("%s", self.enforcement.warning)
         else:
             log.info("container limits enforced with cgroups %s", self.enforcement.mode)
+            if self.enforcement.favor_dynmods is False:
+                # Operators decide host mounts; the NM only says what it costs (cgroup_detect).
+                log.info("each move into a cgroup waits for an RCU grace period on this host (ms per "
+                         "launch, and forks wait meanwhile); mounting cgroup2 with `favordynmods` "
+                         "(mount -o remount,favordynmods <cgroup2 mount>) removes the wait")
         if self.arbiter is not None:
             await self.arbiter.start()
         self.manager = ContainerManager(self.cfg, self.node_id, self.host, self.port, self.capability,
@@ -179,6 +184,8 @@ class NodeManager:
             "enforcement": self.enforcement.mode if self.enforcement else "",
             "rack": self.cfg.rack,
             "containerShells": m.shells.stats() if m and m.shells else {"size": 0},
+            # Whether cgroup joins skip the kernel's grace-period wait (None: no cgroup2 mount).
+            "cgroupFavorDynmods": self.enforcement.favor_dynmods if self.enforcement else None,
         }
 
     async def stop(self) -> None:

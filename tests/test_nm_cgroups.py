@@ -56,6 +56,19 @@ def test_detect_hybrid_picks_v1(tmp_path):
     assert detect(V1_MOUNTS + f"cgroup2 {empty} cgroup2 rw 0 0\n", "v2").version is CgroupVersion.NONE
 
 
+def test_favordynmods_is_read_from_any_cgroup2_mount(tmp_path):
+    """The option is global, so a hybrid host's controller-less cgroup2 mount carries it for v1 too;
+    v1 mounts cannot take it, and a host with no cgroup2 mount reports None (nothing to set)."""
+    empty = fake_v2(tmp_path / "unified", controllers="")
+    hybrid = detect(V1_MOUNTS + f"cgroup2 {empty} cgroup2 rw,relatime,favordynmods 0 0\n")
+    assert hybrid.version is CgroupVersion.V1 and hybrid.favor_dynmods is True
+    assert detect(V1_MOUNTS + f"cgroup2 {empty} cgroup2 rw,relatime 0 0\n").favor_dynmods is False
+    assert detect(V1_MOUNTS).favor_dynmods is None
+    assert detect(V1_MOUNTS.replace("relatime,memory", "relatime,memory,favordynmods")).favor_dynmods is None
+    root = fake_v2(tmp_path / "v2")
+    assert detect(f"cgroup2 {root} cgroup2 rw,nsdelegate,favordynmods 0 0\n").favor_dynmods is True
+
+
 def test_detect_none_and_off():
     lay = detect("proc /proc proc rw 0 0\ncgroup /sys/fs/cgroup/pids cgroup rw,pids 0 0\n")
     assert lay.version is CgroupVersion.NONE and "no hierarchy" in lay.reason

@@ -15,7 +15,7 @@ from protocol.http_client import RemoteError
 from protocol.nm_client import NMClient
 from protocol.records import ContainerState, ExitStatus
 
-from nodemanager.cgroup_detect import CgroupVersion, detect_from_file
+from nodemanager.cgroup_detect import CgroupVersion, detect_from_file, favors_dynamic_mods, parse_mounts
 from cpu_accounting import check_held_to_one_core, idle_cores, machine_cpu_ticks
 from polling import async_wait_until
 from test_nm_harness import (FakeRM, container_token, free_port, group_alive, new_ids, proc_alive, start_nm,
@@ -154,6 +154,10 @@ async def test_container_runs_completes_and_its_log_is_served(tmp_path, rm, clie
     assert status == 200 and info["container"]["exitCode"] == 0 and info["container"]["state"] == "DONE"
     status, node = await _get_json(f"{nm.url}/ws/v1/node/info")
     assert node["nodeInfo"]["id"] == nm.node_id and node["nodeInfo"]["usedMemoryMB"] == 0
+    # Whether cgroup joins skip the kernel's grace-period wait: this host's mounts say.
+    host = favors_dynamic_mods(parse_mounts(Path("/proc/mounts").read_text()))
+    cgroups = node["nodeInfo"]["enforcement"] in ("v1", "v2")
+    assert node["nodeInfo"]["cgroupFavorDynmods"] == (host if cgroups else None)
     assert not (nm.dirs["local"] / info["container"]["appId"] / cid).exists()  # workdir deleted
 
 
