@@ -15,12 +15,49 @@ from psruntime.ownership_table import Key
 # References to a block's values array when nobody holds a view of it: the slot and
 # getrefcount's argument (see BlockContents.writable_values).
 _UNSHARED_DENSE_REFS = 2
+# References to a retired array when nobody holds a view of it: the list and getrefcount's argument.
+_UNSHARED_RETIRED_REFS = 2
 _GROWTH = 1.5     # capacity growth of the dense rows: bounds the spare memory to a third
 
 
 def strictly_increasing(a: np.ndarray) -> bool:
     """Whether a 1-D array is sorted without repeats."""
     return len(a) < 2 or bool(np.all(a[1:] > a[:-1]))
+
+
+class RetiredValues:
+    """Dense values arrays that a copy-on-write replaced, kept to take a later copy once nothing
+    references them (a transport done sending a pull's reply from them).
+
+    Why: in an executor every array over 256 KiB is a fresh mapping (psruntime.executor.tune_malloc),
+    and faulting a fresh copy's pages in cost as much as the copy (1.2 ms at 8 MiB). A reply still
+    being sent while the next push to its block arrives (replies queued together are released
+    together) made every tenth pipelined 8 MiB push pay that. At most `count` arrays of at most
+    `max_bytes` each are kept, so what this pins stays bounded; each still owns its memory, so the
+    reference count says whether a view of it is alive (see BlockContents).
+    """
+
+    def __init__(self, count: int = 2, max_bytes: int = 32 << 20) -> None:
+        self._count = count
+        self._max_bytes = max_bytes
+        self._arrays: list[np.ndarray] = []
+
+    def take(self, like: np.ndarray) -> np.ndarray | None:
+        """A kept array of `like`'s shape and dtype that nothing else references, or None."""
+        for i in range(len(self._arrays)):     # indexing, not iterating: no extra reference
+            if (sys.getrefcount(self._arrays[i]) == _UNSHARED_RETIRED_REFS
+                    and self._arrays[i].shape == like.shape and self._arrays[i].dtype == like.dtype):
+                return self._arrays.pop(i)
+        return None
+
+    def give(self, values: np.ndarray) -> None:
+        """Keep `values` (replaced, perhaps still being read) for a later take; the oldest goes."""
+        if values.nbytes <= self._max_bytes and self._count > 0:
+            self._arrays.append(values)
+            del self._arrays[:-self._count]
+
+    def __len__(self) -> int:
+        return len(self._arrays)
 
 
 class BlockContents:
@@ -59,12 +96,18 @@ class BlockContents:
         i = int(np.searchsorted(self.keys[:self.n], key))
         return i if i < self.n and int(self.keys[i]) == key else None
 
-    def writable_values(self) -> np.ndarray:
-        """The dense values, copied first if a reader still holds a view of them (copy-on-write)."""
+    def writable_values(self, retired: RetiredValues | None = None) -> np.ndarray:
+        """The dense values, copied first if a reader still holds a view of them (copy-on-write).
+        With `retired`, the copy goes into an array an earlier copy replaced, once nothing
+        references it any more, and the replaced array is kept there in turn."""
         assert self.values is not None
         if sys.getrefcount(self.values) > _UNSHARED_DENSE_REFS:
-            fresh = np.empty_like(self.values)
+            fresh = retired.take(self.values) if retired is not None else None
+            if fresh is None:
+                fresh = np.empty_like(self.values)
             fresh[:self.n] = self.values[:self.n]
+            if retired is not None:
+                retired.give(self.values)
             self.values = fresh
         return self.values
 

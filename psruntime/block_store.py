@@ -28,6 +28,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from psruntime.block_contents import BlockContents as _Block
+from psruntime.block_contents import RetiredValues
 from psruntime.block_contents import strictly_increasing as _strictly_increasing
 from psruntime.ownership_table import Key, block_of, blocks_of_int_keys
 
@@ -116,6 +117,7 @@ class BlockStore:
             raise StoreError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
         self._blocks: dict[int, _Block] = {}
+        self._retired = RetiredValues()   # copy-on-write's replaced arrays, reused (block_contents)
         # Blocks spilled to disk under memory pressure (Harmony, psruntime.model_spill): still
         # held, brought back into memory on their next access.
         self.spilled: SpilledBlocks | None = None
@@ -182,7 +184,7 @@ class BlockStore:
                 if row is None:
                     blk.insert(np.array([key], np.int64), value[None])
                 else:
-                    blk.writable_values()[row] = value
+                    blk.writable_values(self._retired)[row] = value
                 return
             if row is not None:
                 blk.remove(key)  # type: ignore[arg-type]  # the new value has another layout
@@ -207,7 +209,7 @@ class BlockStore:
         row = blk.row_of(key) if _is_dense_key(key) else None  # type: ignore[arg-type]
         if row is not None:
             self._check_shape(key, blk.values.shape[1:], delta)  # type: ignore[union-attr]
-            values = blk.writable_values()
+            values = blk.writable_values(self._retired)
             try:
                 apply(values[row, ...], delta)
             except TypeError as e:  # numpy's UFuncTypeError on an unsafe cast, e.g. float64 into int32
@@ -317,7 +319,7 @@ class BlockStore:
             if not len(keys):
                 return
             rows, _ = blk.lookup(keys)
-        values = blk.writable_values()
+        values = blk.writable_values(self._retired)
         if _strictly_increasing(rows):
             # Unique rows: one gather, one ufunc, one scatter (ufunc.at is ~15x slower).
             if func == "add" and len(rows) == blk.n:
@@ -346,7 +348,7 @@ class BlockStore:
             keep = np.ones(len(keys), bool)
             keep[missing] = False
             rows, values = rows[keep], values[keep]
-        blk.writable_values()[rows] = values
+        blk.writable_values(self._retired)[rows] = values
 
     def _take_slow_keys(self, blk: _Block, keys: np.ndarray, values: np.ndarray,
                         one: Callable[[int, np.ndarray], None], castable: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -2,6 +2,8 @@
 as the per-key ops (missing keys, repeated keys, other layouts, copy-on-write, export / import)."""
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -81,6 +83,39 @@ def test_whole_block_add_in_place_and_copy_on_write_of_views() -> None:
     after = s.export_arrays(b).values
     assert after.__array_interface__["data"][0] == addr
     np.testing.assert_array_equal(after, 2.0)
+
+
+def test_copy_on_write_reuses_the_array_it_replaced_once_released() -> None:
+    """A second copy goes into an array an earlier copy replaced, once no view of it is alive;
+    never while one is (the reader would see it torn)."""
+    s = store()
+    keys = np.arange(100)
+    b, k = per_block(keys)[0]
+    s.put_many(b, k, np.zeros((len(k), 2)))
+
+    def owner() -> weakref.ref[np.ndarray]:
+        values = s.export_arrays(b).values       # a view of the block's values array
+        return weakref.ref(values.base)
+
+    first = owner()
+    held = s.get(int(k[0]))                              # a pull reply still being sent
+    s.update_many(b, "add", k, np.ones((len(k), 2)))     # copy 1: into a fresh array
+    second = owner()
+    assert second() is not first()
+    held2 = s.get(int(k[0]))                             # the next reply, while the first is held
+    s.update_many(b, "add", k, np.ones((len(k), 2)))     # copy 2: `first` is still viewed: fresh
+    third = owner()
+    assert third() is not first() and third() is not second()
+    np.testing.assert_array_equal(held, [0, 0])
+    np.testing.assert_array_equal(held2, [1, 1])
+    del held, held2                                      # both replies sent
+    assert first() is not None and second() is not None  # kept for reuse, not freed
+    held3 = s.get(int(k[0]))
+    s.update_many(b, "add", k, np.ones((len(k), 2)))     # copy 3: into a released array
+    assert owner()() is first()
+    np.testing.assert_array_equal(held3, [2, 2])
+    np.testing.assert_array_equal(s.export_arrays(b).values, 3.0)
+    np.testing.assert_array_equal(s.get(int(k[-1])), [3, 3])
 
 
 def test_other_layouts_and_str_keys_take_the_per_key_path() -> None:
