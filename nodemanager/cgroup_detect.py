@@ -84,13 +84,13 @@ def favors_dynamic_mods(mounts: list[MountEntry]) -> Optional[bool]:
 
 def detect(mounts_text: str, want: str = "auto") -> CgroupLayout:
     """Pick the hierarchy to use for `want` (auto | v1 | v2 | off)."""
-    return replace(_detect(mounts_text, want), favor_dynmods=favors_dynamic_mods(parse_mounts(mounts_text)))
+    mounts = parse_mounts(mounts_text)
+    return replace(_detect(mounts, want), favor_dynmods=favors_dynamic_mods(mounts))
 
 
-def _detect(mounts_text: str, want: str) -> CgroupLayout:
+def _detect(mounts: list[MountEntry], want: str) -> CgroupLayout:
     if want == "off":
         return CgroupLayout(CgroupVersion.NONE, reason="cgroups are off in the configuration")
-    mounts = parse_mounts(mounts_text)
     v1: dict[str, str] = {}
     v2_mount: Optional[str] = None
     for m in mounts:

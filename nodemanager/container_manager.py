@@ -291,7 +291,7 @@ class ContainerManager:
         while True:
             if backend is not None:
                 backend.kill_all(c.cgroup)
-            if backend.try_remove(c.cgroup) if backend is not None else remove_dirs(c.cgroup.dirs):
+            if remove_dirs(c.cgroup.dirs):   # what backend.try_remove does, backend or not
                 return
             if loop.time() > deadline:
                 log.warning("could not remove cgroup %s (processes remain)", c.cgroup.dirs)

@@ -56,9 +56,6 @@ class RetiredValues:
             self._arrays.append(values)
             del self._arrays[:-self._count]
 
-    def __len__(self) -> int:
-        return len(self._arrays)
-
 
 class BlockContents:
     """One block's contents: dense rows for the int keys of the block's layout, a dict for the rest.
@@ -96,18 +93,17 @@ class BlockContents:
         i = int(np.searchsorted(self.keys[:self.n], key))
         return i if i < self.n and int(self.keys[i]) == key else None
 
-    def writable_values(self, retired: RetiredValues | None = None) -> np.ndarray:
+    def writable_values(self, retired: RetiredValues) -> np.ndarray:
         """The dense values, copied first if a reader still holds a view of them (copy-on-write).
-        With `retired`, the copy goes into an array an earlier copy replaced, once nothing
-        references it any more, and the replaced array is kept there in turn."""
+        The copy goes into an array of `retired` nothing references any more, else a fresh one,
+        and the replaced array is kept in `retired` in turn."""
         assert self.values is not None
         if sys.getrefcount(self.values) > _UNSHARED_DENSE_REFS:
-            fresh = retired.take(self.values) if retired is not None else None
+            fresh = retired.take(self.values)
             if fresh is None:
                 fresh = np.empty_like(self.values)
             fresh[:self.n] = self.values[:self.n]
-            if retired is not None:
-                retired.give(self.values)
+            retired.give(self.values)
             self.values = fresh
         return self.values
 
