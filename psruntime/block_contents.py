@@ -18,6 +18,11 @@ _UNSHARED_DENSE_REFS = 2
 # References to a retired array when nobody holds a view of it: the list and getrefcount's argument.
 _UNSHARED_RETIRED_REFS = 2
 _GROWTH = 1.5     # capacity growth of the dense rows: bounds the spare memory to a third
+# The first capacity: 16 rows, but no more rows than fit in this many bytes (at least one). A block
+# holding one 8 MiB tensor as its only key would otherwise get a 128 MiB array, which no
+# RetiredValues keeps, so every copy-on-write of it mapped fresh pages.
+_FIRST_CAPACITY_ROWS = 16
+_FIRST_CAPACITY_BYTES = 256 << 10
 
 
 def strictly_increasing(a: np.ndarray) -> bool:
@@ -32,29 +37,37 @@ class RetiredValues:
     Why: in an executor every array over 256 KiB is a fresh mapping (psruntime.executor.tune_malloc),
     and faulting a fresh copy's pages in cost as much as the copy (1.2 ms at 8 MiB). A reply still
     being sent while the next push to its block arrives (replies queued together are released
-    together) made every tenth pipelined 8 MiB push pay that. At most `count` arrays of at most
-    `max_bytes` each are kept, so what this pins stays bounded; each still owns its memory, so the
-    reference count says whether a view of it is alive (see BlockContents).
+    together) made every tenth pipelined 8 MiB push pay that. Arrays are kept up to
+    `max_total_bytes` in all (the oldest go first), so what this pins stays bounded however large
+    the blocks: a budget, not a count, because every block with a reply in flight holds one (the
+    event loop releases a sent reply only after handling the reads that came with its end). Each
+    kept array still owns its memory, so the reference count says whether a view of it is alive
+    (see BlockContents).
     """
 
-    def __init__(self, count: int = 2, max_bytes: int = 32 << 20) -> None:
-        self._count = count
-        self._max_bytes = max_bytes
+    def __init__(self, max_total_bytes: int = 64 << 20) -> None:
+        self._max_total_bytes = max_total_bytes
         self._arrays: list[np.ndarray] = []
+        self._total_bytes = 0
 
     def take(self, like: np.ndarray) -> np.ndarray | None:
         """A kept array of `like`'s shape and dtype that nothing else references, or None."""
         for i in range(len(self._arrays)):     # indexing, not iterating: no extra reference
             if (sys.getrefcount(self._arrays[i]) == _UNSHARED_RETIRED_REFS
                     and self._arrays[i].shape == like.shape and self._arrays[i].dtype == like.dtype):
+                self._total_bytes -= self._arrays[i].nbytes
                 return self._arrays.pop(i)
         return None
 
     def give(self, values: np.ndarray) -> None:
-        """Keep `values` (replaced, perhaps still being read) for a later take; the oldest goes."""
-        if values.nbytes <= self._max_bytes and self._count > 0:
-            self._arrays.append(values)
-            del self._arrays[:-self._count]
+        """Keep `values` (replaced, perhaps still being read) for a later take; the oldest go
+        while the kept arrays are over the budget."""
+        if values.nbytes > self._max_total_bytes:
+            return
+        self._arrays.append(values)
+        self._total_bytes += values.nbytes
+        while self._total_bytes > self._max_total_bytes:
+            self._total_bytes -= self._arrays.pop(0).nbytes
 
 
 class BlockContents:
@@ -113,7 +126,9 @@ class BlockContents:
         cap = len(self.keys)
         if rows <= cap:
             return
-        cap = max(rows, int(cap * _GROWTH), 16)
+        row_bytes = max(1, int(np.prod(self.values.shape[1:], dtype=np.int64)) * self.values.itemsize)
+        first = max(1, min(_FIRST_CAPACITY_ROWS, _FIRST_CAPACITY_BYTES // row_bytes))
+        cap = max(rows, int(cap * _GROWTH), first)
         keys = np.empty(cap, np.int64)
         keys[:self.n] = self.keys[:self.n]
         values = np.empty((cap, *self.values.shape[1:]), self.values.dtype)

@@ -17,9 +17,12 @@ import numpy as np
 
 MIN_BYTES = 64 << 10       # smaller buffers come from malloc's heap, cheap as they are
 MAX_BYTES = 64 << 20       # larger ones are not kept: what a pool pins stays bounded
-# Per pool: a request body is released once handled, and a worker drops a pull's values before
-# its next pull, so one buffer covers the steady state (a caller holding more gets fresh ones).
-BUFFERS = 1
+# Per pool (one per connection): a server releases a request body once handled, so it keeps one;
+# a client whose caller pipelines holds the last pull's values while the next pull's arrive, on
+# two loops at once, so three. A pool grows only while all it keeps are in use: it keeps the peak
+# of what was in use at once, up to this many (one buffer made every pipelined 8 MiB pull of
+# bench/dataplane.py fault in a fresh mapping).
+BUFFERS = 3
 
 # References to a kept buffer when nobody else holds it: the pool's list and getrefcount's argument.
 _UNSHARED_REFS = 2

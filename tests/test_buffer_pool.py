@@ -2,6 +2,8 @@
 follows the sizes it serves."""
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from psruntime.buffer_pool import MIN_BYTES, BufferPool
@@ -52,3 +54,15 @@ def test_sizes_outside_the_kept_range_still_get_a_buffer() -> None:
     pool = BufferPool(max_bytes=N)
     for size in (0, MIN_BYTES - 1, N + 1):
         assert pool.take(size).shape == (size,)
+
+
+def test_a_pipelining_caller_holding_two_values_while_a_third_arrives_reuses_them() -> None:
+    """Two loops each holding their last pull's values while the next arrives: three in use at
+    once, all kept and handed out again (the default pool), so no fresh mapping per pull."""
+    pool = BufferPool()
+    held = [pool.take(N) for _ in range(3)]
+    owners = [weakref.ref(b.base) for b in held]        # weak: the pool counts references
+    for _ in range(4):
+        held.pop(0)                          # a loop drops its last values...
+        held.append(pool.take(N))            # ...when its next pull's arrive
+        assert all(any(b.base is o() for o in owners) for b in held)

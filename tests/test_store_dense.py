@@ -7,6 +7,7 @@ import weakref
 import numpy as np
 import pytest
 
+from psruntime.block_contents import RetiredValues
 from psruntime.block_store import BlockArrays, BlockStore, StoreError
 from psruntime.ownership_table import OwnershipTable, block_of, blocks_of_int_keys
 from psruntime.store_requests import group_by_block
@@ -116,6 +117,38 @@ def test_copy_on_write_reuses_the_array_it_replaced_once_released() -> None:
     np.testing.assert_array_equal(held3, [2, 2])
     np.testing.assert_array_equal(s.export_arrays(b).values, 3.0)
     np.testing.assert_array_equal(s.get(int(k[-1])), [3, 3])
+
+
+def test_retired_arrays_are_kept_within_a_byte_budget_oldest_dropped_first() -> None:
+    row = np.zeros((4, 256), np.float32)                 # 4 KiB each
+    retired = RetiredValues(max_total_bytes=3 * row.nbytes)
+    arrays = [row.copy() for _ in range(4)]
+    refs = [weakref.ref(a) for a in arrays]
+    for a in arrays:
+        retired.give(a)
+    del a, arrays
+    assert refs[0]() is None                             # over the budget: the oldest went
+    assert all(r() is not None for r in refs[1:])
+    taken = [retired.take(row) for _ in range(3)]
+    assert {id(t) for t in taken} == {id(r()) for r in refs[1:]}   # each kept one, once
+    assert retired.take(row) is None
+    huge = np.zeros(4 * row.size, np.float32)            # over the whole budget: never kept
+    huge_ref = weakref.ref(huge)
+    retired.give(huge)
+    del huge
+    assert huge_ref() is None
+
+
+def test_a_block_of_large_rows_starts_with_room_for_one_not_sixteen() -> None:
+    """The first capacity is 16 rows only while they are small: a block holding one multi-MiB
+    tensor gets an array of its size (a 16-row one was too large to keep for copy-on-write)."""
+    s = store()
+    (b, k), = per_block(np.array([3]))
+    s.put_many(b, k, np.zeros((1, 1 << 20), np.float32))             # one 4 MiB row
+    assert s.export_arrays(b).values.base.shape == (1, 1 << 20)
+    (b, k), = per_block(np.array([5]))
+    s.put_many(b, k, np.zeros((1, 2), np.float32))                   # small rows: 16 of them
+    assert s.export_arrays(b).values.base.shape == (16, 2)
 
 
 def test_other_layouts_and_str_keys_take_the_per_key_path() -> None:
