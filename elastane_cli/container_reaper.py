@@ -73,6 +73,11 @@ def recorded_containers(recovery_dir: Path) -> list[RecordedContainer]:
                 except ValueError:
                     continue
         for doc in docs:
+            if isinstance(doc, dict) and isinstance(doc.get("del"), str):
+                # The NM's journal (nodemanager.recovery_store): a container whose completion the
+                # RM saw is no longer the NM's to clean up.
+                found = {k: r for k, r in found.items() if r.container_id != doc["del"]}
+                continue
             for rec in _records_in(doc):
                 found[(rec.pid, rec.container_id)] = rec
     return list(found.values())

@@ -208,6 +208,19 @@ def test_reaper_ignores_records_of_other_processes(tmp_path: Path) -> None:
             proc.wait()
 
 
+def test_reaper_reads_the_nm_journal_and_skips_containers_it_removed(tmp_path: Path) -> None:
+    """The NM's recovery journal: a record put and later deleted (the RM saw it complete) is not
+    the reaper's to kill; one still put is."""
+    from nodemanager.recovery_store import RecoveryStore
+
+    store = RecoveryStore(str(tmp_path / "recovery"))
+    store.save({"container_id": "container_1_0001_01_000002", "pid": 4242, "start_time": 7})
+    store.save({"container_id": "container_1_0001_01_000003", "pid": 4343, "start_time": 8})
+    store.remove("container_1_0001_01_000002")
+    recs = container_reaper.recorded_containers(tmp_path / "recovery")
+    assert [(r.container_id, r.pid) for r in recs] == [("container_1_0001_01_000003", 4343)]
+
+
 def _real_daemons_available() -> bool:
     root = Path(__file__).resolve().parent.parent
     return (root / "rm" / "__main__.py").exists() and (root / "nodemanager" / "__main__.py").exists()
