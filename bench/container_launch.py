@@ -26,10 +26,14 @@ without the queueing that eight launches in flight add on a 2-core host (`serial
 reports how it started every container (a pre-started shell, cold, or the executor zygote) and its
 start path phase by phase; `nm_phases_p50_ms` has their p50s per path. `--container-shells 0` runs
 the NMs without pre-started shells (every launch joins its cgroup on the launch path), to compare.
+The cluster's dirs (the NMs' local, log and recovery dirs) go in a temp dir under `--work-dir` (by
+default the system temp dir); `work_dir_fs` names its filesystem, which the figures depend on: a
+launch creates several files (dirs, script, logs, exit file), and on an ext4 without a journal
+each create beside many recently removed inodes scans them.
 
 Prints a summary, then one JSON object as the last line:
 {"launch_p50_ms", "launch_p99_ms", "fork_exec_p50_ms", "ratio_p50", "nm_phases_p50_ms",
- "serial_launch_p50_ms", "serial_ratio_p50", ...}.
+ "serial_launch_p50_ms", "serial_ratio_p50", "work_dir_fs", ...}.
 """
 from __future__ import annotations
 
@@ -58,6 +62,7 @@ from elastane_cli.errors import CliError  # noqa: E402
 from elastane_cli.local_cluster import ClusterStartError, LocalCluster  # noqa: E402
 from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
 from nodemanager import launcher  # noqa: E402
+from nodemanager.cgroup_detect import parse_mounts  # noqa: E402
 from protocol.internal_api import LaunchContext  # noqa: E402
 from protocol.records import AppState  # noqa: E402
 
@@ -351,6 +356,20 @@ def summarise(args: argparse.Namespace, result: dict[str, Any], serial: dict[str
     }
 
 
+def filesystem_of(path: Path) -> str:
+    """The type of the filesystem `path` is on (the mount with the longest matching mount point):
+    the NM creates and removes several files per launch, so the launch figures depend on it -- on
+    an ext4 without a journal, each file created beside many recently removed ones scans them."""
+    try:
+        mounts = parse_mounts(Path("/proc/mounts").read_text())
+    except OSError:
+        return "unknown"
+    real = str(path.resolve())
+    best = max((m for m in mounts if real == m.mount_point or real.startswith(m.mount_point.rstrip("/") + "/")),
+               key=lambda m: len(m.mount_point), default=None)
+    return best.fstype if best is not None else "unknown"
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--containers", type=int, default=200, help="containers to measure (and baseline runs)")
@@ -368,6 +387,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="then this many launches one at a time (window 1; 0 = skip)")
     p.add_argument("--timeout-s", type=float, default=150.0, help="give up on the app after this long")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stamps, AM result)")
+    p.add_argument("--work-dir", help="make the temp dir (the NMs' local, log and recovery dirs) here; "
+                                      "default: the system temp dir")
     ns = p.parse_args(list(argv))
     for label in ("containers", "nodes", "node_vcores", "node_memory_mb", "memory", "am_memory", "window",
                   "heartbeat_ms", "timeout_s"):
@@ -382,11 +403,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    work = Path(tempfile.mkdtemp(prefix="elastane-bench-launch-"))
+    try:
+        work = Path(tempfile.mkdtemp(prefix="elastane-bench-launch-", dir=args.work_dir))
+    except OSError as e:
+        print(f"container_launch: --work-dir {args.work_dir}: {e}", file=sys.stderr)
+        return 2
     started = time.monotonic()
     try:
         result, serial, mode, fork, wrapper = run_cluster(args, work)
         figures = summarise(args, result, serial, mode, fork, wrapper, time.monotonic() - started)
+        figures["work_dir_fs"] = filesystem_of(work)
+        print(f"  the NMs' dirs were on {figures['work_dir_fs']} ({work.parent})")
     except (BenchError, CliError, ClusterStartError) as e:
         print(f"container_launch: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
