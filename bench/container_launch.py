@@ -26,7 +26,9 @@ without the queueing that eight launches in flight add on a 2-core host (`serial
 reports how it started every container (a pre-started shell, cold, or the executor zygote) and its
 start path phase by phase; `nm_phases_p50_ms` has their p50s per path. `--container-shells 0` runs
 the NMs without pre-started shells (every launch joins its cgroup on the launch path), to compare.
-The cluster's dirs (the NMs' local, log and recovery dirs) go in a temp dir under `--work-dir` (by
+The launches start once every NM's executor zygote has imported its modules (node info
+`executorZygote.ready`): its preload is the NM's start-up, and on few cores it took a core from the
+first waves. The cluster's dirs (the NMs' local, log and recovery dirs) go in a temp dir under `--work-dir` (by
 default the system temp dir); `work_dir_fs` names its filesystem, which the figures depend on: a
 launch creates several files (dirs, script, logs, exit file), and on an ext4 without a journal
 each create beside many recently removed inodes scans them.
@@ -70,6 +72,7 @@ COMMAND = 'date +%s%N > "$LAUNCH_STAMP"'
 SHELL = "/bin/bash"      # what the NM runs each container command with (docs/internals.md)
 AM_SCRIPT = ROOT / "bench" / "container_launch_am.py"
 FINAL_STATES = {s.value for s in AppState if s.is_final}
+ZYGOTE_READY_TIMEOUT_S = 60.0
 POLL_S = 0.2
 
 
@@ -212,6 +215,20 @@ def enforcement_mode(cluster: LocalCluster) -> str:
     return str(node_info(cluster.nodes[0].http_address).get("enforcement", "unknown"))
 
 
+def wait_for_zygotes(cluster: LocalCluster, timeout_s: float = ZYGOTE_READY_TIMEOUT_S) -> float:
+    """Wait until every NM's executor zygote has imported its modules (or the NM runs none) and
+    return the longest preload: a zygote still importing takes a core from the first waves of
+    launches (0.4-0.5 s of CPU each on the 2-core VM), which is the NM's start-up, not its launch path."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        zygotes = [node_info(n.http_address).get("executorZygote") for n in cluster.nodes]
+        if all(z is None or z.get("ready") for z in zygotes):
+            return max((float(z.get("preloadS") or 0) for z in zygotes if z), default=0.0)
+        if time.monotonic() > deadline:
+            raise BenchError(f"the NMs' executor zygotes were not ready after {timeout_s:.0f}s: {zygotes}")
+        time.sleep(POLL_S)
+
+
 def shell_launches(cluster: LocalCluster) -> dict[str, int]:
     """Launches that took a pre-started shell (nodemanager.container_shell_pool) and that found
     none ready, summed over the NMs."""
@@ -271,6 +288,7 @@ def run_cluster(args: argparse.Namespace, work: Path
     try:
         cluster.start()
         mode = enforcement_mode(cluster)
+        wait_for_zygotes(cluster)
         result = run_app(cluster, args, work, "window", args.containers, args.window)
         # One launch at a time: the NM's own path, without the queueing a window adds on few cores.
         serial = run_app(cluster, args, work, "serial", args.serial, 1) if args.serial else None

@@ -186,6 +186,9 @@ class NodeManager:
             "containerShells": m.shells.stats() if m and m.shells else {"size": 0},
             # Whether cgroup joins skip the kernel's grace-period wait (None: no cgroup2 mount).
             "cgroupFavorDynmods": self.enforcement.favor_dynmods if self.enforcement else None,
+            # The executor zygote (None: the NM runs none): warm launches are fast once it is ready.
+            "executorZygote": ({"pid": self.warm.pid, "ready": self.warm.ready, "preloadS": self.warm.preload_s}
+                               if self.warm is not None else None),
         }
 
     async def stop(self) -> None:

@@ -101,6 +101,7 @@ class WarmLauncher:
         self._children: set[int] = set()      # forked and not reported ended (kept past a channel failure)
         self._ids = itertools.count(1)
         self._lock = asyncio.Lock()
+        self.preload_s: Optional[float] = None   # set when the zygote says it imported its modules
 
     @property
     def alive(self) -> bool:
@@ -115,6 +116,11 @@ class WarmLauncher:
         """Until the channel to the zygote is gone (it exited, or `close`)."""
         if self._reader_task is not None:
             await asyncio.shield(self._reader_task)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the zygote has imported its modules (a launch before that waits for it)."""
+        return self.alive and self.preload_s is not None
 
     def serves(self, module: str) -> bool:
         return self.alive and module in self.modules
@@ -169,6 +175,9 @@ class WarmLauncher:
                     fut = self._launches.get(msg.request_id)
                     if fut is not None and not fut.done():
                         fut.set_result((msg.pid, exited))
+                elif isinstance(msg, wire.WarmReady):
+                    self.preload_s = msg.preload_s
+                    log.info("executor zygote pid %s ready (preloaded in %.2f s)", self.pid, msg.preload_s)
                 elif isinstance(msg, wire.WarmFailed):
                     fut = self._launches.get(msg.request_id)
                     if fut is not None and not fut.done():

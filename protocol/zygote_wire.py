@@ -3,7 +3,8 @@
 The NM keeps one pre-started interpreter per node (psruntime.zygote) with the executor's modules
 already imported; to start a warm container it sends a `WarmLaunch`, the zygote forks a child that
 becomes the container's process and answers `WarmStarted` (or `WarmFailed`), and when a child ends
-the zygote reaps it and sends `WarmExited` with its wait status. Frames are a 4-byte big-endian
+the zygote reaps it and sends `WarmExited` with its wait status. Once it has imported its modules it
+sends `WarmReady` first (a launch sent earlier waits on the channel like any other). Frames are a 4-byte big-endian
 length and a msgpack body (msgspec), over a unix socketpair the NM creates.
 """
 from __future__ import annotations
@@ -53,8 +54,14 @@ class WarmExited(msgspec.Struct, tag="exited", forbid_unknown_fields=True):
     status: int
 
 
+class WarmReady(msgspec.Struct, tag="ready", forbid_unknown_fields=True):
+    """The zygote imported its modules and serves from now on (sent once, first)."""
+
+    preload_s: float
+
+
 ZygoteRequest = WarmLaunch
-ZygoteReply = Union[WarmStarted, WarmFailed, WarmExited]
+ZygoteReply = Union[WarmStarted, WarmFailed, WarmExited, WarmReady]
 
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(ZygoteRequest)

@@ -31,6 +31,7 @@ import selectors
 import signal
 import socket
 import sys
+import time
 import traceback
 from typing import Optional
 
@@ -183,6 +184,10 @@ class Zygote:
             self._launch(wire.decode_request(body))
         return True
 
+    def send_ready(self, preload_s: float) -> None:
+        """Tell the NM the modules are imported (its node info shows the zygote ready)."""
+        self._send(wire.WarmReady(round(preload_s, 3)))
+
     def _send(self, msg: msgspec.Struct) -> None:
         if self.closing:
             return
@@ -247,11 +252,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--title-room", default="", help="padding: argv room for the children's process titles")
     ns = p.parse_args(argv)
     sock = socket.socket(fileno=ns.fd)
+    started = time.monotonic()
     for module in ns.preload:
         importlib.import_module(module)
     gc.collect()
     gc.freeze()      # the preloaded objects' GC headers are not written in every child (copy-on-write)
-    return Zygote(sock).serve()
+    zygote = Zygote(sock)
+    zygote.send_ready(time.monotonic() - started)
+    return zygote.serve()
 
 
 if __name__ == "__main__":

@@ -158,7 +158,18 @@ async def test_container_runs_completes_and_its_log_is_served(tmp_path, rm, clie
     host = favors_dynamic_mods(parse_mounts(Path("/proc/mounts").read_text()))
     cgroups = node["nodeInfo"]["enforcement"] in ("v1", "v2")
     assert node["nodeInfo"]["cgroupFavorDynmods"] == (host if cgroups else None)
+    # The executor zygote (the default NM runs one): it reports ready once it imported its modules.
+    zygote = (await _get_json(f"{nm.url}/ws/v1/node/info"))[1]["nodeInfo"]["executorZygote"]
+    assert isinstance(zygote["pid"], int)
+    zygote = await async_wait_until(
+        lambda: _zygote_if_ready(nm.url), timeout_s=60, what="the executor zygote to report ready")
+    assert zygote["preloadS"] > 0
     assert not (nm.dirs["local"] / info["container"]["appId"] / cid).exists()  # workdir deleted
+
+
+async def _zygote_if_ready(url: str) -> dict | None:
+    zygote = (await _get_json(f"{url}/ws/v1/node/info"))[1]["nodeInfo"]["executorZygote"]
+    return zygote if zygote["ready"] else None
 
 
 async def test_tokens_and_bad_requests_are_refused(tmp_path, rm, client, nms):

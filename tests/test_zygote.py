@@ -113,10 +113,25 @@ async def test_without_a_zygote_a_launch_is_refused_for_the_cold_path(tmp_path: 
     await w.close()
 
 
+async def test_the_zygote_says_when_its_modules_are_imported(tmp_path: Path) -> None:
+    """Not ready until it has imported its preloads (node info shows it); then ready, with the time."""
+    w = WarmLauncher(["timeit"])
+    assert not w.ready
+    await w.start()
+    try:
+        await async_wait_until(lambda: w.ready, timeout_s=30, what="the zygote's ready message")
+        assert w.preload_s is not None and w.preload_s >= 0
+        started = await w.launch(request(tmp_path, "pass"))      # and it serves
+        assert await started.wait() == 0
+    finally:
+        await w.close()
+    assert not w.ready
+
+
 def test_frames_round_trip_and_refuse_garbage() -> None:
-    msg = wire.WarmExited(pid=12, status=9)
-    data = wire.frame(msg)
-    assert wire.body_length(data[:4]) == len(data) - 4 and wire.decode_reply(data[4:]) == msg
+    for msg in (wire.WarmExited(pid=12, status=9), wire.WarmReady(preload_s=0.25)):
+        data = wire.frame(msg)
+        assert wire.body_length(data[:4]) == len(data) - 4 and wire.decode_reply(data[4:]) == msg
     with pytest.raises(wire.FrameError):
         wire.decode_reply(b"\x01\x02")
     with pytest.raises(wire.FrameError):
