@@ -19,6 +19,9 @@ from protocol import container_env
 from . import processes
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
 @dataclass(frozen=True)
 class RecordedContainer:
     """A container process an NM wrote down in its recovery dir."""
@@ -51,11 +54,11 @@ def _records_in(obj: Any) -> Iterator[RecordedContainer]:
             yield from _records_in(v)
 
 
-def recorded_containers(recovery_dir: Path) -> list[RecordedContainer]:
-    """Every container record in the JSON / JSON-lines files under `recovery_dir`."""
-    found: dict[tuple[int, str], RecordedContainer] = {}
+def _recovery_docs(recovery_dir: Path) -> Iterator[Any]:
+    """The decoded documents of the JSON and JSON-lines files under `recovery_dir`, in order (the
+    NM's journal, nodemanager.recovery_store, is JSON lines)."""
     if not recovery_dir.is_dir():
-        return []
+        return
     for path in sorted(recovery_dir.rglob("*")):
         if not path.is_file() or path.suffix not in (".json", ".jsonl", ""):
             continue
@@ -63,23 +66,27 @@ def recorded_containers(recovery_dir: Path) -> list[RecordedContainer]:
             text = path.read_text()
         except (OSError, UnicodeDecodeError):
             continue
-        docs: list[Any] = []
         try:
-            docs.append(json.loads(text))
+            yield json.loads(text)
         except ValueError:
             for line in text.splitlines():
                 try:
-                    docs.append(json.loads(line))
+                    yield json.loads(line)
                 except ValueError:
                     continue
-        for doc in docs:
-            if isinstance(doc, dict) and isinstance(doc.get("del"), str):
-                # The NM's journal (nodemanager.recovery_store): a container whose completion the
-                # RM saw is no longer the NM's to clean up.
-                found = {k: r for k, r in found.items() if r.container_id != doc["del"]}
-                continue
-            for rec in _records_in(doc):
-                found[(rec.pid, rec.container_id)] = rec
+
+
+def recorded_containers(recovery_dir: Path) -> list[RecordedContainer]:
+    """Every container record in the JSON / JSON-lines files under `recovery_dir`."""
+    found: dict[tuple[int, str], RecordedContainer] = {}
+    for doc in _recovery_docs(recovery_dir):
+        if isinstance(doc, dict) and isinstance(doc.get("del"), str):
+            # The NM's journal (nodemanager.recovery_store): a container whose completion the
+            # RM saw is no longer the NM's to clean up.
+            found = {k: r for k, r in found.items() if r.container_id != doc["del"]}
+            continue
+        for rec in _records_in(doc):
+            found[(rec.pid, rec.container_id)] = rec
     return list(found.values())
 
 
@@ -128,20 +135,14 @@ def _recorded_cgroup_dirs(obj: Any) -> Iterator[str]:
             yield from _recorded_cgroup_dirs(v)
 
 
-def remove_recorded_cgroups(recovery_dir: Path) -> list[str]:
+def remove_recorded_cgroups(recovery_dir: Path, cgroup_root: str = CGROUP_ROOT) -> list[str]:
     """Remove the (now empty) cgroup dirs of containers a dead NM recorded; an NM killed with
-    SIGKILL cannot remove them itself. Only dirs named after a container under a cgroup mount."""
+    SIGKILL cannot remove them itself. Only dirs named after a container under `cgroup_root`."""
     removed: list[str] = []
-    if not recovery_dir.is_dir():
-        return removed
-    for path in recovery_dir.rglob("*.json"):
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+    for doc in _recovery_docs(recovery_dir):
         for d in _recorded_cgroup_dirs(doc):
             p = Path(d)
-            if not p.name.startswith("container_") or not str(p).startswith("/sys/fs/cgroup/"):
+            if not p.name.startswith("container_") or not str(p).startswith(cgroup_root.rstrip("/") + "/"):
                 continue
             try:
                 p.rmdir()  # fails (and is skipped) while a process is still in it
@@ -153,13 +154,21 @@ def remove_recorded_cgroups(recovery_dir: Path) -> list[str]:
 
 
 def remove_node_cgroup_dirs(node_ids: list[str], cgroup_name: str = "elastane",
-                            root: Path = Path("/sys/fs/cgroup")) -> list[str]:
+                            root: Path = Path(CGROUP_ROOT)) -> list[str]:
     """Remove the (empty) per-node cgroup dirs NMs of this cluster leave when they die without a
     clean shutdown; rmdir refuses a dir that still has containers, so nothing live is touched."""
     removed: list[str] = []
     for node_id in node_ids:
         name = sanitise(node_id)
         for d in [*root.glob(f"*/{cgroup_name}/{name}"), root / cgroup_name / name]:
+            # Its pre-started shells' cgroups first (nodemanager.container_shell_pool): the shells
+            # exit when their NM goes, but the dirs stay and keep the node's dir from going.
+            for shell in d.glob("shell-*"):
+                try:
+                    shell.rmdir()
+                    removed.append(str(shell))
+                except OSError:
+                    pass
             try:
                 d.rmdir()
                 removed.append(str(d))

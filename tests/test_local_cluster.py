@@ -221,6 +221,30 @@ def test_reaper_reads_the_nm_journal_and_skips_containers_it_removed(tmp_path: P
     assert [(r.container_id, r.pid) for r in recs] == [("container_1_0001_01_000003", 4343)]
 
 
+def test_a_dead_nms_recorded_and_shell_cgroups_are_removed(tmp_path: Path) -> None:
+    """After an NM died without cleaning up: the container cgroups its journal records and its
+    pre-started shells' cgroups go (empty dirs), then its node dir; a dir still in use stays."""
+    from nodemanager.recovery_store import RecoveryStore
+
+    root = tmp_path / "cg"
+    node = "127.0.0.1:4242"
+    node_dirs = [root / ctl / "elastane" / "127.0.0.1_4242" for ctl in ("cpu", "memory")]
+    gone = [d / "container_1_0001_01_000002" for d in node_dirs]
+    busy = node_dirs[1] / "container_1_0001_01_000003"
+    for d in [*gone, busy, *(n / f"shell-99-{i}" for n in node_dirs for i in (1, 2))]:
+        d.mkdir(parents=True)
+    (busy / "cgroup.procs").write_text("1\n")            # a plain dir with a file: rmdir refuses
+    store = RecoveryStore(str(tmp_path / "recovery"))
+    store.save({"container_id": "container_1_0001_01_000002", "pid": 4242,
+                "cgroup": {"dirs": [str(d) for d in gone]}})
+    store.save({"container_id": "container_1_0001_01_000003", "pid": 4343, "cgroup": {"dirs": [str(busy)]}})
+    removed = container_reaper.remove_recorded_cgroups(tmp_path / "recovery", cgroup_root=str(root))
+    assert sorted(removed) == sorted(str(d) for d in gone) and busy.is_dir()
+    removed = container_reaper.remove_node_cgroup_dirs([node], root=root)
+    assert not node_dirs[0].exists() and str(node_dirs[0]) in removed
+    assert node_dirs[1].is_dir() and sorted(p.name for p in node_dirs[1].iterdir()) == [busy.name]
+
+
 def _real_daemons_available() -> bool:
     root = Path(__file__).resolve().parent.parent
     return (root / "rm" / "__main__.py").exists() and (root / "nodemanager" / "__main__.py").exists()
