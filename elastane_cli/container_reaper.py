@@ -7,13 +7,13 @@ did, and (when the record names its container) carries that CONTAINER_ID in its 
 """
 from __future__ import annotations
 
-import json
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from nodemanager.cgroup_base import sanitise
+from nodemanager.recovery_store import read_records
 from protocol import container_env
 
 from . import processes
@@ -54,38 +54,12 @@ def _records_in(obj: Any) -> Iterator[RecordedContainer]:
             yield from _records_in(v)
 
 
-def _recovery_docs(recovery_dir: Path) -> Iterator[Any]:
-    """The decoded documents of the JSON and JSON-lines files under `recovery_dir`, in order (the
-    NM's journal, nodemanager.recovery_store, is JSON lines)."""
-    if not recovery_dir.is_dir():
-        return
-    for path in sorted(recovery_dir.rglob("*")):
-        if not path.is_file() or path.suffix not in (".json", ".jsonl", ""):
-            continue
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError):
-            continue
-        try:
-            yield json.loads(text)
-        except ValueError:
-            for line in text.splitlines():
-                try:
-                    yield json.loads(line)
-                except ValueError:
-                    continue
-
-
 def recorded_containers(recovery_dir: Path) -> list[RecordedContainer]:
-    """Every container record in the JSON / JSON-lines files under `recovery_dir`."""
+    """Every container an NM's recovery records hold (nodemanager.recovery_store.read_records:
+    its journal replayed, so a container whose completion the RM saw is not among them)."""
     found: dict[tuple[int, str], RecordedContainer] = {}
-    for doc in _recovery_docs(recovery_dir):
-        if isinstance(doc, dict) and isinstance(doc.get("del"), str):
-            # The NM's journal (nodemanager.recovery_store): a container whose completion the
-            # RM saw is no longer the NM's to clean up.
-            found = {k: r for k, r in found.items() if r.container_id != doc["del"]}
-            continue
-        for rec in _records_in(doc):
+    for record in read_records(recovery_dir).values():
+        for rec in _records_in(record):
             found[(rec.pid, rec.container_id)] = rec
     return list(found.values())
 
@@ -139,8 +113,8 @@ def remove_recorded_cgroups(recovery_dir: Path, cgroup_root: str = CGROUP_ROOT) 
     """Remove the (now empty) cgroup dirs of containers a dead NM recorded; an NM killed with
     SIGKILL cannot remove them itself. Only dirs named after a container under `cgroup_root`."""
     removed: list[str] = []
-    for doc in _recovery_docs(recovery_dir):
-        for d in _recorded_cgroup_dirs(doc):
+    for record in read_records(recovery_dir).values():
+        for d in _recorded_cgroup_dirs(record):
             p = Path(d)
             if not p.name.startswith("container_") or not str(p).startswith(cgroup_root.rstrip("/") + "/"):
                 continue

@@ -42,7 +42,7 @@ class RecoveryStore:
         self.dir = Path(recovery_dir) / "containers"
         self.dir.mkdir(parents=True, exist_ok=True)
         self._path = self.dir / JOURNAL
-        self._records: dict[str, dict[str, Any]] = self._replay()
+        self._records = read_records(recovery_dir)
         self._lines = 0
         self._fd = -1
         self._compact()     # also folds in the old layout's files and drops a torn last line
@@ -89,30 +89,6 @@ class RecoveryStore:
         if self._lines >= max(COMPACT_MIN_LINES, COMPACT_FACTOR * len(self._records)):
             self._compact()
 
-    def _replay(self) -> dict[str, dict[str, Any]]:
-        records: dict[str, dict[str, Any]] = {}
-        for path in sorted(self.dir.glob("*.json")):    # the old layout: one file per container
-            try:
-                rec = orjson.loads(path.read_bytes())
-                records[str(rec["container_id"])] = rec
-            except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as e:
-                log.warning("ignoring unreadable recovery record %s: %s", path, e)
-        try:
-            data = self._path.read_bytes()
-        except FileNotFoundError:
-            return records
-        for n, line in enumerate(data.splitlines(), 1):
-            try:
-                change = orjson.loads(line)
-                if "put" in change:
-                    records[str(change["put"]["container_id"])] = change["put"]
-                else:
-                    records.pop(str(change["del"]), None)
-            except (orjson.JSONDecodeError, KeyError, TypeError) as e:
-                # A crash mid-append leaves a torn last line; anything else is damage, said so.
-                log.warning("ignoring unreadable line %d of %s: %s", n, self._path, e)
-        return records
-
     def _compact(self) -> None:
         """Write the live records as a fresh journal (temp file renamed over the old one)."""
         tmp = self._path.with_name(JOURNAL + ".tmp")
@@ -124,3 +100,33 @@ class RecoveryStore:
         self._lines = len(self._records)
         for path in self.dir.glob("*.json"):     # folded into the journal above
             path.unlink(missing_ok=True)
+
+
+def read_records(recovery_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """The live container records under `<recovery_dir>/containers/` by container id: the journal
+    replayed, with the old layout's files read first. Reads only: the store opens with it, and
+    the local cluster's reaper reads a dead NM's records with it (elastane_cli.container_reaper)."""
+    d = Path(recovery_dir) / "containers"
+    records: dict[str, dict[str, Any]] = {}
+    for path in sorted(d.glob("*.json")):    # the old layout: one file per container
+        try:
+            rec = orjson.loads(path.read_bytes())
+            records[str(rec["container_id"])] = rec
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as e:
+            log.warning("ignoring unreadable recovery record %s: %s", path, e)
+    journal = d / JOURNAL
+    try:
+        data = journal.read_bytes()
+    except FileNotFoundError:
+        return records
+    for n, line in enumerate(data.splitlines(), 1):
+        try:
+            change = orjson.loads(line)
+            if "put" in change:
+                records[str(change["put"]["container_id"])] = change["put"]
+            else:
+                records.pop(str(change["del"]), None)
+        except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+            # A crash mid-append leaves a torn last line; anything else is damage, said so.
+            log.warning("ignoring unreadable line %d of %s: %s", n, journal, e)
+    return records

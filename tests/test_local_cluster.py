@@ -67,7 +67,8 @@ FAKE_NM = textwrap.dedent('''
     if os.environ.get("FAKE_NM_HANG"):
         signal.pause()
     node_id = f"127.0.0.1:{os.getpid()}"
-    # A "container": its own session, CONTAINER_ID in its env, recorded like the real NM does.
+    # A "container": its own session, CONTAINER_ID in its env, recorded as one file (the NM's old
+    # layout, which recovery_store.read_records still reads).
     cid = f"container_1_0001_01_{os.getpid():06d}"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True,
                              env=dict(os.environ, CONTAINER_ID=cid))
