@@ -25,7 +25,8 @@ _DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
 
 
 def dumps(obj: Any) -> bytes:
-    """Encode to JSON bytes; msgspec Structs and enums are turned into builtins first."""
+    """Encode to JSON bytes: a Struct by msgspec directly, anything else by orjson (Structs inside
+    it turned into builtins first)."""
     if isinstance(obj, msgspec.Struct):
         return _ENCODER.encode(obj)
     return orjson.dumps(obj, default=_default)
@@ -46,20 +47,17 @@ def loads(raw: bytes | str) -> Any:
 
 def decode_as(raw: bytes | str | Any, typ: type[T]) -> T:
     """Decode raw JSON (or an already decoded object) into `typ`, raising DecodeError naming the field."""
-    if isinstance(raw, (bytes, str)):
-        decoder = _DECODERS.get(typ)
-        if decoder is None:
-            decoder = _DECODERS[typ] = msgspec.json.Decoder(typ, strict=True)
-        try:
-            return cast(T, decoder.decode(raw))
-        except msgspec.ValidationError as e:
-            raise DecodeError(str(e)) from None
-        except msgspec.DecodeError as e:     # not JSON at all (ValidationError is its subclass)
-            raise DecodeError(f"malformed JSON: {e}") from None
     try:
+        if isinstance(raw, (bytes, str)):
+            decoder = _DECODERS.get(typ)
+            if decoder is None:
+                decoder = _DECODERS[typ] = msgspec.json.Decoder(typ, strict=True)
+            return cast(T, decoder.decode(raw))
         return msgspec.convert(raw, typ, strict=True)
     except msgspec.ValidationError as e:
         raise DecodeError(str(e)) from None
+    except msgspec.DecodeError as e:     # not JSON at all (ValidationError is its subclass)
+        raise DecodeError(f"malformed JSON: {e}") from None
 
 
 def to_builtins(obj: Any) -> Any:
