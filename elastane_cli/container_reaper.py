@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from nodemanager.cgroup_base import sanitise
 from nodemanager.recovery_store import read_records
@@ -32,26 +32,20 @@ class RecordedContainer:
     start_ticks: int | None = None
 
 
-def _records_in(obj: Any) -> Iterator[RecordedContainer]:
-    """Find container records anywhere in a decoded recovery file (the NM's layout may nest them)."""
-    if isinstance(obj, dict):
-        pid = obj.get("pid")
-        if isinstance(pid, int) and pid > 1:
-            pgid = obj.get("pgid")
-            # The NM records the pid's /proc start time as `start_time` (clock ticks since boot).
-            ticks = obj.get("start_time", obj.get("start_ticks"))
-            yield RecordedContainer(
-                pid=pid,
-                pgid=pgid if isinstance(pgid, int) and pgid > 1 else pid,  # own session: pgid == pid
-                container_id=str(obj.get("container_id") or obj.get("id") or ""),
-                start_ticks=ticks if isinstance(ticks, int) else None,
-            )
-        for v in obj.values():
-            if isinstance(v, (dict, list)):
-                yield from _records_in(v)
-    elif isinstance(obj, list):
-        for v in obj:
-            yield from _records_in(v)
+def _recorded(record: dict[str, Any]) -> RecordedContainer | None:
+    """The process one container record names (nodemanager.container.Container.to_record: `pid`,
+    `pgid`, and `start_time` in clock ticks since boot), or None when it names none."""
+    pid = record.get("pid")
+    if not isinstance(pid, int) or pid <= 1:
+        return None
+    pgid = record.get("pgid")
+    ticks = record.get("start_time")
+    return RecordedContainer(
+        pid=pid,
+        pgid=pgid if isinstance(pgid, int) and pgid > 1 else pid,  # own session: pgid == pid
+        container_id=str(record.get("container_id") or ""),
+        start_ticks=ticks if isinstance(ticks, int) else None,
+    )
 
 
 def recorded_containers(recovery_dir: Path) -> list[RecordedContainer]:
@@ -59,7 +53,8 @@ def recorded_containers(recovery_dir: Path) -> list[RecordedContainer]:
     its journal replayed, so a container whose completion the RM saw is not among them)."""
     found: dict[tuple[int, str], RecordedContainer] = {}
     for record in read_records(recovery_dir).values():
-        for rec in _records_in(record):
+        rec = _recorded(record)
+        if rec is not None:
             found[(rec.pid, rec.container_id)] = rec
     return list(found.values())
 
@@ -96,17 +91,11 @@ def reap(recovery_dirs: list[Path], not_before_unix: float) -> list[int]:
     return killed
 
 
-def _recorded_cgroup_dirs(obj: Any) -> Iterator[str]:
-    if isinstance(obj, dict):
-        cg = obj.get("cgroup")
-        if isinstance(cg, dict) and isinstance(cg.get("dirs"), list):
-            yield from (str(x) for x in cg["dirs"])
-        for v in obj.values():
-            if isinstance(v, (dict, list)):
-                yield from _recorded_cgroup_dirs(v)
-    elif isinstance(obj, list):
-        for v in obj:
-            yield from _recorded_cgroup_dirs(v)
+def _recorded_cgroup_dirs(record: dict[str, Any]) -> list[str]:
+    """The cgroup dirs one container record names (its `cgroup`'s `dirs`)."""
+    cg = record.get("cgroup")
+    dirs = cg.get("dirs") if isinstance(cg, dict) else None
+    return [str(d) for d in dirs] if isinstance(dirs, list) else []
 
 
 def remove_recorded_cgroups(recovery_dir: Path, cgroup_root: str = CGROUP_ROOT) -> list[str]:
