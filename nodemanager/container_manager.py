@@ -444,6 +444,7 @@ class ContainerManager:
             await self.shells.close()
         if self.enforcement.backend is not None:
             await asyncio.to_thread(self.enforcement.backend.teardown)
+        self.store.close()      # the journal's file (the records stay on disk for a restart)
 
 
 async def _wait_event(ev: asyncio.Event, timeout: float) -> bool:

@@ -210,6 +210,22 @@ async def test_recovery_settles_dead_containers(tmp_path):
     assert RecoveryStore(m2.cfg.recovery_dir).load_all() == []
 
 
+def _open_fds_on(path: Path) -> int:
+    return sum(1 for fd in os.listdir("/proc/self/fd")
+               if os.path.realpath(f"/proc/self/fd/{fd}") == os.path.realpath(path))
+
+
+async def test_shutdown_closes_the_recovery_journal_and_keeps_its_records(tmp_path):
+    m = _manager(tmp_path, lambda: 0.0)
+    app, _, cid = new_ids()
+    _finished(m, cid, app, at=0.0)
+    journal = Path(m.cfg.recovery_dir, "containers", "containers.jsonl")
+    assert _open_fds_on(journal) == 1
+    await m.shutdown()
+    assert _open_fds_on(journal) == 0            # an NM stopped in process leaks no descriptor
+    assert [r["container_id"] for r in RecoveryStore(m.cfg.recovery_dir).load_all()] == [cid]
+
+
 async def test_container_api_token_checks_in_process(tmp_path):
     m = _manager(tmp_path, lambda: 0.0)
     web = NodeWebApi(m, SECRET, "127.0.0.1:1", lambda: "http://127.0.0.1:1", lambda: {"id": "127.0.0.1:1"})
