@@ -1,4 +1,5 @@
-# Sourced by start-cluster and stop-cluster: hosts-file parsing and local-host detection.
+# Sourced by start-cluster and stop-cluster: hosts-file parsing, local-host detection, and running
+# one command on every host in parallel (like Hadoop's workers.sh).
 
 # Print the hosts of a hosts file: one per line, `#` comments and blank lines skipped, each once.
 read_hosts() {
@@ -13,11 +14,53 @@ is_local_host() {
   return 1
 }
 
-# The ELASTANE_* settings to carry over ssh, so remote daemons use the same pid / log dirs.
+# The ELASTANE_* settings to carry over ssh, so remote daemons use the same pid / log / conf dirs,
+# and the host's name as the hosts file gives it (ELASTANE_HOSTNAME: its nm-<name>.toml overrides).
 remote_env() {
-  local v out=""
-  for v in ELASTANE_PID_DIR ELASTANE_LOG_DIR ELASTANE_IDENT_STRING ELASTANE_CONF_DIR ELASTANE_NM_OPTS; do
+  local host=$1 v out=""
+  for v in ELASTANE_PID_DIR ELASTANE_LOG_DIR ELASTANE_IDENT_STRING ELASTANE_CONF_DIR ELASTANE_NM_OPTS \
+           ELASTANE_START_TIMEOUT ELASTANE_STOP_TIMEOUT; do
     [[ -n ${!v:-} ]] && out+="$v=$(printf '%q' "${!v}") "
   done
+  out+="ELASTANE_HOSTNAME=$(printf '%q' "$host") "
   printf '%s' "$out"
+}
+
+# on_hosts HOSTSFILE SCRIPT [ARGS...]: run bin/SCRIPT on every host of HOSTSFILE at once -- this
+# machine's directly, the others over ssh (with $ELASTANE_SSH_OPTS, stdin closed so ssh cannot eat
+# the hosts list), each output line prefixed with its host. Returns non-zero naming every host that
+# failed.
+on_hosts() {
+  local file=$1 script=$2
+  shift 2
+  local -a ssh_opts=()
+  read -r -a ssh_opts <<<"${ELASTANE_SSH_OPTS:-}"
+  local tmp host local_done=0 failed=""
+  tmp=$(mktemp -d)
+  local -a hosts=()
+  mapfile -t hosts < <(read_hosts "$file")
+  for host in "${hosts[@]}"; do
+    if is_local_host "$host"; then
+      # One NM per host: a second name for this machine (localhost, 127.0.0.1, its hostname) is skipped.
+      if ((local_done)); then echo "$host: is this machine, which is already done"; continue; fi
+      local_done=1
+      ( set +e; ELASTANE_HOSTNAME=${ELASTANE_HOSTNAME:-$host} "$BIN/$script" "$@" </dev/null 2>&1 \
+          | sed -u "s/^/$host: /"; echo "${PIPESTATUS[0]}" >"$tmp/$host" ) &
+    else
+      ( set +e; ssh -o BatchMode=yes "${ssh_opts[@]}" "$host" \
+          "$(remote_env "$host") $(printf '%q' "$BIN/$script") $(printf '%q ' "$@")" </dev/null 2>&1 \
+          | sed -u "s/^/$host: /"; echo "${PIPESTATUS[0]}" >"$tmp/$host" ) &
+    fi
+  done
+  wait
+  for host in "${hosts[@]}"; do
+    [[ -f $tmp/$host ]] || continue
+    [[ $(<"$tmp/$host") == 0 ]] || failed+=" $host"
+  done
+  rm -rf "$tmp"
+  if [[ -n $failed ]]; then
+    echo "$(basename "$0"): $script failed on:$failed" >&2
+    return 1
+  fi
+  return 0
 }

@@ -77,16 +77,16 @@ def test_start_cluster_and_stop_cluster_on_localhost(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stdout + r.stderr
         text = (conf / "cluster.toml").read_text()
         assert 'secret = "' in text and 'secret = ""' not in text
-        pids = [int((tmp_path / "pids" / f"elastane-test-{d}.pid").read_text()) for d in ("rm", "nm")]
+        pids = [int((tmp_path / "pids" / f"elastane-test-{d}-{socket.gethostname()}.pid").read_text()) for d in ("rm", "nm")]
         assert all(processes.is_alive(p) for p in pids)
-        ready = json.loads((tmp_path / "pids" / "elastane-test-nm.ready").read_text())
+        ready = json.loads((tmp_path / "pids" / f"elastane-test-nm-{socket.gethostname()}.ready").read_text())
         assert ready["node_id"]
         again = script("start-nm", *nm_flags, env=env)
         assert again.returncode == 1 and "already running" in again.stderr
         r = script("stop-cluster", str(hosts), env=env)
         assert r.returncode == 0, r.stdout + r.stderr
         assert processes.wait_gone([(p, None) for p in pids], 10.0) == []
-        assert not (tmp_path / "pids" / "elastane-test-rm.pid").exists()
+        assert not (tmp_path / "pids" / f"elastane-test-rm-{socket.gethostname()}.pid").exists()
     finally:
         for p in pids:
             processes.signal_pid(p, 9)
