@@ -6,6 +6,7 @@ Command-line flags override file values (see `merge`).
 from __future__ import annotations
 
 import os
+import socket
 import tomllib
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -57,7 +58,9 @@ class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 class NMConfig(msgspec.Struct, forbid_unknown_fields=True):
     host: str = "0.0.0.0"
-    advertise_host: str = ""        # "" = 127.0.0.1 when binding loopback, else the hostname
+    # The node's address for the RM, AMs and containers (NM_HOST); "" = the bound address, or for
+    # 0.0.0.0 / :: the address of the interface that routes to the RM (127.0.0.1 if it is on loopback).
+    advertise_host: str = ""
     port: int = 8042
     rm_address: str = ""            # "" = cluster.toml's rm_address
     memory_mb: int = 0              # 0 = detect from /proc/meminfo (minus reserved)
@@ -132,8 +135,28 @@ def load_rm(path: Optional[str] = None) -> RMConfig:
     return load(path or CONF_DIR / "rm.toml", RMConfig, "rm")
 
 
-def load_nm(path: Optional[str] = None) -> NMConfig:
-    return load(path or CONF_DIR / "nm.toml", NMConfig, "nm")
+def nm_hostname() -> str:
+    """The name that picks this host's override file: $ELASTANE_HOSTNAME, else the hostname."""
+    return os.environ.get("ELASTANE_HOSTNAME") or socket.gethostname()
+
+
+def load_nm(path: Optional[str] = None, hostname: Optional[str] = None) -> NMConfig:
+    """nm.toml, then the `[nm]` keys of `nm-<hostname>.toml` beside it, if that exists (hostname:
+    `nm_hostname()`), so one conf dir shared by every host can still give each its own address or
+    capacity. Unknown keys or wrong types in either file are errors naming that file."""
+    base_path = Path(path) if path else CONF_DIR / "nm.toml"
+    cfg = load(base_path, NMConfig, "nm")
+    host_path = base_path.with_name(f"nm-{hostname or nm_hostname()}.toml")
+    if not host_path.is_file():
+        return cfg
+    overrides = load(host_path, NMConfig, "nm")     # checks the file's keys and types, naming it
+    with open(host_path, "rb") as f:
+        raw = tomllib.load(f)
+    # Only [nm] is read from it: another table (a typo of [nm]) would otherwise be silently ignored.
+    stray = sorted(set(raw) - {"nm"})
+    if stray:
+        raise ConfigError(f"{host_path}: only [nm] is read from a host's override file, found {', '.join(stray)}")
+    return msgspec.structs.replace(cfg, **{k: getattr(overrides, k) for k in raw.get("nm", {})})
 
 
 def load_cluster(path: Optional[str] = None) -> ClusterConfig:
