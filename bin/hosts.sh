@@ -37,6 +37,9 @@ on_hosts() {
   read -r -a ssh_opts <<<"${ELASTANE_SSH_OPTS:-}"
   local tmp host local_done=0 failed=""
   tmp=$(mktemp -d)
+  local remote_cmd
+  remote_cmd=$(printf '%q' "$BIN/$script")
+  (($#)) && remote_cmd+=" $(printf '%q ' "$@")"
   local -a hosts=()
   mapfile -t hosts < <(read_hosts "$file")
   for host in "${hosts[@]}"; do
@@ -47,8 +50,7 @@ on_hosts() {
       ( set +e; ELASTANE_HOSTNAME=${ELASTANE_HOSTNAME:-$host} "$BIN/$script" "$@" </dev/null 2>&1 \
           | sed -u "s/^/$host: /"; echo "${PIPESTATUS[0]}" >"$tmp/$host" ) &
     else
-      ( set +e; ssh -o BatchMode=yes "${ssh_opts[@]}" "$host" \
-          "$(remote_env "$host") $(printf '%q' "$BIN/$script") $(printf '%q ' "$@")" </dev/null 2>&1 \
+      ( set +e; ssh -o BatchMode=yes "${ssh_opts[@]}" "$host" "$(remote_env "$host") $remote_cmd" </dev/null 2>&1 \
           | sed -u "s/^/$host: /"; echo "${PIPESTATUS[0]}" >"$tmp/$host" ) &
     fi
   done
