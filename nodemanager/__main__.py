@@ -14,10 +14,14 @@ from .node_manager import NodeManager
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m nodemanager", description="Elastane NodeManager")
-    p.add_argument("--config", help="nm.toml (default conf/nm.toml)")
+    p.add_argument("--config", help="nm.toml (default conf/nm.toml); nm-<hostname>.toml beside it, if there, "
+                                    "overrides its [nm] keys on this host ($ELASTANE_HOSTNAME, else the hostname)")
     p.add_argument("--cluster-config", help="cluster.toml (default conf/cluster.toml)")
     p.add_argument("--rm-address", help="RM URL, e.g. http://127.0.0.1:8088")
     p.add_argument("--host", help="address to bind")
+    p.add_argument("--advertise-host",
+                   help="this node's address for the RM, AMs and containers (default: the bound address, or "
+                        "for 0.0.0.0 the address of the interface that routes to the RM)")
     p.add_argument("--port", type=int, help="HTTP port (0 = ephemeral)")
     p.add_argument("--memory-mb", type=int, help="memory offered to containers (0 = detect)")
     p.add_argument("--vcores", type=int, help="vcores offered to containers (0 = detect)")
@@ -39,6 +43,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     setup_logging("nodemanager")
     try:
         cfg = pconfig.merge(pconfig.load_nm(args.config), rm_address=args.rm_address, host=args.host,
+                            advertise_host=args.advertise_host,
                             port=args.port, memory_mb=args.memory_mb, vcores=args.vcores,
                             local_dir=args.local_dir, log_dir=args.log_dir, recovery_dir=args.recovery_dir,
                             cgroups=args.cgroups, heartbeat_interval_ms=args.heartbeat_interval_ms,

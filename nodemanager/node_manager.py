@@ -40,8 +40,9 @@ class NodeManager:
         self.ready_file = ready_file
         self.mounts_file = mounts_file
         self.capability = node_settings.capability(cfg)
-        self.host = node_settings.advertise_host(cfg)
         self.rm_address = node_settings.rm_address(cfg, cluster)
+        # The address the node id, the RM, AMs and containers (NM_HOST) use to reach this node.
+        self.host = node_settings.advertise_host(cfg, self.rm_address)
         self.started_ms = int(time.time() * 1000)
         self.port = 0
         self.node_id = ""

@@ -1,9 +1,12 @@
 """Resolve an NM's effective settings: capacity (declared or detected), advertised host, RM address."""
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from pathlib import Path
+from typing import Callable
+from urllib.parse import urlsplit
 
 from protocol.config import ClusterConfig, ConfigError, NMConfig
 from protocol.records import Resource
@@ -40,15 +43,92 @@ def cores_per_vcore(cfg: NMConfig, capability: Resource) -> float:
     return cfg.cpu_limit_cores / max(1, capability.vcores)
 
 
-def advertise_host(cfg: NMConfig) -> str:
-    """The host part of the node id: configured, 127.0.0.1 for local binds, else the hostname."""
+# Binding one of these serves on every interface: the node id needs an address that routes to the RM.
+WILDCARD_HOSTS = ("0.0.0.0", "", "::")
+LOOPBACK_BINDS = ("127.0.0.1", "localhost", "::1")
+# host -> its addresses (IPv4 first); (ip, port) -> the local address a packet to it leaves from.
+Resolve = Callable[[str], list[str]]
+RouteSource = Callable[[str, int], str]
+
+
+def resolve_addresses(host: str) -> list[str]:
+    """Every address `host` resolves to here, IPv4 first (an NM bound to 0.0.0.0 serves only those)."""
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+    addrs = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    return sorted(addrs, key=lambda a: ":" in a)
+
+
+def route_source(ip: str, port: int) -> str:
+    """The local address this host sends from to reach `ip`: the kernel's route choice, read from a
+    connected UDP socket (connect on UDP only picks the route; no packet is sent)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((ip, port))
+        return str(s.getsockname()[0])
+
+
+def _addresses(host: str, resolve: Resolve) -> list[str]:
+    """An address literal as itself (no lookup), a name through `resolve`."""
+    try:
+        return [str(ipaddress.ip_address(host))]
+    except ValueError:
+        return resolve(host)
+
+
+def is_loopback(host: str, resolve: Resolve = resolve_addresses) -> bool:
+    """127.0.0.0/8, ::1, localhost, or a name whose every address here is one of those (a hostname
+    that /etc/hosts maps to 127.0.1.1). A name that does not resolve here is not called loopback."""
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        addrs = _addresses(host, resolve)
+    except OSError:
+        return False
+    return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
+
+
+def _rm_endpoint(rm_url: str) -> tuple[str, int]:
+    parts = urlsplit(rm_url)
+    try:
+        port = parts.port
+    except ValueError:
+        raise ConfigError(f"rm_address {rm_url!r} has a bad port") from None
+    if not parts.hostname:
+        raise ConfigError(f"rm_address {rm_url!r} names no host")
+    return parts.hostname, port or (443 if parts.scheme == "https" else 80)
+
+
+def advertise_host(cfg: NMConfig, rm_url: str, resolve: Resolve = resolve_addresses,
+                   route: RouteSource = route_source) -> str:
+    """The host part of the node id (and NM_HOST, and the URL the RM and AMs use): `advertise_host`
+    if set; 127.0.0.1 for a loopback bind; the bound address for a specific one; for a wildcard
+    bind, the address of the interface that routes to the RM, or 127.0.0.1 when the RM is on
+    loopback (single-host clusters)."""
     if cfg.advertise_host:
         return cfg.advertise_host
-    if cfg.host in ("0.0.0.0", "127.0.0.1", "localhost", "", "::", "::1"):
+    if cfg.host in LOOPBACK_BINDS:
         return "127.0.0.1"
-    if cfg.host:
+    if cfg.host not in WILDCARD_HOSTS:
         return cfg.host
-    return socket.gethostname()
+    rm_host, rm_port = _rm_endpoint(rm_url)
+    hint = "set advertise_host (nm.toml, nm-<host>.toml or --advertise-host) to this host's address"
+    try:
+        addrs = _addresses(rm_host, resolve)
+    except OSError as e:
+        raise ConfigError(f"cannot choose an address to advertise: the RM host {rm_host!r} (rm_address "
+                          f"{rm_url}) does not resolve ({e}); {hint}") from None
+    if cfg.host != "::":
+        addrs = [a for a in addrs if ":" not in a]   # 0.0.0.0 serves IPv4 only
+    if not addrs:
+        raise ConfigError(f"cannot choose an address to advertise: the RM host {rm_host!r} (rm_address "
+                          f"{rm_url}) has no address this NM's bind ({cfg.host!r}) can serve; {hint}")
+    if ipaddress.ip_address(addrs[0].split("%")[0]).is_loopback:
+        return "127.0.0.1"
+    try:
+        return route(addrs[0], rm_port)
+    except OSError as e:
+        raise ConfigError(f"cannot choose an address to advertise: no route to the RM at {rm_url} "
+                          f"({addrs[0]}: {e}); {hint}") from None
 
 
 def rm_address(cfg: NMConfig, cluster: ClusterConfig) -> str:
@@ -58,7 +138,8 @@ def rm_address(cfg: NMConfig, cluster: ClusterConfig) -> str:
     return addr.rstrip("/")
 
 
-def validate(cfg: NMConfig, cluster: ClusterConfig) -> None:
+def validate(cfg: NMConfig, cluster: ClusterConfig, resolve: Resolve = resolve_addresses,
+             route: RouteSource = route_source) -> None:
     """Reject settings the NM cannot run with; the message names the setting."""
     if cfg.cgroups not in CGROUP_MODES:
         raise ConfigError(f"cgroups must be one of {', '.join(CGROUP_MODES)}, got {cfg.cgroups!r}")
@@ -84,3 +165,17 @@ def validate(cfg: NMConfig, cluster: ClusterConfig) -> None:
         raise ConfigError(f"keep_finished_logs_s must be >= 0, got {cfg.keep_finished_logs_s}")
     if not cluster.secret:
         raise ConfigError("cluster secret is empty: run `elastane secret` or set [cluster] secret")
+    check_advertised(cfg, rm_address(cfg, cluster), resolve, route)
+
+
+def check_advertised(cfg: NMConfig, rm_url: str, resolve: Resolve = resolve_addresses,
+                     route: RouteSource = route_source) -> None:
+    """A loopback node address only works when the RM is on loopback too: on another host the RM
+    (and every AM) would connect to itself."""
+    host = advertise_host(cfg, rm_url, resolve, route)
+    if not is_loopback(host, resolve) or is_loopback(_rm_endpoint(rm_url)[0], resolve):
+        return
+    source = "advertise_host" if cfg.advertise_host else f"advertise_host (from host = {cfg.host!r})"
+    raise ConfigError(f"{source} = {host!r} is a loopback address but the RM at {rm_url} is on another "
+                      "host: set advertise_host (nm.toml, nm-<host>.toml or --advertise-host) to this "
+                      "host's address")

@@ -111,8 +111,9 @@ def test_settings_capacity_host_and_validation(tmp_path):
     cfg = NMConfig(reserved_memory_mb=1024)
     assert node_settings.capability(cfg, str(meminfo)) == Resource(8192 - 1024, os.cpu_count() or 1)
     assert node_settings.capability(NMConfig(memory_mb=300, vcores=3), str(meminfo)) == Resource(300, 3)
-    assert node_settings.advertise_host(NMConfig(host="0.0.0.0")) == "127.0.0.1"
-    assert node_settings.advertise_host(NMConfig(host="0.0.0.0", advertise_host="nm7")) == "nm7"
+    rm = "http://127.0.0.1:8088"
+    assert node_settings.advertise_host(NMConfig(host="0.0.0.0"), rm) == "127.0.0.1"
+    assert node_settings.advertise_host(NMConfig(host="0.0.0.0", advertise_host="nm7"), rm) == "nm7"
     assert node_settings.rm_address(NMConfig(), ClusterConfig(rm_address="rm:8088")) == "http://rm:8088"
     assert node_settings.rm_address(NMConfig(rm_address="http://x:1/"), ClusterConfig()) == "http://x:1"
     good = ClusterConfig(secret="s")
