@@ -288,8 +288,9 @@ def _write_ready_file(path: str, payload: dict[str, Any]) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m psruntime.executor", description=__doc__.split("\n")[0])
     p.add_argument("--executor-id", required=True)
-    p.add_argument("--host", default=os.environ.get(container_env.NM_HOST, "127.0.0.1"),
-                   help="the address to serve on (default: the container's $NM_HOST, else 127.0.0.1)")
+    p.add_argument("--host", default=os.environ.get(container_env.NM_HOST) or "127.0.0.1",
+                   help="the address to serve on and advertise (default: the container's $NM_HOST, the "
+                        "NM's advertised address; else 127.0.0.1)")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--num-blocks", type=int, default=64)
     p.add_argument("--role", choices=ROLES, default="server")
