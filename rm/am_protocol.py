@@ -35,6 +35,7 @@ class AmProtocol:
     clock: Callable[[], float]
     counters: dict[str, int]
     _am_live: OrderedDict[str, float]
+    _am_node_wait: dict[str, float]
 
     if TYPE_CHECKING:  # implemented by ResourceManagerCore (rm/core.py)
         def _app_event(self, app: App, ev: AppEvent) -> None: ...
@@ -184,3 +185,5 @@ class AmProtocol:
     def _touch(self, at: Attempt) -> None:
         self._am_live[at.attempt_id] = self.clock()
         self._am_live.move_to_end(at.attempt_id)
+        if self._am_node_wait:
+            self._am_node_wait.pop(at.attempt_id, None)   # it expired while its node was silent: it is back

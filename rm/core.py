@@ -25,7 +25,8 @@ from .model import AmSpec, App, Attempt, Container, Node
 from .nm_protocol import NmProtocol
 from .nodes import NodeTracker
 from .scheduler import AskError, CapacityScheduler
-from .state_machines import AppEvent, AttemptEvent, attempt_is_final, next_app_state, next_attempt_state
+from .state_machines import (NOT_COUNTED, AppEvent, AttemptEvent, attempt_is_final, counts_toward_max_attempts,
+                             next_app_state, next_attempt_state)
 from .utilization_series import UtilizationSeries
 
 CONTAINER_LAUNCH_EXPIRY_S = 600.0   # YARN's rm.container-allocation.expiry-interval
@@ -61,6 +62,9 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self.launch_expiry_s = launch_expiry_s
         self._am_live: OrderedDict[str, float] = OrderedDict()      # attempt -> last AM contact
         self._unlaunched: OrderedDict[str, float] = OrderedDict()   # container -> allocated at
+        # Expired AMs whose node was silent too: the node's verdict (lost, or heard from) decides
+        # whether the attempt was lost with its host (not counted) or its AM hung (counted).
+        self._am_node_wait: dict[str, float] = {}                   # attempt -> when its AM expired
         self.effects: list[LaunchAm] = []
         self.dirty: set[str] = set()
         self.decisions = DecisionLog()      # recent directive changes, for operators (in memory only)
@@ -218,6 +222,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         if diagnostics:
             at.diagnostics = diagnostics
         self._am_live.pop(at.attempt_id, None)
+        self._am_node_wait.pop(at.attempt_id, None)
         self.scheduler.clear_demand(at.app_id)
         for cid in list(at.containers):
             c = self.containers.get(cid)
@@ -319,9 +324,15 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
                 at.finish_time = self.clock()
                 self._am_live.pop(at.attempt_id, None)
             elif not attempt_is_final(at.state):
-                self._attempt_failed(at, f"AM Container for {at.attempt_id} exited with exitCode: "
-                                         f"{status.exit_status} ({ExitStatus.describe(status.exit_status)}). "
-                                         f"Diagnostics: {status.diagnostics}")
+                counts = counts_toward_max_attempts(status.exit_status)
+                diagnostics = (f"AM Container for {at.attempt_id} exited with exitCode: {status.exit_status} "
+                               f"({ExitStatus.describe(status.exit_status)}). Diagnostics: {status.diagnostics}")
+                node = self.nodes.get(c.node_id)
+                if node is not None and node.state == NodeState.LOST:
+                    diagnostics = f"Attempt {at.attempt_id} was lost with its node {c.node_id}. {diagnostics}"
+                if not counts:
+                    diagnostics += NOT_COUNTED
+                self._attempt_failed(at, diagnostics, counts=counts)
         elif not attempt_is_final(at.state) and at.state != AttemptState.FINISHING:
             at.completed.append(status)
 

@@ -113,7 +113,9 @@ class Attempt:
     start_time: float
     finish_time: float = 0.0
     diagnostics: str = ""
-    counts_as_failure: bool = True      # False when it failed because the RM restarted
+    # False when the platform ended it (the RM restarted, its node was lost, its AM container was
+    # preempted or ABORTED): it does not use up one of the app's max-app-attempts.
+    counts_as_failure: bool = True
     am_container_id: str = ""
     am_node_id: str = ""
     am_node_http_address: str = ""

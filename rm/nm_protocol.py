@@ -16,7 +16,7 @@ from protocol.remote_exception import BadRequest, Unauthorized
 from .model import Attempt, Container, Node
 from .nodes import NodeTracker
 from .scheduler import CapacityScheduler
-from .state_machines import AttemptEvent, attempt_is_final
+from .state_machines import NOT_COUNTED, AttemptEvent, attempt_is_final
 from .utilization_series import UtilizationSeries
 
 
@@ -35,6 +35,7 @@ class NmProtocol:
     utilization: UtilizationSeries
     _am_live: OrderedDict[str, float]
     _unlaunched: OrderedDict[str, float]
+    _am_node_wait: dict[str, float]
 
     if TYPE_CHECKING:  # implemented by ResourceManagerCore (rm/core.py)
         def _container_completed(self, c: Container, status: api.ContainerStatus,
@@ -54,12 +55,13 @@ class NmProtocol:
         node = self.nodes.register(req.node_id, req.http_address, req.capability, req.rack, req.version, now)
         reported = {s.container_id: s for s in req.containers}
         # Containers we think run there but the NM does not report: gone with the NM restart.
-        for cid in list(node.containers):
-            c = self.containers[cid]
-            s = reported.get(cid)
+        for c in self._am_containers_last(node):
+            if c.container_id not in self.containers:
+                continue    # released meanwhile: its AM's attempt ended with an earlier one
+            s = reported.get(c.container_id)
             if s is None or s.state == ContainerState.COMPLETE.value:
                 self._container_completed(c, s or api.ContainerStatus(
-                    container_id=cid, state="COMPLETE", exit_status=ExitStatus.ABORTED,
+                    container_id=c.container_id, state="COMPLETE", exit_status=ExitStatus.ABORTED,
                     diagnostics="Container lost when its NodeManager re-registered"))
             else:
                 self._mark_launched(c)
@@ -134,27 +136,39 @@ class NmProtocol:
             if pr.sent_in and req.response_id >= pr.sent_in and cid not in reported:
                 node.finish_release(cid)
 
+    def _am_containers_last(self, node: Node) -> list[Container]:
+        """The node's containers, executors before AMs: ending an AM container ends its attempt,
+        which releases the attempt's other containers, so those are completed first (their AM
+        hears of each once) and a container already released is skipped, not looked up."""
+        held = [self.containers[cid] for cid in node.containers]
+        return sorted(held, key=lambda c: c.is_am)
+
     def _node_lost(self, node: Node) -> None:
+        """Complete every container the node held with ABORTED (-100), tell their AMs, and fail
+        the attempts whose AM ran there (not counted: the host went, not the AM)."""
         node.drop_releases()
         self.utilization.forget_node(node.node_id, self.clock(), self.nodes.total)
         report = api.NodeReport(node_id=node.node_id, state=NodeState.LOST.value, http_address=node.http_address)
         told: set[str] = set()
-        for cid in list(node.containers):
-            c = self.containers[cid]
+        for c in self._am_containers_last(node):
+            if c.container_id not in self.containers:
+                continue    # released when an AM container before it ended its attempt
             if c.attempt_id not in told:
                 told.add(c.attempt_id)
                 at = self.attempts.get(c.attempt_id)
                 if at is not None:
                     at.updated_nodes.append(report)
             self._container_completed(c, api.ContainerStatus(
-                container_id=cid, state=ContainerState.COMPLETE.value, exit_status=ExitStatus.ABORTED,
+                container_id=c.container_id, state=ContainerState.COMPLETE.value, exit_status=ExitStatus.ABORTED,
                 diagnostics=f"Container released on a *lost* node {node.node_id}"))
 
     def tick(self) -> None:
         """Expire silent nodes, silent AMs and containers allocated but never launched."""
         now = self.clock()
-        for node in self.nodes.expired(now):
+        for node in self.nodes.expired(now):    # all are LOST before the first is processed
             self._node_lost(node)
+        if self._am_node_wait:
+            self._settle_am_node_waits(now)
         deadline = now - self.cfg.am_expiry_s
         while self._am_live:
             aid, last = next(iter(self._am_live.items()))
@@ -166,8 +180,12 @@ class NmProtocol:
                 # Unregistered but the AM container never exited: finish it and clean it up.
                 self._end_attempt(at, AttemptEvent.CONTAINER_FINISHED, "")
             elif not attempt_is_final(at.state):
-                self._attempt_failed(at, f"ApplicationMaster for attempt {aid} timed out after "
-                                         f"{self.cfg.am_expiry_s:g}s without a heartbeat")
+                if self._node_silent(at.am_node_id, now):
+                    # Its host may have vanished: the NM expiry (as long as the AM's by default)
+                    # says so soon, and then the attempt is lost with its node, not counted.
+                    self._am_node_wait[aid] = now
+                else:
+                    self._am_expired(at)
         deadline = now - self.launch_expiry_s
         while self._unlaunched:
             cid, at_time = next(iter(self._unlaunched.items()))
@@ -179,3 +197,34 @@ class NmProtocol:
                 self._container_completed(c, api.ContainerStatus(
                     container_id=cid, state=ContainerState.COMPLETE.value, exit_status=ExitStatus.ABORTED,
                     diagnostics="Container expired since it was unused"), cleanup_on_node=True)
+
+    def _am_expired(self, at: Attempt) -> None:
+        self._attempt_failed(at, f"ApplicationMaster for attempt {at.attempt_id} timed out after "
+                                 f"{self.cfg.am_expiry_s:g}s without a heartbeat")
+
+    def _node_silent(self, node_id: str, now: float) -> bool:
+        """Whether a node has missed its heartbeats: LOST, or silent for a few heartbeat intervals
+        (half the AM expiry at most, so an AM expiring just before its node is still caught)."""
+        node = self.nodes.get(node_id)
+        if node is None or node.state == NodeState.LOST:
+            return True
+        grace = min(3 * self.cfg.nm_heartbeat_interval_ms / 1000.0, self.cfg.am_expiry_s / 2)
+        return now - node.last_heartbeat > grace
+
+    def _settle_am_node_waits(self, now: float) -> None:
+        """Decide the expired AMs whose node was silent: a node now LOST took the attempt with it
+        (not counted); a node heard from since lives, so the AM itself stopped (counted)."""
+        for aid, expired_at in list(self._am_node_wait.items()):
+            at = self.attempts[aid]
+            if attempt_is_final(at.state) or at.state == AttemptState.FINISHING:
+                del self._am_node_wait[aid]     # settled meanwhile (the node's loss, a kill, an exit)
+                continue
+            node = self.nodes.get(at.am_node_id)
+            if node is None or node.state == NodeState.LOST:
+                del self._am_node_wait[aid]
+                self._attempt_failed(at, f"Attempt {aid} was lost with its node {at.am_node_id}: its "
+                                         f"ApplicationMaster and NodeManager both went silent" + NOT_COUNTED,
+                                     counts=False)
+            elif node.last_heartbeat > expired_at:
+                del self._am_node_wait[aid]
+                self._am_expired(at)

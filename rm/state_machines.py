@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 
-from protocol.records import AppState, AttemptState
+from protocol.records import AppState, AttemptState, ExitStatus
 from protocol.state_machine import TransitionTable
 
 
@@ -95,3 +95,17 @@ def next_attempt_state(state: AttemptState, event: AttemptEvent) -> AttemptState
 
 def attempt_is_final(state: AttemptState) -> bool:
     return state in ATTEMPT_FINAL
+
+
+# AM container exits the platform caused, not the AM: YARN's
+# RMAppAttemptImpl.shouldCountTowardsMaxAttemptRetry leaves these attempts out of max-app-attempts.
+NOT_COUNTED = " (not counted toward the application's max-app-attempts)"   # appended to diagnostics
+NOT_COUNTED_AM_EXITS = frozenset({ExitStatus.ABORTED, ExitStatus.PREEMPTED, ExitStatus.DISKS_FAILED,
+                                  ExitStatus.KILLED_BY_RESOURCEMANAGER})
+
+
+def counts_toward_max_attempts(am_exit_status: int) -> bool:
+    """Whether a FAILED attempt whose AM container ended with `am_exit_status` uses up one of the
+    app's attempts (ExitStatus.INVALID: the AM container never reported, e.g. an AM expiry or a
+    launch failure, which counts as in YARN)."""
+    return am_exit_status not in NOT_COUNTED_AM_EXITS

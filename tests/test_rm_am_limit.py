@@ -129,6 +129,7 @@ def test_failed_attempt_is_activated_again():
     b = submit(core)
     launch_and_register(core, a)
     clock.advance(11)
+    heartbeat(core, "n1:1")                   # the node lives: A's AM itself stopped
     core.tick()                               # A's AM times out: attempt 2 queues behind B
     assert len(core.apps[a].attempts) == 2
     # A's old AM no longer counts against the queue, so B (first in line) is activated; the node's

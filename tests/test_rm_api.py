@@ -428,6 +428,7 @@ async def test_am_expiry_gives_a_new_attempt(tmp_path):
         first = await env.launch_am()
         await env.call("POST", api.AM_REGISTER, {}, token=first)
         env.clock.advance(6)
+        await env.heartbeat("n1:1")   # the node lives: its AM itself stopped
         env.rm.core.tick()
         await env.heartbeat("n1:1")   # the new attempt's AM container is placed on the next heartbeat
         second = await env.launch_am()

@@ -118,6 +118,7 @@ def test_am_expiry_makes_new_attempt_then_fails_app():
     app_id = submit(core, max_attempts=5)  # capped to the cluster's 2
     first = launch_and_register(core, app_id)
     clock.advance(6)
+    heartbeat(core, "n1:1")     # the AM's node lives: its AM itself stopped, which counts
     core.tick()
     app = core.apps[app_id]
     assert core.attempts[first["attempt_id"]].state == AttemptState.FAILED
@@ -130,6 +131,7 @@ def test_am_expiry_makes_new_attempt_then_fails_app():
         core.am_register(first, api.AmRegisterRequest())
     launch_and_register(core, app_id)
     clock.advance(6)
+    heartbeat(core, "n1:1")
     core.tick()
     assert app.state == AppState.FAILED and app.final_status == FinalStatus.FAILED
     assert "failed 2 times" in app.diagnostics and "timed out" in app.diagnostics
