@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 from protocol import config as config_mod
 from protocol.daemon import run_daemon, setup_logging
@@ -90,6 +91,12 @@ def write_ready_file(path: str, info: dict[str, Any]) -> None:
     os.replace(tmp, p)
 
 
+def ready_info(url: str) -> dict[str, Any]:
+    """The ready file's JSON: the address clients, NMs and AMs use for this RM (the server's
+    `client_url`: cluster.toml's rm_address or the advertised host), never the bind address."""
+    return {"pid": os.getpid(), "http_address": urlsplit(url).netloc, "node_id": "", "url": url}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     setup_logging("rm")
@@ -111,10 +118,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     async def start() -> None:
         url = await server.start()
         if args.ready_file:
-            write_ready_file(args.ready_file, {"pid": os.getpid(), "http_address": f"127.0.0.1:{server.port}"
-                                               if cfg.host in ("0.0.0.0", "127.0.0.1", "localhost", "")
-                                               else f"{cfg.host}:{server.port}",
-                                               "node_id": "", "url": url})
+            write_ready_file(args.ready_file, ready_info(url))
 
     run_daemon(start, server.stop)
     return 0

@@ -10,6 +10,7 @@ import logging
 import socket
 import time
 from typing import Callable, Optional
+from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 
 
 def advertised_host(cfg: RMConfig) -> str:
-    """The host name NMs and AMs use for the RM (RMConfig.advertise_host, else derived)."""
+    """The RM host's own name for itself (RMConfig.advertise_host, else derived from the bind
+    address); `client_url` uses it only when cluster.toml's rm_address names no host."""
     if cfg.advertise_host:
         return cfg.advertise_host
     if cfg.host in ("", "0.0.0.0", "::"):
@@ -46,6 +48,36 @@ def advertised_host(cfg: RMConfig) -> str:
         except OSError:
             return "127.0.0.1"
     return "127.0.0.1" if cfg.host == "localhost" else cfg.host
+
+
+def client_url(cfg: RMConfig, cluster: ClusterConfig, port: int) -> str:
+    """The URL AMs (ELASTANE_RM_ADDRESS), NMs and clients reach this RM at, and what its ready file
+    names: `http://<advertise_host>:<port>` when rm.toml sets advertise_host (an address of the
+    RM's own choosing, e.g. a local cluster's bridge), else cluster.toml's rm_address, the address
+    every process is configured with. The served `port` replaces rm_address's when they differ
+    (`--port 0`, or an rm.toml port cluster.toml does not know of)."""
+    if cfg.advertise_host:
+        return f"http://{_bracketed(cfg.advertise_host)}:{port}"
+    addr = cluster.rm_address.strip().rstrip("/")
+    if not addr.startswith(("http://", "https://")):
+        addr = "http://" + addr
+    u = urlsplit(addr)
+    try:
+        configured_port = u.port
+    except ValueError:
+        configured_port = None
+    if not u.hostname:
+        return f"http://{_bracketed(advertised_host(cfg))}:{port}"
+    if configured_port == port:
+        return addr
+    if cfg.port:
+        log.warning("cluster.toml's rm_address %s names another port than the RM serves on (%d): "
+                    "telling AMs port %d", cluster.rm_address, port, port)
+    return urlunsplit((u.scheme, f"{_bracketed(u.hostname)}:{port}", u.path, "", ""))
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 class ResourceManagerServer:
@@ -150,14 +182,15 @@ class ResourceManagerServer:
         self.launcher = AmLauncher(self.core, url, self.cfg.state_dir, self.flush, self._nm_client)
 
     async def start(self) -> str:
-        """Bind cfg.host:cfg.port (0 = ephemeral), start timers; returns the advertised URL."""
+        """Bind cfg.host:cfg.port (0 = ephemeral), start timers; returns the URL AMs and clients
+        use (`client_url`)."""
         self._runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, reuse_address=True)
         await site.start()
         addresses = self._runner.addresses  # the bound port, needed for port 0
         self.port = addresses[0][1] if addresses else self.cfg.port
-        self.attach_launcher(f"http://{advertised_host(self.cfg)}:{self.port}")
+        self.attach_launcher(client_url(self.cfg, self.cluster, self.port))
         self.start_timers()
         self.flush()
         log.info("ResourceManager serving on %s:%d (advertised %s), policy %s",

@@ -47,6 +47,33 @@ def test_runs_serves_and_stops_on_sigterm(tmp_path):
         proc.stderr.close()
 
 
+def test_ready_file_names_the_cluster_rm_address_not_the_bind_address(tmp_path):
+    cluster = tmp_path / "cluster.toml"
+    # 127.0.0.2: reachable here, and neither the bind address nor what a host name maps to.
+    cluster.write_text('[cluster]\nsecret = "s"\nrm_address = "http://127.0.0.2:8088"\n')
+    ready = tmp_path / "ready.json"
+    proc = _rm(tmp_path, "--cluster-config", str(cluster), "--host", "0.0.0.0", "--port", "0",
+               "--state-dir", str(tmp_path / "state"), "--ready-file", str(ready))
+    try:
+        def ready_or_dead() -> bool:
+            assert proc.poll() is None, proc.communicate()[1]
+            return ready.exists()
+        wait_until(ready_or_dead, 30, "the RM's ready file", interval_s=0.05)
+        info = json.loads(ready.read_text())
+        port = int(info["http_address"].rsplit(":", 1)[1])
+        assert info["url"] == f"http://127.0.0.2:{port}" and info["http_address"] == f"127.0.0.2:{port}"
+        with urllib.request.urlopen(info["url"] + "/ws/v1/cluster/info", timeout=10) as r:
+            assert json.load(r)["clusterInfo"]["state"] == "STARTED"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--port", "notaport"], "invalid int"),
     (["--policy", "nope"], "unknown policy"),
