@@ -35,6 +35,9 @@ POLL_S = 0.5
 FAST_POLL_S = 0.1        # while the AM evaluates: its final metrics are served only briefly
 AM_STATUS_TIMEOUT_S = 5.0
 DEFAULT_AM_MEMORY_MB = 512
+# The attempts the RM may make (rm.toml's max_app_attempts caps it, default 2): a second attempt
+# resumes the job from its latest checkpoint. Attempts lost with their node do not count.
+DEFAULT_MAX_ATTEMPTS = 2
 
 # Flags that set one top-level spec field: (flag, spec field).
 FIELD_FLAGS = (("--app", "app"), ("--preset", "preset"), ("--workers", "workers"), ("--servers", "servers"),
@@ -70,6 +73,9 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--queue", default="default")
     p.add_argument("--am-memory", type=_positive("--am-memory"), default=DEFAULT_AM_MEMORY_MB, metavar="MB",
                    help=f"MB for the ApplicationMaster (default {DEFAULT_AM_MEMORY_MB})")
+    p.add_argument("--max-attempts", type=_positive("--max-attempts"), default=DEFAULT_MAX_ATTEMPTS, metavar="N",
+                   help=f"ApplicationMaster attempts the RM may make, >= 1 (default {DEFAULT_MAX_ATTEMPTS}; "
+                        "the RM's max_app_attempts caps it)")
     p.add_argument("--wait", action="store_true", help="show a progress bar until the job ends")
     p.set_defaults(func=cmd_submit)
 
@@ -254,7 +260,7 @@ def cmd_submit(args: argparse.Namespace, ctx: CliContext) -> int:
 
     async def go() -> int:
         async with RmRestClient(ctx.rm_url, ctx.user) as c:
-            app_id = await submit_ps_job(c, spec, name, args.queue, args.am_memory)
+            app_id = await submit_ps_job(c, spec, name, args.queue, args.am_memory, args.max_attempts)
             ctx.out.write(f"Submitted application {app_id}\n")
             ctx.out.flush()
             if not args.wait:
@@ -271,7 +277,7 @@ def cmd_submit(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 async def submit_ps_job(client: RmRestClient, spec: ps_job_spec.PSJobSpec, name: str, queue: str = "default",
-                        am_memory: int = DEFAULT_AM_MEMORY_MB) -> str:
+                        am_memory: int = DEFAULT_AM_MEMORY_MB, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> str:
     """new-application + POST /apps with the PS submission; returns the application id."""
     from appmaster.ps.submission import build_ps_submission  # noqa: PLC0415 (only `ps submit` needs it)
 
@@ -280,7 +286,8 @@ async def submit_ps_job(client: RmRestClient, spec: ps_job_spec.PSJobSpec, name:
     if not app_id:
         raise OperationFailed(f"the RM's new-application answer has no application-id: {new}")
     try:
-        sub = build_ps_submission(spec, name=name, queue=queue, am_memory=am_memory, app_id=app_id)
+        sub = build_ps_submission(spec, name=name, queue=queue, am_memory=am_memory,
+                                  max_app_attempts=max_attempts, app_id=app_id)
     except ValueError as e:   # JobSpecError is a ValueError too
         raise UsageError(str(e)) from None
     await client.submit(sub)

@@ -67,6 +67,8 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     (["--app", "mlr", "--hparam", "=3"], "--hparam expects FIELD=VALUE"),
     (["--app", "mlr", "--set", "data=3", "--set", "data.seed=1"], "--set data.seed: data is not an object"),
     (["--app", "mlr", "--set", "preset.x=1"], "preset: Expected `str`, got `object`\n"),
+    (["--app", "mlr", "--max-attempts", "0"], "--max-attempts must be positive, got 0"),
+    (["--app", "mlr", "--max-attempts", "two"], "--max-attempts must be an integer, got 'two'"),
 ])
 def test_bad_submit_exits_2_naming_the_field_and_sends_nothing(args: list[str], message: str,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
@@ -298,6 +300,7 @@ def test_submit_wait_shows_each_epoch_and_the_final_result(fake: FakePsCluster,
     assert query["user.name"] == ["alice"]
     assert body["application-id"] == APP and body["application-type"] == "ELASTANE_PS"
     assert body["application-name"] == "ps-mlr-tiny"
+    assert body["max-app-attempts"] == ps_commands.DEFAULT_MAX_ATTEMPTS == 2   # a retry resumes the job
     job = body["elastane"]["ps-job"]
     assert (job["app"], job["workers"], job["max_epochs"], job["hparams"]) == ("mlr", 2, 4, {"learning_rate": 0.3})
     lines = out.splitlines()
@@ -308,6 +311,14 @@ def test_submit_wait_shows_each_epoch_and_the_final_result(fake: FakePsCluster,
     assert "(LAUNCHING_SERVERS)" in bars[0] and "(SUCCEEDED)" in bars[-1]
     assert kv(out)["Final-Objective"] == "0.25 after 3 epochs (initial 1.6)"
     assert kv(out)["Held-Out-Metrics"] == "accuracy 0.8123, chance_accuracy 0.2"
+
+
+def test_submit_sends_the_max_attempts_asked_for(fake: FakePsCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["--rm", f"http://{fake.address}", "ps", "submit", "--app", "mlr", "--max-attempts", "3"],
+                         capsys)
+    assert code == 0, err
+    (body, _), = fake.submissions
+    assert body["max-app-attempts"] == 3 and out == f"Submitted application {APP}\n"
 
 
 def test_submit_wait_draws_the_end_of_a_job_that_trained_through_between_two_polls(
