@@ -1,0 +1,235 @@
+"""Durable storage for what outlives an AM attempt -- a PS job's checkpoints and the AM's final
+status -- so that a new attempt on another host finds what the last one wrote.
+
+A location is a plain path, a `file://` URL, or a URL of any filesystem fsspec implements
+(`s3://bucket/prefix`, `gs://...`, `memory://...`). Local locations (a path, `file://`: on a
+cluster, a shared mount such as NFS) use plain os calls: writes are atomic and durable (temporary
+file, fsync, rename, fsync of the directory). Every other URL goes through fsspec, where one put of
+an object is the atomic step (object stores publish an object whole or not at all); on fsspec
+filesystems without atomic puts a reader sees a partial file at worst, which the callers' formats
+detect (a checkpoint's job.json that does not parse is an incomplete checkpoint).
+
+The RM validates rm.toml's `checkpoint_dir` with `validate` and joins per-app locations with
+`join`; the AM reads and writes through `DurableDir`.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+FILE_SCHEME = "file://"
+
+
+class DurableStorageError(ValueError):
+    """A durable-storage location that is malformed or names a scheme with no usable filesystem."""
+
+
+def _scheme(url: str) -> str | None:
+    """The URL's scheme ("s3" for s3://...), None for a plain path."""
+    head, sep, _ = url.partition("://")
+    return head if sep and head and "/" not in head else None
+
+
+def local_path(url: str) -> str | None:
+    """The local directory a plain path or `file://` URL names; None for any other scheme."""
+    scheme = _scheme(url)
+    if scheme is None:
+        return url
+    if scheme in ("file", "local"):
+        return url.split("://", 1)[1]
+    return None
+
+
+def validate(url: str) -> None:
+    """Raise DurableStorageError unless `url` is an absolute path, a `file://` URL of one, or a URL
+    whose scheme fsspec implements in this installation (its package imports)."""
+    if not url:
+        raise DurableStorageError("empty location: give an absolute path or a URL such as s3://bucket/prefix")
+    path = local_path(url)
+    if path is not None:
+        if not os.path.isabs(path):
+            raise DurableStorageError(f"{url!r} is not an absolute path (an AM runs in its own working "
+                                      f"directory on another host): use /abs/path or file:///abs/path")
+        return
+    scheme = _scheme(url)
+    try:
+        fsspec = _fsspec()
+        fsspec.get_filesystem_class(scheme)
+    except ImportError as e:
+        raise DurableStorageError(f"{url!r}: the filesystem for {scheme}:// is not installed ({e})") from None
+    except ValueError:
+        raise DurableStorageError(f"{url!r}: no fsspec filesystem implements the scheme {scheme}://") from None
+
+
+def join(url: str, *names: str) -> str:
+    """`url` with `names` appended as path components (a URL keeps its scheme and slashes)."""
+    path = local_path(url)
+    if path is not None and _scheme(url) is None:
+        return os.path.join(url, *names)
+    return "/".join([url.rstrip("/"), *names])
+
+
+# ===== local files ===============================================================================
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a file written earlier to stable storage (an fd opened read-only syncs the inode)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make the renames and creations in a directory durable. Filesystems that cannot sync a
+    directory (EINVAL) are left to their own guarantees."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to `path` so that a reader (or a crash) sees the old file or the new one whole:
+    a temporary file in the same directory, fsync, rename over `path`, fsync the directory."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(target.parent)
+
+
+# ===== a durable directory =======================================================================
+
+class DurableDir:
+    """One directory of durable storage: a local one through os calls, any other URL through fsspec.
+
+    `local` is the local path when there is one (callers may then use their own file code on it,
+    as the checkpoints' format does); names given to the methods are single path components.
+    """
+
+    def __init__(self, url: str | os.PathLike[str], *, fs: Any = None, fs_path: str | None = None) -> None:
+        """`fs` and `fs_path`: the fsspec filesystem and its path for `url`, when known already."""
+        self.url = os.fspath(url)
+        path = local_path(self.url)
+        self.local: Path | None = Path(path) if path is not None else None
+        self._fs = fs
+        self._path = fs_path
+        if self.local is None and (self._fs is None or self._path is None):
+            try:
+                self._fs, self._path = _fsspec().core.url_to_fs(self.url)
+            except (ImportError, ValueError) as e:
+                raise DurableStorageError(f"{self.url!r}: {e}") from None
+
+    def __repr__(self) -> str:
+        return f"DurableDir({self.url!r})"
+
+    def child(self, name: str) -> DurableDir:
+        _check_name(name)
+        if self.local is not None:
+            return DurableDir(self.local / name)
+        return DurableDir(join(self.url, name), fs=self._fs, fs_path=posixpath.join(self._remote(), name))
+
+    def makedirs(self) -> None:
+        if self.local is not None:
+            self.local.mkdir(parents=True, exist_ok=True)
+        else:
+            self._fs.makedirs(self._remote(), exist_ok=True)
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Replace `name` with `data` atomically (see the module doc); the directory must exist
+        where the filesystem has directories."""
+        _check_name(name)
+        if self.local is not None:
+            write_atomic(self.local / name, data)
+        else:
+            self._fs.pipe_file(self._at(name), data)
+
+    def read_bytes(self, name: str) -> bytes:
+        """The contents of `name`; FileNotFoundError (an OSError) if there is none."""
+        _check_name(name)
+        if self.local is not None:
+            return (self.local / name).read_bytes()
+        return bytes(self._fs.cat_file(self._at(name)))
+
+    def entries(self) -> tuple[list[str], list[str]]:
+        """(subdirectory names, file names) in this directory, each sorted; ([], []) if it does not
+        exist."""
+        dirs: list[str] = []
+        files: list[str] = []
+        if self.local is not None:
+            if not self.local.is_dir():
+                return [], []
+            for p in self.local.iterdir():
+                (dirs if p.is_dir() else files).append(p.name)
+        else:
+            try:
+                listing = self._fs.ls(self._remote(), detail=True)
+            except FileNotFoundError:
+                return [], []
+            for e in listing:
+                name = posixpath.basename(str(e["name"]).rstrip("/"))
+                if name:
+                    (dirs if e.get("type") == "directory" else files).append(name)
+        return sorted(dirs), sorted(files)
+
+    def put_files(self, sources: Sequence[Path]) -> None:
+        """Copy local files into this directory under their own names (a batch: fsspec may send
+        them concurrently); each one is a single atomic put where the store has those."""
+        if not sources:
+            return
+        for p in sources:
+            _check_name(p.name)
+        if self.local is not None:
+            for p in sources:
+                write_atomic(self.local / p.name, p.read_bytes())
+            return
+        self._fs.put([str(p) for p in sources], [self._at(p.name) for p in sources])
+
+    def get_files(self, names: Sequence[str], target: Path) -> None:
+        """Copy `names` from this directory into the local directory `target`."""
+        if not names:
+            return
+        for n in names:
+            _check_name(n)
+        if self.local is not None:
+            for n in names:
+                (target / n).write_bytes((self.local / n).read_bytes())
+            return
+        self._fs.get([self._at(n) for n in names], [str(target / n) for n in names])
+
+    def _remote(self) -> str:
+        assert self._path is not None
+        return self._path
+
+    def _at(self, name: str) -> str:
+        return posixpath.join(self._remote(), name)
+
+
+def _check_name(name: str) -> None:
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise DurableStorageError(f"{name!r} is not a single path component")
+
+
+def _fsspec() -> Any:
+    """fsspec, imported on first use: a daemon with a local location never loads it."""
+    import fsspec  # type: ignore[import-untyped]  # noqa: PLC0415  # no type information shipped
+    return fsspec
