@@ -13,7 +13,7 @@ from typing import Any, Optional, TypeVar
 
 import msgspec
 
-from . import tokens
+from . import durable_storage, tokens
 
 T = TypeVar("T", bound=msgspec.Struct)
 CONF_DIR = Path(os.environ.get("ELASTANE_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
@@ -54,6 +54,18 @@ class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
     # adjustment overhead (at most ceil(θ2 x running jobs) jobs resized per decision).
     dorm_fairness_threshold: float = 0.1
     dorm_adjustment_threshold: float = 0.5
+    # Where AMs keep checkpoints and durable state, one `<checkpoint_dir>/<app_id>` per app: storage
+    # every host reads, so a new attempt on another host resumes from the last one's checkpoint.
+    # An absolute path or file:// URL (a shared mount), or any fsspec URL (s3://bucket/prefix);
+    # "" = <state_dir>/apps, a path on each AM's own host (fine for a one-host cluster).
+    checkpoint_dir: str = ""
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_dir:
+            try:
+                durable_storage.validate(self.checkpoint_dir)
+            except durable_storage.DurableStorageError as e:
+                raise ValueError(f"checkpoint_dir: {e}") from None
 
 
 class NMConfig(msgspec.Struct, forbid_unknown_fields=True):

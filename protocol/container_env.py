@@ -15,7 +15,9 @@ CONTAINER_VCORES = "CONTAINER_VCORES"
 RM_ADDRESS = "ELASTANE_RM_ADDRESS"       # http://host:port of the RM
 AM_TOKEN = "ELASTANE_AM_TOKEN"           # the attempt's AM token
 APP_SUBMITTER = "APP_SUBMITTER"
-AM_DIR = "ELASTANE_AM_DIR"               # durable dir for checkpoints (per app, on the RM's state dir)
+# The app's durable dir for checkpoints: <checkpoint_dir>/<app_id> (rm.toml), an absolute path or an
+# fsspec URL (protocol.durable_storage); by default <state_dir>/apps/<app_id>.
+AM_DIR = "ELASTANE_AM_DIR"
 # Set by the RM for an AM container, and by a PS AM for its executors (never on a command line):
 JOB_SECRET = "ELASTANE_JOB_SECRET"       # the attempt's job secret (protocol.tokens.job_secret), hex
 # Set by an NM whose network_bandwidth_bps > 0 (emulated node bandwidth cap, bits per second):

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 from typing import Callable
 
-from protocol import container_env, tokens
+from protocol import container_env, durable_storage, tokens
 from protocol import internal_api as api
 from protocol.nm_client import NMClient
 
@@ -22,7 +23,14 @@ class AmLauncher:
                  nm_client: NMClient | None = None):
         self.core = core
         self.rm_url = rm_url
-        self.apps_dir = Path(state_dir) / "apps"
+        # Each AM's durable dir is <checkpoint_dir>/<app_id> (rm.toml): storage every host reads,
+        # so that a new attempt on another host finds the last one's checkpoints. Unset, it is
+        # <state_dir>/apps/<app_id>, created here as before (the RM's host is the AM's on one host).
+        # A local one goes to the AM as an absolute path (the AM runs in its own working dir).
+        configured = core.cfg.checkpoint_dir
+        local = durable_storage.local_path(configured) if configured else str(Path(state_dir) / "apps")
+        self.apps_dir = configured if local is None else os.path.abspath(local)
+        self._create_dirs = not configured
         self.on_change = on_change
         self.nm = nm_client or NMClient(timeout_s=30.0)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -32,15 +40,16 @@ class AmLauncher:
         attempt's job secret included (in the environment only: the NM writes no environment to
         disk and logs none of it)."""
         app = self.core.apps[eff.app_id]
-        am_dir = self.apps_dir / eff.app_id
-        am_dir.mkdir(parents=True, exist_ok=True)
+        am_dir = durable_storage.join(self.apps_dir, eff.app_id)
+        if self._create_dirs:       # a configured location is the AM's to create: this host may not mount it
+            Path(am_dir).mkdir(parents=True, exist_ok=True)
         env = dict(app.am.environment)
         env.update({
             container_env.RM_ADDRESS: self.rm_url,
             container_env.AM_TOKEN: eff.am_token,
             container_env.APP_ATTEMPT_ID: eff.attempt_id,
             container_env.APP_SUBMITTER: app.user,
-            container_env.AM_DIR: str(am_dir),
+            container_env.AM_DIR: am_dir,
             container_env.JOB_SECRET: tokens.job_secret(self.core.cluster.secret, eff.attempt_id),
             container_env.CONTAINER_ROLE: "am",
         })
