@@ -3,6 +3,7 @@ table, Cruise plan history, the running report from the AM's status and the repo
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -170,6 +171,63 @@ PLAN_HEADERS = ["EPOCH", "TRIGGER", "FROM", "TO", "PREDICTED", "MEASURED", "PLAN
 
 def _secs(v: Any) -> str:
     return "-" if v is None else f"{float(v):.2f}s"
+
+
+@dataclass(frozen=True)
+class ShapeChange:
+    """One entry of the PS AM's shape history (`/status` "shape_history"), read from the keys every
+    kind of change carries: an EPS operation (appmaster.ps.eps_records.ElasticOpRecord.to_history),
+    a kill-based restart, an executor recovery, a pause or a resume. None: the entry has no such key."""
+
+    op: str
+    requested: int | None
+    before: tuple[int, int] | None       # (workers, servers)
+    after: tuple[int, int] | None
+    seconds: float | None                # how long the change took
+    lost_s: float | None                 # how long training waited for it
+    moved: str                           # model blocks and input splits it moved
+    containers: int                      # containers added minus released
+    error: str
+
+    @property
+    def shape_text(self) -> str:
+        def ws(shape: tuple[int, int] | None) -> str:
+            return "?" if shape is None else f"{shape[0]}/{shape[1]}"
+        if self.before is None and self.after is None:
+            return "-"
+        return ws(self.after) if self.before == self.after else f"{ws(self.before)} -> {ws(self.after)}"
+
+
+def _shape_of(workers: Any, servers: Any) -> tuple[int, int] | None:
+    return (workers, servers) if isinstance(workers, int) and isinstance(servers, int) else None
+
+
+def shape_change(rec: dict[str, Any]) -> ShapeChange:
+    """The AM's record of a change: the shape after it is the record's own workers / servers."""
+    before = rec.get("before") or {}
+    moved = [f"{rec[k]} {what}" for k, what in (("blocks_moved", "model blocks"), ("splits_moved", "splits"),
+                                               ("splits_reactivated", "splits re-activated")) if rec.get(k)]
+    seconds, lost = rec.get("seconds"), rec.get("lost_s")
+    return ShapeChange(op=str(rec.get("op") or rec.get("mode") or "?"), requested=rec.get("requested"),
+                       before=_shape_of(before.get("workers"), before.get("servers")),
+                       after=_shape_of(rec.get("workers"), rec.get("servers")),
+                       seconds=float(seconds) if seconds is not None else None,
+                       lost_s=float(lost) if lost is not None else None, moved=", ".join(moved),
+                       containers=len(rec.get("containers_added") or []) - len(rec.get("containers_released") or []),
+                       error=str(rec.get("error") or ""))
+
+
+SHAPE_CHANGE_HEADERS = ["FUNCTION", "N", "WORKERS/SERVERS", "TOOK", "MOVED", "TRAINING-WAITED", "CONTAINERS"]
+
+
+def shape_change_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+    rows: list[list[Any]] = []
+    for c in map(shape_change, records):
+        rows.append([c.op + (f" (failed: {c.error})" if c.error else ""),
+                     "-" if c.requested is None else c.requested, c.shape_text,
+                     "-" if c.seconds is None else f"{c.seconds:.2f}s", c.moved or "-",
+                     "-" if c.lost_s is None else f"{c.lost_s:.3f}s", f"{c.containers:+d}"])
+    return rows
 
 
 def plan_history_rows(status: dict[str, Any]) -> list[list[Any]]:

@@ -5,8 +5,9 @@ limits from the AM's readable /status (once no other change runs), turns the rel
 the absolute target, and PUTs it to the RM (PUT /ws/v1/cluster/apps/{id}/shape: the app ACL
 applies, so only the owner or an admin may). The AM carries the
 directive out on its next heartbeat with EPS's functions, without restarting the job; the command
-waits until it has, then prints one line per EPS function called: what it did, how long it took,
-what it moved and how long training waited.
+waits until it has, then prints one line per EPS function called, from the AM's shape history
+(`ps_reports.shape_change`): what it did, the shape before -> after, how long it took, what it
+moved and how long training waited.
 Exit codes: 0 done, 2 an impossible change or bad usage, 1 the change failed, was refused (403)
 or the RM / AM cannot be reached.
 """
@@ -25,6 +26,7 @@ from protocol.http_client import JsonHttpClient, RemoteError
 from .app_commands import _app_id
 from .context import CliContext, common_parent
 from .errors import EXIT_OK, OperationFailed, UsageError
+from .ps_reports import SHAPE_CHANGE_HEADERS, shape_change_rows
 from .rm_rest_client import RmRestClient
 from .tables import render_table
 
@@ -64,21 +66,9 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser 
 
 
 def change_rows(changes: list[dict[str, Any]]) -> list[list[Any]]:
-    rows = []
-    for c in changes:
-        after = c.get("after") or {}
-        moved = []
-        if c.get("blocks_moved"):
-            moved.append(f"{c['blocks_moved']} model blocks")
-        if c.get("splits_moved"):
-            moved.append(f"{c['splits_moved']} splits")
-        if c.get("splits_reactivated"):
-            moved.append(f"{c['splits_reactivated']} re-activated")
-        rows.append([c.get("op"), c.get("requested"), f"{after.get('workers')}/{after.get('servers')}",
-                     f"{float(c.get('duration_s', 0)):.2f}s", ", ".join(moved) or "-",
-                     f"{float(c.get('training_time_lost_s', 0)):.3f}s",
-                     len(c.get("containers_added", [])) - len(c.get("containers_released", []))])
-    return rows
+    """One row per entry of the AM's shape history: the function, its shape before -> after, how
+    long it took, what it moved, how long training waited, containers added minus released."""
+    return shape_change_rows(changes)
 
 
 def live_shape(status: dict[str, Any]) -> tuple[int, int]:
@@ -161,6 +151,5 @@ def cmd_scale(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.workers == 0 and args.servers == 0:
         raise UsageError("nothing to change: give --workers and/or --servers as +N or -N")
     changes = asyncio.run(scale_job(ctx, args.app_id, args.workers, args.servers))
-    ctx.out.write(render_table(["FUNCTION", "N", "NOW W/S", "TOOK", "MOVED", "TRAINING-WAITED", "CONTAINERS"],
-                               change_rows(changes)) + "\n")
+    ctx.out.write(render_table(SHAPE_CHANGE_HEADERS, change_rows(changes)) + "\n")
     return EXIT_OK

@@ -1,0 +1,89 @@
+"""`elastane ps scale` against a fake RM and AM that serve what the PS AM really reports: its shape
+history entries are made by the AM's own record types (appmaster.ps.eps_records, directives), so a
+key the command reads that the AM does not write shows up here, not on a cluster."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from appmaster.ps.directives import DirectiveOutcome, Shape
+from appmaster.ps.eps_records import ElasticOpRecord
+from elastane_cli import main as cli
+from elastane_cli import ps_scale_command
+from elastane_cli.ps_reports import shape_change
+from threaded_http import serve_routes
+
+APP = "application_1700000000000_0007"
+APPS = "/ws/v1/cluster/apps"
+
+
+def add_workers_record() -> dict[str, Any]:
+    """What the AM records for `add_workers(2)` taking a 2-worker, 1-server job to 4 workers."""
+    rec = ElasticOpRecord(op="add_workers", requested=2, started=1_700_000_100.0, epoch_started=3,
+                          workers_before=2, servers_before=1, workers_after=4, servers_after=1,
+                          epoch_switched=4, duration_s=1.23456, containers_added=["c_5", "c_6"],
+                          splits_moved=6, training_time_lost_s=0.0421)
+    return rec.to_history()
+
+
+def test_a_shape_change_reads_what_the_am_records() -> None:
+    c = shape_change(add_workers_record())
+    assert (c.op, c.requested, c.before, c.after) == ("add_workers", 2, (2, 1), (4, 1))
+    assert c.seconds == pytest.approx(1.2346) and c.lost_s == pytest.approx(0.0421)
+    assert c.moved == "6 splits" and c.containers == 2 and c.error == ""
+    assert c.shape_text == "2/1 -> 4/1"
+    failed = ElasticOpRecord(op="remove_servers", requested=1, started=0.0, epoch_started=1, workers_before=2,
+                             servers_before=2, workers_after=2, servers_after=2, duration_s=0.5,
+                             error="executor server-1 failed").to_history()
+    assert ps_scale_command.change_rows([failed]) == [
+        ["remove_servers (failed: executor server-1 failed)", 1, "2/2", "0.50s", "-", "0.000s", "+0"]]
+
+
+class FakeRmAndAm:
+    """The RM's app and shape endpoints and, at /am/status, the AM's status: a 2-worker, 1-server
+    job that, once the RM has its directive, reports the directive done and the change it made."""
+
+    def __init__(self) -> None:
+        self.address = ""
+        self.put: dict[str, Any] | None = None
+
+    def status(self) -> dict[str, Any]:
+        executors = ([{"role": "worker", "state": "READY"}] * (4 if self.put else 2)
+                     + [{"role": "server", "state": "READY"}])
+        status: dict[str, Any] = {"shape": {"executors": executors}, "eps": {"running": False, "limits": {}},
+                                  "shape_history": [], "directives": []}
+        if self.put is not None:
+            status["shape_history"] = [add_workers_record()]
+            status["directives"] = [DirectiveOutcome(version=1, target=Shape(4, 1), before=Shape(2, 1),
+                                                     steps=[("add_workers", 2)], started=1_700_000_100.0,
+                                                     seconds=1.3).to_json()]
+        return status
+
+    def route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        if method == "GET" and path == f"{APPS}/{APP}":
+            return 200, {"app": {"id": APP, "applicationType": "ELASTANE_PS", "state": "RUNNING",
+                                 "trackingUrl": f"http://{self.address}/am/"}}
+        if method == "PUT" and path == f"{APPS}/{APP}/shape":
+            self.put = body
+            return 200, {"shape": {"directive": {"version": 1, "workers": body["workers"],
+                                                 "servers": body["servers"]}}}
+        if method == "GET" and path == "/am/status":
+            return 200, self.status()
+        return 404, None
+
+
+def test_scale_prints_the_change_the_am_made(capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ps_scale_command, "POLL_S", 0.01)
+    fake = FakeRmAndAm()
+    with serve_routes(fake.route, ("GET", "PUT")) as address:
+        fake.address = address
+        code = cli.main(["--rm", f"http://{address}", "ps", "scale", APP, "--workers", "+2"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert fake.put is not None and (fake.put["workers"], fake.put["servers"]) == (4, 1)
+    header, row = [ln.split() for ln in out.splitlines() if ln.strip() and not set(ln) <= {"-", " "}]
+    assert header == ["FUNCTION", "N", "WORKERS/SERVERS", "TOOK", "MOVED", "TRAINING-WAITED", "CONTAINERS"]
+    assert row == ["add_workers", "2", "2/1", "->", "4/1", "1.23s", "6", "splits", "0.042s", "+2"]
+    assert "None" not in out
