@@ -2,8 +2,9 @@
 
 Inside the AM container the RM launched: the job spec comes from the env variable
 ELASTANE_PS_SPEC (set by the RM from the submission's `elastane.ps-job`, see
-protocol.ps_job_spec) or from `--spec FILE`; checkpoints go under ELASTANE_AM_DIR (or
-`--am-dir`). Exit codes: 0 when the job unregistered (SUCCEEDED or FAILED), 143 when stopped by
+protocol.ps_job_spec) or from `--spec FILE`; checkpoints and the final status go under
+ELASTANE_AM_DIR (or `--am-dir`): a path or an fsspec URL (protocol.durable_storage). Exit
+codes: 0 when the job unregistered (SUCCEEDED or FAILED), 143 when stopped by
 SIGTERM / the RM, 2 for a bad spec or environment.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from protocol import container_env, daemon
+from protocol import container_env, daemon, durable_storage
 from protocol.ps_job_spec import PS_SPEC_ENV, JobSpecError, PSJobSpec, validate
 
 from ..am_client import ApplicationMaster
@@ -32,7 +33,8 @@ EXIT_STOPPED = 143
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m appmaster.ps", description="The PS ApplicationMaster.")
     p.add_argument("--spec", default=None, help=f"job spec JSON file (default: env {PS_SPEC_ENV})")
-    p.add_argument("--am-dir", default=None, help=f"durable dir for checkpoints (default: env {container_env.AM_DIR})")
+    p.add_argument("--am-dir", default=None, help="durable dir for checkpoints, a path or an fsspec URL such as "
+                                                  f"s3://bucket/prefix (default: env {container_env.AM_DIR})")
     p.add_argument("--host", default=None, help="address to serve on (default: env NM_HOST, else 127.0.0.1)")
     return p.parse_args(list(argv))
 
@@ -73,6 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"appmaster.ps: invalid job spec: {e}", file=sys.stderr)
         return 2
     am_dir = ns.am_dir or os.environ.get(container_env.AM_DIR) or tempfile.mkdtemp(prefix="ps-am-")
+    try:        # a local path may be relative here (by hand): it names a dir of this host
+        if durable_storage.local_path(am_dir) is None:
+            durable_storage.validate(am_dir)
+    except durable_storage.DurableStorageError as e:
+        source = "--am-dir" if ns.am_dir else container_env.AM_DIR
+        print(f"appmaster.ps: invalid {source}: {e}", file=sys.stderr)
+        return 2
     host = ns.host or os.environ.get(container_env.NM_HOST) or "127.0.0.1"
     daemon.install_uvloop()
     try:

@@ -8,12 +8,22 @@ Layout under the AM's durable dir (ELASTANE_AM_DIR)::
     checkpoints/epoch-<N>-clock-<C>/...   a cut inside epoch N, after the job's C-th clock (a
                                           kill-based reshape pauses at the next clock boundary)
 
-`job.json` is written last (atomically), so a directory without it is an incomplete checkpoint.
-Each server takes its blocks in one synchronous step (`checkpoint_blocks`, a consistent cut even if
-updates arrived meanwhile) and sends them in batches of at most `BATCH_BYTES`; the AM writes each
-batch while the next one travels. The AM only checkpoints at clock boundaries, when no push is in
-flight, so the servers' cuts together are a consistent cut of the model. Only the AM touches the
-directory, so servers on other hosts need no shared file system.
+`job.json` is written last (atomically, after every other file is durable), so a directory without
+it is an incomplete checkpoint. Each server takes its blocks in one synchronous step
+(`checkpoint_blocks`, a consistent cut even if updates arrived meanwhile) and sends them in batches
+of at most `BATCH_BYTES`; the AM writes each batch while the next one travels. The AM only
+checkpoints at clock boundaries, when no push is in flight, so the servers' cuts together are a
+consistent cut of the model. Only the AM touches the directory, so servers on other hosts need no
+shared file system.
+
+The durable dir is a `protocol.durable_storage` location (rm.toml `checkpoint_dir`), which every
+host can read so that a new attempt on another host resumes from the latest checkpoint. A local one
+(a path or file://: one host's disk, or a shared mount) is written in place, each file fsynced
+before job.json commits the checkpoint. Any other URL (s3://...) goes through fsspec: the AM writes
+the checkpoint into a local staging dir exactly as above (minus the fsyncs), then puts every file
+and job.json last; a checkpoint an earlier attempt left there is fetched into the staging dir
+before it is restored (`fetch`). Either way `dir` in the checkpoint records is a local directory
+(what restores, recovery and the parameter assignment read) and `url` its durable location.
 """
 from __future__ import annotations
 
@@ -21,13 +31,18 @@ import asyncio
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from protocol import container_env
 from protocol import executor_ops as ops
+from protocol.durable_storage import DurableDir, fsync_dir, fsync_file, write_atomic
 from psruntime.checkpoint import (BlockEntry, CheckpointError, block_wire_bytes, checkpoint_entries,
                                   load_manifests, pack_blocks, read_block, unpack_blocks, write_block,
                                   write_manifest)
@@ -56,13 +71,25 @@ class CheckpointIncomplete(RuntimeError):
 
 
 class Checkpointer:
-    """Writes checkpoints of all server blocks under `root`, remembers them, and restores them."""
+    """Writes checkpoints of all server blocks under `root` (a path or a durable-storage URL),
+    remembers them, and restores them. `self.root` is the local directory the files are written
+    in: `root` itself when it is local, else `staging` (default: a temporary directory, removed
+    with the checkpointer; in a container, under its work dir)."""
 
-    def __init__(self, root: str | os.PathLike[str], client: DataPlaneClient,
-                 batch_bytes: int = BATCH_BYTES) -> None:
+    def __init__(self, root: str | os.PathLike[str] | DurableDir, client: DataPlaneClient,
+                 batch_bytes: int = BATCH_BYTES, staging: str | os.PathLike[str] | None = None) -> None:
         if batch_bytes <= 0:
             raise ValueError(f"batch_bytes must be positive, got {batch_bytes}")
-        self.root = Path(root)
+        self.durable = root if isinstance(root, DurableDir) else DurableDir(root)
+        self.staged = self.durable.local is None
+        if self.durable.local is not None:
+            self.root = self.durable.local
+        elif staging is not None:
+            self.root = Path(staging)
+        else:   # in a container, its work dir: the NM deletes it with the container, even after a SIGKILL
+            in_container = bool(os.environ.get(container_env.CONTAINER_ID))
+            self.root = Path(tempfile.mkdtemp(prefix="elastane-checkpoints-", dir=os.getcwd() if in_container else None))
+            weakref.finalize(self, shutil.rmtree, self.root, True)
         self.client = client
         self._rpc = ExecutorRpc(client)
         self.batch_bytes = batch_bytes
@@ -92,15 +119,35 @@ class Checkpointer:
             manifest = {"epoch": epoch, "clock": clock, "time": time.time(), "num_blocks": table.num_blocks,
                         "table": table.to_wire(), "servers": [s.executor_id for s in servers],
                         "worker_state": bool(workers), **job}
-            tmp = d / (JOB_MANIFEST + ".tmp")
-            tmp.write_text(json.dumps(manifest))
-            os.replace(tmp, d / JOB_MANIFEST)
-            info = {"epoch": epoch, "clock": clock, "dir": str(d), "blocks": table.num_blocks,
-                    "seconds": round(time.perf_counter() - t0, 4), "bytes": sum(sizes), "time": manifest["time"]}
+            await asyncio.to_thread(self._commit, d, json.dumps(manifest).encode())
+            info = {"epoch": epoch, "clock": clock, "dir": str(d), "url": self.durable.child(d.name).url,
+                    "blocks": table.num_blocks, "seconds": round(time.perf_counter() - t0, 4),
+                    "bytes": sum(sizes), "time": manifest["time"]}
             self.written.append(info)
             log.info("checkpoint %s: %d blocks, %.1f MiB from %d servers in %.3fs", d, table.num_blocks,
                      info["bytes"] / 2**20, len(servers), info["seconds"])
             return info
+
+    def _commit(self, d: Path, manifest: bytes) -> None:
+        """Make the checkpoint in `d` durable, job.json last: in place (fsync the directory, then
+        job.json atomically), or staged (put every file, then job.json, to the durable dir)."""
+        if not self.staged:
+            fsync_dir(d)                  # the files' renames; each file was fsynced once written
+            write_atomic(d / JOB_MANIFEST, manifest)
+            fsync_dir(self.root)          # the checkpoint directory's own entry
+            if not self.written:          # and, once, the entry of the root, made with the first
+                fsync_dir(self.root.parent)
+            return
+        (d / JOB_MANIFEST).write_bytes(manifest)
+        target = self.durable.child(d.name)
+        target.makedirs()
+        target.put_files([p for p in sorted(d.iterdir()) if p.is_file() and p.name != JOB_MANIFEST])
+        target.write_bytes(JOB_MANIFEST, manifest)
+        # Keep the staged copies of this and the previous checkpoint (restores read only the last).
+        keep = {d.name} | {Path(w["dir"]).name for w in self.written[-1:]}
+        for old in self.root.iterdir():
+            if old.is_dir() and old.name not in keep:
+                shutil.rmtree(old, ignore_errors=True)
 
     async def _fetch(self, server: ExecutorRecord, d: Path, num_blocks: int) -> int:
         """Receive every block `server` owns and write it under `d`, then its manifest; returns bytes."""
@@ -126,9 +173,10 @@ class Checkpointer:
                 if h.remaining:      # the next batch travels while this one is written
                     pending = asyncio.ensure_future(self._rpc.frame(
                         server, ops.CheckpointBlocks(cut=h.cut, max_bytes=self.batch_bytes)))
-                entries.update(await asyncio.to_thread(_write_blocks, d, items))
+                entries.update(await asyncio.to_thread(_write_blocks, d, items, not self.staged))
                 nbytes += sum(block_wire_bytes(data) for _, data in items)
-            await asyncio.to_thread(write_manifest, d, server.executor_id, num_blocks, h.table_version, entries)
+            await asyncio.to_thread(_write_manifest, d, server.executor_id, num_blocks, h.table_version, entries,
+                                    not self.staged)
         finally:
             _discard(pending)
         return nbytes
@@ -144,10 +192,7 @@ class Checkpointer:
             arrays = frame.arrays[at:at + n]
             at += n
             b = int(h["block_index"])
-            tmp = d / f"{WORKER_STATE_PREFIX}{b}.tmp.npz"
-            np.savez(tmp, header=np.frombuffer(json.dumps(h).encode(), np.uint8),
-                     **{f"a{i}": a for i, a in enumerate(arrays)})  # type: ignore[arg-type]  # see psruntime/checkpoint.py
-            os.replace(tmp, d / f"{WORKER_STATE_PREFIX}{b}.npz")
+            await asyncio.to_thread(_write_worker_state, d, b, h, arrays, not self.staged)
             nbytes += sum(int(a.nbytes) for a in arrays)
         return nbytes
 
@@ -223,21 +268,40 @@ class Checkpointer:
         return self.written[-1] if self.written else None
 
     def latest(self) -> dict[str, Any] | None:
-        """The newest complete checkpoint under the root (by epoch, then clock), as its job manifest
-        plus `dir` -- e.g. one an earlier AM attempt of the job wrote -- or None. Directories
-        without a readable job manifest are incomplete and skipped."""
+        """The newest complete checkpoint in the durable dir (by epoch, then clock), as its job
+        manifest plus `dir` and `url` -- e.g. one an earlier AM attempt of the job wrote, on
+        another host -- or None. Directories without a readable job manifest are incomplete and
+        skipped. For a staged durable dir `dir` is the durable location until `fetch` brings the
+        checkpoint here."""
         best: tuple[tuple[int, int], dict[str, Any]] | None = None
-        if not self.root.is_dir():
-            return None
-        for d in self.root.iterdir():
+        dirs, _ = self.durable.entries()
+        for name in dirs:
+            d = self.durable.child(name)
             try:
-                manifest = json.loads((d / JOB_MANIFEST).read_text())
+                manifest = json.loads(d.read_bytes(JOB_MANIFEST))
                 key = (int(manifest["epoch"]), int(manifest.get("clock", 0)))
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             if best is None or key > best[0]:
-                best = (key, {**manifest, "dir": str(d)})
+                best = (key, {**manifest, "dir": str(d.local) if d.local is not None else d.url, "url": d.url})
         return None if best is None else best[1]
+
+    async def fetch(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """`checkpoint` (from `latest`) with `dir` a local directory holding its files: itself for
+        a local durable dir, else a copy fetched into the staging dir."""
+        if not self.staged:
+            return checkpoint
+        name = str(checkpoint["url"]).rstrip("/").rsplit("/", 1)[-1]
+        source, local = self.durable.child(name), self.root / name
+
+        def get() -> None:
+            local.mkdir(parents=True, exist_ok=True)
+            source.get_files(source.entries()[1], local)
+
+        t0 = time.perf_counter()
+        await asyncio.to_thread(get)
+        log.info("fetched checkpoint %s into %s in %.3fs", source.url, local, time.perf_counter() - t0)
+        return {**checkpoint, "dir": str(local)}
 
 
 def _discard(fut: "asyncio.Future[Frame] | None") -> None:
@@ -251,5 +315,31 @@ def _discard(fut: "asyncio.Future[Frame] | None") -> None:
         fut.cancel()
 
 
-def _write_blocks(d: Path, items: list[tuple[int, BlockArrays]]) -> dict[int, dict[str, Any]]:
-    return {b: write_block(d, b, data) for b, data in items}
+def _write_blocks(d: Path, items: list[tuple[int, BlockArrays]], sync: bool) -> dict[int, dict[str, Any]]:
+    """psruntime.checkpoint's block files, each fsynced with `sync` (in the thread that overlaps
+    the next batch's transfer, so the wait is mostly hidden)."""
+    entries = {}
+    for b, data in items:
+        entries[b] = write_block(d, b, data)
+        if sync:
+            fsync_file(d / entries[b]["file"])
+    return entries
+
+
+def _write_manifest(d: Path, executor_id: str, num_blocks: int, table_version: int,
+                    entries: dict[int, dict[str, Any]], sync: bool) -> None:
+    path = write_manifest(d, executor_id, num_blocks, table_version, entries)
+    if sync:
+        fsync_file(path)
+
+
+def _write_worker_state(d: Path, block: int, header: dict[str, Any], arrays: list[np.ndarray], sync: bool) -> None:
+    """One input block's worker-local state as `worker_state_<b>.npz`: its header beside its arrays."""
+    tmp = d / f"{WORKER_STATE_PREFIX}{block}.tmp.npz"
+    with open(tmp, "wb") as f:
+        np.savez(f, header=np.frombuffer(json.dumps(header).encode(), np.uint8),
+                 **{f"a{i}": a for i, a in enumerate(arrays)})  # type: ignore[arg-type]  # see psruntime/checkpoint.py
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, d / f"{WORKER_STATE_PREFIX}{block}.npz")

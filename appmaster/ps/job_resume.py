@@ -1,5 +1,7 @@
 """What a checkpoint records about a PS job besides its model, and how a new AM attempt continues
-the job from the latest checkpoint an earlier attempt left in the durable AM dir.
+the job from the latest checkpoint an earlier attempt left in the durable AM dir -- storage every
+host reads (rm.toml `checkpoint_dir`: a shared mount or an fsspec URL), so the new attempt may run
+on another host than the one that wrote it.
 
 The job record (written into each checkpoint's `job.json` by appmaster.ps.checkpoints) holds the
 spec, the attempt, the objective and shape histories and the progress counters (iterations,
@@ -53,9 +55,10 @@ def resumable_checkpoint(checkpointer: Checkpointer, spec: PSJobSpec, app: AnyPS
 
 async def resume_job(manifest: dict[str, Any], servers: list[ExecutorRecord], workers: list[ExecutorRecord],
                      metrics: JobMetrics, steps: Reconfiguration) -> dict[str, Any]:
-    """Continue the job from `manifest` (an earlier attempt's checkpoint) on new executors: its
-    epochs and objective history carry on and training resumes at the checkpoint's place in the
-    epoch. Returns what the status reports as `resumed_from`."""
+    """Continue the job from `manifest` (an earlier attempt's checkpoint, from `resumable_checkpoint`)
+    on new executors: its epochs and objective history carry on and training resumes at the
+    checkpoint's place in the epoch. Returns what the status reports as `resumed_from`."""
+    manifest = await steps.checkpointer.fetch(manifest)      # a remote one is read from a local copy
     metrics.initial_objective = float(manifest["initial_objective"])
     for e in manifest["objective_history"]:
         metrics.record_epoch(EpochRecord(epoch=int(e["epoch"]), objective=float(e["objective"]),
@@ -63,6 +66,6 @@ async def resume_job(manifest: dict[str, Any], servers: list[ExecutorRecord], wo
     restored = await steps.continue_from_checkpoint(servers, workers, manifest["dir"], manifest)
     log.info("resumed from checkpoint %s of %s: epoch %d, objective %.6g", manifest["dir"],
              manifest.get("attempt_id"), manifest["epoch"], restored)
-    return {"dir": manifest["dir"], "epoch": int(manifest["epoch"]), "clock": int(manifest.get("clock", 0)),
+    return {"dir": manifest["dir"], "url": manifest.get("url", manifest["dir"]), "epoch": int(manifest["epoch"]), "clock": int(manifest.get("clock", 0)),
             "attempt_id": manifest.get("attempt_id"), "objective": manifest.get("objective"),
             "objective_restored": restored, "checkpoint_time": manifest.get("time"), "time": time.time()}

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from protocol import codec, container_env, tokens
+from protocol.durable_storage import DurableDir
 from protocol.job_report import finite, recent_epoch_times, recent_objectives
 from protocol.ps_job_spec import PSJobSpec
 from protocol.records import FinalStatus, Resource
@@ -84,8 +85,8 @@ class PSApplicationMaster:
         self.data_server = DataPlaneServer(self.pool.handle_frame, host, 0, secret=key)
         self.status_server = StatusServer(self.status, self.request_checkpoint, host, 0, scale=self.request_scale,
                                           control_auth=ControlAuth(job_secret, am.identity.attempt_id))
-        self.am_dir = Path(am_dir)
-        self.checkpointer = Checkpointer(self.am_dir / "checkpoints", self.client)
+        self.am_dir = DurableDir(am_dir)    # a path or an fsspec URL every host reads (rm.toml checkpoint_dir)
+        self.checkpointer = Checkpointer(self.am_dir.child("checkpoints"), self.client)
         self.training = Training.build(spec, self.app, self.pool, self.metrics, self.client,
                                        on_clock=self._after_clock)
         self.resource = Resource(spec.executor_memory_mb, spec.executor_vcores)
@@ -203,7 +204,7 @@ class PSApplicationMaster:
 
     async def run(self) -> Optional[FinalStatus]:
         self._failure = asyncio.get_running_loop().create_future()
-        self.am_dir.mkdir(parents=True, exist_ok=True)
+        self.am_dir.makedirs()
         self.pool.am_address = await self.data_server.start()
         url = await self.status_server.start()
         pump = asyncio.create_task(self._pump_events(), name="ps-am-events")
@@ -230,9 +231,7 @@ class PSApplicationMaster:
     def _write_final_status(self) -> None:
         """Leave the last status in the AM dir: the HTTP endpoint goes away with the AM."""
         try:
-            tmp = self.am_dir / (FINAL_STATUS_FILE + ".tmp")
-            tmp.write_bytes(codec.dumps(self.status()))
-            os.replace(tmp, self.am_dir / FINAL_STATUS_FILE)
+            self.am_dir.write_bytes(FINAL_STATUS_FILE, codec.dumps(self.status()))
         except OSError as e:
             log.warning("could not write the final status: %s", e)
 
