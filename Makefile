@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	-@sh bin/ensure-chromium
+	-@sh bin/ensure-test-packages
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 # ruff and mypy read their settings from pyproject.toml ([tool.ruff], [tool.mypy]).

@@ -1,7 +1,7 @@
 """Headless Chromium for the web UI tests: Playwright driving Debian's system browser.
 
 `chromium_page()` skips the test, naming why, when Playwright or /usr/bin/chromium is missing
-(`make test` installs the browser when it can: bin/ensure-chromium). Every page the tests open
+(`make test` installs the browser when it can: bin/ensure-test-packages). Every page the tests open
 records its console errors and failed requests, so a test can assert there were none.
 """
 from __future__ import annotations
