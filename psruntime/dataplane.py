@@ -11,6 +11,15 @@ with a body, before the client proved the secret, and drops the connection (logg
 the reason) on a bad or missing proof or after HANDSHAKE_TIMEOUT_S; the client's `open` returns
 once the server proved it too. `secret=None` is today's unauthenticated data plane (in-process
 tests, tools); the PS AM and the executors it launches always pass the job's secret.
+
+A peer can vanish without a word: its host powered off or its link cut sends no RST and no FIN,
+so a request to it, or a connect to its address (SYNs retried for about two minutes), would wait
+for as long as the kernel's defaults allow. Every connection therefore has a connect timeout,
+TCP keepalive and TCP_USER_TIMEOUT (`LinkLiveness`), which end it within tens of seconds of its
+peer going silent, on both ends. Faster still, whoever learns that a peer is gone (the PS AM,
+from the RM's loss report) calls `DataPlaneClient.mark_lost`: every request in flight to that
+address, and an open under way, fails at once with `PeerLost`, as does every later one until
+`clear_lost` (a new executor announced that address).
 """
 from __future__ import annotations
 
@@ -18,8 +27,10 @@ import asyncio
 import inspect
 import itertools
 import logging
-from typing import Any, Awaitable, Callable, Sequence, Union
+import socket
+from typing import Annotated, Any, Awaitable, Callable, Sequence, Union
 
+import msgspec
 import numpy as np
 
 from psruntime.dataplane_auth import HANDSHAKE_TIMEOUT_S, AuthError, ClientHandshake, ServerHandshake
@@ -45,6 +56,65 @@ class RequestError(ValueError):
     """Raised by a handler for a request that is malformed; answered as an error frame."""
 
 
+class PeerLost(ConnectionError):
+    """The peer at `address` was declared gone (`DataPlaneClient.mark_lost`: its executor's container
+    ended, or it stopped answering); `reason` says how that was learnt."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(f"{address} is lost: {reason}")
+        self.address = address
+        self.reason = reason
+
+
+class ConnectTimeout(ConnectionError):
+    """No connection to a peer within `LinkLiveness.connect_timeout_s` (its host is down or cut off:
+    a dead host's address drops SYNs instead of refusing them)."""
+
+
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class LinkLiveness(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How long a data-plane connection trusts a silent peer (see the module doc).
+
+    A connect gives up after `connect_timeout_s`. Once connected, TCP keepalive probes an idle
+    connection after `keepalive_idle_s`, every `keepalive_interval_s`, and drops it after
+    `keepalive_probes` unanswered ones; TCP_USER_TIMEOUT drops it when data it sent stays
+    unacknowledged for `user_timeout_s`. Only the peer's kernel answers these, so a busy or slow
+    executor never meets them (a long clock, a large transfer on a capped link: its ACKs come);
+    a host that is gone does within about 30 s by default. Keepalive times are whole seconds
+    (the kernel's unit), at least 1."""
+
+    connect_timeout_s: Seconds = 15.0
+    keepalive_idle_s: Seconds = 10.0
+    keepalive_interval_s: Seconds = 5.0
+    keepalive_probes: Annotated[int, msgspec.Meta(ge=1)] = 3
+    user_timeout_s: Seconds = 30.0
+
+
+DEFAULT_LIVENESS = LinkLiveness()
+
+
+def apply_liveness(transport: asyncio.BaseTransport | None, liveness: LinkLiveness) -> None:
+    """Set keepalive and TCP_USER_TIMEOUT on a TCP transport's socket (options this platform lacks
+    are skipped: the connect timeout and the AM's loss reports still hold)."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", liveness.keepalive_idle_s), ("TCP_KEEPINTVL", liveness.keepalive_interval_s),
+                        ("TCP_KEEPCNT", liveness.keepalive_probes)):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), max(1, round(value))))
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        options.append((socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, round(liveness.user_timeout_s * 1000))))
+    for level, option, value in options:
+        try:
+            sock.setsockopt(level, option, value)
+        except OSError as e:
+            log.debug("data plane: socket option %s not set: %s", option, e)
+
+
 def parse_address(address: str) -> tuple[str, int]:
     """Split "host:port" (the data-plane address form used everywhere) into its parts."""
     host, sep, port = address.rpartition(":")
@@ -62,9 +132,11 @@ class DataPlaneServer:
     With `secret`, only to connections that proved it (see the module doc)."""
 
     def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 0,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, secret: bytes | None = None) -> None:
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, secret: bytes | None = None,
+                 liveness: LinkLiveness = DEFAULT_LIVENESS) -> None:
         self._handler = handler
         self._secret = secret
+        self.liveness = liveness   # a client that vanished is dropped too (its replies go nowhere)
         self.refused = 0           # connections refused by the handshake (for tests and status)
         self._host = host
         self._port = port
@@ -105,7 +177,7 @@ class _ServerConnection:
         # Until the peer proved the secret it may send header-only frames, nothing to allocate for.
         self.protocol = FrameProtocol(self._on_frame, self._on_lost, 0 if self._auth else server._max_body,
                                       self._on_error, stop_reading_while_blocked=True,
-                                      on_connected=self._on_connected if self._auth else None)
+                                      on_connected=self._on_connected)
         server._conns.add(self)
 
     def _peer(self) -> str:
@@ -114,7 +186,9 @@ class _ServerConnection:
         return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
 
     def _on_connected(self) -> None:
-        assert self._auth is not None
+        apply_liveness(self.protocol.transport, self._server.liveness)
+        if self._auth is None:
+            return
         self._auth_timer = asyncio.get_running_loop().call_later(
             HANDSHAKE_TIMEOUT_S, self._refuse, f"no answer to the challenge within {HANDSHAKE_TIMEOUT_S:.0f}s")
         self.protocol.write_frame(self._auth.challenge())
@@ -216,10 +290,18 @@ class DataPlaneConnection:
 
     @classmethod
     async def open(cls, address: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                   secret: bytes | None = None) -> "DataPlaneConnection":
+                   secret: bytes | None = None, liveness: LinkLiveness = DEFAULT_LIVENESS) -> "DataPlaneConnection":
+        """Connect (ConnectTimeout after `liveness.connect_timeout_s`) and, with `secret`, authenticate."""
         host, port = parse_address(address)
         conn = cls(address, max_body_bytes, secret)
-        await asyncio.get_running_loop().create_connection(lambda: conn.protocol, host, port)
+        try:
+            # asyncio.timeout, not wait_for: no task in between, so a request written right after
+            # the open goes out in the same turn of the loop as before.
+            async with asyncio.timeout(liveness.connect_timeout_s):
+                await asyncio.get_running_loop().create_connection(lambda: conn.protocol, host, port)
+        except TimeoutError:
+            raise ConnectTimeout(f"no connection to {address} within {liveness.connect_timeout_s:g}s") from None
+        apply_liveness(conn.protocol.transport, liveness)
         if conn._auth is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(conn._authenticated), HANDSHAKE_TIMEOUT_S)
@@ -240,6 +322,8 @@ class DataPlaneConnection:
         The future resolves to the reply frame, or fails with RemoteError / ConnectionError.
         """
         if self._closed_error is not None:
+            if isinstance(self._closed_error, PeerLost):
+                raise PeerLost(self.address, self._closed_error.reason)
             raise ConnectionError(f"connection to {self.address} is closed: {self._closed_error}")
         rid = next(self._ids)
         fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
@@ -300,7 +384,13 @@ class DataPlaneConnection:
         self._closed_error = ConnectionError(f"protocol error from {self.address}: {e}")
 
     def _on_lost(self, exc: BaseException | None) -> None:
-        err = ConnectionError(f"connection to {self.address} lost: {self._closed_error or exc or 'closed'}")
+        err = self._closed_error if isinstance(self._closed_error, PeerLost) else \
+            ConnectionError(f"connection to {self.address} lost: {self._closed_error or exc or 'closed'}")
+        self._fail_all(err, AuthError(f"{self.address} closed the connection during the handshake: {exc or 'closed'}"))
+        if not self._lost.done():
+            self._lost.set_result(None)
+
+    def _fail_all(self, err: ConnectionError, handshake_err: ConnectionError) -> None:
         self._closed_error = err
         for fut in self._waiting.values():
             if not fut.done():
@@ -308,11 +398,17 @@ class DataPlaneConnection:
                 fut.exception()  # a fire-and-forget caller may never look at it: no "never retrieved" noise
         self._waiting.clear()
         if self._auth is not None and not self._authenticated.done():
-            self._authenticated.set_exception(AuthError(f"{self.address} closed the connection during the "
-                                                        f"handshake: {exc or 'closed'}"))
+            self._authenticated.set_exception(handshake_err)
             self._authenticated.exception()
-        if not self._lost.done():
-            self._lost.set_result(None)
+
+    def abort(self, error: PeerLost) -> None:
+        """The peer is gone: fail every request in flight with `error` now and drop the connection
+        without the closing handshake (a vanished peer would never answer it, and unsent data
+        to it would hold a graceful close open)."""
+        self._fail_all(error, error)
+        tr = self.protocol.transport
+        if tr is not None:
+            tr.abort()
 
     async def close(self) -> None:
         self.protocol.close()
@@ -322,13 +418,45 @@ class DataPlaneConnection:
 
 class DataPlaneClient:
     """Keeps one connection per peer address and reopens it after a failure; with `secret`, every
-    connection is authenticated when it opens."""
+    connection is authenticated when it opens. An address marked lost fails every request at once
+    (`mark_lost`, module doc)."""
 
-    def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, secret: bytes | None = None) -> None:
+    def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, secret: bytes | None = None,
+                 liveness: LinkLiveness = DEFAULT_LIVENESS) -> None:
         self._conns: dict[str, DataPlaneConnection] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._max_body = max_body_bytes
         self._secret = secret
+        self.liveness = liveness
+        self._lost: dict[str, str] = {}        # address -> why it was declared lost
+        self._opening: dict[str, asyncio.Task[Any]] = {}     # address -> the task opening it
+        self._open_aborts: dict[asyncio.Task[Any], str] = {}  # opens cancelled by mark_lost -> why
+
+    def lost(self, address: str) -> str | None:
+        """Why `address` was marked lost, or None."""
+        return self._lost.get(address)
+
+    def mark_lost(self, address: str, reason: str) -> None:
+        """The peer at `address` is gone: every request in flight to it and an open under way fail
+        now with PeerLost, and so does every request to it until `clear_lost(address)`."""
+        self._lost[address] = reason
+        error = PeerLost(address, reason)
+        conn = self._conns.pop(address, None)
+        if conn is not None:
+            conn.abort(error)
+        opening = self._opening.get(address)
+        if opening is not None and opening not in self._open_aborts:
+            self._open_aborts[opening] = reason
+            opening.cancel()
+
+    def clear_lost(self, address: str) -> None:
+        """`address` may be served again (a new peer announced it)."""
+        self._lost.pop(address, None)
+
+    def _check_lost(self, address: str) -> None:
+        reason = self._lost.get(address)
+        if reason is not None:
+            raise PeerLost(address, reason)
 
     def cached(self, address: str) -> DataPlaneConnection | None:
         """The open connection to `address`, if there is one (lets callers submit without awaiting)."""
@@ -339,16 +467,37 @@ class DataPlaneClient:
         conn = self.cached(address)
         if conn is not None:
             return conn
+        self._check_lost(address)
         lock = self._locks.setdefault(address, asyncio.Lock())
         async with lock:
+            self._check_lost(address)         # marked lost while this waited for the lock
             conn = self.cached(address)
             if conn is None:
                 old = self._conns.pop(address, None)
                 if old is not None:
                     await old.close()
-                conn = await DataPlaneConnection.open(address, self._max_body, self._secret)
+                conn = await self._open(address)
                 self._conns[address] = conn
             return conn
+
+    async def _open(self, address: str) -> DataPlaneConnection:
+        """Open a connection to `address`; PeerLost as soon as it is marked lost meanwhile (a
+        connect to a vanished host would wait for its timeout). `mark_lost` cancels this task and
+        says why; the open runs in the caller's task, so it costs no extra turn of the loop."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._opening[address] = task
+        try:
+            return await DataPlaneConnection.open(address, self._max_body, self._secret, self.liveness)
+        except asyncio.CancelledError:
+            reason = self._open_aborts.pop(task, None)
+            if reason is None or task.uncancel() > 0:
+                raise                     # cancelled by its caller (too)
+            raise PeerLost(address, reason) from None
+        finally:
+            if self._opening.get(address) is task:
+                del self._opening[address]
+            self._open_aborts.pop(task, None)
 
     async def request(self, address: str, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> Frame:
         return await (await self.connection(address)).request(header, arrays)
@@ -357,3 +506,4 @@ class DataPlaneClient:
         conns = list(self._conns.values())
         self._conns.clear()
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+

@@ -288,7 +288,7 @@ class StoreClient:
         for address, idx, arrays in p.parts:
             if gate is not None:
                 await gate.wait_turn()
-            conn = self._client.cached(address) or await self._client.connection(address)
+            conn = self._client.cached(address) or await self._connect(address, p.op)
             header: dict[str, Any] = {"op": p.op, "key_array": True, "v": self.table.version, **p.extra}
             sent.append((conn, idx, conn.submit(header, arrays)))
         return sent
@@ -297,6 +297,14 @@ class StoreClient:
                             sub: np.ndarray | None, extra: dict[str, Any]) -> Sent:
         parts = self._split_array(keys, values, sub)
         return await self._send_parts(PreparedArray(op, func, keys, values, extra, parts))
+
+    async def _connect(self, address: str, op: str) -> DataPlaneConnection:
+        """The connection to an owner; a failure to reach it (refused, timed out, marked lost) is
+        this request's failure, as one on the connection is."""
+        try:
+            return await self._client.connection(address)
+        except OSError as e:        # ConnectionError and the data plane's PeerLost among them
+            raise StoreClientError(f"{op} at {address} failed: {e}") from e
 
     @staticmethod
     async def _await_reply(item: tuple[DataPlaneConnection, Any, "asyncio.Future[Frame]"], op: str, n: int) -> Frame:
@@ -393,7 +401,7 @@ class StoreClient:
                       ) -> list[tuple[DataPlaneConnection, list[int], asyncio.Future[Frame]]]:
         sent = []
         for address, group in self._route(keys, idx).items():
-            conn = self._client.cached(address) or await self._client.connection(address)
+            conn = self._client.cached(address) or await self._connect(address, op)
             header: dict[str, Any] = {"op": op, "keys": [keys[i] for i in group], "v": self.table.version}
             if func is not None:
                 header["func"] = func
