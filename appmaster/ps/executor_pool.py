@@ -4,6 +4,13 @@ and what it reports (RSS, data and model bytes, blocks).
 Executors are launched with `python -m psruntime.executor ... --am HOST:PORT` and announce their
 data-plane address to the AM's small data-plane server with an "executor_ready" frame
 (`handle_frame`); `wait_ready` waits for a role's executors with a deadline.
+
+The pool is where the AM learns that an executor is gone, and the one place that says so: its
+container's completion (`mark_exited`: it died, was killed, or its node was lost, as the RM
+reports), or the AM giving up on it (`declare_lost`: no reply by a deadline). Either way the AM's
+data-plane client (`links`) marks its address lost, so every request in flight to it fails at once
+(psruntime.dataplane.PeerLost; appmaster.ps.executor_rpc.ExecutorLost), and `watch_losses` wakes
+whoever waits on work that needs it (the clock loop, on a server).
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ from appmaster.container_book import AmContainer
 from protocol import container_env
 from protocol.internal_api import LaunchContext, WarmStart
 from protocol.records import ExitStatus
-from psruntime.dataplane import Reply, RequestError
+from psruntime.dataplane import DataPlaneClient, Reply, RequestError
 from psruntime.frame_codec import Frame
 
 EXECUTOR_MODULE = "psruntime.executor"
@@ -96,7 +103,7 @@ class ExecutorPool:
     """Every executor of the job, by id and by container."""
 
     def __init__(self, num_blocks: int, am_address: str = "", python: str = "python",
-                 job_secret: str = "", use_arbiter: bool = False) -> None:
+                 job_secret: str = "", use_arbiter: bool = False, links: Optional[DataPlaneClient] = None) -> None:
         self.num_blocks = num_blocks
         self.am_address = am_address          # set once the AM's data-plane server listens
         self.python = python
@@ -109,6 +116,9 @@ class ExecutorPool:
         self._by_container: dict[str, ExecutorRecord] = {}
         self._next_index = {Role.SERVER: 0, Role.WORKER: 0}
         self._changed = asyncio.Event()
+        self.links = links                    # the AM's data-plane client: lost addresses fail there
+        self.lost: dict[str, str] = {}        # executor id -> why it was lost (not retired on purpose)
+        self._loss_watches: list[tuple[frozenset[str], asyncio.Future[ExecutorRecord]]] = []
 
     # -- bookkeeping -------------------------------------------------------------------------
     def add(self, role: Role, container: AmContainer) -> ExecutorRecord:
@@ -157,12 +167,55 @@ class ExecutorPool:
                    if e.role is role and e.state in (ExecutorState.LAUNCHING, ExecutorState.READY))
 
     def mark_exited(self, container: AmContainer) -> Optional[ExecutorRecord]:
+        """`container` completed (the RM's report): its executor is EXITED, its address lost, and,
+        unless it was retiring, it counts as lost (module doc)."""
         rec = self._by_container.get(container.container_id)
         if rec is not None:
+            was = rec.state
             rec.container = container
             rec.state = ExecutorState.EXITED
             self._changed.set()
+            if was is not ExecutorState.EXITED:
+                code = container.exit_status
+                self._gone(rec, f"{rec.executor_id}'s container {container.container_id} on {container.node_id} "
+                                f"completed with {code} ({ExitStatus.describe(code)})",
+                           lost=was is not ExecutorState.RETIRING)
         return rec
+
+    def declare_lost(self, rec: ExecutorRecord, reason: str) -> None:
+        """The AM gives up on `rec` before its container is reported gone (it stopped answering):
+        its address fails every request from now on and it counts as lost. Its state changes
+        when its container's completion comes (the AM stops the container)."""
+        if rec.state is not ExecutorState.EXITED:
+            self._gone(rec, reason, lost=rec.state is not ExecutorState.RETIRING)
+
+    def _gone(self, rec: ExecutorRecord, reason: str, lost: bool) -> None:
+        if self.links is not None and rec.address:
+            self.links.mark_lost(rec.address, reason)
+        if not lost:
+            return
+        self.lost.setdefault(rec.executor_id, reason)
+        watches, self._loss_watches = self._loss_watches, []
+        for ids, fut in watches:
+            if fut.done():
+                continue
+            if rec.executor_id in ids:
+                fut.set_result(rec)
+            else:
+                self._loss_watches.append((ids, fut))
+
+    def watch_losses(self, recs: Iterable[ExecutorRecord]) -> asyncio.Future[ExecutorRecord]:
+        """A future set to the first of `recs` that is lost (now, if one already is); cancel it
+        once nothing waits on it any more."""
+        recs = list(recs)
+        fut: asyncio.Future[ExecutorRecord] = asyncio.get_running_loop().create_future()
+        gone = next((r for r in recs if r.executor_id in self.lost), None)
+        if gone is not None:
+            fut.set_result(gone)
+        else:
+            self._loss_watches = [(ids, f) for ids, f in self._loss_watches if not f.done()]
+            self._loss_watches.append((frozenset(r.executor_id for r in recs), fut))
+        return fut
 
     # -- launch ------------------------------------------------------------------------------
     def launch_context(self, rec: ExecutorRecord, environment: dict[str, str] | None = None) -> LaunchContext:
@@ -199,6 +252,8 @@ class ExecutorPool:
             rec.state = ExecutorState.READY
             rec.ready_at = time.monotonic()
             rec.address = address
+            if self.links is not None:
+                self.links.clear_lost(address)    # a lost executor's address, taken again (same host)
             pid = h.get("pid")
             rec.pid = pid if isinstance(pid, int) else None
             self._changed.set()

@@ -2,7 +2,10 @@
 
 Every request is a record of protocol.executor_ops sent as one data-plane frame; a failure (the
 executor died, or answered with an error) comes back as `ExecutorCallError` naming the executor,
-its role, container and the op, which is what the job's diagnostics need.
+its role, container and the op, which is what the job's diagnostics need. A request to an executor
+the AM knows is gone fails with `ExecutorLost` -- at once, also while it waits for the reply: the
+pool marks a lost executor's address lost on the shared client (appmaster.ps.executor_pool), which
+fails what is in flight to it; a host that vanished never answers, so nothing else would end the wait.
 """
 from __future__ import annotations
 
@@ -12,10 +15,10 @@ from typing import Sequence, TypeVar
 import numpy as np
 
 from protocol import executor_ops as ops
-from psruntime.dataplane import DataPlaneClient, RemoteError
+from psruntime.dataplane import DataPlaneClient, PeerLost, RemoteError
 from psruntime.frame_codec import Frame
 
-from .executor_pool import ExecutorRecord
+from .executor_pool import ExecutorRecord, ExecutorState
 
 R = TypeVar("R", bound=ops.ControlReply)
 
@@ -32,6 +35,11 @@ class ExecutorCallError(RuntimeError):
         self.answered = isinstance(cause, RemoteError)
 
 
+class ExecutorLost(ExecutorCallError):
+    """A control op on an executor the AM knows is gone: its container ended (the RM's report: it
+    died, was killed, its node was lost) or the AM gave up waiting for it. Never `answered`."""
+
+
 class ExecutorRpc:
     """Sends control requests to the job's executors over one shared data-plane client."""
 
@@ -42,9 +50,15 @@ class ExecutorRpc:
                     arrays: Sequence[np.ndarray] = ()) -> Frame:
         """Send `request` (with `arrays`) to `rec`; the reply frame as it came."""
         header = ops.to_header(request)
+        if _exited(rec):
+            raise ExecutorLost(rec, str(header["op"]), PeerLost(rec.address, "its container has ended"))
         try:
             return await self.client.request(rec.address, header, list(arrays))
         except Exception as e:  # noqa: BLE001 - any failure is that executor's, named as such
+            # Lost, however the failure surfaced (a write blocked towards the peer when it was
+            # dropped fails as a plain ConnectionError).
+            if isinstance(e, PeerLost) or _exited(rec) or self.client.lost(rec.address):
+                raise ExecutorLost(rec, str(header["op"]), e) from e
             raise ExecutorCallError(rec, str(header["op"]), e) from e
 
     async def call(self, rec: ExecutorRecord, request: ops.ControlRequest, reply: type[R]) -> R:
@@ -70,6 +84,13 @@ class ExecutorRpc:
         return list(await asyncio.gather(*(self.frame(r, request) for r in recs)))
 
     async def shutdown(self, recs: Sequence[ExecutorRecord]) -> None:
-        """Ask each executor with an address to stop; best effort (it may be gone already)."""
+        """Ask each executor with an address to stop; best effort (it may be gone already: one whose
+        container ended is not asked)."""
         await asyncio.gather(*(self.client.request(r.address, ops.to_header(ops.Shutdown()))
-                               for r in recs if r.address), return_exceptions=True)
+                               for r in recs if r.address and not _exited(r)),
+                             return_exceptions=True)
+
+
+def _exited(rec: ExecutorRecord) -> bool:
+    """Whether `rec`'s container has ended (read afresh: it changes while a request waits)."""
+    return rec.state is ExecutorState.EXITED
