@@ -24,6 +24,19 @@ block's [epoch, next_row] as the workers last reported it), and the replacements
 clock again; the servers drop the pushes the lost worker had made already (psruntime.push_ids),
 so no update is lost or applied twice and the epoch goes on.
 Without a replacement the survivors' part of the clock is counted and the failure is raised.
+
+A clock waits on nothing forever. A worker's reply wait ends with ExecutorLost as soon as the
+pool learns the worker is gone (its container's completion, as the RM reports it: the address
+is marked lost and the request fails, appmaster.ps.executor_pool); a server lost while the clock
+runs ends the whole clock with ExecutorLost for that server (the workers may be blocked pulling
+from it; the master then goes back to the latest checkpoint and replaces every executor, which
+tears the blocked workers down). A host that vanishes without a word is reported by the RM within
+its NM expiry, and the data plane's keepalive drops its connections within about 30 s besides.
+Last, a backstop for a worker that is alive but stopped answering: a reply later than the
+`reply_deadline` (default: 10 times the slowest clock seen, at least 300 s, so a healthy slow clock
+never meets it; timed by `deadline_sleep`, injectable) gives the worker up as lost
+(`ExecutorPool.declare_lost`) and calls `on_unresponsive` (the master stops its container, so its
+loss is reported and recovered from like any other).
 """
 from __future__ import annotations
 
@@ -31,12 +44,14 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from typing import Awaitable, Callable, Optional, Sequence
+from typing import Annotated, Any, Awaitable, Callable, Optional, Sequence, Union
+
+import msgspec
 
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
 from psruntime.apps.base import AnyPSApp, ObjectivePart
-from psruntime.dataplane import DataPlaneClient
+from psruntime.dataplane import DataPlaneClient, PeerLost
 from psruntime.frame_codec import Frame
 from psruntime.store_client import StoreClient
 
@@ -44,7 +59,7 @@ from .boundary_scheduler import BoundaryScheduler
 from .clock_pacing import ClockPacer
 from .evaluation import Evaluation
 from .executor_pool import ExecutorRecord
-from .executor_rpc import ExecutorCallError, ExecutorRpc
+from .executor_rpc import ExecutorCallError, ExecutorLost, ExecutorRpc
 from .membership import Membership
 from .metrics import EpochRecord, JobMetrics
 from .model_placement import ModelPlacement
@@ -55,8 +70,25 @@ EpochHook = Callable[[EpochRecord], Awaitable[None]]
 # Workers whose run_clock failed -> their replacements, in the same order (None: not replaced).
 WorkerLossHook = Callable[[list[ExecutorRecord]], Awaitable[Optional[list[ExecutorRecord]]]]
 Position = tuple[int, int]      # an input block's (epoch, next_row)
+DeadlineSleep = Callable[[float], Awaitable[None]]      # sleeps that many seconds (tests: a manual clock)
+Unresponsive = Callable[[ExecutorRecord, str], None]    # a worker given up on, and why
 
 AUDIT_KEY = "eps:minibatches"   # with spec.audit_updates: +1 per mini-batch, counted by the servers
+
+
+class ReplyDeadline(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How long the AM waits for a worker's run_clock reply before it gives the worker up as lost:
+    the longer of `floor_s` and `factor` times the slowest clock seen so far (module doc). Only a
+    worker that is alive but stopped answering meets it; a gone one is reported long before."""
+
+    floor_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    factor: Annotated[float, msgspec.Meta(ge=1)] = 10.0
+
+    def seconds(self, slowest_clock_s: float) -> float:
+        return max(self.floor_s, self.factor * slowest_clock_s)
+
+
+DEFAULT_REPLY_DEADLINE = ReplyDeadline()
 
 
 class ClockLoop:
@@ -64,7 +96,9 @@ class ClockLoop:
 
     def __init__(self, spec: PSJobSpec, app: AnyPSApp, rpc: ExecutorRpc, client: DataPlaneClient,
                  membership: Membership, placement: ModelPlacement, evaluation: Evaluation, metrics: JobMetrics,
-                 wall_clock: Callable[[], float] = time.time, on_clock: Optional[Callable[[], None]] = None) -> None:
+                 wall_clock: Callable[[], float] = time.time, on_clock: Optional[Callable[[], None]] = None,
+                 reply_deadline: ReplyDeadline = DEFAULT_REPLY_DEADLINE,
+                 deadline_sleep: DeadlineSleep = asyncio.sleep) -> None:
         self.spec = spec
         self.app = app
         self.rpc = rpc
@@ -88,6 +122,10 @@ class ClockLoop:
         self.audit_mismatches: list[dict[str, int]] = []
         self.positions: dict[int, Position] = {}    # input block -> where its last clock left it
         self.replace_lost_workers: Optional[WorkerLossHook] = None
+        self.reply_deadline = reply_deadline
+        self.deadline_sleep = deadline_sleep
+        self.on_unresponsive: Optional[Unresponsive] = None    # the master stops the worker's container
+        self.slowest_clock_s = 0.0                  # the longest clock a worker reported (its deadline)
         self._stop = False
         self._looping = False
         self.boundaries = BoundaryScheduler(self._why_closed)
@@ -198,7 +236,7 @@ class ClockLoop:
                 return False
             workers = self.membership.workers
             request = self._clock_request(len(workers), epoch)
-            results = await asyncio.gather(*(self.rpc.frame(w, request) for w in workers), return_exceptions=True)
+            results = await self._clock_calls(workers, request)
             ran = [(w, r) for w, r in zip(workers, results) if isinstance(r, Frame)]
             if len(ran) < len(workers):
                 ran += await self._redo_lost(request, [(w, r) for w, r in zip(workers, results)
@@ -223,7 +261,53 @@ class ClockLoop:
             raise errors[0]
         log.info("clock %d runs again on %s (replacing %s)", self.clocks_done,
                  ", ".join(w.executor_id for w in replacements), ", ".join(w.executor_id for w, _ in failed))
-        return list(zip(replacements, await self.rpc.frames_all(replacements, request)))
+        results = await self._clock_calls(replacements, request)
+        for r in results:
+            if not isinstance(r, Frame):
+                raise r
+        return list(zip(replacements, [r for r in results if isinstance(r, Frame)]))
+
+    async def _clock_calls(self, workers: Sequence[ExecutorRecord],
+                           request: ops.RunClock) -> list[Union[Frame, BaseException]]:
+        """`request` on every one of `workers`: each one's reply or failure, in their order. Ends
+        when every worker answered, failed or was lost, or passed the reply deadline (then it is
+        given up as lost); ExecutorLost for a server of the job lost meanwhile (module doc)."""
+        calls = [asyncio.ensure_future(self.rpc.frame(w, request)) for w in workers]
+        server_lost = self.membership.pool.watch_losses(self.membership.servers)
+        deadline_s = self.reply_deadline.seconds(self.slowest_clock_s)
+        deadline = asyncio.ensure_future(self.deadline_sleep(deadline_s))
+        given_up: dict[int, BaseException] = {}
+        try:
+            watched: set[asyncio.Future[Any]] = {server_lost, deadline}
+            while not all(c.done() for c in calls):
+                await asyncio.wait({*watched, *(c for c in calls if not c.done())},
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if server_lost.done():
+                    server = server_lost.result()
+                    reason = self.membership.pool.lost.get(server.executor_id, "lost")
+                    raise ExecutorLost(server, "run_clock", PeerLost(server.address, reason))
+                if deadline.done() and deadline in watched:
+                    watched.discard(deadline)
+                    why = f"no run_clock reply within {deadline_s:g}s"
+                    for i, (w, c) in enumerate(zip(workers, calls)):
+                        if not c.done():
+                            given_up[i] = ExecutorLost(w, "run_clock", PeerLost(w.address, why))
+                            c.cancel()
+                            self._give_up(w, why)
+        finally:
+            server_lost.cancel()
+            deadline.cancel()
+            for c in calls:
+                if c.done() and not c.cancelled():
+                    c.exception()       # read: after a server's loss nobody else looks at it
+                c.cancel()
+        return [given_up[i] if i in given_up else (c.exception() or c.result()) for i, c in enumerate(calls)]
+
+    def _give_up(self, worker: ExecutorRecord, why: str) -> None:
+        log.warning("%s: giving %s (%s) up as lost", why, worker.executor_id, worker.container_id)
+        self.membership.pool.declare_lost(worker, why)
+        if self.on_unresponsive is not None:
+            self.on_unresponsive(worker, why)
 
     def _end_clock(self, workers: list[ExecutorRecord], frames: list[Frame], replies: list[ops.RunClockReply]) -> None:
         for w, f, r in zip(workers, frames, replies):
@@ -232,6 +316,7 @@ class ClockLoop:
         slowest = max(replies, key=lambda r: r.seconds, default=None)
         if slowest is not None:
             self.pacer.observe(slowest.batches, slowest.seconds)
+            self.slowest_clock_s = max(self.slowest_clock_s, slowest.seconds)
         self.iterations += max((r.batches for r in replies), default=0)
         self.minibatches_run += sum(r.batches for r in replies)
         self.clocks_done += 1
@@ -269,10 +354,13 @@ class ClockLoop:
                 if self.converged or self._stop:
                     return
                 started.setdefault(epoch, time.perf_counter())
-                f = await self.rpc.frame(w, self._clock_request(len(workers), epoch))
+                [f] = await self._clock_calls([w], self._clock_request(len(workers), epoch))
+                if not isinstance(f, Frame):
+                    raise f
                 r = ops.decode_reply(f.header, ops.RunClockReply)
                 self._record_batches(w, f)
                 self.pacer.observe(r.batches, r.seconds)
+                self.slowest_clock_s = max(self.slowest_clock_s, r.seconds)
                 if r.epoch_done:
                     # This worker's part of the epoch objective (approximate: others may be ahead).
                     parts[epoch][w.executor_id] = await self.evaluation.worker_part(w)
@@ -287,6 +375,8 @@ class ClockLoop:
         async def collect() -> None:
             while not (self.converged or self._stop):
                 epoch = await finished_epochs.get()
+                if epoch < 0:
+                    break           # every runner returned (stopped): no epoch finishes any more
                 seconds = time.perf_counter() - started[epoch]
                 objective = float(self.app.combine(list(parts.pop(epoch).values()),
                                                    await self.evaluation.server_parts()))
@@ -294,10 +384,24 @@ class ClockLoop:
             async with changed:
                 changed.notify_all()
 
+        def runner_done(_: object) -> None:
+            if all(t.done() for t in runners):
+                finished_epochs.put_nowait(-1)
+
         runners = [asyncio.create_task(run(w)) for w in workers]
+        for t in runners:
+            t.add_done_callback(runner_done)
+        collector = asyncio.create_task(collect())
         try:
-            await collect()
+            # A runner that fails (its worker lost, or a server: ExecutorLost) ends the training
+            # at once; the others and the collector are cancelled below.
+            await asyncio.wait([collector, *runners], return_when=asyncio.FIRST_EXCEPTION)
+            for t in [*runners, collector]:
+                err = t.exception() if t.done() and not t.cancelled() else None
+                if err is not None:
+                    raise err
+            await collector
             await asyncio.gather(*runners)
         finally:
-            for t in runners:
+            for t in [*runners, collector]:
                 t.cancel()

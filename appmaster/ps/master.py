@@ -38,7 +38,7 @@ from .checkpoints import Checkpointer
 from .cruise_driver import CruiseDriver, build_cruise_driver
 from .directives import DirectiveHandler, ProgressTracker, Reshaper, Shape
 from .elastic_ops import ElasticOpError, ElasticOps
-from .executor_pool import ExecutorPool, ExecutorState, Role
+from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
 from .executor_status import spill_report
 from .heldout_monitor import HeldoutMonitor
@@ -80,8 +80,9 @@ class PSApplicationMaster:
             job_secret = tokens.generate_secret()
         key = secret_key(job_secret)
         self.client = DataPlaneClient(secret=key)
+        # The pool marks a lost executor's address lost on the client: what waits on it ends.
         self.pool = ExecutorPool(spec.num_blocks, python=python, job_secret=job_secret,
-                                 use_arbiter=spec.use_arbiter)
+                                 use_arbiter=spec.use_arbiter, links=self.client)
         self.data_server = DataPlaneServer(self.pool.handle_frame, host, 0, secret=key)
         self.status_server = StatusServer(self.status, self.request_checkpoint, host, 0, scale=self.request_scale,
                                           control_auth=ControlAuth(job_secret, am.identity.attempt_id))
@@ -102,6 +103,11 @@ class PSApplicationMaster:
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._checkpoint_requests: list[asyncio.Future[dict[str, Any]]] = []
+        # Workers given up on after the clock's reply deadline (container id -> why): stopped here,
+        # their loss comes back as their containers' completion.
+        self.unresponsive: dict[str, str] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        self.training.loop.on_unresponsive = self._stop_unresponsive
         # Elastic scaling: the reconfiguration steps, the mechanism composed of them that changes
         # the shape (EPS's functions, or the kill-based baseline for elastic_mode "kill"; Cruise
         # on top when the optimizer is "cruise"), the RM's shape directives acted on through it,
@@ -481,6 +487,8 @@ class PSApplicationMaster:
             log.info("retired %s (%s, %s) exited", rec.executor_id, rec.role.value, c.container_id)
             return
         text = rec.describe_exit(self.spec.executor_memory_mb)
+        if c.container_id in self.unresponsive:
+            text += f"; stopped by the AM: {self.unresponsive[c.container_id]}"
         if self.job.phase.executors_expected_alive:
             fatal = self.recovery.on_lost(text, rec)
             if fatal is None:
@@ -491,6 +499,21 @@ class PSApplicationMaster:
             self._fail(fatal)
         else:
             log.info("%s", text)
+
+    def _stop_unresponsive(self, rec: ExecutorRecord, why: str) -> None:
+        """The clock loop gave `rec` up (no reply by its deadline): stop its container, so that its
+        completion reports the loss and the job recovers as from any other (a hung process never
+        exits on its own; one on a dead node is released through the RM)."""
+        self.unresponsive[rec.container_id] = why
+        task = asyncio.ensure_future(self._stop_container(rec))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    async def _stop_container(self, rec: ExecutorRecord) -> None:
+        try:
+            await self.am.stop(rec.container)
+        except Exception:  # noqa: BLE001 - the RM's expiry of its node still reports it
+            log.warning("could not stop %s (%s)", rec.executor_id, rec.container_id, exc_info=True)
 
     def _fail(self, diagnostics: str) -> None:
         if self._failure is not None and not self._failure.done():
