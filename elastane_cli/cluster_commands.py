@@ -41,6 +41,16 @@ def _rate(v: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _cores(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of cores: {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"a CPU budget must be > 0 cores, got {text}")
+    return v
+
+
 def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     cluster = sub.add_parser("cluster", help="start / stop a whole cluster on this machine")
     acts = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -59,6 +69,10 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--network", choices=node_network.MODES, default="auto",
                    help="how to cap: netns (tc on a namespace per node; root), emulated (token bucket in "
                         "the data plane, per executor), auto (netns where possible)")
+    p.add_argument("--node-cpus", type=_cores, metavar="CORES",
+                   help="give each node a CPU budget of its own (a cgroup holding the NM and its containers, "
+                        "e.g. 0.5 or 4): the nodes become testbed hosts, each with its own network namespace "
+                        "and /tmp (root); docs/testbed.md")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for every node")
     p.set_defaults(func=cmd_start)
 
@@ -96,7 +110,8 @@ def cmd_start(args: argparse.Namespace, ctx: CliContext) -> int:
         cluster = LocalCluster(base, nodes=args.nodes, node_memory_mb=args.node_memory,
                                node_vcores=args.node_vcores, rm_port=args.rm_port, cgroups=args.cgroups,
                                policy=args.policy, heartbeat_interval_ms=args.heartbeat_interval_ms,
-                               node_bandwidth=args.node_bandwidth, network=args.network)
+                               node_bandwidth=args.node_bandwidth, network=args.network,
+                               node_cpus=args.node_cpus)
     except ValueError as e:
         raise UsageError(str(e)) from None
     ctx.err.write(f"starting an RM and {args.nodes} NMs under {base} ...\n")
@@ -105,6 +120,8 @@ def cmd_start(args: argparse.Namespace, ctx: CliContext) -> int:
     except ClusterStartError as e:
         raise OperationFailed(f"the cluster did not start:\n{e}") from None
     cluster.save_state()
+    if cluster.node_cpus:
+        ctx.err.write(f"node CPU budget {cluster.node_cpus:g} cores each (a cgroup per node host)\n")
     if cluster.node_bandwidth_bps:
         how = (f"tc on a network namespace per node, bridge {cluster.net.bridge} {cluster.net.bridge_ip}"
                if cluster.net else "emulated by a token bucket in each executor's data plane")

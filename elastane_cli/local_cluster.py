@@ -10,10 +10,12 @@ Layout under `base_dir`: conf/cluster.toml (fresh secret), rm/ (state dir), nm<i
 recovery}/, logs/{rm,nm<i>}.log (daemon output), run/*.ready (ready files) and cluster.json
 (pids, so another process can stop the cluster: `LocalCluster.load(base_dir).stop()`).
 
-With `node_bandwidth` each node's network is capped (docs/internals.md, "Network bandwidth
-caps"): in "netns" mode every NM runs in its own network namespace behind a tc-capped veth on a
-bridge (elastane_cli.node_network) and the RM binds 0.0.0.0 and advertises the bridge address;
-in "emulated" mode the NMs tell their containers the cap and the data plane paces itself.
+With `node_bandwidth` or `node_cpus` each node is a host of the multi-host testbed
+(elastane_cli.testbed_hosts, docs/testbed.md; "netns" mode): every NM and its containers run
+in the host's own network namespace behind a veth on a bridge (tc-capped with `node_bandwidth`),
+with its own /tmp and hostname and, with `node_cpus`, inside a cgroup holding that many cores;
+the RM binds 0.0.0.0 and advertises the bridge address. In "emulated" mode (bandwidth only) the
+NMs tell their containers the cap and the data plane paces itself.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from typing import IO, Any, Mapping, Sequence
 from protocol import tokens
 from psruntime.bandwidth import parse_rate
 
-from . import container_reaper, node_network, processes
+from . import container_reaper, node_network, processes, testbed_hosts
 
 
 class ClusterStartError(RuntimeError):
@@ -87,7 +89,7 @@ class LocalCluster:
                  heartbeat_interval_ms: int = 1000, cgroups: str = "auto", policy: str = "static",
                  extra_rm_args: Sequence[str] = (), extra_nm_args: Sequence[str] = (),
                  env: Mapping[str, str] | None = None, node_bandwidth: str | int | None = None,
-                 network: str = "auto") -> None:
+                 network: str = "auto", node_cpus: float | None = None) -> None:
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {nodes}")
         if node_memory_mb < 1 or node_vcores < 1:
@@ -99,10 +101,16 @@ class LocalCluster:
         self.node_bandwidth_bps = parse_rate(node_bandwidth) if node_bandwidth is not None else None
         if network == "emulated" and self.node_bandwidth_bps is None:
             raise ValueError("network='emulated' needs node_bandwidth (e.g. '1gbit')")
+        if node_cpus is not None and node_cpus <= 0:
+            raise ValueError(f"node_cpus must be > 0 cores, got {node_cpus}")
+        if node_cpus is not None and network == "emulated":
+            raise ValueError("node_cpus needs network='netns' or 'auto' (a CPU budget is a host's cgroup)")
         if network == "netns" and nodes > node_network.MAX_NODES:
             raise ValueError(f"network='netns' allows at most {node_network.MAX_NODES} nodes, got {nodes}")
         self.network = network
         self.network_mode = ""               # resolved at start: netns | emulated | none
+        self.node_cpus = node_cpus
+        self.hosts: testbed_hosts.Testbed | None = None   # netns mode: one testbed host per node
         self.net: node_network.ClusterNetwork | None = None
         self.network_errors: list[str] = []  # what teardown could not remove
         self.base_dir = Path(base_dir).resolve()
@@ -171,14 +179,21 @@ class LocalCluster:
         """Resolve the network mode; in netns mode build the bridge and namespaces (recorded at once,
         so a crash before the end leaves cluster.json naming them for `stop`)."""
         try:
-            self.network_mode = node_network.resolve_mode(self.network, self.node_bandwidth_bps)
+            self.network_mode = node_network.resolve_mode(
+                "netns" if self.node_cpus and self.network == "auto" else self.network, self.node_bandwidth_bps)
         except node_network.NodeNetworkError as e:
             raise ClusterStartError(str(e)) from None
         if self.network_mode == "netns":
+            self.hosts = testbed_hosts.Testbed(self.base_dir / "hosts", self.num_nodes,
+                                               names=[f"nm{i}" for i in range(self.num_nodes)],
+                                               cpus=self.node_cpus, bandwidth_bps=self.node_bandwidth_bps,
+                                               shared=[self.base_dir])
             try:
-                self.net = node_network.create(self.base_dir, self.num_nodes, self.node_bandwidth_bps)
-            except node_network.NodeNetworkError as e:
-                raise ClusterStartError(f"cannot build the node namespaces: {e}") from None
+                self.hosts.create()
+            except (testbed_hosts.TestbedError, node_network.NodeNetworkError) as e:
+                raise ClusterStartError(f"cannot build the node hosts: {e}") from None
+            self.net = self.hosts.net
+            assert self.net is not None
             self.save_state()
             self._write_daemon_conf("rm.toml", "rm", "advertise_host", f'"{self.net.bridge_ip}"')
         elif self.network_mode == "emulated":
@@ -263,7 +278,7 @@ class LocalCluster:
                 "--log-dir", str(node.log_dir), "--recovery-dir", str(node.recovery_dir),
                 "--cgroups", self.cgroups, "--heartbeat-interval-ms", str(self.heartbeat_interval_ms),
                 "--ready-file", str(self._ready_path(f"nm{i}")), *self.extra_nm_args]
-        p = self._spawn(f"nm{i}", args, self.net.exec_prefix(i) if self.net else ())
+        p = self._spawn(f"nm{i}", args, self.hosts.host(i).exec_prefix() if self.hosts else ())
         node.pid = p.pid
         node.start_ticks = processes.proc_start_ticks(p.pid)
         if i < len(self.nodes):
@@ -351,7 +366,9 @@ class LocalCluster:
         if self.started_at:
             container_reaper.reap([n.recovery_dir for n in self.nodes], self.started_at)
             container_reaper.remove_node_cgroup_dirs([n.node_id for n in self.nodes if n.node_id])
-        if self.net is not None:  # after every process inside the namespaces is gone
+        if self.hosts is not None:  # after every process on the hosts is gone
+            self.network_errors = self.hosts.remove()
+        elif self.net is not None:
             self.network_errors = node_network.remove(self.net)
         for n in self.nodes:
             n.alive = False
@@ -380,7 +397,8 @@ class LocalCluster:
                        "heartbeat_interval_ms": self.heartbeat_interval_ms, "cgroups": self.cgroups,
                        "policy": self.policy, "extra_rm_args": self.extra_rm_args,
                        "extra_nm_args": self.extra_nm_args, "env": self.env,
-                       "node_bandwidth": self.node_bandwidth_bps, "network": self.network},
+                       "node_bandwidth": self.node_bandwidth_bps, "network": self.network,
+                       "node_cpus": self.node_cpus},
             "network_mode": self.network_mode,
             "node_network": self.net.to_json() if self.net else None,
             "nodes": [n.to_json() for n in self.nodes],
@@ -406,6 +424,8 @@ class LocalCluster:
         c.network_mode = state.get("network_mode", "")
         if state.get("node_network"):
             c.net = node_network.ClusterNetwork.from_json(state["node_network"])
+        if (c.base_dir / "hosts" / testbed_hosts.Testbed.STATE_FILE).exists():
+            c.hosts = testbed_hosts.Testbed.load(c.base_dir / "hosts")
         try:
             from protocol import config  # noqa: PLC0415
             c.secret = config.load_cluster(str(c.conf_path)).secret

@@ -10,6 +10,28 @@ from .cgroup_base import (CgroupBackend, CgroupError, ContainerCgroup, cpu_quota
                           read_int, write_file)
 
 
+def inherited_quota_us(mount: str, node_dir: str, period_us: int) -> Optional[int]:
+    """The tightest CPU quota, in us per `period_us`, on the way from the hierarchy's root (as this
+    NM sees it) down to its node dir; None when none is set. v1 refuses a child quota above its
+    parent's (EINVAL), so a host whose cgroup root carries a budget -- a container or a VM slice
+    with a CPU limit, a testbed host -- caps each container's quota at it (v2 nests limits instead)."""
+    tightest: Optional[int] = None
+    d = Path(node_dir)
+    chain = [d, *d.parents]
+    for c in chain:
+        try:
+            quota = int((c / "cpu.cfs_quota_us").read_text())
+            period = int((c / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            quota = period = -1
+        if quota > 0 and period > 0:
+            scaled = quota * period_us // period
+            tightest = scaled if tightest is None else min(tightest, scaled)
+        if c == Path(mount):
+            break
+    return tightest
+
+
 class CgroupV1(CgroupBackend):
     """Per container: <cpu mount>/<name>/<node>/<cid> and <memory mount>/<name>/<node>/<cid>."""
 
@@ -19,9 +41,11 @@ class CgroupV1(CgroupBackend):
                  cpu_period_us: int = 100000, hard_cpu: bool = True, cores_per_vcore: float = 1.0):
         self.cpu_parent = os.path.join(cpu_mount, cgroup_name, node_dir)
         self.mem_parent = os.path.join(memory_mount, cgroup_name, node_dir)
+        self.cpu_mount = cpu_mount
         self.period = cpu_period_us
         self.hard_cpu = hard_cpu
         self.cores_per_vcore = cores_per_vcore
+        self.quota_ceiling_us: Optional[int] = None   # see inherited_quota_us
 
     def node_dirs(self) -> list[str]:
         return [self.cpu_parent, self.mem_parent]
@@ -34,6 +58,7 @@ class CgroupV1(CgroupBackend):
                 raise CgroupError(e.errno, f"cannot create cgroup {d}: {e.strerror}") from None
             if not os.access(os.path.join(d, "tasks"), os.W_OK):
                 raise CgroupError(13, f"cgroup {d} is not writable")
+        self.quota_ceiling_us = inherited_quota_us(self.cpu_mount, self.cpu_parent, self.period)
         # Make memory accounting hierarchical where the kernel still allows the choice.
         try:
             write_file(os.path.join(self.mem_parent, "memory.use_hierarchy"), "1")
@@ -58,8 +83,10 @@ class CgroupV1(CgroupBackend):
         if self.hard_cpu and not cpu_weighted:
             # Period first: the kernel checks quota against the current period.
             write_file(os.path.join(cpu_dir, "cpu.cfs_period_us"), str(self.period))
-            write_file(os.path.join(cpu_dir, "cpu.cfs_quota_us"), str(cpu_quota_us(vcores, self.period,
-                                                                                    self.cores_per_vcore)))
+            quota = cpu_quota_us(vcores, self.period, self.cores_per_vcore)
+            if self.quota_ceiling_us is not None:
+                quota = min(quota, self.quota_ceiling_us)
+            write_file(os.path.join(cpu_dir, "cpu.cfs_quota_us"), str(quota))
         else:
             write_file(os.path.join(cpu_dir, "cpu.shares"), str(1024 * max(1, vcores)))
         limit = str(memory_mb * 1024 * 1024)

@@ -70,11 +70,11 @@ def network_leftovers(tag: str) -> list[str]:
 def test_netns_cluster_caps_traffic_between_nodes_only(tmp_path):
     c = LocalCluster(tmp_path / "c", nodes=2, node_memory_mb=512, node_vcores=1, heartbeat_interval_ms=250,
                      node_bandwidth="100mbit", network="netns")
-    tag = nn.cluster_tag(tmp_path / "c")
+    tag = nn.cluster_tag(tmp_path / "c" / "hosts")    # the nodes are testbed hosts under <dir>/hosts
     try:
         c.start(timeout_s=60)
         net = c.net
-        assert c.network_mode == "netns" and net is not None
+        assert c.network_mode == "netns" and net is not None and net.tag == tag
         # The RM is advertised on the bridge; every NM registered with its own namespace address.
         assert c.rm_url.startswith(f"http://{net.bridge_ip}:")
         for i, n in enumerate(c.nodes):
@@ -134,3 +134,31 @@ def test_emulated_cluster_tells_containers_the_cap(tmp_path):
         assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
         outs = [f.read_text() for f in (Path(c.nodes[0].log_dir) / app_id).glob("*/stdout")]
         assert "bw=250000000" in "".join(outs)
+
+
+@needs_netns
+def test_node_cpus_puts_each_node_and_its_containers_in_a_cpu_budget_of_its_own(tmp_path):
+    with LocalCluster(tmp_path / "c", nodes=2, node_memory_mb=512, node_vcores=1, heartbeat_interval_ms=250,
+                      node_cpus=0.5) as c:
+        assert c.network_mode == "netns" and c.hosts is not None
+        sub = build_submission("cpu", ["sh", "-c", "cat /proc/self/cgroup; hostname"], 1, 128, 1)
+        app_id = submit_app(c.rm_url, sub)
+        app = wait_app(c.rm_url, app_id, ("FINISHED",), 60)
+        assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
+        for i, node in enumerate(c.nodes):
+            host = c.hosts.host(i)
+            assert host.budget is not None
+            quotas = [Path(d, "cpu.cfs_quota_us") for d in host.budget.dirs.values()] + \
+                     [Path(d, "cpu.max") for d in host.budget.dirs.values()]
+            values = [q.read_text().split()[0] for q in quotas if q.exists()]
+            assert values and all(v == "50000" for v in values), values
+            # The NM runs inside its host's budget (seen from outside: the host's cgroup path).
+            own = Path(f"/proc/{node.pid}/cgroup").read_text()
+            assert f"/{host.name}/system" in own, own
+        out = "".join(f.read_text() for n in c.nodes for f in (Path(n.log_dir) / app_id).glob("*/stdout"))
+        # Inside, the host's cgroup is the root: the container's cgroup is the NM's, nested there.
+        assert "/elastane/" in out and "elastane-testbed" not in out, out
+        assert any(name in out.split() for name in ("nm0", "nm1")), out
+        budget_dirs = [d for i in range(2) for d in c.hosts.cgroup_dirs(i)]
+        assert any("/elastane" in d for d in budget_dirs), budget_dirs
+    assert all(not Path(d).exists() for h in c.hosts.hosts for d in (h.budget.dirs.values() if h.budget else []))
