@@ -44,11 +44,16 @@ def cluster_of_hosts(base: Path, **options: Any) -> Iterator[TestbedCluster]:
     """A started TestbedCluster; on exit bin/stop-cluster must succeed and leave nothing behind."""
     c = TestbedCluster(base, workers=WORKER_HOSTS, **options)
     c.start()
+    dead: list[str] = []
     try:
         yield c
     finally:
+        dead = [h.name for h in c.testbed.hosts if not h.anchor_pid]
         c.stop()
-    assert c.stop_returncode == 0, c.stop_output
+    if dead:    # a killed host cannot be reached: stop-cluster says so, naming it, and only it
+        assert c.stop_returncode == 1 and f"failed on: {' '.join(dead)}" in c.stop_output, c.stop_output
+    else:
+        assert c.stop_returncode == 0, c.stop_output
     assert c.leftovers == {}, f"left on the hosts after bin/stop-cluster: {c.leftovers}"
     assert c.testbed.leftover_pids == [] and c.testbed.errors == []
 
@@ -204,9 +209,14 @@ def test_a_host_with_only_executors_is_lost_and_the_job_recovers(tmp_path: Path,
                 # The host goes silent with everything on it still running: no RST, no FIN.
                 c.testbed.cut_link(victim)
             succeeded(c, app_id)
+            nodes = {n["id"]: n["state"] for n in c.nodes()}
+            assert nodes[c.node_id(victim)] == "LOST"
         except BaseException as e:
             e.add_note(post_mortem(c, app_id))
             raise
+        finally:
+            if how == "link-cut":   # back on the network, so bin/stop-cluster can stop it too
+                c.testbed.restore_link(victim)
         st = durable_status(c, app_id)
         assert len(attempts(c, app_id)) == 1          # the AM's host was fine: no new attempt
         assert [h["epoch"] for h in st["objective_history"]] == list(range(SPEC["max_epochs"]))
@@ -214,5 +224,3 @@ def test_a_host_with_only_executors_is_lost_and_the_job_recovers(tmp_path: Path,
         final = {e["id"]: e for e in st["shape"]["executors"]}
         assert all(final[i]["state"] != "READY" for i in lost if i in final)
         assert all(c.host_of(e["node"]) != victim for e in final.values() if e["state"] == "READY")
-        nodes = {n["id"]: n["state"] for n in c.nodes()}
-        assert nodes[c.node_id(victim)] == "LOST"
