@@ -224,3 +224,8 @@ def test_a_host_with_only_executors_is_lost_and_the_job_recovers(tmp_path: Path,
         final = {e["id"]: e for e in st["shape"]["executors"]}
         assert all(final[i]["state"] != "READY" for i in lost if i in final)
         assert all(c.host_of(e["node"]) != victim for e in final.values() if e["state"] == "READY")
+        # Learnt from the RM's node-loss report (-100 on a LOST node), not from a socket timing out
+        # or the AM's reply deadline: that is what makes a silent host as quick to recover as a dead one.
+        recoveries = [r for r in st["shape_history"] if r.get("op") == "recover"]
+        assert recoveries, st["shape_history"]
+        assert any(f"lost* node {c.node_id(victim)}" in line for r in recoveries for line in r["lost"]), recoveries
