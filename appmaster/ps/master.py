@@ -5,8 +5,15 @@ server containers and launch executors in them -> the same for W workers -> set 
 round-robin over servers, partitions over workers) -> train in clocks, epoch by epoch -> final checkpoint and
 held-out evaluation -> unregister SUCCEEDED with "final objective X after N epochs (...)".
 
-An executor container that ends while the job needs it fails the job at once: every executor is
-stopped and the AM unregisters FAILED naming the executor, its role, container and exit status.
+An executor container that ends while the job needs it, and was not retired on purpose, is a loss
+(the RM reports its completion: it died, was killed, or its node was lost). The executor pool
+learns it and fails every request still waiting on it (appmaster.ps.executor_pool), and
+appmaster.ps.recovery recovers: a lost worker is replaced and training goes on; otherwise every
+executor is replaced and the job goes back to its latest checkpoint. A worker that stops answering
+is given up after the clock loop's reply deadline and its container stopped, so its loss comes the
+same way. Only beyond the spec's max_executor_failures (or with nothing to recover from) is the job
+failed: every executor is stopped and the AM unregisters FAILED naming the executor, its role,
+container and exit status.
 SIGTERM or the RM's shutdown stops the executors and exits without unregistering (the RM has
 already decided the app's fate), like YARN's distributed shell.
 """
