@@ -417,11 +417,7 @@ class Testbed:
         for pid in self.pids(host):
             if pid in keep:
                 continue
-            try:
-                exe = os.readlink(f"/proc/{pid}/exe")
-            except OSError:
-                continue
-            if os.path.basename(exe) == "sshd":
+            if _is_sshd(pid):
                 continue
             out.append(pid)
         return out
@@ -472,7 +468,7 @@ class Testbed:
         for h in self.hosts:
             keep = {h.anchor_pid, h.sshd_pid}
             pids = node_network.namespace_pids(h.namespace)
-            self.leftover_pids += [p for p in pids if p not in keep and _comm(p) != "sshd"]
+            self.leftover_pids += [p for p in pids if p not in keep and not _is_sshd(p)]
             self.kill_host(h.index, cut_link=False)
         for h in self.hosts:
             if h.budget:
@@ -548,8 +544,13 @@ def _state(pid: int) -> str:
         return ""
 
 
-def _comm(pid: int) -> str:
+def _is_sshd(pid: int) -> bool:
+    """An sshd of the host (its listener or a session's): by executable, or by the title sshd
+    gives its processes (`sshd: root@notty`) where it runs through a loader."""
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
+        if os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "sshd":
+            return True
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
     except OSError:
-        return ""
+        return False
+    return argv0.startswith(b"sshd:") or argv0.endswith(b"/sshd")
