@@ -53,7 +53,7 @@ import threading
 import time
 import urllib.error
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -65,6 +65,7 @@ from elastane_cli.testbed_cluster import MASTER, PROJECT, TestbedCluster  # noqa
 from elastane_cli.testbed_hosts import Testbed, unavailable_reason  # noqa: E402
 from support.http_json import http_json  # noqa: E402
 from support.sigterm import unwind_on_sigterm  # noqa: E402
+from support.watched_job import wait_for  # noqa: E402
 
 # bench/dataplane.py: its raw ceiling (server loop, echo and stream rounds) and its store loops.
 # Imported by name so that mypy, checking this file, does not check that one too.
@@ -86,17 +87,6 @@ def log(text: str) -> None:
 
 def median(xs: list[float]) -> float:
     return float(statistics.median(xs))
-
-
-def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(poll_s)
 
 
 def testbed_leftovers(tb: Testbed) -> list[str]:
@@ -421,7 +411,7 @@ def am_loss_once(base: Path, job_spec: dict[str, Any], kill_epoch: int, rep: int
         c.start(timeout_s=180)
         job = WatchedApp(c, job_spec, f"am-host-loss-{rep}")
         apps.append(job)
-        wait_for(lambda: job.epochs() >= kill_epoch, 300, f"{job.app_id} to train {kill_epoch} epochs")
+        wait_for(lambda: job.epochs() >= kill_epoch, 300, f"{job.app_id} to train {kill_epoch} epochs", 0.1)
         st = job.status() or {}
         at_kill = len(st.get("objective_history") or [])
         dead = c.host_of(job.attempts()[0]["nodeId"])

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Mapping, Sequence
 
-from protocol import tokens
+from protocol import durable_storage, tokens
 from psruntime.bandwidth import parse_rate
 
 from . import container_reaper, node_network, processes, testbed_hosts
@@ -404,9 +404,7 @@ class LocalCluster:
             "nodes": [n.to_json() for n in self.nodes],
         }
         path = self.base_dir / self.STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(path)
+        durable_storage.write_atomic(path, json.dumps(state, indent=2).encode())
         return path
 
     @classmethod

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from nodemanager import cgroup_detect
+from protocol import durable_storage
 
 from . import node_network
 
@@ -499,9 +500,7 @@ class Testbed:
                  "sshd": self.with_sshd, "net": self.net.to_json() if self.net else None,
                  "hosts": [h.to_json() for h in self.hosts]}
         path = self.base_dir / self.STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(path)
+        durable_storage.write_atomic(path, json.dumps(state, indent=2).encode())
         return path
 
     @classmethod
