@@ -24,8 +24,10 @@ from typing import Annotated, Any, Literal, Optional, Union, cast
 
 import msgspec
 
+from . import durable_storage, model_output
 from .codec import DecodeError
 from .dataset_manifest import DatasetError, resolve_data_spec
+from .local_resources import LocalResource, LocalResourceError, check_link_name
 from .ps_app_schemas import APP_SCHEMAS, PRESET_NAMES
 
 APPLICATION_TYPE = "ELASTANE_PS"
@@ -38,6 +40,8 @@ MIN_EXECUTOR_MEMORY_MB = 64
 Pos = Annotated[int, msgspec.Meta(ge=1)]
 
 AppName = Literal["mlr", "nmf", "lda", "lasso"]
+# A user's app (docs/app_api.md): "dotted.module:ClassName", its code shipped as `resources`.
+USER_APP = re.compile(r"^(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?P<cls>[A-Za-z_][A-Za-z0-9_]*)$")
 Preset = Literal["tiny", "small", "medium", "large"]
 SyncMode = Literal["bsp", "ssp"]
 
@@ -67,7 +71,10 @@ class CruiseOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
 class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """One PS training job (see the module doc for the JSON form)."""
 
-    app: AppName
+    # A built-in app's name, or a user's app as "module:Class" (a PSApp subclass, docs/app_api.md):
+    # the RM cannot import user code, so such a job's data and hparams are checked by the app's own
+    # Structs where the code is (the CLI, the AM), not here.
+    app: str
     preset: Preset = "tiny"
     data: dict[str, Any] = {}              # overrides of the preset's data-spec fields
     hparams: dict[str, Any] = {}           # the app's hyper-parameters
@@ -128,6 +135,16 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # of the dissertation's Fig. 4.12 breakdown -- interleaving without the grouping. Under
     # `--policy harmony` a grouped job uses the arbiter anyway; other jobs leave it alone.
     use_arbiter: bool = False
+    # Model output (docs/model_output.md): a path, file:// or fsspec URL every node and the client
+    # can read; the AM writes the final model to `<output>/final/` and, with checkpoint_every_epochs,
+    # each checkpoint's to `<output>/epoch-N/`. `init_from` names such an output (or one of its
+    # directories) whose values the servers start from instead of the app's initial values.
+    output: str = ""
+    init_from: str = ""
+    # Files the job's containers need in their working dirs (YARN's LocalResources, keyed by link
+    # name): a user app's modules, its data files, archives. The AM passes them on to every
+    # executor container; the working dir is on sys.path, so "module:Class" imports from there.
+    resources: dict[str, LocalResource] = {}
 
     # ----- derived values (valid after `validate`) ----------------------------------------------
     @property
@@ -142,10 +159,17 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             return self.staleness
         return 2 if self.sync == "ssp" else 0
 
+    @property
+    def is_user_app(self) -> bool:
+        """True for a "module:Class" app (no schema here: its class applies its own presets)."""
+        return self.app not in APP_SCHEMAS
+
     def app_hparams(self) -> dict[str, Any]:
         """The app's hyper-parameters: the preset's, the job's `hparams` over them, and the
-        job-level overrides (max_epochs, threshold) over both."""
-        hp = {**APP_SCHEMAS[self.app].preset_hparams[self.preset], **self.hparams}
+        job-level overrides (max_epochs, threshold) over both. A user app's preset hyper-parameters
+        are its class's: its loader applies them under these."""
+        preset_hp = {} if self.is_user_app else APP_SCHEMAS[self.app].preset_hparams[self.preset]
+        hp = {**preset_hp, **self.hparams}
         if self.max_epochs is not None:
             hp["max_epochs"] = self.max_epochs
         if self.convergence_threshold is not None:
@@ -154,7 +178,10 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     def app_data(self) -> dict[str, Any]:
         """The app's data spec: the preset's sizes with `data` overriding them; with `data.path`,
-        the dimensions of the dataset's files (DatasetError when they cannot be read)."""
+        the dimensions of the dataset's files (DatasetError when they cannot be read). A user app's
+        `data` as given: its class applies its own presets and reads its own data."""
+        if self.is_user_app:
+            return dict(self.data)
         return resolve_data_spec(self.app, self.data, APP_SCHEMAS[self.app].presets[self.preset])
 
     def to_json(self) -> dict[str, Any]:
@@ -178,7 +205,32 @@ def _field_error(e: Exception, prefix: str = "") -> JobSpecError:
     return JobSpecError(dotted, msg)
 
 
+def _check_app_name(spec: PSJobSpec) -> None:
+    if spec.app in APP_SCHEMAS:
+        return
+    if ":" not in spec.app:
+        raise JobSpecError("app", f"unknown app {spec.app!r}: use a built-in app ({', '.join(APP_SCHEMAS)}) "
+                           "or a user app as \"module:Class\"")
+    if USER_APP.match(spec.app) is None:
+        raise JobSpecError("app", f"{spec.app!r} is not \"module:Class\" (a dotted module name, a colon, "
+                           "a class name; Python identifiers)")
+
+
+def _check_resources(spec: PSJobSpec) -> None:
+    for name, res in spec.resources.items():
+        try:
+            check_link_name(name)
+        except LocalResourceError as e:
+            raise JobSpecError(f"resources.{name}", str(e)) from None
+        if not res.resource:
+            raise JobSpecError(f"resources.{name}.resource", "must not be empty")
+        if res.type == "PATTERN" and not res.pattern:
+            raise JobSpecError(f"resources.{name}.pattern", "type PATTERN needs a pattern")
+
+
 def _check_app(spec: PSJobSpec) -> None:
+    if spec.is_user_app:    # checked by the app's own Structs where its code is (CLI, AM)
+        return
     schema = APP_SCHEMAS[spec.app]
     path = spec.data.get("path")
     if path is not None and not isinstance(path, str):
@@ -232,6 +284,24 @@ def _check_generic(spec: PSJobSpec) -> None:
                            f"held-out evaluation interval (heldout_every_epochs {spec.heldout_every_epochs})")
 
 
+def _check_model_locations(spec: PSJobSpec) -> None:
+    """`output` and `init_from` are durable-storage locations; a readable `init_from` must hold a
+    model of this job's app and shape (one the RM cannot read is checked again by the AM)."""
+    for name in ("output", "init_from"):
+        url = getattr(spec, name)
+        if url:
+            try:
+                durable_storage.validate(url)
+            except durable_storage.DurableStorageError as e:
+                raise JobSpecError(name, str(e)) from None
+    if spec.init_from:
+        try:
+            shape = model_output.builtin_model_shape(spec.app, spec.app_data(), spec.app_hparams())
+            model_output.check_init_from(spec.init_from, spec.app, shape)
+        except model_output.ModelOutputError as e:
+            raise JobSpecError("init_from", str(e)) from None
+
+
 def validate(obj: Any) -> PSJobSpec:
     """Decode and check a PS job spec (JSON bytes/str or decoded builtins); JobSpecError names the field."""
     if isinstance(obj, PSJobSpec):
@@ -247,10 +317,13 @@ def validate(obj: Any) -> PSJobSpec:
         spec = msgspec.convert(obj, PSJobSpec, strict=True)
     except msgspec.ValidationError as e:
         raise _field_error(e) from None
+    _check_app_name(spec)
+    _check_resources(spec)
     _check_generic(spec)
     _check_app(spec)
+    _check_model_locations(spec)
     return spec
 
 
 __all__ = ["APPLICATION_TYPE", "AM_COMMAND", "ELASTANE_FIELD", "JobSpecError", "PRESET_NAMES", "PSJobSpec",
-           "PS_SPEC_ENV", "CruiseOptions", "validate"]
+           "PS_SPEC_ENV", "USER_APP", "CruiseOptions", "validate"]

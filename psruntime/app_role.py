@@ -41,6 +41,7 @@ whoever holds it when. The mini-batches themselves run in psruntime.training_pip
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -49,15 +50,18 @@ import numpy as np
 from psruntime.apps.base import AppConfigError, KeyValues, Partition, PSApp, StepContext
 from psruntime.apps.blocks import BlockFormatError, DataBlock
 from psruntime.apps.random_streams import partition_block_range
-from psruntime.apps.registry import create_app
+from psruntime.apps.registry import UserCodeError, create_app, is_user_app
 from psruntime.dataplane import Reply, RequestError
 from psruntime.frame_codec import Frame
 from psruntime.model_spill import ModelSpillMonitor
 from psruntime.request_fields import int_field
-from psruntime.store_client import StoreClient
+from psruntime.store_client import StoreClient, StoreClientError
 from psruntime.training_pipeline import (StepTimes, SubtaskRunner, TrainingPipeline, TrainingStopped, block_position,
                                          epoch_position, init_blocks, init_model, set_epoch_position)
 from psruntime.worker_spill import WorkerSpill, parse_mode
+
+# What the runtime raises on its own in an app op: never blamed on a user app's code.
+_RUNTIME_ERRORS = (RequestError, UserCodeError, StoreClientError, ConnectionError, TrainingStopped, BlockFormatError)
 
 if TYPE_CHECKING:  # the executor imports this module, not the other way round at run time
     from psruntime.executor import Executor
@@ -71,6 +75,7 @@ class AppRole:
     def __init__(self, executor: "Executor", runner: SubtaskRunner | None = None) -> None:
         self.executor = executor
         self.app: PSApp | None = None
+        self.app_name = ""                 # as the job names it ("mlr", or a user's "module:Class")
         self.blocks: list[DataBlock] = []
         self.store: StoreClient | None = None
         self.stop = asyncio.Event()
@@ -80,6 +85,34 @@ class AppRole:
         self.model_spill: ModelSpillMonitor | None = None   # ... and a server's model blocks (psruntime.model_spill)
 
     def ops(self) -> dict[str, Op]:
+        return {name: self._reporting_user_errors(op) for name, op in self._ops().items()}
+
+    def _reporting_user_errors(self, op: Op) -> Op:
+        """`op`, answering an exception that a user app's code raised as UserCodeError with its
+        traceback (the AM fails the job with it: the executor is alive, the code is wrong). The
+        runtime's own errors -- a bad request, a lost peer, a stopped step -- pass as they are."""
+        def call(frame: Frame) -> "Reply | Awaitable[Reply]":
+            try:
+                result = op(frame)
+            except Exception as e:  # noqa: BLE001 - re-raised, or wrapped with its traceback
+                raise self._user_error(e) from e
+            if not inspect.isawaitable(result):
+                return result
+            return self._awaiting(result)
+        return call
+
+    async def _awaiting(self, result: Awaitable[Reply]) -> Reply:
+        try:
+            return await result
+        except Exception as e:  # noqa: BLE001 - re-raised, or wrapped with its traceback
+            raise self._user_error(e) from e
+
+    def _user_error(self, e: Exception) -> Exception:
+        if self.app is None or not is_user_app(self.app_name) or isinstance(e, _RUNTIME_ERRORS):
+            return e
+        return UserCodeError(f"app {self.app_name} on {self.executor.executor_id}", e)
+
+    def _ops(self) -> dict[str, Op]:
         return {"app_setup": self.app_setup, "worker_setup": self.worker_setup, "load_splits": self.load_splits,
                 "init_model": self.init_model,
                 "init_blocks": self.init_blocks, "run_epoch": self.run_epoch, "run_clock": self.run_clock,
@@ -120,6 +153,9 @@ class AppRole:
             self.app = create_app(name, h.get("data") or {}, h.get("hparams") or {}, preset=h.get("preset"))
         except AppConfigError as e:
             raise RequestError(str(e)) from None
+        except UserCodeError as e:   # the user's import or constructor: its traceback goes to the AM
+            raise UserCodeError(f"{e.what} on {self.executor.executor_id}", e.__cause__ or e) from None
+        self.app_name = name
         try:
             mode = parse_mode(h.get("spill_alpha"))
         except ValueError as e:

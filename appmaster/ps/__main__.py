@@ -25,6 +25,7 @@ from protocol.ps_job_spec import PS_SPEC_ENV, JobSpecError, PSJobSpec, validate
 from ..am_client import ApplicationMaster
 from ..rm_client import AmEnvironmentError
 from .master import PSApplicationMaster
+from .user_errors import fail_before_start
 
 log = logging.getLogger("appmaster.ps")
 EXIT_STOPPED = 143
@@ -54,7 +55,14 @@ def load_spec(ns: argparse.Namespace) -> PSJobSpec:
 
 async def _amain(spec: PSJobSpec, am_dir: str, host: str) -> int:
     am = ApplicationMaster.from_env()
-    master = PSApplicationMaster(am, spec, am_dir, host=host)
+    try:
+        master = PSApplicationMaster(am, spec, am_dir, host=host)
+    except Exception as e:  # noqa: BLE001 - the app could not be built (user code, its config): FAILED
+        try:
+            await fail_before_start(am, spec, e, host)
+        finally:
+            await am.close()
+        return 0
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, master.request_stop)

@@ -19,11 +19,14 @@ import enum
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional
+
+import msgspec
 
 from appmaster.container_book import AmContainer
 from protocol import container_env
 from protocol.internal_api import LaunchContext, WarmStart
+from protocol.local_resources import LocalResource
 from protocol.records import ExitStatus
 from psruntime.dataplane import DataPlaneClient, Reply, RequestError
 from psruntime.frame_codec import Frame
@@ -103,8 +106,12 @@ class ExecutorPool:
     """Every executor of the job, by id and by container."""
 
     def __init__(self, num_blocks: int, am_address: str = "", python: str = "python",
-                 job_secret: str = "", use_arbiter: bool = False, links: Optional[DataPlaneClient] = None) -> None:
+                 job_secret: str = "", use_arbiter: bool = False, links: Optional[DataPlaneClient] = None,
+                 resources: Optional[Mapping[str, LocalResource]] = None) -> None:
         self.num_blocks = num_blocks
+        # The job spec's `resources` (a user app's code and files): localized into every executor's
+        # working dir, which the app loader puts on sys.path (psruntime.apps.registry).
+        self.local_resources = {name: msgspec.to_builtins(r) for name, r in (resources or {}).items()}
         self.am_address = am_address          # set once the AM's data-plane server listens
         self.python = python
         self.job_secret = job_secret          # handed to every executor in its environment
@@ -234,7 +241,7 @@ class ExecutorPool:
         # An NM with an executor zygote forks the executor warm (it binds $NM_HOST by default).
         warm = WarmStart(module=EXECUTOR_MODULE, argv=argv) if self.python == "python" else None
         return LaunchContext(commands=[command], environment=env, warm_start=warm,
-                             cpu_weighted=self.harmony_group is not None)
+                             local_resources=dict(self.local_resources), cpu_weighted=self.harmony_group is not None)
 
     # -- announcements -----------------------------------------------------------------------
     def handle_frame(self, frame: Frame) -> Reply:

@@ -21,6 +21,7 @@ from psruntime.frame_codec import Frame
 from .executor_pool import ExecutorRecord, ExecutorState
 
 R = TypeVar("R", bound=ops.ControlReply)
+USER_CODE_ERROR = "UserCodeError"   # the error kind an executor answers user-code failures with
 
 
 class ExecutorCallError(RuntimeError):
@@ -33,6 +34,10 @@ class ExecutorCallError(RuntimeError):
         self.op = op
         # The executor answered with an error: it is alive (a dead one answers nothing).
         self.answered = isinstance(cause, RemoteError)
+        # A user app's code raised there (psruntime.apps.registry.UserCodeError): its message with
+        # the traceback. The job fails with it at once: no loss to wait for, nothing to replace.
+        self.user_error: str | None = (cause.message if isinstance(cause, RemoteError) and cause.kind == USER_CODE_ERROR
+                                       else None)
 
 
 class ExecutorLost(ExecutorCallError):

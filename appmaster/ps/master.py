@@ -33,7 +33,7 @@ from protocol.ps_job_spec import PSJobSpec
 from protocol.records import FinalStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
 from psruntime.apps.quality import check_quality
-from psruntime.apps.registry import create_app
+from psruntime.apps.registry import create_job_app
 from psruntime.dataplane import DataPlaneClient, DataPlaneServer
 from psruntime.dataplane_auth import secret_key
 from psruntime.store_client import StoreClientError
@@ -59,6 +59,7 @@ from .status_server import ControlAuth, StatusServer
 from .suspension import JobSuspension
 from .stragglers import StragglerWatch, WorkerPace
 from .training import Training
+from .user_errors import user_error, user_failure
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class PSApplicationMaster:
         self.am = am
         self.spec = spec
         self.host = host
-        self.app = create_app(spec.app, spec.app_data(), spec.app_hparams())
+        self.app = create_job_app(spec)     # a user app's errors: appmaster.ps.user_errors
         self.job = JobStateMachine()
         self.metrics = JobMetrics()
         # Job traffic is authenticated with the attempt's secret from the RM; an AM started without
@@ -89,7 +90,7 @@ class PSApplicationMaster:
         self.client = DataPlaneClient(secret=key)
         # The pool marks a lost executor's address lost on the client: what waits on it ends.
         self.pool = ExecutorPool(spec.num_blocks, python=python, job_secret=job_secret,
-                                 use_arbiter=spec.use_arbiter, links=self.client)
+                                 use_arbiter=spec.use_arbiter, links=self.client, resources=spec.resources)
         self.data_server = DataPlaneServer(self.pool.handle_frame, host, 0, secret=key)
         self.status_server = StatusServer(self.status, self.request_checkpoint, host, 0, scale=self.request_scale,
                                           control_auth=ControlAuth(job_secret, am.identity.attempt_id))
@@ -315,10 +316,11 @@ class PSApplicationMaster:
                     await self.elastic.train_with_restarts(self._after_epoch)
                 else:
                     await self.training.loop.train(self._after_epoch)
-            except (ExecutorCallError, StoreClientError):
+            except (ExecutorCallError, StoreClientError) as e:
                 # A call to a dead executor (a control op, or the AM's own store client: the audit,
-                # the model) usually fails before its container's exit reaches us.
-                if not await self.recovery.loss_reported(LOSS_REPORT_WAIT_S):
+                # the model) usually fails before its container's exit reaches us. A user app's
+                # error is no loss: it fails the job at once.
+                if user_error(e) is not None or not await self.recovery.loss_reported(LOSS_REPORT_WAIT_S):
                     raise
             if await self.suspension.hold_if_requested(self._stop.is_set):
                 continue        # paused, then resumed from the pause's checkpoint: train on
@@ -553,6 +555,8 @@ class PSApplicationMaster:
         if self._failure.done():
             return self._failure.result()
         err = drive.exception() if drive.done() and not drive.cancelled() else None
+        if err is not None and (user := user_failure(self.spec, err)) is not None:
+            return user
         if isinstance(err, ExecutorCallError):
             # The executor probably died: its container's exit status names why; wait for it briefly.
             try:

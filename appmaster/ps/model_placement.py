@@ -53,7 +53,9 @@ class ModelPlacement:
 
     def app_setup_request(self) -> ops.AppSetup:
         """The `app_setup` op that binds an executor to this job's app, data spec and hparams."""
+        # A built-in app's data and hparams come with the preset applied; a user app's class applies its own.
         return ops.AppSetup(app=self.spec.app, data=self.spec.app_data(), hparams=self.spec.app_hparams(),
+                            preset=self.spec.preset if self.spec.is_user_app else None,
                             spill_alpha=self.spec.spill_alpha)
 
     async def place(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord],

@@ -3,6 +3,10 @@
 The spec travels twice on purpose: in the Elastane extension `{"elastane": {"ps-job": spec}}`,
 which the RM validates at submission (400 naming the field), and in the AM's env
 `ELASTANE_PS_SPEC`, which the RM overwrites with the validated, normalised spec.
+
+The spec's `resources` (a user app's modules and files) become the AM container's
+`local-resources` too: the AM imports a "module:Class" app from its working dir, and passes the
+same resources on to every executor container it launches.
 """
 from __future__ import annotations
 
@@ -41,6 +45,9 @@ def build_ps_submission(spec: PSJobSpec | Mapping[str, Any], name: str = "ps-job
         "resource": {"memory": am_memory, "vCores": am_vcores},
         "elastane": {ps_job_spec.ELASTANE_FIELD: spec_json},
     }
+    if valid.resources:
+        sub["am-container-spec"]["local-resources"] = {
+            "entry": [{"key": k, "value": msgspec.to_builtins(r)} for k, r in valid.resources.items()]}
     if app_id is not None:
         sub = {"application-id": app_id, **sub}
     return sub

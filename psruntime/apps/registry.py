@@ -1,13 +1,24 @@
 """The apps by name: `get_app("mlr")` -> the app class; `create_app` builds a validated instance.
 
-Each app's module is imported when the app is first asked for: an executor runs one app, and the
-others' imports (scipy.sparse for MLR / Lasso alone is ~0.1-0.2 s) would only delay its start.
+A job names a built-in app ("mlr", "nmf", "lda", "lasso") or a user's app as "module:Class"
+(docs/app_api.md): the module is imported from sys.path with the process's working dir put first,
+where the NM links the job's resources (a container started warm from the NM's executor zygote
+inherits the zygote's sys.path, which does not have it). Errors are AppConfigError naming `app`;
+an exception raised by the user's module while it is imported is left as it is (UserCodeError
+wraps it with the traceback), so the AM can report the user's own traceback.
+
+Each built-in app's module is imported when the app is first asked for: an executor runs one app,
+and the others' imports (scipy.sparse for MLR / Lasso alone is ~0.1-0.2 s) would only delay its start.
 """
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+import traceback
 from typing import Any, Mapping
 
+from protocol.ps_job_spec import USER_APP, PSJobSpec
 from psruntime.apps.base import AppConfigError, PSApp
 
 # name -> (module, class); tests/test_apps_interface.py checks each class's `name` matches.
@@ -20,17 +31,99 @@ _APPS: dict[str, tuple[str, str]] = {
 APP_NAMES: tuple[str, ...] = tuple(_APPS)
 
 
+class UserCodeError(RuntimeError):
+    """User code (a "module:Class" app's import, constructor or methods) raised; the message holds
+    its traceback. The job fails with it: rerunning the same code would fail the same way."""
+
+    def __init__(self, what: str, exc: BaseException) -> None:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        super().__init__(f"{what}: {type(exc).__name__}: {exc}\n{tb}")
+        self.what = what
+
+
+def is_user_app(name: str) -> bool:
+    """True for an app named as "module:Class" (a user's app), False for a built-in name."""
+    return name not in _APPS and ":" in name
+
+
+def _working_dir_on_path() -> None:
+    """Put the working dir first on sys.path: the job's shipped modules are linked there."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+        importlib.invalidate_caches()   # a finder cached before the links appeared would miss them
+
+
+def _load_user_app(name: str) -> type[PSApp]:
+    m = USER_APP.match(name)
+    if m is None:
+        raise AppConfigError(f"app: {name!r} is not \"module:Class\" (a dotted module name, a colon, a class name)")
+    _working_dir_on_path()
+    module_name, cls_name = m.group("module"), m.group("cls")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module_name.startswith(e.name):
+            raise AppConfigError(f"app: no module {module_name!r} (looked in {os.getcwd()} and sys.path; "
+                                 "ship it with the job: --py-files / resources)") from None
+        raise UserCodeError(f"app: importing {module_name}", e) from e
+    except Exception as e:  # noqa: BLE001 - whatever the user's module raises is reported with its traceback
+        raise UserCodeError(f"app: importing {module_name}", e) from e
+    cls = getattr(module, cls_name, None)
+    if cls is None:
+        raise AppConfigError(f"app: module {module_name!r} ({getattr(module, '__file__', '?')}) has no {cls_name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, PSApp)):
+        raise AppConfigError(f"app: {name} is not a subclass of elastane.app_api.PSApp")
+    if getattr(cls, "__abstractmethods__", None):
+        raise AppConfigError(f"app: {name} does not implement {sorted(cls.__abstractmethods__)}")
+    for attr in ("name", "Spec", "HParams"):
+        if not hasattr(cls, attr):
+            raise AppConfigError(f"app: {name} has no class attribute {attr!r} (docs/app_api.md)")
+    return cls
+
+
 def get_app(name: str) -> type[PSApp]:
-    """The app class registered as `name`; AppConfigError naming the choices otherwise."""
+    """The app class registered as `name`, or a user's "module:Class" imported; AppConfigError
+    naming `app` otherwise (UserCodeError if the user's module raised while imported)."""
+    if isinstance(name, str) and is_user_app(name):
+        return _load_user_app(name)
     try:
         module, cls_name = _APPS[name]
     except (KeyError, TypeError):
-        raise AppConfigError(f"unknown app {name!r}; choose one of {list(APP_NAMES)}") from None
+        raise AppConfigError(f"unknown app {name!r}; choose one of {list(APP_NAMES)} "
+                             "or name a user app as \"module:Class\"") from None
     cls: type[PSApp] = getattr(importlib.import_module(module), cls_name)
     return cls
 
 
+def _user_preset(cls: type[PSApp], preset: str | None) -> str | None:
+    """A user app's preset: one of its PRESETS; an app without any takes the job spec's default
+    ("tiny") as none at all."""
+    if preset is None or preset in cls.PRESETS:
+        return preset
+    if not cls.PRESETS and preset == "tiny":
+        return None
+    raise AppConfigError(f"preset: app {cls.__module__}:{cls.__qualname__} has no preset {preset!r}; "
+                         f"it has {sorted(cls.PRESETS) or 'none'}")
+
+
 def create_app(name: str, spec: Mapping[str, Any] | None = None, hparams: Mapping[str, Any] | None = None,
                preset: str | None = None) -> PSApp:
-    """Validated app instance from a job spec's builtins (errors name the bad field)."""
-    return get_app(name).from_config(spec, hparams, preset)
+    """Validated app instance from a job spec's builtins (errors name the bad field). A user
+    app's own errors (UserCodeError) carry its traceback; AppConfigError is a bad configuration."""
+    cls = get_app(name)
+    if not is_user_app(name):
+        return cls.from_config(spec, hparams, preset)
+    preset = _user_preset(cls, preset)
+    try:
+        return cls.from_config(spec, hparams, preset)
+    except AppConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a user's from_config / constructor: report its traceback
+        raise UserCodeError(f"app: constructing {name}", e) from e
+
+
+def create_job_app(spec: PSJobSpec) -> PSApp:
+    """The app of a PS job spec (protocol.ps_job_spec.PSJobSpec): a built-in app's data and
+    hyper-parameters already have the preset applied; a user app's class applies its own."""
+    return create_app(spec.app, spec.app_data(), spec.app_hparams(), preset=spec.preset if spec.is_user_app else None)
