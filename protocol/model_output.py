@@ -49,7 +49,7 @@ class AppRef(msgspec.Struct, kw_only=True, frozen=True):
 class ModelMetadata(msgspec.Struct, kw_only=True):
     """`metadata.json` of a model output (see docs/model_output.md for every field)."""
 
-    format: Literal["elastane-model"] = FORMAT
+    format: Literal["elastane-model"] = "elastane-model"
     version: int = VERSION
     kind: Literal["final", "checkpoint"]
     epoch: int                                    # epochs trained into these values

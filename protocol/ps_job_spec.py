@@ -296,7 +296,12 @@ def _check_model_locations(spec: PSJobSpec) -> None:
                 raise JobSpecError(name, str(e)) from None
     if spec.init_from:
         try:
-            shape = model_output.builtin_model_shape(spec.app, spec.app_data(), spec.app_hparams())
+            shape = None
+            if not spec.is_user_app:   # the schemas' defaults fill what the preset leaves out
+                schema = APP_SCHEMAS[spec.app]
+                data = msgspec.to_builtins(msgspec.convert(spec.app_data(), schema.spec))
+                hparams = msgspec.to_builtins(msgspec.convert(spec.app_hparams(), schema.hparams))
+                shape = model_output.builtin_model_shape(spec.app, data, hparams)
             model_output.check_init_from(spec.init_from, spec.app, shape)
         except model_output.ModelOutputError as e:
             raise JobSpecError("init_from", str(e)) from None

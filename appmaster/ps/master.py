@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
+
 from protocol import codec, container_env, tokens
 from protocol.durable_storage import DurableDir
 from protocol.job_report import finite, recent_epoch_times, recent_objectives
@@ -53,6 +55,7 @@ from .job import JobEvent, JobPhase, JobStateMachine
 from .job_resume import job_record, resumable_checkpoint, resume_job
 from .kill_restart import KillRestart
 from .metrics import EpochRecord, JobMetrics
+from .model_output import ModelOutput, read_init_from, warm_start
 from .reconfiguration import Reconfiguration
 from .recovery import LOSS_REPORT_WAIT_S, ExecutorRecovery
 from .status_server import ControlAuth, StatusServer
@@ -101,6 +104,7 @@ class PSApplicationMaster:
         self.resource = Resource(spec.executor_memory_mb, spec.executor_vcores)
         self.final_metrics: Optional[dict[str, float]] = None
         self.resumed_from: Optional[dict[str, Any]] = None   # the checkpoint an earlier attempt left
+        self.model_output: Optional[ModelOutput] = None       # the job's `output`, made when first written
         # Held-out quality every few epochs, scored in a thread while training goes on -- unless
         # a copy of the model and its scoring would crowd the AM's own container.
         self.heldout = HeldoutMonitor(self.app, spec.heldout_every_epochs, spec.early_stopping,
@@ -253,6 +257,7 @@ class PSApplicationMaster:
     async def _drive(self, url: str) -> str:
         await self.am.register(self.host, self.status_server.port, url)
         self.job.apply(JobEvent.REGISTERED)
+        init_values = await self._read_init_from()
         await self._launch(Role.SERVER, self.spec.servers)
         self.job.apply(JobEvent.SERVERS_READY)
         await self._launch(Role.WORKER, self.spec.workers)
@@ -262,6 +267,8 @@ class PSApplicationMaster:
         resume = resumable_checkpoint(self.checkpointer, self.spec, self.app)
         if resume is None:
             await self.training.setup(servers, workers)
+            if init_values is not None:
+                await warm_start(self.training, init_values)
         else:      # a new attempt: continue from the checkpoint the failed one left
             self.shape_history = list(resume.get("shape_history", []))
             self.resumed_from = await resume_job(resume, servers, workers, self.metrics, self.steps)
@@ -287,6 +294,7 @@ class PSApplicationMaster:
         self.stop_criterion = self._stop_criterion()
         self.final_metrics = await self.heldout.score_final(epochs - 1, final if final is not None else float("nan"),
                                                             await self.training.evaluation.model())
+        await self._write_output("final", epochs)
         await self.training.status.refresh()
         quality = check_quality(self.app.name, self.final_metrics)
         warning = self.heldout.tracker.warning
@@ -411,7 +419,33 @@ class PSApplicationMaster:
             raise
         self._resolve_checkpoints(info)
         log.info("checkpoint of epoch %d in %s", epoch, info["dir"])
+        if self.spec.checkpoint_every_epochs and epoch > 0:
+            await self._write_output("checkpoint", epoch)
         return info
+
+    # -- model output and warm start (appmaster.ps.model_output, docs/model_output.md) -------
+    async def _read_init_from(self) -> Optional[np.ndarray]:
+        """The saved model's values `init_from` names (checked against this job's app and shape),
+        None without one or when a checkpoint of an earlier attempt will be resumed instead."""
+        if not self.spec.init_from or self.checkpointer.latest() is not None:
+            return None
+        _meta, values = await asyncio.to_thread(read_init_from, self.spec.init_from, self.app)
+        return values
+
+    async def _write_output(self, kind: str, epoch: int) -> None:
+        """The model of the latest checkpoint (after `epoch` epochs) to `output`, if the job has one."""
+        last = self.checkpointer.last
+        if not self.spec.output or last is None:
+            return
+        if self.model_output is None:
+            self.model_output = ModelOutput(self.spec, self.app, self.am.identity.attempt_id)
+        points = self.heldout.tracker.history
+        heldout, heldout_epoch = ((self.final_metrics, epoch) if kind == "final" else
+                                  (points[-1].metrics, epoch) if points and points[-1].epoch == epoch - 1 else
+                                  (None, None))
+        meta = self.model_output.metadata(kind, epoch, self.metrics.objectives, self.metrics.initial_objective,
+                                          heldout, heldout_epoch, self.shape_history)
+        await self.model_output.write(last["dir"], meta)
 
     def _resolve_checkpoints(self, outcome: dict[str, Any] | BaseException) -> None:
         pending, self._checkpoint_requests = self._checkpoint_requests, []
