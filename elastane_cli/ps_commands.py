@@ -4,12 +4,16 @@
 validates it here with `protocol.ps_job_spec` so a bad field is named before anything is sent
 (exit 2), submits it through the RM's YARN REST API and, with `--wait`, shows a progress bar over
 the epochs from the AM's status endpoint (the app's tracking URL) until the app ends.
+`--py-files` / `--files` / `--archives` ship files with the job like spark-submit
+(elastane_cli.staging); a `module:Class` app found among them (or on sys.path) is imported here so
+its own data and hyper-parameter types check the spec before submission.
 `status` shows what the AM reports while the job runs, or what the RM knows once it has ended.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import sys
 from dataclasses import dataclass
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from protocol import ps_job_spec
 from protocol.http_client import JsonHttpClient, RemoteError
@@ -29,6 +34,7 @@ from .progress_bar import EpochPoint, EpochProgress, ProgressBar, format_objecti
 from .ps_reports import (AM_ENDING_PHASES, EXECUTOR_HEADERS, PLAN_HEADERS, ended_report, executor_rows,
                          final_from_diagnostics, final_report, max_epochs_of, plan_history_rows, progress_from_status, running_report)
 from .rm_rest_client import RmRestClient
+from .staging import ShippedFiles, importable
 from .tables import render_key_values, render_table
 
 POLL_S = 0.5
@@ -52,7 +58,8 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
 
     p = acts.add_parser("submit", parents=[common], help="submit a PS training job",
                         description="Submit a PS job; flags override the fields of --spec-file.")
-    p.add_argument("--app", choices=sorted(APP_SCHEMAS), help="the ML app to train")
+    p.add_argument("--app", metavar="APP", help=f"the ML app to train: {', '.join(sorted(APP_SCHEMAS))}, "
+                                                "or your own as module:Class (docs/app_api.md)")
     p.add_argument("--preset", choices=PRESET_NAMES, help="data size preset (default tiny)")
     p.add_argument("--workers", type=int, help="worker executors (default 2)")
     p.add_argument("--servers", type=int, help="server executors (default 1)")
@@ -76,6 +83,15 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--max-attempts", type=_positive("--max-attempts"), default=DEFAULT_MAX_ATTEMPTS, metavar="N",
                    help=f"ApplicationMaster attempts the RM may make, >= 1 (default {DEFAULT_MAX_ATTEMPTS}; "
                         "the RM's max_app_attempts caps it)")
+    p.add_argument("--py-files", action="append", metavar="A.py,B.py",
+                   help="Python modules to ship: importable by the AM and executors (repeatable or a comma list)")
+    p.add_argument("--files", action="append", metavar="F1,F2",
+                   help="files to ship into every container's working dir (repeatable or a comma list)")
+    p.add_argument("--archives", action="append", metavar="X.tar.gz",
+                   help="archives (.tar, .tar.gz, .tgz, .zip) unpacked in every container's working dir")
+    p.add_argument("--staging-dir", metavar="URL",
+                   help="where shipped files are uploaded (default: cluster.toml's staging_dir; "
+                        "none: local files are referenced in place)")
     p.add_argument("--wait", action="store_true", help="show a progress bar until the job ends")
     p.set_defaults(func=cmd_submit)
 
@@ -252,15 +268,56 @@ def _near_the_end(status: dict[str, Any] | None, max_epochs: int) -> bool:
     return bool(max_epochs) and int(status.get("epoch") or 0) >= max_epochs - 1
 
 
+# ----- a user's app ----------------------------------------------------------------------------
+
+def cluster_staging_dir(ctx: CliContext) -> str | None:
+    """cluster.toml's staging_dir: the local cluster's conf, else the installation's."""
+    from protocol import config  # noqa: PLC0415 (only a submission with files needs it)
+
+    path = ctx.cluster_dir / "conf" / "cluster.toml"
+    try:
+        cfg = config.load_cluster(str(path) if path.exists() else None)
+    except config.ConfigError as e:
+        raise UsageError(f"staging_dir: {e}") from None
+    return cfg.staging_dir or None
+
+
+def check_user_app(spec: ps_job_spec.PSJobSpec, shipped: ShippedFiles, ctx: CliContext) -> None:
+    """Validate a `module:Class` job with the app's own types where this client has its code (the
+    --py-files' dirs, or sys.path): UsageError naming what is wrong. Without the code here the
+    AM checks it when it starts."""
+    from psruntime.apps.base import AppConfigError  # noqa: PLC0415 (user apps only)
+    from psruntime.apps.registry import UserCodeError, create_job_app  # noqa: PLC0415
+
+    module = spec.app.split(":", 1)[0]
+    with importable(shipped.module_dirs()):
+        if importlib.util.find_spec(module.split(".", 1)[0]) is None:
+            ctx.err.write(f"elastane: note: module {module!r} is not here to check the job with; "
+                          "the AM checks it when it starts\n")
+            return
+        try:
+            app = create_job_app(spec)
+        except (AppConfigError, UserCodeError) as e:
+            raise UsageError(f"invalid PS job spec: {e}") from None
+        if spec.workers > app.num_blocks:
+            raise UsageError(f"invalid PS job spec: workers: {spec.workers} workers but the {spec.app} data has "
+                             f"only {app.num_blocks} input blocks; lower workers or data.rows_per_block")
+
+
 # ----- reports ---------------------------------------------------------------------------------
 
 def cmd_submit(args: argparse.Namespace, ctx: CliContext) -> int:
     spec = validate_spec(*spec_from_args(args))
-    name = args.name or f"ps-{spec.app}-{spec.preset}"
+    shipped = ShippedFiles.from_flags(args.py_files, args.files, args.archives)
+    if spec.is_user_app:
+        check_user_app(spec, shipped, ctx)
+    staging_dir = args.staging_dir if args.staging_dir is not None else cluster_staging_dir(ctx)
+    name = args.name or f"ps-{spec.app.replace(':', '.')}-{spec.preset}"
 
     async def go() -> int:
         async with RmRestClient(ctx.rm_url, ctx.user) as c:
-            app_id = await submit_ps_job(c, spec, name, args.queue, args.am_memory, args.max_attempts)
+            app_id = await submit_ps_job(c, spec, name, args.queue, args.am_memory, args.max_attempts,
+                                         shipped=shipped, staging_dir=staging_dir)
             ctx.out.write(f"Submitted application {app_id}\n")
             ctx.out.flush()
             if not args.wait:
@@ -277,14 +334,20 @@ def cmd_submit(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 async def submit_ps_job(client: RmRestClient, spec: ps_job_spec.PSJobSpec, name: str, queue: str = "default",
-                        am_memory: int = DEFAULT_AM_MEMORY_MB, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> str:
-    """new-application + POST /apps with the PS submission; returns the application id."""
+                        am_memory: int = DEFAULT_AM_MEMORY_MB, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+                        shipped: ShippedFiles | None = None, staging_dir: str | None = None) -> str:
+    """new-application + POST /apps with the PS submission; returns the application id. `shipped`
+    files are staged under the new application's id and added to the spec's `resources` (which
+    the submission gives the AM's container as its `local-resources` too)."""
     from appmaster.ps.submission import build_ps_submission  # noqa: PLC0415 (only `ps submit` needs it)
 
     new = await client.new_application()
     app_id = new.get("application-id")
     if not app_id:
         raise OperationFailed(f"the RM's new-application answer has no application-id: {new}")
+    if shipped:
+        staged = shipped.stage(staging_dir, client.user, app_id)
+        spec = msgspec.structs.replace(spec, resources={**spec.resources, **staged})
     try:
         sub = build_ps_submission(spec, name=name, queue=queue, am_memory=am_memory,
                                   max_app_attempts=max_attempts, app_id=app_id)

@@ -107,6 +107,12 @@ class NMConfig(msgspec.Struct, forbid_unknown_fields=True):
     network_bandwidth_bps: int = 0  # emulated node bandwidth cap (bit/s) passed to containers; 0 = none
     arbiter: bool = True            # run the Harmony arbiter (an aux service on a unix socket)
     arbiter_socket: str = ""        # its path; "" = <local_dir>/arbiter.sock (or a short temp path)
+    # Local resources (nodemanager.localizer): the PUBLIC + PRIVATE cache's bound (least recently
+    # used entries no container uses are evicted over it; YARN's localizer.cache.target-size-mb),
+    # the time one resource's fetch may take before the container fails, and the fetch threads.
+    localizer_cache_mb: int = 10240
+    localizer_fetch_timeout_s: float = 600.0
+    localizer_threads: int = 4
 
 
 class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -116,6 +122,10 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True):
     token_lifetime_s: float = 86400.0
     client_auth: str = "simple"     # simple (user.name) | token (bearer tokens in client_tokens)
     client_tokens: dict[str, str] = {}   # token -> user, when client_auth = "token"
+    # Where `elastane ps submit --py-files/--files/--archives` uploads a job's files, under
+    # <staging_dir>/<user>/<application-id>/: a path or URL every host reads (a shared mount, or an
+    # fsspec URL). "" = none: local files are referenced in place (one host or shared paths only).
+    staging_dir: str = ""
 
 
 def load(path: str | Path | None, typ: type[T], section: str) -> T:
