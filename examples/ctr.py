@@ -270,7 +270,7 @@ class CTRApp(PSApp[CTRSpec, CTRHParams]):
         w = params.values.reshape(-1).astype(np.float64)
         labels = batch.block.data["labels"][batch.start:batch.stop]
         g = (sigmoid(w[pos].sum(axis=1)) - labels) / batch.size      # d(mean log-loss)/d(logit)
-        grad = np.bincount(pos.reshape(-1), weights=np.repeat(g, pos.shape[1]), minlength=len(w))
+        grad: np.ndarray = np.bincount(pos.reshape(-1), weights=np.repeat(g, pos.shape[1]), minlength=len(w))
         if hp.l2 > 0:
             reg = hp.l2 * w                                            # lazy L2: the pulled weights only
             bias = self._bias_position(params.keys)
