@@ -12,6 +12,7 @@ from typing import Sequence
 from . import app_commands, cluster_commands, daemon_commands, data_commands, node_commands, ps_commands, ps_scale_command, secret_command
 from . import top_command
 from . import sim_commands
+from . import model_commands
 from .context import CliContext, common_parent, default_cluster_dir, default_user, global_options, resolve_rm_url
 from .errors import CliError
 
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     ps_scale_command.add_parser(sub, common)     # `elastane ps scale` (EPS), beside ps submit / status
     top_command.add_parser(sub, common)          # `elastane top`, like `yarn top`
     sim_commands.add_parser(sub, common)         # `elastane sim` (the discrete-event simulator)
+    model_commands.add_parser(sub, common)       # `elastane model` (a PS job's saved model)
     return parser
 
 

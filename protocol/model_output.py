@@ -127,7 +127,7 @@ def builtin_model_shape(app: str, data: Mapping[str, Any], hparams: Mapping[str,
 def mismatch(meta: ModelMetadata, url: str, app: str, shape: Optional[tuple[int, int]]) -> Optional[str]:
     """Why the model at `url` (of `meta`) cannot start a job of `app` whose model is `shape` (None: unknown
     yet), or None when it can."""
-    if meta.app.name != app:
+    if app not in (meta.app.name, meta.app.cls):    # a built-in's name, or a user app's "module:Class"
         return f"the model at {url} is of app {meta.app.name!r}, this job's app is {app!r}"
     if app in NO_WARM_START:
         return f"{app} cannot start from a saved model: {NO_WARM_START[app]}"

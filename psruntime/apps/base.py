@@ -352,6 +352,13 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
     def evaluate(self, model: np.ndarray, heldout: Sequence[DataBlock]) -> dict[str, float]:
         """Quality metrics of the full model (num_keys, key_length) on the held-out set."""
 
+    def predict(self, block: DataBlock, params: KeyValues) -> np.ndarray:
+        """The model's predictions for every row of `block` (an array with one entry or row per
+        row, or per entry for apps whose rows hold several), `params` holding every model key.
+        Optional: apps that make no predictions leave it raising NotImplementedError."""
+        raise NotImplementedError(f"app {self.name!r} ({type(self).__module__}:{type(self).__qualname__}) "
+                                  f"does not implement predict")
+
     def is_converged(self, history: Sequence[float]) -> bool:
         """True when the relative change of the last two epoch objectives is below the
         threshold, or the epoch limit is reached."""

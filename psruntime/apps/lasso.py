@@ -124,6 +124,12 @@ class LassoApp(PSApp[LassoSpec, LassoHParams]):
     def server_objective(self, params: KeyValues) -> float:
         return self.l1 * float(np.abs(params.values, dtype=np.float64).sum())
 
+    def predict(self, block: DataBlock, params: KeyValues) -> np.ndarray:
+        """The regression value x.w of every row (rows,)."""
+        keys = self.objective_keys(block)
+        _, _, r = self._residuals(block, 0, block.num_rows, KeyValues(keys, params.values[params.rows_of(keys)]))
+        return np.asarray(r + block.data["targets"], np.float64)
+
     def evaluate(self, model: np.ndarray, heldout: Sequence[DataBlock]) -> dict[str, float]:
         """Held-out mean squared error (and its root) and the support found; with generated data also
         the noise floor (noise_std, the true weights' held-out RMSE) and support recovery vs the

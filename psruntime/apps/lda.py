@@ -169,6 +169,24 @@ class LDAApp(PSApp[LDASpec, LDAHParams]):
             metrics["true_model_heldout_loglik_per_token"] = self._completion_loglik(self.true_topics.T, heldout)
         return metrics
 
+    def predict(self, block: DataBlock, params: KeyValues) -> np.ndarray:
+        """Each document's topic mixture (docs, topics), fitted by EM fold-in on all its tokens
+        with the model's topics fixed (the held-out evaluation fits half a document the same way)."""
+        phi = self.topic_word(params.values[params.rows_of(np.arange(self.num_keys, dtype=np.int64))])
+        ip, words = block.data["indptr"], block.data["words"].astype(np.int64)
+        docs = np.repeat(np.arange(block.num_rows), np.diff(ip))
+        counts = sp.coo_matrix((np.ones(len(words)), (docs, words)), shape=(block.num_rows, len(phi))).tocsr()
+        counts.sum_duplicates()
+        fd, fw = counts.nonzero()
+        fc = np.asarray(counts[fd, fw]).ravel()
+        theta = np.full((block.num_rows, phi.shape[1]), 1.0 / phi.shape[1])
+        for _ in range(50):
+            s = (theta[fd] * phi[fw]).sum(axis=1)
+            ratio = sp.csr_matrix((fc / s, (fd, fw)), shape=counts.shape)
+            theta = theta * np.asarray(ratio @ phi) + self.hparams.alpha
+            theta /= theta.sum(axis=1, keepdims=True)
+        return theta
+
     def _completion_loglik(self, phi: np.ndarray, heldout: Sequence[DataBlock], iters: int = 50) -> float:
         a = self.hparams.alpha
         total = 0.0

@@ -136,6 +136,14 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
         return 0.5 * self.hparams.l2 * float(np.square(params.values, dtype=np.float64).sum())
 
     # ----------------------------------------------------------------- evaluation
+    def predict(self, block: DataBlock, params: KeyValues) -> np.ndarray:
+        """Class probabilities (rows, classes); the predicted label of a row is its argmax."""
+        indptr, feats, vals = batch_rows(block, 0, block.num_rows)
+        keys = keys_of_features(feats, self.hparams.features_per_key)
+        sub = KeyValues(keys, params.values[params.rows_of(keys)])
+        logits = design_product(indptr, feats, vals, keys, self.hparams.features_per_key, self._weights(sub))
+        return np.exp(_log_softmax(logits))
+
     def evaluate(self, model: np.ndarray, heldout: Sequence[DataBlock]) -> dict[str, float]:
         """Held-out accuracy and cross-entropy, beside chance and (generated data only) the true
         model's accuracy and cross-entropy."""
