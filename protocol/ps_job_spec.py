@@ -216,6 +216,18 @@ def _check_app_name(spec: PSJobSpec) -> None:
                            "a class name; Python identifiers)")
 
 
+def _check_raw_resources(raw: Any) -> None:
+    """Each `resources` entry on its own, so an error names it ("resources.<name>.type"; msgspec
+    would say "resources[...]")."""
+    if not isinstance(raw, dict):
+        return
+    for name, value in raw.items():
+        try:
+            msgspec.convert(value, LocalResource, strict=True)
+        except msgspec.ValidationError as e:
+            raise _field_error(e, f"resources.{name}") from None
+
+
 def _check_resources(spec: PSJobSpec) -> None:
     for name, res in spec.resources.items():
         try:
@@ -318,6 +330,7 @@ def validate(obj: Any) -> PSJobSpec:
             raise JobSpecError("", f"malformed PS job spec JSON: {e}") from None
     if not isinstance(obj, dict):
         raise JobSpecError("", f"a PS job spec must be a JSON object, got {type(obj).__name__}")
+    _check_raw_resources(obj.get("resources"))
     try:
         spec = msgspec.convert(obj, PSJobSpec, strict=True)
     except msgspec.ValidationError as e:
