@@ -19,11 +19,12 @@ NM endpoints
 from __future__ import annotations
 
 import enum
-from typing import Any, Optional
+from typing import Optional
 
 import msgspec
 
 from .job_report import JobReport
+from .local_resources import LocalResource
 from .records import Resource
 
 NODE_REGISTER = "/internal/v1/node/register"
@@ -73,7 +74,9 @@ class LaunchContext(_Msg):
 
     commands: list[str]
     environment: dict[str, str] = {}
-    local_resources: dict[str, dict[str, Any]] = {}
+    # YARN's local resources: fetched onto the node and linked into the working dir under their
+    # key before the command starts (nodemanager.localizer).
+    local_resources: dict[str, LocalResource] = {}
     warm_start: Optional[WarmStart] = None
     # True: CPU by weight only (cgroup cpu.weight / cpu.shares, no quota) whatever the NM's
     # cpu_enforcement, memory still a hard limit: Harmony's co-location model, where the node's

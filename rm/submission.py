@@ -5,6 +5,7 @@ but ignores are listed in IGNORED_SUBMISSION_FIELDS / IGNORED_AM_CONTAINER_SPEC_
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Optional, Union
 
@@ -13,6 +14,7 @@ import msgspec
 from protocol import ps_job_spec
 from protocol.ids import ApplicationId
 from protocol.internal_api import RunState
+from protocol.local_resources import LocalResourceError, decode_resources
 from protocol.records import Resource
 from protocol.remote_exception import BadRequest
 
@@ -167,6 +169,28 @@ def _ps_job(ctx: SubmissionContext) -> Optional[ps_job_spec.PSJobSpec]:
         raise BadRequest(str(e.under(field))) from None
 
 
+def _local_resources(spec: Optional[LocalResources]) -> dict[str, dict[str, Any]]:
+    """YARN's `local-resources` entries, each checked as a LocalResource (400 naming a bad one) and
+    kept as builtins for the store (what the AM's launch context decodes again)."""
+    where = "am-container-spec.local-resources"
+    raw: dict[str, object] = {}
+    for e in _entries(spec.entry if spec else None):
+        if e.key in raw:
+            raise BadRequest(f"{where}: local resource {e.key!r} is given twice")
+        raw[e.key] = e.value
+    try:
+        typed = decode_resources(raw)
+    except LocalResourceError as e:
+        raise BadRequest(f"{where}: {e}") from None
+    for name, res in typed.items():
+        if res.type == "PATTERN":
+            try:
+                re.compile(res.pattern)
+            except re.error as e:
+                raise BadRequest(f"{where}: local resource {name!r}: bad pattern {res.pattern!r}: {e}") from None
+    return {name: msgspec.to_builtins(res) for name, res in typed.items()}
+
+
 def validate(ctx: SubmissionContext) -> ValidSubmission:
     """Field checks a schema cannot express; BadRequest names the field."""
     try:
@@ -196,8 +220,7 @@ def validate(ctx: SubmissionContext) -> ValidSubmission:
         raise BadRequest("am-container-spec.environment.entry: key must not be empty")
     if ps_spec is not None:   # the PS AM reads its (validated, normalised) job spec from its env
         env[ps_job_spec.PS_SPEC_ENV] = msgspec.json.encode(ps_spec.to_json()).decode()
-    lr_spec = ctx.am_container_spec.local_resources
-    local = {e.key: e.value for e in _entries(lr_spec.entry if lr_spec else None)}
+    local = _local_resources(ctx.am_container_spec.local_resources)
     am = AmSpec(commands=[command], environment=env, local_resources=local, resource=ctx.resource)
     return ValidSubmission(app_id=ctx.application_id, name=ctx.application_name, queue=ctx.queue,
                            app_type=ctx.application_type, am=am, max_attempts=ctx.max_app_attempts,
