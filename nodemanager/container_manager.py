@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 from protocol import container_env, ids
 from protocol.config import NMConfig
 from protocol.internal_api import LaunchContext
+from protocol.local_resources import LocalResourceError
 from protocol.records import ExitStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
 
@@ -26,6 +27,7 @@ from .container import Container
 from .container_shell_pool import ContainerShell, ContainerShellPool, ShellLaunchError
 from .container_state import ContainerEvent as Ev, NMContainerState as St, holds_resources, is_finished
 from .enforcement import Enforcement
+from .localizer import Localizer, link_into, validate as validate_resources
 from .recovery_store import RecoveryStore
 from .rss_monitor import Watched, cgroup_oom_diagnostics, find_overruns
 from .warm_launcher import WarmLauncher, WarmLaunchError, WarmProcess, warm_request
@@ -66,6 +68,7 @@ class ContainerManager:
         self._closing = False
         self.warm: Optional[WarmLauncher] = None      # the executor zygote (set by the NM when it runs one)
         self.shells: Optional[ContainerShellPool] = None  # pre-started shells (set by the NM with cgroups)
+        self.localizer = Localizer(cfg)
 
     # ----- capacity -----------------------------------------------------------------------------
 
@@ -101,6 +104,10 @@ class ContainerManager:
             raise BadRequest("launch_context.commands: at least one command is required")
         if resource.memory <= 0 or resource.vcores <= 0:
             raise BadRequest(f"container token: resource must be positive, got {resource.to_json()}")
+        try:
+            validate_resources(ctx.local_resources)
+        except LocalResourceError as e:
+            raise BadRequest(f"launch_context.local_resources: {e}") from None
         if cid in self.containers:
             raise Conflict(f"container {cid} was already started on this node")
         if not resource.fits_in(self.free()):
@@ -114,17 +121,25 @@ class ContainerManager:
             log_dir=os.path.join(self.cfg.log_dir, app_id, cid), exit_file=self.store.exit_file(cid),
             role=ctx.environment.get(container_env.CONTAINER_ROLE, ""))
         self.containers[cid] = c  # reserves the capacity before the first await
+        if ctx.local_resources:
+            # Fetching may take long (a big archive, a remote store): the caller hears NEW now, as
+            # YARN's startContainers answers before localization, and the launch goes on behind.
+            self.spawn_task(self._launch_or_fail(c, ctx))
+        else:
+            await self._launch_or_fail(c, ctx)
+        return c
+
+    async def _launch_or_fail(self, c: Container, ctx: LaunchContext) -> None:
         try:
             await self._launch(c, ctx)
         except Exception as e:  # a failed launch is the container's outcome, not the NM's crash
-            log.warning("launch of %s failed: %s", cid, e)
+            log.warning("launch of %s failed: %s", c.container_id, e)
             if c.pgid:  # the process started; let it go with the cleanup below
                 launcher.signal_group(c.pgid, signal.SIGKILL)
             c.apply(Ev.LAUNCH_FAILED)
             c.exit_status = ExitStatus.INVALID
             c.diagnostics = f"container launch failed: {type(e).__name__}: {e}"
             self.spawn_task(self._cleanup(c))
-        return c
 
     async def _launch(self, c: Container, ctx: LaunchContext) -> None:
         # Cgroup, dirs, wrapper script and spawn in one worker-thread hop: each hop is a
@@ -132,6 +147,17 @@ class ContainerManager:
         warm = self.warm
         proc: launcher.ContainerProcess | WarmProcess
         c.launch_phase("")
+        if ctx.local_resources:
+            # Fetched in the localizer's threads (a cache hit fetches nothing), then linked into the
+            # working dir before any launch path -- cold, shell or zygote -- runs the command there.
+            links = await self.localizer.localize(c.container_id, c.app_id, c.user, ctx.local_resources)
+            await asyncio.to_thread(link_into, c.work_dir, links)
+            c.launch_phase("localize")
+            if c.kill_status is not None:   # stopped while its resources were fetched: never start it
+                c.exit_status, c.diagnostics = c.kill_status, c.kill_diagnostics
+                c.apply(Ev.KILL)
+                await self._cleanup(c)
+                return
         if ctx.warm_start is not None and warm is not None and warm.serves(ctx.warm_start.module):
             c.launch_path = "zygote"
             spec = await asyncio.to_thread(self._prepare, c, ctx)
@@ -277,6 +303,7 @@ class ContainerManager:
             await self._remove_cgroup(c)
         if self.cfg.delete_workdir:
             await asyncio.to_thread(shutil.rmtree, c.work_dir, True)
+        self.localizer.release(c.container_id)
         c.apply(Ev.CLEANED_UP)
         if not c.reported:
             self.store.save(c.to_record())
@@ -334,6 +361,7 @@ class ContainerManager:
         cids = [c.container_id for c in self.containers.values() if c.app_id == app_id]
         await asyncio.gather(*(self.stop(cid, ExitStatus.KILLED_AFTER_APP_COMPLETION,
                                          "Container killed after the application completed") for cid in cids))
+        self.localizer.app_finished(app_id)
         if self.cfg.delete_workdir:
             await asyncio.to_thread(shutil.rmtree, os.path.join(self.cfg.local_dir, app_id), True)
 
@@ -399,6 +427,9 @@ class ContainerManager:
     async def recover(self) -> list[Container]:
         """Find the containers of a previous run again: adopt the live ones, settle the dead ones."""
         found = []
+        restored = await asyncio.to_thread(self.localizer.restore)
+        if restored:
+            log.info("localizer: %d cached resource(s) found on disk", restored)
         for rec in self.store.load_all():
             try:
                 c = Container.from_record(rec)
@@ -416,6 +447,7 @@ class ContainerManager:
                 c.exited.set()
             elif c.pid and c.start_time is not None and procfs.is_same_process(c.pid, c.start_time):
                 log.info("re-adopted running container %s (pid %d)", c.container_id, c.pid)
+                self.localizer.pin_links(c.container_id, c.work_dir)
                 self.spawn_task(self._watch_adopted(c))
             else:
                 code = self.store.read_exit_code(c.container_id)
@@ -444,6 +476,7 @@ class ContainerManager:
             await self.shells.close()
         if self.enforcement.backend is not None:
             await asyncio.to_thread(self.enforcement.backend.teardown)
+        self.localizer.close()
         self.store.close()      # the journal's file (the records stay on disk for a restart)
 
 
