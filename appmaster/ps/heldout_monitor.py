@@ -20,7 +20,7 @@ import numpy as np
 
 from psruntime.apps.base import AnyPSApp
 from psruntime.apps.blocks import DataBlock
-from psruntime.apps.quality import HeldoutMetric, heldout_metric
+from psruntime.apps.quality import HELDOUT_METRICS, HeldoutMetric, heldout_metric
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,15 @@ class HeldoutTracker:
                 "history": [p.to_json() for p in self.history]}
 
 
+def app_heldout_metric(app: AnyPSApp) -> HeldoutMetric:
+    """The metric a built-in app is watched by; a user's app names its own (the optional class
+    attribute HELDOUT_METRIC, a key of what its `evaluate` returns; docs/app_api.md), with
+    `maximize` its direction and no true model to compare with."""
+    if app.name in HELDOUT_METRICS and type(app).__module__.startswith("psruntime.apps."):
+        return heldout_metric(app.name)
+    return HeldoutMetric(str(getattr(app, "HELDOUT_METRIC", "") or ""), bool(app.maximize), "")
+
+
 class HeldoutMonitor:
     """Scores the model every `every` epochs in a thread (see the module doc)."""
 
@@ -131,7 +140,7 @@ class HeldoutMonitor:
         if self.disabled_reason:
             log.warning("no held-out scoring while training: %s", self.disabled_reason)
         self.every = 0 if self.disabled_reason else every
-        self.tracker = HeldoutTracker(heldout_metric(app.name), app.maximize, patience)
+        self.tracker = HeldoutTracker(app_heldout_metric(app), app.maximize, patience)
         self._heldout: Optional[list[DataBlock]] = None
         self._scoring: Optional[asyncio.Task[None]] = None
 
