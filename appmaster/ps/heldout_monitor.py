@@ -124,9 +124,10 @@ def app_heldout_metric(app: AnyPSApp) -> HeldoutMetric:
     """The metric a built-in app is watched by; a user's app names its own (the optional class
     attribute HELDOUT_METRIC, a key of what its `evaluate` returns; docs/app_api.md), with
     `maximize` its direction and no true model to compare with."""
-    if app.name in HELDOUT_METRICS and type(app).__module__.startswith("psruntime.apps."):
+    own = getattr(app, "HELDOUT_METRIC", None)
+    if own is None and app.name in HELDOUT_METRICS:
         return heldout_metric(app.name)
-    return HeldoutMetric(str(getattr(app, "HELDOUT_METRIC", "") or ""), bool(app.maximize), "")
+    return HeldoutMetric(str(own or ""), bool(app.maximize), "")
 
 
 class HeldoutMonitor:
