@@ -449,7 +449,10 @@ class Localizer:
             os.rename(d, gone)
         except OSError:
             gone = d
-        self._pool.submit(shutil.rmtree, gone, True)
+        try:
+            self._pool.submit(shutil.rmtree, gone, True)
+        except RuntimeError:        # the pool is shut down (the NM is stopping): do it here
+            shutil.rmtree(gone, ignore_errors=True)
 
     # ----- restart -----
 
