@@ -163,6 +163,9 @@ class CTRApp(PSApp[CTRSpec, CTRHParams]):
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
     PRESET_HPARAMS: ClassVar[dict[str, dict[str, Any]]] = PRESET_HPARAMS
     GENERATION_CACHES = ("true_weights", "value_cdf")
+    # What the AM's held-out monitor watches (early stopping, the divergence warning): a key of
+    # `evaluate`'s metrics, in the objective's direction (smaller is better: maximize is False).
+    HELDOUT_METRIC: ClassVar[str] = "log_loss"
 
     # ----------------------------------------------------------------- data
     @property
