@@ -418,7 +418,9 @@ class Testbed:
         for pid in self.pids(host):
             if pid in keep:
                 continue
-            if _is_sshd(pid):
+            # A zombie has ended (only its exit status waits for a reaper, which on a machine whose
+            # init is slow to reap can take a while): nothing of it runs any more.
+            if _is_sshd(pid) or _state(pid) in ("Z", ""):
                 continue
             out.append(pid)
         return out
@@ -469,7 +471,7 @@ class Testbed:
         for h in self.hosts:
             keep = {h.anchor_pid, h.sshd_pid}
             pids = node_network.namespace_pids(h.namespace)
-            self.leftover_pids += [p for p in pids if p not in keep and not _is_sshd(p)]
+            self.leftover_pids += [p for p in pids if p not in keep and not _is_sshd(p) and _state(p) not in ("Z", "")]
             self.kill_host(h.index, cut_link=False)
         for h in self.hosts:
             if h.budget:
