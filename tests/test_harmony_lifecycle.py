@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from rm.policies.harmony_lifecycle import TRANSITIONS, HarmonyStateError, JobEvent, JobState, advance
+from protocol.internal_api import RunState
+from rm.policies.harmony_lifecycle import TRANSITIONS, HarmonyStateError, JobEvent, JobState, advance, step
 
 S, E = JobState, JobEvent
 
@@ -33,3 +34,25 @@ def test_other_events_are_refused_naming_state_and_event(state, event):
     assert not TRANSITIONS.allows(state, event)
     with pytest.raises(HarmonyStateError, match=f"{event.value} is not allowed for a {state.value} job"):
         advance(state, event)
+
+
+def test_the_table_decides_the_run_state_along_the_way():
+    R = RunState
+    state, run = S.WAITING, R.RUN
+    walk = [(E.PROFILE, S.PROFILING, R.RUN), (E.MEASURED, S.PROFILED, R.RUN), (E.PAUSE, S.PAUSED, R.PAUSE),
+            (E.RESUME, S.RUNNING, R.RESUME), (E.MOVE, S.RUNNING, R.RESUME), (E.PAUSE, S.PAUSED, R.PAUSE),
+            (E.RESUME, S.RUNNING, R.RESUME), (E.FINISH, S.FINISHED, R.RESUME)]
+    for event, after, after_run in walk:
+        state, run = step(state, run, event)
+        assert (state, run) == (after, after_run), event
+
+
+def test_a_move_keeps_run_and_a_requeue_keeps_the_run_state():
+    assert step(S.PROFILED, RunState.RUN, E.RUN) == (S.RUNNING, RunState.RUN)
+    assert step(S.RUNNING, RunState.RUN, E.MOVE) == (S.RUNNING, RunState.RUN)
+    assert step(S.PROFILING, RunState.RUN, E.REQUEUE) == (S.WAITING, RunState.RUN)
+
+
+def test_step_refuses_what_the_table_does_not_allow():
+    with pytest.raises(HarmonyStateError):
+        step(S.PAUSED, RunState.PAUSE, E.MOVE)

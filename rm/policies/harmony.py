@@ -48,7 +48,7 @@ from protocol.records import ZERO, Resource
 from .decision import Decision, JobDecision
 from .eps_jobs import parse_spec
 from .harmony_grouping import SWAP_BUDGET, Grouping, schedule
-from .harmony_lifecycle import JobEvent, JobState, advance
+from .harmony_lifecycle import JobEvent, JobState, advance, step
 from .harmony_profiles import EMA_WEIGHT, Profile, ProfileBook
 from .harmony_regroup import GAIN, TOLERANCE, Times, fewest_within, replacement, worth_regrouping
 from .snapshot import AppView, ClusterSnapshot, NodeView
@@ -131,7 +131,9 @@ class HarmonyPolicy:
                 self._on_arrival(app_id)
         self._profile_waiting()
         self._give_idle_nodes()
-        return self._decision(apps)
+        decision, sizes = self._decision(apps)
+        self._keep_sizes(sizes)
+        return decision
 
     def describe(self) -> dict[str, dict[str, object]]:
         """Per tracked app its Harmony state, group, profiling node and profile (for the RM's pages)."""
@@ -208,7 +210,7 @@ class HarmonyPolicy:
             if job.node is not None and job.node not in self._nodes:
                 job.node = None
                 if job.state is JobState.PROFILING:
-                    job.state = advance(job.state, JobEvent.REQUEUE)
+                    self._fire(job, JobEvent.REQUEUE)
                 elif job.state is JobState.PROFILED:
                     self._pause(job.app_id, "its profiling node was lost")
 
@@ -235,7 +237,7 @@ class HarmonyPolicy:
         out = []
         for job in sorted(self.jobs.values(), key=lambda j: j.order):
             if job.state is JobState.PROFILING and self.profiles.get(job.app_id) is not None:
-                job.state = advance(job.state, JobEvent.MEASURED)
+                self._fire(job, JobEvent.MEASURED)
                 out.append(job.app_id)
         return out
 
@@ -434,9 +436,8 @@ class HarmonyPolicy:
             else:
                 job.note = "waits for a node to be profiled on"
                 continue
-            job.state = advance(job.state, JobEvent.PROFILE)
+            self._fire(job, JobEvent.PROFILE)
             job.node = node
-            job.run_state = RunState.RUN
             job.note = f"profiling on {node}"
 
     def _give_idle_nodes(self) -> None:
@@ -465,6 +466,11 @@ class HarmonyPolicy:
         g = self.groups[gid] = _Group(gid)
         return g
 
+    @staticmethod
+    def _fire(job: _Job, event: JobEvent) -> None:
+        """Apply `event` to the job: its state and run state both come from the lifecycle's table."""
+        job.state, job.run_state = step(job.state, job.run_state, event)
+
     def _note(self, g: _Group, note: str) -> None:
         for a in g.jobs:
             self.jobs[a].note = note
@@ -477,22 +483,16 @@ class HarmonyPolicy:
         for a in g.jobs:
             job = self.jobs[a]
             if job.state is JobState.RUNNING:
-                job.state = advance(job.state, JobEvent.MOVE)
-                if job.run_state is not RunState.RESUME:
-                    job.run_state = RunState.RUN
+                self._fire(job, JobEvent.MOVE)
 
     def _join(self, app_id: str, g: _Group, note: str) -> None:
         job = self.jobs[app_id]
         if job.state is JobState.PAUSED:
-            job.state = advance(job.state, JobEvent.RESUME)
-            job.run_state = RunState.RESUME
+            self._fire(job, JobEvent.RESUME)
         elif job.state is JobState.PROFILED:
-            job.state = advance(job.state, JobEvent.RUN)
-            job.run_state = RunState.RUN
+            self._fire(job, JobEvent.RUN)
         elif job.state is JobState.RUNNING:
-            job.state = advance(job.state, JobEvent.MOVE)
-            if job.run_state is not RunState.RESUME:
-                job.run_state = RunState.RUN
+            self._fire(job, JobEvent.MOVE)
             if job.group in self.groups and job.group != g.group_id and app_id in self.groups[job.group].jobs:
                 self.groups[job.group].jobs.remove(app_id)
         else:
@@ -505,13 +505,12 @@ class HarmonyPolicy:
 
     def _pause(self, app_id: str, note: str) -> None:
         job = self.jobs[app_id]
-        if job.state is not JobState.PAUSED:
-            job.state = advance(job.state, JobEvent.PAUSE)
+        if job.state is not JobState.PAUSED:     # a paused job's run state is PAUSE already
+            self._fire(job, JobEvent.PAUSE)
         if job.group in self.groups:
             self.groups[job.group].jobs.remove(app_id)
         job.group = None
         job.node = None
-        job.run_state = RunState.PAUSE
         job.note = note
 
     def _install(self, grouping: Grouping, job_ids: list[str], nodes: list[str], replaced: list[_Group],
@@ -551,9 +550,7 @@ class HarmonyPolicy:
                 job = self.jobs[a]
                 if job.state is JobState.RUNNING:
                     if before[a] != g.group_id or old_nodes.get(g.group_id) != keep:
-                        job.state = advance(job.state, JobEvent.MOVE)
-                        if job.run_state is not RunState.RESUME:
-                            job.run_state = RunState.RUN
+                        self._fire(job, JobEvent.MOVE)
                     job.group = g.group_id
                     job.note = note
                     g.jobs.append(a)
@@ -576,8 +573,12 @@ class HarmonyPolicy:
         mem = max(self._min_mb, mem // self._min_mb * self._min_mb)
         return Resource(mem, vcores)
 
-    def _decision(self, apps: dict[str, AppView]) -> Decision:
+    def _decision(self, apps: dict[str, AppView]) -> tuple[Decision, dict[str, Optional[Resource]]]:
+        """The round's decision from the jobs' state, changing nothing; with it, per job whose
+        executor size it settles, that size (None: no group size to keep), which `_keep_sizes`
+        records for the next round."""
         out: dict[str, JobDecision] = {}
+        sizes: dict[str, Optional[Resource]] = {}
         # Per group, once: its placement (a worker and a server on each node) and container share.
         per_group = {gid: (tuple(NodePlacement(node=n, workers=1, servers=1) for n in g.nodes),
                            self._executor(self._room(g.nodes), CONTAINERS_PER_JOB * len(g.jobs)))
@@ -592,7 +593,7 @@ class HarmonyPolicy:
                 # Containers keep their size while it fits (a job leaving the group does not
                 # make its partners restart theirs); they shrink when the group grows.
                 size = job.size if job.size is not None and job.size.fits_in(share) else share
-                job.size = size
+                sizes[app_id] = size
                 out[app_id] = JobDecision(len(placement), len(placement), placement, group=job.group,
                                           run_state=job.run_state, reason=why, executor_resource=size)
             elif job.state in (JobState.PROFILING, JobState.PROFILED) and job.node is not None:
@@ -600,9 +601,14 @@ class HarmonyPolicy:
                 out[app_id] = JobDecision(1, 1, (NodePlacement(node=job.node, workers=1, servers=1),),
                                           run_state=RunState.RUN, reason=why, executor_resource=size)
             else:
-                job.size = None
+                sizes[app_id] = None
                 out[app_id] = JobDecision(0, 0, run_state=RunState.PAUSE, reason=why)
-        return Decision(out)
+        return Decision(out), sizes
+
+    def _keep_sizes(self, sizes: dict[str, Optional[Resource]]) -> None:
+        """Record the executor sizes a decision settled (kept while they fit the group's share)."""
+        for app_id, size in sizes.items():
+            self.jobs[app_id].size = size
 
 
 __all__ = ["HarmonyConfig", "HarmonyPolicy"]

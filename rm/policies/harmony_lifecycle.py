@@ -13,11 +13,18 @@
   group's nodes (migration).
 * paused: checkpointed, executors released; `resume` puts it back in a group.
 * finished: the app ended (any state). A profiling job whose node is lost goes back to waiting.
+
+The table also decides the run state the policy tells the job's AM (RUN, PAUSE or RESUME): each
+entry is (next state, run state), where KEEP leaves the current run state -- a moved job keeps
+RESUME until it is running, a requeued or measured one keeps RUN. `step` is the one place a job's
+run state changes.
 """
 from __future__ import annotations
 
 import enum
+from typing import Optional
 
+from protocol.internal_api import RunState
 from protocol.state_machine import TransitionTable
 
 
@@ -50,23 +57,32 @@ class HarmonyStateError(RuntimeError):
         self.event = event
 
 
-_S, _E = JobState, JobEvent
-TRANSITIONS: TransitionTable[JobState, JobEvent, JobState] = TransitionTable({
-    (_S.WAITING, _E.PROFILE): _S.PROFILING,
-    (_S.PROFILING, _E.REQUEUE): _S.WAITING,
-    (_S.PROFILING, _E.MEASURED): _S.PROFILED,
-    (_S.PROFILED, _E.RUN): _S.RUNNING,
-    (_S.PROFILED, _E.PAUSE): _S.PAUSED,
-    (_S.RUNNING, _E.MOVE): _S.RUNNING,
-    (_S.RUNNING, _E.PAUSE): _S.PAUSED,
-    (_S.PAUSED, _E.RESUME): _S.RUNNING,
-    **{(s, _E.FINISH): _S.FINISHED for s in JobState if s is not _S.FINISHED},
+_S, _E, _R = JobState, JobEvent, RunState
+KEEP: Optional[RunState] = None     # the entry leaves the job's run state as it is
+TRANSITIONS: TransitionTable[JobState, JobEvent, tuple[JobState, Optional[RunState]]] = TransitionTable({
+    (_S.WAITING, _E.PROFILE): (_S.PROFILING, _R.RUN),
+    (_S.PROFILING, _E.REQUEUE): (_S.WAITING, KEEP),
+    (_S.PROFILING, _E.MEASURED): (_S.PROFILED, KEEP),
+    (_S.PROFILED, _E.RUN): (_S.RUNNING, _R.RUN),
+    (_S.PROFILED, _E.PAUSE): (_S.PAUSED, _R.PAUSE),
+    # A move keeps a resuming job's RESUME (its AM has not restored the checkpoint yet) and a
+    # running one's RUN: a running job's run state is never PAUSE.
+    (_S.RUNNING, _E.MOVE): (_S.RUNNING, KEEP),
+    (_S.RUNNING, _E.PAUSE): (_S.PAUSED, _R.PAUSE),
+    (_S.PAUSED, _E.RESUME): (_S.RUNNING, _R.RESUME),
+    **{(s, _E.FINISH): (_S.FINISHED, KEEP) for s in JobState if s is not _S.FINISHED},
 }, HarmonyStateError)
 
 
+def step(state: JobState, run_state: RunState, event: JobEvent) -> tuple[JobState, RunState]:
+    """(job state, run state) after `event`; HarmonyStateError if the table does not allow it."""
+    after, run = TRANSITIONS.next(state, event)
+    return after, run_state if run is None else run
+
+
 def advance(state: JobState, event: JobEvent) -> JobState:
-    """The state after `event`; HarmonyStateError if the table does not allow it."""
-    return TRANSITIONS.next(state, event)
+    """The job state after `event` (its run state aside); HarmonyStateError if not allowed."""
+    return TRANSITIONS.next(state, event)[0]
 
 
-__all__ = ["HarmonyStateError", "JobEvent", "JobState", "TRANSITIONS", "advance"]
+__all__ = ["HarmonyStateError", "JobEvent", "JobState", "KEEP", "TRANSITIONS", "advance", "step"]
