@@ -7,19 +7,24 @@
     model.predict("/data/a9a")        # predictions for a dataset directory's held-out rows
 
 The app is rebuilt from the metadata: a built-in app by name, any other by its "module:Class"
-(importable here, e.g. on sys.path), with the job's data spec and hyper-parameters.
+-- installed here, or from the code the model carries (a user app's `.py` files, in its code/
+dir) -- with the job's data spec and hyper-parameters.
 """
 from __future__ import annotations
 
 import importlib
 import os
+import sys
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence, Union
 
 import msgspec
 import numpy as np
 
-from protocol.model_output import ModelMetadata, ModelOutputError, locate, read_metadata
+from protocol.durable_storage import DurableDir, local_path
+from protocol.model_output import CODE_DIR, ModelMetadata, ModelOutputError, locate, read_metadata
 from psruntime.apps.base import AnyPSApp, AppConfigError, KeyValues, PSApp
 from psruntime.apps.blocks import DataBlock
 from psruntime.model_files import read_values
@@ -27,6 +32,21 @@ from psruntime.model_files import read_values
 Data = Union[None, str, "os.PathLike[str]", DataBlock, Sequence[DataBlock]]
 """What predict / evaluate take: None (the job's own held-out data), a dataset directory (its
 held-out rows), or input blocks."""
+
+
+def import_saved_code(d: DurableDir, meta: ModelMetadata) -> None:
+    """Make a user app's code that the model carries (its code/ dir) importable here: on sys.path
+    directly when local, else fetched into a temporary dir first."""
+    if not meta.code:
+        return
+    code = d.child(CODE_DIR)
+    local = local_path(code.url)
+    if local is None:
+        fetched = Path(tempfile.mkdtemp(prefix="elastane-model-code-"))
+        code.get_files(meta.code, fetched)
+        local = str(fetched)
+    if local not in sys.path:
+        sys.path.append(local)    # after what is installed here: an installed app version wins
 
 
 def rebuild_app(meta: ModelMetadata, data: dict[str, Any] | None = None) -> AnyPSApp:
@@ -104,6 +124,7 @@ def load_model(url: str | os.PathLike[str]) -> SavedModel:
         d = locate(os.fspath(url))
         meta = read_metadata(d)
         values = read_values(d, meta)
+        import_saved_code(d, meta)
     except OSError as e:
         raise ModelOutputError(f"cannot read the model at {os.fspath(url)}: {e}") from None
     return SavedModel(d.url, rebuild_app(meta), values, meta)

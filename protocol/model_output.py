@@ -70,6 +70,12 @@ class ModelMetadata(msgspec.Struct, kw_only=True):
     attempt_id: str = ""                          # the AM attempt that wrote it
     elastane_version: str = "unknown"
     written_at: float = 0.0
+    # A user app's Python files (its `.py` resources), copied into the model's `code/` directory so
+    # the model can be loaded and used where the app is not installed.
+    code: list[str] = []
+
+
+CODE_DIR = "code"
 
 
 def finite_or_none(x: Any) -> Optional[float]:

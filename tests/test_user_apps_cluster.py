@@ -3,6 +3,7 @@
 user's traceback in the diagnostics, after one attempt (no retry, no replacement of executors)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +36,8 @@ def submit(cluster: Any, module: Path, *extra: str) -> tuple[subprocess.Complete
 def test_a_user_app_shipped_with_py_files_trains_and_succeeds(cluster: Any, tmp_path: Path) -> None:
     module = tmp_path / "mymodel.py"
     module.write_text(linreg_source())
-    r, app_id = submit(cluster, module, "--max-epochs", "3")
+    output = tmp_path / "model"
+    r, app_id = submit(cluster, module, "--max-epochs", "3", "--set", f"output={output}")
     assert r.returncode == 0, r.stdout + r.stderr
     app = get_app(cluster.rm_url, app_id)
     assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
@@ -44,6 +46,19 @@ def test_a_user_app_shipped_with_py_files_trains_and_succeeds(cluster: Any, tmp_
     staged = tmp_path / "staging" / "alice" / app_id / "mymodel.py"
     assert resources["mymodel.py"]["resource"] == str(staged) and staged.read_text() == module.read_text()
     wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
+    # The model carries the app's code: it loads and scores where the module is not installed
+    # (another dir, the user's file gone), with the job's own final held-out score.
+    module.unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    score = subprocess.run([sys.executable, "-c", "import elastane, json, sys; "
+                            "print(json.dumps(elastane.load_model(sys.argv[1]).evaluate()))", str(output)],
+                           capture_output=True, text=True, timeout=120, cwd=elsewhere)
+    assert score.returncode == 0, score.stderr
+    assert (output / "final" / "code" / "mymodel.py").read_text() == staged.read_text()
+    rmse = json.loads(score.stdout)["rmse"]
+    assert f"rmse {rmse:.4g}" in app["diagnostics"] or f"rmse {rmse:.3f}" in app["diagnostics"], \
+        (rmse, app["diagnostics"])
 
 
 def test_a_user_apps_bug_fails_the_job_with_its_traceback_and_no_retry(cluster: Any, tmp_path: Path) -> None:

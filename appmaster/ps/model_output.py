@@ -23,7 +23,7 @@ import msgspec
 import numpy as np
 
 from protocol.durable_storage import DurableDir
-from protocol.model_output import (FINAL_DIR, AppRef, ModelMetadata, ModelOutputError, epoch_dir, finite_or_none,
+from protocol.model_output import (CODE_DIR, FINAL_DIR, AppRef, ModelMetadata, ModelOutputError, epoch_dir, finite_or_none,
                                    locate, mismatch, read_metadata)
 from protocol.ps_job_spec import PSJobSpec
 from psruntime.apps.base import AnyPSApp
@@ -66,6 +66,7 @@ class ModelOutput:
                  shape_history: list[dict[str, Any]]) -> ModelMetadata:
         app = self.app
         return ModelMetadata(
+            code=self.code_files(),
             kind="final" if kind == "final" else "checkpoint", epoch=epoch, app=app_ref(app),
             num_keys=app.num_keys, key_length=app.key_length,
             data=msgspec.to_builtins(app.spec), hparams=msgspec.to_builtins(app.hparams), preset=self.spec.preset,
@@ -77,6 +78,14 @@ class ModelOutput:
             shape_history=list(shape_history), job=self.spec.to_json(), attempt_id=self.attempt_id,
             elastane_version=elastane_version(), written_at=time.time())
 
+    def code_files(self) -> list[str]:
+        """A user app's Python files, as its job's resources placed them in this (the AM's) working
+        dir: they go into the model's code/ dir, so the model loads where the app is not installed."""
+        if not self.spec.is_user_app:
+            return []
+        return sorted(name for name, res in self.spec.resources.items()
+                      if res.type == "FILE" and name.endswith(".py") and Path(name).is_file())
+
     async def write(self, checkpoint_dir: str, meta: ModelMetadata) -> str:
         """Write the model of the (local) checkpoint directory with `meta` to `<output>/final/` or
         `<output>/epoch-N/`; returns its URL. ModelOutputError / OSError name what failed."""
@@ -84,6 +93,10 @@ class ModelOutput:
 
         def run() -> None:
             blocks = load_blocks(Path(checkpoint_dir), self.spec.num_blocks)
+            if meta.code:   # before write_model: its metadata.json, written last, commits the dir
+                code = target.child(CODE_DIR)
+                code.makedirs()
+                code.put_files([Path(name).resolve() for name in meta.code])
             write_model(target, model_from_blocks(blocks, meta.num_keys, meta.key_length), meta)
 
         t0 = time.perf_counter()
