@@ -226,3 +226,22 @@ async def test_without_elastic_ops_directives_are_dropped() -> None:
     h.training_started()
     h.on_directive(directive(1, 1, 1))
     assert not h.busy and h.history == [] and h.applied_version == 0
+
+
+async def test_the_harmony_group_comes_only_from_directives_the_tracker_applies() -> None:
+    ops = FakeRestart()
+    groups: list[str | None] = []
+    h = DirectiveHandler(lambda: ops, lambda: Shape(*ops.shape), on_group=groups.append)
+    h.on_directive(ShapeDirective(workers=2, servers=2, version=1, group="g-early"))   # kept, then superseded
+    h.on_directive(ShapeDirective(workers=3, servers=3, version=2, group="g1"))
+    assert groups == []                                     # nothing applied before training starts
+    h.training_started()
+    await h.wait_idle(5)
+    assert groups == ["g1"]                                 # the applied v2's group, not v1's
+    h.on_directive(ShapeDirective(workers=2, servers=2, version=1, group="g-stale"))  # stale: ignored
+    await h.wait_idle(5)
+    assert groups == ["g1"] and h.applied_version == 2
+    h.on_directive(ShapeDirective(workers=2, servers=2, version=3, group=None))       # left its group
+    await h.wait_idle(5)
+    assert groups == ["g1", None]
+    await h.close()

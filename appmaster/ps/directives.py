@@ -308,7 +308,9 @@ class DirectiveHandler:
     `reshaper()` returns the job's reshaping mechanism (None: this AM cannot reshape; directives
     are then logged and dropped), `current()` its shape now and `placed(nodes)` whether every
     executor already runs on `nodes`. `on_change` is told when a change starts
-    (True) and ends (False), so the shape report says `changing`.
+    (True) and ends (False), so the shape report says `changing`. `on_group` is told the Harmony
+    group of each directive the tracker applies, as it applies it (the executors launched for it
+    run in that group) -- never a stale or superseded directive's.
     """
 
     def __init__(self, reshaper: Callable[[], Optional[Reshaper]], current: Callable[[], Shape],
@@ -318,7 +320,8 @@ class DirectiveHandler:
                  placed: Callable[[tuple[str, ...]], bool] = lambda nodes: True,
                  suspender: Optional[Suspender] = None,
                  min_workers: int = 1, min_servers: int = 1,
-                 executor_resource: Callable[[], Optional[Resource]] = lambda: None) -> None:
+                 executor_resource: Callable[[], Optional[Resource]] = lambda: None,
+                 on_group: Callable[[Optional[str]], None] = lambda group: None) -> None:
         self.reshaper = reshaper
         self.suspender = suspender
         self.min_workers = min_workers
@@ -329,6 +332,7 @@ class DirectiveHandler:
         self.max_workers = max_workers
         self.max_servers = max_servers
         self.on_change = on_change
+        self.on_group = on_group
         self.wall_clock = wall_clock
         self.tracker = DirectiveTracker()
         self.history: list[DirectiveOutcome] = []
@@ -385,6 +389,7 @@ class DirectiveHandler:
             d = self.tracker.done()
 
     async def _apply(self, d: ShapeDirective) -> None:
+        self.on_group(d.group)      # before the change asks for any executor
         before = self.current()
         target = target_of(d, self.max_workers, self.max_servers, self.min_workers, self.min_servers)
         delta = diff(before, target)

@@ -148,7 +148,8 @@ class PSApplicationMaster:
                                            spec.max_servers, on_change=self._on_directive_change,
                                            placed=self.pool.all_on, suspender=self.suspension,
                                            min_workers=spec.min_workers, min_servers=spec.min_servers,
-                                           executor_resource=lambda: self.steps.resource)
+                                           executor_resource=lambda: self.steps.resource,
+                                           on_group=self._set_harmony_group)
 
     # -- public ------------------------------------------------------------------------------
     def request_stop(self, reason: str = "stopped by SIGTERM") -> None:
@@ -197,6 +198,9 @@ class PSApplicationMaster:
             return [r.to_json() for r in await self.elastic.scale(workers, servers)]
         except ElasticOpError as e:
             raise {400: BadRequest, 409: Conflict}.get(e.http_status, ApiError)(str(e)) from None
+
+    def _set_harmony_group(self, group: Optional[str]) -> None:
+        self.pool.harmony_group = group     # the applied directive's: for the executors launched from now on
 
     def _reshaper(self) -> Reshaper:
         return self.cruise if self.cruise is not None else self.elastic
@@ -505,7 +509,6 @@ class PSApplicationMaster:
                 for n in ev.nodes:
                     log.info("node %s is now %s", n.node_id, n.state)
             elif isinstance(ev, ShapeChanged):
-                self.pool.harmony_group = ev.directive.group    # for the executors launched from now on
                 self.directives.on_directive(ev.directive)
             elif isinstance(ev, Shutdown):
                 self.request_stop(ev.reason)
