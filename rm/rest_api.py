@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import TYPE_CHECKING, TypeVar
+import logging
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
-from protocol import tokens
+from protocol import codec, tokens
 from protocol.http_server import json_response, read_json
 from protocol.records import AppState, FinalStatus, NodeState
 from protocol.remote_exception import BadRequest, Forbidden, NotFound, Unauthorized
@@ -21,6 +22,8 @@ from .submission import AppShapeUpdate, AppStateUpdate, SubmissionContext, valid
 if TYPE_CHECKING:
     from .model import App
     from .server import ResourceManagerServer
+
+log = logging.getLogger(__name__)
 
 ANONYMOUS = "dr.who"
 BASE = "/ws/v1/cluster"
@@ -148,10 +151,43 @@ class ClientApi:
                 continue
             if types is not None and app.app_type not in types:
                 continue
-            out.append(views.app_json(self.rm.core, app))
+            out.append(self._listed(app))
             if limit is not None and len(out) >= limit:
                 break
-        return json_response({"apps": {"app": out} if out else None})
+        body = {"apps": {"app": out} if out else None}
+        try:
+            return json_response(body)
+        except (TypeError, ValueError):
+            # one stored record that cannot be encoded must not take the listing down: find it
+            # (only on this rare path: the common one encodes once) and list it by its marker
+            out = [self._encodable(entry) for entry in out]
+            return json_response({"apps": {"app": out}})
+
+    def _listed(self, app: App) -> dict[str, Any]:
+        """One app's listing entry; an app whose record cannot be rendered is listed by its marker."""
+        try:
+            return views.app_json(self.rm.core, app)
+        except Exception as e:   # noqa: BLE001  # any bad record: the others are still listed
+            return self._marker(app.app_id, e)
+
+    def _encodable(self, entry: dict[str, Any]) -> dict[str, Any]:
+        try:
+            codec.dumps(entry)
+        except (TypeError, ValueError) as e:
+            return self._marker(entry.get("id", "?"), e)
+        return entry
+
+    def _marker(self, app_id: str, e: Exception) -> dict[str, Any]:
+        """A listing entry for an app whose stored record cannot be rendered: its id, the error,
+        what the core still knows of it as plain strings (each encodable), and a log line."""
+        log.error("GET /apps: app %s cannot be rendered (listed by its error marker): %s", app_id, e)
+        entry: dict[str, Any] = {"id": str(app_id), "renderError": f"{type(e).__name__}: {e}"}
+        app = self.rm.core.apps.get(app_id)
+        if app is not None:
+            entry.update(user=str(app.user), name=str(app.name), queue=str(app.queue),
+                         state=str(app.state.value), finalStatus=str(app.final_status.value),
+                         applicationType=str(app.app_type))
+        return entry
 
     async def new_application(self, request: web.Request) -> web.Response:
         self.user(request)
@@ -172,7 +208,11 @@ class ClientApi:
 
     async def app(self, request: web.Request) -> web.Response:
         self.user(request)
-        return json_response({"app": views.app_json(self.rm.core, self._app(request))})
+        app = self._app(request)
+        try:
+            return json_response({"app": views.app_json(self.rm.core, app)})
+        except (TypeError, ValueError) as e:   # a record that cannot be encoded: its marker, 200
+            return json_response({"app": self._marker(app.app_id, e)})
 
     async def app_state(self, request: web.Request) -> web.Response:
         self.user(request)
