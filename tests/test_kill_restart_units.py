@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from appmaster.ps.kill_restart import (RESTART_TRANSITIONS, RestartPhase, RestartTimeline, RestartTransitionError,
+from appmaster.ps.kill_restart import (RESTART_TRANSITIONS, RestartEvent, RestartPhase, RestartTimeline,
+                                       RestartTransitionError,
                                        check_target, keeps_worker_state)
 from protocol.remote_exception import BadRequest
 from psruntime.apps.registry import create_app
@@ -19,9 +20,11 @@ def fake_clock(times: list[float]):
 
 def test_a_reshape_goes_through_every_step_in_order_and_times_each() -> None:
     tl = RestartTimeline((3, 3), (2, 2), clock=fake_clock([0.0, 2.0, 2.5, 3.5, 6.0, 7.0]))
-    for p in (RestartPhase.PAUSED, RestartPhase.CHECKPOINTED, RestartPhase.RELEASED, RestartPhase.ALLOCATED,
-              RestartPhase.RESTORED):
-        tl.advance(p)
+    for ev, p in ((RestartEvent.BOUNDARY, RestartPhase.PAUSED), (RestartEvent.CHECKPOINT, RestartPhase.CHECKPOINTED),
+                  (RestartEvent.RELEASE, RestartPhase.RELEASED), (RestartEvent.ALLOCATE, RestartPhase.ALLOCATED),
+                  (RestartEvent.RESTORE, RestartPhase.RESTORED)):
+        tl.on(ev)
+        assert tl.phase is p
     assert tl.steps() == {"wait_boundary_s": 2.0, "checkpoint_s": 0.5, "release_s": 1.0, "allocate_s": 2.5,
                           "restore_s": 1.0}
     assert tl.seconds == pytest.approx(5.0)      # from the pause to training resuming
@@ -30,21 +33,22 @@ def test_a_reshape_goes_through_every_step_in_order_and_times_each() -> None:
 
 def test_steps_cannot_be_skipped_or_repeated() -> None:
     tl = RestartTimeline((3, 3), (2, 2), clock=itertools.count().__next__)
-    with pytest.raises(RestartTransitionError, match="REQUESTED to RELEASED"):
-        tl.advance(RestartPhase.RELEASED)
-    tl.advance(RestartPhase.PAUSED)
+    with pytest.raises(RestartTransitionError, match="cannot take release in REQUESTED"):
+        tl.on(RestartEvent.RELEASE)
+    tl.on(RestartEvent.BOUNDARY)
     with pytest.raises(RestartTransitionError):
-        tl.advance(RestartPhase.PAUSED)
+        tl.on(RestartEvent.BOUNDARY)
     with pytest.raises(RestartTransitionError):
-        tl.advance(RestartPhase.CANCELLED)          # only before the pause
-    tl.advance(RestartPhase.FAILED, "no containers")
-    assert tl.error == "no containers" and RESTART_TRANSITIONS[RestartPhase.FAILED] == set()
+        tl.on(RestartEvent.CANCEL)                  # only before the pause
+    tl.on(RestartEvent.FAIL, "no containers")
+    assert tl.error == "no containers" and tl.phase is RestartPhase.FAILED
+    assert not any(RESTART_TRANSITIONS.allows(RestartPhase.FAILED, e) for e in RestartEvent)
     assert list(tl.steps()) == ["wait_boundary_s"]
 
 
 def test_a_request_is_cancelled_only_before_the_pause() -> None:
     tl = RestartTimeline((2, 2), (3, 3), clock=itertools.count().__next__)
-    tl.advance(RestartPhase.CANCELLED)
+    tl.on(RestartEvent.CANCEL)
     assert tl.seconds == 0.0 and tl.steps() == {}
 
 

@@ -25,7 +25,7 @@ Optimus and Dorm checkpoint only the servers' model; apps that keep training sta
 also hold every worker's block state, taken at the same clock boundary, and the restart puts it
 back (appmaster.ps.reconfiguration: checkpoint, restart_on).
 
-`RestartPhase` / `RESTART_TRANSITIONS` / `RestartTimeline` are the pure part: the steps, their
+`RestartPhase` / `RestartEvent` / `RESTART_TRANSITIONS` (a TransitionTable) / `RestartTimeline` are the pure part: the steps, their
 order and their timing with an injected clock. `KillRestart` does the I/O on the PS AM.
 """
 from __future__ import annotations
@@ -35,10 +35,12 @@ import enum
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from protocol.ps_job_spec import PSJobSpec
 from protocol.remote_exception import BadRequest, Conflict
+from protocol.state_machine import TransitionTable
+from protocol.shape_history import ExecutorCounts, KillRestartChange
 from psruntime.apps.base import AnyPSApp
 
 from .clock_loop import EpochHook
@@ -66,24 +68,45 @@ class RestartPhase(str, enum.Enum):
     CANCELLED = "CANCELLED"          # the job finished training before the boundary: nothing to do
 
 
+class RestartEvent(str, enum.Enum):
+    """What happens to a kill-based reshape: each step ending, a failure, or a cancellation."""
+
+    BOUNDARY = "boundary"            # training stopped at the iteration boundary
+    CHECKPOINT = "checkpoint"        # the checkpoint is written
+    RELEASE = "release"              # the old executors are released
+    ALLOCATE = "allocate"            # the new executors are ready
+    RESTORE = "restore"              # the model is restored: training resumes
+    FAIL = "fail"
+    CANCEL = "cancel"                # training ended before the boundary
+
+
 _ORDER = [RestartPhase.REQUESTED, RestartPhase.PAUSED, RestartPhase.CHECKPOINTED, RestartPhase.RELEASED,
           RestartPhase.ALLOCATED, RestartPhase.RESTORED]
-RESTART_TRANSITIONS: dict[RestartPhase, set[RestartPhase]] = {
-    **{a: {b, RestartPhase.FAILED} for a, b in zip(_ORDER, _ORDER[1:])},
-    RestartPhase.RESTORED: set(),
-    RestartPhase.FAILED: set(),
-    RestartPhase.CANCELLED: set(),
-}
-RESTART_TRANSITIONS[RestartPhase.REQUESTED].add(RestartPhase.CANCELLED)
+_STEP_EVENTS = [RestartEvent.BOUNDARY, RestartEvent.CHECKPOINT, RestartEvent.RELEASE, RestartEvent.ALLOCATE,
+                RestartEvent.RESTORE]
+
+
+class RestartTransitionError(RuntimeError):
+    """A reshape step out of order."""
+
+    def __init__(self, phase: RestartPhase, event: RestartEvent):
+        super().__init__(f"reshape cannot take {event.value} in {phase.value}")
+        self.phase = phase
+        self.event = event
+
+
+# The steps in order, each able to fail; only a request still waiting for the boundary can be
+# cancelled. RESTORED, FAILED and CANCELLED are final.
+RESTART_TRANSITIONS: TransitionTable[RestartPhase, RestartEvent, RestartPhase] = TransitionTable({
+    **{(a, ev): b for a, ev, b in zip(_ORDER, _STEP_EVENTS, _ORDER[1:])},
+    **{(a, RestartEvent.FAIL): RestartPhase.FAILED for a in _ORDER[:-1]},
+    (RestartPhase.REQUESTED, RestartEvent.CANCEL): RestartPhase.CANCELLED,
+}, RestartTransitionError)
 
 # The step each phase ends, as reported in the shape history.
 STEP_NAMES = {RestartPhase.PAUSED: "wait_boundary_s", RestartPhase.CHECKPOINTED: "checkpoint_s",
               RestartPhase.RELEASED: "release_s", RestartPhase.ALLOCATED: "allocate_s",
               RestartPhase.RESTORED: "restore_s"}
-
-
-class RestartTransitionError(RuntimeError):
-    """A reshape step out of order."""
 
 
 @dataclass
@@ -100,9 +123,9 @@ class RestartTimeline:
     def __post_init__(self) -> None:
         self.reached[RestartPhase.REQUESTED] = self.clock()
 
-    def advance(self, nxt: RestartPhase, error: str = "") -> None:
-        if nxt not in RESTART_TRANSITIONS[self.phase]:
-            raise RestartTransitionError(f"reshape cannot go from {self.phase.value} to {nxt.value}")
+    def on(self, event: RestartEvent, error: str = "") -> None:
+        """Take `event` through RESTART_TRANSITIONS (RestartTransitionError if out of order)."""
+        nxt = RESTART_TRANSITIONS.next(self.phase, event)
         self.phase = nxt
         self.reached[nxt] = self.clock()
         if error:
@@ -142,12 +165,17 @@ def check_target(workers: int, servers: int, max_workers: Optional[int], max_ser
 
 # ===== the I/O ====================================================================================
 
+# What a resize answers: the restart's record, or `{mode, workers, servers, changed: False}` when
+# the job already has that shape (nothing is recorded then).
+ResizeReply = Union[KillRestartChange, dict[str, Any]]
+
+
 @dataclass
 class _Request:
     workers: int
     servers: int
     timeline: RestartTimeline
-    done: "asyncio.Future[dict[str, Any]]"
+    done: "asyncio.Future[KillRestartChange]"
     nodes: tuple[str, ...] = ()
 
 
@@ -162,7 +190,7 @@ class KillRestart:
     mode = "kill"
 
     def __init__(self, spec: PSJobSpec, app: AnyPSApp, steps: Reconfiguration, phase: Callable[[], JobPhase],
-                 on_record: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.perf_counter,
+                 on_record: Callable[[KillRestartChange], None], clock: Callable[[], float] = time.perf_counter,
                  wall_clock: Callable[[], float] = time.time,
                  job_record: Callable[[], dict[str, Any]] = dict) -> None:
         self.spec = spec
@@ -181,19 +209,19 @@ class KillRestart:
     def _shape(self) -> tuple[int, int]:
         return self.training.membership.shape()
 
-    async def add_workers(self, n: int) -> dict[str, Any]:
+    async def add_workers(self, n: int) -> ResizeReply:
         w, s = self._shape()
         return await self.resize(w + _count(n), s)
 
-    async def add_servers(self, n: int) -> dict[str, Any]:
+    async def add_servers(self, n: int) -> ResizeReply:
         w, s = self._shape()
         return await self.resize(w, s + _count(n))
 
-    async def remove_workers(self, n: int) -> dict[str, Any]:
+    async def remove_workers(self, n: int) -> ResizeReply:
         w, s = self._shape()
         return await self.resize(w - _count(n), s)
 
-    async def remove_servers(self, n: int) -> dict[str, Any]:
+    async def remove_servers(self, n: int) -> ResizeReply:
         w, s = self._shape()
         return await self.resize(w, s - _count(n))
 
@@ -201,12 +229,12 @@ class KillRestart:
     def changing(self) -> bool:
         return self._lock.locked()
 
-    async def reshape(self, target: Shape, nodes: tuple[str, ...] = ()) -> dict[str, Any]:
+    async def reshape(self, target: Shape, nodes: tuple[str, ...] = ()) -> ResizeReply:
         """An RM directive (appmaster.ps.directives.Reshaper): one restart with the target shape,
         its executors on `nodes` when the directive names them."""
         return await self.resize(target.workers, target.servers, nodes)
 
-    async def resize(self, workers: int, servers: int, nodes: tuple[str, ...] = ()) -> dict[str, Any]:
+    async def resize(self, workers: int, servers: int, nodes: tuple[str, ...] = ()) -> ResizeReply:
         """Restart the job with `workers` and `servers`; returns the shape-history record once
         training has resumed. BadRequest / Conflict (nothing changed) when it cannot be done."""
         spec = self.spec
@@ -217,7 +245,7 @@ class KillRestart:
             placed = self.training.pool.all_on(nodes) if nodes else True
             if (workers, servers) == before and placed:
                 return {"mode": self.mode, "workers": workers, "servers": servers, "changed": False}
-            fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            fut: asyncio.Future[KillRestartChange] = asyncio.get_running_loop().create_future()
             self._request = _Request(workers, servers, RestartTimeline(before, (workers, servers), self.clock), fut,
                                      nodes)
             log.info("kill-based reshape %s -> %s workers/servers: stopping at the next clock boundary",
@@ -243,50 +271,51 @@ class KillRestart:
         if req is None:
             return False
         if self.training.loop.converged or self.phase() is not JobPhase.TRAINING:
-            req.timeline.advance(RestartPhase.CANCELLED)
+            req.timeline.on(RestartEvent.CANCEL)
             settle(req.done, Conflict("the job finished training before the reshape could start"))
             return False
         try:
             record = await self._restart(req)
         except BaseException as e:
             if req.timeline.phase not in (RestartPhase.FAILED, RestartPhase.RESTORED):
-                req.timeline.advance(RestartPhase.FAILED, f"{type(e).__name__}: {e}")
-            self.on_record(self._record(req, {}))
+                req.timeline.on(RestartEvent.FAIL, f"{type(e).__name__}: {e}")
+            self.on_record(self._record(req))
             settle(req.done, e if isinstance(e, Exception) else Conflict("the job stopped during the reshape"))
             raise                # the job's executors are gone: the job fails with this error
         settle(req.done, record)
         return True
 
-    async def _restart(self, req: _Request) -> dict[str, Any]:
+    async def _restart(self, req: _Request) -> KillRestartChange:
         steps, tl = self.steps, req.timeline
-        tl.advance(RestartPhase.PAUSED)
+        tl.on(RestartEvent.BOUNDARY)
         cut = await take_cut(steps, self.job_record(), reason="reshape")
-        tl.advance(RestartPhase.CHECKPOINTED)
+        tl.on(RestartEvent.CHECKPOINT)
         await steps.retire_all(RELEASE_TIMEOUT_S)
-        tl.advance(RestartPhase.RELEASED)
+        tl.on(RestartEvent.RELEASE)
         servers, workers = await start_placed(steps, req.workers, req.servers, nodes=req.nodes)
-        tl.advance(RestartPhase.ALLOCATED)
+        tl.on(RestartEvent.ALLOCATE)
         restored = await restart_from(steps, cut, servers, workers)
-        tl.advance(RestartPhase.RESTORED)
-        record = self._record(req, {"epoch": cut.epoch, "mid_epoch": cut.mid_epoch, "checkpoint": cut.checkpoint["dir"],
-                                    "objective_before": cut.objective,
-                                    "objective_restored": restored})
+        tl.on(RestartEvent.RESTORE)
+        record = self._record(req)
+        record.epoch, record.mid_epoch, record.checkpoint = cut.epoch, cut.mid_epoch, cut.checkpoint["dir"]
+        record.objective_before, record.objective_restored = cut.objective, restored
         self.on_record(record)
         log.info("kill-based reshape to %d workers, %d servers done in %.2fs (%s)", req.workers, req.servers,
                  tl.seconds, ", ".join(f"{k} {v:.2f}" for k, v in tl.steps().items()))
         return record
 
-    def _record(self, req: _Request, extra: dict[str, Any]) -> dict[str, Any]:
+    def _record(self, req: _Request) -> KillRestartChange:
         tl = req.timeline
-        return {"mode": self.mode, "changed": tl.phase is RestartPhase.RESTORED, "phase": tl.phase.value,
-                "before": {"workers": tl.before[0], "servers": tl.before[1]},
-                "workers": req.workers, "servers": req.servers, "time": self.wall_clock(),
-                "seconds": round(tl.seconds, 4), "lost_s": round(tl.lost_s, 4),
-                "steps": {k: round(v, 4) for k, v in tl.steps().items()}, "error": tl.error,
-                # the keys of an EPS op's record too, so `elastane ps scale` shows either kind
-                "op": "kill_restart", "requested": abs(req.workers - tl.before[0]) + abs(req.servers - tl.before[1]),
-                "after": {"workers": req.workers, "servers": req.servers}, "duration_s": round(tl.seconds, 4),
-                "training_time_lost_s": round(tl.lost_s, 4), "ok": not tl.error, **extra}
+        return KillRestartChange(
+            changed=tl.phase is RestartPhase.RESTORED, phase=tl.phase.value,
+            before=ExecutorCounts(tl.before[0], tl.before[1]),
+            workers=req.workers, servers=req.servers, time=self.wall_clock(),
+            seconds=round(tl.seconds, 4), lost_s=round(tl.lost_s, 4),
+            steps={k: round(v, 4) for k, v in tl.steps().items()}, error=tl.error,
+            # the keys of an EPS op's record too (older readers of `shape_history` read them)
+            op="kill_restart", requested=abs(req.workers - tl.before[0]) + abs(req.servers - tl.before[1]),
+            after=ExecutorCounts(req.workers, req.servers), duration_s=round(tl.seconds, 4),
+            training_time_lost_s=round(tl.lost_s, 4), ok=not tl.error)
 
 
 def _count(n: int) -> int:
@@ -295,5 +324,5 @@ def _count(n: int) -> int:
     return n
 
 
-__all__ = ["KillRestart", "RESTART_TRANSITIONS", "RestartPhase", "RestartTimeline", "RestartTransitionError",
+__all__ = ["KillRestart", "RESTART_TRANSITIONS", "RestartEvent", "RestartPhase", "RestartTimeline", "RestartTransitionError",
            "check_target", "keeps_worker_state"]
