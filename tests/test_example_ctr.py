@@ -366,3 +366,32 @@ def test_ctr_submitted_with_py_files_succeeds_near_the_true_auc_and_scales_out(c
     # stated: within 0.03 AUC and 0.035 log-loss of the true model's, on the held-out set
     assert m["auc"] >= m["true_model_auc"] - CLUSTER_AUC_TOLERANCE, m
     assert m["log_loss"] <= m["true_model_log_loss"] + CLUSTER_LOG_LOSS_TOLERANCE, m
+
+
+def test_ctr_runs_under_cruise_with_its_input_spilled_unchanged(cluster: Any, tmp_path: Path) -> None:
+    """The example needs nothing of its own for Cruise (the optimizer profiles it and decides on its
+    cost model) or Harmony's spill (half of each worker's input blocks on disk as lz4 frames)."""
+    r = elastane(cluster, "ps", "submit", "--app", "ctr:CTRApp", "--py-files", str(CTR_PATH), "--preset", "tiny",
+                 "--workers", "2", "--servers", "1", "--max-epochs", "6", "--set", "data.num_samples=60000",
+                 "--hparam", "convergence_threshold=1e-9", "--set", "optimizer=cruise", "--set", "spill_alpha=0.5",
+                 "--executor-memory", "256", "--am-memory", "320", "--staging-dir", str(tmp_path / "staging"),
+                 "--name", "ctr-cruise-spill")
+    assert r.returncode == 0, r.stdout + r.stderr
+    app_id = r.stdout.splitlines()[0].split()[-1]
+    try:
+        app = wait_app(cluster.rm_url, app_id, ("FINISHED",), 300)
+        assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
+    except BaseException as e:
+        e.add_note(app_post_mortem(cluster, app_id))
+        raise
+    finally:
+        if get_app(cluster.rm_url, app_id)["state"] not in FINAL_STATES:
+            rest(cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+        wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
+    status = json.loads((Path(cluster.base_dir) / "rm" / "apps" / app_id / "status.json").read_text())
+    decisions = status["cruise"]["decisions"]
+    assert decisions and all(d["predicted_epoch_before_s"] > 0 for d in decisions), status["cruise"]
+    workers = [e for e in status["shape"]["executors"] if e["role"] == "worker"]
+    assert workers and all(e["spill_alpha"] == 0.5 and e["spilled_mb"] > 0 for e in workers), workers
+    m = status["final_metrics"]
+    assert m["auc"] >= m["true_model_auc"] - CLUSTER_AUC_TOLERANCE, m
