@@ -3,7 +3,7 @@ conserved, a valid dependency order, concurrency of independent ops, the op stat
 the gain threshold."""
 import pytest
 
-from appmaster.cruise.plan import (OP_TRANSITIONS, AddOp, BlockKind, DeleteOp, MoveOp, OpState, Plan,
+from appmaster.cruise.plan import (OP_TRANSITIONS, AddOp, BlockKind, DeleteOp, MoveOp, OpEvent, OpState, Plan,
                                    PlanError, SwitchOp)
 from appmaster.cruise.plan_builder import (ExecutorState, apply_plan, build_plan, predicted_gain,
                                            should_reconfigure)
@@ -144,14 +144,14 @@ def test_dependency_order_and_concurrency():
 
 
 def test_op_state_machine_and_failures():
-    assert OP_TRANSITIONS[OpState.DONE] == frozenset()
+    assert not any(OP_TRANSITIONS.allows(s, e) for s in (OpState.DONE, OpState.FAILED) for e in OpEvent)
     current = config(["w0", "w1"], ["s0"])
     plan = build_plan(current, target({"w0": 60}, {"s0": 15, "w1": 15}))
     switch = plan.of_type(SwitchOp)[0]
     with pytest.raises(PlanError, match="before its prerequisites"):
         plan.start(switch.op_id)
     move = plan.ready()[0]
-    with pytest.raises(PlanError, match="cannot go from pending to done"):
+    with pytest.raises(PlanError, match="cannot finish a pending op"):
         plan.done(move.op_id)
     plan.start(move.op_id)
     plan.fail(move.op_id, "source died")
@@ -182,3 +182,15 @@ def test_gain_threshold():
     assert not should_reconfigure(100.0, 96.0, 0.05)
     assert should_reconfigure(100.0, 96.0, threshold=0.03)
     assert not should_reconfigure(100.0, 110.0)
+
+
+def test_a_finished_op_cannot_start_or_fail_again():
+    plan = build_plan(config(["w0", "w1"], ["s0"]), target({"w0": 60}, {"s0": 15, "w1": 15}))
+    move = plan.ready()[0]
+    plan.start(move.op_id)
+    with pytest.raises(PlanError, match="cannot start a running op"):
+        plan.start(move.op_id)
+    plan.done(move.op_id)
+    assert plan.state[move.op_id] is OpState.DONE
+    with pytest.raises(PlanError, match="cannot fail a done op"):
+        plan.fail(move.op_id, "late")

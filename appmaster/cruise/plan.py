@@ -14,6 +14,8 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
+from protocol.state_machine import TransitionTable
+
 from .targets import Role
 
 
@@ -88,19 +90,28 @@ Op = Union[AddOp, DeleteOp, SwitchOp, MoveOp]
 
 
 class OpState(str, enum.Enum):
+    """Where one operation of a plan is."""
+
     PENDING = "pending"
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
 
 
-# Allowed transitions of one operation.
-OP_TRANSITIONS: Mapping[OpState, frozenset[OpState]] = {
-    OpState.PENDING: frozenset({OpState.RUNNING}),
-    OpState.RUNNING: frozenset({OpState.DONE, OpState.FAILED}),
-    OpState.DONE: frozenset(),
-    OpState.FAILED: frozenset(),
-}
+class OpEvent(str, enum.Enum):
+    """What happens to one operation: the AM starts it, it finishes, or it fails."""
+
+    START = "start"
+    FINISH = "finish"
+    FAIL = "fail"
+
+
+# One operation's lifecycle: pending -> running -> done | failed (both final).
+OP_TRANSITIONS: TransitionTable[OpState, OpEvent, OpState] = TransitionTable({
+    (OpState.PENDING, OpEvent.START): OpState.RUNNING,
+    (OpState.RUNNING, OpEvent.FINISH): OpState.DONE,
+    (OpState.RUNNING, OpEvent.FAIL): OpState.FAILED,
+}, lambda state, event: PlanError(f"cannot {event.value} a {state.value} op"))
 
 
 class Plan:
@@ -137,13 +148,10 @@ class Plan:
                 ds.difference_update(free)
         return order
 
-    def _to(self, op_id: str, new: OpState) -> None:
+    def _on(self, op_id: str, event: OpEvent) -> None:
         if op_id not in self.ops:
             raise PlanError(f"no op {op_id} in this plan")
-        cur = self.state[op_id]
-        if new not in OP_TRANSITIONS[cur]:
-            raise PlanError(f"op {op_id} cannot go from {cur.value} to {new.value}")
-        self.state[op_id] = new
+        self.state[op_id] = OP_TRANSITIONS.next(self.state[op_id], event)
 
     def resolve(self, name: str) -> str:
         return self.bindings.get(name, name)
@@ -167,7 +175,7 @@ class Plan:
     def start(self, op_id: str) -> Op:
         if any(self.state[d] is not OpState.DONE for d in self.deps[op_id]):
             raise PlanError(f"op {op_id} started before its prerequisites finished")
-        self._to(op_id, OpState.RUNNING)
+        self._on(op_id, OpEvent.START)
         return self._resolved(self.ops[op_id])
 
     def done(self, op_id: str, executors: Optional[Sequence[str]] = None) -> None:
@@ -178,10 +186,10 @@ class Plan:
             if executors is None or len(executors) != op.n:
                 raise PlanError(f"add {op_id} created {op.n} executors; pass their {op.n} ids")
             self.bindings.update(zip(op.placeholders, executors))
-        self._to(op_id, OpState.DONE)
+        self._on(op_id, OpEvent.FINISH)
 
     def fail(self, op_id: str, reason: str) -> None:
-        self._to(op_id, OpState.FAILED)
+        self._on(op_id, OpEvent.FAIL)
         self.errors[op_id] = reason
 
     @property
