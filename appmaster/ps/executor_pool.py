@@ -28,6 +28,7 @@ from protocol import container_env
 from protocol.internal_api import LaunchContext, WarmStart
 from protocol.local_resources import LocalResource
 from protocol.records import ExitStatus
+from protocol.state_machine import TransitionTable
 from psruntime.dataplane import DataPlaneClient, Reply, RequestError
 from psruntime.frame_codec import Frame
 
@@ -40,10 +41,37 @@ class Role(str, enum.Enum):
 
 
 class ExecutorState(str, enum.Enum):
+    """Where one executor of the job is, as the AM sees it."""
+
     LAUNCHING = "LAUNCHING"     # container launched, executor not announced yet
     READY = "READY"             # announced its data-plane address
     RETIRING = "RETIRING"       # removed from the job by an elastic change; its container is stopping
     EXITED = "EXITED"           # its container completed
+
+
+class ExecutorEvent(str, enum.Enum):
+    """What happens to an executor: it announces itself, is retired, or its container completes."""
+
+    ANNOUNCE = "ANNOUNCE"
+    RETIRE = "RETIRE"
+    EXIT = "EXIT"
+
+
+class ExecutorStateError(RuntimeError):
+    """An event the executor's state does not take (an AM bug)."""
+
+    def __init__(self, state: ExecutorState, event: ExecutorEvent):
+        super().__init__(f"executor: {event.value} not allowed in state {state.value}")
+
+
+_X, _XE = ExecutorState, ExecutorEvent
+# Retiring again is a no-op (a change may retire what an earlier one did); a completion comes once
+# per container, but the RM may repeat it, so EXITED takes EXIT too.
+EXECUTOR_TRANSITIONS: TransitionTable[ExecutorState, ExecutorEvent, ExecutorState] = TransitionTable({
+    (_X.LAUNCHING, _XE.ANNOUNCE): _X.READY,
+    **{(s, _XE.RETIRE): _X.RETIRING for s in (_X.LAUNCHING, _X.READY, _X.RETIRING)},
+    **{(s, _XE.EXIT): _X.EXITED for s in ExecutorState},
+}, ExecutorStateError)
 
 
 @dataclass
@@ -66,6 +94,10 @@ class ExecutorRecord:
     spill_stall_s: float = 0.0           # its load stall seconds so far
     allocated_at: float = field(default_factory=time.monotonic)   # its container arrived
     ready_at: float = 0.0                # it announced itself (monotonic; 0 = not yet)
+
+    def on(self, event: ExecutorEvent) -> None:
+        """Take `event` through EXECUTOR_TRANSITIONS (ExecutorStateError if not allowed)."""
+        self.state = EXECUTOR_TRANSITIONS.next(self.state, event)
 
     @property
     def container_id(self) -> str:
@@ -115,7 +147,7 @@ class ExecutorPool:
         self.am_address = am_address          # set once the AM's data-plane server listens
         self.python = python
         self.job_secret = job_secret          # handed to every executor in its environment
-        # Harmony's co-location group of the job (its latest ShapeDirective's; None: not grouped):
+        # Harmony's co-location group of the job (the last applied ShapeDirective's; None: not grouped):
         # executors launched while it is set take their node's arbiter slots and weighted CPU.
         self.harmony_group: Optional[str] = None
         self.use_arbiter = use_arbiter        # the job spec's `use_arbiter`: slots with no group too
@@ -165,7 +197,7 @@ class ExecutorPool:
     def retire(self, rec: ExecutorRecord) -> None:
         """`rec` leaves the job (EPS remove): its container ending is expected, not a failure."""
         if rec.state is not ExecutorState.EXITED:
-            rec.state = ExecutorState.RETIRING
+            rec.on(ExecutorEvent.RETIRE)
             self._changed.set()
 
     def count(self, role: Role) -> int:
@@ -180,7 +212,7 @@ class ExecutorPool:
         if rec is not None:
             was = rec.state
             rec.container = container
-            rec.state = ExecutorState.EXITED
+            rec.on(ExecutorEvent.EXIT)
             self._changed.set()
             if was is not ExecutorState.EXITED:
                 code = container.exit_status
@@ -256,7 +288,7 @@ class ExecutorPool:
         if not isinstance(address, str) or ":" not in address:
             raise RequestError(f"field 'address' must be host:port, got {address!r}")
         if rec.state is ExecutorState.LAUNCHING:
-            rec.state = ExecutorState.READY
+            rec.on(ExecutorEvent.ANNOUNCE)
             rec.ready_at = time.monotonic()
             rec.address = address
             if self.links is not None:
