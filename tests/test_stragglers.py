@@ -11,6 +11,7 @@ from appmaster.ps.job import JobPhase
 from appmaster.ps.metrics import EpochRecord
 from appmaster.ps.recovery import ExecutorRecovery
 from appmaster.ps.stragglers import MIN_BATCHES, StragglerWatch, WorkerPace, find_straggler
+from protocol.shape_history import StragglerChange
 from test_worker_replacement import SPEC, Job, check_exact
 
 
@@ -64,8 +65,8 @@ async def test_a_slow_worker_is_replaced_at_an_epoch_end_and_training_goes_on_ex
         check_exact(job)
         assert replaced == ["worker-2"]
         [rec] = job.records
-        assert rec["mode"] == "straggler" and rec["changed"] and rec["error"] == "" and not rec["clock_redone"]
-        assert rec["replacements"] == {"worker-1": "worker-2"} and "3x" in rec["lost"][0]
+        assert type(rec) is StragglerChange and rec.changed and rec.error == "" and not rec.clock_redone
+        assert rec.replacements == {"worker-1": "worker-2"} and "3x" in rec.lost[0]
         assert job.training.membership.worker_ids() == ["worker-0", "worker-2"]
         assert job.steps.splits().active_of("worker-2") == splits
         assert slow.state is not ExecutorState.READY         # retired

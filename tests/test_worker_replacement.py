@@ -23,6 +23,7 @@ from appmaster.ps.recovery import ExecutorRecovery
 from appmaster.ps.training import Training
 from protocol.ps_job_spec import validate
 from protocol.records import Resource
+from protocol.shape_history import ReplaceWorkerChange, ShapeChange
 from psruntime.apps.registry import create_app
 from psruntime.dataplane import DataPlaneClient
 from psruntime.executor import Executor
@@ -91,7 +92,7 @@ class Job:
         self.training = Training.build(self.spec, self.app, self.pool, self.metrics, self.client)
         self.steps = Reconfiguration(self.am, self.training, Checkpointer(tmp_path / "ckpt", self.client),  # type: ignore[arg-type]
                                      Resource(256, 1), set(), started=lambda: True, launch_timeout_s=10)
-        self.records: list[dict[str, Any]] = []
+        self.records: list[ShapeChange] = []
         self.recovery = ExecutorRecovery(self.spec, self.app, self.steps, lambda: JobPhase.TRAINING,
                                          on_record=self.records.append)
         self.training.loop.replace_lost_workers = self.recovery.replace_lost_workers
@@ -188,9 +189,9 @@ async def test_a_worker_lost_mid_clock_is_replaced_and_its_clock_redone_exactly_
 
     check_exact(job)
     [rec] = job.records
-    assert rec["mode"] == "replace_worker" and rec["changed"] and rec["error"] == "" and rec["clock_redone"], rec
-    assert rec["epochs_redone"] == 0 and rec["epoch"] == 1 and "worker-1 (" in rec["lost"][0], rec
-    assert rec["replacements"] == {"worker-1": "worker-2"}
+    assert type(rec) is ReplaceWorkerChange and rec.changed and rec.error == "" and rec.clock_redone, rec
+    assert rec.epochs_redone == 0 and rec.epoch == 1 and "worker-1 (" in rec.lost[0], rec
+    assert rec.replacements == {"worker-1": "worker-2"}
     assert job.recovery.failures == 1 and job.recovery.replacements == 1 and job.recovery.recoveries == 1
     # The ledger, the barrier and the replacement's record name the replacement with the lost splits.
     ledger = job.steps.splits()
@@ -221,7 +222,7 @@ async def test_a_worker_lost_between_clocks_is_replaced_before_training_resumes(
     await job.train()
     check_exact(job)
     [rec] = job.records
-    assert rec["mode"] == "replace_worker" and not rec["clock_redone"] and rec["replacements"] == {"worker-0": "worker-2"}
+    assert type(rec) is ReplaceWorkerChange and not rec.clock_redone and rec.replacements == {"worker-0": "worker-2"}
     assert job.training.membership.worker_ids() == ["worker-1", "worker-2"]
 
 

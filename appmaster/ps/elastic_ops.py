@@ -46,6 +46,7 @@ from functools import partial
 from typing import Any, Awaitable, Callable
 
 from protocol.ps_job_spec import PSJobSpec
+from protocol.shape_history import EpsChange
 
 from .boundary_scheduler import TrainingNotRunning
 from .directives import Shape
@@ -75,7 +76,7 @@ class ElasticOps:
 
     def __init__(self, spec: PSJobSpec, steps: Reconfiguration, phase: Callable[[], JobPhase], *,
                  on_start: Callable[[], None] | None = None,
-                 on_record: Callable[[dict[str, Any]], None] | None = None,
+                 on_record: Callable[[EpsChange], None] | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self.spec = spec
         self.steps = steps

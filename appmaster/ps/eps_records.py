@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
+from protocol.shape_history import EpsChange, ExecutorCounts
+
 
 class ElasticOpError(RuntimeError):
     """An elastic change that cannot be made or failed; `http_status` is what the AM's HTTP API
@@ -71,16 +73,16 @@ class ElasticOpRecord:
     def ok(self) -> bool:
         return not self.error
 
-    def to_history(self) -> dict[str, Any]:
-        """The entry of the AM's `shape_history` (the same keys as the kill-based baseline's)."""
-        return {"mode": "eps", "changed": self.ok, "op": self.op, "requested": self.requested,
-                "before": {"workers": self.workers_before, "servers": self.servers_before},
-                "workers": self.workers_after, "servers": self.servers_after, "time": self.started,
-                "seconds": round(self.duration_s, 4), "lost_s": round(self.training_time_lost_s, 4),
-                "blocks_moved": self.blocks_moved, "splits_moved": self.splits_moved,
-                "splits_reactivated": self.splits_reactivated, "epoch_switched": self.epoch_switched,
-                "containers_added": self.containers_added, "containers_released": self.containers_released,
-                "error": self.error}
+    def to_history(self) -> EpsChange:
+        """The entry of the AM's `shape_history` (protocol.shape_history)."""
+        return EpsChange(changed=self.ok, op=self.op, requested=self.requested,
+                         before=ExecutorCounts(self.workers_before, self.servers_before),
+                         workers=self.workers_after, servers=self.servers_after, time=self.started,
+                         seconds=round(self.duration_s, 4), lost_s=round(self.training_time_lost_s, 4),
+                         blocks_moved=self.blocks_moved, splits_moved=self.splits_moved,
+                         splits_reactivated=self.splits_reactivated, epoch_switched=self.epoch_switched,
+                         containers_added=list(self.containers_added),
+                         containers_released=list(self.containers_released), error=self.error)
 
     def to_json(self) -> dict[str, Any]:
         return {"op": self.op, "requested": self.requested, "started": self.started,

@@ -17,6 +17,7 @@ import time
 from typing import Any, Optional
 
 from protocol.ps_job_spec import PSJobSpec
+from protocol.shape_history import ShapeChange, history_json
 from psruntime.apps.base import AnyPSApp
 
 from .checkpoints import Checkpointer
@@ -28,11 +29,11 @@ from .reconfiguration import Reconfiguration, keeps_worker_state
 log = logging.getLogger(__name__)
 
 
-def job_record(spec: PSJobSpec, attempt_id: str, metrics: JobMetrics, shape_history: list[dict[str, Any]],
+def job_record(spec: PSJobSpec, attempt_id: str, metrics: JobMetrics, shape_history: list[ShapeChange],
                loop: ClockLoop) -> dict[str, Any]:
     """What a checkpoint records about the job besides the model (see the module doc)."""
     return {"spec": spec.to_json(), "attempt_id": attempt_id, "initial_objective": metrics.initial_objective,
-            "objective_history": [e.to_json() for e in metrics.epochs], "shape_history": list(shape_history),
+            "objective_history": [e.to_json() for e in metrics.epochs], "shape_history": history_json(shape_history),
             "iterations": loop.iterations, "clocks": loop.clocks_done, "minibatches_run": loop.minibatches_run}
 
 

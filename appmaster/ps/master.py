@@ -31,6 +31,7 @@ import numpy as np
 from protocol import codec, container_env, tokens
 from protocol.durable_storage import DurableDir
 from protocol.job_report import finite, recent_epoch_times, recent_objectives
+from protocol.shape_history import ShapeChange, decode_history
 from protocol.ps_job_spec import PSJobSpec
 from protocol.records import FinalStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
@@ -53,7 +54,7 @@ from .executor_status import spill_report
 from .heldout_monitor import HeldoutMonitor
 from .job import JobEvent, JobPhase, JobStateMachine
 from .job_resume import job_record, resumable_checkpoint, resume_job
-from .kill_restart import KillRestart
+from .kill_restart import KillRestart, ResizeReply
 from .metrics import EpochRecord, JobMetrics
 from .model_output import ModelOutput, read_init_from, warm_start
 from .reconfiguration import Reconfiguration
@@ -125,7 +126,7 @@ class PSApplicationMaster:
         # on top when the optimizer is "cruise"), the RM's shape directives acted on through it,
         # and every change made so far.
         self.retiring: set[str] = set()          # containers stopped on purpose: their exit is no failure
-        self.shape_history: list[dict[str, Any]] = []
+        self.shape_history: list[ShapeChange] = []
         self.steps = Reconfiguration(am, self.training, self.checkpointer, self.resource, self.retiring,
                                      started=lambda: self.job.phase is JobPhase.TRAINING)
         self.elastic: ElasticOps | KillRestart = (
@@ -184,7 +185,7 @@ class PSApplicationMaster:
             "stragglers": self.stragglers.status_json(),
         }
 
-    async def request_scale(self, workers: int, servers: int) -> list[dict[str, Any]]:
+    async def request_scale(self, workers: int, servers: int) -> list[ResizeReply]:
         """POST /scale: a relative change of workers and servers with EPS's functions, or one
         restart with the new shape under the kill-based baseline (elastic_mode "kill")."""
         if self.suspension.paused:
@@ -210,7 +211,7 @@ class PSApplicationMaster:
         return Shape(len(self.pool.of_role(Role.WORKER, ExecutorState.READY)),
                      len(self.pool.of_role(Role.SERVER, ExecutorState.READY)))
 
-    def record_shape_change(self, record: dict[str, Any]) -> None:
+    def record_shape_change(self, record: ShapeChange) -> None:
         """Add one finished (or failed) shape change to the history the status serves."""
         self.shape_history.append(record)
         self.progress.change_ended(time.time())     # speed is measured on the new shape from now
@@ -274,7 +275,7 @@ class PSApplicationMaster:
             if init_values is not None:
                 await warm_start(self.training, init_values)
         else:      # a new attempt: continue from the checkpoint the failed one left
-            self.shape_history = list(resume.get("shape_history", []))
+            self.shape_history = decode_history(resume.get("shape_history", []))
             self.resumed_from = await resume_job(resume, servers, workers, self.metrics, self.steps)
         self.job.apply(JobEvent.INITIALISED)
         self.progress.start(time.time())

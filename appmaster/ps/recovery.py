@@ -58,6 +58,8 @@ from typing import Any, Callable, Optional
 
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
+from protocol.shape_history import (ExecutorCounts, RecoveryChange, ReplaceWorkerChange, ShapeChange,
+                                     StragglerChange)
 from psruntime.apps.base import AnyPSApp
 
 from .checkpoints import JOB_MANIFEST
@@ -77,7 +79,7 @@ class ExecutorRecovery:
     """Counts a job's executor losses and carries out recoveries (see the module doc)."""
 
     def __init__(self, spec: PSJobSpec, app: AnyPSApp, steps: Reconfiguration, phase: Callable[[], JobPhase],
-                 on_record: Callable[[dict[str, Any]], None], wall_clock: Callable[[], float] = time.time) -> None:
+                 on_record: Callable[[ShapeChange], None], wall_clock: Callable[[], float] = time.time) -> None:
         self.spec = spec
         self.app = app
         self.steps = steps
@@ -233,11 +235,11 @@ class ExecutorRecovery:
         descriptions = [d for d in self.pending if (e := self.lost.get(d)) is not None and e.executor_id in ids]
         self.pending = [d for d in self.pending if d not in descriptions]
         workers, servers = training.membership.shape()
-        record: dict[str, Any] = {"mode": mode, "op": "replace", "time": self.wall_clock(),
-                                  "lost": descriptions if mode != "straggler" else [why], "workers": workers, "servers": servers,
-                                  "epoch": loop.epochs_done, "clock": loop.clocks_done, "clock_redone": redo,
-                                  "epochs_redone": 0, "before": {"workers": workers, "servers": servers},
-                                  "after": {"workers": workers, "servers": servers}, "changed": False, "error": ""}
+        kind = StragglerChange if mode == "straggler" else ReplaceWorkerChange
+        record = kind(op="replace", time=self.wall_clock(), lost=descriptions if mode != "straggler" else [why],
+                      workers=workers, servers=servers, epoch=loop.epochs_done, clock=loop.clocks_done,
+                      clock_redone=redo, epochs_redone=0, before=ExecutorCounts(workers, servers),
+                      after=ExecutorCounts(workers, servers), changed=False, error="")
         try:
             ledger = steps.splits()
             splits = [ledger.active_of(w.executor_id) for w in lost]
@@ -255,22 +257,22 @@ class ExecutorRecovery:
             for old, rep in zip(lost, new):
                 ledger.replace_worker(old.executor_id, rep.executor_id)
             steps.sync_workers_with_ledger()
-            record["replacements"] = {old.executor_id: rep.executor_id for old, rep in zip(lost, new)}
-            record["nodes"] = [rep.container.node_id for rep in new]
-            record["changed"] = True
+            record.replacements = {old.executor_id: rep.executor_id for old, rep in zip(lost, new)}
+            record.nodes = [rep.container.node_id for rep in new]
+            record.changed = True
         except BaseException as e:
             self.pending = descriptions + self.pending     # still to recover from (the checkpoint path)
-            record["error"] = f"{type(e).__name__}: {e}"
+            record.error = f"{type(e).__name__}: {e}"
             raise
         finally:
-            record["seconds"] = record["duration_s"] = record["lost_s"] = round(time.perf_counter() - t0, 4)
+            record.seconds = record.duration_s = record.lost_s = round(time.perf_counter() - t0, 4)
             self.on_record(record)
         if mode == "straggler":
-            log.info("replaced a straggler in %.2fs: %s", record["seconds"], why)
+            log.info("replaced a straggler in %.2fs: %s", record.seconds, why)
             return new
         self.recoveries += 1
         self.replacements += len(new)
-        log.info("replaced %s in %.2fs (%s)", "; ".join(descriptions), record["seconds"],
+        log.info("replaced %s in %.2fs (%s)", "; ".join(descriptions), record.seconds,
                  "the lost clock runs again on the replacement" if redo else "training goes on where it stood")
         return new
 
@@ -300,7 +302,7 @@ class ExecutorRecovery:
                     log.warning("replacing lost workers failed (%s): going back to the latest checkpoint", e)
             await self._recover()
 
-    async def _recover(self) -> dict[str, Any]:
+    async def _recover(self) -> RecoveryChange:
         steps, loop, metrics = self.steps, self.training.loop, self.training.metrics
         t0 = time.perf_counter()
         lost, self.pending = list(self.pending), []
@@ -309,31 +311,30 @@ class ExecutorRecovery:
         assert last is not None        # why_not() refused the loss otherwise
         manifest = json.loads((Path(last["dir"]) / JOB_MANIFEST).read_text())
         epoch_before = loop.epochs_done
-        record: dict[str, Any] = {"mode": "recovery", "op": "recover", "time": self.wall_clock(), "lost": lost,
-                                  "workers": workers, "servers": servers, "checkpoint": last["dir"],
-                                  "epoch": int(manifest["epoch"]), "epochs_redone": epoch_before - int(manifest["epoch"]),
-                                  "checkpoint_time": manifest.get("time"),
-                                  "before": {"workers": workers, "servers": servers},
-                                  "after": {"workers": workers, "servers": servers}, "changed": False, "error": ""}
+        record = RecoveryChange(op="recover", time=self.wall_clock(), lost=lost, workers=workers, servers=servers,
+                                checkpoint=last["dir"], epoch=int(manifest["epoch"]),
+                                epochs_redone=epoch_before - int(manifest["epoch"]),
+                                checkpoint_time=manifest.get("time"), before=ExecutorCounts(workers, servers),
+                                after=ExecutorCounts(workers, servers), changed=False, error="")
         try:
             await steps.retire_all(RELEASE_TIMEOUT_S)
             new_servers, new_workers = await asyncio.gather(self._start(Role.SERVER, servers),
                                                             self._start(Role.WORKER, workers))
             metrics.truncate_epochs(int(manifest["epoch"]))
-            record["objective_restored"] = await steps.continue_from_checkpoint(new_servers, new_workers,
+            record.objective_restored = await steps.continue_from_checkpoint(new_servers, new_workers,
                                                                                 last["dir"], manifest)
             self.lost.clear()
-            record["changed"] = True
+            record.changed = True
         except BaseException as e:
-            record["error"] = f"{type(e).__name__}: {e}"
+            record.error = f"{type(e).__name__}: {e}"
             raise
         finally:
-            record["seconds"] = record["duration_s"] = record["lost_s"] = round(time.perf_counter() - t0, 4)
+            record.seconds = record.duration_s = record.lost_s = round(time.perf_counter() - t0, 4)
             self.on_record(record)
         self.recoveries += 1
         log.info("recovered from %s in %.2fs: %d workers, %d servers from the checkpoint of epoch %d "
-                 "(%d epochs to redo)", "; ".join(lost), record["seconds"], workers, servers, record["epoch"],
-                 record["epochs_redone"])
+                 "(%d epochs to redo)", "; ".join(lost), record.seconds, workers, servers, record.epoch,
+                 record.epochs_redone)
         return record
 
     async def _start(self, role: Role, n: int) -> list[ExecutorRecord]:

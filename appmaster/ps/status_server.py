@@ -19,7 +19,7 @@ Errors use YARN's RemoteException body (protocol.http_server).
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 import msgspec
 from aiohttp import web
@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 StatusFn = Callable[[], dict[str, Any]]
 CheckpointFn = Callable[[], Awaitable[dict[str, Any]]]
-ScaleFn = Callable[[int, int], Awaitable[list[dict[str, Any]]]]
+# the changes made, as JSON dicts or Structs (e.g. protocol.shape_history records)
+ScaleFn = Callable[[int, int], Awaitable[Sequence[msgspec.Struct | dict[str, Any]]]]
 
 
 class ScaleRequest(msgspec.Struct, forbid_unknown_fields=True):

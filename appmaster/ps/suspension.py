@@ -34,6 +34,7 @@ from protocol.internal_api import NodePlacement
 from protocol.records import Resource
 from protocol.remote_exception import Conflict
 from protocol.state_machine import TransitionTable
+from protocol.shape_history import SuspendChange
 
 from .executor_pool import ExecutorRecord, Role
 from .reconfiguration import LaunchFailed, Reconfiguration
@@ -157,7 +158,7 @@ class JobSuspension:
 
     steps: Reconfiguration
     job_record: Callable[[], dict[str, Any]]
-    on_record: Callable[[dict[str, Any]], None]
+    on_record: Callable[[SuspendChange], None]
     on_state: Callable[[], None] = lambda: None                # the shape report changes
     wall_clock: Callable[[], float] = time.time
     clock: Callable[[], float] = time.perf_counter
@@ -169,7 +170,7 @@ class JobSuspension:
     _stopped: Optional["asyncio.Future[Cut]"] = None
     _resume: Optional["asyncio.Future[SuspendTarget]"] = None
     _resumed: Optional["asyncio.Future[float]"] = None
-    _history: list[dict[str, Any]] = field(default_factory=list)
+    _history: list[SuspendChange] = field(default_factory=list)
 
     @property
     def paused(self) -> bool:
@@ -228,8 +229,9 @@ class JobSuspension:
         self.pauses += 1
         self._paused_at = self.clock()
         self._step(SuspendEvent.STOPPED)
-        self._record("pause", t0, {"epoch": cut.epoch, "clock": cut.clock, "checkpoint": cut.checkpoint["dir"],
-                                   "objective_before": cut.objective})
+        self._record(SuspendChange(op="pause", time=self.wall_clock(), seconds=round(self.clock() - t0, 4), ok=True,
+                                   epoch=cut.epoch, clock=cut.clock, checkpoint=cut.checkpoint["dir"],
+                                   objective_before=cut.objective))
         settle(stopped, cut)
         log.info("paused at epoch %d clock %d (%s)", cut.epoch, cut.clock, cut.checkpoint["dir"])
         while True:
@@ -258,17 +260,15 @@ class JobSuspension:
         if self._paused_at is not None:
             self.paused_s += t1 - self._paused_at
         self._step(SuspendEvent.RESUMED)
-        self._record("resume", t1, {"epoch": cut.epoch, "clock": cut.clock, "objective_before": cut.objective,
-                                    "objective_restored": restored, "workers": target.workers,
-                                    "servers": target.servers, "nodes": sorted({p.node for p in target.placement}
-                                                                               or set(target.nodes))})
+        self._record(SuspendChange(op="resume", time=self.wall_clock(), seconds=round(self.clock() - t1, 4), ok=True,
+                                   epoch=cut.epoch, clock=cut.clock, objective_before=cut.objective,
+                                   objective_restored=restored, workers=target.workers, servers=target.servers,
+                                   nodes=sorted({p.node for p in target.placement} or set(target.nodes))))
         settle(self._resumed, restored)
         log.info("resumed with %d workers, %d servers: objective %.6g", target.workers, target.servers, restored)
         return True
 
-    def _record(self, op: str, t0: float, extra: dict[str, Any]) -> None:
-        rec = {"op": op, "mode": "suspend", "time": self.wall_clock(), "seconds": round(self.clock() - t0, 4),
-               "ok": True, **extra}
+    def _record(self, rec: SuspendChange) -> None:
         self._history.append(rec)
         self.on_record(rec)
 
