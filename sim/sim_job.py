@@ -12,6 +12,7 @@ Life of a job (times from the app's calibration, sim/calibration.py):
       in place) or restart_s (elastic_mode "kill": checkpoint + restart) and goes on at the new shape;
       run_state "pause" stalls pause_s, releases every executor and waits; "resume" (or "run"
       after a pause) asks for the shape again and restarts after restart_s.
+The job's phases follow PHASE_TRANSITIONS (a TransitionTable): an event out of place raises.
 
 Every allocate carries a JobReport (protocol/job_report.py) with the fields a real AM fills:
 shape, started / changing, iterations, early feedback, speed over the iterations since the last
@@ -31,6 +32,7 @@ from protocol import internal_api as api
 from protocol import ps_job_spec
 from protocol.job_report import EpochObjective, JobReport, ServerTiming, WorkerTiming, MAX_EPOCH_TIMES, MAX_OBJECTIVES
 from protocol.records import FinalStatus, Resource
+from protocol.state_machine import TransitionTable
 from rm.model import AmSpec
 
 from .calibration import AppCalibration
@@ -47,6 +49,8 @@ ASK_ID = {WORKER: 1, SERVER: 2}
 
 
 class Phase(str, Enum):
+    """Where a simulated job is (the real AM's phase names where it has them)."""
+
     SUBMITTED = "SUBMITTED"
     GATHERING = "STARTING"          # the real AM's phase names (appmaster.ps.job.JobPhase)
     LAUNCHING = "LAUNCHING"
@@ -56,6 +60,46 @@ class Phase(str, Enum):
     PAUSED = "PAUSED"
     FINISHING = "FINISHING"
     DONE = "SUCCEEDED"
+
+
+class PhaseEvent(str, Enum):
+    """What moves a simulated job on (module doc)."""
+
+    REGISTER = "register"           # the AM registered: it asks for its executors
+    GATHERED = "gathered"           # it holds the target shape: (re)start after startup_s / restart_s
+    STARTED = "started"             # training starts
+    RESHAPE = "reshape"             # the executors held differ from the active shape: stall
+    RESHAPED = "reshaped"
+    PAUSE = "pause"                 # a directive's run state PAUSE
+    PAUSED = "paused"               # pause_s later: every executor released
+    RESUME = "resume"               # a directive's RESUME (or RUN) while paused
+    CONVERGE = "converge"           # the loss curve met the threshold: finishing
+    STOP = "stop"                   # finished or killed (the RM's SHUTDOWN)
+
+
+class SimPhaseError(RuntimeError):
+    """An event the simulated job's phase does not take (a simulator bug)."""
+
+    def __init__(self, phase: Phase, event: PhaseEvent):
+        super().__init__(f"sim job: {event.value} not allowed in phase {phase.value}")
+
+
+_P, _PE = Phase, PhaseEvent
+PHASE_TRANSITIONS: TransitionTable[Phase, PhaseEvent, Phase] = TransitionTable({
+    (_P.SUBMITTED, _PE.REGISTER): _P.GATHERING,
+    (_P.GATHERING, _PE.GATHERED): _P.LAUNCHING,
+    (_P.LAUNCHING, _PE.STARTED): _P.TRAINING,
+    (_P.TRAINING, _PE.RESHAPE): _P.RESHAPING,
+    (_P.RESHAPING, _PE.RESHAPED): _P.TRAINING,
+    (_P.TRAINING, _PE.PAUSE): _P.PAUSING,
+    (_P.RESHAPING, _PE.PAUSE): _P.PAUSING,
+    (_P.PAUSING, _PE.PAUSED): _P.PAUSED,
+    (_P.PAUSED, _PE.RESUME): _P.GATHERING,
+    (_P.TRAINING, _PE.CONVERGE): _P.FINISHING,
+    # The RM may shut the AM down in any phase once it allocates; a finish scheduled before such a
+    # shutdown still runs, so DONE takes STOP again.
+    **{(p, _PE.STOP): _P.DONE for p in Phase if p is not _P.SUBMITTED},
+}, SimPhaseError)
 
 
 @dataclass(frozen=True)
@@ -148,9 +192,13 @@ class SimJob:
     def _register(self) -> None:
         self.core.am_register(self.claims, api.AmRegisterRequest(tracking_url=f"http://sim/{self.app_id}"))
         self.record.am_start = self.loop.now
-        self.phase = Phase.GATHERING
+        self._on(PhaseEvent.REGISTER)
         self._allocating = True
         self._allocate()
+
+    def _on(self, event: PhaseEvent) -> None:
+        """Take `event` through PHASE_TRANSITIONS (SimPhaseError if the phase does not take it)."""
+        self.phase = PHASE_TRANSITIONS.next(self.phase, event)
 
     # ----- the allocate loop ------------------------------------------------------------------
     def _held(self) -> tuple[int, int]:
@@ -207,7 +255,7 @@ class SimJob:
         if d.run_state == api.RunState.PAUSE and self.phase in (Phase.TRAINING, Phase.RESHAPING):
             self._pause()
         elif d.run_state != api.RunState.PAUSE and self.phase == Phase.PAUSED:
-            self.phase = Phase.GATHERING      # asks for the target again, restarts once it holds it
+            self._on(PhaseEvent.RESUME)       # asks for the target again, restarts once it holds it
             self.run_state = d.run_state
 
     def _progress_shape(self) -> None:
@@ -215,7 +263,7 @@ class SimJob:
         held = self._held()
         if self.phase == Phase.GATHERING and held[0] >= self.target[0] and held[1] >= self.target[1]:
             resuming = self.record.start is not None
-            self.phase = Phase.LAUNCHING
+            self._on(PhaseEvent.GATHERED)
             self.loop.after(self.cal.restart_s if resuming else self.cal.startup_s, self._start_training)
         elif self.phase == Phase.TRAINING and self._reshape_ready(held) != self.active:
             self._reshape(held)
@@ -233,7 +281,7 @@ class SimJob:
         self._drop_extra(shape)
         if self.record.start is None:
             self.record.start = self.loop.now
-        self.phase = Phase.TRAINING
+        self._on(PhaseEvent.STARTED)
         self._set_shape(shape)
 
     def _set_shape(self, shape: tuple[int, int]) -> None:
@@ -246,7 +294,7 @@ class SimJob:
 
     def _reshape(self, held: tuple[int, int]) -> None:
         """Stall for the reshape (EPS) or restart (kill-based) cost, then train at the new shape."""
-        self.phase = Phase.RESHAPING
+        self._on(PhaseEvent.RESHAPE)
         self.record.reshapes += 1
         self._set_rate(0.0)
         cost = self.cal.restart_s if self.job.elastic_mode == "kill" else self.cal.reshape_s
@@ -257,7 +305,7 @@ class SimJob:
             return
         shape = self._reshape_ready(self._held())
         self._drop_extra(shape)
-        self.phase = Phase.TRAINING
+        self._on(PhaseEvent.RESHAPED)
         if shape[0] < 1 or shape[1] < 1:     # a directive to zero: hold what it had
             shape = self.active
         self._set_shape(shape)
@@ -277,7 +325,7 @@ class SimJob:
         self.releases.append(cid)
 
     def _pause(self) -> None:
-        self.phase = Phase.PAUSING
+        self._on(PhaseEvent.PAUSE)
         self.record.pauses += 1
         self._set_rate(0.0)
         self.loop.after(self.cal.pause_s, self._paused)
@@ -287,7 +335,7 @@ class SimJob:
             return
         for cid in list(self.containers):
             self._release(cid)
-        self.phase = Phase.PAUSED
+        self._on(PhaseEvent.PAUSED)
         self._set_shape((0, 0))
 
     @property
@@ -314,7 +362,7 @@ class SimJob:
             return
         self._advance()
         self.epochs = float(self.target_epochs)
-        self.phase = Phase.FINISHING
+        self._on(PhaseEvent.CONVERGE)
         self._set_rate(0.0)
         self.loop.after(self.cal.finish_s, self._finish)
 
@@ -328,7 +376,7 @@ class SimJob:
 
     def _stop(self, status: str) -> None:
         self._allocating = False
-        self.phase = Phase.DONE
+        self._on(PhaseEvent.STOP)
         self.record.end = self.loop.now
         self.record.final_status = status
         self.record.epochs = int(self.epochs)
@@ -379,4 +427,4 @@ class SimJob:
         return 100
 
 
-__all__ = ["JobTimings", "Phase", "SimJob"]
+__all__ = ["JobTimings", "PHASE_TRANSITIONS", "Phase", "PhaseEvent", "SimJob", "SimPhaseError"]
