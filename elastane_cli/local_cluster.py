@@ -215,10 +215,8 @@ class LocalCluster:
                 "[cluster]\n"
                 f'secret = "{self.secret}"\n'
                 f'rm_address = "{rm_address}"\n')
-        tmp = self.conf_path.with_suffix(".tmp")
-        tmp.write_text(text)
-        os.chmod(tmp, 0o600)
-        tmp.replace(self.conf_path)
+        # durable (the cluster's secret), 0600 from the first byte
+        durable_storage.write_atomic(self.conf_path, text.encode(), mode=0o600)
 
     def _spawn(self, name: str, args: list[str], prefix: Sequence[str] = ()) -> subprocess.Popen:
         self._ready_path(name).unlink(missing_ok=True)

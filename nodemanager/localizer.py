@@ -48,6 +48,7 @@ from urllib.parse import unquote, urlparse
 import msgspec
 
 from protocol.config import NMConfig
+from protocol.durable_storage import write_atomic
 from protocol.local_resources import LocalResource, LocalResourceError, decode_resources
 
 from .localizer_cache import Acquired, CacheBook, CacheKey
@@ -535,10 +536,8 @@ def _glob_dirs(parent: str, child: str) -> list[str]:
 
 
 def _write_json(path: str, obj: dict[str, Any]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
+    # durable: the cache's records outlive an NM restart
+    write_atomic(path, json.dumps(obj).encode())
 
 
 def _read_json(path: str) -> Optional[dict[str, Any]]:

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from protocol.arbiter_wire import name_hash
 from protocol.config import ClusterConfig, NMConfig
+from protocol.durable_storage import write_atomic
 
 from . import node_settings
 from .arbiter_server import ArbiterServer, socket_path
@@ -153,10 +154,8 @@ class NodeManager:
             return
         info = {"pid": os.getpid(), "http_address": f"{self.host}:{self.port}", "node_id": self.node_id,
                 "url": self.url}
-        tmp = self.ready_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(info, f)
-        os.replace(tmp, self.ready_file)
+        # atomic, not durable: it describes this process only
+        write_atomic(self.ready_file, json.dumps(info).encode(), durable=False)
 
     def node_info(self) -> dict[str, Any]:
         """YARN NM `nodeInfo`, plus Elastane's enforcement mode and free resources."""

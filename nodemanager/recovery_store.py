@@ -24,6 +24,8 @@ from typing import Any, Optional
 
 import orjson
 
+from protocol.durable_storage import write_atomic
+
 log = logging.getLogger(__name__)
 
 JOURNAL = "containers.jsonl"
@@ -91,10 +93,9 @@ class RecoveryStore:
 
     def _compact(self) -> None:
         """Write the live records as a fresh journal (temp file renamed over the old one)."""
-        tmp = self._path.with_name(JOURNAL + ".tmp")
-        tmp.write_bytes(b"".join(orjson.dumps({"put": self._records[cid]}) + b"\n"
-                                 for cid in sorted(self._records)))
-        tmp.replace(self._path)
+        # durable: the journal is what a restarted NM recovers its containers from
+        write_atomic(self._path, b"".join(orjson.dumps({"put": self._records[cid]}) + b"\n"
+                                          for cid in sorted(self._records)))
         self.close()
         self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         self._lines = len(self._records)

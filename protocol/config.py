@@ -198,8 +198,6 @@ def ensure_secret(path: str | Path) -> str:
     else:
         text = text.replace("[cluster]\n", f'[cluster]\nsecret = "{secret}"\n', 1)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o600)
-    tmp.replace(path)
+    # durable: the cluster's secret must survive a crash; 0600 from the first byte
+    durable_storage.write_atomic(path, text.encode(), mode=0o600)
     return secret

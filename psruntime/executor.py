@@ -45,11 +45,11 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from protocol import container_env
 from protocol.daemon import install_uvloop, setup_logging
+from protocol.durable_storage import write_atomic
 from protocol.executor_ops import REQUEST_OPS, ControlMessageError, decode_request
 from psruntime import harmony_runner
 from psruntime.app_role import AppRole
@@ -280,9 +280,8 @@ def tune_malloc() -> bool:
 
 
 def _write_ready_file(path: str, payload: dict[str, Any]) -> None:
-    tmp = Path(path + ".tmp")
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, path)
+    # atomic, not durable: it describes this process only
+    write_atomic(path, json.dumps(payload).encode(), durable=False)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

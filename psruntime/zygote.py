@@ -38,6 +38,7 @@ from typing import Optional
 import msgspec
 
 from protocol import container_env
+from protocol.durable_storage import write_atomic
 from protocol import zygote_wire as wire
 
 # The container identity a warm child puts in its process title (its /proc environ is the zygote's).
@@ -45,11 +46,8 @@ TITLE_ENV = (container_env.CONTAINER_ID, container_env.APP_ID)
 
 
 def _write_exit_file(path: str, code: int) -> None:
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            f.write(f"{code}\n")
-        os.replace(tmp, path)
+    try:   # atomic, not durable: the NM reads it while this node is up
+        write_atomic(path, f"{code}\n".encode(), durable=False)
     except OSError:
         pass        # the NM still gets the status over the socket
 

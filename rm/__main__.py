@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from protocol import config as config_mod
 from protocol.daemon import run_daemon, setup_logging
+from protocol.durable_storage import write_atomic
 
 from . import policies
 
@@ -83,12 +84,10 @@ def load_configs(args: argparse.Namespace) -> tuple[config_mod.RMConfig, config_
 
 
 def write_ready_file(path: str, info: dict[str, Any]) -> None:
-    """Atomically (tmp + rename) write the ready file."""
+    """Atomically write the ready file (atomic, not durable: it describes this process only)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(info))
-    os.replace(tmp, p)
+    write_atomic(p, json.dumps(info).encode(), durable=False)
 
 
 def ready_info(url: str) -> dict[str, Any]:

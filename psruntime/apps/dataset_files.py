@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import msgspec
 import numpy as np
 
+from protocol.durable_storage import write_atomic
 from protocol.dataset_manifest import (BLOCK_ARRAYS, DIMENSION_FIELDS, ENTRY_ARRAYS, FORMAT_NAME, FORMAT_VERSION, INDEX_BOUNDS,
                                        MANIFEST_NAME, ROW_ARRAYS, BlockEntry, DatasetManifest, check_manifest)
 from psruntime.apps.blocks import DataBlock
@@ -143,10 +144,9 @@ class DatasetWriter:
                                                   spec=dict(spec), train=self.blocks["train"],
                                                   heldout=self.blocks["heldout"], source=dict(source)),
                                   os.path.join(self.directory, MANIFEST_NAME))
-        tmp = os.path.join(self.directory, MANIFEST_NAME + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(msgspec.json.format(msgspec.json.encode(manifest), indent=2) + b"\n")
-        os.replace(tmp, os.path.join(self.directory, MANIFEST_NAME))
+        # durable: a prepared dataset is read by later jobs
+        write_atomic(os.path.join(self.directory, MANIFEST_NAME),
+                     msgspec.json.format(msgspec.json.encode(manifest), indent=2) + b"\n")
         return manifest
 
 
