@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from msgspec import UnsetType
 
 from protocol import ps_job_spec
+from protocol import shape_history as sh
 from protocol.ps_app_schemas import APP_SCHEMAS
 from psruntime.apps.quality import check_quality
 
@@ -175,9 +177,8 @@ def _secs(v: Any) -> str:
 
 @dataclass(frozen=True)
 class ShapeChange:
-    """One entry of the PS AM's shape history (`/status` "shape_history"), read from the keys every
-    kind of change carries: an EPS operation (appmaster.ps.eps_records.ElasticOpRecord.to_history),
-    a kill-based restart, an executor recovery, a pause or a resume. None: the entry has no such key."""
+    """One entry of the PS AM's shape history (`/status` "shape_history", protocol.shape_history)
+    as `ps scale` shows it; None: that kind of change has no such figure."""
 
     op: str
     requested: int | None
@@ -198,29 +199,41 @@ class ShapeChange:
         return ws(self.after) if self.before == self.after else f"{ws(self.before)} -> {ws(self.after)}"
 
 
-def _shape_of(workers: Any, servers: Any) -> tuple[int, int] | None:
+def _shape_of(workers: int | None | UnsetType, servers: int | None | UnsetType) -> tuple[int, int] | None:
     return (workers, servers) if isinstance(workers, int) and isinstance(servers, int) else None
 
 
-def shape_change(rec: dict[str, Any]) -> ShapeChange:
+def _counts(c: sh.ExecutorCounts) -> tuple[int, int]:
+    return (c.workers, c.servers)
+
+
+def shape_change(rec: sh.ShapeChange) -> ShapeChange:
     """The AM's record of a change: the shape after it is the record's own workers / servers."""
-    before = rec.get("before") or {}
-    moved = [f"{rec[k]} {what}" for k, what in (("blocks_moved", "model blocks"), ("splits_moved", "splits"),
-                                               ("splits_reactivated", "splits re-activated")) if rec.get(k)]
-    seconds, lost = rec.get("seconds"), rec.get("lost_s")
-    return ShapeChange(op=str(rec.get("op") or rec.get("mode") or "?"), requested=rec.get("requested"),
-                       before=_shape_of(before.get("workers"), before.get("servers")),
-                       after=_shape_of(rec.get("workers"), rec.get("servers")),
-                       seconds=float(seconds) if seconds is not None else None,
-                       lost_s=float(lost) if lost is not None else None, moved=", ".join(moved),
-                       containers=len(rec.get("containers_added") or []) - len(rec.get("containers_released") or []),
-                       error=str(rec.get("error") or ""))
+    match rec:
+        case sh.EpsChange():
+            moved = [f"{n} {what}" for n, what in ((rec.blocks_moved, "model blocks"), (rec.splits_moved, "splits"),
+                                                   (rec.splits_reactivated, "splits re-activated")) if n]
+            return ShapeChange(op=rec.op, requested=rec.requested, before=_counts(rec.before),
+                               after=_shape_of(rec.workers, rec.servers), seconds=rec.seconds, lost_s=rec.lost_s,
+                               moved=", ".join(moved),
+                               containers=len(rec.containers_added) - len(rec.containers_released), error=rec.error)
+        case sh.KillRestartChange():
+            return ShapeChange(op=rec.op, requested=rec.requested, before=_counts(rec.before),
+                               after=(rec.workers, rec.servers), seconds=rec.seconds, lost_s=rec.lost_s, moved="",
+                               containers=0, error=rec.error)
+        case sh.SuspendChange():      # a pause names no shape; a resume the one it resumed with
+            return ShapeChange(op=rec.op, requested=None, before=None, after=_shape_of(rec.workers, rec.servers),
+                               seconds=rec.seconds, lost_s=None, moved="", containers=0, error="")
+        case sh.RecoveryChange() | sh.ReplaceWorkerChange():
+            return ShapeChange(op=rec.op, requested=None, before=_counts(rec.before),
+                               after=(rec.workers, rec.servers), seconds=rec.seconds, lost_s=rec.lost_s, moved="",
+                               containers=0, error=rec.error)
 
 
 SHAPE_CHANGE_HEADERS = ["FUNCTION", "N", "WORKERS/SERVERS", "TOOK", "MOVED", "TRAINING-WAITED", "CONTAINERS"]
 
 
-def shape_change_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+def shape_change_rows(records: list[sh.ShapeChange]) -> list[list[Any]]:
     rows: list[list[Any]] = []
     for c in map(shape_change, records):
         rows.append([c.op + (f" (failed: {c.error})" if c.error else ""),

@@ -22,6 +22,7 @@ import aiohttp
 
 from protocol import ps_job_spec
 from protocol.http_client import JsonHttpClient, RemoteError
+from protocol.shape_history import ShapeChange, decode_history
 
 from .app_commands import _app_id
 from .context import CliContext, common_parent
@@ -65,7 +66,7 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser 
     p.set_defaults(func=cmd_scale)
 
 
-def change_rows(changes: list[dict[str, Any]]) -> list[list[Any]]:
+def change_rows(changes: list[ShapeChange]) -> list[list[Any]]:
     """One row per entry of the AM's shape history: the function, its shape before -> after, how
     long it took, what it moved, how long training waited, containers added minus released."""
     return shape_change_rows(changes)
@@ -107,7 +108,7 @@ def _outcome(status: dict[str, Any], version: int) -> dict[str, Any] | None:
 
 
 async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
-                    timeout_s: float = SCALE_TIMEOUT_S) -> list[dict[str, Any]]:
+                    timeout_s: float = SCALE_TIMEOUT_S) -> list[ShapeChange]:
     async with RmRestClient(ctx.rm_url, ctx.user) as rm:
         app = await rm.app(app_id)
         if app.get("applicationType") not in (None, ps_job_spec.APPLICATION_TYPE):
@@ -130,7 +131,7 @@ async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
                 raise UsageError(f"{app_id} has no serving executors yet: scale it once it trains")
             target_w, target_s = current_w + workers, current_s + servers
             check_target(status, target_w, target_s)
-            seen = len(status.get("shape_history") or [])
+            seen = len(decode_history(status.get("shape_history") or []))
             shape = await rm.put_shape(app_id, target_w, target_s, reason=(
                 f"elastane ps scale by {ctx.user}: workers {workers:+d}, servers {servers:+d}"))
             version = int((shape.get("directive") or {}).get("version", 0))
@@ -144,7 +145,7 @@ async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
             await am.close()
     if outcome.get("error"):
         raise OperationFailed(f"the scale failed: {outcome['error']}")
-    return list((status.get("shape_history") or [])[seen:])
+    return decode_history(status.get("shape_history") or [])[seen:]
 
 
 def cmd_scale(args: argparse.Namespace, ctx: CliContext) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from appmaster.ps.directives import DirectiveOutcome, Shape
@@ -12,13 +13,14 @@ from appmaster.ps.eps_records import ElasticOpRecord
 from elastane_cli import main as cli
 from elastane_cli import ps_scale_command
 from elastane_cli.ps_reports import shape_change
+from protocol.shape_history import EpsChange
 from threaded_http import serve_routes
 
 APP = "application_1700000000000_0007"
 APPS = "/ws/v1/cluster/apps"
 
 
-def add_workers_record() -> dict[str, Any]:
+def add_workers_record() -> EpsChange:
     """What the AM records for `add_workers(2)` taking a 2-worker, 1-server job to 4 workers."""
     rec = ElasticOpRecord(op="add_workers", requested=2, started=1_700_000_100.0, epoch_started=3,
                           workers_before=2, servers_before=1, workers_after=4, servers_after=1,
@@ -54,7 +56,7 @@ class FakeRmAndAm:
         status: dict[str, Any] = {"shape": {"executors": executors}, "eps": {"running": False, "limits": {}},
                                   "shape_history": [], "directives": []}
         if self.put is not None:
-            status["shape_history"] = [add_workers_record()]
+            status["shape_history"] = [msgspec.to_builtins(add_workers_record())]     # as JSON
             status["directives"] = [DirectiveOutcome(version=1, target=Shape(4, 1), before=Shape(2, 1),
                                                      steps=[("add_workers", 2)], started=1_700_000_100.0,
                                                      seconds=1.3).to_json()]

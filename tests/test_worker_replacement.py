@@ -23,7 +23,9 @@ from appmaster.ps.recovery import ExecutorRecovery
 from appmaster.ps.training import Training
 from protocol.ps_job_spec import validate
 from protocol.records import Resource
-from protocol.shape_history import ReplaceWorkerChange, ShapeChange
+from elastane_cli.ps_scale_command import change_rows
+from protocol import codec
+from protocol.shape_history import ReplaceWorkerChange, ShapeChange, decode_history
 from psruntime.apps.registry import create_app
 from psruntime.dataplane import DataPlaneClient
 from psruntime.executor import Executor
@@ -224,6 +226,10 @@ async def test_a_worker_lost_between_clocks_is_replaced_before_training_resumes(
     [rec] = job.records
     assert type(rec) is ReplaceWorkerChange and not rec.clock_redone and rec.replacements == {"worker-0": "worker-2"}
     assert job.training.membership.worker_ids() == ["worker-1", "worker-2"]
+    # What `elastane ps scale` reads of it, after the trip through the AM's /status JSON.
+    [back] = decode_history(codec.loads(codec.dumps({"shape_history": [rec]}))["shape_history"])
+    assert back == rec
+    assert change_rows([back]) == [["replace", "-", "2/2", f"{rec.seconds:.2f}s", "-", f"{rec.lost_s:.3f}s", "+0"]]
 
 
 async def test_the_clock_loop_keeps_where_each_block_stood(jobs) -> None:
