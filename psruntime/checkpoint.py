@@ -26,19 +26,20 @@ consistent snapshot of its blocks, handed out in batches of bounded size.
 """
 from __future__ import annotations
 
-import json
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Sequence
 
+import msgspec
 import numpy as np
 
+from protocol.checkpoint_manifest import FORMAT, BlockEntry, BlockManifest
+from protocol.durable_storage import write_atomic
 from psruntime.block_store import BlockArrays, BlockStore
 
-FORMAT = 2
-# A block's entry in a manifest: {"file", "other_keys"} (format 2) or [[key, file], ...] (format 1).
-BlockEntry = Union[dict[str, Any], list[list[Any]]]
+__all__ = ["FORMAT", "BlockEntry", "BlockManifest"]    # re-exported: callers import them from here
 
 
 class CheckpointError(ValueError):
@@ -48,8 +49,10 @@ class CheckpointError(ValueError):
 
 # ===== files ======================================================================================
 
-def write_block(directory: str | os.PathLike[str], block: int, data: BlockArrays) -> dict[str, Any]:
-    """Write one block's arrays as `block_<b>.npz` (atomically); returns its manifest entry."""
+def write_block(directory: str | os.PathLike[str], block: int, data: BlockArrays, *,
+                durable: bool = False) -> dict[str, Any]:
+    """Write one block's arrays as `block_<b>.npz` (atomically); returns its manifest entry.
+    `durable`: fsync it too (the AM's checkpointer decides that per checkpoint and syncs itself)."""
     root = Path(directory)
     name = f"block_{block}.npz"
     arrays: dict[str, np.ndarray] = {"keys": np.asarray(data.keys, np.int64)}
@@ -57,24 +60,21 @@ def write_block(directory: str | os.PathLike[str], block: int, data: BlockArrays
         arrays["values"] = data.values
     for i, a in enumerate(data.other_arrays):
         arrays[f"other_{i}"] = np.asarray(a)
-    tmp = root / f".{name}.tmp"
-    with open(tmp, "wb") as f:          # a file object: np.savez appends no suffix
-        # mypy checks **arrays against savez's allow_pickle too (python/mypy#1969); no key is named so
-        np.savez(f, **arrays)  # type: ignore[arg-type]
-    os.replace(tmp, root / name)
+    buf = io.BytesIO()          # a file object: np.savez appends no suffix
+    # mypy checks **arrays against savez's allow_pickle too (python/mypy#1969); no key is named so
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    write_atomic(root / name, buf.getbuffer(), durable=durable)
     return {"file": name, "other_keys": list(data.other_keys)}
 
 
 def write_manifest(directory: str | os.PathLike[str], executor_id: str, num_blocks: int, table_version: int,
-                   entries: dict[int, dict[str, Any]]) -> Path:
+                   entries: dict[int, dict[str, Any]], *, durable: bool = False) -> Path:
     """Write `manifest-<executor_id>.json` over `entries` (block -> write_block's entry), last and
-    atomically: a crash before it leaves the previous manifest intact."""
-    manifest = {"format": FORMAT, "num_blocks": num_blocks, "table_version": table_version,
-                "blocks": {str(b): e for b, e in sorted(entries.items())}}
+    atomically: a crash before it leaves the previous manifest intact. `durable` as write_block's."""
+    manifest = BlockManifest(num_blocks=num_blocks, table_version=table_version,
+                             blocks={b: e for b, e in sorted(entries.items())})
     path = Path(directory) / f"manifest-{executor_id}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest))
-    os.replace(tmp, path)
+    write_atomic(path, msgspec.json.encode(manifest), durable=durable)
     return path
 
 
@@ -83,8 +83,9 @@ def save_blocks(store: BlockStore, blocks: list[int], directory: str | os.PathLi
     """Write `blocks` of `store` under `directory` (one file per block); returns the manifest path."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    entries = {b: write_block(root, b, store.export_arrays(b)) for b in blocks}
-    return write_manifest(root, executor_id, store.num_blocks, table_version, entries)
+    # durable: an executor's own save is the checkpoint (nothing syncs it later)
+    entries = {b: write_block(root, b, store.export_arrays(b), durable=True) for b in blocks}
+    return write_manifest(root, executor_id, store.num_blocks, table_version, entries, durable=True)
 
 
 def load_manifests(directory: str | os.PathLike[str], num_blocks: int) -> dict[int, BlockEntry]:
@@ -96,13 +97,12 @@ def load_manifests(directory: str | os.PathLike[str], num_blocks: int) -> dict[i
     blocks: dict[int, BlockEntry] = {}
     for p in paths:
         try:
-            m = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            m = msgspec.json.decode(p.read_bytes(), type=BlockManifest)
+        except (OSError, msgspec.DecodeError) as e:
             raise CheckpointError(f"unreadable manifest {p}: {e}") from None
-        if m.get("num_blocks") != num_blocks:
-            raise CheckpointError(f"{p} is for {m.get('num_blocks')} blocks, this job has {num_blocks}")
-        for b, entry in m.get("blocks", {}).items():
-            blocks[int(b)] = entry
+        if m.num_blocks != num_blocks:
+            raise CheckpointError(f"{p} is for {m.num_blocks} blocks, this job has {num_blocks}")
+        blocks.update(m.blocks)
     return blocks
 
 

@@ -1,0 +1,41 @@
+"""The block manifest of a checkpoint is a typed record: written as BlockManifest, read back as
+one (format 1 entries still read), and a manifest missing its block count is refused."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from protocol.checkpoint_manifest import BlockManifest
+from psruntime.block_store import BlockArrays
+from psruntime.checkpoint import CheckpointError, load_manifests, read_block, write_block, write_manifest
+
+
+def test_written_and_read_as_the_typed_record(tmp_path: Path) -> None:
+    data = BlockArrays(np.array([1, 5], np.int64), np.ones((2, 3)), ["audit"], [np.array([7])])
+    entry = write_block(tmp_path, 3, data, durable=True)
+    path = write_manifest(tmp_path, "exec-1", 8, 4, {3: entry})
+    m = msgspec.json.decode(path.read_bytes(), type=BlockManifest)
+    assert (m.format, m.num_blocks, m.table_version, list(m.blocks)) == (2, 8, 4, [3])
+    merged = load_manifests(tmp_path, 8)
+    back = read_block(tmp_path, 3, merged[3])
+    assert back.keys.tolist() == [1, 5] and back.other_keys == ["audit"]
+    with pytest.raises(CheckpointError, match="8 blocks"):
+        load_manifests(tmp_path, 9)
+
+
+def test_format_1_manifest_is_still_read(tmp_path: Path) -> None:
+    (tmp_path / "block_0").mkdir()
+    np.save(tmp_path / "block_0" / "0.npy", np.arange(3.0))
+    (tmp_path / "manifest-e.json").write_text(
+        '{"format": 1, "num_blocks": 2, "blocks": {"0": [[4, "block_0/0.npy"]]}}')
+    entries = load_manifests(tmp_path, 2)
+    assert read_block(tmp_path, 0, entries[0]).keys.tolist() == [4]
+
+
+def test_a_manifest_without_its_block_count_is_unreadable(tmp_path: Path) -> None:
+    (tmp_path / "manifest-e.json").write_text('{"format": 2, "blocks": {}}')
+    with pytest.raises(CheckpointError, match="unreadable manifest"):
+        load_manifests(tmp_path, 2)
