@@ -1,17 +1,20 @@
-"""The PS executors' control channel: what the AM (and a peer executor) asks of an executor, typed.
+"""The PS executors' control channel: every request an executor serves, typed, and the reply to each.
 
 Every control message is one binary data-plane frame (psruntime.frame_codec) whose JSON header is
 the msgspec encoding of one of the request records below: `{"op": <tag>, ...fields}`; arrays ride
-in the frame's buffers. The AM builds a record and `to_header` turns it into the header; the
-executor checks an incoming header against the same record (`decode_request`), so a misspelt or
-ill-typed field is refused naming it (`forbid_unknown_fields`) before any op runs.
+in the frame's buffers. The AM (and a peer executor: migration, EPS split transfers) builds a record
+and `to_header` turns it into the header; the executor decodes an incoming header once into its
+record (by the op's tag, `forbid_unknown_fields`), so a misspelt or ill-typed field is refused with
+an `ErrorReply` naming it before any op runs, and dispatches the record by its type to a handler
+`(request, arrays) -> (reply record, arrays)`. No handler sees the header.
 
-Replies are typed too where the AM reads fields back (`RunClockReply`, `ObjectiveReply`, ...):
-`decode_reply(header, RunClockReply)`. Replies are read tolerantly (unknown fields ignored), so an
-executor can report more than an older AM reads.
+Each request has one reply record (protocol.executor_replies, paired in `REPLY_TYPES`); the reader
+decodes it once where it arrives (`decode_reply`, tolerant of fields it does not know). A refusal is
+an `ErrorReply` {kind, error}, which the data-plane client raises as RemoteError(kind, error).
 
-The data ops of the elastic store (pull / push / put ...) and block migration between executors
-(take_ownership, block_data, ...) keep their own compact headers (psruntime.store_requests).
+The data ops of the elastic store (get / put / update: pull and push) keep their compact headers
+(psruntime.store_requests): they are the hot path, carry their keys in buffers, and are decoded
+once into a typed DataRequest there.
 """
 from __future__ import annotations
 
@@ -19,17 +22,39 @@ from typing import Annotated, Any, Literal, Mapping, Optional, TypeVar, Union
 
 import msgspec
 
+from protocol.executor_replies import (AppSetupReply, BlocksReply, BlockStatesReply, CheckpointBlocksReply,
+                                       CheckpointReply, ControlReply, EpsActivateReply, EpsCommitReply,
+                                       EpsDatasetsReply, EpsJoinReply, EpsSendDataReply, EpsStageReply, ErrorReply,
+                                       InitBlocksReply, InitModelReply, Key, MoveBlocksReply, ObjectiveReply, Ok,
+                                       PingReply, PositionsReply, RunClockReply, RunEpochReply, ServerObjectiveReply,
+                                       SetOwnershipReply, SetPositionsReply, SpillFigures, StatusReply,
+                                       SwitchRoleReply, WorkerSetupReply)
+
+__all__ = ["AppSetup", "AppSetupReply", "BlockData", "BlockStates", "BlockStatesReply", "BlocksReply",
+           "CancelIncoming", "Checkpoint", "CheckpointBlocks", "CheckpointBlocksReply", "CheckpointReply",
+           "ControlMessageError", "ControlReply", "ControlRequest", "EpsActivate", "EpsActivateReply", "EpsCommit",
+           "EpsCommitReply", "EpsDatasets", "EpsDatasetsReply", "EpsDiscardStaged", "EpsJoin", "EpsJoinReply",
+           "EpsSendData", "EpsSendDataReply", "EpsStage", "EpsStageReply", "ErrorReply", "ExecutorRequest",
+           "InitBlocks", "InitBlocksReply", "InitModel", "InitModelReply", "LoadSplits", "MoveBlocks",
+           "MoveBlocksReply", "NonNeg", "Objective", "ObjectiveReply", "Ok", "Ping", "PingReply", "Positions",
+           "PositionsReply", "Positive", "REPLY_TYPES", "REQUEST_OPS", "REQUEST_TYPES", "Restore",
+           "RestoreBlocksData", "RoleName", "RunClock", "RunClockReply", "RunEpoch", "RunEpochReply",
+           "ServerObjective", "ServerObjectiveReply", "SetBlockStates", "SetOwnership", "SetOwnershipReply",
+           "SetPositions", "SetPositionsReply", "Shutdown", "SpillFigures", "SplitHandover", "SplitSource", "Status",
+           "StatusReply", "StopTraining", "SwitchRole", "SwitchRoleReply", "TakeOwnership", "WorkerSetup",
+           "WorkerSetupReply", "decode_as", "decode_reply", "decode_request", "encode_reply", "to_header"]
+
 NonNeg = Annotated[int, msgspec.Meta(ge=0)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 RoleName = Literal["worker", "server"]
 
 
-class _Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True, tag_field="op"):
+class ExecutorRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True, tag_field="op"):
     """Base of every control request: tagged by its op name."""
 
 
 # -- binding an executor to the job ------------------------------------------------------------
-class AppSetup(_Request, tag="app_setup"):
+class AppSetup(ExecutorRequest, tag="app_setup"):
     """Bind the executor to the job's ML app, data spec and hyper-parameters."""
 
     app: str
@@ -40,29 +65,29 @@ class AppSetup(_Request, tag="app_setup"):
     spill_alpha: Optional[Union[Annotated[float, msgspec.Meta(ge=0, le=1)], Literal["auto"]]] = None
 
 
-class WorkerSetup(_Request, tag="worker_setup"):
+class WorkerSetup(ExecutorRequest, tag="worker_setup"):
     """Generate (or load) input partition `partition` of `num_partitions`."""
 
     partition: NonNeg
     num_partitions: Positive
 
 
-class LoadSplits(_Request, tag="load_splits"):
+class LoadSplits(ExecutorRequest, tag="load_splits"):
     """Generate (or load) exactly the input blocks `blocks` (a replacement for a lost worker)."""
 
     blocks: list[NonNeg]
 
 
-class InitModel(_Request, tag="init_model"):
+class InitModel(ExecutorRequest, tag="init_model"):
     """Put every model key's initial value (one worker does it for the job)."""
 
 
-class InitBlocks(_Request, tag="init_blocks"):
+class InitBlocks(ExecutorRequest, tag="init_blocks"):
     """Initialise the worker's blocks' local state and push what that yields."""
 
 
 # -- training ------------------------------------------------------------------------------------
-class RunClock(_Request, tag="run_clock"):
+class RunClock(ExecutorRequest, tag="run_clock"):
     """One clock: the worker's next `batches` mini-batches of `epoch`, flushed at the end;
     `count_key`: also push +1 per mini-batch to that key (the exactly-once audit)."""
 
@@ -72,7 +97,7 @@ class RunClock(_Request, tag="run_clock"):
     count_key: Optional[str] = None
 
 
-class RunEpoch(_Request, tag="run_epoch"):
+class RunEpoch(ExecutorRequest, tag="run_epoch"):
     """The rest of `epoch` in one op; `with_objective`: the worker's objective part too."""
 
     epoch: NonNeg
@@ -81,62 +106,62 @@ class RunEpoch(_Request, tag="run_epoch"):
     count_key: Optional[str] = None
 
 
-class Objective(_Request, tag="objective"):
+class Objective(ExecutorRequest, tag="objective"):
     """This worker's part of the objective under the current model."""
 
 
-class ServerObjective(_Request, tag="server_objective"):
+class ServerObjective(ExecutorRequest, tag="server_objective"):
     """The app's server part of the objective over the keys this executor owns."""
 
 
-class Positions(_Request, tag="positions"):
+class Positions(ExecutorRequest, tag="positions"):
     """Every held input block's place in its epoch pass."""
 
 
-class SetPositions(_Request, tag="set_positions"):
+class SetPositions(ExecutorRequest, tag="set_positions"):
     """Put held blocks back at {block: [epoch, next_row]} (a restarted job continues its epoch)."""
 
     positions: dict[str, tuple[NonNeg, NonNeg]]
 
 
-class BlockStates(_Request, tag="block_states"):
+class BlockStates(ExecutorRequest, tag="block_states"):
     """The worker-local state of every input block held here (NMF's user factors, LDA's topic
     assignments, each block's place in its epoch), for a checkpoint: one block header each in the
     reply, their arrays in its buffers."""
 
 
-class SetBlockStates(_Request, tag="set_block_states"):
+class SetBlockStates(ExecutorRequest, tag="set_block_states"):
     """Put the held blocks' state back from a checkpoint (headers here, arrays in the buffers)."""
 
     blocks: list[dict[str, Any]]
 
 
-class StopTraining(_Request, tag="stop_training"):
+class StopTraining(ExecutorRequest, tag="stop_training"):
     """Abandon a running clock at the next mini-batch."""
 
 
 # -- the executor itself ---------------------------------------------------------------------------
-class Status(_Request, tag="status"):
+class Status(ExecutorRequest, tag="status"):
     """pid, role, RSS, blocks, table version, service and training counters."""
 
 
-class Shutdown(_Request, tag="shutdown"):
+class Shutdown(ExecutorRequest, tag="shutdown"):
     """Reply, then stop the process cleanly."""
 
 
-class SwitchRole(_Request, tag="switch_role"):
+class SwitchRole(ExecutorRequest, tag="switch_role"):
     """Worker <-> server in place (a server must hold no model blocks first)."""
 
     role: RoleName
 
 
-class SetOwnership(_Request, tag="set_ownership"):
+class SetOwnership(ExecutorRequest, tag="set_ownership"):
     """Adopt this ownership table if it is newer (psruntime.ownership_table wire form)."""
 
     table: dict[str, Any]
 
 
-class MoveBlocks(_Request, tag="move_blocks"):
+class MoveBlocks(ExecutorRequest, tag="move_blocks"):
     """Run the two-step migration of `blocks` to `dst` as their source."""
 
     blocks: list[NonNeg]
@@ -144,8 +169,36 @@ class MoveBlocks(_Request, tag="move_blocks"):
     dst_address: str
 
 
+class Ping(ExecutorRequest, tag="ping"):
+    """Who are you (the executor's id)."""
+
+
+class TakeOwnership(ExecutorRequest, tag="take_ownership"):
+    """Migration, source -> destination: start queueing requests for `blocks`, coming from `src`."""
+
+    blocks: list[NonNeg]
+    src: str
+
+
+class BlockData(ExecutorRequest, tag="block_data"):
+    """Migration, source -> destination: a block's data (psruntime.store_service.block_data_message:
+    the non-dense `keys` with one buffer each, then the dense keys and values as two buffers) and
+    the push ids it was applied with at the source."""
+
+    block: NonNeg
+    keys: list[Key]
+    src: str = ""
+    applied: list[int] = []
+
+
+class CancelIncoming(ExecutorRequest, tag="cancel_incoming"):
+    """Migration, source -> destination: an abandoned handover; stop queueing for `blocks`."""
+
+    blocks: list[NonNeg]
+
+
 # -- checkpoints -----------------------------------------------------------------------------------
-class CheckpointBlocks(_Request, tag="checkpoint_blocks"):
+class CheckpointBlocks(ExecutorRequest, tag="checkpoint_blocks"):
     """Snapshot the owned `blocks` (all when None) in one step and return them in batches of at
     most `max_bytes`; with `cut`, the next batch of that snapshot."""
 
@@ -154,22 +207,39 @@ class CheckpointBlocks(_Request, tag="checkpoint_blocks"):
     cut: Optional[int] = None
 
 
-class RestoreBlocksData(_Request, tag="restore_blocks_data"):
+class RestoreBlocksData(ExecutorRequest, tag="restore_blocks_data"):
     """Install the blocks in the frame's buffers (descriptors here), all or nothing."""
 
     blocks: list[dict[str, Any]]
 
 
+class Checkpoint(ExecutorRequest, tag="checkpoint"):
+    """Write the owned `blocks` (all when None) into the local dir `dir` (.npz per block + manifest)."""
+
+    dir: Annotated[str, msgspec.Meta(min_length=1)]
+    blocks: Optional[list[NonNeg]] = None
+
+
+class Restore(ExecutorRequest, tag="restore"):
+    """Load `blocks` (which the table gives this executor) from the local dir `dir`."""
+
+    dir: Annotated[str, msgspec.Meta(min_length=1)]
+    blocks: list[NonNeg]
+
+
 # -- EPS: worker-to-worker input splits -----------------------------------------------------------
-class EpsJoin(_Request, tag="eps_join"):
+class EpsJoin(ExecutorRequest, tag="eps_join"):
     """A new worker joins with no splits; it receives them from the current workers."""
 
 
-class EpsSendData(_Request, tag="eps_send_data"):
+class EpsSendData(ExecutorRequest, tag="eps_send_data"):
     """Stage `splits`' input data at the worker `dst_address` (alongside training)."""
 
     splits: list[NonNeg]
     dst_address: str
+
+
+SplitSource = Literal["staged", "inactive", "message"]   # where an EPS receiver finds a split's data
 
 
 class SplitHandover(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -177,128 +247,66 @@ class SplitHandover(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     split: NonNeg
     dst_address: str
-    source: Literal["staged", "inactive", "message"]
+    source: SplitSource
 
 
-class EpsCommit(_Request, tag="eps_commit"):
+class EpsCommit(ExecutorRequest, tag="eps_commit"):
     """At a clock boundary: hand the splits (their state) over; keep inactive copies or not."""
 
     transfers: list[SplitHandover]
     keep_inactive: bool = False
 
 
-class EpsDiscardStaged(_Request, tag="eps_discard_staged"):
+class EpsDiscardStaged(ExecutorRequest, tag="eps_discard_staged"):
     """Drop data staged for abandoned transfers."""
 
     splits: list[NonNeg]
 
 
+class EpsStage(ExecutorRequest, tag="eps_stage"):
+    """Sender -> destination: keep this split's input data (a DataBlock header, arrays in the
+    buffers) staged in memory."""
+
+    split: NonNeg
+    block: dict[str, Any]
+
+
+class EpsActivate(ExecutorRequest, tag="eps_activate"):
+    """Sender -> destination: build the split from its data (in this message, staged, or its own
+    inactive copy) and the state in `block` (a DataBlock header, arrays in the buffers); train on it
+    from the next clock on."""
+
+    split: NonNeg
+    block: dict[str, Any]
+    source: SplitSource
+
+
+class EpsDatasets(ExecutorRequest, tag="eps_datasets"):
+    """Active, inactive and staged splits of this worker."""
+
+
 ControlRequest = Union[AppSetup, WorkerSetup, LoadSplits, InitModel, InitBlocks, RunClock, RunEpoch, Objective,
                        ServerObjective, Positions, SetPositions, BlockStates, SetBlockStates, StopTraining, Status,
                        Shutdown, SwitchRole, SetOwnership, MoveBlocks, CheckpointBlocks, RestoreBlocksData, EpsJoin, EpsSendData,
-                       EpsCommit, EpsDiscardStaged]
+                       EpsCommit, EpsDiscardStaged, Ping, TakeOwnership, BlockData, CancelIncoming, Checkpoint,
+                       Restore, EpsStage, EpsActivate, EpsDatasets]
 
-REQUEST_OPS: frozenset[str] = frozenset(t.__struct_config__.tag for t in ControlRequest.__args__)  # type: ignore[attr-defined]
+REQUEST_TYPES: dict[str, type[ExecutorRequest]] = {
+    t.__struct_config__.tag: t for t in ControlRequest.__args__}  # type: ignore[attr-defined]
+REQUEST_OPS: frozenset[str] = frozenset(REQUEST_TYPES)
 
-
-# -- replies the AM reads ---------------------------------------------------------------------------
-class ControlReply(msgspec.Struct, kw_only=True):
-    """Base of typed replies: unknown fields are ignored (an executor may report more)."""
-
-    op: str = "ok"
-
-
-class WorkerSetupReply(ControlReply):
-    rows: NonNeg = 0
-    data_bytes: NonNeg = 0
-    blocks: list[int] = []
-
-
-class RunClockReply(ControlReply):
-    """What a worker ran in one clock (its per-mini-batch times come as two float64 buffers), and
-    where each of its input blocks is now, {block: [epoch, next_row]} (where a replacement would
-    start the next clock from)."""
-
-    epoch: NonNeg = 0
-    batches: NonNeg = 0
-    epoch_done: bool = True
-    compute_s: float = 0.0
-    comm_s: float = 0.0
-    seconds: float = 0.0
-    positions: dict[str, tuple[NonNeg, NonNeg]] = {}
-
-
-class ObjectiveReply(ControlReply):
-    value: float
-    count: NonNeg = 0
-
-
-class PositionsReply(ControlReply):
-    positions: dict[str, tuple[int, int]] = {}
-
-
-class BlockStatesReply(ControlReply):
-    """Block headers (psruntime.apps.blocks.DataBlock.to_buffers) of the held blocks' state."""
-
-    blocks: list[dict[str, Any]] = []
-
-
-class SpillFigures(msgspec.Struct, kw_only=True):
-    """A spilling executor's figures: a worker's disk block ratio (None on a server), the bytes of
-    its spill files, its cumulative load stall seconds and block loads, and the model blocks a
-    server has on disk now, and how often it spilled and reloaded them."""
-
-    alpha: Optional[float] = None
-    spilled_bytes: NonNeg = 0
-    stall_s: float = 0.0
-    loads: NonNeg = 0
-    disk_blocks: NonNeg = 0
-    peak_rss_bytes: NonNeg = 0
-    model_blocks_spilled: NonNeg = 0
-    model_spills: NonNeg = 0
-    model_reloads: NonNeg = 0
-
-
-class StatusReply(ControlReply):
-    """The fields of an executor's status the AM uses (it reports more; see psruntime.executor)."""
-
-    executor_id: str = ""
-    pid: int = 0
-    role: str = ""
-    rss_bytes: NonNeg = 0
-    blocks: list[int] = []
-    store_bytes: NonNeg = 0
-    data_requests: NonNeg = 0
-    busy_s: Optional[float] = None
-    bytes_served: Optional[float] = None
-    link_bps: Optional[float] = None
-    host: str = ""                              # the machine the executor runs on (its hostname)
-    host_cores: Optional[int] = None            # CPU cores the executor's process may run on
-    train_counters: dict[str, float] = {}
-    spill: Optional[SpillFigures] = None        # an executor of a job with spill (psruntime.worker_spill)
-
-
-class CheckpointBlocksReply(ControlReply):
-    """One batch of a server's checkpoint cut `cut`: `blocks` describes the blocks whose arrays are
-    the frame's buffers (psruntime.checkpoint.pack_blocks); `remaining`: blocks still to come."""
-
-    cut: int
-    num_blocks: NonNeg
-    blocks: list[dict[str, Any]]
-    remaining: list[int] = []
-    table_version: int = -1
-
-
-class EpsSendDataReply(ControlReply):
-    splits: list[int] = []
-    bytes: NonNeg = 0
-
-
-class EpsCommitReply(ControlReply):
-    done: list[int] = []
-    failed: dict[str, str] = {}
-    bytes: NonNeg = 0
-    active: list[int] = []
+# The reply record of each request.
+REPLY_TYPES: dict[type[ExecutorRequest], type[ControlReply]] = {
+    AppSetup: AppSetupReply, WorkerSetup: WorkerSetupReply, LoadSplits: WorkerSetupReply, InitModel: InitModelReply,
+    InitBlocks: InitBlocksReply, RunClock: RunClockReply, RunEpoch: RunEpochReply, Objective: ObjectiveReply,
+    ServerObjective: ServerObjectiveReply, Positions: PositionsReply, SetPositions: SetPositionsReply,
+    BlockStates: BlockStatesReply, SetBlockStates: BlocksReply, StopTraining: Ok, Status: StatusReply,
+    Shutdown: Ok, SwitchRole: SwitchRoleReply, SetOwnership: SetOwnershipReply, MoveBlocks: MoveBlocksReply,
+    CheckpointBlocks: CheckpointBlocksReply, RestoreBlocksData: BlocksReply, EpsJoin: EpsJoinReply,
+    EpsSendData: EpsSendDataReply, EpsCommit: EpsCommitReply, EpsDiscardStaged: Ok, Ping: PingReply,
+    TakeOwnership: Ok, BlockData: Ok, CancelIncoming: Ok, Checkpoint: CheckpointReply, Restore: BlocksReply,
+    EpsStage: EpsStageReply, EpsActivate: EpsActivateReply, EpsDatasets: EpsDatasetsReply,
+}
 
 
 class ControlMessageError(ValueError):
@@ -306,9 +314,10 @@ class ControlMessageError(ValueError):
 
 
 R = TypeVar("R", bound=ControlReply)
+Q = TypeVar("Q", bound=ExecutorRequest)
 
 
-def to_header(request: ControlRequest) -> dict[str, Any]:
+def to_header(request: ExecutorRequest) -> dict[str, Any]:
     """The frame header for `request` ({"op": tag, ...fields}, defaults left out)."""
     out: dict[str, Any] = msgspec.to_builtins(request)
     return out
@@ -321,6 +330,21 @@ def decode_request(header: Mapping[str, Any]) -> ControlRequest:
     except msgspec.ValidationError as e:
         raise ControlMessageError(f"{header.get('op')!r}: {e}") from None
     return request
+
+
+def decode_as(header: Mapping[str, Any], kind: type[Q]) -> Q:
+    """`header` (its data-plane "id" left out) decoded as the request `kind`; ControlMessageError
+    naming the op and the bad field."""
+    try:
+        return msgspec.convert({k: v for k, v in header.items() if k != "id"}, kind)
+    except msgspec.ValidationError as e:
+        raise ControlMessageError(f"{header.get('op')!r}: {e}") from None
+
+
+def encode_reply(reply: ControlReply | ErrorReply) -> dict[str, Any]:
+    """The frame header of a reply record."""
+    out: dict[str, Any] = msgspec.to_builtins(reply)
+    return out
 
 
 def decode_reply(header: Mapping[str, Any], kind: type[R]) -> R:

@@ -1,7 +1,8 @@
 """The ML side of an executor: the control ops with which the PS AM drives training.
 
 An executor serves the elastic store either way; these ops add the app on top (registered on the
-executor's op table, see `Executor.extra_ops`):
+executor's op table by request type, see `Executor.register_ops`; each handler takes its
+record of protocol.executor_ops and returns its reply record):
 
     app_setup {app, preset, data, hparams}   bind the ML app (servers need it for their objective part)
     worker_setup {partition, num_partitions} generate this worker's input partition
@@ -43,18 +44,19 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable
 
+import msgspec
 import numpy as np
 
 from psruntime.apps.base import AppConfigError, KeyValues, Partition, PSApp, StepContext
 from psruntime.apps.blocks import BlockFormatError, DataBlock
 from psruntime.apps.random_streams import partition_block_range
 from psruntime.apps.registry import UserCodeError, create_app, is_user_app
-from psruntime.dataplane import Reply, RequestError
-from psruntime.frame_codec import Frame
+from protocol import executor_ops as ctl
+from psruntime.control_ops import Answer, Arrays, Handler, OpTable, Outcome, bind, table
+from psruntime.dataplane import RequestError
 from psruntime.model_spill import ModelSpillMonitor
-from psruntime.request_fields import int_field
 from psruntime.store_client import StoreClient, StoreClientError
 from psruntime.training_pipeline import (StepTimes, SubtaskRunner, TrainingPipeline, TrainingStopped, block_position,
                                          epoch_position, init_blocks, init_model, set_epoch_position)
@@ -65,8 +67,6 @@ _RUNTIME_ERRORS = (RequestError, UserCodeError, StoreClientError, ConnectionErro
 
 if TYPE_CHECKING:  # the executor imports this module, not the other way round at run time
     from psruntime.executor import Executor
-
-Op = Callable[[Frame], "Reply | Awaitable[Reply]"]
 
 
 class AppRole:
@@ -84,16 +84,16 @@ class AppRole:
         self.spill: WorkerSpill | None = None      # with the job's spill_alpha (psruntime.worker_spill)
         self.model_spill: ModelSpillMonitor | None = None   # ... and a server's model blocks (psruntime.model_spill)
 
-    def ops(self) -> dict[str, Op]:
-        return {name: self._reporting_user_errors(op) for name, op in self._ops().items()}
+    def ops(self) -> OpTable:
+        return {kind: self._reporting_user_errors(op) for kind, op in self._ops().items()}
 
-    def _reporting_user_errors(self, op: Op) -> Op:
+    def _reporting_user_errors(self, op: Handler) -> Handler:
         """`op`, answering an exception that a user app's code raised as UserCodeError with its
         traceback (the AM fails the job with it: the executor is alive, the code is wrong). The
         runtime's own errors -- a bad request, a lost peer, a stopped step -- pass as they are."""
-        def call(frame: Frame) -> "Reply | Awaitable[Reply]":
+        def call(request: ctl.ExecutorRequest, arrays: Arrays) -> Outcome:
             try:
-                result = op(frame)
+                result = op(request, arrays)
             except Exception as e:  # noqa: BLE001 - re-raised, or wrapped with its traceback
                 raise self._user_error(e) from e
             if not inspect.isawaitable(result):
@@ -101,7 +101,7 @@ class AppRole:
             return self._awaiting(result)
         return call
 
-    async def _awaiting(self, result: Awaitable[Reply]) -> Reply:
+    async def _awaiting(self, result: Awaitable[Answer]) -> Answer:
         try:
             return await result
         except Exception as e:  # noqa: BLE001 - re-raised, or wrapped with its traceback
@@ -112,13 +112,14 @@ class AppRole:
             return e
         return UserCodeError(f"app {self.app_name} on {self.executor.executor_id}", e)
 
-    def _ops(self) -> dict[str, Op]:
-        return {"app_setup": self.app_setup, "worker_setup": self.worker_setup, "load_splits": self.load_splits,
-                "init_model": self.init_model,
-                "init_blocks": self.init_blocks, "run_epoch": self.run_epoch, "run_clock": self.run_clock,
-                "positions": self.positions, "set_positions": self.set_positions, "objective": self.objective,
-                "server_objective": self.server_objective, "stop_training": self.stop_training,
-                "block_states": self.block_states, "set_block_states": self.set_block_states}
+    def _ops(self) -> OpTable:
+        return table(bind(ctl.AppSetup, self.app_setup), bind(ctl.WorkerSetup, self.worker_setup),
+                     bind(ctl.LoadSplits, self.load_splits), bind(ctl.InitModel, self.init_model),
+                     bind(ctl.InitBlocks, self.init_blocks), bind(ctl.RunEpoch, self.run_epoch),
+                     bind(ctl.RunClock, self.run_clock), bind(ctl.Positions, self.positions),
+                     bind(ctl.SetPositions, self.set_positions), bind(ctl.Objective, self.objective),
+                     bind(ctl.ServerObjective, self.server_objective), bind(ctl.StopTraining, self.stop_training),
+                     bind(ctl.BlockStates, self.block_states), bind(ctl.SetBlockStates, self.set_block_states))
 
     @property
     def counters(self) -> dict[str, int]:
@@ -141,23 +142,17 @@ class AppRole:
         return self._busy
 
     # -- setup -------------------------------------------------------------------------------
-    def app_setup(self, frame: Frame) -> Reply:
-        h = frame.header
-        name = h.get("app")
-        if not isinstance(name, str):
-            raise RequestError("field 'app' must be an app name")
-        for f in ("data", "hparams"):
-            if not isinstance(h.get(f, {}), dict):
-                raise RequestError(f"field {f!r} must be an object")
+    def app_setup(self, req: ctl.AppSetup, arrays: Arrays) -> Answer:
+        name = req.app
         try:
-            self.app = create_app(name, h.get("data") or {}, h.get("hparams") or {}, preset=h.get("preset"))
+            self.app = create_app(name, req.data, req.hparams, preset=req.preset)
         except AppConfigError as e:
             raise RequestError(str(e)) from None
         except UserCodeError as e:   # the user's import or constructor: its traceback goes to the AM
             raise UserCodeError(f"{e.what} on {self.executor.executor_id}", e.__cause__ or e) from None
         self.app_name = name
         try:
-            mode = parse_mode(h.get("spill_alpha"))
+            mode = parse_mode(req.spill_alpha)
         except ValueError as e:
             raise RequestError(str(e)) from None
         if mode is not None and self.spill is None:
@@ -166,7 +161,7 @@ class AppRole:
             self.model_spill = ModelSpillMonitor(self.executor.service, self.spill.reloader.store,
                                                  self.spill.limit_bytes, self.spill.rss)
             self.model_spill.start()
-        return {"op": "ok", "describe": self.app.describe()}, ()
+        return ctl.AppSetupReply(describe=self.app.describe()), ()
 
     def _need_app(self) -> PSApp:
         if self.app is None:
@@ -180,10 +175,9 @@ class AppRole:
         self.store.set_table(self.executor.service.table)
         return self.store
 
-    def worker_setup(self, frame: Frame) -> Reply:
+    def worker_setup(self, req: ctl.WorkerSetup, arrays: Arrays) -> Answer:
         app = self._need_app()
-        n = int_field(frame.header, "num_partitions", 1)
-        i = int_field(frame.header, "partition", 0)
+        n, i = req.num_partitions, req.partition
         if i >= n:
             raise RequestError(f"partition {i} is out of range for {n} partitions")
         if self.spill is not None:
@@ -193,16 +187,15 @@ class AppRole:
         self.blocks = part.blocks
         if self.store is None:
             self.store = StoreClient(self.executor.service.table, self.executor.client)
-        return {"op": "ok", "rows": part.num_rows, "data_bytes": part.nbytes,
-                "blocks": [b.block_index for b in part.blocks]}, ()
+        return ctl.WorkerSetupReply(rows=part.num_rows, data_bytes=part.nbytes,
+                                    blocks=[b.block_index for b in part.blocks]), ()
 
-    async def load_splits(self, frame: Frame) -> Reply:
+    async def load_splits(self, req: ctl.LoadSplits, arrays: Arrays) -> Answer:
         """Generate (or read) exactly the given input blocks, in split order, as this worker's
         active splits; their positions start at (0, 0) until `set_positions`."""
         app = self._need_app()
-        wanted = frame.header.get("blocks")
-        if (not isinstance(wanted, list) or
-                not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < app.num_blocks for b in wanted)):
+        wanted = req.blocks
+        if not all(b < app.num_blocks for b in wanted):
             raise RequestError(f"field 'blocks' must be a list of input blocks below {app.num_blocks}")
         async with self._busy:
             if self.spill is not None:
@@ -212,75 +205,66 @@ class AppRole:
             app.release_generation_caches()
         if self.store is None:
             self.store = StoreClient(self.executor.service.table, self.executor.client)
-        return {"op": "ok", "rows": sum(b.num_rows for b in self.blocks), "data_bytes": self.data_bytes(),
-                "blocks": [b.block_index for b in self.blocks]}, ()
+        return ctl.WorkerSetupReply(rows=sum(b.num_rows for b in self.blocks), data_bytes=self.data_bytes(),
+                                    blocks=[b.block_index for b in self.blocks]), ()
 
-    async def init_model(self, frame: Frame) -> Reply:
+    async def init_model(self, req: ctl.InitModel, arrays: Arrays) -> Answer:
         app, store = self._need_app(), self._need_store()
         await init_model(store, app)
-        return {"op": "ok", "keys": app.num_keys}, ()
+        return ctl.InitModelReply(keys=app.num_keys), ()
 
-    async def init_blocks(self, frame: Frame) -> Reply:
+    async def init_blocks(self, req: ctl.InitBlocks, arrays: Arrays) -> Answer:
         app, store = self._need_app(), self._need_store()
         if self.spill is not None:
             await self.spill.init_blocks(store, app, self.blocks)
         else:
             await init_blocks(store, app, self.blocks)
-        return {"op": "ok", "blocks": len(self.blocks)}, ()
+        return ctl.InitBlocksReply(blocks=len(self.blocks)), ()
 
     # -- training ----------------------------------------------------------------------------
-    def _clock_header(self, frame: Frame) -> tuple[int, StepContext, str | None]:
-        epoch = int_field(frame.header, "epoch", 0)
-        ctx = StepContext(epoch=epoch, num_workers=int_field(frame.header, "num_workers", 1))
-        count_key = frame.header.get("count_key")
-        if count_key is not None and not isinstance(count_key, str):
-            raise RequestError("field 'count_key' must be a string key")
-        return epoch, ctx, count_key
-
-    async def run_clock(self, frame: Frame) -> Reply:
+    async def run_clock(self, req: ctl.RunClock, arrays: Arrays) -> Answer:
         """One clock: the next `batches` mini-batches of the epoch, flushed (see the module doc)."""
         app, store = self._need_app(), self._need_store()
-        epoch, ctx, count_key = self._clock_header(frame)
-        limit = int_field(frame.header, "batches", 1)
+        ctx = StepContext(epoch=req.epoch, num_workers=req.num_workers)
         if self._busy.locked():
             raise RequestError("a clock is already running on this executor")
         async with self._busy:
             t_start = time.perf_counter()
-            times = await self._run_batches(app, store, ctx, count_key, limit)
-            done = all(epoch_position(b, epoch) >= b.num_rows for b in self.blocks)
-            header, arrays = _step_reply(epoch, done, times, t_start)
-            self._after_step(header)
-            header["positions"] = {str(b.block_index): list(block_position(b)) for b in self.blocks}
-        return header, arrays
+            times = await self._run_batches(app, store, ctx, req.count_key, req.batches)
+            done = all(epoch_position(b, req.epoch) >= b.num_rows for b in self.blocks)
+            reply = ctl.RunClockReply(**_step_figures(req.epoch, done, times, t_start))
+            reply.spill = self._after_step(reply.seconds)
+            reply.positions = {str(b.block_index): block_position(b) for b in self.blocks}
+        return reply, _step_arrays(times)
 
-    async def run_epoch(self, frame: Frame) -> Reply:
+    async def run_epoch(self, req: ctl.RunEpoch, arrays: Arrays) -> Answer:
         """The rest of the epoch (all of it, unless clocks of it ran already) in one op."""
         app, store = self._need_app(), self._need_store()
-        epoch, ctx, count_key = self._clock_header(frame)
-        with_objective = bool(frame.header.get("with_objective", False))
+        ctx = StepContext(epoch=req.epoch, num_workers=req.num_workers)
         if self._busy.locked():
             raise RequestError("an epoch is already running on this executor")
         async with self._busy:
             t_start = time.perf_counter()
-            times = await self._run_batches(app, store, ctx, count_key, None)
-            header, arrays = _step_reply(epoch, True, times, t_start)
-            self._after_step(header)
-            if with_objective:
+            times = await self._run_batches(app, store, ctx, req.count_key, None)
+            reply = ctl.RunEpochReply(**_step_figures(req.epoch, True, times, t_start))
+            reply.spill = self._after_step(reply.seconds)
+            if req.with_objective:
                 part = await self.pipeline.objective(app, store, self.blocks)
-                header["objective"] = [part.value, part.count]
-        return header, arrays
+                reply.objective = (part.value, part.count)
+        return reply, _step_arrays(times)
 
-    def _after_step(self, header: dict[str, Any]) -> None:
-        """With spill: the step's stall time and alpha in the reply, alpha tuned for the next step."""
-        if self.spill is not None:
-            header["spill"] = self.spill.after_step(self.blocks, float(header["seconds"]))
+    def _after_step(self, seconds: float) -> ctl.SpillFigures | None:
+        """With spill: the step's stall time and alpha for the reply, alpha tuned for the next step."""
+        if self.spill is None:
+            return None
+        return msgspec.convert(self.spill.after_step(self.blocks, seconds), ctl.SpillFigures)
 
     def materialize(self, block: DataBlock) -> None:
         """Bring a spilled block's data back into memory for good (before it leaves this worker)."""
         if self.spill is not None:
             self.spill.reloader.materialize(block)
 
-    def spill_figures(self) -> dict[str, Any] | None:
+    def spill_figures(self) -> ctl.SpillFigures | None:
         """alpha, bytes spilled, stall seconds ... of this worker, or a server's bytes and model
         blocks spilled (None without spill)."""
         if self.spill is None:
@@ -289,7 +273,7 @@ class AppRole:
         if self.model_spill is not None:
             figures.update(self.model_spill.figures())
         figures["spilled_bytes"] = self.spill.reloader.store.nbytes()    # input and model files
-        return figures
+        return msgspec.convert(figures, ctl.SpillFigures)
 
     async def _run_batches(self, app: PSApp, store: StoreClient, ctx: StepContext, count_key: str | None,
                            limit: int | None) -> StepTimes:
@@ -300,30 +284,28 @@ class AppRole:
         except TrainingStopped as e:
             raise RequestError(str(e)) from None
 
-    async def block_states(self, frame: Frame) -> Reply:
+    async def block_states(self, req: ctl.BlockStates, arrays: Arrays) -> Answer:
         """The worker-local state of every held block, for a checkpoint: one block header each
         (DataBlock.to_buffers of the block without its input data), the arrays in the buffers."""
         headers: list[dict[str, Any]] = []
-        arrays: list[np.ndarray] = []
+        out: list[np.ndarray] = []
         async with self._busy:         # at a clock boundary: no training step changes the state
             for b in self.blocks:
                 h, bufs = DataBlock(b.app, b.block_index, b.row_start, b.num_rows, {}, b.state).to_buffers()
                 headers.append(h)
-                arrays.extend(np.ascontiguousarray(x) for x in bufs)
-        return {"op": "ok", "blocks": headers}, arrays
+                out.extend(np.ascontiguousarray(x) for x in bufs)
+        return ctl.BlockStatesReply(blocks=headers), out
 
-    async def set_block_states(self, frame: Frame) -> Reply:
+    async def set_block_states(self, req: ctl.SetBlockStates, arrays: Arrays) -> Answer:
         """Put held blocks' state back from a checkpoint (all of them or none)."""
-        headers = frame.header.get("blocks")
-        if not isinstance(headers, list):
-            raise RequestError("field 'blocks' must be a list of block headers")
+        headers = req.blocks
         held = {b.block_index: b for b in self.blocks}
         states: list[tuple[DataBlock, dict[str, np.ndarray]]] = []
         at = 0
         for h in headers:
-            n = len(h.get("arrays", [])) if isinstance(h, dict) else 0
+            n = len(h.get("arrays", []))
             try:
-                incoming = DataBlock.from_buffers(h, frame.arrays[at:at + n])
+                incoming = DataBlock.from_buffers(h, arrays[at:at + n])
             except BlockFormatError as e:
                 raise RequestError(f"bad block state: {e}") from None
             at += n
@@ -334,24 +316,20 @@ class AppRole:
         async with self._busy:
             for block, state in states:
                 block.state = state
-        return {"op": "ok", "blocks": [b.block_index for b, _ in states]}, ()
+        return ctl.BlocksReply(blocks=[b.block_index for b, _ in states]), ()
 
-    def positions(self, frame: Frame) -> Reply:
+    def positions(self, req: ctl.Positions, arrays: Arrays) -> Answer:
         """Each block's position in the epoch: {block: [epoch, next_row]} (for a restart)."""
-        return {"op": "ok", "positions": {str(b.block_index): list(block_position(b)) for b in self.blocks}}, ()
+        return ctl.PositionsReply(positions={str(b.block_index): block_position(b) for b in self.blocks}), ()
 
-    async def set_positions(self, frame: Frame) -> Reply:
+    async def set_positions(self, req: ctl.SetPositions, arrays: Arrays) -> Answer:
         """Set the positions of the blocks held here that appear in {block: [epoch, next_row]}
         (a restarted job continues the epoch where the old one stopped)."""
-        given = frame.header.get("positions")
-        if not isinstance(given, dict):
-            raise RequestError("field 'positions' must be an object {block: [epoch, next_row]}")
         parsed: dict[int, tuple[int, int]] = {}
-        for k, v in given.items():
-            if (not isinstance(k, str) or not k.isdigit() or not isinstance(v, list) or len(v) != 2
-                    or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)):
-                raise RequestError(f"bad position {k!r}: {v!r} (want \"<block>\": [epoch, next_row])")
-            parsed[int(k)] = (v[0], v[1])
+        for k, v in req.positions.items():
+            if not k.isdigit():
+                raise RequestError(f"bad position {k!r}: {list(v)!r} (want \"<block>\": [epoch, next_row])")
+            parsed[int(k)] = v
         async with self._busy:
             applied = 0
             for b in self.blocks:
@@ -359,14 +337,14 @@ class AppRole:
                     e, row = parsed[b.block_index]
                     set_epoch_position(b, e, min(row, b.num_rows))
                     applied += 1
-        return {"op": "ok", "applied": applied}, ()
+        return ctl.SetPositionsReply(applied=applied), ()
 
-    async def objective(self, frame: Frame) -> Reply:
+    async def objective(self, req: ctl.Objective, arrays: Arrays) -> Answer:
         app, store = self._need_app(), self._need_store()
         part = await self.pipeline.objective(app, store, self.blocks)
-        return {"op": "ok", "value": part.value, "count": part.count}, ()
+        return ctl.ObjectiveReply(value=part.value, count=part.count), ()
 
-    def server_objective(self, frame: Frame) -> Reply:
+    def server_objective(self, req: ctl.ServerObjective, arrays: Arrays) -> Answer:
         app = self._need_app()
         store = self.executor.service.store
         # Block by block (the server part is additive over keys): concatenating and sorting every
@@ -377,18 +355,19 @@ class AppRole:
             if data.values is not None and len(data.keys):
                 value += float(app.server_objective(KeyValues(data.keys, data.values)))
                 count += len(data.keys)
-        return {"op": "ok", "value": value, "keys": count}, ()
+        return ctl.ServerObjectiveReply(value=value, keys=count), ()
 
-    def stop_training(self, frame: Frame) -> Reply:
+    def stop_training(self, req: ctl.StopTraining, arrays: Arrays) -> Answer:
         self.stop.set()
-        return {"op": "ok"}, ()
+        return ctl.Ok(), ()
 
 
-def _step_reply(epoch: int, done: bool, times: StepTimes, t_start: float) -> Reply:
-    """A run_clock / run_epoch reply: counts and sums in the header, the per-mini-batch compute and
-    communication times as two float64 buffers."""
-    header: dict[str, Any] = {
-        "op": "ok", "epoch": epoch, "batches": times.batches, "epoch_done": done,
-        "compute_s": float(sum(times.compute)), "comm_s": float(sum(times.comm)),
-        "seconds": time.perf_counter() - t_start}
-    return header, [np.asarray(times.compute, np.float64), np.asarray(times.comm, np.float64)]
+def _step_figures(epoch: int, done: bool, times: StepTimes, t_start: float) -> dict[str, Any]:
+    """A run_clock / run_epoch reply's counts and sums."""
+    return {"epoch": epoch, "batches": times.batches, "epoch_done": done, "compute_s": float(sum(times.compute)),
+            "comm_s": float(sum(times.comm)), "seconds": time.perf_counter() - t_start}
+
+
+def _step_arrays(times: StepTimes) -> list[np.ndarray]:
+    """The per-mini-batch compute and communication times: a step reply's two float64 buffers."""
+    return [np.asarray(times.compute, np.float64), np.asarray(times.comm, np.float64)]

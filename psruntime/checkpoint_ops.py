@@ -10,13 +10,12 @@ format), registered on the executor's control channel like psruntime.app_role's 
 """
 from __future__ import annotations
 
-from typing import Callable
-
+from protocol import executor_ops as ctl
 from psruntime.checkpoint import (CheckpointCut, CheckpointError, install_blocks, pack_blocks, restore_blocks,
                                   save_blocks, unpack_blocks)
-from psruntime.dataplane import Reply, RequestError
-from psruntime.frame_codec import DEFAULT_MAX_BODY_BYTES, Frame
-from psruntime.request_fields import int_list_field, str_field
+from psruntime.control_ops import Answer, Arrays, OpTable, bind, table
+from psruntime.dataplane import RequestError
+from psruntime.frame_codec import DEFAULT_MAX_BODY_BYTES
 from psruntime.store_service import StoreService
 
 CHECKPOINT_BATCH_BYTES = 64 << 20    # default size of one checkpoint_blocks reply's buffers
@@ -31,27 +30,25 @@ class CheckpointOps:
         self._cut: CheckpointCut | None = None
         self._cut_ids = 0
 
-    def ops(self) -> dict[str, Callable[[Frame], Reply]]:
-        return {"checkpoint_blocks": self.checkpoint_blocks, "restore_blocks_data": self.restore_blocks_data,
-                "checkpoint": self.checkpoint, "restore": self.restore}
+    def ops(self) -> OpTable:
+        return table(bind(ctl.CheckpointBlocks, self.checkpoint_blocks),
+                     bind(ctl.RestoreBlocksData, self.restore_blocks_data),
+                     bind(ctl.Checkpoint, self.checkpoint), bind(ctl.Restore, self.restore))
 
     def _check_owned(self, blocks: list[int], refusal: str) -> None:
         not_owned = sorted(set(blocks) - set(self.service.owned_blocks()))
         if not_owned:
             raise RequestError(f"blocks {not_owned} {refusal}")
 
-    def checkpoint_blocks(self, frame: Frame) -> Reply:
-        h = frame.header
-        max_bytes = h.get("max_bytes", CHECKPOINT_BATCH_BYTES)
-        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes <= 0:
-            raise RequestError(f"field 'max_bytes' must be a positive int, got {max_bytes!r}")
-        if "cut" in h:          # the next batch of a cut this executor is sending
+    def checkpoint_blocks(self, req: ctl.CheckpointBlocks, arrays: Arrays) -> Answer:
+        max_bytes = req.max_bytes if req.max_bytes is not None else CHECKPOINT_BATCH_BYTES
+        if req.cut is not None:          # the next batch of a cut this executor is sending
             cut = self._cut
-            if cut is None or h["cut"] != cut.cut_id:
-                raise RequestError(f"no checkpoint cut {h['cut']!r} in progress on {self.executor_id} "
+            if cut is None or req.cut != cut.cut_id:
+                raise RequestError(f"no checkpoint cut {req.cut!r} in progress on {self.executor_id} "
                                    f"(it was sent completely or a newer one replaced it)")
         else:
-            blocks = int_list_field(h, "blocks") if "blocks" in h else self.service.owned_blocks()
+            blocks = req.blocks if req.blocks is not None else self.service.owned_blocks()
             self._check_owned(blocks, f"are not owned by {self.executor_id}")
             # Synchronous on purpose: all blocks are taken in one step, so the cut is consistent;
             # the store's copy-on-write keeps the views intact while later batches are sent.
@@ -65,33 +62,33 @@ class CheckpointOps:
             raise RequestError(str(e)) from None
         if not cut.pending:
             self._cut = None     # sent completely: let go of the snapshot's views
-        descs, arrays = pack_blocks(batch)
-        return {"op": "ok", "cut": cut.cut_id, "blocks": descs, "remaining": cut.remaining,
-                "table_version": cut.table_version, "num_blocks": self.service.store.num_blocks}, arrays
+        descs, out = pack_blocks(batch)
+        return ctl.CheckpointBlocksReply(cut=cut.cut_id, blocks=descs, remaining=cut.remaining,
+                                         table_version=cut.table_version,
+                                         num_blocks=self.service.store.num_blocks), out
 
-    def restore_blocks_data(self, frame: Frame) -> Reply:
+    def restore_blocks_data(self, req: ctl.RestoreBlocksData, arrays: Arrays) -> Answer:
         try:
-            items = unpack_blocks(frame.header.get("blocks"), frame.arrays, self.service.store.num_blocks)
+            items = unpack_blocks(req.blocks, arrays, self.service.store.num_blocks)
         except CheckpointError as e:
             raise RequestError(str(e)) from None
         blocks = [b for b, _ in items]
         self._check_owned(blocks, f"are not assigned to {self.executor_id}; set ownership first")
         install_blocks(self.service.store, items)     # all or nothing
         self.service.applied_pushes.forget(blocks)    # their epochs after the checkpoint are trained again
-        return {"op": "ok", "blocks": blocks}, ()
+        return ctl.BlocksReply(blocks=blocks), ()
 
-    def checkpoint(self, frame: Frame) -> Reply:
-        directory = str_field(frame.header, "dir")
-        blocks = int_list_field(frame.header, "blocks") if "blocks" in frame.header else self.service.owned_blocks()
+    def checkpoint(self, req: ctl.Checkpoint, arrays: Arrays) -> Answer:
+        directory = req.dir
+        blocks = req.blocks if req.blocks is not None else self.service.owned_blocks()
         self._check_owned(blocks, f"are not owned by {self.executor_id}")
         # Synchronous on purpose: no update interleaves, so the checkpoint is a consistent cut.
         path = save_blocks(self.service.store, blocks, directory, self.executor_id, self.service.table.version)
-        return {"op": "ok", "manifest": str(path), "blocks": blocks}, ()
+        return ctl.CheckpointReply(manifest=str(path), blocks=blocks), ()
 
-    def restore(self, frame: Frame) -> Reply:
-        directory = str_field(frame.header, "dir")
-        blocks = int_list_field(frame.header, "blocks")
+    def restore(self, req: ctl.Restore, arrays: Arrays) -> Answer:
+        directory, blocks = req.dir, req.blocks
         self._check_owned(blocks, f"are not assigned to {self.executor_id}; set ownership first")
         restore_blocks(self.service.store, blocks, directory)
         self.service.applied_pushes.forget(blocks)
-        return {"op": "ok", "blocks": blocks}, ()
+        return ctl.BlocksReply(blocks=blocks), ()

@@ -26,36 +26,27 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from protocol import executor_ops as ctl
 from psruntime.apps.blocks import BlockFormatError, DataBlock
-from psruntime.dataplane import Reply, RequestError
+from psruntime.control_ops import Answer, Arrays, OpTable, bind, table
+from psruntime.dataplane import RequestError
 from psruntime.eps_inactive_store import InactiveSplits, InactiveStoreError
-from psruntime.frame_codec import Frame
 from psruntime.store_client import StoreClient
 
 if TYPE_CHECKING:
     from psruntime.app_role import AppRole
 
-Op = Callable[[Frame], "Reply | Awaitable[Reply]"]
-SOURCES = ("message", "staged", "inactive")
 INACTIVE_DIR = "eps-inactive"
 
 
-def _split_list(h: dict[str, Any], name: str) -> list[int]:
-    v = h.get(name)
-    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
-        raise RequestError(f"field {name!r} must be a list of split indices")
-    return v
-
-
-def _address(h: dict[str, Any], name: str) -> str:
-    v = h.get(name)
-    if not isinstance(v, str) or ":" not in v:
-        raise RequestError(f"field {name!r} must be a host:port address, got {v!r}")
-    return v
+def _address(value: str, name: str) -> str:
+    if ":" not in value:
+        raise RequestError(f"field {name!r} must be a host:port address, got {value!r}")
+    return value
 
 
 def part_buffers(block: DataBlock, part: str) -> tuple[dict[str, Any], list[np.ndarray]]:
@@ -80,10 +71,11 @@ class EpsWorkerOps:
         self.sent_bytes = 0
         self.received_bytes = 0
 
-    def ops(self) -> dict[str, Op]:
-        return {"eps_join": self.join, "eps_send_data": self.send_data, "eps_stage": self.stage,
-                "eps_commit": self.commit, "eps_activate": self.activate,
-                "eps_discard_staged": self.discard_staged, "eps_datasets": self.datasets}
+    def ops(self) -> OpTable:
+        return table(bind(ctl.EpsJoin, self.join), bind(ctl.EpsSendData, self.send_data),
+                     bind(ctl.EpsStage, self.stage), bind(ctl.EpsCommit, self.commit),
+                     bind(ctl.EpsActivate, self.activate), bind(ctl.EpsDiscardStaged, self.discard_staged),
+                     bind(ctl.EpsDatasets, self.datasets))
 
     def _active(self, split: int) -> DataBlock:
         for b in self.role.blocks:
@@ -92,57 +84,45 @@ class EpsWorkerOps:
         raise RequestError(f"split {split} is not in the active dataset of {self.role.executor.executor_id}")
 
     # -- a worker joins ---------------------------------------------------------------------
-    def join(self, frame: Frame) -> Reply:
+    def join(self, req: ctl.EpsJoin, arrays: Arrays) -> Answer:
         if self.role.app is None:
             raise RequestError("no app set up on this executor (send app_setup first)")
         if self.role.store is None:
             self.role.store = StoreClient(self.role.executor.service.table, self.role.executor.client)
-        return {"op": "ok", "splits": [b.block_index for b in self.role.blocks]}, ()
+        return ctl.EpsJoinReply(splits=[b.block_index for b in self.role.blocks]), ()
 
     # -- sender ------------------------------------------------------------------------------
-    async def send_data(self, frame: Frame) -> Reply:
-        splits = _split_list(frame.header, "splits")
-        dst = _address(frame.header, "dst_address")
+    async def send_data(self, req: ctl.EpsSendData, arrays: Arrays) -> Answer:
+        splits = req.splits
+        dst = _address(req.dst_address, "dst_address")
         blocks = [self._active(s) for s in splits]          # validate all before sending any
         client = self.role.executor.client
         sent = 0
         for b in blocks:
             self.role.materialize(b)                     # a spilled split's data comes back first
             # Input data never changes, so it can travel while the epoch trains on it.
-            header, arrays = part_buffers(b, "data")
-            await client.request(dst, {"op": "eps_stage", "split": b.block_index, "block": header}, arrays)
-            sent += sum(a.nbytes for a in arrays)
+            header, data = part_buffers(b, "data")
+            await client.request(dst, ctl.to_header(ctl.EpsStage(split=b.block_index, block=header)), data)
+            sent += sum(a.nbytes for a in data)
         self.sent_bytes += sent
-        return {"op": "ok", "splits": splits, "bytes": sent}, ()
+        return ctl.EpsSendDataReply(splits=splits, bytes=sent), ()
 
-    async def commit(self, frame: Frame) -> Reply:
-        h = frame.header
-        items = h.get("transfers")
-        if not isinstance(items, list) or not items:
+    async def commit(self, req: ctl.EpsCommit, arrays: Arrays) -> Answer:
+        if not req.transfers:
             raise RequestError("field 'transfers' must be a non-empty list")
-        plan: list[tuple[int, str, str]] = []
-        for t in items:
-            if not isinstance(t, dict):
-                raise RequestError("each transfer must be an object {split, dst_address, source}")
-            split = t.get("split")
-            if not isinstance(split, int) or isinstance(split, bool):
-                raise RequestError("transfer field 'split' must be an int")
-            source = t.get("source")
-            if source not in SOURCES:
-                raise RequestError(f"transfer field 'source' must be one of {SOURCES}, got {source!r}")
-            plan.append((split, _address(t, "dst_address"), source))
-        keep = bool(h.get("keep_inactive", False))
+        plan = [(t.split, _address(t.dst_address, "dst_address"), t.source) for t in req.transfers]
+        keep = req.keep_inactive
         async with self.role.step_lock:               # an epoch boundary on this worker
             blocks = {s: self._active(s) for s, _, _ in plan}
             client = self.role.executor.client
 
-            async def one(split: int, dst: str, source: str) -> int:
+            async def one(split: int, dst: str, source: ctl.SplitSource) -> int:
                 if source == "message":
                     self.role.materialize(blocks[split])
-                header, arrays = part_buffers(blocks[split], "all" if source == "message" else "state")
-                await client.request(dst, {"op": "eps_activate", "split": split, "block": header,
-                                           "source": source}, arrays)
-                return sum(a.nbytes for a in arrays)
+                header, data = part_buffers(blocks[split], "all" if source == "message" else "state")
+                await client.request(dst, ctl.to_header(ctl.EpsActivate(split=split, block=header, source=source)),
+                                     data)
+                return sum(a.nbytes for a in data)
 
             results = await asyncio.gather(*(one(*p) for p in plan), return_exceptions=True)
             done: list[int] = []
@@ -160,42 +140,31 @@ class EpsWorkerOps:
                     self.role.materialize(b)
                     self.inactive.put(b)
             self.sent_bytes += sent
-        return {"op": "ok", "done": done, "failed": failed, "bytes": sent,
-                "active": [b.block_index for b in self.role.blocks]}, ()
+        return ctl.EpsCommitReply(done=done, failed=failed, bytes=sent,
+                                  active=[b.block_index for b in self.role.blocks]), ()
 
     # -- receiver ----------------------------------------------------------------------------
-    def stage(self, frame: Frame) -> Reply:
-        split = frame.header.get("split")
-        if not isinstance(split, int) or isinstance(split, bool):
-            raise RequestError("field 'split' must be an int")
-        block = self._decode(frame, split)
+    def stage(self, req: ctl.EpsStage, arrays: Arrays) -> Answer:
+        split = req.split
+        block = self._decode(req.block, arrays, split)
         self.staged[split] = block
-        self.received_bytes += sum(a.nbytes for a in frame.arrays)
-        return {"op": "ok", "split": split}, ()
+        self.received_bytes += sum(a.nbytes for a in arrays)
+        return ctl.EpsStageReply(split=split), ()
 
-    def _decode(self, frame: Frame, split: int) -> DataBlock:
-        header = frame.header.get("block")
-        if not isinstance(header, dict):
-            raise RequestError("field 'block' must be a block header")
+    def _decode(self, header: dict[str, Any], arrays: Arrays, split: int) -> DataBlock:
         try:
-            block = DataBlock.from_buffers(header, frame.arrays)
+            block = DataBlock.from_buffers(header, arrays)
         except BlockFormatError as e:
             raise RequestError(f"split {split}: {e}") from None
         if block.block_index != split:
             raise RequestError(f"split {split} carries block {block.block_index}")
         return block
 
-    async def activate(self, frame: Frame) -> Reply:
-        h = frame.header
-        split = h.get("split")
-        if not isinstance(split, int) or isinstance(split, bool):
-            raise RequestError("field 'split' must be an int")
-        source = h.get("source")
-        if source not in SOURCES:
-            raise RequestError(f"field 'source' must be one of {SOURCES}, got {source!r}")
+    async def activate(self, req: ctl.EpsActivate, arrays: Arrays) -> Answer:
+        split, source = req.split, req.source
         if self.role.app is None or self.role.store is None:
             raise RequestError("this executor is not a worker yet (send eps_join first)")
-        incoming = self._decode(frame, split)
+        incoming = self._decode(req.block, arrays, split)
         if source == "message":
             data = incoming.data
         elif source == "staged":
@@ -217,16 +186,16 @@ class EpsWorkerOps:
             self.staged.pop(split, None)
             if source == "inactive":
                 self.inactive.discard(split)
-        self.received_bytes += sum(a.nbytes for a in frame.arrays)
-        return {"op": "ok", "split": split, "rows": block.num_rows}, ()
+        self.received_bytes += sum(a.nbytes for a in arrays)
+        return ctl.EpsActivateReply(split=split, rows=block.num_rows), ()
 
-    def discard_staged(self, frame: Frame) -> Reply:
-        for s in _split_list(frame.header, "splits"):
+    def discard_staged(self, req: ctl.EpsDiscardStaged, arrays: Arrays) -> Answer:
+        for s in req.splits:
             self.staged.pop(s, None)
-        return {"op": "ok"}, ()
+        return ctl.Ok(), ()
 
-    def datasets(self, frame: Frame) -> Reply:
-        return {"op": "ok", "active": [b.block_index for b in self.role.blocks],
-                "inactive": self.inactive.splits(), "staged": sorted(self.staged),
-                "inactive_bytes": self.inactive.nbytes(), "sent_bytes": self.sent_bytes,
-                "received_bytes": self.received_bytes}, ()
+    def datasets(self, req: ctl.EpsDatasets, arrays: Arrays) -> Answer:
+        return ctl.EpsDatasetsReply(active=[b.block_index for b in self.role.blocks],
+                                    inactive=self.inactive.splits(), staged=sorted(self.staged),
+                                    inactive_bytes=self.inactive.nbytes(), sent_bytes=self.sent_bytes,
+                                    received_bytes=self.received_bytes), ()

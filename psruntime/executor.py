@@ -13,15 +13,19 @@ Everything (data ops, migration, control) travels on the one binary frame protoc
     switch_role {role}             worker <-> server in place (a server must hold no blocks first)
     status                         pid, role, RSS from /proc/self/status, blocks, table version
     checkpoint_blocks / restore_blocks_data / checkpoint / restore   model blocks out to the AM and
-                                   back (psruntime.checkpoint_ops, via extra_ops)
-    app_setup, worker_setup, run_clock, ...      AM-paced app ops (psruntime.app_role, via extra_ops;
+                                   back (psruntime.checkpoint_ops, via register_ops)
+    app_setup, worker_setup, run_clock, ...      AM-paced app ops (psruntime.app_role, via register_ops;
                                                  the AM paces the clocks, BSP or SSP)
     eps_join, eps_send_data, eps_commit, ...     EPS worker-to-worker split transmission
-                                                 (psruntime.eps_worker_ops, via extra_ops)
+                                                 (psruntime.eps_worker_ops, via register_ops)
     shutdown                       reply, then stop the process cleanly (as SIGTERM does)
+    ping, take_ownership, block_data, cancel_incoming   who-are-you; migration, source -> destination
 
-Each control request is checked against its record in protocol.executor_ops before its op runs: a
-misspelt or ill-typed field is refused with an error naming it, and nothing changes.
+Each control request is decoded once into its record of protocol.executor_ops (by its op tag) and
+dispatched by type to its handler, `(request, arrays) -> (reply record, arrays)`: a misspelt or
+ill-typed field is refused with an ErrorReply naming it before any op runs, and nothing changes; a
+failing op is answered with an ErrorReply of the error's kind (RequestError, UserCodeError, ...).
+The data ops (get / put / update) keep their compact headers (psruntime.store_requests).
 
 On start it writes `--ready-file` (JSON: pid, executor_id, address) atomically and, with `--am`,
 announces itself to the AM with an "executor_ready" frame.
@@ -38,6 +42,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import gc
+import inspect
 import json
 import logging
 import os
@@ -45,22 +50,23 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable
 
 from protocol import container_env
 from protocol.daemon import install_uvloop, setup_logging
 from protocol.durable_storage import write_atomic
-from protocol.executor_ops import REQUEST_OPS, ControlMessageError, decode_request
+from protocol import executor_ops as ops
+from protocol.executor_ops import ControlMessageError, ExecutorRequest, decode_as
 from psruntime import harmony_runner
 from psruntime.app_role import AppRole
 from psruntime.bandwidth import process_pacer
 from psruntime.checkpoint_ops import CheckpointOps
+from psruntime.control_ops import Answer, Arrays, Handler, OpTable, bind, op_name, table
 from psruntime.dataplane import DataPlaneClient, DataPlaneServer, Reply, RequestError
 from psruntime.dataplane_auth import secret_key
 from psruntime.eps_worker_ops import EpsWorkerOps
 from psruntime.frame_codec import Frame
 from psruntime.migration import BlockState
-from psruntime.request_fields import int_list_field, str_field
 from psruntime.ownership_table import OwnershipTable
 from psruntime.store_service import DATA_OPS, StoreService
 from psruntime.training_pipeline import SubtaskRunner
@@ -104,9 +110,11 @@ class Executor:
         empty = OwnershipTable(num_blocks, [""] * num_blocks, version=-1)
         self.service = StoreService(executor_id, empty, self.client)
         self.am_address: str | None = None
-        # Ops added by other layers on the same control channel (the AM-paced app ops of
-        # psruntime.app_role); built-in ops take precedence.
-        self.extra_ops: dict[str, Callable[[Frame], Any]] = {}
+        # Control ops by request type (psruntime.control_ops): the built-ins, then the other layers'
+        # on the same channel (app ops, EPS, checkpoints); a second handler for an op is refused.
+        self._handlers: OpTable = {}
+        self._kinds: dict[str, type[ExecutorRequest]] = {}
+        self.register_ops(self._builtin_ops())
         self.app_role = AppRole(self, runner)
         self.register_ops(self.app_role.ops())
         self.eps = EpsWorkerOps(self.app_role)   # EPS worker-to-worker data transmission
@@ -131,15 +139,32 @@ class Executor:
         self.app_role.close()
         await self.client.close()
 
-    def register_ops(self, ops: dict[str, Callable[[Frame], Any]]) -> None:
-        """Add control ops (name -> handler(frame) returning a reply or an awaitable of one)."""
-        clash = sorted(set(ops) & (set(self._OPS) | DATA_OPS))
+    def register_ops(self, ops: OpTable) -> None:
+        """Add control ops (request type -> handler, psruntime.control_ops); an op tag already
+        served (a built-in, a data op, or registered before) is refused."""
+        clash = sorted(op_name(k) for k in ops if op_name(k) in self._kinds or op_name(k) in DATA_OPS)
         if clash:
             raise ValueError(f"ops {clash} are built into the executor")
-        self.extra_ops.update(ops)
+        self._handlers.update(ops)
+        self._kinds.update({op_name(k): k for k in ops})
+
+    def replace_op(self, kind: type[ExecutorRequest], handler: Handler) -> None:
+        """Serve requests of an op already served with `handler` instead (a layer wrapping another's op)."""
+        if kind not in self._handlers:
+            raise ValueError(f"no op {op_name(kind)!r} to replace")
+        self._handlers[kind] = handler
+
+    def handler_of(self, kind: type[ExecutorRequest]) -> Handler:
+        """The handler that serves requests of type `kind` (KeyError if none)."""
+        return self._handlers[kind]
+
+    @property
+    def request_types(self) -> frozenset[type[ExecutorRequest]]:
+        """Every request type this executor serves."""
+        return frozenset(self._handlers)
 
     # -- dispatch ----------------------------------------------------------------------------
-    def handle(self, frame: Frame) -> Reply | Any:
+    def handle(self, frame: Frame) -> Reply | Awaitable[Reply]:
         h = frame.header
         op = h.get("op")
         if op in DATA_OPS:
@@ -149,99 +174,102 @@ class Executor:
             t0 = time.perf_counter()
             try:
                 reply = self.service.handle_data(frame)
-                if isinstance(reply, tuple) and len(reply) == 2:
+                if isinstance(reply, tuple):
                     self.bytes_served += sum(getattr(a, "nbytes", 0) for a in reply[1])
                 return reply
             finally:
                 self.data_busy_s += time.perf_counter() - t0
                 self.data_requests += 1
-        if op in REQUEST_OPS:
-            check_control_header(h)
-        method = self._OPS.get(op) if isinstance(op, str) else None
-        if method is not None:
-            return method(self, frame)
-        extra = self.extra_ops.get(op) if isinstance(op, str) else None
-        if extra is None:
-            raise RequestError(f"unknown op {op!r}")
-        return extra(frame)
+        kind = self._kinds.get(op) if isinstance(op, str) else None
+        if kind is None:
+            return _error("RequestError", f"unknown op {op!r}")
+        try:
+            request = decode_as(h, kind)   # decoded once: no handler sees the header
+        except ControlMessageError as e:
+            return _error("RequestError", str(e))
+        try:
+            outcome = self._handlers[kind](request, frame.arrays)
+        except Exception as e:  # noqa: BLE001 - a failed op is answered, never fatal
+            return _error(type(e).__name__, str(e))
+        if inspect.isawaitable(outcome):
+            return _answer_later(outcome)
+        return _encode(outcome)
 
-    def _op_take_ownership(self, frame: Frame) -> Reply:
-        self.service.take_ownership(int_list_field(frame.header, "blocks"), str_field(frame.header, "src"))
-        return {"op": "ok"}, ()
+    def _op_take_ownership(self, req: ops.TakeOwnership, arrays: Arrays) -> Answer:
+        self.service.take_ownership(req.blocks, req.src)
+        return ops.Ok(), ()
 
-    def _op_block_data(self, frame: Frame) -> Reply:
-        block = frame.header.get("block")
-        keys = frame.header.get("keys")
-        if not isinstance(block, int) or not isinstance(keys, list):
-            raise RequestError("block_data needs int field 'block' and list field 'keys'")
-        applied = int_list_field(frame.header, "applied") if "applied" in frame.header else []
-        self.service.receive_block(block, keys, frame.arrays, applied)
-        return {"op": "ok"}, ()
+    def _op_block_data(self, req: ops.BlockData, arrays: Arrays) -> Answer:
+        self.service.receive_block(req.block, req.keys, arrays, req.applied)
+        return ops.Ok(), ()
 
-    def _op_cancel_incoming(self, frame: Frame) -> Reply:
-        self.service.cancel_incoming(int_list_field(frame.header, "blocks"))
-        return {"op": "ok"}, ()
+    def _op_cancel_incoming(self, req: ops.CancelIncoming, arrays: Arrays) -> Answer:
+        self.service.cancel_incoming(req.blocks)
+        return ops.Ok(), ()
 
-    async def _op_move_blocks(self, frame: Frame) -> Reply:
-        h = frame.header
-        done = await self.service.move_blocks(int_list_field(h, "blocks"), str_field(h, "dst"),
-                                              str_field(h, "dst_address"))
-        return {"op": "ok", "moved": done}, ()
+    async def _op_move_blocks(self, req: ops.MoveBlocks, arrays: Arrays) -> Answer:
+        done = await self.service.move_blocks(req.blocks, req.dst, req.dst_address)
+        return ops.MoveBlocksReply(moved=done), ()
 
-    def _op_set_ownership(self, frame: Frame) -> Reply:
-        table = OwnershipTable.from_wire(frame.header.get("table"))
+    def _op_set_ownership(self, req: ops.SetOwnership, arrays: Arrays) -> Answer:
+        table = OwnershipTable.from_wire(req.table)
         adopted = self.service.apply_table(table)
-        return {"op": "ok", "adopted": adopted, "version": self.service.table.version}, ()
+        return ops.SetOwnershipReply(adopted=adopted, version=self.service.table.version), ()
 
-    def _op_switch_role(self, frame: Frame) -> Reply:
-        role = frame.header.get("role")
-        if role not in ROLES:
-            raise RequestError(f"field 'role' must be one of {ROLES}, got {role!r}")
+    def _op_switch_role(self, req: ops.SwitchRole, arrays: Arrays) -> Answer:
+        role = req.role
         if role == "worker" and self.service.owned_blocks():
             raise RequestError(f"move blocks {self.service.owned_blocks()} away before switching to worker")
         if role == "server" and self.app_role.step_lock.locked():
             raise RequestError("a training step is running; switch to server between steps")
         old, self.role = self.role, role
         log.info("executor %s switched role %s -> %s", self.executor_id, old, role)
-        return {"op": "ok", "role": role, "previous": old}, ()
+        return ops.SwitchRoleReply(role=role, previous=old), ()
 
-    def _op_status(self, frame: Frame) -> Reply:
+    def _op_status(self, req: ops.Status, arrays: Arrays) -> Answer:
         svc = self.service
-        return {"op": "ok", "executor_id": self.executor_id, "pid": os.getpid(), "role": self.role,
-                "address": self.address, "rss_bytes": read_rss_bytes(), "blocks": svc.owned_blocks(),
-                "store_bytes": svc.store.nbytes(), "table_version": svc.table.version,
-                "incoming": svc.states.blocks_in(BlockState.INCOMING),
-                "requests": svc.stats,
-                "data_requests": self.data_requests, "busy_s": self.data_busy_s,
-                "data_bytes": self.app_role.data_bytes(), "bytes_served": self.bytes_served,
-                "train_counters": dict(self.app_role.counters),
-                "spill": self.app_role.spill_figures(),
-                "link_bps": pacer.bps if (pacer := process_pacer()) is not None else None,
-                "host": socket.gethostname(), "host_cores": _usable_cores()}, ()
+        pacer = process_pacer()
+        return ops.StatusReply(
+            executor_id=self.executor_id, pid=os.getpid(), role=self.role, address=self.address,
+            rss_bytes=read_rss_bytes(), blocks=svc.owned_blocks(), store_bytes=svc.store.nbytes(),
+            table_version=svc.table.version, incoming=svc.states.blocks_in(BlockState.INCOMING),
+            requests=dict(svc.stats), data_requests=self.data_requests, busy_s=self.data_busy_s,
+            data_bytes=self.app_role.data_bytes(), bytes_served=self.bytes_served,
+            train_counters=dict(self.app_role.counters), spill=self.app_role.spill_figures(),
+            link_bps=pacer.bps if pacer is not None else None,
+            host=socket.gethostname(), host_cores=_usable_cores()), ()
 
-    def _op_ping(self, frame: Frame) -> Reply:
-        return {"op": "ok", "executor_id": self.executor_id}, ()
+    def _op_ping(self, req: ops.Ping, arrays: Arrays) -> Answer:
+        return ops.PingReply(executor_id=self.executor_id), ()
 
-    def _op_shutdown(self, frame: Frame) -> Reply:
+    def _op_shutdown(self, req: ops.Shutdown, arrays: Arrays) -> Answer:
         # Reply first; the main loop stops after the reply has been written.
         asyncio.get_running_loop().call_soon(self.stopped.set)
-        return {"op": "ok"}, ()
+        return ops.Ok(), ()
 
-    _OPS = {
-        "take_ownership": _op_take_ownership, "block_data": _op_block_data,
-        "cancel_incoming": _op_cancel_incoming, "move_blocks": _op_move_blocks,
-        "set_ownership": _op_set_ownership, "switch_role": _op_switch_role, "status": _op_status,
-        "ping": _op_ping, "shutdown": _op_shutdown,
-    }
+    def _builtin_ops(self) -> OpTable:
+        return table(bind(ops.TakeOwnership, self._op_take_ownership), bind(ops.BlockData, self._op_block_data),
+                     bind(ops.CancelIncoming, self._op_cancel_incoming), bind(ops.MoveBlocks, self._op_move_blocks),
+                     bind(ops.SetOwnership, self._op_set_ownership), bind(ops.SwitchRole, self._op_switch_role),
+                     bind(ops.Status, self._op_status), bind(ops.Ping, self._op_ping),
+                     bind(ops.Shutdown, self._op_shutdown))
 
 
-def check_control_header(header: dict[str, Any]) -> None:
-    """Refuse a control request whose header does not match its op's record (protocol.executor_ops),
-    naming the field, before the op runs: a misspelt or ill-typed field changes nothing."""
+def _encode(answer: Answer) -> Reply:
+    reply, arrays = answer
+    return ops.encode_reply(reply), arrays
+
+
+def _error(kind: str, message: str) -> Reply:
+    """The typed error reply (the data-plane client raises it as RemoteError(kind, message))."""
+    return ops.encode_reply(ops.ErrorReply(kind=kind, error=message)), ()
+
+
+async def _answer_later(outcome: Awaitable[Answer]) -> Reply:
     try:
-        decode_request({k: v for k, v in header.items() if k != "id"})   # "id" is the data plane's
-    except ControlMessageError as e:
-        raise RequestError(str(e)) from None
+        return _encode(await outcome)
+    except Exception as e:  # noqa: BLE001 - a failed op is answered, never fatal
+        return _error(type(e).__name__, str(e))
 
 
 # glibc mallopt parameters (malloc.h) and the values the executor uses.

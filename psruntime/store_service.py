@@ -9,9 +9,13 @@ so a retry applies it exactly once. An update that carries a push id (psruntime.
 worker's mini-batch) is applied once per block: a block's part whose id it was applied with
 before (a redone clock) is acknowledged and not applied.
 
-Migration ops: "move_blocks" (controller -> source), "take_ownership", "block_data" and
-"cancel_incoming" (source -> destination). A block travels as its dense key and value arrays
-(block_data_message), so moving a block costs a few buffers, not one per key.
+Migration ops, typed records of protocol.executor_ops (decoded by the executor, psruntime.executor):
+MoveBlocks (controller -> source), TakeOwnership, BlockData and CancelIncoming (source ->
+destination). A block travels as its dense key and value arrays (block_data_message), so moving a
+block costs a few buffers, not one per key.
+
+The data ops keep their compact headers (psruntime.store_requests): they are the hot path, carry
+their keys as buffers and are decoded once there into a typed DataRequest.
 """
 from __future__ import annotations
 
@@ -22,12 +26,13 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from protocol.executor_ops import BlockData, CancelIncoming, TakeOwnership, to_header
 from psruntime.block_store import BlockArrays, BlockStore
 from psruntime.buffer_pool import BufferPool
 from psruntime.dataplane import DataPlaneClient, Reply, RequestError
 from psruntime.frame_codec import Frame
 from psruntime.migration import BlockState, BlockStates, Disposition, MigrationEvent
-from psruntime.ownership_table import OwnershipTable
+from psruntime.ownership_table import Key, OwnershipTable
 from psruntime.push_ids import PUSH_ID_FIELD, AppliedPushes
 from psruntime.store_requests import DataRequest, parse_request
 
@@ -154,7 +159,7 @@ class StoreService:
         for b in blocks:
             self.states.apply(b, MigrationEvent.TAKE_OWNERSHIP, peer=src)
 
-    def receive_block(self, block: int, keys: list[Any], arrays: Sequence[np.ndarray],
+    def receive_block(self, block: int, keys: Sequence[Key], arrays: Sequence[np.ndarray],
                       applied: Sequence[int] = ()) -> None:
         """Install a block's data (a "block_data" frame's `keys` and buffers, `applied` the push
         ids it was applied with at its source) and drain its queue.
@@ -208,16 +213,15 @@ class StoreService:
 
     async def _move_one(self, block: int, dst: str, dst_address: str) -> None:
         try:
-            await asyncio.wait_for(self._client.request(dst_address, {"op": "take_ownership", "blocks": [block],
-                                                                      "src": self.executor_id}),
-                                   self.handover_timeout_s)
+            await asyncio.wait_for(self._client.request(dst_address, to_header(TakeOwnership(
+                blocks=[block], src=self.executor_id))), self.handover_timeout_s)
         except Exception:
             self.states.apply(block, MigrationEvent.ABORT)  # nothing was redirected yet: safe to keep
             # Best effort: if the destination did start queueing, it stops (its queue is empty, as
             # nobody was redirected to it) and can take the block in a later move.
             try:
-                await asyncio.wait_for(self._client.request(dst_address, {"op": "cancel_incoming",
-                                                                          "blocks": [block]}), 5.0)
+                await asyncio.wait_for(self._client.request(dst_address, to_header(CancelIncoming(blocks=[block]))),
+                                       5.0)
             except Exception:  # noqa: BLE001
                 log.warning("could not cancel the incoming block %d at %s", block, dst)
             raise
@@ -243,7 +247,5 @@ def block_data_message(block: int, src: str, data: BlockArrays,
     buffers (keys, values) after their buffers, and the push ids the block was applied with (only
     when there are some); see StoreService.receive_block."""
     values = data.values if data.values is not None else np.zeros(0, np.float32)
-    header: dict[str, Any] = {"op": "block_data", "block": block, "keys": data.other_keys, "src": src}
-    if applied:
-        header["applied"] = list(applied)
-    return header, [*data.other_arrays, data.keys, values]
+    request = BlockData(block=block, keys=list(data.other_keys), src=src, applied=list(applied))
+    return to_header(request), [*data.other_arrays, data.keys, values]

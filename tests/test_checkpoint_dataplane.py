@@ -7,6 +7,7 @@ import json
 import re
 from contextlib import AbstractAsyncContextManager
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -14,8 +15,10 @@ from appmaster.container_book import AmContainer
 from appmaster.ps.checkpoints import Checkpointer
 from appmaster.ps.executor_pool import ExecutorRecord, ExecutorState, Role
 from appmaster.ps.executor_rpc import ExecutorCallError
+from protocol import executor_ops as ops
 from protocol.records import Resource
 from psruntime.block_store import BlockArrays, BlockStore
+from psruntime.control_ops import bind
 from psruntime.checkpoint import (CheckpointCut, CheckpointError, load_blocks, pack_blocks, save_blocks,
                                   unpack_blocks, write_block)
 from psruntime.dataplane import DataPlaneClient, RemoteError
@@ -109,6 +112,20 @@ async def test_restore_onto_another_shape_of_servers(tmp_path) -> None:
         _assert_model(await _pull(ctl, list(model)), model)
 
 
+class ReportingMore(ops.CheckpointBlocksReply):
+    """A newer executor's reply: a field this AM does not know."""
+
+    compressed: bool = False
+
+
+class WithoutBlocks(ops.ControlReply):
+    """A broken reply: no `blocks`."""
+
+    cut: int
+    num_blocks: int
+    remaining: list[int] = []
+
+
 async def test_the_am_reads_checkpoint_replies_by_their_record(tmp_path) -> None:
     """A reply field the AM does not know is ignored (an executor may report more); a reply that
     lacks one the AM needs fails the checkpoint naming the executor, the op and the field."""
@@ -116,19 +133,19 @@ async def test_the_am_reads_checkpoint_replies_by_their_record(tmp_path) -> None
         model = await _fill(ctl)
         e0 = executors[0]
         recs = [_record(e, i) for i, e in enumerate(executors)]
-        serve = e0.extra_ops["checkpoint_blocks"]
+        serve = e0.checkpoints.checkpoint_blocks
 
-        def reporting_more(frame):
-            header, arrays = serve(frame)
-            return {**header, "compressed": False}, arrays
-        e0.register_ops({"checkpoint_blocks": reporting_more})
+        def reporting_more(req, arrays):
+            reply, out = serve(req, arrays)
+            return ReportingMore(**msgspec.structs.asdict(reply), compressed=False), out
+        e0.replace_op(ops.CheckpointBlocks, bind(ops.CheckpointBlocks, reporting_more)[1])
         info = await Checkpointer(tmp_path, dp, batch_bytes=4096).write(1, ctl.table, recs, {})
         assert sorted(load_blocks(info["dir"], NB)) == list(range(NB))
 
-        def without_blocks(frame):
-            header, arrays = serve(frame)
-            return {k: v for k, v in header.items() if k != "blocks"}, arrays
-        e0.register_ops({"checkpoint_blocks": without_blocks})
+        def without_blocks(req, arrays):
+            reply, out = serve(req, arrays)
+            return WithoutBlocks(cut=reply.cut, num_blocks=reply.num_blocks, remaining=reply.remaining), out
+        e0.replace_op(ops.CheckpointBlocks, bind(ops.CheckpointBlocks, without_blocks)[1])
         with pytest.raises(ExecutorCallError, match="checkpoint_blocks on e0 .* missing required field `blocks`"):
             await Checkpointer(tmp_path, dp).write(2, ctl.table, recs, {})
         _assert_model(await _pull(ctl, list(model)), model)

@@ -118,8 +118,8 @@ async def test_a_split_can_travel_whole_in_the_commit(job) -> None:
     ({"op": "eps_commit", "transfers": []}, "non-empty list"),
     ({"op": "eps_commit", "transfers": [{"split": 0, "dst_address": "127.0.0.1:1", "source": "carrier pigeon"}]},
      r"Invalid enum value 'carrier pigeon' - at `\$\.transfers\[0\]\.source`"),
-    ({"op": "eps_activate", "split": 0, "block": "x", "source": "staged"}, "block header"),
-    ({"op": "eps_stage", "split": "zero"}, "must be an int"),
+    ({"op": "eps_activate", "split": 0, "block": "x", "source": "staged"}, r"Expected `object`, got `str` - at `\$\.block`"),
+    ({"op": "eps_stage", "split": "zero"}, r"Expected `int`, got `str` - at `\$\.split`"),
 ])
 async def test_bad_requests_get_clear_errors_and_change_nothing(job, header: dict, msg: str) -> None:
     _, (w0, _w1, _w2), dp = job

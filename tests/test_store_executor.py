@@ -2,13 +2,21 @@
 bad input gets a clear error and changes nothing; pushes surface errors on flush."""
 from __future__ import annotations
 
+import inspect
+import re
 import subprocess
 import sys
+import typing
 
+import msgspec
 import numpy as np
 import pytest
 
+from protocol import executor_ops as ops
+from psruntime.control_ops import bind, table
 from psruntime.dataplane import RemoteError
+from psruntime.executor import Executor
+from psruntime.frame_codec import Frame
 from psruntime.store_client import StoreClient, StoreClientError
 from store_cluster import executor_cluster
 
@@ -144,13 +152,59 @@ def test_executor_rejects_bad_flags() -> None:
     assert out.returncode == 2 and "--num-blocks must be positive" in out.stderr
 
 
+class EchoExtra(ops.ExecutorRequest, tag="echo_extra"):
+    """A test-only op another layer could add."""
+
+    n: int
+
+
+class EchoReply(ops.ControlReply):
+    n: int
+
+
 async def test_extra_ops_are_dispatched_and_cannot_shadow_builtins(cluster) -> None:
     executors, _, dp = cluster
     e0 = executors[0]
-    e0.register_ops({"echo_extra": lambda frame: ({"op": "ok", "n": frame.header["n"]}, ())})
-    assert (await dp.request(e0.address, {"op": "echo_extra", "n": 4})).header["n"] == 4
+    e0.register_ops(table(bind(EchoExtra, lambda req, arrays: (EchoReply(n=req.n), ()))))
+    reply = await dp.request(e0.address, ops.to_header(EchoExtra(n=4)))
+    assert ops.decode_reply(reply.header, EchoReply).n == 4
+    with pytest.raises(RemoteError, match=r"'echo_extra': Expected `int`, got `str` - at `\$\.n`"):
+        await dp.request(e0.address, {"op": "echo_extra", "n": "4"})
     with pytest.raises(ValueError, match="built into the executor"):
-        e0.register_ops({"status": lambda frame: ({}, ())})
+        e0.register_ops(table(bind(ops.Status, lambda req, arrays: (ops.Ok(), ()))))
     # The AM-paced app ops (psruntime.app_role) are registered by default.
     with pytest.raises(RemoteError, match="unknown app"):
         await dp.request(e0.address, {"op": "app_setup", "app": "nope"})
+
+
+def test_every_request_type_has_a_handler_and_a_reply_type() -> None:
+    """The executor serves every request record of the protocol, and each names its reply record."""
+    e = Executor("e0", NB)
+    request_types = set(typing.get_args(ops.ControlRequest))
+    assert set(ops.REQUEST_TYPES.values()) == request_types
+    assert e.request_types == request_types
+    for kind in request_types:
+        assert callable(e.handler_of(kind))
+        assert issubclass(ops.REPLY_TYPES[kind], ops.ControlReply), kind
+
+
+@pytest.mark.parametrize("header,kind,msg", [
+    ({"op": "frobnicate"}, "RequestError", "unknown op 'frobnicate'"),
+    ({"op": "switch_role", "role": "boss"}, "RequestError",
+     r"'switch_role': Invalid enum value 'boss' - at `\$\.role`"),
+    ({"op": "run_clock", "epoch": 0, "batches": 0, "num_workers": 1}, "RequestError",
+     r"'run_clock': Expected `int` >= 1 - at `\$\.batches`"),
+    ({"op": "take_ownership", "blocks": [0], "src": "e1", "force": True}, "RequestError",
+     "'take_ownership': Object contains unknown field `force`"),
+    ({"op": "eps_commit", "transfers": [{"split": 0, "dst_address": "h:1", "source": "post"}]}, "RequestError",
+     r"'eps_commit': Invalid enum value 'post' - at `\$\.transfers\[0\]\.source`"),
+    ({"op": "objective"}, "RequestError", "no app set up"),       # well-typed, refused by the op
+])
+async def test_a_bad_request_gets_the_typed_error_reply_naming_the_field(header, kind, msg) -> None:
+    e = Executor("e0", NB)
+    reply = e.handle(Frame({**header, "id": 1}))
+    if inspect.isawaitable(reply):     # an async op refuses when it runs
+        reply = await reply
+    error = msgspec.convert(reply[0], ops.ErrorReply)
+    assert error.kind == kind and re.search(msg, error.error), error
+    assert reply[1] == () and e.role == "server"

@@ -23,7 +23,6 @@ from appmaster.ps.job import JobPhase
 from polling import async_wait_until
 from protocol import executor_ops as ops
 from psruntime.executor import Executor
-from psruntime.frame_codec import Frame
 from psruntime.training_pipeline import Subtask
 from test_worker_replacement import BATCHES_PER_WORKER_EPOCH, SPEC, Job, check_exact
 
@@ -84,14 +83,14 @@ class Watched(Job):
         super().__init__(tmp_path, spec)
         self.pool.links = self.client
         self.clock_replies: dict[str, int] = {}
-        frame = self.training.rpc.frame
+        exchange = self.training.rpc.exchange
 
-        async def counted(rec: ExecutorRecord, request: ops.ControlRequest, arrays: Any = ()) -> Frame:
-            reply = await frame(rec, request, arrays)
+        async def counted(rec: ExecutorRecord, request: ops.ExecutorRequest, reply: Any, arrays: Any = ()) -> Any:
+            answered = await exchange(rec, request, reply, arrays)
             if isinstance(request, ops.RunClock):
                 self.clock_replies[rec.executor_id] = self.clock_replies.get(rec.executor_id, 0) + 1
-            return reply
-        self.training.rpc.frame = counted       # type: ignore[method-assign]
+            return answered
+        self.training.rpc.exchange = counted       # type: ignore[method-assign]
 
     def freeze(self, executor_id: str, at: int = FREEZE_AT) -> FreezesBeforeBatch:
         victim = self.am.executors[executor_id]

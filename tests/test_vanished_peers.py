@@ -226,7 +226,7 @@ async def test_the_rms_loss_report_ends_a_control_request_to_a_vanished_executor
     announce(pool, server.executor_id, "127.0.0.1:9")
     try:
         watch = pool.watch_losses([server, worker])
-        call = asyncio.ensure_future(rpc.frame(worker, ops.RunClock(epoch=0, batches=4, num_workers=1)))
+        call = asyncio.ensure_future(rpc.exchange(worker, ops.RunClock(epoch=0, batches=4, num_workers=1), ops.RunClockReply))
         await asyncio.wait_for(silent.got_bytes.wait(), 10)
         await asyncio.sleep(0)
         assert not call.done() and not watch.done()          # no reply, no report: it would wait for ever
@@ -238,7 +238,7 @@ async def test_the_rms_loss_report_ends_a_control_request_to_a_vanished_executor
         assert "-100" in pool.lost["worker-0"]
         accepted = silent.accepted
         with pytest.raises(ExecutorLost, match="its container has ended"):
-            await rpc.frame(worker, ops.Positions())
+            await rpc.call(worker, ops.Positions(), ops.PositionsReply)
         await rpc.shutdown([worker])                        # nothing sent to a gone executor
         assert silent.accepted == accepted
         # A lost worker watched later is reported at once; a live one is not.
@@ -281,7 +281,7 @@ async def test_an_executor_declared_lost_fails_its_requests_before_its_container
     address = silent.address
     announce(pool, rec.executor_id, address)
     try:
-        call = asyncio.ensure_future(rpc.frame(rec, ops.Positions()))
+        call = asyncio.ensure_future(rpc.call(rec, ops.Positions(), ops.PositionsReply))
         await asyncio.wait_for(silent.got_bytes.wait(), 10)
         pool.declare_lost(rec, "no run_clock reply within 300s")
         with pytest.raises(ExecutorLost, match="no run_clock reply within 300s"):

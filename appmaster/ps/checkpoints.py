@@ -48,11 +48,10 @@ from psruntime.checkpoint import (BlockEntry, CheckpointError, block_wire_bytes,
                                   write_manifest)
 from psruntime.block_store import BlockArrays
 from psruntime.dataplane import DataPlaneClient
-from psruntime.frame_codec import Frame
 from psruntime.ownership_table import OwnershipTable
 
 from .executor_pool import ExecutorRecord
-from .executor_rpc import ExecutorCallError, ExecutorRpc
+from .executor_rpc import Answered, ExecutorRpc
 
 log = logging.getLogger(__name__)
 
@@ -158,21 +157,19 @@ class Checkpointer:
         entries: dict[int, dict[str, Any]] = {}
         nbytes = 0
         first = ops.CheckpointBlocks(max_bytes=self.batch_bytes)
-        pending: asyncio.Future[Frame] | None = asyncio.ensure_future(self._rpc.frame(server, first))
+        pending: asyncio.Future[Answered[ops.CheckpointBlocksReply]] | None = asyncio.ensure_future(
+            self._rpc.exchange(server, first, ops.CheckpointBlocksReply))
         try:
             while pending is not None:
-                frame = await pending
+                answered = await pending
                 pending = None
-                try:
-                    h = ops.decode_reply(frame.header, ops.CheckpointBlocksReply)
-                except ops.ControlMessageError as e:
-                    raise ExecutorCallError(server, "checkpoint_blocks", e) from e
+                h = answered.reply
                 if h.num_blocks != num_blocks:
                     raise CheckpointError(f"{server.executor_id} has {h.num_blocks} blocks, the job {num_blocks}")
-                items = unpack_blocks(h.blocks, frame.arrays, num_blocks)
+                items = unpack_blocks(h.blocks, answered.arrays, num_blocks)
                 if h.remaining:      # the next batch travels while this one is written
-                    pending = asyncio.ensure_future(self._rpc.frame(
-                        server, ops.CheckpointBlocks(cut=h.cut, max_bytes=self.batch_bytes)))
+                    pending = asyncio.ensure_future(self._rpc.exchange(
+                        server, ops.CheckpointBlocks(cut=h.cut, max_bytes=self.batch_bytes), ops.CheckpointBlocksReply))
                 entries.update(await asyncio.to_thread(_write_blocks, d, items, not self.staged))
                 nbytes += sum(block_wire_bytes(data) for _, data in items)
             await asyncio.to_thread(_write_manifest, d, server.executor_id, num_blocks, h.table_version, entries,
@@ -184,12 +181,11 @@ class Checkpointer:
     async def _fetch_worker_state(self, worker: ExecutorRecord, d: Path) -> int:
         """Receive the state of every input block `worker` holds and write one file per block
         (`worker_state_<b>.npz` with its block header beside the arrays); returns bytes."""
-        frame = await self._rpc.frame(worker, ops.BlockStates())
-        reply = ops.decode_reply(frame.header, ops.BlockStatesReply)
+        answered = await self._rpc.exchange(worker, ops.BlockStates(), ops.BlockStatesReply)
         at, nbytes = 0, 0
-        for h in reply.blocks:
+        for h in answered.reply.blocks:
             n = len(h.get("arrays", []))
-            arrays = frame.arrays[at:at + n]
+            arrays = answered.arrays[at:at + n]
             at += n
             b = int(h["block_index"])
             await asyncio.to_thread(_write_worker_state, d, b, h, arrays, not self.staged)
@@ -209,7 +205,7 @@ class Checkpointer:
                     h = json.loads(bytes(f["header"]).decode())
                     headers.append(h)
                     arrays.extend(f[f"a{i}"] for i in range(len(h.get("arrays", []))))
-            await self._rpc.frame(worker, ops.SetBlockStates(blocks=headers), arrays)
+            await self._rpc.send(worker, ops.SetBlockStates(blocks=headers), arrays)
             return sum(int(a.nbytes) for a in arrays)
 
         return sum(await asyncio.gather(*(one(w) for w in workers)))
@@ -235,14 +231,14 @@ class Checkpointer:
         nbytes = 0
         batch: list[tuple[int, BlockArrays]] = []
         batch_size = 0
-        inflight: asyncio.Future[Frame] | None = None
+        inflight: asyncio.Future[None] | None = None
 
         async def flush() -> None:
             nonlocal inflight, batch, batch_size
             if inflight is not None:
                 await inflight
             descs, arrays = pack_blocks(batch)
-            inflight = asyncio.ensure_future(self._rpc.frame(server, ops.RestoreBlocksData(blocks=descs), arrays))
+            inflight = asyncio.ensure_future(self._rpc.send(server, ops.RestoreBlocksData(blocks=descs), arrays))
             batch, batch_size = [], 0
 
         try:
@@ -304,7 +300,7 @@ class Checkpointer:
         return {**checkpoint, "dir": str(local)}
 
 
-def _discard(fut: "asyncio.Future[Frame] | None") -> None:
+def _discard(fut: "asyncio.Future[Any] | None") -> None:
     """Drop a request left behind by a failure (its own error, if any, is not the one to report)."""
     if fut is None:
         return

@@ -47,19 +47,19 @@ from collections import defaultdict
 from typing import Annotated, Any, Awaitable, Callable, Optional, Sequence, Union
 
 import msgspec
+import numpy as np
 
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
 from psruntime.apps.base import AnyPSApp, ObjectivePart
 from psruntime.dataplane import DataPlaneClient, PeerLost
-from psruntime.frame_codec import Frame
 from psruntime.store_client import StoreClient
 
 from .boundary_scheduler import BoundaryScheduler
 from .clock_pacing import ClockPacer
 from .evaluation import Evaluation
 from .executor_pool import ExecutorRecord
-from .executor_rpc import ExecutorCallError, ExecutorLost, ExecutorRpc
+from .executor_rpc import Answered, ExecutorCallError, ExecutorLost, ExecutorRpc
 from .membership import Membership
 from .metrics import EpochRecord, JobMetrics
 from .model_placement import ModelPlacement
@@ -72,6 +72,7 @@ WorkerLossHook = Callable[[list[ExecutorRecord]], Awaitable[Optional[list[Execut
 Position = tuple[int, int]      # an input block's (epoch, next_row)
 DeadlineSleep = Callable[[float], Awaitable[None]]      # sleeps that many seconds (tests: a manual clock)
 Unresponsive = Callable[[ExecutorRecord, str], None]    # a worker given up on, and why
+ClockAnswer = Answered[ops.RunClockReply]               # a clock's figures, per-mini-batch times as arrays
 
 AUDIT_KEY = "eps:minibatches"   # with spec.audit_updates: +1 per mini-batch, counted by the servers
 
@@ -197,9 +198,9 @@ class ClockLoop:
         return ops.RunClock(epoch=epoch, batches=self.pacer.batches, num_workers=num_workers,
                             count_key=AUDIT_KEY if self.spec.audit_updates else None)
 
-    def _record_batches(self, rec: ExecutorRecord, frame: Frame) -> None:
-        if len(frame.arrays) == 2:
-            self.metrics.record_batches(rec.executor_id, frame.arrays[0], frame.arrays[1])
+    def _record_batches(self, rec: ExecutorRecord, arrays: list[np.ndarray]) -> None:
+        if len(arrays) == 2:
+            self.metrics.record_batches(rec.executor_id, arrays[0], arrays[1])
 
     # -- BSP ----------------------------------------------------------------------------------
     async def _train_bsp(self, on_epoch: EpochHook) -> None:
@@ -237,17 +238,17 @@ class ClockLoop:
             workers = self.membership.workers
             request = self._clock_request(len(workers), epoch)
             results = await self._clock_calls(workers, request)
-            ran = [(w, r) for w, r in zip(workers, results) if isinstance(r, Frame)]
+            ran = [(w, r) for w, r in zip(workers, results) if isinstance(r, Answered)]
             if len(ran) < len(workers):
                 ran += await self._redo_lost(request, [(w, r) for w, r in zip(workers, results)
-                                                       if not isinstance(r, Frame)], ran)
-            replies = [ops.decode_reply(f.header, ops.RunClockReply) for _, f in ran]
-            self._end_clock([w for w, _ in ran], [f for _, f in ran], replies)
+                                                       if not isinstance(r, Answered)], ran)
+            replies = [a.reply for _, a in ran]
+            self._end_clock([w for w, _ in ran], [a.arrays for _, a in ran], replies)
             if all(r.epoch_done for r in replies):
                 return True
 
     async def _redo_lost(self, request: ops.RunClock, failed: list[tuple[ExecutorRecord, BaseException]],
-                         ran: list[tuple[ExecutorRecord, Frame]]) -> list[tuple[ExecutorRecord, Frame]]:
+                         ran: list[tuple[ExecutorRecord, ClockAnswer]]) -> list[tuple[ExecutorRecord, ClockAnswer]]:
         """Workers whose clock failed: their replacements run it again, alone (see the module doc);
         without replacements, the survivors' clock is counted and the first failure raised."""
         errors = [e for _, e in failed]
@@ -256,23 +257,22 @@ class ClockLoop:
                                                          for e in errors):
             replacements = await self.replace_lost_workers([w for w, _ in failed])
         if replacements is None:
-            replies = [ops.decode_reply(f.header, ops.RunClockReply) for _, f in ran]
-            self._end_clock([w for w, _ in ran], [f for _, f in ran], replies)
+            self._end_clock([w for w, _ in ran], [a.arrays for _, a in ran], [a.reply for _, a in ran])
             raise errors[0]
         log.info("clock %d runs again on %s (replacing %s)", self.clocks_done,
                  ", ".join(w.executor_id for w in replacements), ", ".join(w.executor_id for w, _ in failed))
         results = await self._clock_calls(replacements, request)
         for r in results:
-            if not isinstance(r, Frame):
+            if not isinstance(r, Answered):
                 raise r
-        return list(zip(replacements, [r for r in results if isinstance(r, Frame)]))
+        return list(zip(replacements, [r for r in results if isinstance(r, Answered)]))
 
     async def _clock_calls(self, workers: Sequence[ExecutorRecord],
-                           request: ops.RunClock) -> list[Union[Frame, BaseException]]:
+                           request: ops.RunClock) -> list[Union[ClockAnswer, BaseException]]:
         """`request` on every one of `workers`: each one's reply or failure, in their order. Ends
         when every worker answered, failed or was lost, or passed the reply deadline (then it is
         given up as lost); ExecutorLost for a server of the job lost meanwhile (module doc)."""
-        calls = [asyncio.ensure_future(self.rpc.frame(w, request)) for w in workers]
+        calls = [asyncio.ensure_future(self.rpc.exchange(w, request, ops.RunClockReply)) for w in workers]
         server_lost = self.membership.pool.watch_losses(self.membership.servers)
         deadline_s = self.reply_deadline.seconds(self.slowest_clock_s)
         deadline = asyncio.ensure_future(self.deadline_sleep(deadline_s))
@@ -309,9 +309,10 @@ class ClockLoop:
         if self.on_unresponsive is not None:
             self.on_unresponsive(worker, why)
 
-    def _end_clock(self, workers: list[ExecutorRecord], frames: list[Frame], replies: list[ops.RunClockReply]) -> None:
-        for w, f, r in zip(workers, frames, replies):
-            self._record_batches(w, f)
+    def _end_clock(self, workers: list[ExecutorRecord], times: list[list[np.ndarray]],
+                   replies: list[ops.RunClockReply]) -> None:
+        for w, t, r in zip(workers, times, replies):
+            self._record_batches(w, t)
             self.positions.update((int(b), (p[0], p[1])) for b, p in r.positions.items())
         slowest = max(replies, key=lambda r: r.seconds, default=None)
         if slowest is not None:
@@ -355,10 +356,10 @@ class ClockLoop:
                     return
                 started.setdefault(epoch, time.perf_counter())
                 [f] = await self._clock_calls([w], self._clock_request(len(workers), epoch))
-                if not isinstance(f, Frame):
+                if not isinstance(f, Answered):
                     raise f
-                r = ops.decode_reply(f.header, ops.RunClockReply)
-                self._record_batches(w, f)
+                r = f.reply
+                self._record_batches(w, f.arrays)
                 self.pacer.observe(r.batches, r.seconds)
                 self.slowest_clock_s = max(self.slowest_clock_s, r.seconds)
                 if r.epoch_done:

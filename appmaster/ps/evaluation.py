@@ -37,7 +37,7 @@ class Evaluation:
         return ObjectivePart(r.value, r.count)
 
     async def server_parts(self) -> list[float]:
-        replies = await self.rpc.call_all(self.membership.servers, ops.ServerObjective(), ops.ObjectiveReply)
+        replies = await self.rpc.call_all(self.membership.servers, ops.ServerObjective(), ops.ServerObjectiveReply)
         return [r.value for r in replies]
 
     async def objective(self) -> float:
