@@ -22,6 +22,7 @@ from appmaster.ps.executor_rpc import ExecutorLost
 from appmaster.ps.job import JobPhase
 from polling import async_wait_until
 from protocol import executor_ops as ops
+from protocol.shape_history import ReplaceWorkerChange
 from psruntime.executor import Executor
 from psruntime.training_pipeline import Subtask
 from test_worker_replacement import BATCHES_PER_WORKER_EPOCH, SPEC, Job, check_exact
@@ -131,8 +132,9 @@ async def test_the_loss_report_of_a_vanished_worker_ends_the_clock_and_it_is_rep
     await asyncio.wait_for(training, 60)
     check_exact(job)
     [rec] = job.records
-    assert rec["mode"] == "replace_worker" and rec["clock_redone"] and rec["replacements"] == {"worker-1": "worker-2"}
-    assert "worker-1 (" in rec["lost"][0] and "-100" in rec["lost"][0]
+    assert isinstance(rec, ReplaceWorkerChange)
+    assert rec.clock_redone and rec.replacements == {"worker-1": "worker-2"}
+    assert "worker-1 (" in rec.lost[0] and "-100" in rec.lost[0]
     assert job.training.membership.worker_ids() == ["worker-0", "worker-2"]
 
 
@@ -184,7 +186,7 @@ async def test_a_worker_that_stops_answering_is_given_up_at_the_reply_deadline(j
     assert job.pool.lost["worker-1"] == "no run_clock reply within 300s"
     check_exact(job)
     [rec] = job.records
-    assert rec["mode"] == "replace_worker" and rec["replacements"] == {"worker-1": "worker-2"}
+    assert isinstance(rec, ReplaceWorkerChange) and rec.replacements == {"worker-1": "worker-2"}
 
 
 def test_the_reply_deadline_grows_with_the_slowest_clock_and_never_below_its_floor() -> None:
@@ -225,4 +227,4 @@ async def test_a_vanished_worker_between_clocks_fails_the_next_call_at_once(jobs
     await asyncio.wait_for(job.train(), 60)
     check_exact(job)
     [rec] = job.records
-    assert rec["replacements"] == {"worker-0": "worker-2"}
+    assert isinstance(rec, ReplaceWorkerChange) and rec.replacements == {"worker-0": "worker-2"}
