@@ -42,9 +42,9 @@ from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not
 from elastane_cli import ps_commands  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
 from protocol import container_env  # noqa: E402
-from psruntime.bandwidth import parse_rate  # noqa: E402
-from psruntime.dataplane import DataPlaneClient  # noqa: E402
-from psruntime.ownership_table import OwnershipTable  # noqa: E402
+from psruntime.wire.bandwidth import parse_rate  # noqa: E402
+from psruntime.wire.dataplane import DataPlaneClient  # noqa: E402
+from psruntime.store.ownership_table import OwnershipTable  # noqa: E402
 
 MB = 1e6
 JOB_TIMEOUT_S = 400.0

@@ -79,7 +79,7 @@ def store_windows(nbytes: int) -> list[int]:
 
 def keys_in_distinct_blocks(count: int, first: int) -> list[int]:
     """`count` int keys from `first` on, no two in the same block."""
-    from psruntime.ownership_table import block_of  # noqa: PLC0415
+    from psruntime.store.ownership_table import block_of  # noqa: PLC0415
 
     keys: list[int] = []
     blocks: set[int] = set()
@@ -249,8 +249,8 @@ class StoreSide:
     """push(delta) + pull(block) pairs through the StoreClient against the server executor."""
 
     def __init__(self, address: str) -> None:
-        from psruntime.ownership_table import OwnershipTable  # noqa: PLC0415
-        from psruntime.store_client import StoreClient  # noqa: PLC0415
+        from psruntime.store.ownership_table import OwnershipTable  # noqa: PLC0415
+        from psruntime.store.store_client import StoreClient  # noqa: PLC0415
 
         self.client = StoreClient(OwnershipTable(NUM_BLOCKS, ["srv"] * NUM_BLOCKS, {"srv": address}, 1))
         self.pushes: dict[int, int] = {}
@@ -295,9 +295,9 @@ AUTH_SECRET = "bench-job-secret-0123456789abcdef0123456789abcdef"
 
 async def auth_round(address: str, secret: bytes | None, nbytes: int, seconds: float, key: int) -> float:
     """push+pull GB/s over a connection opened inside the timed window (handshake included)."""
-    from psruntime.dataplane import DataPlaneClient  # noqa: PLC0415
-    from psruntime.ownership_table import OwnershipTable  # noqa: PLC0415
-    from psruntime.store_client import StoreClient  # noqa: PLC0415
+    from psruntime.wire.dataplane import DataPlaneClient  # noqa: PLC0415
+    from psruntime.store.ownership_table import OwnershipTable  # noqa: PLC0415
+    from psruntime.store.store_client import StoreClient  # noqa: PLC0415
 
     table = OwnershipTable(NUM_BLOCKS, ["srv"] * NUM_BLOCKS, {"srv": address}, 1)
     client = StoreClient(table, DataPlaneClient(secret=secret))
@@ -316,7 +316,7 @@ async def auth_round(address: str, secret: bytes | None, nbytes: int, seconds: f
 
 async def open_us(address: str, secret: bytes | None, n: int = 200) -> float:
     """Median microseconds to open a data-plane connection (TCP connect + handshake if any)."""
-    from psruntime.dataplane import DataPlaneConnection  # noqa: PLC0415
+    from psruntime.wire.dataplane import DataPlaneConnection  # noqa: PLC0415
 
     times = []
     for _ in range(n):
@@ -416,8 +416,8 @@ def main() -> None:
         raw_port = int(_wait_file(tmp / "raw.port", raw, "raw server"))
         auth_address = json.loads(_wait_file(tmp / "auth.ready", ex_auth, "authenticated executor"))["address"]
         # The executor must own every block: hand it the table as the AM would.
-        from psruntime.dataplane import DataPlaneClient  # noqa: PLC0415
-        from psruntime.ownership_table import OwnershipTable  # noqa: PLC0415
+        from psruntime.wire.dataplane import DataPlaneClient  # noqa: PLC0415
+        from psruntime.store.ownership_table import OwnershipTable  # noqa: PLC0415
 
         async def setup() -> None:
             for addr, secret in ((address, None), (auth_address, AUTH_SECRET.encode())):

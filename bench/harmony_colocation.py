@@ -55,7 +55,7 @@ from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not
 
 from elastane_cli import ps_commands  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
-from psruntime.bandwidth import parse_rate  # noqa: E402
+from psruntime.wire.bandwidth import parse_rate  # noqa: E402
 from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
 
 EXECUTOR_MB = 256

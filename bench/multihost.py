@@ -245,8 +245,8 @@ async def client_measure(address: str, raw_host: str, raw_port: int, seconds: fl
                          rounds: int) -> dict[str, Any]:
     """On the client host: alternate raw and store rounds per size; per round the raw ceiling
     (better of echo and stream) and the store (better of serial and pipelined); medians."""
-    from psruntime.dataplane import DataPlaneClient  # noqa: PLC0415
-    from psruntime.ownership_table import OwnershipTable  # noqa: PLC0415
+    from psruntime.wire.dataplane import DataPlaneClient  # noqa: PLC0415
+    from psruntime.store.ownership_table import OwnershipTable  # noqa: PLC0415
 
     dp = DataPlaneClient()
     table = OwnershipTable(dataplane.NUM_BLOCKS, ["srv"] * dataplane.NUM_BLOCKS, {"srv": address}, 1)

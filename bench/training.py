@@ -109,7 +109,7 @@ QUALITY_EXECUTOR_MEMORY_MB = {"tiny": 384, "small": 768, "medium": 1536}
 QUALITY_TIMEOUT_S = 7200.0    # LDA medium: ~45M tokens of Gibbs sampling per epoch
 AM_MEMORY_MB = 512
 # What an executor imports (psruntime.executor and, lazily, its roles and the apps).
-EXECUTOR_MODULES = ("psruntime.executor", "psruntime.training_pipeline", "psruntime.store_service",
+EXECUTOR_MODULES = ("psruntime.executor", "psruntime.training_pipeline", "psruntime.store.store_service",
                     "psruntime.apps.registry", "uvloop")
 
 
@@ -175,7 +175,7 @@ def interpreter_baseline_bytes() -> int:
 def idle_executor_bytes() -> int:
     """Peak RSS of an executor process that serves but holds nothing (after one status request)."""
     code = ("import asyncio, json, subprocess, sys, tempfile, time, pathlib\n"
-            "from psruntime.dataplane import DataPlaneClient\n"
+            "from psruntime.wire.dataplane import DataPlaneClient\n"
             "async def main():\n"
             "    ready = pathlib.Path(tempfile.mkdtemp()) / 'ready'\n"
             "    p = subprocess.Popen([sys.executable, '-m', 'psruntime.executor', '--executor-id', 'idle',\n"

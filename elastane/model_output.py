@@ -27,7 +27,7 @@ from protocol.durable_storage import DurableDir, local_path
 from protocol.model_output import CODE_DIR, ModelMetadata, ModelOutputError, locate, read_metadata
 from psruntime.apps.base import AnyPSApp, AppConfigError, KeyValues, PSApp
 from psruntime.apps.blocks import DataBlock
-from psruntime.model_files import read_values
+from psruntime.store.model_files import read_values
 
 Data = Union[None, str, "os.PathLike[str]", DataBlock, Sequence[DataBlock]]
 """What predict / evaluate take: None (the job's own held-out data), a dataset directory (its

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from psruntime.bandwidth import format_rate, parse_rate
+from psruntime.wire.bandwidth import format_rate, parse_rate
 
 from . import node_network, processes
 from .context import CliContext

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import IO, Any, Mapping, Sequence
 
 from protocol import durable_storage, tokens
-from psruntime.bandwidth import parse_rate
+from psruntime.wire.bandwidth import parse_rate
 
 from . import container_reaper, node_network, processes, testbed_hosts
 

@@ -1,7 +1,7 @@
 """A network namespace per node of a local cluster, on a bridge, each capped with tc.
 
 Real mode of the local cluster's node bandwidth caps (the emulated mode is
-psruntime.bandwidth). For the cluster whose tag is T (a hash of its directory):
+psruntime.wire.bandwidth). For the cluster whose tag is T (a hash of its directory):
 
     bridge  el-T         10.213.X.1/24 in the root namespace (the RM is reached here)
     netns   el-T-n<i>    eth0 = 10.213.X.(10+i)/24, lo up, default route via the bridge
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from psruntime.bandwidth import default_burst_bytes
+from psruntime.wire.bandwidth import default_burst_bytes
 
 MODES = ("auto", "netns", "emulated")
 SUBNET_PREFIX = "10.213"

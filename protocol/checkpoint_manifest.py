@@ -1,6 +1,6 @@
 """The manifest of a checkpoint's store blocks, `manifest-<executor>.json`, as a typed record.
 
-One per executor that wrote blocks into a checkpoint directory (psruntime/checkpoint.py writes and
+One per executor that wrote blocks into a checkpoint directory (psruntime/store/checkpoint.py writes and
 merges them). `blocks` maps a block to its entry as stored: format 2 `{"file", "other_keys"}`,
 format 1 `[[key, file], ...]` (still read); the entries stay in that shape because the readers
 of both formats dispatch on it.

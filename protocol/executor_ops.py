@@ -1,6 +1,6 @@
 """The PS executors' control channel: every request an executor serves, typed, and the reply to each.
 
-Every control message is one binary data-plane frame (psruntime.frame_codec) whose JSON header is
+Every control message is one binary data-plane frame (psruntime.wire.frame_codec) whose JSON header is
 the msgspec encoding of one of the request records below: `{"op": <tag>, ...fields}`; arrays ride
 in the frame's buffers. The AM (and a peer executor: migration, EPS split transfers) builds a record
 and `to_header` turns it into the header; the executor decodes an incoming header once into its
@@ -13,7 +13,7 @@ decodes it once where it arrives (`decode_reply`, tolerant of fields it does not
 an `ErrorReply` {kind, error}, which the data-plane client raises as RemoteError(kind, error).
 
 The data ops of the elastic store (get / put / update: pull and push) keep their compact headers
-(psruntime.store_requests): they are the hot path, carry their keys in buffers, and are decoded
+(psruntime.store.store_requests): they are the hot path, carry their keys in buffers, and are decoded
 once into a typed DataRequest there.
 """
 from __future__ import annotations
@@ -156,7 +156,7 @@ class SwitchRole(ExecutorRequest, tag="switch_role"):
 
 
 class SetOwnership(ExecutorRequest, tag="set_ownership"):
-    """Adopt this ownership table if it is newer (psruntime.ownership_table wire form)."""
+    """Adopt this ownership table if it is newer (psruntime.store.ownership_table wire form)."""
 
     table: dict[str, Any]
 
@@ -181,7 +181,7 @@ class TakeOwnership(ExecutorRequest, tag="take_ownership"):
 
 
 class BlockData(ExecutorRequest, tag="block_data"):
-    """Migration, source -> destination: a block's data (psruntime.store_service.block_data_message:
+    """Migration, source -> destination: a block's data (psruntime.store.store_service.block_data_message:
     the non-dense `keys` with one buffer each, then the dense keys and values as two buffers) and
     the push ids it was applied with at the source."""
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 import msgspec
 
 NonNeg = Annotated[int, msgspec.Meta(ge=0)]
-Key = Union[int, str]     # a model key (psruntime.ownership_table.Key)
+Key = Union[int, str]     # a model key (psruntime.store.ownership_table.Key)
 
 
 class ControlReply(msgspec.Struct, kw_only=True):
@@ -28,7 +28,7 @@ class Ok(ControlReply):
 class ErrorReply(msgspec.Struct, kw_only=True):
     """A refused or failed request: `kind` is the error's class name (`RequestError` for a bad
     request -- its message names the field --, `UserCodeError` for a user app's code, with the
-    traceback), `error` its message. The same frame psruntime.dataplane answers any failure with;
+    traceback), `error` its message. The same frame psruntime.wire.dataplane answers any failure with;
     its client raises it as RemoteError(kind, error)."""
 
     op: Literal["error"] = "error"
@@ -144,7 +144,7 @@ class StatusReply(ControlReply):
     data_bytes: NonNeg = 0
     bytes_served: Optional[float] = None
     train_counters: dict[str, float] = {}
-    spill: Optional[SpillFigures] = None        # an executor of a job with spill (psruntime.worker_spill)
+    spill: Optional[SpillFigures] = None        # an executor of a job with spill (psruntime.spill.worker_spill)
     link_bps: Optional[float] = None
     host: str = ""                              # the machine the executor runs on (its hostname)
     host_cores: Optional[int] = None            # CPU cores the executor's process may run on
@@ -170,7 +170,7 @@ class MoveBlocksReply(ControlReply):
 
 class CheckpointBlocksReply(ControlReply):
     """One batch of a server's checkpoint cut `cut`: `blocks` describes the blocks whose arrays are
-    the frame's buffers (psruntime.checkpoint.pack_blocks); `remaining`: blocks still to come."""
+    the frame's buffers (psruntime.store.checkpoint.pack_blocks); `remaining`: blocks still to come."""
 
     cut: int
     num_blocks: NonNeg

@@ -7,7 +7,7 @@ directory without it is incomplete.
 
 This module is the metadata half, import-light (msgspec and durable_storage, no numpy, no runtime):
 the RM validates `init_from` at submission with it (`check_init_from`). The arrays are read and
-written by `psruntime.model_files`.
+written by `psruntime.store.model_files`.
 """
 from __future__ import annotations
 

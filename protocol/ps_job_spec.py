@@ -125,7 +125,7 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # appmaster.ps.stragglers). Off by default: on an oversubscribed host healthy workers' times
     # spread that wide too, and each replacement costs a container start.
     replace_stragglers: bool = False
-    # Harmony's spill (dissertation §4.3.3, psruntime.worker_spill): each worker keeps this fraction
+    # Harmony's spill (dissertation §4.3.3, psruntime.spill.worker_spill): each worker keeps this fraction
     # of its input blocks on local disk as lz4 frames, reloaded ahead of use; "auto" starts from the
     # data and model sizes against executor_memory_mb and tunes it per clock by hill climbing
     # between load stalls and memory pressure. None (the default): no spill.

@@ -29,7 +29,7 @@ record of protocol.executor_ops and returns its reply record):
     stop_training {}                         abandon a running epoch at the next mini-batch
 
 With `spill_alpha` in app_setup a worker keeps a fraction alpha of its input blocks on local disk
-as lz4 frames, reloaded ahead of use (psruntime.worker_spill); its step replies then carry a
+as lz4 frames, reloaded ahead of use (psruntime.spill.worker_spill); its step replies then carry a
 `spill` object (alpha, bytes spilled, load stall seconds).
 
 Clocks are paced by the AM (BSP: it waits for every worker before the next clock; SSP: it keeps
@@ -55,12 +55,12 @@ from psruntime.apps.random_streams import partition_block_range
 from psruntime.apps.registry import UserCodeError, create_app, is_user_app
 from protocol import executor_ops as ctl
 from psruntime.control_ops import Answer, Arrays, Handler, OpTable, Outcome, bind, table
-from psruntime.dataplane import RequestError
-from psruntime.model_spill import ModelSpillMonitor
-from psruntime.store_client import StoreClient, StoreClientError
+from psruntime.wire.dataplane import RequestError
+from psruntime.spill.model_spill import ModelSpillMonitor
+from psruntime.store.store_client import StoreClient, StoreClientError
 from psruntime.training_pipeline import (StepTimes, SubtaskRunner, TrainingPipeline, TrainingStopped, block_position,
                                          epoch_position, init_blocks, init_model, set_epoch_position)
-from psruntime.worker_spill import WorkerSpill, parse_mode
+from psruntime.spill.worker_spill import WorkerSpill, parse_mode
 
 # What the runtime raises on its own in an app op: never blamed on a user app's code.
 _RUNTIME_ERRORS = (RequestError, UserCodeError, StoreClientError, ConnectionError, TrainingStopped, BlockFormatError)
@@ -81,8 +81,8 @@ class AppRole:
         self.stop = asyncio.Event()
         self._busy = asyncio.Lock()   # one training step at a time on this executor
         self.pipeline = TrainingPipeline(runner)
-        self.spill: WorkerSpill | None = None      # with the job's spill_alpha (psruntime.worker_spill)
-        self.model_spill: ModelSpillMonitor | None = None   # ... and a server's model blocks (psruntime.model_spill)
+        self.spill: WorkerSpill | None = None      # with the job's spill_alpha (psruntime.spill.worker_spill)
+        self.model_spill: ModelSpillMonitor | None = None   # ... and a server's model blocks (psruntime.spill.model_spill)
 
     def ops(self) -> OpTable:
         return {kind: self._reporting_user_errors(op) for kind, op in self._ops().items()}

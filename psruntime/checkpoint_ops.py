@@ -1,4 +1,4 @@
-"""The executor's checkpoint ops: its model blocks out to the AM and back in (psruntime.checkpoint's
+"""The executor's checkpoint ops: its model blocks out to the AM and back in (psruntime.store.checkpoint's
 format), registered on the executor's control channel like psruntime.app_role's ops.
 
     checkpoint_blocks {blocks?, max_bytes?} / {cut, max_bytes?}
@@ -11,12 +11,12 @@ format), registered on the executor's control channel like psruntime.app_role's 
 from __future__ import annotations
 
 from protocol import executor_ops as ctl
-from psruntime.checkpoint import (CheckpointCut, CheckpointError, install_blocks, pack_blocks, restore_blocks,
+from psruntime.store.checkpoint import (CheckpointCut, CheckpointError, install_blocks, pack_blocks, restore_blocks,
                                   save_blocks, unpack_blocks)
 from psruntime.control_ops import Answer, Arrays, OpTable, bind, table
-from psruntime.dataplane import RequestError
-from psruntime.frame_codec import DEFAULT_MAX_BODY_BYTES
-from psruntime.store_service import StoreService
+from psruntime.wire.dataplane import RequestError
+from psruntime.wire.frame_codec import DEFAULT_MAX_BODY_BYTES
+from psruntime.store.store_service import StoreService
 
 CHECKPOINT_BATCH_BYTES = 64 << 20    # default size of one checkpoint_blocks reply's buffers
 

@@ -6,7 +6,7 @@ Run as::
                                  [--role server|worker] [--ready-file F]
 
 Everything (data ops, migration, control) travels on the one binary frame protocol
-(psruntime.frame_codec / psruntime.dataplane). Control ops from the AM:
+(psruntime.wire.frame_codec / psruntime.wire.dataplane). Control ops from the AM:
 
     set_ownership {table}          adopt a newer ownership table (initial placement, broadcasts)
     move_blocks {blocks, dst, dst_address}   run the two-step migration as the source
@@ -17,7 +17,7 @@ Everything (data ops, migration, control) travels on the one binary frame protoc
     app_setup, worker_setup, run_clock, ...      AM-paced app ops (psruntime.app_role, via register_ops;
                                                  the AM paces the clocks, BSP or SSP)
     eps_join, eps_send_data, eps_commit, ...     EPS worker-to-worker split transmission
-                                                 (psruntime.eps_worker_ops, via register_ops)
+                                                 (psruntime.eps.eps_worker_ops, via register_ops)
     shutdown                       reply, then stop the process cleanly (as SIGTERM does)
     ping, take_ownership, block_data, cancel_incoming   who-are-you; migration, source -> destination
 
@@ -25,14 +25,14 @@ Each control request is decoded once into its record of protocol.executor_ops (b
 dispatched by type to its handler, `(request, arrays) -> (reply record, arrays)`: a misspelt or
 ill-typed field is refused with an ErrorReply naming it before any op runs, and nothing changes; a
 failing op is answered with an ErrorReply of the error's kind (RequestError, UserCodeError, ...).
-The data ops (get / put / update) keep their compact headers (psruntime.store_requests).
+The data ops (get / put / update) keep their compact headers (psruntime.store.store_requests).
 
 On start it writes `--ready-file` (JSON: pid, executor_id, address) atomically and, with `--am`,
 announces itself to the AM with an "executor_ready" frame.
 
 With ELASTANE_JOB_SECRET in its environment (a PS AM always sets it; never a flag, so it is not
 on a command line) every data-plane connection it serves or opens -- the AM's, workers', peers'
-for migration and EPS split transfers -- is authenticated (psruntime.dataplane_auth); without it
+for migration and EPS split transfers -- is authenticated (psruntime.wire.dataplane_auth); without it
 the executor serves unauthenticated, as in-process tests and tools do.
 """
 from __future__ import annotations
@@ -59,16 +59,16 @@ from protocol import executor_ops as ops
 from protocol.executor_ops import ControlMessageError, ExecutorRequest, decode_as
 from psruntime import harmony_runner
 from psruntime.app_role import AppRole
-from psruntime.bandwidth import process_pacer
+from psruntime.wire.bandwidth import process_pacer
 from psruntime.checkpoint_ops import CheckpointOps
 from psruntime.control_ops import Answer, Arrays, Handler, OpTable, bind, op_name, table
-from psruntime.dataplane import DataPlaneClient, DataPlaneServer, Reply, RequestError
-from psruntime.dataplane_auth import secret_key
-from psruntime.eps_worker_ops import EpsWorkerOps
-from psruntime.frame_codec import Frame
-from psruntime.migration import BlockState
-from psruntime.ownership_table import OwnershipTable
-from psruntime.store_service import DATA_OPS, StoreService
+from psruntime.wire.dataplane import DataPlaneClient, DataPlaneServer, Reply, RequestError
+from psruntime.wire.dataplane_auth import secret_key
+from psruntime.eps.eps_worker_ops import EpsWorkerOps
+from psruntime.wire.frame_codec import Frame
+from psruntime.store.migration import BlockState
+from psruntime.store.ownership_table import OwnershipTable
+from psruntime.store.store_service import DATA_OPS, StoreService
 from psruntime.training_pipeline import SubtaskRunner
 
 log = logging.getLogger(__name__)

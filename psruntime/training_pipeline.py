@@ -28,7 +28,7 @@ reloads each ahead of its use (the step `acquire`s a block before its batches, `
 
 A worker's place in an epoch is in each block's state (`[epoch, next_row]`, key POSITION), so it
 travels with a block that EPS moves between two clocks. Each mini-batch's pushes carry a push id
-(psruntime.push_ids: split, epoch, first row), so a clock that a replacement worker runs again
+(psruntime.store.push_ids: split, epoch, first row), so a clock that a replacement worker runs again
 applies none of them twice.
 """
 from __future__ import annotations
@@ -46,8 +46,8 @@ import numpy as np
 
 from psruntime.apps.base import KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
-from psruntime.push_ids import COUNT, DELTAS, push_id
-from psruntime.store_client import PreparedArray, StoreClient, TransferGate
+from psruntime.store.push_ids import COUNT, DELTAS, push_id
+from psruntime.store.store_client import PreparedArray, StoreClient, TransferGate
 
 T = TypeVar("T")
 INIT_CHUNK_KEYS = 4096
@@ -82,7 +82,7 @@ class SubtaskRunner(Protocol):
 
 class BlockResidency(Protocol):
     """Where a step's input blocks' data is: `plan` names the blocks a step visits, in order, and
-    `acquire` / `release` bracket each block's use (psruntime.block_reloader keeps some on disk)."""
+    `acquire` / `release` bracket each block's use (psruntime.spill.block_reloader keeps some on disk)."""
 
     def plan(self, blocks: Sequence[DataBlock]) -> None: ...
 

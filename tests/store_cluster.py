@@ -5,10 +5,10 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
-from psruntime.dataplane import DataPlaneClient, DataPlaneServer
+from psruntime.wire.dataplane import DataPlaneClient, DataPlaneServer
 from psruntime.executor import Executor
-from psruntime.migration_controller import MigrationController
-from psruntime.ownership_table import OwnershipTable
+from psruntime.store.migration_controller import MigrationController
+from psruntime.store.ownership_table import OwnershipTable
 
 
 @asynccontextmanager

@@ -11,9 +11,9 @@ from polling import async_wait_until
 from protocol import config as pconfig
 from protocol import container_env
 from protocol.internal_api import LaunchContext
-from psruntime import bandwidth, frame_protocol
-from psruntime.bandwidth import Pacer, TokenBucket, format_rate, parse_rate
-from psruntime.dataplane import DataPlaneConnection, DataPlaneServer
+from psruntime.wire import bandwidth, frame_protocol
+from psruntime.wire.bandwidth import Pacer, TokenBucket, format_rate, parse_rate
+from psruntime.wire.dataplane import DataPlaneConnection, DataPlaneServer
 
 
 # ----- rates ---------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import weakref
 
 import numpy as np
 
-from psruntime.buffer_pool import MIN_BYTES, BufferPool
+from psruntime.wire.buffer_pool import MIN_BYTES, BufferPool
 
 N = 4 * MIN_BYTES
 

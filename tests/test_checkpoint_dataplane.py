@@ -1,5 +1,5 @@
 """Checkpoints over the data plane: servers send their blocks to the AM (checkpoint_blocks), the AM
-writes psruntime.checkpoint's files and sends them back (restore_blocks_data); batches stay under a
+writes psruntime.store.checkpoint's files and sends them back (restore_blocks_data); batches stay under a
 frame's body limit; unowned blocks and malformed batches are refused and change nothing."""
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ from appmaster.ps.executor_pool import ExecutorRecord, ExecutorState, Role
 from appmaster.ps.executor_rpc import ExecutorCallError
 from protocol import executor_ops as ops
 from protocol.records import Resource
-from psruntime.block_store import BlockArrays, BlockStore
+from psruntime.store.block_store import BlockArrays, BlockStore
 from psruntime.control_ops import bind
-from psruntime.checkpoint import (CheckpointCut, CheckpointError, load_blocks, pack_blocks, save_blocks,
+from psruntime.store.checkpoint import (CheckpointCut, CheckpointError, load_blocks, pack_blocks, save_blocks,
                                   unpack_blocks, write_block)
-from psruntime.dataplane import DataPlaneClient, RemoteError
+from psruntime.wire.dataplane import DataPlaneClient, RemoteError
 from psruntime.executor import Executor
-from psruntime.migration_controller import MigrationController
-from psruntime.ownership_table import block_of
-from psruntime.store_client import StoreClient
+from psruntime.store.migration_controller import MigrationController
+from psruntime.store.ownership_table import block_of
+from psruntime.store.store_client import StoreClient
 from store_cluster import executor_cluster
 
 NB = 8
@@ -90,7 +90,7 @@ async def test_blocks_round_trip_through_the_am(tmp_path) -> None:
         d = tmp_path / "epoch-3"
         assert sorted(p.name for p in d.glob("manifest-*.json")) == ["manifest-e0.json", "manifest-e1.json"]
         assert json.loads((d / "job.json").read_text())["objective"] == 1.5
-        saved = load_blocks(d, NB)          # the files the AM wrote are psruntime.checkpoint's format
+        saved = load_blocks(d, NB)          # the files the AM wrote are psruntime.store.checkpoint's format
         assert sorted(saved) == list(range(NB))
         assert saved[block_of(COUNTER, NB)].other_keys.count(COUNTER) == 1
         # the model changes, then the checkpoint brings it back

@@ -23,10 +23,10 @@ from protocol.durable_storage import DurableDir
 from protocol.ps_job_spec import validate
 from protocol.records import Resource
 from psruntime.apps.registry import create_app
-from psruntime.checkpoint import load_blocks
+from psruntime.store.checkpoint import load_blocks
 from psruntime.executor import Executor
-from psruntime.migration_controller import MigrationController
-from psruntime.store_client import StoreClient
+from psruntime.store.migration_controller import MigrationController
+from psruntime.store.store_client import StoreClient
 from store_cluster import executor_cluster
 
 NB = 8

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from protocol.checkpoint_manifest import BlockManifest
-from psruntime.block_store import BlockArrays
-from psruntime.checkpoint import CheckpointError, load_manifests, read_block, write_block, write_manifest
+from psruntime.store.block_store import BlockArrays
+from psruntime.store.checkpoint import CheckpointError, load_manifests, read_block, write_block, write_manifest
 
 
 def test_written_and_read_as_the_typed_record(tmp_path: Path) -> None:

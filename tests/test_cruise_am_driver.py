@@ -16,7 +16,7 @@ from appmaster.ps.eps_datasets import SplitLedger
 from appmaster.ps.metrics import EpochRecord, JobMetrics
 from protocol import executor_ops as ops
 from polling import async_wait_until
-from psruntime.ownership_table import OwnershipTable
+from psruntime.store.ownership_table import OwnershipTable
 
 SPLITS, MODEL_BLOCKS, ROWS, BATCH = 10, 10, 100, 10
 LINK_BPS = 8_000_000            # 1 MB/s per executor

@@ -19,13 +19,13 @@ import pytest
 
 from appmaster.ps.status_server import ControlAuth, StatusServer
 from protocol import tokens
-from psruntime.dataplane import DataPlaneClient, DataPlaneConnection, DataPlaneServer, parse_address
-from psruntime.dataplane_auth import AuthError, ClientHandshake, secret_key
+from psruntime.wire.dataplane import DataPlaneClient, DataPlaneConnection, DataPlaneServer, parse_address
+from psruntime.wire.dataplane_auth import AuthError, ClientHandshake, secret_key
 from psruntime.executor import Executor
-from psruntime.frame_codec import encode_frame, read_frame
-from psruntime.migration_controller import MigrationController
-from psruntime.ownership_table import OwnershipTable
-from psruntime.store_client import StoreClient
+from psruntime.wire.frame_codec import encode_frame, read_frame
+from psruntime.store.migration_controller import MigrationController
+from psruntime.store.ownership_table import OwnershipTable
+from psruntime.store.store_client import StoreClient
 
 NB = 4
 SECRET = tokens.job_secret("cluster secret", "appattempt_1_0001_000001")
@@ -115,7 +115,7 @@ async def test_a_client_without_the_secret_is_refused_and_changes_nothing(caplog
         plain = DataPlaneClient()
         try:
             conn = await plain.connection(e0.address)     # the old client: it just sends its requests
-            with caplog.at_level(logging.WARNING, logger="psruntime.dataplane"):
+            with caplog.at_level(logging.WARNING, logger="psruntime.wire.dataplane"):
                 with pytest.raises(ConnectionError):
                     await conn.request({"op": "put", "keys": [key]}, [np.ones(3, np.float32)])
                 with pytest.raises(ConnectionError):
@@ -222,7 +222,7 @@ async def test_am_control_endpoints_need_the_apps_token() -> None:
 
 
 async def test_a_silent_peer_is_dropped_after_the_handshake_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("psruntime.dataplane.HANDSHAKE_TIMEOUT_S", 0.05)
+    monkeypatch.setattr("psruntime.wire.dataplane.HANDSHAKE_TIMEOUT_S", 0.05)
     server = DataPlaneServer(lambda f: ({"op": "ok"}, ()), secret=KEY)
     address = await server.start()
     try:

@@ -7,7 +7,7 @@ import numpy as np
 import orjson
 import pytest
 
-from psruntime.frame_codec import (MAGIC, PREFIX, FrameError, decode_frame, encode_frame, parse_prefix,
+from psruntime.wire.frame_codec import (MAGIC, PREFIX, FrameError, decode_frame, encode_frame, parse_prefix,
                                    read_frame)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from psruntime.frame_codec import PREFIX, Frame, FrameError, encode_frame
-from psruntime.frame_protocol import DIRECT_MIN_BYTES, FrameProtocol
+from psruntime.wire.frame_codec import PREFIX, Frame, FrameError, encode_frame
+from psruntime.wire.frame_protocol import DIRECT_MIN_BYTES, FrameProtocol
 
 
 class FakeTransport:

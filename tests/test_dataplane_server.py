@@ -6,8 +6,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from psruntime.dataplane import DataPlaneClient, DataPlaneServer, RemoteError, RequestError, parse_address
-from psruntime.frame_codec import Frame
+from psruntime.wire.dataplane import DataPlaneClient, DataPlaneServer, RemoteError, RequestError, parse_address
+from psruntime.wire.frame_codec import Frame
 
 
 async def echo_server() -> DataPlaneServer:

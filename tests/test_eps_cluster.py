@@ -24,8 +24,8 @@ from conftest import (FINAL_STATES, am_control_headers, app_post_mortem, get_app
                       running_cluster, submit_app, wait_app, warm_pids_with)
 from polling import wait_until
 from protocol import container_env, tokens
-from psruntime.checkpoint import load_manifests
-from psruntime.ownership_table import block_of
+from psruntime.store.checkpoint import load_manifests
+from psruntime.store.ownership_table import block_of
 
 pytestmark = pytest.mark.cluster
 

@@ -22,7 +22,7 @@ from polling import async_wait_until
 from protocol.ps_job_spec import validate
 from protocol.records import Resource
 from psruntime.apps.registry import create_app
-from psruntime.frame_codec import Frame
+from psruntime.wire.frame_codec import Frame
 
 
 class ScriptedPlane:

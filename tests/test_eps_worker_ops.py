@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from psruntime.apps.blocks import DataBlock
-from psruntime.dataplane import DataPlaneClient, RemoteError
-from psruntime.eps_inactive_store import InactiveSplits, InactiveStoreError
+from psruntime.wire.dataplane import DataPlaneClient, RemoteError
+from psruntime.eps.eps_inactive_store import InactiveSplits, InactiveStoreError
 from psruntime.executor import Executor
-from psruntime.migration_controller import MigrationController
-from psruntime.ownership_table import OwnershipTable
+from psruntime.store.migration_controller import MigrationController
+from psruntime.store.ownership_table import OwnershipTable
 
 NB = 4
 APP = {"app": "nmf", "data": {}, "hparams": {"max_epochs": 3}}   # NMF: each split carries state W

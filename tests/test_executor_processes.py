@@ -16,10 +16,10 @@ import pytest
 
 from psruntime.apps.base import ObjectivePart
 from psruntime.apps.registry import create_app
-from psruntime.dataplane import DataPlaneClient, DataPlaneServer, RemoteError
-from psruntime.frame_codec import Frame
-from psruntime.migration_controller import MigrationController
-from psruntime.ownership_table import OwnershipTable
+from psruntime.wire.dataplane import DataPlaneClient, DataPlaneServer, RemoteError
+from psruntime.wire.frame_codec import Frame
+from psruntime.store.migration_controller import MigrationController
+from psruntime.store.ownership_table import OwnershipTable
 
 NB = 8
 

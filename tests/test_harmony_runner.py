@@ -18,7 +18,7 @@ from psruntime.apps.base import StepContext
 from psruntime.apps.registry import create_app
 from psruntime.arbiter_client import ArbiterClient, Grant
 from psruntime.harmony_runner import HarmonyRunner, from_environment
-from psruntime.store_client import StoreClient
+from psruntime.store.store_client import StoreClient
 from psruntime.training_pipeline import (Subtask, TrainingPipeline, init_blocks, init_model, pull_key_values,
                                          pull_through)
 from store_cluster import executor_cluster

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from polling import wait_until
-from psruntime.dataplane import DataPlaneClient
+from psruntime.wire.dataplane import DataPlaneClient
 from psruntime.executor import Executor
-from psruntime.migration_controller import MigrationController, MigrationControllerError
-from psruntime.ownership_table import OwnershipTable
-from psruntime.store_client import StoreClient
+from psruntime.store.migration_controller import MigrationController, MigrationControllerError
+from psruntime.store.ownership_table import OwnershipTable
+from psruntime.store.store_client import StoreClient
 
 NUM_BLOCKS = 8
 KEYS = list(range(24))

@@ -7,11 +7,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from psruntime.dataplane import DataPlaneClient, RemoteError
+from psruntime.wire.dataplane import DataPlaneClient, RemoteError
 from psruntime.executor import Executor
-from psruntime.migration import BlockState
-from psruntime.migration_controller import MigrationController, MigrationControllerError
-from psruntime.ownership_table import OwnershipTable
+from psruntime.store.migration import BlockState
+from psruntime.store.migration_controller import MigrationController, MigrationControllerError
+from psruntime.store.ownership_table import OwnershipTable
 
 NB = 4
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from psruntime.migration import (TRANSITIONS, BlockState, BlockStates, Disposition, InvalidTransition,
+from psruntime.store.migration import (TRANSITIONS, BlockState, BlockStates, Disposition, InvalidTransition,
                                  MigrationEvent, next_state)
 
 S, E = BlockState, MigrationEvent

@@ -18,8 +18,8 @@ from protocol.durable_storage import DurableDir
 from protocol.model_output import ModelOutputError, builtin_model_shape
 from psruntime.apps.base import KeyValues
 from psruntime.apps.registry import create_app
-from psruntime.block_store import BlockArrays
-from psruntime.model_files import model_from_blocks, write_model
+from psruntime.store.block_store import BlockArrays
+from psruntime.store.model_files import model_from_blocks, write_model
 
 APPS = ("mlr", "lasso", "nmf", "lda")
 

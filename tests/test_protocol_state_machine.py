@@ -45,7 +45,7 @@ def test_every_machine_of_the_project_uses_it_and_keeps_its_error() -> None:
     from appmaster.ps.directives import TRANSITIONS as directives
     from appmaster.ps.job import TRANSITIONS as job
     from nodemanager.container_state import TRANSITIONS as nm_containers
-    from psruntime.migration import TRANSITIONS as migration
+    from psruntime.store.migration import TRANSITIONS as migration
     from rm.policies.eps_trial import TRANSITIONS as trials
     from rm.state_machines import APP_TRANSITIONS, ATTEMPT_TRANSITIONS
     from appmaster.cruise.plan import OP_TRANSITIONS

@@ -15,8 +15,8 @@ from protocol.job_report import (MAX_EPOCH_TIMES, MAX_OBJECTIVES, JobReport, fin
                                  recent_objectives)
 from protocol.records import Resource
 from protocol.remote_exception import Conflict
-from psruntime.dataplane import RequestError
-from psruntime.frame_codec import Frame
+from psruntime.wire.dataplane import RequestError
+from psruntime.wire.frame_codec import Frame
 
 
 def test_job_runs_forward_to_succeeded() -> None:

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from psruntime.block_store import BlockStore
-from psruntime.checkpoint import CheckpointError, load_blocks, load_manifests, restore_blocks, save_blocks
-from psruntime.ownership_table import block_of
+from psruntime.store.block_store import BlockStore
+from psruntime.store.checkpoint import CheckpointError, load_blocks, load_manifests, restore_blocks, save_blocks
+from psruntime.store.ownership_table import block_of
 
 NUM_BLOCKS = 4
 

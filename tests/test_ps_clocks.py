@@ -8,7 +8,7 @@ import pytest
 
 from appmaster.ps.clock_pacing import MAX_BATCHES, START_BATCHES, ClockPacer
 from appmaster.ps.metrics import EpochRecord
-from psruntime.dataplane import RemoteError
+from psruntime.wire.dataplane import RemoteError
 from test_ps_training import job_factory  # noqa: F401 - the fixture
 
 BATCHES_PER_WORKER = 2000 // 50 // 2     # mlr tiny: 2000 rows, batch 50, 2 workers

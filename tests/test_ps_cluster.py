@@ -20,7 +20,7 @@ from conftest import (FINAL_STATES, am_control_headers, am_status, get_app, pids
                       wait_app)
 from polling import wait_until
 from protocol import container_env
-from psruntime.checkpoint import load_blocks, load_manifests
+from psruntime.store.checkpoint import load_blocks, load_manifests
 
 pytestmark = pytest.mark.cluster
 

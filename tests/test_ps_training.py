@@ -17,10 +17,10 @@ from appmaster.ps.training import Training
 from protocol.ps_job_spec import validate
 from protocol.records import Resource
 from psruntime.apps.registry import create_app
-from psruntime.checkpoint import load_blocks, load_manifests
-from psruntime.dataplane import DataPlaneClient
+from psruntime.store.checkpoint import load_blocks, load_manifests
+from psruntime.wire.dataplane import DataPlaneClient
 from psruntime.executor import Executor
-from psruntime.frame_codec import Frame
+from psruntime.wire.frame_codec import Frame
 
 
 def _container(i: int) -> AmContainer:

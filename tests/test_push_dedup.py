@@ -1,4 +1,4 @@
-"""Idempotent pushes (psruntime.push_ids): a push id is applied once per block by the servers, a
+"""Idempotent pushes (psruntime.store.push_ids): a push id is applied once per block by the servers, a
 repeated one is acknowledged without being applied, ids two epochs old are forgotten, a block's
 ids go with it when it migrates and are forgotten when it is restored."""
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from psruntime.frame_codec import Frame
-from psruntime.ownership_table import OwnershipTable
-from psruntime.push_ids import COUNT, DELTAS, EPOCH_BITS, AppliedPushes, epoch_of, push_id
-from psruntime.store_client import StoreClient
-from psruntime.store_service import StoreService
+from psruntime.wire.frame_codec import Frame
+from psruntime.store.ownership_table import OwnershipTable
+from psruntime.store.push_ids import COUNT, DELTAS, EPOCH_BITS, AppliedPushes, epoch_of, push_id
+from psruntime.store.store_client import StoreClient
+from psruntime.store.store_service import StoreService
 from store_cluster import executor_cluster
 
 NB = 6

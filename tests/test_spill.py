@@ -17,19 +17,19 @@ from appmaster.ps.executor_status import spill_report
 from protocol import executor_ops as ops
 from protocol.job_report import JobReport
 from protocol.ps_job_spec import JobSpecError, validate
-from psruntime.alpha_tuner import (HARD_PRESSURE, SOFT_PRESSURE, AlphaTuner, SpillMeasurement, initial_alpha,
+from psruntime.spill.alpha_tuner import (HARD_PRESSURE, SOFT_PRESSURE, AlphaTuner, SpillMeasurement, initial_alpha,
                                    quantize)
 from psruntime.apps.base import StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.registry import create_app
-from psruntime.block_reloader import BlockReloader, disk_positions
-from psruntime.block_store import BlockArrays
-from psruntime.dataplane import DataPlaneClient
-from psruntime.migration_controller import MigrationController
-from psruntime.spill_store import SpillError, SpillStore, decode, encode
-from psruntime.store_client import StoreClient
+from psruntime.spill.block_reloader import BlockReloader, disk_positions
+from psruntime.store.block_store import BlockArrays
+from psruntime.wire.dataplane import DataPlaneClient
+from psruntime.store.migration_controller import MigrationController
+from psruntime.spill.spill_store import SpillError, SpillStore, decode, encode
+from psruntime.store.store_client import StoreClient
 from psruntime.training_pipeline import TrainingPipeline, init_blocks, init_model, pull_key_values
-from psruntime.worker_spill import WorkerSpill, parse_mode
+from psruntime.spill.worker_spill import WorkerSpill, parse_mode
 from store_cluster import executor_cluster
 
 APPS = ("mlr", "nmf", "lda", "lasso")
@@ -320,9 +320,9 @@ def test_the_report_carries_the_mean_alpha_and_the_spilled_megabytes() -> None:
 # ----- model blocks: a server's last resort ------------------------------------------------------
 
 def test_a_spilled_model_block_is_still_held_and_comes_back_on_its_next_access(tmp_path: Path) -> None:
-    from psruntime.block_store import BlockStore
-    from psruntime.model_spill import ModelSpill, block_to_spill
-    from psruntime.ownership_table import blocks_of_int_keys
+    from psruntime.store.block_store import BlockStore
+    from psruntime.spill.model_spill import ModelSpill, block_to_spill
+    from psruntime.store.ownership_table import blocks_of_int_keys
 
     store = BlockStore(4)
     keys = np.arange(40, dtype=np.int64)
@@ -360,7 +360,7 @@ def test_a_spilled_model_block_is_still_held_and_comes_back_on_its_next_access(t
 
 
 async def test_a_server_at_the_hard_limit_spills_model_blocks_and_still_serves_them(tmp_path: Path) -> None:
-    from psruntime.model_spill import ModelSpillMonitor
+    from psruntime.spill.model_spill import ModelSpillMonitor
 
     app = _app("mlr")
     async with executor_cluster(1, 4) as (executors, ctl, dp):

@@ -7,9 +7,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from psruntime.dataplane import RemoteError
-from psruntime.ownership_table import OwnershipTable, blocks_of_int_keys
-from psruntime.store_client import StoreClient, StoreClientError
+from psruntime.wire.dataplane import RemoteError
+from psruntime.store.ownership_table import OwnershipTable, blocks_of_int_keys
+from psruntime.store.store_client import StoreClient, StoreClientError
 from store_cluster import executor_cluster
 
 NB = 8

@@ -7,10 +7,10 @@ import weakref
 import numpy as np
 import pytest
 
-from psruntime.block_contents import RetiredValues
-from psruntime.block_store import BlockArrays, BlockStore, StoreError
-from psruntime.ownership_table import OwnershipTable, block_of, blocks_of_int_keys
-from psruntime.store_requests import group_by_block
+from psruntime.store.block_contents import RetiredValues
+from psruntime.store.block_store import BlockArrays, BlockStore, StoreError
+from psruntime.store.ownership_table import OwnershipTable, block_of, blocks_of_int_keys
+from psruntime.store.store_requests import group_by_block
 
 NB = 4
 

@@ -14,10 +14,10 @@ import pytest
 
 from protocol import executor_ops as ops
 from psruntime.control_ops import bind, table
-from psruntime.dataplane import RemoteError
+from psruntime.wire.dataplane import RemoteError
 from psruntime.executor import Executor
-from psruntime.frame_codec import Frame
-from psruntime.store_client import StoreClient, StoreClientError
+from psruntime.wire.frame_codec import Frame
+from psruntime.store.store_client import StoreClient, StoreClientError
 from store_cluster import executor_cluster
 
 NB = 4

@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from psruntime.block_store import BlockStore, StoreError
-from psruntime.ownership_table import (OwnershipError, OwnershipTable, block_of, blocks_of_int_keys,
+from psruntime.store.block_store import BlockStore, StoreError
+from psruntime.store.ownership_table import (OwnershipError, OwnershipTable, block_of, blocks_of_int_keys,
                                        key_hash)
 
 NB = 16
@@ -77,7 +77,7 @@ def test_block_not_held_and_export_import_round_trip() -> None:
 def test_hash_is_stable_across_processes_and_vectorised() -> None:
     keys = [0, 1, 2, 12345, 2**40, "w:layer1", "ünïcode"]
     here = [key_hash(k) for k in keys]
-    code = ("from psruntime.ownership_table import key_hash; "
+    code = ("from psruntime.store.ownership_table import key_hash; "
             f"print([key_hash(k) for k in {keys!r}])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "12345", "PATH": ""})

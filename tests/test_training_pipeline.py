@@ -14,10 +14,10 @@ import pytest
 from psruntime.apps.base import Batch, KeyValues, PSApp, StepContext
 from psruntime.apps.registry import create_app
 from psruntime.apps.single_process import DenseModel
-from psruntime.dataplane import DataPlaneClient
+from psruntime.wire.dataplane import DataPlaneClient
 from psruntime.executor import Executor
-from psruntime.migration_controller import MigrationController
-from psruntime.store_client import StoreClient
+from psruntime.store.migration_controller import MigrationController
+from psruntime.store.store_client import StoreClient
 from psruntime.training_pipeline import (POSITION, Resource, Subtask, TrainingPipeline, TrainingStopped,
                                          epoch_position, init_blocks, init_model, pull_key_values)
 from store_cluster import executor_cluster

@@ -27,11 +27,11 @@ from elastane_cli import node_network as nn
 from polling import async_wait_until
 from protocol import executor_ops as ops
 from protocol.records import Resource
-from psruntime.dataplane import (ConnectTimeout, DataPlaneClient, DataPlaneServer, LinkLiveness, PeerLost,
+from psruntime.wire.dataplane import (ConnectTimeout, DataPlaneClient, DataPlaneServer, LinkLiveness, PeerLost,
                                  apply_liveness)
-from psruntime.frame_codec import Frame
-from psruntime.ownership_table import OwnershipTable
-from psruntime.store_client import StoreClient, StoreClientError
+from psruntime.wire.frame_codec import Frame
+from psruntime.store.ownership_table import OwnershipTable
+from psruntime.store.store_client import StoreClient, StoreClientError
 
 
 class SilentPeer:

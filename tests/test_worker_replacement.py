@@ -27,9 +27,9 @@ from elastane_cli.ps_scale_command import change_rows
 from protocol import codec
 from protocol.shape_history import ReplaceWorkerChange, ShapeChange, decode_history
 from psruntime.apps.registry import create_app
-from psruntime.dataplane import DataPlaneClient
+from psruntime.wire.dataplane import DataPlaneClient
 from psruntime.executor import Executor
-from psruntime.frame_codec import Frame
+from psruntime.wire.frame_codec import Frame
 from psruntime.training_pipeline import Subtask
 
 SPEC = {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 3, "convergence_threshold": 1e-12,

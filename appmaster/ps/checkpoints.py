@@ -3,7 +3,7 @@ AM writes them into one directory per cut; a restore reads them there and sends 
 
 Layout under the AM's durable dir (ELASTANE_AM_DIR)::
 
-    checkpoints/epoch-<N>/manifest-<server>.json, block_<b>.npz   (psruntime.checkpoint's format)
+    checkpoints/epoch-<N>/manifest-<server>.json, block_<b>.npz   (psruntime.store.checkpoint's format)
     checkpoints/epoch-<N>/job.json   epoch, objective, the ownership table and the job spec
     checkpoints/epoch-<N>-clock-<C>/...   a cut inside epoch N, after the job's C-th clock (a
                                           kill-based reshape pauses at the next clock boundary)
@@ -43,12 +43,12 @@ import numpy as np
 from protocol import container_env
 from protocol import executor_ops as ops
 from protocol.durable_storage import DurableDir, fsync_dir, fsync_file, write_atomic
-from psruntime.checkpoint import (BlockEntry, CheckpointError, block_wire_bytes, checkpoint_entries,
+from psruntime.store.checkpoint import (BlockEntry, CheckpointError, block_wire_bytes, checkpoint_entries,
                                   load_manifests, pack_blocks, read_block, unpack_blocks, write_block,
                                   write_manifest)
-from psruntime.block_store import BlockArrays
-from psruntime.dataplane import DataPlaneClient
-from psruntime.ownership_table import OwnershipTable
+from psruntime.store.block_store import BlockArrays
+from psruntime.wire.dataplane import DataPlaneClient
+from psruntime.store.ownership_table import OwnershipTable
 
 from .executor_pool import ExecutorRecord
 from .executor_rpc import Answered, ExecutorRpc
@@ -312,7 +312,7 @@ def _discard(fut: "asyncio.Future[Any] | None") -> None:
 
 
 def _write_blocks(d: Path, items: list[tuple[int, BlockArrays]], sync: bool) -> dict[int, dict[str, Any]]:
-    """psruntime.checkpoint's block files, each fsynced with `sync` (in the thread that overlaps
+    """psruntime.store.checkpoint's block files, each fsynced with `sync` (in the thread that overlaps
     the next batch's transfer, so the wait is mostly hidden)."""
     entries = {}
     for b, data in items:
@@ -334,7 +334,7 @@ def _write_worker_state(d: Path, block: int, header: dict[str, Any], arrays: lis
     tmp = d / f"{WORKER_STATE_PREFIX}{block}.tmp.npz"
     with open(tmp, "wb") as f:
         np.savez(f, header=np.frombuffer(json.dumps(header).encode(), np.uint8),
-                 **{f"a{i}": a for i, a in enumerate(arrays)})  # type: ignore[arg-type]  # see psruntime/checkpoint.py
+                 **{f"a{i}": a for i, a in enumerate(arrays)})  # type: ignore[arg-type]  # see psruntime/store/checkpoint.py
         if sync:
             f.flush()
             os.fsync(f.fileno())

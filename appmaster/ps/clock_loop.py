@@ -21,7 +21,7 @@ workers finish the clock; if no failed worker answered (each is gone, not refusi
 `replace_lost_workers` (appmaster.ps.recovery) may put a replacement in each lost worker's place,
 holding its splits at the positions they had when the clock began (`positions`: each input
 block's [epoch, next_row] as the workers last reported it), and the replacements alone run the
-clock again; the servers drop the pushes the lost worker had made already (psruntime.push_ids),
+clock again; the servers drop the pushes the lost worker had made already (psruntime.store.push_ids),
 so no update is lost or applied twice and the epoch goes on.
 Without a replacement the survivors' part of the clock is counted and the failure is raised.
 
@@ -52,8 +52,8 @@ import numpy as np
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
 from psruntime.apps.base import AnyPSApp, ObjectivePart
-from psruntime.dataplane import DataPlaneClient, PeerLost
-from psruntime.store_client import StoreClient
+from psruntime.wire.dataplane import DataPlaneClient, PeerLost
+from psruntime.store.store_client import StoreClient
 
 from .boundary_scheduler import BoundaryScheduler
 from .clock_pacing import ClockPacer

@@ -11,7 +11,7 @@ does change while the split trains elsewhere, so a re-activation always takes th
 split's current (active) holder: only the state travels, never the data. For apps without local
 state (MLR, Lasso) nothing travels at all.
 
-Pure bookkeeping, no I/O; the executors hold the splits themselves (psruntime.eps_worker_ops).
+Pure bookkeeping, no I/O; the executors hold the splits themselves (psruntime.eps.eps_worker_ops).
 """
 from __future__ import annotations
 

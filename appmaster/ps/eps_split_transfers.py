@@ -3,7 +3,7 @@ senders stage their splits' input data at the destinations alongside an epoch, t
 boundary commit them -- the splits' worker-local state follows, the senders drop them from their
 active datasets (keeping inactive copies when asked) and the ledger records what was done.
 
-The executors' side is psruntime.eps_worker_ops; the decisions are appmaster.ps.eps_decisions.
+The executors' side is psruntime.eps.eps_worker_ops; the decisions are appmaster.ps.eps_decisions.
 """
 from __future__ import annotations
 

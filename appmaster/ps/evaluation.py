@@ -12,8 +12,8 @@ import numpy as np
 
 from protocol import executor_ops as ops
 from psruntime.apps.base import AnyPSApp, ObjectivePart
-from psruntime.dataplane import DataPlaneClient
-from psruntime.store_client import StoreClient
+from psruntime.wire.dataplane import DataPlaneClient
+from psruntime.store.store_client import StoreClient
 
 from .executor_pool import ExecutorRecord
 from .executor_rpc import ExecutorRpc

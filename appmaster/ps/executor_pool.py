@@ -9,7 +9,7 @@ The pool is where the AM learns that an executor is gone, and the one place that
 container's completion (`mark_exited`: it died, was killed, or its node was lost, as the RM
 reports), or the AM giving up on it (`declare_lost`: no reply by a deadline). Either way the AM's
 data-plane client (`links`) marks its address lost, so every request in flight to it fails at once
-(psruntime.dataplane.PeerLost; appmaster.ps.executor_rpc.ExecutorLost), and `watch_losses` wakes
+(psruntime.wire.dataplane.PeerLost; appmaster.ps.executor_rpc.ExecutorLost), and `watch_losses` wakes
 whoever waits on work that needs it (the clock loop, on a server).
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ from protocol.internal_api import LaunchContext, WarmStart
 from protocol.local_resources import LocalResource
 from protocol.records import ExitStatus
 from protocol.state_machine import TransitionTable
-from psruntime.dataplane import DataPlaneClient, Reply, RequestError
-from psruntime.frame_codec import Frame
+from psruntime.wire.dataplane import DataPlaneClient, Reply, RequestError
+from psruntime.wire.frame_codec import Frame
 
 EXECUTOR_MODULE = "psruntime.executor"
 

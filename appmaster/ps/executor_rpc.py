@@ -18,7 +18,7 @@ from typing import Generic, Sequence, TypeVar
 import numpy as np
 
 from protocol import executor_ops as ops
-from psruntime.dataplane import DataPlaneClient, PeerLost, RemoteError
+from psruntime.wire.dataplane import DataPlaneClient, PeerLost, RemoteError
 
 from .executor_pool import ExecutorRecord, ExecutorState
 

@@ -37,9 +37,9 @@ from protocol.records import FinalStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
 from psruntime.apps.quality import check_quality
 from psruntime.apps.registry import create_job_app
-from psruntime.dataplane import DataPlaneClient, DataPlaneServer
-from psruntime.dataplane_auth import secret_key
-from psruntime.store_client import StoreClientError
+from psruntime.wire.dataplane import DataPlaneClient, DataPlaneServer
+from psruntime.wire.dataplane_auth import secret_key
+from psruntime.store.store_client import StoreClientError
 
 from ..am_client import ApplicationMaster
 from ..am_events import ContainersAllocated, ContainersCompleted, NodesUpdated, ShapeChanged, Shutdown

@@ -28,9 +28,9 @@ from protocol.model_output import (CODE_DIR, FINAL_DIR, AppRef, ModelMetadata, M
 from protocol.ps_job_spec import PSJobSpec
 from protocol.shape_history import ShapeChange, history_json
 from psruntime.apps.base import AnyPSApp
-from psruntime.checkpoint import load_blocks
-from psruntime.model_files import model_from_blocks, read_values, write_model
-from psruntime.store_client import StoreClient
+from psruntime.store.checkpoint import load_blocks
+from psruntime.store.model_files import model_from_blocks, read_values, write_model
+from psruntime.store.store_client import StoreClient
 
 from .training import Training
 

@@ -4,7 +4,7 @@
 binds each to the app (`app_setup`); `setup_worker` has a worker generate (or load) its input
 partition. Afterwards the table changes only through here: executors join (`register`, the EPS
 dependency update), leave (`forget`), and blocks move server to server with the elastic store's
-two-step protocol (`move`, psruntime.migration_controller), each change broadcast.
+two-step protocol (`move`, psruntime.store.migration_controller), each change broadcast.
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Iterable, Mapping, Optional
 
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
-from psruntime.dataplane import DataPlaneClient
-from psruntime.migration_controller import MigrationController
-from psruntime.ownership_table import OwnershipTable
+from psruntime.wire.dataplane import DataPlaneClient
+from psruntime.store.migration_controller import MigrationController
+from psruntime.store.ownership_table import OwnershipTable
 
 from .executor_pool import ExecutorRecord
 from .executor_rpc import ExecutorRpc

@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from psruntime.checkpoint import CheckpointError, load_manifests
+from psruntime.store.checkpoint import CheckpointError, load_manifests
 
 TINY_FRACTION = 0.01        # §5.3, §6.1: "very small" = below 1% of avg_size
 

@@ -16,7 +16,7 @@ layer's steps:
 
 Then the replacement alone runs the lost clock again: the servers acknowledge without applying the
 pushes the lost worker had made already (each mini-batch's pushes carry a push id, applied once
-per block: psruntime.push_ids), so no update is lost or applied twice, and the epoch goes on with
+per block: psruntime.store.push_ids), so no update is lost or applied twice, and the epoch goes on with
 the next clock for everyone; no epoch is redone. A worker lost between clocks (its exit reported,
 or a call between clocks failed) is replaced the same way, at the next clock or before training
 resumes, from where its splits stood. A replacement that fails (no container in time) falls back

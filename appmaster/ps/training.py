@@ -13,7 +13,7 @@ from typing import Callable, Optional
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
 from psruntime.apps.base import AnyPSApp
-from psruntime.dataplane import DataPlaneClient
+from psruntime.wire.dataplane import DataPlaneClient
 
 from .clock_loop import ClockLoop
 from .evaluation import Evaluation

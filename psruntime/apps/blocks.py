@@ -9,7 +9,7 @@ two sets of named numpy arrays:
   EPS or Harmony move or spill a block, the rows' state travels with it.
 
 Blocks serialise to a JSON-able header plus a list of plain numeric numpy buffers (no pickle),
-matching what ``psruntime.frame_codec`` sends and what the spill writes with lz4.
+matching what ``psruntime.wire.frame_codec`` sends and what the spill writes with lz4.
 """
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ flight on one connection and replies are matched by id. The server handles the f
 connection in arrival order (a handler that returns a plain reply answers before the next frame is
 read), which gives each client read-my-writes ordering on a connection.
 
-With a job secret (`secret=`, the key from psruntime.dataplane_auth.secret_key) every connection
-first runs psruntime.dataplane_auth's handshake: the server serves no frame, and takes no frame
+With a job secret (`secret=`, the key from psruntime.wire.dataplane_auth.secret_key) every connection
+first runs psruntime.wire.dataplane_auth's handshake: the server serves no frame, and takes no frame
 with a body, before the client proved the secret, and drops the connection (logging the peer and
 the reason) on a bad or missing proof or after HANDSHAKE_TIMEOUT_S; the client's `open` returns
 once the server proved it too. `secret=None` is today's unauthenticated data plane (in-process
@@ -33,9 +33,9 @@ from typing import Annotated, Any, Awaitable, Callable, Sequence, Union
 import msgspec
 import numpy as np
 
-from psruntime.dataplane_auth import HANDSHAKE_TIMEOUT_S, AuthError, ClientHandshake, ServerHandshake
-from psruntime.frame_codec import DEFAULT_MAX_BODY_BYTES, Frame, FrameError
-from psruntime.frame_protocol import FrameProtocol
+from psruntime.wire.dataplane_auth import HANDSHAKE_TIMEOUT_S, AuthError, ClientHandshake, ServerHandshake
+from psruntime.wire.frame_codec import DEFAULT_MAX_BODY_BYTES, Frame, FrameError
+from psruntime.wire.frame_protocol import FrameProtocol
 
 log = logging.getLogger(__name__)
 

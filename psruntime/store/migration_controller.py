@@ -13,8 +13,8 @@ import logging
 from typing import Iterable
 
 from protocol.executor_ops import MoveBlocks, SetOwnership, to_header
-from psruntime.dataplane import DataPlaneClient
-from psruntime.ownership_table import OwnershipError, OwnershipTable
+from psruntime.wire.dataplane import DataPlaneClient
+from psruntime.store.ownership_table import OwnershipError, OwnershipTable
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The blocks one executor owns, with put / get / update one key at a time or many keys at once.
 
 Model keys are dense int ranges whose values share one layout (MLR/NMF: float32 vectors of the
-app's key length), so each block keeps its int keys as **dense rows** (psruntime.block_contents):
+app's key length), so each block keeps its int keys as **dense rows** (psruntime.store.block_contents):
 a sorted int64 key array and one (rows, *row_shape) array, with spare capacity so appending keys
 in increasing order (how a model is initialised) is amortised O(1). A multi-key get or update is
 then one np.searchsorted plus one fancy-indexed numpy op. Any other key (a str key, an int key whose value
@@ -16,7 +16,7 @@ holds a view updates stay in place and allocate nothing.
 A block serialises to `BlockArrays` (dense keys + values + the other keys' arrays) for migration
 and checkpoints; `export_block` / `import_block` keep the older per-key form.
 
-A store may hold blocks on disk (`spilled`, Harmony's model spill: psruntime.model_spill): they
+A store may hold blocks on disk (`spilled`, Harmony's model spill: psruntime.spill.model_spill): they
 count as held, and any access brings such a block back into memory first.
 """
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from psruntime.block_contents import BlockContents as _Block
-from psruntime.block_contents import RetiredValues
-from psruntime.block_contents import strictly_increasing as _strictly_increasing
-from psruntime.ownership_table import Key, block_of, blocks_of_int_keys
+from psruntime.store.block_contents import BlockContents as _Block
+from psruntime.store.block_contents import RetiredValues
+from psruntime.store.block_contents import strictly_increasing as _strictly_increasing
+from psruntime.store.ownership_table import Key, block_of, blocks_of_int_keys
 
 UpdateFunc = Callable[[np.ndarray, np.ndarray], None]
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -96,7 +96,7 @@ class BlockArrays:
 
 
 class SpilledBlocks(Protocol):
-    """Blocks a store holds on disk (psruntime.model_spill.ModelSpill)."""
+    """Blocks a store holds on disk (psruntime.spill.model_spill.ModelSpill)."""
 
     def blocks(self) -> list[int]: ...
 
@@ -118,7 +118,7 @@ class BlockStore:
         self.num_blocks = num_blocks
         self._blocks: dict[int, _Block] = {}
         self._retired = RetiredValues()   # copy-on-write's replaced arrays, reused (block_contents)
-        # Blocks spilled to disk under memory pressure (Harmony, psruntime.model_spill): still
+        # Blocks spilled to disk under memory pressure (Harmony, psruntime.spill.model_spill): still
         # held, brought back into memory on their next access.
         self.spilled: SpilledBlocks | None = None
 

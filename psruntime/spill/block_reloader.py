@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from psruntime.apps.blocks import DataBlock
-from psruntime.spill_store import SpillStore
+from psruntime.spill.spill_store import SpillStore
 from psruntime.training_pipeline import block_position
 
 

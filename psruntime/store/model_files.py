@@ -1,7 +1,7 @@
 """The arrays of a model output (docs/model_output.md; the metadata is `protocol.model_output`):
 `model.npz` with one float32 array "values" of (num_keys, key_length), row k the value of key k.
 
-`model_from_blocks` assembles that array from a checkpoint's blocks (psruntime.checkpoint's
+`model_from_blocks` assembles that array from a checkpoint's blocks (psruntime.store.checkpoint's
 format, what the AM gathers from the servers), `write_model` writes a model directory (arrays
 first, metadata.json last: a directory without it is incomplete), `read_values` reads the arrays
 back, checked against the metadata.
@@ -16,7 +16,7 @@ import numpy as np
 from protocol.durable_storage import DurableDir
 from protocol.model_output import (METADATA_FILE, MODEL_FILE, VALUES_ARRAY, ModelMetadata, ModelOutputError,
                                    encode_metadata)
-from psruntime.block_store import BlockArrays
+from psruntime.store.block_store import BlockArrays
 
 
 def model_from_blocks(blocks: Mapping[int, BlockArrays], num_keys: int, key_length: int) -> np.ndarray:
@@ -46,7 +46,7 @@ def write_model(d: DurableDir, values: np.ndarray, meta: ModelMetadata) -> None:
     if values.shape != (meta.num_keys, meta.key_length):
         raise ModelOutputError(f"values of shape {values.shape} for a model of {meta.num_keys} x {meta.key_length}")
     buf = io.BytesIO()
-    np.savez(buf, **{VALUES_ARRAY: np.ascontiguousarray(values, np.float32)})  # type: ignore[arg-type]  # see psruntime/checkpoint.py
+    np.savez(buf, **{VALUES_ARRAY: np.ascontiguousarray(values, np.float32)})  # type: ignore[arg-type]  # see psruntime/store/checkpoint.py
     d.makedirs()
     d.write_bytes(MODEL_FILE, buf.getvalue())
     d.write_bytes(METADATA_FILE, encode_metadata(meta))

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from psruntime.ownership_table import Key
+from psruntime.store.ownership_table import Key
 
 # References to a block's values array when nobody holds a view of it: the slot and
 # getrefcount's argument (see BlockContents.writable_values).

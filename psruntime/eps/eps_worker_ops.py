@@ -33,9 +33,9 @@ import numpy as np
 from protocol import executor_ops as ctl
 from psruntime.apps.blocks import BlockFormatError, DataBlock
 from psruntime.control_ops import Answer, Arrays, OpTable, bind, table
-from psruntime.dataplane import RequestError
-from psruntime.eps_inactive_store import InactiveSplits, InactiveStoreError
-from psruntime.store_client import StoreClient
+from psruntime.wire.dataplane import RequestError
+from psruntime.eps.eps_inactive_store import InactiveSplits, InactiveStoreError
+from psruntime.store.store_client import StoreClient
 
 if TYPE_CHECKING:
     from psruntime.app_role import AppRole

@@ -37,7 +37,7 @@ import numpy as np
 
 from protocol.checkpoint_manifest import FORMAT, BlockEntry, BlockManifest
 from protocol.durable_storage import write_atomic
-from psruntime.block_store import BlockArrays, BlockStore
+from psruntime.store.block_store import BlockArrays, BlockStore
 
 __all__ = ["FORMAT", "BlockEntry", "BlockManifest"]    # re-exported: callers import them from here
 

@@ -26,11 +26,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from psruntime.block_store import BlockStore, check_func
-from psruntime.buffer_pool import BufferPool
-from psruntime.dataplane import Reply, RequestError
-from psruntime.frame_codec import DEFAULT_MAX_BODY_BYTES, check_wire_dtype
-from psruntime.ownership_table import Key, as_int_keys, block_of, blocks_of_int_keys
+from psruntime.store.block_store import BlockStore, check_func
+from psruntime.wire.buffer_pool import BufferPool
+from psruntime.wire.dataplane import Reply, RequestError
+from psruntime.wire.frame_codec import DEFAULT_MAX_BODY_BYTES, check_wire_dtype
+from psruntime.store.ownership_table import Key, as_int_keys, block_of, blocks_of_int_keys
 
 SERVED, MISSING, REDIRECTED = 0, 1, 2    # per-key status codes of an array-form reply
 MASK_GROUPING_MAX_BLOCKS = 32           # up to this many blocks per request, group keys by masks

@@ -1,6 +1,6 @@
 """Mutual challenge-response authentication of a data-plane connection with the job's secret.
 
-Between the frame layer (psruntime.frame_protocol) and the request layer (psruntime.dataplane):
+Between the frame layer (psruntime.wire.frame_protocol) and the request layer (psruntime.wire.dataplane):
 once per connection, before any request frame is served, three header-only frames::
 
     server -> client   {"op": "auth_challenge", "nonce": Ns}          Ns fresh random, per connection
@@ -14,7 +14,7 @@ connection (a new Ns); the client's own nonce Nc makes the server prove the secr
 worker never pushes to or pulls from an impostor. Proofs are compared in constant time. The cost
 is one round trip when a connection opens and nothing per frame.
 
-These classes only build and check the handshake frames; psruntime.dataplane drives them.
+These classes only build and check the handshake frames; psruntime.wire.dataplane drives them.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import hmac
 import secrets
 from typing import Any
 
-from psruntime.frame_codec import Frame
+from psruntime.wire.frame_codec import Frame
 
 CHALLENGE_OP = "auth_challenge"
 ANSWER_OP = "auth_answer"

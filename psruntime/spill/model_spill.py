@@ -3,7 +3,7 @@
 Harmony spills model data only as a last resort: a subtask may touch the whole model, so a model
 block must be back in memory before the access that needs it (no streaming), and since model
 blocks are mutable each is written out in full when it is spilled (checkpointed: the store's
-`BlockArrays` in the checkpoint wire form, `psruntime.checkpoint.pack_blocks`, as an lz4 frame of
+`BlockArrays` in the checkpoint wire form, `psruntime.store.checkpoint.pack_blocks`, as an lz4 frame of
 the worker-side `SpillStore`). In this runtime servers hold the model and workers the input, so a
 server has no input left to spill: when a job spills (`spill_alpha` set) its servers watch their
 own memory, and one at or past the hard pressure limit (`alpha_tuner.HARD_PRESSURE` x its
@@ -19,11 +19,11 @@ import asyncio
 import logging
 from typing import Callable
 
-from psruntime.alpha_tuner import HARD_PRESSURE
-from psruntime.block_store import BlockArrays, BlockStore
-from psruntime.migration import BlockState
-from psruntime.spill_store import SpillStore
-from psruntime.store_service import StoreService
+from psruntime.spill.alpha_tuner import HARD_PRESSURE
+from psruntime.store.block_store import BlockArrays, BlockStore
+from psruntime.store.migration import BlockState
+from psruntime.spill.spill_store import SpillStore
+from psruntime.store.store_service import StoreService
 
 log = logging.getLogger(__name__)
 CHECK_INTERVAL_S = 1.0

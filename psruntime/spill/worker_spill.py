@@ -21,12 +21,12 @@ import time
 from typing import Any, Callable, Iterable, Literal, Sequence, Union
 
 from protocol import container_env
-from psruntime.alpha_tuner import AlphaTuner, SpillMeasurement, initial_alpha, quantize
+from psruntime.spill.alpha_tuner import AlphaTuner, SpillMeasurement, initial_alpha, quantize
 from psruntime.apps.base import PSApp
 from psruntime.apps.blocks import DataBlock
-from psruntime.block_reloader import BlockReloader
-from psruntime.spill_store import SpillStore
-from psruntime.store_client import StoreClient
+from psruntime.spill.block_reloader import BlockReloader
+from psruntime.spill.spill_store import SpillStore
+from psruntime.store.store_client import StoreClient
 from psruntime.training_pipeline import init_blocks
 
 SpillMode = Union[float, Literal["auto"]]

@@ -1,4 +1,4 @@
-"""An asyncio BufferedProtocol that cuts a byte stream into frames (psruntime.frame_codec layout).
+"""An asyncio BufferedProtocol that cuts a byte stream into frames (psruntime.wire.frame_codec layout).
 
 Why not StreamReader.readexactly: it appends every received chunk to one growing bytearray, then
 copies the frame out and shifts the rest, so an 8 MiB body is copied about three times. Here the
@@ -6,7 +6,7 @@ transport receives a large body straight into the frame's own buffer (`get_buffe
 view of it): the kernel-to-user copy is the only one. Small frames and headers go through a
 scratch buffer, several per recv.
 
-Large bodies are received into buffers the connection reuses (psruntime.buffer_pool) once no view
+Large bodies are received into buffers the connection reuses (psruntime.wire.buffer_pool) once no view
 of them is alive (the server's push applied, the client's pulled values dropped): a fresh
 multi-MiB buffer cost as much in page faults as receiving the bytes into it. Replies written while
 one read is handled go out in one send (`write_frame`).
@@ -17,7 +17,7 @@ reading requests meanwhile, so a client that never reads its replies cannot make
 without bound. Clients always keep reading: if both sides stopped, two peers with full buffers
 towards each other would wait forever.
 
-Bandwidth emulation: with a `pacer` (by default the process's, psruntime.bandwidth.process_pacer,
+Bandwidth emulation: with a `pacer` (by default the process's, psruntime.wire.bandwidth.process_pacer,
 set when the NM passes ELASTANE_NODE_BANDWIDTH_BPS) frames go out through a FIFO queue of chunks,
 each released when the shared token bucket allows it. `write_frame` stays synchronous (frames
 never interleave) and copies what it queues, since the caller may reuse its arrays at once; the
@@ -33,9 +33,9 @@ from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 
-from psruntime import bandwidth
-from psruntime.buffer_pool import BufferPool
-from psruntime.frame_codec import PREFIX, Frame, FrameError, decode_frame, encode_frame, parse_prefix
+from psruntime.wire import bandwidth
+from psruntime.wire.buffer_pool import BufferPool
+from psruntime.wire.frame_codec import PREFIX, Frame, FrameError, decode_frame, encode_frame, parse_prefix
 
 SCRATCH_BYTES = 256 << 10
 DIRECT_MIN_BYTES = 64 << 10  # bodies with at least this much left are received in place

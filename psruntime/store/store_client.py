@@ -4,7 +4,7 @@ Routes every key by the local ownership table (one batched frame per owner), fol
 (learning the new owner, and the whole table when the server's is newer) and re-sends only the
 redirected keys, so a request that meets a migration completes transparently and exactly once.
 
-Two APIs over the two wire forms of psruntime.store_requests:
+Two APIs over the two wire forms of psruntime.store.store_requests:
 - arrays (`pull_array`, `put_array`, `update_array`, `push_array`): int64 key arrays and one
   values array, routed with a vectorised hash and the table's cached block -> owner index; what
   the worker loop uses, with no Python work per key;
@@ -13,7 +13,7 @@ Two APIs over the two wire forms of psruntime.store_requests:
 `push` is asynchronous: it writes the frames at once (so a later pull on the same connection is
 served after it) and returns; its replies, redirects and errors are handled in the background and
 an error is raised by the next call or by `flush()`. A push may carry a push id
-(psruntime.push_ids), which goes with every frame of it, re-sends included: each server applies
+(psruntime.store.push_ids), which goes with every frame of it, re-sends included: each server applies
 it once per block.
 """
 from __future__ import annotations
@@ -25,11 +25,11 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from psruntime.dataplane import DataPlaneClient, DataPlaneConnection
-from psruntime.frame_codec import Frame
-from psruntime.ownership_table import Key, OwnershipTable, as_int_keys, blocks_of_int_keys
-from psruntime.push_ids import PUSH_ID_FIELD
-from psruntime.store_requests import MISSING, REDIRECTED
+from psruntime.wire.dataplane import DataPlaneClient, DataPlaneConnection
+from psruntime.wire.frame_codec import Frame
+from psruntime.store.ownership_table import Key, OwnershipTable, as_int_keys, blocks_of_int_keys
+from psruntime.store.push_ids import PUSH_ID_FIELD
+from psruntime.store.store_requests import MISSING, REDIRECTED
 
 MAX_ROUNDS = 200          # a key redirected this often means ownership never converged
 FAST_ROUNDS = 3           # redirects re-sent at once; later rounds back off

@@ -9,7 +9,7 @@ whose content is::
 The JSON header is `{"content": <the caller's header>, "buffers": [[dtype, shape], ...]}`; the
 buffers are plain numeric numpy arrays (no pickle): an input block's arrays as
 `DataBlock.to_buffers` lists them (a CSR matrix is its indptr / indices / values arrays), a model
-block's as `psruntime.checkpoint.pack_blocks` lays them out. Files are written to a temporary name
+block's as `psruntime.store.checkpoint.pack_blocks` lays them out. Files are written to a temporary name
 and renamed, so a reader never sees half a block.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ import lz4.frame  # type: ignore[import-untyped]  # lz4 ships no type informatio
 import numpy as np
 
 from psruntime.apps.blocks import BlockFormatError, DataBlock
-from psruntime.block_store import BlockArrays
-from psruntime.checkpoint import CheckpointError, pack_blocks, unpack_blocks
+from psruntime.store.block_store import BlockArrays
+from psruntime.store.checkpoint import CheckpointError, pack_blocks, unpack_blocks
 
 SPILL_DIR = "spill"
 MAGIC = b"ELSPILL1"
@@ -183,7 +183,7 @@ class SpillStore:
         return f"model-{block:06d}"
 
     def put_model(self, block: int, data: BlockArrays) -> int:
-        """Spill model block `block` in the checkpoint wire form (psruntime.checkpoint.pack_blocks)."""
+        """Spill model block `block` in the checkpoint wire form (psruntime.store.checkpoint.pack_blocks)."""
         descs, arrays = pack_blocks([(block, data)])
         return self.write(self.model_name(block), {"blocks": descs}, arrays)
 

@@ -1,11 +1,11 @@
 """The server side of the elastic store on one executor: data ops and the migration protocol.
 
 Data ops (batched, many keys per frame): "get" (pull), "put", "update" (push with func "add"), in
-the array or the list wire form (psruntime.store_requests). Each block's part of a request is
+the array or the list wire form (psruntime.store.store_requests). Each block's part of a request is
 served, queued (block INCOMING) or redirected (block MOVED / not ours) as the pure state machine in
-psruntime.migration says; the reply's `redirect` lists [block, owner, address] for the parts not
+psruntime.store.migration says; the reply's `redirect` lists [block, owner, address] for the parts not
 applied here, which the client re-sends to the new owner. A redirected part is never applied here,
-so a retry applies it exactly once. An update that carries a push id (psruntime.push_ids: a
+so a retry applies it exactly once. An update that carries a push id (psruntime.store.push_ids: a
 worker's mini-batch) is applied once per block: a block's part whose id it was applied with
 before (a redone clock) is acknowledged and not applied.
 
@@ -14,7 +14,7 @@ MoveBlocks (controller -> source), TakeOwnership, BlockData and CancelIncoming (
 destination). A block travels as its dense key and value arrays (block_data_message), so moving a
 block costs a few buffers, not one per key.
 
-The data ops keep their compact headers (psruntime.store_requests): they are the hot path, carry
+The data ops keep their compact headers (psruntime.store.store_requests): they are the hot path, carry
 their keys as buffers and are decoded once there into a typed DataRequest.
 """
 from __future__ import annotations
@@ -27,14 +27,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from protocol.executor_ops import BlockData, CancelIncoming, TakeOwnership, to_header
-from psruntime.block_store import BlockArrays, BlockStore
-from psruntime.buffer_pool import BufferPool
-from psruntime.dataplane import DataPlaneClient, Reply, RequestError
-from psruntime.frame_codec import Frame
-from psruntime.migration import BlockState, BlockStates, Disposition, MigrationEvent
-from psruntime.ownership_table import Key, OwnershipTable
-from psruntime.push_ids import PUSH_ID_FIELD, AppliedPushes
-from psruntime.store_requests import DataRequest, parse_request
+from psruntime.store.block_store import BlockArrays, BlockStore
+from psruntime.wire.buffer_pool import BufferPool
+from psruntime.wire.dataplane import DataPlaneClient, Reply, RequestError
+from psruntime.wire.frame_codec import Frame
+from psruntime.store.migration import BlockState, BlockStates, Disposition, MigrationEvent
+from psruntime.store.ownership_table import Key, OwnershipTable
+from psruntime.store.push_ids import PUSH_ID_FIELD, AppliedPushes
+from psruntime.store.store_requests import DataRequest, parse_request
 
 log = logging.getLogger(__name__)
 DATA_OPS = frozenset({"get", "put", "update"})
@@ -92,7 +92,7 @@ class StoreService:
 
     # -- data ops ----------------------------------------------------------------------------
     def handle_data(self, frame: Frame) -> Reply | asyncio.Future[Reply]:
-        """Serve, queue or redirect each block's part of a data request (psruntime.store_requests)."""
+        """Serve, queue or redirect each block's part of a data request (psruntime.store.store_requests)."""
         req = parse_request(frame.header, frame.arrays, self._reply_buffers)
         pid = frame.header.get(PUSH_ID_FIELD) if req.op == "update" else None
         if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid < 0):
