@@ -1,4 +1,4 @@
-"""Warm container starts: the NM's executor zygote (psruntime.zygote) and the processes it forks.
+"""Warm container starts: the NM's executor zygote (nodemanager.zygote) and the processes it forks.
 
 A launch context may offer a *warm start* (LaunchContext.warm_start: a module and its argv, e.g.
 `psruntime.executor --executor-id ...`) beside its command. When the NM runs a zygote that has
@@ -131,7 +131,7 @@ class WarmLauncher:
         if not self.modules:
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        args = [self.python, "-m", "psruntime.zygote", "--fd", str(theirs.fileno())]
+        args = [self.python, "-m", "nodemanager.zygote", "--fd", str(theirs.fileno())]
         for m in self.modules:
             args += ["--preload", m]
         args += ["--title-room", "." * TITLE_ROOM]     # where a child shows which container it is

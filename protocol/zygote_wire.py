@@ -1,6 +1,6 @@
 """The NodeManager <-> executor zygote channel: typed messages in length-prefixed frames.
 
-The NM keeps one pre-started interpreter per node (psruntime.zygote) with the executor's modules
+The NM keeps one pre-started interpreter per node (nodemanager.zygote) with the executor's modules
 already imported; to start a warm container it sends a `WarmLaunch`, the zygote forks a child that
 becomes the container's process and answers `WarmStarted` (or `WarmFailed`), and when a child ends
 the zygote reaps it and sends `WarmExited` with its wait status. Once it has imported its modules it

@@ -1,6 +1,6 @@
 """The executor zygote: a pre-started interpreter that forks warm containers for its NodeManager.
 
-    python -m psruntime.zygote --fd N --preload psruntime.executor
+    python -m nodemanager.zygote --fd N --preload psruntime.executor
 
 Started by the NM (nodemanager.warm_launcher) with one end of a socketpair as fd N. It imports the
 preload modules once (numpy, asyncio, msgspec, the data plane, the store: most of an executor's
@@ -244,7 +244,7 @@ class Zygote:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m psruntime.zygote", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m nodemanager.zygote", description=__doc__.split("\n")[0])
     p.add_argument("--fd", type=int, required=True, help="the NM's end of the socketpair")
     p.add_argument("--preload", action="append", default=[], help="a module to import before serving")
     p.add_argument("--title-room", default="", help="padding: argv room for the children's process titles")
