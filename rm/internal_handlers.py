@@ -14,13 +14,13 @@ from protocol import tokens
 from protocol.http_server import json_response, read_json, require_token
 
 if TYPE_CHECKING:
-    from .server import ResourceManagerServer
+    from .context import RmContext
 
 
 class InternalApi:
     """Handlers of the NM and AM protocols, bound to one RM server."""
 
-    def __init__(self, rm: "ResourceManagerServer"):
+    def __init__(self, rm: "RmContext"):
         self.rm = rm
 
     def add_routes(self, app: web.Application) -> None:

@@ -21,7 +21,7 @@ from .submission import AppShapeUpdate, AppStateUpdate, SubmissionContext, valid
 
 if TYPE_CHECKING:
     from .model import App
-    from .server import ResourceManagerServer
+    from .context import RmContext
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ BASE = "/ws/v1/cluster"
 class ClientApi:
     """Handlers of the client REST API, bound to one RM server."""
 
-    def __init__(self, rm: "ResourceManagerServer"):
+    def __init__(self, rm: "RmContext"):
         self.rm = rm
 
     def add_routes(self, app: web.Application) -> None:

@@ -29,8 +29,8 @@ from .rest_api import ClientApi
 from .store import (SqliteStateStore, StateStore, app_from_record, app_to_record, attempt_from_record,
                     attempt_to_record)
 from .submission import ValidSubmission
-from .web_app_page import AppPage
-from .web_ui import WebUi
+from .web.app_page import AppPage
+from .web.ui import WebUi
 
 log = logging.getLogger(__name__)
 

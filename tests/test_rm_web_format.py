@@ -1,4 +1,4 @@
-"""The web UI's formatters (rm/web_format.py): units, significant digits, relative times."""
+"""The web UI's formatters (rm/web/format.py): units, significant digits, relative times."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rm.web_format import (FORMATTERS, fmt, fmt_age, fmt_bytes, fmt_cores, fmt_duration_ms, fmt_int, fmt_mb, fmt_measured_s,
+from rm.web.format import (FORMATTERS, fmt, fmt_age, fmt_bytes, fmt_cores, fmt_duration_ms, fmt_int, fmt_mb, fmt_measured_s,
                            fmt_num, fmt_pct, fmt_placement, fmt_rate, fmt_seconds, fmt_speed, fmt_text, fmt_time, sig)
 
 
@@ -62,8 +62,8 @@ def test_text_and_placement() -> None:
 
 
 def test_every_formatter_is_named_for_the_script() -> None:
-    # The script (rm/static/elastane-ui.js) has one formatter of each name.
+    # The script (rm/web/static/elastane-ui.js) has one formatter of each name.
     from pathlib import Path
-    script = (Path(__file__).parent.parent / "rm" / "static" / "elastane-ui.js").read_text()
+    script = (Path(__file__).parent.parent / "rm" / "web" / "static" / "elastane-ui.js").read_text()
     for name in FORMATTERS:
         assert f"    {name}: " in script or f"    {name}," in script, name

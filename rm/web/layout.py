@@ -1,7 +1,7 @@
 """The RM web UI's shared page layout and live building blocks.
 
 Every page is rendered on the server from the same JSON the REST API serves (works with
-JavaScript off), and marks its live parts for rm/static/elastane-ui.js: an element with
+JavaScript off), and marks its live parts for rm/web/static/elastane-ui.js: an element with
 `data-src` (a REST path) is refreshed from it, a table by its column specs (`data-columns`), a
 field table cell by its `data-key` / `data-fmt`, a chart by its `data-chart` spec. The specs are
 the ones the server rendered with, so both renderings agree. Everything shown is escaped: names,
@@ -15,7 +15,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from .web_format import fmt
+from .format import fmt
 
 SCRIPT = "/static/elastane-ui.js"
 POLL_MS = 2000
@@ -69,7 +69,7 @@ def state_badge(state: str) -> str:
 @dataclass(frozen=True)
 class Column:
     """A table column: `key` is the path in one REST record (dots between steps), `fmt` a
-    web_format formatter name, or "state" (a coloured badge), "app" / "node" (a link to the page)."""
+    rm.web.format formatter name, or "state" (a coloured badge), "app" / "node" (a link to the page)."""
 
     header: str
     key: str

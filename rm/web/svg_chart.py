@@ -1,7 +1,7 @@
 """Inline SVG line charts for the RM web UI (no scripts, no external assets).
 
 A chart draws one or more series of (x, y) points and marks events (shape changes, directives,
-pauses) as dashed vertical lines at their x. rm/static/elastane-ui.js draws the same SVG from the
+pauses) as dashed vertical lines at their x. rm/web/static/elastane-ui.js draws the same SVG from the
 REST API's data when it refreshes a chart, so both follow the geometry here.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from .web_format import fmt, fmt_seconds
+from .format import fmt, fmt_seconds
 
 WIDTH, HEIGHT = 640, 200
 _LEFT, _RIGHT, _TOP, _BOTTOM = 60, 15, 22, 30
@@ -47,7 +47,7 @@ def chart(title: str, series: Sequence[Series], markers: Sequence[Marker] = (), 
     """An SVG chart of `series` with `markers`; a note when no series has a point.
 
     x is seconds (since the app started, or epoch seconds with x_fmt "clock"); y is drawn from 0
-    (or its minimum when negative) so a speed that halves looks halved; y labels use the web_format
+    (or its minimum when negative) so a speed that halves looks halved; y labels use the rm.web.format
     formatter `y_fmt`."""
     esc_title = html.escape(title)
     drawn = [s for s in series if s.points]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any, Optional
 
-from .web_layout import get_path, live_chart
-from .web_svg_chart import Series, chart
+from .layout import get_path, live_chart
+from .svg_chart import Series, chart
 
 UTILIZATION = "/ws/v1/cluster/utilization"
 

@@ -15,16 +15,16 @@ from aiohttp import web
 
 from protocol import ps_job_spec
 
-from . import rest_views as views
-from .decision_log import DecisionRecord
-from .model import App
-from .shape_history import ShapeChange, ShapeHistory, ShapeSample
-from .web_format import fmt_time
-from .web_layout import escape, html_table, live_chart, live_fields, note_until, page, static_fields
-from .web_svg_chart import Marker, Series, chart
+from .. import rest_views as views
+from ..decision_log import DecisionRecord
+from ..model import App
+from ..shape_history import ShapeChange, ShapeHistory, ShapeSample
+from .format import fmt_time
+from .layout import escape, html_table, live_chart, live_fields, note_until, page, static_fields
+from .svg_chart import Marker, Series, chart
 
 if TYPE_CHECKING:
-    from .server import ResourceManagerServer
+    from ..context import RmContext
 
 APP_PAGE = "/cluster/app/{app_id}"
 
@@ -116,7 +116,7 @@ CHARTS: tuple[tuple[str, str, str, bool, tuple[tuple[str, str, str], ...]], ...]
 )
 
 
-def _charts(rm: "ResourceManagerServer", app: App, t0: float) -> str:
+def _charts(rm: "RmContext", app: App, t0: float) -> str:
     hist = app.shape_history
     samples = hist.samples
     markers = _markers(hist, rm.core.decisions.for_app(app.app_id), t0)
@@ -162,7 +162,7 @@ def _tracking(app: App, j: dict[str, Any]) -> str:
     return escape(j["trackingUI"])
 
 
-def render_app_page(rm: "ResourceManagerServer", app: App, now_ms: Optional[float] = None) -> str:
+def render_app_page(rm: "RmContext", app: App, now_ms: Optional[float] = None) -> str:
     """The HTML page of one application."""
     now = rm.core.clock() * 1000 if now_ms is None else now_ms
     j = views.app_json(rm.core, app)
@@ -200,7 +200,7 @@ def render_not_found(app_id: str) -> str:
 class AppPage:
     """`/cluster/app/{app_id}` handler."""
 
-    def __init__(self, rm: "ResourceManagerServer"):
+    def __init__(self, rm: "RmContext"):
         self.rm = rm
 
     def add_routes(self, app: web.Application) -> None:

@@ -1,7 +1,7 @@
 """The RM's web UI at YARN's paths: `/` redirects to `/cluster` (the overview), `/cluster/apps`
 (and `/cluster/apps/{STATE}`), `/cluster/nodes`, `/cluster/node/{id}`, `/cluster/scheduler`
-(one page per module: rm/web_*_page.py; one app's page is rm/web_app_page.py) and the script that
-keeps them live, served from the package (rm/static/)."""
+(one page per module: rm/web/*_page.py; one app's page is rm/web/app_page.py) and the script that
+keeps them live, served from the package (rm/web/static/)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from .web_apps_page import parse_state, render_apps_page
-from .web_layout import SCRIPT, escape, page
-from .web_node_page import render_node_not_found, render_node_page
-from .web_nodes_page import render_nodes_page
-from .web_overview_page import render_overview_page
-from .web_scheduler_page import render_scheduler_page
+from .apps_page import parse_state, render_apps_page
+from .layout import SCRIPT, escape, page
+from .node_page import render_node_not_found, render_node_page
+from .nodes_page import render_nodes_page
+from .overview_page import render_overview_page
+from .scheduler_page import render_scheduler_page
 
 if TYPE_CHECKING:
-    from .server import ResourceManagerServer
+    from ..context import RmContext
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -29,7 +29,7 @@ def _html(text: str, status: int = 200) -> web.Response:
 class WebUi:
     """The web UI's page handlers (all but one app's page) and its static script."""
 
-    def __init__(self, rm: "ResourceManagerServer"):
+    def __init__(self, rm: "RmContext"):
         self.rm = rm
 
     def add_routes(self, app: web.Application) -> None:

@@ -4,14 +4,14 @@ from __future__ import annotations
 import urllib.parse
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import rest_views as views
-from .model import Node
-from .web_format import fmt_age, fmt_mb
-from .web_layout import app_link, escape, html_table, live_fields, page
-from .web_utilization import utilization_charts
+from .. import rest_views as views
+from ..model import Node
+from .format import fmt_age, fmt_mb
+from .layout import app_link, escape, html_table, live_fields, page
+from .utilization import utilization_charts
 
 if TYPE_CHECKING:
-    from .server import ResourceManagerServer
+    from ..context import RmContext
 
 NODE_FIELDS = (
     ("Node", "id", "text"), ("Rack", "rack", "text"), ("State", "state", "state"),
@@ -24,7 +24,7 @@ NODE_FIELDS = (
 )
 
 
-def _containers(rm: "ResourceManagerServer", node: Node, now_ms: float) -> str:
+def _containers(rm: "RmContext", node: Node, now_ms: float) -> str:
     rows = []
     for cid in sorted(node.containers):
         c = rm.core.containers.get(cid)
@@ -36,7 +36,7 @@ def _containers(rm: "ResourceManagerServer", node: Node, now_ms: float) -> str:
     return html_table(["Container", "Application", "Role", "Memory", "VCores", "Allocated"], rows)
 
 
-def render_node_page(rm: "ResourceManagerServer", node: Node, now_ms: float,
+def render_node_page(rm: "RmContext", node: Node, now_ms: float,
                      utilization: Optional[dict[str, Any]]) -> str:
     """One node's page."""
     src = f"/ws/v1/cluster/nodes/{urllib.parse.quote(node.node_id, safe='')}"

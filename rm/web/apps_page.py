@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Optional
 
 from protocol.records import AppState
 
-from . import rest_views as views
-from .web_layout import Column, escape, live_table, page
+from .. import rest_views as views
+from .layout import Column, escape, live_table, page
 
 if TYPE_CHECKING:
-    from .server import ResourceManagerServer
+    from ..context import RmContext
 
 APPS = "/ws/v1/cluster/apps"
 
@@ -25,7 +25,7 @@ APP_COLUMNS = (
 )
 
 
-def apps_table(rm: "ResourceManagerServer", now_ms: float, state: Optional[AppState] = None,
+def apps_table(rm: "RmContext", now_ms: float, state: Optional[AppState] = None,
                css_id: str = "apps") -> str:
     """The live table of apps (in `state`, or all), newest first."""
     core = rm.core
@@ -35,7 +35,7 @@ def apps_table(rm: "ResourceManagerServer", now_ms: float, state: Optional[AppSt
                       empty="no applications")
 
 
-def render_apps_page(rm: "ResourceManagerServer", now_ms: float, state: Optional[AppState] = None) -> str:
+def render_apps_page(rm: "RmContext", now_ms: float, state: Optional[AppState] = None) -> str:
     """The page listing the apps (in `state`, or all), with links to each state's list."""
     links = ['<a href="/cluster/apps">ALL</a>'] + [
         f'<a href="/cluster/apps/{s.value}">{escape(s.value)}</a>' for s in AppState]

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import rest_views as views
-from .web_layout import Column, live_table, page
+from .. import rest_views as views
+from .layout import Column, live_table, page
 
 if TYPE_CHECKING:
-    from .server import ResourceManagerServer
+    from ..context import RmContext
 
 NODES = "/ws/v1/cluster/nodes"
 
@@ -20,13 +20,13 @@ NODE_COLUMNS = (
 )
 
 
-def nodes_table(rm: "ResourceManagerServer", now_ms: float, css_id: str = "nodes") -> str:
+def nodes_table(rm: "RmContext", now_ms: float, css_id: str = "nodes") -> str:
     """The live table of every node the RM knows."""
     nodes = [views.node_json(n) for n in rm.core.nodes]
     return live_table(css_id, NODES, ["nodes", "node"], NODE_COLUMNS, nodes, now_ms, sort_key="id", empty="no nodes")
 
 
-def render_nodes_page(rm: "ResourceManagerServer", now_ms: float) -> str:
+def render_nodes_page(rm: "RmContext", now_ms: float) -> str:
     """Every node the RM knows, live."""
     return page("Nodes", f"<h1>Nodes</h1>{nodes_table(rm, now_ms)}", active="/cluster/nodes")
 

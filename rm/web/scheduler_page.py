@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import rest_views as views
-from .web_layout import Column, escape, live_table, page
+from .. import rest_views as views
+from .layout import Column, escape, live_table, page
 
 if TYPE_CHECKING:
-    from .server import ResourceManagerServer
+    from ..context import RmContext
 
 SCHEDULER = "/ws/v1/cluster/scheduler"
 
@@ -28,7 +28,7 @@ DECISION_COLUMNS = (
 )
 
 
-def render_scheduler_page(rm: "ResourceManagerServer", now_ms: float) -> str:
+def render_scheduler_page(rm: "RmContext", now_ms: float) -> str:
     """The scheduler page."""
     info = views.scheduler_info(rm.core)["scheduler"]["schedulerInfo"]
     root = ["scheduler", "schedulerInfo"]

@@ -1,7 +1,7 @@
 """Numbers, sizes, rates and times formatted for people, for the RM web UI's pages.
 
 Each formatter takes a value as the REST API carries it (None / missing: "N/A") and returns
-plain text (the caller escapes it). rm/static/elastane-ui.js has a formatter of the same name for
+plain text (the caller escapes it). rm/web/static/elastane-ui.js has a formatter of the same name for
 each, so the live updates read as the server-rendered first view; `FORMATTERS` names them.
 """
 from __future__ import annotations

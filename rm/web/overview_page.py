@@ -5,15 +5,15 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from protocol.records import AppState
 
-from . import rest_views as views
-from .web_apps_page import apps_table
-from .web_format import fmt_time
-from .web_layout import escape, live_fields, page
-from .web_nodes_page import nodes_table
-from .web_utilization import utilization_charts
+from .. import rest_views as views
+from .apps_page import apps_table
+from .format import fmt_time
+from .layout import escape, live_fields, page
+from .nodes_page import nodes_table
+from .utilization import utilization_charts
 
 if TYPE_CHECKING:
-    from .server import ResourceManagerServer
+    from ..context import RmContext
 
 METRICS = "/ws/v1/cluster/metrics"
 
@@ -27,7 +27,7 @@ NODE_FIELDS = (("Active", "activeNodes", "int"), ("Lost", "lostNodes", "int"),
                ("Unhealthy", "unhealthyNodes", "int"), ("Decommissioned", "decommissionedNodes", "int"))
 
 
-def render_overview_page(rm: "ResourceManagerServer", now_ms: float, utilization: Optional[dict[str, Any]]) -> str:
+def render_overview_page(rm: "RmContext", now_ms: float, utilization: Optional[dict[str, Any]]) -> str:
     """The cluster overview page (utilization: the RM series' JSON)."""
     core = rm.core
     metrics = views.cluster_metrics(core)

@@ -2,7 +2,7 @@
 // Elements with data-src are refreshed from that path: tables by their column specs
 // (data-columns), field tables cell by cell (data-key, data-fmt), charts by their spec
 // (data-chart), notes hidden once their data-hide-when path has a value. The formatters and the
-// chart geometry mirror rm/web_format.py and rm/web_svg_chart.py. Everything inserted is escaped
+// chart geometry mirror rm/web/format.py and rm/web/svg_chart.py. Everything inserted is escaped
 // (names and reasons are user input).
 "use strict";
 (function () {
@@ -91,7 +91,7 @@
     },
   };
   function fmt(name, v) { return (FORMATS[name] || text)(v); }
-  window.elastaneFormat = fmt;     // for the tests that compare it with rm/web_format.py
+  window.elastaneFormat = fmt;     // for the tests that compare it with rm/web/format.py
   function getPath(obj, path) {
     for (const step of path) {
       if (obj === null || typeof obj !== "object" || Array.isArray(obj)) return null;
@@ -141,7 +141,7 @@
     }
   }
 
-  // ----- charts (geometry as rm/web_svg_chart.py) -----
+  // ----- charts (geometry as rm/web/svg_chart.py) -----
   const W = 640, H = 200, LEFT = 60, RIGHT = 15, TOP = 22, BOTTOM = 30;
   const COLORS = ["#2a6fd6", "#d6602a", "#2aa05a", "#8a2ad6"];
   const MARKER_COLORS = { shape: "#c0392b", directive: "#7f8c8d", pause: "#e67e22" };
