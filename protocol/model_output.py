@@ -117,7 +117,7 @@ def read_metadata(d: DurableDir) -> ModelMetadata:
 def builtin_model_shape(app: str, data: Mapping[str, Any], hparams: Mapping[str, Any]) -> Optional[tuple[int, int]]:
     """(num_keys, key_length) of a built-in app's model from its resolved data spec and
     hyper-parameters, None for an app not built in. The same arithmetic as the apps' own
-    `num_keys` / `key_length` (tests/test_model_output.py checks they agree), so the RM can
+    `num_keys` / `key_length` (tests/unit/test_model_output.py checks they agree), so the RM can
     check a warm start without importing the runtime."""
     if app in ("mlr", "lasso"):
         per_key = int(hparams["features_per_key"])

@@ -9,7 +9,7 @@ JSON field names are snake_case, exactly the Struct field names.
 A preset names both data sizes (`*_PRESETS`) and the hyper-parameters a default run at those sizes
 trains with (`*_PRESET_HPARAMS`, under the job's own `hparams`): sizes with enough rows per model
 parameter that the model can generalize, and regularization, step sizes and epochs under which a
-default run gets close to the generator's true model on held-out data (tests/test_presets_quality.py
+default run gets close to the generator's true model on held-out data (tests/unit/test_presets_quality.py
 at `tiny`, bench/training.py at `small` and `medium`). `large` is sized for scale, not for quality.
 """
 from __future__ import annotations

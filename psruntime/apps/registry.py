@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from protocol.ps_job_spec import USER_APP, PSJobSpec
 from psruntime.apps.base import AppConfigError, PSApp
 
-# name -> (module, class); tests/test_apps_interface.py checks each class's `name` matches.
+# name -> (module, class); tests/unit/test_apps_interface.py checks each class's `name` matches.
 _APPS: dict[str, tuple[str, str]] = {
     "mlr": ("psruntime.apps.mlr", "MLRApp"),
     "nmf": ("psruntime.apps.nmf", "NMFApp"),

@@ -1,6 +1,6 @@
 """Optimus §5.2 straggler handling: detection (appmaster/ps/stragglers.py, pure) and the replacement of
 a slow, live worker at an epoch end through the lost-worker replacement (ExecutorRecovery.
-replace_straggler), against real in-process executors (tests/test_worker_replacement.py's harness):
+replace_straggler), against real in-process executors (tests/unit/test_worker_replacement.py's harness):
 training goes on exactly once per mini-batch with the new worker in the slow one's place."""
 from __future__ import annotations
 

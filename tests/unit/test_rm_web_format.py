@@ -64,6 +64,6 @@ def test_text_and_placement() -> None:
 def test_every_formatter_is_named_for_the_script() -> None:
     # The script (rm/web/static/elastane-ui.js) has one formatter of each name.
     from pathlib import Path
-    script = (Path(__file__).parent.parent / "rm" / "web" / "static" / "elastane-ui.js").read_text()
+    script = (Path(__file__).parents[2] / "rm" / "web" / "static" / "elastane-ui.js").read_text()
     for name in FORMATTERS:
         assert f"    {name}: " in script or f"    {name}," in script, name

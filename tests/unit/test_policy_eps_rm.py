@@ -88,7 +88,7 @@ async def test_eps_directive_reaches_the_running_jobs_am_and_frees_room_for_the_
 
 def test_a_bad_job_report_is_refused_at_decode_naming_the_field():
     # The report is typed on the wire: the RM refuses a bad one when it decodes the request (a 400
-    # naming the field, before the core sees it; tests/test_rm_api.py checks it over HTTP).
+    # naming the field, before the core sees it; tests/unit/test_rm_api.py checks it over HTTP).
     with pytest.raises(codec.DecodeError, match=r"\$\.shape\.workers"):
         codec.decode_as(codec.dumps({"response_id": 0, "shape": {"workers": -2, "servers": 1}}), api.AllocateRequest)
     with pytest.raises(codec.DecodeError, match=r"\$\.shape\.objectives"):

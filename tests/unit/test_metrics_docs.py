@@ -14,7 +14,7 @@ from rm.testing import make_core, register
 from nodemanager import prometheus as nm_prometheus
 from prom_text import parse
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def documented() -> dict[str, str]:

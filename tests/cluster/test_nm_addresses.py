@@ -20,7 +20,7 @@ from protocol.internal_api import LaunchContext
 from protocol.nm_client import NMClient
 from protocol.records import ContainerState
 from polling import async_wait_until
-from test_nm_harness import (REPO, SECRET, FakeRM, NMProcess, container_token, kill_nm, new_ids, stop_nm,
+from nm_harness import (REPO, SECRET, FakeNodeRM, NMProcess, container_token, kill_nm, new_ids, stop_nm,
                              write_configs)
 
 
@@ -183,7 +183,7 @@ def test_host_override_file_errors_name_the_file(tmp_path):
 async def test_containers_and_node_info_get_the_advertised_address(tmp_path, monkeypatch):
     """An NM bound to 0.0.0.0 whose host override file advertises 127.0.0.2 (a loopback address
     other than the old default, reachable here): its node id, node info and containers use it."""
-    rm = await FakeRM().start()
+    rm = await FakeNodeRM().start()
     base = tmp_path / "nm"
     base.mkdir()
     nm_toml, cluster_toml = write_configs(base)

@@ -114,7 +114,7 @@ def test_split_blocks_gives_faster_workers_more():
     assert d[1] > d[0] and m[1] > m[0]
 
 
-RECORDED = Path(__file__).parent / "data" / "cruise_recorded_profiles.json"
+RECORDED = Path(__file__).parents[1] / "data" / "cruise_recorded_profiles.json"
 # Stated bounds on the model's error against measured epoch times (bench/cruise_vs_grid.py on the
 # 2-core CI machine, docs/cruise.md): the median over every (profile, split) pair, the worst
 # prediction of a split from the profile measured at that split, and the mean over profiles of the

@@ -18,7 +18,7 @@ from protocol.records import ContainerState, ExitStatus
 from nodemanager.cgroup_detect import CgroupVersion, detect_from_file, favors_dynamic_mods, parse_mounts
 from cpu_accounting import check_held_to_one_core, idle_cores, machine_cpu_ticks
 from polling import async_wait_until
-from test_nm_harness import (FakeRM, container_token, free_port, group_alive, new_ids, proc_alive, start_nm,
+from nm_harness import (FakeNodeRM, container_token, free_port, group_alive, new_ids, proc_alive, start_nm,
                              stop_nm)
 
 pytestmark = pytest.mark.timeout(120)
@@ -60,7 +60,7 @@ def _cpu_quota(cpu_dir: Path, version: str) -> tuple[str, str]:
 
 @pytest.fixture
 async def rm():
-    r = await FakeRM().start()
+    r = await FakeNodeRM().start()
     yield r
     await r.stop()
 
@@ -398,7 +398,7 @@ async def test_restart_readopts_a_running_container(tmp_path, rm, client, nms):
 
 async def test_nm_keeps_retrying_until_the_rm_answers(tmp_path, nms):
     rm_port = free_port()
-    late_rm = FakeRM()
+    late_rm = FakeNodeRM()
     nm = await start_nm(tmp_path / "nm", late_rm, cgroups="off", wait_ready=False,
                         rm_url=f"http://127.0.0.1:{rm_port}")
     nms.append(nm)

@@ -24,7 +24,7 @@ from nodemanager.recovery_store import RecoveryStore
 from nodemanager.rss_monitor import Watched, find_overruns
 from nodemanager.web_api import NodeWebApi
 from polling import async_wait_until
-from test_nm_harness import REPO, SECRET, container_token, new_ids
+from nm_harness import REPO, SECRET, container_token, new_ids
 
 MB = 1024 * 1024
 

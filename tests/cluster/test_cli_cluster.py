@@ -13,7 +13,7 @@ import pytest
 from elastane_cli import processes
 from elastane_cli.local_cluster import LocalCluster
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.cluster,
     pytest.mark.skipif(not ((ROOT / "rm" / "__main__.py").exists() and (ROOT / "nodemanager" / "__main__.py").exists()),

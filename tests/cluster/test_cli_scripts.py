@@ -11,7 +11,7 @@ import pytest
 
 from elastane_cli import processes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "bin"
 
 

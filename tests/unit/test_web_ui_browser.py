@@ -195,7 +195,7 @@ def test_first_view_without_javascript(served: ServedRm) -> None:
 
 def test_script_formats_as_the_server(served: ServedRm) -> None:
     # The live updates must read as the first view: the script's formatters against web_format's.
-    from rm.web_format import FORMATTERS, fmt
+    from rm.web.format import FORMATTERS, fmt
     values: list[Any] = [None, 0, 1, 0.85, 8.144906441000103, 2.2392394644510802, 123.456, 999.6, 1536, 12345.6,
                          0.000123, 1e-6, -3.25, 185, 7400, 90000, 3 * 1024 ** 3, 2.5e6, 1_700_000_000_000, "x", True,
                          [{"node": "n1", "workers": 2, "servers": 1}, {"node": "n2", "workers": 1, "servers": 0}]]

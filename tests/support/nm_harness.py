@@ -22,13 +22,13 @@ from protocol.records import Resource
 from polling import async_wait_until
 
 SECRET = "test-secret-" + "ab" * 16
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RM_START_MS = 1700000000000
 _seq = itertools.count(1)
 
 
 @dataclass
-class FakeRM:
+class FakeNodeRM:
     """A small in-test RM: checks NM tokens, records registrations and heartbeats, sends actions."""
 
     registrations: list[api.NodeRegisterRequest] = field(default_factory=list)
@@ -41,7 +41,7 @@ class FakeRM:
     url: str = ""
     bad_tokens: int = 0
 
-    async def start(self, port: int = 0) -> "FakeRM":
+    async def start(self, port: int = 0) -> "FakeNodeRM":
         app = make_app()
         app.router.add_post(api.NODE_REGISTER, self._register)
         app.router.add_post(api.NODE_HEARTBEAT, self._heartbeat)
@@ -130,7 +130,7 @@ def write_configs(base: Path, extra_nm: str = "") -> tuple[Path, Path]:
     return nm, cluster
 
 
-async def start_nm(base: Path, rm: FakeRM, *, cgroups: str = "auto", memory_mb: int = 1024, vcores: int = 2,
+async def start_nm(base: Path, rm: FakeNodeRM, *, cgroups: str = "auto", memory_mb: int = 1024, vcores: int = 2,
                    port: int = 0, extra_nm: str = "", timeout: float = 20.0, wait_ready: bool = True,
                    rm_url: str = "") -> NMProcess:
     """Start an NM against `rm` and wait for its ready file (it is written after registration)."""

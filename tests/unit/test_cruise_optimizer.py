@@ -8,14 +8,7 @@ from appmaster.cruise.plan_builder import ExecutorState, apply_plan
 from appmaster.cruise.profiling import ProfilingError, SlotInfo, derive_profiles
 from appmaster.cruise.targets import Role
 from appmaster.cruise.trigger import TriggerPolicy
-
-
-class FakeClock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
+from fakes import FakeClock
 
 
 def test_moving_average_and_batched_reports():
@@ -52,7 +45,7 @@ def test_worker_and_server_derivations():
 
 
 def test_trigger_waits_for_every_worker_and_the_interval():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     t = TriggerPolicy(min_batches=3, min_interval_s=60, clock=clock)
     assert "no workers" in t.why_not({})
     assert "w1" in t.why_not({"w0": 3, "w1": 2})
@@ -103,7 +96,7 @@ def report(opt, c_per_sample=9e-3, comm_bw=1e7, batches=3):
 
 
 def test_optimizer_reconfigures_when_gain_is_large():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     opt = start(["w0"], ["s0", "s1", "s2", "s3", "s4"], clock)   # compute-heavy job on (1, 5)
     assert opt.maybe_decide() is None                              # no reports yet
     report(opt, batches=2)
@@ -125,7 +118,7 @@ def test_optimizer_reconfigures_when_gain_is_large():
 
 
 def test_optimizer_skips_below_the_gain_threshold():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     # (7, 1) is optimal: 9 ms of compute per sample against 0.5 MB each way per mini-batch of 100 at
     # 10 MB/s (eq. 3.5 alone would say (6, 2); the compute overlaps the servers' queue).
     opt = start(["w0", "w1", "w2", "w3", "w4", "w5", "w6"], ["s0"], clock)
@@ -138,7 +131,7 @@ def test_optimizer_skips_below_the_gain_threshold():
 
 
 def test_capacity_growth_and_reclaim():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     opt = start(["w0", "w1", "w2"], ["s0"], clock)
     report(opt)
     grow = opt.on_capacity_change(8)
@@ -157,7 +150,7 @@ def test_capacity_growth_and_reclaim():
 
 
 def test_optimizer_records_why_it_cannot_decide():
-    opt = start(["w0"], ["s0"], FakeClock())
+    opt = start(["w0"], ["s0"], FakeClock(1000.0))
     d = opt.decide()
     assert d.action == "skip" and "cannot decide" in d.reason
 

@@ -60,7 +60,7 @@ def test_rm_config_checks_checkpoint_dir(tmp_path) -> None:
 
 
 def test_the_shipped_rm_toml_loads_with_its_default() -> None:
-    assert config.load_rm(str(Path(__file__).resolve().parent.parent / "conf" / "rm.toml")).checkpoint_dir == ""
+    assert config.load_rm(str(Path(__file__).resolve().parents[2] / "conf" / "rm.toml")).checkpoint_dir == ""
 
 
 # ===== DurableDir on a local dir and on memory:// =================================================

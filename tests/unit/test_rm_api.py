@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from protocol import container_env, tokens
@@ -13,39 +12,16 @@ from protocol.config import ClusterConfig, QueueConfig, RMConfig
 from protocol.records import Resource
 from rm.server import ResourceManagerServer
 from rm.submission import IGNORED_SUBMISSION_FIELDS
+from fakes import FakeSignedNM
 from rm.testing import SECRET, FakeClock
 
 BASE = "/ws/v1/cluster"
 
 
-class FakeNM:
-    """An NM container API that checks the container token and records launches."""
-
-    def __init__(self) -> None:
-        self.started: list[tuple[dict, api.StartContainerRequest]] = []
-        self.refuse = False
-
-    def app(self) -> web.Application:
-        from protocol.http_server import json_response, make_app, read_json, require_token
-        from protocol.remote_exception import Unauthorized
-
-        async def start(request: web.Request) -> web.Response:
-            claims = require_token(request, SECRET, tokens.CONTAINER)
-            if self.refuse:
-                raise Unauthorized("launch refused by the test")
-            req = await read_json(request, api.StartContainerRequest)
-            self.started.append((claims, req))
-            return json_response(api.ContainerStatus(container_id=claims["container_id"], state="RUNNING"))
-
-        app = make_app()
-        app.router.add_post(api.CONTAINER_START, start)
-        return app
-
-
 class Env:
     """An RM under test plus a fake NM, with helpers that speak the internal API."""
 
-    def __init__(self, rm: ResourceManagerServer, client: TestClient, nm: FakeNM, nm_addr: str, clock: FakeClock):
+    def __init__(self, rm: ResourceManagerServer, client: TestClient, nm: FakeSignedNM, nm_addr: str, clock: FakeClock):
         self.rm, self.client, self.nm, self.nm_addr, self.clock = rm, client, nm, nm_addr, clock
 
     async def call(self, method: str, path: str, body: Any = None, status: int = 200, token: str | None = None,
@@ -108,7 +84,7 @@ def submission(app_id: str, queue: str = "default", memory: int = 1024, vcores: 
 async def make_env(tmp_path, clock: FakeClock | None = None, cluster: ClusterConfig | None = None,
                    **cfg_kw: Any) -> Env:
     clock = clock or FakeClock()
-    nm = FakeNM()
+    nm = FakeSignedNM()
     nm_server = TestServer(nm.app())
     await nm_server.start_server()
     cfg_kw.setdefault("queues", [QueueConfig("default", 70, 100), QueueConfig("research", 30, 50)])

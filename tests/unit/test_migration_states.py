@@ -5,16 +5,9 @@ import pytest
 
 from psruntime.store.migration import (TRANSITIONS, BlockState, BlockStates, Disposition, InvalidTransition,
                                  MigrationEvent, next_state)
+from fakes import FakeClock
 
 S, E = BlockState, MigrationEvent
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_source_and_destination_paths() -> None:
@@ -81,15 +74,15 @@ def test_at_most_one_serving_state_per_block_pair() -> None:
 
 
 def test_stalled_uses_injected_clock() -> None:
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     st = BlockStates(3, clock)
     st.apply(0, E.ASSIGN)
     st.apply(0, E.BEGIN_HANDOVER, peer="d")
-    clock.now = 5.0
+    clock.t = 5.0
     st.apply(1, E.TAKE_OWNERSHIP, peer="s")
-    clock.now = 11.0
+    clock.t = 11.0
     assert st.stalled(10.0) == [0]
-    clock.now = 16.0
+    clock.t = 16.0
     assert st.stalled(10.0) == [0, 1]
     st.apply(1, E.DATA_RECEIVED)
     assert st.stalled(10.0) == [0]

@@ -1,4 +1,4 @@
-"""The pure `harmony` policy in a scripted world (tests/harmony_world.py): AMs that obey every
+"""The pure `harmony` policy in a scripted world (tests/support/harmony_world.py): AMs that obey every
 directive at once and report the COMP / COMM times of their true profiles."""
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from rm.decision_log import DecisionLog
 from rm.policies.decision import Decision, JobDecision
 from rm.policy_runner import apply_decision
 from rm.testing import launch_and_register, register
-from rm.web_layout import get_path
-from rm.web_svg_chart import Marker, Series, chart
+from rm.web.layout import get_path
+from rm.web.svg_chart import Marker, Series, chart
 from web_page_env import PageEnv, page_env_of
 
 T0 = 1_700_000_000_000

@@ -1,7 +1,7 @@
 """Pause / resume of a PS job: the pure transition table and how directives' run states drive it.
 
 The I/O of a pause (cut, checkpoint, release) and of a resume (start, restore) is checked on a
-real cluster in tests/test_pause_resume_cluster.py."""
+real cluster in tests/cluster/test_pause_resume_cluster.py."""
 from __future__ import annotations
 
 import asyncio

@@ -4,8 +4,8 @@ logistic regression over hashed categorical features with a known ground truth.
 Unit level: it trains in the single-process baseline to a held-out AUC and log-loss near the true
 model's (stated tolerances below, measured at `tiny`: AUC 0.790 vs 0.802, log-loss 0.513 vs 0.500),
 its data is deterministic by (seed, block) and by partition, it passes the interface contract the
-built-in apps pass (tests/test_apps_interface.py's checks, on this app), a simulated 3-worker BSP
-split converges like one process (tests/test_apps_learning.py's run_bsp), and the job's
+built-in apps pass (tests/unit/test_apps_interface.py's checks, on this app), a simulated 3-worker BSP
+split converges like one process (tests/unit/test_apps_learning.py's run_bsp), and the job's
 "ctr:CTRApp" name loads it through the registry from the working dir, as an executor does.
 
 Cluster level: submitted as a user would (`elastane ps submit --app ctr:CTRApp --py-files
@@ -36,7 +36,7 @@ from psruntime.apps.single_process import DenseModel, train_single_process
 from test_apps_interface import _assert_blocks_equal
 from test_apps_learning import run_bsp
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CTR_PATH = EXAMPLES / "ctr.py"
 
 # Stated tolerances (tiny, seed 0; measured: AUC 0.790 vs 0.802, log-loss 0.513 vs 0.500).
@@ -182,7 +182,7 @@ def test_generation_is_deterministic_by_seed_and_block_and_heldout_is_separate()
 
 
 # ----------------------------------------------------------------- the interface contract
-# tests/test_apps_interface.py's checks, applied to this app (they are parametrized over the
+# tests/unit/test_apps_interface.py's checks, applied to this app (they are parametrized over the
 # registry's built-in names, so they are repeated here on a CTRApp).
 
 def test_partition_i_of_n_equals_the_same_blocks_of_the_full_data():

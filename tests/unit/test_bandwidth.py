@@ -14,6 +14,7 @@ from protocol.internal_api import LaunchContext
 from psruntime.wire import bandwidth, frame_protocol
 from psruntime.wire.bandwidth import Pacer, TokenBucket, format_rate, parse_rate
 from psruntime.wire.dataplane import DataPlaneConnection, DataPlaneServer
+from fakes import FakeClock
 
 
 # ----- rates ---------------------------------------------------------------------------------
@@ -46,42 +47,34 @@ def test_format_rate_round_trips():
 
 # ----- token bucket --------------------------------------------------------------------------
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_bucket_starts_full_then_charges_debt_at_the_rate():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     b = TokenBucket(rate_bytes_s=1000, burst_bytes=500, clock=clock)
     assert b.reserve(500) == 0.0           # the burst goes at once
     assert b.reserve(250) == pytest.approx(0.25)
     assert b.reserve(250) == pytest.approx(0.5)  # queued behind the first reservation: FIFO
-    clock.now += 0.5
+    clock.t += 0.5
     assert b.tokens == pytest.approx(0.0)
     assert b.reserve(0) == 0.0
 
 
 def test_bucket_refills_only_up_to_the_burst():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     b = TokenBucket(1000, 500, clock)
     b.reserve(500)
-    clock.now += 60                         # a long idle spell does not bank more than the burst
+    clock.t += 60                         # a long idle spell does not bank more than the burst
     assert b.tokens == pytest.approx(500)
     assert b.reserve(1500) == pytest.approx(1.0)
 
 
 def test_bucket_long_run_rate_is_the_cap_whatever_the_write_sizes():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     b = TokenBucket.for_rate(80_000_000, clock)   # 10 MB/s
     sent = 0
     for size in [1 << 20, 100, 5 << 20, 64 << 10, 3] * 20:
-        clock.now += b.reserve(size)                # a sender that waits exactly as told
+        clock.t += b.reserve(size)                # a sender that waits exactly as told
         sent += size
-    elapsed = clock.now - 100.0
+    elapsed = clock.t - 100.0
     # Waiting as told, the sender finishes exactly when the bytes beyond the burst have drained.
     assert elapsed == pytest.approx((sent - b.burst) / 10e6, rel=1e-9)
 
@@ -97,12 +90,12 @@ def test_bucket_rejects_nonsense():
 
 def virtual_pacer(bps: int) -> tuple[Pacer, FakeClock, list[float]]:
     """A pacer whose sleeps advance a fake clock instead of waiting (yielding to the loop once)."""
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     slept: list[float] = []
 
     async def sleep(s: float) -> None:
         slept.append(s)
-        clock.now += s
+        clock.t += s
         await asyncio.sleep(0)
 
     return Pacer(TokenBucket.for_rate(bps, clock), sleep), clock, slept
@@ -113,7 +106,7 @@ async def test_pacer_sleeps_only_when_the_bucket_is_empty():
     await pacer.acquire(64 << 10)
     assert slept == []
     await pacer.acquire(1_000_000)
-    assert slept == [pytest.approx(1.0)] and clock.now == pytest.approx(101.0)
+    assert slept == [pytest.approx(1.0)] and clock.t == pytest.approx(101.0)
     assert pacer.bytes_paced == (64 << 10) + 1_000_000 and pacer.bps == 8_000_000
 
 
@@ -173,7 +166,7 @@ async def test_paced_frames_arrive_whole_and_in_order_at_the_cap(paced):
         assert arr.shape == (250_000,) and (arr == n).all()
     # 3 MB at 1 MB/s: the virtual clock moved by the bytes over the rate, less the initial burst.
     assert pacer.bytes_paced > 3_000_000
-    assert clock.now - 100.0 == pytest.approx((pacer.bytes_paced - pacer.bucket.burst) / 1e6, rel=0.05)
+    assert clock.t - 100.0 == pytest.approx((pacer.bytes_paced - pacer.bucket.burst) / 1e6, rel=0.05)
 
 
 async def test_small_frames_are_not_held_back(paced):

@@ -12,7 +12,7 @@ import pytest
 
 from polling import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rm(tmp_path: Path, *args: str) -> subprocess.Popen:

@@ -247,7 +247,7 @@ def test_a_dead_nms_recorded_and_shell_cgroups_are_removed(tmp_path: Path) -> No
 
 
 def _real_daemons_available() -> bool:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     return (root / "rm" / "__main__.py").exists() and (root / "nodemanager" / "__main__.py").exists()
 
 

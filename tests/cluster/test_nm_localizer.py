@@ -29,7 +29,7 @@ from nodemanager.localizer_cache import Acquired, CacheBook, CacheKey
 from nodemanager.recovery_store import RecoveryStore
 from rm import submission
 from polling import async_wait_until
-from test_nm_harness import SECRET, FakeRM, container_token, new_ids, start_nm, stop_nm
+from nm_harness import SECRET, FakeNodeRM, container_token, new_ids, start_nm, stop_nm
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -375,7 +375,7 @@ async def test_real_nm_container_reads_a_localized_file_and_archive(tmp_path):
     src.mkdir()
     (src / "train.py").write_text("print('EPOCHS', 3)\n")
     arch = make_tar(src / "model.tgz", {"model/config.txt": b"layers=4\n"})
-    rm = await FakeRM().start()
+    rm = await FakeNodeRM().start()
     nm = await start_nm(tmp_path / "nm", rm, cgroups="off")
     client = NMClient()
     try:

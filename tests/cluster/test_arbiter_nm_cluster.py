@@ -16,7 +16,7 @@ from protocol import internal_api as api
 from protocol.arbiter_wire import name_hash
 from protocol.nm_client import NMClient
 from protocol.records import ContainerState
-from test_nm_harness import FakeRM, container_token, new_ids, start_nm, stop_nm
+from nm_harness import FakeNodeRM, container_token, new_ids, start_nm, stop_nm
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -60,7 +60,7 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3]))
 
 @pytest.fixture
 async def rm():
-    r = await FakeRM().start()
+    r = await FakeNodeRM().start()
     yield r
     await r.stop()
 
