@@ -413,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-perf", action="store_true",
                    help="skip the PS-vs-single-process and memory runs (only the quality runs)")
     p.add_argument("--no-ctr", action="store_true", help="skip the CTR example's runs (examples/ctr.py)")
+    p.add_argument("--ctr-only", action="store_true",
+                   help="only the CTR example's runs (no built-in apps' perf or quality runs)")
     args = p.parse_args(argv)
     jobs = {a: {**j, **QUICK_DATA[a]} for a, j in JOBS.items()} if args.quick else JOBS
     presets_arg = args.quality_presets or ("tiny" if args.quick else ",".join(QUALITY_PRESETS))
@@ -421,9 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(quality_apps) - set(APP_NAMES))
     if unknown:
         p.error(f"--quality-apps: unknown app(s) {', '.join(unknown)} (known: {', '.join(APP_NAMES)})")
-    run_ctr = not (args.no_perf or args.no_ctr)
-    if args.no_perf:
+    run_ctr = args.ctr_only or not (args.no_perf or args.no_ctr)
+    if args.no_perf or args.ctr_only:
         jobs = {}
+    if args.ctr_only:
+        quality_presets = []
 
     baseline = interpreter_baseline_bytes()
     print(f"interpreter baseline (idle python importing the executor's modules): {baseline / MB:.1f} MB",
