@@ -37,6 +37,7 @@ from .am_events import (AmEvent, ContainersAllocated, ContainersCompleted, Nodes
 from .ask_table import AskTable
 from .container_book import AmContainer, AmContainerState, ContainerBook, ContainerEvent
 from .rm_client import AmIdentity, RmClient
+from protocol.errors import StateError
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class HeartbeatPolicy:
         return self.pending_interval_s if asks_pending else self.interval_s
 
 
-class AmError(RuntimeError):
+class AmError(StateError, RuntimeError):
     """Misuse of the AM library (e.g. launching a container that is not ALLOCATED)."""
 
 

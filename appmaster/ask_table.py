@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 
 from protocol.internal_api import AllocatedContainer, ResourceAsk
 from protocol.records import Resource
+from protocol.errors import ProtocolError
 
 
-class AskError(ValueError):
+class AskError(ProtocolError, ValueError):
     """An ask that makes no sense (negative count or resource, unknown ask_id)."""
 
 

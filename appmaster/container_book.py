@@ -17,6 +17,7 @@ from typing import Optional
 from protocol.internal_api import AllocatedContainer, ContainerStatus
 from protocol.records import ExitStatus, Resource
 from protocol.state_machine import TransitionTable
+from protocol.errors import StateError
 
 
 class AmContainerState(str, enum.Enum):
@@ -55,7 +56,7 @@ TRANSITIONS: TransitionTable[AmContainerState, ContainerEvent, AmContainerState]
 }, lambda state, event: TransitionError(f"container event {event.value} not allowed in state {state.value}"))
 
 
-class TransitionError(RuntimeError):
+class TransitionError(StateError, RuntimeError):
     """An event that is not allowed in the container's current state."""
 
 

@@ -8,9 +8,10 @@ from typing import Mapping
 from protocol import codec, container_env
 from protocol import internal_api as api
 from protocol.http_client import JsonHttpClient
+from protocol.errors import ConfigurationError
 
 
-class AmEnvironmentError(RuntimeError):
+class AmEnvironmentError(ConfigurationError, RuntimeError):
     """The AM was started without the environment the RM gives an AM container."""
 
 

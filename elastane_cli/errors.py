@@ -1,12 +1,13 @@
 """The CLI's errors and the exit codes they map to (0 ok, 1 operation failed, 2 bad usage/input)."""
 from __future__ import annotations
+from protocol.errors import ConfigurationError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
-class CliError(Exception):
+class CliError(ConfigurationError):
     """An error the CLI reports as `elastane: error: <message>` and exits with `exit_code`."""
 
     exit_code = EXIT_FAILED

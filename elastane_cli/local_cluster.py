@@ -35,9 +35,10 @@ from protocol import durable_storage, tokens
 from psruntime.wire.bandwidth import parse_rate
 
 from . import container_reaper, node_network, processes, testbed_hosts
+from protocol.errors import HostError
 
 
-class ClusterStartError(RuntimeError):
+class ClusterStartError(HostError, RuntimeError):
     """The cluster did not come up; the message carries the failing daemons' log tails."""
 
 

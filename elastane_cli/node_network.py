@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from psruntime.wire.bandwidth import default_burst_bytes
+from protocol.errors import HostError
 
 MODES = ("auto", "netns", "emulated")
 SUBNET_PREFIX = "10.213"
@@ -42,7 +43,7 @@ LOCK_PATHS = (Path("/run/lock/elastane-node-network.lock"), Path("/tmp/elastane-
 TBF_LATENCY_MS = 50           # queueing allowed before tbf drops: enough for TCP to see the rate
 
 
-class NodeNetworkError(RuntimeError):
+class NodeNetworkError(HostError, RuntimeError):
     """A namespace / bridge / tc command failed; the message carries the command and its stderr."""
 
 

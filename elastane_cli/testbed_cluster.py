@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 from protocol import tokens
 
 from .testbed_hosts import Testbed
+from protocol.errors import HostError
 
 PROJECT = Path(__file__).resolve().parent.parent
 MASTER = "master"
@@ -34,7 +35,7 @@ RM_PORT = 8088
 NM_PORT = 8042
 
 
-class TestbedClusterError(RuntimeError):
+class TestbedClusterError(HostError, RuntimeError):
     """The cluster did not come up or go down as it should; the message carries the output and logs."""
 
     __test__ = False

@@ -42,6 +42,7 @@ from nodemanager import cgroup_detect
 from protocol import durable_storage
 
 from . import node_network
+from protocol.errors import HostError
 
 SSHD = "/usr/sbin/sshd"
 CGROUP_PARENT = "elastane-testbed"
@@ -51,7 +52,7 @@ HOST_LEAF = "system"          # the host's own processes (NM, sshd); containers 
 SSH_PORT = 22
 
 
-class TestbedError(RuntimeError):
+class TestbedError(HostError, RuntimeError):
     """The testbed could not be built or used; the message names the step and its error."""
 
     __test__ = False

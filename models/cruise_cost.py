@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
+from protocol.errors import PlanningError
 
 
-class CostModelError(ValueError):
+class CostModelError(PlanningError, ValueError):
     """Inputs the cost model cannot evaluate (a non-positive size, an unknown node...)."""
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from protocol.errors import PlanningError
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -35,7 +36,7 @@ IntArray = npt.NDArray[np.int64]
 CPU_WEIGHT = 2.0 / 3.0      # the weight of CPU utilization in `score` (network gets the rest)
 
 
-class ModelError(ValueError):
+class ModelError(PlanningError, ValueError):
     """Inputs the model cannot evaluate (negative times, a group without machines...)."""
 
 

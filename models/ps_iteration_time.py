@@ -22,11 +22,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
+from protocol.errors import PlanningError
 
 N_THETA = 5
 
 
-class EpochTimeError(ValueError):
+class EpochTimeError(PlanningError, ValueError):
     """A shape or a sample set the model cannot evaluate or fit."""
 
 

@@ -34,11 +34,12 @@ from typing import Callable, Deque, NamedTuple, Optional
 
 from protocol.arbiter_wire import YIELDING, Frame, Op, Role, SlotKind
 from protocol.state_machine import TransitionTable
+from protocol.errors import ProtocolError
 
 DEFAULT_LOG_SIZE = 20000
 
 
-class ArbiterError(ValueError):
+class ArbiterError(ProtocolError, ValueError):
     """A request the arbiter's rules refuse (unknown request id, a request id used twice, ...)."""
 
 

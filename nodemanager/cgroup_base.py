@@ -9,9 +9,10 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+from protocol.errors import HostError
 
 
-class CgroupError(OSError):
+class CgroupError(HostError, OSError):
     """A cgroup that cannot be created, configured or written."""
 
 

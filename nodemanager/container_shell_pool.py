@@ -36,6 +36,7 @@ from protocol.internal_api import LaunchContext
 
 from . import launcher
 from .cgroup_base import CgroupBackend, ContainerCgroup
+from protocol.errors import HostError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ REFILL_LULL_S = 0.05       # refill once no launch took a shell for this long
 READY_LINE = b"ready\n"
 
 
-class ShellLaunchError(RuntimeError):
+class ShellLaunchError(HostError, RuntimeError):
     """A shell could not take this container (the caller launches it cold instead)."""
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 
 from protocol.records import ContainerState
-from protocol.state_machine import TransitionTable
+from protocol.state_machine import InvalidTransition, TransitionTable
 
 
 class NMContainerState(str, enum.Enum):
@@ -60,11 +60,8 @@ TRANSITIONS: TransitionTable[NMContainerState, ContainerEvent, NMContainerState]
     (S.EXITED_WITH_FAILURE, E.KILL): S.EXITED_WITH_FAILURE,
     (S.DONE, E.KILL): S.DONE,
     (S.DONE, E.CLEANED_UP): S.DONE,
-}, lambda state, event: InvalidTransition(f"container event {event.value} is not valid in state {state.value}"))
-
-
-class InvalidTransition(ValueError):
-    """An event that is not allowed in the container's current state."""
+}, lambda state, event: InvalidTransition(f"container event {event.value} is not valid in state {state.value}",
+                                      state, event))
 
 
 def transition(state: NMContainerState, event: ContainerEvent) -> NMContainerState:

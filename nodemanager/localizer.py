@@ -52,6 +52,7 @@ from protocol.durable_storage import write_atomic
 from protocol.local_resources import LocalResource, LocalResourceError, decode_resources
 
 from .localizer_cache import Acquired, CacheBook, CacheKey
+from protocol.errors import HostError, StateError
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,11 @@ MB = 1024 * 1024
 CHUNK = 1 * MB
 
 
-class LocalizationError(RuntimeError):
+class LocalizationError(HostError, RuntimeError):
     """A resource could not be localized; the message names the resource and the cause."""
 
 
-class _Cancelled(Exception):
+class _Cancelled(StateError):
     """The fetch's waiter gave up (timeout, NM shutdown): stop and clean up."""
 
 

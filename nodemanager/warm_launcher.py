@@ -29,6 +29,7 @@ from protocol.internal_api import LaunchContext, WarmStart
 
 from . import procfs
 from .launcher import LOG_DIR_MARK, LaunchSpec, build_env
+from protocol.errors import HostError
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ TITLE_ROOM = 1024
 ORPHAN_POLL_S = 0.5
 
 
-class WarmLaunchError(RuntimeError):
+class WarmLaunchError(HostError, RuntimeError):
     """The zygote could not fork the container (the caller launches it cold instead)."""
 
 

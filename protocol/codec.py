@@ -21,11 +21,12 @@ from typing import Any, TypeVar, cast
 
 import msgspec
 import orjson
+from protocol.errors import ProtocolError
 
 T = TypeVar("T")
 
 
-class DecodeError(ValueError):
+class DecodeError(ProtocolError, ValueError):
     """A request body that is not valid JSON or does not match its schema; the message names the field."""
 
 

@@ -14,12 +14,13 @@ from typing import Any, Optional, TypeVar
 import msgspec
 
 from . import durable_storage, tokens
+from protocol.errors import ConfigurationError
 
 T = TypeVar("T", bound=msgspec.Struct)
 CONF_DIR = Path(os.environ.get("ELASTANE_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
 
 
-class ConfigError(ValueError):
+class ConfigError(ConfigurationError, ValueError):
     """A config file or flag that is missing, malformed or has an unknown key."""
 
 

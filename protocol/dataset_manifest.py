@@ -14,6 +14,7 @@ import os
 from typing import Annotated, Any, Mapping
 
 import msgspec
+from protocol.errors import AppError
 
 FORMAT_NAME = "elastane-dataset"
 FORMAT_VERSION = 1
@@ -55,7 +56,7 @@ GENERATOR_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-class DatasetError(ValueError):
+class DatasetError(AppError, ValueError):
     """A dataset directory or manifest that is missing or invalid; `field` is the data-spec field
     at fault ("path" for the files themselves) and the message says what is wrong."""
 

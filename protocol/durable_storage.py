@@ -20,6 +20,7 @@ import posixpath
 import secrets
 from pathlib import Path
 from typing import Any, Iterable, Sequence, Union
+from protocol.errors import ConfigurationError
 
 # what write_atomic writes: a bytes-like object, or several written one after another
 Chunk = Union[bytes, bytearray, memoryview]
@@ -27,7 +28,7 @@ Chunk = Union[bytes, bytearray, memoryview]
 FILE_SCHEME = "file://"
 
 
-class DurableStorageError(ValueError):
+class DurableStorageError(ConfigurationError, ValueError):
     """A durable-storage location that is malformed or names a scheme with no usable filesystem."""
 
 

@@ -29,6 +29,7 @@ from protocol.executor_replies import (AppSetupReply, BlocksReply, BlockStatesRe
                                        PingReply, PositionsReply, RunClockReply, RunEpochReply, ServerObjectiveReply,
                                        SetOwnershipReply, SetPositionsReply, SpillFigures, StatusReply,
                                        SwitchRoleReply, WorkerSetupReply)
+from protocol.errors import ProtocolError
 
 __all__ = ["AppSetup", "AppSetupReply", "BlockData", "BlockStates", "BlockStatesReply", "BlocksReply",
            "CancelIncoming", "Checkpoint", "CheckpointBlocks", "CheckpointBlocksReply", "CheckpointReply",
@@ -309,7 +310,7 @@ REPLY_TYPES: dict[type[ExecutorRequest], type[ControlReply]] = {
 }
 
 
-class ControlMessageError(ValueError):
+class ControlMessageError(ProtocolError, ValueError):
     """A control header that does not match its op's record; the message names the field."""
 
 

@@ -7,9 +7,10 @@ from typing import Any
 import aiohttp
 
 from . import codec
+from protocol.errors import ProtocolError
 
 
-class RemoteError(Exception):
+class RemoteError(ProtocolError):
     """A non-2xx answer; carries YARN's RemoteException fields when the server sent them."""
 
     def __init__(self, status: int, exception: str, message: str):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
+from protocol.errors import ConfigurationError
 
 ResourceType = Literal["FILE", "ARCHIVE", "PATTERN"]
 Visibility = Literal["PUBLIC", "PRIVATE", "APPLICATION"]
@@ -33,7 +34,7 @@ class LocalResource(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pattern: str = ""                       # PATTERN only: a regex of the entries to keep
 
 
-class LocalResourceError(ValueError):
+class LocalResourceError(ConfigurationError, ValueError):
     """A local-resources entry that is malformed; the message names the entry and the field."""
 
 

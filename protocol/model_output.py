@@ -17,6 +17,7 @@ from typing import Any, Literal, Mapping, Optional
 import msgspec
 
 from .durable_storage import DurableDir, DurableStorageError
+from protocol.errors import AppError
 
 FORMAT = "elastane-model"
 VERSION = 1
@@ -29,7 +30,7 @@ VALUES_ARRAY = "values"
 NO_WARM_START = {"lda": "its word-topic counts must match the token assignments its workers draw anew"}
 
 
-class ModelOutputError(ValueError):
+class ModelOutputError(AppError, ValueError):
     """A model output that cannot be read, is not one, or does not fit where it is used."""
 
 

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from typing import Any
+from protocol.errors import ProtocolError
 
 
-class ApiError(Exception):
+class ApiError(ProtocolError):
     """An error a handler raises to answer with YARN's RemoteException body; changes no state."""
 
     status = 500

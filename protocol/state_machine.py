@@ -12,9 +12,25 @@ from __future__ import annotations
 import enum
 from typing import Callable, Dict, Mapping, Tuple, TypeVar
 
+from protocol.errors import StateError
+
 S = TypeVar("S", bound=enum.Enum)
 E = TypeVar("E", bound=enum.Enum)
 T = TypeVar("T")
+
+
+class InvalidTransition(StateError, ValueError, RuntimeError):
+    """An event that is not allowed in a machine's current state (`state` and `event` when known).
+
+    The one class for the RM's applications and attempts, the NM's containers and a model block's
+    migration; it is both a ValueError and a RuntimeError, as the per-machine classes it replaces
+    were one or the other. Machines whose callers catch their own error keep their own class.
+    """
+
+    def __init__(self, message: str, state: enum.Enum | None = None, event: enum.Enum | None = None) -> None:
+        super().__init__(message)
+        self.state = state
+        self.event = event
 
 
 class TransitionTable(Dict[Tuple[S, E], T]):

@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Any, Callable
 
 import orjson
+from protocol.errors import ProtocolError
 
 NM = "nm"
 AM = "am"
@@ -27,7 +28,7 @@ AM_CONTROL_LIFETIME_S = 300.0
 _JOB_SECRET_CONTEXT = b"elastane job secret\0"
 
 
-class TokenError(Exception):
+class TokenError(ProtocolError):
     """A token that is malformed, forged, expired or of the wrong kind."""
 
 

@@ -13,6 +13,7 @@ import struct
 from typing import Union
 
 import msgspec
+from protocol.errors import ProtocolError
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 20          # a launch's env and argv; anything bigger is a bug
@@ -68,7 +69,7 @@ _request_decoder = msgspec.msgpack.Decoder(ZygoteRequest)
 _reply_decoder = msgspec.msgpack.Decoder(ZygoteReply)
 
 
-class FrameError(ValueError):
+class FrameError(ProtocolError, ValueError):
     """A frame that is too big or does not decode."""
 
 

@@ -13,13 +13,14 @@ import itertools
 from typing import Optional
 
 from protocol.arbiter_wire import FRAME, FRAME_SIZE, YIELDING, Frame, Op, Role, SlotKind, name_hash
+from protocol.errors import ProtocolError
 
 
-class ArbiterUnavailable(ConnectionError):
+class ArbiterUnavailable(ProtocolError, ConnectionError):
     """The arbiter's socket closed (or could not be reached): no slot can be had."""
 
 
-class ArbiterRefused(RuntimeError):
+class ArbiterRefused(ProtocolError, RuntimeError):
     """The arbiter answered a request with ERROR."""
 
 

@@ -48,6 +48,7 @@ from psruntime.apps.base import KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.store.push_ids import COUNT, DELTAS, push_id
 from psruntime.store.store_client import PreparedArray, StoreClient, TransferGate
+from protocol.errors import StateError
 
 T = TypeVar("T")
 INIT_CHUNK_KEYS = 4096
@@ -129,7 +130,7 @@ class ComputeThread:
             self._pool = None
 
 
-class TrainingStopped(Exception):
+class TrainingStopped(StateError):
     """The stop event was set: the step ended before its next mini-batch."""
 
 

@@ -19,11 +19,12 @@ from protocol.records import ZERO, Resource
 
 from .am_limit import AmGate, am_resource_limit, limit_diagnostics
 from .model import Node
+from protocol.errors import ProtocolError
 
 AM_ASK_ID = -1   # the ask id an AM container is allocated under
 
 
-class AskError(ValueError):
+class AskError(ProtocolError, ValueError):
     """A resource ask the scheduler cannot accept (names the field and the limit)."""
 
 

@@ -7,16 +7,12 @@ from __future__ import annotations
 import enum
 
 from protocol.records import AppState, AttemptState, ExitStatus
-from protocol.state_machine import TransitionTable
+from protocol.state_machine import InvalidTransition, TransitionTable
 
 
-class InvalidTransition(ValueError):
-    """An event that is not allowed in the current state."""
 
-    def __init__(self, machine: str, state: enum.Enum, event: enum.Enum):
-        super().__init__(f"{machine}: event {event.value} is invalid in state {state.value}")
-        self.state = state
-        self.event = event
+def _invalid(machine: str, state: enum.Enum, event: enum.Enum) -> InvalidTransition:
+    return InvalidTransition(f"{machine}: event {event.value} is invalid in state {state.value}", state, event)
 
 
 class AppEvent(str, enum.Enum):
@@ -43,7 +39,7 @@ APP_TRANSITIONS: TransitionTable[AppState, AppEvent, AppState] = TransitionTable
     (_S.RUNNING, _E.ATTEMPT_FINISHED): _S.FINISHED,
     (_S.RUNNING, _E.ATTEMPT_RETRY): _S.ACCEPTED,
     (_S.RUNNING, _E.ATTEMPT_FAILED): _S.FAILED,
-}, lambda state, event: InvalidTransition("application", state, event))
+}, lambda state, event: _invalid("application", state, event))
 for _st in (_S.NEW, _S.NEW_SAVING, _S.SUBMITTED, _S.ACCEPTED, _S.RUNNING):
     APP_TRANSITIONS[(_st, _E.KILL)] = _S.KILLED
 
@@ -72,7 +68,7 @@ ATTEMPT_TRANSITIONS: TransitionTable[AttemptState, AttemptEvent, AttemptState] =
     (_A.RUNNING, _AE.LAUNCHED): _A.RUNNING,
     (_A.RUNNING, _AE.UNREGISTERED): _A.FINISHING,
     (_A.FINISHING, _AE.CONTAINER_FINISHED): _A.FINISHED,
-}, lambda state, event: InvalidTransition("application attempt", state, event))
+}, lambda state, event: _invalid("application attempt", state, event))
 for _at in (_A.NEW, _A.SUBMITTED, _A.SCHEDULED, _A.ALLOCATED, _A.LAUNCHED, _A.RUNNING):
     ATTEMPT_TRANSITIONS[(_at, _AE.FAIL)] = _A.FAILED
     ATTEMPT_TRANSITIONS[(_at, _AE.KILL)] = _A.KILLED

@@ -27,12 +27,13 @@ import msgspec
 from models.ps_iteration_time import EpochTimeError, EpochTimeModel
 
 from .convergence import CurveError, LossCurve
+from protocol.errors import ConfigurationError
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "calibration.json"
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
 
 
-class CalibrationError(ValueError):
+class CalibrationError(ConfigurationError, ValueError):
     """A calibration file that cannot be read or used."""
 
 

@@ -14,9 +14,10 @@ from typing import Sequence
 
 import numpy as np
 from scipy.optimize import nnls
+from protocol.errors import AppError
 
 
-class CurveError(ValueError):
+class CurveError(AppError, ValueError):
     """A loss curve or history that cannot be used."""
 
 

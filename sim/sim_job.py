@@ -40,6 +40,7 @@ from .job_record import JobRecord
 from .event_loop import EventLoop
 from .sim_node import SimNode
 from .trace import TraceJob
+from protocol.errors import StateError
 
 if TYPE_CHECKING:
     from rm.core import LaunchAm, ResourceManagerCore
@@ -77,7 +78,7 @@ class PhaseEvent(str, Enum):
     STOP = "stop"                   # finished or killed (the RM's SHUTDOWN)
 
 
-class SimPhaseError(RuntimeError):
+class SimPhaseError(StateError, RuntimeError):
     """An event the simulated job's phase does not take (a simulator bug)."""
 
     def __init__(self, phase: Phase, event: PhaseEvent):

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Optional
 
 import msgspec
+from protocol.errors import ConfigurationError
 
 Pos = Annotated[int, msgspec.Meta(ge=1)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
 APPS = ("mlr", "nmf", "lda", "lasso")
 
 
-class TraceError(ValueError):
+class TraceError(ConfigurationError, ValueError):
     """A trace that cannot be read; the message names the line and the field."""
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
+from protocol.errors import PlanningError
 
 DEFAULT_ALPHA = 0.2     # weight of the newest sample: smooths over ~5 mini-batches
 
 
-class MetricsError(ValueError):
+class MetricsError(PlanningError, ValueError):
     """A report with a value that cannot be a measurement (negative, NaN, ...)."""
 
 

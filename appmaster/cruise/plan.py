@@ -17,9 +17,10 @@ from typing import Iterable, Mapping, Optional, Sequence, Union
 from protocol.state_machine import TransitionTable
 
 from .targets import Role
+from protocol.errors import PlanningError
 
 
-class PlanError(RuntimeError):
+class PlanError(PlanningError, RuntimeError):
     """An illegal use of a plan: unknown op, a transition the table forbids, a cycle."""
 
 

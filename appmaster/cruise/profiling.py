@@ -37,9 +37,10 @@ import numpy as np
 from models.cruise_cost import Assignment, JobProfile, NodeProfile
 
 from .metrics import LastKnown, MetricsBook
+from protocol.errors import PlanningError
 
 
-class ProfilingError(ValueError):
+class ProfilingError(PlanningError, ValueError):
     """Not enough has been measured to price a configuration."""
 
 

@@ -44,13 +44,14 @@ from models.cruise_cost import CostModelError, JobProfile, NodeProfile, epoch_ti
 from .balance import split_blocks
 from .solver_homogeneous import mean_profile
 from .targets import Slot, Target, build_target, choose_workers
+from protocol.errors import PlanningError
 
 DEFAULT_CLASS_TOLERANCE = 0.05      # measured profiles within ~5% count as one class
 DEFAULT_TIME_LIMIT_S = 0.9         # the solve-time target is < 1 s; past it, the best incumbent
 MIP_REL_GAP = 1e-4              # 0.01%: far inside the noise of measured profiles
 
 
-class SolverError(RuntimeError):
+class SolverError(PlanningError, RuntimeError):
     """The MILP found no feasible configuration."""
 
 

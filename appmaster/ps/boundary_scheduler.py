@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any, Awaitable, Callable, Optional, TypeVar
+from protocol.errors import StateError
 
 T = TypeVar("T")
 Step = Callable[[], Awaitable[T]]
 
 
-class TrainingNotRunning(RuntimeError):
+class TrainingNotRunning(StateError, RuntimeError):
     """An elastic step offered while no BSP training loop runs (not started, ended, or SSP)."""
 
 

@@ -52,6 +52,7 @@ from psruntime.store.ownership_table import OwnershipTable
 
 from .executor_pool import ExecutorRecord
 from .executor_rpc import Answered, ExecutorRpc
+from protocol.errors import AppError
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ BATCH_BYTES = 8 << 20
 PARALLEL_SERVERS = 4
 
 
-class CheckpointIncomplete(RuntimeError):
+class CheckpointIncomplete(AppError, RuntimeError):
     """The servers' manifests do not cover every model block."""
 
 

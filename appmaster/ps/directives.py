@@ -31,6 +31,7 @@ from protocol.internal_api import NodePlacement, RunState, ShapeDirective
 from protocol.job_report import JobReport
 from protocol.records import Resource
 from protocol.state_machine import TransitionTable
+from protocol.errors import StateError
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ TRANSITIONS: TransitionTable[TrackerState, TrackerEvent, tuple[TrackerState, Dec
 }, lambda state, event: TrackerError(f"event {event.value} is not allowed in state {state.value}"))
 
 
-class TrackerError(RuntimeError):
+class TrackerError(StateError, RuntimeError):
     """An event the tracker does not take in its state (e.g. DONE with no change running)."""
 
 

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from .eps_decisions import Transfer
+from protocol.errors import StateError
 
 
-class LedgerError(ValueError):
+class LedgerError(StateError, ValueError):
     """A change that does not match what the ledger knows (unknown worker, split not held ...)."""
 
 

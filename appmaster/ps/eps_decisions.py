@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Mapping, Sequence
+from protocol.errors import PlanningError
 
 
-class DecisionError(ValueError):
+class DecisionError(PlanningError, ValueError):
     """A decision that cannot be made (nobody to move to, an unknown holder ...)."""
 
 

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from protocol.shape_history import EpsChange, ExecutorCounts
+from protocol.errors import StateError
 
 
-class ElasticOpError(RuntimeError):
+class ElasticOpError(StateError, RuntimeError):
     """An elastic change that cannot be made or failed; `http_status` is what the AM's HTTP API
     answers (400: an impossible change, 409: not now -- another change runs, or no training)."""
 

@@ -31,6 +31,7 @@ from protocol.records import ExitStatus
 from protocol.state_machine import TransitionTable
 from psruntime.wire.dataplane import DataPlaneClient, Reply, RequestError
 from psruntime.wire.frame_codec import Frame
+from protocol.errors import StateError
 
 EXECUTOR_MODULE = "psruntime.executor"
 
@@ -57,7 +58,7 @@ class ExecutorEvent(str, enum.Enum):
     EXIT = "EXIT"
 
 
-class ExecutorStateError(RuntimeError):
+class ExecutorStateError(StateError, RuntimeError):
     """An event the executor's state does not take (an AM bug)."""
 
     def __init__(self, state: ExecutorState, event: ExecutorEvent):

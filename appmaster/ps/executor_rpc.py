@@ -21,12 +21,13 @@ from protocol import executor_ops as ops
 from psruntime.wire.dataplane import DataPlaneClient, PeerLost, RemoteError
 
 from .executor_pool import ExecutorRecord, ExecutorState
+from protocol.errors import ProtocolError
 
 R = TypeVar("R", bound=ops.ControlReply)
 USER_CODE_ERROR = "UserCodeError"   # the error kind an executor answers user-code failures with
 
 
-class ExecutorCallError(RuntimeError):
+class ExecutorCallError(ProtocolError, RuntimeError):
     """A control op on an executor failed (it died, or answered with an error)."""
 
     def __init__(self, executor: ExecutorRecord, op: str, cause: BaseException) -> None:

@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass, field
 
 from protocol.state_machine import TransitionTable
+from protocol.errors import StateError
 
 
 class JobPhase(str, enum.Enum):
@@ -64,7 +65,7 @@ TRANSITIONS: TransitionTable[JobPhase, JobEvent, JobPhase] = TransitionTable({
 }, lambda phase, event: JobTransitionError(f"event {event.value} is not allowed in phase {phase.value}"))
 
 
-class JobTransitionError(RuntimeError):
+class JobTransitionError(StateError, RuntimeError):
     """An event that is not allowed in the job's current phase."""
 
 

@@ -48,6 +48,7 @@ from .directives import Shape
 from .job import JobPhase
 from .reconfiguration import Reconfiguration, keeps_worker_state
 from .suspension import RELEASE_TIMEOUT_S, restart_from, settle, start_placed, take_cut
+from protocol.errors import StateError
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ _STEP_EVENTS = [RestartEvent.BOUNDARY, RestartEvent.CHECKPOINT, RestartEvent.REL
                 RestartEvent.RESTORE]
 
 
-class RestartTransitionError(RuntimeError):
+class RestartTransitionError(StateError, RuntimeError):
     """A reshape step out of order."""
 
     def __init__(self, phase: RestartPhase, event: RestartEvent):

@@ -35,6 +35,7 @@ from .eps_decisions import Transfer
 from .eps_records import ElasticOpRecord
 from .executor_pool import Role as PoolRole
 from .reconfiguration import Reconfiguration
+from protocol.errors import PlanningError
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class PlanRuntime(Protocol):
         ...
 
 
-class PlanFailed(RuntimeError):
+class PlanFailed(PlanningError, RuntimeError):
     """An op of the plan failed; `run` says what was done and what failed."""
 
     def __init__(self, run: "PlanRun") -> None:

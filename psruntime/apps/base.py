@@ -32,12 +32,13 @@ from protocol.dataset_manifest import INDEX_BOUNDS, DatasetError, DatasetManifes
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.random_streams import (HELDOUT, TRAIN, block_row_range, num_blocks, partition_block_range,
                                            rng_for)
+from protocol.errors import AppError
 
 SpecT = TypeVar("SpecT", bound=msgspec.Struct)
 HParamsT = TypeVar("HParamsT", bound=msgspec.Struct)
 
 
-class AppConfigError(ValueError):
+class AppConfigError(AppError, ValueError):
     """A data spec or hyper-parameter set that is invalid; the message names the field."""
 
 

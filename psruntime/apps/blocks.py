@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from protocol.errors import AppError
 
 # Numeric dtypes only: anything else would need pickle or carry pointers.
 _ALLOWED_KINDS = frozenset("biuf")
 
 
-class BlockFormatError(ValueError):
+class BlockFormatError(AppError, ValueError):
     """A serialised block whose header or buffers are inconsistent; the message names the part."""
 
 

@@ -21,6 +21,7 @@ from protocol.dataset_manifest import (BLOCK_ARRAYS, DIMENSION_FIELDS, ENTRY_ARR
                                        MANIFEST_NAME, ROW_ARRAYS, BlockEntry, DatasetManifest, check_manifest)
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.random_streams import num_blocks
+from protocol.errors import AppError
 
 if TYPE_CHECKING:
     from psruntime.apps.base import PSApp
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 PARTS = ("train", "heldout")
 
 
-class DatasetFileError(ValueError):
+class DatasetFileError(AppError, ValueError):
     """A block file that is missing, damaged or inconsistent with dataset.json; names the file."""
 
 

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from protocol.ps_job_spec import USER_APP, PSJobSpec
 from psruntime.apps.base import AppConfigError, PSApp
+from protocol.errors import AppError
 
 # name -> (module, class); tests/unit/test_apps_interface.py checks each class's `name` matches.
 _APPS: dict[str, tuple[str, str]] = {
@@ -31,7 +32,7 @@ _APPS: dict[str, tuple[str, str]] = {
 APP_NAMES: tuple[str, ...] = tuple(_APPS)
 
 
-class UserCodeError(RuntimeError):
+class UserCodeError(AppError, RuntimeError):
     """User code (a "module:Class" app's import, constructor or methods) raised; the message holds
     its traceback. The job fails with it: rerunning the same code would fail the same way."""
 

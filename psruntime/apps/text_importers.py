@@ -23,9 +23,10 @@ import numpy as np
 
 from protocol.dataset_manifest import DatasetManifest
 from psruntime.apps.dataset_files import DatasetWriter, mean_entries
+from protocol.errors import AppError
 
 
-class TextFormatError(ValueError):
+class TextFormatError(AppError, ValueError):
     """A problem in an input text file: `path`, 1-based `line` (0: the file as a whole), `problem`."""
 
     def __init__(self, path: str, line: int, problem: str) -> None:

@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from psruntime.apps.blocks import BlockFormatError, DataBlock
+from protocol.errors import AppError
 
 _LEN = struct.Struct("<I")
 
 
-class InactiveStoreError(RuntimeError):
+class InactiveStoreError(AppError, RuntimeError):
     """A split that is not in the inactive dataset, or a file that cannot be read back."""
 
 

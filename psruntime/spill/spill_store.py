@@ -26,6 +26,7 @@ import numpy as np
 from psruntime.apps.blocks import BlockFormatError, DataBlock
 from psruntime.store.block_store import BlockArrays
 from psruntime.store.checkpoint import CheckpointError, pack_blocks, unpack_blocks
+from protocol.errors import HostError
 
 SPILL_DIR = "spill"
 MAGIC = b"ELSPILL1"
@@ -33,7 +34,7 @@ _LEN = struct.Struct("<I")
 _NUMERIC = frozenset("biuf")
 
 
-class SpillError(RuntimeError):
+class SpillError(HostError, RuntimeError):
     """A spilled block that is not on disk, or a file that cannot be read back; names the file."""
 
 

@@ -31,6 +31,7 @@ from psruntime.store.block_contents import BlockContents as _Block
 from psruntime.store.block_contents import RetiredValues
 from psruntime.store.block_contents import strictly_increasing as _strictly_increasing
 from psruntime.store.ownership_table import Key, block_of, blocks_of_int_keys
+from protocol.errors import AppError
 
 UpdateFunc = Callable[[np.ndarray, np.ndarray], None]
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -48,7 +49,7 @@ UPDATE_UFUNCS: dict[str, np.ufunc] = {"add": np.add, "max": np.maximum, "min": n
 UPDATE_FUNCS: dict[str, UpdateFunc] = {name: _ufunc_in_place(u) for name, u in UPDATE_UFUNCS.items()}
 
 
-class StoreError(ValueError):
+class StoreError(AppError, ValueError):
     """A store operation that cannot be applied (unknown function, missing key, shape mismatch)."""
 
 

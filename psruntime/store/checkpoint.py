@@ -38,11 +38,12 @@ import numpy as np
 from protocol.checkpoint_manifest import FORMAT, BlockEntry, BlockManifest
 from protocol.durable_storage import write_atomic
 from psruntime.store.block_store import BlockArrays, BlockStore
+from protocol.errors import AppError
 
 __all__ = ["FORMAT", "BlockEntry", "BlockManifest"]    # re-exported: callers import them from here
 
 
-class CheckpointError(ValueError):
+class CheckpointError(AppError, ValueError):
     """A checkpoint directory that is missing, incomplete or for another job shape, or blocks on the
     wire that do not add up."""
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from protocol.state_machine import TransitionTable
+from protocol.state_machine import InvalidTransition, TransitionTable
 
 
 class BlockState(enum.Enum):
@@ -70,7 +70,7 @@ TRANSITIONS: TransitionTable[BlockState, MigrationEvent, BlockState] = Transitio
     (S.MOVED, E.TAKE_OWNERSHIP): S.INCOMING,
     (S.INCOMING, E.DATA_RECEIVED): S.OWNED,
     (S.INCOMING, E.CANCEL): S.ABSENT,
-}, lambda state, event: InvalidTransition(f"event {event.value} is not allowed in state {state.value}"))
+}, lambda state, event: InvalidTransition(f"event {event.value} is not allowed in state {state.value}", state, event))
 
 DISPOSITION: dict[BlockState, Disposition] = {
     S.OWNED: Disposition.SERVE,
@@ -79,10 +79,6 @@ DISPOSITION: dict[BlockState, Disposition] = {
     S.MOVED: Disposition.REDIRECT,
     S.ABSENT: Disposition.REDIRECT,
 }
-
-
-class InvalidTransition(RuntimeError):
-    """An event that is not allowed in the block's current state (e.g. moving a block twice at once)."""
 
 
 def next_state(state: BlockState, event: MigrationEvent) -> BlockState:

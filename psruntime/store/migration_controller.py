@@ -15,11 +15,12 @@ from typing import Iterable
 from protocol.executor_ops import MoveBlocks, SetOwnership, to_header
 from psruntime.wire.dataplane import DataPlaneClient
 from psruntime.store.ownership_table import OwnershipError, OwnershipTable
+from protocol.errors import StateError
 
 log = logging.getLogger(__name__)
 
 
-class MigrationControllerError(RuntimeError):
+class MigrationControllerError(StateError, RuntimeError):
     """A move that cannot start (bad blocks, wrong source, block already moving) or that failed."""
 
 

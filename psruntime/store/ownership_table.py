@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Union
 
 import numpy as np
+from protocol.errors import StateError
 
 Key = Union[int, str]
 _MASK = (1 << 64) - 1
@@ -62,7 +63,7 @@ def as_int_keys(keys: object) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-class OwnershipError(ValueError):
+class OwnershipError(StateError, ValueError):
     """An ownership table or update that is inconsistent (bad block id, unknown owner...)."""
 
 

@@ -30,12 +30,13 @@ from psruntime.wire.frame_codec import Frame
 from psruntime.store.ownership_table import Key, OwnershipTable, as_int_keys, blocks_of_int_keys
 from psruntime.store.push_ids import PUSH_ID_FIELD
 from psruntime.store.store_requests import MISSING, REDIRECTED
+from protocol.errors import ProtocolError
 
 MAX_ROUNDS = 200          # a key redirected this often means ownership never converged
 FAST_ROUNDS = 3           # redirects re-sent at once; later rounds back off
 
 
-class StoreClientError(RuntimeError):
+class StoreClientError(ProtocolError, RuntimeError):
     """A store request that could not be completed (no route, too many redirects, remote error)."""
 
 

@@ -36,6 +36,7 @@ import numpy as np
 from psruntime.wire.dataplane_auth import HANDSHAKE_TIMEOUT_S, AuthError, ClientHandshake, ServerHandshake
 from psruntime.wire.frame_codec import DEFAULT_MAX_BODY_BYTES, Frame, FrameError
 from psruntime.wire.frame_protocol import FrameProtocol
+from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ Reply = tuple[dict[str, Any], Sequence[np.ndarray]]
 Handler = Callable[[Frame], Union[Reply, Awaitable[Reply]]]
 
 
-class RemoteError(RuntimeError):
+class RemoteError(ProtocolError, RuntimeError):
     """The peer answered a request with an error frame; `kind` is the peer's error class name."""
 
     def __init__(self, kind: str, message: str) -> None:
@@ -52,11 +53,11 @@ class RemoteError(RuntimeError):
         self.message = message
 
 
-class RequestError(ValueError):
+class RequestError(ProtocolError, ValueError):
     """Raised by a handler for a request that is malformed; answered as an error frame."""
 
 
-class PeerLost(ConnectionError):
+class PeerLost(ProtocolError, ConnectionError):
     """The peer at `address` was declared gone (`DataPlaneClient.mark_lost`: its executor's container
     ended, or it stopped answering); `reason` says how that was learnt."""
 
@@ -66,7 +67,7 @@ class PeerLost(ConnectionError):
         self.reason = reason
 
 
-class ConnectTimeout(ConnectionError):
+class ConnectTimeout(ProtocolError, ConnectionError):
     """No connection to a peer within `LinkLiveness.connect_timeout_s` (its host is down or cut off:
     a dead host's address drops SYNs instead of refusing them)."""
 

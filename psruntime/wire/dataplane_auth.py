@@ -24,6 +24,7 @@ import secrets
 from typing import Any
 
 from psruntime.wire.frame_codec import Frame
+from protocol.errors import ProtocolError
 
 CHALLENGE_OP = "auth_challenge"
 ANSWER_OP = "auth_answer"
@@ -34,7 +35,7 @@ _CLIENT = b"elastane-dataplane-v1 client\0"
 _SERVER = b"elastane-dataplane-v1 server\0"
 
 
-class AuthError(ConnectionError):
+class AuthError(ProtocolError, ConnectionError):
     """A data-plane handshake that failed: a missing or wrong proof, or not a handshake at all."""
 
 

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import orjson
+from protocol.errors import ProtocolError
 
 MAGIC = 0x454C5346  # "ELSF": rejects a peer that is not speaking this protocol at all
 PREFIX = struct.Struct("<IIQ")
@@ -29,7 +30,7 @@ DEFAULT_MAX_BODY_BYTES = 4 << 30
 _ALLOWED_KINDS = frozenset("biufc")
 
 
-class FrameError(ValueError):
+class FrameError(ProtocolError, ValueError):
     """A frame that cannot be encoded or decoded; the message says which part is wrong."""
 
 

@@ -14,9 +14,10 @@ from typing import Optional, Sequence
 
 from protocol.internal_api import NodePlacement, RunState, ShapeDirective
 from protocol.records import Resource
+from protocol.errors import PlanningError
 
 
-class DecisionError(ValueError):
+class DecisionError(PlanningError, ValueError):
     """A job decision that does not hold together (a policy bug)."""
 
 

@@ -22,6 +22,7 @@ from typing import Optional
 
 from protocol.job_report import JobReport
 from protocol.state_machine import TransitionTable
+from protocol.errors import StateError
 
 
 class TrialState(str, enum.Enum):
@@ -55,7 +56,7 @@ TRANSITIONS: TransitionTable[TrialState, TrialEvent, TrialState] = TransitionTab
 }, lambda state, event: IllegalTrialTransition(f"{event.value} in state {state.value}"))
 
 
-class IllegalTrialTransition(ValueError):
+class IllegalTrialTransition(StateError, ValueError):
     """An event that the trial's state does not accept (a bug in the caller)."""
 
 

@@ -26,6 +26,7 @@ from typing import Optional
 
 from protocol.internal_api import RunState
 from protocol.state_machine import TransitionTable
+from protocol.errors import StateError
 
 
 class JobState(str, enum.Enum):
@@ -48,7 +49,7 @@ class JobEvent(str, enum.Enum):
     FINISH = "finish"
 
 
-class HarmonyStateError(RuntimeError):
+class HarmonyStateError(StateError, RuntimeError):
     """An event the job's Harmony state does not allow (a policy bug)."""
 
     def __init__(self, state: JobState, event: JobEvent):
