@@ -1,7 +1,7 @@
 """The Harmony arbiter's rules: which subtask of which executor may use the node's CPU or network.
 
 Pure (no I/O, an injected clock); `arbiter_server.py` puts it behind the NM's unix socket. Per node
-(dissertation §4.3.1, DESIGN.md "PS runtime"):
+(dissertation §4.3.1; docs/harmony_arbiter.md, "Slots and rules"):
 
 - **CPU**: one slot. A COMP subtask uses almost all of the node's CPU, so one runs at a time.
 - **Network**: a primary and a secondary slot. One network subtask leaves the network idle while

@@ -1,7 +1,7 @@
 """The Harmony arbiter's wire format: fixed-size binary frames over the NM's unix socket.
 
 An executor of a Harmony job takes a slot from its node's arbiter before every COMP / COMM
-subtask (DESIGN.md, PS runtime), so the channel sits on every mini-batch: no HTTP, no JSON, one
+subtask (docs/harmony_arbiter.md, "Slots and rules"), so the channel sits on every mini-batch: no HTTP, no JSON, one
 24-byte struct per message, little-endian:
 
     op u8 | kind u8 | flags u16 | request_id u32 | job u64 | executor u64

@@ -1,6 +1,6 @@
 """A worker's training pipeline: PULL -> COMP -> PUSH per mini-batch, as subtasks behind a runner.
 
-Per mini-batch the pipeline runs three subtasks, one after the other (DESIGN.md, PS runtime):
+Per mini-batch the pipeline runs three subtasks, one after the other (README "Architecture", psruntime):
 
     PULL  (COMM)  the batch's model keys from their owners
     COMP  (CPU)   app.compute, in the pipeline's compute thread: numpy releases the GIL, so the
