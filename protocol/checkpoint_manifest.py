@@ -1,8 +1,9 @@
 """The manifest of a checkpoint's store blocks, `manifest-<executor>.json`, as a typed record.
 
 One per executor that wrote blocks into a checkpoint directory (psruntime/store/checkpoint.py writes and
-merges them). `blocks` maps a block to its entry as stored: format 2 `{"file", "other_keys"}`,
-format 1 `[[key, file], ...]` (still read); the entries stay in that shape because the readers
+merges them). `blocks` maps a block to its entry as stored: formats 3 and 2 `{"file",
+"other_keys"}` (the file's suffix tells them apart: .buf or .npz), format 1 `[[key, file], ...]`
+(still read); the entries stay in that shape because the readers
 of both formats dispatch on it.
 """
 from __future__ import annotations
@@ -11,9 +12,9 @@ from typing import Any, Union
 
 import msgspec
 
-FORMAT = 2
+FORMAT = 3
 
-# A block's entry: {"file", "other_keys"} (format 2) or [[key, file], ...] (format 1).
+# A block's entry: {"file", "other_keys"} (formats 3 and 2) or [[key, file], ...] (format 1).
 BlockEntry = Union[dict[str, Any], list[list[Any]]]
 
 

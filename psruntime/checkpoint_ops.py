@@ -5,7 +5,7 @@ format), registered on the executor's control channel like psruntime.app_role's 
         a consistent cut of owned blocks, taken in one synchronous step and sent back over the
         data plane in batches of at most max_bytes (the AM writes the files)
     restore_blocks_data {blocks} + arrays   install blocks (assigned to this executor) sent by the AM
-    checkpoint {dir, blocks?}               write owned blocks into a local dir (.npz per block + manifest)
+    checkpoint {dir, blocks?}               write owned blocks into a local dir (a buffer file per block + manifest)
     restore {dir, blocks}                   load blocks (which the table gives this executor) from a local dir
 """
 from __future__ import annotations

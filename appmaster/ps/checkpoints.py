@@ -3,7 +3,10 @@ AM writes them into one directory per cut; a restore reads them there and sends 
 
 Layout under the AM's durable dir (ELASTANE_AM_DIR)::
 
-    checkpoints/epoch-<N>/manifest-<server>.json, block_<b>.npz   (psruntime.store.checkpoint's format)
+    checkpoints/epoch-<N>/manifest-<server>.json, block_<b>.buf   (psruntime.store.checkpoint's format)
+    checkpoints/epoch-<N>/worker_state_<b>.buf   an input block's worker-local state (NMF, LDA): a
+                                          psruntime.store.buffer_file, the block header as content
+                                          (older checkpoints' worker_state_<b>.npz still read)
     checkpoints/epoch-<N>/job.json   epoch, objective, the ownership table and the job spec
     checkpoints/epoch-<N>-clock-<C>/...   a cut inside epoch N, after the job's C-th clock (a
                                           kill-based reshape pauses at the next clock boundary)
@@ -46,6 +49,7 @@ from protocol.durable_storage import DurableDir, fsync_dir, fsync_file, write_at
 from psruntime.store.checkpoint import (BlockEntry, CheckpointError, block_wire_bytes, checkpoint_entries,
                                   load_manifests, pack_blocks, read_block, unpack_blocks, write_block,
                                   write_manifest)
+from psruntime.store import buffer_file
 from psruntime.store.block_store import BlockArrays
 from psruntime.wire.dataplane import DataPlaneClient
 from psruntime.store.ownership_table import OwnershipTable
@@ -57,7 +61,7 @@ from protocol.errors import AppError
 log = logging.getLogger(__name__)
 
 JOB_MANIFEST = "job.json"
-WORKER_STATE_PREFIX = "worker_state_"    # + <input block>.npz: a worker-local block state (NMF, LDA)
+WORKER_STATE_PREFIX = "worker_state_"    # + <input block>.buf: a worker-local block state (NMF, LDA)
 # Bytes of block buffers per frame, both ways, and servers served at once: the AM (a small
 # container, 512 MB by default) holds at most two batches per server in transfer -- one being
 # written or read, one on the wire -- so at most 2 * PARALLEL_SERVERS * BATCH_BYTES (or a larger
@@ -181,7 +185,7 @@ class Checkpointer:
 
     async def _fetch_worker_state(self, worker: ExecutorRecord, d: Path) -> int:
         """Receive the state of every input block `worker` holds and write one file per block
-        (`worker_state_<b>.npz` with its block header beside the arrays); returns bytes."""
+        (`worker_state_<b>.buf`, its block header as the content); returns bytes."""
         answered = await self._rpc.exchange(worker, ops.BlockStates(), ops.BlockStatesReply)
         at, nbytes = 0, 0
         for h in answered.reply.blocks:
@@ -202,10 +206,9 @@ class Checkpointer:
             headers: list[dict[str, Any]] = []
             arrays: list[np.ndarray] = []
             for b in worker.blocks:
-                with np.load(d / f"{WORKER_STATE_PREFIX}{b}.npz") as f:
-                    h = json.loads(bytes(f["header"]).decode())
-                    headers.append(h)
-                    arrays.extend(f[f"a{i}"] for i in range(len(h.get("arrays", []))))
+                h, state = _read_worker_state(d, b)
+                headers.append(h)
+                arrays.extend(state)
             await self._rpc.send(worker, ops.SetBlockStates(blocks=headers), arrays)
             return sum(int(a.nbytes) for a in arrays)
 
@@ -331,12 +334,17 @@ def _write_manifest(d: Path, executor_id: str, num_blocks: int, table_version: i
 
 
 def _write_worker_state(d: Path, block: int, header: dict[str, Any], arrays: list[np.ndarray], sync: bool) -> None:
-    """One input block's worker-local state as `worker_state_<b>.npz`: its header beside its arrays."""
-    tmp = d / f"{WORKER_STATE_PREFIX}{block}.tmp.npz"
-    with open(tmp, "wb") as f:
-        np.savez(f, header=np.frombuffer(json.dumps(header).encode(), np.uint8),
-                 **{f"a{i}": a for i, a in enumerate(arrays)})  # type: ignore[arg-type]  # see psruntime/store/checkpoint.py
-        if sync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, d / f"{WORKER_STATE_PREFIX}{block}.npz")
+    """One input block's worker-local state as `worker_state_<b>.buf` (atomically; fsynced with
+    `sync`): a buffer file with its header as the content."""
+    buffer_file.write(d / f"{WORKER_STATE_PREFIX}{block}.buf", header, arrays, durable=sync)
+
+
+def _read_worker_state(d: Path, block: int) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """(header, arrays) of an input block's checkpointed state; a checkpoint written before the
+    buffer files holds `worker_state_<b>.npz` (the header as uint8 JSON beside arrays a0, a1...)."""
+    path = d / f"{WORKER_STATE_PREFIX}{block}.buf"
+    if path.exists():
+        return buffer_file.read(path)
+    with np.load(d / f"{WORKER_STATE_PREFIX}{block}.npz") as f:
+        h = json.loads(bytes(f["header"]).decode())
+        return h, [f[f"a{i}"] for i in range(len(h.get("arrays", [])))]

@@ -1,37 +1,29 @@
-"""Blocks spilled to local disk as lz4 frames (Harmony's dynamic data reloading, §4.3.3).
+"""Blocks spilled to local disk (Harmony's dynamic data reloading, §4.3.3).
 
 One file per spilled block, `<name>.lz4` under the store's directory (by default the container's
-working directory's `spill/`, whose bytes the NM's metrics count). A file is one `lz4.frame`
-whose content is::
-
-    b"ELSPILL1"  u32 little-endian header length  JSON header  raw buffers back to back
-
-The JSON header is `{"content": <the caller's header>, "buffers": [[dtype, shape], ...]}`; the
-buffers are plain numeric numpy arrays (no pickle): an input block's arrays as
+working directory's `spill/`, whose bytes the NM's metrics count). A file is a
+`psruntime.store.buffer_file` with every buffer lz4-compressed: the caller's header as its content,
+then the buffers, plain numeric numpy arrays (no pickle): an input block's arrays as
 `DataBlock.to_buffers` lists them (a CSR matrix is its indptr / indices / values arrays), a model
-block's as `psruntime.store.checkpoint.pack_blocks` lays them out. Files are written to a temporary name
-and renamed, so a reader never sees half a block.
+block's as `psruntime.store.checkpoint.pack_blocks` lays them out. Files are written atomically but
+not fsynced (`write_atomic(durable=False)`: a spill dies with its process), so a reader never sees
+half a block.
 """
 from __future__ import annotations
 
-import json
 import os
-import struct
 from pathlib import Path
 from typing import Any, Sequence
 
-import lz4.frame  # type: ignore[import-untyped]  # lz4 ships no type information
 import numpy as np
 
 from psruntime.apps.blocks import BlockFormatError, DataBlock
+from psruntime.store import buffer_file
 from psruntime.store.block_store import BlockArrays
 from psruntime.store.checkpoint import CheckpointError, pack_blocks, unpack_blocks
 from protocol.errors import HostError
 
 SPILL_DIR = "spill"
-MAGIC = b"ELSPILL1"
-_LEN = struct.Struct("<I")
-_NUMERIC = frozenset("biuf")
 
 
 class SpillError(HostError, RuntimeError):
@@ -43,57 +35,21 @@ def default_spill_dir() -> Path:
     return Path(os.environ.get("PWD") or os.getcwd()) / SPILL_DIR
 
 
-def _prefix(header: dict[str, Any], arrays: Sequence[np.ndarray]) -> bytes:
-    descs = []
-    for a in arrays:
-        if a.dtype.kind not in _NUMERIC:
-            raise SpillError(f"cannot spill an array of non-numeric dtype {a.dtype}")
-        descs.append([a.dtype.str, list(a.shape)])
-    raw = json.dumps({"content": header, "buffers": descs}).encode()
-    return MAGIC + _LEN.pack(len(raw)) + raw
-
-
 def encode(header: dict[str, Any], arrays: Sequence[np.ndarray]) -> bytes:
-    """The compressed file content for `header` and `arrays` (in memory: tests, small blocks)."""
-    arrays = [np.ascontiguousarray(a) for a in arrays]
-    c = lz4.frame.LZ4FrameCompressor()
-    parts = [c.begin(), c.compress(_prefix(header, arrays))]
-    parts.extend(c.compress(a.data.cast("B")) for a in arrays if a.nbytes)
-    parts.append(c.flush())
-    return b"".join(parts)
+    """The file content for `header` and `arrays` (in memory: tests, small blocks)."""
+    try:
+        return b"".join(buffer_file.encode(header, arrays, compress=True))
+    except buffer_file.BufferFileError as e:
+        raise SpillError(f"cannot spill: {e}") from None
 
 
-def decode(compressed: bytes, what: str = "spilled block") -> tuple[dict[str, Any], list[np.ndarray]]:
-    """(header, arrays) of a file's content; the arrays are read-only views of one decompressed
-    buffer. SpillError naming `what` when it is not a spill frame or does not add up."""
+def decode(raw: bytes, what: str = "spilled block") -> tuple[dict[str, Any], list[np.ndarray]]:
+    """(header, arrays) of a file's content; the arrays are read-only. SpillError naming `what`
+    when it is not a spill file or does not add up."""
     try:
-        raw = lz4.frame.decompress(compressed)
-    except RuntimeError as e:
-        raise SpillError(f"{what}: not an lz4 frame: {e}") from None
-    try:
-        if raw[:len(MAGIC)] != MAGIC:
-            raise SpillError(f"{what}: not a spill file (bad magic)")
-        (n,) = _LEN.unpack_from(raw, len(MAGIC))
-        start = len(MAGIC) + _LEN.size
-        meta = json.loads(raw[start:start + n])
-        offset = start + n
-        view = memoryview(raw)
-        arrays: list[np.ndarray] = []
-        for dtype_str, shape in meta["buffers"]:
-            dtype = np.dtype(dtype_str)
-            if dtype.kind not in _NUMERIC:
-                raise SpillError(f"{what}: buffer of non-numeric dtype {dtype}")
-            shape = tuple(int(s) for s in shape)
-            size = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-            if offset + size > len(raw):
-                raise SpillError(f"{what}: truncated ({len(raw)} bytes, buffers need more)")
-            arrays.append(np.frombuffer(view[offset:offset + size], dtype).reshape(shape))
-            offset += size
-        if offset != len(raw):
-            raise SpillError(f"{what}: {len(raw) - offset} trailing bytes")
-        return meta["content"], arrays
-    except (ValueError, KeyError, TypeError, struct.error) as e:
-        raise SpillError(f"{what}: corrupt header: {e}") from None
+        return buffer_file.decode(raw, what)
+    except buffer_file.BufferFileError as e:
+        raise SpillError(str(e)) from None
 
 
 class SpillStore:
@@ -107,22 +63,13 @@ class SpillStore:
 
     # -- raw ---------------------------------------------------------------------------------
     def write(self, name: str, header: dict[str, Any], arrays: Sequence[np.ndarray]) -> int:
-        """Write `name` (replacing it), streaming the buffers through the compressor so no
-        uncompressed copy of the block is made; returns the bytes on disk."""
+        """Write `name` (replacing it; atomic, not fsynced), each buffer lz4-compressed on its own so
+        no uncompressed copy of the block is made; returns the bytes on disk."""
         self.root.mkdir(parents=True, exist_ok=True)
-        arrays = [np.ascontiguousarray(a) for a in arrays]
-        path = self._path(name)
-        tmp = path.with_suffix(".tmp")
-        c = lz4.frame.LZ4FrameCompressor()
-        with open(tmp, "wb") as f:
-            f.write(c.begin())
-            f.write(c.compress(_prefix(header, arrays)))
-            for a in arrays:
-                if a.nbytes:
-                    f.write(c.compress(a.data.cast("B")))
-            f.write(c.flush())
-        os.replace(tmp, path)
-        return path.stat().st_size
+        try:
+            return buffer_file.write(self._path(name), header, arrays, compress=True, durable=False)
+        except buffer_file.BufferFileError as e:
+            raise SpillError(f"cannot spill {name}: {e}") from None
 
     def read(self, name: str) -> tuple[dict[str, Any], list[np.ndarray]]:
         path = self._path(name)

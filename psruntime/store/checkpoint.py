@@ -1,13 +1,15 @@
-"""Checkpoints of store blocks: one .npz file per block plus a JSON manifest, written atomically;
+"""Checkpoints of store blocks: one buffer file per block plus a JSON manifest, written atomically;
 and the wire form in which blocks travel between a server and the AM over the data plane.
 
-Layout of a checkpoint directory (format 2)::
+Layout of a checkpoint directory (format 3)::
 
-    manifest-<executor>.json   {"format": 2, "num_blocks", "table_version",
-                                "blocks": {"<b>": {"file": "block_<b>.npz", "other_keys": [...]}}}
-    block_<b>.npz              arrays "keys" (int64, sorted) and "values" (rows of those keys), and
-                               "other_<i>" for the i-th of the block's other keys (str keys such as
-                               the audit counter, or int keys of another layout) -- no pickle
+    manifest-<executor>.json   {"format": 3, "num_blocks", "table_version",
+                                "blocks": {"<b>": {"file": "block_<b>.buf", "other_keys": [...]}}}
+    block_<b>.buf              a psruntime.store.buffer_file whose content is the block's wire
+                               descriptor {"blocks": [{"block", "other_keys", "has_values"}]} and
+                               whose buffers are its wire buffers (`pack_blocks`): keys (int64,
+                               sorted), values (rows of those keys), one per other key (str keys
+                               such as the audit counter, or int keys of another layout) -- no pickle
 
 A block is written to a temporary name and renamed into place; the manifest is written last (and
 renamed), so a crash mid-checkpoint leaves the previous manifest intact. Several executors may
@@ -16,8 +18,9 @@ checkpoint into the same directory (each its own blocks): each writes `manifest-
 (`save_blocks`) and the AM writing blocks it received over the data plane (`write_block` +
 `write_manifest`) produce the same files.
 
-The older format 1 (`"blocks": {"<b>": [[key, "block_<b>/<i>.npy"], ...]}`, one .npy per key) is
-still read.
+Older checkpoints stay resumable: format 2 (the same manifest, `block_<b>.npz` files with arrays
+"keys", "values" and "other_<i>") and format 1 (`"blocks": {"<b>": [[key, "block_<b>/<i>.npy"],
+...]}`, one .npy per key) are still read.
 
 Wire form (`pack_blocks` / `unpack_blocks`): a frame header field "blocks" lists one
 `{"block", "other_keys", "has_values"}` per block and the frame's buffers are, block after block,
@@ -26,7 +29,6 @@ consistent snapshot of its blocks, handed out in batches of bounded size.
 """
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +39,7 @@ import numpy as np
 
 from protocol.checkpoint_manifest import FORMAT, BlockEntry, BlockManifest
 from protocol.durable_storage import write_atomic
+from psruntime.store import buffer_file
 from psruntime.store.block_store import BlockArrays, BlockStore
 from protocol.errors import AppError
 
@@ -52,19 +55,11 @@ class CheckpointError(AppError, ValueError):
 
 def write_block(directory: str | os.PathLike[str], block: int, data: BlockArrays, *,
                 durable: bool = False) -> dict[str, Any]:
-    """Write one block's arrays as `block_<b>.npz` (atomically); returns its manifest entry.
+    """Write one block as `block_<b>.buf` (atomically); returns its manifest entry.
     `durable`: fsync it too (the AM's checkpointer decides that per checkpoint and syncs itself)."""
-    root = Path(directory)
-    name = f"block_{block}.npz"
-    arrays: dict[str, np.ndarray] = {"keys": np.asarray(data.keys, np.int64)}
-    if data.values is not None:
-        arrays["values"] = data.values
-    for i, a in enumerate(data.other_arrays):
-        arrays[f"other_{i}"] = np.asarray(a)
-    buf = io.BytesIO()          # a file object: np.savez appends no suffix
-    # mypy checks **arrays against savez's allow_pickle too (python/mypy#1969); no key is named so
-    np.savez(buf, **arrays)  # type: ignore[arg-type]
-    write_atomic(root / name, buf.getbuffer(), durable=durable)
+    name = f"block_{block}.buf"
+    descs, arrays = pack_blocks([(block, data)])
+    buffer_file.write(Path(directory) / name, {"blocks": descs}, arrays, durable=durable)
     return {"file": name, "other_keys": list(data.other_keys)}
 
 
@@ -90,7 +85,7 @@ def save_blocks(store: BlockStore, blocks: list[int], directory: str | os.PathLi
 
 
 def load_manifests(directory: str | os.PathLike[str], num_blocks: int) -> dict[int, BlockEntry]:
-    """Merge every executor's manifest in `directory`: block -> its entry (either format)."""
+    """Merge every executor's manifest in `directory`: block -> its entry (any format)."""
     root = Path(directory)
     paths = sorted(root.glob("manifest-*.json"))
     if not paths:
@@ -118,7 +113,7 @@ def checkpoint_entries(directory: str | os.PathLike[str], num_blocks: int, block
 
 
 def read_block(directory: str | os.PathLike[str], block: int, entry: BlockEntry) -> BlockArrays:
-    """One block of a checkpoint as arrays (either format)."""
+    """One block of a checkpoint as arrays (any format)."""
     root = Path(directory)
     try:
         if isinstance(entry, list):          # format 1: one .npy per key
@@ -133,11 +128,19 @@ def read_block(directory: str | os.PathLike[str], block: int, entry: BlockEntry)
                                np.stack([a for _, a in dense]) if dense else None,
                                [k for k, _ in other], [a for _, a in other])
         other_keys = list(entry["other_keys"])
-        with np.load(root / entry["file"], allow_pickle=False) as z:
-            keys = z["keys"]
-            values = z["values"] if "values" in z.files else None
-            others = [z[f"other_{i}"] for i in range(len(other_keys))]
-    except (OSError, KeyError, ValueError, TypeError) as e:
+        if str(entry["file"]).endswith(".npz"):     # format 2
+            with np.load(root / entry["file"], allow_pickle=False) as z:
+                keys = z["keys"]
+                values = z["values"] if "values" in z.files else None
+                others = [z[f"other_{i}"] for i in range(len(other_keys))]
+        else:
+            content, arrays = buffer_file.read(root / entry["file"])
+            items = unpack_blocks(content.get("blocks"), arrays, block + 1)
+            if len(items) != 1 or items[0][0] != block or list(items[0][1].other_keys) != other_keys:
+                raise CheckpointError(f"the file holds blocks {[b for b, _ in items]}, not block {block} "
+                                      f"with other keys {other_keys}")
+            return items[0][1]
+    except (OSError, KeyError, ValueError, TypeError) as e:     # BufferFileError, CheckpointError: ValueErrors
         raise CheckpointError(f"block {block} of the checkpoint at {root} is unreadable: {e}") from None
     return BlockArrays(keys, values, other_keys, others)
 

@@ -120,7 +120,7 @@ def test_a_lost_nmf_worker_comes_back_with_its_user_factors_from_the_checkpoint(
     st, ref = (json.loads((base / jobs[v] / "status.json").read_text()) for v in ("worker-0", ""))
     rec = [h for h in st["shape_history"] if h["mode"] == "recovery"]
     assert len(rec) == 1 and rec[0]["error"] == "" and "worker-0 (" in rec[0]["lost"][0], st["shape_history"]
-    assert (Path(rec[0]["checkpoint"]) / "worker_state_0.npz").exists()        # the workers' block state
+    assert (Path(rec[0]["checkpoint"]) / "worker_state_0.buf").exists()        # the workers' block state
     assert rec[0]["objective_restored"] == pytest.approx(
         st["objective_history"][rec[0]["epoch"] - 1]["objective"] if rec[0]["epoch"] else st["initial_objective"],
         rel=1e-3)                                                               # the user factors came back too

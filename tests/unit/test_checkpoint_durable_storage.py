@@ -167,7 +167,7 @@ async def test_a_remote_checkpoint_is_staged_locally_then_put_with_job_json_last
             assert json.loads((Path(info["dir"]) / JOB_MANIFEST).read_text())["epoch"] == epoch
     assert puts[-1] == JOB_MANIFEST and puts.count(JOB_MANIFEST) == 3
     first = puts[:puts.index(JOB_MANIFEST)]
-    assert sorted(first) == sorted([f"block_{b}.npz" for b in range(NB)] + ["manifest-e0.json", "manifest-e1.json"])
+    assert sorted(first) == sorted([f"block_{b}.buf" for b in range(NB)] + ["manifest-e0.json", "manifest-e1.json"])
     assert sorted(p.name for p in (tmp_path / "stage").iterdir()) == ["epoch-2", "epoch-3"]   # older copies go
     assert durable.entries()[0] == ["epoch-1", "epoch-2", "epoch-3"]
 
@@ -198,6 +198,6 @@ async def test_a_local_checkpoint_is_durable_before_job_json_commits_it(tmp_path
         await _put(ctl, 1.0)
         info = await ckpt.write(1, ctl.table, recs, _job(1))
     assert info["dir"] == str(tmp_path / "checkpoints" / "epoch-1") == info["url"]
-    assert sorted(synced) == sorted([f"block_{b}.npz" for b in range(NB)] + ["manifest-e0.json", "manifest-e1.json"])
+    assert sorted(synced) == sorted([f"block_{b}.buf" for b in range(NB)] + ["manifest-e0.json", "manifest-e1.json"])
     assert tmp_path / "checkpoints" / "epoch-1" in dirs_synced      # the files' renames, before job.json
     assert json.loads((tmp_path / "checkpoints" / "epoch-1" / JOB_MANIFEST).read_text())["epoch"] == 1

@@ -18,7 +18,7 @@ def test_written_and_read_as_the_typed_record(tmp_path: Path) -> None:
     entry = write_block(tmp_path, 3, data, durable=True)
     path = write_manifest(tmp_path, "exec-1", 8, 4, {3: entry})
     m = msgspec.json.decode(path.read_bytes(), type=BlockManifest)
-    assert (m.format, m.num_blocks, m.table_version, list(m.blocks)) == (2, 8, 4, [3])
+    assert (m.format, m.num_blocks, m.table_version, list(m.blocks)) == (3, 8, 4, [3])
     merged = load_manifests(tmp_path, 8)
     back = read_block(tmp_path, 3, merged[3])
     assert back.keys.tolist() == [1, 5] and back.other_keys == ["audit"]
