@@ -28,6 +28,7 @@ import msgspec
 import numpy as np
 
 from protocol.durable_storage import write_atomic
+from protocol.errors import AppError
 
 MAGIC = b"ELBUF001"
 PREFIX = struct.Struct("<8sI")
@@ -36,7 +37,7 @@ _NUMERIC = frozenset("biufc")
 _PAD = bytes(ALIGN)
 
 
-class BufferFileError(ValueError):
+class BufferFileError(AppError, ValueError):
     """A buffer file that cannot be written or read back; the message says what is wrong."""
 
 
