@@ -22,7 +22,9 @@ import argparse
 import copy
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -30,9 +32,12 @@ from protocol.internal_api import RunState, ShapeDirective
 from protocol.job_report import JobReport, WorkerTiming
 from protocol.records import ZERO, Resource
 from rm.policies.harmony import HarmonyPolicy
-from rm.policies.harmony_exhaustive import best_grouping
 from rm.policies.harmony_grouping import schedule
 from rm.policies.snapshot import AppView, ClusterSnapshot, NodeView
+
+# The exhaustive-search oracle is test support (tests/support/harmony_exhaustive.py), not product code.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+from harmony_exhaustive import best_grouping
 
 SPEC = {"ps-job": {"app": "mlr", "workers": 1, "servers": 1, "executor_memory_mb": 1024, "executor_vcores": 1}}
 NODE = Resource(32 * 1024, 8)           # m4.2xlarge: 8 vCPU, 32 GB

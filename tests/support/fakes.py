@@ -1,6 +1,6 @@
 """The tests' shared fakes (in-process, no real daemons):
 
-- FakeClock: a settable clock (`.t`, `advance`), starting where the test says (0 by default). rm.testing.FakeClock
+- FakeClock: a settable clock (`.t`, `advance`), starting where the test says (0 by default). rm_testing.FakeClock
   is the RM's own (it starts at the real time so signed tokens verify).
 - FakeRM / FakeNM: the RM's AM API and the NM's container API for AM-library tests (conftest's `fake_cluster`);
   FakeNM accepts any "ctok-" token.
@@ -19,7 +19,7 @@ from protocol import codec, http_server, tokens
 from protocol import internal_api as api
 from protocol.records import ContainerState, ExitStatus, Resource
 from protocol.remote_exception import NotFound, Unauthorized
-from rm.testing import SECRET
+from rm_testing import SECRET
 
 
 class FakeClock:

@@ -9,7 +9,7 @@ from protocol.config import ClusterConfig, RMConfig
 from protocol.records import Resource
 from rm.model import AmSpec
 from rm.server import ResourceManagerServer
-from rm.testing import SECRET, FakeClock, register
+from rm_testing import SECRET, FakeClock, register
 
 
 class PageEnv:

@@ -12,7 +12,7 @@ from appmaster.ps.submission import build_ps_submission
 from protocol import codec
 from protocol.config import ClusterConfig, RMConfig
 from rm.server import ResourceManagerServer
-from rm.testing import SECRET, FakeClock
+from rm_testing import SECRET, FakeClock
 
 BASE = "/ws/v1/cluster"
 

@@ -6,7 +6,7 @@ import heapq
 import numpy as np
 import pytest
 
-from rm.policies.harmony_exhaustive import best_grouping, compositions, partitions
+from harmony_exhaustive import best_grouping, compositions, partitions
 from rm.policies.harmony_grouping import (allocate_machines, assign_jobs, balance_groups, group_jobs, job_counts,
                                           schedule)
 

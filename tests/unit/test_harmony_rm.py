@@ -15,7 +15,7 @@ from rm.model import AmSpec
 from rm.policies import HarmonyPolicy, describe
 from rm.policy_runner import run_policy
 from rm.server import ResourceManagerServer
-from rm.testing import FakeClock, launch_and_register, register
+from rm_testing import FakeClock, launch_and_register, register
 
 BASE = "/ws/v1/cluster"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from protocol import internal_api as api
 from protocol.records import Resource
 from rm import prometheus as rm_prometheus
-from rm.testing import make_core, register
+from rm_testing import make_core, register
 
 from nodemanager import prometheus as nm_prometheus
 from prom_text import parse

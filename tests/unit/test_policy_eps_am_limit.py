@@ -14,7 +14,7 @@ from rm.model import AmSpec
 from rm.policies import AppView, ClusterSnapshot, Decision, EpsPolicy, NodeView
 from rm.policies.eps_jobs import classify
 from rm.policy_runner import build_snapshot, run_policy
-from rm.testing import ask, launch_and_register, make_core, register
+from rm_testing import ask, launch_and_register, make_core, register
 
 E = Resource(1024, 1)          # one executor
 AM = Resource(1024, 1)         # one AM container

@@ -15,7 +15,7 @@ from rm.model import AmSpec
 from rm.policies import EpsPolicy
 from rm.policy_runner import run_policy
 from rm.server import ResourceManagerServer
-from rm.testing import FakeClock, ask, heartbeat, launch_and_register, make_core, register
+from rm_testing import FakeClock, ask, heartbeat, launch_and_register, make_core, register
 
 E = Resource(1024, 1)
 

@@ -15,7 +15,7 @@ from rm.policies import OptimusPolicy
 from rm.policies.optimus import SCHEDULING_INTERVAL_S
 from rm.policy_runner import run_policy
 from rm.server import ResourceManagerServer
-from rm.testing import FakeClock, ask, launch_and_register, register
+from rm_testing import FakeClock, ask, launch_and_register, register
 
 E = Resource(1024, 1)
 

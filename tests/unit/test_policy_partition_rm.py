@@ -20,7 +20,7 @@ from rm.model import AmSpec
 from rm.policies import DormPolicy, DrfPolicy, TetrisPolicy
 from rm.policy_runner import run_policy
 from rm.server import ResourceManagerServer
-from rm.testing import FakeClock, heartbeat, launch_and_register, register
+from rm_testing import FakeClock, heartbeat, launch_and_register, register
 
 E = Resource(1024, 1)
 

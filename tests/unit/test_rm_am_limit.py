@@ -10,7 +10,7 @@ from protocol.records import AppState, Resource
 from rm.__main__ import load_configs, parse_args
 from rm.am_limit import AM_LIMIT_DIAGNOSTICS, AmGate, am_resource_limit
 from rm.rest_views import scheduler_info
-from rm.testing import FakeClock, heartbeat, launch_and_register, make_core, register, submit
+from rm_testing import FakeClock, heartbeat, launch_and_register, make_core, register, submit
 
 AM = Resource(1024, 1)
 

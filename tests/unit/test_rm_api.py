@@ -13,7 +13,7 @@ from protocol.records import Resource
 from rm.server import ResourceManagerServer
 from rm.submission import IGNORED_SUBMISSION_FIELDS
 from fakes import FakeSignedNM
-from rm.testing import SECRET, FakeClock
+from rm_testing import SECRET, FakeClock
 
 BASE = "/ws/v1/cluster"
 

@@ -10,7 +10,7 @@ from protocol import container_env
 from protocol.config import ClusterConfig, RMConfig
 from rm.__main__ import ready_info
 from rm.server import ResourceManagerServer, client_url
-from rm.testing import SECRET, register, submit
+from rm_testing import SECRET, register, submit
 
 
 def _cluster(rm_address: str) -> ClusterConfig:

@@ -9,7 +9,7 @@ from protocol.records import AppState, AttemptState, ExitStatus, FinalStatus, No
 from protocol.remote_exception import BadRequest, Unauthorized
 from rm.model import AmSpec
 from rm.store import app_from_record, app_to_record, attempt_from_record, attempt_to_record
-from rm.testing import (SECRET, FakeClock, am_claims, ask, heartbeat, launch_and_register, make_core,
+from rm_testing import (SECRET, FakeClock, am_claims, ask, heartbeat, launch_and_register, make_core,
                         register, submit)
 
 

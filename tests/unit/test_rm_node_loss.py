@@ -9,7 +9,7 @@ from protocol import internal_api as api
 from protocol.records import ZERO, AppState, AttemptState, ExitStatus, FinalStatus, NodeState
 from rm.core import ResourceManagerCore
 from rm.state_machines import counts_toward_max_attempts
-from rm.testing import FakeClock, am_claims, ask, heartbeat, launch_and_register, make_core, register, submit
+from rm_testing import FakeClock, am_claims, ask, heartbeat, launch_and_register, make_core, register, submit
 
 
 def _executors(core: ResourceManagerCore, claims: dict[str, Any], node: str, n: int,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from protocol.records import NodeState, Resource
 from rm.nodes import NodeTracker
-from rm.testing import FakeClock
+from rm_testing import FakeClock
 
 
 def test_register_heartbeat_expire_and_reregister():

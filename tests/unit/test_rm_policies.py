@@ -10,7 +10,7 @@ from protocol.job_report import JobReport
 from rm import policies
 from rm.policies import Decision, DecisionError, JobDecision
 from rm.policy_runner import apply_decision, build_snapshot, run_policy
-from rm.testing import heartbeat, launch_and_register, make_core, register, submit
+from rm_testing import heartbeat, launch_and_register, make_core, register, submit
 
 
 def test_registry_and_static_policy():

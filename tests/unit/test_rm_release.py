@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from protocol import internal_api as api
 from protocol.records import Resource
-from rm.testing import FakeClock, ask, heartbeat, launch_and_register, make_core, register, submit
+from rm_testing import FakeClock, ask, heartbeat, launch_and_register, make_core, register, submit
 
 NODE = "n1:1"
 

@@ -9,7 +9,7 @@ from protocol import internal_api as api
 from protocol import tokens
 from protocol.job_report import JobReport
 from rm.shape_history import ShapeHistory, ShapeSample
-from rm.testing import SECRET, launch_and_register
+from rm_testing import SECRET, launch_and_register
 from web_page_env import PageEnv, page_env_of
 
 

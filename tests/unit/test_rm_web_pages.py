@@ -16,7 +16,7 @@ from protocol.job_report import JobReport
 from rm.decision_log import DecisionLog
 from rm.policies.decision import Decision, JobDecision
 from rm.policy_runner import apply_decision
-from rm.testing import launch_and_register, register
+from rm_testing import launch_and_register, register
 from rm.web.layout import get_path
 from rm.web.svg_chart import Marker, Series, chart
 from web_page_env import PageEnv, page_env_of

@@ -9,7 +9,7 @@ import pytest
 from protocol import internal_api as api
 from protocol.records import Resource
 from rm import prometheus
-from rm.testing import FakeClock, heartbeat, make_core, nm_claims, register, submit
+from rm_testing import FakeClock, heartbeat, make_core, nm_claims, register, submit
 from rm.utilization_series import UtilizationSeries
 from prom_text import parse
 from test_rm_api import BASE, close_env, make_env, nm_token

@@ -20,7 +20,7 @@ from protocol.job_report import JobReport
 from protocol.records import Resource
 from rm.model import AmSpec
 from rm.server import ResourceManagerServer
-from rm.testing import SECRET, launch_and_register, register
+from rm_testing import SECRET, launch_and_register, register
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from models.harmony import CPU_WEIGHT, FloatArray
 
-from .harmony_grouping import EMPTY, Grouping, evaluate
+from rm.policies.harmony_grouping import EMPTY, Grouping, evaluate
 
 
 def partitions(items: list[int]) -> Iterator[list[list[int]]]:

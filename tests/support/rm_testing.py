@@ -1,4 +1,4 @@
-"""Helpers for testing the RM in-process: a fake clock, a core factory, NM/AM message builders."""
+"""Helpers for testing the RM in-process (tests only): a fake clock, a core factory, NM/AM message builders."""
 from __future__ import annotations
 
 import time
