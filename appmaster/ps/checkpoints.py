@@ -7,7 +7,8 @@ Layout under the AM's durable dir (ELASTANE_AM_DIR)::
     checkpoints/epoch-<N>/worker_state_<b>.buf   an input block's worker-local state (NMF, LDA): a
                                           psruntime.store.buffer_file, the block header as content
                                           (older checkpoints' worker_state_<b>.npz still read)
-    checkpoints/epoch-<N>/job.json   epoch, objective, the ownership table and the job spec
+    checkpoints/epoch-<N>/job.json   epoch, objective, the ownership table and the job spec: a
+                                          protocol.checkpoint_manifest.JobCheckpoint
     checkpoints/epoch-<N>-clock-<C>/...   a cut inside epoch N, after the job's C-th clock (a
                                           kill-based reshape pauses at the next clock boundary)
 
@@ -31,6 +32,7 @@ before it is restored (`fetch`). Either way `dir` in the checkpoint records is a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -38,13 +40,17 @@ import shutil
 import tempfile
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import msgspec
 import numpy as np
 
 from protocol import container_env
 from protocol import executor_ops as ops
+from protocol.checkpoint_manifest import (JOB_CHECKPOINT_FILE, JobCheckpoint, decode_job_checkpoint,
+                                          encode_job_checkpoint)
 from protocol.durable_storage import DurableDir, fsync_dir, fsync_file, write_atomic
 from psruntime.store.checkpoint import (BlockEntry, CheckpointError, block_wire_bytes, checkpoint_entries,
                                   load_manifests, pack_blocks, read_block, unpack_blocks, write_block,
@@ -60,7 +66,7 @@ from protocol.errors import AppError
 
 log = logging.getLogger(__name__)
 
-JOB_MANIFEST = "job.json"
+JOB_MANIFEST = JOB_CHECKPOINT_FILE
 WORKER_STATE_PREFIX = "worker_state_"    # + <input block>.buf: a worker-local block state (NMF, LDA)
 # Bytes of block buffers per frame, both ways, and servers served at once: the AM (a small
 # container, 512 MB by default) holds at most two batches per server in transfer -- one being
@@ -68,6 +74,16 @@ WORKER_STATE_PREFIX = "worker_state_"    # + <input block>.buf: a worker-local b
 # block) at a time, far below a frame's limit.
 BATCH_BYTES = 8 << 20
 PARALLEL_SERVERS = 4
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """A complete checkpoint in the durable dir: its job.json record, `dir` (local once fetched)
+    and `url` (its durable location)."""
+
+    record: JobCheckpoint
+    dir: str
+    url: str
 
 
 class CheckpointIncomplete(AppError, RuntimeError):
@@ -120,13 +136,15 @@ class Checkpointer:
             missing = sorted(set(range(table.num_blocks)) - set(covered))
             if missing:
                 raise CheckpointIncomplete(f"checkpoint {d} lacks blocks {missing}")
-            manifest = {"epoch": epoch, "clock": clock, "time": time.time(), "num_blocks": table.num_blocks,
-                        "table": table.to_wire(), "servers": [s.executor_id for s in servers],
-                        "worker_state": bool(workers), **job}
-            await asyncio.to_thread(self._commit, d, json.dumps(manifest).encode())
-            info = {"epoch": epoch, "clock": clock, "dir": str(d), "url": self.durable.child(d.name).url,
+            # typed: a job field of the wrong type fails here, not when a later attempt resumes
+            record = msgspec.convert({**job, "epoch": epoch, "clock": clock, "time": time.time(),
+                                      "num_blocks": table.num_blocks, "table": table.to_wire(),
+                                      "servers": [s.executor_id for s in servers], "worker_state": bool(workers)},
+                                     JobCheckpoint)
+            await asyncio.to_thread(self._commit, d, encode_job_checkpoint(record))
+            info: dict[str, Any] = {"epoch": epoch, "clock": clock, "dir": str(d), "url": self.durable.child(d.name).url,
                     "blocks": table.num_blocks, "seconds": round(time.perf_counter() - t0, 4),
-                    "bytes": sum(sizes), "time": manifest["time"]}
+                    "bytes": sum(sizes), "time": record.time}
             self.written.append(info)
             log.info("checkpoint %s: %d blocks, %.1f MiB from %d servers in %.3fs", d, table.num_blocks,
                      info["bytes"] / 2**20, len(servers), info["seconds"])
@@ -267,31 +285,29 @@ class Checkpointer:
     def last(self) -> dict[str, Any] | None:
         return self.written[-1] if self.written else None
 
-    def latest(self) -> dict[str, Any] | None:
-        """The newest complete checkpoint in the durable dir (by epoch, then clock), as its job
-        manifest plus `dir` and `url` -- e.g. one an earlier AM attempt of the job wrote, on
-        another host -- or None. Directories without a readable job manifest are incomplete and
-        skipped. For a staged durable dir `dir` is the durable location until `fetch` brings the
-        checkpoint here."""
-        best: tuple[tuple[int, int], dict[str, Any]] | None = None
+    def latest(self) -> StoredCheckpoint | None:
+        """The newest complete checkpoint in the durable dir (by epoch, then clock) -- e.g. one an
+        earlier AM attempt of the job wrote, on another host -- or None. Directories without a
+        readable job.json are incomplete and skipped. For a staged durable dir `dir` is the
+        durable location until `fetch` brings the checkpoint here."""
+        best: StoredCheckpoint | None = None
         dirs, _ = self.durable.entries()
         for name in dirs:
             d = self.durable.child(name)
             try:
-                manifest = json.loads(d.read_bytes(JOB_MANIFEST))
-                key = (int(manifest["epoch"]), int(manifest.get("clock", 0)))
-            except (OSError, ValueError, KeyError, TypeError):
+                record = decode_job_checkpoint(d.read_bytes(JOB_MANIFEST))
+            except (OSError, msgspec.DecodeError):
                 continue
-            if best is None or key > best[0]:
-                best = (key, {**manifest, "dir": str(d.local) if d.local is not None else d.url, "url": d.url})
-        return None if best is None else best[1]
+            if best is None or (record.epoch, record.clock) > (best.record.epoch, best.record.clock):
+                best = StoredCheckpoint(record, str(d.local) if d.local is not None else d.url, d.url)
+        return best
 
-    async def fetch(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    async def fetch(self, checkpoint: StoredCheckpoint) -> StoredCheckpoint:
         """`checkpoint` (from `latest`) with `dir` a local directory holding its files: itself for
         a local durable dir, else a copy fetched into the staging dir."""
         if not self.staged:
             return checkpoint
-        name = str(checkpoint["url"]).rstrip("/").rsplit("/", 1)[-1]
+        name = checkpoint.url.rstrip("/").rsplit("/", 1)[-1]
         source, local = self.durable.child(name), self.root / name
 
         def get() -> None:
@@ -301,7 +317,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         await asyncio.to_thread(get)
         log.info("fetched checkpoint %s into %s in %.3fs", source.url, local, time.perf_counter() - t0)
-        return {**checkpoint, "dir": str(local)}
+        return dataclasses.replace(checkpoint, dir=str(local))
 
 
 def _discard(fut: "asyncio.Future[Any] | None") -> None:

@@ -20,7 +20,7 @@ from protocol.ps_job_spec import PSJobSpec
 from protocol.shape_history import ShapeChange, history_json
 from psruntime.apps.base import AnyPSApp
 
-from .checkpoints import Checkpointer
+from .checkpoints import Checkpointer, StoredCheckpoint
 from .clock_loop import ClockLoop
 from .executor_pool import ExecutorRecord
 from .metrics import EpochRecord, JobMetrics
@@ -37,36 +37,37 @@ def job_record(spec: PSJobSpec, attempt_id: str, metrics: JobMetrics, shape_hist
             "iterations": loop.iterations, "clocks": loop.clocks_done, "minibatches_run": loop.minibatches_run}
 
 
-def resumable_checkpoint(checkpointer: Checkpointer, spec: PSJobSpec, app: AnyPSApp) -> Optional[dict[str, Any]]:
+def resumable_checkpoint(checkpointer: Checkpointer, spec: PSJobSpec, app: AnyPSApp) -> Optional[StoredCheckpoint]:
     """The job's latest checkpoint in the durable AM dir (an earlier attempt's), if this attempt
     can continue from it; None to start from the initial model."""
     latest = checkpointer.latest()
     if latest is None:
         return None
-    if (latest.get("spec") or {}).get("app") != spec.app or "objective_history" not in latest:
-        log.warning("checkpoint %s is not this job's (or predates resumable checkpoints): starting over",
-                    latest["dir"])
+    rec = latest.record
+    if (rec.spec or {}).get("app") != spec.app or rec.objective_history is None:
+        log.warning("checkpoint %s is not this job's (or predates resumable checkpoints): starting over", latest.dir)
         return None
-    if keeps_worker_state(app) and not latest.get("worker_state"):
+    if keeps_worker_state(app) and not rec.worker_state:
         log.warning("checkpoint %s predates worker-state checkpoints, which %s needs: starting over",
-                    latest["dir"], spec.app)
+                    latest.dir, spec.app)
         return None
     return latest
 
 
-async def resume_job(manifest: dict[str, Any], servers: list[ExecutorRecord], workers: list[ExecutorRecord],
+async def resume_job(checkpoint: StoredCheckpoint, servers: list[ExecutorRecord], workers: list[ExecutorRecord],
                      metrics: JobMetrics, steps: Reconfiguration) -> dict[str, Any]:
-    """Continue the job from `manifest` (an earlier attempt's checkpoint, from `resumable_checkpoint`)
-    on new executors: its epochs and objective history carry on and training resumes at the
+    """Continue the job from `checkpoint` (an earlier attempt's, from `resumable_checkpoint`) on
+    new executors: its epochs and objective history carry on and training resumes at the
     checkpoint's place in the epoch. Returns what the status reports as `resumed_from`."""
-    manifest = await steps.checkpointer.fetch(manifest)      # a remote one is read from a local copy
-    metrics.initial_objective = float(manifest["initial_objective"])
-    for e in manifest["objective_history"]:
+    checkpoint = await steps.checkpointer.fetch(checkpoint)      # a remote one is read from a local copy
+    rec = checkpoint.record
+    metrics.initial_objective = float(rec.initial_objective or 0.0)
+    for e in rec.objective_history or []:
         metrics.record_epoch(EpochRecord(epoch=int(e["epoch"]), objective=float(e["objective"]),
                                          epoch_time_s=float(e["epoch_time_s"]), time=float(e["time"])))
-    restored = await steps.continue_from_checkpoint(servers, workers, manifest["dir"], manifest)
-    log.info("resumed from checkpoint %s of %s: epoch %d, objective %.6g", manifest["dir"],
-             manifest.get("attempt_id"), manifest["epoch"], restored)
-    return {"dir": manifest["dir"], "url": manifest.get("url", manifest["dir"]), "epoch": int(manifest["epoch"]), "clock": int(manifest.get("clock", 0)),
-            "attempt_id": manifest.get("attempt_id"), "objective": manifest.get("objective"),
-            "objective_restored": restored, "checkpoint_time": manifest.get("time"), "time": time.time()}
+    restored = await steps.continue_from_checkpoint(servers, workers, checkpoint.dir, rec)
+    log.info("resumed from checkpoint %s of %s: epoch %d, objective %.6g", checkpoint.dir, rec.attempt_id,
+             rec.epoch, restored)
+    return {"dir": checkpoint.dir, "url": checkpoint.url, "epoch": rec.epoch, "clock": rec.clock,
+            "attempt_id": rec.attempt_id, "objective": rec.objective,
+            "objective_restored": restored, "checkpoint_time": rec.time, "time": time.time()}

@@ -275,7 +275,7 @@ class PSApplicationMaster:
             if init_values is not None:
                 await warm_start(self.training, init_values)
         else:      # a new attempt: continue from the checkpoint the failed one left
-            self.shape_history = decode_history(resume.get("shape_history", []))
+            self.shape_history = decode_history(resume.record.shape_history)
             self.resumed_from = await resume_job(resume, servers, workers, self.metrics, self.steps)
         self.job.apply(JobEvent.INITIALISED)
         self.progress.start(time.time())

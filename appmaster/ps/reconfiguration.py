@@ -42,6 +42,7 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence, TypeVar
 
 from protocol import executor_ops as ops
+from protocol.checkpoint_manifest import JobCheckpoint
 from protocol.records import Resource
 from psruntime.apps.base import AnyPSApp, PSApp
 
@@ -325,14 +326,15 @@ class Reconfiguration:
         await self.checkpointer.restore(directory, by_index(servers), self.training.spec.num_blocks)
 
     async def continue_from_checkpoint(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord],
-                                       directory: str, manifest: dict[str, Any]) -> float:
-        """`restart_on` a checkpoint written by the job (its `job.json` in `manifest`): the clock
-        loop's epoch count and counters go back to the checkpoint's, and every input block to
-        its recorded place in the epoch. Returns the restored objective."""
+                                       directory: str, record: JobCheckpoint) -> float:
+        """`restart_on` a checkpoint written by the job (`record`, its job.json): the clock
+        loop's epoch count and counters go back to the checkpoint's (an older record without
+        them keeps the loop's), and every input block to its recorded place in the epoch.
+        Returns the restored objective."""
         loop = self.training.loop
-        loop.continue_from(int(manifest["epoch"]), int(manifest.get("iterations", loop.iterations)),
-                           int(manifest.get("clocks", loop.clocks_done)), manifest.get("minibatches_run"))
-        positions = {int(b): (int(p[0]), int(p[1])) for b, p in (manifest.get("positions") or {}).items()}
+        loop.continue_from(record.epoch, loop.iterations if record.iterations is None else record.iterations,
+                           loop.clocks_done if record.clocks is None else record.clocks, record.minibatches_run)
+        positions = {int(b): (int(p[0]), int(p[1])) for b, p in (record.positions or {}).items()}
         return await self.restart_on(servers, workers, directory, positions)
 
     async def restart_on(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord], directory: str,

@@ -50,13 +50,13 @@ workers' block state with the servers' model (the same cut), and restart_on puts
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from protocol import executor_ops as ops
+from protocol.checkpoint_manifest import decode_job_checkpoint
 from protocol.ps_job_spec import PSJobSpec
 from protocol.shape_history import (ExecutorCounts, RecoveryChange, ReplaceWorkerChange, ShapeChange,
                                      StragglerChange)
@@ -309,18 +309,18 @@ class ExecutorRecovery:
         workers, servers = self.training.membership.shape()
         last = steps.checkpointer.last
         assert last is not None        # why_not() refused the loss otherwise
-        manifest = json.loads((Path(last["dir"]) / JOB_MANIFEST).read_text())
+        manifest = decode_job_checkpoint((Path(last["dir"]) / JOB_MANIFEST).read_bytes())
         epoch_before = loop.epochs_done
         record = RecoveryChange(op="recover", time=self.wall_clock(), lost=lost, workers=workers, servers=servers,
-                                checkpoint=last["dir"], epoch=int(manifest["epoch"]),
-                                epochs_redone=epoch_before - int(manifest["epoch"]),
-                                checkpoint_time=manifest.get("time"), before=ExecutorCounts(workers, servers),
+                                checkpoint=last["dir"], epoch=manifest.epoch,
+                                epochs_redone=epoch_before - manifest.epoch,
+                                checkpoint_time=manifest.time, before=ExecutorCounts(workers, servers),
                                 after=ExecutorCounts(workers, servers), changed=False, error="")
         try:
             await steps.retire_all(RELEASE_TIMEOUT_S)
             new_servers, new_workers = await asyncio.gather(self._start(Role.SERVER, servers),
                                                             self._start(Role.WORKER, workers))
-            metrics.truncate_epochs(int(manifest["epoch"]))
+            metrics.truncate_epochs(manifest.epoch)
             record.objective_restored = await steps.continue_from_checkpoint(new_servers, new_workers,
                                                                                 last["dir"], manifest)
             self.lost.clear()

@@ -16,6 +16,7 @@ import pytest
 from appmaster.container_book import AmContainer
 from appmaster.ps import checkpoints
 from appmaster.ps.checkpoints import JOB_MANIFEST, Checkpointer
+from protocol.checkpoint_manifest import JobCheckpoint
 from appmaster.ps.executor_pool import ExecutorRecord, ExecutorState, Role
 from appmaster.ps.job_resume import resumable_checkpoint, resume_job
 from appmaster.ps.metrics import JobMetrics
@@ -71,10 +72,10 @@ class _Steps:
 
     def __init__(self, checkpointer: Checkpointer) -> None:
         self.checkpointer = checkpointer
-        self.continued_from: list[tuple[str, dict[str, Any]]] = []
+        self.continued_from: list[tuple[str, JobCheckpoint]] = []
 
     async def continue_from_checkpoint(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord],
-                                       directory: str, manifest: dict[str, Any]) -> float:
+                                       directory: str, manifest: JobCheckpoint) -> float:
         self.continued_from.append((directory, manifest))
         await self.checkpointer.restore(directory, servers, NB)
         return 0.25
@@ -117,13 +118,13 @@ async def test_attempt_2_resumes_from_attempt_1s_latest_checkpoint(location, tmp
         recs = [_record(e, i) for i, e in enumerate(executors)]
         second = Checkpointer(durable, dp, staging=tmp_path / "host-b")
         latest = resumable_checkpoint(second, SPEC, create_app(SPEC.app, SPEC.app_data(), SPEC.app_hparams()))
-        assert latest is not None and (latest["epoch"], latest["clock"]) == (2, 3)
-        assert latest["url"] == durable.child("epoch-2-clock-3").url
+        assert latest is not None and (latest.record.epoch, latest.record.clock) == (2, 3)
+        assert latest.url == durable.child("epoch-2-clock-3").url
         steps = _Steps(second)
         metrics = JobMetrics()
         resumed = await resume_job(latest, recs, [], metrics, steps)  # type: ignore[arg-type]
         directory, manifest = steps.continued_from[0]
-        assert Path(directory).is_dir() and manifest["dir"] == directory == resumed["dir"]
+        assert Path(directory).is_dir() and directory == resumed["dir"] and manifest.epoch == 2
         if durable.local is None:         # fetched into host B's own disk
             assert Path(directory).parent == tmp_path / "host-b"
         assert sorted(load_blocks(directory, NB)) == list(range(NB))
@@ -131,7 +132,7 @@ async def test_attempt_2_resumes_from_attempt_1s_latest_checkpoint(location, tmp
         for k, v in model.items():
             np.testing.assert_array_equal(got[k], v)
         assert [e.epoch for e in metrics.epochs] == [0, 1] and metrics.initial_objective == 2.0
-        assert (resumed["epoch"], resumed["clock"], resumed["url"]) == (2, 3, latest["url"])
+        assert (resumed["epoch"], resumed["clock"], resumed["url"]) == (2, 3, latest.url)
         assert resumed["objective_restored"] == 0.25
 
 
