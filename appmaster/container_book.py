@@ -141,6 +141,3 @@ class ContainerBook:
 
     def live(self) -> list[AmContainer]:
         return [c for c in self.containers.values() if not c.done]
-
-    def in_state(self, *states: AmContainerState) -> list[AmContainer]:
-        return [c for c in self.containers.values() if c.state in states]

@@ -331,18 +331,6 @@ class LocalCluster:
             node.alive = processes.is_alive(node.pid, node.start_ticks)
         self.save_state()
 
-    def restart_node(self, index: int, timeout_s: float = 60.0) -> NodeProcess:
-        """Start NM `index` again on the same dirs (its recovery dir lets it find its containers)."""
-        deadline = time.monotonic() + timeout_s
-        old = self.nodes[index]
-        if processes.is_alive(old.pid, old.start_ticks):
-            raise RuntimeError(f"nm{index} (pid {old.pid}) is still running")
-        self._spawn_nm(index)
-        self._await_nm(index, deadline)
-        self.save_state()
-        self._await_nodes_running(deadline, [index])
-        return self.nodes[index]
-
     # ----- stop -------------------------------------------------------------------------------
 
     def stop(self, timeout_s: float = 20.0) -> None:

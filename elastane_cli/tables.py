@@ -78,7 +78,3 @@ def format_age(ms: Any, now_ms: float | None = None) -> str:
         return "-"
     now_ms = time.time() * 1000 if now_ms is None else now_ms
     return format_duration((now_ms - ms) / 1000) + " ago"
-
-
-def format_used_total(used: Any, total: Any, unit: str = "") -> str:
-    return f"{used}/{total}{unit}"

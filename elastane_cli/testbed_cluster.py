@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -220,9 +219,6 @@ class TestbedCluster:
                 text = log.read_text(errors="replace").splitlines()[-lines:]
                 out.append(f"--- {h.name}: {log.name}\n" + "\n".join(text))
         return "\n".join(out)
-
-    def remove_shared(self) -> None:
-        shutil.rmtree(self.shared_dir, ignore_errors=True)
 
     def __enter__(self) -> "TestbedCluster":
         return self.start()

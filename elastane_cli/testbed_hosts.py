@@ -401,12 +401,6 @@ class Testbed:
             raise TestbedError(f"{' '.join(cmd)} on {h.name} exited {r.returncode}: {r.stderr.strip()}")
         return r
 
-    def ssh(self, host: str | int, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """Run a shell command on a host over ssh from the test process (root namespace)."""
-        h = self.host(host)
-        return subprocess.run(["ssh", *shlex.split(self.ssh_opts()), "-o", "BatchMode=yes", h.ip, command],
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
     def pids(self, host: str | int) -> list[int]:
         """Every process on the host (in its network namespace), its anchor and sshd included."""
         return node_network.namespace_pids(self.host(host).namespace)

@@ -57,10 +57,6 @@ class UtilizationMonitor:
         return [ContainerProbe(c.container_id, c.app_id, c.pid, c.work_dir, c.cgroup, c.role)
                 for c in self.manager.containers.values() if c.state is NMContainerState.RUNNING and c.pid]
 
-    def sample_now(self) -> NodeUtilization:
-        self.latest = self.sampler.sample(self.probes())
-        return self.latest
-
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 

@@ -1,7 +1,6 @@
 """Async JSON-over-HTTP client (aiohttp keep-alive session, orjson codec, YARN error parsing)."""
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import aiohttp
@@ -90,19 +89,3 @@ class JsonHttpClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-async def wait_until_up(url: str, timeout_s: float = 30.0, interval_s: float = 0.05) -> None:
-    """Poll `url` until it answers (any status), or raise TimeoutError. A readiness check, not a sleep."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    async with aiohttp.ClientSession() as s:
-        while True:
-            try:
-                async with s.get(url) as r:
-                    await r.read()
-                    return
-            except (aiohttp.ClientError, OSError):
-                if loop.time() > deadline:
-                    raise TimeoutError(f"{url} did not come up within {timeout_s}s") from None
-                await asyncio.sleep(interval_s)

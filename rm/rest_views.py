@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from protocol.records import ZERO, AppState, NodeState, Resource
+from protocol.records import ZERO, AppState, NodeState
 
 from .core import ResourceManagerCore
 from .model import App, Attempt, Node
@@ -188,10 +188,6 @@ def attempt_json(core: ResourceManagerCore, at: Attempt) -> dict[str, Any]:
         "nodeHttpAddress": at.am_node_http_address, "nodeId": at.am_node_id, "logsLink": logs,
         "blacklistedNodes": "", "appAttemptState": at.state.value, "diagnosticsInfo": at.diagnostics,
     }
-
-
-def resource_json(r: Resource) -> dict[str, int]:
-    return r.to_json()
 
 
 def shape_json(core: ResourceManagerCore, app: App) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -111,12 +111,3 @@ def build_target(job: JobProfile, slots: Sequence[Slot], workers: Sequence[str],
     nodes = {s.slot_id: s.profile for s in slots}
     return Target(assignment, epoch_time(job, nodes, assignment, True),
                   epoch_time(job, nodes, assignment, False), solver, solve_ms, dict(details or {}))
-
-
-def slots_by_id(slots: Sequence[Slot]) -> Mapping[str, Slot]:
-    seen: dict[str, Slot] = {}
-    for s in slots:
-        if s.slot_id in seen:
-            raise CostModelError(f"slot {s.slot_id} listed twice")
-        seen[s.slot_id] = s
-    return seen

@@ -100,19 +100,3 @@ class DataBlock:
                 data[name] = arr
         return cls(app=app, block_index=block_index, row_start=row_start, num_rows=num_rows,
                    data=data, state=state)
-
-
-def concat_rows(blocks: Sequence[DataBlock], entry_fields: Sequence[str],
-                row_fields: Sequence[str]) -> dict[str, np.ndarray]:
-    """Concatenate CSR-style row data of consecutive blocks (for tests and whole-data views)."""
-    out: dict[str, np.ndarray] = {}
-    indptrs = [np.zeros(1, np.int64)]
-    offset = 0
-    for b in blocks:
-        ip = b.data["indptr"].astype(np.int64)
-        indptrs.append(ip[1:] + offset)
-        offset += int(ip[-1])
-    out["indptr"] = np.concatenate(indptrs)
-    for name in (*entry_fields, *row_fields):
-        out[name] = np.concatenate([b.data[name] for b in blocks]) if blocks else np.zeros(0)
-    return out
