@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, TextIO
 
 import aiohttp
+import msgspec
 
 from protocol import tokens
 from protocol.http_client import JsonHttpClient, RemoteError
+from protocol.ps_status import PsStatus, decode_status
 
 from . import app_commands, container_logs, ps_commands, ps_reports
 from .context import default_user
@@ -145,7 +147,7 @@ async def ps_demo(cluster: LocalCluster, client: RmRestClient, out: TextIO) -> i
         scaler.cancel()
         await asyncio.gather(scaler, return_exceptions=True)
     out.write(render_key_values(ps_reports.final_report(result)) + "\n")
-    rows = ps_reports.executor_rows(result.status or {})
+    rows = ps_reports.executor_rows(result.status or PsStatus())
     if rows:
         out.write("executors (as last reported while training):\n"
                   + render_table(ps_reports.EXECUTOR_HEADERS, rows) + "\n")
@@ -181,7 +183,7 @@ async def cruise_demo(cluster: LocalCluster, client: RmRestClient, out: TextIO) 
         narrator.cancel()
         await asyncio.gather(narrator, return_exceptions=True)
     out.write(render_key_values(ps_reports.final_report(result)) + "\n")
-    plans = ps_reports.plan_history_rows(result.status or {})
+    plans = ps_reports.plan_history_rows(result.status or PsStatus())
     if plans:
         out.write("Cruise plans (epoch times: predicted by the cost model, measured on the cluster):\n"
                   + render_table(ps_reports.PLAN_HEADERS, plans) + "\n")
@@ -268,20 +270,24 @@ async def narrate_cruise(client: RmRestClient, app_id: str, out: TextIO) -> None
     try:
         while True:
             st = await _am_status(am)
-            for i, p in enumerate(((st or {}).get("cruise") or {}).get("plan_history") or []):
-                done = p.get("finished") is not None
+            try:
+                cruise = decode_status(st).cruise if st is not None else None
+            except msgspec.ValidationError:
+                cruise = None
+            for i, p in enumerate(cruise.plan_history if cruise else []):
+                done = p.finished is not None
                 if seen.get(i) == done:
                     continue
                 seen[i] = done
                 if out.isatty():
                     out.write("\n")
-                before, chosen = "x".join(map(str, p["shape_before"])), "x".join(map(str, p["chosen_shape"] or []))
+                before, chosen = "x".join(map(str, p.shape_before)), "x".join(map(str, p.chosen_shape or []))
                 if not done:
-                    _say(out, f"Cruise: {before} -> {chosen}, predicted epoch {p['predicted_epoch_before_s']:.2f}s -> "
-                              f"{p['predicted_epoch_after_s']:.2f}s; a plan of {p['ops']} ops runs while training goes on")
+                    _say(out, f"Cruise: {before} -> {chosen}, predicted epoch {p.predicted_epoch_before_s or 0:.2f}s -> "
+                              f"{p.predicted_epoch_after_s or 0:.2f}s; a plan of {p.ops} ops runs while training goes on")
                 else:
-                    _say(out, f"Cruise: plan done in {p['plan_s'] or 0:.2f}s, now "
-                              f"{'x'.join(map(str, p['shape_after'] or []))}" + (f" (error: {p['error']})" if p["error"] else ""))
+                    _say(out, f"Cruise: plan done in {p.plan_s or 0:.2f}s, now "
+                              f"{'x'.join(map(str, p.shape_after or []))}" + (f" (error: {p.error})" if p.error else ""))
             await asyncio.sleep(1.0)
     finally:
         await am.close()

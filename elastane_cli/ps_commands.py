@@ -26,6 +26,7 @@ import msgspec
 from protocol import ps_job_spec
 from protocol.http_client import JsonHttpClient, RemoteError
 from protocol.ps_app_schemas import APP_SCHEMAS, PRESET_NAMES
+from protocol.ps_status import PsStatus, decode_status
 
 from .app_commands import FINAL_STATES, _app_id, _positive
 from .context import CliContext
@@ -182,7 +183,7 @@ class AmStatusReader:
         self._clients: dict[str, JsonHttpClient] = {}
         self.last_error = ""
 
-    async def read(self, tracking_url: str) -> dict[str, Any] | None:
+    async def read(self, tracking_url: str) -> PsStatus | None:
         base = tracking_url.rstrip("/")
         client = self._clients.get(base)
         if client is None:
@@ -192,7 +193,13 @@ class AmStatusReader:
         except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as e:
             self.last_error = f"{base}/status: {e or type(e).__name__}"
             return None
-        return body if isinstance(body, dict) else None
+        if not isinstance(body, dict):
+            return None
+        try:
+            return decode_status(body)
+        except msgspec.ValidationError as e:
+            self.last_error = f"{base}/status: unreadable answer: {e}"
+            return None
 
     async def close(self) -> None:
         for c in self._clients.values():
@@ -205,7 +212,7 @@ class WatchResult:
     """How a watched job ended: the RM's final app record and the last AM status seen."""
 
     app: dict[str, Any]
-    status: dict[str, Any] | None
+    status: PsStatus | None
 
 
 async def watch_ps_job(client: RmRestClient, app_id: str, bar: ProgressBar, max_epochs: int = 0,
@@ -213,7 +220,7 @@ async def watch_ps_job(client: RmRestClient, app_id: str, bar: ProgressBar, max_
     """Poll the RM and the AM's status, redrawing `bar`, until the app reaches a final state."""
     poll_s = POLL_S if poll_s is None else poll_s
     reader = AmStatusReader(client.user)
-    last: dict[str, Any] | None = None
+    last: PsStatus | None = None
     loop = asyncio.get_running_loop()
     deadline = None if timeout_s is None else loop.time() + timeout_s
     try:
@@ -240,7 +247,7 @@ async def watch_ps_job(client: RmRestClient, app_id: str, bar: ProgressBar, max_
         await reader.close()
 
 
-def _draw_the_end(bar: ProgressBar, app: dict[str, Any], last: dict[str, Any] | None, max_epochs: int) -> None:
+def _draw_the_end(bar: ProgressBar, app: dict[str, Any], last: PsStatus | None, max_epochs: int) -> None:
     """The bar's last frame from the AM's final diagnostics, when the last status seen is older
     than the end (a short job can train through between two polls): the bar always ends where
     the job did."""
@@ -248,7 +255,7 @@ def _draw_the_end(bar: ProgressBar, app: dict[str, Any], last: dict[str, Any] | 
     if parsed is None:
         return
     done = int(parsed[1])
-    if last is not None and int(last.get("epoch") or 0) >= done:
+    if last is not None and (last.epoch or 0) >= done:
         return
     try:
         history = [EpochPoint(done - 1, float(parsed[0]), 0.0, 0.0)] if done > 0 else []
@@ -258,14 +265,14 @@ def _draw_the_end(bar: ProgressBar, app: dict[str, Any], last: dict[str, Any] | 
                              history=history))
 
 
-def _near_the_end(status: dict[str, Any] | None, max_epochs: int) -> bool:
+def _near_the_end(status: PsStatus | None, max_epochs: int) -> bool:
     """Whether the job is in (or one epoch from) its final phase, whose status the AM serves only
     until it exits: then poll faster to catch the final metrics."""
     if status is None:
         return False
-    if status.get("state") in AM_ENDING_PHASES:
+    if status.state in AM_ENDING_PHASES:
         return True
-    return bool(max_epochs) and int(status.get("epoch") or 0) >= max_epochs - 1
+    return bool(max_epochs) and (status.epoch or 0) >= max_epochs - 1
 
 
 # ----- a user's app ----------------------------------------------------------------------------
@@ -358,7 +365,7 @@ async def submit_ps_job(client: RmRestClient, spec: ps_job_spec.PSJobSpec, name:
 
 
 def cmd_status(args: argparse.Namespace, ctx: CliContext) -> int:
-    async def go() -> tuple[dict[str, Any], dict[str, Any] | None, str]:
+    async def go() -> tuple[dict[str, Any], PsStatus | None, str]:
         async with RmRestClient(ctx.rm_url, ctx.user) as c:
             app = await c.app(args.app_id)
             if app.get("applicationType") not in (None, ps_job_spec.APPLICATION_TYPE):

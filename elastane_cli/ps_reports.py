@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import msgspec
 from msgspec import UnsetType
@@ -12,6 +12,7 @@ from msgspec import UnsetType
 from protocol import ps_job_spec
 from protocol import shape_history as sh
 from protocol.ps_app_schemas import APP_SCHEMAS
+from protocol.ps_status import HeldoutStatus, PsStatus
 from psruntime.apps.quality import check_quality
 
 from .progress_bar import EpochPoint, EpochProgress, format_objective
@@ -40,55 +41,53 @@ def max_epochs_of(spec_json: Any) -> int:
         return 0
 
 
-def progress_from_status(status: dict[str, Any], max_epochs: int = 0) -> EpochProgress:
+def progress_from_status(status: PsStatus, max_epochs: int = 0) -> EpochProgress:
     """The progress bar's view of the AM's /status answer."""
-    history = [EpochPoint(int(h.get("epoch", i)), float(h["objective"]), float(h.get("epoch_time_s") or 0.0),
-                          float(h.get("time") or 0.0))
-               for i, h in enumerate(status.get("objective_history") or []) if h.get("objective") is not None]
-    done = int(status.get("epoch") or len(history))
-    limit = max_epochs or max_epochs_of(status.get("spec")) or done
-    heldout = status.get("heldout") or {}
-    return EpochProgress(phase=str(status.get("state") or "?"), epochs_done=done, max_epochs=max(limit, done),
-                         history=history, initial_objective=status.get("initial_objective"),
-                         converged=bool(status.get("converged")), heldout=heldout_short(heldout),
-                         diverging=bool(heldout.get("warning")))
+    history = [EpochPoint(h.epoch, h.objective, h.epoch_time_s, h.time)
+               for h in status.objective_history if h.objective is not None]
+    done = status.epoch or len(history)
+    limit = max_epochs or max_epochs_of(status.spec) or done
+    return EpochProgress(phase=status.state or "?", epochs_done=done, max_epochs=max(limit, done),
+                         history=history, initial_objective=status.initial_objective,
+                         converged=status.converged, heldout=heldout_short(status.heldout),
+                         diverging=bool(status.heldout.warning))
 
 
-def heldout_short(heldout: dict[str, Any]) -> str | None:
+def heldout_short(heldout: HeldoutStatus) -> str | None:
     """`cross_entropy 0.6456 (true 0.4944)`: the latest held-out score of the AM's status."""
-    if heldout.get("value") is None:
+    if heldout.value is None:
         return None
-    true = heldout.get("true_model_value")
-    return f"{heldout['metric']} {float(heldout['value']):.4g}" + (f" (true {float(true):.4g})" if true is not None else "")
+    true = heldout.true_model_value
+    return f"{heldout.metric} {heldout.value:.4g}" + (f" (true {true:.4g})" if true is not None else "")
 
 
-def heldout_text(heldout: dict[str, Any]) -> str:
+def heldout_text(heldout: HeldoutStatus) -> str:
     """The held-out line of `ps status`: latest score, epoch, the true model's, the best so far."""
     short = heldout_short(heldout)
     if short is None:
-        every = "" if heldout.get("metric") is None else f" ({heldout['metric']})"
+        every = "" if heldout.metric is None else f" ({heldout.metric})"
         return f"not scored yet{every}"
-    text = f"{short} after epoch {int(heldout.get('epoch') or 0) + 1}"
-    best = heldout.get("best")
-    if best and best.get("epoch") != heldout.get("epoch"):
-        text += f", best {float(best['value']):.4g} after epoch {int(best['epoch']) + 1}"
-    if heldout.get("early_stopping"):
-        text += f", early stopping after {_plural(heldout['early_stopping'], 'epoch')} without improvement"
+    text = f"{short} after epoch {(heldout.epoch or 0) + 1}"
+    best = heldout.best
+    if best is not None and best.value is not None and best.epoch != heldout.epoch:
+        text += f", best {best.value:.4g} after epoch {best.epoch + 1}"
+    if heldout.early_stopping:
+        text += f", early stopping after {_plural(heldout.early_stopping, 'epoch')} without improvement"
     return text
 
 
-def quality_text(app: str | None, metrics: dict[str, Any] | None) -> str | None:
+def quality_text(app: str | None, metrics: Mapping[str, float | None] | None) -> str | None:
     """The final model's held-out figure against the true model's and the target (generated data)."""
     if not app or not metrics:
         return None
     try:
-        q = check_quality(app, metrics)
+        q = check_quality(app, {k: v for k, v in metrics.items() if v is not None})
     except (KeyError, TypeError, ValueError):
         return None
     return q.describe() if q else None
 
 
-def _metrics_text(metrics: dict[str, Any] | None) -> str:
+def _metrics_text(metrics: Mapping[str, float | None] | None) -> str:
     if not metrics:
         return "-"
     return ", ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in metrics.items())
@@ -108,30 +107,30 @@ def final_from_diagnostics(diagnostics: str | None) -> tuple[str, str, str] | No
 
 def final_report(result: WatchResult) -> list[tuple[str, Any]]:
     """What `ps submit --wait` prints once the job has ended."""
-    app, status = result.app, result.status or {}
+    app, status = result.app, result.status or PsStatus()
     pairs: list[tuple[str, Any]] = [("Application-Id", app.get("id")),
                                     ("Final-Status", f"{app.get('state')}/{app.get('finalStatus')}")]
-    history = status.get("objective_history") or []
+    history = status.objective_history
     parsed = final_from_diagnostics(app.get("diagnostics"))
-    initial = f" (initial {format_objective(status['initial_objective'])})" \
-        if status.get("initial_objective") is not None else ""
-    if status.get("state") in AM_ENDING_PHASES and history:
+    initial = f" (initial {format_objective(status.initial_objective)})" \
+        if status.initial_objective is not None else ""
+    if status.state in AM_ENDING_PHASES and history:
         # The AM's own last word: the whole history, seen before it exited.
-        pairs.append(("Final-Objective", f"{format_objective(history[-1]['objective'])} after "
+        pairs.append(("Final-Objective", f"{format_objective(history[-1].objective)} after "
                                          f"{_plural(len(history), 'epoch')}{initial}"))
     elif parsed is not None:   # the last status seen was older: the AM's final diagnostics say it
         pairs.append(("Final-Objective", f"{parsed[0]} after {_plural(int(parsed[1]), 'epoch')}{initial}"))
     elif history:
-        pairs.append(("Last-Objective", f"{format_objective(history[-1]['objective'])} after "
+        pairs.append(("Last-Objective", f"{format_objective(history[-1].objective)} after "
                                         f"{_plural(len(history), 'epoch')}{initial}"))
     diagnostics = app.get("diagnostics") or ""
     stopped = STOP_CRITERION.search(diagnostics) if parsed is not None else None
-    criterion = status.get("stop_criterion") or (stopped.group("criterion") if stopped else None)
+    criterion = status.stop_criterion or (stopped.group("criterion") if stopped else None)
     if criterion:
         pairs.append(("Stopped-By", criterion))
-    if status.get("final_metrics"):
-        pairs.append(("Held-Out-Metrics", _metrics_text(status["final_metrics"])))
-        quality = quality_text(status.get("app"), status["final_metrics"])
+    if status.final_metrics:
+        pairs.append(("Held-Out-Metrics", _metrics_text(status.final_metrics)))
+        quality = quality_text(status.app, status.final_metrics)
         if quality:
             pairs.append(("Vs-True-Model", quality))
     elif parsed is not None and parsed[2]:   # the last status seen was older: from the diagnostics
@@ -139,7 +138,7 @@ def final_report(result: WatchResult) -> list[tuple[str, Any]]:
         vs_true = VS_TRUE_MODEL.search(diagnostics)
         if vs_true:
             pairs.append(("Vs-True-Model", vs_true.group("quality")))
-    warning = (status.get("heldout") or {}).get("warning")
+    warning = status.heldout.warning
     if warning:
         pairs.append(("Warning", warning))
     if app.get("diagnostics"):
@@ -161,18 +160,18 @@ def _blocks_text(blocks: list[int]) -> str:
 EXECUTOR_HEADERS = ["ID", "ROLE", "STATE", "NODE", "CONTAINER", "RSS-MB", "DATA-MB", "MODEL-MB", "BLOCKS"]
 
 
-def executor_rows(status: dict[str, Any]) -> list[list[Any]]:
+def executor_rows(status: PsStatus) -> list[list[Any]]:
     return [[e.get("id"), e.get("role"), e.get("state", "-"), e.get("node"), e.get("container_id"),
              f"{float(e.get('rss_mb') or 0):.1f}", f"{float(e.get('data_mb') or 0):.3f}",
              f"{float(e.get('model_mb') or 0):.3f}", _blocks_text(list(e.get("blocks") or []))]
-            for e in (status.get("shape") or {}).get("executors") or []]
+            for e in status.shape.get("executors") or []]
 
 
 PLAN_HEADERS = ["EPOCH", "TRIGGER", "FROM", "TO", "PREDICTED", "MEASURED", "PLAN-TIME", "OPS", "ERROR"]
 
 
-def _secs(v: Any) -> str:
-    return "-" if v is None else f"{float(v):.2f}s"
+def _secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}s"
 
 
 @dataclass(frozen=True)
@@ -243,33 +242,32 @@ def shape_change_rows(records: list[sh.ShapeChange]) -> list[list[Any]]:
     return rows
 
 
-def plan_history_rows(status: dict[str, Any]) -> list[list[Any]]:
+def plan_history_rows(status: PsStatus) -> list[list[Any]]:
     """Cruise's executed plans: shape before / after, predicted and measured epoch times."""
-    cruise = status.get("cruise") or {}
-    return [[p.get("epoch"), p.get("trigger"), "x".join(map(str, p.get("shape_before") or [])) or "-",
-             "x".join(map(str, p.get("shape_after") or p.get("chosen_shape") or [])) or "-",
-             f"{_secs(p.get('predicted_epoch_before_s'))} -> {_secs(p.get('predicted_epoch_after_s'))}",
-             f"{_secs(p.get('measured_epoch_before_s'))} -> {_secs(p.get('measured_epoch_after_s'))}",
-             _secs(p.get("plan_s")), p.get("ops"), p.get("error") or "-"]
-            for p in cruise.get("plan_history") or []]
+    plans = status.cruise.plan_history if status.cruise else []
+    return [[p.epoch, p.trigger, "x".join(map(str, p.shape_before)) or "-",
+             "x".join(map(str, p.shape_after or p.chosen_shape or [])) or "-",
+             f"{_secs(p.predicted_epoch_before_s)} -> {_secs(p.predicted_epoch_after_s)}",
+             f"{_secs(p.measured_epoch_before_s)} -> {_secs(p.measured_epoch_after_s)}",
+             _secs(p.plan_s), p.ops, p.error or "-"]
+            for p in plans]
 
 
-def optimizer_text(status: dict[str, Any]) -> str:
-    cruise = status.get("cruise")
+def optimizer_text(status: PsStatus) -> str:
+    cruise = status.cruise
     if not cruise:
-        return str(status.get("optimizer") or (status.get("spec") or {}).get("optimizer") or "off")
-    w, s = (cruise.get("shape") or ["?", "?"])[:2]
-    state = "reconfiguring" if cruise.get("running") else (cruise.get("why_not_ready") or "measuring")
-    return f"cruise: {w} workers x {s} servers, {_plural(len(cruise.get('plan_history') or []), 'plan')}; {state}"
+        return str(status.optimizer or (status.spec or {}).get("optimizer") or "off")
+    w, s = (str(cruise.shape[0]), str(cruise.shape[1])) if len(cruise.shape) >= 2 else ("?", "?")
+    state = "reconfiguring" if cruise.running else (cruise.why_not_ready or "measuring")
+    return f"cruise: {w} workers x {s} servers, {_plural(len(cruise.plan_history), 'plan')}; {state}"
 
 
-def colocation_text(status: dict[str, Any]) -> str | None:
+def colocation_text(status: PsStatus) -> str | None:
     """Harmony's view of the job: its group (the latest directive's), whether it runs or is
     paused, and its input spill (alpha, MB on disk) when it spills; None when none applies."""
-    directives = status.get("directives") or []
-    group = directives[-1].get("group") if directives else None
-    sus = status.get("suspension") or {}
-    spill = status.get("spill") or {}
+    group = status.directives[-1].group if status.directives else None
+    sus = status.suspension
+    spill = status.spill
     parts = []
     if group:
         parts.append(f"group {group}")
@@ -282,39 +280,44 @@ def colocation_text(status: dict[str, Any]) -> str | None:
     return "; ".join(parts) or None
 
 
-def running_report(app: dict[str, Any], status: dict[str, Any]) -> tuple[list[tuple[str, Any]], EpochProgress]:
-    spec = status.get("spec") or {}
-    shape = status.get("shape") or {}
+def running_report(app: dict[str, Any], status: PsStatus) -> tuple[list[tuple[str, Any]], EpochProgress]:
+    spec = status.spec or {}
+    shape = status.shape
     p = progress_from_status(status)
     wall = p.wall_time_per_epoch_s()
     eta = p.eta_s()
     pairs: list[tuple[str, Any]] = [
         ("Application-Id", app.get("id")), ("Name", app.get("name")), ("User", app.get("user")),
-        ("State", f"{app.get('state')} (job phase {status.get('state')})"),
-        ("App", f"{status.get('app', spec.get('app'))} (preset {spec.get('preset', '-')}, data "
-                f"{status.get('data_mb', '-')} MB, model {status.get('model_mb', '-')} MB)"),
+        ("State", f"{app.get('state')} (job phase {status.state})"),
+        ("App", f"{status.app or spec.get('app')} (preset {spec.get('preset', '-')}, data "
+                f"{_or_dash(status.data_mb)} MB, model {_or_dash(status.model_mb)} MB)"),
         ("Shape", f"{_plural(shape.get('workers', '?'), 'worker')}, {_plural(shape.get('servers', '?'), 'server')}, "
-                  f"{_plural(status.get('num_blocks', '?'), 'block')}, sync {spec.get('sync', '-')}"),
+                  f"{_plural('?' if status.num_blocks is None else status.num_blocks, 'block')}, "
+                  f"sync {spec.get('sync', '-')}"),
         ("Epoch", f"{p.epochs_done}/{p.max_epochs}" + (" (converged)" if p.converged else "")),
         ("Objective", f"{format_objective(p.objective)} (initial {format_objective(p.initial_objective)})"),
-        ("Held-Out", heldout_text(status.get("heldout") or {})),
+        ("Held-Out", heldout_text(status.heldout)),
         ("Epoch-Time", "-" if p.last_epoch_time_s is None else
          f"{p.last_epoch_time_s:.3f}s training, {wall:.3f}s wall per epoch" if wall else f"{p.last_epoch_time_s:.3f}s"),
         ("ETA", "-" if eta is None or p.converged else f"<= {format_duration(eta)}"),
         ("Tracking-URL", app.get("trackingUrl")),
     ]
-    if status.get("cruise") or (spec.get("optimizer") not in (None, "off")):
+    if status.cruise or (spec.get("optimizer") not in (None, "off")):
         pairs.append(("Optimizer", optimizer_text(status)))
     colocation = colocation_text(status)
     if colocation:
         pairs.append(("Colocation", colocation))
-    if (status.get("heldout") or {}).get("warning"):
-        pairs.append(("Warning", status["heldout"]["warning"]))
-    if status.get("final_metrics"):
-        pairs.append(("Held-Out-Metrics", _metrics_text(status["final_metrics"])))
-    if status.get("diagnostics"):
-        pairs.append(("Diagnostics", status["diagnostics"]))
+    if status.heldout.warning:
+        pairs.append(("Warning", status.heldout.warning))
+    if status.final_metrics:
+        pairs.append(("Held-Out-Metrics", _metrics_text(status.final_metrics)))
+    if status.diagnostics:
+        pairs.append(("Diagnostics", status.diagnostics))
     return pairs, p
+
+
+def _or_dash(x: float | None) -> str:
+    return "-" if x is None else str(x)
 
 
 def ended_report(app: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -19,9 +19,11 @@ import re
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from protocol import ps_job_spec
 from protocol.http_client import JsonHttpClient, RemoteError
+from protocol.ps_status import DirectiveRecord, PsStatus, decode_status
 from protocol.shape_history import ShapeChange, decode_history
 
 from .app_commands import _app_id
@@ -72,38 +74,40 @@ def change_rows(changes: list[ShapeChange]) -> list[list[Any]]:
     return shape_change_rows(changes)
 
 
-def live_shape(status: dict[str, Any]) -> tuple[int, int]:
+def live_shape(status: PsStatus) -> tuple[int, int]:
     """(workers, servers) serving now, from the AM's /status: what a directive starts from."""
-    live = [e for e in (status.get("shape") or {}).get("executors") or [] if e.get("state") == "READY"]
+    live = [e for e in status.shape.get("executors") or [] if e.get("state") == "READY"]
     return sum(e.get("role") == "worker" for e in live), sum(e.get("role") == "server" for e in live)
 
 
-def check_target(status: dict[str, Any], workers: int, servers: int) -> None:
+def check_target(status: PsStatus, workers: int, servers: int) -> None:
     """UsageError for a target the job cannot take (the limits the AM's /status shows)."""
     if workers < 1:
         raise UsageError(f"a job keeps at least 1 worker: the change would leave {workers}")
     if servers < 1:
         raise UsageError(f"a job keeps at least 1 server: the change would leave {servers}")
-    limits = (status.get("eps") or {}).get("limits") or {}
+    limits = (status.eps or {}).get("limits") or {}
     for role, n in (("workers", workers), ("servers", servers)):
         if isinstance(limits.get(role), int) and n > limits[role]:
             raise UsageError(f"{n} {role} is more than this job's maximum of {limits[role]}")
 
 
-async def _am_status(am: JsonHttpClient, url: str) -> dict[str, Any]:
+async def _am_status(am: JsonHttpClient, url: str) -> PsStatus:
     try:
         body = await am.get("/status")
     except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
         raise OperationFailed(f"cannot read the job's status at {url}: {e or type(e).__name__}") from None
-    return body if isinstance(body, dict) else {}
+    try:
+        return decode_status(body if isinstance(body, dict) else {})
+    except msgspec.ValidationError as e:
+        raise OperationFailed(f"cannot read the job's status at {url}: {e}") from None
 
 
-def _outcome(status: dict[str, Any], version: int) -> dict[str, Any] | None:
+def _outcome(status: PsStatus, version: int) -> DirectiveRecord | None:
     """The AM's record of directive `version` (or a later one that superseded it), once it ended."""
-    for d in reversed(status.get("directives") or []):
-        if isinstance(d, dict) and int(d.get("version", 0)) >= version:
-            ended = d.get("error") or not d.get("steps") or float(d.get("seconds", 0)) > 0
-            return d if ended else None
+    for d in reversed(status.directives):
+        if d.version >= version:
+            return d if d.ended else None
     return None
 
 
@@ -122,7 +126,7 @@ async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
         try:
             # The shape to change is the AM's live one (the RM's copy lags a heartbeat behind), read
             # once no change runs, so the relative flags apply to the shape that change left.
-            while (status := await _am_status(am, url)) and (status.get("eps") or {}).get("running"):
+            while (status := await _am_status(am, url)) and (status.eps or {}).get("running"):
                 if loop.time() > deadline:
                     raise OperationFailed(f"another change of {app_id} is still running after {timeout_s:.0f}s")
                 await asyncio.sleep(POLL_S)
@@ -131,7 +135,7 @@ async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
                 raise UsageError(f"{app_id} has no serving executors yet: scale it once it trains")
             target_w, target_s = current_w + workers, current_s + servers
             check_target(status, target_w, target_s)
-            seen = len(decode_history(status.get("shape_history") or []))
+            seen = len(decode_history(status.shape_history))
             shape = await rm.put_shape(app_id, target_w, target_s, reason=(
                 f"elastane ps scale by {ctx.user}: workers {workers:+d}, servers {servers:+d}"))
             version = int((shape.get("directive") or {}).get("version", 0))
@@ -143,9 +147,9 @@ async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
                 status = await _am_status(am, url)
         finally:
             await am.close()
-    if outcome.get("error"):
-        raise OperationFailed(f"the scale failed: {outcome['error']}")
-    return decode_history(status.get("shape_history") or [])[seen:]
+    if outcome.error:
+        raise OperationFailed(f"the scale failed: {outcome.error}")
+    return decode_history(status.shape_history)[seen:]
 
 
 def cmd_scale(args: argparse.Namespace, ctx: CliContext) -> int:

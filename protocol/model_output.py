@@ -17,6 +17,7 @@ from typing import Any, Literal, Mapping, Optional
 import msgspec
 
 from .durable_storage import DurableDir, DurableStorageError
+from .shape_history import ShapeChange, decode_history
 from protocol.errors import AppError
 
 FORMAT = "elastane-model"
@@ -66,7 +67,7 @@ class ModelMetadata(msgspec.Struct, kw_only=True):
     objective_history: list[Optional[float]] = []
     heldout_metrics: dict[str, Optional[float]] = {}
     heldout_epoch: Optional[int] = None           # the epoch (1-based) heldout_metrics were scored after
-    shape_history: list[dict[str, Any]] = []
+    shape_history: list[ShapeChange] = []         # protocol.shape_history's records
     job: dict[str, Any] = {}                      # the job spec as submitted (validated)
     attempt_id: str = ""                          # the AM attempt that wrote it
     elastane_version: str = "unknown"
@@ -110,7 +111,20 @@ def read_metadata(d: DurableDir) -> ModelMetadata:
     a model output's."""
     raw = d.read_bytes(METADATA_FILE)
     try:
-        return msgspec.json.decode(raw, type=ModelMetadata)
+        try:
+            return msgspec.json.decode(raw, type=ModelMetadata)
+        except msgspec.ValidationError as e:
+            if "$.shape_history" not in str(e):
+                raise
+            # A record an older (or newer) AM wrote that is no kind this one knows: the model is
+            # still good; its history keeps the records that decode.
+            obj = msgspec.json.decode(raw)
+            if not isinstance(obj, dict):
+                raise
+            history = decode_history(obj.pop("shape_history", None) or [])
+            meta = msgspec.convert(obj, ModelMetadata)
+            meta.shape_history = history
+            return meta
     except msgspec.DecodeError as e:
         raise ModelOutputError(f"{d.url}/{METADATA_FILE} is not an Elastane model's metadata: {e}") from None
 

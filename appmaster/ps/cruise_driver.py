@@ -30,6 +30,7 @@ from appmaster.cruise.profiling import SlotInfo
 from appmaster.cruise.targets import Role
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
+from protocol.ps_status import CruisePlanRecord, CruiseStatus
 from psruntime.apps.base import AnyPSApp
 
 from .directives import Shape
@@ -64,19 +65,20 @@ class PlanRecord:
     def measured_after_s(self) -> Optional[float]:
         return sum(self.measured_after) / len(self.measured_after) if self.measured_after else None
 
-    def to_json(self) -> dict[str, Any]:
+    def record(self) -> CruisePlanRecord:
+        """The plan as the job status serves it (`cruise.plan_history`, protocol.ps_status)."""
         d = self.decision
-        return {"time": self.started, "trigger": d.trigger, "epoch": self.epoch_started,
-                "shape_before": list(self.shape_before),
-                "shape_after": list(self.shape_after) if self.shape_after else None,
-                "chosen_shape": list(d.target.shape) if d.target else None,
-                "predicted_epoch_before_s": d.before_s, "predicted_epoch_after_s": d.after_s,
-                "predicted_gain": d.gain, "measured_epoch_before_s": self.measured_before_s,
-                "measured_epoch_after_s": self.measured_after_s,
-                "plan_s": self.run.seconds if self.run else None,
-                "bytes_moved": self.run.bytes_moved if self.run else 0,
-                "ops": len(d.plan.ops) if d.plan else 0, "finished": self.finished, "error": self.error,
-                "run": self.run.to_json() if self.run else None}
+        return CruisePlanRecord(time=self.started, trigger=d.trigger, epoch=self.epoch_started,
+                                shape_before=list(self.shape_before),
+                                shape_after=list(self.shape_after) if self.shape_after else None,
+                                chosen_shape=list(d.target.shape) if d.target else None,
+                                predicted_epoch_before_s=d.before_s, predicted_epoch_after_s=d.after_s,
+                                predicted_gain=d.gain, measured_epoch_before_s=self.measured_before_s,
+                                measured_epoch_after_s=self.measured_after_s,
+                                plan_s=self.run.seconds if self.run else None,
+                                bytes_moved=self.run.bytes_moved if self.run else 0,
+                                ops=len(d.plan.ops) if d.plan else 0, finished=self.finished, error=self.error,
+                                run=self.run.record() if self.run else None)
 
 
 class CruiseDriver:
@@ -294,16 +296,16 @@ class CruiseDriver:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
 
-    def status_json(self) -> dict[str, Any]:
+    def status(self) -> CruiseStatus:
         """The job status's "cruise" section: current shape, state, plan history, decisions."""
         running = self.executor.current
-        return {"optimizer": "cruise", "shape": list(self.shape()), "running": self.running,
-                "current_plan": running.to_json() if running else None, "last_error": self.last_error,
-                "plan_history": [p.to_json() for p in self.history],
-                "decisions": [d.to_json() for d in self.optimizer.decisions[-20:]],
-                "why_not_ready": (f"{self.failures} plans failed in a row: Cruise stopped reconfiguring"
-                                  if self.failures >= MAX_PLAN_FAILURES else self.optimizer.why_not_ready()),
-                "metrics": self.optimizer.metrics.to_json()}
+        return CruiseStatus(optimizer="cruise", shape=list(self.shape()), running=self.running,
+                            current_plan=running.record() if running else None, last_error=self.last_error,
+                            plan_history=[p.record() for p in self.history],
+                            decisions=[d.to_json() for d in self.optimizer.decisions[-20:]],
+                            why_not_ready=(f"{self.failures} plans failed in a row: Cruise stopped reconfiguring"
+                                           if self.failures >= MAX_PLAN_FAILURES else self.optimizer.why_not_ready()),
+                            metrics=self.optimizer.metrics.to_json())
 
 
 def _delta(now: dict[str, Any], last: dict[str, float], key: str) -> Optional[float]:

@@ -29,7 +29,9 @@ from typing import Any, Awaitable, Callable, Optional, Protocol, Sequence
 
 from protocol.internal_api import NodePlacement, RunState, ShapeDirective
 from protocol.job_report import JobReport
+from protocol.ps_status import DirectiveRecord
 from protocol.records import Resource
+from protocol.shape_history import ExecutorCounts
 from protocol.state_machine import TransitionTable
 from protocol.errors import StateError
 
@@ -294,13 +296,12 @@ class DirectiveOutcome:
     group: Optional[str] = None
     run_state: str = RunState.RUN.value
 
-    def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "workers": self.target.workers, "servers": self.target.servers,
-                "nodes": list(self.nodes),
-                "before": {"workers": self.before.workers, "servers": self.before.servers},
-                "steps": [list(s) for s in self.steps], "started": self.started,
-                "seconds": round(self.seconds, 4), "error": self.error, "reason": self.reason,
-                "group": self.group, "run_state": self.run_state}
+    def record(self) -> DirectiveRecord:
+        """The outcome as the job status serves it (`directives`, protocol.ps_status)."""
+        return DirectiveRecord(version=self.version, workers=self.target.workers, servers=self.target.servers,
+                               nodes=list(self.nodes), before=ExecutorCounts(self.before.workers, self.before.servers),
+                               steps=list(self.steps), started=self.started, seconds=round(self.seconds, 4),
+                               error=self.error, reason=self.reason, group=self.group, run_state=self.run_state)
 
 
 class DirectiveHandler:

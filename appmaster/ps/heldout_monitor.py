@@ -14,10 +14,12 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
+from protocol.job_report import finite
+from protocol.ps_status import HeldoutPointRecord, HeldoutStatus
 from psruntime.apps.base import AnyPSApp
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.quality import HELDOUT_METRICS, HeldoutMetric, heldout_metric
@@ -57,8 +59,10 @@ class HeldoutPoint:
     objective: float             # the training objective after the same epoch
     metrics: dict[str, float]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "value": self.value, "objective": self.objective, "metrics": self.metrics}
+    def record(self) -> HeldoutPointRecord:
+        """The point as the job status serves it (a non-finite figure as None, as JSON has it)."""
+        return HeldoutPointRecord(epoch=self.epoch, value=finite(self.value), objective=finite(self.objective),
+                                  metrics={k: finite(v) for k, v in self.metrics.items()})
 
 
 @dataclass
@@ -108,16 +112,17 @@ class HeldoutTracker:
         return (f"early stopping: held-out {self.metric.name} did not improve for {self.patience} epochs "
                 f"(best {self.best.value:.4g} after epoch {self.best.epoch + 1})")
 
-    def to_json(self) -> dict[str, Any]:
+    def status(self, disabled: Optional[str] = None) -> HeldoutStatus:
+        """The job status's "heldout" section (protocol.ps_status); `disabled`: why scoring is off."""
         last = self.history[-1] if self.history else None
-        return {"metric": self.metric.name, "maximize": self.metric.maximize,
-                "true_model_metric": self.metric.true_model,
-                "value": last.value if last else None,
-                "true_model_value": last.metrics.get(self.metric.true_model) if last else None,
-                "epoch": last.epoch if last else None,
-                "best": self.best.to_json() if self.best else None,
-                "early_stopping": self.patience, "warning": self.warning,
-                "history": [p.to_json() for p in self.history]}
+        return HeldoutStatus(metric=self.metric.name, maximize=self.metric.maximize,
+                             true_model_metric=self.metric.true_model,
+                             value=finite(last.value) if last else None,
+                             true_model_value=finite(last.metrics.get(self.metric.true_model)) if last else None,
+                             epoch=last.epoch if last else None,
+                             best=self.best.record() if self.best else None,
+                             early_stopping=self.patience, warning=self.warning,
+                             history=[p.record() for p in self.history], disabled=disabled)
 
 
 def app_heldout_metric(app: AnyPSApp) -> HeldoutMetric:

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable, Optional
 
 from appmaster.cruise.metrics import MovingAverage
-from protocol.job_report import ServerTiming, WorkerTiming
+from protocol.job_report import ServerTiming, WorkerTiming, finite
+from protocol.ps_status import EpochResult
 
 DEFAULT_ALPHA = 0.1   # weight of the newest sample: smooths over ~10 mini-batches
 
@@ -55,6 +56,11 @@ class EpochRecord:
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "objective": self.objective, "epoch_time_s": self.epoch_time_s,
                 "time": self.time}
+
+    def result(self) -> EpochResult:
+        """The epoch as the job status serves it (`objective_history`, protocol.ps_status)."""
+        return EpochResult(epoch=self.epoch, objective=finite(self.objective), epoch_time_s=self.epoch_time_s,
+                           time=self.time)
 
 
 @dataclass

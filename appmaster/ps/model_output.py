@@ -26,7 +26,7 @@ from protocol.durable_storage import DurableDir
 from protocol.model_output import (CODE_DIR, FINAL_DIR, AppRef, ModelMetadata, ModelOutputError, epoch_dir, finite_or_none,
                                    locate, mismatch, read_metadata)
 from protocol.ps_job_spec import PSJobSpec
-from protocol.shape_history import ShapeChange, history_json
+from protocol.shape_history import ShapeChange
 from psruntime.apps.base import AnyPSApp
 from psruntime.store.checkpoint import load_blocks
 from psruntime.store.model_files import model_from_blocks, read_values, write_model
@@ -76,7 +76,7 @@ class ModelOutput:
             initial_objective=finite_or_none(initial),
             objective_history=[finite_or_none(o) for o in objectives[:epoch]],
             heldout_metrics={k: finite_or_none(v) for k, v in (heldout or {}).items()}, heldout_epoch=heldout_epoch,
-            shape_history=history_json(shape_history), job=self.spec.to_json(), attempt_id=self.attempt_id,
+            shape_history=list(shape_history), job=self.spec.to_json(), attempt_id=self.attempt_id,
             elastane_version=elastane_version(), written_at=time.time())
 
     def code_files(self) -> list[str]:

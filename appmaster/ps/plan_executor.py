@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 from appmaster.cruise.plan import AddOp, BlockKind, DeleteOp, MoveOp, Op, Plan, SwitchOp
 from appmaster.cruise.targets import Role
+from protocol.ps_status import OpTimingRecord, PlanRunRecord
 
 from .eps_decisions import Transfer
 from .eps_records import ElasticOpRecord
@@ -92,11 +93,11 @@ class OpTiming:
     def seconds(self) -> Optional[float]:
         return None if self.end_s is None else self.end_s - self.start_s
 
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.op_id, "op": self.op, "start_s": round(self.start_s, 4),
-                "end_s": None if self.end_s is None else round(self.end_s, 4),
-                "seconds": None if self.seconds is None else round(self.seconds, 4),
-                "bytes": self.bytes_moved, "error": self.error}
+    def record(self) -> OpTimingRecord:
+        return OpTimingRecord(id=self.op_id, op=self.op, start_s=round(self.start_s, 4),
+                              end_s=None if self.end_s is None else round(self.end_s, 4),
+                              seconds=None if self.seconds is None else round(self.seconds, 4),
+                              bytes=self.bytes_moved, error=self.error)
 
 
 @dataclass
@@ -117,11 +118,12 @@ class PlanRun:
     def bytes_moved(self) -> int:
         return sum(t.bytes_moved for t in self.timings.values())
 
-    def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "seconds": round(self.seconds, 4), "bytes_moved": self.bytes_moved,
-                "max_concurrency": self.max_concurrency, "error": self.error,
-                "ops": [self.timings[o].to_json() for o in self.plan.order if o in self.timings],
-                "plan": self.plan.to_json()}
+    def record(self) -> PlanRunRecord:
+        """The run as the job status serves it (protocol.ps_status)."""
+        return PlanRunRecord(ok=bool(self.ok), seconds=round(self.seconds, 4), bytes_moved=self.bytes_moved,
+                             max_concurrency=self.max_concurrency, error=self.error,
+                             ops=[self.timings[o].record() for o in self.plan.order if o in self.timings],
+                             plan=self.plan.to_json())
 
 
 def _kind(op: Op) -> str:

@@ -14,6 +14,7 @@ import pytest
 
 from elastane_cli import main as cli
 from elastane_cli import ps_commands, ps_reports
+from protocol.ps_status import HeldoutStatus, decode_status
 from elastane_cli.progress_bar import EpochPoint, EpochProgress, ProgressBar, format_progress
 from threaded_http import serve_routes
 
@@ -347,7 +348,7 @@ def test_submit_wait_exits_1_when_the_job_fails_and_reports_from_diagnostics(
 def test_final_objective_comes_from_the_am_diagnostics_when_its_last_status_was_missed() -> None:
     result = ps_commands.WatchResult(
         app={"id": APP, "state": "FINISHED", "finalStatus": "SUCCEEDED", "diagnostics": DIAG},
-        status=am_status("TRAINING", 1))
+        status=decode_status(am_status("TRAINING", 1)))
     pairs = dict(ps_commands.final_report(result))
     assert pairs["Final-Objective"] == "0.5123 after 3 epochs (initial 1.6)"
     assert pairs["Held-Out-Metrics"] == "accuracy 0.81, chance_accuracy 0.2"
@@ -383,11 +384,11 @@ def test_status_and_progress_show_heldout_next_to_the_objective_and_warn_on_dive
     assert report["Held-Out"] == ("cross_entropy 0.72 (true 0.49) after epoch 4, best 0.65 after epoch 2, "
                                   "early stopping after 4 epochs without improvement")
     assert report["Warning"].endswith("worsened (0.65 -> 0.72): the model overfits")
-    line = format_progress(ps_reports.progress_from_status({**am_status("TRAINING", 4), "heldout": HELDOUT}))
+    line = format_progress(ps_reports.progress_from_status(decode_status({**am_status("TRAINING", 4), "heldout": HELDOUT})))
     assert "objective 0.2  held-out cross_entropy 0.72 (true 0.49)  OVERFITTING" in line
     # not scored yet: no held-out on the bar, and the status says so
-    assert "held-out" not in format_progress(ps_reports.progress_from_status(am_status("TRAINING", 1)))
-    assert ps_reports.heldout_text({"metric": "cross_entropy", "value": None}) == "not scored yet (cross_entropy)"
+    assert "held-out" not in format_progress(ps_reports.progress_from_status(decode_status(am_status("TRAINING", 1))))
+    assert ps_reports.heldout_text(HeldoutStatus(metric="cross_entropy", value=None)) == "not scored yet (cross_entropy)"
 
 
 def test_final_report_names_the_stop_criterion_and_the_true_model() -> None:
@@ -399,7 +400,7 @@ def test_final_report_names_the_stop_criterion_and_the_true_model() -> None:
     status = {**am_status("SUCCEEDED", 9, metrics), "heldout": {**HELDOUT, "warning": None},
               "stop_criterion": "early stopping: held-out cross_entropy did not improve for 4 epochs"}
     pairs = dict(ps_commands.final_report(ps_commands.WatchResult(
-        app={"id": APP, "state": "FINISHED", "finalStatus": "SUCCEEDED", "diagnostics": diag}, status=status)))
+        app={"id": APP, "state": "FINISHED", "finalStatus": "SUCCEEDED", "diagnostics": diag}, status=decode_status(status))))
     assert pairs["Stopped-By"] == "early stopping: held-out cross_entropy did not improve for 4 epochs"
     assert pairs["Vs-True-Model"] == "accuracy 0.77 vs true model 0.81 (meets within 0.05 of the true model)"
     assert "Warning" not in pairs
@@ -408,7 +409,7 @@ def test_final_report_names_the_stop_criterion_and_the_true_model() -> None:
     # a last status seen before the end: the same from the diagnostics
     older = dict(ps_commands.final_report(ps_commands.WatchResult(
         app={"id": APP, "state": "FINISHED", "finalStatus": "SUCCEEDED", "diagnostics": diag},
-        status=am_status("TRAINING", 8))))
+        status=decode_status(am_status("TRAINING", 8)))))
     assert older["Stopped-By"] == ("early stopping: held-out cross_entropy did not improve for 4 epochs "
                                    "(best 0.64 after epoch 5)")
     assert older["Vs-True-Model"] == pairs["Vs-True-Model"]

@@ -57,9 +57,9 @@ class FakeRmAndAm:
                                   "shape_history": [], "directives": []}
         if self.put is not None:
             status["shape_history"] = [msgspec.to_builtins(add_workers_record())]     # as JSON
-            status["directives"] = [DirectiveOutcome(version=1, target=Shape(4, 1), before=Shape(2, 1),
-                                                     steps=[("add_workers", 2)], started=1_700_000_100.0,
-                                                     seconds=1.3).to_json()]
+            status["directives"] = [msgspec.to_builtins(DirectiveOutcome(
+                version=1, target=Shape(4, 1), before=Shape(2, 1), steps=[("add_workers", 2)],
+                started=1_700_000_100.0, seconds=1.3).record())]                               # as JSON
         return status
 
     def route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:

@@ -193,13 +193,14 @@ async def test_bad_split_is_reconfigured_and_measured() -> None:
     assert sorted(b for x in t.servers for b in t.table.blocks_owned_by(x.executor_id)) == list(range(MODEL_BLOCKS))
     for n in (2, 3):
         await d.on_epoch(_epoch(d, t, n, 4.0))
-    hist = d.status_json()["plan_history"]
+    hist = d.status().plan_history
     assert len(hist) == 1
     h = hist[0]
-    assert h["shape_before"] == [5, 1] and h["shape_after"] == [w, s]
-    assert h["measured_epoch_before_s"] == 8.0 and h["measured_epoch_after_s"] == 4.0
-    assert h["predicted_epoch_after_s"] < h["predicted_epoch_before_s"]
-    assert h["run"]["ok"] and h["error"] == ""
+    assert h.shape_before == [5, 1] and h.shape_after == [w, s]
+    assert h.measured_epoch_before_s == 8.0 and h.measured_epoch_after_s == 4.0
+    assert h.predicted_epoch_after_s is not None and h.predicted_epoch_before_s is not None
+    assert h.predicted_epoch_after_s < h.predicted_epoch_before_s
+    assert h.run is not None and h.run.ok and h.error == ""
 
 
 async def test_no_decision_before_min_batches_or_under_gain_threshold() -> None:

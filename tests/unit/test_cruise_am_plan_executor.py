@@ -95,7 +95,7 @@ async def test_executes_switches_and_moves_concurrently_in_order() -> None:
     assert run.max_concurrency >= 2          # independent moves ran together
     assert run.bytes_moved == 100 * sum(len(op.blocks) for op in plan.ops.values() if hasattr(op, "blocks"))
     assert all(t.end_s is not None and t.end_s >= t.start_s for t in run.timings.values())
-    assert run.to_json()["ops"][0]["id"] in plan.ops
+    assert run.record().ops[0].id in plan.ops
 
 
 async def test_add_binds_placeholders_before_moves_onto_new_executors() -> None:

@@ -199,7 +199,7 @@ async def test_a_directive_naming_nodes_is_carried_out_even_with_the_same_counts
     h.on_directive(ShapeDirective(workers=3, servers=3, nodes=["n3:1", "n4:1"], version=1))
     await h.wait_idle(5)
     assert ops.calls == [(3, 3, ("n3:1", "n4:1"))]          # same counts, new place: the job moves
-    assert h.history[-1].to_json()["nodes"] == ["n3:1", "n4:1"]
+    assert h.history[-1].record().nodes == ["n3:1", "n4:1"]
     h.on_directive(ShapeDirective(workers=3, servers=3, nodes=["n3:1", "n4:1"], version=2))
     await h.wait_idle(5)
     assert len(ops.calls) == 1                              # already there: nothing to do

@@ -71,9 +71,9 @@ def test_maximized_metric_and_objective_lda() -> None:
     t.add(HeldoutPoint(2, -3.3, -3.4, {}))
     assert t.best is not None and t.best.epoch == 1 and t.should_stop()
     assert t.warning is not None and "worsened (-3.2 -> -3.3)" in t.warning
-    js = t.to_json()
-    assert js["metric"] == "heldout_loglik_per_token" and js["value"] == -3.3 and js["best"]["epoch"] == 1
-    assert [p["epoch"] for p in js["history"]] == [0, 1, 2] and js["early_stopping"] == 1
+    js = t.status()
+    assert js.metric == "heldout_loglik_per_token" and js.value == -3.3 and js.best is not None and js.best.epoch == 1
+    assert [p.epoch for p in js.history] == [0, 1, 2] and js.early_stopping == 1
 
 
 class _BlockingApp:
@@ -108,7 +108,7 @@ async def test_scoring_runs_in_a_thread_and_busy_epochs_are_skipped() -> None:
     app.release.set()
     await mon.drain()
     assert [(p.epoch, p.value) for p in mon.tracker.history] == [(0, 3.0)]
-    assert mon.due(1) and mon.tracker.to_json()["true_model_value"] == 0.5
+    assert mon.due(1) and mon.tracker.status().true_model_value == 0.5
     # the final score waits, and adds a point for an epoch not scored yet (only then)
     assert (await mon.score_final(4, 1.0, np.zeros(3)))["cross_entropy"] == 0.0
     await mon.score_final(4, 1.0, np.zeros(3))

@@ -5,13 +5,17 @@ real cluster in tests/cluster/test_pause_resume_cluster.py."""
 from __future__ import annotations
 
 import asyncio
-from typing import Sequence
+import json
+from typing import Any, Sequence
 
 import pytest
 
-from appmaster.ps.directives import DirectiveHandler, Shape
+from appmaster.ps.directives import DirectiveHandler, DirectiveOutcome, Shape
 from appmaster.ps.suspension import TRANSITIONS, SuspendEvent, SuspendState
+from elastane_cli.ps_reports import colocation_text
+from protocol import codec
 from protocol.internal_api import NodePlacement, RunState, ShapeDirective
+from protocol.ps_status import PsStatus, decode_status
 from protocol.records import Resource
 from protocol.remote_exception import Conflict
 
@@ -124,13 +128,17 @@ async def test_a_failed_pause_is_recorded_and_later_directives_still_run() -> No
 
 
 def test_ps_status_shows_the_group_the_pause_and_the_spill() -> None:
-    from elastane_cli.ps_reports import colocation_text
-    assert colocation_text({}) is None
-    assert colocation_text({"suspension": {"state": "RUNNING", "pauses": 0}}) is None
-    status = {"directives": [{"group": None}, {"group": "g2", "run_state": "pause"}],
+    def as_served(status: dict[str, Any]) -> PsStatus:       # through JSON, as /status serves it
+        return decode_status(json.loads(codec.dumps(status)))
+    assert colocation_text(as_served({})) is None
+    assert colocation_text(as_served({"suspension": {"state": "RUNNING", "pauses": 0}})) is None
+    outcomes = [DirectiveOutcome(1, Shape(2, 1), Shape(2, 1), [], 100.0),
+                DirectiveOutcome(2, Shape(0, 0), Shape(2, 1), [("pause", 1)], 110.0, seconds=1.0, group="g2",
+                                 run_state="pause")]
+    status = {"directives": [o.record() for o in outcomes],
               "suspension": {"state": "PAUSED", "pauses": 1, "paused_s": 12.0},
               "spill": {"alpha": 0.25, "spilled_mb": 31.46}}
-    text = colocation_text(status)
+    text = colocation_text(as_served(status))
     assert text is not None and text.startswith("group g2; paused, 1 pause (")
     assert text.endswith("spill alpha 0.25, 31.5 MB on disk")
 
