@@ -12,6 +12,9 @@ Each request has one reply record (protocol.executor_replies, paired in `REPLY_T
 decodes it once where it arrives (`decode_reply`, tolerant of fields it does not know). A refusal is
 an `ErrorReply` {kind, error}, which the data-plane client raises as RemoteError(kind, error).
 
+The one message the other way, an executor announcing itself to the AM once it serves, is the
+request `ExecutorReady` too (answered `Ok`), decoded once by the AM's executor pool.
+
 The data ops of the elastic store (get / put / update: pull and push) keep their compact headers
 (psruntime.store.store_requests): they are the hot path, carry their keys in buffers, and are decoded
 once into a typed DataRequest there.
@@ -35,10 +38,10 @@ __all__ = ["AppSetup", "AppSetupReply", "BlockData", "BlockStates", "BlockStates
            "CancelIncoming", "Checkpoint", "CheckpointBlocks", "CheckpointBlocksReply", "CheckpointReply",
            "ControlMessageError", "ControlReply", "ControlRequest", "EpsActivate", "EpsActivateReply", "EpsCommit",
            "EpsCommitReply", "EpsDatasets", "EpsDatasetsReply", "EpsDiscardStaged", "EpsJoin", "EpsJoinReply",
-           "EpsSendData", "EpsSendDataReply", "EpsStage", "EpsStageReply", "ErrorReply", "ExecutorRequest",
-           "InitBlocks", "InitBlocksReply", "InitModel", "InitModelReply", "LoadSplits", "MoveBlocks",
-           "MoveBlocksReply", "NonNeg", "Objective", "ObjectiveReply", "Ok", "Ping", "PingReply", "Positions",
-           "PositionsReply", "Positive", "REPLY_TYPES", "REQUEST_OPS", "REQUEST_TYPES", "Restore",
+           "EpsSendData", "EpsSendDataReply", "EpsStage", "EpsStageReply", "ErrorReply", "ExecutorReady",
+           "ExecutorRequest", "InitBlocks", "InitBlocksReply", "InitModel", "InitModelReply", "LoadSplits",
+           "MoveBlocks", "MoveBlocksReply", "NonNeg", "Objective", "ObjectiveReply", "Ok", "Ping", "PingReply",
+           "Positions", "PositionsReply", "Positive", "REPLY_TYPES", "REQUEST_OPS", "REQUEST_TYPES", "Restore",
            "RestoreBlocksData", "RoleName", "RunClock", "RunClockReply", "RunEpoch", "RunEpochReply",
            "ServerObjective", "ServerObjectiveReply", "SetBlockStates", "SetOwnership", "SetOwnershipReply",
            "SetPositions", "SetPositionsReply", "Shutdown", "SpillFigures", "SplitHandover", "SplitSource", "Status",
@@ -286,6 +289,18 @@ class EpsDatasets(ExecutorRequest, tag="eps_datasets"):
     """Active, inactive and staged splits of this worker."""
 
 
+# -- the executor to the AM --------------------------------------------------------------------------
+class ExecutorReady(ExecutorRequest, tag="executor_ready"):
+    """Executor -> AM, once it serves: its id, its data-plane address (host:port), pid and role.
+    The AM's pool (appmaster.ps.executor_pool.ExecutorPool.handle_frame) decodes it once and answers
+    `Ok`. The one request that travels this way, so no executor serves it (not in ControlRequest)."""
+
+    executor_id: Annotated[str, msgspec.Meta(min_length=1)]
+    address: Annotated[str, msgspec.Meta(pattern=r"^.+:[0-9]+$")]
+    pid: Optional[NonNeg] = None
+    role: Optional[RoleName] = None
+
+
 ControlRequest = Union[AppSetup, WorkerSetup, LoadSplits, InitModel, InitBlocks, RunClock, RunEpoch, Objective,
                        ServerObjective, Positions, SetPositions, BlockStates, SetBlockStates, StopTraining, Status,
                        Shutdown, SwitchRole, SetOwnership, MoveBlocks, CheckpointBlocks, RestoreBlocksData, EpsJoin, EpsSendData,
@@ -307,6 +322,7 @@ REPLY_TYPES: dict[type[ExecutorRequest], type[ControlReply]] = {
     EpsSendData: EpsSendDataReply, EpsCommit: EpsCommitReply, EpsDiscardStaged: Ok, Ping: PingReply,
     TakeOwnership: Ok, BlockData: Ok, CancelIncoming: Ok, Checkpoint: CheckpointReply, Restore: BlocksReply,
     EpsStage: EpsStageReply, EpsActivate: EpsActivateReply, EpsDatasets: EpsDatasetsReply,
+    ExecutorReady: Ok,     # executor -> AM
 }
 
 

@@ -28,7 +28,8 @@ failing op is answered with an ErrorReply of the error's kind (RequestError, Use
 The data ops (get / put / update) keep their compact headers (psruntime.store.store_requests).
 
 On start it writes `--ready-file` (JSON: pid, executor_id, address) atomically and, with `--am`,
-announces itself to the AM with an "executor_ready" frame.
+announces itself to the AM with an "executor_ready" frame (protocol.executor_ops.ExecutorReady,
+answered Ok).
 
 With ELASTANE_JOB_SECRET in its environment (a PS AM always sets it; never a flag, so it is not
 on a command line) every data-plane connection it serves or opens -- the AM's, workers', peers'
@@ -50,7 +51,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Awaitable
+from typing import Any, Awaitable, cast
 
 from protocol import container_env
 from protocol.daemon import install_uvloop, setup_logging
@@ -347,8 +348,10 @@ async def run(args: argparse.Namespace) -> None:
                                             "address": address})
     if args.am:
         try:
-            await ex.client.request(args.am, {"op": "executor_ready", "executor_id": args.executor_id,
-                                              "address": address, "pid": os.getpid(), "role": ex.role})
+            ready = ops.ExecutorReady(executor_id=args.executor_id, address=address, pid=os.getpid(),
+                                      role=cast(ops.RoleName, ex.role))
+            reply = await ex.client.request(args.am, ops.to_header(ready))
+            ops.decode_reply(reply.header, ops.Ok)
         except Exception as e:  # noqa: BLE001 - the AM may retry through the ready file; keep serving
             log.warning("could not announce to the AM at %s: %s", args.am, e)
     await ex.stopped.wait()

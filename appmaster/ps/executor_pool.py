@@ -3,7 +3,8 @@ and what it reports (RSS, data and model bytes, blocks).
 
 Executors are launched with `python -m psruntime.executor ... --am HOST:PORT` and announce their
 data-plane address to the AM's small data-plane server with an "executor_ready" frame
-(`handle_frame`); `wait_ready` waits for a role's executors with a deadline.
+(protocol.executor_ops.ExecutorReady, decoded once by `handle_frame`); `wait_ready` waits for a
+role's executors with a deadline.
 
 The pool is where the AM learns that an executor is gone, and the one place that says so: its
 container's completion (`mark_exited`: it died, was killed, or its node was lost, as the RM
@@ -25,6 +26,7 @@ import msgspec
 
 from appmaster.container_book import AmContainer
 from protocol import container_env
+from protocol import executor_ops as ops
 from protocol.internal_api import LaunchContext, WarmStart
 from protocol.local_resources import LocalResource
 from protocol.records import ExitStatus
@@ -278,26 +280,28 @@ class ExecutorPool:
 
     # -- announcements -----------------------------------------------------------------------
     def handle_frame(self, frame: Frame) -> Reply:
-        """Data-plane handler of the AM: executors announce themselves here."""
-        h = frame.header
-        if h.get("op") != "executor_ready":
-            raise RequestError(f"unknown op {h.get('op')!r} (the AM only takes executor_ready)")
-        eid, address = h.get("executor_id"), h.get("address")
-        rec = self.executors.get(eid) if isinstance(eid, str) else None
+        """Data-plane handler of the AM: executors announce themselves here with an
+        `executor_ready` (protocol.executor_ops.ExecutorReady), decoded once; a bad one is refused
+        with a RequestError naming the field. The answer is `Ok`."""
+        op = frame.header.get("op")
+        if op != "executor_ready":
+            raise RequestError(f"unknown op {op!r} (the AM only takes executor_ready)")
+        try:
+            ready = ops.decode_as(frame.header, ops.ExecutorReady)
+        except ops.ControlMessageError as e:
+            raise RequestError(str(e)) from None
+        rec = self.executors.get(ready.executor_id)
         if rec is None:
-            raise RequestError(f"unknown executor {eid!r}")
-        if not isinstance(address, str) or ":" not in address:
-            raise RequestError(f"field 'address' must be host:port, got {address!r}")
+            raise RequestError(f"unknown executor {ready.executor_id!r}")
         if rec.state is ExecutorState.LAUNCHING:
             rec.on(ExecutorEvent.ANNOUNCE)
             rec.ready_at = time.monotonic()
-            rec.address = address
+            rec.address = ready.address
             if self.links is not None:
-                self.links.clear_lost(address)    # a lost executor's address, taken again (same host)
-            pid = h.get("pid")
-            rec.pid = pid if isinstance(pid, int) else None
+                self.links.clear_lost(ready.address)    # a lost executor's address, taken again (same host)
+            rec.pid = ready.pid
             self._changed.set()
-        return {"op": "ok"}, ()
+        return ops.encode_reply(ops.Ok()), ()
 
     async def wait_ready(self, role: Role, count: int, timeout_s: float) -> list[ExecutorRecord]:
         """Wait until `count` executors of `role` are READY; TimeoutError names the missing ones."""

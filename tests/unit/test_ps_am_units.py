@@ -11,6 +11,7 @@ from appmaster.ps.job import TRANSITIONS, JobEvent, JobPhase, JobStateMachine, J
 from appmaster.ps.metrics import JobMetrics, MovingAverage, ServerTimes
 from appmaster.ps.status_server import StatusServer
 from protocol import codec
+from protocol import executor_ops as ops
 from protocol.job_report import (MAX_EPOCH_TIMES, MAX_OBJECTIVES, JobReport, finite, recent_epoch_times,
                                  recent_objectives)
 from protocol.records import Resource
@@ -118,6 +119,24 @@ async def test_executor_pool_names_launches_and_hears_announcements() -> None:
     assert [w.executor_id for w in await pool.wait_ready(Role.WORKER, 2, timeout_s=1)] == ["worker-0", "worker-1"]
     shape = pool.shape_json()
     assert (shape["workers"], shape["servers"]) == (2, 1) and shape["executors"][0]["id"] == "server-0"
+
+
+def test_an_announcement_is_the_executor_ready_record_decoded_once_and_a_bad_one_names_its_field() -> None:
+    pool = ExecutorPool(num_blocks=4, am_address="a:1")
+    w0 = pool.add(Role.WORKER, _container(2))
+    ready = ops.ExecutorReady(executor_id="worker-0", address="h:7001", pid=42, role="worker")
+    bad = [({"executor_id": "worker-0", "address": "h:1", "pid": "42"}, r"got `str` - at `\$\.pid`"),
+           ({"address": "h:1"}, "missing required field `executor_id`"),
+           ({"executor_id": "worker-0", "address": "h"}, r"at `\$\.address`"),            # not host:port
+           ({"executor_id": "worker-0", "address": "h:1", "role": "boss"}, r"at `\$\.role`"),
+           ({"executor_id": "worker-0", "address": "h:1", "port": 1}, "unknown field `port`")]
+    for header, field in bad:
+        with pytest.raises(RequestError, match=field):
+            pool.handle_frame(Frame({"op": "executor_ready", **header}))
+    assert w0.state is ExecutorState.LAUNCHING           # refused before anything changed
+    reply, arrays = pool.handle_frame(Frame({**ops.to_header(ready), "id": 3}))    # as the executor sends it
+    assert ops.decode_reply(reply, ops.REPLY_TYPES[ops.ExecutorReady]) == ops.Ok() and arrays == ()
+    assert (w0.state, w0.address, w0.pid) == (ExecutorState.READY, "h:7001", 42)
 
 
 def test_exit_description_names_executor_role_container_and_reason() -> None:
