@@ -161,10 +161,9 @@ EXECUTOR_HEADERS = ["ID", "ROLE", "STATE", "NODE", "CONTAINER", "RSS-MB", "DATA-
 
 
 def executor_rows(status: PsStatus) -> list[list[Any]]:
-    return [[e.get("id"), e.get("role"), e.get("state", "-"), e.get("node"), e.get("container_id"),
-             f"{float(e.get('rss_mb') or 0):.1f}", f"{float(e.get('data_mb') or 0):.3f}",
-             f"{float(e.get('model_mb') or 0):.3f}", _blocks_text(list(e.get("blocks") or []))]
-            for e in status.shape.get("executors") or []]
+    return [[e.id, e.role, e.state, e.node or "-", e.container_id or "-", f"{e.rss_mb:.1f}", f"{e.data_mb:.3f}",
+             f"{e.model_mb:.3f}", _blocks_text(e.blocks)]
+            for e in (status.shape.executors if status.shape else [])]
 
 
 PLAN_HEADERS = ["EPOCH", "TRIGGER", "FROM", "TO", "PREDICTED", "MEASURED", "PLAN-TIME", "OPS", "ERROR"]
@@ -256,7 +255,7 @@ def plan_history_rows(status: PsStatus) -> list[list[Any]]:
 def optimizer_text(status: PsStatus) -> str:
     cruise = status.cruise
     if not cruise:
-        return str(status.optimizer or (status.spec or {}).get("optimizer") or "off")
+        return str(status.optimizer or (status.spec.optimizer if status.spec else None) or "off")
     w, s = (str(cruise.shape[0]), str(cruise.shape[1])) if len(cruise.shape) >= 2 else ("?", "?")
     state = "reconfiguring" if cruise.running else (cruise.why_not_ready or "measuring")
     return f"cruise: {w} workers x {s} servers, {_plural(len(cruise.plan_history), 'plan')}; {state}"
@@ -271,17 +270,16 @@ def colocation_text(status: PsStatus) -> str | None:
     parts = []
     if group:
         parts.append(f"group {group}")
-    state = sus.get("state")
-    if state and (state != "RUNNING" or sus.get("pauses")):
-        parts.append(f"{state.lower()}, {_plural(sus.get('pauses', 0), 'pause')} "
-                     f"({format_duration(float(sus.get('paused_s') or 0.0))} paused)")
-    if spill.get("alpha") is not None:
-        parts.append(f"spill alpha {float(spill['alpha']):.2f}, {float(spill.get('spilled_mb') or 0.0):.1f} MB on disk")
+    if sus.state != "RUNNING" or sus.pauses:
+        parts.append(f"{sus.state.lower()}, {_plural(sus.pauses, 'pause')} "
+                     f"({format_duration(sus.paused_s)} paused)")
+    if spill is not None:
+        parts.append(f"spill alpha {spill.alpha:.2f}, {spill.spilled_mb:.1f} MB on disk")
     return "; ".join(parts) or None
 
 
 def running_report(app: dict[str, Any], status: PsStatus) -> tuple[list[tuple[str, Any]], EpochProgress]:
-    spec = status.spec or {}
+    spec = status.spec
     shape = status.shape
     p = progress_from_status(status)
     wall = p.wall_time_per_epoch_s()
@@ -289,11 +287,12 @@ def running_report(app: dict[str, Any], status: PsStatus) -> tuple[list[tuple[st
     pairs: list[tuple[str, Any]] = [
         ("Application-Id", app.get("id")), ("Name", app.get("name")), ("User", app.get("user")),
         ("State", f"{app.get('state')} (job phase {status.state})"),
-        ("App", f"{status.app or spec.get('app')} (preset {spec.get('preset', '-')}, data "
+        ("App", f"{status.app or (spec.app if spec else None)} (preset {spec.preset if spec else '-'}, data "
                 f"{_or_dash(status.data_mb)} MB, model {_or_dash(status.model_mb)} MB)"),
-        ("Shape", f"{_plural(shape.get('workers', '?'), 'worker')}, {_plural(shape.get('servers', '?'), 'server')}, "
+        ("Shape", f"{_plural(shape.workers if shape else '?', 'worker')}, "
+                  f"{_plural(shape.servers if shape else '?', 'server')}, "
                   f"{_plural('?' if status.num_blocks is None else status.num_blocks, 'block')}, "
-                  f"sync {spec.get('sync', '-')}"),
+                  f"sync {spec.sync if spec else '-'}"),
         ("Epoch", f"{p.epochs_done}/{p.max_epochs}" + (" (converged)" if p.converged else "")),
         ("Objective", f"{format_objective(p.objective)} (initial {format_objective(p.initial_objective)})"),
         ("Held-Out", heldout_text(status.heldout)),
@@ -302,7 +301,7 @@ def running_report(app: dict[str, Any], status: PsStatus) -> tuple[list[tuple[st
         ("ETA", "-" if eta is None or p.converged else f"<= {format_duration(eta)}"),
         ("Tracking-URL", app.get("trackingUrl")),
     ]
-    if status.cruise or (spec.get("optimizer") not in (None, "off")):
+    if status.cruise or (spec is not None and spec.optimizer != "off"):
         pairs.append(("Optimizer", optimizer_text(status)))
     colocation = colocation_text(status)
     if colocation:

@@ -76,8 +76,8 @@ def change_rows(changes: list[ShapeChange]) -> list[list[Any]]:
 
 def live_shape(status: PsStatus) -> tuple[int, int]:
     """(workers, servers) serving now, from the AM's /status: what a directive starts from."""
-    live = [e for e in status.shape.get("executors") or [] if e.get("state") == "READY"]
-    return sum(e.get("role") == "worker" for e in live), sum(e.get("role") == "server" for e in live)
+    live = status.shape.serving() if status.shape else []
+    return sum(e.role == "worker" for e in live), sum(e.role == "server" for e in live)
 
 
 def check_target(status: PsStatus, workers: int, servers: int) -> None:

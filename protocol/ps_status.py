@@ -12,10 +12,18 @@ with `decode_status` into a `PsStatus` and reads its fields:
 - `heldout`: `HeldoutStatus` with its `HeldoutPointRecord`s (appmaster.ps.heldout_monitor);
   `final_metrics`: the final model's held-out metrics.
 - `shape_history`: protocol.shape_history's records, decoded by the CLI with `decode_history`.
+- `shape`: `ShapeStatus`, the executors the job was given, each an `ExecutorStatus`
+  (appmaster.ps.executor_pool: ExecutorRecord.status, ExecutorPool.shape_status).
+- `spec`: the job's protocol.ps_job_spec.PSJobSpec as the AM runs it (it round-trips strictly; the
+  spec refuses unknown fields, so the CLI reads the spec of an AM of its own version).
+- `suspension`: `SuspensionStatus`, Harmony's pause / resume (appmaster.ps.suspension), with its
+  `SuspensionCut`; `spill`: `SpillStatus`, the job's input spill (appmaster.ps.executor_status;
+  null when no worker spills).
 
 A JSON number that is not finite (NaN objective, a failed score) arrives as null, so those fields
-are Optional. The sections the CLI reads only loosely (`spec`, `shape`, `eps`, `suspension`,
-`spill`) stay JSON objects here; unknown keys are ignored so an older or newer AM still decodes.
+are Optional. `eps` (appmaster.ps.elastic_ops: the running change, its op history, the input
+splits, each its own JSON) stays a JSON object here; the CLI reads its `running` and `limits`.
+Unknown keys are ignored so an older or newer AM still decodes (the spec aside).
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ from typing import Any, Optional
 
 import msgspec
 
+from .ps_job_spec import PSJobSpec
 from .shape_history import ExecutorCounts
 
 
@@ -146,6 +155,68 @@ class HeldoutStatus(msgspec.Struct, kw_only=True):
     disabled: Optional[str] = None
 
 
+class ExecutorStatus(msgspec.Struct, kw_only=True):
+    """One executor of the job: its role, container, node, state (LAUNCHING, READY, RETIRING,
+    EXITED), data-plane address, pid, memory (MB), blocks (model blocks of a server, input blocks
+    of a worker), a worker's input partition and its spill (alpha, MB on disk, load stall)."""
+
+    id: str
+    role: str
+    container_id: str = ""
+    node: str = ""
+    state: str
+    address: str = ""
+    pid: Optional[int] = None
+    rss_mb: float = 0.0
+    data_mb: float = 0.0
+    model_mb: float = 0.0
+    blocks: list[int] = []
+    partition: Optional[int] = None
+    spill_alpha: Optional[float] = None
+    spilled_mb: float = 0.0
+    spill_stall_s: float = 0.0
+
+
+class ShapeStatus(msgspec.Struct, kw_only=True):
+    """The executors the job was given (each one's `state` tells whether it still runs) and how
+    many workers and servers that is."""
+
+    workers: int = 0
+    servers: int = 0
+    executors: list[ExecutorStatus] = []
+
+    def serving(self) -> list[ExecutorStatus]:
+        """The executors that announced themselves and serve now (READY)."""
+        return [e for e in self.executors if e.state == "READY"]
+
+
+class SuspensionCut(msgspec.Struct, kw_only=True):
+    """Where a paused job stopped: epoch, clock into it, the checkpoint's dir."""
+
+    epoch: int
+    clock: int
+    checkpoint: str
+
+
+class SuspensionStatus(msgspec.Struct, kw_only=True):
+    """Harmony's pause / resume of the job: its state (RUNNING, PAUSING, PAUSED, RESUMING), how often
+    and how long it was paused, where it stopped, and its pauses and resumes
+    (protocol.shape_history.SuspendChange records, as JSON)."""
+
+    state: str = "RUNNING"
+    pauses: int = 0
+    paused_s: float = 0.0
+    cut: Optional[SuspensionCut] = None
+    history: list[Any] = []
+
+
+class SpillStatus(msgspec.Struct, kw_only=True):
+    """The job's input spill: the mean alpha of its spilling workers and the MB of all its spill files."""
+
+    alpha: float
+    spilled_mb: float
+
+
 class PsStatus(msgspec.Struct, kw_only=True):
     """The AM's `/status` answer as the CLI reads it (every field has a default: an AM still
     starting, or an older one, may leave sections out)."""
@@ -153,8 +224,8 @@ class PsStatus(msgspec.Struct, kw_only=True):
     app: Optional[str] = None
     state: Optional[str] = None
     diagnostics: str = ""
-    spec: Optional[dict[str, Any]] = None
-    shape: dict[str, Any] = {}
+    spec: Optional[PSJobSpec] = None
+    shape: Optional[ShapeStatus] = None
     num_blocks: Optional[int] = None
     epoch: Optional[int] = None
     converged: bool = False
@@ -170,8 +241,8 @@ class PsStatus(msgspec.Struct, kw_only=True):
     eps: Optional[dict[str, Any]] = None
     optimizer: Optional[str] = None
     cruise: Optional[CruiseStatus] = None
-    suspension: dict[str, Any] = {}
-    spill: dict[str, Any] = {}
+    suspension: SuspensionStatus = msgspec.field(default_factory=SuspensionStatus)
+    spill: Optional[SpillStatus] = None
 
 
 def decode_status(obj: Any) -> PsStatus:
@@ -180,5 +251,6 @@ def decode_status(obj: Any) -> PsStatus:
     return status
 
 
-__all__ = ["CruisePlanRecord", "CruiseStatus", "DirectiveRecord", "EpochResult", "HeldoutPointRecord", "HeldoutStatus",
-           "OpTimingRecord", "PlanRunRecord", "PsStatus", "decode_status"]
+__all__ = ["CruisePlanRecord", "CruiseStatus", "DirectiveRecord", "EpochResult", "ExecutorStatus", "HeldoutPointRecord",
+           "HeldoutStatus", "OpTimingRecord", "PlanRunRecord", "PsStatus", "ShapeStatus", "SpillStatus",
+           "SuspensionCut", "SuspensionStatus", "decode_status"]

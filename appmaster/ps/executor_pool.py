@@ -20,7 +20,7 @@ import enum
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 import msgspec
 
@@ -29,6 +29,7 @@ from protocol import container_env
 from protocol import executor_ops as ops
 from protocol.internal_api import LaunchContext, WarmStart
 from protocol.local_resources import LocalResource
+from protocol.ps_status import ExecutorStatus, ShapeStatus
 from protocol.records import ExitStatus
 from protocol.state_machine import TransitionTable
 from psruntime.wire.dataplane import DataPlaneClient, Reply, RequestError
@@ -118,14 +119,16 @@ class ExecutorRecord:
             text += f"; {c.diagnostics.strip()}"
         return text
 
-    def to_json(self) -> dict[str, Any]:
+    def status(self) -> ExecutorStatus:
+        """This executor as the job's status shows it (`/status` "shape" "executors")."""
         mb = 1024 * 1024
-        return {"id": self.executor_id, "role": self.role.value, "container_id": self.container_id,
-                "node": self.container.node_id, "state": self.state.value, "address": self.address,
-                "pid": self.pid, "rss_mb": round(self.rss_bytes / mb, 1), "data_mb": round(self.data_bytes / mb, 3),
-                "model_mb": round(self.model_bytes / mb, 3), "blocks": list(self.blocks),
-                "partition": self.partition, "spill_alpha": self.spill_alpha,
-                "spilled_mb": round(self.spilled_bytes / mb, 3), "spill_stall_s": round(self.spill_stall_s, 3)}
+        return ExecutorStatus(id=self.executor_id, role=self.role.value, container_id=self.container_id,
+                              node=self.container.node_id, state=self.state.value, address=self.address,
+                              pid=self.pid, rss_mb=round(self.rss_bytes / mb, 1),
+                              data_mb=round(self.data_bytes / mb, 3), model_mb=round(self.model_bytes / mb, 3),
+                              blocks=list(self.blocks), partition=self.partition, spill_alpha=self.spill_alpha,
+                              spilled_mb=round(self.spilled_bytes / mb, 3),
+                              spill_stall_s=round(self.spill_stall_s, 3))
 
 
 def executor_index(rec: ExecutorRecord) -> int:
@@ -361,8 +364,8 @@ class ExecutorPool:
                 w.cancel()
         return True
 
-    def shape_json(self) -> dict[str, Any]:
+    def shape_status(self) -> ShapeStatus:
+        """The job's shape as its status shows it: the executors it was given, each one's `state`
+        telling whether it still runs."""
         ids = sorted(self.executors.values(), key=lambda e: (e.role.value, executor_index(e)))
-        # The job's shape is the executors it was given; each one's `state` tells whether it still runs.
-        return {"workers": len(self.workers), "servers": len(self.servers),
-                "executors": [e.to_json() for e in ids]}
+        return ShapeStatus(workers=len(self.workers), servers=len(self.servers), executors=[e.status() for e in ids])

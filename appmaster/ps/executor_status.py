@@ -4,9 +4,10 @@ spilling worker's alpha and spilled bytes (Harmony)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 from protocol import executor_ops as ops
+from protocol.ps_status import SpillStatus
 
 from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
 from .executor_rpc import ExecutorRpc
@@ -38,12 +39,18 @@ class StatusPoller:
                     self.metrics.record_server(r.executor_id, st.data_requests, st.busy_s)
 
 
-def spill_report(executors: Iterable[ExecutorRecord]) -> dict[str, Any]:
-    """The job report's `alpha` (mean over the spilling workers; None if none spills) and
-    `spilled_mb` (the spill files of all executors: workers' input, servers' model blocks) from
-    the executors' last status."""
+def spill_status(executors: Iterable[ExecutorRecord]) -> Optional[SpillStatus]:
+    """The job's spill from the executors' last status: `alpha`, the mean over the spilling
+    workers, and `spilled_mb`, the spill files of all executors (workers' input, servers' model
+    blocks); None if none spills."""
     executors = list(executors)
     spilling = [e.spill_alpha for e in executors if e.spill_alpha is not None]
     if not spilling:
-        return {}
-    return {"alpha": sum(spilling) / len(spilling), "spilled_mb": sum(e.spilled_bytes for e in executors) / 2**20}
+        return None
+    return SpillStatus(alpha=sum(spilling) / len(spilling), spilled_mb=sum(e.spilled_bytes for e in executors) / 2**20)
+
+
+def spill_report(executors: Iterable[ExecutorRecord]) -> dict[str, Any]:
+    """The job report's `alpha` and `spilled_mb` (`spill_status`; neither when no worker spills)."""
+    spill = spill_status(executors)
+    return {} if spill is None else {"alpha": spill.alpha, "spilled_mb": spill.spilled_mb}

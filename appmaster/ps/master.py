@@ -50,7 +50,7 @@ from .directives import DirectiveHandler, ProgressTracker, Reshaper, Shape
 from .elastic_ops import ElasticOpError, ElasticOps
 from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
-from .executor_status import spill_report
+from .executor_status import spill_report, spill_status
 from .heldout_monitor import HeldoutMonitor
 from .job import JobEvent, JobPhase, JobStateMachine
 from .job_resume import job_record, resumable_checkpoint, resume_job
@@ -164,7 +164,7 @@ class PSApplicationMaster:
             "application_id": self.am.registration.app_id if self.am.registration else None,
             "state": self.job.phase.value, "diagnostics": self.job.diagnostics,
             "spec": self.spec.to_json(), "started": self.started,
-            "shape": self.pool.shape_json(), "num_blocks": self.spec.num_blocks,
+            "shape": self.pool.shape_status(), "num_blocks": self.spec.num_blocks,
             "table_version": self.training.placement.version,
             "epoch": self.training.loop.epochs_done, "converged": self.training.loop.converged,
             "clocks": self.training.loop.clocks_done, "clock_batches": self.training.loop.pacer.batches,
@@ -181,7 +181,7 @@ class PSApplicationMaster:
             "eps": self.elastic.status_json() if isinstance(self.elastic, ElasticOps) else None,
             "optimizer": self.spec.optimizer, "cruise": self.cruise.status() if self.cruise else None,
             "resumed_from": self.resumed_from, "recovery": self.recovery.status_json(),
-            "suspension": self.suspension.status_json(),
+            "suspension": self.suspension.status(), "spill": spill_status(self.pool.live()),
             "stragglers": self.stragglers.status_json(),
         }
 

@@ -34,6 +34,7 @@ from protocol.internal_api import NodePlacement
 from protocol.records import Resource
 from protocol.remote_exception import Conflict
 from protocol.state_machine import TransitionTable
+from protocol.ps_status import SuspensionCut, SuspensionStatus
 from protocol.shape_history import SuspendChange
 
 from .executor_pool import ExecutorRecord, Role
@@ -272,11 +273,12 @@ class JobSuspension:
         self._history.append(rec)
         self.on_record(rec)
 
-    def status_json(self) -> dict[str, Any]:
-        return {"state": self.state.value, "pauses": self.pauses, "paused_s": round(self.paused_s, 3),
-                "cut": None if self.cut is None else {"epoch": self.cut.epoch, "clock": self.cut.clock,
-                                                      "checkpoint": self.cut.checkpoint["dir"]},
-                "history": list(self._history)}
+    def status(self) -> SuspensionStatus:
+        """The job status's "suspension" section."""
+        cut = None if self.cut is None else SuspensionCut(epoch=self.cut.epoch, clock=self.cut.clock,
+                                                          checkpoint=str(self.cut.checkpoint["dir"]))
+        return SuspensionStatus(state=self.state.value, pauses=self.pauses, paused_s=round(self.paused_s, 3),
+                                cut=cut, history=list(self._history))
 
 
 def settle(fut: "asyncio.Future[T]", outcome: "T | BaseException") -> None:

@@ -51,8 +51,8 @@ class FakeRmAndAm:
         self.put: dict[str, Any] | None = None
 
     def status(self) -> dict[str, Any]:
-        executors = ([{"role": "worker", "state": "READY"}] * (4 if self.put else 2)
-                     + [{"role": "server", "state": "READY"}])
+        executors = ([{"id": f"worker-{i}", "role": "worker", "state": "READY"} for i in range(4 if self.put else 2)]
+                     + [{"id": "server-0", "role": "server", "state": "READY"}])
         status: dict[str, Any] = {"shape": {"executors": executors}, "eps": {"running": False, "limits": {}},
                                   "shape_history": [], "directives": []}
         if self.put is not None:

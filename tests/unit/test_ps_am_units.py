@@ -117,8 +117,8 @@ async def test_executor_pool_names_launches_and_hears_announcements() -> None:
         await pool.wait_ready(Role.WORKER, 2, timeout_s=0.05)
     pool.handle_frame(Frame({"op": "executor_ready", "executor_id": "worker-1", "address": "h:2", "pid": 43}))
     assert [w.executor_id for w in await pool.wait_ready(Role.WORKER, 2, timeout_s=1)] == ["worker-0", "worker-1"]
-    shape = pool.shape_json()
-    assert (shape["workers"], shape["servers"]) == (2, 1) and shape["executors"][0]["id"] == "server-0"
+    shape = pool.shape_status()
+    assert (shape.workers, shape.servers) == (2, 1) and shape.executors[0].id == "server-0"
 
 
 def test_an_announcement_is_the_executor_ready_record_decoded_once_and_a_bad_one_names_its_field() -> None:

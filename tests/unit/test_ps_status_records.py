@@ -17,19 +17,26 @@ from appmaster.cruise.plan import AddOp, Plan
 from appmaster.cruise.targets import Role
 from appmaster.ps.cruise_driver import PlanRecord
 from appmaster.ps.directives import DirectiveOutcome, Shape
+from appmaster.container_book import AmContainer
 from appmaster.ps.eps_records import ElasticOpRecord
+from appmaster.ps.executor_pool import ExecutorPool, Role as ExecutorRole
+from appmaster.ps.executor_status import spill_status
 from appmaster.ps.heldout_monitor import HeldoutPoint, HeldoutTracker
 from appmaster.ps.metrics import EpochRecord, JobMetrics
 from appmaster.ps.plan_executor import OpTiming, PlanRun
+from appmaster.ps.suspension import Cut, JobSuspension, SuspendState
 from elastane_cli import ps_reports, ps_scale_command
 from elastane_cli.progress_bar import format_progress
 from elastane_cli.ps_commands import WatchResult
-from protocol import codec
+from protocol import codec, ps_job_spec
+from protocol import executor_ops as ops
 from protocol.model_output import METADATA_FILE, AppRef, ModelMetadata, encode_metadata, read_metadata
 from protocol.durable_storage import DurableDir
+from protocol.records import Resource
 from protocol.ps_status import CruiseStatus, PsStatus, decode_status
 from protocol.shape_history import EpsChange, history_json
 from psruntime.apps.quality import heldout_metric
+from psruntime.wire.frame_codec import Frame
 
 
 def served(status: dict[str, Any]) -> PsStatus:
@@ -128,6 +135,56 @@ def test_ps_submit_wait_reports_the_final_metrics_the_am_records() -> None:
     assert pairs["Held-Out-Metrics"].startswith("accuracy 0.77, cross_entropy 0.65")
     assert pairs["Vs-True-Model"].startswith("accuracy 0.77 vs true model 0.81")
     assert pairs["Warning"].endswith("the model overfits")
+
+
+def _pool() -> ExecutorPool:
+    """A job's executors as the AM's pool knows them: a server and a worker that announced
+    themselves (ExecutorReady) and reported their status, and a worker still launching."""
+    pool = ExecutorPool(num_blocks=4, am_address="a:1")
+    for seq, role in ((2, ExecutorRole.SERVER), (3, ExecutorRole.WORKER), (4, ExecutorRole.WORKER)):
+        pool.add(role, AmContainer(container_id=f"container_1_0001_01_{seq:06d}", node_id="host:1",
+                                   node_http_address="host:1", resource=Resource(512, 1), token="t"))
+    for eid, port in (("server-0", 7001), ("worker-0", 7002)):
+        pool.handle_frame(Frame(ops.to_header(ops.ExecutorReady(executor_id=eid, address=f"host:{port}", pid=port))))
+    s0, w0 = pool.executors["server-0"], pool.executors["worker-0"]
+    s0.rss_bytes, s0.model_bytes, s0.blocks = 90 * 2**20, 4096, [0, 1, 2, 3]
+    w0.rss_bytes, w0.data_bytes, w0.blocks = 100 * 2**20, 3 * 2**19, [0, 1, 2, 4]
+    w0.partition, w0.spill_alpha, w0.spilled_bytes, w0.spill_stall_s = 0, 0.25, 2**21, 0.5
+    return pool
+
+
+def test_ps_status_reads_the_executors_spec_suspension_and_spill_the_am_records() -> None:
+    pool = _pool()
+    spec = ps_job_spec.validate({"app": "mlr", "workers": 2, "servers": 1, "max_epochs": 4, "sync": "bsp",
+                                 "optimizer": "cruise", "hparams": {"learning_rate": 0.5}})
+    sus = JobSuspension(steps=None, job_record=dict, on_record=lambda rec: None,  # type: ignore[arg-type]
+                        state=SuspendState.PAUSED, pauses=1, paused_s=12.0,
+                        cut=Cut(epoch=3, clock=2, objective=0.5, checkpoint={"dir": "/ck/3"}, positions={}))
+    status = served({"app": "mlr", "state": "TRAINING", "spec": spec.to_json(), "shape": pool.shape_status(),
+                     "num_blocks": 4, "suspension": sus.status(), "spill": spill_status(pool.live())})
+    assert status.spec == spec                                    # the spec round-trips strictly
+    assert ps_reports.executor_rows(status) == [
+        ["server-0", "server", "READY", "host:1", "container_1_0001_01_000002", "90.0", "0.000", "0.004", "0-3"],
+        ["worker-0", "worker", "READY", "host:1", "container_1_0001_01_000003", "100.0", "1.500", "0.000", "0-2,4"],
+        ["worker-1", "worker", "LAUNCHING", "host:1", "container_1_0001_01_000004", "0.0", "0.000", "0.000", "-"]]
+    assert ps_scale_command.live_shape(status) == (1, 1)
+    pairs = dict(ps_reports.running_report({"id": "a", "state": "RUNNING"}, status)[0])
+    assert pairs["App"].startswith("mlr (preset tiny, data")
+    assert pairs["Shape"] == "2 workers, 1 server, 4 blocks, sync bsp"
+    assert pairs["Optimizer"] == "cruise"
+    assert pairs["Colocation"] == "paused, 1 pause (12.0s paused); spill alpha 0.25, 2.0 MB on disk"
+    assert status.suspension.cut is not None and status.suspension.cut.checkpoint == "/ck/3"
+    # the JSON keeps the keys it always had (the web pages' script reads /status)
+    js = json.loads(codec.dumps({"shape": pool.shape_status(), "suspension": sus.status()}))
+    assert list(js["shape"]["executors"][1]) == [
+        "id", "role", "container_id", "node", "state", "address", "pid", "rss_mb", "data_mb", "model_mb", "blocks",
+        "partition", "spill_alpha", "spilled_mb", "spill_stall_s"]
+    assert js["shape"]["executors"][1]["address"] == "host:7002" and js["shape"]["executors"][1]["pid"] == 7002
+    assert js["suspension"] == {"state": "PAUSED", "pauses": 1, "paused_s": 12.0,
+                                "cut": {"epoch": 3, "clock": 2, "checkpoint": "/ck/3"}, "history": []}
+    empty = served({})                                             # an AM still starting
+    assert ps_reports.executor_rows(empty) == [] and ps_scale_command.live_shape(empty) == (0, 0)
+    assert ps_reports.colocation_text(empty) is None and empty.spill is None
 
 
 def _change() -> EpsChange:
