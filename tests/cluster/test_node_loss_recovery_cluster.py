@@ -44,7 +44,8 @@ def make_hook(master, am):
     def hook():
         if not done and master.training.loop.epochs_done >= 3:
             done.append(True)
-            (d / "paused").write_text(json.dumps([e.to_json() for e in master.pool.live()]))
+            import msgspec
+            (d / "paused").write_text(json.dumps([msgspec.to_builtins(e.status()) for e in master.pool.live()]))
             deadline = time.monotonic() + 10
             while not (d / "go").exists() and time.monotonic() < deadline:
                 time.sleep(0.02)   # holding the AM still is the point here
