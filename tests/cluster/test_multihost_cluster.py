@@ -132,16 +132,16 @@ def test_a_ps_job_spans_hosts_scales_out_across_them_and_succeeds(tmp_path: Path
             for e in ready_executors(st):   # each executor serves on its own host's address
                 assert e["address"].rsplit(":", 1)[0] == c.testbed.host(c.host_of(e["node"])).ip, e
             before = {e["id"] for e in ready_executors(st)}
-            # EPS scale-out through the RM (what `elastane ps scale` does), onto a host named by the test.
-            am_host = c.host_of(attempts(c, app_id)[-1]["nodeId"])
-            free = [n for n in c.node_names if n != am_host and n not in hosts]
-            target = free[0] if free else next(n for n in c.node_names if n != am_host)
-            rest(c.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/shape",
-                 {"workers": 3, "servers": 2, "nodes": [c.node_id(target)]}, user="alice")
+            # EPS scale-out through the RM, as `elastane ps scale --workers +1` does (no `nodes`: those
+            # would place the whole job on exactly them, moving executors that are fine where they are).
+            rest(c.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/shape", {"workers": 3, "servers": 2}, user="alice")
             st = wait_until(lambda: (s := status(url)) and len([e for e in ready_executors(s) if e["role"] == "worker"]) == 3
                             and s, 120, "a third worker")
             added = [e for e in ready_executors(st) if e["id"] not in before]
             assert len(added) == 1 and added[0]["role"] == "worker"
+            # The new worker serves on its own host's address, and the job still spans hosts.
+            assert added[0]["address"].rsplit(":", 1)[0] == c.testbed.host(c.host_of(added[0]["node"])).ip
+            assert len({c.host_of(e["node"]) for e in ready_executors(st)}) >= 2
             epochs = len(st["objective_history"])
             wait_until(lambda: (s := status(url)) and len(s["objective_history"]) >= epochs + 2, 120,
                        "two epochs trained with the added worker")
