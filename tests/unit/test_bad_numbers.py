@@ -6,35 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from appmaster.ps.submission import build_ps_submission
 from protocol import codec
-from protocol.config import ClusterConfig, RMConfig
-from rm.server import ResourceManagerServer
-from rm_testing import SECRET, FakeClock
+import rm_inprocess
+from rm_inprocess import BASE, new_application_id
 
-BASE = "/ws/v1/cluster"
-
-
-@pytest.fixture
-async def rm(tmp_path):
-    server = ResourceManagerServer(RMConfig(state_dir=str(tmp_path / "state")),
-                                   ClusterConfig(secret=SECRET, admins=["root"]), clock=FakeClock(),
-                                   run_timers=False)
-    client = TestClient(TestServer(server.build_app()))
-    await client.start_server()
-    try:
-        yield server, client
-    finally:
-        await server.stop()
-        await client.close()
-
-
-async def _new_id(client: TestClient) -> str:
-    resp = await client.post(BASE + "/apps/new-application", params={"user.name": "alice"})
-    assert resp.status == 200
-    return str((await resp.json())["application-id"])
+rm = rm_inprocess.rm    # the in-process RM fixture, shared with the other REST-path tests
 
 
 async def _submit_raw(client: TestClient, raw: bytes) -> tuple[int, Any]:
@@ -64,7 +43,7 @@ def _body(app_id: str, learning_rate: str) -> bytes:
 async def test_out_of_range_hparam_is_400_naming_the_field_and_nothing_is_stored(rm, number: str,
                                                                                 says: str) -> None:
     server, client = rm
-    app_id = await _new_id(client)
+    app_id = await new_application_id(client)
     status, err = await _submit_raw(client, _body(app_id, number))
     assert status == 400, err
     assert err["RemoteException"]["exception"] == "BadRequestException"
@@ -78,7 +57,7 @@ async def test_out_of_range_hparam_is_400_naming_the_field_and_nothing_is_stored
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity"])
 async def test_nan_and_infinity_are_refused(rm, number: str) -> None:
     server, client = rm
-    app_id = await _new_id(client)
+    app_id = await new_application_id(client)
     status, err = await _submit_raw(client, _body(app_id, number))
     assert status == 400, err
     assert "non-finite number" in err["RemoteException"]["message"]
@@ -87,7 +66,7 @@ async def test_nan_and_infinity_are_refused(rm, number: str) -> None:
 
 async def test_largest_64_bit_integers_are_still_accepted(rm) -> None:
     server, client = rm
-    app_id = await _new_id(client)
+    app_id = await new_application_id(client)
     body = build_ps_submission({"app": "mlr"}, app_id=app_id)
     body["elastane"]["ps-job"]["checkpoint_every_epochs"] = 2 ** 63 - 1
     body["application-tags"] = [2 ** 64 - 1, -(2 ** 63)]     # accepted and ignored, but stored
@@ -100,7 +79,7 @@ async def test_a_stored_app_that_cannot_be_encoded_does_not_take_the_listing_dow
     server, client = rm
     ids = []
     for _ in range(3):
-        app_id = await _new_id(client)
+        app_id = await new_application_id(client)
         status, err = await _submit_raw(client, codec.dumps(build_ps_submission({"app": "mlr"}, app_id=app_id)))
         assert status == 202, err
         ids.append(app_id)

@@ -6,35 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from appmaster.ps.submission import build_ps_submission
 from protocol import ps_job_spec
-from protocol.config import ClusterConfig, RMConfig
-from rm.server import ResourceManagerServer
-from rm_testing import SECRET, FakeClock
+import rm_inprocess
+from rm_inprocess import BASE, new_application_id
 
-BASE = "/ws/v1/cluster"
-
-
-@pytest.fixture
-async def rm(tmp_path):
-    server = ResourceManagerServer(RMConfig(state_dir=str(tmp_path / "state")),
-                                   ClusterConfig(secret=SECRET, admins=["root"]), clock=FakeClock(),
-                                   run_timers=False)
-    client = TestClient(TestServer(server.build_app()))
-    await client.start_server()
-    try:
-        yield server, client
-    finally:
-        await server.stop()
-        await client.close()
-
-
-async def _new_id(client: TestClient) -> str:
-    resp = await client.post(BASE + "/apps/new-application", params={"user.name": "alice"})
-    assert resp.status == 200
-    return (await resp.json())["application-id"]
+rm = rm_inprocess.rm    # the in-process RM fixture, shared with the other REST-path tests
 
 
 async def _submit(client: TestClient, body: dict[str, Any]) -> tuple[int, Any]:
@@ -61,7 +40,7 @@ async def _app_ids(client: TestClient) -> set[str]:
 ])
 async def test_bad_ps_job_is_400_naming_the_field_and_creates_nothing(rm, ps_job: Any, field: str) -> None:
     _, client = rm
-    app_id = await _new_id(client)
+    app_id = await new_application_id(client)
     body = build_ps_submission({"app": "mlr"}, app_id=app_id)
     body["elastane"] = {"ps-job": ps_job}
     status, err = await _submit(client, body)
@@ -74,11 +53,11 @@ async def test_bad_ps_job_is_400_naming_the_field_and_creates_nothing(rm, ps_job
 
 async def test_ps_type_needs_the_spec_and_the_spec_needs_the_type(rm) -> None:
     _, client = rm
-    body = build_ps_submission({"app": "mlr"}, app_id=await _new_id(client))
+    body = build_ps_submission({"app": "mlr"}, app_id=await new_application_id(client))
     del body["elastane"]
     status, err = await _submit(client, body)
     assert status == 400 and "elastane.ps-job is required" in err["RemoteException"]["message"]
-    body = build_ps_submission({"app": "mlr"}, app_id=await _new_id(client))
+    body = build_ps_submission({"app": "mlr"}, app_id=await new_application_id(client))
     body["application-type"] = "YARN"
     status, err = await _submit(client, body)
     assert status == 400 and "application-type ELASTANE_PS" in err["RemoteException"]["message"]
@@ -87,7 +66,7 @@ async def test_ps_type_needs_the_spec_and_the_spec_needs_the_type(rm) -> None:
 
 async def test_good_ps_job_without_command_gets_the_ps_am_and_its_spec(rm) -> None:
     server, client = rm
-    app_id = await _new_id(client)
+    app_id = await new_application_id(client)
     body = {"application-id": app_id, "application-name": "mlr-job", "application-type": "ELASTANE_PS",
             "am-container-spec": {}, "resource": {"memory": 512, "vCores": 1},
             "elastane": {"ps-job": {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 3}}}
@@ -102,7 +81,7 @@ async def test_good_ps_job_without_command_gets_the_ps_am_and_its_spec(rm) -> No
 
 async def test_other_apps_still_need_a_command(rm) -> None:
     _, client = rm
-    body = {"application-id": await _new_id(client), "am-container-spec": {},
+    body = {"application-id": await new_application_id(client), "am-container-spec": {},
             "resource": {"memory": 512, "vCores": 1}}
     status, err = await _submit(client, body)
     assert status == 400 and err["RemoteException"]["message"] == "am-container-spec.commands is required"
