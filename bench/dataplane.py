@@ -92,9 +92,10 @@ def keys_in_distinct_blocks(count: int, first: int) -> list[int]:
     return keys
 
 
-def raw_server(port_file: str, idle_s: float) -> None:
-    """Serve raw connections (one thread each) until none has come for `idle_s` and all closed."""
-    srv = socket.create_server(("127.0.0.1", 0))
+def raw_server(port_file: str, idle_s: float, bind: str = "127.0.0.1") -> None:
+    """Serve raw connections (one thread each) on `bind` until none has come for `idle_s` and all
+    closed (bench/multihost.py runs it on a testbed host's address)."""
+    srv = socket.create_server((bind, 0))
     srv.settimeout(idle_s)
     Path(port_file + ".tmp").write_text(str(srv.getsockname()[1]))
     os.replace(port_file + ".tmp", port_file)
@@ -104,14 +105,14 @@ def raw_server(port_file: str, idle_s: float) -> None:
             conn, _ = srv.accept()
         except TimeoutError:
             break
-        threads.append(threading.Thread(target=_serve_raw, args=(conn, idle_s), daemon=True))
+        threads.append(threading.Thread(target=serve_raw, args=(conn, idle_s), daemon=True))
         threads[-1].start()
     srv.close()
     for thread in threads:
         thread.join()
 
 
-def _serve_raw(conn: socket.socket, idle_s: float) -> None:
+def serve_raw(conn: socket.socket, idle_s: float) -> None:
     """ECHO: per 16-byte header (request bytes, reply bytes) read the request, send the reply.
     STREAM: send back every byte as it arrives."""
     conn.settimeout(idle_s)

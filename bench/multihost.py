@@ -49,7 +49,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 from pathlib import Path
@@ -207,25 +206,6 @@ def part_start(base: Path, reps: int, sizes: tuple[int, ...] = (3, 6)) -> tuple[
 
 
 # ----- 2. cross-host data plane -------------------------------------------------------------------
-
-def raw_server(port_file: str, bind: str, idle_s: float) -> None:
-    """bench/dataplane.py's raw server (its per-connection echo / stream loop), on `bind`."""
-    srv = socket.create_server((bind, 0))
-    srv.settimeout(idle_s)
-    Path(port_file + ".tmp").write_text(str(srv.getsockname()[1]))
-    os.replace(port_file + ".tmp", port_file)
-    threads = []
-    for _ in range(dataplane.RAW_MAX_CONNECTIONS):
-        try:
-            conn, _ = srv.accept()
-        except TimeoutError:
-            break
-        threads.append(threading.Thread(target=dataplane._serve_raw, args=(conn, idle_s), daemon=True))
-        threads[-1].start()
-    srv.close()
-    for thread in threads:
-        thread.join()
-
 
 class RemoteRaw(dataplane.RawSide):
     """bench/dataplane.py's raw side, connected to a raw server on another host."""
@@ -504,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw-idle", type=float, default=dataplane.RAW_IDLE_S, help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     if ns.raw_server:
-        raw_server(ns.raw_server, ns.bind, ns.raw_idle)
+        dataplane.raw_server(ns.raw_server, ns.raw_idle, ns.bind)
         return 0
     if ns.client:
         from protocol.daemon import install_uvloop  # noqa: PLC0415
