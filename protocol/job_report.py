@@ -12,7 +12,9 @@ Example (JSON)::
      "phase": "TRAINING", "epoch": 4, "epoch_time_s": 2.1, "objective": 0.41,
      "epoch_times": [2.4, 2.2, 2.1], "initial_objective": 0.69,
      "objectives": [{"epoch": 0, "objective": 0.6}, ..., {"epoch": 4, "objective": 0.41}],
-     "worker_times": {"compute_s": 0.020, "comm_s": 0.008, "workers": 3},
+     "worker_times": {"compute_s": 0.020, "comm_s": 0.008, "workers": 3,
+                      "compute_held_s": 0.015, "comm_held_s": 0.008,
+                      "compute_wait_s": 0.005, "comm_wait_s": 0.0},
      "server_times": {"service_s": 0.0004, "servers": 2},
      "memory_mb": 1310.5, "spilled_mb": 0.0}
 
@@ -48,7 +50,12 @@ Fields, and what the AM must put in them:
   `initial_objective`, the curve's start). Only finite objectives are reported.
 - `worker_times`: per-mini-batch compute and communication time of a worker (seconds), the mean
   over the workers of each one's moving average; `workers` is how many workers had measurements
-  (0: none yet, and the times are 0.0).
+  (0: none yet, and the times are 0.0). Under Harmony's arbiter a subtask first waits for a grant;
+  `compute_s` / `comm_s` include that wait, `compute_wait_s` / `comm_wait_s` are the waits and
+  `compute_held_s` / `comm_held_s` the times the subtasks ran holding their slots (time - wait:
+  the job's own T_cpu / T_net, dissertation §4.3.2, not inflated by its partners' subtasks).
+  Without an arbiter the waits are 0 and held = time. An older AM sends no held / wait fields
+  (all 0.0 with `workers` > 0): read `compute_s` / `comm_s` then.
 - `server_times`: a server's mean service time of one data-plane request (seconds), the mean over
   the servers that served any; `servers` counts them (0: unknown).
 - `memory_mb`: memory in use: the total RSS of the job's live executors (MB) as last sampled.
@@ -91,6 +98,10 @@ class WorkerTiming(msgspec.Struct, kw_only=True, frozen=True):
     compute_s: NonNegFloat = 0.0
     comm_s: NonNegFloat = 0.0
     workers: NonNeg = 0
+    compute_held_s: NonNegFloat = 0.0     # compute_s less the wait for a CPU grant
+    comm_held_s: NonNegFloat = 0.0        # comm_s less the waits for network grants
+    compute_wait_s: NonNegFloat = 0.0
+    comm_wait_s: NonNegFloat = 0.0
 
 
 class ServerTiming(msgspec.Struct, kw_only=True, frozen=True):

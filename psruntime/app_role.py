@@ -369,5 +369,7 @@ def _step_figures(epoch: int, done: bool, times: StepTimes, t_start: float) -> d
 
 
 def _step_arrays(times: StepTimes) -> list[np.ndarray]:
-    """The per-mini-batch compute and communication times: a step reply's two float64 buffers."""
-    return [np.asarray(times.compute, np.float64), np.asarray(times.comm, np.float64)]
+    """The per-mini-batch compute and communication times, then the parts of each spent waiting for
+    an arbiter's grant: a step reply's four float64 buffers."""
+    return [np.asarray(times.compute, np.float64), np.asarray(times.comm, np.float64),
+            np.asarray(times.compute_wait, np.float64), np.asarray(times.comm_wait, np.float64)]

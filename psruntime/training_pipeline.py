@@ -19,7 +19,11 @@ also a `TransferGate` (Harmony's) paces the transfer's per-owner pieces.
 COMP runs one at a time and in order (one thread), and a batch's PULL waits for the previous
 batch's PUSH: the math is that of a sequential loop, so the same seed trains the same trajectory.
 A batch's compute time is its COMP subtask and its communication time its PULL and PUSH (the last
-batch's also the flush), each as the runner ran it: time a runner waits for a slot counts in.
+batch's also the flush), each as the runner ran it: time a runner waits for a slot counts in. A
+runner that is also a `WaitCounter` (Harmony's) says how much of that was waiting for a grant, which
+`StepTimes` keeps beside it per batch: the time *held* (compute minus its wait) is what the subtask
+itself took, the profile Harmony groups by (dissertation §4.3.2; a job's T_cpu measured while it
+queues behind its partners' COMPs would absorb them).
 The objective part runs the same way (PULL, then COMP in the thread, per block).
 
 Where each block's input data is while a step runs is the pipeline's `residency`: all in memory by
@@ -40,7 +44,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -79,6 +83,13 @@ class SubtaskRunner(Protocol):
     lets it (see the module doc)."""
 
     async def run(self, kind: Subtask, work: Callable[[], Awaitable[T]]) -> T: ...
+
+
+@runtime_checkable
+class WaitCounter(Protocol):
+    """A runner that counts the seconds its subtasks waited for a slot, cumulatively per resource."""
+
+    wait_s: dict[Resource, float]
 
 
 class BlockResidency(Protocol):
@@ -136,10 +147,13 @@ class TrainingStopped(StateError):
 
 @dataclass
 class StepTimes:
-    """Per-mini-batch compute and communication seconds of one step (a clock or an epoch)."""
+    """Per-mini-batch compute and communication seconds of one step (a clock or an epoch), and of
+    each the part spent waiting for an arbiter's grant (0.0 without one): held = time - wait."""
 
     compute: list[float] = field(default_factory=list)
     comm: list[float] = field(default_factory=list)
+    compute_wait: list[float] = field(default_factory=list)
+    comm_wait: list[float] = field(default_factory=list)
 
     @property
     def batches(self) -> int:
@@ -222,6 +236,7 @@ class TrainingPipeline:
         self.runner: SubtaskRunner = runner if runner is not None else ImmediateRunner()
         # A runner that paces transfers (Harmony's) is also their gate.
         self.gate: TransferGate | None = runner if isinstance(runner, TransferGate) else None
+        self.waits: WaitCounter | None = runner if isinstance(runner, WaitCounter) else None
         self.compute_thread = ComputeThread()
         self.residency: BlockResidency = AllInMemory()
         # Cumulative training figures (the AM's Cruise driver differences them per epoch).
@@ -245,6 +260,7 @@ class TrainingPipeline:
         one = [np.ones(1, np.float32)]
         times = StepTimes()
         compute, comm = times.compute, times.comm
+        waited = self._waited
         self.residency.plan([b for b in blocks if epoch_position(b, epoch) < b.num_rows])
         for block in blocks:
             if limit is not None and len(compute) >= limit:
@@ -261,6 +277,7 @@ class TrainingPipeline:
                 if stop is not None and stop.is_set():
                     raise TrainingStopped(f"epoch {epoch} stopped by the AM")
                 t0 = time.perf_counter()
+                w0 = waited()
                 keys = app.keys_for_batch(batch)
                 params = await pull_through(self.runner, self.gate, store, keys, app.key_length)
                 t1 = time.perf_counter()
@@ -268,21 +285,30 @@ class TrainingPipeline:
                 t2 = time.perf_counter()
                 await self._push(store, deltas, count_key, one, block.block_index, epoch, batch.start)
                 t3 = time.perf_counter()
+                w3 = waited()
                 set_epoch_position(block, epoch, batch.stop)
                 compute.append(t2 - t1)
                 self.counters["batches"] += 1
                 self.counters["samples"] += batch.size
                 self.counters["bytes"] += _kv_bytes(params) + _kv_bytes(deltas)
                 comm.append((t1 - t0) + (t3 - t2))
+                times.compute_wait.append(w3[0] - w0[0])
+                times.comm_wait.append(w3[1] - w0[1])
                 # Drop this batch's pulled values and deltas before the next pull: held across
                 # it, they would double the per-batch arrays at the worker's memory peak.
                 del keys, params, deltas
             self.residency.release(block)
-        t_flush = time.perf_counter()
+        t_flush, w_flush = time.perf_counter(), waited()
         await self.runner.run(Subtask.PUSH, functools.partial(self._flush, store))
         if comm:
             comm[-1] += time.perf_counter() - t_flush
+            times.comm_wait[-1] += waited()[1] - w_flush[1]
         return times
+
+    def _waited(self) -> tuple[float, float]:
+        """The runner's cumulative (CPU, COMM) seconds waited for slots; zeros without a counter."""
+        w = self.waits
+        return (0.0, 0.0) if w is None else (w.wait_s[Resource.CPU], w.wait_s[Resource.COMM])
 
     async def _push(self, store: StoreClient, deltas: KeyValues | None, count_key: str | None,
                     one: list[np.ndarray], split: int, epoch: int, start: int) -> None:

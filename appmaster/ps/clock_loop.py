@@ -199,8 +199,11 @@ class ClockLoop:
                             count_key=AUDIT_KEY if self.spec.audit_updates else None)
 
     def _record_batches(self, rec: ExecutorRecord, arrays: list[np.ndarray]) -> None:
+        # compute, comm, then (executors that count them) the parts of each waited for a grant
         if len(arrays) == 2:
             self.metrics.record_batches(rec.executor_id, arrays[0], arrays[1])
+        elif len(arrays) == 4:
+            self.metrics.record_batches(rec.executor_id, arrays[0], arrays[1], arrays[2], arrays[3])
 
     # -- BSP ----------------------------------------------------------------------------------
     async def _train_bsp(self, on_epoch: EpochHook) -> None:

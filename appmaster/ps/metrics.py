@@ -20,9 +20,13 @@ class WorkerTimes:
 
     compute_s: MovingAverage = field(default_factory=lambda: MovingAverage(DEFAULT_ALPHA))
     comm_s: MovingAverage = field(default_factory=lambda: MovingAverage(DEFAULT_ALPHA))
+    # The parts of compute_s / comm_s spent waiting for an arbiter's grant (Harmony; 0 otherwise).
+    compute_wait_s: MovingAverage = field(default_factory=lambda: MovingAverage(DEFAULT_ALPHA))
+    comm_wait_s: MovingAverage = field(default_factory=lambda: MovingAverage(DEFAULT_ALPHA))
 
     def to_json(self) -> dict[str, Any]:
-        return {"compute_s": self.compute_s.value, "comm_s": self.comm_s.value, "batches": self.compute_s.count}
+        return {"compute_s": self.compute_s.value, "comm_s": self.comm_s.value, "batches": self.compute_s.count,
+                "compute_wait_s": self.compute_wait_s.value, "comm_wait_s": self.comm_wait_s.value}
 
 
 @dataclass
@@ -74,11 +78,17 @@ class JobMetrics:
     # Who else wants each worker's per-mini-batch times (e.g. the Cruise driver): f(worker, compute, comm).
     batch_listeners: list[Callable[[str, list[float], list[float]], None]] = field(default_factory=list, repr=False)
 
-    def record_batches(self, worker: str, compute_s: Iterable[float], comm_s: Iterable[float]) -> None:
+    def record_batches(self, worker: str, compute_s: Iterable[float], comm_s: Iterable[float],
+                       compute_wait_s: Iterable[float] = (), comm_wait_s: Iterable[float] = ()) -> None:
+        """Fold in a step's per-mini-batch times (and, where the worker counted them, the parts
+        waited for a grant: none given means none waited)."""
         compute, comm = [float(x) for x in compute_s], [float(x) for x in comm_s]
+        cw, mw = [float(x) for x in compute_wait_s], [float(x) for x in comm_wait_s]
         w = self.workers.setdefault(worker, WorkerTimes())
         w.compute_s.add_all(compute)
         w.comm_s.add_all(comm)
+        w.compute_wait_s.add_all(cw if len(cw) == len(compute) else [0.0] * len(compute))
+        w.comm_wait_s.add_all(mw if len(mw) == len(comm) else [0.0] * len(comm))
         for listener in self.batch_listeners:
             listener(worker, compute, comm)
 
@@ -98,12 +108,20 @@ class JobMetrics:
 
     def worker_timing(self, workers: Collection[str]) -> WorkerTiming:
         """The job report's worker times: the mean of `workers`' moving averages (those measured)."""
-        pairs = [(t.compute_s.value, t.comm_s.value) for w, t in self.workers.items() if w in workers]
-        known = [(c, m) for c, m in pairs if c is not None and m is not None and math.isfinite(c + m)]
+        rows = [(t.compute_s.value, t.comm_s.value, t.compute_wait_s.value or 0.0, t.comm_wait_s.value or 0.0)
+                for w, t in self.workers.items() if w in workers]
+        known = [(c, m, cw, mw) for c, m, cw, mw in rows
+                 if c is not None and m is not None and math.isfinite(c + m + cw + mw)]
         if not known:
             return WorkerTiming()
-        return WorkerTiming(compute_s=max(0.0, sum(c for c, _ in known) / len(known)),
-                            comm_s=max(0.0, sum(m for _, m in known) / len(known)), workers=len(known))
+        n = len(known)
+
+        def mean(i: int) -> float:
+            return max(0.0, sum(r[i] for r in known) / n)
+        compute, comm, compute_wait, comm_wait = mean(0), mean(1), mean(2), mean(3)
+        return WorkerTiming(compute_s=compute, comm_s=comm, workers=n,
+                            compute_held_s=max(0.0, compute - compute_wait), comm_held_s=max(0.0, comm - comm_wait),
+                            compute_wait_s=compute_wait, comm_wait_s=comm_wait)
 
     def server_timing(self, servers: Collection[str]) -> ServerTiming:
         """The job report's server time: the mean service time of `servers` (those measured)."""

@@ -61,7 +61,7 @@ def test_moving_average_and_server_service_time() -> None:
     jm = JobMetrics()
     jm.record_batches("worker-0", [0.1, 0.1], [0.2, 0.2])
     assert jm.to_json()["workers"]["worker-0"] == {"compute_s": pytest.approx(0.1), "comm_s": pytest.approx(0.2),
-                                                   "batches": 2}
+                                                   "batches": 2, "compute_wait_s": 0.0, "comm_wait_s": 0.0}
 
 
 def test_job_report_timings_average_the_live_executors_measured() -> None:
@@ -77,6 +77,18 @@ def test_job_report_timings_average_the_live_executors_measured() -> None:
     s = jm.server_timing(live)
     assert (s.service_s, s.servers) == (pytest.approx(0.05), 1)
     assert JobMetrics().worker_timing(live).workers == 0 and JobMetrics().server_timing(live).servers == 0
+
+
+def test_job_report_separates_time_held_from_time_waited_for_a_grant() -> None:
+    jm = JobMetrics()
+    # worker-0 waited 0.3 s of each 0.4 s COMP for its partner's COMP to end; worker-1 none
+    jm.record_batches("worker-0", [0.4], [0.2], [0.3], [0.05])
+    jm.record_batches("worker-1", [0.2], [0.2])
+    w = jm.worker_timing({"worker-0", "worker-1"})
+    assert (w.compute_s, w.compute_wait_s, w.compute_held_s) == (pytest.approx(0.3), pytest.approx(0.15),
+                                                                 pytest.approx(0.15))
+    assert (w.comm_s, w.comm_wait_s, w.comm_held_s) == (pytest.approx(0.2), pytest.approx(0.025),
+                                                        pytest.approx(0.175))
 
 
 def test_job_report_histories_are_bounded_and_finite() -> None:

@@ -175,6 +175,34 @@ async def test_a_runner_sees_pull_comp_push_in_order_for_every_batch(cluster) ->
     assert len(times.compute) == len(times.comm) == n and min(times.compute + times.comm) >= 0
 
 
+class WaitingRunner:
+    """A WaitCounter runner whose every slot "waits" a fixed amount before its work (counted, not slept)."""
+
+    WAIT = {Resource.CPU: 0.25, Resource.COMM: 0.125}
+
+    def __init__(self) -> None:
+        self.wait_s = {Resource.CPU: 0.0, Resource.COMM: 0.0}
+
+    async def run(self, kind: Subtask, work: Callable[[], Awaitable[Any]]) -> Any:
+        self.wait_s[kind.resource] += self.WAIT[kind.resource]
+        return await work()
+
+
+async def test_the_step_times_say_how_much_of_each_batch_waited_for_a_grant(cluster) -> None:
+    _, ctl, dp = cluster
+    inner = create_app("mlr", preset="tiny")
+    store = await _store(ctl, dp, inner)
+    blocks = inner.generate_partition(0, 2).blocks
+    times = await TrainingPipeline(WaitingRunner()).run_batches(inner, store, blocks, StepContext(0, 2))
+    n = times.batches
+    assert n > 1 and times.compute_wait == [0.25] * n
+    # PULL and PUSH each waited; the last batch's flush (a PUSH too) counts in its communication
+    assert times.comm_wait == [0.25] * (n - 1) + [0.375]
+    # ... and without a counting runner nothing waited
+    plain = await TrainingPipeline().run_batches(inner, store, blocks, StepContext(1, 2))
+    assert plain.compute_wait == [0.0] * plain.batches == plain.comm_wait
+
+
 async def test_a_batch_limit_stops_mid_epoch_and_the_next_step_resumes_there(cluster) -> None:
     _, ctl, dp = cluster
     inner = create_app("mlr", preset="tiny")
