@@ -130,7 +130,8 @@ class NodeManager:
         self.link = RMLink(self.rm_address, self.cluster.secret, self.node_id, f"{self.host}:{self.port}",
                            self.capability, self.cfg.rack, self.manager, self.cfg.heartbeat_interval_ms,
                            self.cluster.token_lifetime_s, on_registered=self._write_ready_file, version=VERSION,
-                           utilization=lambda: self.utilization.for_heartbeat() if self.utilization else None)
+                           utilization=lambda: self.utilization.for_heartbeat() if self.utilization else None,
+                           node_labels=self.cfg.node_labels)
         self._link_task = asyncio.get_running_loop().create_task(self._run_link())
 
     async def _run_link(self) -> None:
@@ -183,6 +184,7 @@ class NodeManager:
             "rmAddress": self.rm_address,
             "enforcement": self.enforcement.mode if self.enforcement else "",
             "rack": self.cfg.rack,
+            "nodeLabels": list(self.cfg.node_labels),
             "containerShells": m.shells.stats() if m and m.shells else {"size": 0},
             # Whether cgroup joins skip the kernel's grace-period wait (None: no cgroup2 mount).
             "cgroupFavorDynmods": self.enforcement.favor_dynmods if self.enforcement else None,

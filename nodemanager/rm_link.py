@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import aiohttp
 
@@ -28,13 +28,15 @@ class RMLink:
     def __init__(self, rm_address: str, secret: str, node_id: str, http_address: str, capability: Resource,
                  rack: str, manager: ContainerManager, heartbeat_interval_ms: int, token_lifetime_s: float,
                  on_registered: Callable[[], None] = lambda: None, version: str = "",
-                 utilization: Callable[[], Optional[api.NodeUtilization]] = lambda: None):
+                 utilization: Callable[[], Optional[api.NodeUtilization]] = lambda: None,
+                 node_labels: Sequence[str] = ()):
         self.rm_address = rm_address
         self.secret = secret
         self.node_id = node_id
         self.http_address = http_address
         self.capability = capability
         self.rack = rack
+        self.node_labels = list(node_labels)   # reported on registration (protocol/node_labels.py)
         self.manager = manager
         self.interval_s = heartbeat_interval_ms / 1000
         self.token_lifetime_s = token_lifetime_s
@@ -63,7 +65,8 @@ class RMLink:
         while True:
             req = api.NodeRegisterRequest(node_id=self.node_id, http_address=self.http_address,
                                           capability=self.capability, rack=self.rack,
-                                          containers=self.manager.statuses(), version=self.version)
+                                          containers=self.manager.statuses(), version=self.version,
+                                          node_labels=self.node_labels)
             try:
                 out = await self.client.post(api.NODE_REGISTER, req, token=self.token())
                 resp = codec.decode_as(out, api.NodeRegisterResponse)

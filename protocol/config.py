@@ -14,6 +14,7 @@ from typing import Any, Optional, TypeVar
 import msgspec
 
 from . import durable_storage, tokens
+from .node_labels import check_cluster, check_labels
 from protocol.errors import ConfigurationError
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -60,8 +61,14 @@ class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
     # An absolute path or file:// URL (a shared mount), or any fsspec URL (s3://bucket/prefix);
     # "" = <state_dir>/apps, a path on each AM's own host (fine for a one-host cluster).
     checkpoint_dir: str = ""
+    # The cluster's node labels (all exclusive, protocol/node_labels.py): an NM reporting another is
+    # refused. `am_node_label`, one of them, puts every AM container on the nodes carrying it and
+    # only there ("" = AMs go where executors go); executors never go to a labelled node.
+    node_labels: list[str] = []
+    am_node_label: str = ""
 
     def __post_init__(self) -> None:
+        check_cluster(self.node_labels, self.am_node_label)
         if self.checkpoint_dir:
             try:
                 durable_storage.validate(self.checkpoint_dir)
@@ -114,6 +121,12 @@ class NMConfig(msgspec.Struct, forbid_unknown_fields=True):
     localizer_cache_mb: int = 10240
     localizer_fetch_timeout_s: float = 600.0
     localizer_threads: int = 4
+    # The labels this node carries (protocol/node_labels.py; each must be one of rm.toml's
+    # node_labels): e.g. ["am"] on a master host that runs the AMs, outside the workers' partition.
+    node_labels: list[str] = []
+
+    def __post_init__(self) -> None:
+        check_labels(self.node_labels)
 
 
 class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True):

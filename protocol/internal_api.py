@@ -103,6 +103,7 @@ class NodeRegisterRequest(_Msg):
     rack: str = "/default-rack"
     containers: list[ContainerStatus] = []   # running containers found again after an NM restart
     version: str = ""
+    node_labels: list[str] = []  # the labels the node carries (protocol/node_labels.py)
 
 
 class NodeRegisterResponse(_Msg):

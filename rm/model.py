@@ -60,6 +60,8 @@ class Node:
     to_cleanup: list[str] = field(default_factory=list)
     apps_to_cleanup: list[str] = field(default_factory=list)
     releasing: dict[str, PendingRelease] = field(default_factory=dict)
+    # The node's labels (exclusive partitions, protocol/node_labels.py), as it registered them.
+    labels: frozenset[str] = frozenset()
 
     def hold_release(self, container_id: str, resource: Resource) -> None:
         """Keep a released container charged here and ask the NM to clean it up."""

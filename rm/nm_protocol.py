@@ -9,6 +9,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
 from protocol import internal_api as api
+from protocol import node_labels
 from protocol.config import RMConfig
 from protocol.records import AttemptState, ContainerState, ExitStatus, NodeState
 from protocol.remote_exception import BadRequest, Unauthorized
@@ -51,8 +52,13 @@ class NmProtocol:
         if req.capability.memory <= 0 or req.capability.vcores <= 0:
             raise BadRequest(f"capability must be positive, got memory={req.capability.memory} "
                              f"vCores={req.capability.vcores}")
+        strange = node_labels.unknown(req.node_labels, self.cfg.node_labels)
+        if strange:
+            raise BadRequest(f"node {req.node_id} reports node labels {strange} the cluster does not know "
+                             f"(rm.toml node_labels: {sorted(self.cfg.node_labels)})")
         now = self.clock()
-        node = self.nodes.register(req.node_id, req.http_address, req.capability, req.rack, req.version, now)
+        node = self.nodes.register(req.node_id, req.http_address, req.capability, req.rack, req.version, now,
+                                   frozenset(req.node_labels))
         reported = {s.container_id: s for s in req.containers}
         # Containers we think run there but the NM does not report: gone with the NM restart.
         for c in self._am_containers_last(node):

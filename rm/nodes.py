@@ -41,9 +41,9 @@ class NodeTracker:
         return [self.nodes[i] for i in self.running]
 
     def register(self, node_id: str, http_address: str, capability: Resource, rack: str,
-                 version: str, now: float) -> Node:
-        """(Re-)register a node as RUNNING with a fresh capability. Returns the node record;
-        an existing record keeps its containers so the core can reconcile them."""
+                 version: str, now: float, labels: frozenset[str] = frozenset()) -> Node:
+        """(Re-)register a node as RUNNING with a fresh capability and labels. Returns the node
+        record; an existing record keeps its containers so the core can reconcile them."""
         n = self.nodes.get(node_id)
         if n is not None and n.state == NodeState.RUNNING:
             self.total = self.total - n.capability
@@ -55,6 +55,7 @@ class NodeTracker:
             n.http_address, n.rack, n.capability = http_address, rack, capability
             n.state = NodeState.RUNNING
         n.version = version
+        n.labels = labels
         n.last_heartbeat = now
         n.last_health_update = now
         n.health_report = ""

@@ -100,6 +100,7 @@ def node_json(n: Node, latest: Optional[LatestReport] = None) -> dict[str, Any]:
     free = n.free
     out = {
         "rack": n.rack, "state": n.state.value, "id": n.node_id, "nodeHostName": n.host,
+        "nodeLabels": sorted(n.labels),   # YARN's node info names them so too
         "nodeHTTPAddress": n.http_address, "lastHealthUpdate": _ms(n.last_health_update),
         # Elastane extension: YARN's lastHealthUpdate moves only when the health report changes.
         "lastHeartbeat": _ms(n.last_heartbeat),

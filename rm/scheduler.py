@@ -7,6 +7,8 @@ its `Allocation` decisions into containers. Order of service for each container:
      dominant share (DRF), then that user's apps in submission order, asks by (priority, ask_id).
 An AM container is only scheduled for an app the queue's AM limit has activated (rm/am_limit.py).
 Locality: an ask's `nodes` are tried first; with relax_locality=False only they are used.
+Node labels are exclusive partitions (protocol/node_labels.py): executors go to unlabelled nodes
+only, AM containers to the nodes carrying `am_node_label` when one is set.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 from protocol import internal_api as api
+from protocol import node_labels
 from protocol.config import QueueConfig, RMConfig
 from protocol.records import ZERO, Resource
 
@@ -99,6 +102,7 @@ class CapacityScheduler:
             raise ValueError(f"max_am_resource_percent must be a fraction in (0, 1], got {cfg.max_am_resource_percent}")
         self.min_mb = max(1, cfg.minimum_allocation_mb)
         self.maximum = Resource(cfg.maximum_allocation_mb, cfg.maximum_allocation_vcores)
+        self.am_node_label = cfg.am_node_label   # AMs only on nodes carrying it (protocol/node_labels.py)
         self.queues: dict[str, Queue] = {}
         for q in cfg.queues:
             self._check_queue(q)
@@ -318,7 +322,7 @@ class CapacityScheduler:
                 assert r is not None
                 if not (q.used + r).fits_in(limit):
                     continue
-                node = self._pick_node(r, None, cand)
+                node = self._pick_node(r, None, cand, is_am=True)
                 if node is not None:
                     # The activation charge now belongs to the AM container (given back on its release).
                     sa.am_request, sa.am_active = None, False
@@ -347,9 +351,15 @@ class CapacityScheduler:
         self._mark(sa)
         return Allocation(sa.app_id, node.node_id, r, ask_id, tag)
 
-    def _pick_node(self, r: Resource, ask: Optional[Ask], cand: dict[str, Node]) -> Optional[Node]:
+    def _pick_node(self, r: Resource, ask: Optional[Ask], cand: dict[str, Node],
+                   is_am: bool = False) -> Optional[Node]:
+        # Node labels are exclusive partitions: an AM goes to the AM label's nodes where one is set,
+        # everything else to unlabelled nodes only, whatever an ask's locality names.
+        def allowed(n: Node) -> bool:
+            return node_labels.accepts(n.labels, is_am, self.am_node_label)
+        cand = {k: n for k, n in cand.items() if allowed(n)}
         if ask is not None and ask.nodes:
-            preferred = [n for name in ask.nodes for n in self._lookup_nodes(name) if n.schedulable]
+            preferred = [n for name in ask.nodes for n in self._lookup_nodes(name) if n.schedulable and allowed(n)]
             for n in preferred:
                 if n.node_id in cand and r.fits_in(n.free):
                     return n
