@@ -1,6 +1,8 @@
 """Builds the policy's cluster snapshot from the core and applies its Decision as directives (pure)."""
 from __future__ import annotations
 
+import dataclasses
+
 from protocol.internal_api import NodePlacement
 from protocol.records import ZERO, Resource
 
@@ -49,8 +51,26 @@ def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
                             executors_on=tuple(sorted(executors_on.get(app.app_id, {}).items())),
                             am_node=am_node.get(app.app_id)))
     used = sum((q.used for q in core.scheduler.queues.values()), ZERO)
-    return ClusterSnapshot(now=core.clock(), total=core.nodes.total, used=used, nodes=nodes, apps=tuple(apps),
-                           minimum_allocation_mb=core.scheduler.min_mb)
+    return executor_partition(core, ClusterSnapshot(now=core.clock(), total=core.nodes.total, used=used, nodes=nodes,
+                                                    apps=tuple(apps), minimum_allocation_mb=core.scheduler.min_mb))
+
+
+def executor_partition(core: ResourceManagerCore, snapshot: ClusterSnapshot) -> ClusterSnapshot:
+    """The snapshot as the policies plan executors on it: the unlabelled nodes only. A labelled
+    node is an exclusive partition (protocol/node_labels.py) no executor may go to, so a policy that
+    saw it would place jobs where the scheduler never will; with an `am_node_label` the AMs live
+    there too, so they take no room from the policy's nodes (am_resource and am_node cleared).
+    Unchanged on a cluster without labels."""
+    labelled = {n.node_id for n in core.nodes if n.labels}
+    if not labelled and not core.cfg.am_node_label:
+        return snapshot
+    nodes = tuple(v for v in snapshot.nodes if v.node_id not in labelled)
+    running = [core.nodes.nodes[v.node_id] for v in nodes if v.node_id in core.nodes.running]
+    apps = snapshot.apps
+    if core.cfg.am_node_label:
+        apps = tuple(dataclasses.replace(a, am_resource=ZERO, am_node=None) for a in apps)
+    return dataclasses.replace(snapshot, nodes=nodes, apps=apps, total=sum((n.capability for n in running), ZERO),
+                               used=sum((n.used for n in running), ZERO))
 
 
 def apply_decision(core: ResourceManagerCore, decision: Decision) -> int:

@@ -154,3 +154,30 @@ def test_config_files_name_the_file(tmp_path):
         load_nm(str(tmp_path / "nm.toml"), hostname="bad")
     with pytest.raises(ValueError, match="not a label name"):
         NMConfig(node_labels=[""])
+
+
+# ----- the policies' view ------------------------------------------------------------------------
+
+def test_policies_see_the_executor_partition_only():
+    from rm.policy_runner import build_snapshot
+    from rm_testing import heartbeat, submit
+    core = make_core(node_labels=["am"], am_node_label="am")
+    register(core, "master:8042", ["am"])
+    register(core, "n1:8042", [])
+    app_id = submit(core, mem=1024)
+    heartbeat(core, "master:8042")
+    assert core.containers and all(c.node_id == "master:8042" for c in core.containers.values())
+    snap = build_snapshot(core)
+    assert [v.node_id for v in snap.nodes] == ["n1:8042"]
+    assert snap.total == Resource(4096, 4) and snap.used == Resource(0, 0)
+    (view,) = [a for a in snap.apps if a.app_id == app_id]
+    assert view.am_node is None and view.am_resource == Resource(0, 0)
+
+
+def test_policies_see_every_node_without_labels():
+    from rm.policy_runner import build_snapshot
+    core = make_core()
+    register(core, "n1:8042", [])
+    register(core, "n2:8042", [])
+    snap = build_snapshot(core)
+    assert sorted(v.node_id for v in snap.nodes) == ["n1:8042", "n2:8042"] and snap.total == Resource(8192, 8)
