@@ -33,13 +33,13 @@ from protocol.job_report import JobReport, WorkerTiming
 from protocol.records import ZERO, Resource
 from rm.policies.harmony import HarmonyPolicy
 from rm.policies.harmony_grouping import schedule
-from rm.policies.snapshot import AppView, ClusterSnapshot, NodeView
+from rm.policies.snapshot import AppView, ClusterSnapshot, NodeView, ps_job_view
 
 # The exhaustive-search oracle is test support (tests/support/harmony_exhaustive.py), not product code.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from harmony_exhaustive import best_grouping
 
-SPEC = {"ps-job": {"app": "mlr", "workers": 1, "servers": 1, "executor_memory_mb": 1024, "executor_vcores": 1}}
+SPEC = ps_job_view({"app": "mlr", "workers": 1, "servers": 1, "executor_memory_mb": 1024, "executor_vcores": 1})
 NODE = Resource(32 * 1024, 8)           # m4.2xlarge: 8 vCPU, 32 GB
 AM = Resource(1024, 1)
 

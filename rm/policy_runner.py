@@ -9,6 +9,7 @@ from protocol.records import ZERO, Resource
 from .core import ResourceManagerCore
 from .model import App
 from .policies import AppView, ClusterSnapshot, Decision, NodeView, Policy
+from .policies.snapshot import ps_job_view_of
 
 
 def executors_of(core: ResourceManagerCore, app: App) -> tuple[NodePlacement, ...]:
@@ -27,7 +28,7 @@ def executors_of(core: ResourceManagerCore, app: App) -> tuple[NodePlacement, ..
 
 def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
     """The policy's view of `core` now: nodes, apps known to the scheduler, their demand and limits."""
-    nodes = tuple(NodeView(n.node_id, n.rack, n.state.value, n.capability, n.used) for n in core.nodes)
+    nodes = tuple(NodeView(n.node_id, n.rack, n.state, n.capability, n.used) for n in core.nodes)
     apps = []
     executors_on: dict[str, dict[str, Resource]] = {}
     am_node: dict[str, str] = {}
@@ -45,8 +46,8 @@ def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
         # An AM request not yet activated is held back by the queue's AM limit (am_active is set on
         # activation and the request cleared once the AM container is allocated).
         am_limited = sa.am_request is not None and not sa.am_active
-        apps.append(AppView(app.app_id, app.queue, app.user, app.state.value, app.submit_time, sa.used,
-                            app.shape, app.elastane, am_resource=app.am.resource, pending=pending,
+        apps.append(AppView(app.app_id, app.queue, app.user, app.state, app.submit_time, sa.used,
+                            app.shape, ps_job_view_of(app.elastane, core.scheduler.min_mb), am_resource=app.am.resource, pending=pending,
                             directive=app.directive, am_limited=am_limited, executors=executors_of(core, app),
                             executors_on=tuple(sorted(executors_on.get(app.app_id, {}).items())),
                             am_node=am_node.get(app.app_id)))

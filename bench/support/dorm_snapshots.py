@@ -14,7 +14,7 @@ import random
 from protocol.internal_api import NodePlacement
 from protocol.job_report import JobReport
 from protocol.records import ZERO, Resource
-from rm.policies import AppView, ClusterSnapshot, NodeView
+from rm.policies import AppView, ClusterSnapshot, NodeView, ps_job_view
 
 NODE = Resource(128 * 1024, 12)
 AM = Resource(1024, 1)
@@ -32,7 +32,7 @@ def _app(app_id: str, t: float, demand: Resource, weight: int, n_max: int, place
     held = demand.scale(w + s) + (AM if started else ZERO)
     report = JobReport(workers=w, servers=s, started=True, executor_resource=demand) if started else None
     return AppView(app_id, "default", "user", "RUNNING" if started else "ACCEPTED", t, held, shape=report,
-                   elastane={"ps-job": spec}, am_resource=AM,
+                   ps=ps_job_view(spec), am_resource=AM,
                    executors=tuple(NodePlacement(node=n, workers=pw, servers=ps) for n, (pw, ps) in sorted(placement.items())))
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from protocol.job_report import MAX_EPOCH_TIMES, MAX_OBJECTIVES, EpochObjective, JobReport
 from protocol.records import Resource
-from rm.policies.snapshot import AppView, ClusterSnapshot, NodeView
+from rm.policies.snapshot import AppView, ClusterSnapshot, NodeView, ps_job_view
 
 AM = Resource(1024, 1)
 
@@ -89,7 +89,7 @@ def synthetic_snapshot(jobs: int, nodes: int, seed: int = 0, round: int = 0,
                 on[n] = on.get(n, 0) + 1
             cursor += 1
         apps.append(AppView(app_id=f"application_1_{j + 1:05d}", queue="default", user="bench", state="RUNNING",
-                            submit_time=float(j), resources=held, shape=report, elastane={"ps-job": spec},
+                            submit_time=float(j), resources=held, shape=report, ps=ps_job_view(spec),
                             am_resource=AM, executors_on=tuple((f"node{n:05d}:8042", ex.scale(c))
                                                                for n, c in sorted(on.items()))))
     node_views = tuple(NodeView(f"node{n:05d}:8042", "/default-rack", "RUNNING", node_cap,

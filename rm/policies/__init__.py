@@ -8,7 +8,7 @@ utilization-fairness optimizer (rm/policies/dorm.py); `drf` and `tetris` the bas
 """
 from .base import Policy, create, describe, known, register
 from .decision import Decision, DecisionError, JobDecision
-from .snapshot import AppView, ClusterSnapshot, NodeView
+from .snapshot import AppView, ClusterSnapshot, NodeView, PSJobView, ps_job_view, ps_job_view_of
 from .dorm import DormPolicy
 from .drf import DrfPolicy
 from .eps import EpsPolicy
@@ -26,5 +26,5 @@ register("tetris", TetrisPolicy)
 register("harmony", HarmonyPolicy)
 
 __all__ = ["AppView", "ClusterSnapshot", "Decision", "DecisionError", "DormPolicy", "DrfPolicy", "EpsPolicy",
-           "HarmonyPolicy", "JobDecision", "NodeView", "OptimusPolicy", "Policy", "StaticPolicy", "TetrisPolicy",
-           "create", "describe", "known", "register"]
+           "HarmonyPolicy", "JobDecision", "NodeView", "OptimusPolicy", "PSJobView", "Policy", "StaticPolicy",
+           "TetrisPolicy", "create", "describe", "known", "ps_job_view", "ps_job_view_of", "register"]

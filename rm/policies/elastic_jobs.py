@@ -22,18 +22,12 @@ scheduler will not start them whatever is free.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
-import msgspec
-
-from protocol import ps_job_spec
 from protocol.internal_api import NodePlacement
-from protocol.records import ZERO, Resource
+from protocol.records import ZERO, NodeState, Resource
 
 from .decision import JobDecision
-from .snapshot import AppView, ClusterSnapshot
-
-FINAL_STATES = ("FINISHED", "FAILED", "KILLED")
+from .snapshot import AppView, ClusterSnapshot, PSJobView
 
 
 @dataclass(frozen=True)
@@ -135,46 +129,21 @@ class ElasticView:
         return job.n_min <= n <= job.n_max and {k: v for k, v in per_node.items() if v} != job.current_on()
 
 
-@dataclass(frozen=True)
-class _Spec:
-    workers: int
-    servers: int
-    min_workers: int
-    max_workers: int
-    min_servers: int
-    max_servers: int
-    weight: float
-    executor: Resource
-
-
-def _spec(app: AppView, minimum_allocation_mb: int) -> Optional[_Spec]:
-    raw = (app.elastane or {}).get(ps_job_spec.ELASTANE_FIELD)
-    if not isinstance(raw, dict):
-        return None
-    try:
-        spec = msgspec.convert(raw, ps_job_spec.PSJobSpec, strict=False)   # validated at submission
-    except msgspec.ValidationError:
-        return None
-    step = max(1, minimum_allocation_mb)
-    mem = -(-spec.executor_memory_mb // step) * step     # as the scheduler normalises the asks
-    return _Spec(spec.workers, spec.servers, min(spec.min_workers, spec.workers), spec.max_workers or spec.workers,
-                 min(spec.min_servers, spec.servers), spec.max_servers or spec.servers, spec.weight,
-                 Resource(mem, spec.executor_vcores))
-
-
-def _job(app: AppView, spec: _Spec) -> ElasticJob:
+def _job(app: AppView, spec: PSJobView) -> ElasticJob:
     report = app.shape
     demand = (report.executor_resource if report is not None and report.executor_resource is not None
               else spec.executor)
     am_granted = app.am_resource.fits_in(app.resources) and app.resources != ZERO
     am = ZERO if am_granted else app.am_resource
-    if app.state == "RUNNING" and report is not None and report.started:
+    # A job's lower bounds never exceed its submitted shape (the spec check enforces it at submission).
+    min_w, min_s = min(spec.min_workers, spec.workers), min(spec.min_servers, spec.servers)
+    if app.started and report is not None:
         d = app.directive
         current = tuple(d.placement) if d is not None and d.placement else app.executors
         workers, servers = ((d.workers, d.servers) if d is not None
                             else (report.workers, report.servers))
-        return ElasticJob(app.app_id, app.submit_time, demand, spec.weight, spec.min_workers, spec.max_workers,
-                          spec.min_servers, spec.max_servers, workers, servers, current, True, am)
+        return ElasticJob(app.app_id, app.submit_time, demand, spec.weight, min_w, spec.max_workers,
+                          min_s, spec.max_servers, workers, servers, current, True, am)
     # Not started: fixed at the submitted shape (see the module doc).
     return ElasticJob(app.app_id, app.submit_time, demand, spec.weight, spec.workers, spec.workers, spec.servers,
                       spec.servers, spec.workers, spec.servers, app.executors, False, am)
@@ -184,23 +153,22 @@ def elastic_view(snapshot: ClusterSnapshot) -> ElasticView:
     """The snapshot's PS jobs and the room their executors share on each schedulable node."""
     jobs: list[ElasticJob] = []
     for app in sorted(snapshot.apps, key=lambda a: (a.submit_time, a.app_id)):
-        if app.state in FINAL_STATES or app.am_limited:
+        if app.state.is_final or app.am_limited:
             continue
-        spec = _spec(app, snapshot.minimum_allocation_mb)
-        if spec is not None:
-            jobs.append(_job(app, spec))
+        if app.ps is not None:
+            jobs.append(_job(app, app.ps))
     held: dict[str, Resource] = {}      # per node, what the jobs' executors hold now (movable)
     by_id = {a.app_id: a for a in snapshot.apps}
     for j in jobs:
         for p in by_id[j.app_id].executors:
             held[p.node] = held.get(p.node, ZERO) + j.demand.scale(p.workers + p.servers)
-    nodes = sorted((n for n in snapshot.nodes if n.state == "RUNNING"), key=lambda n: n.node_id)
+    nodes = sorted((n for n in snapshot.nodes if n.state == NodeState.RUNNING), key=lambda n: n.node_id)
     room = [clamp0(n.capacity - n.used + held.get(n.node_id, ZERO)) for n in nodes]
     # Other apps' demand the scheduler has not granted yet (a YARN app beside the PS jobs) is kept
     # free, or a policy that fills the cluster would starve it: taken from the roomiest nodes.
     ps = {j.app_id for j in jobs}
     for app in snapshot.apps:
-        if app.app_id in ps or app.state in FINAL_STATES or app.am_limited or app.pending == ZERO:
+        if app.app_id in ps or app.state.is_final or app.am_limited or app.pending == ZERO:
             continue
         want = app.pending
         for k in sorted(range(len(room)), key=lambda i: (-room[i].vcores, -room[i].memory, i)):

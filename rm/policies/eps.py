@@ -115,7 +115,7 @@ class EpsPolicy:
     def _forget(self, snapshot: ClusterSnapshot, jobs: dict[str, RunningJob]) -> None:
         # A trial only makes sense while its job runs; a cap lives as long as the app does.
         self._trials = {a: t for a, t in self._trials.items() if a in jobs}
-        alive = {a.app_id for a in snapshot.apps if a.state not in ("FINISHED", "FAILED", "KILLED")}
+        alive = {a.app_id for a in snapshot.apps if not a.state.is_final}
         self._caps = {a: c for a, c in self._caps.items() if a in alive}
         self._backoff = {a: t for a, t in self._backoff.items() if a in jobs and t > snapshot.now}
 

@@ -1,6 +1,6 @@
 """The EPS H-scheduler's view of a cluster snapshot: running elastic jobs, incoming jobs, the rest.
 
-A PS job (its `elastane` extension holds a `ps-job` spec) is *running* once its AM reports
+A PS job (an app with a typed spec, `AppView.ps`) is *running* once its AM reports
 `started` (protocol.job_report); before that — SUBMITTED, ACCEPTED, or RUNNING while its AM
 still gathers executors — it is *incoming* (EPS §4.1's "submitted job"). Any other app with
 demand the scheduler has not granted is just "queued": it blocks running-job scheduling (EPS §4:
@@ -17,15 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import msgspec
-
-from protocol import ps_job_spec
 from protocol.job_report import JobReport
-from protocol.records import ZERO, Resource
+from protocol.records import ZERO, AppState, Resource
 
-from .snapshot import AppView, ClusterSnapshot
+from .snapshot import ClusterSnapshot, PSJobView
 
-WAITING_STATES = ("NEW", "NEW_SAVING", "SUBMITTED", "ACCEPTED")
+WAITING_STATES = (AppState.NEW, AppState.NEW_SAVING, AppState.SUBMITTED, AppState.ACCEPTED)
 
 
 def clamp0(r: Resource) -> Resource:
@@ -44,19 +41,6 @@ def units(r: Resource, unit: Resource) -> int:
 
 
 @dataclass(frozen=True)
-class JobSpecView:
-    """The parts of a PS job spec the scheduler needs, with the spec module's defaults applied."""
-
-    workers: int
-    servers: int
-    max_workers: int
-    max_servers: int
-    executor: Resource
-    min_workers: int = 1        # the job's lower bounds (never shrunk below them)
-    min_servers: int = 1
-
-
-@dataclass(frozen=True)
 class RunningJob:
     """A started elastic PS job. `workers` / `servers` are its target: the RM's latest directive
     if there is one (the AM is moving to it), else what the AM reports."""
@@ -65,7 +49,7 @@ class RunningJob:
     submit_time: float
     workers: int
     servers: int
-    spec: JobSpecView
+    spec: PSJobView
     executor: Resource
     am: Resource
     held: Resource
@@ -133,23 +117,6 @@ class EpsView:
         return bool(self.incoming or self.other_queued)
 
 
-def parse_spec(app: AppView, minimum_allocation_mb: int) -> Optional[JobSpecView]:
-    """The job spec of a PS app, or None for any other app (or a spec that no longer decodes)."""
-    raw = (app.elastane or {}).get(ps_job_spec.ELASTANE_FIELD)
-    if not isinstance(raw, dict):
-        return None
-    try:
-        # The RM validated the spec at submission; only the generic fields matter here.
-        spec = msgspec.convert(raw, ps_job_spec.PSJobSpec, strict=False)
-    except msgspec.ValidationError:
-        return None
-    step = max(1, minimum_allocation_mb)
-    mem = -(-spec.executor_memory_mb // step) * step     # as the scheduler normalises the asks
-    return JobSpecView(spec.workers, spec.servers, spec.max_workers or spec.workers,
-                       spec.max_servers or spec.servers, Resource(mem, spec.executor_vcores),
-                       spec.min_workers, spec.min_servers)
-
-
 def classify(snapshot: ClusterSnapshot) -> EpsView:
     """Split the snapshot's apps into running elastic jobs, incoming PS jobs and other queued apps."""
     running: list[RunningJob] = []
@@ -157,14 +124,14 @@ def classify(snapshot: ClusterSnapshot) -> EpsView:
     other: list[str] = []
     held: list[str] = []
     for app in sorted(snapshot.apps, key=lambda a: (a.submit_time, a.app_id)):
-        if app.state in ("FINISHED", "FAILED", "KILLED"):
+        if app.state.is_final:
             continue
         if app.am_limited:
             # Its AM cannot be allocated until the queue's AM limit admits it (e.g. another AM in the
             # queue finishes). A job whose AM request waits has no AM to direct, whatever it last reported.
             held.append(app.app_id)
             continue
-        spec = parse_spec(app, snapshot.minimum_allocation_mb)
+        spec = app.ps
         report = app.shape
         if spec is None:
             if app.state in WAITING_STATES or app.pending != ZERO:
@@ -172,7 +139,7 @@ def classify(snapshot: ClusterSnapshot) -> EpsView:
             continue
         executor = (report.executor_resource if report is not None and report.executor_resource is not None
                     else spec.executor)
-        if app.state == "RUNNING" and report is not None and report.started:
+        if app.started and report is not None:
             d = app.directive
             workers, servers = (d.workers, d.servers) if d is not None else (report.workers, report.servers)
             running.append(RunningJob(app.app_id, app.submit_time, workers, servers, spec, executor,
@@ -182,9 +149,9 @@ def classify(snapshot: ClusterSnapshot) -> EpsView:
                               app.am_resource, app.resources, report)
             # A job holding all it asked for whose AM does not (yet) say `started` waits for nothing:
             # it is neither managed nor queued (an AM that never reports `started` must not block growth).
-            if app.state != "RUNNING" or job.need != ZERO:
+            if app.state != AppState.RUNNING or job.need != ZERO:
                 incoming.append(job)
     return EpsView(tuple(running), tuple(incoming), tuple(other), snapshot.total - snapshot.used, tuple(held))
 
 
-__all__ = ["EpsView", "IncomingJob", "JobSpecView", "RunningJob", "clamp0", "classify", "parse_spec", "units"]
+__all__ = ["EpsView", "IncomingJob", "RunningJob", "clamp0", "classify", "units"]

@@ -46,7 +46,6 @@ from protocol.internal_api import NodePlacement, RunState
 from protocol.records import ZERO, Resource
 
 from .decision import Decision, JobDecision
-from .eps_jobs import parse_spec
 from .harmony_grouping import SWAP_BUDGET, Grouping, schedule
 from .harmony_lifecycle import JobEvent, JobState, advance, step
 from .harmony_profiles import EMA_WEIGHT, Profile, ProfileBook
@@ -162,8 +161,8 @@ class HarmonyPolicy:
             if app.am_limited:
                 continue        # its AM cannot start yet: nothing to direct
             if job is None:
-                # The spec is parsed once, when the job is first seen (it does not change).
-                spec = parse_spec(app, snapshot.minimum_allocation_mb)
+                # The spec is read once, when the job is first seen (it does not change).
+                spec = app.ps
                 if spec is None:
                     continue
                 job = self.jobs[app.app_id] = _Job(app.app_id, app.submit_time, spec.executor)

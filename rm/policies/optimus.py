@@ -45,13 +45,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-import msgspec
 import numpy as np
 
 from models.optimus_fit import FEATURES, MIN_LOSS_POINTS, LossCurve, SpeedFunction, fit_loss_curves, fit_speed, inverse_speed
-from protocol import ps_job_spec
 from protocol.job_report import MAX_OBJECTIVES, JobReport
-from protocol.ps_app_schemas import APP_SCHEMAS
 from protocol.records import Resource
 
 from .decision import Decision, JobDecision
@@ -102,14 +99,11 @@ class JobModel:
 
 def job_traits(app: AppView) -> JobTraits:
     """The job's sync mode, convergence threshold and max_epochs from its spec (with defaults)."""
-    raw = (app.elastane or {}).get(ps_job_spec.ELASTANE_FIELD)
-    try:
-        spec = msgspec.convert(raw, ps_job_spec.PSJobSpec, strict=False)
-        hp = msgspec.convert(spec.app_hparams(), APP_SCHEMAS[spec.app].hparams, strict=False)
-    except (msgspec.ValidationError, KeyError, TypeError):
+    ps = app.ps
+    if ps is None:
         return JobTraits(True, DEFAULT_THRESHOLD, DEFAULT_MAX_EPOCHS)
-    threshold = float(getattr(hp, "convergence_threshold", DEFAULT_THRESHOLD))
-    return JobTraits(spec.sync == "bsp", threshold, int(getattr(hp, "max_epochs", DEFAULT_MAX_EPOCHS)))
+    threshold = ps.convergence_threshold if ps.convergence_threshold is not None else DEFAULT_THRESHOLD
+    return JobTraits(ps.bsp, threshold, ps.max_epochs if ps.max_epochs is not None else DEFAULT_MAX_EPOCHS)
 
 
 def observe(model: JobModel, report: JobReport, is_settled: bool) -> None:

@@ -1,21 +1,117 @@
-"""The cluster snapshot a policy decides on: plain, immutable data (the simulator builds the same)."""
+"""The cluster snapshot a policy decides on: plain, immutable data (the simulator builds the same).
+
+A PS job's submitted spec reaches the policies once, typed: `AppView.ps` (a `PSJobView`, built by
+`ps_job_view` from the app's `elastane.ps-job` extension when the snapshot is built), so no policy
+parses the raw submission dict. Its progress and phase are the AM's latest `JobReport`
+(`AppView.shape`). App and node states are the `AppState` / `NodeState` enums.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
+import msgspec
+
+from protocol import ps_job_spec
 from protocol.internal_api import NodePlacement, ShapeDirective
 from protocol.job_report import JobReport
-from protocol.records import ZERO, Resource
+from protocol.ps_app_schemas import APP_SCHEMAS
+from protocol.records import ZERO, AppState, NodeState, Resource
+
+
+@dataclass(frozen=True)
+class PSJobView:
+    """A PS job's spec as the policies read it (protocol.ps_job_spec, defaults applied).
+
+    `executor` is one executor's resource as the scheduler grants it (memory rounded up to the
+    minimum allocation); `max_epochs` / `convergence_threshold` are the job's effective ones (the
+    spec's overrides over the app's hyper-parameters and preset; None where unknown, e.g. a user
+    app that sets none). `spec` is the whole typed spec for anything else."""
+
+    spec: ps_job_spec.PSJobSpec
+    app: str
+    workers: int                 # the submitted shape (what the AM starts with)
+    servers: int
+    min_workers: int             # bounds for elastic scaling (max_* default to the submitted shape)
+    max_workers: int
+    min_servers: int
+    max_servers: int
+    weight: float                # Dorm's w / (weighted) DRF's weight
+    executor: Resource
+    bsp: bool                    # sync == "bsp"
+    max_epochs: Optional[int] = None
+    convergence_threshold: Optional[float] = None
+    early_feedback_iterations: int = 100
+
+    @property
+    def n_min(self) -> int:
+        """Dorm's n_min: the fewest executors the job runs with."""
+        return self.min_workers + self.min_servers
+
+    @property
+    def n_max(self) -> int:
+        """Dorm's n_max: the most executors the job may be given."""
+        return self.max_workers + self.max_servers
+
+
+def ps_job_view(raw: Any, minimum_allocation_mb: int = 1) -> Optional[PSJobView]:
+    """The typed view of a PS job spec (`raw`: the `ps-job` object of a submission, or a
+    PSJobSpec); None when it is not one (the RM validated it at submission, so only a spec stored
+    before a format change can fail here: such an app is left to the scheduler like any other)."""
+    if isinstance(raw, ps_job_spec.PSJobSpec):
+        spec = raw
+    elif isinstance(raw, dict):
+        try:
+            spec = msgspec.convert(raw, ps_job_spec.PSJobSpec, strict=False)
+        except msgspec.ValidationError:
+            return None
+    else:
+        return None
+    max_epochs: Optional[int] = spec.max_epochs
+    threshold: Optional[float] = spec.convergence_threshold
+    hp_raw = spec.app_hparams()
+    schema = APP_SCHEMAS.get(spec.app)
+    if schema is not None:
+        try:
+            hp = msgspec.convert(hp_raw, schema.hparams, strict=False)
+        except msgspec.ValidationError:
+            hp = None
+        max_epochs = max_epochs if max_epochs is not None else getattr(hp, "max_epochs", None)
+        threshold = threshold if threshold is not None else getattr(hp, "convergence_threshold", None)
+    else:       # a user app: only what its hparams say outright
+        max_epochs = max_epochs if max_epochs is not None else _number(hp_raw.get("max_epochs"), int)
+        threshold = threshold if threshold is not None else _number(hp_raw.get("convergence_threshold"), float)
+    step = max(1, minimum_allocation_mb)
+    mem = -(-spec.executor_memory_mb // step) * step     # as the scheduler normalises the asks
+    return PSJobView(spec=spec, app=spec.app, workers=spec.workers, servers=spec.servers,
+                     min_workers=spec.min_workers, max_workers=spec.max_workers or spec.workers,
+                     min_servers=spec.min_servers, max_servers=spec.max_servers or spec.servers,
+                     weight=spec.weight, executor=Resource(mem, spec.executor_vcores), bsp=spec.sync == "bsp",
+                     max_epochs=int(max_epochs) if max_epochs is not None else None,
+                     convergence_threshold=float(threshold) if threshold is not None else None,
+                     early_feedback_iterations=spec.early_feedback_iterations)
+
+
+def _number(value: object, kind: type[int] | type[float]) -> Optional[Any]:
+    return kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def ps_job_view_of(elastane: Optional[dict[str, Any]], minimum_allocation_mb: int = 1) -> Optional[PSJobView]:
+    """`ps_job_view` of a submission's `elastane` extension (None when it holds no `ps-job`)."""
+    return ps_job_view((elastane or {}).get(ps_job_spec.ELASTANE_FIELD), minimum_allocation_mb)
 
 
 @dataclass(frozen=True)
 class NodeView:
     node_id: str
     rack: str
-    state: str
+    state: NodeState
     capacity: Resource
     used: Resource
+
+    def __post_init__(self) -> None:
+        # Builders outside the RM (tests, benches) may pass the state's name.
+        object.__setattr__(self, "state", NodeState(self.state))
 
 
 @dataclass(frozen=True)
@@ -23,11 +119,11 @@ class AppView:
     app_id: str
     queue: str
     user: str
-    state: str
+    state: AppState
     submit_time: float
     resources: Resource                 # currently allocated to the app
-    shape: Optional[JobReport] = None   # the AM's latest job report (AllocateRequest.shape)
-    elastane: Optional[dict[str, object]] = None   # the app's `elastane` submission extension (job spec)
+    shape: Optional[JobReport] = None   # the AM's latest job report: progress, phase, timings
+    ps: Optional[PSJobView] = None      # the PS job's typed spec (None: not a PS job)
     am_resource: Resource = ZERO        # the AM container's resource (held once the AM is allocated)
     pending: Resource = ZERO            # demand the scheduler has not granted yet (AM + open asks)
     directive: Optional[ShapeDirective] = None   # the latest directive the RM holds for the app
@@ -44,6 +140,15 @@ class AppView:
     # The node the AM container runs on (None until it is allocated): the scheduler packs AMs, so a
     # policy that sizes executors to fill nodes must leave each node's actual AMs their room.
     am_node: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        # Builders outside the RM (tests, benches) may pass the state's name.
+        object.__setattr__(self, "state", AppState(self.state))
+
+    @property
+    def started(self) -> bool:
+        """The app runs and its AM has reported that training began (JobReport.started)."""
+        return self.state == AppState.RUNNING and self.shape is not None and self.shape.started
 
 
 @dataclass(frozen=True)

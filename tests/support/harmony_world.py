@@ -10,7 +10,7 @@ from protocol.internal_api import RunState, ShapeDirective
 from protocol.job_report import JobReport, WorkerTiming
 from protocol.records import ZERO, Resource
 from rm.policies import ClusterSnapshot, Decision, NodeView, Policy
-from rm.policies.snapshot import AppView
+from rm.policies.snapshot import AppView, ps_job_view
 
 AM = Resource(512, 1)
 
@@ -57,8 +57,8 @@ class World:
     def snapshot(self) -> ClusterSnapshot:
         views = []
         for a in self.apps.values():
-            spec = {"ps-job": {"app": "mlr", "workers": 1, "servers": 1, "executor_memory_mb": 1024,
-                               "executor_vcores": 1}}
+            spec = ps_job_view({"app": "mlr", "workers": 1, "servers": 1, "executor_memory_mb": 1024,
+                                "executor_vcores": 1})
             views.append(AppView(a.app_id, "default", "alice", a.state, a.submit_time, ZERO,
                                  a.report() if a.state == "RUNNING" else None, spec, am_resource=AM,
                                  directive=a.directive, am_node=a.am_node))

@@ -6,7 +6,7 @@ from typing import Any, Optional
 from protocol.internal_api import NodePlacement
 from protocol.job_report import JobReport
 from protocol.records import ZERO, Resource
-from rm.policies import AppView, ClusterSnapshot, NodeView
+from rm.policies import AppView, ClusterSnapshot, NodeView, ps_job_view
 
 AM = Resource(512, 1)
 
@@ -26,7 +26,7 @@ def job(app_id: str, executor: Resource, placement: dict[str, tuple[int, int]], 
     held = executor.scale(w + s) + (AM if am_on else ZERO)
     report = JobReport(workers=w, servers=s, started=True, executor_resource=executor) if started else None
     return AppView(app_id, "default", "alice", "RUNNING" if started else "ACCEPTED", submit_time, held,
-                   shape=report, elastane={"ps-job": ps}, am_resource=AM,
+                   shape=report, ps=ps_job_view(ps), am_resource=AM,
                    executors=tuple(NodePlacement(node=n, workers=pw, servers=psv)
                                    for n, (pw, psv) in sorted(placement.items())))
 
@@ -37,11 +37,10 @@ def snapshot(nodes: list[NodeView], apps: list[AppView], am_nodes: Optional[dict
     AM container on any node (the policies see it as granted once it holds executors)."""
     used: dict[str, Resource] = {n.node_id: ZERO for n in nodes}
     for a in apps:
-        if "ps-job" not in (a.elastane or {}):
+        if a.ps is None:
             continue            # another app: nothing of it runs yet
         ex = a.shape.executor_resource if a.shape and a.shape.executor_resource else None
-        spec = (a.elastane or {})["ps-job"]
-        ex = ex or Resource(spec["executor_memory_mb"], spec["executor_vcores"])
+        ex = ex or a.ps.executor
         n = 0
         for p in a.executors:
             used[p.node] = used[p.node] + ex.scale(p.workers + p.servers)

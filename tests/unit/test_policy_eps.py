@@ -11,7 +11,7 @@ from protocol.job_report import JobReport
 from protocol.internal_api import ShapeDirective
 from protocol.records import ZERO, Resource
 from rm import policies
-from rm.policies import AppView, ClusterSnapshot, Decision, EpsPolicy
+from rm.policies import AppView, ClusterSnapshot, Decision, EpsPolicy, ps_job_view
 
 E = Resource(1024, 1)          # one executor
 AM = Resource(1024, 1)         # one AM container
@@ -37,7 +37,7 @@ def ps_app(app_id: str, t: float, w: int, s: int, *, state: str = "RUNNING", max
     if held is None:
         held = AM + E.scale(w + s) if state == "RUNNING" else ZERO
     d = None if directive is None else ShapeDirective(workers=directive[0], servers=directive[1], version=1)
-    return AppView(app_id, "default", "alice", state, t, held, shape, {"ps-job": spec}, am_resource=AM,
+    return AppView(app_id, "default", "alice", state, t, held, shape, ps_job_view(spec), am_resource=AM,
                    directive=d)
 
 
@@ -91,8 +91,8 @@ def test_jobs_with_one_worker_or_server_keep_it():
 
 def test_jobs_keep_their_spec_minimums():
     a = ps_app("app_A", 1, 3, 3)
-    spec = dict(a.elastane["ps-job"], min_workers=3, min_servers=2)      # type: ignore[index]
-    a = replace(a, elastane={"ps-job": spec})
+    assert a.ps is not None
+    a = replace(a, ps=replace(a.ps, min_workers=3, min_servers=2))
     apps = [a, ps_app("app_B", 2, 3, 3), incoming("app_D", 10, 1, 1)]
     out = EpsPolicy().decide(snap(apps, total_units=14))    # D lacks AM + 1w + 1s = 3
     assert shapes(out).get("app_A", (3, 3))[0] == 3 and shapes(out).get("app_A", (3, 3))[1] >= 2

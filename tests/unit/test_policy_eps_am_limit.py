@@ -11,7 +11,7 @@ from protocol.job_report import JobReport
 from protocol.internal_api import ShapeDirective
 from protocol.records import ZERO, Resource
 from rm.model import AmSpec
-from rm.policies import AppView, ClusterSnapshot, Decision, EpsPolicy, NodeView
+from rm.policies import AppView, ClusterSnapshot, Decision, EpsPolicy, NodeView, PSJobView, ps_job_view
 from rm.policies.eps_jobs import classify
 from rm.policy_runner import build_snapshot, run_policy
 from rm_testing import ask, launch_and_register, make_core, register
@@ -26,11 +26,15 @@ def report(w: int, s: int, speed_its: int = 20) -> JobReport:
                               executor_resource=E)
 
 
-def spec(w: int, s: int, max_w: Optional[int] = None, max_s: Optional[int] = None) -> dict:
+def raw_spec(w: int, s: int, max_w: Optional[int] = None, max_s: Optional[int] = None) -> dict:
     out = {"app": "mlr", "workers": w, "servers": s, "executor_memory_mb": E.memory, "executor_vcores": E.vcores}
     if max_w is not None:
         out["max_workers"], out["max_servers"] = max_w, max_s
-    return {"ps-job": out}
+    return out
+
+
+def spec(w: int, s: int, max_w: Optional[int] = None, max_s: Optional[int] = None) -> Optional[PSJobView]:
+    return ps_job_view(raw_spec(w, s, max_w, max_s))
 
 
 def running(app_id: str, t: float, w: int, s: int, max_w: Optional[int] = None,
@@ -134,7 +138,7 @@ def test_fragmented_free_resources_are_counted_cluster_wide():
 def submit_ps(core, workers: int, servers: int, name: str) -> str:
     app_id = core.new_application()
     core.submit(app_id, "alice", name, "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, AM), 1, {},
-                spec(workers, servers))
+                {"ps-job": raw_spec(workers, servers)})
     core.app_saved(app_id)
     return app_id
 

@@ -15,7 +15,7 @@ from rm.policies import ClusterSnapshot, NodeView, OptimusPolicy, create
 from rm.policies.optimus import PRIORITY_FACTOR, SCHEDULING_INTERVAL_S
 from rm.policies.optimus_alloc import AllocationProblem, allocate, greedy_reference, remaining_time
 from rm.policies.optimus_placement import NodeBook, PlacementJob, even_split, place_jobs
-from rm.policies.snapshot import AppView
+from rm.policies.snapshot import AppView, ps_job_view
 
 # ----- allocation ---------------------------------------------------------------------------------
 
@@ -187,7 +187,7 @@ def app(i: int, rep: JobReport | None, workers: int = 2, servers: int = 2, most:
             "executor_memory_mb": 1024, "executor_vcores": 1, "sync": sync, "max_epochs": 500,
             "convergence_threshold": 0.001}
     held = AM + E.scale((rep.workers + rep.servers) if rep else 0) if state == "RUNNING" else Resource(0, 0)
-    return AppView(f"app_{i}", "default", "u", state, float(i), held, rep, {"ps-job": spec}, am_resource=AM,
+    return AppView(f"app_{i}", "default", "u", state, float(i), held, rep, ps_job_view(spec), am_resource=AM,
                    pending=Resource(0, 0) if state == "RUNNING" else AM, directive=directive)
 
 
