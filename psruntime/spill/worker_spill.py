@@ -8,8 +8,10 @@ A worker then
   "auto" the initial alpha comes from the first block's sampled size, the model's size and the
   process's RSS against the container's memory limit (`CONTAINER_MEMORY_MB`);
 - trains with its `BlockReloader` as the pipeline's residency (disk blocks reloaded ahead of use);
-- after each step (a clock) measures the step's load stall time and its RSS (/proc/self/statm)
-  and, with "auto", lets its `AlphaTuner` move alpha for the next step.
+- after each step (a clock) measures the step's load stall time and the memory its container is
+  charged with (`memory_reading.ContainerMemory`: the container's cgroup where the NM enforces
+  the limit with one, else /proc/self/statm's RSS) and, with "auto", lets its `AlphaTuner` move
+  alpha for the next step.
 
 Its figures (alpha, bytes spilled, stall seconds, loads) go into the step replies and the
 executor's status, from which the AM builds the job report's `alpha` and `spilled_mb`.
@@ -25,27 +27,21 @@ from psruntime.spill.alpha_tuner import AlphaTuner, SpillMeasurement, initial_al
 from psruntime.apps.base import PSApp
 from psruntime.apps.blocks import DataBlock
 from psruntime.spill.block_reloader import BlockReloader
+from psruntime.spill.memory_reading import ContainerMemory
 from psruntime.spill.spill_store import SpillStore
 from psruntime.store.store_client import StoreClient
 from psruntime.training_pipeline import init_blocks
 
 SpillMode = Union[float, Literal["auto"]]
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def read_statm_rss() -> int:
-    """This process's resident set size (bytes) from /proc/self/statm; 0 where there is none."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def container_limit_bytes() -> int:
-    """The container's memory limit from its environment (0: not in a container / unknown)."""
+def container_limit_bytes(cgroup_limit: int = 0) -> int:
+    """The container's memory limit: its environment's (`CONTAINER_MEMORY_MB`), or its cgroup's
+    where that is tighter (or the only one known); 0: not in a container / unknown."""
     mb = os.environ.get(container_env.CONTAINER_MEMORY_MB, "")
-    return int(mb) * 2**20 if mb.isdigit() else 0
+    env = int(mb) * 2**20 if mb.isdigit() else 0
+    known = [x for x in (env, cgroup_limit) if x > 0]
+    return min(known) if known else 0
 
 
 def parse_mode(value: Any) -> SpillMode | None:
@@ -61,11 +57,13 @@ class WorkerSpill:
     """The spill side of one worker: its reloader, its tuner (with "auto") and its figures."""
 
     def __init__(self, mode: SpillMode, store: SpillStore | None = None, limit_bytes: int | None = None,
-                 rss: Callable[[], int] = read_statm_rss, clock: Callable[[], float] = time.perf_counter,
+                 rss: Callable[[], int] | None = None, clock: Callable[[], float] = time.perf_counter,
                  prefetch: int = 1) -> None:
         self.mode = mode
-        self.limit_bytes = container_limit_bytes() if limit_bytes is None else limit_bytes
-        self.rss = rss
+        # Read from the container's cgroup where it has one: see memory_reading for why not RSS.
+        memory = ContainerMemory()
+        self.limit_bytes = container_limit_bytes(memory.limit_bytes()) if limit_bytes is None else limit_bytes
+        self.rss: Callable[[], int] = memory if rss is None else rss
         self.reloader = BlockReloader(store or SpillStore(), 0.0 if mode == "auto" else float(mode),
                                       prefetch=prefetch, clock=clock)
         self.tuner: AlphaTuner | None = None

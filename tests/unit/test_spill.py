@@ -5,6 +5,7 @@ alpha and the bytes spilled."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,9 @@ from psruntime.store.migration_controller import MigrationController
 from psruntime.spill.spill_store import SpillError, SpillStore, decode, encode
 from psruntime.store.store_client import StoreClient
 from psruntime.training_pipeline import TrainingPipeline, init_blocks, init_model, pull_key_values
-from psruntime.spill.worker_spill import WorkerSpill, parse_mode
+from protocol import container_env
+from psruntime.spill.memory_reading import ContainerMemory, MemoryCgroup, find_memory_cgroup
+from psruntime.spill.worker_spill import WorkerSpill, container_limit_bytes, parse_mode
 from store_cluster import executor_cluster
 
 APPS = ("mlr", "nmf", "lda", "lasso")
@@ -433,3 +436,52 @@ def test_auto_spill_picks_alpha_from_the_first_block_and_spills_while_it_generat
     assert spill.tuner is not None and spill.tuner.alpha == spill.alpha
     # Without a known limit "auto" spills nothing.
     assert WorkerSpill("auto", SpillStore(tmp_path / "none"), limit_bytes=0).load_blocks(app, range(n))[0].data
+
+
+# ----- what memory the tuner reads ---------------------------------------------------------------------------
+V1_MOUNTINFO = ("31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+                "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"
+                "35 31 0:32 /outer /fake/memory rw,relatime - cgroup cgroup rw,memory\n"
+                "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
+
+
+def test_the_memory_cgroup_is_found_through_the_mount_root_and_v1_wins_on_a_hybrid_host() -> None:
+    v1 = find_memory_cgroup("4:memory:/outer/elastane/nm/container_1\n1:cpu:/x\n0::/\n", V1_MOUNTINFO)
+    assert v1 == MemoryCgroup(Path("/fake/memory/elastane/nm/container_1"), "v1")
+    v2 = find_memory_cgroup("0::/elastane/c2\n", "41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
+    assert v2 == MemoryCgroup(Path("/sys/fs/cgroup/elastane/c2"), "v2")
+    # A cgroup outside what the mount shows cannot be read.
+    assert find_memory_cgroup("4:memory:/elsewhere/c\n", V1_MOUNTINFO) is None
+
+
+def _fake_proc(tmp_path: Path, limit: str, usage: int, stat: str, rss_pages: int) -> Path:
+    cg = tmp_path / "cg" / "elastane" / "c1"
+    cg.mkdir(parents=True)
+    (cg / "memory.limit_in_bytes").write_text(limit + "\n")
+    (cg / "memory.usage_in_bytes").write_text(f"{usage}\n")
+    (cg / "memory.stat").write_text(stat)
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "cgroup").write_text("4:memory:/elastane/c1\n")
+    (proc / "mountinfo").write_text(f"35 31 0:32 / {tmp_path / 'cg'} rw - cgroup cgroup rw,memory\n")
+    (proc / "statm").write_text(f"9999 {rss_pages} 10 1 0 10 0\n")
+    return proc
+
+
+def test_a_container_cgroup_is_read_less_its_file_cache_and_rss_is_the_fallback(tmp_path: Path) -> None:
+    stat = "cache 60\ntotal_active_file 30000000\ntotal_inactive_file 20000000\ntotal_rss 90000000\n"
+    mem = ContainerMemory(_fake_proc(tmp_path / "a", str(160 * 2**20), 150_000_000, stat, rss_pages=5))
+    assert mem.source == "cgroup v1" and mem.limit_bytes() == 160 * 2**20
+    assert mem.used_bytes() == 150_000_000 - 50_000_000      # not the RSS of 5 pages
+    # No limit of its own (v1 says PAGE_COUNTER_MAX): not a container cgroup; /proc's RSS instead.
+    free = ContainerMemory(_fake_proc(tmp_path / "b", "9223372036854771712", 1, stat, rss_pages=7))
+    assert free.source == "rss" and free.limit_bytes() == 0
+    assert free.used_bytes() == 7 * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_the_container_limit_is_the_tighter_of_its_environment_and_its_cgroup(monkeypatch: Any) -> None:
+    monkeypatch.setenv(container_env.CONTAINER_MEMORY_MB, "200")
+    assert container_limit_bytes() == 200 * 2**20
+    assert container_limit_bytes(150 * 2**20) == 150 * 2**20
+    monkeypatch.delenv(container_env.CONTAINER_MEMORY_MB)
+    assert container_limit_bytes(150 * 2**20) == 150 * 2**20 and container_limit_bytes() == 0
