@@ -32,6 +32,7 @@ PROJECT = Path(__file__).resolve().parent.parent
 MASTER = "master"
 RM_PORT = 8088
 NM_PORT = 8042
+AM_LABEL = "am"        # the master's NM label when it runs the AMs (am_host)
 
 
 class TestbedClusterError(HostError, RuntimeError):
@@ -62,6 +63,11 @@ class TestbedCluster:
     `worker_cpus` is each node host's CPU budget in cores (None: uncapped), `bandwidth_bps` every
     host's link cap; `rm_conf` / `nm_conf` add [rm] / [nm] keys to the shared config;
     `node_conf` per node name adds keys to that host's own nm-<host>.toml.
+
+    `am_host=True` also runs an NM on the master (no CPU budget) labelled `AM_LABEL`, with
+    `am_host_memory_mb` / `am_host_vcores`, and makes it the only place AMs go (rm.toml
+    `am_node_label`; protocol/node_labels.py): the paper setups' master instance runs the jobs'
+    masters outside the workers, so the node hosts' budgets hold executors only.
     """
 
     __test__ = False    # not a pytest test class
@@ -71,7 +77,8 @@ class TestbedCluster:
                  nm_expiry_s: float = 4.0, am_expiry_s: float = 6.0, heartbeat_interval_ms: int = 250,
                  policy: str = "static", rm_conf: Mapping[str, Any] | None = None,
                  nm_conf: Mapping[str, Any] | None = None,
-                 node_conf: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 node_conf: Mapping[str, Mapping[str, Any]] | None = None, am_host: bool = False,
+                 am_host_memory_mb: int = 8192, am_host_vcores: int = 16) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.base_dir = Path(base_dir).resolve()
@@ -89,6 +96,18 @@ class TestbedCluster:
             "memory_mb": node_memory_mb, "vcores": node_vcores, "heartbeat_interval_ms": heartbeat_interval_ms,
             **(nm_conf or {})}
         self.node_conf = {k: dict(v) for k, v in (node_conf or {}).items()}
+        unknown = sorted(set(self.node_conf) - {MASTER, *self.node_names})
+        if unknown:
+            raise ValueError(f"node_conf names hosts the testbed does not have: {unknown}")
+        self.am_host = am_host
+        if am_host:
+            if am_host_memory_mb <= 0 or am_host_vcores <= 0:
+                raise ValueError(f"the AM host needs memory and vcores > 0, got {am_host_memory_mb} MB, "
+                                 f"{am_host_vcores} vcores")
+            self.rm_conf.setdefault("node_labels", [AM_LABEL])
+            self.rm_conf.setdefault("am_node_label", AM_LABEL)
+            self.node_conf[MASTER] = {"memory_mb": am_host_memory_mb, "vcores": am_host_vcores,
+                                      "node_labels": [AM_LABEL], **self.node_conf.get(MASTER, {})}
         self.secret = ""
         self.start_output = ""
         self.stop_output = ""
@@ -105,6 +124,11 @@ class TestbedCluster:
     @property
     def hosts_file(self) -> Path:
         return self.conf_dir / "workers"
+
+    @property
+    def nm_hosts(self) -> list[str]:
+        """The hosts that run an NM: the nodes, and the master when it runs the AMs."""
+        return [MASTER, *self.node_names] if self.am_host else list(self.node_names)
 
     @property
     def rm_url(self) -> str:
@@ -143,7 +167,7 @@ class TestbedCluster:
         (self.conf_dir / "nm.toml").write_text(toml_section("nm", self.nm_conf))
         for name, values in self.node_conf.items():
             (self.conf_dir / f"nm-{name}.toml").write_text(toml_section("nm", values))
-        self.hosts_file.write_text("# the workers: one NM each\n" + "".join(f"{n}\n" for n in self.node_names))
+        self.hosts_file.write_text("# the workers: one NM each\n" + "".join(f"{n}\n" for n in self.nm_hosts))
 
     def start(self, timeout_s: float = 120.0) -> "TestbedCluster":
         """Build the hosts, write the conf, run bin/start-cluster on the master; return once every
@@ -159,7 +183,7 @@ class TestbedCluster:
             if r.returncode != 0:
                 raise TestbedClusterError(f"bin/start-cluster exited {r.returncode}:\n{self.start_output}\n"
                                           + self.logs())
-            self.await_nodes_running(self.node_names, deadline)
+            self.await_nodes_running(self.nm_hosts, deadline)
         except BaseException:
             self.stop()
             raise

@@ -157,6 +157,38 @@ def test_a_ps_job_spans_hosts_scales_out_across_them_and_succeeds(tmp_path: Path
             wait_app(c.rm_url, app_id, FINAL_STATES, 60)
 
 
+def test_ams_run_on_the_master_and_executors_on_the_budgeted_hosts(tmp_path: Path) -> None:
+    """am_host: the master's NM carries the AM label; every AM goes there and no executor does,
+    so the node hosts' CPU budgets hold executors only (the paper setups' master instance)."""
+    with cluster_of_hosts(tmp_path / "c", am_host=True, worker_cpus=0.45) as c:
+        nodes = {n["id"]: n for n in c.nodes()}
+        master_id = c.node_id(MASTER)
+        assert sorted(nodes) == sorted(c.node_id(n) for n in [MASTER, *c.node_names])
+        assert nodes[master_id]["nodeLabels"] == ["am"]
+        assert all(nodes[c.node_id(n)]["nodeLabels"] == [] for n in c.node_names)
+        assert c.testbed.host(MASTER).cpus is None and all(c.testbed.host(n).cpus == 0.45 for n in c.node_names)
+        spec = {**SPEC, "max_epochs": 2, "checkpoint_every_epochs": 0}
+        apps = [submit(c, spec, f"am-on-master-{i}") for i in range(2)]
+        try:
+            urls = [am_url(c, a) for a in apps]
+            for app_id, url in zip(apps, urls):
+                assert [at["nodeId"] for at in attempts(c, app_id)] == [master_id]
+                st = wait_until(lambda u=url: (s := status(u)) and len(ready_executors(s)) == 4 and s, 120,
+                                "four executors ready")
+                hosts = {c.host_of(e["node"]) for e in ready_executors(st)}
+                assert MASTER not in hosts and hosts <= set(c.node_names), ready_executors(st)
+            for app_id in apps:
+                succeeded(c, app_id)
+        except BaseException as e:
+            e.add_note("\n".join(post_mortem(c, a) for a in apps))
+            raise
+        finally:
+            for app_id in apps:
+                if get_app(c.rm_url, app_id)["state"] not in FINAL_STATES:
+                    rest(c.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+                wait_app(c.rm_url, app_id, FINAL_STATES, 60)
+
+
 def test_the_host_running_the_am_dies_and_attempt_2_resumes_from_shared_checkpoints(tmp_path: Path) -> None:
     with cluster_of_hosts(tmp_path / "c") as c:
         app_id = submit(c, SPEC, "am-host-dies")
