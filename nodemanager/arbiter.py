@@ -3,7 +3,12 @@
 Pure (no I/O, an injected clock); `arbiter_server.py` puts it behind the NM's unix socket. Per node
 (dissertation §4.3.1; docs/harmony_arbiter.md, "Slots and rules"):
 
-- **CPU**: one slot. A COMP subtask uses almost all of the node's CPU, so one runs at a time.
+- **CPU**: a pool of the host's cores (`cpu_pool`, the NM's `arbiter_cpu_pool`: by default the
+  cores its cgroup root allows). A COMP asks for the threads it will use (its job's `comp_threads`)
+  and holds that many cores; COMPs run side by side while their threads fit, and the sum of the
+  threads held never exceeds the pool. The paper's setting -- a COMP uses all of a machine's cores,
+  so one runs at a time -- is the case threads == pool; a request for more than the pool is granted
+  the whole pool (it cannot run faster than the host, and must not wait forever).
 - **Network**: a primary and a secondary slot. One network subtask leaves the network idle while
   servers handle its requests, so a second one runs beside it, as the secondary, which *yields* to
   the primary: while the primary transfers (it is busy from its grant until its holder says IDLE --
@@ -12,14 +17,14 @@ Pure (no I/O, an injected clock); `arbiter_server.py` puts it behind the NM's un
   slot is released the secondary is promoted to primary (it yields no more) and the next waiting
   network subtask becomes the secondary.
 - Each kind's waiting requests form one queue in arrival order, across jobs: no job can overtake
-  another's earlier request.
+  another's earlier request (a small COMP that would fit waits behind a large one at the head).
 - A connection's requests, held or waiting, are reclaimed when it closes (a crashed executor), so
   its slots pass on at once.
 
 Every request goes through the `TRANSITIONS` table (QUEUED -> CPU / PRIMARY / SECONDARY -> DONE,
 SECONDARY -> PRIMARY on promotion). Every grant is recorded in a bounded log (`GrantRecord`: role,
 job, executor, when asked, granted, released), which the NM serves so a test can check that COMP
-subtasks of different jobs never overlapped. The log is bounded, so cumulative counters sit beside
+subtasks never held more cores than the pool (`cpu_oversubscribed`). The log is bounded, so cumulative counters sit beside
 it: CPU grants per job and `cpu_interleavings` (CPU grants to a job that had the slot before, with
 another job's grant in between -- the COMP interleaving Harmony is for), which a long run cannot
 push out.
@@ -101,12 +106,13 @@ class GrantRecord:
     released_at: Optional[float] = None
     promoted_at: Optional[float] = None
     reclaimed: bool = False
+    threads: int = 1           # cores a CPU grant holds (1 for network grants)
 
     def to_json(self) -> dict[str, object]:
         return {"role": self.role, "job": f"{self.job:016x}", "executor": f"{self.executor:016x}",
                 "request_id": self.request_id, "asked_at": self.asked_at, "granted_at": self.granted_at,
                 "released_at": self.released_at, "promoted_at": self.promoted_at,
-                "reclaimed": self.reclaimed}
+                "reclaimed": self.reclaimed, "threads": self.threads}
 
 
 @dataclass(slots=True)
@@ -117,6 +123,7 @@ class _Request:
     job: int
     executor: int
     asked_at: float
+    threads: int = 1                # cores a CPU request asks for (clamped to the pool)
     state: RequestState = RequestState.QUEUED
     busy: bool = True               # a network holder transfers until it says IDLE
     yielding: bool = False          # what the secondary was last told
@@ -129,11 +136,16 @@ class _Request:
 class Arbiter:
     """One node's slots, queues and grant log. Every event returns the notices to send."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, log_size: int = DEFAULT_LOG_SIZE) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, log_size: int = DEFAULT_LOG_SIZE,
+                 cpu_pool: int = 1) -> None:
+        if cpu_pool < 1:
+            raise ArbiterError(f"cpu_pool must be >= 1 core, got {cpu_pool}")
         self._clock = clock
         self._requests: dict[tuple[int, int], _Request] = {}
         self._queues: dict[SlotKind, Deque[_Request]] = {k: collections.deque() for k in SlotKind}
-        self.cpu: Optional[_Request] = None
+        self.cpu_pool = cpu_pool
+        self.cpu_holders: list[_Request] = []      # COMPs holding cores, in grant order
+        self.cpu_in_use = 0                         # the sum of their threads (<= cpu_pool)
         self.primary: Optional[_Request] = None
         self.secondary: Optional[_Request] = None
         self.log: Deque[GrantRecord] = collections.deque(maxlen=log_size)
@@ -143,13 +155,19 @@ class Arbiter:
         self._last_cpu_job: Optional[int] = None
 
     # -- events ------------------------------------------------------------------------------
-    def acquire(self, conn: int, request_id: int, kind: SlotKind, job: int, executor: int) -> list[Notice]:
-        """A subtask asks for a slot of `kind`: granted now if one is free and nobody waits before
-        it, else queued in arrival order."""
+    def acquire(self, conn: int, request_id: int, kind: SlotKind, job: int, executor: int,
+                threads: int = 1) -> list[Notice]:
+        """A subtask asks for a slot of `kind` (a COMP: `threads` of the pool's cores): granted now
+        if it is free and nobody waits before it, else queued in arrival order."""
         key = (conn, request_id)
         if key in self._requests:
             raise ArbiterError(f"request {request_id} of connection {conn} is already known")
-        req = _Request(conn, request_id, SlotKind(kind), job, executor, self._clock())
+        if threads < 0:
+            raise ArbiterError(f"request {request_id} of connection {conn} asks for {threads} threads")
+        kind = SlotKind(kind)
+        # 0 is an older client's "unsaid": one thread. More than the pool gets the whole pool.
+        n = min(max(1, threads), self.cpu_pool) if kind is SlotKind.CPU else 1
+        req = _Request(conn, request_id, kind, job, executor, self._clock(), n)
         self._requests[key] = req
         self._queues[req.kind].append(req)
         return self._dispatch()
@@ -183,7 +201,7 @@ class Arbiter:
 
     def held_by(self, conn: int) -> list[tuple[int, Role]]:
         """(request id, role) of the slots connection `conn` holds."""
-        return [(r.request_id, _ROLE_OF[r.state]) for r in (self.cpu, self.primary, self.secondary)
+        return [(r.request_id, _ROLE_OF[r.state]) for r in (*self.cpu_holders, self.primary, self.secondary)
                 if r is not None and r.conn == conn]
 
     def records(self) -> list[GrantRecord]:
@@ -194,7 +212,9 @@ class Arbiter:
         def who(r: Optional[_Request]) -> Optional[dict[str, object]]:
             return None if r is None else {"job": f"{r.job:016x}", "executor": f"{r.executor:016x}",
                                            "request_id": r.request_id}
-        return {"cpu": who(self.cpu), "primary": who(self.primary), "secondary": who(self.secondary),
+        return {"cpu": [{**(who(r) or {}), "threads": r.threads} for r in self.cpu_holders],
+                "cpu_pool": self.cpu_pool, "cpu_in_use": self.cpu_in_use,
+                "primary": who(self.primary), "secondary": who(self.secondary),
                 "cpu_waiting": self.waiting(SlotKind.CPU), "comm_waiting": self.waiting(SlotKind.COMM),
                 "grants": self.grants, "cpu_interleavings": self.cpu_interleavings,
                 "cpu_grants_by_job": {f"{j:016x}": n for j, n in self.cpu_grants_by_job.items()}}
@@ -210,8 +230,9 @@ class Arbiter:
         if req.record is not None:
             req.record.released_at = self._clock()
             req.record.reclaimed = event is RequestEvent.RECLAIM
-        if req is self.cpu:
-            self.cpu = None
+        if req.kind is SlotKind.CPU:
+            self.cpu_holders.remove(req)
+            self.cpu_in_use -= req.threads
         elif req is self.primary:
             self.primary = None
         elif req is self.secondary:
@@ -220,7 +241,7 @@ class Arbiter:
     def _grant(self, req: _Request, event: RequestEvent, flags: int = 0) -> Notice:
         state = req.state = TRANSITIONS.next(req.state, event)
         req.record = GrantRecord(_ROLE_NAME[state], req.job, req.executor, req.request_id, req.asked_at,
-                                 self._clock())
+                                 self._clock(), threads=req.threads)
         self.log.append(req.record)
         self.grants += 1
         if state is RequestState.CPU:
@@ -228,15 +249,18 @@ class Arbiter:
                 self.cpu_interleavings += 1
             self.cpu_grants_by_job[req.job] += 1
             self._last_cpu_job = req.job
-        return req.frame(Op.GRANT, _ROLE_OF[state], flags)
+        return req.frame(Op.GRANT, _ROLE_OF[state], req.threads if state is RequestState.CPU else flags)
 
     def _dispatch(self) -> list[Notice]:
         """Fill free slots from the queues' heads and tell the secondary whether to yield."""
         out: list[Notice] = []
         cpu_q, comm_q = self._queues[SlotKind.CPU], self._queues[SlotKind.COMM]
-        if self.cpu is None and cpu_q:
-            self.cpu = cpu_q.popleft()
-            out.append(self._grant(self.cpu, RequestEvent.GRANT_CPU))
+        # The head of the CPU queue goes first; nothing behind it overtakes it, even if it would fit.
+        while cpu_q and self.cpu_in_use + cpu_q[0].threads <= self.cpu_pool:
+            req = cpu_q.popleft()
+            self.cpu_holders.append(req)
+            self.cpu_in_use += req.threads
+            out.append(self._grant(req, RequestEvent.GRANT_CPU))
         if self.primary is None and self.secondary is not None:
             self.primary, self.secondary = self.secondary, None
             self.primary.state = TRANSITIONS.next(self.primary.state, RequestEvent.PROMOTE)
@@ -260,9 +284,28 @@ class Arbiter:
         return out
 
 
+def cpu_oversubscribed(records: list[GrantRecord], pool: int) -> list[tuple[float, int]]:
+    """(time, threads held) at every CPU grant after which the grants held at once -- each
+    [granted, released), a held one until now -- hold more than `pool` cores: what the arbiter must
+    never let happen. Empty when the invariant held over the log."""
+    events: list[tuple[float, int, int]] = []     # (time, 0 = release first / 1 = grant, +-threads)
+    for r in records:
+        if r.role == "cpu":
+            events.append((r.granted_at, 1, r.threads))
+            if r.released_at is not None:
+                events.append((r.released_at, 0, -r.threads))
+    out, held = [], 0
+    for t, _, d in sorted(events):
+        held += d
+        if d > 0 and held > pool:
+            out.append((t, held))
+    return out
+
+
 def overlapping_cpu_grants(records: list[GrantRecord]) -> list[tuple[GrantRecord, GrantRecord]]:
     """Pairs of CPU grants of different jobs whose [granted, released) intervals overlap (a held
-    grant counts as running until now): what the arbiter must never let happen."""
+    grant counts as running until now): with a one-core pool (or COMPs that each ask for the whole
+    pool) what the arbiter must never let happen; with a larger pool, see `cpu_oversubscribed`."""
     cpu = sorted((r for r in records if r.role == "cpu"), key=lambda r: r.granted_at)
     out = []
     for i, a in enumerate(cpu):

@@ -70,9 +70,9 @@ class _Connection(asyncio.Protocol):
 class ArbiterServer:
     """The NM's arbiter service: `start()` listens on `path`, `stop()` closes every connection."""
 
-    def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, path: str, clock: Callable[[], float] = time.time, cpu_pool: int = 1) -> None:
         self.path = path
-        self.arbiter = Arbiter(clock=clock)
+        self.arbiter = Arbiter(clock=clock, cpu_pool=cpu_pool)
         self.connections: dict[int, _Connection] = {}
         self._ids = itertools.count(1)
         self._server: Optional[asyncio.AbstractServer] = None
@@ -106,7 +106,7 @@ class ArbiterServer:
         a = self.arbiter
         try:
             if f.op == Op.ACQUIRE:
-                out = a.acquire(conn, f.request_id, SlotKind(f.kind), f.job, f.executor)
+                out = a.acquire(conn, f.request_id, SlotKind(f.kind), f.job, f.executor, f.flags)
             elif f.op == Op.RELEASE:
                 out = a.release(conn, f.request_id)
             elif f.op in (Op.BUSY, Op.IDLE):

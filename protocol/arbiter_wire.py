@@ -6,7 +6,9 @@ subtask (docs/harmony_arbiter.md, "Slots and rules"), so the channel sits on eve
 
     op u8 | kind u8 | flags u16 | request_id u32 | job u64 | executor u64
 
-`kind` is a `SlotKind` in requests and a `Role` in a GRANT; `job` and `executor` are 64-bit hashes
+`kind` is a `SlotKind` in requests and a `Role` in a GRANT; `flags` of a CPU ACQUIRE is the number
+of threads (cores of the node's CPU pool) the COMP will use (0 = 1: an older client), and of a CPU
+GRANT the number granted (the request's, at most the pool); `job` and `executor` are 64-bit hashes
 (`name_hash`) of the application id and the container id, carried by every request so the grant
 log can name them. One connection per executor, requests pipelined: replies carry the request id
 they answer. RELEASE, BUSY and IDLE get no reply (a released slot is the arbiter's to hand on).
@@ -26,13 +28,13 @@ class Op(enum.IntEnum):
     """What a frame asks or tells."""
 
     # executor -> arbiter
-    ACQUIRE = 1      # kind = SlotKind; answered by GRANT (maybe after a wait)
+    ACQUIRE = 1      # kind = SlotKind, flags = threads (CPU); answered by GRANT (maybe after a wait)
     RELEASE = 2      # give back a held slot or cancel a queued request; no reply
     BUSY = 3         # the primary network holder is transferring (default on its grant); no reply
     IDLE = 4         # the primary network holder only waits on servers now; no reply
     PING = 5         # answered at once by PONG: the channel's bare round trip
     # arbiter -> executor
-    GRANT = 16       # kind = Role; flags = YIELDING when a secondary starts out yielding
+    GRANT = 16       # kind = Role; flags = threads granted (CPU) / YIELDING when a secondary starts out yielding
     YIELD = 17       # to a secondary: flags = YIELDING (pause) or 0 (go on)
     PROMOTE = 18     # a secondary became the primary (it yields no more)
     PONG = 19
@@ -55,6 +57,7 @@ class Role(enum.IntEnum):
 
 
 YIELDING = 1
+MAX_THREADS = 0xFFFF     # what a u16 `flags` can ask for
 
 
 class Frame(NamedTuple):

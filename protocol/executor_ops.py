@@ -67,6 +67,8 @@ class AppSetup(ExecutorRequest, tag="app_setup"):
     preset: Optional[str] = None
     # Harmony spill (protocol.ps_job_spec.PSJobSpec.spill_alpha): None = no spill.
     spill_alpha: Optional[Union[Annotated[float, msgspec.Meta(ge=0, le=1)], Literal["auto"]]] = None
+    # Threads a COMP uses (PSJobSpec.comp_threads); 0 = the container's vcores (CONTAINER_VCORES).
+    comp_threads: NonNeg = 0
 
 
 class WorkerSetup(ExecutorRequest, tag="worker_setup"):

@@ -135,6 +135,11 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # of the dissertation's Fig. 4.12 breakdown -- interleaving without the grouping. Under
     # `--policy harmony` a grouped job uses the arbiter anyway; other jobs leave it alone.
     use_arbiter: bool = False
+    # Threads one COMP of a worker uses (the app's row / column-sharded compute pool): what it asks
+    # of its node arbiter's CPU pool (docs/harmony_arbiter.md). None: the executor's vcores, so a
+    # COMP holds the cores its container was given (the paper's "a COMP holds the machine" when an
+    # executor's vcores are the host's cores).
+    comp_threads: Optional[Pos] = None
     # Model output (docs/model_output.md): a path, file:// or fsspec URL every node and the client
     # can read; the AM writes the final model to `<output>/final/` and, with checkpoint_every_epochs,
     # each checkpoint's to `<output>/epoch-N/`. `init_from` names such an output (or one of its

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import time
 from typing import TYPE_CHECKING, Any, Awaitable
 
@@ -59,6 +60,7 @@ from psruntime.wire.dataplane import RequestError
 from psruntime.spill.model_spill import ModelSpillMonitor
 from psruntime.store.store_client import StoreClient, StoreClientError
 from psruntime.training_pipeline import (StepTimes, SubtaskRunner, TrainingPipeline, TrainingStopped, block_position,
+                                        container_vcores,
                                          epoch_position, init_blocks, init_model, set_epoch_position)
 from psruntime.spill.worker_spill import WorkerSpill, parse_mode
 
@@ -151,6 +153,8 @@ class AppRole:
         except UserCodeError as e:   # the user's import or constructor: its traceback goes to the AM
             raise UserCodeError(f"{e.what} on {self.executor.executor_id}", e.__cause__ or e) from None
         self.app_name = name
+        # A COMP's threads: the job's comp_threads, else the cores the container was given.
+        self.pipeline.set_comp_threads(req.comp_threads or container_vcores(os.environ))
         try:
             mode = parse_mode(req.spill_alpha)
         except ValueError as e:
@@ -225,7 +229,8 @@ class AppRole:
     async def run_clock(self, req: ctl.RunClock, arrays: Arrays) -> Answer:
         """One clock: the next `batches` mini-batches of the epoch, flushed (see the module doc)."""
         app, store = self._need_app(), self._need_store()
-        ctx = StepContext(epoch=req.epoch, num_workers=req.num_workers)
+        ctx = StepContext(epoch=req.epoch, num_workers=req.num_workers,
+                          threads=self.pipeline.comp_threads)
         if self._busy.locked():
             raise RequestError("a clock is already running on this executor")
         async with self._busy:
@@ -240,7 +245,8 @@ class AppRole:
     async def run_epoch(self, req: ctl.RunEpoch, arrays: Arrays) -> Answer:
         """The rest of the epoch (all of it, unless clocks of it ran already) in one op."""
         app, store = self._need_app(), self._need_store()
-        ctx = StepContext(epoch=req.epoch, num_workers=req.num_workers)
+        ctx = StepContext(epoch=req.epoch, num_workers=req.num_workers,
+                          threads=self.pipeline.comp_threads)
         if self._busy.locked():
             raise RequestError("an epoch is already running on this executor")
         async with self._busy:

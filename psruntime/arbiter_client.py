@@ -12,7 +12,7 @@ import asyncio
 import itertools
 from typing import Optional
 
-from protocol.arbiter_wire import FRAME, FRAME_SIZE, YIELDING, Frame, Op, Role, SlotKind, name_hash
+from protocol.arbiter_wire import FRAME, FRAME_SIZE, MAX_THREADS, YIELDING, Frame, Op, Role, SlotKind, name_hash
 from protocol.errors import ProtocolError
 
 
@@ -27,10 +27,11 @@ class ArbiterRefused(ProtocolError, RuntimeError):
 class Grant:
     """A slot held: its request id, its role, and (for a secondary) whether it must yield now."""
 
-    def __init__(self, request_id: int, kind: SlotKind, role: Role, yielding: bool) -> None:
+    def __init__(self, request_id: int, kind: SlotKind, role: Role, yielding: bool, threads: int = 1) -> None:
         self.request_id = request_id
         self.kind = kind
         self.role = role
+        self.threads = threads          # cores of the node's pool a CPU grant holds
         self._go = asyncio.Event()
         self.set_yielding(yielding)
 
@@ -101,20 +102,23 @@ class ArbiterClient:
             self._transport.close()
             self._transport = None
 
-    def _send(self, op: Op, kind: int, request_id: int) -> None:
+    def _send(self, op: Op, kind: int, request_id: int, flags: int = 0) -> None:
         if self._transport is None or self._closed is not None:
             raise ArbiterUnavailable(f"arbiter at {self.path} is not connected")
-        self._transport.write(FRAME.pack(op, kind, 0, request_id, self.job, self.executor))
+        self._transport.write(FRAME.pack(op, kind, flags, request_id, self.job, self.executor))
 
     def _next_id(self) -> int:
         return next(self._ids) & 0xFFFFFFFF
 
-    async def acquire(self, kind: SlotKind) -> Grant:
-        """Wait for a slot of `kind`; a cancelled wait withdraws the request."""
+    async def acquire(self, kind: SlotKind, threads: int = 1) -> Grant:
+        """Wait for a slot of `kind` (CPU: `threads` cores of the node's pool); a cancelled wait
+        withdraws the request."""
+        if not 1 <= threads <= MAX_THREADS:
+            raise ValueError(f"threads must be 1..{MAX_THREADS}, got {threads}")
         rid = self._next_id()
         fut: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = (kind, fut)
-        self._send(Op.ACQUIRE, kind, rid)
+        self._send(Op.ACQUIRE, kind, rid, threads if kind is SlotKind.CPU else 0)
         try:
             return await fut
         except asyncio.CancelledError:
@@ -148,7 +152,11 @@ class ArbiterClient:
             kind, fut = self._waiting.pop(f.request_id, (None, None))
             if fut is None or kind is None or fut.done():
                 return
-            grant = Grant(f.request_id, kind, Role(f.kind), bool(f.flags & YIELDING))
+            role = Role(f.kind)
+            if role is Role.CPU:
+                grant = Grant(f.request_id, kind, role, False, max(1, f.flags))
+            else:
+                grant = Grant(f.request_id, kind, role, bool(f.flags & YIELDING))
             self._held[f.request_id] = grant
             fut.set_result(grant)
         elif f.op == Op.YIELD:

@@ -1,8 +1,10 @@
 """The Harmony subtask runner: every COMP / COMM subtask holds a slot of its node's arbiter.
 
 `HarmonyRunner` implements `training_pipeline.SubtaskRunner`: before `await work()` it takes a slot
-of the subtask's resource (CPU for COMP, the network for PULL / PUSH) from the arbiter and gives it
-back after, whatever way the work ends. It is also the pipeline's `TransferGate`: a pull or push
+of the subtask's resource (CPU for COMP: `comp_threads` cores of the node's pool; the network for
+PULL / PUSH) from the arbiter and gives it back after, whatever way the work ends. It counts the
+seconds waited for each grant apart from the seconds held (`WaitCounter`): the profile the RM's
+Harmony policy reads is the held time. It is also the pipeline's `TransferGate`: a pull or push
 sends its per-owner pieces only when `wait_turn()` lets it (a secondary network grant waits while
 the arbiter says yield), and `sent()` tells the arbiter that this transfer's requests are all out
 (it only waits on servers now, so a secondary may go on).
@@ -33,6 +35,7 @@ class HarmonyRunner:
 
     def __init__(self, client: ArbiterClient) -> None:
         self.client = client
+        self.comp_threads = 1      # cores a COMP asks of the node's CPU pool (the pipeline sets it)
         self._comm: Optional[Grant] = None
         self.wait_s = {Resource.CPU: 0.0, Resource.COMM: 0.0}   # seconds spent waiting for slots
         self.held_s = {Resource.CPU: 0.0, Resource.COMM: 0.0}   # seconds the subtasks ran, holding them
@@ -44,7 +47,8 @@ class HarmonyRunner:
             # The arbiter went away (its NM restarted and re-adopted this container): reconnect
             # once; if it is still gone, the subtask fails with ArbiterUnavailable.
             await self.client.connect()
-        grant = await self.client.acquire(_SLOT_OF[resource])
+        slot = _SLOT_OF[resource]
+        grant = await self.client.acquire(slot, self.comp_threads if slot is SlotKind.CPU else 1)
         t1 = time.perf_counter()
         self.wait_s[resource] += t1 - t0
         if resource is Resource.COMM:

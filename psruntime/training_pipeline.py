@@ -41,7 +41,7 @@ import asyncio
 import enum
 import functools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -52,6 +52,7 @@ from psruntime.apps.base import KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.store.push_ids import COUNT, DELTAS, push_id
 from psruntime.store.store_client import PreparedArray, StoreClient, TransferGate
+from protocol import container_env as cenv
 from protocol.errors import StateError
 
 T = TypeVar("T")
@@ -90,6 +91,21 @@ class WaitCounter(Protocol):
     """A runner that counts the seconds its subtasks waited for a slot, cumulatively per resource."""
 
     wait_s: dict[Resource, float]
+
+
+@runtime_checkable
+class ThreadedRunner(Protocol):
+    """A runner that asks for as many cores as a COMP's threads (Harmony's, of its node's CPU pool)."""
+
+    comp_threads: int
+
+
+def container_vcores(env: Mapping[str, str]) -> int:
+    """The vcores the executor's container was given (its launch environment), at least 1."""
+    try:
+        return max(1, int(env.get(cenv.CONTAINER_VCORES, "1")))
+    except ValueError:
+        return 1
 
 
 class BlockResidency(Protocol):
@@ -239,11 +255,20 @@ class TrainingPipeline:
         self.waits: WaitCounter | None = runner if isinstance(runner, WaitCounter) else None
         self.compute_thread = ComputeThread()
         self.residency: BlockResidency = AllInMemory()
+        self.comp_threads = 1      # threads one COMP uses (StepContext.threads; the job's comp_threads)
         # Cumulative training figures (the AM's Cruise driver differences them per epoch).
         self.counters = {"batches": 0, "samples": 0, "bytes": 0}
 
     def close(self) -> None:
         self.compute_thread.close()
+
+    def set_comp_threads(self, threads: int) -> None:
+        """Let a COMP use `threads` threads, and have a runner that asks for cores ask for as many."""
+        if threads < 1:
+            raise ValueError(f"comp_threads must be >= 1, got {threads}")
+        self.comp_threads = threads
+        if isinstance(self.runner, ThreadedRunner):
+            self.runner.comp_threads = threads
 
     async def _compute(self, fn: Callable[[], T]) -> T:
         return await self.runner.run(Subtask.COMP, functools.partial(self.compute_thread.call, fn))

@@ -88,11 +88,15 @@ class StepContext:
 
     `num_workers` is the job's current number of workers (apps whose additive pushes must be
     averaged to stay stable, like Lasso's proximal step, divide by it); `epoch` and the batch's
-    position seed any randomness of the step, so a rerun is reproducible.
+    position seed any randomness of the step, so a rerun is reproducible. `threads` is how many
+    threads a COMP may use (the job's `comp_threads`, the cores it holds of its node's arbiter
+    pool): an app may shard its numpy work over `psruntime.apps.comp_pool` with that many, and
+    must give the same result whatever the number.
     """
 
     epoch: int = 0
     num_workers: int = 1
+    threads: int = 1
 
 
 @dataclass(frozen=True)

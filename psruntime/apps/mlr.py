@@ -16,6 +16,7 @@ import numpy as np
 from protocol.ps_app_schemas import MLR_PRESET_HPARAMS, MLR_PRESETS, MLRHParams, MLRSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
+from psruntime.apps.comp_pool import run_shards, split_range
 from psruntime.apps.random_streams import TRUTH, rng_for
 from psruntime.apps.sorted_unique import sorted_unique
 from psruntime.apps.sparse_features import (batch_rows, column_chunks, design_product, generate_sparse_rows,
@@ -101,7 +102,17 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
         indptr, feats, vals = batch_rows(batch.block, batch.start, batch.stop)
         x = local_design(indptr, feats, vals, params.keys, hp.features_per_key)
         w = self._weights(params)
-        probs = np.exp(_log_softmax(times_columns(x, w)))
+        # With ctx.threads > 1 the two products run as column ranges (classes) over the COMP's
+        # threads: each output element is computed by the same operations in the same order
+        # whatever the split, so the result is bit-identical to one thread's.
+        shards = split_range(w.shape[1], ctx.threads)
+        logits = np.empty((x.shape[0], w.shape[1]))
+
+        def forward(cols: tuple[int, int]) -> None:
+            lo, hi = cols
+            logits[:, lo:hi] = times_columns(x, w[:, lo:hi])
+        run_shards(forward, shards, ctx.threads)
+        probs = np.exp(_log_softmax(logits))
         labels = batch.block.data["labels"][batch.start:batch.stop]
         probs[np.arange(batch.size), labels] -= 1.0                 # d(CE)/d(logits)
         lr = hp.learning_rate / (1.0 + hp.lr_decay * ctx.epoch)
@@ -110,13 +121,17 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
         # copies were most of a worker's per-batch memory. Same operations per element.
         delta = np.empty(w.shape, np.float32)
         xt = x.T
-        for lo, hi in column_chunks(*w.shape):
-            grad = np.asarray(xt @ probs[:, lo:hi])
-            grad /= batch.size
-            if hp.l2 > 0:
-                grad += hp.l2 * w[:, lo:hi].astype(np.float64)      # lazy L2: on the pulled rows only
-            grad *= -lr
-            delta[:, lo:hi] = grad
+
+        def backward(cols: tuple[int, int]) -> None:
+            for lo, hi in column_chunks(w.shape[0], cols[1] - cols[0]):
+                lo, hi = lo + cols[0], hi + cols[0]
+                grad = np.asarray(xt @ probs[:, lo:hi])
+                grad /= batch.size
+                if hp.l2 > 0:
+                    grad += hp.l2 * w[:, lo:hi].astype(np.float64)      # lazy L2: on the pulled rows only
+                grad *= -lr
+                delta[:, lo:hi] = grad
+        run_shards(backward, shards, ctx.threads)
         return KeyValues(params.keys, delta.reshape(len(params.keys), self.key_length))
 
     def objective_keys(self, block: DataBlock) -> np.ndarray:

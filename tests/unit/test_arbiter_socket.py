@@ -75,7 +75,7 @@ async def test_grants_pass_between_jobs_in_arrival_order(server: ArbiterServer) 
     assert not wait_a.done()
     b.release(gb)
     a.release(await wait_a)
-    await settle(lambda: server.arbiter.cpu is None)
+    await settle(lambda: server.arbiter.cpu_in_use == 0)
     jobs = [r.job for r in server.arbiter.records()]
     assert jobs == [name_hash("app_a"), name_hash("app_b"), name_hash("app_a")]
     assert overlapping_cpu_grants(server.arbiter.records()) == []
@@ -132,7 +132,7 @@ async def test_a_cancelled_wait_withdraws_the_request(server: ArbiterServer) -> 
     wait_b.cancel()
     await settle(lambda: server.arbiter.waiting(SlotKind.CPU) == 0)
     a.release(held)
-    await settle(lambda: server.arbiter.cpu is None)
+    await settle(lambda: server.arbiter.cpu_in_use == 0)
     await a.close()
     await b.close()
 
@@ -167,8 +167,9 @@ async def test_view_lists_holders_and_the_grant_log(server: ArbiterServer) -> No
     a = await client(server, "app_a", "c_a")
     g = await a.acquire(SlotKind.CPU)
     v = server.view()
-    assert v["cpu"] == {"job": f"{name_hash('app_a'):016x}", "executor": f"{name_hash('c_a'):016x}",
-                        "request_id": g.request_id}
+    assert v["cpu"] == [{"job": f"{name_hash('app_a'):016x}", "executor": f"{name_hash('c_a'):016x}",
+                         "request_id": g.request_id, "threads": 1}]
+    assert (v["cpu_pool"], v["cpu_in_use"]) == (1, 1)
     assert [r["role"] for r in v["grantLog"]] == ["cpu"] and v["grantLog"][0]["released_at"] is None
     assert server.view(limit=0)["grantLog"] == []
     # Named by the NM's containers where it knows them, counted whatever the log still holds.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nodemanager.arbiter import (TRANSITIONS, Arbiter, ArbiterError, GrantRecord, RequestEvent,
-                                 RequestState, overlapping_cpu_grants)
+                                 RequestState, cpu_oversubscribed, overlapping_cpu_grants)
 from protocol.arbiter_wire import YIELDING, Op, Role, SlotKind
 
 CPU, COMM = SlotKind.CPU, SlotKind.COMM
@@ -45,9 +45,51 @@ def test_one_cpu_slot_granted_in_arrival_order_across_jobs() -> None:
     assert grants(a.release(1, 1)) == [(2, 1, Role.CPU)]
     assert grants(a.release(2, 1)) == [(1, 2, Role.CPU)]
     assert grants(a.release(1, 2)) == [(3, 1, Role.CPU)]
-    assert a.release(3, 1) == [] and a.cpu is None
+    assert a.release(3, 1) == [] and a.cpu_in_use == 0
     assert [r.job for r in a.records()] == [JOB_A, JOB_B, JOB_A, JOB_C]
     assert overlapping_cpu_grants(a.records()) == []
+
+
+def test_a_cpu_pool_runs_comps_side_by_side_while_their_threads_fit() -> None:
+    a = Arbiter(clock=Clock(), cpu_pool=4)
+    assert ops(a.acquire(1, 1, CPU, JOB_A, 11, threads=2)) == [(1, Op.GRANT, 2)]     # flags: threads granted
+    assert ops(a.acquire(2, 1, CPU, JOB_B, 22, threads=2)) == [(2, Op.GRANT, 2)]
+    assert a.cpu_in_use == 4
+    assert a.acquire(3, 1, CPU, JOB_C, 33, threads=1) == []          # the pool is full
+    assert grants(a.release(1, 1)) == [(3, 1, Role.CPU)]
+    assert a.cpu_in_use == 3 and [r.job for r in a.cpu_holders] == [JOB_B, JOB_C]
+    assert cpu_oversubscribed(a.records(), 4) == []
+
+
+def test_no_small_comp_overtakes_a_large_one_waiting_at_the_head() -> None:
+    a = Arbiter(clock=Clock(), cpu_pool=4)
+    a.acquire(1, 1, CPU, JOB_A, 11, threads=3)
+    assert a.acquire(2, 1, CPU, JOB_B, 22, threads=2) == []         # 3 + 2 > 4: waits
+    assert a.acquire(3, 1, CPU, JOB_C, 33, threads=1) == []         # would fit, but B asked first
+    assert grants(a.release(1, 1)) == [(2, 1, Role.CPU), (3, 1, Role.CPU)]
+    assert a.cpu_in_use == 3
+
+
+def test_a_comp_asking_for_more_than_the_pool_holds_the_whole_pool() -> None:
+    a = Arbiter(clock=Clock(), cpu_pool=2)
+    assert ops(a.acquire(1, 1, CPU, JOB_A, 11, threads=8)) == [(1, Op.GRANT, 2)]
+    assert a.acquire(2, 1, CPU, JOB_B, 22, threads=1) == []
+    assert ops(a.acquire(3, 1, CPU, JOB_C, 33, threads=0)) == []    # 0: an older client's 1 thread
+    assert [r.threads for r in a.records()] == [2]
+    with pytest.raises(ArbiterError, match="cpu_pool must be >= 1"):
+        Arbiter(cpu_pool=0)
+    with pytest.raises(ArbiterError, match="asks for -1 threads"):
+        a.acquire(4, 1, CPU, JOB_C, 44, threads=-1)
+
+
+def test_oversubscription_check_finds_more_threads_than_the_pool_at_once() -> None:
+    def rec(job: int, t0: float, t1: float | None, threads: int) -> GrantRecord:
+        return GrantRecord("cpu", job, job, 1, t0, t0, released_at=t1, threads=threads)
+    ok = [rec(JOB_A, 0, 2, 2), rec(JOB_B, 1, 3, 2), rec(JOB_C, 2, None, 2)]     # C starts as A ends
+    assert cpu_oversubscribed(ok, 4) == []
+    bad = ok + [rec(JOB_A, 2.5, 4, 1)]
+    assert cpu_oversubscribed(bad, 4) == [(2.5, 5)]
+    assert cpu_oversubscribed(ok, 3) == [(1, 4), (2, 4)]
 
 
 def test_cpu_and_network_slots_are_independent() -> None:
@@ -107,7 +149,7 @@ def test_a_closed_connection_gives_back_what_it_held_and_withdraws_what_it_waite
     a.acquire(1, 3, CPU, JOB_A, 1)       # queued behind B
     a.acquire(3, 1, COMM, JOB_C, 3)      # queued
     n = a.disconnect(1)
-    assert ops(n) == [(2, Op.GRANT, 0), (2, Op.PROMOTE, 0), (3, Op.GRANT, YIELDING)]
+    assert ops(n) == [(2, Op.GRANT, 1), (2, Op.PROMOTE, 0), (3, Op.GRANT, YIELDING)]   # CPU: 1 thread
     assert a.held_by(1) == [] and a.waiting(CPU) == 0 and a.waiting(COMM) == 0
     assert a.held_by(2) == [(1, Role.CPU), (2, Role.PRIMARY)]
     reclaimed = [r for r in a.records() if r.reclaimed]
@@ -155,9 +197,9 @@ def test_fairness_a_busy_job_cannot_starve_another() -> None:
     a.acquire(2, 0, CPU, JOB_B, 2)
     a.release(1, 0)
     a.acquire(1, 1, CPU, JOB_A, 1)
-    assert a.cpu is not None and a.cpu.job == JOB_B
+    assert [r.job for r in a.cpu_holders] == [JOB_B]
     a.release(2, 0)
-    assert a.cpu is not None and a.cpu.job == JOB_A
+    assert [r.job for r in a.cpu_holders] == [JOB_A]
 
 
 def test_grant_log_is_bounded_and_records_times() -> None:

@@ -37,10 +37,12 @@ class FakeArbiter:
         self.yielding = yielding
         self.events: list[tuple[str, Any]] = []
         self.held: dict[int, Grant] = {}
+        self.threads: list[tuple[SlotKind, int]] = []
         self.next_id = 0
 
-    async def acquire(self, kind: SlotKind) -> Grant:
+    async def acquire(self, kind: SlotKind, threads: int = 1) -> Grant:
         self.next_id += 1
+        self.threads.append((kind, threads))
         role = Role.CPU if kind is SlotKind.CPU else self.comm_role
         g = Grant(self.next_id, kind, role, self.yielding and role is Role.SECONDARY)
         self.held[g.request_id] = g
@@ -94,7 +96,7 @@ async def train(store: StoreClient, pipeline: TrainingPipeline, epochs: int = 2)
     blocks = app.generate_partition(0, 1).blocks
     await init_blocks(store, app, blocks)
     for epoch in range(epochs):
-        await pipeline.run_batches(app, store, blocks, StepContext(epoch, 1))
+        await pipeline.run_batches(app, store, blocks, StepContext(epoch, 1, threads=pipeline.comp_threads))
     await pipeline.objective(app, store, blocks)
     return (await pull_key_values(store, app.model_keys(), app.key_length)).values
 
@@ -107,7 +109,10 @@ async def test_every_subtask_holds_its_slot_and_serialization_stays_outside_the_
     runner = HarmonyRunner(fake)  # type: ignore[arg-type]
     pipeline = TrainingPipeline(runner)
     assert pipeline.gate is runner
+    pipeline.set_comp_threads(3)        # each COMP asks for 3 cores of the pool, and uses 3 threads
     trained = await train(store, pipeline)
+    assert {t for k, t in fake.threads if k is SlotKind.CPU} == {3}
+    assert {t for k, t in fake.threads if k is SlotKind.COMM} == {1}
     # Slots are taken and given back in pairs, never two at once (the pipeline is sequential).
     ev = fake.events
     pairs = [e for e in ev if e[0] in ("acquire", "release")]
@@ -125,7 +130,7 @@ async def test_every_subtask_holds_its_slot_and_serialization_stays_outside_the_
     assert {s for s, _ in store.steps} == {"prepare_pull", "finish_pull", "prepare_push"}
     assert runner.held_s[Subtask.COMP.resource] > 0.0 and runner.held_s[Subtask.PULL.resource] > 0.0
 
-    # The same seed trains the same model with the default runner (fresh executors).
+    # The same seed trains the same model with the default runner and one thread (fresh executors).
     async with executor_cluster(2, NUM_BLOCKS) as (_, ctl2, dp2):
         plain = await train(StoreClient(ctl2.table, dp2), TrainingPipeline())
     np.testing.assert_array_equal(trained, plain)
