@@ -57,7 +57,8 @@ class NodeManager:
         self._sock: Optional[socket.socket] = None
         # Auxiliary service: Harmony's per-node arbiter, started and stopped with the NM.
         self.arbiter: Optional[ArbiterServer] = (
-            ArbiterServer(socket_path(cfg.local_dir, cfg.arbiter_socket)) if cfg.arbiter else None)
+            ArbiterServer(socket_path(cfg.local_dir, cfg.arbiter_socket), cpu_pool=node_settings.arbiter_cpu_pool(cfg))
+            if cfg.arbiter else None)
 
     @property
     def url(self) -> str:

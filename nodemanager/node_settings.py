@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import socket
 from pathlib import Path
@@ -32,6 +33,35 @@ def capability(cfg: NMConfig, meminfo_path: str = "/proc/meminfo") -> Resource:
         memory = max(0, mem_total_mb(Path(meminfo_path).read_text()) - cfg.reserved_memory_mb)
     vcores = cfg.vcores if cfg.vcores > 0 else (os.cpu_count() or 1)
     return Resource(memory, vcores)
+
+
+def cgroup_root_cores(root: str = "/sys/fs/cgroup") -> float | None:
+    """The cores the cgroup root this process sees allows (quota / period), None when unlimited or
+    unreadable. On a testbed host the root is the host's budget (docs/testbed.md)."""
+    r = Path(root)
+    try:
+        quota, period = (r / "cpu.max").read_text().split()[:2]           # v2: "max 100000" / "45000 100000"
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    for d in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        try:
+            q = int((r / d / "cpu.cfs_quota_us").read_text())
+            p = int((r / d / "cpu.cfs_period_us").read_text())
+            return None if q <= 0 else q / p
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def arbiter_cpu_pool(cfg: NMConfig, root: str = "/sys/fs/cgroup") -> int:
+    """The cores of the arbiter's CPU pool: `arbiter_cpu_pool`, else the cgroup root's quota rounded
+    up (0.45 of a core is one COMP's thread) capped at the CPU count, else the CPU count."""
+    cpus = os.cpu_count() or 1
+    if cfg.arbiter_cpu_pool > 0:
+        return cfg.arbiter_cpu_pool
+    cores = cgroup_root_cores(root)
+    return cpus if cores is None else max(1, min(cpus, math.ceil(cores - 1e-9)))
 
 
 def cores_per_vcore(cfg: NMConfig, capability: Resource) -> float:
@@ -154,6 +184,8 @@ def validate(cfg: NMConfig, cluster: ClusterConfig, resolve: Resolve = resolve_a
                  "localizer_fetch_timeout_s"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
+    if cfg.arbiter_cpu_pool < 0:
+        raise ConfigError(f"arbiter_cpu_pool must be >= 0 (0 = the cgroup root's cores), got {cfg.arbiter_cpu_pool}")
     if cfg.cpu_limit_cores < 0:
         raise ConfigError(f"cpu_limit_cores must be >= 0 (0 = a vcore is one core), got {cfg.cpu_limit_cores}")
     if cfg.cpu_limit_cores > (os.cpu_count() or 1):

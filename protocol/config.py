@@ -115,6 +115,9 @@ class NMConfig(msgspec.Struct, forbid_unknown_fields=True):
     network_bandwidth_bps: int = 0  # emulated node bandwidth cap (bit/s) passed to containers; 0 = none
     arbiter: bool = True            # run the Harmony arbiter (an aux service on a unix socket)
     arbiter_socket: str = ""        # its path; "" = <local_dir>/arbiter.sock (or a short temp path)
+    # The arbiter's CPU pool: cores its COMPs' threads share (docs/harmony_arbiter.md); 0 = the cores
+    # the NM's cgroup root allows (its cpu.max quota / period, rounded up), else the CPU count.
+    arbiter_cpu_pool: int = 0
     # Local resources (nodemanager.localizer): the PUBLIC + PRIVATE cache's bound (least recently
     # used entries no container uses are evicted over it; YARN's localizer.cache.target-size-mb),
     # the time one resource's fetch may take before the container fails, and the fetch threads.

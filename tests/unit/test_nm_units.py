@@ -263,3 +263,25 @@ async def test_failed_launch_is_reported_and_releases_capacity(tmp_path):
     assert "container launch failed" in c.diagnostics
     await async_wait_until(lambda: c.state is S.DONE, what="cleanup")
     assert m.used() == Resource(0, 0) and [s.container_id for s in m.statuses()] == [cid]
+
+
+def test_the_arbiter_cpu_pool_is_the_cgroup_roots_cores_unless_set(tmp_path) -> None:
+    cpus = os.cpu_count() or 1
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("45000 100000\n")       # a testbed host's 0.45-core budget
+    assert node_settings.cgroup_root_cores(str(v2)) == pytest.approx(0.45)
+    assert node_settings.arbiter_cpu_pool(NMConfig(), str(v2)) == 1
+    (v2 / "cpu.max").write_text(f"{cpus * 100000} 100000\n")
+    assert node_settings.arbiter_cpu_pool(NMConfig(), str(v2)) == cpus
+    (v2 / "cpu.max").write_text("max 100000\n")          # unlimited: the CPU count
+    assert node_settings.cgroup_root_cores(str(v2)) is None and node_settings.arbiter_cpu_pool(NMConfig(), str(v2)) == cpus
+    v1 = tmp_path / "v1" / "cpu,cpuacct"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("150000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert node_settings.cgroup_root_cores(str(tmp_path / "v1")) == pytest.approx(1.5)
+    assert node_settings.arbiter_cpu_pool(NMConfig(), str(tmp_path / "v1")) == min(cpus, 2)
+    assert node_settings.arbiter_cpu_pool(NMConfig(arbiter_cpu_pool=8), str(v2)) == 8       # set: taken as is
+    with pytest.raises(ConfigError, match="arbiter_cpu_pool must be >= 0"):
+        node_settings.validate(NMConfig(arbiter_cpu_pool=-1), ClusterConfig(secret="s"))
