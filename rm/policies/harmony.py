@@ -5,16 +5,26 @@ Every round it reads the PS jobs from the snapshot, folds their reports into pro
 job, where it runs:
 
 * **Profiling.** A new job waits until it gets a node of its own, then runs one worker and one
-  server there until its report has COMP/COMM timings. Free nodes are used first; once groups hold
-  every node, one node at a time (`profiling_nodes`) is taken from the group with the most
-  machines. At start-up every job that finds a free node is profiled at once ("run as many jobs as
-  possible at initialization, ... the smallest number of machines for each job").
+  server there until its report has COMP/COMM timings taken *alone*: no other job's executors on
+  that node (the snapshot's `AppView.executors`), for at least `profile_iterations` iterations
+  (the AM's times are moving averages: the ones from before the node was clear must wash out).
+  Free nodes are used first, every waiting job that finds one at once, whenever that is (at
+  start-up: "run as many jobs as possible at initialization, ... the smallest number of machines
+  for each job"); once groups hold every node, one node at a time (`profiling_nodes`) is taken
+  from the group with the most machines, and the profile waits until that group's executors
+  have left it. The times are those the subtasks held their arbiter grants, not waited for
+  (harmony_profiles.py). Departure from §4.3.2: the paper profiles a later job in the background
+  inside the smallest group ("a job group with the smallest number of machines"), trusting that
+  subtasks run one at a time; here a group's executors share the node's cores and caches beyond
+  the arbiter's slots, so a profile taken beside them is not the job's own.
 * **Initial grouping.** When nothing is grouped and every job being profiled has its profile,
   Algorithm 1 (harmony_grouping.py) groups the profiled and paused jobs on the free nodes; the jobs
   it leaves out are paused.
 * **Arrival.** A newly profiled job joins the group (or a new group on free nodes) that raises the
   modelled utilization U the most -- only when no other job is already waiting (profiled or
-  paused) and only if U rises; otherwise it is paused and waits.
+  paused) and only if U rises; otherwise it is paused and waits. Jobs profiled in the same round
+  arrive one after the other (FIFO), each seeing where the ones before it went; one of them left
+  waiting makes the later ones wait too.
 * **Completion.** A group whose job finished takes a similar waiting job (or bundle) within 5 %
   (harmony_regroup.py); failing that, it and the smallest other groups are regrouped with
   Algorithm 1, the fewest jobs moved unless 5 % better, and nothing changes for under 5 % gain.
@@ -32,6 +42,12 @@ group RESUME; a running job moved to other nodes RUN with its new placement (the
 Utilization is compared over all running nodes, free ones counting as idle (zero), so giving idle
 nodes work raises U. State kept between calls: the jobs' lifecycle states, profiles and groups; an
 RM restart starts them afresh (jobs are profiled again).
+
+Overhead, per job (`describe()`, on the snapshots' clock): `profilingS`, the time it spent being
+profiled (on one node, before its group); `regroupS`, the time it spent grouped but not yet
+running as told (after a run, move or resume directive, until its report shows the new shape:
+migration and checkpoint restore); `pausedS`, the time it waited paused; `moves`, the directives
+that moved it. The issue's target is profiling + regrouping under 5 % of a job's time.
 """
 from __future__ import annotations
 
@@ -67,6 +83,7 @@ class HarmonyConfig:
     swap_budget: int = SWAP_BUDGET
     min_executor_mb: int = 256
     profiling_nodes: int = 1            # nodes taken from groups to profile on at once
+    profile_iterations: int = 1         # iterations alone on its node before a profile is taken
     regroup_options: int = 5            # partial regroupings compared on a completion
 
 
@@ -81,6 +98,14 @@ class _Job:
     run_state: RunState = RunState.RUN
     note: str = ""
     size: Optional[Resource] = None     # its executors' size in its group (kept while it fits)
+    # The report's iterations when the job was last found alone on its profiling node (None: not
+    # alone there): a profile is taken only `profile_iterations` past it.
+    alone_from: Optional[int] = None
+    iterations: int = 0                 # its report's iterations, as last seen
+    profiling_s: float = 0.0            # overhead, on the snapshots' clock (see the module doc)
+    regroup_s: float = 0.0
+    paused_s: float = 0.0
+    moves: int = 0
 
     @property
     def order(self) -> tuple[float, str]:
@@ -109,6 +134,8 @@ class HarmonyPolicy:
         self._am_on: dict[str, Resource] = {}    # per node: the AMs placed there
         self._am_unplaced = ZERO                  # per node: room kept for AMs not placed yet
         self._min_mb = 1
+        self._occupants: dict[str, set[str]] = {}    # per node: the apps with executors there
+        self._now: Optional[float] = None
 
     # ----- the round -----------------------------------------------------------------------------------------------
     def decide(self, snapshot: ClusterSnapshot) -> Decision:
@@ -116,6 +143,13 @@ class HarmonyPolicy:
         self._nodes = {n.node_id: n for n in snapshot.nodes if n.state == "RUNNING"}
         self._min_mb = max(1, snapshot.minimum_allocation_mb)
         apps = {a.app_id: a for a in snapshot.apps}
+        self._occupants = {}
+        for a in snapshot.apps:
+            if a.state not in FINAL:
+                for pl in a.executors:
+                    if pl.workers + pl.servers > 0:
+                        self._occupants.setdefault(pl.node, set()).add(a.app_id)
+        self._account(apps, snapshot.now)
         finished = self._sync_apps(snapshot)
         self._sync_nodes()
         self._am_on, self._am_unplaced = self._am_room(snapshot)
@@ -126,8 +160,8 @@ class HarmonyPolicy:
             if self._pool() and not self._in_state(JobState.PROFILING):
                 self._initial_grouping()
         else:
-            for app_id in arrivals:
-                self._on_arrival(app_id)
+            for i, app_id in enumerate(arrivals):
+                self._on_arrival(app_id, arrivals[i + 1:])
         self._profile_waiting()
         self._give_idle_nodes()
         decision, sizes = self._decision(apps)
@@ -143,8 +177,28 @@ class HarmonyPolicy:
                            "runState": job.run_state.value, "note": job.note,
                            "tCpu1": None if p is None else round(p.t_cpu1, 6),
                            "tNet": None if p is None else round(p.t_net, 6),
-                           "groupNodes": len(self.groups[job.group].nodes) if job.group in self.groups else 0}
+                           "groupNodes": len(self.groups[job.group].nodes) if job.group in self.groups else 0,
+                           "profileSamples": 0 if p is None else p.samples,
+                           "profilingS": round(job.profiling_s, 3), "regroupS": round(job.regroup_s, 3),
+                           "pausedS": round(job.paused_s, 3), "moves": job.moves}
         return out
+
+    def _account(self, apps: dict[str, AppView], now: float) -> None:
+        """Add the time since the last round to each job's overhead, by the state it was in: the
+        state the last round left it in held until now."""
+        dt = 0.0 if self._now is None else max(0.0, now - self._now)
+        self._now = now
+        for app_id, job in self.jobs.items():
+            if job.state is JobState.PROFILING:
+                job.profiling_s += dt
+            elif job.state is JobState.PAUSED:
+                job.paused_s += dt
+            elif job.state is JobState.RUNNING and (app_id not in apps or not self._steady(apps[app_id])):
+                job.regroup_s += dt
+
+    def _alone(self, app_id: str, nodes: Iterable[str]) -> bool:
+        """No other app has executors on any of `nodes` (its own may or may not be there yet)."""
+        return all(self._occupants.get(n, set()) <= {app_id} for n in nodes)
 
     # ----- what the snapshot says ----------------------------------------------------------------------------------
     def _sync_apps(self, snapshot: ClusterSnapshot) -> list[tuple[str, Optional[Times]]]:
@@ -167,11 +221,30 @@ class HarmonyPolicy:
                     continue
                 job = self.jobs[app.app_id] = _Job(app.app_id, app.submit_time, spec.executor)
             seen.add(app.app_id)
-            if self._steady(app) and job.state in (JobState.PROFILING, JobState.PROFILED, JobState.RUNNING):
-                self.profiles.observe(app.app_id, app.shape)
+            self._observe(job, app)
         for app_id in [a for a in self.jobs if a not in seen]:
             finished.extend(self._drop(self.jobs[app_id]))
         return finished
+
+    def _observe(self, job: _Job, app: AppView) -> None:
+        """Fold the app's report into its profile where it describes the job's own times: a job on
+        its profiling node only once it has run there alone for `profile_iterations`; a grouped
+        one from held times (or whole times where it runs alone)."""
+        r = app.shape
+        if r is not None:
+            job.iterations = r.iterations
+        if job.state in (JobState.PROFILING, JobState.PROFILED) and job.node is not None:
+            if not self._alone(job.app_id, [job.node]):
+                job.alone_from = None
+                return
+            if job.alone_from is None:
+                job.alone_from = job.iterations
+            if (r is not None and self._steady(app)
+                    and r.iterations >= job.alone_from + self.cfg.profile_iterations):
+                self.profiles.observe(job.app_id, r)
+        elif job.state is JobState.RUNNING and self._steady(app):
+            g = self.groups.get(job.group or "")
+            self.profiles.observe(job.app_id, r, alone=g is not None and self._alone(job.app_id, g.nodes))
 
     @staticmethod
     def _steady(app: AppView) -> bool:
@@ -328,11 +401,13 @@ class HarmonyPolicy:
             return
         self._install(self._schedule(pool, len(nodes)), pool, nodes, [], "initial grouping")
 
-    def _on_arrival(self, app_id: str) -> None:
+    def _on_arrival(self, app_id: str, later: list[str]) -> None:
+        """Place a newly profiled job; `later`: the jobs profiled in the same round after it (they
+        are not waiting before it)."""
         job = self.jobs[app_id]
         if job.state is not JobState.PROFILED:
             return
-        waiting = [a for a in self._pool() if a != app_id]
+        waiting = [a for a in self._pool() if a != app_id and a not in later]
         if waiting:
             self._pause(app_id, f"waits: {len(waiting)} profiled/paused job(s) wait before it")
             return
@@ -437,6 +512,9 @@ class HarmonyPolicy:
                 continue
             self._fire(job, JobEvent.PROFILE)
             job.node = node
+            # Alone from now if no other job's executors are there (its own report's iterations
+            # count from here); else from when the snapshot shows them gone (`_observe`).
+            job.alone_from = job.iterations if self._alone(app_id, [node]) else None
             job.note = f"profiling on {node}"
 
     def _give_idle_nodes(self) -> None:
@@ -469,6 +547,8 @@ class HarmonyPolicy:
     def _fire(job: _Job, event: JobEvent) -> None:
         """Apply `event` to the job: its state and run state both come from the lifecycle's table."""
         job.state, job.run_state = step(job.state, job.run_state, event)
+        if event in (JobEvent.RUN, JobEvent.MOVE, JobEvent.RESUME):
+            job.moves += 1      # each one a migration or a restore the job pays for
 
     def _note(self, g: _Group, note: str) -> None:
         for a in g.jobs:

@@ -8,6 +8,14 @@ workers measured: under Harmony a job runs one worker on each node of its group,
 machines. The profile keeps COMP normalised to one machine (eq. 4.2, models/harmony.py) and both
 times as exponential moving averages over the samples (dissertation §4.3.2: "updated using moving
 averages for up-to-date information").
+
+The times are those the subtasks *held* their arbiter grants (`compute_held_s`, `comm_held_s`),
+not the time they took including the wait for a grant: co-located, a job's COMP waits while its
+partners' COMPs hold the CPU, and a profile that counted the wait would absorb them (§4.3.2:
+"individual subtasks are executed in isolation from other subtasks", so what a subtask holds is
+its own cost). A report without held times (an AM older than them, or a job that does not run
+through the arbiter) says only the whole time, which is the job's own only when it runs alone:
+`update(..., alone=False)` then leaves the profile as it is.
 """
 from __future__ import annotations
 
@@ -35,23 +43,39 @@ class Profile:
         return self.t_cpu1 / machines, self.t_net
 
 
-def sample(report: JobReport) -> Optional[tuple[float, float, int]]:
-    """The report's (T_cpu, T_net, c_g), or None while it has no timings."""
+@dataclass(frozen=True)
+class Sample:
+    """One report's (T_cpu, T_net, c_g); `held`: the times are held grant times (not waited)."""
+
+    t_cpu: float
+    t_net: float
+    machines: int
+    held: bool
+
+
+def sample(report: JobReport) -> Optional[Sample]:
+    """The report's sample -- held times where the report has them, else the whole times -- or None
+    while it has no timings."""
     wt = report.worker_times
     if wt.workers < 1 or (wt.compute_s <= 0.0 and wt.comm_s <= 0.0):
         return None
-    return wt.compute_s, wt.comm_s, wt.workers
+    if wt.compute_held_s > 0.0 or wt.comm_held_s > 0.0:
+        return Sample(wt.compute_held_s, wt.comm_held_s, wt.workers, True)
+    return Sample(wt.compute_s, wt.comm_s, wt.workers, False)
 
 
-def update(profile: Optional[Profile], report: JobReport, ema_weight: float = EMA_WEIGHT) -> Optional[Profile]:
-    """`profile` with the report's sample folded in (unchanged when the report has no timings or no
-    iterations since the last sample)."""
+def update(profile: Optional[Profile], report: JobReport, ema_weight: float = EMA_WEIGHT,
+           alone: bool = True) -> Optional[Profile]:
+    """`profile` with the report's sample folded in (unchanged when the report has no timings, no
+    iterations since the last sample, or only whole times of a job that is not `alone`)."""
     s = sample(report)
     # The AM's moving averages move only with iterations; fewer iterations than the last sample
     # mean a new AM attempt counting afresh, whose report is a sample too.
     if s is None or (profile is not None and report.iterations == profile.iterations):
         return profile
-    t_cpu, t_net, machines = s
+    if not s.held and not alone:
+        return profile          # its waits for partners' grants are in these times
+    t_cpu, t_net, machines = s.t_cpu, s.t_net, s.machines
     t1 = normalise_cpu(t_cpu, machines)
     if profile is None:
         return Profile(t1, t_net, machines, 1, report.iterations)
@@ -67,12 +91,13 @@ class ProfileBook:
         self.ema_weight = ema_weight
         self.profiles: dict[str, Profile] = {}
 
-    def observe(self, app_id: str, report: Optional[JobReport]) -> Optional[Profile]:
-        """Fold a steady report of `app_id` in; returns its profile (None: not profiled yet)."""
+    def observe(self, app_id: str, report: Optional[JobReport], alone: bool = True) -> Optional[Profile]:
+        """Fold a steady report of `app_id` in (`alone`: no other job's executors share its nodes);
+        returns its profile (None: not profiled yet)."""
         old = self.profiles.get(app_id)
         if report is None:
             return old
-        new = update(old, report, self.ema_weight)
+        new = update(old, report, self.ema_weight, alone)
         if new is not None:
             self.profiles[app_id] = new
         return new
@@ -84,4 +109,4 @@ class ProfileBook:
         self.profiles.pop(app_id, None)
 
 
-__all__ = ["EMA_WEIGHT", "Profile", "ProfileBook", "sample", "update"]
+__all__ = ["EMA_WEIGHT", "Profile", "ProfileBook", "Sample", "sample", "update"]

@@ -1,12 +1,17 @@
 """A scripted world for the pure `harmony` policy: nodes, PS apps whose AMs obey every directive
 at once and report the COMP / COMM times their true profile gives at the shape they were told.
-No RM, no clock: one `step()` is one policy round."""
+One `step()` is one policy round, one second on the snapshots' clock.
+
+An app's report carries the times its subtasks held their grants (its true profile) and, as the
+whole times, those plus `wait_s` per mini-batch spent waiting for grants (set it to model
+partners' COMPs); `held=False` makes an AM that reports whole times only. The snapshot shows each
+app's executors where its directive put them, plus `lingering` ones (executors not gone yet)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
-from protocol.internal_api import RunState, ShapeDirective
+from protocol.internal_api import NodePlacement, RunState, ShapeDirective
 from protocol.job_report import JobReport, WorkerTiming
 from protocol.records import ZERO, Resource
 from rm.policies import ClusterSnapshot, Decision, NodeView, Policy
@@ -26,6 +31,14 @@ class App:
     iterations: int = 0
     history: list[ShapeDirective] = field(default_factory=list)
     am_node: Optional[str] = None   # where its AM runs (None: not placed yet)
+    wait_s: float = 0.0             # per mini-batch, waited for grants (in the whole times only)
+    held: bool = True               # the AM reports held times
+    lingering: tuple[NodePlacement, ...] = ()   # executors still on nodes it was moved off
+
+    def executors(self) -> tuple[NodePlacement, ...]:
+        d = self.directive
+        placed = () if d is None or d.run_state is RunState.PAUSE or d.workers == 0 else d.placement
+        return tuple(placed) + self.lingering
 
     def report(self) -> JobReport:
         d = self.directive
@@ -34,8 +47,14 @@ class App:
                              directive_version=0 if d is None else d.version)
         return JobReport(workers=d.workers, servers=d.servers, started=True, iterations=self.iterations,
                          directive_version=d.version, executor_resource=d.executor_resource,
-                         worker_times=WorkerTiming(compute_s=self.t_cpu1 / d.workers, comm_s=self.t_net,
-                                                   workers=d.workers))
+                         worker_times=self.times(d.workers))
+
+    def times(self, workers: int) -> WorkerTiming:
+        cpu = self.t_cpu1 / workers
+        if not self.held:
+            return WorkerTiming(compute_s=cpu + self.wait_s, comm_s=self.t_net, workers=workers)
+        return WorkerTiming(compute_s=cpu + self.wait_s, comm_s=self.t_net, workers=workers,
+                            compute_held_s=cpu, comm_held_s=self.t_net, compute_wait_s=self.wait_s)
 
 
 class World:
@@ -61,7 +80,8 @@ class World:
                                 "executor_vcores": 1})
             views.append(AppView(a.app_id, "default", "alice", a.state, a.submit_time, ZERO,
                                  a.report() if a.state == "RUNNING" else None, spec, am_resource=AM,
-                                 directive=a.directive, am_node=a.am_node))
+                                 directive=a.directive, am_node=a.am_node,
+                                 executors=a.executors() if a.state == "RUNNING" else ()))
         total = sum((n.capacity for n in self.nodes), ZERO)
         return ClusterSnapshot(now=self.now, total=total, used=ZERO, nodes=tuple(self.nodes), apps=tuple(views))
 

@@ -2,7 +2,7 @@
 directive at once and report the COMP / COMM times of their true profiles."""
 from __future__ import annotations
 
-from protocol.internal_api import RunState
+from protocol.internal_api import NodePlacement, RunState
 from protocol.records import Resource
 from rm.policies import HarmonyPolicy, create
 from rm.policies.harmony import HarmonyConfig
@@ -96,7 +96,10 @@ def test_a_profiled_arrival_waits_behind_a_paused_job_and_replaces_a_similar_fin
     w.submit("e", 7.9, 1.0)                          # like a (8, 1) within 5 %
     w.step(p)
     assert states(p)["e"] == ("profiling", None)
-    # ... and, profiled, waits: d already waits (no group is reshuffled for it).
+    # The group's executors were on that node when e got it: its first report is not its own.
+    w.step(p)
+    assert states(p)["e"] == ("profiling", None)
+    # ... and, profiled alone, waits: d already waits (no group is reshuffled for it).
     w.step(p)
     assert states(p)["e"] == ("paused", None)
     assert "waits" in w.apps["e"].directive.reason
@@ -235,3 +238,97 @@ def test_invariants_hold_through_arrivals_completions_and_node_changes():
         for members in groups.values():
             assert len({tuple(decision.jobs[a].nodes) for a in members}) == 1
             assert len(members) <= 3            # (8 vcores - the AMs' room) / 2 containers per job
+
+
+# ----- profiles as the paper takes them -------------------------------------------------------------------------
+def test_a_profile_is_the_time_subtasks_held_their_grants_not_the_time_they_waited():
+    w, p = World(1), HarmonyPolicy()
+    w.submit("a", 4.0, 1.0).wait_s = 3.0            # e.g. queued behind a partner's COMPs
+    w.step(p)
+    w.step(p)
+    d = p.describe()["a"]
+    assert (d["tCpu1"], d["tNet"]) == (4.0, 1.0)
+
+
+def test_whole_times_without_held_ones_are_profiled_only_while_the_job_runs_alone():
+    w, p = World(2), HarmonyPolicy()
+    a = w.submit("a", 4.0, 1.0)
+    b = w.submit("b", 1.0, 4.0)
+    a.held = b.held = False                          # AMs that report whole times only
+    for _ in range(3):
+        w.step(p)
+    assert states(p)["a"][0] == states(p)["b"][0] == "running" and states(p)["a"][1] == states(p)["b"][1]
+    assert p.describe()["a"]["tCpu1"] == 4.0
+    # Grouped, a's whole COMP time now counts the waits behind b's COMPs: not a's profile.
+    a.wait_s = 2.0
+    for _ in range(3):
+        w.step(p)
+    assert p.describe()["a"]["tCpu1"] == 4.0
+    # With held times it is the job's own again, and the moving average follows them.
+    a.held, a.t_cpu1 = True, 6.0
+    w.step(p)
+    assert 4.0 < p.describe()["a"]["tCpu1"] < 6.0
+
+
+def test_no_profile_is_taken_while_another_jobs_executors_share_the_node():
+    w, p = World(2), HarmonyPolicy()
+    w.submit("a", 4.0, 1.0)
+    x = w.submit("x", 1.0, 1.0)
+    x.state = "ACCEPTED"                 # not tracked yet, but its executors are on n1 (lingering)
+    x.lingering = (NodePlacement(node="n1", workers=1, servers=0),)
+    w.apps["x"] = x
+    d = w.step(p)
+    node = d.jobs["a"].nodes[0]
+    x.state = "RUNNING"
+    x.lingering = (NodePlacement(node=node, workers=1, servers=0),)
+    for _ in range(3):
+        w.step(p)
+        assert states(p)["a"][0] == "profiling"
+    # x's executor leaves: a's times from then on are its own, after `profile_iterations`.
+    x.lingering = ()
+    w.step(p)
+    assert states(p)["a"][0] == "profiling"
+    w.step(p)
+    assert p.describe()["a"]["profileSamples"] == 1
+
+
+def test_jobs_profiled_in_the_same_round_arrive_in_turn_instead_of_all_waiting():
+    w, p = World(4), HarmonyPolicy(HarmonyConfig(profiling_nodes=2))
+    w.submit("a", 8.0, 1.0)
+    w.submit("b", 1.0, 8.0)
+    for _ in range(3):
+        w.step(p)
+    assert {s for s, _ in states(p).values()} == {"running"}
+    w.submit("c", 8.0, 1.0)
+    w.submit("d", 1.0, 8.0)
+    for _ in range(2):
+        w.step(p)
+        assert states(p)["c"][0] == states(p)["d"][0] == "profiling"   # two nodes lent, both alone
+    w.step(p)
+    # Measured in the same round: c goes first, d after it sees where c went. Before, each saw the
+    # other as a job "already waiting" and both were paused.
+    assert states(p)["c"][0] == "running", w.apps["c"].directive.reason
+    assert "wait before it" not in w.apps["d"].directive.reason
+
+
+def test_describe_reports_profiling_and_regrouping_time_on_the_snapshots_clock():
+    w, p = World(2), HarmonyPolicy()
+    a = w.submit("a", 4.0, 1.0)
+    w.step(p)                                        # t: profiling on a node of its own
+    w.step(p)                                        # t + 1: measured and grouped (RUN)
+    assert p.describe()["a"]["profilingS"] == 1.0
+    assert p.describe()["a"]["moves"] == 1
+    # Its AM takes two rounds to act on the directive that grouped it (migrating there).
+    real = a.report
+    version = a.directive.version
+
+    def late():
+        r = real()
+        return r.__class__(**{**{f: getattr(r, f) for f in r.__struct_fields__}, "directive_version": version - 1})
+    a.report = late      # type: ignore[method-assign]
+    w.step(p)
+    w.step(p)
+    a.report = real      # type: ignore[method-assign]
+    w.step(p)
+    d = p.describe()["a"]
+    assert d["regroupS"] == 2.0 and d["profilingS"] == 1.0 and d["pausedS"] == 0.0

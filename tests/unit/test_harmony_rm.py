@@ -18,6 +18,7 @@ from rm.server import ResourceManagerServer
 from rm_testing import FakeClock, launch_and_register, register
 
 BASE = "/ws/v1/cluster"
+WAIT_S = 0.5
 
 
 def submit_ps(core, name: str) -> str:
@@ -48,8 +49,10 @@ class ScriptedAm:
         self.iterations += 10
         return JobReport(workers=d.workers, servers=d.servers, started=True, iterations=self.iterations,
                          directive_version=d.version, executor_resource=d.executor_resource,
-                         worker_times=WorkerTiming(compute_s=self.t_cpu1 / d.workers, comm_s=self.t_net,
-                                                   workers=d.workers))
+                         # Each mini-batch also waits WAIT_S for its grants: not the job's own time.
+                         worker_times=WorkerTiming(compute_s=self.t_cpu1 / d.workers + WAIT_S, comm_s=self.t_net,
+                                                   workers=d.workers, compute_held_s=self.t_cpu1 / d.workers,
+                                                   comm_held_s=self.t_net, compute_wait_s=WAIT_S))
 
     def allocate(self) -> None:
         r = self.core.allocate(self.claims, api.AllocateRequest(response_id=self.response_id, shape=self.report()))
@@ -128,6 +131,9 @@ async def test_harmony_groups_pauses_and_resumes_scripted_jobs_inside_the_rm(tmp
         r = await client.get(f"{BASE}/apps/{ams['B'].app_id}/shape", params={"user.name": "alice"})
         shape = (await r.json())["shape"]
         assert shape["policy"] == "harmony" and shape["policyState"]["state"] == "running"
+        # B's profile is the time its subtasks held their grants (1.0 s on one machine), not waited.
+        assert (shape["policyState"]["tCpu1"], shape["policyState"]["tNet"]) == (1.0, 1.8)
+        assert {"profilingS", "regroupS", "pausedS", "moves"} <= set(shape["policyState"])
         assert shape["directive"]["group"] == state("B")[1] and shape["directive"]["executorResource"]
         r = await client.get(f"{BASE}/scheduler", params={"user.name": "alice"})
         info = (await r.json())["scheduler"]["schedulerInfo"]["policy"]
