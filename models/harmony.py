@@ -15,6 +15,20 @@ The first two terms of eq. 4.1 are the resource-bound cases (the arbiter runs on
 primary COMM at a time per node, so a group's subtasks of one kind queue behind each other), the
 third the job-bound case (one long job holds the group's iteration back).
 
+**Threads and cores.** The paper assumes a COMP uses all of a machine's cores, so COMPs of a group
+run one at a time and their times add up. Here a node's arbiter holds a pool of `cores` and a COMP
+asks for the `threads` it uses (nodemanager/arbiter.py): COMPs whose threads fit run side by side.
+The model then treats the CPU as a resource of capacity `cores` that a COMP occupies for T_cpu_j
+at a share s_j = min(threads_j, cores) / cores, T_cpu_j being its time *with* those threads (the
+held time the executors report, protocol/job_report.py):
+
+    CPU term of (4.1)   sum_j s_j T_cpu_j            U_cpu of (4.3)   sum_j s_j T_cpu_j / Tg_itr_g
+
+(`cpu_share`; the functions take `share`, default 1 = the paper's case, where it changes
+nothing). It assumes a COMP's threads keep its cores busy the whole COMP (no serial part: a
+COMP that is partly serial makes the model pessimistic about packing) and that COMPs sharing the
+pool do not slow each other beyond their shares (no memory-bandwidth interference).
+
 The dissertation compares groupings by U but says CPU "is treated more importantly than the network
 utilization"; `score` makes that a number: a weighted sum with `CPU_WEIGHT` on CPU.
 
@@ -52,26 +66,41 @@ def normalise_cpu(t_cpu: float, machines: int) -> float:
     return t_cpu * machines
 
 
+def cpu_share(threads: FloatArray | float, cores: FloatArray | float) -> FloatArray:
+    """s_j: the share of a node's CPU pool of `cores` that a COMP using `threads` threads holds
+    (at most 1: the arbiter grants a request for more than the pool the whole pool)."""
+    t = np.asarray(threads, dtype=np.float64)
+    c = np.asarray(cores, dtype=np.float64)
+    if np.any(t < 1) or np.any(c < 1):
+        raise ModelError("threads and cores must be >= 1")
+    out: FloatArray = np.minimum(t, c) / c
+    return out
+
+
 def job_iteration_time(t_cpu: FloatArray | float, t_net: FloatArray | float) -> FloatArray:
     """A job's own iteration: its COMP then its COMM (T_itr_j)."""
     return np.asarray(t_cpu, dtype=np.float64) + np.asarray(t_net, dtype=np.float64)
 
 
-def group_iteration_time(t_cpu: FloatArray, t_net: FloatArray) -> float:
-    """Eq. 4.1 for one group, its members' COMP times already at the group's m_g."""
+def group_iteration_time(t_cpu: FloatArray, t_net: FloatArray, share: FloatArray | float = 1.0) -> float:
+    """Eq. 4.1 for one group, its members' COMP times already at the group's m_g; `share`: each
+    COMP's share of the node's cores (`cpu_share`; 1 = it holds the machine, as in the paper)."""
     t_cpu = np.asarray(t_cpu, dtype=np.float64)
     t_net = np.asarray(t_net, dtype=np.float64)
     if t_cpu.size == 0:
         return 0.0
-    return float(max(t_cpu.sum(), t_net.sum(), (t_cpu + t_net).max()))
+    cpu = float(np.sum(t_cpu * np.asarray(share, dtype=np.float64)))
+    return float(max(cpu, t_net.sum(), (t_cpu + t_net).max()))
 
 
-def group_utilization(t_cpu: FloatArray, t_net: FloatArray) -> FloatArray:
-    """Eq. 4.3 for one group: [U_cpu, U_net] (zeros for an empty or idle group)."""
-    t_itr = group_iteration_time(t_cpu, t_net)
+def group_utilization(t_cpu: FloatArray, t_net: FloatArray, share: FloatArray | float = 1.0) -> FloatArray:
+    """Eq. 4.3 for one group: [U_cpu, U_net] (zeros for an empty or idle group); `share` as in
+    `group_iteration_time`."""
+    t_itr = group_iteration_time(t_cpu, t_net, share)
     if t_itr <= 0.0:
         return np.zeros(2)
-    return np.array([np.sum(t_cpu) / t_itr, np.sum(t_net) / t_itr])
+    cpu = np.sum(np.asarray(t_cpu, dtype=np.float64) * np.asarray(share, dtype=np.float64))
+    return np.array([cpu / t_itr, np.sum(t_net) / t_itr])
 
 
 def cluster_utilization(machines: IntArray | FloatArray, utils: FloatArray) -> FloatArray:
@@ -92,7 +121,7 @@ def score(u: FloatArray, cpu_weight: float = CPU_WEIGHT) -> float:
 class GroupStats:
     """Eq. 4.1-4.3 for every group of a grouping at once (arrays indexed by group)."""
 
-    cpu: FloatArray         # sum_j T_cpu_j(m_g)
+    cpu: FloatArray         # sum_j s_j T_cpu_j(m_g) (s_j = 1: the paper's one COMP per machine)
     net: FloatArray         # sum_j T_net_j
     max_job: FloatArray     # max_j T_itr_j(m_g)
     machines: FloatArray
@@ -122,9 +151,10 @@ class GroupStats:
         return cluster_utilization(self.machines, self.utilization)
 
 
-def group_stats(t_cpu1: FloatArray, t_net: FloatArray, group_of: IntArray, machines: IntArray) -> GroupStats:
+def group_stats(t_cpu1: FloatArray, t_net: FloatArray, group_of: IntArray, machines: IntArray,
+                share: FloatArray | float = 1.0) -> GroupStats:
     """Eq. 4.1-4.3 of every group of the grouping (`group_of[j]` = job j's group, -1: not running;
-    `machines[g]` = m_g >= 1)."""
+    `machines[g]` = m_g >= 1; `share[j]` = job j's COMP share of a node's cores, see the module doc)."""
     t_cpu1 = np.asarray(t_cpu1, dtype=np.float64)
     t_net = np.asarray(t_net, dtype=np.float64)
     group_of = np.asarray(group_of, dtype=np.int64)
@@ -140,7 +170,8 @@ def group_stats(t_cpu1: FloatArray, t_net: FloatArray, group_of: IntArray, machi
         raise ModelError("a group with jobs needs at least one machine")
     cpu_j = t_cpu1[running] / np.where(m[g] > 0, m[g], 1.0)
     net_j = t_net[running]
-    cpu = np.bincount(g, weights=cpu_j, minlength=n_groups).astype(np.float64)
+    share_j = np.broadcast_to(np.asarray(share, dtype=np.float64), t_cpu1.shape)[running]
+    cpu = np.bincount(g, weights=cpu_j * share_j, minlength=n_groups).astype(np.float64)
     net = np.bincount(g, weights=net_j, minlength=n_groups).astype(np.float64)
     max_job = np.zeros(n_groups)
     np.maximum.at(max_job, g, cpu_j + net_j)
@@ -152,5 +183,6 @@ def utilization(t_cpu1: FloatArray, t_net: FloatArray, group_of: IntArray, machi
     return group_stats(t_cpu1, t_net, group_of, machines).cluster()
 
 
-__all__ = ["CPU_WEIGHT", "GroupStats", "ModelError", "cluster_utilization", "cpu_time", "group_iteration_time",
+__all__ = ["CPU_WEIGHT", "GroupStats", "ModelError", "cluster_utilization", "cpu_share", "cpu_time",
+           "group_iteration_time",
            "group_stats", "group_utilization", "job_iteration_time", "normalise_cpu", "score", "utilization"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.harmony import (GroupStats, ModelError, cluster_utilization, cpu_time, group_iteration_time,
+from models.harmony import (GroupStats, ModelError, cluster_utilization, cpu_share, cpu_time, group_iteration_time,
                             group_stats, group_utilization, normalise_cpu, score, utilization)
 
 
@@ -57,3 +57,21 @@ def test_group_stats_refuses_a_group_without_machines_and_negative_times():
         group_stats(np.array([1.0]), np.array([1.0]), np.array([0]), np.array([0]))
     with pytest.raises(ModelError, match="non-negative"):
         group_stats(np.array([-1.0]), np.array([1.0]), np.array([0]), np.array([1]))
+
+
+def test_comps_that_hold_part_of_the_pool_add_up_by_their_share() -> None:
+    # Two COMP-heavy jobs of 2 threads each on a 4-core pool run side by side: their CPU term
+    # is half their summed COMP time, so the group is job-bound, not CPU-bound.
+    share = cpu_share(np.array([2, 2]), 4)
+    assert list(share) == [0.5, 0.5]
+    t_cpu, t_net = np.array([0.8, 0.7]), np.array([0.2, 0.3])
+    assert group_iteration_time(t_cpu, t_net) == pytest.approx(1.5)             # the paper's case
+    assert group_iteration_time(t_cpu, t_net, share) == pytest.approx(1.0)       # max_j T_itr_j
+    assert list(group_utilization(t_cpu, t_net, share)) == pytest.approx([0.75, 0.5])
+    # threads == cores (or more: granted the whole pool) is the paper's model exactly
+    assert group_iteration_time(t_cpu, t_net, cpu_share(np.array([4, 8]), 4)) == pytest.approx(1.5)
+    stats = group_stats(np.array([0.8, 0.7, 0.4]), np.array([0.2, 0.3, 0.1]), np.array([0, 0, 1]),
+                        np.array([1, 1]), share=np.array([0.5, 0.5, 1.0]))
+    assert list(stats.iteration_time) == pytest.approx([1.0, 0.5])
+    with pytest.raises(ModelError, match=">= 1"):
+        cpu_share(0, 4)
