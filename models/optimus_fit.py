@@ -11,6 +11,18 @@
   then a finer grid around the best. The best grid point is solved again with
   `scipy.optimize.nnls`; the grid itself uses the same 2-variable NNLS in closed form, vectorised
   over many jobs at once (`fit_loss_curves`), because the RM refits thousands of jobs per round.
+* **Objectives of either sign and direction** (`orientation`): eq. 1 needs a positive, falling
+  loss, but an app may report an objective that rises as it learns or is negative (LDA's
+  log-likelihood). The fit runs on y = sign·x + offset: sign -1 when the series rises (its last
+  point above its first), and an offset only when sign·x is not all positive (it lifts the lowest
+  point to the series' span). The curve keeps both and predicts in the app's own units; the
+  convergence test stays the runtime's relative test on the raw objective, |Δx| / |x|, which a
+  sign flip leaves alone and an offset changes (so with one it is solved numerically).
+* **Points per clock** (`loss_points`): besides the initial objective (k = 0) and each finished
+  epoch (k = e + 1), an AM may report the objective every few clocks with the fractional epochs
+  trained then (JobReport.clock_objectives); those points go in at their fractional k, so a job of
+  a few epochs is fitted during its first one. A fit needs `MIN_LOSS_POINTS` points spanning at
+  least `MIN_FIT_SPAN` epochs.
 * **Remaining epochs**: the job converges when an epoch lowers the loss by less than `threshold`
   relative to the previous one (the PS runtime's test, psruntime/apps/base.py); on the fitted
   curve that first happens at the k solving a quadratic (`LossCurve.epochs_to_converge`).
@@ -18,11 +30,15 @@
   θ3·p), and eq. 4 for synchronous, f(p, w) = 1 / (θ0·M/w + θ1 + θ2·w/p + θ3·w + θ4·p) (M, the
   fixed global batch, is folded into θ0). Both are linear in θ once inverted, so NNLS fits 1/f on
   the features, each row scaled by the measured f so the residuals are relative speed errors.
-  Departure: the paper pre-runs each job at ~5 (p, w) pairs before it starts; Elastane cannot, so
-  the fit adds pseudo-samples from a reference speed function (the paper's Table 2 coefficients),
-  scaled to the job's own measured speeds, with a total weight `PRIOR_WEIGHT` divided by the number
-  of distinct shapes sampled, so real samples soon outweigh it. With samples at one shape only, the fit is the reference scaled to
-  it: enough to explore a neighbouring shape, whose sample then corrects it.
+  Departure: the paper pre-runs each job at ~5 (p, w) pairs before it starts; Elastane does not
+  (a pre-run costs a restart per shape), so the fit adds pseudo-samples from a prior speed
+  function scaled to the job's own measured speeds, with a total weight (`PRIOR_WEIGHT`, or
+  `APP_PRIOR_WEIGHT` for a per-app prior) divided by the number of distinct shapes sampled, so
+  real samples soon outweigh it. The prior is per app where one is known (`app_prior`: our four
+  apps' epoch-time θ as `elastane sim calibrate` measured them, docs/simulator.md; the policy adds
+  what it learns from other jobs of the app) -- for NMF and Lasso every extra server slows the job,
+  which the paper's ResNet-50 reference (`reference`, the fallback) says the opposite of. With
+  samples at one shape only, the fit is the prior scaled to it.
 
 Speeds may be in any unit (the policy uses epochs per second); remaining time = epochs / speed.
 """
@@ -42,8 +58,10 @@ Array = NDArray[np.float64]
 OUTLIER_WINDOW = 5          # §3.1: neighbours = the previous / subsequent 5 points
 MAX_FIT_POINTS = 32         # longer histories are averaged into this many points
 MIN_LOSS_POINTS = 4         # fewer (initial objective included) and there is no curve
+MIN_FIT_SPAN = 0.5          # epochs the points must span (per-clock points of a quarter epoch say little)
 BETA2_GRID = 32             # coarse grid over β2 in [0, min l), then as many points around the best
 PRIOR_WEIGHT = 0.5          # total weight of the reference pseudo-samples (a real sample weighs 1)
+APP_PRIOR_WEIGHT = 2.0      # a per-app prior was measured on the same app: it weighs more
 
 # General speed features; eq. 3 and eq. 4 each use some of them (1/f = θ · features).
 FEATURES = ("1/w", "1/p", "1", "w/p", "w", "p", "p/w")
@@ -53,23 +71,39 @@ ASYNC_FEATURES = (0, 1, 2, 6)         # eq. 3 divided by w: θ0/w + θ1/p + θ2 
 # (the paper does not give M; 16 keeps the reference's optimum at a few tens of workers).
 SYNC_REFERENCE = (1.02 * 16, 2.78, 4.92, 0.0, 0.02)
 ASYNC_REFERENCE = (2.83, 3.92, 0.0, 0.11)
+# Per-app priors: the epoch-time θ of models/ps_iteration_time.py (T = θ0/w + θ1 + θ2·w/s + θ3·w +
+# θ4·s, eq. 4's form) that `elastane sim calibrate` measured for the built-in apps on this project's
+# dev machine (docs/simulator.md). Only their shape matters: the fit scales them to each job.
+APP_PRIORS: dict[str, tuple[float, float, float, float, float]] = {
+    "mlr": (0.678, 0.0677, 0.0152, 0.0646, 0.0),
+    "nmf": (0.914589, 0.19257, 0.0, 0.0, 0.118368),
+    "lda": (1.319682, 0.0, 0.056166, 0.0, 0.0),
+    "lasso": (0.395726, 0.0, 0.0, 0.0, 0.395242),
+}
 
 
 # ===== loss curve ================================================================================
 
 @dataclass(frozen=True)
 class LossCurve:
-    """A fitted eq. 1 in normalised units (losses divided by `scale`); `rss` its residual."""
+    """A fitted eq. 1 in normalised units (losses divided by `scale`); `rss` its residual. The
+    losses fitted were y = sign·x + offset of the app's objective x (`orientation`)."""
 
     beta0: float
     beta1: float
     beta2: float
     scale: float = 1.0
     rss: float = 0.0
+    sign: float = 1.0
+    offset: float = 0.0
+
+    def fitted(self, k: float | Array) -> float | Array:
+        """The curve in the fit's units (y, positive and falling) after `k` epochs."""
+        return self.scale * (1.0 / (self.beta0 * np.asarray(k, dtype=float) + self.beta1) + self.beta2)
 
     def loss(self, k: float | Array) -> float | Array:
-        """The predicted raw loss after `k` epochs."""
-        return self.scale * (1.0 / (self.beta0 * np.asarray(k, dtype=float) + self.beta1) + self.beta2)
+        """The predicted objective, in the app's own units and sign, after `k` epochs."""
+        return self.sign * (self.fitted(k) - self.offset)
 
     def raw(self) -> tuple[float, float, float]:
         """(β0, β1, β2) of the curve in raw loss units: s·(1/(b0 k + b1) + b2) = 1/(b0/s k + b1/s) + s b2."""
@@ -84,6 +118,8 @@ class LossCurve:
             return 0.0
         if d >= 1.0:
             return 1.0
+        if self.offset != 0.0:
+            return _converge_numerically(self, d)
         qa, qb, qc = d * b2, d * (1.0 + b2 * b0), b0 * (d - 1.0)
         if qa > 0.0:
             a = (-qb + math.sqrt(qb * qb - 4.0 * qa * qc)) / (2.0 * qa)
@@ -96,13 +132,58 @@ class LossCurve:
         return max(0.0, self.epochs_to_converge(threshold) - trained)
 
 
-def loss_points(initial: Optional[float], history: Iterable[tuple[int, float]]) -> tuple[Array, Array]:
-    """(k, loss) points of a job: the initial objective at k = 0 and each finished epoch e at
-    k = e + 1 (epochs trained), sorted by k, non-finite values dropped."""
-    pts = {} if initial is None or not math.isfinite(initial) else {0: float(initial)}
+MAX_PREDICTED_EPOCHS = 100_000    # the numeric convergence search looks no further
+
+
+@functools.lru_cache(maxsize=4096)
+def _converge_numerically(curve: LossCurve, threshold: float) -> float:
+    """`epochs_to_converge` for a curve fitted with an offset: the runtime's relative test on the
+    raw objective x = sign·(y − offset), i.e. |y(k) − y(k−1)| / |y(k−1) − offset| < threshold,
+    searched over k = 2, 3, ... in growing blocks (inf when never within MAX_PREDICTED_EPOCHS)."""
+    start, size = 2, 256
+    while start <= MAX_PREDICTED_EPOCHS:
+        k = np.arange(start, min(start + size, MAX_PREDICTED_EPOCHS + 1), dtype=float)
+        prev = np.asarray(curve.fitted(k - 1.0))
+        rel = np.abs(np.asarray(curve.fitted(k)) - prev) / np.maximum(np.abs(prev - curve.offset), 1e-300)
+        hit = np.nonzero(rel < threshold)[0]
+        if hit.size:
+            return float(k[hit[0]])
+        start, size = start + size, size * 4
+    return math.inf
+
+
+def orientation(losses: Sequence[float] | Array) -> tuple[float, float]:
+    """(sign, offset) that make an objective series a positive, falling loss y = sign·x + offset
+    (see the module doc): sign -1 when it rises (last point above the first), an offset lifting
+    the lowest point to the series' span when sign·x is not all positive."""
+    x = np.asarray(losses, dtype=float)
+    x = x[np.isfinite(x)]
+    if len(x) == 0:
+        return 1.0, 0.0
+    sign = -1.0 if x[-1] > x[0] else 1.0
+    y = sign * x
+    low = float(y.min())
+    if low > 0.0:
+        return sign, 0.0
+    span = float(y.max()) - low
+    return sign, span - low if span > 0.0 else 1.0 - low
+
+
+def loss_points(initial: Optional[float], history: Iterable[tuple[int, float]],
+                clock_points: Iterable[tuple[float, float]] = ()) -> tuple[Array, Array]:
+    """(k, loss) points of a job: the initial objective at k = 0, each finished epoch e at
+    k = e + 1 (epochs trained) and each per-clock point (fractional epochs trained, objective) at
+    its k; sorted by k, non-finite values dropped (an epoch's own point wins over a clock point at
+    the same k)."""
+    pts: dict[float, float] = {}
+    for k, obj in clock_points:
+        if math.isfinite(k) and k >= 0.0 and math.isfinite(obj):
+            pts[float(k)] = float(obj)
+    if initial is not None and math.isfinite(initial):
+        pts[0.0] = float(initial)
     for epoch, obj in history:
         if math.isfinite(obj):
-            pts[int(epoch) + 1] = float(obj)
+            pts[float(int(epoch) + 1)] = float(obj)
     ks = sorted(pts)
     return np.asarray(ks, dtype=float), np.asarray([pts[k] for k in ks], dtype=float)
 
@@ -235,15 +316,23 @@ def _grid_fit(moments: Array, c: Array) -> tuple[Array, Array, Array, NDArray[np
     return a, b, obj, inside
 
 
+def fittable(ks: Sequence[float] | Array) -> bool:
+    """Enough points to fit: `MIN_LOSS_POINTS` of them spanning `MIN_FIT_SPAN` epochs."""
+    k = np.asarray(ks, dtype=float)
+    return len(k) >= MIN_LOSS_POINTS and float(k.max() - k.min()) >= MIN_FIT_SPAN
+
+
 def fit_loss_curves(series: Sequence[tuple[Array, Array]]) -> list[Optional[LossCurve]]:
-    """Fit eq. 1 to each (k, loss) series at once (None where there are too few points or a loss is
-    not positive). Pre-processing per `prepare`; see the module doc for the method."""
+    """Fit eq. 1 to each (k, objective) series at once (None where there are too few points, per
+    `fittable`, or a value is not finite). Each series is first made a positive, falling loss
+    (`orientation`); then pre-processing per `prepare`; see the module doc for the method."""
     out: list[Optional[LossCurve]] = [None] * len(series)
-    keep = [i for i, (ks, _) in enumerate(series) if len(ks) >= MIN_LOSS_POINTS]
+    keep = [i for i, (ks, _) in enumerate(series) if fittable(ks)]
     if not keep:
         return out
-    k, loss, mask, lengths = _pad([(np.asarray(series[i][0], float), np.asarray(series[i][1], float))
-                                   for i in keep])
+    orient = {i: orientation(series[i][1]) for i in keep}
+    k, loss, mask, lengths = _pad([(np.asarray(series[i][0], float),
+                                    orient[i][0] * np.asarray(series[i][1], float) + orient[i][1]) for i in keep])
     valid = ~np.any(mask & ~((loss > 0) & np.isfinite(loss)), axis=1)     # losses must be positive
     if not valid.all():
         keep = [i for i, v in zip(keep, valid) if v]
@@ -278,12 +367,14 @@ def fit_loss_curves(series: Sequence[tuple[Array, Array]]) -> list[Optional[Loss
         b0[r], b1[r] = sol[0], sol[1]
         res[r] = float(((1.0 / np.maximum(b0[r] * ks + b1[r], 1e-12) + beta2[r] - ls) ** 2).sum())
     for j, i in enumerate(keep):
-        out[i] = LossCurve(float(b0[j]), float(b1[j]), float(beta2[j]), float(scale[j]), float(res[j]))
+        sign, offset = orient[i]
+        out[i] = LossCurve(float(b0[j]), float(b1[j]), float(beta2[j]), float(scale[j]), float(res[j]),
+                           sign, offset)
     return out
 
 
 def fit_loss_curve(ks: Array, losses: Array) -> Optional[LossCurve]:
-    """Fit eq. 1 to one job's (k, loss) points (None: too few points, or a loss <= 0)."""
+    """Fit eq. 1 to one job's (k, objective) points (None: too few points, or one not finite)."""
     return fit_loss_curves([(ks, losses)])[0]
 
 
@@ -325,6 +416,29 @@ def reference(sync: bool) -> SpeedFunction:
     return SpeedFunction(tuple(coef), sync)
 
 
+def normalised(speed: SpeedFunction) -> SpeedFunction:
+    """`speed` scaled so 1/f(1 server, 1 worker) = 1: only its shape, comparable across jobs of
+    different data sizes (what a prior is)."""
+    at_one = inverse_speed(speed.coefficients, 1, 1)
+    if not at_one > 0.0:
+        return speed
+    return SpeedFunction(tuple(c / at_one for c in speed.coefficients), speed.sync)
+
+
+@functools.lru_cache(maxsize=64)
+def app_prior(app: str, sync: bool) -> Optional[SpeedFunction]:
+    """The built-in prior of app `app` (`APP_PRIORS`, normalised; None for an app without one).
+    The epoch-time θ are eq. 4's terms, used for SSP jobs too: the measured epoch time is what it
+    is whatever the mode, and the fit then also uses the prior's terms (`fit_speed`)."""
+    theta = APP_PRIORS.get(app)
+    if theta is None:
+        return None
+    coef = [0.0] * len(FEATURES)
+    for i, v in zip(SYNC_FEATURES, theta):
+        coef[i] = v
+    return normalised(SpeedFunction(tuple(coef), sync))
+
+
 def _ladder(most: int) -> list[int]:
     out, v = [], 1
     while v < most:
@@ -334,27 +448,29 @@ def _ladder(most: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _pseudo_shapes(sync: bool, max_servers: int, max_workers: int) -> tuple[Array, Array]:
-    """The pseudo-samples' features (rows, the mode's columns) and the reference's 1/f there."""
+def _pseudo_shapes(prior: tuple[float, ...], cols: tuple[int, ...], max_servers: int,
+                   max_workers: int) -> tuple[Array, Array]:
+    """The pseudo-samples' features (rows, the fit's columns) and the prior's 1/f there."""
     shapes = [(p, w) for p in _ladder(max_servers) for w in _ladder(max_workers)]
     x = features(np.array([s[0] for s in shapes], float), np.array([s[1] for s in shapes], float))
-    ref = np.asarray(reference(sync).coefficients)
-    return x[:, list(SYNC_FEATURES if sync else ASYNC_FEATURES)], x @ ref
+    return x[:, list(cols)], x @ np.asarray(prior)
 
 
 def fit_speed(samples: Sequence[tuple[int, int, float]], sync: bool, max_servers: int = 32,
-              max_workers: int = 32, prior_weight: float = PRIOR_WEIGHT) -> Optional[SpeedFunction]:
+              max_workers: int = 32, prior_weight: float = PRIOR_WEIGHT,
+              prior: Optional[SpeedFunction] = None) -> Optional[SpeedFunction]:
     """NNLS fit of eq. 4 (`sync`) or eq. 3 to (servers, workers, speed) samples (None: no usable
-    sample). Pseudo-samples of the scaled reference over a ladder of shapes up to the bounds carry
-    `prior_weight` / (distinct shapes sampled) in all (0: the paper's plain fit, which needs
-    samples at enough shapes).
+    sample). Pseudo-samples of the scaled prior (`prior`, else the paper's `reference`) over a
+    ladder of shapes up to the bounds carry `prior_weight` / (distinct shapes sampled) in all (0:
+    the paper's plain fit, which needs samples at enough shapes). The fit uses the mode's terms and
+    any other term the prior has (an epoch-time prior's θ4·p for an SSP job).
 
-    Samples at one shape only (and a prior) give the reference scaled to them, computed directly:
+    Samples at one shape only (and a prior) give the prior scaled to them, computed directly:
     the NNLS would return (nearly) that, and the RM refits thousands of such jobs per round."""
     good = [(p, w, f) for p, w, f in samples if p >= 1 and w >= 1 and f > 0 and math.isfinite(f)]
     if not good:
         return None
-    ref = reference(sync)
+    ref = prior if prior is not None else reference(sync)
     # The reference scaled to the job: the geometric mean of measured / reference speed.
     logs: dict[tuple[int, int], list[float]] = {}
     for p, w, f in good:
@@ -367,14 +483,14 @@ def fit_speed(samples: Sequence[tuple[int, int, float]], sync: bool, max_servers
         inv = inverse_speed(ref.coefficients, p, w) / scale
         return SpeedFunction(tuple(c / scale for c in ref.coefficients), sync,
                              sum((inv * f - 1.0) ** 2 for _, _, f in good))
-    cols = list(SYNC_FEATURES if sync else ASYNC_FEATURES)
+    cols = sorted(set(SYNC_FEATURES if sync else ASYNC_FEATURES) | {i for i, c in enumerate(ref.coefficients) if c > 0})
     arr = np.array(good, dtype=float)
     speed = arr[:, 2]
     X = features(arr[:, 0], arr[:, 1])[:, cols]
     A = X * speed[:, None]                      # (θ·x − 1/f)·f: the relative error of the prediction
     b = np.ones(len(good))
     if prior_weight > 0:
-        xp, ref_inv = _pseudo_shapes(sync, max(1, max_servers), max(1, max_workers))
+        xp, ref_inv = _pseudo_shapes(tuple(ref.coefficients), tuple(cols), max(1, max_servers), max(1, max_workers))
         weight = math.sqrt(prior_weight / len(logs) / len(xp))    # fades as distinct shapes come in
         A = np.vstack([A, xp * (scale * weight / ref_inv)[:, None]])
         b = np.concatenate([b, np.full(len(xp), weight)])
@@ -398,6 +514,7 @@ def inverse_speed(coefficients: Sequence[float], p: float, w: float) -> float:
     return c[0] / w + c[1] / p + c[2] + c[3] * w / p + c[4] * w + c[5] * p + c[6] * p / w
 
 
-__all__ = ["ASYNC_FEATURES", "FEATURES", "LossCurve", "MAX_FIT_POINTS", "MIN_LOSS_POINTS", "PRIOR_WEIGHT",
-           "SYNC_FEATURES", "SpeedFunction", "features", "fit_loss_curve", "fit_loss_curves", "fit_speed",
-           "inverse_speed", "loss_points", "prepare", "reference", "remove_outliers"]
+__all__ = ["APP_PRIORS", "APP_PRIOR_WEIGHT", "ASYNC_FEATURES", "FEATURES", "LossCurve", "MAX_FIT_POINTS",
+           "MIN_FIT_SPAN", "MIN_LOSS_POINTS", "PRIOR_WEIGHT", "SYNC_FEATURES", "SpeedFunction", "app_prior",
+           "features", "fit_loss_curve", "fit_loss_curves", "fit_speed", "fittable", "inverse_speed", "loss_points",
+           "normalised", "orientation", "prepare", "reference", "remove_outliers"]

@@ -48,6 +48,11 @@ Fields, and what the AM must put in them:
 - `objectives`: the objective history, `{epoch, objective}` per finished epoch, oldest first: the
   most recent `MAX_OBJECTIVES` (200) epochs, enough for Optimus's loss-curve fit (which also gets
   `initial_objective`, the curve's start). Only finite objectives are reported.
+- `clock_objectives`: the training objective every few clocks, `{iteration, epochs, objective}`
+  (clocks done, fractional epochs trained then, the objective), oldest first, at most
+  `MAX_CLOCK_OBJECTIVES` (200, thinned evenly when longer): Optimus fits its loss curve on them
+  too, so a job of a few epochs is fitted during its first. Empty when the AM has none (the PS AM
+  measures the exact objective at epoch ends only, and reports those in `objectives`).
 - `worker_times`: per-mini-batch compute and communication time of a worker (seconds), the mean
   over the workers of each one's moving average; `workers` is how many workers had measurements
   (0: none yet, and the times are 0.0). Under Harmony's arbiter a subtask first waits for a grant;
@@ -80,6 +85,7 @@ from .records import Resource
 
 MAX_EPOCH_TIMES = 20
 MAX_OBJECTIVES = 200
+MAX_CLOCK_OBJECTIVES = 200
 
 NonNeg = Annotated[int, msgspec.Meta(ge=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
@@ -89,6 +95,14 @@ class EpochObjective(msgspec.Struct, frozen=True):
     """The objective at the end of one epoch."""
 
     epoch: NonNeg
+    objective: float
+
+
+class ClockObjective(msgspec.Struct, frozen=True):
+    """The training objective after `iteration` clocks, `epochs` (fractional) epochs trained."""
+
+    iteration: NonNeg
+    epochs: NonNegFloat
     objective: float
 
 
@@ -132,6 +146,7 @@ class JobReport(msgspec.Struct, kw_only=True):
     epoch_times: Annotated[list[NonNegFloat], msgspec.Meta(max_length=MAX_EPOCH_TIMES)] = []
     initial_objective: Optional[float] = None
     objectives: Annotated[list[EpochObjective], msgspec.Meta(max_length=MAX_OBJECTIVES)] = []
+    clock_objectives: Annotated[list[ClockObjective], msgspec.Meta(max_length=MAX_CLOCK_OBJECTIVES)] = []
     worker_times: WorkerTiming = msgspec.field(default_factory=WorkerTiming)
     server_times: ServerTiming = msgspec.field(default_factory=ServerTiming)
     memory_mb: NonNegFloat = 0.0
@@ -167,5 +182,16 @@ def recent_objectives(history: Iterable[tuple[int, float]]) -> list[EpochObjecti
     return kept[-MAX_OBJECTIVES:]
 
 
-__all__ = ["EpochObjective", "JobReport", "MAX_EPOCH_TIMES", "MAX_OBJECTIVES", "ServerTiming", "WorkerTiming",
-           "finite", "recent_epoch_times", "recent_objectives"]
+def recent_clock_objectives(points: Iterable[tuple[int, float, float]]) -> list[ClockObjective]:
+    """`(iteration, epochs, objective)` points as the report carries them: finite ones, oldest first,
+    at most `MAX_CLOCK_OBJECTIVES` spread evenly over the history (the last always kept)."""
+    kept = [ClockObjective(i, e, o) for i, e, o in points if math.isfinite(o) and math.isfinite(e) and e >= 0]
+    if len(kept) <= MAX_CLOCK_OBJECTIVES:
+        return kept
+    n = len(kept)
+    return [kept[(j * (n - 1)) // (MAX_CLOCK_OBJECTIVES - 1)] for j in range(MAX_CLOCK_OBJECTIVES)]
+
+
+__all__ = ["ClockObjective", "EpochObjective", "JobReport", "MAX_CLOCK_OBJECTIVES", "MAX_EPOCH_TIMES",
+           "MAX_OBJECTIVES", "ServerTiming", "WorkerTiming", "finite", "recent_clock_objectives",
+           "recent_epoch_times", "recent_objectives"]

@@ -3,19 +3,31 @@
 Every round, per running PS job (rm/policies/eps_jobs.classify: started, its AM reporting):
 
 1. **Models** (models/optimus_fit.py). The loss curve (eq. 1) is fitted to the job report's
-   objective history (`initial_objective` at k = 0, epoch e's objective at k = e + 1) and gives Q,
+   objective history -- `initial_objective` at k = 0, epoch e's objective at k = e + 1, and the
+   objective every few clocks at its fractional epochs (`clock_objectives`) -- made a positive,
+   falling loss first whatever its sign and direction (LDA's log-likelihood rises). It gives Q,
    the epochs left until an epoch improves the objective by less than the job's convergence
    threshold (the runtime's own test), at most the epochs left to `max_epochs`. The speed function
-   (eq. 3 for SSP, eq. 4 for BSP) is fitted to (servers, workers, epochs/s) samples: one sample per
-   epoch trained entirely at a settled shape (1 / that epoch's training time from the report).
+   (eq. 3 for SSP, eq. 4 for BSP) is fitted to (servers, workers, epochs/s) samples: one per
+   epoch trained entirely at a settled shape (1 / that epoch's training time from the report),
+   and, before the first such epoch, the report's per-clock speed at the settled shape (iterations
+   per second over `speed_iterations` >= `MIN_CLOCK_SPEED_ITERATIONS`, per epoch via the clocks per
+   epoch the clock objectives give). The fit is seeded with the app's prior
+   (rm/policies/optimus_priors.py: per-app measured shapes and what finished jobs of the app
+   showed), the paper's ResNet-50 reference only for an app with none.
    Fits are redone only when their inputs change, all jobs' loss curves in one vectorised call.
-2. **Allocation** (§4.1, rm/policies/optimus_alloc.py): each fitted job starts at one worker and
+2. **Allocation** (§4.1, rm/policies/optimus_alloc.py): each sized job starts at one worker and
    one server; the rest of the budget goes one executor at a time to the largest marginal gain
    (eq. 9) per dominant-resource share, up to the job's max_workers / max_servers. The gain of a
-   job early in training (fitted progress below `EARLY_PROGRESS`) is multiplied by
-   `PRIORITY_FACTOR` (0.95): the paper applies the factor at "the beginning state (i.e., larger
-   prediction errors)" -- not near completion -- and so does this policy.
-3. **Placement** (§4.2, rm/policies/optimus_placement.py): each job whose shape changes is placed
+   job early in training (progress below `EARLY_PROGRESS`) is multiplied by `PRIORITY_FACTOR`
+   (0.95): the paper applies the factor at "the beginning state (i.e., larger prediction errors)"
+   -- not near completion -- and so does this policy.
+3. **Hysteresis**: a job is moved off its current shape only when the predicted cut in its
+   remaining time exceeds `HYSTERESIS_FACTOR` x its resize cost (the time its AM last spent
+   `changing`, `RESIZE_COST_S` until measured) and `MIN_RELATIVE_GAIN` of that time; a change
+   that gains less is dropped where the budget allows, smallest first, so fits that wobble do not
+   reshape jobs back and forth.
+4. **Placement** (§4.2, rm/policies/optimus_placement.py): each job whose shape changes is placed
    on the fewest nodes with equal workers and servers per node (Theorem 1), in the Decision's
    placement.
 
@@ -25,11 +37,13 @@ executors, a queued app's pending asks) so they can start -- as EPS does, runnin
 make room for a job that arrives.
 
 Departures from the paper, and why:
-* Jobs not yet fitted (fewer than `models.optimus_fit.MIN_LOSS_POINTS` loss points or no speed
-  sample) keep their requested shape; so does a job in the middle of a reconfiguration (its
-  target), so a directive is not changed while the AM carries it out.
 * The paper pre-runs each job at several shapes to seed its speed function; here the fit is seeded
-  with a reference function scaled to the job's own samples (see models/optimus_fit.py).
+  with the app's prior scaled to the job's own speed (no restarts spent on pre-runs).
+* A job whose loss curve cannot be fitted yet (too few points) is sized too, by the same rule,
+  with a prior on its remaining epochs: `max_epochs` less the epochs trained (`PRIOR_EPOCHS` when
+  the spec has no limit). A job with no speed measured at all yet, and one in the middle of a
+  reconfiguration (its target), keep their shape, so a directive is not changed while the AM
+  carries it out.
 * A job that cannot be placed evenly is not paused (pausing is Harmony's run state): it takes only
   the shrinking part of its change, with no placement (its AM removes executors where they are),
   and keeps its shape otherwise; the next round may place it.
@@ -37,7 +51,8 @@ Departures from the paper, and why:
   the room they take on their nodes (`AppView.executors_on`) counts as free when placing it.
 
 State between calls (decide() is deterministic for a sequence of snapshots): per job, its speed
-samples, the shape it settled at and since when, and the cached fits.
+samples, the shape it settled at and since when, its loss history, resize cost and cached fits;
+per app, the priors learned from finished jobs.
 """
 from __future__ import annotations
 
@@ -47,7 +62,8 @@ from typing import Optional
 
 import numpy as np
 
-from models.optimus_fit import FEATURES, MIN_LOSS_POINTS, LossCurve, SpeedFunction, fit_loss_curves, fit_speed, inverse_speed
+from models.optimus_fit import (FEATURES, LossCurve, SpeedFunction, fit_loss_curves, fit_speed, fittable,
+                                inverse_speed, loss_points)
 from protocol.job_report import MAX_OBJECTIVES, JobReport
 from protocol.records import Resource
 
@@ -55,32 +71,41 @@ from .decision import Decision, JobDecision
 from .eps_jobs import IncomingJob, RunningJob, clamp0, classify
 from .optimus_alloc import AllocationProblem, allocate
 from .optimus_placement import NodeBook, PlacementJob, place_jobs
+from .optimus_priors import AppPriors
 from .snapshot import AppView, ClusterSnapshot
 
 PRIORITY_FACTOR = 0.95      # §4.1: gains of jobs at the beginning of training, to damp prediction errors
-EARLY_PROGRESS = 0.2        # "beginning": fitted progress (epochs trained / predicted total) below this
+EARLY_PROGRESS = 0.2        # "beginning": progress (epochs trained / predicted total) below this
 # §4: Optimus re-plans every scheduling interval (10 minutes in §6.1), not on every RM tick, so a
 # job is not reshaped again before its last change has been measured; a job arriving, starting,
-# leaving or becoming fittable triggers a round at once (its room must be made, its resources
-# reused, or its first fit acted on).
+# leaving or gathering the data for a fit triggers a round at once (its room must be made, its
+# resources reused, or its first estimate acted on).
 SCHEDULING_INTERVAL_S = 30.0
 MAX_SPEED_SAMPLES = 16      # the most recent samples kept per job
+MAX_CLOCK_POINTS = 2000     # per-clock loss points kept per job (the fit averages them to 32)
 DEFAULT_THRESHOLD = 1e-3    # the apps' default convergence_threshold, for a spec that cannot be read
 DEFAULT_MAX_EPOCHS = 1000   # remaining epochs are capped by max_epochs; without one, by this
+PRIOR_EPOCHS = 30           # an unfitted job's total epochs when its spec has no max_epochs
+MIN_CLOCK_SPEED_ITERATIONS = 20   # a per-clock speed measured over fewer iterations is not a sample
+RESIZE_COST_S = 5.0         # a resize's cost (s) until the job's own has been measured
+HYSTERESIS_FACTOR = 2.0     # a change must cut the remaining time by this many resize costs ...
+MIN_RELATIVE_GAIN = 0.05    # ... and by this fraction of it
 
 
 @dataclass(frozen=True)
 class JobTraits:
-    """What the policy needs of a job's spec: its mode and stopping rules."""
+    """What the policy needs of a job's spec: its app, mode and stopping rules (max_epochs None:
+    the spec sets no limit)."""
 
     sync: bool
     threshold: float
-    max_epochs: int
+    max_epochs: Optional[int]
+    app: str = ""
 
 
 @dataclass
 class JobModel:
-    """One job's state between rounds: its speed samples and cached fits."""
+    """One job's state between rounds: its speed samples, loss history and cached fits."""
 
     traits: JobTraits
     samples: list[tuple[int, int, float]] = field(default_factory=list)   # (servers, workers, epochs/s)
@@ -88,36 +113,62 @@ class JobModel:
     settled: Optional[tuple[int, int]] = None   # (workers, servers) the job has been settled at
     settled_epoch: int = -1               # epochs after this one were trained entirely at `settled`
     sampled_epoch: int = -1               # the last epoch a sample was taken from
+    clock_sample: Optional[tuple[int, int, float]] = None   # the per-clock speed at the settled shape
+    clocks_per_epoch: Optional[float] = None
     initial: Optional[float] = None       # the loss history seen so far: initial objective, then
     epochs: list[int] = field(default_factory=list)       # per finished epoch (the report keeps
     losses: list[float] = field(default_factory=list)     # only the latest MAX_OBJECTIVES)
-    curve_epoch: Optional[int] = None     # the last epoch the cached curve was fitted with
+    clock_k: list[float] = field(default_factory=list)    # per-clock points: fractional epochs and
+    clock_l: list[float] = field(default_factory=list)    # objectives (JobReport.clock_objectives)
+    curve_key: Optional[tuple[object, ...]] = None   # the loss history the cached curve was fitted on
     curve: Optional[LossCurve] = None
-    speed_key: int = -1
+    speed_key: Optional[tuple[object, ...]] = None
     speed: Optional[SpeedFunction] = None
+    shapes: int = 0                       # distinct shapes the speed samples cover
+    changing_since: Optional[float] = None
+    resize_cost: float = RESIZE_COST_S
+
+    @property
+    def trained(self) -> float:
+        """Epochs trained, fractional where per-clock points say more than finished epochs."""
+        done = float(self.epochs[-1] + 1) if self.epochs else 0.0
+        return max(done, self.clock_k[-1]) if self.clock_k else done
+
+    def speed_samples(self) -> list[tuple[int, int, float]]:
+        """The epoch samples, and the per-clock sample where no epoch sample has its shape."""
+        out = list(self.samples)
+        c = self.clock_sample
+        if c is not None and all(s[:2] != c[:2] for s in out):
+            out.append(c)
+        return out
 
 
 def job_traits(app: AppView) -> JobTraits:
-    """The job's sync mode, convergence threshold and max_epochs from its spec (with defaults)."""
+    """The job's app, sync mode, convergence threshold and max_epochs from its spec (with defaults)."""
     ps = app.ps
     if ps is None:
-        return JobTraits(True, DEFAULT_THRESHOLD, DEFAULT_MAX_EPOCHS)
+        return JobTraits(True, DEFAULT_THRESHOLD, None)
     threshold = ps.convergence_threshold if ps.convergence_threshold is not None else DEFAULT_THRESHOLD
-    return JobTraits(ps.bsp, threshold, ps.max_epochs if ps.max_epochs is not None else DEFAULT_MAX_EPOCHS)
+    return JobTraits(ps.bsp, threshold, ps.max_epochs, ps.app)
 
 
 def observe(model: JobModel, report: JobReport, is_settled: bool) -> None:
     """Take speed samples from `report`: 1 / epoch time for each new epoch trained entirely at the
-    shape the job is settled at (`settled`)."""
+    shape the job is settled at (`settled`), and the per-clock speed there (`clock_sample`)."""
     shape = (report.workers, report.servers)
     if not is_settled or report.workers < 1 or report.servers < 1:
         model.settled = None
+        model.clock_sample = None
         return
     if model.settled != shape:
         model.settled = shape
+        model.clock_sample = None
         # A job never reshaped (no directive acted on) trained every epoch at this shape.
         model.settled_epoch = -1 if report.directive_version == 0 else (
             report.epoch if report.epoch is not None else -1) + 1
+    cpe = model.clocks_per_epoch
+    if cpe and report.speed > 0 and report.speed_iterations >= MIN_CLOCK_SPEED_ITERATIONS:
+        model.clock_sample = (report.servers, report.workers, report.speed / cpe)
     if report.epoch is None or report.epoch <= model.sampled_epoch:
         return
     first = max(model.sampled_epoch, model.settled_epoch) + 1   # oldest epoch that counts
@@ -134,29 +185,62 @@ def observe(model: JobModel, report: JobReport, is_settled: bool) -> None:
     model.sampled_epoch = report.epoch
 
 
+def observe_resize(model: JobModel, report: JobReport, now: float) -> None:
+    """Measure the job's resize cost: how long its AM reports a change under way."""
+    if report.changing:
+        if model.changing_since is None:
+            model.changing_since = now
+    elif model.changing_since is not None:
+        model.resize_cost = max(0.0, now - model.changing_since)
+        model.changing_since = None
+
+
 def update_history(model: JobModel, report: JobReport) -> bool:
-    """Extend the job's loss history with the report's new epochs (only those: the report repeats
-    up to MAX_OBJECTIVES of them every time); True when it changed. A history that does not go on
+    """Extend the job's loss history with the report's new epochs and clock points (only those: the
+    report repeats its latest ones every time); True when it changed. A history that does not go on
     from what was seen (the job went back to a checkpoint) replaces it."""
     objs = report.objectives
     initial = report.initial_objective if report.initial_objective is not None and math.isfinite(
         report.initial_objective) else None
     last = model.epochs[-1] if model.epochs else -1
-    if initial == model.initial and (not objs or objs[-1].epoch == last):
-        return False
+    changed = False
     if initial != model.initial or (objs and objs[-1].epoch < last):
         model.initial, model.epochs, model.losses, last = initial, [], [], -1
-    fresh = []
-    for o in reversed(objs):
-        if o.epoch <= last:
-            break
-        fresh.append(o)
-    for o in reversed(fresh):
-        model.epochs.append(o.epoch)
-        model.losses.append(o.objective)
-    del model.epochs[:-MAX_OBJECTIVES]
-    del model.losses[:-MAX_OBJECTIVES]
-    return True
+        model.clock_k, model.clock_l = [], []
+        changed = True
+    if objs and objs[-1].epoch != last:
+        fresh = []
+        for o in reversed(objs):
+            if o.epoch <= last:
+                break
+            fresh.append(o)
+        for o in reversed(fresh):
+            model.epochs.append(o.epoch)
+            model.losses.append(o.objective)
+        del model.epochs[:-MAX_OBJECTIVES]
+        del model.losses[:-MAX_OBJECTIVES]
+        changed = True
+    clocks = report.clock_objectives
+    if clocks:
+        if model.clock_k and clocks[-1].epochs < model.clock_k[-1]:
+            model.clock_k, model.clock_l = [], []           # went back: start the clock points over
+        seen = model.clock_k[-1] if model.clock_k else -1.0
+        new = [c for c in clocks if c.epochs > seen and math.isfinite(c.objective)]
+        if new:
+            model.clock_k.extend(c.epochs for c in new)
+            model.clock_l.extend(c.objective for c in new)
+            del model.clock_k[:-MAX_CLOCK_POINTS]
+            del model.clock_l[:-MAX_CLOCK_POINTS]
+            changed = True
+        tail = clocks[-1]
+        if tail.epochs > 0 and tail.iteration > 0:
+            model.clocks_per_epoch = tail.iteration / tail.epochs
+    return changed
+
+
+def loss_series(model: JobModel) -> tuple[np.ndarray, np.ndarray]:
+    """The (k, objective) points the job's curve is fitted on (models/optimus_fit.loss_points)."""
+    return loss_points(model.initial, zip(model.epochs, model.losses), zip(model.clock_k, model.clock_l))
 
 
 def settled(job: RunningJob, app: AppView) -> bool:
@@ -171,13 +255,16 @@ def settled(job: RunningJob, app: AppView) -> bool:
 
 
 @dataclass(frozen=True)
-class _Fitted:
-    """A job the allocation sizes: its remaining epochs, speed function and bounds."""
+class _Sized:
+    """A job the allocation sizes: its remaining epochs (from its curve, or the prior when
+    `fitted` is False), speed function and bounds."""
 
     job: RunningJob
     remaining: float
     speed: SpeedFunction
     early: bool
+    fitted: bool
+    resize_cost: float
 
 
 class OptimusPolicy:
@@ -189,84 +276,136 @@ class OptimusPolicy:
         # `settings`: whatever the policy registry may hand its factories; Optimus has none of its
         # own (its constants are this module's).
         self._models: dict[str, JobModel] = {}
+        self._priors = AppPriors()
         self._last_round: Optional[float] = None
-        self._last_jobs: tuple[tuple[str, ...], ...] = ()
+        self._last_jobs: tuple[tuple[object, ...], ...] = ()
 
     def decide(self, snapshot: ClusterSnapshot) -> Decision:
-        """Job decisions for the running PS jobs whose shape changes this round. Speed samples are
-        taken on every call; a round (fits, allocation, placement) runs every
+        """Job decisions for the running PS jobs whose shape changes this round. Speed samples and
+        loss points are taken on every call; a round (fits, allocation, placement) runs every
         `SCHEDULING_INTERVAL_S`, or at once when a job arrives, starts, leaves or has just gathered
-        the data to be fitted."""
+        the data for its first speed or loss-curve fit."""
         view = classify(snapshot)
         apps = {a.app_id: a for a in snapshot.apps}
         jobs = list(view.running)
+        running = {j.app_id for j in jobs}
+        for app_id, gone in self._models.items():
+            if app_id not in running and gone.speed is not None and gone.shapes >= 2:
+                self._priors.learn(gone.traits.app, gone.speed)     # a finished job teaches its app
         self._models = {j.app_id: self._models.get(j.app_id) or JobModel(job_traits(apps[j.app_id]))
                         for j in jobs}
         for j in jobs:
-            observe(self._models[j.app_id], j.report, settled(j, apps[j.app_id]))
-        # A job that has just gathered enough data to be fitted counts as a newcomer too.
-        ready = tuple(j.app_id for j in jobs if self._models[j.app_id].samples
-                      and len(j.report.objectives) + (j.report.initial_objective is not None) >= MIN_LOSS_POINTS)
+            m = self._models[j.app_id]
+            update_history(m, j.report)
+            observe(m, j.report, settled(j, apps[j.app_id]))
+            observe_resize(m, j.report, snapshot.now)
+        # A job that has just gathered the data for a speed or curve fit counts as a newcomer too.
+        ready = tuple((j.app_id, bool(self._models[j.app_id].speed_samples()),
+                       fittable(loss_series(self._models[j.app_id])[0])) for j in jobs)
         present = (tuple(j.app_id for j in jobs), tuple(j.app_id for j in view.incoming), view.other_queued, ready)
         if (self._last_round is not None and present == self._last_jobs
                 and snapshot.now < self._last_round + SCHEDULING_INTERVAL_S):
             return Decision({})
         self._last_round, self._last_jobs = snapshot.now, present
         self._refit(jobs)
-        fitted, fixed = self._split(jobs, apps)
+        sized, fixed = self._split(jobs, apps)
         budget = self._budget(snapshot, view.running, view.incoming, view.other_queued, apps)
         targets: dict[str, tuple[int, int]] = {}
         reasons: dict[str, str] = {}
         for j in fixed:
             targets[j.app_id] = self._fixed_target(j, apps[j.app_id])
             budget = budget - j.executor.scale(sum(targets[j.app_id]))
-            reasons[j.app_id] = "optimus: not fitted yet; requested shape"
-        if fitted:
-            for f in fitted:
+            reasons[j.app_id] = "optimus: no speed measured yet; requested shape"
+        if sized:
+            base = budget
+            for f in sized:
                 budget = budget - f.job.executor.scale(2)
-            servers, workers = allocate(self._problem(fitted, budget, snapshot.total))
-            for f, s, w in zip(fitted, servers, workers):
-                targets[f.job.app_id] = (int(w), int(s))
-                t = f.remaining * inverse_speed(f.speed.coefficients, int(s), int(w))
-                reasons[f.job.app_id] = (f"optimus: ~{f.remaining:.0f} epochs left, ~{t:.0f}s at "
-                                         f"{int(w)} workers / {int(s)} servers")
+            servers, workers = allocate(self._problem(sized, budget, snapshot.total))
+            planned = {f.job.app_id: (int(w), int(s)) for f, s, w in zip(sized, servers, workers)}
+            targets.update(self._hysteresis(sized, planned, base))
+            for f in sized:
+                w, s = targets[f.job.app_id]
+                t = f.remaining * inverse_speed(f.speed.coefficients, s, w)
+                how = "epochs left" if f.fitted else "epochs left (not fitted: max_epochs prior)"
+                reasons[f.job.app_id] = f"optimus: ~{f.remaining:.0f} {how}, ~{t:.0f}s at {w} workers / {s} servers"
         return self._place(snapshot, jobs, targets, reasons)
 
     # ----- models -----------------------------------------------------------------------------
     def _refit(self, jobs: list[RunningJob]) -> None:
-        stale: list[JobModel] = []
+        stale: list[tuple[JobModel, tuple[np.ndarray, np.ndarray]]] = []
         for j in jobs:
             m = self._models[j.app_id]
-            if update_history(m, j.report) and m.curve_epoch != (m.epochs[-1] if m.epochs else None):
-                stale.append(m)
-            if m.added != m.speed_key:
-                m.speed = fit_speed(m.samples, m.traits.sync, j.spec.max_servers, j.spec.max_workers)
-                m.speed_key = m.added
-        series = [(np.array(([0.0] if m.initial is not None else []) + [e + 1.0 for e in m.epochs]),
-                   np.array(([m.initial] if m.initial is not None else []) + m.losses)) for m in stale]
-        for m, curve in zip(stale, fit_loss_curves(series)):
-            m.curve, m.curve_epoch = curve, (m.epochs[-1] if m.epochs else None)
+            ks, ls = loss_series(m)
+            key = (len(ks), float(ks[-1]) if len(ks) else None, m.initial)
+            if key != m.curve_key:
+                stale.append((m, (ks, ls)))
+                m.curve_key = key
+            prior = self._priors.prior(m.traits.app, m.traits.sync)
+            samples = m.speed_samples()
+            skey = (m.added, m.clock_sample, self._priors.version(m.traits.app))
+            if skey != m.speed_key:
+                m.speed = fit_speed(samples, m.traits.sync, j.spec.max_servers, j.spec.max_workers,
+                                    prior_weight=self._priors.weight(prior), prior=prior)
+                m.speed_key = skey
+                m.shapes = len({s[:2] for s in samples})
+        for (m, _), curve in zip(stale, fit_loss_curves([series for _, series in stale])):
+            m.curve = curve
 
-    def _split(self, jobs: list[RunningJob], apps: dict[str, AppView]) -> tuple[list[_Fitted], list[RunningJob]]:
-        fitted: list[_Fitted] = []
+    def _split(self, jobs: list[RunningJob], apps: dict[str, AppView]) -> tuple[list[_Sized], list[RunningJob]]:
+        sized: list[_Sized] = []
         fixed: list[RunningJob] = []
         for j in jobs:
-            m, r = self._models[j.app_id], j.report
-            if not settled(j, apps[j.app_id]) or m.curve is None or m.speed is None:
+            m = self._models[j.app_id]
+            if not settled(j, apps[j.app_id]) or m.speed is None:
                 fixed.append(j)
                 continue
-            trained = (r.objectives[-1].epoch + 1) if r.objectives else 0
-            left = min(m.curve.remaining_epochs(trained, m.traits.threshold),
-                       float(max(0, m.traits.max_epochs - trained)))
+            trained, limit = m.trained, m.traits.max_epochs
+            if m.curve is not None:
+                left = min(m.curve.remaining_epochs(trained, m.traits.threshold),
+                           float(limit if limit is not None else DEFAULT_MAX_EPOCHS) - trained)
+            else:
+                left = float(limit if limit is not None else PRIOR_EPOCHS) - trained
+            if not left > 0:                 # about to stop: nothing to gain from any change
+                fixed.append(j)
+                continue
             total = trained + left
-            fitted.append(_Fitted(j, left, m.speed, total > 0 and trained / total < EARLY_PROGRESS))
-        return fitted, fixed
+            sized.append(_Sized(j, left, m.speed, trained / total < EARLY_PROGRESS, m.curve is not None,
+                                m.resize_cost))
+        return sized, fixed
 
     @staticmethod
     def _fixed_target(j: RunningJob, app: AppView) -> tuple[int, int]:
         if not settled(j, app):
             return (j.workers, j.servers)            # a change is under way: keep its target
-        return (j.spec.workers, j.spec.servers)      # not fitted: the requested shape
+        if j.report.workers >= 1 and j.report.servers >= 1 and j.report.directive_version > 0:
+            return (j.report.workers, j.report.servers)   # reshaped before: the shape it has
+        return (j.spec.workers, j.spec.servers)      # never reshaped: the requested shape
+
+    @staticmethod
+    def _hysteresis(sized: list[_Sized], planned: dict[str, tuple[int, int]],
+                    budget: Resource) -> dict[str, tuple[int, int]]:
+        """`planned` with the changes that gain too little dropped (module doc, step 3): smallest
+        predicted gain first, each only where keeping the current shape fits the budget."""
+        out = dict(planned)
+        used = Resource(0, 0)
+        for f in sized:
+            used = used + f.job.executor.scale(sum(planned[f.job.app_id]))
+        small: list[tuple[float, _Sized]] = []
+        for f in sized:
+            j = f.job
+            (w, s), now = planned[j.app_id], (j.workers, j.servers)
+            if (w, s) == now or j.workers < 1 or j.servers < 1:
+                continue
+            t_now = f.remaining * inverse_speed(f.speed.coefficients, j.servers, j.workers)
+            gain = t_now - f.remaining * inverse_speed(f.speed.coefficients, s, w)
+            if abs(gain) < max(HYSTERESIS_FACTOR * f.resize_cost, MIN_RELATIVE_GAIN * t_now):
+                small.append((abs(gain), f))
+        for _, f in sorted(small, key=lambda x: (x[0], x[1].job.app_id)):
+            j = f.job
+            keep = used - j.executor.scale(sum(planned[j.app_id])) + j.executor.scale(j.workers + j.servers)
+            if keep.memory <= budget.memory and keep.vcores <= budget.vcores:
+                out[j.app_id], used = (j.workers, j.servers), keep
+        return out
 
     # ----- allocation ---------------------------------------------------------------------------
     @staticmethod
@@ -283,19 +422,19 @@ class OptimusPolicy:
         return budget
 
     @staticmethod
-    def _problem(fitted: list[_Fitted], budget: Resource, total: Resource) -> AllocationProblem:
-        n = len(fitted)
-        coef = np.array([f.speed.coefficients for f in fitted], dtype=float).reshape(n, len(FEATURES))
-        ex = np.array([[f.job.executor.memory, f.job.executor.vcores] for f in fitted], dtype=float)
+    def _problem(sized: list[_Sized], budget: Resource, total: Resource) -> AllocationProblem:
+        n = len(sized)
+        coef = np.array([f.speed.coefficients for f in sized], dtype=float).reshape(n, len(FEATURES))
+        ex = np.array([[f.job.executor.memory, f.job.executor.vcores] for f in sized], dtype=float)
         cap = np.array([max(1, total.memory), max(1, total.vcores)], dtype=float)
         dominant = np.maximum((ex / cap).max(axis=1), 1e-12)
         return AllocationProblem(
-            remaining=np.array([f.remaining for f in fitted], dtype=float), coefficients=coef,
+            remaining=np.array([f.remaining for f in sized], dtype=float), coefficients=coef,
             servers=np.ones(n, dtype=np.int64), workers=np.ones(n, dtype=np.int64),
-            max_servers=np.array([max(1, f.job.spec.max_servers) for f in fitted], dtype=np.int64),
-            max_workers=np.array([max(1, f.job.spec.max_workers) for f in fitted], dtype=np.int64),
+            max_servers=np.array([max(1, f.job.spec.max_servers) for f in sized], dtype=np.int64),
+            max_workers=np.array([max(1, f.job.spec.max_workers) for f in sized], dtype=np.int64),
             executor=ex, dominant=dominant,
-            factor=np.array([PRIORITY_FACTOR if f.early else 1.0 for f in fitted]),
+            factor=np.array([PRIORITY_FACTOR if f.early else 1.0 for f in sized]),
             budget=np.array([budget.memory, budget.vcores], dtype=float))
 
     # ----- placement ----------------------------------------------------------------------------
@@ -341,4 +480,5 @@ def _executors_on(app: AppView, executor: Resource) -> tuple[tuple[str, Resource
     return tuple((p.node, executor.scale(p.workers + p.servers)) for p in (d.placement if d is not None else []))
 
 
-__all__ = ["JobModel", "JobTraits", "OptimusPolicy", "observe"]
+__all__ = ["JobModel", "JobTraits", "OptimusPolicy", "job_traits", "loss_series", "observe", "observe_resize",
+           "settled", "update_history"]

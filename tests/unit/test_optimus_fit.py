@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.optimus_fit import (LossCurve, fit_loss_curve, fit_loss_curves, fit_speed, loss_points, prepare,
-                                remove_outliers)
+from models.optimus_fit import (LossCurve, app_prior, fit_loss_curve, fit_loss_curves, fit_speed, fittable,
+                                loss_points, orientation, prepare, remove_outliers)
 
 
 def curve(k: np.ndarray, b0: float, b1: float, b2: float) -> np.ndarray:
@@ -48,12 +48,62 @@ def test_preprocessing_normalises_by_the_largest_loss_and_averages_long_historie
         np.mean(curve(np.arange(10.0), 0.1, 1.0, 0.0)))
 
 
-def test_too_few_points_or_non_positive_losses_give_no_curve():
+def test_too_few_points_or_non_finite_losses_give_no_curve():
     k = np.arange(3.0)
     assert fit_loss_curve(k, curve(k, 0.2, 1.0, 0.1)) is None
     k = np.arange(10.0)
-    fits = fit_loss_curves([(k, curve(k, 0.2, 1.0, 0.1)), (k, curve(k, 0.2, 1.0, -0.5)), (k[:2], k[:2] + 1)])
+    bad = curve(k, 0.2, 1.0, 0.1)
+    bad[4] = np.inf
+    fits = fit_loss_curves([(k, curve(k, 0.2, 1.0, 0.1)), (k, bad), (k[:2], k[:2] + 1)])
     assert fits[0] is not None and fits[1] is None and fits[2] is None
+    # Four points within a tenth of an epoch span too little to say anything.
+    assert not fittable([0.0, 0.03, 0.06, 0.09]) and fit_loss_curve(np.array([0.0, 0.03, 0.06, 0.09]),
+                                                                     curve(np.array([0.0, 0.03, 0.06, 0.09]), 0.2, 1, 0)) is None
+
+
+def raw_converge(objective, delta: float) -> int:
+    """The runtime's test (psruntime/apps/base.py) on a raw objective series k -> x(k)."""
+    return next(k for k in range(2, 1_000_000)
+                if abs(objective(k) - objective(k - 1)) / max(abs(objective(k - 1)), 1e-12) < delta)
+
+
+def test_a_rising_negative_objective_like_ldas_log_likelihood_is_fitted_in_its_own_units():
+    # LDA reports a log-likelihood: negative, rising as it learns. Fitted on -x (sign -1, no offset).
+    k = np.arange(0.0, 12.0)
+    x = -7.0 * curve(k, 0.3, 1.2, 0.5)
+    assert orientation(x) == (-1.0, 0.0)
+    fit = fit_loss_curve(k, x)
+    assert fit is not None and fit.sign == -1.0
+    assert np.allclose(fit.loss(k), x, rtol=0.01)
+    assert fit.epochs_to_converge(0.005) == raw_converge(lambda j: -7.0 * float(curve(np.array(j), 0.3, 1.2, 0.5)), 0.005)
+
+
+def test_an_objective_crossing_zero_is_fitted_with_an_offset_and_converges_on_the_raw_test():
+    k = np.arange(0.0, 15.0)
+    x = curve(k, 0.25, 1.0, 0.0) - 0.3          # 0.7 falling below zero
+    sign, offset = orientation(x)
+    assert sign == 1.0 and offset > 0 and (x + offset).min() > 0
+    fit = fit_loss_curve(k, x)
+    assert fit is not None and fit.offset == offset
+    assert np.allclose(fit.loss(k), x, atol=0.01)
+    # The relative test on x itself (|x| falls through 0, then grows again to 0.3)
+    truth = raw_converge(lambda j: float(curve(np.array(j), 0.25, 1.0, 0.0)) - 0.3, 0.01)
+    assert abs(fit.epochs_to_converge(0.01) - truth) <= 1
+
+
+def test_a_two_epoch_job_is_fitted_from_per_clock_points():
+    # Epoch points alone (initial + 2 epochs) are too few; the objective every 1/8 epoch is enough,
+    # and predicts the convergence epoch of the whole curve.
+    truth = (0.4, 1.5, 0.2)
+    clock = [(j / 8.0, float(curve(np.array(j / 8.0), *truth))) for j in range(1, 16)]
+    epochs = [(0, float(curve(np.array(1.0), *truth))), (1, float(curve(np.array(2.0), *truth)))]
+    initial = float(curve(np.array(0.0), *truth))
+    assert fit_loss_curve(*loss_points(initial, epochs)) is None
+    ks, ls = loss_points(initial, epochs, clock)
+    assert ks[0] == 0.0 and 2.0 in ks.tolist() and 0.125 in ks.tolist() and len(ks) == 17
+    fit = fit_loss_curve(ks, ls)
+    assert fit is not None
+    assert fit.epochs_to_converge(0.01) == pytest.approx(LossCurve(*truth).epochs_to_converge(0.01), abs=1)
 
 
 def test_loss_points_put_the_initial_objective_at_zero_epochs_and_epoch_e_at_e_plus_one():
@@ -103,3 +153,19 @@ def test_samples_at_one_shape_give_the_reference_scaled_to_them_and_a_second_sha
     err_more = abs(float(more.speed(4, 8)) - sync_speed(4, 8))
     assert err_more < err_one and err_more / sync_speed(4, 8) < 0.05
     assert fit_speed([], True) is None and fit_speed([(1, 1, 0.0)], True) is None
+
+
+@pytest.mark.parametrize("app", ["nmf", "lasso"])
+def test_the_nmf_and_lasso_priors_say_extra_servers_slow_the_job_where_the_reference_says_they_help(app):
+    prior = app_prior(app, True)
+    assert prior is not None
+    for w in (1, 2, 4):
+        assert float(prior.speed(2, w)) < float(prior.speed(1, w))
+    # Seeded with the app's prior, a job measured at one shape is predicted slower with more servers.
+    measured = [(1, 2, 0.5)] * 3
+    fit = fit_speed(measured, True, 8, 8, prior=prior)
+    assert fit is not None and float(fit.speed(1, 2)) == pytest.approx(0.5)
+    assert float(fit.speed(4, 2)) < 0.5
+    ref = fit_speed(measured, True, 8, 8)            # the paper's ResNet-50 reference: servers help
+    assert ref is not None and float(ref.speed(4, 2)) > 0.5
+    assert app_prior("no-such-app", True) is None

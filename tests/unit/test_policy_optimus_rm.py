@@ -1,7 +1,7 @@
 """`--policy optimus` inside a ResourceManager (in-process, fake clock) with two live PS jobs: the job
 whose loss curve and speed are known grows into the free nodes with a Theorem-1 placement, the
 directive reaches its AM once, the AM's asks on the named nodes are granted there, and once the job
-reports the new shape the policy leaves it be; the job without enough history keeps its shape."""
+reports the new shape the policy leaves it be; the job with no speed measured yet keeps its shape."""
 from __future__ import annotations
 
 from collections import Counter
@@ -62,12 +62,13 @@ async def test_optimus_grows_the_fitted_job_onto_named_nodes_and_leaves_the_othe
         # A: 1 worker + 1 server, may grow to 4 + 4, 12 epochs trained (a loss curve and speed samples).
         a = submit_ps(core, 1, 1, 4, "A")
         a_claims, a_rid = start(core, a, 1, 1)
-        # B: 1 + 1 too, only 2 epochs so far: not fitted, it keeps the shape it asked for.
+        # B: 1 + 1 too, just started: no epoch and no speed measured yet, it keeps the shape it asked for.
         b = submit_ps(core, 1, 1, 4, "B")
         b_claims, b_rid = start(core, b, 1, 1)
         r = core.allocate(a_claims, api.AllocateRequest(response_id=a_rid, shape=report(1, 1, epochs=12)))
         a_rid = r.response_id
-        rb = core.allocate(b_claims, api.AllocateRequest(response_id=b_rid, shape=report(1, 1, epochs=2)))
+        rb = core.allocate(b_claims, api.AllocateRequest(response_id=b_rid, shape=JobReport(
+            workers=1, servers=1, started=True, executor_resource=E, phase="TRAINING", initial_objective=1.05)))
         b_rid = rb.response_id
 
         assert run_policy(core, rm.policy) == 1

@@ -1,0 +1,65 @@
+"""Per-app speed-function priors for the `optimus` policy (what seeds a job's speed fit).
+
+Optimus (§3.2) pre-runs every job at a few shapes before it starts so its speed function is fitted
+from the first round. Elastane does not pre-run (each shape would cost a restart); a job's fit is
+seeded instead with a prior, pseudo-samples of a speed function scaled to the job's own measured
+speed (models/optimus_fit.py `fit_speed`). A prior is only a shape -- how the speed changes with
+servers and workers -- so it carries from one job of an app to the next whatever their data sizes.
+
+Per app the prior is the mean of the normalised speed functions (1/f(1, 1) = 1) of
+
+* the built-in prior (models/optimus_fit.py `app_prior`: the epoch-time coefficients measured for
+  the built-in apps), if the app has one, and
+* the last `MAX_LEARNED` jobs of the app that finished (left the policy) with a speed function
+  fitted on samples at two or more shapes -- what the policy itself observed of the app.
+
+An app with neither gets None (the fit falls back to the paper's reference). Pure state, no I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from models.optimus_fit import APP_PRIOR_WEIGHT, FEATURES, PRIOR_WEIGHT, SpeedFunction, app_prior, normalised
+
+MAX_LEARNED = 8      # finished jobs per app whose fits the prior averages
+
+
+@dataclass
+class AppPriors:
+    """The per-app priors and what was learned for them (see the module doc)."""
+
+    learned: dict[str, list[tuple[float, ...]]] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+
+    def learn(self, app: str, speed: SpeedFunction) -> None:
+        """A finished job of `app` whose speed function was fitted on two or more shapes."""
+        coef = normalised(speed).coefficients
+        if not any(c > 0 for c in coef):
+            return
+        kept = self.learned.setdefault(app, [])
+        kept.append(coef)
+        del kept[:-MAX_LEARNED]
+        self.versions[app] = self.versions.get(app, 0) + 1
+
+    def version(self, app: str) -> int:
+        """Changes when what the prior of `app` is changes (a cache key for the jobs' fits)."""
+        return self.versions.get(app, 0)
+
+    def prior(self, app: str, sync: bool) -> Optional[SpeedFunction]:
+        """The prior of `app` (None: nothing known of it)."""
+        rows = list(self.learned.get(app, []))
+        built_in = app_prior(app, sync)
+        if built_in is not None:
+            rows.append(built_in.coefficients)
+        if not rows:
+            return None
+        return SpeedFunction(tuple(sum(r[i] for r in rows) / len(rows) for i in range(len(FEATURES))), sync)
+
+    @staticmethod
+    def weight(prior: Optional[SpeedFunction]) -> float:
+        """The pseudo-samples' total weight: more for an app's own prior than for the reference."""
+        return PRIOR_WEIGHT if prior is None else APP_PRIOR_WEIGHT
+
+
+__all__ = ["AppPriors", "MAX_LEARNED"]
