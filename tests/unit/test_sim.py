@@ -14,6 +14,7 @@ from rm import policies
 from sim.calibration import AppCalibration, Calibration, save
 from sim.convergence import LossCurve, fit_curve
 from sim.event_loop import EventLoop
+from sim.job_record import JobRecord
 from sim.metrics import Demand, drf_shares, fairness_loss
 from sim.simulator import T0, SimConfig, Simulator, simulate
 from sim.trace import TraceError, TraceJob, dump_trace, parse_trace
@@ -267,3 +268,145 @@ def test_convergence_follows_the_measured_run_then_the_curve() -> None:
     # never met in the measured epochs: the curve's answer, but past them
     curve_k = LossCurve(0.5, 2.0, 0.1).epochs_to_converge(0.001, 1000)
     assert app.epochs_to_converge(0.001, 1000) == max(6, curve_k)
+
+
+# ----- the twin: the AM's own directive handling, resize costs, contention, useful utilization --
+
+class _ShapeAt:
+    """A test policy: from `at` on, asks every started job for `shape` (on `nodes` if given)."""
+
+    name = "shape-test"
+
+    def __init__(self, at: float, shape: tuple[int, int], nodes: tuple[str, ...] = ()):
+        self.at, self.shape, self.nodes = at, shape, nodes
+
+    def decide(self, snapshot: policies.ClusterSnapshot) -> policies.Decision:
+        from protocol.internal_api import NodePlacement
+        if snapshot.now - T0 < self.at:
+            return policies.Decision()
+        placement = tuple(NodePlacement(n, self.shape[0] if i == 0 else 0, self.shape[1] if i == 0 else 0)
+                          for i, n in enumerate(self.nodes))
+        return policies.Decision({a.app_id: policies.JobDecision(*self.shape, placement=placement)
+                                  for a in snapshot.apps if a.shape is not None and a.shape.started})
+
+
+def _elastic(name: str = "e", **kw: object) -> TraceJob:
+    base: dict[str, object] = dict(name=name, arrival_s=0.0, app="mlr", threshold=0.01, workers=1, servers=1,
+                                   max_workers=4, max_servers=2, data_scale=20.0)
+    return TraceJob(**(base | kw))  # type: ignore[arg-type]
+
+
+def test_a_directive_with_a_stale_version_is_not_applied() -> None:
+    from protocol.internal_api import ShapeDirective
+    sim = Simulator([_elastic()], "static", calibration(), SMALL)
+    sim.policy = _ShapeAt(60.0, (2, 1))
+    original = sim.core.allocate
+    seen: list[int] = []
+    versions: list[int] = []
+
+    def replay_old_version(claims, req):  # type: ignore[no-untyped-def]
+        resp = original(claims, req)
+        if req.shape is not None:
+            versions.append(req.shape.directive_version)
+        if resp.shape_directive is not None:
+            # The first directive delivered asks for 4x2.
+            seen.append(resp.shape_directive.version)
+            resp.shape_directive = ShapeDirective(workers=4, servers=2, version=seen[0])
+        elif seen:
+            # Every later answer repeats its version with another shape (3x1): stale, never applied.
+            resp.shape_directive = ShapeDirective(workers=3, servers=1, version=seen[0])
+            seen.append(seen[0])
+        return resp
+    sim.core.allocate = replay_old_version  # type: ignore[method-assign]
+    rec = sim.run().records[0]
+    assert len(seen) > 10 and rec.final_status == "SUCCEEDED"
+    shapes = [s[1:] for s in rec.shapes]
+    assert shapes == [(1, 1), (4, 2)]
+    assert rec.reshapes == 1 and max(versions) == seen[0]
+
+
+def test_directives_are_kept_until_training_starts_and_bounded_by_the_spec() -> None:
+    job = _elastic(max_workers=3)
+    sim = Simulator([job], "static", calibration(), SMALL)
+    sim.policy = _ShapeAt(0.0, (9, 1))          # decided before the job trains; 9 is above max_workers
+    rec = sim.run().records[0]
+    assert [s[1:] for s in rec.shapes] == [(1, 1), (3, 1)]
+    assert rec.start is not None and rec.shapes[1][0] > rec.start
+
+
+def test_a_directive_naming_nodes_moves_the_executors_there() -> None:
+    sim = Simulator([_elastic()], "static", calibration(), SMALL)
+    target = sorted(sim.nodes)[2]
+    sim.policy = _ShapeAt(60.0, (2, 1), (target,))
+    where: list[set[str]] = []
+    job = sim.jobs[0]
+    original = job._set_shape
+
+    def spy(shape):  # type: ignore[no-untyped-def]
+        original(shape)
+        where.append({job.containers[c].node for c in job.active_ids})
+    job._set_shape = spy  # type: ignore[method-assign]
+    rec = sim.run().records[0]
+    assert [s[1:] for s in rec.shapes] == [(1, 1), (2, 1)]
+    assert where[-1] == {target}
+
+
+def test_a_resize_of_a_bigger_model_costs_more() -> None:
+    app = msgspec.structs.replace(calibration().apps["mlr"], model_mb=10.0, reshape_s_per_mb=0.01,
+                                  restart_s_per_mb=0.02, restart_data_s=1.0)
+    assert app.reshape_cost(10.0) == pytest.approx(app.reshape_s)
+    assert app.reshape_cost(1010.0) == pytest.approx(app.reshape_s + 10.0)
+    assert app.restart_cost(1010.0, 3.0) == pytest.approx(app.restart_s + 20.0 + 2.0)
+    assert app.reshape_cost(0.0) >= 0.25 * app.reshape_s
+    cal = Calibration(apps={"mlr": app})
+    jct = {}
+    for mb in (10.0, 2010.0):
+        sim = Simulator([_elastic()], "static", cal, SMALL)
+        sim.policy = _ShapeAt(60.0, (2, 1))
+        sim.jobs[0].model_mb = mb
+        rec = sim.run().records[0]
+        assert rec.reshapes == 1
+        jct[mb] = rec.jct
+    # The same reshape, 20 s more of it for 2 GB more of parameters (the speed after it is the same).
+    assert jct[2010.0] - jct[10.0] == pytest.approx(20.0, abs=1e-6)
+
+
+def test_two_jobs_oversubscribing_a_nodes_cores_both_slow() -> None:
+    jobs = [TraceJob(name=f"c{i}", arrival_s=0.0, app="mlr", threshold=0.01, workers=2, servers=1, data_scale=5.0,
+                     executor_memory_mb=512) for i in range(2)]
+    fits = simulate(jobs, "static", calibration(), SimConfig(nodes=1, node_vcores=8))
+    over = simulate(jobs, "static", calibration(), SimConfig(nodes=1, node_vcores=8, node_cores=4))
+    alone = simulate(jobs[:1], "static", calibration(), SimConfig(nodes=1, node_vcores=8, node_cores=4))
+    epoch_s = EpochTimeModel(tuple(THETA)).epoch_time(2, 1, 5.0)
+
+    def training_s(r: JobRecord) -> float:
+        assert r.start is not None and r.end is not None
+        return r.end - r.start - calibration().apps["mlr"].finish_s
+    # 6 executor vcores training on 4 cores: both jobs take 1.5x; one alone (3 on 4) does not slow.
+    assert [training_s(r) for r in fits.records] == pytest.approx([r.target_epochs * epoch_s for r in fits.records])
+    assert [training_s(r) for r in over.records] == pytest.approx([1.5 * training_s(r) for r in fits.records])
+    assert training_s(alone.records[0]) == pytest.approx(training_s(fits.records[0]))
+
+
+def test_useful_utilization_counts_only_training_executors() -> None:
+    job = TraceJob(name="u", arrival_s=0.0, app="mlr", threshold=0.01, workers=2, servers=1, data_scale=5.0,
+                   executor_memory_mb=1024)
+    result = simulate([job], "static", calibration(), SMALL)
+    rec = result.records[0]
+    assert rec.start is not None and rec.end is not None
+    training = [s for s in result.samples if rec.start - T0 < s.t < rec.end - T0 - 2.0]
+    starting = [s for s in result.samples if s.t < rec.start - T0]
+    assert training and starting
+    # While it trains: 3 executors are useful, the AM is allocated but not useful.
+    assert all(s.useful_vcores == 3 and s.vcores_used == 4 for s in training)
+    assert all(s.useful_utilization < s.utilization for s in training)
+    # Before it trains nothing is useful, whatever it holds.
+    assert all(s.useful_vcores == 0 for s in starting) and any(s.vcores_used > 0 for s in starting)
+    assert 0.0 < result.summary.mean_useful_utilization < result.summary.mean_utilization
+
+
+def test_the_policy_gets_the_rm_config() -> None:
+    from protocol.config import RMConfig
+    cfg = SimConfig(nodes=2, rm=RMConfig(nm_expiry_s=10.0, am_expiry_s=10.0, dorm_fairness_threshold=0.05))
+    sim = Simulator(small_trace(2), "dorm", calibration(), cfg)
+    assert sim.policy.theta1 == pytest.approx(0.05)  # type: ignore[attr-defined]
