@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from protocol import internal_api as api
 from protocol import tokens
 from protocol.config import ClusterConfig
+from protocol.job_report import JobReport
 from protocol.records import AttemptState, ContainerState, ExitStatus, FinalStatus
 from protocol.remote_exception import BadRequest, Unauthorized
 
@@ -21,6 +22,13 @@ from .state_machines import AppEvent, AttemptEvent, attempt_is_final
 if TYPE_CHECKING:
     from .model import Node
     from .nodes import NodeTracker
+
+
+def shape_key(report: JobReport) -> tuple[object, ...]:
+    """The parts of a job report that make a policy decide differently when they change: the
+    job's shape and run state; not its progress or measurements (see ResourceManagerCore.policy_version)."""
+    return (report.workers, report.servers, report.started, report.changing, report.early_feedback,
+            report.executor_resource, report.directive_version, report.phase, report.paused)
 
 
 class AmProtocol:
@@ -34,6 +42,7 @@ class AmProtocol:
     cluster: ClusterConfig
     clock: Callable[[], float]
     counters: dict[str, int]
+    policy_version: int
     _am_live: OrderedDict[str, float]
     _am_node_wait: dict[str, float]
 
@@ -116,6 +125,8 @@ class AmProtocol:
         self._touch(at)
         app.progress = req.progress
         if req.shape is not None:
+            if app.shape is None or shape_key(app.shape) != shape_key(req.shape):
+                self.policy_version += 1
             app.shape = req.shape
             app.shape_history.record(self.clock(), req.shape)
         for cid in req.releases:
@@ -126,6 +137,7 @@ class AmProtocol:
                                                         exit_status=ExitStatus.ABORTED,
                                                         diagnostics="Container released by application"))
         if asks:
+            self.policy_version += 1        # the app's pending demand
             undelivered: dict[int, int] = {}
             for c in at.to_deliver:
                 undelivered[c.ask_id] = undelivered.get(c.ask_id, 0) + 1

@@ -71,11 +71,21 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self.counters = {"nm_heartbeats": 0, "am_allocates": 0, "containers_allocated": 0,
                          "apps_submitted": 0}
         self.utilization = UtilizationSeries()   # fed by heartbeats that carry measurements
+        # Bumped by every change a policy's snapshot would show differently (apps' states, containers,
+        # asks, nodes, directives, the shape part of a job report): a Decision taken on an older
+        # snapshot is stale (rm/policy_runner.py's finish_round drops it). Progress alone (epochs,
+        # speeds, timings) does not count: a decision on a report one round old is as good.
+        self.policy_version = 0
 
     # ----- helpers --------------------------------------------------------------------------
+    def policy_changed(self) -> None:
+        """Something a policy's snapshot shows has changed (see `policy_version`)."""
+        self.policy_version += 1
+
     def _app_event(self, app: App, ev: AppEvent) -> None:
         app.state = next_app_state(app.state, ev)
         self.dirty.add(app.app_id)
+        self.policy_version += 1
 
     def _attempt_event(self, at: Attempt, ev: AttemptEvent) -> None:
         at.state = next_attempt_state(at.state, ev)
@@ -91,6 +101,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         elif app.diagnostics.startswith(AM_LIMIT_DIAGNOSTICS):
             app.diagnostics = ""
         self.dirty.add(app_id)
+        self.policy_version += 1        # AppView.am_limited
 
     def get_app(self, app_id: str) -> App:
         app = self.apps.get(app_id)
@@ -274,6 +285,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         c = Container(cid, app_id, at.attempt_id, node.node_id, node.http_address, r, now, token,
                       ask_id=ask_id if not is_am else 0, tag=tag, is_am=is_am)
         self.containers[cid] = c
+        self.policy_version += 1
         node.containers.add(cid)
         at.containers.add(cid)
         app.nodes_used.add(node.node_id)
@@ -297,6 +309,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         its NM to kill it, in which case the node keeps the resources charged until the NM
         confirms (rm/nm_protocol.py), so nothing new is placed where the old process still runs."""
         self.containers.pop(c.container_id, None)
+        self.policy_version += 1
         self._unlaunched.pop(c.container_id, None)
         app = self.apps[c.app_id]
         node = self.nodes.get(c.node_id)

@@ -31,6 +31,7 @@ class NmProtocol:
     containers: dict[str, Container]
     clock: Callable[[], float]
     counters: dict[str, int]
+    policy_version: int
     cluster_ts: int
     launch_expiry_s: float
     utilization: UtilizationSeries
@@ -57,6 +58,7 @@ class NmProtocol:
             raise BadRequest(f"node {req.node_id} reports node labels {strange} the cluster does not know "
                              f"(rm.toml node_labels: {sorted(self.cfg.node_labels)})")
         now = self.clock()
+        self.policy_version += 1        # a node (re)joins: capacity, state
         node = self.nodes.register(req.node_id, req.http_address, req.capability, req.rack, req.version, now,
                                    frozenset(req.node_labels))
         reported = {s.container_id: s for s in req.containers}
@@ -97,6 +99,7 @@ class NmProtocol:
                                              diagnostics=f"node {req.node_id} is not registered with this RM")
         self.counters["nm_heartbeats"] += 1
         now = self.clock()
+        before = (node.state, node.used)
         self.nodes.heartbeat(node, req.health.healthy, req.health.report, now)
         if req.utilization is not None:
             self.utilization.report(node.node_id, node.host, now, req.utilization, self.nodes.total)
@@ -122,6 +125,8 @@ class NmProtocol:
             self._confirm_absent(node, req)
         if self.scheduler.has_demand and node.schedulable:
             self._schedule([node])
+        if (node.state, node.used) != before:
+            self.policy_version += 1    # health flipped, or released containers were confirmed gone
         node.response_id += 1
         for cid in node.to_cleanup:
             pr = releasing.get(cid)
@@ -172,6 +177,7 @@ class NmProtocol:
         """Expire silent nodes, silent AMs and containers allocated but never launched."""
         now = self.clock()
         for node in self.nodes.expired(now):    # all are LOST before the first is processed
+            self.policy_version += 1
             self._node_lost(node)
         if self._am_node_wait:
             self._settle_am_node_waits(now)

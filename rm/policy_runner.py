@@ -1,7 +1,18 @@
-"""Builds the policy's cluster snapshot from the core and applies its Decision as directives (pure)."""
+"""Builds the policy's cluster snapshot from the core and applies its Decision as directives (pure).
+
+Two ways to run a round: `run_policy` decides and applies at once (the simulator, tests); the RM
+server decides off its event loop (rm/server.py): `start_round` takes the snapshot and the core's
+`policy_version` on the loop, `decide_on_copy` runs in a worker thread on a copy of the policy,
+and `finish_round` applies the Decision on the loop only if the core has not moved since the
+snapshot -- else the Decision and the copy (with whatever state the policy advanced for it: Dorm's
+solved-for key, EPS's trials) are dropped and the live policy decides again on a fresh snapshot.
+"""
 from __future__ import annotations
 
+import copy
 import dataclasses
+from dataclasses import dataclass
+from typing import Optional
 
 from protocol.internal_api import NodePlacement
 from protocol.records import ZERO, Resource
@@ -87,9 +98,54 @@ def apply_decision(core: ResourceManagerCore, decision: Decision) -> int:
         app.directive = jd.directive(app.directive_version)
         core.decisions.record(core.clock(), app_id, app.directive)
         changed += 1
+    if changed:
+        core.policy_changed()
     return changed
 
 
 def run_policy(core: ResourceManagerCore, policy: Policy) -> int:
     """One policy round: decide on a fresh snapshot and store the directives; returns how many changed."""
     return apply_decision(core, policy.decide(build_snapshot(core)))
+
+
+@dataclass(frozen=True)
+class PolicyRound:
+    """A round started on the loop: the snapshot the policy decides on and the core's
+    `policy_version` when it was taken."""
+
+    version: int
+    snapshot: ClusterSnapshot
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What a round's decide produced: the Decision and the policy copy that took it (its state
+    advanced by this decide; the caller keeps it only if the Decision is applied)."""
+
+    policy: Policy
+    decision: Decision
+
+
+def start_round(core: ResourceManagerCore) -> PolicyRound:
+    """Snapshot the core for a decide that runs elsewhere (call on the core's thread)."""
+    return PolicyRound(core.policy_version, build_snapshot(core))
+
+
+def decide_on_copy(policy: Policy, snapshot: ClusterSnapshot) -> Decided:
+    """Decide on a deep copy of `policy` (safe in a worker thread: the live policy, which the RM's
+    pages read, is not touched, and a dropped Decision leaves it as it was)."""
+    trial = copy.deepcopy(policy)
+    return Decided(trial, trial.decide(snapshot))
+
+
+def is_stale(core: ResourceManagerCore, rnd: PolicyRound) -> bool:
+    """The core has changed in a way the round's snapshot does not show."""
+    return core.policy_version != rnd.version
+
+
+def finish_round(core: ResourceManagerCore, rnd: PolicyRound, decision: Decision) -> Optional[int]:
+    """Apply `decision` if the core has not moved past `rnd`'s snapshot: how many directives
+    changed; None when it has (the Decision is dropped, nothing changes)."""
+    if is_stale(core, rnd):
+        return None
+    return apply_decision(core, decision)

@@ -2,10 +2,17 @@
 
 All state changes happen in the core on the event loop; after every request and timer tick the
 server writes changed apps to the store and starts requested AM launches (`flush`).
+
+The policy decides off the loop: each round snapshots the core on the loop, runs `decide` in a
+single worker thread (one decide in flight at a time) on a copy of the policy, and applies the
+Decision back on the loop only if the core has not changed since the snapshot
+(rm/policy_runner.py); a dropped Decision is decided again at once on a fresh snapshot. So a
+solve that takes seconds (Dorm's MILP) does not hold up heartbeats and allocates.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import socket
 import time
@@ -24,7 +31,7 @@ from . import policies, prometheus
 from .am_launcher import AmLauncher
 from .core import ResourceManagerCore
 from .internal_handlers import InternalApi
-from .policy_runner import run_policy
+from .policy_runner import decide_on_copy, finish_round, start_round
 from .rest_api import ClientApi
 from .store import (SqliteStateStore, StateStore, app_from_record, app_to_record, attempt_from_record,
                     attempt_to_record)
@@ -33,6 +40,10 @@ from .web.app_page import AppPage
 from .web.ui import WebUi
 
 log = logging.getLogger(__name__)
+
+# A stale Decision is decided again at once this many times before the round gives up (the next
+# round comes `policy_interval_s` later): under steady churn a long decide must not retry forever.
+STALE_RETRIES = 1
 
 
 def advertised_host(cfg: RMConfig) -> str:
@@ -102,6 +113,9 @@ class ResourceManagerServer:
         self.launcher: Optional[AmLauncher] = None
         self._runner: Optional[web.AppRunner] = None
         self._timers: list[asyncio.Task[None]] = []
+        # One thread: one decide in flight at a time (a round waits for its decide before the next).
+        self._policy_thread: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self.policy_rounds = {"applied": 0, "dropped": 0}
         self._recover()
 
     # ----- recovery / persistence -------------------------------------------------------------
@@ -201,10 +215,34 @@ class ResourceManagerServer:
         if self.run_timers:
             loop = asyncio.get_running_loop()
             self._timers = [loop.create_task(self._every(self.tick_interval_s, self.core.tick)),
-                            loop.create_task(self._every(self.policy_interval_s, self._run_policy))]
+                            loop.create_task(self._policy_rounds())]
 
-    def _run_policy(self) -> None:
-        run_policy(self.core, self.policy)
+    async def policy_round(self, retries: int = STALE_RETRIES) -> Optional[int]:
+        """One policy round with `decide` in the worker thread: how many directives changed, or
+        None when every try was stale (the core moved while the policy decided, `retries` + 1 times)."""
+        loop = asyncio.get_running_loop()
+        if self._policy_thread is None:
+            self._policy_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rm-policy")
+        for _ in range(retries + 1):
+            rnd = start_round(self.core)
+            decided = await loop.run_in_executor(self._policy_thread, decide_on_copy, self.policy, rnd.snapshot)
+            changed = finish_round(self.core, rnd, decided.decision)
+            if changed is not None:
+                self.policy = decided.policy      # the copy's state goes with the Decision it took
+                self.policy_rounds["applied"] += 1
+                return changed
+            self.policy_rounds["dropped"] += 1
+            log.debug("policy %s: decision on a stale snapshot dropped", self.policy.name)
+        return None
+
+    async def _policy_rounds(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy_interval_s)   # a periodic timer, not a readiness wait
+            try:
+                await self.policy_round()
+            except Exception:
+                log.exception("policy round failed")
+            self.flush()
 
     async def _every(self, interval_s: float, fn: Callable[[], object]) -> None:
         while True:
@@ -220,6 +258,10 @@ class ResourceManagerServer:
             t.cancel()
         await asyncio.gather(*self._timers, return_exceptions=True)
         self._timers = []
+        if self._policy_thread is not None:
+            # A decide still running works on a copy of the policy: nothing waits for it.
+            self._policy_thread.shutdown(wait=False, cancel_futures=True)
+            self._policy_thread = None
         if self.launcher is not None:
             await self.launcher.close()
         if self._runner is not None:
