@@ -16,10 +16,9 @@ import json
 from typing import Any
 from pathlib import Path
 
-from rm import policies
 from sim import calibration as calibration_file
 from sim.calibration import CalibrationError
-from sim.simulator import SimConfig, simulate
+from sim.simulator import SimConfig, known_policies, simulate
 from sim.trace import TraceError, dump_trace, read_trace
 from sim.workload import WorkloadSpec, generate
 
@@ -62,7 +61,8 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
 
     r = ssub.add_parser("run", parents=[common], help="replay a trace under a policy on a simulated cluster")
     r.add_argument("trace", type=Path)
-    r.add_argument("--policy", default="static", help=f"a registered policy ({', '.join(policies.known())})")
+    r.add_argument("--policy", default="static",
+                   help=f"a registered policy, or the simulator's oracle ({', '.join(known_policies())})")
     r.add_argument("--nodes", type=_positive_int, default=8)
     r.add_argument("--node-memory-mb", type=_positive_int, default=8192)
     r.add_argument("--node-vcores", type=_positive_int, default=8)
@@ -109,8 +109,8 @@ def _fmt(x: object, scale: float = 1.0, digits: int = 1) -> str:
 
 
 def cmd_run(args: argparse.Namespace, ctx: CliContext) -> int:
-    if args.policy not in policies.known():
-        raise UsageError(f"unknown policy {args.policy!r}; known policies: {', '.join(policies.known())}")
+    if args.policy not in known_policies():
+        raise UsageError(f"unknown policy {args.policy!r}; known policies: {', '.join(known_policies())}")
     try:
         trace = read_trace(args.trace)
         cal = calibration_file.load(args.calibration)

@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from protocol import internal_api as api
 from protocol import ps_job_spec
-from protocol.job_report import EpochObjective, JobReport, ServerTiming, WorkerTiming, MAX_EPOCH_TIMES, MAX_OBJECTIVES
+from protocol.job_report import (MAX_EPOCH_TIMES, MAX_OBJECTIVES, ClockObjective, EpochObjective, JobReport,
+                                 ServerTiming, WorkerTiming, recent_clock_objectives)
 from protocol.records import FinalStatus, Resource
 from appmaster.ps.directives import DEFAULT_EARLY_FEEDBACK_ITERATIONS, DirectiveTracker, Shape, TrackerState, target_of
 from protocol.state_machine import TransitionTable
@@ -49,6 +50,7 @@ from rm.model import AmSpec
 
 from .calibration import AppCalibration
 from .job_record import JobRecord
+from .oracle import JobTruth
 from .event_loop import EventLoop
 from .sim_node import SimNode
 from .trace import TraceJob
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from rm.core import LaunchAm, ResourceManagerCore
 
 WORKER, SERVER = "worker", "server"
+CLOCK_OBJECTIVE_EVERY = 1 / 8     # of an epoch: how often a simulated AM samples its objective
 ASK_ID = {WORKER: 1, SERVER: 2}
 # The real AM's wait for a change's new executors (appmaster/ps/reconfiguration.py LAUNCH_TIMEOUT_S;
 # not imported: that module pulls in the AM's I/O).
@@ -193,6 +196,8 @@ class SimJob:
         self.epoch_times: list[float] = []
         self._reported_epochs = 0
         self._report: Optional[JobReport] = None
+        self._clock_points: list[tuple[int, float, float]] = []     # (clock, epochs, objective)
+        self._clock_report: Optional[list[ClockObjective]] = None
         self._allocating = False
 
     # ----- submission and AM start ------------------------------------------------------------
@@ -419,6 +424,14 @@ class SimJob:
         self.epoch_s = epoch_s
         self._set_rate(1.0 / epoch_s)
 
+    def truth(self) -> JobTruth:
+        """What only the simulator knows of the job, for the oracle (sim/oracle.py)."""
+        self._advance()
+        return JobTruth(remaining_epochs=max(0.0, self.target_epochs - self.epochs),
+                        theta=tuple(t * self.job.data_scale for t in self.model.theta),
+                        change_cost_s=self._restart_cost() if self.job.elastic_mode == "kill" else self._reshape_cost(),
+                        busy=self.change is not None or self.phase is not Phase.TRAINING)
+
     def training_executors(self) -> list[tuple[str, Held]]:
         """The containers the job trains on now (none unless it trains)."""
         if not self.training:
@@ -550,6 +563,7 @@ class SimJob:
             self._report.iterations = self.iterations
             self._report.speed_iterations = max(0, self.iterations - self.iterations_at_reshape)
             self._report.early_feedback = self.iterations >= self.early_feedback_iterations
+            self._report.clock_objectives = self.clock_objectives()
             return self._report
         w, s = self.active
         epoch_s = self.epoch_s if w >= 1 and s >= 1 else 0.0
@@ -578,10 +592,35 @@ class SimJob:
             epoch=done - 1 if done >= 1 else None, epoch_time_s=self.epoch_times[-1] if self.epoch_times else None,
             objective=self.cal.objective(done) if done >= 1 else None, epoch_times=list(self.epoch_times),
             initial_objective=self.cal.objective(0), objectives=objectives,
+            clock_objectives=self.clock_objectives(),
             worker_times=WorkerTiming(compute_s=compute * per_clock, comm_s=max(0.0, epoch_s - compute) * per_clock,
                                       workers=w),
             server_times=ServerTiming(service_s=0.0, servers=0))
         return self._report
+
+    def clock_objectives(self) -> list[ClockObjective]:
+        """The objective every `CLOCK_OBJECTIVE_EVERY` of an epoch's clocks so far (what an AM
+        sampling its training loss per clock would report, JobReport.clock_objectives): between
+        two epochs' objectives it follows the loss curve's shape, so it meets each epoch's exactly."""
+        cpe = self.cal.clocks_per_epoch
+        step = max(1, int(cpe * CLOCK_OBJECTIVE_EVERY))
+        points = self._clock_points
+        if points and points[-1][0] > self.iterations:
+            points.clear()                     # back to an earlier clock
+        clock = points[-1][0] + step if points else step
+        if clock > self.iterations and self._clock_report is not None:
+            return self._clock_report          # nothing new since the last report
+        curve = self.cal.curve()
+        while clock <= self.iterations:
+            k = clock / cpe
+            lo = int(math.floor(k))
+            at_lo, at_hi = self.cal.objective(lo), self.cal.objective(lo + 1)
+            c_lo, c_hi = curve.loss(lo), curve.loss(lo + 1)
+            frac = (curve.loss(k) - c_lo) / (c_hi - c_lo) if c_hi != c_lo else k - lo
+            points.append((clock, k, at_lo + (at_hi - at_lo) * frac))
+            clock += step
+        self._clock_report = recent_clock_objectives(points)
+        return self._clock_report
 
     @property
     def early_feedback_iterations(self) -> int:

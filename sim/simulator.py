@@ -30,6 +30,7 @@ from rm.policy_runner import run_policy
 from .calibration import Calibration
 from .iteration_time import ClusterLoad, CoreContention, ExecutorLoad, IterationTimeModel, JobLoad
 from .event_loop import EventLoop
+from .oracle import JobTruth, OraclePolicy
 from .metrics import Demand, Sample, Summary, fairness_loss, summarize, utilization
 from .job_record import JobRecord
 from .sim_job import JobTimings, Phase, SimJob
@@ -39,6 +40,13 @@ from .trace import TraceJob
 ACTIVE = (Phase.LAUNCHING, Phase.TRAINING, Phase.RESHAPING, Phase.PAUSING, Phase.FINISHING)
 T0 = 1_000_000_000.0        # virtual epoch: IDs and tokens look like a real RM's; records are relative to it
 SIM_SECRET = "elastane-simulator-secret"
+ORACLE = "oracle"           # the simulator-only policy (sim/oracle.py): it needs the jobs' truth
+SIM_POLICIES = (ORACLE,)
+
+
+def known_policies() -> list[str]:
+    """Every policy a simulation can run: the RM's registered ones and the simulator's own."""
+    return sorted(set(policies.known()) | set(SIM_POLICIES))
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,8 @@ class Simulator:
                                          nm_heartbeat_interval_ms=int(cfg.heartbeat_s * 1000))
         self.core = ResourceManagerCore(rm_cfg, ClusterConfig(secret=SIM_SECRET, admins=["root"]), self.loop.clock)
         self.policy_name = policy_name
-        self.policy: policies.Policy = policies.create(policy_name, rm_cfg)
+        self.policy: policies.Policy = (OraclePolicy(self.truth) if policy_name == ORACLE
+                                        else policies.create(policy_name, rm_cfg))
         self.iteration_time: IterationTimeModel = cfg.iteration_time or CoreContention()
         self.nodes = {n.node_id: n for n in (
             SimNode(f"sim-{i:05d}:8042", Resource(cfg.node_memory_mb, cfg.node_vcores)) for i in range(cfg.nodes))}
@@ -136,6 +145,11 @@ class Simulator:
 
     def _done(self, job: SimJob) -> None:
         self.finished += 1
+
+    def truth(self, app_id: str) -> Optional[JobTruth]:
+        """A job's true remaining epochs and speed (the oracle's input); None for an unknown app."""
+        job = self.by_app.get(app_id)
+        return job.truth() if job is not None else None
 
     def _load_changed(self, job: SimJob) -> None:
         """Some job's training executors changed: every training job's epoch time is asked again."""
@@ -223,4 +237,4 @@ def simulate(trace: Sequence[TraceJob], policy: str, calibration: Calibration,
     return Simulator(trace, policy, calibration, cfg or SimConfig()).run()
 
 
-__all__ = ["SimConfig", "SimResult", "Simulator", "T0", "simulate"]
+__all__ = ["ORACLE", "SIM_POLICIES", "SimConfig", "known_policies", "SimResult", "Simulator", "T0", "simulate"]

@@ -410,3 +410,39 @@ def test_the_policy_gets_the_rm_config() -> None:
     cfg = SimConfig(nodes=2, rm=RMConfig(nm_expiry_s=10.0, am_expiry_s=10.0, dorm_fairness_threshold=0.05))
     sim = Simulator(small_trace(2), "dorm", calibration(), cfg)
     assert sim.policy.theta1 == pytest.approx(0.05)  # type: ignore[attr-defined]
+
+
+# ----- the oracle ----------------------------------------------------------------------------------
+
+def test_the_oracles_speed_function_is_the_calibrated_one() -> None:
+    import numpy as np
+    from rm.policies.optimus_alloc import remaining_time
+    from sim.oracle import coefficients
+    model = EpochTimeModel(tuple(THETA))
+    coef = np.array([coefficients(tuple(THETA))] * 3)
+    shapes = [(1, 1), (3, 2), (6, 1)]
+    got = remaining_time(coef, np.array([10.0] * 3), np.array([s for _, s in shapes]), np.array([w for w, _ in shapes]))
+    assert list(got) == pytest.approx([10.0 * model.epoch_time(w, s) for w, s in shapes])
+
+
+def test_the_oracle_grows_a_lone_job_to_its_fastest_shape() -> None:
+    import numpy as np
+    job = _elastic(max_workers=6, max_servers=3)
+    result = simulate([job], "oracle", calibration(), SMALL)
+    rec = result.records[0]
+    model = EpochTimeModel(tuple(THETA))
+    best = min(((w, s) for w in range(1, 7) for s in range(1, 4)), key=lambda ws: model.epoch_time(*ws))
+    assert rec.final_status == "SUCCEEDED" and rec.shapes[-1][1:] == best
+    static = simulate([job], "static", calibration(), SMALL).records[0]
+    assert rec.jct is not None and static.jct is not None and rec.jct < static.jct
+    assert np.isfinite(result.summary.mean_useful_utilization)
+
+
+def test_cli_runs_the_oracle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(dump_trace(small_trace(3)))
+    cal = tmp_path / "cal.json"
+    save(calibration(), cal)
+    assert main(["sim", "run", str(trace), "--policy", "oracle", "--calibration", str(cal), "--no-plots",
+                 "--out", str(tmp_path / "o"), "--nodes", "3"]) == 0
+    assert "oracle" in capsys.readouterr().out
