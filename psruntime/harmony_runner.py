@@ -15,6 +15,7 @@ keeps the pipeline's ImmediateRunner and never touches the arbiter.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -31,35 +32,76 @@ _SLOT_OF = {Resource.CPU: SlotKind.CPU, Resource.COMM: SlotKind.COMM}
 
 
 class HarmonyRunner:
-    """Runs each subtask while holding the arbiter's slot for it; counts the time spent waiting."""
+    """Runs each subtask while holding the arbiter's slot for it; counts the time spent waiting.
+
+    One network grant per COMM phase: a PUSH's grant is not given back at once but at the end of
+    the event-loop turn, and a PULL (or the step's flush) that starts in the same turn -- the
+    pipeline goes from a batch's PUSH to the next batch's PULL without waiting on anything --
+    takes it over (told BUSY again) instead of asking anew. So a mini-batch costs two arbiter
+    round trips (its COMP's grant, and its PUSH + the next PULL's), not three, and the paper's
+    iteration of one COMP and one COMM is what the arbiter sees. The price: the next pull's key
+    routing (`prepare_pull`: keys only, no values) runs under that grant; decoding a pull's
+    values and encoding a push's still never hold a network slot (a PULL's grant is given back at
+    once: the decode and the COMP follow it). Anything else first gives a lingering grant back.
+    """
 
     def __init__(self, client: ArbiterClient) -> None:
         self.client = client
         self.comp_threads = 1      # cores a COMP asks of the node's CPU pool (the pipeline sets it)
         self._comm: Optional[Grant] = None
+        self._linger: Optional[Grant] = None                 # a network grant kept to the end of this turn
+        self._linger_release: Optional[asyncio.Handle] = None
         self.wait_s = {Resource.CPU: 0.0, Resource.COMM: 0.0}   # seconds spent waiting for slots
         self.held_s = {Resource.CPU: 0.0, Resource.COMM: 0.0}   # seconds the subtasks ran, holding them
+        self.grants = {Resource.CPU: 0, Resource.COMM: 0}     # round trips to the arbiter
+        self.comm_reused = 0                                  # COMM subtasks that took over a lingering grant
 
     async def run(self, kind: Subtask, work: Callable[[], Awaitable[T]]) -> T:
         resource = kind.resource
         t0 = time.perf_counter()
-        if not self.client.connected:
-            # The arbiter went away (its NM restarted and re-adopted this container): reconnect
-            # once; if it is still gone, the subtask fails with ArbiterUnavailable.
-            await self.client.connect()
-        slot = _SLOT_OF[resource]
-        grant = await self.client.acquire(slot, self.comp_threads if slot is SlotKind.CPU else 1)
+        grant = self._take_linger() if resource is Resource.COMM else None
+        if grant is not None:
+            self.client.set_busy(grant, True)        # transferring again: a secondary yields
+            self.comm_reused += 1
+        else:
+            self._release_linger()
+            if not self.client.connected:
+                # The arbiter went away (its NM restarted and re-adopted this container): reconnect
+                # once; if it is still gone, the subtask fails with ArbiterUnavailable.
+                await self.client.connect()
+            slot = _SLOT_OF[resource]
+            grant = await self.client.acquire(slot, self.comp_threads if slot is SlotKind.CPU else 1)
+            self.grants[resource] += 1
         t1 = time.perf_counter()
         self.wait_s[resource] += t1 - t0
         if resource is Resource.COMM:
             self._comm = grant
+        ok = False
         try:
-            return await work()
+            out = await work()
+            ok = True
+            return out
         finally:
             if self._comm is grant:
                 self._comm = None
-            self.client.release(grant)
             self.held_s[resource] += time.perf_counter() - t1
+            if ok and kind is Subtask.PUSH and self.client.connected:
+                self._linger = grant
+                self._linger_release = asyncio.get_running_loop().call_soon(self._release_linger)
+            else:
+                self.client.release(grant)
+
+    def _take_linger(self) -> Optional[Grant]:
+        g, self._linger = self._linger, None
+        if self._linger_release is not None:
+            self._linger_release.cancel()
+            self._linger_release = None
+        return g if g is not None and self.client.connected else None
+
+    def _release_linger(self) -> None:
+        g = self._take_linger()
+        if g is not None:
+            self.client.release(g)
 
     # -- TransferGate ------------------------------------------------------------------------
     async def wait_turn(self) -> None:
@@ -73,6 +115,7 @@ class HarmonyRunner:
             self.client.set_busy(g, False)
 
     async def close(self) -> None:
+        self._release_linger()
         await self.client.close()
 
 
