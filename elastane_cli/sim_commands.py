@@ -123,10 +123,10 @@ def cmd_run(args: argparse.Namespace, ctx: CliContext) -> int:
         raise UsageError(str(e)) from None
     s = result.summary
     ctx.out.write(render_table(
-        ["POLICY", "JOBS", "FINISHED", "MEAN-JCT-MIN", "MAKESPAN-H", "UTILIZATION-%", "FAIRNESS-LOSS", "RESHAPES",
+        ["POLICY", "JOBS", "FINISHED", "MEAN-JCT-MIN", "MAKESPAN-H", "UTILIZATION-%", "USEFUL-%", "FAIRNESS-LOSS", "RESHAPES",
          "SIM-S"],
         [[args.policy, s.jobs, s.finished, _fmt(s.mean_jct_s, 60.0), _fmt(s.makespan_s, 3600.0, 2),
-          _fmt(100.0 * s.mean_utilization), _fmt(s.mean_fairness_loss, digits=3), s.reshapes,
+          _fmt(100.0 * s.mean_utilization), _fmt(100.0 * s.mean_useful_utilization), _fmt(s.mean_fairness_loss, digits=3), s.reshapes,
           _fmt(s.wall_s, digits=2)]]) + "\n")
     try:
         args.out.mkdir(parents=True, exist_ok=True)

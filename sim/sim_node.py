@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 class SimNode:
     """One simulated NM (`node_id` is "host:port" as real NMs name themselves)."""
 
-    def __init__(self, node_id: str, capability: Resource, rack: str = "/default-rack"):
+    def __init__(self, node_id: str, capability: Resource, rack: str = "/default-rack",
+                 labels: tuple[str, ...] = ()):
         self.node_id = node_id
+        self.labels = labels         # node labels it registers with (protocol/node_labels.py)
         self.capability = capability
         self.rack = rack
         self.response_id = 0
@@ -34,7 +36,8 @@ class SimNode:
 
     def register(self, core: "ResourceManagerCore") -> None:
         core.register_node(self.claims, api.NodeRegisterRequest(
-            node_id=self.node_id, http_address=self.node_id, capability=self.capability, rack=self.rack))
+            node_id=self.node_id, http_address=self.node_id, capability=self.capability, rack=self.rack,
+            node_labels=list(self.labels)))
 
     def start(self, container_id: str, app_id: str) -> None:
         """An AM (or the RM's AM launcher) started this container here."""

@@ -42,6 +42,7 @@ T0 = 1_000_000_000.0        # virtual epoch: IDs and tokens look like a real RM'
 SIM_SECRET = "elastane-simulator-secret"
 ORACLE = "oracle"           # the simulator-only policy (sim/oracle.py): it needs the jobs' truth
 SIM_POLICIES = (ORACLE,)
+AM_LABEL = "am"             # the label of SimConfig.am_nodes
 
 
 def known_policies() -> list[str]:
@@ -62,6 +63,12 @@ class SimConfig:
     # (sim/iteration_time.py); with it unset, the scheduler's vcore accounting keeps nodes within
     # their cores and only a co-location model slows jobs down.
     node_cores: Optional[int] = None
+    # Extra nodes for the AMs only (the papers' master instance, Harmony §4.4 / docs/testbed.md's
+    # am_host): registered with node label `AM_LABEL`, which the RM config then makes the only
+    # place AMs go (and where executors never go); 0: AMs share the nodes with executors.
+    am_nodes: int = 0
+    am_node_memory_mb: int = 65536
+    am_node_vcores: int = 64
     heartbeat_s: float = 1.0
     tick_s: float = 0.5
     policy_interval_s: float = 1.0
@@ -101,6 +108,9 @@ class Simulator:
         self.loop = EventLoop(T0)
         rm_cfg = msgspec.structs.replace(cfg.rm, policy=policy_name,
                                          nm_heartbeat_interval_ms=int(cfg.heartbeat_s * 1000))
+        if cfg.am_nodes > 0:
+            rm_cfg = msgspec.structs.replace(rm_cfg, node_labels=sorted({*rm_cfg.node_labels, AM_LABEL}),
+                                             am_node_label=AM_LABEL)
         self.core = ResourceManagerCore(rm_cfg, ClusterConfig(secret=SIM_SECRET, admins=["root"]), self.loop.clock)
         self.policy_name = policy_name
         self.policy: policies.Policy = (OraclePolicy(self.truth) if policy_name == ORACLE
@@ -108,6 +118,9 @@ class Simulator:
         self.iteration_time: IterationTimeModel = cfg.iteration_time or CoreContention()
         self.nodes = {n.node_id: n for n in (
             SimNode(f"sim-{i:05d}:8042", Resource(cfg.node_memory_mb, cfg.node_vcores)) for i in range(cfg.nodes))}
+        self.nodes.update({n.node_id: n for n in (
+            SimNode(f"sim-am-{i:03d}:8042", Resource(cfg.am_node_memory_mb, cfg.am_node_vcores), labels=(AM_LABEL,))
+            for i in range(cfg.am_nodes))})
         self.jobs = [SimJob(j, calibration.app(j.app), self.loop, self.core, self.nodes, cfg.timings, self._done,
                             self._load_changed)
                      for j in trace]
@@ -183,6 +196,14 @@ class Simulator:
         used = Resource(0, 0)
         for q in core.scheduler.queues.values():
             used = used + q.used
+        # The AM nodes (SimConfig.am_nodes) are the papers' master instance, not the cluster: their
+        # capacity and the AMs on them count in neither the total nor the use.
+        for node in self.nodes.values():
+            if AM_LABEL in node.labels:
+                total = total - node.capability
+                for job in self.jobs:
+                    if job.am_node == node.node_id and job.am_container in node.running:
+                        used = used - Resource(self.cfg.timings.am_memory_mb, 1)
         demands = []
         running = waiting = 0
         for job in self.jobs:
@@ -237,4 +258,4 @@ def simulate(trace: Sequence[TraceJob], policy: str, calibration: Calibration,
     return Simulator(trace, policy, calibration, cfg or SimConfig()).run()
 
 
-__all__ = ["ORACLE", "SIM_POLICIES", "SimConfig", "known_policies", "SimResult", "Simulator", "T0", "simulate"]
+__all__ = ["AM_LABEL", "ORACLE", "SIM_POLICIES", "SimConfig", "known_policies", "SimResult", "Simulator", "T0", "simulate"]

@@ -446,3 +446,52 @@ def test_cli_runs_the_oracle(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["sim", "run", str(trace), "--policy", "oracle", "--calibration", str(cal), "--no-plots",
                  "--out", str(tmp_path / "o"), "--nodes", "3"]) == 0
     assert "oracle" in capsys.readouterr().out
+
+
+def test_am_nodes_hold_the_ams_and_nothing_else() -> None:
+    sim = Simulator(small_trace(4), "static", calibration(), SimConfig(nodes=2, am_nodes=1))
+    result = sim.run()
+    assert result.summary.finished == 4
+    am_node = next(n for n in sim.nodes if "am" in sim.nodes[n].labels)
+    assert all(j.am_node == am_node for j in sim.jobs)
+    assert all(h.node != am_node for j in sim.jobs for h in j.containers.values())
+    assert all(s.utilization <= 1.0 for s in result.samples)
+
+
+class _Resize:
+    """A test policy: from `at` on, gives every started job executors of `resource`."""
+
+    name = "resize-test"
+
+    def __init__(self, at: float, resource: Resource):
+        self.at, self.resource = at, resource
+
+    def decide(self, snapshot: policies.ClusterSnapshot) -> policies.Decision:
+        if snapshot.now - T0 < self.at:
+            return policies.Decision()
+        return policies.Decision({a.app_id: policies.JobDecision(2, 1, executor_resource=self.resource)
+                                  for a in snapshot.apps if a.shape is not None and a.shape.started})
+
+
+def test_a_directive_with_another_executor_size_restarts_the_job_at_that_size() -> None:
+    job = TraceJob(name="r", arrival_s=0.0, app="mlr", threshold=0.01, workers=2, servers=1, data_scale=20.0,
+                   executor_memory_mb=1024)
+    plain = simulate([job], "static", calibration(), SMALL).records[0]
+    sim = Simulator([job], "static", calibration(), SMALL)
+    sim.policy = _Resize(60.0, Resource(2048, 2))
+    reports = []
+    original = sim.core.allocate
+
+    def spy(claims, req):  # type: ignore[no-untyped-def]
+        if req.shape is not None:
+            reports.append(req.shape)
+        return original(claims, req)
+    sim.core.allocate = spy  # type: ignore[method-assign]
+    rec = sim.run().records[0]
+    assert rec.pauses == 1 and [s[1:] for s in rec.shapes] == [(2, 1), (0, 0), (2, 1)]
+    assert reports[0].executor_resource == Resource(1024, 1)
+    assert reports[-1].executor_resource == Resource(2048, 2)
+    cal = calibration().apps["mlr"]
+    assert rec.jct is not None and plain.jct is not None
+    # Lost: the pause (checkpoint, release) and the restart at the new size, at least.
+    assert rec.jct >= plain.jct + cal.pause_s + cal.restart_s - 1e-6
