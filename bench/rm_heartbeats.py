@@ -43,6 +43,18 @@ the server's core part of the time); `rm_*` figures are the plain side's.
 
 Last line: {"rm_heartbeats_per_s", "rm_p99_ms", "echo_ceiling_per_s", "ratio_to_ceiling", ...,
 "with_utilization_rate", "utilization_payload_ratio", "utilization_flat_out_ratio", ...}
+
+`--policy dorm` measures something else: heartbeat latency while a policy decides (issue 25: the
+policy's `decide` runs in a worker thread, rm/server.py). An RM process (bench/support/policy_rm.py:
+the real server and HTTP API, a seeded Dorm Table II workload on Dorm-shaped nodes, one job killed
+and one submitted every second so Dorm solves its MILP round after round, its time limit
+--dorm-time-limit-s) takes heartbeats at a fixed --hb-rate from the generator's nodes (which join
+the cluster, so the MILP covers them too) for --duration s; the same with `static`, same workload
+and churn; --repeats times each, alternating, medians counting. With --on-loop-reference one more
+dorm run decides on the loop (the old way), for reference. The RM process may use a second core
+for the policy thread (the loop stays pinned with it; the generator shares that core on a 2-core
+host). Last line: {"p99_ratio_dorm_vs_static", "p99_ms_dorm", "p99_ms_static", "dorm_solve_s", ...}:
+target ratio <= 1.2; the solve (the median Dorm decide that solved P2) must take > 1 s to mean anything.
 """
 from __future__ import annotations
 
@@ -595,12 +607,100 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
+# ----------------------------------------------------------------------------- --policy
+
+def _policy_run(policy: str, on_loop: bool, args, tmp: Path, secret: str, server_cores: set[int],
+                client_cores: list[int]) -> dict[str, Any]:
+    """One RM process deciding with `policy` under the seeded churn: the heartbeat step's figures and
+    the policy rounds' and Dorm's solves' times."""
+    port_file = tmp / f"{policy}-{time.monotonic_ns()}.port"
+    env = dict(os.environ, ELASTANE_LOG_LEVEL="WARNING")
+
+    def pin() -> None:
+        try:
+            os.sched_setaffinity(0, server_cores)
+        except (AttributeError, OSError):
+            pass
+
+    cmd = [sys.executable, __file__, "--policy-server", str(port_file), "--server-policy", policy,
+           "--secret", secret, "--dorm-jobs", str(args.dorm_jobs), "--dorm-seed-nodes", str(args.dorm_seed_nodes),
+           "--dorm-time-limit-s", str(args.dorm_time_limit_s), "--dorm-mip-gap", str(args.dorm_mip_gap)
+           ] + (["--on-loop"] if on_loop else [])
+    server = subprocess.Popen(cmd, cwd=ROOT, env=env, preexec_fn=pin)
+    try:
+        port = int(_wait_file(port_file, server, READY_TIMEOUT_S))
+        gen = _Generator("rm", port, secret, args, client_cores)
+        try:
+            gen.wait_ready()
+            step = gen.step(args.hb_rate, args.duration, server.pid)
+        finally:
+            gen.stop()
+    finally:
+        _stop([server])
+    result_file = Path(str(port_file) + ".result")
+    rounds = json.loads(result_file.read_text()) if result_file.exists() else {"round_s": [], "solve_s": []}
+    times, solves = sorted(rounds["round_s"]), sorted(rounds.get("solve_s", []))
+    step.update(policy=policy + ("-on-loop" if on_loop else ""), rounds=len(times),
+                round_median_s=round(times[len(times) // 2], 3) if times else None,
+                round_max_s=round(times[-1], 3) if times else None, solves=len(solves),
+                solve_median_s=round(solves[len(solves) // 2], 3) if solves else None,
+                applied=rounds.get("applied"), dropped=rounds.get("dropped"))
+    print(f"policy run: {json.dumps(step)}", file=sys.stderr, flush=True)
+    return step
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def _policy_main(args) -> None:
+    from protocol import tokens
+
+    cores = _cores()
+    server_core, client_cores = _layout(args.clients)
+    # The policy thread's core: one the generator does not use if there is one, else the generator's.
+    spare = [c for c in cores if c != server_core and c not in client_cores]
+    server_cores = {server_core, (spare or client_cores)[0]}
+    secret = tokens.generate_secret()
+    runs: dict[str, list[dict]] = {"static": [], "dorm": []}
+    reference = None
+    with tempfile.TemporaryDirectory(prefix="elastane-bench-hb-policy-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        for i in range(args.repeats):
+            for policy in (("static", "dorm") if i % 2 == 0 else ("dorm", "static")):
+                runs[policy].append(_policy_run(policy, False, args, tmp, secret, server_cores, client_cores))
+        if args.on_loop_reference:
+            reference = _policy_run("dorm", True, args, tmp, secret, server_cores, client_cores)
+    p99 = {p: _median([r["p99_ms"] for r in rs]) for p, rs in runs.items()}
+    p50 = {p: _median([r["p50_ms"] for r in rs]) for p, rs in runs.items()}
+    solve = _median([r["solve_median_s"] for r in runs["dorm"] if r["solve_median_s"] is not None] or [0.0])
+    ratio = round(p99["dorm"] / p99["static"], 3) if p99["static"] > 0 else None
+    print(f"heartbeat p99 at {args.hb_rate}/s: dorm {p99['dorm']} ms (solving {solve:.2f} s a round), "
+          f"static {p99['static']} ms: ratio {ratio} (target <= 1.2)")
+    print(json.dumps({
+        "p99_ratio_dorm_vs_static": ratio, "p99_ms_dorm": p99["dorm"], "p99_ms_static": p99["static"],
+        "p50_ms_dorm": p50["dorm"], "p50_ms_static": p50["static"],
+        "dorm_solve_s": round(solve, 3), "solve_long_enough": solve > 1.0, "target_ratio": 1.2,
+        "meets_target": ratio is not None and ratio <= 1.2 and solve > 1.0,
+        "dorm_rounds_applied": sum(r["applied"] or 0 for r in runs["dorm"]),
+        "dorm_rounds_dropped": sum(r["dropped"] or 0 for r in runs["dorm"]),
+        "p99_ms_dorm_on_loop": reference["p99_ms"] if reference else None,
+        "hb_rate": args.hb_rate, "duration_s": args.duration, "repeats": args.repeats,
+        "dorm_jobs": args.dorm_jobs, "seed_nodes": args.dorm_seed_nodes, "generator_nodes": args.nodes,
+        "dorm_time_limit_s": args.dorm_time_limit_s, "dorm_mip_gap": args.dorm_mip_gap, "cores": len(cores), "server_cores": sorted(server_cores),
+        "runs": runs, "on_loop_run": reference,
+    }))
+
+
 def main() -> None:
     cores = _cores()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=min(8, max(2, len(cores) - 1)),
                     help="load-generator client processes (default: one per core apart from the server's, 2..8)")
-    ap.add_argument("--nodes", type=int, default=5000, help="simulated NMs, split across the clients")
+    ap.add_argument("--nodes", type=int, default=None,
+                    help="simulated NMs, split across the clients (default 5000; with --policy 200)")
     ap.add_argument("--connections", type=int, default=256, help="keep-alive connections, split across the clients")
     ap.add_argument("--duration", type=float, default=4.0, help="seconds per ladder step")
     ap.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",")], default=RATES)
@@ -612,10 +712,32 @@ def main() -> None:
     ap.add_argument("--echo-server", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--secret", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--policy", choices=["dorm"], help="measure heartbeat p99 while this policy decides, "
+                    "against static (see the module doc)")
+    ap.add_argument("--hb-rate", type=int, default=300, help="--policy: heartbeats/s sent")
+    ap.add_argument("--repeats", type=int, default=3, help="--policy: runs per policy (medians count)")
+    ap.add_argument("--dorm-jobs", type=int, default=20, help="--policy: running PS jobs seeded")
+    ap.add_argument("--dorm-seed-nodes", type=int, default=40, help="--policy: Dorm-shaped nodes seeded")
+    ap.add_argument("--dorm-time-limit-s", type=float, default=2.0, help="--policy: the MILP's time limit")
+    ap.add_argument("--dorm-mip-gap", type=float, default=1e-9,
+                    help="--policy: the MILP's relative gap (~0: every solve runs to the time limit; Dorm's is 0.01)")
+    ap.add_argument("--on-loop-reference", action="store_true",
+                    help="--policy: one more dorm run deciding on the event loop (the old way)")
+    ap.add_argument("--policy-server", help=argparse.SUPPRESS)
+    ap.add_argument("--server-policy", default="static", help=argparse.SUPPRESS)
+    ap.add_argument("--on-loop", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.host = "127.0.0.1"  # traffic stays on this host
+    if args.nodes is None:
+        args.nodes = 200 if args.policy else 5000
     if args.echo_server:
         return _echo_main(args.echo_server)
+    if args.policy_server:
+        from support.policy_rm import PolicyRmSettings, serve
+        return asyncio.run(serve(PolicyRmSettings(
+            policy=args.server_policy, port_file=args.policy_server, result_file=args.policy_server + ".result",
+            secret=args.secret, jobs=args.dorm_jobs, seed_nodes=args.dorm_seed_nodes,
+            dorm_time_limit_s=args.dorm_time_limit_s, dorm_mip_gap=args.dorm_mip_gap, on_loop=args.on_loop)))
     if args.client:
         args.mode = args.client
         from protocol.daemon import install_uvloop
@@ -623,6 +745,10 @@ def main() -> None:
         return asyncio.run(_client_main(args))
     if not 1 <= args.clients <= MAX_CLIENTS:
         ap.error(f"--clients must be 1..{MAX_CLIENTS}")
+    if args.policy:
+        if args.repeats < 1 or args.hb_rate < 1 or args.dorm_jobs < 1:
+            ap.error("--repeats, --hb-rate and --dorm-jobs must be >= 1")
+        return _policy_main(args)
 
     from protocol import tokens
 

@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import logging
 import socket
+import sys
 import time
 from typing import Callable, Optional
 from urllib.parse import urlsplit, urlunsplit
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 # A stale Decision is decided again at once this many times before the round gives up (the next
 # round comes `policy_interval_s` later): under steady churn a long decide must not retry forever.
 STALE_RETRIES = 1
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def advertised_host(cfg: RMConfig) -> str:
@@ -223,6 +225,9 @@ class ResourceManagerServer:
         loop = asyncio.get_running_loop()
         if self._policy_thread is None:
             self._policy_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rm-policy")
+            # The policy thread runs Python between its solver's GIL-free stretches; the loop waits
+            # for the GIL at most this long each time it wakes (CPython's default is 5 ms).
+            sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         for _ in range(retries + 1):
             rnd = start_round(self.core)
             decided = await loop.run_in_executor(self._policy_thread, decide_on_copy, self.policy, rnd.snapshot)
