@@ -1,0 +1,144 @@
+"""Harmony against isolated and naive co-location on one simulated cluster and one trace.
+
+Three runs of the same trace on the same cluster (sim/simulator.py), each with the co-location
+model (sim/colocation.py) in one mode:
+
+- `isolated`: the `static` policy (each job runs the shape it asks for, on hosts it does not share
+  when executors fill a host, as the paper's workload asks them to) and the model's ISOLATED mode:
+  a job's iteration is its COMP then its COMM;
+- `harmony`: the real `harmony` policy (rm/policies/harmony.py: profiling, Algorithm 1 grouping,
+  regrouping, pause / resume / migrate) and the model's HARMONY mode (eq. 4.1 + measured handoffs).
+  Its jobs are submitted with one worker and one server (`as_harmony_job`): a PS AM takes its
+  submitted shape before it acts on any directive (appmaster/ps/directives.py), and under Harmony
+  that first shape is the profiling one ("the smallest number of machines for each job", §4.3.2);
+  the policy gives every shape after it;
+- `naive`: the same `harmony` policy's groups, the model's NAIVE mode (no arbiter: jobs contend
+  freely). The paper's naive baseline searched every grouping for its best case; here it is
+  Harmony's grouping without the arbiter, i.e. Fig. 4.12's "naive + grouping" step.
+
+Per run: mean JCT, makespan, finished jobs, eq. 4.4's CPU and network utilization averaged over the
+makespan (useful subtask work per host, `ColocationTimes.mean_utilization`); and the gains of
+harmony and naive over isolated. `best_case` gives the model's own ceiling for the trace: every job
+paired with its most complementary partner (eq. 4.1, no profiling, regrouping or handoff costs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
+
+import msgspec
+
+from .calibration import Calibration
+from .colocation import ColocationTimes, Interference, MEASURED, Mode, SubtaskTimes, iteration_times
+from .simulator import SimConfig, SimResult, Simulator, T0
+from .trace import TraceJob
+
+RUNS: tuple[tuple[str, str, Mode], ...] = (
+    ("isolated", "static", Mode.ISOLATED),
+    ("harmony", "harmony", Mode.HARMONY),
+    ("naive", "harmony", Mode.NAIVE),
+)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """One mode's run: the simulator's result and eq. 4.4's utilization over its makespan."""
+
+    name: str
+    policy: str
+    mode: Mode
+    result: SimResult
+    cpu_utilization: float
+    net_utilization: float
+    max_jobs_sharing: int
+
+    @property
+    def mean_jct_s(self) -> Optional[float]:
+        return self.result.summary.mean_jct_s
+
+    @property
+    def makespan_s(self) -> Optional[float]:
+        return self.result.summary.makespan_s
+
+    def to_json(self) -> dict[str, object]:
+        s = self.result.summary
+        return {"policy": self.policy, "mode": self.mode.value, "mean_jct_s": _round(s.mean_jct_s),
+                "makespan_s": _round(s.makespan_s), "finished": s.finished, "jobs": s.jobs,
+                "cpu_utilization": round(self.cpu_utilization, 4), "net_utilization": round(self.net_utilization, 4),
+                "max_jobs_sharing": self.max_jobs_sharing, "pauses": sum(r.pauses for r in self.result.records),
+                "wall_s": round(s.wall_s, 2)}
+
+
+def _round(x: Optional[float]) -> Optional[float]:
+    return None if x is None else round(x, 1)
+
+
+def as_harmony_job(job: TraceJob) -> TraceJob:
+    """The job as submitted under Harmony: one worker and one server (module doc)."""
+    return msgspec.structs.replace(job, workers=1, servers=1, min_workers=1, min_servers=1)
+
+
+def run_mode(trace: Sequence[TraceJob], calibration: Calibration, cfg: SimConfig, name: str, policy: str,
+             mode: Mode, interference: Interference = MEASURED) -> RunOutcome:
+    """One run of `trace` under `policy` with the co-location model in `mode`."""
+    if policy == "harmony":
+        trace = [as_harmony_job(j) for j in trace]
+    model = ColocationTimes(calibration, mode, interference)
+    sim = Simulator(trace, policy, calibration, replace(cfg, iteration_time=model))
+    model.clock = sim.loop.clock
+    result = sim.run()
+    ends = [r.end for r in result.records if r.end is not None]
+    start = T0 + min((j.arrival_s for j in trace), default=0.0)
+    cpu, net = model.mean_utilization(cfg.nodes, start, max(ends) if ends else start)
+    return RunOutcome(name, policy, mode, result, cpu, net, model.max_set)
+
+
+def compare(trace: Sequence[TraceJob], calibration: Calibration, cfg: SimConfig,
+            interference: Interference = MEASURED, runs: Sequence[tuple[str, str, Mode]] = RUNS
+            ) -> dict[str, RunOutcome]:
+    """The runs of `runs` (default: isolated, harmony, naive) on the same trace and cluster."""
+    return {name: run_mode(trace, calibration, cfg, name, policy, mode, interference) for name, policy, mode in runs}
+
+
+def gain(base: Optional[float], new: Optional[float]) -> Optional[float]:
+    """base / new (a time's speed-up), rounded; None when either is missing or zero."""
+    if base is None or new is None or new <= 0 or base <= 0:
+        return None
+    return round(base / new, 3)
+
+
+def gains(out: dict[str, RunOutcome], name: str, base: str = "isolated") -> dict[str, Optional[float]]:
+    """`name`'s mean-JCT and makespan speed-ups and CPU-utilization gain over `base`."""
+    b, n = out[base], out[name]
+    util = round(n.cpu_utilization / b.cpu_utilization, 3) if b.cpu_utilization > 0 else None
+    return {"jct_gain": gain(b.mean_jct_s, n.mean_jct_s), "makespan_gain": gain(b.makespan_s, n.makespan_s),
+            "util_gain": util}
+
+
+def best_case(loads: Sequence[SubtaskTimes], work: Sequence[float],
+              interference: Interference = MEASURED) -> float:
+    """The model's ceiling on throughput for these jobs: sorted by COMP share, the i-th most
+    computation-bound paired with the i-th most communication-bound, each pair at its eq. 4.1
+    rate, costs of profiling and regrouping ignored. Returns total isolated work over the pairs'
+    time (`work[j]`: job j's time alone on its hosts): the makespan speed-up perfect pairing could
+    reach if the hosts never idled."""
+    order = sorted(range(len(loads)), key=lambda j: loads[j].t_cpu / max(loads[j].alone, 1e-12))
+    total = sum(work)
+    paired_time = 0.0
+    lo, hi = 0, len(order) - 1
+    while lo <= hi:
+        if lo == hi:
+            paired_time += work[order[lo]]
+            break
+        a, b = order[lo], order[hi]
+        ta, tb = iteration_times([loads[a], loads[b]], Mode.HARMONY, interference)
+        # Both run until the shorter ends (at its pair rate), the longer then finishes alone.
+        ra, rb = loads[a].alone / ta, loads[b].alone / tb     # isolated-seconds of work per second
+        first = min(work[a] / ra, work[b] / rb)
+        rest = (work[a] - first * ra) + (work[b] - first * rb)
+        paired_time += first + rest
+        lo, hi = lo + 1, hi - 1
+    return round(total / paired_time, 3) if paired_time > 0 else 1.0
+
+
+__all__ = ["RUNS", "RunOutcome", "best_case", "compare", "gain", "gains", "run_mode"]
