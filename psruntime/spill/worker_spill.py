@@ -18,6 +18,7 @@ executor's status, from which the AM builds the job report's `alpha` and `spille
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any, Callable, Iterable, Literal, Sequence, Union
@@ -33,6 +34,7 @@ from psruntime.store.store_client import StoreClient
 from psruntime.training_pipeline import init_blocks
 
 SpillMode = Union[float, Literal["auto"]]
+log = logging.getLogger(__name__)
 
 
 def container_limit_bytes(cgroup_limit: int = 0) -> int:
@@ -116,8 +118,11 @@ class WorkerSpill:
             self.tuner = AlphaTuner(quantize(self.alpha, len(blocks)), num_blocks=len(blocks))
         if self.tuner is not None and blocks:
             self.tuner.num_blocks = len(blocks)
-            alpha = self.tuner.observe(SpillMeasurement(step_s, stall, rss, self.limit_bytes))
+            m = SpillMeasurement(step_s, stall, rss, self.limit_bytes)
+            alpha = self.tuner.observe(m)
             if alpha != self.alpha:
+                log.info("spill: alpha %.3f -> %.3f (memory %.1f MB = %.0f%% of the limit, stall %.3fs of %.3fs)",
+                         self.alpha, alpha, rss / 2**20, 100 * m.pressure, stall, step_s)
                 self.reloader.set_alpha(blocks, alpha)
         return {**self.figures(), "step_stall_s": stall}
 

@@ -50,3 +50,48 @@ def test_a_job_larger_than_its_containers_finishes_with_spill_and_is_killed_with
     report = get_app(cluster.rm_url, app_id)["shape"]      # the AM's last job report
     assert report["alpha"] is not None and 0.5 <= report["alpha"] <= 1.0, report
     assert report["spilled_mb"] > 50, report
+
+
+def test_a_process_in_a_memory_limited_cgroup_reads_its_charge_and_limit_not_its_rss(tmp_path: Any) -> None:
+    # What the spill tuner reads (psruntime/spill/memory_reading.py), in a real cgroup made as
+    # the NM makes a container's: 64 MB touched in it is charged there, and the limit is found.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from nodemanager.cgroup_detect import CgroupVersion, detect_from_file
+
+    reason = cgroups_unusable_reason()
+    if reason:
+        pytest.skip(reason)
+    layout = detect_from_file()
+    if layout.version is CgroupVersion.V1:
+        mount, limit_file = layout.v1_mounts.get("memory"), "memory.limit_in_bytes"
+    else:
+        mount, limit_file = layout.v2_mount, "memory.max"
+        if mount and "memory" not in Path(mount, "cgroup.subtree_control").read_text().split():
+            pytest.skip("the cgroup2 root does not delegate the memory controller")
+    if not mount:
+        pytest.skip("no memory controller mounted")
+    cg = Path(mount) / f"elastane-spill-test-{os.getpid()}"
+    cg.mkdir()
+    try:
+        (cg / limit_file).write_text(str(256 * 2**20))
+        script = ("import os, sys\n"
+                  "open(sys.argv[1] + '/cgroup.procs', 'w').write(str(os.getpid()))\n"
+                  "from psruntime.spill.memory_reading import ContainerMemory\n"
+                  "m = ContainerMemory()\n"
+                  "before = m.used_bytes()\n"
+                  "b = bytearray(64 * 2**20)\n"
+                  "for i in range(0, len(b), 4096): b[i] = 1\n"
+                  "print(m.source, m.limit_bytes(), before, m.used_bytes())\n")
+        out = subprocess.run([sys.executable, "-c", script, str(cg)], capture_output=True, text=True, timeout=60,
+                             cwd=Path(__file__).resolve().parents[2], check=True).stdout.split()
+    finally:
+        # The child has exited: its cgroup is empty and can go.
+        cg.rmdir()
+    source, limit, before, after = out[0] + " " + out[1], int(out[2]), int(out[3]), int(out[4])
+    assert source.startswith("cgroup") and limit == 256 * 2**20, out
+    # Only what the process touched after it joined is charged there (not its interpreter's RSS).
+    assert after - before >= 60 * 2**20 and before < 32 * 2**20, out
