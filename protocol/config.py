@@ -9,7 +9,7 @@ import os
 import socket
 import tomllib
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Any, Literal, Optional, TypeVar
 
 import msgspec
 
@@ -56,6 +56,12 @@ class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
     # adjustment overhead (at most ceil(θ2 x running jobs) jobs resized per decision).
     dorm_fairness_threshold: float = 0.1
     dorm_adjustment_threshold: float = 0.5
+    # Gang admission of PS jobs (rm/scheduler.py): a job's AM container starts only when the AM and
+    # its `gang_shape` of executors fit together (queue headroom and nodes), so a job holds nothing
+    # until it can run. "minimum": min_workers + min_servers (the least it runs with); "submitted":
+    # workers + servers (what the PS AM starts training with).
+    gang_admission: bool = True
+    gang_shape: Literal["minimum", "submitted"] = "minimum"
     # Where AMs keep checkpoints and durable state, one `<checkpoint_dir>/<app_id>` per app: storage
     # every host reads, so a new attempt on another host resumes from the last one's checkpoint.
     # An absolute path or file:// URL (a shared mount), or any fsspec URL (s3://bucket/prefix);

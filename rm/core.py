@@ -10,8 +10,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import msgspec
+
 from protocol import internal_api as api
-from protocol import tokens
+from protocol import ps_job_spec, tokens
 from protocol.ids import ApplicationId, AttemptId, ContainerId
 from protocol.config import ClusterConfig, RMConfig
 from protocol.nm_client import container_token_payload
@@ -24,7 +26,7 @@ from .decision_log import DecisionLog
 from .model import AmSpec, App, Attempt, Container, Node
 from .nm_protocol import NmProtocol
 from .nodes import NodeTracker
-from .scheduler import AskError, CapacityScheduler
+from .scheduler import AskError, CapacityScheduler, Gang
 from .state_machines import (NOT_COUNTED, AppEvent, AttemptEvent, attempt_is_final, counts_toward_max_attempts,
                              next_app_state, next_attempt_state)
 from .utilization_series import UtilizationSeries
@@ -52,7 +54,8 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self.cluster_ts = int(self.start_time * 1000)
         self.nodes = NodeTracker(cfg.nm_expiry_s)
         self.scheduler = CapacityScheduler(cfg, self.nodes.lookup, lambda: self.nodes.total,
-                                           on_activation=self._am_activation_changed)
+                                           on_activation=self._am_activation_changed,
+                                           schedulable_nodes=self.nodes.schedulable)
         self.apps: dict[str, App] = {}
         self.attempts: dict[str, Attempt] = {}
         self.containers: dict[str, Container] = {}
@@ -140,10 +143,27 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         except AskError as e:
             raise BadRequest(str(e)) from None
 
+    def _check_executor(self, app_type: str, elastane: Optional[dict[str, Any]]) -> None:
+        """A PS job whose executors the scheduler could never grant is refused (it would wait
+        forever, and under gang admission so would its AM)."""
+        raw = (elastane or {}).get(ps_job_spec.ELASTANE_FIELD)
+        if app_type.upper() != ps_job_spec.APPLICATION_TYPE or not isinstance(raw, dict):
+            return
+        try:
+            spec = msgspec.convert(raw, ps_job_spec.PSJobSpec, strict=False)
+        except msgspec.ValidationError:
+            return      # the submission's own validation names what is wrong
+        try:
+            self.scheduler.normalize(Resource(spec.executor_memory_mb, spec.executor_vcores),
+                                     f"elastane.{ps_job_spec.ELASTANE_FIELD}.executor resource")
+        except AskError as e:
+            raise BadRequest(str(e)) from None
+
     def submit(self, app_id: str, user: str, name: str, queue: str, app_type: str, am: AmSpec,
                max_attempts: int, submission: dict[str, Any], elastane: Optional[dict[str, Any]]) -> App:
         """Create the app in NEW_SAVING; the caller stores it and then calls `app_saved`."""
         am.resource = self.check_submission(app_id, queue, am.resource)
+        self._check_executor(app_type, elastane)
         if max_attempts < 1:
             raise BadRequest(f"max-app-attempts must be >= 1, got {max_attempts}")
         self.reserved_ids.discard(app_id)
@@ -164,10 +184,25 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             self.reserved_ids.add(app_id)
             self.dirty.discard(app_id)
 
+    def gang_of(self, app: App) -> Optional[Gang]:
+        """The executors a PS job's AM waits for under gang admission (RMConfig.gang_admission /
+        gang_shape), None for other apps or with it off. The spec was validated at submission."""
+        if not self.cfg.gang_admission or app.app_type.upper() != ps_job_spec.APPLICATION_TYPE:
+            return None
+        raw = (app.elastane or {}).get(ps_job_spec.ELASTANE_FIELD)
+        try:
+            spec = msgspec.convert(raw, ps_job_spec.PSJobSpec, strict=False)
+            executor = self.scheduler.normalize(Resource(spec.executor_memory_mb, spec.executor_vcores))
+        except (msgspec.ValidationError, AskError):
+            return None
+        count = (spec.min_workers + spec.min_servers if self.cfg.gang_shape == "minimum"
+                 else spec.workers + spec.servers)
+        return Gang(executor, count)
+
     def app_saved(self, app_id: str) -> None:
         app = self.get_app(app_id)
         self._app_event(app, AppEvent.SAVED)
-        self.scheduler.add_app(app_id, app.queue, app.user, app.seq)
+        self.scheduler.add_app(app_id, app.queue, app.user, app.seq, self.gang_of(app))
         self._app_event(app, AppEvent.ACCEPT)
         self._new_attempt(app)
         self._schedule(self.nodes.schedulable())
@@ -209,7 +244,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             return
         app.state = AppState.NEW
         self._app_event(app, AppEvent.RECOVER)
-        self.scheduler.add_app(app.app_id, app.queue, app.user, app.seq)
+        self.scheduler.add_app(app.app_id, app.queue, app.user, app.seq, self.gang_of(app))
         self._new_attempt(app)
 
     # ----- attempts -------------------------------------------------------------------------

@@ -6,6 +6,14 @@ its `Allocation` decisions into containers. Order of service for each container:
   2. inside it, AM containers of ACCEPTED apps first (FIFO), then the user with the lowest
      dominant share (DRF), then that user's apps in submission order, asks by (priority, ask_id).
 An AM container is only scheduled for an app the queue's AM limit has activated (rm/am_limit.py).
+Gang admission (RMConfig.gang_admission): an app with a `Gang` (a PS job: its minimum executor set)
+gets its AM container only when the AM and the gang fit together, in the queue's headroom and on
+the nodes (first fit over every schedulable node's free room, less the gangs admitted earlier whose
+executors have not all been allocated yet: those stay reserved against further admissions). So a
+job holds nothing until it can run; one that does not fit is skipped, not waited for (as YARN skips
+AMs over the AM limit). The reservation only guards admissions: it does not hold back other apps'
+asks (YARN's node reservations), so a gang's executors can still be taken in the seconds between
+its AM's start and its asks; the policies then make room as for any job short of executors.
 Locality: an ask's `nodes` are tried first; with relax_locality=False only they are used.
 Node labels are exclusive partitions (protocol/node_labels.py): executors go to unlabelled nodes
 only, AM containers to the nodes carrying `am_node_label` when one is set.
@@ -44,6 +52,14 @@ class Ask:
     tag: str = ""
 
 
+@dataclass(frozen=True)
+class Gang:
+    """The executors an app needs beside its AM before the AM container is started."""
+
+    executor: Resource
+    count: int
+
+
 @dataclass
 class SchedApp:
     """The scheduler's view of one app: its queue, user, demand and usage."""
@@ -56,6 +72,9 @@ class SchedApp:
     am_request: Optional[Resource] = None
     am_active: bool = False     # activated by the AM limit, AM container not allocated yet
     used: Resource = ZERO
+    gang: Optional[Gang] = None
+    gang_reserved: int = 0      # executors of the gang admitted with the AM not allocated yet
+    gang_waiting: bool = False  # the AM was passed over last time: the gang did not fit
 
     @property
     def has_demand(self) -> bool:
@@ -95,7 +114,8 @@ class CapacityScheduler:
 
     def __init__(self, cfg: RMConfig, lookup_nodes: Callable[[str], list[Node]],
                  cluster_total: Callable[[], Resource],
-                 on_activation: Callable[[str, Optional[str]], None] = lambda app_id, diagnostics: None):
+                 on_activation: Callable[[str, Optional[str]], None] = lambda app_id, diagnostics: None,
+                 schedulable_nodes: Callable[[], list[Node]] = lambda: []):
         if not cfg.queues:
             raise ValueError("at least one queue must be configured")
         if not (0 < cfg.max_am_resource_percent <= 1):
@@ -117,6 +137,7 @@ class CapacityScheduler:
         # Told (app_id, diagnostics) when an app is held back by the AM limit, (app_id, None) when activated.
         self._on_activation = on_activation
         self._admitted_total: Resource = ZERO   # cluster total the AM limits were last computed for
+        self._schedulable_nodes = schedulable_nodes     # every node a gang may be placed on
 
     @staticmethod
     def _check_queue(q: QueueConfig) -> None:
@@ -165,10 +186,12 @@ class CapacityScheduler:
             self._n_demand -= 1
 
     # ----- apps ---------------------------------------------------------------------------
-    def add_app(self, app_id: str, queue: str, user: str, seq: int) -> None:
+    def add_app(self, app_id: str, queue: str, user: str, seq: int, gang: Optional[Gang] = None) -> None:
         if queue not in self.queues:
             raise KeyError(f"unknown queue {queue!r}")
-        sa = SchedApp(app_id, queue, user, seq)
+        if gang is not None and gang.count < 0:
+            raise ValueError(f"gang count must be >= 0, got {gang.count}")
+        sa = SchedApp(app_id, queue, user, seq, gang=gang)
         self.apps[app_id] = sa
         self.queues[queue].apps[app_id] = sa
 
@@ -196,6 +219,7 @@ class CapacityScheduler:
         if sa is not None:
             self._drop_am_request(sa)
             sa.asks.clear()
+            sa.gang_reserved = 0        # the attempt ended: its gang's room is no longer held
             self._mark(sa)
 
     def _drop_am_request(self, sa: SchedApp) -> None:
@@ -323,9 +347,15 @@ class CapacityScheduler:
                 if not (q.used + r).fits_in(limit):
                     continue
                 node = self._pick_node(r, None, cand, is_am=True)
+                if node is not None and sa.gang is not None and sa.gang.count > 0:
+                    sa.gang_waiting = not self._gang_fits(q, limit, sa, r, node)
+                    if sa.gang_waiting:
+                        continue        # holds nothing until AM and gang fit; the next AM may
                 if node is not None:
                     # The activation charge now belongs to the AM container (given back on its release).
                     sa.am_request, sa.am_active = None, False
+                    if sa.gang is not None:
+                        sa.gang_reserved = sa.gang.count
                     return self._commit(sa, node, r, AM_ASK_ID, "AM")
             # Then DRF between users, FIFO within a user.
             by_user: dict[str, list[SchedApp]] = {}
@@ -346,7 +376,37 @@ class CapacityScheduler:
                             return self._commit(sa, node, ask.resource, ask.ask_id, ask.tag)
         return None
 
+    def _gang_fits(self, q: Queue, limit: Resource, sa: SchedApp, am: Resource, am_node: Node) -> bool:
+        """Whether `sa`'s AM on `am_node` and its gang fit: in the queue's limit and, first fit,
+        on the schedulable nodes executors may use, after the gangs still reserved (in order)."""
+        gang = sa.gang
+        assert gang is not None
+        reserved = [o for o in self.apps.values() if o.gang_reserved > 0 and o.gang is not None and o is not sa]
+        held = sum((o.gang.executor.scale(o.gang_reserved) for o in reserved
+                    if o.queue == q.name and o.gang is not None), ZERO)
+        if not (q.used + held + am + gang.executor.scale(gang.count)).fits_in(limit):
+            return False
+        free = {n.node_id: n.free for n in self._schedulable_nodes()
+                if n.schedulable and node_labels.accepts(n.labels, False, self.am_node_label)}
+        if am_node.node_id in free:
+            free[am_node.node_id] = free[am_node.node_id] - am
+        order = sorted(free)
+
+        def place(r: Resource, k: int) -> bool:
+            for _ in range(k):
+                at = next((i for i in order if r.fits_in(free[i])), None)
+                if at is None:
+                    return False
+                free[at] = free[at] - r
+            return True
+        for o in sorted(reserved, key=lambda o: o.seq):
+            assert o.gang is not None
+            place(o.gang.executor, o.gang_reserved)   # what no longer fits is not held against us
+        return place(gang.executor, gang.count)
+
     def _commit(self, sa: SchedApp, node: Node, r: Resource, ask_id: int, tag: str) -> Allocation:
+        if ask_id != AM_ASK_ID and sa.gang_reserved:
+            sa.gang_reserved -= 1       # one executor of the admitted gang is in place
         self._charge(sa, node, r, +1)
         self._mark(sa)
         return Allocation(sa.app_id, node.node_id, r, ask_id, tag)

@@ -9,6 +9,7 @@ import pytest
 
 from elastane_cli.main import main
 from models.ps_iteration_time import EpochTimeModel, fit
+from protocol.config import RMConfig
 from protocol.records import Resource
 from rm import policies
 from sim.calibration import AppCalibration, Calibration, save
@@ -249,12 +250,15 @@ def test_a_paused_job_releases_its_executors_and_resumes() -> None:
     assert rec.jct == pytest.approx(plain.jct + lost, abs=1.0)
 
 
-def test_a_job_that_can_never_start_ends_the_run_as_stalled() -> None:
-    # 4 vcores cannot hold an AM plus 4 executors: the job holds part and waits for ever.
+@pytest.mark.parametrize("gang", [False, True])
+def test_a_job_that_can_never_start_ends_the_run_as_stalled(gang: bool) -> None:
+    # 4 vcores cannot hold an AM plus 4 executors: without gang admission the job holds part and
+    # waits for ever; with it (RMConfig.gang_admission) its AM is never started, so it holds nothing.
     job = TraceJob(name="big", arrival_s=0.0, app="mlr", threshold=0.01, workers=3, servers=1)
-    result = simulate([job], "static", calibration(), SimConfig(nodes=1, node_vcores=4, stall_s=600.0))
+    rm = RMConfig(nm_expiry_s=10.0, am_expiry_s=10.0, gang_admission=gang)
+    result = simulate([job], "static", calibration(), SimConfig(nodes=1, node_vcores=4, stall_s=600.0, rm=rm))
     rec = result.records[0]
-    assert rec.end is None and rec.start is None and rec.am_start is not None
+    assert rec.end is None and rec.start is None and (rec.am_start is None) == gang
     assert result.summary.finished == 0 and result.summary.makespan_s is None
     assert 600.0 < result.summary.virtual_s < 700.0
 
