@@ -14,6 +14,16 @@ paper's GC overhead. So:
   the cost fell and otherwise goes back, turns round and halves the step. At or past `hard` it
   raises alpha at once, whatever the stalls; `wants_model_spill` says alpha is 1 and the pressure
   is still there (the servers' model blocks are next).
+
+Departure from §4.3.3's pure hill climbing, for Python: the climb moves only where there is
+something to win. Below `soft` with stalls under `stall_tolerance` of the step, no alpha is
+measurably better -- CPython has no tracing GC whose overhead falls as memory is freed, and a
+lower alpha saves only the decompression of a few blocks -- while every move costs (blocks loaded
+to become memory blocks) and a climb that drifts down on noise walks into the band near the limit,
+where the kernel reclaims the container's page cache and file-backed pages on every allocation
+(measured in bench/harmony_spill.py: epochs there took ~1.6x as long) and the next step may be the
+kill. So there it holds; above `soft` it raises alpha (memory there has no upside); only stalls
+over the tolerance start the climb, which then trades them against pressure as before.
 """
 from __future__ import annotations
 
@@ -23,6 +33,7 @@ from dataclasses import dataclass
 PRESSURE_WEIGHT = 4.0
 SOFT_PRESSURE = 0.70
 HARD_PRESSURE = 0.88
+STALL_TOLERANCE = 0.05      # stalls under this fraction of a step are not worth a move
 
 
 @dataclass(frozen=True)
@@ -71,7 +82,8 @@ class AlphaTuner:
     """
 
     def __init__(self, alpha: float, step: float = 0.125, min_step: float = 1 / 64, window: int = 2,
-                 soft: float = SOFT_PRESSURE, hard: float = HARD_PRESSURE, num_blocks: int = 0) -> None:
+                 soft: float = SOFT_PRESSURE, hard: float = HARD_PRESSURE, num_blocks: int = 0,
+                 stall_tolerance: float = STALL_TOLERANCE) -> None:
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         if not 0.0 < soft < hard:
@@ -82,6 +94,7 @@ class AlphaTuner:
         self.min_step = max(min_step, self._grain())
         self.window = max(1, window)
         self.soft, self.hard = soft, hard
+        self.stall_tolerance = stall_tolerance
         self.direction = -1.0            # start by trying fewer disk blocks: less reloading
         self._pending: list[SpillMeasurement] = []
         self._best: tuple[float, float] | None = None    # (alpha, cost) the climb stands on
@@ -90,11 +103,14 @@ class AlphaTuner:
     def _grain(self) -> float:
         return 1.0 / self.num_blocks if self.num_blocks > 0 else 0.0
 
+    @staticmethod
+    def stall_fraction(m: SpillMeasurement) -> float:
+        return m.stall_s / m.step_s if m.step_s > 0 else 0.0
+
     def cost(self, m: SpillMeasurement) -> float:
         """Stall fraction plus the pressure penalty of one measurement."""
-        stall = m.stall_s / m.step_s if m.step_s > 0 else 0.0
         over = max(0.0, m.pressure - self.soft) / (self.hard - self.soft)
-        return stall + PRESSURE_WEIGHT * over * over
+        return self.stall_fraction(m) + PRESSURE_WEIGHT * over * over
 
     @property
     def wants_model_spill(self) -> bool:
@@ -116,8 +132,23 @@ class AlphaTuner:
         self._pending.append(m)
         if len(self._pending) < self.window:
             return self.alpha
-        cost = sum(self.cost(x) for x in self._pending) / len(self._pending)
-        self._pending.clear()
+        window = self._pending
+        self._pending = []
+        cost = sum(self.cost(x) for x in window) / len(window)
+        pressure = max(x.pressure for x in window)
+        stall = sum(self.stall_fraction(x) for x in window) / len(window)
+        if pressure > self.soft:
+            # Over the memory target: up, whatever the climb said (in Python memory there buys
+            # nothing); a climb that comes back starts from here.
+            self.direction = 1.0
+            self._best = None
+            return self._move(self.alpha + self.step)
+        if stall <= self.stall_tolerance:
+            # Nothing to win by moving: stay. Stalls that come later start a climb from here,
+            # downwards (fewer disk blocks, fewer loads to wait for).
+            self._best = None
+            self.direction = -1.0
+            return self.alpha
         if self._best is None or cost < self._best[1]:
             self._best = (self.alpha, cost)          # the move paid: keep going that way
         else:

@@ -222,9 +222,10 @@ async def test_the_objective_trajectory_is_the_same_whatever_alpha_is(tmp_path: 
         if spill is not None:
             assert spill.reloader.loads > 0 and spill.figures()["spilled_bytes"] > 0
     # "auto" with a pressure that swings: the tuner moves alpha between clocks, the math stays put.
-    swings = iter([0.95, 0.3, 0.9, 0.5, 0.2, 0.99] * 100)
-    auto = WorkerSpill("auto", SpillStore(tmp_path / "auto"), limit_bytes=1000,
-                       rss=lambda: int(1000 * next(swings)))
+    # (Nothing in memory at first: the initial alpha is 0, and the swings move it up.)
+    swings = iter([0.0] + [0.95, 0.3, 0.9, 0.5, 0.2, 0.99] * 100)
+    auto = WorkerSpill("auto", SpillStore(tmp_path / "auto"), limit_bytes=2**40,
+                       rss=lambda: int(2**40 * next(swings)))
     runs[-1.0] = await _train(name, auto)
     assert len(runs[-1.0][2]) > 1                      # alpha did move
     base_obj, base_model, _ = runs[0.0]
@@ -485,3 +486,18 @@ def test_the_container_limit_is_the_tighter_of_its_environment_and_its_cgroup(mo
     assert container_limit_bytes(150 * 2**20) == 150 * 2**20
     monkeypatch.delenv(container_env.CONTAINER_MEMORY_MB)
     assert container_limit_bytes(150 * 2**20) == 150 * 2**20 and container_limit_bytes() == 0
+
+
+def test_the_climber_holds_where_nothing_is_measurably_better_and_leaves_the_band_near_the_limit() -> None:
+    def m(pressure: float, stall_fraction: float) -> SpillMeasurement:
+        return SpillMeasurement(step_s=1.0, stall_s=stall_fraction, rss_bytes=int(1000 * pressure), limit_bytes=1000)
+
+    tuner = AlphaTuner(0.5, num_blocks=8)
+    # Calm: under the soft limit, stalls a few % of a step: no move (each one costs reloads, and a
+    # drift down on noise ends near the limit).
+    assert [tuner.observe(m(0.5, 0.02)) for _ in range(10)] == [0.5] * 10
+    # Between soft and hard: up, one step per window, until under the soft limit again.
+    assert [tuner.observe(m(0.75, 0.0)) for _ in range(2)] == [0.5, 0.625]
+    assert [tuner.observe(m(0.6, 0.0)) for _ in range(4)] == [0.625] * 4
+    # Stalls over the tolerance with memory to spare: the climb starts, downwards.
+    assert [tuner.observe(m(0.5, 0.3)) for _ in range(2)] == [0.625, 0.5]
