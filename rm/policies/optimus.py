@@ -62,8 +62,8 @@ from typing import Optional
 
 import numpy as np
 
-from models.optimus_fit import (FEATURES, LossCurve, SpeedFunction, fit_loss_curves, fit_speed, fittable,
-                                inverse_speed, loss_points)
+from models.optimus_fit import (FEATURES, MIN_FIT_SPAN, MIN_LOSS_POINTS, LossCurve, SpeedFunction, fit_loss_curves,
+                                fit_speed, inverse_speed, loss_points)
 from protocol.job_report import MAX_OBJECTIVES, JobReport
 from protocol.records import Resource
 
@@ -133,6 +133,21 @@ class JobModel:
         """Epochs trained, fractional where per-clock points say more than finished epochs."""
         done = float(self.epochs[-1] + 1) if self.epochs else 0.0
         return max(done, self.clock_k[-1]) if self.clock_k else done
+
+    @property
+    def history_key(self) -> tuple[object, ...]:
+        """Changes whenever the loss history does (the curve's cache key), without building it."""
+        return (self.initial, len(self.epochs), self.epochs[-1] if self.epochs else None,
+                len(self.clock_k), self.clock_k[-1] if self.clock_k else None)
+
+    @property
+    def can_fit(self) -> bool:
+        """The loss history has the points a curve needs (models/optimus_fit.fittable), counted
+        without building it (an epoch point and a clock point at the same k count twice)."""
+        n = len(self.epochs) + len(self.clock_k) + (self.initial is not None)
+        firsts = ([0.0] if self.initial is not None else []) + ([self.epochs[0] + 1.0] if self.epochs else []) + (
+            [self.clock_k[0]] if self.clock_k else [])
+        return n >= MIN_LOSS_POINTS and bool(firsts) and self.trained - min(firsts) >= MIN_FIT_SPAN
 
     def speed_samples(self) -> list[tuple[int, int, float]]:
         """The epoch samples, and the per-clock sample where no epoch sample has its shape."""
@@ -290,8 +305,11 @@ class OptimusPolicy:
         jobs = list(view.running)
         running = {j.app_id for j in jobs}
         for app_id, gone in self._models.items():
-            if app_id not in running and gone.speed is not None and gone.shapes >= 2:
-                self._priors.learn(gone.traits.app, gone.speed)     # a finished job teaches its app
+            if app_id in running:
+                continue
+            self._priors.finished(gone.traits.app, gone.trained)    # a finished job teaches its app
+            if gone.speed is not None and gone.shapes >= 2:
+                self._priors.learn(gone.traits.app, gone.speed)
         self._models = {j.app_id: self._models.get(j.app_id) or JobModel(job_traits(apps[j.app_id]))
                         for j in jobs}
         for j in jobs:
@@ -300,8 +318,8 @@ class OptimusPolicy:
             observe(m, j.report, settled(j, apps[j.app_id]))
             observe_resize(m, j.report, snapshot.now)
         # A job that has just gathered the data for a speed or curve fit counts as a newcomer too.
-        ready = tuple((j.app_id, bool(self._models[j.app_id].speed_samples()),
-                       fittable(loss_series(self._models[j.app_id])[0])) for j in jobs)
+        ready = tuple((j.app_id, bool(self._models[j.app_id].samples or self._models[j.app_id].clock_sample),
+                       self._models[j.app_id].can_fit) for j in jobs)
         present = (tuple(j.app_id for j in jobs), tuple(j.app_id for j in view.incoming), view.other_queued, ready)
         if (self._last_round is not None and present == self._last_jobs
                 and snapshot.now < self._last_round + SCHEDULING_INTERVAL_S):
@@ -326,7 +344,7 @@ class OptimusPolicy:
             for f in sized:
                 w, s = targets[f.job.app_id]
                 t = f.remaining * inverse_speed(f.speed.coefficients, s, w)
-                how = "epochs left" if f.fitted else "epochs left (not fitted: max_epochs prior)"
+                how = "epochs left" if f.fitted else "epochs left (not fitted: the app's or max_epochs prior)"
                 reasons[f.job.app_id] = f"optimus: ~{f.remaining:.0f} {how}, ~{t:.0f}s at {w} workers / {s} servers"
         return self._place(snapshot, jobs, targets, reasons)
 
@@ -335,11 +353,13 @@ class OptimusPolicy:
         stale: list[tuple[JobModel, tuple[np.ndarray, np.ndarray]]] = []
         for j in jobs:
             m = self._models[j.app_id]
-            ks, ls = loss_series(m)
-            key = (len(ks), float(ks[-1]) if len(ks) else None, m.initial)
+            key = m.history_key
             if key != m.curve_key:
-                stale.append((m, (ks, ls)))
                 m.curve_key = key
+                if m.can_fit:
+                    stale.append((m, loss_series(m)))
+                else:
+                    m.curve = None
             prior = self._priors.prior(m.traits.app, m.traits.sync)
             samples = m.speed_samples()
             skey = (m.added, m.clock_sample, self._priors.version(m.traits.app))
@@ -364,7 +384,9 @@ class OptimusPolicy:
                 left = min(m.curve.remaining_epochs(trained, m.traits.threshold),
                            float(limit if limit is not None else DEFAULT_MAX_EPOCHS) - trained)
             else:
-                left = float(limit if limit is not None else PRIOR_EPOCHS) - trained
+                cap = float(limit if limit is not None else PRIOR_EPOCHS) - trained
+                learned = self._priors.remaining_epochs(m.traits.app, trained)
+                left = cap if learned is None else min(learned, cap)
             if not left > 0:                 # about to stop: nothing to gain from any change
                 fixed.append(j)
                 continue

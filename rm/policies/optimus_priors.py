@@ -13,16 +13,23 @@ Per app the prior is the mean of the normalised speed functions (1/f(1, 1) = 1) 
 * the last `MAX_LEARNED` jobs of the app that finished (left the policy) with a speed function
   fitted on samples at two or more shapes -- what the policy itself observed of the app.
 
-An app with neither gets None (the fit falls back to the paper's reference). Pure state, no I/O.
+An app with neither gets None (the fit falls back to the paper's reference).
+
+The same finished jobs give the app's prior on epochs (`remaining_epochs`): a job whose loss curve
+cannot be fitted yet is expected to run as long as the finished jobs of its app that ran longer
+than it has so far (their median), which is nearer the truth than its `max_epochs` (a cap most jobs
+never reach). Pure state, no I/O.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
 from models.optimus_fit import APP_PRIOR_WEIGHT, FEATURES, PRIOR_WEIGHT, SpeedFunction, app_prior, normalised
 
 MAX_LEARNED = 8      # finished jobs per app whose fits the prior averages
+MAX_LEARNED_EPOCHS = 32    # finished jobs per app whose epoch counts the epoch prior looks at
 
 
 @dataclass
@@ -31,6 +38,22 @@ class AppPriors:
 
     learned: dict[str, list[tuple[float, ...]]] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=dict)
+    epochs: dict[str, list[float]] = field(default_factory=dict)
+
+    def finished(self, app: str, epochs: float) -> None:
+        """A job of `app` left after training `epochs` epochs."""
+        if epochs > 0:
+            kept = self.epochs.setdefault(app, [])
+            kept.append(epochs)
+            del kept[:-MAX_LEARNED_EPOCHS]
+
+    def remaining_epochs(self, app: str, trained: float) -> Optional[float]:
+        """The epochs a job of `app` that trained `trained` has left, by the finished jobs of the
+        app that ran longer (the median of their epochs, less `trained`); None when none did."""
+        longer = sorted(e for e in self.epochs.get(app, []) if e > trained)
+        if not longer:
+            return None
+        return statistics.median(longer) - trained
 
     def learn(self, app: str, speed: SpeedFunction) -> None:
         """A finished job of `app` whose speed function was fitted on two or more shapes."""
@@ -62,4 +85,4 @@ class AppPriors:
         return PRIOR_WEIGHT if prior is None else APP_PRIOR_WEIGHT
 
 
-__all__ = ["AppPriors", "MAX_LEARNED"]
+__all__ = ["AppPriors", "MAX_LEARNED", "MAX_LEARNED_EPOCHS"]

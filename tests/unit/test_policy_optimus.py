@@ -374,3 +374,30 @@ def test_a_job_whose_am_ended_a_change_short_of_its_directive_is_planned_again()
     # Planned again, not held at the unreachable target: its samples at 2 x 2 start after the change,
     # so until then it gets its requested shape -- the one it has.
     assert (d.jobs["app_1"].workers, d.jobs["app_1"].servers) == (2, 2)
+
+
+def test_finished_jobs_give_their_app_a_prior_on_epochs():
+    from rm.policies.optimus_priors import AppPriors
+    priors = AppPriors()
+    assert priors.remaining_epochs("lasso", 0.5) is None
+    for epochs in (2.0, 2.0, 3.0, 9.0):
+        priors.finished("lasso", epochs)
+    assert priors.remaining_epochs("lasso", 0.5) == pytest.approx(2.5 - 0.5)     # median of the four
+    assert priors.remaining_epochs("lasso", 2.5) == pytest.approx(6.0 - 2.5)     # of those that ran longer
+    assert priors.remaining_epochs("lasso", 9.5) is None
+
+
+def test_an_unfitted_job_is_sized_on_what_finished_jobs_of_its_app_ran():
+    # A first job of the app finishes after 3 epochs; the next one, not fitted yet, expects about as
+    # many (not its max_epochs of 40) and so is given less than one that expects 40.
+    def first_round(policy: OptimusPolicy) -> int:
+        d = policy.decide(snapshot([app(2, report(2, 2, epochs=1, epoch_time=30.0), max_epochs=40)], nodes=2))
+        jd = d.jobs.get("app_2")
+        return jd.workers + jd.servers if jd else 4
+    taught = OptimusPolicy()
+    taught.decide(snapshot([app(1, report(2, 2, epochs=3, epoch_time=30.0), max_epochs=40)], nodes=2))
+    taught.decide(snapshot([], nodes=2, now=1.0))         # app_1 has finished: 3 epochs
+    d = taught.decide(snapshot([app(2, report(2, 2, epochs=1, epoch_time=30.0), max_epochs=40)], nodes=2, now=2.0))
+    jd = d.jobs.get("app_2")
+    assert jd is None or "~2 epochs" in jd.reason
+    assert (jd.workers + jd.servers if jd else 4) < first_round(OptimusPolicy())

@@ -1,0 +1,118 @@
+"""Optimus before and after issue 25's part-3 fixes, each against DRF, on the same simulated traces.
+
+    .venv/bin/python bench/optimus_sim.py [--quick] [--jobs 60] [--nodes 4] [--window-s 1500]
+                                          [--seeds 1,2,3] [--before REV] [--calibration PATH]
+
+"Before" is the `optimus` policy as it was at git revision REV (default: the commit before the
+fixes), loaded from git next to today's (models/optimus_fit.py and rm/policies/optimus.py at REV,
+the rest of the tree as it is now), so both run on the same simulator (sim/simulator.py), the same
+traces (sim.workload.generate, one per seed) and the same DRF baseline. The defaults are the setting
+the issue measured (60 jobs over 1500 s on 4 nodes of 8 GB / 8 vcores). Per policy and seed: mean
+JCT, makespan, reshapes, how many jobs finished; the gains are DRF's over Optimus's, median over seeds.
+
+Last line, one JSON object: {"seeds", "policies": {name: {"mean_jct_s": [...], ...}},
+"optimus_jct_gain_vs_drf", "optimus_makespan_gain_vs_drf" (after the fixes),
+"optimus_before_jct_gain_vs_drf", "optimus_before_makespan_gain_vs_drf", "optimus_jct_gain_vs_before",
+"optimus_reshapes", "optimus_before_reshapes"} (medians over the seeds).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rm import policies  # noqa: E402
+from sim import calibration  # noqa: E402
+from sim.simulator import SimConfig, simulate  # noqa: E402
+from sim.workload import WorkloadSpec, generate  # noqa: E402
+
+BEFORE_REV = "606a976^"      # the commit before "Optimus fixed where it loses (issue 25 part 3)"
+
+
+def load_before(rev: str) -> None:
+    """Register the `optimus` policy of git revision `rev` as "optimus-before" (see the module doc)."""
+    def show(path: str) -> str:
+        out = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"optimus_sim: cannot read {path} at {rev}: {out.stderr.strip()}")
+        return out.stdout
+
+    fit = types.ModuleType("models.optimus_fit_before")
+    sys.modules[fit.__name__] = fit
+    exec(compile(show("models/optimus_fit.py"), f"{rev}:models/optimus_fit.py", "exec"), fit.__dict__)
+    pol = types.ModuleType("rm.policies.optimus_before")
+    pol.__package__ = "rm.policies"
+    sys.modules[pol.__name__] = pol
+    src = show("rm/policies/optimus.py").replace("from models.optimus_fit import", "from models.optimus_fit_before import")
+    exec(compile(src, f"{rev}:rm/policies/optimus.py", "exec"), pol.__dict__)
+    policies.register("optimus-before", pol.OptimusPolicy)
+
+
+def ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
+    if num is None or den is None or den == 0:
+        return None
+    return round(num / den, 3)
+
+
+def median(values: list[Optional[float]]) -> Optional[float]:
+    vals = [v for v in values if v is not None]
+    return round(statistics.median(vals), 3) if vals else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=60)
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--window-s", type=float, default=1500.0)
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--before", default=BEFORE_REV, help="git revision of the 'before' policy")
+    p.add_argument("--calibration", type=Path, default=calibration.DEFAULT_PATH)
+    p.add_argument("--quick", action="store_true", help="20 jobs over 500 s, one seed")
+    ns = p.parse_args(argv)
+    if ns.quick:
+        ns.jobs, ns.window_s, ns.seeds = 20, 500.0, "1"
+    seeds = [int(s) for s in ns.seeds.split(",") if s.strip()]
+    load_before(ns.before)
+    cal = calibration.load(ns.calibration)
+    cfg = SimConfig(nodes=ns.nodes)
+    names = ("drf", "optimus-before", "optimus")
+    out: dict[str, dict[str, list[Any]]] = {n: {"mean_jct_s": [], "makespan_s": [], "reshapes": [], "finished": []}
+                                            for n in names}
+    for seed in seeds:
+        trace = generate(WorkloadSpec(jobs=ns.jobs, window_s=ns.window_s, apps=tuple(sorted(cal.apps))), seed)
+        for name in names:
+            s = simulate(trace, name, cal, cfg).summary
+            row = s.to_json()
+            for key in ("mean_jct_s", "makespan_s"):
+                out[name][key].append(row[key])
+            out[name]["reshapes"].append(s.reshapes)
+            out[name]["finished"].append(s.finished)
+            print(f"seed {seed} {name:>14}: mean JCT {row['mean_jct_s']} s, makespan {row['makespan_s']} s, "
+                  f"{s.reshapes} reshapes, {s.finished}/{s.jobs} finished, {s.wall_s:.1f} s wall", file=sys.stderr)
+
+    def gains(num: str, den: str, key: str) -> Optional[float]:
+        return median([ratio(a, b) for a, b in zip(out[num][key], out[den][key])])
+    print(json.dumps({
+        "seeds": seeds, "jobs": ns.jobs, "nodes": ns.nodes, "window_s": ns.window_s, "before": ns.before,
+        "policies": out,
+        "optimus_jct_gain_vs_drf": gains("drf", "optimus", "mean_jct_s"),
+        "optimus_makespan_gain_vs_drf": gains("drf", "optimus", "makespan_s"),
+        "optimus_before_jct_gain_vs_drf": gains("drf", "optimus-before", "mean_jct_s"),
+        "optimus_before_makespan_gain_vs_drf": gains("drf", "optimus-before", "makespan_s"),
+        "optimus_jct_gain_vs_before": gains("optimus-before", "optimus", "mean_jct_s"),
+        "optimus_reshapes": median(out["optimus"]["reshapes"]),
+        "optimus_before_reshapes": median(out["optimus-before"]["reshapes"]),
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
