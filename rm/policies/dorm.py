@@ -68,6 +68,8 @@ def build_problem(view: ElasticView, theta1: float, theta2: float,
     aggregate = Resource(sum(r.memory for r in view.room), sum(r.vcores for r in view.room))
     for j in jobs:
         aggregate = aggregate - j.am
+    # The DRF allocation counts each job's AM in its share (drf_counts); P2's shares s_i are of
+    # executors (linear in x: Dorm's s_i), so ŝ_i is the executor share of those DRF counts.
     fair = drf_counts(jobs, aggregate, view.total)
     share = np.array([j.demand.dominant_share(view.total) for j in jobs]) * np.array(fair, dtype=float)
     return P2Problem(

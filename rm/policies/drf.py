@@ -31,12 +31,13 @@ from .snapshot import ClusterSnapshot
 def drf_counts(jobs: Sequence[ElasticJob], room: Resource, total: Resource) -> list[int]:
     """Weighted DRF progressive filling on aggregate `room`: executors per job, from each job's
     n_min (granted even if they overflow `room`), one at a time to the job with the lowest
-    dominant share / weight (shares of `total`) that is below n_max and still fits."""
+    dominant share / weight (shares of `total`, the job's AM counted: ElasticJob.share) that is
+    below n_max and still fits."""
     counts = [j.n_min for j in jobs]
     left = room
     for j, n in zip(jobs, counts):
         left = left - j.demand.scale(n)
-    heap = [(j.demand.scale(n).dominant_share(total) / j.weight, j.order, i) for i, (j, n) in enumerate(zip(jobs, counts))]
+    heap = [(j.share(n, total), j.order, i) for i, (j, n) in enumerate(zip(jobs, counts))]
     heapq.heapify(heap)
     while heap:
         _, order, i = heapq.heappop(heap)
@@ -45,7 +46,7 @@ def drf_counts(jobs: Sequence[ElasticJob], room: Resource, total: Resource) -> l
             continue
         counts[i] += 1
         left = left - j.demand
-        heapq.heappush(heap, (j.demand.scale(counts[i]).dominant_share(total) / j.weight, order, i))
+        heapq.heappush(heap, (j.share(counts[i], total), order, i))
     return counts
 
 
@@ -79,7 +80,7 @@ class DrfPolicy:
 
     @staticmethod
     def _share(job: ElasticJob, n: int, total: Resource) -> float:
-        return job.demand.scale(n).dominant_share(total) / job.weight
+        return job.share(n, total)
 
 
 __all__ = ["DrfPolicy", "drf_counts"]

@@ -49,6 +49,7 @@ class ElasticJob:
     current: tuple[NodePlacement, ...]
     started: bool
     am: Resource = ZERO          # the AM still to place (ZERO: granted)
+    am_held: Resource = ZERO     # the AM container the job holds (ZERO: not granted yet)
 
     @property
     def order(self) -> tuple[float, str]:
@@ -61,6 +62,12 @@ class ElasticJob:
     @property
     def n_max(self) -> int:
         return self.max_workers + self.max_servers
+
+    def share(self, n: int, total: Resource) -> float:
+        """The job's dominant share of `total` with `n` executors, its AM counted (granted or
+        still to place: an AM holds cluster resources like any container, so a job's share in
+        DRF and Dorm's fairness includes it), divided by its weight."""
+        return (self.am + self.am_held + self.demand.scale(n)).dominant_share(total) / self.weight
 
     def current_on(self) -> dict[str, int]:
         """Executors per node now."""
@@ -135,6 +142,7 @@ def _job(app: AppView, spec: PSJobView) -> ElasticJob:
               else spec.executor)
     am_granted = app.am_resource.fits_in(app.resources) and app.resources != ZERO
     am = ZERO if am_granted else app.am_resource
+    held = app.am_resource if am_granted else ZERO
     # A job's lower bounds never exceed its submitted shape (the spec check enforces it at submission).
     min_w, min_s = min(spec.min_workers, spec.workers), min(spec.min_servers, spec.servers)
     if app.started and report is not None:
@@ -143,10 +151,10 @@ def _job(app: AppView, spec: PSJobView) -> ElasticJob:
         workers, servers = ((d.workers, d.servers) if d is not None
                             else (report.workers, report.servers))
         return ElasticJob(app.app_id, app.submit_time, demand, spec.weight, min_w, spec.max_workers,
-                          min_s, spec.max_servers, workers, servers, current, True, am)
+                          min_s, spec.max_servers, workers, servers, current, True, am, held)
     # Not started: fixed at the submitted shape (see the module doc).
     return ElasticJob(app.app_id, app.submit_time, demand, spec.weight, spec.workers, spec.workers, spec.servers,
-                      spec.servers, spec.workers, spec.servers, app.executors, False, am)
+                      spec.servers, spec.workers, spec.servers, app.executors, False, am, held)
 
 
 def elastic_view(snapshot: ClusterSnapshot) -> ElasticView:

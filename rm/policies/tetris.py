@@ -94,7 +94,7 @@ def grow(packing: Packing, jobs: list[ElasticJob]) -> None:
         node = np.where(pref.any(1), pref.argmax(1), tie.argmax(1))
         # the smallest key wins: highest alignment, then least held, then earliest job
         i = min(np.flatnonzero(live).tolist(), key=lambda i: (
-            -float(best[i]), jobs[i].demand.scale(int(count[i])).dominant_share(view.total), jobs[i].order))
+            -float(best[i]), jobs[i].share(int(count[i]), view.total) * jobs[i].weight, jobs[i].order))
         k = int(node[i])
         packing.take(jobs[i], jobs[i].demand, k)
         free[k] -= demand[i]

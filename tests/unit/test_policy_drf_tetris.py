@@ -4,6 +4,7 @@ for a job that has not started, Tetris's alignment choices, and the role split o
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Optional
 
 import pytest
@@ -40,6 +41,16 @@ def test_drf_counts_follow_weights_and_bounds() -> None:
     assert drf_counts([a, b], total, total) == [6, 2]
     capped = elastic("A", E, weight=3.0, n_max=3, order=1)
     assert drf_counts([capped, b], total, total) == [3, 5]           # work-conserving past a cap
+
+
+def test_drf_counts_count_each_jobs_am_in_its_share() -> None:
+    # Equal jobs on 12 vcores; A's AM holds 4 of them, B's 1: DRF equalises AM + executors.
+    total = Resource(64 * 1024, 12)
+    a = replace(elastic("A", E, order=1), am_held=Resource(1024, 4))
+    b = replace(elastic("B", E, order=2), am_held=Resource(1024, 1))
+    counts = drf_counts([a, b], Resource(64 * 1024, 7), total)
+    assert counts == [2, 5]
+    assert a.share(counts[0], total) == pytest.approx(b.share(counts[1], total))
 
 
 def final_shapes(snap: ClusterSnapshot, decision: Decision) -> dict[str, dict[str, int]]:

@@ -1,0 +1,121 @@
+"""What gang admission does to JCT under load, in the simulator (issue 25 part 4).
+
+    .venv/bin/python bench/gang_admission.py [--jobs 30] [--window-s 300] [--nodes 4] [--seeds 1,2,3]
+                                             [--policies static,eps,dorm] [--quick]
+
+One generated trace per seed (sim.workload.generate: Poisson arrivals, the shipped calibration's
+apps) replayed by the simulator (sim/simulator.py: the real RM core and scheduler, so the RM's
+`gang_admission` applies as it does on a cluster) three ways per policy: gang admission off (every
+AM starts when its container fits: a job may hold its AM and part of its executors while it waits
+for the rest), on with the job's minimum shape (min_workers + min_servers: the default) and on with
+its submitted shape (workers + servers: what the PS AM starts training with). The offered load
+(--window-s against the jobs' sizes) is high, so jobs queue: that is where holding part of what a
+job needs costs the jobs behind it.
+
+Per run: mean JCT, makespan, finished jobs, and the stalled ones (unfinished when the run stopped:
+jobs each holding part of what they need and waiting on each other). Gains are off / on (>1: gang
+admission is faster), per policy the median over seeds; jobs that never finish count in neither
+mean (see `finished`).
+
+Last line: {"jct_gain_gang_vs_off": <median over policies and seeds of off / minimum mean JCT>,
+"jct_gain_gang_submitted_vs_off": ..., "per_policy": {...}, "runs": [...]}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import msgspec  # noqa: E402
+
+from sim import calibration  # noqa: E402
+from sim.simulator import SimConfig, simulate  # noqa: E402
+from sim.workload import WorkloadSpec, generate  # noqa: E402
+
+MODES: dict[str, dict[str, Any]] = {
+    "off": {"gang_admission": False},
+    "minimum": {"gang_admission": True, "gang_shape": "minimum"},
+    "submitted": {"gang_admission": True, "gang_shape": "submitted"},
+}
+
+
+def ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
+    if num is None or den is None or den == 0:
+        return None
+    return round(num / den, 3)
+
+
+def median(xs: list[Optional[float]]) -> Optional[float]:
+    vals = [x for x in xs if x is not None]
+    return round(statistics.median(vals), 3) if vals else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=30)
+    p.add_argument("--window-s", type=float, default=300.0, help="arrival window (shorter: more load)")
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--node-memory-mb", type=int, default=8192)
+    p.add_argument("--node-vcores", type=int, default=8)
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--policies", default="static,eps,dorm")
+    p.add_argument("--epochs", default="10,40", help="each job's max_epochs drawn from [lo, hi]")
+    p.add_argument("--calibration", type=Path, default=calibration.DEFAULT_PATH)
+    p.add_argument("--quick", action="store_true", help="12 jobs in 120 s, one seed, static only")
+    ns = p.parse_args(argv)
+    if ns.quick:
+        ns.jobs, ns.window_s, ns.seeds, ns.policies = 12, 120.0, "1", "static"
+    try:
+        seeds = [int(s) for s in ns.seeds.split(",") if s]
+        lo, hi = (int(x) for x in ns.epochs.split(","))
+    except ValueError:
+        p.error("--seeds wants integers like 1,2,3 and --epochs two integers like 10,40")
+    pols = [x for x in ns.policies.split(",") if x]
+    if ns.jobs < 1 or not seeds or not pols:
+        p.error("--jobs must be >= 1 and --seeds / --policies must name something")
+    cal = calibration.load(ns.calibration)
+    runs: list[dict[str, Any]] = []
+    for seed in seeds:
+        trace = generate(WorkloadSpec(jobs=ns.jobs, window_s=ns.window_s, apps=tuple(sorted(cal.apps)),
+                                      arrivals="poisson", epochs=(lo, hi)), seed)
+        for policy in pols:
+            row: dict[str, Any] = {"seed": seed, "policy": policy}
+            for mode, knobs in MODES.items():
+                base = SimConfig().rm
+                cfg = SimConfig(nodes=ns.nodes, node_memory_mb=ns.node_memory_mb, node_vcores=ns.node_vcores,
+                                rm=msgspec.structs.replace(base, **knobs))
+                s = simulate(trace, policy, cal, cfg).summary
+                row[mode] = {"mean_jct_s": s.mean_jct_s, "makespan_s": s.makespan_s, "finished": s.finished,
+                             "stalled": s.jobs - s.finished, "mean_utilization": round(s.mean_utilization, 3)}
+                print(f"seed {seed} {policy:>8} gang {mode:>9}: mean JCT {s.mean_jct_s}, makespan {s.makespan_s}, "
+                      f"finished {s.finished}/{s.jobs}", file=sys.stderr, flush=True)
+            row["jct_gain_minimum"] = ratio(row["off"]["mean_jct_s"], row["minimum"]["mean_jct_s"])
+            row["jct_gain_submitted"] = ratio(row["off"]["mean_jct_s"], row["submitted"]["mean_jct_s"])
+            runs.append(row)
+    per_policy = {pol: {"jct_gain_minimum": median([r["jct_gain_minimum"] for r in runs if r["policy"] == pol]),
+                        "jct_gain_submitted": median([r["jct_gain_submitted"] for r in runs if r["policy"] == pol]),
+                        "stalled_off": sum(r["off"]["stalled"] for r in runs if r["policy"] == pol),
+                        "stalled_minimum": sum(r["minimum"]["stalled"] for r in runs if r["policy"] == pol),
+                        "stalled_submitted": sum(r["submitted"]["stalled"] for r in runs if r["policy"] == pol)}
+                  for pol in pols}
+    print(f"{'policy':>8} {'gain (minimum)':>15} {'gain (submitted)':>17} {'stalled off/min/sub':>20}")
+    for pol, g in per_policy.items():
+        print(f"{pol:>8} {g['jct_gain_minimum']!s:>15} {g['jct_gain_submitted']!s:>17} "
+              f"{g['stalled_off']:>8}/{g['stalled_minimum']}/{g['stalled_submitted']}")
+    print(json.dumps({
+        "jct_gain_gang_vs_off": median([r["jct_gain_minimum"] for r in runs]),
+        "jct_gain_gang_submitted_vs_off": median([r["jct_gain_submitted"] for r in runs]),
+        "per_policy": per_policy, "jobs": ns.jobs, "nodes": ns.nodes, "window_s": ns.window_s, "seeds": seeds,
+        "epochs": [lo, hi], "runs": runs,
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
