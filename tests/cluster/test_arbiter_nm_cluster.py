@@ -84,7 +84,8 @@ def _records(view: dict) -> list[GrantRecord]:
 
 
 async def test_two_harmony_jobs_interleave_through_the_nm_arbiter(tmp_path: Path, rm) -> None:
-    nm = await start_nm(tmp_path / "nm", rm, vcores=4)
+    # A one-core CPU pool: one COMP at a time, the paper's case (a COMP holds the machine).
+    nm = await start_nm(tmp_path / "nm", rm, vcores=4, extra_nm="arbiter_cpu_pool = 1\n")
     client = NMClient(timeout_s=30)
     try:
         script = tmp_path / "worker.py"
@@ -130,6 +131,7 @@ async def test_two_harmony_jobs_interleave_through_the_nm_arbiter(tmp_path: Path
         order = [r.job for r in records if r.role == "cpu" and r.job != name_hash(hold_app)]
         assert sum(1 for a, b in zip(order, order[1:]) if a != b) >= 2
         assert view["cpu"] == [] and view["primary"] is None and view["connections"] == 0
+        assert view["cpu_pool"] == 1 and view["cpu_in_use"] == 0
         # The NM names the grants' jobs and executors by its containers.
         named = {(g["app_id"], g["container_id"]) for g in view["grantLog"] if g["role"] == "cpu"}
         assert named == {(hold_app, hold_cid), *((a, c) for a, c, _ in jobs)}
