@@ -47,7 +47,7 @@ Last line: {"rm_heartbeats_per_s", "rm_p99_ms", "echo_ceiling_per_s", "ratio_to_
 `--policy dorm` measures something else: heartbeat latency while a policy decides (issue 25: the
 policy's `decide` runs in a worker thread, rm/server.py). An RM process (bench/support/policy_rm.py:
 the real server and HTTP API, a seeded Dorm Table II workload on Dorm-shaped nodes, one job killed
-and one submitted every second so Dorm solves its MILP round after round, its time limit
+and one submitted every --dorm-churn-s so Dorm solves its MILP round after round, its time limit
 --dorm-time-limit-s) takes heartbeats at a fixed --hb-rate from the generator's nodes (which join
 the cluster, so the MILP covers them too) for --duration s; the same with `static`, same workload
 and churn; --repeats times each, alternating, medians counting. With --on-loop-reference one more
@@ -624,7 +624,8 @@ def _policy_run(policy: str, on_loop: bool, args, tmp: Path, secret: str, server
 
     cmd = [sys.executable, __file__, "--policy-server", str(port_file), "--server-policy", policy,
            "--secret", secret, "--dorm-jobs", str(args.dorm_jobs), "--dorm-seed-nodes", str(args.dorm_seed_nodes),
-           "--dorm-time-limit-s", str(args.dorm_time_limit_s), "--dorm-mip-gap", str(args.dorm_mip_gap)
+           "--dorm-time-limit-s", str(args.dorm_time_limit_s), "--dorm-mip-gap", str(args.dorm_mip_gap),
+           "--dorm-churn-s", str(args.dorm_churn_s)
            ] + (["--on-loop"] if on_loop else [])
     server = subprocess.Popen(cmd, cwd=ROOT, env=env, preexec_fn=pin)
     try:
@@ -688,7 +689,7 @@ def _policy_main(args) -> None:
         "dorm_rounds_dropped": sum(r["dropped"] or 0 for r in runs["dorm"]),
         "p99_ms_dorm_on_loop": reference["p99_ms"] if reference else None,
         "hb_rate": args.hb_rate, "duration_s": args.duration, "repeats": args.repeats,
-        "dorm_jobs": args.dorm_jobs, "seed_nodes": args.dorm_seed_nodes, "generator_nodes": args.nodes,
+        "dorm_jobs": args.dorm_jobs, "dorm_churn_s": args.dorm_churn_s, "seed_nodes": args.dorm_seed_nodes, "generator_nodes": args.nodes,
         "dorm_time_limit_s": args.dorm_time_limit_s, "dorm_mip_gap": args.dorm_mip_gap, "cores": len(cores), "server_cores": sorted(server_cores),
         "runs": runs, "on_loop_run": reference,
     }))
@@ -716,8 +717,9 @@ def main() -> None:
                     "against static (see the module doc)")
     ap.add_argument("--hb-rate", type=int, default=300, help="--policy: heartbeats/s sent")
     ap.add_argument("--repeats", type=int, default=3, help="--policy: runs per policy (medians count)")
-    ap.add_argument("--dorm-jobs", type=int, default=20, help="--policy: running PS jobs seeded")
+    ap.add_argument("--dorm-jobs", type=int, default=60, help="--policy: running PS jobs seeded")
     ap.add_argument("--dorm-seed-nodes", type=int, default=40, help="--policy: Dorm-shaped nodes seeded")
+    ap.add_argument("--dorm-churn-s", type=float, default=1.0, help="--policy: a job ends and one starts this often")
     ap.add_argument("--dorm-time-limit-s", type=float, default=2.0, help="--policy: the MILP's time limit")
     ap.add_argument("--dorm-mip-gap", type=float, default=1e-9,
                     help="--policy: the MILP's relative gap (~0: every solve runs to the time limit; Dorm's is 0.01)")
@@ -736,7 +738,7 @@ def main() -> None:
         from support.policy_rm import PolicyRmSettings, serve
         return asyncio.run(serve(PolicyRmSettings(
             policy=args.server_policy, port_file=args.policy_server, result_file=args.policy_server + ".result",
-            secret=args.secret, jobs=args.dorm_jobs, seed_nodes=args.dorm_seed_nodes,
+            secret=args.secret, jobs=args.dorm_jobs, seed_nodes=args.dorm_seed_nodes, churn_s=args.dorm_churn_s,
             dorm_time_limit_s=args.dorm_time_limit_s, dorm_mip_gap=args.dorm_mip_gap, on_loop=args.on_loop)))
     if args.client:
         args.mode = args.client

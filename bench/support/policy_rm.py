@@ -66,9 +66,9 @@ class PolicyRmSettings:
     port_file: str
     result_file: str
     secret: str
-    jobs: int = 20
+    jobs: int = 60
     seed_nodes: int = 40
-    churn_s: float = 0.5
+    churn_s: float = 1.0
     interval_s: float = 0.2
     dorm_time_limit_s: float = 2.0
     # HiGHS stops at this relative gap or the time limit; ~0 makes every solve run to the limit (a

@@ -23,9 +23,10 @@ Departures, and why:
   size Dorm decides, instead of being launched at that size.
 * Partitions are computed over the room the jobs' executors share (node capacity less AMs and
   other apps' containers), while shares and utilization are of the whole cluster (Dorm's C_k).
-* A solve is bounded in time (`time_limit_s`; the RM's event loop runs the policy) and stops
-  within `mip_rel_gap` of the best utilization (1 % by default): the best allocation found by then
-  is used, and none found counts as infeasible.
+* A solve is bounded in time (`time_limit_s`; the RM runs `decide` in a worker thread, so a long
+  solve delays the round, not the RM's event loop) and stops within `mip_rel_gap` of the best
+  utilization (1 % by default): the best allocation found by then is used, and none found counts
+  as infeasible.
 """
 from __future__ import annotations
 
