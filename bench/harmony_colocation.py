@@ -1,39 +1,53 @@
-"""Harmony's co-location experiment (dissertation §4.4.3, Fig. 4.10-4.12), small: a mixed workload
-of PS jobs on one local cluster under three ways of sharing it, in the same run.
+"""Harmony's co-location experiment (dissertation §4.4.3, Fig. 4.10-4.12) on the multi-host testbed:
+a mixed workload of PS jobs on hosts that own their CPUs and links, under five ways of sharing them,
+interleaved and repeated in the same run.
 
-    python bench/harmony_colocation.py [--jobs 8] [--nodes 4] [--epochs 15] [--node-bandwidth 400mbit]
+    python bench/harmony_colocation.py [--jobs 8] [--hosts 4] [--host-cpus 0.45] [--host-bandwidth 200mbit]
+                                       [--epochs 15] [--repeats 3] [--quick]
 
-- isolated: RM policy `static`, nodes the size of one job (its AM, one worker, one server): each job
-  runs on its own node's share, the others wait (the bench submits one job per node at a time);
-- naive:    RM policy `static`, nodes four times as big: every job runs at once, co-located, with
-  no arbiter (their subtasks contend);
-- harmony:  RM policy `harmony` on the naive nodes: jobs profiled, grouped, their COMP / COMM
-  interleaved by each node's arbiter, two of them spilling input (`spill_alpha`);
-- subtasks: the naive cluster with every job's executors taking the node arbiter's slots around
-  their COMP / COMM subtasks (job spec `use_arbiter`), no grouping, no spill: Fig. 4.12's
-  "subtasks only" step;
-- harmony_no_spill: Harmony without spill ("+ grouping"), so with `harmony` ("+ reloading") the
-  three give Fig. 4.12's breakdown.
+The cluster (docs/testbed.md, elastane_cli/testbed_cluster.py): `--hosts` worker hosts, each a
+network namespace with a tc-capped link (`--host-bandwidth`, both directions) and a cgroup CPU
+budget (`--host-cpus` cores; default 0.45 on a machine of 2 cores or fewer, else 4) holding its NM
+and every container on it; and a master host with no budget running the RM and an NM labelled
+`am` that takes every AM and nothing else (rm.toml `am_node_label`, protocol/node_labels.py), as
+the paper setups run their masters on an extra instance. Started by bin/start-cluster, fresh for
+every run.
 
-The workload (`--jobs`, default 8) cycles over MLR, NMF, LDA and Lasso with different batch sizes, so
-their CPU / network balance differs; all jobs arrive at once (the same jobs in every mode).
-The nodes share this machine's cores (no per-node CPU quota: YARN's strict mode shares a node's
-cores out by vcore, which would hand a container of a big naive node a sliver of a core while the
-node idles, and Harmony's weighted containers take no quota at all); each node has a network cap
-(`--node-bandwidth`, enforced by network namespaces with a shaped veth per node where the machine
-allows it, else by the data plane's pacing).
+Modes, the same hosts, budgets, caps, jobs (apps, data, seeds, executor size, fixed epochs with no
+convergence stop) in each:
+- isolated: RM policy `static`, each host's NM offering one job's executors per host (2 vcores):
+  every job runs on hosts of its own, the others wait (at most hosts / DoP jobs are submitted at
+  a time: YARN grants no gangs, so more would each hold part of a host and wait for the rest);
+- naive: RM policy `static`, hosts offering room for every job at once: all co-located, no arbiter;
+- subtasks: naive with every job's executors taking the node arbiter's slots around their COMP /
+  COMM subtasks (job spec `use_arbiter`), no grouping, no spill: Fig. 4.12's "subtasks only";
+- harmony_no_spill: RM policy `harmony` on naive's hosts: profiled, grouped, interleaved ("+ grouping");
+- harmony: the same with two jobs spilling input (`spill_alpha`): "+ reloading".
+Runs go round the modes `--repeats` times (isolated, naive, ..., isolated, naive, ...), so a slow
+spell of the machine falls on every mode; each figure is a mode's median over its runs.
 
-Measured, not modelled: JCT (submission to finish, queueing included) and makespan from the RM's
-app reports; CPU utilization from the NMs' cgroup CPU accounting (the RM's utilization series, the
-containers' cores over the machine's cores); network utilization from the node interfaces' byte
-counters over the nodes' caps (null when the nodes have no interfaces of their own: emulated
-bandwidth on loopback). Anchors (80 jobs on 100 machines): Harmony 2.11x faster mean JCT, 1.60x
-shorter makespan, 1.65x utilization against isolated; naive co-location only 11 % / 9 % faster.
+Degree of parallelism: a static-mode job asks `--dop` workers and `--dop` servers (default 2: two
+hosts' worth); Harmony places its jobs itself, one worker and one server on each node of a job's
+group (profiling: one of each on one node), which is the paper's rule, so under harmony a job's DoP
+is its group's node count (reported as `group_nodes`). Where the static scheduler puts a job's
+executors is its own first fit (it launches servers before workers, so they tend to share hosts by
+role); each run reports how many hosts a job's executors used (`hosts_per_job`) and every host's
+CPU use (`host_cpu`), so a placement that differs between modes is visible, not hidden.
+
+Measured, not modelled: JCT (arrival to the RM's finish time, queueing included) and makespan; CPU
+utilization = the worker hosts' cgroup CPU time (cpuacct.usage / cpu.stat usage_usec of each host's
+cgroup) over their budgets x the makespan; network utilization = the bytes through the worker
+hosts' links (their veth counters at the bridge, both directions) over the caps x the makespan.
+Harmony's own overhead, where the policy reports it (its describe(): profilingS, regroupS per job):
+`overhead_fraction` = mean over jobs of (profiling + regrouping time) / makespan. Anchors (80 jobs
+on 100 machines): Harmony 2.11x faster mean JCT, 1.60x shorter makespan, 1.65x utilization against
+isolated; naive co-location only 11 % / 9 % faster.
 
 Last line, JSON: {"isolated": {...}, "naive": {...}, "subtasks": {...}, "harmony_no_spill": {...},
 "harmony": {...}, "utilization_gain", "jct_gain", "makespan_gain", "naive_jct_gain",
-"subtasks_jct_gain", "grouping_jct_gain", "reloading_jct_gain"} (gains = isolated over the mode for
-times, Harmony over isolated for CPU utilization; reloading = harmony_no_spill over harmony).
+"subtasks_jct_gain", "grouping_jct_gain", "reloading_jct_gain", "host_cpu_budget", "repeats", ...}
+(per-mode dicts hold the medians and every run's figures; gains = isolated over the mode for times,
+the mode over isolated for CPU utilization; reloading = harmony_no_spill over harmony).
 """
 from __future__ import annotations
 
@@ -45,6 +59,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -53,15 +68,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
-from elastane_cli import ps_commands  # noqa: E402
-from elastane_cli.local_cluster import LocalCluster  # noqa: E402
-from psruntime.wire.bandwidth import parse_rate  # noqa: E402
+from elastane_cli import ps_commands, testbed_hosts  # noqa: E402
 from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
+from elastane_cli.testbed_cluster import MASTER, TestbedCluster  # noqa: E402
+from psruntime.wire.bandwidth import parse_rate  # noqa: E402
 
 EXECUTOR_MB = 256
 AM_MB = 256
 POLL_S = 1.0
-# (app, data, hparams): four apps, two batch sizes each, so CPU / network ratios differ.
+# (app, data, hparams): four apps, two sizes each, so their CPU / network balance differs.
 WORKLOAD: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("mlr", {"num_samples": 30_000}, {"batch_size": 500}),
     ("nmf", {"num_users": 6000}, {}),
@@ -73,33 +88,78 @@ WORKLOAD: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("lasso", {"num_samples": 20_000}, {}),
 )
 SPILLING = {1, 3}          # workload indexes that spill input under harmony (alpha auto / 0.5)
+TIME_KEYS = ("mean_jct_s", "makespan_s")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How one mode shares the hosts."""
+
+    policy: str
+    shared: bool           # hosts offer room for every job at once (else one job's share per host)
+    spill: bool = False
+    use_arbiter: bool = False
+
+
+MODES = {"isolated": Mode("static", False), "naive": Mode("static", True),
+         "subtasks": Mode("static", True, use_arbiter=True), "harmony_no_spill": Mode("harmony", True),
+         "harmony": Mode("harmony", True, spill=True)}
 
 
 def log(text: str) -> None:
     print(f"[harmony_colocation] {text}", file=sys.stderr, flush=True)
 
 
-def job_specs(n: int, epochs: int, spill: bool, use_arbiter: bool = False) -> list[dict[str, Any]]:
+def job_specs(n: int, epochs: int, dop: int, mode: Mode) -> list[dict[str, Any]]:
+    """The same jobs in every mode: only the arbiter and spill switches differ by mode."""
     out = []
     for i in range(n):
         app, data, hparams = WORKLOAD[i % len(WORKLOAD)]
-        spec: dict[str, Any] = {"app": app, "workers": 1, "servers": 1, "executor_memory_mb": EXECUTOR_MB,
+        spec: dict[str, Any] = {"app": app, "workers": dop, "servers": dop, "executor_memory_mb": EXECUTOR_MB,
                                 "max_epochs": epochs, "convergence_threshold": 1e-12, "data": data,
-                                "hparams": hparams}
-        if use_arbiter:
+                                "hparams": hparams, "heldout_every_epochs": 0}
+        if mode.use_arbiter:
             spec["use_arbiter"] = True
-        if spill and i % len(WORKLOAD) in SPILLING:
+        if mode.spill and i % len(WORKLOAD) in SPILLING:
             spec["spill_alpha"] = "auto" if i % 2 else 0.5
         out.append(spec)
     return out
 
 
-async def run_mode(cluster: LocalCluster, specs: list[dict[str, Any]], max_running: int,
+class HostMeter:
+    """The worker hosts' CPU seconds and link bytes between two readings."""
+
+    def __init__(self, cluster: TestbedCluster):
+        self.tb = cluster.testbed
+        self.names = cluster.node_names
+
+    def read(self) -> dict[str, tuple[float, int]]:
+        out = {}
+        for n in self.names:
+            cpu = self.tb.cpu_seconds(n)
+            sent, received = self.tb.link_bytes(n)
+            out[n] = (cpu if cpu is not None else float("nan"), sent + received)
+        return out
+
+
+def placement_of(cluster: TestbedCluster, app_id: str) -> Optional[int]:
+    """How many worker hosts the job's executors used (its final status on shared storage)."""
+    try:
+        st = json.loads((cluster.shared_dir / "checkpoints" / app_id / "status.json").read_text())
+        nodes = {e["node"] for e in (st.get("shape") or {}).get("executors") or [] if e.get("node")}
+        return len({cluster.host_of(n) for n in nodes}) or None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_running: int,
                    timeout_s: float) -> dict[str, Any]:
-    """All jobs arrive at once; at most `max_running` are submitted at a time (isolated: one per
-    node -- YARN grants no gangs, so more AMs than nodes would each hold part of a node and wait
-    for the rest), the others wait in arrival order. JCT = finish - arrival."""
+    """All jobs arrive at once; at most `max_running` are submitted at a time, the others wait in
+    arrival order. JCT = the RM's finish time - arrival."""
+    meter = HostMeter(cluster)
+    policy_state: dict[str, dict[str, Any]] = {}
     async with RmRestClient(cluster.rm_url, "bench") as client:
+        before = meter.read()
         t0 = time.time()
         waiting = list(enumerate(specs))
         running: list[str] = []
@@ -114,6 +174,12 @@ async def run_mode(cluster: LocalCluster, specs: list[dict[str, Any]], max_runni
                 spec = ps_commands.validate_spec(s)
                 running.append(await ps_commands.submit_ps_job(client, spec, f"colocation-{i}-{s['app']}",
                                                                am_memory=AM_MB))
+            try:    # the policy's own view of each job (Harmony: state, group, its overheads so far)
+                for a, st in ((await client.policy_state()).get("apps") or {}).items():
+                    if isinstance(st, dict):
+                        policy_state[a] = st
+            except Exception:  # noqa: BLE001 - the policy's view is extra, the run goes on without it
+                pass
             for a in list(running):
                 r = await client.app(a)
                 if r["state"] in ps_commands.FINAL_STATES:
@@ -122,90 +188,131 @@ async def run_mode(cluster: LocalCluster, specs: list[dict[str, Any]], max_runni
                     log(f"  {a} {r['name']}: {r['finalStatus']} after {time.time() - t0:.0f}s"
                         + ("" if r["finalStatus"] == "SUCCEEDED" else f": {str(r.get('diagnostics', ''))[:300]}"))
             await asyncio.sleep(POLL_S)
-        end = time.time()
-        util = await client.utilization()
+        after = meter.read()
     failed = [r["name"] for r in reports.values() if r["finalStatus"] != "SUCCEEDED"]
     if failed:
         raise RuntimeError(f"jobs did not succeed: {failed}")
     jcts = [r["finishedTime"] / 1000.0 - t0 for r in reports.values()]
-    return {"mean_jct_s": round(statistics.fmean(jcts), 2), "max_jct_s": round(max(jcts), 2),
-            "makespan_s": round(max(jcts), 2), **utilization_of(util, t0 * 1000, end * 1000, cluster),
+    makespan = max(jcts)
+    budget = cluster.testbed.host(cluster.node_names[0]).cpus or float(os.cpu_count() or 1)
+    host_cpu = {n: (after[n][0] - before[n][0]) / (budget * makespan) for n in meter.names}
+    cap = cluster.testbed.bandwidth_bps
+    net = None
+    if cap:
+        moved = sum(after[n][1] - before[n][1] for n in meter.names)
+        net = moved * 8 / (2 * cap * len(meter.names) * makespan)
+    overhead = [(float(p.get("profilingS") or 0) + float(p.get("regroupS") or 0)) / makespan
+                for p in policy_state.values() if "profilingS" in p]
+    groups = [int(p["groupNodes"]) for p in policy_state.values() if p.get("groupNodes")]
+    spans = [h for h in (placement_of(cluster, a) for a in reports) if h]
+    return {"mean_jct_s": round(statistics.fmean(jcts), 2), "makespan_s": round(makespan, 2),
+            "cpu_utilization": round(statistics.fmean(host_cpu.values()), 3),
+            "network_utilization": None if net is None else round(net, 4),
+            "host_cpu": {n: round(v, 3) for n, v in host_cpu.items()},
+            "hosts_per_job": statistics.median(spans) if spans else None,
+            "group_nodes": statistics.median(groups) if groups else None,
+            "overhead_fraction": round(statistics.fmean(overhead), 4) if overhead else None,
             "jobs": len(jcts)}
 
 
-def utilization_of(util: dict[str, Any], t0_ms: float, t1_ms: float, cluster: LocalCluster) -> dict[str, Any]:
-    """Mean CPU (the containers' cgroup-accounted cores over this machine's cores) and network
-    (node interfaces' bytes over the nodes' caps) over [t0, t1]."""
-    points = [p for p in (util.get("utilization") or {}).get("cluster") or [] if t0_ms <= p["t"] <= t1_ms]
-    if not points:
-        return {"cpu_utilization": None, "network_utilization": None, "samples": 0}
-    cores = os.cpu_count() or 1
-    cpu = statistics.fmean(p["cpuCores"] for p in points) / cores
-    net: Optional[float] = None
-    if cluster.network_mode == "netns" and cluster.node_bandwidth_bps:
-        rate = statistics.fmean((p["netRxBytesPerSec"] + p["netTxBytesPerSec"]) / 2 for p in points)
-        net = rate * 8 / (cluster.node_bandwidth_bps * cluster.num_nodes)
-    return {"cpu_utilization": round(cpu, 3), "network_utilization": None if net is None else round(net, 3),
-            "samples": len(points), "network_mode": cluster.network_mode}
+def run_mode(name: str, mode: Mode, ns: argparse.Namespace, bandwidth: int) -> dict[str, Any]:
+    """One run of one mode on a fresh testbed cluster."""
+    per_job = 2 * ns.dop                     # executors of one job
+    per_host = 2                             # a job's executors on one host (its DoP's share)
+    jobs_per_host = max(1, -(-ns.jobs * per_job // (ns.hosts * per_host))) if mode.shared else 1
+    vcores = per_host * jobs_per_host
+    memory = vcores * EXECUTOR_MB + 64
+    with tempfile.TemporaryDirectory(prefix=f"colocation-{name}-") as tmp:
+        cluster = TestbedCluster(Path(tmp), workers=ns.hosts, worker_cpus=ns.host_cpus, bandwidth_bps=bandwidth,
+                                 node_memory_mb=memory, node_vcores=vcores, nm_expiry_s=60, am_expiry_s=60,
+                                 heartbeat_interval_ms=500, policy=mode.policy, am_host=True,
+                                 am_host_memory_mb=(AM_MB + 64) * ns.jobs, am_host_vcores=ns.jobs)
+        try:
+            cluster.start()
+            max_running = ns.jobs if mode.shared else max(1, ns.hosts // ns.dop)
+            specs = job_specs(ns.jobs, ns.epochs, ns.dop, mode)
+            return asyncio.run(run_jobs(cluster, specs, max_running, ns.timeout_s))
+        except Exception as e:  # noqa: BLE001 - one run failing is reported, the others still run
+            return {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            cluster.stop()
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A mode's figures: the median of each number over its runs that finished, and every run."""
+    ok = [r for r in runs if "error" not in r]
+    out: dict[str, Any] = {"runs": runs, "ok_runs": len(ok)}
+    for key in ("mean_jct_s", "makespan_s", "cpu_utilization", "network_utilization", "hosts_per_job",
+                "group_nodes", "overhead_fraction"):
+        values = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
+        out[key] = round(statistics.median(values), 4) if values else None
+    return out
+
+
+def ratio(a: Any, b: Any) -> Optional[float]:
+    return round(a / b, 3) if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
 
 
 def main() -> int:
     unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--jobs", type=int, default=8)
-    p.add_argument("--nodes", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=15)
-    p.add_argument("--node-bandwidth", default="400mbit")
-    p.add_argument("--timeout-s", type=float, default=1500.0, help="per mode")
-    p.add_argument("--modes", default="isolated,naive,subtasks,harmony_no_spill,harmony")
+    p.add_argument("--jobs", type=int, default=None, help="default 8 (--quick: 4)")
+    p.add_argument("--hosts", type=int, default=4, help="worker hosts (the master comes on top)")
+    p.add_argument("--host-cpus", type=float, default=None,
+                   help="each worker host's CPU budget in cores (default 0.45 on <= 2 cores, else 4)")
+    p.add_argument("--host-bandwidth", default="200mbit", help="each host's link cap")
+    p.add_argument("--dop", type=int, default=2, help="workers (= servers) of a static-mode job")
+    p.add_argument("--epochs", type=int, default=None, help="fixed epochs per job (default 15; --quick: 3)")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved runs per mode (default 3; --quick: 1)")
+    p.add_argument("--timeout-s", type=float, default=1500.0, help="per run")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--quick", action="store_true", help="development: 4 jobs of 3 epochs, one run per mode")
     ns = p.parse_args()
-    if ns.jobs < 1 or ns.nodes < 1 or ns.epochs < 1:
-        p.error("--jobs, --nodes and --epochs must be >= 1")
+    ns.jobs = ns.jobs if ns.jobs is not None else (4 if ns.quick else 8)
+    ns.epochs = ns.epochs if ns.epochs is not None else (3 if ns.quick else 15)
+    ns.repeats = ns.repeats if ns.repeats is not None else (1 if ns.quick else 3)
+    ns.host_cpus = ns.host_cpus if ns.host_cpus is not None else (0.45 if (os.cpu_count() or 1) <= 2 else 4.0)
+    if min(ns.jobs, ns.hosts, ns.epochs, ns.repeats, ns.dop) < 1:
+        p.error("--jobs, --hosts, --epochs, --repeats and --dop must be >= 1")
+    if ns.dop > ns.hosts:
+        p.error(f"--dop {ns.dop} needs at least that many --hosts (got {ns.hosts})")
+    if ns.host_cpus <= 0:
+        p.error(f"--host-cpus must be > 0, got {ns.host_cpus}")
     try:
-        bandwidth = parse_rate(ns.node_bandwidth)
+        bandwidth = parse_rate(ns.host_bandwidth)
     except ValueError as e:
-        p.error(f"--node-bandwidth: {e}")
-    # One job = its AM + a worker + a server: an isolated node holds exactly one.
-    one_job_vcores, one_job_mb = 3, AM_MB + 2 * EXECUTOR_MB + 64
-    # mode: (policy, node scale, spill, use_arbiter)
-    modes = {"isolated": ("static", 1, False, False), "naive": ("static", 4, False, False),
-             "subtasks": ("static", 4, False, True), "harmony": ("harmony", 4, True, False),
-             "harmony_no_spill": ("harmony", 4, False, False)}
-    out: dict[str, Any] = {}
-    for name in [m for m in ns.modes.split(",") if m]:
-        if name not in modes:
-            p.error(f"--modes: unknown mode {name!r}; known: {', '.join(modes)}")
-        policy, scale, spill, use_arbiter = modes[name]
-        log(f"{name}: policy {policy}, nodes of {one_job_vcores * scale} vcores / {one_job_mb * scale} MB "
-            f"and {ns.node_bandwidth} each")
-        with tempfile.TemporaryDirectory(prefix=f"colocation-{name}-") as tmp:
-            cluster = LocalCluster(Path(tmp), nodes=ns.nodes, node_vcores=one_job_vcores * scale,
-                                   node_memory_mb=one_job_mb * scale, heartbeat_interval_ms=500, policy=policy,
-                                   am_expiry_s=60, nm_expiry_s=60, node_bandwidth=bandwidth)
-            try:
-                cluster.start()
-                max_running = ns.nodes if name == "isolated" else ns.jobs
-                specs = job_specs(ns.jobs, ns.epochs, spill, use_arbiter)
-                out[name] = asyncio.run(run_mode(cluster, specs, max_running, ns.timeout_s))
-            except Exception as e:  # noqa: BLE001 - one mode failing is reported, the others still run
-                out[name] = {"error": f"{type(e).__name__}: {e}"}
-            finally:
-                cluster.stop()
-        log(f"{name}: {json.dumps(out[name])}")
-
-    def ratio(a: Any, b: Any) -> Optional[float]:
-        return round(a / b, 3) if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
-
+        p.error(f"--host-bandwidth: {e}")
+    names = [m for m in ns.modes.split(",") if m]
+    for name in names:
+        if name not in MODES:
+            p.error(f"--modes: unknown mode {name!r}; known: {', '.join(MODES)}")
+    reason = testbed_hosts.unavailable_reason(sshd=True)
+    if reason:
+        print(f"harmony_colocation: needs the multi-host testbed: {reason}", file=sys.stderr)
+        return 2
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for rep in range(ns.repeats):
+        for name in names:
+            log(f"run {rep + 1}/{ns.repeats} {name}: policy {MODES[name].policy}, {ns.hosts} hosts x "
+                f"{ns.host_cpus} cores, {ns.host_bandwidth} links, AMs on {MASTER}")
+            r = run_mode(name, MODES[name], ns, bandwidth)
+            runs[name].append(r)
+            log(f"{name}: {json.dumps(r)}")
+    out: dict[str, Any] = {n: medians(rs) for n, rs in runs.items()}
     iso, har = out.get("isolated", {}), out.get("harmony", {})
+    nsp = out.get("harmony_no_spill", {})
     out.update(jct_gain=ratio(iso.get("mean_jct_s"), har.get("mean_jct_s")),
                makespan_gain=ratio(iso.get("makespan_s"), har.get("makespan_s")),
                utilization_gain=ratio(har.get("cpu_utilization"), iso.get("cpu_utilization")),
                naive_jct_gain=ratio(iso.get("mean_jct_s"), out.get("naive", {}).get("mean_jct_s")),
+               naive_makespan_gain=ratio(iso.get("makespan_s"), out.get("naive", {}).get("makespan_s")),
+               naive_utilization_gain=ratio(out.get("naive", {}).get("cpu_utilization"), iso.get("cpu_utilization")),
                # Fig. 4.12's breakdown, each step's mean JCT against isolated's
                subtasks_jct_gain=ratio(iso.get("mean_jct_s"), out.get("subtasks", {}).get("mean_jct_s")),
-               grouping_jct_gain=ratio(iso.get("mean_jct_s"), out.get("harmony_no_spill", {}).get("mean_jct_s")),
-               reloading_jct_gain=ratio(out.get("harmony_no_spill", {}).get("mean_jct_s"), har.get("mean_jct_s")),
-               cores=os.cpu_count(), nodes=ns.nodes, jobs=ns.jobs, epochs=ns.epochs)
+               grouping_jct_gain=ratio(iso.get("mean_jct_s"), nsp.get("mean_jct_s")),
+               reloading_jct_gain=ratio(nsp.get("mean_jct_s"), har.get("mean_jct_s")),
+               host_cpu_budget=ns.host_cpus, host_bandwidth_bps=bandwidth, repeats=ns.repeats,
+               cores=os.cpu_count(), hosts=ns.hosts, jobs=ns.jobs, epochs=ns.epochs, dop=ns.dop, quick=ns.quick)
     print(json.dumps(out))
     return 0
 

@@ -428,6 +428,27 @@ class Testbed:
             out += [str(p) for p in Path(d).rglob("*") if p.is_dir() and p.name != HOST_LEAF]
         return sorted(out)
 
+    def cpu_seconds(self, host: str | int) -> float | None:
+        """CPU time everything on the host has used so far, in seconds, from its cgroup's own
+        accounting (v2 cpu.stat usage_usec, v1 cpuacct.usage); None for a host without a cgroup."""
+        h = self.host(host)
+        for d in (h.budget.dirs.values() if h.budget else []):
+            stat, acct = Path(d, "cpu.stat"), Path(d, "cpuacct.usage")
+            if acct.is_file():
+                return int(acct.read_text()) / 1e9
+            if stat.is_file():
+                for line in stat.read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "usage_usec":
+                        return int(value) / 1e6
+        return None
+
+    def link_bytes(self, host: str | int) -> tuple[int, int]:
+        """Bytes the host has (sent, received) over its link so far: its veth's counters at the
+        bridge (what the bridge side receives the host sent)."""
+        stats = Path("/sys/class/net", self.host(host).veth, "statistics")
+        return int((stats / "rx_bytes").read_text()), int((stats / "tx_bytes").read_text())
+
     def kill_host(self, host: str | int, cut_link: bool = True) -> list[int]:
         """The host dies: its link is cut (no RST reaches its peers) and every process on it is
         SIGKILLed. Returns the pids killed."""
