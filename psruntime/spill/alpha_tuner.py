@@ -83,7 +83,7 @@ class AlphaTuner:
 
     def __init__(self, alpha: float, step: float = 0.125, min_step: float = 1 / 64, window: int = 2,
                  soft: float = SOFT_PRESSURE, hard: float = HARD_PRESSURE, num_blocks: int = 0,
-                 stall_tolerance: float = STALL_TOLERANCE) -> None:
+                 stall_tolerance: float = STALL_TOLERANCE, warmup: int = 0) -> None:
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         if not 0.0 < soft < hard:
@@ -95,6 +95,9 @@ class AlphaTuner:
         self.window = max(1, window)
         self.soft, self.hard = soft, hard
         self.stall_tolerance = stall_tolerance
+        # The first steps fill the pipeline (no disk block was prefetched for the first one): their
+        # stalls say nothing about alpha, so they are not measured (only the hard limit acts).
+        self._warmup = max(0, warmup)
         self.direction = -1.0            # start by trying fewer disk blocks: less reloading
         self._pending: list[SpillMeasurement] = []
         self._best: tuple[float, float] | None = None    # (alpha, cost) the climb stands on
@@ -129,6 +132,9 @@ class AlphaTuner:
             self._best = None
             self.direction = 1.0
             return self._move(self.alpha + 2 * self.step)
+        if self._warmup > 0:
+            self._warmup -= 1
+            return self.alpha
         self._pending.append(m)
         if len(self._pending) < self.window:
             return self.alpha

@@ -35,6 +35,7 @@ from psruntime.training_pipeline import init_blocks
 
 SpillMode = Union[float, Literal["auto"]]
 log = logging.getLogger(__name__)
+WARMUP_STEPS = 1        # the first step fills the reload pipeline: its stall is not the alpha's
 
 
 def container_limit_bytes(cgroup_limit: int = 0) -> int:
@@ -97,7 +98,7 @@ class WorkerSpill:
         alpha = initial_alpha(data, sample.nbytes, app.model_nbytes(), self.rss() + state,
                               self.limit_bytes, num_blocks, prefetch=self.reloader.prefetch)
         self.reloader.alpha = alpha
-        self.tuner = AlphaTuner(alpha, num_blocks=num_blocks)
+        self.tuner = AlphaTuner(alpha, num_blocks=num_blocks, warmup=WARMUP_STEPS)
 
     async def init_blocks(self, store: StoreClient, app: PSApp[Any, Any], blocks: Sequence[DataBlock]) -> None:
         """`training_pipeline.init_blocks` a block at a time, each disk block loaded for it."""
@@ -115,7 +116,7 @@ class WorkerSpill:
         rss = self.rss()
         self.peak_rss = max(self.peak_rss, rss)
         if self.tuner is None and self.mode == "auto":
-            self.tuner = AlphaTuner(quantize(self.alpha, len(blocks)), num_blocks=len(blocks))
+            self.tuner = AlphaTuner(quantize(self.alpha, len(blocks)), num_blocks=len(blocks), warmup=WARMUP_STEPS)
         if self.tuner is not None and blocks:
             self.tuner.num_blocks = len(blocks)
             m = SpillMeasurement(step_s, stall, rss, self.limit_bytes)

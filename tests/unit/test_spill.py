@@ -501,3 +501,6 @@ def test_the_climber_holds_where_nothing_is_measurably_better_and_leaves_the_ban
     assert [tuner.observe(m(0.6, 0.0)) for _ in range(4)] == [0.625] * 4
     # Stalls over the tolerance with memory to spare: the climb starts, downwards.
     assert [tuner.observe(m(0.5, 0.3)) for _ in range(2)] == [0.625, 0.5]
+    # A warm-up step (the pipeline filling) is not measured: its stall moves nothing.
+    warm = AlphaTuner(0.5, num_blocks=8, warmup=1)
+    assert [warm.observe(x) for x in (m(0.5, 0.9), m(0.5, 0.0), m(0.5, 0.0))] == [0.5] * 3
