@@ -175,17 +175,32 @@ def loss_points(initial: Optional[float], history: Iterable[tuple[int, float]],
     k = e + 1 (epochs trained) and each per-clock point (fractional epochs trained, objective) at
     its k; sorted by k, non-finite values dropped (an epoch's own point wins over a clock point at
     the same k)."""
-    pts: dict[float, float] = {}
-    for k, obj in clock_points:
-        if math.isfinite(k) and k >= 0.0 and math.isfinite(obj):
-            pts[float(k)] = float(obj)
-    if initial is not None and math.isfinite(initial):
-        pts[0.0] = float(initial)
-    for epoch, obj in history:
-        if math.isfinite(obj):
-            pts[float(int(epoch) + 1)] = float(obj)
-    ks = sorted(pts)
-    return np.asarray(ks, dtype=float), np.asarray([pts[k] for k in ks], dtype=float)
+    hist = list(history)
+    clock = list(clock_points)
+    return loss_arrays(initial, [e for e, _ in hist], [o for _, o in hist], [k for k, _ in clock], [o for _, o in clock])
+
+
+def loss_arrays(initial: Optional[float], epochs: Sequence[int], objectives: Sequence[float],
+                clock_k: Sequence[float], clock_objectives: Sequence[float]) -> tuple[Array, Array]:
+    """`loss_points` from parallel sequences (what the RM keeps per job), vectorised: the RM builds
+    these for thousands of jobs per round."""
+    if not len(clock_k):       # epochs come in order, one point each: nothing to merge
+        ks = np.floor(np.asarray(epochs, dtype=float)) + 1.0
+        ls = np.asarray(objectives, dtype=float)
+        if initial is not None:
+            ks, ls = np.concatenate([[0.0], ks]), np.concatenate([[initial], ls])
+        if (len(ks) < 2 or bool(np.all(np.diff(ks) > 0))) and bool(np.isfinite(ls).all()):
+            return ks, ls
+    # Clock points first, then the initial objective, then the epochs: where two share a k the
+    # later one -- an epoch's -- is kept.
+    ks = np.concatenate([np.asarray(clock_k, dtype=float), [0.0] if initial is not None else [],
+                         np.floor(np.asarray(epochs, dtype=float)) + 1.0])
+    ls = np.concatenate([np.asarray(clock_objectives, dtype=float), [initial] if initial is not None else [],
+                         np.asarray(objectives, dtype=float)])
+    keep = np.isfinite(ks) & np.isfinite(ls) & (ks >= 0.0)
+    ks, ls = ks[keep][::-1], ls[keep][::-1]
+    out_k, last = np.unique(ks, return_index=True)        # first in reverse = last given
+    return out_k, ls[last]
 
 
 def _pad(series: Sequence[tuple[Array, Array]]) -> tuple[Array, Array, NDArray[np.bool_], NDArray[np.int64]]:
@@ -516,5 +531,6 @@ def inverse_speed(coefficients: Sequence[float], p: float, w: float) -> float:
 
 __all__ = ["APP_PRIORS", "APP_PRIOR_WEIGHT", "ASYNC_FEATURES", "FEATURES", "LossCurve", "MAX_FIT_POINTS",
            "MIN_FIT_SPAN", "MIN_LOSS_POINTS", "PRIOR_WEIGHT", "SYNC_FEATURES", "SpeedFunction", "app_prior",
-           "features", "fit_loss_curve", "fit_loss_curves", "fit_speed", "fittable", "inverse_speed", "loss_points",
+           "features", "fit_loss_curve", "fit_loss_curves", "fit_speed", "fittable", "inverse_speed", "loss_arrays",
+           "loss_points",
            "normalised", "orientation", "prepare", "reference", "remove_outliers"]

@@ -63,7 +63,7 @@ from typing import Optional
 import numpy as np
 
 from models.optimus_fit import (FEATURES, MIN_FIT_SPAN, MIN_LOSS_POINTS, LossCurve, SpeedFunction, fit_loss_curves,
-                                fit_speed, inverse_speed, loss_points)
+                                fit_speed, inverse_speed, loss_arrays)
 from protocol.job_report import MAX_OBJECTIVES, JobReport
 from protocol.records import Resource
 
@@ -255,7 +255,7 @@ def update_history(model: JobModel, report: JobReport) -> bool:
 
 def loss_series(model: JobModel) -> tuple[np.ndarray, np.ndarray]:
     """The (k, objective) points the job's curve is fitted on (models/optimus_fit.loss_points)."""
-    return loss_points(model.initial, zip(model.epochs, model.losses), zip(model.clock_k, model.clock_l))
+    return loss_arrays(model.initial, model.epochs, model.losses, model.clock_k, model.clock_l)
 
 
 def settled(job: RunningJob, app: AppView) -> bool:

@@ -39,6 +39,7 @@ class AppPriors:
     learned: dict[str, list[tuple[float, ...]]] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=dict)
     epochs: dict[str, list[float]] = field(default_factory=dict)
+    _cache: dict[tuple[str, bool, int], Optional[SpeedFunction]] = field(default_factory=dict, repr=False)
 
     def finished(self, app: str, epochs: float) -> None:
         """A job of `app` left after training `epochs` epochs."""
@@ -71,6 +72,12 @@ class AppPriors:
 
     def prior(self, app: str, sync: bool) -> Optional[SpeedFunction]:
         """The prior of `app` (None: nothing known of it)."""
+        key = (app, sync, self.version(app))
+        if key not in self._cache:
+            self._cache[key] = self._prior(app, sync)
+        return self._cache[key]
+
+    def _prior(self, app: str, sync: bool) -> Optional[SpeedFunction]:
         rows = list(self.learned.get(app, []))
         built_in = app_prior(app, sync)
         if built_in is not None:
