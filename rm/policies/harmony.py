@@ -143,9 +143,11 @@ class HarmonyPolicy:
         self._nodes = {n.node_id: n for n in snapshot.nodes if n.state == "RUNNING"}
         self._min_mb = max(1, snapshot.minimum_allocation_mb)
         apps = {a.app_id: a for a in snapshot.apps}
+        # Only PS jobs count: another app's containers are not the policy's to move, and waiting
+        # for them to leave a profiling node could wait for ever.
         self._occupants = {}
         for a in snapshot.apps:
-            if a.state not in FINAL:
+            if a.state not in FINAL and a.ps is not None:
                 for pl in a.executors:
                     if pl.workers + pl.servers > 0:
                         self._occupants.setdefault(pl.node, set()).add(a.app_id)
