@@ -26,6 +26,12 @@ convergence stop) in each:
 Runs go round the modes `--repeats` times (isolated, naive, ..., isolated, naive, ...), so a slow
 spell of the machine falls on every mode; each figure is a mode's median over its runs.
 
+The workload (`--workload links`, default) cycles over bench/support/harmony_workloads.py's MLR
+jobs with 0.5-8 MB models, pulled and pushed whole every mini-batch, so their communication is bytes
+on the capped links and the mix spans about 80:20 to 20:80 COMP:COMM alone; `--workload apps` is the
+older mix of MLR, NMF, LDA and Lasso with KB models. All jobs arrive at once; the data are generated
+from the specs' fixed seeds, so every mode trains the same jobs on the same data.
+
 Degree of parallelism: a static-mode job asks `--dop` workers and `--dop` servers (default 2: two
 hosts' worth); Harmony places its jobs itself, one worker and one server on each node of a job's
 group (profiling: one of each on one node), which is the paper's rule, so under harmony a job's DoP
@@ -66,6 +72,7 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from support.harmony_workloads import WORKLOADS as LINK_WORKLOADS  # noqa: E402
 from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
 from elastane_cli import ps_commands, testbed_hosts  # noqa: E402
@@ -73,11 +80,15 @@ from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
 from elastane_cli.testbed_cluster import MASTER, TestbedCluster  # noqa: E402
 from psruntime.wire.bandwidth import parse_rate  # noqa: E402
 
-EXECUTOR_MB = 256
 AM_MB = 256
 POLL_S = 1.0
-# (app, data, hparams): four apps, two sizes each, so their CPU / network balance differs.
-WORKLOAD: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
+# --workload links (default): MLR jobs with 0.5-8 MB models pulled and pushed whole every
+# mini-batch (bench/support/harmony_workloads.py), from about 80:20 COMP:COMM to 20:80 measured alone
+# on a 0.5-core, 100 Mbit/s host: communication that is bytes on the capped links.
+LINKS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = tuple(
+    (w.app, w.data, w.hparams) for w in LINK_WORKLOADS.values())
+# --workload apps: four apps, two sizes each (KB models: their COMM is RPC latency, not bytes).
+APPS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("mlr", {"num_samples": 30_000}, {"batch_size": 500}),
     ("nmf", {"num_users": 6000}, {}),
     ("lda", {"num_docs": 3000}, {}),
@@ -87,6 +98,7 @@ WORKLOAD: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("lda", {"num_docs": 2000}, {}),
     ("lasso", {"num_samples": 20_000}, {}),
 )
+WORKLOADS = {"links": (LINKS, 512), "apps": (APPS, 256)}     # name -> (jobs cycled over, executor MB)
 SPILLING = {1, 3}          # workload indexes that spill input under harmony (alpha auto / 0.5)
 TIME_KEYS = ("mean_jct_s", "makespan_s")
 
@@ -110,17 +122,18 @@ def log(text: str) -> None:
     print(f"[harmony_colocation] {text}", file=sys.stderr, flush=True)
 
 
-def job_specs(n: int, epochs: int, dop: int, mode: Mode) -> list[dict[str, Any]]:
+def job_specs(n: int, epochs: int, dop: int, mode: Mode, workload: str) -> list[dict[str, Any]]:
     """The same jobs in every mode: only the arbiter and spill switches differ by mode."""
+    jobs, executor_mb = WORKLOADS[workload]
     out = []
     for i in range(n):
-        app, data, hparams = WORKLOAD[i % len(WORKLOAD)]
-        spec: dict[str, Any] = {"app": app, "workers": dop, "servers": dop, "executor_memory_mb": EXECUTOR_MB,
+        app, data, hparams = jobs[i % len(jobs)]
+        spec: dict[str, Any] = {"app": app, "workers": dop, "servers": dop, "executor_memory_mb": executor_mb,
                                 "max_epochs": epochs, "convergence_threshold": 1e-12, "data": data,
                                 "hparams": hparams, "heldout_every_epochs": 0}
         if mode.use_arbiter:
             spec["use_arbiter"] = True
-        if mode.spill and i % len(WORKLOAD) in SPILLING:
+        if mode.spill and i % len(jobs) in SPILLING:
             spec["spill_alpha"] = "auto" if i % 2 else 0.5
         out.append(spec)
     return out
@@ -158,6 +171,7 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
     arrival order. JCT = the RM's finish time - arrival."""
     meter = HostMeter(cluster)
     policy_state: dict[str, dict[str, Any]] = {}
+    load = [os.getloadavg()[0]]     # the machine's load: other work on it slows every host
     async with RmRestClient(cluster.rm_url, "bench") as client:
         before = meter.read()
         t0 = time.time()
@@ -185,6 +199,7 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
                 if r["state"] in ps_commands.FINAL_STATES:
                     reports[a] = r
                     running.remove(a)
+                    load.append(os.getloadavg()[0])
                     log(f"  {a} {r['name']}: {r['finalStatus']} after {time.time() - t0:.0f}s"
                         + ("" if r["finalStatus"] == "SUCCEEDED" else f": {str(r.get('diagnostics', ''))[:300]}"))
             await asyncio.sleep(POLL_S)
@@ -212,7 +227,7 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
             "hosts_per_job": statistics.median(spans) if spans else None,
             "group_nodes": statistics.median(groups) if groups else None,
             "overhead_fraction": round(statistics.fmean(overhead), 4) if overhead else None,
-            "jobs": len(jcts)}
+            "machine_load": round(statistics.fmean(load), 2), "jobs": len(jcts)}
 
 
 def run_mode(name: str, mode: Mode, ns: argparse.Namespace, bandwidth: int) -> dict[str, Any]:
@@ -221,7 +236,7 @@ def run_mode(name: str, mode: Mode, ns: argparse.Namespace, bandwidth: int) -> d
     per_host = 2                             # a job's executors on one host (its DoP's share)
     jobs_per_host = max(1, -(-ns.jobs * per_job // (ns.hosts * per_host))) if mode.shared else 1
     vcores = per_host * jobs_per_host
-    memory = vcores * EXECUTOR_MB + 64
+    memory = vcores * WORKLOADS[ns.workload][1] + 64
     with tempfile.TemporaryDirectory(prefix=f"colocation-{name}-") as tmp:
         cluster = TestbedCluster(Path(tmp), workers=ns.hosts, worker_cpus=ns.host_cpus, bandwidth_bps=bandwidth,
                                  node_memory_mb=memory, node_vcores=vcores, nm_expiry_s=60, am_expiry_s=60,
@@ -230,7 +245,7 @@ def run_mode(name: str, mode: Mode, ns: argparse.Namespace, bandwidth: int) -> d
         try:
             cluster.start()
             max_running = ns.jobs if mode.shared else max(1, ns.hosts // ns.dop)
-            specs = job_specs(ns.jobs, ns.epochs, ns.dop, mode)
+            specs = job_specs(ns.jobs, ns.epochs, ns.dop, mode, ns.workload)
             return asyncio.run(run_jobs(cluster, specs, max_running, ns.timeout_s))
         except Exception as e:  # noqa: BLE001 - one run failing is reported, the others still run
             return {"error": f"{type(e).__name__}: {e}"}
@@ -243,7 +258,7 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in runs if "error" not in r]
     out: dict[str, Any] = {"runs": runs, "ok_runs": len(ok)}
     for key in ("mean_jct_s", "makespan_s", "cpu_utilization", "network_utilization", "hosts_per_job",
-                "group_nodes", "overhead_fraction"):
+                "group_nodes", "overhead_fraction", "machine_load"):
         values = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
         out[key] = round(statistics.median(values), 4) if values else None
     return out
@@ -260,7 +275,9 @@ def main() -> int:
     p.add_argument("--hosts", type=int, default=4, help="worker hosts (the master comes on top)")
     p.add_argument("--host-cpus", type=float, default=None,
                    help="each worker host's CPU budget in cores (default 0.45 on <= 2 cores, else 4)")
-    p.add_argument("--host-bandwidth", default="200mbit", help="each host's link cap")
+    p.add_argument("--host-bandwidth", default="100mbit", help="each host's link cap")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="links",
+                   help="links: MLR with 0.5-8 MB models (default); apps: MLR, NMF, LDA, Lasso with KB models")
     p.add_argument("--dop", type=int, default=2, help="workers (= servers) of a static-mode job")
     p.add_argument("--epochs", type=int, default=None, help="fixed epochs per job (default 15; --quick: 3)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved runs per mode (default 3; --quick: 1)")
@@ -312,7 +329,8 @@ def main() -> int:
                grouping_jct_gain=ratio(iso.get("mean_jct_s"), nsp.get("mean_jct_s")),
                reloading_jct_gain=ratio(nsp.get("mean_jct_s"), har.get("mean_jct_s")),
                host_cpu_budget=ns.host_cpus, host_bandwidth_bps=bandwidth, repeats=ns.repeats,
-               cores=os.cpu_count(), hosts=ns.hosts, jobs=ns.jobs, epochs=ns.epochs, dop=ns.dop, quick=ns.quick)
+               cores=os.cpu_count(), hosts=ns.hosts, jobs=ns.jobs, epochs=ns.epochs, dop=ns.dop, quick=ns.quick,
+               workload=ns.workload)
     print(json.dumps(out))
     return 0
 
