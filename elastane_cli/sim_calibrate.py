@@ -80,6 +80,15 @@ def reference_job(app: str, epochs: int = CALIBRATION_EPOCHS) -> dict[str, Any]:
             "max_epochs": epochs, "convergence_threshold": 1e-9, "heldout_every_epochs": 0}
 
 
+def reference_model_mb(app: str) -> float:
+    """The parameter state (MB, float32) of `app`'s reference job: what resize costs scale from
+    (sim/calibration.py `model_mb`). The app is built from the spec without data or a cluster."""
+    from protocol.ps_job_spec import validate  # noqa: PLC0415
+    from psruntime.apps.registry import create_job_app  # noqa: PLC0415 (imports the app classes)
+    spec = validate({**reference_job(app), "workers": 1, "servers": 1})
+    return round(create_job_app(spec).model_nbytes() / 2**20, 6)
+
+
 @dataclass
 class ClusterShape:
     """The local cluster the calibration (and bench/sim_fidelity.py) runs on."""
@@ -288,7 +297,8 @@ async def calibrate_apps(client: RmRestClient, apps: list[str], shapes: tuple[tu
             histories=[[[k, v] for k, v in r.objectives] for r in runs], runs=[r.to_json() for r in runs],
             convergence_history=[v for k, v in ref[0].objectives if k >= 1] if ref else [],
             am_start_s=round(am_start, 3), startup_s=round(startup, 3), finish_s=round(finish, 3),
-            max_epochs=int(reference_job(app)["max_epochs"]), objective_sign=sign)
+            max_epochs=int(reference_job(app)["max_epochs"]), objective_sign=sign,
+            model_mb=reference_model_mb(app))
         log(f"{app}: theta {out[app].theta}, curve {out[app].loss_curve}")
     return out, runs_all
 

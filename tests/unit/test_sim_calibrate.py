@@ -37,3 +37,28 @@ def test_merged_passes_keep_the_fastest_epoch_per_shape() -> None:
         assert fitted.epoch_time(w, s) == pytest.approx(truth.epoch_time(w, s), rel=1e-3)
     assert (m.am_start_s, m.startup_s, m.finish_s) == (6.0, 0.0, 0.5)     # the cheaper pass (6.5 s < 7 s)
     assert msgspec.json.decode(msgspec.json.encode(m), type=AppCalibration) == m
+
+
+def test_eight_distinct_shapes_per_app_that_fit_the_calibration_cluster() -> None:
+    from elastane_cli.sim_calibrate import AM_MEMORY_MB, EXECUTOR_MEMORY_MB, SHAPES, ClusterShape
+    cs = ClusterShape()
+    assert len(set(SHAPES)) == len(SHAPES) >= 8
+    assert len({w for w, _ in SHAPES}) >= 3 and len({s for _, s in SHAPES}) >= 3   # both roles vary
+    for w, s in SHAPES:
+        assert w + s + 1 <= cs.nodes * cs.node_vcores                                # AM included
+        assert (w + s) * EXECUTOR_MEMORY_MB + AM_MEMORY_MB <= cs.nodes * cs.node_memory_mb
+
+
+def test_the_shipped_calibration_was_fitted_on_eight_shapes_per_app() -> None:
+    from sim.calibration import load
+    cal = load()
+    assert set(cal.apps) == {"mlr", "nmf", "lda", "lasso"}
+    for name, app in cal.apps.items():
+        assert len({(int(w), int(s)) for w, s, _ in app.samples}) >= 8, name
+
+
+@pytest.mark.parametrize("bad", ["2", "0x1", "1x", "ax2", ","])
+def test_calibrate_refuses_bad_shapes(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from elastane_cli.main import main
+    assert main(["sim", "calibrate", "--shapes", bad, "-o", "/nonexistent/x.json"]) == 2
+    assert "--shapes" in capsys.readouterr().err
