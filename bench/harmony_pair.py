@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
-from support.harmony_workloads import WORKLOADS  # noqa: E402
+from support.harmony_workloads import WORKLOADS, batch_sizes  # noqa: E402
 
 from models.harmony import group_iteration_time  # noqa: E402
 from psruntime.wire.bandwidth import parse_rate  # noqa: E402
@@ -65,9 +65,12 @@ TARGET = {"A": 0.7, "B": 0.3}          # the COMP share of an iteration measured
 # so that with B's COMM about 0.7 and A's about 0.3 of an iteration their iterations last about as
 # long (eq. 4.1's group then needs no job to wait for another: the paper's complementary pair).
 PAIR = {"A": "mlr_0.8mb", "B": "mlr_3.6mb"}
+# Blocks of 12 000 rows (two per job), so the calibration has batch sizes up to 12 000 that cut a
+# block evenly (batch_sizes).
+PAIR_ROWS_PER_BLOCK = 12_000
 JOBS: dict[str, tuple[dict[str, Any], int]] = {
-    j: (WORKLOADS[w].data, int(WORKLOADS[w].hparams["batch_size"])) for j, w in PAIR.items()}
-MAX_BATCH = 6000                       # rows_per_block: a mini-batch never spans blocks
+    j: ({**WORKLOADS[w].data, "rows_per_block": PAIR_ROWS_PER_BLOCK}, int(WORKLOADS[w].hparams["batch_size"]))
+    for j, w in PAIR.items()}
 
 
 def log(text: str) -> None:
@@ -210,16 +213,18 @@ async def run_jobs(workers: dict[str, Proc], batch: dict[str, int], seconds: flo
 
 async def calibrate(w: Proc, job: str, start: int, seconds: float) -> int:
     """The batch size that gives `job` its target COMP share alone: COMP time is about a + b x batch,
-    COMM about constant (the whole model is pulled and pushed every mini-batch)."""
-    lo, hi = start, min(MAX_BATCH, 2 * start)
+    COMM about constant (the whole model is pulled and pushed every mini-batch). Only sizes that
+    divide a block (`batch_sizes`), so every mini-batch is alike."""
+    sizes = batch_sizes(PAIR_ROWS_PER_BLOCK)
+    lo = min(sizes, key=lambda b: abs(b - start))
+    hi = next((b for b in sizes if b >= 2 * lo), sizes[-1])
     r_lo = (await run_jobs({job: w}, {job: lo}, seconds))[job]
     r_hi = (await run_jobs({job: w}, {job: hi}, seconds))[job]
     b = (r_hi["compute_held_s"] - r_lo["compute_held_s"]) / (hi - lo)
     a = r_lo["compute_held_s"] - b * lo
     comm = (r_lo["comm_held_s"] + r_hi["comm_held_s"]) / 2
     want = TARGET[job] / (1 - TARGET[job]) * comm
-    size = int(round((want - a) / b)) if b > 0 else lo
-    size = max(50, min(MAX_BATCH, size))
+    size = min(sizes, key=lambda s: abs(s - ((want - a) / b if b > 0 else lo)))
     log(f"calibrate {job}: batch {lo}: comp {r_lo['compute_held_s'] * 1e3:.0f} ms comm {r_lo['comm_held_s'] * 1e3:.0f} ms; "
         f"batch {hi}: comp {r_hi['compute_held_s'] * 1e3:.0f} ms comm {r_hi['comm_held_s'] * 1e3:.0f} ms -> batch {size}")
     return size
@@ -309,11 +314,12 @@ async def bench(ns: argparse.Namespace, base: Path) -> dict[str, Any]:
         for rep in range(ns.repeats):
             row: dict[str, Any] = {}
             for phase, who in (("A", ["A"]), ("B", ["B"]), ("pair", ["A", "B"])):
-                c0 = h.tb.cpu_seconds("wk")
+                c0, p0 = h.tb.cpu_seconds("wk"), h.tb.cpu_seconds("ps")
                 t = time.time()
                 row[phase] = await run_jobs({j: workers[j] for j in who}, batch, ns.seconds)
                 c1 = h.tb.cpu_seconds("wk")
                 row[phase]["_wk_cpu"] = cpu_util(h.tb, "wk", c0, time.time() - t, ns.host_cpus)
+                row[phase]["_ps_cpu"] = cpu_util(h.tb, "ps", p0, time.time() - t, ns.host_cpus)
                 if phase != "pair" and c0 is not None and c1 is not None:
                     # wk's CPU-seconds per iteration of the job alone: its COMP and its COMM's
                     # own CPU work (encode, decode, the data plane), which a partner's COMP meets
@@ -399,8 +405,8 @@ def result(rows: list[dict[str, Any]], batch: dict[str, int], models: dict[str, 
         alone[j]["comp_share"] = round(alone[j]["compute_held_s"] / (alone[j]["compute_held_s"] + alone[j]["comm_held_s"]), 3)
     pair = {j: {k: med_job("pair", j, k) for k in fields} for j in ("A", "B")}
 
-    def util(phase: str) -> Optional[float]:
-        vals = [r[phase]["_wk_cpu"] for r in rows if r[phase]["_wk_cpu"] is not None]
+    def util(phase: str, host: str = "wk") -> Optional[float]:
+        vals = [r[phase][f"_{host}_cpu"] for r in rows if r[phase][f"_{host}_cpu"] is not None]
         return round(statistics.median(vals), 3) if vals else None
 
     pair_t, seq_t = med("pair_throughput"), med("sequential_throughput")
@@ -412,6 +418,7 @@ def result(rows: list[dict[str, Any]], batch: dict[str, int], models: dict[str, 
             "pair_over_sequential": round(pair_t / seq_t, 3) if pair_t and seq_t else None,
             "alone": alone, "pair": pair,
             "wk_cpu_utilization": {"A": util("A"), "B": util("B"), "pair": util("pair")},
+            "ps_cpu_utilization": {"A": util("A", "ps"), "B": util("B", "ps"), "pair": util("pair", "ps")},
             "per_repeat": sums, "host_cpu_budget": ns.host_cpus, "arbiter_cpu_pool": pool, "comp_threads": ns.threads,
             "bandwidth_bps": bandwidth, "repeats": ns.repeats, "seconds": ns.seconds}
 

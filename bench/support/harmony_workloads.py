@@ -7,13 +7,15 @@ spec (`spec(name)`) by any bench, and by bench/harmony_pair.py's `--profile`.
 MLR's model is num_features x num_classes float32 and a mini-batch of B rows with nnz_per_sample
 z touches every feature when B x z is well above num_features, so its pull and push carry the
 whole model while its COMP grows with B x z x num_classes: the model size sets COMM, the batch
-COMP. Rows per block hold the largest batch (a mini-batch never spans blocks).
+COMP. A block's rows hold the largest batch (a mini-batch never spans blocks), and every batch size
+divides them (`batch_sizes`), so all of a job's mini-batches are alike.
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
 CLASSES = 100
+ROWS_PER_BLOCK = 6000
 
 
 class Workload(NamedTuple):
@@ -30,18 +32,24 @@ class Workload(NamedTuple):
 
 def _mlr(features: int, nnz: int, batch: int) -> Workload:
     return Workload("mlr", {"num_samples": 24_000, "num_features": features, "num_classes": CLASSES,
-                            "nnz_per_sample": nnz, "rows_per_block": 6000, "num_heldout": 500},
+                            "nnz_per_sample": nnz, "rows_per_block": ROWS_PER_BLOCK, "num_heldout": 500},
                     {"batch_size": batch})
 
 
 # name -> workload, from COMP-heavy to COMM-heavy at the default testbed setting (0.5 core, 100 Mbit/s)
 WORKLOADS: dict[str, Workload] = {
     "mlr_0.5mb_comp": _mlr(1250, 400, 6000),
-    "mlr_0.8mb": _mlr(2000, 300, 4000),
-    "mlr_1.6mb": _mlr(4000, 150, 2500),
-    "mlr_3.6mb": _mlr(9000, 100, 2500),
+    "mlr_0.8mb": _mlr(2000, 300, 3000),
+    "mlr_1.6mb": _mlr(4000, 150, 2000),
+    "mlr_3.6mb": _mlr(9000, 100, 2000),
     "mlr_8mb_comm": _mlr(20_000, 100, 1000),
 }
+
+
+def batch_sizes(rows_per_block: int = ROWS_PER_BLOCK) -> list[int]:
+    """The batch sizes that cut a block into equal mini-batches (a block's last batch is
+    otherwise shorter, and a job's COMP time alternates)."""
+    return [b for b in range(50, rows_per_block + 1) if rows_per_block % b == 0]
 
 
 def spec(name: str, **extra: Any) -> dict[str, Any]:
