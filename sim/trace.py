@@ -49,6 +49,8 @@ class TraceJob(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
     executor_memory_mb: Annotated[int, msgspec.Meta(ge=64)] = 512
     executor_vcores: Pos = 1
     max_epochs: Optional[Pos] = None        # a cap on the epochs whatever the threshold
+    early_feedback_iterations: Optional[Pos] = None   # the job spec's (EPS §2.1); None: the spec default
+    model_mb: Optional[NonNegFloat] = None  # parameter state (resize costs scale with it); None: the app's reference
 
     def __post_init__(self) -> None:
         if self.min_workers is not None and self.min_workers > self.workers:
