@@ -4,7 +4,9 @@
      "threshold": 0.02, "workers": 2, "servers": 1, "min_workers": 1, "min_servers": 1,
      "max_workers": 8, "max_servers": 4, "user": "u1", "queue": "default"}
 
-`data_scale` is the job's data size as a multiple of the data its app was calibrated on
+`app` is a built-in app (mlr, nmf, lda, lasso) or, as a PS job spec's user app is, "module:Class":
+the paper workloads (sim/papers/) name their synthetic job types so, e.g. "optimus:ResNet50"; the
+simulator needs a calibration entry for every app a trace names. `data_scale` is the job's data size as a multiple of the data its app was calibrated on
 (sim/calibration.json's `reference`); `threshold` is the convergence threshold (relative change of
 the training objective between two epochs, as the real apps use it). Blank lines and lines starting
 with `#` are skipped. `read_trace` reports a bad line as `TraceError("line N: field: problem")`.
@@ -21,6 +23,9 @@ from protocol.errors import ConfigurationError
 Pos = Annotated[int, msgspec.Meta(ge=1)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
 APPS = ("mlr", "nmf", "lda", "lasso")
+# A built-in app, or "module:Class" as protocol/ps_job_spec.py names a user app.
+APP_PATTERN = r"^(mlr|nmf|lda|lasso|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
+AppName = Annotated[str, msgspec.Meta(pattern=APP_PATTERN)]
 
 
 class TraceError(ConfigurationError, ValueError):
@@ -31,7 +36,7 @@ class TraceJob(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
     """One job of a trace (see the module doc)."""
 
     arrival_s: NonNegFloat
-    app: Literal["mlr", "nmf", "lda", "lasso"]
+    app: AppName
     threshold: Annotated[float, msgspec.Meta(gt=0.0, lt=1.0)]
     workers: Pos
     servers: Pos
@@ -51,6 +56,7 @@ class TraceJob(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
     max_epochs: Optional[Pos] = None        # a cap on the epochs whatever the threshold
     early_feedback_iterations: Optional[Pos] = None   # the job spec's (EPS §2.1); None: the spec default
     model_mb: Optional[NonNegFloat] = None  # parameter state (resize costs scale with it); None: the app's reference
+    weight: Annotated[float, msgspec.Meta(gt=0.0)] = 1.0    # the spec's weight (weighted DRF, Dorm's w)
 
     def __post_init__(self) -> None:
         if self.min_workers is not None and self.min_workers > self.workers:
@@ -128,4 +134,4 @@ def dump_trace(jobs: Iterable[TraceJob]) -> str:
     return "\n".join(out) + "\n"
 
 
-__all__ = ["APPS", "TraceError", "TraceJob", "dump_trace", "parse_trace", "read_trace"]
+__all__ = ["APPS", "APP_PATTERN", "TraceError", "TraceJob", "dump_trace", "parse_trace", "read_trace"]
