@@ -164,8 +164,7 @@ class SimJob:
         self.target_epochs = cal.epochs_to_converge(job.threshold, max_epochs)
         self.spec = self._spec()
         # The job's parameter state (a trace may set it; the app's reference model otherwise).
-        model_mb = getattr(job, "model_mb", None)
-        self.model_mb = float(model_mb) if model_mb is not None else cal.model_mb
+        self.model_mb = job.model_mb if job.model_mb is not None else cal.model_mb
         self.record = JobRecord(job.name, job.app, job.user, job.queue, target_epochs=self.target_epochs)
         self.phase = Phase.SUBMITTED
         self.app_id = ""
@@ -209,7 +208,7 @@ class SimJob:
             max_workers=j.shape_max[0], max_servers=j.shape_max[1], min_workers=mins[0], min_servers=mins[1],
             sync=j.sync, convergence_threshold=j.threshold, executor_memory_mb=j.executor_memory_mb,
             executor_vcores=j.executor_vcores, elastic_mode=j.elastic_mode, max_epochs=self.max_epochs,
-            early_feedback_iterations=getattr(j, "early_feedback_iterations", None) or DEFAULT_EARLY_FEEDBACK_ITERATIONS)
+            early_feedback_iterations=j.early_feedback_iterations or DEFAULT_EARLY_FEEDBACK_ITERATIONS)
 
     def spec_json(self) -> dict[str, object]:
         """The PS job spec the job is submitted with (what `elastane ps submit` would send). It

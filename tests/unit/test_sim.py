@@ -499,3 +499,23 @@ def test_a_directive_with_another_executor_size_restarts_the_job_at_that_size() 
     assert rec.jct is not None and plain.jct is not None
     # Lost: the pause (checkpoint, release) and the restart at the new size, at least.
     assert rec.jct >= plain.jct + cal.pause_s + cal.restart_s - 1e-6
+
+
+def test_early_feedback_iterations_and_the_epoch_limit_come_from_the_spec() -> None:
+    job = TraceJob(name="ef", arrival_s=0.0, app="mlr", threshold=0.01, workers=1, servers=1, data_scale=5.0,
+                   early_feedback_iterations=7, max_epochs=3)
+    sim = Simulator([job], "static", calibration(), SMALL)
+    reports = []
+    original = sim.core.allocate
+
+    def spy(claims, req):  # type: ignore[no-untyped-def]
+        if req.shape is not None:
+            reports.append(req.shape)
+        return original(claims, req)
+    sim.core.allocate = spy  # type: ignore[method-assign]
+    rec = sim.run().records[0]
+    assert rec.epochs == 3
+    assert sim.jobs[0].spec.max_epochs == 3 and sim.jobs[0].spec.early_feedback_iterations == 7
+    assert all(r.early_feedback_iterations == 7 for r in reports)
+    assert [r.early_feedback for r in reports] == [r.iterations >= 7 for r in reports]
+    assert any(r.early_feedback for r in reports) and not reports[0].early_feedback
