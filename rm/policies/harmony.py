@@ -239,8 +239,8 @@ class HarmonyPolicy:
             if not self._alone(job.app_id, [job.node]):
                 job.alone_from = None
                 return
-            if job.alone_from is None:
-                job.alone_from = job.iterations
+            if job.alone_from is None or job.iterations < job.alone_from:
+                job.alone_from = job.iterations     # (fewer: a new AM attempt counting afresh)
             if (r is not None and self._steady(app)
                     and r.iterations >= job.alone_from + self.cfg.profile_iterations):
                 self.profiles.observe(job.app_id, r)
