@@ -22,8 +22,8 @@ machine) holds, per app:
   model_mb)`; a kill-based restart checkpoints and restores the whole model and regenerates the
   input data, so it costs `restart_s + restart_s_per_mb * (model_mb' - model_mb) + restart_data_s *
   (data_scale - 1)` (never below a quarter of the reference cost: the fixed part -- stopping,
-  launching, registering -- stays). The per-MB and per-data figures are bench/eps_overhead.py's and
-  bench/cruise_reconfig.py's (see `MEASURED_COSTS`).
+  launching, registering -- stays). The per-MB and per-data figures are bench/eps_overhead.py's
+  (see `MEASURED_COSTS` for the run and what it could not separate).
 """
 from __future__ import annotations
 
@@ -38,11 +38,17 @@ from .convergence import CurveError, LossCurve
 from protocol.errors import ConfigurationError
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "calibration.json"
-# How resize costs grow with the job (module doc). Seconds per MB of parameter state moved (EPS: the
-# blocks a reshape hands between servers) or checkpointed and restored (kill), and seconds per
-# reference-data-size regenerated on a restart. Filled in from bench/eps_overhead.py (see
-# docs/simulator.md for the runs they come from).
-MEASURED_COSTS: dict[str, float] = {"reshape_s_per_mb": 0.0, "restart_s_per_mb": 0.0, "restart_data_s": 0.0}
+# How resize costs grow with the job (module doc): training time lost per MB of parameter state
+# (EPS: blocks handed between servers; kill: checkpointed and restored) and per reference data size
+# regenerated on a restart. From bench/eps_overhead.py --features 20000 --rounds 1 (MLR, 9.8 MiB
+# over 3 servers, 3 workers; 2026-11-26, host load average ~20) against the calibration's tiny MLR
+# (0.0015 MiB): EPS lost 0.09 s (remove) and 0.03 s (add) -- the blocks move while training goes on,
+# below the 0.5 s the tiny job's reshape lost, so no growth was measured and the EPS figure is 0;
+# the kill-based restart lost 12.2 s (remove) and 13.3 s (add) against 3.0 s: (12.7 - 3.0) / 9.8 =
+# 0.99 s per MiB. That run changed the data too (6000 samples x 20000 features against 20000 x 80),
+# which one run cannot separate from the model: the per-MiB figure includes it, `restart_data_s`
+# stays 0 until a run varies the data alone.
+MEASURED_COSTS: dict[str, float] = {"reshape_s_per_mb": 0.0, "restart_s_per_mb": 0.99, "restart_data_s": 0.0}
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
 
 
