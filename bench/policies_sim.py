@@ -30,10 +30,18 @@ Optimus 4.1 h makespan, 1.22), `drf_makespan_h` (paper 6.7).
 average, 20 nodes x 12 cores, Dorm-3's thresholds): Dorm against static partitions. Keys
 `dorm_util_gain_vs_static` (over the first 5 hours, as the paper's figure; paper 2.32),
 `dorm_util_gain_vs_static_run` (over the whole run), `dorm_fairness_gain_vs_static` (paper 1.52),
-`dorm_speedup_vs_static` (per application, static JCT over Dorm's, averaged; paper 2.72).
+`dorm_speedup_vs_static` (per application, static JCT over Dorm's, averaged; paper 2.72). The
+paper gives no speed functions; `linear_speed` holds the same keys for the variant where every
+worker adds its whole speed (sim/papers/dorm.py's LINEAR), the assumed function's cost.
 
-`--paper` dispatches through PAPERS, a table of functions (one per paper; bench/harmony_*.py's
-Harmony comparison adds its own). The last line of output is one JSON object.
+**--paper harmony** (bench/support/harmony_sim_paper.py; sim/workload_harmony.py's 80 jobs of Table
+4.1 on 100 hosts of 8 cores, DoP 16): Harmony against isolated and naive co-location in the
+simulator with sim/colocation.py's model. Keys `harmony_jct_gain_vs_isolated` (paper 2.11),
+`harmony_makespan_gain_vs_isolated` (1.60), `harmony_util_gain_vs_isolated` (1.65), the naive ones,
+and the model's best cases (`model_best_case_jct_gain`, `model_best_case_makespan_gain`).
+
+`--paper` dispatches through PAPERS, a table of functions (one per paper). The last line of output
+is one JSON object.
 """
 from __future__ import annotations
 
@@ -48,6 +56,7 @@ from typing import Any, Callable, Optional, Sequence
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from support.harmony_sim_paper import harmony_run  # noqa: E402  (bench/support: not a benchmark itself)
 from protocol.records import Resource  # noqa: E402
 from sim import calibration as calibration_file  # noqa: E402
 from sim.calibration import Calibration  # noqa: E402
@@ -219,7 +228,6 @@ def dorm_run(ns: argparse.Namespace) -> dict[str, Any]:
     paper = dorm_paper.DormPaper()
     if ns.quick:        # applications a quarter as long, arriving four times as often: the same load
         paper = replace(paper, scale=0.25, mean_interval_s=paper.mean_interval_s / 4)
-    cal = dorm_paper.calibration(paper)
     base = SimConfig()
     cfg = SimConfig(nodes=paper.nodes, node_memory_mb=paper.node.memory, node_vcores=paper.node.vcores,
                     heartbeat_s=5.0, policy_interval_s=10.0,
@@ -227,27 +235,32 @@ def dorm_run(ns: argparse.Namespace) -> dict[str, Any]:
                     rm=paper.rm_config(base.rm))
     first_s = FIRST_HOURS * 3600.0 * (paper.mean_interval_s / dorm_paper.DormPaper().mean_interval_s)
     names = ns.policies.split(",") if ns.policies else ["static", "dorm"]
-    per_seed: list[dict[str, Any]] = []
-    for seed in seeds_of(ns):
-        trace = dorm_paper.generate(paper, seed)
-        print(f"seed {seed}: Dorm §V workload, {len(trace)} applications, mean interval "
-              f"{paper.mean_interval_s / 60:.0f} min, {paper.nodes} nodes", file=sys.stderr)
-        results = {}
-        for name in names:
-            res = run(trace, name, cal, cfg)
-            if res is not None:
-                results[name] = res
-        per_seed.append({"seed": seed, "policies": {k: row(v) for k, v in results.items()},
-                         "gains": gains_dorm(results, first_s)})
     out: dict[str, Any] = {"mode": "paper-dorm", "applications": len(dorm_paper.generate(paper, ns.seed)),
-                           "nodes": paper.nodes, "seeds": [p["seed"] for p in per_seed],
-                           "policies": per_seed[0]["policies"],
+                           "nodes": paper.nodes,
                            "paper": {"dorm_util_gain_vs_static": 2.32, "dorm_fairness_gain_vs_static": 1.52,
                                      "dorm_speedup_vs_static": 2.72}}
-    for key in gains_dorm({}, first_s):
-        out[key] = median([p["gains"][key] for p in per_seed])
-    if len(per_seed) > 1:
-        out["per_seed"] = [{"seed": p["seed"], **p["gains"]} for p in per_seed]
+    # The assumed speed function first, then the variant without its losses (sim/papers/dorm.py).
+    for label, variant in (("", paper), ("linear_speed", replace(paper, speed=dorm_paper.LINEAR))):
+        cal = dorm_paper.calibration(variant)
+        per_seed: list[dict[str, Any]] = []
+        for seed in seeds_of(ns):
+            trace = dorm_paper.generate(variant, seed)
+            print(f"seed {seed}: Dorm §V workload{' (' + label + ')' if label else ''}, {len(trace)} applications, "
+                  f"mean interval {variant.mean_interval_s / 60:.0f} min, {variant.nodes} nodes", file=sys.stderr)
+            results = {}
+            for name in names:
+                res = run(trace, name, cal, cfg)
+                if res is not None:
+                    results[name] = res
+            per_seed.append({"seed": seed, "policies": {k: row(v) for k, v in results.items()},
+                             "gains": gains_dorm(results, first_s)})
+        gains = {key: median([p["gains"][key] for p in per_seed]) for key in gains_dorm({}, first_s)}
+        if not label:
+            out.update(seeds=[p["seed"] for p in per_seed], policies=per_seed[0]["policies"], **gains)
+            if len(per_seed) > 1:
+                out["per_seed"] = [{"seed": p["seed"], **p["gains"]} for p in per_seed]
+        else:
+            out[label] = {"policies": per_seed[0]["policies"], **gains}
     return out
 
 
@@ -280,6 +293,7 @@ class Paper:
 PAPERS: dict[str, Paper] = {
     "optimus": Paper(optimus_run, "Optimus §6: Table 1 jobs, Table 2 speed functions; vs DRF and Tetris"),
     "dorm": Paper(dorm_run, "Dorm §V: Table II applications on 20 x 12 cores; vs static partitions"),
+    "harmony": Paper(harmony_run, "Harmony §4.4: 80 jobs of Table 4.1 on 100 x 8 cores, DoP 16; vs isolated and naive"),
 }
 
 

@@ -70,6 +70,9 @@ def async_speed(workers: int, servers: int) -> float:
     return workers / (t0 + t1 * workers / servers + t2 * workers + t3 * servers)
 
 
+SYNC_FEATURES = (0, 2, 3, 4, 5)     # eq. 4's terms among the seven features: 1/w, 1, w/p, w, p
+
+
 def step_features(sync: bool) -> tuple[float, ...]:
     """Time per step over [1/w, 1/p, 1, w/p, w, p, p/w] (sim/papers/speed.py): eq. 4 as it is,
     eq. 3 as 1/f = θ0/w + θ1/p + θ2 + θ3·p/w."""
@@ -97,6 +100,7 @@ class OptimusPaper:
     jobs: int = 60
     window_s: float = 12000.0
     threshold: tuple[float, float] = (0.01, 0.05)
+    modes: tuple[bool, ...] = (True, False)     # sync, async drawn at random (§6.1); (True,): Fig. 16's all-sync
     nodes: int = 13
     node: Resource = Resource(65536, 16)
     executor: Resource = Resource(4096, 2)
@@ -117,13 +121,16 @@ def calibration(paper: OptimusPaper = OptimusPaper()) -> Calibration:
         scale = epoch_scale(examples)
         for sync in (True, False):
             features = [per_step * scale * c for c in step_features(sync)]
-            true = FeatureEpochTimeModel(tuple(features))
-            apps[app_name(model, sync)] = PaperAppCalibration(
-                features=features, theta=project_theta(true, MAX_EXECUTORS, MAX_EXECUTORS),
-                loss_curve=list(LOSS_CURVE), clocks_per_epoch=100.0 * scale,
-                reference={"paper": "optimus", "model": model, "sync": sync, "epoch_scale": scale},
-                am_start_s=paper.am_start_s, startup_s=paper.startup_s, finish_s=paper.finish_s,
-                reshape_s=paper.restart_s, restart_s=paper.restart_s, pause_s=paper.restart_s)
+            ref = {"paper": "optimus", "model": model, "sync": sync, "epoch_scale": scale}
+            # eq. 4 is the simulator's own five-feature form (a plain calibration); eq. 3 needs seven.
+            theta = [features[i] for i in SYNC_FEATURES] if sync else project_theta(
+                FeatureEpochTimeModel(tuple(features)), MAX_EXECUTORS, MAX_EXECUTORS)
+            app = AppCalibration(theta=theta, loss_curve=list(LOSS_CURVE), clocks_per_epoch=100.0 * scale,
+                                 reference=ref, am_start_s=paper.am_start_s, startup_s=paper.startup_s,
+                                 finish_s=paper.finish_s, reshape_s=paper.restart_s, restart_s=paper.restart_s,
+                                 pause_s=paper.restart_s)
+            apps[app_name(model, sync)] = app if sync else PaperAppCalibration(
+                features=features, **{f: getattr(app, f) for f in app.__struct_fields__})
     return Calibration(apps=apps, measured_on="Optimus (EuroSys'18) Table 1, Table 2, Fig. 7",
                        note="synthetic: sim/papers/optimus.py")
 
@@ -131,6 +138,8 @@ def calibration(paper: OptimusPaper = OptimusPaper()) -> Calibration:
 def generate(paper: OptimusPaper, seed: int) -> list[TraceJob]:
     """§6.1's workload: arrivals uniform over the window, a Table 1 model and a mode at random, a
     threshold in 1-5 %, a 1:1 shape of 1-4 of each (up to MAX_EXECUTORS of each)."""
+    if not paper.modes or len(paper.modes) > 2:
+        raise ValueError(f"modes must be (True, False), (True,) or (False,), got {paper.modes}")
     if paper.jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {paper.jobs}")
     lo, hi = paper.threshold
@@ -141,7 +150,7 @@ def generate(paper: OptimusPaper, seed: int) -> list[TraceJob]:
     out = []
     for i, t in enumerate(arrivals):
         model = rng.choice(TABLE1)[0]
-        sync = rng.random() < 0.5
+        sync = rng.random() < 0.5 if len(paper.modes) == 2 else paper.modes[0]
         n = rng.randint(1, 4)
         out.append(TraceJob(
             name=f"opt{i + 1:04d}", arrival_s=round(t, 3), app=app_name(model, sync),
