@@ -23,6 +23,7 @@ from sim.trace import TraceError, dump_trace, read_trace
 from sim.workload import WorkloadSpec, generate
 
 from .context import CliContext
+from .sim_harmony import run_harmony
 from .errors import EXIT_OK, OperationFailed, UsageError
 from .tables import render_table
 
@@ -70,6 +71,11 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
                    help="NM heartbeat interval (a real NM's: 1 s; larger runs big clusters faster)")
     r.add_argument("--policy-interval-s", type=_non_negative_float, default=1.0,
                    help="seconds between policy rounds (the RM's: 1 s)")
+    r.add_argument("--am-nodes", type=int, default=0,
+                   help="extra nodes, labelled for AMs only, that run every AM (the Harmony paper's master instance)")
+    r.add_argument("--step-s", type=_non_negative_float, default=0.0,
+                   help="event granularity: NM heartbeats, core ticks, policy rounds and AM allocates all every "
+                        "STEP seconds (overrides --heartbeat-s / --policy-interval-s; e.g. 30 for 100 nodes x hours)")
     r.add_argument("--calibration", type=Path, default=calibration_file.DEFAULT_PATH)
     r.add_argument("--out", type=Path, default=Path("sim-out"), help="directory for records and plots")
     r.add_argument("--no-plots", action="store_true")
@@ -116,8 +122,17 @@ def cmd_run(args: argparse.Namespace, ctx: CliContext) -> int:
         cal = calibration_file.load(args.calibration)
         if args.heartbeat_s <= 0 or args.policy_interval_s <= 0:
             raise UsageError("--heartbeat-s and --policy-interval-s must be positive")
+        if args.am_nodes < 0:
+            raise UsageError(f"--am-nodes must be >= 0, got {args.am_nodes}")
         cfg = SimConfig(nodes=args.nodes, node_memory_mb=args.node_memory_mb, node_vcores=args.node_vcores,
-                        heartbeat_s=args.heartbeat_s, policy_interval_s=args.policy_interval_s)
+                        heartbeat_s=args.heartbeat_s, policy_interval_s=args.policy_interval_s,
+                        am_nodes=args.am_nodes, am_node_vcores=max(64, len(trace)),
+                        am_node_memory_mb=max(65536, 1024 * len(trace)))
+        if args.step_s > 0:
+            cfg = cfg.coarse(args.step_s)
+        if args.policy == "harmony":
+            # Harmony is compared with isolated and naive co-location (elastane_cli/sim_harmony.py).
+            return run_harmony(args, ctx, trace, cal, cfg)
         result = simulate(trace, args.policy, cal, cfg)
     except (TraceError, CalibrationError) as e:
         raise UsageError(str(e)) from None

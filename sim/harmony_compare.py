@@ -115,30 +115,62 @@ def gains(out: dict[str, RunOutcome], name: str, base: str = "isolated") -> dict
             "util_gain": util}
 
 
+def pairs(loads: Sequence[SubtaskTimes]) -> list[tuple[int, ...]]:
+    """Complementary pairing: jobs sorted by COMP share, the i-th most computation-bound with the
+    i-th most communication-bound (an odd one out alone)."""
+    order = sorted(range(len(loads)), key=lambda j: loads[j].t_cpu / max(loads[j].alone, 1e-12))
+    out: list[tuple[int, ...]] = []
+    lo, hi = 0, len(order) - 1
+    while lo < hi:
+        out.append((order[lo], order[hi]))
+        lo, hi = lo + 1, hi - 1
+    if lo == hi:
+        out.append((order[lo],))
+    return out
+
+
+def _unit_finish(loads: Sequence[SubtaskTimes], work: Sequence[float], unit: tuple[int, ...],
+                 interference: Interference) -> dict[int, float]:
+    """When each job of a unit (one job, or a pair sharing the hosts under eq. 4.1) ends, from the
+    unit's start: both at the pair's pace until the first ends, the other then alone."""
+    if len(unit) == 1:
+        return {unit[0]: work[unit[0]]}
+    a, b = unit
+    ta, tb = iteration_times([loads[a], loads[b]], Mode.HARMONY, interference)
+    ra, rb = loads[a].alone / ta, loads[b].alone / tb       # isolated-seconds of work per second
+    first = min(work[a] / ra, work[b] / rb)
+    if work[a] / ra <= work[b] / rb:
+        return {a: first, b: first + (work[b] - first * rb)}
+    return {b: first, a: first + (work[a] - first * ra)}
+
+
+def ideal_schedule(loads: Sequence[SubtaskTimes], work: Sequence[float], slots: int, paired: bool,
+                   interference: Interference = MEASURED) -> tuple[float, float]:
+    """(mean JCT, makespan) of the jobs, all there at 0, run in order on `slots` equal host sets
+    (each job's `work[j]`: its time alone on one), one job per set -- or, `paired`, complementary
+    pairs (`pairs`) sharing a set under eq. 4.1. No profiling, regrouping or start-up costs: the
+    model's own best case for pairing at a fixed DoP."""
+    units = pairs(loads) if paired else [(j,) for j in range(len(loads))]
+    units.sort(key=min)                     # in arrival order of their first job
+    free = [0.0] * max(1, slots)
+    end: dict[int, float] = {}
+    for unit in units:
+        k = min(range(len(free)), key=lambda i: free[i])
+        fin = _unit_finish(loads, work, unit, interference)
+        for j, t in fin.items():
+            end[j] = free[k] + t
+        free[k] += max(fin.values())
+    return (sum(end.values()) / max(1, len(end)), max(end.values(), default=0.0))
+
+
 def best_case(loads: Sequence[SubtaskTimes], work: Sequence[float],
               interference: Interference = MEASURED) -> float:
-    """The model's ceiling on throughput for these jobs: sorted by COMP share, the i-th most
-    computation-bound paired with the i-th most communication-bound, each pair at its eq. 4.1
-    rate, costs of profiling and regrouping ignored. Returns total isolated work over the pairs'
-    time (`work[j]`: job j's time alone on its hosts): the makespan speed-up perfect pairing could
-    reach if the hosts never idled."""
-    order = sorted(range(len(loads)), key=lambda j: loads[j].t_cpu / max(loads[j].alone, 1e-12))
+    """The model's ceiling on throughput for these jobs by complementary pairing (`pairs`), each
+    pair at its eq. 4.1 rate, no costs: total isolated work over the pairs' total time."""
     total = sum(work)
-    paired_time = 0.0
-    lo, hi = 0, len(order) - 1
-    while lo <= hi:
-        if lo == hi:
-            paired_time += work[order[lo]]
-            break
-        a, b = order[lo], order[hi]
-        ta, tb = iteration_times([loads[a], loads[b]], Mode.HARMONY, interference)
-        # Both run until the shorter ends (at its pair rate), the longer then finishes alone.
-        ra, rb = loads[a].alone / ta, loads[b].alone / tb     # isolated-seconds of work per second
-        first = min(work[a] / ra, work[b] / rb)
-        rest = (work[a] - first * ra) + (work[b] - first * rb)
-        paired_time += first + rest
-        lo, hi = lo + 1, hi - 1
-    return round(total / paired_time, 3) if paired_time > 0 else 1.0
+    t = sum(max(_unit_finish(loads, work, u, interference).values()) for u in pairs(loads))
+    return round(total / t, 3) if t > 0 else 1.0
 
 
-__all__ = ["RUNS", "RunOutcome", "best_case", "compare", "gain", "gains", "run_mode"]
+__all__ = ["RUNS", "RunOutcome", "as_harmony_job", "best_case", "compare", "gain", "gains", "ideal_schedule", "pairs",
+           "run_mode"]

@@ -16,7 +16,7 @@ is built from the jobs' true epochs and speed functions, which only the simulato
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 import msgspec
@@ -81,6 +81,17 @@ class SimConfig:
     # How long an epoch takes where a job runs (sim/iteration_time.py); None: CoreContention().
     iteration_time: Optional[IterationTimeModel] = None
     rm: RMConfig = field(default_factory=lambda: RMConfig(nm_expiry_s=10.0, am_expiry_s=10.0))
+
+    def coarse(self, step_s: float) -> "SimConfig":
+        """This config at event granularity `step_s`: NM heartbeats, core ticks, policy rounds and AM
+        allocates (pending or not) every `step_s`, liveness expiries 10 steps. A 100-node cluster
+        running hours of jobs then takes minutes to simulate; times are off by up to a step."""
+        if step_s <= 0:
+            raise ValueError(f"step_s must be positive, got {step_s}")
+        rm = msgspec.structs.replace(self.rm, nm_expiry_s=max(self.rm.nm_expiry_s, 10 * step_s),
+                                     am_expiry_s=max(self.rm.am_expiry_s, 10 * step_s))
+        return replace(self, heartbeat_s=step_s, tick_s=step_s, policy_interval_s=step_s, rm=rm,
+                       timings=replace(self.timings, allocate_interval_s=step_s, pending_interval_s=step_s))
 
 
 @dataclass

@@ -1,7 +1,14 @@
 """The co-location model (sim/colocation.py), its simulator adapter, the Harmony workload and a run."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+
+from elastane_cli.main import main
+from sim.calibration import save
+from sim.trace import dump_trace
 
 from sim.colocation import (ColocationError, ColocationTimes, Interference, Mode, SubtaskTimes, harmony_group_time,
                             iteration_times, throughput_gain, utilization)
@@ -170,3 +177,26 @@ def test_harmony_runs_a_tiny_trace_to_completion() -> None:
         assert 0.0 < o.cpu_utilization <= 1.0
     g = gains(out, "harmony")
     assert g["jct_gain"] is not None and g["makespan_gain"] is not None
+
+
+# ----- the CLI ------------------------------------------------------------------------------------------
+def test_cli_sim_run_harmony_compares_with_isolated_and_naive(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    trace, cal, _ = generate(HarmonyWorkloadSpec(settings=1, nodes=DOP, job_minutes=(3.0, 5.0)), seed=2)
+    trace_file, cal_file, out = tmp_path / "trace.jsonl", tmp_path / "cal.json", tmp_path / "out"
+    trace_file.write_text(dump_trace(trace[:3]))
+    save(cal, cal_file)
+    args = ["sim", "run", str(trace_file), "--policy", "harmony", "--nodes", str(DOP), "--node-memory-mb", "32768",
+            "--am-nodes", "1", "--step-s", "2", "--calibration", str(cal_file), "--out", str(out)]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    for run in ("isolated", "harmony", "naive"):
+        assert run in text
+    assert "harmony vs isolated: mean JCT" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["runs"]) == {"isolated", "harmony", "naive"}
+    assert all(r["finished"] == 3 for r in summary["runs"].values())
+    assert len((out / "records.jsonl").read_text().splitlines()) == 3
+    # Bad numbers are refused with exit 2, naming the option.
+    assert main(args[:-2] + ["--am-nodes", "-1"]) == 2
+    assert "--am-nodes" in capsys.readouterr().err
