@@ -55,8 +55,13 @@ class NmProtocol:
                              f"vCores={req.capability.vcores}")
         strange = node_labels.unknown(req.node_labels, self.cfg.node_labels)
         if strange:
-            raise BadRequest(f"node {req.node_id} reports node labels {strange} the cluster does not know "
-                             f"(rm.toml node_labels: {sorted(self.cfg.node_labels)})")
+            # YARN's answer to a node it will not take: SHUTDOWN with the reason, nothing recorded
+            # (the NM stops and logs it, rather than retrying a registration that cannot succeed).
+            return api.NodeRegisterResponse(
+                node_id=req.node_id, heartbeat_interval_ms=self.cfg.nm_heartbeat_interval_ms,
+                rm_start_ms=self.cluster_ts, action="SHUTDOWN",
+                diagnostics=f"node {req.node_id} reports node labels {strange} the cluster does not know "
+                            f"(rm.toml node_labels: {sorted(self.cfg.node_labels)})")
         now = self.clock()
         self.policy_version += 1        # a node (re)joins: capacity, state
         node = self.nodes.register(req.node_id, req.http_address, req.capability, req.rack, req.version, now,

@@ -2,6 +2,8 @@
 and registration checks."""
 from __future__ import annotations
 
+import re
+
 import msgspec
 import pytest
 
@@ -9,7 +11,6 @@ from protocol import internal_api as api
 from protocol import node_labels
 from protocol.config import ConfigError, NMConfig, QueueConfig, RMConfig, load, load_nm
 from protocol.records import Resource
-from protocol.remote_exception import BadRequest
 from rm.nodes import NodeTracker
 from rm.scheduler import AM_ASK_ID, CapacityScheduler
 from rm_testing import make_core, nm_claims
@@ -113,17 +114,19 @@ def register(core, node_id: str, labels: list[str]) -> api.NodeRegisterResponse:
 
 def test_registration_records_labels_and_refuses_unknown_ones():
     core = make_core(node_labels=["am"], am_node_label="am")
-    register(core, "master:8042", ["am"])
+    assert register(core, "master:8042", ["am"]).action == "NORMAL"
     assert core.nodes.get("master:8042").labels == AM
-    with pytest.raises(BadRequest, match=r"\['gpu'\].*node_labels: \['am'\]"):
-        register(core, "n:8042", ["am", "gpu"])
-    assert core.nodes.get("n:8042") is None   # nothing stored
+    refused = register(core, "n:8042", ["am", "gpu"])
+    assert refused.action == "SHUTDOWN"
+    assert re.search(r"\['gpu'\].*node_labels: \['am'\]", refused.diagnostics), refused.diagnostics
+    assert core.nodes.get("n:8042") is None and core.nodes.total == Resource(4096, 4)   # nothing stored
 
 
 def test_registration_with_labels_on_a_cluster_without_any_is_refused():
     core = make_core()
-    with pytest.raises(BadRequest, match="does not know"):
-        register(core, "n:8042", ["am"])
+    refused = register(core, "n:8042", ["am"])
+    assert refused.action == "SHUTDOWN" and "does not know" in refused.diagnostics
+    assert core.nodes.get("n:8042") is None
 
 
 @pytest.mark.parametrize("kw, match", [
