@@ -26,7 +26,7 @@ from .decision_log import DecisionLog
 from .model import AmSpec, App, Attempt, Container, Node
 from .nm_protocol import NmProtocol
 from .nodes import NodeTracker
-from .scheduler import AskError, CapacityScheduler, Gang
+from .scheduler import GANG_DIAGNOSTICS, AskError, CapacityScheduler, Gang
 from .state_machines import (NOT_COUNTED, AppEvent, AttemptEvent, attempt_is_final, counts_toward_max_attempts,
                              next_app_state, next_attempt_state)
 from .utilization_series import UtilizationSeries
@@ -55,7 +55,8 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self.nodes = NodeTracker(cfg.nm_expiry_s)
         self.scheduler = CapacityScheduler(cfg, self.nodes.lookup, lambda: self.nodes.total,
                                            on_activation=self._am_activation_changed,
-                                           schedulable_nodes=self.nodes.schedulable)
+                                           schedulable_nodes=self.nodes.schedulable,
+                                           on_gang=self._gang_wait_changed)
         self.apps: dict[str, App] = {}
         self.attempts: dict[str, Attempt] = {}
         self.containers: dict[str, Container] = {}
@@ -105,6 +106,17 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             app.diagnostics = ""
         self.dirty.add(app_id)
         self.policy_version += 1        # AppView.am_limited
+
+    def _gang_wait_changed(self, app_id: str, diagnostics: Optional[str]) -> None:
+        """Gang admission started holding the app's AM back (diagnostics) or stopped (None)."""
+        app = self.apps.get(app_id)
+        if app is None or app.state.is_final:
+            return
+        if diagnostics is not None:
+            app.diagnostics = diagnostics
+        elif app.diagnostics.startswith(GANG_DIAGNOSTICS):
+            app.diagnostics = ""
+        self.dirty.add(app_id)
 
     def get_app(self, app_id: str) -> App:
         app = self.apps.get(app_id)

@@ -33,6 +33,13 @@ from .model import Node
 from protocol.errors import ProtocolError
 
 AM_ASK_ID = -1   # the ask id an AM container is allocated under
+GANG_DIAGNOSTICS = "Application is waiting for its gang: its AM and minimum executors do not fit yet."
+
+
+def gang_diagnostics(gang: "Gang", am: Resource) -> str:
+    """The diagnostics of an app whose AM gang admission holds back, with the figures."""
+    return (f"{GANG_DIAGNOSTICS} Details : AM <memory:{am.memory}, vCores:{am.vcores}> + {gang.count} x "
+            f"executor <memory:{gang.executor.memory}, vCores:{gang.executor.vcores}>")
 
 
 class AskError(ProtocolError, ValueError):
@@ -115,7 +122,8 @@ class CapacityScheduler:
     def __init__(self, cfg: RMConfig, lookup_nodes: Callable[[str], list[Node]],
                  cluster_total: Callable[[], Resource],
                  on_activation: Callable[[str, Optional[str]], None] = lambda app_id, diagnostics: None,
-                 schedulable_nodes: Callable[[], list[Node]] = lambda: []):
+                 schedulable_nodes: Callable[[], list[Node]] = lambda: [],
+                 on_gang: Callable[[str, Optional[str]], None] = lambda app_id, diagnostics: None):
         if not cfg.queues:
             raise ValueError("at least one queue must be configured")
         if not (0 < cfg.max_am_resource_percent <= 1):
@@ -138,6 +146,8 @@ class CapacityScheduler:
         self._on_activation = on_activation
         self._admitted_total: Resource = ZERO   # cluster total the AM limits were last computed for
         self._schedulable_nodes = schedulable_nodes     # every node a gang may be placed on
+        # Told (app_id, diagnostics) when gang admission starts holding an app's AM back, (app_id, None) when not.
+        self._on_gang = on_gang
 
     @staticmethod
     def _check_queue(q: QueueConfig) -> None:
@@ -348,8 +358,11 @@ class CapacityScheduler:
                     continue
                 node = self._pick_node(r, None, cand, is_am=True)
                 if node is not None and sa.gang is not None and sa.gang.count > 0:
-                    sa.gang_waiting = not self._gang_fits(q, limit, sa, r, node)
-                    if sa.gang_waiting:
+                    waiting = not self._gang_fits(q, limit, sa, r, node)
+                    if waiting != sa.gang_waiting:
+                        sa.gang_waiting = waiting
+                        self._on_gang(sa.app_id, gang_diagnostics(sa.gang, r) if waiting else None)
+                    if waiting:
                         continue        # holds nothing until AM and gang fit; the next AM may
                 if node is not None:
                     # The activation charge now belongs to the AM container (given back on its release).

@@ -38,9 +38,11 @@ def test_the_am_waits_until_it_and_the_minimum_executors_fit_then_starts() -> No
     heartbeat(core, "n1:1")
     assert not has_am(core, app) and core.scheduler.apps[app].used == ZERO      # holds nothing
     assert core.scheduler.apps[app].gang_waiting
+    assert "waiting for its gang" in core.apps[app].diagnostics and "3 x executor" in core.apps[app].diagnostics
     register(core, "n2:1", mem=8192, vcores=1)       # the gang now fits across the two nodes
     heartbeat(core, "n1:1")
     assert has_am(core, app) and not core.scheduler.apps[app].gang_waiting
+    assert core.apps[app].diagnostics == ""
 
 
 def test_without_gang_admission_the_am_starts_on_whatever_room_there_is() -> None:
