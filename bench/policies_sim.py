@@ -24,7 +24,9 @@ Optimus's; target >= 1.3), `optimus_makespan_gain_vs_drf`, `optimus_jct_gain_vs_
 Fig. 7's curve, 60 jobs arriving over [0, 12000] s, 13 nodes, a 10-minute scheduling interval):
 Optimus against DRF and Tetris. Keys `optimus_jct_gain_vs_drf` (paper 2.39), `optimus_makespan_gain_vs_drf`
 (paper 1.63), `optimus_jct_gain_vs_tetris`, `optimus_makespan_gain_vs_tetris` (paper: Tetris 5.0 h vs
-Optimus 4.1 h makespan, 1.22), `drf_makespan_h` (paper 6.7).
+Optimus 4.1 h makespan, 1.22), `drf_makespan_h` (paper 6.7). `all_sync` holds the same for Fig. 16's
+all-synchronous workload with the `oracle` beside them: `oracle_jct_gain_vs_drf` is what Optimus's
+rule gains on this workload without prediction errors, `optimus_over_oracle` what the errors cost.
 
 **--paper dorm** (sim/papers/dorm.py: Table II's 50 applications arriving 20 minutes apart on
 average, 20 nodes x 12 cores, Dorm-3's thresholds): Dorm against static partitions. Keys
@@ -181,30 +183,40 @@ def optimus_run(ns: argparse.Namespace) -> dict[str, Any]:
     paper = optimus_paper.OptimusPaper()
     if ns.quick:        # half the jobs over half the window: the same load, half the run
         paper = replace(paper, jobs=30, window_s=6000.0)
-    cal = optimus_paper.calibration(paper)
     cfg = SimConfig(nodes=paper.nodes, node_memory_mb=paper.node.memory, node_vcores=paper.node.vcores,
                     policy_interval_s=paper.scheduling_interval_s, heartbeat_s=2.0,
                     timings=JobTimings(allocate_interval_s=2.0, pending_interval_s=0.5))
-    names = ns.policies.split(",") if ns.policies else ["drf", "tetris", "optimus"]
-    per_seed: list[dict[str, Any]] = []
-    for seed in seeds_of(ns):
-        trace = optimus_paper.generate(paper, seed)
-        print(f"seed {seed}: Optimus §6 workload, {len(trace)} jobs over {paper.window_s:.0f} s, "
-              f"{paper.nodes} nodes", file=sys.stderr)
-        rows = {}
-        for name in names:
-            res = run(trace, name, cal, cfg)
-            if res is not None:
-                rows[name] = row(res)
-        per_seed.append({"seed": seed, "policies": rows, "gains": gains_optimus(rows)})
     out: dict[str, Any] = {"mode": "paper-optimus", "jobs": paper.jobs, "nodes": paper.nodes,
-                           "seeds": [p["seed"] for p in per_seed], "policies": per_seed[0]["policies"],
                            "paper": {"optimus_jct_gain_vs_drf": 2.39, "optimus_makespan_gain_vs_drf": 1.63,
                                      "optimus_makespan_gain_vs_tetris": round(5.0 / 4.1, 3), "drf_makespan_h": 6.7}}
-    for key in gains_optimus({}):
-        out[key] = median([p["gains"][key] for p in per_seed])
-    if len(per_seed) > 1:
-        out["per_seed"] = [{"seed": p["seed"], **p["gains"]} for p in per_seed]
+    # §6.1's mix, then Fig. 16's all-sync workload with the oracle (Optimus's rule on the true
+    # remaining epochs and speed functions: what Optimus would do without prediction errors).
+    variants = (("", paper, ["drf", "tetris", "optimus"]),
+                ("all_sync", replace(paper, modes=(True,)), ["drf", "optimus", "oracle"]))
+    for label, variant, default_names in variants:
+        if label and ns.policies:
+            continue
+        cal = optimus_paper.calibration(variant)
+        names = ns.policies.split(",") if ns.policies else default_names
+        per_seed: list[dict[str, Any]] = []
+        for seed in seeds_of(ns):
+            trace = optimus_paper.generate(variant, seed)
+            print(f"seed {seed}: Optimus §6 workload{' (' + label + ')' if label else ''}, {len(trace)} jobs over "
+                  f"{variant.window_s:.0f} s, {variant.nodes} nodes", file=sys.stderr)
+            rows = {}
+            for name in names:
+                res = run(trace, name, cal, cfg)
+                if res is not None:
+                    rows[name] = row(res)
+            per_seed.append({"seed": seed, "policies": rows, "gains": gains_optimus(rows)})
+        gains = {key: median([p["gains"][key] for p in per_seed]) for key in gains_optimus({})}
+        if not label:
+            out.update(seeds=[p["seed"] for p in per_seed], policies=per_seed[0]["policies"], **gains)
+            if len(per_seed) > 1:
+                out["per_seed"] = [{"seed": p["seed"], **p["gains"]} for p in per_seed]
+        else:
+            out[label] = {"policies": per_seed[0]["policies"],
+                          **{k: v for k, v in gains.items() if v is not None}}
     return out
 
 
@@ -216,6 +228,8 @@ def gains_optimus(rows: dict[str, Row]) -> dict[str, Optional[float]]:
         "optimus_jct_gain_vs_tetris": ratio(get(rows, "tetris", "mean_jct_s"), get(rows, "optimus", "mean_jct_s")),
         "optimus_makespan_gain_vs_tetris": ratio(get(rows, "tetris", "makespan_s"), get(rows, "optimus", "makespan_s")),
         "drf_makespan_h": None if mk is None else round(mk / 3600.0, 2),
+        "optimus_over_oracle": ratio(get(rows, "oracle", "mean_jct_s"), get(rows, "optimus", "mean_jct_s")),
+        "oracle_jct_gain_vs_drf": ratio(get(rows, "drf", "mean_jct_s"), get(rows, "oracle", "mean_jct_s")),
     }
 
 

@@ -135,11 +135,11 @@ def test_optimus_apps_follow_table2(w: int, p: int) -> None:
     asyn = cal.apps[optimus_paper.app_name("ResNet50", False)].epoch_model()
     # Async needs the seven-feature model (eq. 3's 1/p and p/w); sync is the simulator's own form.
     assert isinstance(asyn, FeatureEpochTimeModel) and not isinstance(sync, FeatureEpochTimeModel)
-    # Table 2 by hand, sync (eq. 4, M = 16): θ = 1.02, 2.78, 4.92, 0.00, 0.02.
-    sync_step = 1.02 * 16 / w + 2.78 + 4.92 * w / p + 0.0 * w + 0.02 * p
+    # Table 2 by hand, sync (eq. 4, M = 1): θ = 1.02, 2.78, 4.92, 0.00, 0.02.
+    sync_step = 1.02 / w + 2.78 + 4.92 * w / p + 0.0 * w + 0.02 * p
     # Async (eq. 3): f = w / (2.83 + 3.92 w/p + 0.00 w + 0.11 p) steps per second.
     async_step = (2.83 + 3.92 * w / p + 0.0 * w + 0.11 * p) / w
-    unit_sync = sync.epoch_time(1, 1) / (1.02 * 16 + 2.78 + 4.92 + 0.02)
+    unit_sync = sync.epoch_time(1, 1) / (1.02 + 2.78 + 4.92 + 0.02)
     unit_async = asyn.epoch_time(1, 1) / (2.83 + 3.92 + 0.11)
     assert sync.epoch_time(w, p) == pytest.approx(unit_sync * sync_step)
     assert asyn.epoch_time(w, p) == pytest.approx(unit_async * async_step)
@@ -151,8 +151,12 @@ def test_optimus_paper_speed_shapes() -> None:
     """Table 2's sync function says more workers can slow a job (§3.2 observation (c)); async scales."""
     model = optimus_paper.calibration().apps[optimus_paper.app_name("Seq2Seq", True)].epoch_model()
     assert model.epoch_time(16, 4) > model.epoch_time(4, 4)
-    # 1:1, sixteen times the executors of (1, 1) buy less than 3x: the return diminishes.
-    assert model.epoch_time(1, 1) / model.epoch_time(16, 16) < 3.0
+    # 1:1, sixteen times the executors of (1, 1) buy less than 10 % (§6.2: more resources do not
+    # mean higher speed); with models/optimus_fit.py's M = 16 they buy more than 2x.
+    assert model.epoch_time(1, 1) / model.epoch_time(16, 16) < 1.1
+    m16 = optimus_paper.calibration(optimus_paper.OptimusPaper(batch_m=16.0)).apps[
+        optimus_paper.app_name("Seq2Seq", True)].epoch_model()
+    assert m16.epoch_time(1, 1) / m16.epoch_time(16, 16) > 2.0
     asyn = optimus_paper.calibration().apps[optimus_paper.app_name("Seq2Seq", False)].epoch_model()
     assert asyn.epoch_time(16, 16) < asyn.epoch_time(4, 4) / 3
 
