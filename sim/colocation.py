@@ -29,7 +29,7 @@ about the link's rate (TCP), and this project cannot measure a loss there (its t
 shaped loopback); only the CPU term is measured, so NAIVE's penalty is a lower bound.
 
 The measured values (`MEASURED`) come from `bench/colocation_interference.py` on the project's dev
-machine (2 cores shared by several builds, so medians of interleaved repeats): see docs/simulator.md.
+machine (2 cores shared by several builds, so medians of interleaved repeats): see docs/harmony_simulation.md.
 `utilization(loads, times)` is eq. 4.3 for a set: the fraction of the set's time its CPU and network
 spend on useful subtask work (sum_j t_cpu_j / T_j, sum_j t_net_j / T_j), which the simulator
 weights by machines as eq. 4.4 does.
@@ -101,7 +101,7 @@ class Interference:
 
 # bench/colocation_interference.py on the dev machine: two COMPs time-sliced on one core took 5.0 %
 # longer than one after the other (medians of 5 interleaved repeats: 0.506 s alone, 1.091 s the pair);
-# bench/arbiter.py's handoff p50 in the same run: 31 us. docs/simulator.md records the run.
+# bench/arbiter.py's handoff p50 in the same run: 31 us. docs/harmony_simulation.md records the run.
 MEASURED = Interference(arbiter_handoff_s=31e-6, naive_cpu_contention=0.05)
 
 
