@@ -45,7 +45,7 @@ import asyncio
 import inspect
 import os
 import time
-from typing import TYPE_CHECKING, Any, Awaitable
+from typing import TYPE_CHECKING, Any, Awaitable, Mapping
 
 import msgspec
 import numpy as np
@@ -54,13 +54,12 @@ from psruntime.apps.base import AppConfigError, KeyValues, Partition, PSApp, Ste
 from psruntime.apps.blocks import BlockFormatError, DataBlock
 from psruntime.apps.random_streams import partition_block_range
 from psruntime.apps.registry import UserCodeError, create_app, is_user_app
-from protocol import executor_ops as ctl
+from protocol import container_env, executor_ops as ctl
 from psruntime.control_ops import Answer, Arrays, Handler, OpTable, Outcome, bind, table
 from psruntime.wire.dataplane import RequestError
 from psruntime.spill.model_spill import ModelSpillMonitor
 from psruntime.store.store_client import StoreClient, StoreClientError
 from psruntime.training_pipeline import (StepTimes, SubtaskRunner, TrainingPipeline, TrainingStopped, block_position,
-                                        container_vcores,
                                          epoch_position, init_blocks, init_model, set_epoch_position)
 from psruntime.spill.worker_spill import WorkerSpill, parse_mode
 
@@ -154,7 +153,7 @@ class AppRole:
             raise UserCodeError(f"{e.what} on {self.executor.executor_id}", e.__cause__ or e) from None
         self.app_name = name
         # A COMP's threads: the job's comp_threads, else the cores the container was given.
-        self.pipeline.set_comp_threads(req.comp_threads or container_vcores(os.environ))
+        self.pipeline.set_comp_threads(req.comp_threads or _container_vcores(os.environ))
         try:
             mode = parse_mode(req.spill_alpha)
         except ValueError as e:
@@ -366,6 +365,14 @@ class AppRole:
     def stop_training(self, req: ctl.StopTraining, arrays: Arrays) -> Answer:
         self.stop.set()
         return ctl.Ok(), ()
+
+
+def _container_vcores(env: Mapping[str, str]) -> int:
+    """The vcores the executor's container was given (its launch environment), at least 1."""
+    try:
+        return max(1, int(env.get(container_env.CONTAINER_VCORES, "1")))
+    except ValueError:
+        return 1
 
 
 def _step_figures(epoch: int, done: bool, times: StepTimes, t_start: float) -> dict[str, Any]:

@@ -41,7 +41,7 @@ import asyncio
 import enum
 import functools
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -52,7 +52,6 @@ from psruntime.apps.base import KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.store.push_ids import COUNT, DELTAS, push_id
 from psruntime.store.store_client import PreparedArray, StoreClient, TransferGate
-from protocol import container_env as cenv
 from protocol.errors import StateError
 
 T = TypeVar("T")
@@ -98,14 +97,6 @@ class ThreadedRunner(Protocol):
     """A runner that asks for as many cores as a COMP's threads (Harmony's, of its node's CPU pool)."""
 
     comp_threads: int
-
-
-def container_vcores(env: Mapping[str, str]) -> int:
-    """The vcores the executor's container was given (its launch environment), at least 1."""
-    try:
-        return max(1, int(env.get(cenv.CONTAINER_VCORES, "1")))
-    except ValueError:
-        return 1
 
 
 class BlockResidency(Protocol):

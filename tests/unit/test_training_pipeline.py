@@ -240,3 +240,18 @@ async def test_a_set_stop_event_ends_the_step_before_its_next_batch(cluster) -> 
         await TrainingPipeline(runner).run_batches(app, store, blocks, StepContext(0, 2), stop=stop)
     assert runner.kinds == [Subtask.PULL, Subtask.COMP, Subtask.PUSH]
     assert epoch_position(blocks[0], 0) == int(app.hparams.batch_size)   # the batch that ran counts
+
+
+async def test_app_setup_gives_a_comp_the_jobs_threads_or_the_containers_vcores(monkeypatch) -> None:
+    monkeypatch.setenv("CONTAINER_VCORES", "4")
+    e = Executor("worker-0", NUM_BLOCKS, role="worker")
+    await e.start()
+    dp = DataPlaneClient()
+    try:
+        await dp.request(e.address, {"op": "app_setup", "app": "mlr", "comp_threads": 3})
+        assert e.app_role.pipeline.comp_threads == 3
+        await dp.request(e.address, {"op": "app_setup", "app": "mlr"})        # unsaid: the vcores
+        assert e.app_role.pipeline.comp_threads == 4
+    finally:
+        await dp.close()
+        await e.stop()
