@@ -117,6 +117,7 @@ class ResourceManagerServer:
         self._timers: list[asyncio.Task[None]] = []
         # One thread: one decide in flight at a time (a round waits for its decide before the next).
         self._policy_thread: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._policy_lock = asyncio.Lock()      # rounds one after another: each builds on the last's policy
         self.policy_rounds = {"applied": 0, "dropped": 0}
         self._recover()
 
@@ -222,6 +223,10 @@ class ResourceManagerServer:
     async def policy_round(self, retries: int = STALE_RETRIES) -> Optional[int]:
         """One policy round with `decide` in the worker thread: how many directives changed, or
         None when every try was stale (the core moved while the policy decided, `retries` + 1 times)."""
+        async with self._policy_lock:
+            return await self._policy_round(retries)
+
+    async def _policy_round(self, retries: int) -> Optional[int]:
         loop = asyncio.get_running_loop()
         if self._policy_thread is None:
             self._policy_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rm-policy")
