@@ -37,8 +37,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
+import numpy as np
+
+from models.optimus_fit import LossCurve as FittedCurve
+from models.optimus_fit import fit_loss_curve
 from protocol import internal_api as api
 from protocol import ps_job_spec
 from protocol.job_report import (MAX_EPOCH_TIMES, MAX_OBJECTIVES, ClockObjective, EpochObjective, JobReport,
@@ -49,6 +53,7 @@ from protocol.state_machine import TransitionTable
 from rm.model import AmSpec
 
 from .calibration import AppCalibration
+from .convergence import LossCurve
 from .job_record import JobRecord
 from .oracle import JobTruth
 from .event_loop import EventLoop
@@ -56,11 +61,14 @@ from .sim_node import SimNode
 from .trace import TraceJob
 from protocol.errors import StateError
 
+ObjectiveCurve = Union[FittedCurve, LossCurve]     # either has loss(k): the shape is all that is used
+
 if TYPE_CHECKING:
     from rm.core import LaunchAm, ResourceManagerCore
 
 WORKER, SERVER = "worker", "server"
 CLOCK_OBJECTIVE_EVERY = 1 / 8     # of an epoch: how often a simulated AM samples its objective
+CLOCK_SHAPE_EPOCHS = 10           # the first epochs whose objectives shape the per-clock ones
 ASK_ID = {WORKER: 1, SERVER: 2}
 # The real AM's wait for a change's new executors (appmaster/ps/reconfiguration.py LAUNCH_TIMEOUT_S;
 # not imported: that module pulls in the AM's I/O).
@@ -197,6 +205,7 @@ class SimJob:
         self._report: Optional[JobReport] = None
         self._clock_points: list[tuple[int, float, float]] = []     # (clock, epochs, objective)
         self._clock_report: Optional[list[ClockObjective]] = None
+        self._clock_shape: Optional[ObjectiveCurve] = None
         self._allocating = False
 
     # ----- submission and AM start ------------------------------------------------------------
@@ -600,7 +609,10 @@ class SimJob:
     def clock_objectives(self) -> list[ClockObjective]:
         """The objective every `CLOCK_OBJECTIVE_EVERY` of an epoch's clocks so far (what an AM
         sampling its training loss per clock would report, JobReport.clock_objectives): between
-        two epochs' objectives it follows the loss curve's shape, so it meets each epoch's exactly."""
+        two epochs' objectives it follows the shape of an Optimus curve through the job's own
+        objectives (`clock_shape`), so it meets each epoch's exactly and falls fastest early in an
+        epoch where the objectives do (a straight line from the initial objective to the first
+        epoch's would be a shape no SGD loss has)."""
         cpe = self.cal.clocks_per_epoch
         step = max(1, int(cpe * CLOCK_OBJECTIVE_EVERY))
         points = self._clock_points
@@ -609,17 +621,27 @@ class SimJob:
         clock = points[-1][0] + step if points else step
         if clock > self.iterations and self._clock_report is not None:
             return self._clock_report          # nothing new since the last report
-        curve = self.cal.curve()
+        curve = self.clock_shape()
         while clock <= self.iterations:
             k = clock / cpe
             lo = int(math.floor(k))
             at_lo, at_hi = self.cal.objective(lo), self.cal.objective(lo + 1)
-            c_lo, c_hi = curve.loss(lo), curve.loss(lo + 1)
-            frac = (curve.loss(k) - c_lo) / (c_hi - c_lo) if c_hi != c_lo else k - lo
+            c_lo, c_hi = float(curve.loss(lo)), float(curve.loss(lo + 1))
+            frac = (float(curve.loss(k)) - c_lo) / (c_hi - c_lo) if c_hi != c_lo else k - lo
             points.append((clock, k, at_lo + (at_hi - at_lo) * frac))
             clock += step
         self._clock_report = recent_clock_objectives(points)
         return self._clock_report
+
+    def clock_shape(self) -> ObjectiveCurve:
+        """The Optimus curve fitted to the objectives the job reports at its first epochs, initial
+        included (models/optimus_fit.py, least squares on the objective itself: its initial drop
+        counts), else the app's curve."""
+        if self._clock_shape is None:
+            ks = np.arange(0, CLOCK_SHAPE_EPOCHS + 1, dtype=float)
+            fitted = fit_loss_curve(ks, np.array([self.cal.objective(int(k)) for k in ks]))
+            self._clock_shape = fitted if fitted is not None else self.cal.curve()
+        return self._clock_shape
 
     @property
     def early_feedback_iterations(self) -> int:
