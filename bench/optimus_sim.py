@@ -2,18 +2,23 @@
 
     .venv/bin/python bench/optimus_sim.py [--quick] [--jobs 60] [--nodes 4] [--window-s 1500]
                                           [--seeds 1,2,3] [--before REV] [--calibration PATH]
+    .venv/bin/python bench/optimus_sim.py --trace cluster [--jobs 30] [--nodes 16] [--load 0.75] ...
 
 "Before" is the `optimus` policy as it was at git revision REV (default: the commit before the
 fixes), loaded from git next to today's (models/optimus_fit.py and rm/policies/optimus.py at REV,
 the rest of the tree as it is now), so both run on the same simulator (sim/simulator.py), the same
-traces (sim.workload.generate, one per seed) and the same DRF baseline. The defaults are the setting
-the issue measured (60 jobs over 1500 s on 4 nodes of 8 GB / 8 vcores). Per policy and seed: mean
-JCT, makespan, reshapes, how many jobs finished; the gains are DRF's over Optimus's, median over seeds.
+traces (one per seed) and the same DRF baseline. `--trace generate` (default) is
+sim.workload.generate with the setting the issue measured (60 jobs over 1500 s on 4 nodes of 8 GB /
+8 vcores); `--trace cluster` is bench/policies_sim.py's default trace (sim.workload.cluster_trace:
+Poisson arrivals at an offered load on 16 nodes, jobs of tens of epochs, heartbeats and allocates
+every 2 s), where the simulator's `oracle` runs too. Per policy and seed: mean JCT, makespan,
+reshapes, how many jobs finished; the gains are DRF's over Optimus's, median over seeds.
 
 Last line, one JSON object: {"seeds", "policies": {name: {"mean_jct_s": [...], ...}},
 "optimus_jct_gain_vs_drf", "optimus_makespan_gain_vs_drf" (after the fixes),
 "optimus_before_jct_gain_vs_drf", "optimus_before_makespan_gain_vs_drf", "optimus_jct_gain_vs_before",
-"optimus_reshapes", "optimus_before_reshapes"} (medians over the seeds).
+"optimus_reshapes", "optimus_before_reshapes", "optimus_over_oracle" (oracle mean JCT over Optimus's,
+--trace cluster only)} (medians over the seeds).
 """
 from __future__ import annotations
 
@@ -31,7 +36,12 @@ sys.path.insert(0, str(ROOT))
 
 from rm import policies  # noqa: E402
 from sim import calibration  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+from protocol.records import Resource  # noqa: E402
+from sim.sim_job import JobTimings  # noqa: E402
 from sim.simulator import SimConfig, simulate  # noqa: E402
+from sim.trace import TraceJob  # noqa: E402
 from sim.workload import WorkloadSpec, generate  # noqa: E402
 
 BEFORE_REV = "606a976^"      # the commit before "Optimus fixed where it loses (issue 25 part 3)"
@@ -67,27 +77,46 @@ def median(values: list[Optional[float]]) -> Optional[float]:
     return round(statistics.median(vals), 3) if vals else None
 
 
+def make_trace(ns: argparse.Namespace, cal: calibration.Calibration, cfg: SimConfig, seed: int) -> list[TraceJob]:
+    if ns.trace == "generate":
+        return generate(WorkloadSpec(jobs=ns.jobs, window_s=ns.window_s, apps=tuple(sorted(cal.apps))), seed)
+    from sim.workload import CLUSTER_SPEC, cluster_trace     # noqa: PLC0415 (only this mode needs them)
+    cluster = Resource(cfg.node_memory_mb * cfg.nodes, cfg.node_vcores * cfg.nodes)
+    ct = cluster_trace(cal, cluster, Resource(cfg.timings.am_memory_mb, 1), seed, ns.load,
+                       replace(CLUSTER_SPEC, jobs=ns.jobs))
+    print(f"seed {seed}: {len(ct.jobs)} jobs, offered load {ct.offered_load:.3f}", file=sys.stderr)
+    return list(ct.jobs)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", type=int, default=60)
-    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--trace", choices=("generate", "cluster"), default="generate")
+    p.add_argument("--jobs", type=int, default=0, help="jobs per trace (0: 60, or 30 for --trace cluster)")
+    p.add_argument("--nodes", type=int, default=0, help="nodes (0: 4, or 16 for --trace cluster)")
+    p.add_argument("--load", type=float, default=0.75, help="--trace cluster: the offered load")
     p.add_argument("--window-s", type=float, default=1500.0)
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--before", default=BEFORE_REV, help="git revision of the 'before' policy")
     p.add_argument("--calibration", type=Path, default=calibration.DEFAULT_PATH)
     p.add_argument("--quick", action="store_true", help="20 jobs over 500 s, one seed")
     ns = p.parse_args(argv)
+    cluster_mode = ns.trace == "cluster"
+    ns.jobs = ns.jobs or (30 if cluster_mode else 60)
+    ns.nodes = ns.nodes or (16 if cluster_mode else 4)
     if ns.quick:
-        ns.jobs, ns.window_s, ns.seeds = 20, 500.0, "1"
+        ns.jobs, ns.window_s, ns.seeds = (20 if cluster_mode else 20), 500.0, "1"
     seeds = [int(s) for s in ns.seeds.split(",") if s.strip()]
     load_before(ns.before)
     cal = calibration.load(ns.calibration)
-    cfg = SimConfig(nodes=ns.nodes)
-    names = ("drf", "optimus-before", "optimus")
+    if cluster_mode:    # as bench/policies_sim.py runs its default trace
+        cfg = SimConfig(nodes=ns.nodes, heartbeat_s=2.0, timings=JobTimings(allocate_interval_s=2.0, pending_interval_s=0.5))
+    else:
+        cfg = SimConfig(nodes=ns.nodes)
+    names = ("drf", "optimus-before", "optimus") + (("oracle",) if cluster_mode else ())
     out: dict[str, dict[str, list[Any]]] = {n: {"mean_jct_s": [], "makespan_s": [], "reshapes": [], "finished": []}
                                             for n in names}
     for seed in seeds:
-        trace = generate(WorkloadSpec(jobs=ns.jobs, window_s=ns.window_s, apps=tuple(sorted(cal.apps))), seed)
+        trace = make_trace(ns, cal, cfg, seed)
         for name in names:
             s = simulate(trace, name, cal, cfg).summary
             row = s.to_json()
@@ -101,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     def gains(num: str, den: str, key: str) -> Optional[float]:
         return median([ratio(a, b) for a, b in zip(out[num][key], out[den][key])])
     print(json.dumps({
-        "seeds": seeds, "jobs": ns.jobs, "nodes": ns.nodes, "window_s": ns.window_s, "before": ns.before,
+        "trace": ns.trace, "seeds": seeds, "jobs": ns.jobs, "nodes": ns.nodes,
+        "window_s": ns.window_s if not cluster_mode else None, "load": ns.load if cluster_mode else None,
+        "before": ns.before,
         "policies": out,
         "optimus_jct_gain_vs_drf": gains("drf", "optimus", "mean_jct_s"),
         "optimus_makespan_gain_vs_drf": gains("drf", "optimus", "makespan_s"),
@@ -110,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "optimus_jct_gain_vs_before": gains("optimus-before", "optimus", "mean_jct_s"),
         "optimus_reshapes": median(out["optimus"]["reshapes"]),
         "optimus_before_reshapes": median(out["optimus-before"]["reshapes"]),
+        "optimus_over_oracle": gains("oracle", "optimus", "mean_jct_s") if cluster_mode else None,
     }))
     return 0
 

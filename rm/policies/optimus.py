@@ -17,11 +17,12 @@ Every round, per running PS job (rm/policies/eps_jobs.classify: started, its AM 
    showed), the paper's ResNet-50 reference only for an app with none.
    Fits are redone only when their inputs change, all jobs' loss curves in one vectorised call.
 2. **Allocation** (§4.1, rm/policies/optimus_alloc.py): each sized job starts at one worker and
-   one server; the rest of the budget goes one executor at a time to the largest marginal gain
-   (eq. 9) per dominant-resource share, up to the job's max_workers / max_servers. The gain of a
-   job early in training (progress below `EARLY_PROGRESS`) is multiplied by `PRIORITY_FACTOR`
-   (0.95): the paper applies the factor at "the beginning state (i.e., larger prediction errors)"
-   -- not near completion -- and so does this policy.
+   one server (its spec's min_workers / min_servers where larger); the rest of the budget goes one
+   executor at a time to the largest marginal gain (eq. 9) per dominant-resource share, up to the
+   job's max_workers / max_servers. The gain of a job early in training (progress below
+   `EARLY_PROGRESS`) is multiplied by `PRIORITY_FACTOR` (0.95): the paper applies the factor at
+   "the beginning state (i.e., larger prediction errors)" -- not near completion -- and so does
+   this policy.
 3. **Hysteresis**: a job is moved off its current shape only when the predicted cut in its
    remaining time exceeds `HYSTERESIS_FACTOR` x its resize cost (the time its AM last spent
    `changing`, `RESIZE_COST_S` until measured) and `MIN_RELATIVE_GAIN` of that time; a change
@@ -269,6 +270,12 @@ def settled(job: RunningJob, app: AppView) -> bool:
     return (r.workers, r.servers) == (job.workers, job.servers) or r.directive_version >= version
 
 
+def least_shape(job: RunningJob) -> tuple[int, int]:
+    """(workers, servers) the allocation starts a job at: its spec's minimum (the paper's one worker
+    and one server where the spec allows it; the AM would not go below its minimum anyway)."""
+    return max(1, job.spec.min_workers), max(1, job.spec.min_servers)
+
+
 @dataclass(frozen=True)
 class _Sized:
     """A job the allocation sizes: its remaining epochs (from its curve, or the prior when
@@ -337,7 +344,7 @@ class OptimusPolicy:
         if sized:
             base = budget
             for f in sized:
-                budget = budget - f.job.executor.scale(2)
+                budget = budget - f.job.executor.scale(sum(least_shape(f.job)))
             servers, workers = allocate(self._problem(sized, budget, snapshot.total))
             planned = {f.job.app_id: (int(w), int(s)) for f, s, w in zip(sized, servers, workers)}
             targets.update(self._hysteresis(sized, planned, base))
@@ -452,9 +459,10 @@ class OptimusPolicy:
         dominant = np.maximum((ex / cap).max(axis=1), 1e-12)
         return AllocationProblem(
             remaining=np.array([f.remaining for f in sized], dtype=float), coefficients=coef,
-            servers=np.ones(n, dtype=np.int64), workers=np.ones(n, dtype=np.int64),
-            max_servers=np.array([max(1, f.job.spec.max_servers) for f in sized], dtype=np.int64),
-            max_workers=np.array([max(1, f.job.spec.max_workers) for f in sized], dtype=np.int64),
+            servers=np.array([least_shape(f.job)[1] for f in sized], dtype=np.int64),
+            workers=np.array([least_shape(f.job)[0] for f in sized], dtype=np.int64),
+            max_servers=np.array([max(least_shape(f.job)[1], f.job.spec.max_servers) for f in sized], dtype=np.int64),
+            max_workers=np.array([max(least_shape(f.job)[0], f.job.spec.max_workers) for f in sized], dtype=np.int64),
             executor=ex, dominant=dominant,
             factor=np.array([PRIORITY_FACTOR if f.early else 1.0 for f in sized]),
             budget=np.array([budget.memory, budget.vcores], dtype=float))

@@ -184,10 +184,10 @@ def report(workers: int, servers: int, epochs: int, epoch_time: float, b0: float
 
 def app(i: int, rep: JobReport | None, workers: int = 2, servers: int = 2, most: int = 8, state: str = "RUNNING",
         directive: ShapeDirective | None = None, sync: str = "bsp", name: str = "mlr",
-        max_epochs: int = 500) -> AppView:
+        max_epochs: int = 500, least: int = 1) -> AppView:
     spec = {"app": name, "workers": workers, "servers": servers, "max_workers": most, "max_servers": most,
             "executor_memory_mb": 1024, "executor_vcores": 1, "sync": sync, "max_epochs": max_epochs,
-            "convergence_threshold": 0.001}
+            "convergence_threshold": 0.001, "min_workers": least, "min_servers": least}
     held = AM + E.scale((rep.workers + rep.servers) if rep else 0) if state == "RUNNING" else Resource(0, 0)
     return AppView(f"app_{i}", "default", "u", state, float(i), held, rep, ps_job_view(spec), am_resource=AM,
                    pending=Resource(0, 0) if state == "RUNNING" else AM, directive=directive)
@@ -401,3 +401,15 @@ def test_an_unfitted_job_is_sized_on_what_finished_jobs_of_its_app_ran():
     jd = d.jobs.get("app_2")
     assert jd is None or "~2 epochs" in jd.reason
     assert (jd.workers + jd.servers if jd else 4) < first_round(OptimusPolicy())
+
+
+def test_no_job_is_sized_below_its_specs_minimum():
+    # Two jobs on a full cluster: one would shrink to a server for the other (NMF: servers slow it),
+    # but its spec says at least 3 workers and 3 servers, and the AM would not go below that.
+    rep = report(4, 4, epochs=10, epoch_time=2.0)
+    apps = [app(1, rep, workers=4, servers=4, name="nmf", least=3), app(2, report(4, 4, epochs=10, epoch_time=2.0))]
+    d = OptimusPolicy().decide(snapshot(apps, nodes=2, slots=9))
+    one = d.jobs.get("app_1")
+    assert one is None or (one.workers >= 3 and one.servers >= 3)
+    free = OptimusPolicy().decide(snapshot([app(1, rep, workers=4, servers=4, name="nmf")], nodes=2, slots=9))
+    assert free.jobs["app_1"].servers < 3       # without the minimum it would go to fewer servers
