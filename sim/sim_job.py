@@ -217,7 +217,8 @@ class SimJob:
             max_workers=j.shape_max[0], max_servers=j.shape_max[1], min_workers=mins[0], min_servers=mins[1],
             sync=j.sync, convergence_threshold=j.threshold, executor_memory_mb=j.executor_memory_mb,
             executor_vcores=j.executor_vcores, elastic_mode=j.elastic_mode, max_epochs=self.max_epochs,
-            early_feedback_iterations=j.early_feedback_iterations or DEFAULT_EARLY_FEEDBACK_ITERATIONS)
+            early_feedback_iterations=j.early_feedback_iterations or DEFAULT_EARLY_FEEDBACK_ITERATIONS,
+            weight=j.weight)
 
     def spec_json(self) -> dict[str, object]:
         """The PS job spec the job is submitted with (what `elastane ps submit` would send). It
