@@ -58,7 +58,10 @@ Truth = Callable[[str], Optional[JobTruth]]
 
 
 def coefficients(theta: tuple[float, ...]) -> np.ndarray:
-    """The epoch-time θ as Optimus's 1/f coefficients over FEATURES."""
+    """The epoch-time θ as Optimus's 1/f coefficients over FEATURES (a θ of len(FEATURES) already is:
+    sim/papers/speed.py's seven-feature model, which an asynchronous paper job's eq. 3 needs)."""
+    if len(theta) == len(FEATURES):
+        return np.array(theta, dtype=float)
     out = np.zeros(len(FEATURES))
     for i, v in zip(THETA_TO_FEATURE, theta):
         out[i] = v
