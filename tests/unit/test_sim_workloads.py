@@ -12,7 +12,7 @@ from sim.calibration import AppCalibration, Calibration
 from sim.papers import dorm as dorm_paper
 from sim.papers import optimus as optimus_paper
 from sim.papers.speed import FeatureEpochTimeModel
-from sim.simulator import SimConfig, simulate
+from sim.simulator import SimConfig, Simulator, simulate
 from sim.trace import TraceError, TraceJob, parse_trace
 from sim.workload import WorkloadSpec, cluster_trace, generate, job_epochs, job_usage, offered_load
 
@@ -203,8 +203,11 @@ def test_paper_apps_run_in_the_simulator() -> None:
     paper = optimus_paper.OptimusPaper(jobs=3, window_s=60.0, epoch_s=5.0)
     cal = optimus_paper.calibration(paper)
     trace = optimus_paper.generate(paper, 2)
+    assert {j.sync for j in trace} == {"bsp", "ssp"}     # both speed forms (the seed draws both)
     res = simulate(trace, "static", cal, SimConfig(nodes=2, node_memory_mb=65536, node_vcores=16))
     assert res.summary.finished == 3
+    # The oracle reads the asynchronous jobs' seven-feature speed function as it is.
+    assert simulate(trace, "oracle", cal, SimConfig(nodes=2, node_memory_mb=65536, node_vcores=16)).summary.finished == 3
     for rec, job in zip(res.records, trace):
         app = cal.app(job.app)
         assert rec.epochs == job_epochs(job, app)
@@ -226,3 +229,12 @@ def test_feature_model_checks_coefficients() -> None:
     with pytest.raises(ValueError, match="non-negative"):
         FeatureEpochTimeModel((1.0, -1.0, 0, 0, 0, 0, 0))
     assert not math.isnan(FeatureEpochTimeModel((1.0, 0, 0, 0, 0, 0, 0)).speed(2, 2))
+
+
+def test_dorm_weights_reach_the_job_spec() -> None:
+    paper = dorm_paper.DormPaper()
+    trace = dorm_paper.generate(paper, 1)
+    sim = Simulator(trace, "static", dorm_paper.calibration(paper), SimConfig(nodes=2))
+    weights = {j.job.app: j.spec_json()["weight"] for j in sim.jobs}
+    assert weights[dorm_paper.app_name(dorm_paper.KINDS[1])] == 2.0     # MF's weight, Table II
+    assert weights[dorm_paper.app_name(dorm_paper.KINDS[0])] == 1.0
