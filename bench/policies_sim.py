@@ -24,9 +24,10 @@ Optimus's; target >= 1.3), `optimus_makespan_gain_vs_drf`, `optimus_jct_gain_vs_
 Fig. 7's curve, 60 jobs arriving over [0, 12000] s, 13 nodes, a 10-minute scheduling interval):
 Optimus against DRF and Tetris. Keys `optimus_jct_gain_vs_drf` (paper 2.39), `optimus_makespan_gain_vs_drf`
 (paper 1.63), `optimus_jct_gain_vs_tetris`, `optimus_makespan_gain_vs_tetris` (paper: Tetris 5.0 h vs
-Optimus 4.1 h makespan, 1.22), `drf_makespan_h` (paper 6.7). `all_sync` holds the same for Fig. 16's
-all-synchronous workload with the `oracle` beside them: `oracle_jct_gain_vs_drf` is what Optimus's
-rule gains on this workload without prediction errors, `optimus_over_oracle` what the errors cost.
+Optimus 4.1 h makespan, 1.22), `drf_makespan_h` (paper 6.7), and the `oracle` (Optimus's rule on the
+true remaining epochs and speed functions): `oracle_jct_gain_vs_drf` is what the rule gains on this
+workload without prediction errors, `optimus_over_oracle` what Optimus's errors cost. `all_sync` holds
+the same for Fig. 16's all-synchronous workload (DRF, Optimus, oracle).
 
 **--paper dorm** (sim/papers/dorm.py: Table II's 50 applications arriving 20 minutes apart on
 average, 20 nodes x 12 cores, Dorm-3's thresholds): Dorm against static partitions. Keys
@@ -191,7 +192,7 @@ def optimus_run(ns: argparse.Namespace) -> dict[str, Any]:
                                      "optimus_makespan_gain_vs_tetris": round(5.0 / 4.1, 3), "drf_makespan_h": 6.7}}
     # §6.1's mix, then Fig. 16's all-sync workload with the oracle (Optimus's rule on the true
     # remaining epochs and speed functions: what Optimus would do without prediction errors).
-    variants = (("", paper, ["drf", "tetris", "optimus"]),
+    variants = (("", paper, ["drf", "tetris", "optimus", "oracle"]),
                 ("all_sync", replace(paper, modes=(True,)), ["drf", "optimus", "oracle"]))
     for label, variant, default_names in variants:
         if label and ns.policies:
