@@ -48,8 +48,10 @@ def test_a_job_larger_than_its_containers_finishes_with_spill_and_is_killed_with
     app, app_id = _run(cluster, {**SPEC, "spill_alpha": "auto"}, "spill")
     assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
     report = get_app(cluster.rm_url, app_id)["shape"]      # the AM's last job report
-    assert report["alpha"] is not None and 0.5 <= report["alpha"] <= 1.0, report
-    assert report["spilled_mb"] > 50, report
+    # The input cannot all stay in memory: a good part of it is on disk (the tuner keeps the
+    # container's charge under 70 % of its limit, about half the blocks here).
+    assert report["alpha"] is not None and 0.25 <= report["alpha"] <= 1.0, report
+    assert report["spilled_mb"] > 25, report
 
 
 def test_a_process_in_a_memory_limited_cgroup_reads_its_charge_and_limit_not_its_rss(tmp_path: Any) -> None:
