@@ -177,3 +177,29 @@ async def test_view_lists_holders_and_the_grant_log(server: ArbiterServer) -> No
     assert named["cpu_grants_by_app"] == {"app_a": 1} and named["grantLog"][0]["app_id"] == "app_a"
     assert named["cpu_grants_by_job"] == {f"{name_hash('app_a'):016x}": 1}
     await a.close()
+
+
+async def test_comps_ask_for_threads_of_the_cpu_pool_over_the_wire(tmp_path) -> None:
+    s = ArbiterServer(socket_path(str(tmp_path)), clock=Clock(), cpu_pool=3)
+    await s.start()
+    try:
+        a = await client(s, "app_a", "c_a")
+        b = await client(s, "app_b", "c_b")
+        ga = await a.acquire(SlotKind.CPU, threads=2)
+        assert (ga.role, ga.threads) == (Role.CPU, 2)
+        wait_b = asyncio.ensure_future(b.acquire(SlotKind.CPU, threads=2))     # 2 + 2 > 3: waits
+        await settle(lambda: s.arbiter.waiting(SlotKind.CPU) == 1)
+        a.release(ga)
+        gb = await asyncio.wait_for(wait_b, 5)
+        assert gb.threads == 2 and s.arbiter.cpu_in_use == 2
+        b.release(gb)
+        whole = await a.acquire(SlotKind.CPU, threads=9)          # more than the pool: the whole pool
+        assert whole.threads == 3
+        with pytest.raises(ValueError, match="threads must be"):
+            await a.acquire(SlotKind.CPU, threads=0)
+        a.release(whole)
+        await settle(lambda: s.arbiter.cpu_in_use == 0)
+        await a.close()
+        await b.close()
+    finally:
+        await s.stop()
