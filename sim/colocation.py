@@ -139,9 +139,13 @@ def _naive(work: tuple[tuple[float, float], ...], contention: float) -> tuple[fl
     end = [0.0] * k                         # ... and its measured iterations
     t = 0.0
     target = WARMUP_ITERATIONS + MEASURED_ITERATIONS
-    # Every job keeps cycling (and contending) until the slowest is measured. Each step ends at
-    # least one subtask, so the loop is bounded.
-    for _ in range(4 * k * k * target + 16):
+    # Every job keeps cycling (and contending) until the slowest is measured. A job's iteration
+    # takes at most k (1 + contention) times its time alone, so the slowest is measured within
+    # `window`, in which job i ends at most 2 (window / alone_i + 1) subtasks; each step ends one.
+    alone = [work[j][0] + work[j][1] for j in range(k)]
+    window = target * k * (1.0 + contention) * max(alone[j] for j in busy) if busy else 0.0
+    steps = sum(2 * (int(window / alone[j]) + 2) for j in busy) + 16
+    for _ in range(steps):
         for j in busy:
             while left[j] <= eps:           # a zero-length subtask ends at once
                 if phase[j] == 0:
@@ -163,8 +167,9 @@ def _naive(work: tuple[tuple[float, float], ...], contention: float) -> tuple[fl
         t += dt
         for j in busy:
             left[j] = max(0.0, left[j] - rate[j] * dt)
-    return tuple((end[j] - start[j]) / MEASURED_ITERATIONS if j in busy and done[j] >= target else
-                 work[j][0] + work[j][1] for j in range(k))
+    else:
+        raise ColocationError(f"the naive fluid run did not settle for {work}")     # the bound says it cannot
+    return tuple((end[j] - start[j]) / MEASURED_ITERATIONS if j in busy else 0.0 for j in range(k))
 
 
 def iteration_times(loads: Sequence[SubtaskTimes], mode: Mode, interference: Interference = MEASURED) -> tuple[float, ...]:
