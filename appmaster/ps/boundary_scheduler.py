@@ -80,6 +80,12 @@ class BoundaryScheduler:
             pass
 
     # -- driven by the clock loop --------------------------------------------------------------------
+    @property
+    def quiet(self) -> bool:
+        """No step overlaps the running epoch now and none waits for a boundary: between two clocks
+        nothing but training has touched the model (what a mid-epoch objective needs)."""
+        return not self._boundary and all(t.done() for t in self._in_epoch or [])
+
     def begin_epoch(self) -> None:
         self._workers_done_at = None
         starters, self._next_epoch = self._next_epoch, []

@@ -12,7 +12,12 @@ held-out metric by the AM), or at a clock boundary when asked to (`stop`).
 
 Elastic changes hook into the BSP loop through its `boundaries` (appmaster.ps.boundary_scheduler).
 `iterations` counts mini-batch rounds (per clock, the most any worker ran) and `on_clock` is called
-after every clock, so progress reports (early feedback) move per clock. With the spec's
+after every clock, so progress reports (early feedback) move per clock. Under BSP the objective is
+also sampled every few clocks (appmaster.ps.clock_objectives: the exact objective, evaluated at a
+clock boundary while no elastic step is in flight, paced to a share of the training time) and at
+every epoch's end, into `metrics.clock_objectives` (JobReport.clock_objectives, for Optimus's
+per-clock fits); a sample that fails (a worker lost meanwhile) is skipped, and the next clock meets
+the loss as it would have. With the spec's
 `audit_updates`, every mini-batch also pushes +1 to AUDIT_KEY and at every BSP epoch's end the
 servers' count must equal the workers' (the exactly-once audit).
 
@@ -52,10 +57,12 @@ import numpy as np
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
 from psruntime.apps.base import AnyPSApp, ObjectivePart
+from psruntime.apps.random_streams import block_row_range
 from psruntime.wire.dataplane import DataPlaneClient, PeerLost
 from psruntime.store.store_client import StoreClient
 
 from .boundary_scheduler import BoundaryScheduler
+from .clock_objectives import epoch_fraction
 from .clock_pacing import ClockPacer
 from .evaluation import Evaluation
 from .executor_pool import ExecutorRecord
@@ -127,6 +134,9 @@ class ClockLoop:
         self.deadline_sleep = deadline_sleep
         self.on_unresponsive: Optional[Unresponsive] = None    # the master stops the worker's container
         self.slowest_clock_s = 0.0                  # the longest clock a worker reported (its deadline)
+        # Rows of each input block (the epoch fraction of a clock objective is counted in rows).
+        self.block_rows = [hi - lo for lo, hi in (block_row_range(app.num_rows, app.rows_per_block, b)
+                                                  for b in range(app.num_blocks))]
         self._stop = False
         self._looping = False
         self.boundaries = BoundaryScheduler(self._why_closed)
@@ -155,6 +165,7 @@ class ClockLoop:
         """A job resumed from a checkpoint continues its epoch count and progress counters (and the
         audit's count of mini-batches run, which the checkpoint's model matches)."""
         self.epochs_done, self.iterations, self.clocks_done = epochs_done, iterations, clocks_done
+        self.metrics.clock_objectives.go_back(iterations)
         if minibatches_run is not None:
             self.minibatches_run = minibatches_run
 
@@ -188,6 +199,8 @@ class ClockLoop:
     def _finish_epoch(self, epoch: int, objective: float, seconds: float) -> EpochRecord:
         rec = EpochRecord(epoch=epoch, objective=objective, epoch_time_s=seconds, time=self.wall_clock())
         self.metrics.record_epoch(rec)
+        if self.spec.sync == "bsp":     # an SSP epoch's objective is approximate, and counts no iterations
+            self.metrics.clock_objectives.record(self.iterations, float(epoch + 1), objective)
         self.epochs_done = epoch + 1
         self.recheck_convergence()
         log.info("epoch %d objective %.6g (%.3fs)%s", epoch, objective, seconds,
@@ -249,6 +262,23 @@ class ClockLoop:
             self._end_clock([w for w, _ in ran], [a.arrays for _, a in ran], replies)
             if all(r.epoch_done for r in replies):
                 return True
+            await self._sample_objective(epoch)
+
+    async def _sample_objective(self, epoch: int) -> None:
+        """At a clock boundary in `epoch`: the exact objective, if a sample is due (module doc)."""
+        samples = self.metrics.clock_objectives
+        if self._stop or not self.boundaries.quiet:
+            return
+        epochs = epoch + epoch_fraction(self.positions, epoch, self.block_rows)
+        if not samples.due(epochs):
+            return
+        t0 = time.perf_counter()
+        try:
+            objective = await self.evaluation.objective()
+        except Exception as e:  # noqa: BLE001 - a sample is optional; the next clock handles a loss
+            log.info("objective sample at %.3f epochs skipped: %s", epochs, e)
+            return
+        samples.record(self.iterations, epochs, objective, time.perf_counter() - t0)
 
     async def _redo_lost(self, request: ops.RunClock, failed: list[tuple[ExecutorRecord, BaseException]],
                          ran: list[tuple[ExecutorRecord, ClockAnswer]]) -> list[tuple[ExecutorRecord, ClockAnswer]]:
@@ -320,6 +350,7 @@ class ClockLoop:
         slowest = max(replies, key=lambda r: r.seconds, default=None)
         if slowest is not None:
             self.pacer.observe(slowest.batches, slowest.seconds)
+            self.metrics.clock_objectives.trained(slowest.seconds)
             self.slowest_clock_s = max(self.slowest_clock_s, slowest.seconds)
         self.iterations += max((r.batches for r in replies), default=0)
         self.minibatches_run += sum(r.batches for r in replies)

@@ -475,6 +475,7 @@ class PSApplicationMaster:
         extra.update(phase=self.job.phase.value, epoch_times=recent_epoch_times(e.epoch_time_s for e in m.epochs),
                      initial_objective=finite(m.initial_objective),
                      objectives=recent_objectives((e.epoch, e.objective) for e in m.epochs),
+                     clock_objectives=m.clock_objectives.report(),
                      worker_times=m.worker_timing(ready), server_times=m.server_timing(ready),
                      memory_mb=sum(e.rss_bytes for e in live) / (1024 * 1024),
                      paused=self.suspension.paused, **spill_report(live))

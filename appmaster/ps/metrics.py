@@ -1,6 +1,7 @@
 """Training metrics the PS AM keeps: per-worker compute / communication time per mini-batch and
 per-server service time as exponential moving averages (what the optimizers of later issues
-read), plus the objective history with epoch times."""
+read), plus the objective history with epoch times and the objective every few clocks
+(appmaster.ps.clock_objectives)."""
 from __future__ import annotations
 
 import math
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable, Optional
 
 from appmaster.cruise.metrics import MovingAverage
+from appmaster.ps.clock_objectives import ClockObjectives
 from protocol.job_report import ServerTiming, WorkerTiming, finite
 from protocol.ps_status import EpochResult
 
@@ -75,6 +77,8 @@ class JobMetrics:
     servers: dict[str, ServerTimes] = field(default_factory=dict)
     initial_objective: Optional[float] = None
     epochs: list[EpochRecord] = field(default_factory=list)
+    # The objective every few clocks (JobReport.clock_objectives), filled by the BSP clock loop.
+    clock_objectives: ClockObjectives = field(default_factory=ClockObjectives)
     # Who else wants each worker's per-mini-batch times (e.g. the Cruise driver): f(worker, compute, comm).
     batch_listeners: list[Callable[[str, list[float], list[float]], None]] = field(default_factory=list, repr=False)
 
