@@ -56,7 +56,8 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self.scheduler = CapacityScheduler(cfg, self.nodes.lookup, lambda: self.nodes.total,
                                            on_activation=self._am_activation_changed,
                                            schedulable_nodes=self.nodes.schedulable,
-                                           on_gang=self._gang_wait_changed)
+                                           on_gang=self._gang_wait_changed,
+                                           state_version=lambda: self.policy_version)
         self.apps: dict[str, App] = {}
         self.attempts: dict[str, Attempt] = {}
         self.containers: dict[str, Container] = {}

@@ -128,10 +128,12 @@ class NmProtocol:
                 self._mark_launched(c)
         if releasing:
             self._confirm_absent(node, req)
+        if (node.state, node.used) != before:
+            # Health flipped, or released containers were confirmed gone (before scheduling: a gang
+            # that waits for room is checked again only when this number moves).
+            self.policy_version += 1
         if self.scheduler.has_demand and node.schedulable:
             self._schedule([node])
-        if (node.state, node.used) != before:
-            self.policy_version += 1    # health flipped, or released containers were confirmed gone
         node.response_id += 1
         for cid in node.to_cleanup:
             pr = releasing.get(cid)

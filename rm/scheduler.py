@@ -82,6 +82,7 @@ class SchedApp:
     gang: Optional[Gang] = None
     gang_reserved: int = 0      # executors of the gang admitted with the AM not allocated yet
     gang_waiting: bool = False  # the AM was passed over last time: the gang did not fit
+    gang_checked: Optional[int] = None   # the state version that check saw (see `state_version`)
 
     @property
     def has_demand(self) -> bool:
@@ -123,7 +124,8 @@ class CapacityScheduler:
                  cluster_total: Callable[[], Resource],
                  on_activation: Callable[[str, Optional[str]], None] = lambda app_id, diagnostics: None,
                  schedulable_nodes: Callable[[], list[Node]] = lambda: [],
-                 on_gang: Callable[[str, Optional[str]], None] = lambda app_id, diagnostics: None):
+                 on_gang: Callable[[str, Optional[str]], None] = lambda app_id, diagnostics: None,
+                 state_version: Optional[Callable[[], int]] = None):
         if not cfg.queues:
             raise ValueError("at least one queue must be configured")
         if not (0 < cfg.max_am_resource_percent <= 1):
@@ -148,6 +150,11 @@ class CapacityScheduler:
         self._schedulable_nodes = schedulable_nodes     # every node a gang may be placed on
         # Told (app_id, diagnostics) when gang admission starts holding an app's AM back, (app_id, None) when not.
         self._on_gang = on_gang
+        # A number that changes whenever the room on the nodes or the gangs held may have changed
+        # (the core's policy_version): a gang that did not fit is not checked again until it does --
+        # the check walks every node and reservation, and a busy cluster heartbeats many times a
+        # second with nothing freed. None: check every time.
+        self._state_version = state_version
 
     @staticmethod
     def _check_queue(q: QueueConfig) -> None:
@@ -358,6 +365,10 @@ class CapacityScheduler:
                     continue
                 node = self._pick_node(r, None, cand, is_am=True)
                 if node is not None and sa.gang is not None and sa.gang.count > 0:
+                    version = self._state_version() if self._state_version is not None else None
+                    if sa.gang_waiting and version is not None and version == sa.gang_checked:
+                        continue        # nothing changed since its gang did not fit
+                    sa.gang_checked = version
                     waiting = not self._gang_fits(q, limit, sa, r, node)
                     if waiting != sa.gang_waiting:
                         sa.gang_waiting = waiting
