@@ -369,11 +369,14 @@ class SimJob:
 
     def _check_launch_timeout(self) -> None:
         """A change whose executors did not come within the launch timeout fails, as the real AM's
-        does (LaunchFailed): the job goes on at its shape, the asks are withdrawn."""
+        does (LaunchFailed): the job goes on at its shape, the asks are withdrawn and what was
+        granted for the change is released (the real AM retires what started)."""
         if (self.change is not None and self.phase is Phase.TRAINING
                 and self.loop.now - self.change_since > self.timings.launch_timeout_s):
             self.target = self.active
             self.allowed_nodes = ()
+            for cid in [c for c in self.containers if c not in self.active_ids]:
+                self._release(cid)
             self._change_done()
 
     def _progress_shape(self) -> None:

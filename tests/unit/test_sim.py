@@ -519,3 +519,22 @@ def test_early_feedback_iterations_and_the_epoch_limit_come_from_the_spec() -> N
     assert all(r.early_feedback_iterations == 7 for r in reports)
     assert [r.early_feedback for r in reports] == [r.iterations >= 7 for r in reports]
     assert any(r.early_feedback for r in reports) and not reports[0].early_feedback
+
+
+def test_a_change_whose_executors_never_come_fails_and_releases_what_it_got() -> None:
+    # 3 nodes x 8 vcores; the job asks for 4 workers on one node that has room for 3 more: the
+    # strict ask is never fully granted, the change times out, the job keeps 1x1.
+    sim = Simulator([_elastic(max_workers=8)], "static", calibration(), SMALL)
+    node = sorted(sim.nodes)[1]
+    sim.policy = _ShapeAt(60.0, (8, 1), (node,))
+    result = sim.run()
+    rec = result.records[0]
+    job = sim.jobs[0]
+    assert rec.final_status == "SUCCEEDED" and [s[1:] for s in rec.shapes] == [(1, 1)]
+    timeout = job.timings.launch_timeout_s
+    late = [s for s in result.samples if 60.0 + timeout + 10.0 < s.t < (rec.end or 0) - T0 - 5.0]
+    waiting = [s for s in result.samples if 70.0 < s.t < 60.0 + timeout]
+    # While the change waits it holds what was granted of it; after the timeout its AM and its
+    # 1 + 1 executors again, nothing granted for the change.
+    assert waiting and all(s.vcores_used > 3 for s in waiting)
+    assert late and all(s.vcores_used == 3 for s in late)
