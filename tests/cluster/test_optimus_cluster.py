@@ -38,6 +38,26 @@ def changes(st: dict[str, Any]) -> list[tuple[int, int]]:
             if c.get("ok")]
 
 
+def check_clock_objectives(shape: dict[str, Any]) -> None:
+    """The job report the RM holds for a running job carries the objective every few clocks
+    (JobReport.clock_objectives, appmaster.ps.clock_objectives; what Optimus fits on): later points
+    at more iterations and epochs, mid-epoch ones among them, whole-epoch ones the report's epoch
+    objectives themselves, and the others on the way from one epoch's objective to the next's."""
+    report = shape["current"]
+    points = [(p["iteration"], p["epochs"], p["objective"]) for p in report["clock_objectives"]]
+    assert len(points) >= 4, points
+    assert all(a[0] < b[0] and a[1] < b[1] for a, b in zip(points, points[1:])), points
+    # the objective after k epochs: the initial one, then epoch k - 1's (reports number epochs from 0)
+    after = {0: report["initial_objective"], **{o["epoch"] + 1: o["objective"] for o in report["objectives"]}}
+    whole = [(e, o) for _, e, o in points if e == int(e) and int(e) in after]
+    mid = [(e, o) for _, e, o in points if e != int(e) and int(e) in after and int(e) + 1 in after]
+    assert whole and mid, points
+    assert all(o == pytest.approx(after[int(e)], rel=1e-9) for e, o in whole), (whole, after)
+    for e, o in mid:        # SGD's objective within an epoch: about between the epoch's start and end
+        lo, hi = sorted((after[int(e)], after[int(e) + 1]))
+        assert 0.9 * lo <= o <= 1.1 * hi, (e, o, lo, hi)
+
+
 def test_optimus_grows_a_job_then_shrinks_it_for_a_newcomer(optimus_cluster) -> None:
     a = submit(optimus_cluster, {"app": "mlr", "workers": 1, "servers": 1, "max_workers": 2, "max_servers": 2,
                                  "max_epochs": 100_000, "convergence_threshold": 1e-12}, "optimus-a")
@@ -63,6 +83,7 @@ def test_optimus_grows_a_job_then_shrinks_it_for_a_newcomer(optimus_cluster) -> 
                 return True
             return False
         wait_until(a_shrank, 120, "job A shrunk to make room for job B")
+        check_clock_objectives(rest(optimus_cluster.rm_url, "GET", f"/ws/v1/cluster/apps/{a}/shape")["shape"])
         app_b = wait_app(optimus_cluster.rm_url, b, ("FINISHED",), 180)
         assert app_b["finalStatus"] == "SUCCEEDED", app_b["diagnostics"]
     finally:
