@@ -717,7 +717,7 @@ def main() -> None:
                     "against static (see the module doc)")
     ap.add_argument("--hb-rate", type=int, default=300, help="--policy: heartbeats/s sent")
     ap.add_argument("--repeats", type=int, default=3, help="--policy: runs per policy (medians count)")
-    ap.add_argument("--dorm-jobs", type=int, default=60, help="--policy: running PS jobs seeded")
+    ap.add_argument("--dorm-jobs", type=int, default=90, help="--policy: running PS jobs seeded")
     ap.add_argument("--dorm-seed-nodes", type=int, default=40, help="--policy: Dorm-shaped nodes seeded")
     ap.add_argument("--dorm-churn-s", type=float, default=1.0, help="--policy: a job ends and one starts this often")
     ap.add_argument("--dorm-time-limit-s", type=float, default=2.0, help="--policy: the MILP's time limit")

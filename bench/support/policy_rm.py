@@ -66,7 +66,7 @@ class PolicyRmSettings:
     port_file: str
     result_file: str
     secret: str
-    jobs: int = 60
+    jobs: int = 90
     seed_nodes: int = 40
     churn_s: float = 1.0
     interval_s: float = 0.2
