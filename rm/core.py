@@ -73,8 +73,10 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self.effects: list[LaunchAm] = []
         self.dirty: set[str] = set()
         self.decisions = DecisionLog()      # recent directive changes, for operators (in memory only)
+        # policy_rounds_*: the server's off-loop policy rounds whose Decision was applied / dropped
+        # as stale (rm/server.py).
         self.counters = {"nm_heartbeats": 0, "am_allocates": 0, "containers_allocated": 0,
-                         "apps_submitted": 0}
+                         "apps_submitted": 0, "policy_rounds_applied": 0, "policy_rounds_dropped": 0}
         self.utilization = UtilizationSeries()   # fed by heartbeats that carry measurements
         # Bumped by every change a policy's snapshot would show differently (apps' states, containers,
         # asks, nodes, directives, the shape part of a job report): a Decision taken on an older

@@ -45,6 +45,10 @@ def render(core: ResourceManagerCore) -> str:
            [("", core.counters["am_allocates"])])
     metric("elastane_rm_apps_submitted_total", "counter", "Applications submitted since start.",
            [("", core.counters["apps_submitted"])])
+    metric("elastane_rm_policy_rounds_total", "counter",
+           "Policy rounds decided off the event loop, by whether their Decision was applied or dropped as stale.",
+           [('{outcome="applied"}', core.counters["policy_rounds_applied"]),
+            ('{outcome="dropped"}', core.counters["policy_rounds_dropped"])])
     metric("elastane_rm_queue_memory_mb", "gauge", "Memory allocated per queue.",
            [(f'{{queue="{q.name}"}}', q.used.memory) for q in core.scheduler.queues.values()])
     return "\n".join(lines) + "\n" + render_utilization(core)

@@ -118,7 +118,6 @@ class ResourceManagerServer:
         # One thread: one decide in flight at a time (a round waits for its decide before the next).
         self._policy_thread: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._policy_lock = asyncio.Lock()      # rounds one after another: each builds on the last's policy
-        self.policy_rounds = {"applied": 0, "dropped": 0}
         self._recover()
 
     # ----- recovery / persistence -------------------------------------------------------------
@@ -220,6 +219,12 @@ class ResourceManagerServer:
             self._timers = [loop.create_task(self._every(self.tick_interval_s, self.core.tick)),
                             loop.create_task(self._policy_rounds())]
 
+    @property
+    def policy_rounds(self) -> dict[str, int]:
+        """Policy rounds so far whose Decision was applied, and dropped as stale."""
+        c = self.core.counters
+        return {"applied": c["policy_rounds_applied"], "dropped": c["policy_rounds_dropped"]}
+
     async def policy_round(self, retries: int = STALE_RETRIES) -> Optional[int]:
         """One policy round with `decide` in the worker thread: how many directives changed, or
         None when every try was stale (the core moved while the policy decided, `retries` + 1 times)."""
@@ -239,9 +244,9 @@ class ResourceManagerServer:
             changed = finish_round(self.core, rnd, decided.decision)
             if changed is not None:
                 self.policy = decided.policy      # the copy's state goes with the Decision it took
-                self.policy_rounds["applied"] += 1
+                self.core.counters["policy_rounds_applied"] += 1
                 return changed
-            self.policy_rounds["dropped"] += 1
+            self.core.counters["policy_rounds_dropped"] += 1
             log.debug("policy %s: decision on a stale snapshot dropped", self.policy.name)
         return None
 
