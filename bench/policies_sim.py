@@ -43,6 +43,10 @@ simulator with sim/colocation.py's model. Keys `harmony_jct_gain_vs_isolated` (p
 `harmony_makespan_gain_vs_isolated` (1.60), `harmony_util_gain_vs_isolated` (1.65), the naive ones,
 and the model's best cases (`model_best_case_jct_gain`, `model_best_case_makespan_gain`).
 
+Run times on this project's shared 2-core dev host (one seed): default ~8 min (Tetris alone
+3.5 min), `--quick` (30 jobs; static, drf, optimus, oracle, dorm) ~2 min; `--paper optimus` ~6 min,
+`--quick` ~3 min; `--paper dorm` ~3 min, `--quick` ~2 min.
+
 `--paper` dispatches through PAPERS, a table of functions (one per paper). The last line of output
 is one JSON object.
 """
