@@ -8,7 +8,8 @@ Every run replays one trace per seed under each policy on the same simulated clu
 (sim/simulator.py: the real RM core and policy code on a virtual clock); where several seeds run,
 each gain is the median over them. Per policy: mean JCT, makespan, mean allocation, mean useful
 utilization (executors of training jobs only, sim/metrics.py), mean DRF fairness loss (Dorm eq. 2),
-finished jobs, reshapes, the simulator's wall time.
+finished jobs, reshapes, the simulator's wall time; on the default trace also its mean JCT against
+DRF's (`jct_gain_vs_drf`) and the oracle's (`jct_over_oracle`).
 
 **Default** (issue 25 part 2): our four apps (sim/calibration.json) on 16 nodes of 8 vCores / 8 GB,
 `sim.workload.cluster_trace`: Poisson arrivals at the rate that offers `--load` of the cluster,
@@ -156,6 +157,9 @@ def default_run(ns: argparse.Namespace) -> dict[str, Any]:
             res = run(ct.jobs, name, cal, cfg)
             if res is not None:
                 rows[name] = row(res)
+        for r in rows.values():     # each policy against DRF and against the oracle (issue 25 part 2)
+            r["jct_gain_vs_drf"] = ratio(get(rows, "drf", "mean_jct_s"), r["mean_jct_s"])
+            r["jct_over_oracle"] = ratio(get(rows, "oracle", "mean_jct_s"), r["mean_jct_s"])
         per_seed.append({"seed": seed, "offered_load": round(ct.offered_load, 3), "policies": rows,
                          "gains": gains_default(rows)})
     out: dict[str, Any] = {"mode": "default", "nodes": nodes, "jobs": spec.jobs, "target_load": ns.load,
