@@ -191,6 +191,10 @@ class SimJob:
         self.change_since = 0.0
         self.restarting = False                               # a pause that resumes at once (new size)
         self.allowed_nodes: tuple[str, ...] = ()              # a directive's placement: only these
+        # ... and how many of each role on each of them, where it says (the real AM starts placed
+        # executors node by node: appmaster/ps/reconfiguration.py start_placed); {}: counts per role.
+        self.per_node: dict[str, tuple[int, int]] = {}
+        self._ask_ids: set[int] = set()                       # ask rows sent last (withdrawn when dropped)
         self.executor_resource = Resource(job.executor_memory_mb, job.executor_vcores)
         self.run_state = api.RunState.RUN
         self.releases: list[str] = []
@@ -266,9 +270,26 @@ class SimJob:
         """An executor the target shape can use: of the current size, on an allowed node."""
         return h.resource == self.executor_resource and (not self.allowed_nodes or h.node in self.allowed_nodes)
 
+    def _chosen(self) -> list[str]:
+        """The usable containers the shape counts (oldest first): with a per-node placement, up to
+        each node's count per role (executors beyond a node's share are not the shape's)."""
+        taken: dict[tuple[str, str], int] = {}
+        out = []
+        for cid in sorted(self.containers):
+            h = self.containers[cid]
+            if not self._usable(h):
+                continue
+            if self.per_node:
+                quota = self.per_node.get(h.node, (0, 0))[0 if h.role == WORKER else 1]
+                if taken.get((h.node, h.role), 0) >= quota:
+                    continue
+                taken[(h.node, h.role)] = taken.get((h.node, h.role), 0) + 1
+            out.append(cid)
+        return out
+
     def _held(self) -> tuple[int, int]:
         """Usable executors held per role (module doc: placement and size are obeyed)."""
-        roles = [h.role for h in self.containers.values() if self._usable(h)]
+        roles = [self.containers[c].role for c in self._chosen()]
         return roles.count(WORKER), roles.count(SERVER)
 
     def _wanted(self) -> tuple[int, int]:
@@ -280,11 +301,29 @@ class SimJob:
     def _asks(self) -> list[api.ResourceAsk]:
         held = self._held()
         want = self._wanted()
-        # A directive's nodes are obeyed, as the real AM's strict asks obey them (no relaxing).
-        nodes = list(self.allowed_nodes)
-        return [api.ResourceAsk(ask_id=ASK_ID[role], count=max(0, want[i] - held[i]), resource=self.executor_resource,
-                                tag=role, nodes=nodes, relax_locality=not nodes)
-                for i, role in enumerate((WORKER, SERVER))]
+        r = self.executor_resource
+        if self.per_node and want != (0, 0):
+            # One strict ask per node and role for what that node still lacks (ask ids 3, 4, 5, ...).
+            have: dict[tuple[str, str], int] = {}
+            for c in self._chosen():
+                h = self.containers[c]
+                have[(h.node, h.role)] = have.get((h.node, h.role), 0) + 1
+            asks = [api.ResourceAsk(ask_id=ASK_ID[role] + 2 * (i + 1), count=max(0, quota[k] - have.get((node, role), 0)),
+                                    resource=r, tag=role, nodes=[node], relax_locality=False)
+                    for i, (node, quota) in enumerate(sorted(self.per_node.items()))
+                    for k, role in enumerate((WORKER, SERVER))]
+        else:
+            # A directive's nodes are obeyed, as the real AM's strict asks obey them (no relaxing).
+            nodes = list(self.allowed_nodes)
+            asks = [api.ResourceAsk(ask_id=ASK_ID[role], count=max(0, want[i] - held[i]), resource=r,
+                                    tag=role, nodes=nodes, relax_locality=not nodes)
+                    for i, role in enumerate((WORKER, SERVER))]
+        # The core keeps an ask row until told otherwise: rows no longer wanted are withdrawn.
+        ids = {a.ask_id for a in asks}
+        asks += [api.ResourceAsk(ask_id=x, count=0, resource=r, tag=WORKER if x % 2 else SERVER)
+                 for x in sorted(self._ask_ids - ids)]
+        self._ask_ids = ids
+        return asks
 
     def _allocate(self) -> None:
         if not self._allocating:
@@ -320,6 +359,9 @@ class SimJob:
     def _apply(self, d: api.ShapeDirective) -> None:
         """Carry out the directive the tracker handed over (the real AM's `DirectiveHandler._apply`)."""
         self.change, self.change_since = d, self.loop.now
+        if self.phase in (Phase.FINISHING, Phase.DONE):
+            self._change_done()              # converged: nothing left to reshape or pause
+            return
         target = target_of(d, self.spec.max_workers, self.spec.max_servers, self.spec.min_workers,
                            self.spec.min_servers)
         if d.run_state is api.RunState.PAUSE and self.phase in (Phase.TRAINING, Phase.RESHAPING):
@@ -351,12 +393,15 @@ class SimJob:
     def _set_target(self, d: api.ShapeDirective, target: Shape) -> None:
         self.target = (target.workers, target.servers)
         self.allowed_nodes = tuple(d.nodes)
+        per_node = {p.node: (p.workers, p.servers) for p in d.placement}
+        placed = (sum(w for w, _ in per_node.values()), sum(x for _, x in per_node.values()))
+        self.per_node = per_node if per_node and placed == self.target else {}
         if d.executor_resource is not None:
             self.executor_resource = d.executor_resource
 
     def _placed_as_asked(self) -> bool:
-        return self.active == self.target and all(self._usable(self.containers[c]) for c in self.active_ids
-                                                  if c in self.containers)
+        chosen = set(self._chosen())
+        return self.active == self.target and all(c in chosen for c in self.active_ids if c in self.containers)
 
     def _change_done(self) -> None:
         """The running change ended: the tracker hands over the directive kept meanwhile, if any."""
@@ -375,6 +420,7 @@ class SimJob:
                 and self.loop.now - self.change_since > self.timings.launch_timeout_s):
             self.target = self.active
             self.allowed_nodes = ()
+            self.per_node = {}
             for cid in [c for c in self.containers if c not in self.active_ids]:
                 self._release(cid)
             self._change_done()
@@ -451,12 +497,13 @@ class SimJob:
         return [(c, self.containers[c]) for c in self.active_ids if c in self.containers]
 
     def _pick(self, shape: tuple[int, int]) -> tuple[str, ...]:
-        """The usable containers that make up `shape` (the oldest of each role first)."""
+        """The usable containers that make up `shape` (the oldest of each role first, within each
+        node's share where the placement gives one)."""
         keep = {WORKER: shape[0], SERVER: shape[1]}
         out = []
-        for cid in sorted(self.containers):
+        for cid in self._chosen():
             h = self.containers[cid]
-            if self._usable(h) and keep[h.role] > 0:
+            if keep[h.role] > 0:
                 keep[h.role] -= 1
                 out.append(cid)
         return tuple(out)
