@@ -16,9 +16,13 @@ An exact evaluation costs a pass over the data without pushes, so it is paced:
 
 - one at most every `every` of an epoch (1/8, the simulator's spacing, sim/sim_job.py), at the
   first clock boundary past each mark;
-- after the first `free_points` samples, only while the time spent evaluating mid-epoch stays
-  within `budget` of the training time (the clocks' seconds) -- a job whose evaluation is slow
-  next to its clocks gets fewer points, never more than that share of overhead on average;
+- only while the time spent evaluating mid-epoch, the evaluation about to run included (its cost
+  predicted by the last one's), stays within a budget of the training time so far (the clocks'
+  wall time, as the AM waited for them): `first_epoch_budget` (50 %) in the first epoch, where the
+  points matter most -- they let Optimus fit a job before its first epoch ends (4 points spanning
+  half an epoch) -- and `budget` (10 %) after; the first sample is always taken (its cost is
+  unknown until then). A job whose evaluation is slow next to its clocks gets fewer points, and never
+  spends more than the budget's share of its training so far on them, bar that first sample;
 - the epoch ends' objectives go in too (`record` with whole epochs, no evaluation cost), so the
   series is continuous.
 
@@ -35,8 +39,8 @@ from typing import Mapping, Optional, Sequence
 from protocol.job_report import ClockObjective, recent_clock_objectives
 
 CLOCK_OBJECTIVE_EVERY = 1.0 / 8      # of an epoch between two samples (sim/sim_job.py's spacing)
-EVALUATION_BUDGET = 0.1              # mid-epoch evaluations' share of the training time, on average
-FREE_POINTS = 3                      # samples taken whatever they cost: enough for a first-epoch fit
+EVALUATION_BUDGET = 0.1              # mid-epoch evaluations' share of the training time at most
+FIRST_EPOCH_BUDGET = 0.5             # the same during the first epoch (a first-epoch fit needs points)
 _EPS = 1e-9
 
 Point = tuple[int, float, float]     # (iteration, epochs trained, objective)
@@ -63,20 +67,20 @@ class ClockObjectives:
 
     every: float = CLOCK_OBJECTIVE_EVERY
     budget: float = EVALUATION_BUDGET
-    free_points: int = FREE_POINTS
+    first_epoch_budget: float = FIRST_EPOCH_BUDGET
     points: list[Point] = field(default_factory=list)
-    train_s: float = 0.0          # seconds the clocks took (the slowest worker's per clock)
+    train_s: float = 0.0          # seconds the clocks took (wall time, as the AM waited for them)
     eval_s: float = 0.0           # seconds the mid-epoch evaluations took
     evaluations: int = 0          # mid-epoch evaluations made (not the epoch ends)
+    last_eval_s: float = 0.0      # the latest one's seconds (the next one's predicted cost)
     _report: Optional[list[ClockObjective]] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.every <= 1.0:
             raise ValueError(f"clock objectives: every must be in (0, 1] epoch, got {self.every}")
-        if not self.budget >= 0.0:
-            raise ValueError(f"clock objectives: budget must be >= 0, got {self.budget}")
-        if self.free_points < 0:
-            raise ValueError(f"clock objectives: free_points must be >= 0, got {self.free_points}")
+        for name in ("budget", "first_epoch_budget"):
+            if not getattr(self, name) >= 0.0:
+                raise ValueError(f"clock objectives: {name} must be >= 0, got {getattr(self, name)}")
 
     def trained(self, seconds: float) -> None:
         """A clock ran for `seconds` (what the budget is a share of)."""
@@ -90,10 +94,11 @@ class ClockObjectives:
 
     def due(self, epochs: float) -> bool:
         """Whether to evaluate now, `epochs` (fractional) trained: past the next mark, and within
-        the budget (or still among the free points)."""
+        the budget with this evaluation counted (always, for the first)."""
         if epochs + _EPS < self.next_mark():
             return False
-        return self.evaluations < self.free_points or self.eval_s <= self.budget * self.train_s
+        budget = self.first_epoch_budget if epochs < 1.0 else self.budget
+        return self.evaluations == 0 or self.eval_s + self.last_eval_s <= budget * self.train_s
 
     def record(self, iteration: int, epochs: float, objective: float, eval_s: float = 0.0) -> None:
         """The objective after `iteration` iterations, `epochs` trained; `eval_s` > 0: a mid-epoch
@@ -104,6 +109,7 @@ class ClockObjectives:
         self.points.append((int(iteration), float(epochs), float(objective)))
         if eval_s > 0.0:
             self.eval_s += eval_s
+            self.last_eval_s = eval_s
             self.evaluations += 1
         self._report = None
 
@@ -121,4 +127,4 @@ class ClockObjectives:
         return self._report
 
 
-__all__ = ["CLOCK_OBJECTIVE_EVERY", "ClockObjectives", "EVALUATION_BUDGET", "FREE_POINTS", "epoch_fraction"]
+__all__ = ["CLOCK_OBJECTIVE_EVERY", "ClockObjectives", "EVALUATION_BUDGET", "FIRST_EPOCH_BUDGET", "epoch_fraction"]

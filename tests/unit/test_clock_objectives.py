@@ -26,7 +26,7 @@ def test_epoch_fraction_counts_the_rows_trained_in_the_epoch() -> None:
 
 
 def test_a_sample_is_due_at_each_eighth_of_an_epoch() -> None:
-    c = ClockObjectives(budget=10.0)
+    c = ClockObjectives(budget=10.0, first_epoch_budget=10.0)
     c.trained(1.0)
     assert not c.due(0.1) and c.due(0.125) and c.due(0.3)
     c.record(30, 0.3, 0.9, eval_s=0.01)         # taken late, at 0.3: the next mark is 3/8
@@ -40,18 +40,27 @@ def test_a_sample_is_due_at_each_eighth_of_an_epoch() -> None:
     assert [(p.iteration, p.epochs, p.objective) for p in c.report()] == [(30, 0.3, 0.9), (100, 1.0, 0.7)]
 
 
-def test_evaluations_past_the_free_points_stay_within_the_budget() -> None:
-    c = ClockObjectives(budget=0.1, free_points=2)
-    c.trained(0.5)
-    for i, e in enumerate((0.125, 0.25)):        # the free points, however slow
-        assert c.due(e)
-        c.record(10 * (i + 1), e, 1.0 - e, eval_s=1.0)
-    assert c.eval_s == 2.0 and not c.due(0.5)    # 2 s evaluating against 0.5 s training: over budget
-    c.trained(19.0)                              # 2 / 19.5 is over 0.1 still
+def test_evaluations_stay_within_the_budget_counting_the_next_one() -> None:
+    c = ClockObjectives(budget=0.1, first_epoch_budget=0.5)
+    c.trained(0.1)
+    assert c.due(0.125)                          # the first: its cost is unknown, taken
+    c.record(10, 0.125, 0.9, eval_s=1.0)
+    assert not c.due(0.25)                       # 1 + 1 s against 0.5 x 0.1 s of training
+    c.trained(3.8)                               # 2 / 3.9 s is over half
     assert not c.due(0.5)
-    c.trained(1.0)                               # 2 / 20.5 is within it
+    c.trained(0.1)                               # 2 / 4 s is half: within the first epoch's budget
     assert c.due(0.5)
-    for bad in ({"every": 0.0}, {"every": 1.5}, {"budget": -1.0}, {"free_points": -1}):
+    c.record(20, 0.5, 0.8, eval_s=0.6)           # cheaper this time: the next one is predicted at 0.6 s
+    assert c.eval_s == pytest.approx(1.6) and c.evaluations == 2
+    assert not c.due(0.75)                       # 2.2 / 4 s: over half
+    c.trained(17.0)                              # 2.2 / 21 s: within half, over a tenth
+    assert c.due(0.75) and not c.due(1.2)        # after the first epoch the budget is a tenth
+    c.trained(1.0)                               # 2.2 / 22 s: a tenth
+    assert c.due(1.2)
+    c.trained(-1.0)
+    c.trained(math.nan)                          # not a time: ignored
+    assert c.train_s == pytest.approx(22.0)
+    for bad in ({"every": 0.0}, {"every": 1.5}, {"budget": -1.0}, {"first_epoch_budget": -0.1}):
         with pytest.raises(ValueError):
             ClockObjectives(**bad)
 
@@ -89,7 +98,7 @@ async def job():
 async def test_a_bsp_job_samples_the_exact_objective_within_its_epochs(job) -> None:
     initial = await job.setup()
     samples = job.metrics.clock_objectives
-    samples.budget = 1e9               # every mark: this test checks the values, not the pacing
+    samples.budget = samples.first_epoch_budget = 1e9     # every mark: this test checks the values, not the pacing
     ends: list[EpochRecord] = []
     checked: list[bool] = []
     evaluate = job.ctl.evaluation.objective
