@@ -51,8 +51,9 @@ Fields, and what the AM must put in them:
 - `clock_objectives`: the training objective every few clocks, `{iteration, epochs, objective}`
   (clocks done, fractional epochs trained then, the objective), oldest first, at most
   `MAX_CLOCK_OBJECTIVES` (200, thinned evenly when longer): Optimus fits its loss curve on them
-  too, so a job of a few epochs is fitted during its first. Empty when the AM has none (the PS AM
-  measures the exact objective at epoch ends only, and reports those in `objectives`).
+  too, so a job of a few epochs is fitted during its first. The PS AM samples the exact epoch
+  objective at BSP clock boundaries, paced by its cost (appmaster/ps/clock_objectives.py); empty
+  when the AM has none (SSP jobs, older AMs).
 - `worker_times`: per-mini-batch compute and communication time of a worker (seconds), the mean
   over the workers of each one's moving average; `workers` is how many workers had measurements
   (0: none yet, and the times are 0.0). Under Harmony's arbiter a subtask first waits for a grant;
