@@ -84,6 +84,7 @@ class HarmonyConfig:
     min_executor_mb: int = 256
     profiling_nodes: int = 1            # nodes taken from groups to profile on at once
     profile_iterations: int = 1         # iterations alone on its node before a profile is taken
+    alone_wait_s: float = 30.0          # then, still not alone: profile from held times anyway
     regroup_options: int = 5            # partial regroupings compared on a completion
 
 
@@ -101,6 +102,7 @@ class _Job:
     # The report's iterations when the job was last found alone on its profiling node (None: not
     # alone there): a profile is taken only `profile_iterations` past it.
     alone_from: Optional[int] = None
+    crowded_since: Optional[float] = None   # when it was first found not alone (RM clock)
     iterations: int = 0                 # its report's iterations, as last seen
     profiling_s: float = 0.0            # overhead, on the snapshots' clock (see the module doc)
     regroup_s: float = 0.0
@@ -135,6 +137,7 @@ class HarmonyPolicy:
         self._am_unplaced = ZERO                  # per node: room kept for AMs not placed yet
         self._min_mb = 1
         self._occupants: dict[str, set[str]] = {}    # per node: the apps with executors there
+        self._placed: dict[str, set[str]] = {}       # per app: the nodes its executors are on
         self._now: Optional[float] = None
 
     # ----- the round -----------------------------------------------------------------------------------------------
@@ -145,12 +148,13 @@ class HarmonyPolicy:
         apps = {a.app_id: a for a in snapshot.apps}
         # Only PS jobs count: another app's containers are not the policy's to move, and waiting
         # for them to leave a profiling node could wait for ever.
-        self._occupants = {}
+        self._occupants, self._placed = {}, {}
         for a in snapshot.apps:
             if a.state not in FINAL and a.ps is not None:
                 for pl in a.executors:
                     if pl.workers + pl.servers > 0:
                         self._occupants.setdefault(pl.node, set()).add(a.app_id)
+                        self._placed.setdefault(a.app_id, set()).add(pl.node)
         self._account(apps, snapshot.now)
         finished = self._sync_apps(snapshot)
         self._sync_nodes()
@@ -236,9 +240,21 @@ class HarmonyPolicy:
         if r is not None:
             job.iterations = r.iterations
         if job.state in (JobState.PROFILING, JobState.PROFILED) and job.node is not None:
-            if not self._alone(job.app_id, [job.node]):
+            # Its profiling node and wherever its executors really are (an AM may have started
+            # them elsewhere before it got its directive).
+            nodes = {job.node} | self._placed.get(job.app_id, set())
+            if not self._alone(job.app_id, nodes):
                 job.alone_from = None
+                now = self._now or 0.0
+                job.crowded_since = now if job.crowded_since is None else job.crowded_since
+                # Not alone for long: held times (its waits for partners' grants left out) rather
+                # than no profile at all -- the job would hold up the initial grouping for ever.
+                if (now - job.crowded_since >= self.cfg.alone_wait_s and r is not None and self._steady(app)
+                        and self.profiles.get(job.app_id) is None):
+                    if self.profiles.observe(job.app_id, r, alone=False) is not None:
+                        job.note = f"profiled beside other jobs after {now - job.crowded_since:.0f}s (held times)"
                 return
+            job.crowded_since = None
             if job.alone_from is None or job.iterations < job.alone_from:
                 job.alone_from = job.iterations     # (fewer: a new AM attempt counting afresh)
             if (r is not None and self._steady(app)

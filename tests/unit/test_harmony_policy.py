@@ -332,3 +332,21 @@ def test_describe_reports_profiling_and_regrouping_time_on_the_snapshots_clock()
     w.step(p)
     d = p.describe()["a"]
     assert d["regroupS"] == 2.0 and d["profilingS"] == 1.0 and d["pausedS"] == 0.0
+
+
+def test_a_job_whose_node_never_clears_is_profiled_from_held_times_after_a_while():
+    # On a real cluster an AM may start its executors before its directive, where the scheduler
+    # put its AM: the node stays shared, and waiting for ever would hold up every grouping.
+    w, p = World(2), HarmonyPolicy(HarmonyConfig(alone_wait_s=5.0))
+    a = w.submit("a", 4.0, 1.0)
+    d = w.step(p)
+    other = w.submit("x", 1.0, 1.0)
+    other.directive = d.jobs["a"].directive(1)          # x's executors sit on a's node for good
+    other.lingering = (NodePlacement(node=d.jobs["a"].nodes[0], workers=1, servers=1),)
+    a.wait_s = 3.0
+    seen = []
+    for _ in range(9):
+        w.step(p)
+        seen.append(p.describe()["a"]["profileSamples"])
+    assert seen[:4] == [0, 0, 0, 0] and seen[-1] >= 1, seen
+    assert p.describe()["a"]["tCpu1"] == 4.0          # its held time, not the wait beside x
