@@ -264,19 +264,15 @@ class ColocationTimes:
             loads = [self.subtasks(j) for j in members]
             mode = self.mode if len(members) > 1 else Mode.ISOLATED
             times = iteration_times(loads, mode, self.interference)
-            for j, t in zip(members, times):
+            for j, x, t in zip(members, loads, times):
                 self._epoch[j.app_id] = t * self.calibration.app(j.app).clocks_per_epoch
-            hosts = len(frozenset().union(*(j.nodes for j in members)))
-            if mode is Mode.ISOLATED:
-                # Each job alone on its own hosts: its eq. 4.3 over its own machines.
-                for j, x, t in zip(members, loads, times):
-                    if t > 0:
-                        cpu += len(j.nodes) * x.t_cpu / t
-                        net += len(j.nodes) * x.t_net / t
-            else:
-                u_cpu, u_net = utilization(loads, times)
-                cpu += hosts * u_cpu
-                net += hosts * u_net
+                # Eq. 4.3 times m, job by job: each of its workers' hosts spends t_cpu (t_net) of
+                # every T on its subtasks. Summed per job rather than per set, so a set whose jobs
+                # span different hosts (a job still on its old hosts while it moves) counts each
+                # host's work once.
+                if t > 0:
+                    cpu += j.workers * x.t_cpu / t
+                    net += j.workers * x.t_net / t
             self.max_set = max(self.max_set, len(members))
         self._account((cpu, net))
 
