@@ -18,11 +18,11 @@ paper's GC overhead. So:
 Departure from §4.3.3's pure hill climbing, for Python: the climb moves only where there is
 something to win. Below `soft` with stalls under `stall_tolerance` of the step, no alpha is
 measurably better -- CPython has no tracing GC whose overhead falls as memory is freed, and a
-lower alpha saves only the decompression of a few blocks -- while every move costs (blocks loaded
-to become memory blocks) and a climb that drifts down on noise walks into the band near the limit,
-where the kernel reclaims the container's page cache and file-backed pages on every allocation
-(measured in bench/harmony_spill.py: epochs there took ~1.6x as long) and the next step may be the
-kill. So there it holds; above `soft` it raises alpha (memory there has no upside); only stalls
+lower alpha saves only the decompression of a few blocks (bench/harmony_spill.py: the executors'
+CPU seconds differ by ~12 % between alpha 0.25 and 1) -- while every move costs (blocks loaded to
+become memory blocks) and a climb that drifts down on noise walks into the band near the limit
+(before this rule: 89 % of the container's cgroup), where the next step may be the kill. So there
+it holds; above `soft` it raises alpha (memory there has no upside); only stalls
 over the tolerance start the climb, which then trades them against pressure as before.
 """
 from __future__ import annotations
