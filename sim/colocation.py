@@ -2,7 +2,7 @@
 
 Pure: no clock, no simulator. A job is a `SubtaskTimes`, its per-iteration work alone at its degree of
 parallelism: `t_cpu` (its COMP subtask) and `t_net` (its COMM: PULL + PUSH), seconds. Jobs whose
-executors share hosts form a co-location set; `iteration_times(loads, mode)` says how long each
+executors share a host form a co-location set; `iteration_times(loads, mode)` says how long each
 one's iteration takes there, in one of three modes:
 
 - `ISOLATED`: each job on hosts of its own (the paper's isolated baseline): `t_cpu + t_net`.
@@ -35,10 +35,11 @@ spend on useful subtask work (sum_j t_cpu_j / T_j, sum_j t_net_j / T_j), which t
 weights by machines as eq. 4.4 does.
 
 `ColocationTimes` puts the model into the simulator (sim/iteration_time.py's `IterationTimeModel`):
-the training jobs whose executors share a node, directly or through others, are a set; a job's
-COMP and COMM per iteration are its calibrated solo epoch time split as its speed function splits
-it (the θ0/w term is COMP: eq. 4.2; the rest COMM), over its app's iterations per epoch; its epoch
-time is its iteration time in the set times those iterations. It also integrates eq. 4.4 over time
+the training jobs with executors on a host are that host's set (the arbiter is per host), and a
+job's iteration is its slowest host's (BSP). A job's COMP and COMM per iteration are its calibrated
+solo epoch time split as its speed function splits it (the θ0/w term is COMP: eq. 4.2; the rest
+COMM), over its app's iterations per epoch; its epoch time is its iteration time times those
+iterations. It also integrates eq. 4.4 over time
 (CPU and network busy on useful work, per host) for the run's utilization.
 """
 from __future__ import annotations
@@ -236,44 +237,37 @@ class ColocationTimes:
             self._evaluate(cluster)
         return self._epoch.get(job.app_id, job.solo_epoch_s)
 
-    @staticmethod
-    def sets(cluster: ClusterLoad) -> list[list[JobLoad]]:
-        """The training jobs in co-location sets: jobs sharing a node, directly or through others."""
-        parent = {j.app_id: j.app_id for j in cluster.jobs}
-
-        def find(a: str) -> str:
-            while parent[a] != a:
-                parent[a] = parent[parent[a]]
-                a = parent[a]
-            return a
-        for execs in cluster.by_node.values():
-            ids = sorted({e.app_id for e in execs if e.app_id in parent})
-            for other in ids[1:]:
-                parent[find(other)] = find(ids[0])
-        out: dict[str, list[JobLoad]] = {}
-        for j in cluster.jobs:
-            out.setdefault(find(j.app_id), []).append(j)
-        return list(out.values())
-
     def _evaluate(self, cluster: ClusterLoad) -> None:
-        """Every training job's epoch time in `cluster`, and the hosts busy now (eq. 4.3 x m)."""
+        """Every training job's epoch time in `cluster`, and the hosts busy now (eq. 4.3 x m).
+
+        The arbiter is per host, so the model is applied host by host: the training jobs with an
+        executor on a host share it (eq. 4.1 over them in HARMONY mode, the fluid run in NAIVE, each
+        alone where it is alone), and a BSP job goes at the pace of its slowest host. Where a group's
+        jobs share the same hosts that is eq. 4.1 over the group; a job still training on its old
+        hosts while it moves to another group slows only the jobs of the hosts it is on."""
         self._cluster = cluster
         self._epoch = {}
+        jobs = {j.app_id: j for j in cluster.jobs}
+        loads = {a: self.subtasks(j) for a, j in jobs.items()}
+        on_host = {frozenset(e.app_id for e in execs if e.app_id in jobs) for execs in cluster.by_node.values()}
+        slowest: dict[str, float] = {}
+        for members in on_host:
+            ids = sorted(members)
+            if not ids:
+                continue
+            mode = self.mode if len(ids) > 1 else Mode.ISOLATED
+            for a, t in zip(ids, iteration_times([loads[a] for a in ids], mode, self.interference)):
+                slowest[a] = max(slowest.get(a, 0.0), t)
+            self.max_set = max(self.max_set, len(ids))
         cpu = net = 0.0
-        for members in self.sets(cluster):
-            loads = [self.subtasks(j) for j in members]
-            mode = self.mode if len(members) > 1 else Mode.ISOLATED
-            times = iteration_times(loads, mode, self.interference)
-            for j, x, t in zip(members, loads, times):
-                self._epoch[j.app_id] = t * self.calibration.app(j.app).clocks_per_epoch
-                # Eq. 4.3 times m, job by job: each of its workers' hosts spends t_cpu (t_net) of
-                # every T on its subtasks. Summed per job rather than per set, so a set whose jobs
-                # span different hosts (a job still on its old hosts while it moves) counts each
-                # host's work once.
-                if t > 0:
-                    cpu += j.workers * x.t_cpu / t
-                    net += j.workers * x.t_net / t
-            self.max_set = max(self.max_set, len(members))
+        for a, j in jobs.items():
+            t = slowest.get(a, loads[a].alone)
+            self._epoch[a] = t * self.calibration.app(j.app).clocks_per_epoch
+            # Eq. 4.3 times m, job by job: each of its workers' hosts spends t_cpu (t_net) of every
+            # iteration T on its subtasks.
+            if t > 0:
+                cpu += j.workers * loads[a].t_cpu / t
+                net += j.workers * loads[a].t_net / t
         self._account((cpu, net))
 
     def _account(self, busy: tuple[float, float]) -> None:
