@@ -32,13 +32,22 @@ on the capped links and the mix spans about 80:20 to 20:80 COMP:COMM alone; `--w
 older mix of MLR, NMF, LDA and Lasso with KB models. All jobs arrive at once; the data are generated
 from the specs' fixed seeds, so every mode trains the same jobs on the same data.
 
-Degree of parallelism: a static-mode job asks `--dop` workers and `--dop` servers (default 2: two
-hosts' worth); Harmony places its jobs itself, one worker and one server on each node of a job's
-group (profiling: one of each on one node), which is the paper's rule, so under harmony a job's DoP
-is its group's node count (reported as `group_nodes`). Where the static scheduler puts a job's
-executors is its own first fit (it launches servers before workers, so they tend to share hosts by
-role); each run reports how many hosts a job's executors used (`hosts_per_job`) and every host's
-CPU use (`host_cpu`), so a placement that differs between modes is visible, not hidden.
+Degree of parallelism and placement: a static-mode job asks `--dop` workers and `--dop` servers
+(default 2: two hosts' worth); Harmony places its jobs itself, one worker and one server on each
+node of a job's group (profiling: one of each on one node), which is the paper's rule, so under
+harmony a job's DoP is its group's node count (reported as `group_nodes`). The static modes place
+their jobs by that same rule, not by the scheduler's first fit (which launches a job's servers
+before its workers, so they shared one host by role and left server-only hosts nearly idle, e.g.
+0.03 against 0.32 of budget): each job is paused as soon as it is submitted and resumed with one
+worker + one server on each of its `--dop` hosts (PUT /apps/{id}/shape run states, `Placer`).
+Isolated: a job's hosts are the first `--dop` free ones. Naive / subtasks: every job at once, job
+i on hosts i*dop .. i*dop+dop-1 round-robin, so each host carries the same number of jobs' pairs,
+as Harmony's groups give (its partners are its own choice; the per-host counts match). The pause
+and resume is in the static jobs' JCTs (a checkpoint and a restart early in the job, as every
+Harmony job pays at least one restart into its group). Each run reports the executors on every
+host (`executors_per_host`) and one job's executors per host (`job_executors_per_host`: [2] is one
+worker + one server), how many hosts a job used (`hosts_per_job`) and every host's CPU use
+(`host_cpu`), so a placement that differs between modes is visible, not hidden.
 
 Measured, not modelled: JCT (arrival to the RM's finish time, queueing included) and makespan; CPU
 utilization = the worker hosts' cgroup CPU time (cpuacct.usage / cpu.stat usage_usec of each host's
@@ -187,11 +196,71 @@ def split_of(st: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
     return comm / (comp + comm), wait / (comp + comm)
 
 
+def round_robin_hosts(n_jobs: int, hosts: list[str], dop: int) -> list[list[str]]:
+    """Job i's `dop` hosts when every job runs at once: hosts i*dop .. i*dop+dop-1, wrapping, so
+    every host carries the same number of jobs (one worker + one server each) where the counts
+    divide evenly -- the per-host load Harmony's groups give, without its choice of partners."""
+    return [[hosts[(i * dop + k) % len(hosts)] for k in range(dop)] for i in range(n_jobs)]
+
+
+class Placer:
+    """Puts a static-mode job's executors where Harmony would: one worker and one server on each of
+    its `dop` hosts. The AM launches its first executors wherever the scheduler's first fit puts
+    them (servers first, so a job's servers tend to share one host and its workers another), and
+    an EPS move to nodes the job already uses is a no-op; so the bench directs the job through the
+    PUT /apps/{id}/shape run states Harmony itself uses (docs/app_api.md): "pause" as soon as it is
+    submitted (the AM keeps it until training starts, then checkpoints and gives its executors
+    back), then, once the job reports itself paused, "resume" on exactly its hosts, which the RM
+    spreads one worker + one server per node (JobDecision.spread). Every static-mode job pays one
+    pause + resume, as every Harmony job pays at least one restart into its group."""
+
+    def __init__(self, client: RmRestClient, dop: int):
+        self.client = client
+        self.dop = dop
+        self.pending: dict[str, list[str]] = {}       # app id -> the node ids to resume it on
+
+    async def submitted(self, app_id: str, nodes: list[str]) -> None:
+        await self.client.put_shape(app_id, self.dop, self.dop, reason="bench: pause to place", run_state="pause")
+        self.pending[app_id] = nodes
+
+    async def poll(self) -> None:
+        for app_id, nodes in list(self.pending.items()):
+            current = (await self.client.app_shape(app_id)).get("current") or {}
+            if current.get("paused") and not current.get("workers") and not current.get("servers"):
+                await self.client.put_shape(app_id, self.dop, self.dop, reason="bench: one worker + one server "
+                                            "per host", nodes=nodes, run_state="resume")
+                del self.pending[app_id]
+
+    def forget(self, app_id: str) -> None:
+        self.pending.pop(app_id, None)
+
+
+async def executors_by_host(cluster: TestbedCluster, client: RmRestClient,
+                            apps: set[str]) -> dict[str, dict[str, int]]:
+    """host -> app id -> the app's running non-AM containers there, from the worker hosts' NMs
+    (the RM's node list gives their addresses)."""
+    out: dict[str, dict[str, int]] = {}
+    for node in await client.nodes():
+        host = cluster.host_of(str(node.get("id") or ""))
+        if host not in cluster.node_names or node.get("state") != "RUNNING":
+            continue
+        counts: dict[str, int] = {}
+        for c in await client.nm_containers(str(node["nodeHTTPAddress"])):
+            if c.get("appId") in apps and c.get("state") == "RUNNING" and not str(c.get("id", "")).endswith("_000001"):
+                counts[c["appId"]] = counts.get(c["appId"], 0) + 1
+        out[host] = counts
+    return out
+
+
 async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_running: int,
-                   timeout_s: float) -> dict[str, Any]:
+                   timeout_s: float, place: Optional[list[list[str]]] = None, dop: int = 2) -> dict[str, Any]:
     """All jobs arrive at once; at most `max_running` are submitted at a time, the others wait in
-    arrival order. JCT = the RM's finish time - arrival."""
+    arrival order. JCT = the RM's finish time - arrival. `place`: each job's hosts (static modes;
+    empty lists: the first free `dop` hosts when it is submitted, isolated's own hosts), where the
+    bench puts one worker + one server each (Placer); None: the policy places (Harmony)."""
     meter = HostMeter(cluster)
+    peak: dict[str, dict[str, int]] = {}      # the placement sample with the most executors
+    samples = 0
     policy_state: dict[str, dict[str, Any]] = {}
     load = [os.getloadavg()[0]]     # the machine's load: other work on it slows every host
     async with RmRestClient(cluster.rm_url, "bench") as client:
@@ -200,6 +269,8 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
         waiting = list(enumerate(specs))
         running: list[str] = []
         reports: dict[str, dict[str, Any]] = {}
+        placer = Placer(client, dop) if place is not None else None
+        holds: dict[str, list[str]] = {}          # running app id -> its hosts (isolated: none shared)
         while waiting or running:
             if time.time() - t0 > timeout_s:
                 for a in running:
@@ -208,8 +279,25 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
             while waiting and len(running) < max_running:
                 i, s = waiting.pop(0)
                 spec = ps_commands.validate_spec(s)
-                running.append(await ps_commands.submit_ps_job(client, spec, f"colocation-{i}-{s['app']}",
-                                                               am_memory=AM_MB))
+                app_id = await ps_commands.submit_ps_job(client, spec, f"colocation-{i}-{s['app']}",
+                                                         am_memory=AM_MB)
+                running.append(app_id)
+                if placer is not None and place is not None:
+                    taken = {h for hs in holds.values() for h in hs}
+                    hosts = place[i] or [h for h in cluster.node_names if h not in taken][:dop]
+                    holds[app_id] = hosts
+                    await placer.submitted(app_id, [cluster.node_id(h) for h in hosts])
+            if placer is not None:
+                await placer.poll()
+            samples += 1
+            if samples % 5 == 1:      # where the executors are, every few polls (NM calls cost the hosts little)
+                try:
+                    seen = await executors_by_host(cluster, client, set(running))
+                    if sum(map(sum, (d.values() for d in seen.values()))) > sum(
+                            map(sum, (d.values() for d in peak.values()))):
+                        peak = seen
+                except Exception:  # noqa: BLE001 - the placement sample is extra, the run goes on without it
+                    pass
             try:    # the policy's own view of each job (Harmony: state, group, its overheads so far)
                 for a, st in ((await client.policy_state()).get("apps") or {}).items():
                     if isinstance(st, dict):
@@ -221,6 +309,9 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
                 if r["state"] in ps_commands.FINAL_STATES:
                     reports[a] = r
                     running.remove(a)
+                    holds.pop(a, None)
+                    if placer is not None:
+                        placer.forget(a)
                     load.append(os.getloadavg()[0])
                     log(f"  {a} {r['name']}: {r['finalStatus']} after {time.time() - t0:.0f}s"
                         + ("" if r["finalStatus"] == "SUCCEEDED" else f": {str(r.get('diagnostics', ''))[:300]}"))
@@ -250,6 +341,10 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
             "cpu_utilization": round(statistics.fmean(host_cpu.values()), 3),
             "network_utilization": None if net is None else round(net, 4),
             "host_cpu": {n: round(v, 3) for n, v in host_cpu.items()},
+            # Placement parity: executors on each worker host, and how many of one job's executors
+            # share a host (Harmony: 2, one worker + one server), at the sample with the most running.
+            "executors_per_host": {h: sum(peak.get(h, {}).values()) for h in meter.names},
+            "job_executors_per_host": sorted({c for d in peak.values() for c in d.values()}),
             "hosts_per_job": statistics.median(spans) if spans else None,
             "group_nodes": statistics.median(groups) if groups else None,
             "overhead_fraction": round(statistics.fmean(overhead), 4) if overhead else None,
@@ -265,7 +360,11 @@ def run_mode(name: str, mode: Mode, ns: argparse.Namespace, bandwidth: int) -> d
     per_job = 2 * ns.dop                     # executors of one job
     per_host = 2                             # a job's executors on one host (its DoP's share)
     jobs_per_host = max(1, -(-ns.jobs * per_job // (ns.hosts * per_host))) if mode.shared else 1
-    vcores = per_host * jobs_per_host
+    # Static co-location moves every job from first fit to its hosts (Placer): twice the room, so a
+    # job resuming on its hosts never waits for another job that has not moved yet. Slots only:
+    # the CPU budget of a host is its cgroup's, the same in every mode.
+    slack = 2 if mode.shared and mode.policy == "static" else 1
+    vcores = per_host * jobs_per_host * slack
     memory = vcores * WORKLOADS[ns.workload][1] + 64
     with tempfile.TemporaryDirectory(prefix=f"colocation-{name}-") as tmp:
         cluster = TestbedCluster(Path(tmp), workers=ns.hosts, worker_cpus=ns.host_cpus, bandwidth_bps=bandwidth,
@@ -276,7 +375,11 @@ def run_mode(name: str, mode: Mode, ns: argparse.Namespace, bandwidth: int) -> d
             cluster.start()
             max_running = ns.jobs if mode.shared else max(1, ns.hosts // ns.dop)
             specs = job_specs(ns.jobs, ns.epochs, ns.dop, mode, ns.workload)
-            return asyncio.run(run_jobs(cluster, specs, max_running, ns.timeout_s))
+            place = None
+            if mode.policy == "static":
+                place = (round_robin_hosts(ns.jobs, cluster.node_names, ns.dop) if mode.shared
+                         else [[] for _ in specs])
+            return asyncio.run(run_jobs(cluster, specs, max_running, ns.timeout_s, place, ns.dop))
         except Exception as e:  # noqa: BLE001 - one run failing is reported, the others still run
             return {"error": f"{type(e).__name__}: {e}"}
         finally:

@@ -6,7 +6,7 @@ daemon or any other failure is an operation failure (exit 1).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Sequence
 
 import aiohttp
 
@@ -104,10 +104,13 @@ class RmRestClient:
     async def kill(self, app_id: str) -> dict[str, Any]:
         return await self._call("PUT", f"{APPS}/{app_id}/state", {"state": "KILLED"}) or {}
 
-    async def put_shape(self, app_id: str, workers: int, servers: int, reason: str = "") -> dict[str, Any]:
-        """Direct an elastic PS job to `workers` and `servers` (the app ACL applies: owner or admin)."""
+    async def put_shape(self, app_id: str, workers: int, servers: int, reason: str = "",
+                        nodes: Sequence[str] = (), run_state: str = "run") -> dict[str, Any]:
+        """Direct an elastic PS job to `workers` and `servers`, spread round-robin over `nodes` when
+        given, in `run_state` ("run", "pause", "resume"); the app ACL applies: owner or admin."""
         body = await self._call("PUT", f"{APPS}/{app_id}/shape",
-                                {"workers": workers, "servers": servers, "reason": reason})
+                                {"workers": workers, "servers": servers, "reason": reason,
+                                 "nodes": list(nodes), "runState": run_state})
         return (body or {}).get("shape", body or {})
 
     async def app_shape(self, app_id: str) -> dict[str, Any]:
