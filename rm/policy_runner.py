@@ -39,7 +39,8 @@ def executors_of(core: ResourceManagerCore, app: App) -> tuple[NodePlacement, ..
 
 def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
     """The policy's view of `core` now: nodes, apps known to the scheduler, their demand and limits."""
-    nodes = tuple(NodeView(n.node_id, n.rack, n.state, n.capability, n.used) for n in core.nodes)
+    nodes = tuple(NodeView(n.node_id, n.rack, n.state, n.capability, n.used,
+                           sum((r.resource for r in n.releasing.values()), ZERO)) for n in core.nodes)
     apps = []
     executors_on: dict[str, dict[str, Resource]] = {}
     am_node: dict[str, str] = {}

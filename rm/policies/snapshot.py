@@ -108,6 +108,11 @@ class NodeView:
     state: NodeState
     capacity: Resource
     used: Resource
+    # Of `used`, the containers already released that the node still holds until its NM confirms
+    # them gone (rm/core.py `_release`): free within a heartbeat, so a policy planning a partition
+    # counts them as room -- else every shrink briefly hides room and the fair shares flip back
+    # and forth (rm/policies/elastic_jobs.py).
+    releasing: Resource = ZERO
 
     def __post_init__(self) -> None:
         # Builders outside the RM (tests, benches) may pass the state's name.

@@ -10,6 +10,7 @@ from typing import Optional
 import pytest
 
 from partition_snapshots import job, node, snapshot
+from protocol.internal_api import NodePlacement, ShapeDirective
 from protocol.records import ZERO, Resource
 from rm.policies import AppView, ClusterSnapshot, Decision, DrfPolicy, NodeView, TetrisPolicy
 from rm.policies import drf as drf_module
@@ -175,6 +176,51 @@ def test_another_apps_waiting_demand_is_left_free(policy) -> None:
     shell = AppView("app_9", "default", "bob", "ACCEPTED", 2.0, ZERO, pending=Resource(2048, 2))
     d = policy().decide(snapshot(nodes, [a, shell]))
     assert d.jobs["app_1"].workers + d.jobs["app_1"].servers == 6      # 8 slots less the 2 it waits for
+
+
+def settled_job(app_id: str, on: str, submit_time: float) -> AppView:
+    """A job whose 8 executors run where its directive (version 1) put them: one full node."""
+    a = job(app_id, E, {on: (4, 4)}, workers=4, servers=4, max_workers=10, max_servers=10, am_on=None,
+            submit_time=submit_time)
+    return replace(a, directive=ShapeDirective(4, 4, [on], version=1,
+                                               placement=[NodePlacement(node=on, workers=4, servers=4)]))
+
+
+def with_releasing(snap: ClusterSnapshot, node_id: str, used: Resource, releasing: Resource) -> ClusterSnapshot:
+    nodes = tuple(replace(n, used=used, releasing=releasing) if n.node_id == node_id else n for n in snap.nodes)
+    return replace(snap, nodes=nodes, used=sum((n.used for n in nodes), ZERO))
+
+
+@pytest.mark.parametrize("policy", [DrfPolicy, TetrisPolicy])
+def test_a_release_in_flight_does_not_flip_the_targets(policy) -> None:
+    # The simulated 16-node trace (bench/policies_sim.py --quick) flipped a DRF job between two
+    # sizes every ~2 s: a job's released executor stays charged to its node until the NM confirms
+    # it gone (a heartbeat later), so for one round the room looked smaller, DRF shrank a job,
+    # and the round after it grew it back. Here B has just released a server on n2 (4 workers, 3
+    # servers run; its directive still says 4 + 4): held, then confirmed -- the same targets.
+    nodes = [node("n1", 8192, 8), node("n2", 8192, 8)]
+    a, b = settled_job("app_1", "n1", 1), settled_job("app_2", "n2", 2)
+    steady = snapshot(nodes, [a, b])
+    assert policy().decide(steady) == Decision()                      # fair and full: nothing to do
+    b_now = replace(b, resources=E.scale(7), executors=(NodePlacement(node="n2", workers=4, servers=3),))
+    held = with_releasing(snapshot(nodes, [a, b_now]), "n2", Resource(8192, 8), E)
+    confirmed = with_releasing(held, "n2", Resource(7168, 7), ZERO)
+    for snap in (held, confirmed, held):
+        assert policy().decide(snap) == Decision(), snap.nodes       # B's directive stands
+    assert elastic_view(held).room == elastic_view(confirmed).room
+
+
+def test_drf_still_redivides_on_arrivals_and_departures() -> None:
+    nodes = [node("n1", 8192, 8), node("n2", 8192, 8)]
+    a, b = settled_job("app_1", "n1", 1), settled_job("app_2", "n2", 2)
+    # An arrival (not started: its AM and 1 + 1 executors) takes room from the settled jobs.
+    c = job("app_3", E, {}, started=False, am_on=None, workers=1, servers=1, submit_time=3)
+    d = DrfPolicy().decide(snapshot(nodes, [a, b, c]))
+    # 16 vcores less C's AM and two executors: 13 for A and B.
+    assert sorted(jd.workers + jd.servers for jd in d.jobs.values()) == [6, 7]
+    # A departure: B's node is free and A grows onto it (its maximum, 20, does not fit: 16).
+    d = DrfPolicy().decide(snapshot(nodes, [a]))
+    assert d.jobs["app_1"].workers + d.jobs["app_1"].servers == 16
 
 
 def reference_tetris(snap: ClusterSnapshot) -> Decision:
