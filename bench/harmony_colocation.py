@@ -45,8 +45,10 @@ i on hosts i*dop .. i*dop+dop-1 round-robin, so each host carries the same numbe
 as Harmony's groups give (its partners are its own choice; the per-host counts match). The pause
 and resume is in the static jobs' JCTs (a checkpoint and a restart early in the job, as every
 Harmony job pays at least one restart into its group). Each run reports the executors on every
-host (`executors_per_host`) and one job's executors per host (`job_executors_per_host`: [2] is one
-worker + one server), how many hosts a job used (`hosts_per_job`) and every host's CPU use
+host and one job's executors per host, sampled from the worker hosts' NMs once every submitted job
+runs on its hosts (`executors_per_host`, `job_executors_per_host`), each job's final workers and
+servers on each of its hosts from the AMs' status (`job_roles_per_host`: ["w1s1"] is one worker +
+one server everywhere), how many hosts a job used (`hosts_per_job`) and every host's CPU use
 (`host_cpu`), so a placement that differs between modes is visible, not hidden.
 
 Measured, not modelled: JCT (arrival to the RM's finish time, queueing included) and makespan; CPU
@@ -175,13 +177,30 @@ def final_status(cluster: TestbedCluster, app_id: str) -> dict[str, Any]:
         return {}
 
 
-def placement_of(cluster: TestbedCluster, st: dict[str, Any]) -> Optional[int]:
-    """How many worker hosts the job's executors used."""
+def final_executors(st: dict[str, Any], workers: int, servers: int) -> list[dict[str, Any]]:
+    """The job's last executors: the status lists every executor it was ever given (a paused and
+    resumed job's first ones too), by role and launch order; it ended with `workers` and `servers`
+    (its last directive's shape) -- the last launched of each role."""
+    shape = st.get("shape") or {}
+    out: list[dict[str, Any]] = []
+    for role, count in (("worker", workers), ("server", servers)):
+        of_role = [e for e in shape.get("executors") or [] if e.get("role") == role and e.get("node")]
+        out += of_role[len(of_role) - int(count or 0):] if count else []
+    return out
+
+
+def placement_of(cluster: TestbedCluster, st: dict[str, Any], workers: int,
+                 servers: int) -> tuple[Optional[int], list[str]]:
+    """How many worker hosts the job's last executors used, and on each of them its workers and
+    servers as "w<n>s<m>" (Harmony's placement: every host "w1s1")."""
     try:
-        nodes = {e["node"] for e in (st.get("shape") or {}).get("executors") or [] if e.get("node")}
-        return len({cluster.host_of(n) for n in nodes}) or None
+        per_host: dict[str, list[int]] = {}
+        for e in final_executors(st, workers, servers):
+            counts = per_host.setdefault(cluster.host_of(e["node"]), [0, 0])
+            counts[e["role"] == "server"] += 1
+        return len(per_host) or None, [f"w{w}s{s}" for w, s in per_host.values()]
     except (KeyError, TypeError):
-        return None
+        return None, []
 
 
 def split_of(st: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
@@ -218,21 +237,32 @@ class Placer:
         self.client = client
         self.dop = dop
         self.pending: dict[str, list[str]] = {}       # app id -> the node ids to resume it on
+        self.moving: set[str] = set()                 # resumed on its hosts, not running there yet
 
     async def submitted(self, app_id: str, nodes: list[str]) -> None:
         await self.client.put_shape(app_id, self.dop, self.dop, reason="bench: pause to place", run_state="pause")
         self.pending[app_id] = nodes
 
+    @property
+    def settled(self) -> bool:
+        """Every job submitted so far runs on its hosts."""
+        return not self.pending and not self.moving
+
     async def poll(self) -> None:
+        for app_id in list(self.moving):
+            if not ((await self.client.app_shape(app_id)).get("current") or {}).get("paused"):
+                self.moving.discard(app_id)
         for app_id, nodes in list(self.pending.items()):
             current = (await self.client.app_shape(app_id)).get("current") or {}
             if current.get("paused") and not current.get("workers") and not current.get("servers"):
                 await self.client.put_shape(app_id, self.dop, self.dop, reason="bench: one worker + one server "
                                             "per host", nodes=nodes, run_state="resume")
                 del self.pending[app_id]
+                self.moving.add(app_id)
 
     def forget(self, app_id: str) -> None:
         self.pending.pop(app_id, None)
+        self.moving.discard(app_id)
 
 
 async def executors_by_host(cluster: TestbedCluster, client: RmRestClient,
@@ -271,6 +301,7 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
         reports: dict[str, dict[str, Any]] = {}
         placer = Placer(client, dop) if place is not None else None
         holds: dict[str, list[str]] = {}          # running app id -> its hosts (isolated: none shared)
+        shapes: dict[str, tuple[int, int]] = {}   # finished app id -> (workers, servers) it ended with
         while waiting or running:
             if time.time() - t0 > timeout_s:
                 for a in running:
@@ -290,10 +321,12 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
             if placer is not None:
                 await placer.poll()
             samples += 1
-            if samples % 5 == 1:      # where the executors are, every few polls (NM calls cost the hosts little)
+            # Where the executors are, every few polls once every submitted job runs on its hosts
+            # (NM calls cost the hosts little); the latest sample with the most executors is kept.
+            if samples % 5 == 1 and (placer is None or placer.settled):
                 try:
                     seen = await executors_by_host(cluster, client, set(running))
-                    if sum(map(sum, (d.values() for d in seen.values()))) > sum(
+                    if sum(map(sum, (d.values() for d in seen.values()))) >= sum(
                             map(sum, (d.values() for d in peak.values()))):
                         peak = seen
                 except Exception:  # noqa: BLE001 - the placement sample is extra, the run goes on without it
@@ -308,6 +341,11 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
                 r = await client.app(a)
                 if r["state"] in ps_commands.FINAL_STATES:
                     reports[a] = r
+                    try:    # the shape it ended with: its last directive's (none: the spec's DoP)
+                        d = (await client.app_shape(a)).get("directive") or {}
+                        shapes[a] = (int(d.get("workers") or dop), int(d.get("servers") or dop))
+                    except Exception:  # noqa: BLE001 - the placement figure is extra
+                        shapes[a] = (dop, dop)
                     running.remove(a)
                     holds.pop(a, None)
                     if placer is not None:
@@ -333,7 +371,8 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
                 for p in policy_state.values() if "profilingS" in p]
     groups = [int(p["groupNodes"]) for p in policy_state.values() if p.get("groupNodes")]
     finals = [final_status(cluster, a) for a in reports]
-    spans = [h for h in (placement_of(cluster, st) for st in finals) if h]
+    placements = [placement_of(cluster, st, *shapes.get(a, (dop, dop))) for a, st in zip(reports, finals)]
+    spans = [h for h, _ in placements if h]
     splits = [split_of(st) for st in finals]
     comm = [c for c, _ in splits if c is not None]
     wait = [w for _, w in splits if w is not None]
@@ -345,6 +384,8 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
             # share a host (Harmony: 2, one worker + one server), at the sample with the most running.
             "executors_per_host": {h: sum(peak.get(h, {}).values()) for h in meter.names},
             "job_executors_per_host": sorted({c for d in peak.values() for c in d.values()}),
+            # From the AMs' final status: each job's workers and servers on each of its hosts.
+            "job_roles_per_host": sorted({r for _, roles in placements for r in roles}),
             "hosts_per_job": statistics.median(spans) if spans else None,
             "group_nodes": statistics.median(groups) if groups else None,
             "overhead_fraction": round(statistics.fmean(overhead), 4) if overhead else None,
