@@ -168,7 +168,8 @@ def test_ams_run_on_the_master_and_executors_on_the_budgeted_hosts(tmp_path: Pat
         assert nodes[master_id]["nodeLabels"] == ["am"]
         assert all(nodes[c.node_id(n)]["nodeLabels"] == [] for n in c.node_names)
         assert c.testbed.host(MASTER).cpus is None and all(c.testbed.host(n).cpus == 0.45 for n in c.node_names)
-        spec = {**SPEC, "max_epochs": 2, "checkpoint_every_epochs": 0}
+        # Long enough to still be training when the test looks at where the executors are; it ends them.
+        spec = {**SPEC, "max_epochs": 10_000, "checkpoint_every_epochs": 0}
         apps = [submit(c, spec, f"am-on-master-{i}") for i in range(2)]
         try:
             urls = [am_url(c, a) for a in apps]
@@ -178,8 +179,6 @@ def test_ams_run_on_the_master_and_executors_on_the_budgeted_hosts(tmp_path: Pat
                                 "four executors ready")
                 hosts = {c.host_of(e["node"]) for e in ready_executors(st)}
                 assert MASTER not in hosts and hosts <= set(c.node_names), ready_executors(st)
-            for app_id in apps:
-                succeeded(c, app_id)
             # What benches measure hosts by: the hosts that ran executors used CPU in their own
             # cgroups, and their links carried the pushes and pulls.
             for name in hosts:
