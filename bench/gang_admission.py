@@ -1,7 +1,9 @@
-"""What gang admission does to JCT under load, in the simulator (issue 25 part 4).
+"""What gang admission does to JCT under load, in the simulator and on the testbed (issue 25 part 4).
 
     .venv/bin/python bench/gang_admission.py [--jobs 30] [--window-s 300] [--nodes 4] [--seeds 1,2,3]
                                              [--policies static,eps,dorm] [--quick]
+    .venv/bin/python bench/gang_admission.py --testbed [--jobs 8] [--repeats 2] [--timeout-s 300]
+                                             [--quick] [--keep-dir DIR]
 
 One generated trace per seed (sim.workload.generate: Poisson arrivals, the shipped calibration's
 apps) replayed by the simulator (sim/simulator.py: the real RM core and scheduler, so the RM's
@@ -27,15 +29,20 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import msgspec  # noqa: E402
 
+from elastane_cli import testbed_hosts  # noqa: E402
 from sim import calibration  # noqa: E402
+from support import gang_testbed  # noqa: E402  (bench/support: not a benchmark itself)
+from support.sigterm import unwind_on_sigterm  # noqa: E402
 from sim.simulator import SimConfig, SimResult, simulate  # noqa: E402
 from sim.workload import WorkloadSpec, generate  # noqa: E402
 
@@ -65,9 +72,65 @@ def censored_mean_jct(res: SimResult) -> Optional[float]:
     return round(statistics.fmean(jcts), 1) if jcts else None
 
 
+def testbed_main(ns: argparse.Namespace, p: argparse.ArgumentParser) -> int:
+    """--testbed: the loaded workload on the testbed under each setting, the settings interleaved."""
+    jobs = 6 if ns.quick else (ns.jobs if ns.jobs is not None else 8)
+    repeats = 1 if ns.quick else ns.repeats
+    timeout_s = 150.0 if ns.quick else ns.timeout_s
+    settings = [x for x in ns.settings.split(",") if x]
+    unknown = [x for x in settings if x not in gang_testbed.SETTINGS]
+    if "off" not in settings or unknown or len(settings) < 2:
+        p.error(f"--settings must name off and at least one of minimum,submitted (unknown: {unknown or 'none'})")
+    if jobs < 1 or repeats < 1 or timeout_s <= 0:
+        p.error("--jobs and --repeats must be >= 1 and --timeout-s > 0")
+    reason = testbed_hosts.unavailable_reason(sshd=True)
+    if reason:
+        print(f"gang_admission: --testbed needs the multi-host testbed (docs/testbed.md): {reason}", file=sys.stderr)
+        print(json.dumps({"error": f"testbed unavailable: {reason}"}))
+        return 2
+    unwind_on_sigterm()   # a SIGTERM stops the testbed cluster this bench started
+    shape = gang_testbed.TestbedShape()
+    runs: list[dict[str, Any]] = []
+    per: dict[str, list[gang_testbed.RunOutcome]] = {s: [] for s in settings}
+    for rep in range(repeats):
+        for setting in settings:
+            name = f"{setting}-{rep + 1}"
+            if ns.keep_dir:
+                res = gang_testbed.run_workload(ns.keep_dir / name, shape, jobs, setting, timeout_s)
+            else:
+                with tempfile.TemporaryDirectory(prefix="elastane-gang-") as tmp:
+                    res = gang_testbed.run_workload(Path(tmp), shape, jobs, setting, timeout_s)
+            per[setting].append(res)
+            runs.append({"setting": setting, "repeat": rep + 1, "mean_jct_s": res.mean_jct_s,
+                         "succeeded_mean_jct_s": res.succeeded_mean_jct_s, "stalled": res.stalled,
+                         "failed": res.failed, "wall_s": res.wall_s,
+                         "jobs": [{"name": j.name, "jct_s": j.jct_s, "status": j.final_status,
+                                   "diagnostics": j.diagnostics} for j in res.jobs]})
+            print(f"testbed gang {setting:>9} repeat {rep + 1}: mean JCT {res.mean_jct_s} s (succeeded jobs' "
+                  f"{res.succeeded_mean_jct_s}), stalled {res.stalled}, failed {res.failed}, "
+                  f"JCTs {[(j.jct_s, j.final_status) for j in res.jobs]}", file=sys.stderr, flush=True)
+
+    def mean_jct(setting: str) -> Optional[float]:
+        jcts = [x for r in per[setting] for x in r.censored_jcts()]
+        return round(statistics.fmean(jcts), 2) if jcts else None
+
+    means = {s: mean_jct(s) for s in settings}
+    out: dict[str, Any] = {"testbed_jct_gain_gang_vs_off": ratio(means["off"], means.get("minimum"))}
+    if "submitted" in per:
+        out["testbed_jct_gain_gang_submitted_vs_off"] = ratio(means["off"], means["submitted"])
+    print(json.dumps({
+        **out, "mean_jct_s": means,
+        "stalled": {s: sum(r.stalled for r in per[s]) for s in per},
+        "failed": {s: sum(r.failed for r in per[s]) for s in per},
+        "repeats": repeats, "jobs": jobs, "timeout_s": timeout_s, "nodes": shape.nodes,
+        "node_memory_mb": shape.node_memory_mb, "epochs": shape.epochs, "runs": runs,
+    }))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", type=int, default=30)
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=None, help="simulator: 30; --testbed: 8")
     p.add_argument("--window-s", type=float, default=300.0, help="arrival window (shorter: more load)")
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--node-memory-mb", type=int, default=8192)
@@ -76,8 +139,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", default="static,eps,dorm")
     p.add_argument("--epochs", default="10,40", help="each job's max_epochs drawn from [lo, hi]")
     p.add_argument("--calibration", type=Path, default=calibration.DEFAULT_PATH)
-    p.add_argument("--quick", action="store_true", help="12 jobs in 120 s, one seed, static only")
+    p.add_argument("--quick", action="store_true",
+                   help="12 jobs in 120 s, one seed, static only (--testbed: 6 jobs, one repeat, 150 s timeout)")
+    p.add_argument("--testbed", action="store_true", help="run on the multi-host testbed instead (docs/testbed.md)")
+    p.add_argument("--repeats", type=int, default=2, help="--testbed: rounds of the settings, interleaved")
+    p.add_argument("--settings", default="off,minimum",
+                   help="--testbed: rm.toml gang settings compared (off, minimum = gang_admission true, submitted)")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="--testbed: a run's jobs count stalled after this")
+    p.add_argument("--keep-dir", type=Path, default=None, help="--testbed: keep each run's testbed dir here")
     ns = p.parse_args(argv)
+    if ns.testbed:
+        return testbed_main(ns, p)
+    if ns.jobs is None:
+        ns.jobs = 30
     if ns.quick:
         ns.jobs, ns.window_s, ns.seeds, ns.policies = 12, 120.0, "1", "static"
     try:
