@@ -129,7 +129,10 @@ async def follow_job(client: RmRestClient, spec: dict[str, Any], name: str, time
         if time.monotonic() - t0 > timeout_s:
             out.stalled, out.jct_s, out.final_status = True, round(timeout_s, 2), "STALLED"
             out.diagnostics = str(app.get("diagnostics") or "")[:200]
-            await client.kill(out.app_id)
+            try:
+                await client.kill(out.app_id)
+            except Exception as e:  # noqa: BLE001 -- it may have ended since the poll; the teardown kills the rest
+                out.diagnostics += f" (kill: {e})"
             return out
         await asyncio.sleep(POLL_S)
 
