@@ -68,19 +68,6 @@ def read_int(path: str | Path) -> int:
         return 0
 
 
-def kv_counter(text: str, key: str) -> int:
-    """The value of `key` in a "key value" per line file (memory.events, memory.stat, cpu.stat);
-    0 when absent."""
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == key:
-            try:
-                return int(parts[1])
-            except ValueError:
-                return 0
-    return 0
-
-
 def remove_dirs(dirs: list[str]) -> bool:
     """rmdir each of `dirs` (gone already is fine); False if any remains (a cgroup still holding
     processes refuses with EBUSY)."""

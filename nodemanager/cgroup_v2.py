@@ -4,8 +4,10 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from protocol.kv_text import kv_counter
+
 from . import host_stats
-from .cgroup_base import (CgroupBackend, CgroupError, ContainerCgroup, cpu_quota_us, kv_counter, read_file,
+from .cgroup_base import (CgroupBackend, CgroupError, ContainerCgroup, cpu_quota_us, read_file,
                           read_int, write_file)
 
 

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from .cgroup_base import kv_counter
+from protocol.kv_text import kv_counter
 
 
 @dataclass(frozen=True)

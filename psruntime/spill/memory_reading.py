@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from protocol.kv_text import kv_counter
+
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # A v1 cgroup without a limit reports a huge number (PAGE_COUNTER_MAX pages); anything past this is none.
 _NO_LIMIT = 1 << 60
@@ -51,18 +53,6 @@ def read_statm_rss(statm: str | Path = "/proc/self/statm") -> int:
         return int(text.split()[1]) * _PAGE if text else 0
     except (IndexError, ValueError):
         return 0
-
-
-def stat_value(text: str, key: str) -> int:
-    """`key`'s value in a memory.stat text (0 when absent)."""
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == key:
-            try:
-                return int(parts[1])
-            except ValueError:
-                return 0
-    return 0
 
 
 @dataclass(frozen=True)
@@ -155,11 +145,11 @@ class ContainerMemory:
             usage = (_read(cg.usage_file) or "").strip()
             if usage.isdigit():
                 stat = _read(cg.path / "memory.stat") or ""
-                return max(0, int(usage) - sum(stat_value(stat, k) for k in cg.file_keys))
+                return max(0, int(usage) - sum(kv_counter(stat, k) for k in cg.file_keys))
         return read_statm_rss(self.statm)
 
     def __call__(self) -> int:
         return self.used_bytes()
 
 
-__all__ = ["ContainerMemory", "MemoryCgroup", "find_memory_cgroup", "read_statm_rss", "stat_value"]
+__all__ = ["ContainerMemory", "MemoryCgroup", "find_memory_cgroup", "read_statm_rss"]

@@ -41,8 +41,11 @@ def test_utilization_fills_with_real_numbers_while_a_container_burns_cpu(cluster
         last = out["cluster"][-1]
         assert last["cpuCores"] > 0 and last["memoryMB"] > 0 and last["vcoresTotal"] == 6
         assert last["memoryTotalMB"] == 3 * 1024 and last["hostMemoryMB"] > 0
-        app = rest(cluster.rm_url, "GET", f"/ws/v1/cluster/apps/{app_id}")["app"]
-        assert app["resourceUtilization"]["containers"] >= 1 and app["resourceUtilization"]["memoryMB"] > 0
+        # The app's sum follows the nodes' reports that name its containers, which can come a heartbeat
+        # after the node's own figures.
+        use = wait_until(lambda: rest(cluster.rm_url, "GET", f"/ws/v1/cluster/apps/{app_id}")["app"]
+                         .get("resourceUtilization"), 30, "the app's resourceUtilization")
+        assert use["containers"] >= 1 and use["memoryMB"] > 0
         # The same container in the NM's own exposition and in the RM's, with its labels.
         with urllib.request.urlopen(f"http://{node['nodeHTTPAddress']}/metrics/prometheus", timeout=10) as r:
             nm = parse(r.read().decode())
