@@ -22,6 +22,27 @@ faster), per policy the median over seeds.
 
 Last line: {"jct_gain_gang_vs_off": <median over policies and seeds of off / minimum mean JCT>,
 "jct_gain_gang_submitted_vs_off": ..., "per_policy": {...}, "runs": [...]}.
+
+`--testbed`: the same question on the multi-host testbed (docs/testbed.md; bench/support/
+gang_testbed.py): 3 node hosts with room for three 384 MB containers each, `--jobs` tiny MLR PS jobs
+(2 workers + 2 servers submitted, min 1 + 1, 3 epochs, `static` policy) submitted at once, on a
+fresh cluster with rm.toml `gang_admission = false` and one with `true` (gang shape "minimum";
+`--settings off,minimum,submitted` adds gang shape "submitted"), same jobs in the same order, the
+settings interleaved over `--repeats`. Per job its JCT (submission to final state); a job unfinished
+at `--timeout-s` is killed and counted stalled, a job that failed (its AM gave up waiting for its
+executors) counted failed, both with the timeout as JCT (a lower bound). `--quick`: 6 jobs, one
+repeat, 150 s timeout (longer than the AM's 120 s executor wait, so a starved AM's end is seen).
+Without the testbed it says why, prints {"error": ...} and exits 2. Last line:
+{"testbed_jct_gain_gang_vs_off": <mean JCT off / minimum, over all repeats' jobs>,
+["testbed_jct_gain_gang_submitted_vs_off",] "mean_jct_s": {setting: s}, "stalled": {setting: n},
+"failed": {setting: n}, "repeats", "jobs", "runs": [...]}.
+
+Measured (2026-11-26, --quick, 2-core host): off / minimum = 0.865 (mean JCT 119.5 s off, 138.3 s
+minimum, 3 of 6 jobs failed in each). "minimum" admits three jobs whose AM + min 1 + 1 fit (all 9
+slots), but the PS AM waits for its submitted 2 + 2 before it trains (appmaster/ps/master.py
+`_drive`), so all three wait on workers no one can get until their AMs give up at 120 s: the
+deadlock gang admission is meant to prevent, moved, not removed. `--settings off,submitted` is the
+comparison where the admitted gang is what the AM waits for.
 """
 from __future__ import annotations
 
