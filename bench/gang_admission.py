@@ -3,7 +3,7 @@
     .venv/bin/python bench/gang_admission.py [--jobs 30] [--window-s 300] [--nodes 4] [--seeds 1,2,3]
                                              [--policies static,eps,dorm] [--quick]
     .venv/bin/python bench/gang_admission.py --testbed [--jobs 8] [--repeats 2] [--timeout-s 300]
-                                             [--quick] [--keep-dir DIR]
+                                             [--settings off,minimum[,submitted]] [--quick] [--keep-dir DIR]
 
 One generated trace per seed (sim.workload.generate: Poisson arrivals, the shipped calibration's
 apps) replayed by the simulator (sim/simulator.py: the real RM core and scheduler, so the RM's
