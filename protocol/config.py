@@ -58,10 +58,12 @@ class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
     dorm_adjustment_threshold: float = 0.5
     # Gang admission of PS jobs (rm/scheduler.py): a job's AM container starts only when the AM and
     # its `gang_shape` of executors fit together (queue headroom and nodes), so a job holds nothing
-    # until it can run. "minimum": min_workers + min_servers (the least it runs with); "submitted":
-    # workers + servers (what the PS AM starts training with).
+    # until it can run. "submitted" (default): workers + servers, what the PS AM waits for before it
+    # trains (appmaster/ps/master.py starts every submitted executor first); "minimum":
+    # min_workers + min_servers, for AMs that train on their minimum and grow -- with today's PS AM it
+    # admits jobs that then starve each other (bench/gang_admission.py --testbed measured it).
     gang_admission: bool = True
-    gang_shape: Literal["minimum", "submitted"] = "minimum"
+    gang_shape: Literal["minimum", "submitted"] = "submitted"
     # Where AMs keep checkpoints and durable state, one `<checkpoint_dir>/<app_id>` per app: storage
     # every host reads, so a new attempt on another host resumes from the last one's checkpoint.
     # An absolute path or file:// URL (a shared mount), or any fsspec URL (s3://bucket/prefix);

@@ -32,7 +32,7 @@ def has_am(core, app_id: str) -> bool:
 
 
 def test_the_am_waits_until_it_and_the_minimum_executors_fit_then_starts() -> None:
-    core = make_core()
+    core = make_core(gang_shape="minimum")
     register(core, "n1:1", mem=8192, vcores=3)       # AM + 3 executors need 4 vcores
     app = submit_ps(core)
     heartbeat(core, "n1:1")
@@ -57,7 +57,7 @@ def test_the_submitted_gang_shape_waits_for_the_whole_submitted_job() -> None:
     register(core, "n1:1", mem=16384, vcores=4)
     app = submit_ps(core, workers=4, servers=2, min_workers=1, min_servers=1)   # AM + 6 do not fit
     assert not has_am(core, app)
-    minimum = make_core()
+    minimum = make_core(gang_shape="minimum")
     register(minimum, "n1:1", mem=16384, vcores=4)
     assert has_am(minimum, submit_ps(minimum, workers=4, servers=2, min_workers=1, min_servers=1))
 
