@@ -98,28 +98,28 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         at.state = next_attempt_state(at.state, ev)
         self.dirty.add(at.app_id)
 
-    def _am_activation_changed(self, app_id: str, diagnostics: Optional[str]) -> None:
-        """The scheduler held an app back at its queue's AM limit (diagnostics) or activated it (None)."""
+    def _wait_diagnostics_changed(self, app_id: str, diagnostics: Optional[str], prefix: str) -> bool:
+        """The scheduler started holding an app's AM back (diagnostics) or stopped (None): set the
+        app's diagnostics, or clear them if they are still this wait's (they start with `prefix`).
+        False for an app that is gone or final."""
         app = self.apps.get(app_id)
         if app is None or app.state.is_final:
-            return
+            return False
         if diagnostics is not None:
             app.diagnostics = diagnostics
-        elif app.diagnostics.startswith(AM_LIMIT_DIAGNOSTICS):
+        elif app.diagnostics.startswith(prefix):
             app.diagnostics = ""
         self.dirty.add(app_id)
-        self.policy_version += 1        # AppView.am_limited
+        return True
+
+    def _am_activation_changed(self, app_id: str, diagnostics: Optional[str]) -> None:
+        """The scheduler held an app back at its queue's AM limit (diagnostics) or activated it (None)."""
+        if self._wait_diagnostics_changed(app_id, diagnostics, AM_LIMIT_DIAGNOSTICS):
+            self.policy_version += 1        # AppView.am_limited
 
     def _gang_wait_changed(self, app_id: str, diagnostics: Optional[str]) -> None:
         """Gang admission started holding the app's AM back (diagnostics) or stopped (None)."""
-        app = self.apps.get(app_id)
-        if app is None or app.state.is_final:
-            return
-        if diagnostics is not None:
-            app.diagnostics = diagnostics
-        elif app.diagnostics.startswith(GANG_DIAGNOSTICS):
-            app.diagnostics = ""
-        self.dirty.add(app_id)
+        self._wait_diagnostics_changed(app_id, diagnostics, GANG_DIAGNOSTICS)
 
     def get_app(self, app_id: str) -> App:
         app = self.apps.get(app_id)
