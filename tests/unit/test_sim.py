@@ -477,13 +477,9 @@ class _Resize:
                                   for a in snapshot.apps if a.shape is not None and a.shape.started})
 
 
-def test_a_directive_with_another_executor_size_restarts_the_job_at_that_size() -> None:
-    job = TraceJob(name="r", arrival_s=0.0, app="mlr", threshold=0.01, workers=2, servers=1, data_scale=20.0,
-                   executor_memory_mb=1024)
-    plain = simulate([job], "static", calibration(), SMALL).records[0]
-    sim = Simulator([job], "static", calibration(), SMALL)
-    sim.policy = _Resize(60.0, Resource(2048, 2))
-    reports = []
+def record_job_reports(sim: Simulator) -> list:
+    """The job reports the simulated AMs send with their allocates, in order (a spy on the core)."""
+    reports: list = []
     original = sim.core.allocate
 
     def spy(claims, req):  # type: ignore[no-untyped-def]
@@ -491,6 +487,16 @@ def test_a_directive_with_another_executor_size_restarts_the_job_at_that_size() 
             reports.append(req.shape)
         return original(claims, req)
     sim.core.allocate = spy  # type: ignore[method-assign]
+    return reports
+
+
+def test_a_directive_with_another_executor_size_restarts_the_job_at_that_size() -> None:
+    job = TraceJob(name="r", arrival_s=0.0, app="mlr", threshold=0.01, workers=2, servers=1, data_scale=20.0,
+                   executor_memory_mb=1024)
+    plain = simulate([job], "static", calibration(), SMALL).records[0]
+    sim = Simulator([job], "static", calibration(), SMALL)
+    sim.policy = _Resize(60.0, Resource(2048, 2))
+    reports = record_job_reports(sim)
     rec = sim.run().records[0]
     assert rec.pauses == 1 and [s[1:] for s in rec.shapes] == [(2, 1), (0, 0), (2, 1)]
     assert reports[0].executor_resource == Resource(1024, 1)
@@ -505,14 +511,7 @@ def test_early_feedback_iterations_and_the_epoch_limit_come_from_the_spec() -> N
     job = TraceJob(name="ef", arrival_s=0.0, app="mlr", threshold=0.01, workers=1, servers=1, data_scale=5.0,
                    early_feedback_iterations=7, max_epochs=3)
     sim = Simulator([job], "static", calibration(), SMALL)
-    reports = []
-    original = sim.core.allocate
-
-    def spy(claims, req):  # type: ignore[no-untyped-def]
-        if req.shape is not None:
-            reports.append(req.shape)
-        return original(claims, req)
-    sim.core.allocate = spy  # type: ignore[method-assign]
+    reports = record_job_reports(sim)
     rec = sim.run().records[0]
     assert rec.epochs == 3
     assert sim.jobs[0].spec.max_epochs == 3 and sim.jobs[0].spec.early_feedback_iterations == 7
