@@ -76,6 +76,10 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
                    help="any spec field by dotted path, e.g. data.num_samples=4000 (repeatable)")
     p.add_argument("--hparam", dest="hparams", action="append", default=[], metavar="KEY=VALUE",
                    help="a hyper-parameter, e.g. learning_rate=0.3 (repeatable)")
+    p.add_argument("--place", dest="places", action="append", default=[], metavar="NODE=W,S",
+                   help="W workers and S servers of the job's first executors on NODE, a node id "
+                        "host:port or a host name (repeatable, one per node; the counts must sum to "
+                        "--workers / --servers): the spec's placement")
     p.add_argument("--spec-file", type=Path, metavar="JOB.json", help="a PS job spec as JSON")
     p.add_argument("--name", help="application name (default ps-APP-PRESET)")
     p.add_argument("--queue", default="default")
@@ -132,6 +136,16 @@ def set_path(spec: dict[str, Any], path: list[str], value: Any, flag: str) -> No
     node[path[-1]] = value
 
 
+def parse_place(text: str) -> dict[str, Any]:
+    """`10.0.0.5:45454=1,2` -> one placement entry {node, workers, servers}; UsageError when the
+    text is not NODE=WORKERS,SERVERS (a node id has a colon, never an "=")."""
+    node, sep, counts = text.rpartition("=")
+    parts = counts.split(",")
+    if not sep or not node.strip() or len(parts) != 2 or not all(x.strip().lstrip("-").isdigit() for x in parts):
+        raise UsageError(f"--place expects NODE=WORKERS,SERVERS (e.g. 10.0.0.5:45454=1,1), got {text!r}")
+    return {"node": node.strip(), "workers": int(parts[0]), "servers": int(parts[1])}
+
+
 def load_spec_file(path: Path) -> dict[str, Any]:
     try:
         obj = json.loads(path.read_text())
@@ -154,6 +168,9 @@ def spec_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
         if value is not None:
             spec[name] = value
             set_by[name] = flag
+    if args.places:        # the flags' placement replaces the spec file's as a whole
+        spec["placement"] = [parse_place(text) for text in args.places]
+        set_by["placement"] = "--place"
     for text in args.sets:
         set_path(spec, *parse_assignment(text, "--set"), "--set")
     for text in args.hparams:
@@ -170,7 +187,7 @@ def validate_spec(spec: dict[str, Any], set_by: dict[str, str] | None = None) ->
     try:
         return ps_job_spec.validate(spec)
     except ps_job_spec.JobSpecError as e:
-        flag = (set_by or {}).get(e.field.split(".", 1)[0])
+        flag = (set_by or {}).get(e.field.split(".", 1)[0].split("[", 1)[0])
         hint = f" (set by {flag})" if flag else ""
         raise UsageError(f"invalid PS job spec: {e}{hint}") from None
 

@@ -6,6 +6,14 @@ hyper-parameters in `protocol.ps_app_schemas`, so one spelling holds all the way
     {"app": "mlr", "preset": "tiny", "data": {"num_samples": 4000}, "hparams": {"learning_rate": 0.3},
      "workers": 2, "servers": 2, "blocks": 8, "sync": "bsp", "max_epochs": 10}
 
+`"placement": [{"node": "10.0.0.5:45454", "workers": 1, "servers": 1}, ...]` says where the job's
+first executors go: the AM asks for exactly that many of each role on each node, locality not
+relaxed (YARN's ResourceRequest with resourceName = host, relaxLocality = false). A node is named
+as an AM's ask names one (`AllocateRequest.asks[].nodes`, matched by the RM's `NodeTracker.lookup`):
+the RM's node id "host:port" (the NM's address, `GET /ws/v1/cluster/nodes` "id") or a host name,
+which stands for every NM on that host. The workers and servers over the entries must sum to the
+spec's `workers` and `servers`; an empty list (the default) places them wherever they fit.
+
 `"data": {"path": "/abs/dir"}` trains on a dataset directory (docs/dataset_format.md) instead of
 the generator: its dataset.json gives the data's dimensions, checked here at submission.
 
@@ -27,6 +35,7 @@ import msgspec
 from . import durable_storage, model_output
 from .codec import DecodeError
 from .dataset_manifest import DatasetError, resolve_data_spec
+from .internal_api import NodePlacement
 from .local_resources import LocalResource, LocalResourceError, check_link_name
 from .ps_app_schemas import APP_SCHEMAS, PRESET_NAMES
 
@@ -150,6 +159,9 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # name): a user app's modules, its data files, archives. The AM passes them on to every
     # executor container; the working dir is on sys.path, so "module:Class" imports from there.
     resources: dict[str, LocalResource] = {}
+    # Where the first executors run (see the module doc): one strict ask per node for its counts.
+    # Only the AM's first launch obeys it; later reshapes follow the policy's directives.
+    placement: list[NodePlacement] = []
 
     # ----- derived values (valid after `validate`) ----------------------------------------------
     @property
@@ -188,6 +200,15 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         if self.is_user_app:
             return dict(self.data)
         return resolve_data_spec(self.app, self.data, APP_SCHEMAS[self.app].presets[self.preset])
+
+    def placed(self, role: str) -> dict[str, int]:
+        """The placement's count of `role` ("worker" or "server", the AM's executor roles) per
+        node, nodes with none left out ({} without a placement): what the AM's first launch of
+        that role asks for, node by node."""
+        if role not in ("worker", "server"):
+            raise ValueError(f"no executor role {role!r}: \"worker\" or \"server\"")
+        counts = {p.node: p.workers if role == "worker" else p.servers for p in self.placement}
+        return {node: n for node, n in counts.items() if n > 0}
 
     def to_json(self) -> dict[str, Any]:
         return cast(dict[str, Any], msgspec.to_builtins(self))  # a Struct encodes as an object
@@ -301,6 +322,29 @@ def _check_generic(spec: PSJobSpec) -> None:
                            f"held-out evaluation interval (heldout_every_epochs {spec.heldout_every_epochs})")
 
 
+def _check_placement(spec: PSJobSpec) -> None:
+    """Node names present and unique, counts not negative, and the counts summing to the shape:
+    the placement is the whole first shape, so a node left out of it gets nothing."""
+    seen: dict[str, int] = {}
+    for i, p in enumerate(spec.placement):
+        if not p.node.strip():
+            raise JobSpecError(f"placement[{i}].node", "must not be empty: a node id \"host:port\" or a host name")
+        if p.node in seen:
+            raise JobSpecError(f"placement[{i}].node", f"{p.node!r} is named twice (placement[{seen[p.node]}] "
+                               "too): one entry per node")
+        seen[p.node] = i
+        for role in ("workers", "servers"):
+            if getattr(p, role) < 0:
+                raise JobSpecError(f"placement[{i}].{role}", f"{getattr(p, role)} is negative")
+    if not spec.placement:
+        return
+    for role in ("workers", "servers"):
+        placed, wanted = sum(getattr(p, role) for p in spec.placement), getattr(spec, role)
+        if placed != wanted:
+            off = f"{placed - wanted} more" if placed > wanted else f"{wanted - placed} fewer"
+            raise JobSpecError("placement", f"its {role} sum to {placed}, {off} than the spec's {role} ({wanted})")
+
+
 def _check_model_locations(spec: PSJobSpec) -> None:
     """`output` and `init_from` are durable-storage locations; a readable `init_from` must hold a
     model of this job's app and shape (one the RM cannot read is checked again by the AM)."""
@@ -343,6 +387,7 @@ def validate(obj: Any) -> PSJobSpec:
     _check_app_name(spec)
     _check_resources(spec)
     _check_generic(spec)
+    _check_placement(spec)
     _check_app(spec)
     _check_model_locations(spec)
     return spec
