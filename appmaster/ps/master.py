@@ -57,7 +57,7 @@ from .job_resume import job_record, resumable_checkpoint, resume_job
 from .kill_restart import KillRestart, ResizeReply
 from .metrics import EpochRecord, JobMetrics
 from .model_output import ModelOutput, read_init_from, warm_start
-from .reconfiguration import Reconfiguration
+from .reconfiguration import LaunchFailed, Reconfiguration
 from .recovery import LOSS_REPORT_WAIT_S, ExecutorRecovery
 from .status_server import ControlAuth, StatusServer
 from .suspension import JobSuspension
@@ -349,8 +349,21 @@ class PSApplicationMaster:
                           self.training.loop)
 
     async def _launch(self, role: Role, count: int) -> None:
-        self.am.add_ask(count, self.resource, tag=role.value)
-        await self.pool.wait_ready(role, count, EXECUTOR_START_TIMEOUT_S)
+        """The job's first executors of `role`: where the spec's `placement` puts them (one strict
+        ask per node, `Reconfiguration.start_placed`; a node that is unknown or full waits like any
+        ask, until the launch timeout), else anywhere they fit. Only this first launch (and a new
+        attempt's, which is a first launch too) obeys the placement: later starts follow their own
+        request -- a kill-based reshape or a resume the directive's placement, a recovery that
+        restarts the spec's shape anywhere -- since by then the policy, not the spec, places the job."""
+        per_node = self.spec.placed(role.value)
+        if not per_node:
+            self.am.add_ask(count, self.resource, tag=role.value)
+            await self.pool.wait_ready(role, count, EXECUTOR_START_TIMEOUT_S)
+            return
+        try:
+            await self.steps.start_placed(role, per_node)
+        except LaunchFailed as e:
+            raise LaunchFailed(f"{e} (the spec's placement asks for them on exactly {per_node})") from None
 
     def _batches_by_worker(self) -> dict[str, int]:
         live = self.pool.of_role(Role.WORKER, ExecutorState.READY)
