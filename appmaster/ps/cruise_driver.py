@@ -22,13 +22,14 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from appmaster.cruise.optimizer import CruiseConfig, CruiseOptimizer, Decision, JobSizes
 from appmaster.cruise.plan_builder import ExecutorState as CruiseExecutor
 from appmaster.cruise.profiling import SlotInfo
 from appmaster.cruise.targets import Role
 from protocol import executor_ops as ops
+from protocol.internal_api import NodePlacement
 from protocol.ps_job_spec import PSJobSpec
 from protocol.ps_status import CruisePlanRecord, CruiseStatus
 from psruntime.apps.base import AnyPSApp
@@ -206,9 +207,12 @@ class CruiseDriver:
             self._start(decision, last)
         return decision
 
-    async def reshape(self, target: Shape, nodes: tuple[str, ...]) -> Decision:
+    async def reshape(self, target: Shape, nodes: tuple[str, ...],
+                      placement: Sequence[NodePlacement] = ()) -> Decision:
         """An RM shape directive (appmaster.ps.directives.Reshaper): Cruise splits the granted
-        containers itself; executors it adds start on `nodes` when the directive names them."""
+        containers itself; executors it adds start on `nodes` when the directive names them. A
+        per-node `placement` is not followed: Cruise decides the worker / server split, so only
+        the placement's node set binds it."""
         self.runtime_nodes(nodes)
         return await self.resize(target.workers, target.servers)
 

@@ -47,9 +47,11 @@ RESUME_RETRY_S = 5.0
 class Reshaper(Protocol):
     """A job's reshaping mechanism, as a directive drives it: EPS's functions (appmaster.ps.
     elastic_ops), the kill-based baseline (appmaster.ps.kill_restart) or Cruise (appmaster.ps.
-    cruise_driver). `nodes`: the only nodes the job may run executors on (empty: anywhere)."""
+    cruise_driver). `nodes`: the only nodes the job may run executors on (empty: anywhere);
+    `placement`: how many of each role on each node (empty: the node set is all it says)."""
 
-    async def reshape(self, target: "Shape", nodes: tuple[str, ...]) -> object: ...
+    async def reshape(self, target: "Shape", nodes: tuple[str, ...],
+                      placement: Sequence[NodePlacement] = ()) -> object: ...
 
 
 class Suspender(Protocol):
@@ -308,8 +310,9 @@ class DirectiveHandler:
     """Acts on the RM's shape directives for one PS job (see the module doc).
 
     `reshaper()` returns the job's reshaping mechanism (None: this AM cannot reshape; directives
-    are then logged and dropped), `current()` its shape now and `placed(nodes)` whether every
-    executor already runs on `nodes`. `on_change` is told when a change starts
+    are then logged and dropped), `current()` its shape now and `placed(nodes, placement)` whether
+    the executors already are where a directive puts them (every one on `nodes`; with a per-node
+    `placement`, exactly its counts on each node). `on_change` is told when a change starts
     (True) and ends (False), so the shape report says `changing`. `on_group` is told the Harmony
     group of each directive the tracker applies, as it applies it (the executors launched for it
     run in that group) -- never a stale or superseded directive's.
@@ -319,7 +322,7 @@ class DirectiveHandler:
                  max_workers: Optional[int] = None, max_servers: Optional[int] = None,
                  on_change: Optional[Callable[[bool], None]] = None,
                  wall_clock: Callable[[], float] = time.time,
-                 placed: Callable[[tuple[str, ...]], bool] = lambda nodes: True,
+                 placed: Callable[[tuple[str, ...], tuple[NodePlacement, ...]], bool] = lambda nodes, placement: True,
                  suspender: Optional[Suspender] = None,
                  min_workers: int = 1, min_servers: int = 1,
                  executor_resource: Callable[[], Optional[Resource]] = lambda: None,
@@ -410,14 +413,15 @@ class DirectiveHandler:
             await self._suspend_or_resume(d, target, out, restart=True)
             return
         reshaper = self.reshaper()
-        if reshaper is None or (delta.empty and (not nodes or self.placed(nodes))):
+        placement = tuple(d.placement)
+        if reshaper is None or (delta.empty and self.placed(nodes, placement)):
             log.info("shape directive v%d: already %d workers, %d servers%s", d.version, target.workers,
                      target.servers, f" on {list(nodes)}" if nodes else "")
             return
         log.info("shape directive v%d: %d/%d -> %d/%d workers/servers%s (%s)", d.version, before.workers,
                  before.servers, target.workers, target.servers, f" on {list(nodes)}" if nodes else "",
                  d.reason or "no reason given")
-        await self._run_change(d, out, lambda: reshaper.reshape(target, nodes))
+        await self._run_change(d, out, lambda: reshaper.reshape(target, nodes, placement))
 
     async def _suspend_or_resume(self, d: ShapeDirective, target: Shape, out: DirectiveOutcome,
                                  restart: bool = False) -> None:

@@ -43,14 +43,15 @@ import asyncio
 import logging
 import time
 from functools import partial
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
 
+from protocol.internal_api import NodePlacement
 from protocol.ps_job_spec import PSJobSpec
 from protocol.shape_history import EpsChange
 
 from .boundary_scheduler import TrainingNotRunning
 from .directives import Shape
-from .eps_decisions import Transfer, balance_onto, drain, pick_leaving, pick_leaving_off
+from .eps_decisions import Transfer, balance_onto, drain, pick_leaving, pick_leaving_off, placement_moves
 from .eps_records import ElasticBusy, ElasticOpError, ElasticOpFailed, ElasticOpRecord
 from .executor_pool import ExecutorRecord, Role
 from .job import JobPhase
@@ -145,11 +146,14 @@ class ElasticOps:
         ids = set(pick_leaving_off([(e.executor_id, e.container.node_id) for e in members], n, nodes))
         return [e for e in members if e.executor_id in ids]
 
-    async def reshape(self, target: Shape, nodes: tuple[str, ...] = ()) -> list[ElasticOpRecord]:
+    async def reshape(self, target: Shape, nodes: tuple[str, ...] = (),
+                      placement: Sequence[NodePlacement] = ()) -> list[ElasticOpRecord]:
         """Carry the job to `target` workers and servers (an RM directive); `nodes`: where added
         executors go, and the only nodes the job may keep executors on (executors elsewhere move
         there: a replacement starts on an allowed node, takes over their blocks or splits, and
-        they leave)."""
+        they leave). `placement` (per node, how many of each role): exactly that, see `place`."""
+        if placement:
+            return await self.place(target, placement)
         w, s = self.training.membership.shape()
         out: list[ElasticOpRecord] = []
         if (target.workers, target.servers) != (w, s):
@@ -157,6 +161,38 @@ class ElasticOps:
         if nodes:
             out += await self.relocate(nodes)
         return out
+
+    async def place(self, target: Shape, placement: Sequence[NodePlacement]) -> list[ElasticOpRecord]:
+        """Carry the job live to a per-node placement: on each node exactly its workers and servers,
+        none elsewhere (Harmony's one worker + one server on every node of a group). Per role, the
+        executors a node lacks start there (one strict ask per node), then the surplus ones (off the
+        placement's nodes, or more than a node's count) leave, their blocks and splits moving to
+        the rest as EPS's remove does; both roles' additions run concurrently, then both roles'
+        removals. Adding first keeps a job that moves every executor training throughout."""
+        by_role = {Role.WORKER: {p.node: p.workers for p in placement},
+                   Role.SERVER: {p.node: p.servers for p in placement}}
+        if (sum(by_role[Role.WORKER].values()), sum(by_role[Role.SERVER].values())) != (target.workers, target.servers):
+            raise ElasticOpError(f"the placement {[(p.node, p.workers, p.servers) for p in placement]} does not "
+                                 f"add up to {target.workers} workers and {target.servers} servers")
+        self._check_now()
+        self._check_shape(target.workers, target.servers)
+        plan: list[tuple[Role, list[ExecutorRecord], dict[str, int]]] = []
+        for role, members in ((Role.SERVER, self.training.membership.servers),
+                              (Role.WORKER, self.training.membership.workers)):
+            ids, adds = placement_moves([(e.executor_id, e.container.node_id) for e in members], by_role[role])
+            plan.append((role, [e for e in members if e.executor_id in set(ids)], adds))
+        if not any(leaving or adds for _, leaving, adds in plan):
+            return []
+        adders = {Role.SERVER: self._add_servers, Role.WORKER: self._add_workers}
+        removers = {Role.SERVER: self._remove_servers, Role.WORKER: self._remove_workers}
+        async with self.steps.exclusive(f"place {sorted((p.node, p.workers, p.servers) for p in placement)}"):
+            additions = await asyncio.gather(*(
+                self._run(f"place_{role.value}s_add", sum(adds.values()), partial(adders[role], per_node=adds))
+                for role, _, adds in plan if adds))
+            removals = await asyncio.gather(*(
+                self._run(f"place_{role.value}s_remove", len(leaving), partial(removers[role], leaving=leaving))
+                for role, leaving, _ in plan if leaving))
+        return list(additions) + list(removals)
 
     async def relocate(self, nodes: tuple[str, ...]) -> list[ElasticOpRecord]:
         """Move every executor that runs outside `nodes` onto them, keeping the shape: per role, add
@@ -270,9 +306,10 @@ class ElasticOps:
         return rec
 
     # -- servers -----------------------------------------------------------------------------
-    async def _add_servers(self, rec: ElasticOpRecord, n: int, nodes: tuple[str, ...] = ()) -> None:
+    async def _add_servers(self, rec: ElasticOpRecord, n: int, nodes: tuple[str, ...] = (),
+                           per_node: Optional[Mapping[str, int]] = None) -> None:
         steps, membership, placement = self.steps, self.training.membership, self.training.placement
-        new = await steps.launch(Role.SERVER, n, rec, nodes)
+        new = await steps.launch(Role.SERVER, n, rec, nodes, per_node)
         current = membership.server_ids()
         moves = balance_onto({s: placement.blocks_of(s) for s in current}, current, [e.executor_id for e in new])
         # In the server list from now on: they answer the objective (0 until their blocks land).
@@ -308,10 +345,11 @@ class ElasticOps:
             await steps.retire(gone, rec)
 
     # -- workers -----------------------------------------------------------------------------
-    async def _add_workers(self, rec: ElasticOpRecord, n: int, nodes: tuple[str, ...] = ()) -> None:
+    async def _add_workers(self, rec: ElasticOpRecord, n: int, nodes: tuple[str, ...] = (),
+                           per_node: Optional[Mapping[str, int]] = None) -> None:
         steps, membership = self.steps, self.training.membership
         ledger = steps.splits()
-        new = await steps.launch(Role.WORKER, n, rec, nodes)
+        new = await steps.launch(Role.WORKER, n, rec, nodes, per_node)
         for e in new:
             ledger.add_worker(e.executor_id)
         current = membership.worker_ids()

@@ -132,6 +132,28 @@ def pick_leaving_off(candidates: Sequence[tuple[str, str]], n: int, allowed: Seq
     return away + pick_leaving(on, n - len(away))
 
 
+def placement_moves(candidates: Sequence[tuple[str, str]], wanted: Mapping[str, int]
+                    ) -> tuple[list[str], dict[str, int]]:
+    """What brings one role's executors to a per-node placement (a directive's `NodePlacement`s:
+    exactly `wanted[node]` on each node, none elsewhere): `(holder, node)` pairs in launch order ->
+    (the holders to remove, how many to add on each node). Surplus on a node leaves most recent
+    first (`pick_leaving`); a node short of its count gets the difference. A node set alone cannot
+    say this: two workers on one host and two servers on another are "on the group's nodes" but
+    not one worker + one server on each (Harmony's layout, §4.3.2)."""
+    if any(n < 0 for n in wanted.values()):
+        raise DecisionError(f"negative count in placement {dict(wanted)}")
+    on: dict[str, list[str]] = {}
+    for holder, node in candidates:
+        on.setdefault(node, []).append(holder)
+    leaving: list[str] = []
+    for node, holders in on.items():
+        surplus = len(holders) - wanted.get(node, 0)
+        if surplus > 0:
+            leaving += pick_leaving(holders, surplus)
+    adds = {node: n - len(on.get(node, [])) for node, n in wanted.items() if n > len(on.get(node, []))}
+    return leaving, adds
+
+
 def group_by_route(transfers: Sequence[Transfer]) -> dict[tuple[str, str], list[int]]:
     """Items per (src, dst) pair, in order: one migration or one send per pair."""
     out: dict[tuple[str, str], list[int]] = {}

@@ -20,14 +20,14 @@ import enum
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Mapping, Optional, Sequence
 
 import msgspec
 
 from appmaster.container_book import AmContainer
 from protocol import container_env
 from protocol import executor_ops as ops
-from protocol.internal_api import LaunchContext, WarmStart
+from protocol.internal_api import LaunchContext, NodePlacement, WarmStart
 from protocol.local_resources import LocalResource
 from protocol.ps_status import ExecutorStatus, ShapeStatus
 from protocol.records import ExitStatus
@@ -199,6 +199,21 @@ class ExecutorPool:
     def all_on(self, nodes: tuple[str, ...]) -> bool:
         """Whether every live executor runs on one of `nodes` (a placement directive's)."""
         return all(e.container.node_id in nodes for e in self.live())
+
+    def placed(self, nodes: tuple[str, ...], placement: Sequence[NodePlacement] = ()) -> bool:
+        """Whether the job's executors are where a directive puts them: with a per-node
+        `placement`, exactly its workers and servers on each of its nodes and none elsewhere
+        (launching or serving ones); else every live executor on `nodes` (none: anywhere)."""
+        if not placement:
+            return not nodes or self.all_on(nodes)
+        have: dict[tuple[str, Role], int] = {}
+        for e in self.executors.values():
+            if e.state in (ExecutorState.LAUNCHING, ExecutorState.READY):
+                key = (e.container.node_id, e.role)
+                have[key] = have.get(key, 0) + 1
+        want = {k: n for p in placement for k, n in (((p.node, Role.WORKER), p.workers),
+                                                     ((p.node, Role.SERVER), p.servers)) if n}
+        return have == want
 
     def retire(self, rec: ExecutorRecord) -> None:
         """`rec` leaves the job (EPS remove): its container ending is expected, not a failure."""

@@ -35,8 +35,9 @@ import enum
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
+from protocol.internal_api import NodePlacement
 from protocol.ps_job_spec import PSJobSpec
 from protocol.remote_exception import BadRequest, Conflict
 from protocol.state_machine import TransitionTable
@@ -178,6 +179,7 @@ class _Request:
     timeline: RestartTimeline
     done: "asyncio.Future[KillRestartChange]"
     nodes: tuple[str, ...] = ()
+    placement: tuple[NodePlacement, ...] = ()
 
 
 class KillRestart:
@@ -230,12 +232,14 @@ class KillRestart:
     def changing(self) -> bool:
         return self._lock.locked()
 
-    async def reshape(self, target: Shape, nodes: tuple[str, ...] = ()) -> ResizeReply:
+    async def reshape(self, target: Shape, nodes: tuple[str, ...] = (),
+                      placement: Sequence[NodePlacement] = ()) -> ResizeReply:
         """An RM directive (appmaster.ps.directives.Reshaper): one restart with the target shape,
-        its executors on `nodes` when the directive names them."""
-        return await self.resize(target.workers, target.servers, nodes)
+        its executors on `nodes` when the directive names them (per node as `placement` says)."""
+        return await self.resize(target.workers, target.servers, nodes, tuple(placement))
 
-    async def resize(self, workers: int, servers: int, nodes: tuple[str, ...] = ()) -> ResizeReply:
+    async def resize(self, workers: int, servers: int, nodes: tuple[str, ...] = (),
+                     placement: tuple[NodePlacement, ...] = ()) -> ResizeReply:
         """Restart the job with `workers` and `servers`; returns the shape-history record once
         training has resumed. BadRequest / Conflict (nothing changed) when it cannot be done."""
         spec = self.spec
@@ -243,12 +247,12 @@ class KillRestart:
         async with self._lock:
             self._check_training()
             before = self._shape()
-            placed = self.training.pool.all_on(nodes) if nodes else True
+            placed = self.training.pool.placed(nodes, placement)
             if (workers, servers) == before and placed:
                 return {"mode": self.mode, "workers": workers, "servers": servers, "changed": False}
             fut: asyncio.Future[KillRestartChange] = asyncio.get_running_loop().create_future()
             self._request = _Request(workers, servers, RestartTimeline(before, (workers, servers), self.clock), fut,
-                                     nodes)
+                                     nodes, placement)
             log.info("kill-based reshape %s -> %s workers/servers: stopping at the next clock boundary",
                      before, (workers, servers))
             self.steps.pause()      # the running clock ends, then train() returns
@@ -293,7 +297,7 @@ class KillRestart:
         tl.on(RestartEvent.CHECKPOINT)
         await steps.retire_all(RELEASE_TIMEOUT_S)
         tl.on(RestartEvent.RELEASE)
-        servers, workers = await start_placed(steps, req.workers, req.servers, nodes=req.nodes)
+        servers, workers = await start_placed(steps, req.workers, req.servers, req.placement, req.nodes)
         tl.on(RestartEvent.ALLOCATE)
         restored = await restart_from(steps, cut, servers, workers)
         tl.on(RestartEvent.RESTORE)

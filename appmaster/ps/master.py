@@ -147,7 +147,7 @@ class PSApplicationMaster:
         self.cruise: Optional[CruiseDriver] = None    # optimizer "cruise": built once training is set up
         self.directives = DirectiveHandler(self._reshaper, self.live_shape, spec.max_workers,
                                            spec.max_servers, on_change=self._on_directive_change,
-                                           placed=self.pool.all_on, suspender=self.suspension,
+                                           placed=self.pool.placed, suspender=self.suspension,
                                            min_workers=spec.min_workers, min_servers=spec.min_servers,
                                            executor_resource=lambda: self.steps.resource,
                                            on_group=self._set_harmony_group)

@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, Sequence, TypeVar
 
 from protocol import executor_ops as ops
 from protocol.checkpoint_manifest import JobCheckpoint
@@ -195,11 +195,14 @@ class Reconfiguration:
                 raise LaunchFailed(f"the new {role.value}s did not start: {e}") from None
             raise
 
-    async def launch(self, role: Role, n: int, rec: ElasticOpRecord, nodes: Sequence[str] = ()) -> list[ExecutorRecord]:
-        """Start n executors (see `start_executors`), bind them to the app and register their
-        addresses with every executor; all or nothing (see the module doc)."""
+    async def launch(self, role: Role, n: int, rec: ElasticOpRecord, nodes: Sequence[str] = (),
+                     per_node: Optional[Mapping[str, int]] = None) -> list[ExecutorRecord]:
+        """Start n executors (see `start_executors`; `per_node`: exactly that many on each node,
+        `start_placed`, n being their sum), bind them to the app and register their addresses with every executor;
+        all or nothing (see the module doc)."""
         asked = time.monotonic()
-        new = await self.start_executors(role, n, nodes)
+        new = await (self.start_placed(role, dict(per_node)) if per_node is not None
+                     else self.start_executors(role, n, nodes))
         started = time.monotonic()
         if new:
             granted = max(e.allocated_at for e in new)

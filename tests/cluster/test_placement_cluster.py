@@ -2,10 +2,14 @@
 
 Four nodes; an MLR job (2 workers, 2 servers, EPS mode, the exactly-once audit on) trains with no
 epoch limit in reach. The owner directs it (`PUT /ws/v1/cluster/apps/{id}/shape`, the same
-ShapeDirective a policy sends) first onto nodes {A, B}, then onto {C, D}. Each time the AM asks
-for containers on exactly those nodes (locality not relaxed), moves the model blocks and input
-splits of every executor elsewhere onto the newcomers, and retires the old ones. Checked: after
-each directive every live executor runs on the named nodes, the shape is unchanged, training went
+ShapeDirective a policy sends) first onto nodes {A, B}, then onto {C, D}; the RM spreads the shape
+over them, one worker + one server per node (`JobDecision.spread`). Each time the AM asks for
+containers on exactly the nodes short of their count (locality not relaxed), moves the model
+blocks and input splits of every executor elsewhere (or surplus on its node) onto the newcomers,
+and retires the old ones. The first directive matters even when the first-fit executors already
+sit on {A, B}: two servers on A and two workers on B are on the named nodes but not placed as
+told. Checked: after each directive each named node runs exactly one worker and one server and
+no other node runs any, the shape is unchanged, training went
 on (more epochs, objective still falling, no epoch skipped), and the servers applied every
 mini-batch the workers ran exactly once across the moves. Then the test kills the job.
 """
@@ -45,8 +49,16 @@ def directed(cluster: Any, app_id: str, version: int, nodes: list[str]) -> dict[
     if not outcomes:
         return None
     assert outcomes[-1]["error"] == "", outcomes[-1]
-    # Relocation retires what ran elsewhere only once the newcomers serve: all on `nodes` = done.
-    return st if set(live_nodes(st).values()) <= set(nodes) else None
+    # Placement retires what ran elsewhere only once the newcomers serve: placed as told = done.
+    return st if roles_per_node(st) == {n: ["server", "worker"] for n in nodes} else None
+
+
+def roles_per_node(status: dict[str, Any]) -> dict[str, list[str]]:
+    """node -> the roles of the job's live executors there, sorted."""
+    out: dict[str, list[str]] = {}
+    for executor_id, node in live_nodes(status).items():
+        out.setdefault(node, []).append(executor_id.split("-")[0])
+    return {n: sorted(r) for n, r in out.items()}
 
 
 def test_a_directive_moves_a_running_job_onto_the_named_nodes(four_nodes) -> None:
@@ -66,7 +78,7 @@ def test_a_directive_moves_a_running_job_onto_the_named_nodes(four_nodes) -> Non
             rest(cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/shape",
                  {"workers": 2, "servers": 2, "nodes": target}, user="alice")
             st = wait_until(lambda: directed(cluster, app_id, version, target), 180,
-                            f"every executor on {target} after directive v{version}")
+                            f"one worker + one server on each of {target} after directive v{version}")
             live = live_nodes(st)
             assert sorted(k.split("-")[0] for k in live) == ["server", "server", "worker", "worker"], live
             # Training goes on after the move: more epochs on the new nodes, none skipped.
@@ -79,7 +91,7 @@ def test_a_directive_moves_a_running_job_onto_the_named_nodes(four_nodes) -> Non
             assert st["objective_history"][-1]["objective"] < initial
             assert st["eps"]["audit_mismatches"] == []
             assert st["eps"]["minibatches_applied"] == st["eps"]["minibatches_run"] > 0
-        relocations = [h for h in st["shape_history"] if h["op"].startswith("relocate")]
+        relocations = [h for h in st["shape_history"] if h["op"].startswith("place_")]
         assert relocations and all(h["error"] == "" for h in relocations), st["shape_history"]
         # The RM shows the directive as delivered.
         shape = rest(cluster.rm_url, "GET", f"/ws/v1/cluster/apps/{app_id}/shape")["shape"]

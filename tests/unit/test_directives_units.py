@@ -4,12 +4,13 @@ waiting for training to start, and the shape report's progress figures (injected
 from __future__ import annotations
 
 import asyncio
+from typing import Sequence
 
 import pytest
 
 from appmaster.ps.directives import (DirectiveHandler, DirectiveTracker, ProgressTracker, Shape, ShapeDelta,
                                      TrackerError, TrackerState, diff, target_of)
-from protocol.internal_api import ShapeDirective
+from protocol.internal_api import NodePlacement, ShapeDirective
 from protocol.records import Resource
 
 
@@ -129,7 +130,7 @@ class FakeOps:
     async def remove_servers(self, n: int) -> None:
         await self._op("remove_servers", n, 1, -1)
 
-    async def reshape(self, target: Shape, nodes: tuple[str, ...]) -> None:
+    async def reshape(self, target: Shape, nodes: tuple[str, ...], placement: Sequence[NodePlacement] = ()) -> None:
         """As EPS does it: removals first, then additions (here one after the other)."""
         for name, n in diff(Shape(*self.shape), target).steps():
             await getattr(self, name)(n)
@@ -142,18 +143,22 @@ class FakeRestart:
         self.shape = [3, 3]
         self.nodes: tuple[str, ...] = ()
         self.calls: list[tuple[int, int, tuple[str, ...]]] = []
+        self.placements: list[tuple[NodePlacement, ...]] = []
+        self.placement: tuple[NodePlacement, ...] = ()
 
-    async def reshape(self, target: Shape, nodes: tuple[str, ...]) -> None:
+    async def reshape(self, target: Shape, nodes: tuple[str, ...], placement: Sequence[NodePlacement] = ()) -> None:
         self.calls.append((target.workers, target.servers, nodes))
+        self.placements.append(tuple(placement))
         self.shape = [target.workers, target.servers]
         self.nodes = nodes
+        self.placement = tuple(placement)
 
 
 def handler_for(ops, changes: list[bool] | None = None) -> DirectiveHandler:
     return DirectiveHandler(lambda: ops, lambda: Shape(*ops.shape), max_workers=4, max_servers=4,
                             on_change=(changes.append if changes is not None else None),
-                            placed=lambda nodes: set(getattr(ops, "nodes", ())) <= set(nodes) and bool(
-                                getattr(ops, "nodes", ())))
+                            placed=lambda nodes, placement: not nodes or (set(getattr(ops, "nodes", ())) <= set(nodes) and bool(
+                                getattr(ops, "nodes", ()))))
 
 
 async def test_handler_applies_eps_calls_and_coalesces_during_a_change() -> None:
@@ -203,6 +208,26 @@ async def test_a_directive_naming_nodes_is_carried_out_even_with_the_same_counts
     h.on_directive(ShapeDirective(workers=3, servers=3, nodes=["n3:1", "n4:1"], version=2))
     await h.wait_idle(5)
     assert len(ops.calls) == 1                              # already there: nothing to do
+    await h.close()
+
+
+async def test_a_per_node_placement_is_carried_out_though_every_executor_is_on_its_nodes() -> None:
+    # Harmony's one worker + one server per node: a job whose servers share n1 and workers n2 is
+    # on the directive's nodes, yet not placed as it says, so the reshaper is called with the
+    # placement; once it is met, the same directive again changes nothing.
+    ops = FakeRestart()
+    ops.shape, ops.nodes = [2, 2], ("n1", "n2")
+    spread = [NodePlacement(node="n1", workers=1, servers=1), NodePlacement(node="n2", workers=1, servers=1)]
+    h = DirectiveHandler(lambda: ops, lambda: Shape(*ops.shape),
+                         placed=lambda nodes, placement: set(ops.nodes) <= set(nodes) and (
+                             not placement or tuple(placement) == ops.placement))
+    h.training_started()
+    h.on_directive(ShapeDirective(workers=2, servers=2, nodes=["n1", "n2"], placement=spread, version=1))
+    await h.wait_idle(5)
+    assert ops.calls == [(2, 2, ("n1", "n2"))] and ops.placements == [tuple(spread)]
+    h.on_directive(ShapeDirective(workers=2, servers=2, nodes=["n1", "n2"], placement=spread, version=2))
+    await h.wait_idle(5)
+    assert len(ops.calls) == 1
     await h.close()
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from appmaster.ps.eps_datasets import LedgerError, SplitLedger
 from appmaster.ps.eps_decisions import (DecisionError, Transfer, balance_onto, drain, group_by_route,
-                                        holdings_after, pick_leaving, pick_leaving_off)
+                                        holdings_after, pick_leaving, pick_leaving_off, placement_moves)
 
 
 def counts(h: dict[str, list[int]]) -> dict[str, int]:
@@ -99,6 +99,23 @@ def test_pick_leaving_off_removes_executors_off_the_allowed_nodes_first() -> Non
     assert pick_leaving_off(held, 2, ["n1"]) == ["w1", "w3"]
     assert pick_leaving_off(held, 3, ["n1"]) == ["w1", "w3", "w2"]
     assert pick_leaving_off(held, 2, []) == ["w2", "w3"]          # no placement: the most recent
+
+
+def test_placement_moves_bring_one_role_to_exact_per_node_counts() -> None:
+    # First fit put both workers on n1; the placement wants one on n1 and one on n2.
+    assert placement_moves([("w0", "n1"), ("w1", "n1")], {"n1": 1, "n2": 1}) == (["w1"], {"n2": 1})
+    # Already placed: nothing moves.
+    assert placement_moves([("w0", "n1"), ("w1", "n2")], {"n1": 1, "n2": 1}) == ([], {})
+    # Off the placement's nodes: leaves; a node at 0 counts as off it.
+    assert placement_moves([("w0", "n3"), ("w1", "n1")], {"n1": 1, "n2": 1, "n3": 0}) == (["w0"], {"n2": 1})
+    # A change of count too: growing adds, shrinking removes the most recent of a node's surplus.
+    assert placement_moves([("w0", "n1")], {"n1": 2, "n2": 1}) == ([], {"n1": 1, "n2": 1})
+    assert placement_moves([("w0", "n1"), ("w1", "n1"), ("w2", "n1")], {"n1": 1}) == (["w1", "w2"], {})
+
+
+def test_placement_moves_refuse_a_negative_count() -> None:
+    with pytest.raises(DecisionError, match="negative"):
+        placement_moves([("w0", "n1")], {"n1": -1})
 
 
 # ----- the two datasets ---------------------------------------------------------------------------

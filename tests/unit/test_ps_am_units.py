@@ -2,6 +2,8 @@
 launch command, announcements and exit descriptions, and the status server's HTTP surface."""
 from __future__ import annotations
 
+import dataclasses
+
 import aiohttp
 import pytest
 
@@ -14,6 +16,7 @@ from protocol import codec
 from protocol import executor_ops as ops
 from protocol.job_report import (MAX_EPOCH_TIMES, MAX_OBJECTIVES, JobReport, finite, recent_epoch_times,
                                  recent_objectives)
+from protocol.internal_api import NodePlacement
 from protocol.records import Resource
 from protocol.remote_exception import Conflict
 from psruntime.wire.dataplane import RequestError
@@ -149,6 +152,30 @@ def test_an_announcement_is_the_executor_ready_record_decoded_once_and_a_bad_one
     reply, arrays = pool.handle_frame(Frame({**ops.to_header(ready), "id": 3}))    # as the executor sends it
     assert ops.decode_reply(reply, ops.REPLY_TYPES[ops.ExecutorReady]) == ops.Ok() and arrays == ()
     assert (w0.state, w0.address, w0.pid) == (ExecutorState.READY, "h:7001", 42)
+
+
+def test_a_pool_is_placed_as_a_directive_says_only_with_its_per_node_counts() -> None:
+    pool = ExecutorPool(num_blocks=4, am_address="a:1")
+
+    def on(seq: int, node: str) -> AmContainer:
+        return dataclasses.replace(_container(seq), node_id=node)
+
+    # First fit: both servers on n1, both workers on n2.
+    pool.add(Role.SERVER, on(2, "n1"))
+    pool.add(Role.SERVER, on(3, "n1"))
+    pool.add(Role.WORKER, on(4, "n2"))
+    pool.add(Role.WORKER, on(5, "n2"))
+    spread = (NodePlacement(node="n1", workers=1, servers=1), NodePlacement(node="n2", workers=1, servers=1))
+    assert pool.placed(("n1", "n2"))                    # the node set alone: every executor on it
+    assert not pool.placed(("n1", "n2"), spread)        # one worker + one server on each: no
+    assert not pool.placed(("n1",))
+    assert pool.placed(())                               # no placement: anywhere
+    by_role = (NodePlacement(node="n1", servers=2), NodePlacement(node="n2", workers=2))
+    assert pool.placed(("n1", "n2"), by_role)
+    # A retired executor no longer counts.
+    pool.retire(pool.executors["server-1"])
+    assert not pool.placed(("n1", "n2"), by_role)
+    assert pool.placed(("n1", "n2"), (NodePlacement(node="n1", servers=1), NodePlacement(node="n2", workers=2)))
 
 
 def test_exit_description_names_executor_role_container_and_reason() -> None:

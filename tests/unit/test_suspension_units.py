@@ -60,7 +60,7 @@ class FakeReshaper:
     def __init__(self) -> None:
         self.calls: list[tuple[int, int, tuple[str, ...]]] = []
 
-    async def reshape(self, target: Shape, nodes: tuple[str, ...]) -> None:
+    async def reshape(self, target: Shape, nodes: tuple[str, ...], placement: Sequence[NodePlacement] = ()) -> None:
         self.calls.append((target.workers, target.servers, nodes))
 
 
@@ -147,7 +147,7 @@ async def test_a_new_executor_size_moves_the_job_by_restarting_it_from_a_cut() -
     sus, reshaper = FakeSuspender(), FakeReshaper()
     size = [Resource(512, 1)]
     h = DirectiveHandler(lambda: reshaper, lambda: Shape(1, 1), suspender=sus, executor_resource=lambda: size[0],
-                         placed=lambda nodes: False)     # its executors are elsewhere
+                         placed=lambda nodes, placement: False)     # its executors are elsewhere
     h.training_started()
     placement = (NodePlacement(node="n2", workers=1, servers=1),)
     h.on_directive(directive(1, 1, 1, placement=placement, resource=Resource(512, 1)))   # same size: live
