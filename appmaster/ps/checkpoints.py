@@ -123,14 +123,23 @@ class Checkpointer:
     async def write(self, epoch: int, table: OwnershipTable, servers: Sequence[ExecutorRecord],
                     job: dict[str, Any], clock: int = 0, workers: Sequence[ExecutorRecord] = ()) -> dict[str, Any]:
         """Checkpoint every block at the start of `epoch` (clock 0) or inside it, after the job's
-        `clock`-th clock -- and with `workers`, the worker-local state of their input blocks (apps
-        that keep training state on the workers); returns {"epoch", "clock", "dir", "blocks",
-        "seconds", "bytes", "time"}."""
+        `clock`-th clock, from those of `servers` that own blocks in `table` -- and with `workers`,
+        the worker-local state of their input blocks (apps that keep training state on the
+        workers); returns {"epoch", "clock", "dir", "blocks", "seconds", "bytes", "time"}."""
         async with self._lock:
+            # Only the servers that own blocks in `table` are asked. One that owns none has nothing
+            # to give, and it is exactly the kind the AM may be stopping meanwhile: one an EPS
+            # addition started that its failed change retires before any block reached it, or one
+            # an EPS removal drained (it leaves the server list, then its container goes). Either
+            # can still be in a server list taken a moment earlier, and the checkpoint then failed
+            # with "connection lost" on it, failing the job for an executor the AM retired on
+            # purpose (docs/internals.md, "PS jobs"). Every block's owner must still be among
+            # `servers`: the coverage check below names any block that is not.
+            owners = [s for s in servers if table.blocks_owned_by(s.executor_id)]
             d = self.directory(epoch, clock)
             d.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
-            sizes = await asyncio.gather(*(self._fetch(s, d, table.num_blocks) for s in servers),
+            sizes = await asyncio.gather(*(self._fetch(s, d, table.num_blocks) for s in owners),
                                          *(self._fetch_worker_state(w, d) for w in workers))
             covered = load_manifests(d, table.num_blocks)
             missing = sorted(set(range(table.num_blocks)) - set(covered))
@@ -139,7 +148,7 @@ class Checkpointer:
             # typed: a job field of the wrong type fails here, not when a later attempt resumes
             record = msgspec.convert({**job, "epoch": epoch, "clock": clock, "time": time.time(),
                                       "num_blocks": table.num_blocks, "table": table.to_wire(),
-                                      "servers": [s.executor_id for s in servers], "worker_state": bool(workers)},
+                                      "servers": [s.executor_id for s in owners], "worker_state": bool(workers)},
                                      JobCheckpoint)
             await asyncio.to_thread(self._commit, d, encode_job_checkpoint(record))
             info: dict[str, Any] = {"epoch": epoch, "clock": clock, "dir": str(d), "url": self.durable.child(d.name).url,
@@ -147,7 +156,7 @@ class Checkpointer:
                     "bytes": sum(sizes), "time": record.time}
             self.written.append(info)
             log.info("checkpoint %s: %d blocks, %.1f MiB from %d servers in %.3fs", d, table.num_blocks,
-                     info["bytes"] / 2**20, len(servers), info["seconds"])
+                     info["bytes"] / 2**20, len(owners), info["seconds"])
             return info
 
     def _commit(self, d: Path, manifest: bytes) -> None:
