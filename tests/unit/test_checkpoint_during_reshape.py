@@ -1,6 +1,6 @@
 """A checkpoint taken while an EPS change stops servers asks only the servers that own blocks.
 
-The race (seen in a Harmony run, bench/harmony_colocation.py harmony_no_spill, as a job failed with
+The race (behind jobs a Harmony run of bench/harmony_colocation.py harmony_no_spill lost with
 "checkpoint_blocks on server-N ... connection lost"): a checkpoint takes the job's server list,
 and an executor in it that owns no block -- a server an EPS addition started, which its failed
 change retires before any block reached it, or one an EPS removal drained -- is stopped by the AM
