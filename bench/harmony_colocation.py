@@ -35,18 +35,19 @@ from the specs' fixed seeds, so every mode trains the same jobs on the same data
 Degree of parallelism and placement: a static-mode job asks `--dop` workers and `--dop` servers
 (default 2: two hosts' worth); Harmony places its jobs itself, one worker and one server on each
 node of a job's group (profiling: one of each on one node), which is the paper's rule, so under
-harmony a job's DoP is its group's node count (reported as `group_nodes`). The static modes place
-their jobs by that same rule, not by the scheduler's first fit (which launches a job's servers
-before its workers, so they shared one host by role and left server-only hosts nearly idle, e.g.
-0.03 against 0.32 of budget): each job is paused as soon as it is submitted and resumed with one
-worker + one server on each of its `--dop` hosts (PUT /apps/{id}/shape run states, `Placer`).
-Isolated: a job's hosts are the first `--dop` free ones. Naive / subtasks: every job at once, job
-i on hosts i*dop .. i*dop+dop-1 round-robin, so each host carries the same number of jobs' pairs,
-as Harmony's groups give (its partners are its own choice; the per-host counts match). The pause
-and resume is in the static jobs' JCTs (a checkpoint and a restart early in the job, as every
-Harmony job pays at least one restart into its group). Each run reports the executors on every
-host and one job's executors per host, sampled from the worker hosts' NMs once every submitted job
-runs on its hosts (`executors_per_host`, `job_executors_per_host`), each job's final workers and
+harmony a job's DoP is its group's node count (reported as `group_nodes`), and its jobs are
+submitted with one worker and one server, the profiling shape (a PS AM starts its submitted
+shape before it acts on a directive; the simulator submits Harmony's jobs the same way). The
+static modes place their jobs by Harmony's rule too, not by the scheduler's first fit (which
+launches a job's servers before its workers, so they shared one host by role and left server-only
+hosts nearly idle, e.g. 0.03 against 0.32 of budget): each job's spec carries a placement of one
+worker + one server on each of its `--dop` hosts, which the AM's first asks obey (docs/internals.md,
+"Initial placement"), so no static job restarts to get there. Isolated: a job's hosts are the
+first `--dop` free ones. Naive / subtasks: every job at once, job i on hosts i*dop .. i*dop+dop-1
+round-robin, so each host carries the same number of jobs' pairs, as Harmony's groups give (its
+partners are its own choice; the per-host counts match). Each run reports the executors on every
+host and one job's executors per host, sampled from the worker hosts' NMs (the sample with the
+most executors: `executors_per_host`, `job_executors_per_host`), each job's final workers and
 servers on each of its hosts from the AMs' status (`job_roles_per_host`: ["w1s1"] is one worker +
 one server everywhere), how many hosts a job used (`hosts_per_job`) and every host's CPU use
 (`host_cpu`), so a placement that differs between modes is visible, not hidden.
@@ -136,12 +137,14 @@ def log(text: str) -> None:
 
 
 def job_specs(n: int, epochs: int, dop: int, mode: Mode, workload: str) -> list[dict[str, Any]]:
-    """The same jobs in every mode: only the arbiter and spill switches differ by mode."""
+    """The same jobs in every mode: only the arbiter and spill switches differ by mode, and the
+    submitted shape (static: `dop` of each role; Harmony: one of each, its profiling shape)."""
     jobs, executor_mb = WORKLOADS[workload]
+    width = dop if mode.policy == "static" else 1
     out = []
     for i in range(n):
         app, data, hparams = jobs[i % len(jobs)]
-        spec: dict[str, Any] = {"app": app, "workers": dop, "servers": dop, "executor_memory_mb": executor_mb,
+        spec: dict[str, Any] = {"app": app, "workers": width, "servers": width, "executor_memory_mb": executor_mb,
                                 "max_epochs": epochs, "convergence_threshold": 1e-12, "data": data,
                                 "hparams": hparams, "heldout_every_epochs": 0}
         if mode.use_arbiter:
@@ -222,47 +225,10 @@ def round_robin_hosts(n_jobs: int, hosts: list[str], dop: int) -> list[list[str]
     return [[hosts[(i * dop + k) % len(hosts)] for k in range(dop)] for i in range(n_jobs)]
 
 
-class Placer:
-    """Puts a static-mode job's executors where Harmony would: one worker and one server on each of
-    its `dop` hosts. The AM launches its first executors wherever the scheduler's first fit puts
-    them (servers first, so a job's servers tend to share one host and its workers another), and
-    an EPS move to nodes the job already uses is a no-op; so the bench directs the job through the
-    PUT /apps/{id}/shape run states Harmony itself uses (docs/app_api.md): "pause" as soon as it is
-    submitted (the AM keeps it until training starts, then checkpoints and gives its executors
-    back), then, once the job reports itself paused, "resume" on exactly its hosts, which the RM
-    spreads one worker + one server per node (JobDecision.spread). Every static-mode job pays one
-    pause + resume, as every Harmony job pays at least one restart into its group."""
-
-    def __init__(self, client: RmRestClient, dop: int):
-        self.client = client
-        self.dop = dop
-        self.pending: dict[str, list[str]] = {}       # app id -> the node ids to resume it on
-        self.moving: set[str] = set()                 # resumed on its hosts, not running there yet
-
-    async def submitted(self, app_id: str, nodes: list[str]) -> None:
-        await self.client.put_shape(app_id, self.dop, self.dop, reason="bench: pause to place", run_state="pause")
-        self.pending[app_id] = nodes
-
-    @property
-    def settled(self) -> bool:
-        """Every job submitted so far runs on its hosts."""
-        return not self.pending and not self.moving
-
-    async def poll(self) -> None:
-        for app_id in list(self.moving):
-            if not ((await self.client.app_shape(app_id)).get("current") or {}).get("paused"):
-                self.moving.discard(app_id)
-        for app_id, nodes in list(self.pending.items()):
-            current = (await self.client.app_shape(app_id)).get("current") or {}
-            if current.get("paused") and not current.get("workers") and not current.get("servers"):
-                await self.client.put_shape(app_id, self.dop, self.dop, reason="bench: one worker + one server "
-                                            "per host", nodes=nodes, run_state="resume")
-                del self.pending[app_id]
-                self.moving.add(app_id)
-
-    def forget(self, app_id: str) -> None:
-        self.pending.pop(app_id, None)
-        self.moving.discard(app_id)
+def placement_on(cluster: TestbedCluster, hosts: list[str]) -> list[dict[str, Any]]:
+    """A static-mode job's spec placement: one worker and one server on each of its hosts (the
+    AM's first asks, docs/internals.md "Initial placement"), Harmony's layout for a group."""
+    return [{"node": cluster.node_id(h), "workers": 1, "servers": 1} for h in hosts]
 
 
 async def executors_by_host(cluster: TestbedCluster, client: RmRestClient,
@@ -286,8 +252,8 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
                    timeout_s: float, place: Optional[list[list[str]]] = None, dop: int = 2) -> dict[str, Any]:
     """All jobs arrive at once; at most `max_running` are submitted at a time, the others wait in
     arrival order. JCT = the RM's finish time - arrival. `place`: each job's hosts (static modes;
-    empty lists: the first free `dop` hosts when it is submitted, isolated's own hosts), where the
-    bench puts one worker + one server each (Placer); None: the policy places (Harmony)."""
+    empty lists: the first free `dop` hosts when it is submitted, isolated's own hosts), where its
+    spec's placement puts one worker + one server each; None: the policy places (Harmony)."""
     meter = HostMeter(cluster)
     peak: dict[str, dict[str, int]] = {}      # the placement sample with the most executors
     samples = 0
@@ -299,7 +265,6 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
         waiting = list(enumerate(specs))
         running: list[str] = []
         reports: dict[str, dict[str, Any]] = {}
-        placer = Placer(client, dop) if place is not None else None
         holds: dict[str, list[str]] = {}          # running app id -> its hosts (isolated: none shared)
         shapes: dict[str, tuple[int, int]] = {}   # finished app id -> (workers, servers) it ended with
         while waiting or running:
@@ -309,21 +274,21 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
                 raise RuntimeError(f"{len(waiting) + len(running)} jobs did not finish within {timeout_s:.0f}s")
             while waiting and len(running) < max_running:
                 i, s = waiting.pop(0)
+                hosts: list[str] = []
+                if place is not None:
+                    taken = {h for hs in holds.values() for h in hs}
+                    hosts = place[i] or [h for h in cluster.node_names if h not in taken][:dop]
+                    s = {**s, "placement": placement_on(cluster, hosts)}
                 spec = ps_commands.validate_spec(s)
                 app_id = await ps_commands.submit_ps_job(client, spec, f"colocation-{i}-{s['app']}",
                                                          am_memory=AM_MB)
                 running.append(app_id)
-                if placer is not None and place is not None:
-                    taken = {h for hs in holds.values() for h in hs}
-                    hosts = place[i] or [h for h in cluster.node_names if h not in taken][:dop]
+                if hosts:
                     holds[app_id] = hosts
-                    await placer.submitted(app_id, [cluster.node_id(h) for h in hosts])
-            if placer is not None:
-                await placer.poll()
             samples += 1
-            # Where the executors are, every few polls once every submitted job runs on its hosts
-            # (NM calls cost the hosts little); the latest sample with the most executors is kept.
-            if samples % 5 == 1 and (placer is None or placer.settled):
+            # Where the executors are, every few polls (NM calls cost the hosts little); the latest
+            # sample with the most executors is kept.
+            if samples % 5 == 1:
                 try:
                     seen = await executors_by_host(cluster, client, set(running))
                     if sum(map(sum, (d.values() for d in seen.values()))) >= sum(
@@ -348,8 +313,6 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
                         shapes[a] = (dop, dop)
                     running.remove(a)
                     holds.pop(a, None)
-                    if placer is not None:
-                        placer.forget(a)
                     load.append(os.getloadavg()[0])
                     log(f"  {a} {r['name']}: {r['finalStatus']} after {time.time() - t0:.0f}s"
                         + ("" if r["finalStatus"] == "SUCCEEDED" else f": {str(r.get('diagnostics', ''))[:300]}"))
@@ -401,11 +364,8 @@ def run_mode(name: str, mode: Mode, ns: argparse.Namespace, bandwidth: int) -> d
     per_job = 2 * ns.dop                     # executors of one job
     per_host = 2                             # a job's executors on one host (its DoP's share)
     jobs_per_host = max(1, -(-ns.jobs * per_job // (ns.hosts * per_host))) if mode.shared else 1
-    # Static co-location moves every job from first fit to its hosts (Placer): twice the room, so a
-    # job resuming on its hosts never waits for another job that has not moved yet. Slots only:
-    # the CPU budget of a host is its cgroup's, the same in every mode.
-    slack = 2 if mode.shared and mode.policy == "static" else 1
-    vcores = per_host * jobs_per_host * slack
+    # Slots only: the CPU budget of a host is its cgroup's, the same in every mode.
+    vcores = per_host * jobs_per_host
     memory = vcores * WORKLOADS[ns.workload][1] + 64
     with tempfile.TemporaryDirectory(prefix=f"colocation-{name}-") as tmp:
         cluster = TestbedCluster(Path(tmp), workers=ns.hosts, worker_cpus=ns.host_cpus, bandwidth_bps=bandwidth,

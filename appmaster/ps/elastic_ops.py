@@ -43,7 +43,7 @@ import asyncio
 import logging
 import time
 from functools import partial
-from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence
 
 from protocol.internal_api import NodePlacement
 from protocol.ps_job_spec import PSJobSpec
@@ -134,8 +134,8 @@ class ElasticOps:
             # splits), so each pair runs concurrently: the removals' transfers and clock-boundary
             # waits overlap, as do the additions' container launches. Removals go first: they free
             # the resources an addition may need.
-            removals = await asyncio.gather(*(self._run(op, abs(d), fn) for op, d, fn in plan if d < 0))
-            additions = await asyncio.gather(*(self._run(op, d, fn) for op, d, fn in plan if d > 0))
+            removals = await _all_of(self._run(op, abs(d), fn) for op, d, fn in plan if d < 0)
+            additions = await _all_of(self._run(op, d, fn) for op, d, fn in plan if d > 0)
             return list(removals) + list(additions)
 
     @staticmethod
@@ -186,10 +186,10 @@ class ElasticOps:
         adders = {Role.SERVER: self._add_servers, Role.WORKER: self._add_workers}
         removers = {Role.SERVER: self._remove_servers, Role.WORKER: self._remove_workers}
         async with self.steps.exclusive(f"place {sorted((p.node, p.workers, p.servers) for p in placement)}"):
-            additions = await asyncio.gather(*(
+            additions = await _all_of((
                 self._run(f"place_{role.value}s_add", sum(adds.values()), partial(adders[role], per_node=adds))
                 for role, _, adds in plan if adds))
-            removals = await asyncio.gather(*(
+            removals = await _all_of((
                 self._run(f"place_{role.value}s_remove", len(leaving), partial(removers[role], leaving=leaving))
                 for role, leaving, _ in plan if leaving))
         return list(additions) + list(removals)
@@ -436,6 +436,17 @@ class ElasticOps:
                 "history": [r.to_json() for r in self.history],
                 "limits": self.limits() if started else None,
                 "datasets": self.steps.splits().to_json() if started else None}
+
+
+async def _all_of(ops: Iterable[Awaitable[ElasticOpRecord]]) -> list[ElasticOpRecord]:
+    """Run `ops` concurrently and wait for every one before raising the first error: a role's
+    change that fails must not end the change (freeing its exclusive slot) while the other role's
+    still runs unguarded, retiring executors beside a checkpoint or the next change."""
+    results = await asyncio.gather(*ops, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return [r for r in results if not isinstance(r, BaseException)]
 
 
 def _is_count(n: Any) -> bool:
