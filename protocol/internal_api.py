@@ -186,6 +186,9 @@ class AmRegisterResponse(_Msg):
     queue: str
     user: str
     containers_from_previous_attempts: list[str] = []
+    # The RM's policy places a new PS job before it starts (Harmony: a node of its own to be
+    # profiled on, or none yet): its AM starts no executor until its first directive that runs it.
+    policy_places_new_jobs: bool = False
 
 
 class ResourceAsk(_Msg):

@@ -43,6 +43,7 @@ class AmProtocol:
     clock: Callable[[], float]
     counters: dict[str, int]
     policy_version: int
+    policy_places_new_jobs: bool
     _am_live: OrderedDict[str, float]
     _am_node_wait: dict[str, float]
 
@@ -98,11 +99,15 @@ class AmProtocol:
             self._attempt_event(at, AttemptEvent.REGISTERED)
             at.registered = True
             self._app_event(app, AppEvent.ATTEMPT_REGISTERED)
+            # A new attempt knows nothing of the directives its predecessor got: the latest is
+            # delivered again (an AM under a policy that places new jobs waits for it).
+            app.delivered_directive_version = 0
         at.host, at.rpc_port, at.tracking_url = req.host, req.rpc_port, req.tracking_url
         app.tracking_url = req.tracking_url
         self._touch(at)
         return api.AmRegisterResponse(app_id=app.app_id, attempt_id=at.attempt_id,
-                                      maximum_resource=self.scheduler.maximum, queue=app.queue, user=app.user)
+                                      maximum_resource=self.scheduler.maximum, queue=app.queue, user=app.user,
+                                      policy_places_new_jobs=self.policy_places_new_jobs)
 
     def allocate(self, claims: dict[str, Any], req: api.AllocateRequest) -> api.AllocateResponse:
         app, at = self._attempt_for_token(claims)

@@ -83,6 +83,9 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         # snapshot is stale (rm/policy_runner.py's finish_round drops it). Progress alone (epochs,
         # speeds, timings) does not count: a decision on a report one round old is as good.
         self.policy_version = 0
+        # Whether the RM's policy places new PS jobs before they start (set by the server from its
+        # policy, rm/policies/base.py `places_new_jobs`); AMs learn it at registration.
+        self.policy_places_new_jobs = False
 
     # ----- helpers --------------------------------------------------------------------------
     def policy_changed(self) -> None:

@@ -105,6 +105,7 @@ class ResourceManagerServer:
         self.cluster = cluster
         self.core = ResourceManagerCore(cfg, cluster, clock)
         self.policy = policies.create(cfg.policy, cfg)
+        self.core.policy_places_new_jobs = policies.places_new_jobs(self.policy)
         self.store = store if store is not None else SqliteStateStore(cfg.state_dir)
         self._nm_client = nm_client
         self.tick_interval_s = tick_interval_s

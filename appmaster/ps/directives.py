@@ -342,6 +342,7 @@ class DirectiveHandler:
         self.tracker = DirectiveTracker()
         self.history: list[DirectiveOutcome] = []
         self._task: Optional[asyncio.Task[None]] = None
+        self._offered = asyncio.Event()     # set by every directive offered (first_run_directive)
 
     @property
     def applied_version(self) -> int:
@@ -358,6 +359,7 @@ class DirectiveHandler:
                      d.version, d.workers, d.servers)
             return
         now = self.tracker.offer(d)
+        self._offered.set()
         if now is not None:
             self._spawn(now)
         elif self.tracker.kept is d:
@@ -365,6 +367,18 @@ class DirectiveHandler:
                      "training starts" if self.tracker.state is TrackerState.WAITING else "the running change ends")
         else:
             log.debug("shape directive v%d ignored (already seen v%d)", d.version, self.tracker.seen_version)
+
+    async def first_run_directive(self) -> ShapeDirective:
+        """Before training: wait for the first kept directive that runs the job with executors (not
+        PAUSE, not 0 / 0), for a policy that places new jobs (Harmony: the node it is profiled on;
+        PAUSE while no node is free). The AM starts its first executors as it says; once training
+        starts, the tracker applies it and finds it already carried out."""
+        while True:
+            d = self.tracker.kept
+            if d is not None and d.run_state is not RunState.PAUSE and d.workers > 0 and d.servers > 0:
+                return d
+            self._offered.clear()
+            await self._offered.wait()
 
     def training_started(self) -> None:
         """Training began: a directive kept meanwhile is applied now."""

@@ -30,6 +30,7 @@ import numpy as np
 
 from protocol import codec, container_env, tokens
 from protocol.durable_storage import DurableDir
+from protocol.internal_api import ShapeDirective
 from protocol.job_report import finite, recent_epoch_times, recent_objectives
 from protocol.shape_history import ShapeChange, decode_history
 from protocol.ps_job_spec import PSJobSpec
@@ -263,9 +264,10 @@ class PSApplicationMaster:
         await self.am.register(self.host, self.status_server.port, url)
         self.job.apply(JobEvent.REGISTERED)
         init_values = await self._read_init_from()
-        await self._launch(Role.SERVER, self.spec.servers)
+        first = await self._first_directive()
+        await self._launch(Role.SERVER, first.servers if first else self.spec.servers, first)
         self.job.apply(JobEvent.SERVERS_READY)
-        await self._launch(Role.WORKER, self.spec.workers)
+        await self._launch(Role.WORKER, first.workers if first else self.spec.workers, first)
         self.job.apply(JobEvent.WORKERS_READY)
         self._publish_shape()
         servers, workers = self.pool.ready(Role.SERVER), self.pool.ready(Role.WORKER)
@@ -348,14 +350,32 @@ class PSApplicationMaster:
         return job_record(self.spec, self.am.identity.attempt_id, self.metrics, self.shape_history,
                           self.training.loop)
 
-    async def _launch(self, role: Role, count: int) -> None:
-        """The job's first executors of `role`: where the spec's `placement` puts them (one strict
+    async def _first_directive(self) -> Optional[ShapeDirective]:
+        """Under a policy that places new jobs (the RM says so at registration: Harmony), the
+        first directive that runs the job: how many executors it starts with, of what size, and
+        where. Without one it would start its submitted shape wherever first fit puts it, then
+        move at once (Harmony's profiling node); a job whose spec has a placement keeps it."""
+        reg = self.am.registration
+        if reg is None or not reg.policy_places_new_jobs or self.spec.placement:
+            return None
+        log.info("the RM's policy places new jobs: waiting for its first directive before starting executors")
+        d = await self.directives.first_run_directive()
+        if d.executor_resource is not None:
+            self.resource = self.steps.resource = d.executor_resource
+        log.info("first directive v%d: %d workers, %d servers on %s", d.version, d.workers, d.servers,
+                 [(p.node, p.workers, p.servers) for p in d.placement] or "any node")
+        return d
+
+    async def _launch(self, role: Role, count: int, first: Optional[ShapeDirective] = None) -> None:
+        """The job's first executors of `role`: where `first` (the policy's first directive, see
+        `_first_directive`) or else the spec's `placement` puts them (one strict
         ask per node, `Reconfiguration.start_placed`; a node that is unknown or full waits like any
         ask, until the launch timeout), else anywhere they fit. Only this first launch (and a new
         attempt's, which is a first launch too) obeys the placement: later starts follow their own
         request -- a kill-based reshape or a resume the directive's placement, a recovery that
         restarts the spec's shape anywhere -- since by then the policy, not the spec, places the job."""
-        per_node = self.spec.placed(role.value)
+        per_node = ({p.node: n for p in first.placement if (n := p.workers if role is Role.WORKER else p.servers)}
+                    if first is not None and first.placement else self.spec.placed(role.value))
         if not per_node:
             self.am.add_ask(count, self.resource, tag=role.value)
             await self.pool.wait_ready(role, count, EXECUTOR_START_TIMEOUT_S)
@@ -363,7 +383,8 @@ class PSApplicationMaster:
         try:
             await self.steps.start_placed(role, per_node)
         except LaunchFailed as e:
-            raise LaunchFailed(f"{e} (the spec's placement asks for them on exactly {per_node})") from None
+            whose = "the policy's first directive" if first is not None and first.placement else "the spec's placement"
+            raise LaunchFailed(f"{e} ({whose} asks for them on exactly {per_node})") from None
 
     def _batches_by_worker(self) -> dict[str, int]:
         live = self.pool.of_role(Role.WORKER, ExecutorState.READY)

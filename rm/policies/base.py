@@ -39,6 +39,14 @@ def describe(policy: Policy) -> dict[str, dict[str, object]]:
     return out
 
 
+def places_new_jobs(policy: Policy) -> bool:
+    """Whether `policy` places a new PS job before it starts (its optional `places_new_jobs`
+    attribute, e.g. Harmony's profiling node): the job's AM then waits for its first directive
+    before asking for executors, instead of starting the submitted shape wherever it fits and
+    moving it. False for a policy without the attribute."""
+    return bool(getattr(policy, "places_new_jobs", False))
+
+
 def known() -> list[str]:
     return sorted(_REGISTRY)
 

@@ -128,6 +128,9 @@ class HarmonyPolicy:
     """Harmony's job scheduler (see the module docstring). One instance per RM; keeps job state."""
 
     name = "harmony"
+    # A new job's first executors go where the policy says (its profiling node), not where first
+    # fit puts the submitted shape: its AM waits for the first directive (rm/policies/base.py).
+    places_new_jobs = True
 
     def __init__(self, config: HarmonyConfig | None = None):
         self.cfg = config or HarmonyConfig()

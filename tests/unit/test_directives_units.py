@@ -10,7 +10,7 @@ import pytest
 
 from appmaster.ps.directives import (DirectiveHandler, DirectiveTracker, ProgressTracker, Shape, ShapeDelta,
                                      TrackerError, TrackerState, diff, target_of)
-from protocol.internal_api import NodePlacement, ShapeDirective
+from protocol.internal_api import NodePlacement, RunState, ShapeDirective
 from protocol.records import Resource
 
 
@@ -228,6 +228,29 @@ async def test_a_per_node_placement_is_carried_out_though_every_executor_is_on_i
     h.on_directive(ShapeDirective(workers=2, servers=2, nodes=["n1", "n2"], placement=spread, version=2))
     await h.wait_idle(5)
     assert len(ops.calls) == 1
+    await h.close()
+
+
+async def test_the_first_run_directive_is_the_first_kept_one_that_runs_the_job_with_executors() -> None:
+    # Under a policy that places new jobs the AM waits for it before starting executors: a PAUSE
+    # (no node free yet) is not it; the RUN on a node that follows is, and once training starts
+    # the tracker applies it and finds it carried out.
+    ops = FakeRestart()
+    ops.shape = [0, 0]
+    placed = [NodePlacement(node="n2", workers=1, servers=1)]
+    h = DirectiveHandler(lambda: ops, lambda: Shape(*ops.shape),
+                         placed=lambda nodes, placement: tuple(placement) == ops.placement)
+    waiter = asyncio.create_task(h.first_run_directive())
+    h.on_directive(ShapeDirective(workers=0, servers=0, run_state=RunState.PAUSE, version=1))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    h.on_directive(ShapeDirective(workers=1, servers=1, nodes=["n2"], placement=placed, version=2))
+    first = await asyncio.wait_for(waiter, 5)
+    assert first.version == 2 and first.placement == placed
+    ops.shape, ops.placement = [1, 1], tuple(placed)      # the AM started them as it said
+    h.training_started()
+    await h.wait_idle(5)
+    assert ops.calls == [] and h.applied_version == 2
     await h.close()
 
 

@@ -141,3 +141,35 @@ async def test_harmony_groups_pauses_and_resumes_scripted_jobs_inside_the_rm(tmp
     finally:
         await client.close()
         rm.store.close()
+
+
+async def test_a_policy_that_places_new_jobs_says_so_at_registration_and_a_new_attempt_gets_its_directive(tmp_path):
+    # Harmony places a new job before it starts, so its AM is told to wait for the first directive;
+    # an AM of a later attempt is given the latest directive again (its predecessor's is not its own).
+    (tmp_path / "cluster.toml").write_text('[cluster]\nsecret = "test-secret-0123456789"\n')
+    clock = FakeClock()
+    for policy, places in (("static", False), ("harmony", True)):
+        cfg, cluster = load_configs(parse_args(["--policy", policy, "--state-dir", str(tmp_path / policy),
+                                                "--cluster-config", str(tmp_path / "cluster.toml"),
+                                                "--am-expiry-s", "5"]))
+        rm = ResourceManagerServer(cfg, cluster, clock=clock, run_timers=False)
+        core = rm.core
+        register(core, "n1:1", mem=16 * 1024, vcores=16)
+        am = ScriptedAm(core, submit_ps(core, "A"), 4.0, 1.0)
+        reply = core.am_register(am.claims, api.AmRegisterRequest())
+        assert reply.policy_places_new_jobs is places
+        if not places:
+            continue
+        run_policy(core, rm.policy)
+        am.allocate()
+        first = am.directive
+        assert first is not None and first.run_state is RunState.RUN and first.nodes == ["n1:1"]
+        am.allocate()
+        assert am.seen == [first]                      # delivered once to this attempt
+        clock.advance(6)                               # the AM stops heartbeating: a new attempt
+        register(core, "n1:1", mem=16 * 1024, vcores=16)
+        core.tick()
+        assert len(core.apps[am.app_id].attempts) == 2
+        second = ScriptedAm(core, am.app_id, 4.0, 1.0)
+        second.allocate()
+        assert second.seen and second.seen[0].version == first.version
