@@ -20,9 +20,14 @@ job, where it runs:
   inside the smallest group ("a job group with the smallest number of machines"), trusting that
   subtasks run one at a time; here a group's executors share the node's cores and caches beyond
   the arbiter's slots, so a profile taken beside them is not the job's own.
-* **Initial grouping.** When nothing is grouped and every job being profiled has its profile,
-  Algorithm 1 (harmony_grouping.py) groups the profiled and paused jobs on the free nodes; the jobs
-  it leaves out are paused.
+* **Initial grouping.** When nothing is grouped and every job being profiled has its profile --
+  or `initial_wait_s` has passed since the first profile -- Algorithm 1 (harmony_grouping.py)
+  groups the profiled and paused jobs on the free nodes; the jobs it leaves out are paused, and
+  the ones still being profiled arrive later (below). Departure from §4.3.2, which groups once
+  the jobs run at initialization are profiled: a profile at one worker takes whole iterations
+  at DoP 1, so waiting for the slowest one left 80 jobs at DoP 1 for about an hour in the
+  simulator (docs/harmony_simulation.md); the bound grouped after 15 minutes and raised the
+  mean-JCT gain there (measured: docs/harmony_policy.md).
 * **Arrival.** A newly profiled job joins the group (or a new group on free nodes) that raises the
   modelled utilization U the most -- only when no other job is already waiting (profiled or
   paused) and only if U rises; otherwise it is paused and waits. Jobs profiled in the same round
@@ -33,6 +38,14 @@ job, where it runs:
   Algorithm 1, the fewest jobs moved unless 5 % better, and nothing changes for under 5 % gain.
 * **Free nodes** (a finished profile, a new node, a dissolved group) go to the groups one at a
   time, to the most computation-bound group (C_g/m_g - N_g largest), as the allocation does.
+* **Failed moves.** A PS AM moves a job all or nothing, new executors first, and gives up after
+  its launch timeout; two groups swapping nodes can each wait for room the other holds. A grouped
+  job whose AM acted on its directive (steady report) but whose executors are not on its group's
+  nodes for `move_retry_s` is paused and, once its AM has paused, resumed in the same group (a
+  resume waits for its executors without a timeout); it stays a member of its group meanwhile,
+  not a waiting job. Addition to §4.3.2 (which migrates by checkpoint and does not say what a
+  failed migration does): without it such jobs stayed where they were, sharing other groups'
+  nodes for hours while the model counted them placed.
 
 A grouped job runs one worker and one server on every node of its group (`placement`), in `group`
 (a stable id such as "g3"), with `executor_resource` sized so the group fits its nodes: a node's
@@ -89,6 +102,10 @@ class HarmonyConfig:
     profile_iterations: int = 1         # iterations alone on its node before a profile is taken
     alone_wait_s: float = 30.0          # then, still not alone: profile from held times anyway
     regroup_options: int = 5            # partial regroupings compared on a completion
+    # The initial grouping waits for every job being profiled, but no longer than this after the
+    # first profile (None: for all of them); later ones then arrive one by one.
+    initial_wait_s: Optional[float] = 600.0
+    move_retry_s: float = 60.0          # a move still not placed this long after its AM acted on it: failed
 
 
 @dataclass
@@ -106,7 +123,12 @@ class _Job:
     # alone there): a profile is taken only `profile_iterations` past it.
     alone_from: Optional[int] = None
     crowded_since: Optional[float] = None   # when it was first found not alone (RM clock)
+    # A failed move (see `_retry_failed_moves`): since when its executors are off its group's nodes
+    # although its AM acted on the directive; `remigrating`: paused to be resumed in its group.
+    misplaced_since: Optional[float] = None
+    remigrating: bool = False
     iterations: int = 0                 # its report's iterations, as last seen
+    profiled_at: Optional[float] = None     # when its profile was taken (RM clock)
     profiling_s: float = 0.0            # overhead, on the snapshots' clock (see the module doc)
     regroup_s: float = 0.0
     paused_s: float = 0.0
@@ -165,11 +187,12 @@ class HarmonyPolicy:
         finished = self._sync_apps(snapshot)
         self._sync_nodes()
         self._am_on, self._am_unplaced = self._am_room(snapshot)
+        self._retry_failed_moves(apps)
         arrivals = self._measure(apps)
         for gid, times in finished:
             self._on_completion(gid, times)
         if not self.groups:
-            if self._pool() and not self._in_state(JobState.PROFILING):
+            if self._pool() and (not self._in_state(JobState.PROFILING) or self._waited_enough()):
                 self._initial_grouping()
         else:
             for i, app_id in enumerate(arrivals):
@@ -270,6 +293,43 @@ class HarmonyPolicy:
             g = self.groups.get(job.group or "")
             self.profiles.observe(job.app_id, r, alone=g is not None and self._alone(job.app_id, g.nodes))
 
+    def _retry_failed_moves(self, apps: dict[str, AppView]) -> None:
+        """Retry, as a checkpoint migration, a move whose AM gave up on it.
+
+        A PS AM's move is all or nothing and new executors first (appmaster/ps/reconfiguration.py):
+        when a regrouping swaps nodes between groups, each moving job asks for room the other still
+        holds, both wait out the AM's launch timeout and go on where they were -- and having acted on
+        the directive, they report steady, so the policy would count them in groups whose nodes
+        they are not on (in the simulator, 32 of 141 moves; their jobs slowed the groups they sat
+        in for hours: docs/harmony_simulation.md). A job steady with its executors off its group's
+        nodes for `move_retry_s` is paused (checkpoint, executors released) and, once its AM has
+        paused, resumed on its group's nodes: a resume waits for its executors without a timeout,
+        and the jobs moving the other way have released theirs by then. It stays in its group
+        meanwhile (not in the pool)."""
+        now = self._now or 0.0
+        for job in sorted(self.jobs.values(), key=lambda j: j.order):
+            app = apps.get(job.app_id)
+            g = self.groups.get(job.group or "")
+            if job.state is JobState.PAUSED and job.remigrating:
+                if g is None or job.app_id not in g.jobs:
+                    job.remigrating, job.group = False, None    # its group went: it waits in the pool
+                elif app is not None and self._steady(app):
+                    self._fire(job, JobEvent.RESUME)
+                    job.remigrating = False
+                    job.note = f"resumed on {g.group_id}'s nodes after a failed move"
+                continue
+            placed = self._placed.get(job.app_id, set())
+            if (job.state is not JobState.RUNNING or g is None or app is None or not self._steady(app)
+                    or placed == set(g.nodes)):
+                job.misplaced_since = None
+                continue
+            if job.misplaced_since is None:
+                job.misplaced_since = now
+            elif now - job.misplaced_since >= self.cfg.move_retry_s:
+                self._fire(job, JobEvent.PAUSE)
+                job.remigrating, job.misplaced_since = True, None
+                job.note = f"paused to migrate: its move to {g.group_id}'s nodes failed"
+
     @staticmethod
     def _steady(app: AppView) -> bool:
         """The report describes the shape the job was last told to have."""
@@ -334,6 +394,7 @@ class HarmonyPolicy:
         for job in sorted(self.jobs.values(), key=lambda j: j.order):
             if job.state is JobState.PROFILING and self.profiles.get(job.app_id) is not None:
                 self._fire(job, JobEvent.MEASURED)
+                job.profiled_at = self._now
                 out.append(job.app_id)
         return out
 
@@ -405,8 +466,9 @@ class HarmonyPolicy:
         return [j.app_id for j in sorted(self.jobs.values(), key=lambda j: j.order) if j.state in states]
 
     def _pool(self) -> list[str]:
-        """Jobs waiting for a group: profiled and paused, FIFO."""
-        return self._in_state(JobState.PROFILED, JobState.PAUSED)
+        """Jobs waiting for a group: profiled and paused, FIFO (not a job paused only to be
+        resumed in its own group: `_retry_failed_moves`)."""
+        return [a for a in self._in_state(JobState.PROFILED, JobState.PAUSED) if self.jobs[a].group is None]
 
     def _nodes_of(self, app_ids: Iterable[str]) -> list[str]:
         """The profiling nodes these jobs hold."""
@@ -418,6 +480,13 @@ class HarmonyPolicy:
         return sorted(n for n in self._nodes if n not in used)
 
     # ----- scheduling events ---------------------------------------------------------------------------------------
+    def _waited_enough(self) -> bool:
+        """The initial grouping has waited `initial_wait_s` since the first waiting job's profile."""
+        if self.cfg.initial_wait_s is None:
+            return False
+        first = min((t for t in (self.jobs[a].profiled_at for a in self._pool()) if t is not None), default=None)
+        return first is not None and (self._now or 0.0) - first >= self.cfg.initial_wait_s
+
     def _initial_grouping(self) -> None:
         pool = self._pool()
         nodes = sorted(set(self._idle_nodes()) | set(self._nodes_of(pool)))
@@ -605,16 +674,18 @@ class HarmonyPolicy:
         job.group = g.group_id
         job.node = None
         job.note = note
+        job.remigrating = False
 
     def _pause(self, app_id: str, note: str) -> None:
         job = self.jobs[app_id]
         if job.state is not JobState.PAUSED:     # a paused job's run state is PAUSE already
             self._fire(job, JobEvent.PAUSE)
-        if job.group in self.groups:
+        if job.group in self.groups and app_id in self.groups[job.group].jobs:
             self.groups[job.group].jobs.remove(app_id)
         job.group = None
         job.node = None
         job.note = note
+        job.remigrating = False
 
     def _install(self, grouping: Grouping, job_ids: list[str], nodes: list[str], replaced: list[_Group],
                  note: str) -> None:
@@ -644,8 +715,12 @@ class HarmonyPolicy:
         for gid in old:
             del self.groups[gid]
         for a in job_ids:
-            if a not in chosen and self.jobs[a].state is not JobState.PAUSED:
+            if a in chosen:
+                continue
+            if self.jobs[a].state is not JobState.PAUSED:
                 self._pause(a, f"waits: left out by {note}")
+            elif self.jobs[a].remigrating:      # paused to migrate; its group is gone: it waits
+                self.jobs[a].group, self.jobs[a].remigrating = None, False
         for gid, mem, keep in zip(ids, members, placed):
             g = self._new_group() if gid is None else self.groups.setdefault(gid, _Group(gid))
             g.nodes = keep

@@ -5,7 +5,8 @@ One `step()` is one policy round, one second on the snapshots' clock.
 An app's report carries the times its subtasks held their grants (its true profile) and, as the
 whole times, those plus `wait_s` per mini-batch spent waiting for grants (set it to model
 partners' COMPs); `held=False` makes an AM that reports whole times only. The snapshot shows each
-app's executors where its directive put them, plus `lingering` ones (executors not gone yet)."""
+app's executors where its directive put them, plus `lingering` ones (executors not gone yet), or
+`stuck` ones instead (a move that failed)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -34,10 +35,15 @@ class App:
     wait_s: float = 0.0             # per mini-batch, waited for grants (in the whole times only)
     held: bool = True               # the AM reports held times
     lingering: tuple[NodePlacement, ...] = ()   # executors still on nodes it was moved off
+    # Executors that stay here while it runs, whatever its directive says (a move its AM gave up
+    # on: it acted on the directive, its report is steady, its executors did not move).
+    stuck: Optional[tuple[NodePlacement, ...]] = None
 
     def executors(self) -> tuple[NodePlacement, ...]:
         d = self.directive
         placed = () if d is None or d.run_state is RunState.PAUSE or d.workers == 0 else d.placement
+        if placed and self.stuck is not None:
+            placed = self.stuck
         return tuple(placed) + self.lingering
 
     def report(self) -> JobReport:

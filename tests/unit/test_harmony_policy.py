@@ -350,3 +350,95 @@ def test_a_job_whose_node_never_clears_is_profiled_from_held_times_after_a_while
         seen.append(p.describe()["a"]["profileSamples"])
     assert seen[:4] == [0, 0, 0, 0] and seen[-1] >= 1, seen
     assert p.describe()["a"]["tCpu1"] == 4.0          # its held time, not the wait beside x
+
+
+def test_a_move_its_am_gave_up_on_is_retried_by_pausing_and_resuming_the_job_in_its_group():
+    # A PS AM's move is all or nothing, new executors first: when two groups swap nodes both AMs
+    # can time out and go on where they were, reporting steady. The policy must not count such a
+    # job as placed in its group: it checkpoints it and resumes it on the group's nodes.
+    w, p = four_jobs()
+    p = HarmonyPolicy(HarmonyConfig(move_retry_s=3.0))
+    w.step(p)
+    w.step(p)
+    st = states(p)
+    job = next(a for a, (s, _) in sorted(st.items()) if s == "running")
+    group = st[job][1]
+    app = w.apps[job]
+    group_nodes = set(app.directive.nodes)
+    # Its executors stayed on one node of the old placement, not on the group's nodes.
+    app.stuck = (NodePlacement(node=sorted(group_nodes)[0], workers=1, servers=1),)
+    before = len(app.history)
+    for _ in range(3):                                  # under move_retry_s: nothing happens
+        w.step(p)
+    assert states(p)[job] == ("running", group) and len(app.history) == before
+    w.step(p)                                           # misplaced for move_retry_s: paused
+    assert states(p)[job] == ("paused", group)
+    assert app.directive.run_state is RunState.PAUSE and app.directive.workers == 0
+    assert "failed" in p.describe()[job]["note"]
+    app.stuck = None                                    # paused: its executors are released
+    w.step(p)                                           # its AM has paused: resumed in its group
+    assert states(p)[job] == ("running", group)
+    assert app.directive.run_state is RunState.RESUME and set(app.directive.nodes) == group_nodes
+    for _ in range(5):                                  # placed now: it stays
+        w.step(p)
+    assert states(p)[job] == ("running", group)
+
+
+def test_a_job_paused_to_migrate_is_not_a_waiting_job_that_holds_up_arrivals():
+    w, p = four_jobs()
+    p = HarmonyPolicy(HarmonyConfig(move_retry_s=0.0))
+    w.step(p)
+    w.step(p)
+    for a, (s, _) in states(p).items():
+        if s == "paused":
+            w.finish(a)                 # nothing waits but the job paused to migrate below
+    job = next(a for a, (s, _) in sorted(states(p).items()) if s == "running")
+    group = states(p)[job][1]
+    app = w.apps[job]
+    app.stuck = (NodePlacement(node="elsewhere", workers=1, servers=1),)
+    w.step(p)
+    w.step(p)
+    assert states(p)[job] == ("paused", group)
+    # Its AM takes a while to pause; a job arrives meanwhile and is profiled: the paused one is in
+    # its group, not a job waiting before the arrival.
+    real, version = app.report, app.directive.version
+
+    def late():
+        r = real()
+        return r.__class__(**{**{f: getattr(r, f) for f in r.__struct_fields__}, "directive_version": version - 1})
+    app.report = late      # type: ignore[method-assign]
+    app.stuck = None
+    w.submit("e", 4.0, 1.0)
+    notes = []
+    for _ in range(4):
+        w.step(p)
+        notes.append(p.describe()["e"]["note"])
+    assert states(p)[job] == ("paused", group)
+    assert not any("wait before it" in n for n in notes), notes
+    app.report = real      # type: ignore[method-assign]
+    w.step(p)
+    assert states(p)[job][0] == "running"
+
+
+def test_the_initial_grouping_waits_for_a_slow_profile_only_initial_wait_s():
+    w = World(4)
+    w.submit("a", 8.0, 1.0)
+    w.submit("b", 1.0, 1.8)
+    w.submit("slow", 0.0, 0.0)          # its reports have no timings yet: its profile takes long
+    for wait, grouped_after in ((None, None), (4.0, 4)):
+        w2 = World(4)
+        for a in w.apps.values():
+            w2.submit(a.app_id, a.t_cpu1, a.t_net)
+        p = HarmonyPolicy(HarmonyConfig(initial_wait_s=wait))
+        w2.step(p)
+        w2.step(p)                      # a and b profiled
+        seen = []
+        for _ in range(6):
+            w2.step(p)
+            seen.append(any(s == "running" for s, _ in states(p).values()))
+        if grouped_after is None:
+            assert not any(seen)        # waits for every profile
+        else:
+            assert seen.index(True) + 1 == grouped_after, seen
+            st = states(p)
+            assert st["slow"] == ("profiling", None) and p.describe()["slow"]["node"] is not None
