@@ -6,17 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from cli_runner import run_cli as run
 from elastane_cli import main as cli
 from elastane_cli.context import resolve_rm_url
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = cli.main(argv)
-    except SystemExit as e:  # argparse
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from cli_runner import run_cli as run
 from elastane_cli import main as cli
 from elastane_cli import ps_commands, ps_reports
 from protocol.ps_status import HeldoutStatus, decode_status
@@ -32,15 +33,6 @@ def _free_port() -> int:
 def kv(out: str) -> dict[str, str]:
     """The `key : value` lines of a report, whatever their alignment."""
     return {k.strip(): v.strip() for k, sep, v in (ln.partition(" : ") for ln in out.splitlines()) if sep}
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = cli.main(argv)
-    except SystemExit as e:  # argparse
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # ----- parsing and validation ----------------------------------------------------------------------

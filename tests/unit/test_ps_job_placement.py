@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
+from cli_runner import run_cli as _run
 from elastane_cli import main as cli
 from elastane_cli import ps_commands
 from protocol import ps_job_spec
@@ -102,15 +103,6 @@ async def test_the_rm_passes_a_good_placement_to_the_am(rm) -> None:
 
 
 # ----- elastane ps submit -------------------------------------------------------------------------
-
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = cli.main(argv)
-    except SystemExit as e:  # argparse
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
 
 def test_place_flags_and_a_spec_file_give_the_placement(tmp_path) -> None:
     args = cli.build_parser().parse_args(["ps", "submit", "--app", "mlr", "--servers", "2",
