@@ -12,9 +12,15 @@ told. Checked: after each directive each named node runs exactly one worker and 
 no other node runs any, the shape is unchanged, training went
 on (more epochs, objective still falling, no epoch skipped), and the servers applied every
 mini-batch the workers ran exactly once across the moves. Then the test kills the job.
+
+A job spec's `placement` puts a job's first executors exactly where it says: an MLR job submitted
+with one worker and one server on each of two nodes (the layout bench/harmony_colocation.py gives
+its static jobs) is given exactly four executors (none retired, so none started elsewhere first),
+one worker and one server on each node, and an empty shape history (no reshape moved them there).
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Iterator
 
 import pytest
@@ -96,6 +102,28 @@ def test_a_directive_moves_a_running_job_onto_the_named_nodes(four_nodes) -> Non
         # The RM shows the directive as delivered.
         shape = rest(cluster.rm_url, "GET", f"/ws/v1/cluster/apps/{app_id}/shape")["shape"]
         assert shape["directive"]["nodes"] == nodes[2:] and shape["directiveDelivered"]
+    finally:
+        rest(cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+        wait_app(cluster.rm_url, app_id, ("KILLED", "FINISHED", "FAILED"), 60)
+        wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
+
+
+def test_the_first_executors_start_on_the_nodes_the_spec_places_them(four_nodes) -> None:
+    cluster = four_nodes
+    nodes = sorted(n["id"] for n in rest(cluster.rm_url, "GET", "/ws/v1/cluster/nodes")["nodes"]["node"])[:2]
+    placement = [{"node": n, "workers": 1, "servers": 1} for n in nodes]
+    app_id = submit_app(cluster.rm_url, build_ps_submission(
+        {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 100_000, "convergence_threshold": 1e-12,
+         "executor_memory_mb": 320, "placement": placement}, name="placed-at-start", am_memory=384))
+    try:
+        st = wait_until(lambda: (s := am_status(cluster, app_id)) and s["epoch"] >= 1 and s, 120,
+                        "the job trains")
+        executors = st["shape"]["executors"]
+        assert all(e["state"] == "READY" for e in executors), executors
+        on = Counter((e["id"].split("-")[0], e["node"]) for e in executors)
+        assert on == Counter({(role, n): 1 for role in ("worker", "server") for n in nodes}), executors
+        assert st["shape_history"] == [], st["shape_history"]
+        assert st["spec"]["placement"] == placement
     finally:
         rest(cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
         wait_app(cluster.rm_url, app_id, ("KILLED", "FINISHED", "FAILED"), 60)
