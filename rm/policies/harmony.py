@@ -43,7 +43,7 @@ job, where it runs:
   job whose AM acted on its directive (steady report) but whose executors are not on its group's
   nodes for `move_retry_s` is paused and, once its AM has paused, resumed in the same group (a
   resume waits for its executors without a timeout); it stays a member of its group meanwhile,
-  not a waiting job. Addition to §4.3.2 (which migrates by checkpoint and does not say what a
+  not a waiting job. Once per group and node set: a job still misplaced after that is left be. Addition to §4.3.2 (which migrates by checkpoint and does not say what a
   failed migration does): without it such jobs stayed where they were, sharing other groups'
   nodes for hours while the model counted them placed.
 
@@ -127,6 +127,7 @@ class _Job:
     # although its AM acted on the directive; `remigrating`: paused to be resumed in its group.
     misplaced_since: Optional[float] = None
     remigrating: bool = False
+    retried: Optional[tuple[str, tuple[str, ...]]] = None   # the (group, nodes) last retried for
     iterations: int = 0                 # its report's iterations, as last seen
     profiled_at: Optional[float] = None     # when its profile was taken (RM clock)
     profiling_s: float = 0.0            # overhead, on the snapshots' clock (see the module doc)
@@ -319,8 +320,10 @@ class HarmonyPolicy:
                     job.note = f"resumed on {g.group_id}'s nodes after a failed move"
                 continue
             placed = self._placed.get(job.app_id, set())
+            # Once per placement: an AM that cannot be placed there even after a restore (or one
+            # that places executors its own way) is not paused again and again.
             if (job.state is not JobState.RUNNING or g is None or app is None or not self._steady(app)
-                    or placed == set(g.nodes)):
+                    or placed == set(g.nodes) or job.retried == (g.group_id, tuple(g.nodes))):
                 job.misplaced_since = None
                 continue
             if job.misplaced_since is None:
@@ -328,6 +331,7 @@ class HarmonyPolicy:
             elif now - job.misplaced_since >= self.cfg.move_retry_s:
                 self._fire(job, JobEvent.PAUSE)
                 job.remigrating, job.misplaced_since = True, None
+                job.retried = (g.group_id, tuple(g.nodes))
                 job.note = f"paused to migrate: its move to {g.group_id}'s nodes failed"
 
     @staticmethod

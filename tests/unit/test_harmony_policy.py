@@ -442,3 +442,18 @@ def test_the_initial_grouping_waits_for_a_slow_profile_only_initial_wait_s():
             assert seen.index(True) + 1 == grouped_after, seen
             st = states(p)
             assert st["slow"] == ("profiling", None) and p.describe()["slow"]["node"] is not None
+
+
+def test_a_job_its_am_cannot_place_is_paused_to_migrate_once_not_again_and_again():
+    w, p = four_jobs()
+    p = HarmonyPolicy(HarmonyConfig(move_retry_s=0.0))
+    w.step(p)
+    w.step(p)
+    job = next(a for a, (s, _) in sorted(states(p).items()) if s == "running")
+    w.apps[job].stuck = (NodePlacement(node="elsewhere", workers=1, servers=1),)   # for good
+    seen = []
+    for _ in range(12):
+        w.step(p)
+        seen.append(states(p)[job][0])
+    assert seen.count("paused") == 1, seen
+    assert seen[-1] == "running"
