@@ -12,8 +12,9 @@ job, where it runs:
   start-up: "run as many jobs as possible at initialization, ... the smallest number of machines
   for each job"); once groups hold every node, one node at a time (`profiling_nodes`) is taken
   from the group with the most machines, and the profile waits until that group's executors
-  have left it. "Alone" covers the nodes its executors really are on too (an AM starts its
-  executors before its first directive, wherever the scheduler found room); one still not alone
+  have left it. "Alone" covers the nodes its executors really are on too (the PS AM waits for its
+  first directive, `places_new_jobs`, but one that does not starts its executors wherever the
+  scheduler found room); one still not alone
   after `alone_wait_s` is profiled from held times anyway rather than never. The times are those
   the subtasks held their arbiter grants, not waited for
   (harmony_profiles.py). Departure from §4.3.2: the paper profiles a later job in the background
