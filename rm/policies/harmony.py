@@ -51,7 +51,7 @@ job, where it runs:
 A grouped job runs one worker and one server on every node of its group (`placement`), in `group`
 (a stable id such as "g3"), with `executor_resource` sized so the group fits its nodes: a node's
 capacity, less the AMs running there and room for AMs not placed yet, split evenly among the group's 2k
-containers (k jobs); a job keeps its containers' size while that still fits (a partner leaving does not
+containers (k jobs); a job keeps its containers' size while that still fits, from its profiling size on (a partner leaving does not
 resize them), they shrink when the group grows. The jobs per group are capped so every container
 gets a vcore and at least `min_executor_mb`. A paused or waiting job is told PAUSE with no executors; a job put back in a
 group RESUME; a running job moved to other nodes RUN with its new placement (the AM migrates it).
@@ -781,6 +781,10 @@ class HarmonyPolicy:
                                           run_state=job.run_state, reason=why, executor_resource=size)
             elif job.state in (JobState.PROFILING, JobState.PROFILED) and job.node is not None:
                 size = self._executor(self._room([job.node]), CONTAINERS_PER_JOB, job.executor)
+                # Kept into its first group while it fits the group's share: a new size means new
+                # containers, i.e. a checkpoint-restart (9 s on the testbed) for a job that may not
+                # even move; the group's share only shrinks it.
+                sizes[app_id] = size
                 out[app_id] = JobDecision(1, 1, (NodePlacement(node=job.node, workers=1, servers=1),),
                                           run_state=RunState.RUN, reason=why, executor_resource=size)
             else:

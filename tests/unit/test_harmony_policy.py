@@ -62,6 +62,29 @@ def test_new_jobs_are_profiled_alone_on_a_node_each_then_grouped():
     assert sorted(nodes) == ["n1", "n2", "n3", "n4"]
 
 
+def test_a_grouped_job_keeps_its_profiling_size_while_it_fits_and_shrinks_when_not():
+    # A new size means new containers, i.e. a checkpoint-restart; on roomy nodes a job enters its
+    # group with the executors it was profiled with. On nodes that cannot hold the group at that
+    # size, its containers shrink to the group's share.
+    w, p = four_jobs()
+    w.step(p)
+    d = w.step(p)
+    grouped = [jd for jd in d.jobs.values() if jd.group is not None]
+    assert grouped and all(jd.executor_resource == Resource(1024, 1) for jd in grouped)
+
+    w, p = World(2, mem=2048, vcores=8), HarmonyPolicy()
+    for app_id, (cpu, net) in {"a": (8.0, 1.0), "b": (1.0, 1.8)}.items():
+        w.submit(app_id, cpu, net)
+    w.step(p)
+    d = w.step(p)
+    grouped = [jd for jd in d.jobs.values() if jd.group is not None]
+    assert grouped
+    for jd in grouped:
+        members = sum(x.group == jd.group for x in d.jobs.values())
+        assert jd.executor_resource is not None and jd.executor_resource.memory < 1024
+        assert (jd.executor_resource.scale(2 * members) + AM.scale(1)).fits_in(Resource(2048, 8))
+
+
 def test_groups_fit_beside_the_ams_the_scheduler_packed_on_one_node():
     # Found on a real cluster: every AM on one node, containers sized as if AMs were spread evenly,
     # and a grouped job's resume waited until its partner finished for room the AMs held.
