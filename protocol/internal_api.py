@@ -19,7 +19,7 @@ NM endpoints
 from __future__ import annotations
 
 import enum
-from typing import Optional
+from typing import Optional, Sequence
 
 import msgspec
 
@@ -229,6 +229,15 @@ class NodePlacement(_Msg):
     node: str
     workers: int = 0
     servers: int = 0
+
+
+def counts_on_nodes(placement: Sequence[NodePlacement], role: str) -> dict[str, int]:
+    """A placement's count of `role` ("worker" or "server", an executor's role) per node, nodes
+    with none left out: what one strict ask per node asks for."""
+    if role not in ("worker", "server"):
+        raise ValueError(f"no executor role {role!r}: \"worker\" or \"server\"")
+    counts = {p.node: p.workers if role == "worker" else p.servers for p in placement}
+    return {node: n for node, n in counts.items() if n > 0}
 
 
 class ShapeDirective(_Msg):

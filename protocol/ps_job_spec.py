@@ -201,15 +201,6 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             return dict(self.data)
         return resolve_data_spec(self.app, self.data, APP_SCHEMAS[self.app].presets[self.preset])
 
-    def placed(self, role: str) -> dict[str, int]:
-        """The placement's count of `role` ("worker" or "server", the AM's executor roles) per
-        node, nodes with none left out ({} without a placement): what the AM's first launch of
-        that role asks for, node by node."""
-        if role not in ("worker", "server"):
-            raise ValueError(f"no executor role {role!r}: \"worker\" or \"server\"")
-        counts = {p.node: p.workers if role == "worker" else p.servers for p in self.placement}
-        return {node: n for node, n in counts.items() if n > 0}
-
     def to_json(self) -> dict[str, Any]:
         return cast(dict[str, Any], msgspec.to_builtins(self))  # a Struct encodes as an object
 

@@ -45,7 +45,7 @@ import time
 from functools import partial
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence
 
-from protocol.internal_api import NodePlacement
+from protocol.internal_api import NodePlacement, counts_on_nodes
 from protocol.ps_job_spec import PSJobSpec
 from protocol.shape_history import EpsChange
 
@@ -169,8 +169,7 @@ class ElasticOps:
         placement's nodes, or more than a node's count) leave, their blocks and splits moving to
         the rest as EPS's remove does; both roles' additions run concurrently, then both roles'
         removals. Adding first keeps a job that moves every executor training throughout."""
-        by_role = {Role.WORKER: {p.node: p.workers for p in placement},
-                   Role.SERVER: {p.node: p.servers for p in placement}}
+        by_role = {role: counts_on_nodes(placement, role) for role in Role}
         if (sum(by_role[Role.WORKER].values()), sum(by_role[Role.SERVER].values())) != (target.workers, target.servers):
             raise ElasticOpError(f"the placement {[(p.node, p.workers, p.servers) for p in placement]} does not "
                                  f"add up to {target.workers} workers and {target.servers} servers")
@@ -180,7 +179,8 @@ class ElasticOps:
         for role, members in ((Role.SERVER, self.training.membership.servers),
                               (Role.WORKER, self.training.membership.workers)):
             ids, adds = placement_moves([(e.executor_id, e.container.node_id) for e in members], by_role[role])
-            plan.append((role, [e for e in members if e.executor_id in set(ids)], adds))
+            leaving = set(ids)
+            plan.append((role, [e for e in members if e.executor_id in leaving], adds))
         if not any(leaving or adds for _, leaving, adds in plan):
             return []
         adders = {Role.SERVER: self._add_servers, Role.WORKER: self._add_workers}

@@ -27,7 +27,7 @@ import msgspec
 from appmaster.container_book import AmContainer
 from protocol import container_env
 from protocol import executor_ops as ops
-from protocol.internal_api import LaunchContext, NodePlacement, WarmStart
+from protocol.internal_api import LaunchContext, NodePlacement, WarmStart, counts_on_nodes
 from protocol.local_resources import LocalResource
 from protocol.ps_status import ExecutorStatus, ShapeStatus
 from protocol.records import ExitStatus
@@ -211,9 +211,7 @@ class ExecutorPool:
             if e.state in (ExecutorState.LAUNCHING, ExecutorState.READY):
                 key = (e.container.node_id, e.role)
                 have[key] = have.get(key, 0) + 1
-        want = {k: n for p in placement for k, n in (((p.node, Role.WORKER), p.workers),
-                                                     ((p.node, Role.SERVER), p.servers)) if n}
-        return have == want
+        return have == {(node, role): n for role in Role for node, n in counts_on_nodes(placement, role).items()}
 
     def retire(self, rec: ExecutorRecord) -> None:
         """`rec` leaves the job (EPS remove): its container ending is expected, not a failure."""

@@ -30,7 +30,7 @@ import numpy as np
 
 from protocol import codec, container_env, tokens
 from protocol.durable_storage import DurableDir
-from protocol.internal_api import ShapeDirective
+from protocol.internal_api import ShapeDirective, counts_on_nodes
 from protocol.job_report import finite, recent_epoch_times, recent_objectives
 from protocol.shape_history import ShapeChange, decode_history
 from protocol.ps_job_spec import PSJobSpec
@@ -374,8 +374,11 @@ class PSApplicationMaster:
         attempt's, which is a first launch too) obeys the placement: later starts follow their own
         request -- a kill-based reshape or a resume the directive's placement, a recovery that
         restarts the spec's shape anywhere -- since by then the policy, not the spec, places the job."""
-        per_node = ({p.node: n for p in first.placement if (n := p.workers if role is Role.WORKER else p.servers)}
-                    if first is not None and first.placement else self.spec.placed(role.value))
+        if first is not None and first.placement:
+            placement, whose = first.placement, "the policy's first directive"
+        else:
+            placement, whose = self.spec.placement, "the spec's placement"
+        per_node = counts_on_nodes(placement, role)
         if not per_node:
             self.am.add_ask(count, self.resource, tag=role.value)
             await self.pool.wait_ready(role, count, EXECUTOR_START_TIMEOUT_S)
@@ -383,7 +386,6 @@ class PSApplicationMaster:
         try:
             await self.steps.start_placed(role, per_node)
         except LaunchFailed as e:
-            whose = "the policy's first directive" if first is not None and first.placement else "the spec's placement"
             raise LaunchFailed(f"{e} ({whose} asks for them on exactly {per_node})") from None
 
     def _batches_by_worker(self) -> dict[str, int]:

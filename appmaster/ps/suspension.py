@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from protocol import executor_ops as ops
-from protocol.internal_api import NodePlacement
+from protocol.internal_api import NodePlacement, counts_on_nodes
 from protocol.records import Resource
 from protocol.remote_exception import Conflict
 from protocol.state_machine import TransitionTable
@@ -92,8 +92,8 @@ async def start_placed(steps: Reconfiguration, workers: int, servers: int,
     """New servers and workers: per node exactly as `placement` says, else spread over `nodes`
     (anywhere when empty)."""
     if placement:
-        return await asyncio.gather(steps.start_placed(Role.SERVER, {p.node: p.servers for p in placement}),
-                                    steps.start_placed(Role.WORKER, {p.node: p.workers for p in placement}))
+        return await asyncio.gather(steps.start_placed(Role.SERVER, counts_on_nodes(placement, Role.SERVER)),
+                                    steps.start_placed(Role.WORKER, counts_on_nodes(placement, Role.WORKER)))
     return await asyncio.gather(steps.start_executors(Role.SERVER, servers, nodes),
                                 steps.start_executors(Role.WORKER, workers, nodes))
 

@@ -15,7 +15,7 @@ from cli_runner import run_cli as _run
 from elastane_cli import main as cli
 from elastane_cli import ps_commands
 from protocol import ps_job_spec
-from protocol.internal_api import NodePlacement
+from protocol.internal_api import NodePlacement, counts_on_nodes
 from protocol.ps_job_spec import JobSpecError, validate
 import rm_inprocess
 from rm_inprocess import BASE, new_application_id
@@ -35,17 +35,18 @@ def test_a_placement_round_trips_and_gives_the_counts_per_node_and_role() -> Non
                            {"node": "worker-host-2", "servers": 2}]))
     assert spec.placement == [NodePlacement("10.0.0.5:45454", 2, 0), NodePlacement("worker-host-2", 0, 2)]
     # A node with none of a role gets no ask for it.
-    assert spec.placed("worker") == {"10.0.0.5:45454": 2}
-    assert spec.placed("server") == {"worker-host-2": 2}
+    assert counts_on_nodes(spec.placement, "worker") == {"10.0.0.5:45454": 2}
+    assert counts_on_nodes(spec.placement, "server") == {"worker-host-2": 2}
     assert validate(json.dumps(spec.to_json())) == spec
     assert spec.to_json()["placement"][1] == {"node": "worker-host-2", "workers": 0, "servers": 2}
     with pytest.raises(ValueError, match="no executor role 'ps'"):
-        spec.placed("ps")
+        counts_on_nodes(spec.placement, "ps")
 
 
 def test_no_placement_or_an_empty_one_places_nothing() -> None:
     for spec in (validate({"app": "mlr"}), validate(_spec([]))):
-        assert spec.placement == [] and spec.placed("worker") == {} and spec.placed("server") == {}
+        assert spec.placement == []
+        assert counts_on_nodes(spec.placement, "worker") == {} and counts_on_nodes(spec.placement, "server") == {}
 
 
 @pytest.mark.parametrize("placement, message", [
@@ -99,7 +100,8 @@ async def test_the_rm_passes_a_good_placement_to_the_am(rm) -> None:
                              params={"user.name": "alice"})
     assert resp.status == 202, await resp.text()
     spec = validate(server.core.apps[app_id].am.environment[ps_job_spec.PS_SPEC_ENV])
-    assert spec.placed("worker") == spec.placed("server") == {"10.0.0.5:45454": 1, "worker-host-2": 1}
+    assert (counts_on_nodes(spec.placement, "worker") == counts_on_nodes(spec.placement, "server")
+            == {"10.0.0.5:45454": 1, "worker-host-2": 1})
 
 
 # ----- elastane ps submit -------------------------------------------------------------------------
