@@ -36,8 +36,9 @@ Degree of parallelism and placement: a static-mode job asks `--dop` workers and 
 (default 2: two hosts' worth); Harmony places its jobs itself, one worker and one server on each
 node of a job's group (profiling: one of each on one node), which is the paper's rule, so under
 harmony a job's DoP is its group's node count (reported as `group_nodes`), and its jobs are
-submitted with one worker and one server, the profiling shape (a PS AM starts its submitted
-shape before it acts on a directive; the simulator submits Harmony's jobs the same way). The
+submitted with one worker and one server, the profiling shape, as the simulator submits them
+(the PS AM starts what Harmony's first directive says, not its submitted shape: docs/internals.md,
+"Initial placement"; the submitted shape is what another policy would start). The
 static modes place their jobs by Harmony's rule too, not by the scheduler's first fit (which
 launches a job's servers before its workers, so they shared one host by role and left server-only
 hosts nearly idle, e.g. 0.03 against 0.32 of budget): each job's spec carries a placement of one

@@ -14,10 +14,9 @@ job, where it runs:
   from the group with the most machines, and the profile waits until that group's executors
   have left it. "Alone" covers the nodes its executors really are on too (the PS AM waits for its
   first directive, `places_new_jobs`, but one that does not starts its executors wherever the
-  scheduler found room); one still not alone
-  after `alone_wait_s` is profiled from held times anyway rather than never. The times are those
-  the subtasks held their arbiter grants, not waited for
-  (harmony_profiles.py). Departure from §4.3.2: the paper profiles a later job in the background
+  scheduler found room); one still not alone after `alone_wait_s` is profiled from held times
+  anyway rather than never. The times are those the subtasks held their arbiter grants, not
+  waited for (harmony_profiles.py). Departure from §4.3.2: the paper profiles a later job in the background
   inside the smallest group ("a job group with the smallest number of machines"), trusting that
   subtasks run one at a time; here a group's executors share the node's cores and caches beyond
   the arbiter's slots, so a profile taken beside them is not the job's own.
@@ -44,15 +43,16 @@ job, where it runs:
   job whose AM acted on its directive (steady report) but whose executors are not on its group's
   nodes for `move_retry_s` is paused and, once its AM has paused, resumed in the same group (a
   resume waits for its executors without a timeout); it stays a member of its group meanwhile,
-  not a waiting job. Once per group and node set: a job still misplaced after that is left be. Addition to §4.3.2 (which migrates by checkpoint and does not say what a
-  failed migration does): without it such jobs stayed where they were, sharing other groups'
-  nodes for hours while the model counted them placed.
+  not a waiting job. Once per group and node set: a job still misplaced after that is left be.
+  Addition to §4.3.2 (which migrates by checkpoint and does not say what a failed migration
+  does): without it such jobs stayed where they were, sharing other groups' nodes for hours
+  while the model counted them placed.
 
 A grouped job runs one worker and one server on every node of its group (`placement`), in `group`
 (a stable id such as "g3"), with `executor_resource` sized so the group fits its nodes: a node's
 capacity, less the AMs running there and room for AMs not placed yet, split evenly among the group's 2k
-containers (k jobs); a job keeps its containers' size while that still fits, from its profiling size on (a partner leaving does not
-resize them), they shrink when the group grows. The jobs per group are capped so every container
+containers (k jobs); a job keeps its containers' size while that still fits, from its profiling
+size on (a partner leaving does not resize them), they shrink when the group grows. The jobs per group are capped so every container
 gets a vcore and at least `min_executor_mb`. A paused or waiting job is told PAUSE with no executors; a job put back in a
 group RESUME; a running job moved to other nodes RUN with its new placement (the AM migrates it).
 
