@@ -30,6 +30,14 @@ Departures from the paper, and why:
   most exceeds its COMM at its current m (the "most computation-intensive"), until every machine
   is given. That greedy picks the largest of the decreasing marginal values C_g/m - N_g, so it is
   computed in one go: a threshold found by bisection, ties broken by group order.
+* Machine bounds (an addition; the paper gives every job whatever m its group gets): a job may run
+  only in a group of m machines within its `Bounds` (the policy derives them from its spec's
+  min/max workers and servers, one of each per node). Algorithm 2 ignores them; a repair pass then
+  moves a job out of a group whose members' bounds do not meet into the most balanced compatible
+  group (or a group of its own), drops the latest-admitted jobs while the groups' minimums exceed
+  the machines, the allocation starts every group at its minimum and gives none past its maximum
+  (machines no group may take stay idle and count as zero in U), and the refinement takes no move
+  that breaks a bound.
 * Additions, for quality on small instances: besides L6's n_G, n_G - 1 and n_G + 1 are tried (every
   possible n_G when there are fewer than `SMALL_GROUP_COUNTS`), and groupings of up to
   `REFINE_LIMIT` jobs on up to `REFINE_MACHINES` machines are hill-climbed on the model's score
@@ -39,6 +47,7 @@ Departures from the paper, and why:
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
@@ -83,13 +92,45 @@ class Grouping:
 EMPTY = Grouping((), (), (0.0, 0.0), 0.0)
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """Per job the machines its group may have: lo[j] <= m_g <= hi[j] (a job runs one worker and one
+    server per machine, so these are its spec's min / max workers and servers)."""
+
+    lo: IntArray
+    hi: IntArray
+
+    @staticmethod
+    def of(lo: Sequence[int], hi: Sequence[int]) -> "Bounds":
+        return Bounds(np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64))
+
+    def take(self, n: int) -> "Bounds":
+        """The first n jobs' bounds."""
+        return Bounds(self.lo[:n], self.hi[:n])
+
+    def group(self, jobs: Sequence[int]) -> tuple[int, int]:
+        """(lowest, highest) m a group of `jobs` may have (lowest > highest: no m fits them all)."""
+        if not len(jobs):
+            return 1, np.iinfo(np.int64).max
+        idx = list(jobs)
+        return max(1, int(self.lo[idx].max())), int(self.hi[idx].min())
+
+    def admits(self, jobs: Sequence[int], m: int) -> bool:
+        lo, hi = self.group(jobs)
+        return lo <= m <= hi
+
+
 def evaluate(t_cpu1: FloatArray, t_net: FloatArray, groups: Sequence[Sequence[int]], machines: Sequence[int],
-             cpu_weight: float = CPU_WEIGHT) -> Grouping:
-    """A `Grouping` of `groups` on `machines`, with its modelled utilization and score."""
+             cpu_weight: float = CPU_WEIGHT, total: Optional[int] = None) -> Grouping:
+    """A `Grouping` of `groups` on `machines`, with its modelled utilization and score (over `total`
+    machines where given, those no group has counting as idle)."""
     group_of = np.full(len(t_cpu1), -1, dtype=np.int64)
     for i, g in enumerate(groups):
         group_of[list(g)] = i
     u = group_stats(t_cpu1, t_net, group_of, np.asarray(machines, dtype=np.int64)).cluster()
+    used = int(sum(machines))
+    if total is not None and total > used > 0:
+        u = u * used / total
     return Grouping(tuple(tuple(g) for g in groups), tuple(int(m) for m in machines),
                     (float(u[0]), float(u[1])), score(u, cpu_weight))
 
@@ -283,14 +324,19 @@ def _replace(gs: _Groups, g: int, out_j: int, in_j: int, cpu: list[float], net: 
 
 
 # ----- machine allocation -------------------------------------------------------------------------------------------
-def allocate_machines(cpu1: FloatArray, net: FloatArray, machines: int) -> IntArray:
+def allocate_machines(cpu1: FloatArray, net: FloatArray, machines: int, least: Optional[Sequence[int]] = None,
+                      most: Optional[Sequence[int]] = None) -> IntArray:
     """Per group m_g >= 1 summing to `machines`: one each, then each next machine to the group with
-    the largest C_g/m_g - N_g (C_g = its jobs' COMP on one machine, N_g = their COMM)."""
+    the largest C_g/m_g - N_g (C_g = its jobs' COMP on one machine, N_g = their COMM). With per
+    group bounds `lo` / `hi`: each starts at its lo and takes none past its hi (the sum may then
+    fall short of `machines`)."""
     c = np.asarray(cpu1, dtype=np.float64)
     n = np.asarray(net, dtype=np.float64)
     k = c.size
     if k == 0:
         return np.zeros(0, dtype=np.int64)
+    if least is not None or most is not None:
+        return _allocate_bounded(c, n, machines, least, most)
     if machines < k:
         raise ValueError(f"{k} groups need at least {k} machines, got {machines}")
     rest = machines - k
@@ -332,6 +378,26 @@ def allocate_machines(cpu1: FloatArray, net: FloatArray, machines: int) -> IntAr
     return m
 
 
+def _allocate_bounded(c: FloatArray, n: FloatArray, machines: int, lo: Optional[Sequence[int]],
+                      hi: Optional[Sequence[int]]) -> IntArray:
+    """`allocate_machines` with bounds: the same greedy from m = lo, skipping groups at their hi."""
+    k = c.size
+    m = np.maximum(1, np.asarray(lo if lo is not None else np.ones(k), dtype=np.int64)).astype(np.int64)
+    top = np.asarray(hi if hi is not None else np.full(k, machines), dtype=np.int64)
+    if np.any(m > top) or int(m.sum()) > machines:
+        raise ValueError(f"the groups' bounds need {int(m.sum())} machines (or admit none), got {machines}")
+    heap = [(-(c[g] / m[g] - n[g]), g) for g in range(k) if m[g] < top[g]]
+    heapq.heapify(heap)
+    left = machines - int(m.sum())
+    while left > 0 and heap:
+        _, g = heapq.heappop(heap)
+        m[g] += 1
+        left -= 1
+        if m[g] < top[g]:
+            heapq.heappush(heap, (-(c[g] / m[g] - n[g]), g))
+    return m
+
+
 # ----- refinement by the model -------------------------------------------------------------------------------------
 def _group_value(cpu1: list[float], net: list[float], m: int, w: float) -> float:
     """m_g * score(U(g)): a group's share of M * score(U) (eq. 4.3-4.4)."""
@@ -344,12 +410,14 @@ def _group_value(cpu1: list[float], net: list[float], m: int, w: float) -> float
 
 
 def refine(t_cpu1: FloatArray, t_net: FloatArray, grouping: Grouping, cap: Optional[int] = None,
-           budget: int = REFINE_BUDGET, cpu_weight: float = CPU_WEIGHT) -> Grouping:
+           budget: int = REFINE_BUDGET, cpu_weight: float = CPU_WEIGHT, bounds: Optional[Bounds] = None,
+           total: Optional[int] = None) -> Grouping:
     """Hill-climb the grouping on the model's score itself: move machines (1, 2, 4, ...) from one
     group to another, move a job to another group (a group left empty gives its machines to that group), or
     swap two jobs of different groups, taking the best improving move, at most `budget` moves.
     Algorithm 2 balances COMP against COMM at an assumed equal DoP and allocates machines after;
-    this repairs what that split misses on small instances (see bench/harmony_schedule.py)."""
+    this repairs what that split misses on small instances (see bench/harmony_schedule.py). With
+    `bounds` (the grouping given must meet them) no move breaks one; `total`: as in `evaluate`."""
     c = [float(x) for x in t_cpu1]
     nt = [float(x) for x in t_net]
     groups = [list(g) for g in grouping.groups]
@@ -357,6 +425,8 @@ def refine(t_cpu1: FloatArray, t_net: FloatArray, grouping: Grouping, cap: Optio
     w = cpu_weight
 
     def val(g: list[int], mg: int) -> float:
+        if bounds is not None and g and not bounds.admits(g, mg):
+            return -math.inf        # never an improving move
         return _group_value([c[j] for j in g], [nt[j] for j in g], mg, w)
 
     vals = [val(g, mg) for g, mg in zip(groups, m)]
@@ -420,7 +490,7 @@ def refine(t_cpu1: FloatArray, t_net: FloatArray, grouping: Grouping, cap: Optio
         vals[b] = val(groups[b], m[b])
         if not groups[a]:
             del groups[a], m[a], vals[a]
-    return evaluate(t_cpu1, t_net, groups, m, cpu_weight)
+    return evaluate(t_cpu1, t_net, groups, m, cpu_weight, total)
 
 
 # ----- Algorithm 1 -------------------------------------------------------------------------------------------------
@@ -439,10 +509,53 @@ def job_counts(n: int, linear_limit: int = LINEAR_LIMIT, growth: float = GROWTH)
     yield n
 
 
+def repair(groups: list[list[int]], diff: Sequence[float], bounds: Bounds, machines: int,
+           cap: Optional[int] = None) -> list[list[int]]:
+    """`groups` made to meet `bounds` on `machines`: a job no m <= machines suits is dropped; a job
+    whose bounds do not meet its group's earlier members' moves to the compatible group (room under
+    `cap`) whose imbalance S_g (sum of `diff`) it offsets best, else to a group of its own; then the
+    latest-admitted job (highest index) is dropped while the groups need more machines than there are."""
+    ok = [j for g in groups for j in g if bounds.lo[j] <= min(int(bounds.hi[j]), machines)]
+    fits = set(ok)
+    kept: list[list[int]] = []
+    orphans: list[int] = []
+    for g in groups:
+        mine: list[int] = []
+        for j in g:
+            if j not in fits:
+                continue
+            lo, hi = bounds.group(mine + [j])
+            (mine if lo <= hi else orphans).append(j)
+        if mine:
+            kept.append(mine)
+    for j in sorted(orphans):
+        best, best_cost = -1, math.inf
+        for i, g in enumerate(kept):
+            lo, hi = bounds.group(g + [j])
+            if lo <= hi and (cap is None or len(g) < cap):
+                cost = abs(sum(diff[x] for x in g) + diff[j])
+                if cost < best_cost:
+                    best, best_cost = i, cost
+        if best < 0:
+            kept.append([j])
+        else:
+            kept[best].append(j)
+
+    def need() -> int:
+        return sum(bounds.group(g)[0] for g in kept)
+
+    while kept and (len(kept) > machines or need() > machines):
+        last = max(j for g in kept for j in g)
+        kept = [[j for j in g if j != last] for g in kept]
+        kept = [g for g in kept if g]
+    return kept
+
+
 def group_jobs(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Optional[int] = None,
                swap_budget: int = SWAP_BUDGET, cpu_weight: float = CPU_WEIGHT, neighbours: bool = True,
-               refine_budget: int = REFINE_BUDGET) -> Grouping:
-    """Algorithm 2 and machine allocation for all the jobs given: their groups on `machines`."""
+               refine_budget: int = REFINE_BUDGET, bounds: Optional[Bounds] = None) -> Grouping:
+    """Algorithm 2 and machine allocation for all the jobs given: their groups on `machines` (each
+    within its jobs' `bounds`, where given: see `repair`)."""
     t_cpu1 = np.asarray(t_cpu1, dtype=np.float64)
     t_net = np.asarray(t_net, dtype=np.float64)
     n = len(t_cpu1)
@@ -462,14 +575,22 @@ def group_jobs(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Option
             continue
         t_cpu = t_cpu1 * n_groups / machines     # at the equal DoP M / n_G
         groups = [g for g in assign_jobs(t_cpu, t_net, n_groups, cap, swap_budget) if g]
+        if bounds is not None:
+            groups = repair(groups, [float(x) for x in t_cpu - t_net], bounds, machines, cap)
+            if not groups:
+                continue
         group_of = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
         flat = np.fromiter((j for g in groups for j in g), dtype=np.int64, count=int(group_of.size))
         c1 = np.bincount(group_of, weights=t_cpu1[flat], minlength=len(groups)).astype(np.float64)
         nn = np.bincount(group_of, weights=t_net[flat], minlength=len(groups)).astype(np.float64)
-        m = allocate_machines(c1, nn, machines)
-        g = evaluate(t_cpu1, t_net, groups, m.tolist(), cpu_weight)
+        if bounds is None:
+            m = allocate_machines(c1, nn, machines)
+        else:
+            lim = [bounds.group(grp) for grp in groups]
+            m = allocate_machines(c1, nn, machines, [x[0] for x in lim], [x[1] for x in lim])
+        g = evaluate(t_cpu1, t_net, groups, m.tolist(), cpu_weight, machines)
         if refine_budget > 0 and n <= REFINE_LIMIT and machines <= REFINE_MACHINES:
-            g = refine(t_cpu1, t_net, g, cap, refine_budget, cpu_weight)
+            g = refine(t_cpu1, t_net, g, cap, refine_budget, cpu_weight, bounds, machines)
         if g.score > best.score:
             best = g
     return best
@@ -477,9 +598,11 @@ def group_jobs(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Option
 
 def schedule(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Optional[int] = None,
              linear_limit: int = LINEAR_LIMIT, growth: float = GROWTH, swap_budget: int = SWAP_BUDGET,
-             cpu_weight: float = CPU_WEIGHT, patience: int = PATIENCE, refine_budget: int = REFINE_BUDGET) -> Grouping:
+             cpu_weight: float = CPU_WEIGHT, patience: int = PATIENCE, refine_budget: int = REFINE_BUDGET,
+             bounds: Optional[Bounds] = None) -> Grouping:
     """Algorithm 1: group the first n_j jobs for growing n_j while the modelled utilization rises
-    (see `PATIENCE`); the jobs are in priority order (the caller's), the result names them by index."""
+    (see `PATIENCE`); the jobs are in priority order (the caller's), the result names them by index.
+    `bounds`: per job the machines its group may have (a job no group can suit is left out)."""
     t_cpu1 = np.asarray(t_cpu1, dtype=np.float64)
     t_net = np.asarray(t_net, dtype=np.float64)
     n = len(t_cpu1)
@@ -487,7 +610,8 @@ def schedule(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Optional
     best, best_n = EMPTY, 0
     misses = 0
     for nj in job_counts(limit, linear_limit, growth):
-        g = group_jobs(t_cpu1[:nj], t_net[:nj], machines, cap, swap_budget, cpu_weight, refine_budget=refine_budget)
+        g = group_jobs(t_cpu1[:nj], t_net[:nj], machines, cap, swap_budget, cpu_weight, refine_budget=refine_budget,
+                       bounds=None if bounds is None else bounds.take(nj))
         if g.score > best.score:
             best, best_n = g, nj
             misses = 0
@@ -498,5 +622,5 @@ def schedule(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Optional
     return best
 
 
-__all__ = ["EMPTY", "GROWTH", "Grouping", "LINEAR_LIMIT", "SWAP_BUDGET", "allocate_machines", "assign_jobs",
-           "balance_groups", "evaluate", "group_jobs", "job_counts", "schedule"]
+__all__ = ["EMPTY", "GROWTH", "Bounds", "Grouping", "LINEAR_LIMIT", "SWAP_BUDGET", "allocate_machines", "assign_jobs",
+           "balance_groups", "evaluate", "group_jobs", "job_counts", "repair", "schedule"]

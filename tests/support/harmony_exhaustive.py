@@ -1,6 +1,8 @@
 """The ground truth Harmony's grouping is measured against (dissertation §4.4.7): every subset of
 the jobs, every partition of it into groups and every split of the machines among the groups,
-keeping the one with the best modelled utilization score. Exponential: small instances only."""
+keeping the one with the best modelled utilization score. With per-job machine `Bounds`, only
+groups of m within their jobs' bounds, and machines may stay idle (counting as zero in U) where the
+bounds leave no group to take them. Exponential: small instances only."""
 from __future__ import annotations
 
 import itertools
@@ -10,7 +12,7 @@ import numpy as np
 
 from models.harmony import CPU_WEIGHT, FloatArray
 
-from rm.policies.harmony_grouping import EMPTY, Grouping, evaluate
+from rm.policies.harmony_grouping import EMPTY, Bounds, Grouping, evaluate
 
 
 def partitions(items: list[int]) -> Iterator[list[list[int]]]:
@@ -33,21 +35,29 @@ def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
 
 
 def best_grouping(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Optional[int] = None,
-                  cpu_weight: float = CPU_WEIGHT, fifo: bool = True) -> Grouping:
+                  cpu_weight: float = CPU_WEIGHT, fifo: bool = True, bounds: Optional[Bounds] = None) -> Grouping:
     """The grouping on all `machines` with the highest score of the first k jobs for any k (`fifo`:
-    jobs start in priority order, as Algorithm 1 admits them), or of any subset of them."""
+    jobs start in priority order, as Algorithm 1 admits them), or of any subset of them; with
+    `bounds`, each group's m within its jobs' bounds, on all the machines or fewer."""
     t_cpu1 = np.asarray(t_cpu1, dtype=np.float64)
     t_net = np.asarray(t_net, dtype=np.float64)
-    n = len(t_cpu1)
+    # A job whose bounds no m <= machines meets never runs; the rest are admitted in order.
+    jobs = [j for j in range(len(t_cpu1))
+            if bounds is None or bounds.lo[j] <= min(int(bounds.hi[j]), machines)]
+    n = len(jobs)
     best = EMPTY
     for size in range(1, n + 1):
-        subsets = [tuple(range(size))] if fifo else itertools.combinations(range(n), size)
+        subsets = [tuple(jobs[:size])] if fifo else itertools.combinations(jobs, size)
         for subset in subsets:
             for part in partitions(list(subset)):
                 if len(part) > machines or (cap is not None and any(len(g) > cap for g in part)):
                     continue
-                for m in compositions(machines, len(part)):
-                    g = evaluate(t_cpu1, t_net, part, m, cpu_weight)
+                # Unbounded, a group never loses by one machine more: all of them are used.
+                totals = [machines] if bounds is None else range(len(part), machines + 1)
+                for m in (m for t in totals for m in compositions(t, len(part))):
+                    if bounds is not None and not all(bounds.admits(g, mg) for g, mg in zip(part, m)):
+                        continue
+                    g = evaluate(t_cpu1, t_net, part, m, cpu_weight, machines)
                     if g.score > best.score + 1e-12:
                         best = g
     return best
