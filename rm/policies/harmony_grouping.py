@@ -2,7 +2,9 @@
 group, job-bound check, swap fine-tuning) and machine allocation (dissertation §4.3.2).
 
 Pure functions of the jobs' profiles (models/harmony.py: `t_cpu1` = COMP time on one machine,
-`t_net` = COMM time, per iteration) and a machine count; they return a `Grouping` of job indices.
+`t_net` = COMM time on one machine (t_net_local), `t_link` = the link time of a worker's whole
+exchange, per iteration; T_net(m) = t_net + t_link (m-1)/m, `net_time`) and a machine count; they
+return a `Grouping` of job indices. `t_link` defaults to zeros, the paper's COMM constant in m.
 Which nodes a group gets, and what the jobs are told, is the policy's business (harmony.py).
 
 Departures from the paper, and why:
@@ -38,6 +40,11 @@ Departures from the paper, and why:
   the machines, the allocation starts every group at its minimum and gives none past its maximum
   (machines no group may take stay idle and count as zero in U), and the refinement takes no move
   that breaks a bound.
+* COMM grows with m (models/harmony.py, `net_time`), so each step reads T_net at the machines it
+  assumes: L6 and Algorithm 2 at the equal DoP M / n_G, the allocation and the refinement at each
+  group's m_g. C/m - T_net(m) = (C + L)/m - (N + L) for a group's summed COMP on one machine C,
+  COMM N and link time L: L6's balance points and the allocation's marginal values are the
+  paper's with C + L and N + L in place of C and N, so both keep their closed forms.
 * Additions, for quality on small instances: besides L6's n_G, n_G - 1 and n_G + 1 are tried (every
   possible n_G when there are fewer than `SMALL_GROUP_COUNTS`), and groupings of up to
   `REFINE_LIMIT` jobs on up to `REFINE_MACHINES` machines are hill-climbed on the model's score
@@ -54,7 +61,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from models.harmony import CPU_WEIGHT, FloatArray, IntArray, group_stats, score
+from models.harmony import CPU_WEIGHT, FloatArray, IntArray, group_stats, net_time, score
 
 LINEAR_LIMIT = 32
 GROWTH = 1.25
@@ -120,14 +127,26 @@ class Bounds:
         return lo <= m <= hi
 
 
+def _links(t_link: Optional[FloatArray], n: int) -> FloatArray:
+    """Per job its t_link (zeros when not given: the paper's model)."""
+    if t_link is None:
+        return np.zeros(n)
+    out: FloatArray = np.asarray(t_link, dtype=np.float64)
+    if out.shape != (n,):
+        raise ValueError(f"t_link has {out.size} entries for {n} jobs")
+    return out
+
+
 def evaluate(t_cpu1: FloatArray, t_net: FloatArray, groups: Sequence[Sequence[int]], machines: Sequence[int],
-             cpu_weight: float = CPU_WEIGHT, total: Optional[int] = None) -> Grouping:
+             cpu_weight: float = CPU_WEIGHT, total: Optional[int] = None,
+             t_link: Optional[FloatArray] = None) -> Grouping:
     """A `Grouping` of `groups` on `machines`, with its modelled utilization and score (over `total`
-    machines where given, those no group has counting as idle)."""
+    machines where given, those no group has counting as idle; COMM at each group's m_g)."""
     group_of = np.full(len(t_cpu1), -1, dtype=np.int64)
     for i, g in enumerate(groups):
         group_of[list(g)] = i
-    u = group_stats(t_cpu1, t_net, group_of, np.asarray(machines, dtype=np.int64)).cluster()
+    u = group_stats(t_cpu1, t_net, group_of, np.asarray(machines, dtype=np.int64),
+                    t_link=_links(t_link, len(t_cpu1))).cluster()
     used = int(sum(machines))
     if total is not None and total > used > 0:
         u = u * used / total
@@ -136,14 +155,17 @@ def evaluate(t_cpu1: FloatArray, t_net: FloatArray, groups: Sequence[Sequence[in
 
 
 # ----- Algorithm 1, L6: the number of groups ----------------------------------------------------------------------
-def balance_groups(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Optional[int] = None) -> int:
-    """argmin over n_G of sum_j |t_cpu1_j * n_G / M - t_net_j| (equal machines per group), within
-    [ceil(n / cap), min(n, M)]."""
+def balance_groups(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Optional[int] = None,
+                   t_link: Optional[FloatArray] = None) -> int:
+    """argmin over n_G of sum_j |t_cpu1_j * n_G / M - T_net_j(M / n_G)| (equal machines per
+    group), within [ceil(n / cap), min(n, M)]."""
     n = len(t_cpu1)
     lo = max(1, -(-n // cap)) if cap else 1
     hi = max(lo, min(n, machines))
-    a = np.asarray(t_cpu1, dtype=np.float64) / machines
-    b = np.asarray(t_net, dtype=np.float64)
+    link = _links(t_link, n)
+    # T_cpu - T_net at DoP M/n_G is (t_cpu1 + L) n_G / M - (t_net + L): the paper's form (module doc).
+    a = (np.asarray(t_cpu1, dtype=np.float64) + link) / machines
+    b = np.asarray(t_net, dtype=np.float64) + link
 
     def cost(ng: int) -> float:
         return float(np.abs(a * ng - b).sum())
@@ -325,13 +347,15 @@ def _replace(gs: _Groups, g: int, out_j: int, in_j: int, cpu: list[float], net: 
 
 # ----- machine allocation -------------------------------------------------------------------------------------------
 def allocate_machines(cpu1: FloatArray, net: FloatArray, machines: int, least: Optional[Sequence[int]] = None,
-                      most: Optional[Sequence[int]] = None) -> IntArray:
+                      most: Optional[Sequence[int]] = None, link: Optional[FloatArray] = None) -> IntArray:
     """Per group m_g >= 1 summing to `machines`: one each, then each next machine to the group with
-    the largest C_g/m_g - N_g (C_g = its jobs' COMP on one machine, N_g = their COMM). With per
+    the largest C_g/m_g - N_g(m_g) (C_g = its jobs' COMP on one machine, N_g = their COMM, N_g(m) =
+    N_g + L_g (m-1)/m with L_g their summed link times `link`). With per
     group bounds `lo` / `hi`: each starts at its lo and takes none past its hi (the sum may then
     fall short of `machines`)."""
-    c = np.asarray(cpu1, dtype=np.float64)
-    n = np.asarray(net, dtype=np.float64)
+    lk = _links(link, np.asarray(cpu1).size)
+    c = np.asarray(cpu1, dtype=np.float64) + lk     # C/m - N(m) = (C + L)/m - (N + L)
+    n = np.asarray(net, dtype=np.float64) + lk
     k = c.size
     if k == 0:
         return np.zeros(0, dtype=np.int64)
@@ -399,19 +423,21 @@ def _allocate_bounded(c: FloatArray, n: FloatArray, machines: int, lo: Optional[
 
 
 # ----- refinement by the model -------------------------------------------------------------------------------------
-def _group_value(cpu1: list[float], net: list[float], m: int, w: float) -> float:
-    """m_g * score(U(g)): a group's share of M * score(U) (eq. 4.3-4.4)."""
+def _group_value(cpu1: list[float], net: list[float], link: list[float], m: int, w: float) -> float:
+    """m_g * score(U(g)): a group's share of M * score(U) (eq. 4.3-4.4), COMM at m_g (`net_time`)."""
     if not cpu1:
         return 0.0
+    f = (m - 1) / m
+    nets = [n + lk * f for n, lk in zip(net, link)]
     sc = sum(cpu1) / m
-    sn = sum(net)
-    t = max(sc, sn, max(c / m + n for c, n in zip(cpu1, net)))
+    sn = sum(nets)
+    t = max(sc, sn, max(c / m + n for c, n in zip(cpu1, nets)))
     return m * (w * sc + (1.0 - w) * sn) / t if t > 0 else 0.0
 
 
 def refine(t_cpu1: FloatArray, t_net: FloatArray, grouping: Grouping, cap: Optional[int] = None,
            budget: int = REFINE_BUDGET, cpu_weight: float = CPU_WEIGHT, bounds: Optional[Bounds] = None,
-           total: Optional[int] = None) -> Grouping:
+           total: Optional[int] = None, t_link: Optional[FloatArray] = None) -> Grouping:
     """Hill-climb the grouping on the model's score itself: move machines (1, 2, 4, ...) from one
     group to another, move a job to another group (a group left empty gives its machines to that group), or
     swap two jobs of different groups, taking the best improving move, at most `budget` moves.
@@ -420,6 +446,7 @@ def refine(t_cpu1: FloatArray, t_net: FloatArray, grouping: Grouping, cap: Optio
     `bounds` (the grouping given must meet them) no move breaks one; `total`: as in `evaluate`."""
     c = [float(x) for x in t_cpu1]
     nt = [float(x) for x in t_net]
+    lk = [float(x) for x in _links(t_link, len(c))]
     groups = [list(g) for g in grouping.groups]
     m = list(grouping.machines)
     w = cpu_weight
@@ -427,7 +454,7 @@ def refine(t_cpu1: FloatArray, t_net: FloatArray, grouping: Grouping, cap: Optio
     def val(g: list[int], mg: int) -> float:
         if bounds is not None and g and not bounds.admits(g, mg):
             return -math.inf        # never an improving move
-        return _group_value([c[j] for j in g], [nt[j] for j in g], mg, w)
+        return _group_value([c[j] for j in g], [nt[j] for j in g], [lk[j] for j in g], mg, w)
 
     vals = [val(g, mg) for g, mg in zip(groups, m)]
     for _ in range(budget):
@@ -490,7 +517,7 @@ def refine(t_cpu1: FloatArray, t_net: FloatArray, grouping: Grouping, cap: Optio
         vals[b] = val(groups[b], m[b])
         if not groups[a]:
             del groups[a], m[a], vals[a]
-    return evaluate(t_cpu1, t_net, groups, m, cpu_weight, total)
+    return evaluate(t_cpu1, t_net, groups, m, cpu_weight, total, t_link)
 
 
 # ----- Algorithm 1 -------------------------------------------------------------------------------------------------
@@ -553,7 +580,8 @@ def repair(groups: list[list[int]], diff: Sequence[float], bounds: Bounds, machi
 
 def group_jobs(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Optional[int] = None,
                swap_budget: int = SWAP_BUDGET, cpu_weight: float = CPU_WEIGHT, neighbours: bool = True,
-               refine_budget: int = REFINE_BUDGET, bounds: Optional[Bounds] = None) -> Grouping:
+               refine_budget: int = REFINE_BUDGET, bounds: Optional[Bounds] = None,
+               t_link: Optional[FloatArray] = None) -> Grouping:
     """Algorithm 2 and machine allocation for all the jobs given: their groups on `machines` (each
     within its jobs' `bounds`, where given: see `repair`)."""
     t_cpu1 = np.asarray(t_cpu1, dtype=np.float64)
@@ -561,9 +589,10 @@ def group_jobs(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Option
     n = len(t_cpu1)
     if n == 0 or machines < 1:
         return EMPTY
+    link = _links(t_link, n)
     best = EMPTY
     lo = max(1, -(-n // cap)) if cap else 1
-    balanced = balance_groups(t_cpu1, t_net, machines, cap)
+    balanced = balance_groups(t_cpu1, t_net, machines, cap, link)
     hi = min(n, machines)
     tries = [balanced]
     if neighbours and n <= NEIGHBOUR_LIMIT:
@@ -574,23 +603,25 @@ def group_jobs(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Option
         if not lo <= n_groups <= hi:
             continue
         t_cpu = t_cpu1 * n_groups / machines     # at the equal DoP M / n_G
-        groups = [g for g in assign_jobs(t_cpu, t_net, n_groups, cap, swap_budget) if g]
+        t_net_at = net_time(t_net, link, machines / n_groups)
+        groups = [g for g in assign_jobs(t_cpu, t_net_at, n_groups, cap, swap_budget) if g]
         if bounds is not None:
-            groups = repair(groups, [float(x) for x in t_cpu - t_net], bounds, machines, cap)
+            groups = repair(groups, [float(x) for x in t_cpu - t_net_at], bounds, machines, cap)
             if not groups:
                 continue
         group_of = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
         flat = np.fromiter((j for g in groups for j in g), dtype=np.int64, count=int(group_of.size))
         c1 = np.bincount(group_of, weights=t_cpu1[flat], minlength=len(groups)).astype(np.float64)
         nn = np.bincount(group_of, weights=t_net[flat], minlength=len(groups)).astype(np.float64)
+        ll = np.bincount(group_of, weights=link[flat], minlength=len(groups)).astype(np.float64)
         if bounds is None:
-            m = allocate_machines(c1, nn, machines)
+            m = allocate_machines(c1, nn, machines, link=ll)
         else:
             lim = [bounds.group(grp) for grp in groups]
-            m = allocate_machines(c1, nn, machines, [x[0] for x in lim], [x[1] for x in lim])
-        g = evaluate(t_cpu1, t_net, groups, m.tolist(), cpu_weight, machines)
+            m = allocate_machines(c1, nn, machines, [x[0] for x in lim], [x[1] for x in lim], ll)
+        g = evaluate(t_cpu1, t_net, groups, m.tolist(), cpu_weight, machines, link)
         if refine_budget > 0 and n <= REFINE_LIMIT and machines <= REFINE_MACHINES:
-            g = refine(t_cpu1, t_net, g, cap, refine_budget, cpu_weight, bounds, machines)
+            g = refine(t_cpu1, t_net, g, cap, refine_budget, cpu_weight, bounds, machines, link)
         if g.score > best.score:
             best = g
     return best
@@ -599,19 +630,20 @@ def group_jobs(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Option
 def schedule(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Optional[int] = None,
              linear_limit: int = LINEAR_LIMIT, growth: float = GROWTH, swap_budget: int = SWAP_BUDGET,
              cpu_weight: float = CPU_WEIGHT, patience: int = PATIENCE, refine_budget: int = REFINE_BUDGET,
-             bounds: Optional[Bounds] = None) -> Grouping:
+             bounds: Optional[Bounds] = None, t_link: Optional[FloatArray] = None) -> Grouping:
     """Algorithm 1: group the first n_j jobs for growing n_j while the modelled utilization rises
     (see `PATIENCE`); the jobs are in priority order (the caller's), the result names them by index.
     `bounds`: per job the machines its group may have (a job no group can suit is left out)."""
     t_cpu1 = np.asarray(t_cpu1, dtype=np.float64)
     t_net = np.asarray(t_net, dtype=np.float64)
     n = len(t_cpu1)
+    link = _links(t_link, n)
     limit = n if cap is None else min(n, machines * cap)
     best, best_n = EMPTY, 0
     misses = 0
     for nj in job_counts(limit, linear_limit, growth):
         g = group_jobs(t_cpu1[:nj], t_net[:nj], machines, cap, swap_budget, cpu_weight, refine_budget=refine_budget,
-                       bounds=None if bounds is None else bounds.take(nj))
+                       bounds=None if bounds is None else bounds.take(nj), t_link=link[:nj])
         if g.score > best.score:
             best, best_n = g, nj
             misses = 0

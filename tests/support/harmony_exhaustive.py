@@ -35,10 +35,12 @@ def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
 
 
 def best_grouping(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Optional[int] = None,
-                  cpu_weight: float = CPU_WEIGHT, fifo: bool = True, bounds: Optional[Bounds] = None) -> Grouping:
+                  cpu_weight: float = CPU_WEIGHT, fifo: bool = True, bounds: Optional[Bounds] = None,
+                  t_link: Optional[FloatArray] = None) -> Grouping:
     """The grouping on all `machines` with the highest score of the first k jobs for any k (`fifo`:
     jobs start in priority order, as Algorithm 1 admits them), or of any subset of them; with
-    `bounds`, each group's m within its jobs' bounds, on all the machines or fewer."""
+    `bounds`, each group's m within its jobs' bounds, on all the machines or fewer; `t_link`: the
+    jobs' link times (COMM at each group's m, models/harmony.py `net_time`; None: zeros)."""
     t_cpu1 = np.asarray(t_cpu1, dtype=np.float64)
     t_net = np.asarray(t_net, dtype=np.float64)
     # A job whose bounds no m <= machines meets never runs; the rest are admitted in order.
@@ -52,12 +54,13 @@ def best_grouping(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Opt
             for part in partitions(list(subset)):
                 if len(part) > machines or (cap is not None and any(len(g) > cap for g in part)):
                     continue
-                # Unbounded, a group never loses by one machine more: all of them are used.
+                # Unbounded, every machine goes to a group (as the allocation gives them all; with
+                # t_link = 0 a group never loses by one machine more).
                 totals = [machines] if bounds is None else range(len(part), machines + 1)
                 for m in (m for t in totals for m in compositions(t, len(part))):
                     if bounds is not None and not all(bounds.admits(g, mg) for g, mg in zip(part, m)):
                         continue
-                    g = evaluate(t_cpu1, t_net, part, m, cpu_weight, machines)
+                    g = evaluate(t_cpu1, t_net, part, m, cpu_weight, machines, t_link)
                     if g.score > best.score + 1e-12:
                         best = g
     return best

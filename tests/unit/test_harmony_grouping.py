@@ -173,3 +173,42 @@ def test_algorithm_1_with_bounds_meets_them_and_is_close_to_exhaustive_search(se
         if best.score > 0:
             worst = min(worst, ours.score / best.score)
     assert worst >= BOUNDED_EXHAUSTIVE_BOUND
+
+
+def test_link_heavy_jobs_stay_on_a_node_each_instead_of_spanning_two():
+    # A (t_cpu1 2, COMM 1) and B (1, 2) complement each other. Without a link term they share both
+    # machines (U = [0.5, 1.0], score 2/3 against 1/2 for a node each). A link time of 6 s each
+    # makes their COMM 4 and 5 on two machines: U_cpu falls to 1/6 and a node each wins.
+    cpu, net = np.array([2.0, 1.0]), np.array([1.0, 2.0])
+    paper = schedule(cpu, net, 2)
+    assert [sorted(g) for g in paper.groups] == [[0, 1]] and paper.machines == (2,)
+    linked = schedule(cpu, net, 2, t_link=np.array([6.0, 6.0]))
+    assert sorted(linked.groups) == [(0,), (1,)] and linked.machines == (1, 1)
+    assert linked.score == pytest.approx(0.5)
+    assert best_grouping(cpu, net, 2, t_link=np.array([6.0, 6.0])).score == pytest.approx(linked.score)
+
+
+def test_the_allocation_reads_comm_at_each_groups_machines():
+    # Group 0: C 12, N 1, link 6 -- C/m - N(m) at m = 1, 2, 3: 11, 2, -1; group 1: C 4, N 0.5,
+    # no link: 3.5, 1.5, 0.83. Of 4 machines the greedy gives the 3rd to group 0 (11), the 4th
+    # to group 1 (3.5 > 2); the paper's model (group 0: 11, 5, 3) gives both to group 0.
+    c, n = np.array([12.0, 4.0]), np.array([1.0, 0.5])
+    assert allocate_machines(c, n, 4, link=np.array([6.0, 0.0])).tolist() == [2, 2]
+    assert allocate_machines(c, n, 4).tolist() == [3, 1]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_algorithm_1_with_link_times_is_close_to_exhaustive_search(seed):
+    # The oracle evaluates the same model (COMM at each group's m); a third of the jobs pay no link.
+    rng = np.random.default_rng(100 + seed)
+    worst = 1.0
+    for _ in range(10):
+        n, machines = int(rng.integers(2, 6)), int(rng.integers(2, 6))
+        cpu = rng.uniform(0.5, 8.0, n) * rng.choice([1.0, 4.0], n)
+        net = rng.uniform(0.1, 2.0, n)
+        link = rng.uniform(0.5, 8.0, n) * rng.choice([0.0, 1.0, 1.0], n)
+        ours = schedule(cpu, net, machines, t_link=link)
+        best = best_grouping(cpu, net, machines, t_link=link)
+        assert ours.score <= best.score + 1e-9
+        worst = min(worst, ours.score / best.score)
+    assert worst >= EXHAUSTIVE_BOUND

@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.harmony import (GroupStats, ModelError, cluster_utilization, cpu_share, cpu_time, group_iteration_time,
-                            group_stats, group_utilization, normalise_cpu, score, utilization)
+from models.harmony import (GroupStats, ModelError, best_machines, cluster_utilization, cpu_share, cpu_time,
+                            group_iteration_time, group_stats, group_utilization, link_time, net_time, normalise_cpu,
+                            score, utilization)
 
 
 def test_cpu_time_scales_inversely_with_the_groups_machines():
@@ -75,3 +76,45 @@ def test_comps_that_hold_part_of_the_pool_add_up_by_their_share() -> None:
     assert list(stats.iteration_time) == pytest.approx([1.0, 0.5])
     with pytest.raises(ModelError, match=">= 1"):
         cpu_share(0, 4)
+
+
+def test_comm_grows_with_the_share_of_the_exchange_that_crosses_the_link():
+    # 0.1 s of COMM on loopback, 0.8 s for the whole exchange on the link: on m machines (m-1)/m
+    # of it crosses the link.
+    assert net_time(0.1, 0.8, 1) == pytest.approx(0.1)
+    assert net_time(0.1, 0.8, 2) == pytest.approx(0.5)
+    assert net_time(0.1, 0.8, 4) == pytest.approx(0.7)
+    assert list(net_time(np.array([0.1, 0.2]), np.array([0.8, 0.0]), np.array([2, 3]))) == pytest.approx([0.5, 0.2])
+    with pytest.raises(ModelError):
+        net_time(0.1, 0.8, 0)
+    # 1 MB pulled + pushed per mini-batch on 100 Mbit/s: 80 ms; an unknown bandwidth is no link term
+    assert link_time(1e6, 100e6) == pytest.approx(0.08)
+    assert link_time(1e6, 0) == 0.0 and link_time(0, 100e6) == 0.0
+
+
+def test_a_job_alone_spans_machines_only_when_its_comp_outweighs_its_link_time():
+    # t_cpu1 2 s, link 0.8 s: 4 machines take 0.5 + 0.1 + 0.6 = 1.2 s against 2.1 s on one
+    assert best_machines(2.0, 0.1, 0.8, 4) == 4
+    # t_cpu1 0.5 s: one machine 0.6 s, two 0.25 + 0.1 + 0.4 = 0.75 s
+    assert best_machines(0.5, 0.1, 0.8, 4) == 1
+    assert best_machines(0.8, 0.1, 0.8, 4) == 1            # a tie: fewer machines
+    assert best_machines(5.0, 0.1, 0.0, 3) == 3            # the paper's model: all of them
+    with pytest.raises(ModelError):
+        best_machines(1.0, 0.1, 0.1, 0)
+
+
+def test_group_stats_reads_each_jobs_comm_at_its_groups_machines():
+    # A (t_cpu1 2, local COMM 1, link 6) and B (1, 2, 6) on 2 machines: COMM 1 + 3 and 2 + 3;
+    # C (4, 1, 6) alone on 1 machine pays no link.
+    t_cpu1, t_net, link = np.array([2.0, 1.0, 4.0]), np.array([1.0, 2.0, 1.0]), np.array([6.0, 6.0, 6.0])
+    stats = group_stats(t_cpu1, t_net, np.array([0, 0, 1]), np.array([2, 1]), t_link=link)
+    assert list(stats.cpu) == pytest.approx([1.5, 4.0])
+    assert list(stats.net) == pytest.approx([9.0, 1.0])
+    assert list(stats.max_job) == pytest.approx([5.5, 5.0])
+    # t_link 0 (the default) is the paper's model
+    paper = group_stats(t_cpu1, t_net, np.array([0, 0, 1]), np.array([2, 1]))
+    assert list(paper.net) == pytest.approx([3.0, 1.0])
+    assert utilization(t_cpu1, t_net, np.array([0, 0, 1]), np.array([2, 1]), t_link=0.0) == pytest.approx(
+        paper.cluster())
+    with pytest.raises(ModelError, match="non-negative"):
+        group_stats(t_cpu1, t_net, np.array([0, 0, 1]), np.array([2, 1]), t_link=-link)
