@@ -83,6 +83,9 @@ class RunClockReply(ControlReply):
     compute_s: float = 0.0
     comm_s: float = 0.0
     seconds: float = 0.0
+    # Bytes the mini-batches pulled and pushed in all (keys and values, to any server); None: a
+    # worker that does not count them.
+    bytes_moved: Optional[NonNeg] = None
     spill: Optional[SpillFigures] = None
     positions: dict[str, tuple[NonNeg, NonNeg]] = {}
 

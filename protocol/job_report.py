@@ -14,7 +14,7 @@ Example (JSON)::
      "objectives": [{"epoch": 0, "objective": 0.6}, ..., {"epoch": 4, "objective": 0.41}],
      "worker_times": {"compute_s": 0.020, "comm_s": 0.008, "workers": 3,
                       "compute_held_s": 0.015, "comm_held_s": 0.008,
-                      "compute_wait_s": 0.005, "comm_wait_s": 0.0},
+                      "compute_wait_s": 0.005, "comm_wait_s": 0.0, "bytes_per_batch": 16384.0},
      "server_times": {"service_s": 0.0004, "servers": 2},
      "memory_mb": 1310.5, "spilled_mb": 0.0}
 
@@ -61,7 +61,10 @@ Fields, and what the AM must put in them:
   `compute_held_s` / `comm_held_s` the times the subtasks ran holding their slots (time - wait:
   the job's own T_cpu / T_net, dissertation §4.3.2, not inflated by its partners' subtasks).
   Without an arbiter the waits are 0 and held = time. An older AM sends no held / wait fields
-  (all 0.0 with `workers` > 0): read `compute_s` / `comm_s` then.
+  (all 0.0 with `workers` > 0): read `compute_s` / `comm_s` then. `bytes_per_batch`: the bytes
+  (keys and values) one worker pulls and pushes per mini-batch through its store client, whatever
+  server they go to (the mean over the workers that count them; 0.0: none does). Harmony divides
+  it by the link bandwidth for the COMM a job pays across hosts (models/harmony.py `net_time`).
 - `server_times`: a server's mean service time of one data-plane request (seconds), the mean over
   the servers that served any; `servers` counts them (0: unknown).
 - `memory_mb`: memory in use: the total RSS of the job's live executors (MB) as last sampled.
@@ -117,6 +120,7 @@ class WorkerTiming(msgspec.Struct, kw_only=True, frozen=True):
     comm_held_s: NonNegFloat = 0.0        # comm_s less the waits for network grants
     compute_wait_s: NonNegFloat = 0.0
     comm_wait_s: NonNegFloat = 0.0
+    bytes_per_batch: NonNegFloat = 0.0    # bytes one worker pulls + pushes per mini-batch (0: not counted)
 
 
 class ServerTiming(msgspec.Struct, kw_only=True, frozen=True):

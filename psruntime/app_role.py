@@ -17,8 +17,9 @@ record of protocol.executor_ops and returns its reply record):
                                              (an audit: the servers count the mini-batches applied).
                                              Reply: counts and sums, `epoch_done` (every block held
                                              here has had its pass of the epoch), `positions` (each
-                                             held block's [epoch, next_row] now), and the
-                                             per-mini-batch compute / communication times as two
+                                             held block's [epoch, next_row] now), `bytes_moved`
+                                             (what its pulls and pushes carried), and the
+                                             per-mini-batch compute / communication times as
                                              float64 buffers (no JSON for arrays)
     run_epoch {epoch, num_workers, with_objective?, count_key?}
                                              the rest of the epoch in one op (all of it if no clock of
@@ -378,7 +379,7 @@ def _container_vcores(env: Mapping[str, str]) -> int:
 def _step_figures(epoch: int, done: bool, times: StepTimes, t_start: float) -> dict[str, Any]:
     """A run_clock / run_epoch reply's counts and sums."""
     return {"epoch": epoch, "batches": times.batches, "epoch_done": done, "compute_s": float(sum(times.compute)),
-            "comm_s": float(sum(times.comm)), "seconds": time.perf_counter() - t_start}
+            "comm_s": float(sum(times.comm)), "seconds": time.perf_counter() - t_start, "bytes_moved": times.bytes}
 
 
 def _step_arrays(times: StepTimes) -> list[np.ndarray]:

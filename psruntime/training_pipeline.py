@@ -155,12 +155,15 @@ class TrainingStopped(StateError):
 @dataclass
 class StepTimes:
     """Per-mini-batch compute and communication seconds of one step (a clock or an epoch), and of
-    each the part spent waiting for an arbiter's grant (0.0 without one): held = time - wait."""
+    each the part spent waiting for an arbiter's grant (0.0 without one): held = time - wait.
+    `bytes`: what the step's mini-batches pulled and pushed through the store client in all (keys
+    and values, whichever server they went to; the counters' "bytes")."""
 
     compute: list[float] = field(default_factory=list)
     comm: list[float] = field(default_factory=list)
     compute_wait: list[float] = field(default_factory=list)
     comm_wait: list[float] = field(default_factory=list)
+    bytes: int = 0
 
     @property
     def batches(self) -> int:
@@ -306,7 +309,9 @@ class TrainingPipeline:
                 compute.append(t2 - t1)
                 self.counters["batches"] += 1
                 self.counters["samples"] += batch.size
-                self.counters["bytes"] += _kv_bytes(params) + _kv_bytes(deltas)
+                moved = _kv_bytes(params) + _kv_bytes(deltas)
+                self.counters["bytes"] += moved
+                times.bytes += moved
                 comm.append((t1 - t0) + (t3 - t2))
                 times.compute_wait.append(w3[0] - w0[0])
                 times.comm_wait.append(w3[1] - w0[1])

@@ -211,12 +211,14 @@ class ClockLoop:
         return ops.RunClock(epoch=epoch, batches=self.pacer.batches, num_workers=num_workers,
                             count_key=AUDIT_KEY if self.spec.audit_updates else None)
 
-    def _record_batches(self, rec: ExecutorRecord, arrays: list[np.ndarray]) -> None:
-        # compute, comm, then (executors that count them) the parts of each waited for a grant
+    def _record_batches(self, rec: ExecutorRecord, arrays: list[np.ndarray], reply: ops.RunClockReply) -> None:
+        # compute, comm, then (executors that count them) the parts of each waited for a grant;
+        # the bytes the step's pulls and pushes carried come in the reply
         if len(arrays) == 2:
-            self.metrics.record_batches(rec.executor_id, arrays[0], arrays[1])
+            self.metrics.record_batches(rec.executor_id, arrays[0], arrays[1], bytes_moved=reply.bytes_moved)
         elif len(arrays) == 4:
-            self.metrics.record_batches(rec.executor_id, arrays[0], arrays[1], arrays[2], arrays[3])
+            self.metrics.record_batches(rec.executor_id, arrays[0], arrays[1], arrays[2], arrays[3],
+                                        bytes_moved=reply.bytes_moved)
 
     # -- BSP ----------------------------------------------------------------------------------
     async def _train_bsp(self, on_epoch: EpochHook) -> None:
@@ -349,7 +351,7 @@ class ClockLoop:
     def _end_clock(self, workers: list[ExecutorRecord], times: list[list[np.ndarray]],
                    replies: list[ops.RunClockReply]) -> None:
         for w, t, r in zip(workers, times, replies):
-            self._record_batches(w, t)
+            self._record_batches(w, t, r)
             self.positions.update((int(b), (p[0], p[1])) for b, p in r.positions.items())
         slowest = max(replies, key=lambda r: r.seconds, default=None)
         if slowest is not None:
@@ -396,7 +398,7 @@ class ClockLoop:
                 if not isinstance(f, Answered):
                     raise f
                 r = f.reply
-                self._record_batches(w, f.arrays)
+                self._record_batches(w, f.arrays, r)
                 self.pacer.observe(r.batches, r.seconds)
                 self.slowest_clock_s = max(self.slowest_clock_s, r.seconds)
                 if r.epoch_done:

@@ -25,10 +25,14 @@ class WorkerTimes:
     # The parts of compute_s / comm_s spent waiting for an arbiter's grant (Harmony; 0 otherwise).
     compute_wait_s: MovingAverage = field(default_factory=lambda: MovingAverage(DEFAULT_ALPHA))
     comm_wait_s: MovingAverage = field(default_factory=lambda: MovingAverage(DEFAULT_ALPHA))
+    # Bytes pulled + pushed per mini-batch (None: the worker does not count them), a step's mean
+    # folded in as that many mini-batches.
+    bytes_per_batch: MovingAverage = field(default_factory=lambda: MovingAverage(DEFAULT_ALPHA))
 
     def to_json(self) -> dict[str, Any]:
         return {"compute_s": self.compute_s.value, "comm_s": self.comm_s.value, "batches": self.compute_s.count,
-                "compute_wait_s": self.compute_wait_s.value, "comm_wait_s": self.comm_wait_s.value}
+                "compute_wait_s": self.compute_wait_s.value, "comm_wait_s": self.comm_wait_s.value,
+                "bytes_per_batch": self.bytes_per_batch.value}
 
 
 @dataclass
@@ -83,9 +87,11 @@ class JobMetrics:
     batch_listeners: list[Callable[[str, list[float], list[float]], None]] = field(default_factory=list, repr=False)
 
     def record_batches(self, worker: str, compute_s: Iterable[float], comm_s: Iterable[float],
-                       compute_wait_s: Iterable[float] = (), comm_wait_s: Iterable[float] = ()) -> None:
+                       compute_wait_s: Iterable[float] = (), comm_wait_s: Iterable[float] = (),
+                       bytes_moved: Optional[int] = None) -> None:
         """Fold in a step's per-mini-batch times (and, where the worker counted them, the parts
-        waited for a grant: none given means none waited)."""
+        waited for a grant: none given means none waited; and the bytes its pulls and pushes
+        carried in all, None: not counted)."""
         compute, comm = [float(x) for x in compute_s], [float(x) for x in comm_s]
         cw, mw = [float(x) for x in compute_wait_s], [float(x) for x in comm_wait_s]
         w = self.workers.setdefault(worker, WorkerTimes())
@@ -93,6 +99,8 @@ class JobMetrics:
         w.comm_s.add_all(comm)
         w.compute_wait_s.add_all(cw if len(cw) == len(compute) else [0.0] * len(compute))
         w.comm_wait_s.add_all(mw if len(mw) == len(comm) else [0.0] * len(comm))
+        if bytes_moved is not None and compute and bytes_moved >= 0:
+            w.bytes_per_batch.add(bytes_moved / len(compute), len(compute))
         for listener in self.batch_listeners:
             listener(worker, compute, comm)
 
@@ -111,7 +119,8 @@ class JobMetrics:
         return [e.objective for e in self.epochs]
 
     def worker_timing(self, workers: Collection[str]) -> WorkerTiming:
-        """The job report's worker times: the mean of `workers`' moving averages (those measured)."""
+        """The job report's worker times: the mean of `workers`' moving averages (those measured;
+        `bytes_per_batch` over those that count bytes)."""
         rows = [(t.compute_s.value, t.comm_s.value, t.compute_wait_s.value or 0.0, t.comm_wait_s.value or 0.0)
                 for w, t in self.workers.items() if w in workers]
         known = [(c, m, cw, mw) for c, m, cw, mw in rows
@@ -123,9 +132,12 @@ class JobMetrics:
         def mean(i: int) -> float:
             return max(0.0, sum(r[i] for r in known) / n)
         compute, comm, compute_wait, comm_wait = mean(0), mean(1), mean(2), mean(3)
+        counted = [b for b in (t.bytes_per_batch.value for w, t in self.workers.items() if w in workers)
+                   if b is not None and math.isfinite(b)]
         return WorkerTiming(compute_s=compute, comm_s=comm, workers=n,
                             compute_held_s=max(0.0, compute - compute_wait), comm_held_s=max(0.0, comm - comm_wait),
-                            compute_wait_s=compute_wait, comm_wait_s=comm_wait)
+                            compute_wait_s=compute_wait, comm_wait_s=comm_wait,
+                            bytes_per_batch=max(0.0, sum(counted) / len(counted)) if counted else 0.0)
 
     def server_timing(self, servers: Collection[str]) -> ServerTiming:
         """The job report's server time: the mean service time of `servers` (those measured)."""

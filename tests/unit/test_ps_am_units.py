@@ -10,7 +10,7 @@ import pytest
 from appmaster.container_book import AmContainer
 from appmaster.ps.executor_pool import ExecutorPool, ExecutorState, Role
 from appmaster.ps.job import TRANSITIONS, JobEvent, JobPhase, JobStateMachine, JobTransitionError
-from appmaster.ps.metrics import JobMetrics, MovingAverage, ServerTimes
+from appmaster.ps.metrics import DEFAULT_ALPHA, JobMetrics, MovingAverage, ServerTimes
 from appmaster.ps.status_server import StatusServer
 from protocol import codec
 from protocol import executor_ops as ops
@@ -64,7 +64,8 @@ def test_moving_average_and_server_service_time() -> None:
     jm = JobMetrics()
     jm.record_batches("worker-0", [0.1, 0.1], [0.2, 0.2])
     assert jm.to_json()["workers"]["worker-0"] == {"compute_s": pytest.approx(0.1), "comm_s": pytest.approx(0.2),
-                                                   "batches": 2, "compute_wait_s": 0.0, "comm_wait_s": 0.0}
+                                                   "batches": 2, "compute_wait_s": 0.0, "comm_wait_s": 0.0,
+                                                   "bytes_per_batch": None}
 
 
 def test_job_report_timings_average_the_live_executors_measured() -> None:
@@ -92,6 +93,20 @@ def test_job_report_separates_time_held_from_time_waited_for_a_grant() -> None:
                                                                  pytest.approx(0.15))
     assert (w.comm_s, w.comm_wait_s, w.comm_held_s) == (pytest.approx(0.2), pytest.approx(0.025),
                                                         pytest.approx(0.175))
+
+
+def test_job_report_bytes_per_batch_averages_the_workers_that_count_them() -> None:
+    jm = JobMetrics()
+    # worker-0: a clock of 2 mini-batches moving 3000 bytes in all, then one of 4 moving 4000
+    # (1500 then 1000 per mini-batch; the second folded in as 4 samples of the average)
+    jm.record_batches("worker-0", [0.1, 0.1], [0.2, 0.2], bytes_moved=3000)
+    jm.record_batches("worker-0", [0.1] * 4, [0.2] * 4, bytes_moved=4000)
+    jm.record_batches("worker-1", [0.1], [0.2], bytes_moved=2000)
+    jm.record_batches("worker-2", [0.1], [0.2])                  # an executor that does not count bytes
+    w0 = 1500.0 + (1.0 - (1.0 - DEFAULT_ALPHA) ** 4) * (1000.0 - 1500.0)
+    w = jm.worker_timing({"worker-0", "worker-1", "worker-2"})
+    assert w.workers == 3 and w.bytes_per_batch == pytest.approx((w0 + 2000.0) / 2)
+    assert JobMetrics().worker_timing({"worker-0"}).bytes_per_batch == 0.0
 
 
 def test_job_report_histories_are_bounded_and_finite() -> None:
