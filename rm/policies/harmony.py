@@ -4,9 +4,10 @@ Every round it reads the PS jobs from the snapshot, folds their reports into pro
 (harmony_profiles.py), moves each job through its lifecycle (harmony_lifecycle.py) and says, per
 job, where it runs:
 
-* **Profiling.** A new job waits until it gets a node of its own, then runs one worker and one
-  server there until its report has COMP/COMM timings taken *alone*: no other job's executors on
-  that node (the snapshot's `AppView.executors`), for at least `profile_iterations` iterations
+* **Profiling.** A new job waits until it gets a node of its own (as many as its minimum: see
+  machine bounds below), then runs one worker and one server there until its report has
+  COMP/COMM timings taken *alone*: no other job's executors on that node (the snapshot's
+  `AppView.executors`), for at least `profile_iterations` iterations
   (the AM's times are moving averages: the ones from before the node was clear must wash out).
   Free nodes are used first, every waiting job that finds one at once, whenever that is (at
   start-up: "run as many jobs as possible at initialization, ... the smallest number of machines
@@ -48,6 +49,19 @@ job, where it runs:
   does): without it such jobs stayed where they were, sharing other groups' nodes for hours
   while the model counted them placed.
 
+**Machine bounds** (an addition: the paper gives a job whatever m its group gets). A job runs one
+worker and one server per node, so its spec's bounds are node counts: its group may have from
+max(min_workers, min_servers) to min(max_workers, max_servers) nodes (`machine_bounds`; only a
+maximum the spec states binds -- the view's default maximum is the submitted shape, which Harmony
+does not keep). Algorithm 1 groups within them (harmony_grouping.py, `Bounds`); an arrival joins
+only a group whose size fits it, and a new group takes no more free nodes than its maximum; a
+replacement must fit the group's size; free nodes go to no group at its smallest maximum (they stay
+idle); no node is borrowed for profiling from a group at its members' largest minimum, and a member
+whose group lost nodes below its minimum is paused. A job is profiled on as many nodes as its
+minimum (the paper: on one), all borrowed at once, and its profile is per machine as always
+(COMP x the workers measured); a job whose bounds no node count of the cluster meets (minimum above
+its maximum, or above the nodes) stays waiting, unprofiled, with a note saying why.
+
 A grouped job runs one worker and one server on every node of its group (`placement`), in `group`
 (a stable id such as "g3"), with `executor_resource` sized so the group fits its nodes: a node's
 capacity, less the AMs running there and room for AMs not placed yet, split evenly among the group's 2k
@@ -61,7 +75,7 @@ nodes work raises U. State kept between calls: the jobs' lifecycle states, profi
 RM restart starts them afresh (jobs are profiled again).
 
 Overhead, per job (`describe()`, on the snapshots' clock): `profilingS`, the time it spent being
-profiled (on one node, before its group); `regroupS`, the time it spent grouped but not yet
+profiled (on its profiling node(s), before its group); `regroupS`, the time it spent grouped but not yet
 running as told (after a run, move or resume directive, until its report shows the new shape:
 migration and checkpoint restore); `pausedS`, the time it waited paused; `moves`, the directives
 that moved it. The issue's target is profiling + regrouping under 5 % of a job's time.
@@ -79,11 +93,11 @@ from protocol.internal_api import NodePlacement, RunState
 from protocol.records import ZERO, Resource
 
 from .decision import Decision, JobDecision
-from .harmony_grouping import SWAP_BUDGET, Grouping, schedule
+from .harmony_grouping import SWAP_BUDGET, Bounds, Grouping, schedule
 from .harmony_lifecycle import JobEvent, JobState, advance, step
 from .harmony_profiles import EMA_WEIGHT, Profile, ProfileBook
 from .harmony_regroup import GAIN, TOLERANCE, Times, fewest_within, replacement, worth_regrouping
-from .snapshot import AppView, ClusterSnapshot, NodeView
+from .snapshot import AppView, ClusterSnapshot, NodeView, PSJobView
 
 FINAL = ("FINISHED", "FAILED", "KILLED")
 CONTAINERS_PER_JOB = 2      # per node: one worker and one server
@@ -109,14 +123,26 @@ class HarmonyConfig:
     move_retry_s: float = 60.0          # a move still not placed this long after its AM acted on it: failed
 
 
+def machine_bounds(spec: PSJobView) -> tuple[int, Optional[int]]:
+    """The fewest and most nodes a job may run on under Harmony (None: no most): one worker and one
+    server per node, so max(min_workers, min_servers) .. min(max_workers, max_servers). Only a
+    maximum the spec states binds: the view's default one is the submitted shape, which Harmony
+    does not keep (a default spec, 2 workers and 1 server, would be pinned to one node)."""
+    most = [x for x in (spec.spec.max_workers, spec.spec.max_servers) if x is not None]
+    return max(1, spec.min_workers, spec.min_servers), min(most) if most else None
+
+
 @dataclass
 class _Job:
     app_id: str
     submit_time: float
     executor: Resource                  # the spec's executor size (for profiling)
+    fewest: int = 1                     # its machine bounds (`machine_bounds`)
+    most: Optional[int] = None
     state: JobState = JobState.WAITING
     group: Optional[str] = None
     node: Optional[str] = None          # its profiling node (profiling / profiled)
+    more_nodes: list[str] = field(default_factory=list)    # its other profiling nodes (fewest > 1)
     run_state: RunState = RunState.RUN
     note: str = ""
     size: Optional[Resource] = None     # its executors' size in its group (kept while it fits)
@@ -217,7 +243,8 @@ class HarmonyPolicy:
                            "groupNodes": len(self.groups[job.group].nodes) if job.group in self.groups else 0,
                            "profileSamples": 0 if p is None else p.samples,
                            "profilingS": round(job.profiling_s, 3), "regroupS": round(job.regroup_s, 3),
-                           "pausedS": round(job.paused_s, 3), "moves": job.moves}
+                           "pausedS": round(job.paused_s, 3), "moves": job.moves,
+                           "minNodes": job.fewest, "maxNodes": job.most}
         return out
 
     def _account(self, apps: dict[str, AppView], now: float) -> None:
@@ -256,7 +283,8 @@ class HarmonyPolicy:
                 spec = app.ps
                 if spec is None:
                     continue
-                job = self.jobs[app.app_id] = _Job(app.app_id, app.submit_time, spec.executor)
+                fewest, most = machine_bounds(spec)
+                job = self.jobs[app.app_id] = _Job(app.app_id, app.submit_time, spec.executor, fewest, most)
             seen.add(app.app_id)
             self._observe(job, app)
         for app_id in [a for a in self.jobs if a not in seen]:
@@ -273,7 +301,7 @@ class HarmonyPolicy:
         if job.state in (JobState.PROFILING, JobState.PROFILED) and job.node is not None:
             # Its profiling node and wherever its executors really are (an AM may have started
             # them elsewhere before it got its directive).
-            nodes = {job.node} | self._placed.get(job.app_id, set())
+            nodes = set(self._profiling_nodes(job)) | self._placed.get(job.app_id, set())
             if not self._alone(job.app_id, nodes):
                 job.alone_from = None
                 now = self._now or 0.0
@@ -363,13 +391,17 @@ class HarmonyPolicy:
             alive = [n for n in g.nodes if n in self._nodes]
             if alive != g.nodes:
                 self._set_nodes(g, alive)
+                # A member that may not run on fewer nodes waits (its partners run on).
+                for app_id in [a for a in g.jobs if alive and self.jobs[a].fewest > len(alive)]:
+                    self._pause(app_id, f"waits: its group lost nodes ({len(alive)} left, it needs "
+                                        f"{self.jobs[app_id].fewest})")
             if not g.nodes:
                 for app_id in list(g.jobs):
                     self._pause(app_id, "its group's nodes were lost")
                 del self.groups[gid]
         for job in self.jobs.values():
-            if job.node is not None and job.node not in self._nodes:
-                job.node = None
+            if any(n not in self._nodes for n in self._profiling_nodes(job)):
+                job.node, job.more_nodes = None, []
                 if job.state is JobState.PROFILING:
                     self._fire(job, JobEvent.REQUEUE)
                 elif job.state is JobState.PROFILED:
@@ -463,8 +495,37 @@ class HarmonyPolicy:
     def _schedule(self, job_ids: list[str], machines: int) -> Grouping:
         cpu = np.array([self._profile(a).t_cpu1 for a in job_ids])
         net = np.array([self._profile(a).t_net for a in job_ids])
+        jobs = [self.jobs[a] for a in job_ids]
+        bounds = Bounds.of([j.fewest for j in jobs], [machines if j.most is None else j.most for j in jobs])
         return schedule(cpu, net, machines, self._cap(), swap_budget=self.cfg.swap_budget,
-                        cpu_weight=self.cfg.cpu_weight)
+                        cpu_weight=self.cfg.cpu_weight, bounds=bounds)
+
+    # ----- machine bounds ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _fits(job: _Job, machines: int) -> bool:
+        """The job may run on a group of `machines` nodes."""
+        return job.fewest <= machines and (job.most is None or machines <= job.most)
+
+    def _group_most(self, g: _Group) -> Optional[int]:
+        """The most nodes g may have: its members' smallest maximum (None: no maximum)."""
+        most = [self.jobs[a].most for a in g.jobs if self.jobs[a].most is not None]
+        return min(x for x in most if x is not None) if most else None
+
+    def _group_fewest(self, g: _Group) -> int:
+        return max((self.jobs[a].fewest for a in g.jobs), default=1)
+
+    def _unsatisfiable(self, job: _Job) -> Optional[str]:
+        """Why no group can run the job now (None: one can)."""
+        if job.most is not None and job.fewest > job.most:
+            return (f"waits: its spec admits no node count (at least {job.fewest}, at most {job.most}: "
+                    "one worker and one server per node)")
+        if job.fewest > len(self._nodes):
+            return f"waits: needs at least {job.fewest} nodes (min workers / servers), the cluster has {len(self._nodes)}"
+        return None
+
+    @staticmethod
+    def _profiling_nodes(job: _Job) -> list[str]:
+        return [] if job.node is None else [job.node] + job.more_nodes
 
     # ----- pools ---------------------------------------------------------------------------------------------------
     def _in_state(self, *states: JobState) -> list[str]:
@@ -477,11 +538,11 @@ class HarmonyPolicy:
 
     def _nodes_of(self, app_ids: Iterable[str]) -> list[str]:
         """The profiling nodes these jobs hold."""
-        return [n for n in (self.jobs[a].node for a in app_ids) if n is not None]
+        return [n for a in app_ids for n in self._profiling_nodes(self.jobs[a])]
 
     def _idle_nodes(self) -> list[str]:
         used = {n for g in self.groups.values() for n in g.nodes}
-        used |= {j.node for j in self.jobs.values() if j.node is not None}
+        used |= {n for j in self.jobs.values() for n in self._profiling_nodes(j)}
         return sorted(n for n in self._nodes if n not in used)
 
     # ----- scheduling events ---------------------------------------------------------------------------------------
@@ -505,7 +566,9 @@ class HarmonyPolicy:
         job = self.jobs[app_id]
         if job.state is not JobState.PROFILED:
             return
-        waiting = [a for a in self._pool() if a != app_id and a not in later]
+        # (A job no group can run now holds up nobody.)
+        waiting = [a for a in self._pool()
+                   if a != app_id and a not in later and self._unsatisfiable(self.jobs[a]) is None]
         if waiting:
             self._pause(app_id, f"waits: {len(waiting)} profiled/paused job(s) wait before it")
             return
@@ -516,12 +579,13 @@ class HarmonyPolicy:
         live = [g for _, g in sorted(self.groups.items()) if g.jobs]
         if live:
             scores = self._scores_with(live, app_id)
-            scores[np.array([len(g.jobs) >= cap for g in live])] = -np.inf
+            scores[np.array([len(g.jobs) >= cap or not self._fits(job, len(g.nodes)) for g in live])] = -np.inf
             i = int(np.argmax(scores))
             if np.isfinite(scores[i]):
                 best = (float(scores[i]), live[i].group_id)
-        free = self._idle_nodes() + ([job.node] if job.node else [])
-        if free:
+        # Its own profiling nodes first, as many as its maximum allows; none below its minimum.
+        free = (self._profiling_nodes(job) + self._idle_nodes())[:job.most]
+        if len(free) >= job.fewest:
             s = self._score(current + [([app_id], len(free))])
             if best is None or s > best[0]:
                 best = (s, None)
@@ -552,7 +616,8 @@ class HarmonyPolicy:
         """Put a waiting job (or bundle) similar to the finished job (within `tolerance`, at the
         group's machines) in its place."""
         m = len(g.nodes)
-        found = replacement(finished, [(a, self._profile(a).at(m)) for a in pool], self.cfg.tolerance)
+        found = replacement(finished, [(a, self._profile(a).at(m)) for a in pool if self._fits(self.jobs[a], m)],
+                            self.cfg.tolerance)
         if found is None or len(g.jobs) + len(found) > self._cap():
             return False
         for a in found:
@@ -587,33 +652,44 @@ class HarmonyPolicy:
         return True
 
     def _profile_waiting(self) -> None:
-        """Give waiting jobs a node each to be profiled on: a free node (the roomiest), else (up to
-        `profiling_nodes` at once) the last node of the group with the most machines."""
+        """Give waiting jobs nodes of their own to be profiled on, as many as the job's minimum
+        (`fewest`, usually one): free nodes (the roomiest), else (up to `profiling_nodes` jobs at
+        once) the last nodes of the groups with the most machines -- never taking a group below
+        its members' minimum. A job no group could run (`_unsatisfiable`) is not profiled."""
         # The free node with the most room for executors first: the scheduler packs AMs, so the
         # node holding them may not fit even one worker and one server of the spec's size.
         idle = sorted(self._idle_nodes(), key=lambda n: -self._executor_room(self._nodes[n]).memory)
         borrowed = sum(1 for j in self.jobs.values() if j.state is JobState.PROFILING) if self.groups else 0
         for app_id in self._in_state(JobState.WAITING):
             job = self.jobs[app_id]
-            if idle:
-                node = idle.pop(0)
-            elif self.groups and borrowed < self.cfg.profiling_nodes:
-                donor = max(self.groups.values(), key=lambda x: (len(x.nodes), x.group_id))
-                if len(donor.nodes) < 2:
-                    job.note = "waits for a node to be profiled on"
-                    continue
-                node = donor.nodes[-1]
-                self._set_nodes(donor, donor.nodes[:-1])
-                borrowed += 1
-            else:
-                job.note = "waits for a node to be profiled on"
+            why = self._unsatisfiable(job)
+            if why is not None:
+                job.note = why
                 continue
+            need = job.fewest
+            # What each group can lend: its nodes above its members' minimum (and its last one).
+            spare = {gid: len(g.nodes) - self._group_fewest(g) for gid, g in self.groups.items()
+                     if len(g.nodes) > max(1, self._group_fewest(g))}
+            lend = bool(self.groups) and borrowed < self.cfg.profiling_nodes
+            if len(idle) < need and not (lend and len(idle) + sum(spare.values()) >= need):
+                job.note = f"waits for {'a node' if need == 1 else f'{need} nodes'} to be profiled on"
+                continue
+            nodes, idle = idle[:need], idle[need:]
+            taken: dict[str, int] = {}
+            while len(nodes) < need:
+                donor = max((self.groups[gid] for gid in spare if spare[gid] > taken.get(gid, 0)),
+                            key=lambda x: (len(x.nodes) - taken.get(x.group_id, 0), x.group_id))
+                taken[donor.group_id] = taken.get(donor.group_id, 0) + 1
+                nodes.append(donor.nodes[-taken[donor.group_id]])
+            for gid, k in sorted(taken.items()):
+                self._set_nodes(self.groups[gid], self.groups[gid].nodes[:-k])
+            borrowed += 1 if taken else 0
             self._fire(job, JobEvent.PROFILE)
-            job.node = node
+            job.node, job.more_nodes = nodes[0], nodes[1:]
             # Alone from now if no other job's executors are there (its own report's iterations
             # count from here); else from when the snapshot shows them gone (`_observe`).
-            job.alone_from = job.iterations if self._alone(app_id, [node]) else None
-            job.note = f"profiling on {node}"
+            job.alone_from = job.iterations if self._alone(app_id, nodes) else None
+            job.note = f"profiling on {', '.join(nodes)}"
 
     def _give_idle_nodes(self) -> None:
         """Idle nodes go to the groups one by one, the most computation-bound group first."""
@@ -626,9 +702,14 @@ class HarmonyPolicy:
         c = np.array([sum(self._profile(a).t_cpu1 for a in g.jobs) for g in live])
         n = np.array([sum(self._profile(a).t_net for a in g.jobs) for g in live])
         m = np.array([len(g.nodes) for g in live], dtype=np.float64)
+        # A group at its members' smallest maximum takes none (the node stays idle).
+        most = np.array([np.inf if (x := self._group_most(g)) is None else x for g in live], dtype=np.float64)
         extra: dict[int, list[str]] = {}
         for node in idle:
-            i = int(np.argmax(c / np.maximum(m, 1.0) - n))
+            value = np.where(m < most, c / np.maximum(m, 1.0) - n, -np.inf)
+            i = int(np.argmax(value))
+            if not np.isfinite(value[i]):
+                break
             extra.setdefault(i, []).append(node)
             m[i] += 1
         for i, nodes in sorted(extra.items()):
@@ -677,7 +758,7 @@ class HarmonyPolicy:
         if app_id not in g.jobs:
             g.jobs.append(app_id)
         job.group = g.group_id
-        job.node = None
+        job.node, job.more_nodes = None, []
         job.note = note
         job.remigrating = False
 
@@ -688,7 +769,7 @@ class HarmonyPolicy:
         if job.group in self.groups and app_id in self.groups[job.group].jobs:
             self.groups[job.group].jobs.remove(app_id)
         job.group = None
-        job.node = None
+        job.node, job.more_nodes = None, []
         job.note = note
         job.remigrating = False
 
@@ -780,12 +861,14 @@ class HarmonyPolicy:
                 out[app_id] = JobDecision(len(placement), len(placement), placement, group=job.group,
                                           run_state=job.run_state, reason=why, executor_resource=size)
             elif job.state in (JobState.PROFILING, JobState.PROFILED) and job.node is not None:
-                size = self._executor(self._room([job.node]), CONTAINERS_PER_JOB, job.executor)
+                nodes = self._profiling_nodes(job)
+                size = self._executor(self._room(nodes), CONTAINERS_PER_JOB, job.executor)
                 # Kept into its first group while it fits the group's share: a new size means new
                 # containers, i.e. a checkpoint-restart (9 s on the testbed) for a job that may not
                 # even move; the group's share only shrinks it.
                 sizes[app_id] = size
-                out[app_id] = JobDecision(1, 1, (NodePlacement(node=job.node, workers=1, servers=1),),
+                out[app_id] = JobDecision(len(nodes), len(nodes),
+                                          tuple(NodePlacement(node=n, workers=1, servers=1) for n in nodes),
                                           run_state=RunState.RUN, reason=why, executor_resource=size)
             else:
                 sizes[app_id] = None

@@ -38,6 +38,7 @@ class App:
     # Executors that stay here while it runs, whatever its directive says (a move its AM gave up
     # on: it acted on the directive, its report is steady, its executors did not move).
     stuck: Optional[tuple[NodePlacement, ...]] = None
+    spec: dict[str, object] = field(default_factory=dict)   # ps-job spec fields over the default one
 
     def executors(self) -> tuple[NodePlacement, ...]:
         d = self.directive
@@ -71,9 +72,10 @@ class World:
         self.apps: dict[str, App] = {}
         self.now = 1000.0
 
-    def submit(self, app_id: str, t_cpu1: float, t_net: float) -> App:
+    def submit(self, app_id: str, t_cpu1: float, t_net: float, **spec: object) -> App:
+        """A new app; `spec`: ps-job spec fields (e.g. min_workers) over the default spec."""
         self.now += 1.0
-        app = self.apps[app_id] = App(app_id, t_cpu1, t_net, self.now)
+        app = self.apps[app_id] = App(app_id, t_cpu1, t_net, self.now, spec=dict(spec))
         return app
 
     def finish(self, app_id: str) -> None:
@@ -83,7 +85,7 @@ class World:
         views = []
         for a in self.apps.values():
             spec = ps_job_view({"app": "mlr", "workers": 1, "servers": 1, "executor_memory_mb": 1024,
-                                "executor_vcores": 1})
+                                "executor_vcores": 1, **a.spec})
             views.append(AppView(a.app_id, "default", "alice", a.state, a.submit_time, ZERO,
                                  a.report() if a.state == "RUNNING" else None, spec, am_resource=AM,
                                  directive=a.directive, am_node=a.am_node,
