@@ -11,6 +11,12 @@ proximal steps. Summing them instead would over-shrink: near zero every worker p
 sum oscillates with growing amplitude once there are 3 or more workers. Averaging makes one model
 step per round of W mini-batches, so by default the step size follows the linear scaling rule
 (lr * num_workers, `scale_lr_with_workers`) to keep per-epoch progress close to one worker's.
+
+Threads (`StepContext.threads`, the job's `comp_threads`): the COMP cuts its mini-batch's rows into
+that many shards over `comp_pool`; each shard builds its own design rows, residuals and partial
+gradient x_s^T r_s, and the partials are summed in shard order. Rows are independent, so this is
+the one-shard gradient up to float summation order (bit-identical with one thread); the proximal
+step on the summed gradient is elementwise and cheap, and runs once.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import numpy as np
 from protocol.ps_app_schemas import LASSO_PRESET_HPARAMS, LASSO_PRESETS, LassoHParams, LassoSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
+from psruntime.apps.comp_pool import run_shards, split_range
 from psruntime.apps.random_streams import TRUTH, rng_for
 from psruntime.apps.sparse_features import (batch_rows, generate_sparse_rows, keys_of_features,
                                             local_design)
@@ -91,16 +98,29 @@ class LassoApp(PSApp[LassoSpec, LassoHParams]):
         _, feats, _ = batch_rows(batch.block, batch.start, batch.stop)
         return keys_of_features(feats, self.hparams.features_per_key)
 
-    def _residuals(self, block: DataBlock, start: int, stop: int, params: KeyValues) -> tuple[Any, np.ndarray, np.ndarray]:
+    def _residuals(self, block: DataBlock, start: int, stop: int, params: KeyValues,
+                   w: np.ndarray | None = None) -> tuple[Any, np.ndarray, np.ndarray]:
+        """(design, float64 weights, residuals x.w - y) of rows [start, stop); `w`: the pulled
+        weights already in float64 (shards of one batch convert them once)."""
         indptr, feats, vals = batch_rows(block, start, stop)
         x = local_design(indptr, feats, vals, params.keys, self.hparams.features_per_key)
-        w = params.values.astype(np.float64).reshape(-1)
+        if w is None:
+            w = params.values.astype(np.float64).reshape(-1)
         return x, w, np.asarray(x @ w) - block.data["targets"][start:stop]
 
-    def loss_gradient(self, batch: Batch, params: KeyValues) -> np.ndarray:
-        """Gradient of 0.5 * mean squared error over the batch w.r.t. the pulled weights."""
-        x, _, r = self._residuals(batch.block, batch.start, batch.stop, params)
-        return np.asarray(x.T @ r) / batch.size
+    def loss_gradient(self, batch: Batch, params: KeyValues, threads: int = 1) -> np.ndarray:
+        """Gradient of 0.5 * mean squared error over the batch w.r.t. the pulled weights; with
+        `threads` > 1 summed from row shards' partial gradients (see the module docstring)."""
+        w = params.values.astype(np.float64).reshape(-1)
+
+        def partial(rows: tuple[int, int]) -> np.ndarray:
+            x, _, r = self._residuals(batch.block, batch.start + rows[0], batch.start + rows[1], params, w)
+            return np.asarray(x.T @ r)
+        parts = run_shards(partial, split_range(batch.size, threads), threads)
+        grad = parts[0]
+        for p in parts[1:]:   # in shard order: the same sum whatever the threads' timing
+            grad += p
+        return grad / batch.size
 
     def compute(self, batch: Batch, params: KeyValues, ctx: StepContext) -> KeyValues:
         hp = self.hparams
@@ -109,7 +129,7 @@ class LassoApp(PSApp[LassoSpec, LassoHParams]):
         lr = hp.learning_rate / (1.0 + hp.lr_decay * ctx.epoch)
         if hp.scale_lr_with_workers:
             lr *= workers
-        z = w - lr * self.loss_gradient(batch, params)
+        z = w - lr * self.loss_gradient(batch, params, ctx.threads)
         prox = np.sign(z) * np.maximum(np.abs(z) - lr * self.l1, 0.0)   # soft-thresholding
         delta = (prox - w) / workers
         return KeyValues(params.keys, delta.astype(np.float32).reshape(len(params.keys), self.key_length))

@@ -8,6 +8,22 @@ Worker-local state, in the block: token topic assignments `z` and doc-topic coun
 Deltas are count changes, so the servers' additive merge keeps the totals exact.
 Objective: the joint log-likelihood log p(w, z) per token (higher is better); its document part
 is computed by workers, its word part by servers over the keys they own.
+
+Threads (`StepContext.threads`, the job's `comp_threads`): the COMP cuts its mini-batch's documents
+into that many shards over `comp_pool`, and each shard runs the Gibbs sweep of `lda_sampler` on its
+own copy of the pulled word-topic counts it touches (and of the topic totals), with its own random
+stream (keyed by its first document; the first shard's is the one-thread stream, so one thread is
+bit-identical to the unsharded sweep). The shards' count changes are added into the push. What is
+sharded: documents, whose tokens, `z` and `ndk` rows belong to one shard only. What is not: the
+word-topic counts -- a shard's tokens see the other shards' word-topic changes only at the next
+pull, the approximation AD-LDA makes across workers (and `lda_sampler` already makes across the
+documents of one step), so k threads sample a different but equally valid chain. What holds
+whatever the thread count: within a document the sweep is exact sequential Gibbs; the pushed
+deltas are exact integer count changes matching the new `z` (each word's and each document's
+total count unchanged, the topic totals' change equal to the sum of the word rows' changes); and
+the chain converges like the one-thread chain (tests/unit/test_apps_comp_threads.py). The sweep's
+steps are small numpy calls that mostly hold the GIL, so threads add little speed here and may cost
+some (docs/harmony_arbiter.md "Threads").
 """
 from __future__ import annotations
 
@@ -21,6 +37,7 @@ from scipy.special import gammaln
 from protocol.ps_app_schemas import LDA_PRESET_HPARAMS, LDA_PRESETS, LDAHParams, LDASpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
+from psruntime.apps.comp_pool import run_shards, split_range
 from psruntime.apps.lda_sampler import sample_batch
 from psruntime.apps.random_streams import STATE_INIT, STEP, TRUTH, rng_for
 from psruntime.apps.sorted_unique import sorted_unique
@@ -117,15 +134,27 @@ class LDAApp(PSApp[LDASpec, LDAHParams]):
         hp = self.hparams
         block = batch.block
         ip = block.data["indptr"]
-        lo, hi = int(ip[batch.start]), int(ip[batch.stop])
-        word_rows = params.rows_of(block.data["words"][lo:hi].astype(np.int64))
-        counts = params.values.astype(np.float64)     # local copy: sampling updates it as it goes
-        before = counts.copy()
-        rng = rng_for(self.seed, STEP, ctx.epoch, block.block_index, batch.start)
-        sample_batch(rng, ip[batch.start:batch.stop + 1] - lo, word_rows, block.state["z"][lo:hi],
-                     block.state["ndk"][batch.start:batch.stop], counts[:-1], counts[-1],
-                     hp.alpha, hp.beta, self.vocab)
-        return KeyValues(params.keys, (counts - before).astype(np.float32))
+        counts = params.values.astype(np.float64)     # read-only here: each shard samples on a copy
+        delta = np.zeros_like(counts)
+
+        def sweep(docs: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """Sample documents [start, stop) of the block; their (word rows, word-row changes,
+            topic-total changes)."""
+            start, stop = batch.start + docs[0], batch.start + docs[1]
+            lo, hi = int(ip[start]), int(ip[stop])
+            word_rows = params.rows_of(block.data["words"][lo:hi].astype(np.int64))
+            rows = sorted_unique(word_rows)
+            nwk, nk = counts[rows], counts[-1].copy()   # copies: sampling updates them as it goes
+            rng = rng_for(self.seed, STEP, ctx.epoch, block.block_index, start)
+            sample_batch(rng, ip[start:stop + 1] - lo, np.searchsorted(rows, word_rows), block.state["z"][lo:hi],
+                         block.state["ndk"][start:stop], nwk, nk, hp.alpha, hp.beta, self.vocab)
+            nwk -= counts[rows]
+            nk -= counts[-1]
+            return rows, nwk, nk
+        for rows, d_nwk, d_nk in run_shards(sweep, split_range(batch.size, ctx.threads), ctx.threads):
+            delta[rows] += d_nwk     # exact: integer count changes in float64
+            delta[-1] += d_nk
+        return KeyValues(params.keys, delta.astype(np.float32))
 
     def objective_keys(self, block: DataBlock) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)   # the document part needs only local counts

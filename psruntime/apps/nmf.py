@@ -9,6 +9,14 @@ Objective: mean squared error on the observed training entries.
 Projection: W is projected to >= 0 locally. H is projected where it is read: the effective item
 factors are max(H, 0) and deltas are taken relative to them, so the servers' additive merge of
 several workers' steps can never make the effective model negative.
+
+Threads (`StepContext.threads`, the job's `comp_threads`): the COMP cuts its mini-batch's users
+(rows) into that many shards over `comp_pool`. Per shard, independently: the entries' errors,
+dL/dW of its users (e @ H, rows of the shard only), its users' least-squares fits (`user_solve`)
+and projected W steps -- all bit-identical to one thread's, since each user's numbers are computed
+alone. dL/dH sums over users: each shard's partial e_s^T W_s is summed in shard order, equal to
+the one-shard sum up to float summation order (bit-identical with one thread). H's projected step
+is elementwise per item row and is sharded by item rows.
 """
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ import scipy.sparse as sp
 from protocol.ps_app_schemas import NMF_PRESET_HPARAMS, NMF_PRESETS, NMFHParams, NMFSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
+from psruntime.apps.comp_pool import run_shards, split_range
 from psruntime.apps.random_streams import (MODEL_INIT, STATE_INIT, TRUTH,
                                            keyed_uniform, rng_for, sample_row_indices)
 from psruntime.apps.sorted_unique import sorted_unique
@@ -161,52 +170,84 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
         _, _, items, _ = self._entries(batch.block, batch.start, batch.stop)
         return sorted_unique(items).astype(np.int64)
 
-    def gradients(self, batch: Batch, params: KeyValues) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def gradients(self, batch: Batch, params: KeyValues,
+                  threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(W, H, dL/dW, dL/dH) of L = 0.5 * sum of squared errors over the batch's entries,
-        at the effective (projected) H of the pulled keys."""
-        _, rows, items, ratings = self._entries(batch.block, batch.start, batch.stop)
-        cols = params.rows_of(items.astype(np.int64))
-        w = batch.block.state["W"][batch.start:batch.stop].astype(np.float64)
+        at the effective (projected) H of the pulled keys; with `threads` > 1 over user shards
+        (see the module docstring)."""
         h = _effective(params.values)
-        err = _entry_errors(w, h, ratings, lambda lo, hi: rows[lo:hi], lambda lo, hi: cols[lo:hi])
-        e = sp.csr_matrix((err, (rows, cols)), shape=(batch.size, len(params.keys)))
-        return w, h, np.asarray(e @ h), np.asarray(e.T @ w)
+        users = split_range(batch.size, threads)
+        w = np.empty((batch.size, h.shape[1]))
+        gw = np.empty_like(w)
+
+        def shard(rows: tuple[int, int]) -> np.ndarray:
+            a, b = rows
+            _, local, items, ratings = self._entries(batch.block, batch.start + a, batch.start + b)
+            cols = params.rows_of(items.astype(np.int64))
+            ws = w[a:b]
+            ws[:] = batch.block.state["W"][batch.start + a:batch.start + b]
+            err = _entry_errors(ws, h, ratings, lambda lo, hi: local[lo:hi], lambda lo, hi: cols[lo:hi])
+            e = sp.csr_matrix((err, (local, cols)), shape=(b - a, len(params.keys)))
+            gw[a:b] = e @ h
+            return np.asarray(e.T @ ws)
+        parts = run_shards(shard, users, threads)
+        gh = parts[0]
+        for p in parts[1:]:   # in shard order: the same sum whatever the threads' timing
+            gh += p
+        return w, h, gw, gh
 
     def compute(self, batch: Batch, params: KeyValues, ctx: StepContext) -> KeyValues:
         hp = self.hparams
         lr = hp.learning_rate / (1.0 + hp.lr_decay * ctx.epoch)
+        threads = ctx.threads
         counts, _, items, _ = self._entries(batch.block, batch.start, batch.stop)
+        state_w = batch.block.state["W"][batch.start:batch.stop]
+
+        def step_users(w: np.ndarray, gw: np.ndarray) -> None:
+            """W <- the projected step, a user shard per thread (rows are independent)."""
+            def rows(r: tuple[int, int]) -> None:
+                a, b = r
+                state_w[a:b] = _projected_step(w[a:b], gw[a:b], counts[a:b], lr, hp.l2)
+            run_shards(rows, split_range(len(w), threads), threads)
         # The batch's user rows are worker-local and visited once per epoch, while H takes a step
         # per batch: with one step per visit W lags far behind H. Fitting them to the pulled H
         # first (`user_solve`), or `user_steps` - 1 extra projected steps, costs no communication.
         if hp.user_solve:
-            self.fit_users(batch, params)
+            self.fit_users(batch, params, threads)
         for _ in range(hp.user_steps - 1):
-            w, _, gw, _ = self.gradients(batch, params)
-            batch.block.state["W"][batch.start:batch.stop] = _projected_step(w, gw, counts, lr, hp.l2)
-        w, h, gw, gh = self.gradients(batch, params)
+            w, _, gw, _ = self.gradients(batch, params, threads)
+            step_users(w, gw)
+        w, h, gw, gh = self.gradients(batch, params, threads)
         # Each factor row steps along its gradient averaged over its own entries in the batch,
         # so the step size does not depend on how many ratings a user or item has.
         per_item = np.bincount(params.rows_of(items.astype(np.int64)), minlength=len(params.keys))
-        batch.block.state["W"][batch.start:batch.stop] = _projected_step(w, gw, counts, lr, hp.l2)
+        step_users(w, gw)
         delta = np.empty(h.shape, np.float32)
-        _projected_step(h, gh, per_item, lr, hp.l2, delta)
+
+        def step_items(r: tuple[int, int]) -> None:
+            a, b = r
+            _projected_step(h[a:b], gh[a:b], per_item[a:b], lr, hp.l2, delta[a:b])
+        run_shards(step_items, split_range(len(h), threads), threads)
         return KeyValues(params.keys, delta)
 
-    def fit_users(self, batch: Batch, params: KeyValues) -> None:
+    def fit_users(self, batch: Batch, params: KeyValues, threads: int = 1) -> None:
         """Set the batch's user rows to their ridge least-squares fit (l2, plus a tiny ridge so
-        a user with few ratings stays solvable) against the pulled effective H, clipped at 0."""
-        counts, _, items, ratings = self._entries(batch.block, batch.start, batch.stop)
+        a user with few ratings stays solvable) against the pulled effective H, clipped at 0;
+        with `threads` > 1 a shard of users per thread (each user's fit is its own)."""
         h = _effective(params.values)
-        cols = params.rows_of(items.astype(np.int64))
         w = batch.block.state["W"]
         eye = np.eye(h.shape[1])
-        lo = 0
-        for u, n in enumerate(counts.tolist()):
-            hu = h[cols[lo:lo + n]]
-            a = hu.T @ hu + (self.hparams.l2 * n + 1e-6) * eye
-            w[batch.start + u] = np.maximum(np.linalg.solve(a, hu.T @ ratings[lo:lo + n].astype(np.float64)), 0.0)
-            lo += n
+
+        def shard(rows: tuple[int, int]) -> None:
+            counts, _, items, ratings = self._entries(batch.block, batch.start + rows[0], batch.start + rows[1])
+            cols = params.rows_of(items.astype(np.int64))
+            lo = 0
+            for u, n in enumerate(counts.tolist(), start=batch.start + rows[0]):
+                hu = h[cols[lo:lo + n]]
+                a = hu.T @ hu + (self.hparams.l2 * n + 1e-6) * eye
+                w[u] = np.maximum(np.linalg.solve(a, hu.T @ ratings[lo:lo + n].astype(np.float64)), 0.0)
+                lo += n
+        run_shards(shard, split_range(batch.size, threads), threads)
 
     def objective_keys(self, block: DataBlock) -> np.ndarray:
         return sorted_unique(block.data["items"]).astype(np.int64)

@@ -69,9 +69,9 @@ def epoch_objective(app: PSApp, blocks: Sequence[DataBlock], model: DenseModel) 
 
 
 def train_single_process(app: PSApp, max_epochs: int | None = None, evaluate: bool = True,
-                         log: Any = None) -> tuple[TrainResult, DenseModel]:
+                         log: Any = None, threads: int = 1) -> tuple[TrainResult, DenseModel]:
     """Train on all blocks (partition 0 of 1) until converged or `max_epochs` (default: the
-    app's own limit). Returns the result and the final model."""
+    app's own limit), each COMP over `threads` threads. Returns the result and the final model."""
     blocks = app.generate_partition(0, 1).blocks
     model = DenseModel(app)
     for block in blocks:
@@ -81,7 +81,7 @@ def train_single_process(app: PSApp, max_epochs: int | None = None, evaluate: bo
     limit = max_epochs if max_epochs is not None else int(app.hparams.max_epochs)
     for epoch in range(limit):
         t0 = time.perf_counter()
-        ctx = StepContext(epoch=epoch, num_workers=1)
+        ctx = StepContext(epoch=epoch, num_workers=1, threads=threads)
         for block in blocks:
             for batch in app.batches(block):
                 model.push(app.compute(batch, model.pull(app.keys_for_batch(batch)), ctx))
