@@ -90,8 +90,10 @@ class StepContext:
     averaged to stay stable, like Lasso's proximal step, divide by it); `epoch` and the batch's
     position seed any randomness of the step, so a rerun is reproducible. `threads` is how many
     threads a COMP may use (the job's `comp_threads`, the cores it holds of its node's arbiter
-    pool): an app may shard its numpy work over `psruntime.apps.comp_pool` with that many, and
-    must give the same result whatever the number.
+    pool): an app may shard its numpy work over `psruntime.apps.comp_pool` with that many. With
+    one thread it computes what it always did; with more, a deterministic app's update is the same
+    up to float summation order (MLR's is bit-identical), and a sampler's (LDA) a different draw
+    of the same sampler -- each app's module docstring says what it shards.
     """
 
     epoch: int = 0
