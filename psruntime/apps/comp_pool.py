@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -44,3 +46,12 @@ def split_range(n: int, parts: int) -> list[tuple[int, int]]:
     parts = max(1, min(parts, n))
     bounds = [n * i // parts for i in range(parts + 1)]
     return [(bounds[i], bounds[i + 1]) for i in range(parts) if bounds[i + 1] > bounds[i]]
+
+
+def sum_in_order(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """The shards' partial sums added in shard order, into the first (returned): the total does not
+    depend on the threads' timing, and with one shard it is that shard's array, unchanged."""
+    total = parts[0]
+    for p in parts[1:]:
+        total += p
+    return total

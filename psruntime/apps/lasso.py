@@ -28,7 +28,7 @@ import numpy as np
 from protocol.ps_app_schemas import LASSO_PRESET_HPARAMS, LASSO_PRESETS, LassoHParams, LassoSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
-from psruntime.apps.comp_pool import run_shards, split_range
+from psruntime.apps.comp_pool import run_shards, split_range, sum_in_order
 from psruntime.apps.random_streams import TRUTH, rng_for
 from psruntime.apps.sparse_features import (batch_rows, generate_sparse_rows, keys_of_features,
                                             local_design)
@@ -116,11 +116,7 @@ class LassoApp(PSApp[LassoSpec, LassoHParams]):
         def partial(rows: tuple[int, int]) -> np.ndarray:
             x, _, r = self._residuals(batch.block, batch.start + rows[0], batch.start + rows[1], params, w)
             return np.asarray(x.T @ r)
-        parts = run_shards(partial, split_range(batch.size, threads), threads)
-        grad = parts[0]
-        for p in parts[1:]:   # in shard order: the same sum whatever the threads' timing
-            grad += p
-        return grad / batch.size
+        return sum_in_order(run_shards(partial, split_range(batch.size, threads), threads)) / batch.size
 
     def compute(self, batch: Batch, params: KeyValues, ctx: StepContext) -> KeyValues:
         hp = self.hparams

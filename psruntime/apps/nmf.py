@@ -29,7 +29,7 @@ import scipy.sparse as sp
 from protocol.ps_app_schemas import NMF_PRESET_HPARAMS, NMF_PRESETS, NMFHParams, NMFSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
-from psruntime.apps.comp_pool import run_shards, split_range
+from psruntime.apps.comp_pool import run_shards, split_range, sum_in_order
 from psruntime.apps.random_streams import (MODEL_INIT, STATE_INIT, TRUTH,
                                            keyed_uniform, rng_for, sample_row_indices)
 from psruntime.apps.sorted_unique import sorted_unique
@@ -190,10 +190,7 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
             e = sp.csr_matrix((err, (local, cols)), shape=(b - a, len(params.keys)))
             gw[a:b] = e @ h
             return np.asarray(e.T @ ws)
-        parts = run_shards(shard, users, threads)
-        gh = parts[0]
-        for p in parts[1:]:   # in shard order: the same sum whatever the threads' timing
-            gh += p
+        gh = sum_in_order(run_shards(shard, users, threads))
         return w, h, gw, gh
 
     def compute(self, batch: Batch, params: KeyValues, ctx: StepContext) -> KeyValues:
