@@ -36,10 +36,10 @@ Departures from the paper, and why:
   only in a group of m machines within its `Bounds` (the policy derives them from its spec's
   min/max workers and servers, one of each per node). Algorithm 2 ignores them; a repair pass then
   moves a job out of a group whose members' bounds do not meet into the most balanced compatible
-  group (or a group of its own), drops the latest-admitted jobs while the groups' minimums exceed
-  the machines, the allocation starts every group at its minimum and gives none past its maximum
-  (machines no group may take stay idle and count as zero in U), and the refinement takes no move
-  that breaks a bound.
+  group (or a group of its own), and while the groups' minimums exceed the machines merges two
+  compatible groups (they share machines) or, with none, drops the latest-admitted job; the
+  allocation starts every group at its minimum and gives none past its maximum (machines no group
+  may take stay idle and count as zero in U), and the refinement takes no move that breaks a bound.
 * COMM grows with m (models/harmony.py, `net_time`), so each step reads T_net at the machines it
   assumes: L6 and Algorithm 2 at the equal DoP M / n_G, the allocation and the refinement at each
   group's m_g. C/m - T_net(m) = (C + L)/m - (N + L) for a group's summed COMP on one machine C,
@@ -540,8 +540,9 @@ def repair(groups: list[list[int]], diff: Sequence[float], bounds: Bounds, machi
            cap: Optional[int] = None) -> list[list[int]]:
     """`groups` made to meet `bounds` on `machines`: a job no m <= machines suits is dropped; a job
     whose bounds do not meet its group's earlier members' moves to the compatible group (room under
-    `cap`) whose imbalance S_g (sum of `diff`) it offsets best, else to a group of its own; then the
-    latest-admitted job (highest index) is dropped while the groups need more machines than there are."""
+    `cap`) whose imbalance S_g (sum of `diff`) it offsets best, else to a group of its own; then,
+    while the groups need more machines than there are, two compatible groups are merged or, with
+    none, the latest-admitted job (highest index) is dropped."""
     ok = [j for g in groups for j in g if bounds.lo[j] <= min(int(bounds.hi[j]), machines)]
     fits = set(ok)
     kept: list[list[int]] = []
@@ -572,6 +573,15 @@ def repair(groups: list[list[int]], diff: Sequence[float], bounds: Bounds, machi
         return sum(bounds.group(g)[0] for g in kept)
 
     while kept and (len(kept) > machines or need() > machines):
+        # Two groups whose bounds meet share their machines (saving the smaller minimum) before
+        # any job is dropped: the pair that saves the most, within `cap`.
+        pairs = [(min(bounds.group(a)[0], bounds.group(b)[0]), i, k) for i, a in enumerate(kept)
+                 for k, b in enumerate(kept[i + 1:], i + 1)
+                 if (cap is None or len(a) + len(b) <= cap) and bounds.group(a + b)[0] <= bounds.group(a + b)[1]]
+        if pairs:
+            _, i, k = max(pairs, key=lambda x: (x[0], -x[1], -x[2]))
+            kept[i] = kept[i] + kept.pop(k)
+            continue
         last = max(j for g in kept for j in g)
         kept = [[j for j in g if j != last] for g in kept]
         kept = [g for g in kept if g]
