@@ -40,6 +40,8 @@ Departures from the paper, and why:
   compatible groups (they share machines) or, with none, drops the latest-admitted job; the
   allocation starts every group at its minimum and gives none past its maximum (machines no group
   may take stay idle and count as zero in U), and the refinement takes no move that breaks a bound.
+  Besides L6's n_G, the counts ceil(M / max) at which each maximum holds the equal split are tried.
+  Bounds that bind nobody (every minimum 1, every maximum >= M) take the unbounded path.
 * COMM grows with m (models/harmony.py, `net_time`), so each step reads T_net at the machines it
   assumes: L6 and Algorithm 2 at the equal DoP M / n_G, the allocation and the refinement at each
   group's m_g. C/m - T_net(m) = (C + L)/m - (N + L) for a group's summed COMP on one machine C,
@@ -609,6 +611,10 @@ def group_jobs(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Option
         # L6 assumes equal machines per group; its neighbours (every count, on small instances)
         # are cheap starting points for the refinement.
         tries += list(range(lo, hi + 1)) if hi - lo < SMALL_GROUP_COUNTS else [balanced - 1, balanced + 1]
+    if bounds is not None:
+        # L6's equal split of the machines may exceed the jobs' maximums (their groups then leave
+        # machines idle): the counts at which each maximum holds the equal split are tried too.
+        tries += [min(hi, -(-machines // int(h))) for h in np.unique(np.minimum(bounds.hi, machines)) if h >= 1]
     for n_groups in dict.fromkeys(tries):
         if not lo <= n_groups <= hi:
             continue
@@ -649,6 +655,8 @@ def schedule(t_cpu1: FloatArray, t_net: FloatArray, machines: int, cap: Optional
     n = len(t_cpu1)
     link = _links(t_link, n)
     limit = n if cap is None else min(n, machines * cap)
+    if bounds is not None and bool(np.all(bounds.lo <= 1)) and bool(np.all(bounds.hi >= machines)):
+        bounds = None       # none binds: the unbounded (vectorised) path, no repair
     best, best_n = EMPTY, 0
     misses = 0
     for nj in job_counts(limit, linear_limit, growth):
