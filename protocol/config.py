@@ -56,6 +56,10 @@ class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
     # adjustment overhead (at most ceil(θ2 x running jobs) jobs resized per decision).
     dorm_fairness_threshold: float = 0.1
     dorm_adjustment_threshold: float = 0.5
+    # Harmony (docs/harmony_policy.md): the link bandwidth of the nodes' NICs in bits/s. A job's COMM
+    # on m nodes pays (m-1)/m of its bytes per mini-batch on it (models/harmony.py `net_time`);
+    # 0 = unknown: COMM constant in the group's nodes, as in the paper.
+    harmony_link_bandwidth_bps: float = 0.0
     # Gang admission of PS jobs (rm/scheduler.py): a job's AM container starts only when the AM and
     # its `gang_shape` of executors fit together (queue headroom and nodes), so a job holds nothing
     # until it can run. "submitted" (default): workers + servers, what the PS AM waits for before it
@@ -76,6 +80,9 @@ class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
     am_node_label: str = ""
 
     def __post_init__(self) -> None:
+        if not self.harmony_link_bandwidth_bps >= 0:        # (NaN too)
+            raise ValueError(f"harmony_link_bandwidth_bps must be >= 0 (bits/s, 0 = unknown), "
+                             f"got {self.harmony_link_bandwidth_bps}")
         check_cluster(self.node_labels, self.am_node_label)
         if self.checkpoint_dir:
             try:

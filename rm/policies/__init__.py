@@ -23,7 +23,7 @@ register("optimus", OptimusPolicy)
 register("dorm", DormPolicy.from_settings, takes_settings=True)
 register("drf", DrfPolicy)
 register("tetris", TetrisPolicy)
-register("harmony", HarmonyPolicy)
+register("harmony", HarmonyPolicy.from_settings, takes_settings=True)
 
 __all__ = ["AppView", "ClusterSnapshot", "Decision", "DecisionError", "DormPolicy", "DrfPolicy", "EpsPolicy",
            "HarmonyPolicy", "JobDecision", "NodeView", "OptimusPolicy", "PSJobView", "Policy", "StaticPolicy",

@@ -70,6 +70,13 @@ size on (a partner leaving does not resize them), they shrink when the group gro
 gets a vcore and at least `min_executor_mb`. A paused or waiting job is told PAUSE with no executors; a job put back in a
 group RESUME; a running job moved to other nodes RUN with its new placement (the AM migrates it).
 
+COMM across the link (departure from eq. 4.2, models/harmony.py `net_time`): a profile taken on
+one node measures loopback COMM, far below what a job moving MBs per mini-batch pays once its
+group spans hosts. With `link_bandwidth_bps` (rm.toml `harmony_link_bandwidth_bps`) a profile also
+keeps t_link = the report's bytes per mini-batch over the link, and everywhere a job's T_net enters
+the model (grouping, arrivals' scores, replacements, free nodes, `describe()`) it is T_net at its
+group's machines, t_net_local + t_link (m-1)/m; 0 (the default) is the paper's model.
+
 Utilization is compared over all running nodes, free ones counting as idle (zero), so giving idle
 nodes work raises U. State kept between calls: the jobs' lifecycle states, profiles and groups; an
 RM restart starts them afresh (jobs are profiled again).
@@ -88,7 +95,8 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from models.harmony import CPU_WEIGHT, FloatArray, GroupStats, group_stats, score
+from models.harmony import CPU_WEIGHT, FloatArray, GroupStats, group_stats, net_time, score
+from protocol.config import RMConfig
 from protocol.internal_api import NodePlacement, RunState
 from protocol.records import ZERO, Resource
 
@@ -121,6 +129,20 @@ class HarmonyConfig:
     # first profile (None: for all of them); later ones then arrive one by one.
     initial_wait_s: Optional[float] = 600.0
     move_retry_s: float = 60.0          # a move still not placed this long after its AM acted on it: failed
+    # The nodes' link bandwidth (bits/s; rm.toml `harmony_link_bandwidth_bps`): a job's COMM on m
+    # nodes pays (m-1)/m of its bytes per mini-batch on it (models/harmony.py `net_time`); 0 =
+    # unknown, COMM constant in m as in the paper.
+    link_bandwidth_bps: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.link_bandwidth_bps >= 0.0:      # (NaN too)
+            raise ValueError(f"harmony link_bandwidth_bps must be >= 0 (bits/s, 0 = unknown), "
+                             f"got {self.link_bandwidth_bps}")
+
+    @classmethod
+    def from_settings(cls, settings: RMConfig) -> "HarmonyConfig":
+        """The defaults with what rm.toml sets (`harmony_link_bandwidth_bps`)."""
+        return cls(link_bandwidth_bps=float(settings.harmony_link_bandwidth_bps))
 
 
 def machine_bounds(spec: PSJobView) -> tuple[int, Optional[int]]:
@@ -186,7 +208,7 @@ class HarmonyPolicy:
         self.cfg = config or HarmonyConfig()
         self.jobs: dict[str, _Job] = {}
         self.groups: dict[str, _Group] = {}
-        self.profiles = ProfileBook(self.cfg.ema_weight)
+        self.profiles = ProfileBook(self.cfg.ema_weight, self.cfg.link_bandwidth_bps)
         self._next_group = 1
         self._nodes: dict[str, NodeView] = {}
         self._am_on: dict[str, Resource] = {}    # per node: the AMs placed there
@@ -231,16 +253,25 @@ class HarmonyPolicy:
         self._keep_sizes(sizes)
         return decision
 
+    @classmethod
+    def from_settings(cls, settings: RMConfig) -> "HarmonyPolicy":
+        """The policy with the RM's settings (rm.toml: `harmony_link_bandwidth_bps`)."""
+        return cls(HarmonyConfig.from_settings(settings))
+
     def describe(self) -> dict[str, dict[str, object]]:
         """Per tracked app its Harmony state, group, profiling node and profile (for the RM's pages)."""
         out: dict[str, dict[str, object]] = {}
         for app_id, job in sorted(self.jobs.items()):
             p = self.profiles.get(app_id)
+            nodes = len(self.groups[job.group].nodes) if job.group in self.groups else 0
             out[app_id] = {"state": job.state.value, "group": job.group, "node": job.node,
                            "runState": job.run_state.value, "note": job.note,
                            "tCpu1": None if p is None else round(p.t_cpu1, 6),
-                           "tNet": None if p is None else round(p.t_net, 6),
-                           "groupNodes": len(self.groups[job.group].nodes) if job.group in self.groups else 0,
+                           # COMM at its group's nodes (one node while not grouped), and its parts
+                           "tNet": None if p is None else round(p.net(max(1, nodes)), 6),
+                           "tNetLocal": None if p is None else round(p.t_net_local, 6),
+                           "tLink": None if p is None else round(p.t_link, 6),
+                           "groupNodes": nodes,
                            "profileSamples": 0 if p is None else p.samples,
                            "profilingS": round(job.profiling_s, 3), "regroupS": round(job.regroup_s, 3),
                            "pausedS": round(job.paused_s, 3), "moves": job.moves,
@@ -445,6 +476,7 @@ class HarmonyPolicy:
         """Eq. 4.1-4.3 of groups (job ids, machines)."""
         cpu: list[float] = []
         net: list[float] = []
+        link: list[float] = []
         group_of: list[int] = []
         machines: list[int] = []
         for i, (jobs, m) in enumerate(groups):
@@ -452,10 +484,11 @@ class HarmonyPolicy:
             for a in jobs:
                 p = self._profile(a)
                 cpu.append(p.t_cpu1)
-                net.append(p.t_net)
+                net.append(p.t_net_local)
+                link.append(p.t_link)
                 group_of.append(i)
         return group_stats(np.array(cpu), np.array(net), np.array(group_of, dtype=np.int64),
-                           np.array(machines, dtype=np.int64))
+                           np.array(machines, dtype=np.int64), t_link=np.array(link))
 
     def _score(self, groups: Iterable[tuple[Iterable[str], int]]) -> float:
         """score(U) of groups (job ids, machines) over all running nodes (the rest idle)."""
@@ -471,8 +504,9 @@ class HarmonyPolicy:
         stats = self._stats((g.jobs, len(g.nodes)) for g in groups)
         p = self._profile(app_id)
         m = stats.machines
-        cpu, net = stats.cpu + p.t_cpu1 / m, stats.net + p.t_net
-        t = np.maximum(np.maximum(cpu, net), np.maximum(stats.max_job, p.t_cpu1 / m + p.t_net))
+        p_net = net_time(p.t_net_local, p.t_link, m)       # its COMM at each group's m
+        cpu, net = stats.cpu + p.t_cpu1 / m, stats.net + p_net
+        t = np.maximum(np.maximum(cpu, net), np.maximum(stats.max_job, p.t_cpu1 / m + p_net))
         joined = np.stack([cpu / t, net / t], axis=1)
         total = max(1, len(self._nodes))
         base = (m[:, None] * stats.utilization).sum(axis=0)
@@ -494,11 +528,12 @@ class HarmonyPolicy:
 
     def _schedule(self, job_ids: list[str], machines: int) -> Grouping:
         cpu = np.array([self._profile(a).t_cpu1 for a in job_ids])
-        net = np.array([self._profile(a).t_net for a in job_ids])
+        net = np.array([self._profile(a).t_net_local for a in job_ids])
+        link = np.array([self._profile(a).t_link for a in job_ids])
         jobs = [self.jobs[a] for a in job_ids]
         bounds = Bounds.of([j.fewest for j in jobs], [machines if j.most is None else j.most for j in jobs])
         return schedule(cpu, net, machines, self._cap(), swap_budget=self.cfg.swap_budget,
-                        cpu_weight=self.cfg.cpu_weight, bounds=bounds)
+                        cpu_weight=self.cfg.cpu_weight, bounds=bounds, t_link=link)
 
     # ----- machine bounds ------------------------------------------------------------------------------------------
     @staticmethod
@@ -699,8 +734,10 @@ class HarmonyPolicy:
         idle = self._idle_nodes()
         if not idle:
             return
-        c = np.array([sum(self._profile(a).t_cpu1 for a in g.jobs) for g in live])
-        n = np.array([sum(self._profile(a).t_net for a in g.jobs) for g in live])
+        # C/m - N(m) = (C + L)/m - (N + L), L the summed link times (harmony_grouping.py's allocation)
+        lk = np.array([sum(self._profile(a).t_link for a in g.jobs) for g in live])
+        c = np.array([sum(self._profile(a).t_cpu1 for a in g.jobs) for g in live]) + lk
+        n = np.array([sum(self._profile(a).t_net_local for a in g.jobs) for g in live]) + lk
         m = np.array([len(g.nodes) for g in live], dtype=np.float64)
         # A group at its members' smallest maximum takes none (the node stays idle).
         most = np.array([np.inf if (x := self._group_most(g)) is None else x for g in live], dtype=np.float64)

@@ -16,13 +16,19 @@ partners' COMPs hold the CPU, and a profile that counted the wait would absorb t
 its own cost). A report without held times (an AM older than them, or a job that does not run
 through the arbiter) says only the whole time, which is the job's own only when it runs alone:
 `update(..., alone=False)` then leaves the profile as it is.
+
+COMM is kept as two parts (models/harmony.py, `net_time`: T_net(m) = t_net_local + t_link (m-1)/m,
+a departure from eq. 4.2): t_link = the report's `bytes_per_batch` (a worker's pull + push) over
+the link bandwidth (`link_bandwidth_bps`, the policy's config; 0 = unknown: t_link 0, the paper's
+model), and t_net_local = T_net less the share (c_g-1)/c_g of t_link the sample paid on the link
+(at least 0). Both are moving averages; a sample without bytes keeps the profile's t_link.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-from models.harmony import normalise_cpu
+from models.harmony import link_time, net_time, normalise_cpu
 from protocol.job_report import JobReport
 
 EMA_WEIGHT = 0.3        # the weight of a new sample in the moving averages
@@ -30,27 +36,35 @@ EMA_WEIGHT = 0.3        # the weight of a new sample in the moving averages
 
 @dataclass(frozen=True)
 class Profile:
-    """A job's profile: COMP time on one machine and COMM time per iteration (seconds)."""
+    """A job's profile per iteration (seconds): COMP on one machine, COMM on one machine
+    (`t_net_local`) and the link time of its whole exchange (`t_link`, module doc)."""
 
     t_cpu1: float
-    t_net: float
+    t_net_local: float
     machines: int           # c_g of the latest sample
     samples: int
     iterations: int         # the report's `iterations` at the latest sample
+    t_link: float = 0.0
 
     def at(self, machines: float) -> tuple[float, float]:
-        """(T_cpu, T_net) on `machines` machines (eq. 4.2)."""
-        return self.t_cpu1 / machines, self.t_net
+        """(T_cpu, T_net) on `machines` machines (eq. 4.2; COMM: `net_time`)."""
+        return self.t_cpu1 / machines, self.net(machines)
+
+    def net(self, machines: float) -> float:
+        """T_net on `machines` machines: t_net_local + t_link (m-1)/m."""
+        return float(net_time(self.t_net_local, self.t_link, machines))
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One report's (T_cpu, T_net, c_g); `held`: the times are held grant times (not waited)."""
+    """One report's (T_cpu, T_net, c_g) and a worker's bytes per mini-batch (0: not counted);
+    `held`: the times are held grant times (not waited)."""
 
     t_cpu: float
     t_net: float
     machines: int
     held: bool
+    bytes_per_batch: float = 0.0
 
 
 def sample(report: JobReport) -> Optional[Sample]:
@@ -60,14 +74,15 @@ def sample(report: JobReport) -> Optional[Sample]:
     if wt.workers < 1 or (wt.compute_s <= 0.0 and wt.comm_s <= 0.0):
         return None
     if wt.compute_held_s > 0.0 or wt.comm_held_s > 0.0:
-        return Sample(wt.compute_held_s, wt.comm_held_s, wt.workers, True)
-    return Sample(wt.compute_s, wt.comm_s, wt.workers, False)
+        return Sample(wt.compute_held_s, wt.comm_held_s, wt.workers, True, wt.bytes_per_batch)
+    return Sample(wt.compute_s, wt.comm_s, wt.workers, False, wt.bytes_per_batch)
 
 
 def update(profile: Optional[Profile], report: JobReport, ema_weight: float = EMA_WEIGHT,
-           alone: bool = True) -> Optional[Profile]:
+           alone: bool = True, link_bandwidth_bps: float = 0.0) -> Optional[Profile]:
     """`profile` with the report's sample folded in (unchanged when the report has no timings, no
-    iterations since the last sample, or only whole times of a job that is not `alone`)."""
+    iterations since the last sample, or only whole times of a job that is not `alone`);
+    `link_bandwidth_bps`: the nodes' link (bits/s, 0: unknown, no link term)."""
     s = sample(report)
     # The AM's moving averages move only with iterations; fewer iterations than the last sample
     # mean a new AM attempt counting afresh, whose report is a sample too.
@@ -75,20 +90,26 @@ def update(profile: Optional[Profile], report: JobReport, ema_weight: float = EM
         return profile
     if not s.held and not alone:
         return profile          # its waits for partners' grants are in these times
-    t_cpu, t_net, machines = s.t_cpu, s.t_net, s.machines
-    t1 = normalise_cpu(t_cpu, machines)
+    machines = s.machines
+    t1 = normalise_cpu(s.t_cpu, machines)
+    link = link_time(s.bytes_per_batch, link_bandwidth_bps)
+    if link <= 0.0 and profile is not None:
+        link = profile.t_link       # no bytes in this report (or no bandwidth): the link as it was
+    # What the sample paid on the link, (c_g-1)/c_g of the whole exchange, is not local COMM.
+    local = max(0.0, s.t_net - link * (machines - 1) / machines)
     if profile is None:
-        return Profile(t1, t_net, machines, 1, report.iterations)
+        return Profile(t1, local, machines, 1, report.iterations, link)
     a = ema_weight
-    return Profile((1.0 - a) * profile.t_cpu1 + a * t1, (1.0 - a) * profile.t_net + a * t_net, machines,
-                   profile.samples + 1, report.iterations)
+    return Profile((1.0 - a) * profile.t_cpu1 + a * t1, (1.0 - a) * profile.t_net_local + a * local, machines,
+                   profile.samples + 1, report.iterations, (1.0 - a) * profile.t_link + a * link)
 
 
 class ProfileBook:
     """The profiles of the jobs the policy tracks (app id -> Profile)."""
 
-    def __init__(self, ema_weight: float = EMA_WEIGHT):
+    def __init__(self, ema_weight: float = EMA_WEIGHT, link_bandwidth_bps: float = 0.0):
         self.ema_weight = ema_weight
+        self.link_bandwidth_bps = link_bandwidth_bps     # the nodes' link, bits/s (0: unknown)
         self.profiles: dict[str, Profile] = {}
 
     def observe(self, app_id: str, report: Optional[JobReport], alone: bool = True) -> Optional[Profile]:
@@ -97,7 +118,7 @@ class ProfileBook:
         old = self.profiles.get(app_id)
         if report is None:
             return old
-        new = update(old, report, self.ema_weight, alone)
+        new = update(old, report, self.ema_weight, alone, self.link_bandwidth_bps)
         if new is not None:
             self.profiles[app_id] = new
         return new

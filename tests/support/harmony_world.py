@@ -39,6 +39,10 @@ class App:
     # on: it acted on the directive, its report is steady, its executors did not move).
     stuck: Optional[tuple[NodePlacement, ...]] = None
     spec: dict[str, object] = field(default_factory=dict)   # ps-job spec fields over the default one
+    # The link: a worker's whole exchange per mini-batch takes `link_s` on it, (m-1)/m of which its
+    # COMM pays on m nodes (models/harmony.py `net_time`); it reports `bytes_per_batch`.
+    link_s: float = 0.0
+    bytes_per_batch: float = 0.0
 
     def executors(self) -> tuple[NodePlacement, ...]:
         d = self.directive
@@ -58,10 +62,12 @@ class App:
 
     def times(self, workers: int) -> WorkerTiming:
         cpu = self.t_cpu1 / workers
+        net = self.t_net + self.link_s * (workers - 1) / workers
+        b = self.bytes_per_batch
         if not self.held:
-            return WorkerTiming(compute_s=cpu + self.wait_s, comm_s=self.t_net, workers=workers)
-        return WorkerTiming(compute_s=cpu + self.wait_s, comm_s=self.t_net, workers=workers,
-                            compute_held_s=cpu, comm_held_s=self.t_net, compute_wait_s=self.wait_s)
+            return WorkerTiming(compute_s=cpu + self.wait_s, comm_s=net, workers=workers, bytes_per_batch=b)
+        return WorkerTiming(compute_s=cpu + self.wait_s, comm_s=net, workers=workers,
+                            compute_held_s=cpu, comm_held_s=net, compute_wait_s=self.wait_s, bytes_per_batch=b)
 
 
 class World:
