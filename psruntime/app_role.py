@@ -153,8 +153,7 @@ class AppRole:
         except UserCodeError as e:   # the user's import or constructor: its traceback goes to the AM
             raise UserCodeError(f"{e.what} on {self.executor.executor_id}", e.__cause__ or e) from None
         self.app_name = name
-        # A COMP's threads: the job's comp_threads, else the cores the container was given.
-        self.pipeline.set_comp_threads(req.comp_threads or _container_vcores(os.environ))
+        self.pipeline.set_comp_threads(comp_threads(req.comp_threads, type(self.app), os.environ))
         try:
             mode = parse_mode(req.spill_alpha)
         except ValueError as e:
@@ -366,6 +365,15 @@ class AppRole:
     def stop_training(self, req: ctl.StopTraining, arrays: Arrays) -> Answer:
         self.stop.set()
         return ctl.Ok(), ()
+
+
+def comp_threads(asked: int | None, app: type[PSApp[Any, Any]], env: Mapping[str, str]) -> int:
+    """A COMP's threads: the job's `comp_threads`, else the cores the container was given, capped
+    by what the app can use (`PSApp.DEFAULT_COMP_THREADS`)."""
+    if asked:
+        return asked
+    vcores = _container_vcores(env)
+    return min(vcores, app.DEFAULT_COMP_THREADS) if app.DEFAULT_COMP_THREADS else vcores
 
 
 def _container_vcores(env: Mapping[str, str]) -> int:

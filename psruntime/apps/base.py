@@ -161,6 +161,11 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
     # Cached properties only data generation needs (ground truths): a worker drops them once its
     # partition is generated, so they do not stay beside the data for the whole job.
     GENERATION_CACHES: ClassVar[tuple[str, ...]] = ()
+    # The most COMP threads that speed this app up when its job does not ask for a number
+    # (None: as many as its container has vcores). An app whose COMP is mostly GIL-bound Python
+    # (LDA's sampler) sets 1: threads would only hold cores of the node's CPU pool it cannot use.
+    # A job's explicit `comp_threads` still wins.
+    DEFAULT_COMP_THREADS: ClassVar[int | None] = None
 
     def __init__(self, spec: SpecT, hparams: HParamsT) -> None:
         self.spec = spec

@@ -23,7 +23,8 @@ deltas are exact integer count changes matching the new `z` (each word's and eac
 total count unchanged, the topic totals' change equal to the sum of the word rows' changes); and
 the chain converges like the one-thread chain (tests/unit/test_apps_comp_threads.py). The sweep's
 steps are small numpy calls that mostly hold the GIL, so threads add little speed here and may cost
-some (docs/harmony_arbiter.md "Threads").
+some (docs/harmony_arbiter.md "Threads"): a job that does not set `comp_threads` gets one
+(`DEFAULT_COMP_THREADS`), not its container's vcores.
 """
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ class LDAApp(PSApp[LDASpec, LDAHParams]):
     Spec = LDASpec
     HParams = LDAHParams
     maximize: ClassVar[bool] = True
+    # Measured: 2 threads made a COMP 1.5-2x slower (the sweep's small numpy calls hold the GIL),
+    # so a job that does not ask for comp_threads samples on one.
+    DEFAULT_COMP_THREADS: ClassVar[int | None] = 1
     ENTRY_FIELDS = ("words",)
     ROW_FIELDS = ()
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = LDA_PRESETS

@@ -8,10 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from protocol import container_env
+from psruntime.app_role import comp_threads
 from psruntime.apps import comp_pool
 from psruntime.apps.base import Batch, KeyValues, StepContext
 from psruntime.apps.blocks import DataBlock
-from psruntime.apps.registry import create_app
+from psruntime.apps.registry import create_app, get_app
 from psruntime.apps.single_process import train_single_process
 from psruntime.apps.sparse_features import batch_rows, local_design
 
@@ -174,3 +176,11 @@ def test_lda_over_threads_converges_like_one_thread() -> None:
     # settles in a somewhat worse mode here; other seeds end level with one thread).
     one_gain = one.epochs[-1].objective - one.initial_objective
     assert many.epochs[-1].objective - many.initial_objective >= 0.8 * one_gain
+
+
+def test_a_comp_uses_the_jobs_threads_else_the_containers_vcores_capped_by_the_app() -> None:
+    env = {container_env.CONTAINER_VCORES: "4"}
+    assert comp_threads(None, get_app("mlr"), env) == 4          # no cap: the container's vcores
+    assert comp_threads(None, get_app("lda"), env) == 1          # LDA's sampler holds the GIL
+    assert comp_threads(3, get_app("lda"), env) == 3             # the job's own number wins
+    assert comp_threads(None, get_app("mlr"), {}) == 1           # no vcores told: one
