@@ -32,14 +32,19 @@ on the capped links and the mix spans about 80:20 to 20:80 COMP:COMM alone; `--w
 older mix of MLR, NMF, LDA and Lasso with KB models. All jobs arrive at once; the data are generated
 from the specs' fixed seeds, so every mode trains the same jobs on the same data.
 
-Degree of parallelism and placement: a static-mode job asks `--dop` workers and `--dop` servers
-(default 2: two hosts' worth); Harmony places its jobs itself, one worker and one server on each
-node of a job's group (profiling: one of each on one node), which is the paper's rule, so under
-harmony a job's DoP is its group's node count (reported as `group_nodes`), and its jobs are
-submitted with one worker and one server, the profiling shape, as the simulator submits them
-(the PS AM starts what Harmony's first directive says, not its submitted shape: docs/internals.md,
-"Initial placement"; the submitted shape is what another policy would start). The
-static modes place their jobs by Harmony's rule too, not by the scheduler's first fit (which
+Degree of parallelism, the same in every mode: a job runs `--dop` workers and `--dop` servers
+(default 2: two hosts' worth), one of each per host. Harmony places its jobs itself, one worker
+and one server on each node of a job's group (the paper's rule, so a job's DoP is its group's node
+count, reported as `group_nodes`); with `--harmony-nodes dop` (the default) each Harmony job's
+spec bounds it to exactly `--dop` nodes (min_workers = max_workers = min_servers = max_servers =
+dop), which the policy honours (docs/harmony_policy.md, "Machine bounds"): it is profiled on `--dop`
+nodes and grouped on `--dop` nodes, so every mode runs every job at the same DoP and only the
+sharing differs. With `--harmony-nodes free` its jobs are submitted with one worker and one server,
+the profiling shape (as the simulator submits them), and no bounds: the policy picks each group's
+nodes by its model (T_net grows with the nodes by the link term, rm.toml
+`harmony_link_bandwidth_bps`, which the bench sets to `--host-bandwidth`). Under either, the PS AM
+starts what Harmony's first directive says, not its submitted shape (docs/internals.md, "Initial
+placement"). The static modes place their jobs by Harmony's rule too, not by the scheduler's first fit (which
 launches a job's servers before its workers, so they shared one host by role and left server-only
 hosts nearly idle, e.g. 0.03 against 0.32 of budget): each job's spec carries a placement of one
 worker + one server on each of its `--dop` hosts, which the AM's first asks obey (docs/internals.md,
@@ -48,9 +53,9 @@ first `--dop` free ones. Naive / subtasks: every job at once, job i on hosts i*d
 round-robin, so each host carries the same number of jobs' pairs, as Harmony's groups give (its
 partners are its own choice; the per-host counts match). Each run reports the executors on every
 host and one job's executors per host, sampled from the worker hosts' NMs (the sample with the
-most executors: `executors_per_host`, `job_executors_per_host`), each job's final workers and
-servers on each of its hosts from the AMs' status (`job_roles_per_host`: ["w1s1"] is one worker +
-one server everywhere), how many hosts a job used (`hosts_per_job`) and every host's CPU use
+most executors: `executors_per_host`, `job_executors_per_host`), each job's serving workers and
+servers on each of its hosts from its AM's live status, its last sample before it finished
+(`job_roles_per_host`: ["w1s1"] is one worker + one server everywhere), how many hosts a job used (`hosts_per_job`) and every host's CPU use
 (`host_cpu`), so a placement that differs between modes is visible, not hidden.
 
 Measured, not modelled: JCT (arrival to the RM's finish time, queueing included) and makespan; CPU
@@ -58,7 +63,8 @@ utilization = the worker hosts' cgroup CPU time (cpuacct.usage / cpu.stat usage_
 cgroup) over their budgets x the makespan; network utilization = the bytes through the worker
 hosts' links (their veth counters at the bridge, both directions) over the caps x the makespan.
 Harmony's own overhead, where the policy reports it (its describe(): profilingS, regroupS per job):
-`overhead_fraction` = mean over jobs of (profiling + regrouping time) / makespan. From the jobs'
+`overhead_fraction` = mean over jobs of (profiling + regrouping time) / makespan, and
+`job_overhead_fraction` = the same over each job's own JCT (the issue's "under 5 % of a job"). From the jobs'
 own metrics: `comm_fraction` (COMM's share of a mini-batch, what co-location can overlap) and
 `grant_wait_fraction` (the share spent waiting for arbiter grants, what interleaving costs). Anchors (80 jobs
 on 100 machines): Harmony 2.11x faster mean JCT, 1.60x shorter makespan, 1.65x utilization against
@@ -91,8 +97,10 @@ from support.harmony_workloads import WORKLOADS as LINK_WORKLOADS  # noqa: E402
 from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
 from elastane_cli import ps_commands, testbed_hosts  # noqa: E402
+from elastane_cli.ps_commands import AmStatusReader  # noqa: E402
 from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
 from elastane_cli.testbed_cluster import MASTER, TestbedCluster  # noqa: E402
+from protocol.ps_status import PsStatus  # noqa: E402
 from psruntime.wire.bandwidth import parse_rate  # noqa: E402
 
 AM_MB = 256
@@ -137,17 +145,23 @@ def log(text: str) -> None:
     print(f"[harmony_colocation] {text}", file=sys.stderr, flush=True)
 
 
-def job_specs(n: int, epochs: int, dop: int, mode: Mode, workload: str) -> list[dict[str, Any]]:
+def job_specs(n: int, epochs: int, dop: int, mode: Mode, workload: str,
+              harmony_nodes: str = "dop") -> list[dict[str, Any]]:
     """The same jobs in every mode: only the arbiter and spill switches differ by mode, and the
-    submitted shape (static: `dop` of each role; Harmony: one of each, its profiling shape)."""
+    submitted shape. Static: `dop` of each role. Harmony with `harmony_nodes` "dop": `dop` of each
+    role and bounds of exactly `dop` (min = max workers and servers), so its groups span `dop`
+    nodes, as every static job does; "free": one of each (its profiling shape) and no bounds, the
+    policy picks the nodes."""
     jobs, executor_mb = WORKLOADS[workload]
-    width = dop if mode.policy == "static" else 1
+    width = dop if mode.policy == "static" or harmony_nodes == "dop" else 1
     out = []
     for i in range(n):
         app, data, hparams = jobs[i % len(jobs)]
         spec: dict[str, Any] = {"app": app, "workers": width, "servers": width, "executor_memory_mb": executor_mb,
                                 "max_epochs": epochs, "convergence_threshold": 1e-12, "data": data,
                                 "hparams": hparams, "heldout_every_epochs": 0}
+        if mode.policy != "static" and harmony_nodes == "dop":
+            spec.update(min_workers=dop, max_workers=dop, min_servers=dop, max_servers=dop)
         if mode.use_arbiter:
             spec["use_arbiter"] = True
         if mode.spill and i % len(jobs) in SPILLING:
@@ -181,30 +195,17 @@ def final_status(cluster: TestbedCluster, app_id: str) -> dict[str, Any]:
         return {}
 
 
-def final_executors(st: dict[str, Any], workers: int, servers: int) -> list[dict[str, Any]]:
-    """The job's last executors: the status lists every executor it was ever given (a paused and
-    resumed job's first ones too), by role and launch order; it ended with `workers` and `servers`
-    (its last directive's shape) -- the last launched of each role."""
-    shape = st.get("shape") or {}
-    out: list[dict[str, Any]] = []
-    for role, count in (("worker", workers), ("server", servers)):
-        of_role = [e for e in shape.get("executors") or [] if e.get("role") == role and e.get("node")]
-        out += of_role[len(of_role) - int(count or 0):] if count else []
-    return out
-
-
-def placement_of(cluster: TestbedCluster, st: dict[str, Any], workers: int,
-                 servers: int) -> tuple[Optional[int], list[str]]:
-    """How many worker hosts the job's last executors used, and on each of them its workers and
-    servers as "w<n>s<m>" (Harmony's placement: every host "w1s1")."""
-    try:
-        per_host: dict[str, list[int]] = {}
-        for e in final_executors(st, workers, servers):
-            counts = per_host.setdefault(cluster.host_of(e["node"]), [0, 0])
-            counts[e["role"] == "server"] += 1
-        return len(per_host) or None, [f"w{w}s{s}" for w, s in per_host.values()]
-    except (KeyError, TypeError):
-        return None, []
+def roles_by_host(cluster: TestbedCluster, status: Optional[PsStatus]) -> dict[str, str]:
+    """host -> the job's serving (READY) workers and servers there as "w<n>s<m>" (Harmony's
+    placement: every host "w1s1"), from its AM's live status; {} while none serve."""
+    per_host: dict[str, list[int]] = {}
+    for e in status.shape.serving() if status is not None and status.shape is not None else []:
+        try:
+            counts = per_host.setdefault(cluster.host_of(e.node), [0, 0])
+        except KeyError:
+            continue
+        counts[e.role == "server"] += 1
+    return {h: f"w{w}s{s}" for h, (w, s) in per_host.items()}
 
 
 def split_of(st: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
@@ -260,6 +261,10 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
     samples = 0
     policy_state: dict[str, dict[str, Any]] = {}
     load = [os.getloadavg()[0]]     # the machine's load: other work on it slows every host
+    # Each job's serving workers and servers per host, from its AM's live status: the latest sample
+    # before it finished (a finished job's status lists every executor it was ever given).
+    roles: dict[str, dict[str, str]] = {}
+    am_status = AmStatusReader("bench")
     async with RmRestClient(cluster.rm_url, "bench") as client:
         before = meter.read()
         t0 = time.time()
@@ -267,7 +272,6 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
         running: list[str] = []
         reports: dict[str, dict[str, Any]] = {}
         holds: dict[str, list[str]] = {}          # running app id -> its hosts (isolated: none shared)
-        shapes: dict[str, tuple[int, int]] = {}   # finished app id -> (workers, servers) it ended with
         while waiting or running:
             if time.time() - t0 > timeout_s:
                 for a in running:
@@ -305,13 +309,12 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
                 pass
             for a in list(running):
                 r = await client.app(a)
+                if samples % 5 == 1 and r["state"] == "RUNNING" and r.get("trackingUrl"):
+                    live = roles_by_host(cluster, await am_status.read(r["trackingUrl"]))
+                    if live:
+                        roles[a] = live
                 if r["state"] in ps_commands.FINAL_STATES:
                     reports[a] = r
-                    try:    # the shape it ended with: its last directive's (none: the spec's DoP)
-                        d = (await client.app_shape(a)).get("directive") or {}
-                        shapes[a] = (int(d.get("workers") or dop), int(d.get("servers") or dop))
-                    except Exception:  # noqa: BLE001 - the placement figure is extra
-                        shapes[a] = (dop, dop)
                     running.remove(a)
                     holds.pop(a, None)
                     load.append(os.getloadavg()[0])
@@ -319,6 +322,7 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
                         + ("" if r["finalStatus"] == "SUCCEEDED" else f": {str(r.get('diagnostics', ''))[:300]}"))
             await asyncio.sleep(POLL_S)
         after = meter.read()
+    await am_status.close()
     failed = [r["name"] for r in reports.values() if r["finalStatus"] != "SUCCEEDED"]
     if failed:
         raise RuntimeError(f"jobs did not succeed: {failed}")
@@ -335,8 +339,11 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
                 for p in policy_state.values() if "profilingS" in p]
     groups = [int(p["groupNodes"]) for p in policy_state.values() if p.get("groupNodes")]
     finals = [final_status(cluster, a) for a in reports]
-    placements = [placement_of(cluster, st, *shapes.get(a, (dop, dop))) for a, st in zip(reports, finals)]
-    spans = [h for h, _ in placements if h]
+    spans = [len(r) for r in roles.values() if r]
+    # Harmony's overhead against each job's own time (the issue: under 5 % of a job).
+    jct_of = {a: r["finishedTime"] / 1000.0 - t0 for a, r in reports.items()}
+    job_overhead = [(float(p.get("profilingS") or 0) + float(p.get("regroupS") or 0)) / jct_of[a]
+                    for a, p in policy_state.items() if "profilingS" in p and jct_of.get(a)]
     splits = [split_of(st) for st in finals]
     comm = [c for c, _ in splits if c is not None]
     wait = [w for _, w in splits if w is not None]
@@ -348,11 +355,13 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
             # share a host (Harmony: 2, one worker + one server), at the sample with the most running.
             "executors_per_host": {h: sum(peak.get(h, {}).values()) for h in meter.names},
             "job_executors_per_host": sorted({c for d in peak.values() for c in d.values()}),
-            # From the AMs' final status: each job's workers and servers on each of its hosts.
-            "job_roles_per_host": sorted({r for _, roles in placements for r in roles}),
+            # From the AMs' live status: each job's serving workers and servers on each of its
+            # hosts, its last sample before it finished.
+            "job_roles_per_host": sorted({x for r in roles.values() for x in r.values()}),
             "hosts_per_job": statistics.median(spans) if spans else None,
             "group_nodes": statistics.median(groups) if groups else None,
             "overhead_fraction": round(statistics.fmean(overhead), 4) if overhead else None,
+            "job_overhead_fraction": round(statistics.fmean(job_overhead), 4) if job_overhead else None,
             # Why a mode is slow: how much of a mini-batch is COMM (what co-location can overlap)
             # and how much is waiting for the arbiter's grants (what interleaving costs).
             "comm_fraction": round(statistics.fmean(comm), 3) if comm else None,
@@ -372,11 +381,14 @@ def run_mode(name: str, mode: Mode, ns: argparse.Namespace, bandwidth: int) -> d
         cluster = TestbedCluster(Path(tmp), workers=ns.hosts, worker_cpus=ns.host_cpus, bandwidth_bps=bandwidth,
                                  node_memory_mb=memory, node_vcores=vcores, nm_expiry_s=60, am_expiry_s=60,
                                  heartbeat_interval_ms=500, policy=mode.policy, am_host=True,
+                                 # the hosts' link, as an operator tells Harmony (T_net grows with
+                                 # a group's nodes: docs/harmony_policy.md)
+                                 rm_conf={"harmony_link_bandwidth_bps": bandwidth},
                                  am_host_memory_mb=(AM_MB + 64) * ns.jobs, am_host_vcores=ns.jobs)
         try:
             cluster.start()
             max_running = ns.jobs if mode.shared else max(1, ns.hosts // ns.dop)
-            specs = job_specs(ns.jobs, ns.epochs, ns.dop, mode, ns.workload)
+            specs = job_specs(ns.jobs, ns.epochs, ns.dop, mode, ns.workload, ns.harmony_nodes)
             place = None
             if mode.policy == "static":
                 place = (round_robin_hosts(ns.jobs, cluster.node_names, ns.dop) if mode.shared
@@ -393,7 +405,7 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in runs if "error" not in r]
     out: dict[str, Any] = {"runs": runs, "ok_runs": len(ok)}
     for key in ("mean_jct_s", "makespan_s", "cpu_utilization", "network_utilization", "hosts_per_job",
-                "group_nodes", "overhead_fraction", "comm_fraction", "grant_wait_fraction", "machine_load"):
+                "group_nodes", "overhead_fraction", "job_overhead_fraction", "comm_fraction", "grant_wait_fraction", "machine_load"):
         values = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
         out[key] = round(statistics.median(values), 4) if values else None
     return out
@@ -413,7 +425,12 @@ def main() -> int:
     p.add_argument("--host-bandwidth", default="100mbit", help="each host's link cap")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="links",
                    help="links: MLR with 0.5-8 MB models (default); apps: MLR, NMF, LDA, Lasso with KB models")
-    p.add_argument("--dop", type=int, default=2, help="workers (= servers) of a static-mode job")
+    p.add_argument("--dop", type=int, default=2,
+                   help="workers (= servers) of a job, one of each per host: every static job's, and every "
+                        "Harmony job's bounds under --harmony-nodes dop")
+    p.add_argument("--harmony-nodes", choices=("dop", "free"), default="dop",
+                   help="dop (default): Harmony's jobs bounded to exactly --dop nodes (min = max workers and "
+                        "servers), the DoP every mode uses; free: Harmony picks each group's nodes itself")
     p.add_argument("--epochs", type=int, default=None, help="fixed epochs per job (default 15; --quick: 3)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved runs per mode (default 3; --quick: 1)")
     p.add_argument("--timeout-s", type=float, default=1500.0, help="per run")
@@ -464,7 +481,7 @@ def main() -> int:
                grouping_jct_gain=ratio(iso.get("mean_jct_s"), nsp.get("mean_jct_s")),
                reloading_jct_gain=ratio(nsp.get("mean_jct_s"), har.get("mean_jct_s")),
                host_cpu_budget=ns.host_cpus, host_bandwidth_bps=bandwidth, repeats=ns.repeats,
-               cores=os.cpu_count(), hosts=ns.hosts, jobs=ns.jobs, epochs=ns.epochs, dop=ns.dop, quick=ns.quick,
+               cores=os.cpu_count(), hosts=ns.hosts, jobs=ns.jobs, epochs=ns.epochs, dop=ns.dop, harmony_nodes=ns.harmony_nodes, quick=ns.quick,
                workload=ns.workload)
     print(json.dumps(out))
     return 0
