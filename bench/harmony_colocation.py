@@ -62,6 +62,9 @@ Measured, not modelled: JCT (arrival to the RM's finish time, queueing included)
 utilization = the worker hosts' cgroup CPU time (cpuacct.usage / cpu.stat usage_usec of each host's
 cgroup) over their budgets x the makespan; network utilization = the bytes through the worker
 hosts' links (their veth counters at the bridge, both directions) over the caps x the makespan.
+`machine_cpu_busy`: the share of the whole machine's cores busy over the run (/proc/stat), the
+hosts' budgets, the master's RM and AMs, the kernel's packet shaping and the bench together: near
+1, the hosts cannot all get their budgets at once, and co-location has no CPU left to win.
 Harmony's own overhead, where the policy reports it (its describe(): profilingS, regroupS per job):
 `overhead_fraction` = mean over jobs of (profiling + regrouping time) / makespan, and
 `job_overhead_fraction` = the same over each job's own JCT (the issue's "under 5 % of a job"). From the jobs'
@@ -186,6 +189,16 @@ class HostMeter:
         return out
 
 
+def machine_cpu_seconds() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine since boot (/proc/stat's first line): the hosts'
+    budgets, the master (RM and AMs), the kernel's packet shaping and this bench share its cores."""
+    with open("/proc/stat") as f:
+        ticks = [float(x) for x in f.readline().split()[1:]]
+    hz = float(os.sysconf("SC_CLK_TCK"))
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0.0)      # idle + iowait
+    return (sum(ticks) - idle) / hz, sum(ticks) / hz
+
+
 def final_status(cluster: TestbedCluster, app_id: str) -> dict[str, Any]:
     """The job's final status, which its AM leaves on shared storage ({} if it cannot be read)."""
     try:
@@ -267,6 +280,7 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
     am_status = AmStatusReader("bench")
     async with RmRestClient(cluster.rm_url, "bench") as client:
         before = meter.read()
+        machine_before = machine_cpu_seconds()
         t0 = time.time()
         waiting = list(enumerate(specs))
         running: list[str] = []
@@ -322,6 +336,7 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
                         + ("" if r["finalStatus"] == "SUCCEEDED" else f": {str(r.get('diagnostics', ''))[:300]}"))
             await asyncio.sleep(POLL_S)
         after = meter.read()
+        machine_after = machine_cpu_seconds()
     await am_status.close()
     failed = [r["name"] for r in reports.values() if r["finalStatus"] != "SUCCEEDED"]
     if failed:
@@ -366,7 +381,11 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
             # and how much is waiting for the arbiter's grants (what interleaving costs).
             "comm_fraction": round(statistics.fmean(comm), 3) if comm else None,
             "grant_wait_fraction": round(statistics.fmean(wait), 3) if wait else None,
-            "machine_load": round(statistics.fmean(load), 2), "jobs": len(jcts)}
+            "machine_load": round(statistics.fmean(load), 2),
+            # the share of the machine's cores busy over the run (all of it, not only the hosts')
+            "machine_cpu_busy": round((machine_after[0] - machine_before[0])
+                                      / max(1e-9, machine_after[1] - machine_before[1]), 3),
+            "jobs": len(jcts)}
 
 
 def run_mode(name: str, mode: Mode, ns: argparse.Namespace, bandwidth: int) -> dict[str, Any]:
@@ -405,7 +424,7 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in runs if "error" not in r]
     out: dict[str, Any] = {"runs": runs, "ok_runs": len(ok)}
     for key in ("mean_jct_s", "makespan_s", "cpu_utilization", "network_utilization", "hosts_per_job",
-                "group_nodes", "overhead_fraction", "job_overhead_fraction", "comm_fraction", "grant_wait_fraction", "machine_load"):
+                "group_nodes", "overhead_fraction", "job_overhead_fraction", "comm_fraction", "grant_wait_fraction", "machine_load", "machine_cpu_busy"):
         values = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
         out[key] = round(statistics.median(values), 4) if values else None
     return out
