@@ -224,7 +224,7 @@ def group_stats(t_cpu1: FloatArray, t_net: FloatArray, group_of: IntArray, machi
         raise ModelError("a group with jobs needs at least one machine")
     m_j = np.where(m[g] > 0, m[g], 1.0)
     cpu_j = t_cpu1[running] / m_j
-    net_j = t_net[running] + link[running] * (m_j - 1.0) / m_j      # net_time at m_g
+    net_j = net_time(t_net[running], link[running], m_j)
     share_j = np.broadcast_to(np.asarray(share, dtype=np.float64), t_cpu1.shape)[running]
     cpu = np.bincount(g, weights=cpu_j * share_j, minlength=n_groups).astype(np.float64)
     net = np.bincount(g, weights=net_j, minlength=n_groups).astype(np.float64)
