@@ -124,6 +124,11 @@ class Bounds:
         idx = list(jobs)
         return max(1, int(self.lo[idx].max())), int(self.hi[idx].min())
 
+    def meet(self, jobs: Sequence[int]) -> bool:
+        """Some m suits every job of `jobs` (their bounds overlap)."""
+        lo, hi = self.group(jobs)
+        return lo <= hi
+
     def admits(self, jobs: Sequence[int], m: int) -> bool:
         lo, hi = self.group(jobs)
         return lo <= m <= hi
@@ -353,8 +358,8 @@ def allocate_machines(cpu1: FloatArray, net: FloatArray, machines: int, least: O
     """Per group m_g >= 1 summing to `machines`: one each, then each next machine to the group with
     the largest C_g/m_g - N_g(m_g) (C_g = its jobs' COMP on one machine, N_g = their COMM, N_g(m) =
     N_g + L_g (m-1)/m with L_g their summed link times `link`). With per
-    group bounds `lo` / `hi`: each starts at its lo and takes none past its hi (the sum may then
-    fall short of `machines`)."""
+    group bounds `least` / `most`: each starts at its least and takes none past its most (the sum
+    may then fall short of `machines`)."""
     lk = _links(link, np.asarray(cpu1).size)
     c = np.asarray(cpu1, dtype=np.float64) + lk     # C/m - N(m) = (C + L)/m - (N + L)
     n = np.asarray(net, dtype=np.float64) + lk
@@ -554,15 +559,13 @@ def repair(groups: list[list[int]], diff: Sequence[float], bounds: Bounds, machi
         for j in g:
             if j not in fits:
                 continue
-            lo, hi = bounds.group(mine + [j])
-            (mine if lo <= hi else orphans).append(j)
+            (mine if bounds.meet(mine + [j]) else orphans).append(j)
         if mine:
             kept.append(mine)
     for j in sorted(orphans):
         best, best_cost = -1, math.inf
         for i, g in enumerate(kept):
-            lo, hi = bounds.group(g + [j])
-            if lo <= hi and (cap is None or len(g) < cap):
+            if bounds.meet(g + [j]) and (cap is None or len(g) < cap):
                 cost = abs(sum(diff[x] for x in g) + diff[j])
                 if cost < best_cost:
                     best, best_cost = i, cost
@@ -579,7 +582,7 @@ def repair(groups: list[list[int]], diff: Sequence[float], bounds: Bounds, machi
         # any job is dropped: the pair that saves the most, within `cap`.
         pairs = [(min(bounds.group(a)[0], bounds.group(b)[0]), i, k) for i, a in enumerate(kept)
                  for k, b in enumerate(kept[i + 1:], i + 1)
-                 if (cap is None or len(a) + len(b) <= cap) and bounds.group(a + b)[0] <= bounds.group(a + b)[1]]
+                 if (cap is None or len(a) + len(b) <= cap) and bounds.meet(a + b)]
         if pairs:
             _, i, k = max(pairs, key=lambda x: (x[0], -x[1], -x[2]))
             kept[i] = kept[i] + kept.pop(k)
