@@ -543,8 +543,7 @@ class HarmonyPolicy:
 
     def _group_most(self, g: _Group) -> Optional[int]:
         """The most nodes g may have: its members' smallest maximum (None: no maximum)."""
-        most = [self.jobs[a].most for a in g.jobs if self.jobs[a].most is not None]
-        return min(x for x in most if x is not None) if most else None
+        return min((m for a in g.jobs if (m := self.jobs[a].most) is not None), default=None)
 
     def _group_fewest(self, g: _Group) -> int:
         return max((self.jobs[a].fewest for a in g.jobs), default=1)
