@@ -121,8 +121,9 @@ class JobMetrics:
     def worker_timing(self, workers: Collection[str]) -> WorkerTiming:
         """The job report's worker times: the mean of `workers`' moving averages (those measured;
         `bytes_per_batch` over those that count bytes)."""
+        mine = [t for w, t in self.workers.items() if w in workers]
         rows = [(t.compute_s.value, t.comm_s.value, t.compute_wait_s.value or 0.0, t.comm_wait_s.value or 0.0)
-                for w, t in self.workers.items() if w in workers]
+                for t in mine]
         known = [(c, m, cw, mw) for c, m, cw, mw in rows
                  if c is not None and m is not None and math.isfinite(c + m + cw + mw)]
         if not known:
@@ -132,8 +133,7 @@ class JobMetrics:
         def mean(i: int) -> float:
             return max(0.0, sum(r[i] for r in known) / n)
         compute, comm, compute_wait, comm_wait = mean(0), mean(1), mean(2), mean(3)
-        counted = [b for b in (t.bytes_per_batch.value for w, t in self.workers.items() if w in workers)
-                   if b is not None and math.isfinite(b)]
+        counted = [b for b in (t.bytes_per_batch.value for t in mine) if b is not None and math.isfinite(b)]
         return WorkerTiming(compute_s=compute, comm_s=comm, workers=n,
                             compute_held_s=max(0.0, compute - compute_wait), comm_held_s=max(0.0, comm - comm_wait),
                             compute_wait_s=compute_wait, comm_wait_s=comm_wait,
