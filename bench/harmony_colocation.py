@@ -341,7 +341,8 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
     failed = [r["name"] for r in reports.values() if r["finalStatus"] != "SUCCEEDED"]
     if failed:
         raise RuntimeError(f"jobs did not succeed: {failed}")
-    jcts = [r["finishedTime"] / 1000.0 - t0 for r in reports.values()]
+    jct_of = {a: r["finishedTime"] / 1000.0 - t0 for a, r in reports.items()}
+    jcts = list(jct_of.values())
     makespan = max(jcts)
     budget = cluster.testbed.host(cluster.node_names[0]).cpus or float(os.cpu_count() or 1)
     host_cpu = {n: (after[n][0] - before[n][0]) / (budget * makespan) for n in meter.names}
@@ -350,15 +351,15 @@ async def run_jobs(cluster: TestbedCluster, specs: list[dict[str, Any]], max_run
     if cap:
         moved = sum(after[n][1] - before[n][1] for n in meter.names)
         net = moved * 8 / (2 * cap * len(meter.names) * makespan)
-    overhead = [(float(p.get("profilingS") or 0) + float(p.get("regroupS") or 0)) / makespan
-                for p in policy_state.values() if "profilingS" in p]
+    # Harmony's own time per job: profiling + regrouping (policies without them report none)
+    spent = {a: float(p.get("profilingS") or 0) + float(p.get("regroupS") or 0)
+             for a, p in policy_state.items() if "profilingS" in p}
+    overhead = [s / makespan for s in spent.values()]
     groups = [int(p["groupNodes"]) for p in policy_state.values() if p.get("groupNodes")]
     finals = [final_status(cluster, a) for a in reports]
     spans = [len(r) for r in roles.values() if r]
     # Harmony's overhead against each job's own time (the issue: under 5 % of a job).
-    jct_of = {a: r["finishedTime"] / 1000.0 - t0 for a, r in reports.items()}
-    job_overhead = [(float(p.get("profilingS") or 0) + float(p.get("regroupS") or 0)) / jct_of[a]
-                    for a, p in policy_state.items() if "profilingS" in p and jct_of.get(a)]
+    job_overhead = [s / jct_of[a] for a, s in spent.items() if jct_of.get(a)]
     splits = [split_of(st) for st in finals]
     comm = [c for c, _ in splits if c is not None]
     wait = [w for _, w in splits if w is not None]
