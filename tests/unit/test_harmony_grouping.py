@@ -94,19 +94,26 @@ def test_exhaustive_search_enumerates_partitions_and_compositions():
     assert sorted(compositions(4, 2)) == [(1, 3), (2, 2), (3, 1)]
 
 
+def worst_against_oracle(rng, trials, max_machines, net_range, with_link=False):
+    """Algorithm 1's worst score over the exhaustive search's on `trials` random small instances
+    (asserting it never beats the oracle, which evaluates the same model)."""
+    worst = 1.0
+    for _ in range(trials):
+        n, machines = int(rng.integers(2, 6)), int(rng.integers(2, max_machines))
+        cpu = rng.uniform(0.5, 8.0, n) * rng.choice([1.0, 4.0], n)
+        net = rng.uniform(*net_range, n)
+        link = rng.uniform(0.5, 8.0, n) * rng.choice([0.0, 1.0, 1.0], n) if with_link else None
+        ours = schedule(cpu, net, machines, t_link=link)
+        best = best_grouping(cpu, net, machines, t_link=link)
+        assert ours.score <= best.score + 1e-9
+        worst = min(worst, ours.score / best.score)
+    return worst
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_algorithm_1_is_close_to_exhaustive_search_on_small_instances(seed):
     rng = np.random.default_rng(seed)
-    worst = 1.0
-    for _ in range(12):
-        n, machines = int(rng.integers(2, 6)), int(rng.integers(2, 7))
-        cpu = rng.uniform(0.5, 8.0, n) * rng.choice([1.0, 4.0], n)
-        net = rng.uniform(0.2, 3.0, n)
-        ours = schedule(cpu, net, machines)
-        best = best_grouping(cpu, net, machines)
-        assert ours.score <= best.score + 1e-9
-        worst = min(worst, ours.score / best.score)
-    assert worst >= EXHAUSTIVE_BOUND
+    assert worst_against_oracle(rng, 12, 7, (0.2, 3.0)) >= EXHAUSTIVE_BOUND
 
 
 def test_schedule_returns_a_consistent_grouping_at_scale():
@@ -202,17 +209,7 @@ def test_the_allocation_reads_comm_at_each_groups_machines():
 def test_algorithm_1_with_link_times_is_close_to_exhaustive_search(seed):
     # The oracle evaluates the same model (COMM at each group's m); a third of the jobs pay no link.
     rng = np.random.default_rng(100 + seed)
-    worst = 1.0
-    for _ in range(10):
-        n, machines = int(rng.integers(2, 6)), int(rng.integers(2, 6))
-        cpu = rng.uniform(0.5, 8.0, n) * rng.choice([1.0, 4.0], n)
-        net = rng.uniform(0.1, 2.0, n)
-        link = rng.uniform(0.5, 8.0, n) * rng.choice([0.0, 1.0, 1.0], n)
-        ours = schedule(cpu, net, machines, t_link=link)
-        best = best_grouping(cpu, net, machines, t_link=link)
-        assert ours.score <= best.score + 1e-9
-        worst = min(worst, ours.score / best.score)
-    assert worst >= EXHAUSTIVE_BOUND
+    assert worst_against_oracle(rng, 10, 6, (0.1, 2.0), with_link=True) >= EXHAUSTIVE_BOUND
 
 
 def test_schedule_with_bounds_at_scale_meets_them_and_uses_the_machines():
