@@ -1,9 +1,12 @@
 """`elastane model show | evaluate | predict OUTPUT [--data PATH]`: a PS job's model output read back
 (docs/model_output.md) -- no cluster needed, only the output's location.
 
-OUTPUT is a job's `output` URL (its final model) or one of its `epoch-N` directories. `--data` is a
-dataset directory (docs/dataset_format.md) whose held-out rows are scored / predicted; without it,
-the job's own held-out data (regenerated from the data spec in the metadata).
+OUTPUT is a job's `output` URL (its final model) or one of its `epoch-N` directories. `--data` is
+other data whose held-out rows are scored / predicted: a built-in app's dataset directory
+(docs/dataset_format.md), or the file or directory a user app's reader opens (its class's
+DATA_PATH_FIELD, docs/app_api.md); without it, the job's own held-out data (regenerated or re-read
+from the data spec in the metadata, with the job's shipped files the model carries). Whatever
+cannot be read exits 2 naming it: `OUTPUT`, `--data` or the job's own data.
 """
 from __future__ import annotations
 
@@ -45,7 +48,14 @@ def _output(p: argparse.ArgumentParser) -> None:
 
 
 def _data(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", metavar="PATH", help="a dataset directory (default: the job's own held-out data)")
+    p.add_argument("--data", metavar="PATH", help="a built-in app's dataset directory, or the data path a user "
+                                                  "app reads (default: the job's own held-out data)")
+
+
+def _input_error(args: argparse.Namespace, e: Exception) -> UsageError:
+    """Exit 2 naming the input that could not be read: --data when given, else the job's own data
+    (the error names it)."""
+    return UsageError(f"--data: {e}" if args.data else str(e))
 
 
 def _load(args: argparse.Namespace) -> "SavedModel":
@@ -59,6 +69,12 @@ def _load(args: argparse.Namespace) -> "SavedModel":
 
 def _describe(metrics: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v:.6g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in metrics.items())
+
+
+def _files(model: "SavedModel") -> str:
+    """The job's shipped files the model keeps: copied into it, or referenced at their URL."""
+    return ", ".join(f"{f.name} (copied, {f.size} bytes)" if f.copied else
+                     f"{f.name} ({f.type.lower()} at {f.resource}, {f.size} bytes)" for f in model.metadata.files)
 
 
 def cmd_show(args: argparse.Namespace, ctx: CliContext) -> int:
@@ -79,6 +95,7 @@ def cmd_show(args: argparse.Namespace, ctx: CliContext) -> int:
         f"data:       {json.dumps(m.data, sort_keys=True)}",
         f"preset:     {m.preset}",
         f"reshapes:   {len(m.shape_history)}",
+        f"files:      {_files(model) or '-'}",
         f"written by: elastane {m.elastane_version} ({m.attempt_id or 'unknown attempt'})",
     ]
     print("\n".join(lines), file=ctx.out)
@@ -92,7 +109,7 @@ def cmd_evaluate(args: argparse.Namespace, ctx: CliContext) -> int:
     try:
         metrics = model.evaluate(args.data)
     except ModelOutputError as e:
-        raise UsageError(f"--data: {e}") from None
+        raise _input_error(args, e) from None
     if args.json:
         print(json.dumps(metrics), file=ctx.out)
     else:
@@ -110,7 +127,7 @@ def cmd_predict(args: argparse.Namespace, ctx: CliContext) -> int:
     try:
         pred = model.predict(args.data)
     except ModelOutputError as e:
-        raise UsageError(f"--data: {e}") from None
+        raise _input_error(args, e) from None
     except NotImplementedError as e:
         raise UsageError(str(e)) from None
     if args.out:

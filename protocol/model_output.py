@@ -2,8 +2,9 @@
 
 A job with `output: URL` gets `URL/final/` at its successful end, and with `checkpoint_every_epochs`
 `URL/epoch-<N>/` for each checkpoint. Each directory holds `model.npz` (the array "values",
-float32 (num_keys, key_length): row k is model key k) and `metadata.json`, written last, so a
-directory without it is incomplete.
+float32 (num_keys, key_length): row k is model key k), `files/` (the job's shipped files that
+were copied, see ModelFile) and `metadata.json`, written last, so a directory without it is
+incomplete.
 
 This module is the metadata half, import-light (msgspec and durable_storage, no numpy, no runtime):
 the RM validates `init_from` at submission with it (`check_init_from`). The arrays are read and
@@ -17,6 +18,7 @@ from typing import Any, Literal, Mapping, Optional
 import msgspec
 
 from .durable_storage import DurableDir, DurableStorageError
+from .local_resources import LocalResource, ResourceType
 from .shape_history import ShapeChange, decode_history
 from protocol.errors import AppError
 
@@ -48,6 +50,25 @@ class AppRef(msgspec.Struct, kw_only=True, frozen=True):
     version: Optional[str] = None
 
 
+class ModelFile(msgspec.Struct, kw_only=True, frozen=True):
+    """One of the job's shipped files (a `resources` entry, by its link name in the working dir):
+    `copied` into the model's `files/` dir, or else referenced by its `resource` URL with the
+    `size` and `timestamp` (ms) it had when the job ran, checked again where it is fetched."""
+
+    name: str
+    type: ResourceType = "FILE"
+    size: int = -1
+    copied: bool = False
+    resource: str = ""                  # a referenced file's URL ("" when copied)
+    timestamp: int = -1                 # a referenced file's mtime in ms; -1 = not checked
+    pattern: str = ""                   # a referenced PATTERN archive's entries to keep
+
+    def as_resource(self) -> LocalResource:
+        """A referenced file as the LocalResource that fetches it (size and timestamp checked)."""
+        return LocalResource(resource=self.resource, type=self.type, size=self.size, timestamp=self.timestamp,
+                             pattern=self.pattern)
+
+
 class ModelMetadata(msgspec.Struct, kw_only=True):
     """`metadata.json` of a model output (see docs/model_output.md for every field)."""
 
@@ -72,12 +93,16 @@ class ModelMetadata(msgspec.Struct, kw_only=True):
     attempt_id: str = ""                          # the AM attempt that wrote it
     elastane_version: str = "unknown"
     written_at: float = 0.0
-    # A user app's Python files (its `.py` resources), copied into the model's `code/` directory so
-    # the model can be loaded and used where the app is not installed.
+    # Models written before `files`: a user app's Python files, copied into the model's `code/`
+    # directory (still read; new models keep them in `files`).
     code: list[str] = []
+    # The job's shipped files (its `resources`: code, data files, archives) as the app saw them in
+    # its working dir, so the model is used anywhere: each copied into `files/` or referenced.
+    files: list[ModelFile] = []
 
 
 CODE_DIR = "code"
+FILES_DIR = "files"
 
 
 def finite_or_none(x: Any) -> Optional[float]:
@@ -175,6 +200,6 @@ def check_init_from(url: str, app: str, shape: Optional[tuple[int, int]]) -> Opt
     return meta
 
 
-__all__ = ["AppRef", "FINAL_DIR", "FORMAT", "METADATA_FILE", "MODEL_FILE", "ModelMetadata", "ModelOutputError",
-           "NO_WARM_START", "VALUES_ARRAY", "VERSION", "builtin_model_shape", "check_init_from", "encode_metadata",
+__all__ = ["AppRef", "CODE_DIR", "FILES_DIR", "FINAL_DIR", "FORMAT", "METADATA_FILE", "MODEL_FILE", "ModelFile",
+           "ModelMetadata", "ModelOutputError", "NO_WARM_START", "VALUES_ARRAY", "VERSION", "builtin_model_shape", "check_init_from", "encode_metadata",
            "epoch_dir", "finite_or_none", "locate", "mismatch", "read_metadata"]

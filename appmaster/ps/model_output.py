@@ -4,6 +4,10 @@ Output: the AM already gathers every server block into a checkpoint directory (a
 checkpoints); `ModelOutput` assembles the dense model from that directory's blocks and writes it,
 with its metadata, to `<output>/epoch-N/` after each checkpoint (checkpoint_every_epochs) and to
 `<output>/final/` once the final held-out score is known -- no second path to the servers.
+With it go the job's shipped files (`resources`: code, data files, archives) as they are linked
+in the AM's working dir, so the model can be scored where the job's containers are gone
+(`job_files`): a file is copied into `files/`, an archive or a big file referenced by its URL,
+size and timestamp.
 
 Warm start: `read_init_from` checks the saved model against this job's app and shape (the RM
 checked it at submission only if it could read it) and `warm_start` puts its values onto the
@@ -15,16 +19,18 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import logging
+import os
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import msgspec
 import numpy as np
 
-from protocol.durable_storage import DurableDir
-from protocol.model_output import (CODE_DIR, FINAL_DIR, AppRef, ModelMetadata, ModelOutputError, epoch_dir, finite_or_none,
-                                   locate, mismatch, read_metadata)
+from protocol.durable_storage import DurableDir, local_path
+from protocol.local_resources import LocalResource
+from protocol.model_output import (FILES_DIR, FINAL_DIR, AppRef, ModelFile, ModelMetadata, ModelOutputError, epoch_dir,
+                                   finite_or_none, locate, mismatch, read_metadata)
 from protocol.ps_job_spec import PSJobSpec
 from protocol.shape_history import ShapeChange
 from psruntime.apps.base import AnyPSApp
@@ -52,14 +58,59 @@ def app_ref(app: AnyPSApp) -> AppRef:
                   version=version if isinstance(version, str) else None)
 
 
-class ModelOutput:
-    """Writes the job's model to its `output` location (see the module doc)."""
+# A shipped file up to this size is copied into every model directory; a bigger one, and every
+# archive (an unpacked tree, often a whole environment or data set), is referenced by its URL, size
+# and timestamp instead: copies of it in each epoch-N directory would multiply the output's size.
+COPY_MAX_BYTES = 64 * 2**20
 
-    def __init__(self, spec: PSJobSpec, app: AnyPSApp, attempt_id: str) -> None:
+
+def _source_stat(url: str) -> tuple[int, int]:
+    """(size, mtime in ms) of a resource's source when it is a local path here, else (-1, -1)."""
+    path = local_path(url)
+    if path is None:
+        return -1, -1
+    try:
+        st = os.stat(path)
+    except OSError:
+        return -1, -1
+    return st.st_size, st.st_mtime_ns // 1_000_000
+
+
+def job_files(resources: Mapping[str, LocalResource], work_dir: Path,
+              copy_max_bytes: int = COPY_MAX_BYTES) -> list[ModelFile]:
+    """What the model keeps of the job's shipped files, by link name: a FILE linked in `work_dir`
+    (the AM's working dir: the AM container localizes every resource of the job) of at most
+    `copy_max_bytes` is copied; any other resource is referenced by its URL with the size and
+    timestamp its source has (the client's, or else read from a local source now). The AM cannot
+    know which of them the app's code opens on which host, so each is kept."""
+    out: list[ModelFile] = []
+    for name, res in sorted(resources.items()):
+        linked = work_dir / name
+        if res.type == "FILE" and linked.is_file():
+            size = linked.stat().st_size
+            if size <= copy_max_bytes:
+                out.append(ModelFile(name=name, size=size, copied=True))
+                continue
+        size, mtime = res.size, res.timestamp
+        if size < 0 or mtime < 0:
+            seen_size, seen_mtime = _source_stat(res.resource)
+            size, mtime = (size if size >= 0 else seen_size), (mtime if mtime >= 0 else seen_mtime)
+        out.append(ModelFile(name=name, type=res.type, size=size, copied=False, resource=res.resource,
+                             timestamp=mtime, pattern=res.pattern))
+    return out
+
+
+class ModelOutput:
+    """Writes the job's model to its `output` location (see the module doc). `work_dir`: where the
+    job's resources are linked (the AM container's working dir, its cwd)."""
+
+    def __init__(self, spec: PSJobSpec, app: AnyPSApp, attempt_id: str, work_dir: Optional[Path] = None) -> None:
         self.spec = spec
         self.app = app
         self.attempt_id = attempt_id
         self.root = DurableDir(spec.output)
+        self.work_dir = Path.cwd() if work_dir is None else work_dir
+        self.files = job_files(spec.resources, self.work_dir)
         self.written: list[str] = []          # URLs of the model directories written
 
     def metadata(self, kind: str, epoch: int, objectives: Sequence[float], initial: Optional[float],
@@ -67,7 +118,7 @@ class ModelOutput:
                  shape_history: list[ShapeChange]) -> ModelMetadata:
         app = self.app
         return ModelMetadata(
-            code=self.code_files(),
+            files=list(self.files),
             kind="final" if kind == "final" else "checkpoint", epoch=epoch, app=app_ref(app),
             num_keys=app.num_keys, key_length=app.key_length,
             data=msgspec.to_builtins(app.spec), hparams=msgspec.to_builtins(app.hparams), preset=self.spec.preset,
@@ -79,13 +130,14 @@ class ModelOutput:
             shape_history=list(shape_history), job=self.spec.to_json(), attempt_id=self.attempt_id,
             elastane_version=elastane_version(), written_at=time.time())
 
-    def code_files(self) -> list[str]:
-        """A user app's Python files, as its job's resources placed them in this (the AM's) working
-        dir: they go into the model's code/ dir, so the model loads where the app is not installed."""
-        if not self.spec.is_user_app:
-            return []
-        return sorted(name for name, res in self.spec.resources.items()
-                      if res.type == "FILE" and name.endswith(".py") and Path(name).is_file())
+    def put_files(self, target: DurableDir, meta: ModelMetadata) -> None:
+        """Copy the job's files `meta` says are copied into the model directory `target`'s files/
+        (blocking)."""
+        copied = [self.work_dir / f.name for f in meta.files if f.copied]
+        if copied:
+            files = target.child(FILES_DIR)
+            files.makedirs()
+            files.put_files(copied)     # by link name: a link's target may be named otherwise
 
     async def write(self, checkpoint_dir: str, meta: ModelMetadata) -> str:
         """Write the model of the (local) checkpoint directory with `meta` to `<output>/final/` or
@@ -94,10 +146,7 @@ class ModelOutput:
 
         def run() -> None:
             blocks = load_blocks(Path(checkpoint_dir), self.spec.num_blocks)
-            if meta.code:   # before write_model: its metadata.json, written last, commits the dir
-                code = target.child(CODE_DIR)
-                code.makedirs()
-                code.put_files([Path(name).resolve() for name in meta.code])
+            self.put_files(target, meta)    # before write_model: its metadata.json, written last, commits the dir
             write_model(target, model_from_blocks(blocks, meta.num_keys, meta.key_length), meta)
 
         t0 = time.perf_counter()

@@ -55,7 +55,7 @@ def test_a_user_app_shipped_with_py_files_trains_and_succeeds(cluster: Any, tmp_
                             "print(json.dumps(elastane.load_model(sys.argv[1]).evaluate()))", str(output)],
                            capture_output=True, text=True, timeout=120, cwd=elsewhere)
     assert score.returncode == 0, score.stderr
-    assert (output / "final" / "code" / "mymodel.py").read_text() == staged.read_text()
+    assert (output / "final" / "files" / "mymodel.py").read_text() == staged.read_text()
     rmse = json.loads(score.stdout)["rmse"]
     assert f"rmse {rmse:.4g}" in app["diagnostics"] or f"rmse {rmse:.3f}" in app["diagnostics"], \
         (rmse, app["diagnostics"])
