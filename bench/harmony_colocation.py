@@ -100,6 +100,7 @@ from support.harmony_workloads import WORKLOADS as LINK_WORKLOADS  # noqa: E402
 from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
 from elastane_cli import ps_commands, testbed_hosts  # noqa: E402
+from elastane_cli.machine_load import cpu_seconds as machine_cpu_seconds  # noqa: E402
 from elastane_cli.ps_commands import AmStatusReader  # noqa: E402
 from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
 from elastane_cli.testbed_cluster import MASTER, TestbedCluster  # noqa: E402
@@ -187,16 +188,6 @@ class HostMeter:
             sent, received = self.tb.link_bytes(n)
             out[n] = (cpu if cpu is not None else float("nan"), sent + received)
         return out
-
-
-def machine_cpu_seconds() -> tuple[float, float]:
-    """(busy, all) CPU seconds of the whole machine since boot (/proc/stat's first line): the hosts'
-    budgets, the master (RM and AMs), the kernel's packet shaping and this bench share its cores."""
-    with open("/proc/stat") as f:
-        ticks = [float(x) for x in f.readline().split()[1:]]
-    hz = float(os.sysconf("SC_CLK_TCK"))
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0.0)      # idle + iowait
-    return (sum(ticks) - idle) / hz, sum(ticks) / hz
 
 
 def final_status(cluster: TestbedCluster, app_id: str) -> dict[str, Any]:

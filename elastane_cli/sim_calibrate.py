@@ -1,30 +1,45 @@
-"""`elastane sim calibrate`: measure each app on a local cluster and write the simulator's coefficients.
+"""`elastane sim calibrate`: measure each app on testbed hosts and write the simulator's coefficients.
 
-For every app (mlr, nmf, lda, lasso) it runs a short real job of the app's reference spec
-(`REFERENCE_JOBS`: the `tiny` preset, a fixed number of epochs) at a few shapes, one job at a time,
-on a LocalCluster whose NMs share this machine's cores out by vcore (YARN's strict CPU mode, as
-bench/eps_multijob.py does: otherwise 8 declared vcores on 2 cores would make every shape equally
-slow). From each run, polling the RM's app record and the job report (`/apps/{id}/shape`):
+Where it measures (`CalibrationPlan`): the multi-host testbed (docs/testbed.md), `hosts` node hosts
+each with a CPU budget shared out by vcore (NM `cpu_limit_cores`, YARN's strict CPU mode), so
+every executor gets exactly `core_per_vcore` cores whatever else runs, and a master host without a
+budget that runs the RM and, through the `am` node label, every AM: the budgets hold executors
+only. The budgets together take at most `USABLE_SHARE` of the machine's cores, leaving the rest to
+the master, the kernel's shaping and this command; a bigger shape gets more CPU because it has
+more executors, never because it got more of an idle machine. The simulated cluster has no CPU
+oversubscription, so the calibration must not carry any in.
 
-Costs are those of the run with the least time outside training and epoch times a lower quartile: the dev host is shared, and
-other work only ever adds time, so these estimate the unloaded host (bench/sim_fidelity.py measures
-how much slower the host is when it runs, with a probe job).
+What (issue 33, "calibration that holds"): every app's reference job (`REFERENCE_JOBS`: the `tiny`
+preset at ten times its rows, a fixed number of epochs) at every shape of `SHAPES` -- 1 to 16
+workers and 1 to 8 servers, the range the simulator's default trace uses (sim/workload.py: up to 4
+workers x growth 4, 2 servers x 4) -- `repeats` times (at least 3), the repeats interleaved (round
+1 runs every app at every shape, then round 2, ...), so a slow spell of the machine falls on every
+shape. Around every run the machine's busy share and load are measured
+(elastane_cli/machine_load.py) and kept with its sample; a run while the machine was saturated
+(`SaturationLimits`) is refused, and a refused sample enters no fit (sim/calibration.py `fit_app`:
+a shape needs `MIN_REPEATS` accepted samples; their median is its epoch time and their spread is
+kept; some inner shapes are held out of the fit and its error on them is reported).
+
+From each run, polling the RM's app record and the job report (`/apps/{id}/shape`):
 
 - am_start_s: app submitted -> the AM's first report (allocated, launched, registered);
 - startup_s: first report -> `started` (executors granted, launched, data loaded);
-- the epoch time: the lower quartile of the epoch times the AM reports (the first left out); the
-  (workers, servers, epoch time) samples are fitted to models.ps_iteration_time's form (NNLS);
+- the epoch time: the median of the epoch times the AM reports (the first, which warms up, left
+  out): with the machine's load measured and saturated runs refused, the typical epoch, not a
+  lucky one;
 - finish_s: the rest of the JCT beyond the epochs' training times as the AM measured them
-  (between-epoch work, the final evaluation and checkpoint, unregistering). The reports reach the RM once a second, so the split
-  between am_start_s, startup_s and finish_s is approximate; their sum is the measured JCT minus
-  the training time, taken from the run with the least of it.
-- the objective history (with the initial objective), pooled over the runs, fitted to the Optimus
-  loss curve (sim/convergence.py); clocks_per_epoch = iterations / epochs.
+  (between-epoch work, the final evaluation and checkpoint, unregistering). The reports reach the
+  RM once a second, so the split between am_start_s, startup_s and finish_s is approximate; their
+  sum is the measured JCT minus the training time, the median over the accepted runs;
+- the objective history (with the initial objective) of the run at the default shape (2 workers,
+  1 server), fitted to the Optimus loss curve (sim/convergence.py); clocks_per_epoch = iterations /
+  epochs.
 
 Then one MLR job is reshaped in place (EPS: +1 worker, then back) and one in elastic_mode "kill":
 `reshape_s` / `restart_s` is the training time each change lost (the change's duration minus the
-progress made meanwhile at the old speed). A pause is not measured (no AM pauses yet): pause_s is
-taken as half the restart (a checkpoint and a release). The same reshape costs are used for all apps.
+progress made meanwhile at the old speed), used when its run was not refused. A pause is not
+measured (no AM pauses yet): pause_s is taken as half the restart. The same reshape costs are used
+for all apps.
 """
 from __future__ import annotations
 
@@ -39,15 +54,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
-import msgspec
-
 from appmaster.ps.submission import build_ps_submission
-from models.ps_iteration_time import fit as fit_epoch_time
-from sim.calibration import AppCalibration, Calibration
+from sim.calibration import (MIN_REPEATS, AppCalibration, Calibration, CalibrationFitError, CalibrationSample,
+                             fit_app)
 from sim.convergence import fit_curve
 
 from .context import default_user
-from .local_cluster import LocalCluster
+from .machine_load import MachineMeter, SaturationLimits
 from .rm_rest_client import RmRestClient
 
 FINAL_STATES = ("FINISHED", "FAILED", "KILLED")
@@ -55,11 +68,16 @@ EPOCHS_DONE = re.compile(r"after (\d+) epochs")
 POLL_S = 0.2
 AM_MEMORY_MB = 384
 EXECUTOR_MEMORY_MB = 384
-CALIBRATION_EPOCHS = 10
-# Eight shapes per app (issue 25: a speed function fitted on four points was ill-determined: the
-# server term of models.ps_iteration_time had one sample with two servers). They span 1-4 workers
-# and 1-3 servers and all fit the calibration cluster (2 nodes x 4 vcores, AM included).
-SHAPES: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (4, 1), (2, 2), (1, 2), (3, 1), (3, 2), (2, 3))
+CALIBRATION_EPOCHS = 6
+# Ten shapes per app over the range the simulator's default trace uses (sim/workload.py: up to 16
+# workers and 8 servers); both roles vary (issue 25: a fit on few server counts is ill-determined),
+# and the inner ones leave some to hold out (sim/calibration.py `holdout_shapes`).
+SHAPES: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (4, 1), (2, 2), (4, 2), (8, 2), (8, 4), (16, 4), (12, 6),
+                                       (16, 8))
+REPEATS = 3
+HOSTS = 4
+USABLE_SHARE = 0.75          # of the machine's cores the hosts' budgets may take together
+MAX_CORE_PER_VCORE = 1.0
 REFERENCE_SHAPE = (2, 1)     # PSJobSpec's default shape: the loss curve is fitted on this run
 
 
@@ -89,22 +107,58 @@ def reference_model_mb(app: str) -> float:
     return round(create_job_app(spec).model_nbytes() / 2**20, 6)
 
 
-@dataclass
-class ClusterShape:
-    """The local cluster the calibration (and bench/sim_fidelity.py) runs on."""
+class CalibrationArgsError(ValueError):
+    """Arguments the calibration cannot run with (too few repeats, shapes the plan cannot hold)."""
 
-    nodes: int = 2
-    node_vcores: int = 4
-    node_memory_mb: int = 2048
-    cpu_per_node: float = field(default_factory=lambda: (os.cpu_count() or 1) / 2)
 
-    def start(self, base: Path, policy: str = "static") -> LocalCluster:
-        cluster = LocalCluster(base, nodes=self.nodes, node_memory_mb=self.node_memory_mb,
-                               node_vcores=self.node_vcores, heartbeat_interval_ms=250, policy=policy,
-                               nm_expiry_s=30, am_expiry_s=30,
-                               extra_nm_args=["--cpu-limit-cores", f"{self.cpu_per_node:.4f}"])
-        cluster.start(timeout_s=90)
-        return cluster
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """The testbed the calibration measures on (module doc): `hosts` node hosts of `host_vcores`
+    vcores, each vcore `core_per_vcore` cores, and the AMs on the master host."""
+
+    hosts: int
+    host_vcores: int
+    core_per_vcore: float
+
+    def __post_init__(self) -> None:
+        if self.hosts < 1 or self.host_vcores < 1 or not self.core_per_vcore > 0:
+            raise ValueError(f"a calibration plan needs hosts, vcores and a CPU share > 0, got {self}")
+
+    @classmethod
+    def for_machine(cls, shapes: tuple[tuple[int, int], ...], cores: Optional[int] = None, hosts: int = HOSTS,
+                    usable_share: float = USABLE_SHARE) -> "CalibrationPlan":
+        """Hosts that hold the biggest shape at one executor per vcore, their budgets together
+        `usable_share` of the machine's `cores` (at most a core per vcore)."""
+        if not shapes:
+            raise ValueError("no shapes to calibrate")
+        executors = max(w + s for w, s in shapes)
+        host_vcores = -(-executors // hosts)
+        n = cores or os.cpu_count() or 1
+        return cls(hosts, host_vcores, round(min(MAX_CORE_PER_VCORE, n * usable_share / (hosts * host_vcores)), 4))
+
+    @property
+    def host_cpus(self) -> float:
+        return round(self.host_vcores * self.core_per_vcore, 4)
+
+    @property
+    def node_memory_mb(self) -> int:
+        return self.host_vcores * EXECUTOR_MEMORY_MB
+
+    def fits(self, workers: int, servers: int) -> bool:
+        return workers + servers <= self.hosts * self.host_vcores
+
+    def cluster(self, base: Path, policy: str = "static", jobs_at_once: int = 1) -> Any:
+        """A TestbedCluster of this plan (not started), with room for `jobs_at_once` AMs on the master."""
+        from .testbed_cluster import TestbedCluster  # noqa: PLC0415 (needs root and namespaces: only a run does)
+        return TestbedCluster(base, workers=self.hosts, worker_cpus=self.host_cpus,
+                              node_memory_mb=self.node_memory_mb, node_vcores=self.host_vcores,
+                              nm_expiry_s=30, am_expiry_s=30, policy=policy, am_host=True,
+                              am_host_memory_mb=(AM_MEMORY_MB + 64) * jobs_at_once, am_host_vcores=jobs_at_once,
+                              nm_conf={"cpu_limit_cores": self.host_cpus})
+
+    def describe(self) -> str:
+        return (f"{self.hosts} testbed hosts x {self.host_vcores} vcores, {self.core_per_vcore:g} core per vcore "
+                f"({self.host_cpus:g} cores a host, shared by vcore), AMs on the master")
 
 
 @dataclass
@@ -145,11 +199,10 @@ class JobRun:
 
     @property
     def epoch_wall_s(self) -> Optional[float]:
-        """The epoch's training time on an unloaded host: the lower quartile of the AM's epoch times
-        (the first epoch, which warms up, left out). Other work on the host only ever slows an
-        epoch down, so the faster epochs are the better estimate of what the shape itself costs."""
-        times = sorted(self.epoch_times[1:] or self.epoch_times)
-        return times[(len(times) - 1) // 4] if times else None
+        """The run's epoch time: the median of the AM's epoch times (the first epoch, which warms
+        up, left out). Saturated runs are refused rather than corrected by taking fast epochs."""
+        times = self.epoch_times[1:] or self.epoch_times
+        return statistics.median(times) if times else None
 
 
 Step = Callable[[RmRestClient, "JobRun", dict[str, Any]], Any]
@@ -250,135 +303,162 @@ def split_costs(jct_s: float, training_s: float, first_report_s: Optional[float]
 
 
 def run_costs(runs: list[JobRun]) -> tuple[float, float, float]:
-    """The costs of the run with the least time outside training: the host's other work only adds
-    to it, so that run is the best estimate of the unloaded host."""
+    """The costs of the accepted runs: each of (am_start_s, startup_s, finish_s) their median
+    (defaults 2, 3, 1 s without a run)."""
     splits = [split_costs(float(r.jct_s or 0.0), r.training_s, r.first_report, r.started) for r in runs]
-    return min(splits, key=sum) if splits else (2.0, 3.0, 1.0)
+    if not splits:
+        return (2.0, 3.0, 1.0)
+    return (statistics.median(x[0] for x in splits), statistics.median(x[1] for x in splits),
+            statistics.median(x[2] for x in splits))
 
 
-async def calibrate_apps(client: RmRestClient, apps: list[str], shapes: tuple[tuple[int, int], ...],
-                         epochs: int, log: Callable[[str], None]) -> tuple[dict[str, AppCalibration], list[JobRun]]:
-    out: dict[str, AppCalibration] = {}
-    runs_all: list[JobRun] = []
-    for app in apps:
-        runs: list[JobRun] = []
-        for w, s in shapes:
-            spec = {**reference_job(app, epochs), "workers": w, "servers": s}
-            run = await run_job(client, spec, f"calibrate {app} {w}x{s}", t0=asyncio.get_running_loop().time())
-            run.requested = (w, s)
-            log(f"{app} {w}x{s}: {run.final_status}, jct {run.jct_s:.1f}s, epochs {run.epochs}, "
-                f"epoch {run.epoch_wall_s or 0:.2f}s, start {run.started or 0:.1f}s")
-            if run.final_status == "SUCCEEDED" and run.epoch_wall_s:
-                runs.append(run)
-        runs_all += runs
-        if not runs:
-            log(f"{app}: no run succeeded; left out of the calibration")
-            continue
-        samples = [(r.requested[0], r.requested[1], float(r.epoch_wall_s or 0.0)) for r in runs]
-        # Convergence per epoch depends on the shape a little (more workers, other mini-batch
-        # interleavings): the curve is the one of the apps' default shape (2 workers, 1 server),
-        # the pooled runs' when that run is missing or too short.
-        ref = [r for r in runs if r.requested == REFERENCE_SHAPE and len(r.objectives) >= 4]
-        history = ref[0].objectives if ref else [p for r in runs for p in r.objectives]
-        # The curve is a falling loss; an objective that rises (LDA's log-likelihood) is fitted negated.
-        sign: Literal[1, -1] = -1 if history and statistics.fmean(v for _, v in history) < 0 else 1
-        try:
-            model = fit_epoch_time(samples)
-            curve = fit_curve([(k, sign * v) for k, v in history])
-        except ValueError as e:    # EpochTimeError, CurveError
-            log(f"{app}: cannot fit its runs ({e}); left out of the calibration")
-            continue
-        am_start, startup, finish = run_costs(runs)
-        out[app] = AppCalibration(
-            theta=[round(t, 6) for t in model.theta], loss_curve=[curve.beta0, curve.beta1, curve.beta2],
-            clocks_per_epoch=max(1.0, statistics.fmean(r.iterations / max(1, r.epochs) for r in runs)),
-            reference=reference_job(app, epochs), samples=[[w, s, round(t, 4)] for w, s, t in samples],
-            initial_objective=history[0][1] if history and history[0][0] == 0 else None,
-            histories=[[[k, v] for k, v in r.objectives] for r in runs], runs=[r.to_json() for r in runs],
-            convergence_history=[v for k, v in ref[0].objectives if k >= 1] if ref else [],
-            am_start_s=round(am_start, 3), startup_s=round(startup, 3), finish_s=round(finish, 3),
-            max_epochs=int(reference_job(app)["max_epochs"]), objective_sign=sign,
-            model_mb=reference_model_mb(app))
-        log(f"{app}: theta {out[app].theta}, curve {out[app].loss_curve}")
-    return out, runs_all
+@dataclass
+class Measured:
+    """One calibration run and the machine while it ran."""
+
+    app: str
+    run: JobRun
+    sample: CalibrationSample
 
 
-async def measure_reshape(client: RmRestClient, mode: str, log: Callable[[str], None]) -> Optional[float]:
+async def measure(client: RmRestClient, app: str, shape: tuple[int, int], repeat: int, epochs: int,
+                  limits: SaturationLimits, log: Callable[[str], None]) -> Measured:
+    """One run of `app`'s reference job at `shape`, with the machine measured around it."""
+    w, s = shape
+    spec = {**reference_job(app, epochs), "workers": w, "servers": s}
+    meter = MachineMeter().start()
+    try:
+        run = await run_job(client, spec, f"calibrate {app} {w}x{s} #{repeat + 1}",
+                            t0=asyncio.get_running_loop().time())
+    except TimeoutError as e:
+        load = meter.stop()
+        return Measured(app, JobRun(str(e), requested=shape), CalibrationSample(
+            workers=w, servers=s, repeat=repeat, busy_share=round(load.busy_share, 3),
+            load_per_core=round(load.load_per_core, 3), refused=f"failed: {e}"))
+    load = meter.stop()
+    run.requested = shape
+    why = limits.refuse(load) or ("" if run.final_status == "SUCCEEDED" and run.epoch_wall_s
+                                  else f"failed: {run.final_status or 'no epoch time'}")
+    sample = CalibrationSample(workers=w, servers=s, epoch_s=None if run.epoch_wall_s is None else round(run.epoch_wall_s, 4),
+                               repeat=repeat, busy_share=round(load.busy_share, 3),
+                               load_per_core=round(load.load_per_core, 3), refused=why or "")
+    log(f"{app} {w}x{s} #{repeat + 1}: {run.final_status}, jct {run.jct_s or 0:.1f}s, epochs {run.epochs}, "
+        f"epoch {run.epoch_wall_s or 0:.2f}s, machine {load.busy_share:.0%} busy, load {load.load_per_core:.2f}/core"
+        + (f": REFUSED ({why})" if why else ""))
+    return Measured(app, run, sample)
+
+
+def app_calibration(app: str, measured: list[Measured], epochs: int, log: Callable[[str], None]) -> Optional[AppCalibration]:
+    """One app's coefficients from its runs (refused ones kept as samples, used for nothing)."""
+    samples = [m.sample for m in measured]
+    accepted = [m.run for m in measured if m.sample.accepted]
+    try:
+        fit = fit_app(samples)
+    except CalibrationFitError as e:
+        log(f"{app}: {e}; left out of the calibration")
+        return None
+    # Convergence per epoch depends on the shape a little (more workers, other mini-batch
+    # interleavings): the curve is the one of the apps' default shape (2 workers, 1 server),
+    # the pooled accepted runs' when that run is missing or too short.
+    ref = [r for r in accepted if r.requested == REFERENCE_SHAPE and len(r.objectives) >= 4]
+    history = ref[0].objectives if ref else [p for r in accepted for p in r.objectives]
+    # The curve is a falling loss; an objective that rises (LDA's log-likelihood) is fitted negated.
+    sign: Literal[1, -1] = -1 if history and statistics.fmean(v for _, v in history) < 0 else 1
+    try:
+        curve = fit_curve([(k, sign * v) for k, v in history])
+    except ValueError as e:    # CurveError
+        log(f"{app}: cannot fit its loss curve ({e}); left out of the calibration")
+        return None
+    am_start, startup, finish = run_costs(accepted)
+    if fit.too_few:
+        log(f"{app}: shapes with fewer than {MIN_REPEATS} accepted samples, not fitted: {fit.too_few}")
+    log(f"{app}: theta {list(fit.theta)}, held out {[(h.workers, h.servers) for h in fit.held_out]}: error "
+        f"{fit.holdout_error} (max {fit.holdout_error_max}), spread max {fit.spread_max:.3f}, {fit.refused} refused")
+    return AppCalibration(
+        theta=list(fit.theta), loss_curve=[curve.beta0, curve.beta1, curve.beta2],
+        clocks_per_epoch=max(1.0, statistics.fmean(r.iterations / max(1, r.epochs) for r in accepted)),
+        reference=reference_job(app, epochs),
+        samples=[[st.workers, st.servers, round(st.median_s, 4)] for st in fit.fitted],
+        holdout_samples=[[st.workers, st.servers, round(st.median_s, 4)] for st in fit.held_out],
+        holdout_error=fit.holdout_error, holdout_error_max=fit.holdout_error_max,
+        shape_spread=[[st.workers, st.servers, st.repeats, round(st.spread, 4)] for st in (*fit.fitted, *fit.held_out)],
+        shape_samples=samples,
+        initial_objective=history[0][1] if history and history[0][0] == 0 else None,
+        histories=[[[k, v] for k, v in r.objectives] for r in accepted], runs=[r.to_json() for r in accepted],
+        convergence_history=[v for k, v in ref[0].objectives if k >= 1] if ref else [],
+        am_start_s=round(am_start, 3), startup_s=round(startup, 3), finish_s=round(finish, 3),
+        max_epochs=int(reference_job(app)["max_epochs"]), objective_sign=sign, model_mb=reference_model_mb(app))
+
+
+async def measure_reshape(client: RmRestClient, mode: str, limits: SaturationLimits,
+                          log: Callable[[str], None]) -> Optional[float]:
+    """The training time an MLR job's reshape (`mode` eps) or restart (kill) lost; None when the
+    run was refused (saturated machine) or made no change."""
     spec = {**reference_job("mlr", 25), "workers": 2, "servers": 1, "max_workers": 3, "elastic_mode": mode}
     probe = ReshapeProbe()
+    meter = MachineMeter().start()
     run = await run_job(client, spec, f"calibrate reshape ({mode})", t0=asyncio.get_running_loop().time(),
                         on_report=probe)
-    log(f"reshape ({mode}): lost {run.reshape_lost_s} s, {run.final_status}")
-    return statistics.fmean(run.reshape_lost_s) if run.reshape_lost_s else None
-
-
-def merge_passes(passes: list[Calibration]) -> Calibration:
-    """One calibration from several passes of the same command: per app and shape the fastest epoch
-    time (refitted), the start / finish costs of the pass with the least of them, the last pass's
-    reshape costs and curve.
-    The host's other work only ever adds time, so the least of several passes is the best estimate
-    of the unloaded host; passes at different load disagree by up to 2x on the 2-core dev host."""
-    last = passes[-1]
-    apps: dict[str, AppCalibration] = {}
-    for name, app in last.apps.items():
-        mine = [p.apps[name] for p in passes if name in p.apps]
-        best: dict[tuple[int, int], float] = {}
-        for a in mine:
-            for w, s, t in a.samples:
-                key = (int(w), int(s))
-                best[key] = min(best.get(key, float("inf")), float(t))
-        samples = sorted((w, s, t) for (w, s), t in best.items())
-        cheapest = min(mine, key=lambda a: a.am_start_s + a.startup_s + a.finish_s)
-        merged = msgspec.structs.replace(
-            app, theta=[round(t, 6) for t in fit_epoch_time(samples).theta],
-            samples=[[w, s, round(t, 4)] for w, s, t in samples],
-            **{k: getattr(cheapest, k) for k in ("am_start_s", "startup_s", "finish_s")})
-        apps[name] = merged
-    return Calibration(apps=apps, measured_on=last.measured_on,
-                       note=last.note + f"; {len(passes)} passes merged (fastest epoch per shape, least costs)")
+    why = limits.refuse(meter.stop())
+    log(f"reshape ({mode}): lost {run.reshape_lost_s} s, {run.final_status}" + (f": REFUSED ({why})" if why else ""))
+    return statistics.fmean(run.reshape_lost_s) if run.reshape_lost_s and not why else None
 
 
 def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ...] = SHAPES,
-              epochs: int = CALIBRATION_EPOCHS, log: Callable[[str], None] = print,
-              cluster_shape: Optional[ClusterShape] = None, passes: int = 1) -> Calibration:
-    """Run the calibration `passes` times on a fresh local cluster (stopped afterwards), merge the
-    passes (`merge_passes`) and write `out_path`."""
-    done = [calibrate_pass(apps, shapes, epochs, log, cluster_shape) for _ in range(max(1, passes))]
-    cal = merge_passes(done) if len(done) > 1 else done[0]
-    from sim.calibration import save  # noqa: PLC0415
-    save(cal, out_path)
-    return cal
-
-
-def calibrate_pass(apps: list[str], shapes: tuple[tuple[int, int], ...], epochs: int, log: Callable[[str], None],
-                   cluster_shape: Optional[ClusterShape]) -> Calibration:
-    """One pass: every app at every shape, then the reshape probes."""
-    cs = cluster_shape or ClusterShape()
+              epochs: int = CALIBRATION_EPOCHS, log: Callable[[str], None] = print, repeats: int = REPEATS,
+              plan: Optional[CalibrationPlan] = None, limits: Optional[SaturationLimits] = None) -> Calibration:
+    """Measure every app at every shape `repeats` times (interleaved) on a fresh testbed of `plan`
+    (default: sized for this machine and the shapes; removed afterwards), fit, write `out_path`."""
+    limits = limits or SaturationLimits()
+    if repeats < MIN_REPEATS:
+        raise CalibrationArgsError(f"repeats must be >= {MIN_REPEATS} (a shape needs that many accepted samples), got {repeats}")
+    plan = plan or CalibrationPlan.for_machine(shapes)
+    too_big = [sh for sh in shapes if not plan.fits(*sh)]
+    if too_big:
+        raise CalibrationArgsError(f"shapes {too_big} do not fit the plan's {plan.hosts} x {plan.host_vcores} vcores")
+    from . import testbed_hosts  # noqa: PLC0415
+    reason = testbed_hosts.unavailable_reason(sshd=True)
+    if reason:
+        raise RuntimeError(f"the calibration runs on the multi-host testbed (docs/testbed.md): {reason}")
+    log(f"plan: {plan.describe()}; {len(apps)} apps x {len(shapes)} shapes x {repeats} repeats; refusing runs "
+        f"above {limits.busy_share:.0%} busy or {limits.load_per_core:g} load per core")
     with tempfile.TemporaryDirectory(prefix="elastane-calibrate-") as tmp:
-        cluster = cs.start(Path(tmp))
+        cluster = plan.cluster(Path(tmp)).start(timeout_s=180)
         try:
             async def go() -> Calibration:
+                measured: dict[str, list[Measured]] = {a: [] for a in apps}
                 async with RmRestClient(cluster.rm_url, default_user()) as client:
-                    per_app, _ = await calibrate_apps(client, apps, shapes, epochs, log)
+                    for rep in range(repeats):
+                        for app in apps:
+                            for shape in shapes:
+                                measured[app].append(await measure(client, app, shape, rep, epochs, limits, log))
+                    per_app = {a: c for a in apps if (c := app_calibration(a, measured[a], epochs, log)) is not None}
                     if not per_app:
-                        raise RuntimeError("no app could be calibrated")
-                    reshape = await measure_reshape(client, "eps", log)
-                    restart = await measure_reshape(client, "kill", log)
+                        refused = sum(not m.sample.accepted for ms in measured.values() for m in ms)
+                        raise RuntimeError(f"no app could be calibrated ({refused} of "
+                                           f"{sum(map(len, measured.values()))} samples refused)")
+                    reshape = await measure_reshape(client, "eps", limits, log)
+                    restart = await measure_reshape(client, "kill", limits, log)
                 for a in per_app.values():
                     if reshape is not None:
                         a.reshape_s = round(reshape, 3)
                     if restart is not None:
                         a.restart_s = round(restart, 3)
                     a.pause_s = round(a.restart_s / 2, 3)
-                return Calibration(apps=per_app, measured_on=(
-                    f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores; local cluster of {cs.nodes} "
-                    f"nodes x {cs.node_vcores} vcores, {cs.cpu_per_node:g} cores each (shared by vcore), "
+                return Calibration(apps=per_app, core_per_vcore=plan.core_per_vcore, measured_on=(
+                    f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores; {plan.describe()}; "
                     f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"),
-                    note="elastane sim calibrate: epoch times per shape fitted to models.ps_iteration_time; "
-                         "reshape_s / restart_s measured on mlr and used for every app; pause_s = restart_s / 2")
-            return asyncio.run(go())
+                    note=(f"elastane sim calibrate: {repeats} repeats per shape, samples of a saturated machine "
+                          f"refused (> {limits.busy_share:.0%} busy or > {limits.load_per_core:g} load per core), "
+                          "the median per shape fitted to models.ps_iteration_time with inner shapes held out; "
+                          "reshape_s / restart_s measured on mlr and used for every app; pause_s = restart_s / 2"))
+            cal = asyncio.run(go())
         finally:
             cluster.stop()
+    from sim.calibration import save  # noqa: PLC0415
+    save(cal, out_path)
+    return cal
 
 
-__all__ = ["ClusterShape", "JobRun", "ReshapeProbe", "SHAPES", "calibrate", "merge_passes", "reference_job", "run_job"]
+__all__ = ["CalibrationArgsError", "CalibrationPlan", "JobRun", "Measured", "REPEATS", "ReshapeProbe", "SHAPES", "app_calibration", "calibrate",
+           "measure", "reference_job", "run_job", "run_costs", "split_costs"]

@@ -82,14 +82,15 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     r.set_defaults(func=cmd_run)
 
     c = ssub.add_parser("calibrate", parents=[common],
-                        help="run short real jobs of each app on a local cluster and write the coefficients")
+                        help="run short real jobs of each app on testbed hosts and write the coefficients")
     c.add_argument("--apps", default="mlr,nmf,lda,lasso", help="comma-separated apps")
     c.add_argument("-o", "--output", type=Path, default=calibration_file.DEFAULT_PATH)
-    c.add_argument("--passes", type=_positive_int, default=1,
-                   help="calibrate this many times and keep the fastest (a shared host only ever slows runs)")
+    c.add_argument("--repeats", type=_positive_int, default=3,
+                   help="runs per app and shape, interleaved (>= 3; runs on a saturated machine are refused)")
     c.add_argument("--shapes", default=None,
-                   help="comma-separated WxS shapes to run each app at (default: the eight of sim_calibrate.SHAPES)")
-    c.add_argument("--epochs", type=_positive_int, default=None, help="epochs of each calibration run (default 10)")
+                   help="comma-separated WxS shapes to run each app at (default: the ten of sim_calibrate.SHAPES, "
+                        "up to 16x8)")
+    c.add_argument("--epochs", type=_positive_int, default=None, help="epochs of each calibration run (default 6)")
     c.set_defaults(func=cmd_calibrate)
 
 
@@ -161,7 +162,7 @@ def cmd_run(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace, ctx: CliContext) -> int:
-    from .sim_calibrate import calibrate  # noqa: PLC0415 (starts a local cluster: only this command needs it)
+    from .sim_calibrate import CalibrationArgsError, calibrate  # noqa: PLC0415 (starts a testbed: only this command needs it)
 
     apps = [a.strip() for a in args.apps.split(",") if a.strip()]
     bad = [a for a in apps if a not in ("mlr", "nmf", "lda", "lasso")]
@@ -169,6 +170,8 @@ def cmd_calibrate(args: argparse.Namespace, ctx: CliContext) -> int:
         raise UsageError(f"--apps: unknown app(s) {', '.join(bad) or '(none given)'}; apps: mlr, nmf, lda, lasso")
 
     shapes = _shapes(args.shapes) if args.shapes else None
+    if args.repeats < 3:
+        raise UsageError(f"--repeats: at least 3 runs per shape (their spread is reported), got {args.repeats}")
 
     def log(text: str) -> None:
         ctx.out.write(f"[calibrate] {text}\n")
@@ -179,7 +182,9 @@ def cmd_calibrate(args: argparse.Namespace, ctx: CliContext) -> int:
             kwargs["shapes"] = shapes
         if args.epochs:
             kwargs["epochs"] = args.epochs
-        calibrate(args.output, apps, log=log, passes=args.passes, **kwargs)
+        calibrate(args.output, apps, log=log, repeats=args.repeats, **kwargs)
+    except CalibrationArgsError as e:
+        raise UsageError(str(e)) from None
     except (RuntimeError, TimeoutError, OSError) as e:
         raise OperationFailed(f"calibration failed: {e}") from None
     ctx.out.write(f"wrote {args.output}\n")

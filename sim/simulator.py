@@ -103,6 +103,14 @@ class SimResult:
     samples: list[Sample]
     summary: Summary
     t0: float = T0
+    # Jobs that trained at a shape beyond their app's measured calibration range
+    # (AppCalibration.beyond_range: more workers or servers than any calibration run had), whose
+    # epoch times are the fit's extrapolation; the share is over all jobs (0.0 for an empty trace).
+    extrapolated_jobs: list[str] = field(default_factory=list)
+
+    @property
+    def extrapolated_job_share(self) -> float:
+        return len(self.extrapolated_jobs) / len(self.records) if self.records else 0.0
 
     def record_lines(self) -> list[dict[str, object]]:
         return [r.to_json(self.t0) for r in self.records]
@@ -132,6 +140,7 @@ class Simulator:
         self.nodes.update({n.node_id: n for n in (
             SimNode(f"sim-am-{i:03d}:8042", Resource(cfg.am_node_memory_mb, cfg.am_node_vcores), labels=(AM_LABEL,))
             for i in range(cfg.am_nodes))})
+        self.calibration = calibration
         self.jobs = [SimJob(j, calibration.app(j.app), self.loop, self.core, self.nodes, cfg.timings, self._done,
                             self._load_changed)
                      for j in trace]
@@ -260,7 +269,9 @@ class Simulator:
                             [None if r.end is None else r.end - T0 for r in records], self.samples,
                             sum(r.reshapes for r in records), loop.now - T0, time.perf_counter() - wall,
                             loop.processed)
-        return SimResult(self.policy_name, records, self.samples, summary)
+        beyond = [j.job.name for j in self.jobs
+                  if any(self.calibration.app(j.job.app).beyond_range(w, s) for _, w, s in j.record.shapes)]
+        return SimResult(self.policy_name, records, self.samples, summary, extrapolated_jobs=beyond)
 
 
 def simulate(trace: Sequence[TraceJob], policy: str, calibration: Calibration,

@@ -1,12 +1,29 @@
-"""The calibration's arithmetic (elastane_cli/sim_calibrate.py), without a cluster."""
+"""The calibration's arithmetic (sim/calibration.py fit_app, elastane_cli/sim_calibrate.py), without a cluster."""
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from elastane_cli.sim_calibrate import JobRun, merge_passes, run_costs, split_costs
+from elastane_cli.sim_calibrate import SHAPES, CalibrationPlan, JobRun, Measured, app_calibration, run_costs, split_costs
 from models.ps_iteration_time import EpochTimeModel
-from sim.calibration import AppCalibration, Calibration
+from sim.calibration import (MIN_REPEATS, AppCalibration, CalibrationFitError, CalibrationSample, fit_app,
+                             holdout_shapes, shape_stats)
+from sim.workload import WorkloadSpec
+
+TRUTH = EpochTimeModel((2.0, 0.3, 0.2, 0.05, 0.05))
+
+
+def samples_of(truth: EpochTimeModel, shapes: tuple[tuple[int, int], ...], noise: tuple[float, ...] = (1.0, 1.0, 1.0),
+               refused: dict[tuple[int, int], float] | None = None) -> list[CalibrationSample]:
+    """Per shape one sample per noise factor (truth x factor); `refused`: an extra sample at that
+    shape, `factor` x the truth, taken on a saturated machine."""
+    out = [CalibrationSample(workers=w, servers=s, epoch_s=truth.epoch_time(w, s) * f, repeat=i,
+                             busy_share=0.5, load_per_core=0.5)
+           for i, f in enumerate(noise) for w, s in shapes]
+    for (w, s), f in (refused or {}).items():
+        out.append(CalibrationSample(workers=w, servers=s, epoch_s=truth.epoch_time(w, s) * f, repeat=9,
+                                     busy_share=0.99, load_per_core=9.0, refused="machine 99% busy"))
+    return out
 
 
 def test_costs_add_up_to_the_time_outside_training() -> None:
@@ -17,44 +34,95 @@ def test_costs_add_up_to_the_time_outside_training() -> None:
             JobRun("b", jct_s=14.0, first_report=5.0, started=5.5, epochs=3, epoch_times=[3.0, 3.0])]
     # b trained 3 epochs, one after its last report: at the median epoch time
     assert runs[1].training_s == pytest.approx(9.0)
-    assert run_costs(runs) == pytest.approx((5.0, 0.0, 0.0))
+    # the median of each cost over the runs: (6, 1, 3) and (5, 0, 0)
+    assert run_costs(runs) == pytest.approx((5.5, 0.5, 1.5))
 
 
-def test_merged_passes_keep_the_fastest_epoch_per_shape() -> None:
-    truth = EpochTimeModel((2.0, 0.3, 0.2, 0.05, 0.05))
-    shapes = [(1, 1), (2, 1), (4, 1), (2, 2), (4, 2)]
-
-    def one_pass(slow: dict[tuple[int, int], float], costs: tuple[float, float, float]) -> Calibration:
-        app = AppCalibration(theta=list(truth.theta), loss_curve=[0.5, 2.0, 0.1],
-                             samples=[[w, s, truth.epoch_time(w, s) * slow.get((w, s), 1.0)] for w, s in shapes],
-                             am_start_s=costs[0], startup_s=costs[1], finish_s=costs[2])
-        return Calibration(apps={"mlr": app})
-    a = one_pass({(1, 1): 2.0, (4, 1): 1.5}, (5.0, 1.0, 1.0))
-    b = one_pass({(2, 2): 3.0}, (6.0, 0.0, 0.5))
-    m = merge_passes([a, b]).apps["mlr"]
-    fitted = EpochTimeModel(tuple(m.theta))
-    for w, s in shapes:
-        assert fitted.epoch_time(w, s) == pytest.approx(truth.epoch_time(w, s), rel=1e-3)
-    assert (m.am_start_s, m.startup_s, m.finish_s) == (6.0, 0.0, 0.5)     # the cheaper pass (6.5 s < 7 s)
-    assert msgspec.json.decode(msgspec.json.encode(m), type=AppCalibration) == m
-
-
-def test_eight_distinct_shapes_per_app_that_fit_the_calibration_cluster() -> None:
-    from elastane_cli.sim_calibrate import AM_MEMORY_MB, EXECUTOR_MEMORY_MB, SHAPES, ClusterShape
-    cs = ClusterShape()
-    assert len(set(SHAPES)) == len(SHAPES) >= 8
-    assert len({w for w, _ in SHAPES}) >= 3 and len({s for _, s in SHAPES}) >= 3   # both roles vary
+def test_a_refused_sample_enters_no_fit() -> None:
+    clean = fit_app(samples_of(TRUTH, SHAPES))
+    # a saturated run 5x slower at every shape changes nothing: not the medians, not theta
+    dirty = fit_app(samples_of(TRUTH, SHAPES, refused={sh: 5.0 for sh in SHAPES}))
+    assert dirty.theta == clean.theta and dirty.fitted == clean.fitted
+    assert dirty.refused == len(SHAPES) and clean.refused == 0
     for w, s in SHAPES:
-        assert w + s + 1 <= cs.nodes * cs.node_vcores                                # AM included
-        assert (w + s) * EXECUTOR_MEMORY_MB + AM_MEMORY_MB <= cs.nodes * cs.node_memory_mb
+        assert EpochTimeModel(dirty.theta).epoch_time(w, s) == pytest.approx(TRUTH.epoch_time(w, s), rel=1e-3)
 
 
-def test_the_shipped_calibration_was_fitted_on_eight_shapes_per_app() -> None:
+def test_a_shape_needs_its_repeats_and_reports_their_spread() -> None:
+    shapes = ((1, 1), (2, 1))
+    smp = samples_of(TRUTH, shapes, noise=(1.0, 1.1, 0.9))
+    # (2, 1) loses two repeats to refusal: fewer than MIN_REPEATS accepted, so it is not a statistic
+    smp = [x if not (x.shape == (2, 1) and x.repeat > 0) else msgspec.structs.replace(x, refused="saturated")
+           for x in smp]
+    stats, too_few = shape_stats(smp)
+    assert [(st.workers, st.servers) for st in stats] == [(1, 1)] and too_few == [(2, 1)]
+    st = stats[0]
+    t = TRUTH.epoch_time(1, 1)
+    assert st.repeats == MIN_REPEATS == 3
+    assert st.median_s == pytest.approx(t)
+    assert st.spread == pytest.approx((1.1 - 0.9) * t / t)
+    with pytest.raises(CalibrationFitError):
+        fit_app([x for x in smp if x.shape == (2, 1)])       # one accepted sample: nothing to fit
+
+
+def test_holdout_shapes_are_inner_and_leave_the_range_fitted() -> None:
+    held = holdout_shapes(SHAPES)
+    assert held, "ten shapes leave some to hold out"
+    rest = [sh for sh in SHAPES if sh not in held]
+    assert len(rest) >= 5
+    for role in (0, 1):     # the fitted shapes still reach the smallest and the largest of each role
+        assert min(sh[role] for sh in rest) == min(sh[role] for sh in SHAPES)
+        assert max(sh[role] for sh in rest) == max(sh[role] for sh in SHAPES)
+    assert holdout_shapes(SHAPES[:5]) == []
+
+
+def test_the_fit_reports_its_error_on_held_out_shapes() -> None:
+    exact = fit_app(samples_of(TRUTH, SHAPES))
+    assert exact.held_out and exact.holdout_error is not None and exact.holdout_error < 1e-3
+    # Measured medians off the form at the held-out shapes: theta (fitted without them) predicts
+    # the form there, so the error is exactly how far the medians are off.
+    held = {(h.workers, h.servers) for h in exact.held_out}
+    off = [msgspec.structs.replace(x, epoch_s=(x.epoch_s or 0) * 1.3) if x.shape in held else x
+           for x in samples_of(TRUTH, SHAPES)]
+    fit = fit_app(off)
+    assert fit.theta == exact.theta
+    assert fit.holdout_error == pytest.approx(0.3 / 1.3, rel=1e-3)
+    assert fit.holdout_error_max == pytest.approx(0.3 / 1.3, rel=1e-3)
+
+
+def test_an_app_calibration_keeps_every_sample_and_fits_only_accepted_ones() -> None:
+    smp = samples_of(TRUTH, SHAPES, refused={(1, 1): 4.0})
+    hist = [(0, 10.0)] + [(k, 10.0 / (0.5 * k + 1) + 1) for k in range(1, 8)]
+    measured = [Measured("mlr", JobRun("r", final_status="SUCCEEDED", jct_s=30.0, first_report=2.0, started=4.0,
+                                       epochs=6, iterations=60, epoch_times=[x.epoch_s or 0.0] * 6,
+                                       objectives=hist, requested=x.shape), x) for x in smp]
+    logs: list[str] = []
+    cal = app_calibration("mlr", measured, 6, logs.append)
+    assert cal is not None
+    assert len(cal.shape_samples) == len(smp) and sum(bool(x.refused) for x in cal.shape_samples) == 1
+    assert cal.holdout_error is not None and cal.holdout_samples
+    assert cal.measured_range() == (16, 8)
+    assert all(sp[2] == 3 for sp in cal.shape_spread)
+    assert msgspec.json.decode(msgspec.json.encode(cal), type=AppCalibration) == cal
+
+
+def test_the_plan_covers_the_simulators_shapes_within_the_machine() -> None:
+    spec = WorkloadSpec()
+    most = (4 * spec.growth, 2 * spec.growth)        # sim/workload.py: 1-4 workers, 1-2 servers, x growth
+    assert max(w for w, _ in SHAPES) >= most[0] and max(s for _, s in SHAPES) >= most[1]
+    for cores in (2, 16):
+        plan = CalibrationPlan.for_machine(SHAPES, cores=cores)
+        assert all(plan.fits(w, s) for w, s in SHAPES)
+        assert plan.hosts * plan.host_cpus <= 0.75 * cores + 1e-6     # a quarter left to the master
+    assert CalibrationPlan.for_machine(SHAPES, cores=16).core_per_vcore == pytest.approx(0.5)
+
+
+def test_the_shipped_calibration_loads_with_its_measured_range() -> None:
     from sim.calibration import load
     cal = load()
     assert set(cal.apps) == {"mlr", "nmf", "lda", "lasso"}
     for name, app in cal.apps.items():
-        assert len({(int(w), int(s)) for w, s, _ in app.samples}) >= 8, name
+        assert app.measured_range() is not None, name
 
 
 @pytest.mark.parametrize("bad", ["2", "0x1", "1x", "ax2", ","])
@@ -62,3 +130,9 @@ def test_calibrate_refuses_bad_shapes(bad: str, capsys: pytest.CaptureFixture[st
     from elastane_cli.main import main
     assert main(["sim", "calibrate", "--shapes", bad, "-o", "/nonexistent/x.json"]) == 2
     assert "--shapes" in capsys.readouterr().err
+
+
+def test_calibrate_refuses_fewer_than_three_repeats(capsys: pytest.CaptureFixture[str]) -> None:
+    from elastane_cli.main import main
+    assert main(["sim", "calibrate", "--repeats", "2", "-o", "/nonexistent/x.json"]) == 2
+    assert "--repeats" in capsys.readouterr().err

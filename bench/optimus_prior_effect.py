@@ -1,0 +1,122 @@
+"""What Optimus's built-in priors are worth in the simulator, against priors from other sources.
+
+    .venv/bin/python bench/optimus_prior_effect.py [--seeds 1,2,3,4,5] [--jobs 30] [--nodes 16]
+
+Optimus seeds every job's speed fit with its app's prior (models/optimus_fit.py `APP_PRIORS`,
+rm/policies/optimus_priors.py). The built-in priors are the epoch-time θ an earlier run of
+`elastane sim calibrate` measured on this project's dev machine, and the simulator's truth
+(sim/calibration.json) comes from the same kind of measurement of the same apps: the policy's prior
+and the simulated truth overlap. This bench measures what that overlap buys: the default trace
+(bench/policies_sim.py's, `sim.workload.cluster_trace` at load 0.75) under `optimus` with
+
+- `built_in`: today's priors;
+- `reference`: no per-app prior, so the fit falls back to the paper's ResNet-50 reference
+  (`SYNC_REFERENCE` / `ASYNC_REFERENCE`, Optimus Table 2): a source independent of our apps;
+- `flat`: every app's prior θ = (1, 0, 0, 0, 0), epoch time 1/w: workers scale perfectly and
+  servers cost nothing, a prior that knows nothing of any app;
+
+and DRF on the same traces as the common baseline. Only the prior changes between the three
+Optimus runs of a seed (the module's `APP_PRIORS` table is swapped in this process and
+`app_prior`'s cache cleared; nothing else of the policy is touched).
+
+Last line, JSON: {"seeds", "jobs", "optimus_mean_jct_s": {variant: [per seed]},
+"jct_ratio_vs_built_in": {variant: {"median", "min", "max"}} (variant's mean JCT over built_in's:
+> 1 means the built-in priors helped), "optimus_jct_gain_vs_drf": {variant: {"median", "min", "max"}}}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from models import optimus_fit  # noqa: E402
+from protocol.records import Resource  # noqa: E402
+from sim import calibration as calibration_file  # noqa: E402
+from sim.sim_job import JobTimings  # noqa: E402
+from sim.simulator import SimConfig, simulate  # noqa: E402
+from sim.workload import CLUSTER_SPEC, cluster_trace  # noqa: E402
+
+FLAT = (1.0, 0.0, 0.0, 0.0, 0.0)
+VARIANTS = ("built_in", "reference", "flat")
+
+
+@contextmanager
+def priors(variant: str) -> Iterator[None]:
+    """Optimus's per-app priors replaced by `variant`'s for the duration (restored after)."""
+    saved = dict(optimus_fit.APP_PRIORS)
+    table = optimus_fit.APP_PRIORS
+    if variant == "reference":
+        table.clear()
+    elif variant == "flat":
+        for app in list(table):
+            table[app] = FLAT
+    optimus_fit.app_prior.cache_clear()
+    try:
+        yield
+    finally:
+        table.clear()
+        table.update(saved)
+        optimus_fit.app_prior.cache_clear()
+
+
+def spread(values: list[Optional[float]]) -> dict[str, Optional[float]]:
+    vs = [v for v in values if v is not None]
+    if not vs:
+        return {"median": None, "min": None, "max": None}
+    return {"median": round(statistics.median(vs), 3), "min": round(min(vs), 3), "max": round(max(vs), 3)}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--seeds", default="1,2,3,4,5")
+    p.add_argument("--jobs", type=int, default=30)
+    p.add_argument("--nodes", type=int, default=16)
+    p.add_argument("--calibration", type=Path, default=calibration_file.DEFAULT_PATH)
+    ns = p.parse_args(argv)
+    try:
+        seeds = [int(s) for s in ns.seeds.split(",") if s]
+    except ValueError:
+        p.error(f"--seeds: comma-separated integers, got {ns.seeds!r}")
+    if not seeds or ns.jobs < 1 or ns.nodes < 1:
+        p.error("--seeds, --jobs and --nodes must name at least one seed, job and node")
+    try:
+        cal = calibration_file.load(ns.calibration)
+    except calibration_file.CalibrationError as e:
+        p.error(str(e))
+    cfg = SimConfig(nodes=ns.nodes, node_memory_mb=8192, node_vcores=8, heartbeat_s=2.0,
+                    timings=JobTimings(allocate_interval_s=2.0, pending_interval_s=0.5))
+    cluster = Resource(8192 * ns.nodes, 8 * ns.nodes)
+    am = Resource(cfg.timings.am_memory_mb, 1)
+    spec = replace(CLUSTER_SPEC, jobs=ns.jobs)
+    jct: dict[str, list[Optional[float]]] = {v: [] for v in VARIANTS}
+    drf: list[Optional[float]] = []
+    for seed in seeds:
+        trace = cluster_trace(cal, cluster, am, seed, 0.75, spec).jobs
+        drf.append(simulate(trace, "drf", cal, cfg).summary.mean_jct_s)
+        for v in VARIANTS:
+            with priors(v):
+                jct[v].append(simulate(trace, "optimus", cal, cfg).summary.mean_jct_s)
+        print(f"seed {seed}: drf {drf[-1]}, " + ", ".join(f"{v} {jct[v][-1]}" for v in VARIANTS), file=sys.stderr)
+
+    def ratios(num: list[Optional[float]], den: list[Optional[float]]) -> list[Optional[float]]:
+        return [None if a is None or b is None or b == 0 else a / b for a, b in zip(num, den)]
+
+    out: dict[str, Any] = {
+        "seeds": seeds, "jobs": ns.jobs, "nodes": ns.nodes, "drf_mean_jct_s": drf,
+        "optimus_mean_jct_s": jct,
+        "jct_ratio_vs_built_in": {v: spread(ratios(jct[v], jct["built_in"])) for v in VARIANTS if v != "built_in"},
+        "optimus_jct_gain_vs_drf": {v: spread(ratios(drf, jct[v])) for v in VARIANTS}}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
