@@ -69,6 +69,10 @@ class ContainerManager:
         self.warm: Optional[WarmLauncher] = None      # the executor zygote (set by the NM when it runs one)
         self.shells: Optional[ContainerShellPool] = None  # pre-started shells (set by the NM with cgroups)
         self.localizer = Localizer(cfg)
+        # Log aggregation's hooks (set by the NM when it aggregates): told when an app is over here,
+        # and asked before a finished container's logs are deleted (not before they are uploaded).
+        self.on_app_finished: Callable[[str], None] = lambda app_id: None
+        self.logs_held: Callable[[str], bool] = lambda app_id: False
 
     # ----- capacity -----------------------------------------------------------------------------
 
@@ -364,6 +368,7 @@ class ContainerManager:
         self.localizer.app_finished(app_id)
         if self.cfg.delete_workdir:
             await asyncio.to_thread(shutil.rmtree, os.path.join(self.cfg.local_dir, app_id), True)
+        self.on_app_finished(app_id)
 
     # ----- reporting ----------------------------------------------------------------------------
 
@@ -413,9 +418,10 @@ class ContainerManager:
                 log.exception("expiring finished containers failed")
 
     def expire_finished(self, now: float) -> list[str]:
-        """Forget reported containers finished more than keep_finished_logs_s ago; drop their logs."""
+        """Forget reported containers finished more than keep_finished_logs_s ago (and whose logs
+        aggregation no longer holds); drop their logs."""
         gone = [c for c in self.containers.values() if c.reported and c.finished_at is not None
-                and now - c.finished_at > self.cfg.keep_finished_logs_s]
+                and now - c.finished_at > self.cfg.keep_finished_logs_s and not self.logs_held(c.app_id)]
         for c in gone:
             shutil.rmtree(c.log_dir, ignore_errors=True)
             _rmdir_quiet(os.path.dirname(c.log_dir))

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from aiohttp import web
 
+from protocol.aggregated_logs import RemoteLogDir
 from protocol.arbiter_wire import name_hash
 from protocol.config import ClusterConfig, NMConfig
 from protocol.durable_storage import write_atomic
@@ -18,6 +19,8 @@ from protocol.durable_storage import write_atomic
 from . import node_settings
 from .arbiter_server import ArbiterServer, socket_path
 from .container_manager import ContainerManager
+from .log_aggregation import LogAggregationPlanner
+from .log_aggregation_service import LogAggregationService
 from .enforcement import Enforcement, choose
 from .recovery_store import RecoveryStore
 from .container_shell_pool import ContainerShellPool
@@ -52,6 +55,9 @@ class NodeManager:
         self.link: Optional[RMLink] = None
         self.warm: Optional[WarmLauncher] = None      # the executor zygote (cfg.warm_modules)
         self.utilization: Optional[UtilizationMonitor] = None
+        self.log_aggregation: Optional[LogAggregationService] = None   # with cluster.toml's remote_app_log_dir
+        # The aggregated logs every NM's log REST calls fall back on (any node's, not only this one's).
+        self.remote_logs = RemoteLogDir(cluster.remote_app_log_dir) if cluster.remote_app_log_dir else None
         self._runner: Optional[web.AppRunner] = None
         self._link_task: Optional[asyncio.Task] = None
         self._sock: Optional[socket.socket] = None
@@ -118,12 +124,15 @@ class NodeManager:
         if recovered:
             log.info("recovered %d container(s) from %s", len(recovered), self.cfg.recovery_dir)
         self.manager.start_loops()
+        if self.remote_logs is not None:
+            self._start_log_aggregation(self.manager, self.remote_logs)
         self.utilization = UtilizationMonitor(self.manager, UtilizationSampler(self.enforcement.backend),
                                               self.cfg.heartbeat_interval_ms / 1000)
         self.utilization.start()
         api = NodeWebApi(self.manager, self.cluster.secret, self.node_id, lambda: self.url, self.node_info,
                          self._arbiter_view if self.arbiter else None,
-                         utilization=lambda: self.utilization.latest if self.utilization else None)
+                         utilization=lambda: self.utilization.latest if self.utilization else None,
+                         remote_logs=self.remote_logs)
         self._runner = web.AppRunner(api.app(), access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, self._sock).start()
@@ -134,6 +143,18 @@ class NodeManager:
                            utilization=lambda: self.utilization.for_heartbeat() if self.utilization else None,
                            node_labels=self.cfg.node_labels)
         self._link_task = asyncio.get_running_loop().create_task(self._run_link())
+
+    def _start_log_aggregation(self, manager: ContainerManager, store: RemoteLogDir) -> None:
+        def apps() -> dict[str, str]:
+            return {c.app_id: c.user for c in manager.containers.values()}
+        planner = LogAggregationPlanner(self.cfg.log_roll_interval_s, self.cfg.keep_finished_logs_s)
+        service = LogAggregationService(store, self.cfg.log_dir, self.node_id, planner, apps)
+        manager.on_app_finished = service.app_finished
+        manager.logs_held = service.holds
+        service.start()
+        self.log_aggregation = service
+        log.info("log aggregation to %s (rolling every %s)", store.url,
+                 f"{self.cfg.log_roll_interval_s:g} s" if self.cfg.log_roll_interval_s else "never: at app end only")
 
     async def _run_link(self) -> None:
         assert self.link is not None
@@ -204,6 +225,8 @@ class NodeManager:
                 pass
         if self.utilization is not None:
             await self.utilization.stop()
+        if self.log_aggregation is not None:
+            await self.log_aggregation.stop()
         if self.manager is not None:
             await self.manager.shutdown()
         if self.warm is not None:       # after the containers: it exits once its children are reaped

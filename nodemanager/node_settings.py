@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
 
+from protocol import durable_storage
 from protocol.config import ClusterConfig, ConfigError, NMConfig
 from protocol.records import Resource
 
@@ -194,11 +195,33 @@ def validate(cfg: NMConfig, cluster: ClusterConfig, resolve: Resolve = resolve_a
         raise ConfigError(f"cpu_period_us must be 1000..1000000, got {cfg.cpu_period_us}")
     if cfg.network_bandwidth_bps < 0:
         raise ConfigError(f"network_bandwidth_bps must be >= 0 (0 = no cap), got {cfg.network_bandwidth_bps}")
-    if cfg.keep_finished_logs_s < 0:
-        raise ConfigError(f"keep_finished_logs_s must be >= 0, got {cfg.keep_finished_logs_s}")
+    check_log_aggregation(cfg, cluster)
     if not cluster.secret:
         raise ConfigError("cluster secret is empty: run `elastane secret` or set [cluster] secret")
     check_advertised(cfg, rm_address(cfg, cluster), resolve, route)
+
+
+# A roll more often than this re-lists every running app's logs more than once a second.
+MIN_LOG_ROLL_INTERVAL_S = 1.0
+
+
+def check_log_aggregation(cfg: NMConfig, cluster: ClusterConfig) -> None:
+    """keep_finished_logs_s, log_roll_interval_s and cluster.toml's remote_app_log_dir."""
+    keep = cfg.keep_finished_logs_s
+    if not (0 <= keep < math.inf):          # NaN fails too
+        raise ConfigError(f"keep_finished_logs_s must be a number of seconds >= 0, got {keep}")
+    roll = cfg.log_roll_interval_s
+    if not (roll == 0 or MIN_LOG_ROLL_INTERVAL_S <= roll < math.inf):
+        raise ConfigError(f"log_roll_interval_s must be 0 (no rolling uploads) or >= {MIN_LOG_ROLL_INTERVAL_S:g} "
+                          f"seconds, got {roll}")
+    if roll and not cluster.remote_app_log_dir:
+        raise ConfigError(f"log_roll_interval_s = {roll:g} uploads running apps' logs, but cluster.toml's "
+                          "remote_app_log_dir is empty (log aggregation is off): set both, or neither")
+    if cluster.remote_app_log_dir:
+        try:
+            durable_storage.validate(cluster.remote_app_log_dir)
+        except durable_storage.DurableStorageError as e:
+            raise ConfigError(f"remote_app_log_dir: {e}") from None
 
 
 def check_advertised(cfg: NMConfig, rm_url: str, resolve: Resolve = resolve_addresses,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import html
 import os
 import time
 from typing import Any, Callable, Optional
@@ -9,11 +10,13 @@ from typing import Any, Callable, Optional
 from aiohttp import web
 
 from protocol import codec, tokens
+from protocol.aggregated_logs import AggregatedLogError, RemoteLogDir, find_container, read_log
 from protocol.http_server import json_response, make_app, read_json
+from protocol.ids import ContainerId
 from protocol.internal_api import CONTAINER_START, NodeUtilization, StartContainerRequest
 from protocol.prometheus_text import CONTENT_TYPE
 from protocol.records import ExitStatus, Resource
-from protocol.remote_exception import BadRequest, NotFound, Unauthorized
+from protocol.remote_exception import ApiError, BadRequest, NotFound, Unauthorized
 
 from . import prometheus
 from .container import Container
@@ -27,8 +30,12 @@ class NodeWebApi:
     def __init__(self, manager: ContainerManager, secret: str, node_id: str, url: Callable[[], str],
                  node_info: Callable[[], dict[str, Any]],
                  arbiter_view: Optional[Callable[[int], dict[str, Any]]] = None,
-                 utilization: Callable[[], Optional[NodeUtilization]] = lambda: None):
+                 utilization: Callable[[], Optional[NodeUtilization]] = lambda: None,
+                 remote_logs: Optional[RemoteLogDir] = None):
         self.manager = manager
+        # Aggregated logs (cluster.toml's remote_app_log_dir): the log calls answer from there for a
+        # container whose logs are no longer on this node -- or were never on it: any NM serves any.
+        self.remote_logs = remote_logs
         self.arbiter_view = arbiter_view
         self.utilization = utilization
         self.secret = secret
@@ -50,6 +57,7 @@ class NodeWebApi:
         r.add_get("/ws/v1/node/containers/{id}/logs", self.get_log_files)
         r.add_get("/ws/v1/node/containerlogs/{id}", self.get_log_files)
         r.add_get("/ws/v1/node/containerlogs/{id}/{filename}", self.get_log_file)
+        r.add_get("/node/containerlogs/{id}/{user}", self.log_page)    # the RM's amContainerLogs links
         r.add_get("/ws/v1/node/arbiter", self.get_arbiter)
         r.add_get("/metrics/prometheus", self.prometheus)
         return app
@@ -153,28 +161,100 @@ class NodeWebApi:
     async def get_container(self, request: web.Request) -> web.Response:
         return json_response({"container": self._container_json(self._get(request.match_info["id"]))})
 
+    def _local_logs(self, cid: str) -> Optional[list[dict[str, Any]]]:
+        """The container's log files on this node; None when it has none here (unknown or freed)."""
+        c = self.manager.containers.get(cid)
+        files = _log_files(c.log_dir) if c is not None else []
+        return files if files else None
+
+    async def _aggregated(self, cid: str) -> tuple[str, dict[str, int]]:
+        """(node id, file name -> size) of the container's aggregated logs; 404 if there are none."""
+        where = f" nor in the aggregated logs at {self.remote_logs.url}" if self.remote_logs else ""
+        found = None
+        if self.remote_logs is not None:
+            try:
+                found = await asyncio.to_thread(find_container, self.remote_logs, cid)
+            except (AggregatedLogError, OSError) as e:
+                raise ApiError(f"cannot read the aggregated logs of {cid}: {e}") from None
+        if found is None:
+            raise NotFound(f"container {cid} is not known on node {self.node_id}{where}")
+        node, files = found
+        return node.node_id, files
+
     async def get_log_files(self, request: web.Request) -> web.Response:
-        c = self._get(request.match_info["id"])
-        return json_response({"containerLogsInfo": {"containerLogInfo": _log_files(c.log_dir),
+        cid = request.match_info["id"]
+        local = self._local_logs(cid)
+        if local is None and (self.remote_logs is not None or cid not in self.manager.containers):
+            node_id, files = await self._aggregated(cid)
+            infos = [{"fileName": n, "fileSize": size, "lastModifiedTime": 0} for n, size in sorted(files.items())]
+            return json_response({"containerLogsInfo": {"containerLogInfo": infos, "logAggregationType": "AGGREGATED",
+                                                        "containerId": cid, "nodeId": node_id}})
+        return json_response({"containerLogsInfo": {"containerLogInfo": local or [],
                                                     "logAggregationType": "LOCAL",
-                                                    "containerId": c.container_id,
+                                                    "containerId": cid,
                                                     "nodeId": self.node_id}})
 
     async def get_log_file(self, request: web.Request) -> web.StreamResponse:
-        c = self._get(request.match_info["id"])
+        cid = request.match_info["id"]
         name = request.match_info["filename"]
         if name in ("", ".", "..") or "/" in name or "\x00" in name:
             raise BadRequest(f"invalid log file name {name!r}")
-        path = os.path.join(c.log_dir, name)
-        if not os.path.isfile(path):
-            raise NotFound(f"log file {name} not found for container {c.container_id}")
         start = request.query.get("start", "0")
         try:
             n = int(start)
         except ValueError:
             raise BadRequest(f"start must be an integer, got {start!r}") from None
-        data = await asyncio.to_thread(_read_from, path, n)
+        c = self.manager.containers.get(cid)
+        path = os.path.join(c.log_dir, name) if c is not None else ""
+        if path and os.path.isfile(path):
+            data = await asyncio.to_thread(_read_from, path, n)
+        elif self.remote_logs is not None or c is None:
+            data = _slice(await self._aggregated_file(cid, name), n)
+        else:
+            raise NotFound(f"log file {name} not found for container {cid}")
         return web.Response(body=data, content_type="text/plain", charset="utf-8")
+
+    async def _aggregated_file(self, cid: str, name: str) -> bytes:
+        store = self.remote_logs
+        await self._aggregated(cid)         # 404 naming the store when the container is not there
+        assert store is not None
+
+        def read() -> Optional[bytes]:
+            found = find_container(store, cid)
+            if found is None or name not in found[1]:
+                return None
+            return read_log(store, str(ContainerId.parse(cid).app), found[0], cid, name)
+        try:
+            data = await asyncio.to_thread(read)
+        except (AggregatedLogError, OSError) as e:
+            raise ApiError(f"cannot read the aggregated log {name} of {cid}: {e}") from None
+        if data is None:
+            raise NotFound(f"log file {name} not found for container {cid} in the aggregated logs at {store.url}")
+        return data
+
+    async def log_page(self, request: web.Request) -> web.Response:
+        """A plain HTML page listing the container's log files with links (YARN's NM log page):
+        the target of the RM's amContainerLogs links, local or aggregated alike."""
+        cid = request.match_info["id"]
+        local = self._local_logs(cid)
+        if local is not None:
+            files = [(f["fileName"], int(f["fileSize"])) for f in local]
+            kind = f"on node {self.node_id}"
+        else:
+            node_id, sizes = await self._aggregated(cid)
+            files = sorted(sizes.items())
+            kind = f"aggregated from node {node_id}"
+        esc = html.escape
+        rows = "".join(f'<li><a href="/ws/v1/node/containerlogs/{esc(cid)}/{esc(n)}">{esc(n)}</a> ({size} bytes)</li>'
+                       for n, size in files)
+        body = (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>Logs of {esc(cid)}</title></head>"
+                f"<body><h1>Logs of {esc(cid)}</h1><p>{esc(kind)}</p><ul>{rows}</ul></body></html>")
+        return web.Response(text=body, content_type="text/html")
+
+
+def _slice(data: bytes, start: int) -> bytes:
+    """`_read_from`'s `start` on bytes in memory."""
+    return data[start:] if start >= 0 else data[max(0, len(data) + start):]
 
 
 def _read_from(path: str, start: int) -> bytes:

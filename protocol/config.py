@@ -31,6 +31,9 @@ class QueueConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_capacity: float = 100.0      # percent it may grow to when others are idle
     # Fraction of this queue's capacity its AMs may hold; None = RMConfig.max_am_resource_percent.
     max_am_resource_percent: Optional[float] = None
+    # YARN's disable_preemption: nothing this queue holds is reclaimed for other queues
+    # (docs/preemption.md).
+    disable_preemption: bool = False
 
 
 class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -78,8 +81,34 @@ class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
     # only there ("" = AMs go where executors go); executors never go to a labelled node.
     node_labels: list[str] = []
     am_node_label: str = ""
+    # Capacity preemption (docs/preemption.md, YARN's ProportionalCapacityPreemptionPolicy): each
+    # policy round computes every queue's ideal share and takes back what queues hold over it.
+    # "shrink": elastic PS jobs are shrunk toward their minimum shape first (no work lost), only
+    # what cannot shrink has containers killed; "kill": YARN's way, containers killed whatever the
+    # job; "off": nothing is reclaimed.
+    preemption: Literal["off", "kill", "shrink"] = "shrink"
+    # YARN's max_ignored_over_capacity: a queue within (1 + this) x its guarantee is left alone.
+    preemption_max_ignored_over_capacity: float = 0.1
+    # YARN's natural_termination_factor: the fraction of a queue's excess taken back per round.
+    preemption_natural_termination_factor: float = 0.2
+    # YARN's max_wait_before_kill: seconds between telling an AM (shrink directive or preemption
+    # message) and killing what it has not given back.
+    preemption_max_wait_before_kill_s: float = 15.0
+    # A job shrunk for another queue is not grown again by any policy for this many rounds.
+    preemption_hold_rounds: int = 30
 
     def __post_init__(self) -> None:
+        if not 0 <= self.preemption_max_ignored_over_capacity <= 1:      # (NaN too)
+            raise ValueError(f"preemption_max_ignored_over_capacity must be within [0, 1], "
+                             f"got {self.preemption_max_ignored_over_capacity}")
+        if not 0 < self.preemption_natural_termination_factor <= 1:
+            raise ValueError(f"preemption_natural_termination_factor must be within (0, 1], "
+                             f"got {self.preemption_natural_termination_factor}")
+        if not self.preemption_max_wait_before_kill_s >= 0:
+            raise ValueError(f"preemption_max_wait_before_kill_s must be >= 0 (seconds), "
+                             f"got {self.preemption_max_wait_before_kill_s}")
+        if self.preemption_hold_rounds < 0:
+            raise ValueError(f"preemption_hold_rounds must be >= 0, got {self.preemption_hold_rounds}")
         if not self.harmony_link_bandwidth_bps >= 0:        # (NaN too)
             raise ValueError(f"harmony_link_bandwidth_bps must be >= 0 (bits/s, 0 = unknown), "
                              f"got {self.harmony_link_bandwidth_bps}")
@@ -125,7 +154,12 @@ class NMConfig(msgspec.Struct, forbid_unknown_fields=True):
     # wait on the launch path (nodemanager.container_shell_pool); 0 = every launch joins cold.
     # Only where cgroups enforce the limits.
     container_shells: int = 4
+    # How long a finished container's logs stay on this node. With log aggregation on (cluster.toml's
+    # remote_app_log_dir), counted from the app's final upload: until then they stay whatever this says.
     keep_finished_logs_s: float = 3600.0
+    # Log aggregation's rolling upload of running apps' logs, every this many seconds (YARN's
+    # log-aggregation.roll-monitoring-interval-seconds); 0 = only the final upload at app end.
+    log_roll_interval_s: float = 0.0
     delete_workdir: bool = True
     network_bandwidth_bps: int = 0  # emulated node bandwidth cap (bit/s) passed to containers; 0 = none
     arbiter: bool = True            # run the Harmony arbiter (an aux service on a unix socket)
@@ -158,6 +192,30 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True):
     # <staging_dir>/<user>/<application-id>/: a path or URL every host reads (a shared mount, or an
     # fsspec URL). "" = none: local files are referenced in place (one host or shared paths only).
     staging_dir: str = ""
+    # Log aggregation (YARN's remote-app-log-dir): where every NM uploads the logs of an app's
+    # containers once the app ends (one file per node per app, protocol/aggregated_logs.py), and
+    # where `elastane app logs` and the RM's log pages read them. A path every host reads (a shared
+    # mount) or an fsspec URL (s3://bucket/logs). "" = no aggregation: logs stay on the nodes.
+    remote_app_log_dir: str = ""
+
+
+class StorageConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """cluster.toml's [storage]: how every Elastane process reaches the object store its s3:// URLs
+    name (like Hadoop's fs.s3a.* in core-site.xml). Each set key becomes the standard AWS variable
+    that s3fs / botocore read (protocol/storage_settings.py), in the RM, each NM, every container
+    an NM starts, and the CLI -- unless that process's environment already sets the variable."""
+
+    s3_endpoint_url: str = ""        # AWS_ENDPOINT_URL_S3, e.g. "http://seaweed1:8333"; "" = AWS's own
+    s3_region: str = ""              # AWS_DEFAULT_REGION
+    s3_access_key_id: str = ""       # AWS_ACCESS_KEY_ID
+    s3_secret_access_key: str = ""   # AWS_SECRET_ACCESS_KEY
+
+    def __post_init__(self) -> None:
+        url = self.s3_endpoint_url
+        if url and (not url.startswith(("http://", "https://")) or not url.split("://", 1)[1].strip("/")):
+            raise ValueError(f"s3_endpoint_url must be an http:// or https:// URL, got {url!r}")
+        if bool(self.s3_access_key_id) != bool(self.s3_secret_access_key):
+            raise ValueError("s3_access_key_id and s3_secret_access_key go together: set both or neither")
 
 
 def load(path: str | Path | None, typ: type[T], section: str) -> T:
@@ -215,6 +273,11 @@ def load_nm(path: Optional[str] = None, hostname: Optional[str] = None) -> NMCon
 
 def load_cluster(path: Optional[str] = None) -> ClusterConfig:
     return load(path or CONF_DIR / "cluster.toml", ClusterConfig, "cluster")
+
+
+def load_storage(path: Optional[str] = None) -> StorageConfig:
+    """cluster.toml's [storage] table (the defaults, all empty, without one)."""
+    return load(path or CONF_DIR / "cluster.toml", StorageConfig, "storage")
 
 
 def ensure_secret(path: str | Path) -> str:

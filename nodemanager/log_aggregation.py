@@ -1,0 +1,156 @@
+"""Log aggregation's decisions (sans I/O): when this node uploads an app's logs, which bytes, and
+when it frees its local copies. `log_aggregation_service` does the listing, uploading and deleting.
+
+Per app on this node:
+- while it runs, every `roll_interval_s` (0 = never) a rolled upload takes the bytes each of its
+  log files gained since the last roll (YARN's rolling aggregation, roll-monitoring-interval);
+- once the RM says it finished (and its containers stopped), the final upload takes every log
+  file whole; after it, the rolls are redundant and deleted;
+- `retention_s` (nm.toml's keep_finished_logs_s) after the final upload the local copies are
+  freed; until then, and for ever while the final upload fails, they stay (nothing is lost when
+  the remote store is down).
+A failed upload is tried again after a backoff that doubles up to `MAX_BACKOFF_S`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional, Sequence
+
+from protocol.aggregated_logs import AggregatedLogIndex, ChunkSource
+
+MIN_BACKOFF_S = 1.0
+MAX_BACKOFF_S = 60.0
+
+
+@dataclass(frozen=True)
+class LocalLogFile:
+    """A container's log file on this node's disk and its size when listed."""
+
+    container_id: str
+    file_name: str
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One upload to make: a final or rolled file of `app_id` with these chunks."""
+
+    app_id: str
+    kind: Literal["final", "roll"]
+    seq: int
+    sources: tuple[ChunkSource, ...]
+
+
+@dataclass
+class AppLogState:
+    """What this node has done with one app's logs."""
+
+    app_id: str
+    user: str = ""
+    seen_at: float = 0.0
+    last_roll_at: float = 0.0
+    next_seq: int = 1
+    uploaded: dict[tuple[str, str], int] = field(default_factory=dict)   # (container, file) -> bytes rolled
+    finished_at: Optional[float] = None       # the RM said the app is over
+    final_at: Optional[float] = None          # the final upload succeeded
+    freed: bool = False                       # the local copies are gone
+    failures: int = 0
+    retry_at: float = 0.0
+    recovered: bool = False                   # the remote's rolls of this node were read back
+
+
+class LogAggregationPlanner:
+    """The pure core: every method takes the time as an argument and does no I/O."""
+
+    def __init__(self, roll_interval_s: float, retention_s: float):
+        self.roll_interval_s = roll_interval_s
+        self.retention_s = retention_s
+        self.apps: dict[str, AppLogState] = {}
+
+    def seen(self, app_id: str, user: str, now: float) -> AppLogState:
+        """An app with containers (or logs) on this node; its first roll is one interval away."""
+        st = self.apps.get(app_id)
+        if st is None:
+            st = self.apps[app_id] = AppLogState(app_id, user, seen_at=now, last_roll_at=now)
+        if user and not st.user:
+            st.user = user
+        return st
+
+    def finished(self, app_id: str, user: str, now: float) -> None:
+        st = self.seen(app_id, user, now)
+        if st.finished_at is None:
+            st.finished_at = now
+            st.retry_at = now
+
+    def recover(self, app_id: str, rolls: Sequence[AggregatedLogIndex]) -> None:
+        """Continue after the rolls this node uploaded before a restart: their bytes are not sent
+        again and the next roll takes the next number."""
+        st = self.apps[app_id]
+        for ix in rolls:
+            st.next_seq = max(st.next_seq, ix.seq + 1)
+            for c in ix.chunks:
+                key = (c.container_id, c.file_name)
+                st.uploaded[key] = max(st.uploaded.get(key, 0), c.start + c.length)
+        st.recovered = True
+
+    # ----- what to do now ---------------------------------------------------------------------
+
+    def next_upload(self, st: AppLogState, files: Sequence[LocalLogFile], now: float) -> Optional[Upload]:
+        """The upload due for the app now, given its local log files; None if nothing is due."""
+        if st.final_at is not None or now < st.retry_at:
+            return None
+        if st.finished_at is not None:
+            sources = tuple(ChunkSource(f.container_id, f.file_name, f.path, 0, f.size) for f in files)
+            return Upload(st.app_id, "final", 0, sources)
+        if self.roll_interval_s <= 0 or now - st.last_roll_at < self.roll_interval_s:
+            return None
+        new = tuple(ChunkSource(f.container_id, f.file_name, f.path, done, f.size - done)
+                    for f in files for done in [st.uploaded.get((f.container_id, f.file_name), 0)]
+                    if f.size > done)
+        if not new:
+            st.last_roll_at = now       # nothing new: the next look is one interval away
+            return None
+        return Upload(st.app_id, "roll", st.next_seq, new)
+
+    def uploaded(self, up: Upload, now: float) -> None:
+        st = self.apps[up.app_id]
+        st.failures, st.retry_at = 0, now
+        if up.kind == "final":
+            st.final_at = now
+            return
+        for s in up.sources:
+            st.uploaded[(s.container_id, s.file_name)] = s.start + s.length
+        st.next_seq = up.seq + 1
+        st.last_roll_at = now
+
+    def failed(self, up: Upload, now: float) -> float:
+        """Back off before the app's next try; returns the delay."""
+        st = self.apps[up.app_id]
+        st.failures += 1
+        delay = min(MAX_BACKOFF_S, MIN_BACKOFF_S * 2 ** (st.failures - 1))
+        st.retry_at = now + delay
+        return delay
+
+    def to_free(self, now: float) -> list[str]:
+        """Apps whose final upload is `retention_s` old and whose local copies are still here."""
+        return [a for a, st in self.apps.items()
+                if st.final_at is not None and not st.freed and now - st.final_at >= self.retention_s]
+
+    def freed(self, app_id: str) -> None:
+        self.apps[app_id].freed = True
+
+    def holds(self, app_id: str, now: float) -> bool:
+        """Whether the app's local logs must stay: not yet aggregated in full, or within retention."""
+        st = self.apps.get(app_id)
+        if st is None:
+            return True         # not seen yet: the next pass will aggregate it
+        return st.final_at is None or now - st.final_at < self.retention_s
+
+    def forget(self, known: set[str]) -> list[str]:
+        """Drop the state of freed apps the container manager no longer knows (while it still
+        has their containers, the state says their logs are aggregated and may go)."""
+        gone = [a for a, st in self.apps.items() if st.freed and a not in known]
+        for a in gone:
+            del self.apps[a]
+        return gone

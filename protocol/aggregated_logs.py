@@ -1,0 +1,369 @@
+"""Aggregated container logs: the file format NMs upload and the reader every client shares.
+
+When an app finishes, each NM that ran its containers writes the containers' log files into one
+file per node per app under the cluster's `remote_app_log_dir` (YARN's log aggregation); while the
+app runs, it also uploads what is new every roll interval (YARN's rolling aggregation). Layout:
+
+    <remote_app_log_dir>/<app_id>/<node file>             the final file, written at app end
+    <remote_app_log_dir>/<app_id>/<node file>.roll<seq>   rolled uploads (seq 000001, 000002, ...)
+
+where <node file> is the node id with ':' as '_' ("10.0.0.3_8042", YARN's naming). A rolled file
+holds the bytes each log file gained since the node's previous roll; the final file holds every
+log file whole, and once it is written the node's rolled files are deleted. A reader takes the
+final file when there is one, else the rolls in order (a node that died mid-app leaves only those).
+
+YARN puts the user in the path (<dir>/<user>/logs/<app>); Elastane does not, because its readers
+often know only a container id (the NM's log REST calls after the container is forgotten); the
+user is in the index instead.
+
+The file (a TFile / IndexedFormat in spirit: data first, so the writer streams; the index last):
+
+    "ELAGLOG1"                               8 bytes, the header magic
+    data                                     the chunks' bytes, back to back
+    index                                    JSON of `AggregatedLogIndex`
+    trailer (28 bytes, big-endian)           u64 index offset, u64 index length, u32 CRC-32 of the
+                                             index, "ELAGEND1"
+
+Each `LogChunk` of the index names a container, a log file, where its bytes are in this file
+(`offset`, `length`), where they began in the container's local file (`start`: 0 in a final
+file; the previous roll's end in a rolled one) and their CRC-32. A file that is cut short (an
+upload that died), has a bad index or a chunk whose bytes do not match their CRC is refused with
+an `AggregatedLogError` naming the file and what is wrong; nothing partial is shown as a log.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import IO, Any, Iterable, Iterator, Literal, Optional, Sequence
+
+import msgspec
+
+from .durable_storage import DurableStorageError, local_path, validate, write_atomic
+from .errors import ProtocolError
+from .ids import ContainerId
+
+MAGIC = b"ELAGLOG1"
+TRAILER_MAGIC = b"ELAGEND1"
+_TRAILER = struct.Struct(">QQI8s")
+TRAILER_SIZE = _TRAILER.size          # 28
+FORMAT_VERSION = 1
+_READ_PIECE = 1 << 20                 # bytes read from a local log file at a time
+_ROLL = re.compile(r"^(?P<node>.+)\.roll(?P<seq>\d{6,})$")
+
+
+class AggregatedLogError(ProtocolError, ValueError):
+    """An aggregated log file that is cut short, corrupt, or not one; or an unusable log dir."""
+
+
+class LogChunk(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Bytes [start, start + length) of one container's log file, at `offset` in this file."""
+
+    container_id: str
+    file_name: str
+    offset: int
+    length: int
+    start: int
+    crc32: int
+
+
+class AggregatedLogIndex(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What one aggregated file holds: the app, the node, a final or rolled upload, the chunks."""
+
+    app_id: str
+    node_id: str
+    kind: Literal["final", "roll"]
+    seq: int                          # a roll's number (1, 2, ...); 0 in a final file
+    written_ms: int
+    chunks: list[LogChunk]
+    user: str = ""
+    version: int = FORMAT_VERSION
+
+
+@dataclass(frozen=True)
+class ChunkSource:
+    """What a writer copies: `length` bytes from `start` of the local file `path`."""
+
+    container_id: str
+    file_name: str
+    path: str
+    start: int
+    length: int
+
+
+# ===== names ======================================================================================
+
+def node_file_name(node_id: str) -> str:
+    """The node's file name in an app's dir: its id with ':' as '_' (YARN's naming)."""
+    name = node_id.replace(":", "_").replace("/", "_")
+    if not name or name in (".", ".."):
+        raise AggregatedLogError(f"node id {node_id!r} gives no usable file name")
+    return name
+
+
+def roll_file_name(node_id: str, seq: int) -> str:
+    return f"{node_file_name(node_id)}.roll{seq:06d}"
+
+
+def parse_file_name(name: str) -> tuple[str, int]:
+    """(node file, roll seq) of a name in an app's dir; seq 0 for a final file."""
+    m = _ROLL.match(name)
+    return (m.group("node"), int(m.group("seq"))) if m else (name, 0)
+
+
+# ===== writing ====================================================================================
+
+class LogFileWriter:
+    """Streams one aggregated file: iterate `pieces()` and write each piece in order; `index` is
+    complete once the iteration ends. Local files are read in 1 MiB pieces, never whole."""
+
+    def __init__(self, app_id: str, node_id: str, kind: Literal["final", "roll"], seq: int, written_ms: int,
+                 sources: Sequence[ChunkSource], user: str = ""):
+        self.app_id, self.node_id, self.kind, self.seq = app_id, node_id, kind, seq
+        self.written_ms, self.user = written_ms, user
+        self.sources = list(sources)
+        self.index: Optional[AggregatedLogIndex] = None
+
+    def pieces(self) -> Iterator[bytes]:
+        yield MAGIC
+        pos = len(MAGIC)
+        chunks = []
+        for src in self.sources:
+            crc, n = 0, 0
+            with open(src.path, "rb") as f:
+                f.seek(src.start)
+                while n < src.length:
+                    buf = f.read(min(_READ_PIECE, src.length - n))
+                    if not buf:
+                        # Log files only grow; a shorter one was cut by something else under us.
+                        raise AggregatedLogError(f"{src.path} ended at {src.start + n} bytes, before the "
+                                                 f"{src.start + src.length} this upload took from it")
+                    crc = zlib.crc32(buf, crc)
+                    n += len(buf)
+                    yield buf
+            chunks.append(LogChunk(src.container_id, src.file_name, pos, n, src.start, crc))
+            pos += n
+        self.index = AggregatedLogIndex(app_id=self.app_id, node_id=self.node_id, kind=self.kind, seq=self.seq,
+                                        written_ms=self.written_ms, chunks=chunks, user=self.user)
+        raw = msgspec.json.encode(self.index)
+        yield raw
+        yield _TRAILER.pack(pos, len(raw), zlib.crc32(raw), TRAILER_MAGIC)
+
+
+# ===== reading ====================================================================================
+
+def read_index(f: IO[bytes], size: int, name: str) -> AggregatedLogIndex:
+    """The index of the aggregated file open as `f` (`size` bytes long); AggregatedLogError naming
+    `name` if it is cut short, corrupt or not an aggregated log."""
+    if size < len(MAGIC) + TRAILER_SIZE:
+        raise AggregatedLogError(f"{name}: {size} bytes, too short for an aggregated log file "
+                                 "(an upload cut short?)")
+    f.seek(0)
+    if f.read(len(MAGIC)) != MAGIC:
+        raise AggregatedLogError(f"{name}: not an aggregated log file (bad header magic)")
+    f.seek(size - TRAILER_SIZE)
+    offset, length, crc, magic = _TRAILER.unpack(f.read(TRAILER_SIZE))
+    if magic != TRAILER_MAGIC:
+        raise AggregatedLogError(f"{name}: no trailer at the end (an upload cut short?)")
+    if offset < len(MAGIC) or offset + length + TRAILER_SIZE != size:
+        raise AggregatedLogError(f"{name}: the trailer puts the index at {offset}+{length}, which does not "
+                                 f"end where the {size}-byte file's trailer begins")
+    f.seek(offset)
+    raw = f.read(length)
+    if len(raw) != length or zlib.crc32(raw) != crc:
+        raise AggregatedLogError(f"{name}: the index does not match its checksum (corrupt file)")
+    try:
+        index = msgspec.json.decode(raw, type=AggregatedLogIndex)
+    except msgspec.DecodeError as e:
+        raise AggregatedLogError(f"{name}: bad index: {e}") from None
+    if index.version != FORMAT_VERSION:
+        raise AggregatedLogError(f"{name}: format version {index.version}, this reader knows {FORMAT_VERSION}")
+    for c in index.chunks:
+        if c.offset < len(MAGIC) or c.length < 0 or c.start < 0 or c.offset + c.length > offset:
+            raise AggregatedLogError(f"{name}: chunk {c.container_id}/{c.file_name} lies outside the data")
+    return index
+
+
+def read_chunk(f: IO[bytes], chunk: LogChunk, name: str) -> bytes:
+    """A chunk's bytes, checked against its CRC-32."""
+    f.seek(chunk.offset)
+    data = f.read(chunk.length)
+    if len(data) != chunk.length or zlib.crc32(data) != chunk.crc32:
+        raise AggregatedLogError(f"{name}: the bytes of {chunk.container_id}/{chunk.file_name} do not match "
+                                 "their checksum (corrupt file)")
+    return data
+
+
+# ===== the remote dir =============================================================================
+
+class RemoteLogDir:
+    """`remote_app_log_dir`: a local path (a shared mount) through os calls, any other URL (s3://...)
+    through fsspec. Writes are atomic: a local file is renamed into place; an object store
+    publishes an object only when its upload completes, so a writer that dies leaves nothing."""
+
+    def __init__(self, url: str):
+        try:
+            validate(url)
+        except DurableStorageError as e:
+            raise AggregatedLogError(f"remote_app_log_dir: {e}") from None
+        self.url = url.rstrip("/") or url
+        self.local = local_path(self.url)
+        self.fs: Any = None
+        self.root = self.local or ""
+        if self.local is None:
+            import fsspec  # type: ignore[import-untyped]  # noqa: PLC0415  # only for URLs; no stubs
+            try:
+                self.fs, self.root = fsspec.core.url_to_fs(self.url)
+            except (ImportError, ValueError) as e:
+                raise AggregatedLogError(f"remote_app_log_dir {url!r}: {e}") from None
+
+    def path(self, app_id: str, name: str = "") -> str:
+        parts = [self.root, app_id] + ([name] if name else [])
+        return os.path.join(*parts) if self.local is not None else posixpath.join(*parts)
+
+    def where(self, app_id: str, name: str) -> str:
+        """The file's URL, for messages."""
+        return f"{self.url}/{app_id}/{name}"
+
+    def names(self, app_id: str) -> list[str]:
+        """The file names in the app's dir, sorted; [] when it has none."""
+        d = self.path(app_id)
+        if self.local is not None:
+            try:
+                return sorted(n for n in os.listdir(d) if not n.startswith("."))
+            except FileNotFoundError:
+                return []
+        try:
+            entries = self.fs.ls(d, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(posixpath.basename(str(e).rstrip("/")) for e in entries)
+
+    def write(self, app_id: str, name: str, pieces: Iterable[bytes]) -> None:
+        """Write the file from `pieces`, atomically (see the class doc)."""
+        if self.local is not None:
+            os.makedirs(self.path(app_id), exist_ok=True)
+            write_atomic(self.path(app_id, name), pieces)
+            return
+        with self.fs.open(self.path(app_id, name), "wb") as f:
+            for p in pieces:
+                f.write(p)
+
+    def remove(self, app_id: str, name: str) -> None:
+        p = self.path(app_id, name)
+        try:
+            if self.local is not None:
+                os.unlink(p)
+            else:
+                self.fs.rm_file(p)
+        except FileNotFoundError:
+            pass
+
+    def open(self, app_id: str, name: str) -> tuple[IO[bytes], int]:
+        """The file open for reading and its size; FileNotFoundError if it is not there."""
+        p = self.path(app_id, name)
+        if self.local is not None:
+            f = open(p, "rb")
+            return f, os.fstat(f.fileno()).st_size
+        size = int(self.fs.size(p))
+        return self.fs.open(p, "rb"), size
+
+    def index(self, app_id: str, name: str) -> AggregatedLogIndex:
+        f, size = self.open(app_id, name)
+        with f:
+            return read_index(f, size, self.where(app_id, name))
+
+
+@dataclass
+class NodeLogs:
+    """One node's aggregated logs of an app: its final file, else its rolled files in order."""
+
+    node_file: str
+    files: list[tuple[str, AggregatedLogIndex]] = field(default_factory=list)   # (name, index)
+    errors: list[str] = field(default_factory=list)                               # files refused
+
+    @property
+    def node_id(self) -> str:
+        return self.files[0][1].node_id if self.files else self.node_file
+
+    @property
+    def final(self) -> bool:
+        return any(ix.kind == "final" for _, ix in self.files)
+
+    def containers(self) -> dict[str, dict[str, int]]:
+        """container id -> log file name -> the bytes aggregated (the end of its last chunk)."""
+        out: dict[str, dict[str, int]] = {}
+        for _, ix in self.files:
+            for c in ix.chunks:
+                files = out.setdefault(c.container_id, {})
+                files[c.file_name] = max(files.get(c.file_name, 0), c.start + c.length)
+        return out
+
+
+def app_node_logs(store: RemoteLogDir, app_id: str) -> list[NodeLogs]:
+    """Every node's aggregated logs of `app_id`, by node file name. A refused file (cut short,
+    corrupt) is kept out and named in the node's `errors`."""
+    by_node: dict[str, list[tuple[int, str]]] = {}
+    for name in store.names(app_id):
+        node, seq = parse_file_name(name)
+        by_node.setdefault(node, []).append((seq, name))
+    out = []
+    for node, named in sorted(by_node.items()):
+        logs = NodeLogs(node)
+        finals = [n for s, n in named if s == 0]
+        # The final file holds everything; rolls beside it are left from before it was written.
+        for name in finals or [n for _, n in sorted(named)]:
+            try:
+                logs.files.append((name, store.index(app_id, name)))
+            except FileNotFoundError:
+                continue        # removed since the listing (the rolls, once the final file is up)
+            except AggregatedLogError as e:
+                logs.errors.append(str(e))
+        if finals and not logs.files:
+            # The final file was refused: fall back on the rolls, if any are left.
+            for _, name in sorted(n for n in named if n[0] > 0):
+                try:
+                    logs.files.append((name, store.index(app_id, name)))
+                except (FileNotFoundError, AggregatedLogError):
+                    continue
+        out.append(logs)
+    return out
+
+
+def read_log(store: RemoteLogDir, app_id: str, node: NodeLogs, container_id: str, file_name: str) -> bytes:
+    """A container's log file as aggregated from `node`: its chunks in order. A gap between two
+    chunks (a roll that was refused or lost) is marked in the text, not papered over."""
+    out = bytearray()
+    end = 0
+    for name, ix in node.files:
+        chunks = [c for c in ix.chunks if c.container_id == container_id and c.file_name == file_name]
+        if not chunks:
+            continue
+        f, _ = store.open(app_id, name)
+        with f:
+            for c in chunks:
+                if c.start > end:
+                    out += f"\n[elastane: bytes {end}..{c.start} of this log are missing from the " \
+                           f"aggregated files]\n".encode()
+                data = read_chunk(f, c, store.where(app_id, name))
+                # Bytes read already (from an overlapping upload) are not repeated.
+                out += data[max(0, end - c.start):]
+                end = max(end, c.start + c.length)
+    return bytes(out)
+
+
+def find_container(store: RemoteLogDir, container_id: str) -> Optional[tuple[NodeLogs, dict[str, int]]]:
+    """The node whose aggregated files hold `container_id`'s logs and their files (name -> bytes);
+    None if none does. The container id names its app, so only that app's dir is read."""
+    try:
+        app_id = str(ContainerId.parse(container_id).app)
+    except ValueError:
+        return None
+    for node in app_node_logs(store, app_id):
+        files = node.containers().get(container_id)
+        if files is not None:
+            return node, files
+    return None
