@@ -12,6 +12,7 @@ from typing import Annotated, Any, Optional, Union
 import msgspec
 
 from protocol import ps_job_spec
+from protocol.durable_storage import DurableStorageError, bucket_of, check_reachable
 from protocol.ids import ApplicationId
 from protocol.internal_api import RunState
 from protocol.local_resources import LocalResourceError, decode_resources
@@ -164,9 +165,11 @@ def _ps_job(ctx: SubmissionContext) -> Optional[ps_job_spec.PSJobSpec]:
     if ps_job_spec.ELASTANE_FIELD not in ext:
         raise BadRequest(f"{field} is required for application-type {ps_job_spec.APPLICATION_TYPE}")
     try:
-        return ps_job_spec.validate(ext[ps_job_spec.ELASTANE_FIELD])
+        spec = ps_job_spec.validate(ext[ps_job_spec.ELASTANE_FIELD])
+        ps_job_spec.check_storage(spec)     # object stores: bucket there, credentials good
     except ps_job_spec.JobSpecError as e:
         raise BadRequest(str(e.under(field))) from None
+    return spec
 
 
 def _local_resources(spec: Optional[LocalResources]) -> dict[str, dict[str, Any]]:
@@ -183,12 +186,34 @@ def _local_resources(spec: Optional[LocalResources]) -> dict[str, dict[str, Any]
     except LocalResourceError as e:
         raise BadRequest(f"{where}: {e}") from None
     for name, res in typed.items():
+        if bucket_of(res.resource) is not None:   # in an object store: the bucket there, the credentials good
+            try:
+                check_reachable(res.resource)
+            except DurableStorageError as e:
+                raise BadRequest(f"{where}: local resource {name!r}: {e}") from None
         if res.type == "PATTERN":
             try:
                 re.compile(res.pattern)
             except re.error as e:
                 raise BadRequest(f"{where}: local resource {name!r}: bad pattern {res.pattern!r}: {e}") from None
     return {name: msgspec.to_builtins(res) for name, res in typed.items()}
+
+
+def _one_set_of_resources(spec: ps_job_spec.PSJobSpec, am_local: dict[str, dict[str, Any]]
+                          ) -> tuple[ps_job_spec.PSJobSpec, dict[str, dict[str, Any]]]:
+    """A PS job's files may come in `elastane.ps-job.resources` or, as a YARN client ships them, in
+    `am-container-spec.local-resources`: both places are one set, localized for the AM (which
+    imports a user's app from its working dir) and passed on to every executor it starts. The same
+    name given differently in the two is a 400 naming it."""
+    merged = dict(spec.resources)
+    for name, raw in decode_resources(dict(am_local)).items():
+        given = merged.get(name)
+        if given is not None and given != raw:
+            raise BadRequest(f"am-container-spec.local-resources: local resource {name!r} differs from "
+                             f"elastane.{ps_job_spec.ELASTANE_FIELD}.resources.{name}: give it once, or the same in both")
+        merged[name] = raw
+    local = {**{name: msgspec.to_builtins(r) for name, r in spec.resources.items()}, **am_local}
+    return msgspec.structs.replace(spec, resources=merged), local
 
 
 def validate(ctx: SubmissionContext) -> ValidSubmission:
@@ -218,9 +243,10 @@ def validate(ctx: SubmissionContext) -> ValidSubmission:
     env = {kv.key: kv.value for kv in _entries(env_spec.entry if env_spec else None)}
     if any(not k for k in env):
         raise BadRequest("am-container-spec.environment.entry: key must not be empty")
-    if ps_spec is not None:   # the PS AM reads its (validated, normalised) job spec from its env
-        env[ps_job_spec.PS_SPEC_ENV] = msgspec.json.encode(ps_spec.to_json()).decode()
     local = _local_resources(ctx.am_container_spec.local_resources)
+    if ps_spec is not None:   # the PS AM reads its (validated, normalised) job spec from its env
+        ps_spec, local = _one_set_of_resources(ps_spec, local)
+        env[ps_job_spec.PS_SPEC_ENV] = msgspec.json.encode(ps_spec.to_json()).decode()
     am = AmSpec(commands=[command], environment=env, local_resources=local, resource=ctx.resource)
     return ValidSubmission(app_id=ctx.application_id, name=ctx.application_name, queue=ctx.queue,
                            app_type=ctx.application_type, am=am, max_attempts=ctx.max_app_attempts,

@@ -85,3 +85,36 @@ async def test_other_apps_still_need_a_command(rm) -> None:
             "resource": {"memory": 512, "vCores": 1}}
     status, err = await _submit(client, body)
     assert status == 400 and err["RemoteException"]["message"] == "am-container-spec.commands is required"
+
+
+async def test_a_ps_jobs_files_in_either_place_reach_the_am_and_its_executors(rm) -> None:
+    """A YARN client ships files in am-container-spec.local-resources only, Elastane's CLI in
+    ps-job.resources: either way the AM's container localizes them and the spec the AM runs (whose
+    resources it passes to every executor) has them all; one name given two ways is a 400."""
+    server, client = rm
+    yarn_way = {"resource": "file:///shared/app/mymodel.py", "type": "FILE", "visibility": "APPLICATION",
+                "size": 10, "timestamp": 1764130000000}
+    ours = {"resource": "/shared/app/digits.npz", "type": "FILE"}
+    app_id = await new_application_id(client)
+    body = {"application-id": app_id, "application-name": "user-job", "application-type": "ELASTANE_PS",
+            "am-container-spec": {"local-resources": {"entry": [{"key": "mymodel.py", "value": yarn_way}]}},
+            "resource": {"memory": 512, "vCores": 1},
+            "elastane": {"ps-job": {"app": "mymodel:MyApp", "resources": {"digits.npz": ours}}}}
+    status, err = await _submit(client, body)
+    assert status == 202, err
+    am = server.core.apps[app_id].am
+    spec = ps_job_spec.validate(am.environment[ps_job_spec.PS_SPEC_ENV])
+    assert sorted(spec.resources) == ["digits.npz", "mymodel.py"]
+    assert spec.resources["mymodel.py"].resource == yarn_way["resource"] and spec.resources["mymodel.py"].size == 10
+    assert sorted(am.local_resources) == ["digits.npz", "mymodel.py"]
+    assert am.local_resources["digits.npz"]["resource"] == ours["resource"]
+
+    app_id = await new_application_id(client)
+    body["application-id"] = app_id
+    body["elastane"]["ps-job"]["resources"]["mymodel.py"] = {**yarn_way, "size": 11}
+    status, err = await _submit(client, body)
+    assert status == 400, err
+    message = err["RemoteException"]["message"]
+    assert message.startswith("am-container-spec.local-resources: local resource 'mymodel.py' differs from "
+                              "elastane.ps-job.resources.mymodel.py"), message
+    assert app_id not in await _app_ids(client)
