@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Sequence
+
+from protocol import config, storage_settings
 
 from . import app_commands, cluster_commands, daemon_commands, data_commands, node_commands, ps_commands, ps_scale_command, secret_command
 from . import top_command
 from . import sim_commands
 from . import model_commands
 from .context import CliContext, common_parent, default_cluster_dir, default_user, global_options, resolve_rm_url
-from .errors import CliError
+from .errors import CliError, UsageError
 
 PROG = "elastane"
 
@@ -42,6 +45,25 @@ def make_context(args: argparse.Namespace) -> CliContext:
                       user=getattr(args, "user", None) or default_user(), cluster_dir=cluster_dir)
 
 
+def cluster_conf_file(ctx: CliContext) -> Path:
+    """The cluster.toml this client reads: the local cluster's (`elastane cluster start`), else the
+    installation's conf dir (ELASTANE_CONF_DIR)."""
+    local = ctx.cluster_dir / "conf" / "cluster.toml"
+    return local if local.exists() else config.CONF_DIR / "cluster.toml"
+
+
+def apply_storage_settings(ctx: CliContext) -> None:
+    """Export cluster.toml's [storage] (the object store's endpoint and credentials) for this
+    command's s3:// URLs (staging, model outputs, checks), where the environment does not set them
+    already; a conf this user may not read (it is private to the cluster) leaves the environment's."""
+    try:
+        storage_settings.apply(config.load_storage(str(cluster_conf_file(ctx))))
+    except PermissionError:
+        return
+    except (config.ConfigError, OSError) as e:
+        raise UsageError(f"[storage]: {e}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
@@ -50,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.extra = extra
     ctx = make_context(args)
     try:
+        apply_storage_settings(ctx)
         return args.func(args, ctx)
     except CliError as e:
         ctx.out.flush()

@@ -79,15 +79,16 @@ class ShippedFiles:
         if not staging_dir:
             return {name: _resource(str(path), kind, path.stat().st_size, path.stat().st_mtime)
                     for name, (path, kind) in self.files.items()}
-        try:
-            durable_storage.validate(staging_dir)
+        try:    # an object store's bucket must be there and these credentials good: exit 2 if not
+            durable_storage.check_reachable(staging_dir)
         except durable_storage.DurableStorageError as e:
             raise UsageError(f"staging_dir: {e}") from None
         target = durable_storage.join(staging_dir, user, app_id)
         try:
             return _upload(target, self.files)
-        except OSError as e:
-            raise OperationFailed(f"could not upload the job's files to {target}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - OSError, or an object store client's own errors
+            raise OperationFailed(f"could not upload the job's files to {target}: "
+                                  f"{durable_storage.describe_error(e)}") from None
 
 
 def _resource(url: str, kind: str, size: int, mtime_s: float) -> LocalResource:

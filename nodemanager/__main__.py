@@ -5,7 +5,7 @@ import argparse
 import sys
 from typing import Optional
 
-from protocol import config as pconfig
+from protocol import config as pconfig, storage_settings
 from protocol.daemon import run_daemon, setup_logging
 
 from . import node_settings
@@ -49,6 +49,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                             cgroups=args.cgroups, heartbeat_interval_ms=args.heartbeat_interval_ms,
                             cpu_limit_cores=args.cpu_limit_cores, container_shells=args.container_shells)
         cluster = pconfig.load_cluster(args.cluster_config)
+        # [storage]: the object store's settings, for this NM's localizer and every container's env
+        storage_settings.apply(pconfig.load_storage(args.cluster_config))
         node_settings.validate(cfg, cluster)
         nm = NodeManager(cfg, cluster, ready_file=args.ready_file)
         nm.bind()

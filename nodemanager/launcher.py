@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from protocol import container_env as cenv
+from protocol import container_env as cenv, storage_settings
 from protocol.zygote_wire import CGROUP_JOIN_FAILED_EXIT
 from protocol.internal_api import LaunchContext
 
@@ -56,8 +56,10 @@ def python_bin_dir() -> str:
 
 
 def build_env(spec: LaunchSpec, ctx: LaunchContext) -> dict[str, str]:
-    """Inherited basics, then the launch context's environment, then the names the NM owns."""
+    """Inherited basics and the object store's settings (protocol.storage_settings), then the
+    launch context's environment, then the names the NM owns."""
     env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+    env.update(storage_settings.forwarded())    # the object store's endpoint and credentials
     env.update({k: v.replace(LOG_DIR_MARK, spec.log_dir) for k, v in ctx.environment.items()})
     path = env.get("PATH") or os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
     env["PATH"] = python_bin_dir() + os.pathsep + path

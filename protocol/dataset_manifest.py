@@ -14,6 +14,7 @@ import os
 from typing import Annotated, Any, Mapping
 
 import msgspec
+from protocol import durable_storage
 from protocol.errors import AppError
 
 FORMAT_NAME = "elastane-dataset"
@@ -137,16 +138,28 @@ def load_manifest(path: str, field: str = "path") -> DatasetManifest:
     """Read and check `<path>/dataset.json`; DatasetError (field `field`) says what is wrong."""
     if not isinstance(path, str) or not path:
         raise DatasetError(field, f"must be a non-empty string, got {path!r}")
-    if not os.path.isabs(path):
-        raise DatasetError(field, f"{path!r} must be an absolute path (it is read on every node)")
-    if not os.path.isdir(path):
-        raise DatasetError(field, f"{path!r} is not a directory (it must be readable on every node)")
-    where = os.path.join(path, MANIFEST_NAME)
-    try:
-        with open(where, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise DatasetError(field, f"cannot read {where}: {e.strerror or e}") from None
+    local = durable_storage.local_path(path)
+    if local is None:   # an object store (s3://bucket/dataset): every node reads it there
+        try:
+            durable_storage.check_reachable(path)
+        except durable_storage.DurableStorageError as e:
+            raise DatasetError(field, str(e)) from None
+        where = durable_storage.join(path, MANIFEST_NAME)
+        try:
+            raw = durable_storage.read_url(where)
+        except Exception as e:  # noqa: BLE001 - an object store's client raises its own errors
+            raise DatasetError(field, f"cannot read {where}: {durable_storage.describe_error(e)}") from None
+    else:
+        if not os.path.isabs(local):
+            raise DatasetError(field, f"{path!r} must be an absolute path (it is read on every node)")
+        if not os.path.isdir(local):
+            raise DatasetError(field, f"{path!r} is not a directory (it must be readable on every node)")
+        where = os.path.join(local, MANIFEST_NAME)
+        try:
+            with open(where, "rb") as f:
+                raw = f.read()
+        except OSError as e:
+            raise DatasetError(field, f"cannot read {where}: {e.strerror or e}") from None
     try:
         m = msgspec.json.decode(raw, type=DatasetManifest, strict=True)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:

@@ -69,6 +69,75 @@ def validate(url: str) -> None:
         raise DurableStorageError(f"{url!r}: no fsspec filesystem implements the scheme {scheme}://") from None
 
 
+# Schemes whose first path component is a bucket (container) that must exist before anything is
+# written under it, and whose access a client's credentials decide: what `check_reachable` probes.
+BUCKET_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+
+
+def bucket_of(url: str) -> str | None:
+    """"s3://bucket" for a URL of a `BUCKET_SCHEMES` store, else None."""
+    scheme = _scheme(url)
+    if scheme not in BUCKET_SCHEMES:
+        return None
+    return f"{scheme}://" + url.split("://", 1)[1].strip("/").split("/", 1)[0]
+
+
+def check_reachable(url: str) -> None:
+    """For an object-store URL (`BUCKET_SCHEMES`): its bucket exists and this process's
+    credentials may use it, else DurableStorageError naming the URL and what is wrong (a missing
+    bucket, access denied, an endpoint that does not answer). Nothing is checked for other
+    locations: a path may be a mount only the nodes have, and a prefix in a bucket need not exist
+    yet (writers create it). One request (the bucket's head) per call."""
+    validate(url)
+    scheme = _scheme(url)
+    if scheme not in BUCKET_SCHEMES:
+        return
+    try:
+        fs, path = _fsspec().core.url_to_fs(url)
+    except (ImportError, ValueError) as e:
+        raise DurableStorageError(f"{url!r}: {e}") from None
+    bucket = str(path).strip("/").split("/", 1)[0]
+    if not bucket:
+        raise DurableStorageError(f"{url!r} names no bucket: use {scheme}://BUCKET/prefix")
+    try:
+        fs.info(bucket)
+    except FileNotFoundError:
+        raise DurableStorageError(f"{url!r}: the bucket {bucket!r} does not exist") from None
+    except PermissionError as e:
+        raise DurableStorageError(f"{url!r}: access to the bucket {bucket!r} is denied ({e}): check the "
+                                  f"credentials ([storage] in cluster.toml or AWS_ACCESS_KEY_ID / "
+                                  f"AWS_SECRET_ACCESS_KEY)") from None
+    except Exception as e:  # noqa: BLE001 - botocore's connection errors are not OSErrors
+        raise DurableStorageError(f"{url!r}: cannot reach the object store: {e}") from None
+
+
+def describe_error(e: BaseException) -> str:
+    """Why reading or writing a location failed, for a message that names the location: an OS
+    error's own words, and for an object store a missing object or denied access said so (its
+    client's message is often just "Forbidden")."""
+    if isinstance(e, OSError) and e.strerror:
+        return str(e.strerror)
+    if isinstance(e, PermissionError):
+        return f"access denied ({e}): check the object store credentials"
+    if isinstance(e, FileNotFoundError):
+        return "no such file or object"
+    return str(e) or type(e).__name__
+
+
+def read_url(url: str) -> bytes:
+    """The whole contents of the file a path, `file://` URL or fsspec URL names (OSError if it
+    cannot be read; for object stores also whatever their client raises)."""
+    path = local_path(url)
+    if path is not None:
+        with open(path, "rb") as f:
+            return f.read()
+    try:
+        fs, remote = _fsspec().core.url_to_fs(url)
+    except (ImportError, ValueError) as e:
+        raise DurableStorageError(f"{url!r}: {e}") from None
+    return bytes(fs.cat_file(remote))
+
+
 def join(url: str, *names: str) -> str:
     """`url` with `names` appended as path components (a URL keeps its scheme and slashes)."""
     path = local_path(url)

@@ -384,5 +384,33 @@ def validate(obj: Any) -> PSJobSpec:
     return spec
 
 
+def storage_locations(spec: PSJobSpec) -> list[tuple[str, str]]:
+    """(field, URL) of every location the job reads or writes: output, init_from, data.path and
+    each shipped resource."""
+    path = spec.data.get("path")
+    found = [("output", spec.output), ("init_from", spec.init_from),
+             ("data.path", path if isinstance(path, str) else ""),
+             *((f"resources.{name}.resource", r.resource) for name, r in spec.resources.items())]
+    return [(field, url) for field, url in found if url]
+
+
+def check_storage(spec: PSJobSpec) -> None:
+    """Every object-store location of the job (s3://...) has a bucket that exists and that this
+    process's credentials reach (durable_storage.check_reachable: one request per bucket);
+    JobSpecError naming the field and the URL if not. What the RM checks at submission, with the
+    cluster's own storage settings, so that a wrong key or a missing bucket is a 400 then rather
+    than a failed job later; not part of `validate`, which readers of a stored spec run too."""
+    probed: set[str] = set()
+    for field, url in storage_locations(spec):
+        bucket = durable_storage.bucket_of(url)
+        if bucket is None or bucket in probed:
+            continue
+        try:
+            durable_storage.check_reachable(url)
+        except durable_storage.DurableStorageError as e:
+            raise JobSpecError(field, str(e)) from None
+        probed.add(bucket)
+
+
 __all__ = ["APPLICATION_TYPE", "AM_COMMAND", "ELASTANE_FIELD", "JobSpecError", "PRESET_NAMES", "PSJobSpec",
-           "PS_SPEC_ENV", "USER_APP", "CruiseOptions", "validate"]
+           "PS_SPEC_ENV", "USER_APP", "CruiseOptions", "check_storage", "storage_locations", "validate"]

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from protocol import config as config_mod
+from protocol import config as config_mod, storage_settings
 from protocol.daemon import run_daemon, setup_logging
-from protocol.durable_storage import write_atomic
+from protocol.durable_storage import DurableStorageError, check_reachable, write_atomic
 
 from . import policies
 
@@ -75,6 +75,14 @@ def load_configs(args: argparse.Namespace) -> tuple[config_mod.RMConfig, config_
     if args.cluster_config and not Path(args.cluster_config).exists():
         raise config_mod.ConfigError(f"--cluster-config: {args.cluster_config} does not exist")
     cluster = config_mod.load_cluster(cluster_path)
+    # [storage]: the object store's settings, for the RM's own checks and reads (init_from, URLs
+    # at submission) -- exported before checkpoint_dir is probed with them
+    storage_settings.apply(config_mod.load_storage(cluster_path))
+    if cfg.checkpoint_dir:
+        try:    # an object store's bucket must exist and let these credentials in (one request)
+            check_reachable(cfg.checkpoint_dir)
+        except DurableStorageError as e:
+            raise config_mod.ConfigError(f"checkpoint_dir: {e}") from None
     if not cluster.secret:
         secret = config_mod.ensure_secret(cluster_path)
         cluster = config_mod.merge(cluster, secret=secret)

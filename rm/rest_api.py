@@ -1,6 +1,7 @@
 """YARN's RM REST API (`/ws/v1/cluster/...`): same paths, field names, states and error bodies."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import logging
@@ -198,7 +199,8 @@ class ClientApi:
     async def submit(self, request: web.Request) -> web.Response:
         user = self.user(request)
         ctx = await read_json(request, SubmissionContext)
-        sub = validate(ctx)
+        # In a thread: a job's object-store locations are probed over the network (submission.validate).
+        sub = await asyncio.to_thread(validate, ctx)
         self.rm.submit(user, sub)
         location = f"{request.url.origin()}{BASE}/apps/{sub.app_id}"
         return web.Response(status=202, headers={"Location": location})

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import msgspec
 import numpy as np
 
+from protocol import durable_storage
 from protocol.durable_storage import write_atomic
 from protocol.dataset_manifest import (BLOCK_ARRAYS, DIMENSION_FIELDS, ENTRY_ARRAYS, FORMAT_NAME, FORMAT_VERSION, INDEX_BOUNDS,
                                        MANIFEST_NAME, ROW_ARRAYS, BlockEntry, DatasetManifest, check_manifest)
@@ -74,12 +75,11 @@ def read_block(directory: str, manifest: DatasetManifest, part: str, index: int,
     """Load block `index` of `part` ("train" / "heldout") as a DataBlock, checking it against the
     manifest (checksum, arrays, rows) and `bounds` (the data spec's dimensions)."""
     entry = getattr(manifest, part)[index]
-    where = os.path.join(directory, entry.file)
+    where = durable_storage.join(directory, *entry.file.split("/"))   # a path, or a URL (s3://...)
     try:
-        with open(where, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise DatasetFileError(f"{where}: cannot read block file: {e.strerror or e}") from None
+        raw = durable_storage.read_url(where)
+    except Exception as e:  # noqa: BLE001 - an object store's client raises its own errors
+        raise DatasetFileError(f"{where}: cannot read block file: {durable_storage.describe_error(e)}") from None
     if hashlib.sha256(raw).hexdigest() != entry.sha256:
         raise DatasetFileError(f"{where}: damaged block file (sha256 differs from {MANIFEST_NAME})")
     try:
