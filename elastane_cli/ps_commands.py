@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
+import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import aiohttp
 import msgspec
@@ -278,7 +281,8 @@ def _draw_the_end(bar: ProgressBar, app: dict[str, Any], last: PsStatus | None, 
         history = [EpochPoint(done - 1, float(parsed[0]), 0.0, 0.0)] if done > 0 else []
     except ValueError:
         history = []
-    bar.update(EpochProgress(phase=str(app.get("state")), epochs_done=done, max_epochs=max(max_epochs, done),
+    limit = (last.max_epochs if last is not None else None) or max_epochs
+    bar.update(EpochProgress(phase=str(app.get("state")), epochs_done=done, max_epochs=max(limit, done),
                              history=history))
 
 
@@ -289,7 +293,8 @@ def _near_the_end(status: PsStatus | None, max_epochs: int) -> bool:
         return False
     if status.state in AM_ENDING_PHASES:
         return True
-    return bool(max_epochs) and (status.epoch or 0) >= max_epochs - 1
+    limit = status.max_epochs or max_epochs     # the AM's app's own, else what this client knew
+    return bool(limit) and (status.epoch or 0) >= limit - 1
 
 
 # ----- a user's app ----------------------------------------------------------------------------
@@ -306,26 +311,48 @@ def cluster_staging_dir(ctx: CliContext) -> str | None:
     return cfg.staging_dir or None
 
 
-def check_user_app(spec: ps_job_spec.PSJobSpec, shipped: ShippedFiles, ctx: CliContext) -> None:
+@contextlib.contextmanager
+def shipped_working_dir(shipped: ShippedFiles) -> Iterator[None]:
+    """The block runs in a directory where the shipped files are linked by their link names, as
+    in the job's containers: an app that opens its data file by a relative name finds it here."""
+    from elastane.model_output import in_job_dir  # noqa: PLC0415 (user apps only)
+
+    with tempfile.TemporaryDirectory(prefix="elastane-submit-") as d:
+        for link, (path, kind) in shipped.files.items():
+            if kind == "FILE":
+                os.symlink(path.resolve(), os.path.join(d, link))
+        with in_job_dir(Path(d)):
+            yield
+
+
+def check_user_app(spec: ps_job_spec.PSJobSpec, shipped: ShippedFiles, ctx: CliContext) -> Any:
     """Validate a `module:Class` job with the app's own types where this client has its code (the
     --py-files' dirs, or sys.path): UsageError naming what is wrong. Without the code here the
-    AM checks it when it starts."""
+    AM checks it when it starts. Returns the app built (None without its code): what the progress
+    takes its epoch limit from."""
     from psruntime.apps.base import AppConfigError  # noqa: PLC0415 (user apps only)
     from psruntime.apps.registry import UserCodeError, create_job_app  # noqa: PLC0415
 
     module = spec.app.split(":", 1)[0]
-    with importable(shipped.module_dirs()):
+    with importable(shipped.module_dirs()), shipped_working_dir(shipped):
         if importlib.util.find_spec(module.split(".", 1)[0]) is None:
             ctx.err.write(f"elastane: note: module {module!r} is not here to check the job with; "
                           "the AM checks it when it starts\n")
-            return
+            return None
         try:
             app = create_job_app(spec)
         except (AppConfigError, UserCodeError) as e:
             raise UsageError(f"invalid PS job spec: {e}") from None
-        if spec.workers > app.num_blocks:
+        try:
+            blocks = app.num_blocks
+        except Exception as e:  # noqa: BLE001 - the app's reader: its data may be where only the cluster reads
+            ctx.err.write(f"elastane: note: {spec.app} cannot size its data here ({type(e).__name__}: {e}); "
+                          "the AM checks it when it starts\n")
+            return app
+        if spec.workers > blocks:
             raise UsageError(f"invalid PS job spec: workers: {spec.workers} workers but the {spec.app} data has "
-                             f"only {app.num_blocks} input blocks; lower workers or data.rows_per_block")
+                             f"only {blocks} input blocks; lower workers or data.rows_per_block")
+    return app
 
 
 # ----- reports ---------------------------------------------------------------------------------
@@ -333,8 +360,8 @@ def check_user_app(spec: ps_job_spec.PSJobSpec, shipped: ShippedFiles, ctx: CliC
 def cmd_submit(args: argparse.Namespace, ctx: CliContext) -> int:
     spec = validate_spec(*spec_from_args(args))
     shipped = ShippedFiles.from_flags(args.py_files, args.files, args.archives)
-    if spec.is_user_app:
-        check_user_app(spec, shipped, ctx)
+    app = check_user_app(spec, shipped, ctx) if spec.is_user_app else None
+    max_epochs = max_epochs_of(spec, app)
     staging_dir = args.staging_dir if args.staging_dir is not None else cluster_staging_dir(ctx)
     name = args.name or f"ps-{spec.app.replace(':', '.')}-{spec.preset}"
 
@@ -346,7 +373,7 @@ def cmd_submit(args: argparse.Namespace, ctx: CliContext) -> int:
             ctx.out.flush()
             if not args.wait:
                 return EXIT_OK
-            result = await watch_ps_job(c, app_id, ProgressBar(ctx.out), max_epochs_of(spec))
+            result = await watch_ps_job(c, app_id, ProgressBar(ctx.out), max_epochs)
             ctx.out.write(render_key_values(final_report(result)) + "\n")
             return EXIT_OK if result.app.get("finalStatus") == "SUCCEEDED" else EXIT_FAILED
     try:

@@ -31,22 +31,30 @@ STOP_CRITERION = re.compile(r"after \d+ epochs \((?P<criterion>.*?); initial ")
 VS_TRUE_MODEL = re.compile(r"; (?P<quality>\S+ \S+ vs true model \S+ \((?:meets|misses) [^)]*\))")
 
 
-def max_epochs_of(spec_json: Any) -> int:
-    """The epoch limit a spec runs to: max_epochs, else hparams.max_epochs, else the app's default."""
+def max_epochs_of(spec_json: Any, app: Any = None) -> int:
+    """The epoch limit a spec runs to: max_epochs, else hparams.max_epochs, else the app's default
+    -- a built-in app's from its schema, a user's from `app` (its class built with the spec's
+    hyper-parameters, where this client has its code); 0 when unknown here."""
+    own = getattr(getattr(app, "hparams", None), "max_epochs", None)
+    if isinstance(own, int) and not isinstance(own, bool):
+        return own
     try:
         spec = ps_job_spec.validate(spec_json)
+        if spec.is_user_app:
+            return spec.max_epochs or int(spec.hparams.get("max_epochs", 0) or 0)
         hp = msgspec.convert(spec.app_hparams(), APP_SCHEMAS[spec.app].hparams, strict=True)
         return int(hp.max_epochs)  # type: ignore[attr-defined]
-    except (ps_job_spec.JobSpecError, msgspec.ValidationError, KeyError, AttributeError):
+    except (ps_job_spec.JobSpecError, msgspec.ValidationError, KeyError, AttributeError, TypeError, ValueError):
         return 0
 
 
 def progress_from_status(status: PsStatus, max_epochs: int = 0) -> EpochProgress:
-    """The progress bar's view of the AM's /status answer."""
+    """The progress bar's view of the AM's /status answer: the epoch limit is the one the AM's app
+    trains to (a user's app included), else `max_epochs` as the client knew it."""
     history = [EpochPoint(h.epoch, h.objective, h.epoch_time_s, h.time)
                for h in status.objective_history if h.objective is not None]
     done = status.epoch or len(history)
-    limit = max_epochs or max_epochs_of(status.spec) or done
+    limit = status.max_epochs or max_epochs or max_epochs_of(status.spec) or done
     return EpochProgress(phase=status.state or "?", epochs_done=done, max_epochs=max(limit, done),
                          history=history, initial_objective=status.initial_objective,
                          converged=status.converged, heldout=heldout_short(status.heldout),
@@ -54,9 +62,11 @@ def progress_from_status(status: PsStatus, max_epochs: int = 0) -> EpochProgress
 
 
 def heldout_short(heldout: HeldoutStatus) -> str | None:
-    """`cross_entropy 0.6456 (true 0.4944)`: the latest held-out score of the AM's status."""
+    """`cross_entropy 0.6456 (true 0.4944)`: the latest held-out score of the AM's status. A user's
+    app that names no HELDOUT_METRIC: every metric its `evaluate` returned, by their own names."""
     if heldout.value is None:
-        return None
+        last = heldout.history[-1] if heldout.history else None
+        return _metrics_text(last.metrics) if last is not None and last.metrics else None
     true = heldout.true_model_value
     return f"{heldout.metric} {heldout.value:.4g}" + (f" (true {true:.4g})" if true is not None else "")
 
@@ -65,7 +75,7 @@ def heldout_text(heldout: HeldoutStatus) -> str:
     """The held-out line of `ps status`: latest score, epoch, the true model's, the best so far."""
     short = heldout_short(heldout)
     if short is None:
-        every = "" if heldout.metric is None else f" ({heldout.metric})"
+        every = f" ({heldout.metric})" if heldout.metric else ""
         return f"not scored yet{every}"
     text = f"{short} after epoch {(heldout.epoch or 0) + 1}"
     best = heldout.best

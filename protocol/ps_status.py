@@ -228,6 +228,9 @@ class PsStatus(msgspec.Struct, kw_only=True):
     shape: Optional[ShapeStatus] = None
     num_blocks: Optional[int] = None
     epoch: Optional[int] = None
+    # The epoch limit the job's app trains to (its hyper-parameters' max_epochs, the job's own over
+    # the class's preset): the CLI's progress needs it for a user's app, whose class it may not have.
+    max_epochs: Optional[int] = None
     converged: bool = False
     initial_objective: Optional[float] = None
     objective_history: list[EpochResult] = []

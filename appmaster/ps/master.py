@@ -167,7 +167,8 @@ class PSApplicationMaster:
             "spec": self.spec.to_json(), "started": self.started,
             "shape": self.pool.shape_status(), "num_blocks": self.spec.num_blocks,
             "table_version": self.training.placement.version,
-            "epoch": self.training.loop.epochs_done, "converged": self.training.loop.converged,
+            "epoch": self.training.loop.epochs_done, "max_epochs": self.max_epochs(),
+            "converged": self.training.loop.converged,
             "clocks": self.training.loop.clocks_done, "clock_batches": self.training.loop.pacer.batches,
             "initial_objective": self.metrics.initial_objective,
             "objective_history": [e.result() for e in self.metrics.epochs],
@@ -185,6 +186,11 @@ class PSApplicationMaster:
             "suspension": self.suspension.status(), "spill": spill_status(self.pool.live()),
             "stragglers": self.stragglers.status_json(),
         }
+
+    def max_epochs(self) -> Optional[int]:
+        """The app's epoch limit (its hyper-parameters' max_epochs), None for an app without one."""
+        limit = getattr(self.app.hparams, "max_epochs", None)
+        return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
 
     async def request_scale(self, workers: int, servers: int) -> list[ResizeReply]:
         """POST /scale: a relative change of workers and servers with EPS's functions, or one

@@ -17,6 +17,7 @@ from elastane_cli import main as cli
 from elastane_cli import ps_commands, ps_reports
 from protocol.ps_status import HeldoutStatus, decode_status
 from elastane_cli.progress_bar import EpochPoint, EpochProgress, ProgressBar, format_progress
+from elastane_cli.tables import format_duration
 from threaded_http import serve_routes
 
 APP = "application_1700000000000_0001"
@@ -252,6 +253,42 @@ def test_status_of_a_running_job_shows_shape_executors_and_history(fake: FakePsC
     assert rows["worker-0"][5:] == ["101.5", "1.500", "0.000", "0-2,4"]
     epochs = [ln.split() for ln in out.split("Recent epochs:")[1].splitlines()[2:]]
     assert epochs == [["1", "0.333333", "0.250s"], ["2", "0.25", "0.250s"]]
+
+
+def user_app_status(epochs: int, max_epochs: int | None) -> dict[str, Any]:
+    """A user app's AM status: its spec names no epoch limit (the class's HParams default does)."""
+    heldout = {"metric": "", "value": None, "epoch": epochs - 1,
+               "history": [{"epoch": epochs - 1, "value": None, "objective": 0.3, "metrics": {"rmse": 0.125}}]}
+    return {**am_status("TRAINING", epochs), "app": "mymodel:MyApp", "max_epochs": max_epochs, "heldout": heldout,
+            "spec": {"app": "mymodel:MyApp", "workers": 2, "servers": 1, "preset": "tiny", "sync": "bsp"}}
+
+
+def test_status_of_a_user_app_takes_its_epoch_limit_and_metrics_from_the_am(
+        fake: FakePsCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.script = [("RUNNING", user_app_status(49, 300))]
+    code, out, err = run(["--rm", f"http://{fake.address}", "ps", "status", APP], capsys)
+    assert code == 0, err
+    report = kv(out)
+    assert report["Epoch"] == "49/300"
+    # 251 epochs left at 1.000s of wall time each
+    assert report["ETA"] == f"<= {format_duration(251.0)}"
+    assert report["Held-Out"] == "rmse 0.125 after epoch 49"
+    line = format_progress(ps_reports.progress_from_status(decode_status(user_app_status(49, 300))))
+    assert "epoch  49/300" in line and "held-out rmse 0.125" in line and "ETA <=4m11s" in line
+    # An older AM that does not say: the limit the client knew (its copy of the app class), else the spec's
+    assert ps_reports.progress_from_status(decode_status(user_app_status(49, None)), 300).max_epochs == 300
+    spec = {"app": "mymodel:MyApp", "max_epochs": 120}
+    assert ps_reports.max_epochs_of(spec) == 120
+    assert ps_reports.max_epochs_of({"app": "mymodel:MyApp", "hparams": {"max_epochs": 80}}) == 80
+    assert ps_reports.max_epochs_of({"app": "mymodel:MyApp"}) == 0    # unknown here without the class
+
+    class HParams:
+        max_epochs = 300
+
+    class App:
+        hparams = HParams()
+
+    assert ps_reports.max_epochs_of({"app": "mymodel:MyApp"}, App()) == 300
 
 
 def test_status_of_an_ended_job_shows_what_the_rm_knows(fake: FakePsCluster,
