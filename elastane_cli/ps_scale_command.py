@@ -5,9 +5,12 @@ limits from the AM's readable /status (once no other change runs), turns the rel
 the absolute target, and PUTs it to the RM (PUT /ws/v1/cluster/apps/{id}/shape: the app ACL
 applies, so only the owner or an admin may). The AM carries the
 directive out on its next heartbeat with EPS's functions, without restarting the job; the command
-waits until it has, then prints one line per EPS function called, from the AM's shape history
-(`ps_reports.shape_change`): what it did, the shape before -> after, how long it took, what it
-moved and how long training waited.
+waits until it has -- and until the RM's record of the job (GET .../shape, what `app status` and
+the web UI show) has the new shape: the AM reports it on its next heartbeat, which it sends at
+once when a change ends, so that a YARN user who reads the app back after the command returns
+sees the shape the command made, never the one before it. Then it prints one line per EPS
+function called, from the AM's shape history (`ps_reports.shape_change`): what it did, the shape
+before -> after, how long it took, what it moved and how long training waited.
 Exit codes: 0 done, 2 an impossible change or bad usage, 1 the change failed, was refused (403)
 or the RM / AM cannot be reached.
 """
@@ -111,6 +114,15 @@ def _outcome(status: PsStatus, version: int) -> DirectiveRecord | None:
     return None
 
 
+def rm_has_shape(shape: dict[str, Any], version: int) -> bool:
+    """Whether the RM's record of the job (the report its AM last sent, GET .../shape's `current`)
+    is the shape after directive `version`: the AM acted on it (or on a later one) and no change
+    was running when it reported."""
+    current = shape.get("current") or {}
+    applied = current.get("directive_version")
+    return isinstance(applied, int) and applied >= version and not current.get("changing", False)
+
+
 async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
                     timeout_s: float = SCALE_TIMEOUT_S) -> list[ShapeChange]:
     async with RmRestClient(ctx.rm_url, ctx.user) as rm:
@@ -145,10 +157,15 @@ async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
                                           f"within {timeout_s:.0f}s")
                 await asyncio.sleep(POLL_S)
                 status = await _am_status(am, url)
+            if outcome.error:
+                raise OperationFailed(f"the scale failed: {outcome.error}")
+            while not rm_has_shape(await rm.app_shape(app_id), version):
+                if loop.time() > deadline:
+                    raise OperationFailed(f"the job reached its new shape, but the RM has not heard of it "
+                                          f"within {timeout_s:.0f}s")
+                await asyncio.sleep(POLL_S)
         finally:
             await am.close()
-    if outcome.error:
-        raise OperationFailed(f"the scale failed: {outcome.error}")
     return decode_history(status.shape_history)[seen:]
 
 

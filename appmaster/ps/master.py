@@ -531,6 +531,8 @@ class PSApplicationMaster:
         else:
             self.progress.change_ended(time.time())
         self._publish_shape()
+        if not running:     # the RM's record of the job (what `ps scale` waits for) gets the new shape now
+            self.am.heartbeat_now()
 
     async def _poll_status(self) -> None:
         while True:

@@ -182,6 +182,9 @@ def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
     assert cli(["ps", "scale", app_id, "--servers", "+1", "--rm", cluster.rm_url, "--user", "alice"]) == 0
     out = capsys.readouterr().out
     assert "add_servers" in out and "4 model blocks" in out, out
+    # ... and returns once the RM's record of the job has the new shape (what `app status` shows)
+    current = rest(cluster.rm_url, "GET", f"/ws/v1/cluster/apps/{app_id}/shape")["shape"]["current"]
+    assert (current["workers"], current["servers"], current["changing"]) == (3, 3, False), current
     status = http(url + "/status")[1]
     add_s = status["eps"]["history"][-1]
     audit_block = block_of("eps:minibatches", SPEC["blocks"])

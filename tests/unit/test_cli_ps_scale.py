@@ -46,9 +46,20 @@ class FakeRmAndAm:
     """The RM's app and shape endpoints and, at /am/status, the AM's status: a 2-worker, 1-server
     job that, once the RM has its directive, reports the directive done and the change it made."""
 
-    def __init__(self) -> None:
+    def __init__(self, rm_lag: int = 0) -> None:
         self.address = ""
         self.put: dict[str, Any] | None = None
+        # The RM's record of the job lags: its AM's report after the change arrives only after the
+        # RM's shape has been read `rm_lag` times since the change ended.
+        self.rm_lag = rm_lag
+        self.rm_reads: list[dict[str, Any]] = []
+
+    def rm_shape(self) -> dict[str, Any]:
+        done = self.put is not None and len(self.rm_reads) >= self.rm_lag
+        current = {"workers": 4 if done else 2, "servers": 1, "directive_version": 1 if done else 0,
+                   "changing": False}
+        self.rm_reads.append(current)
+        return {"shape": {"appId": APP, "current": current}}
 
     def status(self) -> dict[str, Any]:
         executors = ([{"id": f"worker-{i}", "role": "worker", "state": "READY"} for i in range(4 if self.put else 2)]
@@ -70,6 +81,8 @@ class FakeRmAndAm:
             self.put = body
             return 200, {"shape": {"directive": {"version": 1, "workers": body["workers"],
                                                  "servers": body["servers"]}}}
+        if method == "GET" and path == f"{APPS}/{APP}/shape":
+            return 200, self.rm_shape()
         if method == "GET" and path == "/am/status":
             return 200, self.status()
         return 404, None
@@ -89,3 +102,23 @@ def test_scale_prints_the_change_the_am_made(capsys: pytest.CaptureFixture[str],
     assert header == ["FUNCTION", "N", "WORKERS/SERVERS", "TOOK", "MOVED", "TRAINING-WAITED", "CONTAINERS"]
     assert row == ["add_workers", "2", "2/1", "->", "4/1", "1.23s", "6", "splits", "0.042s", "+2"]
     assert "None" not in out
+
+
+def test_scale_returns_once_the_rms_record_has_the_new_shape(capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The AM is done before the RM has heard of it: the command waits for the RM's record, so the
+    app read back after it returns has the new shape."""
+    monkeypatch.setattr(ps_scale_command, "POLL_S", 0.01)
+    fake = FakeRmAndAm(rm_lag=3)
+    with serve_routes(fake.route, ("GET", "PUT")) as address:
+        fake.address = address
+        code = cli.main(["--rm", f"http://{address}", "ps", "scale", APP, "--workers", "+2"])
+        after = fake.rm_shape()["shape"]["current"]
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert [r["workers"] for r in fake.rm_reads[:3]] == [2, 2, 2]     # read while the RM lagged ...
+    assert fake.rm_reads[3]["workers"] == 4 and after["workers"] == 4  # ... and returned on the new shape
+    assert len(fake.rm_reads) == 5                                   # the command's 4 reads and ours
+    assert not ps_scale_command.rm_has_shape({"current": {"directive_version": 1, "changing": True}}, 1)
+    assert not ps_scale_command.rm_has_shape({"current": None}, 1)
+    assert ps_scale_command.rm_has_shape({"current": {"directive_version": 2, "changing": False}}, 1)
