@@ -258,6 +258,23 @@ class ShapeDirective(_Msg):
     executor_resource: Optional[Resource] = None
 
 
+class PreemptionContainer(_Msg):
+    """A container the RM will kill (YARN's PreemptionContainer in a StrictPreemptionContract)."""
+
+    container_id: str
+    resource: Resource
+
+
+class PreemptionMessage(_Msg):
+    """YARN's PreemptionMessage, strict contract only: the RM takes these containers back at
+    `deadline_ms` (epoch ms) unless the AM releases them first; `reason` says which queue's
+    guarantee needs them. Sent with every allocate response while the warning stands."""
+
+    containers: list[PreemptionContainer]
+    deadline_ms: int
+    reason: str = ""
+
+
 class AllocateRequest(_Msg):
     response_id: int
     asks: list[ResourceAsk] = []
@@ -283,6 +300,9 @@ class AllocateResponse(_Msg):
     num_cluster_nodes: int = 0
     shape_directive: Optional[ShapeDirective] = None
     action: str = "NORMAL"       # "NORMAL" | "RESYNC" | "SHUTDOWN" (app killed / attempt failed)
+    # Containers the RM will preempt unless the AM gives them back first (capacity preemption,
+    # rm/policies/queue_reclaim.py); None: none.
+    preemption: Optional[PreemptionMessage] = None
 
 
 class AmFinishRequest(_Msg):

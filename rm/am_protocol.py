@@ -46,6 +46,7 @@ class AmProtocol:
     policy_places_new_jobs: bool
     _am_live: OrderedDict[str, float]
     _am_node_wait: dict[str, float]
+    preemption_notices: dict[str, api.PreemptionMessage]
 
     if TYPE_CHECKING:  # implemented by ResourceManagerCore (rm/core.py)
         def _app_event(self, app: App, ev: AppEvent) -> None: ...
@@ -161,6 +162,7 @@ class AmProtocol:
             num_cluster_nodes=len(self.nodes.running),
         )
         at.to_deliver, at.completed, at.updated_nodes = [], [], []
+        resp.preemption = self.preemption_notices.get(app.app_id)
         if app.directive is not None and app.directive_version > app.delivered_directive_version:
             resp.shape_directive = app.directive
             app.delivered_directive_version = app.directive_version

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import msgspec
 
@@ -17,7 +17,7 @@ from protocol import ps_job_spec, tokens
 from protocol.ids import ApplicationId, AttemptId, ContainerId
 from protocol.config import ClusterConfig, RMConfig
 from protocol.nm_client import container_token_payload
-from protocol.records import AppState, AttemptState, ExitStatus, FinalStatus, NodeState, Resource
+from protocol.records import AppState, AttemptState, ContainerState, ExitStatus, FinalStatus, NodeState, Resource
 from protocol.remote_exception import BadRequest, NotFound
 
 from .am_limit import AM_LIMIT_DIAGNOSTICS
@@ -26,6 +26,9 @@ from .decision_log import DecisionLog
 from .model import AmSpec, App, Attempt, Container, Node
 from .nm_protocol import NmProtocol
 from .nodes import NodeTracker
+from .policies.queue_reclaim import ReclaimBook
+from .policies.queue_shares import QueueShare
+from .preemption_record import PreemptionRecord
 from .scheduler import GANG_DIAGNOSTICS, AskError, CapacityScheduler, Gang
 from .state_machines import (NOT_COUNTED, AppEvent, AttemptEvent, attempt_is_final, counts_toward_max_attempts,
                              next_app_state, next_attempt_state)
@@ -83,6 +86,13 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         # snapshot is stale (rm/policy_runner.py's finish_round drops it). Progress alone (epochs,
         # speeds, timings) does not count: a decision on a report one round old is as good.
         self.policy_version = 0
+        # Capacity preemption (rm/reclaim_runner.py): the reclaim's state between policy rounds, the
+        # queues' ideal shares it last computed, the preemption message each app's AM gets with its
+        # allocate responses while its containers are warned, and what was taken from each queue.
+        self.reclaim_book = ReclaimBook()
+        self.queue_shares: dict[str, QueueShare] = {}
+        self.preemption_notices: dict[str, api.PreemptionMessage] = {}
+        self.queue_preemption = {name: PreemptionRecord() for name in self.scheduler.queues}
         # Whether the RM's policy places new PS jobs before they start (set by the server from its
         # policy, rm/policies/base.py `places_new_jobs`); AMs learn it at registration.
         self.policy_places_new_jobs = False
@@ -237,6 +247,24 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self._app_event(app, AppEvent.KILL)
         self._app_done(app)
         return app
+
+    def preempt_containers(self, app_id: str, container_ids: Sequence[str], diagnostics: str) -> list[str]:
+        """Kill these non-AM containers of the app's current attempt for another queue (YARN's
+        preemption: exit status PREEMPTED, the AM told on its next allocate); the ones killed."""
+        app = self.apps.get(app_id)
+        at = self.attempts.get(app.current_attempt or "") if app is not None else None
+        if app is None or at is None or attempt_is_final(at.state):
+            return []
+        killed = []
+        for cid in container_ids:
+            c = self.containers.get(cid)
+            if c is None or c.is_am or c.attempt_id != at.attempt_id:
+                continue
+            self._release(c, cleanup_on_node=True)
+            at.completed.append(api.ContainerStatus(container_id=cid, state=ContainerState.COMPLETE.value,
+                                                    exit_status=ExitStatus.PREEMPTED, diagnostics=diagnostics))
+            killed.append(cid)
+        return killed
 
     def recover(self, app: App, attempts: list[Attempt]) -> None:
         """Restore an app from the state store after an RM restart. Finished apps are listed

@@ -8,6 +8,7 @@ from protocol import internal_api as api
 from protocol.job_report import JobReport
 from protocol.records import ZERO, AppState, AttemptState, FinalStatus, NodeState, Resource
 
+from .preemption_record import PreemptionRecord
 from .shape_history import ShapeHistory
 
 
@@ -165,6 +166,8 @@ class App:
     memory_seconds: float = 0.0
     vcore_seconds: float = 0.0
     nodes_used: set[str] = field(default_factory=set)
+    # What capacity preemption took back from it (rm/policies/queue_reclaim.py); in memory only.
+    preemption: PreemptionRecord = field(default_factory=PreemptionRecord)
 
     @property
     def current_attempt(self) -> Optional[str]:

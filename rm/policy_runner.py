@@ -21,6 +21,7 @@ from .core import ResourceManagerCore
 from .model import App
 from .policies import AppView, ClusterSnapshot, Decision, NodeView, Policy
 from .policies.snapshot import ps_job_view_of
+from .reclaim_runner import reclaim_and_guard
 
 
 def executors_of(core: ResourceManagerCore, app: App) -> tuple[NodePlacement, ...]:
@@ -105,8 +106,11 @@ def apply_decision(core: ResourceManagerCore, decision: Decision) -> int:
 
 
 def run_policy(core: ResourceManagerCore, policy: Policy) -> int:
-    """One policy round: decide on a fresh snapshot and store the directives; returns how many changed."""
-    return apply_decision(core, policy.decide(build_snapshot(core)))
+    """One policy round: decide on a fresh snapshot, run the capacity reclaim on the same snapshot
+    (rm/reclaim_runner.py: the Decision guarded, the reclaim's shrinks laid over it) and store the
+    directives; returns how many changed."""
+    snapshot = build_snapshot(core)
+    return apply_decision(core, reclaim_and_guard(core, snapshot, policy.decide(snapshot)))
 
 
 @dataclass(frozen=True)
@@ -145,8 +149,9 @@ def is_stale(core: ResourceManagerCore, rnd: PolicyRound) -> bool:
 
 
 def finish_round(core: ResourceManagerCore, rnd: PolicyRound, decision: Decision) -> Optional[int]:
-    """Apply `decision` if the core has not moved past `rnd`'s snapshot: how many directives
-    changed; None when it has (the Decision is dropped, nothing changes)."""
+    """Apply `decision` if the core has not moved past `rnd`'s snapshot, with the capacity reclaim
+    run on that snapshot (as `run_policy`): how many directives changed; None when it has moved
+    (the Decision is dropped, nothing changes)."""
     if is_stale(core, rnd):
         return None
-    return apply_decision(core, decision)
+    return apply_decision(core, reclaim_and_guard(core, rnd.snapshot, decision))

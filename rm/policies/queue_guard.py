@@ -1,0 +1,139 @@
+"""Policies keep the queues' promise: no Decision grows a job into capacity another queue is owed.
+
+Pure: `guard_decision(decision, snapshot, shares, held)` returns the Decision with every job
+growth cut to the room its queue may take -- the cluster's free room less what the other queues
+are owed (their ideal share above their use, rm/policies/queue_shares.py), plus whatever the same
+Decision frees in that queue (while no other queue is owed anything, growth is left to the
+scheduler's limits) -- and without any growth of a job the reclaim shrank lately (`held`:
+rm/policies/queue_reclaim.py's hold, so the reclaim and the policy do not undo each other). Shrinks
+and moves that add nothing pass untouched; a job's growth that is cut is trimmed (workers first,
+then servers, from the nodes the decision adds most to), or dropped when trimming cannot bring it
+within its room (the job keeps its current directive).
+
+It runs after every policy's decide (rm/reclaim_runner.py), so no policy needs to know queues.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional
+
+from protocol.internal_api import RunState
+from protocol.records import ZERO, Resource
+
+from .decision import Decision, JobDecision
+from .queue_reclaim import executor_size, held_shape, trim_placement
+from .queue_shares import QueueShare, owed_to_others
+from .snapshot import AppView, ClusterSnapshot
+
+
+@dataclass(frozen=True)
+class GuardCut:
+    """A job decision the guard cut: what the policy asked, what goes out (None: dropped), why."""
+
+    app_id: str
+    asked: tuple[int, int]
+    granted: Optional[tuple[int, int]]
+    reason: str
+
+
+def current_shape(app: AppView) -> tuple[int, int]:
+    """What the job is meant to have now: its directive's shape (none while paused), else the
+    larger of what it holds and what it was submitted with (those executors are already asked for)."""
+    d = app.directive
+    if d is not None:
+        return (0, 0) if d.run_state == RunState.PAUSE else (d.workers, d.servers)
+    w, s = held_shape(app)
+    if app.ps is not None:
+        return (max(w, app.ps.workers), max(s, app.ps.servers))
+    return (w, s)
+
+
+def _target(jd: JobDecision) -> tuple[int, int]:
+    return (0, 0) if jd.run_state == RunState.PAUSE else (jd.workers, jd.servers)
+
+
+def _fits(e: Resource, room: Resource) -> int:
+    """How many executors of size `e` fit in `room`."""
+    ks = [room.memory // e.memory if e.memory > 0 else None, room.vcores // e.vcores if e.vcores > 0 else None]
+    got = [k for k in ks if k is not None]
+    return max(0, min(got)) if got else 0
+
+
+def _trim(jd: JobDecision, cur: tuple[int, int], by: int) -> Optional[JobDecision]:
+    """`jd` with `by` fewer executors, taken from what it adds over `cur` (workers first); None if
+    it does not add that many."""
+    add_w, add_s = max(0, jd.workers - cur[0]), max(0, jd.servers - cur[1])
+    rw = min(by, add_w)
+    rs = by - rw
+    if rs > add_s:
+        return None
+    placement = jd.placement
+    if placement:
+        try:
+            placement = trim_placement(placement, rw, rs)
+        except ValueError:
+            return None
+    return JobDecision(jd.workers - rw, jd.servers - rs, placement, jd.group, jd.run_state, jd.reason,
+                       jd.executor_resource)
+
+
+def guard_decision(decision: Decision, snapshot: ClusterSnapshot, shares: Mapping[str, QueueShare],
+                   held: Callable[[str], bool] = lambda app_id: False) -> tuple[Decision, list[GuardCut]]:
+    """The Decision with growth into owed capacity (and growth of held jobs) cut; and the cuts."""
+    if not shares:
+        return decision, []
+    apps = {a.app_id: a for a in snapshot.apps}
+    used = sum((s.used for s in shares.values()), ZERO)
+    free = Resource(max(0, snapshot.total.memory - used.memory), max(0, snapshot.total.vcores - used.vcores))
+    freed: dict[str, Resource] = {}         # per queue: what this Decision's shrinks give back
+    grows: list[tuple[AppView, JobDecision, tuple[int, int], Resource]] = []
+    out: dict[str, JobDecision] = {}
+    for app_id, jd in decision.jobs.items():
+        app = apps.get(app_id)
+        if app is None or app.ps is None or app.queue not in shares:
+            out[app_id] = jd
+            continue
+        cur = current_shape(app)
+        net = sum(_target(jd)) - sum(cur)
+        e = jd.executor_resource or executor_size(app)
+        if net <= 0:
+            out[app_id] = jd
+            if net < 0:
+                freed[app.queue] = freed.get(app.queue, ZERO) + e.scale(-net)
+            continue
+        grows.append((app, jd, cur, e))
+    cuts: list[GuardCut] = []
+    taken = ZERO        # of `free`, granted to growths so far
+    for app, jd, cur, e in sorted(grows, key=lambda g: (g[0].submit_time, g[0].app_id)):
+        net = sum(_target(jd)) - sum(cur)
+        owed = owed_to_others(shares, app.queue)
+        if held(app.app_id):
+            allowed, why = 0, "held: shrunk for another queue lately"
+        elif owed == ZERO:
+            allowed, why = net, ""      # nobody is owed anything: the scheduler's limits are enough
+        else:
+            room_free = Resource(max(0, free.memory - taken.memory - owed.memory),
+                                 max(0, free.vcores - taken.vcores - owed.vcores))
+            pool = freed.get(app.queue, ZERO)
+            allowed = _fits(e, room_free + pool)
+            why = "the room left is owed to other queues"
+        if allowed >= net:
+            granted_jd: Optional[JobDecision] = jd
+        else:
+            granted_jd = _trim(jd, cur, net - allowed) if jd.run_state != RunState.RESUME or allowed > 0 else None
+            cuts.append(GuardCut(app.app_id, (jd.workers, jd.servers),
+                                 None if granted_jd is None else (granted_jd.workers, granted_jd.servers), why))
+        if granted_jd is None:
+            continue
+        got = e.scale(max(0, sum(_target(granted_jd)) - sum(cur)))
+        pool = freed.get(app.queue, ZERO)
+        from_pool = Resource(min(pool.memory, got.memory), min(pool.vcores, got.vcores))
+        freed[app.queue] = pool - from_pool
+        taken = taken + (got - from_pool)
+        if granted_jd.same_as(app.directive):
+            continue
+        out[app.app_id] = granted_jd
+    return Decision(out), cuts
+
+
+__all__ = ["GuardCut", "current_shape", "guard_decision"]

@@ -1,0 +1,478 @@
+"""Capacity preemption by elastic shrink: who gives back what a queue holds over its ideal share.
+
+Pure: `reclaim_round(book, inputs, settings, now)` takes the last round's `ReclaimBook`, the
+policy snapshot (plus each app's non-AM containers) and the time, and returns the next book and
+what to do -- directives that shrink elastic jobs, preemption messages to AMs, containers to kill.
+The RM applies them (rm/reclaim_runner.py); the simulator runs the same code through it.
+
+Each round (YARN's ProportionalCapacityPreemptionPolicy, with the shrink in front):
+  1. Targets already under way move on (`TRANSITIONS`): a shrink the job carried out is DONE; a
+     shrink not carried out within `max_wait_before_kill` falls back to a preemption message naming
+     containers (WARNED); named containers the AM gave back itself are DONE, those still held at
+     the next deadline are KILLED; a warning whose queue is no longer over its share is CANCELLED.
+  2. Every queue's ideal share (rm/policies/queue_shares.py). From each queue with something to
+     reclaim (most over its share first), less what is already being reclaimed from it, victims in
+     YARN's order: latest-submitted apps first, never an AM container. An elastic PS job that has
+     started and is above its minimum shape gets a directive to shrink toward that minimum (EPS
+     removes workers first, then servers, live); anything that cannot shrink -- a plain YARN app,
+     a PS job at its minimum, every job in "kill" mode -- has its latest containers named in a
+     preemption message and killed after the grace period unless the AM gives them back.
+  3. A job shrunk here is held: no policy grows it for `hold_rounds` rounds (queue_guard.py).
+
+`check_book` is the invariant checker (as nodemanager/arbiter.py's): what must never hold of a book.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping, Optional, Sequence
+
+from protocol.config import RMConfig
+from protocol.errors import StateError
+from protocol.internal_api import NodePlacement
+from protocol.records import ZERO, AppState, Resource
+from protocol.state_machine import TransitionTable
+
+from .decision import JobDecision
+from .queue_shares import QueueDemand, QueueShare, ideal_shares
+from .snapshot import AppView, ClusterSnapshot
+
+
+class ReclaimState(str, enum.Enum):
+    """Where taking resources back from one app stands."""
+
+    SHRINKING = "SHRINKING"     # a shrink directive was sent; the job has until the deadline
+    WARNED = "WARNED"           # named containers will be killed at the deadline unless given back
+    DONE = "DONE"               # given back by the job (final)
+    KILLED = "KILLED"           # the named containers still held were killed (final)
+    CANCELLED = "CANCELLED"     # no longer needed, or the app ended (final)
+
+
+class ReclaimEvent(str, enum.Enum):
+    SHRUNK = "SHRUNK"                   # the job holds no more than the shrink's target
+    GRACE_EXPIRED = "GRACE_EXPIRED"     # the deadline passed with the resources still held
+    RELEASED = "RELEASED"               # the AM gave back every named container
+    CANCEL = "CANCEL"                   # the queue is no longer over its share / the app ended
+
+
+class ReclaimTransitionError(StateError, ValueError):
+    """An event a reclaim target's state does not allow."""
+
+
+TRANSITIONS: TransitionTable[ReclaimState, ReclaimEvent, ReclaimState] = TransitionTable({
+    (ReclaimState.SHRINKING, ReclaimEvent.SHRUNK): ReclaimState.DONE,
+    (ReclaimState.SHRINKING, ReclaimEvent.GRACE_EXPIRED): ReclaimState.WARNED,
+    (ReclaimState.SHRINKING, ReclaimEvent.CANCEL): ReclaimState.CANCELLED,
+    (ReclaimState.WARNED, ReclaimEvent.RELEASED): ReclaimState.DONE,
+    (ReclaimState.WARNED, ReclaimEvent.GRACE_EXPIRED): ReclaimState.KILLED,
+    (ReclaimState.WARNED, ReclaimEvent.CANCEL): ReclaimState.CANCELLED,
+}, lambda s, e: ReclaimTransitionError(f"reclaim: event {e.value} not allowed in state {s.value}"))
+
+
+@dataclass(frozen=True)
+class ReclaimSettings:
+    """The RM's preemption settings (protocol.config.RMConfig `preemption*`)."""
+
+    mode: str = "shrink"                # off | kill | shrink
+    max_ignored_over_capacity: float = 0.1
+    natural_termination_factor: float = 0.2
+    max_wait_before_kill_s: float = 15.0
+    hold_rounds: int = 30
+
+    @classmethod
+    def of(cls, cfg: RMConfig) -> "ReclaimSettings":
+        return cls(cfg.preemption, cfg.preemption_max_ignored_over_capacity,
+                   cfg.preemption_natural_termination_factor, cfg.preemption_max_wait_before_kill_s,
+                   cfg.preemption_hold_rounds)
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """A leaf queue's settings as the reclaim reads them (capacities as fractions)."""
+
+    name: str
+    capacity: float
+    max_capacity: float
+    disable_preemption: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    """One of an app's non-AM containers (the RM never names an AM container for preemption)."""
+
+    container_id: str
+    resource: Resource
+    allocated_at: float
+    tag: str = ""
+
+
+@dataclass(frozen=True)
+class ReclaimInputs:
+    """What a round looks at: the policy's snapshot, the queues, each app's non-AM containers."""
+
+    snapshot: ClusterSnapshot
+    queues: tuple[QueueView, ...]
+    containers: Mapping[str, tuple[ContainerView, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReclaimTarget:
+    """Resources being taken back from one app."""
+
+    app_id: str
+    queue: str
+    state: ReclaimState
+    since: float                    # when this target was opened
+    deadline: float                 # when the current step's grace ends
+    amount: Resource                # what it should give back
+    reason: str
+    from_shape: Optional[tuple[int, int]] = None    # shrink: (workers, servers) before and after
+    to_shape: Optional[tuple[int, int]] = None
+    containers: tuple[str, ...] = ()               # WARNED: the containers named in the message
+
+
+@dataclass(frozen=True)
+class ReclaimDone:
+    """A finished target, for the app's counters and diagnostics: `how` is "shrink" (given back
+    live by the job), "released" (named containers given back by the AM) or "killed"."""
+
+    app_id: str
+    queue: str
+    how: str
+    at: float
+    resources: Resource
+    containers: int
+    reason: str
+    from_shape: Optional[tuple[int, int]] = None
+    to_shape: Optional[tuple[int, int]] = None
+
+
+@dataclass(frozen=True)
+class PreemptionWarning:
+    """A preemption message for one app: these containers are killed at `deadline`."""
+
+    containers: tuple[ContainerView, ...]
+    deadline: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReclaimBook:
+    """The reclaim's state between rounds: open targets and the rounds until which shrunk jobs are held."""
+
+    round: int = 0
+    targets: Mapping[str, ReclaimTarget] = field(default_factory=dict)
+    held_until: Mapping[str, int] = field(default_factory=dict)
+
+    def held(self, app_id: str) -> bool:
+        """No policy may grow this job this round (it was shrunk for another queue lately)."""
+        return self.held_until.get(app_id, -1) >= self.round
+
+    def being_reclaimed(self, queue: str) -> Resource:
+        """What open targets in `queue` still have to give back."""
+        return sum((t.amount for t in self.targets.values() if t.queue == queue), ZERO)
+
+
+@dataclass(frozen=True)
+class ReclaimOutcome:
+    """One round's result: the next book and what the RM must do."""
+
+    book: ReclaimBook
+    shares: Mapping[str, QueueShare]
+    shrinks: Mapping[str, JobDecision]              # app -> its shrink directive (new this round)
+    warnings: Mapping[str, PreemptionWarning]                # app -> the preemption message it gets now
+    kills: Mapping[str, tuple[str, ...]]            # app -> containers to kill now
+    done: tuple[ReclaimDone, ...]
+
+
+# ----- helpers ----------------------------------------------------------------------------------
+
+def held_shape(app: AppView) -> tuple[int, int]:
+    """The (workers, servers) the app's executors hold now."""
+    return (sum(p.workers for p in app.executors), sum(p.servers for p in app.executors))
+
+
+def executor_size(app: AppView) -> Resource:
+    """One executor's resource: what its containers hold on average, else the job spec's."""
+    n = sum(held_shape(app))
+    held = sum((r for _, r in app.executors_on), ZERO)
+    if n > 0 and held != ZERO:
+        return Resource(-(-held.memory // n), -(-held.vcores // n))
+    if app.directive is not None and app.directive.executor_resource is not None:
+        return app.directive.executor_resource
+    return app.ps.executor if app.ps is not None else ZERO
+
+
+def app_used(app: AppView) -> Resource:
+    """What the app holds in the snapshot's partition: its executors, and its AM where it runs there."""
+    execs = sum((r for _, r in app.executors_on), ZERO)
+    return execs + (app.am_resource if app.am_node is not None else ZERO)
+
+
+def app_pending(app: AppView) -> Resource:
+    """What the app waits for: its open asks and AM request, and for a PS job whose AM is not
+    allocated yet the executors gang admission waits for (they are not asked for until the AM
+    runs, yet it is them the queue must get back). An app held at its AM limit waits on that, not
+    on room: its demand does not count (as YARN counts only active apps' pending)."""
+    if app.state.is_final or app.am_limited:
+        return ZERO
+    pending = app.pending
+    if app.ps is not None and app.am_node is None:
+        pending = pending + app.ps.executor.scale(app.ps.workers + app.ps.servers)
+    return pending
+
+
+def queue_demands(inputs: ReclaimInputs) -> list[QueueDemand]:
+    """Each queue's use and pending demand, from the snapshot's apps."""
+    used: dict[str, Resource] = {q.name: ZERO for q in inputs.queues}
+    pending: dict[str, Resource] = {q.name: ZERO for q in inputs.queues}
+    for app in inputs.snapshot.apps:
+        if app.queue not in used or app.state.is_final:
+            continue
+        used[app.queue] = used[app.queue] + app_used(app)
+        pending[app.queue] = pending[app.queue] + app_pending(app)
+    return [QueueDemand(q.name, q.capacity, q.max_capacity, used[q.name], pending[q.name],
+                        preemptable=not q.disable_preemption) for q in inputs.queues]
+
+
+def _positive(r: Resource) -> bool:
+    return r.memory > 0 or r.vcores > 0
+
+
+def _less(r: Resource, by: Resource) -> Resource:
+    """r - by, each dimension floored at 0."""
+    return Resource(max(0, r.memory - by.memory), max(0, r.vcores - by.vcores))
+
+
+def executors_to_cover(need: Resource, e: Resource) -> int:
+    """How many executors of size `e` free at least `need` in every dimension `need` asks for."""
+    k = 0
+    if need.memory > 0 and e.memory > 0:
+        k = max(k, math.ceil(need.memory / e.memory))
+    if need.vcores > 0 and e.vcores > 0:
+        k = max(k, math.ceil(need.vcores / e.vcores))
+    return k
+
+
+def trim_placement(placement: Sequence[NodePlacement], workers: int, servers: int) -> tuple[NodePlacement, ...]:
+    """`placement` less `workers` workers and `servers` servers, each taken from the node holding
+    most of that role (ties: the last node in order), nodes left empty dropped."""
+    counts = {p.node: [p.workers, p.servers] for p in placement}
+    order = [p.node for p in placement]
+    for role, n in ((0, workers), (1, servers)):
+        for _ in range(n):
+            node = max(reversed(order), key=lambda x: counts[x][role])
+            if counts[node][role] <= 0:
+                raise ValueError("placement holds fewer executors than are to be removed")
+            counts[node][role] -= 1
+    return tuple(NodePlacement(node=x, workers=counts[x][0], servers=counts[x][1]) for x in order
+                 if counts[x][0] or counts[x][1])
+
+
+def shrink_decision(app: AppView, to: tuple[int, int], reason: str) -> JobDecision:
+    """The directive shrinking `app` to `to`: its current directive (placement, group, run state,
+    executor size) with the counts lowered; without a placement the AM picks what to remove."""
+    d = app.directive
+    if d is None or not d.placement:
+        return JobDecision(to[0], to[1], reason=reason,
+                           group=d.group if d is not None else None,
+                           executor_resource=d.executor_resource if d is not None else None)
+    placed = (sum(p.workers for p in d.placement), sum(p.servers for p in d.placement))
+    try:
+        placement = trim_placement(d.placement, max(0, placed[0] - to[0]), max(0, placed[1] - to[1]))
+    except ValueError:
+        placement = ()
+    if (sum(p.workers for p in placement), sum(p.servers for p in placement)) != to:
+        placement = ()
+    return JobDecision(to[0], to[1], placement, group=d.group, run_state=d.run_state, reason=reason,
+                       executor_resource=d.executor_resource)
+
+
+def _shrinkable(app: AppView) -> bool:
+    """An elastic PS job that trains and is not reshaping: it can give executors back live."""
+    return (app.ps is not None and app.state == AppState.RUNNING and app.shape is not None
+            and app.shape.started and not app.shape.changing and not app.shape.paused)
+
+
+def _fmt(r: Resource) -> str:
+    return f"<memory:{r.memory}, vCores:{r.vcores}>"
+
+
+# ----- the round --------------------------------------------------------------------------------
+
+def _advance(t: ReclaimTarget, app: Optional[AppView], inputs: ReclaimInputs, shares: Mapping[str, QueueShare],
+             settings: ReclaimSettings, now: float, warnings: dict[str, PreemptionWarning], kills: dict[str, tuple[str, ...]],
+             done: list[ReclaimDone]) -> Optional[ReclaimTarget]:
+    """Move an open target on by what the snapshot shows; the target still open, or None."""
+    if app is None or app.state.is_final:
+        TRANSITIONS.next(t.state, ReclaimEvent.CANCEL)
+        return None
+    held = {c.container_id: c for c in inputs.containers.get(t.app_id, ())}
+    if t.state == ReclaimState.SHRINKING:
+        assert t.to_shape is not None and t.from_shape is not None
+        w, s = held_shape(app)
+        if w <= t.to_shape[0] and s <= t.to_shape[1]:
+            TRANSITIONS.next(t.state, ReclaimEvent.SHRUNK)
+            n = sum(t.from_shape) - sum(t.to_shape)
+            done.append(ReclaimDone(t.app_id, t.queue, "shrink", now, t.amount, n, t.reason, t.from_shape, t.to_shape))
+            return None
+        if now < t.deadline:
+            return t
+        # The job did not carry the shrink out in time: name the executors over the target.
+        state = TRANSITIONS.next(t.state, ReclaimEvent.GRACE_EXPIRED)
+        over = {"worker": max(0, w - t.to_shape[0]), "server": max(0, s - t.to_shape[1])}
+        named: list[ContainerView] = []
+        for c in sorted(held.values(), key=lambda c: (-c.allocated_at, c.container_id)):
+            role = "server" if c.tag == "server" else "worker"
+            if over[role] > 0:
+                over[role] -= 1
+                named.append(c)
+        reason = f"{t.reason}; the shrink directive was not carried out within {settings.max_wait_before_kill_s:g} s"
+        if not named:
+            TRANSITIONS.next(state, ReclaimEvent.RELEASED)
+            return None
+        warned = replace(t, state=state, deadline=now + settings.max_wait_before_kill_s, reason=reason,
+                         containers=tuple(c.container_id for c in named),
+                         amount=sum((c.resource for c in named), ZERO))
+        warnings[t.app_id] = PreemptionWarning(tuple(named), warned.deadline, reason)
+        return warned
+    # WARNED
+    still = [held[c] for c in t.containers if c in held]
+    if not still:
+        TRANSITIONS.next(t.state, ReclaimEvent.RELEASED)
+        done.append(ReclaimDone(t.app_id, t.queue, "released", now, t.amount, len(t.containers), t.reason))
+        return None
+    share = shares.get(t.queue)
+    if share is None or not _positive(share.over):
+        TRANSITIONS.next(t.state, ReclaimEvent.CANCEL)
+        return None
+    if now < t.deadline:
+        warnings[t.app_id] = PreemptionWarning(tuple(still), t.deadline, t.reason)
+        return t
+    TRANSITIONS.next(t.state, ReclaimEvent.GRACE_EXPIRED)
+    kills[t.app_id] = tuple(c.container_id for c in still)
+    given_back = len(t.containers) - len(still)
+    done.append(ReclaimDone(t.app_id, t.queue, "killed", now, sum((c.resource for c in still), ZERO), len(still),
+                            t.reason + (f" ({given_back} given back before the deadline)" if given_back else "")))
+    return None
+
+
+def reclaim_round(book: ReclaimBook, inputs: ReclaimInputs, settings: ReclaimSettings, now: float) -> ReclaimOutcome:
+    """One reclaim round (see the module docstring)."""
+    rnd = book.round + 1
+    shares = ideal_shares(inputs.snapshot.total, queue_demands(inputs),
+                          max_ignored_over_capacity=settings.max_ignored_over_capacity,
+                          natural_termination_factor=settings.natural_termination_factor)
+    apps = {a.app_id: a for a in inputs.snapshot.apps}
+    held_until = {a: r for a, r in book.held_until.items() if r >= rnd and a in apps}
+    warnings: dict[str, PreemptionWarning] = {}
+    kills: dict[str, tuple[str, ...]] = {}
+    shrinks: dict[str, JobDecision] = {}
+    done: list[ReclaimDone] = []
+    targets: dict[str, ReclaimTarget] = {}
+    for app_id, t in sorted(book.targets.items()):
+        nt = _advance(t, apps.get(app_id), inputs, shares, settings, now, warnings, kills, done)
+        if nt is not None:
+            targets[app_id] = nt
+    if settings.mode != "off":
+        def over_key(s: QueueShare) -> tuple[float, str]:
+            return (-s.over.dominant_share(inputs.snapshot.total), s.name)
+        for share in sorted(shares.values(), key=over_key):
+            need = _less(share.reclaim, sum((t.amount for t in targets.values() if t.queue == share.name), ZERO))
+            if not _positive(need):
+                continue
+            victims = sorted((a for a in inputs.snapshot.apps if a.queue == share.name and a.app_id not in targets
+                              and a.app_id not in kills and a.state == AppState.RUNNING),
+                             key=lambda a: (-a.submit_time, a.app_id))
+            for app in victims:
+                if not _positive(need):
+                    break
+                why = (f"queue {share.name} holds {_fmt(share.used)} over its ideal share {_fmt(share.ideal)} "
+                       f"(guaranteed {_fmt(share.guaranteed)}) while other queues wait")
+                opened = _open(app, need, share.name, why, settings, inputs, now)
+                if opened is None:
+                    continue
+                targets[app.app_id] = opened
+                need = _less(need, opened.amount)
+                if opened.state == ReclaimState.SHRINKING:
+                    assert opened.to_shape is not None
+                    shrinks[app.app_id] = shrink_decision(app, opened.to_shape, f"queue reclaim: {why}")
+                    held_until[app.app_id] = rnd + settings.hold_rounds
+                else:
+                    by_id = {c.container_id: c for c in inputs.containers.get(app.app_id, ())}
+                    warnings[app.app_id] = PreemptionWarning(tuple(by_id[c] for c in opened.containers),
+                                                             opened.deadline, why)
+    return ReclaimOutcome(ReclaimBook(rnd, targets, held_until), shares, shrinks, warnings, kills, tuple(done))
+
+
+def _open(app: AppView, need: Resource, queue: str, why: str, settings: ReclaimSettings, inputs: ReclaimInputs,
+          now: float) -> Optional[ReclaimTarget]:
+    """A new target taking up to `need` from `app`: a shrink where it can, else named containers."""
+    deadline = now + settings.max_wait_before_kill_s
+    if settings.mode == "shrink" and app.ps is not None:
+        w, s = held_shape(app)
+        removable = (max(0, w - app.ps.min_workers), max(0, s - app.ps.min_servers))
+        if removable != (0, 0):
+            if not _shrinkable(app):
+                return None     # starting, reshaping or paused: asked again next round, not killed
+            e = executor_size(app)
+            k = min(max(1, executors_to_cover(need, e)), removable[0] + removable[1])
+            rw = min(k, removable[0])
+            to = (w - rw, s - (k - rw))
+            return ReclaimTarget(app.app_id, queue, ReclaimState.SHRINKING, now, deadline, e.scale(k), why,
+                                 (w, s), to)
+        # At its minimum: only a kill takes more from it.
+    named: list[ContainerView] = []
+    got = ZERO
+    for c in sorted(inputs.containers.get(app.app_id, ()), key=lambda c: (-c.allocated_at, c.container_id)):
+        if not _positive(_less(need, got)):
+            break
+        named.append(c)
+        got = got + c.resource
+    if not named:
+        return None
+    return ReclaimTarget(app.app_id, queue, ReclaimState.WARNED, now, deadline, got, why,
+                         containers=tuple(c.container_id for c in named))
+
+
+# ----- invariants -------------------------------------------------------------------------------
+
+def check_book(book: ReclaimBook, inputs: ReclaimInputs) -> list[str]:
+    """What must never hold of a book after a round: a target in a queue that opted out, one in a
+    final state, a named container that is not one of the app's non-AM containers when named, a
+    shrink below the job's minimum shape or not below where it started, a deadline before its
+    start. Empty when every invariant holds."""
+    out: list[str] = []
+    queues = {q.name: q for q in inputs.queues}
+    apps = {a.app_id: a for a in inputs.snapshot.apps}
+    for app_id, t in book.targets.items():
+        q = queues.get(t.queue)
+        if q is not None and q.disable_preemption:
+            out.append(f"{app_id}: reclaimed from queue {t.queue}, which opted out")
+        if t.state not in (ReclaimState.SHRINKING, ReclaimState.WARNED):
+            out.append(f"{app_id}: open target in final state {t.state.value}")
+        if t.deadline < t.since:
+            out.append(f"{app_id}: deadline {t.deadline} before the target opened at {t.since}")
+        app = apps.get(app_id)
+        if t.state == ReclaimState.SHRINKING and t.to_shape is not None and t.from_shape is not None:
+            if t.to_shape[0] > t.from_shape[0] or t.to_shape[1] > t.from_shape[1] or t.to_shape == t.from_shape:
+                out.append(f"{app_id}: shrink {t.from_shape} -> {t.to_shape} is no shrink")
+            if app is not None and app.ps is not None and (t.to_shape[0] < app.ps.min_workers
+                                                           or t.to_shape[1] < app.ps.min_servers):
+                out.append(f"{app_id}: shrink to {t.to_shape} below the minimum shape")
+        if t.state == ReclaimState.WARNED and not t.containers:
+            out.append(f"{app_id}: warned with no container named")
+    return out
+
+
+def am_named(warnings: Iterable[PreemptionWarning], am_containers: Iterable[str]) -> list[str]:
+    """AM containers named in preemption messages: what must never happen."""
+    ams = set(am_containers)
+    return sorted(c.container_id for w in warnings for c in w.containers if c.container_id in ams)
+
+
+__all__ = ["ContainerView", "QueueView", "ReclaimBook", "ReclaimDone", "ReclaimEvent", "ReclaimInputs",
+           "ReclaimOutcome", "ReclaimSettings", "ReclaimState", "ReclaimTarget", "TRANSITIONS", "PreemptionWarning",
+           "am_named", "app_pending", "app_used", "check_book", "executor_size", "held_shape",
+           "queue_demands", "reclaim_round", "shrink_decision", "trim_placement"]

@@ -1,0 +1,201 @@
+"""The capacity reclaim's rounds (rm/policies/queue_reclaim.py), pure: victims in YARN's order,
+shrink before kill, the grace period, the opt-out, the hold, and the book's invariants."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+import pytest
+
+from protocol.internal_api import NodePlacement
+from protocol.job_report import JobReport
+from protocol.records import ZERO, AppState, Resource
+from rm.policies import AppView, ClusterSnapshot, ps_job_view
+from rm.policies.queue_reclaim import (TRANSITIONS, ContainerView, QueueView, ReclaimBook, ReclaimEvent,
+                                       ReclaimInputs, ReclaimOutcome, ReclaimSettings, ReclaimState,
+                                       ReclaimTransitionError, check_book, reclaim_round, trim_placement)
+
+E = Resource(1024, 1)
+TOTAL = Resource(8192, 8)
+QUEUES = (QueueView("a", 0.5, 1.0), QueueView("b", 0.5, 1.0))
+FULL = ReclaimSettings(natural_termination_factor=1.0, max_wait_before_kill_s=15.0, hold_rounds=3)
+
+
+def ps_app(app_id: str, queue: str, t: float, workers: int, servers: int, *, started: bool = True,
+           min_workers: int = 1, min_servers: int = 1, submitted: tuple[int, int] = (2, 1)) -> AppView:
+    spec = {"app": "mlr", "workers": submitted[0], "servers": submitted[1], "min_workers": min_workers,
+            "min_servers": min_servers, "max_workers": 8, "max_servers": 4,
+            "executor_memory_mb": E.memory, "executor_vcores": E.vcores}
+    report = JobReport(workers=workers, servers=servers, started=True) if started else None
+    n = workers + servers
+    return AppView(app_id, queue, "u", AppState.RUNNING if started else AppState.ACCEPTED, t, E.scale(n), shape=report,
+                   ps=ps_job_view(spec), executors=(NodePlacement(node="n1", workers=workers, servers=servers),)
+                   if n else (), executors_on=(("n1", E.scale(n)),) if n else (),
+                   am_node="am" if started else None)
+
+
+def plain_app(app_id: str, queue: str, t: float, n: int) -> AppView:
+    return AppView(app_id, queue, "u", AppState.RUNNING, t, E.scale(n), executors=(NodePlacement(node="n1", workers=n),),
+                   executors_on=(("n1", E.scale(n)),), am_node="am")
+
+
+def containers(app: AppView, t0: float = 0.0) -> tuple[ContainerView, ...]:
+    """The app's executors as containers, workers allocated before servers, one second apart."""
+    w = sum(p.workers for p in app.executors)
+    s = sum(p.servers for p in app.executors)
+    out = [ContainerView(f"{app.app_id}_c{i}", E, t0 + i, "server" if i >= w else "worker") for i in range(w + s)]
+    return tuple(out)
+
+
+def inputs(*apps: AppView, queues: tuple[QueueView, ...] = QUEUES,
+           held: Optional[dict[str, tuple[ContainerView, ...]]] = None) -> ReclaimInputs:
+    snap = ClusterSnapshot(now=0.0, total=TOTAL, used=ZERO, apps=tuple(apps))
+    return ReclaimInputs(snap, queues, held if held is not None else {a.app_id: containers(a) for a in apps})
+
+
+def run(book: ReclaimBook, inp: ReclaimInputs, now: float, settings: ReclaimSettings = FULL) -> ReclaimOutcome:
+    out = reclaim_round(book, inp, settings, now)
+    assert check_book(out.book, inp) == []
+    return out
+
+
+B_JOB = ps_app("b1", "b", 30.0, 0, 0, started=False, submitted=(3, 1))    # wants 4 executors: half the cluster
+
+
+def test_elastic_jobs_shrink_latest_first_toward_their_minimum() -> None:
+    a1 = ps_app("a1", "a", 1.0, 3, 1)
+    a2 = ps_app("a2", "a", 2.0, 3, 1)
+    out = run(ReclaimBook(), inputs(a1, a2, B_JOB), now=100.0)
+    assert out.shares["a"].ideal == Resource(4096, 4) and out.shares["b"].ideal == Resource(4096, 4)
+    # The latest-submitted job gives back first, workers before servers, not below its minimum.
+    assert {k: (d.workers, d.servers) for k, d in out.shrinks.items()} == {"a2": (1, 1), "a1": (1, 1)}
+    assert out.kills == {} and out.warnings == {}
+    assert out.book.targets["a2"].state == ReclaimState.SHRINKING
+    assert out.book.held("a1") and out.book.held("a2")
+
+
+def test_the_natural_termination_factor_paces_a_round() -> None:
+    a1 = ps_app("a1", "a", 1.0, 3, 1)
+    a2 = ps_app("a2", "a", 2.0, 3, 1)
+    out = run(ReclaimBook(), inputs(a1, a2, B_JOB), now=100.0, settings=ReclaimSettings())
+    # 0.2 of the 4 executors over: one executor, from the latest job.
+    assert {k: (d.workers, d.servers) for k, d in out.shrinks.items()} == {"a2": (2, 1)}
+    # The next round counts what is already being given back: nothing new while a2 shrinks.
+    again = run(out.book, inputs(a1, a2, B_JOB), now=101.0, settings=ReclaimSettings())
+    assert again.shrinks == {} and again.book.targets["a2"].state == ReclaimState.SHRINKING
+
+
+def test_a_shrink_carried_out_is_done_and_counted() -> None:
+    a1, a2 = ps_app("a1", "a", 1.0, 3, 1), ps_app("a2", "a", 2.0, 3, 1)
+    out = run(ReclaimBook(), inputs(a1, a2, B_JOB), now=100.0)
+    # a2 shrank; a1 did not (yet).
+    out2 = run(out.book, inputs(a1, ps_app("a2", "a", 2.0, 1, 1), B_JOB), now=101.0)
+    assert [(d.app_id, d.how, d.containers, d.resources) for d in out2.done] == [("a2", "shrink", 2, E.scale(2))]
+    assert "a2" not in out2.book.targets and out2.book.targets["a1"].state == ReclaimState.SHRINKING
+
+
+def test_a_job_that_ignores_its_shrink_is_warned_then_killed_after_the_grace_period() -> None:
+    a1, a2 = ps_app("a1", "a", 1.0, 3, 1), ps_app("a2", "a", 0.5, 1, 1)     # a1 is the latest
+    out = run(ReclaimBook(), inputs(a1, a2, B_JOB), now=100.0)
+    assert set(out.shrinks) == {"a1"}
+    still = inputs(a1, a2, B_JOB)
+    assert run(out.book, still, now=114.0).book.targets["a1"].state == ReclaimState.SHRINKING   # grace not over
+    warned = run(out.book, still, now=115.0)
+    t = warned.book.targets["a1"]
+    assert t.state == ReclaimState.WARNED and t.deadline == 130.0
+    # The two executors over the target, latest first; never the server it keeps, never an AM.
+    assert t.containers == ("a1_c2", "a1_c1")
+    assert [c.container_id for c in warned.warnings["a1"].containers] == ["a1_c2", "a1_c1"]
+    assert warned.kills == {}
+    killed = run(warned.book, still, now=130.0)
+    assert killed.kills == {"a1": ("a1_c2", "a1_c1")}
+    assert [(d.how, d.containers) for d in killed.done] == [("killed", 2)]
+    assert "a1" not in killed.book.targets
+
+
+def test_a_plain_app_is_warned_and_what_its_am_gives_back_is_not_killed() -> None:
+    p = plain_app("p1", "a", 5.0, 8)
+    out = run(ReclaimBook(), inputs(p, B_JOB), now=10.0)
+    assert out.shrinks == {}
+    # Half the cluster, its latest containers.
+    assert out.book.targets["p1"].containers == ("p1_c7", "p1_c6", "p1_c5", "p1_c4")
+    assert out.warnings["p1"].deadline == 25.0
+    # Its AM releases them before the deadline.
+    rest = {"p1": containers(p)[:4]}
+    done = run(out.book, inputs(plain_app("p1", "a", 5.0, 4), B_JOB, held=rest), now=12.0)
+    assert [(d.how, d.containers) for d in done.done] == [("released", 4)] and done.kills == {}
+
+
+def test_a_job_at_its_minimum_is_killed_not_shrunk() -> None:
+    a1 = ps_app("a1", "a", 1.0, 4, 4, min_workers=4, min_servers=4)
+    out = run(ReclaimBook(), inputs(a1, B_JOB), now=0.0)
+    assert out.shrinks == {} and out.book.targets["a1"].state == ReclaimState.WARNED
+
+
+def test_kill_mode_is_yarns_way_even_for_elastic_jobs() -> None:
+    a1 = ps_app("a1", "a", 1.0, 6, 2)
+    out = run(ReclaimBook(), inputs(a1, B_JOB), now=0.0, settings=replace(FULL, mode="kill"))
+    assert out.shrinks == {} and len(out.book.targets["a1"].containers) == 4
+
+
+def test_off_mode_and_an_opted_out_queue_reclaim_nothing() -> None:
+    a1 = ps_app("a1", "a", 1.0, 6, 2)
+    assert run(ReclaimBook(), inputs(a1, B_JOB), now=0.0, settings=replace(FULL, mode="off")).book.targets == {}
+    opted = (QueueView("a", 0.5, 1.0, disable_preemption=True), QueueView("b", 0.5, 1.0))
+    out = run(ReclaimBook(), inputs(a1, B_JOB, queues=opted), now=0.0)
+    assert out.book.targets == {} and out.shares["a"].reclaim == ZERO
+
+
+def test_within_the_dead_zone_nothing_moves() -> None:
+    a1 = ps_app("a1", "a", 1.0, 3, 1)          # exactly its guarantee
+    b = ps_app("b1", "b", 3.0, 2, 1)
+    out = run(ReclaimBook(), inputs(a1, b, replace(B_JOB, app_id="b2")), now=0.0)
+    assert out.book.targets == {}
+
+
+def test_a_jobs_not_started_or_reshaping_are_left_for_a_later_round() -> None:
+    a1 = ps_app("a1", "a", 1.0, 6, 2)
+    busy = replace(a1, shape=JobReport(workers=6, servers=2, started=True, changing=True))
+    out = run(ReclaimBook(), inputs(busy, B_JOB), now=0.0)
+    assert out.book.targets == {} and out.kills == {}
+
+
+def test_a_warning_no_longer_needed_is_cancelled() -> None:
+    p = plain_app("p1", "a", 5.0, 8)
+    out = run(ReclaimBook(), inputs(p, B_JOB), now=10.0)
+    # B's job went away: queue a is no longer over its share.
+    gone = run(out.book, inputs(p), now=30.0)
+    assert gone.kills == {} and gone.book.targets == {} and gone.warnings == {}
+
+
+def test_the_hold_lasts_the_configured_rounds() -> None:
+    a1 = ps_app("a1", "a", 1.0, 3, 1)
+    a2 = ps_app("a2", "a", 2.0, 3, 1)
+    book = run(ReclaimBook(), inputs(a1, a2, B_JOB), now=0.0).book
+    shrunk = inputs(ps_app("a1", "a", 1.0, 1, 1), ps_app("a2", "a", 2.0, 1, 1), B_JOB)
+    held = []
+    for i in range(5):
+        book = run(book, shrunk, now=1.0 + i).book
+        held.append(book.held("a2"))
+    assert held == [True, True, True, False, False]
+
+
+def test_the_transition_table_refuses_what_it_does_not_list() -> None:
+    assert TRANSITIONS.next(ReclaimState.WARNED, ReclaimEvent.GRACE_EXPIRED) == ReclaimState.KILLED
+    with pytest.raises(ReclaimTransitionError):
+        TRANSITIONS.next(ReclaimState.DONE, ReclaimEvent.SHRUNK)
+
+
+def test_the_invariant_checker_names_a_target_in_an_opted_out_queue() -> None:
+    a1 = ps_app("a1", "a", 1.0, 3, 1)
+    book = run(ReclaimBook(), inputs(a1, ps_app("a2", "a", 2.0, 3, 1), B_JOB), now=0.0).book
+    opted = (QueueView("a", 0.5, 1.0, disable_preemption=True), QueueView("b", 0.5, 1.0))
+    problems = check_book(book, inputs(a1, queues=opted))
+    assert problems and all("opted out" in p for p in problems)
+
+
+def test_trim_placement_takes_from_the_fullest_node() -> None:
+    p = (NodePlacement(node="x", workers=3, servers=1), NodePlacement(node="y", workers=1, servers=1))
+    assert trim_placement(p, 2, 1) == (NodePlacement(node="x", workers=1, servers=1), NodePlacement(node="y", workers=1))
+    with pytest.raises(ValueError):
+        trim_placement(p, 5, 0)
