@@ -8,11 +8,12 @@ import time
 from typing import Any, Callable
 
 from protocol import ids
+from protocol.aggregated_logs import RemoteLogDir
 from protocol.records import AppState
 
 from . import container_logs
 from .context import CliContext, common_parent
-from .errors import EXIT_FAILED, EXIT_OK, OperationFailed, UsageError
+from .errors import EXIT_FAILED, EXIT_OK, CliError, OperationFailed, UsageError
 from .rm_rest_client import RmRestClient
 from .status_line import StatusLine, format_status
 from .tables import format_duration, format_timestamp, render_key_values, render_table
@@ -78,7 +79,8 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("app_id", type=_app_id, metavar="APP_ID")
     p.set_defaults(func=cmd_kill)
 
-    p = acts.add_parser("logs", parents=[common], help="containers' stdout / stderr from the NMs")
+    p = acts.add_parser("logs", parents=[common],
+                        help="containers' stdout / stderr, from the NMs or the aggregated logs (remote_app_log_dir)")
     p.add_argument("app_id", type=_app_id, metavar="APP_ID")
     p.add_argument("--container", type=_container_id, help="only this container")
     p.add_argument("--file", choices=container_logs.LOG_FILES, help="only this file (default: both)")
@@ -183,24 +185,67 @@ def cmd_kill(args: argparse.Namespace, ctx: CliContext) -> int:
 
 def cmd_logs(args: argparse.Namespace, ctx: CliContext) -> int:
     files = [args.file] if args.file else list(container_logs.LOG_FILES)
+    store = container_logs.remote_log_dir(ctx)
 
     async def go() -> int:
         async with _client(ctx) as c:
-            refs = container_logs.select(await container_logs.find_containers(c, args.app_id), args.container)
-            if not refs:
+            agg: dict[str, container_logs.Aggregated] = {}
+            if store is not None:
+                agg, refused = await container_logs.aggregated_containers(store, args.app_id)
+                for e in refused:
+                    ctx.err.write(f"elastane: warning: {e}\n")
+            try:
+                live = await container_logs.find_containers(c, args.app_id)
+            except UsageError:
+                if not agg:
+                    raise
+                live = []       # the RM no longer knows the app; its aggregated logs remain
+            on_nm = {r.container_id: r for r in live}
+            cids = sorted(set(on_nm) | set(agg))
+            if args.container is not None and args.container not in cids:
+                raise UsageError(f"container {args.container} of this app was not found on any node"
+                                 + (" nor in the aggregated logs" if store else ""))
+            if not cids:
                 raise OperationFailed(f"no containers of {args.app_id} found on any running node "
-                                      "(finished containers' logs are kept for nm.keep_finished_logs_s)")
-            for ref in refs:
+                                      + (f"nor in the aggregated logs at {store.url}" if store else
+                                         "(finished containers' logs are kept for nm.keep_finished_logs_s; "
+                                         "cluster.toml's remote_app_log_dir keeps them beyond their nodes)"))
+            for cid in cids:
+                if args.container is not None and cid != args.container:
+                    continue
                 for f in files:
-                    try:
-                        text = await container_logs.fetch_log(c, ref, f)
-                    except UsageError as e:  # 404: this file does not exist for this container
-                        ctx.err.write(f"elastane: {ref.container_id} {f}: {e.message}\n")
-                        continue
-                    ctx.out.write(f"=== {ref.container_id} on {ref.node_http_address}: {f} ===\n")
-                    ctx.out.write(text if not text or text.endswith("\n") else text + "\n")
+                    await _print_log(c, ctx, args.app_id, cid, f, on_nm.get(cid), agg.get(cid), store)
             return EXIT_OK
     return asyncio.run(go())
+
+
+async def _print_log(c: RmRestClient, ctx: CliContext, app_id: str, cid: str, f: str,
+                     ref: container_logs.ContainerRef | None, agg: container_logs.Aggregated | None,
+                     store: RemoteLogDir | None) -> None:
+    """One container's log file: aggregated when its node's final file is up (or its NM cannot
+    answer), else from its NM."""
+    text: str | None = None
+    where = ""
+    if ref is not None and not (agg is not None and agg.node.final):
+        try:
+            text, where = await container_logs.fetch_log(c, ref, f), ref.node_http_address
+        except UsageError as e:  # 404: this file does not exist for this container
+            if agg is None:
+                ctx.err.write(f"elastane: {cid} {f}: {e.message}\n")
+                return
+        except CliError:        # the node is gone: its rolled uploads may have the logs
+            if agg is None:
+                raise
+    if text is None and agg is not None and store is not None:
+        if f not in agg.files:
+            ctx.err.write(f"elastane: {cid} {f}: not in the aggregated logs of node {agg.node.node_id}\n")
+            return
+        text = await container_logs.read_aggregated(store, app_id, agg, cid, f)
+        where = f"{agg.node.node_id} (aggregated{'' if agg.node.final else ', rolled while running'})"
+    if text is None:
+        return
+    ctx.out.write(f"=== {cid} on {where}: {f} ===\n")
+    ctx.out.write(text if not text or text.endswith("\n") else text + "\n")
 
 
 # ----- run -------------------------------------------------------------------------------------

@@ -1,13 +1,21 @@
-"""Find an app's containers across the cluster and fetch their logs from the NMs.
+"""Find an app's containers across the cluster and fetch their logs: from the NMs, and from the
+aggregated logs in cluster.toml's `remote_app_log_dir` (as `yarn logs` reads the remote dir).
 
-Which containers exist comes from two places: the RM's app attempts (the AM container and its
-node) and every running NM's /ws/v1/node/containers list, filtered by the app's id.
+Which containers exist comes from three places: the RM's app attempts (the AM container and its
+node), every running NM's /ws/v1/node/containers list, filtered by the app's id, and the
+aggregated files of the app (protocol/aggregated_logs.py). A container's logs are read from its
+node's final aggregated file when there is one (the app is over), else from its NM, else -- the
+node is gone -- from the node's rolled uploads.
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from protocol import ids
+from pathlib import Path
+from protocol import aggregated_logs, config, ids
+from protocol.aggregated_logs import AggregatedLogError, NodeLogs, RemoteLogDir
 
+from .context import CliContext
 from .errors import CliError, UsageError
 from .rm_rest_client import RmRestClient
 
@@ -72,11 +80,48 @@ async def fetch_log(client: RmRestClient, ref: ContainerRef, file: str) -> str:
     return await client.container_log(ref.node_http_address, ref.container_id, file)
 
 
-def select(refs: list[ContainerRef], container: str | None) -> list[ContainerRef]:
-    if container is None:
-        return refs
-    chosen = [r for r in refs if r.container_id == container]
-    if not chosen:
-        raise UsageError(f"container {container} of this app was not found on any node")
-    return chosen
+# ----- aggregated logs ---------------------------------------------------------------------------
 
+def remote_log_dir(ctx: CliContext) -> RemoteLogDir | None:
+    """cluster.toml's remote_app_log_dir (the local cluster's conf, else the installation's); None
+    when log aggregation is off."""
+    local = ctx.cluster_dir / "conf" / "cluster.toml"
+    path: Path | None = local if local.exists() else None
+    try:
+        url = config.load_cluster(str(path) if path else None).remote_app_log_dir
+        return RemoteLogDir(url) if url else None
+    except (config.ConfigError, AggregatedLogError) as e:
+        raise UsageError(f"remote_app_log_dir: {e}") from None
+
+
+@dataclass(frozen=True)
+class Aggregated:
+    """A container's logs in the aggregated files of one node."""
+
+    node: NodeLogs
+    files: dict[str, int]      # file name -> bytes aggregated
+
+
+async def aggregated_containers(store: RemoteLogDir, app_id: str) -> tuple[dict[str, Aggregated], list[str]]:
+    """(container id -> its aggregated logs, the files refused as cut short or corrupt)."""
+    try:
+        nodes = await asyncio.to_thread(aggregated_logs.app_node_logs, store, app_id)
+    except OSError as e:
+        raise CliError(f"cannot read the aggregated logs at {store.url}: {e}") from None
+    found: dict[str, Aggregated] = {}
+    errors: list[str] = []
+    for node in nodes:
+        errors += node.errors
+        for cid, files in node.containers().items():
+            # A container is on one node; a final file beats rolls should both claim it.
+            if cid not in found or node.final:
+                found[cid] = Aggregated(node, files)
+    return found, errors
+
+
+async def read_aggregated(store: RemoteLogDir, app_id: str, agg: Aggregated, container_id: str, file: str) -> str:
+    try:
+        data = await asyncio.to_thread(aggregated_logs.read_log, store, app_id, agg.node, container_id, file)
+    except (AggregatedLogError, OSError) as e:
+        raise CliError(str(e)) from None
+    return data.decode("utf-8", errors="replace")

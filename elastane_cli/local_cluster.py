@@ -90,7 +90,8 @@ class LocalCluster:
                  heartbeat_interval_ms: int = 1000, cgroups: str = "auto", policy: str = "static",
                  extra_rm_args: Sequence[str] = (), extra_nm_args: Sequence[str] = (),
                  env: Mapping[str, str] | None = None, node_bandwidth: str | int | None = None,
-                 network: str = "auto", node_cpus: float | None = None) -> None:
+                 network: str = "auto", node_cpus: float | None = None,
+                 cluster_settings: Mapping[str, str] | None = None) -> None:
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {nodes}")
         if node_memory_mb < 1 or node_vcores < 1:
@@ -127,6 +128,8 @@ class LocalCluster:
         self.extra_rm_args = list(extra_rm_args)
         self.extra_nm_args = list(extra_nm_args)
         self.env = dict(env or {})
+        # More [cluster] keys of conf/cluster.toml (string values), e.g. remote_app_log_dir.
+        self.cluster_settings = dict(cluster_settings or {})
         self.rm_url = ""
         self.secret = ""
         self.nodes: list[NodeProcess] = []
@@ -215,7 +218,8 @@ class LocalCluster:
         text = ("# Written by LocalCluster: this cluster's own secret and RM address.\n"
                 "[cluster]\n"
                 f'secret = "{self.secret}"\n'
-                f'rm_address = "{rm_address}"\n')
+                f'rm_address = "{rm_address}"\n'
+                + "".join(f"{k} = {json.dumps(v)}\n" for k, v in self.cluster_settings.items()))
         # durable (the cluster's secret), 0600 from the first byte
         durable_storage.write_atomic(self.conf_path, text.encode(), mode=0o600)
 
