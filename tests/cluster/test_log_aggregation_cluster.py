@@ -15,6 +15,7 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,3 +136,20 @@ def test_a_node_killed_mid_app_leaves_its_logs_up_to_the_last_roll(tmp_path: Pat
             assert logs[(other_cid, "stdout")][1] == f"out-{other_cid}\n", r.stdout
         finally:
             release.touch()
+
+
+def test_logs_aggregate_to_s3(tmp_path: Path, s3: Any) -> None:
+    """The same on a real S3 server (SeaweedFS): the NMs upload through s3fs, the CLI reads back."""
+    remote = s3.url("app-logs")
+    with running_cluster(tmp_path / "cluster", nodes=2, cgroups="off",
+                         extra_nm_args=nm_config(tmp_path, "keep_finished_logs_s = 0.0\n"),
+                         cluster_settings={"remote_app_log_dir": remote}) as c:
+        app_id = submit_app(c.rm_url, build_submission("agg-s3", ["sh", "-c", SAY], 2, 128, 1, am_memory=256))
+        wait_app(c.rm_url, app_id, ("FINISHED",), 60)
+        wait_until(lambda: not any((n.log_dir / app_id).exists() for n in c.nodes), 60, "local log dirs freed")
+        r = elastane(c.base_dir, "app", "logs", app_id, "--file", "stdout")
+        assert r.returncode == 0, r.stdout + r.stderr
+        logs = printed_logs(r.stdout)
+        shells = sorted(cid for cid, _ in logs)[1:]
+        assert len(shells) == 2 and all(logs[(cid, "stdout")][1] == f"out-{cid}\n" for cid in shells), r.stdout
+        assert all(f.startswith("127.0.0.1_") for f in RemoteLogDir(remote).names(app_id))
