@@ -85,6 +85,7 @@ def scheduler_info(core: ResourceManagerCore) -> dict[str, Any]:
             "resourcesUsed": q.used.to_json(),
             "users": {"user": [{"username": u, "resourcesUsed": r.to_json()} for u, r in sorted(q.user_used.items())
                                if r != ZERO]} if any(r != ZERO for r in q.user_used.values()) else None,
+            **queue_preemption_json(core, q.name),
         })
     return {"scheduler": {"schedulerInfo": {
         "type": "capacityScheduler", "queueName": "root", "capacity": 100.0, "maxCapacity": 100.0,
@@ -130,6 +131,32 @@ def node_utilization_json(latest: LatestReport) -> dict[str, Any]:
     }
 
 
+def app_diagnostics(app: App) -> str:
+    """The app's diagnostics, then what capacity preemption did to it (when, why, how much)."""
+    notes = [f"Preemption: {n}" for n in app.preemption.notes]
+    return "\n".join([app.diagnostics, *notes] if app.diagnostics else notes)
+
+
+def queue_preemption_json(core: ResourceManagerCore, name: str) -> dict[str, Any]:
+    """Elastane's capacity-preemption view of a queue: its ideal share at the last reclaim round,
+    what it waits for, what is being taken back from it now, and YARN's preempted counters summed
+    over its apps (shrunk live, given back on a preemption message, killed)."""
+    share = core.queue_shares.get(name)
+    rec = core.queue_preemption.get(name)
+    out: dict[str, Any] = {
+        "guaranteedResource": share.guaranteed.to_json() if share else None,
+        "idealResource": share.ideal.to_json() if share else None,
+        "pendingResource": share.pending.to_json() if share else None,
+        "beingReclaimed": core.reclaim_book.being_reclaimed(name).to_json(),
+        "preemptionDisabled": any(q.name == name and q.disable_preemption for q in core.cfg.queues),
+    }
+    if rec is not None:
+        out.update(rec.to_json())
+        out.update({"numContainersShrunk": rec.shrunk, "numContainersReleasedOnPreemption": rec.released,
+                    "numContainersKilledByPreemption": rec.killed})
+    return out
+
+
 def app_json(core: ResourceManagerCore, app: App) -> dict[str, Any]:
     at: Attempt | None = core.attempts.get(app.current_attempt or "")
     now = core.clock()
@@ -153,7 +180,7 @@ def app_json(core: ResourceManagerCore, app: App) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": app.app_id, "user": app.user, "name": app.name, "queue": app.queue, "state": app.state.value,
         "finalStatus": app.final_status.value, "progress": round(app.progress * 100.0, 2),
-        "trackingUI": tracking_ui, "trackingUrl": app.tracking_url, "diagnostics": app.diagnostics,
+        "trackingUI": tracking_ui, "trackingUrl": app.tracking_url, "diagnostics": app_diagnostics(app),
         "clusterId": core.cluster_ts, "applicationType": app.app_type, "applicationTags": "",
         "priority": 0, "startedTime": _ms(app.start_time or app.submit_time), "launchTime": _ms(app.start_time),
         "finishedTime": _ms(app.finish_time),
@@ -164,8 +191,7 @@ def app_json(core: ResourceManagerCore, app: App) -> dict[str, Any]:
         "runningContainers": len(live), "memorySeconds": int(mem_s), "vcoreSeconds": int(vc_s),
         "queueUsagePercentage": _pct(used.memory, total.memory * (q.capacity / 100.0) if q else 0),
         "clusterUsagePercentage": _pct(used.memory, total.memory),
-        "preemptedResourceMB": 0, "preemptedResourceVCores": 0, "numNonAMContainerPreempted": 0,
-        "numAMContainerPreempted": 0, "logAggregationStatus": "DISABLED", "unmanagedApplication": False,
+        **app.preemption.to_json(), "logAggregationStatus": "DISABLED", "unmanagedApplication": False,
         "amNodeLabelExpression": "", "maxAppAttempts": app.max_attempts,
     }
     if app.elastane is not None:
