@@ -14,12 +14,13 @@ is_local_host() {
   return 1
 }
 
-# The ELASTANE_* settings to carry over ssh, so remote daemons use the same pid / log / conf dirs,
+# The ELASTANE_* settings to carry over ssh, so remote daemons use the same pid / log / conf dirs
+# and interpreter (ELASTANE_PYTHON: an ssh session's PATH is sshd's, not the caller's),
 # and the host's name as the hosts file gives it (ELASTANE_HOSTNAME: its nm-<name>.toml overrides).
 remote_env() {
   local host=$1 v out=""
   for v in ELASTANE_PID_DIR ELASTANE_LOG_DIR ELASTANE_IDENT_STRING ELASTANE_CONF_DIR ELASTANE_NM_OPTS \
-           ELASTANE_START_TIMEOUT ELASTANE_STOP_TIMEOUT; do
+           ELASTANE_START_TIMEOUT ELASTANE_STOP_TIMEOUT ELASTANE_PYTHON; do
     [[ -n ${!v:-} ]] && out+="$v=$(printf '%q' "${!v}") "
   done
   out+="ELASTANE_HOSTNAME=$(printf '%q' "$host") "

@@ -147,10 +147,15 @@ class TestbedCluster:
         raise KeyError(f"no testbed host has address {address!r}")
 
     def env(self) -> dict[str, str]:
-        """What an operator's shell on the master has set: the shared conf dir and the ssh options."""
-        return {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "HOME": os.environ.get("HOME", "/root"),
-                "LANG": "C.UTF-8", "ELASTANE_CONF_DIR": str(self.conf_dir),
-                "ELASTANE_SSH_OPTS": self.testbed.ssh_opts()}
+        """What an operator's shell on the master has set: the shared conf dir and the ssh options,
+        and the interpreter the daemons run (`ELASTANE_PYTHON`, carried to every host over ssh by
+        bin/start-cluster) when this process has one set."""
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "HOME": os.environ.get("HOME", "/root"),
+               "LANG": "C.UTF-8", "ELASTANE_CONF_DIR": str(self.conf_dir),
+               "ELASTANE_SSH_OPTS": self.testbed.ssh_opts()}
+        if os.environ.get("ELASTANE_PYTHON"):
+            env["ELASTANE_PYTHON"] = os.environ["ELASTANE_PYTHON"]
+        return env
 
     # ----- start / stop -------------------------------------------------------------------------
 
