@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 from aiohttp import web
 
 from protocol import codec, tokens
-from protocol.aggregated_logs import AggregatedLogError, RemoteLogDir, find_container, read_log
+from protocol.aggregated_logs import AggregatedLogError, RemoteLogDir, find_container, read_log, slice_from
 from protocol.http_server import json_response, make_app, read_json
 from protocol.ids import ContainerId
 from protocol.internal_api import CONTAINER_START, NodeUtilization, StartContainerRequest
@@ -209,7 +209,7 @@ class NodeWebApi:
         if path and os.path.isfile(path):
             data = await asyncio.to_thread(_read_from, path, n)
         elif self.remote_logs is not None or c is None:
-            data = _slice(await self._aggregated_file(cid, name), n)
+            data = slice_from(await self._aggregated_file(cid, name), n)
         else:
             raise NotFound(f"log file {name} not found for container {cid}")
         return web.Response(body=data, content_type="text/plain", charset="utf-8")
@@ -250,11 +250,6 @@ class NodeWebApi:
         body = (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>Logs of {esc(cid)}</title></head>"
                 f"<body><h1>Logs of {esc(cid)}</h1><p>{esc(kind)}</p><ul>{rows}</ul></body></html>")
         return web.Response(text=body, content_type="text/html")
-
-
-def _slice(data: bytes, start: int) -> bytes:
-    """`_read_from`'s `start` on bytes in memory."""
-    return data[start:] if start >= 0 else data[max(0, len(data) + start):]
 
 
 def _read_from(path: str, start: int) -> bytes:

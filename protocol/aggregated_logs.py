@@ -355,6 +355,11 @@ def read_log(store: RemoteLogDir, app_id: str, node: NodeLogs, container_id: str
     return bytes(out)
 
 
+def slice_from(data: bytes, start: int) -> bytes:
+    """YARN's `start` on a log's bytes: from byte `start`, or the last -start bytes when negative."""
+    return data[start:] if start >= 0 else data[max(0, len(data) + start):]
+
+
 def find_container(store: RemoteLogDir, container_id: str) -> Optional[tuple[NodeLogs, dict[str, int]]]:
     """The node whose aggregated files hold `container_id`'s logs and their files (name -> bytes);
     None if none does. The container id names its app, so only that app's dir is read."""

@@ -21,6 +21,7 @@ from ..model import App
 from ..shape_history import ShapeChange, ShapeHistory, ShapeSample
 from .format import fmt_time
 from .layout import escape, html_table, live_chart, live_fields, note_until, page, static_fields
+from .logs_page import app_log_links
 from .svg_chart import Marker, Series, chart
 
 if TYPE_CHECKING:
@@ -170,7 +171,8 @@ def render_app_page(rm: "RmContext", app: App, now_ms: Optional[float] = None) -
     body = (f"<h1>Application {escape(app.app_id)}</h1>"
             f'{live_fields("app", f"/ws/v1/cluster/apps/{quoted}", ["app"], APP_FIELDS, j, now)}'
             + static_fields([("Tracking URL", _tracking(app, j)),
-                             ("Attempts", f"{len(app.attempts)} of at most {app.max_attempts}")]))
+                             ("Attempts", f"{len(app.attempts)} of at most {app.max_attempts}"),
+                             ("Logs", app_log_links(rm, app, j["amContainerLogs"]))]))
     shape_src = f"/ws/v1/cluster/apps/{quoted}/shape"
     if app.app_type.upper() == ps_job_spec.APPLICATION_TYPE:
         t0 = app.start_time or app.submit_time

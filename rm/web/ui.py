@@ -11,6 +11,7 @@ from aiohttp import web
 
 from .apps_page import parse_state, render_apps_page
 from .layout import SCRIPT, escape, page
+from .logs_page import LogsPage
 from .node_page import render_node_not_found, render_node_page
 from .nodes_page import render_nodes_page
 from .overview_page import render_overview_page
@@ -43,6 +44,7 @@ class WebUi:
         r.add_get("/cluster/node/{node_id}", self.node)
         r.add_get("/cluster/scheduler", self.scheduler)
         r.add_get(SCRIPT, self.script)
+        LogsPage(self.rm).add_routes(app)        # /cluster/logs/...: aggregated container logs
 
     def _now_ms(self) -> float:
         return self.rm.core.clock() * 1000

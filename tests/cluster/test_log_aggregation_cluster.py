@@ -98,6 +98,14 @@ def test_finished_apps_logs_are_aggregated_and_local_copies_freed(tmp_path: Path
             assert nm_get(n.http_address, f"/ws/v1/node/containerlogs/{one}/stdout") == f"out-{one}\n"
             page = nm_get(n.http_address, f"/node/containerlogs/{one}/alice")
             assert f"/ws/v1/node/containerlogs/{one}/stdout" in page and "aggregated from node" in page
+        # The web UI's links: the app page points at the RM's log pages, which serve every file.
+        rm = c.rm_url.removeprefix("http://")
+        assert f'href="/cluster/logs/{app_id}"' in nm_get(rm, f"/cluster/app/{app_id}")
+        listing = nm_get(rm, f"/cluster/logs/{app_id}")
+        for cid in shells:
+            assert f'href="/cluster/logs/{app_id}/{cid}/stdout"' in listing, listing
+        assert nm_get(rm, f"/cluster/logs/{app_id}/{one}/stdout") == f"out-{one}\n"
+        assert nm_get(rm, f"/cluster/logs/{app_id}/{one}/stdout?start=-4") == f"{one[-3:]}\n"
 
 
 def test_a_node_killed_mid_app_leaves_its_logs_up_to_the_last_roll(tmp_path: Path) -> None:

@@ -1,0 +1,123 @@
+"""The RM as the cluster's log server: an app's aggregated container logs (cluster.toml's
+remote_app_log_dir, protocol/aggregated_logs.py) at `/cluster/logs/{app_id}` and one log file at
+`/cluster/logs/{app_id}/{container_id}/{file}` (text, YARN's `start` to take a tail).
+
+YARN's web links for finished apps go to its JobHistory server, which reads the same remote dir;
+Elastane has no history server, so the RM serves them: it outlives the nodes. While an app runs,
+the app page links its AM's node instead (the NM's own page, which falls back on these files).
+Reads go to a worker thread: an object store's latency must not hold the RM's event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import urllib.parse
+from typing import TYPE_CHECKING, Optional
+
+from aiohttp import web
+
+from protocol.aggregated_logs import (AggregatedLogError, NodeLogs, RemoteLogDir, app_node_logs, read_log,
+                                      slice_from)
+from protocol.ids import ApplicationId
+
+from ..model import App
+from .layout import escape, html_table, page
+
+if TYPE_CHECKING:
+    from ..context import RmContext
+
+LOGS_PAGE = "/cluster/logs/{app_id}"
+LOG_FILE = "/cluster/logs/{app_id}/{container_id}/{file_name}"
+
+
+def logs_url(app_id: str) -> str:
+    return "/cluster/logs/" + urllib.parse.quote(app_id, safe="")
+
+
+def app_log_links(rm: "RmContext", app: App, am_logs: str) -> str:
+    """The app page's log links: the AM's node while the app runs (the NM page), the aggregated
+    logs once it is over (or whenever aggregation is on: rolled uploads show while it runs)."""
+    links = []
+    if am_logs and not app.state.is_final:
+        links.append(f'<a href="{escape(am_logs)}">AM container on its node</a>')
+    if rm.cluster.remote_app_log_dir:
+        links.append(f'<a href="{escape(logs_url(app.app_id))}">aggregated logs</a>')
+    return " | ".join(links) if links else "N/A (finished logs stay on their nodes: log aggregation is off)"
+
+
+def _node_rows(app_id: str, nodes: list[NodeLogs]) -> list[list[str]]:
+    rows = []
+    for node in nodes:
+        kind = "final" if node.final else f"rolled ({len(node.files)} upload(s)), app running or node lost"
+        for cid, files in sorted(node.containers().items()):
+            links = ", ".join(
+                f'<a href="{escape(logs_url(app_id))}/{escape(urllib.parse.quote(cid))}/'
+                f'{escape(urllib.parse.quote(name))}">{escape(name)}</a> ({size} B)'
+                for name, size in sorted(files.items()))
+            rows.append([escape(cid), escape(node.node_id), escape(kind), links])
+    return rows
+
+
+def render_logs_page(app_id: str, store: Optional[RemoteLogDir], nodes: list[NodeLogs]) -> str:
+    title = f"Logs of {app_id}"
+    if store is None:
+        return page(title, f"<h1>{escape(title)}</h1><p>Log aggregation is off (cluster.toml's "
+                           "remote_app_log_dir is empty): container logs stay on their nodes.</p>",
+                    active="/cluster/apps")
+    errors = [e for n in nodes for e in n.errors]
+    body = (f"<h1>{escape(title)}</h1><p>Aggregated at <code>{escape(store.url)}</code>.</p>"
+            + ("".join(f'<p class="error">{escape(e)}</p>' for e in errors))
+            + (html_table(["Container", "Node", "Upload", "Files"], _node_rows(app_id, nodes)) if nodes else
+               "<p>No aggregated logs of this app (yet): its nodes upload them when it ends, and every "
+               "roll interval while it runs where nm.toml's log_roll_interval_s is set.</p>"))
+    return page(title, body, active="/cluster/apps")
+
+
+class LogsPage:
+    """The `/cluster/logs/...` handlers."""
+
+    def __init__(self, rm: "RmContext"):
+        self.rm = rm
+        url = rm.cluster.remote_app_log_dir
+        self.store = RemoteLogDir(url) if url else None
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get(LOGS_PAGE, self.logs_page)
+        app.router.add_get(LOG_FILE, self.log_file)
+
+    @staticmethod
+    def _app_id(request: web.Request) -> str:
+        raw = request.match_info["app_id"]
+        try:
+            return str(ApplicationId.parse(raw))
+        except ValueError as e:
+            raise web.HTTPBadRequest(text=f"{e}\n") from None
+
+    async def _nodes(self, app_id: str) -> list[NodeLogs]:
+        if self.store is None:
+            return []
+        try:
+            return await asyncio.to_thread(app_node_logs, self.store, app_id)
+        except OSError as e:
+            raise web.HTTPBadGateway(text=f"cannot read the aggregated logs at {self.store.url}: {e}\n") from None
+
+    async def logs_page(self, request: web.Request) -> web.Response:
+        app_id = self._app_id(request)
+        nodes = await self._nodes(app_id)
+        return web.Response(text=render_logs_page(app_id, self.store, nodes), content_type="text/html")
+
+    async def log_file(self, request: web.Request) -> web.Response:
+        app_id = self._app_id(request)
+        cid, name = request.match_info["container_id"], request.match_info["file_name"]
+        try:
+            start = int(request.query.get("start", "0"))
+        except ValueError:
+            raise web.HTTPBadRequest(text=f"start must be an integer, got {request.query.get('start')!r}\n") from None
+        store = self.store
+        node = next((n for n in await self._nodes(app_id) if name in n.containers().get(cid, {})), None)
+        if store is None or node is None:
+            raise web.HTTPNotFound(text=f"no aggregated log {name} of {cid} in {app_id}\n")
+        try:
+            data = await asyncio.to_thread(read_log, store, app_id, node, cid, name)
+        except (AggregatedLogError, OSError) as e:
+            raise web.HTTPBadGateway(text=f"{e}\n") from None
+        return web.Response(body=slice_from(data, start), content_type="text/plain", charset="utf-8")
