@@ -74,6 +74,11 @@ ASYNC_REFERENCE = (2.83, 3.92, 0.0, 0.11)
 # Per-app priors: the epoch-time θ of models/ps_iteration_time.py (T = θ0/w + θ1 + θ2·w/s + θ3·w +
 # θ4·s, eq. 4's form) that `elastane sim calibrate` measured for the built-in apps on this project's
 # dev machine (docs/simulator.md). Only their shape matters: the fit scales them to each job.
+# They are not independent of the simulator's truth: sim/calibration.json is a later calibration
+# of the same apps on the same machine, so in the simulator this prior comes from overlapping
+# measurements. bench/optimus_prior_effect.py measures what that buys (docs/simulator.md,
+# Calibration): with a flat prior (1/w) Optimus did as well or better on the default trace (its
+# mean JCT 0.88x of this prior's, median of 5 seeds), with the paper's ResNet-50 reference 1.5x worse.
 APP_PRIORS: dict[str, tuple[float, float, float, float, float]] = {
     "mlr": (0.678, 0.0677, 0.0152, 0.0646, 0.0),
     "nmf": (0.914589, 0.19257, 0.0, 0.0, 0.118368),
