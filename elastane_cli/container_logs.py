@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from pathlib import Path
 from protocol import aggregated_logs, config, ids
 from protocol.aggregated_logs import AggregatedLogError, NodeLogs, RemoteLogDir
 
@@ -85,10 +84,10 @@ async def fetch_log(client: RmRestClient, ref: ContainerRef, file: str) -> str:
 def remote_log_dir(ctx: CliContext) -> RemoteLogDir | None:
     """cluster.toml's remote_app_log_dir (the local cluster's conf, else the installation's); None
     when log aggregation is off."""
-    local = ctx.cluster_dir / "conf" / "cluster.toml"
-    path: Path | None = local if local.exists() else None
+    from .main import cluster_conf_file  # noqa: PLC0415  (main imports this module's command)
+
     try:
-        url = config.load_cluster(str(path) if path else None).remote_app_log_dir
+        url = config.load_cluster(str(cluster_conf_file(ctx))).remote_app_log_dir
         return RemoteLogDir(url) if url else None
     except (config.ConfigError, AggregatedLogError) as e:
         raise UsageError(f"remote_app_log_dir: {e}") from None
