@@ -8,6 +8,7 @@ import os
 
 LINREG_SOURCE = '''
 """A user's linear regression: y = x . w + noise, squared loss, SGD."""
+from functools import cached_property
 from typing import Annotated
 
 import msgspec
@@ -103,17 +104,9 @@ def linreg_source(fail_in_compute: bool = False) -> str:
 
 # A user's app that trains on a data file shipped with the job (`--files linreg.npz`, or a YARN
 # local resource), opened by its relative name in the working dir, as a user writes it: arrays
-# x_train, y_train, x_heldout, y_heldout. Its DATA_PATH_FIELD lets `--data` point it at another file.
+# x_train, y_train, x_heldout, y_heldout. Its DATA_PATH_FIELD lets `--data` point it at another
+# file. Appended to LINREG_SOURCE: it subclasses LinRegApp, whose math it keeps.
 FILE_LINREG_SOURCE = '''
-"""A user's linear regression on a shipped data file (squared loss, SGD)."""
-from functools import cached_property
-from typing import Annotated
-
-import msgspec
-import numpy as np
-
-from elastane.app_api import DataBlock, KeyValues, ObjectivePart, PSApp
-
 
 class FileSpec(msgspec.Struct, forbid_unknown_fields=True):
     data_file: str = "linreg.npz"
@@ -121,14 +114,12 @@ class FileSpec(msgspec.Struct, forbid_unknown_fields=True):
     seed: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
-class FileHParams(msgspec.Struct, forbid_unknown_fields=True):
-    learning_rate: Annotated[float, msgspec.Meta(gt=0)] = 0.1
-    batch_size: Annotated[int, msgspec.Meta(ge=1)] = 20
-    convergence_threshold: Annotated[float, msgspec.Meta(gt=0)] = 1e-9
+class FileHParams(LinRegHParams, forbid_unknown_fields=True):
     max_epochs: Annotated[int, msgspec.Meta(ge=1)] = {max_epochs}
 
 
-class FileLinRegApp(PSApp):
+class FileLinRegApp(LinRegApp):
+    """The same regression on the rows of a data file, opened by its name in the working dir."""
     name = "filelinreg"
     Spec = FileSpec
     HParams = FileHParams
@@ -152,10 +143,6 @@ class FileLinRegApp(PSApp):
     def num_keys(self):
         return self.arrays["x_train"].shape[1]
 
-    @property
-    def key_length(self):
-        return 1
-
     def generate_block(self, block_index, heldout=False):
         part = "heldout" if heldout else "train"
         x, y = self.arrays["x_" + part], self.arrays["y_" + part]
@@ -166,39 +153,14 @@ class FileLinRegApp(PSApp):
     def data_nbytes(self):
         return self.num_rows * (self.num_keys + 1) * 4
 
-    def init_value(self, keys):
-        return np.zeros((len(keys), 1), dtype=np.float32)
-
-    def keys_for_batch(self, batch):
-        return self.model_keys()
-
-    def compute(self, batch, params, ctx):
-        x = batch.block.data["x"][batch.start:batch.stop]
-        y = batch.block.data["y"][batch.start:batch.stop]
-        w = params.values[:, 0]
-        grad = x.T @ (x @ w - y) / max(batch.size, 1)
-        step = -self.hparams.learning_rate * grad / ctx.num_workers
-        return KeyValues(params.keys, step.astype(np.float32)[:, None])
-
-    def objective_keys(self, block):
-        return self.model_keys()
-
-    def objective(self, block, params):
-        r = block.data["x"] @ params.values[:, 0] - block.data["y"]
-        return ObjectivePart(float(np.sum(r * r)), block.num_rows)
-
-    def evaluate(self, model, heldout):
-        sq = sum(float(np.sum((b.data["x"] @ model[:, 0] - b.data["y"]) ** 2)) for b in heldout)
-        n = sum(b.num_rows for b in heldout)
-        return {{"rmse": float(np.sqrt(sq / max(n, 1)))}}
-
     def predict(self, block, params):
         return block.data["x"] @ params.values[:, 0]
 '''
 
 
 def file_linreg_source(max_epochs: int = 5) -> str:
-    return FILE_LINREG_SOURCE.format(max_epochs=max_epochs)
+    """A module with LinRegApp and FileLinRegApp, its subclass on a data file ("module:FileLinRegApp")."""
+    return linreg_source() + FILE_LINREG_SOURCE.format(max_epochs=max_epochs)
 
 
 def write_linreg_data(path: "os.PathLike[str] | str", rows: int = 600, heldout: int = 200, features: int = 6,
