@@ -7,7 +7,7 @@ Decision frees in that queue (while no other queue is owed anything, growth is l
 scheduler's limits) -- and without any growth of a job the reclaim shrank lately (`held`:
 rm/policies/queue_reclaim.py's hold, so the reclaim and the policy do not undo each other). Shrinks
 and moves that add nothing pass untouched; a job's growth that is cut is trimmed (workers first,
-then servers, from the nodes the decision adds most to), or dropped when trimming cannot bring it
+servers, one at a time from the role it adds more of; from the nodes holding most), or dropped when trimming cannot bring it
 within its room (the job keeps its current directive).
 
 It runs after every policy's decide (rm/reclaim_runner.py), so no policy needs to know queues.
@@ -60,13 +60,17 @@ def _fits(e: Resource, room: Resource) -> int:
 
 
 def _trim(jd: JobDecision, cur: tuple[int, int], by: int) -> Optional[JobDecision]:
-    """`jd` with `by` fewer executors, taken from what it adds over `cur` (workers first); None if
-    it does not add that many."""
+    """`jd` with `by` fewer executors, taken one at a time from the role it adds more of over
+    `cur` (workers on a tie), so the shape keeps the decision's mix; None if it does not add that many."""
     add_w, add_s = max(0, jd.workers - cur[0]), max(0, jd.servers - cur[1])
-    rw = min(by, add_w)
-    rs = by - rw
-    if rs > add_s:
+    if by > add_w + add_s:
         return None
+    rw = rs = 0
+    for _ in range(by):
+        if add_w - rw >= add_s - rs:
+            rw += 1
+        else:
+            rs += 1
     placement = jd.placement
     if placement:
         try:
