@@ -3,7 +3,6 @@ capacity another queue is owed, none grows a job the reclaim shrank lately; and,
 `optimus` and `dorm` deciding, the reclaim and the policy do not undo each other."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 import pytest
