@@ -14,14 +14,20 @@ its submitted shape (workers + servers: what the PS AM starts training with). Th
 (--window-s against the jobs' sizes) is high, so jobs queue: that is where holding part of what a
 job needs costs the jobs behind it.
 
-Per run: mean JCT over all jobs (a job that never finished counted until the run stopped -- a
-lower bound: the finished jobs' mean alone, also shown, favours runs where long jobs stalled),
-makespan, finished jobs, and the stalled ones (unfinished when the run stopped: jobs each holding
-part of what they need and waiting on each other). Gains are off / on (>1: gang admission is
-faster), per policy the median over seeds.
+Per run: the finished jobs' mean JCT, makespan, finished jobs, and the failed or stalled ones
+(unfinished when the run stopped: jobs each holding part of what they need and waiting on each
+other). Issue 33's rule: no timeout or stop time stands in for a JCT, so the failed and stalled
+jobs are counted apart per arm, and a JCT ratio covers only the jobs that finished in both arms
+(sim.metrics.completed_in_both): off's mean JCT over gang admission's on those jobs (>1: gang
+admission is faster for the jobs both finished; it says nothing of the jobs one arm lost, which
+`failed_*` count). "With" is the RM's default gang shape (RMConfig.gang_shape, "submitted");
+"minimum" is reported beside it. Seeds: five by default (`--seeds 6-10` for others); each ratio
+is the median over (policy, seed) runs with its min and max.
 
-Last line: {"jct_gain_gang_vs_off": <median over policies and seeds of off / minimum mean JCT>,
-"jct_gain_gang_submitted_vs_off": ..., "per_policy": {...}, "runs": [...]}.
+Last line: {"failed_without": <jobs failed or stalled with gang admission off, over all runs>,
+"failed_with": <the same with the default gang shape>, "failed_minimum", "jct_gain_completed_in_both"
+(+ _min / _max), "jct_gain_minimum_completed_in_both" (+ _min / _max), "completed_in_both" (jobs
+the ratio covers, over all runs), "per_policy": {...}, "runs": [...]}.
 
 `--testbed`: the same question on the multi-host testbed (docs/testbed.md; bench/support/
 gang_testbed.py): 3 node hosts with room for three 384 MB containers each, `--jobs` tiny MLR PS jobs
@@ -30,20 +36,23 @@ fresh cluster with rm.toml `gang_admission = false` and one with `true` (gang sh
 `--settings off,minimum,submitted` adds gang shape "submitted"), same jobs in the same order, the
 settings interleaved over `--repeats`. Per job its JCT (submission to final state); a job unfinished
 at `--timeout-s` is killed and counted stalled, a job that failed (its AM gave up waiting for its
-executors) counted failed, both with the timeout as JCT (a lower bound). `--quick`: 6 jobs, one
-repeat, 150 s timeout (longer than the AM's 120 s executor wait, so a starved AM's end is seen).
-Without the testbed it says why, prints {"error": ...} and exits 2. Last line:
-{"testbed_jct_gain_gang_vs_off": <mean JCT off / minimum, over all repeats' jobs>,
-["testbed_jct_gain_gang_submitted_vs_off",] "mean_jct_s": {setting: s}, "stalled": {setting: n},
-"failed": {setting: n}, "repeats", "jobs", "runs": [...]}.
+executors) counted failed; neither has a JCT. `--quick`: 6 jobs, one repeat, 150 s timeout (longer
+than the AM's 120 s executor wait, so a starved AM's end is seen). Without the testbed it says why,
+prints {"error": ...} and exits 2. Last line: {"failed_without", "failed_with" (failed + stalled
+under "off" and under the last gang setting run: "submitted" when run, else "minimum"),
+"jct_gain_completed_in_both" (off's mean JCT over the gang setting's, over the (repeat, job) pairs
+that succeeded in both; null when none did), "completed_in_both", "testbed_jct_gain_gang_vs_off" /
+"testbed_jct_gain_gang_submitted_vs_off" (the same per setting), "mean_jct_s" (succeeded jobs'),
+"stalled", "failed", "repeats", "jobs", "runs": [...]}.
 
-Measured (2026-11-26, --quick, 2-core host): off / minimum = 0.865 (mean JCT 119.5 s off, 138.3 s
-minimum, 3 of 6 jobs failed in each). "minimum" admits three jobs whose AM + min 1 + 1 fit (all 9
+Measured before issue 33 (2026-11-26, --quick, 2-core host), with the timeout as a failed job's
+JCT -- figures that measured the timeout, kept for the failure counts: off / minimum = 0.865
+(3 of 6 jobs failed in each). "minimum" admits three jobs whose AM + min 1 + 1 fit (all 9
 slots), but the PS AM waits for its submitted 2 + 2 before it trains (appmaster/ps/master.py
 `_drive`), so all three wait on workers no one can get until their AMs give up at 120 s: the
 deadlock gang admission is meant to prevent, moved, not removed. So rm.toml's default gang_shape is
-"submitted", the gang the AM waits for: `--testbed --quick --settings off,submitted` measured off /
-submitted = 12.2 (mean JCT 118.1 s off, 9.65 s submitted; 3 of 6 jobs failed off, none submitted).
+"submitted", the gang the AM waits for: `--testbed --quick --settings off,submitted` failed 3 of 6
+jobs off and none submitted (its 12.2x was the 150 s timeout over 9.65 s; not a JCT gain).
 """
 from __future__ import annotations
 
@@ -65,7 +74,9 @@ from elastane_cli import testbed_hosts  # noqa: E402
 from sim import calibration  # noqa: E402
 from support import gang_testbed  # noqa: E402  (bench/support: not a benchmark itself)
 from support.sigterm import unwind_on_sigterm  # noqa: E402
+from sim.metrics import completed_in_both, ratio, spread_keys  # noqa: E402
 from sim.simulator import SimConfig, SimResult, simulate  # noqa: E402
+from support.seeds import DEFAULT_TEXT, parse_seeds  # noqa: E402
 from sim.workload import WorkloadSpec, generate  # noqa: E402
 
 MODES: dict[str, dict[str, Any]] = {
@@ -75,23 +86,24 @@ MODES: dict[str, dict[str, Any]] = {
 }
 
 
-def ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
-    if num is None or den is None or den == 0:
-        return None
-    return round(num / den, 3)
+def mean(xs: list[float]) -> Optional[float]:
+    return round(statistics.fmean(xs), 2) if xs else None
 
 
-def median(xs: list[Optional[float]]) -> Optional[float]:
-    vals = [x for x in xs if x is not None]
-    return round(statistics.median(vals), 3) if vals else None
+def gain_completed_in_both(without: list[tuple[str, Optional[float]]], with_: list[tuple[str, Optional[float]]]
+                           ) -> tuple[Optional[float], int]:
+    """(off's mean JCT over the gang arm's, over the jobs that finished in both; how many jobs)."""
+    a, b = completed_in_both(without, with_)
+    return (ratio(statistics.fmean(a), statistics.fmean(b)) if a else None), len(a)
 
 
-def censored_mean_jct(res: SimResult) -> Optional[float]:
-    """Mean JCT over every job, one that never finished counted until the run stopped (a lower
-    bound on its JCT): the finished jobs' mean alone favours a run where the long jobs stalled."""
-    stop = res.t0 + res.summary.virtual_s
-    jcts = [(r.end if r.end is not None else stop) - r.arrival for r in res.records]
-    return round(statistics.fmean(jcts), 1) if jcts else None
+def sim_jcts(res: SimResult) -> list[tuple[str, Optional[float]]]:
+    return [(r.name, r.jct) for r in res.records]
+
+
+def testbed_jcts(run: gang_testbed.RunOutcome, rep: int) -> list[tuple[str, Optional[float]]]:
+    """(repeat/job, JCT) of a testbed run, None for a job that failed or stalled."""
+    return [(f"{rep}/{j.name}", j.jct_s if j.final_status == "SUCCEEDED" else None) for j in run.jobs]
 
 
 def testbed_main(ns: argparse.Namespace, p: argparse.ArgumentParser) -> int:
@@ -123,23 +135,30 @@ def testbed_main(ns: argparse.Namespace, p: argparse.ArgumentParser) -> int:
                 with tempfile.TemporaryDirectory(prefix="elastane-gang-") as tmp:
                     res = gang_testbed.run_workload(Path(tmp), shape, jobs, setting, timeout_s)
             per[setting].append(res)
-            runs.append({"setting": setting, "repeat": rep + 1, "mean_jct_s": res.mean_jct_s,
+            runs.append({"setting": setting, "repeat": rep + 1,
                          "succeeded_mean_jct_s": res.succeeded_mean_jct_s, "stalled": res.stalled,
                          "failed": res.failed, "wall_s": res.wall_s,
                          "jobs": [{"name": j.name, "jct_s": j.jct_s, "status": j.final_status,
                                    "diagnostics": j.diagnostics} for j in res.jobs]})
-            print(f"testbed gang {setting:>9} repeat {rep + 1}: mean JCT {res.mean_jct_s} s (succeeded jobs' "
-                  f"{res.succeeded_mean_jct_s}), stalled {res.stalled}, failed {res.failed}, "
+            print(f"testbed gang {setting:>9} repeat {rep + 1}: succeeded jobs' mean JCT "
+                  f"{res.succeeded_mean_jct_s} s, stalled {res.stalled}, failed {res.failed}, "
                   f"JCTs {[(j.jct_s, j.final_status) for j in res.jobs]}", file=sys.stderr, flush=True)
 
-    def mean_jct(setting: str) -> Optional[float]:
-        jcts = [x for r in per[setting] for x in r.censored_jcts()]
-        return round(statistics.fmean(jcts), 2) if jcts else None
+    def jcts(setting: str) -> list[tuple[str, Optional[float]]]:
+        return [x for rep, r in enumerate(per[setting]) for x in testbed_jcts(r, rep)]
 
-    means = {s: mean_jct(s) for s in settings}
-    out: dict[str, Any] = {"testbed_jct_gain_gang_vs_off": ratio(means["off"], means.get("minimum"))}
+    def lost(setting: str) -> int:
+        return sum(r.failed + r.stalled for r in per[setting])
+
+    means = {s: mean([j for _, j in jcts(s) if j is not None]) for s in settings}
+    gang = "submitted" if "submitted" in per else "minimum"
+    gain, both = gain_completed_in_both(jcts("off"), jcts(gang))
+    out: dict[str, Any] = {"failed_without": lost("off"), "failed_with": lost(gang), "with": gang,
+                           "jct_gain_completed_in_both": gain, "completed_in_both": both}
+    if "minimum" in per:
+        out["testbed_jct_gain_gang_vs_off"] = gain_completed_in_both(jcts("off"), jcts("minimum"))[0]
     if "submitted" in per:
-        out["testbed_jct_gain_gang_submitted_vs_off"] = ratio(means["off"], means["submitted"])
+        out["testbed_jct_gain_gang_submitted_vs_off"] = gain_completed_in_both(jcts("off"), jcts("submitted"))[0]
     print(json.dumps({
         **out, "mean_jct_s": means,
         "stalled": {s: sum(r.stalled for r in per[s]) for s in per},
@@ -157,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--node-memory-mb", type=int, default=8192)
     p.add_argument("--node-vcores", type=int, default=8)
-    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--seeds", default=DEFAULT_TEXT, help="trace seeds: a list (6,7,8) or a range (6-10)")
     p.add_argument("--policies", default="static,eps,dorm")
     p.add_argument("--epochs", default="10,40", help="each job's max_epochs drawn from [lo, hi]")
     p.add_argument("--calibration", type=Path, default=calibration.DEFAULT_PATH)
@@ -177,48 +196,58 @@ def main(argv: list[str] | None = None) -> int:
     if ns.quick:
         ns.jobs, ns.window_s, ns.seeds, ns.policies = 12, 120.0, "1", "static"
     try:
-        seeds = [int(s) for s in ns.seeds.split(",") if s]
+        seeds = parse_seeds(ns.seeds)
         lo, hi = (int(x) for x in ns.epochs.split(","))
-    except ValueError:
-        p.error("--seeds wants integers like 1,2,3 and --epochs two integers like 10,40")
+    except ValueError as e:
+        p.error(f"{e} (--seeds wants 1,2,3 or 1-5 and --epochs two integers like 10,40)")
     pols = [x for x in ns.policies.split(",") if x]
-    if ns.jobs < 1 or not seeds or not pols:
-        p.error("--jobs must be >= 1 and --seeds / --policies must name something")
+    if ns.jobs < 1 or not pols:
+        p.error("--jobs must be >= 1 and --policies must name something")
     cal = calibration.load(ns.calibration)
+    with_mode = SimConfig().rm.gang_shape       # the RM's default gang shape ("submitted")
     runs: list[dict[str, Any]] = []
     for seed in seeds:
         trace = generate(WorkloadSpec(jobs=ns.jobs, window_s=ns.window_s, apps=tuple(sorted(cal.apps)),
                                       arrivals="poisson", epochs=(lo, hi)), seed)
         for policy in pols:
             row: dict[str, Any] = {"seed": seed, "policy": policy}
+            results: dict[str, SimResult] = {}
             for mode, knobs in MODES.items():
                 base = SimConfig().rm
                 cfg = SimConfig(nodes=ns.nodes, node_memory_mb=ns.node_memory_mb, node_vcores=ns.node_vcores,
                                 rm=msgspec.structs.replace(base, **knobs))
-                res = simulate(trace, policy, cal, cfg)
+                res = results[mode] = simulate(trace, policy, cal, cfg)
                 s = res.summary
-                row[mode] = {"mean_jct_s": censored_mean_jct(res), "finished_mean_jct_s": s.mean_jct_s,
-                             "makespan_s": s.makespan_s, "finished": s.finished, "stalled": s.jobs - s.finished,
-                             "mean_utilization": round(s.mean_utilization, 3)}
-                print(f"seed {seed} {policy:>8} gang {mode:>9}: mean JCT {row[mode]['mean_jct_s']} "
-                      f"(finished jobs' {s.mean_jct_s}), makespan {s.makespan_s}, finished {s.finished}/{s.jobs}",
-                      file=sys.stderr, flush=True)
-            row["jct_gain_minimum"] = ratio(row["off"]["mean_jct_s"], row["minimum"]["mean_jct_s"])
-            row["jct_gain_submitted"] = ratio(row["off"]["mean_jct_s"], row["submitted"]["mean_jct_s"])
+                row[mode] = {"finished_mean_jct_s": s.mean_jct_s, "makespan_s": s.makespan_s, "finished": s.finished,
+                             "failed_or_stalled": s.jobs - s.finished, "mean_utilization": round(s.mean_utilization, 3)}
+                print(f"seed {seed} {policy:>8} gang {mode:>9}: finished jobs' mean JCT {s.mean_jct_s}, makespan "
+                      f"{s.makespan_s}, finished {s.finished}/{s.jobs}", file=sys.stderr, flush=True)
+            for mode in ("minimum", "submitted"):
+                gain, both = gain_completed_in_both(sim_jcts(results["off"]), sim_jcts(results[mode]))
+                row[f"jct_gain_{mode}_completed_in_both"] = gain
+                row[f"completed_in_both_{mode}"] = both
             runs.append(row)
-    per_policy = {pol: {"jct_gain_minimum": median([r["jct_gain_minimum"] for r in runs if r["policy"] == pol]),
-                        "jct_gain_submitted": median([r["jct_gain_submitted"] for r in runs if r["policy"] == pol]),
-                        "stalled_off": sum(r["off"]["stalled"] for r in runs if r["policy"] == pol),
-                        "stalled_minimum": sum(r["minimum"]["stalled"] for r in runs if r["policy"] == pol),
-                        "stalled_submitted": sum(r["submitted"]["stalled"] for r in runs if r["policy"] == pol)}
+
+    def lost(mode: str, pol: Optional[str] = None) -> int:
+        return sum(r[mode]["failed_or_stalled"] for r in runs if pol is None or r["policy"] == pol)
+
+    per_policy = {pol: {**spread_keys("jct_gain_completed_in_both",
+                                      [r[f"jct_gain_{with_mode}_completed_in_both"] for r in runs if r["policy"] == pol]),
+                        **spread_keys("jct_gain_minimum_completed_in_both",
+                                      [r["jct_gain_minimum_completed_in_both"] for r in runs if r["policy"] == pol]),
+                        "failed_without": lost("off", pol), "failed_with": lost(with_mode, pol),
+                        "failed_minimum": lost("minimum", pol)}
                   for pol in pols}
-    print(f"{'policy':>8} {'gain (minimum)':>15} {'gain (submitted)':>17} {'stalled off/min/sub':>20}")
+    print(f"{'policy':>8} {'gain (' + with_mode + ')':>18} {'gain (minimum)':>15} {'failed off/with/min':>20}")
     for pol, g in per_policy.items():
-        print(f"{pol:>8} {g['jct_gain_minimum']!s:>15} {g['jct_gain_submitted']!s:>17} "
-              f"{g['stalled_off']:>8}/{g['stalled_minimum']}/{g['stalled_submitted']}")
+        print(f"{pol:>8} {g['jct_gain_completed_in_both']!s:>18} {g['jct_gain_minimum_completed_in_both']!s:>15} "
+              f"{g['failed_without']:>8}/{g['failed_with']}/{g['failed_minimum']}")
     print(json.dumps({
-        "jct_gain_gang_vs_off": median([r["jct_gain_minimum"] for r in runs]),
-        "jct_gain_gang_submitted_vs_off": median([r["jct_gain_submitted"] for r in runs]),
+        "failed_without": lost("off"), "failed_with": lost(with_mode), "failed_minimum": lost("minimum"),
+        "with": with_mode,
+        **spread_keys("jct_gain_completed_in_both", [r[f"jct_gain_{with_mode}_completed_in_both"] for r in runs]),
+        **spread_keys("jct_gain_minimum_completed_in_both", [r["jct_gain_minimum_completed_in_both"] for r in runs]),
+        "completed_in_both": sum(r[f"completed_in_both_{with_mode}"] for r in runs),
         "per_policy": per_policy, "jobs": ns.jobs, "nodes": ns.nodes, "window_s": ns.window_s, "seeds": seeds,
         "epochs": [lo, hi], "runs": runs,
     }))

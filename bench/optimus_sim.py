@@ -1,7 +1,7 @@
 """Optimus before and after issue 25's part-3 fixes, each against DRF, on the same simulated traces.
 
     .venv/bin/python bench/optimus_sim.py [--quick] [--jobs 60] [--nodes 4] [--window-s 1500]
-                                          [--seeds 1,2,3] [--before REV] [--calibration PATH]
+                                          [--seeds 1-5] [--before REV] [--calibration PATH]
     .venv/bin/python bench/optimus_sim.py --trace cluster [--jobs 30] [--nodes 16] [--load 0.75] ...
 
 "Before" is the `optimus` policy as it was at git revision REV (default: the commit before the
@@ -11,14 +11,16 @@ traces (one per seed) and the same DRF baseline. `--trace generate` (default) is
 sim.workload.generate with the setting the issue measured (60 jobs over 1500 s on 4 nodes of 8 GB /
 8 vcores); `--trace cluster` is bench/policies_sim.py's default trace (sim.workload.cluster_trace:
 Poisson arrivals at an offered load on 16 nodes, jobs of tens of epochs, heartbeats and allocates
-every 2 s), where the simulator's `oracle` runs too. Per policy and seed: mean JCT, makespan,
-reshapes, how many jobs finished; the gains are DRF's over Optimus's, median over seeds.
+every 2 s), where the simulator's `optimus-truth` runs too (Optimus's rule fed the true curves,
+sim/optimus_truth.py: not a bound). Per policy and seed: mean JCT, makespan, reshapes, how many
+jobs finished; the gains are DRF's over Optimus's, each the median over the seeds (five by default;
+`--seeds 6-10` for others) with `_min` / `_max`.
 
 Last line, one JSON object: {"seeds", "policies": {name: {"mean_jct_s": [...], ...}},
 "optimus_jct_gain_vs_drf", "optimus_makespan_gain_vs_drf" (after the fixes),
 "optimus_before_jct_gain_vs_drf", "optimus_before_makespan_gain_vs_drf", "optimus_jct_gain_vs_before",
-"optimus_reshapes", "optimus_before_reshapes", "optimus_over_oracle" (oracle mean JCT over Optimus's,
---trace cluster only)} (medians over the seeds).
+"optimus_reshapes", "optimus_before_reshapes", "optimus_jct_over_truth" (optimus-truth's mean JCT over
+Optimus's, --trace cluster only)} (medians over the seeds, each gain with `_min` / `_max`).
 """
 from __future__ import annotations
 
@@ -40,7 +42,10 @@ from dataclasses import replace  # noqa: E402
 
 from protocol.records import Resource  # noqa: E402
 from sim.sim_job import JobTimings  # noqa: E402
-from sim.simulator import SimConfig, simulate  # noqa: E402
+from sim.metrics import spread_keys  # noqa: E402
+from sim.simulator import OPTIMUS_TRUTH, SimConfig, simulate  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench"))
+from support.seeds import DEFAULT_TEXT, parse_seeds  # noqa: E402
 from sim.trace import TraceJob  # noqa: E402
 from sim.workload import WorkloadSpec, generate  # noqa: E402
 
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=0, help="nodes (0: 4, or 16 for --trace cluster)")
     p.add_argument("--load", type=float, default=0.75, help="--trace cluster: the offered load")
     p.add_argument("--window-s", type=float, default=1500.0)
-    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--seeds", default=DEFAULT_TEXT, help="trace seeds: a list (6,7,8) or a range (6-10)")
     p.add_argument("--before", default=BEFORE_REV, help="git revision of the 'before' policy")
     p.add_argument("--calibration", type=Path, default=calibration.DEFAULT_PATH)
     p.add_argument("--quick", action="store_true", help="20 jobs over 500 s, one seed")
@@ -105,14 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     ns.nodes = ns.nodes or (16 if cluster_mode else 4)
     if ns.quick:
         ns.jobs, ns.window_s, ns.seeds = (20 if cluster_mode else 20), 500.0, "1"
-    seeds = [int(s) for s in ns.seeds.split(",") if s.strip()]
+    try:
+        seeds = parse_seeds(ns.seeds)
+    except ValueError as e:
+        p.error(str(e))
     load_before(ns.before)
     cal = calibration.load(ns.calibration)
     if cluster_mode:    # as bench/policies_sim.py runs its default trace
         cfg = SimConfig(nodes=ns.nodes, heartbeat_s=2.0, timings=JobTimings(allocate_interval_s=2.0, pending_interval_s=0.5))
     else:
         cfg = SimConfig(nodes=ns.nodes)
-    names = ("drf", "optimus-before", "optimus") + (("oracle",) if cluster_mode else ())
+    names = ("drf", "optimus-before", "optimus") + ((OPTIMUS_TRUTH,) if cluster_mode else ())
     out: dict[str, dict[str, list[Any]]] = {n: {"mean_jct_s": [], "makespan_s": [], "reshapes": [], "finished": []}
                                             for n in names}
     for seed in seeds:
@@ -129,19 +137,22 @@ def main(argv: list[str] | None = None) -> int:
 
     def gains(num: str, den: str, key: str) -> Optional[float]:
         return median([ratio(a, b) for a, b in zip(out[num][key], out[den][key])])
+
+    def spread(name: str, num: str, den: str, key: str) -> dict[str, Optional[float]]:
+        return spread_keys(name, [ratio(a, b) for a, b in zip(out[num][key], out[den][key])])
     print(json.dumps({
         "trace": ns.trace, "seeds": seeds, "jobs": ns.jobs, "nodes": ns.nodes,
         "window_s": ns.window_s if not cluster_mode else None, "load": ns.load if cluster_mode else None,
         "before": ns.before,
         "policies": out,
-        "optimus_jct_gain_vs_drf": gains("drf", "optimus", "mean_jct_s"),
-        "optimus_makespan_gain_vs_drf": gains("drf", "optimus", "makespan_s"),
-        "optimus_before_jct_gain_vs_drf": gains("drf", "optimus-before", "mean_jct_s"),
-        "optimus_before_makespan_gain_vs_drf": gains("drf", "optimus-before", "makespan_s"),
-        "optimus_jct_gain_vs_before": gains("optimus-before", "optimus", "mean_jct_s"),
+        **spread("optimus_jct_gain_vs_drf", "drf", "optimus", "mean_jct_s"),
+        **spread("optimus_makespan_gain_vs_drf", "drf", "optimus", "makespan_s"),
+        **spread("optimus_before_jct_gain_vs_drf", "drf", "optimus-before", "mean_jct_s"),
+        **spread("optimus_before_makespan_gain_vs_drf", "drf", "optimus-before", "makespan_s"),
+        **spread("optimus_jct_gain_vs_before", "optimus-before", "optimus", "mean_jct_s"),
         "optimus_reshapes": median(out["optimus"]["reshapes"]),
         "optimus_before_reshapes": median(out["optimus-before"]["reshapes"]),
-        "optimus_over_oracle": gains("oracle", "optimus", "mean_jct_s") if cluster_mode else None,
+        "optimus_jct_over_truth": gains(OPTIMUS_TRUTH, "optimus", "mean_jct_s") if cluster_mode else None,
     }))
     return 0
 

@@ -1,34 +1,45 @@
 """The cluster policies on simulated clusters: our apps on a loaded cluster, and the papers' own workloads.
 
-    .venv/bin/python bench/policies_sim.py [--quick] [--seeds 1] [--jobs 60] [--nodes 16] [--load 0.75]
-    .venv/bin/python bench/policies_sim.py --paper optimus [--quick] [--seeds 1]
-    .venv/bin/python bench/policies_sim.py --paper dorm [--quick] [--seeds 1]
+    .venv/bin/python bench/policies_sim.py [--quick] [--seeds 1-5] [--jobs 60] [--nodes 16] [--load 0.75]
+    .venv/bin/python bench/policies_sim.py --paper optimus [--quick] [--seeds 1-5]
+    .venv/bin/python bench/policies_sim.py --paper dorm [--quick] [--seeds 1-5]
+    .venv/bin/python bench/policies_sim.py --paper harmony [--quick] [--seeds 1-5]
 
 Every run replays one trace per seed under each policy on the same simulated cluster
-(sim/simulator.py: the real RM core and policy code on a virtual clock); where several seeds run,
-each gain is the median over them. Per policy: mean JCT, makespan, mean allocation, mean useful
+(sim/simulator.py: the real RM core and policy code on a virtual clock). Five seeds by default
+(`--seeds` names others: "6-10", "6,7"); every gain is reported as its median over the seeds (the
+key itself) with `<key>_min` and `<key>_max`, and `per_seed` holds each seed's. A mean-JCT ratio
+between two runs covers the jobs that finished in both (`unfinished` counts the others per policy;
+no timeout stands in for a JCT). Per policy: mean JCT, makespan, mean allocation, mean useful
 utilization (executors of training jobs only, sim/metrics.py), mean DRF fairness loss (Dorm eq. 2),
-finished jobs, reshapes, the simulator's wall time; on the default trace also its mean JCT against
-DRF's (`jct_gain_vs_drf`) and the oracle's (`jct_over_oracle`).
+finished / unfinished jobs, reshapes, `extrapolated_job_share` (jobs that trained at a shape beyond
+their app's measured calibration range, where the simulator counts it), the simulator's wall time.
 
-**Default** (issue 25 part 2): our four apps (sim/calibration.json) on 16 nodes of 8 vCores / 8 GB,
-`sim.workload.cluster_trace`: Poisson arrivals at the rate that offers `--load` of the cluster,
-jobs of tens of epochs (thresholds 0.05-0.5 %, max_epochs 20-60 in the spec). Every registered
-policy runs, and the simulator's `oracle` (true remaining epochs and speed functions). Keys:
-`policies`, `offered_load` (of the drawn trace), `optimus_jct_gain_vs_drf` (DRF mean JCT over
-Optimus's; target >= 1.3), `optimus_makespan_gain_vs_drf`, `optimus_jct_gain_vs_tetris`,
-`optimus_over_oracle` (oracle mean JCT over Optimus's; 1.0 = as good; target >= 0.9),
+Against a bound: `sim/bounds.py`'s clairvoyant lower bound on mean JCT (true curves, zero resize
+cost, no queueing; the larger of each job alone at its fastest shape and the cluster as one fluid
+resource under SRPT): `<policy>_jct_over_bound` is the bound over the policy's mean JCT (<= 1).
+`optimus-truth` (sim/optimus_truth.py) is Optimus's greedy rule fed the true curves -- reported
+separately (`optimus_jct_over_truth`: its mean JCT over Optimus's), not a bound.
+
+**Default** (issue 25 part 2; the trace frozen by issue 33): our four apps (sim/calibration.json) on
+16 nodes of 8 vCores / 8 GB, `sim.workload.cluster_trace`: Poisson arrivals at the rate that offers
+`--load` of the cluster, jobs of tens of epochs (thresholds 0.05-0.5 %, max_epochs 20-60 in the
+spec). Policies static, drf, optimus, optimus-truth, dorm (`--policies all`: every registered one,
+tetris included). Keys: `seeds`, `offered_load`, `optimus_jct_gain_vs_drf` (DRF mean JCT over
+Optimus's; target >= 1.5) and `optimus_jct_gain_vs_drf_min`, `optimus_makespan_gain_vs_drf`,
+`optimus_jct_gain_vs_tetris` (with --policies all), `optimus_jct_over_bound`,
+`optimus_truth_jct_over_bound`, `drf_jct_over_bound`, `optimus_jct_over_truth`,
 `dorm_util_gain_vs_static` (allocation), `dorm_useful_util_gain_vs_static` (target >= 1.3),
-`dorm_fairness_gain_vs_static` (static's fairness loss over Dorm's; target >= 1).
+`dorm_fairness_gain_vs_static` (static's fairness loss over Dorm's; target >= 1),
+`extrapolated_job_share` (the largest over policies and seeds), `unfinished`.
 
 **--paper optimus** (sim/papers/optimus.py: Table 1's job types with Table 2's speed functions and
 Fig. 7's curve, 60 jobs arriving over [0, 12000] s, 13 nodes, a 10-minute scheduling interval):
 Optimus against DRF and Tetris. Keys `optimus_jct_gain_vs_drf` (paper 2.39), `optimus_makespan_gain_vs_drf`
 (paper 1.63), `optimus_jct_gain_vs_tetris`, `optimus_makespan_gain_vs_tetris` (paper: Tetris 5.0 h vs
-Optimus 4.1 h makespan, 1.22), `drf_makespan_h` (paper 6.7), and the `oracle` (Optimus's rule on the
-true remaining epochs and speed functions): `oracle_jct_gain_vs_drf` is what the rule gains on this
-workload without prediction errors, `optimus_over_oracle` what Optimus's errors cost. `all_sync` holds
-the same for Fig. 16's all-synchronous workload (DRF, Optimus, oracle).
+Optimus 4.1 h makespan, 1.22), `drf_makespan_h` (paper 6.7), the bound's and optimus-truth's
+(`optimus_truth_jct_gain_vs_drf`: what the rule gains without prediction errors). `all_sync` holds
+the same for Fig. 16's all-synchronous workload (DRF, Optimus, optimus-truth; not in --quick).
 
 **--paper dorm** (sim/papers/dorm.py: Table II's 50 applications arriving 20 minutes apart on
 average, 20 nodes x 12 cores, Dorm-3's thresholds): Dorm against static partitions. Keys
@@ -36,20 +47,19 @@ average, 20 nodes x 12 cores, Dorm-3's thresholds): Dorm against static partitio
 `dorm_util_gain_vs_static_run` (over the whole run), `dorm_fairness_gain_vs_static` (paper 1.52),
 `dorm_speedup_vs_static` (per application, static JCT over Dorm's, averaged; paper 2.72). The
 paper gives no speed functions; `linear_speed` holds the same keys for the variant where every
-worker adds its whole speed (sim/papers/dorm.py's LINEAR), the assumed function's cost.
+worker adds its whole speed (sim/papers/dorm.py's LINEAR), the assumed function's cost (not in
+--quick).
 
 **--paper harmony** (bench/support/harmony_sim_paper.py; sim/workload_harmony.py's 80 jobs of Table
-4.1 on 100 hosts of 8 cores, DoP 16): Harmony against isolated and naive co-location in the
-simulator with sim/colocation.py's model. Keys `harmony_jct_gain_vs_isolated` (paper 2.11),
-`harmony_makespan_gain_vs_isolated` (1.60), `harmony_util_gain_vs_isolated` (1.65), the naive ones,
-and the model's best cases (`model_best_case_jct_gain`, `model_best_case_makespan_gain`).
+4.1 on 100 hosts of 8 cores): Harmony against the stronger isolated baseline (each job at its best
+DoP alone, or the best fixed DoP of {2, 4, 8, 16}; `harmony_baseline_dop` says which), fixed DoP 16,
+isolated at Harmony's own DoPs and naive co-location. Keys `harmony_jct_gain_vs_best_isolated`
+(paper 2.11 over its isolated baseline), `harmony_baseline_dop`, `harmony_jct_gain_vs_fixed_isolated`,
+`harmony_makespan_gain_vs_best_isolated` (paper 1.60), `seeds`, and the split of the gain.
 
-Run times on this project's shared 2-core dev host (one seed): default ~8 min (Tetris alone
-3.5 min), `--quick` (30 jobs; static, drf, optimus, oracle, dorm) ~2 min; `--paper optimus` ~6 min,
-`--quick` ~3 min; `--paper dorm` ~3 min, `--quick` ~2 min.
-
-`--paper` dispatches through PAPERS, a table of functions (one per paper). The last line of output
-is one JSON object.
+`--quick` (a smaller trace per seed, still five seeds) is for checking the bench runs. `--paper`
+dispatches through PAPERS, a table of functions (one per paper). The last line of output is one
+JSON object.
 """
 from __future__ import annotations
 
@@ -65,30 +75,52 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from support.harmony_sim_paper import harmony_run  # noqa: E402  (bench/support: not a benchmark itself)
+from support.seeds import DEFAULT_TEXT, parse_seeds  # noqa: E402
 from protocol.records import Resource  # noqa: E402
 from sim import calibration as calibration_file  # noqa: E402
+from sim.bounds import clairvoyant_bound, over_bound  # noqa: E402
 from sim.calibration import Calibration  # noqa: E402
+from sim.metrics import completed_in_both, ratio, spread_keys  # noqa: E402
 from sim.papers import dorm as dorm_paper  # noqa: E402
 from sim.papers import optimus as optimus_paper  # noqa: E402
 from sim.sim_job import JobTimings  # noqa: E402
-from sim.simulator import SimConfig, SimResult, known_policies, simulate  # noqa: E402
+from sim.simulator import OPTIMUS_TRUTH, SimConfig, SimResult, known_policies, simulate  # noqa: E402
 from sim.trace import TraceJob  # noqa: E402
 from sim.workload import CLUSTER_SPEC, cluster_trace  # noqa: E402
 
 Row = dict[str, Any]
 
 
-def ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
-    """num / den rounded, or None when either is missing or den is zero."""
-    if num is None or den is None or den == 0:
-        return None
-    return round(num / den, 3)
-
-
 def median(values: Sequence[Optional[float]]) -> Optional[float]:
     """The median of the values present (None when none is)."""
     vs = [v for v in values if v is not None]
     return round(statistics.median(vs), 3) if vs else None
+
+
+def jct_gain(results: dict[str, SimResult], base: str, new: str) -> Optional[float]:
+    """`base`'s mean JCT over `new`'s, over the jobs that finished in both runs (a job that failed
+    or stalled in either has no JCT to compare: it is counted in `unfinished`, not given one)."""
+    b, n = results.get(base), results.get(new)
+    if b is None or n is None:
+        return None
+    jb, jn = completed_in_both([(r.name, r.jct) for r in b.records], [(r.name, r.jct) for r in n.records])
+    return ratio(statistics.fmean(jb), statistics.fmean(jn)) if jb else None
+
+
+def extrapolated_share(result: SimResult) -> Optional[float]:
+    """The share of the run's jobs that trained at a shape beyond their app's measured calibration
+    range (sim/simulator.py's SimResult.extrapolated_job_share; None where the simulator does not
+    count it)."""
+    share = getattr(result, "extrapolated_job_share", None)
+    return None if share is None else round(float(share), 4)
+
+
+def aggregate(per_seed: list[dict[str, Any]], keys: Sequence[str]) -> dict[str, Optional[float]]:
+    """Each gain's median over the seeds with its `_min` and `_max`."""
+    out: dict[str, Optional[float]] = {}
+    for key in keys:
+        out.update(spread_keys(key, [p["gains"][key] for p in per_seed]))
+    return out
 
 
 def window_mean(result: SimResult, field: str, until_s: Optional[float]) -> float:
@@ -103,6 +135,7 @@ def row(result: SimResult) -> Row:
     j = s.to_json()
     useful = getattr(s, "mean_useful_utilization", None)
     return {"mean_jct_s": j["mean_jct_s"], "makespan_s": j["makespan_s"],
+            "unfinished": s.jobs - s.finished, "extrapolated_job_share": extrapolated_share(result),
             "mean_utilization": round(s.mean_utilization, 4),
             "mean_useful_utilization": None if useful is None else round(float(useful), 4),
             "mean_fairness_loss": round(s.mean_fairness_loss, 4), "finished": s.finished, "jobs": s.jobs,
@@ -114,10 +147,10 @@ def run(trace: Sequence[TraceJob], policy: str, cal: Calibration, cfg: SimConfig
     try:
         result = simulate(trace, policy, cal, cfg)
     except (KeyError, ValueError) as e:     # a policy not registered here, a trace it cannot take
-        print(f"{policy:>8}: not run ({e})", file=sys.stderr)
+        print(f"{policy:>13}: not run ({e})", file=sys.stderr)
         return None
     r = row(result)
-    print(f"{policy:>8}: mean JCT {r['mean_jct_s']} s, makespan {r['makespan_s']} s, allocation "
+    print(f"{policy:>13}: mean JCT {r['mean_jct_s']} s, makespan {r['makespan_s']} s, allocation "
           f"{r['mean_utilization']}, useful {r['mean_useful_utilization']}, fairness loss {r['mean_fairness_loss']}, "
           f"{r['finished']}/{r['jobs']} finished, {r['reshapes']} reshapes, {r['wall_s']} s wall", file=sys.stderr)
     return result
@@ -129,12 +162,30 @@ def get(rows: dict[str, Row], policy: str, field: str) -> Optional[float]:
 
 
 def seeds_of(ns: argparse.Namespace) -> list[int]:
-    return [ns.seed + i for i in range(ns.seeds)]
+    return list(ns.seed_list)
+
+
+def run_all(trace: Sequence[TraceJob], names: Sequence[str], cal: Calibration, cfg: SimConfig) -> dict[str, SimResult]:
+    out = {}
+    for name in names:
+        res = run(trace, name, cal, cfg)
+        if res is not None:
+            out[name] = res
+    return out
 
 
 # ----- default: our apps on a loaded cluster ----------------------------------------------------
 
-QUICK_POLICIES = ["static", "drf", "optimus", "oracle", "dorm"]     # the ones the targets compare
+# The policies the targets compare (`--policies all`: every registered one, tetris included, which
+# alone takes minutes a seed).
+DEFAULT_POLICIES = ["static", "drf", "optimus", OPTIMUS_TRUTH, "dorm"]
+
+
+def policy_names(ns: argparse.Namespace, default: Sequence[str]) -> list[str]:
+    if ns.policies == "all":
+        return known_policies()
+    return ns.policies.split(",") if ns.policies else list(default)
+
 
 def default_run(ns: argparse.Namespace) -> dict[str, Any]:
     cal = calibration_file.load(ns.calibration)
@@ -146,38 +197,50 @@ def default_run(ns: argparse.Namespace) -> dict[str, Any]:
     cluster = Resource(ns.node_memory_mb * nodes, ns.node_vcores * nodes)
     am = Resource(cfg.timings.am_memory_mb, 1)
     spec = replace(CLUSTER_SPEC, jobs=ns.jobs if ns.jobs else (30 if ns.quick else CLUSTER_SPEC.jobs))
-    names = ns.policies.split(",") if ns.policies else (QUICK_POLICIES if ns.quick else known_policies())
+    names = policy_names(ns, DEFAULT_POLICIES)
     per_seed: list[dict[str, Any]] = []
     for seed in seeds_of(ns):
         ct = cluster_trace(cal, cluster, am, seed, ns.load, spec)
         print(f"seed {seed}: {len(ct.jobs)} jobs, {ct.rate_per_s * 3600:.1f} arrivals/h, offered load "
               f"{ct.offered_load:.3f} (target {ns.load}), {nodes} nodes", file=sys.stderr)
-        rows = {}
-        for name in names:
-            res = run(ct.jobs, name, cal, cfg)
-            if res is not None:
-                rows[name] = row(res)
-        for r in rows.values():     # each policy against DRF and against the oracle (issue 25 part 2)
-            r["jct_gain_vs_drf"] = ratio(get(rows, "drf", "mean_jct_s"), r["mean_jct_s"])
-            r["jct_over_oracle"] = ratio(get(rows, "oracle", "mean_jct_s"), r["mean_jct_s"])
+        results = run_all(ct.jobs, names, cal, cfg)
+        bound = clairvoyant_bound(ct.jobs, cal, cluster)
+        rows = {k: row(v) for k, v in results.items()}
+        for name, r in rows.items():     # each policy against DRF and against the bound
+            r["jct_gain_vs_drf"] = jct_gain(results, "drf", name)
+            r["jct_over_bound"] = over_bound(bound.mean_jct_s, r["mean_jct_s"])
         per_seed.append({"seed": seed, "offered_load": round(ct.offered_load, 3), "policies": rows,
-                         "gains": gains_default(rows)})
+                         "bound": bound.to_json(), "gains": gains_default(results, rows, bound.mean_jct_s)})
+    shares = [r["extrapolated_job_share"] for p in per_seed for r in p["policies"].values()]
     out: dict[str, Any] = {"mode": "default", "nodes": nodes, "jobs": spec.jobs, "target_load": ns.load,
-                           "seeds": [p["seed"] for p in per_seed], "policies": per_seed[0]["policies"],
-                           "offered_load": median([float(p["offered_load"]) for p in per_seed])}
-    for key in gains_default({}):
-        out[key] = median([p["gains"][key] for p in per_seed])
-    if len(per_seed) > 1:
-        out["per_seed"] = [{"seed": p["seed"], **p["gains"]} for p in per_seed]
+                           "seeds": [p["seed"] for p in per_seed], "policies_run": names,
+                           "offered_load": median([float(p["offered_load"]) for p in per_seed]),
+                           # the largest share over every policy and seed (None: not counted)
+                           "extrapolated_job_share": max((x for x in shares if x is not None), default=None),
+                           "unfinished": {n: sum(p["policies"][n]["unfinished"] for p in per_seed if n in p["policies"])
+                                          for n in names},
+                           **aggregate(per_seed, DEFAULT_GAINS)}
+    out["per_seed"] = per_seed
     return out
 
 
-def gains_default(rows: dict[str, Row]) -> dict[str, Optional[float]]:
+DEFAULT_GAINS = ("optimus_jct_gain_vs_drf", "optimus_makespan_gain_vs_drf", "optimus_jct_gain_vs_tetris",
+                 "optimus_jct_over_bound", "optimus_truth_jct_over_bound", "optimus_jct_over_truth",
+                 "drf_jct_over_bound", "dorm_util_gain_vs_static", "dorm_useful_util_gain_vs_static",
+                 "dorm_fairness_gain_vs_static")
+
+
+def gains_default(results: dict[str, SimResult], rows: dict[str, Row], bound_jct: float) -> dict[str, Optional[float]]:
     return {
-        "optimus_jct_gain_vs_drf": ratio(get(rows, "drf", "mean_jct_s"), get(rows, "optimus", "mean_jct_s")),
+        "optimus_jct_gain_vs_drf": jct_gain(results, "drf", "optimus"),
         "optimus_makespan_gain_vs_drf": ratio(get(rows, "drf", "makespan_s"), get(rows, "optimus", "makespan_s")),
-        "optimus_jct_gain_vs_tetris": ratio(get(rows, "tetris", "mean_jct_s"), get(rows, "optimus", "mean_jct_s")),
-        "optimus_over_oracle": ratio(get(rows, "oracle", "mean_jct_s"), get(rows, "optimus", "mean_jct_s")),
+        "optimus_jct_gain_vs_tetris": jct_gain(results, "tetris", "optimus"),
+        # the clairvoyant bound's mean JCT over the policy's (<= 1; 1 = the bound met), sim/bounds.py
+        "optimus_jct_over_bound": over_bound(bound_jct, get(rows, "optimus", "mean_jct_s")),
+        "optimus_truth_jct_over_bound": over_bound(bound_jct, get(rows, OPTIMUS_TRUTH, "mean_jct_s")),
+        "drf_jct_over_bound": over_bound(bound_jct, get(rows, "drf", "mean_jct_s")),
+        # Optimus's rule with true curves (sim/optimus_truth.py, not a bound) over Optimus
+        "optimus_jct_over_truth": jct_gain(results, OPTIMUS_TRUTH, "optimus"),
         "dorm_util_gain_vs_static": ratio(get(rows, "dorm", "mean_utilization"), get(rows, "static", "mean_utilization")),
         "dorm_useful_util_gain_vs_static": ratio(get(rows, "dorm", "mean_useful_utilization"),
                                                  get(rows, "static", "mean_useful_utilization")),
@@ -188,6 +251,11 @@ def gains_default(rows: dict[str, Row]) -> dict[str, Optional[float]]:
 
 # ----- --paper optimus --------------------------------------------------------------------------
 
+OPTIMUS_GAINS = ("optimus_jct_gain_vs_drf", "optimus_makespan_gain_vs_drf", "optimus_jct_gain_vs_tetris",
+                 "optimus_makespan_gain_vs_tetris", "drf_makespan_h", "optimus_jct_over_bound",
+                 "optimus_truth_jct_over_bound", "optimus_jct_over_truth", "optimus_truth_jct_gain_vs_drf")
+
+
 def optimus_run(ns: argparse.Namespace) -> dict[str, Any]:
     paper = optimus_paper.OptimusPaper()
     if ns.quick:        # half the jobs over half the window: the same load, half the run
@@ -195,56 +263,58 @@ def optimus_run(ns: argparse.Namespace) -> dict[str, Any]:
     cfg = SimConfig(nodes=paper.nodes, node_memory_mb=paper.node.memory, node_vcores=paper.node.vcores,
                     policy_interval_s=paper.scheduling_interval_s, heartbeat_s=2.0,
                     timings=JobTimings(allocate_interval_s=2.0, pending_interval_s=0.5))
+    cluster = Resource(paper.node.memory * paper.nodes, paper.node.vcores * paper.nodes)
     out: dict[str, Any] = {"mode": "paper-optimus", "jobs": paper.jobs, "nodes": paper.nodes,
                            "paper": {"optimus_jct_gain_vs_drf": 2.39, "optimus_makespan_gain_vs_drf": 1.63,
                                      "optimus_makespan_gain_vs_tetris": round(5.0 / 4.1, 3), "drf_makespan_h": 6.7}}
-    # §6.1's mix, then Fig. 16's all-sync workload with the oracle (Optimus's rule on the true
-    # remaining epochs and speed functions: what Optimus would do without prediction errors).
-    variants = (("", paper, ["drf", "tetris", "optimus", "oracle"]),
-                ("all_sync", replace(paper, modes=(True,)), ["drf", "optimus", "oracle"]))
+    # §6.1's mix, then Fig. 16's all-sync workload, each with Optimus's rule on the true curves
+    # (optimus-truth) and the clairvoyant bound (sim/bounds.py).
+    variants = (("", paper, ["drf", "tetris", "optimus", OPTIMUS_TRUTH]),
+                ("all_sync", replace(paper, modes=(True,)), ["drf", "optimus", OPTIMUS_TRUTH]))
     for label, variant, default_names in variants:
-        if label and ns.policies:
+        if label and (ns.policies or ns.quick):
             continue
         cal = optimus_paper.calibration(variant)
-        names = ns.policies.split(",") if ns.policies else default_names
+        names = policy_names(ns, default_names)
         per_seed: list[dict[str, Any]] = []
         for seed in seeds_of(ns):
             trace = optimus_paper.generate(variant, seed)
             print(f"seed {seed}: Optimus §6 workload{' (' + label + ')' if label else ''}, {len(trace)} jobs over "
                   f"{variant.window_s:.0f} s, {variant.nodes} nodes", file=sys.stderr)
-            rows = {}
-            for name in names:
-                res = run(trace, name, cal, cfg)
-                if res is not None:
-                    rows[name] = row(res)
-            per_seed.append({"seed": seed, "policies": rows, "gains": gains_optimus(rows)})
-        gains = {key: median([p["gains"][key] for p in per_seed]) for key in gains_optimus({})}
+            results = run_all(trace, names, cal, cfg)
+            bound = clairvoyant_bound(trace, cal, cluster)
+            rows = {k: row(v) for k, v in results.items()}
+            per_seed.append({"seed": seed, "policies": rows, "bound": bound.to_json(),
+                             "gains": gains_optimus(results, rows, bound.mean_jct_s)})
+        gains = aggregate(per_seed, OPTIMUS_GAINS)
         if not label:
-            out.update(seeds=[p["seed"] for p in per_seed], policies=per_seed[0]["policies"], **gains)
-            if len(per_seed) > 1:
-                out["per_seed"] = [{"seed": p["seed"], **p["gains"]} for p in per_seed]
+            out.update(seeds=[p["seed"] for p in per_seed], **gains, per_seed=per_seed)
         else:
-            out[label] = {"policies": per_seed[0]["policies"],
-                          **{k: v for k, v in gains.items() if v is not None}}
+            out[label] = {**{k: v for k, v in gains.items() if v is not None},
+                          "per_seed": [{"seed": p["seed"], **p["gains"]} for p in per_seed]}
     return out
 
 
-def gains_optimus(rows: dict[str, Row]) -> dict[str, Optional[float]]:
+def gains_optimus(results: dict[str, SimResult], rows: dict[str, Row], bound_jct: float) -> dict[str, Optional[float]]:
     mk = get(rows, "drf", "makespan_s")
     return {
-        "optimus_jct_gain_vs_drf": ratio(get(rows, "drf", "mean_jct_s"), get(rows, "optimus", "mean_jct_s")),
+        "optimus_jct_gain_vs_drf": jct_gain(results, "drf", "optimus"),
         "optimus_makespan_gain_vs_drf": ratio(mk, get(rows, "optimus", "makespan_s")),
-        "optimus_jct_gain_vs_tetris": ratio(get(rows, "tetris", "mean_jct_s"), get(rows, "optimus", "mean_jct_s")),
+        "optimus_jct_gain_vs_tetris": jct_gain(results, "tetris", "optimus"),
         "optimus_makespan_gain_vs_tetris": ratio(get(rows, "tetris", "makespan_s"), get(rows, "optimus", "makespan_s")),
         "drf_makespan_h": None if mk is None else round(mk / 3600.0, 2),
-        "optimus_over_oracle": ratio(get(rows, "oracle", "mean_jct_s"), get(rows, "optimus", "mean_jct_s")),
-        "oracle_jct_gain_vs_drf": ratio(get(rows, "drf", "mean_jct_s"), get(rows, "oracle", "mean_jct_s")),
+        "optimus_jct_over_bound": over_bound(bound_jct, get(rows, "optimus", "mean_jct_s")),
+        "optimus_truth_jct_over_bound": over_bound(bound_jct, get(rows, OPTIMUS_TRUTH, "mean_jct_s")),
+        "optimus_jct_over_truth": jct_gain(results, OPTIMUS_TRUTH, "optimus"),
+        "optimus_truth_jct_gain_vs_drf": jct_gain(results, "drf", OPTIMUS_TRUTH),
     }
 
 
 # ----- --paper dorm -----------------------------------------------------------------------------
 
 FIRST_HOURS = 5.0       # Dorm §V-B-1 averages utilization over the first 5 hours
+DORM_GAINS = ("dorm_util_gain_vs_static", "dorm_util_gain_vs_static_run", "dorm_useful_util_gain_vs_static",
+              "dorm_fairness_gain_vs_static", "dorm_speedup_vs_static", "dorm_mean_jct_gain_vs_static")
 
 
 def dorm_run(ns: argparse.Namespace) -> dict[str, Any]:
@@ -257,42 +327,36 @@ def dorm_run(ns: argparse.Namespace) -> dict[str, Any]:
                     timings=JobTimings(allocate_interval_s=5.0, pending_interval_s=1.0),
                     rm=paper.rm_config(base.rm))
     first_s = FIRST_HOURS * 3600.0 * (paper.mean_interval_s / dorm_paper.DormPaper().mean_interval_s)
-    names = ns.policies.split(",") if ns.policies else ["static", "dorm"]
-    out: dict[str, Any] = {"mode": "paper-dorm", "applications": len(dorm_paper.generate(paper, ns.seed)),
+    names = policy_names(ns, ["static", "dorm"])
+    out: dict[str, Any] = {"mode": "paper-dorm", "applications": len(dorm_paper.generate(paper, seeds_of(ns)[0])),
                            "nodes": paper.nodes,
                            "paper": {"dorm_util_gain_vs_static": 2.32, "dorm_fairness_gain_vs_static": 1.52,
                                      "dorm_speedup_vs_static": 2.72}}
     # The assumed speed function first, then the variant without its losses (sim/papers/dorm.py).
     for label, variant in (("", paper), ("linear_speed", replace(paper, speed=dorm_paper.LINEAR))):
+        if label and ns.quick:
+            continue
         cal = dorm_paper.calibration(variant)
         per_seed: list[dict[str, Any]] = []
         for seed in seeds_of(ns):
             trace = dorm_paper.generate(variant, seed)
             print(f"seed {seed}: Dorm §V workload{' (' + label + ')' if label else ''}, {len(trace)} applications, "
                   f"mean interval {variant.mean_interval_s / 60:.0f} min, {variant.nodes} nodes", file=sys.stderr)
-            results = {}
-            for name in names:
-                res = run(trace, name, cal, cfg)
-                if res is not None:
-                    results[name] = res
+            results = run_all(trace, names, cal, cfg)
             per_seed.append({"seed": seed, "policies": {k: row(v) for k, v in results.items()},
                              "gains": gains_dorm(results, first_s)})
-        gains = {key: median([p["gains"][key] for p in per_seed]) for key in gains_dorm({}, first_s)}
+        gains = aggregate(per_seed, DORM_GAINS)
         if not label:
-            out.update(seeds=[p["seed"] for p in per_seed], policies=per_seed[0]["policies"], **gains)
-            if len(per_seed) > 1:
-                out["per_seed"] = [{"seed": p["seed"], **p["gains"]} for p in per_seed]
+            out.update(seeds=[p["seed"] for p in per_seed], **gains, per_seed=per_seed)
         else:
-            out[label] = {"policies": per_seed[0]["policies"], **gains}
+            out[label] = {**gains, "per_seed": [{"seed": p["seed"], **p["gains"]} for p in per_seed]}
     return out
 
 
 def gains_dorm(results: dict[str, SimResult], first_s: float) -> dict[str, Optional[float]]:
     st, dm = results.get("static"), results.get("dorm")
     if st is None or dm is None:
-        return {"dorm_util_gain_vs_static": None, "dorm_util_gain_vs_static_run": None,
-                "dorm_useful_util_gain_vs_static": None, "dorm_fairness_gain_vs_static": None,
-                "dorm_speedup_vs_static": None, "dorm_mean_jct_gain_vs_static": None}
+        return {k: None for k in DORM_GAINS}
     jct_static = {r.name: r.jct for r in st.records if r.jct is not None}
     speedups = [jct_static[r.name] / r.jct for r in dm.records if r.jct and r.name in jct_static]
     return {
@@ -301,7 +365,7 @@ def gains_dorm(results: dict[str, SimResult], first_s: float) -> dict[str, Optio
         "dorm_useful_util_gain_vs_static": ratio(dm.summary.mean_useful_utilization, st.summary.mean_useful_utilization),
         "dorm_fairness_gain_vs_static": ratio(st.summary.mean_fairness_loss, dm.summary.mean_fairness_loss),
         "dorm_speedup_vs_static": round(statistics.fmean(speedups), 3) if speedups else None,
-        "dorm_mean_jct_gain_vs_static": ratio(st.summary.mean_jct_s, dm.summary.mean_jct_s),
+        "dorm_mean_jct_gain_vs_static": jct_gain(results, "static", "dorm"),
     }
 
 
@@ -324,9 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--paper", choices=sorted(PAPERS), help="; ".join(f"{k}: {v.help}" for k, v in PAPERS.items()))
     p.add_argument("--quick", action="store_true", help="a smaller trace (half the jobs or shorter applications)")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--seeds", type=int, default=1, help="traces to run (seed, seed+1, ...); gains are medians")
-    p.add_argument("--policies", default="", help="comma-separated policies (default: the mode's)")
+    p.add_argument("--seeds", default=DEFAULT_TEXT,
+                   help="the traces' seeds: a list (6,7,8) or a range (6-10); each gain is reported as its median "
+                        "over them with its min and max")
+    p.add_argument("--policies", default="", help="comma-separated policies (default: the mode's; all: every one)")
     p.add_argument("--jobs", type=int, default=0, help="default mode: jobs in the trace (0: 60, --quick 30)")
     p.add_argument("--nodes", type=int, default=16)
     p.add_argument("--load", type=float, default=0.75, help="default mode: the offered load to draw arrivals for")
@@ -334,7 +399,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node-vcores", type=int, default=8)
     p.add_argument("--calibration", type=Path, default=calibration_file.DEFAULT_PATH)
     ns = p.parse_args(argv)
-    for name, value in (("--seeds", ns.seeds), ("--nodes", ns.nodes), ("--node-memory-mb", ns.node_memory_mb),
+    try:
+        ns.seed_list = parse_seeds(ns.seeds)
+    except ValueError as e:
+        p.error(str(e))
+    for name, value in (("--nodes", ns.nodes), ("--node-memory-mb", ns.node_memory_mb),
                         ("--node-vcores", ns.node_vcores)):
         if value < 1:
             p.error(f"{name} must be >= 1, got {value}")

@@ -16,6 +16,23 @@ model (sim/colocation.py) in one mode:
   freely). The paper's naive baseline searched every grouping for its best case; here it is
   Harmony's grouping without the arbiter, i.e. Fig. 4.12's "naive + grouping" step.
 
+The isolated baseline (issue 33 part 3) is the stronger of two ways to run the queue alone, each
+job on hosts of its own, in the same queue order (`static`, ISOLATED mode):
+
+- every job at its own best DoP alone (`best_dop`: the candidate DoP at which its calibrated solo
+  JCT -- AM start, start-up, its epochs at that shape, finish -- is least; the dissertation's
+  baseline);
+- the whole queue at one fixed DoP, the best of `DOP_CANDIDATES` for this trace (DoP 16 was the
+  earlier baseline: under eq. 4.2 a job alone is fastest at the highest DoP, but the queue's
+  throughput is not, since COMM does not shrink with the DoP).
+
+`isolated_baselines` runs each candidate; `IsolatedBaselines.best` is the one with the least mean
+JCT among the runs that finished every job (`harmony_baseline_dop` names it: an int, or "per-job").
+Beside it: fixed DoP 16, and `isolated_at_dops(harmony's DoPs)` -- each job alone at the DoP Harmony
+ran it at most (`harmony_dops`) -- so the gain from DoP choice (isolated at Harmony's DoP over DoP
+16) and the gain from grouping (Harmony, and naive co-location, over isolated at Harmony's DoP)
+are shown apart.
+
 Per run: mean JCT, makespan, finished jobs, eq. 4.4's CPU and network utilization averaged over the
 makespan (useful subtask work per host, `ColocationTimes.mean_utilization`); and the gains of
 harmony and naive over isolated. `best_case` gives the model's own ceiling for the trace: every job
@@ -24,14 +41,15 @@ paired with its most complementary partner (eq. 4.1, no profiling, regrouping or
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
 import msgspec
 
-from .calibration import Calibration
+from .calibration import AppCalibration, Calibration
 from .colocation import ColocationTimes, Interference, MEASURED, Mode, SubtaskTimes, iteration_times
 from .simulator import SimConfig, SimResult, Simulator, T0
 from .trace import TraceJob
+from .workload import job_epochs
 
 RUNS: tuple[tuple[str, str, Mode], ...] = (
     ("isolated", "static", Mode.ISOLATED),
@@ -172,5 +190,107 @@ def best_case(loads: Sequence[SubtaskTimes], work: Sequence[float],
     return round(total / t, 3) if t > 0 else 1.0
 
 
-__all__ = ["RUNS", "RunOutcome", "as_harmony_job", "best_case", "compare", "gain", "gains", "ideal_schedule", "pairs",
-           "run_mode"]
+# ----- the isolated baselines (module doc) -----------------------------------------------------
+
+DOP_CANDIDATES: tuple[int, ...] = (2, 4, 8, 16)
+PER_JOB = "per-job"
+BaselineName = Union[int, str]          # a fixed DoP, or PER_JOB
+
+
+def at_dop(job: TraceJob, dop: int) -> TraceJob:
+    """The job asking for `dop` workers and `dop` servers (one of each per host, as DoP 16 asked)."""
+    if dop < 1:
+        raise ValueError(f"a DoP must be >= 1, got {dop}")
+    (lo_w, lo_s), (hi_w, hi_s) = job.shape_min, job.shape_max
+    return msgspec.structs.replace(job, workers=dop, servers=dop, min_workers=min(lo_w, dop), min_servers=min(lo_s, dop),
+                                   max_workers=max(hi_w, dop), max_servers=max(hi_s, dop))
+
+
+def solo_jct_s(job: TraceJob, app: AppCalibration, dop: int) -> float:
+    """The job's JCT alone at DoP `dop` by its calibration: AM start, executors' start-up, its
+    epochs at that shape, finish (no queueing, no contention)."""
+    train = job_epochs(job, app) * app.epoch_model().epoch_time(dop, dop, job.data_scale)
+    return app.am_start_s + app.startup_s + train + app.finish_s
+
+
+def best_dop(job: TraceJob, app: AppCalibration, candidates: Sequence[int] = DOP_CANDIDATES) -> int:
+    """The candidate DoP with the least solo JCT (a tie goes to the fewer hosts)."""
+    if not candidates:
+        raise ValueError("best_dop needs at least one candidate DoP")
+    return min(candidates, key=lambda d: (solo_jct_s(job, app, d), d))
+
+
+def isolated_at_dops(trace: Sequence[TraceJob], dops: Mapping[str, int]) -> list[TraceJob]:
+    """The trace, same order, each job asking for its DoP in `dops` (by job name)."""
+    return [at_dop(j, dops[j.name]) for j in trace]
+
+
+def harmony_dops(result: SimResult) -> dict[str, int]:
+    """Each job's DoP under a run: the worker count it trained at for the longest time (shape
+    changes are recorded with their times; a job's last shape lasts until its end)."""
+    out: dict[str, int] = {}
+    for r in result.records:
+        held: dict[int, float] = {}
+        marks = list(r.shapes)
+        for i, (t, w, _s) in enumerate(marks):
+            end = marks[i + 1][0] if i + 1 < len(marks) else (r.end if r.end is not None else t)
+            if w >= 1:
+                held[w] = held.get(w, 0.0) + max(0.0, end - t)
+        if held:
+            out[r.name] = max(sorted(held), key=lambda w: held[w])     # a tie: the fewer hosts
+        elif marks and marks[-1][1] >= 1:
+            out[r.name] = marks[-1][1]
+    return out
+
+
+@dataclass(frozen=True)
+class IsolatedBaselines:
+    """The isolated runs of one trace: each fixed candidate DoP, and every job at its own best."""
+
+    fixed: dict[int, RunOutcome]
+    per_job: RunOutcome
+    per_job_dops: dict[str, int]
+
+    def candidates(self) -> dict[BaselineName, RunOutcome]:
+        out: dict[BaselineName, RunOutcome] = {d: o for d, o in self.fixed.items()}
+        out[PER_JOB] = self.per_job
+        return out
+
+    def best(self) -> tuple[BaselineName, RunOutcome]:
+        """The candidate with the least mean JCT among those that finished every job (module doc)."""
+        return strongest(self.candidates())
+
+
+def strongest(runs: Mapping[BaselineName, RunOutcome]) -> tuple[BaselineName, RunOutcome]:
+    """The run with the least mean JCT of those that finished every job (a tie: the first given).
+    ValueError when none did: a baseline that left jobs unfinished has no mean JCT to compare."""
+    complete = [(k, o) for k, o in runs.items()
+                if o.mean_jct_s is not None and o.result.summary.finished == o.result.summary.jobs]
+    if not complete:
+        raise ValueError(f"no isolated baseline finished every job (ran {sorted(map(str, runs))})")
+    return min(complete, key=lambda ko: float(ko[1].mean_jct_s or 0.0))
+
+
+def isolated_baselines(trace: Sequence[TraceJob], calibration: Calibration, cfg: SimConfig,
+                       candidates: Sequence[int] = DOP_CANDIDATES, interference: Interference = MEASURED
+                       ) -> IsolatedBaselines:
+    """Run the trace alone at each fixed candidate DoP the cluster holds, and with every job at its
+    own best DoP (the fixed run's outcome when every job's best is that DoP)."""
+    fits = [d for d in candidates if d <= cfg.nodes]
+    if not fits:
+        raise ValueError(f"no candidate DoP in {list(candidates)} fits {cfg.nodes} nodes")
+    fixed = {d: run_mode(isolated_at_dops(trace, {j.name: d for j in trace}), calibration, cfg, f"isolated-dop{d}",
+                         "static", Mode.ISOLATED, interference) for d in fits}
+    dops = {j.name: best_dop(j, calibration.app(j.app), fits) for j in trace}
+    same = set(dops.values())
+    if len(same) == 1:
+        per_job = replace(fixed[same.pop()], name="isolated-per-job")
+    else:
+        per_job = run_mode(isolated_at_dops(trace, dops), calibration, cfg, "isolated-per-job", "static",
+                           Mode.ISOLATED, interference)
+    return IsolatedBaselines(fixed, per_job, dops)
+
+
+__all__ = ["BaselineName", "DOP_CANDIDATES", "IsolatedBaselines", "PER_JOB", "RUNS", "RunOutcome", "as_harmony_job",
+           "at_dop", "best_case", "best_dop", "compare", "gain", "gains", "harmony_dops", "ideal_schedule",
+           "isolated_at_dops", "isolated_baselines", "pairs", "run_mode", "solo_jct_s", "strongest"]

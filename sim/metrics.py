@@ -16,6 +16,12 @@
   cluster) and the DRF share ŝ_i: progressive filling of the jobs' containers (executor-sized,
   up to each job's maximum shape plus its AM) by smallest dominant share until nothing more fits.
   A job waiting in a queue holds nothing, so it counts its whole fair share as loss.
+
+Comparing runs (issue 33's rules of evidence): `ratio` is a time's speed-up (baseline over new),
+`Spread` a ratio's median and range over seeds (a gain is reported with its min-max, never one
+seed's figure alone), and `completed_in_both` the jobs two runs both finished: a job that failed or
+stalled in either run has no JCT, so it is counted apart and left out of a JCT ratio rather than
+given a timeout as its JCT.
 """
 from __future__ import annotations
 
@@ -132,5 +138,58 @@ def summarize(jcts: Iterable[Optional[float]], arrivals: Sequence[float], ends: 
                    mean_useful_utilization=statistics.fmean(s.useful_utilization for s in window) if window else 0.0)
 
 
-__all__ = ["Demand", "Sample", "Summary", "drf_shares", "fairness_loss", "summarize",
-           "utilization"]
+# ----- comparing runs ----------------------------------------------------------------------------
+
+def ratio(num: Optional[float], den: Optional[float], digits: int = 3) -> Optional[float]:
+    """num / den rounded (a gain: the baseline's time over the new one's), None when either is
+    missing or den is not positive."""
+    if num is None or den is None or den <= 0:
+        return None
+    return round(num / den, digits)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A figure over seeds: its median and range, and how many seeds gave one."""
+
+    median: float
+    min: float
+    max: float
+    n: int
+
+    @staticmethod
+    def of(values: Iterable[Optional[float]]) -> Optional["Spread"]:
+        """The spread of the values present (None when there are none)."""
+        vs = [v for v in values if v is not None]
+        if not vs:
+            return None
+        return Spread(round(statistics.median(vs), 3), round(min(vs), 3), round(max(vs), 3), len(vs))
+
+    def keys(self, name: str) -> dict[str, float]:
+        """`name` (the median), `name_min` and `name_max`: a bench's last-line keys."""
+        return {name: self.median, f"{name}_min": self.min, f"{name}_max": self.max}
+
+
+def spread_keys(name: str, values: Iterable[Optional[float]]) -> dict[str, Optional[float]]:
+    """`Spread.keys` of the values, or the three keys as None when no seed gave a value."""
+    sp = Spread.of(values)
+    if sp is None:
+        return {name: None, f"{name}_min": None, f"{name}_max": None}
+    return {k: v for k, v in sp.keys(name).items()}
+
+
+def completed_in_both(a: Iterable[tuple[str, Optional[float]]], b: Iterable[tuple[str, Optional[float]]]
+                      ) -> tuple[list[float], list[float]]:
+    """The JCTs, in the same job order, of the jobs that finished in both runs (each run given as
+    (job name, JCT or None) pairs): the only jobs a JCT ratio between the runs may cover."""
+    jb = {name: jct for name, jct in b if jct is not None}
+    pa, pb = [], []
+    for name, jct in a:
+        if jct is not None and name in jb:
+            pa.append(jct)
+            pb.append(jb[name])
+    return pa, pb
+
+
+__all__ = ["Demand", "Sample", "Spread", "Summary", "completed_in_both", "drf_shares", "fairness_loss", "ratio",
+           "spread_keys", "summarize", "utilization"]

@@ -55,7 +55,7 @@ from rm.model import AmSpec
 from .calibration import AppCalibration
 from .convergence import LossCurve
 from .job_record import JobRecord
-from .oracle import JobTruth
+from .optimus_truth import JobTruth
 from .event_loop import EventLoop
 from .sim_node import SimNode
 from .trace import TraceJob
@@ -483,7 +483,7 @@ class SimJob:
         self._set_rate(1.0 / epoch_s)
 
     def truth(self) -> JobTruth:
-        """What only the simulator knows of the job, for the oracle (sim/oracle.py)."""
+        """What only the simulator knows of the job, for the optimus-truth policy (sim/optimus_truth.py)."""
         self._advance()
         return JobTruth(remaining_epochs=max(0.0, self.target_epochs - self.epochs),
                         theta=tuple(t * self.job.data_scale for t in self.model.theta),

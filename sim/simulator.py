@@ -10,7 +10,7 @@ The policy is built as the RM server builds it, `policies.create(name, rm_config
 thresholds and the other policy settings come from `SimConfig.rm`). Whenever the executors that
 train change anywhere, every training job's epoch time is asked of `SimConfig.iteration_time`
 (sim/iteration_time.py: the default slows the executors of an oversubscribed node; a co-location
-model plugs in there), and `Simulator.policy` may be replaced before `run` (sim/oracle.py's oracle
+model plugs in there), and `Simulator.policy` may be replaced before `run` (sim/optimus_truth.py's policy
 is built from the jobs' true epochs and speed functions, which only the simulator knows).
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from rm.policy_runner import run_policy
 from .calibration import Calibration
 from .iteration_time import ClusterLoad, CoreContention, ExecutorLoad, IterationTimeModel, JobLoad
 from .event_loop import EventLoop
-from .oracle import JobTruth, OraclePolicy
+from .optimus_truth import JobTruth, OptimusTruthPolicy
 from .metrics import Demand, Sample, Summary, fairness_loss, summarize, utilization
 from .job_record import JobRecord
 from .sim_job import JobTimings, Phase, SimJob
@@ -40,8 +40,8 @@ from .trace import TraceJob
 ACTIVE = (Phase.LAUNCHING, Phase.TRAINING, Phase.RESHAPING, Phase.PAUSING, Phase.FINISHING)
 T0 = 1_000_000_000.0        # virtual epoch: IDs and tokens look like a real RM's; records are relative to it
 SIM_SECRET = "elastane-simulator-secret"
-ORACLE = "oracle"           # the simulator-only policy (sim/oracle.py): it needs the jobs' truth
-SIM_POLICIES = (ORACLE,)
+OPTIMUS_TRUTH = "optimus-truth"    # the simulator-only policy (sim/optimus_truth.py): it needs the jobs' truth
+SIM_POLICIES = (OPTIMUS_TRUTH,)
 AM_LABEL = "am"             # the label of SimConfig.am_nodes
 
 
@@ -132,7 +132,7 @@ class Simulator:
                                              am_node_label=AM_LABEL)
         self.core = ResourceManagerCore(rm_cfg, ClusterConfig(secret=SIM_SECRET, admins=["root"]), self.loop.clock)
         self.policy_name = policy_name
-        self.policy: policies.Policy = (OraclePolicy(self.truth) if policy_name == ORACLE
+        self.policy: policies.Policy = (OptimusTruthPolicy(self.truth) if policy_name == OPTIMUS_TRUTH
                                         else policies.create(policy_name, rm_cfg))
         self.iteration_time: IterationTimeModel = cfg.iteration_time or CoreContention()
         self.nodes = {n.node_id: n for n in (
@@ -180,7 +180,7 @@ class Simulator:
         self.finished += 1
 
     def truth(self, app_id: str) -> Optional[JobTruth]:
-        """A job's true remaining epochs and speed (the oracle's input); None for an unknown app."""
+        """A job's true remaining epochs and speed (optimus-truth's input); None for an unknown app."""
         job = self.by_app.get(app_id)
         return job.truth() if job is not None else None
 
@@ -280,4 +280,4 @@ def simulate(trace: Sequence[TraceJob], policy: str, calibration: Calibration,
     return Simulator(trace, policy, calibration, cfg or SimConfig()).run()
 
 
-__all__ = ["AM_LABEL", "ORACLE", "SIM_POLICIES", "SimConfig", "known_policies", "SimResult", "Simulator", "T0", "simulate"]
+__all__ = ["AM_LABEL", "OPTIMUS_TRUTH", "SIM_POLICIES", "SimConfig", "known_policies", "SimResult", "Simulator", "T0", "simulate"]

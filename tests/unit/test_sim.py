@@ -416,12 +416,12 @@ def test_the_policy_gets_the_rm_config() -> None:
     assert sim.policy.theta1 == pytest.approx(0.05)  # type: ignore[attr-defined]
 
 
-# ----- the oracle ----------------------------------------------------------------------------------
+# ----- optimus-truth (Optimus's rule on the true curves; not a bound) ------------------------------
 
-def test_the_oracles_speed_function_is_the_calibrated_one() -> None:
+def test_optimus_truths_speed_function_is_the_calibrated_one() -> None:
     import numpy as np
     from rm.policies.optimus_alloc import remaining_time
-    from sim.oracle import coefficients
+    from sim.optimus_truth import coefficients
     model = EpochTimeModel(tuple(THETA))
     coef = np.array([coefficients(tuple(THETA))] * 3)
     shapes = [(1, 1), (3, 2), (6, 1)]
@@ -429,10 +429,10 @@ def test_the_oracles_speed_function_is_the_calibrated_one() -> None:
     assert list(got) == pytest.approx([10.0 * model.epoch_time(w, s) for w, s in shapes])
 
 
-def test_the_oracle_grows_a_lone_job_to_its_fastest_shape() -> None:
+def test_optimus_truth_grows_a_lone_job_to_its_fastest_shape() -> None:
     import numpy as np
     job = _elastic(max_workers=6, max_servers=3)
-    result = simulate([job], "oracle", calibration(), SMALL)
+    result = simulate([job], "optimus-truth", calibration(), SMALL)
     rec = result.records[0]
     model = EpochTimeModel(tuple(THETA))
     best = min(((w, s) for w in range(1, 7) for s in range(1, 4)), key=lambda ws: model.epoch_time(*ws))
@@ -442,14 +442,14 @@ def test_the_oracle_grows_a_lone_job_to_its_fastest_shape() -> None:
     assert np.isfinite(result.summary.mean_useful_utilization)
 
 
-def test_cli_runs_the_oracle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_runs_optimus_truth(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.jsonl"
     trace.write_text(dump_trace(small_trace(3)))
     cal = tmp_path / "cal.json"
     save(calibration(), cal)
-    assert main(["sim", "run", str(trace), "--policy", "oracle", "--calibration", str(cal), "--no-plots",
+    assert main(["sim", "run", str(trace), "--policy", "optimus-truth", "--calibration", str(cal), "--no-plots",
                  "--out", str(tmp_path / "o"), "--nodes", "3"]) == 0
-    assert "oracle" in capsys.readouterr().out
+    assert "optimus-truth" in capsys.readouterr().out
 
 
 def test_am_nodes_hold_the_ams_and_nothing_else() -> None:

@@ -206,8 +206,8 @@ def test_paper_apps_run_in_the_simulator() -> None:
     assert {j.sync for j in trace} == {"bsp", "ssp"}     # both speed forms (the seed draws both)
     res = simulate(trace, "static", cal, SimConfig(nodes=2, node_memory_mb=65536, node_vcores=16))
     assert res.summary.finished == 3
-    # The oracle reads the asynchronous jobs' seven-feature speed function as it is.
-    assert simulate(trace, "oracle", cal, SimConfig(nodes=2, node_memory_mb=65536, node_vcores=16)).summary.finished == 3
+    # optimus-truth reads the asynchronous jobs' seven-feature speed function as it is.
+    assert simulate(trace, "optimus-truth", cal, SimConfig(nodes=2, node_memory_mb=65536, node_vcores=16)).summary.finished == 3
     for rec, job in zip(res.records, trace):
         app = cal.app(job.app)
         assert rec.epochs == job_epochs(job, app)

@@ -1,23 +1,26 @@
-"""The `oracle` policy: Optimus's allocation with the truth instead of estimates -- an upper bound.
+"""The `optimus-truth` policy: Optimus's allocation rule fed the true curves -- not a bound.
 
 Optimus (rm/policies/optimus.py) sizes jobs by the marginal gain of one more worker or server in
-the job's remaining time t = Q / f(p, w) (§4.1), with Q and f fitted from the job's reports. Its
-errors come from those fits. The oracle runs the same allocation (rm/policies/optimus_alloc.py)
-on what only the simulator knows: each job's true remaining epochs (the epoch count the simulated
-job stops at, less what it trained) and its true speed function (the calibrated epoch-time model at
-its data size, models.ps_iteration_time, in Optimus's feature form). A change is made only when the
-time it saves exceeds its true cost (the job's reshape or restart cost, sim/calibration.py), and a
-job in the middle of a change keeps its target. So "Optimus over the oracle" measures what Optimus
-loses to its estimates alone.
+the job's remaining time t = Q / f(p, w) (§4.1), with Q and f fitted from the job's reports. This
+policy runs the same greedy allocation (rm/policies/optimus_alloc.py) on what only the simulator
+knows: each job's true remaining epochs (the epoch count the simulated job stops at, less what it
+trained) and its true speed function (the calibrated epoch-time model at its data size,
+models.ps_iteration_time, in Optimus's feature form). A change is made only when the time it saves
+exceeds its true cost (the job's reshape or restart cost, sim/calibration.py), and a job in the
+middle of a change keeps its target.
 
-Departures from Optimus, and why: no placement (Theorem 1's fewest nodes): the simulated cluster
-charges nothing for spreading a job (sim/iteration_time.py models CPU contention, not network
-locality), so a placement would only add executor moves; no priority factor for early jobs (it
-damps prediction errors, and the oracle makes none).
+It is NOT an upper bound on what a scheduler can do (it was called "the oracle" before issue 33):
+the rule is greedy, and it differs from the `optimus` policy in more than its inputs -- no
+placement (Theorem 1's fewest nodes: the simulated cluster charges nothing for spreading a job,
+sim/iteration_time.py models CPU contention, not network locality), no priority factor for early
+jobs (it damps prediction errors), and a lower resize hysteresis (the true cost instead of
+Optimus's margin). So "Optimus over optimus-truth" mixes the cost of Optimus's estimates with
+those differences; bench/policies_sim.py reports it as such, and reports Optimus against a true
+bound separately (sim/bounds.py: a clairvoyant lower bound on mean JCT and makespan).
 
-The oracle is a policy object the simulator builds with a `Truth` callable (it is not in the RM's
-policy registry: a real RM has no truth to give it). `simulate(trace, "oracle", ...)` builds it
-(sim/simulator.py, `SIM_POLICIES`).
+The policy is an object the simulator builds with a `Truth` callable (it is not in the RM's
+policy registry: a real RM has no truth to give it). `simulate(trace, "optimus-truth", ...)`
+builds it (sim/simulator.py, `SIM_POLICIES`).
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from rm.policies.eps_jobs import RunningJob, clamp0, classify
 from rm.policies.optimus_alloc import AllocationProblem, allocate, remaining_time
 from rm.policies.snapshot import ClusterSnapshot
 
-# Optimus's round interval (rm/policies/optimus.py SCHEDULING_INTERVAL_S): the oracle re-plans as
+# Optimus's round interval (rm/policies/optimus.py SCHEDULING_INTERVAL_S): the policy re-plans as
 # often, and at once when jobs arrive, start or leave.
 SCHEDULING_INTERVAL_S = 30.0
 # The epoch-time θ of models.ps_iteration_time (T = θ0/w + θ1 + θ2·w/s + θ3·w + θ4·s) in
@@ -68,10 +71,10 @@ def coefficients(theta: tuple[float, ...]) -> np.ndarray:
     return out
 
 
-class OraclePolicy:
+class OptimusTruthPolicy:
     """Optimus's marginal-gain allocation on the true remaining epochs and speed (module doc)."""
 
-    name = "oracle"
+    name = "optimus-truth"
 
     def __init__(self, truth: Truth, interval_s: float = SCHEDULING_INTERVAL_S) -> None:
         self.truth = truth
@@ -117,7 +120,7 @@ class OraclePolicy:
             new = float(remaining_time(coef, q, np.array([target[1]]), np.array([target[0]]))[0])
             if now - new <= t.change_cost_s and target[0] >= j.workers and target[1] >= j.servers:
                 continue     # a growth that saves less than it costs; a shrink is made (others need the room)
-            out[j.app_id] = JobDecision(*target, reason=f"oracle: {t.remaining_epochs:.1f} epochs left, "
+            out[j.app_id] = JobDecision(*target, reason=f"optimus-truth: {t.remaining_epochs:.1f} epochs left, "
                                                         f"{new:.0f}s at {target[0]} workers / {target[1]} servers")
         return Decision(dict(sorted(out.items())))
 
@@ -137,4 +140,4 @@ class OraclePolicy:
             budget=np.array([budget.memory, budget.vcores], dtype=float))
 
 
-__all__ = ["JobTruth", "OraclePolicy", "SCHEDULING_INTERVAL_S", "Truth", "coefficients"]
+__all__ = ["JobTruth", "OptimusTruthPolicy", "SCHEDULING_INTERVAL_S", "Truth", "coefficients"]
