@@ -78,6 +78,10 @@ class ApplicationMaster:
         self.progress = 0.0
         self.shape: Optional[JobReport] = None
         self.last_directive: Optional[ShapeDirective] = None
+        # The RM's latest preemption message (capacity preemption: these containers are killed at
+        # its deadline unless released first); None while none stands. Logged when it changes, so
+        # the AM's log says when and why its containers went.
+        self.preemption: Optional[api.PreemptionMessage] = None
         self.nodes: dict[str, NodeReport] = {}
         self.num_cluster_nodes = 0
         self.available = Resource()
@@ -354,6 +358,13 @@ class ApplicationMaster:
             for n in resp.updated_nodes:
                 self.nodes[n.node_id] = n
             self._emit(NodesUpdated(list(resp.updated_nodes)))
+        if resp.preemption != self.preemption:
+            p = resp.preemption
+            if p is not None:
+                log.warning("the RM will preempt %d containers (%s) at %s unless released: %s",
+                            len(p.containers), ", ".join(c.container_id for c in p.containers),
+                            time.strftime("%H:%M:%S", time.gmtime(p.deadline_ms / 1000)), p.reason)
+            self.preemption = p
         d = resp.shape_directive
         if d is not None and d != self.last_directive:
             self.last_directive = d

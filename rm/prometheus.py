@@ -51,6 +51,24 @@ def render(core: ResourceManagerCore) -> str:
             ('{outcome="dropped"}', core.counters["policy_rounds_dropped"])])
     metric("elastane_rm_queue_memory_mb", "gauge", "Memory allocated per queue.",
            [(f'{{queue="{q.name}"}}', q.used.memory) for q in core.scheduler.queues.values()])
+    # Capacity preemption (docs/preemption.md): counters per queue and way, the last round's shares.
+    recs = sorted(core.queue_preemption.items())
+    metric("elastane_rm_queue_preempted_containers_total", "counter",
+           "Executors taken back from a queue for other queues, by how: shrunk live, released by the AM "
+           "on a preemption message, killed.",
+           [(f'{{queue="{q}",how="{how}"}}', n) for q, r in recs
+            for how, n in (("shrink", r.shrunk), ("released", r.released), ("killed", r.killed))])
+    metric("elastane_rm_queue_preempted_memory_mb_total", "counter", "Memory taken back from a queue, in MB.",
+           [(f'{{queue="{q}"}}', r.resources.memory) for q, r in recs])
+    metric("elastane_rm_queue_preempted_vcores_total", "counter", "Vcores taken back from a queue.",
+           [(f'{{queue="{q}"}}', r.resources.vcores) for q, r in recs])
+    shares = sorted(core.queue_shares.items())
+    metric("elastane_rm_queue_share_memory_mb", "gauge",
+           "A queue's memory at the last reclaim round: guaranteed, used, pending, ideal share, being reclaimed.",
+           [(f'{{queue="{q}",kind="{kind}"}}', v) for q, s in shares
+            for kind, v in (("guaranteed", s.guaranteed.memory), ("used", s.used.memory),
+                            ("pending", s.pending.memory), ("ideal", s.ideal.memory),
+                            ("reclaiming", core.reclaim_book.being_reclaimed(q).memory))])
     return "\n".join(lines) + "\n" + render_utilization(core)
 
 

@@ -5,6 +5,7 @@ its preemption message has its containers killed (exit status PREEMPTED) after t
 a queue with disable_preemption is left alone; bad settings stop the RM naming them."""
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import pytest
@@ -18,7 +19,9 @@ from rm.model import AmSpec
 from rm.policies import StaticPolicy
 from rm.policy_runner import run_policy
 from rm.reclaim_runner import PREEMPTED_DIAGNOSTICS
+from rm import prometheus
 from rm.rest_views import app_json, scheduler_info
+from rm.web.scheduler_page import render_scheduler_page
 from rm_testing import FakeClock, ask, heartbeat, launch_and_register, make_core, register, submit
 
 E = Resource(1024, 1)
@@ -124,6 +127,14 @@ def test_a_queue_gets_its_guarantee_back_by_a_live_shrink() -> None:
     assert core.apps[a].directive_version == version and core.reclaim_book.targets == {}
     q = {x["queueName"]: x for x in scheduler_info(core)["scheduler"]["schedulerInfo"]["queues"]["queue"]}
     assert q["a"]["preemptedResourceMB"] == 3072 and q["a"]["beingReclaimed"] == {"memory": 0, "vCores": 0}
+    assert q["b"]["guaranteedResource"] == {"memory": 4096, "vCores": 4} and q["b"]["numContainersShrunk"] == 0
+    # Prometheus counters and the web UI's scheduler page say the same.
+    prom = prometheus.render(core)
+    assert 'elastane_rm_queue_preempted_containers_total{queue="a",how="shrink"} 3' in prom
+    assert 'elastane_rm_queue_preempted_memory_mb_total{queue="a"} 3072' in prom
+    assert 'elastane_rm_queue_share_memory_mb{queue="b",kind="guaranteed"} 4096' in prom
+    page = render_scheduler_page(SimpleNamespace(core=core, policy_interval_s=1.0), clock() * 1000)  # type: ignore[arg-type]
+    assert "Capacity preemption" in page and "Being reclaimed memory" in page and "Executors shrunk" in page
 
 
 def test_a_plain_app_is_warned_then_killed_after_the_grace_period() -> None:
