@@ -102,3 +102,16 @@ def test_the_plan_keeps_hosts_within_a_third_of_a_core_at_the_calibrations_cpu()
     assert legacy.host_cpus <= sf.MAX_HOST_CPUS and not legacy.from_calibration
     assert all(w + s <= plan.hosts * plan.host_vcores for _, w, s, _, _ in sf.TRACE_ROWS)
     assert len(sf.trace(sf.QUICK_JOBS)) >= 8 and len({a for a, *_ in sf.TRACE_ROWS[:sf.QUICK_JOBS]}) == 4
+
+
+def test_under_harmony_every_job_admits_a_node_count_and_the_simulator_finishes_them() -> None:
+    from sim import calibration
+    for job in sf.trace(len(sf.TRACE_ROWS), "harmony"):
+        (lo_w, lo_s), (hi_w, hi_s) = job.shape_min, job.shape_max
+        assert max(lo_w, lo_s) <= min(hi_w, hi_s), job      # one worker + one server per node fits
+    for a, b in zip(sf.trace(8), sf.trace(8, "harmony")):    # the same jobs otherwise
+        assert (a.name, a.app, a.arrival_s, a.workers, a.servers, a.threshold) == \
+            (b.name, b.app, b.arrival_s, b.workers, b.servers, b.threshold)
+    cal = calibration.load()
+    r = sf.simulated("harmony", sf.trace(8, "harmony"), cal, sf.Plan.of(cal, 4))
+    assert r.get("finished") == 8, r
