@@ -131,16 +131,21 @@ class S3Server:
             self.process.wait(10)
 
 
-def _answers(server: S3Server) -> bool:
-    """True once S3 serves a signed request (a bucket listing) with these credentials."""
+def _answers(server: S3Server) -> bool | str:
+    """True once S3 serves a signed request (a bucket listing) with these credentials; until then
+    the error it gave (falsy: "" -- the wait's last value names it on a timeout)."""
     if server.process.poll() is not None:
         raise RuntimeError(f"weed exited with {server.process.returncode} during start:\n{server.log_tail()}")
     try:
         server.filesystem(config_kwargs={"retries": {"max_attempts": 1}, "connect_timeout": 2,
                                          "read_timeout": 5}).ls("", refresh=True)
         return True
-    except (OSError, ValueError):
-        return False
+    except Exception as e:  # noqa: BLE001 - not up yet: connection refused is botocore's own error type
+        _last_error[server.endpoint_url] = f"{type(e).__name__}: {e}"
+        return ""
+
+
+_last_error: dict[str, str] = {}
 
 
 def start_s3_server(base_dir: Path, ip: str = "127.0.0.1", prefix: Sequence[str] = (),
@@ -178,7 +183,7 @@ def start_s3_server(base_dir: Path, ip: str = "127.0.0.1", prefix: Sequence[str]
     except BaseException as e:
         server.stop()
         if isinstance(e, AssertionError):
-            e.add_note(server.log_tail())
+            e.add_note(f"last error: {_last_error.get(server.endpoint_url)}\n{server.log_tail()}")
         raise
     return server
 
