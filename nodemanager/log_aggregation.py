@@ -96,15 +96,19 @@ class LogAggregationPlanner:
 
     # ----- what to do now ---------------------------------------------------------------------
 
+    def due(self, st: AppLogState, now: float) -> bool:
+        """Whether an upload of the app may be due now (so its log dir is worth listing)."""
+        if st.final_at is not None or now < st.retry_at:
+            return False
+        return st.finished_at is not None or (self.roll_interval_s > 0 and now - st.last_roll_at >= self.roll_interval_s)
+
     def next_upload(self, st: AppLogState, files: Sequence[LocalLogFile], now: float) -> Optional[Upload]:
         """The upload due for the app now, given its local log files; None if nothing is due."""
-        if st.final_at is not None or now < st.retry_at:
+        if not self.due(st, now):
             return None
         if st.finished_at is not None:
             sources = tuple(ChunkSource(f.container_id, f.file_name, f.path, 0, f.size) for f in files)
             return Upload(st.app_id, "final", 0, sources)
-        if self.roll_interval_s <= 0 or now - st.last_roll_at < self.roll_interval_s:
-            return None
         new = tuple(ChunkSource(f.container_id, f.file_name, f.path, done, f.size - done)
                     for f in files for done in [st.uploaded.get((f.container_id, f.file_name), 0)]
                     if f.size > done)

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import shutil
+import stat
 import time
 from typing import Callable, Mapping
 
@@ -23,29 +24,33 @@ log = logging.getLogger(__name__)
 TICK_S = 1.0        # how often the planner is asked (rolls, retries, retention) between wake-ups
 
 
+def regular_files(d: str) -> list[tuple[str, os.stat_result]]:
+    """(name, stat) of each regular file in `d`, by name; [] when `d` is not there. A container's
+    log dir: the NM's log calls list it, aggregation uploads it."""
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        try:
+            st = os.stat(os.path.join(d, n))
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append((n, st))
+    return out
+
+
 def local_log_files(log_dir: str, app_id: str) -> list[LocalLogFile]:
     """Every regular file <log_dir>/<app_id>/<container>/<file>, sorted by container and name."""
-    out = []
     app_dir = os.path.join(log_dir, app_id)
     try:
         containers = sorted(os.listdir(app_dir))
-    except FileNotFoundError:
+    except OSError:
         return []
-    for cid in containers:
-        d = os.path.join(app_dir, cid)
-        try:
-            names = sorted(os.listdir(d))
-        except (NotADirectoryError, FileNotFoundError):
-            continue
-        for n in names:
-            p = os.path.join(d, n)
-            try:
-                st = os.stat(p)
-            except FileNotFoundError:
-                continue
-            if os.path.isfile(p):
-                out.append(LocalLogFile(cid, n, p, st.st_size))
-    return out
+    return [LocalLogFile(cid, n, os.path.join(app_dir, cid, n), st.st_size)
+            for cid in containers for n, st in regular_files(os.path.join(app_dir, cid))]
 
 
 class LogAggregationService:
@@ -110,7 +115,7 @@ class LogAggregationService:
         self.planner.forget(set(known))
 
     async def _step(self, st: AppLogState) -> None:
-        if st.final_at is not None:
+        if not self.planner.due(st, self.clock()):
             return
         if not st.recovered:
             try:

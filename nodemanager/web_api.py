@@ -22,6 +22,7 @@ from . import prometheus
 from .container import Container
 from .container_manager import ContainerManager
 from .container_state import NMContainerState
+from .log_aggregation_service import regular_files
 
 
 class NodeWebApi:
@@ -263,18 +264,5 @@ def _read_from(path: str, start: int) -> bytes:
 
 
 def _log_files(log_dir: str) -> list[dict[str, Any]]:
-    try:
-        names = sorted(os.listdir(log_dir))
-    except OSError:
-        return []
-    out = []
-    for n in names:
-        p = os.path.join(log_dir, n)
-        try:
-            st = os.stat(p)
-        except OSError:
-            continue
-        if os.path.isfile(p):
-            out.append({"fileName": n, "fileSize": st.st_size, "lastModifiedTime": int(st.st_mtime * 1000)})
-    return out
-
+    return [{"fileName": n, "fileSize": st.st_size, "lastModifiedTime": int(st.st_mtime * 1000)}
+            for n, st in regular_files(log_dir)]

@@ -38,10 +38,13 @@ def elastane(cluster_dir: Path, *args: str, timeout: float = 120) -> subprocess.
                           timeout=timeout, env=env)
 
 
-def nm_config(tmp_path: Path, text: str) -> list[str]:
+def aggregating_cluster(tmp_path: Path, remote: str, nm_toml: str, nodes: int = 2) -> Any:
+    """A cluster of its own (cgroups off: a SIGKILLed NM leaves none behind) whose cluster.toml
+    names `remote` as remote_app_log_dir and whose NMs read `nm_toml`'s [nm] keys."""
     path = tmp_path / "nm.toml"
-    path.write_text("[nm]\n" + text)
-    return ["--config", str(path)]
+    path.write_text("[nm]\n" + nm_toml)
+    return running_cluster(tmp_path / "cluster", nodes=nodes, cgroups="off", extra_nm_args=["--config", str(path)],
+                           cluster_settings={"remote_app_log_dir": remote})
 
 
 def printed_logs(out: str) -> dict[tuple[str, str], tuple[str, str]]:
@@ -58,9 +61,7 @@ def nm_get(address: str, path: str) -> str:
 def test_finished_apps_logs_are_aggregated_and_local_copies_freed(tmp_path: Path) -> None:
     remote = tmp_path / "app-logs"
     release = tmp_path / "release"
-    with running_cluster(tmp_path / "cluster", nodes=2, cgroups="off",
-                         extra_nm_args=nm_config(tmp_path, "keep_finished_logs_s = 0.0\n"),
-                         cluster_settings={"remote_app_log_dir": str(remote)}) as c:
+    with aggregating_cluster(tmp_path, str(remote), "keep_finished_logs_s = 0.0\n") as c:
         cmd = ["sh", "-c", SAY + f"while [ ! -e {release} ]; do sleep 0.1; done"]
         app_id = submit_app(c.rm_url, build_submission("agg", cmd, 3, 128, 1, am_memory=256))
         # While it runs, every container's logs are on its node.
@@ -111,9 +112,7 @@ def test_finished_apps_logs_are_aggregated_and_local_copies_freed(tmp_path: Path
 def test_a_node_killed_mid_app_leaves_its_logs_up_to_the_last_roll(tmp_path: Path) -> None:
     remote = tmp_path / "app-logs"
     release = tmp_path / "release"
-    with running_cluster(tmp_path / "cluster", nodes=3, cgroups="off",
-                         extra_nm_args=nm_config(tmp_path, "log_roll_interval_s = 1.0\n"),
-                         cluster_settings={"remote_app_log_dir": str(remote)}) as c:
+    with aggregating_cluster(tmp_path, str(remote), "log_roll_interval_s = 1.0\n", nodes=3) as c:
         # AM 256 MB; two 800 MB containers cannot share a 1024 MB node nor the AM's node, so they
         # land on the two other nodes: killing one of those never kills the AM.
         cmd = ["sh", "-c", SAY + f"echo $NM_HTTP_ADDRESS > {tmp_path}/$CONTAINER_ID.node; "
@@ -149,9 +148,7 @@ def test_a_node_killed_mid_app_leaves_its_logs_up_to_the_last_roll(tmp_path: Pat
 def test_logs_aggregate_to_s3(tmp_path: Path, s3: Any) -> None:
     """The same on a real S3 server (SeaweedFS): the NMs upload through s3fs, the CLI reads back."""
     remote = s3.url("app-logs")
-    with running_cluster(tmp_path / "cluster", nodes=2, cgroups="off",
-                         extra_nm_args=nm_config(tmp_path, "keep_finished_logs_s = 0.0\n"),
-                         cluster_settings={"remote_app_log_dir": remote}) as c:
+    with aggregating_cluster(tmp_path, remote, "keep_finished_logs_s = 0.0\n") as c:
         app_id = submit_app(c.rm_url, build_submission("agg-s3", ["sh", "-c", SAY], 2, 128, 1, am_memory=256))
         wait_app(c.rm_url, app_id, ("FINISHED",), 60)
         wait_until(lambda: not any((n.log_dir / app_id).exists() for n in c.nodes), 60, "local log dirs freed")

@@ -14,12 +14,18 @@ import msgspec
 import pytest
 
 from nodemanager import node_settings
+from nodemanager.container import Container
+from nodemanager.container_manager import ContainerManager
+from nodemanager.container_state import ContainerEvent as E
+from nodemanager.enforcement import Enforcement
 from nodemanager.log_aggregation import LocalLogFile, LogAggregationPlanner
 from nodemanager.log_aggregation_service import LogAggregationService, local_log_files
+from nodemanager.recovery_store import RecoveryStore
 from protocol.aggregated_logs import (MAGIC, TRAILER_SIZE, AggregatedLogError, ChunkSource, LogFileWriter,
                                       RemoteLogDir, app_node_logs, find_container, node_file_name,
                                       parse_file_name, read_chunk, read_index, read_log, roll_file_name)
 from protocol.config import ClusterConfig, ConfigError, NMConfig
+from protocol.records import Resource
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "application_1700000000000_0007"
@@ -276,3 +282,27 @@ def test_the_nm_stops_at_start_on_a_bad_roll_interval(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "nodemanager", "--config", str(nm), "--cluster-config", str(cluster),
                         "--port", "0"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "keep_finished_logs_s" in r.stderr, r.stderr
+
+
+async def test_the_container_manager_keeps_logs_aggregation_holds_and_says_when_an_app_ends(tmp_path: Path) -> None:
+    cfg = NMConfig(local_dir=str(tmp_path / "local"), log_dir=str(tmp_path / "logs"),
+                   recovery_dir=str(tmp_path / "rec"), keep_finished_logs_s=0.0)
+    m = ContainerManager(cfg, NODE, "127.0.0.1", 1, Resource(1024, 2), Enforcement(None),
+                         RecoveryStore(cfg.recovery_dir), clock=lambda: 100.0)
+    held = {APP}
+    ended: list[str] = []
+    m.logs_held = lambda app_id: app_id in held
+    m.on_app_finished = ended.append
+    c = Container(C1, APP, "", "alice", Resource(128, 1), 0.0, str(tmp_path / "local" / APP / C1),
+                  str(tmp_path / "logs" / APP / C1), m.store.exit_file(C1))
+    for e in (E.LOCALIZED, E.LAUNCHED, E.EXITED_SUCCESS, E.CLEANED_UP):
+        c.apply(e)
+    c.finished_at, c.reported = 10.0, True
+    os.makedirs(c.log_dir)
+    m.containers[C1] = c
+    assert m.expire_finished(100.0) == [] and os.path.isdir(c.log_dir)      # not aggregated yet
+    await m.stop_app(APP)
+    assert ended == [APP]
+    held.clear()
+    assert m.expire_finished(100.0) == [C1] and not os.path.exists(c.log_dir)
+    m.store.close()
