@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 from typing import Any
@@ -201,3 +202,27 @@ def test_job_files_copy_small_files_and_reference_archives(tmp_path: Path) -> No
     env = files["env"]
     assert (env.copied, env.type, env.resource, env.size) == (False, "ARCHIVE", str(src), src.stat().st_size)
     assert env.timestamp == src.stat().st_mtime_ns // 10**6
+
+
+def test_a_model_in_an_object_store_brings_its_files_to_a_temporary_dir(tmp_path: Path) -> None:
+    """A model output on another host's storage (an fsspec URL; memory:// here): its copied files
+    are fetched into a local dir the app's code runs in, and the caller's working dir is kept."""
+    local, values, metrics = train_like_the_am(tmp_path, "remotemodel", file_linreg_source())
+    url = f"memory://h1-models/{tmp_path.name}"
+    remote = DurableDir(url).child("final")
+    remote.makedirs()
+    remote.child("files").makedirs()
+    remote.child("files").put_files(sorted((local / "final" / "files").iterdir()))
+    for name in ("model.npz", "metadata.json"):          # metadata.json last, as the AM writes it
+        remote.write_bytes(name, (local / "final" / name).read_bytes())
+    for p in (tmp_path / "staging").iterdir():
+        p.unlink()
+    cwd = os.getcwd()
+    try:
+        model = elastane.load_model(url)
+        assert model.files_dir is not None and model.files_dir.is_relative_to(Path(tempfile.gettempdir()))
+        assert sorted(p.name for p in model.files_dir.iterdir()) == ["linreg.npz", "remotemodel.py"]
+        assert model.evaluate() == pytest.approx(metrics) and os.getcwd() == cwd
+        assert np.array_equal(model.values, values)
+    finally:
+        sys.modules.pop("remotemodel", None)
