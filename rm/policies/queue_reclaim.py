@@ -30,7 +30,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from protocol.config import RMConfig
 from protocol.errors import StateError
-from protocol.internal_api import NodePlacement
+from protocol.internal_api import NodePlacement, RunState
 from protocol.records import ZERO, AppState, Resource
 from protocol.state_machine import TransitionTable
 
@@ -271,22 +271,26 @@ def trim_placement(placement: Sequence[NodePlacement], workers: int, servers: in
 
 
 def shrink_decision(app: AppView, to: tuple[int, int], reason: str) -> JobDecision:
-    """The directive shrinking `app` to `to`: its current directive (placement, group, run state,
-    executor size) with the counts lowered; without a placement the AM picks what to remove."""
+    """The directive shrinking `app` to `to`: its current directive (group, run state, executor
+    size) with the counts lowered. A job placed per node gets the placement its executors have now,
+    less the ones to remove (from the nodes holding most): a shrink only removes, it never moves an
+    executor -- the policy's placement may name nodes the job has not reached yet, and carrying
+    that out first would hold the shrink up. Without a placement the AM picks what to remove."""
     d = app.directive
+    group = d.group if d is not None else None
+    size = d.executor_resource if d is not None else None
+    run_state = d.run_state if d is not None else RunState.RUN
     if d is None or not d.placement:
-        return JobDecision(to[0], to[1], reason=reason,
-                           group=d.group if d is not None else None,
-                           executor_resource=d.executor_resource if d is not None else None)
-    placed = (sum(p.workers for p in d.placement), sum(p.servers for p in d.placement))
+        return JobDecision(to[0], to[1], group=group, run_state=run_state, reason=reason, executor_resource=size)
+    held = held_shape(app)
     try:
-        placement = trim_placement(d.placement, max(0, placed[0] - to[0]), max(0, placed[1] - to[1]))
+        placement = trim_placement(app.executors, max(0, held[0] - to[0]), max(0, held[1] - to[1]))
     except ValueError:
         placement = ()
     if (sum(p.workers for p in placement), sum(p.servers for p in placement)) != to:
         placement = ()
-    return JobDecision(to[0], to[1], placement, group=d.group, run_state=d.run_state, reason=reason,
-                       executor_resource=d.executor_resource)
+    return JobDecision(to[0], to[1], placement, group=group, run_state=run_state, reason=reason,
+                       executor_resource=size)
 
 
 def _shrinkable(app: AppView) -> bool:
@@ -388,8 +392,8 @@ def reclaim_round(book: ReclaimBook, inputs: ReclaimInputs, settings: ReclaimSet
             for app in victims:
                 if not _positive(need):
                     break
-                why = (f"queue {share.name} holds {_fmt(share.used)} over its ideal share {_fmt(share.ideal)} "
-                       f"(guaranteed {_fmt(share.guaranteed)}) while other queues wait")
+                why = (f"queue {share.name} holds {_fmt(share.used)}, over its ideal share {_fmt(share.ideal)} "
+                       f"(guaranteed {_fmt(share.guaranteed)}), while other queues wait for their guarantee")
                 opened = _open(app, need, share.name, why, settings, inputs, now)
                 if opened is None:
                     continue
