@@ -334,7 +334,8 @@ def check_user_app(spec: ps_job_spec.PSJobSpec, shipped: ShippedFiles, ctx: CliC
     from psruntime.apps.registry import UserCodeError, create_job_app  # noqa: PLC0415
 
     module = spec.app.split(":", 1)[0]
-    with importable(shipped.module_dirs()), shipped_working_dir(shipped):
+    # Absolute: the check runs in another working dir (shipped_working_dir)
+    with importable([os.path.abspath(d) for d in shipped.module_dirs()]), shipped_working_dir(shipped):
         if importlib.util.find_spec(module.split(".", 1)[0]) is None:
             ctx.err.write(f"elastane: note: module {module!r} is not here to check the job with; "
                           "the AM checks it when it starts\n")

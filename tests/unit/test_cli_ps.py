@@ -443,3 +443,29 @@ def test_final_report_names_the_stop_criterion_and_the_true_model() -> None:
                                    "(best 0.64 after epoch 5)")
     assert older["Vs-True-Model"] == pairs["Vs-True-Model"]
     assert older["Held-Out-Metrics"] == "accuracy 0.77, cross_entropy 0.65"
+
+
+def test_submit_checks_a_user_app_among_its_shipped_files_and_takes_its_epoch_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ps submit --py-files sub/fileapp.py --files data/linreg.npz`: the app is checked where its
+    data file is linked by name, as in its containers (relative flags, another working dir), and
+    its class's max_epochs is what the progress bar shows."""
+    from elastane_cli.context import CliContext
+    from elastane_cli.errors import UsageError
+    from elastane_cli.staging import ShippedFiles
+    from user_app_source import file_linreg_source, write_linreg_data
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "sub" / "fileappcheck.py").write_text(file_linreg_source(max_epochs=300))
+    write_linreg_data(tmp_path / "data" / "linreg.npz", rows=150)        # 2 blocks of 100 rows
+    shipped = ShippedFiles.from_flags(["sub/fileappcheck.py"], ["data/linreg.npz"], None)
+    ctx = CliContext("http://127.0.0.1:1", "alice", tmp_path, out=io.StringIO(), err=io.StringIO())
+    spec = ps_commands.validate_spec({"app": "fileappcheck:FileLinRegApp", "workers": 3}, {})
+    with pytest.raises(UsageError, match="3 workers but the fileappcheck:FileLinRegApp data has only 2 input blocks"):
+        ps_commands.check_user_app(spec, shipped, ctx)
+    spec = ps_commands.validate_spec({"app": "fileappcheck:FileLinRegApp", "workers": 2}, {})
+    app = ps_commands.check_user_app(spec, shipped, ctx)
+    assert ps_commands.max_epochs_of(spec, app) == 300 and ctx.err.getvalue() == ""
+    assert Path.cwd() == tmp_path
