@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import sys
@@ -226,3 +227,52 @@ def test_a_model_in_an_object_store_brings_its_files_to_a_temporary_dir(tmp_path
         assert np.array_equal(model.values, values)
     finally:
         sys.modules.pop("remotemodel", None)
+
+
+def test_an_archive_is_referenced_and_unpacked_where_the_model_is_used(tmp_path: Path, elsewhere: Path) -> None:
+    """`--archives data.tgz`: the model references the archive (URL, size, timestamp); reading the
+    model unpacks it under its link name, so the app's `dataarc/linreg.npz` opens as on the cluster."""
+    import tarfile
+
+    staged = tmp_path / "staging"
+    staged.mkdir()
+    (staged / "arcmodel.py").write_text(file_linreg_source())
+    write_linreg_data(tmp_path / "linreg.npz")
+    with tarfile.open(staged / "dataarc.tgz", "w:gz") as tf:
+        tf.add(tmp_path / "linreg.npz", arcname="linreg.npz")
+    resources: dict[str, Any] = {}
+    for name, kind in (("arcmodel.py", "FILE"), ("dataarc.tgz", "ARCHIVE")):
+        st = (staged / name).stat()
+        resources[name.removesuffix(".tgz")] = {"resource": str(staged / name), "type": kind, "size": st.st_size,
+                                                "timestamp": st.st_mtime_ns // 10**6}
+    spec = ps_job_spec.validate({"app": "arcmodel:FileLinRegApp", "data": {"data_file": "dataarc/linreg.npz"},
+                                 "resources": resources, "output": str(tmp_path / "model")})
+    work = tmp_path / "am-work"          # as the NM leaves it: the module linked, the archive unpacked
+    (work / "dataarc").mkdir(parents=True)
+    (work / "arcmodel.py").symlink_to(staged / "arcmodel.py")
+    (work / "dataarc" / "linreg.npz").write_bytes((tmp_path / "linreg.npz").read_bytes())
+    before = os.getcwd()
+    os.chdir(work)
+    sys.path.insert(0, str(work))
+    try:
+        app = create_job_app(spec)
+        values = np.ones((app.num_keys, 1), np.float32)
+        metrics = app.evaluate(values, app.generate_heldout())
+        out = ModelOutput(spec, app, "a", work_dir=work)
+        meta = out.metadata("final", 1, [1.0], 2.0, metrics, 1, [])
+        target = DurableDir(spec.output).child("final")
+        target.makedirs()
+        out.put_files(target, meta)
+        write_model(target, values, meta)
+    finally:
+        os.chdir(before)
+        sys.path.remove(str(work))
+        sys.modules.pop("arcmodel", None)
+    shutil.rmtree(work)
+    (tmp_path / "linreg.npz").unlink()
+    arc = next(f for f in meta.files if f.name == "dataarc")
+    assert (arc.copied, arc.type, arc.resource) == (False, "ARCHIVE", str(staged / "dataarc.tgz"))
+    assert sorted(p.name for p in (tmp_path / "model" / "final" / "files").iterdir()) == ["arcmodel.py"]
+    r = cli("model", "evaluate", str(tmp_path / "model"), "--json", cwd=elsewhere)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == pytest.approx(metrics)
