@@ -19,16 +19,21 @@ from .core import ResourceManagerCore
 from .policies import ClusterSnapshot, Decision
 from .policies.queue_guard import guard_decision
 from .policies.queue_reclaim import (ContainerView, QueueView, ReclaimDone, ReclaimInputs, ReclaimSettings,
-                                     reclaim_round)
+                                     queue_demands, reclaim_round)
+from .policies.queue_shares import ideal_shares
 
 PREEMPTED_DIAGNOSTICS = "Container preempted by scheduler"
 
 
-def reclaim_inputs(core: ResourceManagerCore, snapshot: ClusterSnapshot) -> ReclaimInputs:
-    """The reclaim's view: the snapshot, the queues' settings, every app's non-AM containers."""
+def reclaim_inputs(core: ResourceManagerCore, snapshot: ClusterSnapshot, with_containers: bool = True) -> ReclaimInputs:
+    """The reclaim's view: the snapshot, the queues' settings, every app's non-AM containers
+    (`with_containers` False: none -- a round with nothing to reclaim and no target open needs
+    none, and a busy cluster's container walk is then skipped)."""
     disabled = {q.name for q in core.cfg.queues if q.disable_preemption}
     queues = tuple(QueueView(q.name, q.capacity / 100.0, q.max_capacity / 100.0, q.name in disabled)
                    for q in core.scheduler.queues.values())
+    if not with_containers:
+        return ReclaimInputs(snapshot, queues)
     containers: dict[str, list[ContainerView]] = {}
     for c in core.containers.values():
         if not c.is_am:
@@ -65,7 +70,12 @@ def reclaim_and_guard(core: ResourceManagerCore, snapshot: ClusterSnapshot, deci
         core.preemption_notices = {}
         return decision
     now = core.clock()
-    out = reclaim_round(core.reclaim_book, reclaim_inputs(core, snapshot), settings, now)
+    light = reclaim_inputs(core, snapshot, with_containers=False)
+    needed = bool(core.reclaim_book.targets) or any(
+        s.reclaim != ZERO for s in ideal_shares(snapshot.total, queue_demands(light),
+                                                max_ignored_over_capacity=settings.max_ignored_over_capacity,
+                                                natural_termination_factor=settings.natural_termination_factor).values())
+    out = reclaim_round(core.reclaim_book, reclaim_inputs(core, snapshot) if needed else light, settings, now)
     core.reclaim_book = out.book
     core.queue_shares = dict(out.shares)
     for app_id, cids in out.kills.items():
