@@ -136,14 +136,15 @@ def is_builtin(meta: ModelMetadata) -> bool:
     return meta.app.name in APP_NAMES and meta.app.cls.startswith("psruntime.apps.")
 
 
-def _app_class(meta: ModelMetadata) -> type[PSApp]:
+def _app_class(meta: ModelMetadata, files_dir: Optional[Path]) -> type[PSApp]:
     from psruntime.apps.registry import get_app  # noqa: PLC0415 - the apps' modules: only here
 
     try:
         if is_builtin(meta):
             return get_app(meta.app.name)
         module, _, name = meta.app.cls.partition(":")
-        cls: type[PSApp] = getattr(importlib.import_module(module), name)
+        with in_job_dir(files_dir):     # a module may read its files as it is imported
+            cls: type[PSApp] = getattr(importlib.import_module(module), name)
         return cls
     except Exception as e:  # noqa: BLE001 - importing a user's module runs its code
         raise ModelOutputError(f"cannot rebuild app {meta.app.name!r} ({meta.app.cls}): "
@@ -166,7 +167,7 @@ def rebuild_app(meta: ModelMetadata, data: dict[str, Any] | None = None,
     """The app that trained the model, with the job's data spec (or `data` instead) and
     hyper-parameters, built in `files_dir` (its job's files). ModelOutputError when it cannot be
     built here or its model has another shape."""
-    cls = _app_class(meta)
+    cls = _app_class(meta, files_dir)
     try:
         with in_job_dir(files_dir):
             app = cls.from_config(meta.data if data is None else data, meta.hparams)
