@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import math
+from itertools import chain
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
@@ -60,6 +61,7 @@ MAX_FIT_POINTS = 32         # longer histories are averaged into this many point
 MIN_LOSS_POINTS = 4         # fewer (initial objective included) and there is no curve
 MIN_FIT_SPAN = 0.5          # epochs the points must span (per-clock points of a quarter epoch say little)
 BETA2_GRID = 32             # coarse grid over β2 in [0, min l), then as many points around the best
+FIT_BLOCK_ROWS = 512        # jobs fitted at a time (their grid temporaries stay in cache)
 PRIOR_WEIGHT = 0.5          # total weight of the reference pseudo-samples (a real sample weighs 1)
 APP_PRIOR_WEIGHT = 2.0      # a per-app prior was measured on the same app: it weighs more
 
@@ -208,15 +210,27 @@ def loss_arrays(initial: Optional[float], epochs: Sequence[int], objectives: Seq
     return out_k, ls[last]
 
 
+def _scatter(flat: Array, lengths: NDArray[np.int64], width: int, fill: float) -> Array:
+    """Rows of consecutive lengths `lengths` of `flat`, left-aligned in a len(lengths) x width
+    matrix filled with `fill` beyond each row's end (one numpy scatter, no per-row copy)."""
+    out = np.full((len(lengths), width), fill)
+    if len(flat):
+        starts = np.cumsum(lengths) - lengths
+        rows = np.repeat(np.arange(len(lengths)), lengths)
+        out[rows, np.arange(len(flat)) - np.repeat(starts, lengths)] = flat
+    return out
+
+
 def _pad(series: Sequence[tuple[Array, Array]]) -> tuple[Array, Array, NDArray[np.bool_], NDArray[np.int64]]:
-    """Series as J x N matrices (k, loss, mask) left-aligned, and their lengths."""
-    lengths = np.array([len(s[0]) for s in series], dtype=np.int64)
+    """Series as J x N matrices (k, loss, mask) left-aligned (k 0 and loss 1 past a row's end),
+    and their lengths."""
+    ks = [np.asarray(s[0], dtype=float) for s in series]
+    lengths = np.fromiter(map(len, ks), dtype=np.int64, count=len(ks))
     n = int(lengths.max()) if len(lengths) else 0
-    k = np.zeros((len(series), n))
-    loss = np.ones((len(series), n))
-    for j, (ks, ls) in enumerate(series):
-        k[j, :len(ks)] = ks
-        loss[j, :len(ls)] = ls
+    if not len(ks):
+        return np.zeros((0, 0)), np.ones((0, 0)), np.zeros((0, 0), dtype=bool), lengths
+    k = _scatter(np.concatenate(ks), lengths, n, 0.0)
+    loss = _scatter(np.concatenate([np.asarray(s[1], dtype=float) for s in series]), lengths, n, 1.0)
     mask = np.arange(n)[None, :] < lengths[:, None]
     return k, loss, mask, lengths
 
@@ -346,21 +360,68 @@ def fit_loss_curves(series: Sequence[tuple[Array, Array]]) -> list[Optional[Loss
     """Fit eq. 1 to each (k, objective) series at once (None where there are too few points, per
     `fittable`, or a value is not finite). Each series is first made a positive, falling loss
     (`orientation`); then pre-processing per `prepare`; see the module doc for the method."""
-    out: list[Optional[LossCurve]] = [None] * len(series)
-    keep = [i for i, (ks, _) in enumerate(series) if fittable(ks)]
-    if not keep:
+    return _fit_padded(*_pad(series))
+
+
+def _orientations(x: Array, mask: NDArray[np.bool_]) -> tuple[Array, Array]:
+    """`orientation` of every row of a padded matrix at once: (sign, offset) per row."""
+    fin = mask & np.isfinite(x)
+    anyf = fin.any(axis=1)
+    rows = np.arange(len(x))
+    n = x.shape[1]
+    first = x[rows, np.argmax(fin, axis=1)] if n else np.zeros(len(x))
+    last = x[rows, n - 1 - np.argmax(fin[:, ::-1], axis=1)] if n else np.zeros(len(x))
+    sign = np.where(anyf & (last > first), -1.0, 1.0)
+    y = sign[:, None] * x
+    low = np.where(fin, y, np.inf).min(axis=1, initial=np.inf)
+    span = np.where(fin, y, -np.inf).max(axis=1, initial=-np.inf) - low
+    with np.errstate(invalid="ignore"):     # rows with no finite value: low = inf, no offset
+        offset = np.where(low > 0.0, 0.0, np.where(span > 0.0, span - low, 1.0 - low))
+    return sign, offset
+
+
+def _fit_padded(k: Array, x: Array, mask: NDArray[np.bool_], lengths: NDArray[np.int64]) -> list[Optional[LossCurve]]:
+    """`fit_loss_curves` of series already padded (`_pad`): objectives `x`, not yet oriented."""
+    out: list[Optional[LossCurve]] = [None] * len(lengths)
+    if not len(lengths):
         return out
-    orient = {i: orientation(series[i][1]) for i in keep}
-    k, loss, mask, lengths = _pad([(np.asarray(series[i][0], float),
-                                    orient[i][0] * np.asarray(series[i][1], float) + orient[i][1]) for i in keep])
+    # `fittable` per row: enough points spanning enough epochs (a NaN k makes the span NaN: no).
+    span = np.where(mask, k, -np.inf).max(axis=1) - np.where(mask, k, np.inf).min(axis=1)
+    with np.errstate(invalid="ignore"):
+        rows = np.nonzero((lengths >= MIN_LOSS_POINTS) & (span >= MIN_FIT_SPAN))[0]
+    if not len(rows):
+        return out
+    keep = rows.tolist()
+    # The kept rows padded as they would be alone: as wide as the longest of them.
+    n = int(lengths[rows].max())
+    k, x, mask, lengths = k[rows, :n], x[rows, :n], mask[rows, :n], lengths[rows]
+    signs, offsets = _orientations(x, mask)
+    loss = np.where(mask, signs[:, None] * x + offsets[:, None], 1.0)
+    orient = {i: (float(sg), float(of)) for i, sg, of in zip(keep, signs.tolist(), offsets.tolist())}
     valid = ~np.any(mask & ~((loss > 0) & np.isfinite(loss)), axis=1)     # losses must be positive
     if not valid.all():
         keep = [i for i, v in zip(keep, valid) if v]
         k, loss, mask, lengths = k[valid], loss[valid], mask[valid], lengths[valid]
         if not keep:
             return out
+    # Rows in blocks: each block's grid temporaries (rows x BETA2_GRID floats, dozens of them) stay
+    # in cache, which halves the time for thousands of jobs. Every step is per row, and the blocks
+    # keep the whole matrix's width (a row's sums depend on the zeros padding it), so a row's
+    # curve is what one call over all rows gives.
+    parts = [_fit_rows(k[r:r + FIT_BLOCK_ROWS], loss[r:r + FIT_BLOCK_ROWS], mask[r:r + FIT_BLOCK_ROWS],
+                       lengths[r:r + FIT_BLOCK_ROWS]) for r in range(0, len(keep), FIT_BLOCK_ROWS)]
+    b0, b1, beta2, scale, res = (np.concatenate([part[f] for part in parts]).tolist() for f in range(5))
+    for j, i in enumerate(keep):
+        sign, offset = orient[i]
+        out[i] = LossCurve(b0[j], b1[j], beta2[j], scale[j], res[j], sign, offset)
+    return out
+
+
+def _fit_rows(k: Array, loss: Array, mask: NDArray[np.bool_],
+              lengths: NDArray[np.int64]) -> tuple[Array, Array, Array, Array, Array]:
+    """Eq. 1 fitted to each padded row of positive losses: (β0, β1, β2, scale, rss) per row."""
     k, loss, mask, scale = _prepare(k, loss, mask, lengths, MAX_FIT_POINTS)
-    J = len(keep)
+    J = len(k)
     rows = np.arange(J)
     moments = _moments(k, loss, mask)
     lmin = np.where(mask, loss, np.inf).min(axis=1)
@@ -386,16 +447,78 @@ def fit_loss_curves(series: Sequence[tuple[Array, Array]]) -> list[Optional[Loss
         sol, _ = nnls(np.column_stack([ks * wt, wt]), wt / gap)
         b0[r], b1[r] = sol[0], sol[1]
         res[r] = float(((1.0 / np.maximum(b0[r] * ks + b1[r], 1e-12) + beta2[r] - ls) ** 2).sum())
-    for j, i in enumerate(keep):
-        sign, offset = orient[i]
-        out[i] = LossCurve(float(b0[j]), float(b1[j]), float(beta2[j]), float(scale[j]), float(res[j]),
-                           sign, offset)
-    return out
+    return b0, b1, beta2, scale, res
 
 
 def fit_loss_curve(ks: Array, losses: Array) -> Optional[LossCurve]:
     """Fit eq. 1 to one job's (k, objective) points (None: too few points, or one not finite)."""
     return fit_loss_curves([(ks, losses)])[0]
+
+
+# A job's loss history as the RM keeps it: (initial objective, finished epochs, their objectives,
+# per-clock fractional epochs, their objectives) -- `loss_arrays`'s arguments.
+LossHistory = tuple[Optional[float], Sequence[int], Sequence[float], Sequence[float], Sequence[float]]
+
+
+def fit_loss_histories(histories: Sequence[LossHistory]) -> list[Optional[LossCurve]]:
+    """`fit_loss_curves` of each history's `loss_arrays`, equal to it, without building one pair of
+    arrays per job: the histories with no clock points whose epochs rise and whose values are all
+    finite (`loss_arrays`'s own fast path: nothing to merge or drop) go into the padded matrices
+    straight from their lists, one numpy conversion for all of them; the others go through
+    `loss_arrays`."""
+    J = len(histories)
+    plain = [i for i, h in enumerate(histories) if not len(h[3]) and len(h[1]) == len(h[2])]
+    general = {i: loss_arrays(*histories[i]) for i in sorted(set(range(J)) - set(plain))}
+    has_init = np.zeros(J, dtype=np.int64)
+    counts = np.zeros(J, dtype=np.int64)
+    for i in plain:
+        has_init[i] = histories[i][0] is not None
+        counts[i] = len(histories[i][1])
+    for i, (ks, _) in general.items():
+        counts[i] = len(ks)
+    lengths = counts + has_init
+    n = int(lengths.max()) if J else 0
+    # Every row's own points after its initial objective: the plain rows' epochs and objectives,
+    # the general rows' arrays, in row order.
+    chunks_k: list[Iterable[float]] = []
+    chunks_x: list[Iterable[float]] = []
+    for i in range(J):
+        if i in general:
+            chunks_k.append(general[i][0])
+            chunks_x.append(general[i][1])
+        else:
+            chunks_k.append(histories[i][1])
+            chunks_x.append(histories[i][2])
+    total = int(counts.sum())
+    flat_k = np.fromiter(chain.from_iterable(chunks_k), dtype=float, count=total)
+    flat_x = np.fromiter(chain.from_iterable(chunks_x), dtype=float, count=total)
+    is_plain = np.zeros(J, dtype=bool)
+    is_plain[plain] = True
+    # A plain row's epoch e is at k = e + 1 (loss_arrays: floor(e) + 1)
+    on_plain = np.repeat(is_plain, counts)
+    flat_k = np.where(on_plain, np.floor(flat_k) + 1.0, flat_k)
+    starts = np.cumsum(counts) - counts
+    rows = np.repeat(np.arange(J), counts)
+    cols = np.arange(total) - np.repeat(starts, counts) + np.repeat(has_init, counts)
+    k = np.zeros((J, n))
+    x = np.ones((J, n))
+    k[rows, cols] = flat_k
+    x[rows, cols] = flat_x
+    first = np.nonzero(has_init)[0]
+    if len(first):      # k stays 0: the initial objective
+        x[first, 0] = [histories[i][0] for i in first.tolist()]
+    mask = np.arange(n)[None, :] < lengths[:, None]
+    # loss_arrays's fast path holds only where the ks rise and every value is finite; other plain
+    # rows are rebuilt by loss_arrays (which merges and drops), shorter or as long.
+    rising = ~np.any(mask[:, 1:] & ~(np.diff(k, axis=1) > 0), axis=1) if n > 1 else np.ones(J, dtype=bool)
+    finite = ~np.any(mask & ~np.isfinite(x), axis=1)
+    for i in np.nonzero(is_plain & ~(rising & finite))[0].tolist():
+        ks, xs = loss_arrays(*histories[i])
+        k[i], x[i] = 0.0, 1.0
+        k[i, :len(ks)], x[i, :len(xs)] = ks, xs
+        lengths[i] = len(ks)
+        mask[i] = np.arange(n) < len(ks)
+    return _fit_padded(k, x, mask, lengths)
 
 
 # ===== speed function ============================================================================
@@ -487,22 +610,25 @@ def fit_speed(samples: Sequence[tuple[int, int, float]], sync: bool, max_servers
 
     Samples at one shape only (and a prior) give the prior scaled to them, computed directly:
     the NNLS would return (nearly) that, and the RM refits thousands of such jobs per round."""
-    good = [(p, w, f) for p, w, f in samples if p >= 1 and w >= 1 and f > 0 and math.isfinite(f)]
+    good = [s for s in samples if s[0] >= 1 and s[1] >= 1 and s[2] > 0 and math.isfinite(s[2])]
     if not good:
         return None
     ref = prior if prior is not None else reference(sync)
     # The reference scaled to the job: the geometric mean of measured / reference speed.
+    p, w, _ = good[0]
+    if prior_weight > 0 and all(s[0] == p and s[1] == w for s in good):
+        # One shape (the common case, kept lean): the same sums as the general path below.
+        at_ref = inverse_speed(ref.coefficients, p, w)
+        scale = math.exp((sum([math.log(s[2]) for s in good]) + len(good) * math.log(at_ref)) / len(good))
+        inv = at_ref / scale
+        return SpeedFunction(tuple([c / scale for c in ref.coefficients]), sync,
+                             sum([(inv * s[2] - 1.0) ** 2 for s in good]))
     logs: dict[tuple[int, int], list[float]] = {}
     for p, w, f in good:
         logs.setdefault((p, w), []).append(math.log(f))
     log_scale = sum(sum(v) + len(v) * math.log(inverse_speed(ref.coefficients, p, w))
                     for (p, w), v in logs.items()) / len(good)
     scale = math.exp(log_scale)
-    if prior_weight > 0 and len(logs) == 1:
-        ((p, w),) = logs
-        inv = inverse_speed(ref.coefficients, p, w) / scale
-        return SpeedFunction(tuple(c / scale for c in ref.coefficients), sync,
-                             sum((inv * f - 1.0) ** 2 for _, _, f in good))
     cols = sorted(set(SYNC_FEATURES if sync else ASYNC_FEATURES) | {i for i, c in enumerate(ref.coefficients) if c > 0})
     arr = np.array(good, dtype=float)
     speed = arr[:, 2]
@@ -536,6 +662,6 @@ def inverse_speed(coefficients: Sequence[float], p: float, w: float) -> float:
 
 __all__ = ["APP_PRIORS", "APP_PRIOR_WEIGHT", "ASYNC_FEATURES", "FEATURES", "LossCurve", "MAX_FIT_POINTS",
            "MIN_FIT_SPAN", "MIN_LOSS_POINTS", "PRIOR_WEIGHT", "SYNC_FEATURES", "SpeedFunction", "app_prior",
-           "features", "fit_loss_curve", "fit_loss_curves", "fit_speed", "fittable", "inverse_speed", "loss_arrays",
+           "features", "fit_loss_curve", "fit_loss_curves", "fit_loss_histories", "fit_speed", "fittable", "inverse_speed", "loss_arrays",
            "loss_points",
            "normalised", "orientation", "prepare", "reference", "remove_outliers"]

@@ -63,8 +63,8 @@ from typing import Optional
 
 import numpy as np
 
-from models.optimus_fit import (FEATURES, MIN_FIT_SPAN, MIN_LOSS_POINTS, LossCurve, SpeedFunction, fit_loss_curves,
-                                fit_speed, inverse_speed, loss_arrays)
+from models.optimus_fit import (FEATURES, MIN_FIT_SPAN, MIN_LOSS_POINTS, LossCurve, SpeedFunction,
+                                fit_loss_histories, fit_speed, inverse_speed, loss_arrays)
 from protocol.job_report import MAX_OBJECTIVES, JobReport
 from protocol.records import Resource
 
@@ -319,20 +319,23 @@ class OptimusPolicy:
                 self._priors.learn(gone.traits.app, gone.speed)
         self._models = {j.app_id: self._models.get(j.app_id) or JobModel(job_traits(apps[j.app_id]))
                         for j in jobs}
+        fit_ok: dict[str, bool] = {}       # can_fit per job, counted once (the history is final here)
+        ready_list = []
         for j in jobs:
             m = self._models[j.app_id]
             update_history(m, j.report)
             observe(m, j.report, settled(j, apps[j.app_id]))
             observe_resize(m, j.report, snapshot.now)
+            fit_ok[j.app_id] = ok = m.can_fit
+            ready_list.append((j.app_id, bool(m.samples or m.clock_sample), ok))
         # A job that has just gathered the data for a speed or curve fit counts as a newcomer too.
-        ready = tuple((j.app_id, bool(self._models[j.app_id].samples or self._models[j.app_id].clock_sample),
-                       self._models[j.app_id].can_fit) for j in jobs)
+        ready = tuple(ready_list)
         present = (tuple(j.app_id for j in jobs), tuple(j.app_id for j in view.incoming), view.other_queued, ready)
         if (self._last_round is not None and present == self._last_jobs
                 and snapshot.now < self._last_round + SCHEDULING_INTERVAL_S):
             return Decision({})
         self._last_round, self._last_jobs = snapshot.now, present
-        self._refit(jobs)
+        self._refit(jobs, fit_ok)
         sized, fixed = self._split(jobs, apps)
         budget = self._budget(snapshot, view.running, view.incoming, view.other_queued, apps)
         targets: dict[str, tuple[int, int]] = {}
@@ -356,26 +359,29 @@ class OptimusPolicy:
         return self._place(snapshot, jobs, targets, reasons)
 
     # ----- models -----------------------------------------------------------------------------
-    def _refit(self, jobs: list[RunningJob]) -> None:
-        stale: list[tuple[JobModel, tuple[np.ndarray, np.ndarray]]] = []
+    def _refit(self, jobs: list[RunningJob], fit_ok: dict[str, bool]) -> None:
+        stale: list[JobModel] = []
         for j in jobs:
             m = self._models[j.app_id]
             key = m.history_key
             if key != m.curve_key:
                 m.curve_key = key
-                if m.can_fit:
-                    stale.append((m, loss_series(m)))
+                if fit_ok[j.app_id]:
+                    stale.append(m)
                 else:
                     m.curve = None
-            prior = self._priors.prior(m.traits.app, m.traits.sync)
-            samples = m.speed_samples()
             skey = (m.added, m.clock_sample, self._priors.version(m.traits.app))
             if skey != m.speed_key:
+                prior = self._priors.prior(m.traits.app, m.traits.sync)
+                samples = m.speed_samples()
                 m.speed = fit_speed(samples, m.traits.sync, j.spec.max_servers, j.spec.max_workers,
                                     prior_weight=self._priors.weight(prior), prior=prior)
                 m.speed_key = skey
                 m.shapes = len({s[:2] for s in samples})
-        for (m, _), curve in zip(stale, fit_loss_curves([series for _, series in stale])):
+        # All stale curves in one call, built from the kept lists (loss_series's points, not
+        # one pair of arrays per job).
+        for m, curve in zip(stale, fit_loss_histories([(m.initial, m.epochs, m.losses, m.clock_k, m.clock_l)
+                                                        for m in stale])):
             m.curve = curve
 
     def _split(self, jobs: list[RunningJob], apps: dict[str, AppView]) -> tuple[list[_Sized], list[RunningJob]]:
@@ -453,16 +459,16 @@ class OptimusPolicy:
     @staticmethod
     def _problem(sized: list[_Sized], budget: Resource, total: Resource) -> AllocationProblem:
         n = len(sized)
+        least = np.array([least_shape(f.job) for f in sized], dtype=np.int64).reshape(n, 2)   # (workers, servers)
+        most = np.array([(f.job.spec.max_workers, f.job.spec.max_servers) for f in sized], dtype=np.int64).reshape(n, 2)
         coef = np.array([f.speed.coefficients for f in sized], dtype=float).reshape(n, len(FEATURES))
         ex = np.array([[f.job.executor.memory, f.job.executor.vcores] for f in sized], dtype=float)
         cap = np.array([max(1, total.memory), max(1, total.vcores)], dtype=float)
         dominant = np.maximum((ex / cap).max(axis=1), 1e-12)
         return AllocationProblem(
             remaining=np.array([f.remaining for f in sized], dtype=float), coefficients=coef,
-            servers=np.array([least_shape(f.job)[1] for f in sized], dtype=np.int64),
-            workers=np.array([least_shape(f.job)[0] for f in sized], dtype=np.int64),
-            max_servers=np.array([max(least_shape(f.job)[1], f.job.spec.max_servers) for f in sized], dtype=np.int64),
-            max_workers=np.array([max(least_shape(f.job)[0], f.job.spec.max_workers) for f in sized], dtype=np.int64),
+            servers=least[:, 1].copy(), workers=least[:, 0].copy(),
+            max_servers=np.maximum(least[:, 1], most[:, 1]), max_workers=np.maximum(least[:, 0], most[:, 0]),
             executor=ex, dominant=dominant,
             factor=np.array([PRIORITY_FACTOR if f.early else 1.0 for f in sized]),
             budget=np.array([budget.memory, budget.vcores], dtype=float))
