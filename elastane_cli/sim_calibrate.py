@@ -44,6 +44,7 @@ for all apps.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import platform
 import re
@@ -192,6 +193,21 @@ class JobRun:
         missing = max(0, self.epochs - len(self.epoch_times))
         return sum(self.epoch_times) + missing * statistics.median(self.epoch_times)
 
+    def fill_from_status(self, status: dict[str, Any]) -> None:
+        """Take the epoch times and objectives from the AM's final status (its `status.json` on
+        shared storage, written on exit), which has every epoch: the reports polled through the RM
+        arrive once a second and can miss the last epochs of a short run, or all of them."""
+        history = [e for e in status.get("objective_history") or [] if isinstance(e, dict)]
+        times = [float(e["epoch_time_s"]) for e in history if isinstance(e.get("epoch_time_s"), (int, float))]
+        if not times:
+            return
+        self.epoch_times = times
+        self.epochs = max(self.epochs, len(history))
+        init = status.get("initial_objective")
+        self.objectives = ([(0, float(init))] if isinstance(init, (int, float)) else []) + [
+            (int(e["epoch"]) + 1, float(e["objective"])) for e in history
+            if isinstance(e.get("objective"), (int, float)) and isinstance(e.get("epoch"), int)]
+
     def to_json(self) -> dict[str, Any]:
         """What the calibration file keeps of the run (for refits without running it again)."""
         return {"shape": list(self.requested), "jct_s": self.jct_s, "first_report_s": self.first_report,
@@ -321,9 +337,14 @@ class Measured:
     sample: CalibrationSample
 
 
+StatusReader = Callable[[str], dict[str, Any]]
+
+
 async def measure(client: RmRestClient, app: str, shape: tuple[int, int], repeat: int, epochs: int,
-                  limits: SaturationLimits, log: Callable[[str], None]) -> Measured:
-    """One run of `app`'s reference job at `shape`, with the machine measured around it."""
+                  limits: SaturationLimits, log: Callable[[str], None],
+                  final_status: Optional[StatusReader] = None) -> Measured:
+    """One run of `app`'s reference job at `shape`, with the machine measured around it; its
+    epochs from the AM's final status (`final_status(app_id)`) where that can be read."""
     w, s = shape
     spec = {**reference_job(app, epochs), "workers": w, "servers": s}
     meter = MachineMeter().start()
@@ -337,6 +358,8 @@ async def measure(client: RmRestClient, app: str, shape: tuple[int, int], repeat
             load_per_core=round(load.load_per_core, 3), refused=f"failed: {e}"))
     load = meter.stop()
     run.requested = shape
+    if final_status is not None and run.app_id:
+        run.fill_from_status(final_status(run.app_id))
     why = limits.refuse(load) or ("" if run.final_status == "SUCCEEDED" and run.epoch_wall_s
                                   else f"failed: {run.final_status or 'no epoch time'}")
     sample = CalibrationSample(workers=w, servers=s, epoch_s=None if run.epoch_wall_s is None else round(run.epoch_wall_s, 4),
@@ -424,6 +447,14 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
         f"above {limits.busy_share:.0%} busy or {limits.load_per_core:g} load per core")
     with tempfile.TemporaryDirectory(prefix="elastane-calibrate-") as tmp:
         cluster = plan.cluster(Path(tmp)).start(timeout_s=180)
+
+        def final_status(app_id: str) -> dict[str, Any]:
+            """The AM's status.json in its dir on the cluster's shared storage ({} if unreadable)."""
+            try:
+                st = json.loads((cluster.shared_dir / "checkpoints" / app_id / "status.json").read_text())
+            except (OSError, ValueError):
+                return {}
+            return st if isinstance(st, dict) else {}
         try:
             async def go() -> Calibration:
                 measured: dict[str, list[Measured]] = {a: [] for a in apps}
@@ -431,7 +462,8 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
                     for rep in range(repeats):
                         for app in apps:
                             for shape in shapes:
-                                measured[app].append(await measure(client, app, shape, rep, epochs, limits, log))
+                                measured[app].append(await measure(client, app, shape, rep, epochs, limits, log,
+                                                                   final_status))
                     per_app = {a: c for a in apps if (c := app_calibration(a, measured[a], epochs, log)) is not None}
                     if not per_app:
                         refused = sum(not m.sample.accepted for ms in measured.values() for m in ms)

@@ -7,9 +7,12 @@ first, each written when its part is done, each with its part's result."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -21,10 +24,21 @@ pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(_reason is not None, reason=f"no multi-host testbed here: {_reason}")]
 
 
+@pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    """A dir the testbed hosts see too (each host mounts its own /tmp; the project is shared):
+    under the project's ignored build/."""
+    d = Path(tempfile.mkdtemp(prefix="host-suite-test-", dir=ROOT / "build"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.mark.timeout(2400)
-def test_the_quick_suite_runs_every_part_under_the_given_interpreter(tmp_path: Path) -> None:
-    calls = tmp_path / "calls"
-    py = tmp_path / "python-wrapper"
+def test_the_quick_suite_runs_every_part_under_the_given_interpreter(tmp_path: Path, outside_tmp: Path) -> None:
+    calls = outside_tmp / "calls"
+    py = outside_tmp / "python-wrapper"
     py.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nexec {sys.executable} \"$@\"\n")
     py.chmod(0o755)
     out = tmp_path / "out"
@@ -48,3 +62,4 @@ def test_the_quick_suite_runs_every_part_under_the_given_interpreter(tmp_path: P
     assert sum(x.startswith("-m nodemanager") for x in lines) >= 2
     free = json.loads((out / "2-harmony-free.json").read_text())
     assert "jct_gain_vs_isolated_dop" in free["gains"]
+
