@@ -1,10 +1,10 @@
 """The simulator against the multi-host testbed: the same trace, the same policy, plain per-job errors.
 
     .venv/bin/python bench/sim_fidelity.py [--quick] [--policies static,drf,optimus,eps,harmony]
-                                           [--repeats 3] [--hosts 4] [--calibration sim/calibration.json]
+                                           [--jobs 8] [--repeats 3] [--hosts 4] [--calibration FILE]
 
-The trace (`TRACE_ROWS`: 12 jobs of the four apps at their calibration reference data, `--quick`
-the first 8, arriving `GAP_S` apart so later ones queue behind earlier ones; half of them elastic,
+The trace (`TRACE_ROWS`: the first `--jobs` (8-12, default 8) of 12 jobs of the four apps at their
+calibration reference data, arriving `GAP_S` apart so later ones queue behind earlier ones; half of them elastic,
 so drf, optimus and eps have something to resize) runs for each policy
 
 1. on the multi-host testbed (docs/testbed.md, elastane_cli/testbed_cluster.TestbedCluster):
@@ -26,14 +26,16 @@ in its policy's `runs`) and used for nothing. Per policy over its accepted runs:
 errors, and the spread between repeats (max - min over the median of the runs' real mean JCT and
 of their real makespans, the larger).
 
-`verdict` (`decide`): "failed" when every run was saturated (or none ran, or none was accepted); "inconclusive" when a
-policy has fewer than `--repeats` accepted runs or an error the simulator could not give (jobs it
+`verdict` (`decide`): "failed" when every run was saturated (or none ran, or none was accepted); "inconclusive" when
+fewer than 3 repeats were asked for (`--quick`: one, a smoke run), when a policy has fewer than
+`--repeats` accepted runs or an error the simulator could not give (jobs it
 did not finish), or the largest spread between repeats is above 5 % (the errors would measure the
 machine's noise); otherwise "pass" when `jct_mean_abs_error_max` and `makespan_error_max` are both
 <= 0.10 (issue 33's target), else "fail".
 
-Run time: 15 runs of about 2.5 minutes (testbed start, 8-12 jobs, stop) on a quiet 2-core machine,
-within 45 minutes (`wall_s` and `within_budget` say whether it was).
+Run time: 15 runs of 8 jobs, each under 3 minutes (testbed start, the jobs, stop: 2.6-3 minutes
+measured on the saturated 2-core machine), within 45 minutes (`wall_s` and `within_budget` say
+whether it was); 12 jobs take about a third longer.
 
 Without the testbed (root, iproute2, util-linux, OpenSSH: `testbed_hosts.unavailable_reason`) it
 says why on stderr, prints {"error": ...} and exits 2. Exit 1 on verdict "failed".
@@ -84,7 +86,8 @@ TRACE_ROWS: tuple[tuple[str, int, int, int, float], ...] = (
 )
 GAP_S = 10.0
 MAX_EPOCHS = 8
-QUICK_JOBS = 8
+DEFAULT_JOBS = 8
+MIN_REPEATS = 3               # fewer repeats give no spread to judge: never a verdict
 DEFAULT_POLICIES = ("static", "drf", "optimus", "eps", "harmony")
 TARGET = 0.10                 # issue 33: per-job JCT and makespan errors <= 10 %
 SPREAD_LIMIT = 0.05           # a spread between repeats above it: "inconclusive"
@@ -253,6 +256,8 @@ def decide(summaries: dict[str, dict[str, Any]], total_runs: int, saturated_runs
         verdict, why = "failed", "every run was on a saturated machine" if total_runs else "no run"
     elif accepted == 0:
         verdict, why = "failed", "no run was accepted (the others broke)"
+    elif repeats < MIN_REPEATS:
+        verdict, why = "inconclusive", f"{repeats} repeat(s) asked for: a verdict needs {MIN_REPEATS}"
     elif any(s["accepted_runs"] < repeats for s in summaries.values()):
         short = sorted(p for p, s in summaries.items() if s["accepted_runs"] < repeats)
         verdict, why = "inconclusive", f"fewer than {repeats} accepted runs: {', '.join(short)}"
@@ -284,9 +289,11 @@ def simulated(policy: str, jobs: list[TraceJob], cal: calibration.Calibration, p
 def main(argv: Optional[list[str]] = None) -> int:
     unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help=f"the first {QUICK_JOBS} jobs of the trace")
+    p.add_argument("--quick", action="store_true", help="smoke run: one repeat (never a verdict)")
+    p.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help=f"jobs of the trace, 8-{len(TRACE_ROWS)}")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
-    p.add_argument("--repeats", type=int, default=3, help="real runs per policy, interleaved (>= 3 for a verdict)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="real runs per policy, interleaved (default 3, --quick 1; >= 3 for a verdict)")
     p.add_argument("--hosts", type=int, default=4, help="testbed node hosts (3 or 4)")
     p.add_argument("--calibration", type=Path, default=calibration.DEFAULT_PATH)
     ns = p.parse_args(argv)
@@ -294,8 +301,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     unknown = [x for x in names if x not in policies.known()]
     if not names or unknown:
         p.error(f"--policies: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(policies.known())}")
+    ns.repeats = ns.repeats if ns.repeats is not None else (1 if ns.quick else MIN_REPEATS)
     if ns.repeats < 1:
         p.error(f"--repeats must be >= 1, got {ns.repeats}")
+    if not DEFAULT_JOBS <= ns.jobs <= len(TRACE_ROWS):
+        p.error(f"--jobs must be in {DEFAULT_JOBS}..{len(TRACE_ROWS)}, got {ns.jobs}")
     if ns.hosts not in (3, 4):
         p.error(f"--hosts must be 3 or 4, got {ns.hosts}")
     try:
@@ -309,7 +319,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     wall = time.monotonic()
     plan = Plan.of(cal, ns.hosts)
-    n_jobs = QUICK_JOBS if ns.quick else len(TRACE_ROWS)
+    n_jobs = ns.jobs
     traces = {policy: trace(n_jobs, policy) for policy in names}
     limits = SaturationLimits()
     sims = {policy: simulated(policy, traces[policy], cal, plan) for policy in names}

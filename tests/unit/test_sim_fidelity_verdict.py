@@ -87,6 +87,12 @@ def test_every_run_saturated_is_a_failure_and_some_saturated_leave_too_few_repea
     assert sf.decide({}, 0, 0, 3)["verdict"] == "failed"
 
 
+def test_one_repeat_is_never_a_verdict() -> None:
+    good = [run(0.05, 0.04)]
+    v = sf.decide(summaries(good), 1, 0, 1)
+    assert v["verdict"] == "inconclusive" and "repeat" in v["verdict_reason"]
+
+
 def test_a_policy_the_simulator_could_not_finish_is_inconclusive() -> None:
     good = [run(0.05, 0.04)] * 3
     missing = [run(None, None)] * 3
@@ -101,7 +107,7 @@ def test_the_plan_keeps_hosts_within_a_third_of_a_core_at_the_calibrations_cpu()
     legacy = sf.Plan.of(Calibration(apps={}), 3)       # a file without core_per_vcore: the default, said so
     assert legacy.host_cpus <= sf.MAX_HOST_CPUS and not legacy.from_calibration
     assert all(w + s <= plan.hosts * plan.host_vcores for _, w, s, _, _ in sf.TRACE_ROWS)
-    assert len(sf.trace(sf.QUICK_JOBS)) >= 8 and len({a for a, *_ in sf.TRACE_ROWS[:sf.QUICK_JOBS]}) == 4
+    assert len(sf.trace(sf.DEFAULT_JOBS)) >= 8 and len({a for a, *_ in sf.TRACE_ROWS[:sf.DEFAULT_JOBS]}) == 4
 
 
 def test_under_harmony_every_job_admits_a_node_count_and_the_simulator_finishes_them() -> None:
