@@ -62,7 +62,8 @@ class TestbedCluster:
 
     `worker_cpus` is each node host's CPU budget in cores (None: uncapped), `bandwidth_bps` every
     host's link cap; `rm_conf` / `nm_conf` add [rm] / [nm] keys to the shared config;
-    `node_conf` per node name adds keys to that host's own nm-<host>.toml.
+    `node_conf` per node name adds keys to that host's own nm-<host>.toml; `queues` are rm.toml's
+    capacity-scheduler queues (`[[queues]]` tables).
 
     `am_host=True` also runs an NM on the master (no CPU budget) labelled `AM_LABEL`, with
     `am_host_memory_mb` / `am_host_vcores`, and makes it the only place AMs go (rm.toml
@@ -78,7 +79,8 @@ class TestbedCluster:
                  policy: str = "static", rm_conf: Mapping[str, Any] | None = None,
                  nm_conf: Mapping[str, Any] | None = None,
                  node_conf: Mapping[str, Mapping[str, Any]] | None = None, am_host: bool = False,
-                 am_host_memory_mb: int = 8192, am_host_vcores: int = 16) -> None:
+                 am_host_memory_mb: int = 8192, am_host_vcores: int = 16,
+                 queues: Sequence[Mapping[str, Any]] = ()) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.base_dir = Path(base_dir).resolve()
@@ -95,6 +97,8 @@ class TestbedCluster:
         self.nm_conf: dict[str, Any] = {
             "memory_mb": node_memory_mb, "vcores": node_vcores, "heartbeat_interval_ms": heartbeat_interval_ms,
             **(nm_conf or {})}
+        # rm.toml's [[queues]] (name, capacity, max_capacity, ...); none: the one default queue.
+        self.queues = [dict(q) for q in queues]
         self.node_conf = {k: dict(v) for k, v in (node_conf or {}).items()}
         unknown = sorted(set(self.node_conf) - {MASTER, *self.node_names})
         if unknown:
@@ -168,7 +172,8 @@ class TestbedCluster:
         cluster.write_text(toml_section("cluster", {"secret": self.secret,
                                                     "rm_address": f"http://{MASTER}:{RM_PORT}"}))
         os.chmod(cluster, 0o600)
-        (self.conf_dir / "rm.toml").write_text(toml_section("rm", self.rm_conf))
+        (self.conf_dir / "rm.toml").write_text(toml_section("rm", self.rm_conf) + "".join(
+            "\n" + toml_section("[queues]", q) for q in self.queues))
         (self.conf_dir / "nm.toml").write_text(toml_section("nm", self.nm_conf))
         for name, values in self.node_conf.items():
             (self.conf_dir / f"nm-{name}.toml").write_text(toml_section("nm", values))
