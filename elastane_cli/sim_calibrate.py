@@ -427,6 +427,21 @@ async def measure_reshape(client: RmRestClient, mode: str, limits: SaturationLim
     return statistics.fmean(run.reshape_lost_s) if run.reshape_lost_s and not why else None
 
 
+DEFAULT_TRACE_SEEDS = (1, 2, 3, 4, 5)
+
+
+def trace_extrapolation(cal: Calibration, seeds: tuple[int, ...] = DEFAULT_TRACE_SEEDS) -> float:
+    """The share of the default trace's jobs (sim.workload.cluster_trace, the seeds of the policy
+    benches) whose largest allowed shape lies beyond their app's measured range: an upper bound of
+    any policy's `SimResult.extrapolated_job_share` on that trace (0: no run of it extrapolates)."""
+    from protocol.records import Resource  # noqa: PLC0415
+    from sim.workload import cluster_trace  # noqa: PLC0415 (imports the calibration module: not at import time)
+    jobs = [j for seed in seeds
+            for j in cluster_trace(cal, Resource(16 * 8192, 16 * 8), Resource(AM_MEMORY_MB, 1), seed).jobs]
+    beyond = sum(cal.app(j.app).beyond_range(*j.shape_max) for j in jobs)
+    return beyond / len(jobs) if jobs else 0.0
+
+
 def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ...] = SHAPES,
               epochs: int = CALIBRATION_EPOCHS, log: Callable[[str], None] = print, repeats: int = REPEATS,
               plan: Optional[CalibrationPlan] = None, limits: Optional[SaturationLimits] = None) -> Calibration:
@@ -492,5 +507,5 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
     return cal
 
 
-__all__ = ["CalibrationArgsError", "CalibrationPlan", "JobRun", "Measured", "REPEATS", "ReshapeProbe", "SHAPES", "app_calibration", "calibrate",
+__all__ = ["CalibrationArgsError", "DEFAULT_TRACE_SEEDS", "trace_extrapolation", "CalibrationPlan", "JobRun", "Measured", "REPEATS", "ReshapeProbe", "SHAPES", "app_calibration", "calibrate",
            "measure", "reference_job", "run_job", "run_costs", "split_costs"]

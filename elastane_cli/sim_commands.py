@@ -162,7 +162,7 @@ def cmd_run(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace, ctx: CliContext) -> int:
-    from .sim_calibrate import CalibrationArgsError, calibrate  # noqa: PLC0415 (starts a testbed: only this command needs it)
+    from .sim_calibrate import CalibrationArgsError, calibrate, trace_extrapolation  # noqa: PLC0415 (starts a testbed)
 
     apps = [a.strip() for a in args.apps.split(",") if a.strip()]
     bad = [a for a in apps if a not in ("mlr", "nmf", "lda", "lasso")]
@@ -182,12 +182,21 @@ def cmd_calibrate(args: argparse.Namespace, ctx: CliContext) -> int:
             kwargs["shapes"] = shapes
         if args.epochs:
             kwargs["epochs"] = args.epochs
-        calibrate(args.output, apps, log=log, repeats=args.repeats, **kwargs)
+        cal = calibrate(args.output, apps, log=log, repeats=args.repeats, **kwargs)
     except CalibrationArgsError as e:
         raise UsageError(str(e)) from None
     except (RuntimeError, TimeoutError, OSError) as e:
         raise OperationFailed(f"calibration failed: {e}") from None
     ctx.out.write(f"wrote {args.output}\n")
+    # Last line, JSON: what the fit says of itself, and how much of the default trace could run
+    # beyond the measured shapes (an upper bound of any policy's extrapolated_job_share).
+    ctx.out.write(json.dumps({
+        "extrapolated_job_share": round(trace_extrapolation(cal), 4),
+        "holdout_error": {n: a.holdout_error for n, a in cal.apps.items()},
+        "holdout_error_max": {n: a.holdout_error_max for n, a in cal.apps.items()},
+        "repeat_spread_max": {n: max((sp[3] for sp in a.shape_spread), default=None) for n, a in cal.apps.items()},
+        "refused_samples": sum(bool(x.refused) for a in cal.apps.values() for x in a.shape_samples),
+        "measured_range": {n: a.measured_range() for n, a in cal.apps.items()}}) + "\n")
     return EXIT_OK
 
 

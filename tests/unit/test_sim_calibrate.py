@@ -150,3 +150,15 @@ def test_a_runs_epochs_come_from_the_ams_final_status_when_the_polls_missed_them
     kept = JobRun("r", epoch_times=[1.0, 2.0], epochs=2)
     kept.fill_from_status({})                                   # no status file: the polled figures stay
     assert kept.epoch_times == [1.0, 2.0]
+
+
+def test_the_default_trace_extrapolates_beyond_the_shipped_range_and_not_beyond_the_grid() -> None:
+    from elastane_cli.sim_calibrate import trace_extrapolation
+    from sim.calibration import load
+    shipped = load()
+    assert all(a.measured_range() == (4, 3) for a in shipped.apps.values())
+    assert trace_extrapolation(shipped, (1,)) > 0          # jobs may grow to 16 x 8: measured to 4 x 3
+    wide = msgspec.structs.replace(shipped, apps={
+        n: msgspec.structs.replace(a, holdout_samples=[[max(w for w, _ in SHAPES), max(s for _, s in SHAPES), 1.0]])
+        for n, a in shipped.apps.items()})
+    assert trace_extrapolation(wide, (1, 2)) == 0.0
