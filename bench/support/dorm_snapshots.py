@@ -13,7 +13,7 @@ import random
 
 from protocol.internal_api import NodePlacement
 from protocol.job_report import JobReport
-from protocol.records import ZERO, Resource
+from protocol.records import ZERO, AppState, NodeState, Resource
 from rm.policies import AppView, ClusterSnapshot, NodeView, ps_job_view
 
 NODE = Resource(128 * 1024, 12)
@@ -31,7 +31,7 @@ def _app(app_id: str, t: float, demand: Resource, weight: int, n_max: int, place
             "executor_memory_mb": demand.memory, "executor_vcores": demand.vcores}
     held = demand.scale(w + s) + (AM if started else ZERO)
     report = JobReport(workers=w, servers=s, started=True, executor_resource=demand) if started else None
-    return AppView(app_id, "default", "user", "RUNNING" if started else "ACCEPTED", t, held, shape=report,
+    return AppView(app_id, "default", "user", AppState.RUNNING if started else AppState.ACCEPTED, t, held, shape=report,
                    ps=ps_job_view(spec), am_resource=AM,
                    executors=tuple(NodePlacement(node=n, workers=pw, servers=ps) for n, (pw, ps) in sorted(placement.items())))
 
@@ -74,7 +74,7 @@ def dorm_snapshot(jobs: int, nodes_per_job: float = 2.0, seed: int = 0) -> Clust
             for i in alive]
     apps.append(_app(f"application_1_{jobs + 1:05d}", float(jobs), demands[jobs], kinds[jobs][2], n_max[jobs], {},
                      False))
-    nodes = tuple(NodeView(n, "/default-rack", "RUNNING", NODE, NODE - free[n]) for n in node_ids)
+    nodes = tuple(NodeView(n, "/default-rack", NodeState.RUNNING, NODE, NODE - free[n]) for n in node_ids)
     total = NODE.scale(len(node_ids))
     return ClusterSnapshot(now=0.0, total=total, used=total - sum(free.values(), ZERO), nodes=nodes, apps=tuple(apps))
 

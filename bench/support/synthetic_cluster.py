@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from protocol.job_report import MAX_EPOCH_TIMES, MAX_OBJECTIVES, EpochObjective, JobReport
-from protocol.records import Resource
+from protocol.records import AppState, NodeState, Resource
 from rm.policies.snapshot import AppView, ClusterSnapshot, NodeView, ps_job_view
 
 AM = Resource(1024, 1)
@@ -88,11 +88,11 @@ def synthetic_snapshot(jobs: int, nodes: int, seed: int = 0, round: int = 0,
             if unit:
                 on[n] = on.get(n, 0) + 1
             cursor += 1
-        apps.append(AppView(app_id=f"application_1_{j + 1:05d}", queue="default", user="bench", state="RUNNING",
+        apps.append(AppView(app_id=f"application_1_{j + 1:05d}", queue="default", user="bench", state=AppState.RUNNING,
                             submit_time=float(j), resources=held, shape=report, ps=ps_job_view(spec),
                             am_resource=AM, executors_on=tuple((f"node{n:05d}:8042", ex.scale(c))
                                                                for n, c in sorted(on.items()))))
-    node_views = tuple(NodeView(f"node{n:05d}:8042", "/default-rack", "RUNNING", node_cap,
+    node_views = tuple(NodeView(f"node{n:05d}:8042", "/default-rack", NodeState.RUNNING, node_cap,
                                 Resource(int(used_mem[n]), int(used_vc[n]))) for n in range(nodes))
     total = node_cap.scale(nodes)
     used = Resource(int(used_mem.sum()), int(used_vc.sum()))
