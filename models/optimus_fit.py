@@ -467,33 +467,23 @@ def fit_loss_histories(histories: Sequence[LossHistory]) -> list[Optional[LossCu
     straight from their lists, one numpy conversion for all of them; the others go through
     `loss_arrays`."""
     J = len(histories)
-    plain = [i for i, h in enumerate(histories) if not len(h[3]) and len(h[1]) == len(h[2])]
-    general = {i: loss_arrays(*histories[i]) for i in sorted(set(range(J)) - set(plain))}
-    has_init = np.zeros(J, dtype=np.int64)
-    counts = np.zeros(J, dtype=np.int64)
-    for i in plain:
-        has_init[i] = histories[i][0] is not None
-        counts[i] = len(histories[i][1])
+    is_plain = np.fromiter((not len(h[3]) and len(h[1]) == len(h[2]) for h in histories), dtype=bool, count=J)
+    general = {i: loss_arrays(*histories[i]) for i in np.nonzero(~is_plain)[0].tolist()}
+    has_init = np.fromiter((h[0] is not None for h in histories), dtype=np.int64, count=J) * is_plain
+    counts = np.fromiter((len(h[1]) for h in histories), dtype=np.int64, count=J)
     for i, (ks, _) in general.items():
         counts[i] = len(ks)
     lengths = counts + has_init
     n = int(lengths.max()) if J else 0
     # Every row's own points after its initial objective: the plain rows' epochs and objectives,
     # the general rows' arrays, in row order.
-    chunks_k: list[Iterable[float]] = []
-    chunks_x: list[Iterable[float]] = []
-    for i in range(J):
-        if i in general:
-            chunks_k.append(general[i][0])
-            chunks_x.append(general[i][1])
-        else:
-            chunks_k.append(histories[i][1])
-            chunks_x.append(histories[i][2])
+    chunks_k: list[Iterable[float]] = [h[1] for h in histories]
+    chunks_x: list[Iterable[float]] = [h[2] for h in histories]
+    for i, (ks, xs) in general.items():
+        chunks_k[i], chunks_x[i] = ks, xs
     total = int(counts.sum())
     flat_k = np.fromiter(chain.from_iterable(chunks_k), dtype=float, count=total)
     flat_x = np.fromiter(chain.from_iterable(chunks_x), dtype=float, count=total)
-    is_plain = np.zeros(J, dtype=bool)
-    is_plain[plain] = True
     # A plain row's epoch e is at k = e + 1 (loss_arrays: floor(e) + 1)
     on_plain = np.repeat(is_plain, counts)
     flat_k = np.where(on_plain, np.floor(flat_k) + 1.0, flat_k)

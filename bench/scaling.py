@@ -1,0 +1,283 @@
+"""PS training across hosts against one numpy process in one host's budget (issue 38 part 1).
+
+    .venv/bin/python bench/scaling.py [--quick] [--apps mlr,nmf,lasso] [--hosts 1,2,4]
+                                      [--host-cpus 0.3] [--preset small] [--epochs 6] [--repeats 3]
+
+The testbed (docs/testbed.md, elastane_cli/testbed_cluster.py): four node hosts, each a network
+namespace whose cgroup holds its NM and every container on it under a CPU budget (`--host-cpus`,
+0.3 core), and a master host with no budget running the RM and an NM labelled `am` that takes
+every AM (the paper setups' master instance). One cluster serves every run; nothing else runs on
+it while a run does.
+
+Per app (MLR, NMF, Lasso), the same job -- the app's preset data (`--preset`, the data seed 0),
+`--epochs` fixed epochs (convergence_threshold 1e-12, so no early stop), and the app's default
+hyper-parameters (batch size, clock_batches, learning rate: none set) -- runs as:
+- `single`: `python -m psruntime.apps.single_process` (the same mini-batch math on a dense
+  in-memory model, one process) inside node1's cgroup, so under the same CPU cap as one host;
+- `ps<n>` for each n in `--hosts`: a PS job of n workers and n servers, one worker + one server on
+  each of nodes 1..n (the spec's placement), its AM on the master.
+Runs go round the apps and variants `--repeats` times (single, ps1, ps2, ps4, then the next app,
+then again), so a slow spell of the machine falls on every variant.
+
+Per run: the median epoch time without the first epoch (the epochs' training time: the single
+process's own timing, the AM's `epoch_time_s`, neither counting the objective's evaluation),
+each node host's CPU use over its budget for the run's wall time, the bytes over each host's link
+(its veth counters, both directions), the COMM share of a mini-batch (the workers' mean comm_s
+over compute_s + comm_s, from the job's final status), the final objective and its distance to
+the single process's (`objective_rel_diff`, the PS runs must be within 1 %), and the machine over
+the run (elastane_cli/machine_load: the busy share of all cores and the load per core); a run above
+either limit (SaturationLimits: 90 % busy, a load of 1 per core) is saturated, listed in
+`saturated_runs`, and its figures are not to be read as the system's.
+
+Per app, from the medians over repeats: `speedup_2` = ps1 / ps2 epoch time, `speedup_4` = ps1 /
+ps4, `ps1_over_single` = ps1 / single, `speedup_4_over_single` = single / ps4.
+
+bench/ps_scaling.py is the 16-core host's scaling figure (MLR alone, 1-8 hosts, throughput
+against its own 1-host run); this bench puts each app against one numpy process at the 2-core
+machine's 0.3-core budget. Both follow a job with sim calibrate's `run_job`.
+
+Last line, JSON: {"mlr": {"speedup_2", "speedup_4", "ps1_over_single", "speedup_4_over_single",
+"epoch_s", "objective_rel_diff_max", "objectives_within_1pct", "comm_share", "runs": [...]}, "nmf":
+..., "lasso": ..., "saturated_runs": [...], ...}. `--quick` (the tiny presets, 3 epochs, one
+repeat) checks that the bench runs; its figures are dominated by per-epoch overheads.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
+from support.watched_job import wait_for  # noqa: E402
+
+from elastane_cli import testbed_hosts  # noqa: E402
+from elastane_cli.machine_load import MachineMeter, SaturationLimits  # noqa: E402
+from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
+from elastane_cli.sim_calibrate import AM_MEMORY_MB, run_job  # noqa: E402
+from elastane_cli.testbed_cluster import MASTER, TestbedCluster  # noqa: E402
+
+# bench/harmony_colocation.py's host meter (CPU seconds and link bytes per host), the job's final
+# status from shared storage, its COMM share, and the one-worker-one-server-per-host placement.
+# Imported by name so that mypy, checking this file, does not check that one too.
+colocation: Any = importlib.import_module("harmony_colocation")
+
+PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
+APPS = ("mlr", "nmf", "lasso")
+EXECUTOR_MB = 512
+OBJECTIVE_TOLERANCE = 0.01      # the PS runs' final objective within 1 % of the single process's
+
+
+def log(text: str) -> None:
+    print(f"[scaling] {text}", file=sys.stderr, flush=True)
+
+
+def median_after_first(times: list[float]) -> Optional[float]:
+    """The median epoch time without the first epoch (which pays for warming up); None with fewer
+    than two epochs."""
+    return float(statistics.median(times[1:])) if len(times) >= 2 else None
+
+
+def rel_diff(value: Optional[float], reference: Optional[float]) -> Optional[float]:
+    if value is None or reference is None or reference == 0:
+        return None
+    return abs(value - reference) / abs(reference)
+
+
+def ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
+    return round(num / den, 3) if num is not None and den else None
+
+
+class RunMeter:
+    """One run's hosts (CPU over budget, link bytes) and machine (busy share, load per core)."""
+
+    def __init__(self, cluster: TestbedCluster, budget: float) -> None:
+        self.hosts = colocation.HostMeter(cluster)
+        self.budget = budget
+        self.machine = MachineMeter()
+
+    def start(self) -> None:
+        self.before = self.hosts.read()
+        self.machine.start()
+        self.t0 = time.monotonic()
+
+    def stop(self) -> dict[str, Any]:
+        wall = time.monotonic() - self.t0
+        after = self.hosts.read()
+        load = self.machine.stop()
+        saturated = SaturationLimits().refuse(load)
+        return {"wall_s": round(wall, 2),
+                "host_cpu_over_budget": {h: round((after[h][0] - self.before[h][0]) / (self.budget * wall), 3)
+                                         for h in after},
+                "link_bytes": {h: after[h][1] - self.before[h][1] for h in after},
+                "machine": load.to_json(), "saturated": saturated}
+
+
+def single_run(cluster: TestbedCluster, app: str, ns: argparse.Namespace) -> dict[str, Any]:
+    """The single-process baseline inside node1's cgroup (its CPU budget)."""
+    meter = RunMeter(cluster, ns.host_cpus)
+    argv = [PY, "-m", "psruntime.apps.single_process", "--app", app, "--preset", ns.preset,
+            "--epochs", str(ns.epochs), "--hparams", json.dumps({"convergence_threshold": 1e-12})]
+    meter.start()
+    r = cluster.testbed.run("node1", argv, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=ns.timeout_s)
+    out = meter.stop()
+    if r.returncode != 0:
+        return {**out, "error": f"single_process exited {r.returncode}: {r.stderr.strip()[-400:]}"}
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    epochs = result["epochs"]
+    return {**out, "epoch_s": median_after_first([float(e["seconds"]) for e in epochs]),
+            "epochs": len(epochs), "objective": float(epochs[-1]["objective"]) if epochs else None}
+
+
+async def ps_run_async(cluster: TestbedCluster, app: str, hosts: int, ns: argparse.Namespace) -> dict[str, Any]:
+    spec = {"app": app, "preset": ns.preset, "workers": hosts, "servers": hosts, "max_epochs": ns.epochs,
+            "convergence_threshold": 1e-12, "executor_memory_mb": EXECUTOR_MB, "heldout_every_epochs": 0,
+            "placement": colocation.placement_on(cluster, cluster.node_names[:hosts])}
+    meter = RunMeter(cluster, ns.host_cpus)
+    async with RmRestClient(cluster.rm_url, "bench") as client:
+        meter.start()
+        job = await run_job(client, spec, f"scaling-{app}-ps{hosts}", t0=asyncio.get_running_loop().time(),
+                            timeout_s=ns.timeout_s)
+        out = meter.stop()
+    if job.final_status != "SUCCEEDED":
+        return {**out, "error": f"{job.app_id} ended {job.final_status}"}
+    # The AM's final status on shared storage: every epoch (the RM's last report may lag behind).
+    status = colocation.final_status(cluster, job.app_id)
+    history = status.get("objective_history") or []
+    comm, _ = colocation.split_of(status)
+    return {**out, "app_id": job.app_id, "epochs": len(history),
+            "epoch_s": median_after_first([float(e.get("epoch_time_s") or 0.0) for e in history]),
+            "objective": history[-1].get("objective") if history else None,
+            "comm_share": None if comm is None else round(comm, 3)}
+
+
+def wait_quiet(cluster: TestbedCluster, budget: float, timeout_s: float = 90.0) -> bool:
+    """Wait until every node host uses under a tenth of its budget over a 2 s window (the NMs and
+    their pre-started interpreters settle after start-cluster); False if they did not in time."""
+    def quiet() -> bool:
+        before = {h: cluster.testbed.cpu_seconds(h) or 0.0 for h in cluster.node_names}
+        t0 = time.monotonic()
+        time.sleep(2.0)      # the measuring window itself, not a stand-in for readiness
+        wall = time.monotonic() - t0
+        return all(((cluster.testbed.cpu_seconds(h) or 0.0) - before[h]) < 0.1 * budget * wall for h in before)
+    try:
+        wait_for(quiet, timeout_s, "the node hosts to go quiet", poll_s=0.0)
+        return True
+    except TimeoutError:
+        return False
+
+
+def ps_run(cluster: TestbedCluster, app: str, hosts: int, ns: argparse.Namespace) -> dict[str, Any]:
+    try:
+        return asyncio.run(ps_run_async(cluster, app, hosts, ns))
+    except Exception as e:  # noqa: BLE001 - one run failing is reported, the others still run
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def summarise(app: str, runs: list[dict[str, Any]], hosts: list[int]) -> dict[str, Any]:
+    """An app's figures: medians over its repeats per variant, the ratios, the objective check."""
+    variants = ["single", *(f"ps{n}" for n in hosts)]
+    epoch: dict[str, Optional[float]] = {}
+    for v in variants:
+        xs = [r["epoch_s"] for r in runs if r["variant"] == v and r.get("epoch_s") is not None]
+        epoch[v] = round(statistics.median(xs), 3) if xs else None
+    spread = {v: [round(r["epoch_s"], 3) for r in runs if r["variant"] == v and r.get("epoch_s") is not None]
+              for v in variants}
+    # Each PS run's final objective against the single process's of the same repeat.
+    single_obj = {r["repeat"]: r.get("objective") for r in runs if r["variant"] == "single"}
+    diffs = []
+    for r in runs:
+        if r["variant"] != "single" and "error" not in r:
+            r["objective_rel_diff"] = d = rel_diff(r.get("objective"), single_obj.get(r["repeat"]))
+            if d is not None:
+                diffs.append(d)
+    comm = {v: [r["comm_share"] for r in runs if r["variant"] == v and r.get("comm_share") is not None]
+            for v in variants[1:]}
+    ps1 = epoch.get("ps1")
+    return {"speedup_2": ratio(ps1, epoch.get("ps2")), "speedup_4": ratio(ps1, epoch.get("ps4")),
+            "ps1_over_single": ratio(ps1, epoch["single"]),
+            "speedup_4_over_single": ratio(epoch["single"], epoch.get("ps4")),
+            "epoch_s": epoch, "epoch_s_runs": spread,
+            "objective_rel_diff_max": round(max(diffs), 5) if diffs else None,
+            "objectives_within_1pct": bool(diffs) and max(diffs) <= OBJECTIVE_TOLERANCE,
+            "comm_share": {v: round(statistics.median(xs), 3) if xs else None for v, xs in comm.items()},
+            "failed_runs": sum(1 for r in runs if "error" in r), "runs": runs}
+
+
+def main() -> int:
+    unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--apps", default=",".join(APPS))
+    p.add_argument("--hosts", default="1,2,4", help="host counts of the PS runs (one worker + one server each)")
+    p.add_argument("--host-cpus", type=float, default=0.3, help="each node host's CPU budget in cores")
+    p.add_argument("--preset", default=None, help="the apps' data preset (default small; --quick: tiny)")
+    p.add_argument("--epochs", type=int, default=None, help="fixed epochs per run (default 6; --quick: 3)")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 3; --quick: 1)")
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="per run")
+    p.add_argument("--quick", action="store_true", help="development: tiny presets, 3 epochs, one repeat")
+    ns = p.parse_args()
+    ns.preset = ns.preset or ("tiny" if ns.quick else "small")
+    ns.epochs = ns.epochs if ns.epochs is not None else (3 if ns.quick else 6)
+    ns.repeats = ns.repeats if ns.repeats is not None else (1 if ns.quick else 3)
+    apps = [a for a in ns.apps.split(",") if a]
+    try:
+        hosts = sorted({int(h) for h in ns.hosts.split(",") if h})
+    except ValueError:
+        p.error(f"--hosts: a comma-separated list of host counts, got {ns.hosts!r}")
+    for a in apps:
+        if a not in APPS:
+            p.error(f"--apps: unknown app {a!r}; known: {', '.join(APPS)}")
+    if not hosts or hosts[0] < 1 or 1 not in hosts:
+        p.error(f"--hosts must include 1 (the ratios are against one host), got {ns.hosts!r}")
+    if ns.epochs < 2 or ns.repeats < 1 or ns.host_cpus <= 0:
+        p.error("--epochs must be >= 2 (the first is left out), --repeats >= 1, --host-cpus > 0")
+    reason = testbed_hosts.unavailable_reason(sshd=True)
+    if reason:
+        print(f"scaling: needs the multi-host testbed: {reason}", file=sys.stderr)
+        return 2
+    runs: dict[str, list[dict[str, Any]]] = {a: [] for a in apps}
+    with tempfile.TemporaryDirectory(prefix="scaling-") as tmp:
+        per_host = 2                                     # one worker + one server
+        cluster = TestbedCluster(Path(tmp), workers=max(hosts), worker_cpus=ns.host_cpus,
+                                 node_memory_mb=per_host * EXECUTOR_MB + 64, node_vcores=per_host,
+                                 nm_expiry_s=60, am_expiry_s=60, heartbeat_interval_ms=500, policy="static",
+                                 am_host=True, am_host_memory_mb=AM_MEMORY_MB + 128, am_host_vcores=1)
+        try:
+            cluster.start()
+            if not wait_quiet(cluster, ns.host_cpus):
+                log("the node hosts did not go quiet after start-cluster; measuring anyway")
+            for rep in range(ns.repeats):
+                for app in apps:
+                    for variant in ["single", *(f"ps{n}" for n in hosts)]:
+                        log(f"repeat {rep + 1}/{ns.repeats} {app} {variant}: {ns.preset}, {ns.epochs} epochs, "
+                            f"hosts of {ns.host_cpus} cores, AMs on {MASTER}")
+                        r = (single_run(cluster, app, ns) if variant == "single"
+                             else ps_run(cluster, app, int(variant[2:]), ns))
+                        r.update(variant=variant, repeat=rep)
+                        runs[app].append(r)
+                        log(f"{app} {variant}: {json.dumps(r)}")
+        finally:
+            cluster.stop()
+    out: dict[str, Any] = {a: summarise(a, rs, hosts) for a, rs in runs.items()}
+    out["saturated_runs"] = [f"{a}/{r['variant']}/repeat{r['repeat'] + 1}: {r['saturated']}"
+                             for a, rs in runs.items() for r in rs if r.get("saturated")]
+    out.update(host_cpus=ns.host_cpus, hosts=hosts, preset=ns.preset, epochs=ns.epochs, repeats=ns.repeats,
+               quick=ns.quick, cores=os.cpu_count(),
+               left_behind=[f"{h}: {x}" for h, xs in cluster.leftovers.items() for x in xs])
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
