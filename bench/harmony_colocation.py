@@ -192,11 +192,7 @@ class HostMeter:
 
 def final_status(cluster: TestbedCluster, app_id: str) -> dict[str, Any]:
     """The job's final status, which its AM leaves on shared storage ({} if it cannot be read)."""
-    try:
-        st = json.loads((cluster.shared_dir / "checkpoints" / app_id / "status.json").read_text())
-        return st if isinstance(st, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return cluster.final_status(app_id)
 
 
 def roles_by_host(cluster: TestbedCluster, status: Optional[PsStatus]) -> dict[str, str]:

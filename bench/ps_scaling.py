@@ -67,6 +67,8 @@ def run_one(hosts: int, host_cpus: float, epochs: int, samples: int) -> dict[str
                                          t0=asyncio.get_running_loop().time(), timeout_s=900.0)
             run = asyncio.run(go())
             load = meter.stop()
+            # every epoch's time from the AM's final status (the polled reports can miss a short run's)
+            run.fill_from_status(cluster.final_status(run.app_id))
         finally:
             cluster.stop()
     if run.final_status != "SUCCEEDED" or not run.epoch_wall_s:

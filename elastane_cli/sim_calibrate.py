@@ -44,7 +44,6 @@ for all apps.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import platform
 import re
@@ -462,14 +461,6 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
         f"above {limits.busy_share:.0%} busy or {limits.load_per_core:g} load per core")
     with tempfile.TemporaryDirectory(prefix="elastane-calibrate-") as tmp:
         cluster = plan.cluster(Path(tmp)).start(timeout_s=180)
-
-        def final_status(app_id: str) -> dict[str, Any]:
-            """The AM's status.json in its dir on the cluster's shared storage ({} if unreadable)."""
-            try:
-                st = json.loads((cluster.shared_dir / "checkpoints" / app_id / "status.json").read_text())
-            except (OSError, ValueError):
-                return {}
-            return st if isinstance(st, dict) else {}
         try:
             async def go() -> Calibration:
                 measured: dict[str, list[Measured]] = {a: [] for a in apps}
@@ -478,7 +469,7 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
                         for app in apps:
                             for shape in shapes:
                                 measured[app].append(await measure(client, app, shape, rep, epochs, limits, log,
-                                                                   final_status))
+                                                                   cluster.final_status))
                     per_app = {a: c for a in apps if (c := app_calibration(a, measured[a], epochs, log)) is not None}
                     if not per_app:
                         refused = sum(not m.sample.accepted for ms in measured.values() for m in ms)

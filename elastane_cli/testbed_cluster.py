@@ -245,6 +245,15 @@ class TestbedCluster:
                 self.leftovers[h.name] = left
         self.testbed.remove()
 
+    def final_status(self, app_id: str) -> dict[str, Any]:
+        """A PS job's final status, which its AM writes on exit into its dir on the shared storage
+        (`<checkpoint_dir>/<app id>/status.json`); {} if it cannot be read."""
+        try:
+            st = json.loads((self.shared_dir / "checkpoints" / app_id / "status.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return st if isinstance(st, dict) else {}
+
     def logs(self, lines: int = 40) -> str:
         """The tail of every daemon log on every host (they are in the hosts' own /tmp)."""
         out = []
