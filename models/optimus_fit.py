@@ -79,8 +79,8 @@ ASYNC_REFERENCE = (2.83, 3.92, 0.0, 0.11)
 # They are not independent of the simulator's truth: sim/calibration.json is a later calibration
 # of the same apps on the same machine, so in the simulator this prior comes from overlapping
 # measurements. bench/optimus_prior_effect.py measures what that buys (docs/simulator.md,
-# Calibration): with a flat prior (1/w) Optimus did as well or better on the default trace (its
-# mean JCT 0.88x of this prior's, median of 5 seeds), with the paper's ResNet-50 reference 1.5x worse.
+# Calibration): with a flat prior (1/w) Optimus did better on the default trace (its mean JCT
+# 0.85x of this prior's, median of 5 seeds), with the paper's ResNet-50 reference 1.39x worse.
 APP_PRIORS: dict[str, tuple[float, float, float, float, float]] = {
     "mlr": (0.678, 0.0677, 0.0152, 0.0646, 0.0),
     "nmf": (0.914589, 0.19257, 0.0, 0.0, 0.118368),
