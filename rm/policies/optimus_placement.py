@@ -19,6 +19,8 @@ import bisect
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
+import numpy as np
+
 from protocol.internal_api import NodePlacement
 
 
@@ -110,8 +112,11 @@ class NodeBook:
         self.nodes = list(nodes)
         self.memory = [int(m) for m in free_memory]
         self.vcores = [int(v) for v in free_vcores]
-        self.order = SortedKeys(list(zip([-v for v in self.vcores], [-m for m in self.memory],
-                                         range(len(self.nodes)))))
+        # Sorted by numpy (most free vcores, then memory, then node order), so SortedKeys' own sort
+        # meets a sorted list.
+        neg_v, neg_m = -np.asarray(self.vcores, dtype=np.int64), -np.asarray(self.memory, dtype=np.int64)
+        at = np.lexsort((np.arange(len(self.nodes)), neg_m, neg_v))
+        self.order = SortedKeys(list(zip(neg_v[at].tolist(), neg_m[at].tolist(), at.tolist())))
 
     def place(self, job: PlacementJob) -> Optional[tuple[NodePlacement, ...]]:
         """Place `job` on the fewest nodes it fits on evenly (updating the book), or None."""
