@@ -27,6 +27,7 @@ separately (`optimus_jct_over_truth`: its mean JCT over Optimus's), not a bound.
 spec). Policies static, drf, optimus, optimus-truth, dorm (`--policies all`: every registered one,
 tetris included). Keys: `seeds`, `offered_load`, `optimus_jct_gain_vs_drf` (DRF mean JCT over
 Optimus's; target >= 1.5) and `optimus_jct_gain_vs_drf_min`, `optimus_makespan_gain_vs_drf`,
+`optimus_jct_gain_vs_static` and `drf_jct_gain_vs_static` (whether DRF is the stronger baseline),
 `optimus_jct_gain_vs_tetris` (with --policies all), `optimus_jct_over_bound`,
 `optimus_truth_jct_over_bound`, `drf_jct_over_bound`, `optimus_jct_over_truth`,
 `dorm_util_gain_vs_static` (allocation), `dorm_useful_util_gain_vs_static` (target >= 1.3),
@@ -225,6 +226,7 @@ def default_run(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 DEFAULT_GAINS = ("optimus_jct_gain_vs_drf", "optimus_makespan_gain_vs_drf", "optimus_jct_gain_vs_tetris",
+                 "optimus_jct_gain_vs_static", "drf_jct_gain_vs_static",
                  "optimus_jct_over_bound", "optimus_truth_jct_over_bound", "optimus_jct_over_truth",
                  "drf_jct_over_bound", "dorm_util_gain_vs_static", "dorm_useful_util_gain_vs_static",
                  "dorm_fairness_gain_vs_static")
@@ -235,6 +237,9 @@ def gains_default(results: dict[str, SimResult], rows: dict[str, Row], bound_jct
         "optimus_jct_gain_vs_drf": jct_gain(results, "drf", "optimus"),
         "optimus_makespan_gain_vs_drf": ratio(get(rows, "drf", "makespan_s"), get(rows, "optimus", "makespan_s")),
         "optimus_jct_gain_vs_tetris": jct_gain(results, "tetris", "optimus"),
+        # static (FIFO, requested shapes) beside DRF: whether DRF is the stronger baseline here
+        "optimus_jct_gain_vs_static": jct_gain(results, "static", "optimus"),
+        "drf_jct_gain_vs_static": jct_gain(results, "static", "drf"),
         # the clairvoyant bound's mean JCT over the policy's (<= 1; 1 = the bound met), sim/bounds.py
         "optimus_jct_over_bound": over_bound(bound_jct, get(rows, "optimus", "mean_jct_s")),
         "optimus_truth_jct_over_bound": over_bound(bound_jct, get(rows, OPTIMUS_TRUTH, "mean_jct_s")),

@@ -229,3 +229,13 @@ def test_the_default_trace_scales_only_the_arrivals() -> None:
 def replace_arrival(j: TraceJob) -> TraceJob:
     import msgspec  # noqa: PLC0415
     return msgspec.structs.replace(j, arrival_s=0.0)
+
+
+def test_the_benches_refuse_bad_seeds_with_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib  # noqa: PLC0415
+    for name in ("policies_sim", "gang_admission", "optimus_sim"):
+        bench = importlib.import_module(name)
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--seeds", "5-1"])
+        assert e.value.code == 2
+        assert "--seeds" in capsys.readouterr().err
