@@ -149,7 +149,11 @@ def cmd_run(args: argparse.Namespace, ctx: CliContext) -> int:
         with (args.out / "records.jsonl").open("w") as f:
             for rec in result.record_lines():
                 f.write(json.dumps(rec) + "\n")
-        (args.out / "summary.json").write_text(json.dumps({"policy": args.policy, **s.to_json()}, indent=2) + "\n")
+        (args.out / "summary.json").write_text(json.dumps({
+            "policy": args.policy, **s.to_json(),
+            # jobs that ran at a shape beyond the calibration's measured range (docs/simulator.md)
+            "extrapolated_job_share": round(result.extrapolated_job_share, 4),
+            "extrapolated_jobs": result.extrapolated_jobs}, indent=2) + "\n")
         written = ["records.jsonl", "summary.json"]
         if not args.no_plots:
             from sim.plots import write_plots  # noqa: PLC0415 (matplotlib is slow to import)

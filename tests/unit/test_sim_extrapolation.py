@@ -1,11 +1,14 @@
 """The simulator counts the jobs that ran at a shape beyond their app's measured calibration range."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import msgspec
 
-from sim.calibration import AppCalibration, Calibration
+from sim.calibration import AppCalibration, Calibration, save
 from sim.simulator import SimConfig, simulate
-from sim.trace import TraceJob
+from sim.trace import TraceJob, dump_trace
 from sim.workload import WorkloadSpec, generate
 
 THETA = [2.0, 0.3, 0.2, 0.05, 0.05]
@@ -48,3 +51,16 @@ def test_a_range_covering_the_generators_shapes_extrapolates_nothing() -> None:
     assert res.summary.finished == 6 and res.extrapolated_job_share == 0.0
     # a calibration without samples (a speed function given, not measured) has nothing to extrapolate
     assert simulate(trace[:2], "static", calibration(None), SMALL).extrapolated_job_share == 0.0
+
+
+def test_sim_runs_summary_names_the_extrapolated_jobs(tmp_path: Path) -> None:
+    from elastane_cli.main import main
+    cal = tmp_path / "cal.json"
+    save(calibration((2, 1)), cal)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(dump_trace([job("inside", 2, 1), job("beyond", 4, 1)]))
+    out = tmp_path / "out"
+    assert main(["sim", "run", str(trace), "--policy", "static", "--nodes", "3", "--calibration", str(cal),
+                 "--out", str(out), "--no-plots"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["extrapolated_job_share"] == 0.5 and summary["extrapolated_jobs"] == ["beyond"]
