@@ -69,7 +69,8 @@ from elastane_cli import testbed_hosts  # noqa: E402
 from elastane_cli.context import default_user  # noqa: E402
 from elastane_cli.machine_load import MachineMeter, SaturationLimits  # noqa: E402
 from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
-from elastane_cli.sim_calibrate import AM_MEMORY_MB, EXECUTOR_MEMORY_MB, reference_job, run_job  # noqa: E402
+from elastane_cli.sim_calibrate import (AM_MEMORY_MB, EXECUTOR_MEMORY_MB, CalibrationPlan, reference_job,  # noqa: E402
+                                       run_job)
 from elastane_cli.testbed_cluster import TestbedCluster  # noqa: E402
 from rm import policies  # noqa: E402
 from sim import calibration  # noqa: E402
@@ -104,13 +105,11 @@ LEGACY_CORE_PER_VCORE = 0.25
 
 
 @dataclass(frozen=True)
-class Plan:
-    """The testbed and the simulated cluster the trace runs on (module doc)."""
+class Plan(CalibrationPlan):
+    """The testbed and the simulated cluster the trace runs on (module doc): the calibration's kind
+    of hosts (`CalibrationPlan`: budgets shared out by vcore, AMs on the master), sized here."""
 
-    hosts: int
-    host_vcores: int
-    core_per_vcore: float
-    from_calibration: bool
+    from_calibration: bool = False
 
     @classmethod
     def of(cls, cal: calibration.Calibration, hosts: int) -> "Plan":
@@ -118,14 +117,6 @@ class Plan:
         cpv = cal.core_per_vcore or DEFAULT_CORE_PER_VCORE
         vcores = max(1, min(HOST_VCORES * 2, int(MAX_HOST_CPUS / cpv + 1e-9)))
         return cls(hosts, vcores, cpv, cal.core_per_vcore > 0)
-
-    @property
-    def host_cpus(self) -> float:
-        return round(self.host_vcores * self.core_per_vcore, 4)
-
-    @property
-    def node_memory_mb(self) -> int:
-        return self.host_vcores * EXECUTOR_MEMORY_MB
 
     def to_json(self) -> dict[str, Any]:
         return {"hosts": self.hosts, "host_vcores": self.host_vcores, "core_per_vcore": self.core_per_vcore,
@@ -165,16 +156,9 @@ def sim_config(plan: Plan, jobs: int) -> SimConfig:
                      heartbeat_s=0.25, timings=JobTimings(am_memory_mb=AM_MEMORY_MB))
 
 
-def testbed_cluster(base: Path, policy: str, plan: Plan, jobs: int) -> TestbedCluster:
-    return TestbedCluster(base, workers=plan.hosts, worker_cpus=plan.host_cpus, node_memory_mb=plan.node_memory_mb,
-                          node_vcores=plan.host_vcores, nm_expiry_s=30, am_expiry_s=30, policy=policy,
-                          am_host=True, am_host_memory_mb=(AM_MEMORY_MB + 64) * jobs, am_host_vcores=jobs,
-                          nm_conf={"cpu_limit_cores": plan.host_cpus})
-
-
 def run_real(jobs: list[TraceJob], policy: str, plan: Plan, base: Path) -> dict[str, Any]:
     """The trace on a fresh testbed cluster (removed after), the machine measured over it."""
-    cluster = testbed_cluster(base, policy, plan, len(jobs)).start(timeout_s=180)
+    cluster: TestbedCluster = plan.cluster(base, policy, jobs_at_once=len(jobs)).start(timeout_s=180)
     try:
         async def go() -> dict[str, dict[str, float]]:
             async with RmRestClient(cluster.rm_url, default_user()) as client:

@@ -1,25 +1,14 @@
 """bench/host_suite.py without a testbed: its arguments and how it judges a part."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+
+from bench_module import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def suite() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("host_suite_bench", ROOT / "bench" / "host_suite.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-hs = suite()
+hs = load_bench("host_suite")
 
 
 def test_an_interpreter_the_hosts_cannot_see_is_refused(tmp_path: Path) -> None:

@@ -1,27 +1,13 @@
 """bench/sim_fidelity.py's arithmetic: plain errors, saturated runs set aside, the verdict."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_module import load_bench
 
-
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sim_fidelity_bench", ROOT / "bench" / "sim_fidelity.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sf = bench()
+sf = load_bench("sim_fidelity")
 
 
 def real(jcts: dict[str, float], start: float = 100.0) -> dict[str, dict[str, float]]:
