@@ -391,29 +391,27 @@ def _fit_padded(k: Array, x: Array, mask: NDArray[np.bool_], lengths: NDArray[np
         rows = np.nonzero((lengths >= MIN_LOSS_POINTS) & (span >= MIN_FIT_SPAN))[0]
     if not len(rows):
         return out
-    keep = rows.tolist()
-    # The kept rows padded as they would be alone: as wide as the longest of them.
+    # The kept rows padded as they would be alone: as wide as the longest of them. They go through
+    # orientation and the fit in blocks: each block's temporaries (rows x BETA2_GRID floats for the
+    # grid, dozens of them) stay in cache, which halves the time for thousands of jobs. Every step
+    # is per row, and every block keeps this width (a row's sums depend on the zeros padding it),
+    # so a row's curve is what one pass over all rows gives.
     n = int(lengths[rows].max())
-    k, x, mask, lengths = k[rows, :n], x[rows, :n], mask[rows, :n], lengths[rows]
-    signs, offsets = _orientations(x, mask)
-    loss = np.where(mask, signs[:, None] * x + offsets[:, None], 1.0)
-    orient = {i: (float(sg), float(of)) for i, sg, of in zip(keep, signs.tolist(), offsets.tolist())}
-    valid = ~np.any(mask & ~((loss > 0) & np.isfinite(loss)), axis=1)     # losses must be positive
-    if not valid.all():
-        keep = [i for i, v in zip(keep, valid) if v]
-        k, loss, mask, lengths = k[valid], loss[valid], mask[valid], lengths[valid]
-        if not keep:
-            return out
-    # Rows in blocks: each block's grid temporaries (rows x BETA2_GRID floats, dozens of them) stay
-    # in cache, which halves the time for thousands of jobs. Every step is per row, and the blocks
-    # keep the whole matrix's width (a row's sums depend on the zeros padding it), so a row's
-    # curve is what one call over all rows gives.
-    parts = [_fit_rows(k[r:r + FIT_BLOCK_ROWS], loss[r:r + FIT_BLOCK_ROWS], mask[r:r + FIT_BLOCK_ROWS],
-                       lengths[r:r + FIT_BLOCK_ROWS]) for r in range(0, len(keep), FIT_BLOCK_ROWS)]
-    b0, b1, beta2, scale, res = (np.concatenate([part[f] for part in parts]).tolist() for f in range(5))
-    for j, i in enumerate(keep):
-        sign, offset = orient[i]
-        out[i] = LossCurve(b0[j], b1[j], beta2[j], scale[j], res[j], sign, offset)
+    for r in range(0, len(rows), FIT_BLOCK_ROWS):
+        block = rows[r:r + FIT_BLOCK_ROWS]
+        kb, xb, mb, lb = k[block, :n], x[block, :n], mask[block, :n], lengths[block]
+        signs, offsets = _orientations(xb, mb)
+        loss = np.where(mb, signs[:, None] * xb + offsets[:, None], 1.0)
+        valid = ~np.any(mb & ~((loss > 0) & np.isfinite(loss)), axis=1)     # losses must be positive
+        if not valid.any():
+            continue
+        if not valid.all():
+            block, kb, loss, mb, lb = block[valid], kb[valid], loss[valid], mb[valid], lb[valid]
+            signs, offsets = signs[valid], offsets[valid]
+        fits = zip(block.tolist(), *(f.tolist() for f in _fit_rows(kb, loss, mb, lb)), signs.tolist(),
+                   offsets.tolist())
+        for i, b0, b1, beta2, scale, res, sign, offset in fits:
+            out[i] = LossCurve(b0, b1, beta2, scale, res, sign, offset)
     return out
 
 

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -276,10 +276,9 @@ def least_shape(job: RunningJob) -> tuple[int, int]:
     return max(1, job.spec.min_workers), max(1, job.spec.min_servers)
 
 
-@dataclass(frozen=True)
-class _Sized:
+class _Sized(NamedTuple):
     """A job the allocation sizes: its remaining epochs (from its curve, or the prior when
-    `fitted` is False), speed function and bounds."""
+    `fitted` is False), speed function and bounds (a tuple: thousands are made per round)."""
 
     job: RunningJob
     remaining: float
@@ -320,11 +319,13 @@ class OptimusPolicy:
         self._models = {j.app_id: self._models.get(j.app_id) or JobModel(job_traits(apps[j.app_id]))
                         for j in jobs}
         fit_ok: dict[str, bool] = {}       # can_fit per job, counted once (the history is final here)
+        at_rest: dict[str, bool] = {}      # settled() per job, for this round
         ready_list = []
         for j in jobs:
             m = self._models[j.app_id]
             update_history(m, j.report)
-            observe(m, j.report, settled(j, apps[j.app_id]))
+            at_rest[j.app_id] = still = settled(j, apps[j.app_id])
+            observe(m, j.report, still)
             observe_resize(m, j.report, snapshot.now)
             fit_ok[j.app_id] = ok = m.can_fit
             ready_list.append((j.app_id, bool(m.samples or m.clock_sample), ok))
@@ -336,7 +337,7 @@ class OptimusPolicy:
             return Decision({})
         self._last_round, self._last_jobs = snapshot.now, present
         self._refit(jobs, fit_ok)
-        sized, fixed = self._split(jobs, apps)
+        sized, fixed = self._split(jobs, at_rest)
         budget = self._budget(snapshot, view.running, view.incoming, view.other_queued, apps)
         targets: dict[str, tuple[int, int]] = {}
         reasons: dict[str, str] = {}
@@ -384,12 +385,12 @@ class OptimusPolicy:
                                                         for m in stale])):
             m.curve = curve
 
-    def _split(self, jobs: list[RunningJob], apps: dict[str, AppView]) -> tuple[list[_Sized], list[RunningJob]]:
+    def _split(self, jobs: list[RunningJob], at_rest: dict[str, bool]) -> tuple[list[_Sized], list[RunningJob]]:
         sized: list[_Sized] = []
         fixed: list[RunningJob] = []
         for j in jobs:
             m = self._models[j.app_id]
-            if not settled(j, apps[j.app_id]) or m.speed is None:
+            if not at_rest[j.app_id] or m.speed is None:
                 fixed.append(j)
                 continue
             trained, limit = m.trained, m.traits.max_epochs

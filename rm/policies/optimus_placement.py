@@ -16,17 +16,16 @@ so placing thousands of jobs on tens of thousands of nodes stays cheap.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from protocol.internal_api import NodePlacement
 
 
-@dataclass(frozen=True)
-class PlacementJob:
-    """A job to place: `workers` and `servers`, each executor needing `memory` MB and `vcores`."""
+class PlacementJob(NamedTuple):
+    """A job to place: `workers` and `servers`, each executor needing `memory` MB and `vcores` (a
+    tuple: thousands are made per round)."""
 
     key: str
     workers: int
