@@ -125,9 +125,15 @@ class JobModel:
     curve: Optional[LossCurve] = None
     speed_key: Optional[tuple[object, ...]] = None
     speed: Optional[SpeedFunction] = None
-    shapes: int = 0                       # distinct shapes the speed samples cover
+    fitted_samples: list[tuple[int, int, float]] = field(default_factory=list)   # the speed fit's samples
     changing_since: Optional[float] = None
     resize_cost: float = RESIZE_COST_S
+
+    @property
+    def shapes(self) -> int:
+        """Distinct shapes the speed fit's samples cover (counted when asked: only a job that
+        leaves is asked, so the rounds do not count them for every job)."""
+        return len({s[:2] for s in self.fitted_samples})
 
     @property
     def trained(self) -> float:
@@ -378,7 +384,7 @@ class OptimusPolicy:
                 m.speed = fit_speed(samples, m.traits.sync, j.spec.max_servers, j.spec.max_workers,
                                     prior_weight=self._priors.weight(prior), prior=prior)
                 m.speed_key = skey
-                m.shapes = len({s[:2] for s in samples})
+                m.fitted_samples = samples
         # All stale curves in one call, built from the kept lists (loss_series's points, not
         # one pair of arrays per job).
         for m, curve in zip(stale, fit_loss_histories([(m.initial, m.epochs, m.losses, m.clock_k, m.clock_l)
@@ -483,15 +489,17 @@ class OptimusPolicy:
             return Decision({})
         running = [n for n in snapshot.nodes if n.state == "RUNNING"]
         index = {n.node_id: i for i, n in enumerate(running)}
-        mem = [n.capacity.memory - n.used.memory for n in running]
-        vc = [n.capacity.vcores - n.used.vcores for n in running]
+        mem = np.array([n.capacity.memory - n.used.memory for n in running], dtype=np.int64)
+        vc = np.array([n.capacity.vcores - n.used.vcores for n in running], dtype=np.int64)
         views = {a.app_id: a for a in snapshot.apps}
-        for j in changed:      # a reshaped job's own executors are placed anew: their room is free
-            for node_id, held in _executors_on(views[j.app_id], j.executor):
-                if node_id in index:
-                    mem[index[node_id]] += held.memory
-                    vc[index[node_id]] += held.vcores
-        book = NodeBook([n.node_id for n in running], mem, vc)
+        # A reshaped job's own executors are placed anew: their room is free (summed per node,
+        # integers, so in any order).
+        held = [h for j in changed for h in _executors_on(views[j.app_id], j.executor)]
+        at = np.array([index.get(node_id, -1) for node_id, _ in held], dtype=np.int64)
+        known = at >= 0
+        np.add.at(mem, at[known], np.array([r.memory for _, r in held], dtype=np.int64)[known])
+        np.add.at(vc, at[known], np.array([r.vcores for _, r in held], dtype=np.int64)[known])
+        book = NodeBook([n.node_id for n in running], mem.tolist(), vc.tolist())
         placed = place_jobs(book, [PlacementJob(j.app_id, *targets[j.app_id], j.executor.memory, j.executor.vcores)
                                    for j in changed])
         out: dict[str, JobDecision] = {}
