@@ -598,14 +598,26 @@ def fit_speed(samples: Sequence[tuple[int, int, float]], sync: bool, max_servers
 
     Samples at one shape only (and a prior) give the prior scaled to them, computed directly:
     the NNLS would return (nearly) that, and the RM refits thousands of such jobs per round."""
+    ref = prior if prior is not None else reference(sync)
+    if prior_weight > 0 and samples:
+        # Every sample usable and at one shape (the common case, kept lean: one pass to check):
+        # the same sums as the general path below.
+        p, w, _ = samples[0]
+        isfinite = math.isfinite
+        if p >= 1 and w >= 1 and all(s[0] == p and s[1] == w and s[2] > 0 and isfinite(s[2]) for s in samples):
+            fs = [s[2] for s in samples]
+            at_ref = inverse_speed(ref.coefficients, p, w)
+            scale = math.exp((sum(map(math.log, fs)) + len(fs) * math.log(at_ref)) / len(fs))
+            inv = at_ref / scale
+            return SpeedFunction(tuple([c / scale for c in ref.coefficients]), sync,
+                                 sum([(inv * f - 1.0) ** 2 for f in fs]))
     good = [s for s in samples if s[0] >= 1 and s[1] >= 1 and s[2] > 0 and math.isfinite(s[2])]
     if not good:
         return None
-    ref = prior if prior is not None else reference(sync)
     # The reference scaled to the job: the geometric mean of measured / reference speed.
     p, w, _ = good[0]
     if prior_weight > 0 and all(s[0] == p and s[1] == w for s in good):
-        # One shape (the common case, kept lean): the same sums as the general path below.
+        # One shape among the usable samples.
         at_ref = inverse_speed(ref.coefficients, p, w)
         scale = math.exp((sum([math.log(s[2]) for s in good]) + len(good) * math.log(at_ref)) / len(good))
         inv = at_ref / scale
