@@ -211,14 +211,16 @@ def app_used(app: AppView) -> Resource:
 
 
 def app_pending(app: AppView) -> Resource:
-    """What the app waits for: its open asks and AM request, and for a PS job whose AM is not
-    allocated yet the executors gang admission waits for (they are not asked for until the AM
-    runs, yet it is them the queue must get back). An app held at its AM limit waits on that, not
+    """What the app waits for: its open asks and AM request, and for a PS job whose AM does not
+    run yet the executors gang admission waits for (they are not asked for until the AM runs, yet
+    it is them the queue must get back). An app held at its AM limit waits on that, not
     on room: its demand does not count (as YARN counts only active apps' pending)."""
     if app.state.is_final or app.am_limited:
         return ZERO
     pending = app.pending
-    if app.ps is not None and app.am_node is None:
+    # Not yet RUNNING: its AM has not registered, so its executors are not asked for yet (am_node
+    # cannot tell: the snapshot clears it where AMs live on a labelled partition of their own).
+    if app.ps is not None and app.state != AppState.RUNNING:
         pending = pending + app.ps.executor.scale(app.ps.workers + app.ps.servers)
     return pending
 

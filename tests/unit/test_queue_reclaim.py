@@ -13,7 +13,8 @@ from protocol.records import ZERO, AppState, Resource
 from rm.policies import AppView, ClusterSnapshot, ps_job_view
 from rm.policies.queue_reclaim import (TRANSITIONS, ContainerView, QueueView, ReclaimBook, ReclaimEvent,
                                        ReclaimInputs, ReclaimOutcome, ReclaimSettings, ReclaimState,
-                                       ReclaimTransitionError, check_book, reclaim_round, trim_placement)
+                                       ReclaimTransitionError, app_pending, check_book, reclaim_round,
+                                       trim_placement)
 
 E = Resource(1024, 1)
 TOTAL = Resource(8192, 8)
@@ -199,3 +200,11 @@ def test_trim_placement_takes_from_the_fullest_node() -> None:
     assert trim_placement(p, 2, 1) == (NodePlacement(node="x", workers=1, servers=1), NodePlacement(node="y", workers=1))
     with pytest.raises(ValueError):
         trim_placement(p, 5, 0)
+
+
+def test_a_running_jobs_demand_is_its_asks_even_where_the_snapshot_hides_its_am() -> None:
+    # With AMs on a labelled partition the snapshot clears am_node: a RUNNING job waits for no gang.
+    running = replace(ps_app("a1", "a", 1.0, 3, 1), am_node=None)
+    assert app_pending(running) == ZERO
+    assert app_pending(B_JOB) == E.scale(4)          # not running yet: its AM's gang
+    assert app_pending(replace(B_JOB, am_limited=True)) == ZERO
