@@ -32,7 +32,8 @@ From each run, polling the RM's app record and the job report (`/apps/{id}/shape
   RM once a second, so the split between am_start_s, startup_s and finish_s is approximate; their
   sum is the measured JCT minus the training time, the median over the accepted runs;
 - the objective history (with the initial objective) of the run at the default shape (2 workers,
-  1 server), fitted to the Optimus loss curve (sim/convergence.py); clocks_per_epoch = iterations /
+  1 server; `REFERENCE_EPOCHS` long, the other shapes `CALIBRATION_EPOCHS`), fitted to the Optimus
+  loss curve (sim/convergence.py); clocks_per_epoch = iterations /
   epochs.
 
 Then one MLR job is reshaped in place (EPS: +1 worker, then back) and one in elastic_mode "kill":
@@ -79,6 +80,9 @@ HOSTS = 4
 USABLE_SHARE = 0.75          # of the machine's cores the hosts' budgets may take together
 MAX_CORE_PER_VCORE = 1.0
 REFERENCE_SHAPE = (2, 1)     # PSJobSpec's default shape: the loss curve is fitted on this run
+# Runs at the reference shape go on this long at least: their objectives are the convergence
+# history a simulated job's epoch count comes from (beyond it, the fitted curve's prediction).
+REFERENCE_EPOCHS = 12
 
 
 # Ten times the `tiny` rows, so an epoch is long enough (~1 s on a worker) to time.
@@ -345,6 +349,8 @@ async def measure(client: RmRestClient, app: str, shape: tuple[int, int], repeat
     """One run of `app`'s reference job at `shape`, with the machine measured around it; its
     epochs from the AM's final status (`final_status(app_id)`) where that can be read."""
     w, s = shape
+    if shape == REFERENCE_SHAPE:
+        epochs = max(epochs, REFERENCE_EPOCHS)
     spec = {**reference_job(app, epochs), "workers": w, "servers": s}
     meter = MachineMeter().start()
     try:
@@ -409,7 +415,7 @@ def app_calibration(app: str, measured: list[Measured], epochs: int, log: Callab
         histories=[[[k, v] for k, v in r.objectives] for r in accepted], runs=[r.to_json() for r in accepted],
         convergence_history=[v for k, v in ref[0].objectives if k >= 1] if ref else [],
         am_start_s=round(am_start, 3), startup_s=round(startup, 3), finish_s=round(finish, 3),
-        max_epochs=int(reference_job(app)["max_epochs"]), objective_sign=sign, model_mb=reference_model_mb(app))
+        max_epochs=max(epochs, REFERENCE_EPOCHS), objective_sign=sign, model_mb=reference_model_mb(app))
 
 
 async def measure_reshape(client: RmRestClient, mode: str, limits: SaturationLimits,
