@@ -234,7 +234,7 @@ class PSApplicationMaster:
 
     async def run(self) -> Optional[FinalStatus]:
         self._failure = asyncio.get_running_loop().create_future()
-        self.am_dir.makedirs()
+        await asyncio.to_thread(self.am_dir.makedirs)    # a request on an object store
         self.pool.am_address = await self.data_server.start()
         url = await self.status_server.start()
         pump = asyncio.create_task(self._pump_events(), name="ps-am-events")
@@ -277,7 +277,9 @@ class PSApplicationMaster:
         self.job.apply(JobEvent.WORKERS_READY)
         self._publish_shape()
         servers, workers = self.pool.ready(Role.SERVER), self.pool.ready(Role.WORKER)
-        resume = resumable_checkpoint(self.checkpointer, self.spec, self.app)
+        # In a thread: on an object store the look-up is a listing and a read per checkpoint, round
+        # trips that would otherwise hold up this loop (and the RM heartbeats it sends).
+        resume = await asyncio.to_thread(resumable_checkpoint, self.checkpointer, self.spec, self.app)
         if resume is None:
             await self.training.setup(servers, workers)
             if init_values is not None:
@@ -475,7 +477,7 @@ class PSApplicationMaster:
     async def _read_init_from(self) -> Optional[np.ndarray]:
         """The saved model's values `init_from` names (checked against this job's app and shape),
         None without one or when a checkpoint of an earlier attempt will be resumed instead."""
-        if not self.spec.init_from or self.checkpointer.latest() is not None:
+        if not self.spec.init_from or await asyncio.to_thread(self.checkpointer.latest) is not None:
             return None
         _meta, values = await asyncio.to_thread(read_init_from, self.spec.init_from, self.app)
         return values

@@ -131,9 +131,9 @@ class S3Server:
             self.process.wait(10)
 
 
-def _answers(server: S3Server) -> bool | str:
-    """True once S3 serves a signed request (a bucket listing) with these credentials; until then
-    the error it gave (falsy: "" -- the wait's last value names it on a timeout)."""
+def _answers(server: S3Server) -> bool:
+    """True once S3 serves a signed request (a bucket listing) with these credentials; the error
+    of the last try is kept for the message of a start that times out."""
     if server.process.poll() is not None:
         raise RuntimeError(f"weed exited with {server.process.returncode} during start:\n{server.log_tail()}")
     try:
@@ -142,7 +142,7 @@ def _answers(server: S3Server) -> bool | str:
         return True
     except Exception as e:  # noqa: BLE001 - not up yet: connection refused is botocore's own error type
         _last_error[server.endpoint_url] = f"{type(e).__name__}: {e}"
-        return ""
+        return False
 
 
 _last_error: dict[str, str] = {}
