@@ -19,7 +19,10 @@ from rm.model import AmSpec
 from rm.policies import StaticPolicy
 from rm.policy_runner import run_policy
 from rm.reclaim_runner import PREEMPTED_DIAGNOSTICS
-from rm import prometheus
+from rm import policies, prometheus
+from rm.policies.queue_reclaim import check_book
+from rm.policy_runner import build_snapshot
+from rm.reclaim_runner import reclaim_inputs
 from rm.rest_views import app_json, scheduler_info
 from rm.web.scheduler_page import render_scheduler_page
 from rm_testing import FakeClock, ask, heartbeat, launch_and_register, make_core, register, submit
@@ -201,3 +204,20 @@ def test_out_of_range_settings_stop_the_rm_naming_them(tmp_path: Any, key: str, 
         load_rm(str(path))
     with pytest.raises(ValueError, match=key):
         RMConfig(**{key: value})       # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", sorted(policies.known()))
+def test_the_reclaim_runs_with_every_policy(name: str) -> None:
+    """Whatever the policy decides, the round computes the queues' shares, keeps the book's
+    invariants, and never leaves queue a's job directed above what b is owed."""
+    clock = FakeClock()
+    core = cluster(clock, policy=name)
+    policy = policies.create(name, core.cfg)
+    a, am_a = grown_job(core)
+    submit_ps(core, "b", workers=2, servers=1, min_workers=1, min_servers=1)
+    run_policy(core, policy)
+    assert core.queue_shares["b"].ideal == Resource(4096, 4)
+    assert check_book(core.reclaim_book, reclaim_inputs(core, build_snapshot(core))) == []
+    d = core.apps[a].directive
+    if d is not None and d.run_state.value == "run":
+        assert d.workers + d.servers <= 3, d        # b is owed 4 of 8: a's job keeps at most 3 + its AM
