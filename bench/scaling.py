@@ -215,6 +215,12 @@ def summarise(app: str, runs: list[dict[str, Any]], hosts: list[int]) -> dict[st
             "failed_runs": sum(1 for r in runs if "error" in r), "runs": runs}
 
 
+def saturated_runs(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """"app/variant/repeatN: why" for every run during which the machine was saturated."""
+    return [f"{a}/{r['variant']}/repeat{r['repeat'] + 1}: {r['saturated']}"
+            for a, rs in runs.items() for r in rs if r.get("saturated")]
+
+
 def main() -> int:
     unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -270,8 +276,7 @@ def main() -> int:
         finally:
             cluster.stop()
     out: dict[str, Any] = {a: summarise(a, rs, hosts) for a, rs in runs.items()}
-    out["saturated_runs"] = [f"{a}/{r['variant']}/repeat{r['repeat'] + 1}: {r['saturated']}"
-                             for a, rs in runs.items() for r in rs if r.get("saturated")]
+    out["saturated_runs"] = saturated_runs(runs)
     out.update(host_cpus=ns.host_cpus, hosts=hosts, preset=ns.preset, epochs=ns.epochs, repeats=ns.repeats,
                quick=ns.quick, cores=os.cpu_count(),
                left_behind=[f"{h}: {x}" for h, xs in cluster.leftovers.items() for x in xs])
