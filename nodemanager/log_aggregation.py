@@ -10,6 +10,12 @@ Per app on this node:
   freed; until then, and for ever while the final upload fails, they stay (nothing is lost when
   the remote store is down).
 A failed upload is tried again after a backoff that doubles up to `MAX_BACKOFF_S`.
+
+Each app's state is also reported to the RM (YARN's LogAggregationReport, for the app view's
+logAggregationStatus): RUNNING once a roll is up, RUNNING_WITH_FAILURE while a roll fails, FAILED
+while the final upload fails (YARN gives up there; this node keeps the local copies and tries
+again, so a later success reports SUCCEEDED), SUCCEEDED once the final file is up. A report waits in
+`outbox` until the RM has taken it (`delivered`), so none is lost with a heartbeat.
 """
 from __future__ import annotations
 
@@ -17,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional, Sequence
 
 from protocol.aggregated_logs import AggregatedLogIndex, ChunkSource
+from protocol.internal_api import LogAggregationReport
+from protocol.internal_api import LogAggregationStatus as S
 
 MIN_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
@@ -58,6 +66,8 @@ class AppLogState:
     failures: int = 0
     retry_at: float = 0.0
     recovered: bool = False                   # the remote's rolls of this node were read back
+    error: str = ""                           # why the last upload failed
+    told: tuple[S, str] = (S.NOT_START, "")   # the report the RM last took
 
 
 class LogAggregationPlanner:
@@ -67,6 +77,7 @@ class LogAggregationPlanner:
         self.roll_interval_s = roll_interval_s
         self.retention_s = retention_s
         self.apps: dict[str, AppLogState] = {}
+        self.outbox: dict[str, LogAggregationReport] = {}     # app id -> report the RM has not taken
 
     def seen(self, app_id: str, user: str, now: float) -> AppLogState:
         """An app with containers (or logs) on this node; its first roll is one interval away."""
@@ -93,6 +104,7 @@ class LogAggregationPlanner:
                 key = (c.container_id, c.file_name)
                 st.uploaded[key] = max(st.uploaded.get(key, 0), c.start + c.length)
         st.recovered = True
+        self._changed(st)
 
     # ----- what to do now ---------------------------------------------------------------------
 
@@ -119,22 +131,67 @@ class LogAggregationPlanner:
 
     def uploaded(self, up: Upload, now: float) -> None:
         st = self.apps[up.app_id]
-        st.failures, st.retry_at = 0, now
+        st.failures, st.retry_at, st.error = 0, now, ""
         if up.kind == "final":
             st.final_at = now
-            return
-        for s in up.sources:
-            st.uploaded[(s.container_id, s.file_name)] = s.start + s.length
-        st.next_seq = up.seq + 1
-        st.last_roll_at = now
+        else:
+            for s in up.sources:
+                st.uploaded[(s.container_id, s.file_name)] = s.start + s.length
+            st.next_seq = up.seq + 1
+            st.last_roll_at = now
+        self._changed(st)
 
-    def failed(self, up: Upload, now: float) -> float:
+    def failed(self, up: Upload, now: float, error: str = "") -> float:
         """Back off before the app's next try; returns the delay."""
         st = self.apps[up.app_id]
         st.failures += 1
         delay = min(MAX_BACKOFF_S, MIN_BACKOFF_S * 2 ** (st.failures - 1))
         st.retry_at = now + delay
+        st.error = f"{up.kind} upload failed {st.failures} time(s), next try in {delay:g} s: {error}"
+        self._changed(st)
         return delay
+
+    # ----- reports to the RM ------------------------------------------------------------------
+
+    @staticmethod
+    def status(st: AppLogState) -> tuple[S, str]:
+        """The app's log aggregation status on this node, and why (for the failures)."""
+        if st.final_at is not None:
+            return S.SUCCEEDED, ""
+        if st.failures:
+            return (S.FAILED if st.finished_at is not None else S.RUNNING_WITH_FAILURE), st.error
+        if st.next_seq > 1:
+            return S.RUNNING, ""
+        return S.NOT_START, ""
+
+    def _changed(self, st: AppLogState) -> None:
+        status, why = self.status(st)
+        if (status, why) == st.told:
+            self.outbox.pop(st.app_id, None)
+        else:
+            self.outbox[st.app_id] = LogAggregationReport(st.app_id, status, why)
+
+    def pending_reports(self) -> list[LogAggregationReport]:
+        """The reports the RM has not taken yet (for the next heartbeat)."""
+        return list(self.outbox.values())
+
+    def all_reports(self) -> list[LogAggregationReport]:
+        """Every app's report but NOT_START's (the RM's default), for a (re)registration."""
+        out = dict(self.outbox)
+        for st in self.apps.values():
+            status, why = self.status(st)
+            if status != S.NOT_START:
+                out[st.app_id] = LogAggregationReport(st.app_id, status, why)
+        return list(out.values())
+
+    def delivered(self, reports: Sequence[LogAggregationReport]) -> None:
+        """The RM took these reports: they leave the outbox unless a newer one replaced them."""
+        for r in reports:
+            if self.outbox.get(r.app_id) == r:
+                del self.outbox[r.app_id]
+            st = self.apps.get(r.app_id)
+            if st is not None:
+                st.told = (r.status, r.diagnostics)
 
     def to_free(self, now: float) -> list[str]:
         """Apps whose final upload is `retention_s` old and whose local copies are still here."""

@@ -16,6 +16,8 @@ from typing import Callable, Mapping
 
 from protocol.aggregated_logs import (AggregatedLogIndex, LogFileWriter, RemoteLogDir, node_file_name,
                                       parse_file_name, roll_file_name)
+from protocol.ids import ApplicationId
+from protocol.internal_api import LogAggregationReport
 
 from .log_aggregation import AppLogState, LocalLogFile, LogAggregationPlanner, Upload
 
@@ -53,6 +55,24 @@ def local_log_files(log_dir: str, app_id: str) -> list[LocalLogFile]:
             for cid in containers for n, st in regular_files(os.path.join(app_dir, cid))]
 
 
+def app_log_dirs(log_dir: str) -> list[str]:
+    """The app ids of the directories in `log_dir` (anything else there is not the NM's)."""
+    try:
+        names = sorted(os.listdir(log_dir))
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        try:
+            if str(ApplicationId.parse(n)) != n:
+                continue
+        except ValueError:
+            continue
+        if os.path.isdir(os.path.join(log_dir, n)):
+            out.append(n)
+    return out
+
+
 class LogAggregationService:
     """Runs the planner for this node: `app_finished` (the RM's word, through the container
     manager) wakes it; otherwise it looks every TICK_S for rolls, retries and retention."""
@@ -70,6 +90,12 @@ class LogAggregationService:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        """Take up the apps whose logs a previous run of this NM left (their containers' records
+        may be gone: reported before it stopped), then run. The RM hears of them at registration
+        (`held_apps`) and says which are over."""
+        now = self.clock()
+        for app_id in app_log_dirs(self.log_dir):
+            self.planner.seen(app_id, "", now)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
@@ -88,6 +114,19 @@ class LogAggregationService:
     def holds(self, app_id: str) -> bool:
         """Whether the app's local logs must stay (see LogAggregationPlanner.holds)."""
         return self.planner.holds(app_id, self.clock())
+
+    def held_apps(self) -> list[str]:
+        """The apps whose local logs are still here (for the NM's registration)."""
+        return [a for a, st in self.planner.apps.items() if not st.freed]
+
+    def pending_reports(self) -> list[LogAggregationReport]:
+        return self.planner.pending_reports()
+
+    def all_reports(self) -> list[LogAggregationReport]:
+        return self.planner.all_reports()
+
+    def delivered(self, reports: list[LogAggregationReport]) -> None:
+        self.planner.delivered(reports)
 
     async def _run(self) -> None:
         while True:
@@ -132,7 +171,7 @@ class LogAggregationService:
         try:
             await asyncio.to_thread(self._upload, up, st.user)
         except Exception as e:
-            delay = self.planner.failed(up, self.clock())
+            delay = self.planner.failed(up, self.clock(), str(e))
             log.warning("log aggregation of %s to %s failed (%s upload; retrying in %.0f s): %s", up.app_id,
                         self.store.url, up.kind, delay, e)
             return

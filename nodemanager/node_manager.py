@@ -141,7 +141,7 @@ class NodeManager:
                            self.capability, self.cfg.rack, self.manager, self.cfg.heartbeat_interval_ms,
                            self.cluster.token_lifetime_s, on_registered=self._write_ready_file, version=VERSION,
                            utilization=lambda: self.utilization.for_heartbeat() if self.utilization else None,
-                           node_labels=self.cfg.node_labels)
+                           node_labels=self.cfg.node_labels, log_aggregation=self.log_aggregation)
         self._link_task = asyncio.get_running_loop().create_task(self._run_link())
 
     def _start_log_aggregation(self, manager: ContainerManager, store: RemoteLogDir) -> None:

@@ -14,6 +14,7 @@ from protocol.http_client import JsonHttpClient, RemoteError
 from protocol.records import ContainerState, ExitStatus, Resource
 
 from .container_manager import ContainerManager
+from .log_aggregation_service import LogAggregationService
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class RMLink:
                  rack: str, manager: ContainerManager, heartbeat_interval_ms: int, token_lifetime_s: float,
                  on_registered: Callable[[], None] = lambda: None, version: str = "",
                  utilization: Callable[[], Optional[api.NodeUtilization]] = lambda: None,
-                 node_labels: Sequence[str] = ()):
+                 node_labels: Sequence[str] = (), log_aggregation: Optional[LogAggregationService] = None):
         self.rm_address = rm_address
         self.secret = secret
         self.node_id = node_id
@@ -43,6 +44,7 @@ class RMLink:
         self.on_registered = on_registered
         self.version = version
         self.utilization = utilization   # the latest sample (read only: sampling runs elsewhere)
+        self.log_aggregation = log_aggregation   # None: cluster.toml has no remote_app_log_dir
         self.client = JsonHttpClient(rm_address, timeout_s=max(5.0, 3 * self.interval_s))
         self.response_id = 0
         self.registered = False
@@ -63,10 +65,13 @@ class RMLink:
         delay = REGISTER_BACKOFF_MIN_S
         warned = False
         while True:
+            agg = self.log_aggregation
+            reports = agg.all_reports() if agg is not None else []
             req = api.NodeRegisterRequest(node_id=self.node_id, http_address=self.http_address,
                                           capability=self.capability, rack=self.rack,
                                           containers=self.manager.statuses(), version=self.version,
-                                          node_labels=self.node_labels)
+                                          node_labels=self.node_labels, applications=self.held_apps(),
+                                          log_aggregation=reports)
             try:
                 out = await self.client.post(api.NODE_REGISTER, req, token=self.token())
                 resp = codec.decode_as(out, api.NodeRegisterResponse)
@@ -79,9 +84,19 @@ class RMLink:
                 continue
             self.response_id = 0
             self.registered = True
+            if agg is not None and resp.action != "SHUTDOWN":
+                agg.delivered(reports)
             log.info("registered with the RM at %s as %s (capability %s)", self.rm_address, self.node_id,
                      self.capability.to_json())
             return resp
+
+    def held_apps(self) -> list[str]:
+        """The apps this node holds containers or not yet aggregated logs of (YARN's
+        runningApplications): the RM answers those that are over with apps_to_cleanup."""
+        held = {c.app_id for c in self.manager.containers.values()}
+        if self.log_aggregation is not None:
+            held.update(self.log_aggregation.held_apps())
+        return sorted(held)
 
     async def run(self) -> None:
         """Register, then heartbeat until SHUTDOWN. Never gives up on an unreachable RM."""
@@ -95,10 +110,11 @@ class RMLink:
             await asyncio.sleep(self.interval_s)
             statuses = self.manager.statuses()
             completed = [s.container_id for s in statuses if s.state == ContainerState.COMPLETE.value]
+            reports = self.log_aggregation.pending_reports() if self.log_aggregation is not None else []
             req = api.NodeHeartbeatRequest(node_id=self.node_id, response_id=self.response_id,
                                            used=self.manager.used(), container_statuses=statuses,
                                            health=api.NodeHealth(healthy=True, report=""),
-                                           utilization=self.utilization())
+                                           utilization=self.utilization(), log_aggregation=reports)
             try:
                 out = await self.client.post(api.NODE_HEARTBEAT, req, token=self.token())
                 hb = codec.decode_as(out, api.NodeHeartbeatResponse)
@@ -127,6 +143,8 @@ class RMLink:
             if hb.response_id > req.response_id:
                 # The RM has processed this heartbeat, so it has seen those completions.
                 self.manager.mark_reported(completed)
+            if reports and self.log_aggregation is not None:
+                self.log_aggregation.delivered(reports)
             self.response_id = hb.response_id
             for cid in hb.containers_to_cleanup:
                 self.manager.spawn_task(self.manager.stop(

@@ -96,6 +96,28 @@ class NodeHealth(_Msg):
     report: str = ""
 
 
+class LogAggregationStatus(str, enum.Enum):
+    """YARN's LogAggregationStatus: of one app on one node (an NM's report), or over all the nodes
+    that ran it (the RM's app view; DISABLED when cluster.toml has no remote_app_log_dir, TIME_OUT
+    for nodes that had not finished long after the app did)."""
+
+    DISABLED = "DISABLED"
+    NOT_START = "NOT_START"
+    RUNNING = "RUNNING"
+    RUNNING_WITH_FAILURE = "RUNNING_WITH_FAILURE"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    TIME_OUT = "TIME_OUT"
+
+
+class LogAggregationReport(_Msg):
+    """YARN's LogAggregationReport: where one app's log aggregation stands on the reporting node."""
+
+    app_id: str
+    status: LogAggregationStatus
+    diagnostics: str = ""
+
+
 class NodeRegisterRequest(_Msg):
     node_id: str                 # "host:port" of the NM's HTTP server, as YARN names nodes
     http_address: str            # "host:port" where /ws/v1/node and /internal/v1/containers are served
@@ -104,6 +126,13 @@ class NodeRegisterRequest(_Msg):
     containers: list[ContainerStatus] = []   # running containers found again after an NM restart
     version: str = ""
     node_labels: list[str] = []  # the labels the node carries (protocol/node_labels.py)
+    # YARN's runningApplications: the apps the node still holds containers or not yet aggregated
+    # logs of. The RM puts those that are over (or unknown to it) in the next heartbeat's
+    # apps_to_cleanup: a node restarted, or back from LOST, missed the word when they ended.
+    applications: list[str] = []
+    # Every app's log aggregation report but NOT_START's (the RM's default): after an NM restart or
+    # an RM resync the RM's picture is rebuilt from these.
+    log_aggregation: list[LogAggregationReport] = []
 
 
 class NodeRegisterResponse(_Msg):
@@ -160,6 +189,9 @@ class NodeHeartbeatRequest(_Msg):
     container_statuses: list[ContainerStatus] = []
     health: NodeHealth = msgspec.field(default_factory=NodeHealth)
     utilization: Optional[NodeUtilization] = None   # None: an NM that does not measure (or not yet)
+    # The log aggregation reports that changed since the RM last took them (YARN's
+    # logAggregationReportsForApps); usually none.
+    log_aggregation: list[LogAggregationReport] = []
 
 
 class NodeHeartbeatResponse(_Msg):

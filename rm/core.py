@@ -23,6 +23,7 @@ from protocol.remote_exception import BadRequest, NotFound
 from .am_limit import AM_LIMIT_DIAGNOSTICS
 from .am_protocol import AmProtocol
 from .decision_log import DecisionLog
+from .log_aggregation_status import LogAggregationBook
 from .model import AmSpec, App, Attempt, Container, Node
 from .nm_protocol import NmProtocol
 from .nodes import NodeTracker
@@ -81,6 +82,8 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self.counters = {"nm_heartbeats": 0, "am_allocates": 0, "containers_allocated": 0,
                          "apps_submitted": 0, "policy_rounds_applied": 0, "policy_rounds_dropped": 0}
         self.utilization = UtilizationSeries()   # fed by heartbeats that carry measurements
+        # The nodes' log aggregation reports, for the app view's logAggregationStatus (in memory).
+        self.log_aggregation = LogAggregationBook(bool(cluster.remote_app_log_dir))
         # Bumped by every change a policy's snapshot would show differently (apps' states, containers,
         # asks, nodes, directives, the shape part of a job report): a Decision taken on an older
         # snapshot is stale (rm/policy_runner.py's finish_round drops it). Progress alone (epochs,

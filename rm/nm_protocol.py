@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from protocol import internal_api as api
 from protocol import node_labels
 from protocol.config import RMConfig
+from protocol.ids import ApplicationId
 from protocol.records import AttemptState, ContainerState, ExitStatus, NodeState
 from protocol.remote_exception import BadRequest, Unauthorized
 
-from .model import Attempt, Container, Node
+from .log_aggregation_status import LogAggregationBook
+from .model import App, Attempt, Container, Node
 from .nodes import NodeTracker
 from .scheduler import CapacityScheduler
 from .state_machines import NOT_COUNTED, AttemptEvent, attempt_is_final
@@ -27,6 +29,7 @@ class NmProtocol:
     cfg: RMConfig
     nodes: NodeTracker
     scheduler: CapacityScheduler
+    apps: dict[str, App]
     attempts: dict[str, Attempt]
     containers: dict[str, Container]
     clock: Callable[[], float]
@@ -35,6 +38,7 @@ class NmProtocol:
     cluster_ts: int
     launch_expiry_s: float
     utilization: UtilizationSeries
+    log_aggregation: LogAggregationBook
     _am_live: OrderedDict[str, float]
     _unlaunched: OrderedDict[str, float]
     _am_node_wait: dict[str, float]
@@ -53,6 +57,11 @@ class NmProtocol:
         if req.capability.memory <= 0 or req.capability.vcores <= 0:
             raise BadRequest(f"capability must be positive, got memory={req.capability.memory} "
                              f"vCores={req.capability.vcores}")
+        for app_id in req.applications:
+            try:
+                ApplicationId.parse(app_id)
+            except ValueError as e:
+                raise BadRequest(f"applications: {e}") from None
         strange = node_labels.unknown(req.node_labels, self.cfg.node_labels)
         if strange:
             # YARN's answer to a node it will not take: SHUTDOWN with the reason, nothing recorded
@@ -89,6 +98,8 @@ class NmProtocol:
         for cid, s in reported.items():
             if cid not in self.containers and s.state != ContainerState.COMPLETE.value:
                 node.to_cleanup.append(cid)
+        self._apps_held(node, req.applications)
+        self._log_aggregation_reports(node, req.log_aggregation)
         if self.scheduler.has_demand:
             self._schedule([node])
         return api.NodeRegisterResponse(node_id=req.node_id, heartbeat_interval_ms=self.cfg.nm_heartbeat_interval_ms,
@@ -128,6 +139,8 @@ class NmProtocol:
                 self._mark_launched(c)
         if releasing:
             self._confirm_absent(node, req)
+        if req.log_aggregation:
+            self._log_aggregation_reports(node, req.log_aggregation)
         if (node.state, node.used) != before:
             # Health flipped, or released containers were confirmed gone (before scheduling: a gang
             # that waits for room is checked again only when this number moves).
@@ -144,6 +157,24 @@ class NmProtocol:
                                           apps_to_cleanup=node.apps_to_cleanup)
         node.to_cleanup, node.apps_to_cleanup = [], []
         return resp
+
+    def _apps_held(self, node: Node, app_ids: list[str]) -> None:
+        """A (re)registering node's apps that are over, or unknown here, go in its next heartbeat's
+        apps_to_cleanup (YARN's handleRunningAppOnNode): a node that was down or LOST when they
+        ended was never told, and would keep their logs (never aggregated) for ever. The node is
+        among those of the apps still running, so it hears when they end (a restarted NM may
+        come back under another node id)."""
+        for app_id in app_ids:
+            app = self.apps.get(app_id)
+            if app is not None and not app.state.is_final:
+                app.nodes_used.add(node.node_id)
+            elif app_id not in node.apps_to_cleanup:
+                node.apps_to_cleanup.append(app_id)
+
+    def _log_aggregation_reports(self, node: Node, reports: list[api.LogAggregationReport]) -> None:
+        for r in reports:
+            if r.app_id in self.apps:       # an app the RM has forgotten has no view to show it in
+                self.log_aggregation.report(node.node_id, r)
 
     @staticmethod
     def _confirm_absent(node: Node, req: api.NodeHeartbeatRequest) -> None:

@@ -152,7 +152,7 @@ class ClientApi:
                 continue
             if types is not None and app.app_type not in types:
                 continue
-            out.append(self._listed(app))
+            out.append(self._listed(app, str(request.url.origin())))
             if limit is not None and len(out) >= limit:
                 break
         body = {"apps": {"app": out} if out else None}
@@ -164,10 +164,10 @@ class ClientApi:
             out = [self._encodable(entry) for entry in out]
             return json_response({"apps": {"app": out}})
 
-    def _listed(self, app: App) -> dict[str, Any]:
+    def _listed(self, app: App, rm_url: str) -> dict[str, Any]:
         """One app's listing entry; an app whose record cannot be rendered is listed by its marker."""
         try:
-            return views.app_json(self.rm.core, app)
+            return views.app_json(self.rm.core, app, rm_url)
         except Exception as e:   # noqa: BLE001  # any bad record: the others are still listed
             return self._marker(app.app_id, e)
 
@@ -212,7 +212,7 @@ class ClientApi:
         self.user(request)
         app = self._app(request)
         try:
-            return json_response({"app": views.app_json(self.rm.core, app)})
+            return json_response({"app": views.app_json(self.rm.core, app, str(request.url.origin()))})
         except (TypeError, ValueError) as e:   # a record that cannot be encoded: its marker, 200
             return json_response({"app": self._marker(app.app_id, e)})
 
@@ -240,7 +240,8 @@ class ClientApi:
         self.user(request)
         app = self._app(request)
         core = self.rm.core
-        return json_response({"appAttempts": {"appAttempt": [views.attempt_json(core, core.attempts[a])
+        rm_url = str(request.url.origin())
+        return json_response({"appAttempts": {"appAttempt": [views.attempt_json(core, core.attempts[a], rm_url)
                                                                for a in app.attempts]}})
 
 

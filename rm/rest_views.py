@@ -8,6 +8,7 @@ from protocol.records import ZERO, AppState, NodeState
 from .core import ResourceManagerCore
 from .model import App, Attempt, Node
 from .utilization_series import LatestReport
+from .web.logs_page import container_logs_url
 
 RM_VERSION = "3.3.6-elastane-0.1.0"
 DECISIONS_SHOWN = 50     # of the decision log, in GET /ws/v1/cluster/scheduler
@@ -157,7 +158,9 @@ def queue_preemption_json(core: ResourceManagerCore, name: str) -> dict[str, Any
     return out
 
 
-def app_json(core: ResourceManagerCore, app: App) -> dict[str, Any]:
+def app_json(core: ResourceManagerCore, app: App, rm_url: str = "") -> dict[str, Any]:
+    """YARN's app view; `rm_url` (the address the caller reached the RM at) prefixes links to the
+    RM's own pages."""
     at: Attempt | None = core.attempts.get(app.current_attempt or "")
     now = core.clock()
     used = core.scheduler.apps[app.app_id].used if app.app_id in core.scheduler.apps else ZERO
@@ -166,10 +169,8 @@ def app_json(core: ResourceManagerCore, app: App) -> dict[str, Any]:
     vc_s = app.vcore_seconds + sum(c.resource.vcores * (now - c.allocated_at) for c in live)
     end = app.finish_time or now
     total = core.nodes.total
-    am_logs = am_http = ""
-    if at is not None and at.am_container_id:
-        am_http = at.am_node_http_address
-        am_logs = f"http://{am_http}/node/containerlogs/{at.am_container_id}/{app.user}"
+    am_http = at.am_node_http_address if at is not None and at.am_container_id else ""
+    am_logs = am_logs_link(core, app, at, rm_url)
     if app.state == AppState.RUNNING and app.tracking_url:
         tracking_ui = "ApplicationMaster"
     elif app.state.is_final:
@@ -191,7 +192,8 @@ def app_json(core: ResourceManagerCore, app: App) -> dict[str, Any]:
         "runningContainers": len(live), "memorySeconds": int(mem_s), "vcoreSeconds": int(vc_s),
         "queueUsagePercentage": _pct(used.memory, total.memory * (q.capacity / 100.0) if q else 0),
         "clusterUsagePercentage": _pct(used.memory, total.memory),
-        **app.preemption.to_json(), "logAggregationStatus": "DISABLED", "unmanagedApplication": False,
+        **app.preemption.to_json(), "logAggregationStatus": core.log_aggregation.status(app, now).value,
+        "unmanagedApplication": False,
         "amNodeLabelExpression": "", "maxAppAttempts": app.max_attempts,
     }
     if app.elastane is not None:
@@ -205,14 +207,26 @@ def app_json(core: ResourceManagerCore, app: App) -> dict[str, Any]:
     return out
 
 
-def attempt_json(core: ResourceManagerCore, at: Attempt) -> dict[str, Any]:
+def am_logs_link(core: ResourceManagerCore, app: App, at: Optional[Attempt], rm_url: str = "") -> str:
+    """YARN's amContainerLogs / logsLink: the AM container's page on its NM while the app runs
+    there; with log aggregation on, the RM's page of its aggregated logs once the app is over or
+    the node is gone (YARN sends those links to its JobHistory server). `rm_url` is the address
+    the caller reached the RM at ("" for a link relative to the RM)."""
+    if at is None or not at.am_container_id:
+        return ""
+    node = core.nodes.get(at.am_node_id)
+    if core.log_aggregation.enabled and (app.state.is_final or node is None or node.state == NodeState.LOST):
+        return rm_url + container_logs_url(app.app_id, at.am_container_id)
+    return f"http://{at.am_node_http_address}/node/containerlogs/{at.am_container_id}/{app.user}"
+
+
+def attempt_json(core: ResourceManagerCore, at: Attempt, rm_url: str = "") -> dict[str, Any]:
     app = core.apps[at.app_id]
-    logs = (f"http://{at.am_node_http_address}/node/containerlogs/{at.am_container_id}/{app.user}"
-            if at.am_container_id else "")
     return {
         "id": at.number, "appAttemptId": at.attempt_id, "startTime": _ms(at.start_time),
         "finishedTime": _ms(at.finish_time), "containerId": at.am_container_id,
-        "nodeHttpAddress": at.am_node_http_address, "nodeId": at.am_node_id, "logsLink": logs,
+        "nodeHttpAddress": at.am_node_http_address, "nodeId": at.am_node_id,
+        "logsLink": am_logs_link(core, app, at, rm_url),
         "blacklistedNodes": "", "appAttemptState": at.state.value, "diagnosticsInfo": at.diagnostics,
     }
 

@@ -1,6 +1,7 @@
 """The RM as the cluster's log server: an app's aggregated container logs (cluster.toml's
-remote_app_log_dir, protocol/aggregated_logs.py) at `/cluster/logs/{app_id}` and one log file at
-`/cluster/logs/{app_id}/{container_id}/{file}` (text, YARN's `start` to take a tail).
+remote_app_log_dir, protocol/aggregated_logs.py) at `/cluster/logs/{app_id}`, one container's at
+`/cluster/logs/{app_id}/{container_id}` (the app view's amContainerLogs once the app is over) and
+one log file at `/cluster/logs/{app_id}/{container_id}/{file}` (text, YARN's `start` to take a tail).
 
 YARN's web links for finished apps go to its JobHistory server, which reads the same remote dir;
 Elastane has no history server, so the RM serves them: it outlives the nodes. While an app runs,
@@ -26,11 +27,16 @@ if TYPE_CHECKING:
     from ..context import RmContext
 
 LOGS_PAGE = "/cluster/logs/{app_id}"
+CONTAINER_LOGS_PAGE = "/cluster/logs/{app_id}/{container_id}"
 LOG_FILE = "/cluster/logs/{app_id}/{container_id}/{file_name}"
 
 
 def logs_url(app_id: str) -> str:
     return "/cluster/logs/" + urllib.parse.quote(app_id, safe="")
+
+
+def container_logs_url(app_id: str, container_id: str) -> str:
+    return logs_url(app_id) + "/" + urllib.parse.quote(container_id, safe="")
 
 
 def app_log_links(rm: "RmContext", app: App, am_logs: str) -> str:
@@ -44,11 +50,13 @@ def app_log_links(rm: "RmContext", app: App, am_logs: str) -> str:
     return " | ".join(links) if links else "N/A (finished logs stay on their nodes: log aggregation is off)"
 
 
-def _node_rows(app_id: str, nodes: list[NodeLogs]) -> list[list[str]]:
+def _node_rows(app_id: str, nodes: list[NodeLogs], container_id: Optional[str]) -> list[list[str]]:
     rows = []
     for node in nodes:
         kind = "final" if node.final else f"rolled ({len(node.files)} upload(s)), app running or node lost"
         for cid, files in sorted(node.containers().items()):
+            if container_id is not None and cid != container_id:
+                continue
             links = ", ".join(
                 f'<a href="{escape(logs_url(app_id))}/{escape(urllib.parse.quote(cid))}/'
                 f'{escape(urllib.parse.quote(name))}">{escape(name)}</a> ({size} B)'
@@ -57,8 +65,11 @@ def _node_rows(app_id: str, nodes: list[NodeLogs]) -> list[list[str]]:
     return rows
 
 
-def render_logs_page(app_id: str, store: Optional[RemoteLogDir], nodes: list[NodeLogs]) -> str:
-    title = f"Logs of {app_id}"
+def render_logs_page(app_id: str, store: Optional[RemoteLogDir], nodes: list[NodeLogs],
+                     container_id: Optional[str] = None) -> str:
+    """The app's aggregated logs, or only `container_id`'s."""
+    title = f"Logs of {container_id or app_id}"
+    rows = _node_rows(app_id, nodes, container_id)
     if store is None:
         return page(title, f"<h1>{escape(title)}</h1><p>Log aggregation is off (cluster.toml's "
                            "remote_app_log_dir is empty): container logs stay on their nodes.</p>",
@@ -66,7 +77,7 @@ def render_logs_page(app_id: str, store: Optional[RemoteLogDir], nodes: list[Nod
     errors = [e for n in nodes for e in n.errors]
     body = (f"<h1>{escape(title)}</h1><p>Aggregated at <code>{escape(store.url)}</code>.</p>"
             + ("".join(f'<p class="error">{escape(e)}</p>' for e in errors))
-            + (html_table(["Container", "Node", "Upload", "Files"], _node_rows(app_id, nodes)) if nodes else
+            + (html_table(["Container", "Node", "Upload", "Files"], rows) if rows else
                "<p>No aggregated logs of this app (yet): its nodes upload them when it ends, and every "
                "roll interval while it runs where nm.toml's log_roll_interval_s is set.</p>"))
     return page(title, body, active="/cluster/apps")
@@ -82,6 +93,7 @@ class LogsPage:
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get(LOGS_PAGE, self.logs_page)
+        app.router.add_get(CONTAINER_LOGS_PAGE, self.logs_page)
         app.router.add_get(LOG_FILE, self.log_file)
 
     @staticmethod
@@ -103,7 +115,8 @@ class LogsPage:
     async def logs_page(self, request: web.Request) -> web.Response:
         app_id = self._app_id(request)
         nodes = await self._nodes(app_id)
-        return web.Response(text=render_logs_page(app_id, self.store, nodes), content_type="text/html")
+        page = render_logs_page(app_id, self.store, nodes, request.match_info.get("container_id"))
+        return web.Response(text=page, content_type="text/html")
 
     async def log_file(self, request: web.Request) -> web.Response:
         app_id = self._app_id(request)
