@@ -357,6 +357,12 @@ def _check_model_locations(spec: PSJobSpec) -> None:
             model_output.check_init_from(spec.init_from, spec.app, shape)
         except model_output.ModelOutputError as e:
             raise JobSpecError("init_from", str(e)) from None
+        except Exception:  # noqa: BLE001
+            # An object store's client raises its own errors (no credentials on this client, the
+            # endpoint down): unreadable from here, as an OSError is. The RM's check_storage then
+            # names a missing bucket or refused key; the AM reads it where it runs.
+            if durable_storage.bucket_of(spec.init_from) is None:
+                raise
 
 
 def validate(obj: Any) -> PSJobSpec:

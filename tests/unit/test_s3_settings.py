@@ -81,3 +81,26 @@ def test_an_nm_passes_the_object_store_settings_into_every_container(monkeypatch
     # a job's own launch environment wins for its container
     own = build_env(spec, LaunchContext(commands=["true"], environment={"AWS_ACCESS_KEY_ID": "AKIDJOB"}))
     assert own["AWS_ACCESS_KEY_ID"] == "AKIDJOB"
+
+
+def test_a_client_that_cannot_reach_the_store_still_validates_an_s3_init_from(tmp_path: Path, monkeypatch) -> None:
+    """No credentials here and the endpoint down: the spec is valid (the AM reads init_from where
+    it runs), and the RM's storage check -- what a submission runs -- names the field and URL."""
+    from protocol import ps_job_spec
+
+    pytest.importorskip("s3fs", reason="s3fs (the s3 extra) is not installed")
+    for k in list(storage_settings.FORWARDED):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))                 # no ~/.aws
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")   # no instance-metadata credentials either
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+    import s3_server
+    s3_server.forget_cached_filesystems()
+    try:
+        spec = ps_job_spec.validate({"app": "mlr", "workers": 1, "servers": 1, "init_from": "s3://models/m1"})
+        with pytest.raises(ps_job_spec.JobSpecError, match="'s3://models/m1': cannot reach the object store") as e:
+            ps_job_spec.check_storage(spec)
+        assert e.value.field == "init_from"
+    finally:
+        s3_server.forget_cached_filesystems()
+
