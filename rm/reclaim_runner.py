@@ -7,7 +7,7 @@ out, keeps each warned app's preemption message for its AM's next allocate respo
 was taken per app and per queue with a note in the app's diagnostics; then it returns the policy's
 Decision guarded (rm/policies/queue_guard.py: no growth into capacity another queue is owed, none
 for a job shrunk lately) with the round's shrink directives laid over it, for the policy runner
-to turn into directives. The RM server and the simulator both go through it
+to turn into directives -- and, once no queue waits, a shrunk job's shape given back. The RM server and the simulator both go through it
 (rm/policy_runner.py `run_policy` / `finish_round`); an operator's `PUT .../shape` does not.
 """
 from __future__ import annotations
@@ -103,6 +103,13 @@ def reclaim_and_guard(core: ResourceManagerCore, snapshot: ClusterSnapshot, deci
     guarded, _cuts = guard_decision(decision, snapshot, out.shares, out.book.held)
     jobs = dict(guarded.jobs)
     jobs.update(out.shrinks)
+    for app_id, jd in out.restores.items():
+        app = core.apps.get(app_id)
+        if app_id in jobs or app is None:
+            continue        # the policy decided the job this round: its word stands
+        jobs[app_id] = jd
+        app.preemption.note(now, f"given back its shape, {jd.workers} workers + {jd.servers} servers: "
+                                 f"no queue waits for what it gave")
     return Decision(jobs)
 
 

@@ -18,6 +18,9 @@ Each round (YARN's ProportionalCapacityPreemptionPolicy, with the shrink in fron
      a PS job at its minimum, every job in "kill" mode -- has its latest containers named in a
      preemption message and killed after the grace period unless the AM gives them back.
   3. A job shrunk here is held: no policy grows it for `hold_rounds` rounds (queue_guard.py).
+     After that, once no queue is over its share or owed anything and the free room holds it, the
+     job gets the shape it had before back (a directive, as YARN's AMs ask again for what was
+     preempted) -- unless a policy or an operator has set its shape since.
 
 `check_book` is the invariant checker (as nodemanager/arbiter.py's): what must never hold of a book.
 """
@@ -37,6 +40,10 @@ from protocol.state_machine import TransitionTable
 from .decision import JobDecision
 from .queue_shares import QueueDemand, QueueShare, ideal_shares
 from .snapshot import AppView, ClusterSnapshot
+
+
+RECLAIM_REASON = "queue reclaim"        # how a shrink directive's reason starts
+RESTORE_REASON = "queue restore"        # and the directive giving the shape back
 
 
 class ReclaimState(str, enum.Enum):
@@ -164,6 +171,8 @@ class ReclaimBook:
     round: int = 0
     targets: Mapping[str, ReclaimTarget] = field(default_factory=dict)
     held_until: Mapping[str, int] = field(default_factory=dict)
+    # The shape each shrunk job had before its first shrink: given back once no queue waits.
+    restore: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     def held(self, app_id: str) -> bool:
         """No policy may grow this job this round (it was shrunk for another queue lately)."""
@@ -184,6 +193,7 @@ class ReclaimOutcome:
     warnings: Mapping[str, PreemptionWarning]                # app -> the preemption message it gets now
     kills: Mapping[str, tuple[str, ...]]            # app -> containers to kill now
     done: tuple[ReclaimDone, ...]
+    restores: Mapping[str, JobDecision] = field(default_factory=dict)   # app -> its shape given back
 
 
 # ----- helpers ----------------------------------------------------------------------------------
@@ -372,6 +382,7 @@ def reclaim_round(book: ReclaimBook, inputs: ReclaimInputs, settings: ReclaimSet
                           natural_termination_factor=settings.natural_termination_factor)
     apps = {a.app_id: a for a in inputs.snapshot.apps}
     held_until = {a: r for a, r in book.held_until.items() if r >= rnd and a in apps}
+    restore = dict(book.restore)
     warnings: dict[str, PreemptionWarning] = {}
     kills: dict[str, tuple[str, ...]] = {}
     shrinks: dict[str, JobDecision] = {}
@@ -402,14 +413,57 @@ def reclaim_round(book: ReclaimBook, inputs: ReclaimInputs, settings: ReclaimSet
                 targets[app.app_id] = opened
                 need = _less(need, opened.amount)
                 if opened.state == ReclaimState.SHRINKING:
-                    assert opened.to_shape is not None
-                    shrinks[app.app_id] = shrink_decision(app, opened.to_shape, f"queue reclaim: {why}")
+                    assert opened.to_shape is not None and opened.from_shape is not None
+                    shrinks[app.app_id] = shrink_decision(app, opened.to_shape, f"{RECLAIM_REASON}: {why}")
                     held_until[app.app_id] = rnd + settings.hold_rounds
+                    restore.setdefault(app.app_id, current_or(app, opened.from_shape))
                 else:
                     by_id = {c.container_id: c for c in inputs.containers.get(app.app_id, ())}
                     warnings[app.app_id] = PreemptionWarning(tuple(by_id[c] for c in opened.containers),
                                                              opened.deadline, why)
-    return ReclaimOutcome(ReclaimBook(rnd, targets, held_until), shares, shrinks, warnings, kills, tuple(done))
+    restores = _restores(restore, apps, targets, held_until, shares, inputs, rnd) if settings.mode != "off" else {}
+    return ReclaimOutcome(ReclaimBook(rnd, targets, held_until, restore), shares, shrinks, warnings, kills,
+                          tuple(done), restores)
+
+
+def current_or(app: AppView, held: tuple[int, int]) -> tuple[int, int]:
+    """The shape the job is meant to have: its directive's, else what it holds."""
+    d = app.directive
+    return (d.workers, d.servers) if d is not None and d.run_state == RunState.RUN else held
+
+
+def _restores(restore: dict[str, tuple[int, int]], apps: Mapping[str, AppView], targets: Mapping[str, ReclaimTarget],
+              held_until: Mapping[str, int], shares: Mapping[str, QueueShare], inputs: ReclaimInputs,
+              rnd: int) -> dict[str, JobDecision]:
+    """Shrunk jobs given their shape back (YARN's AMs ask again for what was preempted): once the
+    hold is over, no queue is over its share nor owed anything, and the cluster's free room holds
+    the growth. An entry is dropped when the job ends or something else (a policy, an operator)
+    has set its shape since. Updates `restore` in place."""
+    out: dict[str, JobDecision] = {}
+    used = sum((s.used for s in shares.values()), ZERO)
+    free = _less(inputs.snapshot.total, used)
+    for app_id, shape in sorted(restore.items()):
+        app = apps.get(app_id)
+        if app is not None and app_id in targets:
+            continue        # its shrink is under way (the snapshot may not show the directive yet)
+        d = app.directive if app is not None else None
+        if app is None or app.state.is_final or d is None or not d.reason.startswith(RECLAIM_REASON):
+            del restore[app_id]
+            continue
+        if held_until.get(app_id, -1) >= rnd or app.state != AppState.RUNNING:
+            continue
+        if any(_positive(s.reclaim) or _positive(s.owed) for s in shares.values()):
+            continue
+        grow = max(0, sum(shape) - d.workers - d.servers)
+        need = executor_size(app).scale(grow)
+        if not need.fits_in(free):
+            continue
+        free = free - need
+        del restore[app_id]
+        out[app_id] = JobDecision(shape[0], shape[1], group=d.group, run_state=d.run_state,
+                                  executor_resource=d.executor_resource,
+                                  reason=f"{RESTORE_REASON}: no queue waits for the executors it gave back")
+    return out
 
 
 def _open(app: AppView, need: Resource, queue: str, why: str, settings: ReclaimSettings, inputs: ReclaimInputs,
@@ -480,5 +534,5 @@ def am_named(warnings: Iterable[PreemptionWarning], am_containers: Iterable[str]
 
 __all__ = ["ContainerView", "QueueView", "ReclaimBook", "ReclaimDone", "ReclaimEvent", "ReclaimInputs",
            "ReclaimOutcome", "ReclaimSettings", "ReclaimState", "ReclaimTarget", "TRANSITIONS", "PreemptionWarning",
-           "am_named", "app_pending", "app_used", "check_book", "executor_size", "held_shape",
+           "RECLAIM_REASON", "RESTORE_REASON", "am_named", "app_pending", "current_or", "app_used", "check_book", "executor_size", "held_shape",
            "queue_demands", "reclaim_round", "shrink_decision", "trim_placement"]

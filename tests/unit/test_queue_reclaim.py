@@ -7,7 +7,7 @@ from typing import Optional
 
 import pytest
 
-from protocol.internal_api import NodePlacement
+from protocol.internal_api import NodePlacement, ShapeDirective
 from protocol.job_report import JobReport
 from protocol.records import ZERO, AppState, Resource
 from rm.policies import AppView, ClusterSnapshot, ps_job_view
@@ -208,3 +208,44 @@ def test_a_running_jobs_demand_is_its_asks_even_where_the_snapshot_hides_its_am(
     assert app_pending(running) == ZERO
     assert app_pending(B_JOB) == E.scale(4)          # not running yet: its AM's gang
     assert app_pending(replace(B_JOB, am_limited=True)) == ZERO
+
+
+def shrunk_to(app: AppView, shape: tuple[int, int], reason: str = "queue reclaim: for b") -> AppView:
+    """`app` after carrying its shrink directive out."""
+    w, s = shape
+    return replace(app, directive=ShapeDirective(workers=w, servers=s, version=2, reason=reason),
+                   executors=(NodePlacement(node="n1", workers=w, servers=s),), executors_on=(("n1", E.scale(w + s)),),
+                   shape=JobReport(workers=w, servers=s, started=True), resources=E.scale(w + s))
+
+
+def test_a_shrunk_job_gets_its_shape_back_once_no_queue_waits_and_its_hold_is_over() -> None:
+    a1 = ps_app("a1", "a", 1.0, 6, 2)
+    out = run(ReclaimBook(), inputs(a1, B_JOB), now=0.0)        # hold_rounds = 3
+    assert out.book.restore == {"a1": (6, 2)}
+    (to,) = [(d.workers, d.servers) for d in out.shrinks.values()]
+    small = shrunk_to(a1, to)
+    book = out.book
+    # B's job runs: a1 waits (b is at its share, nothing free).
+    book = run(book, inputs(small, replace(ps_app("b1", "b", 30.0, 3, 1))), now=1.0).book
+    assert book.restore == {"a1": (6, 2)}
+    # B's job is gone: still held for its hold rounds, then given back.
+    got = []
+    for i in range(4):
+        o = run(book, inputs(small), now=2.0 + i)
+        book = o.book
+        got.append({k: (d.workers, d.servers, d.reason.split(":")[0]) for k, d in o.restores.items()})
+    assert got == [{}, {}, {"a1": (6, 2, "queue restore")}, {}], got
+    assert book.restore == {}
+
+
+def test_no_restore_while_a_queue_is_owed_or_after_a_policy_set_the_shape() -> None:
+    a1 = ps_app("a1", "a", 1.0, 6, 2)
+    book = run(ReclaimBook(), inputs(a1, B_JOB), now=0.0, settings=replace(FULL, hold_rounds=0)).book
+    small = shrunk_to(a1, (2, 2))
+    # B's job still waits for its AM and gang: no restore.
+    o = run(book, inputs(small, B_JOB), now=1.0, settings=replace(FULL, hold_rounds=0))
+    assert o.restores == {}
+    # A policy gave a1 a directive of its own: the reclaim forgets what it took.
+    mine = shrunk_to(a1, (3, 2), reason="optimus: ...")
+    o = run(o.book, inputs(mine), now=2.0, settings=replace(FULL, hold_rounds=0))
+    assert o.restores == {} and o.book.restore == {}

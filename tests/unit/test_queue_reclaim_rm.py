@@ -221,3 +221,28 @@ def test_the_reclaim_runs_with_every_policy(name: str) -> None:
     d = core.apps[a].directive
     if d is not None and d.run_state.value == "run":
         assert d.workers + d.servers <= 3, d        # b is owed 4 of 8: a's job keeps at most 3 + its AM
+
+
+def test_once_queue_b_is_done_the_shrunk_job_gets_its_shape_back_after_the_hold() -> None:
+    clock = FakeClock()
+    core = cluster(clock)
+    a, am_a = grown_job(core)
+    b = submit_ps(core, "b", workers=2, servers=1, min_workers=1, min_servers=1)
+    run_policy(core, StaticPolicy())
+    d = am_a.allocate().shape_directive
+    assert d is not None
+    nm_confirms(core, am_a.obey(d))
+    clock.advance(1.0)
+    run_policy(core, StaticPolicy())                 # the shrink is counted done
+    core.kill(b)
+    nm_confirms(core, [c.container_id for c in list(core.containers.values()) if c.app_id == b] +
+                [cid for n in NODES for cid in list(core.nodes.nodes[n].releasing)])
+    versions = []
+    for _ in range(4):                               # preemption_hold_rounds = 3
+        clock.advance(1.0)
+        run_policy(core, StaticPolicy())
+        versions.append(core.apps[a].directive_version)
+    assert versions[0] == versions[1] and versions[-1] == versions[0] + 1, versions
+    back = core.apps[a].directive
+    assert back is not None and (back.workers, back.servers) == (5, 1) and back.reason.startswith("queue restore")
+    assert "given back its shape, 5 workers + 1 servers" in app_json(core, core.apps[a])["diagnostics"]
