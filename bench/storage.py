@@ -51,16 +51,12 @@ from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not
 from localization import make_archive  # noqa: E402  (bench/localization.py's archive, the same bytes)
 
 import s3_server  # noqa: E402
-from store_cluster import executor_cluster  # noqa: E402
-from appmaster.container_book import AmContainer  # noqa: E402
+from store_cluster import executor_cluster, pull_values, put_values, server_record  # noqa: E402
 from appmaster.ps.checkpoints import Checkpointer  # noqa: E402
-from appmaster.ps.executor_pool import ExecutorRecord, ExecutorState, Role  # noqa: E402
+from appmaster.ps.executor_pool import ExecutorRecord  # noqa: E402
 from nodemanager import localizer  # noqa: E402
 from protocol import ps_job_spec  # noqa: E402
 from protocol.local_resources import LocalResource  # noqa: E402
-from protocol.records import Resource  # noqa: E402
-from psruntime.executor import Executor  # noqa: E402
-from psruntime.store.store_client import StoreClient  # noqa: E402
 
 NUM_BLOCKS = 16
 SERVERS = 2
@@ -70,13 +66,6 @@ TARGETS = {"s3_checkpoint_over_local": 3.0, "s3_localize_over_file": 2.0}
 
 class Failure(Exception):
     """A sample that did not do what it should (its figure is not used)."""
-
-
-def _record(e: Executor, seq: int) -> ExecutorRecord:
-    c = AmContainer(container_id=f"container_1_0001_01_{seq:06d}", node_id="bench:1", node_http_address="bench:1",
-                    resource=Resource(1024, 1), token="bench")
-    return ExecutorRecord(e.executor_id, Role.SERVER, c, ExecutorState.READY, e.address,
-                          blocks=e.service.owned_blocks())
 
 
 def _job_record() -> dict[str, Any]:
@@ -126,12 +115,8 @@ class Bench:
         rng = np.random.default_rng(0)
         model = {k: rng.standard_normal(VALUE_FLOATS, dtype=np.float32) for k in range(keys)}
         async with executor_cluster(SERVERS, NUM_BLOCKS) as (executors, ctl, dp):
-            client = StoreClient(ctl.table)
-            try:
-                await client.put(list(model), list(model.values()))
-            finally:
-                await client.close()
-            records = [_record(e, i) for i, e in enumerate(executors)]
+            await put_values(ctl, model)
+            records = [server_record(e, i) for i, e in enumerate(executors)]
             for i in range(-self.args.warmup, self.args.repeats):
                 order = ("local", "s3") if i % 2 == 0 else ("s3", "local")
                 for where in order:
@@ -188,20 +173,11 @@ class Bench:
 
     async def put_sample(self, ctl: Any, model: dict[int, np.ndarray], zero: bool) -> None:
         """Overwrite the sample keys with zeros (`zero`), or put their true values back."""
-        keys = self.sample_keys(model)
-        client = StoreClient(ctl.table)
-        try:
-            await client.put(keys, [np.zeros_like(model[k]) if zero else model[k] for k in keys])
-        finally:
-            await client.close()
+        await put_values(ctl, {k: np.zeros_like(model[k]) if zero else model[k] for k in self.sample_keys(model)})
 
     async def check_sample(self, ctl: Any, model: dict[int, np.ndarray]) -> None:
-        client = StoreClient(ctl.table)
-        try:
-            keys = self.sample_keys(model)
-            got = await client.pull(keys)
-        finally:
-            await client.close()
+        keys = self.sample_keys(model)
+        got = await pull_values(ctl, keys)
         for k in keys:
             if not np.array_equal(got[k], model[k]):
                 raise Failure(f"key {k} differs after the restore")

@@ -1,9 +1,18 @@
 """In-process executors on real localhost sockets, with a migration controller that has
-broadcast a round-robin ownership table: the fixture shared by the store tests."""
+broadcast a round-robin ownership table: the fixture shared by the store tests, and the AM's
+record of such an executor as a server (what the Checkpointer reads from), and putting and
+pulling a model's values through a store client."""
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+import numpy as np
+
+from appmaster.container_book import AmContainer
+from appmaster.ps.executor_pool import ExecutorRecord, ExecutorState, Role
+from protocol.records import Resource
+from psruntime.store.store_client import StoreClient
 
 from psruntime.wire.dataplane import DataPlaneClient, DataPlaneServer
 from psruntime.executor import Executor
@@ -31,3 +40,30 @@ async def executor_cluster(num_executors: int, num_blocks: int, max_body_bytes: 
         await ctl.close()
         for e in executors:
             await e.stop()
+
+
+def server_record(e: Executor, seq: int) -> ExecutorRecord:
+    """The AM's record of executor `e` as a READY server in container number `seq`."""
+    c = AmContainer(container_id=f"container_1_0001_01_{seq:06d}", node_id="n1:1", node_http_address="n1:1",
+                    resource=Resource(512, 1), token="t")
+    return ExecutorRecord(e.executor_id, Role.SERVER, c, ExecutorState.READY, e.address,
+                          blocks=e.service.owned_blocks())
+
+
+async def put_values(ctl: MigrationController, model: Mapping[Any, np.ndarray]) -> None:
+    """Set every key of `model` to its value in the executors (a store client's put)."""
+    c = StoreClient(ctl.table)
+    try:
+        await c.put(list(model), list(model.values()))
+    finally:
+        await c.close()
+
+
+async def pull_values(ctl: MigrationController, keys: Sequence[Any]) -> dict[Any, np.ndarray]:
+    """The executors' values of `keys`."""
+    c = StoreClient(ctl.table)
+    try:
+        return await c.pull(list(keys))
+    finally:
+        await c.close()
+

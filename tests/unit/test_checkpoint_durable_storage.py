@@ -13,50 +13,27 @@ import fsspec
 import numpy as np
 import pytest
 
-from appmaster.container_book import AmContainer
 from appmaster.ps import checkpoints
 from appmaster.ps.checkpoints import JOB_MANIFEST, Checkpointer
 from protocol.checkpoint_manifest import JobCheckpoint
-from appmaster.ps.executor_pool import ExecutorRecord, ExecutorState, Role
+from appmaster.ps.executor_pool import ExecutorRecord
 from appmaster.ps.job_resume import resumable_checkpoint, resume_job
 from appmaster.ps.metrics import JobMetrics
 from protocol.durable_storage import DurableDir
 from protocol.ps_job_spec import validate
-from protocol.records import Resource
 from psruntime.apps.registry import create_app
 from psruntime.store.checkpoint import load_blocks
-from psruntime.executor import Executor
 from psruntime.store.migration_controller import MigrationController
-from psruntime.store.store_client import StoreClient
-from store_cluster import executor_cluster
+from store_cluster import executor_cluster, pull_values, put_values, server_record
 
 NB = 8
 SPEC = validate({"app": "mlr", "workers": 1, "servers": 2})
 
 
-def _record(e: Executor, seq: int) -> ExecutorRecord:
-    c = AmContainer(container_id=f"container_1_0001_01_{seq:06d}", node_id="n1:1", node_http_address="n1:1",
-                    resource=Resource(512, 1), token="t")
-    return ExecutorRecord(e.executor_id, Role.SERVER, c, ExecutorState.READY, e.address,
-                          blocks=e.service.owned_blocks())
-
-
 async def _put(ctl: MigrationController, scale: float) -> dict[int, np.ndarray]:
     model = {k: np.arange(4, dtype=np.float32) * scale + k for k in range(64)}
-    c = StoreClient(ctl.table)
-    try:
-        await c.put(list(model), list(model.values()))
-    finally:
-        await c.close()
+    await put_values(ctl, model)
     return model
-
-
-async def _pull(ctl: MigrationController, keys: list[int]) -> dict[Any, np.ndarray]:
-    c = StoreClient(ctl.table)
-    try:
-        return await c.pull(keys)
-    finally:
-        await c.close()
 
 
 def _job(epoch: int) -> dict[str, Any]:
@@ -96,7 +73,7 @@ async def test_attempt_2_resumes_from_attempt_1s_latest_checkpoint(location, tmp
     # attempt 1, on host A: two checkpoints, the second one at epoch 2 clock 3; then a third, newer
     # one that never got its job.json (the host died while writing it)
     async with executor_cluster(2, NB) as (executors, ctl, dp):
-        recs = [_record(e, i) for i, e in enumerate(executors)]
+        recs = [server_record(e, i) for i, e in enumerate(executors)]
         first = Checkpointer(durable, dp, staging=tmp_path / "host-a")
         await _put(ctl, 1.0)
         await first.write(1, ctl.table, recs, _job(1))
@@ -115,7 +92,7 @@ async def test_attempt_2_resumes_from_attempt_1s_latest_checkpoint(location, tmp
 
     # attempt 2, on host B: the same location, its own local disk, fresh servers
     async with executor_cluster(3, NB) as (executors, ctl, dp):
-        recs = [_record(e, i) for i, e in enumerate(executors)]
+        recs = [server_record(e, i) for i, e in enumerate(executors)]
         second = Checkpointer(durable, dp, staging=tmp_path / "host-b")
         latest = resumable_checkpoint(second, SPEC, create_app(SPEC.app, SPEC.app_data(), SPEC.app_hparams()))
         assert latest is not None and (latest.record.epoch, latest.record.clock) == (2, 3)
@@ -128,7 +105,7 @@ async def test_attempt_2_resumes_from_attempt_1s_latest_checkpoint(location, tmp
         if durable.local is None:         # fetched into host B's own disk
             assert Path(directory).parent == tmp_path / "host-b"
         assert sorted(load_blocks(directory, NB)) == list(range(NB))
-        got = await _pull(ctl, list(model))
+        got = await pull_values(ctl, list(model))
         for k, v in model.items():
             np.testing.assert_array_equal(got[k], v)
         assert [e.epoch for e in metrics.epochs] == [0, 1] and metrics.initial_objective == 2.0
@@ -159,7 +136,7 @@ async def test_a_remote_checkpoint_is_staged_locally_then_put_with_job_json_last
     monkeypatch.setattr(DurableDir, "put_files", put_files)
     monkeypatch.setattr(DurableDir, "write_bytes", write_bytes)
     async with executor_cluster(2, NB) as (executors, ctl, dp):
-        recs = [_record(e, i) for i, e in enumerate(executors)]
+        recs = [server_record(e, i) for i, e in enumerate(executors)]
         ckpt = Checkpointer(durable, dp, staging=tmp_path / "stage")
         await _put(ctl, 1.0)
         for epoch in (1, 2, 3):
@@ -193,7 +170,7 @@ async def test_a_local_checkpoint_is_durable_before_job_json_commits_it(tmp_path
     monkeypatch.setattr(checkpoints, "fsync_file", fsync_file)
     monkeypatch.setattr(checkpoints, "fsync_dir", fsync_dir)
     async with executor_cluster(2, NB) as (executors, ctl, dp):
-        recs = [_record(e, i) for i, e in enumerate(executors)]
+        recs = [server_record(e, i) for i, e in enumerate(executors)]
         ckpt = Checkpointer(tmp_path / "checkpoints", dp)
         assert not ckpt.staged and ckpt.root == tmp_path / "checkpoints"      # written in place
         await _put(ctl, 1.0)

@@ -16,9 +16,7 @@ import numpy as np
 import pytest
 
 import s3_server as s3mod
-from appmaster.container_book import AmContainer
 from appmaster.ps.checkpoints import JOB_MANIFEST, Checkpointer
-from appmaster.ps.executor_pool import ExecutorRecord, ExecutorState, Role
 from elastane_cli.errors import EXIT_USAGE, UsageError
 from elastane_cli.staging import ShippedFiles
 from nodemanager import localizer
@@ -27,13 +25,9 @@ from protocol.dataset_manifest import DatasetError, load_manifest
 from protocol.durable_storage import DurableDir, DurableStorageError
 from protocol.local_resources import LocalResource
 from protocol.ps_job_spec import JobSpecError
-from protocol.records import Resource
 from psruntime.apps.dataset_files import DatasetFileError, write_generated
 from psruntime.apps.registry import create_app
-from psruntime.executor import Executor
-from psruntime.store.migration_controller import MigrationController
-from psruntime.store.store_client import StoreClient
-from store_cluster import executor_cluster
+from store_cluster import executor_cluster, pull_values, put_values, server_record
 from test_rm_api import BASE, close_env, make_env, submission
 
 pytestmark = pytest.mark.skipif(s3mod.unavailable_reason() is not None,
@@ -75,23 +69,6 @@ def test_a_durable_dir_on_s3_keeps_what_it_wrote_for_another_client(s3, tmp_path
         d.read_bytes("missing.json")
 
 
-def _record(e: Executor, seq: int) -> ExecutorRecord:
-    c = AmContainer(container_id=f"container_1_0001_01_{seq:06d}", node_id="n1:1", node_http_address="n1:1",
-                    resource=Resource(512, 1), token="t")
-    return ExecutorRecord(e.executor_id, Role.SERVER, c, ExecutorState.READY, e.address,
-                          blocks=e.service.owned_blocks())
-
-
-async def _put_model(ctl: MigrationController, scale: float) -> dict[int, np.ndarray]:
-    model = {k: np.arange(4, dtype=np.float32) * scale + k for k in range(64)}
-    c = StoreClient(ctl.table)
-    try:
-        await c.put(list(model), list(model.values()))
-    finally:
-        await c.close()
-    return model
-
-
 def _job(epoch: int) -> dict[str, Any]:
     spec = ps_job_spec.validate({"app": "mlr", "workers": 1, "servers": 2})
     history = [{"epoch": e, "objective": 1.0 / (e + 1), "epoch_time_s": 0.5, "time": 1000.0 + e} for e in range(epoch)]
@@ -103,11 +80,12 @@ def _job(epoch: int) -> dict[str, Any]:
 async def test_checkpoints_on_s3_resume_on_another_host_from_the_latest(s3, tmp_path: Path) -> None:
     durable = DurableDir(s3.url("apps", "application_1_0001")).child("checkpoints")
     async with executor_cluster(2, NB) as (executors, ctl, dp):      # attempt 1, host A
-        recs = [_record(e, i) for i, e in enumerate(executors)]
+        recs = [server_record(e, i) for i, e in enumerate(executors)]
         first = Checkpointer(durable, dp, staging=tmp_path / "host-a")
-        await _put_model(ctl, 1.0)
+        await put_values(ctl, {k: np.arange(4, dtype=np.float32) + k for k in range(64)})
         await first.write(1, ctl.table, recs, _job(1))
-        model = await _put_model(ctl, 2.0)
+        model = {k: np.arange(4, dtype=np.float32) * 2 + k for k in range(64)}
+        await put_values(ctl, model)
         info = await first.write(2, ctl.table, recs, _job(2), clock=3)
         assert info["url"] == s3.url("apps", "application_1_0001", "checkpoints", "epoch-2-clock-3")
     # what is in the bucket: every block file of both checkpoints, each committed by its job.json
@@ -117,18 +95,14 @@ async def test_checkpoints_on_s3_resume_on_another_host_from_the_latest(s3, tmp_
         assert sum(k.startswith(f"{name}/block_") for k in keys) == NB, sorted(keys)
 
     async with executor_cluster(3, NB) as (executors, ctl, dp):      # attempt 2, host B: own disk
-        recs = [_record(e, i) for i, e in enumerate(executors)]
+        recs = [server_record(e, i) for i, e in enumerate(executors)]
         second = Checkpointer(durable, dp, staging=tmp_path / "host-b")
         latest = second.latest()
         assert latest is not None and (latest.record.epoch, latest.record.clock) == (2, 3)
         fetched = await second.fetch(latest)
         assert Path(fetched.dir).parent == tmp_path / "host-b"
         await second.restore(fetched.dir, recs, NB)
-        c = StoreClient(ctl.table)
-        try:
-            got = await c.pull(list(model))
-        finally:
-            await c.close()
+        got = await pull_values(ctl, list(model))
         for k, v in model.items():
             np.testing.assert_array_equal(got[k], v)
 
