@@ -136,8 +136,9 @@ def allocate(prob: AllocationProblem) -> tuple[IntArray, IntArray]:
         rest = rest[cut + 1:]
     if taken:
         got = np.concatenate(taken)
-        np.add.at(servers, job[got], role[got] == SERVER)
-        np.add.at(workers, job[got], role[got] == WORKER)
+        # Per-job counts of the granted additions (bincount: np.add.at is several times slower).
+        servers += np.bincount(job[got][role[got] == SERVER], minlength=prob.jobs)
+        workers += np.bincount(job[got][role[got] == WORKER], minlength=prob.jobs)
     return servers, workers
 
 
