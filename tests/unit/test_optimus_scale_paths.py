@@ -87,6 +87,24 @@ def test_fitting_rows_in_blocks_gives_what_one_block_gives(monkeypatch):
     assert _curves(fit_loss_histories(histories)) == whole
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_the_one_pass_speed_fit_equals_the_filtered_one(sync):
+    """Samples all usable at one shape take fit_speed's one-pass branch; the same samples with an
+    unusable one added go through the filter first: the fits must be the same."""
+    rng = np.random.default_rng(2)
+    for app in ("mlr", "nmf", "lasso", "lda", None):
+        prior = optimus_fit.app_prior(app, sync) if app else None
+        for _ in range(50):
+            p, w = int(rng.integers(1, 5)), int(rng.integers(1, 9))
+            samples = [(p, w, float(rng.uniform(0.05, 3.0))) for _ in range(int(rng.integers(1, 17)))]
+            weight = optimus_fit.APP_PRIOR_WEIGHT if prior is not None else optimus_fit.PRIOR_WEIGHT
+            lean = optimus_fit.fit_speed(samples, sync, 8, 16, prior_weight=weight, prior=prior)
+            filtered = optimus_fit.fit_speed([*samples, (p, w, float("nan")), (0, w, 1.0)], sync, 8, 16,
+                                             prior_weight=weight, prior=prior)
+            assert lean is not None and filtered is not None
+            assert dataclasses.astuple(lean) == dataclasses.astuple(filtered)
+
+
 class PlainKeys:
     """SortedKeys as one sorted Python list (what NodeBook kept before the blocks)."""
 
