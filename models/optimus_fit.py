@@ -386,7 +386,8 @@ def _fit_padded(k: Array, x: Array, mask: NDArray[np.bool_], lengths: NDArray[np
     if not len(lengths):
         return out
     # `fittable` per row: enough points spanning enough epochs (a NaN k makes the span NaN: no).
-    span = np.where(mask, k, -np.inf).max(axis=1) - np.where(mask, k, np.inf).min(axis=1)
+    span = (np.where(mask, k, -np.inf).max(axis=1, initial=-np.inf)
+            - np.where(mask, k, np.inf).min(axis=1, initial=np.inf))
     with np.errstate(invalid="ignore"):
         rows = np.nonzero((lengths >= MIN_LOSS_POINTS) & (span >= MIN_FIT_SPAN))[0]
     if not len(rows):

@@ -66,6 +66,8 @@ def test_fitting_the_kept_lists_equals_fitting_each_jobs_loss_arrays(seed):
     assert _curves(fast) == _curves(plain)
     assert sum(c is not None for c in fast) > len(histories) // 2     # most are fitted: the check bites
     assert fit_loss_histories([]) == []
+    assert fit_loss_histories([(None, [], [], [], []), (1.0, [], [], [], [])]) == [None, None]
+    assert fit_loss_curves([(np.zeros(0), np.zeros(0))]) == [None]
 
 
 def test_rows_are_oriented_as_each_series_alone():
