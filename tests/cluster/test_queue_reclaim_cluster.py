@@ -46,7 +46,7 @@ B_SPEC: dict[str, Any] = {"app": "mlr", "workers": 2, "servers": 1, "max_epochs"
 
 
 @contextmanager
-def testbed(base: Path) -> Iterator[TestbedCluster]:
+def reclaim_testbed(base: Path) -> Iterator[TestbedCluster]:
     # Liveness timeouts for a loaded 2-core host: an AM that starts slowly must not expire first.
     c = TestbedCluster(base, workers=3, node_memory_mb=1024, node_vcores=2, am_host=True, queues=QUEUES,
                        rm_conf=RM_CONF, nm_expiry_s=30.0, am_expiry_s=60.0)
@@ -109,7 +109,7 @@ def post_mortem(c: TestbedCluster, *app_ids: str) -> str:
 
 
 def test_elastic_jobs_shrink_live_for_another_queue_and_lose_nothing(tmp_path: Path) -> None:
-    with testbed(tmp_path / "c") as c:
+    with reclaim_testbed(tmp_path / "c") as c:
         a = submit_ps(c, A_SPEC, "a-grown", "a")
         try:
             _shrink_scenario(c, a)
@@ -146,7 +146,7 @@ def _shrink_scenario(c: TestbedCluster, a: str) -> None:
 
 
 def test_a_plain_app_is_killed_after_the_grace_period_unless_its_queue_opted_out(tmp_path: Path) -> None:
-    with testbed(tmp_path / "c") as c:
+    with reclaim_testbed(tmp_path / "c") as c:
         shell = ["sh", "-c", "sleep 600"]
         opted = submit_app(c.rm_url, build_submission("fills-c", shell, 6, 256, 1, queue="c", am_memory=256))
         wait_until(lambda: get_app(c.rm_url, opted)["runningContainers"] == 7, 120, "c's app holding the cluster")
