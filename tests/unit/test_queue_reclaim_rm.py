@@ -20,7 +20,7 @@ from rm.policies import StaticPolicy
 from rm.policy_runner import run_policy
 from rm.reclaim_runner import PREEMPTED_DIAGNOSTICS
 from rm import policies, prometheus
-from rm.policies.queue_reclaim import check_book
+from rm.policies.queue_reclaim import ContainerView, PreemptionWarning, am_named, check_book
 from rm.policy_runner import build_snapshot
 from rm.reclaim_runner import reclaim_inputs
 from rm.rest_views import app_json, scheduler_info
@@ -154,7 +154,9 @@ def test_a_plain_app_is_warned_then_killed_after_the_grace_period() -> None:
     assert r.preemption is not None and len(r.preemption.containers) == 3
     assert r.preemption.deadline_ms == int((clock() + 5.0) * 1000)
     named = [c.container_id for c in r.preemption.containers]
-    assert core.attempts[core.apps[p].current_attempt or ""].am_container_id not in named     # never the AM
+    ams = [c.container_id for c in core.containers.values() if c.is_am]
+    assert ams and am_named([PreemptionWarning(tuple(ContainerView(c.container_id, c.resource, 0.0)
+                                                     for c in r.preemption.containers), 0.0, "")], ams) == []
     clock.advance(4.0)
     run_policy(core, StaticPolicy())
     assert all(c in core.containers for c in named)         # the grace period is not over
