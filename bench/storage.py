@@ -101,6 +101,7 @@ class Bench:
                                               "ckpt_s3_write": [], "ckpt_local_read": [], "ckpt_s3_read": [],
                                               "loc_file": [], "loc_s3": []}
         self.failures: dict[str, list[str]] = {}
+        self.cpu_s: dict[str, list[float]] = {}    # CPU seconds of the writes: where the time goes
         self.checkpoint_bytes = 0
         self.fs = server.filesystem()      # the bench's own client, for setting up and cleaning up
 
@@ -132,9 +133,11 @@ class Bench:
                    else s3_server.S3Server.url(self.bucket, run))
         try:
             writer = Checkpointer(durable, dp, staging=self.work / "stage-a" / run)
+            cpu0 = self.cpu()
             t0 = time.perf_counter()
             info = await writer.write(1, ctl.table, records, _job_record())
             t1 = time.perf_counter()
+            cpu1 = self.cpu()
             await self.put_sample(ctl, model, zero=True)    # only a real restore brings these back
             t2 = time.perf_counter()
             reader = Checkpointer(durable, dp, staging=self.work / "stage-b" / run)   # attempt 2, elsewhere
@@ -158,8 +161,18 @@ class Bench:
         self.times[f"ckpt_{where}"].append(write_s + read_s)
         self.times[f"ckpt_{where}_write"].append(write_s)
         self.times[f"ckpt_{where}_read"].append(read_s)
+        client_cpu, server_cpu = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+        self.cpu_s.setdefault(f"ckpt_{where}_write_client", []).append(client_cpu)
+        if where == "s3":
+            self.cpu_s.setdefault("ckpt_s3_write_server", []).append(server_cpu)
         print(f"  checkpoint {where:5s} #{i}: write {write_s:7.3f} s  read {read_s:7.3f} s  "
-              f"({info['bytes'] / 2**20:.1f} MiB)")
+              f"({info['bytes'] / 2**20:.1f} MiB; write CPU: this process {client_cpu:.2f} s, "
+              f"S3 server {server_cpu:.2f} s)")
+
+    def cpu(self) -> tuple[float, float]:
+        """(this process's, the S3 server's) CPU seconds so far."""
+        t = os.times()
+        return t.user + t.system, self.server.cpu_seconds()
 
     def remove_run(self, where: str, run: str) -> None:
         for d in ("stage-a", "stage-b", "local"):
@@ -225,6 +238,7 @@ class Bench:
             "per_repeat_ratio_range": {"checkpoint": pair_ratios(t["ckpt_s3"], t["ckpt_local"]),
                                        "localize": pair_ratios(t["loc_s3"], t["loc_file"])},
             "seconds": {k: stats(v) for k, v in t.items()},
+            "cpu_seconds": {k: stats(v) for k, v in self.cpu_s.items()},
             "failures": {k: len(v) for k, v in self.failures.items()},
             "checkpoint_mib": round(self.checkpoint_bytes / 2**20, 2), "archive_mb": self.args.archive_mb,
             "repeats": self.args.repeats, "warmup_rounds": self.args.warmup, "quick": self.args.quick,
@@ -234,6 +248,8 @@ class Bench:
         print(f"checkpoint ({out['checkpoint_mib']} MiB, write + read), median of {self.args.repeats}:")
         print(f"  local {stats(t['ckpt_local'])['median']} s   S3 {stats(t['ckpt_s3'])['median']} s   "
               f"S3 / local = {out['s3_checkpoint_over_local']} (target <= 3)")
+        server = stats(self.cpu_s.get("ckpt_s3_write_server", []))["median"]
+        print(f"  the S3 server's CPU per checkpoint write: {server} s (median)")
         print(f"localize ({self.args.archive_mb} MB archive), median of {self.args.repeats}:")
         print(f"  file:// {stats(t['loc_file'])['median']} s   S3 {stats(t['loc_s3'])['median']} s   "
               f"S3 / file = {out['s3_localize_over_file']} (target <= 2)")

@@ -113,6 +113,11 @@ class S3Server:
         self.filesystem().mkdir(name)
         return name
 
+    def cpu_seconds(self) -> float:
+        """The server's CPU time so far (user + system, all its threads), from /proc."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
