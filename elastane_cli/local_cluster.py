@@ -271,12 +271,12 @@ class LocalCluster:
             d.mkdir(parents=True, exist_ok=True)
         return node
 
-    def _spawn_nm(self, i: int) -> None:
+    def _spawn_nm(self, i: int, port: int = 0) -> None:
         node = self._node_dirs(i)
         conf = ["--config", str(self.base_dir / "conf" / "nm.toml")] if self.network_mode == "emulated" else []
         host = self.net.node_ip(i) if self.net else "127.0.0.1"
         args = ["-m", self.nm_module, *conf, "--cluster-config", str(self.conf_path), "--rm-address", self.rm_url,
-                "--host", host, "--port", "0", "--memory-mb", str(self.node_memory_mb),
+                "--host", host, "--port", str(port), "--memory-mb", str(self.node_memory_mb),
                 "--vcores", str(self.node_vcores), "--local-dir", str(node.local_dir),
                 "--log-dir", str(node.log_dir), "--recovery-dir", str(node.recovery_dir),
                 "--cgroups", self.cgroups, "--heartbeat-interval-ms", str(self.heartbeat_interval_ms),
@@ -334,6 +334,21 @@ class LocalCluster:
             processes.wait_gone([(node.pid, node.start_ticks)], 20.0)
             node.alive = processes.is_alive(node.pid, node.start_ticks)
         self.save_state()
+
+    def restart_node(self, index: int, timeout_s: float = 60.0) -> None:
+        """Start NM `index` again after `kill_node`, on its directories and its port (so under its
+        node id, as a rebooted host's NM comes back); returns once it is RUNNING at the RM."""
+        node = self.nodes[index]
+        if processes.is_alive(node.pid, node.start_ticks):
+            raise RuntimeError(f"nm{index} (pid {node.pid}) is still running")
+        old = self._spawned.pop(f"nm{index}", None)
+        if old is not None and old.log is not None:
+            old.log.close()
+        deadline = time.monotonic() + timeout_s
+        self._spawn_nm(index, port=int(node.http_address.rsplit(":", 1)[1]))
+        self._await_nm(index, deadline)
+        self.save_state()
+        self._await_nodes_running(deadline, [index])
 
     # ----- stop -------------------------------------------------------------------------------
 

@@ -4,13 +4,17 @@
 its log dirs, and `elastane app logs` still prints every container's stdout and stderr (and any
 NM's log REST calls answer from the aggregated files);
 (b) a node SIGKILLed mid-app after a rolled upload: its containers' logs up to that roll are
-readable with `elastane app logs`.
+readable with `elastane app logs`;
+(c) a node down (SIGTERM or SIGKILL) when the app ended, back later on the same dirs: the RM tells
+it at registration that the app is over, so it uploads its final file and frees its local copies;
+the app view's logAggregationStatus goes RUNNING (one node to come) then SUCCEEDED.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -20,7 +24,7 @@ from typing import Any
 import pytest
 
 from appmaster.distributed_shell import build_submission
-from conftest import running_cluster, submit_app, wait_app
+from conftest import rest, running_cluster, submit_app, wait_app
 from polling import wait_until
 from protocol.aggregated_logs import RemoteLogDir, app_node_logs, node_file_name, read_log
 
@@ -158,3 +162,48 @@ def test_logs_aggregate_to_s3(tmp_path: Path, s3: Any) -> None:
         shells = sorted(cid for cid, _ in logs)[1:]
         assert len(shells) == 2 and all(logs[(cid, "stdout")][1] == f"out-{cid}\n" for cid in shells), r.stdout
         assert all(f.startswith("127.0.0.1_") for f in RemoteLogDir(remote).names(app_id))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_node_down_when_the_app_ended_aggregates_its_logs_once_it_is_back(tmp_path: Path, sig: int) -> None:
+    remote = tmp_path / "app-logs"
+    release = tmp_path / "release"
+    with aggregating_cluster(tmp_path, str(remote), "keep_finished_logs_s = 0.0\n") as c:
+        # AM 256 MB: the 800 MB container cannot share its 1024 MB node, so it runs on the other one.
+        cmd = ["sh", "-c", SAY + f"echo $NM_HTTP_ADDRESS > {tmp_path}/$CONTAINER_ID.node; "
+                                 f"while [ ! -e {release} ]; do sleep 0.1; done"]
+        app_id = submit_app(c.rm_url, build_submission("agg-back", cmd, 1, 800, 1, am_memory=256))
+        try:
+            [f] = wait_until(lambda: (fs := [p for p in tmp_path.glob("*.node") if p.read_text().strip()]) and fs,
+                             60, "the container running")
+            cid = f.stem
+            victim = next(n for n in c.nodes if n.http_address == f.read_text().strip())
+            local = victim.log_dir / app_id / cid / "stdout"
+            wait_until(lambda: local.exists() and local.read_text() == f"out-{cid}\n", 60, "the container's stdout")
+            c.kill_node(victim.index, sig)
+            # The node goes LOST with its container; the shell AM (no retries) ends the app.
+            wait_app(c.rm_url, app_id, ("FINISHED", "FAILED", "KILLED"), 60)
+
+            def view() -> dict[str, Any]:
+                return dict(rest(c.rm_url, "GET", f"/ws/v1/cluster/apps/{app_id}")["app"])
+            # The AM's node uploaded its file; the victim's is still to come.
+            wait_until(lambda: view()["logAggregationStatus"] == "RUNNING", 60, "one node's logs aggregated")
+            store = RemoteLogDir(str(remote))
+            assert node_file_name(victim.node_id) not in store.names(app_id)
+            assert local.read_text() == f"out-{cid}\n"         # kept on the node while it is down
+
+            c.restart_node(victim.index)
+            mine = node_file_name(victim.node_id)
+            wait_until(lambda: any(n.node_file == mine and n.final for n in app_node_logs(store, app_id)), 60,
+                       "the restarted node's final aggregated file")
+            [node] = [n for n in app_node_logs(store, app_id) if n.node_file == mine]
+            assert read_log(store, app_id, node, cid, "stdout") == f"out-{cid}\n".encode()
+            wait_until(lambda: not (victim.log_dir / app_id).exists(), 60, "the restarted node's local logs freed")
+            wait_until(lambda: view()["logAggregationStatus"] == "SUCCEEDED", 60, "logAggregationStatus SUCCEEDED")
+            # The AM's logs link is the RM's page, which lists the AM container's aggregated files.
+            am = app_id.replace("application_", "container_") + "_01_000001"
+            link = view()["amContainerLogs"]
+            assert link == f"{c.rm_url}/cluster/logs/{app_id}/{am}", link
+            assert f'href="/cluster/logs/{app_id}/{am}/stderr"' in nm_get(link.removeprefix("http://"), "")
+        finally:
+            release.touch()
