@@ -2,6 +2,7 @@
 call every submission test starts with."""
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 import pytest
@@ -14,10 +15,11 @@ from rm_testing import SECRET, FakeClock
 BASE = "/ws/v1/cluster"
 
 
-@pytest.fixture
-async def rm(tmp_path: Any) -> AsyncIterator[tuple[ResourceManagerServer, TestClient]]:
-    server = ResourceManagerServer(RMConfig(state_dir=str(tmp_path / "state")),
-                                   ClusterConfig(secret=SECRET, admins=["root"]), clock=FakeClock(),
+@asynccontextmanager
+async def inprocess_rm(tmp_path: Any, cluster: ClusterConfig) -> AsyncIterator[tuple[ResourceManagerServer,
+                                                                                     TestClient]]:
+    """An RM with `cluster`'s settings and its state under `tmp_path`, and a client of it."""
+    server = ResourceManagerServer(RMConfig(state_dir=str(tmp_path / "state")), cluster, clock=FakeClock(),
                                    run_timers=False)
     client = TestClient(TestServer(server.build_app()))
     await client.start_server()
@@ -26,6 +28,12 @@ async def rm(tmp_path: Any) -> AsyncIterator[tuple[ResourceManagerServer, TestCl
     finally:
         await server.stop()
         await client.close()
+
+
+@pytest.fixture
+async def rm(tmp_path: Any) -> AsyncIterator[tuple[ResourceManagerServer, TestClient]]:
+    async with inprocess_rm(tmp_path, ClusterConfig(secret=SECRET, admins=["root"])) as env:
+        yield env
 
 
 async def new_application_id(client: TestClient) -> str:

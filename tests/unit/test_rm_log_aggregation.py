@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import AsyncIterator
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
+from protocol import codec
 from protocol import internal_api as api
 from protocol.aggregated_logs import ChunkSource, LogFileWriter, RemoteLogDir, node_file_name
 from protocol.config import ClusterConfig, RMConfig
@@ -21,6 +22,7 @@ from rm.core import ResourceManagerCore
 from rm.log_aggregation_status import TIMEOUT_S, app_status
 from rm.rest_views import app_json, attempt_json
 from rm.server import ResourceManagerServer
+from rm_inprocess import inprocess_rm
 from rm_testing import (SECRET, FakeClock, ask, heartbeat, launch_and_register, make_core, nm_claims, register,
                         sign_nm, submit)
 
@@ -204,17 +206,8 @@ def test_am_container_logs_link_the_rm_once_the_app_is_over_or_its_node_gone() -
 
 @pytest.fixture
 async def rm_client(tmp_path: Path) -> AsyncIterator[tuple[ResourceManagerServer, TestClient]]:
-    remote = str(tmp_path / "remote")
-    rm = ResourceManagerServer(RMConfig(state_dir=str(tmp_path / "state")),
-                               ClusterConfig(secret=SECRET, remote_app_log_dir=remote), clock=FakeClock(),
-                               run_timers=False)
-    client = TestClient(TestServer(rm.build_app()))
-    await client.start_server()
-    try:
-        yield rm, client
-    finally:
-        await rm.stop()
-        await client.close()
+    async with inprocess_rm(tmp_path, ClusterConfig(secret=SECRET, remote_app_log_dir=str(tmp_path / "remote"))) as env:
+        yield env
 
 
 async def test_the_rest_app_view_after_the_app_ends(tmp_path: Path, rm_client) -> None:
@@ -223,7 +216,6 @@ async def test_the_rest_app_view_after_the_app_ends(tmp_path: Path, rm_client) -
     auth = {"Authorization": f"Bearer {sign_nm(node)}"}
 
     async def nm_post(path: str, body: api.NodeRegisterRequest | api.NodeHeartbeatRequest) -> None:
-        from protocol import codec
         r = await client.post(path, data=codec.dumps(body), headers={**auth, "Content-Type": "application/json"})
         assert r.status == 200, await r.text()
 
