@@ -36,7 +36,7 @@ APP_FIELDS = (
     ("Running containers", "runningContainers", "int"), ("Allocated memory", "allocatedMB", "mb"),
     ("Allocated vcores", "allocatedVCores", "int"), ("Started", "startedTime", "time"),
     ("Finished", "finishedTime", "time"), ("Elapsed", "elapsedTime", "duration_ms"),
-    ("Diagnostics", "diagnostics", "text"),
+    ("Log aggregation", "logAggregationStatus", "text"), ("Diagnostics", "diagnostics", "text"),
 )
 # Paths under the shape endpoint's "shape" object. Fields a report lacks (e.g. Harmony's alpha
 # before Harmony reports it) show N/A.

@@ -4,6 +4,7 @@ frees its logs), the nodes' reports add up to YARN's logAggregationStatus, and a
 points at the RM's aggregated log page once the app is over."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -243,6 +244,8 @@ async def test_the_rest_app_view_after_the_app_ends(tmp_path: Path, rm_client) -
         log_aggregation=[LogAggregationReport(app_id, S.SUCCEEDED)]))
     v = await view()
     assert v["logAggregationStatus"] == "SUCCEEDED"
+    app_page = await (await client.get(f"/cluster/app/{app_id}")).text()
+    assert re.search(r"<th>Log aggregation</th><td [^>]*>SUCCEEDED</td>", app_page), app_page
     # amContainerLogs is absolute (the address this client used) and its page lists the AM's files.
     origin = str(client.make_url(""))
     assert v["amContainerLogs"] == f"{origin.rstrip('/')}/cluster/logs/{app_id}/{am}"
