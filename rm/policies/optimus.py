@@ -489,20 +489,16 @@ class OptimusPolicy:
             return Decision({})
         running = [n for n in snapshot.nodes if n.state == "RUNNING"]
         index = {n.node_id: i for i, n in enumerate(running)}
-        mem = np.array([n.capacity.memory - n.used.memory for n in running], dtype=np.int64)
-        vc = np.array([n.capacity.vcores - n.used.vcores for n in running], dtype=np.int64)
+        mem = [n.capacity.memory - n.used.memory for n in running]
+        vc = [n.capacity.vcores - n.used.vcores for n in running]
         views = {a.app_id: a for a in snapshot.apps}
-        # A reshaped job's own executors are placed anew: their room is free (summed per node,
-        # integers, so in any order).
-        held = [h for j in changed for h in _executors_on(views[j.app_id], j.executor)]
-        at = np.array([index.get(node_id, -1) for node_id, _ in held], dtype=np.int64)
-        known = at >= 0
-        for free, got in ((mem, [r.memory for _, r in held]), (vc, [r.vcores for _, r in held])):
-            # Whole MB / vcores summed in float64 are exact (far below 2^53); bincount is several
-            # times faster than np.add.at.
-            free += np.bincount(at[known], weights=np.array(got, dtype=float)[known],
-                                minlength=len(free)).astype(np.int64)
-        book = NodeBook([n.node_id for n in running], mem.tolist(), vc.tolist())
+        for j in changed:      # a reshaped job's own executors are placed anew: their room is free
+            for node_id, held in _executors_on(views[j.app_id], j.executor):
+                i = index.get(node_id)
+                if i is not None:
+                    mem[i] += held.memory
+                    vc[i] += held.vcores
+        book = NodeBook([n.node_id for n in running], mem, vc)
         placed = place_jobs(book, [PlacementJob(j.app_id, *targets[j.app_id], j.executor.memory, j.executor.vcores)
                                    for j in changed])
         out: dict[str, JobDecision] = {}
