@@ -368,6 +368,7 @@ class OptimusPolicy:
     # ----- models -----------------------------------------------------------------------------
     def _refit(self, jobs: list[RunningJob], fit_ok: dict[str, bool]) -> None:
         stale: list[JobModel] = []
+        priors: dict[tuple[str, bool], tuple[int, Optional[SpeedFunction], float]] = {}
         for j in jobs:
             m = self._models[j.app_id]
             key = m.history_key
@@ -377,12 +378,18 @@ class OptimusPolicy:
                     stale.append(m)
                 else:
                     m.curve = None
-            skey = (m.added, m.clock_sample, self._priors.version(m.traits.app))
+            # The prior of the job's app and mode: looked up once per round for each (thousands of
+            # jobs share a few apps).
+            app = (m.traits.app, m.traits.sync)
+            if app not in priors:
+                prior = self._priors.prior(*app)
+                priors[app] = (self._priors.version(app[0]), prior, self._priors.weight(prior))
+            version, prior, weight = priors[app]
+            skey = (m.added, m.clock_sample, version)
             if skey != m.speed_key:
-                prior = self._priors.prior(m.traits.app, m.traits.sync)
                 samples = m.speed_samples()
                 m.speed = fit_speed(samples, m.traits.sync, j.spec.max_servers, j.spec.max_workers,
-                                    prior_weight=self._priors.weight(prior), prior=prior)
+                                    prior_weight=weight, prior=prior)
                 m.speed_key = skey
                 m.fitted_samples = samples
         # All stale curves in one call, built from the kept lists (loss_series's points, not
