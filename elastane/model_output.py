@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar, Union
 import msgspec
 import numpy as np
 
+from protocol.dataset_manifest import recorded_data_spec
 from protocol.durable_storage import DurableDir, local_path
 from protocol.model_output import CODE_DIR, FILES_DIR, ModelMetadata, ModelOutputError, locate, read_metadata
 from psruntime.apps.base import AnyPSApp, KeyValues, PSApp
@@ -168,9 +169,13 @@ def rebuild_app(meta: ModelMetadata, data: dict[str, Any] | None = None,
     hyper-parameters, built in `files_dir` (its job's files). ModelOutputError when it cannot be
     built here or its model has another shape."""
     cls = _app_class(meta, files_dir)
+    if data is None:
+        # A built-in app's model written before recorded_data_spec kept the generator-only fields'
+        # defaults beside `path`, which the app refuses: drop them here too.
+        data = recorded_data_spec(meta.app.name, meta.data) if is_builtin(meta) else meta.data
     try:
         with in_job_dir(files_dir):
-            app = cls.from_config(meta.data if data is None else data, meta.hparams)
+            app = cls.from_config(data, meta.hparams)
             shape = (app.num_keys, app.key_length)    # a user app may size its model from its files
     except Exception as e:  # noqa: BLE001 - the app's code may read its files: name what failed
         raise ModelOutputError(f"cannot rebuild app {meta.app.name!r} ({meta.app.cls}): {type(e).__name__}: {e}") from None

@@ -4,7 +4,8 @@ A dataset directory (docs/dataset_format.md) holds `dataset.json` plus one `.npz
 training and per held-out block. This module is the format's definition that the RM needs at
 submission (it cannot import the runtime): the manifest Struct, the arrays every app's blocks
 hold (names, dtypes, which are per entry / per row), and `resolve_data_spec`, which turns a job's
-`data` object with a `path` into the app's data spec with the dimensions the files define.
+`data` object with a `path` into the app's data spec with the dimensions the files define
+(`recorded_data_spec`: what a saved model keeps of it, to rebuild the app from).
 Reading and writing the block files is `psruntime.apps.dataset_files`.
 """
 from __future__ import annotations
@@ -190,6 +191,17 @@ def resolve_data_spec(app: str, data: Mapping[str, Any], base: Mapping[str, Any]
     return {**data, **m.spec}
 
 
+def recorded_data_spec(app: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The data spec to record for a job of `app` (a built-in's name) whose app was built from
+    `spec` (its Struct as builtins), and to rebuild that app from: with a `path`, the spec less
+    the generator-only fields, which its Struct holds at their defaults but resolve_data_spec
+    refuses beside a path; otherwise (and for an app not built in) `spec` unchanged."""
+    if spec.get("path") is None:
+        return dict(spec)
+    drop = GENERATOR_FIELDS.get(app, ())
+    return {name: value for name, value in spec.items() if name not in drop}
+
+
 __all__ = ["BLOCK_ARRAYS", "BlockEntry", "DIMENSION_FIELDS", "DatasetError", "DatasetManifest", "ENTRY_ARRAYS",
            "FORMAT_NAME", "FORMAT_VERSION", "INDEX_BOUNDS", "MANIFEST_NAME", "ROWS_FIELD", "ROW_ARRAYS",
-           "block_layout", "check_manifest", "load_manifest", "resolve_data_spec"]
+           "block_layout", "check_manifest", "load_manifest", "recorded_data_spec", "resolve_data_spec"]

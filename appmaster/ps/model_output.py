@@ -27,6 +27,7 @@ from typing import Mapping, Optional, Sequence
 import msgspec
 import numpy as np
 
+from protocol.dataset_manifest import recorded_data_spec
 from protocol.durable_storage import DurableDir, local_path
 from protocol.local_resources import LocalResource
 from protocol.model_output import (FILES_DIR, FINAL_DIR, AppRef, ModelFile, ModelMetadata, ModelOutputError, epoch_dir,
@@ -121,7 +122,8 @@ class ModelOutput:
             files=list(self.files),
             kind="final" if kind == "final" else "checkpoint", epoch=epoch, app=app_ref(app),
             num_keys=app.num_keys, key_length=app.key_length,
-            data=msgspec.to_builtins(app.spec), hparams=msgspec.to_builtins(app.hparams), preset=self.spec.preset,
+            data=recorded_data_spec(self.spec.app, msgspec.to_builtins(app.spec)),
+            hparams=msgspec.to_builtins(app.hparams), preset=self.spec.preset,
             maximize=bool(app.maximize),
             objective=finite_or_none(objectives[epoch - 1]) if 0 < epoch <= len(objectives) else finite_or_none(initial),
             initial_objective=finite_or_none(initial),
