@@ -68,8 +68,8 @@ from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
 from elastane_cli.sim_calibrate import AM_MEMORY_MB, run_job  # noqa: E402
 from elastane_cli.testbed_cluster import MASTER, TestbedCluster  # noqa: E402
 
-# bench/harmony_colocation.py's host meter (CPU seconds and link bytes per host), the job's final
-# status from shared storage, its COMM share, and the one-worker-one-server-per-host placement.
+# bench/harmony_colocation.py's host meter (CPU seconds and link bytes per host), a job's COMM
+# share from its final status, and the one-worker-one-server-per-host placement.
 # Imported by name so that mypy, checking this file, does not check that one too.
 colocation: Any = importlib.import_module("harmony_colocation")
 
@@ -153,7 +153,7 @@ async def ps_run_async(cluster: TestbedCluster, app: str, hosts: int, ns: argpar
     if job.final_status != "SUCCEEDED":
         return {**out, "error": f"{job.app_id} ended {job.final_status}"}
     # The AM's final status on shared storage: every epoch (the RM's last report may lag behind).
-    status = colocation.final_status(cluster, job.app_id)
+    status = cluster.final_status(job.app_id)
     history = status.get("objective_history") or []
     comm, _ = colocation.split_of(status)
     return {**out, "app_id": job.app_id, "epochs": len(history),
