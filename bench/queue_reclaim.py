@@ -32,6 +32,12 @@ Last line, JSON: {"reclaim_s_shrink", "reclaim_s_kill", "lost_training_s_shrink"
 lost_training_s_shrink <= 0.05 x lost_training_s_kill; queue_b_jct_gain_vs_none >= 1.5;
 queue_a_jct_shrink_over_kill <= 1.0. `--quick`: one repeat, 20 epochs -- to check the bench
 runs, not a figure. Without the testbed it says why, prints {"error": ...} and exits 2.
+
+Measured 2026-11-28, defaults, on a busy 2-core machine (other sessions' tests running): medians
+over 3 repeats -- reclaim_s_shrink 3.45, reclaim_s_kill 27.9, lost_training_s_shrink 0.043,
+lost_training_s_kill 9.12, queue_b_jct_gain_vs_none 5.52, queue_a_jct_shrink_over_kill 0.94; one of
+the three kill runs failed (A's AM gave up after 11 of its executors were killed) and is counted
+apart (docs/preemption.md).
 """
 from __future__ import annotations
 
