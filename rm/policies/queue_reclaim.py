@@ -2,7 +2,8 @@
 
 Pure: `reclaim_round(book, inputs, settings, now)` takes the last round's `ReclaimBook`, the
 policy snapshot (plus each app's non-AM containers) and the time, and returns the next book and
-what to do -- directives that shrink elastic jobs, preemption messages to AMs, containers to kill.
+what to do -- directives that shrink elastic jobs (and later give their shape back), preemption
+messages to AMs, containers to kill.
 The RM applies them (rm/reclaim_runner.py); the simulator runs the same code through it.
 
 Each round (YARN's ProportionalCapacityPreemptionPolicy, with the shrink in front):
@@ -166,7 +167,8 @@ class PreemptionWarning:
 
 @dataclass(frozen=True)
 class ReclaimBook:
-    """The reclaim's state between rounds: open targets and the rounds until which shrunk jobs are held."""
+    """The reclaim's state between rounds: open targets, the rounds until which shrunk jobs are
+    held, and the shapes to give shrunk jobs back."""
 
     round: int = 0
     targets: Mapping[str, ReclaimTarget] = field(default_factory=dict)
