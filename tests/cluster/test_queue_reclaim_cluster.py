@@ -6,7 +6,8 @@ builds its own testbed, started and stopped with bin/start-cluster / bin/stop-cl
 
 - Queue a's elastic job holds the whole cluster (4 workers + 2 servers); a job arrives in queue b:
   the RM shrinks a's job by a directive (EPS remove, live), b's job gets its guarantee and trains,
-  a's job keeps training and succeeds with its objective within 1 % of the same job run unshrunk,
+  a's job keeps training and succeeds, every mini-batch applied exactly once (the AM's audit) and
+  its objective within 1 % of the same job run unshrunk,
   no container is killed, and a's job gets exactly one reclaim directive (nothing oscillates).
 - A plain YARN app (distributed shell) fills the cluster from the opted-out queue c: nothing is
   taken from it while b's job waits; the same app in queue a has its containers named in a
@@ -40,7 +41,7 @@ RM_CONF = {"preemption": "shrink", "preemption_natural_termination_factor": 1.0,
            "preemption_max_wait_before_kill_s": 8.0, "preemption_hold_rounds": 60}
 A_SPEC: dict[str, Any] = {"app": "mlr", "workers": 4, "servers": 2, "min_workers": 1, "min_servers": 1,
                           "max_epochs": 60, "convergence_threshold": 1e-12, "checkpoint_every_epochs": 0,
-                          "hparams": {"learning_rate": 0.5}, "executor_memory_mb": 320}
+                          "hparams": {"learning_rate": 0.5}, "executor_memory_mb": 320, "audit_updates": True}
 B_SPEC: dict[str, Any] = {"app": "mlr", "workers": 2, "servers": 1, "max_epochs": 2, "convergence_threshold": 1e-12,
                           "executor_memory_mb": 320}
 
@@ -82,8 +83,12 @@ def policy_rounds(c: TestbedCluster) -> int:
 
 
 def final_objective(c: TestbedCluster, app_id: str) -> float:
+    """A's final objective from its AM's last status, after checking it trained every epoch and
+    applied every mini-batch it ran exactly once (the AM's audit, across the shrink's moves)."""
     st = json.loads((c.shared_dir / "checkpoints" / app_id / "status.json").read_text())
     assert [h["epoch"] for h in st["objective_history"]] == list(range(A_SPEC["max_epochs"]))
+    eps = st["eps"]
+    assert eps["audit_mismatches"] == [] and eps["minibatches_applied"] == eps["minibatches_run"] > 0, eps
     return float(st["objective_history"][-1]["objective"])
 
 
