@@ -4,6 +4,7 @@ by YARN's kill, or not at all (issue 34 part 6; docs/preemption.md).
     .venv/bin/python bench/queue_reclaim.py [--hosts 3] [--host-cpus 0.3] [--repeats 3]
                                             [--modes none,kill,shrink] [--timeout-s 1200] [--quick]
                                             [--keep-dir DIR]
+    .venv/bin/python bench/queue_reclaim.py --sim [--seeds 0-4] [--hosts 3]
 
 Per run, a fresh testbed (docs/testbed.md): `--hosts` node hosts of `--host-cpus` cores and 2
 vcores each (1-vcore executors), the AMs on the master (am_host). Queues a (50 %, max 100 %) and
@@ -32,6 +33,12 @@ Last line, JSON: {"reclaim_s_shrink", "reclaim_s_kill", "lost_training_s_shrink"
 lost_training_s_shrink <= 0.05 x lost_training_s_kill; queue_b_jct_gain_vs_none >= 1.5;
 queue_a_jct_shrink_over_kill <= 1.0. `--quick`: one repeat, 20 epochs -- to check the bench
 runs, not a figure. Without the testbed it says why, prints {"error": ...} and exits 2.
+
+`--sim [--seeds 0-4]`: the same question in the simulator (sim/queue_reclaim_scenario.py: the real
+RM core's reclaim, `--hosts` nodes of 2 vcores, AMs on their own node, one job in queue A as on
+the testbed), every mode per seed; the
+same keys from its runs -- `reclaim_s_*` is B's wait from arrival to training, and
+`lost_training_s_*` is null: the simulated AM charges a kill no restart, so it has none to report.
 
 Measured 2026-11-28, defaults, on a busy 2-core machine (other sessions' tests running): medians
 over 3 repeats -- reclaim_s_shrink 3.45, reclaim_s_kill 27.9, lost_training_s_shrink 0.043,
@@ -192,6 +199,44 @@ def summarize(runs: list[dict[str, Any]], ns: argparse.Namespace) -> dict[str, A
     return out
 
 
+def run_sim(ns: argparse.Namespace, modes: list[str]) -> dict[str, Any]:
+    """`--sim`: every mode on every seed in the simulator, the bench's keys from the runs."""
+    from sim import calibration
+    from sim.queue_reclaim_scenario import run
+
+    cal = calibration.load()
+    runs = [run(seed, MODES[m], cal, nodes=ns.hosts, node_vcores=2, grace_s=ns.grace_s, a_jobs=1)
+            for seed in ns.seeds for m in modes]
+    by = {m: [r for r in runs if r.mode == MODES[m]] for m in modes}
+    ok = {m: [r for r in rs if r.b_jct_s is not None and all(j is not None for j in r.a_jct_s)] for m, rs in by.items()}
+    out: dict[str, Any] = {}
+    for m in ("shrink", "kill"):
+        out.update(median_spread([r.b_wait_s for r in ok.get(m, []) if r.b_wait_s is not None], f"reclaim_s_{m}"))
+        out[f"lost_training_s_{m}"] = None
+
+    def med(m: str, f: Any) -> Optional[float]:
+        vals = [f(r) for r in ok.get(m, [])]
+        return statistics.median(vals) if vals else None
+    b_none, b_shrink = med("none", lambda r: r.b_jct_s), med("shrink", lambda r: r.b_jct_s)
+    a_shrink = med("shrink", lambda r: statistics.fmean(r.a_jct_s))
+    a_kill = med("kill", lambda r: statistics.fmean(r.a_jct_s))
+    out["queue_b_jct_gain_vs_none"] = round(b_none / b_shrink, 4) if b_none and b_shrink else None
+    out["queue_a_jct_shrink_over_kill"] = round(a_shrink / a_kill, 4) if a_shrink and a_kill else None
+    out["failed"] = {m: len(by[m]) - len(ok[m]) for m in modes}
+    out.update({"sim": True, "seeds": list(ns.seeds), "hosts": ns.hosts,
+                "runs": [dict(r.__dict__, a_jct_s=list(r.a_jct_s)) for r in runs]})
+    return out
+
+
+def parse_seeds(text: str) -> list[int]:
+    """"0-4" or "1,3,5": the seeds."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     unwind_on_sigterm()     # a SIGTERM stops the testbed this bench started
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -205,6 +250,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--timeout-s", type=float, default=1200.0)
     p.add_argument("--quick", action="store_true", help="one repeat, 20 epochs: checks the bench runs")
     p.add_argument("--keep-dir", type=Path, default=None)
+    p.add_argument("--sim", action="store_true", help="the simulator's runs instead of the testbed's")
+    p.add_argument("--seeds", default="0-4", help="--sim: the seeds (at least five for a figure)")
     ns = p.parse_args(argv)
     modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -214,6 +261,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error("need --hosts >= 2, --host-cpus > 0, --repeats >= 1, --grace-s >= 0")
     if ns.quick:
         ns.repeats, ns.epochs = 1, 20
+    if ns.sim:
+        try:
+            ns.seeds = parse_seeds(ns.seeds)
+        except ValueError:
+            p.error(f"--seeds: want e.g. 0-4 or 1,3,5, got {ns.seeds!r}")
+        print(json.dumps(run_sim(ns, modes)))
+        return 0
     reason = testbed_hosts.unavailable_reason(sshd=True)
     if reason is not None:
         log(f"no multi-host testbed here: {reason}")

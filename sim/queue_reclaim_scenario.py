@@ -64,14 +64,15 @@ def scenario_trace(seed: int, a_jobs: int = 2, nodes: int = 4, node_vcores: int 
     return jobs
 
 
-def run(seed: int, mode: str, calibration: Calibration, policy: str = "static") -> ReclaimRun:
-    """The scenario for `seed` with capacity preemption `mode`."""
+def run(seed: int, mode: str, calibration: Calibration, policy: str = "static", nodes: int = 4,
+        node_vcores: int = 4, grace_s: float = 15.0, a_jobs: int = 2) -> ReclaimRun:
+    """The scenario for `seed` with capacity preemption `mode`, on `nodes` x `node_vcores`."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     rm = RMConfig(queues=QUEUES, preemption=mode, preemption_natural_termination_factor=1.0,   # type: ignore[arg-type]
-                  preemption_max_wait_before_kill_s=15.0, nm_expiry_s=10.0, am_expiry_s=10.0)
-    cfg = SimConfig(nodes=4, node_memory_mb=4096, node_vcores=4, am_nodes=1, rm=rm, stall_s=1800.0)
-    sim = Simulator(scenario_trace(seed), policy, calibration, cfg)
+                  preemption_max_wait_before_kill_s=grace_s, nm_expiry_s=10.0, am_expiry_s=10.0)
+    cfg = SimConfig(nodes=nodes, node_memory_mb=4096, node_vcores=node_vcores, am_nodes=1, rm=rm, stall_s=1800.0)
+    sim = Simulator(scenario_trace(seed, a_jobs=a_jobs, nodes=nodes, node_vcores=node_vcores), policy, calibration, cfg)
     result = sim.run()
     by_name = {r.name: r for r in result.records}
     b = by_name["b0"]
