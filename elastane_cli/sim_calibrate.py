@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
+from protocol.errors import ConfigurationError
 from appmaster.ps.submission import build_ps_submission
 from sim.calibration import (MIN_REPEATS, AppCalibration, Calibration, CalibrationFitError, CalibrationSample,
                              fit_app)
@@ -111,7 +112,7 @@ def reference_model_mb(app: str) -> float:
     return round(create_job_app(spec).model_nbytes() / 2**20, 6)
 
 
-class CalibrationArgsError(ValueError):
+class CalibrationArgsError(ConfigurationError, ValueError):
     """Arguments the calibration cannot run with (too few repeats, shapes the plan cannot hold)."""
 
 

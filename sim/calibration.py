@@ -52,7 +52,7 @@ import msgspec
 from models.ps_iteration_time import EpochTimeError, EpochTimeModel, fit as fit_epoch_time
 
 from .convergence import CurveError, LossCurve
-from protocol.errors import ConfigurationError
+from protocol.errors import ConfigurationError, PlanningError
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "calibration.json"
 # How resize costs grow with the job (module doc): training time lost per MB of parameter state
@@ -120,7 +120,7 @@ class AppFit(msgspec.Struct, frozen=True):
         return max((s.spread for s in (*self.fitted, *self.held_out)), default=0.0)
 
 
-class CalibrationFitError(ValueError):
+class CalibrationFitError(PlanningError, ValueError):
     """Too few usable samples to fit an app."""
 
 
