@@ -1,6 +1,6 @@
 """What gang admission does to JCT under load, in the simulator and on the testbed (issue 25 part 4).
 
-    .venv/bin/python bench/gang_admission.py [--jobs 30] [--window-s 300] [--nodes 4] [--seeds 1,2,3]
+    .venv/bin/python bench/gang_admission.py [--jobs 30] [--window-s 300] [--nodes 4] [--seeds 1-5]
                                              [--policies static,eps,dorm] [--quick]
     .venv/bin/python bench/gang_admission.py --testbed [--jobs 8] [--repeats 2] [--timeout-s 300]
                                              [--settings off,minimum[,submitted]] [--quick] [--keep-dir DIR]

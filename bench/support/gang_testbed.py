@@ -11,11 +11,10 @@ starts only once it and its min_workers + min_servers executors fit ("submitted"
 the shape the PS AM waits for before it trains, appmaster/ps/master.py `_drive`).
 
 Each job's JCT is submission to its final state, as the client sees it (polled every `POLL_S`). A
-job still running when its timeout runs out is killed and counted stalled, its JCT the timeout (a
-lower bound, as bench/gang_admission.py's simulator runs count an unfinished job). A job that ended
-other than SUCCEEDED (an AM whose executors did not all start within its 120 s gives up) did not
-finish either: it is counted failed, its JCT also the timeout (`RunOutcome.mean_jct_s`); the mean over
-the succeeded jobs alone is reported beside it.
+job still running when its timeout runs out is killed and counted stalled; a job that ended other
+than SUCCEEDED (an AM whose executors did not all start within its 120 s gives up) is counted
+failed. Neither has a JCT (issue 33: no timeout stands in for one): `jct_s` keeps how long it was
+followed, and bench/gang_admission.py compares only the jobs that succeeded in both settings.
 """
 from __future__ import annotations
 
@@ -69,7 +68,7 @@ class TestbedShape:
 
 @dataclass
 class JobOutcome:
-    """One job of one run: its JCT (submission to final state, or the timeout when it stalled)."""
+    """One job of one run: submission to final state (a stalled job: to its kill at the timeout)."""
 
     name: str
     app_id: str = ""
@@ -87,15 +86,6 @@ class RunOutcome:
     timeout_s: float
     jobs: list[JobOutcome] = field(default_factory=list)
     wall_s: float = 0.0
-
-    def censored_jcts(self) -> list[float]:
-        """Every job's JCT, one that did not succeed counted at the timeout (a lower bound)."""
-        return [j.jct_s if j.final_status == "SUCCEEDED" else max(j.jct_s, self.timeout_s) for j in self.jobs]
-
-    @property
-    def mean_jct_s(self) -> Optional[float]:
-        jcts = self.censored_jcts()
-        return round(sum(jcts) / len(jcts), 2) if jcts else None
 
     @property
     def succeeded_mean_jct_s(self) -> Optional[float]:
