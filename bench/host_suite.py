@@ -12,7 +12,8 @@ writes each part's file into `--out` as soon as that part is done (Harmony first
 2. `2-harmony-free.json`: the same hosts and jobs, Harmony choosing each group's nodes
    (`--harmony-nodes free`), with isolated at DoP 2 from part 1 as its baseline (same run, same
    hosts, same jobs);
-3. `3-ps-scaling.json`: bench/ps_scaling.py, one PS job on 1 / 2 / 4 / 8 hosts of the same budget;
+3. `3-ps-scaling.json`: bench/scaling.py, one MLR job on 1 / 2 / 4 / 8 hosts of 1.5 cores each
+   against one numpy process in one host's budget;
 4. `4-cruise.json`: bench/cruise_vs_grid.py at 12 executors (Cruise against the grid of splits);
 5. `5-container-launch.json`: bench/container_launch.py (launch latency against fork+exec);
 6. `6-dataplane.json`: bench/dataplane.py (push+pull against the raw-socket ceiling);
@@ -37,9 +38,9 @@ a `.venv` symlinked to the image's Python failed there), so the NMs' containers 
 -- run it too (the NM puts its own interpreter's bin/ first on their PATH).
 
 `--quick` is the smoke run of the test suite (tests/cluster/test_host_suite.py) on a 2-core
-machine: every part at its smallest (2 hosts of 0.3 core, 2 jobs of 1 epoch; 1 and 2 hosts; a
-grid-only Cruise at 2 executors; 5 containers; 1 round of 0.2 s) -- it checks the suite's
-machinery, it times nothing.
+machine: every part at its smallest (2 hosts of 0.3 core, 2 jobs of 1 epoch; tiny MLR on 1 and 2
+hosts of 0.3 core; a grid-only Cruise at 2 executors; 5 containers; 1 round of 0.2 s) -- it checks
+the suite's machinery, it times nothing.
 """
 from __future__ import annotations
 
@@ -85,8 +86,13 @@ PARTS: tuple[Part, ...] = (
     Part("harmony-free", "2-harmony-free.json", "harmony_colocation.py",
          (*HARMONY_HOSTS, "--modes", "harmony", "--harmony-nodes", "free"),
          (*HARMONY_QUICK, "--modes", "harmony", "--harmony-nodes", "free"), 0.18),
-    Part("ps-scaling", "3-ps-scaling.json", "ps_scaling.py", ("--hosts", "1,2,4,8", "--epochs", "3"),
-         ("--quick", "--host-cpus", "0.3"), 0.20),
+    # 1.5 cores a host: 0.75 of 16 cores over 8 hosts, the rest for the master (RM, AMs) and the
+    # kernel; 48,000 rows of the small preset are 24 blocks of 2,000, the same share for every host
+    # at 1, 2, 4 and 8.
+    Part("ps-scaling", "3-ps-scaling.json", "scaling.py",
+         ("--apps", "mlr", "--hosts", "1,2,4,8", "--host-cpus", "1.5", "--preset", "small", "--samples", "48000",
+          "--epochs", "3", "--repeats", "1"),
+         ("--quick", "--apps", "mlr", "--hosts", "1,2"), 0.20),
     Part("cruise", "4-cruise.json", "cruise_vs_grid.py", ("--executors", "12", "--workloads", "mlr-b50,nmf-b20"),
          ("--executors", "2", "--workloads", "mlr-b50", "--grid-only"), 0.15),
     Part("container-launch", "5-container-launch.json", "container_launch.py",

@@ -1,17 +1,23 @@
 """PS training across hosts against one numpy process in one host's budget (issue 38 part 1).
 
     .venv/bin/python bench/scaling.py [--quick] [--apps mlr,nmf,lasso] [--hosts 1,2,4]
-                                      [--host-cpus 0.3] [--preset small] [--epochs 6] [--repeats 3]
+                                      [--host-cpus 0.3] [--preset small] [--samples N]
+                                      [--epochs 6] [--repeats 3]
 
-The testbed (docs/testbed.md, elastane_cli/testbed_cluster.py): four node hosts, each a network
-namespace whose cgroup holds its NM and every container on it under a CPU budget (`--host-cpus`,
-0.3 core), and a master host with no budget running the RM and an NM labelled `am` that takes
-every AM (the paper setups' master instance). One cluster serves every run; nothing else runs on
-it while a run does.
+The project's one PS-scaling bench: issue 38's figure at its defaults, and the 16-core suite's
+(bench/host_suite.py: MLR on 1, 2, 4 and 8 hosts of 1.5 cores) through the options.
 
-Per app (MLR, NMF, Lasso), the same job -- the app's preset data (`--preset`, the data seed 0),
-`--epochs` fixed epochs (convergence_threshold 1e-12, so no early stop), and the app's default
-hyper-parameters (batch size, clock_batches, learning rate: none set) -- runs as:
+The testbed (docs/testbed.md, elastane_cli/testbed_cluster.py): as many node hosts as the largest
+`--hosts` (four by default), each a network namespace whose cgroup holds its NM and every
+container on it under a CPU budget (`--host-cpus`, 0.3 core), and a master host with no budget
+running the RM and an NM labelled `am` that takes every AM (the paper setups' master instance).
+One cluster serves every run; nothing else runs on it while a run does.
+
+Per app (MLR, NMF, Lasso), the same job -- the app's preset data (`--preset`, the data seed 0;
+`--samples` sets its input rows -- MLR's and Lasso's samples, NMF's users -- the preset's block
+size kept, so every host count trains on the same blocks), `--epochs` fixed epochs
+(convergence_threshold 1e-12, so no early stop), and the app's default hyper-parameters (batch
+size, clock_batches, learning rate: none set) -- runs as:
 - `single`: `python -m psruntime.apps.single_process` (the same mini-batch math on a dense
   in-memory model, one process) inside node1's cgroup, so under the same CPU cap as one host;
 - `ps<n>` for each n in `--hosts`: a PS job of n workers and n servers, one worker + one server on
@@ -30,16 +36,17 @@ either limit (SaturationLimits: 90 % busy, a load of 1 per core) is saturated, l
 `saturated_runs`, and its figures are not to be read as the system's.
 
 Per app, from the medians over repeats: `speedup_2` = ps1 / ps2 epoch time, `speedup_4` = ps1 /
-ps4, `ps1_over_single` = ps1 / single, `speedup_4_over_single` = single / ps4.
-
-bench/ps_scaling.py is the 16-core host's scaling figure (MLR alone, 1-8 hosts, throughput
-against its own 1-host run); this bench puts each app against one numpy process at the 2-core
-machine's 0.3-core budget. Both follow a job with sim calibrate's `run_job`.
+ps4, `ps1_over_single` = ps1 / single, `speedup_4_over_single` = single / ps4 (these four always,
+null where not measured); for any other host count n measured (8 in the 16-core suite)
+`speedup_<n>` and `speedup_<n>_over_single` too; `efficiency` per host count (speedup / n) and
+`rows_per_s` per variant (input rows over the epoch time). A job follows sim calibrate's `run_job`.
 
 Last line, JSON: {"mlr": {"speedup_2", "speedup_4", "ps1_over_single", "speedup_4_over_single",
-"epoch_s", "objective_rel_diff_max", "objectives_within_1pct", "comm_share", "runs": [...]}, "nmf":
-..., "lasso": ..., "saturated_runs": [...], ...}. `--quick` (the tiny presets, 3 epochs, one
-repeat) checks that the bench runs; its figures are dominated by per-epoch overheads.
+"epoch_s", "efficiency", "rows_per_s", "objective_rel_diff_max", "objectives_within_1pct",
+"comm_share", "failed_runs", "runs": [...]}, "nmf": ..., "lasso": ..., "saturated_runs": [...],
+...}; exit 1 if any run failed (its figures are then null, the others still reported). Without
+the testbed it says why on stderr, prints {"error": ...} and exits 2. `--quick` (the tiny presets,
+3 epochs, one repeat) checks that the bench runs; its figures are dominated by per-epoch overheads.
 """
 from __future__ import annotations
 
@@ -55,6 +62,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import msgspec
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
@@ -67,6 +76,8 @@ from elastane_cli.machine_load import MachineMeter, SaturationLimits  # noqa: E4
 from elastane_cli.rm_rest_client import RmRestClient  # noqa: E402
 from elastane_cli.sim_calibrate import AM_MEMORY_MB, run_job  # noqa: E402
 from elastane_cli.testbed_cluster import MASTER, TestbedCluster  # noqa: E402
+from protocol.ps_app_schemas import APP_SCHEMAS  # noqa: E402
+from protocol.ps_job_spec import JobSpecError, validate  # noqa: E402
 
 # bench/harmony_colocation.py's host meter (CPU seconds and link bytes per host), a job's COMM
 # share from its final status, and the one-worker-one-server-per-host placement.
@@ -99,6 +110,29 @@ def ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
     return round(num / den, 3) if num is not None and den else None
 
 
+def data_overrides(app: str, samples: Optional[int]) -> dict[str, int]:
+    """The data spec's fields over the preset's: `samples` input rows, or none."""
+    return {} if samples is None else {APP_SCHEMAS[app].rows_field: samples}
+
+
+def job_spec(app: str, hosts: int, ns: argparse.Namespace) -> dict[str, Any]:
+    """The PS job of `hosts` workers and servers, without its placement (which names the cluster's nodes)."""
+    spec: dict[str, Any] = {"app": app, "preset": ns.preset, "workers": hosts, "servers": hosts,
+                            "max_epochs": ns.epochs, "convergence_threshold": 1e-12,
+                            "executor_memory_mb": EXECUTOR_MB, "heldout_every_epochs": 0}
+    data = data_overrides(app, ns.samples)
+    if data:
+        spec["data"] = data
+    return spec
+
+
+def input_rows(app: str, hosts: int, ns: argparse.Namespace) -> int:
+    """The job's input rows, checking its spec first (JobSpecError: e.g. fewer blocks than workers)."""
+    schema = APP_SCHEMAS[app]
+    data = msgspec.convert(validate(job_spec(app, hosts, ns)).app_data(), schema.spec)   # the spec's defaults filled in
+    return int(getattr(data, schema.rows_field))
+
+
 class RunMeter:
     """One run's hosts (CPU over budget, link bytes) and machine (busy share, load per core)."""
 
@@ -128,7 +162,8 @@ def single_run(cluster: TestbedCluster, app: str, ns: argparse.Namespace) -> dic
     """The single-process baseline inside node1's cgroup (its CPU budget)."""
     meter = RunMeter(cluster, ns.host_cpus)
     argv = [PY, "-m", "psruntime.apps.single_process", "--app", app, "--preset", ns.preset,
-            "--epochs", str(ns.epochs), "--hparams", json.dumps({"convergence_threshold": 1e-12})]
+            "--epochs", str(ns.epochs), "--hparams", json.dumps({"convergence_threshold": 1e-12}),
+            "--spec", json.dumps(data_overrides(app, ns.samples))]
     meter.start()
     r = cluster.testbed.run("node1", argv, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=ns.timeout_s)
     out = meter.stop()
@@ -141,9 +176,7 @@ def single_run(cluster: TestbedCluster, app: str, ns: argparse.Namespace) -> dic
 
 
 async def ps_run_async(cluster: TestbedCluster, app: str, hosts: int, ns: argparse.Namespace) -> dict[str, Any]:
-    spec = {"app": app, "preset": ns.preset, "workers": hosts, "servers": hosts, "max_epochs": ns.epochs,
-            "convergence_threshold": 1e-12, "executor_memory_mb": EXECUTOR_MB, "heldout_every_epochs": 0,
-            "placement": colocation.placement_on(cluster, cluster.node_names[:hosts])}
+    spec = {**job_spec(app, hosts, ns), "placement": colocation.placement_on(cluster, cluster.node_names[:hosts])}
     meter = RunMeter(cluster, ns.host_cpus)
     async with RmRestClient(cluster.rm_url, "bench") as client:
         meter.start()
@@ -156,7 +189,7 @@ async def ps_run_async(cluster: TestbedCluster, app: str, hosts: int, ns: argpar
     status = cluster.final_status(job.app_id)
     history = status.get("objective_history") or []
     comm, _ = colocation.split_of(status)
-    return {**out, "app_id": job.app_id, "epochs": len(history),
+    return {**out, "app_id": job.app_id, "epochs": len(history), "jct_s": job.jct_s,
             "epoch_s": median_after_first([float(e.get("epoch_time_s") or 0.0) for e in history]),
             "objective": history[-1].get("objective") if history else None,
             "comm_share": None if comm is None else round(comm, 3)}
@@ -185,8 +218,9 @@ def ps_run(cluster: TestbedCluster, app: str, hosts: int, ns: argparse.Namespace
         return {"error": f"{type(e).__name__}: {e}"}
 
 
-def summarise(app: str, runs: list[dict[str, Any]], hosts: list[int]) -> dict[str, Any]:
-    """An app's figures: medians over its repeats per variant, the ratios, the objective check."""
+def summarise(app: str, runs: list[dict[str, Any]], hosts: list[int], rows: Optional[int] = None) -> dict[str, Any]:
+    """An app's figures: medians over its repeats per variant, the ratios, the objective check;
+    `rows` (the input rows) gives each variant's rows per second."""
     variants = ["single", *(f"ps{n}" for n in hosts)]
     epoch: dict[str, Optional[float]] = {}
     for v in variants:
@@ -205,9 +239,19 @@ def summarise(app: str, runs: list[dict[str, Any]], hosts: list[int]) -> dict[st
     comm = {v: [r["comm_share"] for r in runs if r["variant"] == v and r.get("comm_share") is not None]
             for v in variants[1:]}
     ps1 = epoch.get("ps1")
-    return {"speedup_2": ratio(ps1, epoch.get("ps2")), "speedup_4": ratio(ps1, epoch.get("ps4")),
-            "ps1_over_single": ratio(ps1, epoch["single"]),
-            "speedup_4_over_single": ratio(epoch["single"], epoch.get("ps4")),
+    out: dict[str, Any] = {"speedup_2": ratio(ps1, epoch.get("ps2")), "speedup_4": ratio(ps1, epoch.get("ps4")),
+                           "ps1_over_single": ratio(ps1, epoch["single"]),
+                           "speedup_4_over_single": ratio(epoch["single"], epoch.get("ps4"))}
+    for n in hosts:             # issue 38 names 2 and 4; any other count only when it was measured
+        if n > 1 and n not in (2, 4):
+            out[f"speedup_{n}"] = ratio(ps1, epoch.get(f"ps{n}"))
+            out[f"speedup_{n}_over_single"] = ratio(epoch["single"], epoch.get(f"ps{n}"))
+
+    def per_host(n: int) -> Optional[float]:
+        e = epoch.get(f"ps{n}")
+        return ratio(ps1, n * e) if e is not None else None
+    return {**out, "efficiency": {f"ps{n}": per_host(n) for n in hosts if n > 1},
+            "rows_per_s": {v: round(rows / e, 1) if rows and e else None for v, e in epoch.items()},
             "epoch_s": epoch, "epoch_s_runs": spread,
             "objective_rel_diff_max": round(max(diffs), 5) if diffs else None,
             "objectives_within_1pct": bool(diffs) and max(diffs) <= OBJECTIVE_TOLERANCE,
@@ -221,22 +265,27 @@ def saturated_runs(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
             for a, rs in runs.items() for r in rs if r.get("saturated")]
 
 
-def main() -> int:
-    unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """The options, checked (exit 2 naming the bad one) before any cluster starts, with `app_list`,
+    `host_list` (sorted) and `rows` (each app's input rows) added."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--apps", default=",".join(APPS))
     p.add_argument("--hosts", default="1,2,4", help="host counts of the PS runs (one worker + one server each)")
     p.add_argument("--host-cpus", type=float, default=0.3, help="each node host's CPU budget in cores")
     p.add_argument("--preset", default=None, help="the apps' data preset (default small; --quick: tiny)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="each app's input rows (MLR/Lasso samples, NMF users; default: the preset's)")
     p.add_argument("--epochs", type=int, default=None, help="fixed epochs per run (default 6; --quick: 3)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 3; --quick: 1)")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per run")
     p.add_argument("--quick", action="store_true", help="development: tiny presets, 3 epochs, one repeat")
-    ns = p.parse_args()
+    ns = p.parse_args(argv)
     ns.preset = ns.preset or ("tiny" if ns.quick else "small")
     ns.epochs = ns.epochs if ns.epochs is not None else (3 if ns.quick else 6)
     ns.repeats = ns.repeats if ns.repeats is not None else (1 if ns.quick else 3)
     apps = [a for a in ns.apps.split(",") if a]
+    if not apps:
+        p.error("--apps: name at least one app")
     try:
         hosts = sorted({int(h) for h in ns.hosts.split(",") if h})
     except ValueError:
@@ -246,11 +295,28 @@ def main() -> int:
             p.error(f"--apps: unknown app {a!r}; known: {', '.join(APPS)}")
     if not hosts or hosts[0] < 1 or 1 not in hosts:
         p.error(f"--hosts must include 1 (the ratios are against one host), got {ns.hosts!r}")
-    if ns.epochs < 2 or ns.repeats < 1 or ns.host_cpus <= 0:
-        p.error("--epochs must be >= 2 (the first is left out), --repeats >= 1, --host-cpus > 0")
+    if ns.epochs < 2 or ns.repeats < 1 or ns.host_cpus <= 0 or (ns.samples is not None and ns.samples < 1):
+        p.error("--epochs must be >= 2 (the first is left out), --repeats >= 1, --host-cpus and --samples > 0")
+    rows: dict[str, int] = {}
+    for a in apps:              # every job's spec checked before a cluster starts
+        try:
+            rows[a] = input_rows(a, hosts[-1], ns)
+        except JobSpecError as e:
+            p.error(f"--preset / --samples / --hosts: the {a} job at {hosts[-1]} hosts is refused: {e}")
+    ns.app_list, ns.host_list, ns.rows = apps, hosts, rows
+    return ns
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    unwind_on_sigterm()   # a SIGTERM stops the cluster this bench started
+    ns = parse_args(argv)
+    apps: list[str] = ns.app_list
+    hosts: list[int] = ns.host_list
+    rows: dict[str, int] = ns.rows
     reason = testbed_hosts.unavailable_reason(sshd=True)
     if reason:
-        print(f"scaling: needs the multi-host testbed: {reason}", file=sys.stderr)
+        print(f"scaling: needs the multi-host testbed (docs/testbed.md): {reason}", file=sys.stderr)
+        print(json.dumps({"error": f"testbed unavailable: {reason}"}))
         return 2
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in apps}
     with tempfile.TemporaryDirectory(prefix="scaling-") as tmp:
@@ -260,7 +326,7 @@ def main() -> int:
                                  nm_expiry_s=60, am_expiry_s=60, heartbeat_interval_ms=500, policy="static",
                                  am_host=True, am_host_memory_mb=AM_MEMORY_MB + 128, am_host_vcores=1)
         try:
-            cluster.start()
+            cluster.start(timeout_s=60.0 + 15.0 * max(hosts))      # 120 s at 4 hosts, 180 at 8
             if not wait_quiet(cluster, ns.host_cpus):
                 log("the node hosts did not go quiet after start-cluster; measuring anyway")
             for rep in range(ns.repeats):
@@ -275,13 +341,14 @@ def main() -> int:
                         log(f"{app} {variant}: {json.dumps(r)}")
         finally:
             cluster.stop()
-    out: dict[str, Any] = {a: summarise(a, rs, hosts) for a, rs in runs.items()}
+    out: dict[str, Any] = {a: summarise(a, rs, hosts, rows[a]) for a, rs in runs.items()}
     out["saturated_runs"] = saturated_runs(runs)
-    out.update(host_cpus=ns.host_cpus, hosts=hosts, preset=ns.preset, epochs=ns.epochs, repeats=ns.repeats,
+    out.update(host_cpus=ns.host_cpus, hosts=hosts, preset=ns.preset, samples=ns.samples, input_rows=rows,
+               epochs=ns.epochs, repeats=ns.repeats,
                quick=ns.quick, cores=os.cpu_count(),
                left_behind=[f"{h}: {x}" for h, xs in cluster.leftovers.items() for x in xs])
     print(json.dumps(out))
-    return 0
+    return 1 if any("error" in r for rs in runs.values() for r in rs) else 0
 
 
 if __name__ == "__main__":

@@ -40,3 +40,13 @@ def test_at_most_eight_files_harmony_first() -> None:
     assert files[0].startswith("1-harmony") and files == sorted(files)
     assert abs(sum(p.share for p in hs.PARTS) - 1.0) < 1e-9
     assert hs.last_json("noise\n{\"a\": 1}\n") == {"a": 1} and hs.last_json("no json") is None
+
+
+def test_every_part_is_a_bench_and_the_scaling_part_passes_its_checks() -> None:
+    assert all((ROOT / "bench" / p.script).is_file() for p in hs.PARTS)
+    sc = load_bench("scaling")
+    part = next(p for p in hs.PARTS if p.name == "ps-scaling")
+    full = sc.parse_args(list(part.args))          # exits 2 (SystemExit) on an option it refuses
+    assert full.host_list == [1, 2, 4, 8] and full.app_list == ["mlr"] and full.rows == {"mlr": 48_000}
+    quick = sc.parse_args(list(part.quick_args))
+    assert quick.host_list == [1, 2] and quick.preset == "tiny" and quick.repeats == 1

@@ -1,14 +1,20 @@
 """bench/scaling.py's arithmetic: epoch medians without the first epoch, the ratios between the
-variants' medians over repeats, each PS run's objective against its repeat's single process,
-failed and saturated runs kept apart."""
+variants' medians over repeats (8 hosts' keys only when measured), each PS run's objective against
+its repeat's single process, failed and saturated runs kept apart; its options checked before a
+cluster starts."""
 from __future__ import annotations
 
+import argparse
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import pytest
 
 from bench_module import load_bench
 
+ROOT = Path(__file__).resolve().parents[2]
 sc = load_bench("scaling")
 
 
@@ -67,3 +73,35 @@ def test_saturated_runs_are_listed_with_why() -> None:
     runs = {"mlr": [run("single", 0, 1.0, saturated=None),
                     run("ps4", 1, 1.0, saturated="machine 97% busy (limit 90%)")]}
     assert sc.saturated_runs(runs) == ["mlr/ps4/repeat2: machine 97% busy (limit 90%)"]
+
+
+def test_other_host_counts_get_their_keys_only_when_measured() -> None:
+    runs = [run("single", 0, 1.0), run("ps1", 0, 1.6), run("ps2", 0, 0.8), run("ps4", 0, 0.5), run("ps8", 0, 0.4)]
+    out = sc.summarise("mlr", runs, [1, 2, 4, 8], rows=48_000)
+    assert out["speedup_8"] == pytest.approx(4.0) and out["speedup_8_over_single"] == pytest.approx(2.5)
+    assert out["efficiency"] == {"ps2": 1.0, "ps4": 0.8, "ps8": 0.5}
+    assert out["rows_per_s"]["ps8"] == pytest.approx(120_000.0) and out["rows_per_s"]["single"] == 48_000.0
+    issue_38 = sc.summarise("mlr", runs[:4], [1, 2, 4])
+    assert "speedup_8" not in issue_38 and "speedup_8_over_single" not in issue_38
+    assert issue_38["rows_per_s"]["ps4"] is None             # no row count given
+    only_two = sc.summarise("mlr", runs[:3], [1, 2])
+    assert only_two["speedup_4"] is None and only_two["speedup_4_over_single"] is None   # issue 38's keys stay
+
+
+def test_samples_set_each_apps_input_rows_and_a_job_with_too_few_blocks_is_refused() -> None:
+    ns = argparse.Namespace(preset="small", epochs=3, samples=48_000)
+    assert sc.data_overrides("nmf", 48_000) == {"num_users": 48_000} and sc.data_overrides("mlr", None) == {}
+    assert sc.input_rows("mlr", 8, ns) == 48_000
+    assert sc.input_rows("lasso", 4, argparse.Namespace(preset="small", epochs=3, samples=None)) == 50_000
+    with pytest.raises(ValueError, match="input blocks"):
+        sc.input_rows("mlr", 8, argparse.Namespace(preset="small", epochs=3, samples=4000))   # 2 blocks
+
+
+def test_bad_options_are_refused_before_any_cluster_starts() -> None:
+    for argv, what in ((["--samples", "0"], "--samples"), (["--hosts", "2,4"], "must include 1"),
+                       (["--apps", "mlr,lda"], "unknown app 'lda'"),
+                       (["--apps", "mlr", "--hosts", "1,16", "--quick"], "16 workers")):
+        r = subprocess.run([sys.executable, str(ROOT / "bench" / "scaling.py"), *argv], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2 and what in r.stderr, (argv, r.stderr[-500:])
+        assert "[scaling]" not in r.stderr                     # nothing ran
