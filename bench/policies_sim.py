@@ -108,6 +108,15 @@ def jct_gain(results: dict[str, SimResult], base: str, new: str) -> Optional[flo
     return ratio(statistics.fmean(jb), statistics.fmean(jn)) if jb else None
 
 
+def over_bound_of(rows: dict[str, Row], policy: str, bound_jct: float) -> Optional[float]:
+    """The bound's mean JCT over the policy's; None when the run left a job unfinished (the bound
+    covers every job, the run's mean only the finished ones)."""
+    r = rows.get(policy)
+    if r is None or r["unfinished"]:
+        return None
+    return over_bound(bound_jct, r["mean_jct_s"])
+
+
 def extrapolated_share(result: SimResult) -> Optional[float]:
     """The share of the run's jobs that trained at a shape beyond their app's measured calibration
     range (sim/simulator.py's SimResult.extrapolated_job_share; None where the simulator does not
@@ -209,7 +218,7 @@ def default_run(ns: argparse.Namespace) -> dict[str, Any]:
         rows = {k: row(v) for k, v in results.items()}
         for name, r in rows.items():     # each policy against DRF and against the bound
             r["jct_gain_vs_drf"] = jct_gain(results, "drf", name)
-            r["jct_over_bound"] = over_bound(bound.mean_jct_s, r["mean_jct_s"])
+            r["jct_over_bound"] = over_bound_of(rows, name, bound.mean_jct_s)
         per_seed.append({"seed": seed, "offered_load": round(ct.offered_load, 3), "policies": rows,
                          "bound": bound.to_json(), "gains": gains_default(results, rows, bound.mean_jct_s)})
     shares = [r["extrapolated_job_share"] for p in per_seed for r in p["policies"].values()]
@@ -241,9 +250,9 @@ def gains_default(results: dict[str, SimResult], rows: dict[str, Row], bound_jct
         "optimus_jct_gain_vs_static": jct_gain(results, "static", "optimus"),
         "drf_jct_gain_vs_static": jct_gain(results, "static", "drf"),
         # the clairvoyant bound's mean JCT over the policy's (<= 1; 1 = the bound met), sim/bounds.py
-        "optimus_jct_over_bound": over_bound(bound_jct, get(rows, "optimus", "mean_jct_s")),
-        "optimus_truth_jct_over_bound": over_bound(bound_jct, get(rows, OPTIMUS_TRUTH, "mean_jct_s")),
-        "drf_jct_over_bound": over_bound(bound_jct, get(rows, "drf", "mean_jct_s")),
+        "optimus_jct_over_bound": over_bound_of(rows, "optimus", bound_jct),
+        "optimus_truth_jct_over_bound": over_bound_of(rows, OPTIMUS_TRUTH, bound_jct),
+        "drf_jct_over_bound": over_bound_of(rows, "drf", bound_jct),
         # Optimus's rule with true curves (sim/optimus_truth.py, not a bound) over Optimus
         "optimus_jct_over_truth": jct_gain(results, OPTIMUS_TRUTH, "optimus"),
         "dorm_util_gain_vs_static": ratio(get(rows, "dorm", "mean_utilization"), get(rows, "static", "mean_utilization")),
@@ -308,8 +317,8 @@ def gains_optimus(results: dict[str, SimResult], rows: dict[str, Row], bound_jct
         "optimus_jct_gain_vs_tetris": jct_gain(results, "tetris", "optimus"),
         "optimus_makespan_gain_vs_tetris": ratio(get(rows, "tetris", "makespan_s"), get(rows, "optimus", "makespan_s")),
         "drf_makespan_h": None if mk is None else round(mk / 3600.0, 2),
-        "optimus_jct_over_bound": over_bound(bound_jct, get(rows, "optimus", "mean_jct_s")),
-        "optimus_truth_jct_over_bound": over_bound(bound_jct, get(rows, OPTIMUS_TRUTH, "mean_jct_s")),
+        "optimus_jct_over_bound": over_bound_of(rows, "optimus", bound_jct),
+        "optimus_truth_jct_over_bound": over_bound_of(rows, OPTIMUS_TRUTH, bound_jct),
         "optimus_jct_over_truth": jct_gain(results, OPTIMUS_TRUTH, "optimus"),
         "optimus_truth_jct_gain_vs_drf": jct_gain(results, "drf", OPTIMUS_TRUTH),
     }
