@@ -415,7 +415,7 @@ class Testbed:
                 continue
             # A zombie has ended (only its exit status waits for a reaper, which on a machine whose
             # init is slow to reap can take a while): nothing of it runs any more.
-            if _is_sshd(pid) or _state(pid) in ("Z", ""):
+            if _is_sshd(pid) or _state(pid) in ("Z", "X", "") or _exiting(pid):
                 continue
             out.append(pid)
         return out
@@ -559,6 +559,16 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
+
+
+def _exiting(pid: int) -> bool:
+    """A process in exit whose memory is already released (its cmdline reads empty; the kernel
+    shows that only for kernel threads, which no host's pid list holds, and processes past
+    exit_mm): it has ended but not yet reached Z, as seen on a loaded machine after stop-cluster."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes() == b""
+    except OSError:
+        return True
 
 
 def _is_sshd(pid: int) -> bool:
