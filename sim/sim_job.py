@@ -623,6 +623,11 @@ class SimJob:
             self._report.speed_iterations = max(0, self.iterations - self.iterations_at_reshape)
             self._report.early_feedback = self.iterations >= self.early_feedback_iterations
             self._report.clock_objectives = self.clock_objectives()
+            # A change starts and ends between epochs: a stale `changing` made a job carrying out a
+            # reshape look idle to the policies and the queue reclaim (which then shrank it anyway).
+            self._report.changing = self.phase == Phase.RESHAPING or self.change is not None
+            self._report.phase = self.phase.value
+            self._report.directive_version = self.tracker.applied_version
             return self._report
         w, s = self.active
         epoch_s = self.epoch_s if w >= 1 and s >= 1 else 0.0
