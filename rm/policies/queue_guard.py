@@ -10,6 +10,13 @@ and moves that add nothing pass untouched; a job's growth that is cut is trimmed
 servers, one at a time from the role it adds more of; from the nodes holding most), or dropped when trimming cannot bring it
 within its room (the job keeps its current directive).
 
+A job in a queue the reclaim takes from (its `reclaim` positive) while another queue is owed only
+gives back: no growth, no move. A shrink that also moves executors becomes the same shrink done
+by removal alone (its placement: the executors it holds, less those removed), and a move that
+frees nothing is dropped. A move needs new containers first, and in a full cluster it waits for
+room -- up to the AM's launch timeout, minutes -- with the job `changing` all along, which the
+reclaim's live shrink has to wait for (measured in the simulator with optimus, docs/preemption.md).
+
 It runs after every policy's decide (rm/reclaim_runner.py), so no policy needs to know queues.
 """
 from __future__ import annotations
@@ -81,6 +88,26 @@ def _trim(jd: JobDecision, cur: tuple[int, int], by: int) -> Optional[JobDecisio
                        jd.executor_resource)
 
 
+def removal_only(app: AppView, jd: JobDecision) -> Optional[JobDecision]:
+    """`jd` carried out by removing executors only: itself when it moves nothing (no placement, or
+    one within what each node holds now), else the same counts placed where the job's executors
+    are, less those removed (from the nodes holding most); None when it adds to a role."""
+    w, s = held_shape(app)
+    if jd.run_state == RunState.PAUSE:
+        return jd
+    if jd.workers > w or jd.servers > s:
+        return None
+    holds = {p.node: (p.workers, p.servers) for p in app.executors}
+    if all(p.workers <= holds.get(p.node, (0, 0))[0] and p.servers <= holds.get(p.node, (0, 0))[1]
+           for p in jd.placement):
+        return jd
+    try:
+        placement = trim_placement(app.executors, w - jd.workers, s - jd.servers)
+    except ValueError:
+        return None
+    return JobDecision(jd.workers, jd.servers, placement, jd.group, jd.run_state, jd.reason, jd.executor_resource)
+
+
 def guard_decision(decision: Decision, snapshot: ClusterSnapshot, shares: Mapping[str, QueueShare],
                    held: Callable[[str], bool] = lambda app_id: False) -> tuple[Decision, list[GuardCut]]:
     """The Decision with growth into owed capacity (and growth of held jobs) cut; and the cuts."""
@@ -92,6 +119,7 @@ def guard_decision(decision: Decision, snapshot: ClusterSnapshot, shares: Mappin
     freed: dict[str, Resource] = {}         # per queue: what this Decision's shrinks give back
     grows: list[tuple[AppView, JobDecision, tuple[int, int], Resource]] = []
     out: dict[str, JobDecision] = {}
+    cuts: list[GuardCut] = []
     for app_id, jd in decision.jobs.items():
         app = apps.get(app_id)
         if app is None or app.ps is None or app.queue not in shares:
@@ -100,13 +128,26 @@ def guard_decision(decision: Decision, snapshot: ClusterSnapshot, shares: Mappin
         cur = current_shape(app)
         net = sum(_target(jd)) - sum(cur)
         e = jd.executor_resource or executor_size(app)
+        share = shares[app.queue]
+        if (share.reclaim.memory > 0 or share.reclaim.vcores > 0) and owed_to_others(shares, app.queue) != ZERO:
+            # Its queue is being reclaimed from: the job only gives back (see the module docstring).
+            removal = removal_only(app, jd)
+            if removal is None or sum(_target(removal)) >= sum(held_shape(app)):
+                if not jd.same_as(app.directive):
+                    cuts.append(GuardCut(app_id, (jd.workers, jd.servers), None,
+                                         "its queue is over its share while another queue is owed: it only gives back"))
+                continue
+            if removal is not jd:
+                cuts.append(GuardCut(app_id, (jd.workers, jd.servers), (removal.workers, removal.servers),
+                                     "its queue is over its share while another queue is owed: by removal only"))
+            out[app_id] = removal
+            continue
         if net <= 0:
             out[app_id] = jd
             if net < 0:
                 freed[app.queue] = freed.get(app.queue, ZERO) + e.scale(-net)
             continue
         grows.append((app, jd, cur, e))
-    cuts: list[GuardCut] = []
     taken = ZERO        # of `free`, granted to growths so far
     for app, jd, cur, e in sorted(grows, key=lambda g: (g[0].submit_time, g[0].app_id)):
         net = sum(_target(jd)) - sum(cur)
@@ -140,4 +181,4 @@ def guard_decision(decision: Decision, snapshot: ClusterSnapshot, shares: Mappin
     return Decision(out), cuts
 
 
-__all__ = ["GuardCut", "current_shape", "guard_decision"]
+__all__ = ["GuardCut", "current_shape", "guard_decision", "removal_only"]

@@ -17,7 +17,10 @@ Each round (YARN's ProportionalCapacityPreemptionPolicy, with the shrink in fron
      started and is above its minimum shape gets a directive to shrink toward that minimum (EPS
      removes workers first, then servers, live); anything that cannot shrink -- a plain YARN app,
      a PS job at its minimum, every job in "kill" mode -- has its latest containers named in a
-     preemption message and killed after the grace period unless the AM gives them back.
+     preemption message and killed after the grace period unless the AM gives them back. A PS job
+     that cannot take a directive now (starting, reshaping, paused) is passed over for up to
+     `max_wait_before_kill` -- its own change may end first -- and then treated as a job that
+     did not carry its shrink out: its executors over the shrink's target are named.
   3. A job shrunk here is held: no policy grows it for `hold_rounds` rounds (queue_guard.py).
      After that, once no queue is over its share or owed anything and the free room holds it, the
      job gets the shape it had before back (a directive, as YARN's AMs ask again for what was
@@ -175,6 +178,10 @@ class ReclaimBook:
     held_until: Mapping[str, int] = field(default_factory=dict)
     # The shape each shrunk job had before its first shrink: given back once no queue waits.
     restore: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # Since when each victim has been passed over, round after round, as unable to shrink now
+    # (a change of its own running: a relocation waiting for room in a full cluster can hold a
+    # job `changing` until its AM's launch timeout, minutes). Past the grace it is warned instead.
+    stalled: Mapping[str, float] = field(default_factory=dict)
 
     def held(self, app_id: str) -> bool:
         """No policy may grow this job this round (it was shrunk for another queue lately)."""
@@ -317,6 +324,32 @@ def _fmt(r: Resource) -> str:
     return f"<memory:{r.memory}, vCores:{r.vcores}>"
 
 
+def _name_over(containers: Iterable[ContainerView], workers: int, servers: int) -> list[ContainerView]:
+    """The latest `workers` worker and `servers` server containers (by tag), latest allocated first."""
+    over = {"worker": workers, "server": servers}
+    named: list[ContainerView] = []
+    for c in sorted(containers, key=lambda c: (-c.allocated_at, c.container_id)):
+        role = "server" if c.tag == "server" else "worker"
+        if over[role] > 0:
+            over[role] -= 1
+            named.append(c)
+    return named
+
+
+def _shrink_target(app: AppView, need: Resource) -> Optional[tuple[tuple[int, int], tuple[int, int], Resource]]:
+    """(from, to, what it frees): `app` shrunk toward its minimum shape, workers first, by as many
+    executors as cover `need`; None when it is at its minimum already."""
+    assert app.ps is not None
+    w, s = held_shape(app)
+    removable = (max(0, w - app.ps.min_workers), max(0, s - app.ps.min_servers))
+    if removable == (0, 0):
+        return None
+    e = executor_size(app)
+    k = min(max(1, executors_to_cover(need, e)), removable[0] + removable[1])
+    rw = min(k, removable[0])
+    return (w, s), (w - rw, s - (k - rw)), e.scale(k)
+
+
 # ----- the round --------------------------------------------------------------------------------
 
 def _advance(t: ReclaimTarget, app: Optional[AppView], inputs: ReclaimInputs, shares: Mapping[str, QueueShare],
@@ -339,13 +372,7 @@ def _advance(t: ReclaimTarget, app: Optional[AppView], inputs: ReclaimInputs, sh
             return t
         # The job did not carry the shrink out in time: name the executors over the target.
         state = TRANSITIONS.next(t.state, ReclaimEvent.GRACE_EXPIRED)
-        over = {"worker": max(0, w - t.to_shape[0]), "server": max(0, s - t.to_shape[1])}
-        named: list[ContainerView] = []
-        for c in sorted(held.values(), key=lambda c: (-c.allocated_at, c.container_id)):
-            role = "server" if c.tag == "server" else "worker"
-            if over[role] > 0:
-                over[role] -= 1
-                named.append(c)
+        named = _name_over(held.values(), max(0, w - t.to_shape[0]), max(0, s - t.to_shape[1]))
         reason = f"{t.reason}; the shrink directive was not carried out within {settings.max_wait_before_kill_s:g} s"
         if not named:
             TRANSITIONS.next(state, ReclaimEvent.RELEASED)
@@ -384,6 +411,7 @@ def reclaim_round(book: ReclaimBook, inputs: ReclaimInputs, settings: ReclaimSet
                           natural_termination_factor=settings.natural_termination_factor)
     apps = {a.app_id: a for a in inputs.snapshot.apps}
     held_until = {a: r for a, r in book.held_until.items() if r >= rnd and a in apps}
+    stalled: dict[str, float] = {}      # victims passed over this round (kept only while they are)
     restore = dict(book.restore)
     warnings: dict[str, PreemptionWarning] = {}
     kills: dict[str, tuple[str, ...]] = {}
@@ -409,7 +437,10 @@ def reclaim_round(book: ReclaimBook, inputs: ReclaimInputs, settings: ReclaimSet
                     break
                 why = (f"queue {share.name} holds {_fmt(share.used)}, over its ideal share {_fmt(share.ideal)} "
                        f"(guaranteed {_fmt(share.guaranteed)}), while other queues wait for their guarantee")
-                opened = _open(app, need, share.name, why, settings, inputs, now)
+                opened = _open(app, need, share.name, why, settings, inputs, now, book.stalled.get(app.app_id))
+                if isinstance(opened, float):
+                    stalled[app.app_id] = opened
+                    continue
                 if opened is None:
                     continue
                 targets[app.app_id] = opened
@@ -422,9 +453,9 @@ def reclaim_round(book: ReclaimBook, inputs: ReclaimInputs, settings: ReclaimSet
                 else:
                     by_id = {c.container_id: c for c in inputs.containers.get(app.app_id, ())}
                     warnings[app.app_id] = PreemptionWarning(tuple(by_id[c] for c in opened.containers),
-                                                             opened.deadline, why)
+                                                             opened.deadline, opened.reason)
     restores = _restores(restore, apps, targets, held_until, shares, inputs, rnd) if settings.mode != "off" else {}
-    return ReclaimOutcome(ReclaimBook(rnd, targets, held_until, restore), shares, shrinks, warnings, kills,
+    return ReclaimOutcome(ReclaimBook(rnd, targets, held_until, restore, stalled), shares, shrinks, warnings, kills,
                           tuple(done), restores)
 
 
@@ -469,21 +500,28 @@ def _restores(restore: dict[str, tuple[int, int]], apps: Mapping[str, AppView], 
 
 
 def _open(app: AppView, need: Resource, queue: str, why: str, settings: ReclaimSettings, inputs: ReclaimInputs,
-          now: float) -> Optional[ReclaimTarget]:
-    """A new target taking up to `need` from `app`: a shrink where it can, else named containers."""
+          now: float, stalled_since: Optional[float] = None) -> Optional[ReclaimTarget] | float:
+    """A new target taking up to `need` from `app`: a shrink where it can, else named containers.
+    A float: the job cannot take a shrink now and has been passed over since then (no target yet)."""
     deadline = now + settings.max_wait_before_kill_s
     if settings.mode == "shrink" and app.ps is not None:
-        w, s = held_shape(app)
-        removable = (max(0, w - app.ps.min_workers), max(0, s - app.ps.min_servers))
-        if removable != (0, 0):
-            if not _shrinkable(app):
-                return None     # starting, reshaping or paused: asked again next round, not killed
-            e = executor_size(app)
-            k = min(max(1, executors_to_cover(need, e)), removable[0] + removable[1])
-            rw = min(k, removable[0])
-            to = (w - rw, s - (k - rw))
-            return ReclaimTarget(app.app_id, queue, ReclaimState.SHRINKING, now, deadline, e.scale(k), why,
-                                 (w, s), to)
+        shrink = _shrink_target(app, need)
+        if shrink is not None:
+            frm, to, amount = shrink
+            if _shrinkable(app):
+                return ReclaimTarget(app.app_id, queue, ReclaimState.SHRINKING, now, deadline, amount, why, frm, to)
+            since = now if stalled_since is None else stalled_since
+            if now - since < settings.max_wait_before_kill_s:
+                return since    # starting, reshaping or paused: its own change may end first
+            # Passed over for the whole grace (YARN bounds how long an owed queue waits): as a job
+            # that did not carry its shrink out, its executors over the shrink's target are named.
+            named_over = _name_over(inputs.containers.get(app.app_id, ()), frm[0] - to[0], frm[1] - to[1])
+            if not named_over:
+                return None
+            return ReclaimTarget(app.app_id, queue, ReclaimState.WARNED, now, deadline,
+                                 sum((c.resource for c in named_over), ZERO),
+                                 f"{why}; it could not take a shrink directive (reshaping, starting or paused) "
+                                 f"for {now - since:g} s", containers=tuple(c.container_id for c in named_over))
         # At its minimum: only a kill takes more from it.
     named: list[ContainerView] = []
     got = ZERO

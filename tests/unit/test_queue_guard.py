@@ -7,15 +7,15 @@ from typing import Optional
 
 import pytest
 
-from protocol.internal_api import NodePlacement, ShapeDirective
+from protocol.internal_api import NodePlacement, RunState, ShapeDirective
 from protocol.job_report import EpochObjective, JobReport
-from protocol.records import ZERO, AppState, Resource
+from protocol.records import ZERO, AppState, NodeState, Resource
 from rm.policies import AppView, ClusterSnapshot, Decision, DormPolicy, JobDecision, NodeView, OptimusPolicy, Policy
 from rm.policies import ps_job_view
 from rm.policies.queue_guard import guard_decision
 from rm.policies.queue_reclaim import (ContainerView, QueueView, ReclaimBook, ReclaimInputs, ReclaimSettings,
                                        check_book, queue_demands, reclaim_round)
-from rm.policies.queue_shares import ideal_shares
+from rm.policies.queue_shares import QueueShare, ideal_shares
 
 E = Resource(1024, 1)
 AM = Resource(1024, 1)
@@ -61,12 +61,12 @@ def snapshot(apps: list[AppView]) -> ClusterSnapshot:
             used[node] = used[node] + r
         if a.am_node:
             used[a.am_node] = used[a.am_node] + a.am_resource
-    views = tuple(NodeView(n, "/r", "RUNNING", Resource(8192, 8), used[n]) for n in NODES)
+    views = tuple(NodeView(n, "/r", NodeState.RUNNING, Resource(8192, 8), used[n]) for n in NODES)
     return ClusterSnapshot(now=100.0, total=Resource(16384, 16), used=sum(used.values(), ZERO), nodes=views,
                            apps=tuple(apps))
 
 
-def shares(snap: ClusterSnapshot):  # type: ignore[no-untyped-def]
+def shares(snap: ClusterSnapshot) -> dict[str, QueueShare]:
     return ideal_shares(snap.total, queue_demands(ReclaimInputs(snap, QUEUES)))
 
 
@@ -82,21 +82,57 @@ def test_growth_into_capacity_another_queue_is_owed_is_cut() -> None:
     assert [(c.app_id, c.granted) for c in cuts] == [("a1", (3, 3))]
 
 
-def test_shrinks_in_the_same_queue_pay_for_its_growth_and_placements_stay_whole() -> None:
-    snap = snapshot([job("a1", "a", 1.0, (2, 1)), job("a2", "a", 1.5, (4, 2)),
+def test_shrinks_in_the_same_queue_pay_for_its_growth_only_where_the_queue_is_not_reclaimed() -> None:
+    # a within its ideal share, the 8 free all owed to b: a1 may grow only by what a2 gives back.
+    snap = snapshot([job("a1", "a", 1.0, (2, 1)), job("a2", "a", 1.5, (2, 1)),
                      job("b1", "b", 2.0, (0, 0), started=False, submitted=(6, 2))])
     sh = shares(snap)
-    # The 5 free are owed to b (9): a1 may grow only by the 4 a2 gives back, 3 -> 7 not 8.
-    assert sh["b"].owed.vcores > 5
-    grow = JobDecision.spread(6, 2, list(NODES))
+    assert sh["a"].reclaim == ZERO and sh["b"].owed.vcores == 8
+    grow = JobDecision.spread(4, 2, list(NODES))
     guarded, cuts = guard_decision(Decision({"a2": JobDecision(1, 1), "a1": grow}), snap, sh)
     assert guarded.jobs["a2"] == JobDecision(1, 1)
     g = guarded.jobs["a1"]
-    assert (g.workers, g.servers) == (5, 2) and sum(p.workers + p.servers for p in g.placement) == 7
+    assert g.workers + g.servers == 4 and sum(p.workers + p.servers for p in g.placement) == 4
     assert [c.app_id for c in cuts] == ["a1"]
     # Growth the shrink pays for in full passes untouched.
-    fits = JobDecision.spread(5, 2, list(NODES))
+    fits = JobDecision.spread(3, 1, list(NODES))
     assert guard_decision(Decision({"a2": JobDecision(1, 1), "a1": fits}), snap, sh)[0].jobs["a1"] == fits
+    # a over its ideal share (a2 holds 4 + 2): what a2 gives back is owed to b, so a1 does not grow.
+    snap = snapshot([job("a1", "a", 1.0, (2, 1)), job("a2", "a", 1.5, (4, 2)),
+                     job("b1", "b", 2.0, (0, 0), started=False, submitted=(6, 2))])
+    sh = shares(snap)
+    assert sh["a"].reclaim != ZERO
+    guarded, cuts = guard_decision(Decision({"a2": JobDecision(1, 1), "a1": grow}), snap, sh)
+    assert guarded.jobs == {"a2": JobDecision(1, 1)}
+    assert [(c.app_id, c.granted) for c in cuts] == [("a1", None)] and "only gives back" in cuts[0].reason
+
+
+def test_a_job_in_a_queue_being_reclaimed_only_gives_back_by_removal() -> None:
+    """A move (new containers first) would keep the job `changing` -- in a full cluster until its AM's
+    launch timeout -- and the reclaim's live shrink waits for that; so while its queue is over its
+    share and another is owed, a job is neither moved nor grown, and a shrink only removes."""
+    a1 = job("a1", "a", 1.0, (8, 4), directive=ShapeDirective(workers=8, servers=4, version=1))
+    assert a1.executors == (NodePlacement(node=NODES[0], workers=7, servers=0),
+                            NodePlacement(node=NODES[1], workers=1, servers=4))
+    snap = snapshot([a1, job("b1", "b", 2.0, (0, 0), started=False, submitted=(6, 2))])
+    sh = shares(snap)
+    assert sh["a"].reclaim != ZERO and sh["b"].owed != ZERO
+    move = JobDecision.spread(8, 4, list(NODES))
+    guarded, cuts = guard_decision(Decision({"a1": move}), snap, sh)
+    assert guarded.jobs == {} and [(c.app_id, c.granted) for c in cuts] == [("a1", None)]
+    # A shrink that would put a server on n0 (full of a1's workers): the same counts, removed where they are.
+    moving_shrink = JobDecision(6, 2, (NodePlacement(node=NODES[0], workers=3, servers=1),
+                                       NodePlacement(node=NODES[1], workers=3, servers=1)))
+    guarded, cuts = guard_decision(Decision({"a1": moving_shrink}), snap, sh)
+    assert guarded.jobs["a1"] == JobDecision(6, 2, (NodePlacement(node=NODES[0], workers=5, servers=0),
+                                                    NodePlacement(node=NODES[1], workers=1, servers=2)))
+    assert [(c.app_id, c.granted) for c in cuts] == [("a1", (6, 2))]
+    # A shrink that moves nothing passes untouched; so does a pause.
+    for d in (JobDecision(4, 2), JobDecision(0, 0, run_state=RunState.PAUSE)):
+        assert guard_decision(Decision({"a1": d}), snap, sh) == (Decision({"a1": d}), [])
+    # With nobody owed anything, the move passes.
+    alone = snapshot([a1])
+    assert guard_decision(Decision({"a1": move}), alone, shares(alone)) == (Decision({"a1": move}), [])
 
 
 def test_nothing_owed_nothing_cut_and_a_held_job_is_not_grown() -> None:

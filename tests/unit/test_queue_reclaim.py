@@ -161,6 +161,30 @@ def test_a_jobs_not_started_or_reshaping_are_left_for_a_later_round() -> None:
     assert out.book.targets == {} and out.kills == {}
 
 
+def test_a_job_reshaping_through_the_grace_period_is_warned_as_one_that_ignores_its_shrink() -> None:
+    """A job whose own change does not end (a relocation waiting for room in a full cluster holds it
+    `changing` until its AM's launch timeout) is passed over for the grace period only; then its
+    executors over the shrink's target are named and killed after a second grace, as for a job
+    that did not carry its shrink out -- the owed queue does not wait on the job's own change."""
+    busy = replace(ps_app("a1", "a", 1.0, 6, 2), shape=JobReport(workers=6, servers=2, started=True, changing=True))
+    first = run(ReclaimBook(), inputs(busy, B_JOB), now=100.0)
+    assert first.book.targets == {} and first.book.stalled == {"a1": 100.0}
+    assert run(first.book, inputs(busy, B_JOB), now=114.0).book.targets == {}
+    warned = run(run(first.book, inputs(busy, B_JOB), now=114.0).book, inputs(busy, B_JOB), now=115.0)
+    t = warned.book.targets["a1"]
+    # b is owed 4 executors: the shrink would take 6 + 2 to 2 + 2, so the 4 latest workers are named.
+    assert t.state == ReclaimState.WARNED and t.deadline == 130.0 and "a1" not in warned.book.stalled
+    assert t.containers == ("a1_c5", "a1_c4", "a1_c3", "a1_c2") and warned.shrinks == {}
+    assert [c.container_id for c in warned.warnings["a1"].containers] == list(t.containers)
+    assert run(warned.book, inputs(busy, B_JOB), now=130.0).kills == {"a1": t.containers}
+    # A job whose change ends within the grace gets the live shrink, and its stall is forgotten.
+    settled = run(first.book, inputs(ps_app("a1", "a", 1.0, 6, 2), B_JOB), now=110.0)
+    assert settled.shrinks["a1"].workers == 2 and settled.book.stalled == {}
+    # So is a stall that is no longer needed: the clock starts again when it is.
+    gone = run(first.book, inputs(busy), now=110.0)
+    assert gone.book.stalled == {} and run(gone.book, inputs(busy, B_JOB), now=116.0).book.targets == {}
+
+
 def test_a_warning_no_longer_needed_is_cancelled() -> None:
     p = plain_app("p1", "a", 5.0, 8)
     out = run(ReclaimBook(), inputs(p, B_JOB), now=10.0)
