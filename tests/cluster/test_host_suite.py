@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.cluster,
 def outside_tmp() -> Iterator[Path]:
     """A dir the testbed hosts see too (each host mounts its own /tmp; the project is shared):
     under the project's ignored build/."""
+    (ROOT / "build").mkdir(exist_ok=True)     # a fresh clone has no build/
     d = Path(tempfile.mkdtemp(prefix="host-suite-test-", dir=ROOT / "build"))
     try:
         yield d

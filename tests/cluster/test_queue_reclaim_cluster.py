@@ -39,9 +39,14 @@ QUEUES = [{"name": "a", "capacity": 45.0, "max_capacity": 100.0},
           {"name": "c", "capacity": 10.0, "max_capacity": 100.0, "disable_preemption": True}]
 RM_CONF = {"preemption": "shrink", "preemption_natural_termination_factor": 1.0,
            "preemption_max_wait_before_kill_s": 8.0, "preemption_hold_rounds": 60}
+# A's job must still train when b's arrives and its shrink lands: at the tiny preset's 4,000 rows its
+# 60 epochs took 2.5 s on a quiet machine and ended before b's AM started (the room came from its
+# end, not a shrink). Ten times the rows make an epoch ~0.4 s at 4 workers (bench/queue_reclaim.py's
+# default), so the run outlasts b's start by tens of seconds even on a quiet host.
 A_SPEC: dict[str, Any] = {"app": "mlr", "workers": 4, "servers": 2, "min_workers": 1, "min_servers": 1,
                           "max_epochs": 60, "convergence_threshold": 1e-12, "checkpoint_every_epochs": 0,
-                          "hparams": {"learning_rate": 0.5}, "executor_memory_mb": 320, "audit_updates": True}
+                          "hparams": {"learning_rate": 0.5}, "executor_memory_mb": 320, "audit_updates": True,
+                          "data": {"num_samples": 40_000}}
 B_SPEC: dict[str, Any] = {"app": "mlr", "workers": 2, "servers": 1, "max_epochs": 2, "convergence_threshold": 1e-12,
                           "executor_memory_mb": 320}
 
