@@ -375,11 +375,7 @@ class WatchedApp:
 
 
 def am_post_mortem(c: TestbedCluster, app_id: str) -> str:
-    out = []
-    for h in c.testbed.hosts:
-        for f in sorted((h.tmp_dir / "elastane" / "nm" / "logs" / app_id).glob("container_*_000001/stderr")):
-            out += [f"--- {h.name}: {f}", *f.read_text(errors="replace").splitlines()[-25:]]
-    return "\n".join(out)
+    return "\n".join(c.am_logs(app_id, lines=25))
 
 
 def am_loss_once(base: Path, job_spec: dict[str, Any], kill_epoch: int, rep: int) -> tuple[dict[str, Any], list[str]]:

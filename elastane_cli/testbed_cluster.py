@@ -254,6 +254,15 @@ class TestbedCluster:
             return {}
         return st if isinstance(st, dict) else {}
 
+    def am_logs(self, app_id: str, lines: int = 40) -> list[str]:
+        """The tail of the stderr of the app's AM containers (every attempt), on whichever host
+        ran them and is still there, each headed by its host and path."""
+        out: list[str] = []
+        for h in self.testbed.hosts:
+            for log in sorted((h.tmp_dir / "elastane" / "nm" / "logs" / app_id).glob("container_*_000001/stderr")):
+                out += [f"--- {h.name}: {log}", *log.read_text(errors="replace").splitlines()[-lines:]]
+        return out
+
     def logs(self, lines: int = 40) -> str:
         """The tail of every daemon log on every host (they are in the hosts' own /tmp)."""
         out = []

@@ -100,9 +100,7 @@ def post_mortem(c: TestbedCluster, app_id: str) -> str:
         out.append(f"{app_id}: {app['state']}/{app.get('finalStatus')}: {app.get('diagnostics')}")
     except Exception as e:  # noqa: BLE001 - the RM may be what failed
         out.append(f"{app_id}: no report ({e})")
-    for h in c.testbed.hosts:
-        for log in sorted((h.tmp_dir / "elastane" / "nm" / "logs" / app_id).glob("container_*_000001/stderr")):
-            out += [f"--- {h.name}: {log}", *log.read_text(errors="replace").splitlines()[-40:]]
+    out += c.am_logs(app_id)
     return "\n".join(out) + "\n" + c.logs(20)
 
 

@@ -86,9 +86,7 @@ def post_mortem(c: S3TestbedCluster, app_id: str) -> str:
             out += ["--- S3:", *c.s3.filesystem().find(f"{BUCKET}/checkpoints/{app_id}")]
         except Exception as e:  # noqa: BLE001 - the server may be what failed
             out.append(f"--- S3: cannot list: {e}")
-    for h in c.testbed.hosts:
-        for log in sorted((h.tmp_dir / "elastane" / "nm" / "logs" / app_id).glob("container_*_000001/stderr")):
-            out += [f"--- {h.name}: {log}", *log.read_text(errors="replace").splitlines()[-40:]]
+    out += c.am_logs(app_id)
     return "\n".join(out) + "\n" + c.logs(20)
 
 
