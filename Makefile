@@ -11,7 +11,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench,lint,s3]'
+	$(PY) -m pip install -q -e '.[test,bench,lint,s3,ha]'
 	touch $(STAMP)
 
 test: $(STAMP)
