@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, TextIO
 
 import aiohttp
-import msgspec
 
 from protocol import tokens
 from protocol.http_client import JsonHttpClient, RemoteError
+from protocol.json_types import JsonObject, JsonValue, json_float, json_int
 from protocol.ps_status import PsStatus, decode_status
 
 from . import app_commands, container_logs, ps_commands, ps_reports
@@ -270,10 +270,7 @@ async def narrate_cruise(client: RmRestClient, app_id: str, out: TextIO) -> None
     try:
         while True:
             st = await _am_status(am)
-            try:
-                cruise = decode_status(st).cruise if st is not None else None
-            except msgspec.ValidationError:
-                cruise = None
+            cruise = st.cruise if st is not None else None
             for i, p in enumerate(cruise.plan_history if cruise else []):
                 done = p.finished is not None
                 if seen.get(i) == done:
@@ -293,18 +290,19 @@ async def narrate_cruise(client: RmRestClient, app_id: str, out: TextIO) -> None
         await am.close()
 
 
-async def _am_status(am: JsonHttpClient) -> dict[str, Any] | None:
+async def _am_status(am: JsonHttpClient) -> PsStatus | None:
+    """The AM's `/status`, decoded once; None while it does not answer or answers something else."""
     try:
         body = await am.get("/status")
+        return decode_status(body) if isinstance(body, dict) else None
     except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
-        return None
-    return body if isinstance(body, dict) else None
+        return None     # msgspec.ValidationError is a ValueError
 
 
-async def _epochs_reached(am: JsonHttpClient, n: int) -> dict[str, Any]:
+async def _epochs_reached(am: JsonHttpClient, n: int) -> PsStatus:
     while True:
         st = await _am_status(am)
-        if st is not None and len(st.get("objective_history") or []) >= n:
+        if st is not None and len(st.objective_history) >= n:
             return st
         await asyncio.sleep(0.25)
 
@@ -313,9 +311,15 @@ def _n(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def _last_epoch_s(status: dict[str, Any]) -> float:
-    hist = status.get("objective_history") or []
-    return float(hist[-1]["epoch_time_s"]) if hist else float("nan")
+def _last_epoch_s(status: PsStatus) -> float:
+    hist = status.objective_history
+    return hist[-1].epoch_time_s if hist else float("nan")
+
+
+def _changes(body: JsonValue) -> list[JsonObject]:
+    """The records of a `/scale` answer ({"changes": [...]}): EPS operations or kill-restarts."""
+    changes = body.get("changes") if isinstance(body, dict) else None
+    return [c for c in changes if isinstance(c, dict)] if isinstance(changes, list) else []
 
 
 async def scale_while_training(client: RmRestClient, app_id: str, out: TextIO,
@@ -334,37 +338,36 @@ async def scale_while_training(client: RmRestClient, app_id: str, out: TextIO,
         done = 0
         for after, workers, servers in steps:
             st = await _epochs_reached(am, done + after)
-            shape = st.get("shape") or {}
-            live = [e for e in shape.get("executors", []) if e.get("state") == "READY"]
-            w0, s0 = sum(e["role"] == "worker" for e in live), sum(e["role"] == "server" for e in live)
+            live = st.shape.serving() if st.shape is not None else []
+            w0, s0 = sum(e.role == "worker" for e in live), sum(e.role == "server" for e in live)
             word = "out" if workers + servers > 0 else "in"
             if out.isatty():
                 out.write("\n")        # below the live progress line
             _say(out, f"scaling {word}: {_n(w0, 'worker')} + {_n(s0, 'server')} -> "
                       f"{_n(w0 + workers, 'worker')} + {_n(s0 + servers, 'server')} "
-                      f"(epoch {len(st['objective_history'])}, epoch time {_last_epoch_s(st):.2f}s)")
-            attempt = str(st.get("attempt_id", ""))
+                      f"(epoch {len(st.objective_history)}, epoch time {_last_epoch_s(st):.2f}s)")
+            attempt = st.attempt_id or ""
             token = tokens.am_control_token(tokens.job_secret(cluster_secret, attempt), attempt)
             try:
                 body = await am.post("/scale", {"workers": workers, "servers": servers}, token=token)
             except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
                 _say(out, f"scale {word} refused or failed: {getattr(e, 'message', None) or e}")
                 return
-            changes = body.get("changes", []) if isinstance(body, dict) else []
-            took = sum(float(c.get("duration_s", 0)) for c in changes)
-            waited = sum(float(c.get("training_time_lost_s", 0)) for c in changes)
-            moved = sum(int(c.get("blocks_moved", 0)) for c in changes)
+            changes = _changes(body)
+            took = sum(json_float(c.get("duration_s", 0)) for c in changes)
+            waited = sum(json_float(c.get("training_time_lost_s", 0)) for c in changes)
+            moved = sum(json_int(c.get("blocks_moved", 0)) for c in changes)
             after_st = await _am_status(am) or st
-            done = len(after_st.get("objective_history") or [])
+            done = len(after_st.objective_history)
             _say(out, f"scaled {word} with EPS in {took:.2f}s while training went on (training waited "
                       f"{waited:.3f}s, {moved} model blocks moved): "
                       + ", ".join(f"{c.get('op')}({c.get('requested')})" for c in changes))
             nxt = await _epochs_reached(am, done + 1)
-            now = [e for e in (nxt.get("shape") or {}).get("executors", []) if e.get("state") == "READY"]
-            _say(out, f"now {_n(sum(e['role'] == 'worker' for e in now), 'worker')} + "
-                      f"{_n(sum(e['role'] == 'server' for e in now), 'server')}: epoch time {_last_epoch_s(nxt):.2f}s "
+            now = nxt.shape.serving() if nxt.shape is not None else []
+            _say(out, f"now {_n(sum(e.role == 'worker' for e in now), 'worker')} + "
+                      f"{_n(sum(e.role == 'server' for e in now), 'server')}: epoch time {_last_epoch_s(nxt):.2f}s "
                       f"(was {_last_epoch_s(st):.2f}s)")
-            done = len(nxt.get("objective_history") or [])
+            done = len(nxt.objective_history)
     finally:
         await am.close()
 

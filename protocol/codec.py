@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import decimal
 import re
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 import msgspec
 import orjson
 from protocol.errors import ProtocolError
+from protocol.json_types import JsonValue
 
 T = TypeVar("T")
 
@@ -31,7 +32,7 @@ class DecodeError(ProtocolError, ValueError):
 
 
 _ENCODER = msgspec.json.Encoder()
-_DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
+_DECODERS: dict[type[object], msgspec.json.Decoder[object]] = {}
 
 
 _INT_MIN, _INT_MAX = -(2 ** 63), 2 ** 64 - 1
@@ -63,7 +64,7 @@ def _has_big_exponent(shape: bytes) -> bool:
     return b"e000" in shape or b"e 000" in shape
 
 
-def _walk(v: Any, path: str) -> None:
+def _walk(v: object, path: str) -> None:
     if isinstance(v, dict):
         for k, x in v.items():
             _walk(x, f"{path}.{k}" if path else str(k))
@@ -91,21 +92,21 @@ def _malformed(raw: bytes | str, e: Exception) -> DecodeError:
     return DecodeError(f"malformed JSON: {e}")
 
 
-def dumps(obj: Any) -> bytes:
+def dumps(obj: object) -> bytes:
     """Encode to JSON bytes: a Struct by msgspec directly, anything else by orjson (Structs inside
-    it turned into builtins first)."""
+    it turned into builtins first). Any object those encoders take; TypeError for one they do not."""
     if isinstance(obj, msgspec.Struct):
         return _ENCODER.encode(obj)
     return orjson.dumps(obj, default=_default)
 
 
-def _default(obj: Any) -> Any:
+def _default(obj: object) -> object:
     if isinstance(obj, msgspec.Struct):
         return msgspec.to_builtins(obj)
     raise TypeError(f"cannot encode {type(obj).__name__}")
 
 
-def loads(raw: bytes | str) -> Any:
+def loads(raw: bytes | str) -> JsonValue:
     """Untyped JSON, its numbers checked (see the module doc)."""
     try:
         out = orjson.loads(raw)
@@ -113,11 +114,13 @@ def loads(raw: bytes | str) -> Any:
         check_numbers(raw)         # 1e400: name its field
         raise _malformed(raw, e) from None
     check_numbers(raw)
-    return out
+    value: JsonValue = out
+    return value
 
 
-def decode_as(raw: bytes | str | Any, typ: type[T]) -> T:
-    """Decode raw JSON (or an already decoded object) into `typ`, raising DecodeError naming the field."""
+def decode_as(raw: object, typ: type[T]) -> T:
+    """Decode raw JSON (bytes or str) or an already decoded object (builtins, as msgspec.convert
+    takes) into `typ`, raising DecodeError naming the field."""
     try:
         if isinstance(raw, (bytes, str)):
             decoder = _DECODERS.get(typ)
@@ -132,8 +135,10 @@ def decode_as(raw: bytes | str | Any, typ: type[T]) -> T:
             check_numbers(raw)     # "Number out of range": name its field
         raise DecodeError(str(e)) from None
     except msgspec.DecodeError as e:     # not JSON at all (ValidationError is its subclass)
-        raise _malformed(raw, e) from None
+        raise _malformed(raw if isinstance(raw, (bytes, str)) else b"", e) from None
 
 
-def to_builtins(obj: Any) -> Any:
-    return msgspec.to_builtins(obj)
+def to_builtins(obj: object) -> JsonValue:
+    """`obj` (Structs, dataclasses, datetimes... inside builtins) as JSON builtins."""
+    out: JsonValue = msgspec.to_builtins(obj)
+    return out

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Mapping
 
 import msgspec
 from protocol import durable_storage
 from protocol.errors import AppError
+from protocol.json_types import JsonObject, JsonValue, json_int
 
 FORMAT_NAME = "elastane-dataset"
 FORMAT_VERSION = 1
@@ -83,10 +84,10 @@ class DatasetManifest(msgspec.Struct, forbid_unknown_fields=True):
     format: str
     version: int
     app: str
-    spec: dict[str, Any]
+    spec: JsonObject
     train: list[BlockEntry]
     heldout: list[BlockEntry]
-    source: dict[str, Any] = {}        # provenance (generator spec or imported files); informative
+    source: JsonObject = {}            # provenance (generator spec or imported files); informative
 
     @property
     def rows_field(self) -> str:
@@ -122,8 +123,8 @@ def check_manifest(m: DatasetManifest, where: str) -> DatasetManifest:
         if not ok:
             raise DatasetError("path", f"{where}: spec.{name} must be a positive "
                                f"{'number' if name == 'observed_fraction' else 'integer'}, got {value!r}")
-    rpb = int(m.spec["rows_per_block"])
-    for part, rows in (("train", int(m.spec[m.rows_field])), ("heldout", int(m.spec["num_heldout"]))):
+    rpb = json_int(m.spec["rows_per_block"])
+    for part, rows in (("train", json_int(m.spec[m.rows_field])), ("heldout", json_int(m.spec["num_heldout"]))):
         layout = block_layout(rows, rpb)
         entries: list[BlockEntry] = getattr(m, part)
         if [e.rows for e in entries] != layout:
@@ -168,7 +169,7 @@ def load_manifest(path: str, field: str = "path") -> DatasetManifest:
     return check_manifest(m, where)
 
 
-def resolve_data_spec(app: str, data: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+def resolve_data_spec(app: str, data: Mapping[str, JsonValue], base: Mapping[str, JsonValue]) -> JsonObject:
     """The app's data spec for a job's `data` object (`base`: the preset's fields under it).
 
     Without `data["path"]`: {**base, **data}, unchanged. With it: `data` plus the manifest's
@@ -177,11 +178,14 @@ def resolve_data_spec(app: str, data: Mapping[str, Any], base: Mapping[str, Any]
     equal the file's, and generator-only fields are refused. The result resolves to itself, so
     the AM and executors re-check it. DatasetError's `field` names the data field at fault.
     """
-    if data.get("path") is None:
+    path = data.get("path")
+    if path is None:
         return {**base, **data}
-    m = load_manifest(data["path"])
+    if not isinstance(path, str):
+        raise DatasetError("path", f"must be a string (a dataset directory), got {path!r}")
+    m = load_manifest(path)
     if m.app != app:
-        raise DatasetError("path", f"{data['path']} holds {m.app} data (dataset.json app), not {app}")
+        raise DatasetError("path", f"{path} holds {m.app} data (dataset.json app), not {app}")
     for name, value in data.items():
         if name in m.spec and value != m.spec[name]:
             raise DatasetError(name, f"{value!r} contradicts the dataset's {m.spec[name]!r} "
@@ -191,7 +195,7 @@ def resolve_data_spec(app: str, data: Mapping[str, Any], base: Mapping[str, Any]
     return {**data, **m.spec}
 
 
-def recorded_data_spec(app: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+def recorded_data_spec(app: str, spec: Mapping[str, JsonValue]) -> JsonObject:
     """The data spec to record for a job of `app` (a built-in's name) whose app was built from
     `spec` (its Struct as builtins), and to rebuild that app from: with a `path`, the spec less
     the generator-only fields, which its Struct holds at their defaults but resolve_data_spec

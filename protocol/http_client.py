@@ -1,12 +1,17 @@
 """Async JSON-over-HTTP client (aiohttp keep-alive session, orjson codec, YARN error parsing)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Union
 
 import aiohttp
+import msgspec
 
 from . import codec
 from protocol.errors import ProtocolError
+from protocol.json_types import JsonIn, JsonValue
+
+# What a request may carry: a Struct (encoded by msgspec), JSON builtins, or bytes sent as they are.
+Body = Union[msgspec.Struct, JsonIn, bytes, bytearray]
 
 
 class RemoteError(ProtocolError):
@@ -36,8 +41,10 @@ class JsonHttpClient:
                                                   connector=aiohttp.TCPConnector(limit=64))
         return self._session
 
-    async def request(self, method: str, path: str, body: Any = None,
-                      params: dict[str, str] | None = None, token: str | None = None) -> Any:
+    async def request(self, method: str, path: str, body: Body = None,
+                      params: dict[str, str] | None = None, token: str | None = None) -> JsonValue:
+        """The answer's JSON (None for an empty body, the text for a non-JSON one); RemoteError
+        with YARN's RemoteException fields for a 4xx / 5xx."""
         session = await self._get_session()
         headers = {"Accept": "application/json"}
         tok = token or self.token
@@ -56,8 +63,10 @@ class JsonHttpClient:
             if resp.status >= 400:
                 exc, msg = "HTTPError", raw.decode(errors="replace")[:500]
                 try:
-                    re_ = codec.loads(raw)["RemoteException"]
-                    exc, msg = re_.get("exception", exc), re_.get("message", msg)
+                    doc = codec.loads(raw)
+                    re_ = doc.get("RemoteException") if isinstance(doc, dict) else None
+                    if isinstance(re_, dict):
+                        exc, msg = str(re_.get("exception", exc)), str(re_.get("message", msg))
                 except Exception:
                     pass
                 raise RemoteError(resp.status, exc, msg)
@@ -68,15 +77,15 @@ class JsonHttpClient:
                 return codec.loads(raw)
             return raw.decode(errors="replace")
 
-    async def get(self, path: str, params: dict[str, str] | None = None, token: str | None = None) -> Any:
+    async def get(self, path: str, params: dict[str, str] | None = None, token: str | None = None) -> JsonValue:
         return await self.request("GET", path, params=params, token=token)
 
-    async def post(self, path: str, body: Any = None, params: dict[str, str] | None = None,
-                   token: str | None = None) -> Any:
+    async def post(self, path: str, body: Body = None, params: dict[str, str] | None = None,
+                   token: str | None = None) -> JsonValue:
         return await self.request("POST", path, body, params=params, token=token)
 
-    async def put(self, path: str, body: Any = None, params: dict[str, str] | None = None,
-                  token: str | None = None) -> Any:
+    async def put(self, path: str, body: Body = None, params: dict[str, str] | None = None,
+                  token: str | None = None) -> JsonValue:
         return await self.request("PUT", path, body, params=params, token=token)
 
     async def close(self) -> None:

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from . import codec, tokens
+from .json_types import JsonObject
 from .remote_exception import ApiError, BadRequest, Unauthorized, remote_exception_body
 
 log = logging.getLogger(__name__)
@@ -16,7 +17,7 @@ T = TypeVar("T")
 JSON = "application/json"
 
 
-def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+def json_response(data: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(body=codec.dumps(data), status=status, content_type=JSON, headers=headers)
 
 
@@ -61,7 +62,7 @@ async def read_json(request: web.Request, typ: type[T]) -> T:
         raise BadRequest(str(e)) from None
 
 
-def require_token(request: web.Request, secret: str, kind: str) -> dict[str, Any]:
+def require_token(request: web.Request, secret: str, kind: str) -> JsonObject:
     """Verify the request's bearer token of `kind` with the cluster secret; 401 otherwise."""
     token = tokens.token_from_header(request.headers.get("Authorization"))
     if token is None:
@@ -72,5 +73,5 @@ def require_token(request: web.Request, secret: str, kind: str) -> dict[str, Any
         raise Unauthorized(f"invalid {kind} token: {e}") from None
 
 
-def make_app(**kwargs: Any) -> web.Application:
-    return web.Application(middlewares=[error_middleware], client_max_size=16 * 1024 * 1024, **kwargs)
+def make_app() -> web.Application:
+    return web.Application(middlewares=[error_middleware], client_max_size=16 * 1024 * 1024)

@@ -81,10 +81,11 @@ only workers / servers (and any subset of the rest) still decode.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Iterable, Optional
+from typing import Annotated, Iterable, Optional
 
 import msgspec
 
+from .json_types import JsonObject
 from .records import Resource
 
 MAX_EPOCH_TIMES = 20
@@ -159,14 +160,14 @@ class JobReport(msgspec.Struct, kw_only=True):
     paused: bool = False
     alpha: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]] = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The report as JSON-ready builtins (what the REST API and the web UI show)."""
-        out: dict[str, Any] = msgspec.to_builtins(self)
+        out: JsonObject = msgspec.to_builtins(self)
         return out
 
     @classmethod
-    def decode(cls, obj: Any) -> "JobReport":
-        """Decode a report from builtins; `msgspec.ValidationError` names the bad field."""
+    def decode(cls, obj: object) -> "JobReport":
+        """Decode a report from builtins (any object msgspec.convert reads); `msgspec.ValidationError` names the bad field."""
         return msgspec.convert(obj, cls, strict=True)
 
 

@@ -13,11 +13,12 @@ written by `psruntime.store.model_files`.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Mapping, Optional
+from typing import Literal, Mapping, Optional
 
 import msgspec
 
 from .durable_storage import DurableDir, DurableStorageError
+from .json_types import JsonObject, JsonValue, json_int
 from .local_resources import LocalResource, ResourceType
 from .shape_history import ShapeChange, decode_history
 from protocol.errors import AppError
@@ -79,8 +80,8 @@ class ModelMetadata(msgspec.Struct, kw_only=True):
     app: AppRef
     num_keys: int
     key_length: int
-    data: dict[str, Any]                          # the app's resolved data spec
-    hparams: dict[str, Any]                       # the app's hyper-parameters
+    data: JsonObject                              # the app's resolved data spec
+    hparams: JsonObject                           # the app's hyper-parameters
     preset: str = ""
     maximize: bool = False                        # whether a larger objective is better
     objective: Optional[float] = None             # the training objective of these values
@@ -89,7 +90,7 @@ class ModelMetadata(msgspec.Struct, kw_only=True):
     heldout_metrics: dict[str, Optional[float]] = {}
     heldout_epoch: Optional[int] = None           # the epoch (1-based) heldout_metrics were scored after
     shape_history: list[ShapeChange] = []         # protocol.shape_history's records
-    job: dict[str, Any] = {}                      # the job spec as submitted (validated)
+    job: JsonObject = {}                          # the job spec as submitted (validated)
     attempt_id: str = ""                          # the AM attempt that wrote it
     elastane_version: str = "unknown"
     written_at: float = 0.0
@@ -105,7 +106,7 @@ CODE_DIR = "code"
 FILES_DIR = "files"
 
 
-def finite_or_none(x: Any) -> Optional[float]:
+def finite_or_none(x: float | str | None) -> Optional[float]:
     """`x` as a float, None when it is missing or not finite (JSON has no NaN)."""
     if x is None:
         return None
@@ -154,19 +155,20 @@ def read_metadata(d: DurableDir) -> ModelMetadata:
         raise ModelOutputError(f"{d.url}/{METADATA_FILE} is not an Elastane model's metadata: {e}") from None
 
 
-def builtin_model_shape(app: str, data: Mapping[str, Any], hparams: Mapping[str, Any]) -> Optional[tuple[int, int]]:
+def builtin_model_shape(app: str, data: Mapping[str, JsonValue],
+                        hparams: Mapping[str, JsonValue]) -> Optional[tuple[int, int]]:
     """(num_keys, key_length) of a built-in app's model from its resolved data spec and
     hyper-parameters, None for an app not built in. The same arithmetic as the apps' own
     `num_keys` / `key_length` (tests/unit/test_model_output.py checks they agree), so the RM can
     check a warm start without importing the runtime."""
     if app in ("mlr", "lasso"):
-        per_key = int(hparams["features_per_key"])
-        num_keys = -(-int(data["num_features"]) // per_key)
-        return num_keys, per_key * (int(data["num_classes"]) if app == "mlr" else 1)
+        per_key = json_int(hparams["features_per_key"])
+        num_keys = -(-json_int(data["num_features"]) // per_key)
+        return num_keys, per_key * (json_int(data["num_classes"]) if app == "mlr" else 1)
     if app == "nmf":
-        return int(data["num_items"]), int(hparams["rank"])
+        return json_int(data["num_items"]), json_int(hparams["rank"])
     if app == "lda":
-        return int(data["vocab_size"]) + 1, int(hparams["num_topics"])
+        return json_int(data["vocab_size"]) + 1, json_int(hparams["num_topics"])
     return None
 
 

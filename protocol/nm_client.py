@@ -1,10 +1,10 @@
 """Client of an NM's container API, used by the RM (to launch AMs) and by AMs (to launch containers)."""
 from __future__ import annotations
 
-from typing import Any
-
 from . import codec, internal_api as api
 from .http_client import JsonHttpClient
+from .json_types import JsonInObject
+from .records import Resource
 
 
 class NMClient:
@@ -46,7 +46,7 @@ class NMClient:
 
 
 def container_token_payload(container_id: str, node_id: str, app_id: str, attempt_id: str, user: str,
-                            resource: Any) -> dict[str, Any]:
+                            resource: Resource) -> JsonInObject:
     """The claims of a container token: who may launch what, where, with which resource."""
     return {
         "container_id": container_id,
@@ -54,5 +54,5 @@ def container_token_payload(container_id: str, node_id: str, app_id: str, attemp
         "app_id": app_id,
         "attempt_id": attempt_id,
         "user": user,
-        "resource": resource.to_json() if hasattr(resource, "to_json") else resource,
+        "resource": resource.to_json(),
     }

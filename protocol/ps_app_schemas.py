@@ -15,9 +15,11 @@ at `tiny`, bench/training.py at `small` and `medium`). `large` is sized for scal
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import msgspec
+
+from .json_types import JsonObject
 
 Pos = Annotated[int, msgspec.Meta(ge=1)]
 PosFloat = Annotated[float, msgspec.Meta(gt=0)]
@@ -60,7 +62,7 @@ class MLRHParams(msgspec.Struct, forbid_unknown_fields=True):
 
 # Ten or more training rows per weight (features x classes): with fewer, the dense true weights
 # cannot be learned and held-out accuracy stays far below the true model's, whatever the L2.
-MLR_PRESETS: dict[str, dict[str, Any]] = {
+MLR_PRESETS: dict[str, JsonObject] = {
     "tiny": {"num_features": 80, "nnz_per_sample": 10, "num_heldout": 2000},
     "small": {"num_samples": 100_000, "num_features": 500, "num_classes": 20,
               "nnz_per_sample": 25, "num_heldout": 5000, "rows_per_block": 2000},
@@ -69,8 +71,8 @@ MLR_PRESETS: dict[str, dict[str, Any]] = {
     "large": {"num_samples": 2_000_000, "num_features": 160_000, "num_classes": 100,
               "nnz_per_sample": 100, "num_heldout": 50_000, "rows_per_block": 10_000},
 }
-_MLR_HPARAMS: dict[str, Any] = {"learning_rate": 1.0, "lr_decay": 0.05, "l2": 1e-4, "max_epochs": 20}
-MLR_PRESET_HPARAMS: dict[str, dict[str, Any]] = {p: dict(_MLR_HPARAMS) for p in MLR_PRESETS}
+_MLR_HPARAMS: JsonObject = {"learning_rate": 1.0, "lr_decay": 0.05, "l2": 1e-4, "max_epochs": 20}
+MLR_PRESET_HPARAMS: dict[str, JsonObject] = {p: dict(_MLR_HPARAMS) for p in MLR_PRESETS}
 # The true weights' |W*|^2 grows as features x classes / nnz_per_sample (their std is scaled so the
 # logits' is fixed): 5x small's at medium, so the same L2 shrank the model 5x harder -- held-out
 # accuracy 0.519 vs the true model's 0.598 (l2 1e-4) against 0.567 with l2 scaled down 5x.
@@ -115,7 +117,7 @@ class NMFHParams(msgspec.Struct, forbid_unknown_fields=True):
 # Every item rated ~100 times per 1000 users, so a mini-batch of 50 users steps each item's factors
 # on a few ratings, not on one; a low rank: non-negative factors share a large mean, which
 # makes the SGD steps crawl in the other rank - 1 directions (condition number ~3 x rank).
-NMF_PRESETS: dict[str, dict[str, Any]] = {
+NMF_PRESETS: dict[str, JsonObject] = {
     "tiny": {},
     "small": {"num_users": 20_000, "num_items": 1000, "rank": 5, "observed_fraction": 0.1,
               "num_heldout": 500, "rows_per_block": 1000},
@@ -128,8 +130,8 @@ NMF_PRESETS: dict[str, dict[str, Any]] = {
 # push (`user_steps`), or from `small` on (many batches per epoch) a least-squares fit against
 # the pulled H (`user_solve`), keep W up with H. The model's rank is the data's: a rank-5 model of
 # rank-20 data stalls far above the noise.
-_NMF_HPARAMS: dict[str, Any] = {"learning_rate": 0.3, "batch_size": 50, "user_solve": True, "max_epochs": 30}
-NMF_PRESET_HPARAMS: dict[str, dict[str, Any]] = {
+_NMF_HPARAMS: JsonObject = {"learning_rate": 0.3, "batch_size": 50, "user_solve": True, "max_epochs": 30}
+NMF_PRESET_HPARAMS: dict[str, JsonObject] = {
     p: {**_NMF_HPARAMS, "rank": sizes.get("rank", NMFSpec().rank)} for p, sizes in NMF_PRESETS.items()}
 NMF_PRESET_HPARAMS["tiny"].update(learning_rate=0.6, user_solve=False, user_steps=8)
 
@@ -166,7 +168,7 @@ class LDAHParams(msgspec.Struct, forbid_unknown_fields=True):
 
 # Tens of tokens or more per topic-word count, and few enough topics that ~30 Gibbs sweeps mix:
 # at 50 topics over 10 000 words 30 sweeps left the held-out perplexity 1.7x the true topics'.
-LDA_PRESETS: dict[str, dict[str, Any]] = {
+LDA_PRESETS: dict[str, JsonObject] = {
     "tiny": {},
     "small": {"num_docs": 20_000, "vocab_size": 2000, "num_topics": 20, "doc_length": 100,
               "num_heldout": 500, "rows_per_block": 1000},
@@ -177,9 +179,9 @@ LDA_PRESETS: dict[str, dict[str, Any]] = {
 }
 # Smaller batches: the counts a batch samples against are refreshed per batch, and with 50
 # documents the sampler settles well below the true topics' held-out likelihood.
-_LDA_HPARAMS: dict[str, Any] = {"batch_size": 20, "max_epochs": 30}
+_LDA_HPARAMS: JsonObject = {"batch_size": 20, "max_epochs": 30}
 # As many topics as the corpus was generated with.
-LDA_PRESET_HPARAMS: dict[str, dict[str, Any]] = {
+LDA_PRESET_HPARAMS: dict[str, JsonObject] = {
     p: {**_LDA_HPARAMS, "num_topics": sizes.get("num_topics", LDASpec().num_topics)} for p, sizes in LDA_PRESETS.items()}
 
 
@@ -226,7 +228,7 @@ class LassoHParams(msgspec.Struct, forbid_unknown_fields=True):
     max_epochs: Pos = 30
 
 
-LASSO_PRESETS: dict[str, dict[str, Any]] = {
+LASSO_PRESETS: dict[str, JsonObject] = {
     "tiny": {},
     "small": {"num_samples": 50_000, "num_features": 20_000, "nnz_per_sample": 50,
               "support_size": 200, "num_heldout": 5000, "rows_per_block": 2000},
@@ -235,8 +237,8 @@ LASSO_PRESETS: dict[str, dict[str, Any]] = {
     "large": {"num_samples": 4_000_000, "num_features": 1_000_000, "nnz_per_sample": 50,
               "support_size": 10_000, "num_heldout": 50_000, "rows_per_block": 20_000},
 }
-_LASSO_HPARAMS: dict[str, Any] = {"learning_rate": 0.15, "max_epochs": 30}
-LASSO_PRESET_HPARAMS: dict[str, dict[str, Any]] = {p: dict(_LASSO_HPARAMS) for p in LASSO_PRESETS}
+_LASSO_HPARAMS: JsonObject = {"learning_rate": 0.15, "max_epochs": 30}
+LASSO_PRESET_HPARAMS: dict[str, JsonObject] = {p: dict(_LASSO_HPARAMS) for p in LASSO_PRESETS}
 
 
 @dataclass(frozen=True)
@@ -248,9 +250,9 @@ class AppSchema:
     name: str
     spec: type[msgspec.Struct]
     hparams: type[msgspec.Struct]
-    presets: dict[str, dict[str, Any]]
+    presets: dict[str, JsonObject]
     rows_field: str
-    preset_hparams: dict[str, dict[str, Any]]
+    preset_hparams: dict[str, JsonObject]
 
     def num_input_blocks(self, spec: msgspec.Struct) -> int:
         """How many input blocks the data has (the most workers that can get data)."""

@@ -1,8 +1,23 @@
 """YARN's error body (`RemoteException`) and the exceptions daemons raise to produce it."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
+
 from protocol.errors import ProtocolError
+
+
+class RemoteExceptionFields(TypedDict):
+    """The fields of YARN's RemoteException."""
+
+    exception: str
+    message: str
+    javaClassName: str
+
+
+class RemoteExceptionBody(TypedDict):
+    """YARN's error body: {"RemoteException": {...}}."""
+
+    RemoteException: RemoteExceptionFields
 
 
 class ApiError(ProtocolError):
@@ -16,7 +31,7 @@ class ApiError(ProtocolError):
         super().__init__(message)
         self.message = message
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> RemoteExceptionBody:
         return remote_exception_body(self.exception, self.message, self.java_class)
 
 
@@ -56,5 +71,5 @@ class ServiceUnavailable(ApiError):
     java_class = "org.apache.hadoop.ipc.StandbyException"
 
 
-def remote_exception_body(exception: str, message: str, java_class: str) -> dict[str, Any]:
+def remote_exception_body(exception: str, message: str, java_class: str) -> RemoteExceptionBody:
     return {"RemoteException": {"exception": exception, "message": message, "javaClassName": java_class}}

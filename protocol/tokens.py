@@ -14,10 +14,11 @@ import hmac
 import secrets
 import time
 from types import MappingProxyType
-from typing import Any, Callable
+from typing import Callable
 
 import orjson
 from protocol.errors import ProtocolError
+from protocol.json_types import JsonInObject, JsonObject, JsonValue
 
 NM = "nm"
 AM = "am"
@@ -64,7 +65,7 @@ def _unb64(s: str) -> bytes:
     return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
 
 
-def sign(secret: str | bytes, kind: str, payload: dict[str, Any], lifetime_s: float,
+def sign(secret: str | bytes, kind: str, payload: JsonInObject, lifetime_s: float,
          now: float | None = None) -> str:
     """Mint a token of `kind` carrying `payload`, valid for `lifetime_s` seconds."""
     key = secret.encode() if isinstance(secret, str) else secret
@@ -77,7 +78,7 @@ def sign(secret: str | bytes, kind: str, payload: dict[str, Any], lifetime_s: fl
     return encoded + "." + _b64(mac)
 
 
-def verify(secret: str | bytes, token: str, kind: str, now: float | None = None) -> dict[str, Any]:
+def verify(secret: str | bytes, token: str, kind: str, now: float | None = None) -> JsonObject:
     """Return the payload of a valid token of `kind`; raise TokenError otherwise."""
     key = secret.encode() if isinstance(secret, str) else secret
     if not isinstance(token, str) or token.count(".") != 1:
@@ -86,7 +87,10 @@ def verify(secret: str | bytes, token: str, kind: str, now: float | None = None)
     if payload.get("kind") != kind:
         raise TokenError(f"expected a {kind} token, got {payload.get('kind')!r}")
     now = time.time() if now is None else now
-    if float(payload.get("exp", 0)) < now:
+    exp = payload.get("exp", 0)
+    if not isinstance(exp, (int, float, str)):
+        raise TokenError(f"token has a bad exp {exp!r}")
+    if float(exp) < now:
         raise TokenError("token expired")
     return payload
 
@@ -101,7 +105,7 @@ TOKEN_CACHE_SIZE = 1 << 15
 
 
 @functools.lru_cache(maxsize=TOKEN_CACHE_SIZE)
-def _signed_payload(key: bytes, token: str) -> MappingProxyType[str, Any]:
+def _signed_payload(key: bytes, token: str) -> MappingProxyType[str, JsonValue]:
     encoded, mac_s = token.split(".")
     try:
         mac = _unb64(mac_s)

@@ -18,6 +18,7 @@ import numpy as np
 
 from protocol import durable_storage
 from protocol.durable_storage import write_atomic
+from protocol.json_types import json_int
 from protocol.dataset_manifest import (BLOCK_ARRAYS, DIMENSION_FIELDS, ENTRY_ARRAYS, FORMAT_NAME, FORMAT_VERSION, INDEX_BOUNDS,
                                        MANIFEST_NAME, ROW_ARRAYS, BlockEntry, DatasetManifest, check_manifest)
 from psruntime.apps.blocks import DataBlock
@@ -90,7 +91,7 @@ def read_block(directory: str, manifest: DatasetManifest, part: str, index: int,
     entries = check_block_arrays(manifest.app, arrays, entry.rows, bounds, where)
     if entries != entry.entries:
         raise DatasetFileError(f"{where}: has {entries} entries, {MANIFEST_NAME} says {entry.entries}")
-    row_start = index * int(manifest.spec["rows_per_block"])
+    row_start = index * json_int(manifest.spec["rows_per_block"])
     return DataBlock(manifest.app, index, row_start, entry.rows, arrays)
 
 
