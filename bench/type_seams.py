@@ -18,8 +18,9 @@ Which code: every top-level Python package of the repository (a top-level folder
 `__init__.py`), found anew on each run so that packages added later are counted, except `tests`,
 `bench` and `examples`. All `*.py` files under them.
 
-Module-level aliases: an assignment at module level (also inside a module-level `if` / `try`, as for
-`if TYPE_CHECKING:`) of one name to a type expression (a subscript, an `X | Y` union, a name or an
+Module-level aliases: an assignment at module level (also inside a module-level `if` / `try`; of an
+`if TYPE_CHECKING: ... else: ...`, the branch a type checker reads: the first) of one name to a type
+expression (a subscript, an `X | Y` union, a name or an
 attribute), an annotated `X: TypeAlias = ...`, a `type X = ...` statement and `X = NewType("X", T)`
 are aliases. An alias counts like the type it stands for, through any chain of aliases and of
 `from ... import` / `import ... as` (re-exports included): a signature that uses `JsonDict` where
@@ -66,8 +67,8 @@ RULES = {
                         "counts once if a parameter or return annotation mentions Any",
     "mentions_any": "the name Any or typing.Any, or an alias of a type that mentions Any, at any depth; "
                     "string annotations parsed",
-    "alias": "module-level NAME = <type expr>, NAME: TypeAlias = ..., type NAME = ..., NewType; "
-             "followed through imports and re-exports",
+    "alias": "module-level NAME = <type expr>, NAME: TypeAlias = ..., type NAME = ..., NewType (of "
+             "if TYPE_CHECKING/else, the TYPE_CHECKING branch); followed through imports and re-exports",
     "dict_str_any": "dict/Dict/Mapping/MutableMapping[str, Any] anywhere in code (annotations, aliases, "
                     "cast/type= expressions), each nested one, plus each alias use times what its "
                     "definition holds",
@@ -156,12 +157,18 @@ def is_type_expr(value: ast.expr) -> bool:
     return False
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def module_level_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
     for stmt in body:
         yield stmt
         if isinstance(stmt, ast.If):
             yield from module_level_statements(stmt.body)
-            yield from module_level_statements(stmt.orelse)
+            if not _is_type_checking(stmt.test):   # the type checker sees the TYPE_CHECKING branch only
+                yield from module_level_statements(stmt.orelse)
         elif isinstance(stmt, ast.Try):
             yield from module_level_statements(stmt.body)
             for h in stmt.handlers:
