@@ -272,3 +272,23 @@ def s3(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         yield s3mod.S3Bucket(s3_server, s3_server.create_bucket())
     finally:
         s3mod.forget_cached_filesystems()
+
+
+# ===== a real etcd (tests/support/etcd_server.py) ================================================
+
+@pytest.fixture
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A fresh one-member etcd on loopback per test (an etcd_server.EtcdServer: endpoint, stop(),
+    restart()), stopped by its pid after the test; tests that use it skip, naming why, where the
+    etcd binary or the aetcd client is not installed. Per test, not per session: tests stop and
+    restart it, and each election must start from an empty keyspace."""
+    import etcd_server as etcdmod  # noqa: PLC0415
+
+    reason = etcdmod.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    server = etcdmod.start_etcd_server(tmp_path_factory.mktemp("etcd"))
+    try:
+        yield server
+    finally:
+        server.stop()

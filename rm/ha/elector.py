@@ -1,0 +1,260 @@
+"""The asyncio driver of an RM's HA role (rm/ha/role.py): campaigns for the leader key in etcd,
+renews its lease, checks its fencing token, and steps the RM down when any of that fails.
+
+A term, from etcd's side:
+- campaign: grant a lease of `lease_s`, then one transaction: if the leader key does not exist and
+  the epoch key is as read, create the leader key (value: this RM's id) on the lease and store
+  epoch + 1. The leader key's create revision is the term's fencing token; the epoch goes into
+  the container ids the term hands out (container_e<epoch>_...).
+- while holding it: every `lease_s / 3` renew the lease and check, in one transaction, that the
+  leader key still carries the token; the state store's writes carry the same check
+  (rm/ha/etcd_store.py).
+- stepping down: FENCED the moment a renewal or a write finds the token gone; LEASE_EXPIRED when
+  etcd says the lease is gone, or when no renewal was acknowledged for a whole lease -- measured
+  from the send time of the last acknowledged one, so this RM gives up no later than etcd can
+  expire the lease and let another RM in.
+- a standby polls the leader key every `poll_s` and campaigns when it is free.
+
+Callbacks: `on_active(epoch, token)` (build the active RM: recover from the store and serve; the
+elector fires RECOVERED when it returns, RECOVERY_FAILED when it raises) and `on_standby(reason)`
+(tear it down). They run as tasks, one after another, so a slow recovery does not hold up the
+lease's renewals.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable, Optional
+
+from protocol.ha_config import HAConfig
+
+from .etcd_kv import AsyncEtcd, EtcdKeys, EtcdUnavailable
+from .role import HAEvent, HaRole, HAState, RoleChange
+
+log = logging.getLogger(__name__)
+
+
+class Elector:
+    """One RM's participation in the election; `role` is its state (read it, never write it)."""
+
+    def __init__(self, ha: HAConfig, rm_id: str,
+                 on_active: Callable[[int, int], Awaitable[None]],
+                 on_standby: Callable[[str], Awaitable[None]],
+                 clock: Callable[[], float] = time.monotonic):
+        self.ha = ha
+        self.rm_id = rm_id
+        self.clock = clock
+        self.role = HaRole(rm_id, ha.lease_s, clock())
+        self.keys = EtcdKeys(ha.etcd_prefix)
+        self.lease_ttl = int(ha.lease_s)
+        self.renew_s = ha.lease_s / 3
+        self.poll_s = min(0.5, ha.lease_s / 5)
+        # One etcd call may take a third of the lease: two such calls fail before the lease does.
+        self.etcd = AsyncEtcd(ha.etcd_targets(), timeout_s=max(0.5, ha.lease_s / 3))
+        self._on_active = on_active
+        self._on_standby = on_standby
+        self.active_id = ""            # who holds the leader key, as last seen ("" = nobody)
+        self.lease_id = 0
+        self.etcd_error = ""           # the last etcd failure, "" once etcd answers again
+        self._wake = asyncio.Event()
+        self._transitions: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ----- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        self._log(self.role.start(self.clock()))
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run()), loop.create_task(self._run_transitions())]
+
+    async def stop(self, reason: str = "the ResourceManager is stopping") -> None:
+        """Leave the election: give the leader key up at once (so a standby need not wait for the
+        lease), tear the active RM down, close the etcd clients."""
+        held = self.role.state.holds_leadership
+        if self.role.state != HAState.STOPPED:
+            self._log(self.role.fire(HAEvent.STOP, self.clock(), reason))
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if held:
+            await self._revoke()
+            await self._on_standby(reason)
+        await self.etcd.close()
+
+    # ----- what the RM calls ------------------------------------------------------------------
+    def fenced(self, reason: str) -> None:
+        """A state-store write found the token gone: step down at once (called on the loop, from
+        the store's synchronous write)."""
+        if self.role.state.holds_leadership:
+            self._step_down(HAEvent.FENCED, reason)
+
+    async def transition_to_standby(self, reason: str) -> RoleChange:
+        """An operator's switch (YARN's rmadmin -transitionToStandby): give the leader key up now
+        and keep out of elections for the role's hold-off, so another RM takes over."""
+        held = self.role.state.holds_leadership
+        lease_id = self.lease_id
+        change = self._step_down(HAEvent.TRANSITION_TO_STANDBY, reason)
+        if held:
+            await self._revoke(lease_id)
+        return change
+
+    # ----- the loop ---------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while self.role.state != HAState.STOPPED:
+            try:
+                await self._step()
+            except EtcdUnavailable as e:
+                self._etcd_failed(e)
+            except Exception:
+                log.exception("HA elector step failed")
+            await self._wait(self._interval())
+
+    async def _step(self) -> None:
+        state = self.role.state
+        if state == HAState.STANDBY:
+            if self.role.may_campaign(self.clock()):
+                await self._campaign()
+            else:
+                await self._observe()
+        elif state.holds_leadership:
+            await self._renew()
+
+    def _interval(self) -> float:
+        if not self.role.state.holds_leadership:
+            return self.poll_s
+        deadline = self.role.lease_deadline()
+        left = self.renew_s if deadline is None else deadline - self.clock()
+        return max(0.0, min(self.renew_s, left))
+
+    async def _wait(self, seconds: float) -> None:
+        """A periodic timer that an event (a transition request) can cut short."""
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    def _etcd_failed(self, e: Exception) -> None:
+        msg = f"etcd unreachable: {e}"
+        if msg != self.etcd_error:
+            log.warning("%s", msg)
+        self.etcd_error = msg
+        if self.role.lease_expired(self.clock()):
+            self._step_down(HAEvent.LEASE_EXPIRED,
+                            f"no lease renewal acknowledged for {self.ha.lease_s:g}s (the lease); {msg}")
+
+    async def _observe(self) -> None:
+        kv = await self.etcd.call(lambda c: c.get(self.keys.leader))
+        self.active_id = kv.value.decode() if kv is not None else ""
+        self.etcd_error = ""
+
+    async def _campaign(self) -> None:
+        kv = await self.etcd.call(lambda c: c.get(self.keys.leader))
+        self.etcd_error = ""
+        if kv is not None:
+            self.active_id = kv.value.decode()
+            return
+        sent = self.clock()
+        lease = await self.etcd.call(lambda c: c.lease(self.lease_ttl))
+        won = False
+        try:
+            epoch_kv = await self.etcd.call(lambda c: c.get(self.keys.epoch))
+            epoch = int(epoch_kv.value) + 1 if epoch_kv is not None else 1
+            epoch_mod = epoch_kv.mod_revision if epoch_kv is not None else 0
+
+            async def txn(c: Any) -> Any:
+                t = c.transactions
+                return await c.transaction(
+                    compare=[t.create(self.keys.leader) == 0, t.mod(self.keys.epoch) == epoch_mod],
+                    success=[t.put(self.keys.leader, self.rm_id.encode(), lease=lease.id),
+                             t.put(self.keys.epoch, str(epoch).encode()), t.get(self.keys.leader)],
+                    failure=[t.get(self.keys.leader)])
+
+            ok, responses = await self.etcd.call(txn)
+            if not ok:
+                got = responses[0] if responses else []
+                self.active_id = got[0][0].decode() if got else ""
+                return
+            token = int(responses[2][0][1].create_revision)
+            won = True
+        finally:
+            if not won:
+                await self._revoke(lease.id)
+        if self.role.state != HAState.STANDBY:      # stopped while campaigning: give it back
+            await self._revoke(lease.id)
+            return
+        self.lease_id, self.active_id = lease.id, self.rm_id
+        self._log(self.role.elected(self.clock(), epoch, token, sent))
+        self._transitions.put_nowait(lambda: self._become_active(epoch, token))
+
+    async def _become_active(self, epoch: int, token: int) -> None:
+        if self.role.token != token or self.role.state != HAState.BECOMING_ACTIVE:
+            return      # the term ended before its turn came
+        try:
+            await self._on_active(epoch, token)
+        except Exception as e:
+            log.exception("becoming active failed")
+            if self.role.token == token and self.role.state == HAState.BECOMING_ACTIVE:
+                lease_id, why = self.lease_id, f"recovery failed: {e}"
+                self._log(self.role.fire(HAEvent.RECOVERY_FAILED, self.clock(), why))
+                self.lease_id = 0
+                self._transitions.put_nowait(lambda: self._on_standby(why))
+                await self._revoke(lease_id)
+            return
+        if self.role.token == token and self.role.state == HAState.BECOMING_ACTIVE:
+            self._log(self.role.fire(HAEvent.RECOVERED, self.clock(), f"active (epoch {epoch})"))
+
+    async def _renew(self) -> None:
+        sent = self.clock()
+        token = self.role.token
+        reply = await self.etcd.call(lambda c: c.refresh_lease(self.lease_id))
+
+        async def check(c: Any) -> Any:     # the state store's guard (etcd_kv.token_compare), alone
+            t = c.transactions
+            return await c.transaction(compare=[t.create(self.keys.leader) == token], success=[], failure=[])
+
+        ok, _ = await self.etcd.call(check)
+        self.etcd_error = ""
+        if self.role.token != token:
+            return      # the term ended while the calls were out
+        if reply is None or int(reply.TTL) <= 0:
+            self._step_down(HAEvent.LEASE_EXPIRED, "etcd says this RM's lease has expired")
+        elif not ok:
+            self._step_down(HAEvent.FENCED, "the leader key no longer carries this RM's token: "
+                                            "another ResourceManager is active, or the key was deleted")
+        else:
+            self.role.renewed(sent)
+
+    # ----- stepping down ----------------------------------------------------------------------
+    def _step_down(self, event: HAEvent, reason: str) -> RoleChange:
+        held = self.role.state.holds_leadership
+        change = self.role.fire(event, self.clock(), reason)
+        self._log(change)
+        if held:
+            self.active_id = ""
+            self.lease_id = 0
+            self._transitions.put_nowait(lambda: self._on_standby(reason))
+        self._wake.set()
+        return change
+
+    async def _revoke(self, lease_id: Optional[int] = None) -> None:
+        lid = self.lease_id if lease_id is None else lease_id
+        if not lid:
+            return
+        try:
+            await self.etcd.call(lambda c: c.revoke_lease(lid))
+        except Exception as e:  # noqa: BLE001 - best effort: the lease runs out by itself anyway
+            log.info("could not revoke lease %x: %s", lid, e)
+
+    async def _run_transitions(self) -> None:
+        while True:
+            job = await self._transitions.get()
+            try:
+                await job()
+            except Exception:
+                log.exception("HA transition failed")
+
+    def _log(self, change: RoleChange) -> None:
+        log.warning("RM %s: %s -> %s (%s): %s", self.rm_id, change.old.value, change.new.value,
+                    change.event.value, change.reason)
