@@ -1,0 +1,13 @@
+"""The mechanisms as planners: each turns the job's state into step instructions (base.Planner)."""
+from __future__ import annotations
+
+from ..state import ChangeKind
+from .base import Planner
+from .checkpoint import CheckpointPlanner
+from .eps import EpsPlanner
+from .finish import FinishPlanner
+from .recovery import RecoveryPlanner
+from .start import StartPlanner
+
+PLANNERS: dict[ChangeKind, Planner] = {p.kind: p for p in (
+    StartPlanner(), EpsPlanner(), CheckpointPlanner(), RecoveryPlanner(), FinishPlanner())}

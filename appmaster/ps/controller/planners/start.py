@@ -1,0 +1,70 @@
+"""The job's start as a planner: its first servers, then its first workers, then the set-up --
+or, for a new AM attempt, the restore of the checkpoint an earlier attempt left -- then training.
+
+The first executors go where the policy's first directive (a policy that places new jobs:
+Harmony) or else the spec's placement puts them (one strict ask per node), else anywhere. Once
+training runs, a job that recovers from losses takes its first checkpoint at once: what a
+recovery goes back to.
+"""
+from __future__ import annotations
+
+from protocol.internal_api import counts_on_nodes
+
+from ..events import StepDone, StepFailed
+from ..instructions import Instruction, RestoreCheckpoint, SetupTraining, StartExecutors, WriteCheckpoint
+from ..phases import Trigger
+from ..records import Role
+from ..state import Change, ChangeKind, JobState
+from .base import BasePlanner, end_job_failed, fire, issue
+
+
+class StartPlanner(BasePlanner):
+    """STARTING -> LAUNCHING_SERVERS -> LAUNCHING_WORKERS -> INITIALISING | RESTORING -> TRAINING."""
+
+    kind = ChangeKind.START
+
+    def begin(self, job: JobState, change: Change, out: list[Instruction]) -> None:
+        fire(job, Trigger.REGISTERED)
+        change.stage = "servers"
+        self._start(job, change, Role.SERVER, out)
+
+    def _start(self, job: JobState, change: Change, role: Role, out: list[Instruction]) -> None:
+        d = job.first_directive
+        if d is not None:
+            count = d.servers if role is Role.SERVER else d.workers
+            per_node = counts_on_nodes(d.placement, role.value)
+            if d.executor_resource is not None:
+                job.memory_mb, job.vcores = d.executor_resource.memory, d.executor_resource.vcores
+        else:
+            count = job.spec.servers if role is Role.SERVER else job.spec.workers
+            per_node = counts_on_nodes(job.spec.placement, role.value)
+        issue(change, out, StartExecutors(step=job.new_step(), role=role, count=count, per_node=per_node))
+
+    def done(self, job: JobState, change: Change, ev: StepDone, out: list[Instruction]) -> None:
+        if change.stage == "servers":
+            fire(job, Trigger.SERVERS_READY)
+            change.stage = "workers"
+            self._start(job, change, Role.WORKER, out)
+        elif change.stage == "workers":
+            servers, workers = job.ids(Role.SERVER), job.ids(Role.WORKER)
+            if job.resume_from:
+                fire(job, Trigger.WORKERS_READY_RESUME)
+                issue(change, out, RestoreCheckpoint(step=job.new_step(), directory=job.resume_from,
+                                                     servers=servers, workers=workers))
+            else:
+                fire(job, Trigger.WORKERS_READY)
+                issue(change, out, SetupTraining(step=job.new_step()))
+            change.stage = "setup"
+        elif change.stage == "setup":
+            fire(job, Trigger.INITIALISED)
+            if job.spec.max_executor_failures > 0 and not job.checkpoints:
+                change.stage = "checkpoint"      # what a recovery goes back to
+                issue(change, out, WriteCheckpoint(step=job.new_step(), epoch=job.epoch, reason="initial"))
+            else:
+                change.stage = "done"
+        elif change.stage == "checkpoint":
+            job.checkpoints.append((job.epoch, ev.directory))
+            change.stage = "done"
+
+    def failed(self, job: JobState, change: Change, ev: StepFailed, out: list[Instruction]) -> None:
+        end_job_failed(job, change, ev.error, out)
