@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
-
-import msgspec
+from typing import Callable, Optional, Sequence
 
 from protocol import internal_api as api
 from protocol import ps_job_spec, tokens
@@ -29,6 +27,7 @@ from .nm_protocol import NmProtocol
 from .nodes import NodeTracker
 from .policies.queue_reclaim import ReclaimBook
 from .policies.queue_shares import QueueShare
+from .policies.snapshot import ps_job_view
 from .preemption_record import PreemptionRecord
 from .scheduler import GANG_DIAGNOSTICS, AskError, CapacityScheduler, Gang
 from .state_machines import (NOT_COUNTED, AppEvent, AttemptEvent, attempt_is_final, counts_toward_max_attempts,
@@ -174,34 +173,36 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         except AskError as e:
             raise BadRequest(str(e)) from None
 
-    def _check_executor(self, app_type: str, elastane: Optional[dict[str, Any]]) -> None:
-        """A PS job whose executors the scheduler could never grant is refused (it would wait
-        forever, and under gang admission so would its AM)."""
-        raw = (elastane or {}).get(ps_job_spec.ELASTANE_FIELD)
-        if app_type.upper() != ps_job_spec.APPLICATION_TYPE or not isinstance(raw, dict):
+    def _check_ps_job(self, app_type: str, ps_job: Optional[ps_job_spec.PSJobSpec]) -> None:
+        """A PS job spec belongs to an ELASTANE_PS app, and a PS job whose executors the scheduler
+        could never grant is refused (it would wait forever, and under gang admission so would its AM)."""
+        if ps_job is None:
             return
+        if app_type.upper() != ps_job_spec.APPLICATION_TYPE:
+            raise BadRequest(f"elastane.{ps_job_spec.ELASTANE_FIELD} needs application-type "
+                             f"{ps_job_spec.APPLICATION_TYPE}, not {app_type!r}")
         try:
-            spec = msgspec.convert(raw, ps_job_spec.PSJobSpec, strict=False)
-        except msgspec.ValidationError:
-            return      # the submission's own validation names what is wrong
-        try:
-            self.scheduler.normalize(Resource(spec.executor_memory_mb, spec.executor_vcores),
+            self.scheduler.normalize(Resource(ps_job.executor_memory_mb, ps_job.executor_vcores),
                                      f"elastane.{ps_job_spec.ELASTANE_FIELD}.executor resource")
         except AskError as e:
             raise BadRequest(str(e)) from None
 
     def submit(self, app_id: str, user: str, name: str, queue: str, app_type: str, am: AmSpec,
-               max_attempts: int, submission: dict[str, Any], elastane: Optional[dict[str, Any]]) -> App:
-        """Create the app in NEW_SAVING; the caller stores it and then calls `app_saved`."""
+               max_attempts: int, *, ps_job: Optional[ps_job_spec.PSJobSpec] = None,
+               extension: Optional[dict[str, object]] = None) -> App:
+        """Create the app in NEW_SAVING; the caller stores it and then calls `app_saved`. `ps_job`
+        is an ELASTANE_PS app's decoded, validated spec (rm/submission.py); the app keeps it typed.
+        `extension` is what else the submission's `elastane` object held."""
         am.resource = self.check_submission(app_id, queue, am.resource)
-        self._check_executor(app_type, elastane)
+        self._check_ps_job(app_type, ps_job)
         if max_attempts < 1:
             raise BadRequest(f"max-app-attempts must be >= 1, got {max_attempts}")
         self.reserved_ids.discard(app_id)
         self._submit_seq += 1
         app = App(app_id=app_id, user=user, name=name, queue=queue, app_type=app_type, am=am,
                   max_attempts=min(max_attempts, self.cfg.max_app_attempts), submit_time=self.clock(),
-                  seq=self._submit_seq, submission=submission, elastane=elastane)
+                  seq=self._submit_seq, extension=extension,
+                  ps=ps_job_view(ps_job, self.scheduler.min_mb) if ps_job is not None else None)
         self.apps[app_id] = app
         self._app_event(app, AppEvent.START)
         self.counters["apps_submitted"] += 1
@@ -218,16 +219,13 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
     def gang_of(self, app: App) -> Optional[Gang]:
         """The executors a PS job's AM waits for under gang admission (RMConfig.gang_admission /
         gang_shape), None for other apps or with it off. The spec was validated at submission."""
-        if not self.cfg.gang_admission or app.app_type.upper() != ps_job_spec.APPLICATION_TYPE:
+        if not self.cfg.gang_admission or app.ps is None:
             return None
-        raw = (app.elastane or {}).get(ps_job_spec.ELASTANE_FIELD)
-        try:
-            spec = msgspec.convert(raw, ps_job_spec.PSJobSpec, strict=False)
-            executor = self.scheduler.normalize(Resource(spec.executor_memory_mb, spec.executor_vcores))
-        except (msgspec.ValidationError, AskError):
+        try:    # checked at submission; a recovered app meets this RM's limits, which may differ
+            executor = self.scheduler.normalize(app.ps.executor)
+        except AskError:
             return None
-        count = (spec.min_workers + spec.min_servers if self.cfg.gang_shape == "minimum"
-                 else spec.workers + spec.servers)
+        count = app.ps.n_min if self.cfg.gang_shape == "minimum" else app.ps.workers + app.ps.servers
         return Gang(executor, count)
 
     def app_saved(self, app_id: str) -> None:

@@ -8,6 +8,7 @@ from protocol import internal_api as api
 from protocol.job_report import JobReport
 from protocol.records import ZERO, AppState, AttemptState, FinalStatus, NodeState, Resource
 
+from .policies.snapshot import PSJobView
 from .preemption_record import PreemptionRecord
 from .shape_history import ShapeHistory
 
@@ -148,8 +149,13 @@ class App:
     max_attempts: int
     submit_time: float
     seq: int
-    submission: dict[str, Any]
-    elastane: Optional[dict[str, Any]] = None
+    # An ELASTANE_PS app's job: the PSJobSpec decoded and validated once at submission
+    # (rm/submission.py), with what the policies read of it (`ps.spec` is the spec itself: what the
+    # state store persists, the REST API shows and the AM is launched with). None for other apps.
+    ps: Optional[PSJobView] = None
+    # The rest of the submission's Elastane extension (its `elastane` object without the PS job
+    # spec), kept as given and shown back by the REST API; None when there was none.
+    extension: Optional[dict[str, object]] = None
     state: AppState = AppState.NEW
     final_status: FinalStatus = FinalStatus.UNDEFINED
     diagnostics: str = ""

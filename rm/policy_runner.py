@@ -20,7 +20,6 @@ from protocol.records import ZERO, Resource
 from .core import ResourceManagerCore
 from .model import App
 from .policies import AppView, ClusterSnapshot, Decision, NodeView, Policy
-from .policies.snapshot import ps_job_view_of
 from .reclaim_runner import reclaim_and_guard
 
 
@@ -60,7 +59,7 @@ def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
         # activation and the request cleared once the AM container is allocated).
         am_limited = sa.am_request is not None and not sa.am_active
         apps.append(AppView(app.app_id, app.queue, app.user, app.state, app.submit_time, sa.used,
-                            app.shape, ps_job_view_of(app.elastane, core.scheduler.min_mb), am_resource=app.am.resource, pending=pending,
+                            app.shape, app.ps, am_resource=app.am.resource, pending=pending,
                             directive=app.directive, am_limited=am_limited, executors=executors_of(core, app),
                             executors_on=tuple(sorted(executors_on.get(app.app_id, {}).items())),
                             am_node=am_node.get(app.app_id)))

@@ -264,7 +264,7 @@ class ClientApi:
         if user != app.user and user not in self.rm.cluster.admins:
             raise Forbidden(f"user {user} is not allowed to reshape {app.app_id} (owner {app.user}; "
                             f"admins: {', '.join(self.rm.cluster.admins)})")
-        if app.elastane is None:
+        if app.ps is None:
             raise BadRequest(f"{app.app_id} is not an elastic PS job (application-type {app.app_type}): "
                              "it has no shape to change")
         if app.state.is_final:

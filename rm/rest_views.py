@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from protocol import ps_job_spec
 from protocol.records import ZERO, AppState, NodeState
 
 from .core import ResourceManagerCore
@@ -196,8 +197,9 @@ def app_json(core: ResourceManagerCore, app: App, rm_url: str = "") -> dict[str,
         "unmanagedApplication": False,
         "amNodeLabelExpression": "", "maxAppAttempts": app.max_attempts,
     }
-    if app.elastane is not None:
-        out["elastane"] = app.elastane
+    elastane = elastane_json(app)
+    if elastane is not None:
+        out["elastane"] = elastane
     if app.shape is not None:
         out["shape"] = app.shape.to_json()
     use = core.utilization.apps.get(app.app_id)
@@ -205,6 +207,15 @@ def app_json(core: ResourceManagerCore, app: App, rm_url: str = "") -> dict[str,
         # Elastane extension: what its running containers use, from the nodes' latest reports.
         out["resourceUtilization"] = use.to_json()
     return out
+
+
+def elastane_json(app: App) -> Optional[dict[str, object]]:
+    """The app's `elastane` object as the REST API shows it: the extension as submitted, with an
+    ELASTANE_PS app's job spec under "ps-job" as the RM holds it (the typed spec encoded, defaults
+    applied and the AM's local resources merged: the spec its AM runs)."""
+    if app.ps is None:
+        return app.extension
+    return {ps_job_spec.ELASTANE_FIELD: app.ps.spec.to_json(), **(app.extension or {})}
 
 
 def am_logs_link(core: ResourceManagerCore, app: App, at: Optional[Attempt], rm_url: str = "") -> str:

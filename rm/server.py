@@ -125,7 +125,8 @@ class ResourceManagerServer:
     def _recover(self) -> None:
         n = 0
         for rec, attempts in self.store.load():
-            self.core.recover(app_from_record(rec), [attempt_from_record(a) for a in attempts])
+            self.core.recover(app_from_record(rec, self.core.scheduler.min_mb),
+                              [attempt_from_record(a) for a in attempts])
             n += 1
         if n:
             log.info("recovered %d applications from %s", n, getattr(self.store, "path", "the state store"))
@@ -153,7 +154,8 @@ class ResourceManagerServer:
     def submit(self, user: str, sub: ValidSubmission) -> None:
         """NEW -> NEW_SAVING -> (stored) -> SUBMITTED -> ACCEPTED; nothing is left if the store fails."""
         app = self.core.submit(sub.app_id, user, sub.name, sub.queue, sub.app_type, sub.am,
-                               sub.max_attempts or self.cfg.max_app_attempts, sub.raw, sub.elastane)
+                               sub.max_attempts or self.cfg.max_app_attempts,
+                               ps_job=sub.ps_job, extension=sub.extension)
         try:
             self._persist({app.app_id})
         except Exception as e:

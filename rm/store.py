@@ -1,7 +1,14 @@
 """The RM state store: an abstract interface and its SQLite implementation.
 
-Apps and attempts are stored as JSON documents keyed by id, so a ZooKeeper or etcd store only
-has to implement the same five methods.
+Apps and attempts are stored as JSON documents keyed by id (the msgspec JSON encoding of
+`AppRecord` / `AttemptRecord`), so a ZooKeeper or etcd store only has to implement the same four
+methods of `StateStore` and keep the documents as they are given.
+
+A PS job's spec is part of its app's document in its typed form: `AppRecord.ps_job` is the
+`PSJobSpec` the RM decoded at submission, encoded by msgspec and decoded once on recovery
+(`app_from_record` then builds the app's `PSJobView`). Documents written before the spec was kept
+typed hold it raw inside the extension, `elastane["ps-job"]`, and a `submission` copy of the whole
+request: they still load -- the raw spec is decoded there, once, and `submission` is ignored.
 """
 from __future__ import annotations
 
@@ -12,9 +19,12 @@ from typing import Any, Optional
 
 import msgspec
 
+from protocol import ps_job_spec
+from protocol.ps_job_spec import PSJobSpec
 from protocol.records import AppState, AttemptState, FinalStatus, Resource
 
 from .model import AmSpec, App, Attempt
+from .policies.snapshot import ps_job_view
 
 
 class AppRecord(msgspec.Struct, forbid_unknown_fields=False):
@@ -32,7 +42,6 @@ class AppRecord(msgspec.Struct, forbid_unknown_fields=False):
     max_attempts: int
     submit_time: float
     seq: int
-    submission: dict[str, Any]
     state: str
     final_status: str
     diagnostics: str = ""
@@ -40,9 +49,12 @@ class AppRecord(msgspec.Struct, forbid_unknown_fields=False):
     finish_time: float = 0.0
     tracking_url: str = ""
     progress: float = 0.0
-    elastane: Optional[dict[str, Any]] = None
+    # The submission's Elastane extension without the PS job spec (App.extension); in a document
+    # written before `ps_job` existed, the whole extension, the raw spec under "ps-job" included.
+    elastane: Optional[dict[str, object]] = None
     memory_seconds: float = 0.0
     vcore_seconds: float = 0.0
+    ps_job: Optional[PSJobSpec] = None      # an ELASTANE_PS app's spec (App.ps.spec)
 
 
 class AttemptRecord(msgspec.Struct, forbid_unknown_fields=False):
@@ -63,18 +75,43 @@ class AttemptRecord(msgspec.Struct, forbid_unknown_fields=False):
 
 
 def app_to_record(app: App) -> AppRecord:
-    return AppRecord(app.app_id, app.user, app.name, app.queue, app.app_type, app.am.commands,
-                     app.am.environment, app.am.local_resources, app.am.resource, app.max_attempts,
-                     app.submit_time, app.seq, app.submission, app.state.value, app.final_status.value,
-                     app.diagnostics, app.start_time, app.finish_time, app.tracking_url, app.progress,
-                     app.elastane, app.memory_seconds, app.vcore_seconds)
+    return AppRecord(app_id=app.app_id, user=app.user, name=app.name, queue=app.queue, app_type=app.app_type,
+                     am_commands=app.am.commands, am_environment=app.am.environment,
+                     am_local_resources=app.am.local_resources, am_resource=app.am.resource,
+                     max_attempts=app.max_attempts, submit_time=app.submit_time, seq=app.seq,
+                     state=app.state.value, final_status=app.final_status.value, diagnostics=app.diagnostics,
+                     start_time=app.start_time, finish_time=app.finish_time, tracking_url=app.tracking_url,
+                     progress=app.progress, elastane=app.extension, memory_seconds=app.memory_seconds,
+                     vcore_seconds=app.vcore_seconds, ps_job=app.ps.spec if app.ps is not None else None)
 
 
-def app_from_record(r: AppRecord) -> App:
+def _stored_spec(r: AppRecord) -> tuple[Optional[PSJobSpec], Optional[dict[str, object]]]:
+    """The record's PS job spec and the rest of its extension. A document from before the typed
+    spec holds it raw in the extension: decoded here as the RM's policies decoded it then (types
+    coerced); one that no longer decodes stays raw in the extension, and the app is no PS job to
+    the policies or gang admission (as it was to them before)."""
+    if r.ps_job is not None or r.elastane is None or r.app_type.upper() != ps_job_spec.APPLICATION_TYPE:
+        return r.ps_job, r.elastane
+    raw = r.elastane.get(ps_job_spec.ELASTANE_FIELD)
+    if not isinstance(raw, dict):
+        return None, r.elastane
+    try:
+        spec = msgspec.convert(raw, PSJobSpec, strict=False)
+    except msgspec.ValidationError:
+        return None, r.elastane
+    rest = {k: v for k, v in r.elastane.items() if k != ps_job_spec.ELASTANE_FIELD}
+    return spec, rest or None
+
+
+def app_from_record(r: AppRecord, minimum_allocation_mb: int) -> App:
+    """The app an RM restores from its record; `minimum_allocation_mb` is the scheduler's (the
+    PS job's view rounds its executor to it, as at submission)."""
+    spec, extension = _stored_spec(r)
     return App(app_id=r.app_id, user=r.user, name=r.name, queue=r.queue, app_type=r.app_type,
                am=AmSpec(r.am_commands, r.am_environment, r.am_local_resources, r.am_resource),
-               max_attempts=r.max_attempts, submit_time=r.submit_time, seq=r.seq, submission=r.submission,
-               elastane=r.elastane, state=AppState(r.state), final_status=FinalStatus(r.final_status),
+               max_attempts=r.max_attempts, submit_time=r.submit_time, seq=r.seq,
+               ps=ps_job_view(spec, minimum_allocation_mb) if spec is not None else None, extension=extension,
+               state=AppState(r.state), final_status=FinalStatus(r.final_status),
                diagnostics=r.diagnostics, start_time=r.start_time, finish_time=r.finish_time,
                tracking_url=r.tracking_url, progress=r.progress, memory_seconds=r.memory_seconds,
                vcore_seconds=r.vcore_seconds)

@@ -94,7 +94,7 @@ class SubmissionContext(_In, rename=_RENAME):
     queue: str = "default"
     max_app_attempts: Optional[int] = None
     application_type: str = "YARN"
-    elastane: Optional[dict[str, Any]] = None     # Elastane's extension (e.g. a PS job spec)
+    elastane: Optional[dict[str, object]] = None  # Elastane's extension (e.g. a PS job spec)
     # ---- accepted and ignored (IGNORED_SUBMISSION_FIELDS) ----
     application_tags: Any = None
     priority: Any = None
@@ -143,8 +143,10 @@ class ValidSubmission:
     app_type: str
     am: AmSpec
     max_attempts: Optional[int]
-    elastane: Optional[dict[str, Any]]
-    raw: dict[str, Any]
+    # An ELASTANE_PS app's job spec, decoded and validated here, the one time the RM parses it
+    # (with the AM container's local resources merged in: the spec the AM is launched with).
+    ps_job: Optional[ps_job_spec.PSJobSpec]
+    extension: Optional[dict[str, object]]    # the rest of the `elastane` object, as given
 
 
 def _entries(x: Any) -> list[Any]:
@@ -246,8 +248,9 @@ def validate(ctx: SubmissionContext) -> ValidSubmission:
     local = _local_resources(ctx.am_container_spec.local_resources)
     if ps_spec is not None:   # the PS AM reads its (validated, normalised) job spec from its env
         ps_spec, local = _one_set_of_resources(ps_spec, local)
-        env[ps_job_spec.PS_SPEC_ENV] = msgspec.json.encode(ps_spec.to_json()).decode()
+        env[ps_job_spec.PS_SPEC_ENV] = msgspec.json.encode(ps_spec).decode()
     am = AmSpec(commands=[command], environment=env, local_resources=local, resource=ctx.resource)
+    extension = {k: v for k, v in (ctx.elastane or {}).items() if k != ps_job_spec.ELASTANE_FIELD}
     return ValidSubmission(app_id=ctx.application_id, name=ctx.application_name, queue=ctx.queue,
                            app_type=ctx.application_type, am=am, max_attempts=ctx.max_app_attempts,
-                           elastane=ctx.elastane, raw=msgspec.to_builtins(ctx))
+                           ps_job=ps_spec, extension=extension if ctx.elastane is not None else None)

@@ -236,7 +236,7 @@ class SimJob:
         self.record.app_id = self.app_id
         am = AmSpec([ps_job_spec.AM_COMMAND], {}, {}, Resource(self.timings.am_memory_mb, 1))
         core.submit(self.app_id, self.job.user, self.job.name, self.job.queue, ps_job_spec.APPLICATION_TYPE, am,
-                    1, {}, {ps_job_spec.ELASTANE_FIELD: self.spec_json()})
+                    1, ps_job=self.spec)
         core.app_saved(self.app_id)
 
     def am_launched(self, effect: "LaunchAm") -> None:

@@ -28,11 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from protocol import internal_api as api
 from protocol.config import ClusterConfig, RMConfig
 from protocol.job_report import JobReport
+from protocol.ps_job_spec import PSJobSpec
 from protocol.records import Resource
 from rm.model import AmSpec
 from rm.policies import ClusterSnapshot, Decision, DormPolicy
@@ -100,8 +102,8 @@ class _Workload:
                 "max_servers": n_max - n_max // 2, "weight": float(weight),
                 "executor_memory_mb": mem_gb * 1024, "executor_vcores": vcores}
         app_id = core.new_application()
-        core.submit(app_id, "bench", "ps", "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, AM), 1, {},
-                    {"ps-job": spec})
+        core.submit(app_id, "bench", "ps", "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, AM), 1,
+                    ps_job=msgspec.convert(spec, PSJobSpec))
         core.app_saved(app_id)
         for eff in core.take_effects():
             core.am_launched(eff.attempt_id)

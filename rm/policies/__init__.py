@@ -8,7 +8,7 @@ utilization-fairness optimizer (rm/policies/dorm.py); `drf` and `tetris` the bas
 """
 from .base import Policy, create, describe, known, places_new_jobs, register
 from .decision import Decision, DecisionError, JobDecision
-from .snapshot import AppView, ClusterSnapshot, NodeView, PSJobView, ps_job_view, ps_job_view_of
+from .snapshot import AppView, ClusterSnapshot, NodeView, PSJobView, ps_job_view
 from .dorm import DormPolicy
 from .drf import DrfPolicy
 from .eps import EpsPolicy
@@ -27,4 +27,4 @@ register("harmony", HarmonyPolicy.from_settings, takes_settings=True)
 
 __all__ = ["AppView", "ClusterSnapshot", "Decision", "DecisionError", "DormPolicy", "DrfPolicy", "EpsPolicy",
            "HarmonyPolicy", "JobDecision", "NodeView", "OptimusPolicy", "PSJobView", "Policy", "StaticPolicy",
-           "TetrisPolicy", "create", "describe", "known", "places_new_jobs", "ps_job_view", "ps_job_view_of", "register"]
+           "TetrisPolicy", "create", "describe", "known", "places_new_jobs", "ps_job_view", "register"]

@@ -1,14 +1,15 @@
 """The cluster snapshot a policy decides on: plain, immutable data (the simulator builds the same).
 
-A PS job's submitted spec reaches the policies once, typed: `AppView.ps` (a `PSJobView`, built by
-`ps_job_view` from the app's `elastane.ps-job` extension when the snapshot is built), so no policy
-parses the raw submission dict. Its progress and phase are the AM's latest `JobReport`
+A PS job's submitted spec reaches the policies typed: `AppView.ps` is the app's `PSJobView`, which
+the RM builds once (`ps_job_view`) from the `PSJobSpec` it decoded at submission (or on recovery)
+and keeps in its app record (rm/model.py `App.ps`), so no policy round parses a spec. Its progress and phase are the AM's latest `JobReport`
 (`AppView.shape`). App and node states are the `AppState` / `NodeState` enums.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from collections.abc import Mapping
+from typing import Optional, Union, overload
 
 import msgspec
 
@@ -54,19 +55,23 @@ class PSJobView:
         return self.max_workers + self.max_servers
 
 
-def ps_job_view(raw: Any, minimum_allocation_mb: int = 1) -> Optional[PSJobView]:
-    """The typed view of a PS job spec (`raw`: the `ps-job` object of a submission, or a
-    PSJobSpec); None when it is not one (the RM validated it at submission, so only a spec stored
-    before a format change can fail here: such an app is left to the scheduler like any other)."""
-    if isinstance(raw, ps_job_spec.PSJobSpec):
-        spec = raw
-    elif isinstance(raw, dict):
+@overload
+def ps_job_view(spec: ps_job_spec.PSJobSpec, minimum_allocation_mb: int = 1) -> PSJobView: ...
+@overload
+def ps_job_view(spec: Mapping[str, object], minimum_allocation_mb: int = 1) -> Optional[PSJobView]: ...
+
+
+def ps_job_view(spec: Union[ps_job_spec.PSJobSpec, Mapping[str, object]],
+                minimum_allocation_mb: int = 1) -> Optional[PSJobView]:
+    """The policies' view of a PS job spec, with the executor memory rounded up to the scheduler's
+    `minimum_allocation_mb` step. The RM passes the `PSJobSpec` it decoded at submission; builders
+    of snapshots outside the RM (tests, benches, the simulator's traces) may pass the spec's JSON
+    object, which is decoded here (None when it is not a spec)."""
+    if not isinstance(spec, ps_job_spec.PSJobSpec):
         try:
-            spec = msgspec.convert(raw, ps_job_spec.PSJobSpec, strict=False)
+            spec = msgspec.convert(spec, ps_job_spec.PSJobSpec, strict=False)
         except msgspec.ValidationError:
             return None
-    else:
-        return None
     max_epochs: Optional[int] = spec.max_epochs
     threshold: Optional[float] = spec.convergence_threshold
     hp_raw = spec.app_hparams()
@@ -79,8 +84,10 @@ def ps_job_view(raw: Any, minimum_allocation_mb: int = 1) -> Optional[PSJobView]
         max_epochs = max_epochs if max_epochs is not None else getattr(hp, "max_epochs", None)
         threshold = threshold if threshold is not None else getattr(hp, "convergence_threshold", None)
     else:       # a user app: only what its hparams say outright
-        max_epochs = max_epochs if max_epochs is not None else _number(hp_raw.get("max_epochs"), int)
-        threshold = threshold if threshold is not None else _number(hp_raw.get("convergence_threshold"), float)
+        hp_epochs = _number(hp_raw.get("max_epochs"))
+        hp_threshold = _number(hp_raw.get("convergence_threshold"))
+        max_epochs = max_epochs if max_epochs is not None else (int(hp_epochs) if hp_epochs is not None else None)
+        threshold = threshold if threshold is not None else hp_threshold
     step = max(1, minimum_allocation_mb)
     mem = -(-spec.executor_memory_mb // step) * step     # as the scheduler normalises the asks
     return PSJobView(spec=spec, app=spec.app, workers=spec.workers, servers=spec.servers,
@@ -92,13 +99,8 @@ def ps_job_view(raw: Any, minimum_allocation_mb: int = 1) -> Optional[PSJobView]
                      early_feedback_iterations=spec.early_feedback_iterations)
 
 
-def _number(value: object, kind: type[int] | type[float]) -> Optional[Any]:
-    return kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def ps_job_view_of(elastane: Optional[dict[str, Any]], minimum_allocation_mb: int = 1) -> Optional[PSJobView]:
-    """`ps_job_view` of a submission's `elastane` extension (None when it holds no `ps-job`)."""
-    return ps_job_view((elastane or {}).get(ps_job_spec.ELASTANE_FIELD), minimum_allocation_mb)
+def _number(value: object) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgspec
+
 from protocol import internal_api as api
 from protocol import tokens
 from protocol.config import ClusterConfig, QueueConfig, RMConfig
+from protocol.ps_job_spec import PSJobSpec
 from protocol.records import Resource
 
 from rm.core import ResourceManagerCore
@@ -60,9 +63,15 @@ def submit(core: ResourceManagerCore, user: str = "alice", queue: str = "default
            vcores: int = 1, max_attempts: int = 2) -> str:
     app_id = core.new_application()
     core.submit(app_id, user, "job", queue, "YARN", AmSpec(["true"], {}, {}, Resource(mem, vcores)),
-                max_attempts, {}, None)
+                max_attempts)
     core.app_saved(app_id)
     return app_id
+
+
+def ps_spec(fields: dict[str, Any]) -> PSJobSpec:
+    """A PS job spec from its JSON fields, as rm/submission.py hands it to `core.submit` (decoded;
+    the data checks of `ps_job_spec.validate` are left to the tests of submission)."""
+    return msgspec.convert(fields, PSJobSpec)
 
 
 def am_claims(core: ResourceManagerCore, app_id: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ class PageEnv:
         core = self.rm.core
         app_id = core.new_application()
         core.submit(app_id, user, name, "default", app_type, AmSpec(["true"], {}, {}, Resource(1024, 1)),
-                    2, {}, None)
+                    2)
         core.app_saved(app_id)
         return app_id
 

@@ -85,7 +85,7 @@ async def test_a_stored_app_that_cannot_be_encoded_does_not_take_the_listing_dow
         ids.append(app_id)
     bad = ids[1]
     # a record from before the codec refused it (or corrupted since): its extension holds 2^64
-    server.core.apps[bad].elastane = {"ps-job": {"hparams": {"learning_rate": 2 ** 64}}}
+    server.core.apps[bad].extension = {"note": {"learning_rate": 2 ** 64}}
     status, apps = await _listing(client)
     assert status == 200
     by_id = {a["id"]: a for a in apps}

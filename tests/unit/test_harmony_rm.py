@@ -15,7 +15,7 @@ from rm.model import AmSpec
 from rm.policies import HarmonyPolicy, describe
 from rm.policy_runner import run_policy
 from rm.server import ResourceManagerServer
-from rm_testing import FakeClock, launch_and_register, register
+from rm_testing import FakeClock, launch_and_register, ps_spec, register
 
 BASE = "/ws/v1/cluster"
 WAIT_S = 0.5
@@ -25,7 +25,7 @@ def submit_ps(core, name: str) -> str:
     app_id = core.new_application()
     spec = {"app": "mlr", "workers": 1, "servers": 1, "executor_memory_mb": 1024, "executor_vcores": 1}
     core.submit(app_id, "alice", name, "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, Resource(1024, 1)),
-                1, {}, {"ps-job": spec})
+                1, ps_job=ps_spec(spec))
     core.app_saved(app_id)
     return app_id
 

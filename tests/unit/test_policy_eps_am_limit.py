@@ -14,7 +14,7 @@ from rm.model import AmSpec
 from rm.policies import AppView, ClusterSnapshot, Decision, EpsPolicy, NodeView, PSJobView, ps_job_view
 from rm.policies.eps_jobs import classify
 from rm.policy_runner import build_snapshot, run_policy
-from rm_testing import ask, launch_and_register, make_core, register
+from rm_testing import ask, launch_and_register, make_core, ps_spec, register
 
 E = Resource(1024, 1)          # one executor
 AM = Resource(1024, 1)         # one AM container
@@ -137,8 +137,8 @@ def test_fragmented_free_resources_are_counted_cluster_wide():
 
 def submit_ps(core, workers: int, servers: int, name: str) -> str:
     app_id = core.new_application()
-    core.submit(app_id, "alice", name, "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, AM), 1, {},
-                {"ps-job": raw_spec(workers, servers)})
+    core.submit(app_id, "alice", name, "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, AM), 1,
+                ps_job=ps_spec(raw_spec(workers, servers)))
     core.app_saved(app_id)
     return app_id
 

@@ -15,7 +15,7 @@ from rm.model import AmSpec
 from rm.policies import EpsPolicy
 from rm.policy_runner import run_policy
 from rm.server import ResourceManagerServer
-from rm_testing import FakeClock, ask, heartbeat, launch_and_register, make_core, register
+from rm_testing import FakeClock, ask, heartbeat, launch_and_register, make_core, ps_spec, register
 
 E = Resource(1024, 1)
 
@@ -24,7 +24,7 @@ def submit_ps(core, workers: int, servers: int, name: str) -> str:
     app_id = core.new_application()
     spec = {"app": "mlr", "workers": workers, "servers": servers, "executor_memory_mb": 1024, "executor_vcores": 1}
     core.submit(app_id, "alice", name, "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, Resource(1024, 1)),
-                1, {}, {"ps-job": spec})
+                1, ps_job=ps_spec(spec))
     core.app_saved(app_id)
     return app_id
 

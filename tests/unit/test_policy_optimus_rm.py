@@ -15,7 +15,7 @@ from rm.policies import OptimusPolicy
 from rm.policies.optimus import SCHEDULING_INTERVAL_S
 from rm.policy_runner import run_policy
 from rm.server import ResourceManagerServer
-from rm_testing import FakeClock, ask, launch_and_register, register
+from rm_testing import FakeClock, ask, launch_and_register, ps_spec, register
 
 E = Resource(1024, 1)
 
@@ -25,7 +25,7 @@ def submit_ps(core, workers: int, servers: int, most: int, name: str) -> str:
     spec = {"app": "mlr", "workers": workers, "servers": servers, "max_workers": most, "max_servers": most,
             "executor_memory_mb": 1024, "executor_vcores": 1, "max_epochs": 200, "convergence_threshold": 1e-3}
     core.submit(app_id, "alice", name, "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, Resource(1024, 1)),
-                1, {}, {"ps-job": spec})
+                1, ps_job=ps_spec(spec))
     core.app_saved(app_id)
     return app_id
 

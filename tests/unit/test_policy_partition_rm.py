@@ -20,7 +20,7 @@ from rm.model import AmSpec
 from rm.policies import DormPolicy, DrfPolicy, TetrisPolicy
 from rm.policy_runner import run_policy
 from rm.server import ResourceManagerServer
-from rm_testing import FakeClock, heartbeat, launch_and_register, register
+from rm_testing import FakeClock, heartbeat, launch_and_register, ps_spec, register
 
 E = Resource(1024, 1)
 
@@ -29,7 +29,7 @@ def submit_ps(core: ResourceManagerCore, name: str, **spec: Any) -> str:
     app_id = core.new_application()
     ps = {"app": "mlr", "executor_memory_mb": 1024, "executor_vcores": 1, "elastic_mode": "kill", **spec}
     core.submit(app_id, "alice", name, "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, Resource(1024, 1)),
-                1, {}, {"ps-job": ps})
+                1, ps_job=ps_spec(ps))
     core.app_saved(app_id)
     return app_id
 

@@ -6,15 +6,15 @@ import msgspec
 from protocol.ps_app_schemas import APP_SCHEMAS
 from protocol.records import AppState, NodeState, Resource
 from rm.model import AmSpec
-from rm.policies import AppView, NodeView, ps_job_view, ps_job_view_of
+from rm.policies import AppView, NodeView, ps_job_view
 from rm.policy_runner import build_snapshot
-from rm_testing import make_core, register, submit
+from rm_testing import make_core, ps_spec, register, submit
 
 
 def submit_ps(core, spec: dict) -> str:
     app_id = core.new_application()
-    core.submit(app_id, "alice", "ps", "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, Resource(512, 1)), 1, {},
-                {"ps-job": spec})
+    core.submit(app_id, "alice", "ps", "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, Resource(512, 1)), 1,
+                ps_job=ps_spec(spec))
     core.app_saved(app_id)
     return app_id
 
@@ -57,10 +57,18 @@ def test_a_user_app_has_only_the_epochs_its_hparams_state() -> None:
 
 
 def test_not_a_spec_is_no_view() -> None:
-    assert ps_job_view_of(None) is None
-    assert ps_job_view_of({"other": 1}) is None
+    assert ps_job_view({"other": 1}) is None
     assert ps_job_view({"app": "mlr", "workers": "many"}) is None
-    assert ps_job_view("mlr") is None
+
+
+def test_the_snapshot_takes_the_view_the_app_keeps_it_is_not_rebuilt_each_round() -> None:
+    core = make_core(minimum_allocation_mb=256)
+    register(core, "n1:1")
+    ps = submit_ps(core, {"app": "mlr", "executor_memory_mb": 300})
+    kept = core.apps[ps].ps
+    assert kept is not None and kept.executor == Resource(512, 1)
+    first, second = (next(v.ps for v in build_snapshot(core).apps if v.app_id == ps) for _ in range(2))
+    assert first is kept and second is kept
 
 
 def test_views_built_outside_the_rm_take_state_names() -> None:

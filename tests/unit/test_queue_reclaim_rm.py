@@ -25,7 +25,7 @@ from rm.policy_runner import build_snapshot
 from rm.reclaim_runner import reclaim_inputs
 from rm.rest_views import app_json, scheduler_info
 from rm.web.scheduler_page import render_scheduler_page
-from rm_testing import FakeClock, ask, heartbeat, launch_and_register, make_core, register, submit
+from rm_testing import FakeClock, ask, heartbeat, launch_and_register, make_core, ps_spec, register, submit
 
 E = Resource(1024, 1)
 NODES = ("n1:1", "n2:1")
@@ -37,7 +37,7 @@ SETTINGS: dict[str, Any] = {"preemption_natural_termination_factor": 1.0, "preem
 def submit_ps(core: ResourceManagerCore, queue: str, **spec: Any) -> str:
     app_id = core.new_application()
     ps = {"app": "mlr", "executor_memory_mb": 1024, "executor_vcores": 1, **spec}
-    core.submit(app_id, "alice", "job", queue, "ELASTANE_PS", AmSpec(["true"], {}, {}, E), 1, {}, {"ps-job": ps})
+    core.submit(app_id, "alice", "job", queue, "ELASTANE_PS", AmSpec(["true"], {}, {}, E), 1, ps_job=ps_spec(ps))
     core.app_saved(app_id)
     return app_id
 

@@ -48,12 +48,12 @@ def test_am_waits_until_a_node_registers_and_memory_is_normalised():
 def test_submission_checks_change_nothing():
     core = make_core()
     with pytest.raises(BadRequest, match="not handed out"):
-        core.submit("application_1_0001", "u", "n", "default", "", AmSpec(["x"], {}, {}, Resource(1, 1)), 1, {}, None)
+        core.submit("application_1_0001", "u", "n", "default", "", AmSpec(["x"], {}, {}, Resource(1, 1)), 1)
     app_id = core.new_application()
     with pytest.raises(BadRequest, match="queue"):
-        core.submit(app_id, "u", "n", "nope", "", AmSpec(["x"], {}, {}, Resource(1, 1)), 1, {}, None)
+        core.submit(app_id, "u", "n", "nope", "", AmSpec(["x"], {}, {}, Resource(1, 1)), 1)
     with pytest.raises(BadRequest, match="maximum allocation"):
-        core.submit(app_id, "u", "n", "default", "", AmSpec(["x"], {}, {}, Resource(10**9, 1)), 1, {}, None)
+        core.submit(app_id, "u", "n", "default", "", AmSpec(["x"], {}, {}, Resource(10**9, 1)), 1)
     assert core.apps == {} and app_id in core.reserved_ids
 
 
@@ -233,7 +233,7 @@ def test_recovery_roundtrip_gives_unfinished_apps_a_new_attempt():
     clock.advance(100)
     core2 = make_core(clock)
     for rec, ats in saved:
-        core2.recover(app_from_record(rec), [attempt_from_record(x) for x in ats])
+        core2.recover(app_from_record(rec, core2.scheduler.min_mb), [attempt_from_record(x) for x in ats])
     assert core2.apps[done].state == AppState.FINISHED
     app = core2.apps[running]
     assert app.state == AppState.ACCEPTED and len(app.attempts) == 2   # restart does not count as a failure

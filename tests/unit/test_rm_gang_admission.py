@@ -10,7 +10,7 @@ from protocol.config import QueueConfig
 from protocol.records import ZERO, Resource
 from protocol.remote_exception import BadRequest
 from rm.model import AmSpec
-from rm_testing import am_claims, ask, heartbeat, make_core, register, submit
+from rm_testing import am_claims, ask, heartbeat, make_core, ps_spec, register, submit
 
 AM = Resource(1024, 1)
 EXEC = Resource(1024, 1)
@@ -19,10 +19,10 @@ EXEC = Resource(1024, 1)
 def submit_ps(core, workers: int = 2, servers: int = 1, min_workers: int = 2, min_servers: int = 1,
               user: str = "alice", queue: str = "default", **spec) -> str:
     app_id = core.new_application()
-    core.submit(app_id, user, "ps", queue, "ELASTANE_PS", AmSpec(["true"], {}, {}, AM), 1, {},
-                {"ps-job": {"app": "mlr", "workers": workers, "servers": servers, "min_workers": min_workers,
-                            "min_servers": min_servers, "executor_memory_mb": EXEC.memory,
-                            "executor_vcores": EXEC.vcores, **spec}})
+    core.submit(app_id, user, "ps", queue, "ELASTANE_PS", AmSpec(["true"], {}, {}, AM), 1,
+                ps_job=ps_spec({"app": "mlr", "workers": workers, "servers": servers, "min_workers": min_workers,
+                                "min_servers": min_servers, "executor_memory_mb": EXEC.memory,
+                                "executor_vcores": EXEC.vcores, **spec}))
     core.app_saved(app_id)
     return app_id
 
@@ -109,8 +109,8 @@ def test_a_ps_job_whose_executor_exceeds_the_maximum_allocation_is_refused_and_n
     core = make_core(maximum_allocation_vcores=4)
     app_id = core.new_application()
     with pytest.raises(BadRequest, match="elastane.ps-job.executor resource"):
-        core.submit(app_id, "alice", "ps", "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, AM), 1, {},
-                    {"ps-job": {"app": "mlr", "executor_vcores": 8}})
+        core.submit(app_id, "alice", "ps", "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, AM), 1,
+                    ps_job=ps_spec({"app": "mlr", "executor_vcores": 8}))
     assert app_id not in core.apps and app_id in core.reserved_ids
 
 

@@ -33,7 +33,7 @@ async def _client(tmp_path: Path, remote: str) -> AsyncIterator[tuple[ResourceMa
 
 def _submit(rm: ResourceManagerServer) -> str:
     app_id = rm.core.new_application()
-    rm.core.submit(app_id, "alice", "job", "default", "YARN", AmSpec(["true"], {}, {}, Resource(1024, 1)), 2, {}, None)
+    rm.core.submit(app_id, "alice", "job", "default", "YARN", AmSpec(["true"], {}, {}, Resource(1024, 1)), 2)
     rm.core.app_saved(app_id)
     return app_id
 

@@ -20,7 +20,7 @@ from protocol.job_report import JobReport
 from protocol.records import Resource
 from rm.model import AmSpec
 from rm.server import ResourceManagerServer
-from rm_testing import SECRET, launch_and_register, register
+from rm_testing import SECRET, launch_and_register, ps_spec, register
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
@@ -99,7 +99,7 @@ def test_pages_live_updates_shape_change_and_links(served: ServedRm) -> None:
         register(core, "n1:1")
         app_id = core.new_application()
         core.submit(app_id, "alice", "<b>mf</b>", "default", "ELASTANE_PS",
-                    AmSpec(["true"], {}, {}, Resource(512, 1)), 2, {}, {"workers": 2})
+                    AmSpec(["true"], {}, {}, Resource(512, 1)), 2, ps_job=ps_spec({"app": "mlr", "workers": 2}))
         core.app_saved(app_id)
         state["app"] = app_id
         state["claims"] = launch_and_register(core, app_id)
