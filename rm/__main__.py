@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from protocol import config as config_mod, storage_settings
 from protocol.daemon import run_daemon, setup_logging
 from protocol.durable_storage import DurableStorageError, check_reachable, write_atomic
+from protocol.ha_config import load_ha, resolve_rm_id
 
 from . import policies
 
@@ -36,6 +37,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--am-expiry-s", type=float)
     p.add_argument("--policy")
     p.add_argument("--ready-file")
+    p.add_argument("--rm-id", help="this RM's id among cluster.toml's [ha] rm_ids (HA clusters; "
+                                   "else $ELASTANE_RM_ID or rm.toml's [ha] rm_id)")
     return p.parse_args(argv)
 
 
@@ -114,8 +117,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     from .server import ResourceManagerServer   # imported late: flag errors need no aiohttp start-up
 
+    server: Any
     try:
-        server = ResourceManagerServer(cfg, cluster)
+        ha = load_ha(args.cluster_config or str(config_mod.CONF_DIR / "cluster.toml"))
+        if ha.enabled:      # one RM of an active/standby pair, elected on etcd (rm/ha/)
+            from .ha.ha_server import HaResourceManager
+
+            server = HaResourceManager(cfg, cluster, ha, resolve_rm_id(ha, args.rm_id, args.config))
+        else:
+            server = ResourceManagerServer(cfg, cluster)
+    except config_mod.ConfigError as e:
+        print(f"rm: configuration error: {e}", file=sys.stderr)
+        return 2
     except (ValueError, OSError) as e:
         print(f"rm: cannot start: {e}", file=sys.stderr)
         return 2
@@ -127,7 +140,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.ready_file:
             write_ready_file(args.ready_file, ready_info(url))
 
-    run_daemon(start, server.stop)
+    try:
+        run_daemon(start, server.stop)
+    except config_mod.ConfigError as e:     # found at start: e.g. an etcd endpoint that does not answer
+        print(f"rm: configuration error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

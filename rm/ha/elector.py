@@ -118,6 +118,12 @@ class Elector:
             else:
                 await self._observe()
         elif state.holds_leadership:
+            if self.role.lease_expired(self.clock()):
+                # Past the deadline before even asking (the process was paused, or its loop held
+                # up): another RM may be active already, so stop acting before anything else.
+                self._step_down(HAEvent.LEASE_EXPIRED, f"the lease ({self.ha.lease_s:g}s) ran out before it "
+                                                       "could be renewed (this process was paused or blocked)")
+                return
             await self._renew()
 
     def _interval(self) -> float:
