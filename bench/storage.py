@@ -56,6 +56,8 @@ from appmaster.ps.checkpoints import Checkpointer  # noqa: E402
 from appmaster.ps.executor_pool import ExecutorRecord  # noqa: E402
 from nodemanager import localizer  # noqa: E402
 from protocol import ps_job_spec  # noqa: E402
+from protocol.checkpoint_manifest import JobRecord  # noqa: E402
+from protocol.ps_status import EpochResult  # noqa: E402
 from protocol.local_resources import LocalResource  # noqa: E402
 
 NUM_BLOCKS = 16
@@ -68,13 +70,12 @@ class Failure(Exception):
     """A sample that did not do what it should (its figure is not used)."""
 
 
-def _job_record() -> dict[str, Any]:
+def _job_record() -> JobRecord:
     """The job fields a checkpoint's job.json carries (what the AM's master.job_record gives)."""
     spec = ps_job_spec.validate({"app": "mlr", "workers": 1, "servers": SERVERS})
-    return {"spec": spec.to_json(), "attempt_id": "appattempt_1_0001_000001", "initial_objective": 1.0,
-            "objective_history": [{"epoch": 0, "objective": 0.5, "epoch_time_s": 1.0, "time": 1.0}],
-            "shape_history": [{"workers": 1, "servers": SERVERS}], "iterations": 1, "clocks": 1,
-            "minibatches_run": 1}
+    return JobRecord(spec=spec, attempt_id="appattempt_1_0001_000001", initial_objective=1.0,
+                     objective_history=[EpochResult(epoch=0, objective=0.5, epoch_time_s=1.0, time=1.0)],
+                     iterations=1, clocks=1, minibatches_run=1)
 
 
 def stats(values: Sequence[float]) -> dict[str, float | int | None]:

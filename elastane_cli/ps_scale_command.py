@@ -27,7 +27,7 @@ import msgspec
 from protocol import ps_job_spec
 from protocol.http_client import JsonHttpClient, RemoteError
 from protocol.ps_status import DirectiveRecord, PsStatus, decode_status
-from protocol.shape_history import ShapeChange, decode_history
+from protocol.shape_history import ShapeChange
 
 from .app_commands import _app_id
 from .context import CliContext, common_parent
@@ -89,10 +89,12 @@ def check_target(status: PsStatus, workers: int, servers: int) -> None:
         raise UsageError(f"a job keeps at least 1 worker: the change would leave {workers}")
     if servers < 1:
         raise UsageError(f"a job keeps at least 1 server: the change would leave {servers}")
-    limits = (status.eps or {}).get("limits") or {}
-    for role, n in (("workers", workers), ("servers", servers)):
-        if isinstance(limits.get(role), int) and n > limits[role]:
-            raise UsageError(f"{n} {role} is more than this job's maximum of {limits[role]}")
+    limits = status.eps.limits if status.eps else None
+    if limits is None:
+        return
+    for role, n, most in (("workers", workers, limits.workers), ("servers", servers, limits.servers)):
+        if n > most:
+            raise UsageError(f"{n} {role} is more than this job's maximum of {most}")
 
 
 async def _am_status(am: JsonHttpClient, url: str) -> PsStatus:
@@ -138,7 +140,7 @@ async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
         try:
             # The shape to change is the AM's live one (the RM's copy lags a heartbeat behind), read
             # once no change runs, so the relative flags apply to the shape that change left.
-            while (status := await _am_status(am, url)) and (status.eps or {}).get("running"):
+            while (status := await _am_status(am, url)) and status.eps is not None and status.eps.running:
                 if loop.time() > deadline:
                     raise OperationFailed(f"another change of {app_id} is still running after {timeout_s:.0f}s")
                 await asyncio.sleep(POLL_S)
@@ -147,7 +149,7 @@ async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
                 raise UsageError(f"{app_id} has no serving executors yet: scale it once it trains")
             target_w, target_s = current_w + workers, current_s + servers
             check_target(status, target_w, target_s)
-            seen = len(decode_history(status.shape_history))
+            seen = len(status.shape_history)
             shape = await rm.put_shape(app_id, target_w, target_s, reason=(
                 f"elastane ps scale by {ctx.user}: workers {workers:+d}, servers {servers:+d}"))
             version = int((shape.get("directive") or {}).get("version", 0))
@@ -166,7 +168,7 @@ async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
                 await asyncio.sleep(POLL_S)
         finally:
             await am.close()
-    return decode_history(status.shape_history)[seen:]
+    return status.shape_history[seen:]
 
 
 def cmd_scale(args: argparse.Namespace, ctx: CliContext) -> int:

@@ -32,7 +32,7 @@ from typing import Any, Optional
 import msgspec
 
 from .ps_job_spec import PSJobSpec
-from .shape_history import ExecutorCounts
+from .shape_history import ExecutorCounts, ShapeChange, SuspendChange
 
 
 class DirectiveRecord(msgspec.Struct, kw_only=True):
@@ -200,14 +200,13 @@ class SuspensionCut(msgspec.Struct, kw_only=True):
 
 class SuspensionStatus(msgspec.Struct, kw_only=True):
     """Harmony's pause / resume of the job: its state (RUNNING, PAUSING, PAUSED, RESUMING), how often
-    and how long it was paused, where it stopped, and its pauses and resumes
-    (protocol.shape_history.SuspendChange records, as JSON)."""
+    and how long it was paused, where it stopped, and its pauses and resumes."""
 
     state: str = "RUNNING"
     pauses: int = 0
     paused_s: float = 0.0
     cut: Optional[SuspensionCut] = None
-    history: list[Any] = []
+    history: list[SuspendChange] = []
 
 
 class SpillStatus(msgspec.Struct, kw_only=True):
@@ -217,43 +216,238 @@ class SpillStatus(msgspec.Struct, kw_only=True):
     spilled_mb: float
 
 
+class WorkerTimesStatus(msgspec.Struct, kw_only=True):
+    """One worker's per-mini-batch times (seconds; None before the first measurement): compute,
+    communication, the parts of each waited for an arbiter's grant, bytes moved per mini-batch."""
+
+    compute_s: Optional[float] = None
+    comm_s: Optional[float] = None
+    batches: int = 0
+    compute_wait_s: Optional[float] = None
+    comm_wait_s: Optional[float] = None
+    bytes_per_batch: Optional[float] = None
+
+
+class ServerTimesStatus(msgspec.Struct, kw_only=True):
+    """One server's mean service time per data-plane request (None before the first poll)."""
+
+    service_s: Optional[float] = None
+    requests: int = 0
+
+
+class MetricsStatus(msgspec.Struct, kw_only=True):
+    """The AM's timing measurements (appmaster.ps.metrics.JobMetrics), by executor id."""
+
+    workers: dict[str, WorkerTimesStatus] = {}
+    servers: dict[str, ServerTimesStatus] = {}
+
+
+class CheckpointInfo(msgspec.Struct, kw_only=True):
+    """One checkpoint the AM wrote (appmaster.ps.checkpoints.Checkpointer.write's answer): the
+    epoch and clock of its cut, its local `dir` and durable `url`, blocks, seconds, bytes, when."""
+
+    epoch: int
+    clock: int = 0
+    dir: str
+    url: str = ""
+    blocks: int = 0
+    seconds: float = 0.0
+    bytes: int = 0
+    time: float = 0.0
+
+
+class ResumedFrom(msgspec.Struct, kw_only=True):
+    """The checkpoint of an earlier attempt this attempt continued from (appmaster.ps.job_resume):
+    where it is, its cut, the attempt that wrote it, its objective and the one restored here."""
+
+    dir: str
+    url: str = ""
+    epoch: int
+    clock: int = 0
+    attempt_id: Optional[str] = None
+    objective: Optional[float] = None
+    objective_restored: Optional[float] = None
+    checkpoint_time: float = 0.0
+    time: float = 0.0
+
+
+class RecoveryStatus(msgspec.Struct, kw_only=True):
+    """Executor-loss recovery (appmaster.ps.recovery): whether it is on, the spec's limit, loss
+    events counted against it, every loss (described), recoveries and worker replacements done."""
+
+    enabled: bool = False
+    max_executor_failures: int = 0
+    failures: int = 0
+    losses: list[str] = []
+    recoveries: int = 0
+    replacements: int = 0
+
+
+class StragglerReplaced(msgspec.Struct, kw_only=True):
+    """A slow worker replaced (appmaster.ps.stragglers): its mini-batch time and its peers' median."""
+
+    worker: str
+    replacement: str
+    seconds: Optional[float] = None
+    peers_median: Optional[float] = None
+
+
+class StragglerStatus(msgspec.Struct, kw_only=True):
+    """Straggler replacement: how many times slower than its peers a worker must be, and those replaced."""
+
+    factor: Optional[float] = None
+    replaced: list[StragglerReplaced] = []
+
+
+class EpsTransfer(msgspec.Struct, kw_only=True):
+    """One move an EPS operation made: a model block (`kind` "block") or an input split ("split")
+    from `src` to `dst` (`reactivate`: an inactive copy taken back instead of sent)."""
+
+    kind: str
+    item: int
+    src: str
+    dst: str
+    reactivate: bool = False
+
+
+class EpsOpStatus(msgspec.Struct, kw_only=True):
+    """One EPS operation as `eps` shows it (appmaster.ps.eps_records.ElasticOpRecord): the shape
+    before and after, what it added, released and moved, how long each step took, how it ended."""
+
+    op: str
+    requested: int
+    started: float
+    epoch_started: int = 0
+    epoch_switched: Optional[int] = None
+    before: Optional[dict[str, Optional[int]]] = None
+    after: Optional[dict[str, Optional[int]]] = None
+    duration_s: float = 0.0
+    containers_added: list[str] = []
+    containers_released: list[str] = []
+    executors_added: list[str] = []
+    executors_removed: list[str] = []
+    blocks_moved: int = 0
+    splits_moved: int = 0
+    splits_reactivated: int = 0
+    bytes_sent: int = 0
+    transfers: list[EpsTransfer] = []
+    training_time_lost_s: float = 0.0
+    phases: dict[str, float] = {}
+    ok: bool = True
+    error: str = ""
+
+
+class EpsLimits(msgspec.Struct, kw_only=True):
+    """The shapes an EPS change may reach (appmaster.ps.elastic_ops.ElasticOps.limits)."""
+
+    workers: int
+    servers: int
+    min_workers: int = 1
+    min_servers: int = 1
+
+
+class AuditMismatch(msgspec.Struct, kw_only=True):
+    """An epoch after which the servers applied another number of mini-batches than the workers ran."""
+
+    epoch: int
+    applied: int
+    run: int
+
+
+class SplitHoldings(msgspec.Struct, kw_only=True):
+    """The input splits one worker trains on (`active`) and keeps inactive copies of."""
+
+    active: list[int] = []
+    inactive: list[int] = []
+
+
+class EpsStatus(msgspec.Struct, kw_only=True):
+    """EPS's section (appmaster.ps.elastic_ops.ElasticOps.status_json): whether a change runs and
+    which, the members, the exactly-once audit, the op history, the limits and the input splits
+    by worker (`limits` and `datasets` None before training is set up)."""
+
+    running: bool = False
+    current: Optional[EpsOpStatus] = None
+    workers: list[str] = []
+    servers: list[str] = []
+    minibatches_applied: Optional[int] = None     # None: the job does not audit its updates
+    minibatches_run: int = 0
+    audit_mismatches: list[AuditMismatch] = []
+    history: list[EpsOpStatus] = []
+    limits: Optional[EpsLimits] = None
+    datasets: Optional[dict[str, SplitHoldings]] = None
+
+
 class PsStatus(msgspec.Struct, kw_only=True):
-    """The AM's `/status` answer as the CLI reads it (every field has a default: an AM still
-    starting, or an older one, may leave sections out)."""
+    """The PS AM's job status: what `GET /status` serves and `status.json` keeps, built by
+    appmaster.ps.status_view and decoded with `decode_status` by every reader (the CLI, benches,
+    tests). Every field has a default: an AM still starting, or an older one, may leave sections out."""
 
     app: Optional[str] = None
+    attempt_id: Optional[str] = None
+    application_id: Optional[str] = None
     state: Optional[str] = None
     diagnostics: str = ""
     spec: Optional[PSJobSpec] = None
+    started: Optional[float] = None          # unix time the AM started
     shape: Optional[ShapeStatus] = None
     num_blocks: Optional[int] = None
+    table_version: Optional[int] = None      # the ownership table's version
     epoch: Optional[int] = None
     # The epoch limit the job's app trains to (its hyper-parameters' max_epochs, the job's own over
     # the class's preset): the CLI's progress needs it for a user's app, whose class it may not have.
     max_epochs: Optional[int] = None
     converged: bool = False
+    clocks: Optional[int] = None             # clocks done
+    clock_batches: Optional[int] = None      # mini-batches per worker in the next clock
     initial_objective: Optional[float] = None
     objective_history: list[EpochResult] = []
+    metrics: MetricsStatus = msgspec.field(default_factory=MetricsStatus)
+    checkpoints: list[CheckpointInfo] = []
     heldout: HeldoutStatus = msgspec.field(default_factory=HeldoutStatus)
     stop_criterion: Optional[str] = None
     final_metrics: Optional[dict[str, Optional[float]]] = None
     model_mb: Optional[float] = None
     data_mb: Optional[float] = None
-    shape_history: list[Any] = []          # protocol.shape_history records, decoded by decode_history
+    elastic_mode: Optional[str] = None
+    shape_history: list[ShapeChange] = []
     directives: list[DirectiveRecord] = []
-    eps: Optional[dict[str, Any]] = None
+    eps: Optional[EpsStatus] = None
     optimizer: Optional[str] = None
     cruise: Optional[CruiseStatus] = None
+    resumed_from: Optional[ResumedFrom] = None
+    recovery: Optional[RecoveryStatus] = None
     suspension: SuspensionStatus = msgspec.field(default_factory=SuspensionStatus)
     spill: Optional[SpillStatus] = None
+    stragglers: Optional[StragglerStatus] = None
 
 
-def decode_status(obj: Any) -> PsStatus:
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(PsStatus)
+
+
+def decode_status(obj: object) -> PsStatus:
     """A `/status` answer (JSON builtins) as a `PsStatus`; `msgspec.ValidationError` names a bad field."""
     status: PsStatus = msgspec.convert(obj, PsStatus, strict=True)
     return status
 
 
-__all__ = ["CruisePlanRecord", "CruiseStatus", "DirectiveRecord", "EpochResult", "ExecutorStatus", "HeldoutPointRecord",
+def encode_status(status: PsStatus) -> bytes:
+    """The status as JSON: the `/status` body and the bytes of `status.json` (FINAL_STATUS_FILE)."""
+    return _ENCODER.encode(status)
+
+
+def read_status(raw: bytes) -> PsStatus:
+    """A `status.json` (or `/status` body) as it was written; `msgspec.DecodeError` when it is not one."""
+    status: PsStatus = _DECODER.decode(raw)
+    return status
+
+
+FINAL_STATUS_FILE = "status.json"   # in the AM's durable dir: the job's last status, written as the AM exits
+
+
+__all__ = ["FINAL_STATUS_FILE", "AuditMismatch", "CheckpointInfo", "EpsLimits", "EpsOpStatus", "EpsStatus", "EpsTransfer",
+           "MetricsStatus", "RecoveryStatus", "ResumedFrom", "ServerTimesStatus", "SplitHoldings", "StragglerReplaced",
+           "StragglerStatus", "WorkerTimesStatus", "encode_status", "read_status", "CruisePlanRecord", "CruiseStatus", "DirectiveRecord", "EpochResult", "ExecutorStatus", "HeldoutPointRecord",
            "HeldoutStatus", "OpTimingRecord", "PlanRunRecord", "PsStatus", "ShapeStatus", "SpillStatus",
            "SuspensionCut", "SuspensionStatus", "decode_status"]

@@ -49,8 +49,8 @@ import numpy as np
 
 from protocol import container_env
 from protocol import executor_ops as ops
-from protocol.checkpoint_manifest import (JOB_CHECKPOINT_FILE, JobCheckpoint, decode_job_checkpoint,
-                                          encode_job_checkpoint)
+from protocol.checkpoint_manifest import (JOB_CHECKPOINT_FILE, JobCheckpoint, JobRecord, OwnershipTableRecord,
+                                          decode_job_checkpoint, encode_job_checkpoint, job_checkpoint)
 from protocol.durable_storage import DurableDir, fsync_dir, fsync_file, write_atomic
 from psruntime.store.checkpoint import (BlockEntry, CheckpointError, block_wire_bytes, checkpoint_entries,
                                   load_manifests, pack_blocks, read_block, unpack_blocks, write_block,
@@ -121,9 +121,10 @@ class Checkpointer:
         return self.root / (f"epoch-{epoch}-clock-{clock}" if clock else f"epoch-{epoch}")
 
     async def write(self, epoch: int, table: OwnershipTable, servers: Sequence[ExecutorRecord],
-                    job: dict[str, Any], clock: int = 0, workers: Sequence[ExecutorRecord] = ()) -> dict[str, Any]:
+                    job: JobRecord, clock: int = 0, workers: Sequence[ExecutorRecord] = ()) -> dict[str, Any]:
         """Checkpoint every block at the start of `epoch` (clock 0) or inside it, after the job's
-        `clock`-th clock, from those of `servers` that own blocks in `table` -- and with `workers`,
+        `clock`-th clock, from those of `servers` that own blocks in `table`, with `job`'s record
+        (its spec, histories, counters) -- and with `workers`,
         the worker-local state of their input blocks (apps that keep training state on the
         workers); returns {"epoch", "clock", "dir", "blocks", "seconds", "bytes", "time"}."""
         async with self._lock:
@@ -145,11 +146,10 @@ class Checkpointer:
             missing = sorted(set(range(table.num_blocks)) - set(covered))
             if missing:
                 raise CheckpointIncomplete(f"checkpoint {d} lacks blocks {missing}")
-            # typed: a job field of the wrong type fails here, not when a later attempt resumes
-            record = msgspec.convert({**job, "epoch": epoch, "clock": clock, "time": time.time(),
-                                      "num_blocks": table.num_blocks, "table": table.to_wire(),
-                                      "servers": [s.executor_id for s in owners], "worker_state": bool(workers)},
-                                     JobCheckpoint)
+            record = job_checkpoint(job, epoch=epoch, clock=clock, time=time.time(), num_blocks=table.num_blocks,
+                                    table=OwnershipTableRecord(num_blocks=table.num_blocks, owners=list(table.owners),
+                                                               addresses=dict(table.addresses), version=table.version),
+                                    servers=[s.executor_id for s in owners], worker_state=bool(workers))
             await asyncio.to_thread(self._commit, d, encode_job_checkpoint(record))
             info: dict[str, Any] = {"epoch": epoch, "clock": clock, "dir": str(d), "url": self.durable.child(d.name).url,
                     "blocks": table.num_blocks, "seconds": round(time.perf_counter() - t0, 4),

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
+from protocol.checkpoint_manifest import JobRecord
 from protocol.internal_api import NodePlacement
 from protocol.ps_job_spec import PSJobSpec
 from protocol.remote_exception import BadRequest, Conflict
@@ -195,7 +196,7 @@ class KillRestart:
     def __init__(self, spec: PSJobSpec, app: AnyPSApp, steps: Reconfiguration, phase: Callable[[], JobPhase],
                  on_record: Callable[[KillRestartChange], None], clock: Callable[[], float] = time.perf_counter,
                  wall_clock: Callable[[], float] = time.time,
-                 job_record: Callable[[], dict[str, Any]] = dict) -> None:
+                 job_record: Callable[[], JobRecord] = JobRecord) -> None:
         self.spec = spec
         self.app = app
         self.steps = steps

@@ -26,14 +26,17 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import msgspec
 import numpy as np
 
-from protocol import codec, container_env, tokens
+from protocol import container_env, tokens
+from protocol.checkpoint_manifest import JobRecord
 from protocol.durable_storage import DurableDir
 from protocol.internal_api import ShapeDirective, counts_on_nodes
 from protocol.job_report import finite, recent_epoch_times, recent_objectives
-from protocol.shape_history import ShapeChange, decode_history
+from protocol.shape_history import ShapeChange
 from protocol.ps_job_spec import PSJobSpec
+from protocol.ps_status import FINAL_STATUS_FILE, PsStatus, ResumedFrom, encode_status
 from protocol.records import FinalStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
 from psruntime.apps.quality import check_quality
@@ -51,7 +54,7 @@ from .directives import DirectiveHandler, ProgressTracker, Reshaper, Shape
 from .elastic_ops import ElasticOpError, ElasticOps
 from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
-from .executor_status import spill_report, spill_status
+from .executor_status import spill_report
 from .heldout_monitor import HeldoutMonitor
 from .job import JobEvent, JobPhase, JobStateMachine
 from .job_resume import job_record, resumable_checkpoint, resume_job
@@ -61,6 +64,7 @@ from .model_output import ModelOutput, read_init_from, warm_start
 from .reconfiguration import LaunchFailed, Reconfiguration
 from .recovery import LOSS_REPORT_WAIT_S, ExecutorRecovery
 from .status_server import ControlAuth, StatusServer
+from .status_view import job_status
 from .suspension import JobSuspension
 from .stragglers import StragglerWatch, WorkerPace
 from .training import Training
@@ -71,7 +75,6 @@ log = logging.getLogger(__name__)
 EXECUTOR_START_TIMEOUT_S = 120.0    # containers granted and executors announced
 FAILURE_REPORT_GRACE_S = 10.0       # how long a failed call waits for the container's exit status
 STATUS_POLL_S = 2.0
-FINAL_STATUS_FILE = "status.json"   # in the AM dir: the job's last status, written on exit
 
 
 class PSApplicationMaster:
@@ -105,7 +108,7 @@ class PSApplicationMaster:
                                        on_clock=self._after_clock)
         self.resource = Resource(spec.executor_memory_mb, spec.executor_vcores)
         self.final_metrics: Optional[dict[str, float]] = None
-        self.resumed_from: Optional[dict[str, Any]] = None   # the checkpoint an earlier attempt left
+        self.resumed_from: Optional[ResumedFrom] = None   # the checkpoint an earlier attempt left
         self.model_output: Optional[ModelOutput] = None       # the job's `output`, made when first written
         # Held-out quality every few epochs, scored in a thread while training goes on -- unless
         # a copy of the model and its scoring would crowd the AM's own container.
@@ -158,34 +161,9 @@ class PSApplicationMaster:
         self._stop_reason = self._stop_reason or reason
         self._stop.set()
 
-    def status(self) -> dict[str, Any]:
-        """The job status the HTTP endpoint serves."""
-        return {
-            "app": self.spec.app, "attempt_id": self.am.identity.attempt_id,
-            "application_id": self.am.registration.app_id if self.am.registration else None,
-            "state": self.job.phase.value, "diagnostics": self.job.diagnostics,
-            "spec": self.spec.to_json(), "started": self.started,
-            "shape": self.pool.shape_status(), "num_blocks": self.spec.num_blocks,
-            "table_version": self.training.placement.version,
-            "epoch": self.training.loop.epochs_done, "max_epochs": self.max_epochs(),
-            "converged": self.training.loop.converged,
-            "clocks": self.training.loop.clocks_done, "clock_batches": self.training.loop.pacer.batches,
-            "initial_objective": self.metrics.initial_objective,
-            "objective_history": [e.result() for e in self.metrics.epochs],
-            "metrics": self.metrics.to_json(),
-            "checkpoints": list(self.checkpointer.written),
-            "heldout": self.heldout.tracker.status(self.heldout.disabled_reason),
-            "stop_criterion": self.stop_criterion,
-            "final_metrics": self.final_metrics,
-            "model_mb": round(self.app.model_nbytes() / 2**20, 3), "data_mb": round(self.app.data_nbytes() / 2**20, 3),
-            "elastic_mode": self.spec.elastic_mode, "shape_history": list(self.shape_history),
-            "directives": [d.record() for d in self.directives.history],
-            "eps": self.elastic.status_json() if isinstance(self.elastic, ElasticOps) else None,
-            "optimizer": self.spec.optimizer, "cruise": self.cruise.status() if self.cruise else None,
-            "resumed_from": self.resumed_from, "recovery": self.recovery.status_json(),
-            "suspension": self.suspension.status(), "spill": spill_status(self.pool.live()),
-            "stragglers": self.stragglers.status_json(),
-        }
+    def status(self) -> PsStatus:
+        """The job status the HTTP endpoint serves and status.json keeps (appmaster.ps.status_view)."""
+        return job_status(self)
 
     def max_epochs(self) -> Optional[int]:
         """The app's epoch limit (its hyper-parameters' max_epochs), None for an app without one."""
@@ -261,7 +239,7 @@ class PSApplicationMaster:
     def _write_final_status(self) -> None:
         """Leave the last status in the AM dir: the HTTP endpoint goes away with the AM."""
         try:
-            self.am_dir.write_bytes(FINAL_STATUS_FILE, codec.dumps(self.status()))
+            self.am_dir.write_bytes(FINAL_STATUS_FILE, encode_status(self.status()))
         except OSError as e:
             log.warning("could not write the final status: %s", e)
 
@@ -285,7 +263,7 @@ class PSApplicationMaster:
             if init_values is not None:
                 await warm_start(self.training, init_values)
         else:      # a new attempt: continue from the checkpoint the failed one left
-            self.shape_history = decode_history(resume.record.shape_history)
+            self.shape_history = list(resume.record.shape_history)
             self.resumed_from = await resume_job(resume, servers, workers, self.metrics, self.steps)
         self.job.apply(JobEvent.INITIALISED)
         self.progress.start(time.time())
@@ -353,7 +331,7 @@ class PSApplicationMaster:
             await self.recovery.recover()
             self._publish_shape()
 
-    def job_record(self) -> dict[str, Any]:
+    def job_record(self) -> JobRecord:
         """What a checkpoint records about the job besides the model (appmaster.ps.job_resume)."""
         return job_record(self.spec, self.am.identity.attempt_id, self.metrics, self.shape_history,
                           self.training.loop)
@@ -463,7 +441,7 @@ class PSApplicationMaster:
     async def _checkpoint(self, epoch: int) -> dict[str, Any]:
         objective = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
         try:
-            info = await self.steps.checkpoint(epoch, {**self.job_record(), "objective": objective})
+            info = await self.steps.checkpoint(epoch, msgspec.structs.replace(self.job_record(), objective=objective))
         except Exception as e:
             self._resolve_checkpoints(e)
             raise

@@ -42,7 +42,7 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, Sequence, TypeVar
 
 from protocol import executor_ops as ops
-from protocol.checkpoint_manifest import JobCheckpoint
+from protocol.checkpoint_manifest import JobCheckpoint, JobRecord
 from protocol.records import Resource
 from psruntime.apps.base import AnyPSApp, PSApp
 
@@ -316,7 +316,7 @@ class Reconfiguration:
         self.training.loop.resume()
 
     # -- durable state -------------------------------------------------------------------------------
-    async def checkpoint(self, epoch: int, job: dict[str, Any], clock: int = 0) -> dict[str, Any]:
+    async def checkpoint(self, epoch: int, job: JobRecord, clock: int = 0) -> dict[str, Any]:
         """Every server block of the job to the AM's durable dir -- and the workers' block state
         for an app that keeps training state on its workers (one consistent cut: call at a clock
         boundary)."""

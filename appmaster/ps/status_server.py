@@ -1,6 +1,6 @@
 """The PS AM's HTTP endpoint (its YARN tracking URL): GET /status, POST /checkpoint, POST /scale.
 
-GET / and GET /status answer the job status as JSON (see `PSApplicationMaster.status`);
+GET / and GET /status answer the job status, a protocol.ps_status.PsStatus (appmaster.ps.status_view), as JSON;
 POST /checkpoint writes a checkpoint of every server block at the next epoch boundary and answers
 {"epoch", "dir", ...} once it is on disk (409 when the job has no model to checkpoint).
 POST /scale {"workers": +2, "servers": -1} changes the running job's shape relatively with EPS's
@@ -25,12 +25,13 @@ import msgspec
 from aiohttp import web
 
 from protocol import tokens
-from protocol.http_server import json_response, make_app, read_json
+from protocol.http_server import JSON, json_response, make_app, read_json
+from protocol.ps_status import PsStatus, encode_status
 from protocol.remote_exception import BadRequest, Forbidden, Unauthorized
 
 log = logging.getLogger(__name__)
 
-StatusFn = Callable[[], dict[str, Any]]
+StatusFn = Callable[[], PsStatus]
 CheckpointFn = Callable[[], Awaitable[dict[str, Any]]]
 # the changes made, as JSON dicts or Structs (e.g. protocol.shape_history records)
 ScaleFn = Callable[[int, int], Awaitable[Sequence[msgspec.Struct | dict[str, Any]]]]
@@ -113,7 +114,7 @@ class StatusServer:
             self._runner = None
 
     async def _get_status(self, request: web.Request) -> web.Response:
-        return json_response(self._status())
+        return web.Response(body=encode_status(self._status()), content_type=JSON)
 
     def _authorize(self, request: web.Request) -> None:
         if self._control_auth is not None:

@@ -29,7 +29,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
+import msgspec
+
 from protocol import executor_ops as ops
+from protocol.checkpoint_manifest import JobRecord
 from protocol.internal_api import NodePlacement, counts_on_nodes
 from protocol.records import Resource
 from protocol.remote_exception import Conflict
@@ -64,7 +67,7 @@ class Cut:
         return self.clock > 0
 
 
-async def take_cut(steps: Reconfiguration, job: dict[str, Any], reason: str) -> Cut:
+async def take_cut(steps: Reconfiguration, job: JobRecord, reason: str) -> Cut:
     """At a clock boundary (training stopped): collect every input block's place, measure the
     objective there (mid-epoch, the last epoch's is not the model's), and checkpoint -- reusing
     a checkpoint already taken at exactly this point."""
@@ -80,9 +83,8 @@ async def take_cut(steps: Reconfiguration, job: dict[str, Any], reason: str) -> 
         objective = await training.evaluation.objective()
     last = steps.checkpointer.last
     if last is None or (last["epoch"], last.get("clock", 0)) != (epoch, clock):
-        last = await steps.checkpoint(epoch, {**job, "objective": objective, "reason": reason,
-                                              "positions": {str(b): list(p) for b, p in positions.items()}},
-                                      clock=clock)
+        last = await steps.checkpoint(epoch, msgspec.structs.replace(job, objective=objective, reason=reason,
+                                                                     positions=positions), clock=clock)
     return Cut(epoch, clock, objective, last, positions)
 
 
@@ -158,7 +160,7 @@ class JobSuspension:
     the RM's directives (appmaster.ps.directives) call."""
 
     steps: Reconfiguration
-    job_record: Callable[[], dict[str, Any]]
+    job_record: Callable[[], JobRecord]
     on_record: Callable[[SuspendChange], None]
     on_state: Callable[[], None] = lambda: None                # the shape report changes
     wall_clock: Callable[[], float] = time.time

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from appmaster.container_book import AmContainer
+from protocol.checkpoint_manifest import JobRecord
 from appmaster.ps.checkpoints import Checkpointer
 from appmaster.ps.executor_pool import ExecutorPool, Role
 from appmaster.ps.job import JobPhase
@@ -96,7 +97,7 @@ class Job:
         await self.am.start(Role.SERVER, self.spec.servers)
         await self.am.start(Role.WORKER, self.spec.workers)
         await self.training.setup(self.pool.ready(Role.SERVER), self.pool.ready(Role.WORKER))
-        await self.steps.checkpoint(0, {})          # what the checkpoint path would go back to
+        await self.steps.checkpoint(0, JobRecord())          # what the checkpoint path would go back to
 
     def report_lost(self, executor_id: str) -> None:
         """What the master does when the RM reports the container's exit."""

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from appmaster.container_book import AmContainer
+from protocol.checkpoint_manifest import JobRecord
 from appmaster.ps.checkpoints import Checkpointer
 from appmaster.ps.executor_pool import ExecutorRecord, ExecutorState, Role
 from appmaster.ps.executor_rpc import ExecutorCallError
@@ -85,7 +86,7 @@ async def test_blocks_round_trip_through_the_am(tmp_path) -> None:
         model = await _fill(ctl)
         recs = [_record(e, i) for i, e in enumerate(executors)]
         ckpt = Checkpointer(tmp_path, dp, batch_bytes=4096)        # several batches per server
-        info = await ckpt.write(3, ctl.table, recs, {"objective": 1.5})
+        info = await ckpt.write(3, ctl.table, recs, JobRecord(objective=1.5))
         assert info["bytes"] > 2 * 4096 and ckpt.last == info
         d = tmp_path / "epoch-3"
         assert sorted(p.name for p in d.glob("manifest-*.json")) == ["manifest-e0.json", "manifest-e1.json"]
@@ -105,7 +106,7 @@ async def test_blocks_round_trip_through_the_am(tmp_path) -> None:
 async def test_restore_onto_another_shape_of_servers(tmp_path) -> None:
     async with servers(2) as (executors, ctl, dp):
         model = await _fill(ctl)
-        await Checkpointer(tmp_path, dp).write(1, ctl.table, [_record(e, i) for i, e in enumerate(executors)], {})
+        await Checkpointer(tmp_path, dp).write(1, ctl.table, [_record(e, i) for i, e in enumerate(executors)], JobRecord())
     async with servers(3) as (executors, ctl, dp):       # a restarted job: three fresh servers
         await Checkpointer(tmp_path, dp, batch_bytes=1).restore(
             tmp_path / "epoch-1", [_record(e, i) for i, e in enumerate(executors)], NB)
@@ -139,7 +140,7 @@ async def test_the_am_reads_checkpoint_replies_by_their_record(tmp_path) -> None
             reply, out = serve(req, arrays)
             return ReportingMore(**msgspec.structs.asdict(reply), compressed=False), out
         e0.replace_op(ops.CheckpointBlocks, bind(ops.CheckpointBlocks, reporting_more)[1])
-        info = await Checkpointer(tmp_path, dp, batch_bytes=4096).write(1, ctl.table, recs, {})
+        info = await Checkpointer(tmp_path, dp, batch_bytes=4096).write(1, ctl.table, recs, JobRecord())
         assert sorted(load_blocks(info["dir"], NB)) == list(range(NB))
 
         def without_blocks(req, arrays):
@@ -147,7 +148,7 @@ async def test_the_am_reads_checkpoint_replies_by_their_record(tmp_path) -> None
             return WithoutBlocks(cut=reply.cut, num_blocks=reply.num_blocks, remaining=reply.remaining), out
         e0.replace_op(ops.CheckpointBlocks, bind(ops.CheckpointBlocks, without_blocks)[1])
         with pytest.raises(ExecutorCallError, match="checkpoint_blocks on e0 .* missing required field `blocks`"):
-            await Checkpointer(tmp_path, dp).write(2, ctl.table, recs, {})
+            await Checkpointer(tmp_path, dp).write(2, ctl.table, recs, JobRecord())
         _assert_model(await _pull(ctl, list(model)), model)
 
 
@@ -163,7 +164,7 @@ async def test_a_model_larger_than_a_frame_travels_in_several(tmp_path) -> None:
             await dp.request(executors[0].address, {"op": "checkpoint_blocks", "max_bytes": 1 << 30})
         rec = _record(executors[0], 0)
         ckpt = Checkpointer(tmp_path, dp, batch_bytes=FRAME_LIMIT // 2)
-        info = await ckpt.write(2, ctl.table, [rec], {})
+        info = await ckpt.write(2, ctl.table, [rec], JobRecord())
         assert info["bytes"] >= nbytes
         executors[0].service.store.update(0, "add", np.ones(DIM, np.float32))
         await ckpt.restore(info["dir"], [rec], NB)       # and back, in frames the server accepts
@@ -302,7 +303,7 @@ async def test_a_refused_restore_names_the_server(tmp_path) -> None:
     async with servers(2) as (executors, ctl, dp):
         await _fill(ctl)
         recs = [_record(e, i) for i, e in enumerate(executors)]
-        info = await Checkpointer(tmp_path, dp).write(0, ctl.table, recs, {})
+        info = await Checkpointer(tmp_path, dp).write(0, ctl.table, recs, JobRecord())
         recs[0].blocks = recs[0].blocks + recs[1].blocks[:1]       # not what e0's table gives it
         with pytest.raises(ExecutorCallError, match=r"restore_blocks_data on e0 .* not assigned to e0"):
             await Checkpointer(tmp_path, dp).restore(info["dir"], recs[:1], NB)

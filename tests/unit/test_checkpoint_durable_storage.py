@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
-from typing import Any
 
 import fsspec
 import numpy as np
@@ -15,12 +14,14 @@ import pytest
 
 from appmaster.ps import checkpoints
 from appmaster.ps.checkpoints import JOB_MANIFEST, Checkpointer
-from protocol.checkpoint_manifest import JobCheckpoint
+from protocol.checkpoint_manifest import JobCheckpoint, JobRecord
 from appmaster.ps.executor_pool import ExecutorRecord
 from appmaster.ps.job_resume import resumable_checkpoint, resume_job
 from appmaster.ps.metrics import JobMetrics
 from protocol.durable_storage import DurableDir
 from protocol.ps_job_spec import validate
+from protocol.ps_status import EpochResult
+from protocol.shape_history import EpsChange, ExecutorCounts
 from psruntime.apps.registry import create_app
 from psruntime.store.checkpoint import load_blocks
 from psruntime.store.migration_controller import MigrationController
@@ -28,6 +29,8 @@ from store_cluster import executor_cluster, pull_values, put_values, server_reco
 
 NB = 8
 SPEC = validate({"app": "mlr", "workers": 1, "servers": 2})
+ADDED = EpsChange(changed=True, op="add_workers", requested=1, before=ExecutorCounts(1, 2), workers=2, servers=2,
+                  time=1000.0, seconds=1.5, lost_s=0.2)     # a shape change the job made before the checkpoint
 
 
 async def _put(ctl: MigrationController, scale: float) -> dict[int, np.ndarray]:
@@ -36,12 +39,12 @@ async def _put(ctl: MigrationController, scale: float) -> dict[int, np.ndarray]:
     return model
 
 
-def _job(epoch: int) -> dict[str, Any]:
+def _job(epoch: int) -> JobRecord:
     """What master.job_record puts in a checkpoint, for `epoch` epochs trained."""
-    history = [{"epoch": e, "objective": 1.0 / (e + 1), "epoch_time_s": 0.5, "time": 1000.0 + e} for e in range(epoch)]
-    return {"spec": SPEC.to_json(), "attempt_id": "appattempt_1_0001_000001", "initial_objective": 2.0,
-            "objective_history": history, "shape_history": [{"workers": 1, "servers": 2}],
-            "iterations": 10 * epoch, "clocks": 2 * epoch, "minibatches_run": 40 * epoch}
+    history = [EpochResult(epoch=e, objective=1.0 / (e + 1), epoch_time_s=0.5, time=1000.0 + e) for e in range(epoch)]
+    return JobRecord(spec=SPEC, attempt_id="appattempt_1_0001_000001", initial_objective=2.0,
+                     objective_history=history, shape_history=[ADDED],
+                     iterations=10 * epoch, clocks=2 * epoch, minibatches_run=40 * epoch)
 
 
 class _Steps:
@@ -101,7 +104,7 @@ async def test_attempt_2_resumes_from_attempt_1s_latest_checkpoint(location, tmp
         metrics = JobMetrics()
         resumed = await resume_job(latest, recs, [], metrics, steps)  # type: ignore[arg-type]
         directory, manifest = steps.continued_from[0]
-        assert Path(directory).is_dir() and directory == resumed["dir"] and manifest.epoch == 2
+        assert Path(directory).is_dir() and directory == resumed.dir and manifest.epoch == 2
         if durable.local is None:         # fetched into host B's own disk
             assert Path(directory).parent == tmp_path / "host-b"
         assert sorted(load_blocks(directory, NB)) == list(range(NB))
@@ -109,8 +112,9 @@ async def test_attempt_2_resumes_from_attempt_1s_latest_checkpoint(location, tmp
         for k, v in model.items():
             np.testing.assert_array_equal(got[k], v)
         assert [e.epoch for e in metrics.epochs] == [0, 1] and metrics.initial_objective == 2.0
-        assert (resumed["epoch"], resumed["clock"], resumed["url"]) == (2, 3, latest.url)
-        assert resumed["objective_restored"] == 0.25
+        assert (resumed.epoch, resumed.clock, resumed.url) == (2, 3, latest.url)
+        assert resumed.objective_restored == 0.25
+        assert latest.record.shape_history == [ADDED] and latest.record.spec == SPEC
 
 
 async def test_no_checkpoint_means_starting_over(location, tmp_path) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from appmaster.container_book import AmContainer
+from protocol.checkpoint_manifest import JobRecord
 from appmaster.ps.checkpoints import Checkpointer
 from appmaster.ps.elastic_ops import ElasticBusy, ElasticOps
 from appmaster.ps.executor_pool import ExecutorRecord, ExecutorState, Role
@@ -94,7 +95,7 @@ async def test_the_final_checkpoint_survives_a_failed_addition_retiring_its_new_
     # is now -- which still names the new server, whose retire runs meanwhile. Its requests travel
     # once the failed change has stopped that server.
     adding.add_done_callback(lambda _: held.release.set())
-    info = await job.steps.checkpoint(job.training.loop.epochs_done, {})
+    info = await job.steps.checkpoint(job.training.loop.epochs_done, JobRecord())
 
     with pytest.raises(ElasticBusy, match="training ended"):
         await adding
@@ -125,7 +126,7 @@ async def test_a_drained_server_that_is_gone_is_not_asked_but_a_lost_owner_fails
         await ctl.move(ctl.table.blocks_owned_by("e2"), "e2", "e0")
         await executors[2].stop()
 
-        info = await Checkpointer(tmp_path, dp).write(1, ctl.table, recs, {})   # the list still names e2
+        info = await Checkpointer(tmp_path, dp).write(1, ctl.table, recs, JobRecord())   # the list still names e2
         d = Path(info["dir"])
         assert sorted(p.name for p in d.glob("manifest-*.json")) == ["manifest-e0.json", "manifest-e1.json"]
         assert sorted(load_blocks(d, NB)) == list(range(NB))
@@ -134,4 +135,4 @@ async def test_a_drained_server_that_is_gone_is_not_asked_but_a_lost_owner_fails
         # recovery takes that loss), rather than leaving its blocks out.
         await executors[1].stop()
         with pytest.raises(ExecutorCallError, match="checkpoint_blocks on e1"):
-            await Checkpointer(tmp_path / "again", dp).write(2, ctl.table, recs, {})
+            await Checkpointer(tmp_path / "again", dp).write(2, ctl.table, recs, JobRecord())

@@ -3,7 +3,7 @@ history entries are made by the AM's own record types (appmaster.ps.eps_records,
 key the command reads that the AM does not write shows up here, not on a cluster."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -13,6 +13,7 @@ from appmaster.ps.eps_records import ElasticOpRecord
 from elastane_cli import main as cli
 from elastane_cli import ps_scale_command
 from elastane_cli.ps_reports import shape_change
+from protocol.ps_status import EpsLimits, EpsStatus, ExecutorStatus, PsStatus, ShapeStatus
 from protocol.shape_history import EpsChange
 from threaded_http import serve_routes
 
@@ -62,16 +63,17 @@ class FakeRmAndAm:
         return {"shape": {"appId": APP, "current": current}}
 
     def status(self) -> dict[str, Any]:
-        executors = ([{"id": f"worker-{i}", "role": "worker", "state": "READY"} for i in range(4 if self.put else 2)]
-                     + [{"id": "server-0", "role": "server", "state": "READY"}])
-        status: dict[str, Any] = {"shape": {"executors": executors}, "eps": {"running": False, "limits": {}},
-                                  "shape_history": [], "directives": []}
+        """The AM's /status as the AM builds it (a PsStatus), served as JSON."""
+        executors = ([ExecutorStatus(id=f"worker-{i}", role="worker", state="READY") for i in range(4 if self.put else 2)]
+                     + [ExecutorStatus(id="server-0", role="server", state="READY")])
+        status = PsStatus(shape=ShapeStatus(executors=executors),
+                          eps=EpsStatus(running=False, limits=EpsLimits(workers=8, servers=4)))
         if self.put is not None:
-            status["shape_history"] = [msgspec.to_builtins(add_workers_record())]     # as JSON
-            status["directives"] = [msgspec.to_builtins(DirectiveOutcome(
-                version=1, target=Shape(4, 1), before=Shape(2, 1), steps=[("add_workers", 2)],
-                started=1_700_000_100.0, seconds=1.3).record())]                               # as JSON
-        return status
+            status.shape_history = [add_workers_record()]
+            status.directives = [DirectiveOutcome(version=1, target=Shape(4, 1), before=Shape(2, 1),
+                                                  steps=[("add_workers", 2)], started=1_700_000_100.0,
+                                                  seconds=1.3).record()]
+        return cast(dict[str, Any], msgspec.to_builtins(status))
 
     def route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
         if method == "GET" and path == f"{APPS}/{APP}":

@@ -19,6 +19,7 @@ import pytest
 
 from appmaster.ps.status_server import ControlAuth, StatusServer
 from protocol import tokens
+from protocol.ps_status import PsStatus
 from psruntime.wire.dataplane import DataPlaneClient, DataPlaneConnection, DataPlaneServer, parse_address
 from psruntime.wire.dataplane_auth import AuthError, ClientHandshake, secret_key
 from psruntime.executor import Executor
@@ -195,7 +196,7 @@ async def test_am_control_endpoints_need_the_apps_token() -> None:
         return {"epoch": 1}
 
     attempt = "appattempt_1_0001_000001"
-    server = StatusServer(lambda: {"state": "TRAINING"}, checkpoint, scale=scale,
+    server = StatusServer(lambda: PsStatus(state="TRAINING"), checkpoint, scale=scale,
                           control_auth=ControlAuth(SECRET, attempt))
     url = await server.start()
     good = tokens.am_control_token(SECRET, attempt)

@@ -18,6 +18,7 @@ from protocol.job_report import (MAX_EPOCH_TIMES, MAX_OBJECTIVES, JobReport, fin
                                  recent_objectives)
 from protocol.internal_api import NodePlacement
 from protocol.records import Resource
+from protocol.ps_status import PsStatus, decode_status
 from protocol.remote_exception import Conflict
 from psruntime.wire.dataplane import RequestError
 from psruntime.wire.frame_codec import Frame
@@ -214,13 +215,14 @@ async def test_status_server_serves_status_and_checkpoint_errors() -> None:
             return {"epoch": 3, "dir": "/x/epoch-3"}
         raise Conflict("no checkpoint in phase FAILED")
 
-    server = StatusServer(lambda: {"state": "TRAINING", "epoch": 3}, checkpoint)
+    server = StatusServer(lambda: PsStatus(state="TRAINING", epoch=3), checkpoint)
     url = await server.start()
     try:
         async with aiohttp.ClientSession() as s:
             for path in ("", "status"):
                 async with s.get(url + path) as r:
-                    assert r.status == 200 and (await r.json()) == {"state": "TRAINING", "epoch": 3}
+                    st = decode_status(await r.json())     # the PsStatus the AM built, decoded as such
+                    assert r.status == 200 and (st.state, st.epoch, st.converged) == ("TRAINING", 3, False)
             async with s.post(url + "checkpoint") as r:
                 assert r.status == 200 and (await r.json())["dir"] == "/x/epoch-3"
             async with s.post(url + "checkpoint") as r:

@@ -31,6 +31,7 @@ from elastane_cli.ps_commands import WatchResult
 from protocol import codec, ps_job_spec
 from protocol import executor_ops as ops
 from protocol.model_output import METADATA_FILE, AppRef, ModelMetadata, encode_metadata, read_metadata
+from protocol.checkpoint_manifest import JobRecord
 from protocol.durable_storage import DurableDir
 from protocol.records import Resource
 from protocol.ps_status import CruiseStatus, PsStatus, decode_status
@@ -157,7 +158,7 @@ def test_ps_status_reads_the_executors_spec_suspension_and_spill_the_am_records(
     pool = _pool()
     spec = ps_job_spec.validate({"app": "mlr", "workers": 2, "servers": 1, "max_epochs": 4, "sync": "bsp",
                                  "optimizer": "cruise", "hparams": {"learning_rate": 0.5}})
-    sus = JobSuspension(steps=None, job_record=dict, on_record=lambda rec: None,  # type: ignore[arg-type]
+    sus = JobSuspension(steps=None, job_record=JobRecord, on_record=lambda rec: None,  # type: ignore[arg-type]
                         state=SuspendState.PAUSED, pauses=1, paused_s=12.0,
                         cut=Cut(epoch=3, clock=2, objective=0.5, checkpoint={"dir": "/ck/3"}, positions={}))
     status = served({"app": "mlr", "state": "TRAINING", "spec": spec.to_json(), "shape": pool.shape_status(),

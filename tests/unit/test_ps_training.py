@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from appmaster.container_book import AmContainer
+from protocol.checkpoint_manifest import JobRecord
 from appmaster.ps.checkpoints import JOB_MANIFEST, Checkpointer
 from appmaster.ps.executor_pool import ExecutorPool, ExecutorState, Role
 from appmaster.ps.metrics import EpochRecord, JobMetrics
@@ -109,7 +110,7 @@ async def test_bsp_training_converges_and_checkpoints(job_factory, tmp_path) -> 
     assert sum(s.model_bytes for s in job.pool.servers) == job.app.model_nbytes()
     # a checkpoint covers every block, and the checkpointed model is the model
     ckpt = Checkpointer(tmp_path / "checkpoints", job.client)
-    info = await ckpt.write(4, job.ctl.placement.table, job.pool.servers, {"objective": objectives[-1]})
+    info = await ckpt.write(4, job.ctl.placement.table, job.pool.servers, JobRecord(objective=objectives[-1]))
     manifest = json.loads((tmp_path / "checkpoints" / "epoch-4" / JOB_MANIFEST).read_text())
     assert manifest["epoch"] == 4 and manifest["table"]["owners"] == job.ctl.placement.table.owners
     assert sorted(load_manifests(info["dir"], job.spec.num_blocks)) == list(range(job.spec.num_blocks))

@@ -10,7 +10,6 @@ import io
 import os
 import tarfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -24,7 +23,9 @@ from protocol import durable_storage, ps_job_spec
 from protocol.dataset_manifest import DatasetError, load_manifest
 from protocol.durable_storage import DurableDir, DurableStorageError
 from protocol.local_resources import LocalResource
+from protocol.checkpoint_manifest import JobRecord
 from protocol.ps_job_spec import JobSpecError
+from protocol.ps_status import EpochResult
 from psruntime.apps.dataset_files import DatasetFileError, write_generated
 from psruntime.apps.registry import create_app
 from store_cluster import executor_cluster, pull_values, put_values, server_record
@@ -69,12 +70,11 @@ def test_a_durable_dir_on_s3_keeps_what_it_wrote_for_another_client(s3, tmp_path
         d.read_bytes("missing.json")
 
 
-def _job(epoch: int) -> dict[str, Any]:
+def _job(epoch: int) -> JobRecord:
     spec = ps_job_spec.validate({"app": "mlr", "workers": 1, "servers": 2})
-    history = [{"epoch": e, "objective": 1.0 / (e + 1), "epoch_time_s": 0.5, "time": 1000.0 + e} for e in range(epoch)]
-    return {"spec": spec.to_json(), "attempt_id": "appattempt_1_0001_000001", "initial_objective": 2.0,
-            "objective_history": history, "shape_history": [{"workers": 1, "servers": 2}],
-            "iterations": 10 * epoch, "clocks": 2 * epoch, "minibatches_run": 40 * epoch}
+    history = [EpochResult(epoch=e, objective=1.0 / (e + 1), epoch_time_s=0.5, time=1000.0 + e) for e in range(epoch)]
+    return JobRecord(spec=spec, attempt_id="appattempt_1_0001_000001", initial_objective=2.0,
+                     objective_history=history, iterations=10 * epoch, clocks=2 * epoch, minibatches_run=40 * epoch)
 
 
 async def test_checkpoints_on_s3_resume_on_another_host_from_the_latest(s3, tmp_path: Path) -> None:
