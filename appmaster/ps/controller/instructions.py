@@ -26,6 +26,14 @@ Contract of each step (what the interpreter does; the simulator charges its cali
     WriteCheckpoint    every server block (and workers' block state where the app keeps it).
     RestoreCheckpoint  a checkpoint onto (new) executors: place, regenerate, restore, positions.
     ScoreModel         the final held-out evaluation and the model output.
+    ComputePlan        Cruise's optimizer plans the job onto `workers + servers` containers (it
+                       picks the split itself) with new executors on `nodes` (empty: anywhere);
+                       answered by StepDone with the plan's `ops` (none: keep the configuration).
+    TakeOverSplits     `new` (a joined worker holding no split) generates `old`'s active `splits`
+                       at the positions they had when the clock began and takes `old`'s place in
+                       the clock list and the BSP barrier: at once for a lost `old` (the clock it
+                       was lost in waits and runs again on `new`), at the next clock boundary for
+                       a live one (a straggler, which then holds nothing).
 """
 from __future__ import annotations
 
@@ -127,6 +135,18 @@ class ScoreModel(_Step, tag="score_model"):
     pass
 
 
+class ComputePlan(_Step, tag="compute_plan"):
+    workers: int
+    servers: int
+    nodes: list[str] = []
+
+
+class TakeOverSplits(_Step, tag="take_over_splits"):
+    old: str
+    new: str
+    splits: list[int]
+
+
 # ---- fire and forget ----------------------------------------------------------------------------
 class LaunchExecutor(_Instruction, tag="launch_executor"):
     """Start an executor of `role` in a granted container."""
@@ -183,7 +203,8 @@ class Finish(_Instruction, tag="finish"):
 
 StepInstruction = Union[StartExecutors, JoinExecutors, RetireExecutors, MoveModelBlocks, StageSplits, CommitSplits,
                         DiscardStaged, SwitchRole, SendExecutorRequest, WaitClockBoundary, PauseTraining,
-                        ResumeTraining, SetupTraining, WriteCheckpoint, RestoreCheckpoint, ScoreModel]
+                        ResumeTraining, SetupTraining, WriteCheckpoint, RestoreCheckpoint, ScoreModel, ComputePlan,
+                        TakeOverSplits]
 Instruction = Union[StepInstruction, LaunchExecutor, ReleaseContainer, WithdrawAsks, CancelSteps, ReportProgress,
                     Reply, SetTimer, Finish]
 STEP_TYPES: tuple[type, ...] = StepInstruction.__args__     # type: ignore[attr-defined]
