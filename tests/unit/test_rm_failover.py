@@ -1,0 +1,72 @@
+"""The RM failover client (protocol/rm_failover.py) against real HTTP servers: a dead address, a
+standby answering 503 StandbyException, and the active."""
+from __future__ import annotations
+
+import pytest
+
+from protocol.ha_config import HAConfig
+from protocol.http_client import JsonHttpClient, RemoteError
+from protocol.rm_failover import FailoverJsonClient, rm_client, rm_urls
+from s3_server import free_ports
+from threaded_http import serve_routes
+
+STANDBY = (503, {"RemoteException": {"exception": "ServiceUnavailableException", "message": "rm1 is standby",
+                                     "javaClassName": "org.apache.hadoop.ipc.StandbyException"}})
+
+
+def active_route(calls):
+    def route(method, path, query, body):
+        calls.append((method, path, body))
+        if path == "/bad":
+            return 400, {"RemoteException": {"exception": "BadRequestException", "message": "no",
+                                             "javaClassName": "x"}}
+        return 200, {"served": "active", "body": body}
+    return route
+
+
+async def test_a_call_moves_past_a_dead_rm_and_a_standby_to_the_active_and_stays_there():
+    dead = f"http://127.0.0.1:{free_ports(1)[0]}"
+    standby_calls, active_calls = [], []
+
+    def standby(method, path, query, body):
+        standby_calls.append(path)
+        return STANDBY
+
+    with serve_routes(standby) as sb, serve_routes(active_route(active_calls)) as act:
+        client = FailoverJsonClient([dead, f"http://{sb}", f"http://{act}"], timeout_s=5, max_attempts=5, sleep_s=0)
+        try:
+            assert await client.post("/internal/v1/node/heartbeat", {"n": 1}) == {"served": "active", "body": {"n": 1}}
+            assert client.failovers == 2 and client.base_url == f"http://{act}"
+            assert await client.get("/again") == {"served": "active", "body": None}
+            assert client.failovers == 2 and standby_calls == ["/internal/v1/node/heartbeat"]
+            # The active's own error is the answer: no failover.
+            with pytest.raises(RemoteError) as e:
+                await client.get("/bad")
+            assert e.value.status == 400 and client.failovers == 2
+        finally:
+            await client.close()
+    assert [p for _, p, _ in active_calls] == ["/internal/v1/node/heartbeat", "/again", "/bad"]
+
+
+async def test_with_no_rm_serving_it_gives_up_after_the_bounded_moves():
+    with serve_routes(lambda *a: STANDBY) as sb1, serve_routes(lambda *a: STANDBY) as sb2:
+        client = FailoverJsonClient([f"http://{sb1}", f"http://{sb2}"], timeout_s=5, max_attempts=3, sleep_s=0)
+        try:
+            with pytest.raises(RemoteError) as e:
+                await client.get("/ws/v1/cluster/apps")
+            assert e.value.status == 503 and client.failovers == 3
+        finally:
+            await client.close()
+
+
+def test_the_preferred_rm_goes_first_and_without_ha_there_is_no_failover():
+    ha = HAConfig(enabled=True, rm_ids=["rm1", "rm2", "rm3"],
+                  rm_addresses={"rm1": "http://a:1", "rm2": "http://b:2", "rm3": "http://c:3"},
+                  etcd_endpoints=["http://e:2379"])
+    assert rm_urls("http://b:2/", ha) == ["http://b:2", "http://a:1", "http://c:3"]
+    assert rm_urls("http://z:9", ha) == ["http://a:1", "http://b:2", "http://c:3"]
+    assert rm_urls("http://z:9", HAConfig()) == ["http://z:9"]
+    assert type(rm_client("http://z:9", HAConfig())) is JsonHttpClient
+    client = rm_client("http://c:3", ha)
+    assert isinstance(client, FailoverJsonClient) and client.base_url == "http://c:3"
+    assert client.max_attempts == ha.failover_max_attempts
