@@ -21,7 +21,7 @@ once into a typed DataRequest there.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Mapping, Optional, TypeVar, Union
+from typing import Annotated, Literal, Mapping, Optional, TypeVar, Union
 
 import msgspec
 
@@ -33,6 +33,7 @@ from protocol.executor_replies import (AppSetupReply, BlocksReply, BlockStatesRe
                                        SetOwnershipReply, SetPositionsReply, SpillFigures, StatusReply,
                                        SwitchRoleReply, WorkerSetupReply)
 from protocol.errors import ProtocolError
+from protocol.json_types import JsonObject, JsonValue
 
 __all__ = ["AppSetup", "AppSetupReply", "BlockData", "BlockStates", "BlockStatesReply", "BlocksReply",
            "CancelIncoming", "Checkpoint", "CheckpointBlocks", "CheckpointBlocksReply", "CheckpointReply",
@@ -62,8 +63,8 @@ class AppSetup(ExecutorRequest, tag="app_setup"):
     """Bind the executor to the job's ML app, data spec and hyper-parameters."""
 
     app: str
-    data: dict[str, Any] = {}
-    hparams: dict[str, Any] = {}
+    data: JsonObject = {}          # the app's data spec (its Spec Struct decodes it, psruntime.apps)
+    hparams: JsonObject = {}       # the app's hyper-parameters (its HParams Struct decodes them)
     preset: Optional[str] = None
     # Harmony spill (protocol.ps_job_spec.PSJobSpec.spill_alpha): None = no spill.
     spill_alpha: Optional[Union[Annotated[float, msgspec.Meta(ge=0, le=1)], Literal["auto"]]] = None
@@ -139,7 +140,7 @@ class BlockStates(ExecutorRequest, tag="block_states"):
 class SetBlockStates(ExecutorRequest, tag="set_block_states"):
     """Put the held blocks' state back from a checkpoint (headers here, arrays in the buffers)."""
 
-    blocks: list[dict[str, Any]]
+    blocks: list[JsonObject]
 
 
 class StopTraining(ExecutorRequest, tag="stop_training"):
@@ -164,7 +165,7 @@ class SwitchRole(ExecutorRequest, tag="switch_role"):
 class SetOwnership(ExecutorRequest, tag="set_ownership"):
     """Adopt this ownership table if it is newer (psruntime.store.ownership_table wire form)."""
 
-    table: dict[str, Any]
+    table: JsonObject              # OwnershipTable.to_wire; OwnershipTable.from_wire checks it
 
 
 class MoveBlocks(ExecutorRequest, tag="move_blocks"):
@@ -216,7 +217,7 @@ class CheckpointBlocks(ExecutorRequest, tag="checkpoint_blocks"):
 class RestoreBlocksData(ExecutorRequest, tag="restore_blocks_data"):
     """Install the blocks in the frame's buffers (descriptors here), all or nothing."""
 
-    blocks: list[dict[str, Any]]
+    blocks: list[JsonObject]
 
 
 class Checkpoint(ExecutorRequest, tag="checkpoint"):
@@ -274,7 +275,7 @@ class EpsStage(ExecutorRequest, tag="eps_stage"):
     buffers) staged in memory."""
 
     split: NonNeg
-    block: dict[str, Any]
+    block: JsonObject
 
 
 class EpsActivate(ExecutorRequest, tag="eps_activate"):
@@ -283,7 +284,7 @@ class EpsActivate(ExecutorRequest, tag="eps_activate"):
     from the next clock on."""
 
     split: NonNeg
-    block: dict[str, Any]
+    block: JsonObject
     source: SplitSource
 
 
@@ -336,13 +337,13 @@ R = TypeVar("R", bound=ControlReply)
 Q = TypeVar("Q", bound=ExecutorRequest)
 
 
-def to_header(request: ExecutorRequest) -> dict[str, Any]:
+def to_header(request: ExecutorRequest) -> JsonObject:
     """The frame header for `request` ({"op": tag, ...fields}, defaults left out)."""
-    out: dict[str, Any] = msgspec.to_builtins(request)
+    out: JsonObject = msgspec.to_builtins(request)
     return out
 
 
-def decode_request(header: Mapping[str, Any]) -> ControlRequest:
+def decode_request(header: Mapping[str, JsonValue]) -> ControlRequest:
     """The typed request a control header carries; ControlMessageError naming the bad field."""
     try:
         request: ControlRequest = msgspec.convert(dict(header), ControlRequest)
@@ -351,7 +352,7 @@ def decode_request(header: Mapping[str, Any]) -> ControlRequest:
     return request
 
 
-def decode_as(header: Mapping[str, Any], kind: type[Q]) -> Q:
+def decode_as(header: Mapping[str, JsonValue], kind: type[Q]) -> Q:
     """`header` (its data-plane "id" left out) decoded as the request `kind`; ControlMessageError
     naming the op and the bad field."""
     try:
@@ -360,13 +361,13 @@ def decode_as(header: Mapping[str, Any], kind: type[Q]) -> Q:
         raise ControlMessageError(f"{header.get('op')!r}: {e}") from None
 
 
-def encode_reply(reply: ControlReply | ErrorReply) -> dict[str, Any]:
+def encode_reply(reply: ControlReply | ErrorReply) -> JsonObject:
     """The frame header of a reply record."""
-    out: dict[str, Any] = msgspec.to_builtins(reply)
+    out: JsonObject = msgspec.to_builtins(reply)
     return out
 
 
-def decode_reply(header: Mapping[str, Any], kind: type[R]) -> R:
+def decode_reply(header: Mapping[str, JsonValue], kind: type[R]) -> R:
     """A reply header read as `kind`; ControlMessageError naming the bad field."""
     try:
         return msgspec.convert(dict(header), kind, strict=False)

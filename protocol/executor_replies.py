@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
 
+from protocol.json_types import JsonObject
+
 NonNeg = Annotated[int, msgspec.Meta(ge=0)]
 Key = Union[int, str]     # a model key (psruntime.store.ownership_table.Key)
 
@@ -37,7 +39,7 @@ class ErrorReply(msgspec.Struct, kw_only=True):
 
 
 class AppSetupReply(ControlReply):
-    describe: dict[str, Any] = {}      # psruntime.apps.base.PSApp.describe: sizes for accounting and logs
+    describe: JsonObject = {}          # psruntime.apps.base.PSApp.describe: sizes for accounting and logs
 
 
 class WorkerSetupReply(ControlReply):
@@ -177,7 +179,7 @@ class CheckpointBlocksReply(ControlReply):
 
     cut: int
     num_blocks: NonNeg
-    blocks: list[dict[str, Any]]
+    blocks: list[JsonObject]
     remaining: list[int] = []
     table_version: int = -1
 

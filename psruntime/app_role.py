@@ -308,7 +308,8 @@ class AppRole:
         states: list[tuple[DataBlock, dict[str, np.ndarray]]] = []
         at = 0
         for h in headers:
-            n = len(h.get("arrays", []))
+            descs = h.get("arrays")
+            n = len(descs) if isinstance(descs, list) else 0
             try:
                 incoming = DataBlock.from_buffers(h, arrays[at:at + n])
             except BlockFormatError as e:

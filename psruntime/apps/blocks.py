@@ -14,10 +14,11 @@ matching what ``psruntime.wire.frame_codec`` sends and what the spill writes wit
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from protocol.errors import AppError
+from protocol.json_types import JsonObject, JsonValue, json_int
 
 # Numeric dtypes only: anything else would need pickle or carry pointers.
 _ALLOWED_KINDS = frozenset("biuf")
@@ -43,10 +44,10 @@ class DataBlock:
         """Bytes held by the block's arrays (input plus state), for memory accounting."""
         return sum(a.nbytes for a in self.data.values()) + sum(a.nbytes for a in self.state.values())
 
-    def to_buffers(self) -> tuple[dict[str, Any], list[np.ndarray]]:
-        """Header (JSON-able) and the arrays, data first then state, in the header's order."""
+    def to_buffers(self) -> tuple[JsonObject, list[np.ndarray]]:
+        """Header (JSON) and the arrays, data first then state, in the header's order."""
         arrays: list[np.ndarray] = []
-        descs: list[list[Any]] = []
+        descs: list[JsonValue] = []
         for part, named in (("data", self.data), ("state", self.state)):
             for name, arr in named.items():
                 arr = np.ascontiguousarray(arr)
@@ -54,34 +55,40 @@ class DataBlock:
                     raise BlockFormatError(f"array {part}.{name} has non-numeric dtype {arr.dtype}")
                 descs.append([part, name, arr.dtype.str, list(arr.shape)])
                 arrays.append(arr)
-        header = {"app": self.app, "block_index": self.block_index, "row_start": self.row_start,
-                  "num_rows": self.num_rows, "arrays": descs}
+        header: JsonObject = {"app": self.app, "block_index": self.block_index, "row_start": self.row_start,
+                              "num_rows": self.num_rows, "arrays": descs}
         return header, arrays
 
     @classmethod
-    def from_buffers(cls, header: Mapping[str, Any],
+    def from_buffers(cls, header: Mapping[str, JsonValue],
                      buffers: Sequence[np.ndarray | bytes | bytearray | memoryview]) -> "DataBlock":
         """Rebuild a block from `to_buffers` output. Data arrays may be read-only views of the
         buffers; state arrays are copied so the worker can update them in place."""
         try:
             app = header["app"]
-            block_index = int(header["block_index"])
-            row_start = int(header["row_start"])
-            num_rows = int(header["num_rows"])
+            block_index = json_int(header["block_index"])
+            row_start = json_int(header["row_start"])
+            num_rows = json_int(header["num_rows"])
             descs = header["arrays"]
         except (KeyError, TypeError, ValueError) as e:
             raise BlockFormatError(f"block header is missing or has a bad field: {e}") from None
         if not isinstance(app, str) or num_rows < 0 or block_index < 0 or row_start < 0:
             raise BlockFormatError("block header has a bad app, block_index, row_start or num_rows")
+        if not isinstance(descs, list):
+            raise BlockFormatError("block header field 'arrays' must be a list of array descriptors")
         if len(descs) != len(buffers):
             raise BlockFormatError(f"header lists {len(descs)} arrays but {len(buffers)} buffers were given")
         data: dict[str, np.ndarray] = {}
         state: dict[str, np.ndarray] = {}
         for desc, buf in zip(descs, buffers):
             try:
-                part, name, dtype_str, shape = desc
+                if not isinstance(desc, list):
+                    raise TypeError("not a list")
+                part, name, dtype_str, dims = desc
+                if not isinstance(name, str) or not isinstance(dtype_str, str) or not isinstance(dims, list):
+                    raise TypeError("name and dtype must be strings and shape a list")
                 dtype = np.dtype(dtype_str)
-                shape = tuple(int(s) for s in shape)
+                shape = tuple(json_int(s) for s in dims)
             except (TypeError, ValueError) as e:
                 raise BlockFormatError(f"bad array descriptor {desc!r}: {e}") from None
             if part not in ("data", "state"):

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Union
 
 import numpy as np
 from protocol.errors import StateError
+from protocol.json_types import JsonObject, JsonValue
 
 Key = Union[int, str]
 _MASK = (1 << 64) - 1
@@ -165,12 +166,13 @@ class OwnershipTable:
         self.version = other.version
         return True
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"num_blocks": self.num_blocks, "owners": self.owners, "addresses": self.addresses,
+    def to_wire(self) -> JsonObject:
+        """The table as JSON (SetOwnership.table, a reply's "table"); `from_wire` reads it back."""
+        return {"num_blocks": self.num_blocks, "owners": list(self.owners), "addresses": dict(self.addresses),
                 "version": self.version}
 
     @classmethod
-    def from_wire(cls, obj: Any) -> "OwnershipTable":
+    def from_wire(cls, obj: JsonValue) -> "OwnershipTable":
         if not isinstance(obj, dict):
             raise OwnershipError("ownership table must be an object")
         try:
@@ -185,7 +187,8 @@ class OwnershipTable:
             raise OwnershipError("ownership table field 'addresses' must map executor id -> host:port")
         if not isinstance(ver, int) or isinstance(ver, bool):
             raise OwnershipError("ownership table field 'version' must be an int")
-        return cls(nb, list(owners), dict(addrs), ver)
+        return cls(nb, [o for o in owners if isinstance(o, str)],
+                   {k: v for k, v in addrs.items() if isinstance(v, str)}, ver)
 
     def copy(self) -> "OwnershipTable":
         return OwnershipTable(self.num_blocks, list(self.owners), dict(self.addresses), self.version)

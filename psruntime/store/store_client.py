@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 
 from psruntime.wire.dataplane import DataPlaneClient, DataPlaneConnection
 from psruntime.wire.frame_codec import Frame
@@ -31,6 +32,7 @@ from psruntime.store.ownership_table import Key, OwnershipTable, as_int_keys, bl
 from psruntime.store.push_ids import PUSH_ID_FIELD
 from psruntime.store.store_requests import MISSING, REDIRECTED
 from protocol.errors import ProtocolError
+from protocol.json_types import JsonIn, JsonObject, JsonValue
 
 MAX_ROUNDS = 200          # a key redirected this often means ownership never converged
 FAST_ROUNDS = 3           # redirects re-sent at once; later rounds back off
@@ -40,7 +42,11 @@ class StoreClientError(ProtocolError, RuntimeError):
     """A store request that could not be completed (no route, too many redirects, remote error)."""
 
 
-Sent = list[tuple[DataPlaneConnection, Any, "asyncio.Future[Frame]"]]
+# Per owner: its connection, the indices of the keys sent there (None = all) and the reply to come.
+Sent = list[tuple[DataPlaneConnection, "np.ndarray | None", "asyncio.Future[Frame]"]]
+# The fields an array-form request adds to its header: a get's "dtype" and row "shape", an
+# update's "func" and push id.
+RequestFields = dict[str, "str | int | list[int]"]
 
 
 @dataclass
@@ -59,7 +65,7 @@ class PreparedArray:
     func: str | None
     keys: np.ndarray
     values: np.ndarray | None
-    extra: dict[str, Any]
+    extra: RequestFields
     parts: list[tuple[str, np.ndarray | None, list[np.ndarray]]]   # (address, indices, arrays)
     row_shape: tuple[int, ...] = ()
     dtype: np.dtype | None = None
@@ -144,20 +150,20 @@ class StoreClient:
 
     # -- array API (int64 key arrays, one values array) -------------------------------------
     async def pull_array(self, keys: np.ndarray, row_shape: Sequence[int] = (),
-                         dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
+                         dtype: npt.DTypeLike = np.float32) -> tuple[np.ndarray, np.ndarray]:
         """(values, found) of int `keys`: values has shape (len(keys), *row_shape), in key order,
         zeros for keys never written; found[i] says whether keys[i] had a value."""
         prepared = self.prepare_pull(keys, row_shape, dtype)
         return await self.finish_pull(prepared, await self.send_pull(prepared))
 
     def prepare_pull(self, keys: np.ndarray, row_shape: Sequence[int] = (),
-                     dtype: Any = np.float32) -> PreparedArray:
+                     dtype: npt.DTypeLike = np.float32) -> PreparedArray:
         """pull_array's encode: route `keys` and cut them per owner."""
         self._raise_pending_error()
         keys = self._keys_array(keys)
         dt = np.dtype(dtype)
         shape = tuple(int(s) for s in row_shape)
-        extra = {"dtype": dt.str, "shape": list(shape)}
+        extra: RequestFields = {"dtype": dt.str, "shape": list(shape)}
         parts = self._split_array(keys, None, None) if len(keys) else []
         return PreparedArray("get", None, keys, None, extra, parts, shape, dt)
 
@@ -219,7 +225,7 @@ class StoreClient:
         """push_array's encode: route the keys and cut keys and values per owner."""
         self._raise_pending_error()
         keys, values = self._keys_values(keys, values)
-        extra: dict[str, Any] = {"func": func} if push_id is None else {"func": func, PUSH_ID_FIELD: push_id}
+        extra: RequestFields = {"func": func} if push_id is None else {"func": func, PUSH_ID_FIELD: push_id}
         parts = self._split_array(keys, values, None) if len(keys) else []
         return PreparedArray("update", func, keys, values, extra, parts)
 
@@ -240,13 +246,13 @@ class StoreClient:
 
     # -- array internals ---------------------------------------------------------------------
     @staticmethod
-    def _keys_array(keys: Any) -> np.ndarray:
+    def _keys_array(keys: npt.ArrayLike) -> np.ndarray:
         try:
             return as_int_keys(keys)
         except ValueError as e:
             raise StoreClientError(str(e)) from None
 
-    def _keys_values(self, keys: Any, values: Any) -> tuple[np.ndarray, np.ndarray]:
+    def _keys_values(self, keys: npt.ArrayLike, values: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         keys = self._keys_array(keys)
         values = np.asarray(values)
         if values.ndim < 1 or len(values) != len(keys):
@@ -290,12 +296,12 @@ class StoreClient:
             if gate is not None:
                 await gate.wait_turn()
             conn = self._client.cached(address) or await self._connect(address, p.op)
-            header: dict[str, Any] = {"op": p.op, "key_array": True, "v": self.table.version, **p.extra}
+            header: dict[str, JsonIn] = {"op": p.op, "key_array": True, "v": self.table.version, **p.extra}
             sent.append((conn, idx, conn.submit(header, arrays)))
         return sent
 
     async def _submit_array(self, op: str, func: str | None, keys: np.ndarray, values: np.ndarray | None,
-                            sub: np.ndarray | None, extra: dict[str, Any]) -> Sent:
+                            sub: np.ndarray | None, extra: RequestFields) -> Sent:
         parts = self._split_array(keys, values, sub)
         return await self._send_parts(PreparedArray(op, func, keys, values, extra, parts))
 
@@ -308,7 +314,8 @@ class StoreClient:
             raise StoreClientError(f"{op} at {address} failed: {e}") from e
 
     @staticmethod
-    async def _await_reply(item: tuple[DataPlaneConnection, Any, "asyncio.Future[Frame]"], op: str, n: int) -> Frame:
+    async def _await_reply(item: tuple[DataPlaneConnection, np.ndarray | None, "asyncio.Future[Frame]"], op: str,
+                           n: int) -> Frame:
         conn, _, fut = item
         try:
             return await fut
@@ -323,7 +330,7 @@ class StoreClient:
             raise StoreClientError(f"get reply has values {got}, expected {((n, *shape), dtype)}")
 
     async def _complete_array(self, op: str, func: str | None, keys: np.ndarray, values: np.ndarray | None,
-                              sent: Sent, out: _ArrayOutcome, extra: dict[str, Any],
+                              sent: Sent, out: _ArrayOutcome, extra: RequestFields,
                               retry: np.ndarray | None = None) -> None:
         for rnd in range(MAX_ROUNDS):
             if retry is None:
@@ -366,11 +373,15 @@ class StoreClient:
         redirected = np.flatnonzero(status == REDIRECTED)
         return redirected if idx is None else idx[redirected]
 
-    def _learn_redirects(self, h: dict[str, Any]) -> None:
+    def _learn_redirects(self, h: JsonObject) -> None:
         if "table" in h:
             self.table.replace_if_newer(OwnershipTable.from_wire(h["table"]))
-        for block, owner, address in h.get("redirect", []):
-            self.table.note_owner(block, owner, address or None)
+        for entry in _json_list(h.get("redirect")):      # [block, owner, address]
+            match entry:
+                case [int(block), str(owner), str(address)]:
+                    self.table.note_owner(block, owner, address or None)
+                case _:
+                    raise StoreClientError(f"reply has a bad redirect entry {entry!r}")
 
     # -- internals ---------------------------------------------------------------------------
     def _push_done(self, task: asyncio.Task[None]) -> None:
@@ -403,7 +414,7 @@ class StoreClient:
         sent = []
         for address, group in self._route(keys, idx).items():
             conn = self._client.cached(address) or await self._connect(address, op)
-            header: dict[str, Any] = {"op": op, "keys": [keys[i] for i in group], "v": self.table.version}
+            header: dict[str, JsonIn] = {"op": op, "keys": [keys[i] for i in group], "v": self.table.version}
             if func is not None:
                 header["func"] = func
             if push_id is not None:
@@ -445,13 +456,30 @@ class StoreClient:
     def _absorb(self, reply: Frame, keys: list[Key], group: list[int], out: _Outcome) -> list[int]:
         """Record a reply; return the indices (from `group`) to re-send after a redirect."""
         h = reply.header
-        for k, a in zip(h.get("keys", []), reply.arrays):
+        for k, a in zip(_json_keys(h.get("keys")), reply.arrays):
             out.values[k] = a
-        out.missing += h.get("missing", [])
+        out.missing += _json_keys(h.get("missing"))
         if "redirect" not in h:
             return []
         self._learn_redirects(h)
-        redirected = set()
-        for k in h.get("redirect_keys", []):
-            redirected.add(k)
+        redirected = set(_json_keys(h.get("redirect_keys")))
         return [i for i in group if keys[i] in redirected]
+
+
+def _json_list(value: JsonValue) -> list[JsonValue]:
+    """A reply field that is a list (absent: empty); StoreClientError naming it otherwise."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise StoreClientError(f"reply field is {value!r}, expected a list")
+    return value
+
+
+def _json_keys(value: JsonValue) -> list[Key]:
+    """A reply's key list (list form: int or str keys)."""
+    keys: list[Key] = []
+    for k in _json_list(value):
+        if isinstance(k, bool) or not isinstance(k, (int, str)):
+            raise StoreClientError(f"reply has key {k!r}: keys are ints or strs")
+        keys.append(k)
+    return keys

@@ -22,18 +22,23 @@ import asyncio
 import math
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Sequence, Union
 
 import numpy as np
 
 from psruntime.store.block_store import BlockStore, check_func
 from psruntime.wire.buffer_pool import BufferPool
-from psruntime.wire.dataplane import Reply, RequestError
+from psruntime.wire.dataplane import RequestError
 from psruntime.wire.frame_codec import DEFAULT_MAX_BODY_BYTES, check_wire_dtype
 from psruntime.store.ownership_table import Key, as_int_keys, block_of, blocks_of_int_keys
+from protocol.json_types import JsonObject, JsonValue
 
 SERVED, MISSING, REDIRECTED = 0, 1, 2    # per-key status codes of an array-form reply
 MASK_GROUPING_MAX_BLOCKS = 32           # up to this many blocks per request, group keys by masks
+
+# The keys of one request that fall in one block: in the array form, indices into the request's
+# key array (None: all of them); in the list form, positions in its key list.
+BlockPart = Union[np.ndarray, list[int], None]
 
 
 def group_by_block(blocks: np.ndarray, num_blocks: int) -> list[tuple[int, np.ndarray | None]]:
@@ -59,23 +64,23 @@ class DataRequest(ABC):
         self.done: asyncio.Future[None] | None = None
 
     @abstractmethod
-    def parts(self, num_blocks: int) -> list[tuple[int, Any]]:
+    def parts(self, num_blocks: int) -> list[tuple[int, BlockPart]]:
         """[(block, part)] where a part selects this request's keys of that block."""
 
     @abstractmethod
-    def check(self, store: BlockStore, block: int, part: Any) -> None:
+    def check(self, store: BlockStore, block: int, part: BlockPart) -> None:
         """Raise StoreError if applying `part` would fail (so a bad request changes nothing)."""
 
     @abstractmethod
-    def apply(self, store: BlockStore, block: int, part: Any) -> None:
+    def apply(self, store: BlockStore, block: int, part: BlockPart) -> None:
         """Serve `part` from / into the store."""
 
     @abstractmethod
-    def redirect(self, block: int, part: Any, target: tuple[str, str]) -> None:
+    def redirect(self, block: int, part: BlockPart, target: tuple[str, str]) -> None:
         """Mark `part` as not applied here: the client re-sends it to `target` (owner, address)."""
 
     @abstractmethod
-    def reply(self) -> Reply:
+    def reply(self) -> tuple[JsonObject, list[np.ndarray]]:
         """The reply header (without redirect / table, which the service adds) and buffers."""
 
     # -- queued parts ------------------------------------------------------------------------
@@ -112,20 +117,21 @@ class ArrayRequest(DataRequest):
             self.status = np.zeros(len(self.keys), np.uint8)
         return self.status
 
-    def parts(self, num_blocks: int) -> list[tuple[int, Any]]:
-        return group_by_block(blocks_of_int_keys(self.keys, num_blocks), num_blocks)
+    def parts(self, num_blocks: int) -> list[tuple[int, BlockPart]]:
+        return list(group_by_block(blocks_of_int_keys(self.keys, num_blocks), num_blocks))
 
     def _select(self, part: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
         if part is None:
             return self.keys, self.values
         return self.keys[part], (self.values[part] if self.values is not None else None)
 
-    def check(self, store: BlockStore, block: int, part: Any) -> None:
+    def check(self, store: BlockStore, block: int, part: BlockPart) -> None:
         if self.op == "update":
-            keys, values = self._select(part)
+            keys, values = self._select(_indices(part))
             store.check_update_many(block, self.func, keys, values)  # type: ignore[arg-type]
 
-    def apply(self, store: BlockStore, block: int, part: Any) -> None:
+    def apply(self, store: BlockStore, block: int, part: BlockPart) -> None:
+        part = _indices(part)
         keys, values = self._select(part)
         if self.op == "get":
             assert self.out is not None
@@ -144,14 +150,15 @@ class ArrayRequest(DataRequest):
         else:
             store.update_many(block, self.func, keys, values)  # type: ignore[arg-type]
 
-    def redirect(self, block: int, part: Any, target: tuple[str, str]) -> None:
+    def redirect(self, block: int, part: BlockPart, target: tuple[str, str]) -> None:
+        part = _indices(part)
         self.redirects[block] = target
         self._status()[slice(None) if part is None else part] = REDIRECTED
         if self.out is not None:
             self.out[slice(None) if part is None else part] = 0
 
-    def reply(self) -> Reply:
-        header: dict[str, Any] = {"op": "ok", "key_array": True}
+    def reply(self) -> tuple[JsonObject, list[np.ndarray]]:
+        header: JsonObject = {"op": "ok", "key_array": True}
         arrays: list[np.ndarray] = [self.out] if self.out is not None else []
         if self.status is not None and self.status.any():
             # Rows of missing or redirected keys are zeros (apply and redirect wrote them).
@@ -161,7 +168,14 @@ class ArrayRequest(DataRequest):
         return header, arrays
 
 
-def _parse_array_request(op: str, func: str | None, h: dict[str, Any], arrays: Sequence[np.ndarray],
+def _indices(part: BlockPart) -> np.ndarray | None:
+    """An array-form part (a list-form one here would be a bug of the caller's)."""
+    if isinstance(part, list):
+        raise TypeError("a list-form part given to an array-form request")
+    return part
+
+
+def _parse_array_request(op: str, func: str | None, h: JsonObject, arrays: Sequence[np.ndarray],
                          pool: BufferPool | None) -> ArrayRequest:
     want = 1 if op == "get" else 2
     if len(arrays) != want:
@@ -186,14 +200,17 @@ def _parse_array_request(op: str, func: str | None, h: dict[str, Any], arrays: S
         dt = check_wire_dtype(dtype)
     except ValueError as e:
         raise RequestError(f"field 'dtype': {e}") from None
-    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                                              for s in shape):
-        raise RequestError("field 'shape' must be the row shape, a list of non-negative ints")
-    nbytes = len(keys) * math.prod(shape) * dt.itemsize
+    bad_shape = "field 'shape' must be the row shape, a list of non-negative ints"
+    if not isinstance(shape, list):
+        raise RequestError(bad_shape)
+    dims = [s for s in shape if isinstance(s, int) and not isinstance(s, bool) and s >= 0]
+    if len(dims) != len(shape):
+        raise RequestError(bad_shape)
+    nbytes = len(keys) * math.prod(dims) * dt.itemsize
     if nbytes > DEFAULT_MAX_BODY_BYTES:
         raise RequestError(f"the reply would be {nbytes} bytes, over the frame limit of {DEFAULT_MAX_BODY_BYTES}")
     # Every row of `out` is written by the part that covers it (served, missing or redirected).
-    out_shape = (len(keys), *shape)
+    out_shape = (len(keys), *dims)
     out = pool.take_array(out_shape, dt) if pool is not None else np.empty(out_shape, dt)
     return ArrayRequest(op, None, keys, None, out)
 
@@ -212,18 +229,19 @@ class ListRequest(DataRequest):
         self.missing: list[Key] = []
         self.redirect_keys: list[Key] = []
 
-    def parts(self, num_blocks: int) -> list[tuple[int, Any]]:
+    def parts(self, num_blocks: int) -> list[tuple[int, BlockPart]]:
         by_block: dict[int, list[int]] = defaultdict(list)
         for i, k in enumerate(self.keys):
             by_block[block_of(k, num_blocks)].append(i)
         return list(by_block.items())
 
-    def check(self, store: BlockStore, block: int, part: Any) -> None:
+    def check(self, store: BlockStore, block: int, part: BlockPart) -> None:
         if self.op == "update":
-            for i in part:
+            for i in _positions(part):
                 store.check_update(self.keys[i], self.func, self.arrays[i], block)  # type: ignore[arg-type]
 
-    def apply(self, store: BlockStore, block: int, part: Any) -> None:
+    def apply(self, store: BlockStore, block: int, part: BlockPart) -> None:
+        part = _positions(part)
         if self.op == "get":
             for i in part:
                 k = self.keys[i]
@@ -241,26 +259,39 @@ class ListRequest(DataRequest):
                 store.update(self.keys[i], self.func, self.arrays[i], block)  # type: ignore[arg-type]
         self.served_keys += [self.keys[i] for i in part]
 
-    def redirect(self, block: int, part: Any, target: tuple[str, str]) -> None:
+    def redirect(self, block: int, part: BlockPart, target: tuple[str, str]) -> None:
         self.redirects[block] = target
-        self.redirect_keys += [self.keys[i] for i in part]
+        self.redirect_keys += [self.keys[i] for i in _positions(part)]
 
-    def reply(self) -> Reply:
-        header: dict[str, Any] = {"op": "ok", "keys": self.served_keys}
+    def reply(self) -> tuple[JsonObject, list[np.ndarray]]:
+        header: JsonObject = {"op": "ok", "keys": _json_keys(self.served_keys)}
         if self.missing:
-            header["missing"] = self.missing
+            header["missing"] = _json_keys(self.missing)
         if self.redirect_keys:
-            header["redirect_keys"] = self.redirect_keys
+            header["redirect_keys"] = _json_keys(self.redirect_keys)
         return header, self.served_arrays
 
 
-def _parse_list_request(op: str, func: str | None, h: dict[str, Any], arrays: Sequence[np.ndarray]) -> ListRequest:
-    keys = h.get("keys")
-    if not isinstance(keys, list) or not keys:
+def _positions(part: BlockPart) -> list[int]:
+    """A list-form part (an array-form one here would be a bug of the caller's)."""
+    if not isinstance(part, list):
+        raise TypeError("an array-form part given to a list-form request")
+    return part
+
+
+def _json_keys(keys: list[Key]) -> list[JsonValue]:
+    return list(keys)
+
+
+def _parse_list_request(op: str, func: str | None, h: JsonObject, arrays: Sequence[np.ndarray]) -> ListRequest:
+    raw = h.get("keys")
+    if not isinstance(raw, list) or not raw:
         raise RequestError("field 'keys' must be a non-empty list of int or str keys")
-    for k in keys:
+    keys: list[Key] = []
+    for k in raw:
         if isinstance(k, bool) or not isinstance(k, (int, str)):
             raise RequestError(f"field 'keys' has {k!r}: keys must be ints or strs")
+        keys.append(k)
     if op != "get" and len(arrays) != len(keys):
         raise RequestError(f"{len(keys)} keys but {len(arrays)} value buffers")
     if op == "get" and arrays:
@@ -268,14 +299,18 @@ def _parse_list_request(op: str, func: str | None, h: dict[str, Any], arrays: Se
     return ListRequest(op, func, keys, arrays)
 
 
-def parse_request(h: dict[str, Any], arrays: Sequence[np.ndarray], pool: BufferPool | None = None) -> DataRequest:
+def parse_request(h: JsonObject, arrays: Sequence[np.ndarray], pool: BufferPool | None = None) -> DataRequest:
     """The request of a data-op frame; RequestError naming the field that is wrong. An array-form
     get's reply array comes from `pool` when given (a reused buffer, not a fresh mapping)."""
     op = h["op"]
-    func = h.get("func") if op == "update" else None
+    if not isinstance(op, str):
+        raise RequestError(f"field 'op' must be a string, got {op!r}")
+    func: str | None = None
     if op == "update":
-        if not isinstance(func, str):
+        named = h.get("func")
+        if not isinstance(named, str):
             raise RequestError("an update needs field 'func' (e.g. \"add\")")
+        func = named
         try:
             check_func(func)
         except ValueError as e:

@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from protocol.executor_ops import BlockData, CancelIncoming, TakeOwnership, to_header
+from protocol.json_types import JsonObject
 from psruntime.store.block_store import BlockArrays, BlockStore
 from psruntime.wire.buffer_pool import BufferPool
 from psruntime.wire.dataplane import DataPlaneClient, Reply, RequestError
@@ -34,7 +35,7 @@ from psruntime.wire.frame_codec import Frame
 from psruntime.store.migration import BlockState, BlockStates, Disposition, MigrationEvent
 from psruntime.store.ownership_table import Key, OwnershipTable
 from psruntime.store.push_ids import PUSH_ID_FIELD, AppliedPushes
-from psruntime.store.store_requests import DataRequest, parse_request
+from psruntime.store.store_requests import BlockPart, DataRequest, parse_request
 
 log = logging.getLogger(__name__)
 DATA_OPS = frozenset({"get", "put", "update"})
@@ -52,7 +53,7 @@ class StoreService:
         self.states = BlockStates(table.num_blocks, clock) if clock else BlockStates(table.num_blocks)
         self._client = client
         # Parts on INCOMING blocks, with their push ids (judged when served: the block's ids come with it).
-        self._queues: dict[int, list[tuple[DataRequest, Any, int | None]]] = defaultdict(list)
+        self._queues: dict[int, list[tuple[DataRequest, BlockPart, int | None]]] = defaultdict(list)
         self.address = ""  # set by the executor once its server listens
         self.handover_timeout_s = 30.0
         self.stats = {"served": 0, "queued": 0, "redirected": 0}  # request parts, for status and tests
@@ -121,12 +122,12 @@ class StoreService:
             return self._reply(req, frame.header)
         return asyncio.ensure_future(self._reply_later(req, frame.header))
 
-    async def _reply_later(self, req: DataRequest, h: dict[str, Any]) -> Reply:
+    async def _reply_later(self, req: DataRequest, h: JsonObject) -> Reply:
         assert req.done is not None
         await req.done
         return self._reply(req, h)
 
-    def _reply(self, req: DataRequest, h: dict[str, Any]) -> Reply:
+    def _reply(self, req: DataRequest, h: JsonObject) -> Reply:
         header, arrays = req.reply()
         if req.redirects:
             header["redirect"] = [[b, o, a] for b, (o, a) in req.redirects.items()]
@@ -242,7 +243,7 @@ class StoreService:
 
 
 def block_data_message(block: int, src: str, data: BlockArrays,
-                       applied: Sequence[int] = ()) -> tuple[dict[str, Any], list[np.ndarray]]:
+                       applied: Sequence[int] = ()) -> tuple[JsonObject, list[np.ndarray]]:
     """The "block_data" frame of a block: JSON keys only for its non-dense keys, the dense rows as two
     buffers (keys, values) after their buffers, and the push ids the block was applied with (only
     when there are some); see StoreService.receive_block."""

@@ -28,7 +28,7 @@ import inspect
 import itertools
 import logging
 import socket
-from typing import Annotated, Any, Awaitable, Callable, Sequence, Union
+from typing import Annotated, Awaitable, Callable, Sequence, Union
 
 import msgspec
 import numpy as np
@@ -37,10 +37,12 @@ from psruntime.wire.dataplane_auth import HANDSHAKE_TIMEOUT_S, AuthError, Client
 from psruntime.wire.frame_codec import DEFAULT_MAX_BODY_BYTES, Frame, FrameError
 from psruntime.wire.frame_protocol import FrameProtocol
 from protocol.errors import ProtocolError
+from protocol.json_types import JsonInObject, JsonValue
 
 log = logging.getLogger(__name__)
 
-Reply = tuple[dict[str, Any], Sequence[np.ndarray]]
+# A handler's answer: the reply header (JSON; the server adds the request's "id") and its arrays.
+Reply = tuple[JsonInObject, Sequence[np.ndarray]]
 Handler = Callable[[Frame], Union[Reply, Awaitable[Reply]]]
 
 
@@ -253,7 +255,7 @@ class _ServerConnection:
     def close(self) -> None:
         self.protocol.close()
 
-    async def _finish(self, rid: Any, aw: Awaitable[Reply]) -> None:
+    async def _finish(self, rid: JsonValue, aw: Awaitable[Reply]) -> None:
         try:
             result = await aw
         except asyncio.CancelledError:
@@ -262,7 +264,7 @@ class _ServerConnection:
             result = error_reply(e)
         self._send(rid, result)
 
-    def _send(self, rid: Any, result: Reply) -> None:
+    def _send(self, rid: JsonValue, result: Reply) -> None:
         header, arrays = result
         try:
             try:
@@ -317,7 +319,7 @@ class DataPlaneConnection:
     def closed(self) -> bool:
         return self._closed_error is not None
 
-    def submit(self, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> asyncio.Future[Frame]:
+    def submit(self, header: JsonInObject, arrays: Sequence[np.ndarray] = ()) -> asyncio.Future[Frame]:
         """Write a request now (so requests on one connection keep their order); return its reply future.
 
         The future resolves to the reply frame, or fails with RemoteError / ConnectionError.
@@ -336,7 +338,7 @@ class DataPlaneConnection:
         """Wait until the socket's write buffer is below its high-water mark (backpressure)."""
         await self.protocol.drain()
 
-    async def request(self, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> Frame:
+    async def request(self, header: JsonInObject, arrays: Sequence[np.ndarray] = ()) -> Frame:
         fut = self.submit(header, arrays)
         await self.protocol.drain()
         return await fut
@@ -430,8 +432,8 @@ class DataPlaneClient:
         self._secret = secret
         self.liveness = liveness
         self._lost: dict[str, str] = {}        # address -> why it was declared lost
-        self._opening: dict[str, asyncio.Task[Any]] = {}     # address -> the task opening it
-        self._open_aborts: dict[asyncio.Task[Any], str] = {}  # opens cancelled by mark_lost -> why
+        self._opening: dict[str, asyncio.Task[object]] = {}     # address -> the (caller's) task opening it
+        self._open_aborts: dict[asyncio.Task[object], str] = {}  # opens cancelled by mark_lost -> why
 
     def lost(self, address: str) -> str | None:
         """Why `address` was marked lost, or None."""
@@ -500,7 +502,7 @@ class DataPlaneClient:
                 del self._opening[address]
             self._open_aborts.pop(task, None)
 
-    async def request(self, address: str, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> Frame:
+    async def request(self, address: str, header: JsonInObject, arrays: Sequence[np.ndarray] = ()) -> Frame:
         return await (await self.connection(address)).request(header, arrays)
 
     async def close(self) -> None:

@@ -21,10 +21,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from typing import Any
 
 from psruntime.wire.frame_codec import Frame
 from protocol.errors import ProtocolError
+from protocol.json_types import JsonObject
 
 CHALLENGE_OP = "auth_challenge"
 ANSWER_OP = "auth_answer"
@@ -50,7 +50,7 @@ def _proof(key: bytes, label: bytes, first: bytes, second: bytes) -> bytes:
     return hmac.new(key, label + first + second, hashlib.sha256).digest()
 
 
-def _hex_field(header: dict[str, Any], name: str, nbytes: int) -> bytes:
+def _hex_field(header: JsonObject, name: str, nbytes: int) -> bytes:
     value = header.get(name)
     if not isinstance(value, str) or len(value) != 2 * nbytes:
         raise AuthError(f"field {name!r} must be {2 * nbytes} hex digits")
@@ -67,10 +67,10 @@ class ServerHandshake:
         self._key = key
         self.nonce = nonce if nonce is not None else secrets.token_bytes(NONCE_BYTES)
 
-    def challenge(self) -> dict[str, Any]:
+    def challenge(self) -> dict[str, str]:
         return {"op": CHALLENGE_OP, "nonce": self.nonce.hex()}
 
-    def check(self, frame: Frame) -> dict[str, Any]:
+    def check(self, frame: Frame) -> dict[str, str]:
         """The `auth_ok` header for a valid answer; AuthError (with the reason) for anything else."""
         h = frame.header
         if h.get("op") != ANSWER_OP:
@@ -92,7 +92,7 @@ class ClientHandshake:
         self.nonce = nonce if nonce is not None else secrets.token_bytes(NONCE_BYTES)
         self._server_nonce: bytes | None = None
 
-    def answer(self, frame: Frame) -> dict[str, Any]:
+    def answer(self, frame: Frame) -> dict[str, str]:
         h = frame.header
         if h.get("op") != CHALLENGE_OP:
             raise AuthError(f"expected the server's {CHALLENGE_OP!r}, got op {h.get('op')!r} "

@@ -15,11 +15,12 @@ import asyncio
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import orjson
 from protocol.errors import ProtocolError
+from protocol.json_types import JsonInObject, JsonObject, JsonValue
 
 MAGIC = 0x454C5346  # "ELSF": rejects a peer that is not speaking this protocol at all
 PREFIX = struct.Struct("<IIQ")
@@ -38,7 +39,7 @@ class FrameError(ProtocolError, ValueError):
 class Frame:
     """One decoded frame: the JSON header (without "bufs") and its arrays in order."""
 
-    header: dict[str, Any]
+    header: JsonObject
     arrays: list[np.ndarray] = field(default_factory=list)
 
 
@@ -57,12 +58,12 @@ def check_wire_dtype(name: str) -> np.dtype:
     return dtype
 
 
-def encode_frame(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> list[Any]:
+def encode_frame(header: JsonInObject, arrays: Sequence[np.ndarray] = ()) -> list[bytes | memoryview]:
     """Return the pieces of a frame for `writer.writelines` (prefix, header, one memoryview per array).
 
     Arrays are sent from their own memory when C-contiguous (no copy); others are made contiguous.
     """
-    descs = []
+    descs: list[tuple[str, tuple[int, ...]]] = []
     views: list[memoryview] = []
     total = 0
     for i, arr in enumerate(arrays):
@@ -88,7 +89,7 @@ def encode_frame(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> l
     return [PREFIX.pack(MAGIC, len(raw_header), total), raw_header, *views]
 
 
-def _parse_descs(bufs: Any, body_len: int) -> list[tuple[np.dtype, tuple[int, ...], int]]:
+def _parse_descs(bufs: JsonValue, body_len: int) -> list[tuple[np.dtype, tuple[int, ...], int]]:
     if not isinstance(bufs, list):
         raise FrameError("header 'bufs' must be a list of [dtype, shape]")
     out = []
@@ -101,9 +102,9 @@ def _parse_descs(bufs: Any, body_len: int) -> list[tuple[np.dtype, tuple[int, ..
         except TypeError:
             raise FrameError(f"header 'bufs'[{i}] has unknown dtype {d[0]!r}") from None
         _check_dtype(dtype)
-        shape = d[1]
-        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
-            raise FrameError(f"header 'bufs'[{i}] has a bad shape {shape!r}")
+        shape = [s for s in d[1] if isinstance(s, int) and not isinstance(s, bool) and s >= 0]
+        if len(shape) != len(d[1]):
+            raise FrameError(f"header 'bufs'[{i}] has a bad shape {d[1]!r}")
         nbytes = dtype.itemsize * math.prod(shape)
         total += nbytes
         out.append((dtype, tuple(shape), nbytes))

@@ -36,6 +36,7 @@ import numpy as np
 from psruntime.wire import bandwidth
 from psruntime.wire.buffer_pool import BufferPool
 from psruntime.wire.frame_codec import PREFIX, Frame, FrameError, decode_frame, encode_frame, parse_prefix
+from protocol.json_types import JsonInObject
 
 SCRATCH_BYTES = 256 << 10
 DIRECT_MIN_BYTES = 64 << 10  # bodies with at least this much left are received in place
@@ -82,7 +83,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._pump: asyncio.Task[None] | None = None
         self._pump_resume: asyncio.Future[None] | None = None
         self._close_when_flushed = False
-        self._cork: list[Any] | None = None     # frames kept while a read is handled (write_frame)
+        self._cork: list[bytes | memoryview] | None = None     # frames kept while a read is handled (write_frame)
         self._cork_bytes = 0
 
     # -- connection --------------------------------------------------------------------------
@@ -153,12 +154,12 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._drain_waiters.append(fut)
         await fut
 
-    def write_frame(self, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
+    def write_frame(self, header: JsonInObject, arrays: Sequence[np.ndarray] = ()) -> None:
         """Queue a frame (synchronous, so frames from different tasks never interleave)."""
         if self._closed or self.transport is None:
             raise ConnectionError("connection closed")
         pieces = encode_frame(header, arrays)
-        head = pieces[0] + pieces[1]
+        head = b"".join(pieces[:2])    # prefix and header
         if self._pacer is not None:
             self._write_paced(head, pieces[2:])
             return
@@ -174,7 +175,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if nbytes >= JOIN_BELOW_BYTES:
             self._flush_cork()
 
-    def _send(self, pieces: list[Any], nbytes: int) -> None:
+    def _send(self, pieces: list[bytes | memoryview], nbytes: int) -> None:
         assert self.transport is not None
         if nbytes < JOIN_BELOW_BYTES:
             # One write call for small frames: each piece would otherwise be its own send syscall
@@ -199,7 +200,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self.transport.close()
 
     # -- paced writing (bandwidth emulation) ------------------------------------------------
-    def _write_paced(self, head: bytes, bufs: Sequence[Any]) -> None:
+    def _write_paced(self, head: bytes, bufs: Sequence[bytes | memoryview]) -> None:
         assert self._pacer is not None and self.transport is not None
         total = len(head) + sum(len(b) for b in bufs)
         if not self._outq and total < PACE_MIN_BYTES:
