@@ -9,7 +9,6 @@ from typing import Callable
 
 from protocol import container_env, durable_storage, tokens
 from protocol import internal_api as api
-from protocol.local_resources import decode_resources
 from protocol.nm_client import NMClient
 
 from .core import LaunchAm, ResourceManagerCore
@@ -54,11 +53,9 @@ class AmLauncher:
             container_env.JOB_SECRET: tokens.job_secret(self.core.cluster.secret, eff.attempt_id),
             container_env.CONTAINER_ROLE: "am",
         })
-        # Stored as builtins (validated at submission); decoded again here so a bad stored entry
-        # fails the attempt naming it rather than reaching the NM.
-        stored: dict[str, object] = dict(app.am.local_resources)
+        # Typed since submission, which checked them (and so does the store's decoding on recovery).
         return api.LaunchContext(commands=list(app.am.commands), environment=env,
-                                 local_resources=decode_resources(stored))
+                                 local_resources=dict(app.am.local_resources))
 
     def launch(self, eff: LaunchAm) -> None:
         task = asyncio.get_running_loop().create_task(self._launch(eff))

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from protocol import internal_api as api
 from protocol.job_report import JobReport
+from protocol.local_resources import LocalResource
 from protocol.records import ZERO, AppState, AttemptState, FinalStatus, NodeState, Resource
 
 from .policies.snapshot import PSJobView
@@ -102,7 +103,7 @@ class AmSpec:
 
     commands: list[str]
     environment: dict[str, str]
-    local_resources: dict[str, dict[str, Any]]
+    local_resources: dict[str, LocalResource]    # checked at submission (rm/submission.py)
     resource: Resource
 
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 import abc
 import sqlite3
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import msgspec
 
 from protocol import ps_job_spec
+from protocol.local_resources import LocalResource
 from protocol.ps_job_spec import PSJobSpec
 from protocol.records import AppState, AttemptState, FinalStatus, Resource
 
@@ -37,7 +38,7 @@ class AppRecord(msgspec.Struct, forbid_unknown_fields=False):
     app_type: str
     am_commands: list[str]
     am_environment: dict[str, str]
-    am_local_resources: dict[str, dict[str, Any]]
+    am_local_resources: dict[str, LocalResource]
     am_resource: Resource
     max_attempts: int
     submit_time: float

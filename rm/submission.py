@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Optional, Union
+from typing import Annotated, Optional, TypeVar, Union
 
 import msgspec
 
@@ -15,7 +15,7 @@ from protocol import ps_job_spec
 from protocol.durable_storage import DurableStorageError, bucket_of, check_reachable
 from protocol.ids import ApplicationId
 from protocol.internal_api import RunState
-from protocol.local_resources import LocalResourceError, decode_resources
+from protocol.local_resources import LocalResource, LocalResourceError, decode_resources
 from protocol.records import Resource
 from protocol.remote_exception import BadRequest
 
@@ -48,7 +48,7 @@ class Environment(_In):
 
 class LocalResourceEntry(_In):
     key: str
-    value: dict[str, Any]
+    value: dict[str, object]     # a LocalResource's JSON, decoded by decode_resources
 
 
 class LocalResources(_In):
@@ -64,9 +64,9 @@ class AmContainerSpec(_In, rename={"local_resources": "local-resources", "servic
     commands: Optional[Commands] = None    # may be left out for ELASTANE_PS: the RM runs the PS AM
     environment: Optional[Environment] = None
     local_resources: Optional[LocalResources] = None
-    service_data: Any = None
-    credentials: Any = None
-    application_acls: Any = None
+    service_data: object = None
+    credentials: object = None
+    application_acls: object = None
 
 
 _RENAME = {
@@ -96,21 +96,21 @@ class SubmissionContext(_In, rename=_RENAME):
     application_type: str = "YARN"
     elastane: Optional[dict[str, object]] = None  # Elastane's extension (e.g. a PS job spec)
     # ---- accepted and ignored (IGNORED_SUBMISSION_FIELDS) ----
-    application_tags: Any = None
-    priority: Any = None
-    keep_containers: Any = None
-    unmanaged_am: Any = None
-    cancel_tokens: Any = None
-    log_aggregation_context: Any = None
-    attempt_failures_validity_interval: Any = None
-    reservation_id: Any = None
-    am_black_listing_requests: Any = None
-    application_timeouts: Any = None
-    node_label_expression: Any = None
-    app_node_label_expression: Any = None
-    am_container_node_label_expression: Any = None
-    credentials: Any = None
-    application_scheduling_properties: Any = None
+    application_tags: object = None
+    priority: object = None
+    keep_containers: object = None
+    unmanaged_am: object = None
+    cancel_tokens: object = None
+    log_aggregation_context: object = None
+    attempt_failures_validity_interval: object = None
+    reservation_id: object = None
+    am_black_listing_requests: object = None
+    application_timeouts: object = None
+    node_label_expression: object = None
+    app_node_label_expression: object = None
+    am_container_node_label_expression: object = None
+    credentials: object = None
+    application_scheduling_properties: object = None
 
 
 class AppStateUpdate(_In):
@@ -149,7 +149,11 @@ class ValidSubmission:
     extension: Optional[dict[str, object]]    # the rest of the `elastane` object, as given
 
 
-def _entries(x: Any) -> list[Any]:
+E = TypeVar("E")
+
+
+def _entries(x: Union[list[E], E, None]) -> list[E]:
+    """Jersey's entry lists: a list, one bare entry, or none."""
     if x is None:
         return []
     return x if isinstance(x, list) else [x]
@@ -174,9 +178,9 @@ def _ps_job(ctx: SubmissionContext) -> Optional[ps_job_spec.PSJobSpec]:
     return spec
 
 
-def _local_resources(spec: Optional[LocalResources]) -> dict[str, dict[str, Any]]:
-    """YARN's `local-resources` entries, each checked as a LocalResource (400 naming a bad one) and
-    kept as builtins for the store (what the AM's launch context decodes again)."""
+def _local_resources(spec: Optional[LocalResources]) -> dict[str, LocalResource]:
+    """YARN's `local-resources` entries, each decoded and checked as a LocalResource (400 naming a
+    bad one): what the app record keeps and the AM's launch context carries."""
     where = "am-container-spec.local-resources"
     raw: dict[str, object] = {}
     for e in _entries(spec.entry if spec else None):
@@ -198,24 +202,23 @@ def _local_resources(spec: Optional[LocalResources]) -> dict[str, dict[str, Any]
                 re.compile(res.pattern)
             except re.error as e:
                 raise BadRequest(f"{where}: local resource {name!r}: bad pattern {res.pattern!r}: {e}") from None
-    return {name: msgspec.to_builtins(res) for name, res in typed.items()}
+    return typed
 
 
-def _one_set_of_resources(spec: ps_job_spec.PSJobSpec, am_local: dict[str, dict[str, Any]]
-                          ) -> tuple[ps_job_spec.PSJobSpec, dict[str, dict[str, Any]]]:
+def _one_set_of_resources(spec: ps_job_spec.PSJobSpec, am_local: dict[str, LocalResource]
+                          ) -> tuple[ps_job_spec.PSJobSpec, dict[str, LocalResource]]:
     """A PS job's files may come in `elastane.ps-job.resources` or, as a YARN client ships them, in
     `am-container-spec.local-resources`: both places are one set, localized for the AM (which
     imports a user's app from its working dir) and passed on to every executor it starts. The same
     name given differently in the two is a 400 naming it."""
     merged = dict(spec.resources)
-    for name, raw in decode_resources(dict(am_local)).items():
+    for name, res in am_local.items():
         given = merged.get(name)
-        if given is not None and given != raw:
+        if given is not None and given != res:
             raise BadRequest(f"am-container-spec.local-resources: local resource {name!r} differs from "
                              f"elastane.{ps_job_spec.ELASTANE_FIELD}.resources.{name}: give it once, or the same in both")
-        merged[name] = raw
-    local = {**{name: msgspec.to_builtins(r) for name, r in spec.resources.items()}, **am_local}
-    return msgspec.structs.replace(spec, resources=merged), local
+        merged[name] = res
+    return msgspec.structs.replace(spec, resources=merged), merged
 
 
 def validate(ctx: SubmissionContext) -> ValidSubmission:

@@ -354,9 +354,9 @@ def test_rm_submission_validates_local_resources():
 
     ok = sub([{"key": "app.py", "value": {"resource": "file:///s/app.py", "type": "FILE",
                                           "visibility": "APPLICATION", "size": 3, "timestamp": 5}}])
-    assert ok.am.local_resources["app.py"]["size"] == 3
+    assert ok.am.local_resources["app.py"].size == 3
     one = sub({"key": "a.tgz", "value": {"resource": "/s/a.tgz", "type": "ARCHIVE"}})   # Jersey's bare object
-    assert one.am.local_resources["a.tgz"]["type"] == "ARCHIVE"
+    assert one.am.local_resources["a.tgz"].type == "ARCHIVE"
     for entries, why in (([{"key": "x", "value": {"resource": "/x", "type": "DIR"}}], "'x'"),
                          ([{"key": "x", "value": {"resource": "/x", "sizee": 1}}], "sizee"),
                          ([{"key": "../x", "value": {"resource": "/x"}}], "one path component"),

@@ -69,7 +69,7 @@ async def test_largest_64_bit_integers_are_still_accepted(rm) -> None:
     app_id = await new_application_id(client)
     body = build_ps_submission({"app": "mlr"}, app_id=app_id)
     body["elastane"]["ps-job"]["checkpoint_every_epochs"] = 2 ** 63 - 1
-    body["application-tags"] = [2 ** 64 - 1, -(2 ** 63)]     # accepted and ignored, but stored
+    body["application-tags"] = [2 ** 64 - 1, -(2 ** 63)]     # accepted and ignored
     status, err = await _submit_raw(client, codec.dumps(body))
     assert status == 202, err
     assert app_id in server.core.apps

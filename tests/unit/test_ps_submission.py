@@ -107,7 +107,7 @@ async def test_a_ps_jobs_files_in_either_place_reach_the_am_and_its_executors(rm
     assert sorted(spec.resources) == ["digits.npz", "mymodel.py"]
     assert spec.resources["mymodel.py"].resource == yarn_way["resource"] and spec.resources["mymodel.py"].size == 10
     assert sorted(am.local_resources) == ["digits.npz", "mymodel.py"]
-    assert am.local_resources["digits.npz"]["resource"] == ours["resource"]
+    assert am.local_resources["digits.npz"].resource == ours["resource"]
 
     app_id = await new_application_id(client)
     body["application-id"] = app_id
