@@ -5,6 +5,7 @@ import argparse
 import os
 import sys
 
+from . import rm_ha_commands
 from .context import CliContext
 
 DAEMON_MODULES = {"rm": "rm", "nm": "nodemanager"}
@@ -19,6 +20,8 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
                                           "for its flags; they are passed through)",
                             usage=f"elastane {group} start [{module} flags ...]")
         p.set_defaults(func=cmd_start, module=module, passthrough=True)
+        if group == "rm":
+            rm_ha_commands.add_actions(acts, common)    # ha-state, transition-to-standby
 
 
 def daemon_argv(module: str, flags: list[str]) -> list[str]:

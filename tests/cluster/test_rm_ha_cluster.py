@@ -193,14 +193,29 @@ def test_a_paused_active_loses_its_term_and_steps_down_when_it_resumes(pair):
     assert standby.ha_state() == "ACTIVE" and ha["activeRmId"] in ("", standby.rm_id)
 
 
+def elastane(conf: Path, work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as an operator runs it, reading the pair from cluster.toml's [ha]."""
+    env = dict(os.environ, ELASTANE_CONF_DIR=str(conf), ELASTANE_CLUSTER_DIR=str(work / "no-local-cluster"))
+    return subprocess.run([sys.executable, "-m", "elastane_cli.main", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
 def test_transition_to_standby_hands_the_role_over_and_only_admins_may(pair):
     active, standby = one_active(pair)
     status, body, _ = call(active.url + "/ws/v1/cluster/ha/transition-to-standby", "POST", user="mallory")
     assert status == 403 and "admins" in body["RemoteException"]["message"]
     assert active.ha_state() == "ACTIVE"
-    status, body, _ = call(active.url + "/ws/v1/cluster/ha/transition-to-standby", "POST", user="root")
-    assert status == 200 and body["ha"]["state"] == "STANDBY"
-    assert "transition-to-standby by root" in body["ha"]["reason"]
+
+    out = elastane(active.conf, active.work, "--user", "root", "rm", "ha-state")
+    assert out.returncode == 0, out.stderr
+    rows = {ln.split()[0]: ln.split()[2] for ln in out.stdout.splitlines()[1:] if ln.strip()}
+    assert rows == {active.rm_id: "ACTIVE", standby.rm_id: "STANDBY"}, out.stdout
+
+    out = elastane(active.conf, active.work, "--user", "root", "rm", "transition-to-standby", "rm9")
+    assert out.returncode == 2 and "rm_id: 'rm9'" in out.stderr
+    out = elastane(active.conf, active.work, "--user", "root", "rm", "transition-to-standby")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"{active.rm_id}: STANDBY") and "transition-to-standby by root" in out.stdout
     wait_until(lambda: standby.ha_state() == "ACTIVE", 60, f"{standby.rm_id} takes over", 0.1)
     assert active.ha_state() == "STANDBY"
 
