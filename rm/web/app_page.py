@@ -18,6 +18,7 @@ from protocol import ps_job_spec
 from .. import rest_views as views
 from ..decision_log import DecisionRecord
 from ..model import App
+from ..policies.snapshot import PSJobView
 from ..shape_history import ShapeChange, ShapeHistory, ShapeSample
 from .format import fmt_time
 from .layout import escape, html_table, live_chart, live_fields, note_until, page, static_fields
@@ -163,6 +164,21 @@ def _tracking(app: App, j: dict[str, Any]) -> str:
     return escape(j["trackingUI"])
 
 
+def _job_spec(ps: PSJobView) -> str:
+    """What the job was submitted as, from the typed spec the RM keeps (App.ps)."""
+    spec = ps.spec
+    sync = "BSP" if ps.bsp else f"SSP (staleness {spec.ssp_staleness})"
+    epochs = "none" if ps.max_epochs is None else str(ps.max_epochs)
+    return static_fields([
+        ("App", escape(spec.app)), ("Preset", escape(spec.preset)), ("Synchronisation", sync),
+        ("Workers (min-max)", f"{ps.workers} ({ps.min_workers}-{ps.max_workers})"),
+        ("Servers (min-max)", f"{ps.servers} ({ps.min_servers}-{ps.max_servers})"),
+        ("Executor", f"{ps.executor.memory} MB, {ps.executor.vcores} vcores"),
+        ("Epoch limit", epochs), ("Weight", f"{ps.weight:g}"),
+        ("Elastic changes", escape(f"{spec.elastic_mode}, optimizer {spec.optimizer}")),
+    ])
+
+
 def render_app_page(rm: "RmContext", app: App, now_ms: Optional[float] = None) -> str:
     """The HTML page of one application."""
     now = rm.core.clock() * 1000 if now_ms is None else now_ms
@@ -182,6 +198,8 @@ def render_app_page(rm: "RmContext", app: App, now_ms: Optional[float] = None) -
         directive = ("" if app.directive is not None else
                      note_until(shape_src, ["shape", "directive"], f"Policy {rm.cfg.policy} has sent no directive."))
         directive += live_fields("directive", shape_src, ["shape"], DIRECTIVE_FIELDS, sj, now)
+        if app.ps is not None:
+            body += f"<h2>Job spec</h2>{_job_spec(app.ps)}"
         body += (f"<h2>Current shape</h2>{note}"
                  f'{live_fields("shape", shape_src, ["shape"], SHAPE_FIELDS, sj, now)}'
                  f"<h2>Directive</h2>{directive}"

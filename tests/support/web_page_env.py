@@ -6,6 +6,7 @@ from typing import Any, AsyncIterator, Optional
 from aiohttp.test_utils import TestClient, TestServer
 
 from protocol.config import ClusterConfig, RMConfig
+from protocol.ps_job_spec import PSJobSpec
 from protocol.records import Resource
 from rm.model import AmSpec
 from rm.server import ResourceManagerServer
@@ -18,11 +19,12 @@ class PageEnv:
     def __init__(self, rm: ResourceManagerServer, client: TestClient, clock: FakeClock):
         self.rm, self.client, self.clock = rm, client, clock
 
-    def submit(self, name: str = "job", app_type: str = "YARN", user: str = "alice") -> str:
+    def submit(self, name: str = "job", app_type: str = "YARN", user: str = "alice",
+               ps_job: Optional[PSJobSpec] = None) -> str:
         core = self.rm.core
         app_id = core.new_application()
         core.submit(app_id, user, name, "default", app_type, AmSpec(["true"], {}, {}, Resource(1024, 1)),
-                    2)
+                    2, ps_job=ps_job)
         core.app_saved(app_id)
         return app_id
 

@@ -9,7 +9,7 @@ from protocol import internal_api as api
 from protocol import tokens
 from protocol.job_report import JobReport
 from rm.shape_history import ShapeHistory, ShapeSample
-from rm_testing import SECRET, launch_and_register
+from rm_testing import SECRET, launch_and_register, ps_spec
 from web_page_env import PageEnv, page_env_of
 
 
@@ -130,6 +130,20 @@ async def test_ps_app_page_shows_shape_changes_and_charts(page_env: PageEnv):
     # The shape changes are marked on the time axis of every chart.
     assert speed_svg.count('class="marker shape"') == 3
     assert "shape: 2 \u2192 4 workers, 1 \u2192 1 servers" in speed_svg
+
+
+async def test_ps_app_page_shows_the_job_spec_the_rm_keeps(page_env: PageEnv):
+    spec = ps_spec({"app": "lasso", "workers": 2, "max_workers": 6, "servers": 1, "sync": "ssp", "max_epochs": 9,
+                    "executor_memory_mb": 700, "weight": 2.5})
+    app_id = page_env.submit(app_type="ELASTANE_PS", ps_job=spec)
+    page = await page_env.get(f"/cluster/app/{app_id}")
+    section = page.split("<h2>Job spec</h2>")[1].split("<h2>")[0]
+    expected = {"App": "lasso", "Synchronisation": "SSP (staleness 2)", "Workers (min-max)": "2 (1-6)",
+                "Servers (min-max)": "1 (1-1)", "Executor": "704 MB, 1 vcores", "Epoch limit": "9",
+                "Weight": "2.5", "Elastic changes": "eps, optimizer off"}
+    assert {k: field(section, k) for k in expected} == expected     # 700 MB as granted: in 32 MB steps
+    plain = page_env.submit(app_type="ELASTANE_PS")                  # no spec: no section
+    assert "<h2>Job spec</h2>" not in await page_env.get(f"/cluster/app/{plain}")
 
 
 async def test_ps_app_bad_shape_report_changes_no_history(page_env: PageEnv):
