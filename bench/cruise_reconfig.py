@@ -42,6 +42,7 @@ from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not
 from elastane_cli import ps_commands  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
 from protocol import container_env  # noqa: E402
+from protocol.ps_status import PsStatus  # noqa: E402
 from psruntime.wire.bandwidth import parse_rate  # noqa: E402
 from psruntime.wire.dataplane import DataPlaneClient  # noqa: E402
 from psruntime.store.ownership_table import OwnershipTable  # noqa: E402
@@ -59,7 +60,7 @@ JOB: dict[str, Any] = {
 }
 
 
-async def run_cruise_job(cluster: LocalCluster, job: dict[str, Any]) -> dict[str, Any]:
+async def run_cruise_job(cluster: LocalCluster, job: dict[str, Any]) -> PsStatus:
     return await run_ps_job(cluster, ps_commands.validate_spec(job), "bench-cruise-reconfig", 384, JOB_TIMEOUT_S)
 
 
@@ -111,17 +112,17 @@ def main(argv: list[str] | None = None) -> int:
         status = asyncio.run(run_cruise_job(cluster, {**JOB, "data": {**JOB["data"], "num_features": args.features}}))
     finally:
         cluster.stop()
-    plans = [p for p in (status.get("cruise") or {}).get("plan_history", []) if p.get("plan_s")]
+    plans = [p for p in (status.cruise.plan_history if status.cruise else []) if p.plan_s]
     if not plans:
         raise SystemExit("Cruise executed no plan: nothing to measure")
-    plan_s = sum(p["plan_s"] for p in plans)
-    moved = sum(p["bytes_moved"] for p in plans)
+    plan_s = sum(p.plan_s or 0.0 for p in plans)
+    moved = sum(p.bytes_moved for p in plans)
     dataplane = dataplane_throughput(bps, args.seconds, base)
     for p in plans:
-        ops = p["run"]["ops"] if p.get("run") else []
-        print(f"plan at epoch {p['epoch']}: {'x'.join(map(str, p['shape_before']))} -> "
-              f"{'x'.join(map(str, p['shape_after'] or []))} in {p['plan_s']:.2f}s, {len(ops)} ops, "
-              f"{p['bytes_moved'] / MB:.2f} MB moved" + (f", error {p['error']}" if p["error"] else ""))
+        ops = p.run.ops if p.run else []
+        print(f"plan at epoch {p.epoch}: {'x'.join(map(str, p.shape_before))} -> "
+              f"{'x'.join(map(str, p.shape_after or []))} in {p.plan_s or 0.0:.2f}s, {len(ops)} ops, "
+              f"{p.bytes_moved / MB:.2f} MB moved" + (f", error {p.error}" if p.error else ""))
     out = {"plan_s": round(plan_s / len(plans), 4), "moved_mb_per_s": round(moved / MB / plan_s, 4),
            "dataplane_mb_per_s": round(dataplane, 4), "plans": len(plans),
            "moved_mb": round(moved / MB, 4), "link_mb_per_s": round(bps / 8 / MB, 4),

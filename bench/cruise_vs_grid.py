@@ -53,6 +53,7 @@ from appmaster.cruise.solver_milp import solve_milp_target  # noqa: E402
 from appmaster.cruise.targets import Slot, build_target  # noqa: E402
 from elastane_cli import ps_commands  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
+from protocol.ps_status import PsStatus  # noqa: E402
 from models.cruise_cost import model_inputs_from_json  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
@@ -101,7 +102,7 @@ DEFAULT_WORKLOADS = [x for x in WORKLOADS if x != "nmf-b5"]
 
 
 async def run_job(cluster: LocalCluster, job: dict[str, Any], workers: int, servers: int, epochs: int,
-                  cruise: bool, name: str) -> dict[str, Any]:
+                  cruise: bool, name: str) -> PsStatus:
     """Submit one job, wait for it, return its final status (the AM's status.json).
 
     A grid job (`cruise` False) runs the optimizer too, but with a gain threshold no plan reaches:
@@ -115,21 +116,22 @@ async def run_job(cluster: LocalCluster, job: dict[str, Any], workers: int, serv
     return await run_ps_job(cluster, spec, name, AM_MEMORY_MB, JOB_TIMEOUT_S, POLL_S)
 
 
-def steady_epoch_s(status: dict[str, Any], after_time: Optional[float] = None) -> Optional[float]:
+def steady_epoch_s(status: PsStatus, after_time: Optional[float] = None) -> Optional[float]:
     """Median epoch time after the first epoch (or of epochs that started after `after_time`)."""
-    hist = status["objective_history"]
+    hist = status.objective_history
     if after_time is not None:
-        secs = [h["epoch_time_s"] for h in hist if h["time"] - h["epoch_time_s"] >= after_time]
+        secs = [h.epoch_time_s for h in hist if h.time - h.epoch_time_s >= after_time]
     else:
-        secs = [h["epoch_time_s"] for h in hist[1:]] or [h["epoch_time_s"] for h in hist]
+        secs = [h.epoch_time_s for h in hist[1:]] or [h.epoch_time_s for h in hist]
     return statistics.median(secs) if secs else None
 
 
-def final_shape(status: dict[str, Any]) -> tuple[int, int]:
-    cruise = status.get("cruise") or {}
-    if cruise.get("shape"):
-        return tuple(cruise["shape"])  # type: ignore[return-value]
-    return status["spec"]["workers"], status["spec"]["servers"]
+def final_shape(status: PsStatus) -> tuple[int, int]:
+    if status.cruise is not None and len(status.cruise.shape) == 2:
+        return status.cruise.shape[0], status.cruise.shape[1]
+    if status.spec is None:
+        raise RuntimeError(f"{status.application_id}: the final status has no spec")
+    return status.spec.workers, status.spec.servers
 
 
 def solve_times(runs: int = 7) -> dict[str, float]:
@@ -145,9 +147,9 @@ def solve_times(runs: int = 7) -> dict[str, float]:
     return out
 
 
-def model_inputs(status: dict[str, Any]) -> Optional[dict[str, Any]]:
+def model_inputs(status: PsStatus) -> Optional[dict[str, Any]]:
     """The cost model's inputs of the job's last priced decision (None if it priced none)."""
-    decisions = (status.get("cruise") or {}).get("decisions") or []
+    decisions = status.cruise.decisions if status.cruise else []
     priced = [d["inputs"] for d in decisions if d.get("inputs")]
     return priced[-1] if priced else None
 
@@ -193,7 +195,7 @@ async def bench(cluster: LocalCluster, n: int, names: list[str], grid_only: bool
             own = predict_splits(inputs, n)[(w, n - w)] if inputs else None
             probes[(w, n - w)] = {"measured_epoch_s": round(grid[(w, n - w)], 4),
                                   "predicted_epoch_s": round(own, 4) if own else None,
-                                  "inputs": inputs, "metrics": (st.get("cruise") or {}).get("metrics")}
+                                  "inputs": inputs, "metrics": st.cruise.metrics if st.cruise else None}
             print(f"  {name} grid {w}x{n - w}: epoch {grid[(w, n - w)]:.3f}s predicted "
                   f"{own if own is None else round(own, 3)}s", flush=True)
         best_shape = min(grid, key=grid.__getitem__)
@@ -223,18 +225,18 @@ async def bench(cluster: LocalCluster, n: int, names: list[str], grid_only: bool
             st = await run_job(cluster, job, start[0], start[1], CRUISE_EPOCHS, True,
                                f"cruise-{name}-{start[0]}x{start[1]}")
             chosen = final_shape(st)
-            plans = st["cruise"]["plan_history"] if st.get("cruise") else []
-            done = [p for p in plans if p.get("finished")]
-            measured = steady_epoch_s(st, done[-1]["finished"]) if done else steady_epoch_s(st)
+            plans = st.cruise.plan_history if st.cruise else []
+            done = [p.finished for p in plans if p.finished]
+            measured = steady_epoch_s(st, done[-1]) if done else steady_epoch_s(st)
             # What Cruise predicted for every split, from the inputs it first decided on.
-            decided = [d for d in (st.get("cruise") or {}).get("decisions", []) if d.get("inputs")]
+            decided = [d for d in (st.cruise.decisions if st.cruise else []) if d.get("inputs")]
             predicted = predict_splits(decided[0]["inputs"], n) if decided else {}
             case = {**common, "start": list(start), "chosen": list(chosen),
-                    "chosen_epoch_s": round(grid.get(tuple(chosen), float("nan")), 4),
+                    "chosen_epoch_s": round(grid.get(chosen, float("nan")), 4),
                     "measured_epoch_s_in_cruise_run": round(measured, 4) if measured else None,
                     "start_epoch_s": round(grid[start], 4), "plans": len(plans),
-                    "plan_errors": [p["error"] for p in plans if p.get("error")],
-                    "relative": round(grid.get(tuple(chosen), float("inf")) / grid[best_shape], 4),
+                    "plan_errors": [p.error for p in plans if p.error],
+                    "relative": round(grid.get(chosen, float("inf")) / grid[best_shape], 4),
                     "predicted": {f"{w}x{s}": round(v, 4) for (w, s), v in sorted(predicted.items())},
                     "rank_correlation": spearman([predicted[k] for k in splits], [grid[k] for k in splits])
                     if predicted else None,

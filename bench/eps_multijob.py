@@ -43,12 +43,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import msgspec
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from appmaster.ps.submission import build_ps_submission  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
+from protocol.ps_status import FINAL_STATUS_FILE, read_status  # noqa: E402
+from protocol.shape_history import SuspendChange  # noqa: E402
 from support.http_json import http_json  # noqa: E402
 from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
@@ -170,10 +174,10 @@ def directives_seen(cluster: LocalCluster, trials: list[Trial]) -> int:
     """How many shape changes the AMs made (from their final status files)."""
     n = 0
     for t in trials:
-        f = Path(cluster.base_dir) / "rm" / "apps" / t.app_id / "status.json"
+        f = Path(cluster.base_dir) / "rm" / "apps" / t.app_id / FINAL_STATUS_FILE
         try:
-            n += sum(1 for h in json.loads(f.read_text()).get("shape_history", []) if h.get("changed"))
-        except (OSError, ValueError):
+            n += sum(1 for h in read_status(f.read_bytes()).shape_history if not isinstance(h, SuspendChange) and h.changed)
+        except (OSError, msgspec.DecodeError):
             continue
     return n
 

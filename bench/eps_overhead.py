@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
+from protocol.ps_status import PsStatus  # noqa: E402
 from support.watched_job import Job, am_log_tail, mlr_job_spec  # noqa: E402
 from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
@@ -72,10 +73,10 @@ def run_mode(cluster: LocalCluster, mode: str, spec: dict[str, Any], rounds: int
     job = Job(cluster, {**spec, "elastic_mode": mode}, f"overhead-{mode}")
     log(f"{mode}: submitted {job.app_id}; waiting for the first epoch")
     job.wait_epochs(1)
-    st = job.status() or {}
-    log(f"{mode}: training, model {st.get('model_mb')} MB over {spec['servers']} servers, "
-        f"epoch time {st['objective_history'][-1]['epoch_time_s']:.2f}s")
-    out: dict[str, Any] = {"app_id": job.app_id, "model_mb": st.get("model_mb")}
+    st = job.status() or PsStatus()
+    log(f"{mode}: training, model {st.model_mb} MB over {spec['servers']} servers, "
+        f"epoch time {st.objective_history[-1].epoch_time_s:.2f}s")
+    out: dict[str, Any] = {"app_id": job.app_id, "model_mb": st.model_mb}
     samples: dict[str, list[tuple[float, float, float, list[dict[str, Any]]]]] = {"remove": [], "add": []}
     for rnd in range(rounds):
         for label, delta in (("remove", -1), ("add", +1)):
@@ -98,12 +99,14 @@ def run_mode(cluster: LocalCluster, mode: str, spec: dict[str, Any], rounds: int
         out[f"{label}_s"], out[f"{label}_lost_s"], out[f"{label}_ops_sum_s"] = seconds, lost, ops_sum
         out[f"{label}_detail"] = changes
         out[f"{label}_rounds_s"] = [round(g[0], 3) for g in got]
-    st = job.status() or {}
-    objectives = [h["objective"] for h in st.get("objective_history", [])]
+    st = job.status() or PsStatus()
+    objectives = [h.objective for h in st.objective_history]
     out["objectives"] = objectives
-    out["epoch_times_s"] = [round(h["epoch_time_s"], 3) for h in st.get("objective_history", [])]
-    # No progress lost: the objective never went back up to where it was before the changes.
-    out["objective_monotone"] = all(b <= a * 1.02 for a, b in zip(objectives, objectives[1:]))
+    out["epoch_times_s"] = [round(h.epoch_time_s, 3) for h in st.objective_history]
+    # No progress lost: the objective never went back up to where it was before the changes (a
+    # non-finite one, null in the status, is no progress either).
+    out["objective_monotone"] = all(a is not None and b is not None and b <= a * 1.02
+                                    for a, b in zip(objectives, objectives[1:]))
     job.kill()
     return out
 

@@ -190,8 +190,8 @@ class HostMeter:
         return out
 
 
-def final_status(cluster: TestbedCluster, app_id: str) -> dict[str, Any]:
-    """The job's final status, which its AM leaves on shared storage ({} if it cannot be read)."""
+def final_status(cluster: TestbedCluster, app_id: str) -> PsStatus:
+    """The job's final status, which its AM leaves on shared storage (empty if it cannot be read)."""
     return cluster.final_status(app_id)
 
 
@@ -208,13 +208,13 @@ def roles_by_host(cluster: TestbedCluster, status: Optional[PsStatus]) -> dict[s
     return {h: f"w{w}s{s}" for h, (w, s) in per_host.items()}
 
 
-def split_of(st: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
+def split_of(st: PsStatus) -> tuple[Optional[float], Optional[float]]:
     """The job's COMM share of a mini-batch (comm / (compute + comm), its workers' mean times) and
     the share of it spent waiting for arbiter grants (compute_wait + comm_wait)."""
-    workers = ((st.get("metrics") or {}).get("workers") or {}).values()
-    comp = sum(float(w.get("compute_s") or 0) for w in workers)
-    comm = sum(float(w.get("comm_s") or 0) for w in workers)
-    wait = sum(float(w.get("compute_wait_s") or 0) + float(w.get("comm_wait_s") or 0) for w in workers)
+    workers = st.metrics.workers.values()
+    comp = sum(w.compute_s or 0.0 for w in workers)
+    comm = sum(w.comm_s or 0.0 for w in workers)
+    wait = sum((w.compute_wait_s or 0.0) + (w.comm_wait_s or 0.0) for w in workers)
     if comp + comm <= 0:
         return None, None
     return comm / (comp + comm), wait / (comp + comm)

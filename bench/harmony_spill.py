@@ -62,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
+from protocol.ps_status import FINAL_STATUS_FILE, read_status  # noqa: E402
 from psruntime.spill.memory_reading import ContainerMemory  # noqa: E402
 from support.watched_job import FINAL, Job, am_log_tail, http, wait_for  # noqa: E402
 from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
@@ -180,13 +181,13 @@ def run_one(cluster: LocalCluster, ns: argparse.Namespace, alpha: float | str) -
         out["outcome"] = f"{app['finalStatus']}: {diag[:200]}"
         log(f"alpha {alpha}: {out}\n{'' if out['killed'] else am_log_tail(cluster, job.app_id, 5)}")
         return out
-    final = json.loads((cluster.base_dir / "rm" / "apps" / job.app_id / "status.json").read_text())
+    final = read_status((cluster.base_dir / "rm" / "apps" / job.app_id / FINAL_STATUS_FILE).read_bytes())
     shape = app.get("shape") or {}
-    times = [e["epoch_time_s"] for e in final["objective_history"] if e.get("epoch_time_s") is not None]
+    times = [e.epoch_time_s for e in final.objective_history]
     steady = times[1:] or times
-    workers = [e for e in final["shape"]["executors"] if e["role"] == "worker"]
+    workers = [e for e in (final.shape.executors if final.shape else []) if e.role == "worker"]
     out.update(iteration_s=round(statistics.median(steady), 3) if steady else None,
-               stall_s=round(sum(e.get("spill_stall_s") or 0.0 for e in workers), 3),
+               stall_s=round(sum(e.spill_stall_s for e in workers), 3),
                alpha=None if shape.get("alpha") is None else round(shape["alpha"], 3),
                spilled_mb=round(shape.get("spilled_mb") or 0.0, 1),
                epoch_times=[round(t, 2) for t in times])

@@ -62,6 +62,7 @@ from appmaster.ps.submission import build_ps_submission  # noqa: E402
 from elastane_cli import node_network  # noqa: E402
 from elastane_cli.testbed_cluster import MASTER, PROJECT, TestbedCluster  # noqa: E402
 from elastane_cli.testbed_hosts import Testbed, unavailable_reason  # noqa: E402
+from protocol.ps_status import PsStatus, decode_status  # noqa: E402
 from support.http_json import http_json  # noqa: E402
 from support.sigterm import unwind_on_sigterm  # noqa: E402
 from support.watched_job import wait_for  # noqa: E402
@@ -346,7 +347,7 @@ class WatchedApp:
         return http_json(f"{self.rm}/ws/v1/cluster/apps/{self.app_id}/appattempts",
                          timeout_s=5)["appAttempts"]["appAttempt"]
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> PsStatus | None:
         """The AM's /status (None while there is no AM to ask); the app ending is an error."""
         app = self.app()
         if app["state"] in FINAL:
@@ -354,16 +355,15 @@ class WatchedApp:
         if app["state"] != "RUNNING" or not app.get("trackingUrl"):
             return None
         try:
-            st = http_json(app["trackingUrl"].rstrip("/") + "/status", timeout_s=2)
-        except (urllib.error.URLError, OSError, RuntimeError, ValueError):
+            return decode_status(http_json(app["trackingUrl"].rstrip("/") + "/status", timeout_s=2))
+        except (urllib.error.URLError, OSError, RuntimeError, ValueError):   # ValueError: a bad answer too
             return None   # the AM's host is gone, or the new AM is not serving yet
-        return st if isinstance(st, dict) else None
 
     def epochs(self, attempt: int | None = None) -> int:
         st = self.status()
-        if not st or (attempt is not None and not str(st.get("attempt_id", "")).endswith(f"_{attempt:06d}")):
+        if not st or (attempt is not None and not (st.attempt_id or "").endswith(f"_{attempt:06d}")):
             return 0
-        return len(st["objective_history"])
+        return len(st.objective_history)
 
     def kill(self) -> None:
         try:
@@ -388,8 +388,8 @@ def am_loss_once(base: Path, job_spec: dict[str, Any], kill_epoch: int, rep: int
         job = WatchedApp(c, job_spec, f"am-host-loss-{rep}")
         apps.append(job)
         wait_for(lambda: job.epochs() >= kill_epoch, 300, f"{job.app_id} to train {kill_epoch} epochs", 0.1)
-        st = job.status() or {}
-        at_kill = len(st.get("objective_history") or [])
+        st = job.status() or PsStatus()
+        at_kill = len(st.objective_history)
         dead = c.host_of(job.attempts()[0]["nodeId"])
         ckpts = list((c.shared_dir / "checkpoints" / job.app_id).glob("*"))
         t_kill, wall_kill = time.monotonic(), time.time()
@@ -399,17 +399,17 @@ def am_loss_once(base: Path, job_spec: dict[str, Any], kill_epoch: int, rep: int
         try:
             wait_for(lambda: len(job.attempts()) >= 2, 120, "a second attempt", 0.1)
             t_attempt2 = time.monotonic()
-            st2 = wait_for(lambda: (s := job.status()) and str(s.get("attempt_id", "")).endswith("_000002")
-                           and len(s["objective_history"]) > at_kill and s, 300,
+            st2: PsStatus = wait_for(lambda: (s := job.status()) and (s.attempt_id or "").endswith("_000002")
+                                     and len(s.objective_history) > at_kill and s, 300,
                            f"attempt 2 to train past {at_kill} epochs", 0.1)
         except BaseException:
             log("am: the AM logs:\n" + am_post_mortem(c, job.app_id))
             raise
         t_done = time.monotonic()
-        resumed = st2.get("resumed_from") or {}
+        resumed = st2.resumed_from
         second_host = c.host_of(job.attempts()[1]["nodeId"])
         job.kill()
-        log(f"am: rep {rep}: attempt 2 on {second_host} resumed from epoch {resumed.get('epoch')} and trained past "
+        log(f"am: rep {rep}: attempt 2 on {second_host} resumed from epoch {resumed and resumed.epoch} and trained past "
             f"{at_kill} epochs {t_done - t_kill:.2f}s after the kill; now the same job from scratch")
         fresh = WatchedApp(c, job_spec, f"from-scratch-{rep}")
         apps.append(fresh)
@@ -419,10 +419,10 @@ def am_loss_once(base: Path, job_spec: dict[str, Any], kill_epoch: int, rep: int
         t_fresh = time.monotonic() - fresh.submitted
         fresh.kill()
         res = {"recovery_s": t_done - t_kill, "scratch_s": t_fresh, "attempt2_s": t_attempt2 - t_kill,
-               "resumed_s": float(resumed["time"]) - wall_kill if resumed.get("time") else None,
-               "resumed_from_epoch": resumed.get("epoch"), "epochs_at_kill": at_kill,
+               "resumed_s": resumed.time - wall_kill if resumed and resumed.time else None,
+               "resumed_from_epoch": resumed.epoch if resumed else None, "epochs_at_kill": at_kill,
                "am_host": dead, "attempt2_host": second_host, "scratch_first_epoch_s": t_first,
-               "epoch_time_s": median([float(h["epoch_time_s"]) for h in st2["objective_history"]])}
+               "epoch_time_s": median([h.epoch_time_s for h in st2.objective_history])}
         log(f"am: rep {rep}: from scratch {t_fresh:.2f}s")
     finally:
         for a in apps:

@@ -65,6 +65,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from appmaster.ps.submission import build_ps_submission  # noqa: E402
 from elastane_cli import testbed_hosts  # noqa: E402
 from elastane_cli.testbed_cluster import TestbedCluster  # noqa: E402
+from protocol.ps_status import PsStatus  # noqa: E402
+from protocol.shape_history import KillRestartChange, RecoveryChange, ReplaceWorkerChange, SuspendChange  # noqa: E402
 from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
 POLL_S = 0.25
@@ -104,22 +106,22 @@ def trains_with(report: dict[str, Any], workers: int, servers: int) -> bool:
     return bool(report["state"] == "RUNNING" and report["runningContainers"] == 1 + workers + servers)
 
 
-def lost_training_s(status: dict[str, Any], since: float) -> float:
+def lost_training_s(status: PsStatus, since: float) -> float:
     """A's training time lost from `since` on, from its AM's shape history (module doc)."""
-    times = [h["epoch_time_s"] for h in status.get("objective_history", []) if h.get("epoch_time_s")]
+    times = [h.epoch_time_s for h in status.objective_history if h.epoch_time_s]
     epoch_s = statistics.median(times) if times else 0.0
     lost = 0.0
-    for rec in status.get("shape_history", []):
-        if rec.get("time", 0.0) < since:
+    for rec in status.shape_history:
+        if rec.time < since or isinstance(rec, SuspendChange):     # a pause loses no training time of its own
             continue
-        lost += float(rec.get("lost_s") or rec.get("training_time_lost_s") or 0.0)
-        lost += int(rec.get("epochs_redone") or 0) * epoch_s
+        lost += rec.lost_s or (rec.training_time_lost_s if isinstance(rec, KillRestartChange) else 0.0)
+        if isinstance(rec, (RecoveryChange, ReplaceWorkerChange)):
+            lost += rec.epochs_redone * epoch_s
     return lost
 
 
-def durable_status(c: TestbedCluster, app_id: str) -> dict[str, Any]:
-    path = c.shared_dir / "checkpoints" / app_id / "status.json"
-    return json.loads(path.read_text()) if path.exists() else {}  # type: ignore[no-any-return]
+def durable_status(c: TestbedCluster, app_id: str) -> PsStatus:
+    return c.final_status(app_id)
 
 
 def run_once(base: Path, mode: str, ns: argparse.Namespace, repeat: int) -> dict[str, Any]:

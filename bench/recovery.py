@@ -41,11 +41,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
+from protocol.ps_status import PsStatus  # noqa: E402
+from protocol.shape_history import RecoveryChange, ReplaceWorkerChange  # noqa: E402
 from support.watched_job import Job, am_log_tail, http, mlr_job_spec, wait_for  # noqa: E402
 from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
@@ -78,33 +82,36 @@ def am_pid(cluster: LocalCluster, job: Job) -> int:
 
 
 def executor_recovery(job: Job, victim: str, done_before: int) -> dict[str, Any]:
-    st = wait_for(lambda: job.status(), 120, "the AM's status")
-    pid = next(e["pid"] for e in st["shape"]["executors"] if e["id"] == victim)
+    st: PsStatus = wait_for(lambda: job.status(), 120, "the AM's status")
+    pid = next(e.pid for e in (st.shape.executors if st.shape else []) if e.id == victim and e.pid)
     t_fault = kill_pid(pid)
     # What a restart from the last checkpoint would redo at this point (the baseline's loss).
-    since_checkpoint = t_fault - max(c["time"] for c in st["checkpoints"])
+    since_checkpoint = t_fault - max(c.time for c in st.checkpoints)
     log(f"killed {victim} (pid {pid}); waiting for the recovery")
-    st = wait_for(lambda: (s := job.status()) and s["recovery"]["recoveries"] > done_before and s, 600,
+    st = wait_for(lambda: (s := job.status()) and s.recovery and s.recovery.recoveries > done_before and s, 600,
                   f"the recovery from losing {victim}")
-    rec = [h for h in st["shape_history"] if h.get("mode") in ("recovery", "replace_worker")][-1]
-    if rec.get("error"):
+    rec = [h for h in st.shape_history if isinstance(h, (RecoveryChange, ReplaceWorkerChange))][-1]
+    if rec.error:
         raise RuntimeError(f"recovery failed: {rec}")
-    training_again = rec["time"] + rec["seconds"]
+    training_again = rec.time + rec.seconds
     recover_s = training_again - t_fault
-    redone = t_fault - rec["checkpoint_time"] if rec.get("checkpoint_time") and rec.get("epochs_redone") else 0.0
-    return {"recover_s": recover_s, "lost_s": recover_s + redone, "redone_s": redone, "record": rec,
-            "since_checkpoint_s": since_checkpoint}
+    redone = (t_fault - rec.checkpoint_time
+              if isinstance(rec, RecoveryChange) and rec.checkpoint_time and rec.epochs_redone else 0.0)
+    return {"recover_s": recover_s, "lost_s": recover_s + redone, "redone_s": redone,
+            "record": msgspec.to_builtins(rec), "since_checkpoint_s": since_checkpoint}
 
 
 def am_recovery(cluster: LocalCluster, job: Job) -> dict[str, Any]:
     pid = am_pid(cluster, job)
     t_fault = kill_pid(pid)
     log(f"killed the AM (pid {pid}); waiting for attempt 2 to resume")
-    st = wait_for(lambda: (s := job.status()) and s.get("resumed_from") and s, 600, "attempt 2 to resume")
-    r = st["resumed_from"]
-    recover_s = r["time"] - t_fault
-    redone = t_fault - r["checkpoint_time"] if r.get("checkpoint_time") else 0.0
-    return {"recover_s": recover_s, "lost_s": recover_s + redone, "redone_s": redone, "record": r}
+    st: PsStatus = wait_for(lambda: (s := job.status()) and s.resumed_from and s, 600, "attempt 2 to resume")
+    r = st.resumed_from
+    assert r is not None
+    recover_s = r.time - t_fault
+    redone = t_fault - r.checkpoint_time if r.checkpoint_time else 0.0
+    return {"recover_s": recover_s, "lost_s": recover_s + redone, "redone_s": redone,
+            "record": msgspec.to_builtins(r)}
 
 
 def auth_throughput_ratio(seconds: float) -> float:
@@ -141,14 +148,14 @@ def main(argv: list[str] | None = None) -> int:
         job = Job(cluster, spec, "recovery", max_app_attempts=2)
         try:
             job.wait_epochs(3)
-            st = job.status() or {}
-            epoch_s = st["objective_history"][-1]["epoch_time_s"]
-            log(f"training: model {st.get('model_mb')} MB, epoch time {epoch_s:.2f}s")
+            st = job.status() or PsStatus()
+            epoch_s = st.objective_history[-1].epoch_time_s
+            log(f"training: model {st.model_mb} MB, epoch time {epoch_s:.2f}s")
             out["epoch_time_s"] = epoch_s
             out["worker"] = executor_recovery(job, "worker-1", 0)
             job.wait_epochs(job.epochs() + 2)
-            victim = next(e["id"] for e in (job.status() or {})["shape"]["executors"]
-                          if e["role"] == "server" and e["state"] == "READY")
+            shape = (job.status() or PsStatus()).shape
+            victim = next(e.id for e in (shape.executors if shape else []) if e.role == "server" and e.state == "READY")
             out["server"] = executor_recovery(job, victim, 1)
             job.wait_epochs(job.epochs() + 2)
             out["am"] = am_recovery(cluster, job)

@@ -187,11 +187,11 @@ async def ps_run_async(cluster: TestbedCluster, app: str, hosts: int, ns: argpar
         return {**out, "error": f"{job.app_id} ended {job.final_status}"}
     # The AM's final status on shared storage: every epoch (the RM's last report may lag behind).
     status = cluster.final_status(job.app_id)
-    history = status.get("objective_history") or []
+    history = status.objective_history
     comm, _ = colocation.split_of(status)
     return {**out, "app_id": job.app_id, "epochs": len(history), "jct_s": job.jct_s,
-            "epoch_s": median_after_first([float(e.get("epoch_time_s") or 0.0) for e in history]),
-            "objective": history[-1].get("objective") if history else None,
+            "epoch_s": median_after_first([e.epoch_time_s for e in history]),
+            "objective": history[-1].objective if history else None,
             "comm_share": None if comm is None else round(comm, 3)}
 
 

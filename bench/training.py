@@ -67,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from elastane_cli import ps_commands  # noqa: E402
+from protocol.ps_status import FINAL_STATUS_FILE, PsStatus, read_status  # noqa: E402
 from psruntime.apps.quality import check_quality  # noqa: E402
 from psruntime.apps.registry import APP_NAMES  # noqa: E402
 from elastane_cli.local_cluster import LocalCluster  # noqa: E402
@@ -142,6 +143,11 @@ class RunFigures:
     memory: dict[str, Any] = field(default_factory=dict)
 
 
+def _finite(x: float | None) -> float:
+    """A status figure the AM wrote as null (not finite) as NaN."""
+    return float("nan") if x is None else x
+
+
 # ----- memory ----------------------------------------------------------------------------------
 
 def proc_kb(pid: int, key: str) -> int | None:
@@ -204,16 +210,16 @@ def idle_executor_bytes() -> int:
     return int(r.stdout.strip().splitlines()[-1])
 
 
-def memory_figures(peaks: dict[str, int], status: dict[str, Any], baseline: int) -> dict[str, Any]:
+def memory_figures(peaks: dict[str, int], status: PsStatus, baseline: int) -> dict[str, Any]:
     """Per executor: peak RSS, data + model bytes, (peak - baseline) / held, and whether
     peak <= 2 x held + baseline; per run the same ratio over all its executors."""
     rows, excess, held = [], 0, 0
-    for e in (status.get("shape") or {}).get("executors") or []:
-        peak = peaks.get(e["id"])
+    for e in status.shape.executors if status.shape else []:
+        peak = peaks.get(e.id)
         if peak is None:
             continue
-        nbytes = int((float(e.get("data_mb") or 0) + float(e.get("model_mb") or 0)) * MB)
-        rows.append({"id": e["id"], "peak_rss_mb": round(peak / MB, 1), "held_mb": round(nbytes / MB, 2),
+        nbytes = int((e.data_mb + e.model_mb) * MB)
+        rows.append({"id": e.id, "peak_rss_mb": round(peak / MB, 1), "held_mb": round(nbytes / MB, 2),
                      "excess_over_held": round(max(0, peak - baseline) / nbytes, 2) if nbytes else None,
                      "within_target": peak <= 2 * nbytes + baseline})
         excess += max(0, peak - baseline)
@@ -246,7 +252,7 @@ async def ps_run(cluster: LocalCluster, app: str, job: dict[str, Any], workers: 
                                       "servers": servers, "executor_memory_mb": EXECUTOR_MEMORY_MB})
     reader = ps_commands.AmStatusReader("bench")
     peaks: dict[str, int] = {}
-    last: dict[str, Any] = {}
+    last: PsStatus | None = None
 
     async def sample(report: dict[str, Any]) -> None:
         nonlocal last
@@ -254,10 +260,10 @@ async def ps_run(cluster: LocalCluster, app: str, job: dict[str, Any], workers: 
             status = await reader.read(report["trackingUrl"])
             if status is not None:
                 last = status
-                for e in status["shape"]["executors"]:
-                    hwm = proc_kb(e["pid"], "VmHWM") if e.get("pid") else None
+                for e in status.shape.executors if status.shape else []:
+                    hwm = proc_kb(e.pid, "VmHWM") if e.pid else None
                     if hwm is not None:   # a high-water mark: the latest sample is the peak so far
-                        peaks[e["id"]] = hwm * 1024
+                        peaks[e.id] = hwm * 1024
 
     t0 = time.monotonic()
     try:   # POLL_S: the sampling interval of the status and of /proc
@@ -266,12 +272,12 @@ async def ps_run(cluster: LocalCluster, app: str, job: dict[str, Any], workers: 
     finally:
         await reader.close()
     wall = time.monotonic() - t0
-    hist = final["objective_history"]
-    secs = [h["epoch_time_s"] for h in hist]
-    wall_epoch = (hist[-1]["time"] - hist[0]["time"]) / (len(hist) - 1) if len(hist) > 1 else None
+    hist = final.objective_history
+    secs = [h.epoch_time_s for h in hist]
+    wall_epoch = (hist[-1].time - hist[0].time) / (len(hist) - 1) if len(hist) > 1 else None
     return RunFigures(f"PS {workers}x{servers}", len(hist), statistics.median(secs), sum(secs),
-                      bool(final.get("converged")), final["initial_objective"], hist[-1]["objective"],
-                      final.get("final_metrics") or {}, wall, wall_epoch,
+                      final.converged, _finite(final.initial_objective), _finite(hist[-1].objective),
+                      dict(final.final_metrics or {}), wall, wall_epoch,
                       memory_figures(peaks, last or final, baseline))
 
 
@@ -281,12 +287,12 @@ async def quality_run(cluster: LocalCluster, app: str, preset: str, timeout_s: f
                                       "executor_memory_mb": QUALITY_EXECUTOR_MEMORY_MB.get(preset, 1536)})
     t0 = time.monotonic()
     final = await run_ps_job(cluster, spec, f"bench-quality-{app}-{preset}", AM_MEMORY_MB, timeout_s, POLL_S)
-    metrics = final.get("final_metrics") or {}
+    metrics = {k: v for k, v in (final.final_metrics or {}).items() if v is not None}
     check = check_quality(app, metrics)
     if check is None:
         raise RuntimeError(f"{app} {preset}: no true-model metric in {metrics}")
-    return {**check.to_json(), "epochs": len(final.get("objective_history") or []),
-            "stopped_by": final.get("stop_criterion"), "wall_s": round(time.monotonic() - t0, 1)}
+    return {**check.to_json(), "epochs": len(final.objective_history),
+            "stopped_by": final.stop_criterion, "wall_s": round(time.monotonic() - t0, 1)}
 
 
 # ----- the CTR example (a user's app) ----------------------------------------------------------
@@ -338,13 +344,13 @@ async def ctr_ps_run(cluster: LocalCluster, job: dict[str, Any], workers: int, s
     if report["finalStatus"] != "SUCCEEDED":
         raise RuntimeError(f"{app_id} ended {report['state']}/{report['finalStatus']}: "
                            f"{str(report.get('diagnostics'))[-800:]}")
-    final = json.loads((cluster.base_dir / "rm" / "apps" / app_id / "status.json").read_text())
+    final = read_status((cluster.base_dir / "rm" / "apps" / app_id / FINAL_STATUS_FILE).read_bytes())
     wall = time.monotonic() - t0
-    hist = final["objective_history"]
-    secs = [h["epoch_time_s"] for h in hist]
+    hist = final.objective_history
+    secs = [h.epoch_time_s for h in hist]
     return RunFigures(f"PS {workers}x{servers}", len(hist), statistics.median(secs), sum(secs),
-                      bool(final.get("converged")), final["initial_objective"], hist[-1]["objective"],
-                      final.get("final_metrics") or {}, wall)
+                      final.converged, _finite(final.initial_objective), _finite(hist[-1].objective),
+                      dict(final.final_metrics or {}), wall)
 
 
 def ctr_runs(cluster: LocalCluster, job: dict[str, Any], max_epochs: int,

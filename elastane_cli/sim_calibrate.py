@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
 from protocol.errors import ConfigurationError
+from protocol.ps_status import PsStatus
 from appmaster.ps.submission import build_ps_submission
 from sim.calibration import (MIN_REPEATS, AppCalibration, Calibration, CalibrationFitError, CalibrationSample,
                              fit_app)
@@ -197,20 +198,18 @@ class JobRun:
         missing = max(0, self.epochs - len(self.epoch_times))
         return sum(self.epoch_times) + missing * statistics.median(self.epoch_times)
 
-    def fill_from_status(self, status: dict[str, Any]) -> None:
+    def fill_from_status(self, status: PsStatus) -> None:
         """Take the epoch times and objectives from the AM's final status (its `status.json` on
         shared storage, written on exit), which has every epoch: the reports polled through the RM
         arrive once a second and can miss the last epochs of a short run, or all of them."""
-        history = [e for e in status.get("objective_history") or [] if isinstance(e, dict)]
-        times = [float(e["epoch_time_s"]) for e in history if isinstance(e.get("epoch_time_s"), (int, float))]
-        if not times:
+        history = status.objective_history
+        if not history:
             return
-        self.epoch_times = times
+        self.epoch_times = [e.epoch_time_s for e in history]
         self.epochs = max(self.epochs, len(history))
-        init = status.get("initial_objective")
-        self.objectives = ([(0, float(init))] if isinstance(init, (int, float)) else []) + [
-            (int(e["epoch"]) + 1, float(e["objective"])) for e in history
-            if isinstance(e.get("objective"), (int, float)) and isinstance(e.get("epoch"), int)]
+        init = status.initial_objective
+        self.objectives = ([(0, init)] if init is not None else []) + [
+            (e.epoch + 1, e.objective) for e in history if e.objective is not None]
 
     def to_json(self) -> dict[str, Any]:
         """What the calibration file keeps of the run (for refits without running it again)."""
@@ -341,7 +340,7 @@ class Measured:
     sample: CalibrationSample
 
 
-StatusReader = Callable[[str], dict[str, Any]]
+StatusReader = Callable[[str], PsStatus]
 
 
 async def measure(client: RmRestClient, app: str, shape: tuple[int, int], repeat: int, epochs: int,

@@ -23,7 +23,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import msgspec
+
 from protocol import tokens
+from protocol.ps_status import FINAL_STATUS_FILE, PsStatus, read_status
 
 from .testbed_hosts import Testbed
 from protocol.errors import HostError
@@ -245,14 +248,14 @@ class TestbedCluster:
                 self.leftovers[h.name] = left
         self.testbed.remove()
 
-    def final_status(self, app_id: str) -> dict[str, Any]:
+    def final_status(self, app_id: str) -> PsStatus:
         """A PS job's final status, which its AM writes on exit into its dir on the shared storage
-        (`<checkpoint_dir>/<app id>/status.json`); {} if it cannot be read."""
+        (`<checkpoint_dir>/<app id>/status.json`); an empty PsStatus (every field its default) if it
+        cannot be read."""
         try:
-            st = json.loads((self.shared_dir / "checkpoints" / app_id / "status.json").read_text())
-        except (OSError, ValueError):
-            return {}
-        return st if isinstance(st, dict) else {}
+            return read_status((self.shared_dir / "checkpoints" / app_id / FINAL_STATUS_FILE).read_bytes())
+        except (OSError, msgspec.DecodeError):
+            return PsStatus()
 
     def am_logs(self, app_id: str, lines: int = 40) -> list[str]:
         """The tail of the stderr of the app's AM containers (every attempt), on whichever host

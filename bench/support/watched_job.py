@@ -10,7 +10,10 @@ from typing import Any, Callable
 
 from appmaster.ps.submission import build_ps_submission
 from elastane_cli.local_cluster import LocalCluster
+import msgspec
+
 from protocol import tokens
+from protocol.ps_status import PsStatus, decode_status
 from support.http_json import http_json
 
 FINAL = ("FINISHED", "FAILED", "KILLED")
@@ -47,7 +50,8 @@ class Job:
     def app(self) -> dict[str, Any]:
         return http(f"{self.rm}/ws/v1/cluster/apps/{self.app_id}")["app"]
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> PsStatus | None:
+        """The AM's /status, decoded (None while there is no AM to ask or it does not answer)."""
         app = self.app()
         if app["state"] in FINAL:
             raise RuntimeError(f"{self.app_id} ended: {app['finalStatus']}: {app['diagnostics']}")
@@ -55,13 +59,13 @@ class Job:
             return None
         self.url = app["trackingUrl"].rstrip("/")
         try:
-            return http(self.url + "/status", timeout_s=30)
-        except (urllib.error.URLError, OSError, RuntimeError):
+            return decode_status(http(self.url + "/status", timeout_s=30))
+        except (urllib.error.URLError, OSError, RuntimeError, msgspec.ValidationError):
             return None
 
     def epochs(self) -> int:
         s = self.status()
-        return len(s["objective_history"]) if s else 0
+        return len(s.objective_history) if s else 0
 
     def wait_epochs(self, n: int, timeout_s: float = 900.0) -> None:
         wait_for(lambda: self.epochs() >= n, timeout_s, f"{self.app_id} to finish {n} epochs")
@@ -69,7 +73,10 @@ class Job:
     def scale(self, workers: int, servers: int) -> tuple[list[dict[str, Any]], float]:
         """POST /scale to the AM (EPS, synchronous: returns once the change is done) with the
         app's control token, signed from the cluster secret the benchmark holds."""
-        attempt = (self.status() or {})["attempt_id"]
+        st = self.status()
+        attempt = st.attempt_id if st is not None else None
+        if attempt is None:
+            raise RuntimeError(f"{self.app_id}: no AM status to scale through")
         token = tokens.am_control_token(tokens.job_secret(self.cluster_secret, attempt), attempt)
         t0 = time.perf_counter()
         out = http_json(self.url + "/scale", "POST", {"workers": workers, "servers": servers}, 600.0,

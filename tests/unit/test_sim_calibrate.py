@@ -5,6 +5,7 @@ import msgspec
 import pytest
 
 from elastane_cli.sim_calibrate import SHAPES, CalibrationPlan, JobRun, Measured, app_calibration, run_costs, split_costs
+from protocol.ps_status import EpochResult, PsStatus
 from models.ps_iteration_time import EpochTimeModel
 from sim.calibration import (MIN_REPEATS, AppCalibration, CalibrationFitError, CalibrationSample, fit_app,
                              holdout_shapes, shape_stats)
@@ -140,15 +141,15 @@ def test_calibrate_refuses_fewer_than_three_repeats(capsys: pytest.CaptureFixtur
 
 def test_a_runs_epochs_come_from_the_ams_final_status_when_the_polls_missed_them() -> None:
     run = JobRun("short", final_status="SUCCEEDED", epochs=2, epoch_times=[])     # ended before a report came
-    run.fill_from_status({"initial_objective": 9.0, "objective_history": [
-        {"epoch": 0, "objective": 5.0, "epoch_time_s": 0.7, "time": 1.0},
-        {"epoch": 1, "objective": 4.0, "epoch_time_s": 0.5, "time": 1.5},
-        {"epoch": 2, "objective": 3.5, "epoch_time_s": 0.6, "time": 2.1}]})
+    run.fill_from_status(PsStatus(initial_objective=9.0, objective_history=[
+        EpochResult(epoch=0, objective=5.0, epoch_time_s=0.7, time=1.0),
+        EpochResult(epoch=1, objective=4.0, epoch_time_s=0.5, time=1.5),
+        EpochResult(epoch=2, objective=3.5, epoch_time_s=0.6, time=2.1)]))
     assert run.epoch_times == [0.7, 0.5, 0.6] and run.epochs == 3
     assert run.objectives == [(0, 9.0), (1, 5.0), (2, 4.0), (3, 3.5)]
     assert run.epoch_wall_s == pytest.approx(0.55)             # the median after the first epoch
     kept = JobRun("r", epoch_times=[1.0, 2.0], epochs=2)
-    kept.fill_from_status({})                                   # no status file: the polled figures stay
+    kept.fill_from_status(PsStatus())                           # no status file: the polled figures stay
     assert kept.epoch_times == [1.0, 2.0]
 
 
