@@ -233,7 +233,7 @@ def _check_app_name(spec: PSJobSpec) -> None:
                            "a class name; Python identifiers)")
 
 
-def _check_raw_resources(raw: Any) -> None:
+def _check_raw_resources(raw: object) -> None:
     """Each `resources` entry on its own, so an error names it ("resources.<name>.type"; msgspec
     would say "resources[...]")."""
     if not isinstance(raw, dict):
@@ -365,7 +365,7 @@ def _check_model_locations(spec: PSJobSpec) -> None:
                 raise
 
 
-def validate(obj: Any) -> PSJobSpec:
+def validate(obj: object) -> PSJobSpec:
     """Decode and check a PS job spec (JSON bytes/str or decoded builtins); JobSpecError names the field."""
     if isinstance(obj, PSJobSpec):
         obj = obj.to_json()
