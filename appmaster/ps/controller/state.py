@@ -19,6 +19,7 @@ from .phases import Phase
 from .records import ExecutorInfo, Holdings, PlanOp, Role, Target
 
 if TYPE_CHECKING:
+    from .planners.cruise_plan import OpRun
     from .planners.eps import Part
 
 
@@ -97,6 +98,7 @@ class Change:
     ops_done: set[str] = field(default_factory=set)
     ops_running: dict[int, str] = field(default_factory=dict)     # step -> op id
     bindings: dict[str, str] = field(default_factory=dict)        # plan placeholder -> executor
+    op_runs: dict[str, OpRun] = field(default_factory=dict)       # a plan's ops as they run (planners/cruise_plan.py)
     checkpoint: str = ""           # the checkpoint a restart / pause / recovery goes back to
     epoch: int = 0
     sub: list[tuple[str, int]] = field(default_factory=list)     # EPS: the (op, n) parts

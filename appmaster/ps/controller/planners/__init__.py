@@ -4,10 +4,13 @@ from __future__ import annotations
 from ..state import ChangeKind
 from .base import Planner
 from .checkpoint import CheckpointPlanner
+from .cruise_plan import CruisePlanPlanner
 from .eps import EpsPlanner
 from .finish import FinishPlanner
 from .recovery import RecoveryPlanner
 from .start import StartPlanner
+from .straggler import StragglerPlanner
 
 PLANNERS: dict[ChangeKind, Planner] = {p.kind: p for p in (
-    StartPlanner(), EpsPlanner(), CheckpointPlanner(), RecoveryPlanner(), FinishPlanner())}
+    StartPlanner(), EpsPlanner(), CheckpointPlanner(), RecoveryPlanner(), FinishPlanner(), CruisePlanPlanner(),
+    StragglerPlanner())}

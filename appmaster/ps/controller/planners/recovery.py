@@ -2,16 +2,31 @@
 
 `admit` decides whether the job survives a loss (max_executor_failures, a checkpoint to go back
 to); `needs_recovery` whether the loss needs one (a new worker that held no split trained
-nothing); losses reported together are one event (`merge`). The checkpoint path: training stops,
-every executor is retired, the job's shape starts afresh and continues from the latest checkpoint
-(its epoch count, objective and every input block's place come back with it).
+nothing); losses reported together are one event (`merge`). Two paths:
+
+- Worker replacement, when every loss is a worker, the job trains BSP and its app keeps no
+  training state on its workers: StartExecutors (one new worker per lost one, anywhere the RM has
+  room) -> JoinExecutors -> TakeOverSplits (each replacement generates its lost worker's splits at
+  the positions they had when the clock began and takes its place in the clock list; the servers
+  apply each mini-batch's pushes once, so the lost clock runs again on it with nothing lost or
+  applied twice) -> done: training goes on, no epoch is redone. A further worker lost meanwhile
+  gets its own replacement in the same recovery; a server lost meanwhile, or any step that fails,
+  falls back to the checkpoint path once the steps running have ended.
+- The checkpoint path: training stops, every executor is retired, the job's shape starts afresh
+  and continues from the latest checkpoint (its epoch count, objective and every input block's
+  place come back with it). Apps that keep state on their workers (NMF's user factors, LDA's
+  topic assignments) always take it: only their checkpoints hold that state.
+
+`Replacement` is the replace chain both this planner and the straggler's (planners/straggler.py)
+run; the change's `bindings` map each worker being replaced to its replacement.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 from ..events import StepDone, StepFailed
-from ..instructions import Instruction, PauseTraining, RestoreCheckpoint, RetireExecutors, StartExecutors
+from ..instructions import (CancelSteps, Instruction, JoinExecutors, PauseTraining, RestoreCheckpoint,
+                            RetireExecutors, StartExecutors, TakeOverSplits)
 from ..records import Role, Target
 from ..state import Change, ChangeKind, Executor, JobState
 from .base import BasePlanner, end_job_failed, issue
@@ -44,20 +59,100 @@ def merge(job: JobState, change: Change, lost: Executor, description: str, out: 
     """A further loss while a recovery runs: the same recovery handles it."""
     change.lost.append(lost.executor_id)
     change.descriptions.append(description)
+    if change.kind is not ChangeKind.RECOVER or change.stage != "replace":
+        return                    # the checkpoint path starts the whole shape again anyway
+    if replaceable(job, [lost.executor_id]):
+        Replacement.start(job, change, 1, out)
+        return
+    change.reason = f"{description}: not a worker to replace"
+    if change.outstanding:        # the running steps end (cancelled), then the checkpoint path
+        out.append(CancelSteps(steps=sorted(change.outstanding)))
+    fall_back(job, change, out)
+
+
+def fall_back(job: JobState, change: Change, out: list[Instruction]) -> None:
+    """The replacement is given up: the checkpoint path, once the steps running have ended."""
+    change.stage = "fallback"
+    if not change.outstanding:
+        change.stage = "pause"
+        issue(change, out, PauseTraining(step=job.new_step()))
+
+
+def replaceable(job: JobState, lost: list[str]) -> bool:
+    """Whether lost executors can be replaced in place (module doc): all workers that held
+    splits, a BSP job, an app keeping no state on its workers."""
+    return (job.spec.sync == "bsp" and not job.keeps_worker_state and bool(lost)
+            and all((x := job.lost.get(e)) is not None and x.role is Role.WORKER for e in lost))
+
+
+class Replacement:
+    """New workers in the place of old ones (lost or slow), their splits where they stood:
+    StartExecutors -> JoinExecutors -> TakeOverSplits. `change.bindings` maps each old worker to
+    its replacement; `change.new` lists the replacements."""
+
+    @staticmethod
+    def start(job: JobState, change: Change, n: int, out: list[Instruction]) -> None:
+        issue(change, out, StartExecutors(step=job.new_step(), role=Role.WORKER, count=n))
+
+    @staticmethod
+    def waiting(change: Change) -> list[str]:
+        """The old workers with no replacement yet, in the order they were taken in."""
+        return [e for e in change.lost if e not in change.bindings]
+
+    @classmethod
+    def done(cls, job: JobState, change: Change, ev: StepDone, out: list[Instruction]) -> None:
+        """A step of the chain ended well: issue what follows it."""
+        instr = change.steps[ev.step]
+        if isinstance(instr, StartExecutors):
+            new = [x.executor_id for x in ev.executors]
+            change.new += new
+            change.bindings.update(zip(cls.waiting(change), new))
+            issue(change, out, JoinExecutors(step=job.new_step(), role=Role.WORKER, executors=new))
+        elif isinstance(instr, JoinExecutors):
+            old_of = {rep: old for old, rep in change.bindings.items()}
+            for rep in instr.executors:
+                old = old_of[rep]
+                issue(change, out, TakeOverSplits(step=job.new_step(), old=old, new=rep,
+                                                  splits=list(job.holdings.splits.get(old, []))))
+        elif isinstance(instr, TakeOverSplits):
+            h = job.holdings
+            h.splits[instr.new] = list(instr.splits)
+            h.splits.pop(instr.old, None)
+            h.inactive.pop(instr.old, None)      # its inactive copies went with it
+
+    @classmethod
+    def complete(cls, change: Change) -> bool:
+        """Every old worker has a replacement that took its place."""
+        return not change.outstanding and not cls.waiting(change)
 
 
 class RecoveryPlanner(BasePlanner):
-    """The checkpoint path (module doc): pause -> retire all -> start the shape -> restore."""
+    """Worker replacement, or the checkpoint path: pause -> retire all -> start the shape ->
+    restore (module doc)."""
 
     kind = ChangeKind.RECOVER
 
     def begin(self, job: JobState, change: Change, out: list[Instruction]) -> None:
-        change.stage = "pause"
         w, s = _shape_before(job, change)
         change.target = Target(workers=w, servers=s)
-        issue(change, out, PauseTraining(step=job.new_step()))
+        if replaceable(job, change.lost):
+            change.stage = "replace"
+            Replacement.start(job, change, len(change.lost), out)
+            return
+        fall_back(job, change, out)
 
     def done(self, job: JobState, change: Change, ev: StepDone, out: list[Instruction]) -> None:
+        if change.stage == "replace":
+            Replacement.done(job, change, ev, out)
+            if Replacement.complete(change):
+                change.stage = "done"
+            elif not change.outstanding:       # fewer workers started than asked for
+                change.reason = f"no replacement for {', '.join(Replacement.waiting(change))}"
+                fall_back(job, change, out)
+            return
+        if change.stage == "fallback":
+            fall_back(job, change, out)
+            return
         if change.stage == "pause":
             change.stage = "retire"
             alive = [e.executor_id for e in job.executors.values()]
@@ -81,6 +176,13 @@ class RecoveryPlanner(BasePlanner):
             change.stage = "done"
 
     def failed(self, job: JobState, change: Change, ev: StepFailed, out: list[Instruction]) -> None:
+        if change.stage in ("replace", "fallback"):
+            # The replacement failed: once what still runs has ended, the checkpoint path (which
+            # retires every executor, the new ones included).
+            if change.stage == "replace":
+                change.reason = f"replacing {', '.join(change.lost)} failed: {ev.error}"
+            fall_back(job, change, out)
+            return
         end_job_failed(job, change, f"recovery from {'; '.join(change.descriptions)} failed: {ev.error}", out)
 
 
