@@ -28,7 +28,7 @@ from . import events as ev
 from .instructions import (CancelSteps, CommitSplits, Finish, Instruction, LaunchExecutor, MoveModelBlocks,
                            ReleaseContainer, Reply, ReportProgress, RetireExecutors)
 from .phases import Phase, Trigger
-from .planners import PLANNERS, recovery
+from .planners import PLANNERS, recovery, suspension
 from .planners.base import fail_change, fire
 from .planners.eps import target_of
 from .records import ExecutorInfo, Holdings, Move, Target
@@ -85,6 +85,10 @@ def _maybe_end(job: JobState, change: Change, out: Out) -> None:
 
 def _serve(job: JobState, at: float, out: Out) -> None:
     """The slot is free: what waited for it, in order (rules.py)."""
+    if job.change is None and job.phase is Phase.PAUSED and job.kept_directive is not None:
+        d, job.kept_directive = job.kept_directive, None    # kept while pausing: normally the resume
+        _apply_directive(job, d, at, out)
+        return
     if job.change is not None or job.phase is not Phase.TRAINING:
         return
     if job.pending_losses:
@@ -178,8 +182,10 @@ def _apply_directive(job: JobState, d: ShapeDirective, at: float, out: Out) -> N
     if d.run_state is RunState.PAUSE:
         begin(job, Change(ChangeKind.PAUSE, Origin.DIRECTIVE, at, target=target, directive_version=d.version), out)
         return
+    # Compared with the size the executors have now (the spec's until a directive sized them):
+    # a directive that repeats it moves nothing.
     resized = (target.memory_mb is not None and
-               (target.memory_mb, target.vcores) != (job.memory_mb, job.vcores))
+               (target.memory_mb, target.vcores if target.vcores is not None else job.size[1]) != job.size)
     kind = (ChangeKind.MIGRATE if resized else ChangeKind.RESTART if job.spec.elastic_mode == "kill"
             else ChangeKind.PLAN if job.spec.optimizer == "cruise" else ChangeKind.EPS)
     change = Change(kind, Origin.DIRECTIVE, at, target=target, directive_version=d.version)
@@ -411,6 +417,10 @@ def _timer(job: JobState, e: ev.TimerFired, out: Out) -> None:
     if change is not None:
         PLANNERS[change.kind].timer(job, change, e, out)
         _maybe_end(job, change, out)
+    elif job.phase is Phase.PAUSED:
+        again = suspension.retry(job, e)         # a resume whose executors did not come
+        if again is not None:
+            begin(job, again, out)
 
 
 _BEFORE_TRAINING = {p.value for p in (Phase.STARTING, Phase.LAUNCHING_SERVERS, Phase.LAUNCHING_WORKERS,

@@ -104,6 +104,8 @@ class Change:
     sub: list[tuple[str, int]] = field(default_factory=list)     # EPS: the (op, n) parts
     parts: list[Part] = field(default_factory=list)   # EPS's parts (planners/eps.py)
     moves: list[tuple[str, int]] = field(default_factory=list)   # bookkeeping for records: (kind, count)
+    before: Optional[Target] = None    # the shape and size a restart / migration / resume started from
+    attempt: int = 0               # a paused job's resume tried again (planners/suspension.py)
 
 
 @dataclass
@@ -140,6 +142,9 @@ class JobState:
     checkpoints: list[tuple[int, str]] = field(default_factory=list)    # (epoch, directory)
     training_criterion: str = ""
     next_step: int = 1
+    # A paused job's resume whose executors did not come: begun again when its timer fires
+    # (planners/suspension.py), unless a newer directive had its say meanwhile.
+    resume_retry: Optional[Change] = None
     history: list[tuple[Phase, str, Phase]] = field(default_factory=list)     # (from, trigger, to)
 
     # -- reads ---------------------------------------------------------------------------------
@@ -155,6 +160,13 @@ class JobState:
     def shape(self) -> tuple[int, int]:
         """(workers, servers) serving now."""
         return len(self.members(Role.WORKER)), len(self.members(Role.SERVER))
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """The executors' container size now, (memory MB, vcores): the spec's until a directive
+        sizes them."""
+        return (self.memory_mb if self.memory_mb is not None else self.spec.executor_memory_mb,
+                self.vcores if self.vcores is not None else self.spec.executor_vcores)
 
     def node_of(self, executor_id: str) -> str:
         return self.executors[executor_id].info.node
