@@ -27,10 +27,11 @@ Unknown keys are ignored so an older or newer AM still decodes (the spec aside).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import msgspec
 
+from .json_types import JsonObject
 from .ps_job_spec import PSJobSpec
 from .shape_history import ExecutorCounts, ShapeChange, SuspendChange
 
@@ -80,7 +81,7 @@ class PlanRunRecord(msgspec.Struct, kw_only=True):
     max_concurrency: int
     error: str
     ops: list[OpTimingRecord] = []
-    plan: dict[str, Any] = {}
+    plan: JsonObject = {}                   # appmaster.cruise.plan.Plan.to_json
 
 
 class CruisePlanRecord(msgspec.Struct, kw_only=True):
@@ -115,9 +116,9 @@ class CruiseStatus(msgspec.Struct, kw_only=True):
     current_plan: Optional[PlanRunRecord] = None
     last_error: str = ""
     plan_history: list[CruisePlanRecord] = []
-    decisions: list[dict[str, Any]] = []
+    decisions: list[JsonObject] = []        # appmaster.cruise.optimizer's decisions, its own JSON
     why_not_ready: Optional[str] = None
-    metrics: dict[str, Any] = {}
+    metrics: JsonObject = {}                # appmaster.cruise.metrics, its own JSON
 
 
 class EpochResult(msgspec.Struct, kw_only=True):
@@ -310,6 +311,13 @@ class EpsTransfer(msgspec.Struct, kw_only=True):
     reactivate: bool = False
 
 
+class OpShape(msgspec.Struct, kw_only=True):
+    """Workers and servers before or after an EPS operation (None: not known, it failed first)."""
+
+    workers: Optional[int] = None
+    servers: Optional[int] = None
+
+
 class EpsOpStatus(msgspec.Struct, kw_only=True):
     """One EPS operation as `eps` shows it (appmaster.ps.eps_records.ElasticOpRecord): the shape
     before and after, what it added, released and moved, how long each step took, how it ended."""
@@ -319,8 +327,8 @@ class EpsOpStatus(msgspec.Struct, kw_only=True):
     started: float
     epoch_started: int = 0
     epoch_switched: Optional[int] = None
-    before: Optional[dict[str, Optional[int]]] = None
-    after: Optional[dict[str, Optional[int]]] = None
+    before: Optional[OpShape] = None
+    after: Optional[OpShape] = None
     duration_s: float = 0.0
     containers_added: list[str] = []
     containers_released: list[str] = []
@@ -447,7 +455,7 @@ FINAL_STATUS_FILE = "status.json"   # in the AM's durable dir: the job's last st
 
 
 __all__ = ["FINAL_STATUS_FILE", "AuditMismatch", "CheckpointInfo", "EpsLimits", "EpsOpStatus", "EpsStatus", "EpsTransfer",
-           "MetricsStatus", "RecoveryStatus", "ResumedFrom", "ServerTimesStatus", "SplitHoldings", "StragglerReplaced",
+           "MetricsStatus", "OpShape", "RecoveryStatus", "ResumedFrom", "ServerTimesStatus", "SplitHoldings", "StragglerReplaced",
            "StragglerStatus", "WorkerTimesStatus", "encode_status", "read_status", "CruisePlanRecord", "CruiseStatus", "DirectiveRecord", "EpochResult", "ExecutorStatus", "HeldoutPointRecord",
            "HeldoutStatus", "OpTimingRecord", "PlanRunRecord", "PsStatus", "ShapeStatus", "SpillStatus",
            "SuspensionCut", "SuspensionStatus", "decode_status"]
