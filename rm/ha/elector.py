@@ -119,10 +119,11 @@ class Elector:
                 await self._observe()
         elif state.holds_leadership:
             if self.role.lease_expired(self.clock()):
-                # Past the deadline before even asking (the process was paused, or its loop held
-                # up): another RM may be active already, so stop acting before anything else.
-                self._step_down(HAEvent.LEASE_EXPIRED, f"the lease ({self.ha.lease_s:g}s) ran out before it "
-                                                       "could be renewed (this process was paused or blocked)")
+                # Past the deadline before even asking (etcd did not answer the last renewals, or
+                # the process was paused): another RM may be active already, so stop acting first.
+                why = self.etcd_error or "this process was paused or blocked"
+                self._step_down(HAEvent.LEASE_EXPIRED, f"no lease renewal acknowledged for {self.ha.lease_s:g}s "
+                                                       f"(the lease); {why}")
                 return
             await self._renew()
 
