@@ -8,9 +8,11 @@ from .cruise_plan import CruisePlanPlanner
 from .eps import EpsPlanner
 from .finish import FinishPlanner
 from .recovery import RecoveryPlanner
+from .restart import RestartPlanner
 from .start import StartPlanner
 from .straggler import StragglerPlanner
+from .suspension import MigratePlanner, PausePlanner, ResumePlanner
 
 PLANNERS: dict[ChangeKind, Planner] = {p.kind: p for p in (
     StartPlanner(), EpsPlanner(), CheckpointPlanner(), RecoveryPlanner(), FinishPlanner(), CruisePlanPlanner(),
-    StragglerPlanner())}
+    StragglerPlanner(), RestartPlanner(), PausePlanner(), ResumePlanner(), MigratePlanner())}
