@@ -5,11 +5,12 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from protocol import ids
 from protocol.aggregated_logs import RemoteLogDir
 from protocol.records import AppState
+from protocol.yarn_views import AppView
 
 from . import container_logs
 from .context import CliContext, common_parent
@@ -106,7 +107,7 @@ def _client(ctx: CliContext) -> RmRestClient:
 
 # ----- list / status ---------------------------------------------------------------------------
 
-def app_rows(apps: list[dict[str, Any]]) -> list[list[Any]]:
+def app_rows(apps: list[AppView]) -> list[list[object]]:
     return [[a.get("id", ""), a.get("name", ""), a.get("user", ""), a.get("queue", ""),
              a.get("state", ""), a.get("finalStatus", ""), f"{float(a.get('progress') or 0):.0f}%",
              format_timestamp(a.get("startedTime")), format_duration((a.get("elapsedTime") or 0) / 1000)]
@@ -118,7 +119,7 @@ APP_HEADERS = ["APPLICATION-ID", "NAME", "USER", "QUEUE", "STATE", "FINAL-STATUS
 
 
 def cmd_list(args: argparse.Namespace, ctx: CliContext) -> int:
-    async def go() -> list[dict[str, Any]]:
+    async def go() -> list[AppView]:
         async with _client(ctx) as c:
             return await c.apps(states=args.state, queue=args.queue, user=args.app_user, limit=args.limit)
     apps = asyncio.run(go())
@@ -127,7 +128,7 @@ def cmd_list(args: argparse.Namespace, ctx: CliContext) -> int:
     return EXIT_OK
 
 
-def app_report(app: dict[str, Any]) -> list[tuple[str, Any]]:
+def app_report(app: AppView) -> list[tuple[str, object]]:
     """The `app status` fields, in YARN's `yarn application -status` order."""
     return [
         ("Application-Id", app.get("id")), ("Application-Name", app.get("name")),
@@ -145,7 +146,7 @@ def app_report(app: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def cmd_status(args: argparse.Namespace, ctx: CliContext) -> int:
-    async def go() -> dict[str, Any]:
+    async def go() -> AppView:
         async with _client(ctx) as c:
             return await c.app(args.app_id)
     ctx.out.write(render_key_values(app_report(asyncio.run(go()))) + "\n")
@@ -155,7 +156,7 @@ def cmd_status(args: argparse.Namespace, ctx: CliContext) -> int:
 # ----- kill ------------------------------------------------------------------------------------
 
 def cmd_kill(args: argparse.Namespace, ctx: CliContext) -> int:
-    async def go() -> tuple[dict[str, Any], bool]:
+    async def go() -> tuple[AppView, bool]:
         async with _client(ctx) as c:
             app = await c.app(args.app_id)
             if app.get("state") in FINAL_STATES:
@@ -251,7 +252,7 @@ async def _print_log(c: RmRestClient, ctx: CliContext, app_id: str, cid: str, f:
 # ----- run -------------------------------------------------------------------------------------
 
 async def watch_app(client: RmRestClient, app_id: str, line: StatusLine, poll_s: float = POLL_S,
-                    timeout_s: float | None = None) -> dict[str, Any]:
+                    timeout_s: float | None = None) -> AppView:
     """Poll the app, redrawing the status line, until it reaches a final state; return its record."""
     started = time.monotonic()
     while True:
@@ -287,7 +288,7 @@ async def submit_shell(client: RmRestClient, command: list[str], num_containers:
     return app_id
 
 
-def final_summary(app: dict[str, Any]) -> str:
+def final_summary(app: AppView) -> str:
     text = f"{app.get('id')} {app.get('state')} with final status {app.get('finalStatus')}"
     if app.get("finalStatus") != "SUCCEEDED" and app.get("diagnostics"):
         text += f"\ndiagnostics: {app['diagnostics']}"

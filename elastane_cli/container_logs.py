@@ -69,7 +69,7 @@ async def find_containers(client: RmRestClient, app_id: str) -> list[ContainerRe
         except CliError:
             continue  # one unreachable NM must not hide the others' logs
         for c in containers:
-            cid = c.get("id") or c.get("containerId") or ""
+            cid = str(c.get("id") or c.get("containerId") or "")
             if belongs_to(cid, app_id):
                 found[cid] = ContainerRef(cid, _strip_scheme(addr))
     return sorted(found.values())

@@ -23,8 +23,10 @@ import aiohttp
 
 from protocol import tokens
 from protocol.http_client import JsonHttpClient, RemoteError
-from protocol.json_types import JsonObject, JsonValue, json_float, json_int
+from protocol.job_report import JobReport
+from protocol.json_types import JsonObject, JsonValue, json_float, json_int, json_list, json_object
 from protocol.ps_status import PsStatus, decode_status
+from protocol.yarn_views import AppView
 
 from . import app_commands, container_logs, ps_commands, ps_reports
 from .context import default_user
@@ -216,10 +218,10 @@ async def harmony_demo(cluster: LocalCluster, client: RmRestClient, out: TextIO)
         apps[app_id] = str(job["app"])
         _say(out, f"submitted {app_id}: {job['app']}"
                   + (f", spill alpha {job['spill_alpha']}" if "spill_alpha" in job else ""))
-    seen: dict[str, tuple[Any, ...]] = {}
-    final: dict[str, dict[str, Any]] = {}
+    seen: dict[str, tuple[JsonValue, ...]] = {}
+    final: dict[str, AppView] = {}
     while len(final) < len(apps):
-        policy = (await client.policy_state()).get("apps") or {}
+        policy = json_object((await client.policy_state()).get("apps"))
         for app_id, name in apps.items():
             if app_id in final:
                 continue
@@ -229,15 +231,17 @@ async def harmony_demo(cluster: LocalCluster, client: RmRestClient, out: TextIO)
                 _say(out, f"{name} {app_id[-4:]}: {app.get('finalStatus')} after "
                           f"{time.monotonic() - started:.0f}s: {str(app.get('diagnostics', ''))[:100]}")
                 continue
-            st = policy.get(app_id) or {}
-            shape = (await client.app_shape(app_id)).get("current") or {} if app.get("state") == "RUNNING" else {}
+            st = json_object(policy.get(app_id))
+            current = (await client.app_shape(app_id)).get("current") if app.get("state") == "RUNNING" else None
+            report = JobReport.decode(current) if current else None
             now = (st.get("state"), st.get("group"), st.get("runState"))
             if st and now != seen.get(app_id):
                 seen[app_id] = now
+                epoch = report.epoch if report is not None and report.epoch is not None else "-"
                 _say(out, f"{name} {app_id[-4:]}: {st.get('state')}" + (f" in {st['group']}" if st.get("group") else "")
-                          + f" ({st.get('note', '')}); epoch {shape.get('epoch', '-')}"
-                          + (f", spill alpha {shape['alpha']:.2f} ({shape.get('spilled_mb', 0):.1f} MB on disk)"
-                             if shape.get("alpha") is not None else ""))
+                          + f" ({st.get('note', '')}); epoch {epoch}"
+                          + (f", spill alpha {report.alpha:.2f} ({report.spilled_mb:.1f} MB on disk)"
+                             if report is not None and report.alpha is not None else ""))
         await asyncio.sleep(1.0)
     # How the nodes' arbiters interleaved the co-located jobs' subtasks.
     rows = []
@@ -247,7 +251,7 @@ async def harmony_demo(cluster: LocalCluster, client: RmRestClient, out: TextIO)
         except CliError:
             continue
         cpu: dict[str, int] = {}
-        for g in arb.get("grantLog") or []:
+        for g in map(json_object, json_list(arb.get("grantLog"))):
             if g.get("role") == "cpu":
                 key = apps.get(str(g.get("app_id")), str(g.get("app_id") or "?"))
                 cpu[key] = cpu.get(key, 0) + 1

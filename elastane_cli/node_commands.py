@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
+
+from protocol.yarn_views import NodeView
 
 from .context import CliContext
 from .errors import EXIT_OK
@@ -22,19 +23,19 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.set_defaults(func=cmd_list)
 
 
-def _total(node: dict[str, Any], key: str, used_key: str, avail_key: str) -> int:
+def _total(node: NodeView, key: str, used: int | None, avail: int | None) -> int:
     total = node.get("totalResource") or {}
     if key in total:
         return int(total[key])
-    return int(node.get(used_key) or 0) + int(node.get(avail_key) or 0)
+    return int(used or 0) + int(avail or 0)
 
 
-def node_rows(nodes: list[dict[str, Any]], now_ms: float | None = None) -> list[list[Any]]:
+def node_rows(nodes: list[NodeView], now_ms: float | None = None) -> list[list[object]]:
     """One row per YARN node record; totals from totalResource, else used + available."""
     rows = []
     for n in sorted(nodes, key=lambda n: n.get("id", "")):
-        mem_total = _total(n, "memory", "usedMemoryMB", "availMemoryMB")
-        vc_total = _total(n, "vCores", "usedVirtualCores", "availableVirtualCores")
+        mem_total = _total(n, "memory", n.get("usedMemoryMB"), n.get("availMemoryMB"))
+        vc_total = _total(n, "vCores", n.get("usedVirtualCores"), n.get("availableVirtualCores"))
         rows.append([n.get("id", ""), n.get("state", ""), n.get("nodeHTTPAddress", ""),
                      n.get("numContainers", 0), f"{n.get('usedMemoryMB', 0)}/{mem_total}",
                      f"{n.get('usedVirtualCores', 0)}/{vc_total}",
@@ -43,7 +44,7 @@ def node_rows(nodes: list[dict[str, Any]], now_ms: float | None = None) -> list[
 
 
 def cmd_list(args: argparse.Namespace, ctx: CliContext) -> int:
-    async def go() -> list[dict[str, Any]]:
+    async def go() -> list[NodeView]:
         async with RmRestClient(ctx.rm_url, ctx.user) as c:
             return await c.nodes()
     nodes = asyncio.run(go())

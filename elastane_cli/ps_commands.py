@@ -21,15 +21,17 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import aiohttp
 import msgspec
 
 from protocol import ps_job_spec
 from protocol.http_client import JsonHttpClient, RemoteError
+from protocol.json_types import JsonObject, JsonValue
 from protocol.ps_app_schemas import APP_SCHEMAS, PRESET_NAMES
 from protocol.ps_status import PsStatus, decode_status
+from protocol.yarn_views import AppView
 
 from .app_commands import FINAL_STATES, _app_id, _positive
 from .context import CliContext
@@ -40,6 +42,9 @@ from .ps_reports import (AM_ENDING_PHASES, EXECUTOR_HEADERS, PLAN_HEADERS, ended
 from .rm_rest_client import RmRestClient
 from .staging import ShippedFiles, importable
 from .tables import render_key_values, render_table
+
+if TYPE_CHECKING:
+    from psruntime.apps.base import PSApp
 
 POLL_S = 0.5
 FAST_POLL_S = 0.1        # while the AM evaluates: its final metrics are served only briefly
@@ -112,15 +117,16 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
 
 # ----- the spec from flags ---------------------------------------------------------------------
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str) -> JsonValue:
     """A flag value as JSON when it is JSON (4000, 0.3, true, [1, 2]), else the plain string."""
     try:
-        return json.loads(text)
+        value: JsonValue = json.loads(text)
     except ValueError:
         return text
+    return value
 
 
-def parse_assignment(text: str, flag: str) -> tuple[list[str], Any]:
+def parse_assignment(text: str, flag: str) -> tuple[list[str], JsonValue]:
     """`data.num_samples=4000` -> (["data", "num_samples"], 4000); UsageError naming `flag`."""
     key, sep, value = text.partition("=")
     path = key.strip().split(".")
@@ -129,7 +135,7 @@ def parse_assignment(text: str, flag: str) -> tuple[list[str], Any]:
     return path, parse_value(value.strip())
 
 
-def set_path(spec: dict[str, Any], path: list[str], value: Any, flag: str) -> None:
+def set_path(spec: JsonObject, path: list[str], value: JsonValue, flag: str) -> None:
     node = spec
     for i, part in enumerate(path[:-1]):
         nxt = node.setdefault(part, {})
@@ -139,7 +145,7 @@ def set_path(spec: dict[str, Any], path: list[str], value: Any, flag: str) -> No
     node[path[-1]] = value
 
 
-def parse_place(text: str) -> dict[str, Any]:
+def parse_place(text: str) -> JsonObject:
     """`10.0.0.5:45454=1,2` -> one placement entry {node, workers, servers}; UsageError when the
     text is not NODE=WORKERS,SERVERS (a node id has a colon, never an "=")."""
     node, sep, counts = text.rpartition("=")
@@ -149,9 +155,9 @@ def parse_place(text: str) -> dict[str, Any]:
     return {"node": node.strip(), "workers": int(parts[0]), "servers": int(parts[1])}
 
 
-def load_spec_file(path: Path) -> dict[str, Any]:
+def load_spec_file(path: Path) -> JsonObject:
     try:
-        obj = json.loads(path.read_text())
+        obj: JsonValue = json.loads(path.read_text())
     except OSError as e:
         raise UsageError(f"--spec-file: cannot read {path}: {e.strerror or e}") from None
     except ValueError as e:
@@ -161,10 +167,10 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     return obj
 
 
-def spec_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+def spec_from_args(args: argparse.Namespace) -> tuple[JsonObject, dict[str, str]]:
     """The PS job spec (builtins, not yet validated): the spec file, then the flags over it; and
     which flag set which top-level field, to name it in errors."""
-    spec = load_spec_file(args.spec_file) if args.spec_file else {}
+    spec: JsonObject = load_spec_file(args.spec_file) if args.spec_file else {}
     set_by: dict[str, str] = {}
     for flag, name in FIELD_FLAGS:
         value = getattr(args, flag[2:].replace("-", "_"))
@@ -185,7 +191,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     return spec, set_by
 
 
-def validate_spec(spec: dict[str, Any], set_by: dict[str, str] | None = None) -> ps_job_spec.PSJobSpec:
+def validate_spec(spec: JsonObject, set_by: dict[str, str] | None = None) -> ps_job_spec.PSJobSpec:
     """Validate client-side; UsageError (exit 2) naming the field (and the flag that set it)."""
     try:
         return ps_job_spec.validate(spec)
@@ -231,7 +237,7 @@ class AmStatusReader:
 class WatchResult:
     """How a watched job ended: the RM's final app record and the last AM status seen."""
 
-    app: dict[str, Any]
+    app: AppView
     status: PsStatus | None
 
 
@@ -267,7 +273,7 @@ async def watch_ps_job(client: RmRestClient, app_id: str, bar: ProgressBar, max_
         await reader.close()
 
 
-def _draw_the_end(bar: ProgressBar, app: dict[str, Any], last: PsStatus | None, max_epochs: int) -> None:
+def _draw_the_end(bar: ProgressBar, app: AppView, last: PsStatus | None, max_epochs: int) -> None:
     """The bar's last frame from the AM's final diagnostics, when the last status seen is older
     than the end (a short job can train through between two polls): the bar always ends where
     the job did."""
@@ -325,7 +331,8 @@ def shipped_working_dir(shipped: ShippedFiles) -> Iterator[None]:
             yield
 
 
-def check_user_app(spec: ps_job_spec.PSJobSpec, shipped: ShippedFiles, ctx: CliContext) -> Any:
+def check_user_app(spec: ps_job_spec.PSJobSpec, shipped: ShippedFiles,
+                   ctx: CliContext) -> PSApp[msgspec.Struct, msgspec.Struct] | None:
     """Validate a `module:Class` job with the app's own types where this client has its code (the
     --py-files' dirs, or sys.path): UsageError naming what is wrong. Without the code here the
     AM checks it when it starts. Returns the app built (None without its code): what the progress
@@ -410,7 +417,7 @@ async def submit_ps_job(client: RmRestClient, spec: ps_job_spec.PSJobSpec, name:
 
 
 def cmd_status(args: argparse.Namespace, ctx: CliContext) -> int:
-    async def go() -> tuple[dict[str, Any], PsStatus | None, str]:
+    async def go() -> tuple[AppView, PsStatus | None, str]:
         async with RmRestClient(ctx.rm_url, ctx.user) as c:
             app = await c.app(args.app_id)
             if app.get("applicationType") not in (None, ps_job_spec.APPLICATION_TYPE):

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import msgspec
 from msgspec import UnsetType
 
 from protocol import ps_job_spec
 from protocol import shape_history as sh
+from protocol.job_report import JobReport
 from protocol.ps_app_schemas import APP_SCHEMAS
 from protocol.ps_status import HeldoutStatus, PsStatus
+from protocol.yarn_views import AppView
 from psruntime.apps.quality import check_quality
 
 from .progress_bar import EpochPoint, EpochProgress, format_objective
 from .tables import format_duration
 
 if TYPE_CHECKING:
+    from psruntime.apps.base import PSApp
+
     from .ps_commands import WatchResult
 
 AM_ENDING_PHASES = ("FINISHING", "SUCCEEDED", "FAILED", "KILLED")
@@ -31,7 +35,7 @@ STOP_CRITERION = re.compile(r"after \d+ epochs \((?P<criterion>.*?); initial ")
 VS_TRUE_MODEL = re.compile(r"; (?P<quality>\S+ \S+ vs true model \S+ \((?:meets|misses) [^)]*\))")
 
 
-def max_epochs_of(spec_json: Any, app: Any = None) -> int:
+def max_epochs_of(spec_json: object, app: PSApp[msgspec.Struct, msgspec.Struct] | None = None) -> int:
     """The epoch limit a spec runs to: max_epochs, else hparams.max_epochs, else the app's default
     -- a built-in app's from its schema, a user's from `app` (its class built with the spec's
     hyper-parameters, where this client has its code); 0 when unknown here."""
@@ -103,7 +107,7 @@ def _metrics_text(metrics: Mapping[str, float | None] | None) -> str:
     return ", ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in metrics.items())
 
 
-def _plural(n: Any, word: str) -> str:
+def _plural(n: object, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
@@ -115,10 +119,10 @@ def final_from_diagnostics(diagnostics: str | None) -> tuple[str, str, str] | No
     return m.group("objective"), m.group("epochs"), (m.group("metrics") or "").strip()
 
 
-def final_report(result: WatchResult) -> list[tuple[str, Any]]:
+def final_report(result: WatchResult) -> list[tuple[str, object]]:
     """What `ps submit --wait` prints once the job has ended."""
     app, status = result.app, result.status or PsStatus()
-    pairs: list[tuple[str, Any]] = [("Application-Id", app.get("id")),
+    pairs: list[tuple[str, object]] = [("Application-Id", app.get("id")),
                                     ("Final-Status", f"{app.get('state')}/{app.get('finalStatus')}")]
     history = status.objective_history
     parsed = final_from_diagnostics(app.get("diagnostics"))
@@ -170,7 +174,7 @@ def _blocks_text(blocks: list[int]) -> str:
 EXECUTOR_HEADERS = ["ID", "ROLE", "STATE", "NODE", "CONTAINER", "RSS-MB", "DATA-MB", "MODEL-MB", "BLOCKS"]
 
 
-def executor_rows(status: PsStatus) -> list[list[Any]]:
+def executor_rows(status: PsStatus) -> list[list[object]]:
     return [[e.id, e.role, e.state, e.node or "-", e.container_id or "-", f"{e.rss_mb:.1f}", f"{e.data_mb:.3f}",
              f"{e.model_mb:.3f}", _blocks_text(e.blocks)]
             for e in (status.shape.executors if status.shape else [])]
@@ -241,8 +245,8 @@ def shape_change(rec: sh.ShapeChange) -> ShapeChange:
 SHAPE_CHANGE_HEADERS = ["FUNCTION", "N", "WORKERS/SERVERS", "TOOK", "MOVED", "TRAINING-WAITED", "CONTAINERS"]
 
 
-def shape_change_rows(records: list[sh.ShapeChange]) -> list[list[Any]]:
-    rows: list[list[Any]] = []
+def shape_change_rows(records: list[sh.ShapeChange]) -> list[list[object]]:
+    rows: list[list[object]] = []
     for c in map(shape_change, records):
         rows.append([c.op + (f" (failed: {c.error})" if c.error else ""),
                      "-" if c.requested is None else c.requested, c.shape_text,
@@ -251,7 +255,7 @@ def shape_change_rows(records: list[sh.ShapeChange]) -> list[list[Any]]:
     return rows
 
 
-def plan_history_rows(status: PsStatus) -> list[list[Any]]:
+def plan_history_rows(status: PsStatus) -> list[list[object]]:
     """Cruise's executed plans: shape before / after, predicted and measured epoch times."""
     plans = status.cruise.plan_history if status.cruise else []
     return [[p.epoch, p.trigger, "x".join(map(str, p.shape_before)) or "-",
@@ -288,13 +292,13 @@ def colocation_text(status: PsStatus) -> str | None:
     return "; ".join(parts) or None
 
 
-def running_report(app: dict[str, Any], status: PsStatus) -> tuple[list[tuple[str, Any]], EpochProgress]:
+def running_report(app: AppView, status: PsStatus) -> tuple[list[tuple[str, object]], EpochProgress]:
     spec = status.spec
     shape = status.shape
     p = progress_from_status(status)
     wall = p.wall_time_per_epoch_s()
     eta = p.eta_s()
-    pairs: list[tuple[str, Any]] = [
+    pairs: list[tuple[str, object]] = [
         ("Application-Id", app.get("id")), ("Name", app.get("name")), ("User", app.get("user")),
         ("State", f"{app.get('state')} (job phase {status.state})"),
         ("App", f"{status.app or (spec.app if spec else None)} (preset {spec.preset if spec else '-'}, data "
@@ -329,24 +333,24 @@ def _or_dash(x: float | None) -> str:
     return "-" if x is None else str(x)
 
 
-def ended_report(app: dict[str, Any]) -> list[tuple[str, Any]]:
-    shape = app.get("shape") or {}
-    pairs: list[tuple[str, Any]] = [
+def ended_report(app: AppView) -> list[tuple[str, object]]:
+    shape = app.get("shape")
+    report = JobReport.decode(shape) if shape else None     # the AM's last report to the RM
+    pairs: list[tuple[str, object]] = [
         ("Application-Id", app.get("id")), ("Name", app.get("name")), ("User", app.get("user")),
         ("State", app.get("state")), ("Final-Status", app.get("finalStatus")),
         ("Elapsed", format_duration((app.get("elapsedTime") or 0) / 1000))]
-    if shape:
-        pairs.append(("Last-Shape", f"{_plural(shape.get('workers', '?'), 'worker')}, "
-                                    f"{_plural(shape.get('servers', '?'), 'server')}"))
+    if report is not None:
+        pairs.append(("Last-Shape", f"{_plural(report.workers, 'worker')}, {_plural(report.servers, 'server')}"))
     parsed = final_from_diagnostics(app.get("diagnostics"))
     if parsed is not None:
         pairs.append(("Final-Objective", f"{parsed[0]} after {_plural(int(parsed[1]), 'epoch')}"))
         if parsed[2]:
             pairs.append(("Held-Out-Metrics", parsed[2]))
-    elif shape.get("objective") is not None:   # the last epoch the AM reported to the RM
-        pairs.append(("Last-Epoch", f"{_plural(int(shape.get('epoch', 0)) + 1, 'epoch')}, objective "
-                                    f"{format_objective(shape['objective'])}, epoch time "
-                                    f"{float(shape.get('epoch_time_s') or 0):.3f}s"))
+    elif report is not None and report.objective is not None:   # the last epoch the AM reported to the RM
+        pairs.append(("Last-Epoch", f"{_plural((report.epoch or 0) + 1, 'epoch')}, objective "
+                                    f"{format_objective(report.objective)}, epoch time "
+                                    f"{report.epoch_time_s or 0:.3f}s"))
     pairs.append(("Diagnostics", app.get("diagnostics") or "-"))
     return pairs
 

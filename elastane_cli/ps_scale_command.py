@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
-from typing import Any
 
 import aiohttp
 import msgspec
 
 from protocol import ps_job_spec
 from protocol.http_client import JsonHttpClient, RemoteError
+from protocol.yarn_views import ShapeView
 from protocol.ps_status import DirectiveRecord, PsStatus, decode_status
 from protocol.shape_history import ShapeChange
 
@@ -71,7 +71,7 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser 
     p.set_defaults(func=cmd_scale)
 
 
-def change_rows(changes: list[ShapeChange]) -> list[list[Any]]:
+def change_rows(changes: list[ShapeChange]) -> list[list[object]]:
     """One row per entry of the AM's shape history: the function, its shape before -> after, how
     long it took, what it moved, how long training waited, containers added minus released."""
     return shape_change_rows(changes)
@@ -116,7 +116,7 @@ def _outcome(status: PsStatus, version: int) -> DirectiveRecord | None:
     return None
 
 
-def rm_has_shape(shape: dict[str, Any], version: int) -> bool:
+def rm_has_shape(shape: ShapeView, version: int) -> bool:
     """Whether the RM's record of the job (the report its AM last sent, GET .../shape's `current`)
     is the shape after directive `version`: the AM acted on it (or on a later one) and no change
     was running when it reported."""

@@ -1,16 +1,19 @@
 """Async client of the RM's YARN REST API (and the NMs' /ws/v1/node API) for the CLI.
 
 Errors come out as CLI errors: a 400 / 404 from a daemon is bad input (exit 2), an unreachable
-daemon or any other failure is an operation failure (exit 1).
+daemon or any other failure is an operation failure (exit 1). Answers are typed as the RM writes
+them (protocol.yarn_views; the rest JSON), unwrapped from YARN's envelopes once here.
 """
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from typing import Sequence, cast
 
 import aiohttp
 
-from protocol.http_client import JsonHttpClient, RemoteError
+from protocol.http_client import Body, JsonHttpClient, RemoteError
+from protocol.json_types import JsonInObject, JsonObject, JsonValue
+from protocol.yarn_views import AppView, AttemptView, NewApplicationView, NodeView, ShapeView
 
 from .errors import CliError, OperationFailed, UsageError
 
@@ -18,13 +21,26 @@ APPS = "/ws/v1/cluster/apps"
 NODES = "/ws/v1/cluster/nodes"
 
 
-def _items(body: Any, outer: str, inner: str) -> list[dict[str, Any]]:
+def _items(body: JsonValue, outer: str, inner: str) -> list[JsonObject]:
     """YARN wraps lists as {"apps": {"app": [...]}} and sends {"apps": null} when empty."""
     if not isinstance(body, dict):
         return []
     wrapped = body.get(outer) or {}
     items = wrapped.get(inner) if isinstance(wrapped, dict) else None
-    return items if isinstance(items, list) else []
+    return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+
+def _unwrap(body: JsonValue, key: str) -> JsonObject:
+    """`body[key]` of an answer YARN wraps as {key: {...}} (the body itself when it is not wrapped;
+    {} for an empty answer)."""
+    if not isinstance(body, dict):
+        return {}
+    inner = body.get(key, body)
+    return inner if isinstance(inner, dict) else {}
+
+
+def _object(body: JsonValue) -> JsonObject:
+    return body if isinstance(body, dict) else {}
 
 
 def translate(err: BaseException, what: str, url: str) -> CliError:
@@ -52,8 +68,8 @@ class RmRestClient:
         self._nm: dict[str, JsonHttpClient] = {}
         self._timeout_s = timeout_s
 
-    async def _call(self, method: str, path: str, body: Any = None,
-                    params: dict[str, str] | None = None) -> Any:
+    async def _call(self, method: str, path: str, body: Body = None,
+                    params: dict[str, str] | None = None) -> JsonValue:
         try:
             return await self._http.request(method, path, body, params=params)
         except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
@@ -61,67 +77,60 @@ class RmRestClient:
 
     # ----- cluster ----------------------------------------------------------------------------
 
-    async def cluster_info(self) -> dict[str, Any]:
-        body = await self._call("GET", "/ws/v1/cluster/info")
-        return (body or {}).get("clusterInfo", body or {})
+    async def cluster_info(self) -> JsonObject:
+        return _unwrap(await self._call("GET", "/ws/v1/cluster/info"), "clusterInfo")
 
-    async def cluster_metrics(self) -> dict[str, Any]:
-        body = await self._call("GET", "/ws/v1/cluster/metrics")
-        return (body or {}).get("clusterMetrics", body or {})
+    async def cluster_metrics(self) -> JsonObject:
+        return _unwrap(await self._call("GET", "/ws/v1/cluster/metrics"), "clusterMetrics")
 
-    async def nodes(self) -> list[dict[str, Any]]:
-        return _items(await self._call("GET", NODES), "nodes", "node")
+    async def nodes(self) -> list[NodeView]:
+        return cast(list[NodeView], _items(await self._call("GET", NODES), "nodes", "node"))
 
-    async def utilization(self, node: str | None = None) -> dict[str, Any]:
+    async def utilization(self, node: str | None = None) -> JsonObject:
         """The RM's utilization series (GET /ws/v1/cluster/utilization; `node` limits it to one)."""
-        body: dict[str, Any] = await self._call("GET", "/ws/v1/cluster/utilization",
-                                                params={"node": node} if node else None) or {}
-        return body
+        return _object(await self._call("GET", "/ws/v1/cluster/utilization", params={"node": node} if node else None))
 
-    async def policy_state(self) -> dict[str, Any]:
+    async def policy_state(self) -> JsonObject:
         """The active policy and what it says of each job (`schedulerInfo.policy`: Harmony's job
         states and groups; {} for policies that say nothing)."""
-        body = await self._call("GET", "/ws/v1/cluster/scheduler")
-        info = ((body or {}).get("scheduler") or {}).get("schedulerInfo") or {}
-        policy: dict[str, Any] = info.get("policy") or {}
-        return policy
+        info = _unwrap(_unwrap(await self._call("GET", "/ws/v1/cluster/scheduler"), "scheduler"), "schedulerInfo")
+        return _object(info.get("policy"))
 
     # ----- apps -------------------------------------------------------------------------------
 
     async def apps(self, states: str | None = None, queue: str | None = None, user: str | None = None,
-                   limit: int | None = None) -> list[dict[str, Any]]:
+                   limit: int | None = None) -> list[AppView]:
         params = {k: str(v) for k, v in
                   (("states", states), ("queue", queue), ("user", user), ("limit", limit)) if v is not None}
-        return _items(await self._call("GET", APPS, params=params), "apps", "app")
+        return cast(list[AppView], _items(await self._call("GET", APPS, params=params), "apps", "app"))
 
-    async def app(self, app_id: str) -> dict[str, Any]:
-        body = await self._call("GET", f"{APPS}/{app_id}")
-        return (body or {}).get("app", body or {})
+    async def app(self, app_id: str) -> AppView:
+        return cast(AppView, _unwrap(await self._call("GET", f"{APPS}/{app_id}"), "app"))
 
-    async def app_attempts(self, app_id: str) -> list[dict[str, Any]]:
-        return _items(await self._call("GET", f"{APPS}/{app_id}/appattempts"), "appAttempts", "appAttempt")
+    async def app_attempts(self, app_id: str) -> list[AttemptView]:
+        return cast(list[AttemptView],
+                    _items(await self._call("GET", f"{APPS}/{app_id}/appattempts"), "appAttempts", "appAttempt"))
 
-    async def kill(self, app_id: str) -> dict[str, Any]:
-        return await self._call("PUT", f"{APPS}/{app_id}/state", {"state": "KILLED"}) or {}
+    async def kill(self, app_id: str) -> JsonObject:
+        return _object(await self._call("PUT", f"{APPS}/{app_id}/state", {"state": "KILLED"}))
 
     async def put_shape(self, app_id: str, workers: int, servers: int, reason: str = "",
-                        nodes: Sequence[str] = (), run_state: str = "run") -> dict[str, Any]:
+                        nodes: Sequence[str] = (), run_state: str = "run") -> ShapeView:
         """Direct an elastic PS job to `workers` and `servers`, spread round-robin over `nodes` when
         given, in `run_state` ("run", "pause", "resume"); the app ACL applies: owner or admin."""
         body = await self._call("PUT", f"{APPS}/{app_id}/shape",
                                 {"workers": workers, "servers": servers, "reason": reason,
                                  "nodes": list(nodes), "runState": run_state})
-        return (body or {}).get("shape", body or {})
+        return cast(ShapeView, _unwrap(body, "shape"))
 
-    async def app_shape(self, app_id: str) -> dict[str, Any]:
+    async def app_shape(self, app_id: str) -> ShapeView:
         """The job report the app's AM last sent, its directive and shape history (Elastane extension)."""
-        body = await self._call("GET", f"{APPS}/{app_id}/shape")
-        return (body or {}).get("shape", body or {})
+        return cast(ShapeView, _unwrap(await self._call("GET", f"{APPS}/{app_id}/shape"), "shape"))
 
-    async def new_application(self) -> dict[str, Any]:
-        return await self._call("POST", f"{APPS}/new-application") or {}
+    async def new_application(self) -> NewApplicationView:
+        return cast(NewApplicationView, _object(await self._call("POST", f"{APPS}/new-application")))
 
-    async def submit(self, submission: dict[str, Any]) -> None:
+    async def submit(self, submission: JsonInObject) -> None:
         await self._call("POST", APPS, submission)
 
     # ----- NMs --------------------------------------------------------------------------------
@@ -133,19 +142,18 @@ class RmRestClient:
             c = self._nm[http_address] = JsonHttpClient(base, timeout_s=self._timeout_s, user=self.user)
         return c
 
-    async def _nm_call(self, http_address: str, path: str) -> Any:
+    async def _nm_call(self, http_address: str, path: str) -> JsonValue:
         try:
             return await self._nm_client(http_address).get(path)
         except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
             raise translate(e, "NodeManager", http_address) from None
 
-    async def nm_arbiter(self, http_address: str, limit: int = 100_000) -> dict[str, Any]:
+    async def nm_arbiter(self, http_address: str, limit: int = 100_000) -> JsonObject:
         """A node's Harmony arbiter: holders, queues and its latest `limit` grants."""
         body = await self._nm_call(http_address, f"/ws/v1/node/arbiter?limit={limit}")
-        arbiter: dict[str, Any] = (body or {}).get("arbiter") or {}
-        return arbiter
+        return _object(_object(body).get("arbiter"))
 
-    async def nm_containers(self, http_address: str) -> list[dict[str, Any]]:
+    async def nm_containers(self, http_address: str) -> list[JsonObject]:
         return _items(await self._nm_call(http_address, "/ws/v1/node/containers"), "containers", "container")
 
     async def container_log(self, http_address: str, container_id: str, file: str) -> str:

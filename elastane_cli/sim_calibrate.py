@@ -53,9 +53,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Awaitable, Callable, Literal, Optional
 
 from protocol.errors import ConfigurationError
+from protocol.job_report import JobReport
+from protocol.json_types import JsonIn, JsonObject
 from protocol.ps_status import PsStatus
 from appmaster.ps.submission import build_ps_submission
 from sim.calibration import (MIN_REPEATS, AppCalibration, Calibration, CalibrationFitError, CalibrationSample,
@@ -65,6 +67,9 @@ from sim.convergence import fit_curve
 from .context import default_user
 from .machine_load import MachineMeter, SaturationLimits
 from .rm_rest_client import RmRestClient
+
+if TYPE_CHECKING:
+    from .testbed_cluster import TestbedCluster
 
 FINAL_STATES = ("FINISHED", "FAILED", "KILLED")
 EPOCHS_DONE = re.compile(r"after (\d+) epochs")
@@ -88,7 +93,7 @@ REFERENCE_EPOCHS = 12
 
 
 # Ten times the `tiny` rows, so an epoch is long enough (~1 s on a worker) to time.
-REFERENCE_DATA: dict[str, dict[str, Any]] = {
+REFERENCE_DATA: dict[str, JsonObject] = {
     "mlr": {"num_samples": 20_000, "rows_per_block": 1000},
     "nmf": {"num_users": 6000, "rows_per_block": 500},
     "lda": {"num_docs": 3000, "rows_per_block": 250},
@@ -96,7 +101,7 @@ REFERENCE_DATA: dict[str, dict[str, Any]] = {
 }
 
 
-def reference_job(app: str, epochs: int = CALIBRATION_EPOCHS) -> dict[str, Any]:
+def reference_job(app: str, epochs: int = CALIBRATION_EPOCHS) -> JsonObject:
     """The job each app is calibrated with: `tiny` data at ten times the rows, `epochs` epochs (a
     tiny threshold, so the run lasts the epochs and gives that many objectives), held-out scoring
     only at the end."""
@@ -153,7 +158,7 @@ class CalibrationPlan:
     def fits(self, workers: int, servers: int) -> bool:
         return workers + servers <= self.hosts * self.host_vcores
 
-    def cluster(self, base: Path, policy: str = "static", jobs_at_once: int = 1) -> Any:
+    def cluster(self, base: Path, policy: str = "static", jobs_at_once: int = 1) -> TestbedCluster:
         """A TestbedCluster of this plan (not started), with room for `jobs_at_once` AMs on the master."""
         from .testbed_cluster import TestbedCluster  # noqa: PLC0415 (needs root and namespaces: only a run does)
         return TestbedCluster(base, workers=self.hosts, worker_cpus=self.host_cpus,
@@ -211,7 +216,7 @@ class JobRun:
         self.objectives = ([(0, init)] if init is not None else []) + [
             (e.epoch + 1, e.objective) for e in history if e.objective is not None]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JsonIn]:
         """What the calibration file keeps of the run (for refits without running it again)."""
         return {"shape": list(self.requested), "jct_s": self.jct_s, "first_report_s": self.first_report,
                 "started_s": self.started, "epochs": self.epochs, "epoch_times": self.epoch_times}
@@ -224,10 +229,11 @@ class JobRun:
         return statistics.median(times) if times else None
 
 
-Step = Callable[[RmRestClient, "JobRun", dict[str, Any]], Any]
+# Called with each job report polled (the probe that reshapes a job while it trains).
+Step = Callable[[RmRestClient, "JobRun", JobReport], Awaitable[None]]
 
 
-async def run_job(client: RmRestClient, spec: dict[str, Any], name: str, at_s: float = 0.0, t0: float = 0.0,
+async def run_job(client: RmRestClient, spec: JsonObject, name: str, at_s: float = 0.0, t0: float = 0.0,
                   on_report: Optional[Step] = None, timeout_s: float = 600.0) -> JobRun:
     """Submit `spec` at monotonic time t0 + at_s and follow it to its end."""
     loop = asyncio.get_running_loop()
@@ -245,23 +251,24 @@ async def run_job(client: RmRestClient, spec: dict[str, Any], name: str, at_s: f
         now = loop.time() - run.submitted
         app = await client.app(run.app_id)
         shape = await client.app_shape(run.app_id)
-        report = shape.get("current") or None
-        if report is not None:
+        current = shape.get("current")
+        if current:
+            report = JobReport.decode(current)
             if run.first_report is None:
                 run.first_report = now
-            if report.get("started") and run.started is None:
+            if report.started and run.started is None:
                 run.started = now
-            epoch = report.get("epoch")
+            epoch = report.epoch
             if epoch is not None and epoch > last_epoch:
                 last_epoch = epoch
                 run.last_epoch_at = now
             run.epochs = (epoch + 1) if epoch is not None else 0
-            run.iterations = int(report.get("iterations") or 0)
-            run.shape = (int(report.get("workers") or 0), int(report.get("servers") or 0))
-            run.epoch_times = [float(t) for t in report.get("epoch_times") or []]
-            init = report.get("initial_objective")
-            run.objectives = ([(0, float(init))] if init is not None else []) + [
-                (int(o["epoch"]) + 1, float(o["objective"])) for o in report.get("objectives") or []]
+            run.iterations = report.iterations
+            run.shape = (report.workers, report.servers)
+            run.epoch_times = list(report.epoch_times)
+            init = report.initial_objective
+            run.objectives = ([(0, init)] if init is not None else []) + [
+                (o.epoch + 1, o.objective) for o in report.objectives]
             if on_report is not None:
                 await on_report(client, run, report)
         if app.get("state") in FINAL_STATES:
@@ -290,21 +297,21 @@ class ReshapeProbe:
         self.steps = [+1, -1]
         self.pending: Optional[tuple[float, int, float, tuple[int, int]]] = None   # t, its, speed, target
 
-    async def __call__(self, client: RmRestClient, run: JobRun, report: dict[str, Any]) -> None:
+    async def __call__(self, client: RmRestClient, run: JobRun, report: JobReport) -> None:
         now = asyncio.get_running_loop().time() - run.submitted
-        shape = (int(report.get("workers") or 0), int(report.get("servers") or 0))
+        shape = (report.workers, report.servers)
         if self.pending is not None:
             t, its, speed, target = self.pending
-            if shape == target and not report.get("changing"):
+            if shape == target and not report.changing:
                 made = (run.iterations - its) / speed if speed > 0 else 0.0
                 run.reshape_lost_s.append(max(0.0, (now - t) - made))
                 self.pending = None
             return
-        if not self.steps or not report.get("started") or run.epochs < self.after_epochs or report.get("changing"):
+        if not self.steps or not report.started or run.epochs < self.after_epochs or report.changing:
             return
         step = self.steps.pop(0)
         target = (shape[0] + step, shape[1])
-        speed = float(report.get("speed") or 0.0)
+        speed = report.speed
         await client.put_shape(run.app_id, target[0], target[1], reason="sim calibrate: reshape probe")
         self.pending = (now, run.iterations, speed, target)
         self.after_epochs = run.epochs + 1

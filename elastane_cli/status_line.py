@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from typing import TextIO
+
+from protocol.yarn_views import AppView
 
 from .tables import format_duration
 
 
-def format_status(app: dict[str, Any], elapsed_s: float) -> str:
+def format_status(app: AppView, elapsed_s: float) -> str:
     """`application_..._0001  RUNNING  progress 40%  elapsed 3.2s` from a YARN app record."""
     state = app.get("state", "?")
     try:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Sequence
+
+from protocol.json_types import JsonValue, json_int
 
 
 def _is_number(s: str) -> bool:
@@ -16,8 +18,9 @@ def _is_number(s: str) -> bool:
     return True
 
 
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], gap: int = 2) -> str:
-    """Columns padded to their widest cell; numeric columns right-aligned (like `yarn node -list`)."""
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]], gap: int = 2) -> str:
+    """Columns padded to their widest cell; numeric columns right-aligned (like `yarn node -list`).
+    A cell is any value, shown as str() of it (None as empty)."""
     cells = [[("" if v is None else str(v)) for v in row] for row in rows]
     for i, row in enumerate(cells):
         if len(row) != len(headers):
@@ -37,23 +40,24 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], gap: int
     return "\n".join(out)
 
 
-def render_key_values(pairs: Sequence[tuple[str, Any]]) -> str:
-    """`key : value` lines with the colons aligned (like `yarn application -status`)."""
+def render_key_values(pairs: Sequence[tuple[str, object]]) -> str:
+    """`key : value` lines with the colons aligned (like `yarn application -status`); values shown
+    as str() of them (None as empty)."""
     if not pairs:
         return ""
     width = max(len(k) for k, _ in pairs)
     return "\n".join(f"{k.ljust(width)} : {'' if v is None else v}" for k, v in pairs)
 
 
-def format_timestamp(ms: Any) -> str:
-    """A YARN millisecond timestamp as local time; 0 / missing as '-'."""
+def format_timestamp(ms: JsonValue) -> str:
+    """A YARN millisecond timestamp (a JSON field: a number, or missing) as local time; 0 / missing as '-'."""
     try:
-        ms = int(ms)
+        t = json_int(ms)
     except (TypeError, ValueError):
         return "-"
-    if ms <= 0:
+    if t <= 0:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t / 1000))
 
 
 def format_duration(seconds: float) -> str:
@@ -68,13 +72,13 @@ def format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m"
 
 
-def format_age(ms: Any, now_ms: float | None = None) -> str:
-    """How long ago a millisecond timestamp was ('-' if unknown)."""
+def format_age(ms: JsonValue, now_ms: float | None = None) -> str:
+    """How long ago a millisecond timestamp (a JSON field) was ('-' if unknown)."""
     try:
-        ms = int(ms)
+        t = json_int(ms)
     except (TypeError, ValueError):
         return "-"
-    if ms <= 0:
+    if t <= 0:
         return "-"
     now_ms = time.time() * 1000 if now_ms is None else now_ms
-    return format_duration((now_ms - ms) / 1000) + " ago"
+    return format_duration((now_ms - t) / 1000) + " ago"

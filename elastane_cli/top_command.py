@@ -13,7 +13,10 @@ import asyncio
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, TextIO
+from typing import Callable, TextIO
+
+from protocol.json_types import JsonObject, JsonValue, json_float
+from protocol.yarn_views import AppView
 
 from .context import CliContext, common_parent
 from .errors import EXIT_OK
@@ -28,20 +31,21 @@ APP_HEADERS = ["APPLICATIONID", "USER", "QUEUE", "STATE", "#CONT", "MEM", "VCORE
                "SPEED", "ITER", "EPOCH", "OBJECTIVE", "%PROG", "TIME", "NAME"]
 
 
-def _num(v: Any) -> float:
+def _num(v: JsonValue) -> float:
     try:
-        return float(v)
+        return json_float(v)
     except (TypeError, ValueError):
         return 0.0
 
 
-def _shape(app: dict[str, Any]) -> dict[str, Any]:
+def _shape(app: AppView) -> JsonObject:
+    """The app's last job report (JobReport.to_json), {} for an app without one."""
     shape = app.get("shape")
     return shape if isinstance(shape, dict) else {}
 
 
 # Sort keys (largest first, except the id: newest first too).
-SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
+SORTS: dict[str, Callable[[AppView], float | str]] = {
     "mem": lambda a: _num(a.get("allocatedMB")),
     "vcores": lambda a: _num(a.get("allocatedVCores")),
     "containers": lambda a: _num(a.get("runningContainers")),
@@ -52,18 +56,18 @@ SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
 }
 
 
-def _gb(mb: Any) -> str:
+def _gb(mb: JsonValue) -> str:
     return f"{_num(mb) / 1024:.3g}"
 
 
-def _sig(v: Any, suffix: str = "") -> str:
+def _sig(v: JsonValue, suffix: str = "") -> str:
     if v is None:
         return "-"
     f = _num(v)
     return (f"{f:,.0f}" if abs(f) >= 1000 else f"{f:.3g}") + suffix
 
 
-def app_row(app: dict[str, Any]) -> list[str]:
+def app_row(app: AppView) -> list[str]:
     """One app's line: its resources, and for elastic PS apps its shape and training figures."""
     s = _shape(app)
     shape = f"{s['workers']}/{s['servers']}" if "workers" in s and "servers" in s else "-"
@@ -82,9 +86,9 @@ def app_row(app: dict[str, Any]) -> list[str]:
 class Snapshot:
     """What one frame shows: the RM's cluster info, metrics and the apps listed."""
 
-    info: dict[str, Any]
-    metrics: dict[str, Any]
-    apps: list[dict[str, Any]]
+    info: JsonObject
+    metrics: JsonObject
+    apps: list[AppView]
 
 
 def render_frame(snap: Snapshot, now: float, sort: str = "mem", width: int = 0) -> str:

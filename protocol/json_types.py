@@ -47,3 +47,13 @@ def json_float(value: JsonValue) -> float:
     if isinstance(value, (int, float, str)):
         return float(value)
     raise TypeError(f"expected a number, got {type(value).__name__}")
+
+
+def json_object(value: JsonValue) -> JsonObject:
+    """`value` if it is a JSON object, else {} (a missing or null field read as empty)."""
+    return value if isinstance(value, dict) else {}
+
+
+def json_list(value: JsonValue) -> list[JsonValue]:
+    """`value` if it is a JSON array, else [] (a missing or null field read as empty)."""
+    return value if isinstance(value, list) else []
