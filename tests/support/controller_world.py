@@ -10,7 +10,7 @@ from typing import Optional
 from appmaster.ps.controller import events as ev
 from appmaster.ps.controller import instructions as ins
 from appmaster.ps.controller.core import handle
-from appmaster.ps.controller.records import ExecutorInfo, Holdings, Role
+from appmaster.ps.controller.records import ExecutorInfo, Holdings, PlanOp, Role
 from appmaster.ps.controller.state import JobState
 from protocol import ps_job_spec
 
@@ -32,6 +32,7 @@ class World:
     log: list[ins.Instruction] = field(default_factory=list)
     held: dict[int, ins.StepInstruction] = field(default_factory=dict)
     now: float = 0.0
+    plan: list[PlanOp] = field(default_factory=list)     # what Cruise's optimizer answers ComputePlan with
     _count: dict[Role, int] = field(default_factory=lambda: {Role.WORKER: 0, Role.SERVER: 0})
 
     def send(self, event: ev.Event) -> list[ins.Instruction]:
@@ -68,6 +69,8 @@ class World:
             done = ev.StepDone(at=self.at(), step=step.step, holdings=holdings or self.round_robin())
         elif isinstance(step, ins.RestoreCheckpoint):
             done = ev.StepDone(at=self.at(), step=step.step, holdings=holdings or self.round_robin())
+        elif isinstance(step, ins.ComputePlan):
+            done = ev.StepDone(at=self.at(), step=step.step, ops=list(self.plan))
         elif isinstance(step, ins.WriteCheckpoint):
             done = ev.StepDone(at=self.at(), step=step.step, directory=f"ckpt/epoch-{step.epoch}")
         elif holdings is not None:
