@@ -158,6 +158,17 @@ def test_an_input_move_waiting_for_a_switch_gives_up_when_the_switch_fails() -> 
     assert 0 in w.job.holdings.splits["worker-1"]
 
 
+def test_an_input_move_onto_an_executor_whose_switch_waits_for_it_gives_up() -> None:
+    w = started(workers=2, servers=2)
+    s2_blocks = list(w.job.holdings.blocks["server-2"])
+    propose(w,
+            PlanOp(op_id="move-m", kind=MOVE, model=True, blocks=s2_blocks, src="server-2", dst="server-1"),
+            PlanOp(op_id="move-i", kind=MOVE, blocks=[0], src="worker-1", dst="server-2"),
+            PlanOp(op_id="switch", kind=SWITCH, executor="server-2", role=Role.WORKER, after=["move-m", "move-i"]))
+    assert w.of(ins.DiscardStaged) and not w.of(ins.SwitchRole)
+    assert w.job.phase is Phase.TRAINING and "server-2 did not become a worker" in w.job.diagnostics
+
+
 def test_a_plan_the_job_cannot_run_is_refused_before_any_step() -> None:
     w = started()
     n = len(w.log)

@@ -176,16 +176,9 @@ class CruisePlanPlanner(BasePlanner):
                 return
             self._run(job, change, ev.at, out)
             return
-        if ev.step not in change.ops_running:       # the plan's own rollback
-            self._progress(job, change, ev.at, out)
-            return
-        op_id = change.ops_running.pop(ev.step)
-        run = change.op_runs[op_id]
-        run.steps.discard(ev.step)
-        if run.stage == "start":
-            run.new = [x.executor_id for x in ev.executors]
-        if not run.steps:
-            self._advance(job, change, self._op(change, op_id), run, ev.at, out)
+        ended = self._ended(change, ev)
+        if ended is not None and not ended[1].steps:
+            self._advance(job, change, self._op(change, ended[0]), ended[1], ev.at, out)
         self._progress(job, change, ev.at, out)
 
     def failed(self, job: JobState, change: Change, ev: StepFailed, out: list[Instruction]) -> None:
@@ -193,21 +186,29 @@ class CruisePlanPlanner(BasePlanner):
             fail_change(change, f"Cruise could not plan: {ev.error}")
             change.stage = "done"
             return
-        if ev.step not in change.ops_running:       # the plan's own rollback
+        ended = self._ended(change, ev)
+        if ended is None:                           # the plan's own rollback
             fail_change(change, ev.error)
-            self._progress(job, change, ev.at, out)
-            return
-        op_id = change.ops_running.pop(ev.step)
+        else:
+            op_id, run = ended
+            change.new += [n for n in run.new if n not in change.new]
+            run.error = run.error or ev.error
+            fail_change(change, f"{op_id}: {ev.error}")
+            if not run.steps:
+                self._undo(job, change, op_id, run, ev.at, out)
+        self._progress(job, change, ev.at, out)
+
+    @staticmethod
+    def _ended(change: Change, ev: StepDone | StepFailed) -> Optional[tuple[str, OpRun]]:
+        """The op whose step `ev` ended, with its run (None: a step of the plan's own rollback)."""
+        op_id = change.ops_running.pop(ev.step, None)
+        if op_id is None:
+            return None
         run = change.op_runs[op_id]
         run.steps.discard(ev.step)
         if run.stage == "start":
             run.new = [x.executor_id for x in ev.executors]
-            change.new += [n for n in run.new if n not in change.new]
-        run.error = run.error or ev.error
-        fail_change(change, f"{op_id}: {ev.error}")
-        if not run.steps:
-            self._undo(job, change, op_id, run, ev.at, out)
-        self._progress(job, change, ev.at, out)
+        return op_id, run
 
     # -- the DAG -------------------------------------------------------------------------------------
     @staticmethod
@@ -221,12 +222,17 @@ class CruisePlanPlanner(BasePlanner):
             return
         runs = change.op_runs
         if change.stage == "ops":
-            started = True
-            while started:            # an op may end at once (a switch to the role it has)
+            while True:               # an op may end at once (a switch to the role it has)
                 self._settle_waiting(job, change, at, out)
                 ready = [op for op in change.ops if runs[op.op_id].stage == "pending"
                          and all(runs[d].stage == "done" for d in op.after)] if not change.error else []
-                started = bool(ready)
+                if not ready:
+                    if change.outstanding or not any(r.stage == "await" for r in runs.values()):
+                        break
+                    # Nothing runs that could make their destinations workers (a plan whose
+                    # switch waits for the very move onto it): they give up.
+                    self._settle_waiting(job, change, at, out, stuck=True)
+                    continue
                 for op in ready:
                     if not change.error:
                         runs[op.op_id].started_at = at
@@ -242,9 +248,11 @@ class CruisePlanPlanner(BasePlanner):
             return
         change.stage = "done"
 
-    def _settle_waiting(self, job: JobState, change: Change, at: float, out: list[Instruction]) -> None:
+    def _settle_waiting(self, job: JobState, change: Change, at: float, out: list[Instruction],
+                        stuck: bool = False) -> None:
         """Input moves onto an executor switching to worker commit once it is one, and give up
-        (discarding what they staged) once it cannot become one."""
+        (discarding what they staged) once it cannot become one (`stuck`: nothing is left
+        running that could make it one)."""
         for op in change.ops:
             run = change.op_runs[op.op_id]
             if run.stage != "await":
@@ -252,7 +260,7 @@ class CruisePlanPlanner(BasePlanner):
             dst = self._resolve(change, op.dst)
             if self._role(job, dst) is Role.WORKER:
                 self._commit(job, change, op, run, out)
-            elif change.error or not self._switch_pending(job, change, dst):
+            elif stuck or change.error or not self._switch_pending(job, change, dst):
                 run.error = f"{dst} did not become a worker"
                 fail_change(change, f"{op.op_id}: {run.error}")
                 self._undo(job, change, op.op_id, run, at, out)
