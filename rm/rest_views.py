@@ -19,7 +19,7 @@ def _ms(t: float) -> int:
     return int(t * 1000) if t else 0
 
 
-def cluster_info(core: ResourceManagerCore) -> dict[str, Any]:
+def cluster_info(core: ResourceManagerCore) -> dict[str, object]:
     return {"clusterInfo": {
         "id": core.cluster_ts, "startedOn": core.cluster_ts, "state": "STARTED", "haState": "ACTIVE",
         "rmStateStoreName": "org.elastane.rm.store.SqliteStateStore",
@@ -30,7 +30,7 @@ def cluster_info(core: ResourceManagerCore) -> dict[str, Any]:
     }}
 
 
-def cluster_metrics(core: ResourceManagerCore) -> dict[str, Any]:
+def cluster_metrics(core: ResourceManagerCore) -> dict[str, object]:
     by_state = {s: 0 for s in AppState}
     for app in core.apps.values():
         by_state[app.state] += 1
@@ -99,9 +99,9 @@ def scheduler_info(core: ResourceManagerCore) -> dict[str, Any]:
     }}}
 
 
-def node_json(n: Node, latest: Optional[LatestReport] = None) -> dict[str, Any]:
+def node_json(n: Node, latest: Optional[LatestReport] = None) -> dict[str, object]:
     free = n.free
-    out = {
+    out: dict[str, object] = {
         "rack": n.rack, "state": n.state.value, "id": n.node_id, "nodeHostName": n.host,
         "nodeLabels": sorted(n.labels),   # YARN's node info names them so too
         "nodeHTTPAddress": n.http_address, "lastHealthUpdate": _ms(n.last_health_update),
@@ -117,7 +117,7 @@ def node_json(n: Node, latest: Optional[LatestReport] = None) -> dict[str, Any]:
     return out
 
 
-def node_utilization_json(latest: LatestReport) -> dict[str, Any]:
+def node_utilization_json(latest: LatestReport) -> dict[str, object]:
     """YARN's node `resourceUtilization` (CPU in cores) from the node's last report, plus Elastane's
     network, spill and host figures and when the RM received it (`lastUpdate`, epoch ms)."""
     u, p = latest.report, latest.point
@@ -139,13 +139,13 @@ def app_diagnostics(app: App) -> str:
     return "\n".join([app.diagnostics, *notes] if app.diagnostics else notes)
 
 
-def queue_preemption_json(core: ResourceManagerCore, name: str) -> dict[str, Any]:
+def queue_preemption_json(core: ResourceManagerCore, name: str) -> dict[str, object]:
     """Elastane's capacity-preemption view of a queue: its ideal share at the last reclaim round,
     what it waits for, what is being taken back from it now, and YARN's preempted counters summed
     over its apps (shrunk live, given back on a preemption message, killed)."""
     share = core.queue_shares.get(name)
     rec = core.queue_preemption.get(name)
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "guaranteedResource": share.guaranteed.to_json() if share else None,
         "idealResource": share.ideal.to_json() if share else None,
         "pendingResource": share.pending.to_json() if share else None,
@@ -159,7 +159,7 @@ def queue_preemption_json(core: ResourceManagerCore, name: str) -> dict[str, Any
     return out
 
 
-def app_json(core: ResourceManagerCore, app: App, rm_url: str = "") -> dict[str, Any]:
+def app_json(core: ResourceManagerCore, app: App, rm_url: str = "") -> dict[str, object]:
     """YARN's app view; `rm_url` (the address the caller reached the RM at) prefixes links to the
     RM's own pages."""
     at: Attempt | None = core.attempts.get(app.current_attempt or "")
@@ -179,7 +179,7 @@ def app_json(core: ResourceManagerCore, app: App, rm_url: str = "") -> dict[str,
     else:
         tracking_ui = "UNASSIGNED"
     q = core.scheduler.queues.get(app.queue)
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "id": app.app_id, "user": app.user, "name": app.name, "queue": app.queue, "state": app.state.value,
         "finalStatus": app.final_status.value, "progress": round(app.progress * 100.0, 2),
         "trackingUI": tracking_ui, "trackingUrl": app.tracking_url, "diagnostics": app_diagnostics(app),
@@ -231,7 +231,7 @@ def am_logs_link(core: ResourceManagerCore, app: App, at: Optional[Attempt], rm_
     return f"http://{at.am_node_http_address}/node/containerlogs/{at.am_container_id}/{app.user}"
 
 
-def attempt_json(core: ResourceManagerCore, at: Attempt, rm_url: str = "") -> dict[str, Any]:
+def attempt_json(core: ResourceManagerCore, at: Attempt, rm_url: str = "") -> dict[str, object]:
     app = core.apps[at.app_id]
     return {
         "id": at.number, "appAttemptId": at.attempt_id, "startTime": _ms(at.start_time),
@@ -242,7 +242,7 @@ def attempt_json(core: ResourceManagerCore, at: Attempt, rm_url: str = "") -> di
     }
 
 
-def shape_json(core: ResourceManagerCore, app: App) -> dict[str, Any]:
+def shape_json(core: ResourceManagerCore, app: App) -> dict[str, object]:
     """Elastane extension, GET /ws/v1/cluster/apps/{id}/shape: the shape the AM reports, the
     policy's latest directive, the shape changes, the sampled reports and the app's recent directive
     changes (times in ms since the epoch, as YARN's times)."""

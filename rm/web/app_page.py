@@ -9,7 +9,7 @@ decision log). Every value is HTML-escaped: names, diagnostics and reports come 
 from __future__ import annotations
 
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from aiohttp import web
 
@@ -157,7 +157,7 @@ def _changes_table(hist: ShapeHistory, t0: float) -> str:
     return html_table(["Time", "Seconds since start", "Workers", "Servers"], rows)
 
 
-def _tracking(app: App, j: dict[str, Any]) -> str:
+def _tracking(app: App, j: dict[str, object]) -> str:
     # Tracking URLs come from AMs: only http(s) ones become links.
     if app.tracking_url.startswith(("http://", "https://")):
         return f'<a href="{escape(app.tracking_url)}">{escape(j["trackingUI"])}</a>'
@@ -188,7 +188,7 @@ def render_app_page(rm: "RmContext", app: App, now_ms: Optional[float] = None) -
             f'{live_fields("app", f"/ws/v1/cluster/apps/{quoted}", ["app"], APP_FIELDS, j, now)}'
             + static_fields([("Tracking URL", _tracking(app, j)),
                              ("Attempts", f"{len(app.attempts)} of at most {app.max_attempts}"),
-                             ("Logs", app_log_links(rm, app, j["amContainerLogs"]))]))
+                             ("Logs", app_log_links(rm, app, str(j["amContainerLogs"])))]))
     shape_src = f"/ws/v1/cluster/apps/{quoted}/shape"
     if app.app_type.upper() == ps_job_spec.APPLICATION_TYPE:
         t0 = app.start_time or app.submit_time
