@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from appmaster.ps.controller import Phase
 from appmaster.ps.controller import events as ev
 from appmaster.ps.controller import instructions as ins
 from appmaster.ps.controller.core import handle
@@ -77,9 +78,12 @@ class World:
             done = ev.StepDone(at=self.at(), step=step.step, holdings=holdings)
         return self.send(done)
 
-    def fail(self, step: ins.StepInstruction, error: str = "boom", cancelled: bool = False) -> list[ins.Instruction]:
+    def fail(self, step: ins.StepInstruction, error: str = "boom", cancelled: bool = False,
+             executors: Optional[list[ExecutorInfo]] = None) -> list[ins.Instruction]:
+        """Answer `step` with StepFailed; `executors`: those it started before it failed."""
         self.held.pop(step.step, None)
-        return self.send(ev.StepFailed(at=self.at(), step=step.step, error=error, cancelled=cancelled))
+        return self.send(ev.StepFailed(at=self.at(), step=step.step, error=error, cancelled=cancelled,
+                                       executors=executors or []))
 
     def round_robin(self) -> Holdings:
         servers, workers = self.job.ids(Role.SERVER), self.job.ids(Role.WORKER)
@@ -96,3 +100,23 @@ class World:
 
     def kinds(self) -> list[str]:
         return [type(i).__name__ for i in self.log]
+
+    def steps_since(self, n: int) -> list[str]:
+        """The kinds of the step instructions issued after the log's first `n` entries."""
+        return [type(i).__name__ for i in self.log[n:] if isinstance(i, ins.STEP_TYPES)]
+
+    def held_of(self, kind: type) -> list[ins.StepInstruction]:
+        """The held steps of `kind`, in the order they were issued."""
+        return sorted((s for s in self.held.values() if isinstance(s, kind)), key=lambda s: s.step)
+
+    def triggers(self) -> list[str]:
+        """The lifecycle triggers the job went through, in order."""
+        return [t for _, t, _ in self.job.history]
+
+
+def started(**spec: object) -> World:
+    """A world whose job (these spec fields over a 2-worker, 1-server MLR job) is training."""
+    w = World(job_state(**spec))
+    w.start()
+    assert w.job.phase is Phase.TRAINING, w.job.diagnostics
+    return w

@@ -3,8 +3,6 @@ directives through pause -> checkpoint -> retire all -> start -> restore -> resu
 while it runs, its failures and rollbacks. No processes, no sleeps."""
 from __future__ import annotations
 
-from typing import Optional
-
 from appmaster.ps.controller import Phase
 from appmaster.ps.controller import events as ev
 from appmaster.ps.controller import instructions as ins
@@ -12,45 +10,23 @@ from appmaster.ps.controller.planners.restart import check_target
 from appmaster.ps.controller.records import ExecutorInfo, Role
 from appmaster.ps.controller.state import ChangeKind, ExecutorState
 from protocol.internal_api import NodePlacement, ShapeDirective
-from tests.support.controller_world import World, job_state
+from tests.support.controller_world import World, job_state, started
 
 SEQUENCE = ["PauseTraining", "WriteCheckpoint", "RetireExecutors", "StartExecutors", "StartExecutors",
             "RestoreCheckpoint", "ResumeTraining"]
 
 
-def started(**spec: object) -> World:
-    fields: dict[str, object] = {"elastic_mode": "kill"}
-    fields.update(spec)
-    w = World(job_state(**fields))
-    w.start()
-    assert w.job.phase is Phase.TRAINING
-    return w
-
-
-def triggers(w: World) -> list[str]:
-    return [t for _, t, _ in w.job.history]
-
-
-def steps_since(w: World, n: int) -> list[str]:
-    return [type(i).__name__ for i in w.log[n:] if isinstance(i, ins.STEP_TYPES)]
-
-
-def held(w: World, kind: type) -> list[ins.StepInstruction]:
-    return [s for s in w.held.values() if isinstance(s, kind)]
-
-
-def fail_with(w: World, step: ins.StepInstruction, error: str, executors: Optional[list[ExecutorInfo]] = None,
-              cancelled: bool = False) -> None:
-    w.held.pop(step.step, None)
-    w.send(ev.StepFailed(at=w.at(), step=step.step, error=error, cancelled=cancelled, executors=executors or []))
+def kill_job(**spec: object) -> World:
+    """A training job of elastic_mode "kill" (its /scale and directives restart it)."""
+    return started(elastic_mode="kill", **spec)
 
 
 def test_scale_restarts_the_job_through_a_checkpoint() -> None:
-    w = started()
+    w = kill_job()
     old = sorted(w.job.ids(Role.WORKER) + w.job.ids(Role.SERVER))
     n = len(w.log)
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=1))
-    assert steps_since(w, n) == SEQUENCE
+    assert w.steps_since(n) == SEQUENCE
     pause, ckpt, retire, servers, workers, restore, _ = [i for i in w.log[n:] if isinstance(i, ins.STEP_TYPES)]
     assert isinstance(ckpt, ins.WriteCheckpoint) and ckpt.reason == "reshape"
     assert isinstance(retire, ins.RetireExecutors) and sorted(retire.executors) == old and retire.released
@@ -61,12 +37,12 @@ def test_scale_restarts_the_job_through_a_checkpoint() -> None:
     assert w.job.shape == (3, 2) and set(w.job.holdings.blocks) == {"server-2", "server-3"}
     assert all(w.job.executors[e].state is ExecutorState.RETIRING for e in old)
     assert w.of(ins.Reply)[-1] == ins.Reply(request=1, status=200)
-    assert triggers(w)[-2:] == ["RESTART", "CHANGE_DONE"] and w.job.phase is Phase.TRAINING
+    assert w.triggers()[-2:] == ["RESTART", "CHANGE_DONE"] and w.job.phase is Phase.TRAINING
     assert (Phase.TRAINING, "RESTART", Phase.RESTARTING) in w.job.history
 
 
 def test_a_retired_executor_ending_is_no_loss() -> None:
-    w = started()
+    w = kill_job()
     w.hold = {ins.StartExecutors}
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=-1, servers=0))
     assert w.job.phase is Phase.RESTARTING
@@ -76,7 +52,7 @@ def test_a_retired_executor_ending_is_no_loss() -> None:
 
 
 def test_while_restarting_a_scale_is_refused_a_directive_and_a_checkpoint_request_kept() -> None:
-    w = started()
+    w = kill_job()
     w.hold = {ins.RestoreCheckpoint}
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
     assert w.job.phase is Phase.RESTARTING and not w.job.phase.trains
@@ -90,12 +66,12 @@ def test_while_restarting_a_scale_is_refused_a_directive_and_a_checkpoint_reques
     w.answer(restore)
     # The restart ends (200), then the kept directive is applied: a second restart, to 4 workers.
     assert ins.Reply(request=1, status=200) in w.log
-    assert triggers(w)[-4:] == ["RESTART", "CHANGE_DONE", "RESTART", "CHANGE_DONE"]
+    assert w.triggers()[-4:] == ["RESTART", "CHANGE_DONE", "RESTART", "CHANGE_DONE"]
     assert w.job.shape == (4, 1) and w.job.applied_directive == 1
 
 
 def test_impossible_scales_are_400_and_change_nothing() -> None:
-    w = started(max_workers=4, max_servers=3)
+    w = kill_job(max_workers=4, max_servers=3)
     for request, (dw, ds), message in ((1, (-2, 0), "workers must be an integer >= 1, got 0"),
                                        (2, (3, 0), "workers: 5 is above the job's max_workers (4)"),
                                        (3, (0, 3), "servers: 4 is above the job's max_servers (3)"),
@@ -113,31 +89,31 @@ def test_check_target_names_the_field() -> None:
 
 
 def test_a_directive_for_the_shape_and_place_the_job_has_is_no_restart() -> None:
-    w = started()
+    w = kill_job()
     nodes = sorted({w.job.node_of(e) for e in w.job.ids(Role.WORKER) + w.job.ids(Role.SERVER)})
     w.send(ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(workers=2, servers=1, version=1, nodes=nodes)))
-    assert w.job.phase is Phase.TRAINING and "RESTART" not in triggers(w)
+    assert w.job.phase is Phase.TRAINING and "RESTART" not in w.triggers()
     assert w.log[-1] == ins.ReportProgress(changing=False, directive_version=1)
 
 
 def test_a_directive_with_a_placement_restarts_the_job_per_node() -> None:
-    w = started()
+    w = kill_job()
     d = ShapeDirective(workers=2, servers=1, version=1, placement=[NodePlacement(node="n3", workers=2, servers=1)])
     n = len(w.log)
     w.send(ev.DirectiveArrived(at=w.at(), directive=d))
-    assert steps_since(w, n) == SEQUENCE
+    assert w.steps_since(n) == SEQUENCE
     starts = [i for i in w.log[n:] if isinstance(i, ins.StartExecutors)]
     assert [(s.role, s.count, s.per_node) for s in starts] == [(Role.SERVER, 1, {"n3": 1}), (Role.WORKER, 2, {"n3": 2})]
     assert {w.job.node_of(e) for e in w.job.ids(Role.WORKER) + w.job.ids(Role.SERVER)} == {"n3"}
-    assert w.job.applied_directive == 1 and triggers(w)[-2:] == ["RESTART", "CHANGE_DONE"]
+    assert w.job.applied_directive == 1 and w.triggers()[-2:] == ["RESTART", "CHANGE_DONE"]
     # The same placement again: the job is there already.
     w.send(ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(
         workers=2, servers=1, version=2, placement=[NodePlacement(node="n3", workers=2, servers=1)])))
-    assert triggers(w)[-1] == "CHANGE_DONE" and w.log[-1] == ins.ReportProgress(changing=False, directive_version=2)
+    assert w.triggers()[-1] == "CHANGE_DONE" and w.log[-1] == ins.ReportProgress(changing=False, directive_version=2)
 
 
 def test_a_directive_with_nodes_starts_the_new_executors_there() -> None:
-    w = started()
+    w = kill_job()
     w.send(ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(workers=3, servers=1, version=1, nodes=["n2"])))
     starts = w.of(ins.StartExecutors)[-2:]
     assert [(s.count, s.nodes) for s in starts] == [(1, ["n2"]), (3, ["n2"])]       # type: ignore[union-attr]
@@ -145,22 +121,22 @@ def test_a_directive_with_nodes_starts_the_new_executors_there() -> None:
 
 
 def test_a_failed_checkpoint_resumes_training_and_answers_409() -> None:
-    w = started()
+    w = kill_job()
     w.hold = {ins.WriteCheckpoint}
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
     (ckpt,) = w.held.values()
     w.hold = set()
     n = len(w.log)
     w.fail(ckpt, "disk full")
-    assert steps_since(w, n) == ["ResumeTraining"]
+    assert w.steps_since(n) == ["ResumeTraining"]
     reply = w.of(ins.Reply)[-1]
     assert reply.status == 409 and "checkpoint: disk full" in reply.message      # type: ignore[union-attr]
-    assert w.job.shape == (2, 1) and w.job.phase is Phase.TRAINING and triggers(w)[-2:] == ["RESTART", "CHANGE_DONE"]
+    assert w.job.shape == (2, 1) and w.job.phase is Phase.TRAINING and w.triggers()[-2:] == ["RESTART", "CHANGE_DONE"]
     assert not w.of(ins.RetireExecutors)
 
 
 def test_training_that_ends_before_the_boundary_cancels_the_restart_then_finishes() -> None:
-    w = started()
+    w = kill_job()
     w.hold = {ins.PauseTraining}
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
     (pause,) = w.held.values()
@@ -169,19 +145,19 @@ def test_training_that_ends_before_the_boundary_cancels_the_restart_then_finishe
     w.hold = set()
     w.fail(pause, "the job finished training before the reshape could start")
     assert not w.of(ins.ResumeTraining) and w.of(ins.Reply)[-1].status == 409     # type: ignore[union-attr]
-    assert triggers(w)[-4:] == ["RESTART", "CHANGE_DONE", "TRAINED", "FINISHED"] and w.job.phase is Phase.SUCCEEDED
+    assert w.triggers()[-4:] == ["RESTART", "CHANGE_DONE", "TRAINED", "FINISHED"] and w.job.phase is Phase.SUCCEEDED
 
 
 def test_new_executors_that_do_not_come_put_the_job_back_as_it_was() -> None:
-    w = started()
+    w = kill_job()
     w.hold = {ins.StartExecutors}
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=2, servers=1))
-    servers, workers = held(w, ins.StartExecutors)
+    servers, workers = w.held_of(ins.StartExecutors)
     w.answer(servers)                                     # the new servers came ...
     n = len(w.log)
     w.hold = set()
     w.fail(workers, "no room on the cluster")             # ... the workers did not
-    assert steps_since(w, n) == ["RetireExecutors", "StartExecutors", "StartExecutors", "RestoreCheckpoint",
+    assert w.steps_since(n) == ["RetireExecutors", "StartExecutors", "StartExecutors", "RestoreCheckpoint",
                                  "ResumeTraining"]
     retire = w.of(ins.RetireExecutors)[-1]
     assert retire.executors == ["server-2", "server-3"] and not retire.released
@@ -192,27 +168,27 @@ def test_new_executors_that_do_not_come_put_the_job_back_as_it_was() -> None:
     assert w.of(ins.RestoreCheckpoint)[-1].directory == cut and cut.startswith("ckpt/")
     reply = w.of(ins.Reply)[-1]
     assert reply.status == 409 and "restart failed at start: no room on the cluster" in reply.message
-    assert w.job.shape == (2, 1) and w.job.phase is Phase.TRAINING and triggers(w)[-2:] == ["RESTART", "CHANGE_DONE"]
+    assert w.job.shape == (2, 1) and w.job.phase is Phase.TRAINING and w.triggers()[-2:] == ["RESTART", "CHANGE_DONE"]
 
 
 def test_a_failed_start_cancels_the_other_roles_start_first() -> None:
-    w = started()
+    w = kill_job()
     w.hold = {ins.StartExecutors}
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
-    servers, workers = held(w, ins.StartExecutors)
+    servers, workers = w.held_of(ins.StartExecutors)
     w.fail(servers, "no room")
     assert w.log[-1] == ins.CancelSteps(steps=[workers.step])
     assert w.job.phase is Phase.RESTARTING                # waits for the cancelled step to answer
     # It started one worker before the cancel took hold: that one is retired too.
     new = ExecutorInfo(executor_id="worker-9", role=Role.WORKER, container_id="c-worker-9", node="n1")
     w.hold = set()
-    fail_with(w, workers, "cancelled", executors=[new], cancelled=True)
+    w.fail(workers, "cancelled", cancelled=True, executors=[new])
     assert w.of(ins.RetireExecutors)[-1].executors == ["worker-9"]
     assert w.job.shape == (2, 1) and w.job.phase is Phase.TRAINING
 
 
 def test_a_restore_that_fails_fails_the_job() -> None:
-    w = started()
+    w = kill_job()
     w.hold = {ins.RestoreCheckpoint}
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
     (restore,) = w.held.values()
@@ -222,7 +198,7 @@ def test_a_restore_that_fails_fails_the_job() -> None:
 
 
 def test_a_failed_retire_fails_the_job() -> None:
-    w = started()
+    w = kill_job()
     w.hold = {ins.RetireExecutors}
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
     (retire,) = w.held.values()
@@ -231,12 +207,12 @@ def test_a_failed_retire_fails_the_job() -> None:
 
 
 def test_a_rollback_that_fails_too_fails_the_job() -> None:
-    w = started()
+    w = kill_job()
     w.hold = {ins.StartExecutors}
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
-    for step in held(w, ins.StartExecutors):
+    for step in w.held_of(ins.StartExecutors):
         w.fail(step, "no room")
-    back = held(w, ins.StartExecutors)
+    back = w.held_of(ins.StartExecutors)
     assert len(back) == 2 and w.job.change is not None and w.job.change.rolling_back
     w.fail(back[0], "still no room")
     assert w.job.phase is Phase.FAILED
@@ -245,7 +221,7 @@ def test_a_rollback_that_fails_too_fails_the_job() -> None:
 
 
 def test_a_loss_before_the_retire_aborts_the_restart_and_the_recovery_follows() -> None:
-    w = started()
+    w = kill_job()
     w.hold = {ins.WriteCheckpoint}
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
     (ckpt,) = w.held.values()
@@ -255,8 +231,8 @@ def test_a_loss_before_the_retire_aborts_the_restart_and_the_recovery_follows() 
     n = len(w.log)
     w.fail(ckpt, "cancelled", cancelled=True)
     # No ResumeTraining: the recovery stops training itself and goes back to the last checkpoint.
-    assert steps_since(w, n)[0] == "PauseTraining"       # the recovery's
-    assert triggers(w)[-4:] == ["RESTART", "CHANGE_DONE", "RECOVER", "CHANGE_DONE"]
+    assert w.steps_since(n)[0] == "PauseTraining"       # the recovery's
+    assert w.triggers()[-4:] == ["RESTART", "CHANGE_DONE", "RECOVER", "CHANGE_DONE"]
     assert w.of(ins.RestoreCheckpoint)[-1].directory == "ckpt/epoch-0"
     assert w.job.shape == (2, 1) and w.job.failures == 1 and w.job.phase is Phase.TRAINING
     reply = w.of(ins.Reply)[-1]
@@ -264,7 +240,7 @@ def test_a_loss_before_the_retire_aborts_the_restart_and_the_recovery_follows() 
 
 
 def test_a_loss_among_the_new_executors_is_recovered_by_the_rollback() -> None:
-    w = started()
+    w = kill_job()
     w.hold = {ins.RestoreCheckpoint}
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=1))
     (restore,) = w.held.values()
@@ -274,28 +250,28 @@ def test_a_loss_among_the_new_executors_is_recovered_by_the_rollback() -> None:
     w.hold = set()
     n = len(w.log)
     w.fail(restore, "cancelled", cancelled=True)
-    assert steps_since(w, n) == ["RetireExecutors", "StartExecutors", "StartExecutors", "RestoreCheckpoint",
+    assert w.steps_since(n) == ["RetireExecutors", "StartExecutors", "StartExecutors", "RestoreCheckpoint",
                                  "ResumeTraining"]
     assert sorted(w.of(ins.RetireExecutors)[-1].executors) == ["server-3", "worker-3", "worker-4", "worker-5"]
     assert w.of(ins.RestoreCheckpoint)[-1].directory == cut
-    assert "RECOVER" not in triggers(w) and not w.job.pending_losses and w.job.failures == 1
+    assert "RECOVER" not in w.triggers() and not w.job.pending_losses and w.job.failures == 1
     assert w.job.shape == (2, 1) and w.job.phase is Phase.TRAINING
 
 
 def test_a_loss_once_restored_leaves_the_new_shape_to_the_recovery() -> None:
-    w = started()
+    w = kill_job()
     w.hold = {ins.ResumeTraining}
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=0, servers=1))
     (resume,) = w.held.values()
     w.send(ev.ExecutorLost(at=w.at(), executor_id="server-2", description="server-2 exited 137"))
     w.hold = set()
     w.fail(resume, "cancelled", cancelled=True)
-    assert triggers(w)[-3:] == ["CHANGE_DONE", "RECOVER", "CHANGE_DONE"]
+    assert w.triggers()[-3:] == ["CHANGE_DONE", "RECOVER", "CHANGE_DONE"]
     assert w.job.shape == (2, 2) and w.job.phase is Phase.TRAINING
 
 
 def test_a_user_code_error_during_a_restart_fails_the_job() -> None:
-    w = started()
+    w = kill_job()
     w.hold = {ins.RestoreCheckpoint}
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
     (restore,) = w.held.values()
@@ -308,5 +284,5 @@ def test_an_eps_job_never_restarts() -> None:
     w = World(job_state())
     w.start()
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
-    assert "RESTART" not in triggers(w) and not w.of(ins.PauseTraining)
+    assert "RESTART" not in w.triggers() and not w.of(ins.PauseTraining)
     assert ChangeKind.RESTART.value == "restart"

@@ -13,38 +13,19 @@ from appmaster.ps.controller.records import Role
 from appmaster.ps.controller.rules import PAUSED_RULES, Arrival, Rule, rule
 from protocol.internal_api import NodePlacement, RunState, ShapeDirective
 from protocol.records import Resource
-from tests.support.controller_world import World, job_state
+from tests.support.controller_world import World, job_state, started
 
 
-def started(**spec: object) -> World:
-    w = World(job_state(**spec))
-    w.start()
-    assert w.job.phase is Phase.TRAINING
-    return w
-
-
-def triggers(w: World) -> list[str]:
-    return [t for _, t, _ in w.job.history]
-
-
-def steps_since(w: World, n: int) -> list[str]:
-    return [type(i).__name__ for i in w.log[n:] if isinstance(i, ins.STEP_TYPES)]
-
-
-def directive(version: int, run_state: RunState = RunState.RUN, workers: int = 2, servers: int = 1,
+def directive(w: World, version: int, run_state: RunState = RunState.RUN, workers: int = 2, servers: int = 1,
               placement: Optional[list[NodePlacement]] = None, resource: Optional[Resource] = None) -> ev.DirectiveArrived:
-    return ev.DirectiveArrived(at=0.0, directive=ShapeDirective(
+    return ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(
         workers=workers, servers=servers, version=version, run_state=run_state, placement=placement or [],
         nodes=[p.node for p in placement or []], executor_resource=resource))
 
 
-def send(w: World, e: ev.Event) -> list[ins.Instruction]:
-    return w.send(e.__class__(**{**{f: getattr(e, f) for f in e.__struct_fields__}, "at": w.at()}))
-
-
 def paused(**spec: object) -> World:
     w = started(**spec)
-    send(w, directive(1, RunState.PAUSE))
+    w.send(directive(w, 1, RunState.PAUSE))
     assert w.job.phase is Phase.PAUSED
     return w
 
@@ -53,28 +34,28 @@ def test_a_pause_stops_at_a_boundary_checkpoints_and_gives_every_executor_back()
     w = started()
     everyone = sorted(w.job.ids(Role.WORKER) + w.job.ids(Role.SERVER))
     n = len(w.log)
-    send(w, directive(1, RunState.PAUSE))
-    assert steps_since(w, n) == ["PauseTraining", "WriteCheckpoint", "RetireExecutors"]
+    w.send(directive(w, 1, RunState.PAUSE))
+    assert w.steps_since(n) == ["PauseTraining", "WriteCheckpoint", "RetireExecutors"]
     ckpt = w.of(ins.WriteCheckpoint)[-1]
     retire = w.of(ins.RetireExecutors)[-1]
     assert ckpt.reason == "pause" and sorted(retire.executors) == everyone and retire.released
     assert w.job.phase is Phase.PAUSED and w.job.change is None and w.job.shape == (0, 0)
     assert w.job.checkpoints[-1] == (ckpt.epoch, f"ckpt/epoch-{ckpt.epoch}")
-    assert triggers(w)[-2:] == ["PAUSE", "PAUSED"]
+    assert w.triggers()[-2:] == ["PAUSE", "PAUSED"]
     assert w.log[-1] == ins.ReportProgress(changing=False, directive_version=1)
 
 
 def test_while_paused_scale_and_checkpoint_are_refused_and_nothing_is_a_loss() -> None:
     w = paused()
-    send(w, ev.ScaleRequested(at=0.0, request=1, workers=1, servers=0))
+    w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
     assert w.log[-1] == ins.Reply(request=1, status=409, message="the job is paused: its shape changes when it resumes")
-    send(w, ev.CheckpointRequested(at=0.0, request=2))
+    w.send(ev.CheckpointRequested(at=w.at(), request=2))
     assert w.log[-1].status == 409            # type: ignore[union-attr]
-    send(w, ev.ContainersCompleted(at=0.0, containers=[("c-server-1", "exited 143")]))
-    send(w, ev.PlanProposed(at=0.0, ops=[]))
+    w.send(ev.ContainersCompleted(at=w.at(), containers=[("c-server-1", "exited 143")]))
+    w.send(ev.PlanProposed(at=w.at(), ops=[]))
     assert w.job.failures == 0 and w.job.phase is Phase.PAUSED
     n = len(w.log)
-    send(w, directive(2, RunState.PAUSE))     # a repeat of the pause: acted on, nothing to do
+    w.send(directive(w, 2, RunState.PAUSE))     # a repeat of the pause: acted on, nothing to do
     assert w.log[n:] == [ins.ReportProgress(changing=False, directive_version=2)]
     assert rule(None, Arrival.DIRECTIVE, paused=True) is Rule.START and PAUSED_RULES[Arrival.LOSS] is Rule.IGNORE
 
@@ -84,28 +65,28 @@ def test_a_resume_starts_the_directives_placement_and_restores_the_pauses_cut() 
     cut = w.job.checkpoints[-1][1]
     n = len(w.log)
     placement = [NodePlacement(node="n2", workers=1, servers=1), NodePlacement(node="n3", workers=2)]
-    send(w, directive(2, RunState.RESUME, workers=3, servers=1, placement=placement))
-    assert steps_since(w, n) == ["StartExecutors", "StartExecutors", "RestoreCheckpoint", "ResumeTraining"]
+    w.send(directive(w, 2, RunState.RESUME, workers=3, servers=1, placement=placement))
+    assert w.steps_since(n) == ["StartExecutors", "StartExecutors", "RestoreCheckpoint", "ResumeTraining"]
     servers, workers = w.of(ins.StartExecutors)[-2:]
     assert (servers.per_node, workers.per_node) == ({"n2": 1}, {"n2": 1, "n3": 2})  # type: ignore[union-attr]
     restore = w.of(ins.RestoreCheckpoint)[-1]
     assert restore.directory == cut and len(restore.workers) == 3
     assert w.job.phase is Phase.TRAINING and w.job.shape == (3, 1) and w.job.applied_directive == 2
-    assert triggers(w)[-2:] == ["RESUME", "CHANGE_DONE"]
+    assert w.triggers()[-2:] == ["RESUME", "CHANGE_DONE"]
     assert (Phase.PAUSED, "RESUME", Phase.RESUMING) in w.job.history
 
 
 def test_a_run_directive_resumes_too_and_a_resume_while_running_is_a_reshape() -> None:
     w = paused()
-    send(w, directive(2, RunState.RUN, workers=2, servers=1))
-    assert w.job.phase is Phase.TRAINING and triggers(w)[-2:] == ["RESUME", "CHANGE_DONE"]
-    send(w, directive(3, RunState.RESUME, workers=3, servers=1))          # running: EPS adds a worker
-    assert triggers(w)[-2:] == ["RESHAPE", "CHANGE_DONE"] and w.job.shape == (3, 1)
+    w.send(directive(w, 2, RunState.RUN, workers=2, servers=1))
+    assert w.job.phase is Phase.TRAINING and w.triggers()[-2:] == ["RESUME", "CHANGE_DONE"]
+    w.send(directive(w, 3, RunState.RESUME, workers=3, servers=1))          # running: EPS adds a worker
+    assert w.triggers()[-2:] == ["RESHAPE", "CHANGE_DONE"] and w.job.shape == (3, 1)
 
 
 def test_a_resume_sizes_the_executors_as_the_directive_says() -> None:
     w = paused()
-    send(w, directive(2, RunState.RESUME, resource=Resource(memory=1024, vcores=2)))
+    w.send(directive(w, 2, RunState.RESUME, resource=Resource(memory=1024, vcores=2)))
     assert (w.job.memory_mb, w.job.vcores) == (1024, 2) and w.job.size == (1024, 2)
     assert w.job.phase is Phase.TRAINING
 
@@ -113,29 +94,29 @@ def test_a_resume_sizes_the_executors_as_the_directive_says() -> None:
 def test_a_directive_while_pausing_is_kept_and_applied_once_paused() -> None:
     w = started()
     w.hold = {ins.RetireExecutors}
-    send(w, directive(1, RunState.PAUSE))
+    w.send(directive(w, 1, RunState.PAUSE))
     assert w.job.phase is Phase.PAUSING
-    send(w, ev.ScaleRequested(at=0.0, request=1, workers=1, servers=0))
+    w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
     assert w.log[-1] == ins.Reply(request=1, status=409, message="another change is running (pause)")
-    send(w, ev.CheckpointRequested(at=0.0, request=2))
+    w.send(ev.CheckpointRequested(at=w.at(), request=2))
     assert w.log[-1].status == 409            # type: ignore[union-attr]
-    send(w, directive(2, RunState.RESUME, workers=3))
+    w.send(directive(w, 2, RunState.RESUME, workers=3))
     assert w.job.kept_directive is not None and w.job.kept_directive.version == 2
     w.hold = set()
     (retire,) = w.held.values()
     w.answer(retire)
-    assert triggers(w)[-4:] == ["PAUSE", "PAUSED", "RESUME", "CHANGE_DONE"]
+    assert w.triggers()[-4:] == ["PAUSE", "PAUSED", "RESUME", "CHANGE_DONE"]
     assert w.job.phase is Phase.TRAINING and w.job.shape == (3, 1) and w.job.kept_directive is None
 
 
 def test_a_pause_that_training_outran_ends_back_in_training() -> None:
     w = started()
     w.hold = {ins.PauseTraining}
-    send(w, directive(1, RunState.PAUSE))
+    w.send(directive(w, 1, RunState.PAUSE))
     (pause,) = w.held.values()
     w.hold = set()
     w.fail(pause, "the job finished training before it could pause")
-    assert triggers(w)[-2:] == ["PAUSE", "CHANGE_DONE"] and w.job.phase is Phase.TRAINING
+    assert w.triggers()[-2:] == ["PAUSE", "CHANGE_DONE"] and w.job.phase is Phase.TRAINING
     assert (Phase.PAUSING, "CHANGE_DONE", Phase.TRAINING) in w.job.history
     assert w.job.shape == (2, 1) and not w.of(ins.RetireExecutors) and not w.of(ins.ResumeTraining)
 
@@ -143,25 +124,25 @@ def test_a_pause_that_training_outran_ends_back_in_training() -> None:
 def test_a_pause_whose_checkpoint_fails_resumes_training() -> None:
     w = started()
     w.hold = {ins.WriteCheckpoint}
-    send(w, directive(1, RunState.PAUSE))
+    w.send(directive(w, 1, RunState.PAUSE))
     (ckpt,) = [s for s in w.held.values() if s.step > 3]
     w.hold = set()
     n = len(w.log)
     w.fail(ckpt, "disk full")
-    assert steps_since(w, n) == ["ResumeTraining"]
+    assert w.steps_since(n) == ["ResumeTraining"]
     assert w.job.phase is Phase.TRAINING and w.job.shape == (2, 1)
 
 
 def test_a_loss_while_pausing_aborts_the_pause_and_the_recovery_follows() -> None:
     w = started()
     w.hold = {ins.PauseTraining}
-    send(w, directive(1, RunState.PAUSE))
+    w.send(directive(w, 1, RunState.PAUSE))
     (pause,) = w.held.values()
-    send(w, ev.ContainersCompleted(at=0.0, containers=[("c-server-1", "exited 137")]))
+    w.send(ev.ContainersCompleted(at=w.at(), containers=[("c-server-1", "exited 137")]))
     assert w.log[-1] == ins.CancelSteps(steps=[pause.step])
     w.hold = set()
     w.fail(pause, "cancelled", cancelled=True)
-    assert triggers(w)[-4:] == ["PAUSE", "CHANGE_DONE", "RECOVER", "CHANGE_DONE"]
+    assert w.triggers()[-4:] == ["PAUSE", "CHANGE_DONE", "RECOVER", "CHANGE_DONE"]
     assert w.job.phase is Phase.TRAINING and w.job.failures == 1
 
 
@@ -169,78 +150,78 @@ def test_a_resume_that_gets_no_executors_stays_paused_and_is_tried_again() -> No
     w = paused()
     cut = w.job.checkpoints[-1]
     w.hold = {ins.StartExecutors}
-    send(w, directive(2, RunState.RESUME))
-    servers, workers = sorted(w.held.values(), key=lambda s: s.step)
+    w.send(directive(w, 2, RunState.RESUME))
+    servers, workers = w.held_of(ins.StartExecutors)
     w.answer(servers)                                   # a server came, the workers did not
     w.hold = set()
     w.fail(workers, "no containers on n2")
     retire = w.of(ins.RetireExecutors)[-1]
     assert retire.executors == ["server-2"] and not retire.released
     assert w.job.phase is Phase.PAUSED and w.job.change is None and w.job.checkpoints[-1] == cut
-    assert triggers(w)[-2:] == ["RESUME", "PAUSED"]
+    assert w.triggers()[-2:] == ["RESUME", "PAUSED"]
     assert (Phase.RESUMING, "PAUSED", Phase.PAUSED) in w.job.history
     timer = w.of(ins.SetTimer)[-1]
     assert timer.timer == "resume:v2:1" and timer.at == w.now - 1.0 + RESUME_RETRY_S
-    send(w, ev.TimerFired(at=0.0, timer="some other timer"))
+    w.send(ev.TimerFired(at=w.at(), timer="some other timer"))
     assert w.job.phase is Phase.PAUSED
-    send(w, ev.TimerFired(at=0.0, timer=timer.timer))
-    assert triggers(w)[-2:] == ["RESUME", "CHANGE_DONE"] and w.job.phase is Phase.TRAINING
+    w.send(ev.TimerFired(at=w.at(), timer=timer.timer))
+    assert w.triggers()[-2:] == ["RESUME", "CHANGE_DONE"] and w.job.phase is Phase.TRAINING
     assert w.of(ins.RestoreCheckpoint)[-1].directory == cut[1] and w.job.resume_retry is None
 
 
 def test_a_resume_is_tried_at_most_resume_tries_times() -> None:
     w = paused()
     w.hold = {ins.StartExecutors}
-    send(w, directive(2, RunState.RESUME))
+    w.send(directive(w, 2, RunState.RESUME))
     for attempt in range(RESUME_TRIES):
-        starts = sorted(w.held.values(), key=lambda s: s.step)
+        starts = w.held_of(ins.StartExecutors)
         assert len(starts) == 2, attempt
         for s in starts:
             if s.step in w.held:
                 w.fail(s, "no room")
         assert w.job.phase is Phase.PAUSED
         if attempt + 1 < RESUME_TRIES:
-            send(w, ev.TimerFired(at=0.0, timer=f"resume:v2:{attempt + 1}"))
+            w.send(ev.TimerFired(at=w.at(), timer=f"resume:v2:{attempt + 1}"))
     assert len(w.of(ins.SetTimer)) == RESUME_TRIES - 1 and w.job.resume_retry is None
-    assert triggers(w).count("RESUME") == RESUME_TRIES
+    assert w.triggers().count("RESUME") == RESUME_TRIES
     w.hold = set()
-    send(w, directive(3, RunState.RESUME))              # a newer directive still resumes it
+    w.send(directive(w, 3, RunState.RESUME))              # a newer directive still resumes it
     assert w.job.phase is Phase.TRAINING
 
 
 def test_a_newer_directive_supersedes_the_retry() -> None:
     w = paused()
     w.hold = {ins.StartExecutors}
-    send(w, directive(2, RunState.RESUME))
-    for s in sorted(w.held.values(), key=lambda s: s.step):
+    w.send(directive(w, 2, RunState.RESUME))
+    for s in w.held_of(ins.StartExecutors):
         if s.step in w.held:
             w.fail(s, "no room")
     timer = w.of(ins.SetTimer)[-1].timer
     w.hold = set()
-    send(w, directive(3, RunState.PAUSE))               # the policy wants it paused now
+    w.send(directive(w, 3, RunState.PAUSE))               # the policy wants it paused now
     n = len(w.job.history)
-    send(w, ev.TimerFired(at=0.0, timer=timer))
+    w.send(ev.TimerFired(at=w.at(), timer=timer))
     assert len(w.job.history) == n and w.job.phase is Phase.PAUSED
 
 
 def test_a_loss_while_resuming_pauses_the_job_again() -> None:
     w = paused()
     w.hold = {ins.RestoreCheckpoint}
-    send(w, directive(2, RunState.RESUME))
+    w.send(directive(w, 2, RunState.RESUME))
     (restore,) = w.held.values()
-    send(w, ev.ExecutorLost(at=0.0, executor_id="server-2", description="server-2 exited 137"))
+    w.send(ev.ExecutorLost(at=w.at(), executor_id="server-2", description="server-2 exited 137"))
     assert w.log[-1] == ins.CancelSteps(steps=[restore.step])
     w.hold = set()
     w.fail(restore, "cancelled", cancelled=True)
     assert sorted(w.of(ins.RetireExecutors)[-1].executors) == ["worker-3", "worker-4"]
     assert w.job.phase is Phase.PAUSED and not w.job.pending_losses and w.job.resume_retry is not None
-    assert "RECOVER" not in triggers(w)
+    assert "RECOVER" not in w.triggers()
 
 
 def test_a_resume_whose_restore_fails_fails_the_job() -> None:
     w = paused()
     w.hold = {ins.RestoreCheckpoint}
-    send(w, directive(2, RunState.RESUME))
+    w.send(directive(w, 2, RunState.RESUME))
     (restore,) = w.held.values()
     w.fail(restore, "checkpoint unreadable")
     assert w.job.phase is Phase.FAILED and w.of(ins.Finish)[-1].final_status == "FAILED"
@@ -248,10 +229,10 @@ def test_a_resume_whose_restore_fails_fails_the_job() -> None:
 
 def test_stop_and_user_errors_while_paused() -> None:
     w = paused()
-    send(w, ev.StopRequested(at=0.0, reason="stopped by SIGTERM"))
+    w.send(ev.StopRequested(at=w.at(), reason="stopped by SIGTERM"))
     assert w.job.phase is Phase.KILLED and w.log[-1] == ins.Finish(final_status=None, diagnostics="stopped by SIGTERM")
     w = paused()
-    send(w, ev.UserCodeError(at=0.0, message="user app raised"))
+    w.send(ev.UserCodeError(at=w.at(), message="user app raised"))
     assert w.job.phase is Phase.FAILED
 
 
@@ -260,42 +241,42 @@ def test_another_executor_size_migrates_the_job_through_a_checkpoint() -> None:
     old = sorted(w.job.ids(Role.WORKER) + w.job.ids(Role.SERVER))
     n = len(w.log)
     placement = [NodePlacement(node="n3", workers=2, servers=1)]
-    send(w, directive(1, workers=2, servers=1, placement=placement, resource=Resource(memory=2048, vcores=2)))
-    assert steps_since(w, n) == ["PauseTraining", "WriteCheckpoint", "RetireExecutors", "StartExecutors",
+    w.send(directive(w, 1, workers=2, servers=1, placement=placement, resource=Resource(memory=2048, vcores=2)))
+    assert w.steps_since(n) == ["PauseTraining", "WriteCheckpoint", "RetireExecutors", "StartExecutors",
                                  "StartExecutors", "RestoreCheckpoint", "ResumeTraining"]
     assert w.of(ins.WriteCheckpoint)[-1].reason == "migrate"
     assert sorted(w.of(ins.RetireExecutors)[-1].executors) == old
     assert w.of(ins.RestoreCheckpoint)[-1].directory == w.job.checkpoints[-1][1]
     assert (w.job.memory_mb, w.job.vcores) == (2048, 2)
     assert {w.job.node_of(e) for e in w.job.ids(Role.WORKER) + w.job.ids(Role.SERVER)} == {"n3"}
-    assert triggers(w)[-2:] == ["MIGRATE", "CHANGE_DONE"] and w.job.phase is Phase.TRAINING
+    assert w.triggers()[-2:] == ["MIGRATE", "CHANGE_DONE"] and w.job.phase is Phase.TRAINING
     assert (Phase.TRAINING, "MIGRATE", Phase.MIGRATING) in w.job.history
 
 
 def test_a_directive_repeating_the_jobs_size_is_no_migration() -> None:
     w = started()
     spec = w.job.spec
-    send(w, directive(1, resource=Resource(memory=spec.executor_memory_mb, vcores=spec.executor_vcores)))
-    assert "MIGRATE" not in triggers(w) and w.log[-1] == ins.ReportProgress(changing=False, directive_version=1)
+    w.send(directive(w, 1, resource=Resource(memory=spec.executor_memory_mb, vcores=spec.executor_vcores)))
+    assert "MIGRATE" not in w.triggers() and w.log[-1] == ins.ReportProgress(changing=False, directive_version=1)
 
 
 def test_a_migration_that_gets_no_executors_goes_back_to_the_old_size_and_shape() -> None:
     w = started()
     w.hold = {ins.StartExecutors}
-    send(w, directive(1, workers=3, resource=Resource(memory=2048, vcores=2)))
+    w.send(directive(w, 1, workers=3, resource=Resource(memory=2048, vcores=2)))
     assert w.job.phase is Phase.MIGRATING and (w.job.memory_mb, w.job.vcores) == (2048, 2)
-    send(w, ev.ScaleRequested(at=0.0, request=1, workers=1, servers=0))
+    w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
     assert w.log[-1] == ins.Reply(request=1, status=409, message="another change is running (migrate)")
-    send(w, directive(2, workers=4))
+    w.send(directive(w, 2, workers=4))
     assert w.job.kept_directive is not None
-    for s in sorted(w.held.values(), key=lambda s: s.step):
+    for s in w.held_of(ins.StartExecutors):
         if s.step in w.held:
             w.fail(s, "no 2048 MB containers")
     w.hold = set()
-    for s in sorted(w.held.values(), key=lambda s: s.step):     # going back: the old size, anywhere
+    for s in w.held_of(ins.StartExecutors):     # going back: the old size, anywhere
         w.answer(s)
     assert (w.job.memory_mb, w.job.vcores) == (None, None)
-    assert triggers(w)[-4:] == ["MIGRATE", "CHANGE_DONE", "RESHAPE", "CHANGE_DONE"]   # then the kept directive
+    assert w.triggers()[-4:] == ["MIGRATE", "CHANGE_DONE", "RESHAPE", "CHANGE_DONE"]   # then the kept directive
     assert w.job.shape == (4, 1) and w.job.phase is Phase.TRAINING
 
 
@@ -305,21 +286,21 @@ def _held_in(phase: Phase) -> World:
         w = World(job_state(elastic_mode="kill"))
         w.start()
         w.hold = {ins.RestoreCheckpoint}
-        send(w, ev.ScaleRequested(at=0.0, request=1, workers=1, servers=0))
+        w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
     elif phase is Phase.MIGRATING:
         w = started()
         w.hold = {ins.RestoreCheckpoint}
-        send(w, directive(1, resource=Resource(memory=2048, vcores=2)))
+        w.send(directive(w, 1, resource=Resource(memory=2048, vcores=2)))
     elif phase is Phase.PAUSING:
         w = started()
         w.hold = {ins.RetireExecutors}
-        send(w, directive(1, RunState.PAUSE))
+        w.send(directive(w, 1, RunState.PAUSE))
     elif phase is Phase.PAUSED:
         w = paused()
     else:
         w = paused()
         w.hold = {ins.RestoreCheckpoint}
-        send(w, directive(2, RunState.RESUME))
+        w.send(directive(w, 2, RunState.RESUME))
     assert w.job.phase is phase
     return w
 
@@ -334,7 +315,7 @@ def test_every_transition_into_and_out_of_the_stopping_phases_is_exercised() -> 
     for phase in STOPPING:
         for end in (ev.StopRequested(at=0.0, reason="stopped"), ev.UserCodeError(at=0.0, message="raised")):
             w = _held_in(phase)
-            send(w, end)
+            w.send(end)
             assert w.job.phase is (Phase.KILLED if isinstance(end, ev.StopRequested) else Phase.FAILED)
             seen |= set(w.job.history)
         w = _held_in(phase)
@@ -344,14 +325,14 @@ def test_every_transition_into_and_out_of_the_stopping_phases_is_exercised() -> 
         seen |= set(w.job.history)
     w = _held_in(Phase.PAUSED)
     w.hold = {ins.StartExecutors}
-    send(w, directive(2, RunState.RESUME))
-    for step in sorted(w.held.values(), key=lambda s: s.step):
+    w.send(directive(w, 2, RunState.RESUME))
+    for step in w.held_of(ins.StartExecutors):
         if step.step in w.held:
             w.fail(step, "no room")
     seen |= set(w.job.history)
     w = started()
     w.hold = {ins.PauseTraining}
-    send(w, directive(1, RunState.PAUSE))
+    w.send(directive(w, 1, RunState.PAUSE))
     w.fail(next(iter(w.held.values())), "training ended first")
     seen |= set(w.job.history)
     expected = {(a, t.value, b) for (a, t), b in LIFECYCLE.items() if {a, b} & set(STOPPING)}
