@@ -1,11 +1,13 @@
 """`elastane ps submit --wait` and `elastane ps status` end to end on a real localhost cluster
 (RM + 3 NMs as processes): a tiny MLR job trains, the command exits 0 and prints the final
-objective and held-out metrics, and the status of the finished job is what the RM knows."""
+objective and held-out metrics, the status of the finished job is what the RM knows, and the AM's
+final status.json decodes as the PsStatus record its /status served, saying the same."""
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from conftest import get_app, pids_with_env
 from polling import wait_until
 from protocol import container_env
+from protocol.ps_status import FINAL_STATUS_FILE, read_status
 
 pytestmark = pytest.mark.cluster
 
@@ -24,6 +27,11 @@ def elastane(cluster: Any, *args: str, timeout_s: float = 180) -> subprocess.Com
 
 def report(out: str) -> dict[str, str]:
     return {k.strip(): v.strip() for k, sep, v in (ln.partition(" : ") for ln in out.splitlines()) if sep}
+
+
+def final_report_line(out: str) -> str:
+    """The held-out metrics line `ps submit --wait` ends with."""
+    return report(out)["Held-Out-Metrics"]
 
 
 def test_ps_submit_wait_trains_a_tiny_mlr_job_and_prints_its_result(cluster: Any) -> None:
@@ -52,4 +60,19 @@ def test_ps_submit_wait_trains_a_tiny_mlr_job_and_prints_its_result(cluster: Any
     status = report(s.stdout)
     assert (status["State"], status["Final-Status"]) == ("FINISHED", "SUCCEEDED")
     assert status["Final-Objective"] == f"{objective} after 4 epochs"
+
+    # The AM's durable final status is the record /status served, decoded as such.
+    durable = read_status((Path(cluster.base_dir) / "rm" / "apps" / app_id / FINAL_STATUS_FILE).read_bytes())
+    assert (durable.app, durable.application_id, durable.state) == ("mlr", app_id, "SUCCEEDED")
+    assert (durable.epoch, durable.max_epochs, durable.stop_criterion) == (4, 4, "epoch limit")
+    assert durable.spec is not None and (durable.spec.workers, durable.spec.servers) == (2, 1)
+    assert [e.epoch for e in durable.objective_history] == [0, 1, 2, 3]
+    last = durable.objective_history[-1].objective
+    assert last is not None and f"{last:.6g}" == objective
+    assert durable.checkpoints and durable.checkpoints[-1].epoch == 4 and Path(durable.checkpoints[-1].dir).is_dir()
+    assert durable.final_metrics is not None
+    assert f"accuracy {durable.final_metrics['accuracy']:.4g}" in final_report_line(r.stdout)
+    assert durable.shape is not None and sorted(e.role for e in durable.shape.executors) == ["server", "worker", "worker"]
+    assert durable.shape_history == [] and durable.recovery is not None and durable.recovery.failures == 0
+    assert set(durable.metrics.workers) == {"worker-0", "worker-1"} and durable.eps is not None
     wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")

@@ -24,6 +24,8 @@ from conftest import (FINAL_STATES, am_control_headers, app_post_mortem, get_app
                       running_cluster, submit_app, wait_app, warm_pids_with)
 from polling import wait_until
 from protocol import container_env, tokens
+from protocol.ps_status import FINAL_STATUS_FILE, PsStatus, decode_status, read_status
+from protocol.shape_history import EpsChange
 from psruntime.store.checkpoint import load_manifests
 from psruntime.store.ownership_table import block_of
 
@@ -58,8 +60,16 @@ def http(url: str, body: Any = None, timeout_s: float = 300.0, headers: dict[str
         return e.code, json.loads(e.read())
 
 
-def final_status(cluster: Any, app_id: str) -> dict[str, Any]:
-    return json.loads((Path(cluster.base_dir) / "rm" / "apps" / app_id / "status.json").read_text())
+def final_status(cluster: Any, app_id: str) -> PsStatus:
+    """The AM's status.json, decoded as the record it wrote."""
+    return read_status((Path(cluster.base_dir) / "rm" / "apps" / app_id / FINAL_STATUS_FILE).read_bytes())
+
+
+def am_status(url: str) -> PsStatus:
+    """The AM's GET /status, decoded as the record it serves."""
+    code, body = http(url + "/status")
+    assert code == 200, body
+    return decode_status(body)
 
 
 def gone(cluster: Any, app_id: str) -> None:
@@ -73,7 +83,7 @@ def reference(eps_cluster: Any) -> str:
     return submit_app(eps_cluster.rm_url, build_ps_submission(SPEC, name="eps-reference", am_memory=384))
 
 
-def reference_run(cluster: Any, app_id: str) -> dict[str, Any]:
+def reference_run(cluster: Any, app_id: str) -> PsStatus:
     app = wait_app(cluster.rm_url, app_id, ("FINISHED",), 300)
     assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
     gone(cluster, app_id)
@@ -97,7 +107,7 @@ def test_add_and_remove_each_role_while_training_follows_the_unchanged_run(
     try:
         url = wait_until(lambda: (a := get_app(eps_cluster.rm_url, app_id))["state"] == "RUNNING"
                          and a.get("trackingUrl"), 60, "the AM's tracking URL").rstrip("/")
-        wait_until(lambda: len(http(url + "/status")[1]["objective_history"]) >= 2, 120, "two epochs trained")
+        wait_until(lambda: len(am_status(url).objective_history) >= 2, 120, "two epochs trained")
         status = check_elastic_job(eps_cluster, app_id, url, cli, capsys)
     except BaseException as e:
         e.add_note(app_post_mortem(eps_cluster, app_id))
@@ -109,25 +119,26 @@ def test_add_and_remove_each_role_while_training_follows_the_unchanged_run(
     ref = reference_run(eps_cluster, reference)
 
     # BSP epochs stayed consistent, and the trajectory follows the unchanged run of the same seed.
-    hist = status["objective_history"]
-    assert [h["epoch"] for h in hist] == list(range(len(hist))) and len(hist) >= REFERENCE_EPOCHS
-    elastic = [h["objective"] for h in hist[:REFERENCE_EPOCHS]]
-    unchanged = [h["objective"] for h in ref["objective_history"]]
-    assert len(unchanged) == REFERENCE_EPOCHS
-    worst = max(abs(a - b) / abs(b) for a, b in zip(elastic, unchanged))
+    hist = status.objective_history
+    assert [h.epoch for h in hist] == list(range(len(hist))) and len(hist) >= REFERENCE_EPOCHS
+    elastic = [h.objective for h in hist[:REFERENCE_EPOCHS]]
+    unchanged = [h.objective for h in ref.objective_history]
+    assert len(unchanged) == REFERENCE_EPOCHS and None not in elastic + unchanged    # every objective finite
+    worst = max(abs(a - b) / abs(b) for a, b in zip(elastic, unchanged) if a is not None and b is not None)
     assert worst <= TOLERANCE, (worst, elastic, unchanged)
 
 
-def check_job_secret_stays_in_the_environment(cluster: Any, app_id: str, status: dict[str, Any]) -> None:
+def check_job_secret_stays_in_the_environment(cluster: Any, app_id: str, status: PsStatus) -> None:
     """The attempt's job secret reached the AM and every executor through their environment, and
     no command line, launch script, log or state file holds it."""
-    secret = tokens.job_secret(cluster.secret, status["attempt_id"])
+    assert status.attempt_id is not None and status.shape is not None
+    secret = tokens.job_secret(cluster.secret, status.attempt_id)
     holders = set(pids_with_env(container_env.JOB_SECRET, secret))
     job = set(pids_with_env(container_env.APP_ID, app_id))
     # Executors forked warm from an NM's zygote got their environment in memory, not in /proc:
     # that they hold the secret shows in their authenticated data plane (the job trains).
     warm = set(warm_pids_with(container_env.APP_ID, app_id))
-    pids = {e["pid"] for e in status["shape"]["executors"] if e["state"] == "READY"}
+    pids = {e.pid for e in status.shape.serving()}
     assert pids and pids <= holders | warm and holders <= job and holders - pids    # the executors and the AM
     for pid in job:
         assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -137,18 +148,18 @@ def check_job_secret_stays_in_the_environment(cluster: Any, app_id: str, status:
 
 
 def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
-                      capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+                      capsys: pytest.CaptureFixture[str]) -> PsStatus:
     """Every change and every refusal, checked on the running job; returns its last status."""
     # The AM's control endpoints act only with the app's token (users go through the RM): without
     # one 401, with a forged one 403, and nothing changes; /status stays readable.
     code, err = http(url + "/scale", {"workers": 1})
     assert code == 401 and "token" in err["RemoteException"]["message"], err
-    forged = tokens.am_control_token("not the job secret", http(url + "/status")[1]["attempt_id"])
+    forged = tokens.am_control_token("not the job secret", am_status(url).attempt_id or "")
     code, err = http(url + "/scale", {"workers": 1}, headers=tokens.bearer(forged))
     assert code == 403, err
     code, err = http(url + "/checkpoint", {})
     assert code == 401, err
-    check_job_secret_stays_in_the_environment(cluster, app_id, http(url + "/status")[1])
+    check_job_secret_stays_in_the_environment(cluster, app_id, am_status(url))
     # Through the RM another user is refused (403, the app ACL), and nothing changes.
     assert cli(["ps", "scale", app_id, "--workers", "+1", "--rm", cluster.rm_url, "--user", "mallory"]) == 1
     assert "403" in capsys.readouterr().err
@@ -159,13 +170,15 @@ def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
                       ({}, "nothing to change"), ({"workers": "x"}, "workers"), ({"cores": 1}, "cores")]:
         code, err = http(url + "/scale", body, headers=auth)
         assert code == 400 and msg in err["RemoteException"]["message"], (body, err)
-    assert http(url + "/status")[1]["eps"]["history"] == []
+    eps = am_status(url).eps
+    assert eps is not None and eps.history == []
 
     # add_workers(1) over HTTP; a second change while it runs gets 409.
     result: dict[str, Any] = {}
     t = threading.Thread(target=lambda: result.update(changes=scale(url, auth, workers=1)))
     t.start()
-    wait_until(lambda: http(url + "/status")[1]["eps"]["running"] or not t.is_alive(), 60, "the change running")
+    wait_until(lambda: (e := am_status(url).eps) is not None and e.running or not t.is_alive(), 60,
+               "the change running")
     code, err = http(url + "/scale", {"servers": 1}, headers=auth)
     t.join(120)
     assert code == 409 and "another change is running" in err["RemoteException"]["message"], err
@@ -185,14 +198,14 @@ def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
     # ... and returns once the RM's record of the job has the new shape (what `app status` shows)
     current = rest(cluster.rm_url, "GET", f"/ws/v1/cluster/apps/{app_id}/shape")["shape"]["current"]
     assert (current["workers"], current["servers"], current["changing"]) == (3, 3, False), current
-    status = http(url + "/status")[1]
-    add_s = status["eps"]["history"][-1]
+    eps = am_status(url).eps
+    assert eps is not None
+    add_s = eps.history[-1]
     audit_block = block_of("eps:minibatches", SPEC["blocks"])
-    assert add_s["op"] == "add_servers" and add_s["blocks_moved"] == 4
-    assert {"allocate", "start", "register", "move_blocks"} <= add_s["phases"].keys()
-    assert audit_block in [t["item"] for t in add_s["transfers"]]        # the audit key migrates
-    assert (status["eps"]["workers"], status["eps"]["servers"]) == (["worker-0", "worker-1", "worker-2"],
-                                                                    ["server-0", "server-1", "server-2"])
+    assert add_s.op == "add_servers" and add_s.blocks_moved == 4
+    assert {"allocate", "start", "register", "move_blocks"} <= add_s.phases.keys()
+    assert audit_block in [t.item for t in add_s.transfers if t.kind == "block"]    # the audit key migrates
+    assert (eps.workers, eps.servers) == (["worker-0", "worker-1", "worker-2"], ["server-0", "server-1", "server-2"])
 
     # Down to one worker and one server (removals), then back up.
     rm_s, rm_w = scale(url, auth, workers=-2, servers=-2)
@@ -201,35 +214,37 @@ def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
     # The two removals run concurrently: each op's "after" is the shape when it ended, so only its
     # own role is certain there; the job's shape once both ended is 1 worker, 1 server.
     assert rm_w["op"] == "remove_workers" and rm_w["after"]["workers"] == 1 and rm_s["after"]["servers"] == 1
-    down = http(url + "/status")[1]["eps"]
-    assert (down["workers"], down["servers"]) == (["worker-0"], ["server-0"]), down
+    down = am_status(url).eps
+    assert down is not None and (down.workers, down.servers) == (["worker-0"], ["server-0"]), down
     # worker-0 kept inactive copies of the 11 splits it gave worker-2: they come back without
     # resending; worker-1's own 22 splits and the 10 it gave worker-2 travel.
     assert rm_w["splits_reactivated"] == 11 and rm_w["splits_moved"] == 22 + 10
     assert len(rm_s["containers_released"]) == 2 and len(rm_w["containers_released"]) == 2
     up = scale(url, auth, workers=1, servers=1)
     assert [c["op"] for c in up] == ["add_servers", "add_workers"]   # run concurrently by /scale
-    shape = http(url + "/status")[1]["eps"]
-    assert (len(shape["workers"]), len(shape["servers"])) == (2, 2), shape
+    shape = am_status(url).eps
+    assert shape is not None and (len(shape.workers), len(shape.servers)) == (2, 2), shape
 
     # Train on past the reference's epochs, then take a checkpoint: the model is whole.
-    wait_until(lambda: len(http(url + "/status")[1]["objective_history"]) >= REFERENCE_EPOCHS + 1, 300,
+    wait_until(lambda: len(am_status(url).objective_history) >= REFERENCE_EPOCHS + 1, 300,
                f"{REFERENCE_EPOCHS + 1} epochs")
     code, ckpt = http(url + "/checkpoint", {}, headers=am_control_headers(cluster, url))
     assert code == 200, ckpt
     assert sorted(load_manifests(ckpt["dir"], SPEC["blocks"])) == list(range(SPEC["blocks"]))
-    status = http(url + "/status")[1]
-    eps = status["eps"]
-    ops = [h["op"] for h in status["shape_history"]]
+    status = am_status(url)
+    eps = status.eps
+    assert eps is not None and status.shape is not None
+    changes = [h for h in status.shape_history if isinstance(h, EpsChange)]
+    assert changes == status.shape_history and all(h.changed for h in changes)
+    ops = [h.op for h in changes]
     # In the order they ended: the two removals ran concurrently, and so did the last two additions.
     assert ops[:2] == ["add_workers", "add_servers"], ops
     assert sorted(ops[2:4]) == ["remove_servers", "remove_workers"], ops
     assert sorted(ops[4:]) == ["add_servers", "add_workers"], ops
-    assert all(h["mode"] == "eps" and h["changed"] for h in status["shape_history"])
     # Exactly-once, checked by the AM at every epoch's end: each mini-batch run (by any worker,
     # removed ones included) was applied once, across every migration of the audit key's block.
-    assert eps["audit_mismatches"] == [] and eps["minibatches_applied"] == eps["minibatches_run"] > 0
-    retired = {e["id"] for e in status["shape"]["executors"] if e["state"] == "EXITED"}
+    assert eps.audit_mismatches == [] and eps.minibatches_applied == eps.minibatches_run > 0
+    retired = {e.id for e in status.shape.executors if e.state == "EXITED"}
     assert {"server-1", "server-2", "worker-1", "worker-2"} <= retired
     return status
 
@@ -239,7 +254,7 @@ def test_a_job_that_ended_cannot_be_scaled(eps_cluster: Any, reference: str,
     from elastane_cli.main import main as cli
 
     final = reference_run(eps_cluster, reference)
-    assert final["eps"]["history"] == [] and final["eps"]["running"] is False
-    assert final["eps"]["audit_mismatches"] == [] and final["eps"]["minibatches_applied"] == 64 * 5 * REFERENCE_EPOCHS
+    assert final.eps is not None and final.eps.history == [] and final.eps.running is False
+    assert final.eps.audit_mismatches == [] and final.eps.minibatches_applied == 64 * 5 * REFERENCE_EPOCHS
     assert cli(["ps", "scale", reference, "--workers", "+1", "--rm", eps_cluster.rm_url]) == 2
     assert "only a running PS job can be scaled" in capsys.readouterr().err

@@ -20,6 +20,8 @@ from appmaster.ps.submission import build_ps_submission
 from conftest import get_app, pids_with_env, running_cluster, submit_app, wait_app
 from polling import wait_until
 from protocol import container_env
+from protocol.ps_status import FINAL_STATUS_FILE, PsStatus, read_status
+from protocol.shape_history import ExecutorCounts, KillRestartChange
 from scripted_am import use_scripted_am
 
 pytestmark = pytest.mark.cluster
@@ -68,8 +70,9 @@ def submit_scripted(cluster: Any, spec: dict[str, Any], steps: list[dict[str, in
                                                       {SCRIPT_ENV: json.dumps(steps)}))
 
 
-def final_status(cluster: Any, app_id: str) -> dict[str, Any]:
-    return json.loads((Path(cluster.base_dir) / "rm" / "apps" / app_id / "status.json").read_text())
+def final_status(cluster: Any, app_id: str) -> PsStatus:
+    """The AM's status.json, decoded as the record it wrote."""
+    return read_status((Path(cluster.base_dir) / "rm" / "apps" / app_id / FINAL_STATUS_FILE).read_bytes())
 
 
 def test_kill_based_remove_and_add_back_keeps_training_progress(kill_cluster, tmp_path: Path) -> None:
@@ -85,40 +88,45 @@ def test_kill_based_remove_and_add_back_keeps_training_progress(kill_cluster, tm
         wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
 
     st, base = final_status(kill_cluster, changed), final_status(kill_cluster, steady)
-    assert base["shape_history"] == [] and st["elastic_mode"] == "kill"
+    assert base.shape_history == [] and st.elastic_mode == "kill"
 
     # Two restarts, each with every step timed and its lost training time.
-    hist = st["shape_history"]
-    assert [(h["mode"], h["changed"], h["workers"], h["servers"]) for h in hist] == \
-        [("kill", True, 1, 1), ("kill", True, 2, 2)], hist
-    assert [h["before"] for h in hist] == [{"workers": 2, "servers": 2}, {"workers": 1, "servers": 1}]
+    hist = [h for h in st.shape_history if isinstance(h, KillRestartChange)]
+    assert hist == st.shape_history
+    assert [(h.changed, h.workers, h.servers) for h in hist] == [(True, 1, 1), (True, 2, 2)], hist
+    assert [h.before for h in hist] == [ExecutorCounts(2, 2), ExecutorCounts(1, 1)]
     for h in hist:
-        assert set(h["steps"]) == {"wait_boundary_s", "checkpoint_s", "release_s", "allocate_s", "restore_s"}
-        assert h["seconds"] > 0 and h["lost_s"] == h["seconds"] and h["error"] == ""
-        assert h["objective_restored"] == pytest.approx(h["objective_before"], rel=1e-4)   # no reset
-        assert Path(h["checkpoint"]).is_dir()
+        assert set(h.steps) == {"wait_boundary_s", "checkpoint_s", "release_s", "allocate_s", "restore_s"}
+        assert h.seconds > 0 and h.lost_s == h.seconds and h.error == ""
+        assert h.objective_restored == pytest.approx(h.objective_before, rel=1e-4)   # no reset
+        assert isinstance(h.checkpoint, str) and Path(h.checkpoint).is_dir()
     # Each restart paused at a clock boundary at or after the epoch its step asked for, and the
     # second after the first. How many epochs trained while a directive travelled depends on the
     # host's speed, so there is no upper bound here (the shape history having both changes is what
     # says they came while the job still trained).
-    for h, step in zip(hist, steps):
-        assert h["epoch"] >= step["after_epoch"], (hist, steps)
-    assert hist[0]["epoch"] <= hist[1]["epoch"] and hist[0]["time"] < hist[1]["time"], hist
+    epochs = [h.epoch for h in hist]
+    assert all(isinstance(e, int) for e in epochs), hist       # every restart reached its cut
+    for e, step in zip(epochs, steps):
+        assert e >= step["after_epoch"], (hist, steps)
+    assert epochs[0] <= epochs[1] and hist[0].time < hist[1].time, hist
 
     # Epochs carry on without a gap or a reset; each executor generation ran in its own containers.
-    history = st["objective_history"]
-    assert [h["epoch"] for h in history] == list(range(8))
-    obj = [st["initial_objective"]] + [h["objective"] for h in history]
-    for h in hist:
-        after = obj[h["epoch"] + 1]            # the first epoch trained by the restarted job
-        assert after < 1.02 * h["objective_before"] < st["initial_objective"], (h, obj)
-    executors = st["shape"]["executors"]
-    assert sum(e["role"] == "worker" for e in executors) == 2 + 1 + 2
-    assert sum(e["role"] == "server" for e in executors) == 2 + 1 + 2
-    assert len({e["container_id"] for e in executors}) == len(executors)
+    history = st.objective_history
+    assert [h.epoch for h in history] == list(range(8))
+    obj = [st.initial_objective] + [h.objective for h in history]
+    assert None not in obj and st.initial_objective is not None      # every objective finite
+    for h, e in zip(hist, epochs):
+        after = obj[e + 1]            # the first epoch trained by the restarted job
+        assert after < 1.02 * h.objective_before < st.initial_objective, (h, obj)
+    assert st.shape is not None
+    executors = st.shape.executors
+    assert sum(e.role == "worker" for e in executors) == 2 + 1 + 2
+    assert sum(e.role == "server" for e in executors) == 2 + 1 + 2
+    assert len({e.container_id for e in executors}) == len(executors)
 
     # The same result as training without changes, within a stated tolerance.
-    final, ref = obj[-1], base["objective_history"][-1]["objective"]
+    final, ref = obj[-1], base.objective_history[-1].objective
+    assert final is not None and ref is not None
     assert abs(final - ref) <= 0.05 * abs(ref), (final, ref)
-    assert final < 0.6 * st["initial_objective"]
+    assert final < 0.6 * st.initial_objective
     assert get_app(kill_cluster.rm_url, changed)["diagnostics"].startswith("final objective")

@@ -5,7 +5,6 @@ with `init_from` starts from it (its first objective near the saved one, far bel
 an init_from the AM cannot read fails the job naming it."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import elastane
 from appmaster.ps.submission import build_ps_submission
 from conftest import get_app, submit_app, wait_app
 from elastane_cli.main import main as cli
+from protocol.ps_status import FINAL_STATUS_FILE, PsStatus, read_status
 
 pytestmark = pytest.mark.cluster
 
@@ -22,16 +22,24 @@ SPEC = {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 4, "convergence_
         "executor_memory_mb": 320}
 
 
-def run(cluster: Any, spec: dict[str, Any], name: str, states: tuple[str, ...] = ("FINISHED",)) -> tuple[dict, dict]:
-    """Submit, wait for the end; (RM app report, the AM's final status file)."""
+def run(cluster: Any, spec: dict[str, Any], name: str, states: tuple[str, ...] = ("FINISHED",)
+        ) -> tuple[dict[str, Any], PsStatus]:
+    """Submit, wait for the end; (RM app report, the AM's final status file as the record it wrote)."""
     app_id = submit_app(cluster.rm_url, build_ps_submission(spec, name=name, am_memory=384))
     app = wait_app(cluster.rm_url, app_id, states, 240)
-    final = json.loads((Path(cluster.base_dir) / "rm" / "apps" / app_id / "status.json").read_text())
+    final = read_status((Path(cluster.base_dir) / "rm" / "apps" / app_id / FINAL_STATUS_FILE).read_bytes())
     return app, final
 
 
-def objectives(final: dict) -> list[float]:
-    return [e["objective"] for e in final["objective_history"]]
+def objectives(final: PsStatus) -> list[float]:
+    got = [e.objective for e in final.objective_history]
+    assert None not in got, got         # every epoch's objective finite
+    return [o for o in got if o is not None]
+
+
+def final_metrics(final: PsStatus) -> dict[str, float]:
+    assert final.final_metrics is not None and None not in final.final_metrics.values(), final.final_metrics
+    return {k: v for k, v in final.final_metrics.items() if v is not None}
 
 
 def test_output_loads_scores_like_the_job_and_warm_starts(cluster: Any, tmp_path: Path,
@@ -47,14 +55,14 @@ def test_output_loads_scores_like_the_job_and_warm_starts(cluster: Any, tmp_path
     meta = model.metadata
     assert (meta.kind, meta.epoch, meta.app.name, meta.app.cls) == ("final", 4, "mlr", "psruntime.apps.mlr:MLRApp")
     assert meta.objective == pytest.approx(objectives(final)[-1])
-    assert meta.heldout_metrics == pytest.approx(final["final_metrics"])
+    assert meta.heldout_metrics == pytest.approx(final_metrics(final))
     assert meta.job["output"] == str(out) and meta.elastane_version
     # the saved model scores exactly what the job scored at its end
     metrics = model.evaluate()
-    assert metrics == pytest.approx(final["final_metrics"])
+    assert metrics == pytest.approx(final_metrics(final))
     labels = [int(x) for b in model.app.generate_heldout() for x in b.data["labels"]]
     predicted = model.predict().argmax(axis=1)
-    assert (predicted == labels).mean() == pytest.approx(final["final_metrics"]["accuracy"])
+    assert (predicted == labels).mean() == pytest.approx(final_metrics(final)["accuracy"])
     # the checkpoint of epoch 2 is an earlier, worse model
     early = elastane.load_model(str(out / "epoch-2"))
     assert (early.metadata.kind, early.metadata.epoch) == ("checkpoint", 2)
@@ -64,13 +72,13 @@ def test_output_loads_scores_like_the_job_and_warm_starts(cluster: Any, tmp_path
     assert cli(["model", "show", str(out)]) == 0
     shown = capsys.readouterr().out
     assert "mlr (psruntime.apps.mlr:MLRApp)" in shown and "after 4 epochs" in shown
-    assert f"accuracy {final['final_metrics']['accuracy']:.6g}" in shown
+    assert f"accuracy {final_metrics(final)['accuracy']:.6g}" in shown
 
     # warm start: the job continues from the saved model
     warm_app, warm = run(cluster, {**SPEC, "max_epochs": 2, "init_from": str(out)}, "model-warm")
     assert warm_app["finalStatus"] == "SUCCEEDED", warm_app["diagnostics"]
     cold_first, saved, warm_first = objectives(final)[0], objectives(final)[-1], objectives(warm)[0]
-    assert warm["initial_objective"] == pytest.approx(saved, rel=0.02)
+    assert warm.initial_objective == pytest.approx(saved, rel=0.02)
     assert warm_first < saved * 1.05 and warm_first < cold_first - 0.5 * (cold_first - saved), \
         (cold_first, saved, warm_first)
 
