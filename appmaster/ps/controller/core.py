@@ -182,12 +182,9 @@ def _apply_directive(job: JobState, d: ShapeDirective, at: float, out: Out) -> N
     if d.run_state is RunState.PAUSE:
         begin(job, Change(ChangeKind.PAUSE, Origin.DIRECTIVE, at, target=target, directive_version=d.version), out)
         return
-    # Compared with the size the executors have now (the spec's until a directive sized them):
-    # a directive that repeats it moves nothing.
-    resized = (target.memory_mb is not None and
-               (target.memory_mb, target.vcores if target.vcores is not None else job.size[1]) != job.size)
-    kind = (ChangeKind.MIGRATE if resized else ChangeKind.RESTART if job.spec.elastic_mode == "kill"
-            else ChangeKind.PLAN if job.spec.optimizer == "cruise" else ChangeKind.EPS)
+    kind = (ChangeKind.MIGRATE if suspension.resized(job, target) else
+            ChangeKind.RESTART if job.spec.elastic_mode == "kill" else
+            ChangeKind.PLAN if job.spec.optimizer == "cruise" else ChangeKind.EPS)
     change = Change(kind, Origin.DIRECTIVE, at, target=target, directive_version=d.version)
     if not PLANNERS[kind].needed(job, change):
         out.append(ReportProgress(changing=False, directive_version=d.version))
@@ -368,6 +365,8 @@ def _book(job: JobState, change: Change, step: int, started: list[ExecutorInfo],
     """What a finished step changed, whatever its planner: new executors ready, retired ones
     retiring, blocks and splits with their new holders (as reported, else as instructed)."""
     for info in started:
+        if info.executor_id in job.lost:
+            continue             # lost before its start reported: its loss was handled already
         x = job.executors.get(info.executor_id)
         if x is None:
             job.executors[info.executor_id] = x = Executor(info)
