@@ -27,6 +27,7 @@ from typing import Optional
 from ..events import TimerFired
 from ..instructions import Instruction, SetTimer
 from ..phases import Phase, Trigger
+from ..records import Target
 from ..state import Change, ChangeKind, JobState
 from .base import fail_change, fire
 from .relaunch import Relaunch, placed
@@ -101,5 +102,10 @@ class MigratePlanner(Relaunch):
     def needed(self, job: JobState, change: Change) -> bool:
         t = change.target
         assert t is not None
-        resized = t.memory_mb is not None and (t.memory_mb, t.vcores if t.vcores is not None else job.size[1]) != job.size
-        return resized or (t.workers, t.servers) != job.shape or not placed(job, t)
+        return resized(job, t) or (t.workers, t.servers) != job.shape or not placed(job, t)
+
+
+def resized(job: JobState, t: Target) -> bool:
+    """Whether `t` asks for executors of another size than the job's now (the spec's until a
+    directive sized them): a directive that repeats the size moves nothing."""
+    return t.memory_mb is not None and (t.memory_mb, t.vcores if t.vcores is not None else job.size[1]) != job.size
