@@ -365,6 +365,8 @@ def _book(job: JobState, change: Change, step: int, started: list[ExecutorInfo],
     """What a finished step changed, whatever its planner: new executors ready, retired ones
     retiring, blocks and splits with their new holders (as reported, else as instructed)."""
     for info in started:
+        if info.executor_id in job.lost:
+            continue             # lost before its start reported: its loss was handled already
         x = job.executors.get(info.executor_id)
         if x is None:
             job.executors[info.executor_id] = x = Executor(info)
