@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from protocol import container_env, tokens
+from protocol import container_env, ps_job_spec, tokens
 from protocol import internal_api as api
 from protocol.config import ClusterConfig, QueueConfig, RMConfig
 from protocol.records import Resource
@@ -453,6 +453,33 @@ async def test_state_store_recovery_across_restart(tmp_path):
         assert (await env2.app(running))["state"] == "RUNNING"
         # New ids do not collide with recovered ones.
         assert await env2.submit() not in (done, running)
+    finally:
+        await close_env(env2)
+
+
+async def test_a_ps_job_keeps_its_typed_spec_across_a_restart(tmp_path):
+    """The spec decoded at submission is what the app record, the REST view, the AM's env and, after
+    a restart, the recovered app hold; the app stays a PS job for the shape API."""
+    env = await make_env(tmp_path, minimum_allocation_mb=256)
+    await env.register_node("n1:1")
+    given = {"app": "mlr", "workers": 2, "servers": 1, "max_workers": 4, "executor_memory_mb": 300}
+    app_id = await env.submit(**{"application-type": "ELASTANE_PS", "elastane": {"ps-job": given, "note": 1}})
+    spec = env.rm.core.apps[app_id].ps.spec
+    assert spec == ps_job_spec.validate(given)
+    shown = (await env.app(app_id))["elastane"]
+    assert shown["note"] == 1 and ps_job_spec.validate(shown["ps-job"]) == spec
+    assert {k: shown["ps-job"][k] for k in given} == given
+    await env.launch_am()
+    assert ps_job_spec.validate(env.nm.started[-1][1].launch_context.environment[ps_job_spec.PS_SPEC_ENV]) == spec
+    await close_env(env)
+
+    env2 = await make_env(tmp_path, minimum_allocation_mb=256)
+    try:
+        app = env2.rm.core.apps[app_id]
+        assert app.ps is not None and app.ps.spec == spec and app.ps.executor.memory == 512
+        assert (await env2.app(app_id))["elastane"] == shown
+        await env2.call("PUT", f"{BASE}/apps/{app_id}/shape", {"workers": 3, "servers": 1}, **{"user.name": "alice"})
+        assert app.directive is not None and app.directive.workers == 3
     finally:
         await close_env(env2)
 
