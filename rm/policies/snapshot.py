@@ -2,13 +2,14 @@
 
 A PS job's submitted spec reaches the policies typed: `AppView.ps` is the app's `PSJobView`, which
 the RM builds once (`ps_job_view`) from the `PSJobSpec` it decoded at submission (or on recovery)
-and keeps in its app record (rm/model.py `App.ps`), so no policy round parses a spec. Its progress and phase are the AM's latest `JobReport`
-(`AppView.shape`). App and node states are the `AppState` / `NodeState` enums.
+and keeps in its app record (rm/model.py `App.ps`), so no policy round parses a spec. Its
+progress and phase are the AM's latest `JobReport` (`AppView.shape`). App and node states are the
+`AppState` / `NodeState` enums.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Optional, Union, overload
 
 import msgspec
