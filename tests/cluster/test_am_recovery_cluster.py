@@ -12,7 +12,6 @@ the same job trained without a fault beside it.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -22,6 +21,7 @@ from appmaster.ps.submission import build_ps_submission
 from conftest import pids_with_env, rest, running_cluster, submit_app, wait_app
 from polling import wait_until
 from protocol import container_env
+from protocol.ps_status import FINAL_STATUS_FILE, read_status
 from scripted_am import use_scripted_am
 
 pytestmark = pytest.mark.cluster
@@ -86,17 +86,19 @@ def test_a_new_am_attempt_resumes_from_the_failed_attempts_checkpoint(recovery_c
         assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
 
     base = Path(cluster.base_dir) / "rm" / "apps"
-    st = json.loads((base / faulted / "status.json").read_text())
-    ref = json.loads((base / steady / "status.json").read_text())
-    assert st["attempt_id"].endswith("_000002") and ref["resumed_from"] is None
-    resumed = st["resumed_from"]
-    assert resumed is not None and resumed["epoch"] >= 4 and resumed["attempt_id"].endswith("_000001"), resumed
-    assert resumed["objective_restored"] == pytest.approx(resumed["objective"], rel=1e-4)   # the model came back
-    history = st["objective_history"]
-    assert [h["epoch"] for h in history] == list(range(12))        # one run of epochs, none redone or skipped
-    obj = [st["initial_objective"]] + [h["objective"] for h in history]
-    assert obj[resumed["epoch"] + 1] < 1.02 * obj[resumed["epoch"]] < st["initial_objective"], obj
-    final, expected = obj[-1], ref["objective_history"][-1]["objective"]
+    st = read_status((base / faulted / FINAL_STATUS_FILE).read_bytes())
+    ref = read_status((base / steady / FINAL_STATUS_FILE).read_bytes())
+    assert (st.attempt_id or "").endswith("_000002") and ref.resumed_from is None
+    resumed = st.resumed_from
+    assert resumed is not None and resumed.epoch >= 4 and (resumed.attempt_id or "").endswith("_000001"), resumed
+    assert resumed.objective_restored == pytest.approx(resumed.objective, rel=1e-4)   # the model came back
+    history = st.objective_history
+    assert [h.epoch for h in history] == list(range(12))        # one run of epochs, none redone or skipped
+    obj = [st.initial_objective] + [h.objective for h in history]
+    assert None not in obj and st.initial_objective is not None, obj     # every objective finite
+    assert obj[resumed.epoch + 1] < 1.02 * obj[resumed.epoch] < st.initial_objective, obj
+    final, expected = obj[-1], ref.objective_history[-1].objective
+    assert final is not None and expected is not None
     assert abs(final - expected) <= 0.01 * abs(expected), (final, expected)
     for app_id in (faulted, steady):
         wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
