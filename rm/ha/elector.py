@@ -89,6 +89,20 @@ class Elector:
         if self.role.state.holds_leadership:
             self._step_down(HAEvent.FENCED, reason)
 
+    def may_act(self) -> bool:
+        """Whether this RM may act as active now: it holds leadership and its lease has not run out
+        by its own clock. Checked before every request and store flush of the active RM, so one
+        that was paused past its lease (another RM may be active by now) steps down on the spot
+        instead of serving what was queued meanwhile."""
+        if not self.role.state.holds_leadership:
+            return False
+        if self.role.lease_expired(self.clock()):
+            why = self.etcd_error or "this process was paused or blocked"
+            self._step_down(HAEvent.LEASE_EXPIRED, f"no lease renewal acknowledged for {self.ha.lease_s:g}s "
+                                                   f"(the lease); {why}")
+            return False
+        return True
+
     async def transition_to_standby(self, reason: str) -> RoleChange:
         """An operator's switch (YARN's rmadmin -transitionToStandby): give the leader key up now
         and keep out of elections for the role's hold-off, so another RM takes over."""
@@ -118,14 +132,10 @@ class Elector:
             else:
                 await self._observe()
         elif state.holds_leadership:
-            if self.role.lease_expired(self.clock()):
-                # Past the deadline before even asking (etcd did not answer the last renewals, or
-                # the process was paused): another RM may be active already, so stop acting first.
-                why = self.etcd_error or "this process was paused or blocked"
-                self._step_down(HAEvent.LEASE_EXPIRED, f"no lease renewal acknowledged for {self.ha.lease_s:g}s "
-                                                       f"(the lease); {why}")
-                return
-            await self._renew()
+            # Past the deadline before even asking (etcd did not answer the last renewals, or the
+            # process was paused): another RM may be active already, so stop acting first.
+            if self.may_act():
+                await self._renew()
 
     def _interval(self) -> float:
         if not self.role.state.holds_leadership:

@@ -19,15 +19,18 @@ from urllib.parse import urlsplit
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from protocol.config import ClusterConfig, ConfigError, RMConfig
+from protocol.http_server import json_response
+from protocol.remote_exception import ServiceUnavailable
 from protocol.ha_config import HAConfig
 
 from ..server import ResourceManagerServer
 from .elector import Elector
 from .etcd_kv import BlockingEtcd, check_members
 from .etcd_store import EtcdStateStore
-from .ha_http import HaEndpoints, StandbyApp
+from .ha_http import HA_PATH, HaEndpoints, StandbyApp
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +40,33 @@ class HaActiveServer(ResourceManagerServer):
     and the HA fields of /ws/v1/cluster/info."""
 
     def __init__(self, cfg: RMConfig, cluster: ClusterConfig, store: EtcdStateStore, endpoints: HaEndpoints,
-                 epoch: int):
+                 epoch: int, may_act: Callable[[], bool]):
         super().__init__(cfg, cluster, store=store)
         self.ha_endpoints = endpoints
         self.epoch = epoch
+        self.may_act = may_act      # the elector's check: leadership held and the lease not run out
 
     def build_app(self) -> web.Application:
         app = super().build_app()
         self.ha_endpoints.add_routes(app)
+        app.middlewares.insert(0, self._guard)     # outermost: nothing runs for a deposed RM
         return app
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """A request that reaches an RM whose lease has run out (it was paused, or lost etcd) is
+        refused as a standby would refuse it, and the RM steps down, before anything is served."""
+        if request.path.startswith(HA_PATH) or self.may_act():
+            return await handler(request)
+        err = ServiceUnavailable(f"ResourceManager {self.ha_endpoints.rm_id} is no longer active "
+                                 f"({self.ha_endpoints.role().reason})")
+        return json_response(err.body(), status=err.status)
+
+    def flush(self) -> None:
+        """Store writes and AM launches only while this RM may act as active (the store's fencing
+        refuses the writes of a deposed RM anyway; this keeps its launches back too)."""
+        if self.may_act():
+            super().flush()
 
     @property
     def ha_info(self) -> Optional[dict[str, Any]]:
@@ -135,7 +156,7 @@ class HaResourceManager:
                                token, self.elector.fenced)
         await self._stop_standby()
         try:
-            server = HaActiveServer(self.cfg, self.cluster, store, self.endpoints, epoch)
+            server = HaActiveServer(self.cfg, self.cluster, store, self.endpoints, epoch, self.elector.may_act)
             await server.start()
         except BaseException:
             store.close()
