@@ -13,7 +13,6 @@ epochs form one contiguous run.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -23,6 +22,8 @@ from appmaster.ps.submission import build_ps_submission
 from conftest import pids_with_env, running_cluster, submit_app, wait_app
 from polling import wait_until
 from protocol import container_env
+from protocol.ps_status import FINAL_STATUS_FILE, PsStatus, read_status
+from protocol.shape_history import RecoveryChange, ReplaceWorkerChange
 from scripted_am import use_scripted_am
 
 pytestmark = pytest.mark.cluster
@@ -56,6 +57,13 @@ MLR = {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 12, "convergence_
        "hparams": {"learning_rate": 0.5}}
 
 
+def last_objective(status: PsStatus) -> float:
+    """The objective after the job's last epoch (finite: a null would fail here)."""
+    objective = status.objective_history[-1].objective
+    assert objective is not None, status.objective_history
+    return objective
+
+
 def submit(cluster: Any, name: str, tmp_path: Path, victim: str, spec: dict[str, Any] = MLR) -> str:
     sub = build_ps_submission(spec, name=name, am_memory=384)
     return submit_app(cluster.rm_url, use_scripted_am(sub, tmp_path, KILL_EXECUTOR, {VICTIM_ENV: victim}))
@@ -69,37 +77,39 @@ def test_lost_server_and_lost_worker_are_replaced_and_training_goes_on(recovery_
         app = wait_app(cluster.rm_url, app_id, ("FINISHED",), 240)
         assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
     base = Path(cluster.base_dir) / "rm" / "apps"
-    status = {v: json.loads((base / a / "status.json").read_text()) for v, a in jobs.items()}
-    reference = status[""]["objective_history"][-1]["objective"]
-    assert status[""]["recovery"]["failures"] == 0 and status[""]["recovery"]["enabled"]
+    status = {v: read_status((base / a / FINAL_STATUS_FILE).read_bytes()) for v, a in jobs.items()}
+    reference = last_objective(status[""])
+    ok = status[""].recovery
+    assert ok is not None and ok.failures == 0 and ok.enabled
     for victim in ("server-0", "worker-1"):
         st = status[victim]
-        assert st["recovery"]["failures"] == 1, st["recovery"]
-        assert [h["epoch"] for h in st["objective_history"]] == list(range(12)), st["objective_history"]
-        assert st["eps"]["audit_mismatches"] == [], st["eps"]["audit_mismatches"]
-        assert st["eps"]["minibatches_applied"] == st["eps"]["minibatches_run"] > 0
-        final = st["objective_history"][-1]["objective"]
+        assert st.recovery is not None and st.recovery.failures == 1, st.recovery
+        assert [h.epoch for h in st.objective_history] == list(range(12)), st.objective_history
+        assert st.eps is not None and st.eps.audit_mismatches == [], st.eps
+        assert st.eps.minibatches_applied == st.eps.minibatches_run > 0
+        final = last_objective(st)
         assert abs(final - reference) <= 0.01 * abs(reference), (victim, final, reference)
     # The lost server: back to the checkpoint of epoch 2 or 4, the epochs after it trained again,
     # on a full set of replacements (4 executors, then 4 more).
     st = status["server-0"]
-    [rec] = [h for h in st["shape_history"] if h["mode"] in ("recovery", "replace_worker")]
-    assert rec["mode"] == "recovery" and rec["error"] == "" and rec["changed"] and "server-0 (" in rec["lost"][0], rec
-    assert rec["epoch"] in (2, 4) and rec["epochs_redone"] >= 1, rec
-    assert Path(rec["checkpoint"]).name == f"epoch-{rec['epoch']}"
-    assert st["recovery"]["recoveries"] == 1 and st["recovery"]["replacements"] == 0, st["recovery"]
-    assert len(st["shape"]["executors"]) == 8, st["shape"]["executors"]
+    [rec] = [h for h in st.shape_history if isinstance(h, (RecoveryChange, ReplaceWorkerChange))]
+    assert isinstance(rec, RecoveryChange) and rec.error == "" and rec.changed and "server-0 (" in rec.lost[0], rec
+    assert rec.epoch in (2, 4) and rec.epochs_redone >= 1, rec
+    assert Path(rec.checkpoint).name == f"epoch-{rec.epoch}"
+    assert st.recovery is not None and (st.recovery.recoveries, st.recovery.replacements) == (1, 0), st.recovery
+    assert st.shape is not None and len(st.shape.executors) == 8, st.shape
     # The lost worker: one new worker in its place, the clock it was lost in run again, no epoch
     # redone and no checkpoint gone back to.
     st = status["worker-1"]
-    [rec] = [h for h in st["shape_history"] if h["mode"] in ("recovery", "replace_worker")]
-    assert rec["mode"] == "replace_worker" and rec["error"] == "" and rec["changed"], rec
-    assert "worker-1 (" in rec["lost"][0] and rec["epochs_redone"] == 0 and rec["epoch"] >= 3, rec
-    assert rec["clock_redone"] and rec["replacements"] == {"worker-1": "worker-2"}, rec
-    assert st["recovery"]["recoveries"] == 1 and st["recovery"]["replacements"] == 1, st["recovery"]
-    executors = {e["id"]: e for e in st["shape"]["executors"]}
+    [rep] = [h for h in st.shape_history if isinstance(h, (RecoveryChange, ReplaceWorkerChange))]
+    assert type(rep) is ReplaceWorkerChange and rep.error == "" and rep.changed, rep
+    assert "worker-1 (" in rep.lost[0] and rep.epochs_redone == 0 and rep.epoch >= 3, rep
+    assert rep.clock_redone and rep.replacements == {"worker-1": "worker-2"}, rep
+    assert st.recovery is not None and (st.recovery.recoveries, st.recovery.replacements) == (1, 1), st.recovery
+    assert st.shape is not None
+    executors = {e.id: e for e in st.shape.executors}
     assert sorted(executors) == ["server-0", "server-1", "worker-0", "worker-1", "worker-2"], executors
-    assert executors["worker-1"]["state"] == "EXITED" and executors["worker-2"]["blocks"], executors
+    assert executors["worker-1"].state == "EXITED" and executors["worker-2"].blocks, executors
     for app_id in jobs.values():
         wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
 
@@ -117,17 +127,18 @@ def test_a_lost_nmf_worker_comes_back_with_its_user_factors_from_the_checkpoint(
         app = wait_app(cluster.rm_url, app_id, ("FINISHED",), 240)
         assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
     base = Path(cluster.base_dir) / "rm" / "apps"
-    st, ref = (json.loads((base / jobs[v] / "status.json").read_text()) for v in ("worker-0", ""))
-    rec = [h for h in st["shape_history"] if h["mode"] == "recovery"]
-    assert len(rec) == 1 and rec[0]["error"] == "" and "worker-0 (" in rec[0]["lost"][0], st["shape_history"]
-    assert (Path(rec[0]["checkpoint"]) / "worker_state_0.buf").exists()        # the workers' block state
-    assert rec[0]["objective_restored"] == pytest.approx(
-        st["objective_history"][rec[0]["epoch"] - 1]["objective"] if rec[0]["epoch"] else st["initial_objective"],
+    st, ref = (read_status((base / jobs[v] / FINAL_STATUS_FILE).read_bytes()) for v in ("worker-0", ""))
+    rec = [h for h in st.shape_history if isinstance(h, RecoveryChange)]
+    assert len(rec) == 1 and rec[0].error == "" and "worker-0 (" in rec[0].lost[0], st.shape_history
+    assert (Path(rec[0].checkpoint) / "worker_state_0.buf").exists()        # the workers' block state
+    assert rec[0].objective_restored == pytest.approx(
+        st.objective_history[rec[0].epoch - 1].objective if rec[0].epoch else st.initial_objective,
         rel=1e-3)                                                               # the user factors came back too
-    assert [h["epoch"] for h in st["objective_history"]] == list(range(10))
-    assert st["eps"]["audit_mismatches"] == []
-    final, expected = st["objective_history"][-1]["objective"], ref["objective_history"][-1]["objective"]
+    assert [h.epoch for h in st.objective_history] == list(range(10))
+    assert st.eps is not None and st.eps.audit_mismatches == []
+    final, expected = last_objective(st), last_objective(ref)
     # NMF ends near its noise floor, where two undisturbed runs (asynchronous pushes of two workers)
     # already differ by a few per cent of the small final value: compare the progress made instead.
-    progress = ref["initial_objective"] - expected
+    assert ref.initial_objective is not None
+    progress = ref.initial_objective - expected
     assert abs(final - expected) <= 0.01 * progress, (final, expected, progress)
