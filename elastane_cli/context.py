@@ -50,8 +50,11 @@ def resolve_rm_url(flag: str | None, cluster_dir: Path) -> str:
 
 
 def _url(v: str) -> str:
-    if not v.startswith(("http://", "https://")) or len(v.split("://", 1)[1]) == 0:
-        raise argparse.ArgumentTypeError(f"--rm expects a URL like http://host:8088, got {v!r}")
+    """One RM URL, or an HA cluster's RMs separated by commas (tried in turn)."""
+    for u in v.split(","):
+        if not u.startswith(("http://", "https://")) or len(u.split("://", 1)[1]) == 0:
+            raise argparse.ArgumentTypeError(f"--rm expects a URL like http://host:8088 (or several, "
+                                             f"comma-separated), got {v!r}")
     return v
 
 
@@ -60,7 +63,8 @@ def global_options(parser: argparse.ArgumentParser, with_user: bool = True,
     """Add --rm / --user; leaf parsers use suppress=True so a value given before the command stays."""
     kw = {"default": argparse.SUPPRESS} if suppress else {"default": None}
     parser.add_argument("--rm", type=_url, metavar="URL",
-                        help="RM URL (default: $ELASTANE_RM, the local cluster's, or http://127.0.0.1:8088)",
+                        help="RM URL, or an HA cluster's RM URLs comma-separated (default: $ELASTANE_RM, the local "
+                             "cluster's, or http://127.0.0.1:8088)",
                         **kw)
     if with_user:
         parser.add_argument("--user", metavar="NAME", help="act as this user (default: $USER)", **kw)

@@ -12,6 +12,7 @@ from typing import Sequence, cast
 import aiohttp
 
 from protocol.http_client import Body, JsonHttpClient, RemoteError
+from protocol.rm_failover import FailoverJsonClient
 from protocol.json_types import JsonInObject, JsonObject, JsonValue
 from protocol.yarn_views import AppView, AttemptView, NewApplicationView, NodeView, ShapeView
 
@@ -64,7 +65,11 @@ class RmRestClient:
     def __init__(self, rm_url: str, user: str, timeout_s: float = 30.0):
         self.rm_url = rm_url.rstrip("/")
         self.user = user
-        self._http = JsonHttpClient(self.rm_url, timeout_s=timeout_s, user=user)
+        # `--rm http://rm1:8088,http://rm2:8088`: the RMs of an HA cluster, tried in turn
+        # (protocol/rm_failover.py); one URL: that RM only.
+        urls = [u.strip() for u in self.rm_url.split(",") if u.strip()]
+        self._http = (FailoverJsonClient(urls, timeout_s=timeout_s, user=user) if len(urls) > 1
+                      else JsonHttpClient(self.rm_url, timeout_s=timeout_s, user=user))
         self._nm: dict[str, JsonHttpClient] = {}
         self._timeout_s = timeout_s
 

@@ -173,6 +173,9 @@ def test_the_standby_takes_over_with_every_acknowledged_app_and_the_old_active_r
     assert standby.ha()["epoch"] > first_epoch
     status, body, _ = call(standby.url + f"/ws/v1/cluster/apps/{app_id}")
     assert status == 200 and body["app"]["id"] == app_id and body["app"]["state"] == "ACCEPTED"
+    # The CLI given both RMs fails over past the dead one.
+    out = elastane(active.conf, active.work, "--rm", f"{active.url},{standby.url}", "app", "status", app_id)
+    assert out.returncode == 0 and app_id in out.stdout and "ACCEPTED" in out.stdout, out.stderr
 
     active.start()                           # the old host returns: standby, following the new active
     wait_until(lambda: active.ha().get("activeRmId") == standby.rm_id, 60, "the old active sees the new one", 0.1)
