@@ -30,6 +30,8 @@ job stays consistent and Cruise re-plans from the configuration as it is.
 """
 from __future__ import annotations
 
+from protocol.errors import PlanningError
+
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -458,5 +460,5 @@ class CruisePlanPlanner(BasePlanner):
                 if op.kind in (PlanOpKind.DELETE, PlanOpKind.SWITCH)}
 
 
-class _OpRefused(Exception):
+class _OpRefused(PlanningError):
     """An op meets a state it cannot act on (the plan was made for another configuration)."""
