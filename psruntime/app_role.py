@@ -46,7 +46,7 @@ import asyncio
 import inspect
 import os
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Mapping
+from typing import TYPE_CHECKING, Awaitable, Mapping, TypedDict
 
 import msgspec
 import numpy as np
@@ -63,6 +63,7 @@ from psruntime.store.store_client import StoreClient, StoreClientError
 from psruntime.training_pipeline import (StepTimes, SubtaskRunner, TrainingPipeline, TrainingStopped, block_position,
                                          epoch_position, init_blocks, init_model, set_epoch_position)
 from psruntime.spill.worker_spill import WorkerSpill, parse_mode
+from protocol.json_types import JsonObject
 
 # What the runtime raises on its own in an app op: never blamed on a user app's code.
 _RUNTIME_ERRORS = (RequestError, UserCodeError, StoreClientError, ConnectionError, TrainingStopped, BlockFormatError)
@@ -274,7 +275,7 @@ class AppRole:
         blocks spilled (None without spill)."""
         if self.spill is None:
             return None
-        figures: dict[str, Any] = self.spill.figures() if self.blocks else {"alpha": None}
+        figures: dict[str, float | None] = self.spill.figures() if self.blocks else {"alpha": None}
         if self.model_spill is not None:
             figures.update(self.model_spill.figures())
         figures["spilled_bytes"] = self.spill.reloader.store.nbytes()    # input and model files
@@ -292,7 +293,7 @@ class AppRole:
     async def block_states(self, req: ctl.BlockStates, arrays: Arrays) -> Answer:
         """The worker-local state of every held block, for a checkpoint: one block header each
         (DataBlock.to_buffers of the block without its input data), the arrays in the buffers."""
-        headers: list[dict[str, Any]] = []
+        headers: list[JsonObject] = []
         out: list[np.ndarray] = []
         async with self._busy:         # at a clock boundary: no training step changes the state
             for b in self.blocks:
@@ -368,7 +369,7 @@ class AppRole:
         return ctl.Ok(), ()
 
 
-def comp_threads(asked: int | None, app: type[PSApp[Any, Any]], env: Mapping[str, str]) -> int:
+def comp_threads(asked: int | None, app: type[PSApp[msgspec.Struct, msgspec.Struct]], env: Mapping[str, str]) -> int:
     """A COMP's threads: the job's `comp_threads`, else the cores the container was given, capped
     by what the app can use (`PSApp.DEFAULT_COMP_THREADS`)."""
     if asked:
@@ -385,7 +386,19 @@ def _container_vcores(env: Mapping[str, str]) -> int:
         return 1
 
 
-def _step_figures(epoch: int, done: bool, times: StepTimes, t_start: float) -> dict[str, Any]:
+class StepFigures(TypedDict):
+    """A run_clock / run_epoch reply's counts and sums (fields of RunClockReply / RunEpochReply)."""
+
+    epoch: int
+    batches: int
+    epoch_done: bool
+    compute_s: float
+    comm_s: float
+    seconds: float
+    bytes_moved: int
+
+
+def _step_figures(epoch: int, done: bool, times: StepTimes, t_start: float) -> StepFigures:
     """A run_clock / run_epoch reply's counts and sums."""
     return {"epoch": epoch, "batches": times.batches, "epoch_done": done, "compute_s": float(sum(times.compute)),
             "comm_s": float(sum(times.comm)), "seconds": time.perf_counter() - t_start, "bytes_moved": times.bytes}

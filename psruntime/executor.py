@@ -51,13 +51,14 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Awaitable, cast
+from typing import Awaitable, cast
 
 from protocol import container_env
 from protocol.daemon import install_uvloop, setup_logging
 from protocol.durable_storage import write_atomic
 from protocol import executor_ops as ops
 from protocol.executor_ops import ControlMessageError, ExecutorRequest, decode_as
+from protocol.json_types import JsonInObject
 from psruntime import harmony_runner
 from psruntime.app_role import AppRole
 from psruntime.wire.bandwidth import process_pacer
@@ -308,7 +309,7 @@ def tune_malloc() -> bool:
     return ok
 
 
-def _write_ready_file(path: str, payload: dict[str, Any]) -> None:
+def _write_ready_file(path: str, payload: JsonInObject) -> None:
     # atomic, not durable: it describes this process only
     write_atomic(path, json.dumps(payload).encode(), durable=False)
 

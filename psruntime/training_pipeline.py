@@ -44,8 +44,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
+import msgspec
 import numpy as np
 
 from psruntime.apps.base import KeyValues, ObjectivePart, PSApp, StepContext
@@ -197,7 +198,7 @@ async def push_key_values(store: StoreClient, deltas: KeyValues | None, pid: int
         await store.push_array(deltas.keys, deltas.values, push_id=pid)
 
 
-async def init_model(store: StoreClient, app: PSApp[Any, Any]) -> None:
+async def init_model(store: StoreClient, app: PSApp[msgspec.Struct, msgspec.Struct]) -> None:
     """Put every model key's initial value (done once per job, by one worker)."""
     keys = app.model_keys()
     for start in range(0, len(keys), INIT_CHUNK_KEYS):
@@ -205,7 +206,7 @@ async def init_model(store: StoreClient, app: PSApp[Any, Any]) -> None:
         await store.put_array(chunk, app.init_value(chunk))
 
 
-async def init_blocks(store: StoreClient, app: PSApp[Any, Any], blocks: Sequence[DataBlock]) -> None:
+async def init_blocks(store: StoreClient, app: PSApp[msgspec.Struct, msgspec.Struct], blocks: Sequence[DataBlock]) -> None:
     """Initialise each block's worker-local state and push the deltas that come with it."""
     for block in blocks:
         await push_key_values(store, app.init_block(block))
@@ -267,7 +268,7 @@ class TrainingPipeline:
     async def _compute(self, fn: Callable[[], T]) -> T:
         return await self.runner.run(Subtask.COMP, functools.partial(self.compute_thread.call, fn))
 
-    async def run_batches(self, app: PSApp[Any, Any], store: StoreClient, blocks: Sequence[DataBlock],
+    async def run_batches(self, app: PSApp[msgspec.Struct, msgspec.Struct], store: StoreClient, blocks: Sequence[DataBlock],
                           ctx: StepContext, limit: int | None = None, count_key: str | None = None,
                           stop: asyncio.Event | None = None) -> StepTimes:
         """PULL -> COMP -> PUSH for up to `limit` (None: all) of epoch `ctx.epoch`'s remaining
@@ -354,7 +355,7 @@ class TrainingPipeline:
         if count_key is not None:
             await store.push([count_key], one, push_id=count_id)
 
-    async def objective(self, app: PSApp[Any, Any], store: StoreClient, blocks: Sequence[DataBlock]) -> ObjectivePart:
+    async def objective(self, app: PSApp[msgspec.Struct, msgspec.Struct], store: StoreClient, blocks: Sequence[DataBlock]) -> ObjectivePart:
         """This worker's objective part under the current model: PULL and COMP per block."""
         part = ObjectivePart()
         self.residency.plan(blocks)

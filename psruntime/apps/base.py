@@ -33,6 +33,7 @@ from psruntime.apps.blocks import DataBlock
 from psruntime.apps.random_streams import (HELDOUT, TRAIN, block_row_range, num_blocks, partition_block_range,
                                            rng_for)
 from protocol.errors import AppError
+from protocol.json_types import JsonObject, JsonValue
 
 SpecT = TypeVar("SpecT", bound=msgspec.Struct)
 HParamsT = TypeVar("HParamsT", bound=msgspec.Struct)
@@ -129,8 +130,9 @@ class Partition:
         return sum(b.nbytes for b in self.blocks)
 
 
-def parse_config(obj: Any, typ: type[HParamsT], what: str) -> HParamsT:
-    """Validate a builtins mapping (e.g. decoded JSON) into a Struct; errors name the field."""
+def parse_config(obj: object, typ: type[HParamsT], what: str) -> HParamsT:
+    """Validate a builtins mapping (e.g. decoded JSON; any value, checked here) into a Struct;
+    errors name the field."""
     if isinstance(obj, typ):
         return obj
     try:
@@ -152,9 +154,9 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
     # Whether a larger objective is better (log-likelihood) or smaller (loss).
     maximize: ClassVar[bool] = False
     # Named data sizes: "tiny" for tests (< 1 s per epoch on one core) up to gigabytes.
-    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+    PRESETS: ClassVar[dict[str, JsonObject]] = {}
     # The hyper-parameters each preset trains with (under the caller's own).
-    PRESET_HPARAMS: ClassVar[dict[str, dict[str, Any]]] = {}
+    PRESET_HPARAMS: ClassVar[dict[str, JsonObject]] = {}
     # Names of the per-entry and per-row arrays in a block's data (besides "indptr").
     ENTRY_FIELDS: ClassVar[tuple[str, ...]] = ()
     ROW_FIELDS: ClassVar[tuple[str, ...]] = ()
@@ -173,8 +175,8 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
 
     # ----------------------------------------------------------------- construction
     @classmethod
-    def from_config(cls: type[AnyPSApp], spec: Mapping[str, Any] | msgspec.Struct | None = None,
-                    hparams: Mapping[str, Any] | msgspec.Struct | None = None,
+    def from_config(cls: type[AnyPSApp], spec: Mapping[str, JsonValue] | msgspec.Struct | None = None,
+                    hparams: Mapping[str, JsonValue] | msgspec.Struct | None = None,
                     preset: str | None = None) -> "PSApp":
         """Build from builtins (a job spec's JSON): `preset` gives the base sizes and
         hyper-parameters, `spec` and `hparams` override their fields. Already validated Structs are
@@ -183,7 +185,7 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
         # is more than a ClassVar can say, so the Structs they parse are taken as they are.
         if isinstance(spec, cls.Spec):
             return cls(spec, parse_config(hparams, cls.HParams, f"{cls.name} hyper-parameters"))
-        base: dict[str, Any] = {}
+        base: JsonObject = {}
         if preset is not None:
             if preset not in cls.PRESETS:
                 raise AppConfigError(f"unknown preset {preset!r} for app {cls.name}; "
@@ -384,7 +386,7 @@ class PSApp(ABC, Generic[SpecT, HParamsT]):
             return False
         return abs(cur - prev) / max(abs(prev), 1e-12) < float(hp.convergence_threshold)  # type: ignore[attr-defined]
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """Sizes for memory accounting and logs."""
         return {"app": self.name, "spec": msgspec.to_builtins(self.spec),
                 "hparams": msgspec.to_builtins(self.hparams), "num_rows": self.num_rows,

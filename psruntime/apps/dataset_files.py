@@ -11,19 +11,19 @@ import hashlib
 import io
 import os
 import zipfile
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import msgspec
 import numpy as np
 
 from protocol import durable_storage
 from protocol.durable_storage import write_atomic
-from protocol.json_types import json_int
 from protocol.dataset_manifest import (BLOCK_ARRAYS, DIMENSION_FIELDS, ENTRY_ARRAYS, FORMAT_NAME, FORMAT_VERSION, INDEX_BOUNDS,
                                        MANIFEST_NAME, ROW_ARRAYS, BlockEntry, DatasetManifest, check_manifest)
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.random_streams import num_blocks
 from protocol.errors import AppError
+from protocol.json_types import JsonValue, json_int
 
 if TYPE_CHECKING:
     from psruntime.apps.base import PSApp
@@ -140,7 +140,7 @@ class DatasetWriter:
         listed.append(entry)
         return entry
 
-    def finish(self, spec: Mapping[str, Any], source: Mapping[str, Any]) -> DatasetManifest:
+    def finish(self, spec: Mapping[str, JsonValue], source: Mapping[str, JsonValue]) -> DatasetManifest:
         """Write dataset.json with `spec` (the app's dimension fields) and return it."""
         manifest = check_manifest(DatasetManifest(format=FORMAT_NAME, version=FORMAT_VERSION, app=self.app,
                                                   spec=dict(spec), train=self.blocks["train"],

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
+from protocol.json_types import JsonObject
 from protocol.ps_app_schemas import LASSO_PRESET_HPARAMS, LASSO_PRESETS, LassoHParams, LassoSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
@@ -42,8 +43,8 @@ class LassoApp(PSApp[LassoSpec, LassoHParams]):
     HParams = LassoHParams
     ENTRY_FIELDS = ("features", "values")
     ROW_FIELDS = ("targets",)
-    PRESETS: ClassVar[dict[str, dict[str, Any]]] = LASSO_PRESETS
-    PRESET_HPARAMS: ClassVar[dict[str, dict[str, Any]]] = LASSO_PRESET_HPARAMS
+    PRESETS: ClassVar[dict[str, JsonObject]] = LASSO_PRESETS
+    PRESET_HPARAMS: ClassVar[dict[str, JsonObject]] = LASSO_PRESET_HPARAMS
     GENERATION_CACHES = ("true_weights",)
 
     @property

@@ -29,12 +29,13 @@ some (docs/harmony_arbiter.md "Threads"): a job that does not set `comp_threads`
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, ClassVar, Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.special import gammaln
 
+from protocol.json_types import JsonObject
 from protocol.ps_app_schemas import LDA_PRESET_HPARAMS, LDA_PRESETS, LDAHParams, LDASpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
@@ -56,8 +57,8 @@ class LDAApp(PSApp[LDASpec, LDAHParams]):
     DEFAULT_COMP_THREADS: ClassVar[int | None] = 1
     ENTRY_FIELDS = ("words",)
     ROW_FIELDS = ()
-    PRESETS: ClassVar[dict[str, dict[str, Any]]] = LDA_PRESETS
-    PRESET_HPARAMS: ClassVar[dict[str, dict[str, Any]]] = LDA_PRESET_HPARAMS
+    PRESETS: ClassVar[dict[str, JsonObject]] = LDA_PRESETS
+    PRESET_HPARAMS: ClassVar[dict[str, JsonObject]] = LDA_PRESET_HPARAMS
     GENERATION_CACHES = ("true_topics",)
 
     @property

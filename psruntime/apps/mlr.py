@@ -9,10 +9,11 @@ Pushes are plain SGD steps, summed by the servers as in Bösen.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, ClassVar, Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 
+from protocol.json_types import JsonObject
 from protocol.ps_app_schemas import MLR_PRESET_HPARAMS, MLR_PRESETS, MLRHParams, MLRSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
@@ -36,8 +37,8 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
     HParams = MLRHParams
     ENTRY_FIELDS = ("features", "values")
     ROW_FIELDS = ("labels",)
-    PRESETS: ClassVar[dict[str, dict[str, Any]]] = MLR_PRESETS
-    PRESET_HPARAMS: ClassVar[dict[str, dict[str, Any]]] = MLR_PRESET_HPARAMS
+    PRESETS: ClassVar[dict[str, JsonObject]] = MLR_PRESETS
+    PRESET_HPARAMS: ClassVar[dict[str, JsonObject]] = MLR_PRESET_HPARAMS
     GENERATION_CACHES = ("true_weights",)
 
     # ----------------------------------------------------------------- data

@@ -21,11 +21,12 @@ is elementwise per item row and is sharded by item rows.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 import scipy.sparse as sp
 
+from protocol.json_types import JsonObject
 from protocol.ps_app_schemas import NMF_PRESET_HPARAMS, NMF_PRESETS, NMFHParams, NMFSpec
 from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
@@ -98,8 +99,8 @@ class NMFApp(PSApp[NMFSpec, NMFHParams]):
     HParams = NMFHParams
     ENTRY_FIELDS = ("items", "ratings")
     ROW_FIELDS = ()
-    PRESETS: ClassVar[dict[str, dict[str, Any]]] = NMF_PRESETS
-    PRESET_HPARAMS: ClassVar[dict[str, dict[str, Any]]] = NMF_PRESET_HPARAMS
+    PRESETS: ClassVar[dict[str, JsonObject]] = NMF_PRESETS
+    PRESET_HPARAMS: ClassVar[dict[str, JsonObject]] = NMF_PRESET_HPARAMS
     GENERATION_CACHES = ("true_item_factors",)
 
     @property

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class QualityCheck:
     target: str
     met: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, str | float | bool]:
         return {"metric": self.metric, "value": self.value, "true_model_value": self.true_model_value,
                 "target": self.target, "met": self.met}
 

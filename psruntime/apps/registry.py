@@ -16,11 +16,12 @@ import importlib
 import os
 import sys
 import traceback
-from typing import Any, Mapping
+from typing import Mapping
 
 from protocol.ps_job_spec import USER_APP, PSJobSpec
 from psruntime.apps.base import AppConfigError, PSApp
 from protocol.errors import AppError
+from protocol.json_types import JsonValue
 
 # name -> (module, class); tests/unit/test_apps_interface.py checks each class's `name` matches.
 _APPS: dict[str, tuple[str, str]] = {
@@ -108,7 +109,7 @@ def _user_preset(cls: type[PSApp], preset: str | None) -> str | None:
                          f"it has {sorted(cls.PRESETS) or 'none'}")
 
 
-def create_app(name: str, spec: Mapping[str, Any] | None = None, hparams: Mapping[str, Any] | None = None,
+def create_app(name: str, spec: Mapping[str, JsonValue] | None = None, hparams: Mapping[str, JsonValue] | None = None,
                preset: str | None = None) -> PSApp:
     """Validated app instance from a job spec's builtins (errors name the bad field). A user
     app's own errors (UserCodeError) carry its traceback; AppConfigError is a bad configuration."""

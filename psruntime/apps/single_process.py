@@ -14,13 +14,14 @@ import argparse
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Sequence, TextIO
 
 import numpy as np
 import orjson
 
 from psruntime.apps.base import AppConfigError, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
+from protocol.json_types import JsonObject
 
 
 class DenseModel:
@@ -56,7 +57,7 @@ class TrainResult:
     converged: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
 
@@ -69,7 +70,7 @@ def epoch_objective(app: PSApp, blocks: Sequence[DataBlock], model: DenseModel) 
 
 
 def train_single_process(app: PSApp, max_epochs: int | None = None, evaluate: bool = True,
-                         log: Any = None, threads: int = 1) -> tuple[TrainResult, DenseModel]:
+                         log: TextIO | None = None, threads: int = 1) -> tuple[TrainResult, DenseModel]:
     """Train on all blocks (partition 0 of 1) until converged or `max_epochs` (default: the
     app's own limit), each COMP over `threads` threads. Returns the result and the final model."""
     blocks = app.generate_partition(0, 1).blocks

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from psruntime.control_ops import Answer, Arrays, OpTable, bind, table
 from psruntime.wire.dataplane import RequestError
 from psruntime.eps.eps_inactive_store import InactiveSplits, InactiveStoreError
 from psruntime.store.store_client import StoreClient
+from protocol.json_types import JsonObject
 
 if TYPE_CHECKING:
     from psruntime.app_role import AppRole
@@ -49,7 +50,7 @@ def _address(value: str, name: str) -> str:
     return value
 
 
-def part_buffers(block: DataBlock, part: str) -> tuple[dict[str, Any], list[np.ndarray]]:
+def part_buffers(block: DataBlock, part: str) -> tuple[JsonObject, list[np.ndarray]]:
     """`block` serialised with only its "data", only its "state", or "all" of its arrays."""
     data = block.data if part in ("data", "all") else {}
     state = block.state if part in ("state", "all") else {}
@@ -151,7 +152,7 @@ class EpsWorkerOps:
         self.received_bytes += sum(a.nbytes for a in arrays)
         return ctl.EpsStageReply(split=split), ()
 
-    def _decode(self, header: dict[str, Any], arrays: Arrays, split: int) -> DataBlock:
+    def _decode(self, header: JsonObject, arrays: Arrays, split: int) -> DataBlock:
         try:
             block = DataBlock.from_buffers(header, arrays)
         except BlockFormatError as e:

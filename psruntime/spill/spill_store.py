@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from psruntime.store import buffer_file
 from psruntime.store.block_store import BlockArrays
 from psruntime.store.checkpoint import CheckpointError, pack_blocks, unpack_blocks
 from protocol.errors import HostError
+from protocol.json_types import JsonObject
 
 SPILL_DIR = "spill"
 
@@ -35,7 +36,7 @@ def default_spill_dir() -> Path:
     return Path(os.environ.get("PWD") or os.getcwd()) / SPILL_DIR
 
 
-def encode(header: dict[str, Any], arrays: Sequence[np.ndarray]) -> bytes:
+def encode(header: JsonObject, arrays: Sequence[np.ndarray]) -> bytes:
     """The file content for `header` and `arrays` (in memory: tests, small blocks)."""
     try:
         return b"".join(buffer_file.encode(header, arrays, compress=True))
@@ -43,7 +44,7 @@ def encode(header: dict[str, Any], arrays: Sequence[np.ndarray]) -> bytes:
         raise SpillError(f"cannot spill: {e}") from None
 
 
-def decode(raw: bytes, what: str = "spilled block") -> tuple[dict[str, Any], list[np.ndarray]]:
+def decode(raw: bytes, what: str = "spilled block") -> tuple[JsonObject, list[np.ndarray]]:
     """(header, arrays) of a file's content; the arrays are read-only. SpillError naming `what`
     when it is not a spill file or does not add up."""
     try:
@@ -62,7 +63,7 @@ class SpillStore:
         return self.root / f"{name}.lz4"
 
     # -- raw ---------------------------------------------------------------------------------
-    def write(self, name: str, header: dict[str, Any], arrays: Sequence[np.ndarray]) -> int:
+    def write(self, name: str, header: JsonObject, arrays: Sequence[np.ndarray]) -> int:
         """Write `name` (replacing it; atomic, not fsynced), each buffer lz4-compressed on its own so
         no uncompressed copy of the block is made; returns the bytes on disk."""
         self.root.mkdir(parents=True, exist_ok=True)
@@ -71,7 +72,7 @@ class SpillStore:
         except buffer_file.BufferFileError as e:
             raise SpillError(f"cannot spill {name}: {e}") from None
 
-    def read(self, name: str) -> tuple[dict[str, Any], list[np.ndarray]]:
+    def read(self, name: str) -> tuple[JsonObject, list[np.ndarray]]:
         path = self._path(name)
         try:
             compressed = path.read_bytes()
@@ -133,7 +134,7 @@ class SpillStore:
     def put_model(self, block: int, data: BlockArrays) -> int:
         """Spill model block `block` in the checkpoint wire form (psruntime.store.checkpoint.pack_blocks)."""
         descs, arrays = pack_blocks([(block, data)])
-        return self.write(self.model_name(block), {"blocks": descs}, arrays)
+        return self.write(self.model_name(block), {"blocks": [*descs]}, arrays)
 
     def get_model(self, block: int, num_blocks: int) -> BlockArrays:
         header, arrays = self.read(self.model_name(block))

@@ -21,7 +21,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Iterable, Literal, Sequence, Union
+from typing import Callable, Iterable, Literal, Sequence, Union
+
+import msgspec
 
 from protocol import container_env
 from psruntime.spill.alpha_tuner import AlphaTuner, SpillMeasurement, initial_alpha, quantize
@@ -47,10 +49,13 @@ def container_limit_bytes(cgroup_limit: int = 0) -> int:
     return min(known) if known else 0
 
 
-def parse_mode(value: Any) -> SpillMode | None:
-    """`spill_alpha` as app_setup carries it: None (no spill), a ratio in [0, 1] or "auto"."""
-    if value is None or value == "auto":
-        return value
+def parse_mode(value: object) -> SpillMode | None:
+    """`spill_alpha` as app_setup carries it (any value, checked here): None (no spill), a ratio in
+    [0, 1] or "auto"."""
+    if value is None:
+        return None
+    if value == "auto":
+        return "auto"
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
         return float(value)
     raise ValueError(f"spill_alpha must be a number in [0, 1] or \"auto\", got {value!r}")
@@ -77,7 +82,7 @@ class WorkerSpill:
     def alpha(self) -> float:
         return self.reloader.alpha
 
-    def load_blocks(self, app: PSApp[Any, Any], indices: Iterable[int]) -> list[DataBlock]:
+    def load_blocks(self, app: PSApp[msgspec.Struct, msgspec.Struct], indices: Iterable[int]) -> list[DataBlock]:
         """Input blocks `indices` (in order), each disk block spilled as soon as it is made."""
         wanted = list(indices)
         blocks: list[DataBlock] = []
@@ -90,7 +95,7 @@ class WorkerSpill:
         app.release_generation_caches()
         return blocks
 
-    def _choose_initial_alpha(self, app: PSApp[Any, Any], sample: DataBlock, num_blocks: int) -> None:
+    def _choose_initial_alpha(self, app: PSApp[msgspec.Struct, msgspec.Struct], sample: DataBlock, num_blocks: int) -> None:
         """alpha from the sampled first block (times the partition's blocks), the worker-local state
         the app adds to its data (it never spills), the model and this process against the limit."""
         data = sample.nbytes * num_blocks
@@ -100,7 +105,7 @@ class WorkerSpill:
         self.reloader.alpha = alpha
         self.tuner = AlphaTuner(alpha, num_blocks=num_blocks, warmup=WARMUP_STEPS)
 
-    async def init_blocks(self, store: StoreClient, app: PSApp[Any, Any], blocks: Sequence[DataBlock]) -> None:
+    async def init_blocks(self, store: StoreClient, app: PSApp[msgspec.Struct, msgspec.Struct], blocks: Sequence[DataBlock]) -> None:
         """`training_pipeline.init_blocks` a block at a time, each disk block loaded for it."""
         self.reloader.plan(blocks)
         for b in blocks:
@@ -108,7 +113,7 @@ class WorkerSpill:
             await init_blocks(store, app, [b])
             self.reloader.release(b)
 
-    def after_step(self, blocks: Sequence[DataBlock], step_s: float) -> dict[str, Any]:
+    def after_step(self, blocks: Sequence[DataBlock], step_s: float) -> dict[str, float | None]:
         """Measure the step just run; with "auto", move alpha for the next one. Returns the
         figures for the step's reply."""
         stall = self.reloader.stall_s - self._stall_seen
@@ -131,7 +136,7 @@ class WorkerSpill:
     def wants_model_spill(self) -> bool:
         return self.tuner is not None and self.tuner.wants_model_spill
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> dict[str, float | None]:
         r = self.reloader
         return {"alpha": self.alpha, "spilled_bytes": r.store.nbytes(), "stall_s": r.stall_s, "loads": r.loads,
                 "disk_blocks": len(r.disk), "peak_rss_bytes": self.peak_rss}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from typing import Any, Sequence
+from typing import Sequence
 
 import lz4.frame  # type: ignore[import-untyped]  # lz4 ships no type information
 import msgspec
@@ -29,6 +29,7 @@ import numpy as np
 
 from protocol.durable_storage import write_atomic
 from protocol.errors import AppError
+from protocol.json_types import JsonObject
 
 MAGIC = b"ELBUF001"
 PREFIX = struct.Struct("<8sI")
@@ -52,7 +53,7 @@ class BufferDesc(msgspec.Struct, array_like=True):
 
 
 class BufferFileHeader(msgspec.Struct, forbid_unknown_fields=False):
-    content: dict[str, Any]
+    content: JsonObject
     buffers: list[BufferDesc] = []
 
 
@@ -63,11 +64,11 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def encode(content: dict[str, Any], arrays: Sequence[np.ndarray], *, compress: bool = False) -> list[Any]:
+def encode(content: JsonObject, arrays: Sequence[np.ndarray], *, compress: bool = False) -> list[bytes | memoryview]:
     """The file's bytes as pieces to write one after another (raw buffers are views of the arrays'
     own memory, not copies). `compress`: each non-empty buffer as one lz4 frame."""
     descs: list[BufferDesc] = []
-    bodies: list[Any] = []
+    bodies: list[bytes | memoryview] = []
     offset = 0
     for i, a in enumerate(arrays):
         if offset % ALIGN:                       # pad the previous buffer: this one starts aligned
@@ -78,7 +79,7 @@ def encode(content: dict[str, Any], arrays: Sequence[np.ndarray], *, compress: b
             a = np.ascontiguousarray(a)
         if a.dtype.kind not in _NUMERIC or a.dtype.hasobject:
             raise BufferFileError(f"buffer {i}: cannot store an array of non-numeric dtype {a.dtype}")
-        raw = a.reshape(-1).data.cast("B") if a.nbytes else b""
+        raw: bytes | memoryview = a.reshape(-1).data.cast("B") if a.nbytes else b""
         data = lz4.frame.compress(raw) if compress and a.nbytes else raw
         descs.append(BufferDesc(a.dtype.str, list(a.shape), offset, len(data), bool(compress and a.nbytes)))
         bodies.append(data)
@@ -92,7 +93,7 @@ def encode(content: dict[str, Any], arrays: Sequence[np.ndarray], *, compress: b
     return [head, *bodies]
 
 
-def decode(raw: bytes | bytearray | memoryview, what: str = "buffer file") -> tuple[dict[str, Any], list[np.ndarray]]:
+def decode(raw: bytes | bytearray | memoryview, what: str = "buffer file") -> tuple[JsonObject, list[np.ndarray]]:
     """(content, arrays) of a file's bytes; BufferFileError naming `what` when it does not add up."""
     view = memoryview(raw).cast("B")
     if len(view) < PREFIX.size:
@@ -121,7 +122,7 @@ def decode(raw: bytes | bytearray | memoryview, what: str = "buffer file") -> tu
         lo = start + d.offset
         if lo + d.stored > len(view):
             raise BufferFileError(f"{what}: truncated ({len(view)} bytes, buffer {i} needs {lo + d.stored})")
-        data: Any = view[lo:lo + d.stored]
+        data: bytes | memoryview = view[lo:lo + d.stored]
         if d.lz4:
             try:
                 data = lz4.frame.decompress(data)
@@ -133,7 +134,7 @@ def decode(raw: bytes | bytearray | memoryview, what: str = "buffer file") -> tu
     return header.content, arrays
 
 
-def write(path: str | os.PathLike[str], content: dict[str, Any], arrays: Sequence[np.ndarray], *,
+def write(path: str | os.PathLike[str], content: JsonObject, arrays: Sequence[np.ndarray], *,
           compress: bool = False, durable: bool = True) -> int:
     """Write `path` atomically (durable: fsynced too); returns the bytes written."""
     pieces = encode(content, arrays, compress=compress)
@@ -141,7 +142,7 @@ def write(path: str | os.PathLike[str], content: dict[str, Any], arrays: Sequenc
     return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in pieces)
 
 
-def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[np.ndarray]]:
+def read(path: str | os.PathLike[str]) -> tuple[JsonObject, list[np.ndarray]]:
     """(content, arrays) of the file at `path`; OSError when it cannot be read, BufferFileError when
     it is not a buffer file."""
     with open(path, "rb") as f:

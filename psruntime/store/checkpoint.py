@@ -42,6 +42,8 @@ from protocol.durable_storage import write_atomic
 from psruntime.store import buffer_file
 from psruntime.store.block_store import BlockArrays, BlockStore
 from protocol.errors import AppError
+from protocol.json_types import JsonObject
+from psruntime.store.ownership_table import Key
 
 __all__ = ["FORMAT", "BlockEntry", "BlockManifest"]    # re-exported: callers import them from here
 
@@ -55,16 +57,17 @@ class CheckpointError(AppError, ValueError):
 
 def write_block(directory: str | os.PathLike[str], block: int, data: BlockArrays, *,
                 durable: bool = False) -> dict[str, Any]:
-    """Write one block as `block_<b>.buf` (atomically); returns its manifest entry.
+    """Write one block as `block_<b>.buf` (atomically); returns its manifest entry (typed as
+    protocol.checkpoint_manifest.BlockEntry's object form, which callers index).
     `durable`: fsync it too (the AM's checkpointer decides that per checkpoint and syncs itself)."""
     name = f"block_{block}.buf"
     descs, arrays = pack_blocks([(block, data)])
-    buffer_file.write(Path(directory) / name, {"blocks": descs}, arrays, durable=durable)
-    return {"file": name, "other_keys": list(data.other_keys)}
+    buffer_file.write(Path(directory) / name, {"blocks": [*descs]}, arrays, durable=durable)
+    return {"file": name, "other_keys": [*data.other_keys]}
 
 
 def write_manifest(directory: str | os.PathLike[str], executor_id: str, num_blocks: int, table_version: int,
-                   entries: dict[int, dict[str, Any]], *, durable: bool = False) -> Path:
+                   entries: dict[int, JsonObject], *, durable: bool = False) -> Path:
     """Write `manifest-<executor_id>.json` over `entries` (block -> write_block's entry), last and
     atomically: a crash before it leaves the previous manifest intact. `durable` as write_block's."""
     manifest = BlockManifest(num_blocks=num_blocks, table_version=table_version,
@@ -189,12 +192,12 @@ def block_wire_bytes(data: BlockArrays) -> int:
     return int(np.asarray(data.keys).nbytes) + data.nbytes
 
 
-def pack_blocks(items: Sequence[tuple[int, BlockArrays]]) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+def pack_blocks(items: Sequence[tuple[int, BlockArrays]]) -> tuple[list[JsonObject], list[np.ndarray]]:
     """Blocks as a frame's "blocks" header field and its buffers (see the module docstring)."""
-    descs: list[dict[str, Any]] = []
+    descs: list[JsonObject] = []
     arrays: list[np.ndarray] = []
     for b, data in items:
-        descs.append({"block": b, "other_keys": list(data.other_keys), "has_values": data.values is not None})
+        descs.append({"block": b, "other_keys": [*data.other_keys], "has_values": data.values is not None})
         arrays.append(np.asarray(data.keys, np.int64))
         if data.values is not None:
             arrays.append(data.values)
@@ -202,8 +205,9 @@ def pack_blocks(items: Sequence[tuple[int, BlockArrays]]) -> tuple[list[dict[str
     return descs, arrays
 
 
-def unpack_blocks(descs: Any, arrays: Sequence[np.ndarray], num_blocks: int) -> list[tuple[int, BlockArrays]]:
-    """The blocks of a frame packed by `pack_blocks`; CheckpointError naming what does not add up.
+def unpack_blocks(descs: object, arrays: Sequence[np.ndarray], num_blocks: int) -> list[tuple[int, BlockArrays]]:
+    """The blocks of a frame packed by `pack_blocks` (`descs`: its "blocks" field, any value, checked
+    here); CheckpointError naming what does not add up.
     The arrays stay views into the frame's body (BlockStore.import_arrays copies what it keeps)."""
     if not isinstance(descs, list):
         raise CheckpointError("field 'blocks' must be a list of {block, other_keys, has_values}")
@@ -219,19 +223,20 @@ def unpack_blocks(descs: Any, arrays: Sequence[np.ndarray], num_blocks: int) -> 
         if b in seen:
             raise CheckpointError(f"block {b} is listed twice")
         seen.add(b)
-        if not isinstance(other_keys, list) or not all(
-                isinstance(k, (int, str)) and not isinstance(k, bool) for k in other_keys):
+        keys_of: list[Key] = [k for k in other_keys if isinstance(k, (int, str)) and not isinstance(k, bool)] \
+            if isinstance(other_keys, list) else []
+        if not isinstance(other_keys, list) or len(keys_of) != len(other_keys):
             raise CheckpointError(f"'blocks'[{n}].other_keys must be a list of int or str keys")
         if not isinstance(has_values, bool):
             raise CheckpointError(f"'blocks'[{n}].has_values must be true or false")
-        count = 1 + int(has_values) + len(other_keys)
+        count = 1 + int(has_values) + len(keys_of)
         if i + count > len(arrays):
             raise CheckpointError(f"block {b} needs {count} buffers but the frame has only {len(arrays) - i} left")
         keys = arrays[i]
         values = arrays[i + 1] if has_values else None
         others = list(arrays[i + 1 + int(has_values):i + count])
         i += count
-        out.append((b, BlockArrays(keys, values, list(other_keys), others)))
+        out.append((b, BlockArrays(keys, values, keys_of, others)))
     if i != len(arrays):
         raise CheckpointError(f"the blocks use {i} buffers but the frame has {len(arrays)}")
     return out
