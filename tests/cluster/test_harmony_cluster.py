@@ -21,6 +21,7 @@ from conftest import pids_with_env, rest, running_cluster, submit_app, wait_app
 from nodemanager.arbiter import GrantRecord, cpu_oversubscribed
 from polling import wait_until
 from protocol import container_env
+from protocol.ps_status import FINAL_STATUS_FILE, read_status
 
 pytestmark = pytest.mark.cluster
 
@@ -53,7 +54,8 @@ def test_three_jobs_are_profiled_grouped_interleaved_and_finish(tmp_path: Path) 
         finals = [wait_app(cluster.rm_url, a, ("FINISHED", "FAILED", "KILLED"), 600) for a in apps]
         nodes = rest(cluster.rm_url, "GET", "/ws/v1/cluster/nodes")["nodes"]["node"]
         views = {n["id"]: _arbiter_view(n["nodeHTTPAddress"]) for n in nodes}
-        statuses = [json.loads((Path(cluster.base_dir) / "rm" / "apps" / a / "status.json").read_text()) for a in apps]
+        statuses = [read_status((Path(cluster.base_dir) / "rm" / "apps" / a / FINAL_STATUS_FILE).read_bytes())
+                    for a in apps]
         for a in apps:
             wait_until(lambda a=a: not pids_with_env(container_env.APP_ID, a), 30, f"every process of {a} gone")
 
@@ -62,16 +64,16 @@ def test_three_jobs_are_profiled_grouped_interleaved_and_finish(tmp_path: Path) 
     # Jobs were grouped together: some group named in the directives of two or more of them.
     members: dict[str, set[str]] = defaultdict(set)
     for a, st in zip(apps, statuses):
-        for d in st["directives"]:
-            if d.get("group"):
-                members[d["group"]].add(a)
+        for d in st.directives:
+            if d.group:
+                members[d.group].add(a)
     assert any(len(m) >= 2 for m in members.values()), members
     # Every pause / resume (a move by restart is both) continued the objective trajectory.
     for st in statuses:
-        for h in st["suspension"]["history"]:
-            assert h["ok"]
-            if h["op"] == "resume" and h["objective_before"] is not None:
-                assert h["objective_restored"] == pytest.approx(h["objective_before"], rel=1e-3), h
+        for h in st.suspension.history:
+            assert h.ok
+            if h.op == "resume" and h.objective_before is not None:
+                assert h.objective_restored == pytest.approx(h.objective_before, rel=1e-3), h
     # The arbiters never let COMPs hold more threads than their pool (in the bounded grant log) and
     # interleaved co-located jobs' COMP subtasks (cumulative counters: on a fast host the last job
     # alone fills the log's tail).
@@ -80,4 +82,4 @@ def test_three_jobs_are_profiled_grouped_interleaved_and_finish(tmp_path: Path) 
     interleaved = {n: v["cpu_interleavings"] for n, v in views.items()}
     assert any(len(v["cpu_grants_by_job"]) >= 2 for v in views.values()), interleaved
     assert max(interleaved.values()) >= 1, ({n: v["cpu_grants_by_job"] for n, v in views.items()},
-                                            [st["directives"] for st in statuses])
+                                            [st.directives for st in statuses])

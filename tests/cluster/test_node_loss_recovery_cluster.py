@@ -27,6 +27,8 @@ from appmaster.ps.submission import build_ps_submission
 from conftest import get_app, pids_with_env, running_cluster, submit_app, wait_app
 from polling import wait_until
 from protocol import container_env
+from protocol.ps_status import FINAL_STATUS_FILE, read_status
+from protocol.shape_history import RecoveryChange, ReplaceWorkerChange
 from scripted_am import use_scripted_am
 from test_cluster_node_loss import remove_leftover_cgroups
 
@@ -94,21 +96,24 @@ def test_a_crashed_host_costs_the_job_a_recovery_not_its_life(four_nodes, tmp_pa
             remove_leftover_cgroups(victim.node_id)
 
     base = Path(c.base_dir) / "rm" / "apps"
-    st = json.loads((base / app_id / "status.json").read_text())
-    ref = json.loads((base / reference / "status.json").read_text())
-    rec = [h for h in st["shape_history"] if h["mode"] in ("recovery", "replace_worker")]
-    assert len(rec) == 1 and rec[0]["error"] == "" and st["recovery"]["failures"] == 1, st["shape_history"]
+    st = read_status((base / app_id / FINAL_STATUS_FILE).read_bytes())
+    ref = read_status((base / reference / FINAL_STATUS_FILE).read_bytes())
+    rec = [h for h in st.shape_history if isinstance(h, (RecoveryChange, ReplaceWorkerChange))]
+    assert st.recovery is not None and st.recovery.failures == 1, st.recovery
+    assert len(rec) == 1 and rec[0].error == "", st.shape_history
     servers_lost = any(e["role"] == "server" for e in doomed)
-    assert rec[0]["mode"] == ("recovery" if servers_lost else "replace_worker"), (doomed, rec[0])
-    assert servers_lost or rec[0]["epochs_redone"] == 0, rec[0]
-    assert all("exited with -100" in lost for lost in rec[0]["lost"]), rec[0]["lost"]
-    assert {e["id"] for e in doomed} == {lost.split(" ")[0] for lost in rec[0]["lost"]}, rec[0]["lost"]
-    serving = [e for e in st["shape"]["executors"] if e["state"] in ("READY", "EXITED") and
-               e["id"] not in {x["id"] for x in live}]
+    assert type(rec[0]) is (RecoveryChange if servers_lost else ReplaceWorkerChange), (doomed, rec[0])
+    assert servers_lost or rec[0].epochs_redone == 0, rec[0]
+    assert all("exited with -100" in lost for lost in rec[0].lost), rec[0].lost
+    assert {e["id"] for e in doomed} == {lost.split(" ")[0] for lost in rec[0].lost}, rec[0].lost
+    assert st.shape is not None
+    serving = [e for e in st.shape.executors if e.state in ("READY", "EXITED") and
+               e.id not in {x["id"] for x in live}]
     # Every executor is new after a checkpoint recovery; only the lost workers' replacements otherwise.
     assert len(serving) == (4 if servers_lost else len(doomed)), serving
-    assert all(e["node"] != victim.node_id for e in serving), serving
-    assert [h["epoch"] for h in st["objective_history"]] == list(range(12))
-    assert st["eps"]["audit_mismatches"] == []
-    final, expected = st["objective_history"][-1]["objective"], ref["objective_history"][-1]["objective"]
+    assert all(e.node != victim.node_id for e in serving), serving
+    assert [h.epoch for h in st.objective_history] == list(range(12))
+    assert st.eps is not None and st.eps.audit_mismatches == []
+    final, expected = st.objective_history[-1].objective, ref.objective_history[-1].objective
+    assert final is not None and expected is not None
     assert abs(final - expected) <= 0.01 * abs(expected), (final, expected)
