@@ -5,6 +5,7 @@ import argparse
 import sys
 from typing import Optional
 
+from protocol.ha_config import load_ha
 from protocol import config as pconfig, storage_settings
 from protocol.daemon import run_daemon, setup_logging
 
@@ -52,7 +53,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         # [storage]: the object store's settings, for this NM's localizer and every container's env
         storage_settings.apply(pconfig.load_storage(args.cluster_config))
         node_settings.validate(cfg, cluster)
-        nm = NodeManager(cfg, cluster, ready_file=args.ready_file)
+        nm = NodeManager(cfg, cluster, ready_file=args.ready_file, ha=load_ha(args.cluster_config))
         nm.bind()
     except (pconfig.ConfigError, OSError, ValueError) as e:
         print(f"nodemanager: {e}", file=sys.stderr)

@@ -15,6 +15,7 @@ from protocol.aggregated_logs import RemoteLogDir
 from protocol.arbiter_wire import name_hash
 from protocol.config import ClusterConfig, NMConfig
 from protocol.durable_storage import write_atomic
+from protocol.ha_config import NO_HA, HAConfig
 
 from . import node_settings
 from .arbiter_server import ArbiterServer, socket_path
@@ -38,9 +39,10 @@ class NodeManager:
     """One NM: `start` serves HTTP and begins registration in the background; `stop` kills containers."""
 
     def __init__(self, cfg: NMConfig, cluster: ClusterConfig, ready_file: Optional[str] = None,
-                 mounts_file: str = "/proc/mounts"):
+                 mounts_file: str = "/proc/mounts", ha: HAConfig = NO_HA):
         self.cfg = cfg
         self.cluster = cluster
+        self.ha = ha        # cluster.toml's [ha]: the RMs the link fails over between
         self.ready_file = ready_file
         self.mounts_file = mounts_file
         self.capability = node_settings.capability(cfg)
@@ -141,7 +143,7 @@ class NodeManager:
                            self.capability, self.cfg.rack, self.manager, self.cfg.heartbeat_interval_ms,
                            self.cluster.token_lifetime_s, on_registered=self._write_ready_file, version=VERSION,
                            utilization=lambda: self.utilization.for_heartbeat() if self.utilization else None,
-                           node_labels=self.cfg.node_labels, log_aggregation=self.log_aggregation)
+                           node_labels=self.cfg.node_labels, log_aggregation=self.log_aggregation, ha=self.ha)
         self._link_task = asyncio.get_running_loop().create_task(self._run_link())
 
     def _start_log_aggregation(self, manager: ContainerManager, store: RemoteLogDir) -> None:

@@ -10,7 +10,9 @@ import aiohttp
 
 from protocol import codec, tokens
 from protocol import internal_api as api
+from protocol.ha_config import NO_HA, HAConfig
 from protocol.http_client import JsonHttpClient, RemoteError
+from protocol.rm_failover import rm_client
 from protocol.records import ContainerState, ExitStatus, Resource
 
 from .container_manager import ContainerManager
@@ -30,7 +32,8 @@ class RMLink:
                  rack: str, manager: ContainerManager, heartbeat_interval_ms: int, token_lifetime_s: float,
                  on_registered: Callable[[], None] = lambda: None, version: str = "",
                  utilization: Callable[[], Optional[api.NodeUtilization]] = lambda: None,
-                 node_labels: Sequence[str] = (), log_aggregation: Optional[LogAggregationService] = None):
+                 node_labels: Sequence[str] = (), log_aggregation: Optional[LogAggregationService] = None,
+                 ha: HAConfig = NO_HA):
         self.rm_address = rm_address
         self.secret = secret
         self.node_id = node_id
@@ -45,7 +48,10 @@ class RMLink:
         self.version = version
         self.utilization = utilization   # the latest sample (read only: sampling runs elsewhere)
         self.log_aggregation = log_aggregation   # None: cluster.toml has no remote_app_log_dir
-        self.client = JsonHttpClient(rm_address, timeout_s=max(5.0, 3 * self.interval_s))
+        # With cluster.toml's [ha], a client that moves on to the next listed RM when this one is
+        # down or standby (protocol/rm_failover.py); the new active answers RESYNC and the node
+        # registers with it.
+        self.client: JsonHttpClient = rm_client(rm_address, ha, timeout_s=max(5.0, 3 * self.interval_s))
         self.response_id = 0
         self.registered = False
         self.last_heartbeat_ok: Optional[float] = None

@@ -93,6 +93,9 @@ class HAConfig(msgspec.Struct, forbid_unknown_fields=True):
         return out
 
 
+NO_HA = HAConfig()      # HA off: one RM (a default argument; never modified)
+
+
 def _check_http_url(setting: str, url: str, https: bool = True) -> None:
     schemes = ("http", "https") if https else ("http",)
     u = urlsplit(url if "://" in url else "http://" + url)

@@ -253,3 +253,43 @@ def test_bad_ha_settings_stop_the_rm_naming_the_setting(etcd, tmp_path):
             argv += ["--port", str(ports[0])]
         proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and needle in proc.stderr, (args, override, proc.stderr)
+
+
+def running_nodes(rm: RmProcess) -> list[str]:
+    status, body, _ = call(rm.url + "/ws/v1/cluster/nodes")
+    nodes = ((body.get("nodes") or {}).get("node") or []) if status == 200 else []
+    return [n["id"] for n in nodes if n.get("state") == "RUNNING"]
+
+
+def test_a_nodemanager_fails_over_to_the_new_active(pair, tmp_path):
+    active, standby = one_active(pair)
+    conf = active.conf
+    (conf / "nm.toml").write_text("[nm]\nwarm_modules = []\ncontainer_shells = 0\narbiter = false\n")
+    ready = tmp_path / "nm.ready"
+    log = open(tmp_path / "nm.log", "ab")
+    nm = subprocess.Popen(
+        [sys.executable, "-m", "nodemanager", "--config", str(conf / "nm.toml"), "--cluster-config",
+         str(conf / "cluster.toml"), "--rm-address", active.url, "--host", "127.0.0.1", "--port", "0",
+         "--memory-mb", "1024", "--vcores", "2", "--local-dir", str(tmp_path / "nm-local"),
+         "--log-dir", str(tmp_path / "nm-logs"), "--recovery-dir", str(tmp_path / "nm-recovery"),
+         "--cgroups", "off", "--heartbeat-interval-ms", "200", "--ready-file", str(ready)],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    log.close()
+    try:
+        wait_until(lambda: nm.poll() is None and ready.exists(), 60, "the NM registered", 0.1)
+        node_id = json.loads(ready.read_text())["node_id"]
+        wait_until(lambda: running_nodes(active) == [node_id], 30, "the node RUNNING at the active", 0.1)
+        active.signal(signal.SIGKILL)
+        assert active.proc is not None and active.proc.wait(10) == -signal.SIGKILL
+        wait_until(lambda: standby.ha_state() == "ACTIVE", 60, f"{standby.rm_id} active", 0.1)
+        # Its heartbeats move on to the new active, which answers RESYNC; the node registers there.
+        wait_until(lambda: running_nodes(standby) == [node_id], 60, "the node RUNNING at the new active", 0.1)
+    finally:
+        if nm.poll() is None:
+            nm.send_signal(signal.SIGTERM)
+            try:
+                nm.wait(30)
+            except subprocess.TimeoutExpired:
+                nm.kill()
+                nm.wait(10)
+    assert nm.returncode == 0, (tmp_path / "nm.log").read_text()[-3000:]
