@@ -160,3 +160,24 @@ async def test_standby_campaign_is_refused_while_the_leader_key_is_held(etcd):
     assert not active.elector.role.may_campaign(active.elector.clock())
     assert len(active.terms) == 1
     await asyncio.gather(a.elector.stop(), b.elector.stop())
+
+
+async def test_the_store_gives_back_the_records_as_saved_typed_ps_spec_included(etcd):
+    from protocol.ps_job_spec import PSJobSpec  # noqa: PLC0415
+
+    ha = ha_config(etcd)
+    a = Rm(ha, "rm1")
+    a.elector.start()
+    await async_wait_until(lambda: a.state == HAState.ACTIVE, 20, "rm1 active")
+    store = store_for(ha, a)
+    ps = msgspec.structs.replace(app_record("application_1_0002", 2), app_type="ELASTANE_PS",
+                                 ps_job=PSJobSpec(app="mlr", workers=3, servers=2))
+    plain = app_record("application_1_0001", 1)
+    attempts = [attempt_record("application_1_0002", n) for n in (2, 1)]
+    store.save_app(ps, attempts)
+    store.save_app(plain, [])
+    loaded = store.load()
+    assert [r for r, _ in loaded] == [plain, ps]                       # submission order (seq)
+    assert loaded[1][1] == sorted(attempts, key=lambda at: at.number)  # attempts by number
+    store.close()
+    await a.elector.stop()
