@@ -7,7 +7,9 @@ run in the order they were scheduled (a sequence number breaks ties), so a run i
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable
+from typing import Callable, TypeVarTuple, Unpack
+
+Ts = TypeVarTuple("Ts")
 
 
 class EventLoop:
@@ -15,7 +17,8 @@ class EventLoop:
 
     def __init__(self, start: float = 0.0):
         self.now = start
-        self._heap: list[tuple[float, int, Callable[..., Any], tuple[Any, ...]]] = []
+        # (time, sequence, fn, args): each entry's fn takes its args (at() checked that)
+        self._heap: list[tuple[float, int, Callable[..., object], tuple[object, ...]]] = []
         self._seq = 0
         self.processed = 0
 
@@ -23,12 +26,12 @@ class EventLoop:
         """The current virtual time (pass this as the core's injected clock)."""
         return self.now
 
-    def at(self, t: float, fn: Callable[..., Any], *args: Any) -> None:
+    def at(self, t: float, fn: Callable[[Unpack[Ts]], object], *args: Unpack[Ts]) -> None:
         """Run `fn(*args)` at virtual time `t` (never earlier than now)."""
         self._seq += 1
         heapq.heappush(self._heap, (max(t, self.now), self._seq, fn, args))
 
-    def after(self, dt: float, fn: Callable[..., Any], *args: Any) -> None:
+    def after(self, dt: float, fn: Callable[[Unpack[Ts]], object], *args: Unpack[Ts]) -> None:
         self.at(self.now + max(0.0, dt), fn, *args)
 
     def __len__(self) -> int:
