@@ -27,19 +27,29 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Mapping, Sequence
+
+import msgspec
 
 from protocol import durable_storage, tokens
 from psruntime.wire.bandwidth import parse_rate
 
 from . import container_reaper, node_network, processes, testbed_hosts
 from protocol.errors import HostError
+from protocol.json_types import JsonObject
 
 
 class ClusterStartError(HostError, RuntimeError):
     """The cluster did not come up; the message carries the failing daemons' log tails."""
+
+
+def _path_hook(typ: type, value: object) -> object:
+    """msgspec's decoding of the types it does not know: a Path from its string."""
+    if typ is Path and isinstance(value, str):
+        return Path(value)
+    raise NotImplementedError(f"cannot decode {typ}")
 
 
 @dataclass
@@ -57,18 +67,14 @@ class NodeProcess:
     start_ticks: int | None = None
     alive: bool = True
 
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        for k in ("base_dir", "log_dir", "local_dir", "recovery_dir"):
-            d[k] = str(d[k])
-        return d
+    def to_json(self) -> JsonObject:
+        out: JsonObject = msgspec.to_builtins(self, enc_hook=str)    # the dirs as strings
+        return out
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "NodeProcess":
-        d = dict(d)
-        for k in ("base_dir", "log_dir", "local_dir", "recovery_dir"):
-            d[k] = Path(d[k])
-        return cls(**d)
+    def from_json(cls, d: object) -> "NodeProcess":
+        """`to_json`'s object read back (msgspec.ValidationError naming a bad field)."""
+        return msgspec.convert(d, cls, dec_hook=_path_hook)
 
 
 @dataclass

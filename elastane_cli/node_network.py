@@ -27,12 +27,15 @@ import re
 import shutil
 import subprocess
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
+
+import msgspec
 
 from psruntime.wire.bandwidth import default_burst_bytes
 from protocol.errors import HostError
+from protocol.json_types import JsonObject
 
 MODES = ("auto", "netns", "emulated")
 SUBNET_PREFIX = "10.213"
@@ -134,12 +137,14 @@ class ClusterNetwork:
         """Prefix for a command that must run in node i's namespace (keeps the pid: nsenter execs)."""
         return ["nsenter", f"--net={NETNS_DIR / self.namespace(i)}", "--"]
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> JsonObject:
+        out: JsonObject = msgspec.to_builtins(self)
+        return out
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "ClusterNetwork":
-        return cls(**d)
+    def from_json(cls, d: object) -> "ClusterNetwork":
+        """`to_json`'s object read back (msgspec.ValidationError naming a bad field)."""
+        return msgspec.convert(d, cls)
 
 
 def namespace_name(tag: str, i: int) -> str:

@@ -34,15 +34,18 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
+
+import msgspec
 
 from nodemanager import cgroup_detect
 from protocol import durable_storage
 
 from . import node_network
 from protocol.errors import HostError
+from protocol.json_types import JsonObject
 
 SSHD = "/usr/sbin/sshd"
 CGROUP_PARENT = "elastane-testbed"
@@ -202,15 +205,14 @@ class Host:
         return ["sh", "-c", join, "enter-host", *procs, "--",
                 "nsenter", "-t", str(self.anchor_pid), "--net", "--mount", "--uts", "--cgroup", "--"]
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> JsonObject:
+        out: JsonObject = msgspec.to_builtins(self)
+        return out
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Host":
-        d = dict(d)
-        if d.get("budget"):
-            d["budget"] = CgroupBudget(**d["budget"])
-        return cls(**d)
+    def from_json(cls, d: object) -> "Host":
+        """`to_json`'s object read back, its budget too (msgspec.ValidationError naming a bad field)."""
+        return msgspec.convert(d, cls)
 
 
 class Testbed:
