@@ -11,7 +11,9 @@ messages a real daemon sends. Modules:
 - `calibration`   per-app coefficients measured on a real cluster (sim/calibration.json by default)
 - `convergence`   the Optimus loss curve: fit and epochs to a convergence threshold
 - `sim_node`      a simulated NodeManager
-- `sim_job`       a simulated PS ApplicationMaster and its job
+- `sim_job`       a simulated PS ApplicationMaster (an interpreter of the AM's controller) and its job
+- `step_costs`    what each of the controller's step instructions costs a simulated job
+- `am_replay`     one job given directives at given times: its controller's log
 - `job_record`    what is recorded of a job (arrival, start, end, shape over time)
 - `metrics`       JCT, makespan, utilization, DRF fairness loss (Dorm)
 - `simulator`     wires them together: `simulate(trace, policy, ...)`

@@ -1,132 +1,97 @@
-"""A simulated PS job and its ApplicationMaster, talking to the RM core as a real PS AM does.
+"""A simulated PS job and its ApplicationMaster, talking to the RM core as a real PS AM does and
+deciding what to do with the real AM's own controller (appmaster/ps/controller).
 
-Life of a job (times from the app's calibration, sim/calibration.py):
+The simulated AM is an interpreter of the controller, as the real AM is: it turns what happens to
+the job in the simulation into the controller's events and carries out the instructions that come
+back, charging each step its calibrated cost (sim/step_costs.py). The job's phases are therefore
+the controller's (appmaster.ps.controller.Phase, one lifecycle TransitionTable); this module keeps
+none of its own. What the simulated AM does:
 
     arrival -> submit (new-application, submit, saved)          the core queues the AM
-    AM container allocated (LaunchAm effect) -> +am_start_s -> register, allocate loop starts
-    asks for its workers and servers; all granted -> +startup_s -> TRAINING (report: started)
-    TRAINING: epochs advance at 1 / T, T the epoch time the simulator's iteration-time model gives
-      (sim/iteration_time.py: the calibrated speed function models.ps_iteration_time, slowed where
-      nodes are oversubscribed) until the job's epoch count (sim/calibration.py) is reached
-      -> +finish_s -> finish (SUCCEEDED), AM exits
+    AM container allocated (LaunchAm effect) -> +am_start_s -> register    -> Registered
+    every allocate: granted containers -> ContainersAllocated (LaunchExecutor starts each on its
+      node: ExecutorReady), completed ones -> ContainersCompleted (a loss unless retired), a new
+      shape directive -> DirectiveArrived, SHUTDOWN -> StopRequested
+    training: epochs advance at 1 / T, T the epoch time the simulator's iteration-time model gives
+      (sim/iteration_time.py); each epoch's end -> ClockDone + EpochDone (its calibrated objective);
+      the job's epoch count (sim/calibration.py) reached -> TrainingEnded
 
-Directives are handled with the real AM's own pure pieces (appmaster/ps/directives.py):
-`DirectiveTracker` decides which to act on -- a version already seen is ignored, directives that
-arrive before training starts or while a change runs are kept and only the newest is applied
-after -- and `target_of` bounds the shape by the spec's min / max. A change is carried out as the
-real AM does: its missing executors are asked for on exactly the directive's nodes (strict asks;
-executors elsewhere are replaced), all or nothing: once every one is granted training stalls for
-the reshape cost (EPS, in place) or the restart cost (elastic_mode "kill"), then goes on at the new
-shape; a change whose executors do not come within the launch timeout fails and the job keeps its
-shape. A directive with another `executor_resource` restarts the job at the new size (pause,
-release every executor, ask again, restart cost). run_state "pause" stalls pause_s, releases every
-executor and waits; "resume" (or "run" after a pause) asks for the shape again and restarts after
-the restart cost. Reshape and restart costs grow with the job's model and data size
-(AppCalibration.reshape_cost / restart_cost).
-The job's phases follow PHASE_TRANSITIONS (a TransitionTable): an event out of place raises.
+    StartExecutors     ask rows to the RM core (one strict row per node for `per_node`, strict on
+                       `nodes`, else anywhere); StepDone once every executor is granted and up,
+                       StepFailed after the launch timeout (not for the start, a resume or a
+                       migration: a job holding nothing waits for its executors, as before)
+    RetireExecutors    release the containers (at the step's end)
+    PauseTraining / ResumeTraining   stop / restart epoch progress
+    WriteCheckpoint    remembers the epochs trained (RestoreCheckpoint goes back to them)
+    other steps        StepDone after their share of the change's calibrated cost; training stalls
+                       while any step but StartExecutors runs (EPS: reshape_cost, as before)
+    ReportProgress     the job report every allocate carries says it (changing, directive version)
+    Finish             unregister (SUCCEEDED / FAILED) or, stopped, just end
 
 Every allocate carries a JobReport (protocol/job_report.py) with the fields a real AM fills:
 shape, started / changing, iterations, early feedback (after the spec's
 `early_feedback_iterations`), speed over the iterations since the last reshape, executor resource,
-the directive version acted on, phase, epochs with their times and objectives (the measured run's
-where it has them, the curve beyond: the same ones the job's epoch count comes from) and per-worker
-compute / communication times split as the epoch-time model does.
+the directive version acted on, the controller's phase, epochs with their times and objectives (the
+measured run's where it has them, the curve beyond: the same ones the job's epoch count comes from)
+and per-worker compute / communication times split as the epoch-time model does.
+
+`run_directives` (sim/am_log.py) replays given directives at given times on one simulated job and
+returns its (phase, instruction kind) log: what a cluster test compares with the real AM's.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from enum import Enum
+from collections import deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import numpy as np
 
+from appmaster.ps.controller import Phase, handle
+from appmaster.ps.controller import events as ev
+from appmaster.ps.controller import instructions as ins
+from appmaster.ps.controller.records import ExecutorInfo, Holdings, Role
+from appmaster.ps.controller.state import Change, ChangeKind, ExecutorState, JobState
+from appmaster.ps.directives import DEFAULT_EARLY_FEEDBACK_ITERATIONS
 from models.optimus_fit import LossCurve as FittedCurve
 from models.optimus_fit import fit_loss_curve
 from protocol import internal_api as api
 from protocol import ps_job_spec
 from protocol.job_report import (MAX_EPOCH_TIMES, MAX_OBJECTIVES, ClockObjective, EpochObjective, JobReport,
                                  ServerTiming, WorkerTiming, recent_clock_objectives)
-from protocol.records import FinalStatus, Resource
-from appmaster.ps.directives import DEFAULT_EARLY_FEEDBACK_ITERATIONS, DirectiveTracker, Shape, TrackerState, target_of
-from protocol.state_machine import TransitionTable
+from protocol.records import Resource
 from rm.model import AmSpec
 
 from .calibration import AppCalibration
 from .convergence import LossCurve
+from .event_loop import EventLoop
 from .job_record import JobRecord
 from .optimus_truth import JobTruth
-from .event_loop import EventLoop
 from .sim_node import SimNode
+from .step_costs import step_cost
 from .trace import TraceJob
-from protocol.errors import StateError
 
 ObjectiveCurve = Union[FittedCurve, LossCurve]     # either has loss(k): the shape is all that is used
 
 if TYPE_CHECKING:
     from rm.core import LaunchAm, ResourceManagerCore
 
-WORKER, SERVER = "worker", "server"
+WORKER, SERVER = Role.WORKER.value, Role.SERVER.value
 CLOCK_OBJECTIVE_EVERY = 1 / 8     # of an epoch: how often a simulated AM samples its objective
 CLOCK_SHAPE_EPOCHS = 10           # the first epochs whose objectives shape the per-clock ones
-ASK_ID = {WORKER: 1, SERVER: 2}
 # The real AM's wait for a change's new executors (appmaster/ps/reconfiguration.py LAUNCH_TIMEOUT_S;
 # not imported: that module pulls in the AM's I/O).
 LAUNCH_TIMEOUT_S = 120.0
-
-
-class Phase(str, Enum):
-    """Where a simulated job is (the real AM's phase names where it has them)."""
-
-    SUBMITTED = "SUBMITTED"
-    GATHERING = "STARTING"          # the real AM's phase names (appmaster.ps.job.JobPhase)
-    LAUNCHING = "LAUNCHING"
-    TRAINING = "TRAINING"
-    RESHAPING = "RESHAPING"
-    PAUSING = "PAUSING"
-    PAUSED = "PAUSED"
-    FINISHING = "FINISHING"
-    DONE = "SUCCEEDED"
-
-
-class PhaseEvent(str, Enum):
-    """What moves a simulated job on (module doc)."""
-
-    REGISTER = "register"           # the AM registered: it asks for its executors
-    GATHERED = "gathered"           # it holds the target shape: (re)start after startup_s / restart_s
-    STARTED = "started"             # training starts
-    RESHAPE = "reshape"             # the executors held differ from the active shape: stall
-    RESHAPED = "reshaped"
-    PAUSE = "pause"                 # a directive's run state PAUSE
-    PAUSED = "paused"               # pause_s later: every executor released
-    RESUME = "resume"               # a directive's RESUME (or RUN) while paused
-    CONVERGE = "converge"           # the loss curve met the threshold: finishing
-    STOP = "stop"                   # finished or killed (the RM's SHUTDOWN)
-
-
-class SimPhaseError(StateError, RuntimeError):
-    """An event the simulated job's phase does not take (a simulator bug)."""
-
-    def __init__(self, phase: Phase, event: PhaseEvent):
-        super().__init__(f"sim job: {event.value} not allowed in phase {phase.value}")
-
-
-_P, _PE = Phase, PhaseEvent
-PHASE_TRANSITIONS: TransitionTable[Phase, PhaseEvent, Phase] = TransitionTable({
-    (_P.SUBMITTED, _PE.REGISTER): _P.GATHERING,
-    (_P.GATHERING, _PE.GATHERED): _P.LAUNCHING,
-    (_P.LAUNCHING, _PE.STARTED): _P.TRAINING,
-    (_P.TRAINING, _PE.RESHAPE): _P.RESHAPING,
-    (_P.RESHAPING, _PE.RESHAPED): _P.TRAINING,
-    (_P.TRAINING, _PE.PAUSE): _P.PAUSING,
-    (_P.RESHAPING, _PE.PAUSE): _P.PAUSING,
-    (_P.PAUSING, _PE.PAUSED): _P.PAUSED,
-    (_P.PAUSED, _PE.RESUME): _P.GATHERING,
-    (_P.TRAINING, _PE.CONVERGE): _P.FINISHING,
-    # The RM may shut the AM down in any phase once it allocates; a finish scheduled before such a
-    # shutdown still runs, so DONE takes STOP again.
-    **{(p, _PE.STOP): _P.DONE for p in Phase if p is not _P.SUBMITTED},
-}, SimPhaseError)
+# Changes whose StartExecutors waits as long as it takes: the job holds nothing it could go on with.
+WAITS_FOR_EXECUTORS = frozenset({ChangeKind.START, ChangeKind.RESUME, ChangeKind.MIGRATE})
+# Apps that keep training state on their workers (appmaster/ps/reconfiguration.keeps_worker_state:
+# per-block local state); the controller plans their checkpoints and recoveries accordingly.
+KEEPS_WORKER_STATE = frozenset({"nmf", "lda"})
+# Input splits per worker of the job's largest shape: the simulated data is split this finely, so
+# the controller's EPS planner always has splits to hand new workers (the real AM's split count is
+# the data's input blocks; the simulator models no data).
+SPLITS_PER_WORKER = 8
+CONVERGED = "converged (simulated)"
 
 
 @dataclass(frozen=True)
@@ -136,8 +101,8 @@ class JobTimings:
     allocate_interval_s: float = 1.0
     pending_interval_s: float = 0.25
     am_memory_mb: int = 512
-    # How long a change waits for the executors it asked for before it gives up and the job goes
-    # on at the shape it had (the real AM's launch timeout, appmaster/ps/reconfiguration.py).
+    # How long a change waits for the executors it asked for before its StartExecutors fails (the
+    # real AM's launch timeout, appmaster/ps/reconfiguration.py).
     launch_timeout_s: float = LAUNCH_TIMEOUT_S
 
 
@@ -150,17 +115,56 @@ class Held:
     resource: Resource
 
 
+@dataclass
+class _AskRow:
+    """One ask row a StartExecutors step sent the RM: `count` of `role` on `nodes` (strict) or anywhere."""
+
+    ask_id: int
+    step: int
+    role: Role
+    count: int
+    nodes: list[str]
+    granted: int = 0
+
+
+@dataclass
+class _Starting:
+    """A StartExecutors step in flight: its ask rows and the executors granted for it so far."""
+
+    step: ins.StartExecutors
+    rows: list[_AskRow]
+    granted: list[ExecutorInfo] = field(default_factory=list)
+    ready: set[str] = field(default_factory=set)
+
+
+@dataclass
+class AmLog:
+    """What the simulated AM's controller saw and said: every event (its time, its kind and the
+    phase the job was in after it) and every instruction's kind, in order (part 5 of issue 35
+    compares them with the real AM's log)."""
+
+    events: list[tuple[float, str, Phase]] = field(default_factory=list)
+    instructions: list[str] = field(default_factory=list)
+
+    def record(self, event: ev.Event, out: list[ins.Instruction], phase: Phase) -> None:
+        self.events.append((event.at, type(event).__name__, phase))
+        self.instructions.extend(type(i).__name__ for i in out)
+
+
 class SimJob:
     """One trace job: submits itself to the core, then plays its AM (see the module doc).
 
     `on_load_change` is called whenever the executors this job trains on change (it starts,
     reshapes, pauses, finishes): the simulator then asks its iteration-time model for every
-    training job's epoch time again (sim/iteration_time.py) and calls `set_epoch_time`."""
+    training job's epoch time again (sim/iteration_time.py) and calls `set_epoch_time`.
+    `spec`: the PS job spec to run (default: the trace job's, with the epoch limit the simulator
+    stops the job at); `log`: record the controller's events and instructions (`AmLog`)."""
 
     def __init__(self, job: TraceJob, cal: AppCalibration, loop: EventLoop, core: "ResourceManagerCore",
                  nodes: dict[str, SimNode], timings: JobTimings = JobTimings(),
                  on_done: Callable[["SimJob"], None] = lambda j: None,
-                 on_load_change: Callable[["SimJob"], None] = lambda j: None):
+                 on_load_change: Callable[["SimJob"], None] = lambda j: None,
+                 spec: Optional[ps_job_spec.PSJobSpec] = None, log: bool = False):
         self.job, self.cal, self.loop, self.core, self.nodes = job, cal, loop, core, nodes
         self.timings = timings
         self.on_done = on_done
@@ -168,41 +172,52 @@ class SimJob:
         self.model = cal.epoch_model()
         self.curve = cal.curve()
         max_epochs = job.max_epochs or int(job.hparams.get("max_epochs", cal.max_epochs))
+        if spec is not None and spec.max_epochs is not None:
+            max_epochs = spec.max_epochs
         self.max_epochs = max_epochs
         self.target_epochs = cal.epochs_to_converge(job.threshold, max_epochs)
-        self.spec = self._spec()
+        self.spec = spec if spec is not None else self._spec()
         # The job's parameter state (a trace may set it; the app's reference model otherwise).
         self.model_mb = job.model_mb if job.model_mb is not None else cal.model_mb
         self.record = JobRecord(job.name, job.app, job.user, job.queue, target_epochs=self.target_epochs)
-        self.phase = Phase.SUBMITTED
+        # The controller's state of the job: its phases, executors, the change in its slot.
+        self.state = JobState(spec=self.spec, keeps_worker_state=job.app in KEEPS_WORKER_STATE,
+                              memory_mb=self.spec.executor_memory_mb, vcores=self.spec.executor_vcores)
+        self.log: Optional[AmLog] = AmLog() if log else None
         self.app_id = ""
         self.attempt_id = ""
         self.am_container = ""
         self.am_node = ""
         self.response_id = 0
-        self.containers: dict[str, Held] = {}
-        self.active = (0, 0)                                  # (workers, servers) training now
-        self.active_ids: tuple[str, ...] = ()                 # the containers training now
-        self.target = (job.workers, job.servers)
-        # The real AM's pieces: which directive to act on when (version check, one change at a
-        # time, directives kept until training starts) and the executors' size now.
-        self.tracker = DirectiveTracker()
-        self.change: Optional[api.ShapeDirective] = None      # the directive being carried out
-        self.change_since = 0.0
-        self.restarting = False                               # a pause that resumes at once (new size)
-        self.allowed_nodes: tuple[str, ...] = ()              # a directive's placement: only these
-        # ... and how many of each role on each of them, where it says (the real AM starts placed
-        # executors node by node: appmaster/ps/reconfiguration.py start_placed); {}: counts per role.
-        self.per_node: dict[str, tuple[int, int]] = {}
-        self._ask_ids: set[int] = set()                       # ask rows sent last (withdrawn when dropped)
-        self.executor_resource = Resource(job.executor_memory_mb, job.executor_vcores)
-        self.run_state = api.RunState.RUN
+        self.registered = False
+        self.stopped = False
+        self.containers: dict[str, Held] = {}                 # containers held (granted, not released)
+        self.executor_of: dict[str, ExecutorInfo] = {}        # container id -> its executor
+        self.container_of: dict[str, str] = {}                # executor id -> its container
+        self.active = (0, 0)                                  # (workers, servers) training now / last
+        self.active_ids: tuple[str, ...] = ()                 # the containers training now / last
         self.releases: list[str] = []
+        # The interpreter's own: steps in flight, the ask rows sent, checkpoints written.
+        self._events: deque[ev.Event] = deque()
+        self._draining = False
+        self._starting: dict[int, _Starting] = {}             # StartExecutors steps in flight
+        self._rows: dict[int, _AskRow] = {}                   # ask id -> row
+        self._next_ask = 1
+        self._sent_asks: set[int] = set()                     # rows sent last (withdrawn when dropped)
+        self._timed: dict[int, int] = {}                      # step in flight -> its timer's token
+        self._stalling: set[int] = set()                      # steps in flight that stall training
+        self._instr: dict[int, ins.StepInstruction] = {}      # every step in flight
+        self._tokens = 0
+        self._halted = False                                  # PauseTraining done, no resume yet
+        self._ended = False                                   # TrainingEnded sent
+        self._saved: dict[str, float] = {}                    # checkpoint directory -> epochs trained
+        self._executors = {Role.WORKER: 0, Role.SERVER: 0}
+        self._reported = (False, 0)                           # the last ReportProgress: changing, version
         self.epochs = 0.0
         self.rate = 0.0                                       # epochs per second now
         self.epoch_s = 0.0                                    # the epoch time now (contention included)
         self.last_t = 0.0
-        self.generation = 0                                   # invalidates scheduled convergence events
+        self.generation = 0                                   # invalidates scheduled epoch ends
         self.iterations_at_reshape = 0
         self.epoch_times: list[float] = []
         self._reported_epochs = 0
@@ -211,6 +226,8 @@ class SimJob:
         self._clock_report: Optional[list[ClockObjective]] = None
         self._clock_shape: Optional[ObjectiveCurve] = None
         self._allocating = False
+        self._allocation = 0                                  # the allocate call due (older ones are void)
+        self._wake_due = False
 
     # ----- submission and AM start ------------------------------------------------------------
     def _spec(self) -> ps_job_spec.PSJobSpec:
@@ -228,6 +245,11 @@ class SimJob:
         """The PS job spec the job is submitted with (what `elastane ps submit` would send). It
         carries the epoch limit the simulator stops the job at, so a policy sees the same one."""
         return self.spec.to_json()
+
+    @property
+    def phase(self) -> Phase:
+        """The controller's phase of the job."""
+        return self.state.phase
 
     def submit(self) -> None:
         self.record.arrival = self.loop.now
@@ -253,83 +275,294 @@ class SimJob:
         return {"app_id": self.app_id, "attempt_id": self.attempt_id, "user": self.job.user}
 
     def _register(self) -> None:
-        if self.phase is not Phase.SUBMITTED:
-            return      # shut down before it registered
-        self.core.am_register(self.claims, api.AmRegisterRequest(tracking_url=f"http://sim/{self.app_id}"))
+        if self.registered or self.stopped:
+            return      # a later attempt of an AM that registered (or ended) already
+        resp = self.core.am_register(self.claims, api.AmRegisterRequest(tracking_url=f"http://sim/{self.app_id}"))
+        self.registered = True
         self.record.am_start = self.loop.now
-        self._on(PhaseEvent.REGISTER)
         self._allocating = True
-        self._allocate()
+        self._send(ev.Registered(at=self.loop.now, policy_places_new_jobs=resp.policy_places_new_jobs))
+        self._heartbeat_now()
 
-    def _on(self, event: PhaseEvent) -> None:
-        """Take `event` through PHASE_TRANSITIONS (SimPhaseError if the phase does not take it)."""
-        self.phase = PHASE_TRANSITIONS.next(self.phase, event)
+    # ----- the controller ---------------------------------------------------------------------
+    def _send(self, *events: ev.Event) -> None:
+        """Hand events to the controller and carry out what it says; events the steps raise meanwhile
+        (a step that costs nothing ends at once) queue behind, so each `handle` sees them in order."""
+        self._events.extend(events)
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self._events:
+                e = self._events.popleft()
+                running = self.state.change
+                _, out = handle(self.state, e)
+                if self.log is not None:
+                    self.log.record(e, out, self.state.phase)
+                if running is not None and self.state.change is not running:
+                    self._change_ended(running)
+                for i in out:
+                    self._do(i)
+        finally:
+            self._draining = False
+        self._retime()
 
-    # ----- the allocate loop ------------------------------------------------------------------
-    def _usable(self, h: Held) -> bool:
-        """An executor the target shape can use: of the current size, on an allowed node."""
-        return h.resource == self.executor_resource and (not self.allowed_nodes or h.node in self.allowed_nodes)
+    def _change_ended(self, change: Change) -> None:
+        """Count a change that succeeded as the records did: reshapes (EPS, a restart, a plan) and
+        pauses (a pause, a migration through a checkpoint)."""
+        if change.error:
+            return
+        if change.kind in (ChangeKind.EPS, ChangeKind.RESTART, ChangeKind.PLAN, ChangeKind.STRAGGLER):
+            self.record.reshapes += 1
+        elif change.kind in (ChangeKind.PAUSE, ChangeKind.MIGRATE):
+            self.record.pauses += 1
 
-    def _chosen(self) -> list[str]:
-        """The usable containers the shape counts (oldest first): with a per-node placement, up to
-        each node's count per role (executors beyond a node's share are not the shape's)."""
-        taken: dict[tuple[str, str], int] = {}
-        out = []
-        for cid in sorted(self.containers):
-            h = self.containers[cid]
-            if not self._usable(h):
-                continue
-            if self.per_node:
-                quota = self.per_node.get(h.node, (0, 0))[0 if h.role == WORKER else 1]
-                if taken.get((h.node, h.role), 0) >= quota:
-                    continue
-                taken[(h.node, h.role)] = taken.get((h.node, h.role), 0) + 1
-            out.append(cid)
-        return out
+    def _do(self, i: ins.Instruction) -> None:
+        """Carry out one instruction (module doc)."""
+        if isinstance(i, ins.StartExecutors):
+            self._start_executors(i)
+        elif isinstance(i, ins.STEP_TYPES):
+            self._begin_step(i)      # type: ignore[arg-type]
+        elif isinstance(i, ins.LaunchExecutor):
+            self._launch(i.container_id)
+        elif isinstance(i, ins.ReleaseContainer):
+            self._release(i.container_id)
+        elif isinstance(i, ins.WithdrawAsks):
+            self._drop_rows(i.step)
+        elif isinstance(i, ins.CancelSteps):
+            for step in i.steps:
+                self._cancel(step)
+        elif isinstance(i, ins.ReportProgress):
+            self._reported = (i.changing, i.directive_version)
+            self._report = None
+        elif isinstance(i, ins.SetTimer):
+            self.loop.at(i.at, self._timer, i.timer)
+        elif isinstance(i, ins.Finish):
+            self._finish(i)
+        # Reply: the simulated AM has no endpoint, so nobody waits for an answer.
 
-    def _held(self) -> tuple[int, int]:
-        """Usable executors held per role (module doc: placement and size are obeyed)."""
-        roles = [self.containers[c].role for c in self._chosen()]
-        return roles.count(WORKER), roles.count(SERVER)
+    def _timer(self, name: str) -> None:
+        if not self.stopped:
+            self._send(ev.TimerFired(at=self.loop.now, timer=name))
 
-    def _wanted(self) -> tuple[int, int]:
-        """Executors the job should hold now: none while paused or finishing, else the target."""
-        if self.phase in (Phase.PAUSED, Phase.PAUSING, Phase.FINISHING, Phase.DONE):
-            return (0, 0)
-        return self.target
-
-    def _asks(self) -> list[api.ResourceAsk]:
-        held = self._held()
-        want = self._wanted()
-        r = self.executor_resource
-        if self.per_node and want != (0, 0):
-            # One strict ask per node and role for what that node still lacks (ask ids 3, 4, 5, ...).
-            have: dict[tuple[str, str], int] = {}
-            for c in self._chosen():
-                h = self.containers[c]
-                have[(h.node, h.role)] = have.get((h.node, h.role), 0) + 1
-            asks = [api.ResourceAsk(ask_id=ASK_ID[role] + 2 * (i + 1), count=max(0, quota[k] - have.get((node, role), 0)),
-                                    resource=r, tag=role, nodes=[node], relax_locality=False)
-                    for i, (node, quota) in enumerate(sorted(self.per_node.items()))
-                    for k, role in enumerate((WORKER, SERVER))]
+    # ----- executors: asks, grants, launches --------------------------------------------------
+    def _start_executors(self, step: ins.StartExecutors) -> None:
+        if step.per_node:
+            wanted = [(n, [node]) for node, n in sorted(step.per_node.items())]
         else:
-            # A directive's nodes are obeyed, as the real AM's strict asks obey them (no relaxing).
-            nodes = list(self.allowed_nodes)
-            asks = [api.ResourceAsk(ask_id=ASK_ID[role], count=max(0, want[i] - held[i]), resource=r,
-                                    tag=role, nodes=nodes, relax_locality=not nodes)
-                    for i, role in enumerate((WORKER, SERVER))]
-        # The core keeps an ask row until told otherwise: rows no longer wanted are withdrawn.
-        ids = {a.ask_id for a in asks}
-        asks += [api.ResourceAsk(ask_id=x, count=0, resource=r, tag=WORKER if x % 2 else SERVER)
-                 for x in sorted(self._ask_ids - ids)]
-        self._ask_ids = ids
-        return asks
+            wanted = [(step.count, list(step.nodes))]
+        rows = []
+        for count, nodes in wanted:
+            row = _AskRow(self._next_ask, step.step, step.role, count, nodes)
+            self._next_ask += 1
+            self._rows[row.ask_id] = row
+            rows.append(row)
+        self._starting[step.step] = _Starting(step, rows)
+        self._heartbeat_now()
+        self._instr[step.step] = step
+        change = self.state.change
+        if change is None or change.kind not in WAITS_FOR_EXECUTORS:
+            token = self._token(step.step)
+            self.loop.after(self.timings.launch_timeout_s, self._launch_timeout, step.step, token)
+        self._maybe_started(step.step)
 
-    def _allocate(self) -> None:
-        if not self._allocating:
+    def _token(self, step: int) -> int:
+        self._tokens += 1
+        self._timed[step] = self._tokens
+        return self._tokens
+
+    def _launch_timeout(self, step: int, token: int) -> None:
+        if self._timed.get(step) != token or step not in self._starting:
+            return
+        s = self._starting[step]
+        self._close(step)
+        self._send(ev.StepFailed(at=self.loop.now, step=step, executors=list(s.granted),
+                                 error=f"{len(s.ready)} of {sum(r.count for r in s.rows)} new "
+                                       f"{s.step.role.value}s started within {self.timings.launch_timeout_s:g} s"))
+
+    def _granted(self, c: api.AllocatedContainer) -> Optional[ExecutorInfo]:
+        """A container the RM granted: the executor of the step whose ask it answers, or None
+        (surplus: an ask withdrawn after the RM had granted it) -- then it goes back at once."""
+        row = self._rows.get(c.ask_id)
+        if row is None or row.granted >= row.count or row.step not in self._starting:
+            self.releases.append(c.container_id)
+            return None
+        row.granted += 1
+        self._executors[row.role] += 1
+        info = ExecutorInfo(executor_id=f"{row.role.value}-{self._executors[row.role]}", role=row.role,
+                            container_id=c.container_id, node=c.node_id)
+        self.containers[c.container_id] = Held(row.role.value, c.node_id, c.resource)
+        self.executor_of[c.container_id] = info
+        self.container_of[info.executor_id] = c.container_id
+        self._starting[row.step].granted.append(info)
+        return info
+
+    def _launch(self, container_id: str) -> None:
+        """LaunchExecutor: its process starts on the node and announces itself (no cost of its own:
+        the calibrated figures run from the grant)."""
+        info = self.executor_of.get(container_id)
+        if info is None or container_id not in self.containers:
+            return
+        self.nodes[info.node].start(container_id, self.app_id)
+        self._events.append(ev.ExecutorReady(at=self.loop.now, executor=info))
+        for step, s in self._starting.items():
+            if info in s.granted:
+                s.ready.add(info.executor_id)
+                self._maybe_started(step)
+                break
+
+    def _maybe_started(self, step: int) -> None:
+        s = self._starting.get(step)
+        if s is None or len(s.ready) < sum(r.count for r in s.rows):
+            return
+        self._close(step)
+        self._events.append(ev.StepDone(at=self.loop.now, step=step, executors=list(s.granted)))
+
+    def _close(self, step: int) -> None:
+        """A step ended: its timer, ask rows and bookkeeping go."""
+        self._timed.pop(step, None)
+        self._stalling.discard(step)
+        self._instr.pop(step, None)
+        self._starting.pop(step, None)
+        self._drop_rows(step)
+
+    def _drop_rows(self, step: int) -> None:
+        for ask_id in [a for a, r in self._rows.items() if r.step == step]:
+            del self._rows[ask_id]
+
+    def _cancel(self, step: int) -> None:
+        """CancelSteps: a running step stops and answers StepFailed (cancelled)."""
+        if step not in self._instr:
+            return
+        s = self._starting.get(step)
+        self._close(step)
+        self._events.append(ev.StepFailed(at=self.loop.now, step=step, error="cancelled", cancelled=True,
+                                          executors=list(s.granted) if s is not None else []))
+
+    def _release(self, cid: str) -> None:
+        if self.containers.pop(cid, None) is not None:
+            self.releases.append(cid)
+            self._heartbeat_now()
+
+    # ----- the other steps ----------------------------------------------------------------------
+    def _begin_step(self, step: ins.StepInstruction) -> None:
+        """A step other than StartExecutors: it stalls training while it runs and ends after its
+        calibrated cost (sim/step_costs.py)."""
+        self._instr[step.step] = step
+        self._stalling.add(step.step)
+        if isinstance(step, ins.PauseTraining):
+            self._halted = True
+        cost = step_cost(self.cal, step, self.state.change, self.model_mb, self.job.data_scale, self._halted)
+        if cost > 0.0:
+            token = self._token(step.step)
+            self.loop.after(cost, self._step_due, step.step, token)
+        else:
+            self._events.append(self._end_step(step))
+
+    def _step_due(self, step: int, token: int) -> None:
+        instr = self._instr.get(step)
+        if self._timed.get(step) != token or instr is None or self.stopped:
+            return
+        self._send(self._end_step(instr))
+
+    def _end_step(self, step: ins.StepInstruction) -> ev.Event:
+        """What a step did, as the event that closes it."""
+        self._close(step.step)
+        now = self.loop.now
+        if isinstance(step, ins.RetireExecutors):
+            for eid in step.executors:
+                self._release(self.container_of.get(eid, ""))
+        elif isinstance(step, ins.WriteCheckpoint):
+            self._advance()
+            directory = f"sim/{self.app_id}/checkpoint-{len(self._saved) + 1}"
+            self._saved[directory] = self.epochs
+            return ev.StepDone(at=now, step=step.step, directory=directory)
+        elif isinstance(step, ins.SetupTraining):
+            self._halted = False
+            return ev.StepDone(at=now, step=step.step,
+                               holdings=self._holdings(self.state.ids(Role.SERVER), self.state.ids(Role.WORKER)))
+        elif isinstance(step, ins.RestoreCheckpoint):
+            self._advance()
+            self.epochs = self._saved.get(step.directory, self.epochs)
+            self._ended = False
+            self._halted = False
+            self._report = None
+            return ev.StepDone(at=now, step=step.step, holdings=self._holdings(step.servers, step.workers))
+        elif isinstance(step, ins.ResumeTraining):
+            self._halted = False
+        elif isinstance(step, ins.ComputePlan):
+            return ev.StepFailed(at=now, step=step.step, error="the simulator runs no Cruise optimizer")
+        return ev.StepDone(at=now, step=step.step)
+
+    def _holdings(self, servers: list[str], workers: list[str]) -> Holdings:
+        """Blocks and input splits spread round-robin, as the AM's set-up places them."""
+        blocks: dict[str, list[int]] = {s: [] for s in servers}
+        for b in range(self.spec.num_blocks if servers else 0):
+            blocks[servers[b % len(servers)]].append(b)
+        splits: dict[str, list[int]] = {w: [] for w in workers}
+        most = max(self.spec.workers, self.spec.max_workers or 0)
+        for b in range(SPLITS_PER_WORKER * most if workers else 0):
+            splits[workers[b % len(workers)]].append(b)
+        return Holdings(blocks=blocks, splits=splits)
+
+    def _finish(self, f: ins.Finish) -> None:
+        """Finish: unregister with the final status (None: stopped by the RM, no unregister)."""
+        if self.stopped:
             return
         self._advance()
-        self._check_launch_timeout()
+        if f.final_status is None:
+            self._stop("KILLED")
+            return
+        self.core.am_finish(self.claims, api.AmFinishRequest(final_status=f.final_status, diagnostics=f.diagnostics))
+        self.containers.clear()
+        self.nodes[self.am_node].exit(self.am_container)
+        self._stop(f.final_status)
+
+    def _stop(self, status: str) -> None:
+        was_training = self.training
+        self.stopped = True
+        self._allocating = False
+        self.rate = 0.0
+        self.generation += 1
+        self._timed.clear()
+        self.record.end = self.loop.now
+        self.record.final_status = status
+        self.record.epochs = int(self.epochs)
+        if was_training:
+            self.on_load_change(self)
+        self.on_done(self)
+
+    # ----- the allocate loop ------------------------------------------------------------------
+    @property
+    def executor_resource(self) -> Resource:
+        """Each executor's container now: the spec's, or the size a directive set (the controller's)."""
+        st = self.state
+        return Resource(st.memory_mb or self.spec.executor_memory_mb, st.vcores or self.spec.executor_vcores)
+
+    def _asks(self) -> list[api.ResourceAsk]:
+        r = self.executor_resource
+        asks = [api.ResourceAsk(ask_id=row.ask_id, count=row.count - row.granted, resource=r, tag=row.role.value,
+                                nodes=list(row.nodes), relax_locality=not row.nodes)
+                for row in self._rows.values() if row.count > row.granted]
+        # The core keeps an ask row until told otherwise: rows no longer wanted are withdrawn.
+        ids = {a.ask_id for a in asks}
+        asks += [api.ResourceAsk(ask_id=x, count=0, resource=r, tag=WORKER) for x in sorted(self._sent_asks - ids)]
+        self._sent_asks = ids
+        return asks
+
+    def _heartbeat_now(self) -> None:
+        """Allocate at once rather than at the next interval: the real AM's client does so when it
+        adds an ask or releases a container (appmaster/am_client.py `heartbeat_now`)."""
+        if self._allocating and not self._wake_due:
+            self._wake_due = True
+            self._allocation += 1
+            self.loop.after(0.0, self._allocate, self._allocation)
+
+    def _allocate(self, allocation: int) -> None:
+        if not self._allocating or allocation != self._allocation:
+            return
+        self._wake_due = False
+        self._advance()
         asks = self._asks()
         releases, self.releases = self.releases, []
         self.response_id += 1
@@ -337,133 +570,98 @@ class SimJob:
                                   progress=min(1.0, self.epochs / max(1, self.target_epochs)), shape=self.report())
         resp = self.core.allocate(self.claims, req)
         if resp.action == "SHUTDOWN":
-            self._stop("KILLED")
+            self._send(ev.StopRequested(at=self.loop.now, reason="the RM shut the AM down"))
+            if not self.stopped:
+                self._stop("KILLED")
             return
         self.response_id = resp.response_id
-        for c in resp.allocated:
-            role = c.tag if c.tag in ASK_ID else WORKER
-            self.containers[c.container_id] = Held(role, c.node_id, c.resource)
-            self.nodes[c.node_id].start(c.container_id, self.app_id)
+        events: list[ev.Event] = []
+        granted = [info for info in (self._granted(c) for c in resp.allocated) if info is not None]
+        if granted:
+            events.append(ev.ContainersAllocated(at=self.loop.now, containers=granted))
+        ended = []
         for st in resp.completed:
             self.containers.pop(st.container_id, None)
+            self._ungrant(st.container_id)
+            if st.container_id in self.state.containers:
+                ended.append((st.container_id, f"container {st.container_id} ended: exit status {st.exit_status}"
+                                               + (f" ({st.diagnostics})" if st.diagnostics else "")))
+        if ended:
+            events.append(ev.ContainersCompleted(at=self.loop.now, containers=ended))
         if resp.shape_directive is not None:
-            d = self.tracker.offer(resp.shape_directive)
-            if d is not None:
-                self._apply(d)
-        self._progress_shape()
-        pending = any(a.count for a in asks)
+            events.append(ev.DirectiveArrived(at=self.loop.now, directive=resp.shape_directive))
+        if events:
+            self._send(*events)
+        if self.stopped:
+            return
+        if self._wake_due:
+            return          # a step asked or released meanwhile: the next allocate is due now
+        pending = any(r.count > r.granted for r in self._rows.values())
+        self._allocation += 1
         self.loop.after(self.timings.pending_interval_s if pending else self.timings.allocate_interval_s,
-                        self._allocate)
+                        self._allocate, self._allocation)
 
-    # ----- directives: one at a time, as appmaster/ps/directives.py's DirectiveHandler -------------
-    def _apply(self, d: api.ShapeDirective) -> None:
-        """Carry out the directive the tracker handed over (the real AM's `DirectiveHandler._apply`)."""
-        self.change, self.change_since = d, self.loop.now
-        if self.phase in (Phase.FINISHING, Phase.DONE):
-            self._change_done()              # converged: nothing left to reshape or pause
+    def _ungrant(self, cid: str) -> None:
+        """A container granted for a step still in flight ended before the step did: ask again."""
+        info = self.executor_of.get(cid)
+        if info is None:
             return
-        target = target_of(d, self.spec.max_workers, self.spec.max_servers, self.spec.min_workers,
-                           self.spec.min_servers)
-        if d.run_state is api.RunState.PAUSE and self.phase in (Phase.TRAINING, Phase.RESHAPING):
-            self.target = (target.workers, target.servers)
-            self._pause()
-            return
-        if self.phase is Phase.PAUSED:
-            if d.run_state is api.RunState.PAUSE:
-                self._change_done()          # already paused
+        for s in self._starting.values():
+            if info in s.granted:
+                s.granted.remove(info)
+                s.ready.discard(info.executor_id)
+                for row in s.rows:
+                    if row.role is info.role and (not row.nodes or info.node in row.nodes) and row.granted > 0:
+                        row.granted -= 1
+                        break
                 return
-            self._set_target(d, target)
-            self.run_state = d.run_state
-            self._on(PhaseEvent.RESUME)      # asks for the target again, restarts once it holds it
-            return
-        if d.executor_resource is not None and d.executor_resource != self.executor_resource:
-            # Executors of another size are new containers, every one: the job restarts from a
-            # checkpoint (the real AM pauses and resumes at the new size).
-            self._set_target(d, target)
-            self.restarting = True
-            self._pause()
-            return
-        self._set_target(d, target)
-        if self.phase is not Phase.TRAINING:
-            self._change_done()
-            return
-        if self._placed_as_asked():
-            self._change_done()              # already that shape, where it should be
-
-    def _set_target(self, d: api.ShapeDirective, target: Shape) -> None:
-        self.target = (target.workers, target.servers)
-        self.allowed_nodes = tuple(d.nodes)
-        per_node = {p.node: (p.workers, p.servers) for p in d.placement}
-        placed = (sum(w for w, _ in per_node.values()), sum(x for _, x in per_node.values()))
-        self.per_node = per_node if per_node and placed == self.target else {}
-        if d.executor_resource is not None:
-            self.executor_resource = d.executor_resource
-
-    def _placed_as_asked(self) -> bool:
-        chosen = set(self._chosen())
-        return self.active == self.target and all(c in chosen for c in self.active_ids if c in self.containers)
-
-    def _change_done(self) -> None:
-        """The running change ended: the tracker hands over the directive kept meanwhile, if any."""
-        if self.change is None:
-            return
-        self.change = None
-        nxt = self.tracker.done()
-        if nxt is not None:
-            self._apply(nxt)
-
-    def _check_launch_timeout(self) -> None:
-        """A change whose executors did not come within the launch timeout fails, as the real AM's
-        does (LaunchFailed): the job goes on at its shape, the asks are withdrawn and what was
-        granted for the change is released (the real AM retires what started)."""
-        if (self.change is not None and self.phase is Phase.TRAINING
-                and self.loop.now - self.change_since > self.timings.launch_timeout_s):
-            self.target = self.active
-            self.allowed_nodes = ()
-            self.per_node = {}
-            for cid in [c for c in self.containers if c not in self.active_ids]:
-                self._release(cid)
-            self._change_done()
-
-    def _progress_shape(self) -> None:
-        """Move the job on once it holds what it waits for (start, reshape, resume)."""
-        held = self._held()
-        have_all = held[0] >= self.target[0] and held[1] >= self.target[1]
-        if self.phase is Phase.GATHERING and have_all:
-            resuming = self.record.start is not None
-            self._on(PhaseEvent.GATHERED)
-            self.loop.after(self._restart_cost() if resuming else self.cal.startup_s, self._start_training)
-        elif self.phase is Phase.TRAINING and self.change is not None and have_all and not self._placed_as_asked():
-            # All or nothing, as the real AM's reshape: it starts once every new executor is up.
-            self._reshape()
 
     # ----- training ---------------------------------------------------------------------------
-    def _start_training(self) -> None:
-        if self.phase != Phase.LAUNCHING:
-            return
-        self._drop_extra(self.target)
-        if self.record.start is None:
-            self.record.start = self.loop.now
-        self._on(PhaseEvent.STARTED)
-        self._set_shape(self.target)
-        resumed = self.change is not None
-        first = self.tracker.ready() if self.tracker.state is TrackerState.WAITING else None
-        if resumed:
-            self.restarting = False
-            self._change_done()
-        if first is not None:
-            self._apply(first)
+    def _members(self) -> tuple[tuple[int, int], tuple[str, ...]]:
+        """The shape that trains and its containers: the controller's ready executors but those a
+        StartExecutors still in flight brought (they join once all of theirs are up)."""
+        starting = {x.executor_id for s in self._starting.values() for x in s.granted}
+        ready = [e.info for e in self.state.executors.values()
+                 if e.state is ExecutorState.READY and e.executor_id not in starting]
+        workers = sum(1 for x in ready if x.role is Role.WORKER)
+        return (workers, len(ready) - workers), tuple(sorted(x.container_id for x in ready))
 
-    def _set_shape(self, shape: tuple[int, int]) -> None:
-        self._advance()
-        self.active = shape
-        self.active_ids = self._pick(shape)
-        self.iterations_at_reshape = self.iterations
-        self.record.shapes.append((self.loop.now, shape[0], shape[1]))
-        training = self.phase == Phase.TRAINING and shape[0] >= 1 and shape[1] >= 1
-        self.epoch_s = self.solo_epoch_s if training else 0.0
-        self._set_rate(1.0 / self.epoch_s if training else 0.0)
-        self.on_load_change(self)
+    def _trains_now(self, shape: tuple[int, int]) -> bool:
+        """Whether epochs advance now: the controller's phase trains, the job holds one of each role,
+        training was not stopped (paused by a step, ended) and no step that stalls it runs."""
+        st = self.state
+        # A recovery stalls training too: a BSP clock cannot end without the lost executor's part.
+        if self.stopped or self._ended or not st.phase.trains or self._stalling or st.phase is Phase.RECOVERING:
+            return False
+        if self._halted and st.change is not None:
+            return False
+        return shape[0] >= 1 and shape[1] >= 1
+
+    def _retime(self) -> None:
+        """After the controller moved: start, stop or go on training, at the shape it has now."""
+        if self.stopped:
+            return
+        shape, ids = self._members()
+        trains = self._trains_now(shape)
+        if trains and self.rate <= 0.0:
+            if (shape, ids) != (self.active, self.active_ids):
+                self._advance()
+                self.active, self.active_ids = shape, ids
+                self.iterations_at_reshape = self.iterations
+                self.record.shapes.append((self.loop.now, shape[0], shape[1]))
+            if self.record.start is None:
+                self.record.start = self.loop.now
+            self.epoch_s = self.solo_epoch_s
+            self._set_rate(1.0 / self.epoch_s)
+            self.on_load_change(self)
+        elif not trains and self.rate > 0.0:
+            self._set_rate(0.0)
+            self.on_load_change(self)
+        if shape == (0, 0) and self.active != (0, 0):
+            # Every executor gone (a pause, a restart or recovery between its retire and its start).
+            self.active, self.active_ids = (0, 0), ()
+            self.record.shapes.append((self.loop.now, 0, 0))
+            self._report = None
 
     @property
     def solo_epoch_s(self) -> float:
@@ -473,11 +671,11 @@ class SimJob:
 
     @property
     def training(self) -> bool:
-        return self.phase is Phase.TRAINING and self.rate > 0.0
+        return self.rate > 0.0
 
     def set_epoch_time(self, epoch_s: float) -> None:
         """The iteration-time model's epoch time where the job runs now (contention included)."""
-        if self.phase is not Phase.TRAINING or epoch_s <= 0.0 or abs(epoch_s - self.epoch_s) <= 1e-12:
+        if not self.training or epoch_s <= 0.0 or abs(epoch_s - self.epoch_s) <= 1e-12:
             return
         self.epoch_s = epoch_s
         self._set_rate(1.0 / epoch_s)
@@ -488,7 +686,7 @@ class SimJob:
         return JobTruth(remaining_epochs=max(0.0, self.target_epochs - self.epochs),
                         theta=tuple(t * self.job.data_scale for t in self.model.theta),
                         change_cost_s=self._restart_cost() if self.job.elastic_mode == "kill" else self._reshape_cost(),
-                        busy=self.change is not None or self.phase is not Phase.TRAINING)
+                        busy=self.state.change is not None or self.state.phase is not Phase.TRAINING)
 
     def training_executors(self) -> list[tuple[str, Held]]:
         """The containers the job trains on now (none unless it trains)."""
@@ -496,71 +694,11 @@ class SimJob:
             return []
         return [(c, self.containers[c]) for c in self.active_ids if c in self.containers]
 
-    def _pick(self, shape: tuple[int, int]) -> tuple[str, ...]:
-        """The usable containers that make up `shape` (the oldest of each role first, within each
-        node's share where the placement gives one)."""
-        keep = {WORKER: shape[0], SERVER: shape[1]}
-        out = []
-        for cid in self._chosen():
-            h = self.containers[cid]
-            if keep[h.role] > 0:
-                keep[h.role] -= 1
-                out.append(cid)
-        return tuple(out)
-
-    def _reshape(self) -> None:
-        """Stall for the reshape (EPS) or restart (kill-based) cost, then train at the new shape."""
-        self._on(PhaseEvent.RESHAPE)
-        self.record.reshapes += 1
-        self._set_rate(0.0)
-        self.on_load_change(self)
-        self.loop.after(self._restart_cost() if self.job.elastic_mode == "kill" else self._reshape_cost(),
-                        self._reshaped)
-
     def _reshape_cost(self) -> float:
         return self.cal.reshape_cost(self.model_mb, self.job.data_scale)
 
     def _restart_cost(self) -> float:
         return self.cal.restart_cost(self.model_mb, self.job.data_scale)
-
-    def _reshaped(self) -> None:
-        if self.phase != Phase.RESHAPING:
-            return
-        self._drop_extra(self.target)
-        self._on(PhaseEvent.RESHAPED)
-        self._set_shape(self.target)
-        self._change_done()
-
-    def _drop_extra(self, shape: tuple[int, int]) -> None:
-        """Release executors beyond `shape`, and those of the wrong size or on a node the placement
-        leaves out (the newest of a role go first, as the real AM removes them)."""
-        keep = set(self._pick(shape))
-        for cid in sorted(self.containers, reverse=True):
-            if cid not in keep:
-                self._release(cid)
-
-    def _release(self, cid: str) -> None:
-        self.containers.pop(cid, None)
-        self.releases.append(cid)
-
-    def _pause(self) -> None:
-        self._on(PhaseEvent.PAUSE)
-        self.record.pauses += 1
-        self._set_rate(0.0)
-        self.on_load_change(self)
-        self.loop.after(self.cal.pause_s, self._paused)
-
-    def _paused(self) -> None:
-        if self.phase != Phase.PAUSING:
-            return
-        for cid in list(self.containers):
-            self._release(cid)
-        self._on(PhaseEvent.PAUSED)
-        self._set_shape((0, 0))
-        if self.restarting:
-            self._on(PhaseEvent.RESUME)      # a restart at a new executor size: ask again at once
-        else:
-            self._change_done()
 
     @property
     def iterations(self) -> int:
@@ -578,41 +716,31 @@ class SimJob:
         self.generation += 1
         self._report = None
         if rate > 0.0:
-            left = max(0.0, self.target_epochs - self.epochs)
-            self.loop.after(left / rate, self._maybe_converged, self.generation)
+            self._next_epoch_end()
 
-    def _maybe_converged(self, generation: int) -> None:
-        if generation != self.generation or self.phase != Phase.TRAINING:
+    def _next_epoch_end(self) -> None:
+        """Schedule the end of the epoch in progress at the rate now (the generation voids it when
+        the rate changes first)."""
+        nxt = min(self.target_epochs, math.floor(self.epochs + 1e-9) + 1)
+        self.loop.after(max(0.0, nxt - self.epochs) / self.rate, self._epoch_end, self.generation, nxt)
+
+    def _epoch_end(self, generation: int, epoch: int) -> None:
+        """An epoch ended: its clock boundary and objective to the controller; at the job's epoch
+        count, the end of training."""
+        if generation != self.generation or self.stopped:
             return
         self._advance()
-        self.epochs = float(self.target_epochs)
-        self._on(PhaseEvent.CONVERGE)
-        self._set_rate(0.0)
-        self.on_load_change(self)
-        self.loop.after(self.cal.finish_s, self._finish)
-
-    def _finish(self) -> None:
-        if self.phase is Phase.DONE:
-            return
-        self._advance()
-        self.core.am_finish(self.claims, api.AmFinishRequest(final_status=FinalStatus.SUCCEEDED.value,
-                                                             diagnostics="converged (simulated)"))
-        self.containers.clear()
-        self.nodes[self.am_node].exit(self.am_container)
-        self._stop("SUCCEEDED")
-
-    def _stop(self, status: str) -> None:
-        was_training = self.training
-        self._allocating = False
-        self._on(PhaseEvent.STOP)
-        self.rate = 0.0
-        self.generation += 1
-        self.record.end = self.loop.now
-        self.record.final_status = status
-        self.record.epochs = int(self.epochs)
-        if was_training:
-            self.on_load_change(self)
-        self.on_done(self)
+        self.epochs = float(epoch)
+        its = self.iterations
+        events: list[ev.Event] = [ev.ClockDone(at=self.loop.now, clock=its, epoch=epoch - 1, iterations=its),
+                                  ev.EpochDone(at=self.loop.now, epoch=epoch - 1, objective=self.cal.objective(epoch),
+                                               epoch_time_s=self.epoch_s)]
+        if epoch >= self.target_epochs:
+            self._ended = True
+            events.append(ev.TrainingEnded(at=self.loop.now, criterion=CONVERGED))
+        else:
+            self._next_epoch_end()
+        self._send(*events)
 
     # ----- the job report ---------------------------------------------------------------------
     def report(self) -> JobReport:
@@ -625,9 +753,9 @@ class SimJob:
             self._report.clock_objectives = self.clock_objectives()
             # A change starts and ends between epochs: a stale `changing` made a job carrying out a
             # reshape look idle to the policies and the queue reclaim (which then shrank it anyway).
-            self._report.changing = self.phase == Phase.RESHAPING or self.change is not None
-            self._report.phase = self.phase.value
-            self._report.directive_version = self.tracker.applied_version
+            self._report.changing, self._report.directive_version = self._reported
+            self._report.phase = self.state.phase.value
+            self._report.paused = self.state.phase is Phase.PAUSED
             return self._report
         w, s = self.active
         epoch_s = self.epoch_s if w >= 1 and s >= 1 else 0.0
@@ -646,13 +774,14 @@ class SimJob:
         speed_its = max(0, iterations - self.iterations_at_reshape)
         self._report = JobReport(
             workers=w, servers=s, started=self.record.start is not None,
-            changing=self.phase == Phase.RESHAPING or self.change is not None, iterations=iterations,
+            changing=self._reported[0], iterations=iterations,
             early_feedback=iterations >= self.early_feedback_iterations,
             early_feedback_iterations=self.early_feedback_iterations,
             speed=(self.cal.clocks_per_epoch / epoch_s) if epoch_s > 0.0 and self.rate > 0.0 else 0.0,
             speed_iterations=speed_its,
             executor_resource=self.executor_resource,
-            directive_version=self.tracker.applied_version, phase=self.phase.value,
+            directive_version=self._reported[1], phase=self.state.phase.value,
+            paused=self.state.phase is Phase.PAUSED,
             epoch=done - 1 if done >= 1 else None, epoch_time_s=self.epoch_times[-1] if self.epoch_times else None,
             objective=self.cal.objective(done) if done >= 1 else None, epoch_times=list(self.epoch_times),
             initial_objective=self.cal.objective(0), objectives=objectives,
@@ -705,4 +834,4 @@ class SimJob:
         return self.spec.early_feedback_iterations
 
 
-__all__ = ["Held", "JobTimings", "PHASE_TRANSITIONS", "Phase", "PhaseEvent", "SimJob", "SimPhaseError"]
+__all__ = ["AmLog", "CONVERGED", "Held", "JobTimings", "LAUNCH_TIMEOUT_S", "SimJob"]

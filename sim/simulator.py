@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Optional, Sequence
+from types import MappingProxyType
+from typing import Mapping, Optional, Sequence
 
 import msgspec
 
+from appmaster.ps.controller import Phase
 from protocol.config import ClusterConfig, RMConfig
+from protocol.ps_job_spec import PSJobSpec
 from protocol.records import Resource
 from rm import policies
 from rm.core import ResourceManagerCore
@@ -33,11 +36,15 @@ from .event_loop import EventLoop
 from .optimus_truth import JobTruth, OptimusTruthPolicy
 from .metrics import Demand, Sample, Summary, fairness_loss, summarize, utilization
 from .job_record import JobRecord
-from .sim_job import JobTimings, Phase, SimJob
+from .sim_job import JobTimings, SimJob
 from .sim_node import SimNode
 from .trace import TraceJob
 
-ACTIVE = (Phase.LAUNCHING, Phase.TRAINING, Phase.RESHAPING, Phase.PAUSING, Phase.FINISHING)
+# The controller's phases in which a job holds executors that train or change: a job outside
+# them (waiting for its first executors, paused, resuming or migrating onto new ones, finished)
+# does not keep a run from being called stalled.
+ACTIVE = frozenset({Phase.INITIALISING, Phase.RESTORING, Phase.TRAINING, Phase.RESHAPING, Phase.RESTARTING,
+                    Phase.EXECUTING_PLAN, Phase.CHECKPOINTING, Phase.RECOVERING, Phase.PAUSING, Phase.FINISHING})
 T0 = 1_000_000_000.0        # virtual epoch: IDs and tokens look like a real RM's; records are relative to it
 SIM_SECRET = "elastane-simulator-secret"
 OPTIMUS_TRUTH = "optimus-truth"    # the simulator-only policy (sim/optimus_truth.py): it needs the jobs' truth
@@ -120,7 +127,11 @@ class Simulator:
     """One run's state: the loop, the core, the nodes and the jobs."""
 
     def __init__(self, trace: Sequence[TraceJob], policy_name: str, calibration: Calibration,
-                 cfg: SimConfig = SimConfig()):
+                 cfg: SimConfig = SimConfig(), specs: Mapping[str, PSJobSpec] = MappingProxyType({}),
+                 am_logs: bool = False):
+        """`specs`: the PS job spec a trace job (by name) runs with instead of the one made from the
+        trace (sim/am_replay.py runs a real job's spec); `am_logs`: every simulated AM records its
+        controller's events and instructions (SimJob.log)."""
         for j in trace:
             calibration.app(j.app)      # CalibrationError now rather than mid-run
         self.cfg = cfg
@@ -142,7 +153,7 @@ class Simulator:
             for i in range(cfg.am_nodes))})
         self.calibration = calibration
         self.jobs = [SimJob(j, calibration.app(j.app), self.loop, self.core, self.nodes, cfg.timings, self._done,
-                            self._load_changed)
+                            self._load_changed, spec=specs.get(j.name), log=am_logs)
                      for j in trace]
         self.by_app: dict[str, SimJob] = {}
         self.samples: list[Sample] = []
@@ -227,7 +238,7 @@ class Simulator:
         demands = []
         running = waiting = 0
         for job in self.jobs:
-            if not job.app_id or job.phase == Phase.DONE:
+            if not job.app_id or job.phase.is_final:
                 continue
             sa = core.scheduler.apps.get(job.app_id)
             held = sa.used if sa is not None else Resource(0, 0)

@@ -52,10 +52,10 @@ def test_every_machine_of_the_project_uses_it_and_keeps_its_error() -> None:
     from appmaster.ps.executor_pool import EXECUTOR_TRANSITIONS
     from appmaster.ps.kill_restart import RESTART_TRANSITIONS
     from rm.policies.harmony_lifecycle import TRANSITIONS as harmony_jobs
-    from sim.sim_job import PHASE_TRANSITIONS
+    from appmaster.ps.controller import LIFECYCLE      # the PS job's lifecycle, which the simulator runs too
     for table in (am_containers, directives, job, nm_containers, migration, trials, APP_TRANSITIONS,
                   ATTEMPT_TRANSITIONS, OP_TRANSITIONS, EXECUTOR_TRANSITIONS, RESTART_TRANSITIONS, harmony_jobs,
-                  PHASE_TRANSITIONS):
+                  LIFECYCLE):
         assert isinstance(table, TransitionTable) and len(table) > 0
     with pytest.raises(TransitionError, match="LAUNCH not allowed in state COMPLETED"):
         am_containers.next(AmContainerState.COMPLETED, ContainerEvent.LAUNCH)

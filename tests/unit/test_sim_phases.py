@@ -1,41 +1,141 @@
-"""A simulated job's phases on their TransitionTable: the life the module doc describes walks
-through it, and an event out of place raises."""
+"""A simulated job runs the real AM's controller (appmaster/ps/controller): its phases are the
+controller's lifecycle, its steps the controller's instructions carried out at their calibrated
+costs (sim/step_costs.py), and `replay_directives` (sim/am_replay.py) gives the (phase,
+instruction kind) log that issue 35's part 5 compares with a real AM's: here for an EPS add, a
+kill-based restart, a pause and resume, and executor losses. Virtual time only: no sleeps."""
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
-from protocol.state_machine import TransitionTable
-from sim.sim_job import PHASE_TRANSITIONS, Phase, PhaseEvent, SimPhaseError
+from appmaster.ps.controller import LIFECYCLE, Phase, Trigger
+from appmaster.ps.controller import instructions as ins
+from appmaster.ps.controller.records import Role
+from appmaster.ps.controller.state import Change, ChangeKind, Origin
+from appmaster.ps.controller.planners.eps import Part
+from protocol import ps_job_spec
+from protocol.internal_api import AllocateRequest, AllocateResponse, RunState, ShapeDirective
+from rm import policies
+from sim.am_replay import AmReplay, Loss, replay_directives
+from sim.simulator import T0, SimConfig, Simulator
+from sim.step_costs import RESHAPE_SHARE, step_cost
+from sim.trace import TraceJob
+from test_sim import calibration
 
-P, E = Phase, PhaseEvent
+P = Phase
+START = [P.STARTING, P.LAUNCHING_SERVERS, P.LAUNCHING_WORKERS, P.INITIALISING, P.TRAINING]
+END = [P.TRAINING, P.FINISHING, P.SUCCEEDED]
+START_STEPS = ["StartExecutors", "StartExecutors", "SetupTraining", "WriteCheckpoint"]
+END_STEPS = ["WriteCheckpoint", "ScoreModel"]
 
 
-def test_start_reshape_pause_resume_converge_and_finish_walk_the_table() -> None:
-    assert isinstance(PHASE_TRANSITIONS, TransitionTable)
-    phase = P.SUBMITTED
-    for event, after in [(E.REGISTER, P.GATHERING), (E.GATHERED, P.LAUNCHING), (E.STARTED, P.TRAINING),
-                         (E.RESHAPE, P.RESHAPING), (E.PAUSE, P.PAUSING), (E.PAUSED, P.PAUSED),
-                         (E.RESUME, P.GATHERING), (E.GATHERED, P.LAUNCHING), (E.STARTED, P.TRAINING),
-                         (E.RESHAPE, P.RESHAPING), (E.RESHAPED, P.TRAINING), (E.CONVERGE, P.FINISHING),
-                         (E.STOP, P.DONE), (E.STOP, P.DONE)]:
-        phase = PHASE_TRANSITIONS.next(phase, event)
-        assert phase is after, event
+def spec(**kw: object) -> ps_job_spec.PSJobSpec:
+    fields: dict[str, object] = {"app": "mlr", "workers": 1, "servers": 1, "max_workers": 3, "max_servers": 2,
+                                 "max_epochs": 20, "convergence_threshold": 1e-12}
+    return ps_job_spec.validate(fields | kw)
 
 
-@pytest.mark.parametrize("phase,event", [(P.SUBMITTED, E.STOP), (P.GATHERING, E.STARTED), (P.PAUSED, E.PAUSE),
-                                         (P.FINISHING, E.PAUSE), (P.DONE, E.RESUME), (P.PAUSING, E.RESUME)])
-def test_events_out_of_place_are_refused(phase: Phase, event: PhaseEvent) -> None:
-    with pytest.raises(SimPhaseError, match=f"{event.value} not allowed in phase {phase.value}"):
-        PHASE_TRANSITIONS.next(phase, event)
+def replay(script: list[tuple[float, ShapeDirective]], losses: tuple[Loss, ...] = (), **kw: object) -> AmReplay:
+    return replay_directives(spec(**kw), script, calibration(), losses, data_scale=20.0)
+
+
+def span(events: list[tuple[float, str, Phase]], phase: Phase) -> tuple[float, float]:
+    """When the job entered `phase` first and when it next left it."""
+    start = next(i for i, (_, _, p) in enumerate(events) if p is phase)
+    end = next(i for i in range(start, len(events)) if events[i][2] is not phase)
+    return events[start][0], events[end][0]
+
+
+def test_an_undisturbed_job_walks_the_controllers_lifecycle() -> None:
+    r = replay([])
+    assert r.phases == START + END[1:]
+    assert r.steps() == START_STEPS + END_STEPS
+    assert r.record.final_status == "SUCCEEDED" and r.record.epochs == 20
+    # Every event the AM saw left the job in a phase of the controller's table.
+    assert all(isinstance(p, Phase) for _, _, p in r.events)
+
+
+def test_job_reports_carry_the_controllers_phases_and_every_transition_is_in_its_table() -> None:
+    job = TraceJob(name="t", arrival_s=0.0, app="mlr", threshold=0.01, workers=1, servers=1, data_scale=5.0)
+    sim = Simulator([job], "static", calibration(), SimConfig(nodes=3))
+    phases: list[str] = []
+    original = sim.core.allocate
+
+    def spy(claims: dict[str, Any], req: AllocateRequest) -> AllocateResponse:
+        if req.shape is not None:
+            phases.append(req.shape.phase)
+        return original(claims, req)
+    sim.core.allocate = spy  # type: ignore[method-assign]
+    sim.run()
+    assert set(phases) <= {p.value for p in Phase} and "TRAINING" in phases
+    history = sim.jobs[0].state.history
+    assert history and all(LIFECYCLE.next(before, Trigger(t)) is after for before, t, after in history)
+
+
+def test_an_eps_add_reshapes_live_for_the_calibrated_reshape_cost() -> None:
+    r = replay([(30.0, ShapeDirective(workers=2, servers=2))])
+    assert r.phases == START + [P.RESHAPING] + END
+    assert r.steps() == START_STEPS + ["StartExecutors", "StartExecutors", "JoinExecutors", "JoinExecutors",
+                                       "MoveModelBlocks", "StageSplits", "CommitSplits"] + END_STEPS
+    assert [s[1:] for s in r.record.shapes] == [(1, 1), (2, 2)] and r.record.reshapes == 1
+    # The executors are granted at once (the cluster has room): the change is its steps' cost,
+    # one reshape_cost for the two additions running side by side.
+    begin, end = span(r.events, P.RESHAPING)
+    assert end - begin == pytest.approx(calibration().apps["mlr"].reshape_s)
+
+
+def test_a_kill_based_job_restarts_through_a_checkpoint() -> None:
+    r = replay([(30.0, ShapeDirective(workers=2, servers=2))], elastic_mode="kill")
+    assert r.phases == START + [P.RESTARTING] + END
+    assert r.steps() == START_STEPS + ["PauseTraining", "WriteCheckpoint", "RetireExecutors", "StartExecutors",
+                                       "StartExecutors", "RestoreCheckpoint", "ResumeTraining"] + END_STEPS
+    assert [s[1:] for s in r.record.shapes] == [(1, 1), (0, 0), (2, 2)] and r.record.reshapes == 1
+    begin, end = span(r.events, P.RESTARTING)
+    assert end - begin == pytest.approx(calibration().apps["mlr"].restart_s)
+
+
+def test_a_pause_and_resume_release_everything_and_come_back_at_the_directives_time() -> None:
+    r = replay([(30.0, ShapeDirective(workers=1, servers=1, run_state=RunState.PAUSE)),
+                (90.0, ShapeDirective(workers=1, servers=1, run_state=RunState.RESUME))])
+    assert r.phases == START + [P.PAUSING, P.PAUSED, P.RESUMING] + END
+    assert r.steps() == START_STEPS + ["PauseTraining", "WriteCheckpoint", "RetireExecutors", "StartExecutors",
+                                       "StartExecutors", "RestoreCheckpoint", "ResumeTraining"] + END_STEPS
+    assert [s[1:] for s in r.record.shapes] == [(1, 1), (0, 0), (1, 1)] and r.record.pauses == 1
+    cal = calibration().apps["mlr"]
+    paused_at, resumed_at = span(r.events, P.PAUSED)
+    pausing = span(r.events, P.PAUSING)
+    assert pausing[1] - pausing[0] == pytest.approx(cal.pause_s)
+    assert 90.0 <= resumed_at <= 92.0 and paused_at < 35.0      # the next policy round and allocate
+    undisturbed = replay([])
+    assert r.record.jct is not None and undisturbed.record.jct is not None
+    assert r.record.jct >= undisturbed.record.jct + (resumed_at - paused_at) + cal.pause_s + cal.restart_s - 1e-6
+
+
+def test_a_lost_server_is_recovered_from_the_latest_checkpoint() -> None:
+    r = replay([], (Loss(30.0, Role.SERVER),))
+    assert r.killed == ["server-1"]
+    assert r.phases == START + [P.RECOVERING] + END
+    assert r.steps() == START_STEPS + ["PauseTraining", "RetireExecutors", "StartExecutors", "StartExecutors",
+                                       "RestoreCheckpoint"] + END_STEPS
+    assert r.record.final_status == "SUCCEEDED" and r.record.epochs == 20
+    # Training went back to the checkpoint of epoch 0: what it had done since is lost.
+    undisturbed = replay([])
+    assert r.record.jct is not None and undisturbed.record.jct is not None
+    assert r.record.jct > undisturbed.record.jct + 20.0
+
+
+def test_a_lost_worker_is_replaced_live() -> None:
+    r = replay([], (Loss(30.0, Role.WORKER),))
+    assert r.killed == ["worker-1"]
+    assert r.phases == START + [P.RECOVERING] + END
+    assert r.steps() == START_STEPS + ["StartExecutors", "JoinExecutors", "TakeOverSplits"] + END_STEPS
+    assert r.record.final_status == "SUCCEEDED" and r.record.epochs == 20
 
 
 def test_a_directive_arriving_during_a_change_waits_for_it_to_end() -> None:
-    """One change at a time, as the real AM's DirectiveTracker: a newer directive that arrives while
-    a reshape runs is kept and carried out after it, not merged into it."""
-    from rm import policies
-    from sim.simulator import T0, SimConfig, Simulator
-    from sim.trace import TraceJob
-    from test_sim import calibration
+    """One change at a time (the controller's rule table: a directive during a change is kept):
+    a newer directive that arrives while a reshape runs is carried out after it, not merged."""
 
     class TwoSteps:
         name = "two-steps"
@@ -50,20 +150,54 @@ def test_a_directive_arriving_during_a_change_waits_for_it_to_end() -> None:
 
     job = TraceJob(name="t", arrival_s=0.0, app="mlr", threshold=0.01, workers=1, servers=1, max_workers=4,
                    max_servers=2, data_scale=20.0)
-    sim = Simulator([job], "static", calibration(), SimConfig(nodes=3))
+    sim = Simulator([job], "static", calibration(), SimConfig(nodes=3), am_logs=True)
     sim.policy = TwoSteps()
-    phases: list[tuple[float, Phase, int]] = []
-    sj = sim.jobs[0]
-    original = sj._on
-
-    def spy(event):  # type: ignore[no-untyped-def]
-        original(event)
-        phases.append((sim.loop.now - T0, sj.phase, sj.tracker.applied_version))
-    sj._on = spy  # type: ignore[method-assign]
     rec = sim.run().records[0]
-    assert [s[1:] for s in rec.shapes] == [(1, 1), (3, 1), (2, 2)]
-    reshapes = [(t, v) for t, ph, v in phases if ph is P.RESHAPING]
-    trained = [t for t, ph, _ in phases if ph is P.TRAINING]
-    # The second reshape (version 2) starts only after the first ended (training resumed between).
-    assert [v for _, v in reshapes] == [1, 2]
-    assert any(reshapes[0][0] < t <= reshapes[1][0] for t in trained)
+    sj = sim.jobs[0]
+    assert sj.log is not None and rec.reshapes == 2 and rec.shapes[-1][1:] == (2, 2)
+    # Two changes one after the other: the second (version 2, kept while the first ran) starts as
+    # the first ends, from the shape the first made (3, 1): it removes a worker and adds a server.
+    changes = [(t, after) for _, t, after in sj.state.history if t in ("RESHAPE", "CHANGE_DONE")]
+    assert changes == [("RESHAPE", P.RESHAPING), ("CHANGE_DONE", P.TRAINING)] * 2
+    second = [t - T0 for t, kind, phase in sj.log.events if kind == "DirectiveArrived"][1]
+    assert any(kind == "DirectiveArrived" and phase is P.RESHAPING for _, kind, phase in sj.log.events)
+    steps = sj.log.instructions
+    first_commit = steps.index("CommitSplits")
+    assert steps.index("RetireExecutors") > first_commit and "StartExecutors" in steps[first_commit:]
+    assert 60.0 < second < 62.0
+
+
+def _eps_change(*groups: int) -> Change:
+    change = Change(ChangeKind.EPS, Origin.DIRECTIVE, 0.0)
+    change.parts = [Part("add_workers", Role.WORKER, 1, g) for g in groups]
+    return change
+
+
+@pytest.mark.parametrize("stages", [
+    [ins.JoinExecutors, ins.MoveModelBlocks],                              # add_servers
+    [ins.JoinExecutors, ins.StageSplits, ins.CommitSplits],                # add_workers
+    [ins.MoveModelBlocks, ins.WaitClockBoundary, ins.RetireExecutors],     # remove_servers
+    [ins.StageSplits, ins.CommitSplits, ins.RetireExecutors],              # remove_workers
+    [ins.JoinExecutors, ins.TakeOverSplits],                               # a worker replaced live
+])
+def test_each_eps_function_costs_one_reshape(stages: list[type]) -> None:
+    cal = calibration().apps["mlr"]
+    assert sum(RESHAPE_SHARE[s] for s in stages) == pytest.approx(1.0)
+    one = step_cost(cal, ins.JoinExecutors(step=1, role=Role.WORKER, executors=[]), _eps_change(0), 0.0, 1.0)
+    two = step_cost(cal, ins.JoinExecutors(step=1, role=Role.WORKER, executors=[]), _eps_change(0, 1), 0.0, 1.0)
+    assert one == pytest.approx(0.25 * cal.reshape_s) and two == pytest.approx(one / 2)
+
+
+def test_changes_that_stop_training_pay_at_their_checkpoint_and_restore() -> None:
+    cal = calibration().apps["mlr"]
+    pause = Change(ChangeKind.PAUSE, Origin.DIRECTIVE, 0.0)
+    restart = Change(ChangeKind.RESTART, Origin.DIRECTIVE, 0.0)
+    ckpt = ins.WriteCheckpoint(step=1, epoch=3, reason="pause")
+    restore = ins.RestoreCheckpoint(step=2, directory="d", servers=[], workers=[])
+    retire = ins.RetireExecutors(step=3, executors=["w"])
+    assert step_cost(cal, ckpt, pause, 0.0, 1.0, halted=True) == cal.pause_s
+    assert step_cost(cal, ckpt, restart, 0.0, 1.0, halted=True) == 0.0
+    assert step_cost(cal, restore, restart, 0.0, 1.0, halted=True) == cal.restart_cost(0.0)
+    assert step_cost(cal, retire, restart, 0.0, 1.0, halted=True) == 0.0
+    assert step_cost(cal, ins.SetupTraining(step=4), None, 0.0, 1.0) == cal.startup_s
+    assert step_cost(cal, ins.ScoreModel(step=5), None, 0.0, 1.0) == cal.finish_s
