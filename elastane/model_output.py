@@ -30,13 +30,14 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar, Union
+from typing import Callable, Iterator, Optional, Sequence, TypeVar, Union
 
 import msgspec
 import numpy as np
 
 from protocol.dataset_manifest import recorded_data_spec
 from protocol.durable_storage import DurableDir, local_path
+from protocol.json_types import JsonObject
 from protocol.model_output import CODE_DIR, FILES_DIR, ModelMetadata, ModelOutputError, locate, read_metadata
 from psruntime.apps.base import AnyPSApp, KeyValues, PSApp
 from psruntime.apps.blocks import DataBlock
@@ -163,7 +164,7 @@ def data_path_field(cls: type[PSApp], builtin: bool) -> str:
     return field
 
 
-def rebuild_app(meta: ModelMetadata, data: dict[str, Any] | None = None,
+def rebuild_app(meta: ModelMetadata, data: JsonObject | None = None,
                 files_dir: Optional[Path] = None) -> AnyPSApp:
     """The app that trained the model, with the job's data spec (or `data` instead) and
     hyper-parameters, built in `files_dir` (its job's files). ModelOutputError when it cannot be
@@ -219,7 +220,7 @@ class SavedModel:
             path = os.path.abspath(os.fspath(data))
             builtin = is_builtin(self.metadata)
             field = data_path_field(type(self.app), builtin)
-            spec = {field: path} if builtin else {**self.metadata.data, field: path}
+            spec: JsonObject = {field: path} if builtin else {**self.metadata.data, field: path}
             try:
                 app = rebuild_app(self.metadata, spec, self.files_dir)
             except ModelOutputError as e:
@@ -247,7 +248,7 @@ class SavedModel:
         app, blocks = self._blocks(data)
         return {k: float(v) for k, v in self._call(lambda: app.evaluate(self.values, blocks)).items()}
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """The metadata as builtins, with the URL."""
         return {"url": self.url, **msgspec.to_builtins(self.metadata)}
 

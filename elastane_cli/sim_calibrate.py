@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Literal, Optional
 
 from protocol.errors import ConfigurationError
 from protocol.job_report import JobReport
-from protocol.json_types import JsonIn, JsonObject
+from protocol.json_types import JsonObject
 from protocol.ps_status import PsStatus
 from appmaster.ps.submission import build_ps_submission
 from sim.calibration import (MIN_REPEATS, AppCalibration, Calibration, CalibrationFitError, CalibrationSample,
@@ -216,10 +216,10 @@ class JobRun:
         self.objectives = ([(0, init)] if init is not None else []) + [
             (e.epoch + 1, e.objective) for e in history if e.objective is not None]
 
-    def to_json(self) -> dict[str, JsonIn]:
+    def to_json(self) -> JsonObject:
         """What the calibration file keeps of the run (for refits without running it again)."""
-        return {"shape": list(self.requested), "jct_s": self.jct_s, "first_report_s": self.first_report,
-                "started_s": self.started, "epochs": self.epochs, "epoch_times": self.epoch_times}
+        return {"shape": [*self.requested], "jct_s": self.jct_s, "first_report_s": self.first_report,
+                "started_s": self.started, "epochs": self.epochs, "epoch_times": [*self.epoch_times]}
 
     @property
     def epoch_wall_s(self) -> Optional[float]:

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Optional, Sequence
+from typing import Annotated, Iterable, Literal, Optional, Sequence
 
 import msgspec
 
@@ -53,6 +53,7 @@ from models.ps_iteration_time import EpochTimeError, EpochTimeModel, fit as fit_
 
 from .convergence import CurveError, LossCurve
 from protocol.errors import ConfigurationError, PlanningError
+from protocol.json_types import JsonObject
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "calibration.json"
 # How resize costs grow with the job (module doc): training time lost per MB of parameter state
@@ -187,14 +188,14 @@ class AppCalibration(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     theta: list[float]
     loss_curve: list[float]
     clocks_per_epoch: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0
-    reference: dict[str, Any] = {}
+    reference: JsonObject = {}
     samples: list[list[float]] = []
     initial_objective: Optional[float] = None
     histories: list[list[list[float]]] = []     # per calibration run its [epochs done, objective] points
     # The objectives after 1, 2, ... epochs of the reference run (the one the curve is fitted on):
     # where they meet a job's threshold they give its epoch count, the curve extrapolates beyond.
     convergence_history: list[float] = []
-    runs: list[dict[str, Any]] = []             # what each calibration run measured (shape, JCT, times, epochs)
+    runs: list[JsonObject] = []                 # what each calibration run measured (shape, JCT, times, epochs)
     am_start_s: NonNegFloat = 2.0
     startup_s: NonNegFloat = 3.0
     finish_s: NonNegFloat = 1.0

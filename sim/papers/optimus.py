@@ -39,6 +39,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from protocol.json_types import JsonObject
 from protocol.records import Resource
 
 from ..calibration import AppCalibration, Calibration
@@ -125,7 +126,7 @@ def calibration(paper: OptimusPaper = OptimusPaper()) -> Calibration:
         scale = epoch_scale(examples)
         for sync in (True, False):
             features = [per_step * scale * c for c in step_features(sync, paper.batch_m)]
-            ref = {"paper": "optimus", "model": model, "sync": sync, "epoch_scale": scale}
+            ref: JsonObject = {"paper": "optimus", "model": model, "sync": sync, "epoch_scale": scale}
             # eq. 4 is the simulator's own five-feature form (a plain calibration); eq. 3 needs seven.
             theta = [features[i] for i in SYNC_FEATURES] if sync else project_theta(
                 FeatureEpochTimeModel(tuple(features)), MAX_EXECUTORS, MAX_EXECUTORS)
