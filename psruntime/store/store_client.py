@@ -378,7 +378,7 @@ class StoreClient:
             self.table.replace_if_newer(OwnershipTable.from_wire(h["table"]))
         for entry in _json_list(h.get("redirect")):      # [block, owner, address]
             match entry:
-                case [int(block), str(owner), str(address)]:
+                case [int(block), str(owner), address] if address is None or isinstance(address, str):
                     self.table.note_owner(block, owner, address or None)
                 case _:
                     raise StoreClientError(f"reply has a bad redirect entry {entry!r}")
