@@ -20,8 +20,8 @@ import pytest
 from appmaster.ps.submission import build_ps_submission
 from conftest import pids_with_env, rest, running_cluster, submit_app, wait_app
 from polling import wait_until
+from ps_am_status import final_status
 from protocol import container_env
-from protocol.ps_status import FINAL_STATUS_FILE, read_status
 from scripted_am import use_scripted_am
 
 pytestmark = pytest.mark.cluster
@@ -85,9 +85,7 @@ def test_a_new_am_attempt_resumes_from_the_failed_attempts_checkpoint(recovery_c
         app = wait_app(cluster.rm_url, app_id, ("FINISHED",), 240)
         assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
 
-    base = Path(cluster.base_dir) / "rm" / "apps"
-    st = read_status((base / faulted / FINAL_STATUS_FILE).read_bytes())
-    ref = read_status((base / steady / FINAL_STATUS_FILE).read_bytes())
+    st, ref = final_status(cluster, faulted), final_status(cluster, steady)
     assert (st.attempt_id or "").endswith("_000002") and ref.resumed_from is None
     resumed = st.resumed_from
     assert resumed is not None and resumed.epoch >= 4 and (resumed.attempt_id or "").endswith("_000001"), resumed

@@ -14,8 +14,8 @@ import pytest
 
 from conftest import get_app, pids_with_env
 from polling import wait_until
+from ps_am_status import final_status
 from protocol import container_env
-from protocol.ps_status import FINAL_STATUS_FILE, read_status
 
 pytestmark = pytest.mark.cluster
 
@@ -62,7 +62,7 @@ def test_ps_submit_wait_trains_a_tiny_mlr_job_and_prints_its_result(cluster: Any
     assert status["Final-Objective"] == f"{objective} after 4 epochs"
 
     # The AM's durable final status is the record /status served, decoded as such.
-    durable = read_status((Path(cluster.base_dir) / "rm" / "apps" / app_id / FINAL_STATUS_FILE).read_bytes())
+    durable = final_status(cluster, app_id)
     assert (durable.app, durable.application_id, durable.state) == ("mlr", app_id, "SUCCEEDED")
     assert (durable.epoch, durable.max_epochs, durable.stop_criterion) == (4, 4, "epoch limit")
     assert durable.spec is not None and (durable.spec.workers, durable.spec.servers) == (2, 1)

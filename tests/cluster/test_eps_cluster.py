@@ -23,8 +23,9 @@ from appmaster.ps.submission import build_ps_submission
 from conftest import (FINAL_STATES, am_control_headers, app_post_mortem, get_app, pids_with_env, rest,
                       running_cluster, submit_app, wait_app, warm_pids_with)
 from polling import wait_until
+from ps_am_status import final_status
 from protocol import container_env, tokens
-from protocol.ps_status import FINAL_STATUS_FILE, PsStatus, decode_status, read_status
+from protocol.ps_status import PsStatus, decode_status
 from protocol.shape_history import EpsChange
 from psruntime.store.checkpoint import load_manifests
 from psruntime.store.ownership_table import block_of
@@ -58,11 +59,6 @@ def http(url: str, body: Any = None, timeout_s: float = 300.0, headers: dict[str
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
-
-
-def final_status(cluster: Any, app_id: str) -> PsStatus:
-    """The AM's status.json, decoded as the record it wrote."""
-    return read_status((Path(cluster.base_dir) / "rm" / "apps" / app_id / FINAL_STATUS_FILE).read_bytes())
 
 
 def am_status(url: str) -> PsStatus:

@@ -21,8 +21,9 @@ import pytest
 from appmaster.ps.submission import build_ps_submission
 from conftest import pids_with_env, running_cluster, submit_app, wait_app
 from polling import wait_until
+from ps_am_status import final_status
 from protocol import container_env
-from protocol.ps_status import FINAL_STATUS_FILE, PsStatus, read_status
+from protocol.ps_status import PsStatus
 from protocol.shape_history import RecoveryChange, ReplaceWorkerChange
 from scripted_am import use_scripted_am
 
@@ -76,8 +77,7 @@ def test_lost_server_and_lost_worker_are_replaced_and_training_goes_on(recovery_
     for app_id in jobs.values():
         app = wait_app(cluster.rm_url, app_id, ("FINISHED",), 240)
         assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
-    base = Path(cluster.base_dir) / "rm" / "apps"
-    status = {v: read_status((base / a / FINAL_STATUS_FILE).read_bytes()) for v, a in jobs.items()}
+    status = {v: final_status(cluster, a) for v, a in jobs.items()}
     reference = last_objective(status[""])
     ok = status[""].recovery
     assert ok is not None and ok.failures == 0 and ok.enabled
@@ -126,8 +126,7 @@ def test_a_lost_nmf_worker_comes_back_with_its_user_factors_from_the_checkpoint(
     for app_id in jobs.values():
         app = wait_app(cluster.rm_url, app_id, ("FINISHED",), 240)
         assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
-    base = Path(cluster.base_dir) / "rm" / "apps"
-    st, ref = (read_status((base / jobs[v] / FINAL_STATUS_FILE).read_bytes()) for v in ("worker-0", ""))
+    st, ref = (final_status(cluster, jobs[v]) for v in ("worker-0", ""))
     rec = [h for h in st.shape_history if isinstance(h, RecoveryChange)]
     assert len(rec) == 1 and rec[0].error == "" and "worker-0 (" in rec[0].lost[0], st.shape_history
     assert (Path(rec[0].checkpoint) / "worker_state_0.buf").exists()        # the workers' block state

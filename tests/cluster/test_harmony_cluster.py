@@ -20,8 +20,8 @@ from appmaster.ps.submission import build_ps_submission
 from conftest import pids_with_env, rest, running_cluster, submit_app, wait_app
 from nodemanager.arbiter import GrantRecord, cpu_oversubscribed
 from polling import wait_until
+from ps_am_status import final_status
 from protocol import container_env
-from protocol.ps_status import FINAL_STATUS_FILE, read_status
 
 pytestmark = pytest.mark.cluster
 
@@ -54,8 +54,7 @@ def test_three_jobs_are_profiled_grouped_interleaved_and_finish(tmp_path: Path) 
         finals = [wait_app(cluster.rm_url, a, ("FINISHED", "FAILED", "KILLED"), 600) for a in apps]
         nodes = rest(cluster.rm_url, "GET", "/ws/v1/cluster/nodes")["nodes"]["node"]
         views = {n["id"]: _arbiter_view(n["nodeHTTPAddress"]) for n in nodes}
-        statuses = [read_status((Path(cluster.base_dir) / "rm" / "apps" / a / FINAL_STATUS_FILE).read_bytes())
-                    for a in apps]
+        statuses = [final_status(cluster, a) for a in apps]
         for a in apps:
             wait_until(lambda a=a: not pids_with_env(container_env.APP_ID, a), 30, f"every process of {a} gone")
 

@@ -19,8 +19,8 @@ import pytest
 from appmaster.ps.submission import build_ps_submission
 from conftest import get_app, pids_with_env, running_cluster, submit_app, wait_app
 from polling import wait_until
+from ps_am_status import final_status
 from protocol import container_env
-from protocol.ps_status import FINAL_STATUS_FILE, PsStatus, read_status
 from protocol.shape_history import ExecutorCounts, KillRestartChange
 from scripted_am import use_scripted_am
 
@@ -68,11 +68,6 @@ def submit_scripted(cluster: Any, spec: dict[str, Any], steps: list[dict[str, in
     script_dir.mkdir()
     return submit_app(cluster.rm_url, use_scripted_am(sub, script_dir, SCRIPTED_DIRECTIVES,
                                                       {SCRIPT_ENV: json.dumps(steps)}))
-
-
-def final_status(cluster: Any, app_id: str) -> PsStatus:
-    """The AM's status.json, decoded as the record it wrote."""
-    return read_status((Path(cluster.base_dir) / "rm" / "apps" / app_id / FINAL_STATUS_FILE).read_bytes())
 
 
 def test_kill_based_remove_and_add_back_keeps_training_progress(kill_cluster, tmp_path: Path) -> None:

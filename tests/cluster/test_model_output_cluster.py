@@ -14,7 +14,8 @@ import elastane
 from appmaster.ps.submission import build_ps_submission
 from conftest import get_app, submit_app, wait_app
 from elastane_cli.main import main as cli
-from protocol.ps_status import FINAL_STATUS_FILE, PsStatus, read_status
+from protocol.ps_status import PsStatus
+from ps_am_status import final_status
 
 pytestmark = pytest.mark.cluster
 
@@ -27,7 +28,7 @@ def run(cluster: Any, spec: dict[str, Any], name: str, states: tuple[str, ...] =
     """Submit, wait for the end; (RM app report, the AM's final status file as the record it wrote)."""
     app_id = submit_app(cluster.rm_url, build_ps_submission(spec, name=name, am_memory=384))
     app = wait_app(cluster.rm_url, app_id, states, 240)
-    final = read_status((Path(cluster.base_dir) / "rm" / "apps" / app_id / FINAL_STATUS_FILE).read_bytes())
+    final = final_status(cluster, app_id)
     return app, final
 
 

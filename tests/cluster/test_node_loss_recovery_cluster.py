@@ -26,8 +26,8 @@ import pytest
 from appmaster.ps.submission import build_ps_submission
 from conftest import get_app, pids_with_env, running_cluster, submit_app, wait_app
 from polling import wait_until
+from ps_am_status import final_status
 from protocol import container_env
-from protocol.ps_status import FINAL_STATUS_FILE, read_status
 from protocol.shape_history import RecoveryChange, ReplaceWorkerChange
 from scripted_am import use_scripted_am
 from test_cluster_node_loss import remove_leftover_cgroups
@@ -95,9 +95,7 @@ def test_a_crashed_host_costs_the_job_a_recovery_not_its_life(four_nodes, tmp_pa
             c.stop()
             remove_leftover_cgroups(victim.node_id)
 
-    base = Path(c.base_dir) / "rm" / "apps"
-    st = read_status((base / app_id / FINAL_STATUS_FILE).read_bytes())
-    ref = read_status((base / reference / FINAL_STATUS_FILE).read_bytes())
+    st, ref = final_status(c, app_id), final_status(c, reference)
     rec = [h for h in st.shape_history if isinstance(h, (RecoveryChange, ReplaceWorkerChange))]
     assert st.recovery is not None and st.recovery.failures == 1, st.recovery
     assert len(rec) == 1 and rec[0].error == "", st.shape_history

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import FINAL_STATES, am_status, app_post_mortem, get_app, pids_with_env, rest, wait_app
+from conftest import FINAL_STATES, app_post_mortem, get_app, pids_with_env, rest, wait_app
+from ps_am_status import final_status, live_status
 from polling import wait_until
 from protocol import container_env
 from psruntime.apps.base import AppConfigError, KeyValues, PSApp
@@ -338,7 +338,8 @@ def test_ctr_submitted_with_py_files_succeeds_near_the_true_auc_and_scales_out(c
     assert r.returncode == 0, r.stdout + r.stderr
     app_id = r.stdout.splitlines()[0].split()[-1]
     try:
-        wait_until(lambda: len((am_status(cluster, app_id) or {}).get("objective_history") or []) >= 2, 120,
+        wait_until(lambda: (url := get_app(cluster.rm_url, app_id).get("trackingUrl"))
+                   and (st := live_status(url)) is not None and len(st.objective_history) >= 2, 120,
                    "two epochs trained")
         s = elastane(cluster, "ps", "scale", app_id, "--workers", "+1", timeout_s=120)
         assert s.returncode == 0, s.stdout + s.stderr
@@ -352,17 +353,21 @@ def test_ctr_submitted_with_py_files_succeeds_near_the_true_auc_and_scales_out(c
         if get_app(cluster.rm_url, app_id)["state"] not in FINAL_STATES:   # never leave it training
             rest(cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
         wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
-    status = json.loads((Path(cluster.base_dir) / "rm" / "apps" / app_id / "status.json").read_text())
-    hist = status["objective_history"]
-    assert [h["epoch"] for h in hist] == list(range(CLUSTER_EPOCHS))
-    objs = [h["objective"] for h in hist]
+    status = final_status(cluster, app_id)
+    hist = status.objective_history
+    assert [h.epoch for h in hist] == list(range(CLUSTER_EPOCHS))
+    objs = [h.objective for h in hist]
+    assert None not in objs, objs           # every epoch's objective finite
     # training went on through the change (the summed SGD steps of 2-3 workers are noisy early on:
     # an epoch may end up to ~1% above the one before, so the trend is checked, not each epoch)
     assert max(objs[-5:]) < min(objs[:3]), objs
-    [change] = status["eps"]["history"]
-    assert change["op"] == "add_workers" and change["after"]["workers"] == 3, change
-    assert change["epoch_switched"] < CLUSTER_EPOCHS - 2 and objs[-1] < objs[change["epoch_switched"]]
-    m = status["final_metrics"]
+    assert status.eps is not None
+    [change] = status.eps.history
+    assert change.op == "add_workers" and change.after is not None and change.after.workers == 3, change
+    switched = change.epoch_switched
+    assert switched is not None and switched < CLUSTER_EPOCHS - 2 and objs[-1] < objs[switched]
+    m = status.final_metrics
+    assert m is not None
     # stated: within 0.03 AUC and 0.035 log-loss of the true model's, on the held-out set
     assert m["auc"] >= m["true_model_auc"] - CLUSTER_AUC_TOLERANCE, m
     assert m["log_loss"] <= m["true_model_log_loss"] + CLUSTER_LOG_LOSS_TOLERANCE, m
@@ -388,10 +393,12 @@ def test_ctr_runs_under_cruise_with_its_input_spilled_unchanged(cluster: Any, tm
         if get_app(cluster.rm_url, app_id)["state"] not in FINAL_STATES:
             rest(cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
         wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
-    status = json.loads((Path(cluster.base_dir) / "rm" / "apps" / app_id / "status.json").read_text())
-    decisions = status["cruise"]["decisions"]
-    assert decisions and all(d["predicted_epoch_before_s"] > 0 for d in decisions), status["cruise"]
-    workers = [e for e in status["shape"]["executors"] if e["role"] == "worker"]
-    assert workers and all(e["spill_alpha"] == 0.5 and e["spilled_mb"] > 0 for e in workers), workers
-    m = status["final_metrics"]
+    status = final_status(cluster, app_id)
+    assert status.cruise is not None and status.shape is not None
+    decisions = status.cruise.decisions        # the optimizer's own JSON
+    assert decisions and all(d["predicted_epoch_before_s"] > 0 for d in decisions), status.cruise
+    workers = [e for e in status.shape.executors if e.role == "worker"]
+    assert workers and all(e.spill_alpha == 0.5 and e.spilled_mb > 0 for e in workers), workers
+    m = status.final_metrics
+    assert m is not None
     assert m["auc"] >= m["true_model_auc"] - CLUSTER_AUC_TOLERANCE, m
