@@ -1,19 +1,18 @@
 """The PS ApplicationMaster: one parameter-server training job from launch to final status.
 
-Phases (appmaster.ps.job): register with the RM (tracking URL = the status server) -> ask for S
-server containers and launch executors in them -> the same for W workers -> set up (blocks
-round-robin over servers, partitions over workers) -> train in clocks, epoch by epoch -> final checkpoint and
-held-out evaluation -> unregister SUCCEEDED with "final objective X after N epochs (...)".
+The job's life and every change of its shape are the PS-job controller's (appmaster.ps.controller:
+a pure state machine, the same one the simulator runs). This module is its I/O: it turns RM, NM
+and executor messages into the controller's events and carries out its instructions through the
+interpreter (appmaster.ps.runtime.interpreter), nothing else --
 
-An executor container that ends while the job needs it, and was not retired on purpose, is a loss
-(the RM reports its completion: it died, was killed, or its node was lost). The executor pool
-learns it and fails every request still waiting on it (appmaster.ps.executor_pool), and
-appmaster.ps.recovery recovers: a lost worker is replaced and training goes on; otherwise every
-executor is replaced and the job goes back to its latest checkpoint. A worker that stops answering
-is given up after the clock loop's reply deadline and its container stopped, so its loss comes the
-same way. Only beyond the spec's max_executor_failures (or with nothing to recover from) is the job
-failed: every executor is stopped and the AM unregisters FAILED naming the executor, its role,
-container and exit status.
+    RM allocate replies        ContainersAllocated (executors launched), ContainersCompleted (an
+                               executor's end: a loss unless it was retired), DirectiveArrived,
+                               Shutdown -> StopRequested
+    the AM's endpoint          ScaleRequested (POST /scale), CheckpointRequested (POST /checkpoint)
+    the clock loop             ClockDone, EpochDone, StragglerFound, TrainingEnded, and a failed
+                               training loop (a user app's error fails the job at once)
+    the interpreter            StepDone / StepFailed for each step it carried out
+
 SIGTERM or the RM's shutdown stops the executors and exits without unregistering (the RM has
 already decided the app's fate), like YARN's distributed shell.
 """
@@ -26,55 +25,56 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-import msgspec
 import numpy as np
 
-from protocol import container_env, tokens
+from protocol import codec, container_env, tokens
 from protocol.checkpoint_manifest import JobRecord
 from protocol.durable_storage import DurableDir
-from protocol.internal_api import ShapeDirective, counts_on_nodes
+from protocol.internal_api import ShapeDirective
 from protocol.job_report import finite, recent_epoch_times, recent_objectives
-from protocol.shape_history import ShapeChange
 from protocol.ps_job_spec import PSJobSpec
-from protocol.ps_status import FINAL_STATUS_FILE, PsStatus, ResumedFrom, encode_status
+from protocol.ps_status import (DirectiveRecord, EpsStatus, PsStatus, RecoveryStatus, ResumedFrom, StragglerReplaced,
+                                StragglerStatus, SuspensionStatus)
 from protocol.records import FinalStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
+from protocol.shape_history import ExecutorCounts, ShapeChange, SuspendChange, decode_history
 from psruntime.apps.quality import check_quality
 from psruntime.apps.registry import create_job_app
+from psruntime.store.store_client import StoreClientError
 from psruntime.wire.dataplane import DataPlaneClient, DataPlaneServer
 from psruntime.wire.dataplane_auth import secret_key
-from psruntime.store.store_client import StoreClientError
 
 from ..am_client import ApplicationMaster
 from ..am_events import ContainersAllocated, ContainersCompleted, NodesUpdated, ShapeChanged, Shutdown
 from ..container_book import AmContainer
-from .checkpoints import Checkpointer
-from .cruise_driver import CruiseDriver, build_cruise_driver
-from .directives import DirectiveHandler, ProgressTracker, Reshaper, Shape
-from .elastic_ops import ElasticOpError, ElasticOps
-from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
+from .checkpoints import Checkpointer, StoredCheckpoint
+from .controller import events as cev
+from .controller import instructions as ins
+from .controller.phases import Phase
+from .controller.records import ExecutorInfo
+from .controller.records import Role as CRole
+from .controller.state import Change, ChangeKind, JobState, Origin
+from .directives import ProgressTracker, Shape
+from .eps_records import ElasticOpRecord
+from .executor_pool import ExecutorRecord, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
 from .executor_status import spill_report
 from .heldout_monitor import HeldoutMonitor
-from .job import JobEvent, JobPhase, JobStateMachine
 from .job_resume import job_record, resumable_checkpoint, resume_job
-from .kill_restart import KillRestart, ResizeReply
 from .metrics import EpochRecord, JobMetrics
 from .model_output import ModelOutput, read_init_from, warm_start
-from .reconfiguration import LaunchFailed, Reconfiguration
-from .recovery import LOSS_REPORT_WAIT_S, ExecutorRecovery
+from .reconfiguration import Reconfiguration, keeps_worker_state
+from .runtime.interpreter import ChangeRecords, Hooks, JobInterpreter, change_history
 from .status_server import ControlAuth, StatusServer
-from .status_view import job_status
-from .suspension import JobSuspension
 from .stragglers import StragglerWatch, WorkerPace
 from .training import Training
 from .user_errors import user_error, user_failure
 
 log = logging.getLogger(__name__)
 
-EXECUTOR_START_TIMEOUT_S = 120.0    # containers granted and executors announced
-FAILURE_REPORT_GRACE_S = 10.0       # how long a failed call waits for the container's exit status
-STATUS_POLL_S = 2.0
+LOSS_REPORT_WAIT_S = 30.0           # a failed call waits this long for its container's exit (a lost node: its expiry)
+HISTORY_LIMIT = 100
+FINAL_STATUS_FILE = "status.json"   # in the AM dir: the job's last status, written on exit
 
 
 class PSApplicationMaster:
@@ -86,220 +86,362 @@ class PSApplicationMaster:
         self.spec = spec
         self.host = host
         self.app = create_job_app(spec)     # a user app's errors: appmaster.ps.user_errors
-        self.job = JobStateMachine()
         self.metrics = JobMetrics()
-        # Job traffic is authenticated with the attempt's secret from the RM; an AM started without
-        # one (by hand) makes its own, so its executors and data plane are never unauthenticated.
         job_secret = am.identity.job_secret
         if not job_secret:
             log.warning("no %s in the environment: using a secret of this AM's own", container_env.JOB_SECRET)
             job_secret = tokens.generate_secret()
         key = secret_key(job_secret)
         self.client = DataPlaneClient(secret=key)
-        # The pool marks a lost executor's address lost on the client: what waits on it ends.
+        from .executor_pool import ExecutorPool
         self.pool = ExecutorPool(spec.num_blocks, python=python, job_secret=job_secret,
                                  use_arbiter=spec.use_arbiter, links=self.client, resources=spec.resources)
         self.data_server = DataPlaneServer(self.pool.handle_frame, host, 0, secret=key)
         self.status_server = StatusServer(self.status, self.request_checkpoint, host, 0, scale=self.request_scale,
                                           control_auth=ControlAuth(job_secret, am.identity.attempt_id))
-        self.am_dir = DurableDir(am_dir)    # a path or an fsspec URL every host reads (rm.toml checkpoint_dir)
+        self.am_dir = DurableDir(am_dir)
         self.checkpointer = Checkpointer(self.am_dir.child("checkpoints"), self.client)
         self.training = Training.build(spec, self.app, self.pool, self.metrics, self.client,
                                        on_clock=self._after_clock)
         self.resource = Resource(spec.executor_memory_mb, spec.executor_vcores)
         self.final_metrics: Optional[dict[str, float]] = None
-        self.resumed_from: Optional[ResumedFrom] = None   # the checkpoint an earlier attempt left
-        self.model_output: Optional[ModelOutput] = None       # the job's `output`, made when first written
-        # Held-out quality every few epochs, scored in a thread while training goes on -- unless
-        # a copy of the model and its scoring would crowd the AM's own container.
+        self.resumed_from: Optional[ResumedFrom] = None
+        self.model_output: Optional[ModelOutput] = None
         self.heldout = HeldoutMonitor(self.app, spec.heldout_every_epochs, spec.early_stopping,
                                       am_memory_mb=os.environ.get(container_env.CONTAINER_MEMORY_MB))
-        self.stop_criterion: Optional[str] = None     # what ended training (final diagnostics)
+        self.stop_criterion: Optional[str] = None
         self.started = time.time()
-        self._failure: asyncio.Future[str] | None = None
-        self._stop = asyncio.Event()
-        self._stop_reason = ""
-        self._checkpoint_requests: list[asyncio.Future[dict[str, Any]]] = []
-        # Workers given up on after the clock's reply deadline (container id -> why): stopped here,
-        # their loss comes back as their containers' completion.
+        self.retiring: set[str] = set()
         self.unresponsive: dict[str, str] = {}
         self._stopping: set[asyncio.Task[None]] = set()
         self.training.loop.on_unresponsive = self._stop_unresponsive
-        # Elastic scaling: the reconfiguration steps, the mechanism composed of them that changes
-        # the shape (EPS's functions, or the kill-based baseline for elastic_mode "kill"; Cruise
-        # on top when the optimizer is "cruise"), the RM's shape directives acted on through it,
-        # and every change made so far.
-        self.retiring: set[str] = set()          # containers stopped on purpose: their exit is no failure
-        self.shape_history: list[ShapeChange] = []
         self.steps = Reconfiguration(am, self.training, self.checkpointer, self.resource, self.retiring,
-                                     started=lambda: self.job.phase is JobPhase.TRAINING)
-        self.elastic: ElasticOps | KillRestart = (
-            KillRestart(spec, self.app, self.steps, lambda: self.job.phase, on_record=self.record_shape_change,
-                        job_record=self.job_record)
-            if spec.elastic_mode == "kill" else
-            ElasticOps(spec, self.steps, lambda: self.job.phase, on_start=self._publish_shape,
-                       on_record=self.record_shape_change))
-        self.recovery = ExecutorRecovery(spec, self.app, self.steps, lambda: self.job.phase,
-                                         on_record=self.record_shape_change)
-        if self.recovery.enabled:      # a worker lost mid-clock is replaced inside the clock loop
-            self.training.loop.replace_lost_workers = self.recovery.replace_lost_workers
-        # Harmony's pause / resume (directive run states): a checkpoint and no executors in between.
-        self.suspension = JobSuspension(self.steps, self.job_record, on_record=self.record_shape_change,
-                                        on_state=self._publish_shape)
+                                     started=lambda: self.job.phase.trains or self.job.phase is Phase.RESTARTING)
+        self.job = JobState(spec=spec, keeps_worker_state=keeps_worker_state(self.app))
+        self.replaced: dict[str, str] = {}       # lost or slow worker -> its replacement
+        self.interp = JobInterpreter(self.job, self.steps, Hooks(
+            launch=self._launch, release=self._release, reply=self._reply, report=self._report,
+            finish=self._on_finish, setup=self._setup, score=self._score, job_record=self.job_record,
+            on_change_end=self._change_ended, plan=self._compute_plan, restore_attempt=self._restore_attempt,
+            replaced=self.replaced.__setitem__))
+        self.interp.train_coro = self._train
+        self.interp.on_train_end = self._train_ended
         self.progress = ProgressTracker(spec.early_feedback_iterations)
-        self.stragglers = StragglerWatch()     # Optimus §5.2: slow workers replaced at epoch ends
-        self.cruise: Optional[CruiseDriver] = None    # optimizer "cruise": built once training is set up
-        self.directives = DirectiveHandler(self._reshaper, self.live_shape, spec.max_workers,
-                                           spec.max_servers, on_change=self._on_directive_change,
-                                           placed=self.pool.placed, suspender=self.suspension,
-                                           min_workers=spec.min_workers, min_servers=spec.min_servers,
-                                           executor_resource=lambda: self.steps.resource,
-                                           on_group=self._set_harmony_group)
+        self.stragglers = StragglerWatch()
+        self.shape_history: list[ShapeChange] = []
+        self.eps_history: list[ElasticOpRecord] = []
+        self.directive_history: list[DirectiveRecord] = []
+        self.suspend_history: list[SuspendChange] = []
+        self.pauses = 0
+        self.paused_since: Optional[float] = None
+        self.paused_s = 0.0
+        self.losses: list[str] = []
+        self.recoveries = 0
+        self.replacements = 0
+        self._containers: dict[str, AmContainer] = {}
+        self._requests: dict[int, asyncio.Future[ins.Reply]] = {}
+        self._next_request = 1
+        self._finish: Optional[asyncio.Future[ins.Finish]] = None
+        self._stop_reason = ""
+        self._init_values: Optional[np.ndarray] = None
+        self._resume: Optional[StoredCheckpoint] = None
+        self._started_requests: set[int] = set()     # endpoint requests a change took (a 409 is its failure)
+        self._directives: dict[int, ShapeDirective] = {}
+        self.training.loop.replace_lost_workers = self._replace_lost_workers
 
     # -- public ------------------------------------------------------------------------------
     def request_stop(self, reason: str = "stopped by SIGTERM") -> None:
-        self._stop_reason = self._stop_reason or reason
-        self._stop.set()
+        if self._stop_reason:
+            return
+        self._stop_reason = reason
+        self.interp.feed(cev.StopRequested(at=time.time(), reason=reason))
 
     def status(self) -> PsStatus:
-        """The job status the HTTP endpoint serves and status.json keeps (appmaster.ps.status_view)."""
+        """The job status the HTTP endpoint serves (appmaster.ps.status_view)."""
+        from .status_view import job_status
         return job_status(self)
 
     def max_epochs(self) -> Optional[int]:
-        """The app's epoch limit (its hyper-parameters' max_epochs), None for an app without one."""
         limit = getattr(self.app.hparams, "max_epochs", None)
         return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
 
-    async def request_scale(self, workers: int, servers: int) -> list[ResizeReply]:
-        """POST /scale: a relative change of workers and servers with EPS's functions, or one
-        restart with the new shape under the kill-based baseline (elastic_mode "kill")."""
-        if self.suspension.paused:
-            raise Conflict(f"the job is {self.suspension.state.value.lower()}: its shape changes when it resumes")
-        if isinstance(self.elastic, KillRestart):
-            shape = self.live_shape()
-            return [await self.elastic.resize(shape.workers + workers, shape.servers + servers)]
-        if not isinstance(self.elastic, ElasticOps):
-            raise Conflict(f"this job's elastic_mode is {self.spec.elastic_mode!r}: /scale needs \"eps\"")
-        try:
-            return [r.to_json() for r in await self.elastic.scale(workers, servers)]
-        except ElasticOpError as e:
-            raise {400: BadRequest, 409: Conflict}.get(e.http_status, ApiError)(str(e)) from None
-
-    def _set_harmony_group(self, group: Optional[str]) -> None:
-        self.pool.harmony_group = group     # the applied directive's: for the executors launched from now on
-
-    def _reshaper(self) -> Reshaper:
-        return self.cruise if self.cruise is not None else self.elastic
-
     def live_shape(self) -> Shape:
-        """Workers and servers serving now (launched executors that announced themselves)."""
         return Shape(len(self.pool.of_role(Role.WORKER, ExecutorState.READY)),
                      len(self.pool.of_role(Role.SERVER, ExecutorState.READY)))
 
-    def record_shape_change(self, record: ShapeChange) -> None:
-        """Add one finished (or failed) shape change to the history the status serves."""
-        self.shape_history.append(record)
-        self.progress.change_ended(time.time())     # speed is measured on the new shape from now
-        self._publish_shape()
+    def job_record(self) -> JobRecord:
+        return job_record(self.spec, self.am.identity.attempt_id, self.metrics, self.shape_history,
+                          self.training.loop)
+
+    def _request(self) -> tuple[int, asyncio.Future[ins.Reply]]:
+        rid = self._next_request
+        self._next_request += 1
+        fut: asyncio.Future[ins.Reply] = asyncio.get_running_loop().create_future()
+        self._requests[rid] = fut
+        return rid, fut
+
+    async def request_scale(self, workers: int, servers: int) -> list[Any]:
+        """POST /scale: a relative change of workers and servers (EPS's functions, or one
+        kill-based restart with the new shape under elastic_mode "kill")."""
+        rid, fut = self._request()
+        n_before = len(self.eps_history)
+        shape_before = len(self.shape_history)
+        self.interp.feed(cev.ScaleRequested(at=time.time(), request=rid, workers=workers, servers=servers))
+        reply = await fut
+        if reply.status == 400:
+            raise BadRequest(reply.message)
+        if reply.status == 409 and not self._change_started(rid):
+            raise Conflict(reply.message)
+        if reply.status != 200:
+            raise ApiError(reply.message)
+        if self.spec.elastic_mode == "kill":
+            return [msgspec_builtins(c) for c in self.shape_history[shape_before:]]
+        return [r.to_json() for r in self.eps_history[n_before:]]
+
+    def _change_started(self, rid: int) -> bool:
+        return rid in self._started_requests
 
     async def request_checkpoint(self) -> dict[str, Any]:
         """Checkpoint at the next epoch boundary (now, if training is between epochs)."""
-        if self.job.phase is not JobPhase.TRAINING:
-            raise Conflict(f"no checkpoint in phase {self.job.phase.value}: the model exists only while training")
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._checkpoint_requests.append(fut)
-        return await fut
+        rid, fut = self._request()
+        self.interp.feed(cev.CheckpointRequested(at=time.time(), request=rid))
+        reply = await fut
+        if reply.status != 200:
+            raise Conflict(reply.message)
+        last = self.checkpointer.last
+        assert last is not None
+        return dict(last)
 
+    # -- the run -----------------------------------------------------------------------------
     async def run(self) -> Optional[FinalStatus]:
-        self._failure = asyncio.get_running_loop().create_future()
-        await asyncio.to_thread(self.am_dir.makedirs)    # a request on an object store
+        loop = asyncio.get_running_loop()
+        self._finish = loop.create_future()
+        await asyncio.to_thread(self.am_dir.makedirs)
         self.pool.am_address = await self.data_server.start()
         url = await self.status_server.start()
         pump = asyncio.create_task(self._pump_events(), name="ps-am-events")
-        drive = asyncio.create_task(self._drive(url), name="ps-am-drive")
-        stop = asyncio.create_task(self._stop.wait())
+        poller = asyncio.create_task(self._poll_status(), name="ps-am-status")
         try:
-            waits: set[asyncio.Future[Any]] = {drive, self._failure, stop}
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            return await self._conclude(drive)
+            await self.am.register(self.host, self.status_server.port, url)
+            self._init_values = await self._read_init_from()
+            self._resume = await asyncio.to_thread(resumable_checkpoint, self.checkpointer, self.spec, self.app)
+            reg = self.am.registration
+            if reg is not None and reg.policy_places_new_jobs and not self.spec.placement:
+                log.info("the RM's policy places new jobs: waiting for its first directive before starting executors")
+            self.interp.feed(cev.Registered(at=time.time(),
+                                            policy_places_new_jobs=bool(reg and reg.policy_places_new_jobs),
+                                            resume_from=str(self._resume.dir) if self._resume else ""))
+            done = await self._finish
+            return await self._conclude(done)
         finally:
-            for t in (pump, drive, stop):
-                t.cancel()
+            pump.cancel()
+            poller.cancel()
             self.heldout.cancel()
-            await asyncio.gather(pump, drive, stop, return_exceptions=True)
-            await self.directives.close()
-            if self.cruise is not None:
-                await self.cruise.close()
-            self._resolve_checkpoints(Conflict(f"the job ended ({self.job.phase.value})"))
+            await asyncio.gather(pump, poller, return_exceptions=True)
+            await self.interp.close()
+            for rid, fut in self._requests.items():
+                if not fut.done():
+                    fut.set_result(ins.Reply(request=rid, status=409, message=f"the job ended ({self.job.phase.value})"))
             self._write_final_status()
             await self.status_server.stop()
             await self.data_server.stop()
             await self.client.close()
 
+    async def _conclude(self, done: ins.Finish) -> Optional[FinalStatus]:
+        await self._stop_executors()
+        if done.final_status is None:
+            return None
+        if done.final_status == "SUCCEEDED":
+            diagnostics = self._success_diagnostics()
+            self.job.diagnostics = diagnostics
+            self._write_final_status()
+            await self.am.finish(FinalStatus.SUCCEEDED, diagnostics)
+            return FinalStatus.SUCCEEDED
+        diagnostics = done.diagnostics or self.job.diagnostics
+        self._write_final_status()
+        await self.am.finish(FinalStatus.FAILED, diagnostics)
+        return FinalStatus.FAILED
+
+    def _success_diagnostics(self) -> str:
+        epochs = self.training.loop.epochs_done
+        final = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
+        quality = None if self.spec.is_user_app else check_quality(self.app.name, self.final_metrics)
+        warning = self.heldout.tracker.warning
+        return (f"final objective {final:.6g} after {epochs} epochs ({self.stop_criterion}"
+                f"; initial {self.metrics.initial_objective:.6g}"
+                f"{'; ' + quality.describe() if quality else ''}{'; warning: ' + warning if warning else ''}"
+                f"; {_describe_metrics(self.final_metrics)})")
+
     def _write_final_status(self) -> None:
-        """Leave the last status in the AM dir: the HTTP endpoint goes away with the AM."""
         try:
-            self.am_dir.write_bytes(FINAL_STATUS_FILE, encode_status(self.status()))
+            self.am_dir.write_bytes(FINAL_STATUS_FILE, codec.dumps(self.status()))
         except OSError as e:
             log.warning("could not write the final status: %s", e)
 
-    # -- the phases --------------------------------------------------------------------------
-    async def _drive(self, url: str) -> str:
-        await self.am.register(self.host, self.status_server.port, url)
-        self.job.apply(JobEvent.REGISTERED)
-        init_values = await self._read_init_from()
-        first = await self._first_directive()
-        await self._launch(Role.SERVER, first.servers if first else self.spec.servers, first)
-        self.job.apply(JobEvent.SERVERS_READY)
-        await self._launch(Role.WORKER, first.workers if first else self.spec.workers, first)
-        self.job.apply(JobEvent.WORKERS_READY)
-        self._publish_shape()
-        servers, workers = self.pool.ready(Role.SERVER), self.pool.ready(Role.WORKER)
-        # In a thread: on an object store the look-up is a listing and a read per checkpoint, round
-        # trips that would otherwise hold up this loop (and the RM heartbeats it sends).
-        resume = await asyncio.to_thread(resumable_checkpoint, self.checkpointer, self.spec, self.app)
-        if resume is None:
-            await self.training.setup(servers, workers)
-            if init_values is not None:
-                await warm_start(self.training, init_values)
-        else:      # a new attempt: continue from the checkpoint the failed one left
-            self.shape_history = list(resume.record.shape_history)
-            self.resumed_from = await resume_job(resume, servers, workers, self.metrics, self.steps)
-        self.job.apply(JobEvent.INITIALISED)
-        self.progress.start(time.time())
-        self._publish_shape()
-        if self.spec.optimizer == "cruise" and isinstance(self.elastic, ElasticOps):
-            # RM directives go through Cruise from now on
-            self.cruise = build_cruise_driver(self.spec, self.app, self.steps, on_change=self._on_directive_change)
-        self.directives.training_started()
-        if self.recovery.enabled and not self.checkpointer.written:
-            await self._checkpoint(self.training.loop.epochs_done)    # what a recovery goes back to
-        poller = asyncio.create_task(self._poll_status())
+    async def _stop_executors(self) -> None:
+        self.training.loop.stop()
+        await self.training.rpc.shutdown(self.pool.live())
         try:
-            await self._train()
-        finally:
-            poller.cancel()
-        self.job.apply(JobEvent.TRAINED)
+            await asyncio.wait_for(self.am.stop_all(), 15.0)
+        except asyncio.TimeoutError:
+            log.warning("stopping executor containers timed out")
+
+    # -- hooks the interpreter calls ---------------------------------------------------------
+    async def _launch(self, container_id: str, role: Role) -> None:
+        c = self._containers.pop(container_id, None)
+        rec = self.pool.by_container(container_id)
+        if c is None or rec is None:
+            return
+        ok = await self.am.launch(c, self.pool.launch_context(rec))
+        log.info("launched %s in %s on %s: %s", rec.executor_id, c.container_id, c.node_id,
+                 "ok" if ok else c.diagnostics)
+
+    def _release(self, container_id: str) -> None:
+        c = self._containers.pop(container_id, None)
+        if c is not None:
+            self.am.release(c)
+
+    def _reply(self, r: ins.Reply) -> None:
+        fut = self._requests.pop(r.request, None)
+        if fut is not None and not fut.done():
+            fut.set_result(r)
+
+    def _report(self, changing: bool, directive_version: int) -> None:
+        if changing:
+            self.progress.change_started()
+        else:
+            self.progress.change_ended(time.time())
+        self._publish_shape()
+        if not changing:
+            self.am.heartbeat_now()
+
+    def _on_finish(self, f: ins.Finish) -> None:
+        if self._finish is not None and not self._finish.done():
+            self._finish.set_result(f)
+
+    async def _setup(self) -> Optional[float]:
+        servers, workers = self.pool.ready(Role.SERVER), self.pool.ready(Role.WORKER)
+        initial = await self.training.setup(servers, workers)
+        if self._init_values is not None:
+            await warm_start(self.training, self._init_values)
+        self.progress.start(time.time())
+        return initial
+
+    async def _restore_attempt(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord]) -> float:
+        """A new attempt continues from the checkpoint an earlier one left."""
+        assert self._resume is not None
+        self.shape_history = decode_history(self._resume.record.shape_history)
+        self.resumed_from = await resume_job(self._resume, servers, workers, self.metrics, self.steps)
+        self.progress.start(time.time())
+        return float(self.resumed_from.objective_restored)
+
+    async def _score(self) -> None:
         epochs = self.training.loop.epochs_done
-        if not self.checkpointer.written or self.checkpointer.written[-1]["epoch"] != epochs:
-            await self._checkpoint(epochs)
         final = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
         self.stop_criterion = self._stop_criterion()
         self.final_metrics = await self.heldout.score_final(epochs - 1, final if final is not None else float("nan"),
                                                             await self.training.evaluation.model())
         await self._write_output("final", epochs)
         await self.training.status.refresh()
-        # A user's app has no generator's true model to be held against.
-        quality = None if self.spec.is_user_app else check_quality(self.app.name, self.final_metrics)
-        warning = self.heldout.tracker.warning
-        # The held-out metrics stay last: `elastane ps` reads them from there (elastane_cli.ps_reports).
-        return (f"final objective {final:.6g} after {epochs} epochs ({self.stop_criterion}"
-                f"; initial {self.metrics.initial_objective:.6g}"
-                f"{'; ' + quality.describe() if quality else ''}{'; warning: ' + warning if warning else ''}"
-                f"; {_describe_metrics(self.final_metrics)})")
+
+    async def _compute_plan(self, s: ins.ComputePlan) -> list[Any]:
+        raise RuntimeError("Cruise plans are not computed by this AM yet")
+
+    def _change_ended(self, change: Change, rec: ChangeRecords, parts: list[ElasticOpRecord]) -> None:
+        """A change left the slot: its records join the job's histories."""
+        for r in parts:
+            self.eps_history.append(r)
+            self.shape_history.append(r.to_history())
+        del self.eps_history[:-HISTORY_LIMIT]
+        for rid in change.requests:
+            self._started_requests.add(rid)
+        if change.kind is not ChangeKind.EPS:
+            h = change_history(change, rec, self.job.shape, self.training.loop.epochs_done,
+                               self.training.loop.clocks_done)
+            if h is not None:
+                self.shape_history.append(h)
+                if isinstance(h, SuspendChange):
+                    self.suspend_history.append(h)
+        if change.kind is ChangeKind.PAUSE and not change.error:
+            self.pauses += 1
+            self.paused_since = time.time()
+        if change.kind is ChangeKind.RESUME and not change.error and self.paused_since is not None:
+            self.paused_s += time.time() - self.paused_since
+            self.paused_since = None
+        if change.kind is ChangeKind.RECOVER and not change.error:
+            self.recoveries += 1
+            if not change.checkpoint:
+                self.replacements += len(change.lost)
+        if change.origin is Origin.DIRECTIVE and change.directive_version:
+            d = self._directives.get(change.directive_version)
+            if d is not None:
+                self.directive_history.append(DirectiveRecord(
+                    version=d.version, workers=d.workers, servers=d.servers, nodes=list(d.nodes),
+                    before=ExecutorCounts(*rec.before), steps=list(change.sub), started=rec.started,
+                    seconds=round(time.time() - rec.started, 4), error=change.error, reason=d.reason,
+                    group=d.group, run_state=d.run_state.value))
+        self.progress.change_ended(time.time())
+        self._publish_shape()
+
+    # -- training ----------------------------------------------------------------------------
+    async def _train(self) -> None:
+        await self.training.loop.train(self._after_epoch)
+
+    def _train_ended(self, err: Optional[BaseException]) -> None:
+        now = time.time()
+        if err is None:
+            if self.training.loop.stopping and not self._training_over():
+                return                      # paused at a clock boundary: the change goes on
+            self.interp.feed(cev.TrainingEnded(at=now, criterion=self._stop_criterion()))
+            return
+        if user_error(err) is not None:
+            msg = user_failure(self.spec, err) or str(err)
+            self.interp.feed(cev.UserCodeError(at=now, message=msg))
+            return
+        if isinstance(err, (ExecutorCallError, StoreClientError)):
+            asyncio.ensure_future(self._await_loss(err))
+            return
+        log.error("PS job failed", exc_info=err)
+        self.interp.feed(cev.UserCodeError(
+            at=now, message=f"PS job failed in phase {self.job.phase.value}: {type(err).__name__}: {err}"))
+
+    async def _await_loss(self, err: BaseException) -> None:
+        """A call to a dead executor usually fails before its container's exit reaches the AM:
+        wait for the loss (the controller recovers from it), else fail the job with the error."""
+        deadline = time.monotonic() + LOSS_REPORT_WAIT_S
+        while time.monotonic() < deadline:
+            if self.job.phase.is_final or self.job.change is not None or self.job.pending_losses:
+                return
+            await asyncio.sleep(0.05)
+        self.interp.feed(cev.UserCodeError(at=time.time(), message=str(err)))
+
+    async def _replace_lost_workers(self, lost: list[ExecutorRecord]) -> Optional[list[ExecutorRecord]]:
+        """The clock loop's hook: `lost` workers' run_clock failed. Once the controller's recovery
+        has put a replacement in each one's place (its splits where they stood when the clock
+        began), the loop runs the clock again on them; None (the loop raises, training stops and
+        the recovery takes the checkpoint path) otherwise."""
+        ids = [w.executor_id for w in lost]
+        deadline = time.monotonic() + LOSS_REPORT_WAIT_S
+        while time.monotonic() < deadline:
+            if all(i in self.replaced for i in ids):
+                return [self.pool.executors[self.replaced[i]] for i in ids]
+            change = self.job.change
+            if self.job.phase.is_final or (change is not None and change.kind is ChangeKind.RECOVER
+                                           and change.stage not in ("replace",)):
+                return None
+            if change is None and all(i in self.job.lost for i in ids) and not self.job.pending_losses:
+                if all(i in self.replaced for i in ids):
+                    continue
+                return None
+            await asyncio.sleep(0.02)
+        return None
+
+    def _training_over(self) -> bool:
+        loop = self.training.loop
+        return loop.converged or loop.early_stop is not None or \
+            loop.epochs_done >= int(self.app.hparams.max_epochs)
 
     def _stop_criterion(self) -> str:
-        """Which criterion ended training: early stopping, the training objective, the epoch limit."""
         loop = self.training.loop
         if loop.early_stop is not None:
             return loop.early_stop
@@ -308,79 +450,15 @@ class PSApplicationMaster:
                     f"{float(self.app.hparams.convergence_threshold):g})")
         return "epoch limit"
 
-    async def _train(self) -> None:
-        """Train to the end; after an executor loss the job may survive (appmaster.ps.recovery):
-        a lost worker is replaced inside the clock loop, or here when training stopped first;
-        otherwise its executors are replaced, it goes back to the latest checkpoint, and trains on."""
-        while True:
-            try:
-                if isinstance(self.elastic, KillRestart):
-                    await self.elastic.train_with_restarts(self._after_epoch)
-                else:
-                    await self.training.loop.train(self._after_epoch)
-            except (ExecutorCallError, StoreClientError) as e:
-                # A call to a dead executor (a control op, or the AM's own store client: the audit,
-                # the model) usually fails before its container's exit reaches us. A user app's
-                # error is no loss: it fails the job at once.
-                if user_error(e) is not None or not await self.recovery.loss_reported(LOSS_REPORT_WAIT_S):
-                    raise
-            if await self.suspension.hold_if_requested(self._stop.is_set):
-                continue        # paused, then resumed from the pause's checkpoint: train on
-            if not self.recovery.pending or self._stop.is_set():
-                return
-            await self.recovery.recover()
-            self._publish_shape()
-
-    def job_record(self) -> JobRecord:
-        """What a checkpoint records about the job besides the model (appmaster.ps.job_resume)."""
-        return job_record(self.spec, self.am.identity.attempt_id, self.metrics, self.shape_history,
-                          self.training.loop)
-
-    async def _first_directive(self) -> Optional[ShapeDirective]:
-        """Under a policy that places new jobs (the RM says so at registration: Harmony), the
-        first directive that runs the job: how many executors it starts with, of what size, and
-        where. Without one it would start its submitted shape wherever first fit puts it, then
-        move at once (Harmony's profiling node); a job whose spec has a placement keeps it."""
-        reg = self.am.registration
-        if reg is None or not reg.policy_places_new_jobs or self.spec.placement:
-            return None
-        log.info("the RM's policy places new jobs: waiting for its first directive before starting executors")
-        d = await self.directives.first_run_directive()
-        if d.executor_resource is not None:
-            self.resource = self.steps.resource = d.executor_resource
-        log.info("first directive v%d: %d workers, %d servers on %s", d.version, d.workers, d.servers,
-                 [(p.node, p.workers, p.servers) for p in d.placement] or "any node")
-        return d
-
-    async def _launch(self, role: Role, count: int, first: Optional[ShapeDirective] = None) -> None:
-        """The job's first executors of `role`: where `first` (the policy's first directive, see
-        `_first_directive`) or else the spec's `placement` puts them (one strict
-        ask per node, `Reconfiguration.start_placed`; a node that is unknown or full waits like any
-        ask, until the launch timeout), else anywhere they fit. Only this first launch (and a new
-        attempt's, which is a first launch too) obeys the placement: later starts follow their own
-        request -- a kill-based reshape or a resume the directive's placement, a recovery that
-        restarts the spec's shape anywhere -- since by then the policy, not the spec, places the job."""
-        if first is not None and first.placement:
-            placement, whose = first.placement, "the policy's first directive"
-        else:
-            placement, whose = self.spec.placement, "the spec's placement"
-        per_node = counts_on_nodes(placement, role)
-        if not per_node:
-            self.am.add_ask(count, self.resource, tag=role.value)
-            await self.pool.wait_ready(role, count, EXECUTOR_START_TIMEOUT_S)
-            return
-        try:
-            await self.steps.start_placed(role, per_node)
-        except LaunchFailed as e:
-            raise LaunchFailed(f"{e} ({whose} asks for them on exactly {per_node})") from None
-
     def _batches_by_worker(self) -> dict[str, int]:
         live = self.pool.of_role(Role.WORKER, ExecutorState.READY)
         return {w.executor_id: self.metrics.workers[w.executor_id].compute_s.count
                 for w in live if w.executor_id in self.metrics.workers}
 
     def _after_clock(self) -> None:
-        """After every BSP clock: the iterations (early feedback, speed) reach the RM per clock."""
+        loop = self.training.loop
+        self.interp.feed(cev.ClockDone(at=time.time(), clock=loop.clocks_done, epoch=loop.epochs_done,
+                                       iterations=loop.iterations))
         self.progress.on_clock(self._batches_by_worker(), time.time())
         self._publish_shape()
 
@@ -388,21 +466,18 @@ class PSApplicationMaster:
         self.am.set_progress(min(1.0, rec.epoch / max(1, int(self.app.hparams.max_epochs))))
         self.progress.on_epoch(self._batches_by_worker(), rec.time)
         self._publish_shape(rec)
-        await self._replace_straggler()
         await self._watch_heldout(rec)
-        every = self.spec.checkpoint_every_epochs
-        due = every > 0 and (rec.epoch + 1) % every == 0
-        if due or self._checkpoint_requests:
-            await self._checkpoint(rec.epoch + 1)
-        if self.cruise is not None and not self._stop.is_set():
-            await self.cruise.on_epoch(rec)
-        if self._stop.is_set():
-            self.training.loop.stop()
+        self._check_straggler()
+        before = self.job.change
+        self.interp.feed(cev.EpochDone(at=time.time(), epoch=rec.epoch, objective=rec.objective,
+                                       epoch_time_s=rec.epoch_time_s))
+        change = self.job.change
+        if change is not None and change is not before and change.kind is ChangeKind.CHECKPOINT:
+            await self.interp.change_ended.wait()      # the checkpoint is of this epoch boundary
+            if self.spec.checkpoint_every_epochs and rec.epoch + 1 > 0:
+                await self._write_output("checkpoint", rec.epoch + 1)
 
-    async def _replace_straggler(self) -> None:
-        """Optimus §5.2 at an epoch end, for a job that asks for it (`replace_stragglers`): a worker
-        confirmed much slower than its peers is replaced (appmaster.ps.stragglers,
-        ExecutorRecovery.replace_straggler)."""
+    def _check_straggler(self) -> None:
         if not self.spec.replace_stragglers:
             return
         paces = []
@@ -411,20 +486,12 @@ class PSApplicationMaster:
             if t is not None and t.compute_s.value is not None and t.comm_s.value is not None:
                 paces.append(WorkerPace(w.executor_id, t.compute_s.value + t.comm_s.value, t.compute_s.count))
         slow = self.stragglers.check(paces)
-        if slow is None or self._stop.is_set():
-            return
-        worker = next(w for w in self.training.membership.workers if w.executor_id == slow.worker)
-        log.info("straggler: %s; replacing it", slow.describe())
-        new = await self.recovery.replace_straggler(worker, slow.describe())
-        if new is not None:
-            self.stragglers.record(slow, new.executor_id)
-            self.metrics.workers.pop(slow.worker, None)
-            self._publish_shape()
+        if slow is not None:
+            log.info("straggler: %s; replacing it", slow.describe())
+            self._slow = slow
+            self.interp.feed(cev.StragglerFound(at=time.time(), executor_id=slow.worker, why=slow.describe()))
 
     async def _watch_heldout(self, rec: EpochRecord) -> None:
-        """Every few epochs hand the model to the held-out monitor (pulled now, at the epoch
-        boundary; scored in a thread while the next epoch trains), and end training when early
-        stopping says so."""
         if self.heldout.due(rec.epoch):
             try:
                 model = await self.training.evaluation.model()
@@ -438,30 +505,14 @@ class PSApplicationMaster:
             log.info("%s", tracker.stop_reason())
             self.training.loop.stop_early(tracker.stop_reason())
 
-    async def _checkpoint(self, epoch: int) -> dict[str, Any]:
-        objective = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
-        try:
-            info = await self.steps.checkpoint(epoch, msgspec.structs.replace(self.job_record(), objective=objective))
-        except Exception as e:
-            self._resolve_checkpoints(e)
-            raise
-        self._resolve_checkpoints(info)
-        log.info("checkpoint of epoch %d in %s", epoch, info["dir"])
-        if self.spec.checkpoint_every_epochs and epoch > 0:
-            await self._write_output("checkpoint", epoch)
-        return info
-
-    # -- model output and warm start (appmaster.ps.model_output, docs/model_output.md) -------
+    # -- model output and warm start ---------------------------------------------------------
     async def _read_init_from(self) -> Optional[np.ndarray]:
-        """The saved model's values `init_from` names (checked against this job's app and shape),
-        None without one or when a checkpoint of an earlier attempt will be resumed instead."""
         if not self.spec.init_from or await asyncio.to_thread(self.checkpointer.latest) is not None:
             return None
         _meta, values = await asyncio.to_thread(read_init_from, self.spec.init_from, self.app)
         return values
 
     async def _write_output(self, kind: str, epoch: int) -> None:
-        """The model of the latest checkpoint (after `epoch` epochs) to `output`, if the job has one."""
         last = self.checkpointer.last
         if not self.spec.output or last is None:
             return
@@ -475,18 +526,8 @@ class PSApplicationMaster:
                                           heldout, heldout_epoch, self.shape_history)
         await self.model_output.write(last["dir"], meta)
 
-    def _resolve_checkpoints(self, outcome: dict[str, Any] | BaseException) -> None:
-        pending, self._checkpoint_requests = self._checkpoint_requests, []
-        for fut in pending:
-            if fut.done():
-                continue
-            if isinstance(outcome, BaseException):
-                fut.set_exception(outcome)
-            else:
-                fut.set_result(outcome)
-
+    # -- the job report ----------------------------------------------------------------------
     def _publish_shape(self, rec: EpochRecord | None = None) -> None:
-        """The job report (protocol.job_report) the RM's policy reads on each heartbeat."""
         m = self.metrics
         extra: dict[str, Any] = {}
         last = rec or (m.epochs[-1] if m.epochs else None)
@@ -494,29 +535,21 @@ class PSApplicationMaster:
             extra.update(epoch=last.epoch, epoch_time_s=max(0.0, last.epoch_time_s), objective=finite(last.objective))
         live = self.pool.live()
         ready = {e.executor_id for e in live if e.state is ExecutorState.READY}
-        extra.update(phase=self.job.phase.value, epoch_times=recent_epoch_times(e.epoch_time_s for e in m.epochs),
+        extra.update(phase=_report_phase(self.job.phase), epoch_times=recent_epoch_times(e.epoch_time_s for e in m.epochs),
                      initial_objective=finite(m.initial_objective),
                      objectives=recent_objectives((e.epoch, e.objective) for e in m.epochs),
                      clock_objectives=m.clock_objectives.report(),
                      worker_times=m.worker_timing(ready), server_times=m.server_timing(ready),
                      memory_mb=sum(e.rss_bytes for e in live) / (1024 * 1024),
-                     paused=self.suspension.paused, **spill_report(live))
-        self.progress.changing = self.directives.busy or self.steps.busy or self.elastic.changing
-        self.am.set_shape(self.progress.report(self.live_shape(), self.steps.resource, self.directives.applied_version,
+                     paused=self.job.phase is Phase.PAUSED, **spill_report(live))
+        self.progress.changing = self.job.change is not None and self.job.change.kind not in (
+            ChangeKind.START, ChangeKind.FINISH, ChangeKind.CHECKPOINT)
+        self.am.set_shape(self.progress.report(self.live_shape(), self.steps.resource, self.job.applied_directive,
                                                **extra))
-
-    def _on_directive_change(self, running: bool) -> None:
-        if running:
-            self.progress.change_started()
-        else:
-            self.progress.change_ended(time.time())
-        self._publish_shape()
-        if not running:     # the RM's record of the job (what `ps scale` waits for) gets the new shape now
-            self.am.heartbeat_now()
 
     async def _poll_status(self) -> None:
         while True:
-            await asyncio.sleep(STATUS_POLL_S)
+            await asyncio.sleep(2.0)
             try:
                 await self.training.status.refresh()
             except Exception:  # noqa: BLE001 - status is best effort; failures surface elsewhere
@@ -526,57 +559,53 @@ class PSApplicationMaster:
     async def _pump_events(self) -> None:
         while True:
             ev = await self.am.next_event()
+            now = time.time()
             if isinstance(ev, ContainersAllocated):
-                await asyncio.gather(*(self._launch_executor(c) for c in ev.containers))
-            elif isinstance(ev, ContainersCompleted):
+                infos, unknown = [], []
                 for c in ev.containers:
-                    self._on_completed(c)
+                    try:
+                        role = Role(c.tag)
+                    except ValueError:
+                        log.warning("releasing container %s with unknown tag %r", c.container_id, c.tag)
+                        self._containers[c.container_id] = c
+                        unknown.append(c.container_id)
+                        continue
+                    rec = self.pool.add(role, c)
+                    self._containers[c.container_id] = c
+                    infos.append(ExecutorInfo(executor_id=rec.executor_id, role=CRole(role.value),
+                                              container_id=c.container_id, node=c.node_id))
+                self.interp.feed(cev.ContainersAllocated(at=now, containers=infos, unknown=unknown))
+            elif isinstance(ev, ContainersCompleted):
+                done = []
+                for c in ev.containers:
+                    rec = self.pool.mark_exited(c)
+                    if rec is None:
+                        continue
+                    if c.container_id in self.retiring:
+                        log.info("retired %s (%s, %s) exited", rec.executor_id, rec.role.value, c.container_id)
+                    text = rec.describe_exit(self.spec.executor_memory_mb)
+                    if c.container_id in self.unresponsive:
+                        text += f"; stopped by the AM: {self.unresponsive[c.container_id]}"
+                    if c.container_id not in self.retiring and self.job.phase.executors_expected_alive:
+                        self.losses.append(text)
+                        log.warning("executor lost: %s", text)
+                    done.append((c.container_id, text))
+                if done:
+                    self.interp.feed(cev.ContainersCompleted(at=now, containers=done))
             elif isinstance(ev, NodesUpdated):
                 for n in ev.nodes:
                     log.info("node %s is now %s", n.node_id, n.state)
             elif isinstance(ev, ShapeChanged):
-                self.directives.on_directive(ev.directive)
+                d = ev.directive
+                if d.version > self.job.seen_directive:
+                    self.pool.harmony_group = d.group
+                    self._directives[d.version] = d
+                self.interp.feed(cev.DirectiveArrived(at=now, directive=d))
             elif isinstance(ev, Shutdown):
                 self.request_stop(ev.reason)
                 return
 
-    async def _launch_executor(self, c: AmContainer) -> None:
-        try:
-            role = Role(c.tag)
-        except ValueError:
-            log.warning("releasing container %s with unknown tag %r", c.container_id, c.tag)
-            self.am.release(c)
-            return
-        rec = self.pool.add(role, c)
-        ok = await self.am.launch(c, self.pool.launch_context(rec))
-        log.info("launched %s in %s on %s: %s", rec.executor_id, c.container_id, c.node_id,
-                 "ok" if ok else c.diagnostics)
-
-    def _on_completed(self, c: AmContainer) -> None:
-        rec = self.pool.mark_exited(c)
-        if rec is None:
-            return
-        if c.container_id in self.retiring:
-            log.info("retired %s (%s, %s) exited", rec.executor_id, rec.role.value, c.container_id)
-            return
-        text = rec.describe_exit(self.spec.executor_memory_mb)
-        if c.container_id in self.unresponsive:
-            text += f"; stopped by the AM: {self.unresponsive[c.container_id]}"
-        if self.job.phase.executors_expected_alive:
-            fatal = self.recovery.on_lost(text, rec)
-            if fatal is None:
-                if self.recovery.rollback_needed:
-                    self.training.loop.stop()  # training returns at its next boundary, then recovers
-                return                         # (a lost worker is replaced at its next clock)
-            log.error("executor lost: %s", fatal)
-            self._fail(fatal)
-        else:
-            log.info("%s", text)
-
     def _stop_unresponsive(self, rec: ExecutorRecord, why: str) -> None:
-        """The clock loop gave `rec` up (no reply by its deadline): stop its container, so that its
-        completion reports the loss and the job recovers as from any other (a hung process never
-        exits on its own; one on a dead node is released through the RM)."""
         self.unresponsive[rec.container_id] = why
         task = asyncio.ensure_future(self._stop_container(rec))
         self._stopping.add(task)
@@ -588,55 +617,52 @@ class PSApplicationMaster:
         except Exception:  # noqa: BLE001 - the RM's expiry of its node still reports it
             log.warning("could not stop %s (%s)", rec.executor_id, rec.container_id, exc_info=True)
 
-    def _fail(self, diagnostics: str) -> None:
-        if self._failure is not None and not self._failure.done():
-            self._failure.set_result(diagnostics)
-
-    # -- the end ---------------------------------------------------------------------------
-    async def _conclude(self, drive: asyncio.Task[str]) -> Optional[FinalStatus]:
-        assert self._failure is not None
-        if drive.done() and not drive.cancelled() and drive.exception() is None:
-            self.job.apply(JobEvent.FINISHED, drive.result())
-            await self._stop_executors()
-            self._write_final_status()
-            await self.am.finish(FinalStatus.SUCCEEDED, self.job.diagnostics)
-            return FinalStatus.SUCCEEDED
-        if self._stop.is_set() and not self._failure.done():
-            self.job.try_apply(JobEvent.STOP, self._stop_reason)
-            await self._stop_executors()
+    # -- status sections ---------------------------------------------------------------------
+    def eps_status(self) -> Optional[EpsStatus]:
+        if self.spec.elastic_mode != "eps":
             return None
-        diagnostics = await self._failure_diagnostics(drive)
-        self.job.try_apply(JobEvent.FAIL, diagnostics)
-        await self._stop_executors()
-        if self._stop.is_set():
-            return None          # stopped meanwhile: the RM already decided the app's fate
-        self._write_final_status()
-        await self.am.finish(FinalStatus.FAILED, diagnostics)
-        return FinalStatus.FAILED
+        import msgspec
+        loop = self.training.loop
+        started = self.steps.ledger_ready
+        from .controller.planners.eps import limits
+        w, s = limits(self.job)
+        current = self.interp.records.parts if self.interp.records is not None else {}
+        cur = [r for r in current.values()]
+        return msgspec.convert({
+            "running": self.job.change is not None and self.job.change.kind is ChangeKind.EPS,
+            "current": cur[-1].to_json() if cur else None,
+            "workers": self.training.membership.worker_ids(), "servers": self.training.membership.server_ids(),
+            "minibatches_applied": loop.minibatches_applied, "minibatches_run": loop.minibatches_run,
+            "audit_mismatches": list(loop.audit_mismatches),
+            "history": [r.to_json() for r in self.eps_history],
+            "limits": {"workers": w, "servers": s, "min_workers": 1, "min_servers": 1} if started else None,
+            "datasets": self.steps.splits().to_json() if started else None}, EpsStatus)
 
-    async def _failure_diagnostics(self, drive: asyncio.Task[str]) -> str:
-        assert self._failure is not None
-        if self._failure.done():
-            return self._failure.result()
-        err = drive.exception() if drive.done() and not drive.cancelled() else None
-        if err is not None and (user := user_failure(self.spec, err)) is not None:
-            return user
-        if isinstance(err, ExecutorCallError):
-            # The executor probably died: its container's exit status names why; wait for it briefly.
-            try:
-                return await asyncio.wait_for(asyncio.shield(self._failure), FAILURE_REPORT_GRACE_S)
-            except asyncio.TimeoutError:
-                return str(err)
-        log.error("PS job failed", exc_info=err)
-        return f"PS job failed in phase {self.job.phase.value}: {type(err).__name__}: {err}"
+    def recovery_status(self) -> RecoveryStatus:
+        return RecoveryStatus(enabled=self.spec.max_executor_failures > 0,
+                              max_executor_failures=self.spec.max_executor_failures, failures=self.job.failures,
+                              losses=list(self.losses), recoveries=self.recoveries, replacements=self.replacements)
 
-    async def _stop_executors(self) -> None:
-        self.training.loop.stop()
-        await self.training.rpc.shutdown(self.pool.live())
-        try:
-            await asyncio.wait_for(self.am.stop_all(), 15.0)
-        except asyncio.TimeoutError:
-            log.warning("stopping executor containers timed out")
+    def suspension_status(self) -> SuspensionStatus:
+        state = {Phase.PAUSING: "PAUSING", Phase.PAUSED: "PAUSED", Phase.RESUMING: "RESUMING"}.get(self.job.phase,
+                                                                                               "RUNNING")
+        paused = self.paused_s + (time.time() - self.paused_since if self.paused_since is not None else 0.0)
+        return SuspensionStatus(state=state, pauses=self.pauses, paused_s=round(paused, 3),
+                                history=list(self.suspend_history))
+
+    def straggler_status(self) -> StragglerStatus:
+        return StragglerStatus(factor=self.stragglers.factor if hasattr(self.stragglers, "factor") else None,
+                               replaced=[StragglerReplaced(worker=a, replacement=b) for a, b in self.replaced.items()])
+
+
+def _report_phase(phase: Phase) -> str:
+    """The job report's phase: the RM's policies know TRAINING for a job whose shape changes live."""
+    return "TRAINING" if phase.trains else phase.value
+
+
+def msgspec_builtins(obj: object) -> Any:
+    import msgspec
+    return msgspec.to_builtins(obj)
 
 
 def _describe_metrics(metrics: dict[str, float] | None) -> str:

@@ -10,80 +10,18 @@ section of the wrong shape fails when the status is built, not in a reader.
 """
 from __future__ import annotations
 
-from typing import Optional, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
-from protocol.ps_job_spec import PSJobSpec
-from protocol.ps_status import (CheckpointInfo, EpsStatus, MetricsStatus, PsStatus, RecoveryStatus, ResumedFrom,
-                                StragglerStatus)
-from protocol.shape_history import ShapeChange
-from psruntime.apps.base import AnyPSApp
+from protocol.ps_status import CheckpointInfo, MetricsStatus, PsStatus
 
-from ..am_client import ApplicationMaster
-from .checkpoints import Checkpointer
-from .cruise_driver import CruiseDriver
-from .directives import DirectiveHandler
-from .elastic_ops import ElasticOps
-from .executor_pool import ExecutorPool
 from .executor_status import spill_status
-from .heldout_monitor import HeldoutMonitor
-from .job import JobStateMachine
-from .kill_restart import KillRestart
-from .metrics import JobMetrics
-from .recovery import ExecutorRecovery
-from .stragglers import StragglerWatch
-from .suspension import JobSuspension
-from .training import Training
+
+if TYPE_CHECKING:
+    from .master import PSApplicationMaster
 
 S = TypeVar("S", bound=msgspec.Struct)
-
-
-class StatusSource(Protocol):
-    """The parts of the PS AM the status projects (appmaster.ps.master.PSApplicationMaster has them)."""
-
-    @property
-    def am(self) -> ApplicationMaster: ...
-    @property
-    def spec(self) -> PSJobSpec: ...
-    @property
-    def app(self) -> AnyPSApp: ...
-    @property
-    def job(self) -> JobStateMachine: ...
-    @property
-    def started(self) -> float: ...
-    @property
-    def pool(self) -> ExecutorPool: ...
-    @property
-    def training(self) -> Training: ...
-    @property
-    def metrics(self) -> JobMetrics: ...
-    @property
-    def checkpointer(self) -> Checkpointer: ...
-    @property
-    def heldout(self) -> HeldoutMonitor: ...
-    @property
-    def stop_criterion(self) -> Optional[str]: ...
-    @property
-    def final_metrics(self) -> Optional[dict[str, float]]: ...
-    @property
-    def shape_history(self) -> list[ShapeChange]: ...
-    @property
-    def directives(self) -> DirectiveHandler: ...
-    @property
-    def elastic(self) -> ElasticOps | KillRestart: ...
-    @property
-    def cruise(self) -> Optional[CruiseDriver]: ...
-    @property
-    def resumed_from(self) -> Optional[ResumedFrom]: ...
-    @property
-    def recovery(self) -> ExecutorRecovery: ...
-    @property
-    def suspension(self) -> JobSuspension: ...
-    @property
-    def stragglers(self) -> StragglerWatch: ...
-
-    def max_epochs(self) -> Optional[int]: ...
 
 
 def _typed(obj: object, kind: type[S]) -> S:
@@ -91,7 +29,7 @@ def _typed(obj: object, kind: type[S]) -> S:
     return msgspec.convert(obj, kind)
 
 
-def job_status(am: StatusSource) -> PsStatus:
+def job_status(am: "PSApplicationMaster") -> PsStatus:
     """The job status now: what `/status` serves and `status.json` keeps (see the module doc)."""
     loop = am.training.loop
     reg = am.am.registration
@@ -110,12 +48,11 @@ def job_status(am: StatusSource) -> PsStatus:
         final_metrics=dict(am.final_metrics) if am.final_metrics is not None else None,
         model_mb=round(am.app.model_nbytes() / 2**20, 3), data_mb=round(am.app.data_nbytes() / 2**20, 3),
         elastic_mode=am.spec.elastic_mode, shape_history=list(am.shape_history),
-        directives=[d.record() for d in am.directives.history],
-        eps=_typed(am.elastic.status_json(), EpsStatus) if isinstance(am.elastic, ElasticOps) else None,
-        optimizer=am.spec.optimizer, cruise=am.cruise.status() if am.cruise else None,
-        resumed_from=am.resumed_from, recovery=_typed(am.recovery.status_json(), RecoveryStatus),
-        suspension=am.suspension.status(), spill=spill_status(am.pool.live()),
-        stragglers=_typed(am.stragglers.status_json(), StragglerStatus))
+        directives=list(am.directive_history), eps=am.eps_status(),
+        optimizer=am.spec.optimizer, cruise=None,
+        resumed_from=am.resumed_from, recovery=am.recovery_status(),
+        suspension=am.suspension_status(), spill=spill_status(am.pool.live()),
+        stragglers=am.straggler_status())
 
 
-__all__ = ["StatusSource", "job_status"]
+__all__ = ["job_status"]

@@ -25,8 +25,8 @@ def triggers(w: World) -> list[str]:
 
 def test_start_launches_servers_then_workers_then_sets_up_and_checkpoints() -> None:
     w = started()
-    assert w.kinds()[:6] == ["StartExecutors", "ReportProgress", "StartExecutors", "SetupTraining",
-                             "WriteCheckpoint", "ReportProgress"]
+    assert w.kinds()[:7] == ["StartExecutors", "ReportProgress", "StartExecutors", "SetupTraining",
+                             "WriteCheckpoint", "ResumeTraining", "ReportProgress"]
     first, second = w.of(ins.StartExecutors)
     assert (first.role, first.count, second.role, second.count) == (Role.SERVER, 1, Role.WORKER, 2)
     assert triggers(w) == ["REGISTERED", "SERVERS_READY", "WORKERS_READY", "INITIALISED"]

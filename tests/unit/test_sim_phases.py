@@ -26,7 +26,7 @@ from test_sim import calibration
 P = Phase
 START = [P.STARTING, P.LAUNCHING_SERVERS, P.LAUNCHING_WORKERS, P.INITIALISING, P.TRAINING]
 END = [P.TRAINING, P.FINISHING, P.SUCCEEDED]
-START_STEPS = ["StartExecutors", "StartExecutors", "SetupTraining", "WriteCheckpoint"]
+START_STEPS = ["StartExecutors", "StartExecutors", "SetupTraining", "WriteCheckpoint", "ResumeTraining"]
 END_STEPS = ["WriteCheckpoint", "ScoreModel"]
 
 
@@ -117,7 +117,7 @@ def test_a_lost_server_is_recovered_from_the_latest_checkpoint() -> None:
     assert r.killed == ["server-1"]
     assert r.phases == START + [P.RECOVERING] + END
     assert r.steps() == START_STEPS + ["PauseTraining", "RetireExecutors", "StartExecutors", "StartExecutors",
-                                       "RestoreCheckpoint"] + END_STEPS
+                                       "RestoreCheckpoint", "ResumeTraining"] + END_STEPS
     assert r.record.final_status == "SUCCEEDED" and r.record.epochs == 20
     # Training went back to the checkpoint of epoch 0: what it had done since is lost.
     undisturbed = replay([])

@@ -52,6 +52,12 @@ def handle(job: JobState, event: ev.Event) -> tuple[JobState, list[Instruction]]
     if job.phase.is_final:
         return job, out
     _HANDLERS[type(event)](job, event, out)
+    for i in out:       # stopped on purpose from now on: their containers' ends are no loss
+        if isinstance(i, RetireExecutors):
+            for eid in i.executors:
+                x = job.executors.get(eid)
+                if x is not None:
+                    x.state = ExecutorState.RETIRING
     return job, out
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..events import StepDone, StepFailed
-from ..instructions import (CancelSteps, Instruction, JoinExecutors, PauseTraining, RestoreCheckpoint,
+from ..instructions import (ResumeTraining, CancelSteps, Instruction, JoinExecutors, PauseTraining, RestoreCheckpoint,
                             RetireExecutors, StartExecutors, TakeOverSplits)
 from ..records import Role, Target
 from ..state import Change, ChangeKind, Executor, JobState
@@ -173,6 +173,10 @@ class RecoveryPlanner(BasePlanner):
             return
         if change.stage == "restore":
             job.epoch = job.checkpoints[-1][0]
+            change.stage = "resume"
+            issue(change, out, ResumeTraining(step=job.new_step()))
+            return
+        if change.stage == "resume":
             change.stage = "done"
 
     def failed(self, job: JobState, change: Change, ev: StepFailed, out: list[Instruction]) -> None:

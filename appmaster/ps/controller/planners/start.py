@@ -11,7 +11,8 @@ from __future__ import annotations
 from protocol.internal_api import counts_on_nodes
 
 from ..events import StepDone, StepFailed
-from ..instructions import Instruction, RestoreCheckpoint, SetupTraining, StartExecutors, WriteCheckpoint
+from ..instructions import (Instruction, RestoreCheckpoint, ResumeTraining, SetupTraining, StartExecutors,
+                            WriteCheckpoint)
 from ..phases import Trigger
 from ..records import Role
 from ..state import Change, ChangeKind, JobState
@@ -61,10 +62,16 @@ class StartPlanner(BasePlanner):
                 change.stage = "checkpoint"      # what a recovery goes back to
                 issue(change, out, WriteCheckpoint(step=job.new_step(), epoch=job.epoch, reason="initial"))
             else:
-                change.stage = "done"
+                self._train(job, change, out)
         elif change.stage == "checkpoint":
             job.checkpoints.append((job.epoch, ev.directory))
+            self._train(job, change, out)
+        elif change.stage == "train":
             change.stage = "done"
+
+    def _train(self, job: JobState, change: Change, out: list[Instruction]) -> None:
+        change.stage = "train"
+        issue(change, out, ResumeTraining(step=job.new_step()))
 
     def failed(self, job: JobState, change: Change, ev: StepFailed, out: list[Instruction]) -> None:
         end_job_failed(job, change, ev.error, out)

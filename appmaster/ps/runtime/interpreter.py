@@ -1,0 +1,524 @@
+"""The PS AM as an interpreter of the PS-job controller (appmaster.ps.controller).
+
+The controller decides; this module carries its instructions out on the real job and turns what
+happens back into events. `feed(event)` runs the controller's `handle` and then each instruction:
+a step instruction starts a task that runs the step with the reconfiguration layer's primitives
+(appmaster.ps.reconfiguration) and answers `StepDone` / `StepFailed`; the others (launch an
+executor, reply to a request, report to the RM, set a timer, finish) are done at once. Events fed
+while an earlier one is being handled wait their turn, so the controller sees one at a time.
+
+What each step does here is the contract in appmaster.ps.controller.instructions; the EPS steps
+keep the per-operation records (`ElasticOpRecord`) the job's status and `ps scale` show.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Awaitable, Callable, Optional
+
+import msgspec
+
+from protocol import executor_ops as ops
+from protocol.checkpoint_manifest import decode_job_checkpoint
+from protocol.shape_history import (ExecutorCounts, KillRestartChange, RecoveryChange, ReplaceWorkerChange,
+                                     ShapeChange, StragglerChange, SuspendChange)
+
+from ..checkpoints import JOB_MANIFEST
+from ..controller import events as ev
+from ..controller import instructions as ins
+from ..controller.core import handle
+from ..controller.phases import Phase
+from ..controller.records import ExecutorInfo, Holdings, Move
+from ..controller.records import Role as CRole
+from ..controller.state import Change, ChangeKind, JobState
+from ..eps_decisions import Transfer
+from ..eps_records import ElasticOpRecord
+from ..executor_pool import ExecutorRecord, Role
+from ..reconfiguration import Reconfiguration, keeps_worker_state
+
+log = logging.getLogger(__name__)
+
+RELEASE_TIMEOUT_S = 90.0       # retired executors reported gone before a restart starts new ones
+RESTORE_RTOL = 1e-4            # restored objective vs the cut's (float32 sums in another order)
+
+
+def info_of(rec: ExecutorRecord) -> ExecutorInfo:
+    return ExecutorInfo(executor_id=rec.executor_id, role=CRole(rec.role.value), container_id=rec.container_id,
+                        node=rec.container.node_id)
+
+
+def transfers(moves: list[Move]) -> list[Transfer]:
+    return [Transfer(m.item, m.src, m.dst, m.reactivate) for m in moves]
+
+
+@dataclass
+class ChangeRecords:
+    """What the interpreter records of the change in the slot: one ElasticOpRecord per EPS part
+    (by the part's index), when it began, and the old shape."""
+
+    started: float
+    before: tuple[int, int]
+    epoch: int
+    parts: dict[int, ElasticOpRecord] = field(default_factory=dict)
+    step_part: dict[int, int] = field(default_factory=dict)
+    cut_objective: Optional[float] = None
+    restored: Optional[float] = None
+    checkpoint: str = ""
+
+
+@dataclass
+class Hooks:
+    """What the master supplies: the effects that are the master's own business."""
+
+    launch: Callable[[str, Role], Awaitable[None]]
+    release: Callable[[str], None]
+    reply: Callable[[ins.Reply], None]
+    report: Callable[[bool, int], None]
+    finish: Callable[[ins.Finish], None]
+    setup: Callable[[], Awaitable[Optional[float]]]
+    score: Callable[[], Awaitable[None]]
+    job_record: Callable[[], object]
+    on_change_end: Callable[[Change, "ChangeRecords", list[ElasticOpRecord]], None]
+    plan: Callable[[ins.ComputePlan], Awaitable[list[object]]]
+    restore_attempt: Callable[[list[ExecutorRecord], list[ExecutorRecord]], Awaitable[float]]
+    replaced: Callable[[str, str], None]
+
+
+class JobInterpreter:
+    """Runs one PS job's controller against the real job (module doc)."""
+
+    def __init__(self, job: JobState, steps: Reconfiguration, hooks: Hooks) -> None:
+        self.job = job
+        self.steps = steps
+        self.training = steps.training
+        self.hooks = hooks
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.records: Optional[ChangeRecords] = None
+        self._queue: deque[ev.Event] = deque()
+        self._feeding = False
+        self.train_task: Optional[asyncio.Task[None]] = None
+        self.trained = asyncio.Event()          # set whenever the train task is not running
+        self.trained.set()
+        self.on_train_end: Optional[Callable[[Optional[BaseException]], None]] = None
+        self.change_ended = asyncio.Event()
+        self.log: list[tuple[str, str]] = []   # (event kind, instruction kinds) for the recorded-log test
+
+    # -- events in -----------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.time()
+
+    def feed(self, event: ev.Event) -> None:
+        """Hand `event` to the controller and carry out what it says (module doc)."""
+        self._queue.append(event)
+        if self._feeding:
+            return
+        self._feeding = True
+        try:
+            while self._queue:
+                e = self._queue.popleft()
+                before = self.job.change
+                _, out = handle(self.job, e)
+                self.log.append((type(e).__name__, ",".join(type(i).__name__ for i in out)))
+                if before is None and self.job.change is not None:
+                    self._begin_records(self.job.change)
+                for i in out:
+                    self._do(i)
+                if before is not None and self.job.change is not before:
+                    self._end_records(before)
+                    if self.job.change is not None and self.job.change is not before:
+                        self._begin_records(self.job.change)
+        finally:
+            self._feeding = False
+
+    # -- records of a change -------------------------------------------------------------------
+    def _begin_records(self, change: Change) -> None:
+        self.records = ChangeRecords(started=time.time(), before=self.job.shape, epoch=self.job.epoch)
+        self.change_ended.clear()
+
+    def _end_records(self, change: Change) -> None:
+        rec, self.records = self.records, None
+        if rec is None:
+            return
+        parts = [rec.parts[i] for i in sorted(rec.parts)]
+        now = time.perf_counter()
+        for p in parts:
+            p.duration_s = now - p.duration_s if p.duration_s > 1e6 else p.duration_s
+            p.workers_after, p.servers_after = self.training.membership.shape()
+            if change.error and not p.error:
+                p.error = change.error
+        self.hooks.on_change_end(change, rec, parts)
+        self.change_ended.set()
+
+    def _part_record(self, step: ins.StepInstruction) -> Optional[ElasticOpRecord]:
+        rec, change = self.records, self.job.change
+        if rec is None or change is None or change.kind is not ChangeKind.EPS:
+            return None
+        for i, part in enumerate(change.parts):
+            if step.step in part.steps:
+                if i not in rec.parts:
+                    w, s = self.training.membership.shape()
+                    rec.parts[i] = ElasticOpRecord(part.op, part.n, time.time(), self.training.loop.epochs_done, w, s)
+                    rec.parts[i].duration_s = time.perf_counter()
+                return rec.parts[i]
+        return None
+
+    # -- instructions out ----------------------------------------------------------------------
+    def _do(self, i: ins.Instruction) -> None:
+        if isinstance(i, ins.STEP_TYPES):
+            step = i
+            record = self._part_record(step)     # type: ignore[arg-type]
+            self.tasks[step.step] = asyncio.ensure_future(self._run(step, record))    # type: ignore[arg-type]
+        elif isinstance(i, ins.LaunchExecutor):
+            asyncio.ensure_future(self.hooks.launch(i.container_id, Role(i.role.value)))
+        elif isinstance(i, ins.ReleaseContainer):
+            self.hooks.release(i.container_id)
+        elif isinstance(i, ins.CancelSteps):
+            for s in i.steps:
+                t = self.tasks.get(s)
+                if t is not None and not t.done():
+                    t.cancel()
+        elif isinstance(i, ins.Reply):
+            self.hooks.reply(i)
+        elif isinstance(i, ins.ReportProgress):
+            self.hooks.report(i.changing, i.directive_version)
+        elif isinstance(i, ins.SetTimer):
+            old = self.timers.pop(i.timer, None)
+            if old is not None:
+                old.cancel()
+            delay = max(0.0, i.at - self.now())
+            self.timers[i.timer] = asyncio.get_running_loop().call_later(
+                delay, lambda name=i.timer: self.feed(ev.TimerFired(at=self.now(), timer=name)))
+        elif isinstance(i, ins.Finish):
+            self.hooks.finish(i)
+        elif isinstance(i, ins.WithdrawAsks):
+            pass    # a StartExecutors step withdraws its own asks when it ends (Reconfiguration._start)
+
+    async def _run(self, step: ins.StepInstruction, record: Optional[ElasticOpRecord]) -> None:
+        try:
+            done = await self._step(step, record)
+        except asyncio.CancelledError:
+            self.tasks.pop(step.step, None)
+            self.feed(ev.StepFailed(at=self.now(), step=step.step, error="cancelled", cancelled=True,
+                                    holdings=self.holdings()))
+            return
+        except Exception as e:  # noqa: BLE001 - every failure of a step is the controller's to handle
+            self.tasks.pop(step.step, None)
+            log.warning("step %s failed: %s: %s", type(step).__name__, type(e).__name__, e,
+                        exc_info=log.isEnabledFor(logging.DEBUG))
+            if record is not None and not record.error:
+                record.error = f"{type(e).__name__}: {e}"
+            self.feed(ev.StepFailed(at=self.now(), step=step.step, error=f"{type(e).__name__}: {e}",
+                                    holdings=self.holdings()))
+            return
+        self.tasks.pop(step.step, None)
+        self.feed(done)
+
+    def holdings(self) -> Holdings:
+        """Who holds what now, as the AM's own books say (the ownership table, the split ledger)."""
+        placement = self.training.placement
+        blocks: dict[str, list[int]] = {}
+        for s in self.training.membership.servers:
+            blocks[s.executor_id] = list(placement.blocks_of(s.executor_id))
+        if not self.steps.ledger_ready:
+            return Holdings(blocks=blocks, splits=dict(self.job.holdings.splits), inactive={})
+        ledger = self.steps.splits()
+        return Holdings(blocks=blocks, splits={w: list(s) for w, s in ledger.holdings().items()},
+                        inactive={w: list(s) for w, s in ledger.inactive_holdings().items() if s})
+
+    def _done(self, step: ins.StepInstruction, **kw: object) -> ev.StepDone:
+        return ev.StepDone(at=self.now(), step=step.step, **kw)   # type: ignore[arg-type]
+
+    # -- the steps -----------------------------------------------------------------------------
+    async def _step(self, s: ins.StepInstruction, rec: Optional[ElasticOpRecord]) -> ev.StepDone:
+        steps, training = self.steps, self.training
+        pool, placement, membership = training.pool, training.placement, training.membership
+        if isinstance(s, ins.StartExecutors):
+            role = Role(s.role.value)
+            size = self.job.size
+            if size is not None:
+                steps.resource = type(steps.resource)(size[0], size[1])
+            asked = time.monotonic()
+            new = await (steps.start_placed(role, dict(s.per_node)) if s.per_node
+                         else steps.start_executors(role, s.count, s.nodes))
+            if rec is not None and new:
+                granted = max(e.allocated_at for e in new)
+                rec.add_phase("allocate", granted - asked)
+                rec.add_phase("start", max(e.ready_at for e in new) - granted)
+                rec.executors_added += [e.executor_id for e in new]
+                rec.containers_added += [e.container_id for e in new]
+            return self._done(s, executors=[info_of(e) for e in new])
+        if isinstance(s, ins.JoinExecutors):
+            new = [pool.executors[x] for x in s.executors]
+            t0 = time.monotonic()
+            await placement.bind(new)
+            if s.role is CRole.WORKER:
+                await training.rpc.send_all(new, ops.EpsJoin())
+                if steps.ledger_ready:
+                    for e in new:
+                        steps.splits().add_worker(e.executor_id)
+            await placement.register(new)
+            if s.role is CRole.SERVER:
+                membership.add_servers(new)      # they answer the objective (0 until blocks land)
+            if rec is not None:
+                rec.add_phase("register", time.monotonic() - t0)
+            return self._done(s)
+        if isinstance(s, ins.MoveModelBlocks):
+            drop = [pool.executors[x] for x in s.drop if x in pool.executors]
+            fake = rec or ElasticOpRecord("move", len(s.moves), time.time(), 0, 0, 0)
+            with fake.timed("move_blocks"):
+                await steps.move_model_blocks(fake, transfers(s.moves), drop=drop)
+                if drop:
+                    await placement.forget(x.executor_id for x in drop)
+            fake.epoch_switched = training.loop.epochs_done + 1
+            return self._done(s, holdings=self.holdings())
+        if isinstance(s, ins.StageSplits):
+            fake = rec or ElasticOpRecord("stage", len(s.moves), time.time(), 0, 0, 0)
+            with fake.timed("stage_splits"):
+                await steps.stage_splits(fake, transfers(s.moves))
+            return self._done(s)
+        if isinstance(s, ins.CommitSplits):
+            return await self._commit(s, rec)
+        if isinstance(s, ins.DiscardStaged):
+            await steps.discard_staged(transfers(s.moves))
+            return self._done(s)
+        if isinstance(s, ins.RetireExecutors):
+            gone = [pool.executors[x] for x in s.executors if x in pool.executors]
+            for g in gone:
+                if g.role is Role.SERVER:
+                    membership.remove_servers([g.executor_id])
+            if rec is not None:
+                with rec.timed("retire"):
+                    await steps.retire(gone, rec, released=s.released)
+            else:
+                await steps.retire(gone, released=s.released)
+            return self._done(s)
+        if isinstance(s, ins.SwitchRole):
+            await steps.switch_role(pool.executors[s.executor], Role(s.role.value))
+            return self._done(s, holdings=self.holdings())
+        if isinstance(s, ins.SendExecutorRequest):
+            await training.rpc.send_all([pool.executors[x] for x in s.executors], s.request)
+            return self._done(s)
+        if isinstance(s, ins.WaitClockBoundary):
+            if rec is not None:
+                with rec.timed("boundary"):
+                    await steps.wait_boundary()
+            else:
+                await steps.wait_boundary()
+            return self._done(s)
+        if isinstance(s, ins.PauseTraining):
+            steps.pause()
+            await self.trained.wait()
+            return self._done(s)
+        if isinstance(s, ins.ResumeTraining):
+            self.start_training()
+            return self._done(s)
+        if isinstance(s, ins.SetupTraining):
+            await self.hooks.setup()
+            return self._done(s, holdings=self.holdings())
+        if isinstance(s, ins.WriteCheckpoint):
+            return await self._checkpoint(s)
+        if isinstance(s, ins.RestoreCheckpoint):
+            return await self._restore(s)
+        if isinstance(s, ins.ScoreModel):
+            await self.hooks.score()
+            return self._done(s)
+        if isinstance(s, ins.TakeOverSplits):
+            return await self._take_over(s)
+        if isinstance(s, ins.ComputePlan):
+            ops_ = await self.hooks.plan(s)
+            return self._done(s, ops=ops_)
+        raise AssertionError(f"unknown step {s!r}")
+
+    async def _commit(self, s: ins.CommitSplits, rec: Optional[ElasticOpRecord]) -> ev.StepDone:
+        steps, membership, pool = self.steps, self.training.membership, self.training.pool
+        ledger = steps.splits()
+        fake = rec or ElasticOpRecord("commit", len(s.moves), time.time(), 0, 0, 0)
+        for w in s.joining:
+            if w not in ledger.active:
+                ledger.add_worker(w)
+
+        async def switch() -> None:
+            try:
+                await steps.commit_splits(fake, transfers(s.moves), keep_inactive=s.keep_inactive)
+            finally:
+                # The clock list: joining workers that hold splits train from the next clock; a
+                # leaving worker whose splits all moved leaves it.
+                membership.add_workers(pool.executors[w] for w in s.joining if ledger.active_of(w))
+                gone = [w for w in s.leaving if not ledger.active_of(w)]
+                membership.remove_workers(gone)
+                for w in gone:
+                    ledger.remove_worker(w)
+                for w in membership.workers:
+                    if w.executor_id in ledger.active:
+                        w.blocks = ledger.active_of(w.executor_id)
+                fake.epoch_switched = self.training.loop.epochs_done
+
+        with fake.timed("boundary"):
+            _, lost = await steps.at_boundary(switch)
+        fake.training_time_lost_s += lost
+        return self._done(s, holdings=self.holdings())
+
+    async def _checkpoint(self, s: ins.WriteCheckpoint) -> ev.StepDone:
+        """At an epoch end or a clock boundary with training stopped (a cut): every server block,
+        the workers' block state where the app keeps it, and -- mid-epoch -- every input block's
+        place and the objective there."""
+        training, steps = self.training, self.steps
+        loop, metrics = training.loop, training.metrics
+        job = self.hooks.job_record()
+        clock = 0
+        positions: dict[int, tuple[int, int]] = {}
+        objective = metrics.objectives[-1] if metrics.objectives else metrics.initial_objective
+        if self.trained.is_set() and training.membership.workers and s.reason not in ("due", "requested", "final",
+                                                                                       "initial"):
+            replies = await training.rpc.call_all(training.membership.workers, ops.Positions(), ops.PositionsReply)
+            positions = {int(b): (int(e), int(row)) for r in replies for b, (e, row) in r.positions.items()}
+            if any(e == loop.epochs_done and row > 0 for e, row in positions.values()):
+                clock = loop.clocks_done
+                objective = await training.evaluation.objective()
+        last = steps.checkpointer.last
+        if last is not None and (last["epoch"], last.get("clock", 0)) == (s.epoch, clock) and s.reason != "final":
+            info = last
+        else:
+            record = msgspec.structs.replace(job, objective=objective, reason=s.reason,   # type: ignore[type-var]
+                                             positions=positions or None)
+            info = await steps.checkpoint(loop.epochs_done, record, clock=clock)
+        if self.records is not None:
+            self.records.cut_objective = objective
+            self.records.checkpoint = info["dir"]
+        return self._done(s, directory=str(info["dir"]))
+
+    async def _restore(self, s: ins.RestoreCheckpoint) -> ev.StepDone:
+        """The checkpoint onto the (new) executors, its epoch, counters and every input block's
+        place coming back with it."""
+        training, steps = self.training, self.steps
+        pool = training.pool
+        servers = [pool.executors[x] for x in s.servers]
+        workers = [pool.executors[x] for x in s.workers]
+        if self.job.change is not None and self.job.change.kind is ChangeKind.START:
+            restored0 = await self.hooks.restore_attempt(servers, workers)
+            steps.pause()
+            return self._done(s, holdings=self.holdings(), objective=restored0)
+        manifest = decode_job_checkpoint((Path(s.directory) / JOB_MANIFEST).read_bytes())
+        training.metrics.truncate_epochs(manifest.epoch)
+        restored = await steps.continue_from_checkpoint(servers, workers, s.directory, manifest)
+        steps.pause()                 # ResumeTraining lets it run (restart_on leaves it resumed)
+        if self.records is not None:
+            self.records.restored = restored
+            cut = self.records.cut_objective
+            if cut is not None and not math.isclose(restored, cut, rel_tol=RESTORE_RTOL, abs_tol=1e-9):
+                log.warning("restored objective %.9g differs from the checkpoint's %.9g", restored, cut)
+        return self._done(s, holdings=self.holdings(), objective=restored)
+
+    async def _take_over(self, s: ins.TakeOverSplits) -> ev.StepDone:
+        """`new` generates `old`'s splits and puts them where they stood when the clock began (a
+        lost worker's clock is run again) -- or, for a live straggler, where they stand at the
+        next clock boundary; then it takes `old`'s place in the ledger and the clock list."""
+        training, steps = self.training, self.steps
+        pool, rpc, loop = training.pool, training.rpc, training.loop
+        new = pool.executors[s.new]
+        old = pool.executors.get(s.old)
+
+        async def take() -> None:
+            r = await rpc.call(new, ops.LoadSplits(blocks=list(s.splits)), ops.WorkerSetupReply)
+            new.data_bytes = r.data_bytes
+            if old is not None:
+                new.partition = old.partition
+                training.placement.drop_address(old.executor_id)
+            positions = loop.clock_start_positions(list(s.splits))
+            await rpc.send(new, ops.SetPositions(positions={str(b): p for b, p in positions.items()}))
+            steps.splits().replace_worker(s.old, s.new)
+            steps.sync_workers_with_ledger()
+            self.hooks.replaced(s.old, s.new)
+
+        if old is not None and old.executor_id not in pool.lost and self.job.phase is not Phase.RECOVERING:
+            await steps.at_boundary(take)         # a live straggler: at a boundary, no clock running
+        else:
+            await take()
+        return self._done(s, holdings=self.holdings())
+
+    # -- training ------------------------------------------------------------------------------
+    def start_training(self) -> None:
+        """Let training run (again): a task that trains until it ends, is paused, or fails."""
+        if self.train_task is not None and not self.train_task.done():
+            self.steps.resume()
+            return
+        self.steps.resume()
+        self.trained.clear()
+        self.train_task = asyncio.ensure_future(self._train())
+
+    async def _train(self) -> None:
+        err: Optional[BaseException] = None
+        try:
+            await self.train_coro()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - handed to the master
+            err = e
+        finally:
+            self.trained.set()
+        if self.on_train_end is not None:
+            self.on_train_end(err)
+
+    train_coro: Callable[[], Awaitable[None]]
+
+    async def close(self) -> None:
+        for t in list(self.tasks.values()) + ([self.train_task] if self.train_task else []):
+            t.cancel()
+        for h in self.timers.values():
+            h.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+
+def change_history(change: Change, rec: ChangeRecords, shape_after: tuple[int, int], epoch: int,
+                   clock: int) -> Optional[ShapeChange]:
+    """The shape-history record of a change that is not EPS's (EPS records one per part)."""
+    w0, s0 = rec.before
+    w1, s1 = shape_after
+    before, after = ExecutorCounts(w0, s0), ExecutorCounts(w1, s1)
+    seconds = round(time.time() - rec.started, 4)
+    ok = not change.error
+    if change.kind is ChangeKind.RESTART:
+        return KillRestartChange(changed=ok, phase="RESTORED" if ok else "FAILED", before=before, workers=w1,
+                                 servers=s1, time=rec.started, seconds=seconds, lost_s=seconds, steps={},
+                                 error=change.error, op="resize", requested=(change.target.workers +
+                                                                             change.target.servers
+                                                                             if change.target else 0),
+                                 after=after, duration_s=seconds, training_time_lost_s=seconds, ok=ok,
+                                 epoch=epoch, checkpoint=rec.checkpoint, objective_before=rec.cut_objective,
+                                 **({"objective_restored": rec.restored} if rec.restored is not None else {}))
+    if change.kind in (ChangeKind.PAUSE, ChangeKind.RESUME, ChangeKind.MIGRATE):
+        extra: dict[str, object] = {}
+        if rec.restored is not None:
+            extra["objective_restored"] = rec.restored
+        if rec.checkpoint:
+            extra["checkpoint"] = rec.checkpoint
+        return SuspendChange(op=change.kind.value, time=rec.started, seconds=seconds, ok=ok, epoch=epoch,
+                             clock=clock, objective_before=rec.cut_objective, workers=w1, servers=s1,
+                             **extra)   # type: ignore[arg-type]
+    if change.kind is ChangeKind.STRAGGLER:
+        return StragglerChange(op="replace", time=rec.started, lost=list(change.descriptions), workers=w1,
+                               servers=s1, epoch=epoch, clock=clock, clock_redone=False, epochs_redone=0,
+                               before=before, after=after, changed=ok, error=change.error, seconds=seconds,
+                               duration_s=seconds, lost_s=0.0)
+    if change.kind is ChangeKind.RECOVER:
+        if not change.checkpoint:
+            return ReplaceWorkerChange(op="replace", time=rec.started, lost=list(change.descriptions), workers=w1,
+                                       servers=s1, epoch=epoch, clock=clock, clock_redone=True, epochs_redone=0,
+                                       before=before, after=after, changed=ok, error=change.error,
+                                       seconds=seconds, duration_s=seconds, lost_s=seconds)
+        return RecoveryChange(op="recover", time=rec.started, lost=list(change.descriptions), workers=w1, servers=s1,
+                              checkpoint=change.checkpoint, epoch=epoch, epochs_redone=max(0, rec.epoch - epoch),
+                              checkpoint_time=None, before=before, after=after, changed=ok, error=change.error,
+                              seconds=seconds, duration_s=seconds, lost_s=seconds,
+                              **({"objective_restored": rec.restored} if rec.restored is not None else {}))
+    return None
+
+
+__all__ = ["ChangeRecords", "Hooks", "JobInterpreter", "change_history", "info_of", "keeps_worker_state",
+           "RELEASE_TIMEOUT_S"]
