@@ -33,8 +33,8 @@ from protocol.durable_storage import DurableDir
 from protocol.internal_api import ShapeDirective
 from protocol.job_report import finite, recent_epoch_times, recent_objectives
 from protocol.ps_job_spec import PSJobSpec
-from protocol.ps_status import (DirectiveRecord, EpsStatus, PsStatus, RecoveryStatus, ResumedFrom, StragglerReplaced,
-                                StragglerStatus, SuspensionStatus)
+from protocol.ps_status import (CruiseStatus, DirectiveRecord, EpsStatus, PsStatus, RecoveryStatus, ResumedFrom,
+                                StragglerReplaced, StragglerStatus, SuspensionCut, SuspensionStatus)
 from protocol.records import FinalStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
 from protocol.shape_history import ExecutorCounts, ShapeChange, SuspendChange, decode_history
@@ -51,10 +51,11 @@ from .checkpoints import Checkpointer, StoredCheckpoint
 from .controller import events as cev
 from .controller import instructions as ins
 from .controller.phases import Phase
-from .controller.records import ExecutorInfo
+from .controller.records import ExecutorInfo, PlanOp
 from .controller.records import Role as CRole
 from .controller.state import Change, ChangeKind, JobState, Origin
-from .directives import ProgressTracker, Shape
+from .cruise_driver import CruiseDriver, build_cruise_driver
+from .directives import ProgressTracker, Shape, diff
 from .eps_records import ElasticOpRecord
 from .executor_pool import ExecutorRecord, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
@@ -135,6 +136,7 @@ class PSApplicationMaster:
         self.pauses = 0
         self.paused_since: Optional[float] = None
         self.paused_s = 0.0
+        self.cut: Optional[SuspensionCut] = None
         self.losses: list[str] = []
         self.recoveries = 0
         self.replacements = 0
@@ -148,6 +150,7 @@ class PSApplicationMaster:
         self._started_requests: set[int] = set()     # endpoint requests a change took (a 409 is its failure)
         self._directives: dict[int, ShapeDirective] = {}
         self.training.loop.replace_lost_workers = self._replace_lost_workers
+        self.cruise: Optional[CruiseDriver] = None    # optimizer "cruise": built once training is set up
 
     # -- public ------------------------------------------------------------------------------
     def request_stop(self, reason: str = "stopped by SIGTERM") -> None:
@@ -223,8 +226,14 @@ class PSApplicationMaster:
         poller = asyncio.create_task(self._poll_status(), name="ps-am-status")
         try:
             await self.am.register(self.host, self.status_server.port, url)
-            self._init_values = await self._read_init_from()
-            self._resume = await asyncio.to_thread(resumable_checkpoint, self.checkpointer, self.spec, self.app)
+            try:
+                self._init_values = await self._read_init_from()
+                self._resume = await asyncio.to_thread(resumable_checkpoint, self.checkpointer, self.spec, self.app)
+            except Exception as e:  # noqa: BLE001 - named in the job's diagnostics
+                msg = user_failure(self.spec, e) or f"PS job failed in phase STARTING: {type(e).__name__}: {e}"
+                log.error("%s", msg)
+                self.interp.feed(cev.UserCodeError(at=time.time(), message=msg))
+                return await self._conclude(await self._finish)
             reg = self.am.registration
             if reg is not None and reg.policy_places_new_jobs and not self.spec.placement:
                 log.info("the RM's policy places new jobs: waiting for its first directive before starting executors")
@@ -325,6 +334,7 @@ class PSApplicationMaster:
         if self._init_values is not None:
             await warm_start(self.training, self._init_values)
         self.progress.start(time.time())
+        self._build_cruise()
         return initial
 
     async def _restore_attempt(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord]) -> float:
@@ -333,6 +343,7 @@ class PSApplicationMaster:
         self.shape_history = decode_history(self._resume.record.shape_history)
         self.resumed_from = await resume_job(self._resume, servers, workers, self.metrics, self.steps)
         self.progress.start(time.time())
+        self._build_cruise()
         return float(self.resumed_from.objective_restored)
 
     async def _score(self) -> None:
@@ -344,8 +355,18 @@ class PSApplicationMaster:
         await self._write_output("final", epochs)
         await self.training.status.refresh()
 
-    async def _compute_plan(self, s: ins.ComputePlan) -> list[Any]:
-        raise RuntimeError("Cruise plans are not computed by this AM yet")
+    def _build_cruise(self) -> None:
+        """Optimizer "cruise": its driver, once training is set up (the split count comes from the
+        workers; their first epoch's mini-batch times feed it)."""
+        if self.spec.optimizer == "cruise" and self.cruise is None:
+            self.cruise = build_cruise_driver(self.spec, self.app, self.training, self.interp.holdings,
+                                              self.steps.split_count())
+
+    async def _compute_plan(self, s: ins.ComputePlan) -> list[PlanOp]:
+        """An RM directive under Cruise: the optimizer splits the granted containers (its plan's ops)."""
+        if self.cruise is None:
+            raise RuntimeError("Cruise plans a directive once training is set up")
+        return self.cruise.plan_for(s)
 
     def _change_ended(self, change: Change, rec: ChangeRecords, parts: list[ElasticOpRecord]) -> None:
         """A change left the slot: its records join the job's histories."""
@@ -365,9 +386,13 @@ class PSApplicationMaster:
         if change.kind is ChangeKind.PAUSE and not change.error:
             self.pauses += 1
             self.paused_since = time.time()
+            self.cut = SuspensionCut(epoch=self.training.loop.epochs_done, clock=rec.cut_clock,
+                                     checkpoint=rec.checkpoint)
         if change.kind is ChangeKind.RESUME and not change.error and self.paused_since is not None:
             self.paused_s += time.time() - self.paused_since
             self.paused_since = None
+        if change.kind is ChangeKind.PLAN and self.cruise is not None:
+            self.cruise.ended(change, time.time(), rec.step_bytes)
         if change.kind is ChangeKind.RECOVER and not change.error:
             self.recoveries += 1
             if not change.checkpoint:
@@ -375,9 +400,11 @@ class PSApplicationMaster:
         if change.origin is Origin.DIRECTIVE and change.directive_version:
             d = self._directives.get(change.directive_version)
             if d is not None:
+                target = change.target
+                delta = diff(Shape(*rec.before), Shape(target.workers, target.servers)) if target else None
                 self.directive_history.append(DirectiveRecord(
                     version=d.version, workers=d.workers, servers=d.servers, nodes=list(d.nodes),
-                    before=ExecutorCounts(*rec.before), steps=list(change.sub), started=rec.started,
+                    before=ExecutorCounts(*rec.before), steps=delta.steps() if delta else [], started=rec.started,
                     seconds=round(time.time() - rec.started, 4), error=change.error, reason=d.reason,
                     group=d.group, run_state=d.run_state.value))
         self.progress.change_ended(time.time())
@@ -476,6 +503,8 @@ class PSApplicationMaster:
             await self.interp.change_ended.wait()      # the checkpoint is of this epoch boundary
             if self.spec.checkpoint_every_epochs and rec.epoch + 1 > 0:
                 await self._write_output("checkpoint", rec.epoch + 1)
+        if self.cruise is not None and not self._stop_reason:
+            await self.cruise.on_epoch(rec, self.job, self.interp.feed)
 
     def _check_straggler(self) -> None:
         if not self.spec.replace_stragglers:
@@ -638,6 +667,9 @@ class PSApplicationMaster:
             "limits": {"workers": w, "servers": s, "min_workers": 1, "min_servers": 1} if started else None,
             "datasets": self.steps.splits().to_json() if started else None}, EpsStatus)
 
+    def cruise_status(self) -> Optional[CruiseStatus]:
+        return self.cruise.status(self.job.change) if self.cruise is not None else None
+
     def recovery_status(self) -> RecoveryStatus:
         return RecoveryStatus(enabled=self.spec.max_executor_failures > 0,
                               max_executor_failures=self.spec.max_executor_failures, failures=self.job.failures,
@@ -647,7 +679,7 @@ class PSApplicationMaster:
         state = {Phase.PAUSING: "PAUSING", Phase.PAUSED: "PAUSED", Phase.RESUMING: "RESUMING"}.get(self.job.phase,
                                                                                                "RUNNING")
         paused = self.paused_s + (time.time() - self.paused_since if self.paused_since is not None else 0.0)
-        return SuspensionStatus(state=state, pauses=self.pauses, paused_s=round(paused, 3),
+        return SuspensionStatus(state=state, pauses=self.pauses, paused_s=round(paused, 3), cut=self.cut,
                                 history=list(self.suspend_history))
 
     def straggler_status(self) -> StragglerStatus:

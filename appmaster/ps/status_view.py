@@ -49,7 +49,7 @@ def job_status(am: "PSApplicationMaster") -> PsStatus:
         model_mb=round(am.app.model_nbytes() / 2**20, 3), data_mb=round(am.app.data_nbytes() / 2**20, 3),
         elastic_mode=am.spec.elastic_mode, shape_history=list(am.shape_history),
         directives=list(am.directive_history), eps=am.eps_status(),
-        optimizer=am.spec.optimizer, cruise=None,
+        optimizer=am.spec.optimizer, cruise=am.cruise_status(),
         resumed_from=am.resumed_from, recovery=am.recovery_status(),
         suspension=am.suspension_status(), spill=spill_status(am.pool.live()),
         stragglers=am.straggler_status())

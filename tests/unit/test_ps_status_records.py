@@ -1,5 +1,5 @@
 """The PS AM's status records (protocol.ps_status) from producer to consumer: each record is made
-by the AM's own code (directives, cruise_driver, plan_executor, metrics, heldout_monitor),
+by the AM's own code (directives, cruise_driver, metrics, heldout_monitor),
 serialised as `/status` serves it (protocol.codec, Structs inside a dict) and decoded once by the
 CLI (`decode_status`) for `ps scale`, `ps status`, the progress bar and `ps submit --wait`'s final
 report. A field the CLI reads that the AM does not write fails here, not on a cluster."""
@@ -15,7 +15,7 @@ import msgspec
 from appmaster.cruise.optimizer import Decision
 from appmaster.cruise.plan import AddOp, Plan
 from appmaster.cruise.targets import Role
-from appmaster.ps.cruise_driver import PlanRecord
+from appmaster.ps.cruise_driver import OpTiming, PlanRecord, PlanRun
 from appmaster.ps.directives import DirectiveOutcome, Shape
 from appmaster.container_book import AmContainer
 from appmaster.ps.eps_records import ElasticOpRecord
@@ -23,7 +23,6 @@ from appmaster.ps.executor_pool import ExecutorPool, Role as ExecutorRole
 from appmaster.ps.executor_status import spill_status
 from appmaster.ps.heldout_monitor import HeldoutPoint, HeldoutTracker
 from appmaster.ps.metrics import EpochRecord, JobMetrics
-from appmaster.ps.plan_executor import OpTiming, PlanRun
 from appmaster.ps.suspension import Cut, JobSuspension, SuspendState
 from elastane_cli import ps_reports, ps_scale_command
 from elastane_cli.progress_bar import format_progress

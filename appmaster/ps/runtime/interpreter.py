@@ -33,17 +33,19 @@ from ..controller import events as ev
 from ..controller import instructions as ins
 from ..controller.core import handle
 from ..controller.phases import Phase
-from ..controller.records import ExecutorInfo, Holdings, Move
+from ..controller.records import ExecutorInfo, Holdings, Move, PlanOp
 from ..controller.records import Role as CRole
 from ..controller.state import Change, ChangeKind, JobState
 from ..eps_decisions import Transfer
 from ..eps_records import ElasticOpRecord
 from ..executor_pool import ExecutorRecord, Role
+from ..executor_rpc import ExecutorCallError
 from ..reconfiguration import Reconfiguration, keeps_worker_state
 
 log = logging.getLogger(__name__)
 
 RELEASE_TIMEOUT_S = 90.0       # retired executors reported gone before a restart starts new ones
+FAILURE_REPORT_GRACE_S = 10.0  # how long a failed call waits for its executor's loss to be reported
 RESTORE_RTOL = 1e-4            # restored objective vs the cut's (float32 sums in another order)
 
 
@@ -67,8 +69,10 @@ class ChangeRecords:
     parts: dict[int, ElasticOpRecord] = field(default_factory=dict)
     step_part: dict[int, int] = field(default_factory=dict)
     cut_objective: Optional[float] = None
+    cut_clock: int = 0
     restored: Optional[float] = None
     checkpoint: str = ""
+    step_bytes: dict[int, int] = field(default_factory=dict)    # input data moved, by step (Cruise's records)
 
 
 @dataclass
@@ -84,7 +88,7 @@ class Hooks:
     score: Callable[[], Awaitable[None]]
     job_record: Callable[[], object]
     on_change_end: Callable[[Change, "ChangeRecords", list[ElasticOpRecord]], None]
-    plan: Callable[[ins.ComputePlan], Awaitable[list[object]]]
+    plan: Callable[[ins.ComputePlan], Awaitable[list[PlanOp]]]
     restore_attempt: Callable[[list[ExecutorRecord], list[ExecutorRecord]], Awaitable[float]]
     replaced: Callable[[str, str], None]
 
@@ -208,6 +212,10 @@ class JobInterpreter:
                                     holdings=self.holdings()))
             return
         except Exception as e:  # noqa: BLE001 - every failure of a step is the controller's to handle
+            if isinstance(e, ExecutorCallError):
+                # The executor probably died: its container's exit (the loss, which the controller
+                # handles first) usually comes a moment after the failed call.
+                await self._loss_reported(FAILURE_REPORT_GRACE_S)
             self.tasks.pop(step.step, None)
             log.warning("step %s failed: %s: %s", type(step).__name__, type(e).__name__, e,
                         exc_info=log.isEnabledFor(logging.DEBUG))
@@ -219,15 +227,19 @@ class JobInterpreter:
         self.tasks.pop(step.step, None)
         self.feed(done)
 
+    async def _loss_reported(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        before = len(self.job.lost)
+        while time.monotonic() < deadline and len(self.job.lost) == before and not self.job.phase.is_final:
+            await asyncio.sleep(0.05)
+
     def holdings(self) -> Holdings:
         """Who holds what now, as the AM's own books say (the ownership table, the split ledger)."""
         placement = self.training.placement
         blocks: dict[str, list[int]] = {}
         for s in self.training.membership.servers:
             blocks[s.executor_id] = list(placement.blocks_of(s.executor_id))
-        if not self.steps.ledger_ready:
-            return Holdings(blocks=blocks, splits=dict(self.job.holdings.splits), inactive={})
-        ledger = self.steps.splits()
+        ledger = self.steps.splits()      # before training: built from the workers' partitions
         return Holdings(blocks=blocks, splits={w: list(s) for w, s in ledger.holdings().items()},
                         inactive={w: list(s) for w, s in ledger.inactive_holdings().items() if s})
 
@@ -279,8 +291,10 @@ class JobInterpreter:
             return self._done(s, holdings=self.holdings())
         if isinstance(s, ins.StageSplits):
             fake = rec or ElasticOpRecord("stage", len(s.moves), time.time(), 0, 0, 0)
+            sent = fake.bytes_sent
             with fake.timed("stage_splits"):
                 await steps.stage_splits(fake, transfers(s.moves))
+            self._count_bytes(s, fake.bytes_sent - sent)
             return self._done(s)
         if isinstance(s, ins.CommitSplits):
             return await self._commit(s, rec)
@@ -339,6 +353,7 @@ class JobInterpreter:
         steps, membership, pool = self.steps, self.training.membership, self.training.pool
         ledger = steps.splits()
         fake = rec or ElasticOpRecord("commit", len(s.moves), time.time(), 0, 0, 0)
+        sent = fake.bytes_sent
         for w in s.joining:
             if w not in ledger.active:
                 ledger.add_worker(w)
@@ -362,7 +377,12 @@ class JobInterpreter:
         with fake.timed("boundary"):
             _, lost = await steps.at_boundary(switch)
         fake.training_time_lost_s += lost
+        self._count_bytes(s, fake.bytes_sent - sent)
         return self._done(s, holdings=self.holdings())
+
+    def _count_bytes(self, s: ins.StepInstruction, n: int) -> None:
+        if self.records is not None and n:
+            self.records.step_bytes[s.step] = n
 
     async def _checkpoint(self, s: ins.WriteCheckpoint) -> ev.StepDone:
         """At an epoch end or a clock boundary with training stopped (a cut): every server block,
@@ -390,7 +410,8 @@ class JobInterpreter:
             info = await steps.checkpoint(loop.epochs_done, record, clock=clock)
         if self.records is not None:
             self.records.cut_objective = objective
-            self.records.checkpoint = info["dir"]
+            self.records.cut_clock = clock
+            self.records.checkpoint = str(info["dir"])
         return self._done(s, directory=str(info["dir"]))
 
     async def _restore(self, s: ins.RestoreCheckpoint) -> ev.StepDone:
