@@ -1,13 +1,13 @@
 """Typed records of the PS AM's job status (`GET /status`, `status.json`) that the CLI reads back.
 
-The AM builds these Structs (appmaster.ps: directives, cruise_driver, plan_executor, metrics,
+The AM builds these Structs (appmaster.ps: directives, cruise_driver, metrics,
 heldout_monitor) and `/status` serves them as JSON under the keys they always had; the CLI
 (`elastane ps status`, `ps scale`, `ps submit --wait`'s progress bar) decodes a whole answer once
 with `decode_status` into a `PsStatus` and reads its fields:
 
 - `directives`: `DirectiveRecord`, one RM shape directive acted on (appmaster.ps.directives).
 - `cruise`: `CruiseStatus`, the Cruise optimizer's section, its `plan_history` of `CruisePlanRecord`
-  (appmaster.ps.cruise_driver), each with its `PlanRunRecord` (appmaster.ps.plan_executor).
+  (appmaster.ps.cruise_driver), each with its `PlanRunRecord` (the controller's run of the plan).
 - `objective_history`: `EpochResult`, one finished epoch (appmaster.ps.metrics).
 - `heldout`: `HeldoutStatus` with its `HeldoutPointRecord`s (appmaster.ps.heldout_monitor);
   `final_metrics`: the final model's held-out metrics.
