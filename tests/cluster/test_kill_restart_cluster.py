@@ -41,7 +41,7 @@ def make_hook(master, am):
 
     def hook():
         nonlocal emitted
-        if emitted == len(steps) or master.directives.busy or master.directives.applied_version < emitted:
+        if emitted == len(steps) or master.job.change is not None or master.job.applied_directive < emitted:
             return
         step = steps[emitted]
         if master.training.loop.epochs_done >= step["after_epoch"]:

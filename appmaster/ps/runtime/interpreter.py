@@ -70,6 +70,8 @@ class ChangeRecords:
     step_part: dict[int, int] = field(default_factory=dict)
     cut_objective: Optional[float] = None
     cut_clock: int = 0
+    replacements: dict[str, str] = field(default_factory=dict)     # a worker replaced -> its replacement
+    nodes: list[str] = field(default_factory=list)
     restored: Optional[float] = None
     checkpoint: str = ""
     step_bytes: dict[int, int] = field(default_factory=dict)    # input data moved, by step (Cruise's records)
@@ -268,12 +270,12 @@ class JobInterpreter:
         if isinstance(s, ins.JoinExecutors):
             new = [pool.executors[x] for x in s.executors]
             t0 = time.monotonic()
+            for gone in pool.lost:            # no broadcast may wait on a dead worker's address
+                if gone in pool.executors and pool.executors[gone].role is Role.WORKER:
+                    placement.drop_address(gone)
             await placement.bind(new)
             if s.role is CRole.WORKER:
                 await training.rpc.send_all(new, ops.EpsJoin())
-                if steps.ledger_ready:
-                    for e in new:
-                        steps.splits().add_worker(e.executor_id)
             await placement.register(new)
             if s.role is CRole.SERVER:
                 membership.add_servers(new)      # they answer the objective (0 until blocks land)
@@ -456,6 +458,9 @@ class JobInterpreter:
             steps.splits().replace_worker(s.old, s.new)
             steps.sync_workers_with_ledger()
             self.hooks.replaced(s.old, s.new)
+            if self.records is not None:
+                self.records.replacements[s.old] = s.new
+                self.records.nodes.append(new.container.node_id)
 
         if old is not None and old.executor_id not in pool.lost and self.job.phase is not Phase.RECOVERING:
             await steps.at_boundary(take)         # a live straggler: at a boundary, no clock running
@@ -526,13 +531,15 @@ def change_history(change: Change, rec: ChangeRecords, shape_after: tuple[int, i
         return StragglerChange(op="replace", time=rec.started, lost=list(change.descriptions), workers=w1,
                                servers=s1, epoch=epoch, clock=clock, clock_redone=False, epochs_redone=0,
                                before=before, after=after, changed=ok, error=change.error, seconds=seconds,
-                               duration_s=seconds, lost_s=0.0)
+                               duration_s=seconds, lost_s=0.0, replacements=dict(rec.replacements),
+                               nodes=list(rec.nodes))
     if change.kind is ChangeKind.RECOVER:
         if not change.checkpoint:
             return ReplaceWorkerChange(op="replace", time=rec.started, lost=list(change.descriptions), workers=w1,
                                        servers=s1, epoch=epoch, clock=clock, clock_redone=True, epochs_redone=0,
                                        before=before, after=after, changed=ok, error=change.error,
-                                       seconds=seconds, duration_s=seconds, lost_s=seconds)
+                                       seconds=seconds, duration_s=seconds, lost_s=seconds,
+                                       replacements=dict(rec.replacements), nodes=list(rec.nodes))
         return RecoveryChange(op="recover", time=rec.started, lost=list(change.descriptions), workers=w1, servers=s1,
                               checkpoint=change.checkpoint, epoch=epoch, epochs_redone=max(0, rec.epoch - epoch),
                               checkpoint_time=None, before=before, after=after, changed=ok, error=change.error,
