@@ -52,7 +52,7 @@ from appmaster.ps.controller import events as ev
 from appmaster.ps.controller import instructions as ins
 from appmaster.ps.controller.records import ExecutorInfo, Holdings, Role
 from appmaster.ps.controller.state import Change, ChangeKind, ExecutorState, JobState
-from appmaster.ps.directives import DEFAULT_EARLY_FEEDBACK_ITERATIONS
+from appmaster.ps.job_progress import DEFAULT_EARLY_FEEDBACK_ITERATIONS
 from models.optimus_fit import LossCurve as FittedCurve
 from models.optimus_fit import fit_loss_curve
 from protocol import internal_api as api

@@ -55,7 +55,7 @@ from .controller.records import ExecutorInfo, PlanOp
 from .controller.records import Role as CRole
 from .controller.state import Change, ChangeKind, JobState, Origin
 from .cruise_driver import CruiseDriver, build_cruise_driver
-from .directives import ProgressTracker, Shape, diff
+from .job_progress import ProgressTracker, Shape, diff
 from .eps_records import ElasticOpRecord
 from .executor_pool import ExecutorRecord, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
@@ -426,7 +426,9 @@ class PSApplicationMaster:
             self.interp.feed(cev.UserCodeError(at=now, message=msg))
             return
         if isinstance(err, (ExecutorCallError, StoreClientError)):
-            asyncio.ensure_future(self._await_loss(err))
+            task = asyncio.ensure_future(self._await_loss(err))
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
             return
         log.error("PS job failed", exc_info=err)
         self.interp.feed(cev.UserCodeError(
@@ -435,12 +437,10 @@ class PSApplicationMaster:
     async def _await_loss(self, err: BaseException) -> None:
         """A call to a dead executor usually fails before its container's exit reaches the AM:
         wait for the loss (the controller recovers from it), else fail the job with the error."""
-        deadline = time.monotonic() + LOSS_REPORT_WAIT_S
-        while time.monotonic() < deadline:
-            if self.job.phase.is_final or self.job.change is not None or self.job.pending_losses:
-                return
-            await asyncio.sleep(0.05)
-        self.interp.feed(cev.UserCodeError(at=time.time(), message=str(err)))
+        job = self.job
+        if not await self.interp.until(lambda: job.phase.is_final or job.change is not None or bool(job.pending_losses),
+                                       LOSS_REPORT_WAIT_S):
+            self.interp.feed(cev.UserCodeError(at=time.time(), message=str(err)))
 
     async def _replace_lost_workers(self, lost: list[ExecutorRecord]) -> Optional[list[ExecutorRecord]]:
         """The clock loop's hook: `lost` workers' run_clock failed. Once the controller's recovery
@@ -448,19 +448,19 @@ class PSApplicationMaster:
         began), the loop runs the clock again on them; None (the loop raises, training stops and
         the recovery takes the checkpoint path) otherwise."""
         ids = [w.executor_id for w in lost]
-        deadline = time.monotonic() + LOSS_REPORT_WAIT_S
-        while time.monotonic() < deadline:
-            if all(i in self.replaced for i in ids):
-                return [self.pool.executors[self.replaced[i]] for i in ids]
-            change = self.job.change
-            if self.job.phase.is_final or (change is not None and change.kind is ChangeKind.RECOVER
-                                           and change.stage not in ("replace",)):
-                return None
-            if change is None and all(i in self.job.lost for i in ids) and not self.job.pending_losses:
-                if all(i in self.replaced for i in ids):
-                    continue
-                return None
-            await asyncio.sleep(0.02)
+        job = self.job
+
+        def settled() -> bool:
+            if all(i in self.replaced for i in ids) or job.phase.is_final:
+                return True
+            change = job.change
+            if change is not None:
+                return change.kind is ChangeKind.RECOVER and change.stage not in ("replace",)
+            return all(i in job.lost for i in ids) and not job.pending_losses
+
+        await self.interp.until(settled, LOSS_REPORT_WAIT_S)
+        if all(i in self.replaced for i in ids):
+            return [self.pool.executors[self.replaced[i]] for i in ids]
         return None
 
     def _training_over(self) -> bool:

@@ -1,10 +1,10 @@
 """The reconfiguration layer: the steps every reshaping of a running PS job is made of.
 
-EPS's four functions (appmaster.ps.elastic_ops), Cruise's plan operations (appmaster.ps.
-plan_executor), the kill-based baseline (appmaster.ps.kill_restart) and the RM's shape directives
-(appmaster.ps.directives) are compositions of these steps; none of them reaches into another's
-internals, and all of them share the one `Reconfiguration` of the job (its split ledger and its
-one-change-at-a-time guard).
+The PS-job controller's planners (appmaster.ps.controller.planners: EPS, the kill-based restart,
+Cruise plans, recovery, Harmony's suspension) issue step instructions; the AM's interpreter
+(appmaster.ps.runtime.interpreter) carries each out with these primitives. They hold the job's
+split ledger; which change runs when is the controller's (its one change slot and rule table), so
+nothing here guards against two changes at once.
 
 The steps and their contract:
 
@@ -36,10 +36,9 @@ clock boundary, while no worker trains, carrying their place in the epoch.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence, TypeVar
 
 from protocol import executor_ops as ops
 from protocol.checkpoint_manifest import JobCheckpoint, JobRecord
@@ -50,7 +49,7 @@ from ..am_client import ApplicationMaster
 from .checkpoints import Checkpointer
 from .eps_datasets import SplitLedger
 from .eps_decisions import Transfer, group_by_route
-from .eps_records import ElasticBusy, ElasticOpFailed, ElasticOpRecord
+from .eps_records import ElasticOpFailed, ElasticOpRecord
 from .eps_split_transfers import SplitTransmitter
 from .executor_pool import ExecutorRecord, Role, by_index
 from .parameter_assignment import checkpoint_block_sizes
@@ -66,10 +65,6 @@ def keeps_worker_state(app: AnyPSApp) -> bool:
     """Whether the app keeps training state on the workers (it initialises per-block local state,
     as NMF and LDA do): checkpoints then hold that state too, and a restart puts it back."""
     return type(app).init_block is not PSApp.init_block
-
-
-class ChangeBusy(ElasticBusy):
-    """Another reshaping runs: one change of a job's shape at a time."""
 
 
 class LaunchFailed(ElasticOpFailed):
@@ -91,44 +86,6 @@ class Reconfiguration:
         self.launch_timeout_s = launch_timeout_s
         self.transmitter = SplitTransmitter(training.rpc, training.pool, training.loop.boundaries)
         self._ledger: Optional[SplitLedger] = None
-        self._current: Optional[str] = None
-        self._free = asyncio.Event()
-        self._free.set()
-        self.aborted = asyncio.Event()              # a failed plan: launches waiting on it give up
-
-    # -- one change at a time --------------------------------------------------------------------
-    @property
-    def busy(self) -> bool:
-        return self._current is not None
-
-    @property
-    def current(self) -> Optional[str]:
-        """What change runs now (None: none)."""
-        return self._current
-
-    @contextlib.asynccontextmanager
-    async def exclusive(self, what: str) -> AsyncIterator[None]:
-        """Hold the job's one change slot for `what`; ChangeBusy (nothing done) if it is taken."""
-        if self._current is not None:
-            raise ChangeBusy(f"another change is running ({self._current})")
-        self._current = what
-        self._free.clear()
-        try:
-            yield
-        finally:
-            self._current = None
-            self._free.set()
-
-    @contextlib.asynccontextmanager
-    async def exclusive_when_free(self, what: str) -> AsyncIterator[None]:
-        """Hold the change slot for `what`, first waiting for a running change to end (a recovery
-        waits for an EPS change or a Cruise plan that the loss is making fail: its steps get
-        TrainingNotRunning once training stops, so it ends, rolled back, before anything is
-        replaced)."""
-        while self._current is not None:
-            await self._free.wait()
-        async with self.exclusive(what):
-            yield
 
     # -- what the job holds ----------------------------------------------------------------------
     def splits(self) -> SplitLedger:
@@ -183,7 +140,7 @@ class Reconfiguration:
         asks = [self.am.add_ask(n, self.resource, tag=role.value, nodes=nodes or None, relax_locality=not nodes)
                 for n, nodes in wanted]
         try:
-            return await pool.wait_new(role, before, sum(n for n, _ in wanted), self.launch_timeout_s, self.aborted)
+            return await pool.wait_new(role, before, sum(n for n, _ in wanted), self.launch_timeout_s)
         except BaseException as e:
             for ask_id in asks:
                 try:

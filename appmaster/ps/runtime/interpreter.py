@@ -113,6 +113,8 @@ class JobInterpreter:
         self.trained.set()
         self.on_train_end: Optional[Callable[[Optional[BaseException]], None]] = None
         self.change_ended = asyncio.Event()
+        self._fed = asyncio.Event()            # set after every event: `until` re-checks then
+        self._launches: set[asyncio.Future[None]] = set()
         self.log: list[tuple[str, str]] = []   # (event kind, instruction kinds) for the recorded-log test
 
     # -- events in -----------------------------------------------------------------------------
@@ -141,6 +143,21 @@ class JobInterpreter:
                         self._begin_records(self.job.change)
         finally:
             self._feeding = False
+            self._fed.set()
+
+    async def until(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait until `done()` holds, re-checked after every event fed, for up to `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._fed.clear()
+            try:
+                await asyncio.wait_for(self._fed.wait(), left)
+            except asyncio.TimeoutError:
+                return done()
+        return True
 
     # -- records of a change -------------------------------------------------------------------
     def _begin_records(self, change: Change) -> None:
@@ -181,7 +198,9 @@ class JobInterpreter:
             record = self._part_record(step)     # type: ignore[arg-type]
             self.tasks[step.step] = asyncio.ensure_future(self._run(step, record))    # type: ignore[arg-type]
         elif isinstance(i, ins.LaunchExecutor):
-            asyncio.ensure_future(self.hooks.launch(i.container_id, Role(i.role.value)))
+            t = asyncio.ensure_future(self.hooks.launch(i.container_id, Role(i.role.value)))
+            self._launches.add(t)
+            t.add_done_callback(self._launches.discard)
         elif isinstance(i, ins.ReleaseContainer):
             self.hooks.release(i.container_id)
         elif isinstance(i, ins.CancelSteps):
@@ -230,10 +249,8 @@ class JobInterpreter:
         self.feed(done)
 
     async def _loss_reported(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
         before = len(self.job.lost)
-        while time.monotonic() < deadline and len(self.job.lost) == before and not self.job.phase.is_final:
-            await asyncio.sleep(0.05)
+        await self.until(lambda: len(self.job.lost) != before or self.job.phase.is_final, timeout_s)
 
     def holdings(self) -> Holdings:
         """Who holds what now, as the AM's own books say (the ownership table, the split ledger)."""
