@@ -449,6 +449,7 @@ class PSApplicationMaster:
         the recovery takes the checkpoint path) otherwise."""
         ids = [w.executor_id for w in lost]
         job = self.job
+        self._clock_redone()
 
         def settled() -> bool:
             if all(i in self.replaced for i in ids) or job.phase.is_final:
@@ -459,9 +460,17 @@ class PSApplicationMaster:
             return all(i in job.lost for i in ids) and not job.pending_losses
 
         await self.interp.until(settled, LOSS_REPORT_WAIT_S)
+        self._clock_redone()
         if all(i in self.replaced for i in ids):
             return [self.pool.executors[self.replaced[i]] for i in ids]
         return None
+
+    def _clock_redone(self) -> None:
+        """The recovery running replaces workers lost in a clock the loop runs again (its record's
+        clock_redone; a replacement between clocks redoes nothing)."""
+        rec, change = self.interp.records, self.job.change
+        if rec is not None and change is not None and change.kind is ChangeKind.RECOVER:
+            rec.clock_redone = True
 
     def _training_over(self) -> bool:
         loop = self.training.loop

@@ -1,119 +1,260 @@
-"""A PS job's AM parts over real in-process executors (localhost sockets, no RM): `InProcessAM`
-stands in for the AM's RM client (an ask starts executors in this event loop, which announce
-themselves to the pool as launched containers do; a stop stops them), and `Job` holds the
-training parts, the reconfiguration steps and the recovery over them, as the PS AM builds them.
-Shared by the worker replacement and the checkpoint-during-reshape tests."""
+"""The real PS AM (appmaster.ps.master: the PS-job controller and its interpreter) over real
+in-process executors: `InProcessAM` stands in for the AM's RM client. An ask is granted at once
+(ContainersAllocated on the AM's event queue), a launch starts an `Executor` in this event loop
+that announces itself over the data plane to the AM's address as a launched container does, and a
+container's end (an AM's stop, an executor's shutdown, or a test's `kill`) is reported as the RM
+reports it (ContainersCompleted with its exit status). No RM, no NM, no processes, no sleeps: a
+test drives a scenario by what it injects (a subtask runner that dies or freezes, a kill, a
+directive, a /scale) and waits on the interpreter (`PsJob.until`).
+
+Shared by the worker replacement, vanished executor, straggler, bytes-per-batch, EPS and
+checkpoint-during-reshape tests."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import types
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from appmaster.container_book import AmContainer
-from protocol.checkpoint_manifest import JobRecord
-from appmaster.ps.checkpoints import Checkpointer
-from appmaster.ps.executor_pool import ExecutorPool, Role
-from appmaster.ps.job import JobPhase
-from appmaster.ps.metrics import EpochRecord, JobMetrics
-from appmaster.ps.reconfiguration import Reconfiguration
-from appmaster.ps.recovery import ExecutorRecovery
-from appmaster.ps.training import Training
+from appmaster.am_events import AmEvent, ContainersAllocated, ContainersCompleted, ShapeChanged
+from appmaster.container_book import AmContainer, AmContainerState
+from appmaster.ps.executor_pool import ExecutorPool
+from appmaster.ps.master import PSApplicationMaster
+from protocol import executor_ops as ops
+from protocol.internal_api import ShapeDirective
+from protocol.job_report import JobReport
 from protocol.ps_job_spec import validate
-from protocol.records import Resource
-from protocol.shape_history import ShapeChange
-from psruntime.apps.registry import create_app
-from psruntime.wire.dataplane import DataPlaneClient
+from protocol.records import FinalStatus, Resource
 from psruntime.executor import Executor
-from psruntime.wire.frame_codec import Frame
+from psruntime.wire.dataplane_auth import secret_key
 
 SPEC: dict[str, Any] = {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 3, "convergence_threshold": 1e-12,
-        "audit_updates": True, "clock_batches": 4}
+                        "audit_updates": True, "clock_batches": 4}
+ATTEMPT = "appattempt_1700000000000_0001_000001"
+SECRET = "the-job-secret"
+KILLED_BY_AM = -105          # YARN: the container was stopped by its AM
+NODE_LOST = -100             # YARN: aborted (its node was lost)
+RUN_TIMEOUT_S = 120.0        # a harness wait that fails the test rather than hang it
 
 
 class InProcessAM:
-    """Stands in for the AM's RM client: an ask starts in-process executors that announce
-    themselves to the pool, as launched containers do."""
+    """Stands in for appmaster.am_client.ApplicationMaster (module doc)."""
 
-    def __init__(self, pool: ExecutorPool, num_blocks: int) -> None:
-        self.pool = pool
-        self.num_blocks = num_blocks
+    def __init__(self, node: str = "n1:1") -> None:
+        self.identity = types.SimpleNamespace(attempt_id=ATTEMPT, job_secret=SECRET)
+        self.registration = None
+        self.node = node
+        self.pool: Optional[ExecutorPool] = None          # the master's, set by PsJob
+        self.events: asyncio.Queue[AmEvent] = asyncio.Queue()
         self.executors: dict[str, Executor] = {}
-        self.asks: list[tuple[str, int]] = []
-        self._seq = 0
+        self.asks: list[tuple[str, int, Optional[list[str]]]] = []
+        self.reports: list[JobReport] = []
+        self.finished: Optional[tuple[str, str]] = None
+        self.on_launch: Optional[Callable[[str, Executor], None]] = None   # a test's hook, before it announces
+        self._containers: dict[str, AmContainer] = {}
+        self._seq = itertools.count(2)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._ended: set[str] = set()
 
-    def add_ask(self, n: int, resource: Resource, tag: str, nodes: Any = None, relax_locality: bool = True) -> int:
-        self.asks.append((tag, n))
-        t = asyncio.ensure_future(self.start(Role(tag), n))
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
+    # -- what the master calls -------------------------------------------------------------------
+    async def register(self, host: str = "", port: int = -1, tracking_url: str = "") -> None:
+        return None
+
+    def add_ask(self, count: int, resource: Resource, *, priority: int = 0, nodes: Optional[list[str]] = None,
+                relax_locality: bool = True, tag: str = "") -> int:
+        self.asks.append((tag, count, nodes))
+        granted = []
+        for _ in range(count):
+            seq = next(self._seq)
+            node = nodes[(seq - 2) % len(nodes)] if nodes else self.node
+            c = AmContainer(container_id=f"container_1_0001_01_{seq:06d}", node_id=node, node_http_address=node,
+                            resource=resource, token="t", ask_id=len(self.asks), tag=tag)
+            self._containers[c.container_id] = c
+            granted.append(c)
+        self.events.put_nowait(ContainersAllocated(granted))
         return len(self.asks)
 
-    def set_ask_count(self, ask_id: int, n: int) -> None:
-        pass
+    def set_ask_count(self, ask_id: int, count: int) -> None:
+        return None
+
+    async def next_event(self, timeout_s: Optional[float] = None) -> AmEvent:
+        return await self.events.get()
+
+    async def launch(self, container: AmContainer, ctx: object) -> bool:
+        assert self.pool is not None
+        rec = self.pool.by_container(container.container_id)
+        assert rec is not None and self.pool.am_address
+        ex = Executor(rec.executor_id, self.pool.num_blocks, role=rec.role.value, secret=secret_key(SECRET))
+        self.executors[rec.executor_id] = ex
+        container.state = AmContainerState.RUNNING
+        if self.on_launch is not None:
+            self.on_launch(rec.executor_id, ex)
+        address = await ex.start()
+        ready = ops.ExecutorReady(executor_id=rec.executor_id, address=address, pid=1000 + len(self.executors),
+                                  role=rec.role.value)      # type: ignore[arg-type]
+        await ex.client.request(self.pool.am_address, ops.to_header(ready))
+        self._spawn(self._lifetime(container, ex))
+        return True
 
     async def stop(self, container: AmContainer) -> None:
-        rec = self.pool.by_container(container.container_id)
-        if rec is not None and rec.executor_id in self.executors:
-            await self.executors[rec.executor_id].stop()
+        rec = self.pool.by_container(container.container_id) if self.pool else None
+        ex = self.executors.get(rec.executor_id) if rec else None
+        if ex is not None:
+            ex.stopped.set()
+        else:
+            self.complete(container, KILLED_BY_AM)
 
-    async def start(self, role: Role, n: int) -> None:
-        for _ in range(n):
-            self._seq += 1
-            c = AmContainer(container_id=f"container_1_0001_01_{self._seq:06d}", node_id="n1:1",
-                            node_http_address="n1:1", resource=Resource(256, 1), token="t", tag=role.value)
-            rec = self.pool.add(role, c)
-            ex = Executor(rec.executor_id, self.num_blocks, role=role.value)
-            self.executors[rec.executor_id] = ex
-            address = await ex.start()
-            self.pool.handle_frame(Frame({"op": "executor_ready", "executor_id": rec.executor_id,
-                                          "address": address, "pid": 1}))
+    async def stop_all(self) -> None:
+        for ex in self.executors.values():
+            ex.stopped.set()
+
+    def release(self, container: AmContainer) -> None:
+        self._containers.pop(container.container_id, None)
+
+    def set_shape(self, report: Optional[JobReport]) -> None:
+        if report is not None:
+            self.reports.append(report)
+
+    def set_progress(self, progress: float) -> None:
+        return None
+
+    def heartbeat_now(self) -> None:
+        return None
+
+    async def finish(self, final_status: FinalStatus | str, diagnostics: str = "", tracking_url: str = "",
+                     timeout_s: float = 30.0) -> bool:
+        self.finished = (str(getattr(final_status, "value", final_status)), diagnostics)
+        return True
+
+    # -- what the RM would report ------------------------------------------------------------------
+    def complete(self, container: AmContainer, exit_status: int, diagnostics: str = "") -> None:
+        """The RM's report of `container`'s end (once)."""
+        if container.container_id in self._ended:
+            return
+        self._ended.add(container.container_id)
+        done = AmContainer(container.container_id, container.node_id, container.node_http_address,
+                           container.resource, container.token, ask_id=container.ask_id, tag=container.tag,
+                           state=AmContainerState.COMPLETED, exit_status=exit_status, diagnostics=diagnostics)
+        self.events.put_nowait(ContainersCompleted([done]))
+
+    def directive(self, d: ShapeDirective) -> None:
+        """A policy's shape directive, with the next allocate reply."""
+        self.events.put_nowait(ShapeChanged(d))
+
+    async def _lifetime(self, container: AmContainer, ex: Executor) -> None:
+        """As the executor's main: serve until told to stop, then the container ends."""
+        await ex.stopped.wait()
+        await ex.stop()
+        self.complete(container, KILLED_BY_AM)
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
+        for ex in self.executors.values():
+            ex.stopped.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         for ex in self.executors.values():
             await ex.stop()
 
 
-class Job:
-    """The AM's training parts, reconfiguration steps and recovery over in-process executors."""
+class PsJob:
+    """One PS job run by the real AM over in-process executors (module doc)."""
 
     def __init__(self, tmp_path: Path, spec: Optional[dict[str, Any]] = None) -> None:
-        self.spec = validate(spec or SPEC)
-        self.app = create_app(self.spec.app, self.spec.app_data(), self.spec.app_hparams())
-        self.pool = ExecutorPool(self.spec.num_blocks, am_address="127.0.0.1:1")
-        self.client = DataPlaneClient()
-        self.metrics = JobMetrics()
-        self.am = InProcessAM(self.pool, self.spec.num_blocks)
-        self.training = Training.build(self.spec, self.app, self.pool, self.metrics, self.client)
-        self.steps = Reconfiguration(self.am, self.training, Checkpointer(tmp_path / "ckpt", self.client),  # type: ignore[arg-type]
-                                     Resource(256, 1), set(), started=lambda: True, launch_timeout_s=10)
-        self.records: list[ShapeChange] = []
-        self.recovery = ExecutorRecovery(self.spec, self.app, self.steps, lambda: JobPhase.TRAINING,
-                                         on_record=self.records.append)
-        self.training.loop.replace_lost_workers = self.recovery.replace_lost_workers
-        self.epochs: list[EpochRecord] = []
+        self.am = InProcessAM()
+        self.spec = validate(dict(spec or SPEC))
+        self.master = PSApplicationMaster(self.am, self.spec, tmp_path / "am")   # type: ignore[arg-type]
+        self.am.pool = self.master.pool
+        self.train_errors: list[BaseException] = []
+        self._run: Optional[asyncio.Task[Optional[FinalStatus]]] = None
+        ended = self.master.interp.on_train_end
 
-    async def setup(self) -> None:
-        await self.am.start(Role.SERVER, self.spec.servers)
-        await self.am.start(Role.WORKER, self.spec.workers)
-        await self.training.setup(self.pool.ready(Role.SERVER), self.pool.ready(Role.WORKER))
-        await self.steps.checkpoint(0, JobRecord())          # what the checkpoint path would go back to
+        def train_ended(err: Optional[BaseException]) -> None:
+            if err is not None:
+                self.train_errors.append(err)
+            if ended is not None:
+                ended(err)
+        self.master.interp.on_train_end = train_ended
 
-    def report_lost(self, executor_id: str) -> None:
-        """What the master does when the RM reports the container's exit."""
+    # -- the AM's parts ----------------------------------------------------------------------------
+    @property
+    def training(self) -> Any:
+        return self.master.training
+
+    @property
+    def loop(self) -> Any:
+        return self.master.training.loop
+
+    @property
+    def pool(self) -> ExecutorPool:
+        return self.master.pool
+
+    @property
+    def job(self) -> Any:
+        """The controller's JobState."""
+        return self.master.job
+
+    @property
+    def app(self) -> Any:
+        return self.master.app
+
+    @property
+    def epochs(self) -> list[Any]:
+        return self.master.metrics.epochs
+
+    def executor(self, executor_id: str) -> Executor:
+        return self.am.executors[executor_id]
+
+    # -- driving it --------------------------------------------------------------------------------
+    def start(self) -> None:
+        """The AM starts: it registers and the controller takes the job from there."""
+        assert self._run is None
+        self._run = asyncio.ensure_future(self.master.run())
+
+    async def run(self) -> Optional[FinalStatus]:
+        """Start (unless started) and wait for the AM's final status."""
+        if self._run is None:
+            self.start()
+        assert self._run is not None
+        return await asyncio.wait_for(asyncio.shield(self._run), RUN_TIMEOUT_S)
+
+    async def until(self, cond: Callable[[], bool], what: str, timeout_s: float = RUN_TIMEOUT_S) -> None:
+        """Wait until `cond()` holds, re-checked after every event the controller is fed."""
+        assert await self.master.interp.until(cond, timeout_s), f"timed out waiting for {what}"
+
+    def trigger_after_clock(self, hook: Callable[[], None]) -> None:
+        """Call `hook` after every BSP clock (after the master's own per-clock work)."""
+        loop = self.loop
+        own = loop.on_clock
+
+        def after() -> None:
+            if own is not None:
+                own()
+            hook()
+        loop.on_clock = after
+
+    def kill(self, executor_id: str, exit_status: int = NODE_LOST) -> None:
+        """`executor_id` dies (its connections close) and the RM reports its container's end."""
         rec = self.pool.executors[executor_id]
-        c = rec.container
-        self.pool.mark_exited(AmContainer(c.container_id, c.node_id, c.node_http_address, c.resource, c.token,
-                                          tag=c.tag, exit_status=-100))
-        assert self.recovery.on_lost(rec.describe_exit(256), rec) is None
+        ex = self.am.executors.get(executor_id)
+        if ex is not None:
+            self.am._spawn(ex.stop())
+        self.am.complete(rec.container, exit_status)
 
-    async def train(self) -> None:
-        async def on_epoch(rec: EpochRecord) -> None:
-            self.epochs.append(rec)
-        await self.training.loop.train(on_epoch)
+    def report_lost(self, executor_id: str, exit_status: int = NODE_LOST) -> None:
+        """The RM's report of `executor_id`'s container's end only (a vanished host: no RST)."""
+        self.am.complete(self.pool.executors[executor_id].container, exit_status)
 
     async def close(self) -> None:
-        if self.training.placement.placed:
-            await self.training.placement.controller.close()
-        await self.client.close()
+        if self._run is not None and not self._run.done():
+            self.master.request_stop("the test ended")
+            try:
+                await asyncio.wait_for(self._run, 30)
+            except Exception:  # noqa: BLE001 - the test's own failure is what matters
+                self._run.cancel()
         await self.am.close()
+        await asyncio.gather(*self.am._tasks, return_exceptions=True)

@@ -1,9 +1,11 @@
-"""A lost worker is replaced and training goes on from the clock it was lost in, against real
-in-process executors (localhost sockets, no RM; a stand-in AM starts new executors in this event
-loop): the clock loop keeps each input block's position from the run_clock replies, the
-replacement takes over the lost worker's splits where they stood when the clock began, runs the
-clock again alone, and the servers drop the pushes the lost worker had made already, so the
-exactly-once audit holds and the objective stays that of an undisturbed run."""
+"""A lost worker is replaced and training goes on from the clock it was lost in, against the real
+AM (the PS-job controller and its interpreter) over real in-process executors
+(tests/support/ps_inprocess.py: localhost sockets, no RM; a stand-in RM client starts new
+executors in this event loop): the clock loop keeps each input block's position from the
+run_clock replies, the controller's recovery puts a replacement in the lost worker's place with
+its splits where they stood when the clock began, the clock runs again on it, and the servers drop
+the pushes the lost worker had made already, so the exactly-once audit holds and the objective
+stays that of an undisturbed run."""
 from __future__ import annotations
 
 import asyncio
@@ -12,14 +14,16 @@ from typing import Any, Awaitable, Callable, Optional
 
 import pytest
 
+from appmaster.ps.controller import Phase
 from appmaster.ps.executor_pool import ExecutorState
 from appmaster.ps.executor_rpc import ExecutorCallError
 from elastane_cli.ps_scale_command import change_rows
 from protocol import codec
-from protocol.shape_history import ReplaceWorkerChange, decode_history
+from protocol.records import FinalStatus
+from protocol.shape_history import RecoveryChange, ReplaceWorkerChange, ShapeChange, decode_history
 from psruntime.executor import Executor
 from psruntime.training_pipeline import Subtask
-from ps_inprocess import SPEC, Job
+from ps_inprocess import SPEC, PsJob
 
 BATCHES_PER_WORKER_EPOCH = 2000 // 50 // 2      # MLR's default data: 2000 rows, batches of 50
 
@@ -52,10 +56,10 @@ class DiesBeforeBatch:
 
 @pytest.fixture
 async def jobs(tmp_path: Path):
-    made: list[Job] = []
+    made: list[PsJob] = []
 
-    def make(spec: Optional[dict[str, Any]] = None) -> Job:
-        job = Job(tmp_path / f"job{len(made)}", spec)
+    def make(spec: Optional[dict[str, Any]] = None) -> PsJob:
+        job = PsJob(tmp_path / f"job{len(made)}", spec)
         made.append(job)
         return job
 
@@ -64,46 +68,74 @@ async def jobs(tmp_path: Path):
         await j.close()
 
 
-def check_exact(job: Job) -> None:
-    loop = job.training.loop
+def check_exact(job: PsJob) -> None:
+    loop = job.loop
     assert [e.epoch for e in job.epochs] == list(range(job.spec.max_epochs))
     assert loop.audit_mismatches == [], loop.audit_mismatches
     assert loop.minibatches_applied == loop.minibatches_run == job.spec.max_epochs * 2 * BATCHES_PER_WORKER_EPOCH
 
 
+def records(job: PsJob, kind: type) -> list[ShapeChange]:
+    return [r for r in job.master.shape_history if isinstance(r, kind)]
+
+
+def pause_after_clock(job: PsJob, n: int) -> asyncio.Event:
+    """Training stops at the clock boundary after its `n`-th clock (no clock runs from then on
+    until the test lets it run again); the event is set once it has stopped."""
+    stopped = asyncio.Event()
+
+    def hook() -> None:
+        if job.loop.clocks_done == n and not stopped.is_set():
+            job.master.steps.pause()
+            stopped.set()
+    job.trigger_after_clock(hook)
+    return stopped
+
+
+async def paused(job: PsJob, stopped: asyncio.Event) -> None:
+    await asyncio.wait_for(stopped.wait(), 60)
+    await asyncio.wait_for(job.master.interp.trained.wait(), 60)     # the train task has returned
+
+
 async def test_a_worker_lost_mid_clock_is_replaced_and_its_clock_redone_exactly_once(jobs) -> None:
     reference = jobs()
-    await reference.setup()
-    await reference.train()
+    assert await reference.run() is FinalStatus.SUCCEEDED
     check_exact(reference)
 
     job = jobs()
-    await job.setup()
-    lost = job.pool.executors["worker-1"]
-    splits = list(lost.blocks)
+    splits: list[int] = []
     # Dies in epoch 1, in its second clock (batches 5-8 of the epoch), after pushing two of them.
     die_at = BATCHES_PER_WORKER_EPOCH + SPEC["clock_batches"] + 2
-    victim = job.am.executors["worker-1"]
-    victim.app_role.pipeline.runner = DiesBeforeBatch(victim, die_at, lambda: job.report_lost("worker-1"))
-    await job.train()
+
+    def on_death() -> None:
+        splits.extend(job.master.steps.splits().active_of("worker-1"))
+        job.report_lost("worker-1")
+
+    def on_launch(eid: str, ex: Executor) -> None:
+        if eid == "worker-1":
+            ex.app_role.pipeline.runner = DiesBeforeBatch(ex, die_at, on_death)
+    job.am.on_launch = on_launch
+    assert await job.run() is FinalStatus.SUCCEEDED
 
     check_exact(job)
-    [rec] = job.records
+    [rec] = records(job, ReplaceWorkerChange)
     assert type(rec) is ReplaceWorkerChange and rec.changed and rec.error == "" and rec.clock_redone, rec
     assert rec.epochs_redone == 0 and rec.epoch == 1 and "worker-1 (" in rec.lost[0], rec
     assert rec.replacements == {"worker-1": "worker-2"}
-    assert job.recovery.failures == 1 and job.recovery.replacements == 1 and job.recovery.recoveries == 1
+    assert job.job.failures == 1 and job.master.replacements == 1 and job.master.recoveries == 1
+    assert not records(job, RecoveryChange)                   # no checkpoint was gone back to
     # The ledger, the barrier and the replacement's record name the replacement with the lost splits.
-    ledger = job.steps.splits()
-    assert ledger.active_of("worker-2") == splits and "worker-1" not in ledger.active
+    ledger = job.master.steps.splits()
+    assert splits and ledger.active_of("worker-2") == splits and "worker-1" not in ledger.active
     assert job.training.membership.worker_ids() == ["worker-0", "worker-2"]
-    assert job.pool.executors["worker-2"].blocks == splits and job.pool.executors["worker-1"].state is ExecutorState.EXITED
+    assert job.pool.executors["worker-2"].blocks == splits
+    assert job.pool.executors["worker-1"].state is ExecutorState.EXITED
     # The two mini-batches pushed before the loss were pushed again by the redo and dropped.
-    repeats = sum(job.am.executors[s.executor_id].service.applied_pushes.repeats for s in job.pool.servers)
+    repeats = sum(job.executor(s.executor_id).service.applied_pushes.repeats for s in job.pool.servers)
     assert repeats >= 2 * 2, repeats       # deltas and audit count of each, per block they reached
     # The positions the loop keeps: every block at the end of the last epoch.
     last = job.spec.max_epochs - 1
-    assert job.training.loop.clock_start_positions(range(job.app.num_blocks)) == {
+    assert job.loop.clock_start_positions(range(job.app.num_blocks)) == {
         b: (last, 250) for b in range(job.app.num_blocks)}
     final, want = job.epochs[-1].objective, reference.epochs[-1].objective
     assert abs(final - want) <= 0.01 * abs(want), (final, want)
@@ -111,17 +143,16 @@ async def test_a_worker_lost_mid_clock_is_replaced_and_its_clock_redone_exactly_
 
 async def test_a_worker_lost_between_clocks_is_replaced_before_training_resumes(jobs) -> None:
     job = jobs()
-    await job.setup()
-    job.training.loop.stop()
-    await job.train()                                    # stops at the first clock boundary: nothing ran
-    await job.am.executors["worker-0"].stop()
-    job.report_lost("worker-0")
-    assert not job.recovery.rollback_needed
-    await job.recovery.recover()
-    job.training.loop.resume()
-    await job.train()
+    stopped = pause_after_clock(job, 1)
+    job.start()
+    await paused(job, stopped)                            # at a clock boundary: no clock runs
+    job.kill("worker-0")
+    await job.until(lambda: job.master.recoveries == 1 and job.job.change is None, "the replacement")
+    assert job.job.phase is Phase.TRAINING and job.loop.clocks_done == 1
+    job.master.interp.start_training()                    # training goes on where it stopped
+    assert await job.run() is FinalStatus.SUCCEEDED
     check_exact(job)
-    [rec] = job.records
+    [rec] = records(job, ReplaceWorkerChange)
     assert type(rec) is ReplaceWorkerChange and not rec.clock_redone and rec.replacements == {"worker-0": "worker-2"}
     assert job.training.membership.worker_ids() == ["worker-1", "worker-2"]
     # What `elastane ps scale` reads of it, after the trip through the AM's /status JSON.
@@ -132,12 +163,11 @@ async def test_a_worker_lost_between_clocks_is_replaced_before_training_resumes(
 
 async def test_the_clock_loop_keeps_where_each_block_stood(jobs) -> None:
     job = jobs()
-    await job.setup()
-    loop = job.training.loop
+    loop = job.loop
     assert loop.clock_start_positions([0, 5]) == {0: (0, 0), 5: (0, 0)}    # nothing trained yet
     seen: list[dict[int, tuple[int, int]]] = []
-    loop.on_clock = lambda: seen.append(loop.clock_start_positions(range(8)))
-    await job.train()
+    job.trigger_after_clock(lambda: seen.append(loop.clock_start_positions(range(8))))
+    assert await job.run() is FinalStatus.SUCCEEDED
     per_clock = SPEC["clock_batches"] * 50
     # Each worker trains its blocks in order: after its first clock of epoch 0, its first block
     # (250 rows) is done and the second has started.
@@ -148,14 +178,42 @@ async def test_the_clock_loop_keeps_where_each_block_stood(jobs) -> None:
     assert loop.clock_start_positions([3, 4]) == {3: (2, 100), 4: (0, 0)}
 
 
+class KillsBeforeBatch:
+    """A worker's subtask runner that, just before its `n`-th mini-batch, has `victim` killed
+    (its pushes so far applied) and then goes on: its next pull from the dead server fails."""
+
+    def __init__(self, executor: Executor, n: int, kill: Callable[[], None]) -> None:
+        self.executor = executor
+        self.n = n
+        self.kill = kill
+        self.done = False
+
+    async def run(self, kind: Subtask, work: Callable[[], Awaitable[Any]]) -> Any:
+        role = self.executor.app_role
+        if kind is Subtask.PULL and not self.done and role.pipeline.counters["batches"] == self.n:
+            self.done = True
+            assert role.store is not None
+            await role.store.flush()
+            self.kill()
+        return await work()
+
+
 async def test_a_run_clock_failure_that_is_no_worker_loss_is_raised(jobs) -> None:
-    """The other workers' clock still counts (the audit), and the failure reaches the master."""
+    """A server lost in the middle of a clock is no worker to replace: the clock's failure ends
+    training and reaches the master, and the recovery goes back to the checkpoint instead."""
     job = jobs({**SPEC, "max_executor_failures": 1})
-    await job.setup()
-    await job.am.executors["server-1"].stop()
-    job.report_lost("server-1")
-    assert job.recovery.rollback_needed
-    with pytest.raises(ExecutorCallError):
-        await job.train()
-    assert job.records == [] and job.recovery.pending
-    assert job.training.loop.epochs_done == 0
+
+    def on_launch(eid: str, ex: Executor) -> None:
+        if eid == "worker-0":
+            ex.app_role.pipeline.runner = KillsBeforeBatch(ex, SPEC["clock_batches"] + 2,
+                                                           lambda: job.kill("server-1"))
+    job.am.on_launch = on_launch
+    assert await job.run() is FinalStatus.SUCCEEDED
+    assert job.train_errors and all(isinstance(e, ExecutorCallError) for e in job.train_errors), job.train_errors
+    assert records(job, ReplaceWorkerChange) == []
+    [rec] = records(job, RecoveryChange)
+    assert rec.changed and rec.checkpoint and "server-1 (" in rec.lost[0]
+    assert job.job.failures == 1 and job.master.replacements == 0 and job.master.recoveries == 1
+    # Back on the checkpoint (the initial one: epoch 0): the epochs ran once each from there.
+    assert [e.epoch for e in job.epochs] == list(range(job.spec.max_epochs))
+    assert job.loop.audit_mismatches == []

@@ -75,6 +75,7 @@ class ChangeRecords:
     restored: Optional[float] = None
     checkpoint: str = ""
     step_bytes: dict[int, int] = field(default_factory=dict)    # input data moved, by step (Cruise's records)
+    clock_redone: bool = False     # a lost worker's clock ran again on its replacement (the loop's hook)
 
 
 @dataclass
@@ -551,9 +552,12 @@ def change_history(change: Change, rec: ChangeRecords, shape_after: tuple[int, i
                                duration_s=seconds, lost_s=0.0, replacements=dict(rec.replacements),
                                nodes=list(rec.nodes))
     if change.kind is ChangeKind.RECOVER:
+        if change.target is not None:      # the shape before the losses (a replacement keeps it)
+            before = ExecutorCounts(change.target.workers, change.target.servers)
         if not change.checkpoint:
             return ReplaceWorkerChange(op="replace", time=rec.started, lost=list(change.descriptions), workers=w1,
-                                       servers=s1, epoch=epoch, clock=clock, clock_redone=True, epochs_redone=0,
+                                       servers=s1, epoch=epoch, clock=clock, clock_redone=rec.clock_redone,
+                                       epochs_redone=0,
                                        before=before, after=after, changed=ok, error=change.error,
                                        seconds=seconds, duration_s=seconds, lost_s=seconds,
                                        replacements=dict(rec.replacements), nodes=list(rec.nodes))
