@@ -8,13 +8,12 @@ from typing import Any, cast
 import msgspec
 import pytest
 
-from appmaster.ps.directives import DirectiveOutcome, Shape
 from appmaster.ps.eps_records import ElasticOpRecord
 from elastane_cli import main as cli
 from elastane_cli import ps_scale_command
 from elastane_cli.ps_reports import shape_change
-from protocol.ps_status import EpsLimits, EpsStatus, ExecutorStatus, PsStatus, ShapeStatus
-from protocol.shape_history import EpsChange
+from protocol.ps_status import DirectiveRecord, EpsLimits, EpsStatus, ExecutorStatus, PsStatus, ShapeStatus
+from protocol.shape_history import EpsChange, ExecutorCounts
 from threaded_http import serve_routes
 
 APP = "application_1700000000000_0007"
@@ -70,9 +69,8 @@ class FakeRmAndAm:
                           eps=EpsStatus(running=False, limits=EpsLimits(workers=8, servers=4)))
         if self.put is not None:
             status.shape_history = [add_workers_record()]
-            status.directives = [DirectiveOutcome(version=1, target=Shape(4, 1), before=Shape(2, 1),
-                                                  steps=[("add_workers", 2)], started=1_700_000_100.0,
-                                                  seconds=1.3).record()]
+            status.directives = [DirectiveRecord(version=1, workers=4, servers=1, before=ExecutorCounts(2, 1),
+                                                 steps=[("add_workers", 2)], started=1_700_000_100.0, seconds=1.3)]
         return cast(dict[str, Any], msgspec.to_builtins(status))
 
     def route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:

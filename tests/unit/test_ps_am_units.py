@@ -1,4 +1,4 @@
-"""Pure parts of the PS AM: the job state machine, moving averages, the executor pool's naming,
+"""Pure parts of the PS AM: the job's lifecycle (the PS-job controller's LIFECYCLE table), moving averages, the executor pool's naming,
 launch command, announcements and exit descriptions, and the status server's HTTP surface."""
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import pytest
 
 from appmaster.container_book import AmContainer
 from appmaster.ps.executor_pool import ExecutorPool, ExecutorState, Role
-from appmaster.ps.job import TRANSITIONS, JobEvent, JobPhase, JobStateMachine, JobTransitionError
+from appmaster.ps.controller.phases import LIFECYCLE, JobTransitionError, Phase, Trigger
+from appmaster.ps.controller.planners.base import fire
+from appmaster.ps.controller.state import JobState
 from appmaster.ps.metrics import DEFAULT_ALPHA, JobMetrics, MovingAverage, ServerTimes
 from appmaster.ps.status_server import StatusServer
-from protocol import codec
+from protocol import codec, ps_job_spec
 from protocol import executor_ops as ops
 from protocol.job_report import (MAX_EPOCH_TIMES, MAX_OBJECTIVES, JobReport, finite, recent_epoch_times,
                                  recent_objectives)
@@ -24,29 +26,40 @@ from psruntime.wire.dataplane import RequestError
 from psruntime.wire.frame_codec import Frame
 
 
+def _job(phase: Phase = Phase.STARTING) -> JobState:
+    job = JobState(spec=ps_job_spec.validate({"app": "mlr"}))
+    job.phase = phase
+    return job
+
+
 def test_job_runs_forward_to_succeeded() -> None:
-    job = JobStateMachine()
-    for ev in (JobEvent.REGISTERED, JobEvent.SERVERS_READY, JobEvent.WORKERS_READY, JobEvent.INITIALISED,
-               JobEvent.TRAINED):
-        job.apply(ev)
-    assert job.phase is JobPhase.FINISHING and job.phase.executors_expected_alive
-    job.apply(JobEvent.FINISHED, "final objective 1")
-    assert job.phase is JobPhase.SUCCEEDED and job.diagnostics == "final objective 1"
+    job = _job()
+    for t in (Trigger.REGISTERED, Trigger.SERVERS_READY, Trigger.WORKERS_READY, Trigger.INITIALISED,
+              Trigger.TRAINED):
+        fire(job, t)
+    assert job.phase is Phase.FINISHING and job.phase.executors_expected_alive
+    fire(job, Trigger.FINISHED, "final objective 1")
+    assert job.phase is Phase.SUCCEEDED and job.diagnostics == "final objective 1"
     assert not job.phase.executors_expected_alive
+    assert [t for _, t, _ in job.history] == ["REGISTERED", "SERVERS_READY", "WORKERS_READY", "INITIALISED",
+                                              "TRAINED", "FINISHED"]
 
 
 def test_job_fails_or_stops_from_any_live_phase_and_final_phases_are_final() -> None:
-    for phase in JobPhase:
-        for ev in (JobEvent.FAIL, JobEvent.STOP):
+    for phase in Phase:
+        for t in (Trigger.FAIL, Trigger.STOP):
             if phase.is_final:
-                assert (phase, ev) not in TRANSITIONS
+                assert (phase, t) not in LIFECYCLE
             else:
-                assert TRANSITIONS[(phase, ev)] in (JobPhase.FAILED, JobPhase.KILLED)
-    job = JobStateMachine(JobPhase.TRAINING)
-    job.apply(JobEvent.FAIL, "worker-1 died")
-    assert not job.try_apply(JobEvent.FAIL, "again") and job.diagnostics == "worker-1 died"
-    with pytest.raises(JobTransitionError):
-        JobStateMachine().apply(JobEvent.TRAINED)
+                assert LIFECYCLE[(phase, t)] in (Phase.FAILED, Phase.KILLED)
+        if phase.is_final:            # nothing leaves a final phase
+            assert not any(LIFECYCLE.allows(phase, t) for t in Trigger)
+    job = _job(Phase.TRAINING)
+    fire(job, Trigger.FAIL, "worker-1 died")
+    assert job.phase is Phase.FAILED and job.diagnostics == "worker-1 died"
+    assert not LIFECYCLE.allows(job.phase, Trigger.FAIL)
+    with pytest.raises(JobTransitionError, match="TRAINED is not allowed in phase STARTING"):
+        fire(_job(), Trigger.TRAINED)
 
 
 def test_moving_average_and_server_service_time() -> None:

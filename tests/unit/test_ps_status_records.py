@@ -1,5 +1,6 @@
 """The PS AM's status records (protocol.ps_status) from producer to consumer: each record is made
-by the AM's own code (directives, cruise_driver, metrics, heldout_monitor),
+by the AM's own code (cruise_driver, metrics, heldout_monitor, the master's suspension section) or is
+the protocol.ps_status record the AM keeps (a directive acted on),
 serialised as `/status` serves it (protocol.codec, Structs inside a dict) and decoded once by the
 CLI (`decode_status`) for `ps scale`, `ps status`, the progress bar and `ps submit --wait`'s final
 report. A field the CLI reads that the AM does not write fails here, not on a cluster."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import types
 from pathlib import Path
 from typing import Any
 
@@ -16,25 +18,24 @@ from appmaster.cruise.optimizer import Decision
 from appmaster.cruise.plan import AddOp, Plan
 from appmaster.cruise.targets import Role
 from appmaster.ps.cruise_driver import OpTiming, PlanRecord, PlanRun
-from appmaster.ps.directives import DirectiveOutcome, Shape
 from appmaster.container_book import AmContainer
 from appmaster.ps.eps_records import ElasticOpRecord
 from appmaster.ps.executor_pool import ExecutorPool, Role as ExecutorRole
 from appmaster.ps.executor_status import spill_status
 from appmaster.ps.heldout_monitor import HeldoutPoint, HeldoutTracker
 from appmaster.ps.metrics import EpochRecord, JobMetrics
-from appmaster.ps.suspension import Cut, JobSuspension, SuspendState
+from appmaster.ps.controller import Phase
+from appmaster.ps.master import PSApplicationMaster
 from elastane_cli import ps_reports, ps_scale_command
 from elastane_cli.progress_bar import format_progress
 from elastane_cli.ps_commands import WatchResult
 from protocol import codec, ps_job_spec
 from protocol import executor_ops as ops
 from protocol.model_output import METADATA_FILE, AppRef, ModelMetadata, encode_metadata, read_metadata
-from protocol.checkpoint_manifest import JobRecord
 from protocol.durable_storage import DurableDir
 from protocol.records import Resource
-from protocol.ps_status import CruiseStatus, PsStatus, decode_status
-from protocol.shape_history import EpsChange, history_json
+from protocol.ps_status import CruiseStatus, DirectiveRecord, PsStatus, SuspensionCut, decode_status
+from protocol.shape_history import EpsChange, ExecutorCounts, history_json
 from psruntime.apps.quality import heldout_metric
 from psruntime.wire.frame_codec import Frame
 
@@ -44,21 +45,27 @@ def served(status: dict[str, Any]) -> PsStatus:
     return decode_status(json.loads(codec.dumps(status)))
 
 
+def _directive(version: int, workers: int, before: int, steps: list[tuple[str, int]], started: float,
+               **kw: Any) -> DirectiveRecord:
+    return DirectiveRecord(version=version, workers=workers, servers=1, before=ExecutorCounts(before, 1),
+                           steps=steps, started=started, **kw)
+
+
 def test_ps_scale_reads_the_directive_outcomes_the_am_records() -> None:
-    running = DirectiveOutcome(3, Shape(4, 1), Shape(2, 1), [("add_workers", 2)], 1_700_000_000.0, reason="ps scale")
-    status = served({"directives": [running.record()]})
+    running = _directive(3, 4, 2, [("add_workers", 2)], 1_700_000_000.0, reason="ps scale")
+    status = served({"directives": [running]})
     d = status.directives[0]
     assert (d.version, d.workers, d.servers, d.before.workers, d.steps) == (3, 4, 1, 2, [("add_workers", 2)])
     assert ps_scale_command._outcome(status, 3) is None                   # its change still runs
-    running.seconds = 1.23456
-    done = ps_scale_command._outcome(served({"directives": [running.record()]}), 3)
+    running.seconds = round(1.23456, 4)                # as the AM records it (master: 4 places)
+    done = ps_scale_command._outcome(served({"directives": [running]}), 3)
     assert done is not None and done.seconds == 1.2346 and done.error == "" and done.reason == "ps scale"
-    failed = DirectiveOutcome(4, Shape(9, 1), Shape(2, 1), [("add_workers", 7)], 1.0, error="no room")
-    outcome = ps_scale_command._outcome(served({"directives": [running.record(), failed.record()]}), 4)
+    failed = _directive(4, 9, 2, [("add_workers", 7)], 1.0, error="no room")
+    outcome = ps_scale_command._outcome(served({"directives": [running, failed]}), 4)
     assert outcome is not None and outcome.error == "no room"
-    assert ps_scale_command._outcome(served({"directives": [running.record()]}), 5) is None   # not acted on yet
+    assert ps_scale_command._outcome(served({"directives": [running]}), 5) is None   # not acted on yet
     # the JSON keeps the keys it always had (web pages and status.json readers)
-    js = json.loads(codec.dumps(running.record()))
+    js = json.loads(codec.dumps(running))
     assert js["before"] == {"workers": 2, "servers": 1} and js["steps"] == [["add_workers", 2]]
     assert js["run_state"] == "run" and js["group"] is None
 
@@ -153,15 +160,25 @@ def _pool() -> ExecutorPool:
     return pool
 
 
-def test_ps_status_reads_the_executors_spec_suspension_and_spill_the_am_records() -> None:
+def _paused_master(tmp_path: Path) -> PSApplicationMaster:
+    """An AM (built, not run) whose job paused once for 12 s and sits paused on its cut."""
+    am = types.SimpleNamespace(identity=types.SimpleNamespace(attempt_id="appattempt_1_0001_000001",
+                                                              job_secret="s"), registration=None)
+    spec = ps_job_spec.validate({"app": "mlr", "workers": 2, "servers": 1})
+    master = PSApplicationMaster(am, spec, tmp_path / "am")  # type: ignore[arg-type]
+    master.job.phase = Phase.PAUSED
+    master.pauses, master.paused_s = 1, 12.0
+    master.cut = SuspensionCut(epoch=3, clock=2, checkpoint="/ck/3")
+    return master
+
+
+def test_ps_status_reads_the_executors_spec_suspension_and_spill_the_am_records(tmp_path: Path) -> None:
     pool = _pool()
     spec = ps_job_spec.validate({"app": "mlr", "workers": 2, "servers": 1, "max_epochs": 4, "sync": "bsp",
                                  "optimizer": "cruise", "hparams": {"learning_rate": 0.5}})
-    sus = JobSuspension(steps=None, job_record=JobRecord, on_record=lambda rec: None,  # type: ignore[arg-type]
-                        state=SuspendState.PAUSED, pauses=1, paused_s=12.0,
-                        cut=Cut(epoch=3, clock=2, objective=0.5, checkpoint={"dir": "/ck/3"}, positions={}))
+    sus = _paused_master(tmp_path).suspension_status()
     status = served({"app": "mlr", "state": "TRAINING", "spec": spec.to_json(), "shape": pool.shape_status(),
-                     "num_blocks": 4, "suspension": sus.status(), "spill": spill_status(pool.live())})
+                     "num_blocks": 4, "suspension": sus, "spill": spill_status(pool.live())})
     assert status.spec == spec                                    # the spec round-trips strictly
     assert ps_reports.executor_rows(status) == [
         ["server-0", "server", "READY", "host:1", "container_1_0001_01_000002", "90.0", "0.000", "0.004", "0-3"],
@@ -175,7 +192,7 @@ def test_ps_status_reads_the_executors_spec_suspension_and_spill_the_am_records(
     assert pairs["Colocation"] == "paused, 1 pause (12.0s paused); spill alpha 0.25, 2.0 MB on disk"
     assert status.suspension.cut is not None and status.suspension.cut.checkpoint == "/ck/3"
     # the JSON keeps the keys it always had (the web pages' script reads /status)
-    js = json.loads(codec.dumps({"shape": pool.shape_status(), "suspension": sus.status()}))
+    js = json.loads(codec.dumps({"shape": pool.shape_status(), "suspension": sus}))
     assert list(js["shape"]["executors"][1]) == [
         "id", "role", "container_id", "node", "state", "address", "pid", "rss_mb", "data_mb", "model_mb", "blocks",
         "partition", "spill_alpha", "spilled_mb", "spill_stall_s"]

@@ -1,112 +1,122 @@
-"""ExecutorRecovery's bookkeeping without a cluster: which losses a job survives, how losses that
-arrive together count, when it gives up and with what diagnostics."""
+"""Recovery's bookkeeping in the PS-job controller (planners/recovery.py), stepped by events
+without a cluster: which losses a job survives, how losses that arrive together count, when it
+gives up and with what diagnostics, which losses a replacement handles and which go back to the
+checkpoint, and that a recovery waits for a change a loss makes fail. No processes."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
-from appmaster.ps.executor_pool import Role
-from appmaster.ps.job import JobPhase
-from appmaster.ps.recovery import ExecutorRecovery
-from protocol.ps_job_spec import validate
-from psruntime.apps.registry import create_app
+from appmaster.ps.controller import Phase
+from appmaster.ps.controller import events as ev
+from appmaster.ps.controller import instructions as ins
+from appmaster.ps.controller.records import Role
+from appmaster.ps.controller.state import ChangeKind
+from tests.support.controller_world import World, job_state, started
 
 
-def recovery(spec_json: dict[str, Any], phase: JobPhase = JobPhase.TRAINING, checkpoint: bool = True) -> ExecutorRecovery:
-    spec = validate({"workers": 2, "servers": 2, **spec_json})
-    app = create_app(spec.app, spec.app_data(), spec.app_hparams())
-    steps = SimpleNamespace(training=None, checkpointer=SimpleNamespace(last={"dir": "d"} if checkpoint else None))
-    return ExecutorRecovery(spec, app, steps, lambda: phase, on_record=lambda r: None)  # type: ignore[arg-type]
+def lose(w: World, *losses: tuple[str, str]) -> list[ins.Instruction]:
+    """The RM reports these executors' containers ended, in one allocate reply."""
+    return w.send(ev.ContainersCompleted(at=w.at(), containers=[(f"c-{e}", text) for e, text in losses]))
+
+
+def finished(w: World) -> list[ins.Finish]:
+    return [i for i in w.log if isinstance(i, ins.Finish)]
 
 
 def test_losses_within_the_limit_are_recovered_and_one_event_counts_once() -> None:
-    r = recovery({"app": "mlr", "max_executor_failures": 2})
-    assert r.enabled and r.why_not() is None
-    assert r.on_lost("server-0 (server, c2 on n1) exited with -100 (ABORTED)") is None
-    assert r.on_lost("worker-1 (worker, c5 on n1) exited with -100 (ABORTED)") is None   # same node, same event
-    assert r.failures == 1 and len(r.pending) == 2 and len(r.losses) == 2
-    r.pending.clear()                                     # recovered
-    assert r.on_lost("worker-0 (worker, c9 on n2) exited with 137") is None
-    assert r.failures == 2
-    r.pending.clear()
-    fatal = r.on_lost("server-3 (server, c11 on n3) exited with 1")
-    assert fatal is not None and "gave up after 3 executor failures (max_executor_failures 2)" in fatal
-    assert fatal.endswith("server-3 (server, c11 on n3) exited with 1") and r.failures == 2
+    w = started(max_executor_failures=2, workers=2, servers=2)
+    lose(w, ("server-1", "server-1 (server, c2 on n1) exited with -100 (ABORTED)"),
+         ("worker-1", "worker-1 (worker, c5 on n1) exited with -100 (ABORTED)"))    # same node, same event
+    assert w.job.failures == 1 and w.job.phase is Phase.TRAINING and w.job.shape == (2, 2)
+    assert w.triggers().count("RECOVER") == 1
+    lose(w, (w.job.ids(Role.WORKER)[0], "worker-0 (worker, c9 on n2) exited with 137"))
+    assert w.job.failures == 2 and w.job.phase is Phase.TRAINING
+    lose(w, (w.job.ids(Role.SERVER)[0], "server-3 (server, c11 on n3) exited with 1"))
+    (fin,) = finished(w)
+    assert fin.final_status == "FAILED" and w.job.phase is Phase.FAILED
+    assert "gave up after 3 executor failures (max_executor_failures 2)" in fin.diagnostics
+    assert fin.diagnostics.endswith("server-3 (server, c11 on n3) exited with 1") and w.job.failures == 2
 
 
 def test_jobs_that_cannot_recover_fail_at_the_first_loss_with_its_description() -> None:
     text = "worker-1 (worker, c5 on n1) exited with -104 (KILLED_EXCEEDED_PMEM)"
-    for r in (recovery({"app": "mlr", "max_executor_failures": 0}),
-              recovery({"app": "mlr"}, phase=JobPhase.INITIALISING), recovery({"app": "mlr"}, checkpoint=False)):
-        assert r.on_lost(text) == text and r.pending == [] and r.failures == 0, r.why_not()
-    assert not recovery({"app": "nmf", "max_executor_failures": 0}).enabled and recovery({"app": "lasso"}).enabled
+    no_budget = started(max_executor_failures=0)
+    starting = World(job_state())                     # lost while the job starts: its set-up fails
+    starting.hold = {ins.SetupTraining}
+    starting.start()
+    no_checkpoint = World(job_state())                # lost before the first checkpoint is written
+    no_checkpoint.hold = {ins.WriteCheckpoint}
+    no_checkpoint.start()
+    for w in (no_budget, starting, no_checkpoint):
+        lose(w, ("worker-1", text))
+        (fin,) = finished(w)
+        assert (fin.final_status, fin.diagnostics) == ("FAILED", text), w.job.phase
+        assert w.job.phase is Phase.FAILED and w.job.failures == 0 and not w.job.pending_losses
 
 
 def test_apps_with_worker_state_go_back_to_the_checkpoint_even_for_a_lost_worker() -> None:
     """NMF's user factors and LDA's assignments of a lost worker exist only in the checkpoint."""
-    worker = SimpleNamespace(executor_id="worker-1", role=Role("worker"))
-    for app in ("nmf", "lda"):
-        r = recovery({"app": app})
-        assert r.enabled and r.on_lost("worker-1 (worker, c5 on n1) exited with 137", worker) is None  # type: ignore[arg-type]
-        assert r.rollback_needed, app
+    w = started()
+    w.job.keeps_worker_state = True
+    lose(w, ("worker-1", "worker-1 (worker, c5 on n1) exited with 137"))
+    assert not w.of(ins.TakeOverSplits) and w.of(ins.PauseTraining) and w.of(ins.RestoreCheckpoint)
+    assert w.job.failures == 1 and w.job.phase is Phase.TRAINING and w.job.shape == (2, 1)
 
 
 def test_lost_workers_alone_are_replaced_anything_else_goes_back_to_the_checkpoint() -> None:
-    worker, server = (SimpleNamespace(executor_id=f"{r}-1", role=Role(r)) for r in ("worker", "server"))
-    r = recovery({"app": "mlr"})
-    assert r.on_lost("worker-1 (worker, c5 on n1) exited with -100 (ABORTED)", worker) is None  # type: ignore[arg-type]
-    assert r.pending and not r.rollback_needed
-    assert r.on_lost("server-1 (server, c2 on n1) exited with -100 (ABORTED)", server) is None  # type: ignore[arg-type]
-    assert r.rollback_needed and r.failures == 1          # one event, and now with a server in it
-    ssp = recovery({"app": "mlr", "sync": "ssp"})
-    ssp.on_lost("worker-1 (worker, c5 on n1) exited with 137", worker)  # type: ignore[arg-type]
-    assert ssp.rollback_needed                            # a clock is redone only under BSP
-    unknown = recovery({"app": "mlr"})
-    unknown.on_lost("worker-1 (worker, c5 on n1) exited with 137")
-    assert unknown.rollback_needed
+    alone = started()
+    lose(alone, ("worker-1", "worker-1 (worker, c5 on n1) exited with -100 (ABORTED)"))
+    assert alone.of(ins.TakeOverSplits) and not alone.of(ins.RestoreCheckpoint)
+    # A worker and a server in one event: one recovery, and with a server in it, the checkpoint.
+    both = started()
+    both.hold = {ins.StartExecutors}
+    lose(both, ("worker-1", "worker-1 (worker, c5 on n1) exited with -100 (ABORTED)"))
+    lose(both, ("server-1", "server-1 (server, c2 on n1) exited with -100 (ABORTED)"))
+    assert both.job.failures == 1 and both.job.change is not None and both.job.change.kind is ChangeKind.RECOVER
+    both.hold = set()
+    for s in list(both.held.values()):           # the replacement's start was cancelled by the merge
+        both.fail(s, "cancelled", cancelled=True)
+    assert not both.of(ins.TakeOverSplits) and both.of(ins.RestoreCheckpoint)
+    assert both.job.shape == (2, 1) and both.job.phase is Phase.TRAINING
+    # A clock is redone only under BSP: an SSP job goes back to the checkpoint.
+    ssp = started(sync="ssp")
+    lose(ssp, ("worker-1", "worker-1 (worker, c5 on n1) exited with 137"))
+    assert not ssp.of(ins.TakeOverSplits) and ssp.of(ins.RestoreCheckpoint)
+    # A container the job does not know of is no loss of it.
+    unknown = started()
+    lose(unknown, ("worker-9", "worker-9 (worker, c99 on n1) exited with 137"))
+    assert unknown.job.failures == 0 and unknown.job.change is None
 
 
 def test_a_lost_worker_that_held_no_splits_counts_but_leaves_nothing_to_replace() -> None:
-    r = recovery({"app": "mlr"})
-    r.training = SimpleNamespace(membership=SimpleNamespace(worker_ids=lambda: ["worker-0", "worker-1"]))
-    joining = SimpleNamespace(executor_id="worker-2", role=Role.WORKER)     # an EPS addition, not committed
-    assert r.on_lost("worker-2 (worker, c7 on n2) exited with 137", joining) is None  # type: ignore[arg-type]
-    assert r.failures == 1 and r.pending == [] and not r.rollback_needed
+    w = started(max_workers=4)
+    w.hold = {ins.StageSplits}
+    w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))   # an EPS addition, not committed
+    new = w.held_of(ins.StageSplits)[0].moves[0].dst
+    assert new not in w.job.holdings.splits or not w.job.holdings.splits[new]
+    lose(w, (new, f"{new} (worker, c7 on n2) exited with 137"))
+    assert w.job.failures == 1 and not w.job.pending_losses
+    assert w.job.change is not None and w.job.change.kind is ChangeKind.EPS     # no recovery: the change fails alone
+    (stage,) = w.held.values()
+    w.hold = set()
+    w.fail(stage, f"{new} is gone")
+    assert "RECOVER" not in w.triggers() and w.job.phase is Phase.TRAINING
+    assert w.of(ins.Reply)[-1].status == 409 and w.job.shape == (2, 1)
 
 
-async def test_a_recovery_waits_for_the_running_change_to_end() -> None:
+def test_a_recovery_waits_for_the_running_change_to_end() -> None:
     """A change that a loss makes fail ends (rolled back by its own steps) before anything is
-    replaced: the recovery's hold on the change slot comes after it, never beside it."""
-    import asyncio
-
-    from appmaster.ps.reconfiguration import ChangeBusy, Reconfiguration
-
-    training = SimpleNamespace(rpc=None, pool=None, loop=SimpleNamespace(boundaries=None))
-    steps = Reconfiguration(None, training, None, None, set(), started=lambda: True)  # type: ignore[arg-type]
-    order: list[str] = []
-    change_may_end = asyncio.Event()
-
-    async def change() -> None:
-        async with steps.exclusive("add_workers(1)"):
-            order.append("change starts")
-            await change_may_end.wait()
-            order.append("change ends")
-
-    async def recovery() -> None:
-        async with steps.exclusive_when_free("recovery"):
-            order.append("recovery")
-
-    running = asyncio.ensure_future(change())
-    await asyncio.sleep(0)
-    waiting = asyncio.ensure_future(recovery())
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert order == ["change starts"] and steps.current == "add_workers(1)"
-    try:
-        async with steps.exclusive("another change"):
-            raise AssertionError("a second change may not start meanwhile")
-    except ChangeBusy:
-        pass
-    change_may_end.set()
-    await asyncio.gather(running, waiting)
-    assert order == ["change starts", "change ends", "recovery"] and not steps.busy
+    replaced: the recovery takes the change slot after it, never beside it."""
+    w = started(max_workers=4)
+    w.hold = {ins.StageSplits}
+    w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
+    (stage,) = w.held.values()
+    out = lose(w, ("worker-1", "worker-1 (worker, c5 on n1) exited with 137"))
+    assert ins.CancelSteps(steps=[stage.step]) in out
+    assert w.job.change is not None and w.job.change.kind is ChangeKind.EPS and w.job.pending_losses
+    assert "RECOVER" not in w.triggers()
+    w.send(ev.ScaleRequested(at=w.at(), request=2, workers=1, servers=0))   # a second change may not start
+    assert w.log[-1] == ins.Reply(request=2, status=409, message="another change is running (eps)")
+    w.hold = set()
+    w.fail(stage, "cancelled", cancelled=True)
+    t = w.triggers()
+    assert t[-4:] == ["RESHAPE", "CHANGE_DONE", "RECOVER", "CHANGE_DONE"], t
+    assert w.job.phase is Phase.TRAINING and w.job.shape == (2, 1) and not w.job.pending_losses
