@@ -1,6 +1,7 @@
 """EPS on the AM without a cluster: the training loop's elastic hooks (a step overlapping an epoch
 holds that epoch's end; a boundary step runs while no worker trains; steps offered after the end
-are refused) against a scripted data plane, and ElasticOps' refusals of impossible changes, which
+are refused) against a scripted data plane, and the PS-job controller's EPS planner's refusals of
+impossible changes (400 or 409, stepped by events in tests/support/controller_world.py), which
 change nothing."""
 from __future__ import annotations
 
@@ -11,18 +12,20 @@ import numpy as np
 import pytest
 
 from appmaster.container_book import AmContainer
-from appmaster.ps.elastic_ops import ElasticBusy, ElasticOpError, ElasticOps
 from appmaster.ps.executor_pool import ExecutorPool, ExecutorState, Role
-from appmaster.ps.job import JobPhase
 from appmaster.ps.metrics import JobMetrics
 from appmaster.ps.boundary_scheduler import TrainingNotRunning
-from appmaster.ps.reconfiguration import Reconfiguration
+from appmaster.ps.controller import Phase
+from appmaster.ps.controller import events as ev
+from appmaster.ps.controller import instructions as ins
+from appmaster.ps.controller.planners.eps import limits
 from appmaster.ps.training import Training
 from polling import async_wait_until
 from protocol.ps_job_spec import validate
 from protocol.records import Resource
 from psruntime.apps.registry import create_app
 from psruntime.wire.frame_codec import Frame
+from tests.support.controller_world import World, started
 
 
 class ScriptedPlane:
@@ -146,51 +149,63 @@ async def test_elastic_steps_need_bsp() -> None:
         await training.loop.boundaries.overlap_epoch(lambda: asyncio.sleep(0))
 
 
-def ops_for(spec_json: dict[str, Any], phase: JobPhase = JobPhase.TRAINING, **kw: int) -> ElasticOps:
-    training, plane, pool = make(spec_json, **kw)
-    steps = Reconfiguration(None, training, None, Resource(512, 1), set(),  # type: ignore[arg-type]
-                            started=lambda: phase is JobPhase.TRAINING)
-    return ElasticOps(training.spec, steps, lambda: phase)
+def eps_job(**spec: Any) -> World:
+    """A training EPS job (2 workers, 2 servers, 16 splits and 8 blocks unless said otherwise)."""
+    return started(**{"workers": 2, "servers": 2, **spec})
 
 
-@pytest.mark.parametrize("call,n,error,msg", [
-    ("add_workers", 2, ElasticOpError, "4 workers is more than this job's maximum of 3"),
-    ("add_servers", 2, ElasticOpError, "4 servers is more than this job's maximum of 3"),
-    ("remove_workers", 2, ElasticOpError, "at least 1 worker"),
-    ("remove_servers", 2, ElasticOpError, "at least 1 server"),
-    ("add_workers", 0, ElasticOpError, "n must be a positive integer"),
-    ("remove_servers", -1, ElasticOpError, "n must be a positive integer"),
-    ("add_servers", True, ElasticOpError, "n must be a positive integer"),
+def scale(w: World, workers: Any, servers: Any, request: int = 1) -> ins.Reply:
+    n = len(w.log)
+    w.send(ev.ScaleRequested(at=w.at(), request=request, workers=workers, servers=servers))
+    replies = [i for i in w.log[n:] if isinstance(i, ins.Reply) and i.request == request]
+    assert replies, w.kinds()[n:]
+    return replies[-1]
+
+
+@pytest.mark.parametrize("dw,ds,msg", [
+    (2, 0, "4 workers is more than this job's maximum of 3"),
+    (0, 2, "4 servers is more than this job's maximum of 3"),
+    (-2, 0, "at least 1 worker"),
+    (0, -2, "at least 1 server"),
+    (0, 0, "nothing to change"),
+    ("1", 0, "signed integer"),
+    (True, 0, "signed integer"),
 ])
-async def test_impossible_changes_are_refused_and_change_nothing(call: str, n: Any, error: type, msg: str) -> None:
-    ops = ops_for({"workers": 2, "servers": 2, "max_workers": 3, "max_servers": 3})
-    with pytest.raises(error, match=msg):
-        await getattr(ops, call)(n)
-    assert ops.history == [] and not ops.running
-    assert ops.training.membership.shape() == (2, 2)
+async def test_impossible_changes_are_refused_and_change_nothing(dw: Any, ds: Any, msg: str) -> None:
+    w = eps_job(max_workers=3, max_servers=3)
+    n = len(w.log)
+    reply = scale(w, dw, ds)
+    assert reply.status == 400 and msg in reply.message
+    assert w.log[n:] == [reply] and w.job.change is None        # no step issued, nothing recorded
+    assert w.job.shape == (2, 2) and w.job.phase is Phase.TRAINING
 
 
 async def test_refused_while_busy_not_training_or_ssp() -> None:
-    ops = ops_for({"max_workers": 3})
-    async with ops.steps.exclusive("a test's change"):
-        with pytest.raises(ElasticBusy, match="another change is running"):
-            await ops.add_workers(1)
-    with pytest.raises(ElasticBusy, match="phase FINISHING"):
-        await ops_for({}, JobPhase.FINISHING).add_workers(1)
-    with pytest.raises(ElasticOpError, match="SSP"):
-        await ops_for({"sync": "ssp", "max_workers": 3}).add_workers(1)
-    relative = ops_for({"max_workers": 3})
-    with pytest.raises(ElasticOpError, match="nothing to change"):
-        await relative.scale(0, 0)
-    with pytest.raises(ElasticOpError, match="signed integer"):
-        await relative.scale("1", 0)  # type: ignore[arg-type]
-    with pytest.raises(ElasticOpError, match="at least 1 server"):
-        await relative.scale(1, -2)                    # validated as a whole: the add never starts
-    assert relative.history == []
+    busy = eps_job(max_workers=4)
+    busy.hold = {ins.StageSplits}
+    assert busy.job.change is None
+    busy.send(ev.ScaleRequested(at=busy.at(), request=1, workers=1, servers=0))   # a change is running ...
+    reply = scale(busy, 1, 0, request=2)
+    assert reply.status == 409 and "another change is running" in reply.message
+    finishing = eps_job(max_workers=4)
+    finishing.hold = {ins.ScoreModel}
+    finishing.send(ev.TrainingEnded(at=finishing.at(), criterion="epoch limit"))
+    reply = scale(finishing, 1, 0)
+    assert finishing.job.phase is Phase.FINISHING and reply.status == 409
+    assert "another change is running (finish)" in reply.message
+    ssp = eps_job(sync="ssp", max_workers=3)
+    reply = scale(ssp, 1, 0)
+    assert reply.status == 400 and "SSP" in reply.message and ssp.job.shape == (2, 2)
+    # a relative change is validated as a whole: the add never starts
+    whole = eps_job(max_workers=3)
+    n = len(whole.log)
+    reply = scale(whole, 1, -2)
+    assert reply.status == 400 and "at least 1 server" in reply.message and whole.log[n:] == [reply]
 
 
 def test_limits_without_a_maximum_are_the_splits_and_blocks() -> None:
-    ops = ops_for({"workers": 2, "servers": 2})         # 8 splits in the fake workers, 8 blocks
-    assert ops.limits() == {"workers": 8, "servers": 8, "min_workers": 1, "min_servers": 1}
-    capped = ops_for({"workers": 2, "servers": 2, "max_workers": 5, "max_servers": 3})
-    assert capped.limits()["workers"] == 5 and capped.limits()["servers"] == 3
+    w = eps_job()                   # 16 splits on the workers (the scripted set-up), 8 blocks
+    assert w.job.spec.num_blocks == 8 and sum(len(s) for s in w.job.holdings.splits.values()) == 16
+    assert limits(w.job) == (16, 8)
+    capped = eps_job(max_workers=5, max_servers=3)
+    assert limits(capped.job) == (5, 3)

@@ -214,6 +214,10 @@ def _scale(job: JobState, e: ev.ScaleRequested, out: Out) -> None:
                          message=f"another change is running ({job.change.kind.value})"))
         return
     kind = ChangeKind.RESTART if job.spec.elastic_mode == "kill" else ChangeKind.EPS
+    for name, d in (("workers", e.workers), ("servers", e.servers)):
+        if not isinstance(d, int):      # undecoded input: no target can be computed (the planners refuse bools)
+            out.append(Reply(request=e.request, status=400, message=f"{name} must be a signed integer change, got {d!r}"))
+            return
     w, s = job.shape
     change = Change(kind, Origin.SCALE, e.at, requests=[e.request],
                     target=_relative(w + e.workers, s + e.servers), delta=(e.workers, e.servers))
