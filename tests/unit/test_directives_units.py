@@ -1,24 +1,50 @@
-"""Directive handling of the PS AM, pure parts and the async driver with fake elastic ops:
-diffing a directive against the current shape, version dedup, coalescing while a change runs,
+"""Directive handling of the PS AM, in the PS-job controller (stepped by events in
+tests/support/controller_world.py) and the pure parts around it: diffing a shape against another,
+a directive's target within the job's bounds, version dedup, coalescing while a change runs,
 waiting for training to start, and the shape report's progress figures (injected times)."""
 from __future__ import annotations
 
-import asyncio
-from typing import Sequence
-
 import pytest
 
-from appmaster.ps.directives import (DirectiveHandler, DirectiveTracker, ProgressTracker, Shape, ShapeDelta,
-                                     TrackerError, TrackerState, diff, target_of)
+from appmaster.ps.controller import Phase
+from appmaster.ps.controller import events as ev
+from appmaster.ps.controller import instructions as ins
+from appmaster.ps.controller.phases import LIFECYCLE, JobTransitionError, Trigger
+from appmaster.ps.controller.planners.eps import target_of
+from appmaster.ps.controller.records import Role, Target
+from appmaster.ps.job_progress import ProgressTracker, Shape, ShapeDelta, diff
+from protocol import ps_job_spec
 from protocol.internal_api import NodePlacement, RunState, ShapeDirective
 from protocol.records import Resource
+from tests.support.controller_world import World, job_state, started
 
 
-def directive(w: int, s: int, v: int) -> ShapeDirective:
-    return ShapeDirective(workers=w, servers=s, version=v)
+def directive(w: int, s: int, v: int, **kw: object) -> ShapeDirective:
+    return ShapeDirective(workers=w, servers=s, version=v, **kw)   # type: ignore[arg-type]
 
 
-# ----- diff ---------------------------------------------------------------------------------------
+def send(world: World, d: ShapeDirective) -> list[ins.Instruction]:
+    return world.send(ev.DirectiveArrived(at=world.at(), directive=d))
+
+
+def changing(world: World, since: int = 0) -> list[bool]:
+    return [i.changing for i in world.log[since:] if isinstance(i, ins.ReportProgress)]
+
+
+def eps_ops(world: World, since: int = 0) -> list[tuple[str, int]]:
+    """The EPS functions the changes since `since` ran, in order (from their steps)."""
+    out: list[tuple[str, int]] = []
+    for i in world.log[since:]:
+        if isinstance(i, ins.StartExecutors):
+            out.append((f"add_{i.role.value}s", i.count))
+        elif isinstance(i, ins.MoveModelBlocks) and i.drop:
+            out.append(("remove_servers", len(i.drop)))
+        elif isinstance(i, ins.CommitSplits) and i.leaving:
+            out.append(("remove_workers", len(i.leaving)))
+    return out
+
+
+# ----- diff / target ------------------------------------------------------------------------------
 
 def test_diff_orders_removals_before_additions() -> None:
     assert diff(Shape(3, 3), Shape(2, 2)).steps() == [("remove_servers", 1), ("remove_workers", 1)]
@@ -29,54 +55,72 @@ def test_diff_orders_removals_before_additions() -> None:
 
 
 def test_target_keeps_one_of_each_and_the_job_bounds() -> None:
-    assert target_of(directive(0, 0, 1)) == Shape(1, 1)
-    assert target_of(directive(9, 7, 1), max_workers=4, max_servers=3) == Shape(4, 3)
-    assert target_of(directive(3, 2, 1), max_workers=4) == Shape(3, 2)
+    def spec(**kw: object) -> ps_job_spec.PSJobSpec:
+        return ps_job_spec.validate({"app": "mlr", "workers": 2, "servers": 1, **kw})
+    assert target_of(directive(0, 0, 1), spec()) == Target(workers=1, servers=1)
+    assert target_of(directive(9, 7, 1), spec(max_workers=4, max_servers=3)) == Target(workers=4, servers=3)
+    assert target_of(directive(3, 2, 1), spec(max_workers=4)) == Target(workers=3, servers=2)
     # the job spec's minimums (Dorm's n_min per role) hold too
-    assert target_of(directive(1, 1, 1), min_workers=2, min_servers=3) == Shape(2, 3)
+    assert target_of(directive(1, 1, 1), spec(min_workers=2, min_servers=3, servers=3)) == Target(workers=2, servers=3)
+    sized = target_of(directive(2, 1, 1, executor_resource=Resource(384, 2)), spec())
+    assert (sized.memory_mb, sized.vcores) == (384, 2)
 
 
-# ----- tracker ------------------------------------------------------------------------------------
+# ----- versions, keeping, coalescing -------------------------------------------------------------
 
-def test_tracker_keeps_directives_until_training_starts() -> None:
-    t = DirectiveTracker()
-    assert t.offer(directive(2, 2, 1)) is None and t.state is TrackerState.WAITING
-    assert t.offer(directive(1, 1, 2)) is None          # the newer one replaces the kept one
-    got = t.ready()
-    assert got is not None and got.version == 2 and t.state is TrackerState.CHANGING
-    assert t.applied_version == 2
-    assert t.done() is None and t.state is TrackerState.IDLE
-
-
-def test_tracker_ignores_repeated_and_older_versions() -> None:
-    t = DirectiveTracker()
-    t.ready()
-    d = t.offer(directive(2, 2, 3))
-    assert d is not None and d.version == 3
-    assert t.done() is None
-    assert t.offer(directive(2, 2, 3)) is None and t.state is TrackerState.IDLE      # repeat
-    assert t.offer(directive(5, 5, 2)) is None and t.state is TrackerState.IDLE      # older
-    assert t.applied_version == 3 and t.seen_version == 3
+def test_directives_are_kept_until_training_starts() -> None:
+    w = World(job_state(max_workers=4, max_servers=4))
+    w.hold = {ins.SetupTraining}
+    w.start()
+    send(w, directive(2, 2, 1))
+    send(w, directive(1, 1, 2))                # the newer one replaces the kept one
+    assert w.job.kept_directive is not None and w.job.kept_directive.version == 2
+    assert w.job.applied_directive == 0 and w.job.phase is Phase.INITIALISING
+    (setup,) = w.held.values()
+    w.hold = set()
+    w.answer(setup)                            # training starts: the kept one is applied
+    assert w.job.applied_directive == 2 and w.job.kept_directive is None
+    assert w.job.shape == (1, 1) and w.job.phase is Phase.TRAINING and w.job.change is None
 
 
-def test_tracker_coalesces_directives_during_a_change_to_the_latest() -> None:
-    t = DirectiveTracker()
-    t.ready()
-    assert t.offer(directive(2, 2, 1)) is not None
-    assert t.offer(directive(3, 3, 2)) is None
-    assert t.offer(directive(4, 2, 3)) is None
-    assert t.offer(directive(4, 2, 3)) is None            # repeat of the kept one: still one kept
-    nxt = t.done()
-    assert nxt is not None and (nxt.workers, nxt.servers, nxt.version) == (4, 2, 3)
-    assert t.state is TrackerState.CHANGING
-    assert t.done() is None and t.state is TrackerState.IDLE
+def test_repeated_and_older_versions_are_ignored() -> None:
+    w = started(max_workers=4)
+    send(w, directive(3, 1, 3))
+    assert w.job.applied_directive == 3 and w.job.shape == (3, 1)
+    n = len(w.log)
+    assert send(w, directive(3, 1, 3)) == [] and send(w, directive(5, 5, 2)) == []     # repeat, older
+    assert w.log[n:] == [] and w.job.applied_directive == 3 and w.job.seen_directive == 3
+    assert w.job.change is None and w.job.shape == (3, 1)
 
 
-def test_tracker_rejects_done_without_a_change() -> None:
-    t = DirectiveTracker()
-    t.ready()
-    with pytest.raises(TrackerError, match="DONE is not allowed in state IDLE"):
-        t.done()
+def test_directives_during_a_change_coalesce_to_the_latest() -> None:
+    w = started(workers=3, servers=3, max_workers=4, max_servers=4)
+    w.hold = {ins.WaitClockBoundary}
+    n = len(w.log)
+    send(w, directive(2, 2, 1))
+    assert w.job.phase is Phase.RESHAPING
+    send(w, directive(3, 3, 2))
+    send(w, directive(4, 2, 3))
+    send(w, directive(4, 2, 3))                # a repeat of the kept one: still one kept
+    kept = w.job.kept_directive
+    assert kept is not None and (kept.workers, kept.servers, kept.version) == (4, 2, 3)
+    w.hold = set()
+    for s in list(w.held.values()):
+        w.answer(s)
+    assert w.job.applied_directive == 3 and w.job.kept_directive is None and w.job.change is None
+    assert w.job.shape == (4, 2) and w.triggers()[-4:] == ["RESHAPE", "CHANGE_DONE", "RESHAPE", "CHANGE_DONE"]
+    assert changing(w, n) == [True, False, True, False]
+
+
+def test_no_change_ends_that_did_not_begin() -> None:
+    # A step answer that belongs to no running change (one cancelled and ended already) is dropped.
+    w = started()
+    n = len(w.log)
+    assert w.send(ev.StepDone(at=w.at(), step=999)) == [] and w.send(
+        ev.StepFailed(at=w.at(), step=999, error="late")) == []
+    assert w.log[n:] == [] and w.job.phase is Phase.TRAINING
+    with pytest.raises(JobTransitionError, match="CHANGE_DONE is not allowed in phase TRAINING"):
+        LIFECYCLE.next(Phase.TRAINING, Trigger.CHANGE_DONE)
 
 
 # ----- progress / shape report --------------------------------------------------------------------
@@ -99,197 +143,123 @@ def test_progress_counts_rounds_and_speed_since_the_last_change() -> None:
     assert rep.executor_resource == Resource(512, 1)
 
 
-# ----- the async driver ---------------------------------------------------------------------------
+# ----- directives carried out ---------------------------------------------------------------------
 
-class FakeOps:
-    """EPS-style ops that change a shape after a controllable delay."""
-
-    def __init__(self, shape: list[int]) -> None:
-        self.shape = shape                     # [workers, servers]
-        self.calls: list[tuple[str, int]] = []
-        self.gate = asyncio.Event()
-        self.gate.set()
-        self.fail = False
-
-    async def _op(self, name: str, n: int, role: int, sign: int) -> None:
-        self.calls.append((name, n))
-        await self.gate.wait()
-        if self.fail:
-            raise RuntimeError("no containers")
-        self.shape[role] += sign * n
-
-    async def add_workers(self, n: int) -> None:
-        await self._op("add_workers", n, 0, 1)
-
-    async def add_servers(self, n: int) -> None:
-        await self._op("add_servers", n, 1, 1)
-
-    async def remove_workers(self, n: int) -> None:
-        await self._op("remove_workers", n, 0, -1)
-
-    async def remove_servers(self, n: int) -> None:
-        await self._op("remove_servers", n, 1, -1)
-
-    async def reshape(self, target: Shape, nodes: tuple[str, ...], placement: Sequence[NodePlacement] = ()) -> None:
-        """As EPS does it: removals first, then additions (here one after the other)."""
-        for name, n in diff(Shape(*self.shape), target).steps():
-            await getattr(self, name)(n)
+def test_eps_functions_run_removals_first_and_coalesce_during_a_change() -> None:
+    w = started(workers=3, servers=3, max_workers=4, max_servers=4)
+    w.hold = {ins.WaitClockBoundary}
+    n = len(w.log)
+    send(w, directive(2, 2, 1))
+    assert w.job.change is not None and w.job.change.sub == [("remove_servers", 1), ("remove_workers", 1)]
+    send(w, directive(1, 1, 2))                # superseded by v3 before the change ends
+    send(w, directive(3, 2, 3))
+    send(w, directive(3, 2, 3))                # a repeat
+    w.hold = set()
+    for s in list(w.held.values()):
+        w.answer(s)
+    assert w.job.shape == (3, 2)
+    assert eps_ops(w, n) == [("remove_servers", 1), ("remove_workers", 1), ("add_workers", 1)]
+    assert w.job.applied_directive == 3 and changing(w, n) == [True, False, True, False]
 
 
-class FakeRestart:
-    """A reshaper that changes both counts in one step (the kill-based baseline), on `nodes`."""
-
-    def __init__(self) -> None:
-        self.shape = [3, 3]
-        self.nodes: tuple[str, ...] = ()
-        self.calls: list[tuple[int, int, tuple[str, ...]]] = []
-        self.placements: list[tuple[NodePlacement, ...]] = []
-        self.placement: tuple[NodePlacement, ...] = ()
-
-    async def reshape(self, target: Shape, nodes: tuple[str, ...], placement: Sequence[NodePlacement] = ()) -> None:
-        self.calls.append((target.workers, target.servers, nodes))
-        self.placements.append(tuple(placement))
-        self.shape = [target.workers, target.servers]
-        self.nodes = nodes
-        self.placement = tuple(placement)
+def kill_job(**spec: object) -> World:
+    return started(elastic_mode="kill", workers=3, servers=3, max_workers=4, max_servers=4, **spec)
 
 
-def handler_for(ops, changes: list[bool] | None = None) -> DirectiveHandler:
-    return DirectiveHandler(lambda: ops, lambda: Shape(*ops.shape), max_workers=4, max_servers=4,
-                            on_change=(changes.append if changes is not None else None),
-                            placed=lambda nodes, placement: not nodes or (set(getattr(ops, "nodes", ())) <= set(nodes) and bool(
-                                getattr(ops, "nodes", ()))))
+def test_a_kill_job_waits_for_training_and_reshapes_in_one_step() -> None:
+    w = World(job_state(elastic_mode="kill", workers=3, servers=3, max_workers=4, max_servers=4))
+    w.hold = {ins.SetupTraining}
+    w.start()
+    send(w, directive(9, 1, 1))                # before training: kept
+    assert not w.of(ins.PauseTraining) and w.job.change is not None and w.job.change.kind.value == "start"
+    w.hold = set()
+    w.answer(next(iter(w.held.values())))
+    starts = w.of(ins.StartExecutors)[2:]      # after the first servers and workers
+    assert [(s.role, s.count) for s in starts] == [(Role.SERVER, 1), (Role.WORKER, 4)]   # clamped, one restart
+    assert w.triggers().count("RESTART") == 1 and w.job.shape == (4, 1)
+    n = len(w.log)
+    send(w, directive(4, 1, 2))                # the shape it already has: nothing to do
+    assert w.steps_since(n) == [] and w.job.applied_directive == 2
 
 
-async def test_handler_applies_eps_calls_and_coalesces_during_a_change() -> None:
-    ops = FakeOps([3, 3])
-    changes: list[bool] = []
-    h = handler_for(ops, changes)
-    h.training_started()
-    ops.gate.clear()
-    h.on_directive(directive(2, 2, 1))
-    await asyncio.sleep(0)                      # let the change start and block on the gate
-    assert h.busy and ops.calls == [("remove_servers", 1)]
-    h.on_directive(directive(1, 1, 2))          # superseded by v3 before the change ends
-    h.on_directive(directive(3, 2, 3))
-    h.on_directive(directive(3, 2, 3))          # a repeat
-    ops.gate.set()
-    await h.wait_idle(5)
-    assert ops.shape == [3, 2]
-    assert ops.calls == [("remove_servers", 1), ("remove_workers", 1), ("add_workers", 1)]
-    assert [o.version for o in h.history] == [1, 3] and h.applied_version == 3
-    assert changes == [True, False, True, False]
-    await h.close()
+def test_a_directive_naming_nodes_is_carried_out_even_with_the_same_counts() -> None:
+    w = kill_job()
+    w.nodes = ("n1", "n2", "n3", "n4")
+    send(w, directive(3, 3, 1, nodes=["n3", "n4"]))
+    assert w.triggers().count("RESTART") == 1           # same counts, new place: the job moves
+    starts = w.of(ins.StartExecutors)[-2:]
+    assert all(s.nodes == ["n3", "n4"] for s in starts)
+    assert {w.job.node_of(e) for e in w.job.ids(Role.WORKER) + w.job.ids(Role.SERVER)} <= {"n3", "n4"}
+    n = len(w.log)
+    send(w, directive(3, 3, 2, nodes=["n3", "n4"]))
+    assert w.steps_since(n) == [] and w.triggers().count("RESTART") == 1     # already there
 
 
-async def test_handler_waits_for_training_and_reshapes_in_one_step() -> None:
-    ops = FakeRestart()
-    h = handler_for(ops)
-    h.on_directive(directive(9, 1, 1))          # before training: kept
-    await asyncio.sleep(0)
-    assert ops.calls == [] and not h.busy
-    h.training_started()
-    await h.wait_idle(5)
-    assert ops.calls == [(4, 1, ())]            # clamped to max_workers, one step for both roles
-    h.on_directive(directive(4, 1, 2))          # the shape it already has: nothing to do
-    await h.wait_idle(5)
-    assert ops.calls == [(4, 1, ())] and h.history[-1].steps == []
-    await h.close()
-
-
-async def test_a_directive_naming_nodes_is_carried_out_even_with_the_same_counts() -> None:
-    ops = FakeRestart()
-    h = handler_for(ops)
-    h.training_started()
-    h.on_directive(ShapeDirective(workers=3, servers=3, nodes=["n3:1", "n4:1"], version=1))
-    await h.wait_idle(5)
-    assert ops.calls == [(3, 3, ("n3:1", "n4:1"))]          # same counts, new place: the job moves
-    assert h.history[-1].record().nodes == ["n3:1", "n4:1"]
-    h.on_directive(ShapeDirective(workers=3, servers=3, nodes=["n3:1", "n4:1"], version=2))
-    await h.wait_idle(5)
-    assert len(ops.calls) == 1                              # already there: nothing to do
-    await h.close()
-
-
-async def test_a_per_node_placement_is_carried_out_though_every_executor_is_on_its_nodes() -> None:
-    # Harmony's one worker + one server per node: a job whose servers share n1 and workers n2 is
-    # on the directive's nodes, yet not placed as it says, so the reshaper is called with the
-    # placement; once it is met, the same directive again changes nothing.
-    ops = FakeRestart()
-    ops.shape, ops.nodes = [2, 2], ("n1", "n2")
+def test_a_per_node_placement_is_carried_out_though_every_executor_is_on_its_nodes() -> None:
+    # Harmony's one worker + one server per node: a job whose executors are all on n1, so on the
+    # directive's nodes, yet not one of each per node, is restarted with the placement; once met,
+    # the same directive again changes nothing.
+    w = World(job_state(elastic_mode="kill", workers=2, servers=2), nodes=("n1",))
+    w.start()
+    assert {w.job.node_of(e) for e in w.job.executors} == {"n1"}
+    w.nodes = ("n1", "n2")
     spread = [NodePlacement(node="n1", workers=1, servers=1), NodePlacement(node="n2", workers=1, servers=1)]
-    h = DirectiveHandler(lambda: ops, lambda: Shape(*ops.shape),
-                         placed=lambda nodes, placement: set(ops.nodes) <= set(nodes) and (
-                             not placement or tuple(placement) == ops.placement))
-    h.training_started()
-    h.on_directive(ShapeDirective(workers=2, servers=2, nodes=["n1", "n2"], placement=spread, version=1))
-    await h.wait_idle(5)
-    assert ops.calls == [(2, 2, ("n1", "n2"))] and ops.placements == [tuple(spread)]
-    h.on_directive(ShapeDirective(workers=2, servers=2, nodes=["n1", "n2"], placement=spread, version=2))
-    await h.wait_idle(5)
-    assert len(ops.calls) == 1
-    await h.close()
+    send(w, directive(2, 2, 1, nodes=["n1", "n2"], placement=spread))
+    starts = w.of(ins.StartExecutors)[-2:]
+    assert [s.per_node for s in starts] == [{"n1": 1, "n2": 1}, {"n1": 1, "n2": 1}]
+    n = len(w.log)
+    send(w, directive(2, 2, 2, nodes=["n1", "n2"], placement=spread))
+    assert w.steps_since(n) == [] and w.triggers().count("RESTART") == 1
 
 
-async def test_the_first_run_directive_is_the_first_kept_one_that_runs_the_job_with_executors() -> None:
+def test_the_first_run_directive_is_the_first_kept_one_that_runs_the_job_with_executors() -> None:
     # Under a policy that places new jobs the AM waits for it before starting executors: a PAUSE
     # (no node free yet) is not it; the RUN on a node that follows is, and once training starts
-    # the tracker applies it and finds it carried out.
-    ops = FakeRestart()
-    ops.shape = [0, 0]
+    # it is found carried out.
+    w = World(job_state())
+    w.start(policy_places_new_jobs=True)
+    send(w, directive(0, 0, 1, run_state=RunState.PAUSE))
+    assert not w.of(ins.StartExecutors) and w.job.phase is Phase.STARTING
     placed = [NodePlacement(node="n2", workers=1, servers=1)]
-    h = DirectiveHandler(lambda: ops, lambda: Shape(*ops.shape),
-                         placed=lambda nodes, placement: tuple(placement) == ops.placement)
-    waiter = asyncio.create_task(h.first_run_directive())
-    h.on_directive(ShapeDirective(workers=0, servers=0, run_state=RunState.PAUSE, version=1))
-    await asyncio.sleep(0)
-    assert not waiter.done()
-    h.on_directive(ShapeDirective(workers=1, servers=1, nodes=["n2"], placement=placed, version=2))
-    first = await asyncio.wait_for(waiter, 5)
-    assert first.version == 2 and first.placement == placed
-    ops.shape, ops.placement = [1, 1], tuple(placed)      # the AM started them as it said
-    h.training_started()
-    await h.wait_idle(5)
-    assert ops.calls == [] and h.applied_version == 2
-    await h.close()
+    send(w, directive(1, 1, 2, nodes=["n2"], placement=placed))
+    assert [s.per_node for s in w.of(ins.StartExecutors)] == [{"n2": 1}, {"n2": 1}]
+    assert w.job.phase is Phase.TRAINING and w.job.applied_directive == 2 and w.job.change is None
+    assert not w.of(ins.PauseTraining) and len(w.of(ins.StartExecutors)) == 2
 
 
-async def test_a_failed_change_is_recorded_and_later_directives_still_run() -> None:
-    ops = FakeOps([2, 2])
-    h = handler_for(ops)
-    h.training_started()
-    ops.fail = True
-    h.on_directive(directive(3, 2, 1))
-    await h.wait_idle(5)
-    assert "no containers" in h.history[0].error and ops.shape == [2, 2]
-    ops.fail = False
-    h.on_directive(directive(3, 2, 2))
-    await h.wait_idle(5)
-    assert ops.shape == [3, 2] and h.history[1].error == ""
-    await h.close()
+def test_a_failed_change_is_recorded_and_later_directives_still_run() -> None:
+    w = started(max_workers=4)
+    w.hold = {ins.StartExecutors}
+    send(w, directive(3, 1, 1))
+    (start,) = w.held.values()
+    w.hold = set()
+    w.fail(start, "no containers")
+    assert w.job.shape == (2, 1) and w.job.phase is Phase.TRAINING and w.job.applied_directive == 1
+    assert w.triggers()[-2:] == ["RESHAPE", "CHANGE_DONE"]
+    send(w, directive(3, 1, 2))
+    assert w.job.shape == (3, 1) and w.job.applied_directive == 2
 
 
-async def test_without_elastic_ops_directives_are_dropped() -> None:
-    h = DirectiveHandler(lambda: None, lambda: Shape(2, 2))
-    h.training_started()
-    h.on_directive(directive(1, 1, 1))
-    assert not h.busy and h.history == [] and h.applied_version == 0
+def test_a_directive_the_job_cannot_carry_out_live_changes_nothing() -> None:
+    w = started(sync="ssp", max_workers=4)          # no live change under SSP
+    n = len(w.log)
+    send(w, directive(3, 1, 1))
+    assert w.steps_since(n) == [] and w.job.change is None and w.job.shape == (2, 1)
+    assert w.log[n:] == [ins.ReportProgress(changing=False, directive_version=1)]
 
 
-async def test_the_harmony_group_comes_only_from_directives_the_tracker_applies() -> None:
-    ops = FakeRestart()
-    groups: list[str | None] = []
-    h = DirectiveHandler(lambda: ops, lambda: Shape(*ops.shape), on_group=groups.append)
-    h.on_directive(ShapeDirective(workers=2, servers=2, version=1, group="g-early"))   # kept, then superseded
-    h.on_directive(ShapeDirective(workers=3, servers=3, version=2, group="g1"))
-    assert groups == []                                     # nothing applied before training starts
-    h.training_started()
-    await h.wait_idle(5)
-    assert groups == ["g1"]                                 # the applied v2's group, not v1's
-    h.on_directive(ShapeDirective(workers=2, servers=2, version=1, group="g-stale"))  # stale: ignored
-    await h.wait_idle(5)
-    assert groups == ["g1"] and h.applied_version == 2
-    h.on_directive(ShapeDirective(workers=2, servers=2, version=3, group=None))       # left its group
-    await h.wait_idle(5)
-    assert groups == ["g1", None]
-    await h.close()
+def test_the_harmony_group_comes_only_from_directives_acted_on() -> None:
+    # The group travels with the directive the controller acts on: a kept one superseded before
+    # training never is, a stale one is dropped, a newer one without a group leaves it.
+    w = World(job_state(max_workers=4, max_servers=4))
+    w.hold = {ins.SetupTraining}
+    w.start()
+    send(w, directive(2, 2, 1, group="g-early"))       # kept, then superseded
+    send(w, directive(3, 3, 2, group="g1"))
+    assert w.job.applied_directive == 0
+    w.hold = set()
+    w.answer(next(iter(w.held.values())))
+    assert w.job.applied_directive == 2 and w.job.shape == (3, 3)
+    assert send(w, directive(2, 2, 1, group="g-stale")) == [] and w.job.applied_directive == 2
+    send(w, directive(2, 2, 3, group=None))             # left its group
+    assert w.job.applied_directive == 3 and w.job.shape == (2, 2)

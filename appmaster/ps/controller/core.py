@@ -161,6 +161,7 @@ def _directive(job: JobState, e: ev.DirectiveArrived, out: Out) -> None:
             job.kept_directive = d               # the policy holds the job back: keep the newest
             return
         job.first_directive = d
+        job.kept_directive = None                # a PAUSE kept before it is superseded
         job.applied_directive = d.version
         begin(job, Change(ChangeKind.START, Origin.DIRECTIVE, e.at, directive_version=d.version), out)
         return
@@ -192,7 +193,9 @@ def _apply_directive(job: JobState, d: ShapeDirective, at: float, out: Out) -> N
             ChangeKind.RESTART if job.spec.elastic_mode == "kill" else
             ChangeKind.PLAN if job.spec.optimizer == "cruise" else ChangeKind.EPS)
     change = Change(kind, Origin.DIRECTIVE, at, target=target, directive_version=d.version)
-    if not PLANNERS[kind].needed(job, change):
+    # A change the job cannot make (an SSP job's live reshape, more workers than input splits) is
+    # acted on as no change, rather than started to fail after its containers came.
+    if not PLANNERS[kind].needed(job, change) or PLANNERS[kind].invalid(job, change):
         out.append(ReportProgress(changing=False, directive_version=d.version))
         return
     begin(job, change, out)
