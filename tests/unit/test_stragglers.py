@@ -1,18 +1,24 @@
 """Optimus §5.2 straggler handling: detection (appmaster/ps/stragglers.py, pure) and the replacement of
-a slow, live worker at an epoch end through the lost-worker replacement (ExecutorRecovery.
-replace_straggler), against real in-process executors (tests/unit/test_worker_replacement.py's harness):
-training goes on exactly once per mini-batch with the new worker in the slow one's place."""
+a slow, live worker at an epoch end through the lost-worker replacement (the controller's straggler
+planner), against the real AM over in-process executors (tests/support/ps_inprocess.py): training
+goes on exactly once per mini-batch with the new worker in the slow one's place. When it is refused
+is the controller's decision, stepped by events (tests/support/controller_world.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import time
+
+from appmaster.ps.controller import Phase
+from appmaster.ps.controller import events as ev
+from appmaster.ps.controller import instructions as ins
 from appmaster.ps.executor_pool import ExecutorState
-from appmaster.ps.job import JobPhase
-from appmaster.ps.metrics import EpochRecord
-from appmaster.ps.recovery import ExecutorRecovery
 from appmaster.ps.stragglers import MIN_BATCHES, StragglerWatch, WorkerPace, find_straggler
+from protocol.records import FinalStatus
 from protocol.shape_history import StragglerChange
-from test_worker_replacement import SPEC, Job, check_exact
+from ps_inprocess import SPEC, PsJob
+from tests.support.controller_world import World, job_state, started
+from test_worker_replacement import BATCHES_PER_WORKER_EPOCH, check_exact, records
 
 
 def paces(*seconds: float, batches: int = MIN_BATCHES) -> list[WorkerPace]:
@@ -47,42 +53,44 @@ def test_a_straggler_is_replaced_only_once_confirmed_and_only_so_many_times():
 
 
 async def test_a_slow_worker_is_replaced_at_an_epoch_end_and_training_goes_on_exactly_once(tmp_path: Path):
-    job = Job(tmp_path)
+    job = PsJob(tmp_path)
     try:
-        await job.setup()
-        slow = job.pool.executors["worker-1"]
-        splits = list(slow.blocks)
-        replaced: list[str] = []
+        splits: list[int] = []
+        clocks_per_epoch = BATCHES_PER_WORKER_EPOCH // SPEC["clock_batches"]
 
-        async def on_epoch(rec: EpochRecord) -> None:
-            job.epochs.append(rec)
-            if rec.epoch == 0:       # the master's epoch-end check found worker-1 slow
-                new = await job.recovery.replace_straggler(slow, "worker-1 takes 3x its peers' time")
-                assert new is not None
-                replaced.append(new.executor_id)
-
-        await job.training.loop.train(on_epoch)
+        def at_epoch_end() -> None:        # the master's epoch-end check found worker-1 slow
+            if job.loop.clocks_done == clocks_per_epoch and not splits:
+                splits.extend(job.master.steps.splits().active_of("worker-1"))
+                job.master.interp.feed(ev.StragglerFound(at=time.time(), executor_id="worker-1",
+                                                         why="worker-1 takes 3x its peers' time"))
+        job.trigger_after_clock(at_epoch_end)
+        assert await job.run() is FinalStatus.SUCCEEDED
         check_exact(job)
-        assert replaced == ["worker-2"]
-        [rec] = job.records
+        [rec] = records(job, StragglerChange)
         assert type(rec) is StragglerChange and rec.changed and rec.error == "" and not rec.clock_redone
         assert rec.replacements == {"worker-1": "worker-2"} and "3x" in rec.lost[0]
         assert job.training.membership.worker_ids() == ["worker-0", "worker-2"]
-        assert job.steps.splits().active_of("worker-2") == splits
-        assert slow.state is not ExecutorState.READY         # retired
+        assert splits and job.master.steps.splits().active_of("worker-2") == splits
+        assert job.pool.executors["worker-1"].state is not ExecutorState.READY         # retired
+        # Taken over at a clock boundary: no mini-batch ran twice, so no push was dropped as a repeat.
+        assert sum(job.executor(s.executor_id).service.applied_pushes.repeats for s in job.pool.servers) == 0
         # A straggler is no loss: the job's loss budget is untouched.
-        assert job.recovery.failures == 0 and job.recovery.recoveries == 0
+        assert job.job.failures == 0 and job.master.recoveries == 0 and job.master.replaced == {"worker-1": "worker-2"}
     finally:
         await job.close()
 
 
-async def test_no_replacement_where_a_lost_worker_would_not_be_replaced_either(tmp_path: Path):
-    job = Job(tmp_path, {**SPEC, "sync": "ssp"})
-    try:
-        await job.setup()
-        assert await job.recovery.replace_straggler(job.pool.executors["worker-1"], "slow") is None
-        waiting = ExecutorRecovery(job.spec, job.app, job.steps, lambda: JobPhase.STARTING, on_record=job.records.append)
-        assert await waiting.replace_straggler(job.pool.executors["worker-1"], "slow") is None
-        assert job.records == [] and job.training.membership.worker_ids() == ["worker-0", "worker-1"]
-    finally:
-        await job.close()
+def test_no_replacement_where_a_lost_worker_would_not_be_replaced_either() -> None:
+    for w in (started(sync="ssp"), started()):
+        if w.job.spec.sync == "bsp":
+            w.job.keeps_worker_state = True          # NMF, LDA: a replacement could not take it over
+        n = len(w.log)
+        w.send(ev.StragglerFound(at=w.at(), executor_id="worker-1", why="slow"))
+        assert w.log[n:] == [] and w.job.change is None and w.job.shape == (2, 1)
+    # Not yet training: the finding is ignored.
+    starting = World(job_state())
+    starting.hold = {ins.SetupTraining}
+    starting.start()
+    n = len(starting.log)
+    starting.send(ev.StragglerFound(at=starting.at(), executor_id="worker-1", why="slow"))
+    assert starting.log[n:] == [] and starting.job.phase is Phase.INITIALISING

@@ -32,7 +32,6 @@ from ..checkpoints import JOB_MANIFEST
 from ..controller import events as ev
 from ..controller import instructions as ins
 from ..controller.core import handle
-from ..controller.phases import Phase
 from ..controller.records import ExecutorInfo, Holdings, Move, PlanOp
 from ..controller.records import Role as CRole
 from ..controller.state import Change, ChangeKind, JobState
@@ -480,7 +479,9 @@ class JobInterpreter:
                 self.records.replacements[s.old] = s.new
                 self.records.nodes.append(new.container.node_id)
 
-        if old is not None and old.executor_id not in pool.lost and self.job.phase is not Phase.RECOVERING:
+        change = self.job.change     # a straggler's change runs in phase RECOVERING too: tell them by kind
+        if old is not None and old.executor_id not in pool.lost and change is not None \
+                and change.kind is ChangeKind.STRAGGLER:
             await steps.at_boundary(take)         # a live straggler: at a boundary, no clock running
         else:
             await take()
