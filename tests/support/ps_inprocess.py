@@ -170,12 +170,14 @@ class PsJob:
         self.master = PSApplicationMaster(self.am, self.spec, tmp_path / "am")   # type: ignore[arg-type]
         self.am.pool = self.master.pool
         self.train_errors: list[BaseException] = []
+        self.train_error_clocks: list[int] = []     # the clocks done when each error ended training
         self._run: Optional[asyncio.Task[Optional[FinalStatus]]] = None
         ended = self.master.interp.on_train_end
 
         def train_ended(err: Optional[BaseException]) -> None:
             if err is not None:
                 self.train_errors.append(err)
+                self.train_error_clocks.append(self.loop.clocks_done)
             if ended is not None:
                 ended(err)
         self.master.interp.on_train_end = train_ended

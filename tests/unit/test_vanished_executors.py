@@ -1,13 +1,14 @@
 """A vanished executor (its host powered off, its link cut) costs the job what a killed one does:
 the RM's loss report for it -- or, for one that is alive but stopped answering, the clock's reply
-deadline -- ends the AM's wait on it, and the job recovers as from any loss (appmaster.ps.recovery).
+deadline -- ends the AM's wait on it, and the job recovers as from any loss (the PS-job
+controller's recovery).
 
-Against real in-process executors (test_worker_replacement's harness, with the pool telling the
-AM's data-plane client about losses as the master wires it). A "vanished" worker here stops answering
-in the middle of a clock with its process and connections up: from the AM's side that is a host
-gone without a RST, which the kill-based tests (connections reset) never exercised. Each test
-first shows the wait still pending once everything else is done (the hang), then delivers the
-report (or lets the deadline pass) and checks the outcome."""
+Against the real AM over in-process executors (tests/support/ps_inprocess.py: the pool tells the
+AM's data-plane client about losses as the master wires it). A "vanished" worker here stops
+answering in the middle of a clock with its process and connections up: from the AM's side that is
+a host gone without a RST, which the kill-based tests (connections reset) never exercised. Each
+test first shows the wait still pending once everything else is done (the hang), then delivers
+the report (or lets the deadline pass) and checks the outcome."""
 from __future__ import annotations
 
 import asyncio
@@ -17,15 +18,17 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 import pytest
 
 from appmaster.ps.clock_loop import ReplyDeadline
+from appmaster.ps.controller import Phase
 from appmaster.ps.executor_pool import ExecutorRecord
 from appmaster.ps.executor_rpc import ExecutorLost
-from appmaster.ps.job import JobPhase
 from polling import async_wait_until
 from protocol import executor_ops as ops
-from protocol.shape_history import ReplaceWorkerChange
+from protocol.records import FinalStatus
+from protocol.shape_history import RecoveryChange, ReplaceWorkerChange
 from psruntime.executor import Executor
 from psruntime.training_pipeline import Subtask
-from test_worker_replacement import BATCHES_PER_WORKER_EPOCH, SPEC, Job, check_exact
+from ps_inprocess import SPEC, PsJob
+from test_worker_replacement import BATCHES_PER_WORKER_EPOCH, check_exact, pause_after_clock, paused, records
 
 CLOCK = int(SPEC["clock_batches"])
 # In epoch 1's second clock (batches 5-8 of the epoch), after two of them.
@@ -35,21 +38,22 @@ CLOCKS_BEFORE = BATCHES_PER_WORKER_EPOCH // CLOCK + 1      # clocks done when it
 
 class FreezesBeforeBatch:
     """A worker's subtask runner that stops answering just before the mini-batch after its `n`-th
-    (its pushes so far applied): no reply to the running clock ever comes, and nothing closes."""
+    (its pushes so far applied): no reply to the running clock comes, and nothing closes -- until
+    its executor is told to stop (then the mini-batch fails, as the process would end)."""
 
     def __init__(self, executor: Executor, n: int) -> None:
         self.executor = executor
         self.n = n
         self.frozen = asyncio.Event()
-        self._never = asyncio.Event()
 
     async def run(self, kind: Subtask, work: Callable[[], Awaitable[Any]]) -> Any:
         role = self.executor.app_role
-        if kind is Subtask.PULL and role.pipeline.counters["batches"] == self.n:
+        if kind is Subtask.PULL and role.pipeline.counters["batches"] == self.n and not self.frozen.is_set():
             assert role.store is not None
             await role.store.flush()
             self.frozen.set()
-            await self._never.wait()
+            await self.executor.stopped.wait()
+            raise ConnectionError(f"{self.executor.executor_id} stopped")
         return await work()
 
 
@@ -76,14 +80,15 @@ class ManualDeadlines:
                 f.set_result(None)
 
 
-class Watched(Job):
-    """The harness's job with the master's wiring of losses (pool -> the AM's data-plane client)
-    and a count of the run_clock replies the AM received, per worker."""
+class Watched(PsJob):
+    """The harness's job with a count of the run_clock replies the AM received, per worker, and
+    workers that freeze."""
 
     def __init__(self, tmp_path: Path, spec: Optional[dict[str, Any]] = None) -> None:
         super().__init__(tmp_path, spec)
-        self.pool.links = self.client
         self.clock_replies: dict[str, int] = {}
+        self.freezers: dict[str, FreezesBeforeBatch] = {}
+        self._freeze_at: dict[str, int] = {}
         exchange = self.training.rpc.exchange
 
         async def counted(rec: ExecutorRecord, request: ops.ExecutorRequest, reply: Any, arrays: Any = ()) -> Any:
@@ -93,11 +98,19 @@ class Watched(Job):
             return answered
         self.training.rpc.exchange = counted       # type: ignore[method-assign]
 
-    def freeze(self, executor_id: str, at: int = FREEZE_AT) -> FreezesBeforeBatch:
-        victim = self.am.executors[executor_id]
-        freezer = FreezesBeforeBatch(victim, at)
-        victim.app_role.pipeline.runner = freezer
-        return freezer
+        def on_launch(eid: str, ex: Executor) -> None:
+            if eid in self._freeze_at:
+                self.freezers[eid] = FreezesBeforeBatch(ex, self._freeze_at[eid])
+                ex.app_role.pipeline.runner = self.freezers[eid]
+        self.am.on_launch = on_launch
+
+    def freeze(self, executor_id: str, at: int = FREEZE_AT) -> None:
+        """`executor_id` (once launched) freezes before its `at`-th mini-batch."""
+        self._freeze_at[executor_id] = at
+
+    async def frozen(self, *executor_ids: str) -> None:
+        await async_wait_until(lambda: all(e in self.freezers for e in executor_ids), what="the executors launched")
+        await asyncio.wait_for(asyncio.gather(*(self.freezers[e].frozen.wait() for e in executor_ids)), 60)
 
     async def replies_from(self, executor_id: str, n: int) -> None:
         await async_wait_until(lambda: self.clock_replies.get(executor_id, 0) >= n,
@@ -120,19 +133,17 @@ async def jobs(tmp_path: Path) -> AsyncIterator[Callable[..., Watched]]:
 
 async def test_the_loss_report_of_a_vanished_worker_ends_the_clock_and_it_is_replaced(jobs) -> None:
     job = jobs()
-    await job.setup()
-    freezer = job.freeze("worker-1")
-    training = asyncio.ensure_future(job.train())
-    await asyncio.wait_for(freezer.frozen.wait(), 60)
+    job.freeze("worker-1")
+    job.start()
+    await job.frozen("worker-1")
     await job.replies_from("worker-0", CLOCKS_BEFORE + 1)     # the other worker's part of the clock is in
     # The hang: the clock waits for the vanished worker, and nothing else would ever end that wait.
-    assert not training.done() and job.training.loop.clocks_done == CLOCKS_BEFORE
+    assert job.loop.clocks_done == CLOCKS_BEFORE and job.job.change is None and not job.job.lost
 
     job.report_lost("worker-1")                             # the RM's report: exit -100, node LOST
-    await asyncio.wait_for(training, 60)
+    assert await job.run() is FinalStatus.SUCCEEDED
     check_exact(job)
-    [rec] = job.records
-    assert isinstance(rec, ReplaceWorkerChange)
+    [rec] = records(job, ReplaceWorkerChange)
     assert rec.clock_redone and rec.replacements == {"worker-1": "worker-2"}
     assert "worker-1 (" in rec.lost[0] and "-100" in rec.lost[0]
     assert job.training.membership.worker_ids() == ["worker-0", "worker-2"]
@@ -142,51 +153,46 @@ async def test_the_loss_report_of_a_vanished_server_ends_the_clock_its_workers_a
     """Both workers stop in the middle of a clock, as when their pulls wait on a server whose host
     vanished: the server's loss ends the clock (ExecutorLost for it) for the checkpoint path."""
     job = jobs()
-    await job.setup()
-    frozen = [job.freeze("worker-0"), job.freeze("worker-1")]
-    training = asyncio.ensure_future(job.train())
-    await asyncio.wait_for(asyncio.gather(*(f.frozen.wait() for f in frozen)), 60)
+    job.freeze("worker-0")
+    job.freeze("worker-1")
+    job.start()
+    await job.frozen("worker-0", "worker-1")
     await job.replies_from("worker-0", CLOCKS_BEFORE)
-    assert not training.done()
+    assert job.loop.clocks_done == CLOCKS_BEFORE and job.train_errors == []
 
     job.report_lost("server-1")
-    with pytest.raises(ExecutorLost, match=r"run_clock on server-1 .*-100") as lost:
-        await asyncio.wait_for(training, 60)
-    assert not lost.value.answered and lost.value.executor.executor_id == "server-1"
-    assert job.recovery.rollback_needed and job.recovery.pending
-    assert job.training.loop.clocks_done == CLOCKS_BEFORE      # the cut-short clock is not counted
+    assert await job.run() is FinalStatus.SUCCEEDED
+    [lost] = job.train_errors
+    assert isinstance(lost, ExecutorLost) and not lost.answered and lost.executor.executor_id == "server-1"
+    assert "run_clock on server-1" in str(lost) and "-100" in str(lost)
+    assert job.train_error_clocks == [CLOCKS_BEFORE]           # the cut-short clock is not counted
+    [rec] = records(job, RecoveryChange)                        # back to the checkpoint
+    assert rec.changed and "server-1 (" in rec.lost[0] and not records(job, ReplaceWorkerChange)
+    assert [e.epoch for e in job.epochs] == list(range(job.spec.max_epochs))
 
 
 async def test_a_worker_that_stops_answering_is_given_up_at_the_reply_deadline(jobs) -> None:
     """No report at all (a hung process on a live host): the reply deadline gives the worker up,
-    the master's hook stops its container, and that report brings the usual replacement."""
+    the master stops its container, and that report brings the usual replacement."""
     job = jobs()
     deadlines = ManualDeadlines()
-    loop = job.training.loop
-    loop.deadline_sleep = deadlines.sleep
-    given_up: list[tuple[str, str]] = []
-
-    def stop_container(rec: ExecutorRecord, why: str) -> None:
-        given_up.append((rec.executor_id, why))
-        job.report_lost(rec.executor_id)                   # what the stopped container's completion does
-    loop.on_unresponsive = stop_container
-    await job.setup()
-    freezer = job.freeze("worker-1")
-    training = asyncio.ensure_future(job.train())
-    await asyncio.wait_for(freezer.frozen.wait(), 60)
+    job.loop.deadline_sleep = deadlines.sleep
+    job.freeze("worker-1")
+    job.start()
+    await job.frozen("worker-1")
     await job.replies_from("worker-0", CLOCKS_BEFORE + 1)
     assert deadlines.waiting() == [ReplyDeadline().floor_s]   # a floor far above any clock here
     deadlines.advance(ReplyDeadline().floor_s - 1)
     await asyncio.sleep(0)
-    assert not training.done() and given_up == []
+    assert job.master.unresponsive == {} and not job.job.lost
 
     deadlines.advance(1)
-    await asyncio.wait_for(training, 60)
-    assert given_up == [("worker-1", "no run_clock reply within 300s")]
+    assert await job.run() is FinalStatus.SUCCEEDED
+    assert list(job.master.unresponsive.values()) == ["no run_clock reply within 300s"]
     assert job.pool.lost["worker-1"] == "no run_clock reply within 300s"
     check_exact(job)
-    [rec] = job.records
-    assert isinstance(rec, ReplaceWorkerChange) and rec.replacements == {"worker-1": "worker-2"}
+    [rec] = records(job, ReplaceWorkerChange)
+    assert rec.replacements == {"worker-1": "worker-2"} and "no run_clock reply within 300s" in rec.lost[0]
 
 
 def test_the_reply_deadline_grows_with_the_slowest_clock_and_never_below_its_floor() -> None:
@@ -198,33 +204,36 @@ async def test_an_ssp_job_ends_its_training_on_a_vanished_workers_loss(jobs) -> 
     """Under SSP the lost worker's runner fails: training ends for the checkpoint path instead of
     the epoch collector waiting for a part that never comes."""
     job = jobs({**SPEC, "sync": "ssp", "staleness": 1})
-    await job.setup()
-    freezer = job.freeze("worker-1", at=CLOCK + 2)          # in its second clock (k = 1)
-    training = asyncio.ensure_future(job.train())
-    await asyncio.wait_for(freezer.frozen.wait(), 60)
+    job.freeze("worker-1", at=CLOCK + 2)                     # in its second clock (k = 1)
+    job.start()
+    await job.frozen("worker-1")
     await job.replies_from("worker-0", 1 + 1 + 1)            # k + staleness + 1 clocks: then it must wait
-    assert not training.done()
+    assert job.train_errors == [] and not job.job.lost
 
     job.report_lost("worker-1")
-    with pytest.raises(ExecutorLost, match="run_clock on worker-1"):
-        await asyncio.wait_for(training, 60)
-    assert job.recovery.rollback_needed
+    assert await job.run() is FinalStatus.SUCCEEDED
+    assert job.train_errors and isinstance(job.train_errors[0], ExecutorLost)
+    assert "run_clock on worker-1" in str(job.train_errors[0])
+    [rec] = records(job, RecoveryChange)                      # SSP: back to the checkpoint
+    assert rec.changed and not records(job, ReplaceWorkerChange)
 
 
 async def test_a_vanished_worker_between_clocks_fails_the_next_call_at_once(jobs) -> None:
-    """Lost while no clock runs (its report came first): the next clock's call to it fails at once,
-    without a connection attempt to its address, and it is replaced in the clock."""
+    """Lost while no clock runs (its report came first): a call to it fails at once, without a
+    connection attempt to its address, and it is replaced before training goes on."""
     job = jobs()
-    await job.setup()
-    job.training.loop.stop()
-    await job.train()
+    stopped = pause_after_clock(job, 1)
+    job.start()
+    await paused(job, stopped)
     job.report_lost("worker-0")
-    assert job.client.lost(job.pool.executors["worker-0"].address)
+    await job.until(lambda: "worker-0" in job.job.lost, "the loss report")
+    assert job.master.client.lost(job.pool.executors["worker-0"].address)
     with pytest.raises(ExecutorLost, match="its container has ended"):
         await job.training.rpc.call(job.pool.executors["worker-0"], ops.Positions(), ops.PositionsReply)
-    assert job.recovery.phase() is JobPhase.TRAINING
-    job.training.loop.resume()
-    await asyncio.wait_for(job.train(), 60)
+    await job.until(lambda: job.master.recoveries == 1 and job.job.change is None, "the replacement")
+    assert job.job.phase is Phase.TRAINING
+    job.master.interp.start_training()
+    assert await job.run() is FinalStatus.SUCCEEDED
     check_exact(job)
-    [rec] = job.records
-    assert isinstance(rec, ReplaceWorkerChange) and rec.replacements == {"worker-0": "worker-2"}
+    [rec] = records(job, ReplaceWorkerChange)
+    assert rec.replacements == {"worker-0": "worker-2"}
