@@ -52,6 +52,7 @@ class InProcessAM:
         self.reports: list[JobReport] = []
         self.finished: Optional[tuple[str, str]] = None
         self.on_launch: Optional[Callable[[str, Executor], None]] = None   # a test's hook, before it announces
+        self.launch_gate: Optional[asyncio.Event] = None    # set by a test: launches wait for it (a slow start)
         self._containers: dict[str, AmContainer] = {}
         self._seq = itertools.count(2)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -85,6 +86,8 @@ class InProcessAM:
         assert self.pool is not None
         rec = self.pool.by_container(container.container_id)
         assert rec is not None and self.pool.am_address
+        if self.launch_gate is not None:
+            await self.launch_gate.wait()
         ex = Executor(rec.executor_id, self.pool.num_blocks, role=rec.role.value, secret=secret_key(SECRET))
         self.executors[rec.executor_id] = ex
         container.state = AmContainerState.RUNNING

@@ -1,4 +1,4 @@
-"""A checkpoint taken while an EPS change stops servers asks only the servers that own blocks.
+"""A checkpoint taken around an EPS change that stops servers asks only the servers that own blocks.
 
 The race (behind jobs a Harmony run of bench/harmony_colocation.py harmony_no_spill lost with
 "checkpoint_blocks on server-N ... connection lost"): a checkpoint takes the job's server list,
@@ -6,10 +6,10 @@ and an executor in it that owns no block -- a server an EPS addition started, wh
 change retires before any block reached it, or one an EPS removal drained -- is stopped by the AM
 before its checkpoint_blocks request is answered. The checkpoint must not ask it (it has nothing
 to give), and the job must not fail for an executor it retired on purpose; a lost server that
-does own blocks still fails the checkpoint, so the master's recovery takes the loss.
-
-Real in-process executors (tests/support/ps_inprocess.py, store_cluster.py); the checkpoint's
-requests are held until the retire is done, which is what makes the interleaving deterministic."""
+does own blocks still fails the checkpoint, so the master's recovery takes the loss. Under the
+PS-job controller the final checkpoint waits for the change slot, so it comes after the failed
+addition's retire; the first test pins that end to end on the real AM (tests/support/ps_inprocess.py),
+the second the checkpointer's choice of servers on real executors (store_cluster.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -23,18 +23,16 @@ import pytest
 from appmaster.container_book import AmContainer
 from protocol.checkpoint_manifest import JobRecord
 from appmaster.ps.checkpoints import Checkpointer
-from appmaster.ps.elastic_ops import ElasticBusy, ElasticOps
 from appmaster.ps.executor_pool import ExecutorRecord, ExecutorState, Role
 from appmaster.ps.executor_rpc import ExecutorCallError
-from appmaster.ps.job import JobPhase
-from appmaster.ps.metrics import EpochRecord
-from polling import async_wait_until
+from protocol.records import FinalStatus
+from protocol.remote_exception import ApiError
 from protocol.records import Resource
 from psruntime.store.checkpoint import load_blocks
 from psruntime.store.store_client import StoreClient
 from psruntime.wire.dataplane import DataPlaneClient
 from psruntime.wire.frame_codec import Frame
-from ps_inprocess import SPEC, Job
+from ps_inprocess import SPEC, PsJob
 from store_cluster import executor_cluster
 
 NB = 8
@@ -61,50 +59,52 @@ class HeldCheckpoints:
 
 @pytest.fixture
 async def job(tmp_path: Path):
-    j = Job(tmp_path / "job", {**SPEC, "max_epochs": 3})
+    j = PsJob(tmp_path / "job", {**SPEC, "max_epochs": 3})
     yield j
     await j.close()
 
 
-async def test_the_final_checkpoint_survives_a_failed_addition_retiring_its_new_server(job: Job,
+async def test_the_final_checkpoint_survives_a_failed_addition_retiring_its_new_server(job: PsJob,
                                                                                       tmp_path: Path) -> None:
-    await job.setup()
-    held = HeldCheckpoints(job.client)
-    job.steps.checkpointer = Checkpointer(tmp_path / "final", held)  # type: ignore[arg-type]
-    elastic = ElasticOps(job.spec, job.steps, lambda: JobPhase.TRAINING)
-    servers = job.training.membership.servers
-    adding: asyncio.Future[Any] | None = None
+    master = job.master
+    held = HeldCheckpoints(master.client)
+    held.release.set()                    # recorded, not held: the controller orders it after the retire
+    servers = ["server-0", "server-1"]
+    scaled: list[asyncio.Future[Any]] = []
+    clocks_per_epoch = 2000 // 50 // 2 // SPEC["clock_batches"]
 
-    async def on_epoch(rec: EpochRecord) -> None:
-        nonlocal adding
-        job.epochs.append(rec)
-        if rec.epoch == 0:
-            # A directive adds a server between epochs: it joins the server list at once, its
-            # blocks would move alongside the next epoch ...
-            adding = asyncio.ensure_future(elastic.add_servers(1))
-            await async_wait_until(lambda: len(job.training.membership.servers) == 3, 10,
-                                   "the new server in the server list", interval_s=0)
-            # ... but training ends first (early stopping): the move never runs, the change fails
-            # and retires the new server, which got no block.
-            job.training.loop.stop_early("held-out quality stopped improving")
+    def at_epoch_end() -> None:
+        if job.loop.clocks_done == clocks_per_epoch and not scaled:
+            # The final checkpoint's requests are recorded from now on (the initial one is done).
+            master.steps.checkpointer = Checkpointer(tmp_path / "final", held)  # type: ignore[arg-type]
+            # A /scale adds a server between epochs; its executor starts slowly ...
+            job.am.launch_gate = asyncio.Event()
+            scaled.append(asyncio.ensure_future(master.request_scale(0, 1)))
+            # ... and training ends first (early stopping): the blocks never move to it, the
+            # change fails and retires the new server, which got no block.
+            job.loop.stop_early("held-out quality stopped improving")
+    job.trigger_after_clock(at_epoch_end)
+    job.start()
+    await job.until(lambda: bool(job.job.training_criterion), "training's end")
+    assert job.job.change is not None and job.job.change.kind.value == "eps"     # the final checkpoint waits
+    assert job.am.launch_gate is not None
+    job.am.launch_gate.set()
+    assert await job.run() is FinalStatus.SUCCEEDED
 
-    await job.training.loop.train(on_epoch)
-    assert adding is not None and [e.epoch for e in job.epochs] == [0]
-    new = next(s for s in job.training.pool.of_role(Role.SERVER) if s not in servers)
-    # What the master does once training returns: the final checkpoint, of the server list as it
-    # is now -- which still names the new server, whose retire runs meanwhile. Its requests travel
-    # once the failed change has stopped that server.
-    adding.add_done_callback(lambda _: held.release.set())
-    info = await job.steps.checkpoint(job.training.loop.epochs_done, JobRecord())
-
-    with pytest.raises(ElasticBusy, match="training ended"):
-        await adding
-    assert new.state is ExecutorState.RETIRING and new.container_id in job.steps.retiring
-    assert job.training.membership.servers == servers
+    with pytest.raises(ApiError, match=r"add_servers\(1\) failed"):
+        await scaled[0]
+    assert [e.epoch for e in job.epochs] == [0]
+    new = job.pool.executors["server-2"]
+    assert new.container_id in master.steps.retiring and new.state is not ExecutorState.READY
+    assert master.eps_history[-1].op == "add_servers" and "not running" in master.eps_history[-1].error
+    assert job.training.membership.server_ids() == servers
     # Only the block owners were asked, and between them the checkpoint holds every block.
-    assert sorted(held.asked) == sorted(s.address for s in servers) and new.address not in held.asked
+    owners = [job.pool.executors[s].address for s in servers]
+    assert sorted(held.asked) == sorted(owners) and new.address not in held.asked
+    info = master.steps.checkpointer.last         # the final checkpoint
+    assert info is not None
     d = Path(info["dir"])
-    assert json.loads((d / "job.json").read_text())["servers"] == [s.executor_id for s in servers]
+    assert json.loads((d / "job.json").read_text())["servers"] == servers
     assert sorted(load_blocks(d, job.spec.num_blocks)) == list(range(job.spec.num_blocks))
 
 
