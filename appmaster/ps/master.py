@@ -37,7 +37,7 @@ from protocol.ps_status import (CruiseStatus, DirectiveRecord, EpsStatus, PsStat
                                 StragglerReplaced, StragglerStatus, SuspensionCut, SuspensionStatus)
 from protocol.records import FinalStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
-from protocol.shape_history import ExecutorCounts, ShapeChange, SuspendChange, decode_history
+from protocol.shape_history import ExecutorCounts, ReplaceWorkerChange, ShapeChange, SuspendChange, decode_history
 from psruntime.apps.quality import check_quality
 from psruntime.apps.registry import create_job_app
 from psruntime.store.store_client import StoreClientError
@@ -449,7 +449,7 @@ class PSApplicationMaster:
         the recovery takes the checkpoint path) otherwise."""
         ids = [w.executor_id for w in lost]
         job = self.job
-        self._clock_redone()
+        self._clock_redone(ids)
 
         def settled() -> bool:
             if all(i in self.replaced for i in ids) or job.phase.is_final:
@@ -460,14 +460,15 @@ class PSApplicationMaster:
             return all(i in job.lost for i in ids) and not job.pending_losses
 
         await self.interp.until(settled, LOSS_REPORT_WAIT_S)
-        self._clock_redone()
+        self._clock_redone(ids)
         if all(i in self.replaced for i in ids):
             return [self.pool.executors[self.replaced[i]] for i in ids]
         return None
 
-    def _clock_redone(self) -> None:
-        """The recovery running replaces workers lost in a clock the loop runs again (its record's
-        clock_redone; a replacement between clocks redoes nothing)."""
+    def _clock_redone(self, lost: list[str]) -> None:
+        """Workers lost in a clock the loop runs again: their replacement's record says
+        clock_redone (one between clocks redoes nothing). The recovery may have ended before the
+        loop came to ask: then its record is in the history already."""
         rec, change = self.interp.records, self.job.change
         if rec is not None and change is not None and change.kind is ChangeKind.RECOVER:
             rec.clock_redone = True
@@ -475,6 +476,11 @@ class PSApplicationMaster:
     def _training_over(self) -> bool:
         loop = self.training.loop
         return loop.converged or loop.early_stop is not None or \
+            return
+        for h in reversed(self.shape_history):
+            if isinstance(h, ReplaceWorkerChange) and set(lost) & set(h.replacements):
+                h.clock_redone = True
+                return
             loop.epochs_done >= int(self.app.hparams.max_epochs)
 
     def _stop_criterion(self) -> str:
