@@ -472,15 +472,15 @@ class PSApplicationMaster:
         rec, change = self.interp.records, self.job.change
         if rec is not None and change is not None and change.kind is ChangeKind.RECOVER:
             rec.clock_redone = True
-
-    def _training_over(self) -> bool:
-        loop = self.training.loop
-        return loop.converged or loop.early_stop is not None or \
             return
         for h in reversed(self.shape_history):
             if isinstance(h, ReplaceWorkerChange) and set(lost) & set(h.replacements):
                 h.clock_redone = True
                 return
+
+    def _training_over(self) -> bool:
+        loop = self.training.loop
+        return loop.converged or loop.early_stop is not None or \
             loop.epochs_done >= int(self.app.hparams.max_epochs)
 
     def _stop_criterion(self) -> str:
