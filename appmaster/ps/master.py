@@ -474,7 +474,8 @@ class PSApplicationMaster:
             rec.clock_redone = True
             return
         for h in reversed(self.shape_history):
-            if isinstance(h, ReplaceWorkerChange) and set(lost) & set(h.replacements):
+            if isinstance(h, ReplaceWorkerChange) and isinstance(h.replacements, dict) \
+                    and set(lost) & set(h.replacements):
                 h.clock_redone = True
                 return
 
