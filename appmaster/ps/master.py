@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import msgspec
 import numpy as np
 
 from protocol import codec, container_env, tokens
@@ -65,7 +66,8 @@ from .job_resume import job_record, resumable_checkpoint, resume_job
 from .metrics import EpochRecord, JobMetrics
 from .model_output import ModelOutput, read_init_from, warm_start
 from .reconfiguration import Reconfiguration, keeps_worker_state
-from .runtime.interpreter import ChangeRecords, Hooks, JobInterpreter, change_history
+from .runtime.interpreter import (CONTROLLER_LOG_FILE, ChangeRecords, ControllerLog, Hooks, JobInterpreter,
+                                  change_history)
 from .status_server import ControlAuth, StatusServer
 from .stragglers import StragglerWatch, WorkerPace
 from .training import Training
@@ -284,6 +286,8 @@ class PSApplicationMaster:
     def _write_final_status(self) -> None:
         try:
             self.am_dir.write_bytes(FINAL_STATUS_FILE, codec.dumps(self.status()))
+            self.am_dir.write_bytes(CONTROLLER_LOG_FILE, msgspec.json.encode(
+                ControllerLog(spec=self.spec, entries=list(self.interp.log))))
         except OSError as e:
             log.warning("could not write the final status: %s", e)
 

@@ -25,6 +25,7 @@ import msgspec
 
 from protocol import executor_ops as ops
 from protocol.checkpoint_manifest import decode_job_checkpoint
+from protocol.ps_job_spec import PSJobSpec
 from protocol.shape_history import (ExecutorCounts, KillRestartChange, RecoveryChange, ReplaceWorkerChange,
                                      ShapeChange, StragglerChange, SuspendChange)
 
@@ -55,6 +56,25 @@ def info_of(rec: ExecutorRecord) -> ExecutorInfo:
 
 def transfers(moves: list[Move]) -> list[Transfer]:
     return [Transfer(m.item, m.src, m.dst, m.reactivate) for m in moves]
+
+
+class LogEntry(msgspec.Struct, frozen=True):
+    """One event the controller handled, the phase after it and what it said to do."""
+
+    event: ev.Event
+    phase: str
+    instructions: list[str]
+
+
+class ControllerLog(msgspec.Struct, frozen=True):
+    """The controller log an AM leaves in its dir (CONTROLLER_LOG_FILE): the spec and every event
+    but the per-clock ones, in order -- what the simulator replays for the same decisions."""
+
+    spec: PSJobSpec
+    entries: list[LogEntry]
+
+
+CONTROLLER_LOG_FILE = "controller_log.json"
 
 
 @dataclass
@@ -115,7 +135,9 @@ class JobInterpreter:
         self.change_ended = asyncio.Event()
         self._fed = asyncio.Event()            # set after every event: `until` re-checks then
         self._launches: set[asyncio.Future[None]] = set()
-        self.log: list[tuple[str, str]] = []   # (event kind, instruction kinds) for the recorded-log test
+        # What happened, for the controller log the AM leaves (events but the per-clock ones,
+        # each with the phase after it and the kinds of the instructions it gave).
+        self.log: list[LogEntry] = []
 
     # -- events in -----------------------------------------------------------------------------
     def now(self) -> float:
@@ -132,7 +154,9 @@ class JobInterpreter:
                 e = self._queue.popleft()
                 before = self.job.change
                 _, out = handle(self.job, e)
-                self.log.append((type(e).__name__, ",".join(type(i).__name__ for i in out)))
+                if not isinstance(e, ev.ClockDone):
+                    self.log.append(LogEntry(event=e, phase=self.job.phase.value,
+                                             instructions=[type(i).__name__ for i in out]))
                 if before is None and self.job.change is not None:
                     self._begin_records(self.job.change)
                 for i in out:
