@@ -35,7 +35,7 @@ from protocol.internal_api import ShapeDirective
 from protocol.job_report import finite, recent_epoch_times, recent_objectives
 from protocol.ps_job_spec import PSJobSpec
 from protocol.ps_status import (CruiseStatus, DirectiveRecord, EpsStatus, PsStatus, RecoveryStatus, ResumedFrom,
-                                StragglerReplaced, StragglerStatus, SuspensionCut, SuspensionStatus)
+                                StragglerStatus, SuspensionCut, SuspensionStatus)
 from protocol.records import FinalStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
 from protocol.shape_history import ExecutorCounts, ReplaceWorkerChange, ShapeChange, SuspendChange, decode_history
@@ -69,7 +69,7 @@ from .reconfiguration import Reconfiguration, keeps_worker_state
 from .runtime.interpreter import (CONTROLLER_LOG_FILE, ChangeRecords, ControllerLog, Hooks, JobInterpreter,
                                   change_history)
 from .status_server import ControlAuth, StatusServer
-from .stragglers import StragglerWatch, WorkerPace
+from .stragglers import Straggler, StragglerWatch, WorkerPace
 from .training import Training
 from .user_errors import user_error, user_failure
 
@@ -139,6 +139,7 @@ class PSApplicationMaster:
         self.paused_since: Optional[float] = None
         self.paused_s = 0.0
         self.cut: Optional[SuspensionCut] = None
+        self._slow: Optional[Straggler] = None     # the straggler a STRAGGLER change replaces
         self.losses: list[str] = []
         self.recoveries = 0
         self.replacements = 0
@@ -151,6 +152,8 @@ class PSApplicationMaster:
         self._resume: Optional[StoredCheckpoint] = None
         self._started_requests: set[int] = set()     # endpoint requests a change took (a 409 is its failure)
         self._directives: dict[int, ShapeDirective] = {}
+        self._applied_version = 0
+        self._recorded: set[int] = set()              # directive versions with a record
         self.training.loop.replace_lost_workers = self._replace_lost_workers
         self.cruise: Optional[CruiseDriver] = None    # optimizer "cruise": built once training is set up
 
@@ -320,6 +323,20 @@ class PSApplicationMaster:
             fut.set_result(r)
 
     def _report(self, changing: bool, directive_version: int) -> None:
+        if directive_version != self._applied_version:
+            # A directive acted on: its co-location group is the executors' from now on, and one
+            # that needed no change is recorded as done at once (`ps scale` waits for its record).
+            self._applied_version = directive_version
+            d = self._directives.get(directive_version)
+            if d is not None:
+                self.pool.harmony_group = d.group
+                if not changing and directive_version not in self._recorded:
+                    self._recorded.add(directive_version)
+                    w, s_ = self.job.shape
+                    self.directive_history.append(DirectiveRecord(
+                        version=d.version, workers=d.workers, servers=d.servers, nodes=list(d.nodes),
+                        before=ExecutorCounts(w, s_), steps=[], started=time.time(), seconds=0.0,
+                        reason=d.reason, group=d.group, run_state=d.run_state.value))
         if changing:
             self.progress.change_started()
         else:
@@ -372,6 +389,12 @@ class PSApplicationMaster:
             raise RuntimeError("Cruise plans a directive once training is set up")
         return self.cruise.plan_for(s)
 
+    def record_shape_change(self, record: ShapeChange) -> None:
+        """Add one finished (or failed) shape change to the history the status serves."""
+        self.shape_history.append(record)
+        self.progress.change_ended(time.time())     # speed is measured on the new shape from now
+        self._publish_shape()
+
     def _change_ended(self, change: Change, rec: ChangeRecords, parts: list[ElasticOpRecord]) -> None:
         """A change left the slot: its records join the job's histories."""
         for r in parts:
@@ -384,7 +407,7 @@ class PSApplicationMaster:
             h = change_history(change, rec, self.job.shape, self.training.loop.epochs_done,
                                self.training.loop.clocks_done)
             if h is not None:
-                self.shape_history.append(h)
+                self.record_shape_change(h)
                 if isinstance(h, SuspendChange):
                     self.suspend_history.append(h)
         if change.kind is ChangeKind.PAUSE and not change.error:
@@ -397,6 +420,12 @@ class PSApplicationMaster:
             self.paused_since = None
         if change.kind is ChangeKind.PLAN and self.cruise is not None:
             self.cruise.ended(change, time.time(), rec.step_bytes)
+        if change.kind is ChangeKind.STRAGGLER and not change.error and self._slow is not None:
+            new = rec.replacements.get(self._slow.worker)
+            if new is not None:
+                self.stragglers.record(self._slow, new)
+                self.metrics.workers.pop(self._slow.worker, None)
+            self._slow = None
         if change.kind is ChangeKind.RECOVER and not change.error:
             self.recoveries += 1
             if not change.checkpoint:
@@ -405,10 +434,15 @@ class PSApplicationMaster:
             d = self._directives.get(change.directive_version)
             if d is not None:
                 target = change.target
-                delta = diff(Shape(*rec.before), Shape(target.workers, target.servers)) if target else None
+                self._recorded.add(d.version)
+                if change.kind in (ChangeKind.PAUSE, ChangeKind.RESUME, ChangeKind.MIGRATE):
+                    steps = [(change.kind.value, 1)]
+                else:
+                    delta = diff(Shape(*rec.before), Shape(target.workers, target.servers)) if target else None
+                    steps = delta.steps() if delta else []
                 self.directive_history.append(DirectiveRecord(
                     version=d.version, workers=d.workers, servers=d.servers, nodes=list(d.nodes),
-                    before=ExecutorCounts(*rec.before), steps=delta.steps() if delta else [], started=rec.started,
+                    before=ExecutorCounts(*rec.before), steps=steps, started=rec.started,
                     seconds=round(time.time() - rec.started, 4), error=change.error, reason=d.reason,
                     group=d.group, run_state=d.run_state.value))
         self.progress.change_ended(time.time())
@@ -647,7 +681,6 @@ class PSApplicationMaster:
             elif isinstance(ev, ShapeChanged):
                 d = ev.directive
                 if d.version > self.job.seen_directive:
-                    self.pool.harmony_group = d.group
                     self._directives[d.version] = d
                 self.interp.feed(cev.DirectiveArrived(at=now, directive=d))
             elif isinstance(ev, Shutdown):
@@ -703,8 +736,7 @@ class PSApplicationMaster:
                                 history=list(self.suspend_history))
 
     def straggler_status(self) -> StragglerStatus:
-        return StragglerStatus(factor=self.stragglers.factor if hasattr(self.stragglers, "factor") else None,
-                               replaced=[StragglerReplaced(worker=a, replacement=b) for a, b in self.replaced.items()])
+        return msgspec.convert(self.stragglers.status_json(), StragglerStatus)
 
 
 def _report_phase(phase: Phase) -> str:

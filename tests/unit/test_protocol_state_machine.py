@@ -42,20 +42,16 @@ def test_it_is_a_dict_that_can_be_extended_while_a_module_is_built() -> None:
 
 def test_every_machine_of_the_project_uses_it_and_keeps_its_error() -> None:
     from appmaster.container_book import TRANSITIONS as am_containers, AmContainerState, ContainerEvent, TransitionError
-    from appmaster.ps.directives import TRANSITIONS as directives
-    from appmaster.ps.job import TRANSITIONS as job
     from nodemanager.container_state import TRANSITIONS as nm_containers
     from psruntime.store.migration import TRANSITIONS as migration
     from rm.policies.eps_trial import TRANSITIONS as trials
     from rm.state_machines import APP_TRANSITIONS, ATTEMPT_TRANSITIONS
     from appmaster.cruise.plan import OP_TRANSITIONS
     from appmaster.ps.executor_pool import EXECUTOR_TRANSITIONS
-    from appmaster.ps.kill_restart import RESTART_TRANSITIONS
     from rm.policies.harmony_lifecycle import TRANSITIONS as harmony_jobs
     from appmaster.ps.controller import LIFECYCLE      # the PS job's lifecycle, which the simulator runs too
-    for table in (am_containers, directives, job, nm_containers, migration, trials, APP_TRANSITIONS,
-                  ATTEMPT_TRANSITIONS, OP_TRANSITIONS, EXECUTOR_TRANSITIONS, RESTART_TRANSITIONS, harmony_jobs,
-                  LIFECYCLE):
+    for table in (am_containers, nm_containers, migration, trials, APP_TRANSITIONS,
+                  ATTEMPT_TRANSITIONS, OP_TRANSITIONS, EXECUTOR_TRANSITIONS, harmony_jobs, LIFECYCLE):
         assert isinstance(table, TransitionTable) and len(table) > 0
     with pytest.raises(TransitionError, match="LAUNCH not allowed in state COMPLETED"):
         am_containers.next(AmContainerState.COMPLETED, ContainerEvent.LAUNCH)

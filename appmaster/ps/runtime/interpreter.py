@@ -89,6 +89,7 @@ class ChangeRecords:
     step_part: dict[int, int] = field(default_factory=dict)
     cut_objective: Optional[float] = None
     cut_clock: int = 0
+    step_s: dict[str, float] = field(default_factory=dict)          # seconds by step kind
     replacements: dict[str, str] = field(default_factory=dict)     # a worker replaced -> its replacement
     nodes: list[str] = field(default_factory=list)
     restored: Optional[float] = None
@@ -249,8 +250,12 @@ class JobInterpreter:
             pass    # a StartExecutors step withdraws its own asks when it ends (Reconfiguration._start)
 
     async def _run(self, step: ins.StepInstruction, record: Optional[ElasticOpRecord]) -> None:
+        t0 = time.perf_counter()
         try:
             done = await self._step(step, record)
+            if self.records is not None:
+                kind = type(step).__name__
+                self.records.step_s[kind] = self.records.step_s.get(kind, 0.0) + time.perf_counter() - t0
         except asyncio.CancelledError:
             self.tasks.pop(step.step, None)
             self.feed(ev.StepFailed(at=self.now(), step=step.step, error="cancelled", cancelled=True,
@@ -544,6 +549,12 @@ class JobInterpreter:
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
 
 
+# A kill-based restart's record names its steps' seconds as the restart always did.
+RESTART_STEP_NAMES = {"PauseTraining": "wait_boundary_s", "WriteCheckpoint": "checkpoint_s",
+                      "RetireExecutors": "release_s", "StartExecutors": "allocate_s",
+                      "RestoreCheckpoint": "restore_s"}
+
+
 def change_history(change: Change, rec: ChangeRecords, shape_after: tuple[int, int], epoch: int,
                    clock: int) -> Optional[ShapeChange]:
     """The shape-history record of a change that is not EPS's (EPS records one per part)."""
@@ -553,8 +564,9 @@ def change_history(change: Change, rec: ChangeRecords, shape_after: tuple[int, i
     seconds = round(time.time() - rec.started, 4)
     ok = not change.error
     if change.kind is ChangeKind.RESTART:
+        steps = {name: round(rec.step_s[kind], 4) for kind, name in RESTART_STEP_NAMES.items() if kind in rec.step_s}
         return KillRestartChange(changed=ok, phase="RESTORED" if ok else "FAILED", before=before, workers=w1,
-                                 servers=s1, time=rec.started, seconds=seconds, lost_s=seconds, steps={},
+                                 servers=s1, time=rec.started, seconds=seconds, lost_s=seconds, steps=steps,
                                  error=change.error, op="resize", requested=(change.target.workers +
                                                                              change.target.servers
                                                                              if change.target else 0),
