@@ -404,8 +404,9 @@ class PSApplicationMaster:
         for rid in change.requests:
             self._started_requests.add(rid)
         if change.kind is not ChangeKind.EPS:
+            nodes = sorted({e.container.node_id for e in self.pool.live() if e.state is ExecutorState.READY})
             h = change_history(change, rec, self.job.shape, self.training.loop.epochs_done,
-                               self.training.loop.clocks_done)
+                               self.training.loop.clocks_done, nodes)
             if h is not None:
                 self.record_shape_change(h)
                 if isinstance(h, SuspendChange):

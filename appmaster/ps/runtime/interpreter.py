@@ -35,6 +35,7 @@ from ..controller import instructions as ins
 from ..controller.core import handle
 from ..controller.records import ExecutorInfo, Holdings, Move, PlanOp
 from ..controller.records import Role as CRole
+from ..controller.planners.eps import Part
 from ..controller.state import Change, ChangeKind, JobState
 from ..eps_decisions import Transfer
 from ..eps_records import ElasticOpRecord
@@ -47,6 +48,17 @@ log = logging.getLogger(__name__)
 RELEASE_TIMEOUT_S = 90.0       # retired executors reported gone before a restart starts new ones
 FAILURE_REPORT_GRACE_S = 10.0  # how long a failed call waits for its executor's loss to be reported
 RESTORE_RTOL = 1e-4            # restored objective vs the cut's (float32 sums in another order)
+
+
+def _op_name(change: Change, part: "Part") -> str:
+    """An EPS part's name in the job's history: its function, or -- for a directive's per-node
+    placement or a relocation onto its nodes -- place_/relocate_ with the role and the direction."""
+    direction = "add" if part.op.startswith("add") else "remove"
+    if change.target is not None and change.target.placement:
+        return f"place_{part.role.value}s_{direction}"
+    if part.group >= 2:
+        return f"relocate_{part.role.value}s_{direction}"
+    return part.op
 
 
 def info_of(rec: ExecutorRecord) -> ExecutorInfo:
@@ -211,7 +223,8 @@ class JobInterpreter:
             if step.step in part.steps:
                 if i not in rec.parts:
                     w, s = self.training.membership.shape()
-                    rec.parts[i] = ElasticOpRecord(part.op, part.n, time.time(), self.training.loop.epochs_done, w, s)
+                    rec.parts[i] = ElasticOpRecord(_op_name(change, part), part.n, time.time(),
+                                                   self.training.loop.epochs_done, w, s)
                     rec.parts[i].duration_s = time.perf_counter()
                 return rec.parts[i]
         return None
@@ -556,7 +569,7 @@ RESTART_STEP_NAMES = {"PauseTraining": "wait_boundary_s", "WriteCheckpoint": "ch
 
 
 def change_history(change: Change, rec: ChangeRecords, shape_after: tuple[int, int], epoch: int,
-                   clock: int) -> Optional[ShapeChange]:
+                   clock: int, nodes: Optional[list[str]] = None) -> Optional[ShapeChange]:
     """The shape-history record of a change that is not EPS's (EPS records one per part)."""
     w0, s0 = rec.before
     w1, s1 = shape_after
@@ -579,6 +592,8 @@ def change_history(change: Change, rec: ChangeRecords, shape_after: tuple[int, i
             extra["objective_restored"] = rec.restored
         if rec.checkpoint:
             extra["checkpoint"] = rec.checkpoint
+        if change.kind is not ChangeKind.PAUSE and nodes is not None:
+            extra["nodes"] = nodes
         return SuspendChange(op=change.kind.value, time=rec.started, seconds=seconds, ok=ok, epoch=epoch,
                              clock=clock, objective_before=rec.cut_objective, workers=w1, servers=s1,
                              **extra)   # type: ignore[arg-type]
