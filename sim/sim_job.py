@@ -59,6 +59,7 @@ from protocol import internal_api as api
 from protocol import ps_job_spec
 from protocol.job_report import (MAX_EPOCH_TIMES, MAX_OBJECTIVES, ClockObjective, EpochObjective, JobReport,
                                  ServerTiming, WorkerTiming, recent_clock_objectives)
+from protocol.json_types import JsonObject
 from protocol.records import Resource
 from rm.model import AmSpec
 
@@ -241,7 +242,7 @@ class SimJob:
             early_feedback_iterations=j.early_feedback_iterations or DEFAULT_EARLY_FEEDBACK_ITERATIONS,
             weight=j.weight)
 
-    def spec_json(self) -> dict[str, object]:
+    def spec_json(self) -> JsonObject:
         """The PS job spec the job is submitted with (what `elastane ps submit` would send). It
         carries the epoch limit the simulator stops the job at, so a policy sees the same one."""
         return self.spec.to_json()
