@@ -34,7 +34,6 @@ from psruntime.store.ownership_table import Key, as_int_keys, block_of, blocks_o
 from protocol.json_types import JsonObject, JsonValue
 
 SERVED, MISSING, REDIRECTED = 0, 1, 2    # per-key status codes of an array-form reply
-MASK_GROUPING_MAX_BLOCKS = 32           # up to this many blocks per request, group keys by masks
 
 # The keys of one request that fall in one block: in the array form, indices into the request's
 # key array (None: all of them); in the list form, positions in its key list.
@@ -43,14 +42,18 @@ BlockPart = Union[np.ndarray, list[int], None]
 
 def group_by_block(blocks: np.ndarray, num_blocks: int) -> list[tuple[int, np.ndarray | None]]:
     """[(block, indices)] of an int array of block ids, in block order; indices None = all of them."""
-    present = np.flatnonzero(np.bincount(blocks, minlength=num_blocks))
-    if len(present) == 1:
-        return [(int(present[0]), None)]
-    if len(present) <= MASK_GROUPING_MAX_BLOCKS:
-        return [(int(b), np.flatnonzero(blocks == b)) for b in present]
+    if not len(blocks):
+        return []
+    # One stable sort, cut where the block changes: a few numpy passes whatever the number of
+    # blocks (a mask per block cost two passes each, and a request of a small model spans them all).
     order = np.argsort(blocks, kind="stable")
-    cuts = np.searchsorted(blocks[order], present[1:])
-    return [(int(b), idx) for b, idx in zip(present, np.split(order, cuts))]
+    ordered = blocks[order]
+    cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    if not len(cuts):
+        return [(int(ordered[0]), None)]
+    starts = [0, *cuts.tolist()]
+    ends = [*starts[1:], len(blocks)]
+    return [(b, order[s:e]) for b, s, e in zip(ordered[starts].tolist(), starts, ends)]
 
 
 class DataRequest(ABC):
@@ -139,12 +142,13 @@ class ArrayRequest(DataRequest):
                 missing = store.gather(block, keys, self.out)
                 if missing.any():
                     self.out[missing] = 0   # `out` may be a reused buffer: not zeros to begin with
+                    self._status()[missing.nonzero()[0]] = MISSING
             else:
-                rows = np.zeros((len(keys), *self.out.shape[1:]), self.out.dtype)
-                missing = store.gather(block, keys, rows)
-                self.out[part] = rows
-            if missing.any():
-                self._status()[missing.nonzero()[0] if part is None else part[missing]] = MISSING
+                missing = store.gather(block, keys, self.out, at=part)
+                if missing.any():
+                    lacking = part[missing]
+                    self.out[lacking] = 0
+                    self._status()[lacking] = MISSING
         elif self.op == "put":
             store.put_many(block, keys, values)  # type: ignore[arg-type]
         else:
