@@ -18,6 +18,12 @@ from aiohttp import web
 from protocol import container_env, tokens
 from fakes import AM_TOKEN, FakeNM, FakeRM
 from polling import wait_until
+import parallel_plan
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Where and in which order the tests run under xdist (tests/support/parallel_plan.py)."""
+    parallel_plan.plan(config, items)
 
 # ===== fake RM / NM (in-process aiohttp servers: tests/support/fakes.py) =========================
 
