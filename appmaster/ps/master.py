@@ -242,6 +242,8 @@ class PSApplicationMaster:
             self.am_dir.write_bytes(FINAL_STATUS_FILE, encode_status(self.status()))
         except OSError as e:
             log.warning("could not write the final status: %s", e)
+        except msgspec.ValidationError as e:    # a part's section of the wrong shape: the job's end stands
+            log.error("could not build the final status: %s", e)
 
     # -- the phases --------------------------------------------------------------------------
     async def _drive(self, url: str) -> str:
