@@ -177,7 +177,8 @@ class Executor:
             try:
                 reply = self.service.handle_data(frame)
                 if isinstance(reply, tuple):
-                    self.bytes_served += sum(getattr(a, "nbytes", 0) for a in reply[1])
+                    for a in reply[1]:
+                        self.bytes_served += a.nbytes
                 return reply
             finally:
                 self.data_busy_s += time.perf_counter() - t0

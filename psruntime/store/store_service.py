@@ -99,25 +99,30 @@ class StoreService:
         if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid < 0):
             raise RequestError(f"field {PUSH_ID_FIELD!r} must be a non-negative int")
         plan = []
+        store, serve = self.store, Disposition.SERVE
         # Validate everything that is served now before applying anything: a bad request changes nothing.
         for b, part in req.parts(self.table.num_blocks):
             disp = self.states.disposition(b)
-            if disp is Disposition.SERVE:
-                req.check(self.store, b, part)
+            if disp is serve:
+                req.check(store, b, part)
             elif disp is Disposition.REDIRECT:
                 self._redirect_target(b)
             plan.append((b, part, disp))
+        served = 0
         for b, part, disp in plan:
-            if pid is not None and disp is Disposition.SERVE and not self.applied_pushes.first_time(pid, b):
-                continue        # applied before (a redone clock's push): acknowledged, not applied again
-            self.stats[_STAT[disp]] += 1
-            if disp is Disposition.SERVE:
-                req.apply(self.store, b, part)
-            elif disp is Disposition.REDIRECT:
-                req.redirect(b, part, self._redirect_target(b))
+            if disp is serve:
+                if pid is not None and not self.applied_pushes.first_time(pid, b):
+                    continue    # applied before (a redone clock's push): acknowledged, not applied again
+                served += 1
+                req.apply(store, b, part)
             else:
-                req.part_queued()
-                self._queues[b].append((req, part, pid))
+                self.stats[_STAT[disp]] += 1
+                if disp is Disposition.REDIRECT:
+                    req.redirect(b, part, self._redirect_target(b))
+                else:
+                    req.part_queued()
+                    self._queues[b].append((req, part, pid))
+        self.stats["served"] += served
         if req.done is None:
             return self._reply(req, frame.header)
         return asyncio.ensure_future(self._reply_later(req, frame.header))
