@@ -114,6 +114,8 @@ class ArrayRequest(DataRequest):
         self.values = values
         self.out = out
         self.status: np.ndarray | None = None
+        # An update's keys and values per block, cut once by `check` and used again by `apply`.
+        self._cut: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
 
     def _status(self) -> np.ndarray:
         if self.status is None:
@@ -130,12 +132,13 @@ class ArrayRequest(DataRequest):
 
     def check(self, store: BlockStore, block: int, part: BlockPart) -> None:
         if self.op == "update":
-            keys, values = self._select(_indices(part))
+            keys, values = self._cut[block] = self._select(_indices(part))
             store.check_update_many(block, self.func, keys, values)  # type: ignore[arg-type]
 
     def apply(self, store: BlockStore, block: int, part: BlockPart) -> None:
         part = _indices(part)
-        keys, values = self._select(part)
+        cut = self._cut.pop(block, None)
+        keys, values = cut if cut is not None else self._select(part)
         if self.op == "get":
             assert self.out is not None
             if part is None:
