@@ -23,9 +23,9 @@ from ps_am_status import running_status
 import parallel_plan
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Where and in which order the tests run under xdist (tests/support/parallel_plan.py)."""
-    parallel_plan.plan(config, items)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long modules first, for make test's xdist workers (tests/support/parallel_plan.py)."""
+    parallel_plan.plan(items)
 
 # ===== fake RM / NM (in-process aiohttp servers: tests/support/fakes.py) =========================
 

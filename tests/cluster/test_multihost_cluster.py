@@ -235,7 +235,9 @@ def _executor_only_host(c: TestbedCluster, app_id: str, st: PsStatus) -> str:
 
 @pytest.mark.parametrize("how", ["killed", "link-cut"])
 def test_a_host_with_only_executors_is_lost_and_the_job_recovers(tmp_path: Path, how: str) -> None:
-    with cluster_of_hosts(tmp_path / "c") as c:
+    # A generous AM expiry: the AM's host stays up (the lost host is one without it), and an AM
+    # starved on a loaded machine must not expire meanwhile (it did, at the 6 s default).
+    with cluster_of_hosts(tmp_path / "c", am_expiry_s=30) as c:
         app_id = submit(c, SPEC, f"executor-host-{how}")
         try:
             url = am_url(c, app_id)

@@ -31,8 +31,10 @@ EXECUTOR_MB = 320
 
 @pytest.fixture(scope="module")
 def ps_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One RM + 3 NMs (1536 MB, 2 vcores each) shared by the PS tests of this module."""
-    with running_cluster(tmp_path_factory.mktemp("ps-cluster"), node_memory_mb=1536) as c:
+    """One RM + 3 NMs (1536 MB, 2 vcores each) shared by the PS tests of this module. A generous
+    AM expiry: these tests are about training, not liveness, and an AM starting on a loaded
+    machine missed the 5 s default (each of four tests failed so, with the suite's other worker busy)."""
+    with running_cluster(tmp_path_factory.mktemp("ps-cluster"), node_memory_mb=1536, am_expiry_s=30) as c:
         yield c
 
 

@@ -1,70 +1,50 @@
-"""How the suite is spread over pytest-xdist workers (`make test` runs `-n 2 --dist loadgroup`).
+"""The order in which the suite's modules run: the long ones first.
 
-Two rules, both applied by tests/conftest.py's collection hook, with or without xdist:
+`make test` runs the suite on two pytest-xdist workers with `--dist loadfile
+--no-loadscope-reorder`: each module runs whole on one worker (so a cluster a module builds once
+for its tests -- a module-scoped fixture -- is built once, as in a serial run), and modules are
+handed out in collection order, each to the next worker that runs low on work. xdist has no work
+stealing there, so a 100 s module handed out last keeps one worker busy long after the other has
+run out of work. tests/conftest.py's collection hook therefore sorts the modules: the known long
+ones first, longest first, then the rest of tests/cluster, then tests/unit; a module's tests keep
+their order and stay together. Nothing here changes what a test does, only when it runs.
 
-- Tests that share a fixture built once per module, class or package (a cluster started for the
-  module's tests) stay together: each gets an `xdist_group` named after its module (and the
-  fixture's parameter, where it has one), so one worker runs them in order and builds that
-  fixture once. Every other test is scheduled on its own, also a test of the same module that
-  does not use the shared fixture.
-  Session-scoped fixtures (the shared `cluster`, `s3_server`) are per worker: a worker builds its
-  own the first time one of its tests asks.
-- The long tests go out first. xdist hands out work in collection order (`--no-loadscope-reorder`)
-  and has no work stealing under loadgroup, so a 90 s test scheduled last keeps one worker busy
-  after the other has run out of work. Modules are sorted by a priority (the known long ones,
-  then the rest of tests/cluster, then tests/unit); a module's tests keep their order and stay
-  contiguous, so a serial run builds each module fixture once as before.
-
-Nothing here changes what a test does: only where and in which order it runs.
+(xdist's `loadgroup` would let one module's independent tests run on both workers, but with
+pytest 9 it no longer sees the groups: it writes them into a node id attribute pytest stopped
+reading, and every test then runs on its own.)
 """
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-# Modules whose tests each run for tens of seconds on the multi-host testbed or train real jobs
-# (a 2-core machine's slowest, longest first as measured): a scheduling hint only, a module
-# missing from here still runs.
+# The modules that take longest on a busy 2-core machine running the suite on two workers
+# (`--durations`; testbed tests, real training), longest first. A scheduling hint only: a module
+# missing here still runs, just later.
 LONG_MODULES = (
-    "tests/cluster/test_host_suite.py",
-    "tests/cluster/test_harmony_cluster.py",
-    "tests/cluster/test_sim_calibrate_testbed.py",
-    "tests/cluster/test_s3_multihost_cluster.py",
-    "tests/cluster/test_multihost_cluster.py",
-    "tests/cluster/test_optimus_cluster.py",
     "tests/cluster/test_queue_reclaim_cluster.py",
+    "tests/cluster/test_host_suite.py",
+    "tests/cluster/test_multihost_cluster.py",
+    "tests/cluster/test_sim_calibrate_testbed.py",
+    "tests/cluster/test_harmony_cluster.py",
+    "tests/cluster/test_rm_ha_cluster.py",
+    "tests/cluster/test_s3_cluster.py",
+    "tests/cluster/test_log_aggregation_cluster.py",
+    "tests/cluster/test_ps_cluster.py",
+    "tests/unit/test_example_ctr.py",
+    "tests/cluster/test_s3_multihost_cluster.py",
     "tests/cluster/test_eps_cluster.py",
+    "tests/cluster/test_optimus_cluster.py",
+    "tests/cluster/test_partition_policies_cluster.py",
+    "tests/unit/test_model_files.py",
+    "tests/cluster/test_cli_cluster.py",
     "tests/cluster/test_cruise_cluster.py",
+    "tests/cluster/test_spill_cluster.py",
 )
-SHARED_SCOPES = ("module", "class", "package")
 
 
 def module_of(item: pytest.Item) -> str:
     """The item's module as a root-relative path, e.g. tests/cluster/test_ps_cluster.py."""
     return item.nodeid.split("::", 1)[0]
-
-
-def shared_fixtures(item: pytest.Item) -> list[str]:
-    """The module-, class- or package-scoped fixtures of the project's own that the item uses
-    (third-party plugins' fixtures have an empty baseid and are left out)."""
-    info: Any = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return []
-    return sorted(name for name, defs in info.name2fixturedefs.items()
-                  if any(d.scope in SHARED_SCOPES and d.baseid for d in defs))
-
-
-def group_of(item: pytest.Item) -> str | None:
-    """The xdist group of an item that shares a fixture: its module, and the parameter of each
-    parametrized shared fixture (a module cluster built once per policy is one group per policy,
-    so those run in parallel too). No "@" or "]": xdist splits the group off a node id by them."""
-    names = shared_fixtures(item)
-    if not names:
-        return None
-    callspec: Any = getattr(item, "callspec", None)
-    indices: dict[str, int] = callspec.indices if callspec is not None else {}
-    return ":".join([module_of(item), *(f"{n}={indices[n]}" for n in names if n in indices)])
 
 
 def priority(module: str) -> int:
@@ -73,14 +53,9 @@ def priority(module: str) -> int:
     return len(LONG_MODULES) + (0 if module.startswith("tests/cluster/") else 1)
 
 
-def plan(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the items that share a fixture (where xdist is installed: it defines the marker) and
-    put the long modules first (in place)."""
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            group = group_of(item)
-            if group is not None and item.get_closest_marker("xdist_group") is None:
-                item.add_marker(pytest.mark.xdist_group(name=group))
+def plan(items: list[pytest.Item]) -> None:
+    """Sort the items, in place, by their module's priority; stable, so a module's tests keep
+    their order and the modules of one priority their collection order."""
     first_seen: dict[str, int] = {}
     for n, item in enumerate(items):
         first_seen.setdefault(module_of(item), n)
