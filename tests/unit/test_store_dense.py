@@ -10,7 +10,7 @@ import pytest
 from psruntime.store.block_contents import RetiredValues
 from psruntime.store.block_store import BlockArrays, BlockStore, StoreError
 from psruntime.store.ownership_table import TABLE_KEYS, OwnershipTable, block_of, blocks_of_int_keys
-from psruntime.store.store_requests import group_by_block
+from psruntime.store.store_requests import Groupings, group_by_block
 
 NB = 4
 
@@ -259,3 +259,18 @@ def test_a_request_naming_every_key_of_a_block_reads_and_adds_like_a_lookup() ->
     with pytest.raises(StoreError, match="have shape"):
         s.check_update_many(b, "add", held[:1], np.ones((1, 4), np.float32))
     s.check_update_many(b, "add", np.array([10_000], np.int64), np.ones((1, 4), np.float32))
+
+
+def test_groupings_reuse_the_grouping_of_an_equal_key_array_only() -> None:
+    cache = Groupings()
+    received = np.arange(40, dtype=np.int64)          # as if a view of a receive buffer
+    first = cache.of(received, NB)
+    expected = group_by_block(blocks_of_int_keys(received, NB), NB)
+    assert [(b, i.tolist()) for b, i in first] == [(b, i.tolist()) for b, i in expected]
+    assert cache.of(np.arange(40, dtype=np.int64), NB) is first      # equal keys: the same grouping
+    received[:] = np.arange(40, 80)                    # the buffer reused for the next frame
+    other = cache.of(received, NB)
+    assert other is not first
+    assert [(b, i.tolist()) for b, i in other] == \
+        [(b, i.tolist()) for b, i in group_by_block(blocks_of_int_keys(np.arange(40, 80), NB), NB)]
+    assert cache.of(received[:10], NB) is not other and cache.of(received[:10], 8) is not other
