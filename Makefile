@@ -14,9 +14,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test,bench,lint,s3,ha]'
 	touch $(STAMP)
 
+# Two xdist workers (one per core of the 2-core CI machine; the cluster tests spend much of their
+# time waiting on daemons and CPU-budgeted testbed hosts, so two overlap well). loadfile keeps a
+# module on one worker (a cluster it shares is built once); tests/support/parallel_plan.py sends
+# the long modules first. `make test TEST_WORKERS=0` runs the suite serially, in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
 	-@sh bin/ensure-test-packages
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 tests
 
 # ruff and mypy read their settings from pyproject.toml ([tool.ruff], [tool.mypy]).
 lint: $(STAMP)

@@ -25,6 +25,7 @@ from protocol import tokens
 from protocol.http_client import JsonHttpClient, RemoteError
 from protocol.job_report import JobReport
 from protocol.json_types import JsonObject, JsonValue, json_float, json_int, json_list, json_object
+from protocol.ps_app_schemas import MLRSpec
 from protocol.ps_status import PsStatus, decode_status
 from protocol.yarn_views import AppView
 
@@ -137,9 +138,11 @@ async def ps_demo(cluster: LocalCluster, client: RmRestClient, out: TextIO) -> i
     spec = ps_commands.validate_spec(PS_DEMO_JOB)
     app_id = await ps_commands.submit_ps_job(client, spec, "demo: MLR on a parameter server",
                                              am_memory=PS_DEMO_AM_MEMORY_MB)
-    data = spec.app_data()
-    _say(out, f"submitted {app_id}: multinomial logistic regression, {data['num_samples']} samples x "
-              f"{data['num_features']} features, {data['num_classes']} classes, on {spec.workers} workers "
+    data = spec.typed_data      # decoded once by validate_spec
+    if not isinstance(data, MLRSpec):
+        raise TypeError(f"PS_DEMO_JOB must be an MLR job, not {spec.app}")
+    _say(out, f"submitted {app_id}: multinomial logistic regression, {data.num_samples} samples x "
+              f"{data.num_features} features, {data.num_classes} classes, on {spec.workers} workers "
               f"and {spec.servers} server ({spec.executor_memory_mb} MB each), until it converges")
     scaler = asyncio.create_task(scale_while_training(client, app_id, out, PS_DEMO_SCALING, cluster.secret))
     try:

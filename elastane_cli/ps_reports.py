@@ -12,7 +12,6 @@ from msgspec import UnsetType
 from protocol import ps_job_spec
 from protocol import shape_history as sh
 from protocol.job_report import JobReport
-from protocol.ps_app_schemas import APP_SCHEMAS
 from protocol.ps_status import HeldoutStatus, PsStatus
 from protocol.yarn_views import AppView
 from psruntime.apps.quality import check_quality
@@ -37,18 +36,16 @@ VS_TRUE_MODEL = re.compile(r"; (?P<quality>\S+ \S+ vs true model \S+ \((?:meets|
 
 def max_epochs_of(spec_json: object, app: PSApp[msgspec.Struct, msgspec.Struct] | None = None) -> int:
     """The epoch limit a spec runs to: max_epochs, else hparams.max_epochs, else the app's default
-    -- a built-in app's from its schema, a user's from `app` (its class built with the spec's
-    hyper-parameters, where this client has its code); 0 when unknown here."""
+    -- a built-in app's from its decoded hyper-parameters (`PSJobSpec.effective_max_epochs`), a
+    user's from `app` (its class built with the spec's hyper-parameters, where this client has its
+    code); 0 when unknown here. A `PSJobSpec` is taken as decoded; JSON is validated first."""
     own = getattr(getattr(app, "hparams", None), "max_epochs", None)
     if isinstance(own, int) and not isinstance(own, bool):
         return own
     try:
-        spec = ps_job_spec.validate(spec_json)
-        if spec.is_user_app:
-            return spec.max_epochs or int(spec.hparams.get("max_epochs", 0) or 0)
-        hp = msgspec.convert(spec.app_hparams(), APP_SCHEMAS[spec.app].hparams, strict=True)
-        return int(hp.max_epochs)  # type: ignore[attr-defined]
-    except (ps_job_spec.JobSpecError, msgspec.ValidationError, KeyError, AttributeError, TypeError, ValueError):
+        spec = spec_json if isinstance(spec_json, ps_job_spec.PSJobSpec) else ps_job_spec.validate(spec_json)
+        return spec.effective_max_epochs or 0
+    except ps_job_spec.JobSpecError:
         return 0
 
 

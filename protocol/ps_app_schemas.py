@@ -15,7 +15,7 @@ at `tiny`, bench/training.py at `small` and `medium`). `large` is sized for scal
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Optional
+from typing import Annotated, Optional, Union
 
 import msgspec
 
@@ -241,6 +241,13 @@ _LASSO_HPARAMS: JsonObject = {"learning_rate": 0.15, "max_epochs": 30}
 LASSO_PRESET_HPARAMS: dict[str, JsonObject] = {p: dict(_LASSO_HPARAMS) for p in LASSO_PRESETS}
 
 
+# A built-in app's data spec and hyper-parameters, decoded: what `PSJobSpec.typed_data` /
+# `typed_hparams` hold. Every HParams has `max_epochs`, `convergence_threshold` and `batch_size`,
+# every Spec `rows_per_block`, `num_heldout` and `path`, so readers of those need no isinstance.
+AppData = Union[MLRSpec, NMFSpec, LDASpec, LassoSpec]
+AppHParams = Union[MLRHParams, NMFHParams, LDAHParams, LassoHParams]
+
+
 @dataclass(frozen=True)
 class AppSchema:
     """One app's configuration schema: data spec, hyper-parameters, presets (data sizes and the
@@ -248,17 +255,16 @@ class AppSchema:
     workers partition)."""
 
     name: str
-    spec: type[msgspec.Struct]
-    hparams: type[msgspec.Struct]
+    spec: type[AppData]
+    hparams: type[AppHParams]
     presets: dict[str, JsonObject]
     rows_field: str
     preset_hparams: dict[str, JsonObject]
 
-    def num_input_blocks(self, spec: msgspec.Struct) -> int:
+    def num_input_blocks(self, spec: AppData) -> int:
         """How many input blocks the data has (the most workers that can get data)."""
         rows = int(getattr(spec, self.rows_field))
-        per_block = int(getattr(spec, "rows_per_block"))  # noqa: B009 (the base Struct type lacks it)
-        return -(-rows // per_block)
+        return -(-rows // spec.rows_per_block)
 
 
 APP_SCHEMAS: dict[str, AppSchema] = {

@@ -22,13 +22,31 @@ fields here and the app's `data` / `hparams` against its schema (with the preset
 are `JobSpecError` (a `codec.DecodeError`, so a ValueError) whose message starts with the dotted
 path of the bad field, e.g. "hparams.learning_rate: Expected `float` > 0.0, got `0`".
 
+Parse once. `data` and `hparams` travel and are stored as the user gave them (the JSON form above,
+what the RM stores, sends to the AM in `PS_SPEC_ENV` and shows at its REST API); their decoded form
+is kept beside them on the spec, made once where the app is known:
+
+- A built-in app: `typed_data` / `typed_hparams` are the app's `Spec` / `HParams` Structs
+  (protocol.ps_app_schemas: the preset, then the job's fields and overrides, then the Struct's
+  defaults), decoded by `validate` -- in every process the spec enters (the CLI, the RM at
+  submission, the AM from its env) -- or, for a spec decoded without `validate` (the RM's store on
+  recovery), on the first read, and kept: readers (the RM's policy view, the AM's app via
+  `psruntime.apps.registry.create_job_app`, the CLI) take these Structs, never the dicts again.
+- A user's app ("module:Class"): its `Spec` / `HParams` are in its code, which the RM cannot import,
+  so `typed_data` / `typed_hparams` are None here. Its data and hparams are decoded once by its class
+  where that code is loaded (`create_job_app`: in the AM, and in the CLI when the code is at hand);
+  the app instance's `spec` / `hparams` are the typed pair there. Whoever has no code reads only the
+  job-level `max_epochs` / `convergence_threshold`, or what the user's hparams give outright
+  (`effective_max_epochs` / `effective_convergence_threshold`).
+
 Used by the RM at submission (type ELASTANE_PS, Elastane extension `{"elastane": {"ps-job": ...}}`)
 and by the PS AM, which reads the spec from the env variable `PS_SPEC_ENV`.
 """
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Optional, Union, cast
+from functools import cached_property
+from typing import Annotated, Literal, Optional, Union, cast
 
 import msgspec
 
@@ -37,7 +55,8 @@ from .codec import DecodeError
 from .dataset_manifest import DatasetError, resolve_data_spec
 from .internal_api import NodePlacement
 from .local_resources import LocalResource, LocalResourceError, check_link_name
-from .ps_app_schemas import APP_SCHEMAS, PRESET_NAMES
+from .json_types import JsonObject, JsonValue
+from .ps_app_schemas import APP_SCHEMAS, PRESET_NAMES, AppData, AppHParams, AppSchema
 
 APPLICATION_TYPE = "ELASTANE_PS"
 PS_SPEC_ENV = "ELASTANE_PS_SPEC"          # env of the PS AM container: the validated spec as JSON
@@ -77,16 +96,21 @@ class CruiseOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     gain_threshold: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.05   # skip plans predicted to gain less
 
 
-class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """One PS training job (see the module doc for the JSON form)."""
+# dict=True: the decoded data and hparams are cached beside the fields (functools.cached_property);
+# msgspec encodes fields only, so the wire and stored JSON stay the fields'. frozen: a cache of
+# decoded fields must not outlive a change of them (`msgspec.structs.replace` makes a new spec,
+# decoded anew).
+class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, dict=True, frozen=True):
+    """One PS training job (see the module doc for the JSON form and for `typed_data` /
+    `typed_hparams`, the app's decoded data spec and hyper-parameters)."""
 
     # A built-in app's name, or a user's app as "module:Class" (a PSApp subclass, docs/app_api.md):
     # the RM cannot import user code, so such a job's data and hparams are checked by the app's own
     # Structs where the code is (the CLI, the AM), not here.
     app: str
     preset: Preset = "tiny"
-    data: dict[str, Any] = {}              # overrides of the preset's data-spec fields
-    hparams: dict[str, Any] = {}           # the app's hyper-parameters
+    data: JsonObject = {}                  # overrides of the preset's data-spec fields
+    hparams: JsonObject = {}               # the app's hyper-parameters
     workers: Pos = 2
     servers: Pos = 1
     max_workers: Optional[Pos] = None      # upper bounds for elastic scaling (later issues)
@@ -181,28 +205,119 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         """True for a "module:Class" app (no schema here: its class applies its own presets)."""
         return self.app not in APP_SCHEMAS
 
-    def app_hparams(self) -> dict[str, Any]:
-        """The app's hyper-parameters: the preset's, the job's `hparams` over them, and the
+    def app_hparams(self) -> JsonObject:
+        """The app's hyper-parameters as JSON: the preset's, the job's `hparams` over them, and the
         job-level overrides (max_epochs, threshold) over both. A user app's preset hyper-parameters
-        are its class's: its loader applies them under these."""
+        are its class's: its loader applies them under these. The JSON a process without the app's
+        types passes on (an executor's AppSetup); a reader of values takes `typed_hparams`."""
         preset_hp = {} if self.is_user_app else APP_SCHEMAS[self.app].preset_hparams[self.preset]
-        hp = {**preset_hp, **self.hparams}
+        hp: JsonObject = {**preset_hp, **self.hparams}
         if self.max_epochs is not None:
             hp["max_epochs"] = self.max_epochs
         if self.convergence_threshold is not None:
             hp["convergence_threshold"] = self.convergence_threshold
         return hp
 
-    def app_data(self) -> dict[str, Any]:
-        """The app's data spec: the preset's sizes with `data` overriding them; with `data.path`,
-        the dimensions of the dataset's files (DatasetError when they cannot be read). A user app's
-        `data` as given: its class applies its own presets and reads its own data."""
+    def app_data(self) -> JsonObject:
+        """The app's data spec as JSON: the preset's sizes with `data` overriding them; with
+        `data.path`, the dimensions of the dataset's files (DatasetError when they cannot be read).
+        A user app's `data` as given: its class applies its own presets and reads its own data.
+        The JSON a process without the app's types passes on; a reader of values takes
+        `typed_data`. A new dict each call (the caller's to change); the files are read once."""
+        return dict(self._resolved_data)
+
+    @cached_property
+    def _resolved_data(self) -> JsonObject:
+        # Kept: with data.path the dimensions come from the dataset's dataset.json (a file or an
+        # object-store read), which the AM would otherwise read again for every executor it sets up.
         if self.is_user_app:
             return dict(self.data)
         return resolve_data_spec(self.app, self.data, APP_SCHEMAS[self.app].presets[self.preset])
 
-    def to_json(self) -> dict[str, Any]:
-        return cast(dict[str, Any], msgspec.to_builtins(self))  # a Struct encodes as an object
+    @property
+    def schema(self) -> Optional[AppSchema]:
+        """The built-in app's schema; None for a user app."""
+        return APP_SCHEMAS.get(self.app)
+
+    @cached_property
+    def typed_data(self) -> Optional[AppData]:
+        """A built-in app's data spec decoded into its `Spec` (`app_data()` with the Struct's
+        defaults): decoded once, by `validate` or on the first read, and kept. None for a user app
+        (see the module doc). JobSpecError naming the field if it does not decode (a spec made
+        without `validate`)."""
+        schema = self.schema
+        if schema is None:
+            return None
+        path = self.data.get("path")
+        if path is not None and not isinstance(path, str):
+            raise JobSpecError("data.path", f"Expected `str`, got `{type(path).__name__}`")
+        try:
+            resolved = self.app_data()
+        except DatasetError as e:
+            raise JobSpecError(f"data.{e.field}", e.detail) from None
+        try:
+            return msgspec.convert(resolved, schema.spec, strict=True)
+        except msgspec.ValidationError as e:
+            raise _field_error(e, "data") from None
+
+    @cached_property
+    def typed_hparams(self) -> Optional[AppHParams]:
+        """A built-in app's hyper-parameters decoded into its `HParams` (`app_hparams()` with the
+        Struct's defaults): decoded once and kept, as `typed_data`. None for a user app."""
+        schema = self.schema
+        if schema is None:
+            return None
+        try:
+            return msgspec.convert(self.app_hparams(), schema.hparams, strict=True)
+        except msgspec.ValidationError as e:
+            # An override of max_epochs / convergence_threshold was already checked at the top level,
+            # so a failure here is in the user's own hparams object.
+            raise _field_error(e, "hparams") from None
+
+    @property
+    def effective_max_epochs(self) -> Optional[int]:
+        """The epochs the job trains at most: `max_epochs`, else the app's (a built-in app's
+        `typed_hparams`, preset applied; a user app's `hparams.max_epochs` as given, None if it
+        gives none: its class's default is known only where its code is)."""
+        if self.max_epochs is not None:
+            return self.max_epochs
+        if self.schema is not None:
+            hp = self.typed_hparams
+            return None if hp is None else hp.max_epochs
+        value = _number(self.hparams.get("max_epochs"))
+        return None if value is None else int(value)
+
+    @property
+    def effective_convergence_threshold(self) -> Optional[float]:
+        """The objective change under which the job has converged, found as `effective_max_epochs`."""
+        if self.convergence_threshold is not None:
+            return self.convergence_threshold
+        if self.schema is not None:
+            hp = self.typed_hparams
+            return None if hp is None else hp.convergence_threshold
+        return _number(self.hparams.get("convergence_threshold"))
+
+    def with_resources(self, resources: dict[str, LocalResource]) -> "PSJobSpec":
+        """This spec with `resources` in place of its own, keeping what was decoded of its data and
+        hparams (which resources do not change): the RM merges the AM's local resources in this way
+        after `validate` without decoding the app's configuration again."""
+        new = msgspec.structs.replace(self, resources=resources)
+        for name in _DECODED:
+            if name in self.__dict__:
+                new.__dict__[name] = self.__dict__[name]
+        return new
+
+    def to_json(self) -> JsonObject:
+        """The spec's JSON object (its fields only: what is stored, sent and shown)."""
+        return cast(JsonObject, msgspec.to_builtins(self))  # a Struct encodes as an object
+
+
+# The cached_property names of what a spec decodes of its data and hparams.
+_DECODED = ("_resolved_data", "typed_data", "typed_hparams")
+
+
+def _number(value: JsonValue) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 _NAMED = re.compile(r"^Object (?P<kind>contains unknown|missing required) field `(?P<field>[^`]*)`$")
@@ -258,26 +373,12 @@ def _check_resources(spec: PSJobSpec) -> None:
 
 
 def _check_app(spec: PSJobSpec) -> None:
-    if spec.is_user_app:    # checked by the app's own Structs where its code is (CLI, AM)
+    """Decode a built-in app's data and hparams (kept on the spec: `typed_data`, `typed_hparams`)
+    and check the workers against the data's input blocks. A user app is checked by its own
+    Structs where its code is (CLI, AM)."""
+    schema, data, _ = spec.schema, spec.typed_data, spec.typed_hparams
+    if schema is None or data is None:
         return
-    schema = APP_SCHEMAS[spec.app]
-    path = spec.data.get("path")
-    if path is not None and not isinstance(path, str):
-        raise JobSpecError("data.path", f"Expected `str`, got `{type(path).__name__}`")
-    try:
-        resolved = spec.app_data()
-    except DatasetError as e:
-        raise JobSpecError(f"data.{e.field}", e.detail) from None
-    try:
-        data = msgspec.convert(resolved, schema.spec, strict=True)
-    except msgspec.ValidationError as e:
-        raise _field_error(e, "data") from None
-    try:
-        msgspec.convert(spec.app_hparams(), schema.hparams, strict=True)
-    except msgspec.ValidationError as e:
-        # An override of max_epochs / convergence_threshold was already checked at the top level,
-        # so a failure here is in the user's own hparams object.
-        raise _field_error(e, "hparams") from None
     blocks = schema.num_input_blocks(data)
     if spec.workers > blocks:
         raise JobSpecError("workers", f"{spec.workers} workers but the {spec.app} data has only {blocks} "
@@ -349,11 +450,9 @@ def _check_model_locations(spec: PSJobSpec) -> None:
     if spec.init_from:
         try:
             shape = None
-            if not spec.is_user_app:   # the schemas' defaults fill what the preset leaves out
-                schema = APP_SCHEMAS[spec.app]
-                data = msgspec.to_builtins(msgspec.convert(spec.app_data(), schema.spec))
-                hparams = msgspec.to_builtins(msgspec.convert(spec.app_hparams(), schema.hparams))
-                shape = model_output.builtin_model_shape(spec.app, data, hparams)
+            if spec.typed_data is not None:   # the schemas' defaults fill what the preset leaves out
+                shape = model_output.builtin_model_shape(spec.app, msgspec.to_builtins(spec.typed_data),
+                                                         msgspec.to_builtins(spec.typed_hparams))
             model_output.check_init_from(spec.init_from, spec.app, shape)
         except model_output.ModelOutputError as e:
             raise JobSpecError("init_from", str(e)) from None

@@ -1,29 +1,38 @@
-"""Typed records of the PS AM's job status (`GET /status`, `status.json`) that the CLI reads back.
+"""The PS AM's job status, one record: `PsStatus` is what `GET /status` serves and what the AM
+leaves as `status.json` (FINAL_STATUS_FILE) in its durable dir when it exits.
 
-The AM builds these Structs (appmaster.ps: directives, cruise_driver, metrics,
-heldout_monitor) and `/status` serves them as JSON under the keys they always had; the CLI
-(`elastane ps status`, `ps scale`, `ps submit --wait`'s progress bar) decodes a whole answer once
-with `decode_status` into a `PsStatus` and reads its fields:
+appmaster.ps.status_view builds it from the AM's parts, `encode_status` writes it, and every
+reader decodes it once with this type -- `decode_status` (JSON builtins, e.g. an HTTP client's
+answer) or `read_status` (the bytes): the CLI (`elastane ps status`, `ps scale`, `ps submit
+--wait`'s progress bar), the benchmarks, the testbed (`TestbedCluster.final_status`) and the
+tests. Its sections:
 
-- `directives`: `DirectiveRecord`, one RM shape directive acted on (appmaster.ps.directives).
+- `directives`: `DirectiveRecord`, one RM shape directive acted on (appmaster.ps.master records it).
 - `cruise`: `CruiseStatus`, the Cruise optimizer's section, its `plan_history` of `CruisePlanRecord`
-  (appmaster.ps.cruise_driver), each with its `PlanRunRecord` (the controller's run of the plan).
-- `objective_history`: `EpochResult`, one finished epoch (appmaster.ps.metrics).
+  (appmaster.ps.cruise_driver), each with its `PlanRunRecord` (the controller's run of the plan); the
+  optimizer's decisions, metrics and plans stay its own JSON (`JsonObject`).
+- `objective_history`: `EpochResult`, one finished epoch (appmaster.ps.metrics); `metrics`:
+  `MetricsStatus`, the workers' and servers' timing averages.
 - `heldout`: `HeldoutStatus` with its `HeldoutPointRecord`s (appmaster.ps.heldout_monitor);
   `final_metrics`: the final model's held-out metrics.
-- `shape_history`: protocol.shape_history's records, decoded by the CLI with `decode_history`.
+- `shape_history`: protocol.shape_history's records (the tagged union `ShapeChange`).
 - `shape`: `ShapeStatus`, the executors the job was given, each an `ExecutorStatus`
   (appmaster.ps.executor_pool: ExecutorRecord.status, ExecutorPool.shape_status).
 - `spec`: the job's protocol.ps_job_spec.PSJobSpec as the AM runs it (it round-trips strictly; the
-  spec refuses unknown fields, so the CLI reads the spec of an AM of its own version).
-- `suspension`: `SuspensionStatus`, Harmony's pause / resume (appmaster.ps.suspension), with its
-  `SuspensionCut`; `spill`: `SpillStatus`, the job's input spill (appmaster.ps.executor_status;
-  null when no worker spills).
+  spec refuses unknown fields, so a reader reads the spec of an AM of its own version).
+- `eps`: `EpsStatus`, EPS's section (appmaster.ps.master.eps_status): the running change, its ops
+  (`EpsOpStatus` with their `EpsTransfer`s), the limits, the input splits by worker, the audit.
+- `checkpoints`: `CheckpointInfo`, each checkpoint written; `resumed_from`: `ResumedFrom`, the
+  earlier attempt's checkpoint this attempt continued from (appmaster.ps.job_resume).
+- `recovery`: `RecoveryStatus` (appmaster.ps.master.recovery_status); `stragglers`: `StragglerStatus`
+  (appmaster.ps.stragglers).
+- `suspension`: `SuspensionStatus`, Harmony's pause / resume (appmaster.ps.master.suspension_status), with its
+  `SuspensionCut` and its `SuspendChange` history; `spill`: `SpillStatus`, the job's input spill
+  (appmaster.ps.executor_status; null when no worker spills).
 
 A JSON number that is not finite (NaN objective, a failed score) arrives as null, so those fields
-are Optional. `eps` (appmaster.ps.elastic_ops: the running change, its op history, the input
-splits, each its own JSON) stays a JSON object here; the CLI reads its `running` and `limits`.
-Unknown keys are ignored so an older or newer AM still decodes (the spec aside).
+are Optional. Unknown keys are ignored and every field has a default, so an AM still starting, or
+an older or newer one, still decodes (the spec aside).
 """
 from __future__ import annotations
 
@@ -273,7 +282,7 @@ class ResumedFrom(msgspec.Struct, kw_only=True):
 
 
 class RecoveryStatus(msgspec.Struct, kw_only=True):
-    """Executor-loss recovery (appmaster.ps.recovery): whether it is on, the spec's limit, loss
+    """Executor-loss recovery (the controller's planners/recovery.py): whether it is on, the spec's limit, loss
     events counted against it, every loss (described), recoveries and worker replacements done."""
 
     enabled: bool = False
@@ -346,7 +355,7 @@ class EpsOpStatus(msgspec.Struct, kw_only=True):
 
 
 class EpsLimits(msgspec.Struct, kw_only=True):
-    """The shapes an EPS change may reach (appmaster.ps.elastic_ops.ElasticOps.limits)."""
+    """The shapes an EPS change may reach (appmaster.ps.controller.planners.eps.limits)."""
 
     workers: int
     servers: int
@@ -370,7 +379,7 @@ class SplitHoldings(msgspec.Struct, kw_only=True):
 
 
 class EpsStatus(msgspec.Struct, kw_only=True):
-    """EPS's section (appmaster.ps.elastic_ops.ElasticOps.status_json): whether a change runs and
+    """EPS's section (appmaster.ps.master.eps_status): whether a change runs and
     which, the members, the exactly-once audit, the op history, the limits and the input splits
     by worker (`limits` and `datasets` None before training is set up)."""
 

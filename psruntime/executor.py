@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import ctypes
 import ctypes.util
 import gc
@@ -75,6 +76,9 @@ from psruntime.training_pipeline import SubtaskRunner
 
 log = logging.getLogger(__name__)
 ROLES = ("worker", "server")
+# A directory: the executor runs under cProfile and writes executor-<id>-<pid>.prof there when it
+# stops (profiling the data plane's hot path; the tools' own cost inflates small calls' times).
+PROFILE_DIR_ENV = "ELASTANE_EXECUTOR_PROFILE_DIR"
 
 
 def read_rss_bytes() -> int:
@@ -177,7 +181,8 @@ class Executor:
             try:
                 reply = self.service.handle_data(frame)
                 if isinstance(reply, tuple):
-                    self.bytes_served += sum(getattr(a, "nbytes", 0) for a in reply[1])
+                    for a in reply[1]:
+                        self.bytes_served += a.nbytes
                 return reply
             finally:
                 self.data_busy_s += time.perf_counter() - t0
@@ -370,11 +375,19 @@ def main(argv: list[str] | None = None) -> None:
     gc.freeze()
     setup_logging(f"executor-{args.executor_id}", args.log_level)
     install_uvloop()
+    profile_dir = os.environ.get(PROFILE_DIR_ENV)
+    profiler = cProfile.Profile() if profile_dir else None
     try:
+        if profiler is not None:
+            profiler.enable()
         asyncio.run(run(args))
     except OSError as e:
         print(f"executor: {e}", file=sys.stderr)
         sys.exit(1)
+    finally:
+        if profiler is not None and profile_dir:
+            profiler.disable()
+            profiler.dump_stats(os.path.join(profile_dir, f"executor-{args.executor_id}-{os.getpid()}.prof"))
 
 
 if __name__ == "__main__":

@@ -218,7 +218,7 @@ def _one_set_of_resources(spec: ps_job_spec.PSJobSpec, am_local: dict[str, Local
             raise BadRequest(f"am-container-spec.local-resources: local resource {name!r} differs from "
                              f"elastane.{ps_job_spec.ELASTANE_FIELD}.resources.{name}: give it once, or the same in both")
         merged[name] = res
-    return msgspec.structs.replace(spec, resources=merged), merged
+    return spec.with_resources(merged), merged     # what validate decoded is kept
 
 
 def validate(ctx: SubmissionContext) -> ValidSubmission:

@@ -9,9 +9,11 @@ sizes are drawn from the seed; the cluster and everything else are fixed, so mod
 `preemption` ("off" | "kill" | "shrink"). Reported per run: B's wait (arrival until its training
 starts), B's and A's JCTs, and how many executors were shrunk / killed.
 
-The simulated AM carries shrink directives out as the PS AM does (EPS remove, its reshape cost),
-but it keeps training on whatever executors a kill leaves it: the simulator charges a killed
-job no restart from its checkpoint, so "kill" figures here flatter YARN's way.
+The simulated AM runs the PS AM's controller: a shrink directive is an EPS remove (its reshape
+cost); a killed executor is an executor loss, which the controller recovers (a worker replaced
+live, a server through the latest checkpoint, at the shape the job had) until
+max_executor_failures, then the job fails. A job that did not succeed has no JCT here (it counts
+as unfinished).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import msgspec
 from protocol.config import QueueConfig, RMConfig
 
 from .calibration import Calibration
+from .job_record import JobRecord
 from .simulator import SimConfig, Simulator
 from .trace import TraceJob
 
@@ -77,9 +80,14 @@ def run(seed: int, mode: str, calibration: Calibration, policy: str = "static", 
     by_name = {r.name: r for r in result.records}
     b = by_name["b0"]
     rec = sim.core.queue_preemption.get("a")
-    return ReclaimRun(seed, mode, None if b.start is None else b.start - b.arrival, b.jct,
-                      tuple(r.jct for n, r in sorted(by_name.items()) if n.startswith("a")),
+    return ReclaimRun(seed, mode, None if b.start is None else b.start - b.arrival, _jct(b),
+                      tuple(_jct(r) for n, r in sorted(by_name.items()) if n.startswith("a")),
                       rec.shrunk if rec else 0, rec.killed if rec else 0)
+
+
+def _jct(r: JobRecord) -> Optional[float]:
+    """A job's JCT if it succeeded (a failed job's end is no completion)."""
+    return r.jct if r.final_status == "SUCCEEDED" else None
 
 
 def summary(runs: Sequence[ReclaimRun]) -> dict[str, float]:

@@ -18,8 +18,7 @@ none of its own. What the simulated AM does:
 
     StartExecutors     ask rows to the RM core (one strict row per node for `per_node`, strict on
                        `nodes`, else anywhere); StepDone once every executor is granted and up,
-                       StepFailed after the launch timeout (not for the start, a resume or a
-                       migration: a job holding nothing waits for its executors, as before)
+                       StepFailed after the launch timeout (not for the job's first executors)
     RetireExecutors    release the containers (at the step's end)
     PauseTraining / ResumeTraining   stop / restart epoch progress
     WriteCheckpoint    remembers the epochs trained (RestoreCheckpoint goes back to them)
@@ -59,6 +58,7 @@ from protocol import internal_api as api
 from protocol import ps_job_spec
 from protocol.job_report import (MAX_EPOCH_TIMES, MAX_OBJECTIVES, ClockObjective, EpochObjective, JobReport,
                                  ServerTiming, WorkerTiming, recent_clock_objectives)
+from protocol.json_types import JsonObject
 from protocol.records import Resource
 from rm.model import AmSpec
 
@@ -82,8 +82,10 @@ CLOCK_SHAPE_EPOCHS = 10           # the first epochs whose objectives shape the 
 # The real AM's wait for a change's new executors (appmaster/ps/reconfiguration.py LAUNCH_TIMEOUT_S;
 # not imported: that module pulls in the AM's I/O).
 LAUNCH_TIMEOUT_S = 120.0
-# Changes whose StartExecutors waits as long as it takes: the job holds nothing it could go on with.
-WAITS_FOR_EXECUTORS = frozenset({ChangeKind.START, ChangeKind.RESUME, ChangeKind.MIGRATE})
+# The change whose StartExecutors waits as long as it takes: a job's first executors (the AM
+# starts them without a launch timeout; every later change has one, and its planner decides what a
+# failure means: a resume retries, a newer directive kept meanwhile supersedes it).
+WAITS_FOR_EXECUTORS = frozenset({ChangeKind.START})
 # Apps that keep training state on their workers (appmaster/ps/reconfiguration.keeps_worker_state:
 # per-block local state); the controller plans their checkpoints and recoveries accordingly.
 KEEPS_WORKER_STATE = frozenset({"nmf", "lda"})
@@ -241,7 +243,7 @@ class SimJob:
             early_feedback_iterations=j.early_feedback_iterations or DEFAULT_EARLY_FEEDBACK_ITERATIONS,
             weight=j.weight)
 
-    def spec_json(self) -> dict[str, object]:
+    def spec_json(self) -> JsonObject:
         """The PS job spec the job is submitted with (what `elastane ps submit` would send). It
         carries the epoch limit the simulator stops the job at, so a policy sees the same one."""
         return self.spec.to_json()

@@ -262,6 +262,9 @@ class Simulator:
     def run(self) -> SimResult:
         wall = time.perf_counter()
         loop, cfg = self.loop, self.cfg
+        # As the RM server tells its core (rm/server.py): a policy that places new jobs (Harmony)
+        # has the AMs wait for their first directive. Read here: `policy` may be replaced before run.
+        self.core.policy_places_new_jobs = policies.places_new_jobs(self.policy)
         n = max(1, len(self.nodes))
         for i, node in enumerate(self.nodes.values()):
             node.register(self.core)

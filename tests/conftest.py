@@ -18,6 +18,14 @@ from aiohttp import web
 from protocol import container_env, tokens
 from fakes import AM_TOKEN, FakeNM, FakeRM
 from polling import wait_until
+from protocol.ps_status import PsStatus
+from ps_am_status import running_status
+import parallel_plan
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long modules first, for make test's xdist workers (tests/support/parallel_plan.py)."""
+    parallel_plan.plan(items)
 
 # ===== fake RM / NM (in-process aiohttp servers: tests/support/fakes.py) =========================
 
@@ -143,18 +151,11 @@ def get_app(base_url: str, app_id: str) -> dict[str, Any]:
     return rest(base_url, "GET", f"/ws/v1/cluster/apps/{app_id}")["app"]
 
 
-def am_status(cluster: Any, app_id: str) -> dict[str, Any] | None:
-    """A running PS job's status from its AM (the app's tracking URL), or None while there is none
-    to ask: not RUNNING yet or any more, or the AM not answering (starting, restarting, gone)."""
-    app = get_app(cluster.rm_url, app_id)
-    if app["state"] != "RUNNING" or not app.get("trackingUrl"):
-        return None
-    try:
-        with urllib.request.urlopen(app["trackingUrl"].rstrip("/") + "/status", timeout=5) as r:
-            status: dict[str, Any] = json.loads(r.read())
-            return status
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
+def am_status(cluster: Any, app_id: str) -> PsStatus | None:
+    """A running PS job's status from its AM (the app's tracking URL), decoded as the PsStatus it
+    is, or None while there is none to ask: not RUNNING yet or any more, or the AM not answering
+    (starting, restarting, gone). An answer that is no PsStatus fails the test."""
+    return running_status(get_app(cluster.rm_url, app_id))
 
 
 def wait_app(base_url: str, app_id: str, states: tuple[str, ...] = FINAL_STATES,

@@ -28,13 +28,13 @@ from typing import Any, Optional
 import msgspec
 import numpy as np
 
-from protocol import codec, container_env, tokens
+from protocol import container_env, tokens
 from protocol.checkpoint_manifest import JobRecord
 from protocol.durable_storage import DurableDir
 from protocol.internal_api import ShapeDirective
 from protocol.job_report import finite, recent_epoch_times, recent_objectives
 from protocol.ps_job_spec import PSJobSpec
-from protocol.ps_status import (CruiseStatus, DirectiveRecord, EpsStatus, PsStatus, RecoveryStatus, ResumedFrom,
+from protocol.ps_status import (CruiseStatus, encode_status, DirectiveRecord, EpsStatus, PsStatus, RecoveryStatus, ResumedFrom,
                                 StragglerStatus, SuspensionCut, SuspensionStatus)
 from protocol.records import FinalStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
@@ -288,11 +288,13 @@ class PSApplicationMaster:
 
     def _write_final_status(self) -> None:
         try:
-            self.am_dir.write_bytes(FINAL_STATUS_FILE, codec.dumps(self.status()))
+            self.am_dir.write_bytes(FINAL_STATUS_FILE, encode_status(self.status()))
             self.am_dir.write_bytes(CONTROLLER_LOG_FILE, msgspec.json.encode(
                 ControllerLog(spec=self.spec, entries=list(self.interp.log))))
         except OSError as e:
             log.warning("could not write the final status: %s", e)
+        except msgspec.ValidationError as e:    # a part's section of the wrong shape: the job's end stands
+            log.error("could not build the final status: %s", e)
 
     async def _stop_executors(self) -> None:
         self.training.loop.stop()

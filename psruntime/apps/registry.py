@@ -18,7 +18,9 @@ import sys
 import traceback
 from typing import Mapping
 
-from protocol.ps_job_spec import USER_APP, PSJobSpec
+import msgspec
+
+from protocol.ps_job_spec import USER_APP, JobSpecError, PSJobSpec
 from psruntime.apps.base import AppConfigError, PSApp
 from protocol.errors import AppError
 from protocol.json_types import JsonValue
@@ -109,10 +111,12 @@ def _user_preset(cls: type[PSApp], preset: str | None) -> str | None:
                          f"it has {sorted(cls.PRESETS) or 'none'}")
 
 
-def create_app(name: str, spec: Mapping[str, JsonValue] | None = None, hparams: Mapping[str, JsonValue] | None = None,
+def create_app(name: str, spec: Mapping[str, JsonValue] | msgspec.Struct | None = None,
+               hparams: Mapping[str, JsonValue] | msgspec.Struct | None = None,
                preset: str | None = None) -> PSApp:
-    """Validated app instance from a job spec's builtins (errors name the bad field). A user
-    app's own errors (UserCodeError) carry its traceback; AppConfigError is a bad configuration."""
+    """Validated app instance from a job spec's builtins (errors name the bad field), or from the
+    app's own Spec / HParams Structs, taken as they are. A user app's own errors (UserCodeError)
+    carry its traceback; AppConfigError is a bad configuration."""
     cls = get_app(name)
     if not is_user_app(name):
         return cls.from_config(spec, hparams, preset)
@@ -126,6 +130,15 @@ def create_app(name: str, spec: Mapping[str, JsonValue] | None = None, hparams: 
 
 
 def create_job_app(spec: PSJobSpec) -> PSApp:
-    """The app of a PS job spec (protocol.ps_job_spec.PSJobSpec): a built-in app's data and
-    hyper-parameters already have the preset applied; a user app's class applies its own."""
-    return create_app(spec.app, spec.app_data(), spec.app_hparams(), preset=spec.preset if spec.is_user_app else None)
+    """The app of a PS job spec (protocol.ps_job_spec.PSJobSpec). A built-in app is built from the
+    spec's `typed_data` / `typed_hparams`, decoded once (by `validate`) and taken as they are, so
+    `app.spec is spec.typed_data`. A user app's data and hparams are decoded here, once, by its own
+    class (its Spec / HParams, its presets under them): the app instance is where a user app's
+    typed configuration lives (see protocol.ps_job_spec's module doc)."""
+    if spec.is_user_app:
+        return create_app(spec.app, spec.data, spec.app_hparams(), preset=spec.preset)
+    try:
+        data, hparams = spec.typed_data, spec.typed_hparams
+    except JobSpecError as e:   # a spec made without validate(): the registry's own error
+        raise AppConfigError(f"invalid {spec.app} job spec: {e}") from None
+    return create_app(spec.app, data, hparams)

@@ -100,6 +100,13 @@ class BlockContents:
         np.minimum(rows, n - 1, out=rows)
         return rows, held[rows] == keys
 
+    def covers(self, keys: np.ndarray) -> bool:
+        """Whether int64 `keys` are exactly the dense keys held, in order (then their rows are
+        values[:n], no lookup needed: a small model's pull or push often names every key of a
+        block)."""
+        n = self.n
+        return n > 0 and len(keys) == n and bool((self.keys[:n] == keys).all())
+
     def row_of(self, key: int) -> int | None:
         if self.n == 0:
             return None

@@ -252,25 +252,32 @@ class BlockStore:
         return [*blk.keys[:blk.n].tolist(), *blk.extra]
 
     # -- many int keys at once (the data plane's array ops) ----------------------------------
-    def gather(self, block: int, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Write the values of int64 `keys` of `block` into the rows of `out`; return the mask of
-        keys this block does not hold (their rows of `out` are left as they were)."""
+    def gather(self, block: int, keys: np.ndarray, out: np.ndarray, at: np.ndarray | None = None) -> np.ndarray:
+        """Write the values of int64 `keys` of `block` into the rows of `out` (row `at[i]` for
+        keys[i]; row i without `at`); return the mask of keys this block does not hold (their rows
+        of `out` are left as they were)."""
         blk = self._held(block)
+        vals = blk.values
+        if vals is not None and blk.covers(keys):
+            self._check_readable(block, vals, out)
+            if at is None:
+                out[:] = vals[:blk.n]
+            else:
+                out[at] = vals[:blk.n]
+            return np.zeros(len(keys), bool)
         rows, found = blk.lookup(keys)
-        if blk.values is not None and blk.n and found.any():
-            if blk.values.shape[1:] != out.shape[1:]:
-                raise StoreError(f"block {block} holds values of shape {blk.values.shape[1:]}, "
-                                 f"the request asks for {out.shape[1:]}")
-            if not np.can_cast(blk.values.dtype, out.dtype, "same_kind"):
-                raise StoreError(f"block {block} holds {blk.values.dtype}, cannot read it as {out.dtype}")
+        if vals is not None and blk.n and found.any():
+            self._check_readable(block, vals, out)
             if found.all():
-                if blk.values.dtype == out.dtype:
-                    np.take(blk.values, rows, axis=0, out=out, mode="clip")  # straight into the reply, no temporary
+                if at is not None:
+                    out[at] = vals[rows]
+                elif vals.dtype == out.dtype:
+                    np.take(vals, rows, axis=0, out=out, mode="clip")  # straight into the reply, no temporary
                 else:
-                    out[:] = blk.values[rows]
+                    out[:] = vals[rows]
             else:
                 hit = np.flatnonzero(found)
-                out[hit] = blk.values[rows[hit]]
+                out[hit if at is None else at[hit]] = vals[rows[hit]]
         missing = ~found
         if blk.extra and missing.any():
             for i in np.flatnonzero(missing):
@@ -279,22 +286,32 @@ class BlockStore:
                     if v.shape != out.shape[1:]:
                         raise StoreError(f"key {int(keys[i])} has shape {v.shape}, the request asks for "
                                          f"{out.shape[1:]}")
-                    out[i] = v
+                    out[i if at is None else at[i]] = v
                     missing[i] = False
         return missing
+
+    @staticmethod
+    def _check_readable(block: int, vals: np.ndarray, out: np.ndarray) -> None:
+        if vals.shape[1:] != out.shape[1:]:
+            raise StoreError(f"block {block} holds values of shape {vals.shape[1:]}, "
+                             f"the request asks for {out.shape[1:]}")
+        if vals.dtype != out.dtype and not np.can_cast(vals.dtype, out.dtype, "same_kind"):
+            raise StoreError(f"block {block} holds {vals.dtype}, cannot read it as {out.dtype}")
 
     def check_update_many(self, block: int, func: str, keys: np.ndarray, deltas: np.ndarray) -> None:
         """Raise StoreError if update_many would fail, without changing anything."""
         check_func(func)
         blk = self._held(block)
-        if blk.values is not None and blk.n:
+        vals = blk.values
+        # Only a layout that does not fit fails, and only on keys held: the lookup is needed then alone.
+        if vals is not None and blk.n and (vals.shape[1:] != deltas.shape[1:] or (
+                vals.dtype != deltas.dtype and not np.can_cast(deltas.dtype, vals.dtype, "same_kind"))):
             _, found = blk.lookup(keys)
             if found.any():
-                if blk.values.shape[1:] != deltas.shape[1:]:
+                if vals.shape[1:] != deltas.shape[1:]:
                     raise StoreError(f"deltas for block {block} have shape {deltas.shape[1:]}, its values "
-                                     f"have {blk.values.shape[1:]}")
-                if not np.can_cast(deltas.dtype, blk.values.dtype, "same_kind"):
-                    raise StoreError(f"deltas are {deltas.dtype}, cannot update {blk.values.dtype} values")
+                                     f"have {vals.shape[1:]}")
+                raise StoreError(f"deltas are {deltas.dtype}, cannot update {vals.dtype} values")
         for k in blk.extra:
             if isinstance(k, int):
                 for i in np.flatnonzero(keys == k):
@@ -308,6 +325,11 @@ class BlockStore:
         keys, deltas = self._take_slow_keys(blk, keys, deltas, lambda k, d: self.update(k, func, d, block),
                                             castable=True)
         if not len(keys):
+            return
+        if func == "add" and blk.covers(keys):
+            # Every held key once, in order (a small model's push): one in-place add, no lookup.
+            values = blk.writable_values(self._retired)
+            np.add(values[:blk.n], deltas, out=values[:blk.n], casting="same_kind")
             return
         rows, found = blk.lookup(keys)
         if not found.all():

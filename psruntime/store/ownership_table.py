@@ -39,8 +39,14 @@ def block_of(key: Key, num_blocks: int) -> int:
     return key_hash(key) % num_blocks
 
 
-def blocks_of_int_keys(keys: np.ndarray, num_blocks: int) -> np.ndarray:
-    """Vectorised block_of for an array of int keys (same result as block_of per key)."""
+# Block ids of the keys 0 .. n-1 per block count, grown on demand up to TABLE_KEYS keys: a model's
+# keys are a dense range, and every pull and push routes its keys twice (client and server), so a
+# lookup (two numpy passes) replaces the hash's dozen on every request.
+TABLE_KEYS = 1 << 19
+_block_tables: dict[int, np.ndarray] = {}
+
+
+def _hash_blocks(keys: np.ndarray, num_blocks: int) -> np.ndarray:
     x = keys.astype(np.uint64)
     with np.errstate(over="ignore"):  # splitmix64 relies on wrap-around arithmetic
         x = x + np.uint64(0x9E3779B97F4A7C15)
@@ -48,6 +54,21 @@ def blocks_of_int_keys(keys: np.ndarray, num_blocks: int) -> np.ndarray:
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x = x ^ (x >> np.uint64(31))
     return (x % np.uint64(num_blocks)).astype(np.int64)
+
+
+def blocks_of_int_keys(keys: np.ndarray, num_blocks: int) -> np.ndarray:
+    """Vectorised block_of for an array of int keys (same result as block_of per key)."""
+    if not len(keys):
+        return np.zeros(0, np.int64)
+    lo, hi = int(keys.min()), int(keys.max())
+    if lo < 0 or hi >= TABLE_KEYS:
+        return _hash_blocks(keys, num_blocks)
+    table = _block_tables.get(num_blocks)
+    if table is None or len(table) <= hi:
+        # Doubling: a growing model (keys inserted in order) rebuilds the table O(log n) times.
+        size = min(TABLE_KEYS, max(1024, 2 * (hi + 1), 0 if table is None else 2 * len(table)))
+        table = _block_tables[num_blocks] = _hash_blocks(np.arange(size, dtype=np.int64), num_blocks)
+    return table[keys]
 
 
 def as_int_keys(keys: object) -> np.ndarray:

@@ -19,6 +19,7 @@ it once per block.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
@@ -94,6 +95,7 @@ class StoreClient:
         self._client = client or DataPlaneClient()
         self._own_client = client is None
         self._pending: set[asyncio.Task[None]] = set()
+        self._pending_replies: set[asyncio.Future[Frame]] = set()   # array pushes' replies to come
         self._errors: list[BaseException] = []
         self.redirects_followed = 0
 
@@ -144,8 +146,9 @@ class StoreClient:
 
     async def flush(self) -> None:
         """Wait for every push to be applied; raise the first error any of them met."""
-        while self._pending:
-            await asyncio.gather(*list(self._pending), return_exceptions=True)
+        # A reply's callback (run before gather's) may start a task for a redirected part: loop.
+        while self._pending or self._pending_replies:
+            await asyncio.gather(*self._pending, *self._pending_replies, return_exceptions=True)
         self._raise_pending_error()
 
     # -- array API (int64 key arrays, one values array) -------------------------------------
@@ -235,14 +238,29 @@ class StoreClient:
         if not prepared.parts:
             return
         sent = await self._send_parts(prepared, gate)
-        p = prepared
-        task = asyncio.ensure_future(self._complete_array(p.op, p.func, p.keys, p.values, sent, _ArrayOutcome(), p.extra))
-        self._pending.add(task)
-        task.add_done_callback(self._push_done)
+        # The replies are checked as they come, by a callback on each: a push costs no task of
+        # its own. Only a redirected part or a failure starts one (_complete_array: re-send or raise).
+        left = [len(sent)]
+        for item in sent:
+            self._pending_replies.add(item[2])
+            item[2].add_done_callback(functools.partial(self._push_replied, prepared, sent, left))
         for conn in {c for c, _, _ in sent}:
             await conn.drain()
         if gate is not None:
             gate.sent()
+
+    def _push_replied(self, p: PreparedArray, sent: Sent, left: list[int], fut: "asyncio.Future[Frame]") -> None:
+        """One reply of a push came: once all did, start the slow path if any was not a plain ack."""
+        self._pending_replies.discard(fut)
+        left[0] -= 1
+        if left[0]:
+            return
+        if all(not f.cancelled() and f.exception() is None and not f.result().header.get("status")
+               for _, _, f in sent):
+            return      # applied at every owner
+        task = asyncio.ensure_future(self._complete_array(p.op, p.func, p.keys, p.values, sent, _ArrayOutcome(), p.extra))
+        self._pending.add(task)
+        task.add_done_callback(self._push_done)
 
     # -- array internals ---------------------------------------------------------------------
     @staticmethod

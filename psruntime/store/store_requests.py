@@ -34,7 +34,6 @@ from psruntime.store.ownership_table import Key, as_int_keys, block_of, blocks_o
 from protocol.json_types import JsonObject, JsonValue
 
 SERVED, MISSING, REDIRECTED = 0, 1, 2    # per-key status codes of an array-form reply
-MASK_GROUPING_MAX_BLOCKS = 32           # up to this many blocks per request, group keys by masks
 
 # The keys of one request that fall in one block: in the array form, indices into the request's
 # key array (None: all of them); in the list form, positions in its key list.
@@ -43,14 +42,40 @@ BlockPart = Union[np.ndarray, list[int], None]
 
 def group_by_block(blocks: np.ndarray, num_blocks: int) -> list[tuple[int, np.ndarray | None]]:
     """[(block, indices)] of an int array of block ids, in block order; indices None = all of them."""
-    present = np.flatnonzero(np.bincount(blocks, minlength=num_blocks))
-    if len(present) == 1:
-        return [(int(present[0]), None)]
-    if len(present) <= MASK_GROUPING_MAX_BLOCKS:
-        return [(int(b), np.flatnonzero(blocks == b)) for b in present]
+    if not len(blocks):
+        return []
+    # One stable sort, cut where the block changes: a few numpy passes whatever the number of
+    # blocks (a mask per block cost two passes each, and a request of a small model spans them all).
     order = np.argsort(blocks, kind="stable")
-    cuts = np.searchsorted(blocks[order], present[1:])
-    return [(int(b), idx) for b, idx in zip(present, np.split(order, cuts))]
+    ordered = blocks[order]
+    cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    if not len(cuts):
+        return [(int(ordered[0]), None)]
+    starts = [0, *cuts.tolist()]
+    ends = [*starts[1:], len(blocks)]
+    return [(b, order[s:e]) for b, s, e in zip(ordered[starts].tolist(), starts, ends)]
+
+
+class Groupings:
+    """The block grouping of the last key array grouped, reused for an equal one: a small model's
+    worker pulls and pushes the same keys every mini-batch (MLR `small`: all 125), and comparing
+    two key arrays is two numpy passes where hashing and grouping them took about ten."""
+
+    def __init__(self) -> None:
+        self._keys: np.ndarray | None = None
+        self._num_blocks = 0
+        self._groups: list[tuple[int, np.ndarray | None]] = []
+
+    def of(self, keys: np.ndarray, num_blocks: int) -> list[tuple[int, np.ndarray | None]]:
+        """group_by_block of `keys`' blocks (the index arrays are shared: callers only read them)."""
+        last = self._keys
+        if (last is not None and num_blocks == self._num_blocks and len(last) == len(keys)
+                and bool((last == keys).all())):
+            return self._groups
+        groups = group_by_block(blocks_of_int_keys(keys, num_blocks), num_blocks)
+        # A copy: `keys` may view a receive buffer that a later frame reuses.
+        self._keys, self._num_blocks, self._groups = keys.copy(), num_blocks, groups
+        return groups
 
 
 class DataRequest(ABC):
@@ -105,12 +130,15 @@ class ArrayRequest(DataRequest):
     """A request in the array form: one key array, one values array (put/update) or a wanted layout."""
 
     def __init__(self, op: str, func: str | None, keys: np.ndarray, values: np.ndarray | None,
-                 out: np.ndarray | None) -> None:
+                 out: np.ndarray | None, groupings: Groupings | None = None) -> None:
         super().__init__(op, func)
+        self.groupings = groupings
         self.keys = keys
         self.values = values
         self.out = out
         self.status: np.ndarray | None = None
+        # An update's keys and values per block, cut once by `check` and used again by `apply`.
+        self._cut: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
 
     def _status(self) -> np.ndarray:
         if self.status is None:
@@ -118,6 +146,8 @@ class ArrayRequest(DataRequest):
         return self.status
 
     def parts(self, num_blocks: int) -> list[tuple[int, BlockPart]]:
+        if self.groupings is not None:
+            return list(self.groupings.of(self.keys, num_blocks))
         return list(group_by_block(blocks_of_int_keys(self.keys, num_blocks), num_blocks))
 
     def _select(self, part: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -127,24 +157,26 @@ class ArrayRequest(DataRequest):
 
     def check(self, store: BlockStore, block: int, part: BlockPart) -> None:
         if self.op == "update":
-            keys, values = self._select(_indices(part))
+            keys, values = self._cut[block] = self._select(_indices(part))
             store.check_update_many(block, self.func, keys, values)  # type: ignore[arg-type]
 
     def apply(self, store: BlockStore, block: int, part: BlockPart) -> None:
         part = _indices(part)
-        keys, values = self._select(part)
+        cut = self._cut.pop(block, None)
+        keys, values = cut if cut is not None else self._select(part)
         if self.op == "get":
             assert self.out is not None
             if part is None:
                 missing = store.gather(block, keys, self.out)
                 if missing.any():
                     self.out[missing] = 0   # `out` may be a reused buffer: not zeros to begin with
+                    self._status()[missing.nonzero()[0]] = MISSING
             else:
-                rows = np.zeros((len(keys), *self.out.shape[1:]), self.out.dtype)
-                missing = store.gather(block, keys, rows)
-                self.out[part] = rows
-            if missing.any():
-                self._status()[missing.nonzero()[0] if part is None else part[missing]] = MISSING
+                missing = store.gather(block, keys, self.out, at=part)
+                if missing.any():
+                    lacking = part[missing]
+                    self.out[lacking] = 0
+                    self._status()[lacking] = MISSING
         elif self.op == "put":
             store.put_many(block, keys, values)  # type: ignore[arg-type]
         else:
@@ -176,7 +208,7 @@ def _indices(part: BlockPart) -> np.ndarray | None:
 
 
 def _parse_array_request(op: str, func: str | None, h: JsonObject, arrays: Sequence[np.ndarray],
-                         pool: BufferPool | None) -> ArrayRequest:
+                         pool: BufferPool | None, groupings: Groupings | None) -> ArrayRequest:
     want = 1 if op == "get" else 2
     if len(arrays) != want:
         raise RequestError(f"an array-form {op} carries {want} buffer(s) (keys{'' if want == 1 else ', values'}), "
@@ -192,7 +224,7 @@ def _parse_array_request(op: str, func: str | None, h: JsonObject, arrays: Seque
         if values.ndim < 1 or len(values) != len(keys):
             raise RequestError(f"buffer 1 (values) must have one row per key: {len(keys)} keys, values of "
                                f"shape {values.shape}")
-        return ArrayRequest(op, func, keys, values, None)
+        return ArrayRequest(op, func, keys, values, None, groupings)
     dtype, shape = h.get("dtype"), h.get("shape")
     if not isinstance(dtype, str):
         raise RequestError("an array-form get needs field 'dtype' (e.g. \"<f4\")")
@@ -212,7 +244,7 @@ def _parse_array_request(op: str, func: str | None, h: JsonObject, arrays: Seque
     # Every row of `out` is written by the part that covers it (served, missing or redirected).
     out_shape = (len(keys), *dims)
     out = pool.take_array(out_shape, dt) if pool is not None else np.empty(out_shape, dt)
-    return ArrayRequest(op, None, keys, None, out)
+    return ArrayRequest(op, None, keys, None, out, groupings)
 
 
 # ----- list form -----------------------------------------------------------------------------
@@ -299,9 +331,11 @@ def _parse_list_request(op: str, func: str | None, h: JsonObject, arrays: Sequen
     return ListRequest(op, func, keys, arrays)
 
 
-def parse_request(h: JsonObject, arrays: Sequence[np.ndarray], pool: BufferPool | None = None) -> DataRequest:
+def parse_request(h: JsonObject, arrays: Sequence[np.ndarray], pool: BufferPool | None = None,
+                  groupings: Groupings | None = None) -> DataRequest:
     """The request of a data-op frame; RequestError naming the field that is wrong. An array-form
-    get's reply array comes from `pool` when given (a reused buffer, not a fresh mapping)."""
+    get's reply array comes from `pool` when given (a reused buffer, not a fresh mapping), and an
+    array-form request's block grouping from `groupings` (the last equal key array's)."""
     op = h["op"]
     if not isinstance(op, str):
         raise RequestError(f"field 'op' must be a string, got {op!r}")
@@ -316,5 +350,5 @@ def parse_request(h: JsonObject, arrays: Sequence[np.ndarray], pool: BufferPool 
         except ValueError as e:
             raise RequestError(str(e)) from None
     if h.get("key_array"):
-        return _parse_array_request(op, func, h, arrays, pool)
+        return _parse_array_request(op, func, h, arrays, pool, groupings)
     return _parse_list_request(op, func, h, arrays)

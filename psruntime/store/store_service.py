@@ -35,7 +35,7 @@ from psruntime.wire.frame_codec import Frame
 from psruntime.store.migration import BlockState, BlockStates, Disposition, MigrationEvent
 from psruntime.store.ownership_table import Key, OwnershipTable
 from psruntime.store.push_ids import PUSH_ID_FIELD, AppliedPushes
-from psruntime.store.store_requests import BlockPart, DataRequest, parse_request
+from psruntime.store.store_requests import BlockPart, DataRequest, Groupings, parse_request
 
 log = logging.getLogger(__name__)
 DATA_OPS = frozenset({"get", "put", "update"})
@@ -59,6 +59,7 @@ class StoreService:
         self.stats = {"served": 0, "queued": 0, "redirected": 0}  # request parts, for status and tests
         self.applied_pushes = AppliedPushes()
         self._reply_buffers = BufferPool()   # array-form get replies, reused once sent
+        self._groupings = Groupings()        # the last request's keys by block, for the next equal one
         self.apply_table(table, force=True)
 
     # -- ownership ---------------------------------------------------------------------------
@@ -94,30 +95,35 @@ class StoreService:
     # -- data ops ----------------------------------------------------------------------------
     def handle_data(self, frame: Frame) -> Reply | asyncio.Future[Reply]:
         """Serve, queue or redirect each block's part of a data request (psruntime.store.store_requests)."""
-        req = parse_request(frame.header, frame.arrays, self._reply_buffers)
+        req = parse_request(frame.header, frame.arrays, self._reply_buffers, self._groupings)
         pid = frame.header.get(PUSH_ID_FIELD) if req.op == "update" else None
         if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid < 0):
             raise RequestError(f"field {PUSH_ID_FIELD!r} must be a non-negative int")
         plan = []
+        store, serve = self.store, Disposition.SERVE
         # Validate everything that is served now before applying anything: a bad request changes nothing.
         for b, part in req.parts(self.table.num_blocks):
             disp = self.states.disposition(b)
-            if disp is Disposition.SERVE:
-                req.check(self.store, b, part)
+            if disp is serve:
+                req.check(store, b, part)
             elif disp is Disposition.REDIRECT:
                 self._redirect_target(b)
             plan.append((b, part, disp))
+        served = 0
         for b, part, disp in plan:
-            if pid is not None and disp is Disposition.SERVE and not self.applied_pushes.first_time(pid, b):
-                continue        # applied before (a redone clock's push): acknowledged, not applied again
-            self.stats[_STAT[disp]] += 1
-            if disp is Disposition.SERVE:
-                req.apply(self.store, b, part)
-            elif disp is Disposition.REDIRECT:
-                req.redirect(b, part, self._redirect_target(b))
+            if disp is serve:
+                if pid is not None and not self.applied_pushes.first_time(pid, b):
+                    continue    # applied before (a redone clock's push): acknowledged, not applied again
+                served += 1
+                req.apply(store, b, part)
             else:
-                req.part_queued()
-                self._queues[b].append((req, part, pid))
+                self.stats[_STAT[disp]] += 1
+                if disp is Disposition.REDIRECT:
+                    req.redirect(b, part, self._redirect_target(b))
+                else:
+                    req.part_queued()
+                    self._queues[b].append((req, part, pid))
+        self.stats["served"] += served
         if req.done is None:
             return self._reply(req, frame.header)
         return asyncio.ensure_future(self._reply_later(req, frame.header))

@@ -11,6 +11,7 @@ copy-on-write uses in psruntime.store.block_contents.
 """
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -59,7 +60,7 @@ class BufferPool:
 
     def take_array(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An uninitialised array of `shape` and `dtype` (C order) from take()."""
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        n = math.prod(shape) * dtype.itemsize
         return self.take(n).view(dtype).reshape(shape)
 
     def clear(self) -> None:

@@ -289,7 +289,8 @@ class DataPlaneConnection:
         self._lost = loop.create_future()
         self._auth = ClientHandshake(secret) if secret is not None else None
         self._authenticated: asyncio.Future[None] = loop.create_future()
-        self.protocol = FrameProtocol(self._on_frame, self._on_lost, max_body_bytes, self._on_error)
+        self.protocol = FrameProtocol(self._on_frame, self._on_lost, max_body_bytes, self._on_error,
+                                      coalesce_writes=True)
 
     @classmethod
     async def open(cls, address: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,

@@ -57,7 +57,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                  max_body_bytes: int, on_error: Callable[[FrameError], None] | None = None,
                  stop_reading_while_blocked: bool = False,
                  pacer: "bandwidth.Pacer | None" = _PROCESS_PACER,
-                 on_connected: Callable[[], None] | None = None) -> None:
+                 on_connected: Callable[[], None] | None = None, coalesce_writes: bool = False) -> None:
         self._on_frame = on_frame
         self._on_connected = on_connected
         self._on_lost = on_lost
@@ -85,6 +85,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._close_when_flushed = False
         self._cork: list[bytes | memoryview] | None = None     # frames kept while a read is handled (write_frame)
         self._cork_bytes = 0
+        self._coalesce = coalesce_writes      # also keep frames written outside a read (write_frame)
 
     # -- connection --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -165,8 +166,15 @@ class FrameProtocol(asyncio.BufferedProtocol):
             return
         nbytes = len(head) + sum(len(p) for p in pieces[2:])
         if self._cork is None:
-            self._send([head, *pieces[2:]], nbytes)
-            return
+            if not self._coalesce:
+                self._send([head, *pieces[2:]], nbytes)
+                return
+            # A coalescing (client) connection keeps what is written until the running callback
+            # ends: a worker writes a mini-batch's push and the next one's pull in one turn of
+            # the loop, and one send carries both (the server then reads them in one recv and
+            # answers both in one send), not a syscall and a wake-up of the server each.
+            self._cork = []
+            asyncio.get_running_loop().call_soon(self._end_cork)
         # Written while handling a read: kept until that read is handled, so the replies to
         # the requests it brought go out in one send syscall (a push's ack with the next pull's
         # reply). A large frame goes out at once, with what was kept before it.
@@ -190,6 +198,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._cork, self._cork_bytes = [], 0
             if not self._closed and self.transport is not None:
                 self._send(pieces, nbytes)
+
+    def _end_cork(self) -> None:
+        self._flush_cork()
+        self._cork = None
 
     def close(self) -> None:
         if self.transport is not None and not self._closed:
@@ -259,7 +271,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         return memoryview(self._scratch)[self._end:self._end + SCRATCH_READ_BYTES]
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._cork = []     # see write_frame
+        if self._cork is None:
+            self._cork = []     # see write_frame (frames a coalescing connection kept stay first)
         try:
             if self._direct:
                 self._body_got += nbytes

@@ -17,7 +17,6 @@ import msgspec
 from protocol import ps_job_spec
 from protocol.internal_api import NodePlacement, ShapeDirective
 from protocol.job_report import JobReport
-from protocol.ps_app_schemas import APP_SCHEMAS
 from protocol.records import ZERO, AppState, NodeState, Resource
 
 
@@ -73,35 +72,18 @@ def ps_job_view(spec: Union[ps_job_spec.PSJobSpec, Mapping[str, object]],
             spec = msgspec.convert(spec, ps_job_spec.PSJobSpec, strict=False)
         except msgspec.ValidationError:
             return None
-    max_epochs: Optional[int] = spec.max_epochs
-    threshold: Optional[float] = spec.convergence_threshold
-    hp_raw = spec.app_hparams()
-    schema = APP_SCHEMAS.get(spec.app)
-    if schema is not None:
-        try:
-            hp = msgspec.convert(hp_raw, schema.hparams, strict=False)
-        except msgspec.ValidationError:
-            hp = None
-        max_epochs = max_epochs if max_epochs is not None else getattr(hp, "max_epochs", None)
-        threshold = threshold if threshold is not None else getattr(hp, "convergence_threshold", None)
-    else:       # a user app: only what its hparams say outright
-        hp_epochs = _number(hp_raw.get("max_epochs"))
-        hp_threshold = _number(hp_raw.get("convergence_threshold"))
-        max_epochs = max_epochs if max_epochs is not None else (int(hp_epochs) if hp_epochs is not None else None)
-        threshold = threshold if threshold is not None else hp_threshold
+    try:    # the app's decoded hyper-parameters, kept on the spec (decoded at most once)
+        max_epochs, threshold = spec.effective_max_epochs, spec.effective_convergence_threshold
+    except ps_job_spec.JobSpecError:    # a stored spec this app's schema no longer reads
+        max_epochs, threshold = spec.max_epochs, spec.convergence_threshold
     step = max(1, minimum_allocation_mb)
     mem = -(-spec.executor_memory_mb // step) * step     # as the scheduler normalises the asks
     return PSJobView(spec=spec, app=spec.app, workers=spec.workers, servers=spec.servers,
                      min_workers=spec.min_workers, max_workers=spec.max_workers or spec.workers,
                      min_servers=spec.min_servers, max_servers=spec.max_servers or spec.servers,
                      weight=spec.weight, executor=Resource(mem, spec.executor_vcores), bsp=spec.sync == "bsp",
-                     max_epochs=int(max_epochs) if max_epochs is not None else None,
-                     convergence_threshold=float(threshold) if threshold is not None else None,
+                     max_epochs=max_epochs, convergence_threshold=threshold,
                      early_feedback_iterations=spec.early_feedback_iterations)
-
-
-def _number(value: object) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ import pytest
 
 from appmaster.ps.submission import build_ps_submission
 from conftest import am_status, get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
+from protocol.ps_status import PsStatus
+from protocol.shape_history import KillRestartChange
 from polling import wait_until
 from protocol import container_env
 
@@ -68,10 +70,12 @@ def test_eps_policy_directives_reshape_a_kill_mode_job(eps_cluster) -> None:
 
         def a_reshaped_and_trained_on() -> bool:
             st = am_status(eps_cluster, a)
-            if not st or not st["shape_history"] or not st["shape_history"][0].get("changed"):
+            first = st.shape_history[0] if st and st.shape_history else None
+            if st is None or not isinstance(first, KillRestartChange) or not first.changed \
+                    or not isinstance(first.epoch, int):
                 return False
             seen["status"] = st
-            return st["epoch"] >= st["shape_history"][0]["epoch"] + 2    # epochs after the restart
+            return (st.epoch or 0) >= first.epoch + 2    # epochs after the restart
         wait_until(a_reshaped_and_trained_on, 180, "job A restarted smaller and trained on")
     finally:
         if get_app(eps_cluster.rm_url, a)["state"] not in ("FINISHED", "FAILED", "KILLED"):
@@ -80,18 +84,20 @@ def test_eps_policy_directives_reshape_a_kill_mode_job(eps_cluster) -> None:
     for app_id in (a, b):
         wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
 
-    st = seen["status"]           # A's own status, taken while it trained (before the kill)
-    directives = st["directives"]
+    st: PsStatus = seen["status"]           # A's own status, taken while it trained (before the kill)
+    directives = st.directives
     assert directives, "job A got no directive from the eps policy"
-    versions = [d["version"] for d in directives]
+    versions = [d.version for d in directives]
     assert versions == sorted(set(versions)), versions          # each version acted on once, in order
     shrink = directives[0]
-    assert (shrink["workers"], shrink["servers"]) < (2, 2) and shrink["error"] == "", shrink
-    assert shrink["steps"] and all(name.startswith("remove_") for name, _ in shrink["steps"])
-    changes = st["shape_history"]
-    assert changes and changes[0]["mode"] == "kill" and changes[0]["changed"], changes
-    assert (changes[0]["workers"], changes[0]["servers"]) == (shrink["workers"], shrink["servers"])
-    assert changes[0]["objective_restored"] == pytest.approx(changes[0]["objective_before"], rel=1e-4)
-    obj = [h["objective"] for h in st["objective_history"]]
-    assert [h["epoch"] for h in st["objective_history"]] == list(range(len(obj)))
-    assert obj[-1] < obj[0] < st["initial_objective"]
+    assert (shrink.workers, shrink.servers) < (2, 2) and shrink.error == "", shrink
+    assert shrink.steps and all(name.startswith("remove_") for name, _ in shrink.steps)
+    changes = st.shape_history
+    restart = changes[0]
+    assert isinstance(restart, KillRestartChange) and restart.changed, changes
+    assert (restart.workers, restart.servers) == (shrink.workers, shrink.servers)
+    assert restart.objective_restored == pytest.approx(restart.objective_before, rel=1e-4)
+    obj = [h.objective for h in st.objective_history]
+    assert [h.epoch for h in st.objective_history] == list(range(len(obj)))
+    assert None not in obj and st.initial_objective is not None, obj      # every objective finite
+    assert obj[-1] < obj[0] < st.initial_objective

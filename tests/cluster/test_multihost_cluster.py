@@ -17,7 +17,6 @@ loses power) and the job recovers while the link stays cut.
 """
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -29,6 +28,8 @@ from conftest import FINAL_STATES, get_app, rest, submit_app, wait_app
 from elastane_cli import testbed_hosts
 from elastane_cli.testbed_cluster import MASTER, TestbedCluster
 from polling import wait_until
+from protocol.ps_status import ExecutorStatus, PsStatus, decode_status
+from protocol.shape_history import RecoveryChange
 
 _reason = testbed_hosts.unavailable_reason(sshd=True)
 pytestmark = [pytest.mark.cluster,
@@ -67,24 +68,27 @@ def am_url(c: TestbedCluster, app_id: str) -> str:
                           90, "the AM's tracking URL")).rstrip("/")
 
 
-def status(url: str) -> dict[str, Any] | None:
+def status(url: str) -> PsStatus | None:
+    """The AM's /status, decoded (None while it does not answer)."""
     try:
-        return rest(url, "GET", "/status")  # type: ignore[no-any-return]
+        return decode_status(rest(url, "GET", "/status"))
     except OSError:
         return None
 
 
-def ready_executors(st: dict[str, Any] | None) -> list[dict[str, Any]]:
-    return [e for e in (st or {}).get("shape", {}).get("executors", []) if e["state"] == "READY"]
+def ready_executors(st: PsStatus | None) -> list[ExecutorStatus]:
+    return st.shape.serving() if st is not None and st.shape is not None else []
 
 
 def attempts(c: TestbedCluster, app_id: str) -> list[dict[str, Any]]:
     return rest(c.rm_url, "GET", f"/ws/v1/cluster/apps/{app_id}/appattempts")["appAttempts"]["appAttempt"]  # type: ignore[no-any-return]
 
 
-def durable_status(c: TestbedCluster, app_id: str) -> dict[str, Any]:
+def durable_status(c: TestbedCluster, app_id: str) -> PsStatus:
     """The AM's final status.json, on the shared storage every host sees."""
-    return json.loads((c.shared_dir / "checkpoints" / app_id / "status.json").read_text())  # type: ignore[no-any-return]
+    st = c.final_status(app_id)
+    assert st.app is not None, f"no readable status.json of {app_id}"
+    return st
 
 
 def succeeded(c: TestbedCluster, app_id: str, timeout_s: float = 300) -> dict[str, Any]:
@@ -124,28 +128,28 @@ def test_a_ps_job_spans_hosts_scales_out_across_them_and_succeeds(tmp_path: Path
         try:
             url = am_url(c, app_id)
             st = wait_until(lambda: (s := status(url)) and len(ready_executors(s)) == 4
-                            and len(s["objective_history"]) >= 1 and s, 120, "four executors training")
-            hosts = {c.host_of(e["node"]) for e in ready_executors(st)}
+                            and len(s.objective_history) >= 1 and s, 120, "four executors training")
+            hosts = {c.host_of(e.node) for e in ready_executors(st)}
             assert len(hosts) >= 2, ready_executors(st)
             for e in ready_executors(st):   # each executor serves on its own host's address
-                assert e["address"].rsplit(":", 1)[0] == c.testbed.host(c.host_of(e["node"])).ip, e
-            before = {e["id"] for e in ready_executors(st)}
+                assert e.address.rsplit(":", 1)[0] == c.testbed.host(c.host_of(e.node)).ip, e
+            before = {e.id for e in ready_executors(st)}
             # EPS scale-out through the RM, as `elastane ps scale --workers +1` does (no `nodes`: those
             # would place the whole job on exactly them, moving executors that are fine where they are).
             rest(c.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/shape", {"workers": 3, "servers": 2}, user="alice")
-            st = wait_until(lambda: (s := status(url)) and len([e for e in ready_executors(s) if e["role"] == "worker"]) == 3
+            st = wait_until(lambda: (s := status(url)) and len([e for e in ready_executors(s) if e.role == "worker"]) == 3
                             and s, 120, "a third worker")
-            added = [e for e in ready_executors(st) if e["id"] not in before]
-            assert len(added) == 1 and added[0]["role"] == "worker"
+            added = [e for e in ready_executors(st) if e.id not in before]
+            assert len(added) == 1 and added[0].role == "worker"
             # The new worker serves on its own host's address, and the job still spans hosts.
-            assert added[0]["address"].rsplit(":", 1)[0] == c.testbed.host(c.host_of(added[0]["node"])).ip
-            assert len({c.host_of(e["node"]) for e in ready_executors(st)}) >= 2
-            epochs = len(st["objective_history"])
-            wait_until(lambda: (s := status(url)) and len(s["objective_history"]) >= epochs + 2, 120,
+            assert added[0].address.rsplit(":", 1)[0] == c.testbed.host(c.host_of(added[0].node)).ip
+            assert len({c.host_of(e.node) for e in ready_executors(st)}) >= 2
+            epochs = len(st.objective_history)
+            wait_until(lambda: (s := status(url)) and len(s.objective_history) >= epochs + 2, 120,
                        "two epochs trained with the added worker")
             final = status(url)
-            assert final is not None and [h["epoch"] for h in final["objective_history"]] == \
-                list(range(len(final["objective_history"])))
+            assert final is not None and [h.epoch for h in final.objective_history] == \
+                list(range(len(final.objective_history)))
         except BaseException as e:
             e.add_note(post_mortem(c, app_id))
             raise
@@ -175,7 +179,7 @@ def test_ams_run_on_the_master_and_executors_on_the_budgeted_hosts(tmp_path: Pat
                 assert [at["nodeId"] for at in attempts(c, app_id)] == [master_id]
                 st = wait_until(lambda u=url: (s := status(u)) and len(ready_executors(s)) == 4 and s, 120,
                                 "four executors ready")
-                hosts = {c.host_of(e["node"]) for e in ready_executors(st)}
+                hosts = {c.host_of(e.node) for e in ready_executors(st)}
                 assert MASTER not in hosts and hosts <= set(c.node_names), ready_executors(st)
             # What benches measure hosts by: the hosts that ran executors used CPU in their own
             # cgroups, and their links carried the pushes and pulls.
@@ -198,7 +202,7 @@ def test_the_host_running_the_am_dies_and_attempt_2_resumes_from_shared_checkpoi
         app_id = submit(c, SPEC, "am-host-dies")
         try:
             url = am_url(c, app_id)
-            wait_until(lambda: (s := status(url)) and len(s["objective_history"]) >= 3, 180, "three epochs")
+            wait_until(lambda: (s := status(url)) and len(s.objective_history) >= 3, 180, "three epochs")
             am_host = c.host_of(attempts(c, app_id)[0]["nodeId"])
             ckpts = c.shared_dir / "checkpoints" / app_id
             assert any(ckpts.rglob("*")), "no checkpoint on shared storage"
@@ -212,33 +216,35 @@ def test_the_host_running_the_am_dies_and_attempt_2_resumes_from_shared_checkpoi
         assert c.host_of(second["nodeId"]) != am_host
         assert "lost" in (app.get("diagnostics") or "").lower() or "lost" in str(attempts(c, app_id)[0]).lower()
         st = durable_status(c, app_id)
-        resumed = st["resumed_from"]
-        assert st["attempt_id"].endswith("_000002") and resumed is not None and resumed["epoch"] > 0, resumed
-        assert [h["epoch"] for h in st["objective_history"]] == list(range(SPEC["max_epochs"]))
+        resumed = st.resumed_from
+        assert (st.attempt_id or "").endswith("_000002") and resumed is not None and resumed.epoch > 0, resumed
+        assert [h.epoch for h in st.objective_history] == list(range(SPEC["max_epochs"]))
         # The same job undisturbed, on the hosts that are left.
         ref_id = submit(c, SPEC, "undisturbed")
         succeeded(c, ref_id)
-        final, expected = st["objective_history"][-1]["objective"], \
-            durable_status(c, ref_id)["objective_history"][-1]["objective"]
+        final, expected = st.objective_history[-1].objective, durable_status(c, ref_id).objective_history[-1].objective
+        assert final is not None and expected is not None
         assert abs(final - expected) <= 0.01 * abs(expected), (final, expected)
 
 
-def _executor_only_host(c: TestbedCluster, app_id: str, st: dict[str, Any]) -> str:
+def _executor_only_host(c: TestbedCluster, app_id: str, st: PsStatus) -> str:
     am_host = c.host_of(attempts(c, app_id)[-1]["nodeId"])
-    hosts = [c.host_of(e["node"]) for e in ready_executors(st)]
+    hosts = [c.host_of(e.node) for e in ready_executors(st)]
     return next(h for h in hosts if h != am_host)
 
 
 @pytest.mark.parametrize("how", ["killed", "link-cut"])
 def test_a_host_with_only_executors_is_lost_and_the_job_recovers(tmp_path: Path, how: str) -> None:
-    with cluster_of_hosts(tmp_path / "c") as c:
+    # A generous AM expiry: the AM's host stays up (the lost host is one without it), and an AM
+    # starved on a loaded machine must not expire meanwhile (it did, at the 6 s default).
+    with cluster_of_hosts(tmp_path / "c", am_expiry_s=30) as c:
         app_id = submit(c, SPEC, f"executor-host-{how}")
         try:
             url = am_url(c, app_id)
             st = wait_until(lambda: (s := status(url)) and len(ready_executors(s)) == 4
-                            and len(s["objective_history"]) >= 2 and s, 180, "two epochs on four executors")
+                            and len(s.objective_history) >= 2 and s, 180, "two epochs on four executors")
             victim = _executor_only_host(c, app_id, st)
-            lost = {e["id"] for e in ready_executors(st) if c.host_of(e["node"]) == victim}
+            lost = {e.id for e in ready_executors(st) if c.host_of(e.node) == victim}
             if how == "killed":
                 c.testbed.kill_host(victim)
             else:
@@ -255,13 +261,14 @@ def test_a_host_with_only_executors_is_lost_and_the_job_recovers(tmp_path: Path,
                 c.testbed.restore_link(victim)
         st = durable_status(c, app_id)
         assert len(attempts(c, app_id)) == 1          # the AM's host was fine: no new attempt
-        assert [h["epoch"] for h in st["objective_history"]] == list(range(SPEC["max_epochs"]))
+        assert [h.epoch for h in st.objective_history] == list(range(SPEC["max_epochs"]))
         # The lost executors were replaced by executors on the hosts that are left.
-        final = {e["id"]: e for e in st["shape"]["executors"]}
-        assert all(final[i]["state"] != "READY" for i in lost if i in final)
-        assert all(c.host_of(e["node"]) != victim for e in final.values() if e["state"] == "READY")
+        assert st.shape is not None
+        final = {e.id: e for e in st.shape.executors}
+        assert all(final[i].state != "READY" for i in lost if i in final)
+        assert all(c.host_of(e.node) != victim for e in final.values() if e.state == "READY")
         # Learnt from the RM's node-loss report (-100 on a LOST node), not from a socket timing out
         # or the AM's reply deadline: that is what makes a silent host as quick to recover as a dead one.
-        recoveries = [r for r in st["shape_history"] if r.get("op") == "recover"]
-        assert recoveries, st["shape_history"]
-        assert any(f"lost* node {c.node_id(victim)}" in line for r in recoveries for line in r["lost"]), recoveries
+        recoveries = [r for r in st.shape_history if isinstance(r, RecoveryChange)]
+        assert recoveries, st.shape_history
+        assert any(f"lost* node {c.node_id(victim)}" in line for r in recoveries for line in r.lost), recoveries

@@ -14,6 +14,7 @@ import pytest
 
 from appmaster.ps.submission import build_ps_submission
 from conftest import am_status, get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
+from protocol.ps_status import PsStatus
 from polling import wait_until
 from protocol import container_env
 
@@ -32,10 +33,10 @@ def submit(cluster: Any, spec: dict[str, Any], name: str) -> str:
                                                           am_memory=384))
 
 
-def changes(st: dict[str, Any]) -> list[tuple[int, int]]:
+def changes(st: PsStatus) -> list[tuple[int, int]]:
     """The shapes A's AM reshaped to with EPS's operations, in order (those that took effect)."""
-    return [(c["after"]["workers"], c["after"]["servers"]) for c in (st.get("eps") or {}).get("history", [])
-            if c.get("ok")]
+    return [(c.after.workers, c.after.servers) for c in (st.eps.history if st.eps else [])
+            if c.ok and c.after is not None and c.after.workers is not None and c.after.servers is not None]
 
 
 def check_clock_objectives(shape: dict[str, Any]) -> None:
@@ -63,7 +64,7 @@ def check_clock_objectives(shape: dict[str, Any]) -> None:
 def test_optimus_grows_a_job_then_shrinks_it_for_a_newcomer(optimus_cluster) -> None:
     a = submit(optimus_cluster, {"app": "mlr", "workers": 1, "servers": 1, "max_workers": 2, "max_servers": 2,
                                  "max_epochs": 100_000, "convergence_threshold": 1e-12}, "optimus-a")
-    seen: dict[str, Any] = {}
+    seen: dict[str, PsStatus] = {}
     b = None
     try:
         def a_grew() -> bool:
@@ -99,12 +100,13 @@ def test_optimus_grows_a_job_then_shrinks_it_for_a_newcomer(optimus_cluster) -> 
             wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
 
     st = seen["shrunk"]
-    directives = st["directives"]
-    versions = [d["version"] for d in directives]
+    directives = st.directives
+    versions = [d.version for d in directives]
     assert versions == sorted(set(versions)), versions           # each acted on once, in order
-    assert all(d["error"] == "" for d in directives), directives
-    assert any("optimus" in d.get("reason", "") for d in directives), directives
-    grow = next(d for d in directives if d["workers"] + d["servers"] > 2)
-    assert grow["workers"] <= 2 and grow["servers"] <= 2
-    obj = [h["objective"] for h in st["objective_history"]]
+    assert all(d.error == "" for d in directives), directives
+    assert any("optimus" in d.reason for d in directives), directives
+    grow = next(d for d in directives if d.workers + d.servers > 2)
+    assert grow.workers <= 2 and grow.servers <= 2
+    obj = [h.objective for h in st.objective_history]
+    assert None not in obj, obj                                   # every objective finite
     assert obj[-1] < obj[0]                                       # trained on through both changes

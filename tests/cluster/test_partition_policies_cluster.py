@@ -15,6 +15,8 @@ import pytest
 
 from appmaster.ps.submission import build_ps_submission
 from conftest import am_status, app_post_mortem, get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
+from protocol.ps_status import DirectiveRecord, PsStatus
+from protocol.shape_history import EpsChange, KillRestartChange
 from polling import wait_until
 from protocol import container_env
 
@@ -39,13 +41,12 @@ def submit(cluster: Any, spec: dict[str, Any], name: str) -> str:
                                                           am_memory=384))
 
 
-def done_directives(cluster: Any, app_id: str, seen: dict[str, Any]) -> list[dict[str, Any]]:
+def done_directives(cluster: Any, app_id: str, seen: dict[str, PsStatus]) -> list[DirectiveRecord]:
     """The directives A's AM has finished acting on (its status), remembered in `seen`."""
     st = am_status(cluster, app_id)
     if st:
         seen["status"] = st
-    directives = (st or {}).get("directives") or []
-    return [d for d in directives if d.get("seconds", 0) > 0 or d.get("error")]
+    return [d for d in (st.directives if st else []) if d.seconds > 0 or d.error]
 
 
 def test_policy_grows_a_job_in_place_then_shrinks_it_for_an_arriving_one(policy_cluster) -> None:
@@ -54,10 +55,10 @@ def test_policy_grows_a_job_in_place_then_shrinks_it_for_an_arriving_one(policy_
                               "max_epochs": 100_000, "convergence_threshold": 1e-12,
                               "elastic_mode": MODES[policy]}, "dorm-a")
     b = None
-    seen: dict[str, Any] = {}
+    seen: dict[str, PsStatus] = {}
     try:
         def grown() -> bool:
-            return any((d["workers"], d["servers"]) == (2, 2) for d in done_directives(dorm_cluster, a, seen))
+            return any((d.workers, d.servers) == (2, 2) for d in done_directives(dorm_cluster, a, seen))
         wait_until(grown, 120, "job A grown to 2 workers + 2 servers by the policy")
 
         b = submit(dorm_cluster, {"app": "mlr", "workers": 1, "servers": 1, "max_epochs": 2}, "dorm-b")
@@ -65,7 +66,7 @@ def test_policy_grows_a_job_in_place_then_shrinks_it_for_an_arriving_one(policy_
         assert app_b["finalStatus"] == "SUCCEEDED", app_b["diagnostics"]
 
         def shrunk() -> bool:
-            return any(d["workers"] + d["servers"] < 4 for d in done_directives(dorm_cluster, a, seen))
+            return any(d.workers + d.servers < 4 for d in done_directives(dorm_cluster, a, seen))
         wait_until(shrunk, 60, "job A's shrink for job B acted on")
     except AssertionError as e:
         e.add_note(app_post_mortem(dorm_cluster, a))
@@ -77,14 +78,16 @@ def test_policy_grows_a_job_in_place_then_shrinks_it_for_an_arriving_one(policy_
     for app_id in (a, b):
         wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
 
-    directives = seen["status"]["directives"]
-    versions = [d["version"] for d in directives]
+    status = seen["status"]
+    directives = status.directives
+    versions = [d.version for d in directives]
     assert versions == sorted(set(versions)), versions          # each version acted on once, in order
-    grow = next(d for d in directives if (d["workers"], d["servers"]) == (2, 2))
-    assert grow["error"] == "" and grow["reason"].startswith(policy + ":") and grow["nodes"], grow
-    assert all(name.startswith("add_") for name, _ in grow["steps"]), grow
-    shrink = next(d for d in directives if d["version"] > grow["version"] and d["workers"] + d["servers"] < 4)
-    assert shrink["error"] == "" and any(name.startswith("remove_") for name, _ in shrink["steps"]), shrink
-    assert seen["status"]["spec"]["elastic_mode"] == MODES[policy]
-    changes = seen["status"]["shape_history"]          # what A's mechanism recorded for each change
-    assert changes and all(c.get("mode", MODES[policy]) == MODES[policy] for c in changes), changes
+    grow = next(d for d in directives if (d.workers, d.servers) == (2, 2))
+    assert grow.error == "" and grow.reason.startswith(policy + ":") and grow.nodes, grow
+    assert all(name.startswith("add_") for name, _ in grow.steps), grow
+    shrink = next(d for d in directives if d.version > grow.version and d.workers + d.servers < 4)
+    assert shrink.error == "" and any(name.startswith("remove_") for name, _ in shrink.steps), shrink
+    assert status.spec is not None and status.spec.elastic_mode == MODES[policy]
+    changes = status.shape_history          # what A's mechanism recorded for each change
+    mechanism = {"eps": EpsChange, "kill": KillRestartChange}[MODES[policy]]
+    assert changes and all(isinstance(c, mechanism) for c in changes), changes

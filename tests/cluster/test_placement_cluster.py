@@ -27,6 +27,8 @@ import pytest
 
 from appmaster.ps.submission import build_ps_submission
 from conftest import am_status, pids_with_env, rest, running_cluster, submit_app, wait_app
+from protocol.ps_status import PsStatus
+from protocol.shape_history import EpsChange
 from polling import wait_until
 from protocol import container_env
 
@@ -41,25 +43,26 @@ def four_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield c
 
 
-def live_nodes(status: dict[str, Any]) -> dict[str, str]:
+def live_nodes(status: PsStatus) -> dict[str, str]:
     """executor id -> node of every executor still in the job."""
-    return {e["id"]: e["node"] for e in status["shape"]["executors"] if e["state"] in ("LAUNCHING", "READY")}
+    assert status.shape is not None
+    return {e.id: e.node for e in status.shape.executors if e.state in ("LAUNCHING", "READY")}
 
 
-def directed(cluster: Any, app_id: str, version: int, nodes: list[str]) -> dict[str, Any] | None:
+def directed(cluster: Any, app_id: str, version: int, nodes: list[str]) -> PsStatus | None:
     """The AM's status once it has carried out directive `version` and every executor is on `nodes`."""
     st = am_status(cluster, app_id)
     if st is None:
         return None
-    outcomes = [d for d in st["directives"] if d["version"] == version]
+    outcomes = [d for d in st.directives if d.version == version]
     if not outcomes:
         return None
-    assert outcomes[-1]["error"] == "", outcomes[-1]
+    assert outcomes[-1].error == "", outcomes[-1]
     # Placement retires what ran elsewhere only once the newcomers serve: placed as told = done.
     return st if roles_per_node(st) == {n: ["server", "worker"] for n in nodes} else None
 
 
-def roles_per_node(status: dict[str, Any]) -> dict[str, list[str]]:
+def roles_per_node(status: PsStatus) -> dict[str, list[str]]:
     """node -> the roles of the job's live executors there, sorted."""
     out: dict[str, list[str]] = {}
     for executor_id, node in live_nodes(status).items():
@@ -75,9 +78,10 @@ def test_a_directive_moves_a_running_job_onto_the_named_nodes(four_nodes) -> Non
         {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 100_000, "convergence_threshold": 1e-12,
          "audit_updates": True, "executor_memory_mb": 320}, name="placed", am_memory=384))
     try:
-        first = wait_until(lambda: (s := am_status(cluster, app_id)) and s["epoch"] >= 1 and s, 120,
+        first = wait_until(lambda: (s := am_status(cluster, app_id)) and (s.epoch or 0) >= 1 and s, 120,
                            "the job trains")
-        initial = first["initial_objective"]
+        initial = first.initial_objective
+        assert initial is not None
         history = [(nodes[:2], 1), (nodes[2:], 2)]
         for target, version in history:
             before = wait_until(lambda: am_status(cluster, app_id), 30, "the AM answers")
@@ -88,17 +92,18 @@ def test_a_directive_moves_a_running_job_onto_the_named_nodes(four_nodes) -> Non
             live = live_nodes(st)
             assert sorted(k.split("-")[0] for k in live) == ["server", "server", "worker", "worker"], live
             # Training goes on after the move: more epochs on the new nodes, none skipped.
-            moved_at = st["epoch"]
-            st = wait_until(lambda: (s := am_status(cluster, app_id)) and s["epoch"] >= moved_at + 2 and s, 120,
+            moved_at = st.epoch or 0
+            st = wait_until(lambda: (s := am_status(cluster, app_id)) and (s.epoch or 0) >= moved_at + 2 and s, 120,
                             f"two more epochs after directive v{version}")
-            assert st["epoch"] > before["epoch"]
-            epochs = [h["epoch"] for h in st["objective_history"]]
+            assert (st.epoch or 0) > (before.epoch or 0)
+            epochs = [h.epoch for h in st.objective_history]
             assert epochs == list(range(len(epochs)))
-            assert st["objective_history"][-1]["objective"] < initial
-            assert st["eps"]["audit_mismatches"] == []
-            assert st["eps"]["minibatches_applied"] == st["eps"]["minibatches_run"] > 0
-        relocations = [h for h in st["shape_history"] if h["op"].startswith("place_")]
-        assert relocations and all(h["error"] == "" for h in relocations), st["shape_history"]
+            last = st.objective_history[-1].objective
+            assert last is not None and last < initial
+            assert st.eps is not None and st.eps.audit_mismatches == []
+            assert st.eps.minibatches_applied == st.eps.minibatches_run > 0
+        relocations = [h for h in st.shape_history if isinstance(h, EpsChange) and h.op.startswith("place_")]
+        assert relocations and all(h.error == "" for h in relocations), st.shape_history
         # The RM shows the directive as delivered.
         shape = rest(cluster.rm_url, "GET", f"/ws/v1/cluster/apps/{app_id}/shape")["shape"]
         assert shape["directive"]["nodes"] == nodes[2:] and shape["directiveDelivered"]
@@ -116,14 +121,16 @@ def test_the_first_executors_start_on_the_nodes_the_spec_places_them(four_nodes)
         {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 100_000, "convergence_threshold": 1e-12,
          "executor_memory_mb": 320, "placement": placement}, name="placed-at-start", am_memory=384))
     try:
-        st = wait_until(lambda: (s := am_status(cluster, app_id)) and s["epoch"] >= 1 and s, 120,
+        st = wait_until(lambda: (s := am_status(cluster, app_id)) and (s.epoch or 0) >= 1 and s, 120,
                         "the job trains")
-        executors = st["shape"]["executors"]
-        assert all(e["state"] == "READY" for e in executors), executors
-        on = Counter((e["id"].split("-")[0], e["node"]) for e in executors)
+        assert st.shape is not None and st.spec is not None
+        executors = st.shape.executors
+        assert all(e.state == "READY" for e in executors), executors
+        on = Counter((e.id.split("-")[0], e.node) for e in executors)
         assert on == Counter({(role, n): 1 for role in ("worker", "server") for n in nodes}), executors
-        assert st["shape_history"] == [], st["shape_history"]
-        assert st["spec"]["placement"] == placement
+        assert st.shape_history == [], st.shape_history
+        assert [(p.node, p.workers, p.servers) for p in st.spec.placement] == \
+            [(p["node"], p["workers"], p["servers"]) for p in placement]
     finally:
         rest(cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
         wait_app(cluster.rm_url, app_id, ("KILLED", "FINISHED", "FAILED"), 60)

@@ -90,11 +90,13 @@ def policy_rounds(c: TestbedCluster) -> int:
 def final_objective(c: TestbedCluster, app_id: str) -> float:
     """A's final objective from its AM's last status, after checking it trained every epoch and
     applied every mini-batch it ran exactly once (the AM's audit, across the shrink's moves)."""
-    st = json.loads((c.shared_dir / "checkpoints" / app_id / "status.json").read_text())
-    assert [h["epoch"] for h in st["objective_history"]] == list(range(A_SPEC["max_epochs"]))
-    eps = st["eps"]
-    assert eps["audit_mismatches"] == [] and eps["minibatches_applied"] == eps["minibatches_run"] > 0, eps
-    return float(st["objective_history"][-1]["objective"])
+    st = c.final_status(app_id)
+    assert [h.epoch for h in st.objective_history] == list(range(A_SPEC["max_epochs"]))
+    eps = st.eps
+    assert eps is not None and eps.audit_mismatches == [] and eps.minibatches_applied == eps.minibatches_run > 0, eps
+    objective = st.objective_history[-1].objective
+    assert objective is not None, st.objective_history      # finite
+    return objective
 
 
 def post_mortem(c: TestbedCluster, *app_ids: str) -> str:
@@ -118,6 +120,9 @@ def post_mortem(c: TestbedCluster, *app_ids: str) -> str:
     return "\n".join(out) + "\n" + c.logs(30)
 
 
+# Two 60-epoch runs of a's job (shrunk, then undisturbed): on a loaded 2-core machine with the
+# suite's other worker busy too they outlast the suite's 300 s default (which only bounds a hang).
+@pytest.mark.timeout(900)
 def test_elastic_jobs_shrink_live_for_another_queue_and_lose_nothing(tmp_path: Path) -> None:
     with reclaim_testbed(tmp_path / "c") as c:
         a = submit_ps(c, A_SPEC, "a-grown", "a")

@@ -7,7 +7,6 @@ app whose module and data file reach the AM and every executor only through the 
 submission with exit code 2 naming the URL, and nothing is submitted."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import elastane
 import s3_server as s3mod
 from conftest import get_app, rest, running_cluster
 from protocol.dataset_manifest import load_manifest
+from protocol.ps_status import FINAL_STATUS_FILE, PsStatus, read_status
 from psruntime.apps.dataset_files import write_generated
 from psruntime.apps.registry import create_app
 from user_app_source import file_linreg_source, write_linreg_data
@@ -48,9 +48,9 @@ def submit(rm_url: str, *args: str, env: dict[str, str] | None = None,
     return r, first.split()[-1] if first.startswith("Submitted application ") else ""
 
 
-def status_json(s3: s3mod.S3Bucket, app_id: str) -> dict[str, Any]:
+def status_json(s3: s3mod.S3Bucket, app_id: str) -> PsStatus:
     """The AM's final status, in the app's durable dir under the RM's checkpoint_dir (in S3)."""
-    return json.loads(s3.filesystem().cat_file(f"{s3.bucket}/apps/{app_id}/status.json"))  # type: ignore[no-any-return]
+    return read_status(s3.filesystem().cat_file(f"{s3.bucket}/apps/{app_id}/{FINAL_STATUS_FILE}"))
 
 
 @pytest.fixture(scope="module")
@@ -89,13 +89,13 @@ def test_a_ps_job_keeps_everything_in_s3_and_a_second_starts_from_its_model(s3_c
     assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
     # checkpoints and the AM's final status in the RM's checkpoint_dir, in S3
     final = status_json(bucket, app_id)
-    assert [h["epoch"] for h in final["objective_history"]] == [0, 1, 2]
+    assert [h.epoch for h in final.objective_history] == [0, 1, 2]
     ckpts = {k.split("/checkpoints/", 1)[1].split("/")[0] for k in fs.find(f"{bucket.bucket}/apps/{app_id}/checkpoints")}
     assert ckpts and all(fs.exists(f"{bucket.bucket}/apps/{app_id}/checkpoints/{d}/job.json") for d in ckpts), ckpts
     # the model output loads from S3 and scores what the job scored at its end
     model = elastane.load_model(output)
     assert model.metadata.epoch == 3 and model.metadata.job["output"] == output
-    assert model.evaluate() == pytest.approx(final["final_metrics"])
+    assert model.evaluate() == pytest.approx(final.final_metrics)
 
     # a second job reads its data from S3 and starts from the first one's model in S3
     r, warm_id = submit(c.rm_url, "--max-epochs", "1", "--set", f"data.path={bucket.url('datasets', 'mlr')}",
@@ -106,8 +106,9 @@ def test_a_ps_job_keeps_everything_in_s3_and_a_second_starts_from_its_model(s3_c
     assert warm_app["elastane"]["ps-job"]["data"]["path"] == bucket.url("datasets", "mlr")
     warm = status_json(bucket, warm_id)
     # the same data (files written from the same generator): the saved model's objective, far below a cold start
-    assert warm["initial_objective"] == pytest.approx(final["objective_history"][-1]["objective"], rel=0.02)
-    assert warm["initial_objective"] < final["initial_objective"] * 0.9
+    assert warm.initial_objective == pytest.approx(final.objective_history[-1].objective, rel=0.02)
+    assert warm.initial_objective is not None and final.initial_objective is not None
+    assert warm.initial_objective < final.initial_objective * 0.9
 
 
 def test_files_staged_in_s3_reach_every_executor_and_bad_locations_are_refused(s3_cluster, s3, tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ accounted for once.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from conftest import get_app, rest, submit_app, wait_app
 from elastane_cli import testbed_hosts
 from elastane_cli.testbed_cluster import MASTER, TestbedCluster, toml_section
 from polling import wait_until
+from protocol.ps_status import FINAL_STATUS_FILE, PsStatus, decode_status, read_status
 
 _reason = testbed_hosts.unavailable_reason(sshd=True) or s3mod.unavailable_reason()
 pytestmark = [pytest.mark.cluster,
@@ -70,9 +70,10 @@ def attempts(c: TestbedCluster, app_id: str) -> list[dict[str, Any]]:
     return rest(c.rm_url, "GET", f"/ws/v1/cluster/apps/{app_id}/appattempts")["appAttempts"]["appAttempt"]  # type: ignore[no-any-return]
 
 
-def am_status(url: str) -> dict[str, Any] | None:
+def am_status(url: str) -> PsStatus | None:
+    """The AM's /status, decoded (None while it does not answer)."""
     try:
-        return rest(url, "GET", "/status")  # type: ignore[no-any-return]
+        return decode_status(rest(url, "GET", "/status"))
     except OSError:
         return None
 
@@ -110,7 +111,7 @@ def test_the_am_host_dies_and_attempt_2_resumes_from_checkpoints_in_s3(tmp_path:
             am_host = c.host_of(attempts(c, app_id)[0]["nodeId"])
             assert am_host != MASTER
             st = am_status(url)
-            assert st is not None and len(st["objective_history"]) < SPEC["max_epochs"] - 5, \
+            assert st is not None and len(st.objective_history) < SPEC["max_epochs"] - 5, \
                 "attempt 1 is (nearly) done before its host is killed: the job is too short for this test"
             dead = [am_host]
             c.testbed.kill_host(am_host)
@@ -121,11 +122,11 @@ def test_the_am_host_dies_and_attempt_2_resumes_from_checkpoints_in_s3(tmp_path:
             second = attempts(c, app_id)[1]
             assert c.host_of(second["nodeId"]) not in (am_host, MASTER)
             # the AM's final status, in S3 too: attempt 2 resumed from a checkpoint attempt 1 put there
-            st = json.loads(fs.cat_file(f"{BUCKET}/checkpoints/{app_id}/status.json"))
-            resumed = st["resumed_from"]
-            assert st["attempt_id"].endswith("_000002") and resumed is not None and resumed["epoch"] > 0, resumed
-            assert resumed["url"].startswith(f"s3://{BUCKET}/checkpoints/{app_id}/checkpoints/"), resumed
-            assert [h["epoch"] for h in st["objective_history"]] == list(range(SPEC["max_epochs"]))
+            st = read_status(fs.cat_file(f"{BUCKET}/checkpoints/{app_id}/{FINAL_STATUS_FILE}"))
+            resumed = st.resumed_from
+            assert (st.attempt_id or "").endswith("_000002") and resumed is not None and resumed.epoch > 0, resumed
+            assert resumed.url.startswith(f"s3://{BUCKET}/checkpoints/{app_id}/checkpoints/"), resumed
+            assert [h.epoch for h in st.objective_history] == list(range(SPEC["max_epochs"]))
         except BaseException as e:
             e.add_note(post_mortem(c, app_id))
             raise

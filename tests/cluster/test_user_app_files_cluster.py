@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import am_status, app_post_mortem, pids_with_env, rest, submit_app, wait_app
+from conftest import app_post_mortem, get_app, pids_with_env, rest, submit_app, wait_app
 from polling import wait_until
+from ps_am_status import final_status, running_status
 from protocol import container_env
 from user_app_source import file_linreg_source, write_linreg_data
 
@@ -60,8 +61,9 @@ def test_a_user_app_with_its_data_shipped_as_yarn_local_resources_trains_and_its
         raise
     assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
     assert "after 3 epochs" in app["diagnostics"] and "rmse" in app["diagnostics"]
-    final = json.loads((Path(cluster.base_dir) / "rm" / "apps" / app_id / "status.json").read_text())
-    assert sorted(final["spec"]["resources"]) == ["digitsapp.py", "linreg.npz"]   # what the executors got
+    final = final_status(cluster, app_id)
+    assert final.spec is not None and sorted(final.spec.resources) == ["digitsapp.py", "linreg.npz"]   # what the executors got
+    assert final.final_metrics is not None
     wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
 
     # The client's files are gone; the model is scored from another directory
@@ -71,7 +73,7 @@ def test_a_user_app_with_its_data_shipped_as_yarn_local_resources_trains_and_its
     elsewhere.mkdir()
     r = elastane("model", "evaluate", str(output), "--json", cwd=elsewhere)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert json.loads(r.stdout)["rmse"] == pytest.approx(final["final_metrics"]["rmse"], rel=1e-5)
+    assert json.loads(r.stdout)["rmse"] == pytest.approx(final.final_metrics["rmse"], rel=1e-5)
     shown = elastane("model", "show", str(output), cwd=elsewhere)
     assert "linreg.npz (copied" in shown.stdout and "digitsapp.py (copied" in shown.stdout, shown.stdout
 
@@ -93,7 +95,8 @@ def test_a_user_app_at_epoch_n_of_its_classs_300_shows_n_of_300(cluster: Any, tm
     assert r.returncode == 0, r.stdout + r.stderr
     app_id = r.stdout.split()[-1]
     try:
-        wait_until(lambda: ((am_status(cluster, app_id) or {}).get("epoch") or 0) >= 2, 180, "two epochs trained")
+        wait_until(lambda: ((s := running_status(get_app(cluster.rm_url, app_id))) and s.epoch or 0) >= 2, 180,
+                   "two epochs trained")
         r = elastane("ps", "status", app_id, cwd=tmp_path, cluster=cluster)
         assert r.returncode == 0, r.stderr
         report = {k.strip(): v.strip() for k, sep, v in (ln.partition(" : ") for ln in r.stdout.splitlines()) if sep}

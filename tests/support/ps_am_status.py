@@ -19,6 +19,13 @@ def final_status(cluster: Any, app_id: str) -> PsStatus:
     return read_status((Path(cluster.base_dir) / "rm" / "apps" / app_id / FINAL_STATUS_FILE).read_bytes())
 
 
+def running_status(app: dict[str, Any]) -> PsStatus | None:
+    """The status of a job from the RM's report of it (`app`): its AM's /status while it RUNS
+    with a tracking URL, decoded; None before or after, or while the AM does not answer."""
+    url = app.get("trackingUrl")
+    return live_status(url) if app.get("state") == "RUNNING" and isinstance(url, str) and url else None
+
+
 def live_status(tracking_url: str, timeout_s: float = 5.0) -> PsStatus | None:
     """The AM's GET /status at its tracking URL, decoded; None while it does not answer (starting,
     restarting, gone). An answer that does not decode fails the test."""

@@ -2,6 +2,8 @@
 large bodies are received in place, and a corrupt frame is reported and closes the connection."""
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -144,4 +146,24 @@ def test_a_large_reply_goes_out_before_the_next_request_is_handled() -> None:
                     for p in encode_frame({"op": op, "id": i}))
     feed(proto, data, [len(data)])
     assert seen == [0, 0, 1]                 # the small reply waited for the big one, then both went
+    assert len(transport.sends) == 2
+
+
+async def test_a_coalescing_connection_sends_what_one_callback_wrote_in_one_send() -> None:
+    transport = WritingTransport()
+    proto = FrameProtocol(lambda f: None, lambda exc: None, 1 << 30, pacer=None, coalesce_writes=True)
+    proto.connection_made(transport)  # type: ignore[arg-type]
+    proto.write_frame({"op": "update", "id": 1}, [np.ones(8, np.float32)])
+    proto.write_frame({"op": "get", "id": 2}, [np.arange(3)])
+    assert transport.sends == []                 # kept until the writing callback is over
+    await asyncio.sleep(0)
+    expected = b"".join(bytes(p) for h, a in (({"op": "update", "id": 1}, [np.ones(8, np.float32)]),
+                                              ({"op": "get", "id": 2}, [np.arange(3)]))
+                        for p in encode_frame(h, a))
+    assert transport.sends == [expected]         # in order, one send
+    # A large frame goes out at once, behind what was kept before it.
+    proto.write_frame({"op": "get", "id": 3})
+    proto.write_frame({"op": "update", "id": 4}, [np.ones(DIRECT_MIN_BYTES)])
+    assert len(transport.sends) == 2 and transport.sends[1].startswith(b"".join(encode_frame({"op": "get", "id": 3})))
+    await asyncio.sleep(0)
     assert len(transport.sends) == 2

@@ -201,3 +201,18 @@ def test_changes_that_stop_training_pay_at_their_checkpoint_and_restore() -> Non
     assert step_cost(cal, retire, restart, 0.0, 1.0, halted=True) == 0.0
     assert step_cost(cal, ins.SetupTraining(step=4), None, 0.0, 1.0) == cal.startup_s
     assert step_cost(cal, ins.ScoreModel(step=5), None, 0.0, 1.0) == cal.finish_s
+
+
+def test_a_job_held_back_by_a_pause_starts_on_the_newer_directive_and_stays_running() -> None:
+    """A policy that places new jobs (Harmony) first holds a job back (PAUSE), then runs it: the
+    held-back PAUSE must not pause the job once its start is done (a simulated Harmony run stalled
+    on this with every such job PAUSED for good)."""
+    from appmaster.ps.controller import events as ev
+    from tests.support.controller_world import World, job_state
+    w = World(job_state())
+    w.start(policy_places_new_jobs=True)
+    w.send(ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(workers=0, servers=0, version=1,
+                                                                   run_state=RunState.PAUSE)))
+    w.send(ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(workers=2, servers=1, version=2)))
+    assert w.job.phase is P.TRAINING and w.job.kept_directive is None and w.job.applied_directive == 2
+    assert "PauseTraining" not in w.kinds()

@@ -9,8 +9,8 @@ import pytest
 
 from psruntime.store.block_contents import RetiredValues
 from psruntime.store.block_store import BlockArrays, BlockStore, StoreError
-from psruntime.store.ownership_table import OwnershipTable, block_of, blocks_of_int_keys
-from psruntime.store.store_requests import group_by_block
+from psruntime.store.ownership_table import TABLE_KEYS, OwnershipTable, block_of, blocks_of_int_keys
+from psruntime.store.store_requests import Groupings, group_by_block
 
 NB = 4
 
@@ -211,7 +211,7 @@ def test_group_by_block_and_owner_index_cache() -> None:
     assert [(b, idx.tolist()) for b, idx in groups] == [(0, [3]), (1, [1, 4]), (3, [0, 2])]
     assert group_by_block(np.array([2, 2]), 4) == [(2, None)]
     many = np.random.default_rng(1).integers(0, 200, 1000)
-    big = group_by_block(many, 200)   # more blocks than the mask path handles: argsort + split
+    big = group_by_block(many, 200)
     assert sorted(np.concatenate([i for _, i in big]).tolist()) == list(range(1000))
     assert all((many[i] == b).all() for b, i in big)
     t = OwnershipTable.round_robin(4, ["a", "b"])
@@ -221,3 +221,56 @@ def test_group_by_block_and_owner_index_cache() -> None:
     t.note_owner(1, "c", "h:3")
     names, idx = t.owner_index()
     assert [names[i] for i in idx] == ["a", "c", "a", "b"]
+
+
+def test_block_ids_from_the_key_table_are_the_hash() -> None:
+    rng = np.random.default_rng(3)
+    keys = np.concatenate([rng.integers(0, 5000, 300), [0, TABLE_KEYS - 1, TABLE_KEYS, 2 ** 40, -7]]).astype(np.int64)
+    for nb in (1, 4, 7, 64):
+        # Keys in the table's range, past it and negative (hashed) alike: block_of per key.
+        assert blocks_of_int_keys(keys, nb).tolist() == [block_of(int(k), nb) for k in keys]
+        assert blocks_of_int_keys(keys[:10], nb).tolist() == [block_of(int(k), nb) for k in keys[:10]]
+    assert blocks_of_int_keys(np.zeros(0, np.int64), 4).tolist() == []
+
+
+def test_a_request_naming_every_key_of_a_block_reads_and_adds_like_a_lookup() -> None:
+    s, ref = store(), store()
+    keys = np.arange(40, dtype=np.int64)
+    vals = np.arange(40 * 3, dtype=np.float32).reshape(40, 3)
+    for b, k in per_block(keys):
+        s.put_many(b, k, vals[k])
+        ref.put_many(b, k, vals[k])
+    b, held = per_block(keys)[0]
+    # Every key of block b, in order (the covering path) against the same keys less one (the lookup path).
+    out = np.full((len(held) + 2, 3), -1.0, np.float32)
+    at = np.arange(2, len(held) + 2)
+    assert not s.gather(b, held, out, at=at).any()
+    np.testing.assert_array_equal(out[2:], vals[held])
+    np.testing.assert_array_equal(out[:2], -1.0)
+    part = np.full((len(held) - 1, 3), -1.0, np.float32)
+    assert not s.gather(b, held[1:], part, at=np.arange(len(held) - 1)).any()
+    np.testing.assert_array_equal(part, vals[held[1:]])
+    deltas = np.ones((len(held), 3), np.float32)
+    s.check_update_many(b, "add", held, deltas)
+    s.update_many(b, "add", held, deltas)                    # covering: one in-place add
+    ref.update_many(b, "add", held[::-1].copy(), deltas)     # same keys out of order: the lookup path
+    np.testing.assert_array_equal(s.export_arrays(b).values, ref.export_arrays(b).values)
+    # A delta of another row shape is refused only where the block holds a key it names.
+    with pytest.raises(StoreError, match="have shape"):
+        s.check_update_many(b, "add", held[:1], np.ones((1, 4), np.float32))
+    s.check_update_many(b, "add", np.array([10_000], np.int64), np.ones((1, 4), np.float32))
+
+
+def test_groupings_reuse_the_grouping_of_an_equal_key_array_only() -> None:
+    cache = Groupings()
+    received = np.arange(40, dtype=np.int64)          # as if a view of a receive buffer
+    first = cache.of(received, NB)
+    expected = group_by_block(blocks_of_int_keys(received, NB), NB)
+    assert [(b, i.tolist()) for b, i in first] == [(b, i.tolist()) for b, i in expected]
+    assert cache.of(np.arange(40, dtype=np.int64), NB) is first      # equal keys: the same grouping
+    received[:] = np.arange(40, 80)                    # the buffer reused for the next frame
+    other = cache.of(received, NB)
+    assert other is not first
+    assert [(b, i.tolist()) for b, i in other] == \
+        [(b, i.tolist()) for b, i in group_by_block(blocks_of_int_keys(np.arange(40, 80), NB), NB)]
+    assert cache.of(received[:10], NB) is not other and cache.of(received[:10], 8) is not other

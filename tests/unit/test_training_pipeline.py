@@ -1,10 +1,12 @@
 """The worker's training pipeline against in-process executors on localhost sockets: it trains
-(through a block migration too) exactly as a sequential loop would, COMP runs off the event loop,
+(through a block migration too) exactly as a sequential loop would, COMP runs off the event loop
+(but for one after a COMP of under INLINE_MAX_S, which runs inline),
 a runner sees every subtask in order, and a batch limit stops mid-epoch and resumes."""
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -18,7 +20,8 @@ from psruntime.wire.dataplane import DataPlaneClient
 from psruntime.executor import Executor
 from psruntime.store.migration_controller import MigrationController
 from psruntime.store.store_client import StoreClient
-from psruntime.training_pipeline import (POSITION, Resource, Subtask, TrainingPipeline, TrainingStopped,
+from psruntime.training_pipeline import (INLINE_MAX_S, POSITION, ComputeThread, Resource, Subtask, TrainingPipeline,
+                                         TrainingStopped,
                                          epoch_position, init_blocks, init_model, pull_key_values)
 from store_cluster import executor_cluster
 
@@ -140,6 +143,8 @@ async def test_comp_runs_off_the_event_loop(cluster) -> None:
             # On the event loop this wait would hold the loop, nothing below could release it, and
             # the step would fail here instead of hanging.
             assert release.wait(10), "COMP held the event loop"
+            # A COMP this long sends the next one to the thread too (a short one may run inline).
+            time.sleep(2 * INLINE_MAX_S)
             return super().compute(batch, params, ctx)
 
     inner = create_app("mlr", preset="tiny")
@@ -158,6 +163,27 @@ async def test_comp_runs_off_the_event_loop(cluster) -> None:
     release.set()
     times = await asyncio.wait_for(step, 10)
     assert times.batches == 2 and threading.get_ident() not in app.threads and len(app.threads) == 1
+
+
+async def test_a_short_comp_runs_on_the_loop_and_a_long_one_sends_the_next_to_the_thread() -> None:
+    loop_thread = threading.get_ident()
+    compute = ComputeThread()
+
+    def short() -> int:
+        return threading.get_ident()
+
+    def long() -> int:
+        time.sleep(2 * INLINE_MAX_S)
+        return threading.get_ident()
+
+    try:
+        ran = [await compute.call(fn) for fn in (short, short, short, long, short, short)]
+    finally:
+        compute.close()
+    on_loop = [t == loop_thread for t in ran]
+    # The first call has no measured predecessor: the thread. After a short one: inline; the call
+    # after the long one: the thread again, then inline once more.
+    assert on_loop == [False, True, True, True, False, True]
 
 
 async def test_a_runner_sees_pull_comp_push_in_order_for_every_batch(cluster) -> None:

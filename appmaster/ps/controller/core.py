@@ -163,6 +163,7 @@ def _directive(job: JobState, e: ev.DirectiveArrived, out: Out) -> None:
         job.first_directive = d
         job.kept_directive = None                # a PAUSE kept before it is superseded
         job.applied_directive = d.version
+        job.kept_directive = None                # an older PAUSE held the job back: this one supersedes it
         begin(job, Change(ChangeKind.START, Origin.DIRECTIVE, e.at, directive_version=d.version), out)
         return
     if job.phase.value in _BEFORE_TRAINING:
