@@ -16,6 +16,7 @@ named than simulated, ValueError.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -60,10 +61,29 @@ class AmReplay:
     record: JobRecord
     killed: list[str] = field(default_factory=list)     # the executors `losses` killed
 
+    per_event: list[tuple[Phase, list[str]]] = field(default_factory=list)
+
+    def segments(self) -> list[tuple[Phase, Counter[str]]]:
+        """The step kinds each stretch of one phase issued (see `step_segments`)."""
+        return step_segments(self.per_event)
+
     def steps(self) -> list[str]:
         """The step instructions' kinds, in order (what the job did, without the bookkeeping
         instructions: launches, reports, replies)."""
         return [k for k in self.instructions if k in STEP_KINDS]
+
+
+def step_segments(per_event: Sequence[tuple[Phase, Sequence[str]]]) -> list[tuple[Phase, Counter[str]]]:
+    """Per stretch of consecutive events after which the job was in the same phase, the step
+    instruction kinds those events issued (an event's instructions belong to the phase it led to).
+    A change's concurrent parts (EPS's two roles, a plan's ready ops) interleave their steps by
+    timing, so within a stretch the kinds are a multiset; the stretches themselves are in order."""
+    out: list[tuple[Phase, Counter[str]]] = []
+    for phase, kinds in per_event:
+        if not out or out[-1][0] is not phase:
+            out.append((phase, Counter()))
+        out[-1][1].update(k for k in kinds if k in STEP_KINDS)
+    return out
 
 
 class ScriptedDirectives:
@@ -129,6 +149,7 @@ def replay_directives(spec: PSJobSpec, script: Sequence[tuple[float, ShapeDirect
     phases = [Phase.STARTING] + [to for _, _, to in sj.state.history]
     return AmReplay(phases=[p for i, p in enumerate(phases) if i == 0 or p is not phases[i - 1]],
                     instructions=list(sj.log.instructions), record=record, killed=killed,
+                    per_event=list(sj.log.per_event),
                     events=[(t - sj.record.arrival, kind, phase) for t, kind, phase in sj.log.events])
 
 
@@ -142,4 +163,5 @@ def _kill(sim: Simulator, job: SimJob, loss: Loss, killed: list[str]) -> None:
     killed.append(victim.executor_id)
 
 
-__all__ = ["AmReplay", "JOB", "Loss", "ScriptedDirectives", "node_map", "replay_directives", "trace_job"]
+__all__ = ["AmReplay", "JOB", "Loss", "ScriptedDirectives", "node_map", "replay_directives", "step_segments",
+           "trace_job"]

@@ -147,10 +147,13 @@ class AmLog:
 
     events: list[tuple[float, str, Phase]] = field(default_factory=list)
     instructions: list[str] = field(default_factory=list)
+    per_event: list[tuple[Phase, list[str]]] = field(default_factory=list)   # (phase after, its instructions)
 
     def record(self, event: ev.Event, out: list[ins.Instruction], phase: Phase) -> None:
+        kinds = [type(i).__name__ for i in out]
         self.events.append((event.at, type(event).__name__, phase))
-        self.instructions.extend(type(i).__name__ for i in out)
+        self.instructions.extend(kinds)
+        self.per_event.append((phase, kinds))
 
 
 class SimJob:

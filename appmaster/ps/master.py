@@ -76,6 +76,7 @@ from .user_errors import user_error, user_failure
 log = logging.getLogger(__name__)
 
 LOSS_REPORT_WAIT_S = 30.0           # a failed call waits this long for its container's exit (a lost node: its expiry)
+RECOVERY_WAIT_S = 600.0             # ... and this long for the recovery from it to end
 HISTORY_LIMIT = 100
 FINAL_STATUS_FILE = "status.json"   # in the AM dir: the job's last status, written on exit
 
@@ -116,7 +117,7 @@ class PSApplicationMaster:
         self.started = time.time()
         self.retiring: set[str] = set()
         self.unresponsive: dict[str, str] = {}
-        self._stopping: set[asyncio.Task[None]] = set()
+        self._stopping: set[asyncio.Future[None]] = set()
         self.training.loop.on_unresponsive = self._stop_unresponsive
         self.steps = Reconfiguration(am, self.training, self.checkpointer, self.resource, self.retiring,
                                      started=lambda: self.job.phase.trains or self.job.phase is Phase.RESTARTING)
@@ -391,6 +392,20 @@ class PSApplicationMaster:
             raise RuntimeError("Cruise plans a directive once training is set up")
         return self.cruise.plan_for(s)
 
+    def _save_controller_log(self) -> None:
+        """The controller log so far, to the AM dir (in a thread: an object store is a request):
+        after every change, so a job stopped without a clean exit leaves it up to its last one."""
+        data = msgspec.json.encode(ControllerLog(spec=self.spec, entries=list(self.interp.log)))
+        task = asyncio.ensure_future(asyncio.to_thread(self._write_log, data))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    def _write_log(self, data: bytes) -> None:
+        try:
+            self.am_dir.write_bytes(CONTROLLER_LOG_FILE, data)
+        except OSError as e:
+            log.warning("could not write the controller log: %s", e)
+
     def record_shape_change(self, record: ShapeChange) -> None:
         """Add one finished (or failed) shape change to the history the status serves."""
         self.shape_history.append(record)
@@ -450,10 +465,37 @@ class PSApplicationMaster:
                     group=d.group, run_state=d.run_state.value))
         self.progress.change_ended(time.time())
         self._publish_shape()
+        self._save_controller_log()
 
     # -- training ----------------------------------------------------------------------------
     async def _train(self) -> None:
-        await self.training.loop.train(self._after_epoch)
+        """Train until the end, a pause, or a failure the job does not survive. A call to a dead
+        executor usually fails before its container's exit reaches the AM: then wait for the loss
+        and its recovery (the controller's) -- a lost worker replaced in place lets training go
+        on from where it stopped; the checkpoint path stops it (PauseTraining) and starts it again."""
+        loop = self.training.loop
+        while True:
+            known = len(self.job.lost)
+            try:
+                await loop.train(self._after_epoch)
+                return
+            except (ExecutorCallError, StoreClientError) as e:
+                if user_error(e) is not None:
+                    raise
+                eid = e.executor.executor_id if isinstance(e, ExecutorCallError) else None
+                job = self.job
+                if not await self.interp.until(
+                        lambda: job.phase.is_final or job.change is not None or bool(job.pending_losses)
+                        or (eid in job.lost if eid is not None else len(job.lost) > known), LOSS_REPORT_WAIT_S):
+                    raise
+                await self.interp.until(lambda: job.phase.is_final or loop.stopping
+                                        or (job.change is None and not job.pending_losses), RECOVERY_WAIT_S)
+                if job.phase.is_final or loop.stopping:
+                    return
+                if eid is not None and eid in self.training.membership.worker_ids() + \
+                        self.training.membership.server_ids():
+                    raise                   # nothing took its place: training cannot go on
+                log.info("training goes on after the recovery from %s", e)
 
     def _train_ended(self, err: Optional[BaseException]) -> None:
         now = time.time()
@@ -462,26 +504,13 @@ class PSApplicationMaster:
                 return                      # paused at a clock boundary: the change goes on
             self.interp.feed(cev.TrainingEnded(at=now, criterion=self._stop_criterion()))
             return
-        if user_error(err) is not None:
-            msg = user_failure(self.spec, err) or str(err)
-            self.interp.feed(cev.UserCodeError(at=now, message=msg))
-            return
-        if isinstance(err, (ExecutorCallError, StoreClientError)):
-            task = asyncio.ensure_future(self._await_loss(err))
-            self._stopping.add(task)
-            task.add_done_callback(self._stopping.discard)
-            return
-        log.error("PS job failed", exc_info=err)
-        self.interp.feed(cev.UserCodeError(
-            at=now, message=f"PS job failed in phase {self.job.phase.value}: {type(err).__name__}: {err}"))
-
-    async def _await_loss(self, err: BaseException) -> None:
-        """A call to a dead executor usually fails before its container's exit reaches the AM:
-        wait for the loss (the controller recovers from it), else fail the job with the error."""
-        job = self.job
-        if not await self.interp.until(lambda: job.phase.is_final or job.change is not None or bool(job.pending_losses),
-                                       LOSS_REPORT_WAIT_S):
-            self.interp.feed(cev.UserCodeError(at=time.time(), message=str(err)))
+        msg = user_failure(self.spec, err) if user_error(err) is not None else None
+        if msg is None and isinstance(err, (ExecutorCallError, StoreClientError)):
+            msg = str(err)                  # no loss reported for it: the job cannot go on
+        if msg is None:
+            log.error("PS job failed", exc_info=err)
+            msg = f"PS job failed in phase {self.job.phase.value}: {type(err).__name__}: {err}"
+        self.interp.feed(cev.UserCodeError(at=now, message=msg))
 
     async def _replace_lost_workers(self, lost: list[ExecutorRecord]) -> Optional[list[ExecutorRecord]]:
         """The clock loop's hook: `lost` workers' run_clock failed. Once the controller's recovery

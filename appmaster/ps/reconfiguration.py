@@ -305,6 +305,7 @@ class Reconfiguration:
         iterations and pacing carry on. Returns the restored objective. (The kill-based restart
         and a new AM attempt resuming the job are this step.)"""
         training = self.training
+        self._ledger = None       # the partitions are generated afresh: the ledger follows the new workers
         # The barrier's members, in partition order; the checkpoint's block sizes let the parameter
         # assignment balance the servers (Optimus §5.3).
         await training.placement.place(servers, workers, checkpoint_block_sizes(directory, training.spec.num_blocks))
