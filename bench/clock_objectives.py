@@ -28,7 +28,7 @@ from typing import Any
 
 from appmaster.container_book import AmContainer
 from appmaster.ps.clock_objectives import ClockObjectives
-from appmaster.ps.executor_pool import ExecutorPool, Role
+from appmaster.ps.runtime.executor_pool import ExecutorPool, Role
 from appmaster.ps.metrics import EpochRecord, JobMetrics
 from appmaster.ps.training import Training
 from protocol.ps_job_spec import validate

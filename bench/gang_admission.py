@@ -54,7 +54,7 @@ finished in both arms (static 3.03, 1.89-3.80; eps 1.47, 1.19-5.36; dorm 1.92, 1
 Measured before issue 33 (2026-11-26, --quick, 2-core host), with the timeout as a failed job's
 JCT -- figures that measured the timeout, kept for the failure counts: off / minimum = 0.865
 (3 of 6 jobs failed in each). "minimum" admits three jobs whose AM + min 1 + 1 fit (all 9
-slots), but the PS AM waits for its submitted 2 + 2 before it trains (appmaster/ps/master.py
+slots), but the PS AM waits for its submitted 2 + 2 before it trains (appmaster/ps/runtime/master.py
 `_drive`), so all three wait on workers no one can get until their AMs give up at 120 s: the
 deadlock gang admission is meant to prevent, moved, not removed. So rm.toml's default gang_shape is
 "submitted", the gang the AM waits for: `--testbed --quick --settings off,submitted` failed 3 of 6

@@ -53,7 +53,7 @@ from localization import make_archive  # noqa: E402  (bench/localization.py's ar
 import s3_server  # noqa: E402
 from store_cluster import executor_cluster, pull_values, put_values, server_record  # noqa: E402
 from appmaster.ps.checkpoints import Checkpointer  # noqa: E402
-from appmaster.ps.executor_pool import ExecutorRecord  # noqa: E402
+from appmaster.ps.runtime.executor_pool import ExecutorRecord  # noqa: E402
 from nodemanager import localizer  # noqa: E402
 from protocol import ps_job_spec  # noqa: E402
 from protocol.checkpoint_manifest import JobRecord  # noqa: E402

@@ -66,7 +66,7 @@ class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
     # Gang admission of PS jobs (rm/scheduler.py): a job's AM container starts only when the AM and
     # its `gang_shape` of executors fit together (queue headroom and nodes), so a job holds nothing
     # until it can run. "submitted" (default): workers + servers, what the PS AM waits for before it
-    # trains (appmaster/ps/master.py starts every submitted executor first); "minimum":
+    # trains (appmaster/ps/runtime/master.py starts every submitted executor first); "minimum":
     # min_workers + min_servers, for AMs that train on their minimum and grow -- with today's PS AM it
     # admits jobs that then starve each other (bench/gang_admission.py --testbed measured it).
     gang_admission: bool = True

@@ -295,7 +295,7 @@ class EpsDatasets(ExecutorRequest, tag="eps_datasets"):
 # -- the executor to the AM --------------------------------------------------------------------------
 class ExecutorReady(ExecutorRequest, tag="executor_ready"):
     """Executor -> AM, once it serves: its id, its data-plane address (host:port), pid and role.
-    The AM's pool (appmaster.ps.executor_pool.ExecutorPool.handle_frame) decodes it once and answers
+    The AM's pool (appmaster.ps.runtime.executor_pool.ExecutorPool.handle_frame) decodes it once and answers
     `Ok`. The one request that travels this way, so no executor serves it (not in ControlRequest)."""
 
     executor_id: Annotated[str, msgspec.Meta(min_length=1)]

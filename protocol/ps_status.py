@@ -1,13 +1,13 @@
 """The PS AM's job status, one record: `PsStatus` is what `GET /status` serves and what the AM
 leaves as `status.json` (FINAL_STATUS_FILE) in its durable dir when it exits.
 
-appmaster.ps.status_view builds it from the AM's parts, `encode_status` writes it, and every
+appmaster.ps.runtime.status_view builds it from the AM's parts, `encode_status` writes it, and every
 reader decodes it once with this type -- `decode_status` (JSON builtins, e.g. an HTTP client's
 answer) or `read_status` (the bytes): the CLI (`elastane ps status`, `ps scale`, `ps submit
 --wait`'s progress bar), the benchmarks, the testbed (`TestbedCluster.final_status`) and the
 tests. Its sections:
 
-- `directives`: `DirectiveRecord`, one RM shape directive acted on (appmaster.ps.master records it).
+- `directives`: `DirectiveRecord`, one RM shape directive acted on (appmaster.ps.runtime.master records it).
 - `cruise`: `CruiseStatus`, the Cruise optimizer's section, its `plan_history` of `CruisePlanRecord`
   (appmaster.ps.cruise_driver), each with its `PlanRunRecord` (the controller's run of the plan); the
   optimizer's decisions, metrics and plans stay its own JSON (`JsonObject`).
@@ -17,16 +17,16 @@ tests. Its sections:
   `final_metrics`: the final model's held-out metrics.
 - `shape_history`: protocol.shape_history's records (the tagged union `ShapeChange`).
 - `shape`: `ShapeStatus`, the executors the job was given, each an `ExecutorStatus`
-  (appmaster.ps.executor_pool: ExecutorRecord.status, ExecutorPool.shape_status).
+  (appmaster.ps.runtime.executor_pool: ExecutorRecord.status, ExecutorPool.shape_status).
 - `spec`: the job's protocol.ps_job_spec.PSJobSpec as the AM runs it (it round-trips strictly; the
   spec refuses unknown fields, so a reader reads the spec of an AM of its own version).
-- `eps`: `EpsStatus`, EPS's section (appmaster.ps.master.eps_status): the running change, its ops
+- `eps`: `EpsStatus`, EPS's section (appmaster.ps.runtime.master.eps_status): the running change, its ops
   (`EpsOpStatus` with their `EpsTransfer`s), the limits, the input splits by worker, the audit.
 - `checkpoints`: `CheckpointInfo`, each checkpoint written; `resumed_from`: `ResumedFrom`, the
   earlier attempt's checkpoint this attempt continued from (appmaster.ps.job_resume).
-- `recovery`: `RecoveryStatus` (appmaster.ps.master.recovery_status); `stragglers`: `StragglerStatus`
+- `recovery`: `RecoveryStatus` (appmaster.ps.runtime.master.recovery_status); `stragglers`: `StragglerStatus`
   (appmaster.ps.stragglers).
-- `suspension`: `SuspensionStatus`, Harmony's pause / resume (appmaster.ps.master.suspension_status), with its
+- `suspension`: `SuspensionStatus`, Harmony's pause / resume (appmaster.ps.runtime.master.suspension_status), with its
   `SuspensionCut` and its `SuspendChange` history; `spill`: `SpillStatus`, the job's input spill
   (appmaster.ps.executor_status; null when no worker spills).
 
@@ -379,7 +379,7 @@ class SplitHoldings(msgspec.Struct, kw_only=True):
 
 
 class EpsStatus(msgspec.Struct, kw_only=True):
-    """EPS's section (appmaster.ps.master.eps_status): whether a change runs and
+    """EPS's section (appmaster.ps.runtime.master.eps_status): whether a change runs and
     which, the members, the exactly-once audit, the op history, the limits and the input splits
     by worker (`limits` and `datasets` None before training is set up)."""
 
@@ -397,7 +397,7 @@ class EpsStatus(msgspec.Struct, kw_only=True):
 
 class PsStatus(msgspec.Struct, kw_only=True):
     """The PS AM's job status: what `GET /status` serves and `status.json` keeps, built by
-    appmaster.ps.status_view and decoded with `decode_status` by every reader (the CLI, benches,
+    appmaster.ps.runtime.status_view and decoded with `decode_status` by every reader (the CLI, benches,
     tests). Every field has a default: an AM still starting, or an older one, may leave sections out."""
 
     app: Optional[str] = None

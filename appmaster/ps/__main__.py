@@ -24,7 +24,7 @@ from protocol.ps_job_spec import PS_SPEC_ENV, JobSpecError, PSJobSpec, validate
 
 from ..am_client import ApplicationMaster
 from ..rm_client import AmEnvironmentError
-from .master import PSApplicationMaster
+from .runtime.master import PSApplicationMaster
 from .user_errors import fail_before_start
 
 log = logging.getLogger("appmaster.ps")

@@ -60,8 +60,8 @@ from psruntime.store.block_store import BlockArrays
 from psruntime.wire.dataplane import DataPlaneClient
 from psruntime.store.ownership_table import OwnershipTable
 
-from .executor_pool import ExecutorRecord
-from .executor_rpc import Answered, ExecutorRpc
+from .runtime.executor_pool import ExecutorRecord
+from .runtime.executor_rpc import Answered, ExecutorRpc
 from protocol.errors import AppError
 
 log = logging.getLogger(__name__)

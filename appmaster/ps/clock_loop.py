@@ -32,7 +32,7 @@ Without a replacement the survivors' part of the clock is counted and the failur
 
 A clock waits on nothing forever. A worker's reply wait ends with ExecutorLost as soon as the
 pool learns the worker is gone (its container's completion, as the RM reports it: the address
-is marked lost and the request fails, appmaster.ps.executor_pool); a server lost while the clock
+is marked lost and the request fails, appmaster.ps.runtime.executor_pool); a server lost while the clock
 runs ends the whole clock with ExecutorLost for that server (the workers may be blocked pulling
 from it; the master then goes back to the latest checkpoint and replaces every executor, which
 tears the blocked workers down). A host that vanishes without a word is reported by the RM within
@@ -65,8 +65,8 @@ from .boundary_scheduler import BoundaryScheduler
 from .clock_objectives import epoch_fraction
 from .clock_pacing import ClockPacer
 from .evaluation import Evaluation
-from .executor_pool import ExecutorRecord
-from .executor_rpc import Answered, ExecutorCallError, ExecutorLost, ExecutorRpc
+from .runtime.executor_pool import ExecutorRecord
+from .runtime.executor_rpc import Answered, ExecutorCallError, ExecutorLost, ExecutorRpc
 from .membership import Membership
 from .metrics import EpochRecord, JobMetrics
 from .model_placement import ModelPlacement

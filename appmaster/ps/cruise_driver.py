@@ -46,7 +46,7 @@ from .controller.phases import Phase
 from .controller.records import Holdings, Move, PlanOp, PlanOpKind
 from .controller.records import Role as CRole
 from .controller.state import Change, ChangeKind, JobState
-from .executor_pool import ExecutorRecord
+from .runtime.executor_pool import ExecutorRecord
 from .metrics import EpochRecord
 from .training import Training
 

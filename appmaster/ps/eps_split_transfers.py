@@ -15,8 +15,8 @@ from .boundary_scheduler import BoundaryScheduler
 from .eps_datasets import SplitLedger
 from .eps_decisions import Transfer, group_by_route
 from .eps_records import ElasticOpFailed, ElasticOpRecord
-from .executor_pool import ExecutorPool, ExecutorRecord
-from .executor_rpc import ExecutorRpc
+from .runtime.executor_pool import ExecutorPool, ExecutorRecord
+from .runtime.executor_rpc import ExecutorRpc
 
 
 class SplitTransmitter:

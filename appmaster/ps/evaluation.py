@@ -15,8 +15,8 @@ from psruntime.apps.base import AnyPSApp, ObjectivePart
 from psruntime.wire.dataplane import DataPlaneClient
 from psruntime.store.store_client import StoreClient
 
-from .executor_pool import ExecutorRecord
-from .executor_rpc import ExecutorRpc
+from .runtime.executor_pool import ExecutorRecord
+from .runtime.executor_rpc import ExecutorRpc
 from .membership import Membership
 from .model_placement import ModelPlacement
 

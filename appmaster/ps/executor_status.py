@@ -9,8 +9,8 @@ from typing import Any, Iterable, Optional
 from protocol import executor_ops as ops
 from protocol.ps_status import SpillStatus
 
-from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
-from .executor_rpc import ExecutorRpc
+from .runtime.executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role
+from .runtime.executor_rpc import ExecutorRpc
 from .metrics import JobMetrics
 
 

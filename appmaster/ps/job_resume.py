@@ -24,7 +24,7 @@ from psruntime.apps.base import AnyPSApp
 
 from .checkpoints import Checkpointer, StoredCheckpoint
 from .clock_loop import ClockLoop
-from .executor_pool import ExecutorRecord
+from .runtime.executor_pool import ExecutorRecord
 from .metrics import EpochRecord, JobMetrics
 from .reconfiguration import Reconfiguration, keeps_worker_state
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from .executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role, by_index
+from .runtime.executor_pool import ExecutorPool, ExecutorRecord, ExecutorState, Role, by_index
 
 
 class Membership:

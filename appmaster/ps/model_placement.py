@@ -17,8 +17,8 @@ from psruntime.wire.dataplane import DataPlaneClient
 from psruntime.store.migration_controller import MigrationController
 from psruntime.store.ownership_table import OwnershipTable
 
-from .executor_pool import ExecutorRecord
-from .executor_rpc import ExecutorRpc
+from .runtime.executor_pool import ExecutorRecord
+from .runtime.executor_rpc import ExecutorRpc
 from .membership import Membership
 from .parameter_assignment import owners
 

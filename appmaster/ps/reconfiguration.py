@@ -51,7 +51,7 @@ from .eps_datasets import SplitLedger
 from .eps_decisions import Transfer, group_by_route
 from .eps_records import ElasticOpFailed, ElasticOpRecord
 from .eps_split_transfers import SplitTransmitter
-from .executor_pool import ExecutorRecord, Role, by_index
+from .runtime.executor_pool import ExecutorRecord, Role, by_index
 from .parameter_assignment import checkpoint_block_sizes
 from .training import Training
 

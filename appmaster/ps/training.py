@@ -17,8 +17,8 @@ from psruntime.wire.dataplane import DataPlaneClient
 
 from .clock_loop import ClockLoop
 from .evaluation import Evaluation
-from .executor_pool import ExecutorPool, ExecutorRecord
-from .executor_rpc import ExecutorRpc
+from .runtime.executor_pool import ExecutorPool, ExecutorRecord
+from .runtime.executor_rpc import ExecutorRpc
 from .executor_status import StatusPoller
 from .membership import Membership
 from .metrics import JobMetrics

@@ -20,7 +20,7 @@ from psruntime.apps.base import AppConfigError
 from psruntime.apps.registry import UserCodeError, is_user_app
 
 from ..am_client import ApplicationMaster
-from .executor_rpc import ExecutorCallError
+from .runtime.executor_rpc import ExecutorCallError
 
 log = logging.getLogger(__name__)
 

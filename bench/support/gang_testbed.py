@@ -8,7 +8,7 @@ fits (up to the AM limit, rm.toml `max_am_resource_percent`), and the started jo
 remaining room between them, each possibly holding less than its minimum shape while it waits for
 the rest; with `true` (gang shape "minimum", the default; docs/internals.md "Admission") a job's AM
 starts only once it and its min_workers + min_servers executors fit ("submitted": workers + servers,
-the shape the PS AM waits for before it trains, appmaster/ps/master.py `_drive`).
+the shape the PS AM waits for before it trains, appmaster/ps/runtime/master.py `_drive`).
 
 Each job's JCT is submission to its final state, as the client sees it (polled every `POLL_S`). A
 job still running when its timeout runs out is killed and counted stalled; a job that ended other

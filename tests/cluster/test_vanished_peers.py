@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from appmaster.container_book import AmContainer
-from appmaster.ps.executor_pool import ExecutorPool, ExecutorState, Role
-from appmaster.ps.executor_rpc import ExecutorCallError, ExecutorLost, ExecutorRpc
+from appmaster.ps.runtime.executor_pool import ExecutorPool, ExecutorState, Role
+from appmaster.ps.runtime.executor_rpc import ExecutorCallError, ExecutorLost, ExecutorRpc
 from elastane_cli import node_network as nn
 from polling import async_wait_until
 from protocol import executor_ops as ops

@@ -1,4 +1,4 @@
-"""The real PS AM (appmaster.ps.master: the PS-job controller and its interpreter) over real
+"""The real PS AM (appmaster.ps.runtime.master: the PS-job controller and its interpreter) over real
 in-process executors: `InProcessAM` stands in for the AM's RM client. An ask is granted at once
 (ContainersAllocated on the AM's event queue), a launch starts an `Executor` in this event loop
 that announces itself over the data plane to the AM's address as a launched container does, and a
@@ -19,8 +19,8 @@ from typing import Any, Callable, Optional
 
 from appmaster.am_events import AmEvent, ContainersAllocated, ContainersCompleted, ShapeChanged
 from appmaster.container_book import AmContainer, AmContainerState
-from appmaster.ps.executor_pool import ExecutorPool
-from appmaster.ps.master import PSApplicationMaster
+from appmaster.ps.runtime.executor_pool import ExecutorPool
+from appmaster.ps.runtime.master import PSApplicationMaster
 from protocol import executor_ops as ops
 from protocol.internal_api import ShapeDirective
 from protocol.job_report import JobReport

@@ -19,7 +19,7 @@ from protocol.internal_api import ShapeDirective
 from appmaster.am_client import ApplicationMaster
 from appmaster.am_events import ShapeChanged
 from appmaster.ps.__main__ import load_spec, parse_args
-from appmaster.ps.master import PSApplicationMaster
+from appmaster.ps.runtime.master import PSApplicationMaster
 
 HOOK
 

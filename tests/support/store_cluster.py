@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 import numpy as np
 
 from appmaster.container_book import AmContainer
-from appmaster.ps.executor_pool import ExecutorRecord, ExecutorState, Role
+from appmaster.ps.runtime.executor_pool import ExecutorRecord, ExecutorState, Role
 from protocol.records import Resource
 from psruntime.store.store_client import StoreClient
 

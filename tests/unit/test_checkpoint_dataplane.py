@@ -14,8 +14,8 @@ import pytest
 from appmaster.container_book import AmContainer
 from protocol.checkpoint_manifest import JobRecord
 from appmaster.ps.checkpoints import Checkpointer
-from appmaster.ps.executor_pool import ExecutorRecord, ExecutorState, Role
-from appmaster.ps.executor_rpc import ExecutorCallError
+from appmaster.ps.runtime.executor_pool import ExecutorRecord, ExecutorState, Role
+from appmaster.ps.runtime.executor_rpc import ExecutorCallError
 from protocol import executor_ops as ops
 from protocol.records import Resource
 from psruntime.store.block_store import BlockArrays, BlockStore

@@ -15,7 +15,7 @@ import pytest
 from appmaster.ps import checkpoints
 from appmaster.ps.checkpoints import JOB_MANIFEST, Checkpointer
 from protocol.checkpoint_manifest import JobCheckpoint, JobRecord
-from appmaster.ps.executor_pool import ExecutorRecord
+from appmaster.ps.runtime.executor_pool import ExecutorRecord
 from appmaster.ps.job_resume import resumable_checkpoint, resume_job
 from appmaster.ps.metrics import JobMetrics
 from protocol.durable_storage import DurableDir

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from appmaster.ps.executor_pool import ExecutorPool, ExecutorRecord, Role
+from appmaster.ps.runtime.executor_pool import ExecutorPool, ExecutorRecord, Role
 from nodemanager.cgroup_detect import CgroupVersion, detect
 from nodemanager.cgroup_v1 import CgroupV1
 from nodemanager.cgroup_v2 import CgroupV2

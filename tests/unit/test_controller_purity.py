@@ -66,5 +66,5 @@ def test_controller_imports_nothing_of_io_or_the_clock() -> None:
 
 
 def test_the_walk_would_notice_an_offender() -> None:
-    graph = closure("appmaster.ps.executor_pool")      # the AM's I/O side: it does import asyncio
+    graph = closure("appmaster.ps.runtime.executor_pool")      # the AM's I/O side: it does import asyncio
     assert any(i.split(".")[0] in FORBIDDEN for imps in graph.values() for i in imps)

@@ -17,7 +17,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from appmaster.ps.status_server import ControlAuth, StatusServer
+from appmaster.ps.runtime.status_server import ControlAuth, StatusServer
 from protocol import tokens
 from protocol.ps_status import PsStatus
 from psruntime.wire.dataplane import DataPlaneClient, DataPlaneConnection, DataPlaneServer, parse_address
@@ -238,7 +238,7 @@ async def test_a_silent_peer_is_dropped_after_the_handshake_timeout(monkeypatch:
 
 def test_executors_get_the_secret_in_their_environment_not_their_command() -> None:
     from appmaster.container_book import AmContainer
-    from appmaster.ps.executor_pool import ExecutorPool, Role
+    from appmaster.ps.runtime.executor_pool import ExecutorPool, Role
     from protocol import container_env
     from protocol.records import Resource
 

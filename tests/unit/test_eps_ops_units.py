@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from appmaster.container_book import AmContainer
-from appmaster.ps.executor_pool import ExecutorPool, ExecutorState, Role
+from appmaster.ps.runtime.executor_pool import ExecutorPool, ExecutorState, Role
 from appmaster.ps.metrics import JobMetrics
 from appmaster.ps.boundary_scheduler import TrainingNotRunning
 from appmaster.ps.controller import Phase

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from appmaster.ps.executor_pool import (EXECUTOR_TRANSITIONS, ExecutorEvent, ExecutorRecord, ExecutorState,
+from appmaster.ps.runtime.executor_pool import (EXECUTOR_TRANSITIONS, ExecutorEvent, ExecutorRecord, ExecutorState,
                                         ExecutorStateError, Role)
 from protocol.state_machine import TransitionTable
 

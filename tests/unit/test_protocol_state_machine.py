@@ -47,7 +47,7 @@ def test_every_machine_of_the_project_uses_it_and_keeps_its_error() -> None:
     from rm.policies.eps_trial import TRANSITIONS as trials
     from rm.state_machines import APP_TRANSITIONS, ATTEMPT_TRANSITIONS
     from appmaster.cruise.plan import OP_TRANSITIONS
-    from appmaster.ps.executor_pool import EXECUTOR_TRANSITIONS
+    from appmaster.ps.runtime.executor_pool import EXECUTOR_TRANSITIONS
     from rm.policies.harmony_lifecycle import TRANSITIONS as harmony_jobs
     from appmaster.ps.controller import LIFECYCLE      # the PS job's lifecycle, which the simulator runs too
     for table in (am_containers, nm_containers, migration, trials, APP_TRANSITIONS,

@@ -8,12 +8,12 @@ import aiohttp
 import pytest
 
 from appmaster.container_book import AmContainer
-from appmaster.ps.executor_pool import ExecutorPool, ExecutorState, Role
+from appmaster.ps.runtime.executor_pool import ExecutorPool, ExecutorState, Role
 from appmaster.ps.controller.phases import LIFECYCLE, JobTransitionError, Phase, Trigger
 from appmaster.ps.controller.planners.base import fire
 from appmaster.ps.controller.state import JobState
 from appmaster.ps.metrics import DEFAULT_ALPHA, JobMetrics, MovingAverage, ServerTimes
-from appmaster.ps.status_server import StatusServer
+from appmaster.ps.runtime.status_server import StatusServer
 from protocol import codec, ps_job_spec
 from protocol import executor_ops as ops
 from protocol.job_report import (MAX_EPOCH_TIMES, MAX_OBJECTIVES, JobReport, finite, recent_epoch_times,

@@ -20,12 +20,12 @@ from appmaster.cruise.targets import Role
 from appmaster.ps.cruise_driver import OpTiming, PlanRecord, PlanRun
 from appmaster.container_book import AmContainer
 from appmaster.ps.eps_records import ElasticOpRecord
-from appmaster.ps.executor_pool import ExecutorPool, Role as ExecutorRole
+from appmaster.ps.runtime.executor_pool import ExecutorPool, Role as ExecutorRole
 from appmaster.ps.executor_status import spill_status
 from appmaster.ps.heldout_monitor import HeldoutPoint, HeldoutTracker
 from appmaster.ps.metrics import EpochRecord, JobMetrics
 from appmaster.ps.controller import Phase
-from appmaster.ps.master import PSApplicationMaster
+from appmaster.ps.runtime.master import PSApplicationMaster
 from elastane_cli import ps_reports, ps_scale_command
 from elastane_cli.progress_bar import format_progress
 from elastane_cli.ps_commands import WatchResult

@@ -1,4 +1,4 @@
-"""The PS AM's job status is one record: appmaster.ps.status_view builds a PsStatus from the AM's
+"""The PS AM's job status is one record: appmaster.ps.runtime.status_view builds a PsStatus from the AM's
 own parts, `/status` and status.json are its encoding, and decoding that gives the same record
 back, under the JSON keys the status always had. The checkpoint job record the AM writes is a
 JobRecord that round-trips inside its JobCheckpoint. No processes: the AM is built, not run."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from appmaster.ps.master import PSApplicationMaster
+from appmaster.ps.runtime.master import PSApplicationMaster
 from appmaster.ps.metrics import EpochRecord
 from appmaster.ps.stragglers import Straggler
 from protocol import ps_job_spec

@@ -11,9 +11,9 @@ import pytest
 from appmaster.container_book import AmContainer
 from protocol.checkpoint_manifest import JobRecord
 from appmaster.ps.checkpoints import JOB_MANIFEST, Checkpointer
-from appmaster.ps.executor_pool import ExecutorPool, ExecutorState, Role
+from appmaster.ps.runtime.executor_pool import ExecutorPool, ExecutorState, Role
 from appmaster.ps.metrics import EpochRecord, JobMetrics
-from appmaster.ps.executor_rpc import ExecutorCallError
+from appmaster.ps.runtime.executor_rpc import ExecutorCallError
 from appmaster.ps.training import Training
 from protocol.ps_job_spec import validate
 from protocol.records import Resource

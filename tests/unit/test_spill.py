@@ -306,7 +306,7 @@ def test_the_job_spec_takes_a_fixed_alpha_or_auto_and_defaults_to_no_spill() -> 
 
 
 def test_the_report_carries_the_mean_alpha_and_the_spilled_megabytes() -> None:
-    from appmaster.ps.executor_pool import ExecutorRecord, Role
+    from appmaster.ps.runtime.executor_pool import ExecutorRecord, Role
 
     def rec(i: int, alpha: float | None, spilled: int) -> ExecutorRecord:
         return ExecutorRecord(f"worker-{i}", Role.WORKER, container=None, spill_alpha=alpha,  # type: ignore[arg-type]

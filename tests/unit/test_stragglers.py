@@ -12,7 +12,7 @@ import time
 from appmaster.ps.controller import Phase
 from appmaster.ps.controller import events as ev
 from appmaster.ps.controller import instructions as ins
-from appmaster.ps.executor_pool import ExecutorState
+from appmaster.ps.runtime.executor_pool import ExecutorState
 from appmaster.ps.stragglers import MIN_BATCHES, StragglerWatch, WorkerPace, find_straggler
 from protocol.records import FinalStatus
 from protocol.shape_history import StragglerChange

@@ -265,7 +265,7 @@ async def test_nm_serves_its_exposition(tmp_path: Path) -> None:
 
 def test_launchers_name_the_role_the_nm_labels_metrics_with() -> None:
     from appmaster.container_book import AmContainer
-    from appmaster.ps.executor_pool import ExecutorPool, Role
+    from appmaster.ps.runtime.executor_pool import ExecutorPool, Role
     from protocol import container_env
 
     pool = ExecutorPool(num_blocks=4, am_address="h:1", job_secret="s")

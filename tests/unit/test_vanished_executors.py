@@ -19,8 +19,8 @@ import pytest
 
 from appmaster.ps.clock_loop import ReplyDeadline
 from appmaster.ps.controller import Phase
-from appmaster.ps.executor_pool import ExecutorRecord
-from appmaster.ps.executor_rpc import ExecutorLost
+from appmaster.ps.runtime.executor_pool import ExecutorRecord
+from appmaster.ps.runtime.executor_rpc import ExecutorLost
 from polling import async_wait_until
 from protocol import executor_ops as ops
 from protocol.records import FinalStatus

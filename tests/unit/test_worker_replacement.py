@@ -15,8 +15,8 @@ from typing import Any, Awaitable, Callable, Optional
 import pytest
 
 from appmaster.ps.controller import Phase
-from appmaster.ps.executor_pool import ExecutorState
-from appmaster.ps.executor_rpc import ExecutorCallError
+from appmaster.ps.runtime.executor_pool import ExecutorState
+from appmaster.ps.runtime.executor_rpc import ExecutorCallError
 from elastane_cli.ps_scale_command import change_rows
 from protocol import codec
 from protocol.records import FinalStatus

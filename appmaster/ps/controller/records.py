@@ -8,7 +8,7 @@ import msgspec
 
 
 class Role(str, enum.Enum):
-    """An executor's role (the values of appmaster.ps.executor_pool.Role and of container tags)."""
+    """An executor's role (the values of appmaster.ps.runtime.executor_pool.Role and of container tags)."""
 
     WORKER = "worker"
     SERVER = "server"

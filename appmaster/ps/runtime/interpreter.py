@@ -19,12 +19,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable, Optional
+from typing import Awaitable, Callable, Optional, cast
 
 import msgspec
+from msgspec import UNSET
 
 from protocol import executor_ops as ops
-from protocol.checkpoint_manifest import decode_job_checkpoint
+from protocol.checkpoint_manifest import JobRecord, decode_job_checkpoint
 from protocol.ps_job_spec import PSJobSpec
 from protocol.shape_history import (ExecutorCounts, KillRestartChange, RecoveryChange, ReplaceWorkerChange,
                                      ShapeChange, StragglerChange, SuspendChange)
@@ -39,8 +40,8 @@ from ..controller.planners.eps import Part
 from ..controller.state import Change, ChangeKind, JobState
 from ..eps_decisions import Transfer
 from ..eps_records import ElasticOpRecord
-from ..executor_pool import ExecutorRecord, Role
-from ..executor_rpc import ExecutorCallError
+from .executor_pool import ExecutorRecord, Role
+from .executor_rpc import ExecutorCallError
 from ..reconfiguration import Reconfiguration, keeps_worker_state
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ class Hooks:
     finish: Callable[[ins.Finish], None]
     setup: Callable[[], Awaitable[Optional[float]]]
     score: Callable[[], Awaitable[None]]
-    job_record: Callable[[], object]
+    job_record: Callable[[], JobRecord]
     on_change_end: Callable[[Change, "ChangeRecords", list[ElasticOpRecord]], None]
     plan: Callable[[ins.ComputePlan], Awaitable[list[PlanOp]]]
     restore_attempt: Callable[[list[ExecutorRecord], list[ExecutorRecord]], Awaitable[float]]
@@ -232,9 +233,9 @@ class JobInterpreter:
     # -- instructions out ----------------------------------------------------------------------
     def _do(self, i: ins.Instruction) -> None:
         if isinstance(i, ins.STEP_TYPES):
-            step = i
-            record = self._part_record(step)     # type: ignore[arg-type]
-            self.tasks[step.step] = asyncio.ensure_future(self._run(step, record))    # type: ignore[arg-type]
+            step = cast(ins.StepInstruction, i)
+            record = self._part_record(step)
+            self.tasks[step.step] = asyncio.ensure_future(self._run(step, record))
         elif isinstance(i, ins.LaunchExecutor):
             t = asyncio.ensure_future(self.hooks.launch(i.container_id, Role(i.role.value)))
             self._launches.add(t)
@@ -243,9 +244,9 @@ class JobInterpreter:
             self.hooks.release(i.container_id)
         elif isinstance(i, ins.CancelSteps):
             for s in i.steps:
-                t = self.tasks.get(s)
-                if t is not None and not t.done():
-                    t.cancel()
+                running = self.tasks.get(s)
+                if running is not None and not running.done():
+                    running.cancel()
         elif isinstance(i, ins.Reply):
             self.hooks.reply(i)
         elif isinstance(i, ins.ReportProgress):
@@ -255,12 +256,14 @@ class JobInterpreter:
             if old is not None:
                 old.cancel()
             delay = max(0.0, i.at - self.now())
-            self.timers[i.timer] = asyncio.get_running_loop().call_later(
-                delay, lambda name=i.timer: self.feed(ev.TimerFired(at=self.now(), timer=name)))
+            self.timers[i.timer] = asyncio.get_running_loop().call_later(delay, self._timer_fired, i.timer)
         elif isinstance(i, ins.Finish):
             self.hooks.finish(i)
         elif isinstance(i, ins.WithdrawAsks):
             pass    # a StartExecutors step withdraws its own asks when it ends (Reconfiguration._start)
+
+    def _timer_fired(self, name: str) -> None:
+        self.feed(ev.TimerFired(at=self.now(), timer=name))
 
     async def _run(self, step: ins.StepInstruction, record: Optional[ElasticOpRecord]) -> None:
         t0 = time.perf_counter()
@@ -363,15 +366,15 @@ class JobInterpreter:
             await steps.discard_staged(transfers(s.moves))
             return self._done(s)
         if isinstance(s, ins.RetireExecutors):
-            gone = [pool.executors[x] for x in s.executors if x in pool.executors]
-            for g in gone:
+            retiring = [pool.executors[x] for x in s.executors if x in pool.executors]
+            for g in retiring:
                 if g.role is Role.SERVER:
                     membership.remove_servers([g.executor_id])
             if rec is not None:
                 with rec.timed("retire"):
-                    await steps.retire(gone, rec, released=s.released)
+                    await steps.retire(retiring, rec, released=s.released)
             else:
-                await steps.retire(gone, released=s.released)
+                await steps.retire(retiring, released=s.released)
             return self._done(s)
         if isinstance(s, ins.SwitchRole):
             await steps.switch_role(pool.executors[s.executor], Role(s.role.value))
@@ -430,9 +433,9 @@ class JobInterpreter:
                 membership.remove_workers(gone)
                 for w in gone:
                     ledger.remove_worker(w)
-                for w in membership.workers:
-                    if w.executor_id in ledger.active:
-                        w.blocks = ledger.active_of(w.executor_id)
+                for member in membership.workers:
+                    if member.executor_id in ledger.active:
+                        member.blocks = ledger.active_of(member.executor_id)
                 fake.epoch_switched = self.training.loop.epochs_done
 
         with fake.timed("boundary"):
@@ -466,7 +469,7 @@ class JobInterpreter:
         if last is not None and (last["epoch"], last.get("clock", 0)) == (s.epoch, clock) and s.reason != "final":
             info = last
         else:
-            record = msgspec.structs.replace(job, objective=objective, reason=s.reason,   # type: ignore[type-var]
+            record = msgspec.structs.replace(job, objective=objective, reason=s.reason,
                                              positions=positions or None)
             info = await steps.checkpoint(loop.epochs_done, record, clock=clock)
         if self.records is not None:
@@ -585,7 +588,7 @@ def change_history(change: Change, rec: ChangeRecords, shape_after: tuple[int, i
                                                                              if change.target else 0),
                                  after=after, duration_s=seconds, training_time_lost_s=seconds, ok=ok,
                                  epoch=epoch, checkpoint=rec.checkpoint, objective_before=rec.cut_objective,
-                                 **({"objective_restored": rec.restored} if rec.restored is not None else {}))
+                                 objective_restored=rec.restored if rec.restored is not None else UNSET)
     if change.kind in (ChangeKind.PAUSE, ChangeKind.RESUME, ChangeKind.MIGRATE):
         extra: dict[str, object] = {}
         if rec.restored is not None:
@@ -617,7 +620,7 @@ def change_history(change: Change, rec: ChangeRecords, shape_after: tuple[int, i
                               checkpoint=change.checkpoint, epoch=epoch, epochs_redone=max(0, rec.epoch - epoch),
                               checkpoint_time=None, before=before, after=after, changed=ok, error=change.error,
                               seconds=seconds, duration_s=seconds, lost_s=seconds,
-                              **({"objective_restored": rec.restored} if rec.restored is not None else {}))
+                              objective_restored=rec.restored if rec.restored is not None else UNSET)
     return None
 
 

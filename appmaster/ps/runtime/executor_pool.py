@@ -10,7 +10,7 @@ The pool is where the AM learns that an executor is gone, and the one place that
 container's completion (`mark_exited`: it died, was killed, or its node was lost, as the RM
 reports), or the AM giving up on it (`declare_lost`: no reply by a deadline). Either way the AM's
 data-plane client (`links`) marks its address lost, so every request in flight to it fails at once
-(psruntime.wire.dataplane.PeerLost; appmaster.ps.executor_rpc.ExecutorLost), and `watch_losses` wakes
+(psruntime.wire.dataplane.PeerLost; appmaster.ps.runtime.executor_rpc.ExecutorLost), and `watch_losses` wakes
 whoever waits on work that needs it (the clock loop, on a server).
 """
 from __future__ import annotations

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -45,33 +46,33 @@ from psruntime.store.store_client import StoreClientError
 from psruntime.wire.dataplane import DataPlaneClient, DataPlaneServer
 from psruntime.wire.dataplane_auth import secret_key
 
-from ..am_client import ApplicationMaster
-from ..am_events import ContainersAllocated, ContainersCompleted, NodesUpdated, ShapeChanged, Shutdown
-from ..container_book import AmContainer
-from .checkpoints import Checkpointer, StoredCheckpoint
-from .controller import events as cev
-from .controller import instructions as ins
-from .controller.phases import Phase
-from .controller.records import ExecutorInfo, PlanOp
-from .controller.records import Role as CRole
-from .controller.state import Change, ChangeKind, JobState, Origin
-from .cruise_driver import CruiseDriver, build_cruise_driver
-from .job_progress import ProgressTracker, Shape, diff
-from .eps_records import ElasticOpRecord
+from ...am_client import ApplicationMaster
+from ...am_events import ContainersAllocated, ContainersCompleted, NodesUpdated, ShapeChanged, Shutdown
+from ...container_book import AmContainer
+from ..checkpoints import Checkpointer, StoredCheckpoint
+from ..controller import events as cev
+from ..controller import instructions as ins
+from ..controller.phases import Phase
+from ..controller.records import ExecutorInfo, PlanOp
+from ..controller.records import Role as CRole
+from ..controller.state import Change, ChangeKind, JobState, Origin
+from ..cruise_driver import CruiseDriver, build_cruise_driver
+from ..job_progress import ProgressTracker, Shape, diff
+from ..eps_records import ElasticOpRecord
 from .executor_pool import ExecutorRecord, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
-from .executor_status import spill_report
-from .heldout_monitor import HeldoutMonitor
-from .job_resume import job_record, resumable_checkpoint, resume_job
-from .metrics import EpochRecord, JobMetrics
-from .model_output import ModelOutput, read_init_from, warm_start
-from .reconfiguration import Reconfiguration, keeps_worker_state
-from .runtime.interpreter import (CONTROLLER_LOG_FILE, ChangeRecords, ControllerLog, Hooks, JobInterpreter,
+from ..executor_status import spill_report
+from ..heldout_monitor import HeldoutMonitor
+from ..job_resume import job_record, resumable_checkpoint, resume_job
+from ..metrics import EpochRecord, JobMetrics
+from ..model_output import ModelOutput, read_init_from, warm_start
+from ..reconfiguration import Reconfiguration, keeps_worker_state
+from .interpreter import (CONTROLLER_LOG_FILE, ChangeRecords, ControllerLog, Hooks, JobInterpreter,
                                   change_history)
 from .status_server import ControlAuth, StatusServer
-from .stragglers import Straggler, StragglerWatch, WorkerPace
-from .training import Training
-from .user_errors import user_error, user_failure
+from ..stragglers import Straggler, StragglerWatch, WorkerPace
+from ..training import Training
+from ..user_errors import user_error, user_failure
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ class PSApplicationMaster:
         self.interp.feed(cev.StopRequested(at=time.time(), reason=reason))
 
     def status(self) -> PsStatus:
-        """The job status the HTTP endpoint serves (appmaster.ps.status_view)."""
+        """The job status the HTTP endpoint serves (appmaster.ps.runtime.status_view)."""
         from .status_view import job_status
         return job_status(self)
 
@@ -280,7 +281,7 @@ class PSApplicationMaster:
     def _success_diagnostics(self) -> str:
         epochs = self.training.loop.epochs_done
         final = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
-        quality = None if self.spec.is_user_app else check_quality(self.app.name, self.final_metrics)
+        quality = None if self.spec.is_user_app else check_quality(self.app.name, self.final_metrics or {})
         warning = self.heldout.tracker.warning
         return (f"final objective {final:.6g} after {epochs} epochs ({self.stop_criterion}"
                 f"; initial {self.metrics.initial_objective:.6g}"
@@ -368,7 +369,8 @@ class PSApplicationMaster:
         self.resumed_from = await resume_job(self._resume, servers, workers, self.metrics, self.steps)
         self.progress.start(time.time())
         self._build_cruise()
-        return float(self.resumed_from.objective_restored)
+        restored = self.resumed_from.objective_restored
+        return float(restored) if restored is not None else math.nan
 
     async def _score(self) -> None:
         epochs = self.training.loop.epochs_done
@@ -693,12 +695,12 @@ class PSApplicationMaster:
             elif isinstance(ev, ContainersCompleted):
                 done = []
                 for c in ev.containers:
-                    rec = self.pool.mark_exited(c)
-                    if rec is None:
+                    ended = self.pool.mark_exited(c)
+                    if ended is None:
                         continue
                     if c.container_id in self.retiring:
-                        log.info("retired %s (%s, %s) exited", rec.executor_id, rec.role.value, c.container_id)
-                    text = rec.describe_exit(self.spec.executor_memory_mb)
+                        log.info("retired %s (%s, %s) exited", ended.executor_id, ended.role.value, c.container_id)
+                    text = ended.describe_exit(self.spec.executor_memory_mb)
                     if c.container_id in self.unresponsive:
                         text += f"; stopped by the AM: {self.unresponsive[c.container_id]}"
                     if c.container_id not in self.retiring and self.job.phase.executors_expected_alive:
@@ -738,7 +740,7 @@ class PSApplicationMaster:
         import msgspec
         loop = self.training.loop
         started = self.steps.ledger_ready
-        from .controller.planners.eps import limits
+        from ..controller.planners.eps import limits
         w, s = limits(self.job)
         current = self.interp.records.parts if self.interp.records is not None else {}
         cur = [r for r in current.values()]

@@ -1,5 +1,5 @@
 """The PS AM's job status as one record: `job_status` projects the AM's parts into a
-protocol.ps_status.PsStatus, which `GET /status` serves (appmaster.ps.status_server) and
+protocol.ps_status.PsStatus, which `GET /status` serves (appmaster.ps.runtime.status_server) and
 `status.json` keeps once the AM exits (protocol.ps_status.FINAL_STATUS_FILE); every reader decodes
 that same Struct (`decode_status` / `read_status`).
 
@@ -16,7 +16,7 @@ import msgspec
 
 from protocol.ps_status import CheckpointInfo, MetricsStatus, PsStatus
 
-from .executor_status import spill_status
+from ..executor_status import spill_status
 
 if TYPE_CHECKING:
     from .master import PSApplicationMaster

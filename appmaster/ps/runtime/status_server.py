@@ -1,6 +1,6 @@
 """The PS AM's HTTP endpoint (its YARN tracking URL): GET /status, POST /checkpoint, POST /scale.
 
-GET / and GET /status answer the job status, a protocol.ps_status.PsStatus (appmaster.ps.status_view), as JSON;
+GET / and GET /status answer the job status, a protocol.ps_status.PsStatus (appmaster.ps.runtime.status_view), as JSON;
 POST /checkpoint writes a checkpoint of every server block at the next epoch boundary and answers
 {"epoch", "dir", ...} once it is on disk (409 when the job has no model to checkpoint).
 POST /scale {"workers": +2, "servers": -1} changes the running job's shape relatively with EPS's

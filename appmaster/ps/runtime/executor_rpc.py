@@ -6,7 +6,7 @@ that record (with the frame's arrays, `Answered`): no caller reads a header. A f
 executor died, or answered with an error) comes back as `ExecutorCallError` naming the executor,
 its role, container and the op, which is what the job's diagnostics need. A request to an executor
 the AM knows is gone fails with `ExecutorLost` -- at once, also while it waits for the reply: the
-pool marks a lost executor's address lost on the shared client (appmaster.ps.executor_pool), which
+pool marks a lost executor's address lost on the shared client (appmaster.ps.runtime.executor_pool), which
 fails what is in flight to it; a host that vanished never answers, so nothing else would end the wait.
 """
 from __future__ import annotations
