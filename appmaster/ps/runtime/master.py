@@ -142,6 +142,7 @@ class PSApplicationMaster:
         self.paused_s = 0.0
         self.cut: Optional[SuspensionCut] = None
         self._slow: Optional[Straggler] = None     # the straggler a STRAGGLER change replaces
+        self._recovering_from: Optional[BaseException] = None    # a training error a recovery handles
         self.losses: list[str] = []
         self.recoveries = 0
         self.replacements = 0
@@ -493,7 +494,8 @@ class PSApplicationMaster:
                 await self.interp.until(lambda: job.phase.is_final or loop.stopping
                                         or (job.change is None and not job.pending_losses), RECOVERY_WAIT_S)
                 if job.phase.is_final or loop.stopping:
-                    return
+                    self._recovering_from = e     # the recovery stopped training: this error ends it
+                    raise
                 if eid is not None and eid in self.training.membership.worker_ids() + \
                         self.training.membership.server_ids():
                     raise                   # nothing took its place: training cannot go on
@@ -506,6 +508,8 @@ class PSApplicationMaster:
                 return                      # paused at a clock boundary: the change goes on
             self.interp.feed(cev.TrainingEnded(at=now, criterion=self._stop_criterion()))
             return
+        if err is self._recovering_from:
+            return                          # the recovery that stopped training goes on
         msg = user_failure(self.spec, err) if user_error(err) is not None else None
         if msg is None and isinstance(err, (ExecutorCallError, StoreClientError)):
             msg = str(err)                  # no loss reported for it: the job cannot go on
