@@ -175,6 +175,9 @@ def test_the_standby_takes_over_with_every_acknowledged_app_and_the_old_active_r
     assert info["rmStateStoreName"].endswith("EtcdStateStore") and info["haZooKeeperConnectionState"] == "etcd: CONNECTED"
     status, body, _ = call(standby.url + f"/ws/v1/cluster/apps/{app_id}")
     assert status == 200 and body["app"]["id"] == app_id and body["app"]["state"] == "ACCEPTED"
+    # The web UI says which RM is the active one (the standby's pages redirect to it).
+    with urllib.request.urlopen(standby.url + "/cluster", timeout=10) as r:
+        assert f"<b>{standby.rm_id}</b>, the active ResourceManager" in r.read().decode()
     # The CLI given both RMs fails over past the dead one.
     out = elastane(active.conf, active.work, "--rm", f"{active.url},{standby.url}", "app", "status", app_id)
     assert out.returncode == 0 and app_id in out.stdout and "ACCEPTED" in out.stdout, out.stderr
