@@ -5,7 +5,7 @@ type against this Protocol instead of the whole rm.server.ResourceManagerServer,
 Read-only properties, so a test can hand in any object with these members."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
 
 if TYPE_CHECKING:
     from protocol.config import ClusterConfig, RMConfig
@@ -38,3 +38,7 @@ class RmContext(Protocol):
 
     def submit(self, user: str, sub: ValidSubmission) -> None:
         """Admit a validated submission (stored before it is accepted)."""
+
+    @property
+    def ha_info(self) -> Optional[dict[str, object]]:
+        """An HA RM's fields of /ws/v1/cluster/info (rm/ha/); None for a single RM."""

@@ -98,6 +98,9 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         # Whether the RM's policy places new PS jobs before they start (set by the server from its
         # policy, rm/policies/base.py `places_new_jobs`); AMs learn it at registration.
         self.policy_places_new_jobs = False
+        # The RM's HA term (rm/ha/; 0 without HA): part of every new container id, YARN's
+        # container_e<epoch>_..., so two terms never issue the same id.
+        self.container_epoch = 0
 
     # ----- helpers --------------------------------------------------------------------------
     def policy_changed(self) -> None:
@@ -359,7 +362,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         app = self.apps[app_id]
         at = self.attempts[app.current_attempt or ""]
         at.container_seq += 1
-        cid = str(ContainerId(AttemptId.parse(at.attempt_id), at.container_seq))
+        cid = str(ContainerId(AttemptId.parse(at.attempt_id), at.container_seq, self.container_epoch))
         now = self.clock()
         token = tokens.sign(self.cluster.secret, tokens.CONTAINER,
                             container_token_payload(cid, node.node_id, app_id, at.attempt_id, app.user, r),

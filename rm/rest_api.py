@@ -21,6 +21,8 @@ from .policy_runner import apply_decision
 from .submission import AppShapeUpdate, AppStateUpdate, SubmissionContext, validate
 
 if TYPE_CHECKING:
+    from protocol.config import ClusterConfig
+
     from .model import App
     from .context import RmContext
 
@@ -28,6 +30,20 @@ log = logging.getLogger(__name__)
 
 ANONYMOUS = "dr.who"
 BASE = "/ws/v1/cluster"
+
+
+def request_user(cluster: ClusterConfig, request: web.Request) -> str:
+    """The caller of a client REST call: Hadoop simple auth (?user.name=, default dr.who) or, with
+    cluster.toml's client_auth = "token", a client bearer token (rm/ha/ha_http.py's HA calls too)."""
+    if cluster.client_auth == "token":
+        tok = tokens.token_from_header(request.headers.get("Authorization"))
+        if tok is None:
+            raise Unauthorized("this cluster requires 'Authorization: Bearer <client token>'")
+        user = cluster.client_tokens.get(tok)
+        if user is None:
+            raise Unauthorized("unknown client token")
+        return user
+    return request.query.get("user.name", "") or ANONYMOUS
 
 
 class ClientApi:
@@ -59,22 +75,12 @@ class ClientApi:
     # ----- identity -------------------------------------------------------------------------
     def user(self, request: web.Request) -> str:
         """The caller: Hadoop simple auth (?user.name=, default dr.who) or a client bearer token."""
-        cluster = self.rm.cluster
-        if cluster.client_auth == "token":
-            tok = tokens.token_from_header(request.headers.get("Authorization"))
-            if tok is None:
-                raise Unauthorized("this cluster requires 'Authorization: Bearer <client token>'")
-            user = cluster.client_tokens.get(tok)
-            if user is None:
-                raise Unauthorized("unknown client token")
-            return user
-        name = request.query.get("user.name", "")
-        return name or ANONYMOUS
+        return request_user(self.rm.cluster, request)
 
     # ----- cluster ----------------------------------------------------------------------------
     async def info(self, request: web.Request) -> web.Response:
         self.user(request)
-        return json_response(views.cluster_info(self.rm.core))
+        return json_response(views.cluster_info(self.rm.core, self.rm.ha_info))
 
     async def metrics(self, request: web.Request) -> web.Response:
         self.user(request)

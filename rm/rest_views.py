@@ -19,15 +19,20 @@ def _ms(t: float) -> int:
     return int(t * 1000) if t else 0
 
 
-def cluster_info(core: ResourceManagerCore) -> dict[str, object]:
-    return {"clusterInfo": {
+def cluster_info(core: ResourceManagerCore, ha: Optional[dict[str, object]] = None) -> dict[str, object]:
+    """YARN's clusterInfo; `ha`: an HA RM's fields (haState, the etcd store, its id, epoch and
+    reason: rm/ha/ha_http.py `HaEndpoints.info_fields`) in place of a single RM's."""
+    info: dict[str, object] = {
         "id": core.cluster_ts, "startedOn": core.cluster_ts, "state": "STARTED", "haState": "ACTIVE",
         "rmStateStoreName": "org.elastane.rm.store.SqliteStateStore",
         "resourceManagerVersion": RM_VERSION, "resourceManagerBuildVersion": RM_VERSION,
         "resourceManagerVersionBuiltOn": "", "hadoopVersion": RM_VERSION, "hadoopBuildVersion": RM_VERSION,
         "hadoopVersionBuiltOn": "", "haZooKeeperConnectionState": "ResourceManager HA is not enabled.",
         "scheduler": "capacityScheduler", "policy": core.cfg.policy,
-    }}
+    }
+    if ha:
+        info.update(ha)
+    return {"clusterInfo": info}
 
 
 def cluster_metrics(core: ResourceManagerCore) -> dict[str, object]:

@@ -119,6 +119,7 @@ class ResourceManagerServer:
         # One thread: one decide in flight at a time (a round waits for its decide before the next).
         self._policy_thread: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._policy_lock = asyncio.Lock()      # rounds one after another: each builds on the last's policy
+        self._store_failing = False             # the last flush's write failed (logged once per outage)
         self._recover()
 
     # ----- recovery / persistence -------------------------------------------------------------
@@ -139,14 +140,27 @@ class ResourceManagerServer:
                 continue
             self.store.save_app(app_to_record(app), [attempt_to_record(self.core.attempts[a]) for a in app.attempts])
 
+    @property
+    def ha_info(self) -> Optional[dict[str, object]]:
+        """The HA fields of /ws/v1/cluster/info: none for a single RM (rm/ha/ha_server.py's
+        active RM gives its own)."""
+        return None
+
     def flush(self) -> None:
         """Write changed apps to the store and start requested AM launches."""
         core = self.core
         if core.dirty:
+            app_ids = core.take_dirty()
             try:
-                self._persist(core.take_dirty())
+                self._persist(app_ids)
+                self._store_failing = False
             except Exception:
-                log.exception("state store write failed")
+                # Kept for the next flush: a store down for a moment (etcd electing its leader)
+                # must not lose these apps' changes; logged once per outage.
+                core.dirty |= app_ids
+                if not self._store_failing:
+                    log.exception("state store write failed (retried at every flush until it succeeds)")
+                self._store_failing = True
         if core.effects and self.launcher is not None:
             for eff in core.take_effects():
                 self.launcher.launch(eff)

@@ -17,30 +17,15 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from protocol import tokens
 from protocol.config import ClusterConfig
 from protocol.http_server import error_middleware, json_response
-from protocol.remote_exception import Forbidden, ServiceUnavailable, Unauthorized
+from protocol.remote_exception import Forbidden, ServiceUnavailable
 
+from ..rest_api import request_user
 from .role import HaRole
 
 HA_PATH = "/ws/v1/cluster/ha"
 TRANSITION_TO_STANDBY_PATH = HA_PATH + "/transition-to-standby"
-ANONYMOUS = "dr.who"
-
-
-def request_user(cluster: ClusterConfig, request: web.Request) -> str:
-    """The caller as the client REST API authenticates it (rm/rest_api.py `ClientApi.user`:
-    Hadoop's simple auth, `?user.name=`, or a client bearer token)."""
-    if cluster.client_auth == "token":
-        tok = tokens.token_from_header(request.headers.get("Authorization"))
-        if tok is None:
-            raise Unauthorized("this cluster requires 'Authorization: Bearer <client token>'")
-        user = cluster.client_tokens.get(tok)
-        if user is None:
-            raise Unauthorized("unknown client token")
-        return user
-    return request.query.get("user.name", "") or ANONYMOUS
 
 
 class HaEndpoints:

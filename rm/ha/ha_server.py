@@ -44,6 +44,7 @@ class HaActiveServer(ResourceManagerServer):
         super().__init__(cfg, cluster, store=store)
         self.ha_endpoints = endpoints
         self.epoch = epoch
+        self.core.container_epoch = epoch   # before any node registers: every container of the term
         self.may_act = may_act      # the elector's check: leadership held and the lease not run out
 
     def build_app(self) -> web.Application:

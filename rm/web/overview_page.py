@@ -32,8 +32,11 @@ def render_overview_page(rm: "RmContext", now_ms: float, utilization: Optional[d
     core = rm.core
     metrics = views.cluster_metrics(core)
     path = ["clusterMetrics"]
+    ha = rm.ha_info     # an HA RM: which one this is, and that it is the active one (a standby redirects here)
+    ha_note = (f"&middot; <b>{escape(ha.get('haRmId', ''))}</b>, the active ResourceManager "
+               f"(epoch {escape(ha.get('haEpoch', ''))}) " if ha else "")
     body = (f"<h1>Cluster overview</h1><p>ResourceManager started {escape(fmt_time(core.start_time * 1000))} "
-            f"&middot; policy <b>{escape(core.cfg.policy)}</b> &middot; "
+            f"{ha_note}&middot; policy <b>{escape(core.cfg.policy)}</b> &middot; "
             f'<a href="/cluster/scheduler">scheduler</a></p>'
             f'<div class="charts"><div><h2><a href="/cluster/apps">Applications</a></h2>'
             f'{live_fields("metrics-apps", METRICS, path, APP_FIELDS, metrics["clusterMetrics"], now_ms)}</div>'

@@ -198,7 +198,9 @@ def test_ams_run_on_the_master_and_executors_on_the_budgeted_hosts(tmp_path: Pat
 
 
 def test_the_host_running_the_am_dies_and_attempt_2_resumes_from_shared_checkpoints(tmp_path: Path) -> None:
-    with cluster_of_hosts(tmp_path / "c") as c:
+    # A generous AM expiry: the RM is to learn of the AM's loss from its host's NM expiring (the
+    # "lost" asserted below); at the 6 s default a loaded machine let the AM expiry win the race.
+    with cluster_of_hosts(tmp_path / "c", am_expiry_s=30) as c:
         app_id = submit(c, SPEC, "am-host-dies")
         try:
             url = am_url(c, app_id)

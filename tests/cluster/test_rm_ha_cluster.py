@@ -170,9 +170,14 @@ def test_the_standby_takes_over_with_every_acknowledged_app_and_the_old_active_r
     active.signal(signal.SIGKILL)           # the active's host dies
     assert active.proc is not None and active.proc.wait(10) == -signal.SIGKILL
     wait_until(lambda: standby.ha_state() == "ACTIVE", 60, f"{standby.rm_id} active after the kill", 0.1)
-    assert standby.ha()["epoch"] > first_epoch
+    info = call(standby.url + "/ws/v1/cluster/info")[1]["clusterInfo"]
+    assert info["haState"] == "ACTIVE" and info["haRmId"] == standby.rm_id and info["haEpoch"] > first_epoch
+    assert info["rmStateStoreName"].endswith("EtcdStateStore") and info["haZooKeeperConnectionState"] == "etcd: CONNECTED"
     status, body, _ = call(standby.url + f"/ws/v1/cluster/apps/{app_id}")
     assert status == 200 and body["app"]["id"] == app_id and body["app"]["state"] == "ACCEPTED"
+    # The web UI says which RM is the active one (the standby's pages redirect to it).
+    with urllib.request.urlopen(standby.url + "/cluster", timeout=10) as r:
+        assert f"<b>{standby.rm_id}</b>, the active ResourceManager" in r.read().decode()
     # The CLI given both RMs fails over past the dead one.
     out = elastane(active.conf, active.work, "--rm", f"{active.url},{standby.url}", "app", "status", app_id)
     assert out.returncode == 0 and app_id in out.stdout and "ACCEPTED" in out.stdout, out.stderr
@@ -261,6 +266,13 @@ def running_nodes(rm: RmProcess) -> list[str]:
     return [n["id"] for n in nodes if n.get("state") == "RUNNING"]
 
 
+def am_containers(rm: RmProcess, app_id: str) -> list[str]:
+    """The AM container ids of the app's attempts, in attempt order (those allocated so far)."""
+    status, body, _ = call(rm.url + f"/ws/v1/cluster/apps/{app_id}/appattempts")
+    attempts = ((body.get("appAttempts") or {}).get("appAttempt") or []) if status == 200 else []
+    return [a["containerId"] for a in sorted(attempts, key=lambda a: a["id"]) if a.get("containerId")]
+
+
 def test_a_nodemanager_fails_over_to_the_new_active(pair, tmp_path):
     active, standby = one_active(pair)
     conf = active.conf
@@ -279,11 +291,21 @@ def test_a_nodemanager_fails_over_to_the_new_active(pair, tmp_path):
         wait_until(lambda: nm.poll() is None and ready.exists(), 60, "the NM registered", 0.1)
         node_id = json.loads(ready.read_text())["node_id"]
         wait_until(lambda: running_nodes(active) == [node_id], 30, "the node RUNNING at the active", 0.1)
+        app_id = submit(active.url)
+        first = wait_until(lambda: am_containers(active, app_id), 30, "the AM container allocated")
+        epoch = active.ha()["epoch"]
+        assert first[0].startswith(f"container_e{epoch:02d}_"), first      # YARN's form, the term's epoch
         active.signal(signal.SIGKILL)
         assert active.proc is not None and active.proc.wait(10) == -signal.SIGKILL
         wait_until(lambda: standby.ha_state() == "ACTIVE", 60, f"{standby.rm_id} active", 0.1)
         # Its heartbeats move on to the new active, which answers RESYNC; the node registers there.
         wait_until(lambda: running_nodes(standby) == [node_id], 60, "the node RUNNING at the new active", 0.1)
+        # The recovered app's new attempt gets its AM container in the new term: a new epoch, so
+        # no id the old active issued comes again.
+        ids = wait_until(lambda: (lambda c: c if len(c) == 2 else None)(am_containers(standby, app_id)), 60,
+                         "the new attempt's AM container")
+        assert ids[0] == first[0] and ids[1].startswith(f"container_e{standby.ha()['epoch']:02d}_")
+        assert standby.ha()["epoch"] > epoch and len(set(ids)) == 2
     finally:
         if nm.poll() is None:
             nm.send_signal(signal.SIGTERM)

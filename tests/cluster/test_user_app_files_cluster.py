@@ -86,7 +86,10 @@ def test_a_user_app_with_its_data_shipped_as_yarn_local_resources_trains_and_its
 
 def test_a_user_app_at_epoch_n_of_its_classs_300_shows_n_of_300(cluster: Any, tmp_path: Path) -> None:
     (tmp_path / "longapp.py").write_text(file_linreg_source(max_epochs=300))
-    write_linreg_data(tmp_path / "linreg.npz", rows=200, heldout=50)
+    # 20,000 rows (200 blocks an epoch): the job must still be training when `ps status` reads it,
+    # and at 200 rows its 300 epochs ended first on a loaded machine (the CLI starts slowly there);
+    # it is killed once read, so its length costs nothing.
+    write_linreg_data(tmp_path / "linreg.npz", rows=20_000, heldout=50)
     r = elastane("ps", "submit", "--app", "longapp:FileLinRegApp", "--py-files", str(tmp_path / "longapp.py"),
                  "--files", str(tmp_path / "linreg.npz"), "--workers", "1", "--servers", "1",
                  "--hparam", "learning_rate=0.0005",      # slow: it trains on while the status is read
