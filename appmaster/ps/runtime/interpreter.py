@@ -183,6 +183,10 @@ class JobInterpreter:
             self._feeding = False
             self._fed.set()
 
+    def poke(self) -> None:
+        """Wake every `until` to check its condition again (state changed without an event)."""
+        self._fed.set()
+
     async def until(self, done: Callable[[], bool], timeout_s: float) -> bool:
         """Wait until `done()` holds, re-checked after every event fed, for up to `timeout_s`."""
         deadline = time.monotonic() + timeout_s
@@ -391,6 +395,7 @@ class JobInterpreter:
             return self._done(s)
         if isinstance(s, ins.PauseTraining):
             steps.pause()
+            self.poke()                   # whoever waits on training stopping (`until`) looks again
             await self.trained.wait()
             return self._done(s)
         if isinstance(s, ins.ResumeTraining):
