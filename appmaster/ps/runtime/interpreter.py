@@ -282,17 +282,22 @@ class JobInterpreter:
                                     holdings=self.holdings()))
             return
         except Exception as e:  # noqa: BLE001 - every failure of a step is the controller's to handle
+            cancelled = False
             if isinstance(e, ExecutorCallError):
                 # The executor probably died: its container's exit (the loss, which the controller
-                # handles first) usually comes a moment after the failed call.
-                await self._loss_reported(FAILURE_REPORT_GRACE_S)
+                # handles first) usually comes a moment after the failed call. The loss may cancel
+                # this step meanwhile (ABORT): it must still be answered, or its change never ends.
+                try:
+                    await self._loss_reported(FAILURE_REPORT_GRACE_S)
+                except asyncio.CancelledError:
+                    cancelled = True
             self.tasks.pop(step.step, None)
             log.warning("step %s failed: %s: %s", type(step).__name__, type(e).__name__, e,
                         exc_info=log.isEnabledFor(logging.DEBUG))
             if record is not None and not record.error:
                 record.error = f"{type(e).__name__}: {e}"
             self.feed(ev.StepFailed(at=self.now(), step=step.step, error=f"{type(e).__name__}: {e}",
-                                    holdings=self.holdings()))
+                                    cancelled=cancelled, holdings=self.holdings()))
             return
         self.tasks.pop(step.step, None)
         self.feed(done)
