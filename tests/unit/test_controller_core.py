@@ -241,3 +241,25 @@ def test_pause_directive_is_kept_while_starting() -> None:
     w.send(ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(workers=1, servers=1, version=1,
                                                                    run_state=RunState.PAUSE)))
     assert w.job.phase is Phase.STARTING and w.job.kept_directive is not None
+
+
+def test_a_placement_whose_worker_addition_fails_gives_back_its_new_server() -> None:
+    """Additions run before removals in a placement: when one role's addition fails, the surplus
+    removals do not run and the other role's newcomers are drained away again -- the job ends
+    with its old shape, never above it."""
+    w = started()
+    d = ShapeDirective(workers=2, servers=1, version=1,
+                       placement=[NodePlacement(node="n3", workers=2, servers=1)])
+    w.hold = {ins.StartExecutors}
+    w.send(ev.DirectiveArrived(at=w.at(), directive=d))
+    starts = {s.role: s for s in w.held.values() if isinstance(s, ins.StartExecutors)}
+    w.hold = set()
+    w.answer(starts[Role.SERVER])                       # the new server starts and takes blocks
+    assert w.job.shape == (2, 2) and w.job.holdings.blocks.get("server-2")
+    w.fail(starts[Role.WORKER], "no containers on n3 within the launch timeout")
+    give_back = w.of(ins.MoveModelBlocks)[-1]
+    assert give_back.drop == ["server-2"] and {m.dst for m in give_back.moves} == {"server-1"}
+    assert w.of(ins.RetireExecutors)[-1].executors == ["server-2"]
+    assert w.job.shape == (2, 1) and w.job.phase is Phase.TRAINING
+    assert sorted(w.job.holdings.blocks["server-1"]) == list(range(w.job.spec.num_blocks))
+    assert w.job.diagnostics.startswith("add_workers(2) failed: no containers on n3")

@@ -107,6 +107,7 @@ def _serve(job: JobState, at: float, out: Out) -> None:
 def _cancel(job: JobState, change: Change, why: str, out: Out) -> None:
     """ABORT: the running change's steps stop; each answers StepFailed and it rolls back."""
     fail_change(change, why)
+    change.aborted = True
     if change.outstanding:
         out.append(CancelSteps(steps=sorted(change.outstanding)))
 

@@ -86,6 +86,7 @@ class Change:
     outstanding: set[int] = field(default_factory=set)
     steps: dict[int, StepInstruction] = field(default_factory=dict)   # every step it issued
     error: str = ""                # the first step failure: the change rolls back and fails
+    aborted: bool = False          # cancelled by a loss (rules.py ABORT): no further steps
     rolling_back: bool = False
     # The planner's working set (filled as steps report back).
     new: list[str] = field(default_factory=list)        # executors this change started

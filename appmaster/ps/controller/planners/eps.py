@@ -18,7 +18,10 @@ concurrently: that frees resources), then adds; a directive with a per-node plac
 executors each node lacks first, then removes the surplus (a job moving every executor keeps
 training throughout); a directive with `nodes` relocates executors elsewhere (add, then remove).
 Rollback: an addition that fails retires the new executors that took nothing over and discards
-staged splits; a removal that fails keeps whoever still holds something.
+staged splits; a removal that fails keeps whoever still holds something. When additions that run
+before removals (a placement, a relocation) fail in part, the removals do not run and the
+additions that succeeded are given back (their newcomers drained like EPS's remove), so a failed
+change never leaves the job above its old shape (or its maximum).
 """
 from __future__ import annotations
 
@@ -65,6 +68,7 @@ class Part:
     new: list[str] = field(default_factory=list)
     moves: list[Move] = field(default_factory=list)
     error: str = ""
+    rollback: bool = False          # gives back what a failed change's additions started
 
 
 def _moves(ts: list[Transfer]) -> list[Move]:
@@ -160,7 +164,19 @@ class EpsPlanner(BasePlanner):
 
     def _next_group(self, job: JobState, change: Change, out: list[Instruction]) -> None:
         pending = [p for p in change.parts if p.stage == "pending"]
-        if not pending or change.error:
+        if change.error and pending and not change.aborted and not any(p.rollback for p in change.parts):
+            # Additions that ran before removals (a placement, a relocation) failed in part: the
+            # removals do not run, and the newcomers of the additions that did succeed are given
+            # back (drained like EPS's remove), so the job never ends above its old shape.
+            for p in pending:
+                p.stage = "done"
+            pending = [Part(f"remove_{p.role.value}s", p.role, len(p.new), 99, leaving=list(p.new), rollback=True)
+                       for p in change.parts if p.op.startswith("add") and not p.error and p.new
+                       and all(x in job.executors for x in p.new)]
+            change.parts.extend(pending)
+        elif change.error:
+            pending = [p for p in pending if p.rollback]
+        if not pending:
             change.stage = "done"
             return
         group = min(p.group for p in pending)
