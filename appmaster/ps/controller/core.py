@@ -167,7 +167,7 @@ def _directive(job: JobState, e: ev.DirectiveArrived, out: Out) -> None:
         job.kept_directive = None                # an older PAUSE held the job back: this one supersedes it
         begin(job, Change(ChangeKind.START, Origin.DIRECTIVE, e.at, directive_version=d.version), out)
         return
-    if job.phase.value in _BEFORE_TRAINING:
+    if job.phase in _BEFORE_TRAINING:
         job.kept_directive = d
         return
     r = rule(job.change.kind if job.change else None, Arrival.DIRECTIVE, paused=job.phase is Phase.PAUSED)
@@ -225,16 +225,13 @@ def _scale(job: JobState, e: ev.ScaleRequested, out: Out) -> None:
             return
     w, s = job.shape
     change = Change(kind, Origin.SCALE, e.at, requests=[e.request],
-                    target=_relative(w + e.workers, s + e.servers), delta=(e.workers, e.servers))
+                    target=Target(workers=w + e.workers, servers=s + e.servers), delta=(e.workers, e.servers))
     problem = PLANNERS[kind].invalid(job, change)
     if problem:
         out.append(Reply(request=e.request, status=400, message=problem))
         return
     begin(job, change, out)
 
-
-def _relative(workers: int, servers: int) -> Target:
-    return Target(workers=workers, servers=servers)
 
 
 def _checkpoint_requested(job: JobState, e: ev.CheckpointRequested, out: Out) -> None:
@@ -437,8 +434,8 @@ def _timer(job: JobState, e: ev.TimerFired, out: Out) -> None:
             begin(job, again, out)
 
 
-_BEFORE_TRAINING = {p.value for p in (Phase.STARTING, Phase.LAUNCHING_SERVERS, Phase.LAUNCHING_WORKERS,
-                                      Phase.INITIALISING, Phase.RESTORING)}
+_BEFORE_TRAINING = frozenset({Phase.STARTING, Phase.LAUNCHING_SERVERS, Phase.LAUNCHING_WORKERS,
+                              Phase.INITIALISING, Phase.RESTORING})
 
 _HANDLERS: dict[type, Callable[..., None]] = {
     ev.Registered: _registered, ev.DirectiveArrived: _directive, ev.ContainersAllocated: _allocated,

@@ -102,9 +102,7 @@ class Change:
     op_runs: dict[str, OpRun] = field(default_factory=dict)       # a plan's ops as they run (planners/cruise_plan.py)
     checkpoint: str = ""           # the checkpoint a restart / pause / recovery goes back to
     epoch: int = 0
-    sub: list[tuple[str, int]] = field(default_factory=list)     # EPS: the (op, n) parts
     parts: list[Part] = field(default_factory=list)   # EPS's parts (planners/eps.py)
-    moves: list[tuple[str, int]] = field(default_factory=list)   # bookkeeping for records: (kind, count)
     before: Optional[Target] = None    # the shape and size a restart / migration / resume started from
     attempt: int = 0               # a paused job's resume tried again (planners/suspension.py)
 

@@ -26,7 +26,6 @@ change never leaves the job above its old shape (or its maximum).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from protocol.internal_api import ShapeDirective
 from protocol.ps_job_spec import PSJobSpec
@@ -159,7 +158,6 @@ class EpsPlanner(BasePlanner):
     # -- running it --------------------------------------------------------------------------------
     def begin(self, job: JobState, change: Change, out: list[Instruction]) -> None:
         change.parts = self._parts(job, change)
-        change.sub = [(p.op, p.n) for p in change.parts]
         self._next_group(job, change, out)
 
     def _next_group(self, job: JobState, change: Change, out: list[Instruction]) -> None:
@@ -309,7 +307,3 @@ def _shape_problem(job: JobState, workers: int, servers: int) -> str:
                 f"(max_servers {job.spec.max_servers or 'unset'}, {job.spec.num_blocks} model blocks)")
     return ""
 
-
-def shape_problem(job: JobState, workers: int, servers: int) -> Optional[str]:
-    """Why a job cannot have this shape (None: it can)."""
-    return _shape_problem(job, workers, servers) or None
