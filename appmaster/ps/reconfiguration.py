@@ -139,15 +139,21 @@ class Reconfiguration:
         wanted = [(n, nodes) for n, nodes in wanted if n > 0]
         asks = [self.am.add_ask(n, self.resource, tag=role.value, nodes=nodes or None, relax_locality=not nodes)
                 for n, nodes in wanted]
+        # Only the executors in this start's own containers (those granted to its asks): two starts
+        # of one role may run at once (two lost workers, each replaced by its own step), and each
+        # must neither take the other's executors nor retire them when it fails.
+        mine = set(asks)
         try:
-            return await pool.wait_new(role, before, sum(n for n, _ in wanted), self.launch_timeout_s)
+            return await pool.wait_new(role, before, sum(n for n, _ in wanted), self.launch_timeout_s,
+                                       asks=mine)
         except BaseException as e:
             for ask_id in asks:
                 try:
                     self.am.set_ask_count(ask_id, 0)
                 except Exception:  # noqa: BLE001 - the ask may already be fully granted
                     pass
-            await self.retire([x for i, x in pool.executors.items() if i not in before], released=False)
+            await self.retire([x for i, x in pool.executors.items()
+                               if i not in before and x.container.ask_id in mine], released=False)
             if isinstance(e, (asyncio.TimeoutError, RuntimeError)):
                 raise LaunchFailed(f"the new {role.value}s did not start: {e}") from None
             raise

@@ -161,6 +161,31 @@ async def test_a_worker_lost_between_clocks_is_replaced_before_training_resumes(
     assert change_rows([back]) == [["replace", "-", "2/2", f"{rec.seconds:.2f}s", "-", f"{rec.lost_s:.3f}s", "+0"]]
 
 
+async def test_two_workers_lost_together_get_one_replacement_each(jobs) -> None:
+    # A host with both workers crashes: two losses, two replacement starts of one role running at
+    # once. Each must take the executor in its own container (not both the first one ready), or
+    # the second takeover names a worker nobody replaced and the job falls back to a checkpoint.
+    job = jobs()
+    stopped = pause_after_clock(job, 1)
+    job.start()
+    await paused(job, stopped)
+    gate = job.am.launch_gate = asyncio.Event()           # both starts wait before either is up
+    job.kill("worker-0")
+    job.kill("worker-1")
+    await job.until(lambda: len(job.am.asks) >= 4, "both replacements asked for")
+    gate.set()
+    await job.until(lambda: job.master.recoveries == 1 and job.job.change is None, "the replacement")
+    job.master.interp.start_training()
+    assert await job.run() is FinalStatus.SUCCEEDED
+    check_exact(job)
+    assert not records(job, RecoveryChange)
+    [rec] = records(job, ReplaceWorkerChange)
+    assert type(rec) is ReplaceWorkerChange and rec.error == "", rec
+    assert sorted(rec.replacements) == ["worker-0", "worker-1"], rec.replacements
+    assert sorted(rec.replacements.values()) == ["worker-2", "worker-3"], rec.replacements
+    assert job.training.membership.worker_ids() == ["worker-2", "worker-3"]
+
+
 async def test_the_clock_loop_keeps_where_each_block_stood(jobs) -> None:
     job = jobs()
     loop = job.loop

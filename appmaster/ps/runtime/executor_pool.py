@@ -332,13 +332,15 @@ class ExecutorPool:
                                            f"(still starting: {waiting or 'none launched'})")
 
     async def wait_new(self, role: Role, before: set[str], n: int, timeout_s: float,
-                       aborted: Optional[asyncio.Event] = None) -> list[ExecutorRecord]:
-        """Wait until `n` executors of `role` not in `before` are READY (the first n by index).
-        RuntimeError as soon as one of them exits first or `aborted` is set; TimeoutError
-        naming how many came up."""
+                       aborted: Optional[asyncio.Event] = None,
+                       asks: Optional[set[int]] = None) -> list[ExecutorRecord]:
+        """Wait until `n` executors of `role` not in `before` (and, given `asks`, in containers
+        granted to one of those asks) are READY (the first n by index). RuntimeError as soon as one
+        of them exits first or `aborted` is set; TimeoutError naming how many came up."""
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
-            new = [e for i, e in self.executors.items() if i not in before and e.role is role]
+            new = [e for i, e in self.executors.items() if i not in before and e.role is role
+                   and (asks is None or e.container.ask_id in asks)]
             ready = [e for e in new if e.state is ExecutorState.READY]
             if len(ready) >= n:
                 return by_index(ready)[:n]
