@@ -1,0 +1,209 @@
+"""Two commits' benchmark figures, interleaved on one machine: is the new one no slower?
+
+    .venv/bin/python bench/ab_compare.py OLD NEW [--repeats 3] [--only eps,recovery,...] [--quick]
+
+Each of OLD and NEW (commits, branches or tags) is checked out as a detached git worktree in a
+temporary dir (sharing this checkout's .venv) and its own benchmark scripts are run there, with
+PYTHONPATH set to that tree, so each side measures its own code with the benchmark of its time.
+The runs alternate (OLD NEW, NEW OLD, OLD NEW, ...: the sides take turns at going first), so
+a drift of the machine's speed during the comparison falls on both.
+
+The figures (`FIGURES`) are those issue 35 names for "no slower": EPS add (`eps_add_s`,
+bench/eps_overhead.py), a lost AM (`am_lost_s`, bench/recovery.py), the data plane at 8 MiB
+(`ratio_8mib`, bench/dataplane.py, a ratio to raise) and the epoch time of a 2-worker MLR job
+(`mlr_epoch_s_2x1`, bench/training.py). For each: every run's figure, the median and min-max per
+side, and new median / old median (for a ratio to raise: old / new, so above 1 is always worse);
+`within_1_1x` says whether that is at most 1.1.
+
+Quiet: the 1-minute load average is read before every run; a run that started above
+`--max-load` (default 1.5 on this 2-core machine: the benchmark's own processes come on top) is
+marked saturated, kept in the output and left out of the medians. A figure with no quiet run on a
+side has no verdict.
+
+Last line, JSON: {"old", "new", "repeats", "saturated_runs", "<figure>": {"old_median",
+"new_median", "old_range", "new_range", "new_over_old", "within_1_1x"}, ...}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure: which bench, its arguments, the key of its last-line JSON, and its direction."""
+
+    name: str
+    script: str
+    args: tuple[str, ...]
+    key: str
+    higher_is_better: bool = False
+    quick_args: tuple[str, ...] = ()
+
+
+FIGURES = (
+    Figure("eps", "bench/eps_overhead.py", ("--rounds", "3"), "eps_add_s",
+           quick_args=("--features", "20000", "--classes", "16", "--samples", "600", "--executor-mb", "320",
+                       "--rounds", "1")),
+    Figure("recovery", "bench/recovery.py", (), "am_lost_s", quick_args=("--quick",)),
+    Figure("dataplane", "bench/dataplane.py", (), "ratio_8mib", higher_is_better=True,
+           quick_args=("--seconds", "0.5", "--rounds", "2")),
+    Figure("mlr_epoch", "bench/training.py", ("--quality-presets", "none", "--no-ctr"), "mlr_epoch_s_2x1",
+           quick_args=("--quick", "--quality-presets", "none", "--no-ctr")),
+)
+
+
+@dataclass
+class Run:
+    """One benchmark run of one side."""
+
+    side: str
+    figure: str
+    value: Optional[float]
+    load_before: float
+    seconds: float
+    saturated: bool
+    error: str = ""
+
+
+@dataclass
+class Side:
+    """A commit checked out for measuring."""
+
+    name: str
+    rev: str
+    tree: Path
+    runs: list[Run] = field(default_factory=list)
+
+
+def checkout(rev: str, into: Path) -> Path:
+    """A detached worktree of `rev` under `into`, sharing this checkout's .venv."""
+    tree = into / rev.replace("/", "_")
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(tree), rev],
+                   check=True, capture_output=True, text=True)
+    venv = ROOT / ".venv"
+    if venv.exists() and not (tree / ".venv").exists():
+        (tree / ".venv").symlink_to(venv)
+    return tree
+
+
+def remove(tree: Path) -> None:
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+    shutil.rmtree(tree, ignore_errors=True)
+
+
+def last_json(text: str) -> dict[str, object]:
+    """The benchmark's last-line JSON object ({} if its last line is none)."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out = json.loads(line)
+            except json.JSONDecodeError:
+                return {}
+            return out if isinstance(out, dict) else {}
+        if line:
+            return {}
+    return {}
+
+
+def run_once(side: Side, fig: Figure, quick: bool, max_load: float, timeout_s: float) -> Run:
+    load = os.getloadavg()[0]
+    env = {**os.environ, "PYTHONPATH": str(side.tree)}
+    args = fig.quick_args if quick else fig.args
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, fig.script, *args], cwd=side.tree, env=env, capture_output=True,
+                           text=True, timeout=timeout_s)
+        out, err = p.stdout, "" if p.returncode == 0 else f"exit {p.returncode}: {p.stderr.strip()[-300:]}"
+    except subprocess.TimeoutExpired:
+        out, err = "", f"did not finish within {timeout_s:.0f} s"
+    value = last_json(out).get(fig.key)
+    number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if number is None and not err:
+        err = f"no {fig.key!r} in the last line"
+    return Run(side.name, fig.name, number, round(load, 2), round(time.monotonic() - t0, 1), load > max_load, err)
+
+
+def summary(fig: Figure, old: list[Run], new: list[Run]) -> dict[str, object]:
+    def quiet(runs: list[Run]) -> list[float]:
+        return [r.value for r in runs if r.value is not None and not r.saturated]
+
+    o, n = quiet(old), quiet(new)
+    out: dict[str, object] = {"key": fig.key, "old_runs": [r.value for r in old], "new_runs": [r.value for r in new]}
+    if not o or not n:
+        out["within_1_1x"] = None
+        return out
+    om, nm = statistics.median(o), statistics.median(n)
+    ratio = (om / nm if fig.higher_is_better else nm / om) if om and nm else None
+    out.update(old_median=round(om, 4), new_median=round(nm, 4), old_range=[min(o), max(o)],
+               new_range=[min(n), max(n)], new_over_old=None if ratio is None else round(ratio, 3),
+               within_1_1x=None if ratio is None else ratio <= 1.1)
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("old")
+    p.add_argument("new")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--only", default="", help=f"comma-separated figures of {[f.name for f in FIGURES]}")
+    p.add_argument("--quick", action="store_true", help="each bench's smallest mode: check the comparison runs")
+    p.add_argument("--max-load", type=float, default=1.5)
+    p.add_argument("--timeout", type=float, default=1200.0, help="seconds per benchmark run")
+    a = p.parse_args(argv)
+    names = [x for x in a.only.split(",") if x]
+    unknown = sorted(set(names) - {f.name for f in FIGURES})
+    if unknown:
+        p.error(f"--only: unknown figure(s) {', '.join(unknown)}")
+    if a.repeats < 1:
+        p.error("--repeats must be at least 1")
+    figures = [f for f in FIGURES if not names or f.name in names]
+    base = Path(tempfile.mkdtemp(prefix="ab-compare-"))
+    sides: list[Side] = []
+    try:
+        for name, rev in (("old", a.old), ("new", a.new)):
+            try:
+                sides.append(Side(name, rev, checkout(rev, base)))
+            except subprocess.CalledProcessError as e:
+                print(f"ab_compare: cannot check out {rev!r}: {e.stderr.strip()}", file=sys.stderr)
+                return 2
+        old, new = sides
+        for fig in figures:
+            for i in range(a.repeats):
+                order = (old, new) if i % 2 == 0 else (new, old)
+                for side in order:
+                    r = run_once(side, fig, a.quick, a.max_load, a.timeout)
+                    side.runs.append(r)
+                    print(f"{fig.name:10s} {side.name} ({side.rev}): {r.value} in {r.seconds:.0f}s, "
+                          f"load {r.load_before}{' SATURATED' if r.saturated else ''}"
+                          f"{' ERROR ' + r.error if r.error else ''}", flush=True)
+    finally:
+        for s in sides:
+            remove(s.tree)
+        shutil.rmtree(base, ignore_errors=True)
+    old, new = sides
+    result: dict[str, object] = {"old": a.old, "new": a.new, "repeats": a.repeats,
+                                 "saturated_runs": sum(r.saturated for s in sides for r in s.runs),
+                                 "failed_runs": sum(bool(r.error) for s in sides for r in s.runs)}
+    for fig in figures:
+        result[fig.name] = summary(fig, [r for r in old.runs if r.figure == fig.name],
+                                   [r for r in new.runs if r.figure == fig.name])
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
