@@ -31,6 +31,7 @@ from protocol.internal_api import LaunchContext, NodeReport, ShapeDirective
 from protocol.job_report import JobReport
 from protocol.nm_client import NMClient
 from protocol.records import ContainerState, ExitStatus, FinalStatus, Resource
+from protocol.remote_exception import ApplicationMasterNotRegistered
 
 from .am_events import (AmEvent, ContainersAllocated, ContainersCompleted, NodesUpdated, ShapeChanged,
                         Shutdown)
@@ -87,6 +88,10 @@ class ApplicationMaster:
         self.available = Resource()
         self._events: asyncio.Queue[AmEvent] = asyncio.Queue()
         self._releases: list[str] = []
+        # Released but not yet reported completed by the RM (YARN AMRMClient's pendingRelease): an
+        # RM that restarted or failed over gets them again when the AM registers again.
+        self._pending_release: set[str] = set()
+        self.resyncs = 0        # re-registrations after an RM restart or failover
         self._response_id = 0
         self._register_req: Optional[api.AmRegisterRequest] = None
         self._wake = asyncio.Event()
@@ -131,6 +136,11 @@ class ApplicationMaster:
                     self.unregistered = True
                     return True
             except RemoteError as e:
+                if e.exception == ApplicationMasterNotRegistered.exception:
+                    # The RM restarted or failed over since the AM last spoke to it: register again.
+                    if await self._resync(str(e)):
+                        continue
+                    return False
                 if e.status in (400, 401, 403, 404, 409):  # refused for good: retrying cannot help
                     log.warning("finish refused: %s", e)
                     return False
@@ -282,6 +292,7 @@ class ApplicationMaster:
     def _release(self, container_id: str) -> None:
         if container_id not in self._releases:
             self._releases.append(container_id)
+        self._pending_release.add(container_id)
         self.heartbeat_now()
 
     # ----- the allocate loop ------------------------------------------------------------------
@@ -311,7 +322,10 @@ class ApplicationMaster:
         try:
             resp = await self.rm.allocate(req)
         except RemoteError as e:
-            if e.status in (401, 403, 404, 409):
+            if e.exception == ApplicationMasterNotRegistered.exception:
+                # An RM that restarted or took over kept the attempt but not its session.
+                await self._resync(str(e))
+            elif e.status in (401, 403, 404, 409):
                 self._shutdown(f"RM refused the allocate call: {e}")
             else:
                 self._rm_unreachable(str(e))
@@ -339,7 +353,7 @@ class ApplicationMaster:
         self.num_cluster_nodes = resp.num_cluster_nodes
         self.available = resp.available
         if resp.action == "RESYNC":
-            await self._resync()
+            await self._resync("the RM answered RESYNC")
             return
         granted: list[AmContainer] = []
         for c in resp.allocated:
@@ -372,20 +386,31 @@ class ApplicationMaster:
         if resp.action == "SHUTDOWN":
             self._shutdown("the RM asked the AM to shut down (app killed or attempt failed)")
 
-    async def _resync(self) -> None:
-        """The RM lost this attempt's session (e.g. it restarted): register again and resend all asks."""
-        log.warning("RM asked for resync; registering again")
+    async def _resync(self, why: str) -> bool:
+        """The RM lost this attempt's session (it restarted, or another RM took over as active):
+        register again, then resend the whole ask table and every release it has not confirmed
+        (the next allocate carries them). Whether the registration succeeded."""
+        log.warning("re-registering with the RM at %s: %s", self.rm.rm_url, why)
         self._response_id = 0
         self.asks.mark_all_dirty()
-        if self._register_req is not None:
-            try:
-                self.registration = await self.rm.register(self._register_req)
-            except RemoteError as e:
-                self._shutdown(f"re-registration refused: {e}")
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-                self._rm_unreachable(str(e))
+        self._releases += [c for c in sorted(self._pending_release) if c not in self._releases]
+        if self._register_req is None:
+            return False
+        try:
+            self.registration = await self.rm.register(self._register_req)
+        except RemoteError as e:
+            self._shutdown(f"re-registration refused: {e}")
+            return False
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            self._rm_unreachable(str(e))
+            return False
+        self.resyncs += 1
+        self.heartbeat_now()
+        return True
 
     def _complete(self, statuses: list[api.ContainerStatus]) -> None:
+        for s in statuses:
+            self._pending_release.discard(s.container_id)
         done = [rec for rec in (self.book.complete(s) for s in statuses) if rec is not None]
         if done:
             self._emit(ContainersCompleted(done))

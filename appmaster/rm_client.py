@@ -8,6 +8,7 @@ from typing import Mapping
 from protocol import codec, container_env
 from protocol import internal_api as api
 from protocol.http_client import JsonHttpClient
+from protocol.rm_failover import FailoverJsonClient
 from protocol.errors import ConfigurationError
 
 
@@ -25,6 +26,8 @@ class AmIdentity:
     container_id: str = ""
     am_dir: str = ""
     job_secret: str = ""     # the attempt's job secret (data plane and control endpoints); "" if not given
+    # With HA, every RM's URL (the launching RM first): calls fail over between them.
+    rm_addresses: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "AmIdentity":
@@ -36,15 +39,29 @@ class AmIdentity:
         return cls(rm_address=env[container_env.RM_ADDRESS], am_token=env[container_env.AM_TOKEN],
                    attempt_id=env[container_env.APP_ATTEMPT_ID],
                    container_id=env.get(container_env.CONTAINER_ID, ""),
-                   am_dir=env.get(container_env.AM_DIR, ""), job_secret=env.get(container_env.JOB_SECRET, ""))
+                   am_dir=env.get(container_env.AM_DIR, ""), job_secret=env.get(container_env.JOB_SECRET, ""),
+                   rm_addresses=tuple(u.strip() for u in env.get(container_env.RM_ADDRESSES, "").split(",")
+                                      if u.strip()))
 
 
 class RmClient:
-    """Typed calls to /internal/v1/am/*; raises protocol.http_client.RemoteError on HTTP errors."""
+    """Typed calls to /internal/v1/am/*; raises protocol.http_client.RemoteError on HTTP errors.
+    Given several RMs (HA), a call that finds its RM down or standby moves on to the next
+    (protocol/rm_failover.py), so an AM follows a failover to the new active."""
 
     def __init__(self, identity: AmIdentity, timeout_s: float = 15.0):
         self.identity = identity
-        self._http = JsonHttpClient(identity.rm_address, token=identity.am_token, timeout_s=timeout_s)
+        self._http: JsonHttpClient
+        if len(identity.rm_addresses) > 1:
+            self._http = FailoverJsonClient(list(identity.rm_addresses), token=identity.am_token,
+                                            timeout_s=timeout_s)
+        else:
+            self._http = JsonHttpClient(identity.rm_address, token=identity.am_token, timeout_s=timeout_s)
+
+    @property
+    def rm_url(self) -> str:
+        """The RM the next call goes to."""
+        return self._http.base_url
 
     async def register(self, req: api.AmRegisterRequest) -> api.AmRegisterResponse:
         return codec.decode_as(await self._http.post(api.AM_REGISTER, req), api.AmRegisterResponse)

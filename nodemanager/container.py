@@ -58,10 +58,11 @@ class Container:
             self.launch_ms[name] = round((now - self.phase_mark) * 1e3, 3)
         self.phase_mark = now
 
-    def status(self) -> ContainerStatus:
+    def status(self, with_role: bool = False) -> ContainerStatus:
+        """Its status; `with_role` for a registration (the RM re-adopts a container with its role)."""
         return ContainerStatus(container_id=self.container_id, state=external_state(self.state).value,
                                exit_status=self.exit_status, diagnostics=self.diagnostics,
-                               resource=self.resource, pid=self.pid)
+                               resource=self.resource, pid=self.pid, role=self.role if with_role else "")
 
     def to_record(self) -> dict[str, Any]:
         """What the recovery dir keeps of a running container."""

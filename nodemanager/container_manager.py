@@ -372,9 +372,10 @@ class ContainerManager:
 
     # ----- reporting ----------------------------------------------------------------------------
 
-    def statuses(self) -> list:
-        """Statuses the RM must hear: all live containers and completed ones it has not seen."""
-        return [c.status() for c in self.containers.values() if not c.reported]
+    def statuses(self, with_role: bool = False) -> list:
+        """Statuses the RM must hear: all live containers and completed ones it has not seen (with
+        their roles for a registration: after an RM restart or failover the RM re-adopts them)."""
+        return [c.status(with_role) for c in self.containers.values() if not c.reported]
 
     def mark_reported(self, cids: list[str]) -> None:
         """The RM has seen these completions: their recovery records go."""

@@ -75,7 +75,7 @@ class RMLink:
             reports = agg.all_reports() if agg is not None else []
             req = api.NodeRegisterRequest(node_id=self.node_id, http_address=self.http_address,
                                           capability=self.capability, rack=self.rack,
-                                          containers=self.manager.statuses(), version=self.version,
+                                          containers=self.manager.statuses(with_role=True), version=self.version,
                                           node_labels=self.node_labels, applications=self.held_apps(),
                                           log_aggregation=reports)
             try:
@@ -141,7 +141,10 @@ class RMLink:
                 log.warning("the RM asked this node to shut down: %s", hb.diagnostics)
                 return
             if hb.action == "RESYNC":
-                log.info("the RM asked for a resync; registering again")
+                # An RM that restarted, or took over as active, does not know this node: registering
+                # again reports every running container, which it re-adopts for the attempts it kept.
+                log.info("the RM at %s asked for a resync; registering again with %d containers",
+                         self.client.base_url, len(statuses))
                 resp = await self.register()
                 if resp.action == "SHUTDOWN":
                     return

@@ -13,6 +13,9 @@ CONTAINER_MEMORY_MB = "CONTAINER_MEMORY_MB"
 CONTAINER_VCORES = "CONTAINER_VCORES"
 # Set by the RM for an AM container only:
 RM_ADDRESS = "ELASTANE_RM_ADDRESS"       # http://host:port of the RM
+# With cluster.toml's [ha]: every RM's URL, comma-separated, the launching RM's first; the AM's RM
+# client fails over between them (appmaster/rm_client.py). Unset without HA.
+RM_ADDRESSES = "ELASTANE_RM_ADDRESSES"
 AM_TOKEN = "ELASTANE_AM_TOKEN"           # the attempt's AM token
 APP_SUBMITTER = "APP_SUBMITTER"
 # The app's durable dir for checkpoints: <checkpoint_dir>/<app_id> (rm.toml), an absolute path or an

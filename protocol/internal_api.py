@@ -58,6 +58,10 @@ class ContainerStatus(_Msg):
     diagnostics: str = ""
     resource: Optional[Resource] = None
     pid: Optional[int] = None
+    # The container's launch role (ELASTANE_CONTAINER_ROLE: "am", "worker", "server"; "" for none), sent
+    # in a NodeRegisterRequest only: an RM that restarted or failed over re-adopts the container of
+    # a kept attempt with it as its tag (YARN's NMContainerStatus allocation tags).
+    role: str = ""
 
 
 class WarmStart(_Msg):

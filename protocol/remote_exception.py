@@ -41,6 +41,16 @@ class BadRequest(ApiError):
     java_class = "org.apache.hadoop.yarn.webapp.BadRequestException"
 
 
+class ApplicationMasterNotRegistered(BadRequest):
+    """An AM called allocate (or finish) for an attempt this RM has not seen register: YARN's
+    ApplicationMasterNotRegisteredException. After an RM restart or failover the RM keeps a running
+    attempt but not its session; the AM registers again and resends its whole ask table and its
+    outstanding releases (appmaster/am_client.py)."""
+
+    exception = "ApplicationMasterNotRegisteredException"
+    java_class = "org.apache.hadoop.yarn.exceptions.ApplicationMasterNotRegisteredException"
+
+
 class Unauthorized(ApiError):
     status = 401
     exception = "AuthenticationException"

@@ -5,7 +5,7 @@ import asyncio
 import logging
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from protocol import container_env, durable_storage, tokens
 from protocol import internal_api as api
@@ -20,9 +20,11 @@ class AmLauncher:
     """Turns the core's LaunchAm effects into NM start_container calls, reporting back to the core."""
 
     def __init__(self, core: ResourceManagerCore, rm_url: str, state_dir: str, on_change: Callable[[], None],
-                 nm_client: NMClient | None = None):
+                 nm_client: NMClient | None = None, failover_urls: Sequence[str] = ()):
         self.core = core
         self.rm_url = rm_url
+        # With HA, every RM's URL, this one first: the AM fails over between them.
+        self.failover_urls = [rm_url] + [u for u in failover_urls if u != rm_url] if failover_urls else []
         # Each AM's durable dir is <checkpoint_dir>/<app_id> (rm.toml): storage every host reads,
         # so that a new attempt on another host finds the last one's checkpoints. Unset, it is
         # <state_dir>/apps/<app_id>, created here as before (the RM's host is the AM's on one host).
@@ -53,6 +55,8 @@ class AmLauncher:
             container_env.JOB_SECRET: tokens.job_secret(self.core.cluster.secret, eff.attempt_id),
             container_env.CONTAINER_ROLE: "am",
         })
+        if self.failover_urls:
+            env[container_env.RM_ADDRESSES] = ",".join(self.failover_urls)
         # Typed since submission, which checked them (and so does the store's decoding on recovery).
         return api.LaunchContext(commands=list(app.am.commands), environment=env,
                                  local_resources=dict(app.am.local_resources))

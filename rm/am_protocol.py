@@ -13,7 +13,8 @@ from protocol import tokens
 from protocol.config import ClusterConfig
 from protocol.job_report import JobReport
 from protocol.records import AttemptState, ContainerState, ExitStatus, FinalStatus
-from protocol.remote_exception import BadRequest, Unauthorized
+from protocol.ids import ContainerId
+from protocol.remote_exception import ApplicationMasterNotRegistered, BadRequest, Unauthorized
 
 from .model import App, Attempt, Container
 from .scheduler import AskError, CapacityScheduler
@@ -22,6 +23,10 @@ from .state_machines import AppEvent, AttemptEvent, attempt_is_final
 if TYPE_CHECKING:
     from .model import Node
     from .nodes import NodeTracker
+
+
+RESYNC_HINT = (" (the ResourceManager restarted or failed over and kept the attempt: register again, "
+               "then resend every ask and release)")
 
 
 def shape_key(report: JobReport) -> tuple[object, ...]:
@@ -47,6 +52,7 @@ class AmProtocol:
     _am_live: OrderedDict[str, float]
     _am_node_wait: dict[str, float]
     preemption_notices: dict[str, api.PreemptionMessage]
+    container_epoch: int
 
     if TYPE_CHECKING:  # implemented by ResourceManagerCore (rm/core.py)
         def _app_event(self, app: App, ev: AppEvent) -> None: ...
@@ -96,7 +102,13 @@ class AmProtocol:
                                f"(attempt state {at.state.value}, app state {app.state.value})")
         if at.state not in (AttemptState.ALLOCATED, AttemptState.LAUNCHED, AttemptState.RUNNING):
             raise BadRequest(f"{at.attempt_id} cannot register in state {at.state.value}")
-        if not at.registered:
+        if at.awaiting_resync and at.state == AttemptState.RUNNING:
+            # Its AM registered with an earlier RM and registers again after a restart or failover:
+            # the attempt goes on as it was (no transition), asks and releases follow in allocate.
+            at.awaiting_resync = False
+            at.registered = True
+        elif not at.registered:
+            at.awaiting_resync = False
             self._attempt_event(at, AttemptEvent.REGISTERED)
             at.registered = True
             self._app_event(app, AppEvent.ATTEMPT_REGISTERED)
@@ -115,7 +127,8 @@ class AmProtocol:
         if not self._is_current(app, at):
             return api.AllocateResponse(response_id=req.response_id + 1, action="SHUTDOWN")
         if not at.registered:
-            raise BadRequest(f"{at.attempt_id} must register before it allocates")
+            raise ApplicationMasterNotRegistered(f"{at.attempt_id} must register before it allocates"
+                                                 + (RESYNC_HINT if at.awaiting_resync else ""))
         if at.last_response is not None and req.response_id + 1 == at.response_id:
             # The AM never got our last answer and repeats its request: answer the same again.
             self._touch(at)
@@ -137,6 +150,8 @@ class AmProtocol:
             app.shape_history.record(self.clock(), req.shape)
         for cid in req.releases:
             c = self.containers.get(cid)
+            if c is None and self._unheard_of(at, cid):
+                at.pending_release.add(cid)     # its NM has not re-registered since a restart
             if c is not None and c.attempt_id == at.attempt_id and not c.is_am:
                 self._release(c, cleanup_on_node=True)
                 at.completed.append(api.ContainerStatus(container_id=cid, state=ContainerState.COMPLETE.value,
@@ -182,7 +197,8 @@ class AmProtocol:
         if final == FinalStatus.UNDEFINED:
             raise BadRequest("final_status must be one of SUCCEEDED, FAILED, KILLED; got 'UNDEFINED'")
         if not at.registered:
-            raise BadRequest(f"{at.attempt_id} must register before it finishes")
+            raise ApplicationMasterNotRegistered(f"{at.attempt_id} must register before it finishes"
+                                                 + (RESYNC_HINT if at.awaiting_resync else ""))
         self._attempt_event(at, AttemptEvent.UNREGISTERED)
         at.diagnostics = req.diagnostics
         if req.tracking_url:
@@ -200,6 +216,15 @@ class AmProtocol:
         self._touch(at)   # the AM container gets am_expiry_s to exit before it is cleaned up
         self._app_done(app)
         return api.AmFinishResponse(unregistered=True)
+
+    def _unheard_of(self, at: Attempt, container_id: str) -> bool:
+        """Whether a container this RM does not know may still run for `at`: one of the attempt's
+        ids from before this RM's epoch (issued by an earlier RM, its NM not re-registered yet)."""
+        try:
+            cid = ContainerId.parse(container_id)
+        except ValueError:
+            return False
+        return str(cid.attempt) == at.attempt_id and cid.epoch != self.container_epoch
 
     def _touch(self, at: Attempt) -> None:
         self._am_live[at.attempt_id] = self.clock()

@@ -35,6 +35,9 @@ from .state_machines import (NOT_COUNTED, AppEvent, AttemptEvent, attempt_is_fin
 from .utilization_series import UtilizationSeries
 
 CONTAINER_LAUNCH_EXPIRY_S = 600.0   # YARN's rm.container-allocation.expiry-interval
+# Attempts an RM restart or failover keeps (their AM container was allocated, so their AM may run).
+# Earlier ones had nothing running yet and are replaced by a new attempt.
+KEPT_ATTEMPT_STATES = frozenset({AttemptState.ALLOCATED, AttemptState.LAUNCHED, AttemptState.RUNNING})
 
 @dataclass(frozen=True)
 class LaunchAm:
@@ -79,7 +82,8 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         # policy_rounds_*: the server's off-loop policy rounds whose Decision was applied / dropped
         # as stale (rm/server.py).
         self.counters = {"nm_heartbeats": 0, "am_allocates": 0, "containers_allocated": 0,
-                         "apps_submitted": 0, "policy_rounds_applied": 0, "policy_rounds_dropped": 0}
+                         "apps_submitted": 0, "policy_rounds_applied": 0, "policy_rounds_dropped": 0,
+                         "containers_recovered": 0}
         self.utilization = UtilizationSeries()   # fed by heartbeats that carry measurements
         # The nodes' log aggregation reports, for the app view's logAggregationStatus (in memory).
         self.log_aggregation = LogAggregationBook(bool(cluster.remote_app_log_dir))
@@ -271,8 +275,12 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         return killed
 
     def recover(self, app: App, attempts: list[Attempt]) -> None:
-        """Restore an app from the state store after an RM restart. Finished apps are listed
-        again; unfinished ones lose their old attempt (not counted as a failure) and get a new one."""
+        """Restore an app from the state store after an RM restart or failover (work-preserving,
+        as YARN's RM recovery). Finished apps are listed again. An unfinished app's current attempt
+        whose AM container was allocated is kept: its AM and containers still run, so it waits (up
+        to am_expiry_s) for its AM to register again, and its containers are re-adopted as their
+        NMs re-register (`adopt_container`). Any other unfinished attempt died with the old RM (not
+        counted as a failure) and the app gets a new one."""
         self.apps[app.app_id] = app
         app.attempts = [at.attempt_id for at in attempts]
         for at in attempts:
@@ -281,21 +289,101 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         if app.state.is_final:
             return
         now = self.clock()
+        known_queue = app.queue in self.scheduler.queues
+        current = attempts[-1] if attempts else None
+        kept = current if (known_queue and current is not None and current.state in KEPT_ATTEMPT_STATES
+                           and app.state in (AppState.ACCEPTED, AppState.RUNNING)) else None
         for at in attempts:
-            if not attempt_is_final(at.state):
+            if not attempt_is_final(at.state) and at is not kept:
                 # A restore, not a transition: the attempt died with the old RM.
                 at.state, at.counts_as_failure = AttemptState.FAILED, False
                 at.finish_time = now
                 at.diagnostics = "Attempt lost: the ResourceManager restarted"
-        if app.queue not in self.scheduler.queues:
+        if not known_queue:
             app.state, app.final_status, app.finish_time = AppState.FAILED, FinalStatus.FAILED, now
             app.diagnostics = f"queue {app.queue!r} no longer exists after the ResourceManager restart"
             self.dirty.add(app.app_id)
             return
+        self.scheduler.add_app(app.app_id, app.queue, app.user, app.seq, self.gang_of(app))
+        if kept is not None:
+            # Also a restore: the attempt keeps its state (ALLOCATED, LAUNCHED or RUNNING) and the
+            # app its own; only the AM's session is gone. Its AM's token still verifies (the cluster
+            # secret signs it), so the AM's next call finds the attempt and is told to register.
+            kept.registered = False
+            kept.awaiting_resync = True
+            kept.response_id, kept.last_response = 0, None
+            self._touch(kept)       # the wait for the AM runs from now, as its liveness would
+            self.dirty.add(app.app_id)
+            self.policy_version += 1
+            return
         app.state = AppState.NEW
         self._app_event(app, AppEvent.RECOVER)
-        self.scheduler.add_app(app.app_id, app.queue, app.user, app.seq, self.gang_of(app))
         self._new_attempt(app)
+
+    def adopt_container(self, node: Node, s: api.ContainerStatus) -> None:
+        """A (re-)registering NM reports a container this RM does not know (it was allocated
+        before an RM restart or failover): re-adopt it when it belongs to a kept attempt, charging
+        it to its app, queue and node as at allocation; pass a completion on to that attempt's AM;
+        have the NM clean up any other (YARN's work-preserving NM resync)."""
+        running = s.state != ContainerState.COMPLETE.value
+        try:
+            cid = ContainerId.parse(s.container_id)
+        except ValueError:
+            cid = None
+        at = self.attempts.get(str(cid.attempt)) if cid is not None else None
+        app = self.apps.get(at.app_id) if at is not None else None
+        # Only an earlier RM's containers (another epoch) are adopted: one of this RM's own that it
+        # no longer knows was completed here (its node was lost, it expired) and its AM was told.
+        if (at is None or app is None or cid is None or cid.epoch == self.container_epoch
+                or not self._is_current(app, at) or at.state == AttemptState.FINISHING
+                or (running and s.resource is None)):
+            if running:     # an attempt that ended (or is unknown): its containers must go
+                node.to_cleanup.append(s.container_id)
+            return
+        is_am = s.container_id == at.am_container_id
+        if not running:
+            if is_am:       # the AM exited while no RM heard of it: the attempt is over
+                self._attempt_failed(at, f"AM Container for {at.attempt_id} exited with exitCode: "
+                                         f"{s.exit_status} ({ExitStatus.describe(s.exit_status)}) while the "
+                                         f"ResourceManager restarted. Diagnostics: {s.diagnostics}",
+                                     counts=counts_toward_max_attempts(s.exit_status))
+            elif not any(c.container_id == s.container_id for c in at.completed):
+                at.completed.append(s)
+            return
+        assert s.resource is not None
+        c = Container(s.container_id, app.app_id, at.attempt_id, node.node_id, node.http_address, s.resource,
+                      self.clock(), "", tag="AM" if is_am else s.role, is_am=is_am, launched=True)
+        self.containers[c.container_id] = c
+        self.policy_version += 1
+        node.containers.add(c.container_id)
+        at.containers.add(c.container_id)
+        app.nodes_used.add(node.node_id)
+        self.scheduler.adopt(app.app_id, node, c.resource, is_am)
+        self.counters["containers_recovered"] += 1
+        if c.container_id in at.pending_release:
+            # Released by the AM before its NM re-registered: now it can be cleaned up.
+            at.pending_release.discard(c.container_id)
+            self._release(c, cleanup_on_node=True)
+            at.completed.append(api.ContainerStatus(container_id=c.container_id, state=ContainerState.COMPLETE.value,
+                                                    exit_status=ExitStatus.ABORTED,
+                                                    diagnostics="Container released by application"))
+
+    def am_missing_after_resync(self, node: Node, reported: dict[str, api.ContainerStatus]) -> None:
+        """A node re-registered without the AM container of a kept attempt that ran there (one not
+        re-adopted yet: while an attempt lives here its AM container is known, unless it was kept
+        across a restart): the AM did not survive (or never started) while the RM restarted; the
+        attempt fails, not counted, and a new one starts, as an RM restart without work
+        preservation would have done."""
+        for aid in list(self._am_live):
+            at = self.attempts[aid]
+            if (at.am_node_id != node.node_id or not at.am_container_id or at.am_container_id in self.containers
+                    or attempt_is_final(at.state) or at.state == AttemptState.FINISHING):
+                continue
+            s = reported.get(at.am_container_id)
+            if s is None or s.state == ContainerState.COMPLETE.value:
+                self._attempt_failed(at, f"AM container {at.am_container_id} of {aid} is not running on "
+                                         f"{node.node_id} after the ResourceManager restarted" + NOT_COUNTED,
+                                     counts=False)
 
     # ----- attempts -------------------------------------------------------------------------
     def _new_attempt(self, app: App) -> Attempt:

@@ -135,6 +135,13 @@ class Attempt:
     completed: list[api.ContainerStatus] = field(default_factory=list)
     updated_nodes: list[api.NodeReport] = field(default_factory=list)
     last_response: Optional[api.AllocateResponse] = None   # re-sent when a retried request repeats its id
+    # Kept across an RM restart or failover (work-preserving recovery, ResourceManagerCore.recover):
+    # its AM still runs but has not registered with this RM yet; it must within am_expiry_s, or the
+    # attempt fails (not counted) and a new one starts.
+    awaiting_resync: bool = False
+    # Containers the AM released while this RM had not yet heard of them (their NM had not
+    # re-registered): cleaned up, not re-adopted, when their NM reports them (YARN's pendingRelease).
+    pending_release: set[str] = field(default_factory=set)
 
 
 @dataclass

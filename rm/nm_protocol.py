@@ -50,6 +50,8 @@ class NmProtocol:
         def _schedule(self, candidates: list[Node]) -> None: ...
         def _end_attempt(self, at: Attempt, ev: AttemptEvent, diagnostics: str) -> None: ...
         def _attempt_failed(self, at: Attempt, diagnostics: str, counts: bool = True) -> None: ...
+        def adopt_container(self, node: Node, s: api.ContainerStatus) -> None: ...
+        def am_missing_after_resync(self, node: Node, reported: dict[str, api.ContainerStatus]) -> None: ...
 
     def register_node(self, claims: dict[str, Any], req: api.NodeRegisterRequest) -> api.NodeRegisterResponse:
         if claims.get("node_id") != req.node_id:
@@ -96,8 +98,16 @@ class NmProtocol:
             else:
                 pr.sent_in = 0
         for cid, s in reported.items():
-            if cid not in self.containers and s.state != ContainerState.COMPLETE.value:
-                node.to_cleanup.append(cid)
+            if cid in self.containers:
+                continue
+            if cid in node.releasing:
+                if s.state != ContainerState.COMPLETE.value:
+                    node.to_cleanup.append(cid)
+            else:
+                # Unknown here: an earlier RM's container of a kept attempt is re-adopted, any
+                # other is cleaned up (rm/core.py).
+                self.adopt_container(node, s)
+        self.am_missing_after_resync(node, reported)
         self._apps_held(node, req.applications)
         self._log_aggregation_reports(node, req.log_aggregation)
         if self.scheduler.has_demand:
@@ -229,6 +239,11 @@ class NmProtocol:
             if at.state == AttemptState.FINISHING:
                 # Unregistered but the AM container never exited: finish it and clean it up.
                 self._end_attempt(at, AttemptEvent.CONTAINER_FINISHED, "")
+            elif at.awaiting_resync:
+                # Kept across an RM restart or failover, but its AM never registered again.
+                self._attempt_failed(at, f"ApplicationMaster for attempt {at.attempt_id} did not register again "
+                                         f"within {self.cfg.am_expiry_s:g}s after the ResourceManager restarted"
+                                         + NOT_COUNTED, counts=False)
             elif not attempt_is_final(at.state):
                 if self._node_silent(at.am_node_id, now):
                     # Its host may have vanished: the NM expiry (as long as the AM's by default)

@@ -310,6 +310,15 @@ class CapacityScheduler:
             q.am.uncharge(r)
             self._admit(q)
 
+    def adopt(self, app_id: str, node: Node, r: Resource, is_am: bool) -> None:
+        """Charge a container re-adopted after an RM restart or failover (its NM reported it) to
+        its app, queue, user and node, as its allocation charged them; an AM container also to its
+        queue's AM limit."""
+        sa = self.apps[app_id]
+        self._charge(sa, node, r, +1)
+        if is_am:
+            self.queues[sa.queue].am.charge(r)
+
     def queue_limit(self, q: Queue) -> Resource:
         return Resource(int(self.total.memory * q.max_capacity / 100), int(self.total.vcores * q.max_capacity / 100))
 

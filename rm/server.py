@@ -120,10 +120,15 @@ class ResourceManagerServer:
         self._policy_thread: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._policy_lock = asyncio.Lock()      # rounds one after another: each builds on the last's policy
         self._store_failing = False             # the last flush's write failed (logged once per outage)
+        # Every RM of an HA cluster (rm/ha/ sets them): AMs are told all of them, to fail over.
+        self.rm_urls: list[str] = []
         self._recover()
 
     # ----- recovery / persistence -------------------------------------------------------------
     def _recover(self) -> None:
+        epoch = self.store.next_epoch()
+        if epoch is not None:   # before any container is issued (an HA term sets its own, rm/ha/)
+            self.core.container_epoch = epoch
         n = 0
         for rec, attempts in self.store.load():
             self.core.recover(app_from_record(rec, self.core.scheduler.min_mb),
@@ -212,7 +217,8 @@ class ResourceManagerServer:
 
     def attach_launcher(self, url: str) -> None:
         self.url = url
-        self.launcher = AmLauncher(self.core, url, self.cfg.state_dir, self.flush, self._nm_client)
+        self.launcher = AmLauncher(self.core, url, self.cfg.state_dir, self.flush, self._nm_client,
+                                   failover_urls=self.rm_urls)
 
     async def start(self) -> str:
         """Bind cfg.host:cfg.port (0 = ephemeral), start timers; returns the URL AMs and clients

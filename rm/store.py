@@ -151,11 +151,19 @@ class StateStore(abc.ABC):
     def close(self) -> None:
         """Release the store."""
 
+    def next_epoch(self) -> Optional[int]:
+        """Take this RM start's epoch, the part of new container ids that keeps them from colliding
+        with the ids an earlier RM issued (the attempts a restarted RM keeps go on getting
+        containers: YARN's RMStateStore.getAndIncrementEpoch). None when the store keeps no epoch
+        (the HA store: the elected term's epoch is used, rm/ha/)."""
+        return None
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS apps (app_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, doc BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS attempts (attempt_id TEXT PRIMARY KEY, app_id TEXT NOT NULL, doc BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS attempts_by_app ON attempts (app_id);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
 
 
@@ -187,6 +195,16 @@ class SqliteStateStore(StateStore):
             attempts = sorted((msgspec.json.decode(d, type=AttemptRecord) for (d,) in rows), key=lambda a: a.number)
             out.append((app, attempts))
         return out
+
+    def next_epoch(self) -> Optional[int]:
+        """0 at the first start on this store, then one more at each (so a fresh cluster's ids keep
+        YARN's plain form)."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()
+            epoch = int(row[0]) if row else 0
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('epoch', ?)", (epoch + 1,))
+        return epoch
 
     def remove_app(self, app_id: str) -> None:
         with self._db:

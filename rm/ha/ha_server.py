@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 from urllib.parse import urlsplit
 
 import msgspec
@@ -40,8 +40,9 @@ class HaActiveServer(ResourceManagerServer):
     and the HA fields of /ws/v1/cluster/info."""
 
     def __init__(self, cfg: RMConfig, cluster: ClusterConfig, store: EtcdStateStore, endpoints: HaEndpoints,
-                 epoch: int, may_act: Callable[[], bool]):
+                 epoch: int, may_act: Callable[[], bool], rm_urls: Sequence[str] = ()):
         super().__init__(cfg, cluster, store=store)
+        self.rm_urls = list(rm_urls)        # AMs fail over between them (rm/am_launcher.py)
         self.ha_endpoints = endpoints
         self.epoch = epoch
         self.core.container_epoch = epoch   # before any node registers: every container of the term
@@ -157,7 +158,8 @@ class HaResourceManager:
                                token, self.elector.fenced)
         await self._stop_standby()
         try:
-            server = HaActiveServer(self.cfg, self.cluster, store, self.endpoints, epoch, self.elector.may_act)
+            server = HaActiveServer(self.cfg, self.cluster, store, self.endpoints, epoch, self.elector.may_act,
+                                    self.ha.addresses())
             await server.start()
         except BaseException:
             store.close()

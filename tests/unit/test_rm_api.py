@@ -442,15 +442,23 @@ async def test_state_store_recovery_across_restart(tmp_path):
         d = await env2.app(done)
         assert (d["state"], d["finalStatus"], d["diagnostics"]) == ("FINISHED", "FAILED", "bad data")
         r = await env2.app(running)
-        assert r["state"] == "ACCEPTED" and r["user"] == "bob" and r["elastane"] == {"servers": 1}
+        # Work-preserving: the running attempt is kept, its AM told to register again.
+        assert r["state"] == "RUNNING" and r["user"] == "bob" and r["elastane"] == {"servers": 1}
         attempts = (await env2.call("GET", f"{BASE}/apps/{running}/appattempts"))["appAttempts"]["appAttempt"]
-        assert [a["appAttemptState"] for a in attempts] == ["FAILED", "SCHEDULED"]
-        # The old AM is told to go away; a re-registering NM gets the new AM launched.
-        assert (await env2.call("POST", api.AM_ALLOCATE, {"response_id": 9}, token=old_token))["action"] == "SHUTDOWN"
+        assert [a["appAttemptState"] for a in attempts] == ["RUNNING"]
+        refused = await env2.call("POST", api.AM_ALLOCATE, {"response_id": 9}, token=old_token, status=400)
+        assert refused["RemoteException"]["exception"] == "ApplicationMasterNotRegisteredException"
+        await env2.call("POST", api.AM_REGISTER, {}, token=old_token)
+        assert (await env2.call("POST", api.AM_ALLOCATE, {"response_id": 0}, token=old_token))["action"] == "NORMAL"
+        # Its node comes back without the AM container: the attempt is over (not counted) and a new
+        # one is launched.
         await env2.register_node("n1:1")
         new_token = await env2.launch_am()
+        assert new_token != old_token
         await env2.call("POST", api.AM_REGISTER, {}, token=new_token)
         assert (await env2.app(running))["state"] == "RUNNING"
+        attempts = (await env2.call("GET", f"{BASE}/apps/{running}/appattempts"))["appAttempts"]["appAttempt"]
+        assert [a["appAttemptState"] for a in attempts] == ["FAILED", "RUNNING"]
         # New ids do not collide with recovered ones.
         assert await env2.submit() not in (done, running)
     finally:

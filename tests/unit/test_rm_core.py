@@ -220,7 +220,7 @@ def test_nm_token_must_match_body():
     assert core.nodes.nodes == {}
 
 
-def test_recovery_roundtrip_gives_unfinished_apps_a_new_attempt():
+def test_recovery_roundtrip_keeps_the_running_attempt_until_its_node_comes_back_without_it():
     clock = FakeClock()
     core = make_core(clock)
     register(core, "n1:1")
@@ -236,8 +236,9 @@ def test_recovery_roundtrip_gives_unfinished_apps_a_new_attempt():
         core2.recover(app_from_record(rec, core2.scheduler.min_mb), [attempt_from_record(x) for x in ats])
     assert core2.apps[done].state == AppState.FINISHED
     app = core2.apps[running]
+    assert app.state == AppState.RUNNING and len(app.attempts) == 1    # kept (tests/unit/test_rm_work_preserving.py)
+    register(core2, "n1:1")             # the node restarted too: the AM is gone
     assert app.state == AppState.ACCEPTED and len(app.attempts) == 2   # restart does not count as a failure
-    register(core2, "n1:1")
     assert len(core2.take_effects()) == 1
 
 
