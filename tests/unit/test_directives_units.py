@@ -150,7 +150,8 @@ def test_eps_functions_run_removals_first_and_coalesce_during_a_change() -> None
     w.hold = {ins.WaitClockBoundary}
     n = len(w.log)
     send(w, directive(2, 2, 1))
-    assert w.job.change is not None and w.job.change.sub == [("remove_servers", 1), ("remove_workers", 1)]
+    assert w.job.change is not None
+    assert [(p.op, p.n) for p in w.job.change.parts] == [("remove_servers", 1), ("remove_workers", 1)]
     send(w, directive(1, 1, 2))                # superseded by v3 before the change ends
     send(w, directive(3, 2, 3))
     send(w, directive(3, 2, 3))                # a repeat

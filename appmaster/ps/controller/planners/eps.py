@@ -35,7 +35,7 @@ from ..events import StepDone, StepFailed
 from ..instructions import (CommitSplits, DiscardStaged, Instruction, JoinExecutors, MoveModelBlocks,
                             RetireExecutors, StageSplits, StartExecutors, WaitClockBoundary)
 from ..records import Move, Role, Target
-from ..state import Change, ChangeKind, JobState
+from ..state import Change, ChangeKind, JobState, Origin
 from .base import BasePlanner, fail_change, issue
 
 
@@ -92,7 +92,7 @@ class EpsPlanner(BasePlanner):
     # -- what the change is ----------------------------------------------------------------------
     def invalid(self, job: JobState, change: Change) -> str:
         dw, ds = change.delta
-        if change.origin.value == "scale":
+        if change.origin is Origin.SCALE:
             for name, d in (("workers", dw), ("servers", ds)):
                 if not isinstance(d, int) or isinstance(d, bool):
                     return f"{name} must be a signed integer change, got {d!r}"
