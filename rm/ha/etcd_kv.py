@@ -14,8 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Optional, Sequence, TypeVar
+
+# gRPC's own DNS resolver (c-ares) did not find etcd hosts named only in /etc/hosts (the multi-host
+# testbed's names, and many small clusters'): every call timed out. The system resolver
+# (getaddrinfo) reads /etc/hosts as every other daemon does. Set before grpc is first imported.
+os.environ.setdefault("GRPC_DNS_RESOLVER", "native")
 
 import aetcd
 import aetcd.exceptions
