@@ -1,0 +1,497 @@
+"""ResourceManager failover on the multi-host testbed: the active RM's host dies while a PS job trains.
+
+    .venv/bin/python bench/rm_failover.py [--quick] [--reps N] [--soak-s S] [--nodes N] [--keep-dir D]
+
+The cluster (elastane_cli.testbed_hosts, started the way operators start one): etcd, one member,
+on its own host `etcd`; two RM hosts `rm1` and `rm2` listed in cluster.toml's [ha] with the
+documented default settings (lease_s 5, failover_max_attempts 15, failover_sleep_s 0.5); NM hosts
+`node1..nodeN`. `bin/start-cluster` runs on rm1: rm1 there, rm2 over ssh, then the NMs over ssh;
+the RMs elect the active one on etcd. Each repetition builds a fresh cluster and:
+
+1. baseline: one PS job (mlr, 1 worker + 1 server, a fixed number of epochs, a checkpoint every
+   epoch on shared storage) runs undisturbed; `T0` = submission -> the RM reports it FINISHED.
+2. (first repetition only) soak: for `--soak-s` the machine is kept saturated by other work (one
+   busy loop per core beside everything else on this machine) while a copy of the job trains;
+   `spurious_failovers` = how many new terms (etcd epoch increments) began in that time with
+   nobody killed. Its machine load is reported.
+3. failover: the same job again; once it has trained `--kill-epoch` epochs the active RM's host
+   dies (testbed.kill_host: link cut, every process SIGKILLed). `failover_s` = the kill -> the
+   other RM answers `GET /ws/v1/cluster/apps` as the active one; `nm_resync_s` = the kill -> every
+   NM RUNNING at the new active with a heartbeat after the kill; then the job runs on to its end:
+   `job_lost_s` = its submission -> FINISHED time minus `T0` of the same repetition (what the
+   failover cost the job; with a restarted attempt it includes redoing the epochs since the last
+   checkpoint). `job_attempts` says whether the new active restarted the job's attempt.
+4. `duplicate_container_ids`: over the whole run (every job, both terms), container ids that more
+   than one NM launch names (every NM's log on every node host: `launched <id> pid ...`), plus
+   launches an NM refused because the id had already started there (its message, in the NMs'
+   logs or the containers' stderr).
+
+Timings are the median of the repetitions, with min / max and every value. Every figure is
+labelled `busy`: this runs on a small machine shared with other work, so absolute times are
+those of a loaded machine (the soak adds its own load on purpose). Nothing is left behind:
+bin/stop-cluster from the surviving RM host, then the testbed is removed; `left_behind` lists
+anything found. The last line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, TypeVar
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from appmaster.ps.submission import build_ps_submission  # noqa: E402
+from elastane_cli import node_network  # noqa: E402
+from elastane_cli.machine_load import MachineMeter  # noqa: E402
+from elastane_cli.testbed_cluster import PROJECT, RM_PORT, TestbedCluster, TestbedClusterError, toml_section  # noqa: E402
+from elastane_cli.testbed_hosts import Testbed, unavailable_reason  # noqa: E402
+from protocol import tokens  # noqa: E402
+from protocol.ha_config import DEFAULT_LEASE_S  # noqa: E402
+from support.http_json import http_json  # noqa: E402
+from support.sigterm import unwind_on_sigterm  # noqa: E402
+
+T = TypeVar("T")
+RM_HOSTS = ("rm1", "rm2")
+ETCD_HOST = "etcd"
+ETCD_PORT = 2379
+FINAL = ("FINISHED", "FAILED", "KILLED")
+LAUNCHED = re.compile(r"launched (container_\S+) pid \d+")
+REFUSED = re.compile(r"container (container_\S+) was already started on this node")
+JOB: dict[str, Any] = {"app": "mlr", "workers": 1, "servers": 1, "convergence_threshold": 1e-12,
+                       "checkpoint_every_epochs": 1, "hparams": {"learning_rate": 0.5}, "executor_memory_mb": 320}
+
+
+def log(text: str) -> None:
+    print(f"[rm_failover] {text}", file=sys.stderr, flush=True)
+
+
+def wait_for(cond: Callable[[], Optional[T]], timeout_s: float, what: str, poll_s: float = 0.05) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def get(url: str, timeout_s: float = 2.0) -> Optional[dict[str, Any]]:
+    """A JSON GET without following redirects' failures: None when nothing (or a standby's error) answers."""
+    try:
+        with urllib.request.urlopen(f"{url}{'&' if '?' in url else '?'}user.name=bench", timeout=timeout_s) as r:
+            body = json.loads(r.read() or b"{}")
+            return body if isinstance(body, dict) else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+# ----- pure parts (tests/unit/test_rm_failover_bench.py) -----------------------------------------
+
+def duplicate_container_ids(nm_logs: Iterable[str]) -> tuple[int, list[str], int]:
+    """(count, ids) of container ids launched more than once across all the NMs' logs, or refused
+    by an NM because the id had already started there; and how many distinct ids were launched
+    (so that a count of 0 is seen to come from logs that name launches at all)."""
+    launches: Counter[str] = Counter()
+    refused: set[str] = set()
+    for text in nm_logs:
+        launches.update(LAUNCHED.findall(text))
+        refused.update(REFUSED.findall(text))
+    dups = sorted({c for c, n in launches.items() if n > 1} | refused)
+    return len(dups), dups, len(launches)
+
+
+def spread(xs: list[float]) -> dict[str, Any]:
+    """Median, min, max and every value (rounded) of a timing's repetitions."""
+    return {"median": round(float(statistics.median(xs)), 3), "min": round(min(xs), 3), "max": round(max(xs), 3),
+            "values": [round(x, 3) for x in xs]}
+
+
+def new_terms(epoch_before: int, epoch_after: int) -> int:
+    """Terms that began between two readings of the etcd epoch counter (each election adds one)."""
+    if epoch_after < epoch_before:
+        raise ValueError(f"the epoch went back from {epoch_before} to {epoch_after}")
+    return epoch_after - epoch_before
+
+
+# ----- the HA cluster on the testbed -------------------------------------------------------------
+
+class HaTestbedCluster(TestbedCluster):
+    """TestbedCluster's conf and NMs, with etcd on its own host and two RM hosts listed in [ha]
+    (instead of the one `master`): `bin/start-cluster` on rm1 starts both RMs and the NMs."""
+
+    __test__ = False
+
+    def __init__(self, base_dir: Path, nodes: int, **kw: Any) -> None:
+        super().__init__(base_dir, workers=nodes, **kw)
+        self.testbed = Testbed(self.base_dir / "testbed", nodes + 3, names=[*RM_HOSTS, ETCD_HOST, *self.node_names],
+                               shared=[self.shared_dir], sshd=True)
+        self.etcd: Optional[subprocess.Popen[bytes]] = None
+
+    def rm_address(self, rm_id: str) -> str:
+        """An RM's URL from outside the hosts (the bridge), by its host's address."""
+        return f"http://{self.testbed.host(rm_id).ip}:{RM_PORT}"
+
+    def ha_info(self, rm_id: str) -> dict[str, Any]:
+        return ((get(self.rm_address(rm_id) + "/ws/v1/cluster/info") or {}).get("clusterInfo")) or {}
+
+    def active_id(self) -> Optional[str]:
+        """The RM that answers as ACTIVE, None when none does."""
+        for rm_id in RM_HOSTS:
+            if self.testbed.host(rm_id).anchor_pid and self.ha_info(rm_id).get("haState") == "ACTIVE":
+                return rm_id
+        return None
+
+    @property
+    def rm_url(self) -> str:     # TestbedCluster's node checks ask the active RM
+        return self.rm_address(self.active_id() or RM_HOSTS[0])
+
+    def write_conf(self) -> None:
+        super().write_conf()
+        self.secret = tokens.generate_secret()
+        addresses = ", ".join(f'{i} = "http://{i}:{RM_PORT}"' for i in RM_HOSTS)
+        cluster = self.conf_dir / "cluster.toml"
+        # The documented defaults for the lease and the clients' failover (no lease_s etc. here).
+        cluster.write_text(toml_section("cluster", {"secret": self.secret, "rm_address": f"http://{RM_HOSTS[0]}:{RM_PORT}"})
+                           + "\n" + toml_section("ha", {"enabled": True, "rm_ids": list(RM_HOSTS),
+                                                        "etcd_endpoints": [f"http://{ETCD_HOST}:{ETCD_PORT}"]})
+                           + f"rm_addresses = {{ {addresses} }}\n")
+        os.chmod(cluster, 0o600)
+
+    def start_etcd(self, timeout_s: float) -> None:
+        h = self.testbed.host(ETCD_HOST)
+        binary = shutil.which("etcd")
+        if binary is None:
+            raise TestbedClusterError("no etcd binary (Debian's etcd-server; bin/ensure-test-packages installs it)")
+        client, peer = f"http://{h.ip}:{ETCD_PORT}", f"http://{h.ip}:{ETCD_PORT + 1}"
+        out = open(h.tmp_dir / "etcd.log", "ab")
+        self.etcd = subprocess.Popen(
+            [*h.exec_prefix(), binary, "--name", "e1", "--data-dir", "/tmp/etcd-data",
+             "--listen-client-urls", client, "--advertise-client-urls", client,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"e1={peer}", "--initial-cluster-state", "new"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        out.close()
+
+        def healthy() -> bool:
+            if self.etcd is not None and self.etcd.poll() is not None:
+                raise TestbedClusterError(f"etcd exited {self.etcd.returncode}: "
+                                          + (h.tmp_dir / "etcd.log").read_text(errors="replace")[-2000:])
+            return str((get(client + "/health") or {}).get("health")) == "true"
+        wait_for(healthy, timeout_s, "etcd to answer", 0.1)
+
+    def start(self, timeout_s: float = 180.0) -> "HaTestbedCluster":
+        deadline = time.monotonic() + timeout_s
+        try:
+            self.testbed.create()
+            self._started = True
+            self.write_conf()
+            self.start_etcd(timeout_s)
+            r = self.testbed.run(RM_HOSTS[0], [str(PROJECT / "bin" / "start-cluster"), str(self.hosts_file)],
+                                 env=self.env(), timeout=max(10.0, deadline - time.monotonic()))
+            self.start_output = r.stdout + r.stderr
+            if r.returncode != 0:
+                raise TestbedClusterError(f"bin/start-cluster exited {r.returncode}:\n{self.start_output}\n" + self.logs())
+            wait_for(self.active_id, max(1.0, deadline - time.monotonic()), "an active RM", 0.1)
+            self.await_nodes_running(self.nm_hosts, deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """bin/stop-cluster on a surviving RM host, etcd stopped, what is left noted, the testbed removed."""
+        if not self._started:
+            self.testbed.remove()
+            return
+        self._started = False
+        alive = [i for i in RM_HOSTS if self.testbed.host(i).anchor_pid]
+        if alive:
+            try:
+                r = self.testbed.run(alive[0], [str(PROJECT / "bin" / "stop-cluster"), str(self.hosts_file)],
+                                     env=self.env(), timeout=180)
+                self.stop_returncode, self.stop_output = r.returncode, r.stdout + r.stderr
+            except subprocess.TimeoutExpired as e:
+                self.stop_output = f"bin/stop-cluster timed out: {e}"
+        if self.etcd is not None and self.etcd.poll() is None:
+            self.etcd.terminate()
+            try:
+                self.etcd.wait(30)
+            except subprocess.TimeoutExpired:
+                self.etcd.kill()
+                self.etcd.wait(10)
+        for h in self.testbed.hosts:
+            if not h.anchor_pid:
+                continue
+            left = [f"pid {p}" for p in self.testbed.service_pids(h.name)]
+            left += [f"cgroup {d}" for d in self.testbed.cgroup_dirs(h.name)]
+            if left:
+                self.leftovers[h.name] = left
+        self.testbed.remove()
+
+    def nm_logs(self) -> list[str]:
+        """Every NM daemon log on every node host (read while the hosts' dirs are still there)."""
+        out = []
+        for name in self.node_names:
+            for p in sorted((self.testbed.host(name).tmp_dir / "elastane" / "logs").glob("*-nm-*.log")):
+                out.append(p.read_text(errors="replace"))
+        return out
+
+    def am_stderr(self) -> list[str]:
+        out = []
+        for name in self.node_names:
+            for p in (self.testbed.host(name).tmp_dir / "elastane" / "nm" / "logs").glob("*/container_*/stderr"):
+                out.append(p.read_text(errors="replace"))
+        return out
+
+
+def leftovers(c: HaTestbedCluster, dead: Optional[str]) -> list[str]:
+    out = [f"{h}: {x}" for h, xs in c.leftovers.items() for x in xs]
+    # stop-cluster names the dead RM host (nothing of it runs, its sshd is gone) and no other: as it should.
+    failed_dead = dead is not None and re.search(rf"failed for the ResourceManager\(s\): {dead}\s*$", c.stop_output, re.M)
+    if c.stop_returncode not in (None, 0) and not failed_dead:
+        out.append(f"bin/stop-cluster exited {c.stop_returncode}: {c.stop_output.strip()[-300:]}")
+    tb = c.testbed
+    out += [f"net {n}" for n in node_network.leftovers(node_network.cluster_tag(tb.base_dir))]
+    out += [f"pid {p} (killed by remove)" for p in tb.leftover_pids] + [f"error {e}" for e in tb.errors]
+    return out
+
+
+# ----- one job -----------------------------------------------------------------------------------
+
+class Job:
+    """One PS job, submitted to whichever RM is active and watched through it."""
+
+    def __init__(self, c: HaTestbedCluster, spec: dict[str, Any], name: str) -> None:
+        self.c = c
+        rm = c.rm_url
+        self.submitted = time.monotonic()
+        self.app_id: str = http_json(f"{rm}/ws/v1/cluster/apps/new-application", "POST", user="bench")["application-id"]
+        sub = build_ps_submission(spec, name=name, am_memory=384, app_id=self.app_id, max_app_attempts=2)
+        http_json(f"{rm}/ws/v1/cluster/apps", "POST", sub, user="bench")
+
+    def app(self) -> dict[str, Any]:
+        active = self.c.active_id()
+        body = get(f"{self.c.rm_address(active)}/ws/v1/cluster/apps/{self.app_id}") if active else None
+        return (body or {}).get("app") or {}
+
+    def attempts(self) -> int:
+        active = self.c.active_id()
+        body = get(f"{self.c.rm_address(active)}/ws/v1/cluster/apps/{self.app_id}/appattempts") if active else None
+        return len((((body or {}).get("appAttempts") or {}).get("appAttempt")) or [])
+
+    def epochs(self) -> int:
+        app = self.app()
+        if app.get("state") != "RUNNING" or not app.get("trackingUrl"):
+            return 0
+        st = get(str(app["trackingUrl"]).rstrip("/") + "/status")
+        return len((st or {}).get("objective_history") or [])
+
+    def wait_end(self, timeout_s: float) -> tuple[str, float]:
+        """(final state, submission -> the RM reporting it) or ("TIMEOUT", nan)."""
+        def ended() -> Optional[dict[str, Any]]:
+            a = self.app()
+            return a if a.get("state") in FINAL else None
+        try:
+            app = wait_for(ended, timeout_s, f"{self.app_id} to end", 0.2)
+        except TimeoutError:
+            return "TIMEOUT", float("nan")
+        return f"{app['state']}/{app.get('finalStatus')}", time.monotonic() - self.submitted
+
+    def kill(self) -> None:
+        active = self.c.active_id()
+        if active is None:
+            return
+        try:
+            http_json(f"{self.c.rm_address(active)}/ws/v1/cluster/apps/{self.app_id}/state", "PUT", {"state": "KILLED"},
+                      timeout_s=10, user="bench")
+            wait_for(lambda: self.app().get("state") in FINAL, 60, f"{self.app_id} to end", 0.25)
+        except Exception as e:  # noqa: BLE001 - stop-cluster ends what is left
+            log(f"could not kill {self.app_id}: {e}")
+
+
+def epoch_now(c: HaTestbedCluster) -> int:
+    """The etcd epoch counter as the active RM reports it (its term's epoch)."""
+    active = wait_for(c.active_id, 60, "an active RM", 0.1)
+    return int(c.ha_info(active).get("haEpoch") or 0)
+
+
+def soak(c: HaTestbedCluster, spec: dict[str, Any], seconds: float, burners: int) -> dict[str, Any]:
+    """`seconds` with the machine saturated (busy loops) while a job trains; new terms counted."""
+    job = Job(c, {**spec, "max_epochs": 1_000_000}, "soak")
+    wait_for(lambda: job.epochs() > 0, 300, "the soak job's first epoch", 0.2)
+    before = epoch_now(c)
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+             for _ in range(burners)]
+    meter = MachineMeter().start()
+    try:
+        time.sleep(seconds)     # the soak's length is the measurement window, not a wait for readiness
+    finally:
+        load = meter.stop()
+        for p in loops:
+            p.kill()
+            p.wait()
+    after = epoch_now(c)
+    job.kill()
+    return {"spurious_failovers": new_terms(before, after), "soak_s": seconds, "soak_busy_loops": burners,
+            "soak_machine": load.to_json()}
+
+
+def one_rep(base: Path, rep: int, spec: dict[str, Any], kill_epoch: int, soak_s: float, burners: int,
+            nodes: int) -> tuple[dict[str, Any], list[str]]:
+    c = HaTestbedCluster(base, nodes=nodes)
+    dead: Optional[str] = None
+    res: dict[str, Any] = {}
+    jobs: list[Job] = []
+    try:
+        log(f"rep {rep}: starting etcd, 2 RMs and {nodes} NMs")
+        c.start()
+        first_active = c.active_id()
+        log(f"rep {rep}: {first_active} is active; the baseline job")
+        base_job = Job(c, spec, f"baseline-{rep}")
+        jobs.append(base_job)
+        state0, t0 = base_job.wait_end(900)
+        res |= {"baseline_state": state0, "baseline_s": t0}
+        log(f"rep {rep}: baseline {state0} in {t0:.1f}s")
+        if soak_s > 0:
+            log(f"rep {rep}: soak of {soak_s:.0f}s with {burners} busy loops")
+            res |= soak(c, spec, soak_s, burners)
+            log(f"rep {rep}: soak: {res['spurious_failovers']} new terms, machine {res['soak_machine']}")
+        job = Job(c, spec, f"failover-{rep}")
+        jobs.append(job)
+        wait_for(lambda: job.epochs() >= kill_epoch, 600, f"{job.app_id} to train {kill_epoch} epochs", 0.1)
+        dead = c.active_id()
+        if dead is None:
+            raise RuntimeError("no active RM to kill")
+        survivor = next(i for i in RM_HOSTS if i != dead)
+        t_kill, wall_kill_ms = time.monotonic(), time.time() * 1000
+        c.testbed.kill_host(dead)
+        log(f"rep {rep}: killed {dead} (the active RM's host) at epoch >= {kill_epoch}")
+        url = c.rm_address(survivor)
+        wait_for(lambda: c.ha_info(survivor).get("haState") == "ACTIVE"
+                 and get(url + "/ws/v1/cluster/apps") is not None, 300, f"{survivor} to serve as active", 0.02)
+        failover_s = time.monotonic() - t_kill
+        want = {c.node_id(n) for n in c.node_names}
+
+        def all_heard() -> bool:
+            nodes_ = (((get(url + "/ws/v1/cluster/nodes") or {}).get("nodes")) or {}).get("node") or []
+            fresh = {n.get("id") for n in nodes_ if n.get("state") == "RUNNING"
+                     and (n.get("lastHeartbeat") or 0) > wall_kill_ms}
+            return want <= fresh
+        wait_for(all_heard, 300, "every NM at the new active", 0.02)
+        nm_resync_s = time.monotonic() - t_kill
+        log(f"rep {rep}: {survivor} active after {failover_s:.2f}s, every NM heard from after {nm_resync_s:.2f}s")
+        state1, t1 = job.wait_end(600.0 if math.isnan(t0) else max(600.0, 5 * t0))
+        attempts = job.attempts()
+        res |= {"first_active": first_active, "killed": dead, "failover_s": failover_s, "nm_resync_s": nm_resync_s,
+                "failover_job_state": state1, "failover_job_s": t1, "job_attempts": attempts,
+                "job_lost_s": (t1 - t0) if state0 == state1 == "FINISHED/SUCCEEDED" else None,
+                "new_epoch": int(c.ha_info(survivor).get("haEpoch") or 0)}
+        log(f"rep {rep}: the job {state1} in {t1:.1f}s ({attempts} attempt(s)); baseline {t0:.1f}s")
+        for j in jobs:
+            if j.app().get("state") not in FINAL:
+                j.kill()
+        res["nm_logs"] = c.nm_logs() + c.am_stderr()
+    finally:
+        if dead is not None:
+            c.testbed.restore_link(dead)    # its sshd is dead: stop-cluster's ssh is refused at once
+        if "nm_logs" not in res and c.testbed.hosts:
+            try:
+                res["nm_logs"] = c.nm_logs() + c.am_stderr()
+            except OSError:
+                pass
+        c.stop()
+    return res, leftovers(c, dead)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--quick", action="store_true", help="one repetition, a short job and a 20 s soak")
+    p.add_argument("--reps", type=int, default=None, help="fresh clusters, each with a baseline and a failover (3)")
+    p.add_argument("--soak-s", type=float, default=None, help="seconds of the saturated soak (600; quick 20; 0: none)")
+    p.add_argument("--busy-loops", type=int, default=os.cpu_count() or 1, help="busy loops during the soak (one per core)")
+    p.add_argument("--nodes", type=int, default=None, help="NM hosts (3; quick 2)")
+    p.add_argument("--epochs", type=int, default=None, help="the job's epochs (40; quick 15)")
+    p.add_argument("--kill-epoch", type=int, default=None, help="epochs trained when the active RM's host dies (8; quick 4)")
+    p.add_argument("--samples", type=int, default=20_000, help="the job's training rows (mlr)")
+    p.add_argument("--keep-dir", type=Path, default=None)
+    ns = p.parse_args(argv)
+    reps = ns.reps or (1 if ns.quick else 3)
+    soak_s = ns.soak_s if ns.soak_s is not None else (20.0 if ns.quick else 600.0)
+    nodes = ns.nodes or (2 if ns.quick else 3)
+    epochs = ns.epochs or (15 if ns.quick else 40)
+    kill_epoch = ns.kill_epoch or (4 if ns.quick else 8)
+    if not (reps >= 1 and soak_s >= 0 and nodes >= 1 and 1 <= kill_epoch < epochs and ns.busy_loops >= 0):
+        p.error("need --reps >= 1, --soak-s >= 0, --nodes >= 1, 1 <= --kill-epoch < --epochs, --busy-loops >= 0")
+    unwind_on_sigterm()
+    reason = unavailable_reason(sshd=True) or (None if shutil.which("etcd") else "no etcd binary")
+    if reason:
+        print(f"no multi-host testbed with etcd here: {reason}")
+        print(json.dumps({"skipped": reason}))
+        return 0
+    spec = {**JOB, "max_epochs": epochs, "data": {"num_samples": ns.samples}}
+    tmp = None if ns.keep_dir else tempfile.TemporaryDirectory(prefix="rm-failover-")
+    base = (ns.keep_dir or Path(tmp.name)).resolve()  # type: ignore[union-attr]
+    runs: list[dict[str, Any]] = []
+    left: list[str] = []
+    logs: list[str] = []
+    try:
+        for rep in range(1, reps + 1):
+            res, lft = one_rep(base / f"rep{rep}", rep, spec, kill_epoch, soak_s if rep == 1 else 0.0,
+                               ns.busy_loops, nodes)
+            logs += res.pop("nm_logs", [])
+            runs.append(res)
+            left += lft
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    dups, dup_ids, launched = duplicate_container_ids(logs)
+    lost = [r["job_lost_s"] for r in runs if r.get("job_lost_s") is not None]
+    out: dict[str, Any] = {
+        "machine": "busy",
+        "failover_s": spread([r["failover_s"] for r in runs])["median"],
+        "nm_resync_s": spread([r["nm_resync_s"] for r in runs])["median"],
+        "job_lost_s": spread(lost)["median"] if lost else None,
+        "duplicate_container_ids": dups,
+        "spurious_failovers": runs[0].get("spurious_failovers"),
+        "soak_s": runs[0].get("soak_s", 0.0),
+        "failover_s_spread": spread([r["failover_s"] for r in runs]),
+        "nm_resync_s_spread": spread([r["nm_resync_s"] for r in runs]),
+        "job_lost_s_spread": spread(lost) if lost else None,
+        "baseline_job_s_spread": spread(base_s) if (base_s := [r["baseline_s"] for r in runs if not math.isnan(r["baseline_s"])]) else None,
+        "jobs_not_finished": [f"rep{i + 1}: {r['failover_job_state']}" for i, r in enumerate(runs)
+                              if r["failover_job_state"] != "FINISHED/SUCCEEDED"],
+        "job_attempts_after_failover": [r["job_attempts"] for r in runs],
+        "duplicate_ids": dup_ids[:20], "containers_launched": launched,
+        "soak_machine": runs[0].get("soak_machine"), "soak_busy_loops": runs[0].get("soak_busy_loops"),
+        "lease_s": DEFAULT_LEASE_S, "reps": reps, "nodes": nodes, "job_epochs": epochs, "kill_epoch": kill_epoch,
+        "left_behind": left,
+    }
+    for i, r in enumerate(runs, 1):
+        print(f"rep {i} (busy machine): {r['killed']} (active) killed; {r['failover_s']:.2f}s to the new active serving, "
+              f"{r['nm_resync_s']:.2f}s to every NM heard from; job {r['failover_job_state']} in "
+              f"{r['failover_job_s']:.1f}s ({r['job_attempts']} attempt(s)) against {r['baseline_s']:.1f}s undisturbed")
+    print(f"soak (busy machine, {out['soak_busy_loops']} extra busy loops): {out['spurious_failovers']} spurious "
+          f"failover(s) over {out['soak_s']:.0f}s with the default {DEFAULT_LEASE_S:g}s lease; machine {out['soak_machine']}")
+    print(f"duplicate container ids over the run: {dups} (of {launched} container ids launched)")
+    print(json.dumps(out))
+    return 0 if not left else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
