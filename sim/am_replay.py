@@ -10,6 +10,13 @@ directive as it does a real policy's decision), kills the executors `losses` nam
 (the node reports the container ended, as an NM does), and returns what the simulated AM's
 controller went through.
 
+What comes from outside the controller and the simulator does not model is given as recorded:
+`outside` events at their times (a scale request at the AM's endpoint, a plan Cruise's optimizer
+proposed; each handed over with the simulated time as its `at`), and `plans`, the ops Cruise's
+optimizer answered the job's ComputePlan steps with (an RM directive under optimizer "cruise"),
+in order. The optimizer's decisions rest on measured timings, so like the directives they are
+inputs of the replay, not something it predicts.
+
 Nodes: a directive's node names are mapped onto the simulated nodes in the order the directives
 first name them (a real cluster's host names mean nothing to the simulator); with more nodes
 named than simulated, ValueError.
@@ -20,9 +27,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+import msgspec
+
 from appmaster.ps.controller import Phase
+from appmaster.ps.controller import events as cev
 from appmaster.ps.controller.instructions import STEP_TYPES
-from appmaster.ps.controller.records import Role
+from appmaster.ps.controller.records import PlanOp, Role
 from appmaster.ps.controller.state import ExecutorState
 from protocol.internal_api import NodePlacement, ShapeDirective
 from protocol.ps_job_spec import PSJobSpec
@@ -133,7 +143,8 @@ def node_map(script: Sequence[tuple[float, ShapeDirective]], sim_nodes: Sequence
 
 def replay_directives(spec: PSJobSpec, script: Sequence[tuple[float, ShapeDirective]], calibration: Calibration,
                       losses: Sequence[Loss] = (), cfg: Optional[SimConfig] = None,
-                      data_scale: float = 1.0) -> AmReplay:
+                      data_scale: float = 1.0, outside: Sequence[tuple[float, cev.Event]] = (),
+                      plans: Sequence[list[PlanOp]] = ()) -> AmReplay:
     """Run `spec` alone in the simulator with `script`'s directives and `losses` (module doc)."""
     cfg = cfg or SimConfig(nodes=4, am_nodes=1)
     job = trace_job(spec, data_scale)
@@ -144,6 +155,9 @@ def replay_directives(spec: PSJobSpec, script: Sequence[tuple[float, ShapeDirect
     killed: list[str] = []
     for loss in losses:
         sim.loop.at(T0 + loss.at, _kill, sim, sj, loss, killed)
+    sj.plans.extend(list(ops) for ops in plans)
+    for at, e in outside:
+        sim.loop.at(T0 + at, _outside, sim, sj, e)
     record = sim.run().records[0]
     assert sj.log is not None
     phases = [Phase.STARTING] + [to for _, _, to in sj.state.history]
@@ -151,6 +165,10 @@ def replay_directives(spec: PSJobSpec, script: Sequence[tuple[float, ShapeDirect
                     instructions=list(sj.log.instructions), record=record, killed=killed,
                     per_event=list(sj.log.per_event),
                     events=[(t - sj.record.arrival, kind, phase) for t, kind, phase in sj.log.events])
+
+
+def _outside(sim: Simulator, job: SimJob, e: cev.Event) -> None:
+    job.outside(msgspec.structs.replace(e, at=sim.loop.now))
 
 
 def _kill(sim: Simulator, job: SimJob, loss: Loss, killed: list[str]) -> None:

@@ -34,8 +34,12 @@ the directive version acted on, the controller's phase, epochs with their times 
 measured run's where it has them, the curve beyond: the same ones the job's epoch count comes from)
 and per-worker compute / communication times split as the epoch-time model does.
 
-`run_directives` (sim/am_log.py) replays given directives at given times on one simulated job and
-returns its (phase, instruction kind) log: what a cluster test compares with the real AM's.
+`replay_directives` (sim/am_replay.py) replays given directives at given times on one simulated job
+and returns its (phase, instruction kind) log: what a cluster test compares with the real AM's.
+Inputs from outside the controller that the simulator does not model come in through `outside`
+(a scale request at the AM's endpoint, a plan Cruise's optimizer proposed) and `plans` (the ops
+Cruise's optimizer answers a ComputePlan step with); without them, ComputePlan fails: the
+simulator runs no Cruise optimizer.
 """
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ import numpy as np
 from appmaster.ps.controller import Phase, handle
 from appmaster.ps.controller import events as ev
 from appmaster.ps.controller import instructions as ins
-from appmaster.ps.controller.records import ExecutorInfo, Holdings, Role
+from appmaster.ps.controller.records import ExecutorInfo, Holdings, PlanOp, Role
 from appmaster.ps.controller.state import Change, ChangeKind, ExecutorState, JobState
 from appmaster.ps.job_progress import DEFAULT_EARLY_FEEDBACK_ITERATIONS
 from models.optimus_fit import LossCurve as FittedCurve
@@ -60,6 +64,7 @@ from protocol.job_report import (MAX_EPOCH_TIMES, MAX_OBJECTIVES, ClockObjective
                                  ServerTiming, WorkerTiming, recent_clock_objectives)
 from protocol.json_types import JsonObject
 from protocol.records import Resource
+from psruntime.apps.random_streams import partition_block_range
 from rm.model import AmSpec
 
 from .calibration import AppCalibration
@@ -89,9 +94,9 @@ WAITS_FOR_EXECUTORS = frozenset({ChangeKind.START})
 # Apps that keep training state on their workers (appmaster/ps/reconfiguration.keeps_worker_state:
 # per-block local state); the controller plans their checkpoints and recoveries accordingly.
 KEEPS_WORKER_STATE = frozenset({"nmf", "lda"})
-# Input splits per worker of the job's largest shape: the simulated data is split this finely, so
-# the controller's EPS planner always has splits to hand new workers (the real AM's split count is
-# the data's input blocks; the simulator models no data).
+# Input splits per worker of the job's largest shape when the job's data has fewer input blocks
+# than that (or none known: a user app): the simulated data is split at least this finely, so the
+# controller's EPS planner always has splits to hand new workers.
 SPLITS_PER_WORKER = 8
 CONVERGED = "converged (simulated)"
 
@@ -189,6 +194,8 @@ class SimJob:
         self.state = JobState(spec=self.spec, keeps_worker_state=job.app in KEEPS_WORKER_STATE,
                               memory_mb=self.spec.executor_memory_mb, vcores=self.spec.executor_vcores)
         self.log: Optional[AmLog] = AmLog() if log else None
+        # Cruise's answers to ComputePlan, in order (module doc): a replay gives the real optimizer's.
+        self.plans: deque[list[PlanOp]] = deque()
         self.app_id = ""
         self.attempt_id = ""
         self.am_container = ""
@@ -290,6 +297,12 @@ class SimJob:
         self._heartbeat_now()
 
     # ----- the controller ---------------------------------------------------------------------
+    def outside(self, event: ev.Event) -> None:
+        """An input from outside the simulated cluster (module doc), handed to the controller now;
+        none once the job has ended."""
+        if self.registered and not self.stopped:
+            self._send(event)
+
     def _send(self, *events: ev.Event) -> None:
         """Hand events to the controller and carry out what it says; events the steps raise meanwhile
         (a step that costs nothing ends at once) queue behind, so each `handle` sees them in order."""
@@ -393,9 +406,11 @@ class SimJob:
             self.releases.append(c.container_id)
             return None
         row.granted += 1
-        self._executors[row.role] += 1
+        # Named as the AM names them (worker-0, worker-1, ...: a count per role from 0), so a
+        # recorded Cruise plan's ops name the same executors here.
         info = ExecutorInfo(executor_id=f"{row.role.value}-{self._executors[row.role]}", role=row.role,
                             container_id=c.container_id, node=c.node_id)
+        self._executors[row.role] += 1
         self.containers[c.container_id] = Held(row.role.value, c.node_id, c.resource)
         self.executor_of[c.container_id] = info
         self.container_of[info.executor_id] = c.container_id
@@ -496,18 +511,23 @@ class SimJob:
         elif isinstance(step, ins.ResumeTraining):
             self._halted = False
         elif isinstance(step, ins.ComputePlan):
+            if self.plans:
+                return ev.StepDone(at=now, step=step.step, ops=self.plans.popleft())
             return ev.StepFailed(at=now, step=step.step, error="the simulator runs no Cruise optimizer")
         return ev.StepDone(at=now, step=step.step)
 
     def _holdings(self, servers: list[str], workers: list[str]) -> Holdings:
-        """Blocks and input splits spread round-robin, as the AM's set-up places them."""
+        """Model blocks round-robin over the servers and input splits in contiguous partitions over
+        the workers, as the AM's set-up places them (the splits are the data's input blocks, so a
+        recorded Cruise plan's split ids name the same splits here; see SPLITS_PER_WORKER)."""
         blocks: dict[str, list[int]] = {s: [] for s in servers}
         for b in range(self.spec.num_blocks if servers else 0):
             blocks[servers[b % len(servers)]].append(b)
-        splits: dict[str, list[int]] = {w: [] for w in workers}
         most = max(self.spec.workers, self.spec.max_workers or 0)
-        for b in range(SPLITS_PER_WORKER * most if workers else 0):
-            splits[workers[b % len(workers)]].append(b)
+        schema, data = self.spec.schema, self.spec.typed_data
+        known = schema.num_input_blocks(data) if schema is not None and data is not None else 0
+        total = known if known >= SPLITS_PER_WORKER * most else SPLITS_PER_WORKER * most
+        splits = {w: list(partition_block_range(total, i, len(workers))) for i, w in enumerate(workers)}
         return Holdings(blocks=blocks, splits=splits)
 
     def _finish(self, f: ins.Finish) -> None:

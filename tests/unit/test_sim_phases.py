@@ -114,7 +114,7 @@ def test_a_pause_and_resume_release_everything_and_come_back_at_the_directives_t
 
 def test_a_lost_server_is_recovered_from_the_latest_checkpoint() -> None:
     r = replay([], (Loss(30.0, Role.SERVER),))
-    assert r.killed == ["server-1"]
+    assert r.killed == ["server-0"]
     assert r.phases == START + [P.RECOVERING] + END
     assert r.steps() == START_STEPS + ["PauseTraining", "RetireExecutors", "StartExecutors", "StartExecutors",
                                        "RestoreCheckpoint", "ResumeTraining"] + END_STEPS
@@ -127,7 +127,7 @@ def test_a_lost_server_is_recovered_from_the_latest_checkpoint() -> None:
 
 def test_a_lost_worker_is_replaced_live() -> None:
     r = replay([], (Loss(30.0, Role.WORKER),))
-    assert r.killed == ["worker-1"]
+    assert r.killed == ["worker-0"]
     assert r.phases == START + [P.RECOVERING] + END
     assert r.steps() == START_STEPS + ["StartExecutors", "JoinExecutors", "TakeOverSplits"] + END_STEPS
     assert r.record.final_status == "SUCCEEDED" and r.record.epochs == 20
