@@ -7,8 +7,8 @@ a tagged union, the tag field `mode` (the JSON key every record has always carri
 
 - `eps` (`EpsChange`): an EPS operation -- add / remove workers or servers, or a Cruise plan's
   step (`op` `cruise_add`, `cruise_delete`, `cruise_move`) -- appmaster.ps.eps_records.
-- `kill` (`KillRestartChange`): a kill-based restart with a new shape (appmaster.ps.kill_restart).
-- `suspend` (`SuspendChange`): a pause or a resume on a directive's run state (appmaster.ps.suspension).
+- `kill` (`KillRestartChange`): a kill-based restart with a new shape (appmaster.ps.controller.planners.restart).
+- `suspend` (`SuspendChange`): a pause or a resume on a directive's run state (appmaster.ps.controller.planners.suspension).
 - `recovery` (`RecoveryChange`): every executor replaced, training back at the latest checkpoint.
 - `replace_worker` (`ReplaceWorkerChange`): lost workers replaced where they stood, and
   `straggler` (`StragglerChange`): a slow worker replaced the same way (appmaster.ps.recovery).
@@ -62,7 +62,7 @@ class KillRestartChange(msgspec.Struct, kw_only=True, tag_field="mode", tag="kil
     "kill_restart", `requested`, `after`, ...). The cut's fields are UNSET when it failed first."""
 
     changed: bool
-    phase: str                              # appmaster.ps.kill_restart.RestartPhase value it reached
+    phase: str                              # RESTORED, or FAILED (the restart failed)
     before: ExecutorCounts
     workers: int
     servers: int

@@ -9,7 +9,7 @@ model (sim/colocation.py) in one mode:
 - `harmony`: the real `harmony` policy (rm/policies/harmony.py: profiling, Algorithm 1 grouping,
   regrouping, pause / resume / migrate) and the model's HARMONY mode (eq. 4.1 + measured handoffs).
   Its jobs are submitted with one worker and one server (`as_harmony_job`): a PS AM takes its
-  submitted shape before it acts on any directive (appmaster/ps/directives.py), and under Harmony
+  submitted shape before it acts on any directive (appmaster/ps/controller/rules.py), and under Harmony
   that first shape is the profiling one ("the smallest number of machines for each job", §4.3.2);
   the policy gives every shape after it;
 - `naive`: the same `harmony` policy's groups, the model's NAIVE mode (no arbiter: jobs contend

@@ -12,7 +12,7 @@ solution every job keeps its allocation until the job set changes again (Dorm §
 
 Each resized job gets a JobDecision: its new shape and its executors per node. The AM carries it
 out as its job spec says: in place with EPS's operations (elastic_mode "eps"), or with Dorm's own
-checkpoint-kill-resume protocol (elastic_mode "kill", appmaster/ps/kill_restart.py; Dorm §III-C-2).
+checkpoint-kill-resume protocol (elastic_mode "kill", appmaster/ps/controller/planners/restart.py; Dorm §III-C-2).
 
 Departures, and why:
 * A job that has not started is fixed at its submitted shape (rm/policies/elastic_jobs.py): the PS

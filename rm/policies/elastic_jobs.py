@@ -8,7 +8,7 @@ node -- and resize the partitions. Here a snapshot becomes:
   min / max workers plus min / max servers), where its executors are now (per node) and whether it
   has started. A job that has not started is fixed at its submitted shape: the PS AM starts a job
   with exactly the workers and servers it was submitted with and acts on directives only once
-  training has begun (appmaster/ps/directives.py), so a policy can only make room for it.
+  training has begun (appmaster/ps/controller/rules.py), so a policy can only make room for it.
 * per node: the room the jobs' executors may share (`ElasticView.room`): the node's capacity less
   what is not theirs to move (AM containers, other apps); containers released but still held
   until the NM confirms them gone count as room (they are free within a heartbeat).

@@ -4,8 +4,8 @@ GET / and GET /status answer the job status, a protocol.ps_status.PsStatus (appm
 POST /checkpoint writes a checkpoint of every server block at the next epoch boundary and answers
 {"epoch", "dir", ...} once it is on disk (409 when the job has no model to checkpoint).
 POST /scale {"workers": +2, "servers": -1} changes the running job's shape relatively with EPS's
-functions (appmaster.ps.elastic_ops) and answers {"changes": [...]} once done: one record per
-function called (duration, containers added / released, blocks and splits moved, training time
+functions (the controller's EPS planner, appmaster.ps.controller.planners.eps) and answers
+{"changes": [...]} once done: one record per function called (duration, containers added / released, blocks and splits moved, training time
 lost). 400 for an impossible change (above the job's maximum, below 1), 409 while another change
 runs or the job is not training.
 With a `ControlAuth` (the PS AM always gives one) POST /checkpoint and POST /scale act only for
