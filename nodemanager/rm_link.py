@@ -92,7 +92,7 @@ class RMLink:
             self.registered = True
             if agg is not None and resp.action != "SHUTDOWN":
                 agg.delivered(reports)
-            log.info("registered with the RM at %s as %s (capability %s)", self.rm_address, self.node_id,
+            log.info("registered with the RM at %s as %s (capability %s)", self.client.base_url, self.node_id,
                      self.capability.to_json())
             return resp
 

@@ -39,6 +39,9 @@ def render(core: ResourceManagerCore) -> str:
     metric("elastane_rm_containers", "gauge", "Containers currently allocated.", [("", len(core.containers))])
     metric("elastane_rm_containers_allocated_total", "counter", "Containers allocated since start.",
            [("", core.counters["containers_allocated"])])
+    metric("elastane_rm_containers_recovered_total", "counter",
+           "Containers of kept attempts re-adopted from the NMs after an RM restart or failover.",
+           [("", core.counters["containers_recovered"])])
     metric("elastane_rm_nm_heartbeats_total", "counter", "NodeManager heartbeats processed.",
            [("", core.counters["nm_heartbeats"])])
     metric("elastane_rm_am_allocates_total", "counter", "ApplicationMaster allocate calls processed.",

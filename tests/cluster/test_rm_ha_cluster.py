@@ -109,9 +109,9 @@ class RmProcess:
             raise
 
 
-def write_conf(conf: Path, etcd_endpoint: str, ports: list[int], extra: str = "") -> None:
+def write_conf(conf: Path, etcd_endpoint: str, ports: list[int], extra: str = "", rm_extra: str = "") -> None:
     conf.mkdir(parents=True, exist_ok=True)
-    (conf / "rm.toml").write_text("[rm]\nnm_expiry_s = 600.0\nam_expiry_s = 600.0\n")
+    (conf / "rm.toml").write_text(rm_extra or "[rm]\nnm_expiry_s = 600.0\nam_expiry_s = 600.0\n")
     addresses = ", ".join(f'rm{i + 1} = "http://127.0.0.1:{p}"' for i, p in enumerate(ports))
     (conf / "cluster.toml").write_text(
         f'[cluster]\nsecret = "{os.urandom(16).hex()}"\nrm_address = "http://127.0.0.1:{ports[0]}"\n\n'
@@ -273,23 +273,58 @@ def am_containers(rm: RmProcess, app_id: str) -> list[str]:
     return [a["containerId"] for a in sorted(attempts, key=lambda a: a["id"]) if a.get("containerId")]
 
 
+class NmProcess:
+    """A real NodeManager of the pair's cluster (cgroups off, cold container starts)."""
+
+    def __init__(self, conf: Path, work: Path, name: str, rm_url: str, memory_mb: int = 1024, vcores: int = 2):
+        (conf / "nm.toml").write_text("[nm]\nwarm_modules = []\ncontainer_shells = 0\narbiter = false\n")
+        self.work, self.name = work, name
+        ready = work / f"{name}.ready"
+        log = open(work / f"{name}.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nodemanager", "--config", str(conf / "nm.toml"), "--cluster-config",
+             str(conf / "cluster.toml"), "--rm-address", rm_url, "--host", "127.0.0.1", "--port", "0",
+             "--memory-mb", str(memory_mb), "--vcores", str(vcores), "--local-dir", str(work / f"{name}-local"),
+             "--log-dir", str(work / f"{name}-logs"), "--recovery-dir", str(work / f"{name}-recovery"),
+             "--cgroups", "off", "--heartbeat-interval-ms", "200", "--ready-file", str(ready)],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        wait_until(lambda: self.proc.poll() is None and ready.exists(), 60, f"{name} registered", 0.1)
+        info = json.loads(ready.read_text())
+        self.node_id, self.http_address = str(info["node_id"]), str(info["http_address"])
+
+    def containers(self) -> dict[str, str]:
+        """Container id -> state of every container the NM holds."""
+        status, body, _ = call(f"http://{self.http_address}/ws/v1/node/containers")
+        rows = ((body.get("containers") or {}).get("container") or []) if status == 200 else []
+        return {str(c["id"]): str(c["state"]) for c in rows}
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def log_tail(self) -> str:
+        return (self.work / f"{self.name}.log").read_text(errors="replace")[-3000:]
+
+
+def node_used_mb(rm: RmProcess, node_id: str) -> int:
+    status, body, _ = call(rm.url + "/ws/v1/cluster/nodes")
+    nodes = ((body.get("nodes") or {}).get("node") or []) if status == 200 else []
+    return next((int(n["usedMemoryMB"]) for n in nodes if n["id"] == node_id), -1)
+
+
 def test_a_nodemanager_fails_over_to_the_new_active(pair, tmp_path):
     active, standby = one_active(pair)
-    conf = active.conf
-    (conf / "nm.toml").write_text("[nm]\nwarm_modules = []\ncontainer_shells = 0\narbiter = false\n")
-    ready = tmp_path / "nm.ready"
-    log = open(tmp_path / "nm.log", "ab")
-    nm = subprocess.Popen(
-        [sys.executable, "-m", "nodemanager", "--config", str(conf / "nm.toml"), "--cluster-config",
-         str(conf / "cluster.toml"), "--rm-address", active.url, "--host", "127.0.0.1", "--port", "0",
-         "--memory-mb", "1024", "--vcores", "2", "--local-dir", str(tmp_path / "nm-local"),
-         "--log-dir", str(tmp_path / "nm-logs"), "--recovery-dir", str(tmp_path / "nm-recovery"),
-         "--cgroups", "off", "--heartbeat-interval-ms", "200", "--ready-file", str(ready)],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    log.close()
+    # Room for two AMs under the queue's AM limit (a tenth of the node): the kept one and a new one.
+    nm = NmProcess(active.conf, tmp_path, "nm", active.url, memory_mb=4096, vcores=16)
     try:
-        wait_until(lambda: nm.poll() is None and ready.exists(), 60, "the NM registered", 0.1)
-        node_id = json.loads(ready.read_text())["node_id"]
+        node_id = nm.node_id
         wait_until(lambda: running_nodes(active) == [node_id], 30, "the node RUNNING at the active", 0.1)
         app_id = submit(active.url)
         first = wait_until(lambda: am_containers(active, app_id), 30, "the AM container allocated")
@@ -298,20 +333,135 @@ def test_a_nodemanager_fails_over_to_the_new_active(pair, tmp_path):
         active.signal(signal.SIGKILL)
         assert active.proc is not None and active.proc.wait(10) == -signal.SIGKILL
         wait_until(lambda: standby.ha_state() == "ACTIVE", 60, f"{standby.rm_id} active", 0.1)
-        # Its heartbeats move on to the new active, which answers RESYNC; the node registers there.
+        # Its heartbeats move on to the new active, which answers RESYNC; the node registers there
+        # with its running containers.
         wait_until(lambda: running_nodes(standby) == [node_id], 60, "the node RUNNING at the new active", 0.1)
-        # The recovered app's new attempt gets its AM container in the new term: a new epoch, so
-        # no id the old active issued comes again.
-        ids = wait_until(lambda: (lambda c: c if len(c) == 2 else None)(am_containers(standby, app_id)), 60,
-                         "the new attempt's AM container")
-        assert ids[0] == first[0] and ids[1].startswith(f"container_e{standby.ha()['epoch']:02d}_")
-        assert standby.ha()["epoch"] > epoch and len(set(ids)) == 2
+        # Work-preserving: the app keeps its attempt, whose AM container (still running) the node's
+        # registration re-adopts, charged to the node again.
+        assert am_containers(standby, app_id) == first
+        wait_until(lambda: node_used_mb(standby, node_id) == 128, 30, "the AM container re-adopted", 0.1)
+        # A container of the new term carries its epoch: no id the old active issued comes again.
+        other = submit(standby.url)
+        second = wait_until(lambda: am_containers(standby, other), 30, "a new app's AM container")
+        assert second[0].startswith(f"container_e{standby.ha()['epoch']:02d}_") and second[0] != first[0]
+        assert standby.ha()["epoch"] > epoch
     finally:
-        if nm.poll() is None:
-            nm.send_signal(signal.SIGTERM)
-            try:
-                nm.wait(30)
-            except subprocess.TimeoutExpired:
-                nm.kill()
-                nm.wait(10)
-    assert nm.returncode == 0, (tmp_path / "nm.log").read_text()[-3000:]
+        rc = nm.stop()
+    assert rc == 0, nm.log_tail()
+
+
+def app_report(rm: RmProcess, app_id: str) -> dict[str, Any]:
+    status, body, _ = call(rm.url + f"/ws/v1/cluster/apps/{app_id}")
+    return dict(body.get("app") or {}) if status == 200 else {}
+
+
+def metric(rm: RmProcess, name: str) -> float:
+    """One unlabelled sample of the RM's /metrics/prometheus (-1 when it does not answer)."""
+    try:
+        with urllib.request.urlopen(rm.url + "/metrics/prometheus", timeout=10) as r:
+            text = r.read().decode()
+    except (urllib.error.URLError, OSError):
+        return -1
+    return next((float(ln.split()[1]) for ln in text.splitlines() if ln.startswith(name + " ")), -1)
+
+
+@pytest.fixture
+def ps_pair(etcd: Any, tmp_path: Path) -> Iterator[tuple[RmProcess, RmProcess]]:
+    """The pair with what a PS job needs beside it: one durable dir for every AM (so either RM's
+    launches agree) and expiries that bound the wait for an AM after a failover."""
+    ports = free_ports(2)
+    write_conf(tmp_path / "conf", etcd.endpoint, ports,
+               rm_extra=f'[rm]\nnm_expiry_s = 60.0\nam_expiry_s = 60.0\ncheckpoint_dir = "{tmp_path / "apps"}"\n')
+    rms = (RmProcess("rm1", ports[0], tmp_path / "conf", tmp_path), RmProcess("rm2", ports[1], tmp_path / "conf", tmp_path))
+    try:
+        for rm in rms:
+            rm.start()
+        yield rms
+    finally:
+        for rm in rms:
+            rm.stop()
+
+
+GATE_ENV = "ELASTANE_TEST_GATE"
+# The PS AM with a throttle: until the test creates the gate file, each BSP clock (one epoch of
+# this job) takes half a second longer, so the job trains through the failover on any host instead
+# of finishing before it; the test opens the gate once it has seen the failover through.
+THROTTLE_UNTIL_GATE = f"""
+def make_hook(master, am):
+    gate = Path(os.environ["{GATE_ENV}"])
+
+    def hook():
+        if not gate.exists():
+            time.sleep(0.5)
+    return hook
+"""
+
+
+def test_a_ps_job_trains_through_the_active_rms_death_in_its_attempt_with_its_containers(ps_pair, tmp_path):
+    from appmaster.ps.submission import build_ps_submission     # noqa: PLC0415 (the PS AM's deps: this test only)
+    from ps_am_status import live_status                        # noqa: PLC0415
+    from protocol.ps_status import FINAL_STATUS_FILE, read_status   # noqa: PLC0415
+    from scripted_am import use_scripted_am                     # noqa: PLC0415
+
+    active, standby = one_active(ps_pair)
+    nms = [NmProcess(active.conf, tmp_path, f"nm{i}", active.url, memory_mb=2048, vcores=4) for i in range(2)]
+    try:
+        wait_until(lambda: len(running_nodes(active)) == 2, 30, "both nodes RUNNING", 0.1)
+        spec = {"app": "mlr", "workers": 2, "servers": 1, "max_epochs": 60, "convergence_threshold": 1e-12,
+                "executor_memory_mb": 320}
+        sub = build_ps_submission(spec, name="trains-through-failover", am_memory=384, max_app_attempts=2)
+        gate = tmp_path / "gate"
+        use_scripted_am(sub, tmp_path, THROTTLE_UNTIL_GATE, {GATE_ENV: str(gate)})
+        status, body, _ = call(active.url + "/ws/v1/cluster/apps/new-application", "POST")
+        assert status == 200, body
+        app_id = str(body["application-id"])
+        status, body, _ = call(active.url + "/ws/v1/cluster/apps", "POST", dict(sub, **{"application-id": app_id}))
+        assert status == 202, body
+
+        def training(rm: RmProcess, past_epoch: int) -> Any:
+            app = app_report(rm, app_id)
+            st = live_status(app["trackingUrl"]) if app.get("state") == "RUNNING" and app.get("trackingUrl") else None
+            return st if st is not None and (st.epoch or 0) > past_epoch and st.shape is not None \
+                and len(st.shape.serving()) == 3 else None
+        before = wait_until(lambda: training(active, 1), 180, "the job training with its 3 executors", 0.2)
+        assert before.shape is not None
+        executors = {e.container_id for e in before.shape.executors}
+        job_containers = {cid for nm in nms for cid in nm.containers() if app_id.split("_", 1)[1] in cid}
+        am_container = am_containers(active, app_id)
+        assert len(am_container) == 1 and job_containers == executors | set(am_container), (job_containers, executors)
+
+        active.signal(signal.SIGKILL)           # the active RM's host dies while the job trains
+        assert active.proc is not None and active.proc.wait(10) == -signal.SIGKILL
+        epoch_at_kill = before.epoch or 0
+        wait_until(lambda: standby.ha_state() == "ACTIVE", 60, f"{standby.rm_id} active after the kill", 0.1)
+        # Both nodes resync with their running containers, which the new active re-adopts; the AM
+        # registers again and allocates there.
+        wait_until(lambda: metric(standby, "elastane_rm_containers_recovered_total") == len(job_containers), 60,
+                   "the job's 4 containers re-adopted", 0.2)
+        wait_until(lambda: metric(standby, "elastane_rm_am_allocates_total") > 0, 60,
+                   "the AM allocating at the new active", 0.2)
+        # It trained on meanwhile, with the same executors.
+        after = wait_until(lambda: training(standby, epoch_at_kill), 60, "the job training on", 0.2)
+        assert after.shape is not None and {e.container_id for e in after.shape.executors} == executors
+        gate.touch()
+
+        app = wait_until(lambda: (lambda a: a if a.get("state") in ("FINISHED", "FAILED", "KILLED") else None)(
+            app_report(standby, app_id)), 300, f"{app_id} over", 0.5)
+        assert (app["state"], app["finalStatus"]) == ("FINISHED", "SUCCEEDED"), app
+        # One attempt throughout, its AM container the same.
+        assert am_containers(standby, app_id) == am_container
+        final = read_status((tmp_path / "apps" / app_id / FINAL_STATUS_FILE).read_bytes())
+        assert final.attempt_id is not None and final.attempt_id.endswith("_000001") and final.resumed_from is None
+        # No executor restarted or replaced: the executors that finished the job are those it had.
+        assert final.shape is not None and {e.container_id for e in final.shape.executors} == executors
+        assert final.recovery is None or final.recovery.failures == 0
+        history = [h.epoch for h in final.objective_history]
+        assert history == list(range(60)), history
+        # The new term issues ids of its own epoch: none of the old active's comes again.
+        other = submit(standby.url)
+        new_ids = wait_until(lambda: am_containers(standby, other), 60, "a new app's AM container", 0.2)
+        assert new_ids[0].startswith(f"container_e{standby.ha()['epoch']:02d}_")
+        assert new_ids[0] not in job_containers
+    finally:
+        codes = [nm.stop() for nm in nms]
+    assert codes == [0, 0], "\n".join(nm.log_tail() for nm in nms)
