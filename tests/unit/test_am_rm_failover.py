@@ -21,7 +21,7 @@ from protocol import internal_api as api
 from protocol.config import ClusterConfig, RMConfig
 from protocol.http_client import JsonHttpClient
 from protocol.ids import ContainerId
-from protocol.records import ExitStatus, Resource
+from protocol.records import ExitStatus, FinalStatus, Resource
 from rm.server import ResourceManagerServer
 from rm_testing import SECRET, FakeClock
 from s3_server import free_ports
@@ -90,32 +90,39 @@ async def drain(am: ApplicationMaster) -> list[Any]:
     return out
 
 
+async def submit_and_launch(rm: Rm, fake_nm: FakeSignedNM) -> tuple[str, str, dict[str, str]]:
+    """Submit an app to `rm` and let it launch the AM on the fake NM: (app id, AM container id, the
+    AM's environment)."""
+    client = JsonHttpClient(rm.url, user="alice")
+    try:
+        new = await client.post("/ws/v1/cluster/apps/new-application")
+        assert isinstance(new, dict)
+        app_id = str(new["application-id"])
+        await client.post("/ws/v1/cluster/apps", {
+            "application-id": app_id, "application-name": "job", "application-type": "YARN",
+            "am-container-spec": {"commands": {"command": "python am.py"}},
+            "resource": {"memory": 512, "vCores": 1}})
+    finally:
+        await client.close()
+    assert rm.server.launcher is not None
+    await rm.server.launcher.drain()
+    claims, start = fake_nm.started[-1]
+    return app_id, str(claims["container_id"]), dict(start.launch_context.environment)
+
+
 async def test_the_am_fails_over_registers_again_and_resends_its_asks_and_releases(tmp_path, nm):
     fake_nm, nm_address = nm
     ports = free_ports(2)
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     state = str(tmp_path / "state")
-    rm1 = Rm(state, ports[0], urls, nm_address)
+    rm1: Rm | None = Rm(state, ports[0], urls, nm_address)
+    assert rm1 is not None
     await rm1.start()
     am = None
     try:
         await rm1.register_node([])
-        client = JsonHttpClient(rm1.url, user="alice")
-        try:
-            new = await client.post("/ws/v1/cluster/apps/new-application")
-            assert isinstance(new, dict)
-            app_id = str(new["application-id"])
-            await client.post("/ws/v1/cluster/apps", {
-                "application-id": app_id, "application-name": "job", "application-type": "YARN",
-                "am-container-spec": {"commands": {"command": "python am.py"}},
-                "resource": {"memory": 512, "vCores": 1}})
-        finally:
-            await client.close()
-        await rm1.server.launcher.drain()
-        claims, start = fake_nm.started[-1]
-        env = start.launch_context.environment
+        app_id, am_cid, env = await submit_and_launch(rm1, fake_nm)
         assert env[container_env.RM_ADDRESSES] == ",".join(urls)    # the AM is told every RM
-        am_cid = claims["container_id"]
         am = ApplicationMaster(AmIdentity.from_env(env))
         await am.register("amhost", 1, "http://amhost:1/", start_heartbeats=False)
         am.add_ask(2, R, tag="worker")
@@ -168,3 +175,32 @@ async def test_the_am_fails_over_registers_again_and_resends_its_asks_and_releas
             await am.close()
         if rm1 is not None:
             await rm1.stop()
+
+
+async def test_an_am_that_finishes_right_after_the_failover_registers_again_first(tmp_path, nm):
+    fake_nm, nm_address = nm
+    ports = free_ports(2)
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    rm1 = Rm(str(tmp_path / "state"), ports[0], urls, nm_address)
+    await rm1.start()
+    am = None
+    try:
+        await rm1.register_node([])
+        app_id, am_cid, env = await submit_and_launch(rm1, fake_nm)
+        am = ApplicationMaster(AmIdentity.from_env(env))
+        await am.register("amhost", 1, "http://amhost:1/", start_heartbeats=False)
+    finally:
+        await rm1.stop()
+    rm2 = Rm(str(tmp_path / "state"), ports[1], urls, nm_address)
+    await rm2.start()
+    try:
+        await rm2.register_node([running(am_cid, Resource(512, 1), "am")])
+        # Its first call to the new RM is its finish: refused as not registered, it registers and
+        # finishes, in the attempt it had.
+        assert await am.finish(FinalStatus.SUCCEEDED, "done")
+        app = rm2.server.core.apps[app_id]
+        assert app.state.value == "FINISHED" and len(app.attempts) == 1 and am.resyncs == 1
+    finally:
+        if am is not None:
+            await am.close()
+        await rm2.stop()
