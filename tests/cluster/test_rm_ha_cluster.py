@@ -13,6 +13,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -119,10 +120,11 @@ def write_conf(conf: Path, etcd_endpoint: str, ports: list[int], extra: str = ""
         f'rm_addresses = {{ {addresses} }}\netcd_endpoints = ["{etcd_endpoint}"]\nlease_s = {LEASE_S}\n{extra}')
 
 
-@pytest.fixture
-def pair(etcd: Any, tmp_path: Path) -> Iterator[tuple[RmProcess, RmProcess]]:
+@contextmanager
+def started_pair(etcd_endpoint: str, tmp_path: Path, rm_extra: str = "") -> Iterator[tuple[RmProcess, RmProcess]]:
+    """rm1 and rm2 on `etcd_endpoint`, started (rm.toml's settings: `rm_extra`, else long expiries)."""
     ports = free_ports(2)
-    write_conf(tmp_path / "conf", etcd.endpoint, ports)
+    write_conf(tmp_path / "conf", etcd_endpoint, ports, rm_extra=rm_extra)
     rms = (RmProcess("rm1", ports[0], tmp_path / "conf", tmp_path), RmProcess("rm2", ports[1], tmp_path / "conf", tmp_path))
     try:
         for rm in rms:
@@ -131,6 +133,12 @@ def pair(etcd: Any, tmp_path: Path) -> Iterator[tuple[RmProcess, RmProcess]]:
     finally:
         for rm in rms:
             rm.stop()
+
+
+@pytest.fixture
+def pair(etcd: Any, tmp_path: Path) -> Iterator[tuple[RmProcess, RmProcess]]:
+    with started_pair(etcd.endpoint, tmp_path) as rms:
+        yield rms
 
 
 def one_active(rms: tuple[RmProcess, RmProcess]) -> tuple[RmProcess, RmProcess]:
@@ -369,17 +377,9 @@ def metric(rm: RmProcess, name: str) -> float:
 def ps_pair(etcd: Any, tmp_path: Path) -> Iterator[tuple[RmProcess, RmProcess]]:
     """The pair with what a PS job needs beside it: one durable dir for every AM (so either RM's
     launches agree) and expiries that bound the wait for an AM after a failover."""
-    ports = free_ports(2)
-    write_conf(tmp_path / "conf", etcd.endpoint, ports,
-               rm_extra=f'[rm]\nnm_expiry_s = 60.0\nam_expiry_s = 60.0\ncheckpoint_dir = "{tmp_path / "apps"}"\n')
-    rms = (RmProcess("rm1", ports[0], tmp_path / "conf", tmp_path), RmProcess("rm2", ports[1], tmp_path / "conf", tmp_path))
-    try:
-        for rm in rms:
-            rm.start()
+    rm_toml = f'[rm]\nnm_expiry_s = 60.0\nam_expiry_s = 60.0\ncheckpoint_dir = "{tmp_path / "apps"}"\n'
+    with started_pair(etcd.endpoint, tmp_path, rm_toml) as rms:
         yield rms
-    finally:
-        for rm in rms:
-            rm.stop()
 
 
 GATE_ENV = "ELASTANE_TEST_GATE"
