@@ -109,6 +109,11 @@ class ChangeRecords:
     checkpoint: str = ""
     step_bytes: dict[int, int] = field(default_factory=dict)    # input data moved, by step (Cruise's records)
     clock_redone: bool = False     # a lost worker's clock ran again on its replacement (the loop's hook)
+    # When each EPS part's first step began and its last one ended (perf_counter seconds, by the
+    # part's index): a part's duration is its own, not its change's (the other role's part may
+    # still run).
+    part_began: dict[int, float] = field(default_factory=dict)
+    part_ended: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -175,6 +180,7 @@ class JobInterpreter:
                     self._begin_records(self.job.change)
                 for i in out:
                     self._do(i)
+                self._parts_ended(before)
                 if before is not None and self.job.change is not before:
                     self._end_records(before)
                     if self.job.change is not None and self.job.change is not before:
@@ -210,10 +216,10 @@ class JobInterpreter:
         rec, self.records = self.records, None
         if rec is None:
             return
-        parts = [rec.parts[i] for i in sorted(rec.parts)]
         now = time.perf_counter()
-        for p in parts:
-            p.duration_s = now - p.duration_s if p.duration_s > 1e6 else p.duration_s
+        parts = [rec.parts[i] for i in sorted(rec.parts)]
+        for i, p in zip(sorted(rec.parts), parts):
+            p.duration_s = rec.part_ended.get(i, now) - rec.part_began[i]
             p.workers_after, p.servers_after = self.training.membership.shape()
             if change.error and not p.error:
                 p.error = change.error
@@ -230,9 +236,18 @@ class JobInterpreter:
                     w, s = self.training.membership.shape()
                     rec.parts[i] = ElasticOpRecord(_op_name(change, part), part.n, time.time(),
                                                    self.training.loop.epochs_done, w, s)
-                    rec.parts[i].duration_s = time.perf_counter()
+                    rec.part_began[i] = time.perf_counter()
                 return rec.parts[i]
         return None
+
+    def _parts_ended(self, change: Optional[Change]) -> None:
+        """Mark the end of every EPS part of `change` that has just finished (no step left)."""
+        rec = self.records
+        if rec is None or change is None or change.kind is not ChangeKind.EPS:
+            return
+        for i, part in enumerate(change.parts):
+            if i in rec.part_began and i not in rec.part_ended and part.stage == "done" and not part.steps:
+                rec.part_ended[i] = time.perf_counter()
 
     # -- instructions out ----------------------------------------------------------------------
     def _do(self, i: ins.Instruction) -> None:
