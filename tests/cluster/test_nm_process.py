@@ -10,6 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from protocol import container_env
 from protocol import internal_api as api
 from protocol.http_client import RemoteError
 from protocol.nm_client import NMClient
@@ -243,11 +244,13 @@ async def test_rm_cleanup_and_resync(tmp_path, rm, client, nms):
     rm.pending_cleanup.append(cid)
     st = await _wait_complete(client, nm, cid, tok)
     assert st.exit_status == ExitStatus.KILLED_BY_RESOURCEMANAGER
-    cid2, tok2, _ = await _launch(client, nm, ["sleep 300"])
+    cid2, tok2, _ = await _launch(client, nm, ["sleep 300"], env={container_env.CONTAINER_ROLE: "worker"})
     n = len(rm.registrations)
     rm.next_action = "RESYNC"
     await async_wait_until(lambda: len(rm.registrations) > n, what="re-registration after RESYNC")
-    assert any(s.container_id == cid2 and s.state == "RUNNING" for s in rm.registrations[-1].containers)
+    # With its role and resource: an RM that restarted or failed over re-adopts it from these.
+    assert any(s.container_id == cid2 and s.state == "RUNNING" and s.role == "worker" and s.resource is not None
+               for s in rm.registrations[-1].containers)
     _, info = await _get_json(f"{nm.url}/ws/v1/node/containers/{cid2}")
     app2 = info["container"]["appId"]
     assert (nm.dirs["local"] / app2).is_dir()
