@@ -399,7 +399,10 @@ class ApplicationMaster:
         try:
             self.registration = await self.rm.register(self._register_req)
         except RemoteError as e:
-            self._shutdown(f"re-registration refused: {e}")
+            if e.status >= 500:     # no RM serves just now (a failover still going on): retried
+                self._rm_unreachable(str(e))
+            else:
+                self._shutdown(f"re-registration refused: {e}")
             return False
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
             self._rm_unreachable(str(e))

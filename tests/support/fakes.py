@@ -18,7 +18,7 @@ from aiohttp import web
 from protocol import codec, http_server, tokens
 from protocol import internal_api as api
 from protocol.records import ContainerState, ExitStatus, Resource
-from protocol.remote_exception import NotFound, Unauthorized
+from protocol.remote_exception import ApplicationMasterNotRegistered, NotFound, ServiceUnavailable, Unauthorized
 from rm_testing import SECRET
 
 
@@ -98,6 +98,10 @@ class FakeRM:
     directive: Optional[api.ShapeDirective] = None
     actions: list[str] = field(default_factory=list)   # next responses' actions, one per call
     fail_allocates: int = 0                            # answer this many allocates with HTTP 500
+    # Answer this many allocates ApplicationMasterNotRegistered (an RM that restarted or took over),
+    # and this many registrations 503 (no RM active yet).
+    not_registered: int = 0
+    unavailable_registers: int = 0
     seq: int = 1
 
     def app(self) -> web.Application:
@@ -113,8 +117,12 @@ class FakeRM:
 
     async def _register(self, request: web.Request) -> web.Response:
         self._auth(request)
-        self.registered = await http_server.read_json(request, api.AmRegisterRequest)
         self.register_calls += 1
+        if self.unavailable_registers > 0:
+            self.unavailable_registers -= 1
+            err = ServiceUnavailable("no active ResourceManager yet")
+            return web.json_response(err.body(), status=err.status)
+        self.registered = await http_server.read_json(request, api.AmRegisterRequest)
         return http_server.json_response(api.AmRegisterResponse(
             app_id="application_1_0001", attempt_id="appattempt_1_0001_000001",
             maximum_resource=Resource(1024, 2), queue="default", user="alice"))
@@ -129,6 +137,10 @@ class FakeRM:
         self._auth(request)
         req = await http_server.read_json(request, api.AllocateRequest)
         self.requests.append(req)
+        if self.not_registered > 0:
+            self.not_registered -= 1
+            nr = ApplicationMasterNotRegistered("appattempt_1_0001_000001 must register before it allocates")
+            return web.json_response(nr.body(), status=nr.status)
         if self.fail_allocates > 0:
             self.fail_allocates -= 1
             return web.json_response({"RemoteException": {"exception": "Boom", "message": "x",

@@ -175,6 +175,41 @@ async def test_resync_registers_again_and_resends_asks(fake_cluster):
         await am.close()
 
 
+async def test_not_registered_registers_again_and_resends_asks_and_unconfirmed_releases(fake_cluster):
+    rm = fake_cluster.rm
+    am = await make_am(fake_cluster)
+    try:
+        am.add_ask(2, R, tag="worker")
+        await am.heartbeat_once()
+        (ev,) = await drain(am)
+        kept, gone = ev.containers
+        am.release(gone)
+        await am.heartbeat_once()           # the release reaches the RM, not yet confirmed
+        assert rm.releases == [gone.container_id]
+        # The RM restarts (or another takes over): the allocate is refused as not registered, and
+        # the first registration meets no active RM yet -- retried, not a shutdown.
+        rm.grant, rm.not_registered, rm.unavailable_registers = False, 2, 1
+        am.add_ask(1, R, tag="server")
+        assert await am.heartbeat_once() is None
+        assert am.resyncs == 0 and await drain(am) == []
+        assert await am.heartbeat_once() is None
+        assert am.resyncs == 1 and rm.register_calls == 3
+        await am.heartbeat_once()
+        sent = rm.requests[-1]
+        assert sent.response_id == 0
+        assert sorted((a.tag, a.count) for a in sent.asks) == [("server", 1), ("worker", 0)]
+        assert sent.releases == [gone.container_id]     # resent until the RM reports it completed
+        rm.completed = [ContainerStatus(container_id=gone.container_id, state="COMPLETE", exit_status=-100)]
+        await am.heartbeat_once()
+        rm.not_registered = 1
+        await am.heartbeat_once()
+        await am.heartbeat_once()
+        assert am.resyncs == 2 and rm.requests[-1].releases == []     # confirmed: not resent
+        assert kept.container_id in am.containers and not kept.done
+    finally:
+        await am.close()
+
+
 async def test_rm_errors_retried_then_shutdown_after_timeout(fake_cluster):
     now = [0.0]
     am = await make_am(fake_cluster, clock=lambda: now[0],
