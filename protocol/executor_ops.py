@@ -39,7 +39,7 @@ __all__ = ["AppSetup", "AppSetupReply", "BlockData", "BlockStates", "BlockStates
            "CancelIncoming", "Checkpoint", "CheckpointBlocks", "CheckpointBlocksReply", "CheckpointReply",
            "ControlMessageError", "ControlReply", "ControlRequest", "EpsActivate", "EpsActivateReply", "EpsCommit",
            "EpsCommitReply", "EpsDatasets", "EpsDatasetsReply", "EpsDiscardStaged", "EpsJoin", "EpsJoinReply",
-           "EpsSendData", "EpsSendDataReply", "EpsStage", "EpsStageReply", "ErrorReply", "ExecutorReady",
+           "EndClock", "EpsSendData", "EpsSendDataReply", "EpsStage", "EpsStageReply", "ErrorReply", "ExecutorReady",
            "ExecutorRequest", "InitBlocks", "InitBlocksReply", "InitModel", "InitModelReply", "LoadSplits",
            "MoveBlocks", "MoveBlocksReply", "NonNeg", "Objective", "ObjectiveReply", "Ok", "Ping", "PingReply",
            "Positions", "PositionsReply", "Positive", "REPLY_TYPES", "REQUEST_OPS", "REQUEST_TYPES", "Restore",
@@ -145,6 +145,12 @@ class SetBlockStates(ExecutorRequest, tag="set_block_states"):
 
 class StopTraining(ExecutorRequest, tag="stop_training"):
     """Abandon a running clock at the next mini-batch."""
+
+
+class EndClock(ExecutorRequest, tag="end_clock"):
+    """End the running clock after the mini-batch in progress, flushed as at its planned end (a
+    reshaping step waits for the clock boundary); its reply counts the mini-batches that ran. With
+    no clock running it is a no-op (the clock it meant has ended)."""
 
 
 # -- the executor itself ---------------------------------------------------------------------------
@@ -305,7 +311,8 @@ class ExecutorReady(ExecutorRequest, tag="executor_ready"):
 
 
 ControlRequest = Union[AppSetup, WorkerSetup, LoadSplits, InitModel, InitBlocks, RunClock, RunEpoch, Objective,
-                       ServerObjective, Positions, SetPositions, BlockStates, SetBlockStates, StopTraining, Status,
+                       ServerObjective, Positions, SetPositions, BlockStates, SetBlockStates, StopTraining, EndClock,
+                       Status,
                        Shutdown, SwitchRole, SetOwnership, MoveBlocks, CheckpointBlocks, RestoreBlocksData, EpsJoin, EpsSendData,
                        EpsCommit, EpsDiscardStaged, Ping, TakeOwnership, BlockData, CancelIncoming, Checkpoint,
                        Restore, EpsStage, EpsActivate, EpsDatasets]
@@ -319,7 +326,7 @@ REPLY_TYPES: dict[type[ExecutorRequest], type[ControlReply]] = {
     AppSetup: AppSetupReply, WorkerSetup: WorkerSetupReply, LoadSplits: WorkerSetupReply, InitModel: InitModelReply,
     InitBlocks: InitBlocksReply, RunClock: RunClockReply, RunEpoch: RunEpochReply, Objective: ObjectiveReply,
     ServerObjective: ServerObjectiveReply, Positions: PositionsReply, SetPositions: SetPositionsReply,
-    BlockStates: BlockStatesReply, SetBlockStates: BlocksReply, StopTraining: Ok, Status: StatusReply,
+    BlockStates: BlockStatesReply, SetBlockStates: BlocksReply, StopTraining: Ok, EndClock: Ok, Status: StatusReply,
     Shutdown: Ok, SwitchRole: SwitchRoleReply, SetOwnership: SetOwnershipReply, MoveBlocks: MoveBlocksReply,
     CheckpointBlocks: CheckpointBlocksReply, RestoreBlocksData: BlocksReply, EpsJoin: EpsJoinReply,
     EpsSendData: EpsSendDataReply, EpsCommit: EpsCommitReply, EpsDiscardStaged: Ok, Ping: PingReply,

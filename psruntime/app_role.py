@@ -28,6 +28,8 @@ record of protocol.executor_ops and returns its reply record):
     objective {}                             this worker's objective part under the current model
     server_objective {}                      the app's server part over the keys this executor owns
     stop_training {}                         abandon a running epoch at the next mini-batch
+    end_clock {}                             end the running clock after its mini-batch in progress
+                                             (flushed; the reply counts what ran)
 
 With `spill_alpha` in app_setup a worker keeps a fraction alpha of its input blocks on local disk
 as lz4 frames, reloaded ahead of use (psruntime.spill.worker_spill); its step replies then carry a
@@ -82,6 +84,7 @@ class AppRole:
         self.blocks: list[DataBlock] = []
         self.store: StoreClient | None = None
         self.stop = asyncio.Event()
+        self.cut = asyncio.Event()    # the AM's EndClock: the running clock ends after its mini-batch
         self._busy = asyncio.Lock()   # one training step at a time on this executor
         self.pipeline = TrainingPipeline(runner)
         self.spill: WorkerSpill | None = None      # with the job's spill_alpha (psruntime.spill.worker_spill)
@@ -122,6 +125,7 @@ class AppRole:
                      bind(ctl.RunClock, self.run_clock), bind(ctl.Positions, self.positions),
                      bind(ctl.SetPositions, self.set_positions), bind(ctl.Objective, self.objective),
                      bind(ctl.ServerObjective, self.server_objective), bind(ctl.StopTraining, self.stop_training),
+                     bind(ctl.EndClock, self.end_clock),
                      bind(ctl.BlockStates, self.block_states), bind(ctl.SetBlockStates, self.set_block_states))
 
     @property
@@ -226,8 +230,15 @@ class AppRole:
         return ctl.InitBlocksReply(blocks=len(self.blocks)), ()
 
     # -- training ----------------------------------------------------------------------------
-    async def run_clock(self, req: ctl.RunClock, arrays: Arrays) -> Answer:
+    def run_clock(self, req: ctl.RunClock, arrays: Arrays) -> Awaitable[Answer]:
         """One clock: the next `batches` mini-batches of the epoch, flushed (see the module doc)."""
+        # An EndClock read before this clock's request meant an earlier clock: forgotten here, as
+        # the request is dispatched (not when its task first runs: an EndClock read right after
+        # this request, in the same read, is for this clock).
+        self.cut.clear()
+        return self._run_clock(req)
+
+    async def _run_clock(self, req: ctl.RunClock) -> Answer:
         app, store = self._need_app(), self._need_store()
         ctx = StepContext(epoch=req.epoch, num_workers=req.num_workers,
                           threads=self.pipeline.comp_threads)
@@ -235,7 +246,7 @@ class AppRole:
             raise RequestError("a clock is already running on this executor")
         async with self._busy:
             t_start = time.perf_counter()
-            times = await self._run_batches(app, store, ctx, req.count_key, req.batches)
+            times = await self._run_batches(app, store, ctx, req.count_key, req.batches, self.cut)
             done = all(epoch_position(b, req.epoch) >= b.num_rows for b in self.blocks)
             reply = ctl.RunClockReply(**_step_figures(req.epoch, done, times, t_start))
             reply.spill = self._after_step(reply.seconds)
@@ -282,11 +293,11 @@ class AppRole:
         return msgspec.convert(figures, ctl.SpillFigures)
 
     async def _run_batches(self, app: PSApp, store: StoreClient, ctx: StepContext, count_key: str | None,
-                           limit: int | None) -> StepTimes:
+                           limit: int | None, cut: asyncio.Event | None = None) -> StepTimes:
         """The pipeline's mini-batches of this step, from each block's position (see the module doc)."""
         self.stop.clear()
         try:
-            return await self.pipeline.run_batches(app, store, self.blocks, ctx, limit, count_key, self.stop)
+            return await self.pipeline.run_batches(app, store, self.blocks, ctx, limit, count_key, self.stop, cut)
         except TrainingStopped as e:
             raise RequestError(str(e)) from None
 
@@ -366,6 +377,11 @@ class AppRole:
 
     def stop_training(self, req: ctl.StopTraining, arrays: Arrays) -> Answer:
         self.stop.set()
+        return ctl.Ok(), ()
+
+    def end_clock(self, req: ctl.EndClock, arrays: Arrays) -> Answer:
+        """The running clock ends after its mini-batch in progress (answered at once)."""
+        self.cut.set()
         return ctl.Ok(), ()
 
 

@@ -294,12 +294,13 @@ class TrainingPipeline:
 
     async def run_batches(self, app: PSApp[msgspec.Struct, msgspec.Struct], store: StoreClient, blocks: Sequence[DataBlock],
                           ctx: StepContext, limit: int | None = None, count_key: str | None = None,
-                          stop: asyncio.Event | None = None) -> StepTimes:
+                          stop: asyncio.Event | None = None, cut: asyncio.Event | None = None) -> StepTimes:
         """PULL -> COMP -> PUSH for up to `limit` (None: all) of epoch `ctx.epoch`'s remaining
         mini-batches, in block order from each block's position, then flush (the pushes are
         applied before the AM moves on). With `count_key`, also push +1 to that key per
         mini-batch (an audit: the servers count the mini-batches applied). Raises
-        TrainingStopped when `stop` is set before a mini-batch."""
+        TrainingStopped when `stop` is set before a mini-batch; ends early, as if `limit` had
+        been reached, when `cut` is (the AM's EndClock)."""
         epoch = ctx.epoch
         one = [np.ones(1, np.float32)]
         times = StepTimes()
@@ -307,7 +308,7 @@ class TrainingPipeline:
         waited = self._waited
         self.residency.plan([b for b in blocks if epoch_position(b, epoch) < b.num_rows])
         for block in blocks:
-            if limit is not None and len(compute) >= limit:
+            if (limit is not None and len(compute) >= limit) or (cut is not None and cut.is_set()):
                 break
             pos = epoch_position(block, epoch)
             if pos >= block.num_rows:
@@ -316,7 +317,7 @@ class TrainingPipeline:
             for batch in app.batches(block):
                 if batch.start < pos:
                     continue                   # run in an earlier clock of this epoch
-                if limit is not None and len(compute) >= limit:
+                if (limit is not None and len(compute) >= limit) or (cut is not None and cut.is_set()):
                     break
                 if stop is not None and stop.is_set():
                     raise TrainingStopped(f"epoch {epoch} stopped by the AM")

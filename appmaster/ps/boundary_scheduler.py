@@ -12,7 +12,8 @@ Two points in the BSP loop, both owned here:
 
 Each returns (fn's result, seconds training waited for it). The clock loop drives the scheduler
 (`begin_epoch`, `run_boundary`, `end_epoch`, `close`); a step offered while no BSP loop runs gets
-TrainingNotRunning.
+TrainingNotRunning. A boundary step calls `on_wanted` (the clock loop's: it ends the running clock
+early, so the step waits about one mini-batch rather than the rest of a clock).
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class BoundaryScheduler:
         # Steps waiting for the next epoch / boundary: how to start each, and its caller's future.
         self._next_epoch: list[tuple[Callable[[], asyncio.Task[None]], asyncio.Future[Any]]] = []
         self._boundary: list[tuple[Callable[[], Awaitable[None]], asyncio.Future[Any]]] = []
+        self.on_wanted: Optional[Callable[[], None]] = None     # a boundary step waits (module doc)
 
     # -- offered by the reconfiguration steps ------------------------------------------------------
     def _check(self) -> None:
@@ -67,6 +69,8 @@ class BoundaryScheduler:
         async def run() -> None:
             await self._spawn(fn, fut, boundary=True)
         self._boundary.append((run, fut))
+        if self.on_wanted is not None:
+            self.on_wanted()
         return await fut
 
     async def clock_boundary(self) -> None:

@@ -10,7 +10,11 @@ once every worker has (approximate: faster workers may be ahead). Stops at the a
 rule (which includes max_epochs), at an epoch's end on early stopping (`stop_early`, decided on the
 held-out metric by the AM), or at a clock boundary when asked to (`stop`).
 
-Elastic changes hook into the BSP loop through its `boundaries` (appmaster.ps.boundary_scheduler).
+Elastic changes hook into the BSP loop through its `boundaries` (appmaster.ps.boundary_scheduler);
+a step that waits for the clock boundary ends the running clock early (EndClock to its workers:
+each stops after its mini-batch in progress and flushes, and the clock's replies count what ran),
+so a switch-over waits about one mini-batch instead of the rest of a clock; the epoch goes on
+from where the workers stopped, in the next clock.
 `iterations` counts mini-batch rounds (per clock, the most any worker ran) and `on_clock` is called
 after every clock, so progress reports (early feedback) move per clock. Under BSP the objective is
 also sampled every few clocks (appmaster.ps.clock_objectives: the exact objective, evaluated at a
@@ -140,6 +144,9 @@ class ClockLoop:
         self._stop = False
         self._looping = False
         self.boundaries = BoundaryScheduler(self._why_closed)
+        self.boundaries.on_wanted = self._cut_clock
+        self._in_clock: list[ExecutorRecord] = []     # the workers of the clock in flight (BSP)
+        self._cuts: set[asyncio.Task[None]] = set()   # EndClock calls on their way
 
     @property
     def stopping(self) -> bool:
@@ -312,6 +319,7 @@ class ClockLoop:
         when every worker answered, failed or was lost, or passed the reply deadline (then it is
         given up as lost); ExecutorLost for a server of the job lost meanwhile (module doc)."""
         calls = [asyncio.ensure_future(self.rpc.exchange(w, request, ops.RunClockReply)) for w in workers]
+        self._in_clock = list(workers)
         server_lost = self.membership.pool.watch_losses(self.membership.servers)
         deadline_s = self.reply_deadline.seconds(self.slowest_clock_s)
         deadline = asyncio.ensure_future(self.deadline_sleep(deadline_s))
@@ -334,6 +342,7 @@ class ClockLoop:
                             c.cancel()
                             self._give_up(w, why)
         finally:
+            self._in_clock = []
             server_lost.cancel()
             deadline.cancel()
             for c in calls:
@@ -341,6 +350,21 @@ class ClockLoop:
                     c.exception()       # read: after a server's loss nobody else looks at it
                 c.cancel()
         return [given_up[i] if i in given_up else (c.exception() or c.result()) for i, c in enumerate(calls)]
+
+    def _cut_clock(self) -> None:
+        """A step waits for the clock boundary: the running clock's workers end it after their
+        mini-batch in progress (module doc). Best effort: a worker that misses it (lost, or its
+        clock already over) ends the clock as planned."""
+        workers, self._in_clock = self._in_clock, []       # once per clock
+        for w in workers:
+            t = asyncio.ensure_future(self.rpc.send(w, ops.EndClock()))
+            self._cuts.add(t)
+            t.add_done_callback(self._cut_sent)
+
+    def _cut_sent(self, t: "asyncio.Task[None]") -> None:
+        self._cuts.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.debug("end_clock not delivered: %s", t.exception())
 
     def _give_up(self, worker: ExecutorRecord, why: str) -> None:
         log.warning("%s: giving %s (%s) up as lost", why, worker.executor_id, worker.container_id)

@@ -1,0 +1,105 @@
+"""A step that waits for the clock boundary ends the running clock early (EndClock): the workers
+stop after their mini-batch in progress, flushed, and the epoch goes on from there in the next
+clock -- so an EPS switch-over waits about one mini-batch, not the rest of a clock.
+
+On the real AM over in-process executors (tests/support/ps_inprocess.py): a worker is held in
+the middle of a clock that is its whole pass of the epoch until an EPS add offers its commit;
+the clock then ends early, the epoch takes a second clock, and every mini-batch is still applied
+exactly once (the audit). And the worker's pipeline on its own: a cut ends the step like its
+batch limit, not like a stop (no error), and the next step goes on where it ended."""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from protocol.records import FinalStatus
+from psruntime.apps.registry import create_app
+from psruntime.apps.base import StepContext
+from psruntime.executor import Executor
+from psruntime.store.store_client import StoreClient
+from psruntime.training_pipeline import Subtask, TrainingPipeline, epoch_position, init_model
+from ps_inprocess import SPEC, PsJob
+from store_cluster import executor_cluster
+
+BATCHES_PER_WORKER_EPOCH = 2000 // 50 // 2      # MLR's default data: 2000 rows, batches of 50, 2 workers
+
+
+class HoldsAtBatch:
+    """worker-0's subtask runner: before its mini-batch number `at` (counted over the job) it
+    starts `change` and waits until that change offers a boundary step (`wanted`)."""
+
+    def __init__(self, executor: Executor, at: int, change: Callable[[], None], wanted: asyncio.Event) -> None:
+        self.executor, self.at, self.change, self.wanted = executor, at, change, wanted
+        self.fired = False
+
+    async def run(self, kind: Subtask, work: Callable[[], Awaitable[Any]]) -> Any:
+        if kind is Subtask.PULL and not self.fired and self.executor.app_role.pipeline.counters["batches"] == self.at:
+            self.fired = True
+            self.change()
+            await self.wanted.wait()
+        return await work()
+
+
+async def test_an_eps_commit_ends_the_running_clock_early_and_every_batch_runs_once(tmp_path: Path) -> None:
+    # One clock is a worker's whole pass of the epoch: without the cut, a commit offered in it
+    # would wait for the epoch's end.
+    job = PsJob(tmp_path / "job", {**SPEC, "max_epochs": 3, "clock_batches": BATCHES_PER_WORKER_EPOCH})
+    try:
+        wanted = asyncio.Event()
+        boundaries = job.loop.boundaries
+        offer = boundaries.at_boundary
+
+        def at_boundary(fn: Any) -> Any:
+            wanted.set()
+            return offer(fn)
+        boundaries.at_boundary = at_boundary
+
+        scaled: list[asyncio.Future[Any]] = []
+
+        def change() -> None:
+            scaled.append(asyncio.ensure_future(job.master.request_scale(1, 0)))
+
+        def on_launch(eid: str, ex: Executor) -> None:
+            if eid == "worker-0":      # in epoch 1, before its 4th mini-batch
+                ex.app_role.pipeline.runner = HoldsAtBatch(ex, BATCHES_PER_WORKER_EPOCH + 3, change, wanted)
+        job.am.on_launch = on_launch
+        clocks: Counter[int] = Counter()
+        job.trigger_after_clock(lambda: clocks.update([job.loop.epochs_done]))
+
+        assert await job.run() is FinalStatus.SUCCEEDED
+        [records] = [await s for s in scaled]
+        assert [(r["op"], r["ok"]) for r in records] == [("add_workers", True)], records
+        assert records[0]["splits_moved"] > 0
+        # Epoch 0 in one clock; epoch 1's clock was cut at the commit and a second one finished it.
+        assert clocks[0] == 1 and clocks[1] >= 2, clocks
+        loop = job.loop
+        assert [e.epoch for e in job.epochs] == [0, 1, 2]
+        assert loop.audit_mismatches == [], loop.audit_mismatches
+        assert loop.minibatches_applied == loop.minibatches_run == 3 * 2 * BATCHES_PER_WORKER_EPOCH
+    finally:
+        await job.close()
+
+
+async def test_a_cut_ends_the_pipelines_step_after_the_batch_in_progress() -> None:
+    async with executor_cluster(2, 8) as (_, ctl, dp):
+        app = create_app("mlr", preset="tiny")
+        store = StoreClient(ctl.table, dp)
+        await init_model(store, app)
+        blocks = app.generate_partition(0, 2).blocks
+        pipeline = TrainingPipeline()
+        cut = asyncio.Event()
+        batch = int(app.hparams.batch_size)
+
+        async def cut_in_first_batch(kind: Subtask, work: Callable[[], Awaitable[Any]]) -> Any:
+            result = await work()
+            if kind is Subtask.PUSH:
+                cut.set()
+            return result
+        pipeline.runner.run = cut_in_first_batch     # type: ignore[method-assign]
+        first = await pipeline.run_batches(app, store, blocks, StepContext(0, 2), limit=5, cut=cut)
+        assert first.batches == 1 and epoch_position(blocks[0], 0) == batch    # that batch counts
+        cut.clear()
+        rest = await pipeline.run_batches(app, store, blocks, StepContext(0, 2), limit=2, cut=cut)
+        assert rest.batches == 1 and epoch_position(blocks[0], 0) == 2 * batch  # goes on from there
