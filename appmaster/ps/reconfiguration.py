@@ -10,10 +10,10 @@ The steps and their contract:
 
     start_executors(role, n, nodes) / start_placed(role, {node: n})
                                  containers and executors in them, not yet part of the job.
-    launch(role, n, nodes)       ask the RM for n containers (on exactly `nodes` when given: locality
-                                 is not relaxed), start executors in them, bind them to the app,
-                                 register their addresses with every executor (EPS barrier 1). All or
+                                 Asks on exactly `nodes` when given (locality is not relaxed). All or
                                  nothing: on failure the ask is withdrawn and what started is retired.
+    join(executors, role)        bind new executors to the app (a worker: with no splits yet) and,
+                                 meanwhile, register their addresses with every executor (EPS barrier 1).
     retire(executors)            stop executors that left the job and give their containers back
                                  (EPS barrier 3); their exits are expected, not failures. The caller
                                  makes sure no request is still on its way to them (wait_boundary).
@@ -37,8 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Optional, Sequence, TypeVar
 
 from protocol import executor_ops as ops
 from protocol.checkpoint_manifest import JobCheckpoint, JobRecord
@@ -158,31 +157,23 @@ class Reconfiguration:
                 raise LaunchFailed(f"the new {role.value}s did not start: {e}") from None
             raise
 
-    async def launch(self, role: Role, n: int, rec: ElasticOpRecord, nodes: Sequence[str] = (),
-                     per_node: Optional[Mapping[str, int]] = None) -> list[ExecutorRecord]:
-        """Start n executors (see `start_executors`; `per_node`: exactly that many on each node,
-        `start_placed`, n being their sum), bind them to the app and register their addresses with every executor;
-        all or nothing (see the module doc)."""
-        asked = time.monotonic()
-        new = await (self.start_placed(role, dict(per_node)) if per_node is not None
-                     else self.start_executors(role, n, nodes))
-        started = time.monotonic()
-        if new:
-            granted = max(e.allocated_at for e in new)
-            rec.add_phase("allocate", granted - asked)
-            rec.add_phase("start", max(e.ready_at for e in new) - granted)
-        try:
-            rec.executors_added += [e.executor_id for e in new]
-            rec.containers_added += [e.container_id for e in new]
-            await self.training.placement.bind(new)
+    async def join(self, new: Sequence[ExecutorRecord], role: Role) -> None:
+        """Bind started executors to the app (a worker then joins EPS with no splits) and register
+        their addresses with every executor (EPS barrier 1). The two go on at once: a newcomer
+        takes the ownership table whether or not it is bound yet (its store reads the table it
+        has when it first trains or serves), and nothing reaches it before this step ends; the
+        step ends when both have (the first failure raised then)."""
+        placement = self.training.placement
+
+        async def bind() -> None:
+            await placement.bind(list(new))
             if role is Role.WORKER:
-                await self.training.rpc.send_all(new, ops.EpsJoin())
-            await self.training.placement.register(new)
-            rec.add_phase("register", time.monotonic() - started)
-            return new
-        except BaseException:
-            await self.retire(new, rec, released=False)
-            raise
+                await self.training.rpc.send_all(list(new), ops.EpsJoin())
+
+        outcomes = await asyncio.gather(bind(), placement.register(new), return_exceptions=True)
+        for o in outcomes:
+            if isinstance(o, BaseException):
+                raise o
 
     async def retire_all(self, timeout_s: float) -> list[ExecutorRecord]:
         """Stop every live executor of the job and wait until their containers are reported gone."""

@@ -359,10 +359,7 @@ class JobInterpreter:
             for gone in pool.lost:            # no broadcast may wait on a dead worker's address
                 if gone in pool.executors and pool.executors[gone].role is Role.WORKER:
                     placement.drop_address(gone)
-            await placement.bind(new)
-            if s.role is CRole.WORKER:
-                await training.rpc.send_all(new, ops.EpsJoin())
-            await placement.register(new)
+            await steps.join(new, Role(s.role.value))
             if s.role is CRole.SERVER:
                 membership.add_servers(new)      # they answer the objective (0 until blocks land)
             if rec is not None:
