@@ -20,6 +20,14 @@ kills the app. Measured per change, from the request to the new shape training:
 - the training time each change lost (EPS: the time training waited for it; kill: all of the
   restart, as nothing trains meanwhile).
 
+An EPS add's span is its slower part's: add_servers = allocate + start (the new executor
+announcing itself) + register (bind and address broadcast) + move_blocks; add_workers = the same
+first three + stage_splits + boundary (its commit at the next clock boundary). That boundary wait
+was the rest of the running ~0.25 s clock -- uniform over it, so its median over rounds was
+about 0.13 s and the add's median swung between ~0.1 and ~0.2 s from run to run; the commit now
+ends the running clock early (EndClock), so it waits about one mini-batch. `eps_steps_s` gives
+each part's phases of the median round.
+
 Last line, JSON: {"eps_remove_s", "kill_remove_s", "eps_add_s", "kill_add_s", "ratio", ...}, ratio =
 EPS total / kill total (the EPS paper's Fig. 20 shows about 0.24); also the training time lost per
 change and its ratio (`lost_ratio`), the kill restart's steps, and `kill_restart_s` (the restart
