@@ -299,6 +299,9 @@ class ApplicationMaster:
 
     async def _heartbeat_loop(self) -> None:
         while not (self._shut_down or self._loop_stopping):
+            # Cleared before the call, not after: a wake-up (a new ask, a release) that comes while
+            # the call is on its way is for the next call, which then goes at once.
+            self._wake.clear()
             try:
                 await self.heartbeat_once()
             except Exception as e:   # a bug here must not leave the app waiting forever
@@ -307,7 +310,6 @@ class ApplicationMaster:
                 return
             if self._shut_down or self._loop_stopping:
                 return
-            self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.policy.interval(self.asks.pending))
             except asyncio.TimeoutError:

@@ -343,3 +343,27 @@ async def test_finish_stops_the_loop_even_when_a_wake_up_lands_with_the_cancel(f
     assert finishing.result() is True
     assert fake_cluster.rm.finished is not None and fake_cluster.rm.finished.final_status == "FAILED"
     await am.close()
+
+
+async def test_an_ask_added_while_an_allocate_is_in_flight_goes_out_at_once(fake_cluster):
+    """The allocate loop is woken by a new ask; one added while an allocate call is on its way
+    (after that call took the ask table) must not wait out the heartbeat interval -- an EPS add
+    waited up to pending_interval_s for it. The interval here is far longer than the wait."""
+    am = ApplicationMaster(AmIdentity.from_env(fake_cluster.env),
+                           policy=HeartbeatPolicy(interval_s=600.0, pending_interval_s=600.0))
+    call = am.rm.allocate
+    added: list[int] = []
+
+    async def allocate(req):
+        resp = await call(req)
+        if not added:                        # the ask arrives while this call is in flight
+            added.append(am.add_ask(1, Resource(256, 1), tag="worker"))
+        return resp
+    am.rm.allocate = allocate
+    try:
+        await am.register("amhost", 1234, "http://amhost:1234/")          # the loop runs
+        await async_wait_until(lambda: any(r.asks for r in fake_cluster.rm.requests), 10,
+                               "the ask sent with the next allocate")      # a bound on a hang
+        assert added and fake_cluster.rm.requests[-1].asks[0].ask_id == added[0]
+    finally:
+        await am.close()
