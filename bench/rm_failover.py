@@ -9,7 +9,8 @@ documented default settings (lease_s 5, failover_max_attempts 15, failover_sleep
 the RMs elect the active one on etcd. Each repetition builds a fresh cluster and:
 
 1. baseline: one PS job (mlr, 1 worker + 1 server, a fixed number of epochs, a checkpoint every
-   epoch on shared storage) runs undisturbed; `T0` = submission -> the RM reports it FINISHED.
+   epoch on shared storage) runs undisturbed, before the failover run and again after it (on the
+   new active); `T0` = the mean of the two runs' submission -> the RM reports it FINISHED.
 2. (first repetition only) soak: for `--soak-s` the machine is kept saturated by other work (one
    busy loop per core beside everything else on this machine) while a copy of the job trains;
    `spurious_failovers` = how many new terms (etcd epoch increments) began in that time with
@@ -365,9 +366,8 @@ def one_rep(base: Path, rep: int, spec: dict[str, Any], kill_epoch: int, soak_s:
         log(f"rep {rep}: {first_active} is active; the baseline job")
         base_job = Job(c, spec, f"baseline-{rep}")
         jobs.append(base_job)
-        state0, t0 = base_job.wait_end(900)
-        res |= {"baseline_state": state0, "baseline_s": t0}
-        log(f"rep {rep}: baseline {state0} in {t0:.1f}s")
+        state0, t0_before = base_job.wait_end(900)
+        log(f"rep {rep}: baseline {state0} in {t0_before:.1f}s")
         if soak_s > 0:
             log(f"rep {rep}: soak of {soak_s:.0f}s with {burners} busy loops")
             res |= soak(c, spec, soak_s, burners)
@@ -396,13 +396,23 @@ def one_rep(base: Path, rep: int, spec: dict[str, Any], kill_epoch: int, soak_s:
         wait_for(all_heard, 300, "every NM at the new active", 0.02)
         nm_resync_s = time.monotonic() - t_kill
         log(f"rep {rep}: {survivor} active after {failover_s:.2f}s, every NM heard from after {nm_resync_s:.2f}s")
-        state1, t1 = job.wait_end(600.0 if math.isnan(t0) else max(600.0, 5 * t0))
+        state1, t1 = job.wait_end(600.0 if math.isnan(t0_before) else max(600.0, 5 * t0_before))
         attempts = job.attempts()
+        # The undisturbed run again, now on the new active, so the baseline brackets the failover run
+        # in time (a busy machine drifts; one run before it alone varied by a third between reps).
+        after_job = Job(c, spec, f"baseline-after-{rep}")
+        jobs.append(after_job)
+        state2, t0_after = after_job.wait_end(900)
+        t0 = (t0_before + t0_after) / 2
+        ok = state0 == state1 == state2 == "FINISHED/SUCCEEDED"
         res |= {"first_active": first_active, "killed": dead, "failover_s": failover_s, "nm_resync_s": nm_resync_s,
                 "failover_job_state": state1, "failover_job_s": t1, "job_attempts": attempts,
-                "job_lost_s": (t1 - t0) if state0 == state1 == "FINISHED/SUCCEEDED" else None,
+                "baseline_state": state0 if state0 != "FINISHED/SUCCEEDED" else state2, "baseline_s": t0,
+                "baseline_before_s": t0_before, "baseline_after_s": t0_after,
+                "job_lost_s": (t1 - t0) if ok else None,
                 "new_epoch": int(c.ha_info(survivor).get("haEpoch") or 0)}
-        log(f"rep {rep}: the job {state1} in {t1:.1f}s ({attempts} attempt(s)); baseline {t0:.1f}s")
+        log(f"rep {rep}: the job {state1} in {t1:.1f}s ({attempts} attempt(s)); undisturbed {t0_before:.1f}s "
+            f"before, {t0_after:.1f}s after ({state2})")
         for j in jobs:
             if j.app().get("state") not in FINAL:
                 j.kill()
@@ -474,6 +484,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "nm_resync_s_spread": spread([r["nm_resync_s"] for r in runs]),
         "job_lost_s_spread": spread(lost) if lost else None,
         "baseline_job_s_spread": spread(base_s) if (base_s := [r["baseline_s"] for r in runs if not math.isnan(r["baseline_s"])]) else None,
+        "baseline_runs_s": [round(r[k], 3) for r in runs for k in ("baseline_before_s", "baseline_after_s")],
         "jobs_not_finished": [f"rep{i + 1}: {r['failover_job_state']}" for i, r in enumerate(runs)
                               if r["failover_job_state"] != "FINISHED/SUCCEEDED"],
         "job_attempts_after_failover": [r["job_attempts"] for r in runs],
@@ -485,9 +496,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     for i, r in enumerate(runs, 1):
         print(f"rep {i} (busy machine): {r['killed']} (active) killed; {r['failover_s']:.2f}s to the new active serving, "
               f"{r['nm_resync_s']:.2f}s to every NM heard from; job {r['failover_job_state']} in "
-              f"{r['failover_job_s']:.1f}s ({r['job_attempts']} attempt(s)) against {r['baseline_s']:.1f}s undisturbed")
-    print(f"soak (busy machine, {out['soak_busy_loops']} extra busy loops): {out['spurious_failovers']} spurious "
-          f"failover(s) over {out['soak_s']:.0f}s with the default {DEFAULT_LEASE_S:g}s lease; machine {out['soak_machine']}")
+              f"{r['failover_job_s']:.1f}s ({r['job_attempts']} attempt(s)) against {r['baseline_s']:.1f}s undisturbed "
+              f"({r['baseline_before_s']:.1f}s before, {r['baseline_after_s']:.1f}s after)")
+    if out["soak_s"]:
+        print(f"soak (busy machine, {out['soak_busy_loops']} extra busy loops): {out['spurious_failovers']} spurious "
+              f"failover(s) over {out['soak_s']:.0f}s with the default {DEFAULT_LEASE_S:g}s lease; machine "
+              f"{out['soak_machine']}")
+    else:
+        print("no soak (--soak-s 0): spurious_failovers not measured")
     print(f"duplicate container ids over the run: {dups} (of {launched} container ids launched)")
     print(json.dumps(out))
     return 0 if not left else 1
