@@ -53,6 +53,7 @@ class AmProtocol:
     _am_node_wait: dict[str, float]
     preemption_notices: dict[str, api.PreemptionMessage]
     container_epoch: int
+    dirty: set[str]
 
     if TYPE_CHECKING:  # implemented by ResourceManagerCore (rm/core.py)
         def _app_event(self, app: App, ev: AppEvent) -> None: ...
@@ -107,6 +108,9 @@ class AmProtocol:
             # the attempt goes on as it was (no transition), asks and releases follow in allocate.
             at.awaiting_resync = False
             at.registered = True
+            # The latest directive is sent again: one the old RM stored but may not have delivered
+            # reaches it; one it has seen it ignores (its version is not new to it).
+            app.delivered_directive_version = 0
         elif not at.registered:
             at.awaiting_resync = False
             self._attempt_event(at, AttemptEvent.REGISTERED)
@@ -148,6 +152,11 @@ class AmProtocol:
                 self.policy_version += 1
             app.shape = req.shape
             app.shape_history.record(self.clock(), req.shape)
+            if req.shape.directive_version > app.directive_version:
+                # The AM acted on a directive this RM did not recover (an RM that failed before it
+                # stored it): the next one is numbered above it, or the AM would ignore it.
+                app.directive_version = req.shape.directive_version
+                self.dirty.add(app.app_id)
         for cid in req.releases:
             c = self.containers.get(cid)
             if c is None and self._unheard_of(at, cid):

@@ -28,6 +28,7 @@ from .nodes import NodeTracker
 from .policies.queue_reclaim import ReclaimBook
 from .policies.queue_shares import QueueShare
 from .policies.snapshot import ps_job_view
+from .policy_resync import PolicyResync
 from .preemption_record import PreemptionRecord
 from .scheduler import GANG_DIAGNOSTICS, AskError, CapacityScheduler, Gang
 from .state_machines import (NOT_COUNTED, AppEvent, AttemptEvent, attempt_is_final, counts_toward_max_attempts,
@@ -83,7 +84,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         # as stale (rm/server.py).
         self.counters = {"nm_heartbeats": 0, "am_allocates": 0, "containers_allocated": 0,
                          "apps_submitted": 0, "policy_rounds_applied": 0, "policy_rounds_dropped": 0,
-                         "containers_recovered": 0}
+                         "containers_recovered": 0, "policy_rounds_held": 0, "reshapes_after_failover": 0}
         self.utilization = UtilizationSeries()   # fed by heartbeats that carry measurements
         # The nodes' log aggregation reports, for the app view's logAggregationStatus (in memory).
         self.log_aggregation = LogAggregationBook(bool(cluster.remote_app_log_dir))
@@ -105,6 +106,9 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         # The RM's HA term (rm/ha/; 0 without HA): part of every new container id, YARN's
         # container_e<epoch>_..., so two terms never issue the same id.
         self.container_epoch = 0
+        # After a recovery from the store: the policy's rounds held until the cluster is back, and
+        # the reshapes of its first rounds counted (rm/policy_resync.py; set by the server).
+        self.policy_resync: Optional[PolicyResync] = None
 
     # ----- helpers --------------------------------------------------------------------------
     def policy_changed(self) -> None:

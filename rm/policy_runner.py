@@ -6,6 +6,9 @@ server decides off its event loop (rm/server.py): `start_round` takes the snapsh
 and `finish_round` applies the Decision on the loop only if the core has not moved since the
 snapshot -- else the Decision and the copy (with whatever state the policy advanced for it: Dorm's
 solved-for key, EPS's trials) are dropped and the live policy decides again on a fresh snapshot.
+
+After an RM restart or failover both ways are held (`policy_held`) while the recovered cluster is
+still coming back, and the first rounds after it count their reshapes (rm/policy_resync.py).
 """
 from __future__ import annotations
 
@@ -15,12 +18,14 @@ from dataclasses import dataclass
 from typing import Optional
 
 from protocol.internal_api import NodePlacement
-from protocol.records import ZERO, Resource
+from protocol.records import ZERO, AppState, AttemptState, NodeState, Resource
 
 from .core import ResourceManagerCore
 from .model import App
 from .policies import AppView, ClusterSnapshot, Decision, NodeView, Policy
+from .policy_resync import PolicyResync, reshapes
 from .reclaim_runner import reclaim_and_guard
+from .state_machines import attempt_is_final
 
 
 def executors_of(core: ResourceManagerCore, app: App) -> tuple[NodePlacement, ...]:
@@ -89,7 +94,8 @@ def executor_partition(core: ResourceManagerCore, snapshot: ClusterSnapshot) -> 
 def apply_decision(core: ResourceManagerCore, decision: Decision) -> int:
     """Turn each job decision into its app's directive (delivered on the AM's next allocate),
     numbering it only when it changes what the app's current directive says (shape, placement,
-    group or run state; a new reason alone is not a change); returns how many changed."""
+    group or run state; a new reason alone is not a change); returns how many changed. A changed
+    app is written to the state store with its directive (a new active RM knows it)."""
     changed = 0
     for app_id, jd in decision.jobs.items():
         app = core.apps.get(app_id)
@@ -98,18 +104,78 @@ def apply_decision(core: ResourceManagerCore, decision: Decision) -> int:
         app.directive_version += 1
         app.directive = jd.directive(app.directive_version)
         core.decisions.record(core.clock(), app_id, app.directive)
+        core.dirty.add(app_id)
         changed += 1
     if changed:
         core.policy_changed()
     return changed
 
 
+def resync_waiting(core: ResourceManagerCore, rs: PolicyResync) -> list[str]:
+    """What the recovered cluster still lacks before the policy may decide (rm/policy_resync.py):
+    the stored state's nodes not registered again, kept attempts whose AM has not registered again
+    and allocated (a PS job's with its job report)."""
+    known = set(core.nodes.nodes)
+    out = [f"node {n} to register again" for n in sorted(rs.nodes - known)]
+    for aid in sorted(rs.attempts):
+        at = core.attempts.get(aid)
+        app = core.apps.get(at.app_id) if at is not None else None
+        if (at is None or app is None or app.state.is_final or app.current_attempt != aid
+                or attempt_is_final(at.state) or at.state == AttemptState.FINISHING):
+            continue    # ended or replaced: nothing of it to wait for
+        if not at.registered:
+            out.append(f"the AM of {app.app_id} to register again")
+        elif at.response_id == 0 or (app.ps is not None and app.shape is None):
+            out.append(f"the first {'job report' if app.ps is not None else 'allocate'} of {app.app_id}'s AM")
+    return out
+
+
+def policy_held(core: ResourceManagerCore) -> bool:
+    """Whether this policy round is held for the resync after a recovery; releases the hold once
+    nothing is missing or its deadline has passed (counted as a held round when held)."""
+    rs = core.policy_resync
+    if rs is None or not rs.holding:
+        return False
+    now = core.clock()
+    rs.waiting_for = resync_waiting(core, rs)
+    if rs.waiting_for and now < rs.deadline:
+        rs.held_rounds += 1
+        core.counters["policy_rounds_held"] += 1
+        return True
+    running = frozenset(n.node_id for n in core.nodes if n.state == NodeState.RUNNING)
+    why = (f"after {now - rs.started_at:.1f}s, still missing: {'; '.join(rs.waiting_for)}" if rs.waiting_for
+           else f"everything back after {now - rs.started_at:.1f}s")
+    rs.release(now, why, running)
+    return False
+
+
+def apply_round(core: ResourceManagerCore, decision: Decision) -> int:
+    """`apply_decision` for a policy round: in the counted rounds after a recovery, the directives
+    that change a running job's shape are counted first (`reshapes_after_failover`)."""
+    rs = core.policy_resync
+    if rs is None or not rs.counting:
+        return apply_decision(core, decision)
+    n = 0
+    for app_id, jd in decision.jobs.items():
+        app = core.apps.get(app_id)
+        if (app is not None and app.state == AppState.RUNNING and not jd.same_as(app.directive)
+                and reshapes(jd, app.directive, app.shape)):
+            n += 1
+    changed = apply_decision(core, decision)
+    rs.rounds += 1
+    rs.reshapes += n
+    core.counters["reshapes_after_failover"] += n
+    return changed
+
+
 def run_policy(core: ResourceManagerCore, policy: Policy) -> int:
     """One policy round: decide on a fresh snapshot, run the capacity reclaim on the same snapshot
     (rm/reclaim_runner.py: the Decision guarded, the reclaim's shrinks laid over it) and store the
-    directives; returns how many changed."""
+    directives; returns how many changed (0, deciding nothing, while held after a recovery)."""
+    if policy_held(core):
+        return 0
     snapshot = build_snapshot(core)
-    return apply_decision(core, reclaim_and_guard(core, snapshot, policy.decide(snapshot)))
+    return apply_round(core, reclaim_and_guard(core, snapshot, policy.decide(snapshot)))
 
 
 @dataclass(frozen=True)
@@ -153,4 +219,4 @@ def finish_round(core: ResourceManagerCore, rnd: PolicyRound, decision: Decision
     (the Decision is dropped, nothing changes)."""
     if is_stale(core, rnd):
         return None
-    return apply_decision(core, reclaim_and_guard(core, rnd.snapshot, decision))
+    return apply_round(core, reclaim_and_guard(core, rnd.snapshot, decision))

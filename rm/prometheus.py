@@ -49,9 +49,14 @@ def render(core: ResourceManagerCore) -> str:
     metric("elastane_rm_apps_submitted_total", "counter", "Applications submitted since start.",
            [("", core.counters["apps_submitted"])])
     metric("elastane_rm_policy_rounds_total", "counter",
-           "Policy rounds decided off the event loop, by whether their Decision was applied or dropped as stale.",
+           "Policy rounds, by whether their Decision was applied, dropped as stale, or held after a recovery.",
            [('{outcome="applied"}', core.counters["policy_rounds_applied"]),
-            ('{outcome="dropped"}', core.counters["policy_rounds_dropped"])])
+            ('{outcome="dropped"}', core.counters["policy_rounds_dropped"]),
+            ('{outcome="held"}', core.counters["policy_rounds_held"])])
+    metric("elastane_rm_reshapes_after_failover_total", "counter",
+           "Directives that changed a running job's shape in the policy's first rounds after this RM "
+           "recovered from the state store (0 unless the cluster changed).",
+           [("", core.counters["reshapes_after_failover"])])
     metric("elastane_rm_queue_memory_mb", "gauge", "Memory allocated per queue.",
            [(f'{{queue="{q.name}"}}', q.used.memory) for q in core.scheduler.queues.values()])
     # Capacity preemption (docs/preemption.md): counters per queue and way, the last round's shares.

@@ -30,6 +30,10 @@ def cluster_info(core: ResourceManagerCore, ha: Optional[dict[str, object]] = No
         "hadoopVersionBuiltOn": "", "haZooKeeperConnectionState": "ResourceManager HA is not enabled.",
         "scheduler": "capacityScheduler", "policy": core.cfg.policy,
     }
+    if core.policy_resync is not None:
+        # Elastane extension: the policy's resync after a recovery (rm/policy_resync.py), with the
+        # reshapes of its first rounds (reshapesAfterFailover).
+        info["policyResync"] = core.policy_resync.info()
     if ha:
         info.update(ha)
     return {"clusterInfo": info}

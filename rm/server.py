@@ -28,14 +28,19 @@ from protocol.http_server import error_response
 from protocol.nm_client import NMClient
 from protocol.remote_exception import ServiceUnavailable
 
+import msgspec
+
+from protocol.records import NodeState
+
 from . import policies, prometheus
 from .am_launcher import AmLauncher
 from .core import ResourceManagerCore
 from .internal_handlers import InternalApi
-from .policy_runner import decide_on_copy, finish_round, start_round
+from .policy_resync import PolicyResync
+from .policy_runner import decide_on_copy, finish_round, policy_held, start_round
 from .rest_api import ClientApi
-from .store import (SqliteStateStore, StateStore, app_from_record, app_to_record, attempt_from_record,
-                    attempt_to_record)
+from .store import (PolicyStateRecord, SqliteStateStore, StateStore, app_from_record, app_to_record,
+                    attempt_from_record, attempt_to_record)
 from .submission import ValidSubmission
 from .web.app_page import AppPage
 from .web.ui import WebUi
@@ -45,6 +50,10 @@ log = logging.getLogger(__name__)
 # A stale Decision is decided again at once this many times before the round gives up (the next
 # round comes `policy_interval_s` later): under steady churn a long decide must not retry forever.
 STALE_RETRIES = 1
+# The policy's state is stored after a round that changed directives, else at most this often when
+# it changed (Optimus's observations change every round): a new active RM goes on from a state at
+# most this old, and the AMs' reports bring it up to date (rm/policies/optimus.py).
+POLICY_STATE_INTERVAL_S = 5.0
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
@@ -122,6 +131,11 @@ class ResourceManagerServer:
         self._store_failing = False             # the last flush's write failed (logged once per outage)
         # Every RM of an HA cluster (rm/ha/ sets them): AMs are told all of them, to fail over.
         self.rm_urls: list[str] = []
+        # The policy state as last stored (policy document, nodes) and when; a round sets it due.
+        self._policy_stored: Optional[tuple[Optional[bytes], list[str]]] = None
+        self._policy_stored_at = float("-inf")
+        self._policy_state_due = False
+        self._policy_state_urgent = False
         self._recover()
 
     # ----- recovery / persistence -------------------------------------------------------------
@@ -136,7 +150,48 @@ class ResourceManagerServer:
             n += 1
         if n:
             log.info("recovered %d applications from %s", n, getattr(self.store, "path", "the state store"))
+        self._recover_policy()
         self._persist(self.core.take_dirty())
+
+    def _recover_policy(self) -> None:
+        """Give the policy the state an earlier RM stored and hold its rounds until the recovered
+        cluster is back (rm/policy_resync.py)."""
+        core = self.core
+        record = self.store.load_policy_state()
+        state = record.policy_state if record is not None else None
+        if record is not None and state is not None:
+            if record.policy != self.policy.name:
+                log.warning("stored policy state is %s's; policy %s starts afresh", record.policy, self.policy.name)
+            else:
+                try:
+                    policies.restore_state(self.policy, state)
+                    log.info("policy %s: state restored (stored at %.3f)", self.policy.name, record.saved_at)
+                except ValueError as e:
+                    log.warning("policy %s starts afresh: its stored state does not load (%s)", self.policy.name, e)
+        kept = frozenset(at.attempt_id for at in core.attempts.values() if at.awaiting_resync)
+        if kept or record is not None:
+            now = core.clock()
+            core.policy_resync = PolicyResync(now, now + max(self.cfg.nm_expiry_s, self.cfg.am_expiry_s), kept,
+                                              frozenset(record.nodes if record is not None else ()))
+
+    def _store_policy_state(self) -> None:
+        """Store the policy's state if a round left it due and it changed (`POLICY_STATE_INTERVAL_S`);
+        not while the rounds are held after a recovery (the nodes are not all back yet)."""
+        core = self.core
+        rs = core.policy_resync
+        now = core.clock()
+        if rs is not None and rs.holding:
+            return
+        if not self._policy_state_urgent and now < self._policy_stored_at + POLICY_STATE_INTERVAL_S:
+            return
+        doc = policies.export_state(self.policy)
+        nodes = sorted(n.node_id for n in core.nodes if n.state == NodeState.RUNNING)
+        self._policy_state_due = self._policy_state_urgent = False
+        if (doc, nodes) == self._policy_stored:
+            return
+        self.store.save_policy_state(PolicyStateRecord(self.policy.name, now, nodes,
+                                                       msgspec.Raw(b"null" if doc is None else doc)))
+        self._policy_stored, self._policy_stored_at = (doc, nodes), now
 
     def _persist(self, app_ids: set[str]) -> None:
         for app_id in app_ids:
@@ -166,6 +221,11 @@ class ResourceManagerServer:
                 if not self._store_failing:
                     log.exception("state store write failed (retried at every flush until it succeeds)")
                 self._store_failing = True
+        if self._policy_state_due and not self._store_failing:
+            try:
+                self._store_policy_state()
+            except Exception:
+                log.exception("storing the policy state failed (retried after the next round)")
         if core.effects and self.launcher is not None:
             for eff in core.take_effects():
                 self.launcher.launch(eff)
@@ -261,6 +321,8 @@ class ResourceManagerServer:
             # The policy thread runs Python between its solver's GIL-free stretches; the loop waits
             # for the GIL at most this long each time it wakes (CPython's default is 5 ms).
             sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
+        if policy_held(self.core):
+            return 0
         for _ in range(retries + 1):
             rnd = start_round(self.core)
             decided = await loop.run_in_executor(self._policy_thread, decide_on_copy, self.policy, rnd.snapshot)
@@ -268,6 +330,8 @@ class ResourceManagerServer:
             if changed is not None:
                 self.policy = decided.policy      # the copy's state goes with the Decision it took
                 self.core.counters["policy_rounds_applied"] += 1
+                self._policy_state_due = True
+                self._policy_state_urgent = self._policy_state_urgent or changed > 0
                 return changed
             self.core.counters["policy_rounds_dropped"] += 1
             log.debug("policy %s: decision on a stale snapshot dropped", self.policy.name)

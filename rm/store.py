@@ -20,6 +20,7 @@ from typing import Optional
 import msgspec
 
 from protocol import ps_job_spec
+from protocol.internal_api import ShapeDirective
 from protocol.local_resources import LocalResource
 from protocol.ps_job_spec import PSJobSpec
 from protocol.records import AppState, AttemptState, FinalStatus, Resource
@@ -56,6 +57,29 @@ class AppRecord(msgspec.Struct, forbid_unknown_fields=False):
     memory_seconds: float = 0.0
     vcore_seconds: float = 0.0
     ps_job: Optional[PSJobSpec] = None      # an ELASTANE_PS app's spec (App.ps.spec)
+    # The policy's latest directive for the app, its version counter and the version its AM was
+    # last sent: a new active RM knows what each job was told (a policy deciding the same again
+    # changes nothing) and numbers the next directive above it (an AM ignores a version it has seen).
+    directive: Optional[ShapeDirective] = None
+    directive_version: int = 0
+    delivered_directive_version: int = 0
+
+
+class PolicyStateRecord(msgspec.Struct, forbid_unknown_fields=False):
+    """What survives an RM restart or failover of the policy (rm/policies/base.py `export_state`):
+    its name, the RUNNING nodes it last decided over (the new RM's policy rounds wait for them to
+    register again, rm/policy_resync.py) and its own state document, decoded by the policy itself
+    (`restore_state`) -- a policy with none stores `state` null (`policy_state` None)."""
+
+    policy: str
+    saved_at: float
+    nodes: list[str] = []
+    state: msgspec.Raw = msgspec.Raw(b"null")
+
+    @property
+    def policy_state(self) -> Optional[bytes]:
+        doc = bytes(self.state)
+        return None if doc.strip() in (b"", b"null") else doc
 
 
 class AttemptRecord(msgspec.Struct, forbid_unknown_fields=False):
@@ -83,7 +107,9 @@ def app_to_record(app: App) -> AppRecord:
                      state=app.state.value, final_status=app.final_status.value, diagnostics=app.diagnostics,
                      start_time=app.start_time, finish_time=app.finish_time, tracking_url=app.tracking_url,
                      progress=app.progress, elastane=app.extension, memory_seconds=app.memory_seconds,
-                     vcore_seconds=app.vcore_seconds, ps_job=app.ps.spec if app.ps is not None else None)
+                     vcore_seconds=app.vcore_seconds, ps_job=app.ps.spec if app.ps is not None else None,
+                     directive=app.directive, directive_version=app.directive_version,
+                     delivered_directive_version=app.delivered_directive_version)
 
 
 def _stored_spec(r: AppRecord) -> tuple[Optional[PSJobSpec], Optional[dict[str, object]]]:
@@ -115,7 +141,10 @@ def app_from_record(r: AppRecord, minimum_allocation_mb: int) -> App:
                state=AppState(r.state), final_status=FinalStatus(r.final_status),
                diagnostics=r.diagnostics, start_time=r.start_time, finish_time=r.finish_time,
                tracking_url=r.tracking_url, progress=r.progress, memory_seconds=r.memory_seconds,
-               vcore_seconds=r.vcore_seconds)
+               vcore_seconds=r.vcore_seconds, directive=r.directive,
+               # Never below the stored directive's own number (a document that predates the counter).
+               directive_version=max(r.directive_version, r.directive.version if r.directive is not None else 0),
+               delivered_directive_version=r.delivered_directive_version)
 
 
 def attempt_to_record(at: Attempt) -> AttemptRecord:
@@ -151,6 +180,14 @@ class StateStore(abc.ABC):
     def close(self) -> None:
         """Release the store."""
 
+    @abc.abstractmethod
+    def save_policy_state(self, record: PolicyStateRecord) -> None:
+        """Replace the stored policy state (one document per cluster)."""
+
+    @abc.abstractmethod
+    def load_policy_state(self) -> Optional[PolicyStateRecord]:
+        """The stored policy state; None when none was stored."""
+
     def next_epoch(self) -> Optional[int]:
         """Take this RM start's epoch, the part of new container ids that keeps them from colliding
         with the ids an earlier RM issued (the attempts a restarted RM keeps go on getting
@@ -164,6 +201,7 @@ CREATE TABLE IF NOT EXISTS apps (app_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, 
 CREATE TABLE IF NOT EXISTS attempts (attempt_id TEXT PRIMARY KEY, app_id TEXT NOT NULL, doc BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS attempts_by_app ON attempts (app_id);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS policy (key TEXT PRIMARY KEY, doc BLOB NOT NULL);
 """
 
 
@@ -211,6 +249,15 @@ class SqliteStateStore(StateStore):
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM attempts WHERE app_id = ?", (app_id,))
             self._db.execute("DELETE FROM apps WHERE app_id = ?", (app_id,))
+
+    def save_policy_state(self, record: PolicyStateRecord) -> None:
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute("INSERT OR REPLACE INTO policy VALUES ('state', ?)", (self._enc.encode(record),))
+
+    def load_policy_state(self) -> Optional[PolicyStateRecord]:
+        row = self._db.execute("SELECT doc FROM policy WHERE key = 'state'").fetchone()
+        return None if row is None else msgspec.json.decode(row[0], type=PolicyStateRecord)
 
     def close(self) -> None:
         self._db.close()

@@ -3,7 +3,7 @@ fencing token, so a deposed RM cannot write.
 
 Same interface as the SQLite store (rm/store.py `StateStore`), same JSON documents:
 `<prefix>/rm/apps/<app_id>` holds an AppRecord, `<prefix>/rm/attempts/<app_id>/<attempt_id>` an
-AttemptRecord. Each write compares the leader key's create revision with the token this RM was
+AttemptRecord, `<prefix>/rm/policy/state` the PolicyStateRecord. Each write compares the leader key's create revision with the token this RM was
 elected with (rm/ha/etcd_kv.py `token_compare`); when another RM has been elected since -- or the
 lease ran out and nobody holds the key -- the comparison fails, nothing is written, the store
 refuses every later write without asking etcd, and `on_fenced` tells the elector, which steps
@@ -13,13 +13,13 @@ fencing node).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import msgspec
 
 from protocol.errors import StateError
 
-from ..store import AppRecord, AttemptRecord, StateStore
+from ..store import AppRecord, AttemptRecord, PolicyStateRecord, StateStore
 from .etcd_kv import BlockingEtcd, EtcdKeys, delete_op, put_op, token_compare
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,19 @@ class EtcdStateStore(StateStore):
     def remove_app(self, app_id: str) -> None:
         self._write([delete_op(self.keys.app_attempts(app_id), prefix=True), delete_op(self.keys.app(app_id))],
                     f"the removal of {app_id}")
+
+    @property
+    def policy_key(self) -> bytes:
+        return f"{self.keys.prefix}/rm/policy/state".encode()
+
+    def save_policy_state(self, record: PolicyStateRecord) -> None:
+        self._write([put_op(self.policy_key, self._enc.encode(record))], "the policy state")
+
+    def load_policy_state(self) -> Optional[PolicyStateRecord]:
+        for kv in self.etcd.range_prefix(self.policy_key):
+            if bytes(kv.key) == self.policy_key:
+                return msgspec.json.decode(kv.value, type=PolicyStateRecord)
+        return None
 
     def close(self) -> None:
         self.etcd.close()

@@ -6,7 +6,7 @@ utilization-fairness optimizer (rm/policies/dorm.py); `drf` and `tetris` the bas
 §6.1 (rm/policies/drf.py, tetris.py); `harmony` Harmony's grouping of complementary jobs
 (rm/policies/harmony.py). Each registers itself here with `register(name, factory)`.
 """
-from .base import Policy, create, describe, known, places_new_jobs, register
+from .base import Policy, create, describe, export_state, known, places_new_jobs, register, restore_state
 from .decision import Decision, DecisionError, JobDecision
 from .snapshot import AppView, ClusterSnapshot, NodeView, PSJobView, ps_job_view
 from .dorm import DormPolicy
@@ -27,4 +27,5 @@ register("harmony", HarmonyPolicy.from_settings, takes_settings=True)
 
 __all__ = ["AppView", "ClusterSnapshot", "Decision", "DecisionError", "DormPolicy", "DrfPolicy", "EpsPolicy",
            "HarmonyPolicy", "JobDecision", "NodeView", "OptimusPolicy", "PSJobView", "Policy", "StaticPolicy",
-           "TetrisPolicy", "create", "describe", "known", "places_new_jobs", "ps_job_view", "register"]
+           "TetrisPolicy", "create", "describe", "export_state", "known", "places_new_jobs", "ps_job_view", "register",
+           "restore_state"]

@@ -39,6 +39,29 @@ def describe(policy: Policy) -> dict[str, dict[str, object]]:
     return out
 
 
+def export_state(policy: Policy) -> Optional[bytes]:
+    """The policy's state between rounds as a JSON document (its optional `export_state()`), for
+    the RM to store so a new active RM goes on from it after a restart or failover (rm/server.py);
+    None for a stateless policy or one that keeps nothing yet. What a policy can rebuild from the
+    snapshots (the AMs' job reports, the directives the RM stores itself) it need not export."""
+    method = getattr(policy, "export_state", None)
+    if not callable(method):
+        return None
+    doc: Optional[bytes] = method()
+    return doc
+
+
+def restore_state(policy: Policy, doc: bytes) -> bool:
+    """Give a freshly created policy the state an earlier RM exported (its optional
+    `restore_state(doc)`, which decodes and checks it, raising ValueError when it cannot); False
+    for a policy that keeps none."""
+    method = getattr(policy, "restore_state", None)
+    if not callable(method):
+        return False
+    method(doc)
+    return True
+
+
 def places_new_jobs(policy: Policy) -> bool:
     """Whether `policy` places a new PS job before it starts (its optional `places_new_jobs`
     attribute, e.g. Harmony's profiling node): the job's AM then waits for its first directive

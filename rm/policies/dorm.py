@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import msgspec
 import numpy as np
 
 from protocol.config import RMConfig
@@ -84,6 +85,15 @@ def build_problem(view: ElasticView, theta1: float, theta2: float,
         am=np.array([_vec(j.am) for j in jobs]).reshape(len(jobs), 2), theta1=theta1, theta2=theta2)
 
 
+class DormState(msgspec.Struct, forbid_unknown_fields=True):
+    """What Dorm keeps between rounds, as the RM stores it: the job, running-job and node sets it
+    last solved P2 for (a new active RM solves again only when they change, as this one would)."""
+
+    jobs: list[str]
+    running: list[str]
+    nodes: list[str]
+
+
 class DormPolicy:
     """Dorm's utilization-fairness optimizer as an Elastane policy (see the module doc). Keeps, between
     calls, the job, running-job and node sets it last solved for (it solves again only when they
@@ -103,6 +113,20 @@ class DormPolicy:
         self._solved_for: Optional[tuple[frozenset[str], frozenset[str], tuple[str, ...]]] = None
         self.last_solution: Optional[P2Solution] = None     # for the web UI / tests: the last P2 solved
         self.last_problem: Optional[P2Problem] = None
+
+    def export_state(self) -> Optional[bytes]:
+        """The sets last solved for (rm/policies/base.py `export_state`); None before any solve."""
+        if self._solved_for is None:
+            return None
+        jobs, running, nodes = self._solved_for
+        return msgspec.json.encode(DormState(sorted(jobs), sorted(running), list(nodes)))
+
+    def restore_state(self, doc: bytes) -> None:
+        try:
+            st = msgspec.json.decode(doc, type=DormState)
+        except msgspec.DecodeError as e:
+            raise ValueError(f"dorm policy state: {e}") from None
+        self._solved_for = (frozenset(st.jobs), frozenset(st.running), tuple(st.nodes))
 
     @classmethod
     def from_settings(cls, settings: RMConfig) -> "DormPolicy":
@@ -135,4 +159,4 @@ class DormPolicy:
         return Decision(out)
 
 
-__all__ = ["DormPolicy", "build_problem"]
+__all__ = ["DormPolicy", "DormState", "build_problem"]

@@ -78,8 +78,11 @@ the model (grouping, arrivals' scores, replacements, free nodes, `describe()`) i
 group's machines, t_net_local + t_link (m-1)/m; 0 (the default) is the paper's model.
 
 Utilization is compared over all running nodes, free ones counting as idle (zero), so giving idle
-nodes work raises U. State kept between calls: the jobs' lifecycle states, profiles and groups; an
-RM restart starts them afresh (jobs are profiled again).
+nodes work raises U. State kept between calls: the jobs' lifecycle states, profiles and groups. The
+RM stores them (`export_state`, `HarmonyState`), so a new active RM after a restart or failover
+goes on with the same groups, profiles and lifecycle states -- no job is profiled again or regrouped
+because the RM changed; what a round recomputes from the snapshot (the nodes, the AMs' room,
+who runs where) it is not given.
 
 Overhead, per job (`describe()`, on the snapshots' clock): `profilingS`, the time it spent being
 profiled (on its profiling node(s), before its group); `regroupS`, the time it spent grouped but not yet
@@ -93,6 +96,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+import msgspec
 import numpy as np
 
 from models.harmony import CPU_WEIGHT, FloatArray, GroupStats, group_stats, net_time, score
@@ -196,6 +200,16 @@ class _Group:
     nodes: list[str] = field(default_factory=list)
 
 
+class HarmonyState(msgspec.Struct, forbid_unknown_fields=True):
+    """What the `harmony` policy keeps between rounds, as the RM stores it (module doc)."""
+
+    jobs: dict[str, _Job]
+    groups: dict[str, _Group]
+    profiles: dict[str, Profile]
+    next_group: int
+    now: Optional[float]
+
+
 class HarmonyPolicy:
     """Harmony's job scheduler (see the module docstring). One instance per RM; keeps job state."""
 
@@ -252,6 +266,25 @@ class HarmonyPolicy:
         decision, sizes = self._decision(apps)
         self._keep_sizes(sizes)
         return decision
+
+    def export_state(self) -> bytes:
+        """Jobs, groups, profiles (rm/policies/base.py `export_state`)."""
+        return msgspec.json.encode(HarmonyState(dict(sorted(self.jobs.items())), dict(sorted(self.groups.items())),
+                                                dict(sorted(self.profiles.profiles.items())), self._next_group,
+                                                self._now))
+
+    def restore_state(self, doc: bytes) -> None:
+        try:
+            st = msgspec.json.decode(doc, type=HarmonyState)
+        except msgspec.DecodeError as e:
+            raise ValueError(f"harmony policy state: {e}") from None
+        for gid, g in st.groups.items():
+            unknown = [a for a in g.jobs if a not in st.jobs]
+            if unknown or gid != g.group_id:
+                raise ValueError(f"harmony policy state: group {gid} names jobs it does not hold: {unknown}")
+        self.jobs, self.groups = st.jobs, st.groups
+        self.profiles.profiles = dict(st.profiles)
+        self._next_group, self._now = st.next_group, st.now
 
     @classmethod
     def from_settings(cls, settings: RMConfig) -> "HarmonyPolicy":
@@ -917,4 +950,4 @@ class HarmonyPolicy:
             self.jobs[app_id].size = size
 
 
-__all__ = ["HarmonyConfig", "HarmonyPolicy"]
+__all__ = ["HarmonyConfig", "HarmonyPolicy", "HarmonyState"]

@@ -53,7 +53,12 @@ Departures from the paper, and why:
 
 State between calls (decide() is deterministic for a sequence of snapshots): per job, its speed
 samples, the shape it settled at and since when, its loss history, resize cost and cached fits;
-per app, the priors learned from finished jobs.
+per app, the priors learned from finished jobs. The RM stores all of it but the fits
+(`export_state`, `OptimusState`): a new active RM refits them from it and the AMs' next reports
+(its rounds wait for those, rm/policy_resync.py) and keeps the round cadence. Only what a report
+cannot give again needs storing -- the shapes the samples were taken at, the priors -- but the
+history is stored too, so the refit is on the points the old RM had (a report holds fewer clock
+points, thinned); a job's stored clock points are thinned to `STORED_CLOCK_POINTS`.
 """
 from __future__ import annotations
 
@@ -61,6 +66,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
+import msgspec
 import numpy as np
 
 from models.optimus_fit import (FEATURES, MIN_FIT_SPAN, MIN_LOSS_POINTS, LossCurve, SpeedFunction,
@@ -91,6 +97,9 @@ MIN_CLOCK_SPEED_ITERATIONS = 20   # a per-clock speed measured over fewer iterat
 RESIZE_COST_S = 5.0         # a resize's cost (s) until the job's own has been measured
 HYSTERESIS_FACTOR = 2.0     # a change must cut the remaining time by this many resize costs ...
 MIN_RELATIVE_GAIN = 0.05    # ... and by this fraction of it
+# Clock points stored per job (of up to MAX_CLOCK_POINTS kept): a job's stored state stays a few KB
+# (etcd takes requests of 1.5 MiB); the fit averages its points into 32 anyway.
+STORED_CLOCK_POINTS = 256
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,62 @@ class JobModel:
         if c is not None and all(s[:2] != c[:2] for s in out):
             out.append(c)
         return out
+
+
+class StoredJob(msgspec.Struct, forbid_unknown_fields=True):
+    """A JobModel as the RM stores it: its observations, without the fits (refitted from them)."""
+
+    app: str
+    sync: bool
+    threshold: float
+    max_epochs: Optional[int]
+    samples: list[tuple[int, int, float]]
+    added: int
+    settled: Optional[tuple[int, int]]
+    settled_epoch: int
+    sampled_epoch: int
+    clock_sample: Optional[tuple[int, int, float]]
+    clocks_per_epoch: Optional[float]
+    initial: Optional[float]
+    epochs: list[int]
+    losses: list[float]
+    clock_k: list[float]
+    clock_l: list[float]
+    changing_since: Optional[float]
+    resize_cost: float
+
+    @classmethod
+    def of(cls, m: JobModel) -> "StoredJob":
+        t = m.traits
+        k, lo = m.clock_k, m.clock_l
+        if len(k) > STORED_CLOCK_POINTS:    # evenly thinned, the latest point kept
+            idx = np.linspace(0, len(k) - 1, STORED_CLOCK_POINTS).round().astype(int)
+            k, lo = [k[i] for i in idx], [lo[i] for i in idx]
+        return cls(t.app, t.sync, t.threshold, t.max_epochs, list(m.samples), m.added, m.settled, m.settled_epoch,
+                   m.sampled_epoch, m.clock_sample, m.clocks_per_epoch, m.initial, list(m.epochs), list(m.losses),
+                   list(k), list(lo), m.changing_since, m.resize_cost)
+
+    def model(self) -> JobModel:
+        return JobModel(JobTraits(self.sync, self.threshold, self.max_epochs, self.app), samples=list(self.samples),
+                        added=self.added, settled=self.settled, settled_epoch=self.settled_epoch,
+                        sampled_epoch=self.sampled_epoch, clock_sample=self.clock_sample,
+                        clocks_per_epoch=self.clocks_per_epoch, initial=self.initial, epochs=list(self.epochs),
+                        losses=list(self.losses), clock_k=list(self.clock_k), clock_l=list(self.clock_l),
+                        changing_since=self.changing_since, resize_cost=self.resize_cost)
+
+
+Present = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[tuple[str, bool, bool], ...]]
+
+
+class OptimusState(msgspec.Struct, forbid_unknown_fields=True):
+    """What the `optimus` policy keeps between rounds, as the RM stores it (module doc)."""
+
+    jobs: dict[str, StoredJob]
+    learned: dict[str, list[tuple[float, ...]]]
+    prior_versions: dict[str, int]
+    prior_epochs: dict[str, list[float]]
+    last_round: Optional[float]
+    last_jobs: Optional[Present]
 
 
 def job_traits(app: AppView) -> JobTraits:
@@ -305,7 +370,24 @@ class OptimusPolicy:
         self._models: dict[str, JobModel] = {}
         self._priors = AppPriors()
         self._last_round: Optional[float] = None
-        self._last_jobs: tuple[tuple[object, ...], ...] = ()
+        self._last_jobs: Optional[Present] = None
+
+    def export_state(self) -> bytes:
+        """The jobs' observations, the priors and the round cadence (rm/policies/base.py)."""
+        p = self._priors
+        return msgspec.json.encode(OptimusState(
+            {a: StoredJob.of(m) for a, m in sorted(self._models.items())}, p.learned, p.versions, p.epochs,
+            self._last_round, self._last_jobs))
+
+    def restore_state(self, doc: bytes) -> None:
+        try:
+            st = msgspec.json.decode(doc, type=OptimusState)
+        except msgspec.DecodeError as e:
+            raise ValueError(f"optimus policy state: {e}") from None
+        self._models = {a: j.model() for a, j in st.jobs.items()}
+        self._priors = AppPriors(learned={a: list(v) for a, v in st.learned.items()}, versions=dict(st.prior_versions),
+                                 epochs={a: list(v) for a, v in st.prior_epochs.items()})
+        self._last_round, self._last_jobs = st.last_round, st.last_jobs
 
     def decide(self, snapshot: ClusterSnapshot) -> Decision:
         """Job decisions for the running PS jobs whose shape changes this round. Speed samples and
@@ -337,7 +419,8 @@ class OptimusPolicy:
             ready_list.append((j.app_id, bool(m.samples or m.clock_sample), ok))
         # A job that has just gathered the data for a speed or curve fit counts as a newcomer too.
         ready = tuple(ready_list)
-        present = (tuple(j.app_id for j in jobs), tuple(j.app_id for j in view.incoming), view.other_queued, ready)
+        present: Present = (tuple(j.app_id for j in jobs), tuple(j.app_id for j in view.incoming),
+                            tuple(view.other_queued), ready)
         if (self._last_round is not None and present == self._last_jobs
                 and snapshot.now < self._last_round + SCHEDULING_INTERVAL_S):
             return Decision({})
@@ -531,5 +614,5 @@ def _executors_on(app: AppView, executor: Resource) -> tuple[tuple[str, Resource
     return tuple((p.node, executor.scale(p.workers + p.servers)) for p in (d.placement if d is not None else []))
 
 
-__all__ = ["JobModel", "JobTraits", "OptimusPolicy", "job_traits", "loss_series", "observe", "observe_resize",
+__all__ = ["JobModel", "JobTraits", "OptimusPolicy", "OptimusState", "StoredJob", "job_traits", "loss_series", "observe", "observe_resize",
            "settled", "update_history"]

@@ -1,0 +1,72 @@
+"""The policy's state in the fenced etcd store (rm/ha/etcd_store.py) on a real etcd
+(tests/support/etcd_server.py): the active RM's term stores it and the next term loads it back
+as written; a deposed term's write of it is refused like any other."""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+import etcd_server as etcdmod
+from polling import async_wait_until
+from protocol.ha_config import HAConfig
+from rm.ha.elector import Elector
+from rm.ha.etcd_kv import AsyncEtcd, BlockingEtcd, EtcdKeys
+from rm.ha.etcd_store import EtcdStateStore, StoreFenced
+from rm.ha.role import HAState
+from rm.store import PolicyStateRecord
+
+pytestmark = [pytest.mark.cluster,
+              pytest.mark.skipif(etcdmod.unavailable_reason() is not None,
+                                 reason=f"no etcd here: {etcdmod.unavailable_reason()}")]
+
+
+def ha_config(etcd: Any) -> HAConfig:
+    return HAConfig(enabled=True, rm_ids=["rm1", "rm2"],
+                    rm_addresses={"rm1": "http://127.0.0.1:1", "rm2": "http://127.0.0.1:2"},
+                    etcd_endpoints=[etcd.endpoint], lease_s=2.0, etcd_prefix="/test")
+
+
+def elector(ha: HAConfig, rm_id: str) -> Elector:
+    async def active(epoch: int, token: int) -> None:
+        return None
+
+    async def standby(reason: str) -> None:
+        return None
+
+    return Elector(ha, rm_id, active, standby)
+
+
+def store_of(ha: HAConfig, e: Elector) -> EtcdStateStore:
+    return EtcdStateStore(BlockingEtcd(ha.etcd_targets(), 2.0), EtcdKeys(ha.etcd_prefix), e.role.token, e.fenced)
+
+
+async def test_the_next_term_loads_the_policy_state_and_a_deposed_term_cannot_write_it(etcd):
+    ha = ha_config(etcd)
+    a, b = elector(ha, "rm1"), elector(ha, "rm2")
+    a.start()
+    await async_wait_until(lambda: a.role.state == HAState.ACTIVE, 20, "rm1 active")
+    a_store = store_of(ha, a)
+    assert a_store.load_policy_state() is None
+    state = b'{"jobs":["application_1_0001"],"running":["application_1_0001"],"nodes":["n1:1","n2:1"]}'
+    a_store.save_policy_state(PolicyStateRecord("dorm", 12.5, ["n1:1", "n2:1"], msgspec.Raw(state)))
+
+    admin = AsyncEtcd(ha.etcd_targets(), 2.0)
+    await admin.call(lambda c: c.revoke_lease(a.lease_id))      # rm1's lease runs out
+    b.start()
+    await async_wait_until(lambda: b.role.state == HAState.ACTIVE, 20, "rm2 active")
+    b_store = store_of(ha, b)
+    got = b_store.load_policy_state()
+    assert got is not None and (got.policy, got.saved_at, got.nodes) == ("dorm", 12.5, ["n1:1", "n2:1"])
+    assert got.policy_state == state
+    with pytest.raises(StoreFenced):
+        a_store.save_policy_state(PolicyStateRecord("dorm", 13.0, [], msgspec.Raw(b"null")))
+    assert b_store.load_policy_state() == got
+    b_store.save_policy_state(PolicyStateRecord("dorm", 14.0, ["n1:1"]))
+    after = b_store.load_policy_state()
+    assert after is not None and after.policy_state is None and after.nodes == ["n1:1"]
+    for s in (a_store, b_store):
+        s.close()
+    await a.stop()
+    await b.stop()
