@@ -51,6 +51,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from protocol.records import ZERO, Resource
 
 from .decision import Decision, JobDecision
@@ -81,6 +83,15 @@ class _Round:
         return out
 
 
+class EpsState(msgspec.Struct, forbid_unknown_fields=True):
+    """What the `eps` policy keeps between rounds, as the RM stores it (rm/policies/base.py
+    `export_state`): the additions under watch, the shapes jobs are capped at, the back-offs."""
+
+    trials: dict[str, Trial]
+    caps: dict[str, Shape]
+    backoff: dict[str, float]
+
+
 class EpsPolicy:
     """EPS's H-scheduler (see the module docstring). One instance per RM; keeps trial state."""
 
@@ -91,6 +102,18 @@ class EpsPolicy:
         self._trials: dict[str, Trial] = {}
         self._caps: dict[str, Shape] = {}
         self._backoff: dict[str, float] = {}     # app -> time before which it is not grown again
+
+    def export_state(self) -> bytes:
+        """Trials, caps and back-offs, so a new active RM goes on watching an addition."""
+        return msgspec.json.encode(EpsState(dict(sorted(self._trials.items())), dict(sorted(self._caps.items())),
+                                            dict(sorted(self._backoff.items()))))
+
+    def restore_state(self, doc: bytes) -> None:
+        try:
+            st = msgspec.json.decode(doc, type=EpsState)
+        except msgspec.DecodeError as e:
+            raise ValueError(f"eps policy state: {e}") from None
+        self._trials, self._caps, self._backoff = dict(st.trials), dict(st.caps), dict(st.backoff)
 
     def decide(self, snapshot: ClusterSnapshot) -> Decision:
         """Job decisions for the running jobs whose target changes this round (the RM numbers the
@@ -269,4 +292,4 @@ class EpsPolicy:
         return most if cap is None else min(most, cap[role])
 
 
-__all__ = ["EpsPolicy"]
+__all__ = ["EpsPolicy", "EpsState"]

@@ -1,5 +1,5 @@
 """The policies' state across an RM restart or failover (issue 37 part 5), in-process with a fake
-clock: scripted PS AMs run under `optimus`, `dorm`, `harmony` and `drf` until the policy's decisions
+clock: scripted PS AMs run under `optimus`, `dorm`, `harmony`, `drf` and `eps` until the policy's decisions
 are steady; the RM is replaced by a new one recovering from the same SQLite state store (what a
 new active RM does on etcd); the NMs re-register with the containers they run and the AMs register
 again and report. The new RM's policy rounds wait until they have, and its first 3 rounds reshape
@@ -202,7 +202,7 @@ class Cluster:
         self.rm.flush()
         return changed or 0
 
-    async def steady(self, rounds: int = 3, most: int = 40) -> None:
+    async def steady(self, rounds: int = 8, most: int = 60) -> None:
         """Rounds until `rounds` in a row change no directive."""
         quiet = 0
         for _ in range(most):
@@ -235,7 +235,7 @@ class Cluster:
         self.rm.store.close()
 
 
-POLICIES = ["optimus", "dorm", "harmony", "drf"]
+POLICIES = ["optimus", "dorm", "harmony", "drf", "eps"]
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -273,7 +273,9 @@ async def test_a_new_rm_reshapes_no_job_in_its_first_rounds_when_the_cluster_did
         c.close()
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+# `eps` places no executors (its directives name counts only): a lost node reaches it only through
+# the jobs' reports, which these scripted AMs do not change.
+@pytest.mark.parametrize("policy", ["optimus", "dorm", "harmony", "drf"])
 async def test_a_node_that_does_not_come_back_is_a_reshape_the_metric_counts(tmp_path, policy):
     c = Cluster(tmp_path, policy)
     try:
