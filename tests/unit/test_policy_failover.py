@@ -263,7 +263,7 @@ async def test_a_new_rm_reshapes_no_job_in_its_first_rounds_when_the_cluster_did
         assert not rs.holding and not rs.cluster_changed and rs.rounds == WINDOW
         assert rs.reshapes == 0 and core.counters["reshapes_after_failover"] == 0
         info = cluster_info(core)["clusterInfo"]
-        assert info["policyResync"]["reshapesAfterFailover"] == 0     # type: ignore[index]
+        assert info["policyResync"]["reshapesAfterFailover"] == 0
         assert "elastane_rm_reshapes_after_failover_total 0\n" in render(core)
         assert 'elastane_rm_policy_rounds_total{outcome="held"} 1\n' in render(core)
         for name, d in c.directives().items():
