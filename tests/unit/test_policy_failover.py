@@ -21,12 +21,14 @@ from protocol.remote_exception import ApplicationMasterNotRegistered
 from rm.__main__ import load_configs, parse_args
 from rm.core import ResourceManagerCore
 from rm.model import AmSpec
-from rm.policies import describe
+from rm.policies import OptimusPolicy, describe
+from rm.policies.optimus import SCHEDULING_INTERVAL_S
 from rm.policy_resync import WINDOW, PolicyResync
 from rm.prometheus import render
 from rm.rest_views import cluster_info
 from rm.server import ResourceManagerServer
 from rm_testing import FakeClock, am_claims, heartbeat, nm_claims, ps_spec
+from test_policy_optimus import app, report, snapshot
 
 E = Resource(1024, 1)
 NODES = ("n1:1", "n2:1", "n3:1")
@@ -365,3 +367,32 @@ async def test_deciding_before_the_nodes_are_back_would_reshape_jobs_and_the_hol
         assert reshapes == 0 if hold else reshapes > 0
     finally:
         c.close()
+
+
+def test_a_restored_optimus_decides_as_the_one_that_stored_its_state_and_a_fresh_one_does_not():
+    # The policy level: jobs grown by a first round report epochs at their new shapes; a policy
+    # restored from the state stored after the second round decides every later round exactly as
+    # the undisturbed one (and ends in the same state), while one starting afresh -- no speed
+    # samples at the old shape, no record of the reshape -- decides otherwise.
+    live = OptimusPolicy()
+    first = live.decide(snapshot([app(1, report(2, 2, epochs=10, epoch_time=2.0), most=4),
+                                  app(2, report(2, 2, epochs=10, epoch_time=2.0, b0=0.05), most=4)], nodes=3))
+    assert len(first) == 2
+
+    def later(k: int):
+        return snapshot([app(i, report(jd.workers, jd.servers, epochs=10 + 2 * k, epoch_time=1.0 + 0.1 * i,
+                                       directive_version=1, b0=0.3 if i == 1 else 0.05),
+                             most=4, directive=jd.directive(1))
+                         for i, (_, jd) in enumerate(sorted(first.jobs.items()), 1)],
+                        nodes=3, now=k * SCHEDULING_INTERVAL_S)
+    live.decide(later(1))
+    restored, fresh = OptimusPolicy(), OptimusPolicy()
+    restored.restore_state(live.export_state())
+    differs = False
+    for k in (2, 3, 4):
+        snap = later(k)
+        want = live.decide(snap)
+        assert restored.decide(snap).jobs == want.jobs
+        differs = differs or fresh.decide(snap).jobs != want.jobs
+    assert restored.export_state() == live.export_state()
+    assert differs
