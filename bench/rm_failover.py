@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/rm_failover.py [--quick] [--reps N] [--soak-s S] [--nodes N] [--keep-dir D]
 
-The cluster (elastane_cli.testbed_hosts, started the way operators start one): etcd, one member,
+The cluster (elastane_cli.ha_testbed_cluster, started the way operators start one): etcd, one member,
 on its own host `etcd`; two RM hosts `rm1` and `rm2` listed in cluster.toml's [ha] with the
 documented default settings (lease_s 5, failover_max_attempts 15, failover_sleep_s 0.5); NM hosts
 `node1..nodeN`. `bin/start-cluster` runs on rm1: rm1 there, rm2 over ssh, then the NMs over ssh;
@@ -39,40 +39,29 @@ import argparse
 import json
 import math
 import os
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, TypeVar
+from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from appmaster.ps.submission import build_ps_submission  # noqa: E402
-from elastane_cli import node_network  # noqa: E402
 from elastane_cli.machine_load import MachineMeter  # noqa: E402
-from elastane_cli.testbed_cluster import PROJECT, RM_PORT, TestbedCluster, TestbedClusterError, toml_section  # noqa: E402
-from elastane_cli.testbed_hosts import Testbed, unavailable_reason  # noqa: E402
-from protocol import tokens  # noqa: E402
+from elastane_cli.ha_testbed_cluster import (  # noqa: E402
+    RM_HOSTS, HaTestbedCluster, duplicate_container_ids, get, wait_for)
+from elastane_cli.testbed_hosts import unavailable_reason  # noqa: E402
 from protocol.ha_config import DEFAULT_LEASE_S  # noqa: E402
 from support.http_json import http_json  # noqa: E402
 from support.sigterm import unwind_on_sigterm  # noqa: E402
 
-T = TypeVar("T")
-RM_HOSTS = ("rm1", "rm2")
-ETCD_HOST = "etcd"
-ETCD_PORT = 2379
 FINAL = ("FINISHED", "FAILED", "KILLED")
-LAUNCHED = re.compile(r"launched (container_\S+) pid \d+")
-REFUSED = re.compile(r"container (container_\S+) was already started on this node")
 JOB: dict[str, Any] = {"app": "mlr", "workers": 1, "servers": 1, "convergence_threshold": 1e-12,
                        "checkpoint_every_epochs": 1, "hparams": {"learning_rate": 0.5}, "executor_memory_mb": 320}
 
@@ -81,41 +70,7 @@ def log(text: str) -> None:
     print(f"[rm_failover] {text}", file=sys.stderr, flush=True)
 
 
-def wait_for(cond: Callable[[], Optional[T]], timeout_s: float, what: str, poll_s: float = 0.05) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(poll_s)
-
-
-def get(url: str, timeout_s: float = 2.0) -> Optional[dict[str, Any]]:
-    """A JSON GET without following redirects' failures: None when nothing (or a standby's error) answers."""
-    try:
-        with urllib.request.urlopen(f"{url}{'&' if '?' in url else '?'}user.name=bench", timeout=timeout_s) as r:
-            body = json.loads(r.read() or b"{}")
-            return body if isinstance(body, dict) else None
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-
-
-# ----- pure parts (tests/unit/test_rm_failover_bench.py) -----------------------------------------
-
-def duplicate_container_ids(nm_logs: Iterable[str]) -> tuple[int, list[str], int]:
-    """(count, ids) of container ids launched more than once across all the NMs' logs, or refused
-    by an NM because the id had already started there; and how many distinct ids were launched
-    (so that a count of 0 is seen to come from logs that name launches at all)."""
-    launches: Counter[str] = Counter()
-    refused: set[str] = set()
-    for text in nm_logs:
-        launches.update(LAUNCHED.findall(text))
-        refused.update(REFUSED.findall(text))
-    dups = sorted({c for c, n in launches.items() if n > 1} | refused)
-    return len(dups), dups, len(launches)
-
+# ----- pure parts (tests/unit/test_rm_failover_bench.py; duplicate_container_ids is the cluster module's) --
 
 def spread(xs: list[float]) -> dict[str, Any]:
     """Median, min, max and every value (rounded) of a timing's repetitions."""
@@ -128,149 +83,6 @@ def new_terms(epoch_before: int, epoch_after: int) -> int:
     if epoch_after < epoch_before:
         raise ValueError(f"the epoch went back from {epoch_before} to {epoch_after}")
     return epoch_after - epoch_before
-
-
-# ----- the HA cluster on the testbed -------------------------------------------------------------
-
-class HaTestbedCluster(TestbedCluster):
-    """TestbedCluster's conf and NMs, with etcd on its own host and two RM hosts listed in [ha]
-    (instead of the one `master`): `bin/start-cluster` on rm1 starts both RMs and the NMs."""
-
-    __test__ = False
-
-    def __init__(self, base_dir: Path, nodes: int, **kw: Any) -> None:
-        super().__init__(base_dir, workers=nodes, **kw)
-        self.testbed = Testbed(self.base_dir / "testbed", nodes + 3, names=[*RM_HOSTS, ETCD_HOST, *self.node_names],
-                               shared=[self.shared_dir], sshd=True)
-        self.etcd: Optional[subprocess.Popen[bytes]] = None
-
-    def rm_address(self, rm_id: str) -> str:
-        """An RM's URL from outside the hosts (the bridge), by its host's address."""
-        return f"http://{self.testbed.host(rm_id).ip}:{RM_PORT}"
-
-    def ha_info(self, rm_id: str) -> dict[str, Any]:
-        return ((get(self.rm_address(rm_id) + "/ws/v1/cluster/info") or {}).get("clusterInfo")) or {}
-
-    def active_id(self) -> Optional[str]:
-        """The RM that answers as ACTIVE, None when none does."""
-        for rm_id in RM_HOSTS:
-            if self.testbed.host(rm_id).anchor_pid and self.ha_info(rm_id).get("haState") == "ACTIVE":
-                return rm_id
-        return None
-
-    @property
-    def rm_url(self) -> str:     # TestbedCluster's node checks ask the active RM
-        return self.rm_address(self.active_id() or RM_HOSTS[0])
-
-    def write_conf(self) -> None:
-        super().write_conf()
-        self.secret = tokens.generate_secret()
-        addresses = ", ".join(f'{i} = "http://{i}:{RM_PORT}"' for i in RM_HOSTS)
-        cluster = self.conf_dir / "cluster.toml"
-        # The documented defaults for the lease and the clients' failover (no lease_s etc. here).
-        cluster.write_text(toml_section("cluster", {"secret": self.secret, "rm_address": f"http://{RM_HOSTS[0]}:{RM_PORT}"})
-                           + "\n" + toml_section("ha", {"enabled": True, "rm_ids": list(RM_HOSTS),
-                                                        "etcd_endpoints": [f"http://{ETCD_HOST}:{ETCD_PORT}"]})
-                           + f"rm_addresses = {{ {addresses} }}\n")
-        os.chmod(cluster, 0o600)
-
-    def start_etcd(self, timeout_s: float) -> None:
-        h = self.testbed.host(ETCD_HOST)
-        binary = shutil.which("etcd")
-        if binary is None:
-            raise TestbedClusterError("no etcd binary (Debian's etcd-server; bin/ensure-test-packages installs it)")
-        client, peer = f"http://{h.ip}:{ETCD_PORT}", f"http://{h.ip}:{ETCD_PORT + 1}"
-        out = open(h.tmp_dir / "etcd.log", "ab")
-        self.etcd = subprocess.Popen(
-            [*h.exec_prefix(), binary, "--name", "e1", "--data-dir", "/tmp/etcd-data",
-             "--listen-client-urls", client, "--advertise-client-urls", client,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"e1={peer}", "--initial-cluster-state", "new"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        out.close()
-
-        def healthy() -> bool:
-            if self.etcd is not None and self.etcd.poll() is not None:
-                raise TestbedClusterError(f"etcd exited {self.etcd.returncode}: "
-                                          + (h.tmp_dir / "etcd.log").read_text(errors="replace")[-2000:])
-            return str((get(client + "/health") or {}).get("health")) == "true"
-        wait_for(healthy, timeout_s, "etcd to answer", 0.1)
-
-    def start(self, timeout_s: float = 180.0) -> "HaTestbedCluster":
-        deadline = time.monotonic() + timeout_s
-        try:
-            self.testbed.create()
-            self._started = True
-            self.write_conf()
-            self.start_etcd(timeout_s)
-            r = self.testbed.run(RM_HOSTS[0], [str(PROJECT / "bin" / "start-cluster"), str(self.hosts_file)],
-                                 env=self.env(), timeout=max(10.0, deadline - time.monotonic()))
-            self.start_output = r.stdout + r.stderr
-            if r.returncode != 0:
-                raise TestbedClusterError(f"bin/start-cluster exited {r.returncode}:\n{self.start_output}\n" + self.logs())
-            wait_for(self.active_id, max(1.0, deadline - time.monotonic()), "an active RM", 0.1)
-            self.await_nodes_running(self.nm_hosts, deadline)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        """bin/stop-cluster on a surviving RM host, etcd stopped, what is left noted, the testbed removed."""
-        if not self._started:
-            self.testbed.remove()
-            return
-        self._started = False
-        alive = [i for i in RM_HOSTS if self.testbed.host(i).anchor_pid]
-        if alive:
-            try:
-                r = self.testbed.run(alive[0], [str(PROJECT / "bin" / "stop-cluster"), str(self.hosts_file)],
-                                     env=self.env(), timeout=180)
-                self.stop_returncode, self.stop_output = r.returncode, r.stdout + r.stderr
-            except subprocess.TimeoutExpired as e:
-                self.stop_output = f"bin/stop-cluster timed out: {e}"
-        if self.etcd is not None and self.etcd.poll() is None:
-            self.etcd.terminate()
-            try:
-                self.etcd.wait(30)
-            except subprocess.TimeoutExpired:
-                self.etcd.kill()
-                self.etcd.wait(10)
-        for h in self.testbed.hosts:
-            if not h.anchor_pid:
-                continue
-            left = [f"pid {p}" for p in self.testbed.service_pids(h.name)]
-            left += [f"cgroup {d}" for d in self.testbed.cgroup_dirs(h.name)]
-            if left:
-                self.leftovers[h.name] = left
-        self.testbed.remove()
-
-    def nm_logs(self) -> list[str]:
-        """Every NM daemon log on every node host (read while the hosts' dirs are still there)."""
-        out = []
-        for name in self.node_names:
-            for p in sorted((self.testbed.host(name).tmp_dir / "elastane" / "logs").glob("*-nm-*.log")):
-                out.append(p.read_text(errors="replace"))
-        return out
-
-    def am_stderr(self) -> list[str]:
-        out = []
-        for name in self.node_names:
-            for p in (self.testbed.host(name).tmp_dir / "elastane" / "nm" / "logs").glob("*/container_*/stderr"):
-                out.append(p.read_text(errors="replace"))
-        return out
-
-
-def leftovers(c: HaTestbedCluster, dead: Optional[str]) -> list[str]:
-    out = [f"{h}: {x}" for h, xs in c.leftovers.items() for x in xs]
-    # stop-cluster names the dead RM host (nothing of it runs, its sshd is gone) and no other: as it should.
-    failed_dead = dead is not None and re.search(rf"failed for the ResourceManager\(s\): {dead}\s*$", c.stop_output, re.M)
-    if c.stop_returncode not in (None, 0) and not failed_dead:
-        out.append(f"bin/stop-cluster exited {c.stop_returncode}: {c.stop_output.strip()[-300:]}")
-    tb = c.testbed
-    out += [f"net {n}" for n in node_network.leftovers(node_network.cluster_tag(tb.base_dir))]
-    out += [f"pid {p} (killed by remove)" for p in tb.leftover_pids] + [f"error {e}" for e in tb.errors]
-    return out
 
 
 # ----- one job -----------------------------------------------------------------------------------
@@ -426,7 +238,7 @@ def one_rep(base: Path, rep: int, spec: dict[str, Any], kill_epoch: int, soak_s:
             except OSError:
                 pass
         c.stop()
-    return res, leftovers(c, dead)
+    return res, c.left_behind(dead)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -480,6 +480,25 @@ class Testbed:
     def restore_link(self, host: str | int) -> None:
         node_network.run(["ip", "link", "set", self.host(host).veth, "up"])
 
+    def revive_host(self, host: str | int) -> None:
+        """A killed host comes back as a rebooted one does: its dir (its disk) as it was, nothing of
+        it running; its link up, its namespaces, cgroups (made afresh) and sshd started again."""
+        h = self.host(host)
+        if h.anchor_pid:
+            raise TestbedError(f"host {h.name} is running (anchor pid {h.anchor_pid}); kill it first")
+        # Every process of the host is gone: its cgroups go too, and come back as a fresh boot's.
+        for d in (h.budget.dirs.values() if h.budget else []):
+            left = remove_cgroup_tree(Path(d))
+            if left:
+                raise TestbedError(f"host {h.name}'s cgroups would not go: {left}")
+        self.restore_link(host)
+        self._start_host(h)
+        self.save_state()
+        if self.with_sshd:
+            self._start_sshd(h)
+            self.save_state()
+            self._await_sshd(h)
+
     # ----- teardown -----------------------------------------------------------------------------
 
     def remove(self) -> list[str]:
