@@ -94,6 +94,37 @@ with open(out, "a", buffering=1) as f:
         time.sleep(0.05)    # the sampling period (a sample is a reading, not a wait for anything)
 """
 
+# One submission (new-application, then POST /apps of a trivial app named argv[2]) to the RM at
+# argv[1]; writes {"new": [status, body], "submit": [status, body]} to argv[3].
+SUBMIT_ONCE = r"""
+import json, sys, urllib.error, urllib.request
+url, name, out = sys.argv[1:4]
+
+def call(method, path, body=None):
+    req = urllib.request.Request(url + path + "?user.name=alice", method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return [r.status, json.loads(r.read() or b"{}")]
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return [e.code, json.loads(raw or b"{}")]
+        except ValueError:
+            return [e.code, {"text": raw.decode(errors="replace")}]
+    except (OSError, ValueError) as e:
+        return [0, {"error": str(e)}]
+
+res = {"new": call("POST", "/ws/v1/cluster/apps/new-application")}
+if res["new"][0] == 200:
+    sub = {"application-id": res["new"][1]["application-id"], "application-name": name, "application-type": "YARN",
+           "am-container-spec": {"commands": {"command": "sleep 600"}}, "resource": {"memory": 128, "vCores": 1}}
+    res["submit"] = call("POST", "/ws/v1/cluster/apps", sub)
+with open(out, "w") as f:
+    json.dump(res, f)
+"""
+
 
 # ----- the shared cluster -------------------------------------------------------------------------
 
@@ -281,12 +312,17 @@ def test_a_partitioned_active_loses_its_term_steps_down_and_never_acts_while_the
     old, new = one_active(c)
     epoch0 = int(c.ha_info(old)["haEpoch"])
     restored = True
+    name, result = f"to-the-partitioned-{uuid.uuid4().hex[:8]}", c.shared_dir / "partitioned-submission.json"
+    submitter: Optional[subprocess.Popen[bytes]] = None
     with sampling(c, old, inside=True, tag="partition") as old_out, \
             sampling(c, new, inside=False, tag="partition") as new_out:
         try:
             t_cut = time.monotonic()
             c.testbed.cut_link(old)                     # its process runs on; nothing reaches it
             restored = False
+            # A client on its host submits to it as it is cut off: the store write can only fail.
+            submitter = subprocess.Popen([*c.testbed.host(old).exec_prefix(), sys.executable, "-c", SUBMIT_ONCE,
+                                          c.rm_address(old), name, str(result)], stdin=subprocess.DEVNULL)
             wait_until(lambda: c.ha_info(new).get("haState") == "ACTIVE", 120, f"{new} active", 0.1)
             assert int(c.ha_info(new)["haEpoch"]) > epoch0
             # The old one, seen from its own host: its term over, a standby that says why.
@@ -300,9 +336,22 @@ def test_a_partitioned_active_loses_its_term_steps_down_and_never_acts_while_the
             # Some samples of both after the heal (the old one has had time to try to act).
             wait_until(lambda: sum(s[0] > t_restored for s in samples(old_out)) >= 20
                        and sum(s[0] > t_restored for s in samples(new_out)) >= 20, 60, "samples after the heal", 0.1)
+            assert submitter.wait(120) == 0
         finally:
             if not restored:
                 c.testbed.restore_link(old)
+            if submitter is not None and submitter.poll() is None:
+                submitter.kill()
+                submitter.wait(10)
+    # The submission was not acknowledged (its save failed, or the RM was no longer active), and
+    # no RM holds it.
+    sub = json.loads(result.read_text())
+    print(f"the submission to the partitioned {old}: {sub}")
+    assert "submit" not in sub or sub["submit"][0] != 202, sub
+    if sub["new"][0] == 200 and sub["submit"][0] == 503:
+        msg = sub["submit"][1]["RemoteException"]["message"]
+        assert "could not save application" in msg or "no longer active" in msg or "standby" in msg, msg
+    assert apps_named(c, new, name) == []
     olds, news = samples(old_out), samples(new_out)
     old_active = [s[0] for s in olds if s[2] == "ACTIVE"]       # sent: it answered so at or after this
     new_active = [s[1] for s in news if s[2] == "ACTIVE"]       # received: it answered so at or before this
