@@ -209,10 +209,15 @@ class JobInterpreter:
 
     # -- records of a change -------------------------------------------------------------------
     def _begin_records(self, change: Change) -> None:
+        # Each change and step is logged (a few lines per change): a change that does not end is
+        # then told by its last step in the AM's log, which is all a hung job leaves behind.
+        log.info("change %s began (%s%s)", change.kind.value, change.origin.value,
+                 f": {change.reason}" if change.reason else "")
         self.records = ChangeRecords(started=time.time(), before=self.job.shape, epoch=self.job.epoch)
         self.change_ended.clear()
 
     def _end_records(self, change: Change) -> None:
+        log.info("change %s ended%s", change.kind.value, f" with an error: {change.error}" if change.error else "")
         rec, self.records = self.records, None
         if rec is None:
             return
@@ -286,8 +291,10 @@ class JobInterpreter:
 
     async def _run(self, step: ins.StepInstruction, record: Optional[ElasticOpRecord]) -> None:
         t0 = time.perf_counter()
+        log.info("step %s #%d started", type(step).__name__, step.step)
         try:
             done = await self._step(step, record)
+            log.info("step %s #%d done in %.3fs", type(step).__name__, step.step, time.perf_counter() - t0)
             if self.records is not None:
                 kind = type(step).__name__
                 self.records.step_s[kind] = self.records.step_s.get(kind, 0.0) + time.perf_counter() - t0
