@@ -44,6 +44,10 @@ class AmIdentity:
                                       if u.strip()))
 
 
+# An AM's per-call limit with several RMs (see RmClient): the NM's heartbeat uses the same 5 s.
+HA_CALL_TIMEOUT_S = 5.0
+
+
 class RmClient:
     """Typed calls to /internal/v1/am/*; raises protocol.http_client.RemoteError on HTTP errors.
     Given several RMs (HA), a call that finds its RM down or standby moves on to the next
@@ -53,8 +57,12 @@ class RmClient:
         self.identity = identity
         self._http: JsonHttpClient
         if len(identity.rm_addresses) > 1:
+            # A call to an RM whose host went silent (no RST) must give up well within the new
+            # active's AM expiry (rm.toml am_expiry_s, 10 s by default, counted from its takeover
+            # about a lease after the death): at 15 s the AM reached it only after its expiry and
+            # the job was restarted. HA_CALL_TIMEOUT_S, as the NM's heartbeat does.
             self._http = FailoverJsonClient(list(identity.rm_addresses), token=identity.am_token,
-                                            timeout_s=timeout_s)
+                                            timeout_s=min(timeout_s, HA_CALL_TIMEOUT_S))
         else:
             self._http = JsonHttpClient(identity.rm_address, token=identity.am_token, timeout_s=timeout_s)
 

@@ -46,6 +46,7 @@ from elastane_cli import testbed_hosts
 from elastane_cli.ha_testbed_cluster import RM_HOSTS, HaTestbedCluster, duplicate_container_ids, get
 from elastane_cli.testbed_cluster import PROJECT, RM_PORT
 from polling import wait_until
+from protocol.config import RMConfig
 from protocol.ps_status import PsStatus
 from ps_am_status import live_status
 from scripted_am import use_scripted_am
@@ -130,11 +131,11 @@ with open(out, "w") as f:
 
 @pytest.fixture(scope="module")
 def ha(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HaTestbedCluster]:
-    # Expiries above the defaults (4 s / 6 s): after a failover the NMs and AMs of a loaded machine
-    # must be heard from by the new active within them, and what is tested is that the jobs keep
-    # their attempts, not how fast a starved AM re-registers.
+    # The RM's documented NM and AM expiries (rm.toml's defaults, not TestbedCluster's shorter
+    # ones): after a failover every NM and AM must be heard from by the new active within them.
+    defaults = RMConfig()
     c = HaTestbedCluster(tmp_path_factory.mktemp("rm-ha-testbed"), nodes=NODES, node_vcores=4,
-                         nm_expiry_s=15.0, am_expiry_s=30.0)
+                         nm_expiry_s=defaults.nm_expiry_s, am_expiry_s=defaults.am_expiry_s)
     c.start(timeout_s=240)
     try:
         yield c
