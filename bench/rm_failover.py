@@ -4,7 +4,8 @@
 
 The cluster (elastane_cli.ha_testbed_cluster, started the way operators start one): etcd, one member,
 on its own host `etcd`; two RM hosts `rm1` and `rm2` listed in cluster.toml's [ha] with the
-documented default settings (lease_s 5, failover_max_attempts 15, failover_sleep_s 0.5); NM hosts
+documented default settings (lease_s 5, failover_max_attempts 15, failover_sleep_s 0.5,
+rm.toml's nm_expiry_s and am_expiry_s 10); NM hosts
 `node1..nodeN`. `bin/start-cluster` runs on rm1: rm1 there, rm2 over ssh, then the NMs over ssh;
 the RMs elect the active one on etcd. Each repetition builds a fresh cluster and:
 

@@ -6,7 +6,7 @@
 
 TestbedCluster's conf and NMs (elastane_cli.testbed_cluster), with etcd (one member) on the host
 `etcd` and the RM hosts `rm1` and `rm2` listed in cluster.toml's [ha] with the documented default
-lease and client failover settings (instead of the one `master`). `bin/start-cluster` runs on rm1:
+lease, client failover and NM / AM expiries (instead of the one `master`). `bin/start-cluster` runs on rm1:
 rm1 there, rm2 over ssh, then the NMs over ssh; the RMs elect the active one on etcd. An RM host
 that died comes back as a rebooted host does (`revive_rm_host`: its disk kept, its processes
 gone), and its RM is started by the operator's script (`bin/start-rm` with the RM's id). `stop`
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, TypeVar
 
 from protocol import tokens
+from protocol.config import RMConfig
 
 from . import node_network
 from .testbed_cluster import PROJECT, RM_PORT, TestbedCluster, TestbedClusterError, toml_section
@@ -86,6 +87,12 @@ class HaTestbedCluster(TestbedCluster):
     __test__ = False
 
     def __init__(self, base_dir: Path, nodes: int, **kw: Any) -> None:
+        # The RM's documented NM and AM expiries (rm.toml's defaults) unless given, not
+        # TestbedCluster's shorter ones: after a failover every NM and AM has to be heard from by
+        # the new active within them, which is what an operator's cluster does.
+        defaults = RMConfig()
+        kw.setdefault("nm_expiry_s", defaults.nm_expiry_s)
+        kw.setdefault("am_expiry_s", defaults.am_expiry_s)
         super().__init__(base_dir, workers=nodes, **kw)
         self.testbed = Testbed(self.base_dir / "testbed", nodes + 3, names=[*RM_HOSTS, ETCD_HOST, *self.node_names],
                                shared=[self.shared_dir], sshd=True)

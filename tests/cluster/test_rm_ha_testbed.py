@@ -46,7 +46,6 @@ from elastane_cli import testbed_hosts
 from elastane_cli.ha_testbed_cluster import RM_HOSTS, HaTestbedCluster, duplicate_container_ids, get
 from elastane_cli.testbed_cluster import PROJECT, RM_PORT
 from polling import wait_until
-from protocol.config import RMConfig
 from protocol.ps_status import PsStatus
 from ps_am_status import live_status
 from scripted_am import use_scripted_am
@@ -131,11 +130,9 @@ with open(out, "w") as f:
 
 @pytest.fixture(scope="module")
 def ha(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HaTestbedCluster]:
-    # The RM's documented NM and AM expiries (rm.toml's defaults, not TestbedCluster's shorter
-    # ones): after a failover every NM and AM must be heard from by the new active within them.
-    defaults = RMConfig()
-    c = HaTestbedCluster(tmp_path_factory.mktemp("rm-ha-testbed"), nodes=NODES, node_vcores=4,
-                         nm_expiry_s=defaults.nm_expiry_s, am_expiry_s=defaults.am_expiry_s)
+    # HaTestbedCluster runs the RM's documented NM and AM expiries: after a failover every NM and
+    # AM must be heard from by the new active within them.
+    c = HaTestbedCluster(tmp_path_factory.mktemp("rm-ha-testbed"), nodes=NODES, node_vcores=4)
     c.start(timeout_s=240)
     try:
         yield c
