@@ -133,13 +133,17 @@ class InProcessAM:
     # -- what the RM would report ------------------------------------------------------------------
     def complete(self, container: AmContainer, exit_status: int, diagnostics: str = "") -> None:
         """The RM's report of `container`'s end (once)."""
-        if container.container_id in self._ended:
-            return
-        self._ended.add(container.container_id)
-        done = AmContainer(container.container_id, container.node_id, container.node_http_address,
-                           container.resource, container.token, ask_id=container.ask_id, tag=container.tag,
-                           state=AmContainerState.COMPLETED, exit_status=exit_status, diagnostics=diagnostics)
-        self.events.put_nowait(ContainersCompleted([done]))
+        self.complete_together([container], exit_status, diagnostics)
+
+    def complete_together(self, containers: list[AmContainer], exit_status: int, diagnostics: str = "") -> None:
+        """The RM's report of these containers' ends in one allocate reply (a lost node's)."""
+        done = [AmContainer(c.container_id, c.node_id, c.node_http_address, c.resource, c.token, ask_id=c.ask_id,
+                            tag=c.tag, state=AmContainerState.COMPLETED, exit_status=exit_status,
+                            diagnostics=diagnostics)
+                for c in containers if c.container_id not in self._ended]
+        self._ended.update(c.container_id for c in done)
+        if done:
+            self.events.put_nowait(ContainersCompleted(done))
 
     def directive(self, d: ShapeDirective) -> None:
         """A policy's shape directive, with the next allocate reply."""
@@ -250,9 +254,10 @@ class PsJob:
             self.am._spawn(ex.stop())
         self.am.complete(rec.container, exit_status)
 
-    def report_lost(self, executor_id: str, exit_status: int = NODE_LOST) -> None:
-        """The RM's report of `executor_id`'s container's end only (a vanished host: no RST)."""
-        self.am.complete(self.pool.executors[executor_id].container, exit_status)
+    def report_lost(self, *executor_ids: str, exit_status: int = NODE_LOST) -> None:
+        """The RM's report of these executors' containers' ends only, in one allocate reply (a
+        vanished host: no RST)."""
+        self.am.complete_together([self.pool.executors[e].container for e in executor_ids], exit_status)
 
     async def close(self) -> None:
         if self._run is not None and not self._run.done():

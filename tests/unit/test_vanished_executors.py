@@ -171,6 +171,26 @@ async def test_the_loss_report_of_a_vanished_server_ends_the_clock_its_workers_a
     assert [e.epoch for e in job.epochs] == list(range(job.spec.max_epochs))
 
 
+async def test_a_node_with_a_worker_and_a_server_vanishes_in_the_middle_of_a_clock(jobs) -> None:
+    """A worker and a server on one host, reported lost in one reply, the worker first: its
+    replacement is issued and, the server being no worker to replace, cancelled in the same breath
+    (before its task ever ran) for the checkpoint path. That step is still answered, so the
+    recovery goes on; it once hung the job (the multi-host node-loss test)."""
+    job = jobs()
+    job.freeze("worker-0")
+    job.freeze("worker-1")
+    job.start()
+    await job.frozen("worker-0", "worker-1")
+    await job.replies_from("worker-0", CLOCKS_BEFORE)
+
+    job.report_lost("worker-0", "server-1")
+    assert await job.run() is FinalStatus.SUCCEEDED
+    [rec] = records(job, RecoveryChange)
+    assert rec.changed and rec.error == "" and not records(job, ReplaceWorkerChange)
+    assert sorted(x.split(" ")[0] for x in rec.lost) == ["server-1", "worker-0"], rec.lost
+    assert [e.epoch for e in job.epochs] == list(range(job.spec.max_epochs))
+
+
 async def test_a_worker_that_stops_answering_is_given_up_at_the_reply_deadline(jobs) -> None:
     """No report at all (a hung process on a live host): the reply deadline gives the worker up,
     the master stops its container, and that report brings the usual replacement."""

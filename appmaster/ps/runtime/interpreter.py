@@ -13,6 +13,7 @@ keep the per-operation records (`ElasticOpRecord`) the job's status and `ps scal
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -259,7 +260,8 @@ class JobInterpreter:
         if isinstance(i, ins.STEP_TYPES):
             step = cast(ins.StepInstruction, i)
             record = self._part_record(step)
-            self.tasks[step.step] = asyncio.ensure_future(self._run(step, record))
+            task = self.tasks[step.step] = asyncio.ensure_future(self._run(step, record))
+            task.add_done_callback(functools.partial(self._step_task_ended, step.step))
         elif isinstance(i, ins.LaunchExecutor):
             t = asyncio.ensure_future(self.hooks.launch(i.container_id, Role(i.role.value)))
             self._launches.add(t)
@@ -285,6 +287,15 @@ class JobInterpreter:
             self.hooks.finish(i)
         elif isinstance(i, ins.WithdrawAsks):
             pass    # a StartExecutors step withdraws its own asks when it ends (Reconfiguration._start)
+
+    def _step_task_ended(self, step: int, task: "asyncio.Future[None]") -> None:
+        """A step's task cancelled before it ever ran (CancelSteps in the same breath as the step:
+        a second loss merged into a recovery whose replacement had just been issued) never enters
+        `_run`, so nothing answered it and its change would wait for it forever: answer it here."""
+        if task.cancelled() and self.tasks.get(step) is task:
+            del self.tasks[step]
+            self.feed(ev.StepFailed(at=self.now(), step=step, error="cancelled", cancelled=True,
+                                    holdings=self.holdings()))
 
     def _timer_fired(self, name: str) -> None:
         self.feed(ev.TimerFired(at=self.now(), timer=name))
