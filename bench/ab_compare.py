@@ -99,6 +99,14 @@ def checkout(rev: str, into: Path) -> Path:
     return tree
 
 
+def imports_from(tree: Path) -> Path:
+    """Where a process with the side's environment imports the project from (it must be the
+    side's own tree: an editable install of another checkout would otherwise win)."""
+    out = subprocess.run([sys.executable, "-c", "import appmaster; print(appmaster.__file__)"], cwd=tree,
+                         env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip()).resolve().parent.parent
+
+
 def remove(tree: Path) -> None:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
     shutil.rmtree(tree, ignore_errors=True)
@@ -179,6 +187,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 sides.append(Side(name, rev, checkout(rev, base)))
             except subprocess.CalledProcessError as e:
                 print(f"ab_compare: cannot check out {rev!r}: {e.stderr.strip()}", file=sys.stderr)
+                return 2
+            got = imports_from(sides[-1].tree)
+            if got != sides[-1].tree.resolve():
+                print(f"ab_compare: {rev} would import the project from {got}, not its own tree", file=sys.stderr)
                 return 2
         old, new = sides
         for fig in figures:
