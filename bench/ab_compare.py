@@ -15,10 +15,13 @@ bench/eps_overhead.py), a lost AM (`am_lost_s`, bench/recovery.py), the data pla
 side, and new median / old median (for a ratio to raise: old / new, so above 1 is always worse);
 `within_1_1x` says whether that is at most 1.1.
 
-Quiet: the 1-minute load average is read before every run; a run that started above
-`--max-load` (default 1.5 on this 2-core machine: the benchmark's own processes come on top) is
-marked saturated, kept in the output and left out of the medians. A figure with no quiet run on a
-side has no verdict.
+Quiet: before every run the machine's busy share (elastane_cli.machine_load: the share of all cores
+busy, from /proc/stat) is measured over `QUIET_WINDOW_S` while nothing of the comparison runs --
+other work shows there at once, where the 1-minute load average still carries the previous
+benchmark's own processes. The run waits up to `--quiet-wait` seconds for the share to fall to
+`--max-busy` (default 0.15); a run that starts above it is marked saturated, kept in the output
+and left out of the medians. The 1-minute load average is recorded too. A figure with no quiet run
+on a side has no verdict.
 
 Last line, JSON: {"old", "new", "repeats", "saturated_runs", "<figure>": {"old_median",
 "new_median", "old_range", "new_range", "new_over_old", "within_1_1x"}, ...}.
@@ -39,6 +42,10 @@ from pathlib import Path
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from elastane_cli.machine_load import cpu_seconds  # noqa: E402  (this checkout's, whichever side runs)
+
+QUIET_WINDOW_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,7 @@ class Run:
     side: str
     figure: str
     value: Optional[float]
+    busy_before: float
     load_before: float
     seconds: float
     saturated: bool
@@ -127,7 +135,26 @@ def last_json(text: str) -> dict[str, object]:
     return {}
 
 
-def run_once(side: Side, fig: Figure, quick: bool, max_load: float, timeout_s: float) -> Run:
+def busy_share(window_s: float) -> float:
+    """The share of all the machine's cores busy over the next `window_s` seconds."""
+    b0, a0 = cpu_seconds()
+    time.sleep(window_s)        # a measurement window, not a wait for readiness
+    b1, a1 = cpu_seconds()
+    return (b1 - b0) / (a1 - a0) if a1 > a0 else 0.0
+
+
+def quiet_share(max_busy: float, wait_s: float) -> float:
+    """The busy share once it is at most `max_busy`, or the last one after `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        share = busy_share(QUIET_WINDOW_S)
+        if share <= max_busy or time.monotonic() >= deadline:
+            return share
+
+
+def run_once(side: Side, fig: Figure, quick: bool, max_busy: float, quiet_wait_s: float,
+             timeout_s: float) -> Run:
+    busy = quiet_share(max_busy, quiet_wait_s)
     load = os.getloadavg()[0]
     env = {**os.environ, "PYTHONPATH": str(side.tree)}
     args = fig.quick_args if quick else fig.args
@@ -142,7 +169,8 @@ def run_once(side: Side, fig: Figure, quick: bool, max_load: float, timeout_s: f
     number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     if number is None and not err:
         err = f"no {fig.key!r} in the last line"
-    return Run(side.name, fig.name, number, round(load, 2), round(time.monotonic() - t0, 1), load > max_load, err)
+    return Run(side.name, fig.name, number, round(busy, 3), round(load, 2), round(time.monotonic() - t0, 1),
+               busy > max_busy, err)
 
 
 def summary(fig: Figure, old: list[Run], new: list[Run]) -> dict[str, object]:
@@ -169,7 +197,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--only", default="", help=f"comma-separated figures of {[f.name for f in FIGURES]}")
     p.add_argument("--quick", action="store_true", help="each bench's smallest mode: check the comparison runs")
-    p.add_argument("--max-load", type=float, default=1.5)
+    p.add_argument("--max-busy", type=float, default=0.15, help="busy share above which a run is saturated")
+    p.add_argument("--quiet-wait", type=float, default=60.0, help="seconds a run waits for a quiet machine")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per benchmark run")
     a = p.parse_args(argv)
     names = [x for x in a.only.split(",") if x]
@@ -197,10 +226,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             for i in range(a.repeats):
                 order = (old, new) if i % 2 == 0 else (new, old)
                 for side in order:
-                    r = run_once(side, fig, a.quick, a.max_load, a.timeout)
+                    r = run_once(side, fig, a.quick, a.max_busy, a.quiet_wait, a.timeout)
                     side.runs.append(r)
                     print(f"{fig.name:10s} {side.name} ({side.rev}): {r.value} in {r.seconds:.0f}s, "
-                          f"load {r.load_before}{' SATURATED' if r.saturated else ''}"
+                          f"busy {r.busy_before} load {r.load_before}{' SATURATED' if r.saturated else ''}"
                           f"{' ERROR ' + r.error if r.error else ''}", flush=True)
     finally:
         for s in sides:
