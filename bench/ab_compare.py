@@ -84,6 +84,7 @@ class Run:
     seconds: float
     saturated: bool
     error: str = ""
+    report: dict[str, object] = field(default_factory=dict)     # the bench's whole last-line JSON
 
 
 @dataclass
@@ -165,12 +166,13 @@ def run_once(side: Side, fig: Figure, quick: bool, max_busy: float, quiet_wait_s
         out, err = p.stdout, "" if p.returncode == 0 else f"exit {p.returncode}: {p.stderr.strip()[-300:]}"
     except subprocess.TimeoutExpired:
         out, err = "", f"did not finish within {timeout_s:.0f} s"
-    value = last_json(out).get(fig.key)
+    report = last_json(out)
+    value = report.get(fig.key)
     number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     if number is None and not err:
         err = f"no {fig.key!r} in the last line"
     return Run(side.name, fig.name, number, round(busy, 3), round(load, 2), round(time.monotonic() - t0, 1),
-               busy > max_busy, err)
+               busy > max_busy, err, report)
 
 
 def summary(fig: Figure, old: list[Run], new: list[Run]) -> dict[str, object]:
@@ -200,6 +202,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--max-busy", type=float, default=0.15, help="busy share above which a run is saturated")
     p.add_argument("--quiet-wait", type=float, default=60.0, help="seconds a run waits for a quiet machine")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per benchmark run")
+    p.add_argument("--reports", type=Path, default=None, help="write every run's whole last-line JSON here")
     a = p.parse_args(argv)
     names = [x for x in a.only.split(",") if x]
     unknown = sorted(set(names) - {f.name for f in FIGURES})
@@ -242,6 +245,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     for fig in figures:
         result[fig.name] = summary(fig, [r for r in old.runs if r.figure == fig.name],
                                    [r for r in new.runs if r.figure == fig.name])
+    if a.reports:
+        a.reports.write_text(json.dumps([{"side": r.side, "rev": s.rev, "figure": r.figure, "report": r.report}
+                                         for s in sides for r in s.runs], indent=1))
     print(json.dumps(result))
     return 0
 
