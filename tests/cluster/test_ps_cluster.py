@@ -58,7 +58,7 @@ def run_job(cluster: Any, spec: dict[str, Any], name: str) -> tuple[dict[str, An
     def training_or_done() -> bool:
         app = get_app(cluster.rm_url, app_id)
         s = running_status(app)
-        if s is not None and s.objective_history:
+        if s is not None and s.objective_history and s.state == "TRAINING":   # not yet FINISHING
             seen.setdefault("live", s)
         return bool(seen) or app["state"] in FINAL_STATES
 
