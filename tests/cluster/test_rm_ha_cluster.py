@@ -22,6 +22,7 @@ import pytest
 import etcd_server as etcdmod
 from polling import wait_until
 from s3_server import free_ports
+from scripted_am import GATE_ENV, throttle_until_gate, use_scripted_am
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(etcdmod.unavailable_reason() is not None,
@@ -382,26 +383,16 @@ def ps_pair(etcd: Any, tmp_path: Path) -> Iterator[tuple[RmProcess, RmProcess]]:
         yield rms
 
 
-GATE_ENV = "ELASTANE_TEST_GATE"
 # The PS AM with a throttle: until the test creates the gate file, each BSP clock (one epoch of
 # this job) takes half a second longer, so the job trains through the failover on any host instead
 # of finishing before it; the test opens the gate once it has seen the failover through.
-THROTTLE_UNTIL_GATE = f"""
-def make_hook(master, am):
-    gate = Path(os.environ["{GATE_ENV}"])
-
-    def hook():
-        if not gate.exists():
-            time.sleep(0.5)
-    return hook
-"""
+THROTTLE_UNTIL_GATE = throttle_until_gate(0.5)
 
 
 def test_a_ps_job_trains_through_the_active_rms_death_in_its_attempt_with_its_containers(ps_pair, tmp_path):
     from appmaster.ps.submission import build_ps_submission     # noqa: PLC0415 (the PS AM's deps: this test only)
     from ps_am_status import live_status                        # noqa: PLC0415
     from protocol.ps_status import FINAL_STATUS_FILE, read_status   # noqa: PLC0415
-    from scripted_am import use_scripted_am                     # noqa: PLC0415
 
     active, standby = one_active(ps_pair)
     nms = [NmProcess(active.conf, tmp_path, f"nm{i}", active.url, memory_mb=2048, vcores=4) for i in range(2)]

@@ -48,7 +48,7 @@ from elastane_cli.testbed_cluster import PROJECT, RM_PORT
 from polling import wait_until
 from protocol.ps_status import PsStatus
 from ps_am_status import live_status
-from scripted_am import use_scripted_am
+from scripted_am import GATE_ENV, throttle_until_gate, use_scripted_am
 
 _reason = testbed_hosts.unavailable_reason(sshd=True) or (
     None if shutil.which("etcd") else "no etcd binary (Debian's etcd-server)")
@@ -56,18 +56,9 @@ pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(_reason is not None, reason=f"no multi-host testbed with etcd here: {_reason}")]
 
 NODES = 2
-GATE_ENV = "ELASTANE_TEST_GATE"
 # Until the gate file exists each BSP clock (one epoch of these jobs) takes 0.4 s longer, so both
 # jobs are still training when the failover is over; the test opens the gate after it.
-THROTTLE_UNTIL_GATE = f"""
-def make_hook(master, am):
-    gate = Path(os.environ["{GATE_ENV}"])
-
-    def hook():
-        if not gate.exists():
-            time.sleep(0.4)
-    return hook
-"""
+THROTTLE_UNTIL_GATE = throttle_until_gate(0.4)
 SPEC: dict[str, Any] = {"app": "mlr", "workers": 1, "servers": 1, "max_epochs": 16, "convergence_threshold": 1e-12,
                         "checkpoint_every_epochs": 0, "hparams": {"learning_rate": 0.5}, "executor_memory_mb": 320,
                         "data": {"num_samples": 4000}}

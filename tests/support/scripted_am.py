@@ -60,3 +60,21 @@ def use_scripted_am(submission: dict[str, Any], script_dir: Path, hook: str,
     spec["commands"]["command"] = f"python {script}"
     spec["environment"]["entry"] += [{"key": k, "value": v} for k, v in (environment or {}).items()]
     return submission
+
+
+GATE_ENV = "ELASTANE_TEST_GATE"
+
+
+def throttle_until_gate(seconds: float) -> str:
+    """A hook that makes each BSP clock `seconds` longer until the gate file (its path in the AM's
+    `GATE_ENV`) exists: a job then trains through what the test does (a failover) on any host,
+    and the test opens the gate to let it run out."""
+    return f"""
+def make_hook(master, am):
+    gate = Path(os.environ["{GATE_ENV}"])
+
+    def hook():
+        if not gate.exists():
+            time.sleep({seconds})
+    return hook
+"""
