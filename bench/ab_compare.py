@@ -43,7 +43,7 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from elastane_cli.machine_load import cpu_seconds  # noqa: E402  (this checkout's, whichever side runs)
+from elastane_cli.machine_load import MachineMeter  # noqa: E402  (this checkout's, whichever side runs)
 
 QUIET_WINDOW_S = 3.0
 
@@ -97,9 +97,10 @@ class Side:
     runs: list[Run] = field(default_factory=list)
 
 
-def checkout(rev: str, into: Path) -> Path:
-    """A detached worktree of `rev` under `into`, sharing this checkout's .venv."""
-    tree = into / rev.replace("/", "_")
+def checkout(rev: str, into: Path, side: str) -> Path:
+    """A detached worktree of `rev` under `into` (named by `side`: both sides may be one rev),
+    sharing this checkout's .venv."""
+    tree = into / f"{side}-{rev.replace('/', '_')}"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(tree), rev],
                    check=True, capture_output=True, text=True)
     venv = ROOT / ".venv"
@@ -138,10 +139,9 @@ def last_json(text: str) -> dict[str, object]:
 
 def busy_share(window_s: float) -> float:
     """The share of all the machine's cores busy over the next `window_s` seconds."""
-    b0, a0 = cpu_seconds()
+    meter = MachineMeter().start()
     time.sleep(window_s)        # a measurement window, not a wait for readiness
-    b1, a1 = cpu_seconds()
-    return (b1 - b0) / (a1 - a0) if a1 > a0 else 0.0
+    return meter.stop().busy_share
 
 
 def quiet_share(max_busy: float, wait_s: float) -> float:
@@ -216,7 +216,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         for name, rev in (("old", a.old), ("new", a.new)):
             try:
-                sides.append(Side(name, rev, checkout(rev, base)))
+                sides.append(Side(name, rev, checkout(rev, base, name)))
             except subprocess.CalledProcessError as e:
                 print(f"ab_compare: cannot check out {rev!r}: {e.stderr.strip()}", file=sys.stderr)
                 return 2
