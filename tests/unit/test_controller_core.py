@@ -60,6 +60,29 @@ def test_policy_that_places_new_jobs_is_waited_for() -> None:
     assert w.job.phase is Phase.TRAINING and w.job.applied_directive == 1
 
 
+def test_first_directive_that_arrives_before_the_registration_starts_the_job() -> None:
+    """The AM's heartbeat runs while it reads its checkpoint, so the policy's first directive can
+    come before Registered; the RM does not send that version again (CI hung on this)."""
+    w = World(job_state())
+    d = ShapeDirective(workers=1, servers=1, version=1, placement=[NodePlacement(node="n2", workers=1, servers=1)])
+    w.send(ev.DirectiveArrived(at=w.at(), directive=d))
+    assert w.job.phase is Phase.STARTING and not w.of(ins.StartExecutors)
+    w.start(policy_places_new_jobs=True)
+    assert w.of(ins.StartExecutors)[0].per_node == {"n2": 1}
+    assert w.job.phase is Phase.TRAINING and w.job.applied_directive == 1 and w.job.kept_directive is None
+
+
+def test_pause_directive_before_the_registration_keeps_the_job_waiting() -> None:
+    w = World(job_state())
+    w.send(ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(workers=1, servers=1, version=1,
+                                                                   run_state=RunState.PAUSE)))
+    w.start(policy_places_new_jobs=True)
+    assert w.job.phase is Phase.STARTING and not w.of(ins.StartExecutors)
+    d = ShapeDirective(workers=1, servers=1, version=2, placement=[NodePlacement(node="n3", workers=1, servers=1)])
+    w.send(ev.DirectiveArrived(at=w.at(), directive=d))
+    assert w.of(ins.StartExecutors)[0].per_node == {"n3": 1} and w.job.phase is Phase.TRAINING
+
+
 def test_failed_start_fails_the_job() -> None:
     w = World(job_state(), hold={ins.StartExecutors})
     w.start()

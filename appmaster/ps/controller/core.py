@@ -132,6 +132,21 @@ def _registered(job: JobState, e: ev.Registered, out: Out) -> None:
     job.resume_from = e.resume_from
     if not job.policy_places:
         begin(job, Change(ChangeKind.START, Origin.JOB, e.at), out)
+        return
+    # The AM's heartbeat runs from its registration on, so the policy's first directive can
+    # arrive before this event (while the AM reads its checkpoint); it was kept, and the RM will
+    # not send that version again: start on it now.
+    kept = job.kept_directive
+    if kept is not None and kept.run_state is not RunState.PAUSE:
+        _start_on_directive(job, kept, e.at, out)
+
+
+def _start_on_directive(job: JobState, d: ShapeDirective, at: float, out: Out) -> None:
+    """Start a job whose placement the policy gives on its first RUN directive."""
+    job.first_directive = d
+    job.applied_directive = d.version
+    job.kept_directive = None                    # an older PAUSE held the job back: this one supersedes it
+    begin(job, Change(ChangeKind.START, Origin.DIRECTIVE, at, directive_version=d.version), out)
 
 
 def _training_ended(job: JobState, e: ev.TrainingEnded, out: Out) -> None:
@@ -161,11 +176,7 @@ def _directive(job: JobState, e: ev.DirectiveArrived, out: Out) -> None:
         if d.run_state is RunState.PAUSE:
             job.kept_directive = d               # the policy holds the job back: keep the newest
             return
-        job.first_directive = d
-        job.kept_directive = None                # a PAUSE kept before it is superseded
-        job.applied_directive = d.version
-        job.kept_directive = None                # an older PAUSE held the job back: this one supersedes it
-        begin(job, Change(ChangeKind.START, Origin.DIRECTIVE, e.at, directive_version=d.version), out)
+        _start_on_directive(job, d, e.at, out)
         return
     if job.phase in _BEFORE_TRAINING:
         job.kept_directive = d
