@@ -11,6 +11,8 @@ workers push, and the servers' count must equal the mini-batches the workers ran
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import urllib.error
 import urllib.request
@@ -169,13 +171,21 @@ def check_elastic_job(cluster: Any, app_id: str, url: str, cli: Any,
     eps = am_status(url).eps
     assert eps is not None and eps.history == []
 
-    # add_workers(1) over HTTP; a second change while it runs gets 409.
+    # add_workers(1) over HTTP; a second change while it runs gets 409. An add takes about 0.1 s,
+    # so one worker is held stopped (SIGSTOP) meanwhile: the add switches in at a clock boundary,
+    # which that worker holds back, so the probe always meets the change running.
+    held = next(x.pid for x in am_status(url).shape.executors    # type: ignore[union-attr]
+                if x.role == "worker" and x.state == "READY" and x.pid)
     result: dict[str, Any] = {}
     t = threading.Thread(target=lambda: result.update(changes=scale(url, auth, workers=1)))
-    t.start()
-    wait_until(lambda: (e := am_status(url).eps) is not None and e.running or not t.is_alive(), 60,
-               "the change running")
-    code, err = http(url + "/scale", {"servers": 1}, headers=auth)
+    os.kill(held, signal.SIGSTOP)
+    try:
+        t.start()
+        wait_until(lambda: (e := am_status(url).eps) is not None and e.running or not t.is_alive(), 60,
+                   "the change running")
+        code, err = http(url + "/scale", {"servers": 1}, headers=auth)
+    finally:
+        os.kill(held, signal.SIGCONT)
     t.join(120)
     assert code == 409 and "another change is running" in err["RemoteException"]["message"], err
     [add_w] = result["changes"]
