@@ -92,11 +92,13 @@ REFERENCE_SHAPE = (2, 1)     # PSJobSpec's default shape: the loss curve is fitt
 REFERENCE_EPOCHS = 12
 
 
-# Ten times the `tiny` rows, so an epoch is long enough (~1 s on a worker) to time.
+# Ten times the `tiny` rows, so an epoch is long enough (~1 s on a worker) to time, in at least 20
+# input blocks, so the largest shape's 16 workers each get one (a job with more workers than blocks
+# is refused at submission).
 REFERENCE_DATA: dict[str, JsonObject] = {
     "mlr": {"num_samples": 20_000, "rows_per_block": 1000},
-    "nmf": {"num_users": 6000, "rows_per_block": 500},
-    "lda": {"num_docs": 3000, "rows_per_block": 250},
+    "nmf": {"num_users": 6000, "rows_per_block": 250},
+    "lda": {"num_docs": 3000, "rows_per_block": 125},
     "lasso": {"num_samples": 20_000, "rows_per_block": 1000},
 }
 
@@ -454,6 +456,18 @@ def trace_extrapolation(cal: Calibration, seeds: tuple[int, ...] = DEFAULT_TRACE
     return beyond / len(jobs) if jobs else 0.0
 
 
+def check_specs(apps: list[str], shapes: tuple[tuple[int, int], ...], epochs: int = CALIBRATION_EPOCHS) -> None:
+    """Every run's job spec validates (CalibrationArgsError naming the first that does not), so a
+    calibration never stops at its 100th run on a shape the app's data cannot split into."""
+    from protocol.ps_job_spec import JobSpecError, validate  # noqa: PLC0415
+    for app in apps:
+        for w, s in shapes:
+            try:
+                validate({**reference_job(app, epochs), "workers": w, "servers": s})
+            except JobSpecError as e:
+                raise CalibrationArgsError(f"{app} at {w}x{s}: {e}") from None
+
+
 def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ...] = SHAPES,
               epochs: int = CALIBRATION_EPOCHS, log: Callable[[str], None] = print, repeats: int = REPEATS,
               plan: Optional[CalibrationPlan] = None, limits: Optional[SaturationLimits] = None) -> Calibration:
@@ -466,6 +480,7 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
     too_big = [sh for sh in shapes if not plan.fits(*sh)]
     if too_big:
         raise CalibrationArgsError(f"shapes {too_big} do not fit the plan's {plan.hosts} x {plan.host_vcores} vcores")
+    check_specs(apps, shapes, epochs)
     from . import testbed_hosts  # noqa: PLC0415
     reason = testbed_hosts.unavailable_reason(sshd=True)
     if reason:
@@ -511,5 +526,5 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
     return cal
 
 
-__all__ = ["CalibrationArgsError", "DEFAULT_TRACE_SEEDS", "trace_extrapolation", "CalibrationPlan", "JobRun", "Measured", "REPEATS", "ReshapeProbe", "SHAPES", "app_calibration", "calibrate",
+__all__ = ["CalibrationArgsError", "check_specs", "DEFAULT_TRACE_SEEDS", "trace_extrapolation", "CalibrationPlan", "JobRun", "Measured", "REPEATS", "ReshapeProbe", "SHAPES", "app_calibration", "calibrate",
            "measure", "reference_job", "run_job", "run_costs", "split_costs"]

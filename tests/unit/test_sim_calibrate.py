@@ -4,7 +4,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from elastane_cli.sim_calibrate import SHAPES, CalibrationPlan, JobRun, Measured, app_calibration, run_costs, split_costs
+from elastane_cli.sim_calibrate import (SHAPES, CalibrationArgsError, CalibrationPlan, JobRun, Measured, app_calibration,
+                                       check_specs, run_costs, split_costs)
 from protocol.ps_status import EpochResult, PsStatus
 from models.ps_iteration_time import EpochTimeModel
 from sim.calibration import (MIN_REPEATS, AppCalibration, CalibrationFitError, CalibrationSample, fit_app,
@@ -25,6 +26,13 @@ def samples_of(truth: EpochTimeModel, shapes: tuple[tuple[int, int], ...], noise
         out.append(CalibrationSample(workers=w, servers=s, epoch_s=truth.epoch_time(w, s) * f, repeat=9,
                                      busy_share=0.99, load_per_core=9.0, refused="machine 99% busy"))
     return out
+
+
+def test_every_app_runs_at_every_calibrated_shape_and_a_shape_its_data_cannot_split_is_refused_up_front() -> None:
+    """A full calibration stopped at NMF 16x4 (12 input blocks for 16 workers) after 19 runs."""
+    check_specs(["mlr", "nmf", "lda", "lasso"], SHAPES)
+    with pytest.raises(CalibrationArgsError, match="nmf at 32x1: workers"):
+        check_specs(["nmf"], ((32, 1),))
 
 
 def test_costs_add_up_to_the_time_outside_training() -> None:
