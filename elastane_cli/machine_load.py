@@ -7,8 +7,13 @@ fidelity figure measures that contention instead of the system. Each measurement
 
 - `busy_share`: the share of all the machine's cores busy between two readings of /proc/stat
   (user + system + ..., everything but idle and iowait), and
-- `load_per_core`: the 1-minute load average over the cores, the mean of readings at start and end
-  (runnable tasks: work waiting for a core that the busy share, capped at 1, cannot show);
+- `load_per_core`: runnable tasks per core (work waiting for a core, which the busy share, capped
+  at 1, cannot show). Where the caller samples the window (`MachineMeter.sample`, e.g. every poll
+  of a run's training), it is the mean of the tasks runnable at each sample (/proc/loadavg's
+  fourth field, the reader left out); else the 1-minute load average, the mean of readings at
+  start and end. The load average lags by a minute: for a run of a few seconds it mostly holds
+  the runs before it and the run's own start (a 24-executor job forks them at once: 12-18
+  runnable for about 2 s), so `elastane sim calibrate` samples the epochs it times instead;
 
 and `SaturationLimits.refuse` says why a measurement is refused (None: accepted). A refused
 measurement is reported, never used in a fit or an error.
@@ -33,6 +38,13 @@ def cpu_seconds(stat_path: str = "/proc/stat") -> tuple[float, float]:
     hz = float(os.sysconf("SC_CLK_TCK"))
     idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0.0)      # idle + iowait
     return (sum(ticks) - idle) / hz, sum(ticks) / hz
+
+
+def runnable_tasks(loadavg_path: str = "/proc/loadavg") -> int:
+    """Tasks runnable right now on the whole machine, the reading process left out."""
+    with open(loadavg_path) as f:
+        running = int(f.read().split()[3].split("/")[0])
+    return max(0, running - 1)
 
 
 @dataclass(frozen=True)
@@ -76,17 +88,24 @@ class MachineMeter:
 
     def __init__(self, read_cpu: Callable[[], tuple[float, float]] = cpu_seconds,
                  read_load: Callable[[], float] = lambda: os.getloadavg()[0],
-                 cores: Optional[int] = None) -> None:
+                 cores: Optional[int] = None, read_runnable: Callable[[], int] = runnable_tasks) -> None:
         self.read_cpu = read_cpu
         self.read_load = read_load
+        self.read_runnable = read_runnable
         self.cores = cores or os.cpu_count() or 1
         self._cpu0: Optional[tuple[float, float]] = None
         self._load0 = 0.0
+        self._runnable: list[int] = []
 
     def start(self) -> "MachineMeter":
         self._cpu0 = self.read_cpu()
         self._load0 = self.read_load()
+        self._runnable = []
         return self
+
+    def sample(self) -> None:
+        """Count the tasks runnable now: with samples, `load_per_core` is their mean (module doc)."""
+        self._runnable.append(self.read_runnable())
 
     def stop(self) -> MachineLoad:
         if self._cpu0 is None:
@@ -94,9 +113,11 @@ class MachineMeter:
         busy1, all1 = self.read_cpu()
         busy0, all0 = self._cpu0
         share = (busy1 - busy0) / max(1e-9, all1 - all0)
-        load = (self._load0 + self.read_load()) / 2
+        load = (sum(self._runnable) / len(self._runnable) if self._runnable
+                else (self._load0 + self.read_load()) / 2)
         self._cpu0 = None
         return MachineLoad(min(1.0, max(0.0, share)), load / self.cores, self.cores)
 
 
-__all__ = ["BUSY_SHARE_LIMIT", "LOAD_PER_CORE_LIMIT", "MachineLoad", "MachineMeter", "SaturationLimits", "cpu_seconds"]
+__all__ = ["BUSY_SHARE_LIMIT", "LOAD_PER_CORE_LIMIT", "MachineLoad", "MachineMeter", "SaturationLimits", "cpu_seconds",
+           "runnable_tasks"]

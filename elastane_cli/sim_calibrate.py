@@ -14,8 +14,10 @@ preset at ten times its rows, a fixed number of epochs) at every shape of `SHAPE
 workers and 1 to 8 servers, the range the simulator's default trace uses (sim/workload.py: up to 4
 workers x growth 4, 2 servers x 4) -- `repeats` times (at least 3), the repeats interleaved (round
 1 runs every app at every shape, then round 2, ...), so a slow spell of the machine falls on every
-shape. Around every run the machine's busy share and load are measured
-(elastane_cli/machine_load.py) and kept with its sample; a run while the machine was saturated
+shape. Around every run the machine's busy share is measured, and its load (runnable tasks per
+core) sampled at every poll while the job trains (elastane_cli/machine_load.py: the 1-minute load
+average would carry the runs before it and the job's own start into the verdict), and both are
+kept with its sample; a run while the machine was saturated
 (`SaturationLimits`) is refused, and a refused sample enters no fit (sim/calibration.py `fit_app`:
 a shape needs `MIN_REPEATS` accepted samples; their median is its epoch time and their spread is
 kept; some inner shapes are held out of the fit and its error on them is reported).
@@ -48,6 +50,7 @@ import asyncio
 import os
 import platform
 import re
+import signal
 import statistics
 import tempfile
 import time
@@ -362,9 +365,13 @@ async def measure(client: RmRestClient, app: str, shape: tuple[int, int], repeat
         epochs = max(epochs, REFERENCE_EPOCHS)
     spec = {**reference_job(app, epochs), "workers": w, "servers": s}
     meter = MachineMeter().start()
+
+    async def sample_training(_c: RmRestClient, _r: JobRun, report: JobReport) -> None:
+        if report.started:      # the load over the epochs timed, not the job's own start (machine_load.py)
+            meter.sample()
     try:
         run = await run_job(client, spec, f"calibrate {app} {w}x{s} #{repeat + 1}",
-                            t0=asyncio.get_running_loop().time())
+                            t0=asyncio.get_running_loop().time(), on_report=sample_training)
     except TimeoutError as e:
         load = meter.stop()
         return Measured(app, JobRun(str(e), requested=shape), CalibrationSample(
@@ -468,6 +475,10 @@ def check_specs(apps: list[str], shapes: tuple[tuple[int, int], ...], epochs: in
                 raise CalibrationArgsError(f"{app} at {w}x{s}: {e}") from None
 
 
+def _unwind(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ...] = SHAPES,
               epochs: int = CALIBRATION_EPOCHS, log: Callable[[str], None] = print, repeats: int = REPEATS,
               plan: Optional[CalibrationPlan] = None, limits: Optional[SaturationLimits] = None) -> Calibration:
@@ -487,6 +498,9 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
         raise RuntimeError(f"the calibration runs on the multi-host testbed (docs/testbed.md): {reason}")
     log(f"plan: {plan.describe()}; {len(apps)} apps x {len(shapes)} shapes x {repeats} repeats; refusing runs "
         f"above {limits.busy_share:.0%} busy or {limits.load_per_core:g} load per core")
+    # SIGTERM unwinds like Ctrl-C, so the `finally` below stops the testbed: no RM, NM, AM or host
+    # of it is left behind (it was, before this handler).
+    previous = signal.signal(signal.SIGTERM, _unwind)
     with tempfile.TemporaryDirectory(prefix="elastane-calibrate-") as tmp:
         cluster = plan.cluster(Path(tmp)).start(timeout_s=180)
         try:
@@ -521,6 +535,7 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
             cal = asyncio.run(go())
         finally:
             cluster.stop()
+            signal.signal(signal.SIGTERM, previous)
     from sim.calibration import save  # noqa: PLC0415
     save(cal, out_path)
     return cal
