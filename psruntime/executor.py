@@ -52,6 +52,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Awaitable, cast
 
 from protocol import container_env
@@ -67,7 +68,7 @@ from psruntime.checkpoint_ops import CheckpointOps
 from psruntime.control_ops import Answer, Arrays, Handler, OpTable, bind, op_name, table
 from psruntime.wire.dataplane import DataPlaneClient, DataPlaneServer, Reply, RequestError
 from psruntime.wire.dataplane_auth import secret_key
-from psruntime.eps.eps_worker_ops import EpsWorkerOps
+from psruntime.eps.eps_worker_ops import INACTIVE_DIR, EpsWorkerOps
 from psruntime.wire.frame_codec import Frame
 from psruntime.store.migration import BlockState
 from psruntime.store.ownership_table import OwnershipTable
@@ -106,7 +107,8 @@ class Executor:
     job `secret` (HMAC key) it serves and connects only with the data-plane handshake."""
 
     def __init__(self, executor_id: str, num_blocks: int, host: str = "127.0.0.1", port: int = 0,
-                 role: str = "server", secret: bytes | None = None, runner: SubtaskRunner | None = None) -> None:
+                 role: str = "server", secret: bytes | None = None, runner: SubtaskRunner | None = None,
+                 work_dir: Path | None = None) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
         self.executor_id = executor_id
@@ -123,7 +125,9 @@ class Executor:
         self.register_ops(self._builtin_ops())
         self.app_role = AppRole(self, runner)
         self.register_ops(self.app_role.ops())
-        self.eps = EpsWorkerOps(self.app_role)   # EPS worker-to-worker data transmission
+        # EPS worker-to-worker data transmission; inactive splits go under `work_dir` (default: the
+        # process's working dir, a container's own).
+        self.eps = EpsWorkerOps(self.app_role, None if work_dir is None else work_dir / INACTIVE_DIR)
         self.register_ops(self.eps.ops())
         self.checkpoints = CheckpointOps(executor_id, self.service)
         self.register_ops(self.checkpoints.ops())

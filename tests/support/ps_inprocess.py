@@ -41,7 +41,8 @@ RUN_TIMEOUT_S = 120.0        # a harness wait that fails the test rather than ha
 class InProcessAM:
     """Stands in for appmaster.am_client.ApplicationMaster (module doc)."""
 
-    def __init__(self, node: str = "n1:1") -> None:
+    def __init__(self, node: str = "n1:1", work_dir: Optional[Path] = None) -> None:
+        self.work_dir = work_dir      # per executor its own dir below it (EPS's inactive splits)
         self.identity = types.SimpleNamespace(attempt_id=ATTEMPT, job_secret=SECRET)
         self.registration = None
         self.node = node
@@ -88,7 +89,8 @@ class InProcessAM:
         assert rec is not None and self.pool.am_address
         if self.launch_gate is not None:
             await self.launch_gate.wait()
-        ex = Executor(rec.executor_id, self.pool.num_blocks, role=rec.role.value, secret=secret_key(SECRET))
+        ex = Executor(rec.executor_id, self.pool.num_blocks, role=rec.role.value, secret=secret_key(SECRET),
+                      work_dir=None if self.work_dir is None else self.work_dir / rec.executor_id)
         self.executors[rec.executor_id] = ex
         container.state = AmContainerState.RUNNING
         if self.on_launch is not None:
@@ -172,7 +174,7 @@ class PsJob:
     """One PS job run by the real AM over in-process executors (module doc)."""
 
     def __init__(self, tmp_path: Path, spec: Optional[dict[str, Any]] = None) -> None:
-        self.am = InProcessAM()
+        self.am = InProcessAM(work_dir=tmp_path / "executors")
         self.spec = validate(dict(spec or SPEC))
         self.master = PSApplicationMaster(self.am, self.spec, tmp_path / "am")   # type: ignore[arg-type]
         self.am.pool = self.master.pool

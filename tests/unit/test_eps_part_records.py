@@ -25,7 +25,7 @@ async def job(tmp_path: Path):
     await j.close()
 
 
-async def test_each_part_of_an_eps_add_records_its_own_duration(job: PsJob) -> None:
+async def test_each_part_of_an_eps_add_records_its_own_duration(job: PsJob, tmp_path: Path) -> None:
     worker_gate = asyncio.Event()
     launch = job.am.launch
 
@@ -55,3 +55,7 @@ async def test_each_part_of_an_eps_add_records_its_own_duration(job: PsJob) -> N
     assert servers["duration_s"] <= server_part_done
     assert workers["started"] + workers["duration_s"] > servers["started"] + servers["duration_s"]
     assert workers["duration_s"] > servers["duration_s"]
+    # EPS's inactive splits go under each executor's own dir in the test's tmp, not into the
+    # checkout (the process's working dir, which a container's is and a test's is not).
+    roots = [ex.eps.inactive.root for ex in job.am.executors.values()]
+    assert roots and all(tmp_path in r.parents for r in roots), roots
