@@ -159,24 +159,12 @@ def sim_config(plan: Plan, jobs: int) -> SimConfig:
 def run_real(jobs: list[TraceJob], policy: str, plan: Plan, base: Path) -> dict[str, Any]:
     """The trace on a fresh testbed cluster (removed after), the machine measured over it."""
     cluster: TestbedCluster = plan.cluster(base, policy, jobs_at_once=len(jobs)).start(timeout_s=180)
-    meter = MachineMeter()
     try:
-        async def sample_load() -> None:
-            # The load is the tasks runnable at each sample over the run, not the lagging 1-minute
-            # load average (elastane_cli/machine_load.py).
-            while True:
-                meter.sample()
-                await asyncio.sleep(0.5)
-
         async def go() -> dict[str, dict[str, float]]:
             async with RmRestClient(cluster.rm_url, default_user()) as client:
                 t0 = asyncio.get_running_loop().time() + 0.5
-                sampler = asyncio.ensure_future(sample_load())
-                try:
-                    runs = await asyncio.gather(*(run_job(client, real_spec(j), j.name, at_s=j.arrival_s, t0=t0,
-                                                          timeout_s=900.0) for j in jobs))
-                finally:
-                    sampler.cancel()
+                runs = await asyncio.gather(*(run_job(client, real_spec(j), j.name, at_s=j.arrival_s, t0=t0,
+                                                      timeout_s=900.0) for j in jobs))
                 out = {}
                 for j, r in zip(jobs, runs):
                     app = await client.app(r.app_id)
@@ -184,7 +172,7 @@ def run_real(jobs: list[TraceJob], policy: str, plan: Plan, base: Path) -> dict[
                                    "jct": float(r.jct_s or 0.0), "epochs": float(r.epochs),
                                    "ok": float(r.final_status == "SUCCEEDED")}
                 return out
-        meter.start()
+        meter = MachineMeter().start()
         jobs_out = asyncio.run(go())
         load = meter.stop()
     finally:
@@ -317,7 +305,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     plan = Plan.of(cal, ns.hosts)
     n_jobs = ns.jobs
     traces = {policy: trace(n_jobs, policy) for policy in names}
-    limits = SaturationLimits()
+    limits = SaturationLimits.budgeted_hosts()    # the hosts have CPU budgets (machine_load.py)
     sims = {policy: simulated(policy, traces[policy], cal, plan) for policy in names}
     runs: dict[str, list[dict[str, Any]]] = {policy: [] for policy in names}
     for rep in range(ns.repeats):

@@ -14,11 +14,11 @@ preset at ten times its rows, a fixed number of epochs) at every shape of `SHAPE
 workers and 1 to 8 servers, the range the simulator's default trace uses (sim/workload.py: up to 4
 workers x growth 4, 2 servers x 4) -- `repeats` times (at least 3), the repeats interleaved (round
 1 runs every app at every shape, then round 2, ...), so a slow spell of the machine falls on every
-shape. Around every run the machine's busy share is measured, and its load (runnable tasks per
-core) sampled at every poll while the job trains (elastane_cli/machine_load.py: the 1-minute load
-average would carry the runs before it and the job's own start into the verdict), and both are
-kept with its sample; a run while the machine was saturated
-(`SaturationLimits`) is refused, and a refused sample enters no fit (sim/calibration.py `fit_app`:
+shape. Over every run's training (from its first report saying it started to its end) the
+machine's busy share and load are measured (elastane_cli/machine_load.py) and kept with its
+sample; a run while the machine was saturated
+(`SaturationLimits.budgeted_hosts`: more than 90 % of the cores busy; the load is recorded, not
+judged, since tasks waiting on their host's budget count in it) is refused, and a refused sample enters no fit (sim/calibration.py `fit_app`:
 a shape needs `MIN_REPEATS` accepted samples; their median is its epoch time and their spread is
 kept; some inner shapes are held out of the fit and its error on them is reported).
 
@@ -365,13 +365,16 @@ async def measure(client: RmRestClient, app: str, shape: tuple[int, int], repeat
         epochs = max(epochs, REFERENCE_EPOCHS)
     spec = {**reference_job(app, epochs), "workers": w, "servers": s}
     meter = MachineMeter().start()
+    training = False
 
-    async def sample_training(_c: RmRestClient, _r: JobRun, report: JobReport) -> None:
-        if report.started:      # the load over the epochs timed, not the job's own start (machine_load.py)
-            meter.sample()
+    async def at_training(_c: RmRestClient, _r: JobRun, report: JobReport) -> None:
+        nonlocal training
+        if report.started and not training:      # the machine over the epochs timed, not the job's start
+            training = True
+            meter.start()
     try:
         run = await run_job(client, spec, f"calibrate {app} {w}x{s} #{repeat + 1}",
-                            t0=asyncio.get_running_loop().time(), on_report=sample_training)
+                            t0=asyncio.get_running_loop().time(), on_report=at_training)
     except TimeoutError as e:
         load = meter.stop()
         return Measured(app, JobRun(str(e), requested=shape), CalibrationSample(
@@ -484,7 +487,7 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
               plan: Optional[CalibrationPlan] = None, limits: Optional[SaturationLimits] = None) -> Calibration:
     """Measure every app at every shape `repeats` times (interleaved) on a fresh testbed of `plan`
     (default: sized for this machine and the shapes; removed afterwards), fit, write `out_path`."""
-    limits = limits or SaturationLimits()
+    limits = limits or SaturationLimits.budgeted_hosts()
     if repeats < MIN_REPEATS:
         raise CalibrationArgsError(f"repeats must be >= {MIN_REPEATS} (a shape needs that many accepted samples), got {repeats}")
     plan = plan or CalibrationPlan.for_machine(shapes)
@@ -497,7 +500,7 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
     if reason:
         raise RuntimeError(f"the calibration runs on the multi-host testbed (docs/testbed.md): {reason}")
     log(f"plan: {plan.describe()}; {len(apps)} apps x {len(shapes)} shapes x {repeats} repeats; refusing runs "
-        f"above {limits.busy_share:.0%} busy or {limits.load_per_core:g} load per core")
+        f"{limits.describe()}")
     # SIGTERM unwinds like Ctrl-C, so the `finally` below stops the testbed: no RM, NM, AM or host
     # of it is left behind (it was, before this handler).
     previous = signal.signal(signal.SIGTERM, _unwind)
@@ -529,7 +532,7 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
                     f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores; {plan.describe()}; "
                     f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"),
                     note=(f"elastane sim calibrate: {repeats} repeats per shape, samples of a saturated machine "
-                          f"refused (> {limits.busy_share:.0%} busy or > {limits.load_per_core:g} load per core), "
+                          f"refused ({limits.describe()}), "
                           "the median per shape fitted to models.ps_iteration_time with inner shapes held out; "
                           "reshape_s / restart_s measured on mlr and used for every app; pause_s = restart_s / 2"))
             cal = asyncio.run(go())
