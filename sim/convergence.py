@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.optimize import nnls
+from scipy.optimize import least_squares, nnls
 from protocol.errors import AppError
 
 
@@ -76,8 +76,23 @@ def fit_curve(history: Sequence[tuple[float, float]], grid: int = 200) -> LossCu
         if best is None or err < best[0]:
             best = (err, LossCurve(float(b0), float(b1), float(b2)))
     if best is None:
-        raise CurveError("no curve of the Optimus form fits these losses")
+        # Every NNLS fit wants a negative intercept: losses that fall faster later than earlier
+        # (NMF's plateau, then its escape: 0.0229 over epochs 1-5, then 0.0045 by epoch 12). The
+        # form cannot follow that; take its closest member, by bounded least squares on the same
+        # relative error, rather than no curve (the measured epochs are kept beside it).
+        return _closest_curve(ks, ls, low)
     return best[1]
+
+
+def _closest_curve(ks: np.ndarray, ls: np.ndarray, low: float) -> LossCurve:
+    def rel(p: np.ndarray) -> np.ndarray:
+        return np.asarray((1.0 / (p[0] * ks + p[1]) + p[2] - ls) / ls)
+    start = np.array([1.0, 1.0 / max(float(ls[0]), 1e-12), 0.0])
+    fit = least_squares(rel, start, bounds=([1e-12, 1e-12, 0.0], [np.inf, np.inf, low * 0.999]))
+    if not fit.success:
+        raise CurveError(f"no curve of the Optimus form fits these losses ({fit.message})")
+    b0, b1, b2 = (float(x) for x in fit.x)
+    return LossCurve(b0, b1, b2)
 
 
 __all__ = ["CurveError", "LossCurve", "fit_curve"]

@@ -58,6 +58,21 @@ def test_loss_curve_fit_and_convergence_epoch() -> None:
     assert truth.epochs_to_converge(1e-9, 7) == 7     # the epoch limit
 
 
+def test_losses_that_fall_faster_later_get_the_closest_curve_of_the_form() -> None:
+    """NMF's reference run (2026-11-29 calibration): a plateau after the first epoch, then an
+    accelerating fall, which no NNLS fit of the form follows (every one wants a negative
+    intercept); the calibration left NMF out. The fallback is the form's closest member."""
+    nmf = [(0, 0.3179), (1, 0.02292), (2, 0.02245), (3, 0.02203), (4, 0.02154), (5, 0.02069), (6, 0.01908),
+           (7, 0.01648), (8, 0.01335), (9, 0.01039), (10, 0.00785), (11, 0.00589), (12, 0.00454)]
+    got = fit_curve(nmf)
+    assert got.beta0 > 0 and got.beta1 > 0 and 0 <= got.beta2 < 0.00454
+    losses = [got.loss(k) for k in range(0, 40)]
+    assert all(b < a for a, b in zip(losses, losses[1:]))          # a falling curve
+    assert 0.002 < got.loss(12) < 0.02 and got.loss(39) < got.loss(12)
+    with pytest.raises(ValueError):
+        fit_curve([(0, 1.0), (1, 0.0), (2, 0.5)])                 # non-positive losses stay refused
+
+
 # ----- trace and generator -----------------------------------------------------------------------
 
 def test_trace_round_trip_and_errors() -> None:
