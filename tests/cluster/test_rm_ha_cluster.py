@@ -339,6 +339,9 @@ def test_a_nodemanager_fails_over_to_the_new_active(pair, tmp_path):
         first = wait_until(lambda: am_containers(active, app_id), 30, "the AM container allocated")
         epoch = active.ha()["epoch"]
         assert first[0].startswith(f"container_e{epoch:02d}_"), first      # YARN's form, the term's epoch
+        # The RM launches the AM container: killed before that, no node holds it and the new active
+        # rightly starts a second attempt (CI met that race). Kill once the NM runs it.
+        wait_until(lambda: first[0] in nm.containers(), 30, "the AM container on the node", 0.1)
         active.signal(signal.SIGKILL)
         assert active.proc is not None and active.proc.wait(10) == -signal.SIGKILL
         wait_until(lambda: standby.ha_state() == "ACTIVE", 60, f"{standby.rm_id} active", 0.1)

@@ -161,13 +161,18 @@ def test_a_runs_epochs_come_from_the_ams_final_status_when_the_polls_missed_them
     assert kept.epoch_times == [1.0, 2.0]
 
 
-def test_the_default_trace_extrapolates_beyond_the_shipped_range_and_not_beyond_the_grid() -> None:
+def test_the_shipped_calibration_covers_the_default_trace_and_a_narrower_one_would_not() -> None:
     from elastane_cli.sim_calibrate import trace_extrapolation
     from sim.calibration import load
     shipped = load()
-    assert all(a.measured_range() == (4, 3) for a in shipped.apps.values())
-    assert trace_extrapolation(shipped, (1,)) > 0          # jobs may grow to 16 x 8: measured to 4 x 3
-    wide = msgspec.structs.replace(shipped, apps={
-        n: msgspec.structs.replace(a, holdout_samples=[[max(w for w, _ in SHAPES), max(s for _, s in SHAPES), 1.0]])
+    grid = (max(w for w, _ in SHAPES), max(s for _, s in SHAPES))
+    assert all(a.measured_range() == grid for a in shipped.apps.values())     # the full calibration's 16 x 8
+    assert trace_extrapolation(shipped, (1, 2)) == 0.0
+
+    def upto(rows: list[list[float]]) -> list[list[float]]:
+        return [r for r in rows if r[0] <= 4 and r[1] <= 3]
+    narrow = msgspec.structs.replace(shipped, apps={
+        n: msgspec.structs.replace(a, samples=upto(a.samples), holdout_samples=upto(a.holdout_samples))
         for n, a in shipped.apps.items()})
-    assert trace_extrapolation(wide, (1, 2)) == 0.0
+    assert all(a.measured_range() == (4, 2) for a in narrow.apps.values())
+    assert trace_extrapolation(narrow, (1,)) > 0           # jobs may grow to 16 x 8: measured to 4 x 2
