@@ -10,7 +10,8 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from types import FrameType
+from typing import Callable, Iterable, Optional, Union
 
 Clock = Callable[[], float]
 
@@ -159,3 +160,17 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+SignalHandler = Union[Callable[[int, Optional[FrameType]], object], int, None]
+
+
+def _exit_on_signal(signum: int, frame: Optional[FrameType]) -> None:
+    raise SystemExit(128 + signum)
+
+
+def unwind_on_sigterm() -> SignalHandler:
+    """From now on SIGTERM raises SystemExit(143) in the main thread (through `asyncio.run` too),
+    so the `finally` that stops what a command or benchmark started runs; returns the previous
+    handler (for `signal.signal`)."""
+    return signal.signal(signal.SIGTERM, _exit_on_signal)

@@ -69,6 +69,7 @@ from sim.convergence import fit_curve
 
 from .context import default_user
 from .machine_load import MachineMeter, SaturationLimits
+from .processes import unwind_on_sigterm
 from .rm_rest_client import RmRestClient
 
 if TYPE_CHECKING:
@@ -482,10 +483,6 @@ def check_specs(apps: list[str], shapes: tuple[tuple[int, int], ...], epochs: in
                 raise CalibrationArgsError(f"{app} at {w}x{s}: {e}") from None
 
 
-def _unwind(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ...] = SHAPES,
               epochs: int = CALIBRATION_EPOCHS, log: Callable[[str], None] = print, repeats: int = REPEATS,
               plan: Optional[CalibrationPlan] = None, limits: Optional[SaturationLimits] = None) -> Calibration:
@@ -507,7 +504,7 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
         f"{limits.describe()}")
     # SIGTERM unwinds like Ctrl-C, so the `finally` below stops the testbed: no RM, NM, AM or host
     # of it is left behind (it was, before this handler).
-    previous = signal.signal(signal.SIGTERM, _unwind)
+    previous = unwind_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="elastane-calibrate-") as tmp:
         cluster = plan.cluster(Path(tmp)).start(timeout_s=180)
         try:

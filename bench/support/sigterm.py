@@ -1,16 +1,9 @@
 """SIGTERM for a benchmark: unwind like Ctrl-C, so the `finally` that stops the local cluster it
-started runs and no RM, NM, AM or executor of it is left behind."""
+started runs and no RM, NM, AM or executor of it is left behind. The handler is the CLI's
+(`elastane_cli.processes.unwind_on_sigterm`, which `elastane sim calibrate` uses too); every
+benchmark puts the project root on sys.path before importing this."""
 from __future__ import annotations
 
-import signal
-from types import FrameType
-from typing import Optional
+from elastane_cli.processes import unwind_on_sigterm
 
-
-def _exit(signum: int, frame: Optional[FrameType]) -> None:
-    raise SystemExit(128 + signum)
-
-
-def unwind_on_sigterm() -> None:
-    """From now on SIGTERM raises SystemExit(143) in the main thread (through `asyncio.run` too)."""
-    signal.signal(signal.SIGTERM, _exit)
+__all__ = ["unwind_on_sigterm"]

@@ -42,7 +42,6 @@ def test_limits_out_of_range_are_refused(busy: float, load: float) -> None:
         SaturationLimits(busy_share=busy, load_per_core=load)
 
 
-
 def test_on_budgeted_hosts_only_the_busy_share_refuses_and_the_load_is_kept() -> None:
     """Tasks waiting on their host's CPU budget are runnable: 3.4 per core at 41 % busy was a
     calibration run of 18 executors on budgeted hosts, not a saturated machine."""
