@@ -117,10 +117,23 @@ class ApplicationMaster:
         self.registration = await self.rm.register(self._register_req)
         log.info("registered %s (app %s, queue %s)", self.registration.attempt_id,
                  self.registration.app_id, self.registration.queue)
+        for c in self.registration.containers_from_previous_attempts:
+            if self.book.get(c.container_id) is None:     # running: the failed attempt launched it
+                self.book.adopt(c)
+        if self.registration.containers_from_previous_attempts:
+            log.info("took over %d containers of the previous attempt",
+                     len(self.registration.containers_from_previous_attempts))
         if start_heartbeats:
             self._loop_stopping = False
             self._loop_task = asyncio.create_task(self._heartbeat_loop(), name="am-heartbeat")
         return self.registration
+
+    def previous_containers(self) -> list[AmContainer]:
+        """The containers this attempt took over from the failed one before it (an app that keeps
+        containers across attempts), as registered: running, each the app's to use or stop."""
+        reg = self.registration
+        out = [self.book.get(c.container_id) for c in (reg.containers_from_previous_attempts if reg else [])]
+        return [c for c in out if c is not None]
 
     async def finish(self, final_status: FinalStatus | str, diagnostics: str = "", tracking_url: str = "",
                      timeout_s: float = 30.0) -> bool:

@@ -4,6 +4,9 @@
         |                     |                      |                 |
         +------release--------+---launch_failed------+---complete------+--> COMPLETED
 
+A container a failed attempt launched and this attempt took over (keep-containers-across-
+application-attempts) enters RUNNING (`adopt`).
+
 A container reaches COMPLETED exactly once, either from the RM's completed-container report
 or from the AM's own decision (a failed launch, a release before launch); later reports of the
 same container are ignored so the app sees one completion per container.
@@ -108,6 +111,12 @@ class ContainerBook:
         if c.container_id in self.containers:
             raise TransitionError(f"container {c.container_id} allocated twice")
         rec = self.containers[c.container_id] = AmContainer.from_allocated(c)
+        return rec
+
+    def adopt(self, c: AllocatedContainer) -> AmContainer:
+        """A container a failed attempt launched and this one took over: RUNNING already."""
+        rec = self.add(c)
+        rec.state = AmContainerState.RUNNING
         return rec
 
     def get(self, container_id: str) -> Optional[AmContainer]:

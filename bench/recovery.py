@@ -8,7 +8,8 @@ checkpoint, the benchmark injects, one after the other in the same job:
 
 - a lost worker: SIGKILL of worker-1's process (its container ends; the NM reports it);
 - a lost server: SIGKILL of a server's process;
-- a lost AM: SIGKILL of the AM's process; the RM starts attempt 2, which resumes from the latest
+- a lost AM: SIGKILL of the AM's process; the RM starts attempt 2, which takes the running
+  executors over (work-preserving AM restart; `am_adopted`) or else resumes from the latest
   checkpoint in the durable AM dir.
 
 For each: `*_recover_s`, from the fault to training again (the AM's recovery record, or the new
@@ -111,9 +112,17 @@ def am_recovery(cluster: LocalCluster, job: Job) -> dict[str, Any]:
     r = st.resumed_from
     assert r is not None
     recover_s = r.time - t_fault
-    redone = t_fault - r.checkpoint_time if r.checkpoint_time else 0.0
-    return {"recover_s": recover_s, "lost_s": recover_s + redone, "redone_s": redone,
-            "record": msgspec.to_builtins(r)}
+    # Executors taken over go on from where they stood: nothing since the checkpoint is redone.
+    redone = 0.0 if r.adopted else (t_fault - r.checkpoint_time if r.checkpoint_time else 0.0)
+    # Where the recovery's time goes: the RM noticing (attempt 2 created), the new AM's start (to
+    # its status's start), and from there to training again (the take-over, or the restore).
+    attempts = http(f"{job.rm}/ws/v1/cluster/apps/{job.app_id}/appattempts")["appAttempts"]["appAttempt"]
+    created = attempts[-1]["startTime"] / 1000.0
+    am_started = st.started or created
+    parts = {"detect_s": round(created - t_fault, 3), "am_start_s": round(am_started - created, 3),
+             "to_training_s": round(r.time - am_started, 3), "takeover_s": r.takeover_s}
+    return {"recover_s": recover_s, "lost_s": recover_s + redone, "redone_s": redone, "adopted": r.adopted,
+            "parts": parts, "record": msgspec.to_builtins(r)}
 
 
 def auth_throughput_ratio(seconds: float) -> float:
@@ -191,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         "am_recover_s": round(out["am"]["recover_s"], 3),
         "restart_baseline_s": round(restart_s, 3),
         "worker_lost_s": round(out["worker"]["lost_s"], 3), "server_lost_s": round(out["server"]["lost_s"], 3),
-        "am_lost_s": round(out["am"]["lost_s"], 3),
+        "am_lost_s": round(out["am"]["lost_s"], 3), "am_adopted": out["am"]["adopted"],
+        "am_recover_parts": out["am"]["parts"],
         # The baseline after the same worker fault: the restart plus the work since the last checkpoint.
         "restart_baseline_lost_s": round(baseline_lost, 3),
         "worker_lost_over_baseline": round(out["worker"]["lost_s"] / baseline_lost, 3),

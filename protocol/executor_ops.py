@@ -122,7 +122,10 @@ class ServerObjective(ExecutorRequest, tag="server_objective"):
 
 
 class Positions(ExecutorRequest, tag="positions"):
-    """Every held input block's place in its epoch pass."""
+    """Every held input block's place in its epoch pass; `settled`: once no clock runs (a new AM
+    attempt taking the executors over waits out the clock its predecessor started)."""
+
+    settled: bool = False
 
 
 class SetPositions(ExecutorRequest, tag="set_positions"):

@@ -215,13 +215,25 @@ class AmRegisterRequest(_Msg):
     tracking_url: str = ""
 
 
+class AllocatedContainer(_Msg):
+    container_id: str
+    node_id: str
+    node_http_address: str
+    resource: Resource
+    container_token: str
+    ask_id: int = 0
+    tag: str = ""
+
+
 class AmRegisterResponse(_Msg):
     app_id: str
     attempt_id: str
     maximum_resource: Resource
     queue: str
     user: str
-    containers_from_previous_attempts: list[str] = []
+    # An app that keeps containers across attempts: the failed attempt's containers that run on,
+    # now this attempt's (YARN's getContainersFromPreviousAttempts).
+    containers_from_previous_attempts: list[AllocatedContainer] = []
     # The RM's policy places a new PS job before it starts (Harmony: a node of its own to be
     # profiled on, or none yet): its AM starts no executor until its first directive that runs it.
     policy_places_new_jobs: bool = False
@@ -238,16 +250,6 @@ class ResourceAsk(_Msg):
     nodes: list[str] = []        # preferred node ids or host names; empty = anywhere
     relax_locality: bool = True
     tag: str = ""                # free-form label the AM gets back (e.g. "worker", "server")
-
-
-class AllocatedContainer(_Msg):
-    container_id: str
-    node_id: str
-    node_http_address: str
-    resource: Resource
-    container_token: str
-    ask_id: int = 0
-    tag: str = ""
 
 
 class RunState(str, enum.Enum):

@@ -268,7 +268,10 @@ class CheckpointInfo(msgspec.Struct, kw_only=True):
 
 class ResumedFrom(msgspec.Struct, kw_only=True):
     """The checkpoint of an earlier attempt this attempt continued from (appmaster.ps.job_resume):
-    where it is, its cut, the attempt that wrote it, its objective and the one restored here."""
+    where it is, its cut, the attempt that wrote it, its objective and the one restored here.
+    `adopted`: this attempt took the earlier one's executors over instead (appmaster.ps.
+    attempt_takeover; `executors_adopted` of them): nothing was restored, `epoch` is where training
+    went on and the checkpoint fields name the latest checkpoint, what a recovery goes back to."""
 
     dir: str
     url: str = ""
@@ -279,6 +282,9 @@ class ResumedFrom(msgspec.Struct, kw_only=True):
     objective_restored: Optional[float] = None
     checkpoint_time: float = 0.0
     time: float = 0.0
+    adopted: bool = False
+    executors_adopted: int = 0
+    takeover_s: float = 0.0      # how long the take-over took (the executors checked, the last clock waited out)
 
 
 class RecoveryStatus(msgspec.Struct, kw_only=True):

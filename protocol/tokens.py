@@ -44,7 +44,9 @@ def job_secret(cluster_secret: str | bytes, attempt_id: str) -> str:
     bytes: as unpredictable to anyone without the cluster secret, distinct per attempt, and the RM
     (or an operator holding the cluster secret) can recompute it at any time, so it needs no state
     store entry and survives an RM restart. Each attempt gets its own: executors left over from a
-    failed attempt can neither reach the new attempt's executors nor be reached by them.
+    failed attempt can neither reach the new attempt's executors nor be reached by them -- except
+    in an app that keeps containers across attempts, whose next attempt takes those executors over
+    on purpose: the RM derives all its attempts' secret from the first attempt's id.
     """
     key = cluster_secret.encode() if isinstance(cluster_secret, str) else cluster_secret
     return hmac.new(key, _JOB_SECRET_CONTEXT + attempt_id.encode(), hashlib.sha256).hexdigest()

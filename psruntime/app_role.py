@@ -336,8 +336,12 @@ class AppRole:
                 block.state = state
         return ctl.BlocksReply(blocks=[b.block_index for b, _ in states]), ()
 
-    def positions(self, req: ctl.Positions, arrays: Arrays) -> Answer:
-        """Each block's position in the epoch: {block: [epoch, next_row]} (for a restart)."""
+    async def positions(self, req: ctl.Positions, arrays: Arrays) -> Answer:
+        """Each block's position in the epoch: {block: [epoch, next_row]} (for a restart); with
+        `settled`, after the running clock (if any) has ended."""
+        if req.settled:
+            async with self._busy:
+                pass
         return ctl.PositionsReply(positions={str(b.block_index): block_position(b) for b in self.blocks}), ()
 
     async def set_positions(self, req: ctl.SetPositions, arrays: Arrays) -> Answer:

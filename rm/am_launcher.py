@@ -52,7 +52,10 @@ class AmLauncher:
             container_env.APP_ATTEMPT_ID: eff.attempt_id,
             container_env.APP_SUBMITTER: app.user,
             container_env.AM_DIR: am_dir,
-            container_env.JOB_SECRET: tokens.job_secret(self.core.cluster.secret, eff.attempt_id),
+            # An app that keeps containers across attempts has one secret for all of them: the
+            # executors a new attempt takes over hold the first attempt's in their environment.
+            container_env.JOB_SECRET: tokens.job_secret(
+                self.core.cluster.secret, app.attempts[0] if app.keep_containers and app.attempts else eff.attempt_id),
             container_env.CONTAINER_ROLE: "am",
         })
         if self.failover_urls:

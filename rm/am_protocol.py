@@ -63,6 +63,7 @@ class AmProtocol:
         def _schedule(self, candidates: list[Node]) -> None: ...
         def _mark_launched(self, c: Container) -> None: ...
         def _release(self, c: Container, cleanup_on_node: bool) -> None: ...
+        def _previous_containers(self, at: Attempt) -> list[api.AllocatedContainer]: ...
 
     def _attempt_for_token(self, claims: dict[str, Any]) -> tuple[App, Attempt]:
         app = self.apps.get(str(claims.get("app_id", "")))
@@ -124,6 +125,7 @@ class AmProtocol:
         self._touch(at)
         return api.AmRegisterResponse(app_id=app.app_id, attempt_id=at.attempt_id,
                                       maximum_resource=self.scheduler.maximum, queue=app.queue, user=app.user,
+                                      containers_from_previous_attempts=self._previous_containers(at),
                                       policy_places_new_jobs=self.policy_places_new_jobs)
 
     def allocate(self, claims: dict[str, Any], req: api.AllocateRequest) -> api.AllocateResponse:

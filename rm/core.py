@@ -84,7 +84,8 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         # as stale (rm/server.py).
         self.counters = {"nm_heartbeats": 0, "am_allocates": 0, "containers_allocated": 0,
                          "apps_submitted": 0, "policy_rounds_applied": 0, "policy_rounds_dropped": 0,
-                         "containers_recovered": 0, "policy_rounds_held": 0, "reshapes_after_failover": 0}
+                         "containers_recovered": 0, "policy_rounds_held": 0, "reshapes_after_failover": 0,
+                         "containers_kept_across_attempts": 0}
         self.utilization = UtilizationSeries()   # fed by heartbeats that carry measurements
         # The nodes' log aggregation reports, for the app view's logAggregationStatus (in memory).
         self.log_aggregation = LogAggregationBook(bool(cluster.remote_app_log_dir))
@@ -200,10 +201,11 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
 
     def submit(self, app_id: str, user: str, name: str, queue: str, app_type: str, am: AmSpec,
                max_attempts: int, *, ps_job: Optional[ps_job_spec.PSJobSpec] = None,
-               extension: Optional[dict[str, object]] = None) -> App:
+               extension: Optional[dict[str, object]] = None, keep_containers: bool = False) -> App:
         """Create the app in NEW_SAVING; the caller stores it and then calls `app_saved`. `ps_job`
         is an ELASTANE_PS app's decoded, validated spec (rm/submission.py); the app keeps it typed.
-        `extension` is what else the submission's `elastane` object held."""
+        `extension` is what else the submission's `elastane` object held; `keep_containers`: a failed
+        attempt's containers pass to the next attempt (`_attempt_failed`)."""
         am.resource = self.check_submission(app_id, queue, am.resource)
         self._check_ps_job(app_type, ps_job)
         if max_attempts < 1:
@@ -212,7 +214,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self._submit_seq += 1
         app = App(app_id=app_id, user=user, name=name, queue=queue, app_type=app_type, am=am,
                   max_attempts=min(max_attempts, self.cfg.max_app_attempts), submit_time=self.clock(),
-                  seq=self._submit_seq, extension=extension,
+                  seq=self._submit_seq, extension=extension, keep_containers=keep_containers,
                   ps=ps_job_view(ps_job, self.scheduler.min_mb) if ps_job is not None else None)
         self.apps[app_id] = app
         self._app_event(app, AppEvent.START)
@@ -336,6 +338,12 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             cid = None
         at = self.attempts.get(str(cid.attempt)) if cid is not None else None
         app = self.apps.get(at.app_id) if at is not None else None
+        if app is not None and at is not None and app.keep_containers and at.attempt_id != app.current_attempt:
+            # An app that keeps containers: an earlier attempt's container that its next attempt
+            # took over (its id still names the attempt that was granted it).
+            cur = self.attempts.get(app.current_attempt or "")
+            if cur is not None and s.container_id in cur.previous_containers:
+                at = cur
         # Only an earlier RM's containers (another epoch) are adopted: one of this RM's own that it
         # no longer knows was completed here (its node was lost, it expired) and its AM was told.
         if (at is None or app is None or cid is None or cid.epoch == self.container_epoch
@@ -403,8 +411,10 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self._attempt_event(at, AttemptEvent.SCHEDULE)
         return at
 
-    def _end_attempt(self, at: Attempt, ev: AttemptEvent, diagnostics: str) -> None:
-        """Move an attempt to a final state and clean up every container it still holds."""
+    def _end_attempt(self, at: Attempt, ev: AttemptEvent, diagnostics: str, keep: bool = False) -> list[Container]:
+        """Move an attempt to a final state and clean up every container it still holds -- with
+        `keep`, all but its launched non-AM containers, which are returned for the next attempt
+        (YARN's keep-containers-across-application-attempts)."""
         self._attempt_event(at, ev)
         at.finish_time = self.clock()
         if diagnostics:
@@ -412,23 +422,57 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self._am_live.pop(at.attempt_id, None)
         self._am_node_wait.pop(at.attempt_id, None)
         self.scheduler.clear_demand(at.app_id)
-        for cid in list(at.containers):
+        kept: list[Container] = []
+        undelivered = {c.container_id for c in at.to_deliver}
+        for cid in sorted(at.containers):
             c = self.containers.get(cid)
-            if c is not None:
+            if c is None:
+                continue
+            # Only what the AM launched goes on: one it never heard of or never started runs nothing.
+            if keep and not c.is_am and c.launched and cid not in undelivered:
+                kept.append(c)
+            else:
                 self._release(c, cleanup_on_node=True)
         at.to_deliver.clear()
+        return kept
+
+    def _previous_containers(self, at: Attempt) -> list[api.AllocatedContainer]:
+        """The containers `at` took over from the failed attempt before it that still run, each with
+        a container token signed afresh for this attempt (the first may have expired): what its AM
+        stops them with."""
+        out = []
+        app = self.apps[at.app_id]
+        now = self.clock()
+        for cid in at.previous_containers:
+            c = self.containers.get(cid)
+            if c is None or c.attempt_id != at.attempt_id:
+                continue
+            token = tokens.sign(self.cluster.secret, tokens.CONTAINER,
+                                container_token_payload(cid, c.node_id, app.app_id, at.attempt_id, app.user, c.resource),
+                                self.cfg.container_token_lifetime_s, now=now)
+            out.append(api.AllocatedContainer(container_id=cid, node_id=c.node_id, node_http_address=c.node_http_address,
+                                              resource=c.resource, container_token=token, ask_id=c.ask_id, tag=c.tag))
+        return out
 
     def _attempt_failed(self, at: Attempt, diagnostics: str, counts: bool = True) -> None:
         app = self.apps[at.app_id]
         if app.state.is_final or attempt_is_final(at.state):
             return
         at.counts_as_failure = counts
-        self._end_attempt(at, AttemptEvent.FAIL, diagnostics)
         failures = sum(1 for a in app.attempts if self.attempts[a].state == AttemptState.FAILED
-                       and self.attempts[a].counts_as_failure)
-        if failures < app.max_attempts:
+                       and self.attempts[a].counts_as_failure) + (1 if counts else 0)
+        retry = failures < app.max_attempts
+        kept = self._end_attempt(at, AttemptEvent.FAIL, diagnostics, keep=retry and app.keep_containers)
+        if retry:
             self._app_event(app, AppEvent.ATTEMPT_RETRY)
-            self._new_attempt(app)
+            nxt = self._new_attempt(app)
+            for c in kept:      # the next attempt owns them: their completions and releases are its
+                at.containers.discard(c.container_id)
+                c.attempt_id = nxt.attempt_id
+                nxt.containers.add(c.container_id)
+                nxt.previous_containers.append(c.container_id)
+            if kept:
+                self.counters["containers_kept_across_attempts"] += len(kept)
         else:
             app.final_status = FinalStatus.FAILED
             app.diagnostics = (f"Application {app.app_id} failed {failures} times due to: {diagnostics}. "

@@ -142,6 +142,10 @@ class Attempt:
     # Containers the AM released while this RM had not yet heard of them (their NM had not
     # re-registered): cleaned up, not re-adopted, when their NM reports them (YARN's pendingRelease).
     pending_release: set[str] = field(default_factory=set)
+    # An app that keeps containers across attempts: the failed attempt's containers this attempt
+    # took over (its register reply lists those still running; YARN's
+    # getContainersFromPreviousAttempts).
+    previous_containers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -157,6 +161,9 @@ class App:
     max_attempts: int
     submit_time: float
     seq: int
+    # YARN's keep-containers-across-application-attempts (rm/submission.py): a failed attempt's
+    # containers pass to the next attempt instead of being cleaned up.
+    keep_containers: bool = False
     # An ELASTANE_PS app's job: the PSJobSpec decoded and validated once at submission
     # (rm/submission.py), with what the policies read of it (`ps.spec` is the spec itself: what the
     # state store persists, the REST API shows and the AM is launched with). None for other apps.

@@ -42,6 +42,9 @@ def render(core: ResourceManagerCore) -> str:
     metric("elastane_rm_containers_recovered_total", "counter",
            "Containers of kept attempts re-adopted from the NMs after an RM restart or failover.",
            [("", core.counters["containers_recovered"])])
+    metric("elastane_rm_containers_kept_across_attempts_total", "counter",
+           "Containers of a failed attempt passed to the next one (keep-containers-across-application-attempts).",
+           [("", core.counters["containers_kept_across_attempts"])])
     metric("elastane_rm_nm_heartbeats_total", "counter", "NodeManager heartbeats processed.",
            [("", core.counters["nm_heartbeats"])])
     metric("elastane_rm_am_allocates_total", "counter", "ApplicationMaster allocate calls processed.",

@@ -63,6 +63,7 @@ class AppRecord(msgspec.Struct, forbid_unknown_fields=False):
     directive: Optional[ShapeDirective] = None
     directive_version: int = 0
     delivered_directive_version: int = 0
+    keep_containers: bool = False           # App.keep_containers (a record without it: off)
 
 
 class PolicyStateRecord(msgspec.Struct, forbid_unknown_fields=False):
@@ -97,6 +98,7 @@ class AttemptRecord(msgspec.Struct, forbid_unknown_fields=False):
     am_node_id: str = ""
     am_node_http_address: str = ""
     tracking_url: str = ""
+    previous_containers: list[str] = []     # Attempt.previous_containers (kept across attempts)
 
 
 def app_to_record(app: App) -> AppRecord:
@@ -109,7 +111,8 @@ def app_to_record(app: App) -> AppRecord:
                      progress=app.progress, elastane=app.extension, memory_seconds=app.memory_seconds,
                      vcore_seconds=app.vcore_seconds, ps_job=app.ps.spec if app.ps is not None else None,
                      directive=app.directive, directive_version=app.directive_version,
-                     delivered_directive_version=app.delivered_directive_version)
+                     delivered_directive_version=app.delivered_directive_version,
+                     keep_containers=app.keep_containers)
 
 
 def _stored_spec(r: AppRecord) -> tuple[Optional[PSJobSpec], Optional[dict[str, object]]]:
@@ -136,7 +139,7 @@ def app_from_record(r: AppRecord, minimum_allocation_mb: int) -> App:
     spec, extension = _stored_spec(r)
     return App(app_id=r.app_id, user=r.user, name=r.name, queue=r.queue, app_type=r.app_type,
                am=AmSpec(r.am_commands, r.am_environment, r.am_local_resources, r.am_resource),
-               max_attempts=r.max_attempts, submit_time=r.submit_time, seq=r.seq,
+               max_attempts=r.max_attempts, submit_time=r.submit_time, seq=r.seq, keep_containers=r.keep_containers,
                ps=ps_job_view(spec, minimum_allocation_mb) if spec is not None else None, extension=extension,
                state=AppState(r.state), final_status=FinalStatus(r.final_status),
                diagnostics=r.diagnostics, start_time=r.start_time, finish_time=r.finish_time,
@@ -150,7 +153,7 @@ def app_from_record(r: AppRecord, minimum_allocation_mb: int) -> App:
 def attempt_to_record(at: Attempt) -> AttemptRecord:
     return AttemptRecord(at.attempt_id, at.app_id, at.number, at.state.value, at.start_time, at.finish_time,
                          at.diagnostics, at.counts_as_failure, at.am_container_id, at.am_node_id,
-                         at.am_node_http_address, at.tracking_url)
+                         at.am_node_http_address, at.tracking_url, list(at.previous_containers))
 
 
 def attempt_from_record(r: AttemptRecord) -> Attempt:
@@ -158,7 +161,7 @@ def attempt_from_record(r: AttemptRecord) -> Attempt:
                    start_time=r.start_time, finish_time=r.finish_time, diagnostics=r.diagnostics,
                    counts_as_failure=r.counts_as_failure, am_container_id=r.am_container_id,
                    am_node_id=r.am_node_id, am_node_http_address=r.am_node_http_address,
-                   tracking_url=r.tracking_url)
+                   tracking_url=r.tracking_url, previous_containers=list(r.previous_containers))
 
 
 class StateStore(abc.ABC):

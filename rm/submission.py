@@ -23,7 +23,7 @@ from .model import AmSpec
 
 # Documented by YARN's RM REST API, accepted and ignored by Elastane (the README cites this list).
 IGNORED_SUBMISSION_FIELDS: tuple[str, ...] = (
-    "application-tags", "priority", "keep-containers-across-application-attempts", "unmanaged-AM",
+    "application-tags", "priority", "unmanaged-AM",
     "cancel-tokens-when-complete", "log-aggregation-context", "attempt-failures-validity-interval",
     "reservation-id", "am-black-listing-requests", "application-timeouts", "node-label-expression",
     "app-node-label-expression", "am-container-node-label-expression", "credentials",
@@ -95,10 +95,13 @@ class SubmissionContext(_In, rename=_RENAME):
     max_app_attempts: Optional[int] = None
     application_type: str = "YARN"
     elastane: Optional[dict[str, object]] = None  # Elastane's extension (e.g. a PS job spec)
+    # YARN's work-preserving AM restart: a failed attempt's containers go on running and the next
+    # attempt gets them (its register reply lists them). Unset: on for ELASTANE_PS apps (their AM
+    # adopts its executors, docs/internals.md "AM recovery"), off for every other app, as in YARN.
+    keep_containers: Optional[bool] = None
     # ---- accepted and ignored (IGNORED_SUBMISSION_FIELDS) ----
     application_tags: object = None
     priority: object = None
-    keep_containers: object = None
     unmanaged_am: object = None
     cancel_tokens: object = None
     log_aggregation_context: object = None
@@ -147,6 +150,7 @@ class ValidSubmission:
     # (with the AM container's local resources merged in: the spec the AM is launched with).
     ps_job: Optional[ps_job_spec.PSJobSpec]
     extension: Optional[dict[str, object]]    # the rest of the `elastane` object, as given
+    keep_containers: bool = False             # containers outlive a failed attempt (SubmissionContext)
 
 
 E = TypeVar("E")
@@ -256,4 +260,6 @@ def validate(ctx: SubmissionContext) -> ValidSubmission:
     extension = {k: v for k, v in (ctx.elastane or {}).items() if k != ps_job_spec.ELASTANE_FIELD}
     return ValidSubmission(app_id=ctx.application_id, name=ctx.application_name, queue=ctx.queue,
                            app_type=ctx.application_type, am=am, max_attempts=ctx.max_app_attempts,
-                           ps_job=ps_spec, extension=extension if ctx.elastane is not None else None)
+                           ps_job=ps_spec, extension=extension if ctx.elastane is not None else None,
+                           keep_containers=(ps_spec is not None if ctx.keep_containers is None
+                                            else ctx.keep_containers))

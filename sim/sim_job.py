@@ -22,6 +22,7 @@ none of its own. What the simulated AM does:
     RetireExecutors    release the containers (at the step's end)
     PauseTraining / ResumeTraining   stop / restart epoch progress
     WriteCheckpoint    remembers the epochs trained (RestoreCheckpoint goes back to them)
+    AdoptExecutors     StepFailed: no simulated attempt leaves executors to take over
     other steps        StepDone after their share of the change's calibrated cost; training stalls
                        while any step but StartExecutors runs (EPS: reshape_cost, as before)
     ReportProgress     the job report every allocate carries says it (changing, directive version)
@@ -510,6 +511,10 @@ class SimJob:
             return ev.StepDone(at=now, step=step.step, holdings=self._holdings(step.servers, step.workers))
         elif isinstance(step, ins.ResumeTraining):
             self._halted = False
+        elif isinstance(step, ins.AdoptExecutors):
+            # A simulated attempt never fails and leaves executors behind (a replayed AM log's
+            # take-over starts new executors here, as a failed one does).
+            return ev.StepFailed(at=now, step=step.step, error="the simulator keeps no executors across attempts")
         elif isinstance(step, ins.ComputePlan):
             if self.plans:
                 return ev.StepDone(at=now, step=step.step, ops=self.plans.popleft())

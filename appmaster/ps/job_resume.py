@@ -39,6 +39,15 @@ def job_record(spec: PSJobSpec, attempt_id: str, metrics: JobMetrics, shape_hist
                      iterations=loop.iterations, clocks=loop.clocks_done, minibatches_run=loop.minibatches_run)
 
 
+def restore_metrics(metrics: JobMetrics, rec: JobRecord) -> None:
+    """The initial objective and the epochs' objectives a record (a checkpoint's, or an attempt's
+    handover) holds, into a new attempt's metrics."""
+    metrics.initial_objective = float(rec.initial_objective or 0.0)
+    for e in rec.objective_history or []:     # an objective written as null was not finite
+        metrics.record_epoch(EpochRecord(epoch=e.epoch, objective=float("nan") if e.objective is None else e.objective,
+                                         epoch_time_s=e.epoch_time_s, time=e.time))
+
+
 def resumable_checkpoint(checkpointer: Checkpointer, spec: PSJobSpec, app: AnyPSApp) -> Optional[StoredCheckpoint]:
     """The job's latest checkpoint in the durable AM dir (an earlier attempt's), if this attempt
     can continue from it; None to start from the initial model."""
@@ -64,10 +73,7 @@ async def resume_job(checkpoint: StoredCheckpoint, servers: list[ExecutorRecord]
     checkpoint's place in the epoch. Returns what the status reports as `resumed_from`."""
     checkpoint = await steps.checkpointer.fetch(checkpoint)      # a remote one is read from a local copy
     rec = checkpoint.record
-    metrics.initial_objective = float(rec.initial_objective or 0.0)
-    for e in rec.objective_history or []:     # an objective written as null was not finite
-        metrics.record_epoch(EpochRecord(epoch=e.epoch, objective=float("nan") if e.objective is None else e.objective,
-                                         epoch_time_s=e.epoch_time_s, time=e.time))
+    restore_metrics(metrics, rec)
     restored = await steps.continue_from_checkpoint(servers, workers, checkpoint.dir, rec)
     log.info("resumed from checkpoint %s of %s: epoch %d, objective %.6g", checkpoint.dir, rec.attempt_id,
              rec.epoch, restored)

@@ -78,6 +78,13 @@ class ModelPlacement:
             s.blocks = table.blocks_owned_by(s.executor_id)
         await self.rpc.send_all(everyone, self.app_setup_request())
 
+    def adopt(self, table: OwnershipTable) -> None:
+        """The table a failed attempt left, which its executors (taken over) hold already: nothing
+        is broadcast or moved (appmaster.ps.attempt_takeover)."""
+        self._controller = MigrationController(table, self.client)
+        for s in self.membership.servers:
+            s.blocks = table.blocks_owned_by(s.executor_id)
+
     async def setup_worker(self, worker: ExecutorRecord, partition: int, num_partitions: int) -> None:
         """Have `worker` generate (or load) input partition `partition` of `num_partitions`."""
         r = await self.rpc.call(worker, ops.WorkerSetup(partition=partition, num_partitions=num_partitions),

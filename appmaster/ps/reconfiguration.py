@@ -99,6 +99,12 @@ class Reconfiguration:
             self._ledger = ledger
         return ledger
 
+    def adopt_ledger(self, active: dict[str, list[int]], inactive: dict[str, list[int]]) -> None:
+        """The split ledger of executors taken over from a failed attempt (as its record says and
+        the workers confirmed; appmaster.ps.attempt_takeover)."""
+        self._ledger = SplitLedger(active={w: set(s) for w, s in active.items()},
+                                   inactive={w: set(inactive.get(w, [])) for w in active})
+
     @property
     def ledger_ready(self) -> bool:
         """Whether the split ledger exists (training has begun)."""

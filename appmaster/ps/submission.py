@@ -20,11 +20,13 @@ from protocol.ps_job_spec import PSJobSpec
 
 def build_ps_submission(spec: PSJobSpec | Mapping[str, Any], name: str = "ps-job", queue: str = "default",
                         am_memory: int = 512, am_vcores: int = 1, max_app_attempts: int = 1,
-                        app_id: str | None = None, environment: Mapping[str, str] | None = None) -> dict[str, Any]:
+                        app_id: str | None = None, environment: Mapping[str, str] | None = None,
+                        keep_containers: bool | None = None) -> dict[str, Any]:
     """The full YARN submission dict for a PS job; raises JobSpecError / ValueError naming the field.
 
     `app_id` comes from POST /ws/v1/cluster/apps/new-application; if None, set "application-id"
-    before submitting.
+    before submitting. `keep_containers`: YARN's keep-containers-across-application-attempts (None
+    leaves it to the RM: on for PS jobs, so a new AM attempt takes the executors over).
     """
     valid = ps_job_spec.validate(spec if isinstance(spec, PSJobSpec) else dict(spec))
     for label, v in (("am_memory", am_memory), ("am_vcores", am_vcores), ("max_app_attempts", max_app_attempts)):
@@ -45,6 +47,8 @@ def build_ps_submission(spec: PSJobSpec | Mapping[str, Any], name: str = "ps-job
         "resource": {"memory": am_memory, "vCores": am_vcores},
         "elastane": {ps_job_spec.ELASTANE_FIELD: spec_json},
     }
+    if keep_containers is not None:
+        sub["keep-containers-across-application-attempts"] = keep_containers
     if valid.resources:
         sub["am-container-spec"]["local-resources"] = {
             "entry": [{"key": k, "value": msgspec.to_builtins(r)} for k, r in valid.resources.items()]}

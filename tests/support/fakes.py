@@ -103,6 +103,9 @@ class FakeRM:
     not_registered: int = 0
     unavailable_registers: int = 0
     seq: int = 1
+    # An attempt that took containers over from the one before (keep-containers-across-application-
+    # attempts): listed in its register reply.
+    previous: list[api.AllocatedContainer] = field(default_factory=list)
 
     def app(self) -> web.Application:
         app = http_server.make_app()
@@ -125,7 +128,8 @@ class FakeRM:
         self.registered = await http_server.read_json(request, api.AmRegisterRequest)
         return http_server.json_response(api.AmRegisterResponse(
             app_id="application_1_0001", attempt_id="appattempt_1_0001_000001",
-            maximum_resource=Resource(1024, 2), queue="default", user="alice"))
+            maximum_resource=Resource(1024, 2), queue="default", user="alice",
+            containers_from_previous_attempts=self.previous))
 
     def new_container(self, resource: Resource, ask_id: int = 0, tag: str = "") -> api.AllocatedContainer:
         self.seq += 1

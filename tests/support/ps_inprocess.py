@@ -54,6 +54,9 @@ class InProcessAM:
         self.finished: Optional[tuple[str, str]] = None
         self.on_launch: Optional[Callable[[str, Executor], None]] = None   # a test's hook, before it announces
         self.launch_gate: Optional[asyncio.Event] = None    # set by a test: launches wait for it (a slow start)
+        # A new attempt's containers taken over from the one before (`previous_containers`), which
+        # a test hands over together with their executors (`executors`).
+        self.handed: list[AmContainer] = []
         self._containers: dict[str, AmContainer] = {}
         self._seq = itertools.count(2)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -62,6 +65,9 @@ class InProcessAM:
     # -- what the master calls -------------------------------------------------------------------
     async def register(self, host: str = "", port: int = -1, tracking_url: str = "") -> None:
         return None
+
+    def previous_containers(self) -> list[AmContainer]:
+        return list(self.handed)
 
     def add_ask(self, count: int, resource: Resource, *, priority: int = 0, nodes: Optional[list[str]] = None,
                 relax_locality: bool = True, tag: str = "") -> int:

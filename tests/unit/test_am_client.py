@@ -367,3 +367,22 @@ async def test_an_ask_added_while_an_allocate_is_in_flight_goes_out_at_once(fake
         assert added and fake_cluster.rm.requests[-1].asks[0].ask_id == added[0]
     finally:
         await am.close()
+
+
+async def test_containers_taken_over_from_the_previous_attempt_run_and_can_be_stopped(fake_cluster):
+    rm, nm = fake_cluster.rm, fake_cluster.nm
+    kept = [rm.new_container(R, tag="worker"), rm.new_container(R, tag="server")]
+    rm.previous = kept
+    nm.started.update({c.container_id: None for c in kept})      # the previous attempt launched them
+    am = await make_am(fake_cluster)
+    try:
+        taken = am.previous_containers()
+        assert [c.container_id for c in taken] == [c.container_id for c in kept]
+        assert all(c.state is AmContainerState.RUNNING and c.tag in ("worker", "server") for c in taken)
+        await am.register("amhost", 1234, "http://amhost:1234/", start_heartbeats=False)   # a resync: once only
+        assert len(am.book.containers) == 2
+        await am.stop(taken[0])              # as any running container: through its NM, with its token
+        assert nm.stopped == [kept[0].container_id]
+        assert [c.container_id for c in am.book.live()] == [kept[1].container_id]
+    finally:
+        await am.close()

@@ -45,6 +45,12 @@ def _restoring() -> World:
     return w
 
 
+def _adopting() -> World:
+    w = World(job_state(), hold={ins.AdoptExecutors})
+    w.start(resume_from="ckpt/epoch-3", adopt=True)
+    return w
+
+
 def _training() -> World:
     return started()
 
@@ -88,6 +94,7 @@ def _finishing() -> World:
 IN_PHASE: dict[Phase, Callable[[], World]] = {
     Phase.STARTING: _starting, Phase.LAUNCHING_SERVERS: _launching_servers,
     Phase.LAUNCHING_WORKERS: _launching_workers, Phase.INITIALISING: _initialising, Phase.RESTORING: _restoring,
+    Phase.ADOPTING: _adopting,
     Phase.TRAINING: _training, Phase.RESHAPING: _reshaping, Phase.EXECUTING_PLAN: _executing_plan,
     Phase.CHECKPOINTING: _checkpointing, Phase.RECOVERING: _recovering, Phase.FINISHING: _finishing,
 }

@@ -130,7 +130,10 @@ def fail_job(job: JobState, diagnostics: str, out: Out) -> None:
 def _registered(job: JobState, e: ev.Registered, out: Out) -> None:
     job.policy_places = e.policy_places_new_jobs and not job.spec.placement
     job.resume_from = e.resume_from
-    if not job.policy_places:
+    job.adopt = e.adopt
+    # Executors taken over are placed already: a policy's placement of new jobs has nothing to
+    # wait for (its latest directive comes again, and is applied once the job trains).
+    if not job.policy_places or job.adopt:
         begin(job, Change(ChangeKind.START, Origin.JOB, e.at), out)
         return
     # The AM's heartbeat runs from its registration on, so the policy's first directive can
@@ -446,7 +449,7 @@ def _timer(job: JobState, e: ev.TimerFired, out: Out) -> None:
 
 
 _BEFORE_TRAINING = frozenset({Phase.STARTING, Phase.LAUNCHING_SERVERS, Phase.LAUNCHING_WORKERS,
-                              Phase.INITIALISING, Phase.RESTORING})
+                              Phase.INITIALISING, Phase.RESTORING, Phase.ADOPTING})
 
 _HANDLERS: dict[type, Callable[..., None]] = {
     ev.Registered: _registered, ev.DirectiveArrived: _directive, ev.ContainersAllocated: _allocated,

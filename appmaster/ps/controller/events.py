@@ -26,6 +26,9 @@ class Registered(_Event, tag="registered"):
 
     policy_places_new_jobs: bool = False
     resume_from: str = ""        # a new attempt: the checkpoint an earlier attempt left ("" none)
+    # A new attempt that was handed the failed attempt's running executors and found the record it
+    # left (appmaster.ps.attempt_takeover): it tries to take them over before starting any.
+    adopt: bool = False
 
 
 class DirectiveArrived(_Event, tag="directive"):
@@ -154,6 +157,10 @@ class StepDone(_Event, tag="step_done"):
     directory: str = ""
     objective: Optional[float] = None
     ops: list[PlanOp] = []       # a plan computed for the change (Cruise)
+    # Executors taken over (AdoptExecutors): the epochs the job has done, and the epoch of the
+    # checkpoint in `directory` (the failed attempt's latest, what a recovery goes back to).
+    epochs_done: Optional[int] = None
+    checkpoint_epoch: int = 0
 
 
 class StepFailed(_Event, tag="step_failed"):

@@ -25,6 +25,12 @@ Contract of each step (what the interpreter does; the simulator charges its cali
     SetupTraining      place blocks on the servers, partitions on the workers, the initial model.
     WriteCheckpoint    every server block (and workers' block state where the app keeps it).
     RestoreCheckpoint  a checkpoint onto (new) executors: place, regenerate, restore, positions.
+    AdoptExecutors     a new AM attempt takes over the executors the failed one left running (the
+                       RM hands their containers over): check them against the record that
+                       attempt left, cut and wait out the clock it started, read every input
+                       block's place; StepDone names them (`executors`, `holdings`, the epochs
+                       done and the checkpoint a recovery goes back to). A failure stops every
+                       container handed over (the start goes on with new executors).
     ScoreModel         the final held-out evaluation and the model output.
     ComputePlan        Cruise's optimizer plans the job onto `workers + servers` containers (it
                        picks the split itself) with new executors on `nodes` (empty: anywhere);
@@ -131,6 +137,10 @@ class RestoreCheckpoint(_Step, tag="restore_checkpoint"):
     workers: list[str]
 
 
+class AdoptExecutors(_Step, tag="adopt_executors"):
+    pass
+
+
 class ScoreModel(_Step, tag="score_model"):
     pass
 
@@ -203,8 +213,8 @@ class Finish(_Instruction, tag="finish"):
 
 StepInstruction = Union[StartExecutors, JoinExecutors, RetireExecutors, MoveModelBlocks, StageSplits, CommitSplits,
                         DiscardStaged, SwitchRole, SendExecutorRequest, WaitClockBoundary, PauseTraining,
-                        ResumeTraining, SetupTraining, WriteCheckpoint, RestoreCheckpoint, ScoreModel, ComputePlan,
-                        TakeOverSplits]
+                        ResumeTraining, SetupTraining, WriteCheckpoint, RestoreCheckpoint, AdoptExecutors, ScoreModel,
+                        ComputePlan, TakeOverSplits]
 Instruction = Union[StepInstruction, LaunchExecutor, ReleaseContainer, WithdrawAsks, CancelSteps, ReportProgress,
                     Reply, SetTimer, Finish]
 STEP_TYPES: tuple[type, ...] = StepInstruction.__args__     # type: ignore[attr-defined]

@@ -4,6 +4,9 @@
         INITIALISING -INITIALISED-> TRAINING                   (a first attempt: a fresh model)
         RESTORING    -INITIALISED-> TRAINING                   (WORKERS_READY_RESUME: a new AM
                                                                 attempt back on its checkpoint)
+    STARTING -ADOPT-> ADOPTING -INITIALISED-> TRAINING         a new AM attempt takes over the
+                               -ADOPT_FAILED-> LAUNCHING_SERVERS  failed one's executors (else it
+                                                                starts new ones, as above)
     TRAINING -RESHAPE-> RESHAPING          EPS add / remove / place / relocate, live
              -RESTART-> RESTARTING         the kill-based baseline: checkpoint, stop all, restart
              -PLAN-> EXECUTING_PLAN        a Cruise plan, op by op
@@ -35,6 +38,7 @@ class Phase(str, enum.Enum):
     LAUNCHING_WORKERS = "LAUNCHING_WORKERS"
     INITIALISING = "INITIALISING"
     RESTORING = "RESTORING"
+    ADOPTING = "ADOPTING"
     TRAINING = "TRAINING"
     RESHAPING = "RESHAPING"
     RESTARTING = "RESTARTING"
@@ -75,6 +79,8 @@ class Trigger(str, enum.Enum):
     """What moves the job from phase to phase (the controller fires them; module doc)."""
 
     REGISTERED = "REGISTERED"
+    ADOPT = "ADOPT"
+    ADOPT_FAILED = "ADOPT_FAILED"
     SERVERS_READY = "SERVERS_READY"
     WORKERS_READY = "WORKERS_READY"
     WORKERS_READY_RESUME = "WORKERS_READY_RESUME"
@@ -119,6 +125,9 @@ class JobTransitionError(StateError, RuntimeError):
 _P, _T = Phase, Trigger
 LIFECYCLE: TransitionTable[Phase, Trigger, Phase] = TransitionTable({
     (_P.STARTING, _T.REGISTERED): _P.LAUNCHING_SERVERS,
+    (_P.STARTING, _T.ADOPT): _P.ADOPTING,
+    (_P.ADOPTING, _T.INITIALISED): _P.TRAINING,
+    (_P.ADOPTING, _T.ADOPT_FAILED): _P.LAUNCHING_SERVERS,
     (_P.LAUNCHING_SERVERS, _T.SERVERS_READY): _P.LAUNCHING_WORKERS,
     (_P.LAUNCHING_WORKERS, _T.WORKERS_READY): _P.INITIALISING,
     (_P.LAUNCHING_WORKERS, _T.WORKERS_READY_RESUME): _P.RESTORING,

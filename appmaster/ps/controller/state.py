@@ -131,6 +131,7 @@ class JobState:
     policy_places: bool = False            # wait for the first directive before starting executors
     first_directive: Optional[ShapeDirective] = None
     resume_from: str = ""                  # a new attempt: the checkpoint an earlier one left
+    adopt: bool = False                    # a new attempt: take the failed one's executors over first
     memory_mb: Optional[int] = None       # the executors' size now (a directive may change it)
     vcores: Optional[int] = None
     epoch: int = 0

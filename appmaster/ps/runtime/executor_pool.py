@@ -175,6 +175,21 @@ class ExecutorPool:
         self._by_container[container.container_id] = rec
         return rec
 
+    def adopt(self, executor_id: str, role: Role, container: AmContainer, address: str) -> ExecutorRecord:
+        """An executor a failed attempt started and this one takes over (appmaster.ps.attempt_takeover):
+        READY at `address` under its old name; names given from now on come after it."""
+        if executor_id in self.executors:
+            raise ExecutorStateError(ExecutorState.READY, ExecutorEvent.ANNOUNCE)
+        rec = ExecutorRecord(executor_id, role, container, state=ExecutorState.READY, address=address,
+                             ready_at=time.monotonic())
+        self.executors[executor_id] = rec
+        self._by_container[container.container_id] = rec
+        self._next_index[role] = max(self._next_index[role], executor_index(rec) + 1)
+        if self.links is not None:
+            self.links.clear_lost(address)
+        self._changed.set()
+        return rec
+
     def by_container(self, container_id: str) -> Optional[ExecutorRecord]:
         return self._by_container.get(container_id)
 

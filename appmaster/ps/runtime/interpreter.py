@@ -117,6 +117,17 @@ class ChangeRecords:
     part_ended: dict[int, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Adoption:
+    """The master's take-over of a failed attempt's executors (AdoptExecutors): the executors, the
+    epochs the job has done, and the latest checkpoint (and its epoch) a recovery goes back to."""
+
+    executors: list[ExecutorRecord]
+    epochs_done: int
+    checkpoint: str = ""
+    checkpoint_epoch: int = 0
+
+
 @dataclass
 class Hooks:
     """What the master supplies: the effects that are the master's own business."""
@@ -133,6 +144,7 @@ class Hooks:
     plan: Callable[[ins.ComputePlan], Awaitable[list[PlanOp]]]
     restore_attempt: Callable[[list[ExecutorRecord], list[ExecutorRecord]], Awaitable[float]]
     replaced: Callable[[str, str], None]
+    adopt: Callable[[], Awaitable[Adoption]]
 
 
 class JobInterpreter:
@@ -443,6 +455,10 @@ class JobInterpreter:
             return await self._checkpoint(s)
         if isinstance(s, ins.RestoreCheckpoint):
             return await self._restore(s)
+        if isinstance(s, ins.AdoptExecutors):
+            a = await self.hooks.adopt()
+            return self._done(s, executors=[info_of(r) for r in a.executors], holdings=self.holdings(),
+                              epochs_done=a.epochs_done, directory=a.checkpoint, checkpoint_epoch=a.checkpoint_epoch)
         if isinstance(s, ins.ScoreModel):
             await self.hooks.score()
             return self._done(s)

@@ -30,6 +30,7 @@ import msgspec
 import numpy as np
 
 from protocol import container_env, tokens
+from protocol.attempt_handover import AttemptHandover
 from protocol.checkpoint_manifest import JobRecord
 from protocol.durable_storage import DurableDir
 from protocol.internal_api import ShapeDirective
@@ -49,7 +50,7 @@ from psruntime.wire.dataplane_auth import secret_key
 from ...am_client import ApplicationMaster
 from ...am_events import ContainersAllocated, ContainersCompleted, NodesUpdated, ShapeChanged, Shutdown
 from ...container_book import AmContainer
-from ..checkpoints import Checkpointer, StoredCheckpoint
+from ..checkpoints import JOB_MANIFEST, Checkpointer, StoredCheckpoint
 from ..controller import events as cev
 from ..controller import instructions as ins
 from ..controller.phases import Phase
@@ -63,12 +64,13 @@ from .executor_pool import ExecutorRecord, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
 from ..executor_status import spill_report
 from ..heldout_monitor import HeldoutMonitor
+from ..attempt_takeover import HandoverWriter, TakeOverRefused, handover_record, read_handover, take_over
 from ..job_resume import job_record, resumable_checkpoint, resume_job
 from ..metrics import EpochRecord, JobMetrics
 from ..model_output import ModelOutput, read_init_from, warm_start
 from ..reconfiguration import Reconfiguration, keeps_worker_state
-from .interpreter import (CONTROLLER_LOG_FILE, ChangeRecords, ControllerLog, Hooks, JobInterpreter,
-                                  change_history)
+from .interpreter import (CONTROLLER_LOG_FILE, Adoption, ChangeRecords, ControllerLog, Hooks, JobInterpreter,
+                          change_history)
 from .status_server import ControlAuth, StatusServer
 from ..stragglers import Straggler, StragglerWatch, WorkerPace
 from ..training import Training
@@ -128,7 +130,7 @@ class PSApplicationMaster:
             launch=self._launch, release=self._release, reply=self._reply, report=self._report,
             finish=self._on_finish, setup=self._setup, score=self._score, job_record=self.job_record,
             on_change_end=self._change_ended, plan=self._compute_plan, restore_attempt=self._restore_attempt,
-            replaced=self.replaced.__setitem__))
+            replaced=self.replaced.__setitem__, adopt=self._adopt))
         self.interp.train_coro = self._train
         self.interp.on_train_end = self._train_ended
         self.progress = ProgressTracker(spec.early_feedback_iterations)
@@ -153,12 +155,17 @@ class PSApplicationMaster:
         self._stop_reason = ""
         self._init_values: Optional[np.ndarray] = None
         self._resume: Optional[StoredCheckpoint] = None
+        self._handover_record: Optional[AttemptHandover] = None
         self._started_requests: set[int] = set()     # endpoint requests a change took (a 409 is its failure)
         self._directives: dict[int, ShapeDirective] = {}
         self._applied_version = 0
         self._recorded: set[int] = set()              # directive versions with a record
         self.training.loop.replace_lost_workers = self._replace_lost_workers
         self.cruise: Optional[CruiseDriver] = None    # optimizer "cruise": built once training is set up
+        # Work-preserving AM restart (appmaster.ps.attempt_takeover): the record this attempt keeps
+        # for the next one, and the failed attempt's executor containers handed to this one.
+        self.handover = HandoverWriter(self.am_dir)
+        self._handed: list[AmContainer] = []
 
     # -- public ------------------------------------------------------------------------------
     def request_stop(self, reason: str = "stopped by SIGTERM") -> None:
@@ -237,6 +244,7 @@ class PSApplicationMaster:
             try:
                 self._init_values = await self._read_init_from()
                 self._resume = await asyncio.to_thread(resumable_checkpoint, self.checkpointer, self.spec, self.app)
+                adopt = await self._handed_over()
             except Exception as e:  # noqa: BLE001 - named in the job's diagnostics
                 msg = user_failure(self.spec, e) or f"PS job failed in phase STARTING: {type(e).__name__}: {e}"
                 log.error("%s", msg)
@@ -247,7 +255,8 @@ class PSApplicationMaster:
                 log.info("the RM's policy places new jobs: waiting for its first directive before starting executors")
             self.interp.feed(cev.Registered(at=time.time(),
                                             policy_places_new_jobs=bool(reg and reg.policy_places_new_jobs),
-                                            resume_from=str(self._resume.dir) if self._resume else ""))
+                                            resume_from=str(self._resume.dir) if self._resume else "",
+                                            adopt=adopt))
             done = await self._finish
             return await self._conclude(done)
         finally:
@@ -256,6 +265,7 @@ class PSApplicationMaster:
             self.heldout.cancel()
             await asyncio.gather(pump, poller, return_exceptions=True)
             await self.interp.close()
+            await self.handover.close()
             for rid, fut in self._requests.items():
                 if not fut.done():
                     fut.set_result(ins.Reply(request=rid, status=409, message=f"the job ended ({self.job.phase.value})"))
@@ -373,6 +383,76 @@ class PSApplicationMaster:
         restored = self.resumed_from.objective_restored
         return float(restored) if restored is not None else math.nan
 
+    async def _handed_over(self) -> bool:
+        """Whether this attempt may take over the executors the failed one left: the RM handed
+        their containers over and that attempt left its record. Handed-over containers without a
+        record run nothing this attempt can use: they are stopped."""
+        handed = self.am.previous_containers()
+        if not handed:
+            return False
+        self._handover_record = await asyncio.to_thread(read_handover, self.am_dir)
+        if self._handover_record is None:
+            log.info("%d containers of the previous attempt were handed over but it left no record: stopping them",
+                     len(handed))
+            self._stop_handed(handed)
+            return False
+        self._handed = handed
+        return True
+
+    def _stop_handed(self, handed: list[AmContainer]) -> None:
+        for c in handed:
+            self.retiring.add(c.container_id)       # their exits are no losses
+            rec = self.pool.by_container(c.container_id)
+            if rec is not None:
+                self.pool.retire(rec)
+            task = asyncio.ensure_future(self.am.stop(c))
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+
+    async def _adopt(self) -> Adoption:
+        """AdoptExecutors: take over the failed attempt's executors (appmaster.ps.attempt_takeover);
+        if they cannot be, every container handed over is stopped and the step fails (the start
+        goes on with new executors, from the latest checkpoint)."""
+        record, handed = self._handover_record, self._handed
+        self._handed = []
+        t0 = time.time()
+        try:
+            if record is None:
+                raise TakeOverRefused("no record of the previous attempt")
+            got = await take_over(record, handed, self.training, self.steps)
+        except Exception as e:
+            log.warning("the previous attempt's executors are not taken over (%s): starting new ones", e)
+            self._stop_handed(handed)
+            raise
+        for c in got.unused:
+            log.info("releasing %s: the previous attempt's record has no executor in it", c.container_id)
+        self._stop_handed(got.unused)
+        self.shape_history = decode_history(record.job.shape_history)
+        ckpt = self._resume
+        # A recovery goes back to a checkpoint on this host's view of the durable dir (a remote one
+        # is fetched when resumed from, not here): else a first checkpoint of this attempt's.
+        recovery_point = str(ckpt.dir) if ckpt is not None and (Path(ckpt.dir) / JOB_MANIFEST).exists() else ""
+        last = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
+        self.resumed_from = ResumedFrom(dir=str(ckpt.dir) if ckpt else "", url=ckpt.url if ckpt else "",
+                                        epoch=got.epochs_done, attempt_id=record.attempt_id, objective=last,
+                                        objective_restored=last, checkpoint_time=ckpt.record.time if ckpt else 0.0,
+                                        time=time.time(), adopted=True,
+                                        executors_adopted=len(got.servers) + len(got.workers),
+                                        takeover_s=round(time.time() - t0, 4))
+        self.progress.start(time.time())
+        self._build_cruise()
+        await self.training.status.refresh()
+        return Adoption(got.servers + got.workers, got.epochs_done, recovery_point,
+                        ckpt.record.epoch if ckpt is not None and recovery_point else 0)
+
+    def _write_handover(self) -> None:
+        """The record the next attempt takes the executors over with, while no change runs."""
+        if self.job.change is not None or self.job.phase is not Phase.TRAINING:
+            return
+        record = handover_record(self.am.identity.attempt_id, self.training, self.steps, self.job_record())
+        if record is not None:
+            self.handover.write(record)
+
     async def _score(self) -> None:
         epochs = self.training.loop.epochs_done
         final = self.metrics.objectives[-1] if self.metrics.objectives else self.metrics.initial_objective
@@ -469,6 +549,7 @@ class PSApplicationMaster:
         self.progress.change_ended(time.time())
         self._publish_shape()
         self._save_controller_log()
+        self._write_handover()
 
     # -- training ----------------------------------------------------------------------------
     async def _train(self) -> None:
@@ -582,6 +663,7 @@ class PSApplicationMaster:
         self._publish_shape()
 
     async def _after_epoch(self, rec: EpochRecord) -> None:
+        self._write_handover()
         self.am.set_progress(min(1.0, rec.epoch / max(1, int(self.app.hparams.max_epochs))))
         self.progress.on_epoch(self._batches_by_worker(), rec.time)
         self._publish_shape(rec)

@@ -1,5 +1,7 @@
 """The job's start as a planner: its first servers, then its first workers, then the set-up --
 or, for a new AM attempt, the restore of the checkpoint an earlier attempt left -- then training.
+A new attempt that was handed the failed attempt's running executors first tries to take them
+over (AdoptExecutors: nothing to launch, set up or restore); if that fails it starts as above.
 
 The first executors go where the policy's first directive (a policy that places new jobs:
 Harmony) or else the spec's placement puts them (one strict ask per node), else anywhere. Once
@@ -11,8 +13,10 @@ from __future__ import annotations
 from protocol.internal_api import counts_on_nodes
 
 from ..events import StepDone, StepFailed
-from ..instructions import (Instruction, RestoreCheckpoint, ResumeTraining, SetupTraining, StartExecutors,
-                            WriteCheckpoint)
+from protocol.internal_api import RunState
+
+from ..instructions import (AdoptExecutors, Instruction, RestoreCheckpoint, ResumeTraining, SetupTraining,
+                            StartExecutors, WriteCheckpoint)
 from ..phases import Trigger
 from ..records import Role
 from ..state import Change, ChangeKind, JobState
@@ -20,11 +24,17 @@ from .base import BasePlanner, end_job_failed, fire, issue
 
 
 class StartPlanner(BasePlanner):
-    """STARTING -> LAUNCHING_SERVERS -> LAUNCHING_WORKERS -> INITIALISING | RESTORING -> TRAINING."""
+    """STARTING -> LAUNCHING_SERVERS -> LAUNCHING_WORKERS -> INITIALISING | RESTORING -> TRAINING,
+    or STARTING -> ADOPTING -> TRAINING (falling back to LAUNCHING_SERVERS)."""
 
     kind = ChangeKind.START
 
     def begin(self, job: JobState, change: Change, out: list[Instruction]) -> None:
+        if job.adopt:
+            fire(job, Trigger.ADOPT)
+            change.stage = "adopt"
+            issue(change, out, AdoptExecutors(step=job.new_step()))
+            return
         fire(job, Trigger.REGISTERED)
         change.stage = "servers"
         self._start(job, change, Role.SERVER, out)
@@ -42,7 +52,14 @@ class StartPlanner(BasePlanner):
         issue(change, out, StartExecutors(step=job.new_step(), role=role, count=count, per_node=per_node))
 
     def done(self, job: JobState, change: Change, ev: StepDone, out: list[Instruction]) -> None:
-        if change.stage == "servers":
+        if change.stage == "adopt":
+            fire(job, Trigger.INITIALISED)
+            if ev.epochs_done is not None:
+                job.epoch = ev.epochs_done
+            if ev.directory:       # the failed attempt's latest checkpoint: what a recovery goes back to
+                job.checkpoints.append((ev.checkpoint_epoch, ev.directory))
+            self._set_up(job, change, out)
+        elif change.stage == "servers":
             fire(job, Trigger.SERVERS_READY)
             change.stage = "workers"
             self._start(job, change, Role.WORKER, out)
@@ -58,20 +75,36 @@ class StartPlanner(BasePlanner):
             change.stage = "setup"
         elif change.stage == "setup":
             fire(job, Trigger.INITIALISED)
-            if job.spec.max_executor_failures > 0 and not job.checkpoints:
-                change.stage = "checkpoint"      # what a recovery goes back to
-                issue(change, out, WriteCheckpoint(step=job.new_step(), epoch=job.epoch, reason="initial"))
-            else:
-                self._train(job, change, out)
+            self._set_up(job, change, out)
         elif change.stage == "checkpoint":
             job.checkpoints.append((job.epoch, ev.directory))
             self._train(job, change, out)
         elif change.stage == "train":
             change.stage = "done"
 
+    def _set_up(self, job: JobState, change: Change, out: list[Instruction]) -> None:
+        """Set up (or taken over): a job that recovers from losses needs a checkpoint to go back
+        to before it trains."""
+        if job.spec.max_executor_failures > 0 and not job.checkpoints:
+            change.stage = "checkpoint"      # what a recovery goes back to
+            issue(change, out, WriteCheckpoint(step=job.new_step(), epoch=job.epoch, reason="initial"))
+        else:
+            self._train(job, change, out)
+
     def _train(self, job: JobState, change: Change, out: list[Instruction]) -> None:
         change.stage = "train"
         issue(change, out, ResumeTraining(step=job.new_step()))
 
     def failed(self, job: JobState, change: Change, ev: StepFailed, out: list[Instruction]) -> None:
+        if change.stage == "adopt" and not ev.cancelled:
+            # The executors could not be taken over (the interpreter stopped them): start new ones,
+            # on the policy's directive if one came meanwhile (the job did not wait for it).
+            job.adopt = False
+            fire(job, Trigger.ADOPT_FAILED)
+            kept = job.kept_directive
+            if job.policy_places and kept is not None and kept.run_state is not RunState.PAUSE:
+                job.first_directive, job.applied_directive, job.kept_directive = kept, kept.version, None
+            change.stage = "servers"
+            self._start(job, change, Role.SERVER, out)
+            return
         end_job_failed(job, change, ev.error, out)
