@@ -465,6 +465,9 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         kept = self._end_attempt(at, AttemptEvent.FAIL, diagnostics, keep=retry and app.keep_containers)
         if retry:
             self._app_event(app, AppEvent.ATTEMPT_RETRY)
+            # Gang admission of the next AM counts the executors it is handed (else a job that
+            # lost its AM's host could wait for room its own kept executors take).
+            self.scheduler.hold_gang_executors(app.app_id, len(kept))
             nxt = self._new_attempt(app)
             for c in kept:      # the next attempt owns them: their completions and releases are its
                 at.containers.discard(c.container_id)

@@ -14,6 +14,8 @@ job holds nothing until it can run; one that does not fit is skipped, not waited
 AMs over the AM limit). The reservation only guards admissions: it does not hold back other apps'
 asks (YARN's node reservations), so a gang's executors can still be taken in the seconds between
 its AM's start and its asks; the policies then make room as for any job short of executors.
+A new attempt of an app that keeps its containers across attempts needs room only for the gang's
+executors it does not hold already (`hold_gang_executors`: the failed attempt's, handed over).
 Locality: an ask's `nodes` are tried first; with relax_locality=False only they are used.
 Node labels are exclusive partitions (protocol/node_labels.py): executors go to unlabelled nodes
 only, AM containers to the nodes carrying `am_node_label` when one is set.
@@ -83,6 +85,12 @@ class SchedApp:
     gang_reserved: int = 0      # executors of the gang admitted with the AM not allocated yet
     gang_waiting: bool = False  # the AM was passed over last time: the gang did not fit
     gang_checked: Optional[int] = None   # the state version that check saw (see `state_version`)
+    gang_held: int = 0          # the gang's executors the app holds already (kept across attempts)
+
+    @property
+    def gang_needed(self) -> int:
+        """The gang's executors the AM's admission must still find room for."""
+        return max(0, self.gang.count - self.gang_held) if self.gang is not None else 0
 
     @property
     def has_demand(self) -> bool:
@@ -231,6 +239,14 @@ class CapacityScheduler:
         self._mark(sa)
         self._admit(q)
 
+    def hold_gang_executors(self, app_id: str, count: int) -> None:
+        """The app's next AM is admitted with `count` of its gang's executors in hand (containers a
+        failed attempt passed on): only the rest must fit."""
+        sa = self.apps.get(app_id)
+        if sa is not None:
+            sa.gang_held = max(0, count)
+            sa.gang_checked = None
+
     def clear_demand(self, app_id: str) -> None:
         sa = self.apps.get(app_id)
         if sa is not None:
@@ -373,7 +389,7 @@ class CapacityScheduler:
                 if not (q.used + r).fits_in(limit):
                     continue
                 node = self._pick_node(r, None, cand, is_am=True)
-                if node is not None and sa.gang is not None and sa.gang.count > 0:
+                if node is not None and sa.gang is not None and sa.gang_needed > 0:
                     version = self._state_version() if self._state_version is not None else None
                     if sa.gang_waiting and version is not None and version == sa.gang_checked:
                         continue        # nothing changed since its gang did not fit
@@ -388,7 +404,7 @@ class CapacityScheduler:
                     # The activation charge now belongs to the AM container (given back on its release).
                     sa.am_request, sa.am_active = None, False
                     if sa.gang is not None:
-                        sa.gang_reserved = sa.gang.count
+                        sa.gang_reserved = sa.gang_needed
                     return self._commit(sa, node, r, AM_ASK_ID, "AM")
             # Then DRF between users, FIFO within a user.
             by_user: dict[str, list[SchedApp]] = {}
@@ -417,7 +433,8 @@ class CapacityScheduler:
         reserved = [o for o in self.apps.values() if o.gang_reserved > 0 and o.gang is not None and o is not sa]
         held = sum((o.gang.executor.scale(o.gang_reserved) for o in reserved
                     if o.queue == q.name and o.gang is not None), ZERO)
-        if not (q.used + held + am + gang.executor.scale(gang.count)).fits_in(limit):
+        need = sa.gang_needed
+        if not (q.used + held + am + gang.executor.scale(need)).fits_in(limit):
             return False
         free = {n.node_id: n.free for n in self._schedulable_nodes()
                 if n.schedulable and node_labels.accepts(n.labels, False, self.am_node_label)}
@@ -435,7 +452,7 @@ class CapacityScheduler:
         for o in sorted(reserved, key=lambda o: o.seq):
             assert o.gang is not None
             place(o.gang.executor, o.gang_reserved)   # what no longer fits is not held against us
-        return place(gang.executor, gang.count)
+        return place(gang.executor, need)
 
     def _commit(self, sa: SchedApp, node: Node, r: Resource, ask_id: int, tag: str) -> Allocation:
         if ask_id != AM_ASK_ID and sa.gang_reserved:

@@ -14,7 +14,7 @@ from rm.core import ResourceManagerCore
 from rm.model import AmSpec
 from rm.store import app_from_record, app_to_record, attempt_from_record, attempt_to_record
 from rm_testing import SECRET, FakeClock, am_claims, ask, heartbeat, launch_and_register, make_core, nm_claims, \
-    register
+    ps_spec, register
 
 
 def submit_keeping(core: ResourceManagerCore, keep: bool = True, max_attempts: int = 2) -> str:
@@ -132,3 +132,38 @@ def test_kept_containers_survive_an_rm_restart_with_the_attempt_that_took_them()
     new.am_register(claims, api.AmRegisterRequest())
     r = new.allocate(claims, api.AllocateRequest(response_id=0, releases=[launched[0]]))
     assert [(s.container_id, s.exit_status) for s in r.completed] == [(launched[0], ExitStatus.ABORTED)]
+
+
+def test_the_next_am_needs_room_only_for_the_gang_executors_it_is_not_handed() -> None:
+    """Gang admission of attempt 2 counts the executors it is handed: with its AM's node lost,
+    the 3 executors left are the job's, and room for the 4th and an AM is all it needs (it waited
+    for ever for 4 new ones before, with its own 3 in the way)."""
+    core = make_core(FakeClock(), gang_shape="minimum", max_app_attempts=2)
+    for n in ("n1:1", "n2:1"):
+        register(core, n, mem=8192, vcores=3)
+    app_id = core.new_application()
+    core.submit(app_id, "alice", "ps", "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, Resource(1024, 1)), 2,
+                ps_job=ps_spec({"app": "mlr", "workers": 2, "servers": 2, "min_workers": 2, "min_servers": 2,
+                                "executor_memory_mb": 1024, "executor_vcores": 1}), keep_containers=True)
+    core.app_saved(app_id)
+    first = launch_and_register(core, app_id)
+    got = core.allocate(first, api.AllocateRequest(response_id=0, asks=[ask(1, 4, tag="worker")])).allocated
+    assert len(got) == 4
+    for n in ("n1:1", "n2:1"):
+        heartbeat(core, n, running([c.container_id for c in got if c.node_id == n]))
+    am_node = core.attempts[first["attempt_id"]].am_node_id
+    lost_node = am_node
+    kept = [c.container_id for c in got if c.node_id != lost_node]
+    # The AM's container fails on its node; one executor there fails with it.
+    on_lost = [c.container_id for c in got if c.node_id == lost_node]
+    am_cid = core.attempts[first["attempt_id"]].am_container_id
+    heartbeat(core, lost_node, [api.ContainerStatus(container_id=c, state="COMPLETE", exit_status=-100)
+                                for c in on_lost] + [api.ContainerStatus(container_id=am_cid, state="COMPLETE",
+                                                                         exit_status=-100)])
+    app = core.apps[app_id]
+    assert len(app.attempts) == 2
+    assert core.scheduler.apps[app_id].gang_held == len(kept)
+    for n in ("n1:1", "n2:1"):
+        heartbeat(core, n, running([c for c in kept if core.containers[c].node_id == n]))
+    second = core.attempts[app.attempts[1]]
+    assert second.am_container_id, core.apps[app_id].diagnostics      # admitted: 4 - kept executors fit
