@@ -12,6 +12,11 @@ checkpoint, the benchmark injects, one after the other in the same job:
   executors over (work-preserving AM restart; `am_adopted`) or else resumes from the latest
   checkpoint in the durable AM dir.
 
+The AM's loss once more, on a copy of the job submitted with keep-containers-across-application-
+attempts false: attempt 2 gets no executors and resumes from the checkpoint (what every AM loss
+cost before take-overs): `am_restore_lost_s`, and `am_lost_over_am_restore` -- the one change
+between the two being the take-over.
+
 For each: `*_recover_s`, from the fault to training again (the AM's recovery record, or the new
 attempt's `resumed_from`, against the benchmark's clock on the same host), and `*_lost_s`, the
 training time lost: the recovery plus the work redone since the checkpoint it went back to.
@@ -27,6 +32,7 @@ checkpoint when the worker was lost.
 Last line, JSON: {"worker_recover_s", "server_recover_s", "am_recover_s", "restart_baseline_s",
 "worker_lost_s", "server_lost_s", "am_lost_s", "restart_baseline_lost_s", "worker_lost_over_baseline",
 "am_lost_over_restart", "server_lost_over_restart" (each lost time over restart_baseline_lost_s),
+"am_restore_lost_s", "am_lost_over_am_restore",
 "auth_throughput_ratio", ...};
 `auth_throughput_ratio` comes from bench/dataplane.py run at the end (its authenticated over its
 unauthenticated 8 MiB push+pull throughput, in the same run).
@@ -176,6 +182,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         finally:
             job.kill()
+        restore = Job(cluster, spec, "recovery-restore", max_app_attempts=2, keep_containers=False)
+        try:
+            restore.wait_epochs(3)
+            out["am_restore"] = am_recovery(cluster, restore)
+            restore.wait_epochs(restore.epochs() + 1)
+        except Exception:
+            log("the restore job's AM log ends with:\n" + am_log_tail(cluster, restore.app_id))
+            raise
+        finally:
+            restore.kill()
         baseline = Job(cluster, {**spec, "elastic_mode": "kill"}, "restart-baseline")
         try:
             baseline.wait_epochs(3)
@@ -202,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         "worker_lost_s": round(out["worker"]["lost_s"], 3), "server_lost_s": round(out["server"]["lost_s"], 3),
         "am_lost_s": round(out["am"]["lost_s"], 3), "am_adopted": out["am"]["adopted"],
         "am_recover_parts": out["am"]["parts"],
+        # The same loss without the take-over (the job's executors not kept): the checkpoint path.
+        "am_restore_lost_s": round(out["am_restore"]["lost_s"], 3),
+        "am_restore_recover_s": round(out["am_restore"]["recover_s"], 3),
+        "am_restore_adopted": out["am_restore"]["adopted"],
+        "am_lost_over_am_restore": round(out["am"]["lost_s"] / out["am_restore"]["lost_s"], 3),
         # The baseline after the same worker fault: the restart plus the work since the last checkpoint.
         "restart_baseline_lost_s": round(baseline_lost, 3),
         "worker_lost_over_baseline": round(out["worker"]["lost_s"] / baseline_lost, 3),

@@ -37,13 +37,14 @@ def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, poll_s: float
 class Job:
     """One submitted PS job, watched through the RM and its AM's tracking URL."""
 
-    def __init__(self, cluster: LocalCluster, spec: dict[str, Any], name: str, max_app_attempts: int = 1) -> None:
+    def __init__(self, cluster: LocalCluster, spec: dict[str, Any], name: str, max_app_attempts: int = 1,
+                 keep_containers: bool | None = None) -> None:
         self.rm = cluster.rm_url
         self.cluster_secret = cluster.secret     # the bench owns the cluster: it signs the AM's control token
         new = http(f"{self.rm}/ws/v1/cluster/apps/new-application?user.name=bench", "POST")
         self.app_id = new["application-id"]
         sub = build_ps_submission(spec, name=name, am_memory=512, app_id=self.app_id,
-                                  max_app_attempts=max_app_attempts)
+                                  max_app_attempts=max_app_attempts, keep_containers=keep_containers)
         http(f"{self.rm}/ws/v1/cluster/apps?user.name=bench", "POST", sub)
         self.url = ""
 
