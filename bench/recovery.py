@@ -47,8 +47,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import msgspec
 
@@ -131,6 +132,18 @@ def am_recovery(cluster: LocalCluster, job: Job) -> dict[str, Any]:
             "parts": parts, "record": msgspec.to_builtins(r)}
 
 
+@contextmanager
+def killed_after(cluster: LocalCluster, job: Job, what: str) -> Iterator[Job]:
+    """`job` for the block, killed at its end; a failure first logs the tail of its AM's log."""
+    try:
+        yield job
+    except Exception:
+        log(f"{what}'s AM log ends with:\n" + am_log_tail(cluster, job.app_id))
+        raise
+    finally:
+        job.kill()
+
+
 def auth_throughput_ratio(seconds: float) -> float:
     """bench/dataplane.py's handshake cost: authenticated / unauthenticated 8 MiB throughput."""
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "dataplane.py"), "--seconds", str(seconds)],
@@ -163,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"starting the cluster under {base}; model {model_mb:.1f} MiB")
         cluster.start(timeout_s=60)
         job = Job(cluster, spec, "recovery", max_app_attempts=2)
-        try:
+        with killed_after(cluster, job, "the job"):
             job.wait_epochs(3)
             st = job.status() or PsStatus()
             epoch_s = st.objective_history[-1].epoch_time_s
@@ -177,21 +190,11 @@ def main(argv: list[str] | None = None) -> int:
             job.wait_epochs(job.epochs() + 2)
             out["am"] = am_recovery(cluster, job)
             job.wait_epochs(job.epochs() + 1)
-        except Exception:
-            log("the job's AM log ends with:\n" + am_log_tail(cluster, job.app_id))
-            raise
-        finally:
-            job.kill()
         restore = Job(cluster, spec, "recovery-restore", max_app_attempts=2, keep_containers=False)
-        try:
+        with killed_after(cluster, restore, "the restore job"):
             restore.wait_epochs(3)
             out["am_restore"] = am_recovery(cluster, restore)
             restore.wait_epochs(restore.epochs() + 1)
-        except Exception:
-            log("the restore job's AM log ends with:\n" + am_log_tail(cluster, restore.app_id))
-            raise
-        finally:
-            restore.kill()
         baseline = Job(cluster, {**spec, "elastic_mode": "kill"}, "restart-baseline")
         try:
             baseline.wait_epochs(3)

@@ -24,7 +24,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Awaitable, Optional
 
 import msgspec
 import numpy as np
@@ -405,9 +405,7 @@ class PSApplicationMaster:
             rec = self.pool.by_container(c.container_id)
             if rec is not None:
                 self.pool.retire(rec)
-            task = asyncio.ensure_future(self.am.stop(c))
-            self._stopping.add(task)
-            task.add_done_callback(self._stopping.discard)
+            self._in_background(self._stop_container(c, rec.executor_id if rec else "a handed-over container"))
 
     async def _adopt(self) -> Adoption:
         """AdoptExecutors: take over the failed attempt's executors (appmaster.ps.attempt_takeover);
@@ -479,7 +477,11 @@ class PSApplicationMaster:
         """The controller log so far, to the AM dir (in a thread: an object store is a request):
         after every change, so a job stopped without a clean exit leaves it up to its last one."""
         data = msgspec.json.encode(ControllerLog(spec=self.spec, entries=list(self.interp.log)))
-        task = asyncio.ensure_future(asyncio.to_thread(self._write_log, data))
+        self._in_background(asyncio.to_thread(self._write_log, data))
+
+    def _in_background(self, aw: Awaitable[None]) -> None:
+        """Run `aw` beside the job, held until it ends (the run waits for none of them)."""
+        task = asyncio.ensure_future(aw)
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
 
@@ -809,15 +811,13 @@ class PSApplicationMaster:
 
     def _stop_unresponsive(self, rec: ExecutorRecord, why: str) -> None:
         self.unresponsive[rec.container_id] = why
-        task = asyncio.ensure_future(self._stop_container(rec))
-        self._stopping.add(task)
-        task.add_done_callback(self._stopping.discard)
+        self._in_background(self._stop_container(rec.container, rec.executor_id))
 
-    async def _stop_container(self, rec: ExecutorRecord) -> None:
+    async def _stop_container(self, container: AmContainer, what: str) -> None:
         try:
-            await self.am.stop(rec.container)
+            await self.am.stop(container)
         except Exception:  # noqa: BLE001 - the RM's expiry of its node still reports it
-            log.warning("could not stop %s (%s)", rec.executor_id, rec.container_id, exc_info=True)
+            log.warning("could not stop %s (%s)", what, container.container_id, exc_info=True)
 
     # -- status sections ---------------------------------------------------------------------
     def eps_status(self) -> Optional[EpsStatus]:
