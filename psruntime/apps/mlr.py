@@ -51,7 +51,12 @@ class MLRApp(PSApp[MLRSpec, MLRHParams]):
         """Ground truth W* (features, classes), scaled so logits have std ~ logit_scale."""
         s = self.spec
         std = s.logit_scale / np.sqrt(s.nnz_per_sample / 3.0)   # E[x^2] = 1/3 for U(0, 1)
-        return rng_for(s.seed, TRUTH).normal(0.0, std, size=(s.num_features, s.num_classes)).astype(np.float32)
+        # Drawn as float32 (numpy's float32 ziggurat), not as float64 then cast: the same
+        # distribution at a third of the time, which every worker's setup and every replacement
+        # worker's regeneration of its splits waits on (210,000 x 128: 0.2 s against 0.75 s).
+        w = rng_for(s.seed, TRUTH).standard_normal((s.num_features, s.num_classes), dtype=np.float32)
+        w *= np.float32(std)
+        return w
 
     def generate_block(self, block_index: int, heldout: bool = False) -> DataBlock:
         s = self.spec
