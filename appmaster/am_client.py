@@ -52,6 +52,10 @@ class HeartbeatPolicy:
     interval_s: float = 1.0
     pending_interval_s: float = 0.25
     rm_failure_timeout_s: float = 30.0    # give up (Shutdown) after the RM is unreachable this long
+    # While a container's end is expected (`ApplicationMaster.expect_completion`): ask this often,
+    # for at most this long, until the RM reports it.
+    completion_interval_s: float = 0.05
+    completion_wait_s: float = 5.0
 
     def interval(self, asks_pending: bool) -> float:
         return self.pending_interval_s if asks_pending else self.interval_s
@@ -91,6 +95,9 @@ class ApplicationMaster:
         # Released but not yet reported completed by the RM (YARN AMRMClient's pendingRelease): an
         # RM that restarted or failed over gets them again when the AM registers again.
         self._pending_release: set[str] = set()
+        # Containers whose end the app expects (a dropped connection to its process) -> until when
+        # the loop asks at the completion interval for the RM's report of it.
+        self._expected_ends: dict[str, float] = {}
         self.resyncs = 0        # re-registrations after an RM restart or failover
         self._response_id = 0
         self._register_req: Optional[api.AmRegisterRequest] = None
@@ -202,6 +209,24 @@ class ApplicationMaster:
         """The elastic job's report (shape, progress, measurements), sent to the RM's policy on each
         heartbeat."""
         self.shape = shape
+
+    def expect_completion(self, container_id: str) -> None:
+        """The app believes `container_id` has ended (the AM's connection to its process dropped):
+        heartbeat now and at `completion_interval_s` until the RM reports its completion or
+        `completion_wait_s` passes. The RM's report stays the one word on a container's end (a
+        connection can drop while the process lives); this only asks for it sooner than the
+        heartbeat interval would -- the AM-side half of the NM's out-of-band heartbeat."""
+        rec = self.book.get(container_id)
+        if rec is not None and not rec.done:
+            self._expected_ends[container_id] = self.clock() + self.policy.completion_wait_s
+            self.heartbeat_now()
+
+    def _interval(self) -> float:
+        now = self.clock()
+        self._expected_ends = {c: t for c, t in self._expected_ends.items() if t > now}
+        if self._expected_ends:
+            return self.policy.completion_interval_s
+        return self.policy.interval(self.asks.pending)
 
     def heartbeat_now(self) -> None:
         self._wake.set()
@@ -324,7 +349,7 @@ class ApplicationMaster:
             if self._shut_down or self._loop_stopping:
                 return
             try:
-                await asyncio.wait_for(self._wake.wait(), self.policy.interval(self.asks.pending))
+                await asyncio.wait_for(self._wake.wait(), self._interval())
             except asyncio.TimeoutError:
                 pass
 
@@ -429,6 +454,7 @@ class ApplicationMaster:
     def _complete(self, statuses: list[api.ContainerStatus]) -> None:
         for s in statuses:
             self._pending_release.discard(s.container_id)
+            self._expected_ends.pop(s.container_id, None)
         done = [rec for rec in (self.book.complete(s) for s in statuses) if rec is not None]
         if done:
             self._emit(ContainersCompleted(done))

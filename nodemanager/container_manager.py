@@ -73,6 +73,9 @@ class ContainerManager:
         # and asked before a finished container's logs are deleted (not before they are uploaded).
         self.on_app_finished: Callable[[str], None] = lambda app_id: None
         self.logs_held: Callable[[str], bool] = lambda app_id: False
+        # Told when a container's process has ended (its exit status decided): the RM link sends
+        # the completion at once instead of at the next heartbeat, as YARN's NM does.
+        self.on_container_exited: Callable[[], None] = lambda: None
 
     # ----- capacity -----------------------------------------------------------------------------
 
@@ -293,6 +296,7 @@ class ContainerManager:
         c.finished_at = self.clock()
         c.apply(Ev.EXITED_SUCCESS if status == 0 else Ev.EXITED_FAILURE)
         c.exited.set()
+        self.on_container_exited()
         log.info("container %s finished: %s %s", c.container_id, ExitStatus.describe(status), diag)
         await self._cleanup(c)
 

@@ -57,6 +57,11 @@ class RMLink:
         self.last_heartbeat_ok: Optional[float] = None
         self._token: Optional[str] = None
         self._token_minted = 0.0
+        # An out-of-band heartbeat (YARN's sendOutofBandHeartBeat): a container that ended is
+        # reported now, not up to a heartbeat interval later -- the AM waits on that report to
+        # recover from a lost executor.
+        self._wake = asyncio.Event()
+        manager.on_container_exited = self._wake.set
 
     def token(self) -> str:
         """The NM token, re-minted at half its lifetime."""
@@ -113,7 +118,11 @@ class RMLink:
         self.on_registered()
         failures = 0
         while True:
-            await asyncio.sleep(self.interval_s)
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()      # before the heartbeat: an exit while it is on its way sends another
             statuses = self.manager.statuses()
             completed = [s.container_id for s in statuses if s.state == ContainerState.COMPLETE.value]
             reports = self.log_aggregation.pending_reports() if self.log_aggregation is not None else []

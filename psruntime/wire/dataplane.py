@@ -414,6 +414,10 @@ class DataPlaneConnection:
         if tr is not None:
             tr.abort()
 
+    def when_lost(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the connection is gone (closed by either side, or failed)."""
+        self._lost.add_done_callback(lambda _: callback())
+
     async def close(self) -> None:
         self.protocol.close()
         if self.protocol.transport is not None:
@@ -435,6 +439,9 @@ class DataPlaneClient:
         self._lost: dict[str, str] = {}        # address -> why it was declared lost
         self._opening: dict[str, asyncio.Task[object]] = {}     # address -> the (caller's) task opening it
         self._open_aborts: dict[asyncio.Task[object], str] = {}  # opens cancelled by mark_lost -> why
+        # Told the address of a peer whose connection dropped without this client closing it (the
+        # AM: the executor's process probably ended; its container's end is worth asking for now).
+        self.peer_closed: Callable[[str], None] | None = None
 
     def lost(self, address: str) -> str | None:
         """Why `address` was marked lost, or None."""
@@ -482,6 +489,8 @@ class DataPlaneClient:
                     await old.close()
                 conn = await self._open(address)
                 self._conns[address] = conn
+                if self.peer_closed is not None:
+                    conn.when_lost(lambda: self._dropped(address, conn))
             return conn
 
     async def _open(self, address: str) -> DataPlaneConnection:
@@ -502,6 +511,11 @@ class DataPlaneClient:
             if self._opening.get(address) is task:
                 del self._opening[address]
             self._open_aborts.pop(task, None)
+
+    def _dropped(self, address: str, conn: DataPlaneConnection) -> None:
+        # Still ours: neither mark_lost nor close() took it out before it went.
+        if self._conns.get(address) is conn and self.peer_closed is not None:
+            self.peer_closed(address)
 
     async def request(self, address: str, header: JsonInObject, arrays: Sequence[np.ndarray] = ()) -> Frame:
         return await (await self.connection(address)).request(header, arrays)

@@ -61,6 +61,7 @@ class InProcessAM:
         self._seq = itertools.count(2)
         self._tasks: set[asyncio.Task[None]] = set()
         self._ended: set[str] = set()
+        self.expected_ends: list[str] = []
 
     # -- what the master calls -------------------------------------------------------------------
     async def register(self, host: str = "", port: int = -1, tracking_url: str = "") -> None:
@@ -132,6 +133,10 @@ class InProcessAM:
 
     def heartbeat_now(self) -> None:
         return None
+
+    def expect_completion(self, container_id: str) -> None:
+        """The master saw the connection to this container's executor drop (recorded for tests)."""
+        self.expected_ends.append(container_id)
 
     async def finish(self, final_status: FinalStatus | str, diagnostics: str = "", tracking_url: str = "",
                      timeout_s: float = 30.0) -> bool:

@@ -193,6 +193,11 @@ class ExecutorPool:
     def by_container(self, container_id: str) -> Optional[ExecutorRecord]:
         return self._by_container.get(container_id)
 
+    def by_address(self, address: str) -> Optional[ExecutorRecord]:
+        """The executor announced at data-plane `address` (the latest one, if a port was reused)."""
+        found = [e for e in self.executors.values() if e.address == address]
+        return found[-1] if found else None
+
     def of_role(self, role: Role, state: Optional[ExecutorState] = None) -> list[ExecutorRecord]:
         return [e for e in self.executors.values() if e.role is role and (state is None or e.state is state)]
 

@@ -122,6 +122,9 @@ class PSApplicationMaster:
         self.unresponsive: dict[str, str] = {}
         self._stopping: set[asyncio.Future[None]] = set()
         self.training.loop.on_unresponsive = self._stop_unresponsive
+        # An executor's connection dropped: its process has likely ended; ask the RM for its
+        # container's end now rather than at the next heartbeat (the recovery waits on it).
+        self.client.peer_closed = self._connection_dropped
         self.steps = Reconfiguration(am, self.training, self.checkpointer, self.resource, self.retiring,
                                      started=lambda: self.job.phase.trains or self.job.phase is Phase.RESTARTING)
         self.job = JobState(spec=spec, keeps_worker_state=keeps_worker_state(self.app))
@@ -186,6 +189,11 @@ class PSApplicationMaster:
     def live_shape(self) -> Shape:
         return Shape(len(self.pool.of_role(Role.WORKER, ExecutorState.READY)),
                      len(self.pool.of_role(Role.SERVER, ExecutorState.READY)))
+
+    def _connection_dropped(self, address: str) -> None:
+        rec = self.pool.by_address(address)
+        if rec is not None:
+            self.am.expect_completion(rec.container_id)
 
     def job_record(self) -> JobRecord:
         return job_record(self.spec, self.am.identity.attempt_id, self.metrics, self.shape_history,
