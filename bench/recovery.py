@@ -27,11 +27,15 @@ stop every container, ask for and launch new ones, regenerate the input, restore
 what a framework without elastic recovery does after any failure (triggered by removing one
 worker, so it restarts at once, from a checkpoint taken at the pause); `restart_baseline_lost_s`
 adds the work such a restart redoes after a real failure: the time since the last periodic
-checkpoint when the worker was lost.
+checkpoint when the worker was lost. A lost server goes back to the latest checkpoint too, so its
+`server_lost_s` counts the work redone since it (`server_redone_s`), and `server_lost_over_restart`
+is over the restart after that same fault (`server_restart_baseline_lost_s`: the restart plus the
+time since the checkpoint when the server was lost).
 
 Last line, JSON: {"worker_recover_s", "server_recover_s", "am_recover_s", "restart_baseline_s",
 "worker_lost_s", "server_lost_s", "am_lost_s", "restart_baseline_lost_s", "worker_lost_over_baseline",
-"am_lost_over_restart", "server_lost_over_restart" (each lost time over restart_baseline_lost_s),
+"am_lost_over_restart" (each lost time over restart_baseline_lost_s), "server_lost_over_restart"
+(over server_restart_baseline_lost_s), "server_workers_kept",
 "am_restore_lost_s", "am_lost_over_am_restore",
 "auth_throughput_ratio", ...};
 `auth_throughput_ratio` comes from bench/dataplane.py run at the end (its authenticated over its
@@ -105,8 +109,8 @@ def executor_recovery(job: Job, victim: str, done_before: int) -> dict[str, Any]
         raise RuntimeError(f"recovery failed: {rec}")
     training_again = rec.time + rec.seconds
     recover_s = training_again - t_fault
-    redone = (t_fault - rec.checkpoint_time
-              if isinstance(rec, RecoveryChange) and rec.checkpoint_time and rec.epochs_redone else 0.0)
+    # Back at a checkpoint, everything trained since it was written is trained again.
+    redone = t_fault - rec.checkpoint_time if isinstance(rec, RecoveryChange) and rec.checkpoint_time else 0.0
     return {"recover_s": recover_s, "lost_s": recover_s + redone, "redone_s": redone,
             "record": msgspec.to_builtins(rec), "since_checkpoint_s": since_checkpoint}
 
@@ -213,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     auth_ratio = auth_throughput_ratio(2.0 if ns.quick else 6.0)
     restart_s = out["baseline"]["restart_s"]
     baseline_lost = restart_s + out["worker"]["since_checkpoint_s"]
+    # The restart after the server's fault: it too redoes what was trained since the checkpoint.
+    server_baseline_lost = restart_s + out["server"]["since_checkpoint_s"]
     summary = {
         "worker_recover_s": round(out["worker"]["recover_s"], 3),
         "server_recover_s": round(out["server"]["recover_s"], 3),
@@ -231,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         "worker_lost_over_baseline": round(out["worker"]["lost_s"] / baseline_lost, 3),
         # What issue 38 part 3 holds them to: a lost AM or server against the same restart.
         "am_lost_over_restart": round(out["am"]["lost_s"] / baseline_lost, 3),
-        "server_lost_over_restart": round(out["server"]["lost_s"] / baseline_lost, 3),
+        "server_lost_over_restart": round(out["server"]["lost_s"] / server_baseline_lost, 3),
+        "server_restart_baseline_lost_s": round(server_baseline_lost, 3),
+        "server_redone_s": round(out["server"]["redone_s"], 3),
+        "server_workers_kept": out["server"]["record"].get("workers_kept", 0),
         "baseline_steps_s": {k: round(v, 3) for k, v in out["baseline"]["steps"].items()},
         "epoch_time_s": round(out["epoch_time_s"], 3), "model_mib": round(model_mb, 1),
         "worker_mode": out["worker"]["record"].get("mode"), "server_mode": out["server"]["record"].get("mode"),

@@ -43,7 +43,7 @@ __all__ = ["AppSetup", "AppSetupReply", "BlockData", "BlockStates", "BlockStates
            "ExecutorRequest", "InitBlocks", "InitBlocksReply", "InitModel", "InitModelReply", "LoadSplits",
            "MoveBlocks", "MoveBlocksReply", "NonNeg", "Objective", "ObjectiveReply", "Ok", "Ping", "PingReply",
            "Positions", "PositionsReply", "Positive", "REPLY_TYPES", "REQUEST_OPS", "REQUEST_TYPES", "Restore",
-           "RestoreBlocksData", "RoleName", "RunClock", "RunClockReply", "RunEpoch", "RunEpochReply",
+           "ReleaseServers", "RestoreBlocksData", "RoleName", "RunClock", "RunClockReply", "RunEpoch", "RunEpochReply",
            "ServerObjective", "ServerObjectiveReply", "SetBlockStates", "SetOwnership", "SetOwnershipReply",
            "SetPositions", "SetPositionsReply", "Shutdown", "SpillFigures", "SplitHandover", "SplitSource", "Status",
            "StatusReply", "StopTraining", "SwitchRole", "SwitchRoleReply", "TakeOwnership", "WorkerSetup",
@@ -148,6 +148,15 @@ class SetBlockStates(ExecutorRequest, tag="set_block_states"):
 
 class StopTraining(ExecutorRequest, tag="stop_training"):
     """Abandon a running clock at the next mini-batch."""
+
+
+class ReleaseServers(ExecutorRequest, tag="release_servers"):
+    """The job's servers are all being replaced under this worker (a recovery from lost servers
+    that keeps the workers and their input data, docs/internals.md "AM recovery"): requests in
+    flight to the servers of the worker's ownership table fail now (a server on a vanished host
+    would hold a pull until the keepalive gave up), the running step ends, and the worker's store
+    client starts afresh -- no push pending and no error of the old servers carried into the next
+    clock. Answered once no training step runs."""
 
 
 class EndClock(ExecutorRequest, tag="end_clock"):
@@ -315,7 +324,7 @@ class ExecutorReady(ExecutorRequest, tag="executor_ready"):
 
 ControlRequest = Union[AppSetup, WorkerSetup, LoadSplits, InitModel, InitBlocks, RunClock, RunEpoch, Objective,
                        ServerObjective, Positions, SetPositions, BlockStates, SetBlockStates, StopTraining, EndClock,
-                       Status,
+                       ReleaseServers, Status,
                        Shutdown, SwitchRole, SetOwnership, MoveBlocks, CheckpointBlocks, RestoreBlocksData, EpsJoin, EpsSendData,
                        EpsCommit, EpsDiscardStaged, Ping, TakeOwnership, BlockData, CancelIncoming, Checkpoint,
                        Restore, EpsStage, EpsActivate, EpsDatasets]
@@ -329,7 +338,8 @@ REPLY_TYPES: dict[type[ExecutorRequest], type[ControlReply]] = {
     AppSetup: AppSetupReply, WorkerSetup: WorkerSetupReply, LoadSplits: WorkerSetupReply, InitModel: InitModelReply,
     InitBlocks: InitBlocksReply, RunClock: RunClockReply, RunEpoch: RunEpochReply, Objective: ObjectiveReply,
     ServerObjective: ServerObjectiveReply, Positions: PositionsReply, SetPositions: SetPositionsReply,
-    BlockStates: BlockStatesReply, SetBlockStates: BlocksReply, StopTraining: Ok, EndClock: Ok, Status: StatusReply,
+    BlockStates: BlockStatesReply, SetBlockStates: BlocksReply, StopTraining: Ok, EndClock: Ok, ReleaseServers: Ok,
+    Status: StatusReply,
     Shutdown: Ok, SwitchRole: SwitchRoleReply, SetOwnership: SetOwnershipReply, MoveBlocks: MoveBlocksReply,
     CheckpointBlocks: CheckpointBlocksReply, RestoreBlocksData: BlocksReply, EpsJoin: EpsJoinReply,
     EpsSendData: EpsSendDataReply, EpsCommit: EpsCommitReply, EpsDiscardStaged: Ok, Ping: PingReply,

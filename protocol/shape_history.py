@@ -103,7 +103,8 @@ class SuspendChange(msgspec.Struct, kw_only=True, tag_field="mode", tag="suspend
 
 
 class RecoveryChange(msgspec.Struct, kw_only=True, tag_field="mode", tag="recovery"):
-    """Every executor replaced and training back at the latest checkpoint after executor losses."""
+    """Training back at the latest checkpoint after executor losses: every executor replaced, or
+    every server with the workers kept (`workers_kept`) when only servers were lost."""
 
     op: str
     time: float
@@ -122,6 +123,7 @@ class RecoveryChange(msgspec.Struct, kw_only=True, tag_field="mode", tag="recove
     duration_s: float = 0.0
     lost_s: float = 0.0
     objective_restored: Union[float, UnsetType] = UNSET
+    workers_kept: int = 0                   # workers that stayed with their input (only servers were lost)
 
 
 class ReplaceWorkerChange(msgspec.Struct, kw_only=True, tag_field="mode", tag="replace_worker"):

@@ -125,7 +125,7 @@ class AppRole:
                      bind(ctl.RunClock, self.run_clock), bind(ctl.Positions, self.positions),
                      bind(ctl.SetPositions, self.set_positions), bind(ctl.Objective, self.objective),
                      bind(ctl.ServerObjective, self.server_objective), bind(ctl.StopTraining, self.stop_training),
-                     bind(ctl.EndClock, self.end_clock),
+                     bind(ctl.EndClock, self.end_clock), bind(ctl.ReleaseServers, self.release_servers),
                      bind(ctl.BlockStates, self.block_states), bind(ctl.SetBlockStates, self.set_block_states))
 
     @property
@@ -381,6 +381,19 @@ class AppRole:
 
     def stop_training(self, req: ctl.StopTraining, arrays: Arrays) -> Answer:
         self.stop.set()
+        return ctl.Ok(), ()
+
+    async def release_servers(self, req: ctl.ReleaseServers, arrays: Arrays) -> Answer:
+        """Let go of the job's servers before they are all replaced (protocol.executor_ops)."""
+        self.stop.set()
+        table = self.executor.service.table
+        for owner in sorted(set(table.owners)):
+            address = table.addresses.get(owner)
+            if address is not None:
+                self.executor.client.mark_lost(address, f"server {owner} replaced by the AM")
+        async with self._busy:           # the running step has ended (failed, or stopped)
+            if self.store is not None:
+                self.store = StoreClient(table, self.executor.client)
         return ctl.Ok(), ()
 
     def end_clock(self, req: ctl.EndClock, arrays: Arrays) -> Answer:

@@ -225,6 +225,9 @@ class Executor:
     def _op_set_ownership(self, req: ops.SetOwnership, arrays: Arrays) -> Answer:
         table = OwnershipTable.from_wire(req.table)
         adopted = self.service.apply_table(table)
+        if adopted:       # an address a newer table names is served (again: a port reused after ReleaseServers)
+            for address in table.addresses.values():
+                self.client.clear_lost(address)
         return ops.SetOwnershipReply(adopted=adopted, version=self.service.table.version), ()
 
     def _op_switch_role(self, req: ops.SwitchRole, arrays: Arrays) -> Answer:

@@ -9,7 +9,7 @@ two-step protocol (`move`, psruntime.store.migration_controller), each change br
 from __future__ import annotations
 
 import asyncio
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Mapping, Optional, Sequence
 
 from protocol import executor_ops as ops
 from protocol.ps_job_spec import PSJobSpec
@@ -59,9 +59,10 @@ class ModelPlacement:
                             spill_alpha=self.spec.spill_alpha, comp_threads=self.spec.comp_threads or 0)
 
     async def place(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord],
-                    block_sizes: Optional[Mapping[int, float]] = None) -> None:
+                    block_sizes: Optional[Mapping[int, float]] = None, bound: Sequence[ExecutorRecord] = ()) -> None:
         """Make `servers` and `workers` the job's executors: the blocks over the servers (broadcast
-        to everyone), and every executor bound to the app. With the blocks' sizes known (a restart
+        to everyone), and every executor bound to the app but those `bound` to it already (workers
+        kept through a recovery from lost servers). With the blocks' sizes known (a restart
         on a checkpoint) Optimus's parameter assignment balances size and requests per server
         (appmaster.ps.parameter_assignment); otherwise (equal, empty blocks) round-robin."""
         self.membership.set(servers, workers)
@@ -72,11 +73,15 @@ class ModelPlacement:
             table = OwnershipTable(self.spec.num_blocks, owners(self.spec.num_blocks, block_sizes, ids), addresses)
         else:
             table = OwnershipTable.round_robin(self.spec.num_blocks, ids, addresses)
+        if self._controller is not None:
+            # Above the table the executors kept from before hold: they adopt only a newer one.
+            table.version = self._controller.table.version + 1
         self._controller = MigrationController(table, self.client)
         await self._controller.broadcast()
         for s in servers:
             s.blocks = table.blocks_owned_by(s.executor_id)
-        await self.rpc.send_all(everyone, self.app_setup_request())
+        kept = {e.executor_id for e in bound}
+        await self.rpc.send_all([e for e in everyone if e.executor_id not in kept], self.app_setup_request())
 
     def adopt(self, table: OwnershipTable) -> None:
         """The table a failed attempt left, which its executors (taken over) hold already: nothing

@@ -289,7 +289,7 @@ class Reconfiguration:
         await self.checkpointer.restore(directory, by_index(servers), self.training.spec.num_blocks)
 
     async def continue_from_checkpoint(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord],
-                                       directory: str, record: JobCheckpoint) -> float:
+                                       directory: str, record: JobCheckpoint, workers_kept: bool = False) -> float:
         """`restart_on` a checkpoint written by the job (`record`, its job.json): the clock
         loop's epoch count and counters go back to the checkpoint's (an older record without
         them keeps the loop's), and every input block to its recorded place in the epoch.
@@ -298,27 +298,64 @@ class Reconfiguration:
         loop.continue_from(record.epoch, loop.iterations if record.iterations is None else record.iterations,
                            loop.clocks_done if record.clocks is None else record.clocks, record.minibatches_run)
         positions = {int(b): (int(p[0]), int(p[1])) for b, p in (record.positions or {}).items()}
-        return await self.restart_on(servers, workers, directory, positions)
+        return await self.restart_on(servers, workers, directory, positions, workers_kept)
+
+    async def _release_servers(self, workers: list[ExecutorRecord]) -> None:
+        """ReleaseServers on the kept workers, each answered once its running step has ended; a
+        worker that has not within the clock loop's reply deadline (alive but stuck) fails the
+        step: the recovery then starts the workers afresh too (planners/recovery.py)."""
+        loop = self.training.loop
+        deadline_s = loop.reply_deadline.seconds(loop.slowest_clock_s)
+        released = asyncio.ensure_future(self.training.rpc.send_all(workers, ops.ReleaseServers()))
+        deadline = asyncio.ensure_future(loop.deadline_sleep(deadline_s))
+        try:
+            await asyncio.wait({released, deadline}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            deadline.cancel()
+            if not released.done():
+                released.cancel()
+        if released.cancelled():
+            raise ElasticOpFailed(f"the kept workers did not let go of the old servers within {deadline_s:g}s")
+        released.result()
 
     async def restart_on(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord], directory: str,
-                         positions: Optional[dict[int, tuple[int, int]]] = None) -> float:
+                         positions: Optional[dict[int, tuple[int, int]]] = None, workers_kept: bool = False) -> float:
         """Set the job up afresh on new executors with a checkpoint's model instead of the initial
         one: place the blocks, regenerate the workers' partitions, restore the blocks, put every
         input block back at its place in the epoch, and let training run; the epoch count,
         iterations and pacing carry on. Returns the restored objective. (The kill-based restart
-        and a new AM attempt resuming the job are this step.)"""
+        and a new AM attempt resuming the job are this step.)
+
+        `workers_kept`: only the servers are new (a recovery from lost servers). The workers keep
+        their input splits, inactive copies and ledger: they let go of the old servers
+        (ReleaseServers), learn the new table, and every block they hold goes back to its place
+        at the checkpoint (the start of the epoch where the checkpoint names none) -- no input is
+        generated again."""
         training = self.training
-        self._ledger = None       # the partitions are generated afresh: the ledger follows the new workers
+        if workers_kept:
+            await self._release_servers(workers)
+        else:
+            self._ledger = None   # the partitions are generated afresh: the ledger follows the new workers
         # The barrier's members, in partition order; the checkpoint's block sizes let the parameter
         # assignment balance the servers (Optimus §5.3).
-        await training.placement.place(servers, workers, checkpoint_block_sizes(directory, training.spec.num_blocks))
-        # The AM reads the checkpoint and sends each server its blocks over the data plane: the
-        # servers may be on other hosts than the AM's dir.
-        await asyncio.gather(*(training.placement.setup_worker(w, i, len(workers)) for i, w in enumerate(workers)),
-                             self.restore(directory, servers))
+        await training.placement.place(servers, workers, checkpoint_block_sizes(directory, training.spec.num_blocks),
+                                       bound=workers if workers_kept else ())
+        if workers_kept:
+            self.sync_workers_with_ledger()
+            await self.restore(directory, servers)
+        else:
+            # The AM reads the checkpoint and sends each server its blocks over the data plane: the
+            # servers may be on other hosts than the AM's dir.
+            await asyncio.gather(*(training.placement.setup_worker(w, i, len(workers))
+                                   for i, w in enumerate(workers)),
+                                 self.restore(directory, servers))
         if keeps_worker_state(training.app):      # NMF's user factors, LDA's assignments: the same cut
             await self.checkpointer.restore_worker_state(directory, workers)
-        if positions:       # the regenerated blocks continue their pass of the epoch where it stopped
+        if workers_kept:    # every held block, also those the checkpoint has at the epoch's start
+            held = {b: (positions or {}).get(b, (0, 0)) for w in workers for b in w.blocks}
+            await asyncio.gather(*(training.rpc.send(w, ops.SetPositions(
+                positions={str(b): held[b] for b in w.blocks})) for w in workers))
+        elif positions:     # the regenerated blocks continue their pass of the epoch where it stopped
             wire = {str(b): (e, row) for b, (e, row) in positions.items()}
             await training.rpc.send_all(workers, ops.SetPositions(positions=wire))
         training.loop.reset_positions(positions)

@@ -58,6 +58,42 @@ def test_worker_state_ssp_or_a_lost_server_take_the_checkpoint_path() -> None:
         assert w.job.shape == (2, 1) and w.job.phase is Phase.TRAINING, how
 
 
+def test_a_lost_server_replaces_every_server_and_keeps_the_workers() -> None:
+    w = started(servers=2)
+    splits = {k: list(v) for k, v in w.job.holdings.splits.items()}
+    n = len(w.log)
+    lose(w, "server-1")
+    assert [k for k in since(w, n) if k != "ReportProgress"] == [
+        "PauseTraining", "RetireExecutors", "StartExecutors", "RestoreCheckpoint", "ResumeTraining"]
+    (retire,) = w.of(ins.RetireExecutors)
+    assert retire.executors == ["server-2"] and not retire.released      # the surviving server only
+    (start,) = w.of(ins.StartExecutors)[-1:]
+    assert (start.role, start.count) == (Role.SERVER, 2)
+    (restore,) = w.of(ins.RestoreCheckpoint)
+    assert restore.workers_kept and restore.workers == ["worker-1", "worker-2"]
+    assert restore.servers == ["server-3", "server-4"] and restore.directory == "ckpt/epoch-0"
+    assert w.job.shape == (2, 2) and w.job.phase is Phase.TRAINING and w.job.failures == 1
+    assert {k: v for k, v in w.job.holdings.splits.items()} == splits
+    assert triggers(w)[-2:] == ["RECOVER", "CHANGE_DONE"]
+
+
+def test_a_worker_lost_while_the_servers_are_replaced_sends_the_workers_too() -> None:
+    for held in (ins.RetireExecutors, ins.StartExecutors):
+        w = started(servers=2)
+        w.hold = {held}
+        lose(w, "server-1")
+        (step,) = w.held.values()
+        lose(w, "worker-1")                 # merged into the recovery: the workers are not kept
+        assert triggers(w).count("RECOVER") == 1 and w.job.failures == 1, held     # one event
+        w.hold = set()
+        w.answer(step)
+        restore = w.of(ins.RestoreCheckpoint)[-1]
+        assert not restore.workers_kept, held
+        assert not {"worker-1", "worker-2"} & set(restore.workers) and len(restore.workers) == 2, held
+        assert "worker-2" in w.of(ins.RetireExecutors)[-1].executors, held
+        assert w.job.shape == (2, 2) and w.job.phase is Phase.TRAINING, held
+
+
 def test_a_failed_replacement_falls_back_to_the_checkpoint() -> None:
     w = started()
     w.hold = {ins.TakeOverSplits}

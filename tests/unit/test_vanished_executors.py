@@ -39,11 +39,14 @@ CLOCKS_BEFORE = BATCHES_PER_WORKER_EPOCH // CLOCK + 1      # clocks done when it
 class FreezesBeforeBatch:
     """A worker's subtask runner that stops answering just before the mini-batch after its `n`-th
     (its pushes so far applied): no reply to the running clock comes, and nothing closes -- until
-    its executor is told to stop (then the mini-batch fails, as the process would end)."""
+    its executor is told to stop (then the mini-batch fails, as the process would end), or to let
+    go of its servers (ReleaseServers: a pull waiting on a vanished server fails then, its address
+    marked lost)."""
 
-    def __init__(self, executor: Executor, n: int) -> None:
+    def __init__(self, executor: Executor, n: int, releasable: bool = True) -> None:
         self.executor = executor
         self.n = n
+        self.releasable = releasable      # False: deaf to ReleaseServers too (stuck for good)
         self.frozen = asyncio.Event()
 
     async def run(self, kind: Subtask, work: Callable[[], Awaitable[Any]]) -> Any:
@@ -52,7 +55,14 @@ class FreezesBeforeBatch:
             assert role.store is not None
             await role.store.flush()
             self.frozen.set()
-            await self.executor.stopped.wait()
+            waits = {asyncio.ensure_future(self.executor.stopped.wait())}
+            if self.releasable:
+                waits.add(asyncio.ensure_future(role.stop.wait()))
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
             raise ConnectionError(f"{self.executor.executor_id} stopped")
         return await work()
 
@@ -89,6 +99,7 @@ class Watched(PsJob):
         self.clock_replies: dict[str, int] = {}
         self.freezers: dict[str, FreezesBeforeBatch] = {}
         self._freeze_at: dict[str, int] = {}
+        self._releasable: dict[str, bool] = {}
         exchange = self.training.rpc.exchange
 
         async def counted(rec: ExecutorRecord, request: ops.ExecutorRequest, reply: Any, arrays: Any = ()) -> Any:
@@ -100,13 +111,14 @@ class Watched(PsJob):
 
         def on_launch(eid: str, ex: Executor) -> None:
             if eid in self._freeze_at:
-                self.freezers[eid] = FreezesBeforeBatch(ex, self._freeze_at[eid])
+                self.freezers[eid] = FreezesBeforeBatch(ex, self._freeze_at[eid], self._releasable[eid])
                 ex.app_role.pipeline.runner = self.freezers[eid]
         self.am.on_launch = on_launch
 
-    def freeze(self, executor_id: str, at: int = FREEZE_AT) -> None:
+    def freeze(self, executor_id: str, at: int = FREEZE_AT, releasable: bool = True) -> None:
         """`executor_id` (once launched) freezes before its `at`-th mini-batch."""
         self._freeze_at[executor_id] = at
+        self._releasable[executor_id] = releasable
 
     async def frozen(self, *executor_ids: str) -> None:
         await async_wait_until(lambda: all(e in self.freezers for e in executor_ids), what="the executors launched")
@@ -151,7 +163,8 @@ async def test_the_loss_report_of_a_vanished_worker_ends_the_clock_and_it_is_rep
 
 async def test_the_loss_report_of_a_vanished_server_ends_the_clock_its_workers_are_blocked_in(jobs) -> None:
     """Both workers stop in the middle of a clock, as when their pulls wait on a server whose host
-    vanished: the server's loss ends the clock (ExecutorLost for it) for the checkpoint path."""
+    vanished: the server's loss ends the clock (ExecutorLost for it) for the checkpoint path, on
+    new servers with the workers kept (they let go of the old servers first)."""
     job = jobs()
     job.freeze("worker-0")
     job.freeze("worker-1")
@@ -168,6 +181,31 @@ async def test_the_loss_report_of_a_vanished_server_ends_the_clock_its_workers_a
     assert job.train_error_clocks == [CLOCKS_BEFORE]           # the cut-short clock is not counted
     [rec] = records(job, RecoveryChange)                        # back to the checkpoint
     assert rec.changed and "server-1 (" in rec.lost[0] and not records(job, ReplaceWorkerChange)
+    assert rec.workers_kept == 2 and rec.error == "", rec
+    assert [e.epoch for e in job.epochs] == list(range(job.spec.max_epochs))
+
+
+async def test_a_kept_worker_stuck_for_good_sends_the_server_recovery_to_new_workers(jobs) -> None:
+    """A worker that does not let go of the old servers (stuck where their lost addresses do not
+    reach) holds the recovery that keeps the workers up to the clock loop's reply deadline; then
+    the workers are started afresh as well, and the job goes on from the checkpoint."""
+    job = jobs()
+    deadlines = ManualDeadlines()
+    job.loop.deadline_sleep = deadlines.sleep
+    job.freeze("worker-0")
+    job.freeze("worker-1", releasable=False)
+    job.start()
+    await job.frozen("worker-0", "worker-1")
+    job.report_lost("server-1")
+    await async_wait_until(lambda: (c := job.job.change) is not None and c.stage == "restore"
+                           and deadlines.waiting() == [ReplyDeadline().floor_s],
+                           what="the kept workers' release waiting on its deadline")
+    assert job.job.phase is Phase.RECOVERING and job.job.change.keep_workers
+    deadlines.advance(ReplyDeadline().floor_s)
+    assert await job.run() is FinalStatus.SUCCEEDED
+    [rec] = records(job, RecoveryChange)
+    assert rec.changed and rec.error == "" and rec.workers_kept == 0, rec
+    assert "worker-2" in job.pool.executors and "worker-3" in job.pool.executors      # new workers
     assert [e.epoch for e in job.epochs] == list(range(job.spec.max_epochs))
 
 

@@ -24,7 +24,10 @@ Contract of each step (what the interpreter does; the simulator charges its cali
     ResumeTraining     training runs again.
     SetupTraining      place blocks on the servers, partitions on the workers, the initial model.
     WriteCheckpoint    every server block (and workers' block state where the app keeps it).
-    RestoreCheckpoint  a checkpoint onto (new) executors: place, regenerate, restore, positions.
+    RestoreCheckpoint  a checkpoint onto (new) executors: place, regenerate, restore, positions;
+                       with `workers_kept` only the servers are new, and the workers keep their
+                       input (they let go of the old servers and go back to the checkpoint's
+                       positions and worker state).
     AdoptExecutors     a new AM attempt takes over the executors the failed one left running (the
                        RM hands their containers over): check them against the record that
                        attempt left, cut and wait out the clock it started, read every input
@@ -135,6 +138,7 @@ class RestoreCheckpoint(_Step, tag="restore_checkpoint"):
     directory: str
     servers: list[str]
     workers: list[str]
+    workers_kept: bool = False      # the workers stayed through a server loss: none regenerates its input
 
 
 class AdoptExecutors(_Step, tag="adopt_executors"):

@@ -101,6 +101,7 @@ class Change:
     bindings: dict[str, str] = field(default_factory=dict)        # plan placeholder -> executor
     op_runs: dict[str, OpRun] = field(default_factory=dict)       # a plan's ops as they run (planners/cruise_plan.py)
     checkpoint: str = ""           # the checkpoint a restart / pause / recovery goes back to
+    keep_workers: bool = False     # a recovery from lost servers: the workers stay, with their input
     epoch: int = 0
     parts: list[Part] = field(default_factory=list)   # EPS's parts (planners/eps.py)
     before: Optional[Target] = None    # the shape and size a restart / migration / resume started from

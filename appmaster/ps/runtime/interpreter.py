@@ -108,6 +108,8 @@ class ChangeRecords:
     nodes: list[str] = field(default_factory=list)
     restored: Optional[float] = None
     checkpoint: str = ""
+    checkpoint_time: Optional[float] = None     # when the checkpoint restored was written (Unix s)
+    workers_kept: int = 0          # workers that stayed through the restore (lost servers only)
     step_bytes: dict[int, int] = field(default_factory=dict)    # input data moved, by step (Cruise's records)
     clock_redone: bool = False     # a lost worker's clock ran again on its replacement (the loop's hook)
     # When each EPS part's first step began and its last one ended (perf_counter seconds, by the
@@ -547,10 +549,12 @@ class JobInterpreter:
             return self._done(s, holdings=self.holdings(), objective=restored0)
         manifest = decode_job_checkpoint((Path(s.directory) / JOB_MANIFEST).read_bytes())
         training.metrics.truncate_epochs(manifest.epoch)
-        restored = await steps.continue_from_checkpoint(servers, workers, s.directory, manifest)
+        restored = await steps.continue_from_checkpoint(servers, workers, s.directory, manifest, s.workers_kept)
         steps.pause()                 # ResumeTraining lets it run (restart_on leaves it resumed)
         if self.records is not None:
             self.records.restored = restored
+            self.records.checkpoint_time = manifest.time or None
+            self.records.workers_kept = len(workers) if s.workers_kept else 0
             cut = self.records.cut_objective
             if cut is not None and not math.isclose(restored, cut, rel_tol=RESTORE_RTOL, abs_tol=1e-9):
                 log.warning("restored objective %.9g differs from the checkpoint's %.9g", restored, cut)
@@ -674,8 +678,9 @@ def change_history(change: Change, rec: ChangeRecords, shape_after: tuple[int, i
                                        replacements=dict(rec.replacements), nodes=list(rec.nodes))
         return RecoveryChange(op="recover", time=rec.started, lost=list(change.descriptions), workers=w1, servers=s1,
                               checkpoint=change.checkpoint, epoch=epoch, epochs_redone=max(0, rec.epoch - epoch),
-                              checkpoint_time=None, before=before, after=after, changed=ok, error=change.error,
-                              seconds=seconds, duration_s=seconds, lost_s=seconds,
+                              checkpoint_time=rec.checkpoint_time, before=before, after=after, changed=ok,
+                              error=change.error, seconds=seconds, duration_s=seconds, lost_s=seconds,
+                              workers_kept=rec.workers_kept,
                               objective_restored=rec.restored if rec.restored is not None else UNSET)
     return None
 

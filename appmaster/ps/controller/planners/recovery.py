@@ -15,7 +15,12 @@ nothing); losses reported together are one event (`merge`). Two paths:
 - The checkpoint path: training stops, every executor is retired, the job's shape starts afresh
   and continues from the latest checkpoint (its epoch count, objective and every input block's
   place come back with it). Apps that keep state on their workers (NMF's user factors, LDA's
-  topic assignments) always take it: only their checkpoints hold that state.
+  topic assignments) always take it for a lost worker: only their checkpoints hold that state.
+  When every loss is a server, the workers stay (`Change.keep_workers`): only the servers are
+  retired and started again, and the restore (RestoreCheckpoint with `workers_kept`) puts the
+  checkpoint's model on the new servers and every block the workers hold back to its place and
+  worker state at the checkpoint -- no input is generated again, which was most of a server's
+  recovery. A worker lost meanwhile ends the keeping: the workers are retired and started too.
 
 `Replacement` is the replace chain both this planner and the straggler's (planners/straggler.py)
 run; the change's `bindings` map each worker being replaced to its replacement.
@@ -28,7 +33,7 @@ from ..events import StepDone, StepFailed
 from ..instructions import (ResumeTraining, CancelSteps, Instruction, JoinExecutors, PauseTraining, RestoreCheckpoint,
                             RetireExecutors, StartExecutors, TakeOverSplits)
 from ..records import Role, Target
-from ..state import Change, ChangeKind, Executor, JobState
+from ..state import Change, ChangeKind, Executor, ExecutorState, JobState
 from .base import BasePlanner, end_job_failed, issue
 
 
@@ -59,6 +64,8 @@ def merge(job: JobState, change: Change, lost: Executor, description: str, out: 
     """A further loss while a recovery runs: the same recovery handles it."""
     change.lost.append(lost.executor_id)
     change.descriptions.append(description)
+    if lost.role is Role.WORKER:
+        change.keep_workers = False   # the checkpoint path starts the workers again too
     if change.kind is not ChangeKind.RECOVER or change.stage != "replace":
         return                    # the checkpoint path starts the whole shape again anyway
     if replaceable(job, [lost.executor_id]):
@@ -75,6 +82,7 @@ def fall_back(job: JobState, change: Change, out: list[Instruction]) -> None:
     change.stage = "fallback"
     if not change.outstanding:
         change.stage = "pause"
+        change.new = []           # replacements started meanwhile are retired with the rest
         issue(change, out, PauseTraining(step=job.new_step()))
 
 
@@ -139,6 +147,7 @@ class RecoveryPlanner(BasePlanner):
             change.stage = "replace"
             Replacement.start(job, change, len(change.lost), out)
             return
+        change.keep_workers = servers_only(job, change.lost)
         fall_back(job, change, out)
 
     def done(self, job: JobState, change: Change, ev: StepDone, out: list[Instruction]) -> None:
@@ -153,23 +162,11 @@ class RecoveryPlanner(BasePlanner):
         if change.stage == "fallback":
             fall_back(job, change, out)
             return
-        if change.stage == "pause":
-            change.stage = "retire"
-            alive = [e.executor_id for e in job.executors.values()]
-            if alive:
-                issue(change, out, RetireExecutors(step=job.new_step(), executors=alive, released=False))
-                return
-        if change.stage == "retire" and not change.outstanding:
-            change.stage = "start"
-            assert change.target is not None
-            issue(change, out, StartExecutors(step=job.new_step(), role=Role.SERVER, count=change.target.servers))
-            issue(change, out, StartExecutors(step=job.new_step(), role=Role.WORKER, count=change.target.workers))
-            return
-        if change.stage == "start" and not change.outstanding:
-            change.stage = "restore"
-            change.checkpoint = job.checkpoints[-1][1]
-            issue(change, out, RestoreCheckpoint(step=job.new_step(), directory=change.checkpoint,
-                                                 servers=job.ids(Role.SERVER), workers=job.ids(Role.WORKER)))
+        if change.stage == "start":
+            started = ev.executors if isinstance(change.steps[ev.step], StartExecutors) else []
+            change.new += [x.executor_id for x in started]
+        if change.stage in ("pause", "retire", "start") and not change.outstanding:
+            _rebuild(job, change, out)
             return
         if change.stage == "restore":
             job.epoch = job.checkpoints[-1][0]
@@ -180,6 +177,14 @@ class RecoveryPlanner(BasePlanner):
             change.stage = "done"
 
     def failed(self, job: JobState, change: Change, ev: StepFailed, out: list[Instruction]) -> None:
+        if change.stage == "restore" and change.keep_workers and not change.outstanding:
+            # The kept workers could not be brought back (one stuck in its clock): everything
+            # afresh, the new servers too (their blocks were half restored), as for a lost worker.
+            change.keep_workers = False
+            change.new = []
+            change.reason = f"keeping the workers failed: {ev.error}"
+            _rebuild(job, change, out)
+            return
         if change.stage in ("replace", "fallback"):
             # The replacement failed: once what still runs has ended, the checkpoint path (which
             # retires every executor, the new ones included).
@@ -188,6 +193,41 @@ class RecoveryPlanner(BasePlanner):
             fall_back(job, change, out)
             return
         end_job_failed(job, change, f"recovery from {'; '.join(change.descriptions)} failed: {ev.error}", out)
+
+
+def servers_only(job: JobState, lost: list[str]) -> bool:
+    """Whether every loss is a server: the workers can stay through the checkpoint path."""
+    return bool(lost) and all((x := job.lost.get(e)) is not None and x.role is Role.SERVER for e in lost)
+
+
+def _rebuild(job: JobState, change: Change, out: list[Instruction]) -> None:
+    """The checkpoint path after the pause: retire what does not stay, start what the shape
+    lacks, then restore. Each stage issues its steps only once the previous ones have ended; a
+    worker lost meanwhile (keeping revoked) sends a kept-workers rebuild back to retiring them."""
+    assert change.target is not None
+    new = set(change.new)
+    stays = {x.executor_id: x.role for x in job.executors.values() if x.state is ExecutorState.READY
+             and (x.executor_id in new or (change.keep_workers and x.role is Role.WORKER))}
+    going = [x.executor_id for x in job.executors.values()
+             if x.state in (ExecutorState.READY, ExecutorState.STARTING) and x.executor_id not in stays]
+    if going:
+        change.stage = "retire"
+        issue(change, out, RetireExecutors(step=job.new_step(), executors=going, released=False))
+        return
+    have = {role: sum(1 for r in stays.values() if r is role) for role in Role}
+    lacking = [(Role.SERVER, change.target.servers - have[Role.SERVER]),
+               (Role.WORKER, change.target.workers - have[Role.WORKER])]
+    if any(n > 0 for _, n in lacking):       # (again, for one lost while starting: admit bounds it)
+        change.stage = "start"
+        for role, n in lacking:
+            if n > 0:
+                issue(change, out, StartExecutors(step=job.new_step(), role=role, count=n))
+        return
+    change.stage = "restore"
+    change.checkpoint = job.checkpoints[-1][1]
+    issue(change, out, RestoreCheckpoint(step=job.new_step(), directory=change.checkpoint,
+                                         servers=job.ids(Role.SERVER), workers=job.ids(Role.WORKER),
+                                         workers_kept=change.keep_workers))
 
 
 def _shape_before(job: JobState, change: Change) -> tuple[int, int]:
