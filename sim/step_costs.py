@@ -21,7 +21,9 @@ the steps that make it up:
   checkpoint, a pause, a resume) are charged at their checkpoint and restore steps: WriteCheckpoint
   costs `pause_s` where the change is a pause or a migration (the "checkpoint and release" of a
   pause), RestoreCheckpoint `restart_cost` (the restart from a checkpoint); their other steps are
-  within those figures (0).
+  within those figures (0). A restore that keeps the workers (a lost server) is charged the same,
+  an upper bound: the calibration measured whole restarts, and simulated jobs lose executors only
+  where a replay injects it (sim/am_replay.py).
 - SetupTraining costs `startup_s` (executors granted -> training), ScoreModel `finish_s`
   (converged -> unregistered; the final checkpoint is within it), PauseTraining / ResumeTraining
   nothing beyond the change's figure. Launching granted executors costs nothing on its own: the
