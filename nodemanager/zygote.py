@@ -4,12 +4,13 @@
 
 Started by the NM (nodemanager.warm_launcher) with one end of a socketpair as fd N. It imports the
 preload modules once (numpy, asyncio, msgspec, the data plane, the store: most of an executor's
-start-up), then serves `WarmLaunch` requests (protocol.zygote_wire): for each it forks a child that
+start-up; uvloop; and a module's `warm_up()` where it has one), then serves `WarmLaunch` requests (protocol.zygote_wire): for each it forks a child that
 makes itself the container exactly as the cold launch's wrapper script does -- its own session
 (process group = its pid), joined to the container's cgroups before it runs anything of the
 container, in the container's working dir with exactly the container's environment, stdin from
-/dev/null, stdout / stderr appended to the container's log files -- and then runs the module as
-__main__ with the container's argv. Memory the child allocates is charged to its container's
+/dev/null, stdout / stderr appended to the container's log files -- and then runs the module with
+the container's argv: the callable its `WARM_ENTRY` names (what its `python -m` runs; the module is
+not executed again), or, for a module without one, the module as __main__. Memory the child allocates is charged to its container's
 cgroup; the pages it shares with the zygote (the preloaded modules, copy-on-write) stay charged to
 the NM's, as a shared library's would.
 
@@ -113,8 +114,17 @@ def _become_container(req: wire.WarmLaunch, ready: int) -> int:
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     sys.argv = [req.module, *req.argv]
     set_process_title(container_title(req))
+    preloaded = sys.modules.get(req.module)
+    entry = getattr(preloaded, "WARM_ENTRY", None)
     try:
-        runpy.run_module(req.module, run_name="__main__", alter_sys=True)
+        if callable(entry):
+            # The preloaded module's own entry point (what its `python -m` runs): running the
+            # module again (runpy) read and executed its code anew in every child, the largest part
+            # of a warm start (an EPS add waits on it).
+            code = entry()
+            return code if isinstance(code, int) else 0
+        else:
+            runpy.run_module(req.module, run_name="__main__", alter_sys=True)
     except SystemExit as e:
         if e.code is None:
             return 0
@@ -252,7 +262,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     sock = socket.socket(fileno=ns.fd)
     started = time.monotonic()
     for module in ns.preload:
-        importlib.import_module(module)
+        warm_up = getattr(importlib.import_module(module), "warm_up", None)
+        if callable(warm_up):       # a module's own once-per-zygote preparation (e.g. psruntime.executor)
+            warm_up()
+    # The event loop every daemon and executor installs first thing (protocol.daemon.install_uvloop):
+    # imported here, not in each child, where it cost a warm start's largest import (an EPS add waits
+    # on the new executor's start). Optional, as there.
+    try:
+        importlib.import_module("uvloop")
+    except ImportError:
+        pass
     gc.collect()
     gc.freeze()      # the preloaded objects' GC headers are not written in every child (copy-on-write)
     zygote = Zygote(sock)

@@ -43,6 +43,7 @@ import asyncio
 import cProfile
 import ctypes
 import ctypes.util
+import functools
 import gc
 import inspect
 import json
@@ -53,7 +54,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Awaitable, cast
+from typing import Awaitable, Callable, Optional, cast
 
 from protocol import container_env
 from protocol.daemon import install_uvloop, setup_logging
@@ -293,6 +294,24 @@ TRIM_THRESHOLD_BYTES = 1 << 20
 ARENA_MAX = 2
 
 
+@functools.cache
+def _mallopt() -> Optional[Callable[[int, int], int]]:
+    """glibc's mallopt, looked up once (find_library may run ldconfig, some ms)."""
+    path = ctypes.util.find_library("c")
+    if path is None:
+        return None
+    try:
+        return cast(Callable[[int, int], int], ctypes.CDLL(path).mallopt)
+    except (OSError, AttributeError):
+        return None
+
+
+def warm_up() -> None:
+    """Called once by the NM's executor zygote after it preloaded this module (nodemanager.zygote):
+    what every executor forked from it would otherwise do again before serving."""
+    _mallopt()
+
+
 def tune_malloc() -> bool:
     """Keep freed memory from inflating the executor's RSS; True if glibc took the settings.
 
@@ -304,14 +323,9 @@ def tune_malloc() -> bool:
     threshold returns the heap's free top; two arenas bound what BLAS / resolver threads can pin.
     Environment settings (MALLOC_MMAP_THRESHOLD_ etc.) win: they are left alone if present.
     """
-    path = ctypes.util.find_library("c")
-    if path is None:
-        return False
-    try:
-        libc = ctypes.CDLL(path)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False   # not glibc (musl has no mallopt): nothing to tune
+    mallopt = _mallopt()
+    if mallopt is None:
+        return False   # no libc found, or not glibc (musl has no mallopt): nothing to tune
     ok = True
     for env, param, value in (("MALLOC_MMAP_THRESHOLD_", _M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
                               ("MALLOC_TRIM_THRESHOLD_", _M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
@@ -396,6 +410,10 @@ def main(argv: list[str] | None = None) -> None:
             profiler.disable()
             profiler.dump_stats(os.path.join(profile_dir, f"executor-{args.executor_id}-{os.getpid()}.prof"))
 
+
+# What the NM's executor zygote calls in a container it forked (nodemanager.zygote), instead of
+# executing this module again as __main__.
+WARM_ENTRY = main
 
 if __name__ == "__main__":
     main()
