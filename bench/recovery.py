@@ -7,7 +7,8 @@ One local cluster (an RM and 3 NMs as processes). An MLR job with a model of >= 
 checkpoint, the benchmark injects, one after the other in the same job:
 
 - a lost worker: SIGKILL of worker-1's process (its container ends; the NM reports it);
-- a lost server: SIGKILL of a server's process;
+- a lost server: SIGKILL of a server's process (rebuilt on a new one from the latest checkpoint
+  and the workers' push logs, `server_mode` "rebuild_server", or else back to that checkpoint);
 - a lost AM: SIGKILL of the AM's process; the RM starts attempt 2, which takes the running
   executors over (work-preserving AM restart; `am_adopted`) or else resumes from the latest
   checkpoint in the durable AM dir.
@@ -27,8 +28,9 @@ stop every container, ask for and launch new ones, regenerate the input, restore
 what a framework without elastic recovery does after any failure (triggered by removing one
 worker, so it restarts at once, from a checkpoint taken at the pause); `restart_baseline_lost_s`
 adds the work such a restart redoes after a real failure: the time since the last periodic
-checkpoint when the worker was lost. A lost server goes back to the latest checkpoint too, so its
-`server_lost_s` counts the work redone since it (`server_redone_s`), and `server_lost_over_restart`
+checkpoint when the worker was lost. A lost server that goes back to the latest checkpoint (not
+rebuilt) has its `server_lost_s` count the work redone since it (`server_redone_s`; 0 when
+rebuilt), and `server_lost_over_restart`
 is over the restart after that same fault (`server_restart_baseline_lost_s`: the restart plus the
 time since the checkpoint when the server was lost).
 

@@ -29,7 +29,8 @@ from protocol.executor_replies import (AppSetupReply, BlocksReply, BlockStatesRe
                                        CheckpointReply, ControlReply, EpsActivateReply, EpsCommitReply,
                                        EpsDatasetsReply, EpsJoinReply, EpsSendDataReply, EpsStageReply, ErrorReply,
                                        InitBlocksReply, InitModelReply, Key, MoveBlocksReply, ObjectiveReply, Ok,
-                                       PingReply, PositionsReply, RunClockReply, RunEpochReply, ServerObjectiveReply,
+                                       PingReply, PositionsReply, ReplayPushesReply, RunClockReply, RunEpochReply,
+                                       ServerObjectiveReply,
                                        SetOwnershipReply, SetPositionsReply, SpillFigures, StatusReply,
                                        SwitchRoleReply, WorkerSetupReply)
 from protocol.errors import ProtocolError
@@ -43,7 +44,7 @@ __all__ = ["AppSetup", "AppSetupReply", "BlockData", "BlockStates", "BlockStates
            "ExecutorRequest", "InitBlocks", "InitBlocksReply", "InitModel", "InitModelReply", "LoadSplits",
            "MoveBlocks", "MoveBlocksReply", "NonNeg", "Objective", "ObjectiveReply", "Ok", "Ping", "PingReply",
            "Positions", "PositionsReply", "Positive", "REPLY_TYPES", "REQUEST_OPS", "REQUEST_TYPES", "Restore",
-           "ReleaseServers", "RestoreBlocksData", "RoleName", "RunClock", "RunClockReply", "RunEpoch", "RunEpochReply",
+           "ReleaseServers", "ReplayPushes", "ReplayPushesReply", "ResetPushLog", "RestoreBlocksData", "RoleName", "RunClock", "RunClockReply", "RunEpoch", "RunEpochReply",
            "ServerObjective", "ServerObjectiveReply", "SetBlockStates", "SetOwnership", "SetOwnershipReply",
            "SetPositions", "SetPositionsReply", "Shutdown", "SpillFigures", "SplitHandover", "SplitSource", "Status",
            "StatusReply", "StopTraining", "SwitchRole", "SwitchRoleReply", "TakeOwnership", "WorkerSetup",
@@ -102,6 +103,9 @@ class RunClock(ExecutorRequest, tag="run_clock"):
     batches: Positive
     num_workers: Positive
     count_key: Optional[str] = None
+    # The AM's count of clocks done as this one begins (BSP): the worker's push log keeps the
+    # clock's pushes under it (psruntime.push_log); -1: none kept.
+    clock: int = -1
 
 
 class RunEpoch(ExecutorRequest, tag="run_epoch"):
@@ -151,12 +155,33 @@ class StopTraining(ExecutorRequest, tag="stop_training"):
 
 
 class ReleaseServers(ExecutorRequest, tag="release_servers"):
-    """The job's servers are all being replaced under this worker (a recovery from lost servers
-    that keeps the workers and their input data, docs/internals.md "AM recovery"): requests in
-    flight to the servers of the worker's ownership table fail now (a server on a vanished host
-    would hold a pull until the keepalive gave up), the running step ends, and the worker's store
-    client starts afresh -- no push pending and no error of the old servers carried into the next
-    clock. Answered once no training step runs."""
+    """Servers of the job are being replaced under this worker (docs/internals.md "AM recovery"):
+    requests in flight to them fail now (a server on a vanished host would hold a pull until the
+    keepalive gave up), the running step ends, and the worker's store client starts afresh -- no
+    push pending and no error of the old servers carried into the next clock. `servers`: their
+    data-plane addresses; empty: every server of the worker's ownership table (all of them are
+    replaced). Answered once no training step runs."""
+
+    servers: list[str] = []
+
+
+class ResetPushLog(ExecutorRequest, tag="reset_push_log"):
+    """A checkpoint's cut after `clock` clocks: the worker's push log starts again from it;
+    `restored`: the model went back to that checkpoint (all it logged is void)."""
+
+    clock: NonNeg
+    restored: bool = False
+
+
+class ReplayPushes(ExecutorRequest, tag="replay_pushes"):
+    """Rebuild lost servers' `blocks` (restored from the latest checkpoint, now owned by their new
+    servers): push this worker's sums since that checkpoint for their keys, over the `clocks_done`
+    clocks the AM counted, and wait until they are applied. Refused when the worker's log is not
+    whole (psruntime.push_log)."""
+
+    blocks: list[NonNeg]
+    clocks_done: NonNeg
+    since: NonNeg                  # the checkpoint's cut (its clock count) the blocks were restored from
 
 
 class EndClock(ExecutorRequest, tag="end_clock"):
@@ -324,7 +349,7 @@ class ExecutorReady(ExecutorRequest, tag="executor_ready"):
 
 ControlRequest = Union[AppSetup, WorkerSetup, LoadSplits, InitModel, InitBlocks, RunClock, RunEpoch, Objective,
                        ServerObjective, Positions, SetPositions, BlockStates, SetBlockStates, StopTraining, EndClock,
-                       ReleaseServers, Status,
+                       ReleaseServers, ResetPushLog, ReplayPushes, Status,
                        Shutdown, SwitchRole, SetOwnership, MoveBlocks, CheckpointBlocks, RestoreBlocksData, EpsJoin, EpsSendData,
                        EpsCommit, EpsDiscardStaged, Ping, TakeOwnership, BlockData, CancelIncoming, Checkpoint,
                        Restore, EpsStage, EpsActivate, EpsDatasets]
@@ -339,6 +364,7 @@ REPLY_TYPES: dict[type[ExecutorRequest], type[ControlReply]] = {
     InitBlocks: InitBlocksReply, RunClock: RunClockReply, RunEpoch: RunEpochReply, Objective: ObjectiveReply,
     ServerObjective: ServerObjectiveReply, Positions: PositionsReply, SetPositions: SetPositionsReply,
     BlockStates: BlockStatesReply, SetBlockStates: BlocksReply, StopTraining: Ok, EndClock: Ok, ReleaseServers: Ok,
+    ResetPushLog: Ok, ReplayPushes: ReplayPushesReply,
     Status: StatusReply,
     Shutdown: Ok, SwitchRole: SwitchRoleReply, SetOwnership: SetOwnershipReply, MoveBlocks: MoveBlocksReply,
     CheckpointBlocks: CheckpointBlocksReply, RestoreBlocksData: BlocksReply, EpsJoin: EpsJoinReply,

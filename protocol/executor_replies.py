@@ -124,6 +124,12 @@ class BlockStatesReply(ControlReply):
     blocks: list[dict[str, Any]] = []
 
 
+class ReplayPushesReply(ControlReply):
+    """The keys a worker's push log replayed (protocol.executor_ops.ReplayPushes)."""
+
+    keys: NonNeg = 0
+
+
 class BlocksReply(ControlReply):
     """The blocks (input or model) an op changed."""
 

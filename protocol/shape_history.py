@@ -154,8 +154,16 @@ class StragglerChange(ReplaceWorkerChange, kw_only=True, tag="straggler"):
     """A slow, live worker replaced the way a lost one is (`lost`: why it counted as slow)."""
 
 
+class RebuildServerChange(ReplaceWorkerChange, kw_only=True, tag="rebuild_server"):
+    """Lost servers rebuilt on new ones (`replacements`: lost -> new) from `checkpoint` plus the
+    workers' pushes since it (`keys_replayed`); only the clock they were lost in ran again."""
+
+    checkpoint: str = ""
+    keys_replayed: int = 0
+
+
 ShapeChange = Union[EpsChange, KillRestartChange, SuspendChange, RecoveryChange, ReplaceWorkerChange,
-                    StragglerChange]
+                    StragglerChange, RebuildServerChange]
 """One record of the shape history (the tagged union; `mode` says which)."""
 
 

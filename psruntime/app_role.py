@@ -59,10 +59,12 @@ from psruntime.apps.random_streams import partition_block_range
 from psruntime.apps.registry import UserCodeError, create_app, is_user_app
 from protocol import container_env, executor_ops as ctl
 from psruntime.control_ops import Answer, Arrays, Handler, OpTable, Outcome, bind, table
+from psruntime.push_log import PushLog
 from psruntime.wire.dataplane import RequestError
 from psruntime.spill.model_spill import ModelSpillMonitor
 from psruntime.store.store_client import StoreClient, StoreClientError
-from psruntime.training_pipeline import (StepTimes, SubtaskRunner, TrainingPipeline, TrainingStopped, block_position,
+from psruntime.training_pipeline import (PushRecorder, StepTimes, SubtaskRunner, TrainingPipeline, TrainingStopped,
+                                         block_position,
                                          epoch_position, init_blocks, init_model, set_epoch_position)
 from psruntime.spill.worker_spill import WorkerSpill, parse_mode
 from protocol.json_types import JsonObject
@@ -89,6 +91,7 @@ class AppRole:
         self.pipeline = TrainingPipeline(runner)
         self.spill: WorkerSpill | None = None      # with the job's spill_alpha (psruntime.spill.worker_spill)
         self.model_spill: ModelSpillMonitor | None = None   # ... and a server's model blocks (psruntime.spill.model_spill)
+        self.push_log: PushLog | None = None   # a worker's pushes since the checkpoint (psruntime.push_log)
 
     def ops(self) -> OpTable:
         return {kind: self._reporting_user_errors(op) for kind, op in self._ops().items()}
@@ -126,6 +129,7 @@ class AppRole:
                      bind(ctl.SetPositions, self.set_positions), bind(ctl.Objective, self.objective),
                      bind(ctl.ServerObjective, self.server_objective), bind(ctl.StopTraining, self.stop_training),
                      bind(ctl.EndClock, self.end_clock), bind(ctl.ReleaseServers, self.release_servers),
+                     bind(ctl.ResetPushLog, self.reset_push_log), bind(ctl.ReplayPushes, self.replay_pushes),
                      bind(ctl.BlockStates, self.block_states), bind(ctl.SetBlockStates, self.set_block_states))
 
     @property
@@ -246,12 +250,23 @@ class AppRole:
             raise RequestError("a clock is already running on this executor")
         async with self._busy:
             t_start = time.perf_counter()
+            self.pipeline.push_record = self._push_recorder(app, req.clock)
             times = await self._run_batches(app, store, ctx, req.count_key, req.batches, self.cut)
             done = all(epoch_position(b, req.epoch) >= b.num_rows for b in self.blocks)
             reply = ctl.RunClockReply(**_step_figures(req.epoch, done, times, t_start))
             reply.spill = self._after_step(reply.seconds)
             reply.positions = {str(b.block_index): block_position(b) for b in self.blocks}
         return reply, _step_arrays(times)
+
+    def _push_recorder(self, app: PSApp, clock: int) -> PushRecorder | None:
+        """What records this clock's pushes in the push log (none for a step without a clock number)."""
+        if clock < 0:
+            return None
+        if self.push_log is None:
+            self.push_log = PushLog(app.num_keys, since=clock)     # fresh: nothing pushed before
+        log = self.push_log
+        log.begin_clock(clock)
+        return lambda keys, values: log.record(clock, keys, values)
 
     async def run_epoch(self, req: ctl.RunEpoch, arrays: Arrays) -> Answer:
         """The rest of the epoch (all of it, unless clocks of it ran already) in one op."""
@@ -262,6 +277,7 @@ class AppRole:
             raise RequestError("an epoch is already running on this executor")
         async with self._busy:
             t_start = time.perf_counter()
+            self.pipeline.push_record = None
             times = await self._run_batches(app, store, ctx, req.count_key, None)
             reply = ctl.RunEpochReply(**_step_figures(req.epoch, True, times, t_start))
             reply.spill = self._after_step(reply.seconds)
@@ -384,17 +400,38 @@ class AppRole:
         return ctl.Ok(), ()
 
     async def release_servers(self, req: ctl.ReleaseServers, arrays: Arrays) -> Answer:
-        """Let go of the job's servers before they are all replaced (protocol.executor_ops)."""
+        """Let go of servers of the job before they are replaced (protocol.executor_ops)."""
         self.stop.set()
         table = self.executor.service.table
-        for owner in sorted(set(table.owners)):
-            address = table.addresses.get(owner)
-            if address is not None:
-                self.executor.client.mark_lost(address, f"server {owner} replaced by the AM")
+        addresses = req.servers or sorted({a for o in set(table.owners) if (a := table.addresses.get(o))})
+        for address in addresses:
+            self.executor.client.mark_lost(address, f"server at {address} replaced by the AM")
         async with self._busy:           # the running step has ended (failed, or stopped)
             if self.store is not None:
                 self.store = StoreClient(table, self.executor.client)
         return ctl.Ok(), ()
+
+    def reset_push_log(self, req: ctl.ResetPushLog, arrays: Arrays) -> Answer:
+        if self.push_log is not None:
+            self.push_log.reset(req.clock, req.restored)
+        return ctl.Ok(), ()
+
+    async def replay_pushes(self, req: ctl.ReplayPushes, arrays: Arrays) -> Answer:
+        """This worker's part of rebuilding lost servers' blocks (protocol.executor_ops)."""
+        log = self.push_log
+        async with self._busy:
+            if log is None:
+                return ctl.ReplayPushesReply(keys=0), ()      # it has pushed nothing
+            if not log.covers(req.since):
+                raise RequestError(f"the push log does not hold every push since the checkpoint after "
+                                   f"clock {req.since} (it starts at {log.since}, whole: {log.whole})")
+            store = self._need_store()
+            keys, rows, named = log.sums_for(req.clocks_done, set(req.blocks), store.table.num_blocks)
+            if len(keys):
+                await store.update_array(keys, rows, "add")
+            for name, value in named.items():
+                await store.update([name], "add", [value])
+        return ctl.ReplayPushesReply(keys=len(keys) + len(named)), ()
 
     def end_clock(self, req: ctl.EndClock, arrays: Arrays) -> Answer:
         """The running clock ends after its mini-batch in progress (answered at once)."""

@@ -45,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, TypeVar, Union, runtime_checkable
 
 import msgspec
 import numpy as np
@@ -79,6 +79,9 @@ class Subtask(enum.Enum):
     @property
     def resource(self) -> Resource:
         return Resource.CPU if self is Subtask.COMP else Resource.COMM
+
+
+PushRecorder = Callable[[Union[np.ndarray, str], np.ndarray], None]
 
 
 class SubtaskRunner(Protocol):
@@ -277,6 +280,9 @@ class TrainingPipeline:
         self.comp_threads = 1      # threads one COMP uses (StepContext.threads; the job's comp_threads)
         # Cumulative training figures (the AM's Cruise driver differences them per epoch).
         self.counters = {"batches": 0, "samples": 0, "bytes": 0}
+        # Told every push of the running clock (its keys, or the audit count's name, and values):
+        # the worker's push log (psruntime.push_log); None: not kept.
+        self.push_record: PushRecorder | None = None
 
     def close(self) -> None:
         self.compute_thread.close()
@@ -362,8 +368,13 @@ class TrainingPipeline:
         """PUSH as a subtask: the deltas' encode before it, the (asynchronous: it waits only for
         backpressure) transfer and the audit count in it."""
         prepared = None
+        record = self.push_record
         if deltas is not None and len(deltas):
             prepared = store.prepare_push(deltas.keys, deltas.values, push_id=push_id(split, epoch, start, DELTAS))
+            if record is not None:
+                record(deltas.keys, deltas.values)
+        if count_key is not None and record is not None:
+            record(count_key, one[0])
         await self.runner.run(Subtask.PUSH, functools.partial(
             self._send_push, store, prepared, count_key, one, push_id(split, epoch, start, COUNT)))
 

@@ -23,6 +23,7 @@ none of its own. What the simulated AM does:
     PauseTraining / ResumeTraining   stop / restart epoch progress
     WriteCheckpoint    remembers the epochs trained (RestoreCheckpoint goes back to them)
     AdoptExecutors     StepFailed: no simulated attempt leaves executors to take over
+    RebuildServers     the lost servers' blocks to their replacements (after its share of the cost)
     other steps        StepDone after their share of the change's calibrated cost; training stalls
                        while any step but StartExecutors runs (EPS: reshape_cost, as before)
     ReportProgress     the job report every allocate carries says it (changing, directive version)
@@ -511,6 +512,13 @@ class SimJob:
             return ev.StepDone(at=now, step=step.step, holdings=self._holdings(step.servers, step.workers))
         elif isinstance(step, ins.ResumeTraining):
             self._halted = False
+        elif isinstance(step, ins.RebuildServers):
+            h = self.state.holdings
+            blocks = {s: list(b) for s, b in h.blocks.items() if s not in step.lost}
+            for old, new in zip(step.lost, step.new):
+                blocks[new] = list(h.blocks.get(old, []))
+            return ev.StepDone(at=now, step=step.step, holdings=Holdings(blocks=blocks, splits=h.splits,
+                                                                         inactive=h.inactive))
         elif isinstance(step, ins.AdoptExecutors):
             # A simulated attempt never fails and leaves executors behind (a replayed AM log's
             # take-over starts new executors here, as a failed one does).

@@ -16,7 +16,8 @@ the steps that make it up:
   A change whose parts run in several groups one after the other (removals, then additions) has
   each step's share divided by the number of groups: the whole change costs one `reshape_cost`,
   as the calibrated reshape (measured on whole changes) did. A worker replaced live (a loss or a
-  straggler: Join + TakeOverSplits 3/4) costs what adding one does.
+  straggler: Join + TakeOverSplits 3/4) costs what adding one does, and so does a lost server
+  rebuilt (Join + RebuildServers 3/4: its blocks arrive as an added server's do).
 - Changes that stop training first (PauseTraining: a restart, a migration, a recovery through a
   checkpoint, a pause, a resume) are charged at their checkpoint and restore steps: WriteCheckpoint
   costs `pause_s` where the change is a pause or a migration (the "checkpoint and release" of a
@@ -42,7 +43,7 @@ from .calibration import AppCalibration
 RESHAPE_SHARE: dict[type, float] = {
     ins.JoinExecutors: 0.25, ins.MoveModelBlocks: 0.75, ins.StageSplits: 0.5, ins.CommitSplits: 0.25,
     ins.WaitClockBoundary: 0.0, ins.RetireExecutors: 0.25, ins.DiscardStaged: 0.0, ins.SwitchRole: 0.5,
-    ins.SendExecutorRequest: 0.0, ins.TakeOverSplits: 0.75, ins.ComputePlan: 0.0,
+    ins.SendExecutorRequest: 0.0, ins.TakeOverSplits: 0.75, ins.ComputePlan: 0.0, ins.RebuildServers: 0.75,
 }
 # A pause (and a migration, which pauses first) pays pause_s for its checkpoint and release.
 PAUSES = frozenset({ChangeKind.PAUSE, ChangeKind.MIGRATE})

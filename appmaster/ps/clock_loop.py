@@ -214,9 +214,11 @@ class ClockLoop:
                  " converged" if self.converged else "")
         return rec
 
-    def _clock_request(self, num_workers: int, epoch: int) -> ops.RunClock:
+    def _clock_request(self, num_workers: int, epoch: int, clock: int = -1) -> ops.RunClock:
+        """`clock` (BSP): the clocks counted as this one begins, under which the workers' push
+        logs keep its pushes (psruntime.push_log); SSP's unaligned clocks keep none."""
         return ops.RunClock(epoch=epoch, batches=self.pacer.batches, num_workers=num_workers,
-                            count_key=AUDIT_KEY if self.spec.audit_updates else None)
+                            count_key=AUDIT_KEY if self.spec.audit_updates else None, clock=clock)
 
     def _record_batches(self, rec: ExecutorRecord, arrays: list[np.ndarray], reply: ops.RunClockReply) -> None:
         # compute, comm, then (executors that count them) the parts of each waited for a grant;
@@ -261,7 +263,7 @@ class ClockLoop:
             if self._stop:
                 return False
             workers = self.membership.workers
-            request = self._clock_request(len(workers), epoch)
+            request = self._clock_request(len(workers), epoch, self.clocks_done)
             t0 = time.perf_counter()
             results = await self._clock_calls(workers, request)
             ran = [(w, r) for w, r in zip(workers, results) if isinstance(r, Answered)]

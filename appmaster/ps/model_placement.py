@@ -119,6 +119,17 @@ class ModelPlacement:
         if self._controller is not None:
             self._controller.table.addresses.pop(executor_id, None)
 
+    async def reassign(self, blocks_to: Mapping[str, list[int]], gone: Iterable[str] = ()) -> None:
+        """Give blocks straight to new owners, no migration (a lost server's, whose data comes back
+        from a checkpoint): the new owners hold them empty until restored. `gone` leave the table's
+        addresses (they own nothing then); broadcast."""
+        for owner, blocks in blocks_to.items():
+            if blocks:
+                self.controller.table.assign(blocks, owner)
+        for executor_id in gone:
+            self.controller.remove_executor(executor_id)
+        await self.controller.broadcast()
+
     def blocks_of(self, executor_id: str) -> list[int]:
         return self.table.blocks_owned_by(executor_id)
 

@@ -281,8 +281,18 @@ class Reconfiguration:
         for an app that keeps training state on its workers (one consistent cut: call at a clock
         boundary)."""
         workers = self.training.membership.workers if keeps_worker_state(self.training.app) else []
-        return await self.checkpointer.write(epoch, self.training.placement.table, self.training.membership.servers,
+        info = await self.checkpointer.write(epoch, self.training.placement.table, self.training.membership.servers,
                                              job, clock=clock, workers=workers)
+        # The workers' push logs start again at this cut (psruntime.push_log). Best effort: a worker
+        # that missed it keeps its older start, and refuses a replay from this checkpoint.
+        reset = ops.ResetPushLog(clock=self.training.loop.clocks_done)
+        missed = [r for r in await asyncio.gather(*(self.training.rpc.send(w, reset)
+                                                    for w in self.training.membership.workers),
+                                                  return_exceptions=True) if isinstance(r, BaseException)]
+        if missed:
+            log.warning("%d worker(s) missed the push-log reset of checkpoint %s: %s", len(missed), info["dir"],
+                        missed[0])
+        return info
 
     async def restore(self, directory: str, servers: Sequence[ExecutorRecord]) -> None:
         """The checkpoint's blocks onto `servers` (which own them in the current table)."""
@@ -300,13 +310,13 @@ class Reconfiguration:
         positions = {int(b): (int(p[0]), int(p[1])) for b, p in (record.positions or {}).items()}
         return await self.restart_on(servers, workers, directory, positions, workers_kept)
 
-    async def _release_servers(self, workers: list[ExecutorRecord]) -> None:
-        """ReleaseServers on the kept workers, each answered once its running step has ended; a
-        worker that has not within the clock loop's reply deadline (alive but stuck) fails the
-        step: the recovery then starts the workers afresh too (planners/recovery.py)."""
+    async def release_servers(self, workers: list[ExecutorRecord], addresses: Sequence[str] = ()) -> None:
+        """ReleaseServers (of `addresses`, else all) on the workers, each answered once its running
+        step has ended; a worker that has not within the clock loop's reply deadline (alive but
+        stuck) fails the step: the recovery then starts the workers afresh too (planners/recovery.py)."""
         loop = self.training.loop
         deadline_s = loop.reply_deadline.seconds(loop.slowest_clock_s)
-        released = asyncio.ensure_future(self.training.rpc.send_all(workers, ops.ReleaseServers()))
+        released = asyncio.ensure_future(self.training.rpc.send_all(workers, ops.ReleaseServers(servers=list(addresses))))
         deadline = asyncio.ensure_future(loop.deadline_sleep(deadline_s))
         try:
             await asyncio.wait({released, deadline}, return_when=asyncio.FIRST_COMPLETED)
@@ -317,6 +327,34 @@ class Reconfiguration:
         if released.cancelled():
             raise ElasticOpFailed(f"the kept workers did not let go of the old servers within {deadline_s:g}s")
         released.result()
+
+    async def rebuild_servers(self, lost: list[ExecutorRecord], new: list[ExecutorRecord], directory: str,
+                              since: int) -> int:
+        """Lost servers' blocks on their replacements (joined, owning nothing) without going back:
+        the workers let go of the lost servers (the clock they were lost in ends), each lost
+        server's blocks go to its replacement in the table, come back from the checkpoint in
+        `directory` (its cut after `since` clocks), and every worker pushes its sums since that
+        cut for their keys (psruntime.push_log); then every block the workers hold goes back to
+        where the clock that was running began (it runs again: the surviving servers drop the
+        pushes of it they applied, by push id). Returns the keys replayed."""
+        training = self.training
+        loop, placement, membership = training.loop, training.placement, training.membership
+        workers = membership.workers
+        await self.release_servers(workers, [x.address for x in lost])
+        moves = {n.executor_id: placement.blocks_of(x.executor_id) for x, n in zip(lost, new)}
+        await placement.reassign(moves, gone=[x.executor_id for x in lost])
+        membership.remove_servers(x.executor_id for x in lost)
+        membership.add_servers(new)
+        placement.refresh_server_blocks()
+        await self.restore(directory, new)
+        blocks = sorted(b for bs in moves.values() for b in bs)
+        replies = await training.rpc.call_all(workers, ops.ReplayPushes(blocks=blocks, clocks_done=loop.clocks_done,
+                                                                        since=since), ops.ReplayPushesReply)
+        positions = loop.clock_start_positions([b for w in workers for b in w.blocks])
+        await asyncio.gather(*(training.rpc.send(w, ops.SetPositions(
+            positions={str(b): positions[b] for b in w.blocks})) for w in workers))
+        await training.status.refresh()
+        return sum(r.keys for r in replies)
 
     async def restart_on(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord], directory: str,
                          positions: Optional[dict[int, tuple[int, int]]] = None, workers_kept: bool = False) -> float:
@@ -333,7 +371,9 @@ class Reconfiguration:
         generated again."""
         training = self.training
         if workers_kept:
-            await self._release_servers(workers)
+            await self.release_servers(workers)
+            # The model goes back to the checkpoint: what their push logs hold is void.
+            await training.rpc.send_all(workers, ops.ResetPushLog(clock=training.loop.clocks_done, restored=True))
         else:
             self._ledger = None   # the partitions are generated afresh: the ledger follows the new workers
         # The barrier's members, in partition order; the checkpoint's block sizes let the parameter

@@ -48,10 +48,12 @@ def test_a_lost_worker_is_replaced_where_it_stood_without_a_checkpoint() -> None
     assert w.job.shape == (2, 1) and w.job.failures == 1
 
 
-def test_worker_state_ssp_or_a_lost_server_take_the_checkpoint_path() -> None:
+def test_worker_state_ssp_or_a_lost_server_after_a_worker_left_take_the_checkpoint_path() -> None:
     for how in ("keeps_worker_state", "ssp", "server"):
         w = started(sync="ssp") if how == "ssp" else started()
         w.job.keeps_worker_state = how == "keeps_worker_state"
+        if how == "server":          # a worker left since the checkpoint: its pushes went with it
+            w.job.checkpoints_when_a_worker_left = len(w.job.checkpoints)
         lose(w, "server-1" if how == "server" else "worker-1")
         assert not w.of(ins.TakeOverSplits), how
         assert w.of(ins.PauseTraining) and w.of(ins.RestoreCheckpoint)[-1].directory == "ckpt/epoch-0", how
@@ -60,6 +62,7 @@ def test_worker_state_ssp_or_a_lost_server_take_the_checkpoint_path() -> None:
 
 def test_a_lost_server_replaces_every_server_and_keeps_the_workers() -> None:
     w = started(servers=2)
+    w.job.keeps_worker_state = True          # no rebuild from the push logs: the checkpoint path
     splits = {k: list(v) for k, v in w.job.holdings.splits.items()}
     n = len(w.log)
     lose(w, "server-1")
@@ -80,6 +83,7 @@ def test_a_lost_server_replaces_every_server_and_keeps_the_workers() -> None:
 def test_a_worker_lost_while_the_servers_are_replaced_sends_the_workers_too() -> None:
     for held in (ins.RetireExecutors, ins.StartExecutors):
         w = started(servers=2)
+        w.job.keeps_worker_state = True
         w.hold = {held}
         lose(w, "server-1")
         (step,) = w.held.values()
@@ -92,6 +96,60 @@ def test_a_worker_lost_while_the_servers_are_replaced_sends_the_workers_too() ->
         assert not {"worker-1", "worker-2"} & set(restore.workers) and len(restore.workers) == 2, held
         assert "worker-2" in w.of(ins.RetireExecutors)[-1].executors, held
         assert w.job.shape == (2, 2) and w.job.phase is Phase.TRAINING, held
+
+
+def test_a_lost_server_is_rebuilt_from_the_checkpoint_and_the_push_logs() -> None:
+    w = started(servers=2)
+    blocks = list(w.job.holdings.blocks["server-1"])
+    n = len(w.log)
+    lose(w, "server-1")
+    assert [k for k in since(w, n) if k != "ReportProgress"] == ["StartExecutors", "JoinExecutors", "RebuildServers"]
+    start = w.of(ins.StartExecutors)[-1]
+    assert (start.role, start.count) == (Role.SERVER, 1)
+    (join,) = w.of(ins.JoinExecutors)
+    (rebuild,) = w.of(ins.RebuildServers)
+    assert join.executors == ["server-3"] and join.role is Role.SERVER
+    assert (rebuild.lost, rebuild.new, rebuild.directory) == (["server-1"], ["server-3"], "ckpt/epoch-0")
+    assert not w.of(ins.PauseTraining) and not w.of(ins.RetireExecutors) and not w.of(ins.RestoreCheckpoint)
+    assert sorted(w.job.ids(Role.SERVER)) == ["server-2", "server-3"] and w.job.shape == (2, 2)
+    assert sorted(w.job.holdings.blocks) == ["server-2", "server-3"]
+    assert triggers(w)[-2:] == ["RECOVER", "CHANGE_DONE"] and w.job.phase is Phase.TRAINING
+    assert w.job.failures == 1 and blocks
+
+
+def test_a_rebuild_needs_every_worker_since_the_latest_checkpoint() -> None:
+    w = started(servers=2)
+    lose(w, "worker-1")                      # replaced in place: its pushes since the checkpoint are gone
+    assert w.job.checkpoints_when_a_worker_left == len(w.job.checkpoints)
+    lose(w, "server-1")
+    assert not w.of(ins.RebuildServers) and w.of(ins.RestoreCheckpoint)[-1].workers_kept
+    # The checkpoint path's restore is a new cut: after the next checkpoint a rebuild is possible again.
+    w.job.checkpoints.append((3, "ckpt/epoch-3"))
+    lose(w, w.job.ids(Role.SERVER)[0])
+    assert w.of(ins.RebuildServers)[-1].directory == "ckpt/epoch-3"
+    assert w.job.phase is Phase.TRAINING
+
+
+def test_a_failed_or_interrupted_rebuild_falls_back_to_the_checkpoint_keeping_the_workers() -> None:
+    for how in ("fails", "worker lost", "server lost"):
+        w = started(servers=2)
+        w.hold = {ins.RebuildServers}
+        lose(w, "server-1")
+        (rebuild,) = w.held.values()
+        if how == "fails":
+            w.hold = set()
+            w.fail(rebuild, "worker-0's push log does not hold every push since the checkpoint")
+        else:
+            lose(w, "worker-1" if how == "worker lost" else "server-2")
+            assert w.log[-1] == ins.CancelSteps(steps=[rebuild.step]), how
+            w.hold = set()
+            w.fail(rebuild, "cancelled", cancelled=True)
+        retire = w.of(ins.RetireExecutors)[-1]
+        assert "server-3" in retire.executors, how            # the new server goes with the rest
+        restore = w.of(ins.RestoreCheckpoint)[-1]
+        assert restore.workers_kept == (how != "worker lost"), how
+        assert w.job.shape == (2, 2) and w.job.phase is Phase.TRAINING and not w.job.diagnostics, how
+        assert triggers(w).count("RECOVER") == 1, how
 
 
 def test_a_failed_replacement_falls_back_to_the_checkpoint() -> None:

@@ -24,7 +24,7 @@ from appmaster.ps.runtime.executor_rpc import ExecutorLost
 from polling import async_wait_until
 from protocol import executor_ops as ops
 from protocol.records import FinalStatus
-from protocol.shape_history import RecoveryChange, ReplaceWorkerChange
+from protocol.shape_history import RebuildServerChange, RecoveryChange, ReplaceWorkerChange
 from psruntime.executor import Executor
 from psruntime.training_pipeline import Subtask
 from ps_inprocess import SPEC, PsJob
@@ -163,8 +163,8 @@ async def test_the_loss_report_of_a_vanished_worker_ends_the_clock_and_it_is_rep
 
 async def test_the_loss_report_of_a_vanished_server_ends_the_clock_its_workers_are_blocked_in(jobs) -> None:
     """Both workers stop in the middle of a clock, as when their pulls wait on a server whose host
-    vanished: the server's loss ends the clock (ExecutorLost for it) for the checkpoint path, on
-    new servers with the workers kept (they let go of the old servers first)."""
+    vanished: the server's loss ends the clock (the workers let go of it: their pulls fail), a new
+    server is rebuilt with its blocks, and the clock runs again -- no checkpoint gone back to."""
     job = jobs()
     job.freeze("worker-0")
     job.freeze("worker-1")
@@ -175,20 +175,18 @@ async def test_the_loss_report_of_a_vanished_server_ends_the_clock_its_workers_a
 
     job.report_lost("server-1")
     assert await job.run() is FinalStatus.SUCCEEDED
-    [lost] = job.train_errors
-    assert isinstance(lost, ExecutorLost) and not lost.answered and lost.executor.executor_id == "server-1"
-    assert "run_clock on server-1" in str(lost) and "-100" in str(lost)
-    assert job.train_error_clocks == [CLOCKS_BEFORE]           # the cut-short clock is not counted
-    [rec] = records(job, RecoveryChange)                        # back to the checkpoint
-    assert rec.changed and "server-1 (" in rec.lost[0] and not records(job, ReplaceWorkerChange)
-    assert rec.workers_kept == 2 and rec.error == "", rec
-    assert [e.epoch for e in job.epochs] == list(range(job.spec.max_epochs))
+    assert job.train_errors == []                               # training went on after the rebuild
+    [rec] = records(job, RebuildServerChange)
+    assert rec.changed and rec.error == "" and "server-1 (" in rec.lost[0] and not records(job, RecoveryChange)
+    assert rec.replacements == {"server-1": "server-2"}, rec
+    check_exact(job)
 
 
 async def test_a_kept_worker_stuck_for_good_sends_the_server_recovery_to_new_workers(jobs) -> None:
-    """A worker that does not let go of the old servers (stuck where their lost addresses do not
-    reach) holds the recovery that keeps the workers up to the clock loop's reply deadline; then
-    the workers are started afresh as well, and the job goes on from the checkpoint."""
+    """A worker that does not let go of the lost server (stuck where its lost address does not
+    reach) holds the rebuild up to the clock loop's reply deadline, then the checkpoint path that
+    keeps the workers up to it again; then the workers are started afresh as well, and the job goes
+    on from the checkpoint."""
     job = jobs()
     deadlines = ManualDeadlines()
     job.loop.deadline_sleep = deadlines.sleep
@@ -197,14 +195,16 @@ async def test_a_kept_worker_stuck_for_good_sends_the_server_recovery_to_new_wor
     job.start()
     await job.frozen("worker-0", "worker-1")
     job.report_lost("server-1")
-    await async_wait_until(lambda: (c := job.job.change) is not None and c.stage == "restore"
-                           and deadlines.waiting() == [ReplyDeadline().floor_s],
-                           what="the kept workers' release waiting on its deadline")
-    assert job.job.phase is Phase.RECOVERING and job.job.change.keep_workers
-    deadlines.advance(ReplyDeadline().floor_s)
+    for stage in ("rebuild", "restore"):
+        await async_wait_until(lambda: (c := job.job.change) is not None and c.stage == stage
+                               and deadlines.waiting() == [ReplyDeadline().floor_s],
+                               what=f"the workers' release in the recovery's {stage} waiting on its deadline")
+        assert job.job.phase is Phase.RECOVERING
+        deadlines.advance(ReplyDeadline().floor_s)
     assert await job.run() is FinalStatus.SUCCEEDED
     [rec] = records(job, RecoveryChange)
     assert rec.changed and rec.error == "" and rec.workers_kept == 0, rec
+    assert not records(job, RebuildServerChange)
     assert "worker-2" in job.pool.executors and "worker-3" in job.pool.executors      # new workers
     assert [e.epoch for e in job.epochs] == list(range(job.spec.max_epochs))
 

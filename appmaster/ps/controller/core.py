@@ -26,12 +26,12 @@ from protocol.internal_api import RunState, ShapeDirective
 
 from . import events as ev
 from .instructions import (CancelSteps, CommitSplits, Finish, Instruction, LaunchExecutor, MoveModelBlocks,
-                           ReleaseContainer, Reply, ReportProgress, RetireExecutors)
+                           RebuildServers, ReleaseContainer, Reply, ReportProgress, RetireExecutors)
 from .phases import Phase, Trigger
 from .planners import PLANNERS, recovery, suspension
 from .planners.base import fail_change, fire
 from .planners.eps import target_of
-from .records import ExecutorInfo, Holdings, Move, Target
+from .records import ExecutorInfo, Holdings, Move, Role, Target
 from .rules import Arrival, Rule, rule
 from .state import Change, ChangeKind, Executor, ExecutorState, JobState, Origin
 
@@ -342,6 +342,8 @@ def _lost(job: JobState, e: ev.ExecutorLost, out: Out) -> None:
 def _loss(job: JobState, x: Executor, description: str, at: float, out: Out) -> None:
     """An executor the job needed is gone (rules.py for what a change running now does)."""
     job.lost[x.executor_id] = x
+    if x.role is Role.WORKER:
+        job.checkpoints_when_a_worker_left = len(job.checkpoints)
     running = job.change.kind if job.change else None
     r = rule(running, Arrival.LOSS, paused=job.phase is Phase.PAUSED)
     if r is Rule.IGNORE:
@@ -403,6 +405,8 @@ def _book(job: JobState, change: Change, step: int, started: list[ExecutorInfo],
     if isinstance(instr, RetireExecutors):
         for eid in instr.executors:
             if eid in job.executors:
+                if job.executors[eid].role is Role.WORKER:
+                    job.checkpoints_when_a_worker_left = len(job.checkpoints)
                 job.executors[eid].state = ExecutorState.RETIRING
             job.holdings.blocks.pop(eid, None)
             job.holdings.splits.pop(eid, None)
@@ -415,6 +419,9 @@ def _book(job: JobState, change: Change, step: int, started: list[ExecutorInfo],
             job.holdings.blocks.pop(d, None)
     elif ok and isinstance(instr, CommitSplits):
         _commit(job.holdings, instr.moves, instr.keep_inactive, instr.joining)
+    elif ok and isinstance(instr, RebuildServers):
+        for old, new in zip(instr.lost, instr.new):
+            job.holdings.blocks[new] = job.holdings.blocks.pop(old, [])
 
 
 def _apply_moves(table: dict[str, list[int]], moves: list[Move]) -> None:

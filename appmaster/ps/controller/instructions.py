@@ -28,6 +28,10 @@ Contract of each step (what the interpreter does; the simulator charges its cali
                        with `workers_kept` only the servers are new, and the workers keep their
                        input (they let go of the old servers and go back to the checkpoint's
                        positions and worker state).
+    RebuildServers     lost servers' blocks on `new` servers (started and joined, owning nothing)
+                       without going back: the latest checkpoint's blocks plus every worker's
+                       pushes since it (psruntime.push_log); the clock they were lost in runs
+                       again from where it began. A failure leaves the new servers to retire.
     AdoptExecutors     a new AM attempt takes over the executors the failed one left running (the
                        RM hands their containers over): check them against the record that
                        attempt left, cut and wait out the clock it started, read every input
@@ -141,6 +145,12 @@ class RestoreCheckpoint(_Step, tag="restore_checkpoint"):
     workers_kept: bool = False      # the workers stayed through a server loss: none regenerates its input
 
 
+class RebuildServers(_Step, tag="rebuild_servers"):
+    lost: list[str]                 # lost servers, each rebuilt on the new server at the same index
+    new: list[str]
+    directory: str                  # the latest checkpoint
+
+
 class AdoptExecutors(_Step, tag="adopt_executors"):
     pass
 
@@ -218,7 +228,7 @@ class Finish(_Instruction, tag="finish"):
 StepInstruction = Union[StartExecutors, JoinExecutors, RetireExecutors, MoveModelBlocks, StageSplits, CommitSplits,
                         DiscardStaged, SwitchRole, SendExecutorRequest, WaitClockBoundary, PauseTraining,
                         ResumeTraining, SetupTraining, WriteCheckpoint, RestoreCheckpoint, AdoptExecutors, ScoreModel,
-                        ComputePlan, TakeOverSplits]
+                        ComputePlan, TakeOverSplits, RebuildServers]
 Instruction = Union[StepInstruction, LaunchExecutor, ReleaseContainer, WithdrawAsks, CancelSteps, ReportProgress,
                     Reply, SetTimer, Finish]
 STEP_TYPES: tuple[type, ...] = StepInstruction.__args__     # type: ignore[attr-defined]

@@ -28,8 +28,8 @@ from msgspec import UNSET
 from protocol import executor_ops as ops
 from protocol.checkpoint_manifest import JobRecord, decode_job_checkpoint
 from protocol.ps_job_spec import PSJobSpec
-from protocol.shape_history import (ExecutorCounts, KillRestartChange, RecoveryChange, ReplaceWorkerChange,
-                                     ShapeChange, StragglerChange, SuspendChange)
+from protocol.shape_history import (ExecutorCounts, KillRestartChange, RebuildServerChange, RecoveryChange,
+                                    ReplaceWorkerChange, ShapeChange, StragglerChange, SuspendChange)
 
 from ..checkpoints import JOB_MANIFEST
 from ..controller import events as ev
@@ -40,7 +40,7 @@ from ..controller.records import Role as CRole
 from ..controller.planners.eps import Part
 from ..controller.state import Change, ChangeKind, JobState
 from ..eps_decisions import Transfer
-from ..eps_records import ElasticOpRecord
+from ..eps_records import ElasticOpFailed, ElasticOpRecord
 from .executor_pool import ExecutorRecord, Role
 from .executor_rpc import ExecutorCallError
 from ..reconfiguration import Reconfiguration, keeps_worker_state
@@ -110,6 +110,7 @@ class ChangeRecords:
     checkpoint: str = ""
     checkpoint_time: Optional[float] = None     # when the checkpoint restored was written (Unix s)
     workers_kept: int = 0          # workers that stayed through the restore (lost servers only)
+    keys_replayed: Optional[int] = None     # lost servers rebuilt from the workers' push logs
     step_bytes: dict[int, int] = field(default_factory=dict)    # input data moved, by step (Cruise's records)
     clock_redone: bool = False     # a lost worker's clock ran again on its replacement (the loop's hook)
     # When each EPS part's first step began and its last one ended (perf_counter seconds, by the
@@ -457,6 +458,8 @@ class JobInterpreter:
             return await self._checkpoint(s)
         if isinstance(s, ins.RestoreCheckpoint):
             return await self._restore(s)
+        if isinstance(s, ins.RebuildServers):
+            return await self._rebuild(s)
         if isinstance(s, ins.AdoptExecutors):
             a = await self.hooks.adopt()
             return self._done(s, executors=[info_of(r) for r in a.executors], holdings=self.holdings(),
@@ -559,6 +562,20 @@ class JobInterpreter:
             if cut is not None and not math.isclose(restored, cut, rel_tol=RESTORE_RTOL, abs_tol=1e-9):
                 log.warning("restored objective %.9g differs from the checkpoint's %.9g", restored, cut)
         return self._done(s, holdings=self.holdings(), objective=restored)
+
+    async def _rebuild(self, s: ins.RebuildServers) -> ev.StepDone:
+        """Lost servers rebuilt from the latest checkpoint and the workers' push logs."""
+        pool = self.training.pool
+        manifest = decode_job_checkpoint((Path(s.directory) / JOB_MANIFEST).read_bytes())
+        if manifest.clocks is None:
+            raise ElasticOpFailed(f"checkpoint {s.directory} does not say after which clock it was cut")
+        keys = await self.steps.rebuild_servers([pool.executors[x] for x in s.lost], [pool.executors[x] for x in s.new],
+                                                s.directory, manifest.clocks)
+        if self.records is not None:
+            self.records.checkpoint = s.directory
+            self.records.checkpoint_time = manifest.time or None
+            self.records.keys_replayed = keys
+        return self._done(s, holdings=self.holdings())
 
     async def _take_over(self, s: ins.TakeOverSplits) -> ev.StepDone:
         """`new` generates `old`'s splits and puts them where they stood when the clock began (a
@@ -669,6 +686,13 @@ def change_history(change: Change, rec: ChangeRecords, shape_after: tuple[int, i
     if change.kind is ChangeKind.RECOVER:
         if change.target is not None:      # the shape before the losses (a replacement keeps it)
             before = ExecutorCounts(change.target.workers, change.target.servers)
+        if rec.keys_replayed is not None and not change.error:
+            return RebuildServerChange(op="rebuild", time=rec.started, lost=list(change.descriptions), workers=w1,
+                                       servers=s1, epoch=epoch, clock=clock, clock_redone=True, epochs_redone=0,
+                                       before=before, after=after, changed=ok, error=change.error,
+                                       seconds=seconds, duration_s=seconds, lost_s=seconds,
+                                       replacements=dict(zip(change.lost, change.new)), checkpoint=rec.checkpoint,
+                                       keys_replayed=rec.keys_replayed)
         if not change.checkpoint:
             return ReplaceWorkerChange(op="replace", time=rec.started, lost=list(change.descriptions), workers=w1,
                                        servers=s1, epoch=epoch, clock=clock, clock_redone=rec.clock_redone,

@@ -587,7 +587,11 @@ class PSApplicationMaster:
                 if job.phase.is_final or loop.stopping:
                     self._recovering_from = e     # the recovery stopped training: this error ends it
                     raise
-                if eid is not None and eid in self.training.membership.worker_ids() + \
+                # A server rebuilt meanwhile explains a worker's failed pull or push (its clock runs
+                # again); otherwise an executor that failed and is still a member had no loss to
+                # blame: training cannot go on.
+                rebuilt = any(x.role is CRole.SERVER for x in list(job.lost.values())[known:])
+                if eid is not None and not rebuilt and eid in self.training.membership.worker_ids() + \
                         self.training.membership.server_ids():
                     raise                   # nothing took its place: training cannot go on
                 log.info("training goes on after the recovery from %s", e)

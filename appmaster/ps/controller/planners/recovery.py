@@ -16,7 +16,15 @@ nothing); losses reported together are one event (`merge`). Two paths:
   and continues from the latest checkpoint (its epoch count, objective and every input block's
   place come back with it). Apps that keep state on their workers (NMF's user factors, LDA's
   topic assignments) always take it for a lost worker: only their checkpoints hold that state.
-  When every loss is a server, the workers stay (`Change.keep_workers`): only the servers are
+- Server rebuild, when every loss is a server, the job trains BSP, its app keeps no training state
+  on its workers and no worker has left since the latest checkpoint: StartExecutors (one new
+  server per lost one) -> JoinExecutors -> RebuildServers (each lost server's blocks go to its
+  replacement, from the latest checkpoint plus every worker's pushes since it: the workers' push
+  logs, psruntime.push_log) -> done: the clock the server was lost in runs again from where it
+  began and nothing before it is redone. Any failure or further loss falls back to the
+  checkpoint path.
+- When every loss is a server but the rebuild cannot be (or failed), the workers stay
+  (`Change.keep_workers`) through the checkpoint path: only the servers are
   retired and started again, and the restore (RestoreCheckpoint with `workers_kept`) puts the
   checkpoint's model on the new servers and every block the workers hold back to its place and
   worker state at the checkpoint -- no input is generated again, which was most of a server's
@@ -30,8 +38,8 @@ from __future__ import annotations
 from typing import Optional
 
 from ..events import StepDone, StepFailed
-from ..instructions import (ResumeTraining, CancelSteps, Instruction, JoinExecutors, PauseTraining, RestoreCheckpoint,
-                            RetireExecutors, StartExecutors, TakeOverSplits)
+from ..instructions import (ResumeTraining, CancelSteps, Instruction, JoinExecutors, PauseTraining, RebuildServers,
+                            RestoreCheckpoint, RetireExecutors, StartExecutors, TakeOverSplits)
 from ..records import Role, Target
 from ..state import Change, ChangeKind, Executor, ExecutorState, JobState
 from .base import BasePlanner, end_job_failed, issue
@@ -66,6 +74,13 @@ def merge(job: JobState, change: Change, lost: Executor, description: str, out: 
     change.descriptions.append(description)
     if lost.role is Role.WORKER:
         change.keep_workers = False   # the checkpoint path starts the workers again too
+    if change.kind is ChangeKind.RECOVER and change.stage == "rebuild":
+        change.reason = f"{description}: during the servers' rebuild"
+        change.keep_workers = servers_only(job, change.lost)
+        if change.outstanding:
+            out.append(CancelSteps(steps=sorted(change.outstanding)))
+        fall_back(job, change, out)
+        return
     if change.kind is not ChangeKind.RECOVER or change.stage != "replace":
         return                    # the checkpoint path starts the whole shape again anyway
     if replaceable(job, [lost.executor_id]):
@@ -147,6 +162,11 @@ class RecoveryPlanner(BasePlanner):
             change.stage = "replace"
             Replacement.start(job, change, len(change.lost), out)
             return
+        if rebuildable(job, change.lost):
+            change.stage = "rebuild"
+            change.checkpoint = job.checkpoints[-1][1]
+            issue(change, out, StartExecutors(step=job.new_step(), role=Role.SERVER, count=len(change.lost)))
+            return
         change.keep_workers = servers_only(job, change.lost)
         fall_back(job, change, out)
 
@@ -158,6 +178,17 @@ class RecoveryPlanner(BasePlanner):
             elif not change.outstanding:       # fewer workers started than asked for
                 change.reason = f"no replacement for {', '.join(Replacement.waiting(change))}"
                 fall_back(job, change, out)
+            return
+        if change.stage == "rebuild":
+            instr = change.steps[ev.step]
+            if isinstance(instr, StartExecutors):
+                change.new = [x.executor_id for x in ev.executors]
+                issue(change, out, JoinExecutors(step=job.new_step(), role=Role.SERVER, executors=list(change.new)))
+            elif isinstance(instr, JoinExecutors):
+                issue(change, out, RebuildServers(step=job.new_step(), lost=list(change.lost), new=list(change.new),
+                                                  directory=change.checkpoint))
+            elif isinstance(instr, RebuildServers):
+                change.stage = "done"
             return
         if change.stage == "fallback":
             fall_back(job, change, out)
@@ -185,6 +216,14 @@ class RecoveryPlanner(BasePlanner):
             change.reason = f"keeping the workers failed: {ev.error}"
             _rebuild(job, change, out)
             return
+        if change.stage == "rebuild":
+            # Back to the checkpoint (the workers kept), once what still runs has ended; the new
+            # servers are retired with the rest.
+            change.reason = f"rebuilding {', '.join(change.lost)} failed: {ev.error}"
+            change.keep_workers = servers_only(job, change.lost)
+            change.checkpoint = ""
+            fall_back(job, change, out)
+            return
         if change.stage in ("replace", "fallback"):
             # The replacement failed: once what still runs has ended, the checkpoint path (which
             # retires every executor, the new ones included).
@@ -193,6 +232,14 @@ class RecoveryPlanner(BasePlanner):
             fall_back(job, change, out)
             return
         end_job_failed(job, change, f"recovery from {'; '.join(change.descriptions)} failed: {ev.error}", out)
+
+
+def rebuildable(job: JobState, lost: list[str]) -> bool:
+    """Whether lost servers can be rebuilt from the latest checkpoint and the workers' push logs
+    (module doc): BSP (its clocks number the pushes), no training state on the workers (a clock
+    run again would apply theirs twice), and every worker since that checkpoint still here."""
+    return (servers_only(job, lost) and job.spec.sync == "bsp" and not job.keeps_worker_state
+            and bool(job.checkpoints) and job.checkpoints_when_a_worker_left < len(job.checkpoints))
 
 
 def servers_only(job: JobState, lost: list[str]) -> bool:
