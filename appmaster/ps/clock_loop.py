@@ -263,7 +263,7 @@ class ClockLoop:
             if self._stop:
                 return False
             workers = self.membership.workers
-            request = self._clock_request(len(workers), epoch, self.clocks_done)
+            request = self._clock_request(len(workers), epoch, self.clocks_done if self.spec.push_log else -1)
             t0 = time.perf_counter()
             results = await self._clock_calls(workers, request)
             ran = [(w, r) for w, r in zip(workers, results) if isinstance(r, Answered)]

@@ -130,6 +130,13 @@ def test_a_rebuild_needs_every_worker_since_the_latest_checkpoint() -> None:
     assert w.job.phase is Phase.TRAINING
 
 
+def test_a_job_without_push_logs_takes_the_checkpoint_path_for_a_lost_server() -> None:
+    w = started(servers=2, push_log=False)
+    lose(w, "server-1")
+    assert not w.of(ins.RebuildServers) and w.of(ins.RestoreCheckpoint)[-1].workers_kept
+    assert w.job.phase is Phase.TRAINING
+
+
 def test_a_failed_or_interrupted_rebuild_falls_back_to_the_checkpoint_keeping_the_workers() -> None:
     for how in ("fails", "worker lost", "server lost"):
         w = started(servers=2)

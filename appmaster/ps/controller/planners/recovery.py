@@ -238,7 +238,7 @@ def rebuildable(job: JobState, lost: list[str]) -> bool:
     """Whether lost servers can be rebuilt from the latest checkpoint and the workers' push logs
     (module doc): BSP (its clocks number the pushes), no training state on the workers (a clock
     run again would apply theirs twice), and every worker since that checkpoint still here."""
-    return (servers_only(job, lost) and job.spec.sync == "bsp" and not job.keeps_worker_state
+    return (servers_only(job, lost) and job.spec.push_log and job.spec.sync == "bsp" and not job.keeps_worker_state
             and bool(job.checkpoints) and job.checkpoints_when_a_worker_left < len(job.checkpoints))
 
 
