@@ -67,7 +67,11 @@ class PushLog:
             if self.folded_through >= clock:
                 self.whole = False       # a later clock's pushes are in the sums already
                 return
-        self.sums = self.touched = None
+        if self.sums is not None and self.touched is not None:
+            # Zeroed in place, the rows pushed to only: a new array would be faulted in page by
+            # page again (up to the model's size) after every checkpoint.
+            self.sums[self.touched] = 0
+            self.touched[:] = False
         self.named = {}
         self.folded_through = -1
         self.since, self.fresh, self.whole = clock, False, True
@@ -85,7 +89,7 @@ class PushLog:
         named = {k: v for k, v in self.named.items() if block_of(k, num_blocks) in blocks}
         if self.sums is None or self.touched is None:
             return np.empty(0, np.int64), np.empty((0, 0), np.float32), named
-        keys = np.flatnonzero(self.touched).astype(np.int64)
+        keys = np.flatnonzero(self.touched).astype(np.int64)     # (none right after a reset)
         if len(keys):
             keys = keys[np.isin(blocks_of_int_keys(keys, num_blocks), np.fromiter(blocks, np.int64))]
         return keys, self.sums[keys], named

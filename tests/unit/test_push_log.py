@@ -89,4 +89,6 @@ def test_a_checkpoint_cut_resets_the_sums_unless_a_later_clock_was_folded() -> N
     log.reset(2)
     assert not log.whole
     log.reset(5)                              # the next checkpoint makes it whole again
-    assert log.whole and log.sums is None
+    assert log.whole and log.sums is not None and not log.sums.any()
+    keys, rows, _ = log.sums_for(5, set(range(NUM_BLOCKS)), NUM_BLOCKS)
+    assert len(keys) == 0
