@@ -21,8 +21,8 @@ budget, so it stays readable on a shared machine. Also per app: the worker's and
 per mini-batch beyond the single process's, their system-time share, the worker's COMP seconds
 per epoch (what the app's compute took inside the executor) and the clocks per epoch.
 
-Clocks are numbered as the AM numbers a BSP job's, so the worker keeps its push log (the spec's
-`push_log`, on by default: what rebuilds a lost server); `--no-push-log` measures without it.
+With `--push-log` the clocks are numbered as the AM numbers a BSP job's whose spec has `push_log`
+(what rebuilds a lost server), so the worker keeps its push log: its cost against a run without.
 
 Runs alternate (single, ps1, next app, then again) `--repeats` times; each figure is the median
 over repeats with every run's value beside it. The machine's load over each run is measured
@@ -117,7 +117,7 @@ def spawn(name: str, role: str, am: str, tmp: Path, profile_dir: Optional[str]) 
 
 
 async def ps_run(app_name: str, preset: str, epochs: int, tmp: Path, profile_dir: Optional[str],
-                 push_log: bool = True) -> dict[str, Any]:
+                 push_log: bool = False) -> dict[str, Any]:
     """One server + one worker executor, paced in BSP clocks as the AM paces them."""
     announced: dict[str, str] = {}
 
@@ -153,7 +153,7 @@ async def ps_run(app_name: str, preset: str, epochs: int, tmp: Path, profile_dir
             clocks, comp, batches = 0, 0.0, 0
             while True:
                 # Numbered as the AM numbers a BSP job's clocks: the worker keeps its push log
-                # (the spec's push_log, default on; --no-push-log measures without it).
+                # (the spec's push_log, default off; --push-log measures with it).
                 clock = ops.RunClock(epoch=epoch, batches=pacer.batches, num_workers=1,
                                      clock=clocks_done if push_log else -1)
                 clocks_done += 1
@@ -213,8 +213,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--profile-dir", default=None, help="run the executors under cProfile, stats written here")
-    p.add_argument("--no-push-log", action="store_true",
-                   help="clocks unnumbered, as for a job with push_log false: the worker keeps no push log")
+    p.add_argument("--push-log", action="store_true",
+                   help="clocks numbered, as for a job with push_log true: the worker keeps its push log")
     ns = p.parse_args(argv)
     apps = [a for a in ns.apps.split(",") if a]
     bad = [a for a in apps if a not in APP_NAMES]
@@ -235,7 +235,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 try:
                     single = single_run(app, ns.preset, ns.epochs)
                     ps = asyncio.run(ps_run(app, ns.preset, ns.epochs, Path(tmp), ns.profile_dir,
-                                            push_log=not ns.no_push_log))
+                                            push_log=ns.push_log))
                     n = max(ps["batches"], 1)
                     total = ps["worker_cpu_s"] + ps["server_cpu_s"]
                     run.update(single_cpu_s=round(single["cpu_s"], 3), **{k: round(v, 3) for k, v in ps.items()},
@@ -253,7 +253,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out["saturated_runs"] = [f"{a}/repeat{r['repeat'] + 1}: {r['saturated']}"
                              for a, rs in runs.items() for r in rs if r.get("saturated")]
     out.update(preset=ns.preset, epochs=ns.epochs, repeats=ns.repeats, cores=os.cpu_count(),
-               profiled=bool(ns.profile_dir), push_log=not ns.no_push_log)
+               profiled=bool(ns.profile_dir), push_log=ns.push_log)
     print(json.dumps(out))
     return 1 if any("error" in r for rs in runs.values() for r in rs) else 0
 

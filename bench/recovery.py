@@ -3,7 +3,7 @@
     python bench/recovery.py [--features 210000 --classes 128 --samples 6000] [--quick] [--keep-dir D]
 
 One local cluster (an RM and 3 NMs as processes). An MLR job with a model of >= 100 MB (3 workers,
-3 servers, checkpoints every 2 epochs, two AM attempts allowed) trains; once it is past its epoch-2
+3 servers, checkpoints every 2 epochs, push logs on, two AM attempts allowed) trains; once it is past its epoch-2
 checkpoint, the benchmark injects, one after the other in the same job:
 
 - a lost worker: SIGKILL of worker-1's process (its container ends; the NM reports it);
@@ -170,8 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     if ns.quick:
         ns.features, ns.classes, ns.executor_mb = 4000, 128, 384
     model_mb = ns.features * ns.classes * 4 / 2**20
+    # push_log: a lost server is rebuilt from the workers' push logs (the job spec's opt-in); the
+    # restart baseline runs the same spec.
     spec = mlr_job_spec(ns.features, ns.classes, ns.samples, ns.executor_mb, max_epochs=100_000,
-                        convergence_threshold=1e-12, checkpoint_every_epochs=2)
+                        convergence_threshold=1e-12, checkpoint_every_epochs=2, push_log=True)
     tmp = None if ns.keep_dir else tempfile.TemporaryDirectory(prefix="recovery-")
     base = ns.keep_dir or Path(tmp.name)  # type: ignore[union-attr]
     # Room for the AM and 3 + 3 executors, twice over while old containers are still reported.

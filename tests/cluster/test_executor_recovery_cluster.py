@@ -55,7 +55,7 @@ def recovery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 MLR = {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 12, "convergence_threshold": 1e-12,
-       "checkpoint_every_epochs": 2, "audit_updates": True, "executor_memory_mb": 320,
+       "checkpoint_every_epochs": 2, "audit_updates": True, "executor_memory_mb": 320, "push_log": True,
        "clock_batches": 5,     # 4 clocks an epoch: the worker dies between two of them
        "hparams": {"learning_rate": 0.5}}
 

@@ -99,7 +99,7 @@ def test_a_worker_lost_while_the_servers_are_replaced_sends_the_workers_too() ->
 
 
 def test_a_lost_server_is_rebuilt_from_the_checkpoint_and_the_push_logs() -> None:
-    w = started(servers=2)
+    w = started(servers=2, push_log=True)
     blocks = list(w.job.holdings.blocks["server-1"])
     n = len(w.log)
     lose(w, "server-1")
@@ -118,7 +118,7 @@ def test_a_lost_server_is_rebuilt_from_the_checkpoint_and_the_push_logs() -> Non
 
 
 def test_a_rebuild_needs_every_worker_since_the_latest_checkpoint() -> None:
-    w = started(servers=2)
+    w = started(servers=2, push_log=True)
     lose(w, "worker-1")                      # replaced in place: its pushes since the checkpoint are gone
     assert w.job.checkpoints_when_a_worker_left == len(w.job.checkpoints)
     lose(w, "server-1")
@@ -131,7 +131,7 @@ def test_a_rebuild_needs_every_worker_since_the_latest_checkpoint() -> None:
 
 
 def test_a_job_without_push_logs_takes_the_checkpoint_path_for_a_lost_server() -> None:
-    w = started(servers=2, push_log=False)
+    w = started(servers=2)                   # push_log is off by default
     lose(w, "server-1")
     assert not w.of(ins.RebuildServers) and w.of(ins.RestoreCheckpoint)[-1].workers_kept
     assert w.job.phase is Phase.TRAINING
@@ -139,7 +139,7 @@ def test_a_job_without_push_logs_takes_the_checkpoint_path_for_a_lost_server() -
 
 def test_a_failed_or_interrupted_rebuild_falls_back_to_the_checkpoint_keeping_the_workers() -> None:
     for how in ("fails", "worker lost", "server lost"):
-        w = started(servers=2)
+        w = started(servers=2, push_log=True)
         w.hold = {ins.RebuildServers}
         lose(w, "server-1")
         (rebuild,) = w.held.values()

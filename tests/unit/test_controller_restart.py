@@ -230,11 +230,10 @@ def test_a_loss_before_the_retire_aborts_the_restart_and_the_recovery_follows() 
     w.hold = set()
     n = len(w.log)
     w.fail(ckpt, "cancelled", cancelled=True)
-    # No ResumeTraining: the recovery follows at once and rebuilds the lost server from the last
-    # checkpoint and the workers' push logs (training goes on meanwhile where it stopped).
-    assert w.steps_since(n)[:3] == ["StartExecutors", "JoinExecutors", "RebuildServers"]   # the recovery's
+    # No ResumeTraining: the recovery stops training itself and goes back to the last checkpoint.
+    assert w.steps_since(n)[0] == "PauseTraining"       # the recovery's
     assert w.triggers()[-4:] == ["RESTART", "CHANGE_DONE", "RECOVER", "CHANGE_DONE"]
-    assert w.of(ins.RebuildServers)[-1].directory == "ckpt/epoch-0"
+    assert w.of(ins.RestoreCheckpoint)[-1].directory == "ckpt/epoch-0"
     assert w.job.shape == (2, 1) and w.job.failures == 1 and w.job.phase is Phase.TRAINING
     reply = w.of(ins.Reply)[-1]
     assert reply.status == 409 and "executor lost" in reply.message

@@ -112,15 +112,29 @@ def test_a_pause_and_resume_release_everything_and_come_back_at_the_directives_t
     assert r.record.jct >= undisturbed.record.jct + (resumed_at - paused_at) + cal.pause_s + cal.restart_s - 1e-6
 
 
-def test_a_lost_server_is_rebuilt_on_a_new_one() -> None:
+def test_a_lost_server_goes_back_to_the_checkpoint_keeping_the_worker() -> None:
     r = replay([], (Loss(30.0, Role.SERVER),))
+    assert r.killed == ["server-0"]
+    assert r.phases == START + [P.RECOVERING] + END
+    # Its only server is started again; the worker stays with its input.
+    assert r.steps() == START_STEPS + ["PauseTraining", "StartExecutors", "RestoreCheckpoint",
+                                       "ResumeTraining"] + END_STEPS
+    assert r.record.final_status == "SUCCEEDED" and r.record.epochs == 20
+    # Training went back to the checkpoint of epoch 0: what it had done since is lost.
+    undisturbed = replay([])
+    assert r.record.jct is not None and undisturbed.record.jct is not None
+    assert r.record.jct > undisturbed.record.jct + 20.0
+
+
+def test_a_lost_server_of_a_job_with_push_logs_is_rebuilt_on_a_new_one() -> None:
+    r = replay([], (Loss(30.0, Role.SERVER),), push_log=True)
     assert r.killed == ["server-0"]
     assert r.phases == START + [P.RECOVERING] + END
     # A new server takes the lost one's blocks (the checkpoint's plus the workers' pushes since):
     # nothing is redone, the recovery costs what adding a server does.
     assert r.steps() == START_STEPS + ["StartExecutors", "JoinExecutors", "RebuildServers"] + END_STEPS
     assert r.record.final_status == "SUCCEEDED" and r.record.epochs == 20
-    undisturbed = replay([])
+    undisturbed = replay([], push_log=True)
     assert r.record.jct is not None and undisturbed.record.jct is not None
     cal = calibration().apps["mlr"]
     assert undisturbed.record.jct < r.record.jct <= undisturbed.record.jct + cal.reshape_cost(0.0, 20.0) + 5.0
@@ -128,8 +142,9 @@ def test_a_lost_server_is_rebuilt_on_a_new_one() -> None:
 
 def test_a_lost_server_after_a_lost_worker_goes_back_to_the_checkpoint() -> None:
     """Once a worker was lost (replaced live), its pushes since the checkpoint are gone with it:
-    a server lost before the next checkpoint takes the checkpoint path, the worker kept."""
-    r = replay([], (Loss(20.0, Role.WORKER), Loss(30.0, Role.SERVER)))
+    a server lost before the next checkpoint takes the checkpoint path, the worker kept, push
+    logs or not."""
+    r = replay([], (Loss(20.0, Role.WORKER), Loss(30.0, Role.SERVER)), push_log=True)
     assert r.steps() == START_STEPS + ["StartExecutors", "JoinExecutors", "TakeOverSplits", "PauseTraining",
                                        "StartExecutors", "RestoreCheckpoint", "ResumeTraining"] + END_STEPS
     assert r.record.final_status == "SUCCEEDED" and r.record.epochs == 20

@@ -165,7 +165,7 @@ async def test_the_loss_report_of_a_vanished_server_ends_the_clock_its_workers_a
     """Both workers stop in the middle of a clock, as when their pulls wait on a server whose host
     vanished: the server's loss ends the clock (the workers let go of it: their pulls fail), a new
     server is rebuilt with its blocks, and the clock runs again -- no checkpoint gone back to."""
-    job = jobs()
+    job = jobs({**SPEC, "push_log": True})
     job.freeze("worker-0")
     job.freeze("worker-1")
     job.start()
@@ -187,7 +187,7 @@ async def test_a_kept_worker_stuck_for_good_sends_the_server_recovery_to_new_wor
     reach) holds the rebuild up to the clock loop's reply deadline, then the checkpoint path that
     keeps the workers up to it again; then the workers are started afresh as well, and the job goes
     on from the checkpoint."""
-    job = jobs()
+    job = jobs({**SPEC, "push_log": True})
     deadlines = ManualDeadlines()
     job.loop.deadline_sleep = deadlines.sleep
     job.freeze("worker-0")

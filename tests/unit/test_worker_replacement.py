@@ -230,7 +230,7 @@ async def test_a_server_lost_in_the_middle_of_a_clock_is_rebuilt_and_the_clock_r
     redone and no checkpoint gone back to."""
     reference = jobs({**SPEC, "max_executor_failures": 1})
     assert await reference.run() is FinalStatus.SUCCEEDED
-    job = jobs({**SPEC, "max_executor_failures": 1})
+    job = jobs({**SPEC, "max_executor_failures": 1, "push_log": True})
 
     def on_launch(eid: str, ex: Executor) -> None:
         if eid == "worker-0":

@@ -16,7 +16,8 @@ nothing); losses reported together are one event (`merge`). Two paths:
   and continues from the latest checkpoint (its epoch count, objective and every input block's
   place come back with it). Apps that keep state on their workers (NMF's user factors, LDA's
   topic assignments) always take it for a lost worker: only their checkpoints hold that state.
-- Server rebuild, when every loss is a server, the job trains BSP, its app keeps no training state
+- Server rebuild, when every loss is a server, the job keeps push logs (its spec's push_log) and
+  trains BSP, its app keeps no training state
   on its workers and no worker has left since the latest checkpoint: StartExecutors (one new
   server per lost one) -> JoinExecutors -> RebuildServers (each lost server's blocks go to its
   replacement, from the latest checkpoint plus every worker's pushes since it: the workers' push
