@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         "auth_throughput_ratio": round(auth_ratio, 3),
         # The faulted job's objective after its last epoch against the undisturbed job's after the
         # same epoch (|difference| / undisturbed): issue 38 bounds it by 0.01.
-        "objective_epoch": last_epoch, "objective_vs_undisturbed": round(objective_gap, 6),
+        "objective_epoch": last_epoch, "objective_vs_undisturbed": float(f"{objective_gap:.3g}"),
+        "objective_faulted": out["objectives"][last_epoch], "objective_undisturbed": want,
     }
     print(json.dumps(summary))
     return 0
