@@ -149,9 +149,9 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, dict=T
     # Each worker keeps the sums of its pushes since the latest checkpoint (psruntime.push_log), so
     # a lost server of a BSP job is rebuilt on a new one without going back to that checkpoint. Off
     # by default: it costs up to the model's size of memory per worker, and time -- measured here,
-    # about 5 % more worker CPU on bench/ps1_overhead.py's small MLR and 6-9 % longer epochs on
-    # bench/recovery.py's 102 MB MLR on a saturated 2-core host. Off, a lost server goes back to
-    # the latest checkpoint (checkpoint_every_epochs bounds what is redone).
+    # 6-9 % longer epochs on bench/recovery.py's 102 MB MLR on a saturated 2-core host (none to see
+    # beside the repeats' spread on bench/ps1_overhead.py's small MLR). Off, a lost server goes back
+    # to the latest checkpoint (checkpoint_every_epochs bounds what is redone).
     push_log: bool = False
     # Dorm's submission 6-tuple (executor, d, w, n_max, n_min, cmd; Dorm §III-B) maps onto this spec:
     # the executor and cmd are the app and the PS AM, the demand vector d is one executor's resource
