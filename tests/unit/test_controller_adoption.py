@@ -36,6 +36,18 @@ def test_a_new_attempt_takes_the_executors_over_and_trains_on() -> None:
     assert w.job.holdings.splits == {"worker-0": [0, 2], "worker-1": [1, 3]}
 
 
+def test_a_server_lost_after_a_take_over_goes_back_to_the_checkpoint_until_the_next_one() -> None:
+    """The new attempt's clock count restarts from the failed one's record, behind the workers'
+    push logs: they cannot rebuild a server until a checkpoint this attempt wrote."""
+    w = World(job_state(push_log=True), hold={ins.AdoptExecutors})
+    w.start(resume_from="ckpt/epoch-4", adopt=True)
+    taken_over(w)
+    assert w.job.push_logs_incomplete_at == len(w.job.checkpoints)
+    w.send(ev.ContainersCompleted(at=w.at(), containers=[("c1", "exited 137")]))
+    assert not w.of(ins.RebuildServers) and w.of(ins.RestoreCheckpoint)[-1].workers_kept
+    assert w.job.phase is Phase.TRAINING
+
+
 def test_taken_over_without_a_checkpoint_the_job_writes_its_first() -> None:
     w = World(job_state(), hold={ins.AdoptExecutors})
     w.start(adopt=True)

@@ -53,7 +53,7 @@ def test_worker_state_ssp_or_a_lost_server_after_a_worker_left_take_the_checkpoi
         w = started(sync="ssp") if how == "ssp" else started()
         w.job.keeps_worker_state = how == "keeps_worker_state"
         if how == "server":          # a worker left since the checkpoint: its pushes went with it
-            w.job.checkpoints_when_a_worker_left = len(w.job.checkpoints)
+            w.job.push_logs_incomplete_at = len(w.job.checkpoints)
         lose(w, "server-1" if how == "server" else "worker-1")
         assert not w.of(ins.TakeOverSplits), how
         assert w.of(ins.PauseTraining) and w.of(ins.RestoreCheckpoint)[-1].directory == "ckpt/epoch-0", how
@@ -120,7 +120,7 @@ def test_a_lost_server_is_rebuilt_from_the_checkpoint_and_the_push_logs() -> Non
 def test_a_rebuild_needs_every_worker_since_the_latest_checkpoint() -> None:
     w = started(servers=2, push_log=True)
     lose(w, "worker-1")                      # replaced in place: its pushes since the checkpoint are gone
-    assert w.job.checkpoints_when_a_worker_left == len(w.job.checkpoints)
+    assert w.job.push_logs_incomplete_at == len(w.job.checkpoints)
     lose(w, "server-1")
     assert not w.of(ins.RebuildServers) and w.of(ins.RestoreCheckpoint)[-1].workers_kept
     # The checkpoint path's restore is a new cut: after the next checkpoint a rebuild is possible again.

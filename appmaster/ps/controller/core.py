@@ -343,7 +343,7 @@ def _loss(job: JobState, x: Executor, description: str, at: float, out: Out) -> 
     """An executor the job needed is gone (rules.py for what a change running now does)."""
     job.lost[x.executor_id] = x
     if x.role is Role.WORKER:
-        job.checkpoints_when_a_worker_left = len(job.checkpoints)
+        job.push_logs_incomplete_at = len(job.checkpoints)
     running = job.change.kind if job.change else None
     r = rule(running, Arrival.LOSS, paused=job.phase is Phase.PAUSED)
     if r is Rule.IGNORE:
@@ -406,7 +406,7 @@ def _book(job: JobState, change: Change, step: int, started: list[ExecutorInfo],
         for eid in instr.executors:
             if eid in job.executors:
                 if job.executors[eid].role is Role.WORKER:
-                    job.checkpoints_when_a_worker_left = len(job.checkpoints)
+                    job.push_logs_incomplete_at = len(job.checkpoints)
                 job.executors[eid].state = ExecutorState.RETIRING
             job.holdings.blocks.pop(eid, None)
             job.holdings.splits.pop(eid, None)

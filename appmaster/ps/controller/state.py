@@ -141,10 +141,12 @@ class JobState:
     last_objective: Optional[float] = None
     objectives: list[float] = field(default_factory=list)
     checkpoints: list[tuple[int, str]] = field(default_factory=list)    # (epoch, directory)
-    # len(checkpoints) when a worker last left the job (retired, lost, switched to server): its
-    # pushes since the checkpoint before left with it, so lost servers are not rebuilt from the
-    # workers' push logs until a checkpoint after that (planners/recovery.py).
-    checkpoints_when_a_worker_left: int = -1
+    # len(checkpoints) when the workers' push logs last stopped holding every push since the latest
+    # checkpoint: a worker left (retired, lost, switched to server: its pushes left with it), or a
+    # new attempt took the executors over (its clock count restarts from the failed attempt's
+    # record, behind the logs' own). Lost servers are not rebuilt from the logs until a checkpoint
+    # after that (planners/recovery.py).
+    push_logs_incomplete_at: int = -1
     training_criterion: str = ""
     next_step: int = 1
     # A paused job's resume whose executors did not come: begun again when its timer fires

@@ -370,7 +370,7 @@ class CruisePlanPlanner(BasePlanner):
             h.splits.pop(x, None)
             h.inactive.pop(x, None)
             h.blocks.setdefault(x, [])
-            job.checkpoints_when_a_worker_left = len(job.checkpoints)     # its push log went with it
+            job.push_logs_incomplete_at = len(job.checkpoints)     # its push log went with it
         else:
             h.blocks.pop(x, None)
         self._end(change, op.op_id, run, at, ok=True)

@@ -240,7 +240,7 @@ def rebuildable(job: JobState, lost: list[str]) -> bool:
     (module doc): BSP (its clocks number the pushes), no training state on the workers (a clock
     run again would apply theirs twice), and every worker since that checkpoint still here."""
     return (servers_only(job, lost) and job.spec.push_log and job.spec.sync == "bsp" and not job.keeps_worker_state
-            and bool(job.checkpoints) and job.checkpoints_when_a_worker_left < len(job.checkpoints))
+            and bool(job.checkpoints) and job.push_logs_incomplete_at < len(job.checkpoints))
 
 
 def servers_only(job: JobState, lost: list[str]) -> bool:

@@ -58,6 +58,7 @@ class StartPlanner(BasePlanner):
                 job.epoch = ev.epochs_done
             if ev.directory:       # the failed attempt's latest checkpoint: what a recovery goes back to
                 job.checkpoints.append((ev.checkpoint_epoch, ev.directory))
+            job.push_logs_incomplete_at = len(job.checkpoints)      # (state.py: a take-over's clocks)
             self._set_up(job, change, out)
         elif change.stage == "servers":
             fire(job, Trigger.SERVERS_READY)
