@@ -136,3 +136,32 @@ def test_frames_round_trip_and_refuse_garbage() -> None:
         wire.decode_reply(b"\x01\x02")
     with pytest.raises(wire.FrameError):
         wire.body_length((wire.MAX_FRAME + 1).to_bytes(4, "big"))
+
+
+async def test_a_preloaded_modules_warm_entry_is_called_after_its_warm_up_not_the_module_run_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module offering `WARM_ENTRY` (psruntime.executor does) has that called in the child, with
+    the container's argv and its return value as the exit code; its body ran once, in the zygote,
+    and so did its `warm_up()`."""
+    (tmp_path / "warm_probe.py").write_text(
+        "import sys\n"
+        "print('module body ran')\n"
+        "warmed = []\n"
+        "def warm_up():\n"
+        "    warmed.append(1)\n"
+        "def _entry():\n"
+        "    print('entry', sys.argv[1:], 'warmed', len(warmed))\n"
+        "    sys.stdout.flush()\n"
+        "    return 7\n"
+        "WARM_ENTRY = _entry\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    w = WarmLauncher(["warm_probe"])
+    await w.start()
+    try:
+        req = request(tmp_path, "", "probe", module="warm_probe", argv=["a", "b"])
+        proc = await w.launch(req)
+        assert await asyncio.wait_for(proc.wait(), 30) == 7
+        assert Path(req.stdout).read_text() == "entry ['a', 'b'] warmed 1\n"    # no second run of the body
+        assert Path(req.exit_file).read_text().strip() == "7"
+    finally:
+        await w.close()
