@@ -4,13 +4,15 @@
 
 Started by the NM (nodemanager.warm_launcher) with one end of a socketpair as fd N. It imports the
 preload modules once (numpy, asyncio, msgspec, the data plane, the store: most of an executor's
-start-up; uvloop; and a module's `warm_up()` where it has one), then serves `WarmLaunch` requests (protocol.zygote_wire): for each it forks a child that
+start-up; uvloop; and a module's `warm_up()` where it has one), then serves `WarmLaunch` requests
+(protocol.zygote_wire): for each it forks a child that
 makes itself the container exactly as the cold launch's wrapper script does -- its own session
 (process group = its pid), joined to the container's cgroups before it runs anything of the
 container, in the container's working dir with exactly the container's environment, stdin from
 /dev/null, stdout / stderr appended to the container's log files -- and then runs the module with
 the container's argv: the callable its `WARM_ENTRY` names (what its `python -m` runs; the module is
-not executed again), or, for a module without one, the module as __main__. Memory the child allocates is charged to its container's
+not executed again), or, for a module without one, the module as __main__. Memory the child
+allocates is charged to its container's
 cgroup; the pages it shares with the zygote (the preloaded modules, copy-on-write) stay charged to
 the NM's, as a shared library's would.
 

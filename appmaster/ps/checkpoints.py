@@ -67,6 +67,11 @@ from protocol.errors import AppError
 log = logging.getLogger(__name__)
 
 JOB_MANIFEST = JOB_CHECKPOINT_FILE
+
+
+def read_job_checkpoint(directory: str | os.PathLike[str]) -> JobCheckpoint:
+    """The job record (job.json) of the local checkpoint in `directory`."""
+    return decode_job_checkpoint((Path(directory) / JOB_MANIFEST).read_bytes())
 WORKER_STATE_PREFIX = "worker_state_"    # + <input block>.buf: a worker-local block state (NMF, LDA)
 # Bytes of block buffers per frame, both ways, and servers served at once: the AM (a small
 # container, 512 MB by default) holds at most two batches per server in transfer -- one being

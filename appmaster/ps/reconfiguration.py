@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Optional, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence, TypeVar
 
 from protocol import executor_ops as ops
 from protocol.checkpoint_manifest import JobCheckpoint, JobRecord
@@ -283,6 +283,8 @@ class Reconfiguration:
         workers = self.training.membership.workers if keeps_worker_state(self.training.app) else []
         info = await self.checkpointer.write(epoch, self.training.placement.table, self.training.membership.servers,
                                              job, clock=clock, workers=workers)
+        if not self.training.spec.push_log:
+            return info
         # The workers' push logs start again at this cut (psruntime.push_log). Best effort: a worker
         # that missed it keeps its older start, and refuses a replay from this checkpoint.
         reset = ops.ResetPushLog(clock=self.training.loop.clocks_done)
@@ -350,11 +352,14 @@ class Reconfiguration:
         blocks = sorted(b for bs in moves.values() for b in bs)
         replies = await training.rpc.call_all(workers, ops.ReplayPushes(blocks=blocks, clocks_done=loop.clocks_done,
                                                                         since=since), ops.ReplayPushesReply)
-        positions = loop.clock_start_positions([b for w in workers for b in w.blocks])
-        await asyncio.gather(*(training.rpc.send(w, ops.SetPositions(
-            positions={str(b): positions[b] for b in w.blocks})) for w in workers))
+        await self._send_positions(workers, loop.clock_start_positions([b for w in workers for b in w.blocks]))
         await training.status.refresh()
         return sum(r.keys for r in replies)
+
+    async def _send_positions(self, workers: list[ExecutorRecord], positions: Mapping[int, tuple[int, int]]) -> None:
+        """Each worker gets the positions of the blocks it holds (`positions` names them all)."""
+        await asyncio.gather(*(self.training.rpc.send(w, ops.SetPositions(
+            positions={str(b): positions[b] for b in w.blocks})) for w in workers))
 
     async def restart_on(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord], directory: str,
                          positions: Optional[dict[int, tuple[int, int]]] = None, workers_kept: bool = False) -> float:
@@ -372,8 +377,8 @@ class Reconfiguration:
         training = self.training
         if workers_kept:
             await self.release_servers(workers)
-            # The model goes back to the checkpoint: what their push logs hold is void.
-            await training.rpc.send_all(workers, ops.ResetPushLog(clock=training.loop.clocks_done, restored=True))
+            if training.spec.push_log:    # the model goes back to the checkpoint: what their logs hold is void
+                await training.rpc.send_all(workers, ops.ResetPushLog(clock=training.loop.clocks_done, restored=True))
         else:
             self._ledger = None   # the partitions are generated afresh: the ledger follows the new workers
         # The barrier's members, in partition order; the checkpoint's block sizes let the parameter
@@ -392,9 +397,7 @@ class Reconfiguration:
         if keeps_worker_state(training.app):      # NMF's user factors, LDA's assignments: the same cut
             await self.checkpointer.restore_worker_state(directory, workers)
         if workers_kept:    # every held block, also those the checkpoint has at the epoch's start
-            held = {b: (positions or {}).get(b, (0, 0)) for w in workers for b in w.blocks}
-            await asyncio.gather(*(training.rpc.send(w, ops.SetPositions(
-                positions={str(b): held[b] for b in w.blocks})) for w in workers))
+            await self._send_positions(workers, {b: (positions or {}).get(b, (0, 0)) for w in workers for b in w.blocks})
         elif positions:     # the regenerated blocks continue their pass of the epoch where it stopped
             wire = {str(b): (e, row) for b, (e, row) in positions.items()}
             await training.rpc.send_all(workers, ops.SetPositions(positions=wire))

@@ -19,19 +19,18 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Awaitable, Callable, Optional, cast
 
 import msgspec
 from msgspec import UNSET
 
 from protocol import executor_ops as ops
-from protocol.checkpoint_manifest import JobRecord, decode_job_checkpoint
+from protocol.checkpoint_manifest import JobRecord
 from protocol.ps_job_spec import PSJobSpec
 from protocol.shape_history import (ExecutorCounts, KillRestartChange, RebuildServerChange, RecoveryChange,
                                     ReplaceWorkerChange, ShapeChange, StragglerChange, SuspendChange)
 
-from ..checkpoints import JOB_MANIFEST
+from ..checkpoints import read_job_checkpoint
 from ..controller import events as ev
 from ..controller import instructions as ins
 from ..controller.core import handle
@@ -550,7 +549,7 @@ class JobInterpreter:
             restored0 = await self.hooks.restore_attempt(servers, workers)
             steps.pause()
             return self._done(s, holdings=self.holdings(), objective=restored0)
-        manifest = decode_job_checkpoint((Path(s.directory) / JOB_MANIFEST).read_bytes())
+        manifest = read_job_checkpoint(s.directory)
         training.metrics.truncate_epochs(manifest.epoch)
         restored = await steps.continue_from_checkpoint(servers, workers, s.directory, manifest, s.workers_kept)
         steps.pause()                 # ResumeTraining lets it run (restart_on leaves it resumed)
@@ -566,7 +565,7 @@ class JobInterpreter:
     async def _rebuild(self, s: ins.RebuildServers) -> ev.StepDone:
         """Lost servers rebuilt from the latest checkpoint and the workers' push logs."""
         pool = self.training.pool
-        manifest = decode_job_checkpoint((Path(s.directory) / JOB_MANIFEST).read_bytes())
+        manifest = read_job_checkpoint(s.directory)
         if manifest.clocks is None:
             raise ElasticOpFailed(f"checkpoint {s.directory} does not say after which clock it was cut")
         keys = await self.steps.rebuild_servers([pool.executors[x] for x in s.lost], [pool.executors[x] for x in s.new],

@@ -222,7 +222,6 @@ class RecoveryPlanner(BasePlanner):
             # servers are retired with the rest.
             change.reason = f"rebuilding {', '.join(change.lost)} failed: {ev.error}"
             change.keep_workers = servers_only(job, change.lost)
-            change.checkpoint = ""
             fall_back(job, change, out)
             return
         if change.stage in ("replace", "fallback"):
