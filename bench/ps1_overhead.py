@@ -59,6 +59,7 @@ from protocol import executor_ops as ops  # noqa: E402
 from psruntime.apps.base import StepContext  # noqa: E402
 from psruntime.apps.registry import APP_NAMES, create_app  # noqa: E402
 from psruntime.apps.single_process import DenseModel  # noqa: E402
+from psruntime.blas_threads import limit_blas_threads  # noqa: E402
 from psruntime.executor import PROFILE_DIR_ENV  # noqa: E402
 from psruntime.store.migration_controller import MigrationController  # noqa: E402
 from psruntime.store.ownership_table import OwnershipTable  # noqa: E402
@@ -117,7 +118,7 @@ def spawn(name: str, role: str, am: str, tmp: Path, profile_dir: Optional[str]) 
 
 
 async def ps_run(app_name: str, preset: str, epochs: int, tmp: Path, profile_dir: Optional[str],
-                 push_log: bool = False) -> dict[str, Any]:
+                 push_log: bool = False, sync_batches: int = 1) -> dict[str, Any]:
     """One server + one worker executor, paced in BSP clocks as the AM paces them."""
     announced: dict[str, str] = {}
 
@@ -141,7 +142,8 @@ async def ps_run(app_name: str, preset: str, epochs: int, tmp: Path, profile_dir
         await ctl.broadcast(list(procs))
         w0 = announced["w0"]
         for address in announced.values():
-            await dp.request(address, {"op": "app_setup", "app": app_name, "preset": preset, "hparams": HPARAMS})
+            await dp.request(address, {"op": "app_setup", "app": app_name, "preset": preset, "hparams": HPARAMS,
+                                       "sync_batches": sync_batches})
         await dp.request(w0, {"op": "worker_setup", "partition": 0, "num_partitions": 1})
         await dp.request(w0, {"op": "init_model"})
         await dp.request(w0, {"op": "init_blocks"})
@@ -213,6 +215,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--profile-dir", default=None, help="run the executors under cProfile, stats written here")
+    p.add_argument("--sync-batches", type=int, default=1,
+                   help="the job's sync_batches: mini-batches per sync window (1: pull and push each)")
     p.add_argument("--push-log", action="store_true",
                    help="clocks numbered, as for a job with push_log true: the worker keeps its push log")
     ns = p.parse_args(argv)
@@ -225,6 +229,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if ns.profile_dir:
         Path(ns.profile_dir).mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in apps}
+    limit_blas_threads(1)      # the single process as psruntime.apps.single_process runs it (and executors)
     with tempfile.TemporaryDirectory(prefix="ps1-overhead-") as tmp:
         for rep in range(ns.repeats):
             for app in apps:
@@ -235,7 +240,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 try:
                     single = single_run(app, ns.preset, ns.epochs)
                     ps = asyncio.run(ps_run(app, ns.preset, ns.epochs, Path(tmp), ns.profile_dir,
-                                            push_log=ns.push_log))
+                                            push_log=ns.push_log, sync_batches=ns.sync_batches))
                     n = max(ps["batches"], 1)
                     total = ps["worker_cpu_s"] + ps["server_cpu_s"]
                     run.update(single_cpu_s=round(single["cpu_s"], 3), **{k: round(v, 3) for k, v in ps.items()},
@@ -253,7 +258,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out["saturated_runs"] = [f"{a}/repeat{r['repeat'] + 1}: {r['saturated']}"
                              for a, rs in runs.items() for r in rs if r.get("saturated")]
     out.update(preset=ns.preset, epochs=ns.epochs, repeats=ns.repeats, cores=os.cpu_count(),
-               profiled=bool(ns.profile_dir), push_log=ns.push_log)
+               profiled=bool(ns.profile_dir), push_log=ns.push_log, sync_batches=ns.sync_batches)
     print(json.dumps(out))
     return 1 if any("error" in r for rs in runs.values() for r in rs) else 0
 

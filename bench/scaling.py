@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/scaling.py [--quick] [--apps mlr,nmf,lasso] [--hosts 1,2,4]
                                       [--host-cpus 0.3] [--preset small] [--samples N]
-                                      [--epochs 6] [--repeats 3]
+                                      [--epochs 6] [--repeats 3] [--sync-batches 1,16]
 
 The project's one PS-scaling bench: issue 38's figure at its defaults, and the 16-core suite's
 (bench/host_suite.py: MLR on 1, 2, 4 and 8 hosts of 1.5 cores) through the options.
@@ -22,8 +22,15 @@ size, clock_batches, learning rate: none set) -- runs as:
   in-memory model, one process) inside node1's cgroup, so under the same CPU cap as one host;
 - `ps<n>` for each n in `--hosts`: a PS job of n workers and n servers, one worker + one server on
   each of nodes 1..n (the spec's placement), its AM on the master.
-Runs go round the apps and variants `--repeats` times (single, ps1, ps2, ps4, then the next app,
-then again), so a slow spell of the machine falls on every variant.
+Each PS variant runs once per `--sync-batches` value (default 1 and 16): the job's sync_batches,
+the mini-batches a worker trains between its syncs with the servers (docs/internals.md, "Sync
+windows"). 1 pulls and pushes every mini-batch; 16 reads a window of 16 through the worker's
+write-back cache and pushes their sums once. 16 was chosen on the data seed 1 (in-process
+simulation of 4 workers, MLR and Lasso: 32 still within 0.05 % of the sequential objective after 6
+epochs), not on the seed 0 measured here, where 64 is 1.9 % off at 4 workers. Everything else of
+the job is the same in both. Runs go round the apps and variants `--repeats` times (single, ps1,
+ps2, ps4 at each sync_batches, then the next app, then again), so a slow spell of the machine falls
+on every variant.
 
 Per run: the median epoch time without the first epoch (the epochs' training time: the single
 process's own timing, the AM's `epoch_time_s`, neither counting the objective's evaluation),
@@ -36,13 +43,14 @@ the run (elastane_cli/machine_load: the busy share of all cores and the load per
 waiting on their budget, so it is recorded, not judged) is saturated, listed in `saturated_runs`,
 and its figures are not to be read as the system's.
 
-Per app, from the medians over repeats: `speedup_2` = ps1 / ps2 epoch time, `speedup_4` = ps1 /
+Per app and sync_batches value, from the medians over repeats: `speedup_2` = ps1 / ps2 epoch time, `speedup_4` = ps1 /
 ps4, `ps1_over_single` = ps1 / single, `speedup_4_over_single` = single / ps4 (these four always,
 null where not measured); for any other host count n measured (8 in the 16-core suite)
 `speedup_<n>` and `speedup_<n>_over_single` too; `efficiency` per host count (speedup / n) and
 `rows_per_s` per variant (input rows over the epoch time). A job follows sim calibrate's `run_job`.
 
-Last line, JSON: {"mlr": {"speedup_2", "speedup_4", "ps1_over_single", "speedup_4_over_single",
+Last line, JSON: {"mlr": {"speedup_2", "speedup_4", "ps1_over_single", "speedup_4_over_single" (of the
+last --sync-batches value, "sync_batches"; every value's figures under "by_sync_batches"),
 "epoch_s", "efficiency", "rows_per_s", "objective_rel_diff_max", "objectives_within_1pct",
 "comm_share", "failed_runs", "runs": [...]}, "nmf": ..., "lasso": ..., "saturated_runs": [...],
 ...}; exit 1 if any run failed (its figures are then null, the others still reported). Without
@@ -116,11 +124,12 @@ def data_overrides(app: str, samples: Optional[int]) -> dict[str, int]:
     return {} if samples is None else {APP_SCHEMAS[app].rows_field: samples}
 
 
-def job_spec(app: str, hosts: int, ns: argparse.Namespace) -> dict[str, Any]:
+def job_spec(app: str, hosts: int, ns: argparse.Namespace, sync_batches: int = 1) -> dict[str, Any]:
     """The PS job of `hosts` workers and servers, without its placement (which names the cluster's nodes)."""
     spec: dict[str, Any] = {"app": app, "preset": ns.preset, "workers": hosts, "servers": hosts,
                             "max_epochs": ns.epochs, "convergence_threshold": 1e-12,
-                            "executor_memory_mb": EXECUTOR_MB, "heldout_every_epochs": 0}
+                            "executor_memory_mb": EXECUTOR_MB, "heldout_every_epochs": 0,
+                            "sync_batches": sync_batches}
     data = data_overrides(app, ns.samples)
     if data:
         spec["data"] = data
@@ -176,12 +185,15 @@ def single_run(cluster: TestbedCluster, app: str, ns: argparse.Namespace) -> dic
             "epochs": len(epochs), "objective": float(epochs[-1]["objective"]) if epochs else None}
 
 
-async def ps_run_async(cluster: TestbedCluster, app: str, hosts: int, ns: argparse.Namespace) -> dict[str, Any]:
-    spec = {**job_spec(app, hosts, ns), "placement": colocation.placement_on(cluster, cluster.node_names[:hosts])}
+async def ps_run_async(cluster: TestbedCluster, app: str, hosts: int, ns: argparse.Namespace,
+                       sync_batches: int) -> dict[str, Any]:
+    spec = {**job_spec(app, hosts, ns, sync_batches),
+            "placement": colocation.placement_on(cluster, cluster.node_names[:hosts])}
     meter = RunMeter(cluster, ns.host_cpus)
     async with RmRestClient(cluster.rm_url, "bench") as client:
         meter.start()
-        job = await run_job(client, spec, f"scaling-{app}-ps{hosts}", t0=asyncio.get_running_loop().time(),
+        job = await run_job(client, spec, f"scaling-{app}-ps{hosts}-sync{sync_batches}",
+                            t0=asyncio.get_running_loop().time(),
                             timeout_s=ns.timeout_s)
         out = meter.stop()
     if job.final_status != "SUCCEEDED":
@@ -212,9 +224,9 @@ def wait_quiet(cluster: TestbedCluster, budget: float, timeout_s: float = 90.0) 
         return False
 
 
-def ps_run(cluster: TestbedCluster, app: str, hosts: int, ns: argparse.Namespace) -> dict[str, Any]:
+def ps_run(cluster: TestbedCluster, app: str, hosts: int, ns: argparse.Namespace, sync_batches: int) -> dict[str, Any]:
     try:
-        return asyncio.run(ps_run_async(cluster, app, hosts, ns))
+        return asyncio.run(ps_run_async(cluster, app, hosts, ns, sync_batches))
     except Exception as e:  # noqa: BLE001 - one run failing is reported, the others still run
         return {"error": f"{type(e).__name__}: {e}"}
 
@@ -260,9 +272,23 @@ def summarise(app: str, runs: list[dict[str, Any]], hosts: list[int], rows: Opti
             "failed_runs": sum(1 for r in runs if "error" in r), "runs": runs}
 
 
+def summarise_by_sync(app: str, runs: list[dict[str, Any]], hosts: list[int], syncs: list[int],
+                      rows: Optional[int] = None) -> dict[str, Any]:
+    """`summarise` once per sync_batches value (the PS runs of that value, against the same
+    single-process runs): the last value's figures at the top, every value's under
+    `by_sync_batches`, and all the runs once."""
+    per = {}
+    for sb in syncs:
+        mine = [r for r in runs if r["variant"] == "single" or r.get("sync_batches", 1) == sb]
+        per[sb] = {k: v for k, v in summarise(app, mine, hosts, rows).items() if k != "runs"}
+    return {**per[syncs[-1]], "sync_batches": syncs[-1], "by_sync_batches": {str(sb): per[sb] for sb in syncs},
+            "failed_runs": sum(1 for r in runs if "error" in r), "runs": runs}
+
+
 def saturated_runs(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     """"app/variant/repeatN: why" for every run during which the machine was saturated."""
-    return [f"{a}/{r['variant']}/repeat{r['repeat'] + 1}: {r['saturated']}"
+    return [f"{a}/{r['variant']}{'' if r.get('sync_batches', 1) == 1 else '@' + str(r['sync_batches'])}"
+            f"/repeat{r['repeat'] + 1}: {r['saturated']}"
             for a, rs in runs.items() for r in rs if r.get("saturated")]
 
 
@@ -279,11 +305,20 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=None, help="fixed epochs per run (default 6; --quick: 3)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 3; --quick: 1)")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per run")
+    p.add_argument("--sync-batches", default=None,
+                   help="the PS jobs' sync_batches values, each a run of every host count (default 1,16; "
+                        "--quick: 16); the last one's figures are the top-level keys")
     p.add_argument("--quick", action="store_true", help="development: tiny presets, 3 epochs, one repeat")
     ns = p.parse_args(argv)
     ns.preset = ns.preset or ("tiny" if ns.quick else "small")
     ns.epochs = ns.epochs if ns.epochs is not None else (3 if ns.quick else 6)
     ns.repeats = ns.repeats if ns.repeats is not None else (1 if ns.quick else 3)
+    try:
+        syncs = [int(x) for x in (ns.sync_batches or ("16" if ns.quick else "1,16")).split(",") if x]
+    except ValueError:
+        p.error(f"--sync-batches: a comma-separated list of positive ints, got {ns.sync_batches!r}")
+    if not syncs or min(syncs) < 1 or len(set(syncs)) != len(syncs):
+        p.error(f"--sync-batches: a comma-separated list of distinct positive ints, got {ns.sync_batches!r}")
     apps = [a for a in ns.apps.split(",") if a]
     if not apps:
         p.error("--apps: name at least one app")
@@ -304,7 +339,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
             rows[a] = input_rows(a, hosts[-1], ns)
         except JobSpecError as e:
             p.error(f"--preset / --samples / --hosts: the {a} job at {hosts[-1]} hosts is refused: {e}")
-    ns.app_list, ns.host_list, ns.rows = apps, hosts, rows
+    ns.app_list, ns.host_list, ns.rows, ns.sync_list = apps, hosts, rows, syncs
     return ns
 
 
@@ -332,20 +367,23 @@ def main(argv: Optional[list[str]] = None) -> int:
                 log("the node hosts did not go quiet after start-cluster; measuring anyway")
             for rep in range(ns.repeats):
                 for app in apps:
-                    for variant in ["single", *(f"ps{n}" for n in hosts)]:
-                        log(f"repeat {rep + 1}/{ns.repeats} {app} {variant}: {ns.preset}, {ns.epochs} epochs, "
+                    for variant, sb in [("single", None), *((f"ps{n}", sb) for sb in ns.sync_list for n in hosts)]:
+                        log(f"repeat {rep + 1}/{ns.repeats} {app} {variant}"
+                            f"{'' if sb is None else f' sync_batches {sb}'}: {ns.preset}, {ns.epochs} epochs, "
                             f"hosts of {ns.host_cpus} cores, AMs on {MASTER}")
-                        r = (single_run(cluster, app, ns) if variant == "single"
-                             else ps_run(cluster, app, int(variant[2:]), ns))
+                        r = (single_run(cluster, app, ns) if sb is None
+                             else ps_run(cluster, app, int(variant[2:]), ns, sb))
                         r.update(variant=variant, repeat=rep)
+                        if sb is not None:
+                            r["sync_batches"] = sb
                         runs[app].append(r)
                         log(f"{app} {variant}: {json.dumps(r)}")
         finally:
             cluster.stop()
-    out: dict[str, Any] = {a: summarise(a, rs, hosts, rows[a]) for a, rs in runs.items()}
+    out: dict[str, Any] = {a: summarise_by_sync(a, rs, hosts, ns.sync_list, rows[a]) for a, rs in runs.items()}
     out["saturated_runs"] = saturated_runs(runs)
     out.update(host_cpus=ns.host_cpus, hosts=hosts, preset=ns.preset, samples=ns.samples, input_rows=rows,
-               epochs=ns.epochs, repeats=ns.repeats,
+               epochs=ns.epochs, repeats=ns.repeats, sync_batches=ns.sync_list,
                quick=ns.quick, cores=os.cpu_count(),
                left_behind=[f"{h}: {x}" for h, xs in cluster.leftovers.items() for x in xs])
     print(json.dumps(out))

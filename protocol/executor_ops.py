@@ -71,6 +71,8 @@ class AppSetup(ExecutorRequest, tag="app_setup"):
     spill_alpha: Optional[Union[Annotated[float, msgspec.Meta(ge=0, le=1)], Literal["auto"]]] = None
     # Threads a COMP uses (PSJobSpec.comp_threads); 0 = the container's vcores (CONTAINER_VCORES).
     comp_threads: NonNeg = 0
+    # Mini-batches per sync window (PSJobSpec.sync_batches; psruntime.write_back_cache).
+    sync_batches: Positive = 1
 
 
 class WorkerSetup(ExecutorRequest, tag="worker_setup"):

@@ -141,6 +141,12 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, dict=T
     # elastic change, a Cruise plan or a kill-restart checkpoint can take effect). 0 = auto: the
     # AM sizes clocks to take about CLOCK_TARGET_S on the slowest worker (appmaster.ps.clock_pacing).
     clock_batches: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Mini-batches a worker trains between its syncs with the servers (Bösen's client cache and
+    # oplog; docs/internals.md, "Sync windows"): within such a window it reads the model through
+    # a write-back cache holding its own updates, and pushes their sums at the window's end, so
+    # others' updates reach it at window ends instead of after every mini-batch. 1: every
+    # mini-batch pulls and pushes. One worker trains exactly the sequential loop either way.
+    sync_batches: Pos = 1
     # Executor losses the job survives (YARN's max-failures style): a lost worker or server is
     # replaced and training goes back to the latest checkpoint; one loss more fails the job. 0: the
     # first loss fails it. Apps that keep training state on their workers (NMF, LDA) cannot be

@@ -56,7 +56,8 @@ class ModelPlacement:
         # A built-in app's data and hparams come with the preset applied; a user app's class applies its own.
         return ops.AppSetup(app=self.spec.app, data=self.spec.app_data(), hparams=self.spec.app_hparams(),
                             preset=self.spec.preset if self.spec.is_user_app else None,
-                            spill_alpha=self.spec.spill_alpha, comp_threads=self.spec.comp_threads or 0)
+                            spill_alpha=self.spec.spill_alpha, comp_threads=self.spec.comp_threads or 0,
+                            sync_batches=self.spec.sync_batches)
 
     async def place(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord],
                     block_sizes: Optional[Mapping[int, float]] = None, bound: Sequence[ExecutorRecord] = ()) -> None:
