@@ -91,7 +91,7 @@ PARTS: tuple[Part, ...] = (
     # at 1, 2, 4 and 8.
     Part("ps-scaling", "3-ps-scaling.json", "scaling.py",
          ("--apps", "mlr", "--hosts", "1,2,4,8", "--host-cpus", "1.5", "--preset", "small", "--samples", "48000",
-          "--epochs", "3", "--repeats", "1", "--sync-batches", "16"),
+          "--epochs", "3", "--repeats", "1", "--sync-batches", "32"),
          ("--quick", "--apps", "mlr", "--hosts", "1,2"), 0.20),
     Part("cruise", "4-cruise.json", "cruise_vs_grid.py", ("--executors", "12", "--workloads", "mlr-b50,nmf-b20"),
          ("--executors", "2", "--workloads", "mlr-b50", "--grid-only"), 0.15),

@@ -42,7 +42,7 @@ import asyncio
 import enum
 import functools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, Union, runtime_checkable
@@ -50,7 +50,7 @@ from typing import Protocol, TypeVar, Union, runtime_checkable
 import msgspec
 import numpy as np
 
-from psruntime.apps.base import KeyValues, ObjectivePart, PSApp, StepContext
+from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.store.push_ids import COUNT, DELTAS, push_id
 from psruntime.store.store_client import PreparedArray, StoreClient, TransferGate
@@ -271,6 +271,25 @@ def _kv_bytes(kv: KeyValues | None) -> int:
     return 0 if kv is None else int(kv.keys.nbytes + kv.values.nbytes)
 
 
+def _windows(app: PSApp[msgspec.Struct, msgspec.Struct], block: DataBlock, epoch: int,
+             k: int) -> Iterator[list[Batch]]:
+    """The sync windows of `block` left in `epoch`: its batches i*k .. i*k+k-1 for each window i,
+    from the block's position on (a window it stands inside of begins there)."""
+    pos = epoch_position(block, epoch)
+    window: list[Batch] = []
+    current = -1
+    for i, batch in enumerate(app.batches(block)):
+        if batch.start < pos:
+            continue                   # run in an earlier clock of this epoch
+        if i // k != current and window:
+            yield window
+            window = []
+        current = i // k
+        window.append(batch)
+    if window:
+        yield window
+
+
 # -- the pipeline ------------------------------------------------------------------------------
 class TrainingPipeline:
     """A worker's mini-batch loop: PULL -> COMP -> PUSH per batch, each subtask through `runner`,
@@ -379,10 +398,12 @@ class TrainingPipeline:
                            count_key: str | None, stop: asyncio.Event | None,
                            cut: asyncio.Event | None) -> StepTimes:
         """`run_batches` in sync windows of k = `sync_batches` mini-batches: a block's batches
-        i*k .. i*k+k-1 form window i (the block's last may be shorter). Per mini-batch only the
-        rows the window has not read yet are pulled; COMP reads the window's cache, its deltas are
-        applied there; at the window's end their sums are pushed, one push per owner, with the
-        push id of the window's first mini-batch, and the block's position moves past the window.
+        i*k .. i*k+k-1 form window i (the block's last may be shorter). A window begins with one
+        pull, per owner, of every row its mini-batches read; COMP reads the window's write-back
+        cache and its deltas are applied there; at the window's end their sums are pushed, one push
+        per owner, with the push id of the window's first mini-batch, and the block's position moves
+        past the window. (Pulling each mini-batch's new rows as it comes cost a pull per owner per
+        mini-batch for a model whose batches touch most, not all, of it: Lasso's.)
 
         `limit` and `cut` are honoured at window ends only, and a window abandoned by `stop`
         pushes nothing (the block's position stays at its start). So every push covers a whole
@@ -401,55 +422,46 @@ class TrainingPipeline:
         for block in blocks:
             if at_end():
                 break
-            pos = epoch_position(block, epoch)
-            if pos >= block.num_rows:
+            if epoch_position(block, epoch) >= block.num_rows:
                 continue
             await self.residency.acquire(block)
-            window, first_row, last_row, in_window = -1, pos, pos, 0
-            for i, batch in enumerate(app.batches(block)):
-                if batch.start < pos:
-                    continue                   # run in an earlier clock of this epoch
-                if i // k != window:
-                    if in_window:
-                        await self._push_window(store, cache, count_key, in_window, block, epoch, first_row,
-                                                last_row, times)
-                        in_window = 0
-                        if at_end():
-                            break
-                    window, first_row = i // k, batch.start
-                if stop is not None and stop.is_set():
-                    cache.clear()
-                    raise TrainingStopped(f"epoch {epoch} stopped by the AM")
+            for batches in _windows(app, block, epoch, k):
+                if at_end():
+                    break
                 t0 = time.perf_counter()
                 w0 = waited()
-                keys = app.keys_for_batch(batch)
-                missing = cache.missing(keys)
-                moved = 0
-                if len(missing):
-                    pulled = await pull_through(self.runner, self.gate, store, missing, app.key_length)
-                    cache.fill(missing, pulled.values)
-                    moved = _kv_bytes(pulled)
-                    del pulled
-                params = KeyValues(keys, cache.read(keys))
-                t1 = time.perf_counter()
-                deltas = await self._compute(functools.partial(app.compute, batch, params, ctx))
-                t2 = time.perf_counter()
-                if deltas is not None and len(deltas):
-                    cache.apply(deltas.keys, deltas.values)
-                w2 = waited()
-                times.compute.append(t2 - t1)
-                times.comm.append(t1 - t0)
-                times.compute_wait.append(w2[0] - w0[0])
-                times.comm_wait.append(w2[1] - w0[1])
-                self.counters["batches"] += 1
-                self.counters["samples"] += batch.size
-                self.counters["bytes"] += moved
-                times.bytes += moved
-                in_window += 1
-                last_row = batch.stop
-                del keys, params, deltas
-            if in_window:
-                await self._push_window(store, cache, count_key, in_window, block, epoch, first_row, last_row, times)
+                batch_keys = [app.keys_for_batch(b) for b in batches]
+                union = np.unique(np.concatenate(batch_keys)) if len(batch_keys) > 1 else batch_keys[0]
+                pulled = await pull_through(self.runner, self.gate, store, union, app.key_length)
+                cache.fill(union, pulled.values)
+                self.counters["bytes"] += _kv_bytes(pulled)
+                times.bytes += _kv_bytes(pulled)
+                del pulled
+                t_pull, w_pull = time.perf_counter() - t0, waited()[1] - w0[1]
+                for batch, keys in zip(batches, batch_keys):
+                    if stop is not None and stop.is_set():
+                        cache.clear()
+                        raise TrainingStopped(f"epoch {epoch} stopped by the AM")
+                    t0 = time.perf_counter()
+                    w0 = waited()
+                    params = KeyValues(keys, cache.read(keys))
+                    t1 = time.perf_counter()
+                    deltas = await self._compute(functools.partial(app.compute, batch, params, ctx))
+                    t2 = time.perf_counter()
+                    if deltas is not None and len(deltas):
+                        cache.apply(deltas.keys, deltas.values)
+                    w2 = waited()
+                    times.compute.append(t2 - t1)
+                    times.comm.append(t1 - t0 + t_pull)      # the window's pull counts in its first
+                    times.compute_wait.append(w2[0] - w0[0])
+                    times.comm_wait.append(w2[1] - w0[1] + w_pull)
+                    t_pull = w_pull = 0.0
+                    self.counters["batches"] += 1
+                    self.counters["samples"] += batch.size
+                    del params, deltas
+                await self._push_window(store, cache, count_key, len(batches), block, epoch,
+                                        batches[0].start, batches[-1].stop, times)
+                del batch_keys, union
             self.residency.release(block)
         t_flush, w_flush = time.perf_counter(), waited()
         await self.runner.run(Subtask.PUSH, functools.partial(self._flush, store))

@@ -97,8 +97,25 @@ def test_samples_set_each_apps_input_rows_and_a_job_with_too_few_blocks_is_refus
         sc.input_rows("mlr", 8, argparse.Namespace(preset="small", epochs=3, samples=4000))   # 2 blocks
 
 
+def test_each_sync_batches_value_gets_its_own_figures_against_the_same_single_process() -> None:
+    runs = [run("single", 0, 1.0, objective=2.0),
+            run("ps1", 0, 2.0, sync_batches=1), run("ps4", 0, 1.0, sync_batches=1),
+            run("ps1", 0, 1.1, objective=2.01, sync_batches=32), run("ps4", 0, 0.3, objective=2.01, sync_batches=32),
+            {"variant": "ps4", "repeat": 0, "sync_batches": 32, "error": "ended FAILED"}]
+    out = sc.summarise_by_sync("mlr", runs, [1, 4], [1, 32])
+    assert out["sync_batches"] == 32
+    assert out["ps1_over_single"] == pytest.approx(1.1) and out["speedup_4"] == pytest.approx(1.1 / 0.3, abs=1e-3)
+    one = out["by_sync_batches"]["1"]
+    assert one["ps1_over_single"] == pytest.approx(2.0) and one["speedup_4"] == pytest.approx(2.0)
+    assert one["failed_runs"] == 0 and out["by_sync_batches"]["32"]["failed_runs"] == 1
+    assert out["failed_runs"] == 1 and len(out["runs"]) == len(runs)
+    assert out["objective_rel_diff_max"] == pytest.approx(0.005, abs=1e-6)
+    assert sc.saturated_runs({"mlr": [{**runs[4], "saturated": "busy 0.95"}]}) == ["mlr/ps4@32/repeat1: busy 0.95"]
+
+
 def test_bad_options_are_refused_before_any_cluster_starts() -> None:
-    for argv, what in ((["--samples", "0"], "--samples"), (["--hosts", "2,4"], "must include 1"),
+    for argv, what in ((["--sync-batches", "0"], "--sync-batches"), (["--sync-batches", "4,4"], "distinct"),
+                       (["--samples", "0"], "--samples"), (["--hosts", "2,4"], "must include 1"),
                        (["--apps", "mlr,lda"], "unknown app 'lda'"),
                        (["--apps", "mlr", "--hosts", "1,16", "--quick"], "16 workers")):
         r = subprocess.run([sys.executable, str(ROOT / "bench" / "scaling.py"), *argv], capture_output=True,
