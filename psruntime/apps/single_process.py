@@ -36,7 +36,13 @@ class DenseModel:
 
     def push(self, deltas: KeyValues | None) -> None:
         if deltas is not None and len(deltas):
-            np.add.at(self.values, deltas.keys, deltas.values)
+            keys = deltas.keys
+            if len(keys) < 2 or (keys[1:] > keys[:-1]).all():
+                # Sorted unique keys (every app's, KeyValues' contract): a plain fancy add, several
+                # times faster than np.add.at, so the baseline is as fast as numpy makes it.
+                self.values[keys] += deltas.values
+            else:
+                np.add.at(self.values, keys, deltas.values)
 
 
 @dataclass
