@@ -131,12 +131,14 @@ class CruiseStatus(msgspec.Struct, kw_only=True):
 
 
 class EpochResult(msgspec.Struct, kw_only=True):
-    """One finished epoch: its objective (None: not finite), training time, when it ended (unix time)."""
+    """One finished epoch: its objective (None: not finite), training time, when it ended (unix time),
+    and the part of that time its mid-epoch objective samples took (`evaluation_s`)."""
 
     epoch: int
     objective: Optional[float]
     epoch_time_s: float = 0.0
     time: float = 0.0
+    evaluation_s: float = 0.0
 
 
 class HeldoutPointRecord(msgspec.Struct, kw_only=True):

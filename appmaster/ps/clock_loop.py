@@ -203,8 +203,9 @@ class ClockLoop:
         else:
             await self._train_bsp(on_epoch)
 
-    def _finish_epoch(self, epoch: int, objective: float, seconds: float) -> EpochRecord:
-        rec = EpochRecord(epoch=epoch, objective=objective, epoch_time_s=seconds, time=self.wall_clock())
+    def _finish_epoch(self, epoch: int, objective: float, seconds: float, evaluation_s: float = 0.0) -> EpochRecord:
+        rec = EpochRecord(epoch=epoch, objective=objective, epoch_time_s=seconds, time=self.wall_clock(),
+                          evaluation_s=evaluation_s)
         self.metrics.record_epoch(rec)
         if self.spec.sync == "bsp":     # an SSP epoch's objective is approximate, and counts no iterations
             self.metrics.clock_objectives.record(self.iterations, float(epoch + 1), objective)
@@ -236,6 +237,7 @@ class ClockLoop:
             while not (self.converged or self._stop):
                 epoch = self.epochs_done
                 t0 = time.perf_counter()
+                eval0 = self.metrics.clock_objectives.eval_s
                 self.boundaries.begin_epoch()
                 try:
                     finished = await self._run_clocks(epoch)
@@ -248,9 +250,12 @@ class ClockLoop:
                 if not finished:
                     return          # stopped at a clock boundary, in the middle of the epoch
                 seconds = time.perf_counter() - t0
+                # The epoch's mid-epoch objective samples (inside `seconds`): reported apart, so
+                # its training time alone can be told.
+                sampled = max(0.0, self.metrics.clock_objectives.eval_s - eval0)
                 if self.spec.audit_updates:
                     await self._check_audit(epoch)
-                await on_epoch(self._finish_epoch(epoch, await self.evaluation.objective(), seconds))
+                await on_epoch(self._finish_epoch(epoch, await self.evaluation.objective(), seconds, sampled))
         finally:
             self._looping = False
             self.boundaries.close()

@@ -45,7 +45,8 @@ def restore_metrics(metrics: JobMetrics, rec: JobRecord) -> None:
     metrics.initial_objective = float(rec.initial_objective or 0.0)
     for e in rec.objective_history or []:     # an objective written as null was not finite
         metrics.record_epoch(EpochRecord(epoch=e.epoch, objective=float("nan") if e.objective is None else e.objective,
-                                         epoch_time_s=e.epoch_time_s, time=e.time))
+                                         epoch_time_s=e.epoch_time_s, time=e.time,
+                                         evaluation_s=e.evaluation_s))
 
 
 def resumable_checkpoint(checkpointer: Checkpointer, spec: PSJobSpec, app: AnyPSApp) -> Optional[StoredCheckpoint]:

@@ -56,21 +56,24 @@ class ServerTimes:
 
 @dataclass(frozen=True)
 class EpochRecord:
-    """One finished epoch: its objective, how long its training took, and when it ended (unix time)."""
+    """One finished epoch: its objective, how long its training took, and when it ended (unix time).
+    `evaluation_s`: the part of epoch_time_s the mid-epoch objective samples took
+    (appmaster.ps.clock_objectives), so epoch_time_s - evaluation_s is the clocks' time alone."""
 
     epoch: int
     objective: float
     epoch_time_s: float
     time: float
+    evaluation_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "objective": self.objective, "epoch_time_s": self.epoch_time_s,
-                "time": self.time}
+                "time": self.time, "evaluation_s": self.evaluation_s}
 
     def result(self) -> EpochResult:
         """The epoch as the job status serves it (`objective_history`, protocol.ps_status)."""
         return EpochResult(epoch=self.epoch, objective=finite(self.objective), epoch_time_s=self.epoch_time_s,
-                           time=self.time)
+                           time=self.time, evaluation_s=self.evaluation_s)
 
 
 @dataclass

@@ -128,3 +128,7 @@ async def test_a_bsp_job_samples_the_exact_objective_within_its_epochs(job) -> N
     # the same series as the epoch ends: it starts below the initial objective and falls on the whole
     assert objectives[0] < initial and objectives[-1] < objectives[0]
     assert sum(b < a for a, b in zip(objectives, objectives[1:])) >= 0.8 * (len(objectives) - 1)
+    # Each epoch's record says how much of its time the samples took: together, every sample's time.
+    assert all(0.0 < r.evaluation_s < r.epoch_time_s for r in ends)
+    assert sum(r.evaluation_s for r in ends) == pytest.approx(samples.eval_s)
+    assert ends[0].result().evaluation_s == ends[0].evaluation_s
