@@ -30,12 +30,14 @@ class HoldsAtBatch:
     """worker-0's subtask runner: before its mini-batch number `at` (counted over the job) it
     starts `change` and waits until that change offers a boundary step (`wanted`)."""
 
-    def __init__(self, executor: Executor, at: int, change: Callable[[], None], wanted: asyncio.Event) -> None:
+    def __init__(self, executor: Executor, at: int, change: Callable[[], None], wanted: asyncio.Event,
+                 kind: Subtask = Subtask.PULL) -> None:
         self.executor, self.at, self.change, self.wanted = executor, at, change, wanted
+        self.kind = kind          # the subtask it holds at (in sync windows not every batch pulls)
         self.fired = False
 
     async def run(self, kind: Subtask, work: Callable[[], Awaitable[Any]]) -> Any:
-        if kind is Subtask.PULL and not self.fired and self.executor.app_role.pipeline.counters["batches"] == self.at:
+        if kind is self.kind and not self.fired and self.executor.app_role.pipeline.counters["batches"] == self.at:
             self.fired = True
             self.change()
             await self.wanted.wait()
@@ -78,6 +80,52 @@ async def test_an_eps_commit_ends_the_running_clock_early_and_every_batch_runs_o
         assert [e.epoch for e in job.epochs] == [0, 1, 2]
         assert loop.audit_mismatches == [], loop.audit_mismatches
         assert loop.minibatches_applied == loop.minibatches_run == 3 * 2 * BATCHES_PER_WORKER_EPOCH
+    finally:
+        await job.close()
+
+
+async def test_in_sync_windows_an_eps_commit_cuts_the_clock_at_a_windows_end_and_every_batch_runs_once(
+        tmp_path: Path) -> None:
+    # Windows of 3 (sync_batches): the cut is asked for in the middle of a window; the worker
+    # finishes that window, the new worker takes splits whose positions stand at window ends, and
+    # the exactly-once audit holds.
+    job = PsJob(tmp_path / "job", {**SPEC, "max_epochs": 3, "clock_batches": BATCHES_PER_WORKER_EPOCH,
+                                   "sync_batches": 3})
+    try:
+        wanted = asyncio.Event()
+        boundaries = job.loop.boundaries
+        offer = boundaries.at_boundary
+
+        def at_boundary(fn: Any) -> Any:
+            wanted.set()
+            return offer(fn)
+        boundaries.at_boundary = at_boundary
+        scaled: list[asyncio.Future[Any]] = []
+
+        def change() -> None:
+            scaled.append(asyncio.ensure_future(job.master.request_scale(1, 0)))
+
+        def on_launch(eid: str, ex: Executor) -> None:
+            if eid == "worker-0":      # in epoch 1, before its 5th mini-batch: the second window's middle
+                ex.app_role.pipeline.runner = HoldsAtBatch(ex, BATCHES_PER_WORKER_EPOCH + 4, change, wanted,
+                                                           Subtask.COMP)
+        job.am.on_launch = on_launch
+        # Where every input block stands after each clock: at a window's end or its own end.
+        rows = {b.block_index: b.num_rows for b in job.app.generate_partition(0, 1).blocks}
+        stood: list[int] = []
+        job.trigger_after_clock(lambda: stood.extend(
+            row for _, row in job.loop.clock_start_positions(range(job.app.num_blocks)).values()))
+        assert await job.run() is FinalStatus.SUCCEEDED
+        [records] = [await s for s in scaled]
+        assert [(r["op"], r["ok"]) for r in records] == [("add_workers", True)], records
+        assert records[0]["splits_moved"] > 0
+        loop = job.loop
+        assert [e.epoch for e in job.epochs] == [0, 1, 2]
+        assert loop.audit_mismatches == [], loop.audit_mismatches
+        assert loop.minibatches_applied == loop.minibatches_run == 3 * 2 * BATCHES_PER_WORKER_EPOCH
+        window_rows = 3 * 50
+        assert stood and all(r % window_rows == 0 or r in rows.values() for r in stood), sorted(set(stood))
+        assert any(0 < r < max(rows.values()) for r in stood)          # some clock ended mid-block
     finally:
         await job.close()
 
