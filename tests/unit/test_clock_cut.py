@@ -44,29 +44,36 @@ class HoldsAtBatch:
         return await work()
 
 
+def add_a_worker_when_held(job: PsJob, at: int, kind: Subtask) -> list[asyncio.Future[Any]]:
+    """worker-0 holds before its mini-batch `at` (at that subtask) while an EPS add of one worker
+    is asked for, until the add offers its boundary step; the add's future is in the list."""
+    wanted = asyncio.Event()
+    boundaries = job.loop.boundaries
+    offer = boundaries.at_boundary
+
+    def at_boundary(fn: Any) -> Any:
+        wanted.set()
+        return offer(fn)
+    boundaries.at_boundary = at_boundary
+    scaled: list[asyncio.Future[Any]] = []
+
+    def change() -> None:
+        scaled.append(asyncio.ensure_future(job.master.request_scale(1, 0)))
+
+    def on_launch(eid: str, ex: Executor) -> None:
+        if eid == "worker-0":
+            ex.app_role.pipeline.runner = HoldsAtBatch(ex, at, change, wanted, kind)
+    job.am.on_launch = on_launch
+    return scaled
+
+
 async def test_an_eps_commit_ends_the_running_clock_early_and_every_batch_runs_once(tmp_path: Path) -> None:
     # One clock is a worker's whole pass of the epoch: without the cut, a commit offered in it
     # would wait for the epoch's end.
     job = PsJob(tmp_path / "job", {**SPEC, "max_epochs": 3, "clock_batches": BATCHES_PER_WORKER_EPOCH})
     try:
-        wanted = asyncio.Event()
-        boundaries = job.loop.boundaries
-        offer = boundaries.at_boundary
-
-        def at_boundary(fn: Any) -> Any:
-            wanted.set()
-            return offer(fn)
-        boundaries.at_boundary = at_boundary
-
-        scaled: list[asyncio.Future[Any]] = []
-
-        def change() -> None:
-            scaled.append(asyncio.ensure_future(job.master.request_scale(1, 0)))
-
-        def on_launch(eid: str, ex: Executor) -> None:
-            if eid == "worker-0":      # in epoch 1, before its 4th mini-batch
-                ex.app_role.pipeline.runner = HoldsAtBatch(ex, BATCHES_PER_WORKER_EPOCH + 3, change, wanted)
-        job.am.on_launch = on_launch
+        # in epoch 1, before worker-0's 4th mini-batch
+        scaled = add_a_worker_when_held(job, BATCHES_PER_WORKER_EPOCH + 3, Subtask.PULL)
         clocks: Counter[int] = Counter()
         job.trigger_after_clock(lambda: clocks.update([job.loop.epochs_done]))
 
@@ -92,24 +99,8 @@ async def test_in_sync_windows_an_eps_commit_cuts_the_clock_at_a_windows_end_and
     job = PsJob(tmp_path / "job", {**SPEC, "max_epochs": 3, "clock_batches": BATCHES_PER_WORKER_EPOCH,
                                    "sync_batches": 3})
     try:
-        wanted = asyncio.Event()
-        boundaries = job.loop.boundaries
-        offer = boundaries.at_boundary
-
-        def at_boundary(fn: Any) -> Any:
-            wanted.set()
-            return offer(fn)
-        boundaries.at_boundary = at_boundary
-        scaled: list[asyncio.Future[Any]] = []
-
-        def change() -> None:
-            scaled.append(asyncio.ensure_future(job.master.request_scale(1, 0)))
-
-        def on_launch(eid: str, ex: Executor) -> None:
-            if eid == "worker-0":      # in epoch 1, before its 5th mini-batch: the second window's middle
-                ex.app_role.pipeline.runner = HoldsAtBatch(ex, BATCHES_PER_WORKER_EPOCH + 4, change, wanted,
-                                                           Subtask.COMP)
-        job.am.on_launch = on_launch
+        # in epoch 1, before worker-0's 5th mini-batch: the second window's middle
+        scaled = add_a_worker_when_held(job, BATCHES_PER_WORKER_EPOCH + 4, Subtask.COMP)
         # Where every input block stands after each clock: at a window's end or its own end.
         rows = {b.block_index: b.num_rows for b in job.app.generate_partition(0, 1).blocks}
         stood: list[int] = []

@@ -23,6 +23,7 @@ from psruntime.store.store_client import StoreClient
 from psruntime.training_pipeline import (INLINE_MAX_S, POSITION, ComputeThread, Resource, Subtask, TrainingPipeline,
                                          TrainingStopped,
                                          epoch_position, init_blocks, init_model, pull_key_values)
+from recording_runner import RecordingRunner
 from store_cluster import executor_cluster
 
 NUM_BLOCKS = 8
@@ -45,21 +46,6 @@ class RecordingApp:
         return self._app.compute(batch, params, ctx)
 
 
-class RecordingRunner:
-    """Runs each subtask at once, noting its kind; `after` (if set) is called after each one."""
-
-    def __init__(self, after: Callable[[Subtask], None] | None = None) -> None:
-        self.kinds: list[Subtask] = []
-        self.after = after
-
-    async def run(self, kind: Subtask, work: Callable[[], Awaitable[Any]]) -> Any:
-        self.kinds.append(kind)
-        result = await work()
-        if self.after is not None:
-            self.after(kind)
-        return result
-
-
 @pytest.fixture
 async def cluster() -> AsyncIterator[tuple[list[Executor], MigrationController, DataPlaneClient]]:
     async with executor_cluster(2, NUM_BLOCKS) as c:
@@ -76,14 +62,16 @@ def test_subtasks_name_the_resource_they_use() -> None:
     assert [k.resource for k in Subtask] == [Resource.COMM, Resource.CPU, Resource.COMM]
 
 
-@pytest.mark.parametrize("name", ["mlr", "lda"])
-async def test_one_worker_trains_exactly_as_a_sequential_loop(cluster, name: str) -> None:
+@pytest.mark.parametrize("name,sync_batches", [("mlr", 1), ("lda", 1), ("mlr", 3), ("lda", 3), ("nmf", 3)])
+async def test_one_worker_trains_exactly_as_a_sequential_loop(cluster, name: str, sync_batches: int) -> None:
+    # sync_batches 3: in sync windows (psruntime.write_back_cache) the same loop, up to rounding.
     _, ctl, dp = cluster
     app = create_app(name, preset="tiny")
     store = await _store(ctl, dp, app)
     blocks = app.generate_partition(0, 1).blocks
     await init_blocks(store, app, blocks)
     pipeline = TrainingPipeline()
+    pipeline.sync_batches = sync_batches
     for epoch in range(2):
         await pipeline.run_batches(app, store, blocks, StepContext(epoch, 1))
     # The reference: the same math in one loop on a dense in-memory model (single_process).
@@ -96,10 +84,15 @@ async def test_one_worker_trains_exactly_as_a_sequential_loop(cluster, name: str
             for batch in app.batches(block):
                 model.push(app.compute(batch, model.pull(app.keys_for_batch(batch)), StepContext(epoch, 1)))
     trained = await pull_key_values(store, app.model_keys(), app.key_length)
-    np.testing.assert_array_equal(trained.values, model.values)
-    for b, r in zip(blocks, ref_blocks):
-        for k, v in r.state.items():
-            np.testing.assert_array_equal(b.state[k], v)
+    if sync_batches == 1 or name == "lda":
+        # LDA's counts: float32 sums of integers are exact in windows too, so its samples are.
+        np.testing.assert_array_equal(trained.values, model.values)
+        for b, r in zip(blocks, ref_blocks):
+            for k, v in r.state.items():
+                np.testing.assert_array_equal(b.state[k], v)
+    else:
+        # The server adds base + (row - base) where the loop added each delta: float32 rounding only.
+        np.testing.assert_allclose(trained.values, model.values, rtol=1e-4, atol=1e-5)
     assert pipeline.counters["batches"] == 2 * sum(len(list(app.batches(b))) for b in blocks)
 
 
