@@ -59,7 +59,7 @@ from protocol import executor_ops as ops  # noqa: E402
 from psruntime.apps.base import StepContext  # noqa: E402
 from psruntime.apps.registry import APP_NAMES, create_app  # noqa: E402
 from psruntime.apps.single_process import DenseModel  # noqa: E402
-from psruntime.blas_threads import limit_blas_threads  # noqa: E402
+from psruntime.blas_threads import THREAD_VARS, limit_blas_threads  # noqa: E402
 from psruntime.executor import PROFILE_DIR_ENV  # noqa: E402
 from psruntime.store.migration_controller import MigrationController  # noqa: E402
 from psruntime.store.ownership_table import OwnershipTable  # noqa: E402
@@ -109,7 +109,9 @@ def single_run(app_name: str, preset: str, epochs: int) -> dict[str, Any]:
 
 
 def spawn(name: str, role: str, am: str, tmp: Path, profile_dir: Optional[str]) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # One BLAS thread, as on the capped host this bench stands in for (psruntime.blas_threads):
+    # read when the executor's OpenBLAS loads.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **{v: "1" for v in THREAD_VARS}}
     if profile_dir:
         env[PROFILE_DIR_ENV] = profile_dir
     return subprocess.Popen([PY, "-m", "psruntime.executor", "--executor-id", name, "--port", "0",
@@ -229,7 +231,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if ns.profile_dir:
         Path(ns.profile_dir).mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in apps}
-    limit_blas_threads(1)      # the single process as psruntime.apps.single_process runs it (and executors)
+    limit_blas_threads(1)      # the single process as on a capped host (psruntime.blas_threads), as the executors
     with tempfile.TemporaryDirectory(prefix="ps1-overhead-") as tmp:
         for rep in range(ns.repeats):
             for app in apps:

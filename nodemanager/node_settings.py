@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
 
+from protocol.cgroup_cpu import cgroup_root_cores
 from protocol import durable_storage
 from protocol.config import ClusterConfig, ConfigError, NMConfig
 from protocol.records import Resource
@@ -34,25 +35,6 @@ def capability(cfg: NMConfig, meminfo_path: str = "/proc/meminfo") -> Resource:
         memory = max(0, mem_total_mb(Path(meminfo_path).read_text()) - cfg.reserved_memory_mb)
     vcores = cfg.vcores if cfg.vcores > 0 else (os.cpu_count() or 1)
     return Resource(memory, vcores)
-
-
-def cgroup_root_cores(root: str = "/sys/fs/cgroup") -> float | None:
-    """The cores the cgroup root this process sees allows (quota / period), None when unlimited or
-    unreadable. On a testbed host the root is the host's budget (docs/testbed.md)."""
-    r = Path(root)
-    try:
-        quota, period = (r / "cpu.max").read_text().split()[:2]           # v2: "max 100000" / "45000 100000"
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    for d in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
-        try:
-            q = int((r / d / "cpu.cfs_quota_us").read_text())
-            p = int((r / d / "cpu.cfs_period_us").read_text())
-            return None if q <= 0 else q / p
-        except (OSError, ValueError):
-            continue
-    return None
 
 
 def arbiter_cpu_pool(cfg: NMConfig, root: str = "/sys/fs/cgroup") -> int:

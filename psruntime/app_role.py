@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING, Awaitable, Mapping, TypedDict
 import msgspec
 import numpy as np
 
-from psruntime.blas_threads import limit_blas_threads
 from psruntime.apps.base import AppConfigError, KeyValues, Partition, PSApp, StepContext
 from psruntime.apps.blocks import BlockFormatError, DataBlock
 from psruntime.apps.random_streams import partition_block_range
@@ -165,8 +164,6 @@ class AppRole:
         self.app_name = name
         self.pipeline.set_comp_threads(comp_threads(req.comp_threads, type(self.app), os.environ))
         self.pipeline.sync_batches = req.sync_batches
-        # A COMP's threads are the app's shards: BLAS inside each runs one (psruntime.blas_threads).
-        limit_blas_threads(1)
         try:
             mode = parse_mode(req.spill_alpha)
         except ValueError as e:

@@ -1,11 +1,13 @@
-"""The BLAS thread pools of the process, held to the threads a COMP may use.
+"""The BLAS thread pools of the process, held to the cores its cgroup allows.
 
 numpy and scipy each ship an OpenBLAS that starts a thread per core the machine has, whatever the
-container was given, and whose idle threads spin before they sleep. In an executor capped at a
-fraction of a core those spinning threads burn the budget the COMP needs: on bench/ps1_overhead.py's
-NMF (small 5x5 solves per user) they took a quarter of the worker's CPU. A COMP's parallelism is
-the app's own shards (StepContext.threads, docs/harmony_arbiter.md), so BLAS runs one thread inside
-each -- as PySpark sets OMP_NUM_THREADS to a task's CPUs.
+process may use, and whose idle threads spin before they sleep. Under a CPU quota of a fraction of
+a core those spinning threads burn the budget the COMP needs: on NMF (small 5x5 solves per user)
+they took a quarter of a capped worker's CPU. So an executor (and the single-process baseline)
+holds its pools to the quota's cores rounded up (`limit_blas_threads_to_cgroup`), as PySpark sets
+OMP_NUM_THREADS to a task's CPUs. Without a quota they are left alone: there a second BLAS thread
+uses an idle core (holding them to one always made an EPS add's new worker, whose data generation
+used both cores of an unquota'd 2-core machine, 70 ms slower: bench/eps_overhead.py 0.10 -> 0.17 s).
 
 Libraries loaded later read the environment variables set here; those already loaded (the zygote
 preloads numpy) are told through their `*_set_num_threads` entry points, found in the process's
@@ -14,7 +16,10 @@ memory map. Linux only; elsewhere, and for a BLAS without such an entry point, n
 from __future__ import annotations
 
 import ctypes
+import math
 import os
+
+from protocol.cgroup_cpu import cgroup_root_cores
 
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # The setters of the OpenBLAS builds numpy and scipy wheels ship (plain, scipy_openblas and their
@@ -55,3 +60,22 @@ def limit_blas_threads(threads: int) -> int:
                 told += 1
                 break
     return told
+
+
+def blas_threads_for_cgroup(root: str = "/sys/fs/cgroup", cpus: int | None = None) -> int | None:
+    """The BLAS threads for a process under the cgroup root `root`: its CPU quota's cores rounded
+    up, when that is below the machine's `cpus`; None (leave BLAS alone) without a quota."""
+    cores = cgroup_root_cores(root)
+    cpus = cpus or os.cpu_count() or 1
+    if cores is None:
+        return None
+    threads = max(1, math.ceil(cores - 1e-9))
+    return threads if threads < cpus else None
+
+
+def limit_blas_threads_to_cgroup(root: str = "/sys/fs/cgroup") -> int | None:
+    """`limit_blas_threads` to `blas_threads_for_cgroup`'s count, if any; returns it."""
+    threads = blas_threads_for_cgroup(root)
+    if threads is not None:
+        limit_blas_threads(threads)
+    return threads

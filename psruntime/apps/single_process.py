@@ -19,7 +19,7 @@ from typing import Sequence, TextIO
 import numpy as np
 import orjson
 
-from psruntime.blas_threads import limit_blas_threads
+from psruntime.blas_threads import limit_blas_threads_to_cgroup
 from psruntime.apps.base import AppConfigError, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from protocol.json_types import JsonObject
@@ -123,9 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (AppConfigError, orjson.JSONDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    # As in an executor (psruntime.app_role): one BLAS thread, so a process under a CPU cap spends
-    # none of it on idle BLAS threads spinning.
-    limit_blas_threads(1)
+    # As an executor does (psruntime.executor): BLAS threads no more than the CPU quota of its
+    # cgroup allows, so a process under a cap spends none of it on idle BLAS threads spinning.
+    limit_blas_threads_to_cgroup()
     result, _ = train_single_process(app, max_epochs=args.epochs, log=sys.stderr)
     print(orjson.dumps({**result.to_json(), "describe": app.describe()}).decode())
     return 0

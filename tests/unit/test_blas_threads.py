@@ -1,6 +1,7 @@
 """psruntime.blas_threads holds the BLAS thread pools numpy and scipy loaded to the threads asked,
 and sets the variables that libraries loaded later read (checked in a fresh interpreter, so this
-test's process keeps its own pools)."""
+test's process keeps its own pools); the count an executor takes follows its cgroup's CPU quota,
+and a process without one is left alone."""
 from __future__ import annotations
 
 import json
@@ -47,3 +48,43 @@ def test_loaded_blas_pools_are_held_to_one_thread() -> None:
     assert got["env"] == "1"
     if (os.cpu_count() or 1) > 1:
         assert max(got["before"].values()) > 1, got      # they started with a thread per core
+
+
+def _root(tmp_path: Path, name: str, cpu_max: str | None = None,
+          v1: tuple[int, int] | None = None) -> str:
+    root = tmp_path / name
+    root.mkdir()
+    if cpu_max is not None:
+        (root / "cpu.max").write_text(cpu_max + "\n")
+    if v1 is not None:
+        (root / "cpu").mkdir()
+        (root / "cpu" / "cpu.cfs_quota_us").write_text(f"{v1[0]}\n")
+        (root / "cpu" / "cpu.cfs_period_us").write_text(f"{v1[1]}\n")
+    return str(root)
+
+
+def test_the_thread_count_follows_the_cgroups_cpu_quota_and_leaves_an_unlimited_one_alone(tmp_path: Path) -> None:
+    from psruntime.blas_threads import blas_threads_for_cgroup
+    assert blas_threads_for_cgroup(_root(tmp_path, "testbed", "30000 100000"), cpus=2) == 1   # 0.3 core
+    assert blas_threads_for_cgroup(_root(tmp_path, "v1", v1=(150000, 100000)), cpus=4) == 2   # 1.5 cores
+    assert blas_threads_for_cgroup(_root(tmp_path, "three", "250000 100000"), cpus=4) == 3
+    assert blas_threads_for_cgroup(_root(tmp_path, "all", "250000 100000"), cpus=2) is None   # no fewer than cores
+    assert blas_threads_for_cgroup(_root(tmp_path, "max", "max 100000"), cpus=2) is None
+    assert blas_threads_for_cgroup(_root(tmp_path, "v1max", v1=(-1, 100000)), cpus=2) is None
+    assert blas_threads_for_cgroup(_root(tmp_path, "none"), cpus=2) is None
+
+
+def test_a_process_under_a_fraction_of_a_core_runs_blas_on_one_thread(tmp_path: Path) -> None:
+    root = _root(tmp_path, "host", "30000 100000")
+    probe = PROBE.replace("told = limit_blas_threads(1)",
+                          f"from psruntime.blas_threads import limit_blas_threads_to_cgroup\n"
+                          f"told = limit_blas_threads_to_cgroup({root!r})")
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120,
+                         check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if (os.cpu_count() or 1) > 1:
+        assert got["told"] == 1 and set(got["after"].values()) == {1}, got
+    else:
+        assert got["told"] is None, got          # one core: nothing to hold back
