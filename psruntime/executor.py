@@ -311,7 +311,6 @@ def warm_up() -> None:
     """Called once by the NM's executor zygote after it preloaded this module (nodemanager.zygote):
     what every executor forked from it would otherwise do again before serving."""
     _mallopt()
-    limit_blas_threads_to_cgroup()     # before the fork: a forked child then pays nothing for it
 
 
 def tune_malloc() -> bool:
@@ -393,8 +392,8 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     tune_malloc()
-    # BLAS threads no more than the host's CPU quota allows (psruntime.blas_threads). Idempotent,
-    # for an executor the zygote forked (warm_up ran it there) as for one started alone.
+    # BLAS threads no more than the host's CPU quota allows (psruntime.blas_threads): here, in
+    # the executor itself, whether the zygote forked it or it was started alone.
     limit_blas_threads_to_cgroup()
     # The imported modules' objects live as long as the process: keep the collector from
     # scanning (and touching the pages of) them on every full collection.

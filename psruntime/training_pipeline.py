@@ -386,9 +386,8 @@ class TrainingPipeline:
                 compute.append(t2 - t1)
                 self.counters["batches"] += 1
                 self.counters["samples"] += batch.size
-                moved = _kv_bytes(params) + _kv_bytes(deltas)
-                self.counters["bytes"] += moved
-                times.bytes += moved
+                self._moved(times, params)
+                self._moved(times, deltas)
                 comm.append((t1 - t0) + (t3 - t2))
                 times.compute_wait.append(w3[0] - w0[0])
                 times.comm_wait.append(w3[1] - w0[1])
@@ -396,11 +395,7 @@ class TrainingPipeline:
                 # it, they would double the per-batch arrays at the worker's memory peak.
                 del keys, params, deltas
             self.residency.release(block)
-        t_flush, w_flush = time.perf_counter(), waited()
-        await self.runner.run(Subtask.PUSH, functools.partial(self._flush, store))
-        if comm:
-            comm[-1] += time.perf_counter() - t_flush
-            times.comm_wait[-1] += waited()[1] - w_flush[1]
+        await self._end_step(store, times)
         return times
 
     async def _run_windows(self, app: PSApp[msgspec.Struct, msgspec.Struct], store: StoreClient,
@@ -450,8 +445,7 @@ class TrainingPipeline:
                 seen[union] = False
                 pulled = await pull_through(self.runner, self.gate, store, union, app.key_length)
                 cache.fill(union, pulled.values)
-                self.counters["bytes"] += _kv_bytes(pulled)
-                times.bytes += _kv_bytes(pulled)
+                self._moved(times, pulled)
                 del pulled
                 t_pull, w_pull = time.perf_counter() - t0, waited()[1] - w0[1]
                 for batch, keys in zip(batches, batch_keys):
@@ -486,12 +480,23 @@ class TrainingPipeline:
                                         batches[0].start, batches[-1].stop, times)
                 del batch_keys, union
             self.residency.release(block)
-        t_flush, w_flush = time.perf_counter(), waited()
+        await self._end_step(store, times)
+        return times
+
+    async def _end_step(self, store: StoreClient, times: StepTimes) -> None:
+        """Flush the step's pushes (applied before the AM moves on), as a PUSH subtask whose
+        time counts in the last mini-batch's COMM."""
+        t_flush, w_flush = time.perf_counter(), self._waited()
         await self.runner.run(Subtask.PUSH, functools.partial(self._flush, store))
         if times.comm:
             times.comm[-1] += time.perf_counter() - t_flush
-            times.comm_wait[-1] += waited()[1] - w_flush[1]
-        return times
+            times.comm_wait[-1] += self._waited()[1] - w_flush[1]
+
+    def _moved(self, times: StepTimes, kv: KeyValues | None) -> None:
+        """Count what a pull or push carried, in the step's and the worker's figures."""
+        n = _kv_bytes(kv)
+        self.counters["bytes"] += n
+        times.bytes += n
 
     async def _push_window(self, store: StoreClient, cache: WriteBackCache, count_key: str | None,
                            batches: int, block: DataBlock, epoch: int, first_row: int, end_row: int,
@@ -503,12 +508,10 @@ class TrainingPipeline:
         keys, sums = cache.take_oplog()
         split = block.block_index
         count = [np.full(1, batches, np.float32)]
-        await self._push(store, KeyValues(keys, sums) if len(keys) else None, count_key, count, split, epoch,
-                         first_row)
+        pushed = KeyValues(keys, sums) if len(keys) else None
+        await self._push(store, pushed, count_key, count, split, epoch, first_row)
         set_epoch_position(block, epoch, end_row)
-        moved = int(keys.nbytes + sums.nbytes)
-        self.counters["bytes"] += moved
-        times.bytes += moved
+        self._moved(times, pushed)
         times.comm[-1] += time.perf_counter() - t0
         times.comm_wait[-1] += self._waited()[1] - w0[1]
 

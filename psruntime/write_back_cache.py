@@ -15,7 +15,7 @@ the window added is the row now minus its base, taken once at the window's end. 
 second add per mini-batch (a tenth of a small MLR batch's cost). The server's base + (row - base)
 is the worker's row itself where the subtraction is exact (the row stayed within a factor of two
 of its base, Sterbenz's lemma) and otherwise differs from it by float32 rounding, so one worker's
-model is the sequential loop's up to rounding (in tests/unit/test_sync_windows.py: 12 % of a tiny
+model is the sequential loop's up to rounding (in tests/unit/test_training_pipeline.py: 12 % of a tiny
 MLR model's values differ in their last bits, none by more than 1e-4 relative).
 
 Sans-I/O: numpy only; the pipeline pulls and pushes. Keys are the app's model keys, the dense range
@@ -28,6 +28,8 @@ adds what was written to it.
 from __future__ import annotations
 
 import numpy as np
+
+from psruntime.apps.sorted_unique import sorted_unique, strictly_increasing
 
 
 class WriteBackCache:
@@ -68,7 +70,7 @@ class WriteBackCache:
         rows = self._slot[keys]
         new = rows < 0
         if new.any():
-            fresh = np.unique(keys[new])
+            fresh = sorted_unique(keys[new])     # not np.unique: its hash set fragments the heap
             n, m = self._rows, len(fresh)
             if n + m > len(self._keys):
                 self._grow(n + m)
@@ -133,7 +135,7 @@ class WriteBackCache:
             return
         self._write_only = True
         rows = self._rows_of(keys)
-        if len(keys) < 2 or (keys[1:] > keys[:-1]).all():     # unique: a plain fancy add
+        if strictly_increasing(keys):       # unique: a plain fancy add
             self._values[rows] += deltas
         else:
             np.add.at(self._values, rows, deltas)

@@ -22,6 +22,7 @@ import orjson
 from psruntime.blas_threads import limit_blas_threads_to_cgroup
 from psruntime.apps.base import AppConfigError, KeyValues, ObjectivePart, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
+from psruntime.apps.sorted_unique import strictly_increasing
 from protocol.json_types import JsonObject
 
 
@@ -36,13 +37,12 @@ class DenseModel:
 
     def push(self, deltas: KeyValues | None) -> None:
         if deltas is not None and len(deltas):
-            keys = deltas.keys
-            if len(keys) < 2 or (keys[1:] > keys[:-1]).all():
+            if strictly_increasing(deltas.keys):
                 # Sorted unique keys (every app's, KeyValues' contract): a plain fancy add, several
                 # times faster than np.add.at, so the baseline is as fast as numpy makes it.
-                self.values[keys] += deltas.values
+                self.values[deltas.keys] += deltas.values
             else:
-                np.add.at(self.values, keys, deltas.values)
+                np.add.at(self.values, deltas.keys, deltas.values)
 
 
 @dataclass

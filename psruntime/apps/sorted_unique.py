@@ -28,3 +28,8 @@ def unique_of_sorted(s: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep]
+
+
+def strictly_increasing(a: np.ndarray) -> bool:
+    """Whether a 1-D array is sorted without repeats."""
+    return len(a) < 2 or bool(np.all(a[1:] > a[:-1]))

@@ -25,11 +25,6 @@ _FIRST_CAPACITY_ROWS = 16
 _FIRST_CAPACITY_BYTES = 256 << 10
 
 
-def strictly_increasing(a: np.ndarray) -> bool:
-    """Whether a 1-D array is sorted without repeats."""
-    return len(a) < 2 or bool(np.all(a[1:] > a[:-1]))
-
-
 class RetiredValues:
     """Dense values arrays that a copy-on-write replaced, kept to take a later copy once nothing
     references them (a transport done sending a pull's reply from them).

@@ -29,7 +29,7 @@ import numpy as np
 
 from psruntime.store.block_contents import BlockContents as _Block
 from psruntime.store.block_contents import RetiredValues
-from psruntime.store.block_contents import strictly_increasing as _strictly_increasing
+from psruntime.apps.sorted_unique import strictly_increasing as _strictly_increasing
 from psruntime.store.ownership_table import Key, block_of, blocks_of_int_keys
 from protocol.errors import AppError
 
