@@ -281,21 +281,25 @@ def _kv_bytes(kv: KeyValues | None) -> int:
     return 0 if kv is None else int(kv.keys.nbytes + kv.values.nbytes)
 
 
-def _windows(app: PSApp[msgspec.Struct, msgspec.Struct], block: DataBlock, epoch: int,
-             k: int) -> Iterator[list[Batch]]:
-    """The sync windows of `block` left in `epoch`: its batches i*k .. i*k+k-1 for each window i,
-    from the block's position on (a window it stands inside of begins there)."""
-    pos = epoch_position(block, epoch)
+def _step_windows(app: PSApp[msgspec.Struct, msgspec.Struct], blocks: Sequence[DataBlock], epoch: int,
+                  k: int) -> Iterator[list[Batch]]:
+    """A step's sync windows: the mini-batches of `epoch` left in `blocks`, in block order from
+    each block's position, cut into runs of k (the last may be shorter). A window may span blocks:
+    with per-block windows, a 40-batch block and k = 32 gave windows of 32 and 8, 20 on average.
+    The windows depend only on the blocks, their order (split order, as a worker keeps them) and
+    their positions, so a clock run again from where it began cuts the same ones."""
     window: list[Batch] = []
-    current = -1
-    for i, batch in enumerate(app.batches(block)):
-        if batch.start < pos:
-            continue                   # run in an earlier clock of this epoch
-        if i // k != current and window:
-            yield window
-            window = []
-        current = i // k
-        window.append(batch)
+    for block in blocks:
+        pos = epoch_position(block, epoch)
+        if pos >= block.num_rows:
+            continue
+        for batch in app.batches(block):
+            if batch.start < pos:
+                continue                   # run in an earlier clock of this epoch
+            window.append(batch)
+            if len(window) == k:
+                yield window
+                window = []
     if window:
         yield window
 
@@ -402,19 +406,20 @@ class TrainingPipeline:
                            blocks: Sequence[DataBlock], ctx: StepContext, limit: int | None,
                            count_key: str | None, stop: asyncio.Event | None,
                            cut: asyncio.Event | None) -> StepTimes:
-        """`run_batches` in sync windows of k = `sync_batches` mini-batches: a block's batches
-        i*k .. i*k+k-1 form window i (the block's last may be shorter). A window begins with one
-        pull, per owner, of every row its mini-batches read; COMP reads the window's write-back
-        cache and its deltas are applied there; at the window's end their sums are pushed, one push
-        per owner, with the push id of the window's first mini-batch, and the block's position moves
-        past the window. (Pulling each mini-batch's new rows as it comes cost a pull per owner per
-        mini-batch for a model whose batches touch most, not all, of it: Lasso's.)
+        """`run_batches` in sync windows of k = `sync_batches` mini-batches: the step's remaining
+        mini-batches, in block order, cut into runs of k that may span blocks (`_step_windows`).
+        A window begins with one pull, per owner, of every row its mini-batches read; COMP reads
+        the window's write-back cache and its deltas are applied there; at the window's end their
+        sums are pushed, one push per owner, with the push id of the window's first mini-batch,
+        and the positions of the window's blocks move past it. (Pulling each mini-batch's new rows
+        as it comes cost a pull per owner per mini-batch for a model whose batches touch most, not
+        all, of it: Lasso's.)
 
         `limit` and `cut` are honoured at window ends only, and a window abandoned by `stop`
-        pushes nothing (the block's position stays at its start). So every push covers a whole
-        window -- or the rest of one from a position where a clock began -- whatever a clock's
-        size: a clock run again (a replacement worker's) pushes the same windows under the same
-        ids, and the servers drop the ones they applied (psruntime.store.push_ids)."""
+        pushes nothing (its blocks' positions stay where it began). So every push covers a whole
+        window, and a clock run again (a replacement worker's: the same splits, from the positions
+        the clock began at) cuts the same windows whatever its batch limit, pushes them under the
+        same ids, and the servers drop the ones they applied (psruntime.store.push_ids)."""
         k, epoch = self.sync_batches, ctx.epoch
         times = StepTimes()
         cache = WriteBackCache(app.num_keys, app.key_length)
@@ -423,19 +428,19 @@ class TrainingPipeline:
         direct = type(self.runner) is ImmediateRunner      # no runner to hand COMP to
         seen = np.zeros(app.num_keys, bool)
         self.residency.plan([b for b in blocks if epoch_position(b, epoch) < b.num_rows])
+        held: list[DataBlock] = []          # blocks acquired for the windows, in order
 
         def at_end() -> bool:
             return (limit is not None and times.batches >= limit) or (cut is not None and cut.is_set())
 
-        for block in blocks:
-            if at_end():
-                break
-            if epoch_position(block, epoch) >= block.num_rows:
-                continue
-            await self.residency.acquire(block)
-            for batches in _windows(app, block, epoch, k):
+        try:
+            for batches in _step_windows(app, blocks, epoch, k):
                 if at_end():
                     break
+                for batch in batches:
+                    if not held or batch.block is not held[-1]:
+                        await self.residency.acquire(batch.block)
+                        held.append(batch.block)
                 t0 = time.perf_counter()
                 w0 = waited()
                 batch_keys = [app.keys_for_batch(b) for b in batches]
@@ -476,10 +481,13 @@ class TrainingPipeline:
                     self.counters["batches"] += 1
                     self.counters["samples"] += batch.size
                     del params, deltas, rows
-                await self._push_window(store, cache, count_key, len(batches), block, epoch,
-                                        batches[0].start, batches[-1].stop, times)
+                await self._push_window(store, cache, count_key, batches, epoch, times)
+                while len(held) > 1:        # blocks this window went past: their part of the step is done
+                    self.residency.release(held.pop(0))
                 del batch_keys, union
-            self.residency.release(block)
+        finally:
+            for block in held:
+                self.residency.release(block)
         await self._end_step(store, times)
         return times
 
@@ -499,18 +507,19 @@ class TrainingPipeline:
         times.bytes += n
 
     async def _push_window(self, store: StoreClient, cache: WriteBackCache, count_key: str | None,
-                           batches: int, block: DataBlock, epoch: int, first_row: int, end_row: int,
-                           times: StepTimes) -> None:
+                           batches: list[Batch], epoch: int, times: StepTimes) -> None:
         """The window's end: push its sums (and its mini-batch count to the audit key) as the
-        PUSH subtask, then move the block's position past it. Its time counts in the last
-        mini-batch's COMM."""
+        PUSH subtask, under the ids of its first mini-batch, then move the positions of its blocks
+        past it. Its time counts in the last mini-batch's COMM."""
         t0, w0 = time.perf_counter(), self._waited()
         keys, sums = cache.take_oplog()
-        split = block.block_index
-        count = [np.full(1, batches, np.float32)]
+        first = batches[0]
+        count = [np.full(1, len(batches), np.float32)]
         pushed = KeyValues(keys, sums) if len(keys) else None
-        await self._push(store, pushed, count_key, count, split, epoch, first_row)
-        set_epoch_position(block, epoch, end_row)
+        await self._push(store, pushed, count_key, count, first.block.block_index, epoch, first.start)
+        for batch, after in zip(batches, batches[1:] + [None]):
+            if after is None or after.block is not batch.block:
+                set_epoch_position(batch.block, epoch, batch.stop)
         self._moved(times, pushed)
         times.comm[-1] += time.perf_counter() - t0
         times.comm_wait[-1] += self._waited()[1] - w0[1]
