@@ -177,21 +177,22 @@ async def test_set_alpha_moves_blocks_between_disk_and_memory(tmp_path: Path) ->
 
 # ----- the trajectory is the same whatever alpha is -------------------------------------------------
 
-async def _train(name: str, spill: WorkerSpill | None, epochs: int = 3,
-                 clock_batches: int = 3) -> tuple[list[float], np.ndarray, set[float]]:
+async def _train(name: str, spill: WorkerSpill | None, epochs: int = 3, clock_batches: int = 3,
+                 sync_batches: int = 1) -> tuple[list[float], np.ndarray, set[float]]:
     """A few epochs of one worker in clocks of `clock_batches` mini-batches (so blocks split across
-    clocks), on fresh servers (their push-id memory too); the objective after each epoch, the final
-    model and the alphas it trained at."""
+    clocks) and sync windows of `sync_batches`, on fresh servers (their push-id memory too); the
+    objective after each epoch, the final model and the alphas it trained at."""
     async with executor_cluster(2, 8) as (_, ctl, dp):
-        return await _train_on(name, ctl, dp, spill, epochs, clock_batches)
+        return await _train_on(name, ctl, dp, spill, epochs, clock_batches, sync_batches)
 
 
 async def _train_on(name: str, ctl: MigrationController, dp: DataPlaneClient, spill: WorkerSpill | None,
-                    epochs: int, clock_batches: int) -> tuple[list[float], np.ndarray, set[float]]:
+                    epochs: int, clock_batches: int, sync_batches: int = 1) -> tuple[list[float], np.ndarray, set[float]]:
     app = _app(name)
     store = StoreClient(ctl.table, dp)
     await init_model(store, app)
     pipeline = TrainingPipeline()
+    pipeline.sync_batches = sync_batches
     if spill is None:
         blocks = app.generate_partition(0, 1).blocks
         await init_blocks(store, app, blocks)
@@ -233,6 +234,17 @@ async def test_the_objective_trajectory_is_the_same_whatever_alpha_is(tmp_path: 
     for alpha, (obj, model, _) in runs.items():
         assert obj == base_obj, (alpha, obj, base_obj)
         np.testing.assert_array_equal(model, base_model)
+
+
+async def test_sync_windows_that_span_a_spilled_block_train_as_in_memory(tmp_path: Path) -> None:
+    # Windows of 4 over MLR's 5-batch blocks, in clocks of 6: windows start mid-block and reach
+    # into the next, which may be on disk -- it is loaded before the window reads it.
+    in_memory = await _train("mlr", None, clock_batches=6, sync_batches=4)
+    spill = WorkerSpill(0.5, SpillStore(tmp_path), limit_bytes=0)
+    spilled = await _train("mlr", spill, clock_batches=6, sync_batches=4)
+    assert spill.reloader.loads > 0
+    assert spilled[0] == in_memory[0]
+    np.testing.assert_array_equal(spilled[1], in_memory[1])
 
 
 # ----- alpha: initial value and hill climbing ------------------------------------------------------
