@@ -349,7 +349,9 @@ class TrainingPipeline:
         applied before the AM moves on). With `count_key`, also push +1 to that key per
         mini-batch (an audit: the servers count the mini-batches applied). Raises
         TrainingStopped when `stop` is set before a mini-batch; ends early, as if `limit` had
-        been reached, when `cut` is (the AM's EndClock)."""
+        been reached, when `cut` is (the AM's EndClock) -- and a cut that came while a
+        mini-batch pulled ends the step before that mini-batch's COMP (nothing of it ran, so the
+        next step runs it), so a boundary waits for a pull rather than a whole mini-batch."""
         if self.sync_batches > 1:
             self.compute_thread.inline_max_s = WINDOW_INLINE_MAX_S
             try:
@@ -380,6 +382,8 @@ class TrainingPipeline:
                 w0 = waited()
                 keys = app.keys_for_batch(batch)
                 params = await pull_through(self.runner, self.gate, store, keys, app.key_length)
+                if cut is not None and cut.is_set():
+                    break        # the AM ended the clock during the pull: nothing of this batch ran
                 t1 = time.perf_counter()
                 deltas = await self._compute(functools.partial(app.compute, batch, params, ctx))
                 t2 = time.perf_counter()
@@ -415,8 +419,9 @@ class TrainingPipeline:
         as it comes cost a pull per owner per mini-batch for a model whose batches touch most, not
         all, of it: Lasso's.)
 
-        `limit` and `cut` are honoured at window ends only, and a window abandoned by `stop`
-        pushes nothing (its blocks' positions stay where it began). So every push covers a whole
+        `limit` and `cut` are honoured at window ends only (a cut that came during a window's pull
+        ends the step before the window's first COMP: it had not begun), and a window abandoned by
+        `stop` pushes nothing (its blocks' positions stay where it began). So every push covers a whole
         window, and a clock run again (a replacement worker's: the same splits, from the positions
         the clock began at) cuts the same windows whatever its batch limit, pushes them under the
         same ids, and the servers drop the ones they applied (psruntime.store.push_ids)."""
@@ -449,6 +454,8 @@ class TrainingPipeline:
                 union = np.flatnonzero(seen)
                 seen[union] = False
                 pulled = await pull_through(self.runner, self.gate, store, union, app.key_length)
+                if cut is not None and cut.is_set():
+                    break        # the AM ended the clock during the pull: the window had not begun
                 cache.fill(union, pulled.values)
                 self._moved(times, pulled)
                 del pulled

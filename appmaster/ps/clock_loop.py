@@ -12,7 +12,8 @@ held-out metric by the AM), or at a clock boundary when asked to (`stop`).
 
 Elastic changes hook into the BSP loop through its `boundaries` (appmaster.ps.boundary_scheduler);
 a step that waits for the clock boundary ends the running clock early (EndClock to its workers:
-each stops after its mini-batch in progress and flushes, and the clock's replies count what ran),
+each stops after its mini-batch in progress -- before it, if it was still pulling -- and flushes,
+and the clock's replies count what ran),
 so a switch-over waits about one mini-batch instead of the rest of a clock; the epoch goes on
 from where the workers stopped, in the next clock.
 `iterations` counts mini-batch rounds (per clock, the most any worker ran) and `on_clock` is called

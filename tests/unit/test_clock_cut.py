@@ -19,7 +19,7 @@ from psruntime.apps.registry import create_app
 from psruntime.apps.base import StepContext
 from psruntime.executor import Executor
 from psruntime.store.store_client import StoreClient
-from psruntime.training_pipeline import Subtask, TrainingPipeline, epoch_position, init_model
+from psruntime.training_pipeline import Subtask, TrainingPipeline, epoch_position, init_model, set_epoch_position
 from ps_inprocess import SPEC, PsJob
 from store_cluster import executor_cluster
 
@@ -146,3 +146,38 @@ async def test_a_cut_ends_the_pipelines_step_after_the_batch_in_progress() -> No
         cut.clear()
         rest = await pipeline.run_batches(app, store, blocks, StepContext(0, 2), limit=2, cut=cut)
         assert rest.batches == 1 and epoch_position(blocks[0], 0) == 2 * batch  # goes on from there
+
+
+async def test_a_cut_during_a_pull_ends_the_step_before_that_batch_or_window_runs() -> None:
+    # The AM's EndClock arriving while a batch (or a sync window) pulls: nothing of it was computed
+    # or pushed, so the step ends there -- a commit waits for the pull, not also for the COMP --
+    # and the next step runs it from the same position.
+    async with executor_cluster(2, 8) as (_, ctl, dp):
+        app = create_app("mlr", preset="tiny")
+        store = StoreClient(ctl.table, dp)
+        await init_model(store, app)
+        blocks = app.generate_partition(0, 2).blocks
+        batch = int(app.hparams.batch_size)
+        for k, done in ((1, 1), (3, 3)):
+            for b in blocks:
+                set_epoch_position(b, 0, 0)
+            pipeline = TrainingPipeline()
+            pipeline.sync_batches = k
+            cut = asyncio.Event()
+            kinds: list[Subtask] = []
+
+            async def cut_in_second_pull(kind: Subtask, work: Callable[[], Awaitable[Any]]) -> Any:
+                kinds.append(kind)
+                if kind is Subtask.PULL and kinds.count(Subtask.PULL) == 2:
+                    cut.set()
+                return await work()
+            pipeline.runner.run = cut_in_second_pull     # type: ignore[method-assign]
+            first = await pipeline.run_batches(app, store, blocks, StepContext(0, 2), limit=20, cut=cut)
+            assert first.batches == done, (k, kinds)
+            assert kinds.count(Subtask.PUSH) == done // k + 1        # its windows' and the closing flush
+            assert epoch_position(blocks[0], 0) == done * batch
+            cut.clear()
+            rest = await pipeline.run_batches(app, store, blocks, StepContext(0, 2), limit=1, cut=cut)
+            assert rest.batches == k                                          # goes on from there
+            assert sum(epoch_position(b, 0) for b in blocks) == (done + k) * batch
+            pipeline.close()
