@@ -1,13 +1,19 @@
 """In-process executors on real localhost sockets, with a migration controller that has
 broadcast a round-robin ownership table: the fixture shared by the store tests, and the AM's
-record of such an executor as a server (what the Checkpointer reads from), and putting and
-pulling a model's values through a store client."""
+record of such an executor as a server (what the Checkpointer reads from), putting and
+pulling a model's values through a store client, and a tiny MLR job's model and first worker's
+blocks on such executors (the training pipeline's tests)."""
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import numpy as np
+
+from psruntime.apps.base import PSApp
+from psruntime.apps.blocks import DataBlock
+from psruntime.apps.registry import create_app
+from psruntime.training_pipeline import init_model
 
 from appmaster.container_book import AmContainer
 from appmaster.ps.runtime.executor_pool import ExecutorRecord, ExecutorState, Role
@@ -67,3 +73,13 @@ async def pull_values(ctl: MigrationController, keys: Sequence[Any]) -> dict[Any
     finally:
         await c.close()
 
+
+
+async def mlr_half(cluster: tuple[list[Executor], MigrationController, DataPlaneClient]
+                   ) -> tuple[PSApp, StoreClient, list[DataBlock]]:
+    """Tiny MLR with its model put on the servers, and the first of two workers' input blocks."""
+    _, ctl, dp = cluster
+    app = create_app("mlr", preset="tiny")
+    store = StoreClient(ctl.table, dp)
+    await init_model(store, app)
+    return app, store, app.generate_partition(0, 2).blocks

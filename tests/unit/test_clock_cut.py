@@ -15,13 +15,11 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from protocol.records import FinalStatus
-from psruntime.apps.registry import create_app
 from psruntime.apps.base import StepContext
 from psruntime.executor import Executor
-from psruntime.store.store_client import StoreClient
-from psruntime.training_pipeline import Subtask, TrainingPipeline, epoch_position, init_model, set_epoch_position
+from psruntime.training_pipeline import Subtask, TrainingPipeline, epoch_position, set_epoch_position
 from ps_inprocess import SPEC, PsJob
-from store_cluster import executor_cluster
+from store_cluster import executor_cluster, mlr_half
 
 BATCHES_PER_WORKER_EPOCH = 2000 // 50 // 2      # MLR's default data: 2000 rows, batches of 50, 2 workers
 
@@ -126,11 +124,8 @@ async def test_in_sync_windows_an_eps_commit_cuts_the_clock_at_a_windows_end_and
 
 
 async def test_a_cut_ends_the_pipelines_step_after_the_batch_in_progress() -> None:
-    async with executor_cluster(2, 8) as (_, ctl, dp):
-        app = create_app("mlr", preset="tiny")
-        store = StoreClient(ctl.table, dp)
-        await init_model(store, app)
-        blocks = app.generate_partition(0, 2).blocks
+    async with executor_cluster(2, 8) as cluster:
+        app, store, blocks = await mlr_half(cluster)
         pipeline = TrainingPipeline()
         cut = asyncio.Event()
         batch = int(app.hparams.batch_size)
@@ -152,11 +147,8 @@ async def test_a_cut_during_a_pull_ends_the_step_before_that_batch_or_window_run
     # The AM's EndClock arriving while a batch (or a sync window) pulls: nothing of it was computed
     # or pushed, so the step ends there -- a commit waits for the pull, not also for the COMP --
     # and the next step runs it from the same position.
-    async with executor_cluster(2, 8) as (_, ctl, dp):
-        app = create_app("mlr", preset="tiny")
-        store = StoreClient(ctl.table, dp)
-        await init_model(store, app)
-        blocks = app.generate_partition(0, 2).blocks
+    async with executor_cluster(2, 8) as cluster:
+        app, store, blocks = await mlr_half(cluster)
         batch = int(app.hparams.batch_size)
         for k, done in ((1, 1), (3, 3)):
             for b in blocks:

@@ -11,16 +11,13 @@ from typing import Any
 
 import pytest
 
-from psruntime.apps.base import PSApp, StepContext
-from psruntime.apps.blocks import DataBlock
-from psruntime.apps.registry import create_app
+from psruntime.apps.base import StepContext
 from psruntime.executor import Executor
 from psruntime.store.migration_controller import MigrationController
-from psruntime.store.store_client import StoreClient
-from psruntime.training_pipeline import (Subtask, TrainingPipeline, TrainingStopped, epoch_position, init_model, set_epoch_position)
+from psruntime.training_pipeline import Subtask, TrainingPipeline, TrainingStopped, epoch_position, set_epoch_position
 from psruntime.wire.dataplane import DataPlaneClient
 from recording_runner import RecordingRunner
-from store_cluster import executor_cluster
+from store_cluster import executor_cluster, mlr_half
 
 NUM_BLOCKS = 8
 
@@ -29,16 +26,6 @@ NUM_BLOCKS = 8
 async def cluster() -> AsyncIterator[tuple[list[Executor], MigrationController, DataPlaneClient]]:
     async with executor_cluster(2, NUM_BLOCKS) as c:
         yield c
-
-
-async def mlr_half(cluster: tuple[list[Executor], MigrationController, DataPlaneClient]
-                   ) -> tuple[PSApp, StoreClient, list[DataBlock]]:
-    """Tiny MLR with its model put on the servers, and the first of two workers' input blocks."""
-    _, ctl, dp = cluster
-    app = create_app("mlr", preset="tiny")
-    store = StoreClient(ctl.table, dp)
-    await init_model(store, app)
-    return app, store, app.generate_partition(0, 2).blocks
 
 
 def windowed(k: int, runner: Any = None) -> TrainingPipeline:
