@@ -113,14 +113,15 @@ class Plan(CalibrationPlan):
 
     @classmethod
     def of(cls, cal: calibration.Calibration, hosts: int) -> "Plan":
-        """`hosts` hosts at the calibration's CPU per vcore, as many vcores each as fit in 0.3 core."""
+        """`hosts` hosts at the calibration's CPU per vcore, as many vcores each as fit in 0.3 core,
+        pinned to CPUs when the calibration's were."""
         cpv = cal.core_per_vcore or DEFAULT_CORE_PER_VCORE
         vcores = max(1, min(HOST_VCORES * 2, int(MAX_HOST_CPUS / cpv + 1e-9)))
-        return cls(hosts, vcores, cpv, cal.core_per_vcore > 0)
+        return cls(hosts, vcores, cpv, pin_cpus=cal.pinned_hosts, from_calibration=cal.core_per_vcore > 0)
 
     def to_json(self) -> dict[str, Any]:
         return {"hosts": self.hosts, "host_vcores": self.host_vcores, "core_per_vcore": self.core_per_vcore,
-                "host_cpus": self.host_cpus, "core_per_vcore_from_calibration": self.from_calibration,
+                "host_cpus": self.host_cpus, "pinned_hosts": self.pin_cpus, "core_per_vcore_from_calibration": self.from_calibration,
                 "ams": "on the master host",
                 "note": "" if self.from_calibration else (
                     f"the calibration records no core_per_vcore (it predates issue 33; measured at about "

@@ -11,8 +11,9 @@ oversubscription, so the calibration must not carry any in.
 
 What (issue 33, "calibration that holds"): every app's reference job (`REFERENCE_JOBS`: the `tiny`
 preset at ten times its rows, a fixed number of epochs) at every shape of `SHAPES` -- 1 to 16
-workers and 1 to 8 servers, the range the simulator's default trace uses (sim/workload.py: up to 4
-workers x growth 4, 2 servers x 4) -- `repeats` times (at least 3), the repeats interleaved (round
+workers and 1 to 16 servers, the range the simulator's default trace uses (sim/workload.py: up to 4
+workers x growth 4, 2 servers x 4, and the servers a move holds beside those) -- on hosts each
+pinned to a CPU (`CalibrationPlan.pin_cpus`) -- `repeats` times (at least 3), the repeats interleaved (round
 1 runs every app at every shape, then round 2, ...), so a slow spell of the machine falls on every
 shape. Over every run's training (from its first report saying it started to its end) the
 machine's busy share and load are measured (elastane_cli/machine_load.py) and kept with its
@@ -81,11 +82,15 @@ POLL_S = 0.2
 AM_MEMORY_MB = 384
 EXECUTOR_MEMORY_MB = 384
 CALIBRATION_EPOCHS = 6
-# Ten shapes per app over the range the simulator's default trace uses (sim/workload.py: up to 16
-# workers and 8 servers); both roles vary (issue 25: a fit on few server counts is ill-determined),
-# and the inner ones leave some to hold out (sim/calibration.py `holdout_shapes`).
+# Eleven shapes per app over the range the simulator's default trace uses (sim/workload.py: up to
+# 16 workers and 8 servers); both roles vary (issue 25: a fit on few server counts is
+# ill-determined), and the inner ones leave some to hold out (sim/calibration.py `holdout_shapes`).
+# 8 x 16: a job that a policy moves to other nodes holds its new servers beside the old ones until
+# the blocks have moved (the EPS planner adds, then removes), so on the default trace jobs train
+# for a while at up to 16 servers (seeds 1-5, every policy); without it they ran on the fit's
+# extrapolation (extrapolated_job_share 0.083).
 SHAPES: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (4, 1), (2, 2), (4, 2), (8, 2), (8, 4), (16, 4), (12, 6),
-                                       (16, 8))
+                                       (16, 8), (8, 16))
 REPEATS = 3
 HOSTS = 4
 USABLE_SHARE = 0.75          # of the machine's cores the hosts' budgets may take together
@@ -136,6 +141,9 @@ class CalibrationPlan:
     hosts: int
     host_vcores: int
     core_per_vcore: float
+    # Each node host pinned to one of the machine's CPUs, as a real host owns its cores: unpinned,
+    # the same shape's epochs varied by up to 46 % between repeats (testbed_hosts.pin_assignment).
+    pin_cpus: bool = True
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.host_vcores < 1 or not self.core_per_vcore > 0:
@@ -175,11 +183,12 @@ class CalibrationPlan:
                               nm_expiry_s=30, am_expiry_s=30, policy=policy, am_host=True,
                               am_host_memory_mb=(AM_MEMORY_MB + 64) * jobs_at_once, am_host_vcores=jobs_at_once,
                               nm_conf={"cpu_limit_cores": self.host_cpus},
-                              node_conf={MASTER: {"cpu_limit_cores": 0}})
+                              node_conf={MASTER: {"cpu_limit_cores": 0}}, pin_cpus=self.pin_cpus)
 
     def describe(self) -> str:
         return (f"{self.hosts} testbed hosts x {self.host_vcores} vcores, {self.core_per_vcore:g} core per vcore "
-                f"({self.host_cpus:g} cores a host, shared by vcore), AMs on the master")
+                f"({self.host_cpus:g} cores a host, shared by vcore{', each pinned to a CPU' if self.pin_cpus else ''}), "
+                f"AMs on the master")
 
 
 @dataclass
@@ -461,8 +470,10 @@ DEFAULT_TRACE_SEEDS = (1, 2, 3, 4, 5)
 
 def trace_extrapolation(cal: Calibration, seeds: tuple[int, ...] = DEFAULT_TRACE_SEEDS) -> float:
     """The share of the default trace's jobs (sim.workload.cluster_trace, the seeds of the policy
-    benches) whose largest allowed shape lies beyond their app's measured range: an upper bound of
-    any policy's `SimResult.extrapolated_job_share` on that trace (0: no run of it extrapolates)."""
+    benches) whose largest allowed shape lies beyond their app's measured range. Not a bound of a
+    policy's `SimResult.extrapolated_job_share`: a job a policy moves holds its new executors
+    beside the old ones for a while (up to twice its maximum), which only a simulated run shows;
+    bench/policies_sim.py reports the share the runs really had."""
     from protocol.records import Resource  # noqa: PLC0415
     from sim.workload import cluster_trace  # noqa: PLC0415 (imports the calibration module: not at import time)
     jobs = [j for seed in seeds
@@ -529,7 +540,8 @@ def calibrate(out_path: Path, apps: list[str], shapes: tuple[tuple[int, int], ..
                     if restart is not None:
                         a.restart_s = round(restart, 3)
                     a.pause_s = round(a.restart_s / 2, 3)
-                return Calibration(apps=per_app, core_per_vcore=plan.core_per_vcore, measured_on=(
+                return Calibration(apps=per_app, core_per_vcore=plan.core_per_vcore, pinned_hosts=plan.pin_cpus,
+                                   measured_on=(
                     f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores; {plan.describe()}; "
                     f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"),
                     note=(f"elastane sim calibrate: {repeats} repeats per shape, samples of a saturated machine "

@@ -88,8 +88,8 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     c.add_argument("--repeats", type=_positive_int, default=3,
                    help="runs per app and shape, interleaved (>= 3; runs on a saturated machine are refused)")
     c.add_argument("--shapes", default=None,
-                   help="comma-separated WxS shapes to run each app at (default: the ten of sim_calibrate.SHAPES, "
-                        "up to 16x8)")
+                   help="comma-separated WxS shapes to run each app at (default: the eleven of sim_calibrate.SHAPES, "
+                        "up to 16 workers and 16 servers)")
     c.add_argument("--epochs", type=_positive_int, default=None, help="epochs of each calibration run (default 6)")
     c.set_defaults(func=cmd_calibrate)
 

@@ -63,7 +63,8 @@ def toml_section(section: str, values: Mapping[str, Any]) -> str:
 class TestbedCluster:
     """An RM on the testbed's master host and an NM on each of `workers` node hosts.
 
-    `worker_cpus` is each node host's CPU budget in cores (None: uncapped), `bandwidth_bps` every
+    `worker_cpus` is each node host's CPU budget in cores (None: uncapped), `pin_cpus` pins each
+    budgeted host to one of the machine's CPUs (testbed_hosts.pin_assignment), `bandwidth_bps` every
     host's link cap; `rm_conf` / `nm_conf` add [rm] / [nm] keys to the shared config;
     `node_conf` per node name adds keys to that host's own nm-<host>.toml; `queues` are rm.toml's
     capacity-scheduler queues (`[[queues]]` tables).
@@ -83,7 +84,7 @@ class TestbedCluster:
                  nm_conf: Mapping[str, Any] | None = None,
                  node_conf: Mapping[str, Mapping[str, Any]] | None = None, am_host: bool = False,
                  am_host_memory_mb: int = 8192, am_host_vcores: int = 16,
-                 queues: Sequence[Mapping[str, Any]] = ()) -> None:
+                 queues: Sequence[Mapping[str, Any]] = (), pin_cpus: bool = False) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.base_dir = Path(base_dir).resolve()
@@ -92,7 +93,7 @@ class TestbedCluster:
         self.shared_dir = self.base_dir / "shared"
         self.testbed = Testbed(self.base_dir / "testbed", workers + 1, names=[MASTER, *self.node_names],
                                cpus=[None, *([worker_cpus] * workers)], bandwidth_bps=bandwidth_bps,
-                               shared=[self.shared_dir], sshd=True)
+                               shared=[self.shared_dir], sshd=True, pin_cpus=pin_cpus)
         self.rm_conf: dict[str, Any] = {
             "nm_expiry_s": nm_expiry_s, "am_expiry_s": am_expiry_s,
             "nm_heartbeat_interval_ms": heartbeat_interval_ms, "policy": policy,

@@ -27,6 +27,7 @@ Only elastane_cli (LocalCluster's netns mode, the testbed cluster), tests and be
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import shutil
@@ -190,6 +191,7 @@ class Host:
     anchor_pid: int = 0
     sshd_pid: int = 0
     budget: CgroupBudget | None = None
+    cpu_list: str | None = None     # the machine CPUs the host is pinned to (None: any)
 
     @property
     def tmp_dir(self) -> Path:
@@ -202,8 +204,12 @@ class Host:
         join = 'for f in "$@"; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; done; ' \
                'while [ "$1" != -- ]; do shift; done; shift; exec "$@"'
         procs = self.budget.procs_files() if self.budget else []
-        return ["sh", "-c", join, "enter-host", *procs, "--",
+        return ["sh", "-c", join, "enter-host", *procs, "--", *self.pin_prefix(),
                 "nsenter", "-t", str(self.anchor_pid), "--net", "--mount", "--uts", "--cgroup", "--"]
+
+    def pin_prefix(self) -> list[str]:
+        """taskset to the host's CPUs: what runs on the host, and everything it starts, stays there."""
+        return ["taskset", "-c", self.cpu_list] if self.cpu_list else []
 
     def to_json(self) -> JsonObject:
         out: JsonObject = msgspec.to_builtins(self)
@@ -215,10 +221,41 @@ class Host:
         return msgspec.convert(d, cls)
 
 
+def pin_assignment(cpus: Sequence[float | None], machine_cpus: Sequence[int] | None = None) -> list[str | None]:
+    """The machine CPUs each capped host is pinned to: as many as its budget needs (one for a
+    budget up to a core), handed out in turn over the CPUs this process may use; an uncapped host
+    (the master) floats. Why: a real host owns its cores. An emulated one that floats over the
+    machine's CPUs has the kernel hand its executors' small quotas out per CPU, in slices of up to
+    5 ms (sched_cfs_bandwidth_slice_us) against a 6.25 ms quota, and an executor that moves CPU may
+    wait for quota stranded on the one it left. Pinned, the same shape's epoch times vary far less
+    between repeats (docs/testbed.md, "Pinned hosts"). TestbedError when the budgets pinned to one
+    CPU (each host's spread evenly over its CPUs) add up to more than that CPU."""
+    avail = sorted(machine_cpus if machine_cpus is not None else os.sched_getaffinity(0))
+    out: list[str | None] = []
+    load: dict[int, float] = {}
+    k = 0
+    for c in cpus:
+        if not c:
+            out.append(None)
+            continue
+        need = min(len(avail), max(1, math.ceil(c - 1e-9)))
+        mine = [avail[(k + i) % len(avail)] for i in range(need)]
+        k += need
+        for cpu in mine:
+            load[cpu] = load.get(cpu, 0.0) + c / need
+        out.append(",".join(map(str, sorted(mine))))
+    over = {cpu: round(v, 4) for cpu, v in load.items() if v > 1.0 + 1e-9}
+    if over:
+        raise TestbedError(f"pinned hosts' CPU budgets exceed their CPUs (cores asked of each: {over}); "
+                           f"this machine has {len(avail)} CPUs for {sum(1 for c in cpus if c)} capped hosts")
+    return out
+
+
 class Testbed:
     """N emulated hosts under `base_dir` (see the module docstring).
 
     `cpus` caps each host (a list gives one value per host; None leaves a host uncapped),
+    `pin_cpus` pins every capped host to one of the machine's CPUs (round robin; `pin_assignment`),
     `bandwidth_bps` caps each host's link, `shared` are the paths every host sees (the project and
     `base_dir` always are), `sshd` starts an sshd on every host.
     """
@@ -228,7 +265,7 @@ class Testbed:
 
     def __init__(self, base_dir: Path, hosts: int, names: Sequence[str] | None = None,
                  cpus: float | Sequence[float | None] | None = None, bandwidth_bps: int | None = None,
-                 shared: Sequence[Path] = (), sshd: bool = False) -> None:
+                 shared: Sequence[Path] = (), sshd: bool = False, pin_cpus: bool = False) -> None:
         if hosts < 1:
             raise ValueError(f"a testbed has at least 1 host, got {hosts}")
         self.base_dir = Path(base_dir).resolve()
@@ -243,6 +280,7 @@ class Testbed:
             if c is not None and c <= 0:
                 raise ValueError(f"a host's CPU budget must be > 0 cores, got {c}")
         self.cpus: list[float | None] = per_host
+        self.pin: list[str | None] = pin_assignment(per_host) if pin_cpus else [None] * hosts
         self.bandwidth_bps = bandwidth_bps
         project = Path(__file__).resolve().parent.parent
         self.shared = [self.base_dir, project, *(Path(p).resolve() for p in shared)]
@@ -289,7 +327,8 @@ class Testbed:
             self.net = node_network.create(self.base_dir, self.count, self.bandwidth_bps)
             self.hosts = [Host(index=i, name=self.names[i], ip=self.net.node_ip(i),
                                namespace=self.net.namespace(i), veth=self.net.host_veth(i),
-                               dir=str(self.base_dir / "hosts" / self.names[i]), cpus=self.cpus[i])
+                               dir=str(self.base_dir / "hosts" / self.names[i]), cpus=self.cpus[i],
+                               cpu_list=self.pin[i])
                           for i in range(self.count)]
             self.save_state()
             (self.base_dir / "etc").mkdir(exist_ok=True)
@@ -344,7 +383,7 @@ class Testbed:
                    "echo ready", "exec sleep infinity"]
         host_procs = [str(Path(d, "cgroup.procs")) for d in (h.budget.dirs.values() if h.budget else [])]
         join = "".join(f"echo $$ > {shlex.quote(p)}; " for p in host_procs)
-        cmd = ["sh", "-c", join + 'exec "$@"', "host-anchor",
+        cmd = ["sh", "-c", join + 'exec "$@"', "host-anchor", *h.pin_prefix(),
                "nsenter", f"--net={node_network.NETNS_DIR / h.namespace}", "--",
                "unshare", "--mount", "--uts", "--cgroup", "--propagation", "private", "--",
                "sh", "-c", "\n".join(script)]
@@ -534,7 +573,7 @@ class Testbed:
     # ----- persistence --------------------------------------------------------------------------
 
     def save_state(self) -> Path:
-        state = {"base_dir": str(self.base_dir), "names": self.names, "cpus": self.cpus,
+        state = {"base_dir": str(self.base_dir), "names": self.names, "cpus": self.cpus, "pin": self.pin,
                  "bandwidth_bps": self.bandwidth_bps, "shared": [str(p) for p in self.shared],
                  "sshd": self.with_sshd, "net": self.net.to_json() if self.net else None,
                  "hosts": [h.to_json() for h in self.hosts]}
@@ -547,6 +586,7 @@ class Testbed:
         state = json.loads((Path(base_dir) / cls.STATE_FILE).read_text())
         tb = cls(Path(state["base_dir"]), len(state["names"]), names=state["names"], cpus=state["cpus"],
                  bandwidth_bps=state["bandwidth_bps"], sshd=state["sshd"])
+        tb.pin = state.get("pin") or [None] * tb.count
         tb.shared = [Path(p) for p in state["shared"]]
         tb.net = node_network.ClusterNetwork.from_json(state["net"]) if state["net"] else None
         tb.hosts = [Host.from_json(h) for h in state["hosts"]]

@@ -10,6 +10,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from protocol.cgroup_cpu import cgroup_root_cores
+from nodemanager.cgroup_base import MAX_CPU_PERIOD_US, MIN_CPU_PERIOD_US, MIN_CPU_QUOTA_US
 from protocol import durable_storage
 from protocol.config import ClusterConfig, ConfigError, NMConfig
 from protocol.records import Resource
@@ -173,8 +174,17 @@ def validate(cfg: NMConfig, cluster: ClusterConfig, resolve: Resolve = resolve_a
         raise ConfigError(f"cpu_limit_cores must be >= 0 (0 = a vcore is one core), got {cfg.cpu_limit_cores}")
     if cfg.cpu_limit_cores > (os.cpu_count() or 1):
         raise ConfigError(f"cpu_limit_cores {cfg.cpu_limit_cores} is more than this host's {os.cpu_count()} cores")
-    if not 1000 <= cfg.cpu_period_us <= 1000000:
-        raise ConfigError(f"cpu_period_us must be 1000..1000000, got {cfg.cpu_period_us}")
+    if not MIN_CPU_PERIOD_US <= cfg.cpu_period_us <= MAX_CPU_PERIOD_US:
+        raise ConfigError(f"cpu_period_us must be {MIN_CPU_PERIOD_US}..{MAX_CPU_PERIOD_US}, got {cfg.cpu_period_us}")
+    vcores = cfg.vcores or os.cpu_count() or 1
+    if cfg.cpu_limit_cores > 0:
+        # A one-vcore container's quota below the kernel's 1 ms would be raised to it
+        # (cgroup_base.cpu_quota_us): its cap silently looser than cpu_limit_cores shares out.
+        vcore_quota = cfg.cpu_limit_cores / vcores * cfg.cpu_period_us
+        if vcore_quota < MIN_CPU_QUOTA_US:
+            raise ConfigError(f"cpu_limit_cores {cfg.cpu_limit_cores:g} over {vcores} vcores gives a vcore "
+                              f"{vcore_quota:.0f} us per cpu_period_us {cfg.cpu_period_us}, below the kernel's "
+                              f"{MIN_CPU_QUOTA_US} us minimum quota: raise cpu_period_us")
     if cfg.network_bandwidth_bps < 0:
         raise ConfigError(f"network_bandwidth_bps must be >= 0 (0 = no cap), got {cfg.network_bandwidth_bps}")
     check_log_aggregation(cfg, cluster)

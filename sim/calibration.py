@@ -289,6 +289,9 @@ class Calibration(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # The CPU one vcore had when it was measured (the testbed hosts' budgets shared out by vcore;
     # 0: not recorded): the simulator's executors train at that speed.
     core_per_vcore: NonNegFloat = 0.0
+    # Whether each testbed host was pinned to one CPU (files before this was recorded: not): a
+    # check of the simulator on real hosts runs on hosts like those it was calibrated on.
+    pinned_hosts: bool = False
 
     def app(self, name: str) -> AppCalibration:
         try:

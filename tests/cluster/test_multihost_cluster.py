@@ -17,6 +17,7 @@ loses power) and the job recovers while the link stays cut.
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -38,6 +39,14 @@ pytestmark = [pytest.mark.cluster,
 WORKER_HOSTS = 4
 SPEC: dict[str, Any] = {"app": "mlr", "workers": 2, "servers": 2, "max_epochs": 10, "convergence_threshold": 1e-12,
                         "checkpoint_every_epochs": 1, "hparams": {"learning_rate": 0.5}, "executor_memory_mb": 320}
+
+
+def affinity(pid: int) -> set[int] | None:
+    """The CPUs a process may run on (None: it has ended)."""
+    try:
+        return os.sched_getaffinity(pid)
+    except ProcessLookupError:
+        return None
 
 
 @contextmanager
@@ -161,9 +170,10 @@ def test_a_ps_job_spans_hosts_scales_out_across_them_and_succeeds(tmp_path: Path
 
 def test_ams_run_on_the_master_and_executors_on_the_budgeted_hosts(tmp_path: Path) -> None:
     """am_host: the master's NM carries the AM label; every AM goes there and no executor does,
-    so the node hosts' CPU budgets hold executors only (the paper setups' master instance)."""
+    so the node hosts' CPU budgets hold executors only (the paper setups' master instance). With
+    pin_cpus every budgeted host's processes, the executors its NM started too, run on its CPU."""
     # Generous AM expiry: this test is about placement, not liveness, and AMs start slowly on a busy machine.
-    with cluster_of_hosts(tmp_path / "c", am_host=True, worker_cpus=0.45, am_expiry_s=30) as c:
+    with cluster_of_hosts(tmp_path / "c", am_host=True, worker_cpus=0.45, am_expiry_s=30, pin_cpus=True) as c:
         nodes = {n["id"]: n for n in c.nodes()}
         master_id = c.node_id(MASTER)
         assert sorted(nodes) == sorted(c.node_id(n) for n in [MASTER, *c.node_names])
@@ -181,6 +191,14 @@ def test_ams_run_on_the_master_and_executors_on_the_budgeted_hosts(tmp_path: Pat
                                 "four executors ready")
                 hosts = {c.host_of(e.node) for e in ready_executors(st)}
                 assert MASTER not in hosts and hosts <= set(c.node_names), ready_executors(st)
+            # Pinned: a node host's every process (NM, executors, sshd) is on its one CPU; the
+            # master, which has no budget, floats.
+            assert c.testbed.host(MASTER).cpu_list is None
+            pinned = {n: c.testbed.host(n).cpu_list for n in c.node_names}
+            assert all(cpu is not None for cpu in pinned.values()), pinned
+            for name in hosts:
+                on = {pid: affinity(pid) for pid in c.testbed.pids(name)}
+                assert len(on) >= 3 and all(a in (None, {int(str(pinned[name]))}) for a in on.values()), (name, on)
             # What benches measure hosts by: the hosts that ran executors used CPU in their own
             # cgroups, and their links carried the pushes and pulls.
             for name in hosts:

@@ -122,9 +122,13 @@ def test_settings_capacity_host_and_validation(tmp_path):
                        (NMConfig(memory_mb=-1), "memory_mb"), (NMConfig(cpu_enforcement="x"), "cpu_enforcement"),
                        (NMConfig(heartbeat_interval_ms=0), "heartbeat_interval_ms"),
                        (NMConfig(cpu_limit_cores=-1), "cpu_limit_cores"),
-                       (NMConfig(cpu_limit_cores=(os.cpu_count() or 1) + 1), "cpu_limit_cores")):
+                       (NMConfig(cpu_limit_cores=(os.cpu_count() or 1) + 1), "cpu_limit_cores"),
+                       (NMConfig(cpu_period_us=999), "cpu_period_us"),
+                       # 0.25 core over 4 vcores is 625 us per 10 ms: the kernel would make it 1 ms
+                       (NMConfig(cpu_limit_cores=0.25, vcores=4, cpu_period_us=10000), "cpu_period_us")):
         with pytest.raises(ConfigError, match=field):
             node_settings.validate(bad, good)
+    node_settings.validate(NMConfig(cpu_limit_cores=0.25, vcores=4, cpu_period_us=20000), good)
     with pytest.raises(ConfigError, match="secret"):
         node_settings.validate(NMConfig(), ClusterConfig())
     assert node_settings.cores_per_vcore(NMConfig(), Resource(1024, 4)) == 1.0

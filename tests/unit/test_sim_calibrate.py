@@ -110,7 +110,7 @@ def test_an_app_calibration_keeps_every_sample_and_fits_only_accepted_ones() -> 
     assert cal is not None
     assert len(cal.shape_samples) == len(smp) and sum(bool(x.refused) for x in cal.shape_samples) == 1
     assert cal.holdout_error is not None and cal.holdout_samples
-    assert cal.measured_range() == (16, 8)
+    assert cal.measured_range() == (16, 16)
     assert all(sp[2] == 3 for sp in cal.shape_spread)
     assert msgspec.json.decode(msgspec.json.encode(cal), type=AppCalibration) == cal
 
@@ -166,7 +166,7 @@ def test_the_shipped_calibration_covers_the_default_trace_and_a_narrower_one_wou
     from sim.calibration import load
     shipped = load()
     grid = (max(w for w, _ in SHAPES), max(s for _, s in SHAPES))
-    assert all(a.measured_range() == grid for a in shipped.apps.values())     # the full calibration's 16 x 8
+    assert all(a.measured_range() == grid for a in shipped.apps.values())     # the full calibration's 16 x 16
     assert trace_extrapolation(shipped, (1, 2)) == 0.0
 
     def upto(rows: list[list[float]]) -> list[list[float]]:
