@@ -315,6 +315,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--sync-batches", default=None,
                    help="the PS jobs' sync_batches values, each a run of every host count (default 1,32; "
                         "--quick: 32); the last one's figures are the top-level keys")
+    p.add_argument("--pin-cpus", action="store_true",
+                   help="pin each node host to one of the machine's CPUs (docs/testbed.md, \"Pinned hosts\")")
     p.add_argument("--quick", action="store_true", help="development: tiny presets, 3 epochs, one repeat")
     ns = p.parse_args(argv)
     ns.preset = ns.preset or ("tiny" if ns.quick else "small")
@@ -367,7 +369,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         cluster = TestbedCluster(Path(tmp), workers=max(hosts), worker_cpus=ns.host_cpus,
                                  node_memory_mb=per_host * EXECUTOR_MB + 64, node_vcores=per_host,
                                  nm_expiry_s=60, am_expiry_s=60, heartbeat_interval_ms=500, policy="static",
-                                 am_host=True, am_host_memory_mb=AM_MEMORY_MB + 128, am_host_vcores=1)
+                                 am_host=True, am_host_memory_mb=AM_MEMORY_MB + 128, am_host_vcores=1,
+                                 pin_cpus=ns.pin_cpus)
         try:
             cluster.start(timeout_s=60.0 + 15.0 * max(hosts))      # 120 s at 4 hosts, 180 at 8
             if not wait_quiet(cluster, ns.host_cpus):
@@ -389,7 +392,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             cluster.stop()
     out: dict[str, Any] = {a: summarise_by_sync(a, rs, hosts, ns.sync_list, rows[a]) for a, rs in runs.items()}
     out["saturated_runs"] = saturated_runs(runs)
-    out.update(host_cpus=ns.host_cpus, hosts=hosts, preset=ns.preset, samples=ns.samples, input_rows=rows,
+    out.update(host_cpus=ns.host_cpus, pinned_hosts=ns.pin_cpus, hosts=hosts, preset=ns.preset, samples=ns.samples, input_rows=rows,
                epochs=ns.epochs, repeats=ns.repeats, sync_batches=ns.sync_list,
                quick=ns.quick, cores=os.cpu_count(),
                left_behind=[f"{h}: {x}" for h, xs in cluster.leftovers.items() for x in xs])

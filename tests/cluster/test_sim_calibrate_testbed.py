@@ -35,6 +35,7 @@ def test_accepted_samples_are_fitted_with_their_spread_and_range(tmp_path: Path)
     assert [sp[2] for sp in app.shape_spread] == [3, 3]
     assert app.measured_range() == (2, 1)
     assert 0 < cal.core_per_vcore <= 1.0 and "repeats" in cal.note
+    assert cal.pinned_hosts and "pinned" in cal.measured_on     # hosts pinned to CPUs, recorded
     assert any("plan:" in line for line in logs)
 
 

@@ -92,6 +92,9 @@ def test_the_plan_keeps_hosts_within_a_third_of_a_core_at_the_calibrations_cpu()
     assert plan.host_cpus <= sf.MAX_HOST_CPUS and plan.core_per_vcore == 0.0625 and plan.from_calibration
     legacy = sf.Plan.of(Calibration(apps={}), 3)       # a file without core_per_vcore: the default, said so
     assert legacy.host_cpus <= sf.MAX_HOST_CPUS and not legacy.from_calibration
+    # hosts pinned to CPUs as the calibration's were (files before pinning: floating)
+    assert not plan.pin_cpus and not legacy.pin_cpus and "pinned_hosts" in plan.to_json()
+    assert sf.Plan.of(Calibration(apps={}, core_per_vcore=0.0625, pinned_hosts=True), 4).pin_cpus
     assert all(w + s <= plan.hosts * plan.host_vcores for _, w, s, _, _ in sf.TRACE_ROWS)
     assert len(sf.trace(sf.DEFAULT_JOBS)) >= 8 and len({a for a, *_ in sf.TRACE_ROWS[:sf.DEFAULT_JOBS]}) == 4
 
