@@ -573,7 +573,7 @@ class Testbed:
     # ----- persistence --------------------------------------------------------------------------
 
     def save_state(self) -> Path:
-        state = {"base_dir": str(self.base_dir), "names": self.names, "cpus": self.cpus, "pin": self.pin,
+        state = {"base_dir": str(self.base_dir), "names": self.names, "cpus": self.cpus,
                  "bandwidth_bps": self.bandwidth_bps, "shared": [str(p) for p in self.shared],
                  "sshd": self.with_sshd, "net": self.net.to_json() if self.net else None,
                  "hosts": [h.to_json() for h in self.hosts]}
@@ -586,7 +586,6 @@ class Testbed:
         state = json.loads((Path(base_dir) / cls.STATE_FILE).read_text())
         tb = cls(Path(state["base_dir"]), len(state["names"]), names=state["names"], cpus=state["cpus"],
                  bandwidth_bps=state["bandwidth_bps"], sshd=state["sshd"])
-        tb.pin = state.get("pin") or [None] * tb.count
         tb.shared = [Path(p) for p in state["shared"]]
         tb.net = node_network.ClusterNetwork.from_json(state["net"]) if state["net"] else None
         tb.hosts = [Host.from_json(h) for h in state["hosts"]]

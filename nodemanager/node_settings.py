@@ -10,7 +10,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from protocol.cgroup_cpu import cgroup_root_cores
-from nodemanager.cgroup_base import MAX_CPU_PERIOD_US, MIN_CPU_PERIOD_US, MIN_CPU_QUOTA_US
+from nodemanager.cgroup_base import MIN_CPU_QUOTA_US
 from protocol import durable_storage
 from protocol.config import ClusterConfig, ConfigError, NMConfig
 from protocol.records import Resource
@@ -34,8 +34,12 @@ def capability(cfg: NMConfig, meminfo_path: str = "/proc/meminfo") -> Resource:
     memory = cfg.memory_mb
     if memory <= 0:
         memory = max(0, mem_total_mb(Path(meminfo_path).read_text()) - cfg.reserved_memory_mb)
-    vcores = cfg.vcores if cfg.vcores > 0 else (os.cpu_count() or 1)
-    return Resource(memory, vcores)
+    return Resource(memory, declared_vcores(cfg))
+
+
+def declared_vcores(cfg: NMConfig) -> int:
+    """The node's vcores: as configured, or one per CPU."""
+    return cfg.vcores if cfg.vcores > 0 else (os.cpu_count() or 1)
 
 
 def arbiter_cpu_pool(cfg: NMConfig, root: str = "/sys/fs/cgroup") -> int:
@@ -174,13 +178,13 @@ def validate(cfg: NMConfig, cluster: ClusterConfig, resolve: Resolve = resolve_a
         raise ConfigError(f"cpu_limit_cores must be >= 0 (0 = a vcore is one core), got {cfg.cpu_limit_cores}")
     if cfg.cpu_limit_cores > (os.cpu_count() or 1):
         raise ConfigError(f"cpu_limit_cores {cfg.cpu_limit_cores} is more than this host's {os.cpu_count()} cores")
-    if not MIN_CPU_PERIOD_US <= cfg.cpu_period_us <= MAX_CPU_PERIOD_US:
-        raise ConfigError(f"cpu_period_us must be {MIN_CPU_PERIOD_US}..{MAX_CPU_PERIOD_US}, got {cfg.cpu_period_us}")
-    vcores = cfg.vcores or os.cpu_count() or 1
+    if not 1000 <= cfg.cpu_period_us <= 1000000:
+        raise ConfigError(f"cpu_period_us must be 1000..1000000, got {cfg.cpu_period_us}")
     if cfg.cpu_limit_cores > 0:
         # A one-vcore container's quota below the kernel's 1 ms would be raised to it
         # (cgroup_base.cpu_quota_us): its cap silently looser than cpu_limit_cores shares out.
-        vcore_quota = cfg.cpu_limit_cores / vcores * cfg.cpu_period_us
+        vcores = declared_vcores(cfg)
+        vcore_quota = cores_per_vcore(cfg, Resource(0, vcores)) * cfg.cpu_period_us
         if vcore_quota < MIN_CPU_QUOTA_US:
             raise ConfigError(f"cpu_limit_cores {cfg.cpu_limit_cores:g} over {vcores} vcores gives a vcore "
                               f"{vcore_quota:.0f} us per cpu_period_us {cfg.cpu_period_us}, below the kernel's "
