@@ -121,6 +121,7 @@ class TestbedCluster:
         self.stop_output = ""
         self.stop_returncode: int | None = None
         self.leftovers: dict[str, list[str]] = {}   # host -> processes / cgroup dirs left after stop
+        self.leftover_logs = ""     # the daemons' log tails when something was left (the logs go with the testbed)
         self._started = False
 
     # ----- paths and addresses ------------------------------------------------------------------
@@ -247,7 +248,14 @@ class TestbedCluster:
             left += [f"cgroup {d}" for d in self.testbed.cgroup_dirs(h.name)]
             if left:
                 self.leftovers[h.name] = left
+        if self.leftovers:
+            self.leftover_logs = self.logs(25)
         self.testbed.remove()
+
+    def stop_report(self) -> str:
+        """What a test prints when the stop left something: stop-cluster's output and the logs' tails."""
+        return (f"left on the hosts after bin/stop-cluster: {self.leftovers}\n"
+                f"bin/stop-cluster (exit {self.stop_returncode}):\n{self.stop_output}\n{self.leftover_logs}")
 
     def final_status(self, app_id: str) -> PsStatus:
         """A PS job's final status, which its AM writes on exit into its dir on the shared storage

@@ -473,6 +473,8 @@ class ContainerManager:
         self._closing = True
         for t in self._loops:
             t.cancel()
+        if self.shells is not None:     # idle shells first: their cgroups go whatever else stalls
+            await self.shells.close()
         live = [c.container_id for c in self.containers.values() if not is_finished(c.state)]
         await asyncio.gather(*(self.stop(cid, ExitStatus.KILLED_BY_RESOURCEMANAGER,
                                          "Container killed on NodeManager shutdown") for cid in live))
@@ -483,8 +485,6 @@ class ContainerManager:
                 await t
             except (asyncio.CancelledError, Exception):
                 pass
-        if self.shells is not None:
-            await self.shells.close()
         if self.enforcement.backend is not None:
             await asyncio.to_thread(self.enforcement.backend.teardown)
         self.localizer.close()

@@ -141,7 +141,9 @@ class ContainerShellPool:
     def discard(self, shell: ContainerShell) -> None:
         """A taken shell the launch could not use (blocking): end it and remove its cgroup."""
         shell.kill()
-        self.backend.try_remove(shell.cgroup)
+        if not self.backend.try_remove(shell.cgroup):
+            log.warning("could not remove shell cgroup %s (processes remain: %s)",
+                        shell.cgroup.dirs, self.backend.pids(shell.cgroup))
 
     async def close(self) -> None:
         """Stop refilling, end every idle shell and remove its cgroup."""

@@ -219,29 +219,46 @@ class NodeManager:
 
     async def stop(self) -> None:
         log.info("NodeManager %s stopping", self.node_id)
+        # Each step's duration goes in the last line: a stop that bin/elastane-daemon had to end with
+        # SIGKILL leaves its cgroups behind, and the log then says which step it was in.
+        steps: list[str] = []
+        t0 = last = time.monotonic()
+
+        def step(name: str) -> None:
+            nonlocal last
+            now = time.monotonic()
+            steps.append(f"{name} {now - last:.2f}s")
+            last = now
+            log.info("stopping: %s done", name)
+
         if self._link_task is not None:
             self._link_task.cancel()
             try:
                 await self._link_task
             except (asyncio.CancelledError, Exception):
                 pass
+        step("rm-link")
         if self.utilization is not None:
             await self.utilization.stop()
         if self.log_aggregation is not None:
             await self.log_aggregation.stop()
+        step("monitors")
         if self.manager is not None:
             await self.manager.shutdown()
+        step("containers")
         if self.warm is not None:       # after the containers: it exits once its children are reaped
             await self.warm.close()
+        step("zygote")
         if self.link is not None:
             await self.link.close()
         if self._runner is not None:
             await self._runner.cleanup()
         if self.arbiter is not None:
             await self.arbiter.stop()
+        step("servers")
         if self.ready_file:
             try:
                 os.unlink(self.ready_file)
             except FileNotFoundError:
                 pass
-        log.info("NodeManager %s stopped", self.node_id)
+        log.info("NodeManager %s stopped in %.2f s (%s)", self.node_id, time.monotonic() - t0, ", ".join(steps))

@@ -64,7 +64,7 @@ def cluster_of_hosts(base: Path, **options: Any) -> Iterator[TestbedCluster]:
         assert c.stop_returncode == 1 and f"failed on: {' '.join(dead)}" in c.stop_output, c.stop_output
     else:
         assert c.stop_returncode == 0, c.stop_output
-    assert c.leftovers == {}, f"left on the hosts after bin/stop-cluster: {c.leftovers}"
+    assert c.leftovers == {}, c.stop_report()
     assert c.testbed.leftover_pids == [] and c.testbed.errors == []
 
 

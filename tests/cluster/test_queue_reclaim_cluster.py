@@ -62,7 +62,7 @@ def reclaim_testbed(base: Path) -> Iterator[TestbedCluster]:
     finally:
         c.stop()
     assert c.stop_returncode == 0, c.stop_output
-    assert c.leftovers == {}, f"left on the hosts after bin/stop-cluster: {c.leftovers}"
+    assert c.leftovers == {}, c.stop_report()
 
 
 def submit_ps(c: TestbedCluster, spec: dict[str, Any], name: str, queue: str) -> str:

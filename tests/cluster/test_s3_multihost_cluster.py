@@ -136,5 +136,5 @@ def test_the_am_host_dies_and_attempt_2_resumes_from_checkpoints_in_s3(tmp_path:
     # and nothing -- no daemon, no container, no S3 server -- is left on any host
     if dead:
         assert c.stop_returncode == 1 and f"failed on: {' '.join(dead)}" in c.stop_output, c.stop_output
-    assert c.leftovers == {}, f"left on the hosts after bin/stop-cluster: {c.leftovers}"
+    assert c.leftovers == {}, c.stop_report()
     assert c.s3 is not None and c.s3.process.returncode is not None
