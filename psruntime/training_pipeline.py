@@ -281,7 +281,7 @@ def _kv_bytes(kv: KeyValues | None) -> int:
     return 0 if kv is None else int(kv.keys.nbytes + kv.values.nbytes)
 
 
-def _step_windows(app: PSApp[msgspec.Struct, msgspec.Struct], blocks: Sequence[DataBlock], epoch: int,
+def step_windows(app: PSApp[msgspec.Struct, msgspec.Struct], blocks: Sequence[DataBlock], epoch: int,
                   k: int) -> Iterator[list[Batch]]:
     """A step's sync windows: the mini-batches of `epoch` left in `blocks`, in block order from
     each block's position, cut into runs of k (the last may be shorter). A window may span blocks:
@@ -411,7 +411,7 @@ class TrainingPipeline:
                            count_key: str | None, stop: asyncio.Event | None,
                            cut: asyncio.Event | None) -> StepTimes:
         """`run_batches` in sync windows of k = `sync_batches` mini-batches: the step's remaining
-        mini-batches, in block order, cut into runs of k that may span blocks (`_step_windows`).
+        mini-batches, in block order, cut into runs of k that may span blocks (`step_windows`).
         A window begins with one pull, per owner, of every row its mini-batches read; COMP reads
         the window's write-back cache and its deltas are applied there; at the window's end their
         sums are pushed, one push per owner, with the push id of the window's first mini-batch,
@@ -439,7 +439,7 @@ class TrainingPipeline:
             return (limit is not None and times.batches >= limit) or (cut is not None and cut.is_set())
 
         try:
-            for batches in _step_windows(app, blocks, epoch, k):
+            for batches in step_windows(app, blocks, epoch, k):
                 if at_end():
                     break
                 for batch in batches:
