@@ -31,8 +31,9 @@ the mini-batches a worker trains between its syncs with the servers (docs/intern
 windows"). 1 pulls and pushes every mini-batch; 32 reads a window of 32 through the worker's
 write-back cache and pushes their sums once. 32 was chosen on the data seed 1, not on the seed 0
 measured here, as the largest of 8, 16, 32 and 64 whose final objective after 6 epochs at 4
-workers (a lockstep in-process simulation of the windows) stays within 0.25 % of the sequential
-loop's for MLR and Lasso: 0.05 % and 0.13 % at 32; 5.6 % (MLR) at 64. Everything else of the job is
+workers (a lockstep in-process simulation of the windows, now bench/sync_windows.py) stays
+within 0.25 % of the sequential loop's for MLR and Lasso: 0.05 % and 0.13 % at 32; 5.6 % (MLR)
+at 64. Everything else of the job is
 the same at both values. Runs go round the apps and variants `--repeats` times (single, ps1,
 ps2, ps4 at each sync_batches, then the next app, then again), so a slow spell of the machine falls
 on every variant.
