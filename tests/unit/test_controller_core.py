@@ -5,6 +5,7 @@ from __future__ import annotations
 from appmaster.ps.controller import Phase
 from appmaster.ps.controller import events as ev
 from appmaster.ps.controller import instructions as ins
+from appmaster.ps.controller.planners.eps import adds_first, split_counts
 from appmaster.ps.controller.records import Role
 from appmaster.ps.controller.rules import RULES, Arrival, rule
 from appmaster.ps.controller.state import ChangeKind
@@ -161,6 +162,52 @@ def test_placement_directive_adds_first_then_removes() -> None:
     kinds = w.kinds()
     assert kinds.index("StartExecutors", 4) < kinds.index("RetireExecutors")
     assert {w.job.node_of(e) for e in w.job.ids(Role.WORKER) + w.job.ids(Role.SERVER)} == {"n3"}
+
+
+def test_a_placement_move_at_the_maximum_removes_first_so_the_job_never_trains_above_it() -> None:
+    """At max_workers a move adds after it removes: its additions may wait on containers for the
+    launch timeout, and what started meanwhile would train beside the leaving workers (the
+    simulator held a DRF-moved job 5 above its maximum of 12 for two minutes)."""
+    w = started(max_workers=2)
+    assert {w.job.node_of(e) for e in w.job.ids(Role.WORKER)} == {"n1", "n2"}
+    w.hold = {ins.StartExecutors}
+    d = ShapeDirective(workers=2, servers=1, version=1, placement=[NodePlacement(node="n1", workers=1, servers=1),
+                                                                   NodePlacement(node="n3", workers=1, servers=0)])
+    w.send(ev.DirectiveArrived(at=w.at(), directive=d))
+    (start,) = w.held_of(ins.StartExecutors)
+    assert start.role is Role.WORKER and start.per_node == {"n3": 1}
+    assert w.of(ins.RetireExecutors)[-1].executors == ["worker-2"]     # the one on n2, gone first
+    assert w.job.shape == (1, 1)
+    w.hold = set()
+    w.answer(start)
+    assert w.job.shape == (2, 1) and w.job.phase is Phase.TRAINING
+    assert sorted(w.job.node_of(e) for e in w.job.ids(Role.WORKER)) == ["n1", "n3"]
+
+
+def test_a_move_of_every_worker_at_the_maximum_sends_one_newcomer_first() -> None:
+    w = started(max_workers=2)
+    w.hold = {ins.StartExecutors}
+    d = ShapeDirective(workers=2, servers=1, version=1, placement=[NodePlacement(node="n1", workers=0, servers=1),
+                                                                   NodePlacement(node="n3", workers=2, servers=0)])
+    w.send(ev.DirectiveArrived(at=w.at(), directive=d))
+    (first,) = w.held_of(ins.StartExecutors)
+    assert first.per_node == {"n3": 1} and not w.of(ins.RetireExecutors)    # the role is never empty
+    w.answer(first)
+    assert w.job.shape == (1, 1) and w.of(ins.RetireExecutors)[-1].executors == ["worker-1", "worker-2"]
+    (second,) = w.held_of(ins.StartExecutors)
+    assert second.per_node == {"n3": 1}
+    w.hold = set()
+    w.answer(second)
+    assert w.job.shape == (2, 1) and {w.job.node_of(e) for e in w.job.ids(Role.WORKER)} == {"n3"}
+
+
+def test_adds_first_fits_under_the_maximum_and_split_counts_keeps_every_node() -> None:
+    assert adds_first(5, 5, 12, 12) == 0          # at the maximum: remove first
+    assert adds_first(5, 5, 10, 12) == 2          # two fit beside the ten
+    assert adds_first(3, 3, 3, 3) == 1            # every executor leaves: one newcomer first
+    assert adds_first(2, 1, 2, 16) == 2           # room for all of them: add first, as before
+    assert split_counts({"a": 2, "b": 3}, 3) == ({"a": 2, "b": 1}, {"b": 2})
+    assert split_counts({"a": 2}, 0) == ({}, {"a": 2})
 
 
 def test_failed_addition_retires_the_idle_newcomers() -> None:

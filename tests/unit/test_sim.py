@@ -537,23 +537,24 @@ def test_early_feedback_iterations_and_the_epoch_limit_come_from_the_spec() -> N
     assert any(r.early_feedback for r in reports) and not reports[0].early_feedback
 
 
-def test_a_change_whose_executors_never_come_fails_and_releases_what_it_got() -> None:
-    # 3 nodes x 8 vcores; the job is asked to move to 8 workers and 1 server on one node that has
-    # room for fewer: the new server comes and joins, the workers' strict ask is never fully
-    # granted, that part times out and is rolled back (its new workers retired), and the server
-    # addition that succeeded is given back too (the controller's EPS planner never leaves a
-    # failed change above the job's old shape): the job is back at 1 worker and 1 server.
+def test_a_change_whose_last_executors_never_come_fails_and_keeps_what_trains() -> None:
+    # 3 nodes x 8 vcores; the job (1 worker, 1 server, at most 8 workers) is asked to move to 8
+    # workers and 1 server on one node that has room for 8 executors. The controller's EPS planner
+    # adds first only what fits under the maximum beside the job's worker (7, and the server), so
+    # those are granted, join and train; the old worker and server go; then the 8th worker's ask,
+    # for a node now full, is never granted: that part times out, its ask is withdrawn and the
+    # change ends failed with the job at 7 workers and 1 server -- never above its maximum, and
+    # holding nothing for the part that failed.
     sim = Simulator([_elastic(max_workers=8)], "static", calibration(), SMALL)
     node = sorted(sim.nodes)[1]
     sim.policy = _ShapeAt(60.0, (8, 1), (node,))
     result = sim.run()
     rec = result.records[0]
     job = sim.jobs[0]
-    assert rec.final_status == "SUCCEEDED" and [s[1:] for s in rec.shapes] == [(1, 1), (1, 2), (1, 1)]
+    assert rec.final_status == "SUCCEEDED" and [s[1:] for s in rec.shapes] == [(1, 1), (7, 1)]
     timeout = job.timings.launch_timeout_s
     late = [s for s in result.samples if 60.0 + timeout + 10.0 < s.t < (rec.end or 0) - T0 - 5.0]
     waiting = [s for s in result.samples if 70.0 < s.t < 60.0 + timeout]
-    # While the change waits it holds what was granted of it; after the timeout its AM and its
-    # 1 + 1 executors, none of the executors started for the change.
-    assert waiting and all(s.vcores_used > 4 for s in waiting)
-    assert late and all(s.vcores_used == 3 for s in late)
+    # While the 8th worker's ask waits and after it timed out: the AM and the 7 + 1 executors.
+    assert waiting and all(s.vcores_used == 9 for s in waiting)
+    assert late and all(s.vcores_used == 9 for s in late)
