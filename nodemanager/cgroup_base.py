@@ -83,6 +83,7 @@ def remove_dirs(dirs: list[str]) -> bool:
 
 
 MIN_CPU_QUOTA_US = 1000      # the kernel refuses a CFS quota below 1 ms
+MIN_CPU_PERIOD_US, MAX_CPU_PERIOD_US = 1000, 1000000      # the kernel's bounds on a CFS period
 
 
 def cpu_quota_us(vcores: int, period_us: int, cores_per_vcore: float = 1.0) -> int:

@@ -10,7 +10,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from protocol.cgroup_cpu import cgroup_root_cores
-from nodemanager.cgroup_base import MIN_CPU_QUOTA_US
+from nodemanager.cgroup_base import MAX_CPU_PERIOD_US, MIN_CPU_PERIOD_US, MIN_CPU_QUOTA_US
 from protocol import durable_storage
 from protocol.config import ClusterConfig, ConfigError, NMConfig
 from protocol.records import Resource
@@ -178,8 +178,8 @@ def validate(cfg: NMConfig, cluster: ClusterConfig, resolve: Resolve = resolve_a
         raise ConfigError(f"cpu_limit_cores must be >= 0 (0 = a vcore is one core), got {cfg.cpu_limit_cores}")
     if cfg.cpu_limit_cores > (os.cpu_count() or 1):
         raise ConfigError(f"cpu_limit_cores {cfg.cpu_limit_cores} is more than this host's {os.cpu_count()} cores")
-    if not 1000 <= cfg.cpu_period_us <= 1000000:
-        raise ConfigError(f"cpu_period_us must be 1000..1000000, got {cfg.cpu_period_us}")
+    if not MIN_CPU_PERIOD_US <= cfg.cpu_period_us <= MAX_CPU_PERIOD_US:
+        raise ConfigError(f"cpu_period_us must be {MIN_CPU_PERIOD_US}..{MAX_CPU_PERIOD_US}, got {cfg.cpu_period_us}")
     if cfg.cpu_limit_cores > 0:
         # A one-vcore container's quota below the kernel's 1 ms would be raised to it
         # (cgroup_base.cpu_quota_us): its cap silently looser than cpu_limit_cores shares out.

@@ -7,13 +7,11 @@ event loop, with the `PSApplicationMaster` and its `ApplicationMaster` at hand.
 """
 from __future__ import annotations
 
-import itertools
-import os
 import textwrap
 from pathlib import Path
 from typing import Any
 
-_WRITES = itertools.count()
+from protocol.durable_storage import write_atomic
 
 SCRIPTED_AM = r'''
 import asyncio, json, os, signal, sys, time
@@ -58,13 +56,11 @@ def use_scripted_am(submission: dict[str, Any], script_dir: Path, hook: str,
                     environment: dict[str, str] | None = None) -> dict[str, Any]:
     """Make `submission` (a PS job's YARN submission) run the PS AM with `hook` (see the module
     doc), written under `script_dir`, with `environment` added to the AM's environment."""
-    # Written to a temporary name and renamed into place: tests submit several jobs with the same
-    # script dir, and rewriting the file in place let an AM that had just started read it empty
-    # (python then exits 0 at once, which the RM reports as an AM that ended without unregistering).
+    # Written atomically: tests submit several jobs with the same script dir, and rewriting the
+    # file in place let an AM that had just started read it empty (python then exits 0 at once,
+    # which the RM reports as an AM that ended without unregistering).
     script = script_dir / "scripted_am.py"
-    tmp = script_dir / f".scripted_am.{os.getpid()}.{next(_WRITES)}.tmp"
-    tmp.write_text(SCRIPTED_AM.replace("HOOK", textwrap.dedent(hook).strip()))
-    os.replace(tmp, script)
+    write_atomic(script, SCRIPTED_AM.replace("HOOK", textwrap.dedent(hook).strip()).encode(), durable=False)
     spec = submission["am-container-spec"]
     spec["commands"]["command"] = f"python {script}"
     spec["environment"]["entry"] += [{"key": k, "value": v} for k, v in (environment or {}).items()]
