@@ -51,13 +51,22 @@ the run (elastane_cli/machine_load: the busy share of all cores and the load per
 waiting on their budget, so it is recorded, not judged) is saturated, listed in `saturated_runs`,
 and its figures are not to be read as the system's.
 
+A diagnostic beside them, `single_at_once` (when `--hosts` goes beyond 1): the same single process
+on each of nodes 1..n (n the largest host count) at the same time, each in its own host's budget,
+run after `single` in every repeat. The testbed's hosts share the machine's cores (at 4 hosts on 2
+cores, two hosts to a core), so n busy hosts slow each other's work where separate machines would
+not; `single_at_once_<n>` = that run's median epoch (over its n processes) over the lone single's
+says by how much, on the very code the baseline runs. It is reported, not used: every ratio stays
+against the lone single process.
+
 Per app and sync_batches value, from the medians over repeats: `speedup_2` = ps1 / ps2 epoch time, `speedup_4` = ps1 /
 ps4, `ps1_over_single` = ps1 / single, `speedup_4_over_single` = single / ps4 (these four always,
 null where not measured); for any other host count n measured (8 in the 16-core suite)
 `speedup_<n>` and `speedup_<n>_over_single` too; `efficiency` per host count (speedup / n) and
 `rows_per_s` per variant (input rows over the epoch time). A job follows sim calibrate's `run_job`.
 
-Last line, JSON: {"mlr": {"speedup_2", "speedup_4", "ps1_over_single", "speedup_4_over_single" (of the
+Last line, JSON: {"mlr": {"speedup_2", "speedup_4", "ps1_over_single", "speedup_4_over_single",
+"single_at_once_<n>" (of the
 last --sync-batches value, "sync_batches"; every value's figures under "by_sync_batches"),
 "epoch_s", "efficiency", "rows_per_s", "objective_rel_diff_max", "objectives_within_1pct",
 "comm_share", "failed_runs", "runs": [...]}, "nmf": ..., "lasso": ..., "saturated_runs": [...],
@@ -69,10 +78,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import importlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -105,6 +116,7 @@ PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python
 APPS = ("mlr", "nmf", "lasso")
 EXECUTOR_MB = 512
 OBJECTIVE_TOLERANCE = 0.01      # the PS runs' final objective within 1 % of the single process's
+AT_ONCE = "single_at_once"      # the diagnostic variant (single_at_once_run)
 
 
 def log(text: str) -> None:
@@ -176,21 +188,51 @@ class RunMeter:
                 "machine": load.to_json(), "saturated": saturated}
 
 
+def single_argv(app: str, ns: argparse.Namespace) -> list[str]:
+    return [PY, "-m", "psruntime.apps.single_process", "--app", app, "--preset", ns.preset,
+            "--epochs", str(ns.epochs), "--hparams", json.dumps({"convergence_threshold": 1e-12}),
+            "--spec", json.dumps(data_overrides(app, ns.samples))]
+
+
+def single_result(r: "subprocess.CompletedProcess[str]") -> dict[str, Any]:
+    """A single_process run's figures, or its error."""
+    if r.returncode != 0:
+        return {"error": f"single_process exited {r.returncode}: {r.stderr.strip()[-400:]}"}
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    epochs = result["epochs"]
+    return {"epoch_s": median_after_first([float(e["seconds"]) for e in epochs]),
+            "epochs": len(epochs), "objective": float(epochs[-1]["objective"]) if epochs else None}
+
+
 def single_run(cluster: TestbedCluster, app: str, ns: argparse.Namespace) -> dict[str, Any]:
     """The single-process baseline inside node1's cgroup (its CPU budget)."""
     meter = RunMeter(cluster, ns.host_cpus)
-    argv = [PY, "-m", "psruntime.apps.single_process", "--app", app, "--preset", ns.preset,
-            "--epochs", str(ns.epochs), "--hparams", json.dumps({"convergence_threshold": 1e-12}),
-            "--spec", json.dumps(data_overrides(app, ns.samples))]
     meter.start()
-    r = cluster.testbed.run("node1", argv, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=ns.timeout_s)
+    r = cluster.testbed.run("node1", single_argv(app, ns), env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            timeout=ns.timeout_s)
+    return {**meter.stop(), **single_result(r)}
+
+
+def single_at_once_run(cluster: TestbedCluster, app: str, ns: argparse.Namespace, n: int) -> dict[str, Any]:
+    """A diagnostic, not a baseline: the same single process on each of nodes 1..n at the same
+    time, each in its host's budget. The n hosts of this testbed share the machine's cores (two
+    hosts to a core at 4 hosts on 2 cores), so n busy hosts slow each other's work (shared caches,
+    context switches) where separate machines would not; this measures that on the same code the
+    single process runs, as `single_at_once_<n>` = its median epoch over the lone single's."""
+    meter = RunMeter(cluster, ns.host_cpus)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    meter.start()
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        done = list(pool.map(lambda h: cluster.testbed.run(h, single_argv(app, ns), env=env, timeout=ns.timeout_s),
+                             cluster.node_names[:n]))
     out = meter.stop()
-    if r.returncode != 0:
-        return {**out, "error": f"single_process exited {r.returncode}: {r.stderr.strip()[-400:]}"}
-    result = json.loads(r.stdout.strip().splitlines()[-1])
-    epochs = result["epochs"]
-    return {**out, "epoch_s": median_after_first([float(e["seconds"]) for e in epochs]),
-            "epochs": len(epochs), "objective": float(epochs[-1]["objective"]) if epochs else None}
+    each = [single_result(r) for r in done]
+    errors = [e["error"] for e in each if "error" in e]
+    if errors:
+        return {**out, "error": "; ".join(errors)}
+    return {**out, "epoch_s": float(statistics.median(e["epoch_s"] for e in each)),
+            "epoch_s_each": [round(e["epoch_s"], 3) for e in each], "epochs": each[0]["epochs"],
+            "objective": each[0]["objective"]}
 
 
 async def ps_run_async(cluster: TestbedCluster, app: str, hosts: int, ns: argparse.Namespace,
@@ -257,7 +299,7 @@ def summarise(app: str, runs: list[dict[str, Any]], hosts: list[int], rows: Opti
     single_obj = {r["repeat"]: r.get("objective") for r in runs if r["variant"] == "single"}
     diffs = []
     for r in runs:
-        if r["variant"] != "single" and "error" not in r:
+        if r["variant"].startswith("ps") and "error" not in r:
             r["objective_rel_diff"] = d = rel_diff(r.get("objective"), single_obj.get(r["repeat"]))
             if d is not None:
                 diffs.append(d)
@@ -271,6 +313,13 @@ def summarise(app: str, runs: list[dict[str, Any]], hosts: list[int], rows: Opti
         if n > 1 and n not in (2, 4):
             out[f"speedup_{n}"] = ratio(ps1, epoch.get(f"ps{n}"))
             out[f"speedup_{n}_over_single"] = ratio(epoch["single"], epoch.get(f"ps{n}"))
+
+    at_once = [r["epoch_s"] for r in runs if r["variant"] == AT_ONCE and r.get("epoch_s") is not None]
+    if at_once and hosts[-1] > 1:
+        # The testbed's own slowdown of n busy hosts (single_at_once_run): a diagnostic beside the
+        # ratios, which stay against the lone single process.
+        out[f"single_at_once_{hosts[-1]}"] = ratio(statistics.median(at_once), epoch["single"])
+        spread[AT_ONCE] = [round(x, 3) for x in at_once]
 
     def per_host(n: int) -> Optional[float]:
         e = epoch.get(f"ps{n}")
@@ -291,7 +340,7 @@ def summarise_by_sync(app: str, runs: list[dict[str, Any]], hosts: list[int], sy
     `by_sync_batches`, and all the runs once."""
     per = {}
     for sb in syncs:
-        mine = [r for r in runs if r["variant"] == "single" or r.get("sync_batches", 1) == sb]
+        mine = [r for r in runs if r["variant"] in ("single", AT_ONCE) or r.get("sync_batches", 1) == sb]
         per[sb] = {k: v for k, v in summarise(app, mine, hosts, rows).items() if k != "runs"}
     return {**per[syncs[-1]], "sync_batches": syncs[-1], "by_sync_batches": {str(sb): per[sb] for sb in syncs},
             "failed_runs": sum(1 for r in runs if "error" in r), "runs": runs}
@@ -383,12 +432,17 @@ def main(argv: Optional[list[str]] = None) -> int:
                 log("the node hosts did not go quiet after start-cluster; measuring anyway")
             for rep in range(ns.repeats):
                 for app in apps:
-                    for variant, sb in [("single", None), *((f"ps{n}", sb) for sb in ns.sync_list for n in hosts)]:
+                    at_once = [(AT_ONCE, None)] if hosts[-1] > 1 else []
+                    for variant, sb in [("single", None), *at_once,
+                                        *((f"ps{n}", sb) for sb in ns.sync_list for n in hosts)]:
                         log(f"repeat {rep + 1}/{ns.repeats} {app} {variant}"
                             f"{'' if sb is None else f' sync_batches {sb}'}: {ns.preset}, {ns.epochs} epochs, "
                             f"hosts of {ns.host_cpus} cores, AMs on {MASTER}")
-                        r = (single_run(cluster, app, ns) if sb is None
-                             else ps_run(cluster, app, int(variant[2:]), ns, sb))
+                        if variant == AT_ONCE:
+                            r = single_at_once_run(cluster, app, ns, hosts[-1])
+                        else:
+                            r = (single_run(cluster, app, ns) if sb is None
+                                 else ps_run(cluster, app, int(variant[2:]), ns, sb))
                         r.update(variant=variant, repeat=rep)
                         if sb is not None:
                             r["sync_batches"] = sb

@@ -113,6 +113,23 @@ def test_each_sync_batches_value_gets_its_own_figures_against_the_same_single_pr
     assert sc.saturated_runs({"mlr": [{**runs[4], "saturated": "busy 0.95"}]}) == ["mlr/ps4@32/repeat1: busy 0.95"]
 
 
+def test_singles_at_once_are_a_diagnostic_beside_the_ratios_not_a_baseline_or_a_ps_run() -> None:
+    runs = [run("single", 0, 1.0, objective=2.0), run(sc.AT_ONCE, 0, 1.2, objective=2.0),
+            run("ps1", 0, 1.1, objective=2.0, sync_batches=32), run("ps4", 0, 0.4, objective=2.0, sync_batches=32),
+            run("single", 1, 1.0, objective=2.0), run(sc.AT_ONCE, 1, 1.1, objective=2.0),
+            run("ps1", 0, 1.1, objective=2.0, sync_batches=1), run("ps4", 0, 0.5, objective=2.0, sync_batches=1)]
+    out = sc.summarise_by_sync("mlr", runs, [1, 4], [1, 32])
+    # The median of the singles run on every host at once over the lone single's median.
+    assert out["single_at_once_4"] == pytest.approx(1.15, abs=1e-3)
+    assert out["by_sync_batches"]["1"]["single_at_once_4"] == pytest.approx(1.15, abs=1e-3)
+    assert out["epoch_s_runs"][sc.AT_ONCE] == [1.2, 1.1]
+    # The ratios stay against the lone single process, and no objective check counts the diagnostic.
+    assert out["speedup_4_over_single"] == pytest.approx(1.0 / 0.4) and out["epoch_s"]["single"] == 1.0
+    assert "objective_rel_diff" not in runs[1] and out["comm_share"] == {"ps1": None, "ps4": None}
+    alone = sc.summarise("mlr", [run("single", 0, 1.0), run("ps1", 0, 1.2)], [1])
+    assert not any(k.startswith("single_at_once") for k in alone)
+
+
 def test_bad_options_are_refused_before_any_cluster_starts() -> None:
     for argv, what in ((["--sync-batches", "0"], "--sync-batches"), (["--sync-batches", "4,4"], "distinct"),
                        (["--samples", "0"], "--samples"), (["--hosts", "2,4"], "must include 1"),
