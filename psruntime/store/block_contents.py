@@ -72,13 +72,17 @@ class BlockContents:
     capacity, and `values` always owns its memory (copy-on-write counts references to it).
     """
 
-    __slots__ = ("keys", "values", "n", "extra")
+    __slots__ = ("keys", "values", "n", "extra", "version", "_covered", "_covered_at")
 
     def __init__(self) -> None:
         self.keys = np.zeros(0, np.int64)        # capacity buffer; [:n] sorted, unique
         self.values: np.ndarray | None = None    # (capacity, *row_shape); None until a first int key
         self.n = 0
         self.extra: dict[Key, np.ndarray] = {}
+        self.version = 0                         # bumped whenever the dense keys change (insert, remove)
+        # The read-only key array `covers` last found equal to keys[:n], at `version` then.
+        self._covered: np.ndarray | None = None
+        self._covered_at = -1
 
     # -- layout and lookup -------------------------------------------------------------------
     def fits(self, dtype: np.dtype, row_shape: tuple[int, ...]) -> bool:
@@ -98,9 +102,17 @@ class BlockContents:
     def covers(self, keys: np.ndarray) -> bool:
         """Whether int64 `keys` are exactly the dense keys held, in order (then their rows are
         values[:n], no lookup needed: a small model's pull or push often names every key of a
-        block)."""
+        block). A read-only `keys` found covering is remembered until the dense keys change: the
+        store's requests name the same keys per block over and over (store_requests.Groupings
+        hands out the same read-only array each time), and the comparison is two numpy passes."""
+        if keys is self._covered and self._covered_at == self.version:
+            return True
         n = self.n
-        return n > 0 and len(keys) == n and bool((self.keys[:n] == keys).all())
+        if n > 0 and len(keys) == n and bool((self.keys[:n] == keys).all()):
+            if not keys.flags.writeable:     # nobody can change it in place: safe to remember
+                self._covered, self._covered_at = keys, self.version
+            return True
+        return False
 
     def row_of(self, key: int) -> int | None:
         if self.n == 0:
@@ -155,6 +167,7 @@ class BlockContents:
             self.keys = all_keys[order]
             self.values = np.concatenate([self.values[:n], rows.astype(self.values.dtype, copy=False)])[order]
         self.n = n + k
+        self.version += 1
 
     def remove(self, key: int) -> None:
         row = self.row_of(key)
@@ -162,6 +175,7 @@ class BlockContents:
             self.keys = np.delete(self.keys[:self.n], row)
             self.values = np.delete(self.values[:self.n], row, axis=0)
             self.n -= 1
+            self.version += 1
 
     def dense(self) -> tuple[np.ndarray, np.ndarray | None]:
         if self.values is None:

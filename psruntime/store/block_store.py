@@ -68,6 +68,21 @@ def _is_dense_key(key: Key) -> bool:
     return isinstance(key, int) and _INT64_MIN <= key <= _INT64_MAX
 
 
+_NONE_MISSING: dict[int, np.ndarray] = {}
+
+
+def _none_missing(n: int) -> np.ndarray:
+    """A read-only all-False mask of length `n` (gather's answer for a block that covers every
+    key asked), shared rather than allocated per request."""
+    mask = _NONE_MISSING.get(n)
+    if mask is None:
+        if len(_NONE_MISSING) >= 64:     # a model's block sizes are a handful; bound it anyway
+            _NONE_MISSING.clear()
+        mask = _NONE_MISSING[n] = np.zeros(n, bool)
+        mask.flags.writeable = False
+    return mask
+
+
 def _owned_copy(value: np.ndarray) -> np.ndarray:
     # Frame arrays are views into the received buffer: keep a private, writable copy.
     return np.array(value, copy=True, order="C")
@@ -264,7 +279,7 @@ class BlockStore:
                 out[:] = vals[:blk.n]
             else:
                 out[at] = vals[:blk.n]
-            return np.zeros(len(keys), bool)
+            return _none_missing(len(keys))
         rows, found = blk.lookup(keys)
         if vals is not None and blk.n and found.any():
             self._check_readable(block, vals, out)

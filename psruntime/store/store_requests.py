@@ -59,12 +59,15 @@ def group_by_block(blocks: np.ndarray, num_blocks: int) -> list[tuple[int, np.nd
 class Groupings:
     """The block grouping of the last key array grouped, reused for an equal one: a small model's
     worker pulls and pushes the same keys every mini-batch (MLR `small`: all 125), and comparing
-    two key arrays is two numpy passes where hashing and grouping them took about ten."""
+    two key arrays is two numpy passes where hashing and grouping them took about ten. With it, each
+    block's keys of the request, as read-only arrays that stay the same objects while the grouping
+    is reused: a block remembers the one it found covering its dense keys (BlockContents.covers)."""
 
     def __init__(self) -> None:
         self._keys: np.ndarray | None = None
         self._num_blocks = 0
         self._groups: list[tuple[int, np.ndarray | None]] = []
+        self._part_keys: dict[int, np.ndarray] = {}
 
     def of(self, keys: np.ndarray, num_blocks: int) -> list[tuple[int, np.ndarray | None]]:
         """group_by_block of `keys`' blocks (the index arrays are shared: callers only read them)."""
@@ -75,7 +78,18 @@ class Groupings:
         groups = group_by_block(blocks_of_int_keys(keys, num_blocks), num_blocks)
         # A copy: `keys` may view a receive buffer that a later frame reuses.
         self._keys, self._num_blocks, self._groups = keys.copy(), num_blocks, groups
+        # A new dict (not cleared): a request parsed earlier keeps the one of its own grouping.
+        self._part_keys = {}
+        for b, idx in groups:
+            part = self._keys.copy() if idx is None else self._keys[idx]
+            part.flags.writeable = False
+            self._part_keys[b] = part
         return groups
+
+    @property
+    def part_keys(self) -> dict[int, np.ndarray]:
+        """Block -> the last grouped keys of that block (read-only; as `of` last returned them)."""
+        return self._part_keys
 
 
 class DataRequest(ABC):
@@ -139,6 +153,8 @@ class ArrayRequest(DataRequest):
         self.status: np.ndarray | None = None
         # An update's keys and values per block, cut once by `check` and used again by `apply`.
         self._cut: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        # Block -> this request's keys of it, from `groupings` (read-only, shared): `parts` sets it.
+        self._part_keys: dict[int, np.ndarray] = {}
 
     def _status(self) -> np.ndarray:
         if self.status is None:
@@ -147,23 +163,26 @@ class ArrayRequest(DataRequest):
 
     def parts(self, num_blocks: int) -> list[tuple[int, BlockPart]]:
         if self.groupings is not None:
-            return list(self.groupings.of(self.keys, num_blocks))
+            groups = list(self.groupings.of(self.keys, num_blocks))
+            self._part_keys = self.groupings.part_keys
+            return groups
         return list(group_by_block(blocks_of_int_keys(self.keys, num_blocks), num_blocks))
 
-    def _select(self, part: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    def _select(self, block: int, part: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+        keys = self._part_keys.get(block)
         if part is None:
-            return self.keys, self.values
-        return self.keys[part], (self.values[part] if self.values is not None else None)
+            return self.keys if keys is None else keys, self.values
+        return self.keys[part] if keys is None else keys, (self.values[part] if self.values is not None else None)
 
     def check(self, store: BlockStore, block: int, part: BlockPart) -> None:
         if self.op == "update":
-            keys, values = self._cut[block] = self._select(_indices(part))
+            keys, values = self._cut[block] = self._select(block, _indices(part))
             store.check_update_many(block, self.func, keys, values)  # type: ignore[arg-type]
 
     def apply(self, store: BlockStore, block: int, part: BlockPart) -> None:
         part = _indices(part)
         cut = self._cut.pop(block, None)
-        keys, values = cut if cut is not None else self._select(part)
+        keys, values = cut if cut is not None else self._select(block, part)
         if self.op == "get":
             assert self.out is not None
             if part is None:

@@ -7,7 +7,7 @@ import weakref
 import numpy as np
 import pytest
 
-from psruntime.store.block_contents import RetiredValues
+from psruntime.store.block_contents import BlockContents, RetiredValues
 from psruntime.store.block_store import BlockArrays, BlockStore, StoreError
 from psruntime.store.ownership_table import TABLE_KEYS, OwnershipTable, block_of, blocks_of_int_keys
 from psruntime.store.store_requests import Groupings, group_by_block
@@ -274,3 +274,60 @@ def test_groupings_reuse_the_grouping_of_an_equal_key_array_only() -> None:
     assert [(b, i.tolist()) for b, i in other] == \
         [(b, i.tolist()) for b, i in group_by_block(blocks_of_int_keys(np.arange(40, 80), NB), NB)]
     assert cache.of(received[:10], NB) is not other and cache.of(received[:10], 8) is not other
+
+
+def test_a_block_remembers_a_read_only_covering_key_array_until_its_keys_change() -> None:
+    blk = BlockContents()
+    held = np.arange(0, 20, 2, dtype=np.int64)
+    blk.insert(held, np.ones((len(held), 3), np.float32))
+    asked = held.copy()
+    asked.flags.writeable = False
+    assert blk.covers(asked) and blk.covers(asked)
+    # A key added: the same array no longer covers the block (the memo is per version of its keys).
+    blk.insert(np.array([7], np.int64), np.ones((1, 3), np.float32))
+    assert not blk.covers(asked)
+    blk.remove(7)                                   # the keys are what they were: covered again
+    assert blk.covers(asked)
+    blk.remove(18)
+    assert not blk.covers(asked) and blk.covers(asked[:-1].copy())
+    # A writable array is compared every time: changed in place, it stops covering.
+    mutable = held[:-1].copy()
+    assert blk.covers(mutable)
+    mutable[0] = 1
+    assert not blk.covers(mutable)
+
+
+def test_a_request_after_its_blocks_keys_changed_reads_and_adds_by_lookup() -> None:
+    s = store()
+    keys = np.arange(40, dtype=np.int64)
+    vals = np.arange(40 * 3, dtype=np.float32).reshape(40, 3)
+    for b, k in per_block(keys):
+        s.put_many(b, k, vals[k])
+    b, held = per_block(keys)[0]
+    asked = held.copy()
+    asked.flags.writeable = False
+    out = np.zeros((len(held), 3), np.float32)
+    assert not s.gather(b, asked, out).any()          # covering, remembered
+    extra = next(k for k in range(40, 10_000) if block_of(k, NB) == b)
+    s.put_many(b, np.array([extra], np.int64), np.full((1, 3), 7.0, np.float32))
+    s.update_many(b, "add", asked, np.ones((len(held), 3), np.float32))
+    out = np.zeros((len(held) + 1, 3), np.float32)
+    both = np.sort(np.append(held, extra))
+    assert not s.gather(b, both, out).any()
+    np.testing.assert_array_equal(out[both != extra], vals[held] + 1)     # the add reached only its keys
+    np.testing.assert_array_equal(out[both == extra], 7.0)
+
+
+def test_groupings_hand_out_each_blocks_keys_read_only_and_a_new_dict_per_grouping() -> None:
+    cache = Groupings()
+    keys = np.arange(40, dtype=np.int64)
+    groups = cache.of(keys, NB)
+    parts = cache.part_keys
+    assert sorted(parts) == [b for b, _ in groups]
+    for b, idx in groups:
+        np.testing.assert_array_equal(parts[b], keys if idx is None else keys[idx])
+        assert not parts[b].flags.writeable
+    cache.of(keys.copy(), NB)
+    assert cache.part_keys is parts                       # reused with the grouping
+    cache.of(np.arange(40, 80, dtype=np.int64), NB)
+    assert cache.part_keys is not parts and sorted(parts) == [b for b, _ in groups]   # the old one kept
