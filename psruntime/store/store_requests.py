@@ -163,7 +163,7 @@ class ArrayRequest(DataRequest):
 
     def parts(self, num_blocks: int) -> list[tuple[int, BlockPart]]:
         if self.groupings is not None:
-            groups = list(self.groupings.of(self.keys, num_blocks))
+            groups: list[tuple[int, BlockPart]] = list(self.groupings.of(self.keys, num_blocks))
             self._part_keys = self.groupings.part_keys
             return groups
         return list(group_by_block(blocks_of_int_keys(self.keys, num_blocks), num_blocks))
