@@ -38,6 +38,10 @@ the same at both values. Runs go round the apps and variants `--repeats` times (
 ps2, ps4 at each sync_batches, then the next app, then again), so a slow spell of the machine falls
 on every variant.
 
+Each run starts once the node hosts are quiet (under a tenth of their budget over 2 s, waiting
+at most QUIET_WAIT_S; `quiet_before` and `quiet_wait_s` in the run say how it went), so nothing a
+previous run left on a host takes this one's budget.
+
 Per run: the median epoch time without the first epoch (the epochs' training time: the single
 process's own timing, the AM's `epoch_time_s` less its `evaluation_s` -- the objective samples the
 AM takes mid-epoch for Optimus's fits, up to a tenth of the training time -- neither counting the
@@ -117,6 +121,7 @@ APPS = ("mlr", "nmf", "lasso")
 EXECUTOR_MB = 512
 OBJECTIVE_TOLERANCE = 0.01      # the PS runs' final objective within 1 % of the single process's
 AT_ONCE = "single_at_once"      # the diagnostic variant (single_at_once_run)
+QUIET_WAIT_S = 20.0             # before each run, the longest wait for the node hosts to go quiet
 
 
 def log(text: str) -> None:
@@ -438,12 +443,19 @@ def main(argv: Optional[list[str]] = None) -> int:
                         log(f"repeat {rep + 1}/{ns.repeats} {app} {variant}"
                             f"{'' if sb is None else f' sync_batches {sb}'}: {ns.preset}, {ns.epochs} epochs, "
                             f"hosts of {ns.host_cpus} cores, AMs on {MASTER}")
+                        # Each run starts on quiet hosts: what the last one left running there (its
+                        # containers' clean-up, log aggregation) would otherwise take this one's budget.
+                        t_wait = time.monotonic()
+                        quiet = wait_quiet(cluster, ns.host_cpus, timeout_s=QUIET_WAIT_S)
+                        waited = round(time.monotonic() - t_wait, 1)
+                        if not quiet:
+                            log(f"the node hosts were not quiet after {waited} s; measuring anyway")
                         if variant == AT_ONCE:
                             r = single_at_once_run(cluster, app, ns, hosts[-1])
                         else:
                             r = (single_run(cluster, app, ns) if sb is None
                                  else ps_run(cluster, app, int(variant[2:]), ns, sb))
-                        r.update(variant=variant, repeat=rep)
+                        r.update(variant=variant, repeat=rep, quiet_before=quiet, quiet_wait_s=waited)
                         if sb is not None:
                             r["sync_batches"] = sb
                         runs[app].append(r)
