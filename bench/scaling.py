@@ -40,7 +40,7 @@ on every variant.
 
 Each run starts once the node hosts are quiet (under a tenth of their budget over 2 s, waiting
 at most QUIET_WAIT_S; `quiet_before` and `quiet_wait_s` in the run say how it went), so nothing a
-previous run left on a host takes this one's budget.
+previous run left on a host takes this one's budget (not in `--quick`).
 
 Per run: the median epoch time without the first epoch (the epochs' training time: the single
 process's own timing, the AM's `epoch_time_s` less its `evaluation_s` -- the objective samples the
@@ -445,8 +445,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                             f"hosts of {ns.host_cpus} cores, AMs on {MASTER}")
                         # Each run starts on quiet hosts: what the last one left running there (its
                         # containers' clean-up, log aggregation) would otherwise take this one's budget.
+                        # Not in --quick, a smoke run whose figures are not read.
                         t_wait = time.monotonic()
-                        quiet = wait_quiet(cluster, ns.host_cpus, timeout_s=QUIET_WAIT_S)
+                        quiet = ns.quick or wait_quiet(cluster, ns.host_cpus, timeout_s=QUIET_WAIT_S)
                         waited = round(time.monotonic() - t_wait, 1)
                         if not quiet:
                             log(f"the node hosts were not quiet after {waited} s; measuring anyway")
