@@ -466,7 +466,10 @@ class Testbed:
         h = self.host(host)
         out: list[str] = []
         for d in (h.budget.dirs.values() if h.budget else []):
-            out += [str(p) for p in Path(d).rglob("*") if p.is_dir() and p.name != HOST_LEAF]
+            # os.walk, not Path.rglob: a dir removed while it is walked (a finished container's
+            # cgroup, which its NM cleans up meanwhile) is skipped instead of failing the walk.
+            for root, dirs, _ in os.walk(d):
+                out += [os.path.join(root, x) for x in dirs if x != HOST_LEAF]
         return sorted(out)
 
     def cpu_seconds(self, host: str | int) -> float | None:
