@@ -100,8 +100,11 @@ def test_a_directive_moves_a_running_job_onto_the_named_nodes(four_nodes) -> Non
             assert epochs == list(range(len(epochs)))
             last = st.objective_history[-1].objective
             assert last is not None and last < initial
+            # Exactly-once is the AM's audit at every epoch's end (no mismatch: all mini-batches run
+            # by then were applied once). This job is still training, so a status read after a clock
+            # of the next epoch counts that clock's runs, which its epoch-end audit has not read yet.
             assert st.eps is not None and st.eps.audit_mismatches == []
-            assert st.eps.minibatches_applied == st.eps.minibatches_run > 0
+            assert 0 < st.eps.minibatches_applied <= st.eps.minibatches_run
         relocations = [h for h in st.shape_history if isinstance(h, EpsChange) and h.op.startswith("place_")]
         assert relocations and all(h.error == "" for h in relocations), st.shape_history
         # The RM shows the directive as delivered.
