@@ -40,7 +40,7 @@ on every variant.
 
 Each run starts once the node hosts are quiet (under a tenth of their budget over 2 s, waiting
 at most QUIET_WAIT_S; `quiet_before` and `quiet_wait_s` in the run say how it went), so nothing a
-previous run left on a host takes this one's budget (not in `--quick`).
+previous run left on a host takes this one's budget (not in `--quick`: `quiet_before` null).
 
 Per run: the median epoch time without the first epoch (the epochs' training time: the single
 process's own timing, the AM's `epoch_time_s` less its `evaluation_s` -- the objective samples the
@@ -209,13 +209,23 @@ def single_result(r: "subprocess.CompletedProcess[str]") -> dict[str, Any]:
             "epochs": len(epochs), "objective": float(epochs[-1]["objective"]) if epochs else None}
 
 
+def singles_on(cluster: TestbedCluster, app: str, ns: argparse.Namespace,
+               hosts: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The single process run on each of `hosts` at once, each in its host's budget: the run's
+    meter figures, and each process's figures (or error) in host order."""
+    meter = RunMeter(cluster, ns.host_cpus)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    meter.start()
+    with concurrent.futures.ThreadPoolExecutor(len(hosts)) as pool:
+        done = list(pool.map(lambda h: cluster.testbed.run(h, single_argv(app, ns), env=env, timeout=ns.timeout_s),
+                             hosts))
+    return meter.stop(), [single_result(r) for r in done]
+
+
 def single_run(cluster: TestbedCluster, app: str, ns: argparse.Namespace) -> dict[str, Any]:
     """The single-process baseline inside node1's cgroup (its CPU budget)."""
-    meter = RunMeter(cluster, ns.host_cpus)
-    meter.start()
-    r = cluster.testbed.run("node1", single_argv(app, ns), env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            timeout=ns.timeout_s)
-    return {**meter.stop(), **single_result(r)}
+    out, (one,) = singles_on(cluster, app, ns, ["node1"])
+    return {**out, **one}
 
 
 def single_at_once_run(cluster: TestbedCluster, app: str, ns: argparse.Namespace, n: int) -> dict[str, Any]:
@@ -224,14 +234,7 @@ def single_at_once_run(cluster: TestbedCluster, app: str, ns: argparse.Namespace
     hosts to a core at 4 hosts on 2 cores), so n busy hosts slow each other's work (shared caches,
     context switches) where separate machines would not; this measures that on the same code the
     single process runs, as `single_at_once_<n>` = its median epoch over the lone single's."""
-    meter = RunMeter(cluster, ns.host_cpus)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    meter.start()
-    with concurrent.futures.ThreadPoolExecutor(n) as pool:
-        done = list(pool.map(lambda h: cluster.testbed.run(h, single_argv(app, ns), env=env, timeout=ns.timeout_s),
-                             cluster.node_names[:n]))
-    out = meter.stop()
-    each = [single_result(r) for r in done]
+    out, each = singles_on(cluster, app, ns, cluster.node_names[:n])
     errors = [e["error"] for e in each if "error" in e]
     if errors:
         return {**out, "error": "; ".join(errors)}
@@ -435,21 +438,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             cluster.start(timeout_s=60.0 + 15.0 * max(hosts))      # 120 s at 4 hosts, 180 at 8
             if not wait_quiet(cluster, ns.host_cpus):
                 log("the node hosts did not go quiet after start-cluster; measuring anyway")
+            at_once = [(AT_ONCE, None)] if hosts[-1] > 1 else []
+            variants = [("single", None), *at_once, *((f"ps{n}", sb) for sb in ns.sync_list for n in hosts)]
             for rep in range(ns.repeats):
                 for app in apps:
-                    at_once = [(AT_ONCE, None)] if hosts[-1] > 1 else []
-                    for variant, sb in [("single", None), *at_once,
-                                        *((f"ps{n}", sb) for sb in ns.sync_list for n in hosts)]:
+                    for variant, sb in variants:
                         log(f"repeat {rep + 1}/{ns.repeats} {app} {variant}"
                             f"{'' if sb is None else f' sync_batches {sb}'}: {ns.preset}, {ns.epochs} epochs, "
                             f"hosts of {ns.host_cpus} cores, AMs on {MASTER}")
                         # Each run starts on quiet hosts: what the last one left running there (its
                         # containers' clean-up, log aggregation) would otherwise take this one's budget.
-                        # Not in --quick, a smoke run whose figures are not read.
+                        # Not in --quick, a smoke run whose figures are not read (quiet_before None).
                         t_wait = time.monotonic()
-                        quiet = ns.quick or wait_quiet(cluster, ns.host_cpus, timeout_s=QUIET_WAIT_S)
+                        quiet = None if ns.quick else wait_quiet(cluster, ns.host_cpus, timeout_s=QUIET_WAIT_S)
                         waited = round(time.monotonic() - t_wait, 1)
-                        if not quiet:
+                        if quiet is False:
                             log(f"the node hosts were not quiet after {waited} s; measuring anyway")
                         if variant == AT_ONCE:
                             r = single_at_once_run(cluster, app, ns, hosts[-1])

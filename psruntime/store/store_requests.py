@@ -76,12 +76,14 @@ class Groupings:
                 and bool((last == keys).all())):
             return self._groups
         groups = group_by_block(blocks_of_int_keys(keys, num_blocks), num_blocks)
-        # A copy: `keys` may view a receive buffer that a later frame reuses.
+        # A copy: `keys` may view a receive buffer that a later frame reuses. Read-only, as is each
+        # block's part of it, so a block may remember it as covering (BlockContents.covers).
         self._keys, self._num_blocks, self._groups = keys.copy(), num_blocks, groups
+        self._keys.flags.writeable = False
         # A new dict (not cleared): a request parsed earlier keeps the one of its own grouping.
         self._part_keys = {}
         for b, idx in groups:
-            part = self._keys.copy() if idx is None else self._keys[idx]
+            part = self._keys if idx is None else self._keys[idx]
             part.flags.writeable = False
             self._part_keys[b] = part
         return groups
