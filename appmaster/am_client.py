@@ -238,7 +238,8 @@ class ApplicationMaster:
         if timeout_s is None:
             return await self._events.get()
         try:
-            return await asyncio.wait_for(self._events.get(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await self._events.get()
         except asyncio.TimeoutError:
             return None
 
@@ -349,7 +350,8 @@ class ApplicationMaster:
             if self._shut_down or self._loop_stopping:
                 return
             try:
-                await asyncio.wait_for(self._wake.wait(), self._interval())
+                async with asyncio.timeout(self._interval()):
+                    await self._wake.wait()
             except asyncio.TimeoutError:
                 pass
 

@@ -128,7 +128,8 @@ class DistributedShell:
 
     async def _stop_everything(self) -> None:
         try:
-            await asyncio.wait_for(self.am.stop_all(), 15.0)
+            async with asyncio.timeout(15.0):
+                await self.am.stop_all()
         except asyncio.TimeoutError:
             log.warning("stopping containers timed out")
 

@@ -271,7 +271,8 @@ async def _amain(ns: argparse.Namespace, result_path: Path, stamp_dir: Path) -> 
             status, diag = FinalStatus.FAILED, f"{type(e).__name__}: {e}"
         write_json_atomic(result_path, bench.result(status, diag))
         if status is None:
-            await asyncio.wait_for(am.stop_all(), 15.0)
+            async with asyncio.timeout(15.0):
+                await am.stop_all()
             log.info("stopped: %s", diag)
             return EXIT_KILLED
         await am.stop_all()

@@ -163,7 +163,8 @@ class Proc:
 
     async def line(self, timeout: float) -> dict[str, Any]:
         assert self.proc.stdout is not None
-        raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        async with asyncio.timeout(timeout):
+            raw = await self.proc.stdout.readline()
         if not raw:
             raise RuntimeError(f"{self.name} exited ({await self.proc.wait()}) before answering")
         out: dict[str, Any] = json.loads(raw)
@@ -177,7 +178,8 @@ class Proc:
         if self.proc.returncode is None:
             try:
                 self.send("quit")
-                await asyncio.wait_for(self.proc.wait(), 10)
+                async with asyncio.timeout(10):
+                    await self.proc.wait()
             except (asyncio.TimeoutError, ConnectionError, RuntimeError):
                 self.proc.kill()
                 await self.proc.wait()
@@ -289,7 +291,8 @@ class Testbed2:
             if p.returncode is None:
                 p.terminate()
                 try:
-                    await asyncio.wait_for(p.wait(), 10)
+                    async with asyncio.timeout(10):
+                        await p.wait()
                 except asyncio.TimeoutError:
                     p.kill()
                     await p.wait()

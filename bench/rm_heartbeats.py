@@ -197,7 +197,8 @@ class _LoadClient:
                 self.response_ids[nid] = 0
             finally:
                 self.idle.put_nowait(c)
-        await asyncio.wait_for(asyncio.gather(*(one(n) for n in self.node_ids)), READY_TIMEOUT_S)
+        async with asyncio.timeout(READY_TIMEOUT_S):
+            await asyncio.gather(*(one(n) for n in self.node_ids))
 
     async def step(self, rate: float, start_at: float, duration: float, utilization: bool = False) -> dict[str, Any]:
         """From wall-clock time `start_at` (shared by all clients), for `duration` s: send `rate`

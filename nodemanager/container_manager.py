@@ -493,7 +493,8 @@ class ContainerManager:
 
 async def _wait_event(ev: asyncio.Event, timeout: float) -> bool:
     try:
-        await asyncio.wait_for(ev.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await ev.wait()
         return True
     except asyncio.TimeoutError:
         return False

@@ -382,7 +382,8 @@ class Localizer:
                             size=key.size, timestamp=key.timestamp)
         fut = asyncio.get_running_loop().run_in_executor(self._pool, self._fetch_entry, key, res, cancel)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                return await asyncio.shield(fut)
         except asyncio.TimeoutError:
             cancel.set()
             raise LocalizationError(f"fetch timed out after {self.timeout_s:g} s") from None

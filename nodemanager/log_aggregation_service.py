@@ -131,7 +131,8 @@ class LogAggregationService:
     async def _run(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), TICK_S)
+                async with asyncio.timeout(TICK_S):
+                    await self._wake.wait()
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()

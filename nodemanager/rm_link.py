@@ -119,7 +119,8 @@ class RMLink:
         failures = 0
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()      # before the heartbeat: an exit while it is on its way sends another

@@ -156,7 +156,8 @@ class WarmLauncher:
             async with self._lock:
                 self._writer.write(wire.frame(req))
                 await self._writer.drain()
-            pid, exited = await asyncio.wait_for(asyncio.shield(started), START_TIMEOUT_S + LAUNCH_TIMEOUT_S)
+            async with asyncio.timeout(START_TIMEOUT_S + LAUNCH_TIMEOUT_S):
+                pid, exited = await asyncio.shield(started)
         except (OSError, asyncio.TimeoutError) as e:
             raise WarmLaunchError(f"the executor zygote did not start {req.container_id}: {e}") from None
         finally:
@@ -212,7 +213,8 @@ class WarmLauncher:
         proc = self._proc
         if proc is not None:
             try:
-                await asyncio.wait_for(asyncio.to_thread(proc.wait), CLOSE_TIMEOUT_S)
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await asyncio.to_thread(proc.wait)
             except asyncio.TimeoutError:
                 log.warning("executor zygote pid %d still running after %.0fs: killing it and %d container "
                             "process(es) left", proc.pid, CLOSE_TIMEOUT_S, len(self._children))

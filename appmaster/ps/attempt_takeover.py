@@ -154,7 +154,8 @@ async def take_over(record: AttemptHandover, handed: Sequence[AmContainer], trai
     servers = [recs[x.executor_id] for x in record.servers]
     workers = [recs[x.executor_id] for x in record.workers]
     try:
-        positions = await asyncio.wait_for(_examine(record, servers, workers, training), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            positions = await _examine(record, servers, workers, training)
     except asyncio.TimeoutError:
         raise TakeOverRefused(f"the executors did not all answer within {timeout_s:g}s") from None
     except ExecutorCallError as e:
@@ -164,7 +165,8 @@ async def take_over(record: AttemptHandover, handed: Sequence[AmContainer], trai
     applied = None
     if training.spec.audit_updates:     # what the servers applied is what ran: nothing is in flight now
         try:
-            got = await asyncio.wait_for(StoreClient(table, training.placement.client).pull([AUDIT_KEY]), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                got = await StoreClient(table, training.placement.client).pull([AUDIT_KEY])
         except (asyncio.TimeoutError, ExecutorCallError, StoreClientError) as e:
             raise TakeOverRefused(f"the servers' audit count could not be read: {e}") from None
         applied = int(got[AUDIT_KEY][0]) if AUDIT_KEY in got else 0

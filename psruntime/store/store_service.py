@@ -220,15 +220,16 @@ class StoreService:
 
     async def _move_one(self, block: int, dst: str, dst_address: str) -> None:
         try:
-            await asyncio.wait_for(self._client.request(dst_address, to_header(TakeOwnership(
-                blocks=[block], src=self.executor_id))), self.handover_timeout_s)
+            async with asyncio.timeout(self.handover_timeout_s):
+                await self._client.request(dst_address, to_header(TakeOwnership(blocks=[block],
+                                                                                src=self.executor_id)))
         except Exception:
             self.states.apply(block, MigrationEvent.ABORT)  # nothing was redirected yet: safe to keep
             # Best effort: if the destination did start queueing, it stops (its queue is empty, as
             # nobody was redirected to it) and can take the block in a later move.
             try:
-                await asyncio.wait_for(self._client.request(dst_address, to_header(CancelIncoming(blocks=[block]))),
-                                       5.0)
+                async with asyncio.timeout(5.0):
+                    await self._client.request(dst_address, to_header(CancelIncoming(blocks=[block])))
             except Exception:  # noqa: BLE001
                 log.warning("could not cancel the incoming block %d at %s", block, dst)
             raise

@@ -308,7 +308,8 @@ class DataPlaneConnection:
         apply_liveness(conn.protocol.transport, liveness)
         if conn._auth is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(conn._authenticated), HANDSHAKE_TIMEOUT_S)
+                async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                    await asyncio.shield(conn._authenticated)
             except BaseException as e:
                 await conn.close()
                 if isinstance(e, asyncio.TimeoutError):

@@ -148,7 +148,8 @@ class Elector:
         """A periodic timer that an event (a transition request) can cut short."""
         self._wake.clear()
         try:
-            await asyncio.wait_for(self._wake.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
         except asyncio.TimeoutError:
             pass
 

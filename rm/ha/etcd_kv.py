@@ -128,7 +128,8 @@ class AsyncEtcd:
         for k in range(len(self.targets)):
             i = (self._current + k) % len(self.targets)
             try:
-                out = await asyncio.wait_for(fn(self._client(i)), self.timeout_s * 2)
+                async with asyncio.timeout(self.timeout_s * 2):
+                    out = await fn(self._client(i))
             except (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError,
                     aetcd.exceptions.InternalError, asyncio.TimeoutError) as e:
                 errors.append(f"{self.targets[i][0]}:{self.targets[i][1]}: {type(e).__name__} {e}".strip())
@@ -153,7 +154,8 @@ async def check_members(targets: Sequence[tuple[str, int]], timeout_s: float) ->
     for host, port in targets:
         client = aetcd.Client(host=host, port=port, timeout=timeout_s, options=CHANNEL_OPTIONS)
         try:
-            await asyncio.wait_for(client.status(), timeout_s + 1)
+            async with asyncio.timeout(timeout_s + 1):
+                await client.status()
         except (aetcd.exceptions.ClientError, asyncio.TimeoutError, OSError) as e:
             bad.append(f"{host}:{port}: {type(e).__name__} {e}".strip())
         finally:

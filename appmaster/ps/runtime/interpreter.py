@@ -217,7 +217,8 @@ class JobInterpreter:
                 return False
             self._fed.clear()
             try:
-                await asyncio.wait_for(self._fed.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._fed.wait()
             except asyncio.TimeoutError:
                 return done()
         return True

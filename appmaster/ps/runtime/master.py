@@ -321,7 +321,8 @@ class PSApplicationMaster:
         self.training.loop.stop()
         await self.training.rpc.shutdown(self.pool.live())
         try:
-            await asyncio.wait_for(self.am.stop_all(), 15.0)
+            async with asyncio.timeout(15.0):
+                await self.am.stop_all()
         except asyncio.TimeoutError:
             log.warning("stopping executor containers timed out")
 
