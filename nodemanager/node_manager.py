@@ -33,6 +33,7 @@ from .web_api import NodeWebApi
 
 log = logging.getLogger(__name__)
 VERSION = "elastane-0.1.0"
+LINK_STOP_TIMEOUT_S = 5.0
 
 
 class NodeManager:
@@ -233,10 +234,14 @@ class NodeManager:
 
         if self._link_task is not None:
             self._link_task.cancel()
-            try:
-                await self._link_task
-            except (asyncio.CancelledError, Exception):
-                pass
+            # Bounded: a loop that ignored its cancel would hold the stop until bin/elastane-daemon's
+            # SIGKILL, leaving the containers' cgroups behind; the containers step comes first.
+            done, _ = await asyncio.wait([self._link_task], timeout=LINK_STOP_TIMEOUT_S)
+            if not done:
+                log.error("the RM link did not stop within %.0f s of its cancel; stopping without it",
+                          LINK_STOP_TIMEOUT_S)
+            elif not self._link_task.cancelled() and self._link_task.exception() is not None:
+                log.error("the RM link had failed: %r", self._link_task.exception())
         step("rm-link")
         if self.utilization is not None:
             await self.utilization.stop()
