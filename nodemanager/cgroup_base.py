@@ -171,6 +171,17 @@ class CgroupBackend(abc.ABC):
         """rmdir the container's cgroup dirs; False while processes remain (EBUSY)."""
         return remove_dirs(cg.dirs)
 
+    def remove_empty(self, prefix: str) -> None:
+        """Remove the node's cgroups named `prefix`* that hold no process (a pool's spares a
+        previous NM left; one that holds a container it recovers stays: the kernel refuses)."""
+        for parent in self.node_dirs():
+            try:
+                names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+            except OSError:
+                continue
+            for n in names:
+                self.try_remove(ContainerCgroup(n, [os.path.join(parent, n)]))
+
     def teardown(self) -> None:
         """Remove the node's (empty) parent cgroups; the shared top one only if no other NM uses it."""
         for d in self.node_dirs():

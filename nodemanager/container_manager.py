@@ -16,13 +16,13 @@ from typing import Any, Callable, Optional
 
 from protocol import container_env, ids
 from protocol.config import NMConfig
-from protocol.internal_api import LaunchContext
+from protocol.internal_api import LaunchContext, WarmStart
 from protocol.local_resources import LocalResourceError
 from protocol.records import ExitStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
 
 from . import launcher, procfs
-from .cgroup_base import remove_dirs
+from .cgroup_base import ContainerCgroup, remove_dirs
 from .container import Container
 from .container_shell_pool import ContainerShell, ContainerShellPool, ShellLaunchError
 from .container_state import ContainerEvent as Ev, NMContainerState as St, holds_resources, is_finished
@@ -31,6 +31,7 @@ from .localizer import Localizer, link_into, validate as validate_resources
 from .recovery_store import RecoveryStore
 from .rss_monitor import Watched, cgroup_oom_diagnostics, find_overruns
 from .warm_launcher import WarmLauncher, WarmLaunchError, WarmProcess, warm_request
+from .warm_spares import WarmSparePool
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class ContainerManager:
         self._closing = False
         self.warm: Optional[WarmLauncher] = None      # the executor zygote (set by the NM when it runs one)
         self.shells: Optional[ContainerShellPool] = None  # pre-started shells (set by the NM with cgroups)
+        self.warm_spares: Optional[WarmSparePool] = None  # the zygote's spares (set by the NM with cgroups)
         self.localizer = Localizer(cfg)
         # Log aggregation's hooks (set by the NM when it aggregates): told when an app is over here,
         # and asked before a finished container's logs are deleted (not before they are uploaded).
@@ -167,13 +169,17 @@ class ContainerManager:
                 return
         if ctx.warm_start is not None and warm is not None and warm.serves(ctx.warm_start.module):
             c.launch_path = "zygote"
-            spec = await asyncio.to_thread(self._prepare, c, ctx)
-            try:
-                proc = await warm.launch(warm_request(spec, ctx, ctx.warm_start))
-            except WarmLaunchError as e:
-                log.warning("%s: %s; launching it cold", c.container_id, e)
-                c.launch_path = "cold"
-                proc = await asyncio.to_thread(launcher.spawn, spec, ctx)
+            in_spare = await self._launch_in_spare(c, ctx, warm, ctx.warm_start)
+            if in_spare is not None:
+                proc = in_spare
+            else:
+                spec = await asyncio.to_thread(self._prepare, c, ctx)
+                try:
+                    proc = await warm.launch(warm_request(spec, ctx, ctx.warm_start))
+                except WarmLaunchError as e:
+                    log.warning("%s: %s; launching it cold", c.container_id, e)
+                    c.launch_path = "cold"
+                    proc = await asyncio.to_thread(launcher.spawn, spec, ctx)
             c.launch_phase("spawn")
             st = await asyncio.to_thread(procfs.read_stat, proc.pid)
         else:
@@ -194,7 +200,8 @@ class ContainerManager:
         if c.kill_status is not None:  # a stop arrived while the launch was in flight
             c.apply(Ev.KILL)
             self.spawn_task(self._kill(c))
-        log.info("launched %s pid %d (%s)", c.container_id, proc.pid, c.resource.to_json())
+        log.info("launched %s pid %d (%s) %s in %s ms", c.container_id, proc.pid, c.resource.to_json(), c.launch_path,
+                 c.launch_ms)
 
     async def _launch_in_shell_or_cold(self, c: Container, ctx: LaunchContext
                                        ) -> tuple[launcher.ContainerProcess, Optional[procfs.ProcStat]]:
@@ -211,20 +218,50 @@ class ContainerManager:
         c.launch_path = "cold"
         return await asyncio.to_thread(self._prepare_and_spawn, c, ctx)
 
-    def _run_in_shell(self, c: Container, ctx: LaunchContext, shell: ContainerShell
-                      ) -> tuple[launcher.ContainerProcess, Optional[procfs.ProcStat]]:
-        """The blocking part of a launch in a pre-started shell (in a worker thread): the shell's
-        cgroup gets the container's limits and name, then the shell runs the launch script."""
+    async def _launch_in_spare(self, c: Container, ctx: LaunchContext, warm: WarmLauncher,
+                               start: WarmStart) -> Optional[WarmProcess]:
+        """A warm launch in one of the zygote's spares (nodemanager.warm_spares), already in its
+        cgroup; None when the pool has none or it could not take the container (fork afresh)."""
+        pool = self.warm_spares
+        spare = pool.take() if pool is not None else None
+        if pool is None or spare is None:
+            return None
+        try:
+            spec = await asyncio.to_thread(self._adopt_cgroup, c, ctx, spare.cgroup)
+            spare.cgroup = c.cgroup or spare.cgroup     # a failure below removes it by its new name
+            req = warm_request(spec, ctx, start)
+            req.spare_pid = spare.pid
+            proc = await warm.launch(req)
+        except (WarmLaunchError, OSError) as e:      # CgroupError is an OSError
+            log.warning("%s: the spare %d could not take it (%s); forking afresh", c.container_id, spare.pid, e)
+            await pool.discard(spare)
+            c.cgroup = None
+            return None
+        c.launch_path = "zygote-spare"
+        return proc
+
+    def _adopt_cgroup(self, c: Container, ctx: LaunchContext, cg: ContainerCgroup) -> launcher.LaunchSpec:
+        """A pre-joined process's cgroup (a shell's, a spare's) made the container's: its limits and
+        name; then the container's dirs (blocking: a worker thread)."""
         c.launch_phase("handoff")
         backend = self.enforcement.backend
         assert backend is not None
-        backend.configure(shell.cgroup, c.resource.memory, c.resource.vcores, ctx.cpu_weighted)
-        c.cgroup = backend.rename(shell.cgroup, c.container_id)
-        shell.cgroup = c.cgroup         # a failure below removes the cgroup by its new name
+        backend.configure(cg, c.resource.memory, c.resource.vcores, ctx.cpu_weighted)
+        c.cgroup = backend.rename(cg, c.container_id)
         c.launch_phase("cgroup")
         spec = self._spec(c)
         launcher.prepare_dirs(spec)
         c.launch_phase("dirs")
+        return spec
+
+    def _run_in_shell(self, c: Container, ctx: LaunchContext, shell: ContainerShell
+                      ) -> tuple[launcher.ContainerProcess, Optional[procfs.ProcStat]]:
+        """The blocking part of a launch in a pre-started shell (in a worker thread): the shell's
+        cgroup gets the container's limits and name, then the shell runs the launch script."""
+        try:
+            spec = self._adopt_cgroup(c, ctx, shell.cgroup)
+        finally:
+            shell.cgroup = c.cgroup or shell.cgroup     # a failure removes the cgroup by its new name
         proc = shell.run(spec, ctx)
         c.launch_phase("spawn")
         st = procfs.read_stat(proc.pid)
@@ -475,6 +512,8 @@ class ContainerManager:
             t.cancel()
         if self.shells is not None:     # idle shells first: their cgroups go whatever else stalls
             await self.shells.close()
+        if self.warm_spares is not None:    # the same for idle spares (the zygote closes later)
+            await self.warm_spares.close()
         live = [c.container_id for c in self.containers.values() if not is_finished(c.state)]
         await asyncio.gather(*(self.stop(cid, ExitStatus.KILLED_BY_RESOURCEMANAGER,
                                          "Container killed on NodeManager shutdown") for cid in live))

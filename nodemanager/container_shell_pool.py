@@ -210,13 +210,7 @@ class ContainerShellPool:
         return shell
 
     def _remove_stale(self) -> None:
-        for parent in self.backend.node_dirs():
-            try:
-                names = [n for n in os.listdir(parent) if n.startswith(NAME_PREFIX)]
-            except OSError:
-                continue
-            for n in names:     # an empty one only: the kernel refuses to remove one with processes
-                self.backend.try_remove(ContainerCgroup(n, [os.path.join(parent, n)]))
+        self.backend.remove_empty(NAME_PREFIX)
 
 
 def _read_line(popen: subprocess.Popen, timeout_s: float) -> bytes:

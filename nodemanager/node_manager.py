@@ -25,6 +25,7 @@ from .log_aggregation_service import LogAggregationService
 from .enforcement import Enforcement, choose
 from .recovery_store import RecoveryStore
 from .container_shell_pool import ContainerShellPool
+from .warm_spares import WarmSparePool
 from .warm_launcher import WarmLauncher
 from .rm_link import RMLink
 from .utilization_monitor import UtilizationMonitor
@@ -121,6 +122,10 @@ class NodeManager:
             try:
                 await self.warm.start()
                 self.manager.warm = self.warm
+                if self.cfg.warm_spares > 0 and self.enforcement.backend is not None:
+                    self.manager.warm_spares = WarmSparePool(self.enforcement.backend, self.warm,
+                                                             self.cfg.warm_spares)
+                    await self.manager.warm_spares.start()
             except OSError as e:
                 log.warning("no executor zygote (containers start cold): %s", e)
         recovered = await self.manager.recover()
@@ -211,6 +216,7 @@ class NodeManager:
             "rack": self.cfg.rack,
             "nodeLabels": list(self.cfg.node_labels),
             "containerShells": m.shells.stats() if m and m.shells else {"size": 0},
+            "warmSpares": m.warm_spares.stats() if m and m.warm_spares else {"size": 0},
             # Whether cgroup joins skip the kernel's grace-period wait (None: no cgroup2 mount).
             "cgroupFavorDynmods": self.enforcement.favor_dynmods if self.enforcement else None,
             # The executor zygote (None: the NM runs none): warm launches are fast once it is ready.

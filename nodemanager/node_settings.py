@@ -165,7 +165,8 @@ def validate(cfg: NMConfig, cluster: ClusterConfig, resolve: Resolve = resolve_a
         raise ConfigError(f"cpu_enforcement must be one of {', '.join(CPU_MODES)}, got {cfg.cpu_enforcement!r}")
     if not 0 <= cfg.port <= 65535:
         raise ConfigError(f"port must be 0..65535, got {cfg.port}")
-    for name in ("memory_mb", "vcores", "reserved_memory_mb", "container_shells", "localizer_cache_mb"):
+    for name in ("memory_mb", "vcores", "reserved_memory_mb", "container_shells", "warm_spares",
+                 "localizer_cache_mb"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     for name in ("heartbeat_interval_ms", "monitor_interval_ms", "cpu_period_us", "localizer_threads",

@@ -145,7 +145,18 @@ class WarmLauncher:
         log.info("executor zygote pid %d preloading %s", self._proc.pid, ", ".join(self.modules))
 
     async def launch(self, req: wire.WarmLaunch) -> WarmProcess:
-        """Fork the container `req` describes; WarmLaunchError when the zygote cannot."""
+        """Fork the container `req` describes (or hand it to the spare `req.spare_pid`, which
+        `spare` started); WarmLaunchError when the zygote cannot."""
+        pid, exited = await self._request(req, req.container_id)
+        return WarmProcess(pid, exited, req.exit_file)
+
+    async def spare(self, cgroup_procs: list[str]) -> tuple[int, "asyncio.Future[int]"]:
+        """Fork a spare child that joins `cgroup_procs` and waits for a launch naming it; its pid
+        and its exit (the wait status's code) once it has joined. WarmLaunchError if it could not."""
+        return await self._request(wire.WarmSpare(request_id=0, cgroup_procs=list(cgroup_procs)), "a spare")
+
+    async def _request(self, req: wire.WarmLaunch | wire.WarmSpare, what: str
+                       ) -> tuple[int, "asyncio.Future[int]"]:
         if not self.alive or self._writer is None:
             raise WarmLaunchError("the executor zygote is not running")
         loop = asyncio.get_running_loop()
@@ -157,12 +168,11 @@ class WarmLauncher:
                 self._writer.write(wire.frame(req))
                 await self._writer.drain()
             async with asyncio.timeout(START_TIMEOUT_S + LAUNCH_TIMEOUT_S):
-                pid, exited = await asyncio.shield(started)
+                return await asyncio.shield(started)
         except (OSError, asyncio.TimeoutError) as e:
-            raise WarmLaunchError(f"the executor zygote did not start {req.container_id}: {e}") from None
+            raise WarmLaunchError(f"the executor zygote did not start {what}: {e}") from None
         finally:
             self._launches.pop(req.request_id, None)
-        return WarmProcess(pid, exited, req.exit_file)
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         loop = asyncio.get_running_loop()
@@ -171,8 +181,10 @@ class WarmLauncher:
                 header = await reader.readexactly(wire.HEADER.size)
                 msg = wire.decode_reply(await reader.readexactly(wire.body_length(header)))
                 if isinstance(msg, wire.WarmStarted):
-                    exited: asyncio.Future[int] = loop.create_future()
-                    self._exits[msg.pid] = exited
+                    # A spare's launch keeps the future its start made: one exit per process.
+                    exited = self._exits.get(msg.pid)
+                    if exited is None:
+                        exited = self._exits[msg.pid] = loop.create_future()
                     self._children.add(msg.pid)
                     fut = self._launches.get(msg.request_id)
                     if fut is not None and not fut.done():

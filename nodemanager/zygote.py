@@ -36,7 +36,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Optional
+from typing import Callable, NoReturn, Optional
 
 import msgspec
 
@@ -87,27 +87,82 @@ def container_title(req: wire.WarmLaunch) -> str:
     return " ".join(["python", "-m", req.module, *req.argv, ident])
 
 
+def _enter_session_and_cgroups(cgroup_procs: list[str]) -> bool:
+    """A new session (process group = pid), then each cgroup joined; False (said on stderr) if one
+    could not be."""
+    os.setsid()
+    for procs in cgroup_procs:
+        try:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+        except OSError as e:
+            os.write(2, f"elastane: cannot join cgroup {procs}: {e}\n".encode())
+            return False
+    return True
+
+
 def _become_container(req: wire.WarmLaunch, ready: int) -> int:
     """In the forked child: set up the container's process and run its module; returns the exit
     code. `ready` is closed once the child leads its session and joined its cgroups (the zygote
     waits for that before it reports the start)."""
     try:
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(req.stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        err = os.open(req.stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        for fd, target in ((devnull, 0), (out, 1), (err, 2)):
-            os.dup2(fd, target)
-            os.close(fd)
-        for procs in req.cgroup_procs:
-            try:
-                with open(procs, "w") as f:
-                    f.write(str(os.getpid()))
-            except OSError as e:
-                os.write(2, f"elastane: cannot join cgroup {procs}: {e}\n".encode())
-                return wire.CGROUP_JOIN_FAILED_EXIT
+        _open_container_stdio(req)      # first: a failed join is said in the container's stderr
+        if not _enter_session_and_cgroups(req.cgroup_procs):
+            return wire.CGROUP_JOIN_FAILED_EXIT
     finally:
         os.close(ready)
+    return _run_container(req)
+
+
+def _open_container_stdio(req: wire.WarmLaunch) -> None:
+    """stdin from /dev/null, stdout / stderr appended to the container's log files."""
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(req.stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    err = os.open(req.stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for fd, target in ((devnull, 0), (out, 1), (err, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def _become_spare(cgroup_procs: list[str], ready: int, requests: int) -> int:
+    """In a spare child: its session and cgroups now, then wait for the container it becomes (a
+    WarmLaunch on `requests`, whose end the zygote closes once it wrote it; nothing: exit)."""
+    # Only its own pipes: a write end of another spare's pipe held here would keep that spare from
+    # ever reading the end of its request.
+    _close_fds_except({0, 1, 2, ready, requests})
+    try:
+        joined = _enter_session_and_cgroups(cgroup_procs)
+        if joined:
+            os.write(ready, b"j")
+    finally:
+        os.close(ready)
+    if not joined:
+        return wire.CGROUP_JOIN_FAILED_EXIT
+    chunks = []
+    while chunk := os.read(requests, 1 << 16):
+        chunks.append(chunk)
+    os.close(requests)
+    data = b"".join(chunks)
+    if not data:
+        return 0        # the zygote closed: never used
+    req = wire.decode_request(data[wire.HEADER.size:])
+    if not isinstance(req, wire.WarmLaunch):
+        return 1
+    _open_container_stdio(req)
+    return _run_container(req)
+
+
+def _close_fds_except(keep: set[int]) -> None:
+    top = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024
+    lo = 0
+    for fd in [*sorted(keep), top]:
+        if lo < fd:      # never an empty range: closerange(n, n) closes every fd from n on (3.11)
+            os.closerange(lo, fd)
+        lo = fd + 1
+
+
+def _run_container(req: wire.WarmLaunch) -> int:
+    """The container's process, from its session and cgroups on: its dir, environment and module."""
     os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024)
     os.chdir(req.cwd)
     os.environ.clear()
@@ -146,30 +201,46 @@ class Zygote:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.children: dict[int, wire.WarmLaunch] = {}
+        # Spare children (WarmSpare): pid -> the write end of the pipe its WarmLaunch goes down;
+        # joining: the read end of a spare's ready pipe -> (request id, pid, its request pipe).
+        self.spares: dict[int, int] = {}
+        self._joining: dict[int, tuple[int, int, int]] = {}
         self.closing = False
         self._buf = b""
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        self._sel = selectors.DefaultSelector()
 
     def serve(self) -> int:
         signal.set_wakeup_fd(self._wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)      # wakes the selector through the pipe
         signal.signal(signal.SIGTERM, signal.SIG_IGN)       # the NM ends us by closing the socket
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        sel = selectors.DefaultSelector()
+        sel = self._sel
         sel.register(self.sock, selectors.EVENT_READ, "sock")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        while not (self.closing and not self.children):
+        while not (self.closing and not self.children and not self.spares and not self._joining):
             for key, _ in sel.select():
                 if key.data == "wake":
                     self._drain_wakeups()
                     self._reap()
+                elif key.data == "joined":
+                    self._spare_joined(key.fd)
                 elif not self._read():
-                    self.closing = True
-                    sel.unregister(self.sock)
+                    self._close()
             self._reap()            # a SIGCHLD may have come between select and the handler
         return 0
+
+    def _close(self) -> None:
+        """The NM closed the channel: fork no more, and let the spares go (each reads the end of
+        its pipe and exits)."""
+        self.closing = True
+        self._sel.unregister(self.sock)
+        for w in self.spares.values():
+            if w >= 0:
+                os.close(w)
+        self.spares = {pid: -1 for pid in self.spares}      # reaped as they exit
 
     def _drain_wakeups(self) -> None:
         try:
@@ -183,6 +254,8 @@ class Zygote:
             data = self.sock.recv(1 << 16)
         except InterruptedError:
             return True
+        except ConnectionResetError:    # the NM closed with our last reports unread: closed all the same
+            return False
         if not data:
             return False
         self._buf += data
@@ -190,8 +263,15 @@ class Zygote:
             n = wire.body_length(self._buf[:wire.HEADER.size])
             if len(self._buf) < wire.HEADER.size + n:
                 break
-            body, self._buf = self._buf[wire.HEADER.size:wire.HEADER.size + n], self._buf[wire.HEADER.size + n:]
-            self._launch(wire.decode_request(body))
+            frame = self._buf[:wire.HEADER.size + n]
+            body, self._buf = frame[wire.HEADER.size:], self._buf[wire.HEADER.size + n:]
+            req = wire.decode_request(body)
+            if isinstance(req, wire.WarmSpare):
+                self._fork_spare(req)
+            elif req.spare_pid:
+                self._hand_to_spare(req, frame)
+            else:
+                self._launch(req)
         return True
 
     def send_ready(self, preload_s: float) -> None:
@@ -206,29 +286,39 @@ class Zygote:
         except OSError:
             self.closing = True
 
+    def _fork(self, request_id: int) -> Optional[int]:
+        try:
+            return os.fork()
+        except OSError as e:
+            self._send(wire.WarmFailed(request_id, f"fork: {e}"))
+            return None
+
+    def _in_child(self, become: Callable[[], int]) -> NoReturn:
+        code = 1
+        try:
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, signal.SIG_DFL)
+            code = become()
+        except BaseException:  # noqa: BLE001 - said where the child's stderr goes, then its exit code
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+
     def _launch(self, req: wire.WarmLaunch) -> None:
         ready_r, ready_w = os.pipe()
-        try:
-            pid = os.fork()
-        except OSError as e:
+        pid = self._fork(req.request_id)
+        if pid is None:
             os.close(ready_r)
             os.close(ready_w)
-            self._send(wire.WarmFailed(req.request_id, f"fork: {e}"))
             return
         if pid == 0:      # the container
-            code = 1
-            try:
-                os.close(ready_r)
-                signal.set_wakeup_fd(-1)
-                for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
-                    signal.signal(sig, signal.SIG_DFL)
-                code = _become_container(req, ready_w)
-            finally:
-                try:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(code)
+            os.close(ready_r)
+            self._in_child(lambda: _become_container(req, ready_w))
         os.close(ready_w)
         # Started only once the child leads its own session and sits in its cgroups (or gave up
         # on them): from then on the NM may signal its process group, and nothing of the
@@ -240,18 +330,70 @@ class Zygote:
         self.children[pid] = req
         self._send(wire.WarmStarted(req.request_id, pid))
 
+    def _fork_spare(self, req: wire.WarmSpare) -> None:
+        ready_r, ready_w = os.pipe()
+        req_r, req_w = os.pipe()
+        pid = self._fork(req.request_id)
+        if pid is None:
+            for fd in (ready_r, ready_w, req_r, req_w):
+                os.close(fd)
+            return
+        if pid == 0:      # the spare
+            self._in_child(lambda: _become_spare(req.cgroup_procs, ready_w, req_r))
+        os.close(ready_w)
+        os.close(req_r)
+        # Not waited for here, unlike a launch's join: the join's grace period would hold up the
+        # launches behind it. The selector says when the spare has joined (or failed to).
+        self._joining[ready_r] = (req.request_id, pid, req_w)
+        self._sel.register(ready_r, selectors.EVENT_READ, "joined")
+
+    def _spare_joined(self, ready_r: int) -> None:
+        request_id, pid, req_w = self._joining.pop(ready_r)
+        self._sel.unregister(ready_r)
+        try:
+            said = os.read(ready_r, 1)
+        finally:
+            os.close(ready_r)
+        if said == b"j" and not self.closing:
+            self.spares[pid] = req_w
+            self._send(wire.WarmStarted(request_id, pid))
+            return
+        os.close(req_w)       # it exits (it could not join, or we are closing); reaped as a spare
+        self.spares[pid] = -1
+        self._send(wire.WarmFailed(request_id, f"the spare {pid} did not join its cgroups"))
+
+    def _hand_to_spare(self, req: wire.WarmLaunch, frame: bytes) -> None:
+        req_w = self.spares.get(req.spare_pid, -1)
+        if req_w < 0:
+            self._send(wire.WarmFailed(req.request_id, f"no spare {req.spare_pid} is waiting"))
+            return
+        del self.spares[req.spare_pid]
+        try:
+            os.write(req_w, frame)        # a launch's frame is far below a pipe's buffer
+        except OSError as e:
+            self._send(wire.WarmFailed(req.request_id, f"spare {req.spare_pid}: {e}"))
+            return
+        finally:
+            os.close(req_w)
+        self.children[req.spare_pid] = req
+        self._send(wire.WarmStarted(req.request_id, req.spare_pid))
+
     def _reap(self) -> None:
-        while self.children:
+        while self.children or self.spares or self._joining:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 self.children.clear()
+                self.spares.clear()
                 return
             if pid == 0:
                 return
             req = self.children.pop(pid, None)
             if req is not None:
                 _write_exit_file(req.exit_file, _exit_code(status))
+            w = self.spares.pop(pid, -1)
+            if w >= 0:
+                os.close(w)
             self._send(wire.WarmExited(pid, status))
 
 

@@ -154,6 +154,10 @@ class NMConfig(msgspec.Struct, forbid_unknown_fields=True):
     # wait on the launch path (nodemanager.container_shell_pool); 0 = every launch joins cold.
     # Only where cgroups enforce the limits.
     container_shells: int = 4
+    # Children of the executor zygote kept forked, each already in a cgroup of its own, so a warm
+    # launch skips the cgroup join's wait too (nodemanager.warm_spares); 0 = every warm launch joins.
+    # Only with a zygote (warm_modules) and where cgroups enforce the limits.
+    warm_spares: int = 2
     # How long a finished container's logs stay on this node. With log aggregation on (cluster.toml's
     # remote_app_log_dir), counted from the app's final upload: until then they stay whatever this says.
     keep_finished_logs_s: float = 3600.0

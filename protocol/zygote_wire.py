@@ -2,7 +2,8 @@
 
 The NM keeps one pre-started interpreter per node (nodemanager.zygote) with the executor's modules
 already imported; to start a warm container it sends a `WarmLaunch`, the zygote forks a child that
-becomes the container's process and answers `WarmStarted` (or `WarmFailed`), and when a child ends
+becomes the container's process (or hands it to a spare child forked ahead, `WarmSpare`) and
+answers `WarmStarted` (or `WarmFailed`), and when a child ends
 the zygote reaps it and sends `WarmExited` with its wait status. Once it has imported its modules it
 sends `WarmReady` first (a launch sent earlier waits on the channel like any other). Frames are a 4-byte big-endian
 length and a msgpack body (msgspec), over a unix socketpair the NM creates.
@@ -36,6 +37,19 @@ class WarmLaunch(msgspec.Struct, tag="launch", forbid_unknown_fields=True):
     stderr: str
     exit_file: str
     cgroup_procs: list[str] = []
+    # A spare (WarmSpare) to run it in instead of a fresh fork: already in its session and in the
+    # cgroups the NM has since given the container's limits, so `cgroup_procs` is not joined again.
+    spare_pid: int = 0
+
+
+class WarmSpare(msgspec.Struct, tag="spare", forbid_unknown_fields=True):
+    """Fork a spare child: its own session, joined to `cgroup_procs`, then waiting for a WarmLaunch
+    naming it (`spare_pid`). Answered `WarmStarted` once it has joined (`WarmFailed` if it could not);
+    it exits, reported as any child, when the zygote closes. Moving a process into a cgroup waits for
+    an RCU grace period on most hosts (15-20 ms): a spare pays it before a launch needs it."""
+
+    request_id: int
+    cgroup_procs: list[str]
 
 
 class WarmStarted(msgspec.Struct, tag="started", forbid_unknown_fields=True):
@@ -61,7 +75,7 @@ class WarmReady(msgspec.Struct, tag="ready", forbid_unknown_fields=True):
     preload_s: float
 
 
-ZygoteRequest = WarmLaunch
+ZygoteRequest = Union[WarmLaunch, WarmSpare]
 ZygoteReply = Union[WarmStarted, WarmFailed, WarmExited, WarmReady]
 
 _encoder = msgspec.msgpack.Encoder()
@@ -85,9 +99,10 @@ def body_length(header: bytes) -> int:
     return int(n)
 
 
-def decode_request(body: bytes) -> WarmLaunch:
+def decode_request(body: bytes) -> ZygoteRequest:
     try:
-        return _request_decoder.decode(body)
+        req: ZygoteRequest = _request_decoder.decode(body)
+        return req
     except msgspec.DecodeError as e:
         raise FrameError(f"bad zygote request: {e}") from None
 
@@ -100,5 +115,5 @@ def decode_reply(body: bytes) -> ZygoteReply:
         raise FrameError(f"bad zygote reply: {e}") from None
 
 
-__all__ = ["CGROUP_JOIN_FAILED_EXIT", "FrameError", "HEADER", "MAX_FRAME", "WarmExited", "WarmFailed", "WarmLaunch", "WarmStarted",
+__all__ = ["CGROUP_JOIN_FAILED_EXIT", "FrameError", "HEADER", "MAX_FRAME", "WarmExited", "WarmFailed", "WarmLaunch", "WarmSpare", "WarmStarted",
            "ZygoteReply", "ZygoteRequest", "body_length", "decode_reply", "decode_request", "frame"]

@@ -165,3 +165,51 @@ async def test_a_preloaded_modules_warm_entry_is_called_after_its_warm_up_not_th
         assert Path(req.exit_file).read_text().strip() == "7"
     finally:
         await w.close()
+
+
+async def test_a_spare_joins_first_and_a_launch_naming_it_runs_there_without_another_join(
+        zygote: WarmLauncher, tmp_path: Path) -> None:
+    """A spare (WarmSpare) leads its own session and sits in its cgroup before any launch; the
+    container then runs in that process, set up as a fresh child is (dir, environment, logs, exit
+    file), and nothing writes to the cgroup again. A launch naming no waiting spare is refused."""
+    procs = tmp_path / "cgroup.procs"
+    procs.write_text("")
+    pid, exited = await zygote.spare([str(procs)])
+    assert procs.read_text() == str(pid)                        # joined before it was used
+    assert os.getsid(pid) == pid and not exited.done()
+    procs.write_text("")                                        # a second join would show here
+    code = ("import os; print('cwd', os.getcwd()); print('env', sorted(os.environ)); "
+            "print('pid', os.getpid(), os.getsid(0) == os.getpid())")
+    req = request(tmp_path, code, cgroup_procs=[str(procs)], spare_pid=pid)
+    proc = await zygote.launch(req)
+    assert proc.pid == pid
+    assert await asyncio.wait_for(proc.wait(), 30) == 0
+    out = Path(req.stdout).read_text()
+    assert f"cwd {req.cwd}" in out and "env ['CONTAINER_ID', 'PATH']" in out and f"pid {pid} True" in out
+    assert procs.read_text() == ""
+    assert Path(req.exit_file).read_text().strip() == "0"
+    assert exited.done() and exited.result() == 0               # one exit: the spare's is the container's
+    with pytest.raises(WarmLaunchError, match="no spare"):
+        await zygote.launch(request(tmp_path, "pass", "again", spare_pid=pid))
+
+
+async def test_a_spare_that_cannot_join_is_refused_and_idle_spares_end_with_the_zygote(tmp_path: Path) -> None:
+    w = WarmLauncher(["timeit"])
+    await w.start()
+    try:
+        with pytest.raises(WarmLaunchError, match="did not join"):
+            await w.spare([str(tmp_path / "no" / "cgroup.procs")])
+        procs = tmp_path / "cgroup.procs"
+        procs.write_text("")
+        pid, exited = await w.spare([str(procs)])
+    finally:
+        await w.close()             # waits for the zygote, which waits for its idle spare
+    assert exited.done() and not Path(f"/proc/{pid}").exists()
+
+
+def test_spare_requests_round_trip() -> None:
+    for msg in (wire.WarmSpare(request_id=3, cgroup_procs=["/a/cgroup.procs"]),
+                wire.WarmLaunch(request_id=4, container_id="c", module="m", argv=[], env={}, cwd="/",
+                                stdout="o", stderr="e", exit_file="x", spare_pid=77)):
+        data = wire.frame(msg)
+        assert wire.decode_request(data[4:]) == msg
