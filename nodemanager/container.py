@@ -40,7 +40,7 @@ class Container:
     launched_at: float = 0.0             # wall clock
     finished_at: Optional[float] = None  # wall clock
     role: str = ""                       # launch environment's ELASTANE_CONTAINER_ROLE (metrics label)
-    launch_path: str = ""                # how its process started: shell | cold | zygote
+    launch_path: str = ""                # how its process started: shell | cold | zygote | zygote-spare
     launch_ms: dict[str, float] = field(default_factory=dict, repr=False)  # the NM's launch phases
     phase_mark: float = field(default=0.0, repr=False)
     process: Optional[Any] = field(default=None, repr=False)  # launcher.ContainerProcess
