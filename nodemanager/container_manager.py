@@ -22,11 +22,12 @@ from protocol.records import ExitStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
 
 from . import launcher, procfs
-from .cgroup_base import ContainerCgroup, remove_dirs
+from .cgroup_base import remove_dirs
 from .container import Container
 from .container_shell_pool import ContainerShell, ContainerShellPool, ShellLaunchError
 from .container_state import ContainerEvent as Ev, NMContainerState as St, holds_resources, is_finished
 from .enforcement import Enforcement
+from .prejoined_pool import PrejoinedProcess
 from .localizer import Localizer, link_into, validate as validate_resources
 from .recovery_store import RecoveryStore
 from .rss_monitor import Watched, cgroup_oom_diagnostics, find_overruns
@@ -227,8 +228,7 @@ class ContainerManager:
         if pool is None or spare is None:
             return None
         try:
-            spec = await asyncio.to_thread(self._adopt_cgroup, c, ctx, spare.cgroup)
-            spare.cgroup = c.cgroup or spare.cgroup     # a failure below removes it by its new name
+            spec = await asyncio.to_thread(self._adopt_cgroup, c, ctx, spare)
             req = warm_request(spec, ctx, start)
             req.spare_pid = spare.pid
             proc = await warm.launch(req)
@@ -240,14 +240,15 @@ class ContainerManager:
         c.launch_path = "zygote-spare"
         return proc
 
-    def _adopt_cgroup(self, c: Container, ctx: LaunchContext, cg: ContainerCgroup) -> launcher.LaunchSpec:
+    def _adopt_cgroup(self, c: Container, ctx: LaunchContext, proc: PrejoinedProcess) -> launcher.LaunchSpec:
         """A pre-joined process's cgroup (a shell's, a spare's) made the container's: its limits and
         name; then the container's dirs (blocking: a worker thread)."""
         c.launch_phase("handoff")
         backend = self.enforcement.backend
         assert backend is not None
-        backend.configure(cg, c.resource.memory, c.resource.vcores, ctx.cpu_weighted)
-        c.cgroup = backend.rename(cg, c.container_id)
+        backend.configure(proc.cgroup, c.resource.memory, c.resource.vcores, ctx.cpu_weighted)
+        # The process's too: a failure from here on removes the cgroup by its new name.
+        c.cgroup = proc.cgroup = backend.rename(proc.cgroup, c.container_id)
         c.launch_phase("cgroup")
         spec = self._spec(c)
         launcher.prepare_dirs(spec)
@@ -258,10 +259,7 @@ class ContainerManager:
                       ) -> tuple[launcher.ContainerProcess, Optional[procfs.ProcStat]]:
         """The blocking part of a launch in a pre-started shell (in a worker thread): the shell's
         cgroup gets the container's limits and name, then the shell runs the launch script."""
-        try:
-            spec = self._adopt_cgroup(c, ctx, shell.cgroup)
-        finally:
-            shell.cgroup = c.cgroup or shell.cgroup     # a failure removes the cgroup by its new name
+        spec = self._adopt_cgroup(c, ctx, shell)
         proc = shell.run(spec, ctx)
         c.launch_phase("spawn")
         st = procfs.read_stat(proc.pid)

@@ -18,31 +18,30 @@ secret), then runs the launch script (`launcher.shell_script`): what Popen does 
 the working dir, stdin from /dev/null and the log files -- then what the wrapper does after
 joining: run the command, record its exit code. A container whose environment a shell cannot export as it is
 (a name that is not a shell identifier) and any launch the pool has no ready shell for take the
-cold path, unchanged.
+cold path, unchanged. Refilling, stale cgroups and closing are nodemanager.prejoined_pool's, shared
+with the executor zygote's spares (nodemanager.warm_spares).
 """
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import select
 import signal
 import subprocess
 import time
-from typing import Optional
 
 from protocol.internal_api import LaunchContext
 
 from . import launcher
-from .cgroup_base import CgroupBackend, ContainerCgroup
+from .cgroup_base import ContainerCgroup
+from .prejoined_pool import PrejoinedPool
 from protocol.errors import HostError
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 10.0     # a join waits for at most a grace period or two; far more is a broken host
 NAME_PREFIX = "shell-"
-REFILL_LULL_S = 0.05       # refill once no launch took a shell for this long
 READY_LINE = b"ready\n"
 
 
@@ -60,6 +59,10 @@ class ContainerShell:
     @property
     def pid(self) -> int:
         return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
 
     def run(self, spec: launcher.LaunchSpec, ctx: LaunchContext) -> launcher.ContainerProcess:
         """Write the container's launch script and hand it to the shell (blocking: a worker thread).
@@ -92,51 +95,12 @@ class ContainerShell:
         self.popen.wait()
 
 
-class ContainerShellPool:
-    """Keeps up to `size` ready shells for a node's container manager; refills in the background."""
+class ContainerShellPool(PrejoinedPool[ContainerShell]):
+    """Keeps up to `size` ready shells for a node's container manager; refills in the background
+    (nodemanager.prejoined_pool)."""
 
-    def __init__(self, backend: CgroupBackend, size: int) -> None:
-        if size < 1:
-            raise ValueError("a shell pool needs a size >= 1")
-        self.backend = backend
-        self.size = size
-        self._ready: collections.deque[ContainerShell] = collections.deque()
-        self._seq = 0
-        self._refill: Optional[asyncio.Task[None]] = None
-        self._closed = False
-        self._last_take = float("-inf")
-        self.broken = ""            # why the pool stopped making shells ("" = it did not)
-        self.served = 0             # launches that took a ready shell
-        self.missed = 0             # launches that found none ready
-
-    @property
-    def ready(self) -> int:
-        return len(self._ready)
-
-    def stats(self) -> dict[str, int | str]:
-        """For the NM's node info: how many shells it keeps, has ready, and launches served or not."""
-        return {"size": self.size, "ready": self.ready, "served": self.served, "missed": self.missed,
-                "broken": self.broken}
-
-    async def start(self) -> None:
-        """Remove shell cgroups a previous NM left behind (their shells exited when its pipes
-        closed), then fill the pool in the background."""
-        await asyncio.to_thread(self._remove_stale)
-        self._kick()
-
-    def take(self) -> Optional[ContainerShell]:
-        """A ready shell (the pool refills behind it, once launches pause), or None: launch cold."""
-        self._last_take = time.monotonic()
-        while self._ready:
-            shell = self._ready.popleft()
-            if shell.popen.poll() is None:
-                self.served += 1
-                self._kick()
-                return shell
-            self.backend.try_remove(shell.cgroup)   # died while idle (killed from outside)
-        self.missed += 1
-        self._kick()
-        return None
+    prefix = NAME_PREFIX
+    broken_message = "no pre-started container shells (containers join their cgroups at launch)"
 
     def discard(self, shell: ContainerShell) -> None:
         """A taken shell the launch could not use (blocking): end it and remove its cgroup."""
@@ -145,52 +109,15 @@ class ContainerShellPool:
             log.warning("could not remove shell cgroup %s (processes remain: %s)",
                         shell.cgroup.dirs, self.backend.pids(shell.cgroup))
 
-    async def close(self) -> None:
-        """Stop refilling, end every idle shell and remove its cgroup."""
-        self._closed = True
-        if self._refill is not None:
-            # Not cancelled: a shell being started in a worker thread would outlive the task and
-            # leave its cgroup behind; the refill sees `_closed` once that shell is up and ends it.
-            try:
-                await self._refill
-            except Exception:   # noqa: BLE001 - it logged its own failure
-                pass
-        idle, self._ready = list(self._ready), collections.deque()
-        for shell in idle:
-            await asyncio.to_thread(self.discard, shell)
+    async def _end(self, shell: ContainerShell) -> None:
+        await asyncio.to_thread(self.discard, shell)
 
-    # ----- filling ------------------------------------------------------------------------------
+    async def _start_one(self, cgroup_name: str) -> ContainerShell:
+        return await asyncio.to_thread(self._start_shell, cgroup_name)
 
-    def _kick(self) -> None:
-        if self._closed or self.broken or (self._refill is not None and not self._refill.done()):
-            return
-        if len(self._ready) < self.size:
-            self._refill = asyncio.get_running_loop().create_task(self._fill())
-
-    async def _fill(self) -> None:
-        # Wait for a lull: a shell joining its cgroup holds the kernel's cgroup locks while the join
-        # waits (15-20 ms measured), stalling the renames and removals of a burst's launches.
-        # (ASYNC110: a deadline each take moves, not a condition to await)
-        while (wait := self._last_take + REFILL_LULL_S - time.monotonic()) > 0:  # noqa: ASYNC110
-            await asyncio.sleep(wait)
-        while not self._closed and len(self._ready) < self.size:
-            try:
-                shell = await asyncio.to_thread(self._start_one)
-            except (OSError, ShellLaunchError) as e:     # CgroupError is an OSError
-                self.broken = str(e)
-                log.warning("no pre-started container shells (containers join their cgroups at launch): %s", e)
-                return
-            if self._closed:
-                await asyncio.to_thread(self.discard, shell)
-                return
-            self._ready.append(shell)
-
-    def _start_one(self) -> ContainerShell:
+    def _start_shell(self, cgroup_name: str) -> ContainerShell:
         """Make a cgroup, start a shell that joins it, wait until it has (blocking)."""
-        self._seq += 1
-        # The NM's pid in the name: a restarted NM must not reuse a cgroup (v2 keeps shell names)
-        # that still holds a container it recovers.
-        cg = self.backend.make(f"{NAME_PREFIX}{os.getpid()}-{self._seq}")
+        cg = self.backend.make(cgroup_name)
         try:
             popen = subprocess.Popen(
                 ["/bin/bash", "-c", launcher.SHELL_STUB, "elastane-shell", *self.backend.join_files(cg)],
@@ -208,9 +135,6 @@ class ContainerShellPool:
         assert popen.stdout is not None
         popen.stdout.close()        # the launch script sends stdout to the log files
         return shell
-
-    def _remove_stale(self) -> None:
-        self.backend.remove_empty(NAME_PREFIX)
 
 
 def _read_line(popen: subprocess.Popen, timeout_s: float) -> bytes:

@@ -163,7 +163,7 @@ def _close_fds_except(keep: set[int]) -> None:
 
 def _run_container(req: wire.WarmLaunch) -> int:
     """The container's process, from its session and cgroups on: its dir, environment and module."""
-    os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024)
+    _close_fds_except({0, 1, 2})
     os.chdir(req.cwd)
     os.environ.clear()
     os.environ.update(req.env)
