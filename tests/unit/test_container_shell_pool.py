@@ -39,13 +39,14 @@ class FakeV2(CgroupV2):
 
     def try_remove(self, cg: ContainerCgroup) -> bool:
         for d in cg.dirs:
-            if any(_alive(pid) for pid in read_pids(os.path.join(d, "cgroup.procs"))):
+            if any(process_alive(pid) for pid in read_pids(os.path.join(d, "cgroup.procs"))):
                 return False
             shutil.rmtree(d, ignore_errors=True)
         return True
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
@@ -161,7 +162,7 @@ async def test_a_dead_or_unusable_shell_means_a_cold_launch(tmp_path):
     try:
         [(_, pid)] = idle_shells(backend).items()
         os.kill(pid, signal.SIGKILL)        # an idle shell killed from outside, as an operator might
-        await async_wait_until(lambda: not _alive(pid), what="the shell gone")
+        await async_wait_until(lambda: not process_alive(pid), what="the shell gone")
         c = await run_to_end(m, "exit 0")
         assert c.exit_status == 0 and pool.missed == 1 and pool.served == 0
         assert c.cgroup is not None and Path(c.cgroup.dirs[0]).name == c.container_id   # cold: its own
@@ -169,7 +170,7 @@ async def test_a_dead_or_unusable_shell_means_a_cold_launch(tmp_path):
         # A name a shell cannot export: the launch goes cold, the shell is ended and its cgroup removed.
         [(taken_dir, taken_pid)] = idle_shells(backend).items()
         c2 = await run_to_end(m, 'test "$(printenv BAD-NAME)" = x', env={"BAD-NAME": "x"})
-        assert c2.exit_status == 0 and not _alive(taken_pid)
+        assert c2.exit_status == 0 and not process_alive(taken_pid)
         assert not taken_dir.exists()
     finally:
         await m.shutdown()
@@ -208,9 +209,9 @@ async def test_close_ends_idle_shells_and_start_removes_stale_ones(tmp_path):
     pool = await full_pool(backend, size=3)
     assert not stale.exists()
     shells = idle_shells(backend)
-    assert len(set(shells.values())) == 3 and all(_alive(pid) for pid in shells.values())
+    assert len(set(shells.values())) == 3 and all(process_alive(pid) for pid in shells.values())
     await pool.close()
-    assert not any(_alive(pid) for pid in shells.values())
+    assert not any(process_alive(pid) for pid in shells.values())
     assert not any(d.exists() for d in shells)
     assert pool.take() is None
 

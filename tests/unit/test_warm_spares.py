@@ -20,7 +20,7 @@ from polling import async_wait_until
 from protocol.internal_api import LaunchContext, WarmStart
 from protocol.records import Resource
 
-from test_container_shell_pool import _alive, claims, fake_backend, manager
+from test_container_shell_pool import claims, fake_backend, manager, process_alive
 
 
 def spare_cgroups(backend: Any) -> dict[Path, str]:
@@ -87,7 +87,7 @@ async def test_a_dead_spare_or_none_means_a_fresh_fork(tmp_path: Path, zygote: W
     try:
         [(d, pid)] = spare_cgroups(pool.backend).items()
         os.kill(int(pid), signal.SIGKILL)       # an idle spare killed from outside
-        await async_wait_until(lambda: not _alive(int(pid)), what="the spare gone")
+        await async_wait_until(lambda: not process_alive(int(pid)), what="the spare gone")
         await async_wait_until(lambda: not any(s.alive for s in pool.idle), what="its exit reported")
         c = await m.start(claims(), Resource(64, 1), warm_ctx("pass"))
         assert c.launch_path == "zygote" and pool.missed == 1 and pool.served == 0
