@@ -32,6 +32,8 @@ Optimus's; target >= 1.5) and `optimus_jct_gain_vs_drf_min`, `optimus_makespan_g
 `optimus_truth_jct_over_bound`, `drf_jct_over_bound`, `optimus_jct_over_truth`,
 `dorm_util_gain_vs_static` (allocation), `dorm_useful_util_gain_vs_static` (target >= 1.3),
 `dorm_fairness_gain_vs_static` (static's fairness loss over Dorm's; target >= 1),
+`optimus_truth_jct_gain_vs_drf`, and with `--policies` naming them `optimus_true_speed_jct_gain_vs_drf`
+and `optimus_true_epochs_jct_gain_vs_drf` (see --paper optimus),
 `extrapolated_job_share` (the largest over policies and seeds), `unfinished`.
 
 **--paper optimus** (sim/papers/optimus.py: Table 1's job types with Table 2's speed functions and
@@ -39,8 +41,12 @@ Fig. 7's curve, 60 jobs arriving over [0, 12000] s, 13 nodes, a 10-minute schedu
 Optimus against DRF and Tetris. Keys `optimus_jct_gain_vs_drf` (paper 2.39), `optimus_makespan_gain_vs_drf`
 (paper 1.63), `optimus_jct_gain_vs_tetris`, `optimus_makespan_gain_vs_tetris` (paper: Tetris 5.0 h vs
 Optimus 4.1 h makespan, 1.22), `drf_makespan_h` (paper 6.7), the bound's and optimus-truth's
-(`optimus_truth_jct_gain_vs_drf`: what the rule gains without prediction errors). `all_sync` holds
-the same for Fig. 16's all-synchronous workload (DRF, Optimus, optimus-truth; not in --quick).
+(`optimus_truth_jct_gain_vs_drf`: what the rule gains without prediction errors), and what each of
+Optimus's two estimates costs it: `optimus_true_speed_jct_gain_vs_drf` and
+`optimus_true_epochs_jct_gain_vs_drf` are the `optimus` policy itself with its speed function or its
+remaining epochs replaced by the truth (the simulator's optimus-true-speed and optimus-true-epochs,
+sim/optimus_truth.py `TruthInputs`; neither is a bound). `all_sync` holds the same for Fig. 16's
+all-synchronous workload (DRF, Optimus and the three truth-fed variants; not in --quick).
 
 **--paper dorm** (sim/papers/dorm.py: Table II's 50 applications arriving 20 minutes apart on
 average, 20 nodes x 12 cores, Dorm-3's thresholds): Dorm against static partitions. Keys
@@ -85,7 +91,8 @@ from sim.metrics import completed_in_both, ratio, spread_keys  # noqa: E402
 from sim.papers import dorm as dorm_paper  # noqa: E402
 from sim.papers import optimus as optimus_paper  # noqa: E402
 from sim.sim_job import JobTimings  # noqa: E402
-from sim.simulator import OPTIMUS_TRUTH, SimConfig, SimResult, known_policies, simulate  # noqa: E402
+from sim.simulator import (OPTIMUS_TRUE_EPOCHS, OPTIMUS_TRUE_SPEED, OPTIMUS_TRUTH, SimConfig, SimResult,  # noqa: E402
+                           known_policies, simulate)
 from sim.trace import TraceJob  # noqa: E402
 from sim.workload import CLUSTER_SPEC, cluster_trace  # noqa: E402
 
@@ -238,7 +245,8 @@ DEFAULT_GAINS = ("optimus_jct_gain_vs_drf", "optimus_makespan_gain_vs_drf", "opt
                  "optimus_jct_gain_vs_static", "drf_jct_gain_vs_static",
                  "optimus_jct_over_bound", "optimus_truth_jct_over_bound", "optimus_jct_over_truth",
                  "drf_jct_over_bound", "dorm_util_gain_vs_static", "dorm_useful_util_gain_vs_static",
-                 "dorm_fairness_gain_vs_static")
+                 "dorm_fairness_gain_vs_static", "optimus_truth_jct_gain_vs_drf", "optimus_true_speed_jct_gain_vs_drf",
+                 "optimus_true_epochs_jct_gain_vs_drf")
 
 
 def gains_default(results: dict[str, SimResult], rows: dict[str, Row], bound_jct: float) -> dict[str, Optional[float]]:
@@ -255,6 +263,10 @@ def gains_default(results: dict[str, SimResult], rows: dict[str, Row], bound_jct
         "drf_jct_over_bound": over_bound_of(rows, "drf", bound_jct),
         # Optimus's rule with true curves (sim/optimus_truth.py, not a bound) over Optimus
         "optimus_jct_over_truth": jct_gain(results, OPTIMUS_TRUTH, "optimus"),
+        # with --policies naming them: what Optimus's speed and epoch estimates cost it
+        "optimus_truth_jct_gain_vs_drf": jct_gain(results, "drf", OPTIMUS_TRUTH),
+        "optimus_true_speed_jct_gain_vs_drf": jct_gain(results, "drf", OPTIMUS_TRUE_SPEED),
+        "optimus_true_epochs_jct_gain_vs_drf": jct_gain(results, "drf", OPTIMUS_TRUE_EPOCHS),
         "dorm_util_gain_vs_static": ratio(get(rows, "dorm", "mean_utilization"), get(rows, "static", "mean_utilization")),
         "dorm_useful_util_gain_vs_static": ratio(get(rows, "dorm", "mean_useful_utilization"),
                                                  get(rows, "static", "mean_useful_utilization")),
@@ -267,7 +279,8 @@ def gains_default(results: dict[str, SimResult], rows: dict[str, Row], bound_jct
 
 OPTIMUS_GAINS = ("optimus_jct_gain_vs_drf", "optimus_makespan_gain_vs_drf", "optimus_jct_gain_vs_tetris",
                  "optimus_makespan_gain_vs_tetris", "drf_makespan_h", "optimus_jct_over_bound",
-                 "optimus_truth_jct_over_bound", "optimus_jct_over_truth", "optimus_truth_jct_gain_vs_drf")
+                 "optimus_truth_jct_over_bound", "optimus_jct_over_truth", "optimus_truth_jct_gain_vs_drf",
+                 "optimus_true_speed_jct_gain_vs_drf", "optimus_true_epochs_jct_gain_vs_drf")
 
 
 def optimus_run(ns: argparse.Namespace) -> dict[str, Any]:
@@ -283,8 +296,11 @@ def optimus_run(ns: argparse.Namespace) -> dict[str, Any]:
                                      "optimus_makespan_gain_vs_tetris": round(5.0 / 4.1, 3), "drf_makespan_h": 6.7}}
     # §6.1's mix, then Fig. 16's all-sync workload, each with Optimus's rule on the true curves
     # (optimus-truth) and the clairvoyant bound (sim/bounds.py).
-    variants = (("", paper, ["drf", "tetris", "optimus", OPTIMUS_TRUTH]),
-                ("all_sync", replace(paper, modes=(True,)), ["drf", "optimus", OPTIMUS_TRUTH]))
+    # optimus-true-speed / -epochs: Optimus itself with one estimate replaced by the truth (what
+    # each estimate costs it).
+    truths = [OPTIMUS_TRUTH, OPTIMUS_TRUE_SPEED, OPTIMUS_TRUE_EPOCHS]
+    variants = (("", paper, ["drf", "tetris", "optimus", *truths]),
+                ("all_sync", replace(paper, modes=(True,)), ["drf", "optimus", *truths]))
     for label, variant, default_names in variants:
         if label and (ns.policies or ns.quick):
             continue
@@ -321,6 +337,8 @@ def gains_optimus(results: dict[str, SimResult], rows: dict[str, Row], bound_jct
         "optimus_truth_jct_over_bound": over_bound_of(rows, OPTIMUS_TRUTH, bound_jct),
         "optimus_jct_over_truth": jct_gain(results, OPTIMUS_TRUTH, "optimus"),
         "optimus_truth_jct_gain_vs_drf": jct_gain(results, "drf", OPTIMUS_TRUTH),
+        "optimus_true_speed_jct_gain_vs_drf": jct_gain(results, "drf", OPTIMUS_TRUE_SPEED),
+        "optimus_true_epochs_jct_gain_vs_drf": jct_gain(results, "drf", OPTIMUS_TRUE_EPOCHS),
     }
 
 

@@ -63,7 +63,8 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     r = ssub.add_parser("run", parents=[common], help="replay a trace under a policy on a simulated cluster")
     r.add_argument("trace", type=Path)
     r.add_argument("--policy", default="static",
-                   help=f"a registered policy, or the simulator's optimus-truth ({', '.join(known_policies())})")
+                   help=f"a registered policy, or one of the simulator's truth-fed Optimus variants "
+                        f"({', '.join(known_policies())})")
     r.add_argument("--nodes", type=_positive_int, default=8)
     r.add_argument("--node-memory-mb", type=_positive_int, default=8192)
     r.add_argument("--node-vcores", type=_positive_int, default=8)

@@ -18,6 +18,12 @@ Optimus's margin). So "Optimus over optimus-truth" mixes the cost of Optimus's e
 those differences; bench/policies_sim.py reports it as such, and reports Optimus against a true
 bound separately (sim/bounds.py: a clairvoyant lower bound on mean JCT and makespan).
 
+`TruthInputs` is the other use of the truth: it hands Optimus's own policy (its estimates, rule,
+priority factor, hysteresis and placement) the true speed function or the true remaining epochs in
+place of its estimate of one of them (rm/policies/optimus.py `KnownInputs`) -- the simulator's
+`optimus-true-speed` and `optimus-true-epochs`, which measure what each estimate costs Optimus.
+Like optimus-truth, neither is a bound nor a policy a real RM could run.
+
 The policy is an object the simulator builds with a `Truth` callable (it is not in the RM's
 policy registry: a real RM has no truth to give it). `simulate(trace, "optimus-truth", ...)`
 builds it (sim/simulator.py, `SIM_POLICIES`).
@@ -29,7 +35,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from models.optimus_fit import FEATURES
+from models.optimus_fit import FEATURES, SpeedFunction
 from protocol.records import Resource
 from rm.policies.decision import Decision, JobDecision
 from rm.policies.eps_jobs import RunningJob, clamp0, classify
@@ -69,6 +75,24 @@ def coefficients(theta: tuple[float, ...]) -> np.ndarray:
     for i, v in zip(THETA_TO_FEATURE, theta):
         out[i] = v
     return out
+
+
+@dataclass(frozen=True)
+class TruthInputs:
+    """The true speed function and/or remaining epochs of a job, for Optimus's `KnownInputs`
+    (module doc); None for what is not to be known, and for a job the simulator does not know."""
+
+    truth: Truth
+    speed_known: bool
+    epochs_known: bool
+
+    def speed(self, app_id: str, sync: bool) -> Optional[SpeedFunction]:
+        t = self.truth(app_id) if self.speed_known else None
+        return None if t is None else SpeedFunction(tuple(float(c) for c in coefficients(t.theta)), sync)
+
+    def remaining_epochs(self, app_id: str) -> Optional[float]:
+        t = self.truth(app_id) if self.epochs_known else None
+        return None if t is None else t.remaining_epochs
 
 
 class OptimusTruthPolicy:
@@ -140,4 +164,4 @@ class OptimusTruthPolicy:
             budget=np.array([budget.memory, budget.vcores], dtype=float))
 
 
-__all__ = ["JobTruth", "OptimusTruthPolicy", "SCHEDULING_INTERVAL_S", "Truth", "coefficients"]
+__all__ = ["JobTruth", "OptimusTruthPolicy", "SCHEDULING_INTERVAL_S", "Truth", "TruthInputs", "coefficients"]

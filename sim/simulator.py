@@ -28,12 +28,13 @@ from protocol.ps_job_spec import PSJobSpec
 from protocol.records import Resource
 from rm import policies
 from rm.core import ResourceManagerCore
+from rm.policies.optimus import OptimusPolicy
 from rm.policy_runner import run_policy
 
 from .calibration import Calibration
 from .iteration_time import ClusterLoad, CoreContention, ExecutorLoad, IterationTimeModel, JobLoad
 from .event_loop import EventLoop
-from .optimus_truth import JobTruth, OptimusTruthPolicy
+from .optimus_truth import JobTruth, OptimusTruthPolicy, TruthInputs
 from .metrics import Demand, Sample, Summary, fairness_loss, summarize, utilization
 from .job_record import JobRecord
 from .sim_job import JobTimings, SimJob
@@ -47,8 +48,13 @@ ACTIVE = frozenset({Phase.INITIALISING, Phase.RESTORING, Phase.TRAINING, Phase.R
                     Phase.EXECUTING_PLAN, Phase.CHECKPOINTING, Phase.RECOVERING, Phase.PAUSING, Phase.FINISHING})
 T0 = 1_000_000_000.0        # virtual epoch: IDs and tokens look like a real RM's; records are relative to it
 SIM_SECRET = "elastane-simulator-secret"
-OPTIMUS_TRUTH = "optimus-truth"    # the simulator-only policy (sim/optimus_truth.py): it needs the jobs' truth
-SIM_POLICIES = (OPTIMUS_TRUTH,)
+# The simulator-only policies (sim/optimus_truth.py): they need the jobs' truth. optimus-truth is
+# Optimus's rule on the true curves; the other two are the `optimus` policy itself with one of its
+# estimates replaced by the truth (what that estimate costs it).
+OPTIMUS_TRUTH = "optimus-truth"
+OPTIMUS_TRUE_SPEED = "optimus-true-speed"
+OPTIMUS_TRUE_EPOCHS = "optimus-true-epochs"
+SIM_POLICIES = (OPTIMUS_TRUTH, OPTIMUS_TRUE_SPEED, OPTIMUS_TRUE_EPOCHS)
 AM_LABEL = "am"             # the label of SimConfig.am_nodes
 
 
@@ -143,8 +149,14 @@ class Simulator:
                                              am_node_label=AM_LABEL)
         self.core = ResourceManagerCore(rm_cfg, ClusterConfig(secret=SIM_SECRET, admins=["root"]), self.loop.clock)
         self.policy_name = policy_name
-        self.policy: policies.Policy = (OptimusTruthPolicy(self.truth) if policy_name == OPTIMUS_TRUTH
-                                        else policies.create(policy_name, rm_cfg))
+        self.policy: policies.Policy
+        if policy_name == OPTIMUS_TRUTH:
+            self.policy = OptimusTruthPolicy(self.truth)
+        elif policy_name in (OPTIMUS_TRUE_SPEED, OPTIMUS_TRUE_EPOCHS):
+            self.policy = OptimusPolicy(rm_cfg, known=TruthInputs(self.truth, speed_known=policy_name == OPTIMUS_TRUE_SPEED,
+                                                                  epochs_known=policy_name == OPTIMUS_TRUE_EPOCHS))
+        else:
+            self.policy = policies.create(policy_name, rm_cfg)
         self.iteration_time: IterationTimeModel = cfg.iteration_time or CoreContention()
         self.nodes = {n.node_id: n for n in (
             SimNode(f"sim-{i:05d}:8042", Resource(cfg.node_memory_mb, cfg.node_vcores)) for i in range(cfg.nodes))}
@@ -294,4 +306,4 @@ def simulate(trace: Sequence[TraceJob], policy: str, calibration: Calibration,
     return Simulator(trace, policy, calibration, cfg or SimConfig()).run()
 
 
-__all__ = ["AM_LABEL", "OPTIMUS_TRUTH", "SIM_POLICIES", "SimConfig", "known_policies", "SimResult", "Simulator", "T0", "simulate"]
+__all__ = ["AM_LABEL", "OPTIMUS_TRUE_EPOCHS", "OPTIMUS_TRUE_SPEED", "OPTIMUS_TRUTH", "SIM_POLICIES", "SimConfig", "known_policies", "SimResult", "Simulator", "T0", "simulate"]

@@ -51,6 +51,12 @@ Departures from the paper, and why:
 * A reshaped job's own executors are placed anew (the AM moves those not on the named nodes), so
   the room they take on their nodes (`AppView.executors_on`) counts as free when placing it.
 
+Known inputs (`KnownInputs`): a caller that knows a job's speed function or remaining epochs
+better than the fits may hand them in; the policy then uses them in place of its estimate and
+changes nothing else (rule, priority factor, hysteresis, placement, cadence). The RM hands none.
+The simulator does, with the truth, to measure what each estimate costs (sim/optimus_truth.py,
+docs/simulator.md "Where Optimus's loss comes from").
+
 State between calls (decide() is deterministic for a sequence of snapshots): per job, its speed
 samples, the shape it settled at and since when, its loss history, resize cost and cached fits;
 per app, the priors learned from finished jobs. The RM stores all of it but the fits
@@ -64,7 +70,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Protocol
 
 import msgspec
 import numpy as np
@@ -347,6 +353,14 @@ def least_shape(job: RunningJob) -> tuple[int, int]:
     return max(1, job.spec.min_workers), max(1, job.spec.min_servers)
 
 
+class KnownInputs(Protocol):
+    """A job's inputs known better than the policy's estimates (module doc): None where not known."""
+
+    def speed(self, app_id: str, sync: bool) -> Optional[SpeedFunction]: ...
+
+    def remaining_epochs(self, app_id: str) -> Optional[float]: ...
+
+
 class _Sized(NamedTuple):
     """A job the allocation sizes: its remaining epochs (from its curve, or the prior when
     `fitted` is False), speed function and bounds (a tuple: thousands are made per round)."""
@@ -364,9 +378,10 @@ class OptimusPolicy:
 
     name = "optimus"
 
-    def __init__(self, settings: object = None) -> None:
+    def __init__(self, settings: object = None, known: Optional[KnownInputs] = None) -> None:
         # `settings`: whatever the policy registry may hand its factories; Optimus has none of its
         # own (its constants are this module's).
+        self._known = known
         self._models: dict[str, JobModel] = {}
         self._priors = AppPriors()
         self._last_round: Optional[float] = None
@@ -490,7 +505,13 @@ class OptimusPolicy:
                 fixed.append(j)
                 continue
             trained, limit = m.trained, m.traits.max_epochs
-            if m.curve is not None:
+            speed, known_left = m.speed, None
+            if self._known is not None:
+                speed = self._known.speed(j.app_id, m.traits.sync) or speed
+                known_left = self._known.remaining_epochs(j.app_id)
+            if known_left is not None:
+                left = known_left
+            elif m.curve is not None:
                 left = min(m.curve.remaining_epochs(trained, m.traits.threshold),
                            float(limit if limit is not None else DEFAULT_MAX_EPOCHS) - trained)
             else:
@@ -501,7 +522,7 @@ class OptimusPolicy:
                 fixed.append(j)
                 continue
             total = trained + left
-            sized.append(_Sized(j, left, m.speed, trained / total < EARLY_PROGRESS, m.curve is not None,
+            sized.append(_Sized(j, left, speed, trained / total < EARLY_PROGRESS, m.curve is not None,
                                 m.resize_cost))
         return sized, fixed
 
@@ -614,5 +635,5 @@ def _executors_on(app: AppView, executor: Resource) -> tuple[tuple[str, Resource
     return tuple((p.node, executor.scale(p.workers + p.servers)) for p in (d.placement if d is not None else []))
 
 
-__all__ = ["JobModel", "JobTraits", "OptimusPolicy", "OptimusState", "StoredJob", "job_traits", "loss_series", "observe", "observe_resize",
+__all__ = ["JobModel", "JobTraits", "KnownInputs", "OptimusPolicy", "OptimusState", "StoredJob", "job_traits", "loss_series", "observe", "observe_resize",
            "settled", "update_history"]

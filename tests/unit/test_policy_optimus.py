@@ -11,6 +11,7 @@ import pytest
 
 from protocol.internal_api import NodePlacement, ShapeDirective
 from protocol.job_report import ClockObjective, EpochObjective, JobReport
+from models.optimus_fit import FEATURES, SpeedFunction
 from protocol.records import ZERO, Resource
 from rm.policies import ClusterSnapshot, NodeView, OptimusPolicy, create
 from rm.policies.optimus import PRIORITY_FACTOR, SCHEDULING_INTERVAL_S
@@ -413,3 +414,49 @@ def test_no_job_is_sized_below_its_specs_minimum():
     assert one is None or (one.workers >= 3 and one.servers >= 3)
     free = OptimusPolicy().decide(snapshot([app(1, rep, workers=4, servers=4, name="nmf")], nodes=2, slots=9))
     assert free.jobs["app_1"].servers < 3       # without the minimum it would go to fewer servers
+
+
+# ----- known inputs (the simulator's truth-fed variants) ---------------------------------------------
+
+@dataclasses.dataclass
+class Known:
+    """A KnownInputs that knows what it is given, for one app id (None for any other)."""
+
+    app_id: str
+    speed_fn: SpeedFunction | None = None
+    left: float | None = None
+    asked: list[str] = dataclasses.field(default_factory=list)
+
+    def speed(self, app_id: str, sync: bool) -> SpeedFunction | None:
+        self.asked.append(app_id)
+        return self.speed_fn if app_id == self.app_id else None
+
+    def remaining_epochs(self, app_id: str) -> float | None:
+        return self.left if app_id == self.app_id else None
+
+
+def test_a_known_speed_function_replaces_the_fit():
+    # The fit (MLR's prior scaled to 2 x 2) grows the job; a known speed function in which every
+    # executor slows the job (1/f = 0.5·w + 0.5·p) makes Optimus shrink it to 1 x 1.
+    coef = [0.0] * len(FEATURES)
+    coef[FEATURES.index("w")], coef[FEATURES.index("p")] = 0.5, 0.5
+    known = Known("app_1", SpeedFunction(tuple(coef), True))
+    snap = snapshot([app(1, report(2, 2, epochs=10, epoch_time=2.0))])
+    grown = OptimusPolicy().decide(snap).jobs["app_1"]
+    assert grown.workers + grown.servers > 4
+    jd = OptimusPolicy(known=known).decide(snap).jobs["app_1"]
+    assert (jd.workers, jd.servers) == (1, 1) and known.asked == ["app_1"]
+
+
+def test_known_remaining_epochs_replace_the_curves():
+    # The same curve and speed for both jobs; known remaining epochs say app_1 has 1 epoch left and
+    # app_2 hundreds: app_2 gets what is free, app_1 is not grown (nor is its reason the curve's).
+    rep = report(2, 2, epochs=10, epoch_time=2.0, b0=0.01)
+    snap = snapshot([app(1, rep), app(2, rep)], nodes=2)
+    d = OptimusPolicy(known=Known("app_1", left=1.0)).decide(snap)
+    short, long_ = d.jobs.get("app_1"), d.jobs["app_2"]
+    assert short is None or "~1 epochs left" in short.reason
+    assert long_.workers + long_.servers > (short.workers + short.servers if short else 4)
+    # Nothing known: the policy's own estimate, the same for both jobs.
+    same = OptimusPolicy(known=Known("nobody")).decide(snap)
+    assert same.jobs == OptimusPolicy().decide(snap).jobs

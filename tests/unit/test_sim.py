@@ -18,7 +18,7 @@ from sim.event_loop import EventLoop
 from sim.job_record import JobRecord
 from sim.metrics import Demand, drf_shares, fairness_loss
 from sim.sim_job import SimJob
-from sim.simulator import T0, SimConfig, Simulator, simulate
+from sim.simulator import T0, SimConfig, Simulator, known_policies, simulate
 from sim.trace import TraceError, TraceJob, dump_trace, parse_trace
 from sim.workload import WorkloadSpec, generate
 
@@ -457,6 +457,31 @@ def test_optimus_truth_grows_a_lone_job_to_its_fastest_shape() -> None:
     static = simulate([job], "static", calibration(), SMALL).records[0]
     assert rec.jct is not None and static.jct is not None and rec.jct < static.jct
     assert np.isfinite(result.summary.mean_useful_utilization)
+
+
+def test_truth_inputs_hand_optimus_the_true_speed_or_epochs_and_nothing_else() -> None:
+    from sim.optimus_truth import JobTruth, TruthInputs
+    truth = JobTruth(remaining_epochs=7.5, theta=tuple(THETA), change_cost_s=3.0, busy=False)
+    known = {"a": truth}
+    model = EpochTimeModel(tuple(THETA))
+    speed = TruthInputs(known.get, speed_known=True, epochs_known=False)
+    fn = speed.speed("a", True)
+    assert fn is not None
+    for w, s in [(1, 1), (3, 2), (6, 1)]:
+        assert float(fn.inverse(s, w)) == pytest.approx(model.epoch_time(w, s))
+    assert speed.remaining_epochs("a") is None and speed.speed("unknown", True) is None
+    epochs = TruthInputs(known.get, speed_known=False, epochs_known=True)
+    assert epochs.remaining_epochs("a") == 7.5 and epochs.speed("a", True) is None
+
+
+@pytest.mark.parametrize("name", ["optimus-true-speed", "optimus-true-epochs"])
+def test_the_truth_fed_optimus_variants_are_the_optimus_policy(name: str) -> None:
+    from rm.policies.optimus import OptimusPolicy
+    assert name in known_policies()
+    sim = Simulator([_elastic(max_workers=6, max_servers=3)], name, calibration(), SMALL)
+    assert isinstance(sim.policy, OptimusPolicy)
+    rec = sim.run().records[0]
+    assert rec.final_status == "SUCCEEDED"
 
 
 def test_cli_runs_optimus_truth(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
