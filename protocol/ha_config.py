@@ -24,6 +24,11 @@ from .config import CONF_DIR, ConfigError, load
 DEFAULT_LEASE_S = 5.0
 MIN_LEASE_S = 2       # etcd grants leases in whole seconds, at least its minimum TTL
 RM_ID_ENV = "ELASTANE_RM_ID"
+# Seconds a client gives one RM to open a connection before moving to the next (YARN's
+# ipc.client.connect.timeout plays this part, at 20 s). An RM on a LAN accepts in milliseconds, and
+# one that is up but busy still accepts in the kernel whatever its event loop is doing, so only a
+# host that went silent (it drops the SYNs) takes this long.
+FAILOVER_CONNECT_TIMEOUT_S = 3.0
 
 
 class HAConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -41,6 +46,7 @@ class HAConfig(msgspec.Struct, forbid_unknown_fields=True):
     # a call goes round the listed RMs before it fails, and the pause between two rounds.
     failover_max_attempts: int = 15
     failover_sleep_s: float = 0.5
+    failover_connect_timeout_s: float = FAILOVER_CONNECT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.enabled:
@@ -76,6 +82,8 @@ class HAConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError(f"failover_max_attempts must be >= 1, got {self.failover_max_attempts}")
         if not self.failover_sleep_s >= 0:
             raise ValueError(f"failover_sleep_s must be >= 0 (seconds), got {self.failover_sleep_s}")
+        if not self.failover_connect_timeout_s > 0:
+            raise ValueError(f"failover_connect_timeout_s must be > 0 (seconds), got {self.failover_connect_timeout_s}")
 
     def address_of(self, rm_id: str) -> str:
         return normalized_url(self.rm_addresses[rm_id])

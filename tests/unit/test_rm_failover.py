@@ -2,6 +2,11 @@
 standby answering 503 StandbyException, and the active."""
 from __future__ import annotations
 
+import asyncio
+import socket
+from typing import Iterator
+
+import msgspec
 import pytest
 
 from protocol.ha_config import HAConfig
@@ -48,6 +53,35 @@ async def test_a_call_moves_past_a_dead_rm_and_a_standby_to_the_active_and_stays
     assert [p for _, p, _ in active_calls] == ["/internal/v1/node/heartbeat", "/again", "/bad"]
 
 
+@pytest.fixture
+def silent_rm() -> Iterator[str]:
+    """The URL of a host that went silent: a listener whose accept queue is full (backlog 0, one
+    connection never accepted), so the kernel drops every further SYN, as a dead host's link does."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    filler = socket.create_connection(srv.getsockname())
+    try:
+        yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        filler.close()
+        srv.close()
+
+
+async def test_a_silent_rm_is_left_after_the_connect_timeout_not_the_calls(silent_rm):
+    calls = []
+    with serve_routes(active_route(calls)) as act:
+        # The call's own timeout is the CLI's 30 s; the test gives it 10.
+        client = FailoverJsonClient([silent_rm, f"http://{act}"], timeout_s=30, connect_timeout_s=0.3, sleep_s=0)
+        try:
+            async with asyncio.timeout(10):
+                assert await client.get("/ws/v1/cluster/info") == {"served": "active", "body": None}
+            assert client.failovers == 1 and client.base_url == f"http://{act}"
+        finally:
+            await client.close()
+    assert [p for _, p, _ in calls] == ["/ws/v1/cluster/info"]
+
+
 async def test_with_no_rm_serving_it_gives_up_after_the_bounded_moves():
     with serve_routes(lambda *a: STANDBY) as sb1, serve_routes(lambda *a: STANDBY) as sb2:
         client = FailoverJsonClient([f"http://{sb1}", f"http://{sb2}"], timeout_s=5, max_attempts=3, sleep_s=0)
@@ -70,3 +104,12 @@ def test_the_preferred_rm_goes_first_and_without_ha_there_is_no_failover():
     client = rm_client("http://c:3", ha)
     assert isinstance(client, FailoverJsonClient) and client.base_url == "http://c:3"
     assert client.max_attempts == ha.failover_max_attempts
+    quick = rm_client("http://c:3", msgspec.structs.replace(ha, failover_connect_timeout_s=0.5), timeout_s=5)
+    assert isinstance(quick, FailoverJsonClient)
+    assert [c.connect_timeout_s for c in quick.clients] == [0.5] * 3
+
+
+def test_a_connect_timeout_that_is_not_positive_is_refused():
+    with pytest.raises(ValueError, match="failover_connect_timeout_s"):
+        HAConfig(enabled=True, rm_ids=["rm1"], rm_addresses={"rm1": "http://a:1"}, etcd_endpoints=["http://e:2379"],
+                 failover_connect_timeout_s=0)
