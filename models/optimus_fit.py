@@ -655,6 +655,41 @@ def fit_speed(samples: Sequence[tuple[int, int, float]], sync: bool, max_servers
     return SpeedFunction(tuple(coef), sync, rss)
 
 
+SHAPE_FIT_ROUNDS = 4        # fit_shape's alternations of the jobs' scales and the shared shape
+
+
+def fit_shape(jobs: Sequence[Sequence[tuple[int, int, float]]], sync: bool,
+              prior: Optional[SpeedFunction] = None, prior_weight: float = PRIOR_WEIGHT) -> Optional[SpeedFunction]:
+    """The speed function's shape (normalised) that several jobs of one app share, each at its own
+    scale (its data size), fitted on all their (servers, workers, speed) samples at once; None
+    when no sample is usable.
+
+    Alternately: each job's scale is the geometric mean of its measured over the shape's speeds,
+    and the shape is `fit_speed` on every sample divided by its job's scale, seeded with `prior`
+    (else the reference) at `prior_weight` as a job's own fit is. A job is sampled at the few
+    shapes it was given, which tell one or two directions apart (more workers, more servers);
+    its own fit keeps the prior's shape in the others, and so does the mean of such fits. Fitted
+    together, one job's direction and another's add up. (Jobs that each kept one workers:servers
+    ratio say little even together: along a ratio the w/p term is a constant, which each job's
+    own scale takes up.)"""
+    usable = [[s for s in job if s[0] >= 1 and s[1] >= 1 and s[2] > 0 and math.isfinite(s[2])] for job in jobs]
+    usable = [job for job in usable if job]
+    if not usable:
+        return None
+    shape = normalised(prior if prior is not None else reference(sync))
+    for _ in range(SHAPE_FIT_ROUNDS):
+        pooled: list[tuple[int, int, float]] = []
+        for job in usable:
+            log_scale = sum(math.log(f) + math.log(inverse_speed(shape.coefficients, p, w)) for p, w, f in job) / len(job)
+            scale = math.exp(log_scale)
+            pooled.extend((p, w, f / scale) for p, w, f in job)
+        fit = fit_speed(pooled, sync, prior_weight=prior_weight, prior=prior)
+        if fit is None:
+            return None
+        shape = normalised(fit)
+    return shape
+
+
 def inverse_speed(coefficients: Sequence[float], p: float, w: float) -> float:
     """1/f at one shape: coefficients · features(p, w), without numpy (hot paths)."""
     c = coefficients
@@ -663,6 +698,6 @@ def inverse_speed(coefficients: Sequence[float], p: float, w: float) -> float:
 
 __all__ = ["APP_PRIORS", "APP_PRIOR_WEIGHT", "ASYNC_FEATURES", "FEATURES", "LossCurve", "MAX_FIT_POINTS",
            "MIN_FIT_SPAN", "MIN_LOSS_POINTS", "PRIOR_WEIGHT", "SYNC_FEATURES", "SpeedFunction", "app_prior",
-           "features", "fit_loss_curve", "fit_loss_curves", "fit_loss_histories", "fit_speed", "fittable", "inverse_speed", "loss_arrays",
+           "features", "fit_loss_curve", "fit_loss_curves", "fit_loss_histories", "fit_shape", "fit_speed", "fittable", "inverse_speed", "loss_arrays",
            "loss_points",
            "normalised", "orientation", "prepare", "reference", "remove_outliers"]

@@ -84,7 +84,7 @@ from .decision import Decision, JobDecision
 from .eps_jobs import IncomingJob, RunningJob, clamp0, classify
 from .optimus_alloc import AllocationProblem, allocate
 from .optimus_placement import NodeBook, PlacementJob, place_jobs
-from .optimus_priors import AppPriors
+from .optimus_priors import AppPriors, LearnedJob
 from .snapshot import AppView, ClusterSnapshot
 
 PRIORITY_FACTOR = 0.95      # §4.1: gains of jobs at the beginning of training, to damp prediction errors
@@ -234,6 +234,9 @@ class OptimusState(msgspec.Struct, forbid_unknown_fields=True):
     prior_epochs: dict[str, list[float]]
     last_round: Optional[float]
     last_jobs: Optional[Present]
+    # The finished jobs' speed samples the priors are fitted on (a state stored before they were
+    # kept has none: its priors are the `learned` fits' mean).
+    learned_samples: dict[str, list[LearnedJob]] = {}
 
 
 def job_traits(app: AppView) -> JobTraits:
@@ -392,7 +395,7 @@ class OptimusPolicy:
         p = self._priors
         return msgspec.json.encode(OptimusState(
             {a: StoredJob.of(m) for a, m in sorted(self._models.items())}, p.learned, p.versions, p.epochs,
-            self._last_round, self._last_jobs))
+            self._last_round, self._last_jobs, p.samples))
 
     def restore_state(self, doc: bytes) -> None:
         try:
@@ -401,7 +404,8 @@ class OptimusPolicy:
             raise ValueError(f"optimus policy state: {e}") from None
         self._models = {a: j.model() for a, j in st.jobs.items()}
         self._priors = AppPriors(learned={a: list(v) for a, v in st.learned.items()}, versions=dict(st.prior_versions),
-                                 epochs={a: list(v) for a, v in st.prior_epochs.items()})
+                                 epochs={a: list(v) for a, v in st.prior_epochs.items()},
+                                 samples={a: [(sync, list(smp)) for sync, smp in v] for a, v in st.learned_samples.items()})
         self._last_round, self._last_jobs = st.last_round, st.last_jobs
 
     def decide(self, snapshot: ClusterSnapshot) -> Decision:
@@ -418,7 +422,7 @@ class OptimusPolicy:
                 continue
             self._priors.finished(gone.traits.app, gone.trained)    # a finished job teaches its app
             if gone.speed is not None and gone.shapes >= 2:
-                self._priors.learn(gone.traits.app, gone.speed)
+                self._priors.learn(gone.traits.app, gone.speed, gone.fitted_samples)
         self._models = {j.app_id: self._models.get(j.app_id) or JobModel(job_traits(apps[j.app_id]))
                         for j in jobs}
         fit_ok: dict[str, bool] = {}       # can_fit per job, counted once (the history is final here)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.optimus_fit import (LossCurve, app_prior, fit_loss_curve, fit_loss_curves, fit_speed, fittable,
-                                loss_points, orientation, prepare, remove_outliers)
+from models.optimus_fit import (SYNC_FEATURES, LossCurve, SpeedFunction, app_prior, fit_loss_curve, fit_loss_curves,
+                                fit_shape, fit_speed, fittable, inverse_speed, loss_points, normalised, orientation,
+                                prepare, remove_outliers)
 
 
 def curve(k: np.ndarray, b0: float, b1: float, b2: float) -> np.ndarray:
@@ -169,3 +170,41 @@ def test_the_nmf_and_lasso_priors_say_extra_servers_slow_the_job_where_the_refer
     ref = fit_speed(measured, True, 8, 8)            # the paper's ResNet-50 reference: servers help
     assert ref is not None and float(ref.speed(4, 2)) > 0.5
     assert app_prior("no-such-app", True) is None
+
+
+# ----- a shape shared by several jobs --------------------------------------------------------------
+
+def _paper_sync_truth() -> SpeedFunction:
+    """Optimus Table 2's synchronous speed function as printed (M = 1): another worker at the same
+    servers slows the job (its w/p term); the reference prior (M = 16) says it hardly matters."""
+    coef = [0.0] * 7
+    for i, v in zip(SYNC_FEATURES, (1.02, 2.78, 4.92, 0.0, 0.02)):
+        coef[i] = v
+    return SpeedFunction(tuple(coef), True)
+
+
+def test_jobs_sampled_in_different_directions_together_give_the_shape_their_own_fits_miss():
+    # Three jobs of one app at different data sizes (scales 1, 3 and 0.5), each sampled at two
+    # shapes only, each pair differing in another direction (more workers; more servers; both).
+    # Fitted on all their samples at once, the shape is the truth's; the mean of their own
+    # (normalised) fits keeps the reference's view that another worker costs little.
+    truth = _paper_sync_truth()
+    rays = {1.0: [(2, 2), (2, 4)], 3.0: [(4, 4), (8, 4)], 0.5: [(4, 2), (8, 8)]}
+    jobs = [[(p, w, 1.0 / (scale * inverse_speed(truth.coefficients, p, w))) for p, w in shapes for _ in range(3)]
+            for scale, shapes in rays.items()]
+    shared = fit_shape(jobs, True)
+    assert shared is not None
+    fits = [normalised(f) for f in (fit_speed(j, True) for j in jobs) if f is not None]
+    mean = [sum(f.coefficients[i] for f in fits) / len(fits) for i in range(7)]
+    want = normalised(truth).coefficients
+
+    def slowdown(coef, p: int, w: int) -> float:          # one more worker at (p, w)
+        return inverse_speed(coef, p, w + 1) / inverse_speed(coef, p, w)
+    for p, w in [(2, 2), (4, 2), (8, 8), (16, 4)]:
+        assert slowdown(shared.coefficients, p, w) == pytest.approx(slowdown(want, p, w), rel=0.01), (p, w)
+    assert max(abs(slowdown(mean, p, w) / slowdown(want, p, w) - 1) for p, w in [(2, 2), (4, 2), (8, 8)]) > 0.05
+
+
+def test_a_shape_needs_a_usable_sample():
+    assert fit_shape([], True) is None
+    assert fit_shape([[(0, 2, 1.0), (2, 2, float("nan"))]], True) is None

@@ -11,7 +11,7 @@ import pytest
 
 from protocol.internal_api import NodePlacement, ShapeDirective
 from protocol.job_report import ClockObjective, EpochObjective, JobReport
-from models.optimus_fit import FEATURES, SpeedFunction
+from models.optimus_fit import FEATURES, SpeedFunction, fit_speed
 from protocol.records import ZERO, Resource
 from rm.policies import ClusterSnapshot, NodeView, OptimusPolicy, create
 from rm.policies.optimus import PRIORITY_FACTOR, SCHEDULING_INTERVAL_S
@@ -306,6 +306,44 @@ def test_a_finished_job_teaches_its_app_prior():
     got = priors.prior("user-app", True)
     assert got is not None and priors.version("user-app") == 1
     assert float(got.speed(1, 4)) > float(got.speed(4, 4))              # servers slow it, as learned
+
+
+def test_an_apps_prior_is_fitted_on_its_finished_jobs_samples_and_an_older_state_still_restores():
+    from models.optimus_fit import inverse_speed
+    from rm.policies.optimus import OptimusState
+    from rm.policies.optimus_priors import AppPriors
+    # Two finished jobs of "user-app" (BSP), where 1/f = 1 + w/p, one sampled with more workers,
+    # the other with more servers: the app's prior is fitted on both jobs' samples (another worker
+    # at 2 x 2 costs 1.25x).
+    truth = (0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0)
+    jobs = [[(p, w, 1.0 / (k * inverse_speed(truth, p, w))) for p, w in ray for _ in range(4)] for k, ray in
+            ((1.0, [(2, 2), (2, 4)]), (2.0, [(4, 4), (8, 4)]))]
+    priors = AppPriors()
+    for samples in jobs:
+        fit = fit_speed(samples, True)
+        assert fit is not None
+        priors.learn("user-app", fit, samples)
+    got = priors.prior("user-app", True)
+    assert got is not None and priors.version("user-app") == 2
+    def worker_cost(coef) -> float:
+        return inverse_speed(coef, 2, 3) / inverse_speed(coef, 2, 2)
+    # Near the truth, and nearer than the mean of the jobs' own fits (the prior before samples
+    # were kept), which keeps much of the reference's view that a worker is nearly free.
+    fits = [priors.learned["user-app"][0], priors.learned["user-app"][1]]
+    mean = tuple((a + b) / 2 for a, b in zip(*fits))
+    assert worker_cost(got.coefficients) == pytest.approx(1.25, abs=0.04)
+    assert abs(worker_cost(got.coefficients) - 1.25) < 0.5 * abs(worker_cost(mean) - 1.25)
+    # The samples travel in the stored state; a state stored before they did restores with its fits.
+    policy = OptimusPolicy()
+    policy.restore_state(msgspec.json.encode(OptimusState({}, priors.learned, priors.versions, {}, None, None,
+                                                          priors.samples)))
+    assert OptimusState.__struct_fields__[-1] == "learned_samples"
+    older = msgspec.json.decode(policy.export_state())
+    assert older["learned_samples"]["user-app"] and older["learned"]["user-app"]
+    del older["learned_samples"]
+    old_policy = OptimusPolicy()
+    old_policy.restore_state(msgspec.json.encode(older))
+    assert msgspec.json.decode(old_policy.export_state())["learned_samples"] == {}
 
 
 def test_fitted_jobs_grow_into_free_resources_with_theorem_1_placements():
