@@ -46,7 +46,10 @@ Optimus's two estimates costs it: `optimus_true_speed_jct_gain_vs_drf` and
 `optimus_true_epochs_jct_gain_vs_drf` are the `optimus` policy itself with its speed function or its
 remaining epochs replaced by the truth (the simulator's optimus-true-speed and optimus-true-epochs,
 sim/optimus_truth.py `TruthInputs`; neither is a bound). `all_sync` holds the same for Fig. 16's
-all-synchronous workload (DRF, Optimus and the three truth-fed variants; not in --quick).
+all-synchronous workload (DRF, Optimus and the three truth-fed variants; not in --quick). With
+`--warm`, also `optimus_warm_jct_gain_vs_drf`: Optimus that first scheduled the trace of seed + 100
+of the same workload and starts from the per-app priors it learned there (what an RM that has run
+for a while keeps in its stored state), against the same DRF run.
 
 **--paper dorm** (sim/papers/dorm.py: Table II's 50 applications arriving 20 minutes apart on
 average, 20 nodes x 12 cores, Dorm-3's thresholds): Dorm against static partitions. Keys
@@ -78,12 +81,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+import msgspec
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from support.harmony_sim_paper import harmony_run  # noqa: E402  (bench/support: not a benchmark itself)
 from support.seeds import DEFAULT_TEXT, parse_seeds  # noqa: E402
 from protocol.records import Resource  # noqa: E402
+from rm import policies  # noqa: E402
+from rm.policies.optimus import OptimusState  # noqa: E402
 from sim import calibration as calibration_file  # noqa: E402
 from sim.bounds import clairvoyant_bound, over_bound  # noqa: E402
 from sim.calibration import Calibration  # noqa: E402
@@ -92,7 +99,7 @@ from sim.papers import dorm as dorm_paper  # noqa: E402
 from sim.papers import optimus as optimus_paper  # noqa: E402
 from sim.sim_job import JobTimings  # noqa: E402
 from sim.simulator import (OPTIMUS_TRUE_EPOCHS, OPTIMUS_TRUE_SPEED, OPTIMUS_TRUTH, SimConfig, SimResult,  # noqa: E402
-                           known_policies, simulate)
+                           Simulator, known_policies, simulate)
 from sim.trace import TraceJob  # noqa: E402
 from sim.workload import CLUSTER_SPEC, cluster_trace  # noqa: E402
 
@@ -280,7 +287,8 @@ def gains_default(results: dict[str, SimResult], rows: dict[str, Row], bound_jct
 OPTIMUS_GAINS = ("optimus_jct_gain_vs_drf", "optimus_makespan_gain_vs_drf", "optimus_jct_gain_vs_tetris",
                  "optimus_makespan_gain_vs_tetris", "drf_makespan_h", "optimus_jct_over_bound",
                  "optimus_truth_jct_over_bound", "optimus_jct_over_truth", "optimus_truth_jct_gain_vs_drf",
-                 "optimus_true_speed_jct_gain_vs_drf", "optimus_true_epochs_jct_gain_vs_drf")
+                 "optimus_true_speed_jct_gain_vs_drf", "optimus_true_epochs_jct_gain_vs_drf",
+                 "optimus_warm_jct_gain_vs_drf")
 
 
 def optimus_run(ns: argparse.Namespace) -> dict[str, Any]:
@@ -312,6 +320,10 @@ def optimus_run(ns: argparse.Namespace) -> dict[str, Any]:
             print(f"seed {seed}: Optimus §6 workload{' (' + label + ')' if label else ''}, {len(trace)} jobs over "
                   f"{variant.window_s:.0f} s, {variant.nodes} nodes", file=sys.stderr)
             results = run_all(trace, names, cal, cfg)
+            if ns.warm and "optimus" in names:
+                warm = optimus_warm(trace, optimus_paper.generate(variant, seed + WARM_SEED_OFFSET), cal, cfg)
+                if warm is not None:
+                    results[OPTIMUS_WARM] = warm
             bound = clairvoyant_bound(trace, cal, cluster)
             rows = {k: row(v) for k, v in results.items()}
             per_seed.append({"seed": seed, "policies": rows, "bound": bound.to_json(),
@@ -323,6 +335,33 @@ def optimus_run(ns: argparse.Namespace) -> dict[str, Any]:
             out[label] = {**{k: v for k, v in gains.items() if v is not None},
                           "per_seed": [{"seed": p["seed"], **p["gains"]} for p in per_seed]}
     return out
+
+
+# --warm: Optimus that has already scheduled one trace of the same workload (seed + this offset)
+# and starts from the priors it learned there -- an RM that has run for a while (its priors are in
+# its stored state) -- against the cold start of every other run.
+WARM_SEED_OFFSET = 100
+OPTIMUS_WARM = "optimus-warm"
+
+
+def optimus_warm(trace: Sequence[TraceJob], history: Sequence[TraceJob], cal: Calibration,
+                 cfg: SimConfig) -> Optional[SimResult]:
+    """Optimus on `trace`, starting from the priors it learned scheduling `history` (its stored
+    state's per-app priors only: no jobs, no round cadence)."""
+    first = Simulator(history, "optimus", cal, cfg)
+    first.run()
+    doc = policies.export_state(first.policy)
+    if doc is None:
+        return None
+    state = msgspec.json.decode(doc, type=OptimusState)
+    sim = Simulator(trace, "optimus", cal, cfg)
+    policies.restore_state(sim.policy, msgspec.json.encode(
+        msgspec.structs.replace(state, jobs={}, last_round=None, last_jobs=None)))
+    result = sim.run()
+    r = row(result)
+    print(f"{OPTIMUS_WARM:>13}: mean JCT {r['mean_jct_s']} s, makespan {r['makespan_s']} s (priors from seed + "
+          f"{WARM_SEED_OFFSET})", file=sys.stderr)
+    return result
 
 
 def gains_optimus(results: dict[str, SimResult], rows: dict[str, Row], bound_jct: float) -> dict[str, Optional[float]]:
@@ -339,6 +378,7 @@ def gains_optimus(results: dict[str, SimResult], rows: dict[str, Row], bound_jct
         "optimus_truth_jct_gain_vs_drf": jct_gain(results, "drf", OPTIMUS_TRUTH),
         "optimus_true_speed_jct_gain_vs_drf": jct_gain(results, "drf", OPTIMUS_TRUE_SPEED),
         "optimus_true_epochs_jct_gain_vs_drf": jct_gain(results, "drf", OPTIMUS_TRUE_EPOCHS),
+        "optimus_warm_jct_gain_vs_drf": jct_gain(results, "drf", OPTIMUS_WARM),
     }
 
 
@@ -430,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node-memory-mb", type=int, default=8192)
     p.add_argument("--node-vcores", type=int, default=8)
     p.add_argument("--calibration", type=Path, default=calibration_file.DEFAULT_PATH)
+    p.add_argument("--warm", action="store_true",
+                   help=f"--paper optimus: also Optimus starting from the priors it learned on the trace of seed + "
+                        f"{WARM_SEED_OFFSET} (optimus_warm_jct_gain_vs_drf)")
     ns = p.parse_args(argv)
     try:
         ns.seed_list = parse_seeds(ns.seeds)
@@ -443,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--jobs must be >= 0, got {ns.jobs}")
     if not (0.0 < ns.load < 10.0):
         p.error(f"--load must be in (0, 10), got {ns.load}")
+    if ns.warm and ns.paper != "optimus":
+        p.error("--warm is for --paper optimus")
     out = PAPERS[ns.paper].run(ns) if ns.paper else default_run(ns)
     print(json.dumps(out))
     return 0

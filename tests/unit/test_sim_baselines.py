@@ -239,3 +239,13 @@ def test_the_benches_refuse_bad_seeds_with_a_usage_error(capsys: pytest.CaptureF
             bench.main(["--seeds", "5-1"])
         assert e.value.code == 2
         assert "--seeds" in capsys.readouterr().err
+
+
+def test_policies_sim_takes_warm_only_for_the_optimus_paper(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib  # noqa: PLC0415
+    bench = importlib.import_module("policies_sim")
+    for argv in (["--warm"], ["--paper", "dorm", "--warm"]):
+        with pytest.raises(SystemExit) as e:
+            bench.main(argv)
+        assert e.value.code == 2
+        assert "--warm is for --paper optimus" in capsys.readouterr().err
