@@ -29,6 +29,11 @@ RM_ID_ENV = "ELASTANE_RM_ID"
 # one that is up but busy still accepts in the kernel whatever its event loop is doing, so only a
 # host that went silent (it drops the SYNs) takes this long.
 FAILOVER_CONNECT_TIMEOUT_S = 3.0
+# Seconds a client waits for an RM's answer to go on arriving before it moves to the next: a
+# connection kept alive to a host that then went silent is not reopened, so the connect timeout
+# never fires. Twice the NMs' and AMs' 5 s per-call timeout, which a 10-minute soak on a saturated
+# machine never ran out (docs/operating.md); RM calls answer in milliseconds.
+FAILOVER_READ_TIMEOUT_S = 10.0
 
 
 class HAConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -47,6 +52,7 @@ class HAConfig(msgspec.Struct, forbid_unknown_fields=True):
     failover_max_attempts: int = 15
     failover_sleep_s: float = 0.5
     failover_connect_timeout_s: float = FAILOVER_CONNECT_TIMEOUT_S
+    failover_read_timeout_s: float = FAILOVER_READ_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.enabled:
@@ -84,6 +90,8 @@ class HAConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError(f"failover_sleep_s must be >= 0 (seconds), got {self.failover_sleep_s}")
         if not self.failover_connect_timeout_s > 0:
             raise ValueError(f"failover_connect_timeout_s must be > 0 (seconds), got {self.failover_connect_timeout_s}")
+        if not self.failover_read_timeout_s > 0:
+            raise ValueError(f"failover_read_timeout_s must be > 0 (seconds), got {self.failover_read_timeout_s}")
 
     def address_of(self, rm_id: str) -> str:
         return normalized_url(self.rm_addresses[rm_id])

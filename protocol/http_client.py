@@ -28,15 +28,18 @@ class JsonHttpClient:
     """One keep-alive session to one base URL; `token` is sent as a bearer token on every call."""
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0,
-                 user: str | None = None, connect_timeout_s: float | None = None):
+                 user: str | None = None, connect_timeout_s: float | None = None,
+                 read_timeout_s: float | None = None):
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.user = user
-        # connect_timeout_s bounds opening a connection alone (None: only the call's timeout_s):
-        # a host that went silent drops the SYNs, and a client with somewhere else to go
+        # connect_timeout_s bounds opening a connection, read_timeout_s each wait for more of the
+        # answer (None: only the call's timeout_s): a host that went silent drops the SYNs, or
+        # never answers on a kept-alive connection, and a client with somewhere else to go
         # (protocol/rm_failover.py) should not wait the whole call's timeout to learn it.
         self.connect_timeout_s = connect_timeout_s
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
+        self.read_timeout_s = read_timeout_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s, sock_read=read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
     async def _get_session(self) -> aiohttp.ClientSession:

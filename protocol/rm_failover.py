@@ -2,9 +2,10 @@
 ConfiguredRMFailoverProxyProvider with RetryPolicies.failoverOnNetworkException).
 
 A call goes to the RM that answered last; when that RM cannot be reached (connection refused or
-reset, a connection not opened within `connect_timeout_s` -- a host that went silent drops the
-SYNs, and without it a call waited its whole timeout, 30 s for the CLI, before moving on -- or
-the call's timeout) or answers 503 -- a standby's StandbyException -- the call moves on to the next
+reset, a connection not opened within `connect_timeout_s` or an answer that stops arriving for
+`read_timeout_s` -- a host that went silent drops the SYNs, or never answers on a kept-alive
+connection, and without them a call waited its whole timeout, 30 s for the CLI, before moving on
+-- or the call's timeout) or answers 503 -- a standby's StandbyException -- the call moves on to the next
 listed RM, round the list, pausing `sleep_s` after each full round, for at most `max_attempts`
 moves; then the last error is raised. Any other answer, an error included, is the active's and is
 returned as it is. A standby redirects client REST calls to the active itself (307), which aiohttp
@@ -22,7 +23,7 @@ from typing import Optional, Sequence
 
 import aiohttp
 
-from .ha_config import FAILOVER_CONNECT_TIMEOUT_S, HAConfig, normalized_url
+from .ha_config import FAILOVER_CONNECT_TIMEOUT_S, FAILOVER_READ_TIMEOUT_S, HAConfig, normalized_url
 from .http_client import Body, JsonHttpClient, RemoteError
 from .json_types import JsonValue
 
@@ -42,12 +43,14 @@ class FailoverJsonClient(JsonHttpClient):
 
     def __init__(self, base_urls: Sequence[str], token: Optional[str] = None, timeout_s: float = 30.0,
                  user: Optional[str] = None, max_attempts: int = 15, sleep_s: float = 0.5,
-                 connect_timeout_s: float = FAILOVER_CONNECT_TIMEOUT_S):
+                 connect_timeout_s: float = FAILOVER_CONNECT_TIMEOUT_S, read_timeout_s: float = FAILOVER_READ_TIMEOUT_S):
         if not base_urls:
             raise ValueError("FailoverJsonClient needs at least one RM URL")
-        connect = min(connect_timeout_s, timeout_s)
-        self.clients = [JsonHttpClient(u, token, timeout_s, user, connect_timeout_s=connect) for u in base_urls]
-        super().__init__(self.clients[0].base_url, token, timeout_s, user, connect_timeout_s=connect)
+        connect, read = min(connect_timeout_s, timeout_s), min(read_timeout_s, timeout_s)
+        self.clients = [JsonHttpClient(u, token, timeout_s, user, connect_timeout_s=connect, read_timeout_s=read)
+                        for u in base_urls]
+        super().__init__(self.clients[0].base_url, token, timeout_s, user, connect_timeout_s=connect,
+                         read_timeout_s=read)
         self.max_attempts = max_attempts
         self.sleep_s = sleep_s
         self.current = 0
@@ -94,4 +97,4 @@ def rm_client(preferred: str, ha: HAConfig, token: Optional[str] = None, timeout
     if not ha.enabled:
         return JsonHttpClient(preferred, token, timeout_s, user)
     return FailoverJsonClient(rm_urls(preferred, ha), token, timeout_s, user, ha.failover_max_attempts,
-                              ha.failover_sleep_s, ha.failover_connect_timeout_s)
+                              ha.failover_sleep_s, ha.failover_connect_timeout_s, ha.failover_read_timeout_s)

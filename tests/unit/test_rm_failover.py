@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 from typing import Iterator
 
 import msgspec
@@ -82,6 +83,47 @@ async def test_a_silent_rm_is_left_after_the_connect_timeout_not_the_calls(silen
     assert [p for _, p, _ in calls] == ["/ws/v1/cluster/info"]
 
 
+@pytest.fixture
+def mute_rm() -> Iterator[str]:
+    """The URL of an RM whose host went silent after the connection was made: it accepts, takes
+    the request and never answers (as a kept-alive connection to a dead host behaves)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return                       # the listener was closed: the test is over
+            held.append(conn)
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        srv.shutdown(socket.SHUT_RDWR)
+        srv.close()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+
+
+async def test_an_rm_that_stops_answering_is_left_after_the_read_timeout_not_the_calls(mute_rm):
+    calls = []
+    with serve_routes(active_route(calls)) as act:
+        client = FailoverJsonClient([mute_rm, f"http://{act}"], timeout_s=30, read_timeout_s=0.3, sleep_s=0)
+        try:
+            async with asyncio.timeout(10):
+                assert await client.get("/ws/v1/cluster/apps") == {"served": "active", "body": None}
+            assert client.failovers == 1 and client.base_url == f"http://{act}"
+        finally:
+            await client.close()
+    assert [p for _, p, _ in calls] == ["/ws/v1/cluster/apps"]
+
+
 async def test_with_no_rm_serving_it_gives_up_after_the_bounded_moves():
     with serve_routes(lambda *a: STANDBY) as sb1, serve_routes(lambda *a: STANDBY) as sb2:
         client = FailoverJsonClient([f"http://{sb1}", f"http://{sb2}"], timeout_s=5, max_attempts=3, sleep_s=0)
@@ -107,9 +149,11 @@ def test_the_preferred_rm_goes_first_and_without_ha_there_is_no_failover():
     quick = rm_client("http://c:3", msgspec.structs.replace(ha, failover_connect_timeout_s=0.5), timeout_s=5)
     assert isinstance(quick, FailoverJsonClient)
     assert [c.connect_timeout_s for c in quick.clients] == [0.5] * 3
+    assert [c.read_timeout_s for c in quick.clients] == [min(ha.failover_read_timeout_s, 5)] * 3   # never past the call's
 
 
-def test_a_connect_timeout_that_is_not_positive_is_refused():
-    with pytest.raises(ValueError, match="failover_connect_timeout_s"):
+@pytest.mark.parametrize("field", ["failover_connect_timeout_s", "failover_read_timeout_s"])
+def test_a_failover_timeout_that_is_not_positive_is_refused(field):
+    with pytest.raises(ValueError, match=field):
         HAConfig(enabled=True, rm_ids=["rm1"], rm_addresses={"rm1": "http://a:1"}, etcd_endpoints=["http://e:2379"],
-                 failover_connect_timeout_s=0)
+                 **{field: 0})
