@@ -205,6 +205,10 @@ class Zygote:
         # joining: the read end of a spare's ready pipe -> (request id, pid, its request pipe).
         self.spares: dict[int, int] = {}
         self._joining: dict[int, tuple[int, int, int]] = {}
+        # Joining spares reaped before their join was read: pid -> wait status. Their WarmExited
+        # waits for the join's answer, so the NM hears the start (or failure) first: an exit it
+        # heard before the start would leave it holding a dead pid as an idle spare.
+        self._exited_joining: dict[int, int] = {}
         self.closing = False
         self._buf = b""
         self._wake_r, self._wake_w = os.pipe()
@@ -354,13 +358,24 @@ class Zygote:
             said = os.read(ready_r, 1)
         finally:
             os.close(ready_r)
-        if said == b"j" and not self.closing:
+        status = self._exited_joining.pop(pid, None)
+        if said == b"j" and not self.closing and status is None:
             self.spares[pid] = req_w
             self._send(wire.WarmStarted(request_id, pid))
             return
         os.close(req_w)       # it exits (it could not join, or we are closing); reaped as a spare
-        self.spares[pid] = -1
+        if status is None:
+            self.spares[pid] = -1
+        elif said == b"j":
+            # It joined, then was killed before we read so: a spare that started and ended (the
+            # NM's pool skips it and removes its cgroup), not a failed join, which would stop the
+            # NM from keeping spares at all.
+            self._send(wire.WarmStarted(request_id, pid))
+            self._send(wire.WarmExited(pid, status))
+            return
         self._send(wire.WarmFailed(request_id, f"the spare {pid} did not join its cgroups"))
+        if status is not None:
+            self._send(wire.WarmExited(pid, status))
 
     def _hand_to_spare(self, req: wire.WarmLaunch, frame: bytes) -> None:
         req_w = self.spares.get(req.spare_pid, -1)
@@ -394,6 +409,9 @@ class Zygote:
             w = self.spares.pop(pid, -1)
             if w >= 0:
                 os.close(w)
+            if any(joining == pid for _, joining, _ in self._joining.values()):
+                self._exited_joining[pid] = status      # told after its join's answer (_spare_joined)
+                continue
             self._send(wire.WarmExited(pid, status))
 
 

@@ -213,3 +213,50 @@ def test_spare_requests_round_trip() -> None:
                                 stdout="o", stderr="e", exit_file="x", spare_pid=77)):
         data = wire.frame(msg)
         assert wire.decode_request(data[4:]) == msg
+
+
+# Drives a Zygote in a process of its own (it forks: not from the test runner's process) through
+# the race of a spare that exits before its join is read: the zygote reaps it first.
+_EARLY_EXIT_DRIVER = """
+import json, os, select, signal, socket, sys
+from nodemanager.zygote import Zygote
+from protocol import zygote_wire as wire
+ours, theirs = socket.socketpair()
+z = Zygote(theirs)
+z._fork_spare(wire.WarmSpare(request_id=1, cgroup_procs=[sys.argv[1]]))
+(ready_r, (_, pid, _)), = z._joining.items()
+select.select([ready_r], [], [])            # it has joined (or given up): its answer is in the pipe
+os.kill(pid, signal.SIGKILL)
+os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)   # exited, not reaped
+z._reap()
+z._spare_joined(ready_r)
+theirs.close()
+data = b"".join(iter(lambda: ours.recv(1 << 16), b""))
+said = []
+while data:
+    n = wire.body_length(data[:wire.HEADER.size])
+    msg = wire.decode_reply(data[wire.HEADER.size:wire.HEADER.size + n])
+    data = data[wire.HEADER.size + n:]
+    said.append([type(msg).__name__, getattr(msg, "pid", None) == pid])
+print(json.dumps({"said": said, "spares": list(z.spares), "held": list(z._exited_joining)}))
+"""
+
+
+@pytest.mark.parametrize("joins", [True, False])
+def test_a_spare_reaped_before_its_join_is_read_is_reported_started_or_failed_before_its_exit(
+        tmp_path: Path, joins: bool) -> None:
+    """Its exit is held back until its join's answer: the NM hears WarmStarted (it joined) or
+    WarmFailed (it could not) first, then WarmExited, and the zygote keeps no spare for it. Told
+    the other way round, the NM kept the dead pid as an idle spare."""
+    import json
+    import subprocess
+    import sys
+    procs = tmp_path / "cgroup.procs" if joins else tmp_path / "no" / "cgroup.procs"
+    if joins:
+        procs.write_text("")
+    out = subprocess.run([sys.executable, "-c", _EARLY_EXIT_DRIVER, str(procs)], capture_output=True, text=True,
+                         timeout=60, cwd=Path(__file__).resolve().parents[2], check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    first = "WarmStarted" if joins else "WarmFailed"
+    assert got["said"] == [[first, joins], ["WarmExited", True]]
+    assert got["spares"] == [] and got["held"] == []
