@@ -83,6 +83,27 @@ class EtcdKeys:
     def attempt(self, app_id: str, attempt_id: str) -> bytes:
         return self.app_attempts(app_id) + attempt_id.encode()
 
+    @property
+    def policy_state(self) -> bytes:
+        """The policy's state record, when it fits one etcd request (rm/ha/etcd_store.py)."""
+        return f"{self.prefix}/rm/policy/state".encode()
+
+    @property
+    def policy_parts_index(self) -> bytes:
+        """Where a policy state too large for one request lies: its generation and part count."""
+        return f"{self.prefix}/rm/policy/parts-index".encode()
+
+    @property
+    def policy_parts(self) -> bytes:
+        """Every generation's parts."""
+        return f"{self.prefix}/rm/policy/parts/".encode()
+
+    def policy_generation(self, generation: str) -> bytes:
+        return self.policy_parts + generation.encode() + b"/"
+
+    def policy_part(self, generation: str, index: int) -> bytes:
+        return self.policy_generation(generation) + f"{index:06d}".encode()
+
 
 def prefix_end(prefix: bytes) -> bytes:
     """The range end that covers every key starting with `prefix` (etcd's convention)."""
@@ -203,10 +224,19 @@ class BlockingEtcd:
         """One transaction (etcd's TxnResponse)."""
         return self._call("Txn", rpc.TxnRequest(compare=compare, success=success, failure=failure or []))
 
-    def range_prefix(self, prefix: bytes) -> list[Any]:
-        """Every key-value under `prefix`, in key order (etcd's KeyValue messages)."""
-        resp = self._call("Range", rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix)))
+    def range_prefix(self, prefix: bytes, keys_only: bool = False) -> list[Any]:
+        """Every key-value under `prefix`, in key order (etcd's KeyValue messages; with `keys_only`
+        their values are left out)."""
+        resp = self._call("Range", rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), keys_only=keys_only))
         return list(resp.kvs)
+
+    def get_many(self, keys: Sequence[bytes], revision: int = 0) -> tuple[list[Optional[bytes]], int]:
+        """The values of `keys` (None where absent) read together, at `revision` (0: the latest),
+        and the revision they were read at."""
+        ops = [rpc.RequestOp(request_range=rpc.RangeRequest(key=k, revision=revision)) for k in keys]
+        resp = self.txn([], ops)
+        values = [bytes(r.response_range.kvs[0].value) if r.response_range.kvs else None for r in resp.responses]
+        return values, int(resp.header.revision) if revision == 0 else revision
 
     def close(self) -> None:
         for ch in self._channels:

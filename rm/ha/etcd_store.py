@@ -3,7 +3,8 @@ fencing token, so a deposed RM cannot write.
 
 Same interface as the SQLite store (rm/store.py `StateStore`), same JSON documents:
 `<prefix>/rm/apps/<app_id>` holds an AppRecord, `<prefix>/rm/attempts/<app_id>/<attempt_id>` an
-AttemptRecord, `<prefix>/rm/policy/state` the PolicyStateRecord. Each write compares the leader key's create revision with the token this RM was
+AttemptRecord, `<prefix>/rm/policy/state` the PolicyStateRecord (or, when it is larger than one etcd
+request takes, its parts: see `save_policy_state`). Each write compares the leader key's create revision with the token this RM was
 elected with (rm/ha/etcd_kv.py `token_compare`); when another RM has been elected since -- or the
 lease ran out and nobody holds the key -- the comparison fails, nothing is written, the store
 refuses every later write without asking etcd, and `on_fenced` tells the elector, which steps
@@ -13,6 +14,7 @@ fencing node).
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any, Callable, Optional
 
 import msgspec
@@ -27,6 +29,19 @@ log = logging.getLogger(__name__)
 # etcd's default --max-txn-ops: an app's write (its record and its attempts) must fit in one
 # transaction to stay atomic.
 MAX_TXN_OPS = 128
+# etcd refuses a request above its --max-request-bytes (1.5 MiB by default). A policy's state grows
+# with its jobs (Optimus keeps a few KB of fits and samples per job), so a state above this is
+# written in parts of this size, each request well under the limit.
+POLICY_PART_BYTES = 1 << 20
+
+
+class PolicyStateParts(msgspec.Struct, forbid_unknown_fields=False):
+    """Where a policy state written in parts lies: `parts` values under its generation's prefix,
+    `size` bytes in all (the encoded PolicyStateRecord, cut at POLICY_PART_BYTES)."""
+
+    generation: str
+    parts: int
+    size: int
 
 
 class StoreFenced(StateError, RuntimeError):
@@ -77,18 +92,51 @@ class EtcdStateStore(StateStore):
         self._write([delete_op(self.keys.app_attempts(app_id), prefix=True), delete_op(self.keys.app(app_id))],
                     f"the removal of {app_id}")
 
-    @property
-    def policy_key(self) -> bytes:
-        return f"{self.keys.prefix}/rm/policy/state".encode()
-
     def save_policy_state(self, record: PolicyStateRecord) -> None:
-        self._write([put_op(self.policy_key, self._enc.encode(record))], "the policy state")
+        """Store `record` in place of the last one. One that fits a request goes in one transaction,
+        which also drops any parts. A larger one is written as a new generation of parts, each in a
+        fenced transaction of its own, then made current in one that puts its index and removes the
+        whole-record key: a reader finds the old state or the new one, never a mix, and a term
+        fenced midway leaves only parts no index names (removed by the next save)."""
+        data = self._enc.encode(record)
+        k = self.keys
+        if len(data) <= POLICY_PART_BYTES:
+            self._write([put_op(k.policy_state, data), delete_op(k.policy_parts_index),
+                         delete_op(k.policy_parts, prefix=True)], "the policy state")
+            return
+        generation = uuid.uuid4().hex
+        parts = [data[i:i + POLICY_PART_BYTES] for i in range(0, len(data), POLICY_PART_BYTES)]
+        for i, part in enumerate(parts):
+            self._write([put_op(k.policy_part(generation, i), part)],
+                        f"part {i + 1} of {len(parts)} of the policy state")
+        index = PolicyStateParts(generation, len(parts), len(data))
+        self._write([put_op(k.policy_parts_index, self._enc.encode(index)), delete_op(k.policy_state)],
+                    "the policy state's index")
+        # Earlier generations (the last current one, any a fenced term left): no index names them.
+        stale = sorted({bytes(kv.key)[len(k.policy_parts):].split(b"/", 1)[0].decode()
+                        for kv in self.etcd.range_prefix(k.policy_parts, keys_only=True)} - {generation})
+        for i in range(0, len(stale), MAX_TXN_OPS):
+            self._write([delete_op(k.policy_generation(g), prefix=True) for g in stale[i:i + MAX_TXN_OPS]],
+                        "the policy state's previous parts")
 
     def load_policy_state(self) -> Optional[PolicyStateRecord]:
-        for kv in self.etcd.range_prefix(self.policy_key):
-            if bytes(kv.key) == self.policy_key:
-                return msgspec.json.decode(kv.value, type=PolicyStateRecord)
-        return None
+        """The stored record (None if none): the whole-record key, or the parts its index names,
+        read at the index's revision."""
+        k = self.keys
+        (whole, index_doc), revision = self.etcd.get_many([k.policy_state, k.policy_parts_index])
+        if whole is not None:
+            return msgspec.json.decode(whole, type=PolicyStateRecord)
+        if index_doc is None:
+            return None
+        index = msgspec.json.decode(index_doc, type=PolicyStateParts)
+        # One part a request: a response above gRPC's 4 MiB default would be refused.
+        parts = [self.etcd.get_many([k.policy_part(index.generation, i)], revision)[0][0] for i in range(index.parts)]
+        missing = [i for i, p in enumerate(parts) if p is None]
+        data = b"".join(p for p in parts if p is not None)
+        if missing or len(data) != index.size:
+            raise StateError(f"the policy state's generation {index.generation} is incomplete: "
+                             f"parts {missing} missing, {len(data)} of {index.size} bytes")
+        return msgspec.json.decode(data, type=PolicyStateRecord)
 
     def close(self) -> None:
         self.etcd.close()

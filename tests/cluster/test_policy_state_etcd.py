@@ -13,7 +13,7 @@ from polling import async_wait_until
 from protocol.ha_config import HAConfig
 from rm.ha.elector import Elector
 from rm.ha.etcd_kv import AsyncEtcd, BlockingEtcd, EtcdKeys
-from rm.ha.etcd_store import EtcdStateStore, StoreFenced
+from rm.ha.etcd_store import POLICY_PART_BYTES, EtcdStateStore, StoreFenced
 from rm.ha.role import HAState
 from rm.store import PolicyStateRecord
 
@@ -66,6 +66,53 @@ async def test_the_next_term_loads_the_policy_state_and_a_deposed_term_cannot_wr
     b_store.save_policy_state(PolicyStateRecord("dorm", 14.0, ["n1:1"]))
     after = b_store.load_policy_state()
     assert after is not None and after.policy_state is None and after.nodes == ["n1:1"]
+    for s in (a_store, b_store):
+        s.close()
+    await a.stop()
+    await b.stop()
+
+
+async def test_a_policy_state_larger_than_an_etcd_request_is_stored_in_parts_and_loads_whole(etcd):
+    """etcd refuses a request above 1.5 MiB; a state of thousands of jobs' fits is larger. It is
+    written in parts and loads back byte for byte in the next term; a smaller one written after
+    it replaces it and leaves no parts behind; a larger one again leaves only its own parts."""
+    ha = ha_config(etcd)
+    a, b = elector(ha, "rm1"), elector(ha, "rm2")
+    a.start()
+    await async_wait_until(lambda: a.role.state == HAState.ACTIVE, 20, "rm1 active")
+    a_store = store_of(ha, a)
+    keys = EtcdKeys(ha.etcd_prefix)
+    jobs = {f"application_1_{i:05d}": {"samples": [[i, j, 0.5 + j / 7] for j in range(40)]} for i in range(6000)}
+    big = msgspec.json.encode({"jobs": jobs})
+    assert len(big) > 3 * POLICY_PART_BYTES
+    record = PolicyStateRecord("optimus", 20.0, ["n1:1"], msgspec.Raw(big))
+    a_store.save_policy_state(record)
+    first_parts = a_store.etcd.range_prefix(keys.policy_parts, keys_only=True)
+    assert len(first_parts) == -(-len(msgspec.json.encode(record)) // POLICY_PART_BYTES)
+
+    admin = AsyncEtcd(ha.etcd_targets(), 2.0)
+    await admin.call(lambda c: c.revoke_lease(a.lease_id))
+    b.start()
+    await async_wait_until(lambda: b.role.state == HAState.ACTIVE, 20, "rm2 active")
+    b_store = store_of(ha, b)
+    got = b_store.load_policy_state()
+    assert got is not None and (got.policy, got.saved_at, got.nodes) == ("optimus", 20.0, ["n1:1"])
+    assert got.policy_state == big
+    with pytest.raises(StoreFenced):      # a deposed term writes no part
+        a_store.save_policy_state(PolicyStateRecord("optimus", 21.0, [], msgspec.Raw(big)))
+    assert b_store.etcd.range_prefix(keys.policy_parts, keys_only=True) == first_parts
+
+    bigger = msgspec.json.encode({"jobs": jobs, "more": list(range(300_000))})
+    b_store.save_policy_state(PolicyStateRecord("optimus", 22.0, ["n2:1"], msgspec.Raw(bigger)))
+    now = b_store.etcd.range_prefix(keys.policy_parts, keys_only=True)
+    assert len(now) > len(first_parts) and not {bytes(kv.key) for kv in now} & {bytes(kv.key) for kv in first_parts}
+    again = b_store.load_policy_state()
+    assert again is not None and again.policy_state == bigger and again.nodes == ["n2:1"]
+
+    b_store.save_policy_state(PolicyStateRecord("optimus", 23.0, ["n2:1"], msgspec.Raw(b'{"jobs":{}}')))
+    assert b_store.etcd.range_prefix(keys.policy_parts, keys_only=True) == []
+    small = b_store.load_policy_state()
+    assert small is not None and small.policy_state == b'{"jobs":{}}'
     for s in (a_store, b_store):
         s.close()
     await a.stop()
