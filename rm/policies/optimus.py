@@ -39,7 +39,10 @@ make room for a job that arrives.
 
 Departures from the paper, and why:
 * The paper pre-runs each job at several shapes to seed its speed function; here the fit is seeded
-  with the app's prior scaled to the job's own speed (no restarts spent on pre-runs).
+  with the app's prior scaled to the job's own speed. A pre-run inside the job's own training
+  (moved through the paper's five shapes by the policy) was measured on §6's workload: it lost at
+  the paper's 10-minute rounds and gained 7 % at 30 s rounds, against 24 % for the true speed
+  function (docs/simulator.md, "Where Optimus's loss comes from").
 * A job whose loss curve cannot be fitted yet (too few points) is sized too, by the same rule,
   with a prior on its remaining epochs: `max_epochs` less the epochs trained (`PRIOR_EPOCHS` when
   the spec has no limit). A job with no speed measured at all yet, and one in the middle of a
