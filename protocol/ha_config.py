@@ -34,6 +34,9 @@ FAILOVER_CONNECT_TIMEOUT_S = 3.0
 # never fires. Twice the NMs' and AMs' 5 s per-call timeout, which a 10-minute soak on a saturated
 # machine never ran out (docs/operating.md); RM calls answer in milliseconds.
 FAILOVER_READ_TIMEOUT_S = 10.0
+# The active RM compacts etcd's history this often (rm/ha/compaction.py), as Kubernetes' API
+# server does (--etcd-compaction-interval, 5 minutes).
+COMPACTION_INTERVAL_S = 300.0
 
 
 class HAConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -53,6 +56,9 @@ class HAConfig(msgspec.Struct, forbid_unknown_fields=True):
     failover_sleep_s: float = 0.5
     failover_connect_timeout_s: float = FAILOVER_CONNECT_TIMEOUT_S
     failover_read_timeout_s: float = FAILOVER_READ_TIMEOUT_S
+    # The active RM compacts etcd's history every this many seconds, keeping the last interval's
+    # (rm/ha/compaction.py); 0: never (etcd compacts itself, --auto-compaction-retention).
+    compaction_interval_s: float = COMPACTION_INTERVAL_S
 
     def __post_init__(self) -> None:
         if not self.enabled:
@@ -92,6 +98,8 @@ class HAConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError(f"failover_connect_timeout_s must be > 0 (seconds), got {self.failover_connect_timeout_s}")
         if not self.failover_read_timeout_s > 0:
             raise ValueError(f"failover_read_timeout_s must be > 0 (seconds), got {self.failover_read_timeout_s}")
+        if not self.compaction_interval_s >= 0:
+            raise ValueError(f"compaction_interval_s must be >= 0 (seconds; 0: never), got {self.compaction_interval_s}")
 
     def address_of(self, rm_id: str) -> str:
         return normalized_url(self.rm_addresses[rm_id])

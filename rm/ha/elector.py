@@ -14,6 +14,8 @@ A term, from etcd's side:
   from the send time of the last acknowledged one, so this RM gives up no later than etcd can
   expire the lease and let another RM in.
 - a standby polls the leader key every `poll_s` and campaigns when it is free.
+- the active compacts etcd's history every `compaction_interval_s`, keeping the last interval's
+  (rm/ha/compaction.py); a compaction that fails is logged and tried again at the next one.
 
 Callbacks: `on_active(epoch, token)` (build the active RM: recover from the store and serve; the
 elector fires RECOVERED when it returns, RECOVERY_FAILED when it raises) and `on_standby(reason)`
@@ -29,6 +31,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 from protocol.ha_config import HAConfig
 
+from .compaction import CompactionSchedule
 from .etcd_kv import AsyncEtcd, EtcdKeys, EtcdUnavailable
 from .role import HAEvent, HaRole, HAState, RoleChange
 
@@ -57,6 +60,7 @@ class Elector:
         self.active_id = ""            # who holds the leader key, as last seen ("" = nobody)
         self.lease_id = 0
         self.etcd_error = ""           # the last etcd failure, "" once etcd answers again
+        self.compaction = CompactionSchedule(ha.compaction_interval_s)
         self._wake = asyncio.Event()
         self._transitions: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
@@ -203,6 +207,7 @@ class Elector:
             await self._revoke(lease.id)
             return
         self.lease_id, self.active_id = lease.id, self.rm_id
+        self.compaction.reset()
         self._log(self.role.elected(self.clock(), epoch, token, sent))
         self._transitions.put_nowait(lambda: self._become_active(epoch, token))
 
@@ -243,6 +248,21 @@ class Elector:
                                             "another ResourceManager is active, or the key was deleted")
         else:
             self.role.renewed(sent)
+            if self.role.state == HAState.ACTIVE:
+                await self._compact(int(reply.header.revision))
+
+    async def _compact(self, revision: int) -> None:
+        """Compact etcd's history if the schedule says it is due (module doc)."""
+        due = self.compaction.observe(self.clock(), revision)
+        if due is None:
+            return
+        try:
+            await self.etcd.call(lambda c: c.compact(due))
+        except Exception as e:  # noqa: BLE001 - housekeeping: never a reason to step down
+            log.warning("compacting etcd's history to revision %d failed (tried again in %.0f s): %s",
+                        due, self.compaction.interval_s, e)
+            return
+        log.info("compacted etcd's history to revision %d (etcd at %d)", due, revision)
 
     # ----- stepping down ----------------------------------------------------------------------
     def _step_down(self, event: HAEvent, reason: str) -> RoleChange:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import grpc
 import msgspec
 import pytest
 
@@ -15,7 +16,7 @@ from polling import async_wait_until
 from protocol.ha_config import HAConfig
 from protocol.records import Resource
 from rm.ha.elector import Elector
-from rm.ha.etcd_kv import AsyncEtcd, BlockingEtcd, EtcdKeys, check_members
+from rm.ha.etcd_kv import AsyncEtcd, BlockingEtcd, EtcdKeys, check_members, put_op
 from rm.ha.etcd_store import EtcdStateStore, StoreFenced
 from rm.ha.role import HAEvent, HAState
 from rm.store import AppRecord, AttemptRecord
@@ -180,4 +181,35 @@ async def test_the_store_gives_back_the_records_as_saved_typed_ps_spec_included(
     assert [r for r, _ in loaded] == [plain, ps]                       # submission order (seq)
     assert loaded[1][1] == sorted(attempts, key=lambda at: at.number)  # attempts by number
     store.close()
+    await a.elector.stop()
+
+
+async def test_the_active_compacts_etcds_history_and_keeps_the_current_keys(etcd):
+    """etcd keeps every revision until compacted: the active compacts (here every second), so a
+    key's old revisions go while its current value and the leader key stay; a standby does not."""
+    ha = msgspec.structs.replace(ha_config(etcd), compaction_interval_s=1.0)
+    a, b = Rm(ha, "rm1"), Rm(ha, "rm2")
+    a.elector.start()
+    await async_wait_until(lambda: a.state == HAState.ACTIVE, 20, "rm1 active")
+    b.elector.start()
+    await async_wait_until(lambda: b.elector.active_id == "rm1", 20, "rm2 sees rm1 as the active")
+    store = store_for(ha, a)
+    key = EtcdKeys(ha.etcd_prefix).app("application_1_0001")
+    first = store.etcd.txn([], [put_op(key, b"v0")]).header.revision
+    for i in range(1, 20):
+        store.etcd.txn([], [put_op(key, f"v{i}".encode())])
+
+    def compacted_past_first() -> bool:
+        try:
+            store.etcd.get_many([key], revision=first)
+        except grpc.RpcError as e:
+            return e.code() == grpc.StatusCode.OUT_OF_RANGE      # "required revision has been compacted"
+        return False
+
+    await async_wait_until(compacted_past_first, 20, "etcd's history compacted past the first write")
+    assert store.etcd.get_many([key])[0] == [b"v19"]
+    assert a.state == HAState.ACTIVE and a.elector.compaction.compacted >= first
+    assert b.elector.compaction.compacted == 0
+    store.close()
+    await b.elector.stop()
     await a.elector.stop()

@@ -49,6 +49,7 @@ def test_no_table_is_ha_off(tmp_path):
     ('lease_s = 2.5', "lease_s"),
     ('etcd_prefix = "elastane"', "etcd_prefix"),
     ('failover_max_attempts = 0', "failover_max_attempts"),
+    ('compaction_interval_s = -1', "compaction_interval_s"),
     ('bogus = 1', "bogus"),
 ])
 def test_bad_settings_are_named(tmp_path, change, setting):
