@@ -32,8 +32,10 @@ an `AggregatedLogError` naming the file and what is wrong; nothing partial is sh
 """
 from __future__ import annotations
 
+import datetime
 import os
 import posixpath
+import shutil
 import re
 import struct
 import zlib
@@ -262,6 +264,57 @@ class RemoteLogDir:
         except FileNotFoundError:
             pass
 
+    def app_ages(self) -> list[tuple[str, float]]:
+        """Every app dir here and when its newest file was written (seconds since the epoch; the
+        dir's own time when it holds no file), in app id order."""
+        out: list[tuple[str, float]] = []
+        if self.local is not None:
+            try:
+                dirs = [e for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith(".")]
+            except FileNotFoundError:
+                return []
+            for d in dirs:
+                try:
+                    times = [f.stat().st_mtime for f in os.scandir(d.path) if f.is_file()]
+                    out.append((d.name, max(times, default=d.stat().st_mtime)))
+                except FileNotFoundError:
+                    continue        # removed meanwhile
+            return sorted(out)
+        self.fs.invalidate_cache(self.root)     # s3fs keeps listings: a later pass must see new apps
+        try:
+            entries = self.fs.ls(self.root, detail=True)
+        except FileNotFoundError:
+            return []
+        for e in entries:
+            if e.get("type") != "directory":
+                continue
+            try:
+                # Not a store's own dir marker ("<app>/", SeaweedFS's): only the files written.
+                files = [f for f in self.fs.ls(e["name"], detail=True)
+                         if f.get("type") == "file" and not str(f["name"]).endswith("/")]
+            except FileNotFoundError:
+                continue
+            times = [t for t in (_written(f) for f in files) if t is not None]
+            if times:        # an object store has no empty dirs: one with no dated file is left be
+                out.append((posixpath.basename(str(e["name"]).rstrip("/")), max(times)))
+        return sorted(out)
+
+    def remove_app(self, app_id: str) -> None:
+        """Delete the app's dir and every file in it (gone already: nothing to do)."""
+        p = self.path(app_id)
+        try:
+            if self.local is not None:
+                shutil.rmtree(p)
+                return
+            self.fs.rm(p, recursive=True)
+        except FileNotFoundError:
+            pass
+        try:
+            self.fs.rm_file(p + "/")    # a store's dir marker (SeaweedFS's), which rm leaves
+        except FileNotFoundError:
+            pass
+        self.fs.invalidate_cache(p)
+
     def open(self, app_id: str, name: str) -> tuple[IO[bytes], int]:
         """The file open for reading and its size; FileNotFoundError if it is not there."""
         p = self.path(app_id, name)
@@ -275,6 +328,17 @@ class RemoteLogDir:
         f, size = self.open(app_id, name)
         with f:
             return read_index(f, size, self.where(app_id, name))
+
+
+def _written(info: dict[str, Any]) -> Optional[float]:
+    """When an fsspec file entry was written, in seconds since the epoch: `mtime` (local and
+    memory filesystems: a number or a datetime), `LastModified` (s3fs: a datetime); None if neither."""
+    t = info.get("mtime", info.get("LastModified", info.get("created")))
+    if isinstance(t, (int, float)):
+        return float(t)
+    if isinstance(t, datetime.datetime):
+        return (t if t.tzinfo is not None else t.replace(tzinfo=datetime.timezone.utc)).timestamp()
+    return None
 
 
 @dataclass

@@ -5,6 +5,7 @@ Command-line flags override file values (see `merge`).
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import tomllib
@@ -201,6 +202,31 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True):
     # where `elastane app logs` and the RM's log pages read them. A path every host reads (a shared
     # mount) or an fsspec URL (s3://bucket/logs). "" = no aggregation: logs stay on the nodes.
     remote_app_log_dir: str = ""
+    # YARN's log-aggregation.retain-seconds: the RM deletes an app's aggregated logs once the app
+    # is over and every file of them is this many seconds old (rm/log_retention.py); -1 = keep
+    # them until an operator deletes them (YARN's default).
+    remote_app_log_retain_s: float = -1.0
+    # YARN's log-aggregation.retain-check-interval-seconds: how often the RM looks; 0 = a tenth of
+    # remote_app_log_retain_s (YARN's default), at least a minute.
+    remote_app_log_retain_check_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        retain, check = self.remote_app_log_retain_s, self.remote_app_log_retain_check_s
+        if not (retain == -1 or (retain > 0 and math.isfinite(retain))):
+            raise ValueError(f"remote_app_log_retain_s must be -1 (keep) or > 0 (seconds), got {retain}")
+        if not (check >= 0 and math.isfinite(check)):
+            raise ValueError(f"remote_app_log_retain_check_s must be >= 0 (seconds; 0: a tenth of the "
+                             f"retention), got {check}")
+        if retain > 0 and not self.remote_app_log_dir:
+            raise ValueError("remote_app_log_retain_s is set but remote_app_log_dir is empty (no logs are "
+                             "aggregated): set remote_app_log_dir, or leave remote_app_log_retain_s at -1")
+
+    @property
+    def log_retain_check_s(self) -> float:
+        """How often the RM looks for aggregated logs past retention (0 when it keeps them)."""
+        if self.remote_app_log_retain_s <= 0:
+            return 0.0
+        return self.remote_app_log_retain_check_s or max(60.0, self.remote_app_log_retain_s / 10)
 
 
 class StorageConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from protocol.aggregated_logs import RemoteLogDir
 from protocol.config import ClusterConfig, RMConfig
 from protocol.http_server import error_response
 from protocol.nm_client import NMClient
@@ -36,6 +37,7 @@ from . import policies, prometheus
 from .am_launcher import AmLauncher
 from .core import ResourceManagerCore
 from .internal_handlers import InternalApi
+from .log_retention import retention_pass
 from .policy_resync import PolicyResync
 from .policy_runner import decide_on_copy, finish_round, policy_held, start_round
 from .rest_api import ClientApi
@@ -301,6 +303,8 @@ class ResourceManagerServer:
             loop = asyncio.get_running_loop()
             self._timers = [loop.create_task(self._every(self.tick_interval_s, self.core.tick)),
                             loop.create_task(self._policy_rounds())]
+            if self.cluster.log_retain_check_s > 0:
+                self._timers.append(loop.create_task(self._log_retention(self.cluster.log_retain_check_s)))
 
     @property
     def policy_rounds(self) -> dict[str, int]:
@@ -345,6 +349,22 @@ class ResourceManagerServer:
             except Exception:
                 log.exception("policy round failed")
             self.flush()
+
+    async def log_retention_pass(self) -> list[str]:
+        """Delete the aggregated logs past cluster.toml's retention (rm/log_retention.py), in a
+        worker thread (it lists and deletes in the remote dir); the app ids deleted."""
+        running = frozenset(app_id for app_id, app in self.core.apps.items() if not app.state.is_final)
+        store = RemoteLogDir(self.cluster.remote_app_log_dir)
+        return await asyncio.to_thread(retention_pass, store, running, time.time(),
+                                       self.cluster.remote_app_log_retain_s)
+
+    async def _log_retention(self, interval_s: float) -> None:
+        while True:
+            try:
+                await self.log_retention_pass()
+            except Exception:
+                log.exception("aggregated log retention failed (tried again in %.0f s)", interval_s)
+            await asyncio.sleep(interval_s)   # a periodic timer, not a readiness wait
 
     async def _every(self, interval_s: float, fn: Callable[[], object]) -> None:
         while True:
