@@ -238,11 +238,15 @@ class RemoteLogDir:
                 return sorted(n for n in os.listdir(d) if not n.startswith("."))
             except FileNotFoundError:
                 return []
+        # Listed afresh: s3fs keeps listings for the process's life, and the files here are
+        # written by other processes (the NMs), so a long-lived reader (the RM's log pages) would
+        # go on seeing a running app's rolls after its final file replaced them.
+        self.fs.invalidate_cache(d)
         try:
             entries = self.fs.ls(d, detail=False)
         except FileNotFoundError:
             return []
-        return sorted(posixpath.basename(str(e).rstrip("/")) for e in entries)
+        return sorted(posixpath.basename(str(e).rstrip("/")) for e in entries if not str(e).endswith("/"))
 
     def write(self, app_id: str, name: str, pieces: Iterable[bytes]) -> None:
         """Write the file from `pieces`, atomically (see the class doc)."""

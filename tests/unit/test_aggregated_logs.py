@@ -9,6 +9,7 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -306,3 +307,17 @@ async def test_the_container_manager_keeps_logs_aggregation_holds_and_says_when_
     held.clear()
     assert m.expire_finished(100.0) == [C1] and not os.path.exists(c.log_dir)
     m.store.close()
+
+
+def test_a_long_lived_reader_sees_files_another_process_wrote_and_removed_on_s3(s3: Any) -> None:
+    """The RM lists an app's logs while it runs (its rolls), then again once an NM -- another
+    process, with its own s3fs -- has put the final file up and removed the rolls: the second
+    listing is the store's, not the first one kept (s3fs caches listings per process)."""
+    import s3fs  # noqa: PLC0415  # only with the S3 extra (the fixture skips without it)
+    reader = RemoteLogDir(s3.url("app-logs"))
+    reader.write(APP, "10.0.0.1_8042.roll000001", [b"log"])
+    assert reader.names(APP) == ["10.0.0.1_8042.roll000001"]
+    nm = s3fs.S3FileSystem(skip_instance_cache=True, client_kwargs={"endpoint_url": s3.endpoint_url})
+    nm.pipe(reader.path(APP, "10.0.0.1_8042"), b"final")
+    nm.rm_file(reader.path(APP, "10.0.0.1_8042.roll000001"))
+    assert reader.names(APP) == ["10.0.0.1_8042"]

@@ -118,3 +118,4 @@ async def test_the_rm_deletes_logs_past_retention_on_its_timer_but_not_a_running
         assert sorted(p.name for p in remote.iterdir()) == sorted([running, FRESH])
     finally:
         await rm.stop()
+
