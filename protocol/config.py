@@ -46,6 +46,9 @@ class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
     am_expiry_s: float = 10.0
     nm_heartbeat_interval_ms: int = 1000
     max_app_attempts: int = 2       # cluster-wide cap on an app's max-app-attempts
+    # YARN's yarn.resourcemanager.max-completed-applications: the RM keeps this many finished,
+    # failed or killed apps (in memory and in its state store) and forgets the oldest beyond it.
+    max_completed_apps: int = 1000
     policy: str = "static"          # static | drf | tetris | eps | optimus | dorm | harmony
     minimum_allocation_mb: int = 32
     maximum_allocation_mb: int = 65536
@@ -108,6 +111,8 @@ class RMConfig(msgspec.Struct, forbid_unknown_fields=True):
         if not self.preemption_max_wait_before_kill_s >= 0:
             raise ValueError(f"preemption_max_wait_before_kill_s must be >= 0 (seconds), "
                              f"got {self.preemption_max_wait_before_kill_s}")
+        if self.max_completed_apps < 0:
+            raise ValueError(f"max_completed_apps must be >= 0, got {self.max_completed_apps}")
         if self.preemption_hold_rounds < 0:
             raise ValueError(f"preemption_hold_rounds must be >= 0, got {self.preemption_hold_rounds}")
         if not self.harmony_link_bandwidth_bps >= 0:        # (NaN too)

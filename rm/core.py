@@ -79,6 +79,11 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self._am_node_wait: dict[str, float] = {}                   # attempt -> when its AM expired
         self.effects: list[LaunchAm] = []
         self.dirty: set[str] = set()
+        # Completed apps, oldest first (YARN's max-completed-applications): beyond
+        # cfg.max_completed_apps the oldest is forgotten (`_forget_completed`), and `removed` holds
+        # the forgotten ones the server has yet to delete from the store.
+        self.completed: OrderedDict[str, None] = OrderedDict()
+        self.removed: set[str] = set()
         self.decisions = DecisionLog()      # recent directive changes, for operators (in memory only)
         # policy_rounds_*: the server's off-loop policy rounds whose Decision was applied / dropped
         # as stale (rm/server.py).
@@ -164,6 +169,51 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
     def take_dirty(self) -> set[str]:
         out, self.dirty = self.dirty, set()
         return out
+
+    def take_removed(self) -> set[str]:
+        """The apps forgotten since the last call, for the store to delete."""
+        out, self.removed = self.removed, set()
+        return out
+
+    def recovered(self) -> None:
+        """After `recover` of every stored app: the completed ones in order of their finish, and
+        any beyond the limit forgotten (a smaller max_completed_apps than the last RM's)."""
+        order = sorted(self.completed, key=lambda a: (self.apps[a].finish_time or 0.0, self.apps[a].seq))
+        self.completed = OrderedDict.fromkeys(order)
+        self._forget_completed()
+
+    def _forget_completed(self) -> None:
+        """Forget the oldest completed apps beyond cfg.max_completed_apps: the app, its attempts
+        and what is kept of them, here and (through `removed`) in the store. Not before an app has
+        been over for the longer of the NM and AM expiries (its AM may still call and its NMs
+        report its containers until then: it waits for a later call, `tick`), nor while the RM
+        still tracks a container of it."""
+        excess = len(self.completed) - self.cfg.max_completed_apps
+        if excess <= 0:
+            return
+        settled = self.clock() - max(self.cfg.nm_expiry_s, self.cfg.am_expiry_s)
+        live = {c.app_id for c in self.containers.values()}
+        for app_id in list(self.completed):
+            if excess <= 0:
+                break
+            app = self.apps.get(app_id)
+            if app is not None and (app.finish_time or 0.0) > settled:
+                break                   # in finish order: the ones after it ended later still
+            if app_id in live:
+                continue
+            del self.completed[app_id]
+            excess -= 1
+            if app is None:
+                continue
+            del self.apps[app_id]
+            for at_id in app.attempts:
+                self.attempts.pop(at_id, None)
+                self._am_live.pop(at_id, None)
+                self._am_node_wait.pop(at_id, None)
+            self.log_aggregation.forget(app_id)
+            self.preemption_notices.pop(app_id, None)
+            self.dirty.discard(app_id)
+            self.removed.add(app_id)
 
     # ----- client side: new-application, submit, kill ----------------------------------------
     def new_application(self) -> str:
@@ -293,6 +343,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             self.attempts[at.attempt_id] = at
         self._submit_seq = max(self._submit_seq, app.seq)
         if app.state.is_final:
+            self.completed[app.app_id] = None       # put in finish order by `recovered`
             return
         now = self.clock()
         known_queue = app.queue in self.scheduler.queues
@@ -309,6 +360,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             app.state, app.final_status, app.finish_time = AppState.FAILED, FinalStatus.FAILED, now
             app.diagnostics = f"queue {app.queue!r} no longer exists after the ResourceManager restart"
             self.dirty.add(app.app_id)
+            self.completed[app.app_id] = None
             return
         self.scheduler.add_app(app.app_id, app.queue, app.user, app.seq, self.gang_of(app))
         if kept is not None:
@@ -491,6 +543,8 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             n = self.nodes.get(node_id)
             if n is not None and n.state != NodeState.LOST:
                 n.apps_to_cleanup.append(app.app_id)
+        self.completed[app.app_id] = None
+        self._forget_completed()
 
     # ----- containers -----------------------------------------------------------------------
     def _schedule(self, candidates: list[Node]) -> None:

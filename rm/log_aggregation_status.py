@@ -49,6 +49,10 @@ class LogAggregationBook:
         self.timeout_s = timeout_s
         self.by_app: dict[str, dict[str, LogAggregationReport]] = {}
 
+    def forget(self, app_id: str) -> None:
+        """Drop what is kept of an app the RM forgets (rm/core.py `_forget_completed`)."""
+        self.by_app.pop(app_id, None)
+
     def report(self, node_id: str, report: LogAggregationReport) -> None:
         self.by_app.setdefault(report.app_id, {})[node_id] = report
 

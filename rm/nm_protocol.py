@@ -53,6 +53,7 @@ class NmProtocol:
         def _attempt_failed(self, at: Attempt, diagnostics: str, counts: bool = True) -> None: ...
         def adopt_container(self, node: Node, s: api.ContainerStatus) -> None: ...
         def am_missing_after_resync(self, node: Node, reported: dict[str, api.ContainerStatus]) -> None: ...
+        def _forget_completed(self) -> None: ...
 
     def register_node(self, claims: dict[str, Any], req: api.NodeRegisterRequest) -> api.NodeRegisterResponse:
         if claims.get("node_id") != req.node_id:
@@ -223,8 +224,10 @@ class NmProtocol:
                 diagnostics=f"Container released on a *lost* node {node.node_id}"))
 
     def tick(self) -> None:
-        """Expire silent nodes, silent AMs and containers allocated but never launched."""
+        """Expire silent nodes, silent AMs and containers allocated but never launched; forget the
+        completed apps past the limit whose wait is over."""
         now = self.clock()
+        self._forget_completed()
         for node in self.nodes.expired(now):    # all are LOST before the first is processed
             self.policy_version += 1
             self._node_lost(node)

@@ -150,6 +150,7 @@ class ResourceManagerServer:
             self.core.recover(app_from_record(rec, self.core.scheduler.min_mb),
                               [attempt_from_record(a) for a in attempts])
             n += 1
+        self.core.recovered()
         if n:
             log.info("recovered %d applications from %s", n, getattr(self.store, "path", "the state store"))
         self._recover_policy()
@@ -195,6 +196,19 @@ class ResourceManagerServer:
                                                        msgspec.Raw(b"null" if doc is None else doc)))
         self._policy_stored, self._policy_stored_at = (doc, nodes), now
 
+    def _remove_forgotten(self, app_ids: set[str]) -> None:
+        """Delete from the store the completed apps the core forgot (max_completed_apps); those a
+        failed write left are tried again at the next flush."""
+        left = sorted(app_ids)
+        try:
+            while left:
+                self.store.remove_app(left[0])
+                left.pop(0)
+        except Exception:
+            self.core.removed.update(left)
+            log.exception("state store: deleting %d forgotten completed apps failed (retried at the next flush)",
+                          len(left))
+
     def _persist(self, app_ids: set[str]) -> None:
         for app_id in app_ids:
             app = self.core.apps.get(app_id)
@@ -223,6 +237,8 @@ class ResourceManagerServer:
                 if not self._store_failing:
                     log.exception("state store write failed (retried at every flush until it succeeds)")
                 self._store_failing = True
+        if core.removed and not self._store_failing:
+            self._remove_forgotten(core.take_removed())
         if self._policy_state_due and not self._store_failing:
             try:
                 self._store_policy_state()
