@@ -22,6 +22,7 @@ from .arbiter_server import ArbiterServer, socket_path
 from .container_manager import ContainerManager
 from .log_aggregation import LogAggregationPlanner
 from .log_aggregation_service import LogAggregationService
+from .node_health import NodeHealthMonitor
 from .enforcement import Enforcement, choose
 from .recovery_store import RecoveryStore
 from .container_shell_pool import ContainerShellPool
@@ -60,6 +61,7 @@ class NodeManager:
         self.warm: Optional[WarmLauncher] = None      # the executor zygote (cfg.warm_modules)
         self.utilization: Optional[UtilizationMonitor] = None
         self.log_aggregation: Optional[LogAggregationService] = None   # with cluster.toml's remote_app_log_dir
+        self.health: Optional[NodeHealthMonitor] = None
         # The aggregated logs every NM's log REST calls fall back on (any node's, not only this one's).
         self.remote_logs = RemoteLogDir(cluster.remote_app_log_dir) if cluster.remote_app_log_dir else None
         self._runner: Optional[web.AppRunner] = None
@@ -145,11 +147,19 @@ class NodeManager:
         await self._runner.setup()
         await web.SockSite(self._runner, self._sock).start()
         log.info("NodeManager %s serving on %s (capability %s)", self.node_id, self.url, self.capability.to_json())
+        cfg = self.cfg
+        self.health = NodeHealthMonitor([cfg.local_dir, cfg.log_dir, cfg.recovery_dir], cfg.max_disk_utilization_percent,
+                                        cfg.min_free_disk_mb, cfg.health_script, cfg.health_script_timeout_s,
+                                        cfg.health_check_interval_s)
+        await self.health.check()       # the first heartbeat says how the node is
+        self.health.start()
+        health = self.health
         self.link = RMLink(self.rm_address, self.cluster.secret, self.node_id, f"{self.host}:{self.port}",
                            self.capability, self.cfg.rack, self.manager, self.cfg.heartbeat_interval_ms,
                            self.cluster.token_lifetime_s, on_registered=self._write_ready_file, version=VERSION,
                            utilization=lambda: self.utilization.for_heartbeat() if self.utilization else None,
-                           node_labels=self.cfg.node_labels, log_aggregation=self.log_aggregation, ha=self.ha)
+                           node_labels=self.cfg.node_labels, log_aggregation=self.log_aggregation, ha=self.ha,
+                           health=lambda: health.current)
         self._link_task = asyncio.get_running_loop().create_task(self._run_link())
 
     def _start_log_aggregation(self, manager: ContainerManager, store: RemoteLogDir) -> None:
@@ -251,6 +261,8 @@ class NodeManager:
         step("rm-link")
         if self.utilization is not None:
             await self.utilization.stop()
+        if self.health is not None:
+            await self.health.stop()
         if self.log_aggregation is not None:
             await self.log_aggregation.stop()
         step("monitors")

@@ -193,6 +193,7 @@ def validate(cfg: NMConfig, cluster: ClusterConfig, resolve: Resolve = resolve_a
     if cfg.network_bandwidth_bps < 0:
         raise ConfigError(f"network_bandwidth_bps must be >= 0 (0 = no cap), got {cfg.network_bandwidth_bps}")
     check_log_aggregation(cfg, cluster)
+    check_health(cfg)
     if not cluster.secret:
         raise ConfigError("cluster secret is empty: run `elastane secret` or set [cluster] secret")
     check_advertised(cfg, rm_address(cfg, cluster), resolve, route)
@@ -219,6 +220,21 @@ def check_log_aggregation(cfg: NMConfig, cluster: ClusterConfig) -> None:
             durable_storage.validate(cluster.remote_app_log_dir)
         except durable_storage.DurableStorageError as e:
             raise ConfigError(f"remote_app_log_dir: {e}") from None
+
+
+def check_health(cfg: NMConfig) -> None:
+    """The node health checks' settings (nodemanager/node_health.py)."""
+    if not 0 < cfg.max_disk_utilization_percent <= 100:          # NaN fails too
+        raise ConfigError(f"max_disk_utilization_percent must be within (0, 100], got {cfg.max_disk_utilization_percent}")
+    if cfg.min_free_disk_mb < 0:
+        raise ConfigError(f"min_free_disk_mb must be >= 0, got {cfg.min_free_disk_mb}")
+    for key in ("health_check_interval_s", "health_script_timeout_s"):
+        v = getattr(cfg, key)
+        if not 0 < v < math.inf:
+            raise ConfigError(f"{key} must be a number of seconds > 0, got {v}")
+    script = cfg.health_script
+    if script and not (os.path.isabs(script) and os.path.isfile(script) and os.access(script, os.X_OK)):
+        raise ConfigError(f"health_script: {script!r} is not an executable file given by its absolute path")
 
 
 def check_advertised(cfg: NMConfig, rm_url: str, resolve: Resolve = resolve_addresses,

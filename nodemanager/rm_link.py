@@ -17,6 +17,7 @@ from protocol.records import ContainerState, ExitStatus, Resource
 
 from .container_manager import ContainerManager
 from .log_aggregation_service import LogAggregationService
+from .node_health import HEALTHY
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class RMLink:
                  on_registered: Callable[[], None] = lambda: None, version: str = "",
                  utilization: Callable[[], Optional[api.NodeUtilization]] = lambda: None,
                  node_labels: Sequence[str] = (), log_aggregation: Optional[LogAggregationService] = None,
-                 ha: HAConfig = NO_HA):
+                 ha: HAConfig = NO_HA, health: Callable[[], api.NodeHealth] = lambda: HEALTHY):
         self.rm_address = rm_address
         self.secret = secret
         self.node_id = node_id
@@ -48,6 +49,7 @@ class RMLink:
         self.version = version
         self.utilization = utilization   # the latest sample (read only: sampling runs elsewhere)
         self.log_aggregation = log_aggregation   # None: cluster.toml has no remote_app_log_dir
+        self.health = health             # the latest verdict (nodemanager/node_health.py; checks run elsewhere)
         # With cluster.toml's [ha], a client that moves on to the next listed RM when this one is
         # down or standby (protocol/rm_failover.py); the new active answers RESYNC and the node
         # registers with it.
@@ -129,7 +131,7 @@ class RMLink:
             reports = self.log_aggregation.pending_reports() if self.log_aggregation is not None else []
             req = api.NodeHeartbeatRequest(node_id=self.node_id, response_id=self.response_id,
                                            used=self.manager.used(), container_statuses=statuses,
-                                           health=api.NodeHealth(healthy=True, report=""),
+                                           health=self.health(),
                                            utilization=self.utilization(), log_aggregation=reports)
             try:
                 out = await self.client.post(api.NODE_HEARTBEAT, req, token=self.token())

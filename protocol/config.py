@@ -170,6 +170,16 @@ class NMConfig(msgspec.Struct, forbid_unknown_fields=True):
     # Log aggregation's rolling upload of running apps' logs, every this many seconds (YARN's
     # log-aggregation.roll-monitoring-interval-seconds); 0 = only the final upload at app end.
     log_roll_interval_s: float = 0.0
+    # Node health (YARN's NodeHealthCheckerService, nodemanager/node_health.py): the node reports
+    # itself unhealthy -- the RM places nothing on it -- while a filesystem of local_dir, log_dir or
+    # recovery_dir is this full or has less than min_free_disk_mb free, or while health_script
+    # (run every health_check_interval_s, at most health_script_timeout_s) prints a line starting
+    # with ERROR. "" = no script.
+    max_disk_utilization_percent: float = 90.0
+    min_free_disk_mb: int = 0
+    health_script: str = ""
+    health_script_timeout_s: float = 60.0
+    health_check_interval_s: float = 60.0
     delete_workdir: bool = True
     network_bandwidth_bps: int = 0  # emulated node bandwidth cap (bit/s) passed to containers; 0 = none
     arbiter: bool = True            # run the Harmony arbiter (an aux service on a unix socket)
