@@ -1,4 +1,6 @@
-"""`elastane node list`: the cluster's nodes from the RM's /ws/v1/cluster/nodes."""
+"""`elastane node list`: the cluster's nodes from the RM's /ws/v1/cluster/nodes; `elastane node
+decommission` / `recommission`: an admin takes a node out gracefully (YARN's graceful decommission,
+PUT /ws/v1/cluster/nodes/{id}/state) or brings it back."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +23,26 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p = acts.add_parser("list", parents=[common], help="table of nodes")
     p.add_argument("--all", action="store_true", help="include LOST / DECOMMISSIONED / SHUTDOWN nodes")
     p.set_defaults(func=cmd_list)
+    p = acts.add_parser("decommission", parents=[common],
+                        help="place nothing new on a node; stop its NM once its containers have ended")
+    p.add_argument("node_id", help="the node's id (host:port, as `node list` shows it)")
+    p.add_argument("--timeout", type=_timeout, default=None, metavar="SECONDS",
+                   help="kill the containers still running after this many seconds (default: wait for them)")
+    p.set_defaults(func=cmd_decommission)
+    p = acts.add_parser("recommission", parents=[common],
+                        help="undo a decommission (a decommissioned node's NM may then register again)")
+    p.add_argument("node_id", help="the node's id")
+    p.set_defaults(func=cmd_recommission)
+
+
+def _timeout(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of seconds >= 0, got {text!r}") from None
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"a number of seconds >= 0, got {text!r}")
+    return v
 
 
 def _total(node: NodeView, key: str, used: int | None, avail: int | None) -> int:
@@ -49,7 +71,32 @@ def cmd_list(args: argparse.Namespace, ctx: CliContext) -> int:
             return await c.nodes()
     nodes = asyncio.run(go())
     if not args.all:
-        nodes = [n for n in nodes if n.get("state") in ("NEW", "RUNNING", "UNHEALTHY", None)]
+        nodes = [n for n in nodes if n.get("state") in ("NEW", "RUNNING", "UNHEALTHY", "DECOMMISSIONING", None)]
     ctx.out.write(render_table(NODE_HEADERS, node_rows(nodes)) + "\n")
     ctx.out.write(f"Total nodes: {len(nodes)}\n")
+    return EXIT_OK
+
+
+def _set_state(ctx: CliContext, node_id: str, state: str, timeout_s: float | None = None) -> NodeView:
+    async def go() -> NodeView:
+        async with RmRestClient(ctx.rm_url, ctx.user) as c:
+            return await c.put_node_state(node_id, state, timeout_s)
+    return asyncio.run(go())
+
+
+def cmd_decommission(args: argparse.Namespace, ctx: CliContext) -> int:
+    node = _set_state(ctx, args.node_id, "DECOMMISSIONING", args.timeout)
+    how = "when its containers have ended" if args.timeout is None else \
+        f"when its containers have ended, or are killed after {args.timeout:g} s"
+    ctx.out.write(f"Node {args.node_id} is {node.get('state')}: nothing new is placed on it; "
+                  f"its NodeManager is told to stop {how}\n")
+    return EXIT_OK
+
+
+def cmd_recommission(args: argparse.Namespace, ctx: CliContext) -> int:
+    node = _set_state(ctx, args.node_id, "RUNNING")
+    if node.get("state") == "RUNNING":
+        ctx.out.write(f"Node {args.node_id} is RUNNING again\n")
+    else:
+        ctx.out.write(f"Node {args.node_id} recommissioned: its NodeManager may register again\n")
     return EXIT_OK

@@ -91,6 +91,14 @@ class RmRestClient:
     async def nodes(self) -> list[NodeView]:
         return cast(list[NodeView], _items(await self._call("GET", NODES), "nodes", "node"))
 
+    async def put_node_state(self, node_id: str, state: str, timeout_s: float | None = None) -> NodeView:
+        """Decommission (DECOMMISSIONING, killing its containers after `timeout_s`; None: wait for
+        them) or recommission (RUNNING) a node; an admin's call. The node's record as it is now."""
+        body: dict[str, str | float] = {"state": state}
+        if timeout_s is not None:
+            body["decommissionTimeout"] = timeout_s
+        return cast(NodeView, _unwrap(await self._call("PUT", f"{NODES}/{node_id}/state", body), "node"))
+
     async def utilization(self, node: str | None = None) -> JsonObject:
         """The RM's utilization series (GET /ws/v1/cluster/utilization; `node` limits it to one)."""
         return _object(await self._call("GET", "/ws/v1/cluster/utilization", params={"node": node} if node else None))

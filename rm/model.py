@@ -65,6 +65,8 @@ class Node:
     releasing: dict[str, PendingRelease] = field(default_factory=dict)
     # The node's labels (exclusive partitions, protocol/node_labels.py), as it registered them.
     labels: frozenset[str] = frozenset()
+    # DECOMMISSIONING: when its containers are killed if they have not ended (None: never).
+    decommission_deadline: Optional[float] = None
 
     def hold_release(self, container_id: str, resource: Resource) -> None:
         """Keep a released container charged here and ask the NM to clean it up."""

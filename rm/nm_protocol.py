@@ -5,15 +5,17 @@ pure like the rest of the core. The heartbeat path does work in proportion to wh
 """
 from __future__ import annotations
 
+import logging
+import math
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from protocol import internal_api as api
 from protocol import node_labels
 from protocol.config import RMConfig
 from protocol.ids import ApplicationId
 from protocol.records import AttemptState, ContainerState, ExitStatus, NodeState
-from protocol.remote_exception import BadRequest, Unauthorized
+from protocol.remote_exception import BadRequest, NotFound, Unauthorized
 
 from .log_aggregation_status import LogAggregationBook
 from .model import App, Attempt, Container, Node
@@ -21,6 +23,13 @@ from .nodes import NodeTracker
 from .scheduler import CapacityScheduler
 from .state_machines import NOT_COUNTED, AttemptEvent, attempt_is_final
 from .utilization_series import UtilizationSeries
+
+log = logging.getLogger(__name__)
+
+
+def decommissioned_message(node_id: str) -> str:
+    return (f"node {node_id} was decommissioned: recommission it (elastane node recommission {node_id}) "
+            f"before its NodeManager registers again")
 
 
 class NmProtocol:
@@ -75,6 +84,11 @@ class NmProtocol:
                 rm_start_ms=self.cluster_ts, action="SHUTDOWN",
                 diagnostics=f"node {req.node_id} reports node labels {strange} the cluster does not know "
                             f"(rm.toml node_labels: {sorted(self.cfg.node_labels)})")
+        known = self.nodes.get(req.node_id)
+        if known is not None and known.state == NodeState.DECOMMISSIONED:
+            return api.NodeRegisterResponse(
+                node_id=req.node_id, heartbeat_interval_ms=self.cfg.nm_heartbeat_interval_ms,
+                rm_start_ms=self.cluster_ts, action="SHUTDOWN", diagnostics=decommissioned_message(req.node_id))
         now = self.clock()
         self.policy_version += 1        # a node (re)joins: capacity, state
         node = self.nodes.register(req.node_id, req.http_address, req.capability, req.rack, req.version, now,
@@ -125,6 +139,10 @@ class NmProtocol:
         if node is None or node.state == NodeState.LOST:
             return api.NodeHeartbeatResponse(response_id=0, action="RESYNC", heartbeat_interval_ms=interval,
                                              diagnostics=f"node {req.node_id} is not registered with this RM")
+        if node.state == NodeState.DECOMMISSIONED:
+            return api.NodeHeartbeatResponse(response_id=node.response_id, action="SHUTDOWN",
+                                             heartbeat_interval_ms=interval,
+                                             diagnostics=decommissioned_message(node.node_id))
         self.counters["nm_heartbeats"] += 1
         now = self.clock()
         before = (node.state, node.used)
@@ -153,6 +171,7 @@ class NmProtocol:
             self._confirm_absent(node, req)
         if req.log_aggregation:
             self._log_aggregation_reports(node, req.log_aggregation)
+        drained = node.state == NodeState.DECOMMISSIONING and self._drain(node, now)
         if (node.state, node.used) != before:
             # Health flipped, or released containers were confirmed gone (before scheduling: a gang
             # that waits for room is checked again only when this number moves).
@@ -167,8 +186,68 @@ class NmProtocol:
         resp = api.NodeHeartbeatResponse(response_id=node.response_id, heartbeat_interval_ms=interval,
                                           containers_to_cleanup=node.to_cleanup,
                                           apps_to_cleanup=node.apps_to_cleanup)
+        if drained:
+            resp.action, resp.diagnostics = "SHUTDOWN", decommissioned_message(node.node_id)
         node.to_cleanup, node.apps_to_cleanup = [], []
         return resp
+
+    # ----- graceful decommission (YARN's) -----------------------------------------------------
+    def decommission_node(self, node_id: str, timeout_s: Optional[float]) -> Node:
+        """An operator takes the node out: DECOMMISSIONING at once (nothing new is placed on it),
+        DECOMMISSIONED once its containers have ended -- killed after `timeout_s` (None: waits for
+        them) -- and then its NM is told to stop. NotFound / BadRequest for a node that cannot be."""
+        n = self._node_for_admin(node_id)
+        if timeout_s is not None and not 0 <= timeout_s < math.inf:
+            raise BadRequest(f"decommissionTimeout must be a number of seconds >= 0 (or -1: wait), got {timeout_s}")
+        if n.state not in (NodeState.RUNNING, NodeState.UNHEALTHY, NodeState.DECOMMISSIONING):
+            raise BadRequest(f"node {node_id} is {n.state.value}: only a RUNNING or UNHEALTHY node can be decommissioned")
+        now = self.clock()
+        self.nodes.decommission(n, None if timeout_s is None else now + timeout_s)
+        self.policy_version += 1
+        log.info("node %s DECOMMISSIONING (%s)", node_id,
+                 "waiting for its containers" if timeout_s is None else f"its containers killed after {timeout_s:g} s")
+        self._drain(n, now)
+        return n
+
+    def recommission_node(self, node_id: str) -> Node:
+        """Undo a decommission: a DECOMMISSIONING node is RUNNING again; a DECOMMISSIONED one is
+        forgotten, so its NM may register again."""
+        n = self._node_for_admin(node_id)
+        if n.state == NodeState.DECOMMISSIONING:
+            self.nodes.recommission(n)
+        elif n.state == NodeState.DECOMMISSIONED:
+            self.nodes.forget(n)
+            n.state = NodeState.SHUTDOWN        # what the returned record says: stopped, and gone from the list
+        else:
+            raise BadRequest(f"node {node_id} is {n.state.value}: only a DECOMMISSIONING or DECOMMISSIONED node "
+                             f"can be recommissioned")
+        self.policy_version += 1
+        log.info("node %s recommissioned", node_id)
+        return n
+
+    def _node_for_admin(self, node_id: str) -> Node:
+        n = self.nodes.get(node_id)
+        if n is None:
+            raise NotFound(f"nodeId, {node_id}, is not found")
+        return n
+
+    def _drain(self, node: Node, now: float) -> bool:
+        """A DECOMMISSIONING node: past its deadline its containers are killed (their AMs hear
+        ABORTED, which counts against no attempt); once none is left, not even one being cleaned
+        up, it is DECOMMISSIONED (True)."""
+        if node.decommission_deadline is not None and now >= node.decommission_deadline:
+            for c in self._am_containers_last(node):
+                if c.container_id not in self.containers:
+                    continue    # released when an AM container before it ended its attempt
+                self._container_completed(c, api.ContainerStatus(
+                    container_id=c.container_id, state=ContainerState.COMPLETE.value, exit_status=ExitStatus.ABORTED,
+                    diagnostics=f"Container killed: its node {node.node_id} was decommissioned"), cleanup_on_node=True)
+        if node.containers or node.releasing:
+            return False
+        self.nodes.decommissioned(node)
+        self.policy_version += 1
+        log.info("node %s DECOMMISSIONED: its NodeManager is told to stop", node.node_id)
+        return True
 
     def _apps_held(self, node: Node, app_ids: list[str]) -> None:
         """A (re)registering node's apps that are over, or unknown here, go in its next heartbeat's

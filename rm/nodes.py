@@ -21,8 +21,19 @@ class NodeTracker:
         self.nodes: dict[str, Node] = {}
         self._by_host: dict[str, set[str]] = {}
         self._live: OrderedDict[str, float] = OrderedDict()   # node_id -> last heartbeat, oldest first
-        self.total: Resource = ZERO                            # capability of RUNNING nodes
+        self._running_total: Resource = ZERO                   # capability of RUNNING nodes
+        self.draining: dict[str, None] = {}                     # ids of DECOMMISSIONING nodes
         self.running: dict[str, None] = {}                      # ids of RUNNING (schedulable) nodes
+
+    @property
+    def total(self) -> Resource:
+        """The cluster's resource: RUNNING nodes' capability, and what DECOMMISSIONING nodes still
+        use (YARN sets a draining node's total to its used resources), so the queues' shares of the
+        containers that run on there stay within the total."""
+        total = self._running_total
+        for node_id in self.draining:
+            total = total + self.nodes[node_id].used
+        return total
 
     def get(self, node_id: str) -> Optional[Node]:
         return self.nodes.get(node_id)
@@ -42,11 +53,13 @@ class NodeTracker:
 
     def register(self, node_id: str, http_address: str, capability: Resource, rack: str,
                  version: str, now: float, labels: frozenset[str] = frozenset()) -> Node:
-        """(Re-)register a node as RUNNING with a fresh capability and labels. Returns the node
-        record; an existing record keeps its containers so the core can reconcile them."""
+        """(Re-)register a node as RUNNING with a fresh capability and labels (a DECOMMISSIONING
+        one stays so: its NM restarted while it drained). Returns the node record; an existing
+        record keeps its containers so the core can reconcile them."""
         n = self.nodes.get(node_id)
         if n is not None and n.state == NodeState.RUNNING:
-            self.total = self.total - n.capability
+            self._running_total = self._running_total - n.capability
+        draining = n is not None and n.state == NodeState.DECOMMISSIONING
         if n is None:
             n = Node(node_id, http_address, rack, capability, NodeState.RUNNING, now)
             self.nodes[node_id] = n
@@ -60,8 +73,11 @@ class NodeTracker:
         n.last_health_update = now
         n.health_report = ""
         n.response_id = 0
-        self.total = self.total + capability
-        self.running[node_id] = None
+        if draining:
+            n.state = NodeState.DECOMMISSIONING
+        else:
+            self._running_total = self._running_total + capability
+            self.running[node_id] = None
         self._live[node_id] = now
         self._live.move_to_end(node_id)
         return n
@@ -74,13 +90,15 @@ class NodeTracker:
         if report != n.health_report or (healthy != (n.state == NodeState.RUNNING)):
             n.last_health_update = now
         n.health_report = report
+        if n.state == NodeState.DECOMMISSIONING:
+            return          # it drains whatever its health
         if healthy and n.state == NodeState.UNHEALTHY:
             n.state = NodeState.RUNNING
-            self.total = self.total + n.capability
+            self._running_total = self._running_total + n.capability
             self.running[n.node_id] = None
         elif not healthy and n.state == NodeState.RUNNING:
             n.state = NodeState.UNHEALTHY
-            self.total = self.total - n.capability
+            self._running_total = self._running_total - n.capability
             self.running.pop(n.node_id, None)
 
     def expired(self, now: float) -> list[Node]:
@@ -97,13 +115,49 @@ class NodeTracker:
 
     def mark_lost(self, n: Node) -> Node:
         if n.state == NodeState.RUNNING:
-            self.total = self.total - n.capability
+            self._running_total = self._running_total - n.capability
         self.running.pop(n.node_id, None)
+        self.draining.pop(n.node_id, None)
         n.state = NodeState.LOST
         self._live.pop(n.node_id, None)
         n.to_cleanup.clear()
         n.apps_to_cleanup.clear()
         return n
+
+    def decommission(self, n: Node, deadline: Optional[float]) -> None:
+        """RUNNING or UNHEALTHY -> DECOMMISSIONING: nothing new is placed on it (graceful
+        decommission, YARN's; the core ends it)."""
+        if n.state == NodeState.RUNNING:
+            self._running_total = self._running_total - n.capability
+        self.running.pop(n.node_id, None)
+        self.draining[n.node_id] = None
+        n.state = NodeState.DECOMMISSIONING
+        n.decommission_deadline = deadline
+
+    def recommission(self, n: Node) -> None:
+        """DECOMMISSIONING -> RUNNING (its next heartbeat says whether it is healthy)."""
+        n.state = NodeState.RUNNING
+        n.decommission_deadline = None
+        self.draining.pop(n.node_id, None)
+        self._running_total = self._running_total + n.capability
+        self.running[n.node_id] = None
+
+    def decommissioned(self, n: Node) -> None:
+        """DECOMMISSIONING -> DECOMMISSIONED: drained; its NM is told to stop, so it is no longer
+        expected to heartbeat (not LOST when it goes quiet)."""
+        n.state = NodeState.DECOMMISSIONED
+        n.decommission_deadline = None
+        self.draining.pop(n.node_id, None)
+        self._live.pop(n.node_id, None)
+
+    def forget(self, n: Node) -> None:
+        """Drop a DECOMMISSIONED node's record: its NM may register again, as a new node."""
+        self.nodes.pop(n.node_id, None)
+        ids = self._by_host.get(n.host)
+        if ids is not None:
+            ids.discard(n.node_id)
+            if not ids:
+                del self._by_host[n.host]
 
     def counts(self) -> dict[NodeState, int]:
         out: dict[NodeState, int] = {}

@@ -18,7 +18,7 @@ from . import rest_views as views
 from .policies import describe as describe_policy
 from .policies.decision import Decision, JobDecision
 from .policy_runner import apply_decision
-from .submission import AppShapeUpdate, AppStateUpdate, SubmissionContext, validate
+from .submission import AppShapeUpdate, AppStateUpdate, NodeStateUpdate, SubmissionContext, validate
 
 if TYPE_CHECKING:
     from protocol.config import ClusterConfig
@@ -61,6 +61,7 @@ class ClientApi:
         r.add_get(BASE + "/scheduler", self.scheduler)
         r.add_get(BASE + "/nodes", self.nodes)
         r.add_get(BASE + "/nodes/{node_id}", self.node)
+        r.add_put(BASE + "/nodes/{node_id}/state", self.put_node_state)
         r.add_get(BASE + "/apps", self.apps)
         r.add_post(BASE + "/apps", self.submit)
         r.add_post(BASE + "/apps/new-application", self.new_application)
@@ -109,6 +110,25 @@ class ClientApi:
         if n is None:
             raise NotFound(f"nodeId, {node_id}, is not found")
         return json_response({"node": views.node_json(n, self.rm.core.utilization.latest.get(node_id))})
+
+    async def put_node_state(self, request: web.Request) -> web.Response:
+        """An admin decommissions a node gracefully (DECOMMISSIONING) or recommissions it (RUNNING);
+        docs/operating.md, "Decommissioning a node"."""
+        user = self.user(request)
+        body = await read_json(request, NodeStateUpdate)
+        if user not in self.rm.cluster.admins:
+            raise Forbidden(f"user {user} may not change a node's state (admins: {', '.join(self.rm.cluster.admins)})")
+        node_id = request.match_info["node_id"]
+        state = body.state.upper()
+        core = self.rm.core
+        if state == NodeState.DECOMMISSIONING.value:
+            timeout = body.decommission_timeout
+            n = core.decommission_node(node_id, None if timeout is None or timeout == -1 else timeout)
+        elif state == NodeState.RUNNING.value:
+            n = core.recommission_node(node_id)
+        else:
+            raise BadRequest(f"state: DECOMMISSIONING or RUNNING, got {body.state!r}")
+        return json_response({"node": views.node_json(n, core.utilization.latest.get(node_id))})
 
     async def utilization(self, request: web.Request) -> web.Response:
         """Elastane extension: the utilization time series, oldest point first (?node=, ?since=)."""

@@ -61,7 +61,7 @@ def cluster_metrics(core: ResourceManagerCore) -> dict[str, object]:
         "containersAllocated": len(core.containers), "containersReserved": 0, "containersPending": pending,
         "totalNodes": len(core.nodes.nodes), "activeNodes": nodes.get(NodeState.RUNNING, 0),
         "lostNodes": nodes.get(NodeState.LOST, 0), "unhealthyNodes": nodes.get(NodeState.UNHEALTHY, 0),
-        "decommissioningNodes": 0, "decommissionedNodes": nodes.get(NodeState.DECOMMISSIONED, 0),
+        "decommissioningNodes": nodes.get(NodeState.DECOMMISSIONING, 0), "decommissionedNodes": nodes.get(NodeState.DECOMMISSIONED, 0),
         "rebootedNodes": nodes.get(NodeState.REBOOTED, 0), "shutdownNodes": nodes.get(NodeState.SHUTDOWN, 0),
     }}
 

@@ -123,6 +123,15 @@ class AppStateUpdate(_In):
     diagnostics: str = ""
 
 
+class NodeStateUpdate(_In):
+    """PUT /ws/v1/cluster/nodes/{id}/state body (an admin's; YARN's graceful decommission):
+    `state` DECOMMISSIONING, with `decommissionTimeout` seconds after which the node's containers
+    are killed (absent or -1: wait for them), or RUNNING to recommission it."""
+
+    state: str
+    decommission_timeout: Optional[float] = msgspec.field(default=None, name="decommissionTimeout")
+
+
 class AppShapeUpdate(_In):
     """PUT /ws/v1/cluster/apps/{id}/shape body (Elastane extension): an operator's or owner's shape
     directive for an elastic PS job -- `workers` and `servers`, optionally on exactly `nodes`; with
