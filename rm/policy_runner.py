@@ -23,6 +23,7 @@ from protocol.records import ZERO, AppState, AttemptState, NodeState, Resource
 from .core import ResourceManagerCore
 from .model import App
 from .policies import AppView, ClusterSnapshot, Decision, NodeView, Policy
+from .policies.node_drain import drain_moves, draining_nodes
 from .policy_resync import PolicyResync, reshapes
 from .reclaim_runner import reclaim_and_guard
 from .state_machines import attempt_is_final
@@ -175,7 +176,28 @@ def run_policy(core: ResourceManagerCore, policy: Policy) -> int:
     if policy_held(core):
         return 0
     snapshot = build_snapshot(core)
-    return apply_round(core, reclaim_and_guard(core, snapshot, policy.decide(snapshot)))
+    return apply_round(core, with_drain(core, snapshot, reclaim_and_guard(core, snapshot, policy.decide(snapshot))))
+
+
+def with_drain(core: ResourceManagerCore, snapshot: ClusterSnapshot, decision: Decision) -> Decision:
+    """`decision` with the elastic jobs' moves off DECOMMISSIONING nodes laid over it
+    (rm/policies/node_drain.py); the containers are walked only while a node drains."""
+    if not draining_nodes(snapshot):
+        return decision
+    return drain_moves(snapshot, decision, executor_roles(core))
+
+
+def executor_roles(core: ResourceManagerCore) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per PS app, per node, its current attempt's (workers, servers) by their containers' tags."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for c in core.containers.values():
+        if c.is_am or c.tag not in ("worker", "server"):
+            continue
+        app = core.apps.get(c.app_id)
+        if app is None or app.ps is None or app.current_attempt != c.attempt_id:
+            continue
+        out.setdefault(c.app_id, {}).setdefault(c.node_id, [0, 0])[c.tag == "server"] += 1
+    return {a: {n: (w, s) for n, (w, s) in nodes.items()} for a, nodes in out.items()}
 
 
 @dataclass(frozen=True)
@@ -219,4 +241,4 @@ def finish_round(core: ResourceManagerCore, rnd: PolicyRound, decision: Decision
     (the Decision is dropped, nothing changes)."""
     if is_stale(core, rnd):
         return None
-    return apply_round(core, reclaim_and_guard(core, rnd.snapshot, decision))
+    return apply_round(core, with_drain(core, rnd.snapshot, reclaim_and_guard(core, rnd.snapshot, decision)))

@@ -6,9 +6,13 @@ from __future__ import annotations
 import pytest
 
 from protocol import internal_api as api
+from protocol.job_report import JobReport
 from protocol.records import ExitStatus, NodeState, Resource
 from protocol.remote_exception import BadRequest, NotFound
-from rm_testing import FakeClock, ask, heartbeat, launch_and_register, make_core, register, submit
+from rm import policies
+from rm.model import AmSpec
+from rm.policy_runner import run_policy
+from rm_testing import FakeClock, ask, heartbeat, launch_and_register, make_core, ps_spec, register, submit
 from test_rm_api import BASE, Env, close_env, make_env
 
 
@@ -113,3 +117,71 @@ async def test_the_rest_call_is_an_admins_and_says_what_is_wrong(env: Env) -> No
     assert env.rm.core.nodes.get("n1:1").state == NodeState.DECOMMISSIONED     # nothing changed
     out = await env.call("PUT", path, {"state": "RUNNING"}, **{"user.name": "root"})
     assert out["node"]["state"] == "SHUTDOWN" and env.rm.core.nodes.get("n1:1") is None
+
+
+# ----- elastic PS jobs move off a draining node (rm/policies/node_drain.py) -----------------------
+def _ps_job(core, workers: int, servers: int, **extra: int) -> str:
+    app_id = core.new_application()
+    spec = {"app": "mlr", "workers": workers, "servers": servers, "executor_memory_mb": 1024, "executor_vcores": 1,
+            **extra}
+    core.submit(app_id, "alice", "ps", "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, Resource(1024, 1)), 1,
+                ps_job=ps_spec(spec))
+    core.app_saved(app_id)
+    return app_id
+
+
+def _shape(workers: int, servers: int, changing: bool = False) -> JobReport:
+    return JobReport(workers=workers, servers=servers, started=True, iterations=150, speed=1.0, speed_iterations=50,
+                     executor_resource=Resource(1024, 1), changing=changing)
+
+
+def test_a_ps_jobs_executors_on_a_draining_node_are_moved_to_nodes_with_room_live() -> None:
+    core = make_core(am_expiry_s=1000, gang_admission=False)      # its AM first, on am:1
+    register(core, "am:1", mem=2048, vcores=2)   # room for one executor beside the AM
+    app_id = _ps_job(core, 2, 2)
+    claims = launch_and_register(core, app_id)
+    for node in ("w1:1", "w2:1", "w3:1"):
+        register(core, node, mem=4096, vcores=4)
+    r = core.allocate(claims, api.AllocateRequest(response_id=0, asks=[
+        ask(1, 1, 1024, nodes=["w1:1"], relax_locality=False, tag="worker"),
+        ask(2, 1, 1024, nodes=["w2:1"], relax_locality=False, tag="worker"),
+        ask(3, 1, 1024, nodes=["w1:1"], relax_locality=False, tag="server"),
+        ask(4, 1, 1024, nodes=["w2:1"], relax_locality=False, tag="server")]))
+    assert sorted(c.node_id for c in r.allocated) == ["w1:1", "w1:1", "w2:1", "w2:1"]
+    core.allocate(claims, api.AllocateRequest(response_id=1, shape=_shape(2, 2)))
+    static = policies.create("static")
+    assert run_policy(core, static) == 0                  # nothing drains: nothing to do
+    core.decommission_node("w2:1", None)
+    core.allocate(claims, api.AllocateRequest(response_id=2, shape=_shape(2, 2, changing=True)))
+    assert run_policy(core, static) == 0                  # mid-change: it waits
+    core.allocate(claims, api.AllocateRequest(response_id=3, shape=_shape(2, 2)))
+    assert run_policy(core, static) == 1
+    d = core.apps[app_id].directive
+    assert d is not None and (d.workers, d.servers) == (2, 2) and "w2:1 decommissioning" in d.reason
+    where = {p.node: (p.workers, p.servers) for p in d.placement}
+    assert "w2:1" not in where and where["w1:1"] == (1, 1) and where["w3:1"] == (1, 1)   # w3 has the most room
+    assert run_policy(core, static) == 0                  # told once: no churn while it moves
+    heartbeat(core, "w2:1")
+    assert core.nodes.get("w2:1").state == NodeState.DECOMMISSIONING
+
+
+def test_executors_that_fit_nowhere_are_given_up_down_to_the_jobs_minimums() -> None:
+    core = make_core(am_expiry_s=1000, gang_admission=False)      # its AM first, on am:1
+    register(core, "am:1", mem=1024, vcores=1)   # the AM and nothing else
+    app_id = _ps_job(core, 3, 1, min_workers=2)
+    claims = launch_and_register(core, app_id)
+    register(core, "w1:1", mem=1024, vcores=1)            # room for one executor, no more
+    register(core, "w2:1", mem=4096, vcores=4)
+    r = core.allocate(claims, api.AllocateRequest(response_id=0, asks=[
+        ask(1, 3, 1024, nodes=["w2:1"], relax_locality=False, tag="worker"),
+        ask(2, 1, 1024, nodes=["w2:1"], relax_locality=False, tag="server")]))
+    assert len(r.allocated) == 4
+    core.allocate(claims, api.AllocateRequest(response_id=1, shape=_shape(3, 1)))
+    core.decommission_node("w2:1", 600.0)
+    assert run_policy(core, policies.create("static")) == 1
+    d = core.apps[app_id].directive
+    where = {p.node: (p.workers, p.servers) for p in d.placement}
+    # One executor fits on w1 (a worker, placed first); the other two workers are given up down to
+    # min_workers 2, so one stays on w2 until the timeout; the server (minimum 1) stays there too.
+    assert (d.workers, d.servers) == (2, 1) and where == {"w1:1": (1, 0), "w2:1": (1, 1)}
+    assert "given up" in d.reason
