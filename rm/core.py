@@ -84,6 +84,8 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         # the forgotten ones the server has yet to delete from the store.
         self.completed: OrderedDict[str, None] = OrderedDict()
         self.removed: set[str] = set()
+        self.decommissions_dirty = False
+        self.restored_draining: dict[str, Optional[float]] = {}
         self.decisions = DecisionLog()      # recent directive changes, for operators (in memory only)
         # policy_rounds_*: the server's off-loop policy rounds whose Decision was applied / dropped
         # as stale (rm/server.py).

@@ -14,7 +14,7 @@ from protocol import internal_api as api
 from protocol import node_labels
 from protocol.config import RMConfig
 from protocol.ids import ApplicationId
-from protocol.records import AttemptState, ContainerState, ExitStatus, NodeState
+from protocol.records import AttemptState, ContainerState, ExitStatus, NodeState, Resource
 from protocol.remote_exception import BadRequest, NotFound, Unauthorized
 
 from .log_aggregation_status import LogAggregationBook
@@ -51,6 +51,10 @@ class NmProtocol:
     _am_live: OrderedDict[str, float]
     _unlaunched: OrderedDict[str, float]
     _am_node_wait: dict[str, float]
+    # Decommissions to store (the server writes them at its next flush), and those a recovery
+    # restored for nodes that have not registered again yet: node id -> (deadline, or None).
+    decommissions_dirty: bool
+    restored_draining: dict[str, Optional[float]]
 
     if TYPE_CHECKING:  # implemented by ResourceManagerCore (rm/core.py)
         def _container_completed(self, c: Container, status: api.ContainerStatus,
@@ -93,6 +97,8 @@ class NmProtocol:
         self.policy_version += 1        # a node (re)joins: capacity, state
         node = self.nodes.register(req.node_id, req.http_address, req.capability, req.rack, req.version, now,
                                    frozenset(req.node_labels))
+        if req.node_id in self.restored_draining:     # decommissioning when the RM restarted
+            self.nodes.decommission(node, self.restored_draining.pop(req.node_id))
         reported = {s.container_id: s for s in req.containers}
         # Containers we think run there but the NM does not report: gone with the NM restart.
         for c in self._am_containers_last(node):
@@ -204,6 +210,7 @@ class NmProtocol:
         now = self.clock()
         self.nodes.decommission(n, None if timeout_s is None else now + timeout_s)
         self.policy_version += 1
+        self.decommissions_dirty = True
         log.info("node %s DECOMMISSIONING (%s)", node_id,
                  "waiting for its containers" if timeout_s is None else f"its containers killed after {timeout_s:g} s")
         self._drain(n, now)
@@ -212,6 +219,10 @@ class NmProtocol:
     def recommission_node(self, node_id: str) -> Node:
         """Undo a decommission: a DECOMMISSIONING node is RUNNING again; a DECOMMISSIONED one is
         forgotten, so its NM may register again."""
+        if node_id in self.restored_draining and self.nodes.get(node_id) is None:
+            del self.restored_draining[node_id]     # restored by a recovery, not registered again yet
+            self.decommissions_dirty = True
+            return Node(node_id, "", "", Resource(0, 0), NodeState.NEW, self.clock())
         n = self._node_for_admin(node_id)
         if n.state == NodeState.DECOMMISSIONING:
             self.nodes.recommission(n)
@@ -222,8 +233,27 @@ class NmProtocol:
             raise BadRequest(f"node {node_id} is {n.state.value}: only a DECOMMISSIONING or DECOMMISSIONED node "
                              f"can be recommissioned")
         self.policy_version += 1
+        self.decommissions_dirty = True
         log.info("node %s recommissioned", node_id)
         return n
+
+    def decommissions(self) -> list[tuple[Node, Optional[float]]]:
+        """What to store of the decommissions: the DECOMMISSIONING and DECOMMISSIONED nodes (with
+        their deadlines), and the restored ones not registered again yet (as node records)."""
+        out = [(n, n.decommission_deadline) for n in self.nodes
+               if n.state in (NodeState.DECOMMISSIONING, NodeState.DECOMMISSIONED)]
+        for node_id, deadline in self.restored_draining.items():
+            out.append((Node(node_id, "", "", Resource(0, 0), NodeState.DECOMMISSIONING, 0.0), deadline))
+        return out
+
+    def restore_decommission(self, node_id: str, state: NodeState, deadline: Optional[float], http_address: str,
+                             rack: str, capability: Resource) -> None:
+        """After a recovery: a DECOMMISSIONED node is listed as such (its NM, if it comes back,
+        is told SHUTDOWN); a DECOMMISSIONING one is decommissioned again when it registers."""
+        if state == NodeState.DECOMMISSIONED:
+            self.nodes.restore_decommissioned(node_id, http_address, rack, capability, self.clock())
+        elif state == NodeState.DECOMMISSIONING:
+            self.restored_draining[node_id] = deadline
 
     def _node_for_admin(self, node_id: str) -> Node:
         n = self.nodes.get(node_id)
@@ -246,6 +276,7 @@ class NmProtocol:
             return False
         self.nodes.decommissioned(node)
         self.policy_version += 1
+        self.decommissions_dirty = True
         log.info("node %s DECOMMISSIONED: its NodeManager is told to stop", node.node_id)
         return True
 

@@ -150,6 +150,14 @@ class NodeTracker:
         self.draining.pop(n.node_id, None)
         self._live.pop(n.node_id, None)
 
+    def restore_decommissioned(self, node_id: str, http_address: str, rack: str, capability: Resource,
+                               now: float) -> Node:
+        """A DECOMMISSIONED node a recovered store names (not live, not schedulable)."""
+        n = Node(node_id, http_address, rack, capability, NodeState.DECOMMISSIONED, now)
+        self.nodes[node_id] = n
+        self._by_host.setdefault(n.host, set()).add(node_id)
+        return n
+
     def forget(self, n: Node) -> None:
         """Drop a DECOMMISSIONED node's record: its NM may register again, as a new node."""
         self.nodes.pop(n.node_id, None)

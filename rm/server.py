@@ -41,8 +41,8 @@ from .log_retention import retention_pass
 from .policy_resync import PolicyResync
 from .policy_runner import decide_on_copy, finish_round, policy_held, start_round
 from .rest_api import ClientApi
-from .store import (PolicyStateRecord, SqliteStateStore, StateStore, app_from_record, app_to_record,
-                    attempt_from_record, attempt_to_record)
+from .store import (DecommissionEntry, DecommissionRecord, PolicyStateRecord, SqliteStateStore, StateStore,
+                    app_from_record, app_to_record, attempt_from_record, attempt_to_record)
 from .submission import ValidSubmission
 from .web.app_page import AppPage
 from .web.ui import WebUi
@@ -151,6 +151,8 @@ class ResourceManagerServer:
                               [attempt_from_record(a) for a in attempts])
             n += 1
         self.core.recovered()
+        for node_id, e in self.store.load_decommissions().nodes.items():
+            self.core.restore_decommission(node_id, NodeState(e.state), e.deadline, e.http_address, e.rack, e.capability)
         if n:
             log.info("recovered %d applications from %s", n, getattr(self.store, "path", "the state store"))
         self._recover_policy()
@@ -239,6 +241,14 @@ class ResourceManagerServer:
                 self._store_failing = True
         if core.removed and not self._store_failing:
             self._remove_forgotten(core.take_removed())
+        if core.decommissions_dirty and not self._store_failing:
+            try:
+                self.store.save_decommissions(DecommissionRecord({
+                    n.node_id: DecommissionEntry(n.state.value, deadline, n.http_address, n.rack, n.capability)
+                    for n, deadline in core.decommissions()}))
+                core.decommissions_dirty = False
+            except Exception:
+                log.exception("storing the decommissioned nodes failed (retried at the next flush)")
         if self._policy_state_due and not self._store_failing:
             try:
                 self._store_policy_state()

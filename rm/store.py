@@ -83,6 +83,24 @@ class PolicyStateRecord(msgspec.Struct, forbid_unknown_fields=False):
         return None if doc.strip() in (b"", b"null") else doc
 
 
+class DecommissionEntry(msgspec.Struct, forbid_unknown_fields=False):
+    """One decommissioned or decommissioning node: its state, when its containers are killed
+    (None: never) and what the node list shows of it until its NM registers again."""
+
+    state: str                      # DECOMMISSIONING | DECOMMISSIONED
+    deadline: Optional[float] = None
+    http_address: str = ""
+    rack: str = ""
+    capability: Resource = Resource(0, 0)
+
+
+class DecommissionRecord(msgspec.Struct, forbid_unknown_fields=False):
+    """The nodes an admin took out (graceful decommission), kept across an RM restart or failover
+    as YARN keeps its exclude list in a file."""
+
+    nodes: dict[str, DecommissionEntry] = {}
+
+
 class AttemptRecord(msgspec.Struct, forbid_unknown_fields=False):
     """What survives an RM restart of an attempt."""
 
@@ -191,6 +209,14 @@ class StateStore(abc.ABC):
     def load_policy_state(self) -> Optional[PolicyStateRecord]:
         """The stored policy state; None when none was stored."""
 
+    @abc.abstractmethod
+    def save_decommissions(self, record: DecommissionRecord) -> None:
+        """Replace the stored decommissioned and decommissioning nodes."""
+
+    @abc.abstractmethod
+    def load_decommissions(self) -> DecommissionRecord:
+        """The stored decommissions (none when none was stored)."""
+
     def next_epoch(self) -> Optional[int]:
         """Take this RM start's epoch, the part of new container ids that keeps them from colliding
         with the ids an earlier RM issued (the attempts a restarted RM keeps go on getting
@@ -205,6 +231,7 @@ CREATE TABLE IF NOT EXISTS attempts (attempt_id TEXT PRIMARY KEY, app_id TEXT NO
 CREATE INDEX IF NOT EXISTS attempts_by_app ON attempts (app_id);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS policy (key TEXT PRIMARY KEY, doc BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (key TEXT PRIMARY KEY, doc BLOB NOT NULL);
 """
 
 
@@ -261,6 +288,15 @@ class SqliteStateStore(StateStore):
     def load_policy_state(self) -> Optional[PolicyStateRecord]:
         row = self._db.execute("SELECT doc FROM policy WHERE key = 'state'").fetchone()
         return None if row is None else msgspec.json.decode(row[0], type=PolicyStateRecord)
+
+    def save_decommissions(self, record: DecommissionRecord) -> None:
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute("INSERT OR REPLACE INTO nodes VALUES ('decommissions', ?)", (self._enc.encode(record),))
+
+    def load_decommissions(self) -> DecommissionRecord:
+        row = self._db.execute("SELECT doc FROM nodes WHERE key = 'decommissions'").fetchone()
+        return DecommissionRecord() if row is None else msgspec.json.decode(row[0], type=DecommissionRecord)
 
     def close(self) -> None:
         self._db.close()

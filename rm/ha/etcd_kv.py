@@ -89,6 +89,11 @@ class EtcdKeys:
         return f"{self.prefix}/rm/policy/state".encode()
 
     @property
+    def decommissions(self) -> bytes:
+        """The decommissioned and decommissioning nodes (rm/store.py DecommissionRecord)."""
+        return f"{self.prefix}/rm/nodes/decommissions".encode()
+
+    @property
     def policy_parts_index(self) -> bytes:
         """Where a policy state too large for one request lies: its generation and part count."""
         return f"{self.prefix}/rm/policy/parts-index".encode()

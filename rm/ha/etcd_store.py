@@ -21,7 +21,7 @@ import msgspec
 
 from protocol.errors import StateError
 
-from ..store import AppRecord, AttemptRecord, PolicyStateRecord, StateStore
+from ..store import AppRecord, AttemptRecord, DecommissionRecord, PolicyStateRecord, StateStore
 from .etcd_kv import BlockingEtcd, EtcdKeys, delete_op, put_op, token_compare
 
 log = logging.getLogger(__name__)
@@ -137,6 +137,13 @@ class EtcdStateStore(StateStore):
             raise StateError(f"the policy state's generation {index.generation} is incomplete: "
                              f"parts {missing} missing, {len(data)} of {index.size} bytes")
         return msgspec.json.decode(data, type=PolicyStateRecord)
+
+    def save_decommissions(self, record: DecommissionRecord) -> None:
+        self._write([put_op(self.keys.decommissions, self._enc.encode(record))], "the decommissioned nodes")
+
+    def load_decommissions(self) -> DecommissionRecord:
+        (doc,), _ = self.etcd.get_many([self.keys.decommissions])
+        return DecommissionRecord() if doc is None else msgspec.json.decode(doc, type=DecommissionRecord)
 
     def close(self) -> None:
         self.etcd.close()

@@ -15,7 +15,8 @@ from rm.ha.elector import Elector
 from rm.ha.etcd_kv import AsyncEtcd, BlockingEtcd, EtcdKeys
 from rm.ha.etcd_store import POLICY_PART_BYTES, EtcdStateStore, StoreFenced
 from rm.ha.role import HAState
-from rm.store import PolicyStateRecord
+from protocol.records import Resource
+from rm.store import DecommissionEntry, DecommissionRecord, PolicyStateRecord
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(etcdmod.unavailable_reason() is not None,
@@ -113,6 +114,31 @@ async def test_a_policy_state_larger_than_an_etcd_request_is_stored_in_parts_and
     assert b_store.etcd.range_prefix(keys.policy_parts, keys_only=True) == []
     small = b_store.load_policy_state()
     assert small is not None and small.policy_state == b'{"jobs":{}}'
+    for s in (a_store, b_store):
+        s.close()
+    await a.stop()
+    await b.stop()
+
+
+async def test_the_decommissioned_nodes_are_stored_fenced_and_load_in_the_next_term(etcd):
+    ha = ha_config(etcd)
+    a, b = elector(ha, "rm1"), elector(ha, "rm2")
+    a.start()
+    await async_wait_until(lambda: a.role.state == HAState.ACTIVE, 20, "rm1 active")
+    a_store = store_of(ha, a)
+    assert a_store.load_decommissions() == DecommissionRecord()
+    record = DecommissionRecord({"n1:1": DecommissionEntry("DECOMMISSIONED", None, "n1:2", "/r", Resource(1024, 2)),
+                                 "n2:1": DecommissionEntry("DECOMMISSIONING", 1234.5)})
+    a_store.save_decommissions(record)
+    admin = AsyncEtcd(ha.etcd_targets(), 2.0)
+    await admin.call(lambda c: c.revoke_lease(a.lease_id))
+    b.start()
+    await async_wait_until(lambda: b.role.state == HAState.ACTIVE, 20, "rm2 active")
+    b_store = store_of(ha, b)
+    assert b_store.load_decommissions() == record
+    with pytest.raises(StoreFenced):
+        a_store.save_decommissions(DecommissionRecord())
+    assert b_store.load_decommissions() == record
     for s in (a_store, b_store):
         s.close()
     await a.stop()

@@ -9,10 +9,13 @@ from protocol import internal_api as api
 from protocol.job_report import JobReport
 from protocol.records import ExitStatus, NodeState, Resource
 from protocol.remote_exception import BadRequest, NotFound
+from protocol.config import ClusterConfig, RMConfig
 from rm import policies
 from rm.model import AmSpec
 from rm.policy_runner import run_policy
-from rm_testing import FakeClock, ask, heartbeat, launch_and_register, make_core, ps_spec, register, submit
+from rm.server import ResourceManagerServer
+from rm.store import SqliteStateStore
+from rm_testing import SECRET, FakeClock, ask, heartbeat, launch_and_register, make_core, ps_spec, register, submit
 from test_rm_api import BASE, Env, close_env, make_env
 
 
@@ -185,3 +188,38 @@ def test_executors_that_fit_nowhere_are_given_up_down_to_the_jobs_minimums() -> 
     # min_workers 2, so one stays on w2 until the timeout; the server (minimum 1) stays there too.
     assert (d.workers, d.servers) == (2, 1) and where == {"w1:1": (1, 0), "w2:1": (1, 1)}
     assert "given up" in d.reason
+
+
+def test_decommissions_survive_an_rm_restart_on_its_store(tmp_path) -> None:
+    """As YARN keeps its exclude list: a restarted RM lists a DECOMMISSIONED node as such and tells
+    its NM to stop; a DECOMMISSIONING one drains on, with its deadline, once its NM registers again."""
+    clock = FakeClock()
+    cfg = RMConfig(state_dir=str(tmp_path), am_expiry_s=1000)
+    rm = ResourceManagerServer(cfg, ClusterConfig(secret=SECRET), clock=clock, store=SqliteStateStore(tmp_path),
+                               run_timers=False)
+    register(rm.core, "n1:1")
+    register(rm.core, "n2:1")
+    app_id = submit(rm.core)
+    launch_and_register(rm.core, app_id)
+    am_node = rm.core.containers[rm.core.attempts[rm.core.apps[app_id].current_attempt].am_container_id].node_id
+    idle = "n1:1" if am_node == "n2:1" else "n2:1"
+    rm.core.decommission_node(idle, None)               # nothing there: DECOMMISSIONED at once
+    rm.core.decommission_node(am_node, 600.0)           # its AM runs there: draining
+    deadline = rm.core.nodes.get(am_node).decommission_deadline
+    rm.flush()
+    rm.store.close()
+
+    rm2 = ResourceManagerServer(cfg, ClusterConfig(secret=SECRET), clock=clock, store=SqliteStateStore(tmp_path),
+                                run_timers=False)
+    assert rm2.core.nodes.get(idle).state == NodeState.DECOMMISSIONED
+    back = rm2.core.register_node({"node_id": idle}, api.NodeRegisterRequest(
+        node_id=idle, http_address=idle, capability=Resource(8192, 8)))
+    assert back.action == "SHUTDOWN"
+    register(rm2.core, am_node)
+    n = rm2.core.nodes.get(am_node)
+    assert n.state == NodeState.DECOMMISSIONING and n.decommission_deadline == deadline
+    assert rm2.core.nodes.total == n.used                # only what it still runs (nothing, yet)
+    rm2.core.recommission_node(idle)
+    rm2.flush()
+    assert set(rm2.store.load_decommissions().nodes) == {am_node}
+    rm2.store.close()
