@@ -22,6 +22,8 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     acts = node.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = acts.add_parser("list", parents=[common], help="table of nodes")
     p.add_argument("--all", action="store_true", help="include LOST / DECOMMISSIONED / SHUTDOWN nodes")
+    p.add_argument("--show-details", action="store_true",
+                   help="add each node's health report (why it is UNHEALTHY), as yarn node -list -showDetails")
     p.set_defaults(func=cmd_list)
     p = acts.add_parser("decommission", parents=[common],
                         help="place nothing new on a node; stop its NM once its containers have ended")
@@ -72,7 +74,12 @@ def cmd_list(args: argparse.Namespace, ctx: CliContext) -> int:
     nodes = asyncio.run(go())
     if not args.all:
         nodes = [n for n in nodes if n.get("state") in ("NEW", "RUNNING", "UNHEALTHY", "DECOMMISSIONING", None)]
-    ctx.out.write(render_table(NODE_HEADERS, node_rows(nodes)) + "\n")
+    rows = node_rows(nodes)
+    if args.show_details:
+        reports = {n.get("id", ""): str(n.get("healthReport") or "-").replace("\n", "; ") for n in nodes}
+        ctx.out.write(render_table([*NODE_HEADERS, "HEALTH-REPORT"], [[*r, reports[str(r[0])]] for r in rows]) + "\n")
+    else:
+        ctx.out.write(render_table(NODE_HEADERS, rows) + "\n")
     ctx.out.write(f"Total nodes: {len(nodes)}\n")
     return EXIT_OK
 

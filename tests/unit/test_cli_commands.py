@@ -26,15 +26,17 @@ class FakeYarn:
     submissions: list[dict[str, Any]] = field(default_factory=list)
     polls_to_finish: int = 2
     seq: int = 1
+    health_report: str = ""         # the node's; non-empty: it is UNHEALTHY
 
     def route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
         self.queries.append(query)
         base = "/ws/v1/cluster/apps"
         if method == "GET" and path == "/ws/v1/cluster/nodes":
             return 200, {"nodes": {"node": [{
-                "id": "127.0.0.1:40001", "state": "RUNNING", "nodeHTTPAddress": self.address, "numContainers": 2,
+                "id": "127.0.0.1:40001", "state": "UNHEALTHY" if self.health_report else "RUNNING",
+                "nodeHTTPAddress": self.address, "numContainers": 2,
                 "usedMemoryMB": 512, "availMemoryMB": 1536, "usedVirtualCores": 1, "availableVirtualCores": 1,
-                "lastHealthUpdate": 0}]}}
+                "lastHealthUpdate": 0, "healthReport": self.health_report}]}}
         if method == "GET" and path == base:
             states = query.get("states", [""])[0].split(",")
             apps = [a for a in self.apps.values() if not states[0] or a["state"] in states]
@@ -134,6 +136,18 @@ def test_node_list_table(yarn: FakeYarn, capsys: pytest.CaptureFixture[str]) -> 
                               "VCORES-USED/TOTAL", "LAST-HEARTBEAT"]
     assert row.split() == ["127.0.0.1:40001", "RUNNING", yarn.address, "2", "512/2048", "1/2", "-"]
     assert total == "Total nodes: 1"
+
+
+def test_node_list_details_add_the_health_report(yarn: FakeYarn, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(yarn, ["node", "list", "--show-details"], capsys)
+    assert code == 0
+    header, row, _total = out.splitlines()
+    assert header.split()[-1] == "HEALTH-REPORT" and row.split()[-1] == "-"      # healthy: no report
+    yarn.health_report = "local dirs are bad: /d: 95.0% full\nhealth script: ERROR: fan"
+    code, out, _ = run(yarn, ["node", "list", "--show-details"], capsys)
+    assert code == 0
+    row = out.splitlines()[1]
+    assert "UNHEALTHY" in row and row.endswith("local dirs are bad: /d: 95.0% full; health script: ERROR: fan")
 
 
 def test_app_list_filters_and_user(yarn: FakeYarn, capsys: pytest.CaptureFixture[str]) -> None:
