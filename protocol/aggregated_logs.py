@@ -35,8 +35,8 @@ from __future__ import annotations
 import datetime
 import os
 import posixpath
-import shutil
 import re
+import shutil
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -306,10 +306,13 @@ class RemoteLogDir:
     def remove_app(self, app_id: str) -> None:
         """Delete the app's dir and every file in it (gone already: nothing to do)."""
         p = self.path(app_id)
-        try:
-            if self.local is not None:
+        if self.local is not None:
+            try:
                 shutil.rmtree(p)
-                return
+            except FileNotFoundError:
+                pass
+            return
+        try:
             self.fs.rm(p, recursive=True)
         except FileNotFoundError:
             pass
@@ -335,8 +338,9 @@ class RemoteLogDir:
 
 
 def _written(info: dict[str, Any]) -> Optional[float]:
-    """When an fsspec file entry was written, in seconds since the epoch: `mtime` (local and
-    memory filesystems: a number or a datetime), `LastModified` (s3fs: a datetime); None if neither."""
+    """When an fsspec file entry was written, in seconds since the epoch: `mtime` (the local
+    filesystem: a number), `LastModified` (s3fs: a datetime), `created` (the memory filesystem: a
+    number); None if none of them."""
     t = info.get("mtime", info.get("LastModified", info.get("created")))
     if isinstance(t, (int, float)):
         return float(t)

@@ -119,3 +119,10 @@ async def test_the_rm_deletes_logs_past_retention_on_its_timer_but_not_a_running
     finally:
         await rm.stop()
 
+
+
+def test_removing_an_app_dir_already_gone_is_no_error(tmp_path: Path) -> None:
+    """Another RM's pass, or an operator, may delete the dir between the listing and the removal."""
+    store = RemoteLogDir(str(tmp_path / "remote"))
+    store.remove_app(OLD)
+    assert store.app_ages() == []
