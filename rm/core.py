@@ -188,19 +188,21 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         """Forget the oldest completed apps beyond cfg.max_completed_apps: the app, its attempts
         and what is kept of them, here and (through `removed`) in the store. Not before an app has
         been over for the longer of the NM and AM expiries (its AM may still call and its NMs
-        report its containers until then: it waits for a later call, `tick`), nor while the RM
-        still tracks a container of it."""
+        report its containers until then: it waits for a later `tick`), nor while the RM still
+        tracks a container of it."""
         excess = len(self.completed) - self.cfg.max_completed_apps
         if excess <= 0:
             return
         settled = self.clock() - max(self.cfg.nm_expiry_s, self.cfg.am_expiry_s)
-        live = {c.app_id for c in self.containers.values()}
+        live: Optional[set[str]] = None      # the apps with tracked containers, walked once if needed
         for app_id in list(self.completed):
             if excess <= 0:
                 break
             app = self.apps.get(app_id)
             if app is not None and (app.finish_time or 0.0) > settled:
                 break                   # in finish order: the ones after it ended later still
+            if live is None:
+                live = {c.app_id for c in self.containers.values()}
             if app_id in live:
                 continue
             del self.completed[app_id]
@@ -545,8 +547,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             n = self.nodes.get(node_id)
             if n is not None and n.state != NodeState.LOST:
                 n.apps_to_cleanup.append(app.app_id)
-        self.completed[app.app_id] = None
-        self._forget_completed()
+        self.completed[app.app_id] = None       # forgotten, past the limit, by a later `tick`
 
     # ----- containers -----------------------------------------------------------------------
     def _schedule(self, candidates: list[Node]) -> None:
