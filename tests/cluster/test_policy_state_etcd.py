@@ -11,11 +11,11 @@ import pytest
 import etcd_server as etcdmod
 from polling import async_wait_until
 from protocol.ha_config import HAConfig
+from protocol.records import Resource
 from rm.ha.elector import Elector
 from rm.ha.etcd_kv import AsyncEtcd, BlockingEtcd, EtcdKeys
 from rm.ha.etcd_store import POLICY_PART_BYTES, EtcdStateStore, StoreFenced
 from rm.ha.role import HAState
-from protocol.records import Resource
 from rm.store import DecommissionEntry, DecommissionRecord, PolicyStateRecord
 
 pytestmark = [pytest.mark.cluster,
@@ -43,21 +43,45 @@ def store_of(ha: HAConfig, e: Elector) -> EtcdStateStore:
     return EtcdStateStore(BlockingEtcd(ha.etcd_targets(), 2.0), EtcdKeys(ha.etcd_prefix), e.role.token, e.fenced)
 
 
+class TwoTerms:
+    """rm1's term and then rm2's on one etcd: `first()` makes rm1 active and gives its store,
+    `fail_over()` ends rm1's lease (as if it were cut off) and gives active rm2's store, `close()`
+    closes both and stops both electors."""
+
+    def __init__(self, etcd: Any) -> None:
+        self.ha = ha_config(etcd)
+        self.a, self.b = elector(self.ha, "rm1"), elector(self.ha, "rm2")
+        self.stores: list[EtcdStateStore] = []
+
+    async def _active(self, e: Elector, what: str) -> EtcdStateStore:
+        e.start()
+        await async_wait_until(lambda: e.role.state == HAState.ACTIVE, 20, what)
+        self.stores.append(store_of(self.ha, e))
+        return self.stores[-1]
+
+    async def first(self) -> EtcdStateStore:
+        return await self._active(self.a, "rm1 active")
+
+    async def fail_over(self) -> EtcdStateStore:
+        admin = AsyncEtcd(self.ha.etcd_targets(), 2.0)
+        await admin.call(lambda c: c.revoke_lease(self.a.lease_id))      # rm1's lease runs out
+        return await self._active(self.b, "rm2 active")
+
+    async def close(self) -> None:
+        for s in self.stores:
+            s.close()
+        await self.a.stop()
+        await self.b.stop()
+
+
 async def test_the_next_term_loads_the_policy_state_and_a_deposed_term_cannot_write_it(etcd):
-    ha = ha_config(etcd)
-    a, b = elector(ha, "rm1"), elector(ha, "rm2")
-    a.start()
-    await async_wait_until(lambda: a.role.state == HAState.ACTIVE, 20, "rm1 active")
-    a_store = store_of(ha, a)
+    terms = TwoTerms(etcd)
+    a_store = await terms.first()
     assert a_store.load_policy_state() is None
     state = b'{"jobs":["application_1_0001"],"running":["application_1_0001"],"nodes":["n1:1","n2:1"]}'
     a_store.save_policy_state(PolicyStateRecord("dorm", 12.5, ["n1:1", "n2:1"], msgspec.Raw(state)))
 
-    admin = AsyncEtcd(ha.etcd_targets(), 2.0)
-    await admin.call(lambda c: c.revoke_lease(a.lease_id))      # rm1's lease runs out
-    b.start()
-    await async_wait_until(lambda: b.role.state == HAState.ACTIVE, 20, "rm2 active")
-    b_store = store_of(ha, b)
+    b_store = await terms.fail_over()
     got = b_store.load_policy_state()
     assert got is not None and (got.policy, got.saved_at, got.nodes) == ("dorm", 12.5, ["n1:1", "n2:1"])
     assert got.policy_state == state
@@ -67,22 +91,16 @@ async def test_the_next_term_loads_the_policy_state_and_a_deposed_term_cannot_wr
     b_store.save_policy_state(PolicyStateRecord("dorm", 14.0, ["n1:1"]))
     after = b_store.load_policy_state()
     assert after is not None and after.policy_state is None and after.nodes == ["n1:1"]
-    for s in (a_store, b_store):
-        s.close()
-    await a.stop()
-    await b.stop()
+    await terms.close()
 
 
 async def test_a_policy_state_larger_than_an_etcd_request_is_stored_in_parts_and_loads_whole(etcd):
     """etcd refuses a request above 1.5 MiB; a state of thousands of jobs' fits is larger. It is
     written in parts and loads back byte for byte in the next term; a smaller one written after
     it replaces it and leaves no parts behind; a larger one again leaves only its own parts."""
-    ha = ha_config(etcd)
-    a, b = elector(ha, "rm1"), elector(ha, "rm2")
-    a.start()
-    await async_wait_until(lambda: a.role.state == HAState.ACTIVE, 20, "rm1 active")
-    a_store = store_of(ha, a)
-    keys = EtcdKeys(ha.etcd_prefix)
+    terms = TwoTerms(etcd)
+    a_store = await terms.first()
+    keys = EtcdKeys(terms.ha.etcd_prefix)
     jobs = {f"application_1_{i:05d}": {"samples": [[i, j, 0.5 + j / 7] for j in range(40)]} for i in range(6000)}
     big = msgspec.json.encode({"jobs": jobs})
     assert len(big) > 3 * POLICY_PART_BYTES
@@ -91,11 +109,7 @@ async def test_a_policy_state_larger_than_an_etcd_request_is_stored_in_parts_and
     first_parts = a_store.etcd.range_prefix(keys.policy_parts, keys_only=True)
     assert len(first_parts) == -(-len(msgspec.json.encode(record)) // POLICY_PART_BYTES)
 
-    admin = AsyncEtcd(ha.etcd_targets(), 2.0)
-    await admin.call(lambda c: c.revoke_lease(a.lease_id))
-    b.start()
-    await async_wait_until(lambda: b.role.state == HAState.ACTIVE, 20, "rm2 active")
-    b_store = store_of(ha, b)
+    b_store = await terms.fail_over()
     got = b_store.load_policy_state()
     assert got is not None and (got.policy, got.saved_at, got.nodes) == ("optimus", 20.0, ["n1:1"])
     assert got.policy_state == big
@@ -114,32 +128,19 @@ async def test_a_policy_state_larger_than_an_etcd_request_is_stored_in_parts_and
     assert b_store.etcd.range_prefix(keys.policy_parts, keys_only=True) == []
     small = b_store.load_policy_state()
     assert small is not None and small.policy_state == b'{"jobs":{}}'
-    for s in (a_store, b_store):
-        s.close()
-    await a.stop()
-    await b.stop()
+    await terms.close()
 
 
 async def test_the_decommissioned_nodes_are_stored_fenced_and_load_in_the_next_term(etcd):
-    ha = ha_config(etcd)
-    a, b = elector(ha, "rm1"), elector(ha, "rm2")
-    a.start()
-    await async_wait_until(lambda: a.role.state == HAState.ACTIVE, 20, "rm1 active")
-    a_store = store_of(ha, a)
+    terms = TwoTerms(etcd)
+    a_store = await terms.first()
     assert a_store.load_decommissions() == DecommissionRecord()
     record = DecommissionRecord({"n1:1": DecommissionEntry("DECOMMISSIONED", None, "n1:2", "/r", Resource(1024, 2)),
                                  "n2:1": DecommissionEntry("DECOMMISSIONING", 1234.5)})
     a_store.save_decommissions(record)
-    admin = AsyncEtcd(ha.etcd_targets(), 2.0)
-    await admin.call(lambda c: c.revoke_lease(a.lease_id))
-    b.start()
-    await async_wait_until(lambda: b.role.state == HAState.ACTIVE, 20, "rm2 active")
-    b_store = store_of(ha, b)
+    b_store = await terms.fail_over()
     assert b_store.load_decommissions() == record
     with pytest.raises(StoreFenced):
         a_store.save_decommissions(DecommissionRecord())
     assert b_store.load_decommissions() == record
-    for s in (a_store, b_store):
-        s.close()
-    await a.stop()
-    await b.stop()
+    await terms.close()
