@@ -85,7 +85,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self.completed: OrderedDict[str, None] = OrderedDict()
         self.removed: set[str] = set()
         self.decommissions_dirty = False
-        self.restored_draining: dict[str, Optional[float]] = {}
+        self.restored_draining: dict[str, Node] = {}   # DECOMMISSIONING when recovered, not registered yet
         self.decisions = DecisionLog()      # recent directive changes, for operators (in memory only)
         # policy_rounds_*: the server's off-loop policy rounds whose Decision was applied / dropped
         # as stale (rm/server.py).

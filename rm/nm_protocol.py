@@ -54,7 +54,7 @@ class NmProtocol:
     # Decommissions to store (the server writes them at its next flush), and those a recovery
     # restored for nodes that have not registered again yet: node id -> (deadline, or None).
     decommissions_dirty: bool
-    restored_draining: dict[str, Optional[float]]
+    restored_draining: dict[str, Node]
 
     if TYPE_CHECKING:  # implemented by ResourceManagerCore (rm/core.py)
         def _container_completed(self, c: Container, status: api.ContainerStatus,
@@ -98,7 +98,7 @@ class NmProtocol:
         node = self.nodes.register(req.node_id, req.http_address, req.capability, req.rack, req.version, now,
                                    frozenset(req.node_labels))
         if req.node_id in self.restored_draining:     # decommissioning when the RM restarted
-            self.nodes.decommission(node, self.restored_draining.pop(req.node_id))
+            self.nodes.decommission(node, self.restored_draining.pop(req.node_id).decommission_deadline)
         reported = {s.container_id: s for s in req.containers}
         # Containers we think run there but the NM does not report: gone with the NM restart.
         for c in self._am_containers_last(node):
@@ -220,9 +220,10 @@ class NmProtocol:
         """Undo a decommission: a DECOMMISSIONING node is RUNNING again; a DECOMMISSIONED one is
         forgotten, so its NM may register again."""
         if node_id in self.restored_draining and self.nodes.get(node_id) is None:
-            del self.restored_draining[node_id]     # restored by a recovery, not registered again yet
+            n = self.restored_draining.pop(node_id)     # restored by a recovery, not registered again yet
             self.decommissions_dirty = True
-            return Node(node_id, "", "", Resource(0, 0), NodeState.NEW, self.clock())
+            n.state, n.decommission_deadline = NodeState.NEW, None
+            return n
         n = self._node_for_admin(node_id)
         if n.state == NodeState.DECOMMISSIONING:
             self.nodes.recommission(n)
@@ -242,8 +243,9 @@ class NmProtocol:
         their deadlines), and the restored ones not registered again yet (as node records)."""
         out = [(n, n.decommission_deadline) for n in self.nodes
                if n.state in (NodeState.DECOMMISSIONING, NodeState.DECOMMISSIONED)]
-        for node_id, deadline in self.restored_draining.items():
-            out.append((Node(node_id, "", "", Resource(0, 0), NodeState.DECOMMISSIONING, 0.0), deadline))
+        # Their placeholders keep what the recovered record said of them (address, rack,
+        # capability), so a later save does not lose it.
+        out.extend((n, n.decommission_deadline) for n in self.restored_draining.values())
         return out
 
     def restore_decommission(self, node_id: str, state: NodeState, deadline: Optional[float], http_address: str,
@@ -253,7 +255,8 @@ class NmProtocol:
         if state == NodeState.DECOMMISSIONED:
             self.nodes.restore_decommissioned(node_id, http_address, rack, capability, self.clock())
         elif state == NodeState.DECOMMISSIONING:
-            self.restored_draining[node_id] = deadline
+            self.restored_draining[node_id] = Node(node_id, http_address, rack, capability, NodeState.DECOMMISSIONING,
+                                                   self.clock(), decommission_deadline=deadline)
 
     def _node_for_admin(self, node_id: str) -> Node:
         n = self.nodes.get(node_id)

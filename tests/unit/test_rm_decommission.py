@@ -215,11 +215,15 @@ def test_decommissions_survive_an_rm_restart_on_its_store(tmp_path) -> None:
     back = rm2.core.register_node({"node_id": idle}, api.NodeRegisterRequest(
         node_id=idle, http_address=idle, capability=Resource(8192, 8)))
     assert back.action == "SHUTDOWN"
+    before = rm2.store.load_decommissions().nodes[am_node]
+    assert before.http_address == am_node and before.capability == Resource(8192, 8)
+    rm2.core.recommission_node(idle)     # a save while the draining node has not registered again
+    rm2.flush()
+    assert rm2.store.load_decommissions().nodes == {am_node: before}     # kept whole, not blanked
     register(rm2.core, am_node)
     n = rm2.core.nodes.get(am_node)
     assert n.state == NodeState.DECOMMISSIONING and n.decommission_deadline == deadline
     assert rm2.core.nodes.total == n.used                # only what it still runs (nothing, yet)
-    rm2.core.recommission_node(idle)
     rm2.flush()
     assert set(rm2.store.load_decommissions().nodes) == {am_node}
     rm2.store.close()
