@@ -128,6 +128,9 @@ class _Source:
             size, mtime_ms, mode = st.st_size, st.st_mtime_ns // 1_000_000, st.st_mode
         else:
             try:
+                # s3fs answers info() from a directory listing it cached (this process may have
+                # listed the resource's dir before it was staged again): ask the store itself.
+                self.fs.invalidate_cache(self.fs_path)
                 info = self.fs.info(self.fs_path)
             except FileNotFoundError:
                 raise

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import posixpath
 import tarfile
 from pathlib import Path
 
@@ -226,6 +227,25 @@ def test_shipped_files_are_staged_to_s3_and_the_nm_localizes_them(s3, tmp_path: 
     changed = LocalResource(resources["cfg.txt"].resource, size=8)
     with pytest.raises(localizer.LocalizationError, match="size is 7 bytes"):
         localizer.fetch(changed, str(node / "cfg2.txt"))
+
+
+def test_the_localizer_checks_the_object_as_it_is_now_not_a_cached_listing(s3, tmp_path: Path) -> None:
+    """s3fs answers info() from a listing it cached; a file replaced since this process listed its
+    directory must be checked (size, mtime) as it is now, or a resource the client staged after
+    that listing is refused as 'changed since submission'."""
+    import fsspec  # noqa: PLC0415
+
+    other = s3.filesystem()
+    key = f"{s3.bucket}/res/a.txt"
+    other.pipe_file(key, b"one")
+    fs, path = fsspec.core.url_to_fs(s3.url("res", "a.txt"))     # the instance the localizer gets
+    assert [e["size"] for e in fs.ls(posixpath.dirname(path), detail=True)] == [3]    # listed, cached
+    other.pipe_file(key, b"three33")
+    now = other.info(key)
+    res = LocalResource(s3.url("res", "a.txt"), size=7,
+                        timestamp=int(now["LastModified"].timestamp() * 1000))
+    localizer.fetch(res, str(tmp_path / "a.txt"))
+    assert (tmp_path / "a.txt").read_bytes() == b"three33"
 
 
 def test_staging_to_a_missing_bucket_or_with_wrong_keys_is_a_usage_error(s3, tmp_path, monkeypatch) -> None:
