@@ -5,13 +5,13 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import Callable
 
 from protocol import ids
 from protocol.aggregated_logs import RemoteLogDir
 from protocol.records import AppState
 from protocol.yarn_views import AppView
 
+from .arg_types import positive_int
 from . import container_logs
 from .context import CliContext, common_parent
 from .errors import EXIT_FAILED, EXIT_OK, CliError, OperationFailed, UsageError
@@ -21,18 +21,6 @@ from .tables import format_duration, format_timestamp, render_key_values, render
 
 FINAL_STATES = {s.value for s in AppState if s.is_final}
 POLL_S = 0.5
-
-
-def _positive(label: str) -> Callable[[str], int]:
-    def parse(v: str) -> int:
-        try:
-            n = int(v)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{label} must be an integer, got {v!r}") from None
-        if n <= 0:
-            raise argparse.ArgumentTypeError(f"{label} must be positive, got {n}")
-        return n
-    return parse
 
 
 def _app_id(v: str) -> str:
@@ -69,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--state", type=_states, help="comma-separated states, e.g. RUNNING,ACCEPTED")
     p.add_argument("--queue")
     p.add_argument("--user", dest="app_user", metavar="USER", help="only this user's apps")
-    p.add_argument("--limit", type=_positive("--limit"))
+    p.add_argument("--limit", type=positive_int("--limit"))
     p.set_defaults(func=cmd_list)
 
     p = acts.add_parser("status", parents=[common], help="one application's report")
@@ -90,12 +78,12 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p = acts.add_parser("run", parents=[common], help="run a command in N containers (distributed shell)",
                         usage="elastane app run [-n N] [--memory MB] [--vcores V] [--name NAME] "
                               "[--queue Q] -- CMD [ARG ...]")
-    p.add_argument("-n", "--num-containers", type=_positive("-n"), default=1)
-    p.add_argument("--memory", type=_positive("--memory"), default=256, help="MB per container")
-    p.add_argument("--vcores", type=_positive("--vcores"), default=1, help="vcores per container")
+    p.add_argument("-n", "--num-containers", type=positive_int("-n"), default=1)
+    p.add_argument("--memory", type=positive_int("--memory"), default=256, help="MB per container")
+    p.add_argument("--vcores", type=positive_int("--vcores"), default=1, help="vcores per container")
     p.add_argument("--name", help="application name (default: the command)")
     p.add_argument("--queue", default="default")
-    p.add_argument("--am-memory", type=_positive("--am-memory"), default=128, help="MB for the AM")
+    p.add_argument("--am-memory", type=positive_int("--am-memory"), default=128, help="MB for the AM")
     p.add_argument("--no-wait", action="store_true", help="print the app id and return once submitted")
     p.add_argument("command", nargs="*", metavar="CMD")
     p.set_defaults(func=cmd_run)

@@ -6,22 +6,13 @@ from pathlib import Path
 
 from psruntime.wire.bandwidth import format_rate, parse_rate
 
+from .arg_types import positive_int
 from . import node_network, processes
 from .context import CliContext
 from .errors import EXIT_OK, OperationFailed, UsageError
 from .local_cluster import ClusterStartError, LocalCluster
 
 YARN_RM_PORT = 8088
-
-
-def _positive(v: str) -> int:
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v!r}") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
-    return n
 
 
 def _port(v: str) -> int:
@@ -56,14 +47,14 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     acts = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     p = acts.add_parser("start", help="start an RM and N NMs in the background")
-    p.add_argument("--nodes", type=_positive, default=3)
+    p.add_argument("--nodes", type=positive_int("--nodes"), default=3)
     p.add_argument("--dir", type=Path, help="cluster dir (default: $ELASTANE_CLUSTER_DIR or ~/.elastane/cluster)")
     p.add_argument("--rm-port", type=_port, default=YARN_RM_PORT, help="RM port (0 = any free port)")
-    p.add_argument("--node-memory", type=_positive, default=2048, metavar="MB")
-    p.add_argument("--node-vcores", type=_positive, default=2, metavar="N")
+    p.add_argument("--node-memory", type=positive_int("--node-memory"), default=2048, metavar="MB")
+    p.add_argument("--node-vcores", type=positive_int("--node-vcores"), default=2, metavar="N")
     p.add_argument("--cgroups", choices=["auto", "v1", "v2", "off"], default="auto")
     p.add_argument("--policy", default="static", help="elastic policy: static | drf | tetris | eps | optimus | dorm | harmony")
-    p.add_argument("--heartbeat-interval-ms", type=_positive, default=1000)
+    p.add_argument("--heartbeat-interval-ms", type=positive_int("--heartbeat-interval-ms"), default=1000)
     p.add_argument("--node-bandwidth", type=_rate, metavar="RATE",
                    help="cap each node's network, tc units: 100mbit, 1gbit, 125mbps (bps = bytes/s)")
     p.add_argument("--network", choices=node_network.MODES, default="auto",

@@ -18,6 +18,7 @@ from typing import Any
 from protocol.dataset_manifest import MANIFEST_NAME, DatasetError, DatasetManifest, load_manifest
 from protocol.ps_app_schemas import APP_SCHEMAS, PRESET_NAMES
 
+from .arg_types import positive_int
 from .context import CliContext
 from .errors import EXIT_OK, OperationFailed, UsageError
 from .ps_commands import parse_assignment
@@ -39,13 +40,13 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
 
     p = acts.add_parser("import-libsvm", help="import libsvm/svmlight rows for mlr or lasso")
     p.add_argument("--app", required=True, choices=("mlr", "lasso"))
-    p.add_argument("--num-features", type=_positive, help="feature count (default: largest index + 1)")
-    p.add_argument("--num-classes", type=_positive, help="mlr classes (default: largest label + 1)")
+    p.add_argument("--num-features", type=positive_int("--num-features"), help="feature count (default: largest index + 1)")
+    p.add_argument("--num-classes", type=positive_int("--num-classes"), help="mlr classes (default: largest label + 1)")
     _import_options(p, index_base=1)
     p.set_defaults(func=cmd_import_libsvm)
 
     p = acts.add_parser("import-triplets", help="import `user item value` triplets (csv/tsv/space) for nmf")
-    p.add_argument("--num-items", type=_positive, help="item count (default: largest item id + 1)")
+    p.add_argument("--num-items", type=positive_int("--num-items"), help="item count (default: largest item id + 1)")
     _import_options(p, index_base=0)
     p.set_defaults(func=cmd_import_triplets)
 
@@ -56,16 +57,6 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p = acts.add_parser("check", help="check a dataset directory: manifest and every block file")
     p.add_argument("path", help="the dataset directory")
     p.set_defaults(func=cmd_check)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
 
 
 def _fraction(text: str) -> float:
@@ -87,7 +78,7 @@ def _import_options(p: argparse.ArgumentParser, index_base: int) -> None:
     held = p.add_mutually_exclusive_group(required=True)
     held.add_argument("--heldout-fraction", type=_fraction, metavar="F", help="hold out this fraction of the rows")
     held.add_argument("--heldout", metavar="FILE", help="held-out rows, in the same format")
-    p.add_argument("--rows-per-block", type=_positive, default=1000, help="rows per block file (default 1000)")
+    p.add_argument("--rows-per-block", type=positive_int("--rows-per-block"), default=1000, help="rows per block file (default 1000)")
     p.add_argument("--index-base", type=int, choices=(0, 1), default=index_base,
                    help=f"the first feature/item/word id in the file (default {index_base})")
     _out(p)

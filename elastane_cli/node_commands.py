@@ -8,6 +8,7 @@ import asyncio
 
 from protocol.yarn_views import NodeView
 
+from .arg_types import non_negative_float
 from .context import CliContext
 from .errors import EXIT_OK
 from .rm_rest_client import RmRestClient
@@ -28,23 +29,13 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p = acts.add_parser("decommission", parents=[common],
                         help="place nothing new on a node; stop its NM once its containers have ended")
     p.add_argument("node_id", help="the node's id (host:port, as `node list` shows it)")
-    p.add_argument("--timeout", type=_timeout, default=None, metavar="SECONDS",
+    p.add_argument("--timeout", type=non_negative_float("--timeout"), default=None, metavar="SECONDS",
                    help="kill the containers still running after this many seconds (default: wait for them)")
     p.set_defaults(func=cmd_decommission)
     p = acts.add_parser("recommission", parents=[common],
                         help="undo a decommission (a decommissioned node's NM may then register again)")
     p.add_argument("node_id", help="the node's id")
     p.set_defaults(func=cmd_recommission)
-
-
-def _timeout(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a number of seconds >= 0, got {text!r}") from None
-    if not 0 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"a number of seconds >= 0, got {text!r}")
-    return v
 
 
 def _total(node: NodeView, key: str, used: int | None, avail: int | None) -> int:

@@ -33,7 +33,8 @@ from protocol.ps_app_schemas import APP_SCHEMAS, PRESET_NAMES
 from protocol.ps_status import PsStatus, decode_status
 from protocol.yarn_views import AppView
 
-from .app_commands import FINAL_STATES, _app_id, _positive
+from .app_commands import FINAL_STATES, _app_id
+from .arg_types import positive_int
 from .context import CliContext
 from .errors import EXIT_FAILED, EXIT_OK, OperationFailed, UsageError
 from .progress_bar import EpochPoint, EpochProgress, ProgressBar, format_objective
@@ -91,9 +92,9 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--spec-file", type=Path, metavar="JOB.json", help="a PS job spec as JSON")
     p.add_argument("--name", help="application name (default ps-APP-PRESET)")
     p.add_argument("--queue", default="default")
-    p.add_argument("--am-memory", type=_positive("--am-memory"), default=DEFAULT_AM_MEMORY_MB, metavar="MB",
+    p.add_argument("--am-memory", type=positive_int("--am-memory"), default=DEFAULT_AM_MEMORY_MB, metavar="MB",
                    help=f"MB for the ApplicationMaster (default {DEFAULT_AM_MEMORY_MB})")
-    p.add_argument("--max-attempts", type=_positive("--max-attempts"), default=DEFAULT_MAX_ATTEMPTS, metavar="N",
+    p.add_argument("--max-attempts", type=positive_int("--max-attempts"), default=DEFAULT_MAX_ATTEMPTS, metavar="N",
                    help=f"ApplicationMaster attempts the RM may make, >= 1 (default {DEFAULT_MAX_ATTEMPTS}; "
                         "the RM's max_app_attempts caps it)")
     p.add_argument("--py-files", action="append", metavar="A.py,B.py",
@@ -110,7 +111,7 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
 
     p = acts.add_parser("status", parents=[common], help="a PS job's shape, executors and objective")
     p.add_argument("app_id", type=_app_id, metavar="APP_ID")
-    p.add_argument("--history", type=_positive("--history"), default=10, metavar="N",
+    p.add_argument("--history", type=positive_int("--history"), default=10, metavar="N",
                    help="how many recent epochs to list (default 10)")
     p.set_defaults(func=cmd_status)
 

@@ -22,30 +22,11 @@ from sim.simulator import SimConfig, known_policies, simulate
 from sim.trace import TraceError, dump_trace, read_trace
 from sim.workload import WorkloadSpec, generate
 
+from .arg_types import non_negative_float, positive_int
 from .context import CliContext
 from .sim_harmony import run_harmony
 from .errors import EXIT_OK, OperationFailed, UsageError
 from .tables import render_table
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
 
 
 def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -53,9 +34,9 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     ssub = p.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
 
     g = ssub.add_parser("generate", parents=[common], help="write a seeded Optimus-style workload trace")
-    g.add_argument("--jobs", type=_positive_int, default=20)
+    g.add_argument("--jobs", type=positive_int("--jobs"), default=20)
     g.add_argument("--seed", type=int, default=1)
-    g.add_argument("--window-s", type=_non_negative_float, default=12000.0,
+    g.add_argument("--window-s", type=non_negative_float("--window-s"), default=12000.0,
                    help="arrivals are uniform over [0, window] seconds (Optimus §6.1: 12000)")
     g.add_argument("-o", "--output", type=Path, help="trace file (default: stdout)")
     g.set_defaults(func=cmd_generate)
@@ -65,16 +46,16 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     r.add_argument("--policy", default="static",
                    help=f"a registered policy, or one of the simulator's truth-fed Optimus variants "
                         f"({', '.join(known_policies())})")
-    r.add_argument("--nodes", type=_positive_int, default=8)
-    r.add_argument("--node-memory-mb", type=_positive_int, default=8192)
-    r.add_argument("--node-vcores", type=_positive_int, default=8)
-    r.add_argument("--heartbeat-s", type=_non_negative_float, default=1.0,
+    r.add_argument("--nodes", type=positive_int("--nodes"), default=8)
+    r.add_argument("--node-memory-mb", type=positive_int("--node-memory-mb"), default=8192)
+    r.add_argument("--node-vcores", type=positive_int("--node-vcores"), default=8)
+    r.add_argument("--heartbeat-s", type=non_negative_float("--heartbeat-s"), default=1.0,
                    help="NM heartbeat interval (a real NM's: 1 s; larger runs big clusters faster)")
-    r.add_argument("--policy-interval-s", type=_non_negative_float, default=1.0,
+    r.add_argument("--policy-interval-s", type=non_negative_float("--policy-interval-s"), default=1.0,
                    help="seconds between policy rounds (the RM's: 1 s)")
     r.add_argument("--am-nodes", type=int, default=0,
                    help="extra nodes, labelled for AMs only, that run every AM (the Harmony paper's master instance)")
-    r.add_argument("--step-s", type=_non_negative_float, default=0.0,
+    r.add_argument("--step-s", type=non_negative_float("--step-s"), default=0.0,
                    help="event granularity: NM heartbeats, core ticks, policy rounds and AM allocates all every "
                         "STEP seconds (overrides --heartbeat-s / --policy-interval-s; e.g. 30 for 100 nodes x hours)")
     r.add_argument("--calibration", type=Path, default=calibration_file.DEFAULT_PATH)
@@ -86,12 +67,12 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
                         help="run short real jobs of each app on testbed hosts and write the coefficients")
     c.add_argument("--apps", default="mlr,nmf,lda,lasso", help="comma-separated apps")
     c.add_argument("-o", "--output", type=Path, default=calibration_file.DEFAULT_PATH)
-    c.add_argument("--repeats", type=_positive_int, default=3,
+    c.add_argument("--repeats", type=positive_int("--repeats"), default=3,
                    help="runs per app and shape, interleaved (>= 3; runs on a saturated machine are refused)")
     c.add_argument("--shapes", default=None,
                    help="comma-separated WxS shapes to run each app at (default: the eleven of sim_calibrate.SHAPES, "
                         "up to 16 workers and 16 servers)")
-    c.add_argument("--epochs", type=_positive_int, default=None, help="epochs of each calibration run (default 6)")
+    c.add_argument("--epochs", type=positive_int("--epochs"), default=None, help="epochs of each calibration run (default 6)")
     c.set_defaults(func=cmd_calibrate)
 
 

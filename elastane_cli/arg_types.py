@@ -1,0 +1,33 @@
+"""argparse `type=` parsers shared by the CLI's commands: each names the flag in its message,
+which argparse prints after the usage line with exit code 2."""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Callable
+
+
+def positive_int(label: str) -> Callable[[str], int]:
+    """An integer >= 1 for the flag `label`."""
+    def parse(v: str) -> int:
+        try:
+            n = int(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{label} must be an integer, got {v!r}") from None
+        if n <= 0:
+            raise argparse.ArgumentTypeError(f"{label} must be positive, got {n}")
+        return n
+    return parse
+
+
+def non_negative_float(label: str) -> Callable[[str], float]:
+    """A finite number >= 0 for the flag `label` (seconds, mostly)."""
+    def parse(v: str) -> float:
+        try:
+            x = float(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{label} must be a number, got {v!r}") from None
+        if not 0 <= x < math.inf:      # also refuses nan
+            raise argparse.ArgumentTypeError(f"{label} must be a finite number >= 0, got {v}")
+        return x
+    return parse
