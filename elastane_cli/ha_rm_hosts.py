@@ -50,12 +50,14 @@ def ha_state(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
     return str(info.get("haState", "")) if isinstance(info, dict) else ""
 
 
-def stop_order(ha: HAConfig) -> list[tuple[str, str, int]]:
-    """`rm_hosts` with the active RM(s) moved to the end (the others keep their order)."""
+def stop_order(ha: HAConfig) -> list[tuple[tuple[str, str, int], str]]:
+    """`rm_hosts` with the active RM(s) moved to the end (the others keep their order), each with
+    the haState it answered ("" for none)."""
     pairs = rm_hosts(ha)
     with ThreadPoolExecutor(max(1, len(pairs))) as pool:
         states = list(pool.map(lambda p: ha_state(ha.address_of(p[0])), pairs))
-    return [p for p, s in zip(pairs, states) if s != "ACTIVE"] + [p for p, s in zip(pairs, states) if s == "ACTIVE"]
+    both = list(zip(pairs, states))
+    return [x for x in both if x[1] != "ACTIVE"] + [x for x in both if x[1] == "ACTIVE"]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -69,7 +71,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"configuration error: {e}", file=sys.stderr)
         return 2
     # HAConfig has checked that every address is an http(s)://host:port URL, so each has a host.
-    for rm_id, host, port in (stop_order(ha) if args.stop_order else rm_hosts(ha)):
+    if not args.stop_order:
+        for rm_id, host, port in rm_hosts(ha):
+            print(rm_id, host, port)
+        return 0
+    order = stop_order(ha)
+    if order:   # what the order rests on, for the operator (stdout is the list the script reads)
+        print("stop order: " + ", ".join(f"{rm_id} ({state or 'not answering'})" for (rm_id, _, _), state in order),
+              file=sys.stderr)
+    for (rm_id, host, port), _ in order:
         print(rm_id, host, port)
     return 0
 
