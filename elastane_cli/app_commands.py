@@ -8,6 +8,8 @@ import time
 
 from protocol import ids
 from protocol.aggregated_logs import RemoteLogDir
+from protocol.app_timeouts import format_expiry, lifetime_timeouts
+from protocol.json_types import JsonObject
 from protocol.records import AppState
 from protocol.yarn_views import AppView
 
@@ -64,6 +66,13 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("app_id", type=_app_id, metavar="APP_ID")
     p.set_defaults(func=cmd_status)
 
+    p = acts.add_parser("update-lifetime", parents=[common],
+                        help="kill the application if it is still running SECONDS from now "
+                             "(yarn application -updateLifetime)")
+    p.add_argument("app_id", type=_app_id, metavar="APP_ID")
+    p.add_argument("seconds", type=positive_int("SECONDS"), metavar="SECONDS")
+    p.set_defaults(func=cmd_update_lifetime)
+
     p = acts.add_parser("kill", parents=[common], help="kill an application")
     p.add_argument("app_id", type=_app_id, metavar="APP_ID")
     p.set_defaults(func=cmd_kill)
@@ -84,6 +93,8 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--name", help="application name (default: the command)")
     p.add_argument("--queue", default="default")
     p.add_argument("--am-memory", type=positive_int("--am-memory"), default=128, help="MB for the AM")
+    p.add_argument("--lifetime", type=positive_int("--lifetime"), metavar="SECONDS",
+                   help="the RM kills the app if it has not finished this long after submission")
     p.add_argument("--no-wait", action="store_true", help="print the app id and return once submitted")
     p.add_argument("command", nargs="*", metavar="CMD")
     p.set_defaults(func=cmd_run)
@@ -129,8 +140,21 @@ def app_report(app: AppView) -> list[tuple[str, object]]:
         ("Tracking-URL", app.get("trackingUrl") or "-"), ("AM-Host", app.get("amHostHttpAddress") or "-"),
         ("Running-Containers", app.get("runningContainers", 0)),
         ("Allocated-Resource", f"{app.get('allocatedMB', 0)} MB, {app.get('allocatedVCores', 0)} vcores"),
+        ("Lifetime", lifetime_text(app)),
         ("Diagnostics", app.get("diagnostics") or "-"),
     ]
+
+
+def lifetime_text(app: AppView) -> str:
+    """The app's LIFETIME timeout as `yarn application -status` shows it: its expiry and the time left."""
+    timeouts = (app.get("timeouts") or {}).get("timeout")
+    for t in timeouts if isinstance(timeouts, list) else []:
+        if isinstance(t, dict) and t.get("type") == "LIFETIME":
+            expiry, left = t.get("expiryTime"), t.get("remainingTimeInSeconds")
+            if expiry == "UNLIMITED" or not isinstance(left, int):
+                return "UNLIMITED"
+            return f"expires {expiry} ({format_duration(left)} left)"
+    return "-"
 
 
 def cmd_status(args: argparse.Namespace, ctx: CliContext) -> int:
@@ -138,6 +162,23 @@ def cmd_status(args: argparse.Namespace, ctx: CliContext) -> int:
         async with _client(ctx) as c:
             return await c.app(args.app_id)
     ctx.out.write(render_key_values(app_report(asyncio.run(go()))) + "\n")
+    return EXIT_OK
+
+
+# ----- update-lifetime -------------------------------------------------------------------------
+
+def expiry_in(seconds: float, now: float | None = None) -> str:
+    """The expiryTime `seconds` from now (this machine's clock), as the RM takes it."""
+    return format_expiry((time.time() if now is None else now) + seconds)
+
+
+def cmd_update_lifetime(args: argparse.Namespace, ctx: CliContext) -> int:
+    async def go() -> JsonObject:
+        async with _client(ctx) as c:
+            return await c.put_lifetime(args.app_id, expiry_in(args.seconds))
+    t = asyncio.run(go())
+    ctx.out.write(f"Updated the lifetime of {args.app_id}: it expires {t.get('expiryTime')} "
+                  f"({t.get('remainingTimeInSeconds')} s left)\n")
     return EXIT_OK
 
 
@@ -259,8 +300,9 @@ async def watch_app(client: RmRestClient, app_id: str, line: StatusLine, poll_s:
 
 async def submit_shell(client: RmRestClient, command: list[str], num_containers: int, memory: int,
                        vcores: int, name: str | None = None, queue: str = "default",
-                       am_memory: int = 128) -> str:
-    """Submit a distributed-shell app (new-application + POST /apps); return its id."""
+                       am_memory: int = 128, lifetime_s: int | None = None) -> str:
+    """Submit a distributed-shell app (new-application + POST /apps), killed by the RM after
+    `lifetime_s` if given; return its id."""
     from appmaster.distributed_shell import build_submission  # noqa: PLC0415 (only `app run` needs it)
 
     new = await client.new_application()
@@ -272,8 +314,11 @@ async def submit_shell(client: RmRestClient, command: list[str], num_containers:
                                queue=queue, am_memory=am_memory, app_id=app_id)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if lifetime_s is not None:
+        sub["application-timeouts"] = lifetime_timeouts(lifetime_s)
     await client.submit(sub)
     return app_id
+
 
 
 def final_summary(app: AppView) -> str:
@@ -291,7 +336,7 @@ def cmd_run(args: argparse.Namespace, ctx: CliContext) -> int:
     async def go() -> int:
         async with _client(ctx) as c:
             app_id = await submit_shell(c, args.command, args.num_containers, args.memory, args.vcores,
-                                        args.name, args.queue, args.am_memory)
+                                        args.name, args.queue, args.am_memory, args.lifetime)
             ctx.out.write(f"Submitted application {app_id}\n")
             if args.no_wait:
                 return EXIT_OK

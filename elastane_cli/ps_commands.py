@@ -27,6 +27,7 @@ import aiohttp
 import msgspec
 
 from protocol import ps_job_spec
+from protocol.app_timeouts import lifetime_timeouts
 from protocol.http_client import JsonHttpClient, RemoteError
 from protocol.json_types import JsonObject, JsonValue
 from protocol.ps_app_schemas import APP_SCHEMAS, PRESET_NAMES
@@ -97,6 +98,8 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--max-attempts", type=positive_int("--max-attempts"), default=DEFAULT_MAX_ATTEMPTS, metavar="N",
                    help=f"ApplicationMaster attempts the RM may make, >= 1 (default {DEFAULT_MAX_ATTEMPTS}; "
                         "the RM's max_app_attempts caps it)")
+    p.add_argument("--lifetime", type=positive_int("--lifetime"), metavar="SECONDS",
+                   help="the RM kills the job if it has not finished this long after submission")
     p.add_argument("--py-files", action="append", metavar="A.py,B.py",
                    help="Python modules to ship: importable by the AM and executors (repeatable or a comma list)")
     p.add_argument("--files", action="append", metavar="F1,F2",
@@ -377,7 +380,7 @@ def cmd_submit(args: argparse.Namespace, ctx: CliContext) -> int:
     async def go() -> int:
         async with RmRestClient(ctx.rm_url, ctx.user) as c:
             app_id = await submit_ps_job(c, spec, name, args.queue, args.am_memory, args.max_attempts,
-                                         shipped=shipped, staging_dir=staging_dir)
+                                         shipped=shipped, staging_dir=staging_dir, lifetime_s=args.lifetime)
             ctx.out.write(f"Submitted application {app_id}\n")
             ctx.out.flush()
             if not args.wait:
@@ -395,10 +398,12 @@ def cmd_submit(args: argparse.Namespace, ctx: CliContext) -> int:
 
 async def submit_ps_job(client: RmRestClient, spec: ps_job_spec.PSJobSpec, name: str, queue: str = "default",
                         am_memory: int = DEFAULT_AM_MEMORY_MB, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-                        shipped: ShippedFiles | None = None, staging_dir: str | None = None) -> str:
+                        shipped: ShippedFiles | None = None, staging_dir: str | None = None,
+                        lifetime_s: int | None = None) -> str:
     """new-application + POST /apps with the PS submission; returns the application id. `shipped`
     files are staged under the new application's id and added to the spec's `resources` (which
-    the submission gives the AM's container as its `local-resources` too)."""
+    the submission gives the AM's container as its `local-resources` too); `lifetime_s`: the RM
+    kills the job if it has not finished that long after submission."""
     from appmaster.ps.submission import build_ps_submission  # noqa: PLC0415 (only `ps submit` needs it)
 
     new = await client.new_application()
@@ -413,6 +418,8 @@ async def submit_ps_job(client: RmRestClient, spec: ps_job_spec.PSJobSpec, name:
                                   max_app_attempts=max_attempts, app_id=app_id)
     except ValueError as e:   # JobSpecError is a ValueError too
         raise UsageError(str(e)) from None
+    if lifetime_s is not None:
+        sub["application-timeouts"] = lifetime_timeouts(lifetime_s)
     await client.submit(sub)
     return app_id
 

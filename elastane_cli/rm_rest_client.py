@@ -127,6 +127,12 @@ class RmRestClient:
     async def kill(self, app_id: str) -> JsonObject:
         return _object(await self._call("PUT", f"{APPS}/{app_id}/state", {"state": "KILLED"}))
 
+    async def put_lifetime(self, app_id: str, expiry_time: str) -> JsonObject:
+        """Move the app's LIFETIME expiry (YARN's timeout update; owner or admin); its new timeout."""
+        body = await self._call("PUT", f"{APPS}/{app_id}/timeout",
+                                {"timeout": {"type": "LIFETIME", "expiryTime": expiry_time}})
+        return _unwrap(body, "timeout")
+
     async def put_shape(self, app_id: str, workers: int, servers: int, reason: str = "",
                         nodes: Sequence[str] = (), run_state: str = "run") -> ShapeView:
         """Direct an elastic PS job to `workers` and `servers`, spread round-robin over `nodes` when

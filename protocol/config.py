@@ -35,6 +35,11 @@ class QueueConfig(msgspec.Struct, forbid_unknown_fields=True):
     # YARN's disable_preemption: nothing this queue holds is reclaimed for other queues
     # (docs/preemption.md).
     disable_preemption: bool = False
+    # YARN's default- and maximum-application-lifetime (seconds; <= 0: none): an app submitted
+    # without a lifetime gets the default, and none may live longer than the maximum from its
+    # submission (rm/app_lifetime.py).
+    default_app_lifetime_s: int = -1
+    max_app_lifetime_s: int = -1
 
 
 class RMConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -51,6 +51,7 @@ class AppView(TypedDict, total=False):
     unmanagedApplication: bool
     amNodeLabelExpression: str
     maxAppAttempts: int
+    timeouts: JsonObject              # {"timeout": [{"type": "LIFETIME", "expiryTime", "remainingTimeInSeconds"}]}
     elastane: JsonObject              # the submission's extension (a PS job's spec under "ps-job")
     shape: JsonObject                 # the AM's last JobReport (JobReport.to_json)
     resourceUtilization: JsonObject

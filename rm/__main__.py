@@ -72,6 +72,9 @@ def load_configs(args: argparse.Namespace) -> tuple[config_mod.RMConfig, config_
         if q.max_am_resource_percent is not None and not (0 < q.max_am_resource_percent <= 1):
             raise config_mod.ConfigError(f"queue {q.name!r}: max_am_resource_percent must be a fraction in (0, 1], "
                                          f"got {q.max_am_resource_percent}")
+        if 0 < q.max_app_lifetime_s < q.default_app_lifetime_s:
+            raise config_mod.ConfigError(f"queue {q.name!r}: default_app_lifetime_s {q.default_app_lifetime_s} "
+                                         f"exceeds max_app_lifetime_s {q.max_app_lifetime_s}")
     if sum(q.capacity for q in cfg.queues) > 100.0 + 1e-9:
         raise config_mod.ConfigError(f"queues: capacities add up to {sum(q.capacity for q in cfg.queues)} > 100")
     cluster_path = args.cluster_config or str(config_mod.CONF_DIR / "cluster.toml")

@@ -16,10 +16,12 @@ from protocol.ids import ApplicationId, AttemptId, ContainerId
 from protocol.config import ClusterConfig, RMConfig
 from protocol.nm_client import container_token_payload
 from protocol.records import AppState, AttemptState, ContainerState, ExitStatus, FinalStatus, NodeState, Resource
+from protocol.app_timeouts import LifetimeError
 from protocol.remote_exception import BadRequest, NotFound
 
 from .am_limit import AM_LIMIT_DIAGNOSTICS
 from .am_protocol import AmProtocol
+from .app_lifetime import TIMED_OUT_DIAGNOSTICS, LifetimeMonitor, check_new_expiry, effective_lifetime
 from .decision_log import DecisionLog
 from .log_aggregation_status import LogAggregationBook
 from .model import AmSpec, App, Attempt, Container, Node
@@ -108,6 +110,10 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self.queue_shares: dict[str, QueueShare] = {}
         self.preemption_notices: dict[str, api.PreemptionMessage] = {}
         self.queue_preemption = {name: PreemptionRecord() for name in self.scheduler.queues}
+        # Application lifetimes (YARN's LIFETIME timeouts): the unfinished apps that have one, killed
+        # by `tick` once it is up; each queue's default and cap.
+        self.lifetimes = LifetimeMonitor()
+        self.queue_configs = {q.name: q for q in cfg.queues}
         # Whether the RM's policy places new PS jobs before they start (set by the server from its
         # policy, rm/policies/base.py `places_new_jobs`); AMs learn it at registration.
         self.policy_places_new_jobs = False
@@ -255,11 +261,13 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
 
     def submit(self, app_id: str, user: str, name: str, queue: str, app_type: str, am: AmSpec,
                max_attempts: int, *, ps_job: Optional[ps_job_spec.PSJobSpec] = None,
-               extension: Optional[dict[str, object]] = None, keep_containers: bool = False) -> App:
+               extension: Optional[dict[str, object]] = None, keep_containers: bool = False,
+               lifetime_s: Optional[int] = None) -> App:
         """Create the app in NEW_SAVING; the caller stores it and then calls `app_saved`. `ps_job`
         is an ELASTANE_PS app's decoded, validated spec (rm/submission.py); the app keeps it typed.
         `extension` is what else the submission's `elastane` object held; `keep_containers`: a failed
-        attempt's containers pass to the next attempt (`_attempt_failed`)."""
+        attempt's containers pass to the next attempt (`_attempt_failed`); `lifetime_s`: its LIFETIME
+        timeout, which the queue's default fills and its cap bounds (rm/app_lifetime.py)."""
         am.resource = self.check_submission(app_id, queue, am.resource)
         self._check_ps_job(app_type, ps_job)
         if max_attempts < 1:
@@ -270,6 +278,11 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
                   max_attempts=min(max_attempts, self.cfg.max_app_attempts), submit_time=self.clock(),
                   seq=self._submit_seq, extension=extension, keep_containers=keep_containers,
                   ps=ps_job_view(ps_job, self.scheduler.min_mb) if ps_job is not None else None)
+        q = self.queue_configs[queue]
+        lifetime = effective_lifetime(lifetime_s, q.default_app_lifetime_s, q.max_app_lifetime_s)
+        if lifetime is not None:
+            app.lifetime_expiry = app.submit_time + lifetime
+            self.lifetimes.set(app_id, app.lifetime_expiry)
         self.apps[app_id] = app
         self._app_event(app, AppEvent.START)
         self.counters["apps_submitted"] += 1
@@ -280,6 +293,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         app = self.apps.get(app_id)
         if app is not None and app.state == AppState.NEW_SAVING:
             del self.apps[app_id]
+            self.lifetimes.forget(app_id)
             self.reserved_ids.add(app_id)
             self.dirty.discard(app_id)
 
@@ -302,6 +316,33 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self._app_event(app, AppEvent.ACCEPT)
         self._new_attempt(app)
         self._schedule(self.nodes.schedulable())
+
+    def update_lifetime(self, app_id: str, expiry: float) -> App:
+        """Move an unfinished app's expiry (YARN's updateApplicationTimeouts): ahead of now and,
+        under a queue with a maximum lifetime, within it from the submission (BadRequest naming
+        what is wrong; nothing changes then)."""
+        app = self.get_app(app_id)
+        if app.state.is_final:
+            raise BadRequest(f"{app_id} is {app.state.value}: the lifetime of a finished application cannot be updated")
+        q = self.queue_configs.get(app.queue)
+        try:
+            check_new_expiry(expiry, self.clock(), app.submit_time, q.max_app_lifetime_s if q is not None else -1)
+        except LifetimeError as e:
+            raise BadRequest(str(e)) from None
+        app.lifetime_expiry = expiry
+        self.lifetimes.set(app_id, expiry)
+        self.dirty.add(app_id)
+        return app
+
+    def expire_lifetimes(self) -> list[str]:
+        """Kill the unfinished apps whose lifetime is up (YARN's RMAppLifetimeMonitor); their ids."""
+        killed = []
+        for app_id in self.lifetimes.due(self.clock()):
+            app = self.apps.get(app_id)
+            if app is not None and not app.state.is_final:
+                self.kill(app_id, TIMED_OUT_DIAGNOSTICS)
+                killed.append(app_id)
+        return killed
 
     def kill(self, app_id: str, diagnostics: str = "Application killed by user.") -> App:
         app = self.get_app(app_id)
@@ -349,6 +390,8 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         if app.state.is_final:
             self.completed[app.app_id] = None       # put in finish order by `recovered`
             return
+        # Its lifetime runs on (one that ended while no RM was up ends it at the next tick, as YARN's).
+        self.lifetimes.set(app.app_id, app.lifetime_expiry)
         now = self.clock()
         known_queue = app.queue in self.scheduler.queues
         current = attempts[-1] if attempts else None
@@ -548,6 +591,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             if n is not None and n.state != NodeState.LOST:
                 n.apps_to_cleanup.append(app.app_id)
         self.completed[app.app_id] = None       # forgotten, past the limit, by a later `tick`
+        self.lifetimes.forget(app.app_id)
 
     # ----- containers -----------------------------------------------------------------------
     def _schedule(self, candidates: list[Node]) -> None:

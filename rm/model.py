@@ -189,6 +189,9 @@ class App:
     memory_seconds: float = 0.0
     vcore_seconds: float = 0.0
     nodes_used: set[str] = field(default_factory=set)
+    # When the RM kills it if it has not finished (epoch s; None: never): its lifetime from
+    # submission, or an owner's later update (rm/app_lifetime.py).
+    lifetime_expiry: Optional[float] = None
     # What capacity preemption took back from it (rm/policies/queue_reclaim.py); in memory only.
     preemption: PreemptionRecord = field(default_factory=PreemptionRecord)
 

@@ -52,7 +52,8 @@ class NmProtocol:
     _unlaunched: OrderedDict[str, float]
     _am_node_wait: dict[str, float]
     # Decommissions to store (the server writes them at its next flush), and those a recovery
-    # restored for nodes that have not registered again yet: node id -> (deadline, or None).
+    # restored for nodes that have not registered again yet: node id -> a placeholder record (its
+    # address, capability and deadline as stored).
     decommissions_dirty: bool
     restored_draining: dict[str, Node]
 
@@ -67,6 +68,7 @@ class NmProtocol:
         def adopt_container(self, node: Node, s: api.ContainerStatus) -> None: ...
         def am_missing_after_resync(self, node: Node, reported: dict[str, api.ContainerStatus]) -> None: ...
         def _forget_completed(self) -> None: ...
+        def expire_lifetimes(self) -> list[str]: ...
 
     def register_node(self, claims: dict[str, Any], req: api.NodeRegisterRequest) -> api.NodeRegisterResponse:
         if claims.get("node_id") != req.node_id:
@@ -338,9 +340,10 @@ class NmProtocol:
 
     def tick(self) -> None:
         """Expire silent nodes, silent AMs and containers allocated but never launched; forget the
-        completed apps past the limit whose wait is over."""
+        completed apps past the limit whose wait is over; kill the apps whose lifetime is up."""
         now = self.clock()
         self._forget_completed()
+        self.expire_lifetimes()
         for node in self.nodes.expired(now):    # all are LOST before the first is processed
             self.policy_version += 1
             self._node_lost(node)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from protocol import codec, tokens
+from protocol.app_timeouts import LIFETIME, LifetimeError, parse_expiry
 from protocol.http_server import json_response, read_json
 from protocol.records import AppState, FinalStatus, NodeState
 from protocol.remote_exception import BadRequest, Forbidden, NotFound, Unauthorized
@@ -18,7 +19,8 @@ from . import rest_views as views
 from .policies import describe as describe_policy
 from .policies.decision import Decision, JobDecision
 from .policy_runner import apply_decision
-from .submission import AppShapeUpdate, AppStateUpdate, NodeStateUpdate, SubmissionContext, validate
+from .submission import (AppShapeUpdate, AppStateUpdate, AppTimeoutUpdate, NodeStateUpdate, SubmissionContext,
+                         validate)
 
 if TYPE_CHECKING:
     from protocol.config import ClusterConfig
@@ -70,6 +72,9 @@ class ClientApi:
         r.add_put(BASE + "/apps/{app_id}/state", self.put_app_state)
         r.add_put(BASE + "/apps/{app_id}/shape", self.put_app_shape)
         r.add_get(BASE + "/apps/{app_id}/appattempts", self.app_attempts)
+        r.add_get(BASE + "/apps/{app_id}/timeouts", self.app_timeouts)
+        r.add_get(BASE + "/apps/{app_id}/timeouts/{type}", self.app_timeout)
+        r.add_put(BASE + "/apps/{app_id}/timeout", self.put_app_timeout)
         r.add_get(BASE + "/apps/{app_id}/shape", self.app_shape)
         r.add_get(BASE + "/utilization", self.utilization)
 
@@ -261,6 +266,36 @@ class ClientApi:
         self.rm.core.kill(app.app_id, diag)
         return json_response({"state": app.state.value}, status=202,
                              headers={"Location": str(request.url.with_query(None))})
+
+    async def app_timeouts(self, request: web.Request) -> web.Response:
+        self.user(request)
+        app = self._app(request)
+        return json_response({"timeouts": {"timeout": [views.timeout_json(app, self.rm.core.clock())]}})
+
+    async def app_timeout(self, request: web.Request) -> web.Response:
+        self.user(request)
+        app = self._app(request)
+        kind = request.match_info["type"]
+        if kind.upper() != LIFETIME:
+            raise BadRequest(f"timeout type: only {LIFETIME} is supported, got {kind!r}")
+        return json_response({"timeout": views.timeout_json(app, self.rm.core.clock())})
+
+    async def put_app_timeout(self, request: web.Request) -> web.Response:
+        """YARN's application timeout update: the owner or an admin moves the app's LIFETIME expiry."""
+        user = self.user(request)
+        app = self._app(request)
+        body = await read_json(request, AppTimeoutUpdate)
+        if body.timeout.type.upper() != LIFETIME:
+            raise BadRequest(f"timeout.type: only {LIFETIME} is supported, got {body.timeout.type!r}")
+        if user != app.user and user not in self.rm.cluster.admins:
+            raise Forbidden(f"user {user} is not allowed to update the lifetime of {app.app_id} (owner {app.user}; "
+                            f"admins: {', '.join(self.rm.cluster.admins)})")
+        try:
+            expiry = parse_expiry(body.timeout.expiry_time)
+        except LifetimeError as e:
+            raise BadRequest(f"timeout.{e}") from None
+        self.rm.core.update_lifetime(app.app_id, expiry)
+        return json_response({"timeout": views.timeout_json(app, self.rm.core.clock())})
 
     async def app_attempts(self, request: web.Request) -> web.Response:
         self.user(request)

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from protocol.app_timeouts import LIFETIME, format_expiry
 from protocol import ps_job_spec
 from protocol.records import ZERO, AppState, NodeState
 
+from .app_lifetime import remaining_s
 from .core import ResourceManagerCore
 from .model import App, Attempt, Node
 from .utilization_series import LatestReport
@@ -205,6 +207,7 @@ def app_json(core: ResourceManagerCore, app: App, rm_url: str = "") -> dict[str,
         **app.preemption.to_json(), "logAggregationStatus": core.log_aggregation.status(app, now).value,
         "unmanagedApplication": False,
         "amNodeLabelExpression": "", "maxAppAttempts": app.max_attempts,
+        "timeouts": {"timeout": [timeout_json(app, now)]},
     }
     elastane = elastane_json(app)
     if elastane is not None:
@@ -216,6 +219,12 @@ def app_json(core: ResourceManagerCore, app: App, rm_url: str = "") -> dict[str,
         # Elastane extension: what its running containers use, from the nodes' latest reports.
         out["resourceUtilization"] = use.to_json()
     return out
+
+
+def timeout_json(app: App, now: float) -> dict[str, object]:
+    """YARN's appTimeout view of the app's LIFETIME: its expiry (UNLIMITED) and the seconds left (-1)."""
+    return {"type": LIFETIME, "expiryTime": format_expiry(app.lifetime_expiry),
+            "remainingTimeInSeconds": remaining_s(app.lifetime_expiry, now, app.state.is_final)}
 
 
 def elastane_json(app: App) -> Optional[dict[str, object]]:

@@ -262,7 +262,8 @@ class ResourceManagerServer:
         """NEW -> NEW_SAVING -> (stored) -> SUBMITTED -> ACCEPTED; nothing is left if the store fails."""
         app = self.core.submit(sub.app_id, user, sub.name, sub.queue, sub.app_type, sub.am,
                                sub.max_attempts or self.cfg.max_app_attempts,
-                               ps_job=sub.ps_job, extension=sub.extension, keep_containers=sub.keep_containers)
+                               ps_job=sub.ps_job, extension=sub.extension, keep_containers=sub.keep_containers,
+                               lifetime_s=sub.lifetime_s)
         try:
             self._persist({app.app_id})
         except Exception as e:

@@ -64,6 +64,7 @@ class AppRecord(msgspec.Struct, forbid_unknown_fields=False):
     directive_version: int = 0
     delivered_directive_version: int = 0
     keep_containers: bool = False           # App.keep_containers (a record without it: off)
+    lifetime_expiry: Optional[float] = None     # App.lifetime_expiry (a record without it: none)
 
 
 class PolicyStateRecord(msgspec.Struct, forbid_unknown_fields=False):
@@ -130,7 +131,7 @@ def app_to_record(app: App) -> AppRecord:
                      vcore_seconds=app.vcore_seconds, ps_job=app.ps.spec if app.ps is not None else None,
                      directive=app.directive, directive_version=app.directive_version,
                      delivered_directive_version=app.delivered_directive_version,
-                     keep_containers=app.keep_containers)
+                     keep_containers=app.keep_containers, lifetime_expiry=app.lifetime_expiry)
 
 
 def _stored_spec(r: AppRecord) -> tuple[Optional[PSJobSpec], Optional[dict[str, object]]]:
@@ -165,7 +166,7 @@ def app_from_record(r: AppRecord, minimum_allocation_mb: int) -> App:
                vcore_seconds=r.vcore_seconds, directive=r.directive,
                # Never below the stored directive's own number (a document that predates the counter).
                directive_version=max(r.directive_version, r.directive.version if r.directive is not None else 0),
-               delivered_directive_version=r.delivered_directive_version)
+               delivered_directive_version=r.delivered_directive_version, lifetime_expiry=r.lifetime_expiry)
 
 
 def attempt_to_record(at: Attempt) -> AttemptRecord:

@@ -12,6 +12,7 @@ from typing import Annotated, Optional, TypeVar, Union
 import msgspec
 
 from protocol import ps_job_spec
+from protocol.app_timeouts import LIFETIME
 from protocol.durable_storage import DurableStorageError, bucket_of, check_reachable
 from protocol.ids import ApplicationId
 from protocol.internal_api import RunState
@@ -25,7 +26,7 @@ from .model import AmSpec
 IGNORED_SUBMISSION_FIELDS: tuple[str, ...] = (
     "application-tags", "priority", "unmanaged-AM",
     "cancel-tokens-when-complete", "log-aggregation-context", "attempt-failures-validity-interval",
-    "reservation-id", "am-black-listing-requests", "application-timeouts", "node-label-expression",
+    "reservation-id", "am-black-listing-requests", "node-label-expression",
     "app-node-label-expression", "am-container-node-label-expression", "credentials",
     "application-scheduling-properties",
 )
@@ -53,6 +54,18 @@ class LocalResourceEntry(_In):
 
 class LocalResources(_In):
     entry: Union[list[LocalResourceEntry], LocalResourceEntry] = []
+
+
+class ApplicationTimeout(_In):
+    """One of a submission's `application-timeouts` (YARN's ApplicationTimeoutType and seconds)."""
+
+    type: str
+    value: int
+
+
+class ApplicationTimeouts(_In):
+    # Jersey writes a one-element list as a bare object; accept both.
+    timeout: Union[list[ApplicationTimeout], ApplicationTimeout] = []
 
 
 class Commands(_In):
@@ -99,6 +112,9 @@ class SubmissionContext(_In, rename=_RENAME):
     # attempt gets them (its register reply lists them). Unset: on for ELASTANE_PS apps (their AM
     # adopts its executors, docs/internals.md "AM recovery"), off for every other app, as in YARN.
     keep_containers: Optional[bool] = None
+    # YARN's application timeouts: {"timeout": [{"type": "LIFETIME", "value": seconds}]}, the app
+    # killed by the RM if it has not finished that long after its submission (rm/app_lifetime.py).
+    application_timeouts: Optional[ApplicationTimeouts] = None
     # ---- accepted and ignored (IGNORED_SUBMISSION_FIELDS) ----
     application_tags: object = None
     priority: object = None
@@ -108,7 +124,6 @@ class SubmissionContext(_In, rename=_RENAME):
     attempt_failures_validity_interval: object = None
     reservation_id: object = None
     am_black_listing_requests: object = None
-    application_timeouts: object = None
     node_label_expression: object = None
     app_node_label_expression: object = None
     am_container_node_label_expression: object = None
@@ -130,6 +145,18 @@ class NodeStateUpdate(_In):
 
     state: str
     decommission_timeout: Optional[float] = msgspec.field(default=None, name="decommissionTimeout")
+
+
+class AppTimeoutValue(_In):
+    type: str
+    expiry_time: str = msgspec.field(name="expiryTime")
+
+
+class AppTimeoutUpdate(_In):
+    """PUT /ws/v1/cluster/apps/{id}/timeout body (YARN's): {"timeout": {"type": "LIFETIME",
+    "expiryTime": "2026-11-30T18:00:00.000+0000"}}, the app's new expiry."""
+
+    timeout: AppTimeoutValue
 
 
 class AppShapeUpdate(_In):
@@ -160,6 +187,7 @@ class ValidSubmission:
     ps_job: Optional[ps_job_spec.PSJobSpec]
     extension: Optional[dict[str, object]]    # the rest of the `elastane` object, as given
     keep_containers: bool = False             # containers outlive a failed attempt (SubmissionContext)
+    lifetime_s: Optional[int] = None          # its LIFETIME timeout, seconds (before the queue's default and cap)
 
 
 E = TypeVar("E")
@@ -189,6 +217,20 @@ def _ps_job(ctx: SubmissionContext) -> Optional[ps_job_spec.PSJobSpec]:
     except ps_job_spec.JobSpecError as e:
         raise BadRequest(str(e.under(field))) from None
     return spec
+
+
+def _lifetime(timeouts: Optional[ApplicationTimeouts]) -> Optional[int]:
+    """The LIFETIME of a submission's `application-timeouts` (400 naming a bad one)."""
+    lifetime: Optional[int] = None
+    for t in _entries(timeouts.timeout if timeouts is not None else None):
+        if t.type.upper() != LIFETIME:
+            raise BadRequest(f"application-timeouts.timeout.type: only {LIFETIME} is supported, got {t.type!r}")
+        if lifetime is not None:
+            raise BadRequest(f"application-timeouts: {LIFETIME} is given twice")
+        if t.value <= 0:
+            raise BadRequest(f"application-timeouts.timeout.value: the lifetime must be > 0 seconds, got {t.value}")
+        lifetime = t.value
+    return lifetime
 
 
 def _local_resources(spec: Optional[LocalResources]) -> dict[str, LocalResource]:
@@ -257,6 +299,7 @@ def validate(ctx: SubmissionContext) -> ValidSubmission:
         raise BadRequest(f"max-app-attempts must be >= 1, got {ctx.max_app_attempts}")
     if not ctx.queue:
         raise BadRequest("queue must not be empty")
+    lifetime = _lifetime(ctx.application_timeouts)
     env_spec = ctx.am_container_spec.environment
     env = {kv.key: kv.value for kv in _entries(env_spec.entry if env_spec else None)}
     if any(not k for k in env):
@@ -271,4 +314,5 @@ def validate(ctx: SubmissionContext) -> ValidSubmission:
                            app_type=ctx.application_type, am=am, max_attempts=ctx.max_app_attempts,
                            ps_job=ps_spec, extension=extension if ctx.elastane is not None else None,
                            keep_containers=(ps_spec is not None if ctx.keep_containers is None
-                                            else ctx.keep_containers))
+                                            else ctx.keep_containers),
+                           lifetime_s=lifetime)

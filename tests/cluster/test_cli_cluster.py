@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,22 @@ def test_cluster_start_run_logs_kill_stop(tmp_path: Path) -> None:
         assert f"Killed application {long_id}" in killed.stdout
         status = elastane("app", "status", long_id, rm=rm)
         assert re.search(r"^State\s+: KILLED$", status.stdout, re.M), status.stdout
+
+        # YARN's application lifetime: the RM kills an app still running at its expiry
+        timed = elastane("app", "run", "--lifetime", "2", "--memory", "128", "--", "sleep", "300", rm=rm)
+        assert timed.returncode == 1, timed.stdout + timed.stderr
+        assert "KILLED with final status KILLED" in timed.stdout and "timed out" in timed.stdout, timed.stdout
+        later = elastane("app", "run", "--no-wait", "--lifetime", "600", "--memory", "128", "--", "sleep", "300", rm=rm)
+        later_id = submitted_id(later.stdout)
+        status = elastane("app", "status", later_id, rm=rm)
+        assert re.search(r"^Lifetime\s+: expires \S+ \(\d+m\d+s left\)$", status.stdout, re.M), status.stdout
+        moved = elastane("app", "update-lifetime", later_id, "1", rm=rm)
+        assert moved.returncode == 0 and f"Updated the lifetime of {later_id}" in moved.stdout, moved.stderr
+        deadline = time.monotonic() + 60
+        while "KILLED" not in (st := elastane("app", "status", later_id, rm=rm)).stdout:
+            assert time.monotonic() < deadline, st.stdout
+            time.sleep(0.2)          # polling the RM, not waiting in place of a check
+        assert "timed out" in st.stdout
 
         missing = elastane("app", "status", app_id[:-4] + "9999", rm=rm)
         assert missing.returncode == 2 and missing.stderr.startswith("elastane: error:")

@@ -1,0 +1,43 @@
+"""YARN's application timeouts on the wire: the LIFETIME type, its expiryTime format and a
+submission's `application-timeouts` object -- what the RM (rm/app_lifetime.py) and its clients
+(the CLI) read and write alike."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Optional
+
+from protocol.json_types import JsonInObject
+
+LIFETIME = "LIFETIME"       # the one timeout type YARN has
+UNLIMITED = "UNLIMITED"     # expiryTime of an app without a lifetime (remainingTimeInSeconds -1)
+
+
+class LifetimeError(ValueError):
+    """A lifetime or expiry that cannot be accepted; the message names what is wrong."""
+
+
+def format_expiry(expiry: Optional[float]) -> str:
+    """YARN's expiryTime: ISO 8601 with milliseconds and a numeric zone (yyyy-MM-dd'T'HH:mm:ss.SSSZ),
+    here in UTC; UNLIMITED for none."""
+    if expiry is None:
+        return UNLIMITED
+    t = datetime.fromtimestamp(expiry, tz=timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}+0000"
+
+
+def parse_expiry(text: str) -> float:
+    """An expiryTime as YARN takes it (ISO 8601 with a zone: ...+0530, +05:30 or Z) in epoch
+    seconds; LifetimeError naming the expected form otherwise."""
+    try:
+        t = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise LifetimeError(f"expiryTime {text!r} is not an ISO 8601 time such as "
+                            f"2026-11-30T18:00:00.000+0000") from None
+    if t.tzinfo is None:
+        raise LifetimeError(f"expiryTime {text!r} has no time zone (add +0000 or Z)")
+    return t.timestamp()
+
+
+def lifetime_timeouts(lifetime_s: int) -> JsonInObject:
+    """A submission's `application-timeouts` for a LIFETIME of `lifetime_s` seconds."""
+    return {"timeout": [{"type": LIFETIME, "value": lifetime_s}]}
