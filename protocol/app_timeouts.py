@@ -6,14 +6,16 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Optional
 
+from protocol.errors import ProtocolError
 from protocol.json_types import JsonInObject
 
 LIFETIME = "LIFETIME"       # the one timeout type YARN has
 UNLIMITED = "UNLIMITED"     # expiryTime of an app without a lifetime (remainingTimeInSeconds -1)
 
 
-class LifetimeError(ValueError):
-    """A lifetime or expiry that cannot be accepted; the message names what is wrong."""
+class LifetimeError(ProtocolError, ValueError):
+    """A lifetime or expiry that cannot be accepted (a request the RM refuses); the message names
+    what is wrong."""
 
 
 def format_expiry(expiry: Optional[float]) -> str:
