@@ -66,6 +66,12 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("app_id", type=_app_id, metavar="APP_ID")
     p.set_defaults(func=cmd_status)
 
+    p = acts.add_parser("move-to-queue", parents=[common],
+                        help="move an application, with what it holds, to another queue (yarn application -movetoqueue)")
+    p.add_argument("app_id", type=_app_id, metavar="APP_ID")
+    p.add_argument("queue", metavar="QUEUE")
+    p.set_defaults(func=cmd_move_to_queue)
+
     p = acts.add_parser("update-lifetime", parents=[common],
                         help="kill the application if it is still running SECONDS from now "
                              "(yarn application -updateLifetime)")
@@ -162,6 +168,16 @@ def cmd_status(args: argparse.Namespace, ctx: CliContext) -> int:
         async with _client(ctx) as c:
             return await c.app(args.app_id)
     ctx.out.write(render_key_values(app_report(asyncio.run(go()))) + "\n")
+    return EXIT_OK
+
+
+# ----- move-to-queue ---------------------------------------------------------------------------
+
+def cmd_move_to_queue(args: argparse.Namespace, ctx: CliContext) -> int:
+    async def go() -> str:
+        async with _client(ctx) as c:
+            return await c.move_to_queue(args.app_id, args.queue)
+    ctx.out.write(f"Moved {args.app_id} to queue {asyncio.run(go())}\n")
     return EXIT_OK
 
 

@@ -127,6 +127,11 @@ class RmRestClient:
     async def kill(self, app_id: str) -> JsonObject:
         return _object(await self._call("PUT", f"{APPS}/{app_id}/state", {"state": "KILLED"}))
 
+    async def move_to_queue(self, app_id: str, queue: str) -> str:
+        """Move the app to `queue` (YARN's move to queue; owner or admin); the queue it is in now."""
+        body = _object(await self._call("PUT", f"{APPS}/{app_id}/queue", {"queue": queue}))
+        return str(body.get("queue", ""))
+
     async def put_lifetime(self, app_id: str, expiry_time: str) -> JsonObject:
         """Move the app's LIFETIME expiry (YARN's timeout update; owner or admin); its new timeout."""
         body = await self._call("PUT", f"{APPS}/{app_id}/timeout",

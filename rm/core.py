@@ -15,7 +15,7 @@ from protocol import ps_job_spec, tokens
 from protocol.ids import ApplicationId, AttemptId, ContainerId
 from protocol.config import ClusterConfig, RMConfig
 from protocol.nm_client import container_token_payload
-from protocol.records import AppState, AttemptState, ContainerState, ExitStatus, FinalStatus, NodeState, Resource
+from protocol.records import ZERO, AppState, AttemptState, ContainerState, ExitStatus, FinalStatus, NodeState, Resource
 from protocol.app_timeouts import LifetimeError
 from protocol.remote_exception import BadRequest, NotFound
 
@@ -316,6 +316,28 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self._app_event(app, AppEvent.ACCEPT)
         self._new_attempt(app)
         self._schedule(self.nodes.schedulable())
+
+    def move_app(self, app_id: str, queue: str) -> App:
+        """Move an unfinished app to another queue with what it holds (YARN's move to queue): its
+        containers, asks and AM are charged there from now on (CapacityScheduler.move_app).
+        BadRequest naming what is wrong (a finished app, an unknown queue, one whose maximum
+        capacity cannot take the app); nothing changes then. The next policy round sees it there."""
+        app = self.get_app(app_id)
+        if app.state.is_final:
+            raise BadRequest(f"{app_id} is {app.state.value}: a finished application cannot be moved")
+        if app.queue == queue:
+            return app
+        at = self.attempts.get(app.current_attempt or "")
+        am = self.containers.get(at.am_container_id) if at is not None and at.am_container_id else None
+        try:
+            self.scheduler.move_app(app_id, queue, am.resource if am is not None else ZERO)
+        except AskError as e:
+            raise BadRequest(str(e)) from None
+        app.queue = queue
+        self.dirty.add(app_id)
+        self.policy_version += 1
+        self._schedule(self.nodes.schedulable())     # the new queue's room may serve its asks now
+        return app
 
     def update_lifetime(self, app_id: str, expiry: float) -> App:
         """Move an unfinished app's expiry (YARN's updateApplicationTimeouts): ahead of now and,

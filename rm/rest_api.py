@@ -19,8 +19,8 @@ from . import rest_views as views
 from .policies import describe as describe_policy
 from .policies.decision import Decision, JobDecision
 from .policy_runner import apply_decision
-from .submission import (AppShapeUpdate, AppStateUpdate, AppTimeoutUpdate, NodeStateUpdate, SubmissionContext,
-                         validate)
+from .submission import (AppQueueUpdate, AppShapeUpdate, AppStateUpdate, AppTimeoutUpdate, NodeStateUpdate,
+                         SubmissionContext, validate)
 
 if TYPE_CHECKING:
     from protocol.config import ClusterConfig
@@ -72,6 +72,8 @@ class ClientApi:
         r.add_put(BASE + "/apps/{app_id}/state", self.put_app_state)
         r.add_put(BASE + "/apps/{app_id}/shape", self.put_app_shape)
         r.add_get(BASE + "/apps/{app_id}/appattempts", self.app_attempts)
+        r.add_get(BASE + "/apps/{app_id}/queue", self.app_queue)
+        r.add_put(BASE + "/apps/{app_id}/queue", self.put_app_queue)
         r.add_get(BASE + "/apps/{app_id}/timeouts", self.app_timeouts)
         r.add_get(BASE + "/apps/{app_id}/timeouts/{type}", self.app_timeout)
         r.add_put(BASE + "/apps/{app_id}/timeout", self.put_app_timeout)
@@ -266,6 +268,22 @@ class ClientApi:
         self.rm.core.kill(app.app_id, diag)
         return json_response({"state": app.state.value}, status=202,
                              headers={"Location": str(request.url.with_query(None))})
+
+    async def app_queue(self, request: web.Request) -> web.Response:
+        self.user(request)
+        return json_response({"queue": self._app(request).queue})
+
+    async def put_app_queue(self, request: web.Request) -> web.Response:
+        """YARN's move to queue: the owner or an admin moves an unfinished app, with what it holds,
+        to another queue (whose maximum capacity must take it)."""
+        user = self.user(request)
+        app = self._app(request)
+        body = await read_json(request, AppQueueUpdate)
+        if user != app.user and user not in self.rm.cluster.admins:
+            raise Forbidden(f"user {user} is not allowed to move {app.app_id} (owner {app.user}; "
+                            f"admins: {', '.join(self.rm.cluster.admins)})")
+        self.rm.core.move_app(app.app_id, body.queue)
+        return json_response({"queue": app.queue})
 
     async def app_timeouts(self, request: web.Request) -> web.Response:
         self.user(request)

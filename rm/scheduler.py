@@ -229,6 +229,46 @@ class CapacityScheduler:
             self.queues[sa.queue].apps.pop(app_id, None)
             self._mark(sa)
 
+    def move_app(self, app_id: str, target: str, live_am: Resource = ZERO) -> None:
+        """Move an app to queue `target` with everything it holds and asks for (YARN's move to
+        queue): its usage, per user too, leaves the old queue and is charged to the new one; an AM
+        request not yet allocated waits for the new queue's AM limit; `live_am`, its allocated AM
+        container's resource (the core knows it), moves from the old queue's AM charge to the new
+        one's. AskError (nothing changed) if the target is unknown or its maximum capacity cannot
+        take what the app holds."""
+        sa = self.apps[app_id]
+        if target not in self.queues:
+            raise AskError(f"queue: unknown queue {target!r}; known queues: {', '.join(self.queues)}")
+        old, new = self.queues[sa.queue], self.queues[target]
+        if old is new:
+            return
+        limit = self.queue_limit(new)
+        if not (new.used + sa.used).fits_in(limit):
+            raise AskError(f"queue {target!r}: moving {app_id} would exceed its maximum capacity "
+                           f"({new.max_capacity:g} %: {limit.memory} MB, {limit.vcores} vCores; it holds "
+                           f"{new.used.memory} MB, {new.used.vcores} vCores, the app {sa.used.memory} MB, "
+                           f"{sa.used.vcores} vCores)")
+        am_request = sa.am_request
+        self._drop_am_request(sa)                   # from the old queue's AM gate (its charge back)
+        if sa.app_id in self._demand[old.name]:
+            self._demand[old.name].discard(sa.app_id)
+            self._n_demand -= 1
+        minus = Resource(-sa.used.memory, -sa.used.vcores)
+        old.used = old.used + minus
+        old.user_used[sa.user] = old.user_used.get(sa.user, ZERO) + minus
+        new.used = new.used + sa.used
+        new.user_used[sa.user] = new.user_used.get(sa.user, ZERO) + sa.used
+        if live_am != ZERO:
+            old.am.uncharge(live_am)
+            new.am.charge(live_am)
+        del old.apps[app_id]
+        new.apps[app_id] = sa
+        sa.queue = target
+        self._mark(sa)
+        self._admit(old)                            # room its AM left in the old queue's AM limit
+        if am_request is not None:
+            self.request_am(app_id, am_request)     # waits for the new queue's AM limit
+
     def request_am(self, app_id: str, resource: Resource) -> None:
         """A new attempt needs an AM container; it is scheduled once the AM limit activates the app."""
         sa = self.apps[app_id]

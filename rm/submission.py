@@ -147,6 +147,12 @@ class NodeStateUpdate(_In):
     decommission_timeout: Optional[float] = msgspec.field(default=None, name="decommissionTimeout")
 
 
+class AppQueueUpdate(_In):
+    """PUT /ws/v1/cluster/apps/{id}/queue body (YARN's move to queue): {"queue": "research"}."""
+
+    queue: str
+
+
 class AppTimeoutValue(_In):
     type: str
     expiry_time: str = msgspec.field(name="expiryTime")

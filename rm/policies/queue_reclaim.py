@@ -356,7 +356,9 @@ def _advance(t: ReclaimTarget, app: Optional[AppView], inputs: ReclaimInputs, sh
              settings: ReclaimSettings, now: float, warnings: dict[str, PreemptionWarning], kills: dict[str, tuple[str, ...]],
              done: list[ReclaimDone]) -> Optional[ReclaimTarget]:
     """Move an open target on by what the snapshot shows; the target still open, or None."""
-    if app is None or app.state.is_final:
+    if app is None or app.state.is_final or app.queue != t.queue:
+        # Gone, or moved to another queue (rm/core.py move_app): what its old queue still owes is
+        # taken afresh from the apps there now.
         TRANSITIONS.next(t.state, ReclaimEvent.CANCEL)
         return None
     held = {c.container_id: c for c in inputs.containers.get(t.app_id, ())}

@@ -83,6 +83,10 @@ def test_cluster_start_run_logs_kill_stop(tmp_path: Path) -> None:
         later_id = submitted_id(later.stdout)
         status = elastane("app", "status", later_id, rm=rm)
         assert re.search(r"^Lifetime\s+: expires \S+ \(\d+m\d+s left\)$", status.stdout, re.M), status.stdout
+        nowhere = elastane("app", "move-to-queue", later_id, "nope", rm=rm)
+        assert nowhere.returncode == 2 and "unknown queue 'nope'" in nowhere.stderr, nowhere.stderr
+        same = elastane("app", "move-to-queue", later_id, "default", rm=rm)
+        assert same.returncode == 0 and f"Moved {later_id} to queue default" in same.stdout, same.stderr
         moved = elastane("app", "update-lifetime", later_id, "1", rm=rm)
         assert moved.returncode == 0 and f"Updated the lifetime of {later_id}" in moved.stdout, moved.stderr
         deadline = time.monotonic() + 60

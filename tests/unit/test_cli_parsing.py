@@ -35,6 +35,7 @@ from elastane_cli.context import resolve_rm_url
     (["app", "run", "--lifetime", "0", "--", "true"], "--lifetime must be positive, got 0"),
     (["app", "update-lifetime", "application_1_0001", "soon"], "SECONDS must be an integer, got 'soon'"),
     (["app", "update-lifetime", "app_1", "5"], "invalid application id 'app_1'"),
+    (["app", "move-to-queue", "application_1_0001"], "QUEUE"),
     (["sim", "generate", "--window-s", "nan"], "--window-s must be a finite number >= 0, got nan"),
     (["cluster", "start", "--rm-port", "99999"], "port must be in 0..65535"),
     (["cluster", "start", "--cgroups", "v3"], "invalid choice: 'v3'"),

@@ -193,6 +193,19 @@ def test_a_warning_no_longer_needed_is_cancelled() -> None:
     assert gone.kills == {} and gone.book.targets == {} and gone.warnings == {}
 
 
+def test_a_target_whose_app_moved_to_another_queue_is_cancelled_and_its_old_queue_owes_afresh() -> None:
+    p1, p2 = plain_app("p1", "a", 1.0, 6), plain_app("p2", "a", 5.0, 2)
+    b_small = ps_app("b1", "b", 30.0, 0, 0, started=False, submitted=(1, 1))     # wants 2 executors
+    out = run(ReclaimBook(), inputs(p1, p2, b_small), now=10.0)
+    assert set(out.book.targets) == {"p2"} and out.book.targets["p2"].state == ReclaimState.WARNED
+    # p2 moved to queue b (rm/core.py move_app) before its grace ran out. Queue a is still over its
+    # share, but p2 is no longer a's to give: its target is cancelled, nothing of it is killed for
+    # a's debt, and a's debt is taken from what a holds now (p1).
+    moved = run(out.book, inputs(p1, replace(p2, queue="b"), b_small), now=30.0)
+    assert moved.kills == {} and "p2" not in moved.book.targets and "p2" not in moved.warnings
+    assert moved.book.targets["p1"].queue == "a" and "p1" in moved.warnings
+
+
 def test_the_hold_lasts_the_configured_rounds() -> None:
     a1 = ps_app("a1", "a", 1.0, 3, 1)
     a2 = ps_app("a2", "a", 2.0, 3, 1)
