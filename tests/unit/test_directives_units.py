@@ -241,10 +241,25 @@ def test_a_failed_change_is_recorded_and_later_directives_still_run() -> None:
     assert w.job.shape == (3, 1) and w.job.applied_directive == 2
 
 
-def test_a_directive_the_job_cannot_carry_out_live_changes_nothing() -> None:
-    w = started(sync="ssp", max_workers=4)          # no live change under SSP
+def test_an_ssp_jobs_directive_is_carried_out_by_a_restart() -> None:
+    # EPS's live change needs BSP clocks: an SSP job takes the directive's shape through the
+    # kill-based restart (checkpoint, new executors, restore), not as no change at all.
+    w = started(sync="ssp", max_workers=4)
     n = len(w.log)
     send(w, directive(3, 1, 1))
+    assert w.triggers().count("RESTART") == 1 and w.job.change is None and w.job.shape == (3, 1)
+    assert w.steps_since(n)[:3] == ["PauseTraining", "WriteCheckpoint", "RetireExecutors"]
+    assert w.job.applied_directive == 1
+    n = len(w.log)
+    send(w, directive(3, 1, 2))                     # the shape it has now: nothing to do
+    assert w.steps_since(n) == [] and w.log[n:] == [ins.ReportProgress(changing=False, directive_version=2)]
+
+
+def test_a_directive_the_job_cannot_carry_out_changes_nothing() -> None:
+    w = started(max_workers=64)                     # more workers than the job has input splits
+    splits = sum(len(s) for s in w.job.holdings.splits.values())
+    n = len(w.log)
+    send(w, directive(splits + 1, 1, 1))
     assert w.steps_since(n) == [] and w.job.change is None and w.job.shape == (2, 1)
     assert w.log[n:] == [ins.ReportProgress(changing=False, directive_version=1)]
 

@@ -105,6 +105,7 @@ class Change:
     epoch: int = 0
     parts: list[Part] = field(default_factory=list)   # EPS's parts (planners/eps.py)
     before: Optional[Target] = None    # the shape and size a restart / migration / resume started from
+    short: list[str] = field(default_factory=list)   # a restart's starts that came back short (planners/relaunch.py)
     attempt: int = 0               # a paused job's resume tried again (planners/suspension.py)
 
 

@@ -19,6 +19,14 @@ Rollback, by the stage that failed (the change then ends with the first error):
     pause, checkpoint   nothing is lost: training resumes -- unless it has ended meanwhile, or a
                         loss aborted the change (the recovery that follows stops training itself)
     retire              the executors' state is unknown: the job fails
+    start, for a planner that keeps a short start (`keeps_short_start`: the restart)
+                        the cluster gave fewer executors than asked within the launch timeout:
+                        once both roles' starts have ended, if each role has at least the job's
+                        minimum (min_workers / min_servers), the change goes on with what
+                        started -- restored and training at that shape, which the job's next
+                        report tells the RM -- rather than retiring them to go back (a busy
+                        cluster would refuse the way back too, and the job failed with it);
+                        going back short is kept the same way. Fewer than the minimum: below.
     start, or a restore cancelled by a loss
                         every executor now is one this change started: they are retired and the
                         job goes back to where it was -- the shape it had (anywhere: the nodes it
@@ -72,6 +80,7 @@ class Relaunch(BasePlanner):
 
     stages: tuple[str, ...] = STAGES
     reason = "reshape"              # the checkpoint's reason (the job record's)
+    keeps_short_start = False       # a start short of its target goes on with what started (module doc)
 
     # -- hooks ---------------------------------------------------------------------------------------
     def prepare(self, job: JobState, change: Change, out: list[Instruction]) -> bool:
@@ -162,7 +171,9 @@ class Relaunch(BasePlanner):
             job.last_objective = ev.objective
         if change.outstanding:
             return
-        if change.error and not change.rolling_back:
+        if change.short:
+            self._settle_short_start(job, change, ev.at, out)
+        elif change.error and not change.rolling_back:
             self._rollback(job, change, stage, False, ev.at, out)    # a step that ended before its cancel
         else:
             self._next(job, change, ev.at, out)
@@ -170,6 +181,14 @@ class Relaunch(BasePlanner):
     # -- failures ------------------------------------------------------------------------------------
     def failed(self, job: JobState, change: Change, ev: StepFailed, out: list[Instruction]) -> None:
         stage = change.stage
+        if (self.keeps_short_start and stage in ("start", "undo_start") and not ev.cancelled
+                and not job.pending_losses):
+            # Short (module doc): what started is kept; decided once the other role's start has ended.
+            change.new += [x.executor_id for x in ev.executors]
+            change.short.append(ev.error)
+            if not change.outstanding:
+                self._settle_short_start(job, change, ev.at, out)
+            return
         if change.rolling_back:
             end_job_failed(job, change, f"{self.kind.value} failed ({change.error}) and so did going back "
                                         f"({stage.removeprefix('undo_')}: {ev.error})", out)
@@ -184,10 +203,26 @@ class Relaunch(BasePlanner):
             return
         self._rollback(job, change, stage, ev.cancelled, ev.at, out)
 
+    def _settle_short_start(self, job: JobState, change: Change, at: float, out: list[Instruction]) -> None:
+        """Both roles' starts have ended, one or both short: go on with what started if each role
+        has the job's minimum, else fail the start as any failed start (module doc)."""
+        short, change.short = "; ".join(change.short), []
+        workers, servers = job.shape
+        if workers >= max(1, job.spec.min_workers) and servers >= max(1, job.spec.min_servers):
+            change.descriptions.append(f"started short ({short}): {workers} workers, {servers} servers")
+            self._next(job, change, at, out)
+        elif change.rolling_back:
+            end_job_failed(job, change, f"{self.kind.value} failed ({change.error}) and so did going back "
+                                        f"(start: {short})", out)
+        else:
+            fail_change(change, f"{self.kind.value} failed at start: {short}")
+            self._rollback(job, change, "start", False, at, out)
+
     def _rollback(self, job: JobState, change: Change, stage: str, cancelled: bool, at: float,
                   out: list[Instruction]) -> None:
         """Undo what the change did, by the stage that failed (module doc)."""
         change.rolling_back = True
+        change.short = []
         losses = bool(job.pending_losses)
         if stage in ("pause", "checkpoint"):
             if stage == "checkpoint" and not losses and not job.training_criterion:

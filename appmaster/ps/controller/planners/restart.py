@@ -36,6 +36,7 @@ class RestartPlanner(Relaunch):
 
     kind = ChangeKind.RESTART
     reason = "reshape"
+    keeps_short_start = True        # a busy cluster's short start trains on (relaunch.py)
 
     def invalid(self, job: JobState, change: Change) -> str:
         if change.origin is Origin.SCALE:
