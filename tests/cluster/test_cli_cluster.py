@@ -6,11 +6,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from conftest import wait_app
 from elastane_cli import processes
 from elastane_cli.local_cluster import LocalCluster
 
@@ -89,11 +89,8 @@ def test_cluster_start_run_logs_kill_stop(tmp_path: Path) -> None:
         assert same.returncode == 0 and f"Moved {later_id} to queue default" in same.stdout, same.stderr
         moved = elastane("app", "update-lifetime", later_id, "1", rm=rm)
         assert moved.returncode == 0 and f"Updated the lifetime of {later_id}" in moved.stdout, moved.stderr
-        deadline = time.monotonic() + 60
-        while "KILLED" not in (st := elastane("app", "status", later_id, rm=rm)).stdout:
-            assert time.monotonic() < deadline, st.stdout
-            time.sleep(0.2)          # polling the RM, not waiting in place of a check
-        assert "timed out" in st.stdout
+        ended = wait_app(rm, later_id, ("KILLED",), 60)     # polls the RM's REST API
+        assert "timed out" in ended["diagnostics"], ended
 
         missing = elastane("app", "status", app_id[:-4] + "9999", rm=rm)
         assert missing.returncode == 2 and missing.stderr.startswith("elastane: error:")
