@@ -241,6 +241,12 @@ class ClientApi:
     def _app(self, request: web.Request) -> App:
         return self.rm.core.get_app(request.match_info["app_id"])
 
+    def _owner_or_admin(self, user: str, app: App, action: str) -> None:
+        """The app ACL of every write to an app (YARN's): its owner or an admin; Forbidden naming both."""
+        if user != app.user and user not in self.rm.cluster.admins:
+            raise Forbidden(f"user {user} is not allowed to {action} {app.app_id} (owner {app.user}; "
+                            f"admins: {', '.join(self.rm.cluster.admins)})")
+
     async def app(self, request: web.Request) -> web.Response:
         self.user(request)
         app = self._app(request)
@@ -259,9 +265,7 @@ class ClientApi:
         body = await read_json(request, AppStateUpdate)
         if body.state.upper() != AppState.KILLED.value:
             raise BadRequest(f"state: only KILLED may be set, got {body.state!r}")
-        if user != app.user and user not in self.rm.cluster.admins:
-            raise Forbidden(f"user {user} is not allowed to kill {app.app_id} (owner {app.user}; "
-                            f"admins: {', '.join(self.rm.cluster.admins)})")
+        self._owner_or_admin(user, app, "kill")
         if app.state.is_final:
             return json_response({"state": app.state.value})
         diag = body.diagnostics or f"Application killed by user {user}."
@@ -279,9 +283,7 @@ class ClientApi:
         user = self.user(request)
         app = self._app(request)
         body = await read_json(request, AppQueueUpdate)
-        if user != app.user and user not in self.rm.cluster.admins:
-            raise Forbidden(f"user {user} is not allowed to move {app.app_id} (owner {app.user}; "
-                            f"admins: {', '.join(self.rm.cluster.admins)})")
+        self._owner_or_admin(user, app, "move")
         self.rm.core.move_app(app.app_id, body.queue)
         return json_response({"queue": app.queue})
 
@@ -305,9 +307,7 @@ class ClientApi:
         body = await read_json(request, AppTimeoutUpdate)
         if body.timeout.type.upper() != LIFETIME:
             raise BadRequest(f"timeout.type: only {LIFETIME} is supported, got {body.timeout.type!r}")
-        if user != app.user and user not in self.rm.cluster.admins:
-            raise Forbidden(f"user {user} is not allowed to update the lifetime of {app.app_id} (owner {app.user}; "
-                            f"admins: {', '.join(self.rm.cluster.admins)})")
+        self._owner_or_admin(user, app, "update the lifetime of")
         try:
             expiry = parse_expiry(body.timeout.expiry_time)
         except LifetimeError as e:
@@ -340,9 +340,7 @@ class ClientApi:
         user = self.user(request)
         app = self._app(request)
         body = await read_json(request, AppShapeUpdate)
-        if user != app.user and user not in self.rm.cluster.admins:
-            raise Forbidden(f"user {user} is not allowed to reshape {app.app_id} (owner {app.user}; "
-                            f"admins: {', '.join(self.rm.cluster.admins)})")
+        self._owner_or_admin(user, app, "reshape")
         if app.ps is None:
             raise BadRequest(f"{app.app_id} is not an elastic PS job (application-type {app.app_type}): "
                              "it has no shape to change")
