@@ -19,6 +19,7 @@ from protocol import container_env, tokens
 from fakes import AM_TOKEN, FakeNM, FakeRM
 from polling import wait_until
 from protocol.ps_status import PsStatus
+from protocol.shape_history import KillRestartChange
 from ps_am_status import running_status
 import parallel_plan
 
@@ -156,6 +157,16 @@ def am_status(cluster: Any, app_id: str) -> PsStatus | None:
     is, or None while there is none to ask: not RUNNING yet or any more, or the AM not answering
     (starting, restarting, gone). An answer that is no PsStatus fails the test."""
     return running_status(get_app(cluster.rm_url, app_id))
+
+
+def restarted_and_trained_on(cluster: Any, app_id: str) -> PsStatus | None:
+    """The job's AM status once its first shape change is a kill-based restart that changed the
+    shape and the job has trained two epochs past it, else None (a `wait_until` condition)."""
+    st = am_status(cluster, app_id)
+    first = st.shape_history[0] if st and st.shape_history else None
+    if st is None or not isinstance(first, KillRestartChange) or not first.changed or not isinstance(first.epoch, int):
+        return None
+    return st if (st.epoch or 0) >= first.epoch + 2 else None
 
 
 def wait_app(base_url: str, app_id: str, states: tuple[str, ...] = FINAL_STATES,

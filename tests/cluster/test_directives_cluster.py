@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import am_status, get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
+from conftest import get_app, pids_with_env, restarted_and_trained_on, rest, running_cluster, submit_app, wait_app
 from protocol.ps_status import PsStatus
 from protocol.shape_history import KillRestartChange
 from polling import wait_until
@@ -68,15 +68,8 @@ def test_eps_policy_directives_reshape_a_kill_mode_job(eps_cluster) -> None:
         app_b = wait_app(eps_cluster.rm_url, b, ("FINISHED",), 180)
         assert app_b["finalStatus"] == "SUCCEEDED", app_b["diagnostics"]
 
-        def a_reshaped_and_trained_on() -> bool:
-            st = am_status(eps_cluster, a)
-            first = st.shape_history[0] if st and st.shape_history else None
-            if st is None or not isinstance(first, KillRestartChange) or not first.changed \
-                    or not isinstance(first.epoch, int):
-                return False
-            seen["status"] = st
-            return (st.epoch or 0) >= first.epoch + 2    # epochs after the restart
-        wait_until(a_reshaped_and_trained_on, 180, "job A restarted smaller and trained on")
+        seen["status"] = wait_until(lambda: restarted_and_trained_on(eps_cluster, a), 180,
+                                    "job A restarted smaller and trained on")
     finally:
         if get_app(eps_cluster.rm_url, a)["state"] not in ("FINISHED", "FAILED", "KILLED"):
             rest(eps_cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{a}/state", {"state": "KILLED"}, user="alice")

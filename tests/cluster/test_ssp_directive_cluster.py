@@ -11,10 +11,9 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import am_status, get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
+from conftest import am_status, get_app, pids_with_env, restarted_and_trained_on, rest, running_cluster, submit_app, wait_app
 from polling import wait_until
 from protocol import container_env
-from protocol.shape_history import KillRestartChange
 
 pytestmark = pytest.mark.cluster
 
@@ -37,15 +36,8 @@ def test_an_ssp_job_takes_its_directives_shape_through_a_restart(cluster: Any) -
         rest(cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/shape", {"workers": 2, "servers": 1},
              user="alice")
 
-        def restarted_and_trained_on() -> bool:
-            st = am_status(cluster, app_id)
-            first = st.shape_history[0] if st and st.shape_history else None
-            if st is None or not isinstance(first, KillRestartChange) or not first.changed \
-                    or not isinstance(first.epoch, int):
-                return False
-            seen["status"] = st
-            return len(st.objective_history) >= first.epoch + 2
-        wait_until(restarted_and_trained_on, 180, "the SSP job restarted at 2 workers and trained on")
+        seen["status"] = wait_until(lambda: restarted_and_trained_on(cluster, app_id), 180,
+                                    "the SSP job restarted at 2 workers and trained on")
     finally:
         if get_app(cluster.rm_url, app_id)["state"] not in ("FINISHED", "FAILED", "KILLED"):
             rest(cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
