@@ -222,12 +222,19 @@ def test_a_failed_retire_fails_the_job() -> None:
     assert w.job.phase is Phase.FAILED and w.of(ins.Finish)[-1].final_status == "FAILED"
 
 
-def test_a_rollback_that_fails_too_fails_the_job() -> None:
+def going_back() -> World:
+    """A kill job whose restart to 3 workers got nothing: both starts failed, its way back's two
+    starts (1 server, 2 workers) held for the test to answer."""
     w = kill_job()
     w.hold = {ins.StartExecutors}
     w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
     for step in w.held_of(ins.StartExecutors):
         w.fail(step, "no room")
+    return w
+
+
+def test_a_rollback_that_fails_too_fails_the_job() -> None:
+    w = going_back()
     back = w.held_of(ins.StartExecutors)
     assert len(back) == 2 and w.job.change is not None and w.job.change.rolling_back
     w.fail(back[0], "still no room")                      # no server on the way back either
@@ -237,11 +244,7 @@ def test_a_rollback_that_fails_too_fails_the_job() -> None:
 
 
 def test_going_back_short_but_at_the_minimum_keeps_the_job_training() -> None:
-    w = kill_job()
-    w.hold = {ins.StartExecutors}
-    w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
-    for step in w.held_of(ins.StartExecutors):
-        w.fail(step, "no room")
+    w = going_back()
     servers, workers = w.held_of(ins.StartExecutors)      # the way back: 1 server, 2 workers
     w.answer(servers)
     one = ExecutorInfo(executor_id="worker-9", role=Role.WORKER, container_id="c-worker-9", node="n2")

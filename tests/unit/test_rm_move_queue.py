@@ -50,13 +50,20 @@ def consistent(core: ResourceManagerCore) -> None:
         assert all(sa.queue == name and core.apps[sa.app_id].queue == name for sa in q.apps.values())
 
 
-def test_an_app_moves_with_its_containers_asks_and_am_and_gives_back_to_its_new_queue() -> None:
+def running_in_a(node_mb: int, executors: int) -> tuple[ResourceManagerCore, str, dict]:
+    """A core with one node of `node_mb` (1 vcore a GB) and an app in queue a holding its AM and
+    `executors` executors of 1 GB: (core, app id, its AM's claims)."""
     core = make_core(queues=QUEUES)
-    register(core, "n1:1", mem=16384, vcores=16)
+    register(core, "n1:1", mem=node_mb, vcores=node_mb // 1024)
     app = submit(core, queue="a")
     claims = launch_and_register(core, app)
-    core.allocate(claims, api.AllocateRequest(response_id=0, asks=[ask(1, 2, 1024)]))
+    core.allocate(claims, api.AllocateRequest(response_id=0, asks=[ask(1, executors, 1024)]))
     heartbeat(core, "n1:1")
+    return core, app, claims
+
+
+def test_an_app_moves_with_its_containers_asks_and_am_and_gives_back_to_its_new_queue() -> None:
+    core, app, claims = running_in_a(16384, executors=2)
     held = [c for c in core.containers.values() if c.app_id == app]
     assert len(held) == 3
     consistent(core)
@@ -97,12 +104,7 @@ def test_an_app_waiting_at_its_queues_am_limit_moves_to_one_with_room_and_starts
 
 
 def test_a_move_that_cannot_be_made_is_refused_and_changes_nothing() -> None:
-    core = make_core(queues=QUEUES)
-    register(core, "n1:1", mem=10240, vcores=10)
-    big = submit(core, queue="a")
-    claims = launch_and_register(core, big)
-    core.allocate(claims, api.AllocateRequest(response_id=0, asks=[ask(1, 3, 1024)]))
-    heartbeat(core, "n1:1")
+    core, big, _ = running_in_a(10240, executors=3)
     before = booked(core)
     with pytest.raises(BadRequest, match="queue 'c': moving .* would exceed its maximum capacity"):
         core.move_app(big, "c")                   # c's ceiling is 20 %: 2048 MB; the app holds 4096
