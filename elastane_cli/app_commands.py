@@ -8,7 +8,7 @@ import time
 
 from protocol import ids
 from protocol.aggregated_logs import RemoteLogDir
-from protocol.app_timeouts import format_expiry, lifetime_timeouts
+from protocol.app_timeouts import LIFETIME, UNLIMITED, format_expiry, lifetime_timeouts
 from protocol.json_types import JsonObject
 from protocol.records import AppState
 from protocol.yarn_views import AppView
@@ -155,10 +155,10 @@ def lifetime_text(app: AppView) -> str:
     """The app's LIFETIME timeout as `yarn application -status` shows it: its expiry and the time left."""
     timeouts = (app.get("timeouts") or {}).get("timeout")
     for t in timeouts if isinstance(timeouts, list) else []:
-        if isinstance(t, dict) and t.get("type") == "LIFETIME":
+        if isinstance(t, dict) and t.get("type") == LIFETIME:
             expiry, left = t.get("expiryTime"), t.get("remainingTimeInSeconds")
-            if expiry == "UNLIMITED" or not isinstance(left, int):
-                return "UNLIMITED"
+            if expiry == UNLIMITED or not isinstance(left, int):
+                return UNLIMITED
             return f"expires {expiry} ({format_duration(left)} left)"
     return "-"
 
