@@ -23,6 +23,7 @@ from .am_limit import AM_LIMIT_DIAGNOSTICS
 from .am_protocol import AmProtocol
 from .app_lifetime import TIMED_OUT_DIAGNOSTICS, LifetimeMonitor, check_new_expiry, effective_lifetime
 from .decision_log import DecisionLog
+from .directive_retry import DirectiveRetries
 from .log_aggregation_status import LogAggregationBook
 from .model import AmSpec, App, Attempt, Container, Node
 from .nm_protocol import NmProtocol
@@ -89,6 +90,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self.decommissions_dirty = False
         self.restored_draining: dict[str, Node] = {}   # DECOMMISSIONING when recovered, not registered yet
         self.decisions = DecisionLog()      # recent directive changes, for operators (in memory only)
+        self.directive_retries = DirectiveRetries()   # directives acted on and not reached (rm/directive_retry.py)
         # policy_rounds_*: the server's off-loop policy rounds whose Decision was applied / dropped
         # as stale (rm/server.py).
         self.counters = {"nm_heartbeats": 0, "am_allocates": 0, "containers_allocated": 0,

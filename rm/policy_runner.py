@@ -21,6 +21,7 @@ from protocol.internal_api import NodePlacement
 from protocol.records import ZERO, AppState, AttemptState, NodeState, Resource
 
 from .core import ResourceManagerCore
+from .directive_retry import again
 from .model import App
 from .policies import AppView, ClusterSnapshot, Decision, NodeView, Policy
 from .policies.node_drain import drain_moves, draining_nodes
@@ -107,9 +108,29 @@ def apply_decision(core: ResourceManagerCore, decision: Decision) -> int:
         core.decisions.record(core.clock(), app_id, app.directive)
         core.dirty.add(app_id)
         changed += 1
+    changed += send_short_again(core)
     if changed:
         core.policy_changed()
     return changed
+
+
+def send_short_again(core: ResourceManagerCore) -> int:
+    """Number anew the directives their jobs acted on and came short of, where the backoff says so
+    (rm/directive_retry.py); returns how many."""
+    retries, now, n = core.directive_retries, core.clock(), 0
+    for app_id in [a for a in retries.apps if a not in core.apps or core.apps[a].state.is_final]:
+        retries.forget(app_id)
+    for app in core.apps.values():
+        if app.state != AppState.RUNNING or app.directive is None:
+            continue
+        if retries.due(app.app_id, app.directive, app.shape, now):
+            app.directive_version += 1
+            app.directive = again(app.directive, app.directive_version, retries.apps[app.app_id].retries)
+            retries.renumbered(app.app_id, app.directive_version)
+            core.decisions.record(now, app.app_id, app.directive)
+            core.dirty.add(app.app_id)
+            n += 1
+    return n
 
 
 def resync_waiting(core: ResourceManagerCore, rs: PolicyResync) -> list[str]:

@@ -1,0 +1,103 @@
+"""Re-issues a directive that its job acted on and did not reach (pure: time arrives as an argument).
+
+An AM carries out each directive version once. When the containers of a change do not all come
+within the launch timeout, it trains at what came (a restart or an EPS add that started short,
+docs/internals.md) and reports the directive as acted on. The policies plan on the directive's
+shape (rm/policies/eps_jobs.RunningJob), so a policy that decides the same shape again changes
+nothing: the RM numbers a directive only when it changes, and the job stayed short until its
+policy's decision moved. Measured on the default trace (docs/simulator.md, "SSP jobs and
+directives"), 17-26 of DRF's ~700 reshapes a seed started short.
+
+So the RM sends the same directive again under a new version once the job has been short of it
+for a while: `FIRST_RETRY_S` after it settled short, then twice as long after each retry that
+came short again (at most `MAX_RETRY_S`), because a cluster that is full would otherwise make the
+job pay a change (for a kill-mode or SSP job, a checkpoint and a relaunch) over and over. A job
+that reaches its directive, or gets a new one, starts the count over. The count is in memory
+only: a new active RM starts it over, at worst one early retry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from protocol.internal_api import RunState, ShapeDirective
+from protocol.job_report import JobReport
+
+FIRST_RETRY_S = 60.0
+MAX_RETRY_S = 960.0
+
+
+def short_of(directive: ShapeDirective | None, report: JobReport | None) -> bool:
+    """The job has acted on `directive` (a RUN one), changes nothing now, and has another shape."""
+    if directive is None or report is None or directive.run_state is not RunState.RUN:
+        return False
+    return (not report.changing and report.directive_version >= directive.version
+            and (report.workers, report.servers) != (directive.workers, directive.servers))
+
+
+@dataclass
+class ShortRetry:
+    """One app's retry count: since when it has been short of `version`, and how many retries of
+    the same shape came short before."""
+
+    version: int = 0
+    since: float | None = None
+    retries: int = 0
+
+    def delay(self) -> float:
+        return min(MAX_RETRY_S, FIRST_RETRY_S * 2.0 ** self.retries)
+
+
+@dataclass
+class DirectiveRetries:
+    """Every app's `ShortRetry`; `due` says which directives to send again now."""
+
+    apps: dict[str, ShortRetry] = field(default_factory=dict)
+
+    def due(self, app_id: str, directive: ShapeDirective | None, report: JobReport | None, now: float) -> bool:
+        """Observe one app at `now`; True when its directive should go out again (counted as a
+        retry: the caller numbers it anew and tells `renumbered`)."""
+        st = self.apps.get(app_id)
+        if directive is None or (st is not None and st.version != directive.version):
+            self.apps.pop(app_id, None)             # a new directive from the policy: count anew
+            st = None
+            if directive is None:
+                return False
+        if not short_of(directive, report):
+            if st is not None:
+                acted = report is not None and not report.changing and report.directive_version >= directive.version
+                if acted:
+                    del self.apps[app_id]           # reached it
+                else:
+                    st.since = None                 # a retry under way: wait for how it ends
+            return False
+        if st is None:
+            st = self.apps[app_id] = ShortRetry(directive.version)
+        if st.since is None:
+            st.since = now
+            return False
+        if now - st.since < st.delay():
+            return False
+        st.retries += 1
+        st.since = None
+        return True
+
+    def renumbered(self, app_id: str, version: int) -> None:
+        """The app's directive went out again as `version`: the same shape, the count kept."""
+        st = self.apps.get(app_id)
+        if st is not None:
+            st.version = version
+
+    def forget(self, app_id: str) -> None:
+        self.apps.pop(app_id, None)
+
+
+def again(directive: ShapeDirective, version: int, retries: int) -> ShapeDirective:
+    """`directive` sent again as `version`, its reason saying why."""
+    return msgspec.structs.replace(directive, version=version,
+                                   reason=f"{directive.reason}; sent again: the job acted on it and came short "
+                                          f"(retry {retries})".lstrip("; "))
+
+
+__all__ = ["FIRST_RETRY_S", "MAX_RETRY_S", "DirectiveRetries", "ShortRetry", "again", "short_of"]
