@@ -1,23 +1,29 @@
 """What Optimus's built-in priors are worth in the simulator, against priors from other sources.
 
-    .venv/bin/python bench/optimus_prior_effect.py [--seeds 1,2,3,4,5] [--jobs 30] [--nodes 16]
+    .venv/bin/python bench/optimus_prior_effect.py [--seeds 1,2,3,4,5] [--jobs 60] [--nodes 16]
 
 Optimus seeds every job's speed fit with its app's prior (models/optimus_fit.py `APP_PRIORS`,
-rm/policies/optimus_priors.py). The built-in priors are the epoch-time θ an earlier run of
-`elastane sim calibrate` measured on this project's dev machine, and the simulator's truth
-(sim/calibration.json) comes from the same kind of measurement of the same apps: the policy's prior
-and the simulated truth overlap. This bench measures what that overlap buys: the default trace
+rm/policies/optimus_priors.py). The built-in priors are the epoch-time θ of the testbed
+calibration shipped before today's, and the simulator's truth (sim/calibration.json) is a later
+calibration of the same apps on the same testbed: the policy's prior is an earlier measurement of
+what the simulator runs. This bench measures what that buys: the default trace
 (bench/policies_sim.py's, `sim.workload.cluster_trace` at load 0.75) under `optimus` with
 
 - `built_in`: today's priors;
+- `dev_machine`: the priors they replaced (`DEV_MACHINE_PRIORS`: a 2026-11-26 calibration on the
+  dev machine, two NMs sharing its cores, before calibrations refused a busy machine's samples);
 - `reference`: no per-app prior, so the fit falls back to the paper's ResNet-50 reference
   (`SYNC_REFERENCE` / `ASYNC_REFERENCE`, Optimus Table 2): a source independent of our apps;
 - `flat`: every app's prior θ = (1, 0, 0, 0, 0), epoch time 1/w: workers scale perfectly and
   servers cost nothing, a prior that knows nothing of any app;
+- `simulated_truth`: every app's prior is the θ the simulator runs it with (the calibration
+  file's): the prior a perfect calibration would give; the fit still scales it to each job and
+  moves it with the job's samples, so this is not Optimus with the true speed function
+  (bench/policies_sim.py's optimus-true-speed is);
 
-and DRF on the same traces as the common baseline. Only the prior changes between the three
-Optimus runs of a seed (the module's `APP_PRIORS` table is swapped in this process and
-`app_prior`'s cache cleared; nothing else of the policy is touched).
+and DRF on the same traces as the common baseline. Only the prior changes between the Optimus
+runs of a seed (the module's `APP_PRIORS` table is swapped in this process and `app_prior`'s cache
+cleared; nothing else of the policy is touched).
 
 Last line, JSON: {"seeds", "jobs", "optimus_mean_jct_s": {variant: [per seed]},
 "jct_ratio_vs_built_in": {variant: {"median", "min", "max"}} (variant's mean JCT over built_in's:
@@ -45,11 +51,19 @@ from sim.simulator import SimConfig, simulate  # noqa: E402
 from sim.workload import CLUSTER_SPEC, cluster_trace  # noqa: E402
 
 FLAT = (1.0, 0.0, 0.0, 0.0, 0.0)
-VARIANTS = ("built_in", "reference", "flat")
+# The built-in priors until 2026-11-30 (models/optimus_fit.py's history): `elastane sim calibrate` on
+# the dev machine, 2026-11-26.
+DEV_MACHINE_PRIORS: dict[str, tuple[float, float, float, float, float]] = {
+    "mlr": (0.678, 0.0677, 0.0152, 0.0646, 0.0),
+    "nmf": (0.914589, 0.19257, 0.0, 0.0, 0.118368),
+    "lda": (1.319682, 0.0, 0.056166, 0.0, 0.0),
+    "lasso": (0.395726, 0.0, 0.0, 0.0, 0.395242),
+}
+VARIANTS = ("built_in", "dev_machine", "reference", "flat", "simulated_truth")
 
 
 @contextmanager
-def priors(variant: str) -> Iterator[None]:
+def priors(variant: str, cal: calibration_file.Calibration) -> Iterator[None]:
     """Optimus's per-app priors replaced by `variant`'s for the duration (restored after)."""
     saved = dict(optimus_fit.APP_PRIORS)
     table = optimus_fit.APP_PRIORS
@@ -58,6 +72,12 @@ def priors(variant: str) -> Iterator[None]:
     elif variant == "flat":
         for app in list(table):
             table[app] = FLAT
+    elif variant == "dev_machine":
+        table.update(DEV_MACHINE_PRIORS)
+    elif variant == "simulated_truth":
+        for app in list(table):
+            t = cal.apps[app].theta
+            table[app] = (t[0], t[1], t[2], t[3], t[4])
     optimus_fit.app_prior.cache_clear()
     try:
         yield
@@ -77,7 +97,7 @@ def spread(values: list[Optional[float]]) -> dict[str, Optional[float]]:
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--seeds", default="1,2,3,4,5")
-    p.add_argument("--jobs", type=int, default=30)
+    p.add_argument("--jobs", type=int, default=60)
     p.add_argument("--nodes", type=int, default=16)
     p.add_argument("--calibration", type=Path, default=calibration_file.DEFAULT_PATH)
     ns = p.parse_args(argv)
@@ -102,7 +122,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         trace = cluster_trace(cal, cluster, am, seed, 0.75, spec).jobs
         drf.append(simulate(trace, "drf", cal, cfg).summary.mean_jct_s)
         for v in VARIANTS:
-            with priors(v):
+            with priors(v, cal):
                 jct[v].append(simulate(trace, "optimus", cal, cfg).summary.mean_jct_s)
         print(f"seed {seed}: drf {drf[-1]}, " + ", ".join(f"{v} {jct[v][-1]}" for v in VARIANTS), file=sys.stderr)
 

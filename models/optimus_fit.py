@@ -74,18 +74,21 @@ ASYNC_FEATURES = (0, 1, 2, 6)         # eq. 3 divided by w: θ0/w + θ1/p + θ2 
 SYNC_REFERENCE = (1.02 * 16, 2.78, 4.92, 0.0, 0.02)
 ASYNC_REFERENCE = (2.83, 3.92, 0.0, 0.11)
 # Per-app priors: the epoch-time θ of models/ps_iteration_time.py (T = θ0/w + θ1 + θ2·w/s + θ3·w +
-# θ4·s, eq. 4's form) that `elastane sim calibrate` measured for the built-in apps on this project's
-# dev machine (docs/simulator.md). Only their shape matters: the fit scales them to each job.
+# θ4·s, eq. 4's form) that `elastane sim calibrate` measured for the built-in apps on the testbed
+# (4 budgeted hosts of 0.375 core, hosts floating over the cores, AMs on the master, a quiet
+# machine, 3 repeats a shape up to 16 x 8; 2026-11-29 06:31-06:54 UTC, the calibration shipped
+# before today's sim/calibration.json). Only their shape matters: the fit scales them to each job.
 # They are not independent of the simulator's truth: sim/calibration.json is a later calibration
-# of the same apps on the same machine, so in the simulator this prior comes from overlapping
-# measurements. bench/optimus_prior_effect.py measures what that buys (docs/simulator.md,
-# Calibration): with a flat prior (1/w) Optimus did better on the default trace (its mean JCT
-# 0.85x of this prior's, median of 5 seeds), with the paper's ResNet-50 reference 1.39x worse.
+# of the same apps on the same testbed, with its hosts pinned to cores (17:21-17:43 UTC the same
+# day), so in the simulator the prior is an earlier measurement of what it simulates, as an
+# operator's calibration of their cluster would be. bench/optimus_prior_effect.py measures what
+# that buys against the dev-machine priors these replaced, the paper's reference, a flat prior and
+# the simulated truth's own θ (docs/simulator.md, "Optimus's priors and the simulated truth").
 APP_PRIORS: dict[str, tuple[float, float, float, float, float]] = {
-    "mlr": (0.678, 0.0677, 0.0152, 0.0646, 0.0),
-    "nmf": (0.914589, 0.19257, 0.0, 0.0, 0.118368),
-    "lda": (1.319682, 0.0, 0.056166, 0.0, 0.0),
-    "lasso": (0.395726, 0.0, 0.0, 0.0, 0.395242),
+    "mlr": (0.94289, 0.578115, 0.0, 0.020134, 0.006829),
+    "nmf": (4.361352, 0.042556, 0.0, 0.001384, 0.02916),
+    "lda": (4.957195, 0.0, 0.0, 0.013413, 0.02227),
+    "lasso": (0.964197, 0.481427, 0.0, 0.018488, 0.018201),
 }
 
 
