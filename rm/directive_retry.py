@@ -10,10 +10,13 @@ directives"), 17-26 of DRF's ~700 reshapes a seed started short.
 
 So the RM sends the same directive again under a new version once the job has been short of it
 for a while: `FIRST_RETRY_S` after it settled short, then twice as long after each retry that
-came short again (at most `MAX_RETRY_S`), because a cluster that is full would otherwise make the
-job pay a change (for a kill-mode or SSP job, a checkpoint and a relaunch) over and over. A job
-that reaches its directive, or gets a new one, starts the count over. The count is in memory
-only: a new active RM starts it over, at worst one early retry.
+came short again (at most `MAX_RETRY_S`), and only while the nodes have room for what the job
+lacks (`lacking` against the nodes' free resources: on the nodes the directive names, or
+anywhere), because a full cluster would otherwise make the job pay a change (for a kill-mode or
+SSP job, a checkpoint and a relaunch that waits out the launch timeout) for nothing. A retry due
+while there is no room waits for it, uncounted. A job that reaches its directive, or gets a new
+one, starts the count over. The count is in memory only: a new active RM starts it over, at worst
+one early retry.
 """
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from protocol.internal_api import RunState, ShapeDirective
+from protocol.internal_api import NodePlacement, RunState, ShapeDirective
 from protocol.job_report import JobReport
+from protocol.records import Resource
 
 FIRST_RETRY_S = 60.0
 MAX_RETRY_S = 960.0
@@ -55,9 +59,11 @@ class DirectiveRetries:
 
     apps: dict[str, ShortRetry] = field(default_factory=dict)
 
-    def due(self, app_id: str, directive: ShapeDirective | None, report: JobReport | None, now: float) -> bool:
+    def due(self, app_id: str, directive: ShapeDirective | None, report: JobReport | None, now: float,
+            room: bool = True) -> bool:
         """Observe one app at `now`; True when its directive should go out again (counted as a
-        retry: the caller numbers it anew and tells `renumbered`)."""
+        retry: the caller numbers it anew and tells `renumbered`). `room`: the nodes have room for
+        what the job lacks; without it a retry that is due waits."""
         st = self.apps.get(app_id)
         if directive is None or (st is not None and st.version != directive.version):
             self.apps.pop(app_id, None)             # a new directive from the policy: count anew
@@ -77,7 +83,7 @@ class DirectiveRetries:
         if st.since is None:
             st.since = now
             return False
-        if now - st.since < st.delay():
+        if now - st.since < st.delay() or not room:
             return False
         st.retries += 1
         st.since = None
@@ -93,6 +99,36 @@ class DirectiveRetries:
         self.apps.pop(app_id, None)
 
 
+def lacking(directive: ShapeDirective, report: JobReport, held: tuple[NodePlacement, ...]) -> dict[str, int]:
+    """Executors the job lacks of its directive, per node it names (`held`: the job's executors
+    per node now), or under "" for a directive that names none."""
+    if not directive.placement:
+        return {"": max(0, directive.workers - report.workers) + max(0, directive.servers - report.servers)}
+    have = {p.node: p for p in held}
+    out: dict[str, int] = {}
+    for p in directive.placement:
+        h = have.get(p.node)
+        n = max(0, p.workers - (h.workers if h else 0)) + max(0, p.servers - (h.servers if h else 0))
+        if n:
+            out[p.node] = n
+    return out
+
+
+def has_room(lacks: dict[str, int], executor: Resource, free: dict[str, Resource]) -> bool:
+    """`free` (per RUNNING node) holds the lacking executors: each named node its own, "" (anywhere)
+    the sum of every node's whole executors."""
+    for node, n in lacks.items():
+        if node == "":
+            fits = sum(min(f.memory // max(1, executor.memory), f.vcores // max(1, executor.vcores))
+                       for f in free.values())
+        else:
+            f = free.get(node)
+            fits = 0 if f is None else min(f.memory // max(1, executor.memory), f.vcores // max(1, executor.vcores))
+        if fits < n:
+            return False
+    return True
+
+
 def again(directive: ShapeDirective, version: int, retries: int) -> ShapeDirective:
     """`directive` sent again as `version`, its reason saying why."""
     return msgspec.structs.replace(directive, version=version,
@@ -100,4 +136,4 @@ def again(directive: ShapeDirective, version: int, retries: int) -> ShapeDirecti
                                           f"(retry {retries})".lstrip("; "))
 
 
-__all__ = ["FIRST_RETRY_S", "MAX_RETRY_S", "DirectiveRetries", "ShortRetry", "again", "short_of"]
+__all__ = ["FIRST_RETRY_S", "MAX_RETRY_S", "DirectiveRetries", "ShortRetry", "again", "has_room", "lacking", "short_of"]

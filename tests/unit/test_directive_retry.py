@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from protocol import internal_api as api
-from protocol.internal_api import RunState, ShapeDirective
+from protocol.internal_api import NodePlacement, RunState, ShapeDirective
 from protocol.job_report import JobReport
-from rm.directive_retry import FIRST_RETRY_S, MAX_RETRY_S, DirectiveRetries, short_of
+from protocol.records import Resource
+from rm.directive_retry import FIRST_RETRY_S, MAX_RETRY_S, DirectiveRetries, has_room, lacking, short_of
+from rm.model import AmSpec
 from rm.policies import Decision, JobDecision
 from rm.policy_runner import apply_decision
-from rm_testing import FakeClock, launch_and_register, make_core, register, submit
+from rm_testing import FakeClock, launch_and_register, make_core, ps_spec, register
 
 
 def d(version: int, workers: int = 4, servers: int = 2, **kw: object) -> ShapeDirective:
@@ -65,11 +67,42 @@ def test_a_new_directive_from_the_policy_starts_the_count_over():
     assert r.due("a", d(3, workers=6), report(3, 3), 500.0 + FIRST_RETRY_S)
 
 
+def test_what_the_job_lacks_and_whether_the_nodes_hold_it():
+    ex = Resource(1024, 1)
+    anywhere = d(1, workers=4, servers=2)
+    assert lacking(anywhere, report(1, 3, 1), ()) == {"": 2}
+    placed = d(1, workers=4, servers=2, placement=[NodePlacement("a", 2, 1), NodePlacement("b", 2, 1)])
+    held = (NodePlacement("a", 2, 1), NodePlacement("b", 1, 0))
+    assert lacking(placed, report(1, 3, 1), held) == {"b": 2}
+    free = {"a": Resource(4096, 4), "b": Resource(1024, 8)}
+    assert not has_room({"b": 2}, ex, free)                 # b has the vcores, not the memory
+    assert has_room({"b": 1}, ex, free)
+    assert has_room({"": 5}, ex, free) and not has_room({"": 6}, ex, free)   # 4 on a, 1 on b
+    assert not has_room({"c": 1}, ex, free)                 # a node not running holds nothing
+
+
+def test_a_due_retry_waits_for_room_uncounted():
+    r = DirectiveRetries()
+    assert not r.due("a", d(1), report(1, 2), 0.0)
+    assert not r.due("a", d(1), report(1, 2), 10 * FIRST_RETRY_S, room=False)
+    assert r.apps["a"].retries == 0
+    assert r.due("a", d(1), report(1, 2), 10 * FIRST_RETRY_S + 1)
+
+
+def submit_ps(core) -> str:
+    app_id = core.new_application()
+    core.submit(app_id, "alice", "job", "default", "ELASTANE_PS", AmSpec(["true"], {}, {}, Resource(1024, 1)), 1,
+                ps_job=ps_spec({"app": "mlr", "workers": 1, "servers": 1, "executor_memory_mb": 1024,
+                                "executor_vcores": 1, "max_workers": 8, "max_servers": 4}))
+    core.app_saved(app_id)
+    return app_id
+
+
 def test_the_rm_sends_the_same_directive_again_under_a_new_version():
     clock = FakeClock()
     core = make_core(clock)
-    register(core, "n1:1")
-    app_id = submit(core)
+    register(core, "n1:1")                                 # 8 GB, 8 vcores; the AM holds 1 GB, 1 vcore
+    app_id = submit_ps(core)
     claims = launch_and_register(core, app_id)
     app = core.apps[app_id]
     grow = Decision({app_id: JobDecision(workers=4, servers=2, reason="grow")})
@@ -79,7 +112,12 @@ def test_the_rm_sends_the_same_directive_again_under_a_new_version():
     assert apply_decision(core, grow) == 0                 # the same decision: nothing new yet
     clock.advance(FIRST_RETRY_S - 1)
     assert apply_decision(core, Decision()) == 0
+    # due now, but another app's containers fill the node: the retry waits for room
+    node = core.nodes.nodes["n1:1"]
+    saved, node.used = node.used, node.capability
     clock.advance(1)
+    assert apply_decision(core, Decision()) == 0 and app.directive.version == 1
+    node.used = saved
     assert apply_decision(core, Decision()) == 1           # no decision names it: the RM's own retry
     again = core.allocate(claims, api.AllocateRequest(response_id=1, shape=report(1, 3))).shape_directive
     assert again is not None and (again.workers, again.servers, again.version) == (4, 2, 2)
