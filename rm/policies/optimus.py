@@ -40,9 +40,9 @@ make room for a job that arrives.
 Departures from the paper, and why:
 * The paper pre-runs each job at several shapes to seed its speed function; here the fit is seeded
   with the app's prior scaled to the job's own speed. A pre-run inside the job's own training
-  (moved through the paper's five shapes by the policy) was measured on §6's workload: it lost at
-  the paper's 10-minute rounds and gained 7 % at 30 s rounds, against 24 % for the true speed
-  function (docs/simulator.md, "Where Optimus's loss comes from").
+  (each new job stepped through the paper's five shapes by this policy, the next at once on a
+  sample at the last) was built and measured, and lost on both workloads: 1.26x over DRF against
+  1.36x without on §6's, 0.99x against 1.21x on the default trace (docs/optimus.md, departures).
 * A job whose loss curve cannot be fitted yet (too few points) is sized too, by the same rule,
   with a prior on its remaining epochs: `max_epochs` less the epochs trained (`PRIOR_EPOCHS` when
   the spec has no limit). A job with no speed measured at all yet, and one in the middle of a
