@@ -203,6 +203,28 @@ def test_a_short_start_at_or_above_the_minimum_trains_at_what_started() -> None:
     assert w.triggers()[-2:] == ["RESTART", "CHANGE_DONE"]
 
 
+def test_a_directive_the_rm_sends_again_after_a_short_start_is_carried_out() -> None:
+    # Version 1 asked for 4 workers and the restart got 3 (at or above the minimum: it trains at
+    # 3). The RM sends the same shape again as version 2 (rm/directive_retry.py): the job restarts
+    # again and, with room now, reaches 4.
+    w = kill_job()
+    w.hold = {ins.StartExecutors}
+    w.send(ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(workers=4, servers=1, version=1)))
+    servers, workers = w.held_of(ins.StartExecutors)
+    w.answer(servers)
+    came = [ExecutorInfo(executor_id=f"worker-{i}", role=Role.WORKER, container_id=f"c-worker-{i}", node="n1")
+            for i in (7, 8, 9)]
+    w.hold = set()
+    w.fail(workers, "3 of 4 new workers started within 120 s", executors=came)
+    assert w.job.shape == (3, 1) and w.job.phase is Phase.TRAINING and w.job.applied_directive == 1
+    n = len(w.log)
+    w.send(ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(workers=4, servers=1, version=1)))
+    assert w.steps_since(n) == []                         # a repeat of the version acted on: nothing
+    w.send(ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(workers=4, servers=1, version=2)))
+    assert w.steps_since(n) == SEQUENCE
+    assert w.job.shape == (4, 1) and w.job.phase is Phase.TRAINING and w.job.applied_directive == 2
+
+
 def test_a_restore_that_fails_fails_the_job() -> None:
     w = kill_job()
     w.hold = {ins.RestoreCheckpoint}
