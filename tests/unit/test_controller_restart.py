@@ -185,18 +185,24 @@ def test_a_start_below_the_minimum_goes_back_once_both_roles_starts_have_ended()
     assert w.of(ins.Reply)[-1].status == 409
 
 
-def test_a_short_start_at_or_above_the_minimum_trains_at_what_started() -> None:
-    # A busy cluster gave 3 of the 4 workers asked for within the launch timeout: the restart goes
-    # on with them (restored, training) instead of retiring them to go back, and says so.
-    w = kill_job()
+def three_of_four_workers_came(w: World, change: ev.Event) -> None:
+    """`change` restarts the job to 4 workers; its servers start, and of its workers only 3 within
+    the launch timeout (worker-7, -8, -9)."""
     w.hold = {ins.StartExecutors}
-    w.send(ev.ScaleRequested(at=w.at(), request=1, workers=2, servers=0))
+    w.send(change)
     servers, workers = w.held_of(ins.StartExecutors)
     w.answer(servers)
     came = [ExecutorInfo(executor_id=f"worker-{i}", role=Role.WORKER, container_id=f"c-worker-{i}", node="n1")
             for i in (7, 8, 9)]
     w.hold = set()
     w.fail(workers, "3 of 4 new workers started within 120 s", executors=came)
+
+
+def test_a_short_start_at_or_above_the_minimum_trains_at_what_started() -> None:
+    # A busy cluster gave 3 of the 4 workers asked for within the launch timeout: the restart goes
+    # on with them (restored, training) instead of retiring them to go back, and says so.
+    w = kill_job()
+    three_of_four_workers_came(w, ev.ScaleRequested(at=w.at(), request=1, workers=2, servers=0))
     assert w.job.phase is Phase.TRAINING and w.job.change is None and w.job.shape == (3, 1)
     assert w.of(ins.RestoreCheckpoint)[-1].workers == ["worker-7", "worker-8", "worker-9"]
     assert w.of(ins.Reply)[-1].status == 200 and not w.of(ins.RetireExecutors)[-1].executors[0].startswith("worker-7")
@@ -208,14 +214,8 @@ def test_a_directive_the_rm_sends_again_after_a_short_start_is_carried_out() -> 
     # 3). The RM sends the same shape again as version 2 (rm/directive_retry.py): the job restarts
     # again and, with room now, reaches 4.
     w = kill_job()
-    w.hold = {ins.StartExecutors}
-    w.send(ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(workers=4, servers=1, version=1)))
-    servers, workers = w.held_of(ins.StartExecutors)
-    w.answer(servers)
-    came = [ExecutorInfo(executor_id=f"worker-{i}", role=Role.WORKER, container_id=f"c-worker-{i}", node="n1")
-            for i in (7, 8, 9)]
-    w.hold = set()
-    w.fail(workers, "3 of 4 new workers started within 120 s", executors=came)
+    three_of_four_workers_came(w, ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(workers=4, servers=1,
+                                                                                        version=1)))
     assert w.job.shape == (3, 1) and w.job.phase is Phase.TRAINING and w.job.applied_directive == 1
     n = len(w.log)
     w.send(ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(workers=4, servers=1, version=1)))
