@@ -21,6 +21,7 @@ one early retry.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import msgspec
 
@@ -28,8 +29,11 @@ from protocol.internal_api import NodePlacement, RunState, ShapeDirective
 from protocol.job_report import JobReport
 from protocol.records import Resource
 
+from .policies.eps_jobs import units
+
 FIRST_RETRY_S = 60.0
 MAX_RETRY_S = 960.0
+SENT_AGAIN = "sent again: the job acted on it and came short"    # a re-sent directive's reason says so
 
 
 def short_of(directive: ShapeDirective | None, report: JobReport | None) -> bool:
@@ -60,10 +64,10 @@ class DirectiveRetries:
     apps: dict[str, ShortRetry] = field(default_factory=dict)
 
     def due(self, app_id: str, directive: ShapeDirective | None, report: JobReport | None, now: float,
-            room: bool = True) -> bool:
+            room: Callable[[], bool] = lambda: True) -> bool:
         """Observe one app at `now`; True when its directive should go out again (counted as a
-        retry: the caller numbers it anew and tells `renumbered`). `room`: the nodes have room for
-        what the job lacks; without it a retry that is due waits."""
+        retry: the caller numbers it anew and tells `renumbered`). `room`, asked only once a retry
+        is due: the nodes have room for what the job lacks; without it the retry waits."""
         st = self.apps.get(app_id)
         if directive is None or (st is not None and st.version != directive.version):
             self.apps.pop(app_id, None)             # a new directive from the policy: count anew
@@ -83,7 +87,7 @@ class DirectiveRetries:
         if st.since is None:
             st.since = now
             return False
-        if now - st.since < st.delay() or not room:
+        if now - st.since < st.delay() or not room():
             return False
         st.retries += 1
         st.since = None
@@ -118,22 +122,20 @@ def has_room(lacks: dict[str, int], executor: Resource, free: dict[str, Resource
     """`free` (per RUNNING node) holds the lacking executors: each named node its own, "" (anywhere)
     the sum of every node's whole executors."""
     for node, n in lacks.items():
-        if node == "":
-            fits = sum(min(f.memory // max(1, executor.memory), f.vcores // max(1, executor.vcores))
-                       for f in free.values())
-        else:
-            f = free.get(node)
-            fits = 0 if f is None else min(f.memory // max(1, executor.memory), f.vcores // max(1, executor.vcores))
+        fits = (sum(units(f, executor) for f in free.values()) if node == "" else
+                units(free.get(node, Resource(0, 0)), executor))
         if fits < n:
             return False
     return True
 
 
 def again(directive: ShapeDirective, version: int, retries: int) -> ShapeDirective:
-    """`directive` sent again as `version`, its reason saying why."""
+    """`directive` sent again as `version`, its reason the policy's with why (once, however many
+    times it has gone out)."""
+    policy_reason = directive.reason.partition(SENT_AGAIN)[0].rstrip("; ")
+    why = f"{SENT_AGAIN} (retry {retries})"
     return msgspec.structs.replace(directive, version=version,
-                                   reason=f"{directive.reason}; sent again: the job acted on it and came short "
-                                          f"(retry {retries})".lstrip("; "))
+                                   reason=f"{policy_reason}; {why}" if policy_reason else why)
 
 
-__all__ = ["FIRST_RETRY_S", "MAX_RETRY_S", "DirectiveRetries", "ShortRetry", "again", "has_room", "lacking", "short_of"]
+__all__ = ["FIRST_RETRY_S", "MAX_RETRY_S", "SENT_AGAIN", "DirectiveRetries", "ShortRetry", "again", "has_room", "lacking", "short_of"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -21,7 +22,7 @@ from protocol.internal_api import NodePlacement
 from protocol.records import ZERO, AppState, AttemptState, NodeState, Resource
 
 from .core import ResourceManagerCore
-from .directive_retry import again, has_room, lacking, short_of
+from .directive_retry import again, has_room, lacking
 from .model import App
 from .policies import AppView, ClusterSnapshot, Decision, NodeView, Policy
 from .policies.node_drain import drain_moves, draining_nodes
@@ -120,18 +121,22 @@ def send_short_again(core: ResourceManagerCore) -> int:
     retries, now, n = core.directive_retries, core.clock(), 0
     for app_id in [a for a in retries.apps if a not in core.apps or core.apps[a].state.is_final]:
         retries.forget(app_id)
-    free: Optional[dict[str, Resource]] = None      # per RUNNING node, counted once if needed
+    free: dict[str, Resource] = {}       # per RUNNING node, counted at the first retry that is due
+
+    def room(app: App) -> bool:
+        d, report = app.directive, app.shape
+        executor = (d.executor_resource if d is not None else None) or (app.ps.executor if app.ps else None)
+        if d is None or report is None or executor is None:
+            return False
+        if not free:
+            free.update((node.node_id, node.capability - node.used) for node in core.nodes
+                        if node.state == NodeState.RUNNING)
+        return has_room(lacking(d, report, executors_of(core, app)), executor, free)
+
     for app in core.apps.values():
         if app.state != AppState.RUNNING or app.directive is None:
             continue
-        room = True
-        if short_of(app.directive, app.shape) and app.shape is not None:
-            if free is None:
-                free = {node.node_id: node.capability - node.used for node in core.nodes if node.state == NodeState.RUNNING}
-            executor = app.directive.executor_resource or (app.ps.executor if app.ps is not None else None)
-            room = executor is not None and has_room(lacking(app.directive, app.shape, executors_of(core, app)),
-                                                     executor, free)
-        if retries.due(app.app_id, app.directive, app.shape, now, room):
+        if retries.due(app.app_id, app.directive, app.shape, now, functools.partial(room, app)):
             app.directive_version += 1
             app.directive = again(app.directive, app.directive_version, retries.apps[app.app_id].retries)
             retries.renumbered(app.app_id, app.directive_version)

@@ -28,6 +28,7 @@ from protocol.internal_api import RunState
 from protocol.records import ZERO, Resource
 
 from .decision import Decision, JobDecision
+from .eps_jobs import units
 from .queue_reclaim import executor_size, held_shape, trim_placement
 from .queue_shares import QueueShare, owed_to_others
 from .snapshot import AppView, ClusterSnapshot
@@ -57,13 +58,6 @@ def current_shape(app: AppView) -> tuple[int, int]:
 
 def _target(jd: JobDecision) -> tuple[int, int]:
     return (0, 0) if jd.run_state == RunState.PAUSE else (jd.workers, jd.servers)
-
-
-def _fits(e: Resource, room: Resource) -> int:
-    """How many executors of size `e` fit in `room`."""
-    ks = [room.memory // e.memory if e.memory > 0 else None, room.vcores // e.vcores if e.vcores > 0 else None]
-    got = [k for k in ks if k is not None]
-    return max(0, min(got)) if got else 0
 
 
 def _trim(jd: JobDecision, cur: tuple[int, int], by: int) -> Optional[JobDecision]:
@@ -160,7 +154,7 @@ def guard_decision(decision: Decision, snapshot: ClusterSnapshot, shares: Mappin
             room_free = Resource(max(0, free.memory - taken.memory - owed.memory),
                                  max(0, free.vcores - taken.vcores - owed.vcores))
             pool = freed.get(app.queue, ZERO)
-            allowed = _fits(e, room_free + pool)
+            allowed = units(room_free + pool, e)
             why = "the room left is owed to other queues"
         if allowed >= net:
             granted_jd: Optional[JobDecision] = jd

@@ -5,7 +5,7 @@ from protocol import internal_api as api
 from protocol.internal_api import NodePlacement, RunState, ShapeDirective
 from protocol.job_report import JobReport
 from protocol.records import Resource
-from rm.directive_retry import FIRST_RETRY_S, MAX_RETRY_S, DirectiveRetries, has_room, lacking, short_of
+from rm.directive_retry import FIRST_RETRY_S, MAX_RETRY_S, SENT_AGAIN, DirectiveRetries, has_room, lacking, short_of
 from rm.model import AmSpec
 from rm.policies import Decision, JobDecision
 from rm.policy_runner import apply_decision
@@ -84,8 +84,15 @@ def test_what_the_job_lacks_and_whether_the_nodes_hold_it():
 def test_a_due_retry_waits_for_room_uncounted():
     r = DirectiveRetries()
     assert not r.due("a", d(1), report(1, 2), 0.0)
-    assert not r.due("a", d(1), report(1, 2), 10 * FIRST_RETRY_S, room=False)
-    assert r.apps["a"].retries == 0
+    asked: list[float] = []
+
+    def no_room() -> bool:
+        asked.append(1.0)
+        return False
+    assert not r.due("a", d(1), report(1, 2), 1.0, room=no_room)
+    assert asked == []                                       # not due yet: the nodes are not looked at
+    assert not r.due("a", d(1), report(1, 2), 10 * FIRST_RETRY_S, room=no_room)
+    assert asked and r.apps["a"].retries == 0
     assert r.due("a", d(1), report(1, 2), 10 * FIRST_RETRY_S + 1)
 
 
@@ -122,8 +129,14 @@ def test_the_rm_sends_the_same_directive_again_under_a_new_version():
     again = core.allocate(claims, api.AllocateRequest(response_id=1, shape=report(1, 3))).shape_directive
     assert again is not None and (again.workers, again.servers, again.version) == (4, 2, 2)
     assert "came short" in again.reason and again.reason.startswith("grow")
+    # came short again: the next retry's reason is the policy's with one "sent again", not two
+    core.allocate(claims, api.AllocateRequest(response_id=2, shape=report(2, 3)))
+    assert apply_decision(core, Decision()) == 0
+    clock.advance(2 * FIRST_RETRY_S)
+    assert apply_decision(core, Decision()) == 1 and app.directive.version == 3
+    assert app.directive.reason == f"grow; {SENT_AGAIN} (retry 2)"
     assert app_id in core.dirty                            # stored with its new version
     # reached on the retry: nothing more goes out, however long
-    core.allocate(claims, api.AllocateRequest(response_id=2, shape=report(2, 4)))
+    core.allocate(claims, api.AllocateRequest(response_id=3, shape=report(3, 4)))
     clock.advance(10 * MAX_RETRY_S)
-    assert apply_decision(core, Decision()) == 0 and app.directive.version == 2
+    assert apply_decision(core, Decision()) == 0 and app.directive.version == 3
