@@ -152,6 +152,13 @@ def get_app(base_url: str, app_id: str) -> dict[str, Any]:
     return rest(base_url, "GET", f"/ws/v1/cluster/apps/{app_id}")["app"]
 
 
+def kill_unless_final(base_url: str, app_id: str) -> None:
+    """Kill `app_id` (as its owner, alice) unless it has ended: a test's `finally`, so that no job
+    is left training whatever the test did."""
+    if get_app(base_url, app_id)["state"] not in FINAL_STATES:
+        rest(base_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+
+
 def am_status(cluster: Any, app_id: str) -> PsStatus | None:
     """A running PS job's status from its AM (the app's tracking URL), decoded as the PsStatus it
     is, or None while there is none to ask: not RUNNING yet or any more, or the AM not answering

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import get_app, pids_with_env, restarted_and_trained_on, rest, running_cluster, submit_app, wait_app
+from conftest import get_app, kill_unless_final, pids_with_env, rest, restarted_and_trained_on, running_cluster, submit_app, wait_app
 from protocol.ps_status import PsStatus
 from protocol.shape_history import KillRestartChange
 from polling import wait_until
@@ -71,8 +71,7 @@ def test_eps_policy_directives_reshape_a_kill_mode_job(eps_cluster) -> None:
         seen["status"] = wait_until(lambda: restarted_and_trained_on(eps_cluster, a), 180,
                                     "job A restarted smaller and trained on")
     finally:
-        if get_app(eps_cluster.rm_url, a)["state"] not in ("FINISHED", "FAILED", "KILLED"):
-            rest(eps_cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{a}/state", {"state": "KILLED"}, user="alice")
+        kill_unless_final(eps_cluster.rm_url, a)
     wait_app(eps_cluster.rm_url, a, ("FINISHED", "FAILED", "KILLED"), 60)
     for app_id in (a, b):
         wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")

@@ -22,8 +22,8 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import (FINAL_STATES, am_control_headers, app_post_mortem, get_app, pids_with_env, rest,
-                      running_cluster, submit_app, wait_app, warm_pids_with)
+from conftest import (am_control_headers, app_post_mortem, get_app, kill_unless_final, pids_with_env,
+                      rest, running_cluster, submit_app, wait_app, warm_pids_with)
 from polling import wait_until
 from ps_am_status import final_status
 from protocol import container_env, tokens
@@ -111,8 +111,7 @@ def test_add_and_remove_each_role_while_training_follows_the_unchanged_run(
         e.add_note(app_post_mortem(eps_cluster, app_id))
         raise
     finally:
-        if get_app(eps_cluster.rm_url, app_id)["state"] not in FINAL_STATES:   # never leave it training
-            rest(eps_cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+        kill_unless_final(eps_cluster.rm_url, app_id)   # never leave it training
         gone(eps_cluster, app_id)
     ref = reference_run(eps_cluster, reference)
 

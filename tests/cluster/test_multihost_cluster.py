@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import FINAL_STATES, get_app, rest, submit_app, wait_app
+from conftest import FINAL_STATES, get_app, kill_unless_final, rest, submit_app, wait_app
 from elastane_cli import testbed_hosts
 from elastane_cli.testbed_cluster import MASTER, TestbedCluster
 from polling import wait_until
@@ -163,8 +163,7 @@ def test_a_ps_job_spans_hosts_scales_out_across_them_and_succeeds(tmp_path: Path
             e.add_note(post_mortem(c, app_id))
             raise
         finally:
-            if get_app(c.rm_url, app_id)["state"] not in FINAL_STATES:
-                rest(c.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+            kill_unless_final(c.rm_url, app_id)
             wait_app(c.rm_url, app_id, FINAL_STATES, 60)
 
 
@@ -210,8 +209,7 @@ def test_ams_run_on_the_master_and_executors_on_the_budgeted_hosts(tmp_path: Pat
             raise
         finally:
             for app_id in apps:
-                if get_app(c.rm_url, app_id)["state"] not in FINAL_STATES:
-                    rest(c.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+                kill_unless_final(c.rm_url, app_id)
                 wait_app(c.rm_url, app_id, FINAL_STATES, 60)
 
 

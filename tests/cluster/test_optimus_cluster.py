@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import am_status, get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
+from conftest import am_status, kill_unless_final, pids_with_env, rest, running_cluster, submit_app, wait_app
 from protocol.ps_status import PsStatus
 from polling import wait_until
 from protocol import container_env
@@ -91,9 +91,8 @@ def test_optimus_grows_a_job_then_shrinks_it_for_a_newcomer(optimus_cluster) -> 
         assert app_b["finalStatus"] == "SUCCEEDED", app_b["diagnostics"]
     finally:
         for app_id in (a, b):
-            if app_id and get_app(optimus_cluster.rm_url, app_id)["state"] not in ("FINISHED", "FAILED", "KILLED"):
-                rest(optimus_cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"},
-                     user="alice")
+            if app_id:
+                kill_unless_final(optimus_cluster.rm_url, app_id)
     for app_id in (a, b):
         if app_id:
             wait_app(optimus_cluster.rm_url, app_id, ("FINISHED", "FAILED", "KILLED"), 60)

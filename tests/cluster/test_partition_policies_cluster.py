@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import am_status, app_post_mortem, get_app, pids_with_env, rest, running_cluster, submit_app, wait_app
+from conftest import am_status, app_post_mortem, kill_unless_final, pids_with_env, running_cluster, submit_app, wait_app
 from protocol.ps_status import DirectiveRecord, PsStatus
 from protocol.shape_history import EpsChange, KillRestartChange
 from polling import wait_until
@@ -72,8 +72,7 @@ def test_policy_grows_a_job_in_place_then_shrinks_it_for_an_arriving_one(policy_
         e.add_note(app_post_mortem(dorm_cluster, a))
         raise
     finally:
-        if get_app(dorm_cluster.rm_url, a)["state"] not in ("FINISHED", "FAILED", "KILLED"):
-            rest(dorm_cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{a}/state", {"state": "KILLED"}, user="alice")
+        kill_unless_final(dorm_cluster.rm_url, a)
     wait_app(dorm_cluster.rm_url, a, ("FINISHED", "FAILED", "KILLED"), 60)
     for app_id in (a, b):
         wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")

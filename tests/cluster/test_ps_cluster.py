@@ -16,8 +16,8 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import (FINAL_STATES, am_control_headers, get_app, pids_with_env, rest, running_cluster, submit_app,
-                      wait_app)
+from conftest import (FINAL_STATES, am_control_headers, get_app, kill_unless_final, pids_with_env, rest,
+                      running_cluster, submit_app, wait_app)
 from polling import wait_until
 from ps_am_status import running_status
 from protocol import container_env
@@ -212,8 +212,7 @@ def test_checkpoint_on_request_then_killed_worker_fails_the_job(ps_cluster) -> N
         os.kill(victim.pid, signal.SIGKILL)
         app = wait_app(ps_cluster.rm_url, app_id, ("FINISHED", "FAILED"), 60)
     finally:
-        if get_app(ps_cluster.rm_url, app_id)["state"] not in FINAL_STATES:   # never leave it training
-            rest(ps_cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+        kill_unless_final(ps_cluster.rm_url, app_id)   # never leave it training
     assert app["finalStatus"] == "FAILED", app
     diag = app["diagnostics"]
     assert "worker-1 (worker, " in diag and victim.container_id in diag and "exited with" in diag, diag

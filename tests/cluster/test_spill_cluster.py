@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import FINAL_STATES, get_app, pids_with_env, rest, submit_app, wait_app
+from conftest import get_app, kill_unless_final, pids_with_env, submit_app, wait_app
 from polling import wait_until
 from protocol import container_env
 from test_cluster_limits import cgroups_unusable_reason
@@ -31,8 +31,7 @@ def _run(cluster: Any, spec: dict[str, Any], name: str) -> tuple[dict[str, Any],
     try:
         app = wait_app(cluster.rm_url, app_id, ("FINISHED",), 150)
     finally:
-        if get_app(cluster.rm_url, app_id)["state"] not in FINAL_STATES:
-            rest(cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+        kill_unless_final(cluster.rm_url, app_id)
         wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
     return app, app_id
 

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
-from conftest import am_status, get_app, pids_with_env, restarted_and_trained_on, rest, running_cluster, submit_app, wait_app
+from conftest import am_status, kill_unless_final, pids_with_env, rest, restarted_and_trained_on, running_cluster, submit_app, wait_app
 from polling import wait_until
 from protocol import container_env
 
@@ -39,8 +39,7 @@ def test_an_ssp_job_takes_its_directives_shape_through_a_restart(cluster: Any) -
         seen["status"] = wait_until(lambda: restarted_and_trained_on(cluster, app_id), 180,
                                     "the SSP job restarted at 2 workers and trained on")
     finally:
-        if get_app(cluster.rm_url, app_id)["state"] not in ("FINISHED", "FAILED", "KILLED"):
-            rest(cluster.rm_url, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+        kill_unless_final(cluster.rm_url, app_id)
     wait_app(cluster.rm_url, app_id, ("FINISHED", "FAILED", "KILLED"), 60)
     wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
 

@@ -11,7 +11,7 @@ import pytest
 
 from appmaster.ps.submission import build_ps_submission
 from browser import chromium_page, skip_reason
-from conftest import FINAL_STATES, app_post_mortem, get_app, pids_with_env, rest, running_cluster, submit_app
+from conftest import FINAL_STATES, app_post_mortem, get_app, kill_unless_final, pids_with_env, rest, running_cluster, submit_app
 from polling import wait_until
 from protocol import container_env
 
@@ -97,7 +97,6 @@ def test_web_ui_follows_a_training_ps_job(ui_cluster: Any, capsys: pytest.Captur
         e.add_note(app_post_mortem(ui_cluster, app_id))
         raise
     finally:
-        if get_app(rm, app_id)["state"] not in FINAL_STATES:
-            rest(rm, "PUT", f"/ws/v1/cluster/apps/{app_id}/state", {"state": "KILLED"}, user="alice")
+        kill_unless_final(rm, app_id)
         wait_until(lambda: get_app(rm, app_id)["state"] in FINAL_STATES, 60, "the job ends")
         wait_until(lambda: not pids_with_env(container_env.APP_ID, app_id), 30, "every process of the job gone")
