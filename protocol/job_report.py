@@ -38,6 +38,9 @@ Fields, and what the AM must put in them:
   reconfiguration finishes). Policies only trust a speed measured over enough iterations.
 - `executor_resource`: the resource of one executor container as granted (after the RM's rounding).
 - `directive_version`: the version of the last shape directive the AM has acted on (0: none).
+- `directive_refused`: why the AM acted on that version as no change although the job lacks its
+  shape -- a change the job cannot make (more workers than input splits, ...); "" otherwise. The RM
+  does not send such a directive again (rm/directive_retry.py).
 - `phase`: the PS job's phase (appmaster.ps.job.JobPhase value: STARTING ... TRAINING, FINISHING,
   SUCCEEDED ...); "" when the AM does not say.
 - `epoch`: the number of the last finished epoch (0-based, as the AM's status numbers them; None
@@ -91,6 +94,7 @@ from .records import Resource
 MAX_EPOCH_TIMES = 20
 MAX_OBJECTIVES = 200
 MAX_CLOCK_OBJECTIVES = 200
+MAX_REFUSAL_CHARS = 500
 
 NonNeg = Annotated[int, msgspec.Meta(ge=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
@@ -145,6 +149,9 @@ class JobReport(msgspec.Struct, kw_only=True):
     speed_iterations: NonNeg = 0
     executor_resource: Optional[Resource] = None
     directive_version: NonNeg = 0
+    # Why the job acted on `directive_version` as no change although it lacks that shape (a change it
+    # cannot make, as its AM's planner said); "" when it made the change or had the shape.
+    directive_refused: Annotated[str, msgspec.Meta(max_length=MAX_REFUSAL_CHARS)] = ""
     phase: str = ""
     epoch: Optional[NonNeg] = None
     epoch_time_s: Optional[NonNegFloat] = None

@@ -17,6 +17,10 @@ SSP job, a checkpoint and a relaunch that waits out the launch timeout) for noth
 while there is no room waits for it, uncounted. A job that reaches its directive, or gets a new
 one, starts the count over. The count is in memory only: a new active RM starts it over, at worst
 one early retry.
+
+A directive the job cannot carry out at all (more workers than its input splits) is not one it
+came short of: its AM acts on it as no change and says why (`JobReport.directive_refused`), and
+sending it again would only be refused again, so it is never due.
 """
 from __future__ import annotations
 
@@ -37,10 +41,13 @@ SENT_AGAIN = "sent again: the job acted on it and came short"    # a re-sent dir
 
 
 def short_of(directive: ShapeDirective | None, report: JobReport | None) -> bool:
-    """The job has acted on `directive` (a RUN one), changes nothing now, and has another shape."""
+    """The job has acted on `directive` (a RUN one), changes nothing now, and has another shape --
+    not one it refused (`JobReport.directive_refused`: a change it cannot make, which the same
+    directive sent again would not make either)."""
     if directive is None or report is None or directive.run_state is not RunState.RUN:
         return False
-    return (not report.changing and report.directive_version >= directive.version
+    refused = bool(report.directive_refused) and report.directive_version == directive.version
+    return (not report.changing and report.directive_version >= directive.version and not refused
             and (report.workers, report.servers) != (directive.workers, directive.servers))
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from protocol.internal_api import RunState, ShapeDirective
+from protocol.job_report import MAX_REFUSAL_CHARS
 
 from . import events as ev
 from .instructions import (CancelSteps, CommitSplits, Finish, Instruction, LaunchExecutor, MoveModelBlocks,
@@ -70,7 +71,7 @@ def begin(job: JobState, change: Change, out: Out) -> None:
     if trigger is not None:
         fire(job, trigger)
     PLANNERS[change.kind].begin(job, change, out)
-    out.append(ReportProgress(changing=True, directive_version=job.applied_directive))
+    out.append(ReportProgress(changing=True, directive_version=job.applied_directive, refused=job.refused_directive))
     _maybe_end(job, change, out)
 
 
@@ -85,7 +86,8 @@ def _maybe_end(job: JobState, change: Change, out: Out) -> None:
                          directory=change.checkpoint if change.kind is ChangeKind.CHECKPOINT else ""))
     if job.phase.is_final:
         return
-    out.append(ReportProgress(changing=False, directive_version=job.applied_directive))
+    out.append(ReportProgress(changing=False, directive_version=job.applied_directive,
+                              refused=job.refused_directive))
     _serve(job, change.at, out)
 
 
@@ -148,6 +150,7 @@ def _start_on_directive(job: JobState, d: ShapeDirective, at: float, out: Out) -
     """Start a job whose placement the policy gives on its first RUN directive."""
     job.first_directive = d
     job.applied_directive = d.version
+    job.refused_directive = ""
     job.kept_directive = None                    # an older PAUSE held the job back: this one supersedes it
     begin(job, Change(ChangeKind.START, Origin.DIRECTIVE, at, directive_version=d.version), out)
 
@@ -192,8 +195,10 @@ def _directive(job: JobState, e: ev.DirectiveArrived, out: Out) -> None:
 
 
 def _apply_directive(job: JobState, d: ShapeDirective, at: float, out: Out) -> None:
-    """Turn a directive into the change it asks for (or none: the job has its shape already)."""
+    """Turn a directive into the change it asks for (or none: the job has its shape already, or
+    cannot make the change -- then the report says why)."""
     job.applied_directive = d.version
+    job.refused_directive = ""
     spec = job.spec
     target = target_of(d, spec)
     if job.phase is Phase.PAUSED:
@@ -215,9 +220,15 @@ def _apply_directive(job: JobState, d: ShapeDirective, at: float, out: Out) -> N
             ChangeKind.PLAN if job.spec.optimizer == "cruise" else ChangeKind.EPS)
     change = Change(kind, Origin.DIRECTIVE, at, target=target, directive_version=d.version)
     # A change the job cannot make (more workers than input splits) is acted on as no change,
-    # rather than started to fail after its containers came.
-    if not PLANNERS[kind].needed(job, change) or PLANNERS[kind].invalid(job, change):
+    # rather than started to fail after its containers came; the report says why, so the RM does
+    # not send it again as one the job came short of.
+    if not PLANNERS[kind].needed(job, change):
         out.append(ReportProgress(changing=False, directive_version=d.version))
+        return
+    problem = PLANNERS[kind].invalid(job, change)
+    if problem:
+        job.refused_directive = problem[:MAX_REFUSAL_CHARS]      # the report's bound
+        out.append(ReportProgress(changing=False, directive_version=d.version, refused=job.refused_directive))
         return
     begin(job, change, out)
 

@@ -198,10 +198,12 @@ class CancelSteps(_Instruction, tag="cancel_steps"):
 
 
 class ReportProgress(_Instruction, tag="report"):
-    """Send the RM the job report now (shape, changing, directive version acted on)."""
+    """Send the RM the job report now (shape, changing, directive version acted on, and why that
+    version was refused: `JobState.refused_directive`)."""
 
     changing: bool
     directive_version: int
+    refused: str = ""
 
 
 class Reply(_Instruction, tag="reply"):

@@ -126,6 +126,10 @@ class JobState:
     kept_directive: Optional[ShapeDirective] = None
     seen_directive: int = 0
     applied_directive: int = 0
+    # Why `applied_directive` was acted on as no change although the job lacks its shape: a change
+    # the job cannot make (its planner's `invalid`). The report carries it, so the RM does not send
+    # the same directive again (rm/directive_retry.py); "" when the job made the change or had the shape.
+    refused_directive: str = ""
     checkpoint_requests: list[int] = field(default_factory=list)
     pending_losses: list[tuple[str, str]] = field(default_factory=list)   # (executor, description)
     lost: dict[str, Executor] = field(default_factory=dict)      # every executor lost, by id

@@ -759,7 +759,8 @@ class PSApplicationMaster:
                      clock_objectives=m.clock_objectives.report(),
                      worker_times=m.worker_timing(ready), server_times=m.server_timing(ready),
                      memory_mb=sum(e.rss_bytes for e in live) / (1024 * 1024),
-                     paused=self.job.phase is Phase.PAUSED, **spill_report(live))
+                     paused=self.job.phase is Phase.PAUSED, directive_refused=self.job.refused_directive,
+                     **spill_report(live))
         self.progress.changing = self.job.change is not None and self.job.change.kind not in (
             ChangeKind.START, ChangeKind.FINISH, ChangeKind.CHECKPOINT)
         self.am.set_shape(self.progress.report(self.live_shape(), self.steps.resource, self.job.applied_directive,
