@@ -57,6 +57,7 @@ SHAPE_FIELDS = (
     ("Executor memory", "current.executor_resource.memory", "mb"),
     ("Executor vcores", "current.executor_resource.vCores", "int"),
     ("Directive acted on", "current.directive_version", "int"),
+    ("Directive refused, why", "current.directive_refused", "text"),
 )
 DIRECTIVE_FIELDS = (
     ("Policy", "policy", "text"), ("Version", "directive.version", "int"),

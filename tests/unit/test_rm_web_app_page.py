@@ -89,13 +89,13 @@ def field(html: str, label: str) -> str:
 
 
 def _report(workers: int, servers: int, iterations: int, speed: float, epoch: int, epoch_time: float,
-            objective: float) -> JobReport:
+            objective: float, refused: str = "") -> JobReport:
     return JobReport.decode({"workers": workers, "servers": servers, "started": True, "changing": False,
             "iterations": iterations, "early_feedback": iterations >= 100, "early_feedback_iterations": 100,
             "speed": speed, "speed_iterations": 20, "executor_resource": {"memory": 512, "vCores": 1},
             "directive_version": 0, "epoch": epoch, "epoch_time_s": epoch_time, "objective": objective,
             "phase": "TRAINING", "worker_times": {"compute_s": 0.012, "comm_s": 0.003, "workers": workers},
-            "memory_mb": 100.0 * (workers + servers)})
+            "memory_mb": 100.0 * (workers + servers), "directive_refused": refused})
 
 
 async def test_ps_app_page_shows_shape_changes_and_charts(page_env: PageEnv):
@@ -105,7 +105,8 @@ async def test_ps_app_page_shows_shape_changes_and_charts(page_env: PageEnv):
     page = await page_env.get(f"/cluster/app/{app_id}")
     assert "has not reported its shape yet" in page
     reports = [_report(2, 1, 50, 1.0, 1, 50.0, 0.9), _report(2, 1, 120, 1.1, 2, 45.0, 0.7),
-               _report(4, 1, 200, 2.0, 3, 25.0, 0.5), _report(4, 2, 300, 2.6, 4, 19.0, 0.4)]
+               _report(4, 1, 200, 2.0, 3, 25.0, 0.5),
+               _report(4, 2, 300, 2.6, 4, 19.0, 0.4, refused="9 workers is more than the maximum of 8")]
     for i, rep in enumerate(reports):
         page_env.clock.advance(30)
         core.allocate(claims, api.AllocateRequest(response_id=i, progress=0.1 * i, shape=rep))
@@ -115,7 +116,8 @@ async def test_ps_app_page_shows_shape_changes_and_charts(page_env: PageEnv):
     expected = {"Workers": "4", "Servers": "2", "Iterations": "300", "Speed": "2.6 it/s", "Phase": "TRAINING",
                 "Epoch": "4", "Last epoch time": "19 s", "Objective": "0.4", "Memory in use": "600 MB",
                 "Worker compute per mini-batch": "12 ms", "Worker communication per mini-batch": "3 ms",
-                "Alpha (Harmony)": "N/A", "Executor memory": "512 MB"}
+                "Alpha (Harmony)": "N/A", "Executor memory": "512 MB",
+                "Directive refused, why": "9 workers is more than the maximum of 8"}
     assert {k: field(shape, k) for k in expected} == expected
     changes = page.split("<h2>Shape changes</h2>")[1].split("<h2>")[0]
     rows = re.findall(r"<tr>(.*?)</tr>", changes)[1:]
