@@ -14,11 +14,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test,bench,lint,s3,ha]'
 	touch $(STAMP)
 
-# Two xdist workers (one per core of the 2-core CI machine; the cluster tests spend much of their
-# time waiting on daemons and CPU-budgeted testbed hosts, so two overlap well). loadfile keeps a
-# module on one worker (a cluster it shares is built once); tests/support/parallel_plan.py sends
-# the long modules first. `make test TEST_WORKERS=0` runs the suite serially, in one process.
-TEST_WORKERS ?= 2
+# Three xdist workers on the 2-core CI machine: the cluster tests spend most of their time waiting
+# on daemons and on CPU-budgeted testbed hosts (the quick 16-core suite: 23 s of CPU in 88 s), so
+# a third overlaps the other two's waits. Measured on a fresh 2-core machine, the whole suite:
+# 563-589 s on two workers, 480-485 s on three (557 s with a simulator bench running beside it).
+# loadfile keeps a module on one worker (a cluster it shares is built once);
+# tests/support/parallel_plan.py sends the long modules first. `make test TEST_WORKERS=0` runs the
+# suite serially, in one process.
+TEST_WORKERS ?= 3
 
 test: $(STAMP)
 	-@sh bin/ensure-test-packages

@@ -1,6 +1,6 @@
 """The order in which the suite's modules run: the long ones first.
 
-`make test` runs the suite on two pytest-xdist workers with `--dist loadfile
+`make test` runs the suite on three pytest-xdist workers with `--dist loadfile
 --no-loadscope-reorder`: each module runs whole on one worker (so a cluster a module builds once
 for its tests -- a module-scoped fixture -- is built once, as in a serial run), and modules are
 handed out in collection order, each to the next worker that runs low on work. xdist has no work
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-# The modules that take longest on a busy 2-core machine running the suite on two workers
+# The modules that take longest on a busy 2-core machine running the suite on two or three workers
 # (`--durations`; testbed tests, real training), longest first. A scheduling hint only: a module
 # missing here still runs, just later.
 LONG_MODULES = (
