@@ -167,6 +167,10 @@ class JobReport(msgspec.Struct, kw_only=True):
     paused: bool = False
     alpha: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]] = None
 
+    def refused(self, version: int) -> bool:
+        """The job acted on directive `version` as a change it cannot make (`directive_refused`)."""
+        return bool(self.directive_refused) and self.directive_version == version
+
     def to_json(self) -> JsonObject:
         """The report as JSON-ready builtins (what the REST API and the web UI show)."""
         out: JsonObject = msgspec.to_builtins(self)

@@ -46,8 +46,8 @@ def short_of(directive: ShapeDirective | None, report: JobReport | None) -> bool
     directive sent again would not make either)."""
     if directive is None or report is None or directive.run_state is not RunState.RUN:
         return False
-    refused = bool(report.directive_refused) and report.directive_version == directive.version
-    return (not report.changing and report.directive_version >= directive.version and not refused
+    return (not report.changing and report.directive_version >= directive.version
+            and not report.refused(directive.version)
             and (report.workers, report.servers) != (directive.workers, directive.servers))
 
 

@@ -43,7 +43,8 @@ def units(r: Resource, unit: Resource) -> int:
 @dataclass(frozen=True)
 class RunningJob:
     """A started elastic PS job. `workers` / `servers` are its target: the RM's latest directive
-    if there is one (the AM is moving to it), else what the AM reports."""
+    if there is one (the AM is moving to it), else -- or when the job refused that directive as a
+    change it cannot make (`JobReport.directive_refused`) -- what the AM reports."""
 
     app_id: str
     submit_time: float
@@ -141,7 +142,12 @@ def classify(snapshot: ClusterSnapshot) -> EpsView:
                     else spec.executor)
         if app.started and report is not None:
             d = app.directive
-            workers, servers = (d.workers, d.servers) if d is not None else (report.workers, report.servers)
+            # A refused directive is not where the job is going: planned at it, the job would keep
+            # what it could not use reserved for it, idle, for as long as the policy decided the same.
+            if d is not None and not report.refused(d.version):
+                workers, servers = d.workers, d.servers
+            else:
+                workers, servers = report.workers, report.servers
             running.append(RunningJob(app.app_id, app.submit_time, workers, servers, spec, executor,
                                       app.am_resource, app.resources, report))
         else:

@@ -16,9 +16,8 @@ def d(version: int, workers: int = 4, servers: int = 2, **kw: object) -> ShapeDi
     return ShapeDirective(workers=workers, servers=servers, version=version, **kw)  # type: ignore[arg-type]
 
 
-def report(version: int, workers: int, servers: int = 2, changing: bool = False, refused: str = "") -> JobReport:
-    return JobReport(workers=workers, servers=servers, directive_version=version, changing=changing,
-                     directive_refused=refused)
+def report(version: int, workers: int, servers: int = 2, changing: bool = False) -> JobReport:
+    return JobReport(workers=workers, servers=servers, directive_version=version, changing=changing)
 
 
 def test_short_of_needs_the_directive_acted_on_and_a_different_shape():
@@ -29,19 +28,6 @@ def test_short_of_needs_the_directive_acted_on_and_a_different_shape():
     assert not short_of(d(3), report(3, 2, changing=True))
     assert not short_of(d(3, run_state=RunState.PAUSE), report(3, 2))
     assert not short_of(None, report(3, 2)) and not short_of(d(3), None)
-    assert not short_of(d(3), report(3, 2, refused="4 workers is more than this job's maximum of 2"))
-    assert short_of(d(3), report(4, 2, refused="refused a later one"))  # not this version's refusal
-
-
-def test_a_refused_directive_is_not_sent_again():
-    # The AM acted on it as no change because the job cannot make it (its report says why): the
-    # same directive again would be refused again, so no retry is ever due and the count is dropped.
-    r = DirectiveRetries()
-    why = "9 workers is more than this job's maximum of 8 (max_workers unset, 8 input splits)"
-    assert not r.due("a", d(1), report(1, 2), 0.0)             # first seen short: counting
-    assert "a" in r.apps
-    assert not any(r.due("a", d(1), report(1, 2, refused=why), t) for t in (1.0, FIRST_RETRY_S, 10 * MAX_RETRY_S))
-    assert "a" not in r.apps
 
 
 def test_backoff_doubles_while_the_retries_come_short_and_starts_over_once_reached():
