@@ -147,7 +147,7 @@ def _job(app: AppView, spec: PSJobView) -> ElasticJob:
     # A job's lower bounds never exceed its submitted shape (the spec check enforces it at submission).
     min_w, min_s = min(spec.min_workers, spec.workers), min(spec.min_servers, spec.servers)
     if app.started and report is not None:
-        d = app.directive
+        d = app.heading_to
         current = tuple(d.placement) if d is not None and d.placement else app.executors
         workers, servers = ((d.workers, d.servers) if d is not None
                             else (report.workers, report.servers))

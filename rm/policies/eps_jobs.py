@@ -42,9 +42,8 @@ def units(r: Resource, unit: Resource) -> int:
 
 @dataclass(frozen=True)
 class RunningJob:
-    """A started elastic PS job. `workers` / `servers` are its target: the RM's latest directive
-    if there is one (the AM is moving to it), else -- or when the job refused that directive as a
-    change it cannot make (`JobReport.directive_refused`) -- what the AM reports."""
+    """A started elastic PS job. `workers` / `servers` are its target: the directive it is heading
+    to if there is one (`AppView.heading_to`: the AM is moving to it), else what the AM reports."""
 
     app_id: str
     submit_time: float
@@ -141,13 +140,8 @@ def classify(snapshot: ClusterSnapshot) -> EpsView:
         executor = (report.executor_resource if report is not None and report.executor_resource is not None
                     else spec.executor)
         if app.started and report is not None:
-            d = app.directive
-            # A refused directive is not where the job is going: planned at it, the job would keep
-            # what it could not use reserved for it, idle, for as long as the policy decided the same.
-            if d is not None and not report.refused(d.version):
-                workers, servers = d.workers, d.servers
-            else:
-                workers, servers = report.workers, report.servers
+            d = app.heading_to
+            workers, servers = (d.workers, d.servers) if d is not None else (report.workers, report.servers)
             running.append(RunningJob(app.app_id, app.submit_time, workers, servers, spec, executor,
                                       app.am_resource, app.resources, report))
         else:

@@ -45,9 +45,10 @@ class GuardCut:
 
 
 def current_shape(app: AppView) -> tuple[int, int]:
-    """What the job is meant to have now: its directive's shape (none while paused), else the
-    larger of what it holds and what it was submitted with (those executors are already asked for)."""
-    d = app.directive
+    """What the job is meant to have now: the shape of the directive it heads to (none while
+    paused), else the larger of what it holds and what it was submitted with (those executors are
+    already asked for)."""
+    d = app.heading_to
     if d is not None:
         return (0, 0) if d.run_state == RunState.PAUSE else (d.workers, d.servers)
     w, s = held_shape(app)

@@ -462,8 +462,9 @@ def reclaim_round(book: ReclaimBook, inputs: ReclaimInputs, settings: ReclaimSet
 
 
 def current_or(app: AppView, held: tuple[int, int]) -> tuple[int, int]:
-    """The shape the job is meant to have: its directive's, else what it holds."""
-    d = app.directive
+    """The shape the job is meant to have: the directive's it heads to (`AppView.heading_to`), else
+    what it holds."""
+    d = app.heading_to
     return (d.workers, d.servers) if d is not None and d.run_state == RunState.RUN else held
 
 

@@ -140,6 +140,16 @@ class AppView:
         """The app runs and its AM has reported that training began (JobReport.started)."""
         return self.state == AppState.RUNNING and self.shape is not None and self.shape.started
 
+    @property
+    def heading_to(self) -> Optional[ShapeDirective]:
+        """The directive the job is moving to or has reached: the latest one, unless the job
+        refused it as a change it cannot make (`JobReport.refused`) -- then none, and a policy
+        plans the job at what it holds rather than keep the refused part for it."""
+        d = self.directive
+        if d is not None and self.shape is not None and self.shape.refused(d.version):
+            return None
+        return d
+
 
 @dataclass(frozen=True)
 class ClusterSnapshot:

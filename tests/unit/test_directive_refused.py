@@ -3,12 +3,15 @@
 shape it has, not at the refused one. The controller's side is in tests/unit/test_directives_units.py."""
 from __future__ import annotations
 
-from protocol.internal_api import ShapeDirective
+from protocol.internal_api import NodePlacement, ShapeDirective
 from protocol.job_report import JobReport
 from protocol.records import Resource
 from rm.directive_retry import FIRST_RETRY_S, MAX_RETRY_S, DirectiveRetries, short_of
 from rm.policies import AppView, ClusterSnapshot, ps_job_view
+from rm.policies.elastic_jobs import elastic_view
 from rm.policies.eps_jobs import classify
+from rm.policies.queue_guard import current_shape
+from rm.policies.queue_reclaim import current_or
 
 E = Resource(1024, 1)
 WHY = "9 workers is more than this job's maximum of 8 (max_workers unset, 8 input splits)"
@@ -43,12 +46,18 @@ def test_policies_plan_a_job_at_its_shape_when_it_refused_its_directive() -> Non
 
     def app(rep: JobReport) -> AppView:
         return AppView("app_A", "default", "alice", "RUNNING", 1.0, E.scale(1 + 8 + 2), rep, spec,
-                       am_resource=E, directive=d)
+                       am_resource=E, directive=d, executors=(NodePlacement("n1", 8, 2),))
 
-    def planned(rep: JobReport) -> tuple[int, int]:
-        snap = ClusterSnapshot(now=100.0, total=E.scale(16), used=E.scale(11), nodes=(), apps=(app(rep),))
-        (job,) = classify(snap).running
-        return job.workers, job.servers
+    def planned(rep: JobReport) -> set[tuple[int, int]]:
+        """The shape each policy's view plans the job at: EPS's, DRF / Dorm's, the queue guard's
+        and the queue reclaim's."""
+        a = app(rep)
+        snap = ClusterSnapshot(now=100.0, total=E.scale(16), used=E.scale(11), nodes=(), apps=(a,))
+        (eps,) = classify(snap).running
+        (elastic,) = elastic_view(snap).jobs
+        return {(eps.workers, eps.servers), (elastic.workers, elastic.servers), current_shape(a),
+                current_or(a, (rep.workers, rep.servers))}
 
-    assert planned(report(4, 8)) == (9, 2)          # acted on an older one: moving to the directive
-    assert planned(report(5, 8, WHY)) == (8, 2)     # refused this one: planned where it is
+    assert app(report(4, 8)).heading_to == d and app(report(5, 8, WHY)).heading_to is None
+    assert planned(report(4, 8)) == {(9, 2)}          # acted on an older one: moving to the directive
+    assert planned(report(5, 8, WHY)) == {(8, 2)}     # refused this one: planned where it is
