@@ -681,8 +681,11 @@ class SimJob:
             return
         shape, ids = self._members()
         trains = self._trains_now(shape)
-        if trains and self.rate <= 0.0:
-            if (shape, ids) != (self.active, self.active_ids):
+        moved = (shape, ids) != (self.active, self.active_ids)
+        # A change whose steps all cost nothing ends within the same drain of events: training never
+        # stopped for it (rate > 0 throughout), yet the job trains at the shape it left.
+        if trains and (self.rate <= 0.0 or moved):
+            if moved:
                 self._advance()
                 self.active, self.active_ids = shape, ids
                 self.iterations_at_reshape = self.iterations

@@ -354,6 +354,29 @@ def test_directives_are_kept_until_training_starts_and_bounded_by_the_spec() -> 
     assert rec.start is not None and rec.shapes[1][0] > rec.start
 
 
+def test_a_change_that_costs_nothing_trains_at_the_new_shape() -> None:
+    # With no reshape cost every step of the change ends at once, so training never stops; the
+    # job must still train at the shape the change left, not go on at its old one.
+    free = msgspec.structs.replace(calibration().apps["mlr"], reshape_s=0.0, restart_s=0.0, pause_s=0.0)
+    cal = Calibration(apps={a: free for a in ("mlr", "nmf", "lda", "lasso")}, measured_on="test")
+    sim = Simulator([_elastic()], "static", cal, SMALL)
+    sim.policy = _ShapeAt(60.0, (4, 2))
+    job = sim.jobs[0]
+    epoch_times: list[tuple[tuple[int, int], float]] = []
+    original = job.on_load_change
+
+    def spy(j: SimJob) -> None:
+        original(j)
+        if j.training:
+            epoch_times.append((j.active, j.solo_epoch_s))
+    job.on_load_change = spy
+    rec = sim.run().records[0]
+    assert rec.final_status == "SUCCEEDED" and rec.reshapes == 1
+    assert [s[1:] for s in rec.shapes] == [(1, 1), (4, 2)]
+    model = EpochTimeModel(THETA)
+    assert epoch_times[-1] == ((4, 2), pytest.approx(model.epoch_time(4, 2, 20.0)))
+
+
 def test_a_directive_naming_nodes_moves_the_executors_there() -> None:
     sim = Simulator([_elastic()], "static", calibration(), SMALL)
     target = sorted(sim.nodes)[2]
