@@ -226,7 +226,7 @@ class SimJob:
         self._ended = False                                   # TrainingEnded sent
         self._saved: dict[str, float] = {}                    # checkpoint directory -> epochs trained
         self._executors = {Role.WORKER: 0, Role.SERVER: 0}
-        self._reported = ins.ReportProgress(changing=False, directive_version=0)     # the last one
+        self._reported = (False, 0)                           # the last ReportProgress: changing, version
         self.epochs = 0.0
         self.rate = 0.0                                       # epochs per second now
         self.epoch_s = 0.0                                    # the epoch time now (contention included)
@@ -353,7 +353,7 @@ class SimJob:
             for step in i.steps:
                 self._cancel(step)
         elif isinstance(i, ins.ReportProgress):
-            self._reported = i
+            self._reported = (i.changing, i.directive_version)
             self._report = None
         elif isinstance(i, ins.SetTimer):
             self.loop.at(i.at, self._timer, i.timer)
@@ -794,9 +794,8 @@ class SimJob:
             self._report.clock_objectives = self.clock_objectives()
             # A change starts and ends between epochs: a stale `changing` made a job carrying out a
             # reshape look idle to the policies and the queue reclaim (which then shrank it anyway).
-            r = self._reported
-            self._report.changing, self._report.directive_version = r.changing, r.directive_version
-            self._report.directive_refused = r.refused
+            self._report.changing, self._report.directive_version = self._reported
+            self._report.directive_refused = self.state.refused_directive
             self._report.phase = self.state.phase.value
             self._report.paused = self.state.phase is Phase.PAUSED
             return self._report
@@ -817,13 +816,13 @@ class SimJob:
         speed_its = max(0, iterations - self.iterations_at_reshape)
         self._report = JobReport(
             workers=w, servers=s, started=self.record.start is not None,
-            changing=self._reported.changing, iterations=iterations,
+            changing=self._reported[0], iterations=iterations,
             early_feedback=iterations >= self.early_feedback_iterations,
             early_feedback_iterations=self.early_feedback_iterations,
             speed=(self.cal.clocks_per_epoch / epoch_s) if epoch_s > 0.0 and self.rate > 0.0 else 0.0,
             speed_iterations=speed_its,
             executor_resource=self.executor_resource,
-            directive_version=self._reported.directive_version, directive_refused=self._reported.refused,
+            directive_version=self._reported[1], directive_refused=self.state.refused_directive,
             phase=self.state.phase.value,
             paused=self.state.phase is Phase.PAUSED,
             epoch=done - 1 if done >= 1 else None, epoch_time_s=self.epoch_times[-1] if self.epoch_times else None,

@@ -71,7 +71,7 @@ def begin(job: JobState, change: Change, out: Out) -> None:
     if trigger is not None:
         fire(job, trigger)
     PLANNERS[change.kind].begin(job, change, out)
-    out.append(ReportProgress(changing=True, directive_version=job.applied_directive, refused=job.refused_directive))
+    out.append(ReportProgress(changing=True, directive_version=job.applied_directive))
     _maybe_end(job, change, out)
 
 
@@ -86,8 +86,7 @@ def _maybe_end(job: JobState, change: Change, out: Out) -> None:
                          directory=change.checkpoint if change.kind is ChangeKind.CHECKPOINT else ""))
     if job.phase.is_final:
         return
-    out.append(ReportProgress(changing=False, directive_version=job.applied_directive,
-                              refused=job.refused_directive))
+    out.append(ReportProgress(changing=False, directive_version=job.applied_directive))
     _serve(job, change.at, out)
 
 
@@ -220,15 +219,15 @@ def _apply_directive(job: JobState, d: ShapeDirective, at: float, out: Out) -> N
             ChangeKind.PLAN if job.spec.optimizer == "cruise" else ChangeKind.EPS)
     change = Change(kind, Origin.DIRECTIVE, at, target=target, directive_version=d.version)
     # A change the job cannot make (more workers than input splits) is acted on as no change,
-    # rather than started to fail after its containers came; the report says why, so the RM does
-    # not send it again as one the job came short of.
+    # rather than started to fail after its containers came; the report says why (the job state's
+    # `refused_directive`), so the RM does not send it again as one the job came short of.
     if not PLANNERS[kind].needed(job, change):
         out.append(ReportProgress(changing=False, directive_version=d.version))
         return
     problem = PLANNERS[kind].invalid(job, change)
     if problem:
         job.refused_directive = problem[:MAX_REFUSAL_CHARS]      # the report's bound
-        out.append(ReportProgress(changing=False, directive_version=d.version, refused=job.refused_directive))
+        out.append(ReportProgress(changing=False, directive_version=d.version))
         return
     begin(job, change, out)
 

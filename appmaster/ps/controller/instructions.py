@@ -198,12 +198,11 @@ class CancelSteps(_Instruction, tag="cancel_steps"):
 
 
 class ReportProgress(_Instruction, tag="report"):
-    """Send the RM the job report now (shape, changing, directive version acted on, and why that
-    version was refused: `JobState.refused_directive`)."""
+    """Send the RM the job report now (shape, changing, directive version acted on; why that
+    version was refused is the job state's `refused_directive`)."""
 
     changing: bool
     directive_version: int
-    refused: str = ""
 
 
 class Reply(_Instruction, tag="reply"):
