@@ -13,7 +13,7 @@ from protocol.json_types import JsonObject
 from protocol.records import AppState
 from protocol.yarn_views import AppView
 
-from .arg_types import positive_int
+from .arg_types import application_id, lifetime_s, positive_int
 from . import container_logs
 from .context import CliContext, common_parent
 from .errors import EXIT_FAILED, EXIT_OK, CliError, OperationFailed, UsageError
@@ -23,13 +23,6 @@ from .tables import format_duration, format_timestamp, render_key_values, render
 
 FINAL_STATES = {s.value for s in AppState if s.is_final}
 POLL_S = 0.5
-
-
-def _app_id(v: str) -> str:
-    try:
-        return str(ids.ApplicationId.parse(v))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _container_id(v: str) -> str:
@@ -63,29 +56,29 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.set_defaults(func=cmd_list)
 
     p = acts.add_parser("status", parents=[common], help="one application's report")
-    p.add_argument("app_id", type=_app_id, metavar="APP_ID")
+    p.add_argument("app_id", type=application_id, metavar="APP_ID")
     p.set_defaults(func=cmd_status)
 
     p = acts.add_parser("move-to-queue", parents=[common],
                         help="move an application, with what it holds, to another queue (yarn application -movetoqueue)")
-    p.add_argument("app_id", type=_app_id, metavar="APP_ID")
+    p.add_argument("app_id", type=application_id, metavar="APP_ID")
     p.add_argument("queue", metavar="QUEUE")
     p.set_defaults(func=cmd_move_to_queue)
 
     p = acts.add_parser("update-lifetime", parents=[common],
                         help="kill the application if it is still running SECONDS from now "
                              "(yarn application -updateLifetime)")
-    p.add_argument("app_id", type=_app_id, metavar="APP_ID")
-    p.add_argument("seconds", type=positive_int("SECONDS"), metavar="SECONDS")
+    p.add_argument("app_id", type=application_id, metavar="APP_ID")
+    p.add_argument("seconds", type=lifetime_s("SECONDS"), metavar="SECONDS")
     p.set_defaults(func=cmd_update_lifetime)
 
     p = acts.add_parser("kill", parents=[common], help="kill an application")
-    p.add_argument("app_id", type=_app_id, metavar="APP_ID")
+    p.add_argument("app_id", type=application_id, metavar="APP_ID")
     p.set_defaults(func=cmd_kill)
 
     p = acts.add_parser("logs", parents=[common],
                         help="containers' stdout / stderr, from the NMs or the aggregated logs (remote_app_log_dir)")
-    p.add_argument("app_id", type=_app_id, metavar="APP_ID")
+    p.add_argument("app_id", type=application_id, metavar="APP_ID")
     p.add_argument("--container", type=_container_id, help="only this container")
     p.add_argument("--file", choices=container_logs.LOG_FILES, help="only this file (default: both)")
     p.set_defaults(func=cmd_logs)
@@ -99,7 +92,7 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--name", help="application name (default: the command)")
     p.add_argument("--queue", default="default")
     p.add_argument("--am-memory", type=positive_int("--am-memory"), default=128, help="MB for the AM")
-    p.add_argument("--lifetime", type=positive_int("--lifetime"), metavar="SECONDS",
+    p.add_argument("--lifetime", type=lifetime_s("--lifetime"), metavar="SECONDS",
                    help="the RM kills the app if it has not finished this long after submission")
     p.add_argument("--no-wait", action="store_true", help="print the app id and return once submitted")
     p.add_argument("command", nargs="*", metavar="CMD")

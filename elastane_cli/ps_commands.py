@@ -34,8 +34,8 @@ from protocol.ps_app_schemas import APP_SCHEMAS, PRESET_NAMES
 from protocol.ps_status import PsStatus, decode_status
 from protocol.yarn_views import AppView
 
-from .app_commands import FINAL_STATES, _app_id
-from .arg_types import positive_int
+from .app_commands import FINAL_STATES
+from .arg_types import application_id, lifetime_s, positive_int
 from .context import CliContext
 from .errors import EXIT_FAILED, EXIT_OK, OperationFailed, UsageError
 from .progress_bar import EpochPoint, EpochProgress, ProgressBar, format_objective
@@ -98,7 +98,7 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--max-attempts", type=positive_int("--max-attempts"), default=DEFAULT_MAX_ATTEMPTS, metavar="N",
                    help=f"ApplicationMaster attempts the RM may make, >= 1 (default {DEFAULT_MAX_ATTEMPTS}; "
                         "the RM's max_app_attempts caps it)")
-    p.add_argument("--lifetime", type=positive_int("--lifetime"), metavar="SECONDS",
+    p.add_argument("--lifetime", type=lifetime_s("--lifetime"), metavar="SECONDS",
                    help="the RM kills the job if it has not finished this long after submission")
     p.add_argument("--py-files", action="append", metavar="A.py,B.py",
                    help="Python modules to ship: importable by the AM and executors (repeatable or a comma list)")
@@ -113,7 +113,7 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.set_defaults(func=cmd_submit)
 
     p = acts.add_parser("status", parents=[common], help="a PS job's shape, executors and objective")
-    p.add_argument("app_id", type=_app_id, metavar="APP_ID")
+    p.add_argument("app_id", type=application_id, metavar="APP_ID")
     p.add_argument("--history", type=positive_int("--history"), default=10, metavar="N",
                    help="how many recent epochs to list (default 10)")
     p.set_defaults(func=cmd_status)

@@ -29,7 +29,7 @@ from protocol.yarn_views import ShapeView
 from protocol.ps_status import DirectiveRecord, PsStatus, decode_status
 from protocol.shape_history import ShapeChange
 
-from .app_commands import _app_id
+from .arg_types import application_id
 from .context import CliContext, common_parent
 from .errors import EXIT_OK, OperationFailed, UsageError
 from .ps_reports import SHAPE_CHANGE_HEADERS, shape_change_rows
@@ -65,7 +65,7 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser 
                         help="add or remove workers / servers of a running PS job (EPS)",
                         description="Change a running PS job's shape without restarting it: "
                                     "--workers +2 adds two workers, --servers -1 removes a server.")
-    p.add_argument("app_id", type=_app_id, metavar="APP_ID")
+    p.add_argument("app_id", type=application_id, metavar="APP_ID")
     p.add_argument("--workers", type=signed_count, default=0, metavar="[+-]N", help="change of workers")
     p.add_argument("--servers", type=signed_count, default=0, metavar="[+-]N", help="change of servers")
     p.set_defaults(func=cmd_scale)

@@ -18,6 +18,7 @@ from typing import Callable, TextIO
 from protocol.json_types import JsonObject, JsonValue, json_float
 from protocol.yarn_views import AppView
 
+from .arg_types import positive_float
 from .context import CliContext, common_parent
 from .errors import EXIT_OK
 from .rm_rest_client import RmRestClient
@@ -133,7 +134,7 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser 
                        help="live view of the cluster and its applications (like yarn top)",
                        description="The cluster's nodes, apps and resources, then the running and waiting "
                                    "apps with their shape, speed and resource use, refreshed in place.")
-    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
+    p.add_argument("--interval", type=positive_float("--interval"), default=DEFAULT_INTERVAL_S, metavar="SECONDS",
                    help=f"seconds between refreshes (default {DEFAULT_INTERVAL_S:g})")
     p.add_argument("--once", action="store_true", help="print one frame and exit (no ANSI escapes)")
     p.add_argument("--sort", choices=sorted(SORTS), default="mem", help="order of the apps (largest first)")
@@ -152,9 +153,6 @@ def _draw(out: TextIO, frame: str) -> None:
 
 
 def cmd_top(args: argparse.Namespace, ctx: CliContext) -> int:
-    if args.interval <= 0:
-        args.interval = DEFAULT_INTERVAL_S
-
     async def go() -> None:
         async with RmRestClient(ctx.rm_url, ctx.user) as client:
             if args.once:

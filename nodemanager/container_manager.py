@@ -114,6 +114,9 @@ class ContainerManager:
             raise BadRequest("launch_context.commands: at least one command is required")
         if resource.memory <= 0 or resource.vcores <= 0:
             raise BadRequest(f"container token: resource must be positive, got {resource.to_json()}")
+        problem = container_env.environment_problem(ctx.environment)
+        if problem is not None:
+            raise BadRequest(f"launch_context.environment: {problem}")
         try:
             validate_resources(ctx.local_resources)
         except LocalResourceError as e:

@@ -148,6 +148,8 @@ class NodeWebApi:
             limit = int(request.query.get("limit", "1000"))
         except ValueError:
             raise BadRequest(f"limit must be an integer, got {request.query.get('limit')!r}") from None
+        if limit < 0:
+            raise BadRequest(f"limit must be >= 0, got {limit}")
         return json_response({"arbiter": self.arbiter_view(limit)})
 
     def _container_json(self, c: Container) -> dict[str, Any]:
@@ -256,10 +258,11 @@ class NodeWebApi:
 def _read_from(path: str, start: int) -> bytes:
     """The file from byte `start`; a negative `start` gives the last -start bytes (YARN's `start`)."""
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         if start < 0:
-            f.seek(max(0, os.fstat(f.fileno()).st_size + start))
+            f.seek(max(0, size + start))
         elif start > 0:
-            f.seek(start)
+            f.seek(min(start, size))      # past the end: nothing (a huge offset would not fit a seek)
         return f.read()
 
 

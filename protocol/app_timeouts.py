@@ -3,6 +3,7 @@ submission's `application-timeouts` object -- what the RM (rm/app_lifetime.py) a
 (the CLI) read and write alike."""
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 from typing import Optional
 
@@ -11,6 +12,12 @@ from protocol.json_types import JsonInObject
 
 LIFETIME = "LIFETIME"       # the one timeout type YARN has
 UNLIMITED = "UNLIMITED"     # expiryTime of an app without a lifetime (remainingTimeInSeconds -1)
+# The latest expiryTime the API can write (the calendar's year 9999): a later expiry could be
+# stored but not shown, so every page and reply naming the app would fail.
+LATEST_EXPIRY = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc).timestamp()
+# The longest lifetime taken (a submission's, a queue's default or cap, the CLI's): 100 years,
+# counted from any time before 9899 an expiry that can be written.
+MAX_LIFETIME_S = 100 * 365 * 86400
 
 
 class LifetimeError(ProtocolError, ValueError):
@@ -37,7 +44,25 @@ def parse_expiry(text: str) -> float:
                             f"2026-11-30T18:00:00.000+0000") from None
     if t.tzinfo is None:
         raise LifetimeError(f"expiryTime {text!r} has no time zone (add +0000 or Z)")
-    return t.timestamp()
+    expiry = t.timestamp()
+    check_writable(expiry)
+    return expiry
+
+
+def check_writable(expiry: float) -> None:
+    """LifetimeError unless `expiry` is a time an expiryTime can show (finite, not after 9999)."""
+    if not math.isfinite(expiry):
+        raise LifetimeError(f"expiryTime must be a time, got {expiry}")
+    if expiry > LATEST_EXPIRY:
+        raise LifetimeError(f"expiryTime is after {format_expiry(LATEST_EXPIRY)}, the latest time the API can show")
+
+
+def check_lifetime_s(seconds: int) -> None:
+    """LifetimeError unless `seconds` is a lifetime this API takes: 1 .. MAX_LIFETIME_S."""
+    if seconds <= 0:
+        raise LifetimeError(f"the lifetime must be > 0 seconds, got {seconds}")
+    if seconds > MAX_LIFETIME_S:
+        raise LifetimeError(f"the lifetime must be at most {MAX_LIFETIME_S} seconds (100 years), got {seconds}")
 
 
 def lifetime_timeouts(lifetime_s: int) -> JsonInObject:

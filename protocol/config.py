@@ -231,6 +231,8 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True):
     remote_app_log_retain_check_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (self.token_lifetime_s > 0 and math.isfinite(self.token_lifetime_s)):     # (NaN too)
+            raise ValueError(f"token_lifetime_s must be a positive number of seconds, got {self.token_lifetime_s}")
         retain, check = self.remote_app_log_retain_s, self.remote_app_log_retain_check_s
         if not (retain == -1 or (retain > 0 and math.isfinite(retain))):
             raise ValueError(f"remote_app_log_retain_s must be -1 (keep) or > 0 (seconds), got {retain}")
@@ -277,6 +279,12 @@ def load(path: str | Path | None, typ: type[T], section: str) -> T:
                 raw = tomllib.load(f)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: {e}") from None
+        # A key outside every [section] is read by no loader: most likely a setting whose
+        # section header is missing, which would otherwise be dropped without a word.
+        stray = sorted(k for k, v in raw.items() if not isinstance(v, (dict, list)))
+        if stray:
+            raise ConfigError(f"{path}: {', '.join(stray)} outside any [section] (each setting goes "
+                              f"under its table, e.g. [{section}])")
         data = raw.get(section, {})
         # Queues are an array of tables at the top level of rm.toml.
         if typ is RMConfig and "queues" in raw:

@@ -1,4 +1,5 @@
-"""Environment variables the NM sets in every container (YARN's names where YARN has one)."""
+"""Environment variables the NM sets in every container (YARN's names where YARN has one), and
+what makes an environment impossible to launch a container with."""
 
 CONTAINER_ID = "CONTAINER_ID"
 NM_HOST = "NM_HOST"
@@ -33,3 +34,16 @@ ARBITER_SOCKET = "ELASTANE_ARBITER_SOCKET"   # the arbiter's unix socket path
 # Set by whoever launches a container that has a role (the RM: "am"; a PS AM: "worker" / "server"):
 # the NM labels the container's utilization metrics with it.
 CONTAINER_ROLE = "ELASTANE_CONTAINER_ROLE"
+
+
+def environment_problem(env: dict[str, str]) -> str | None:
+    """What makes `env` impossible to launch a process with (a key that is empty or holds "=" or
+    NUL, a value holding NUL: the kernel's environment cannot carry them), or None."""
+    for key, value in env.items():
+        if not key:
+            return "key must not be empty"
+        if "=" in key or "\0" in key:
+            return f"key {key!r} must not contain '=' or NUL"
+        if "\0" in value:
+            return f"the value of {key!r} must not contain NUL"
+    return None

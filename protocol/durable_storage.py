@@ -53,6 +53,8 @@ def validate(url: str) -> None:
     whose scheme fsspec implements in this installation (its package imports)."""
     if not url:
         raise DurableStorageError("empty location: give an absolute path or a URL such as s3://bucket/prefix")
+    if "\0" in url:
+        raise DurableStorageError(f"{url!r} contains a NUL character, which no path or URL may hold")
     path = local_path(url)
     if path is not None:
         if not os.path.isabs(path):

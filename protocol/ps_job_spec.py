@@ -477,6 +477,19 @@ def _check_model_locations(spec: PSJobSpec) -> None:
                 raise
 
 
+def shape_problem(spec: PSJobSpec, workers: int, servers: int) -> Optional[str]:
+    """Why a shape directed to this job is beyond the bounds its spec sets (max_workers,
+    max_servers, its model blocks), naming the field; None if within them. The AM also bounds
+    workers by the input splits, which only it knows (a directive beyond them is refused there)."""
+    if spec.max_workers is not None and workers > spec.max_workers:
+        return f"workers: {workers} is more than this job's max_workers of {spec.max_workers}"
+    if spec.max_servers is not None and servers > spec.max_servers:
+        return f"servers: {servers} is more than this job's max_servers of {spec.max_servers}"
+    if servers > spec.num_blocks:
+        return f"servers: {servers} is more than this job's {spec.num_blocks} model blocks (a server holds at least one)"
+    return None
+
+
 def validate(obj: object) -> PSJobSpec:
     """Decode and check a PS job spec (JSON bytes/str or decoded builtins); JobSpecError names the field."""
     if isinstance(obj, PSJobSpec):

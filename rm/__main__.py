@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any, Optional
 from urllib.parse import urlsplit
 
 from protocol import config as config_mod, storage_settings
+from protocol.app_timeouts import MAX_LIFETIME_S
 from protocol.daemon import run_daemon, setup_logging
 from protocol.durable_storage import DurableStorageError, check_reachable, write_atomic
 from protocol.ha_config import load_ha, resolve_rm_id
@@ -51,8 +53,12 @@ def load_configs(args: argparse.Namespace) -> tuple[config_mod.RMConfig, config_
                            am_expiry_s=args.am_expiry_s, policy=args.policy)
     if not (0 <= cfg.port <= 65535):
         raise config_mod.ConfigError(f"port must be within 0..65535, got {cfg.port}")
-    if cfg.nm_expiry_s <= 0 or cfg.am_expiry_s <= 0:
-        raise config_mod.ConfigError("nm_expiry_s and am_expiry_s must be positive")
+    for name in ("nm_expiry_s", "am_expiry_s", "container_token_lifetime_s"):
+        if not (getattr(cfg, name) > 0 and math.isfinite(getattr(cfg, name))):      # (NaN too)
+            raise config_mod.ConfigError(f"{name} must be a positive number of seconds, got {getattr(cfg, name)}")
+    for name in ("max_app_attempts", "maximum_allocation_vcores", "nm_heartbeat_interval_ms"):
+        if getattr(cfg, name) < 1:
+            raise config_mod.ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     if cfg.policy not in policies.known():
         raise config_mod.ConfigError(f"policy: unknown policy {cfg.policy!r}; known: {', '.join(policies.known())}")
     if cfg.minimum_allocation_mb <= 0 or cfg.maximum_allocation_mb < cfg.minimum_allocation_mb:
@@ -72,6 +78,10 @@ def load_configs(args: argparse.Namespace) -> tuple[config_mod.RMConfig, config_
         if q.max_am_resource_percent is not None and not (0 < q.max_am_resource_percent <= 1):
             raise config_mod.ConfigError(f"queue {q.name!r}: max_am_resource_percent must be a fraction in (0, 1], "
                                          f"got {q.max_am_resource_percent}")
+        for name in ("default_app_lifetime_s", "max_app_lifetime_s"):
+            if getattr(q, name) > MAX_LIFETIME_S:
+                raise config_mod.ConfigError(f"queue {q.name!r}: {name} must be at most {MAX_LIFETIME_S} "
+                                             f"(100 years; <= 0: none), got {getattr(q, name)}")
         if 0 < q.max_app_lifetime_s < q.default_app_lifetime_s:
             raise config_mod.ConfigError(f"queue {q.name!r}: default_app_lifetime_s {q.default_app_lifetime_s} "
                                          f"exceeds max_app_lifetime_s {q.max_app_lifetime_s}")

@@ -11,10 +11,9 @@ update-lifetime`), to a time still ahead and, under a capped queue, within the c
 from __future__ import annotations
 
 import heapq
-import math
 from typing import Optional
 
-from protocol.app_timeouts import LifetimeError, format_expiry
+from protocol.app_timeouts import LifetimeError, check_writable, format_expiry
 
 TIMED_OUT_DIAGNOSTICS = "Application is killed by ResourceManager as Application is timed out."
 
@@ -33,8 +32,7 @@ def effective_lifetime(requested_s: Optional[int], default_s: int, max_s: int) -
 def check_new_expiry(expiry: float, now: float, submit_time: float, max_s: int) -> None:
     """An update's expiry: still ahead of now, and within the queue's cap counted from the
     submission (LifetimeError naming the limit)."""
-    if not math.isfinite(expiry):
-        raise LifetimeError(f"expiryTime must be a time, got {expiry}")
+    check_writable(expiry)
     if expiry <= now:
         raise LifetimeError(f"expiryTime {format_expiry(expiry)} is not after the current time {format_expiry(now)}")
     if max_s > 0 and expiry - submit_time > max_s:

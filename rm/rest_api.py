@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from protocol import codec, tokens
+from protocol.ps_job_spec import shape_problem
 from protocol.app_timeouts import LIFETIME, LifetimeError, parse_expiry
 from protocol.http_server import json_response, read_json
 from protocol.records import AppState, FinalStatus, NodeState
@@ -351,6 +352,11 @@ class ClientApi:
         if unknown:
             raise BadRequest(f"nodes: {', '.join(unknown)} not RUNNING nodes of this cluster "
                              f"(known: {', '.join(sorted(known)) or 'none'})")
+        if len(set(body.nodes)) != len(body.nodes):
+            raise BadRequest(f"nodes: each node may be named once, got {', '.join(body.nodes)}")
+        problem = shape_problem(app.ps.spec, body.workers, body.servers)
+        if problem is not None:
+            raise BadRequest(problem)
         reason = body.reason or f"set by {user}"
         decision = dataclasses.replace(JobDecision.spread(body.workers, body.servers, body.nodes, reason),
                                        run_state=body.run_state)

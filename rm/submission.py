@@ -11,8 +11,8 @@ from typing import Annotated, Optional, TypeVar, Union
 
 import msgspec
 
-from protocol import ps_job_spec
-from protocol.app_timeouts import LIFETIME
+from protocol import container_env, ps_job_spec
+from protocol.app_timeouts import LIFETIME, LifetimeError, check_lifetime_s
 from protocol.durable_storage import DurableStorageError, bucket_of, check_reachable
 from protocol.ids import ApplicationId
 from protocol.internal_api import RunState
@@ -233,8 +233,10 @@ def _lifetime(timeouts: Optional[ApplicationTimeouts]) -> Optional[int]:
             raise BadRequest(f"application-timeouts.timeout.type: only {LIFETIME} is supported, got {t.type!r}")
         if lifetime is not None:
             raise BadRequest(f"application-timeouts: {LIFETIME} is given twice")
-        if t.value <= 0:
-            raise BadRequest(f"application-timeouts.timeout.value: the lifetime must be > 0 seconds, got {t.value}")
+        try:
+            check_lifetime_s(t.value)
+        except LifetimeError as e:
+            raise BadRequest(f"application-timeouts.timeout.value: {e}") from None
         lifetime = t.value
     return lifetime
 
@@ -308,8 +310,9 @@ def validate(ctx: SubmissionContext) -> ValidSubmission:
     lifetime = _lifetime(ctx.application_timeouts)
     env_spec = ctx.am_container_spec.environment
     env = {kv.key: kv.value for kv in _entries(env_spec.entry if env_spec else None)}
-    if any(not k for k in env):
-        raise BadRequest("am-container-spec.environment.entry: key must not be empty")
+    problem = container_env.environment_problem(env)
+    if problem is not None:
+        raise BadRequest(f"am-container-spec.environment.entry: {problem}")
     local = _local_resources(ctx.am_container_spec.local_resources)
     if ps_spec is not None:   # the PS AM reads its (validated, normalised) job spec from its env
         ps_spec, local = _one_set_of_resources(ps_spec, local)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from cli_runner import run_cli
 from elastane_cli.app_commands import expiry_in, lifetime_text
 from protocol import config as config_mod
 from protocol.app_timeouts import LifetimeError, format_expiry, lifetime_timeouts, parse_expiry
@@ -41,6 +42,9 @@ def test_expiry_times_are_yarns_iso_8601_with_a_zone() -> None:
         parse_expiry("2026-09-21T12:53:20")
     with pytest.raises(LifetimeError, match="not an ISO 8601 time"):
         parse_expiry("tomorrow")
+    assert format_expiry(parse_expiry("9999-12-31T23:59:59+0000")) == "9999-12-31T23:59:59.000+0000"
+    with pytest.raises(LifetimeError, match="after 9999-12-31T23:59:59.000"):
+        parse_expiry("9999-12-31T23:00:00.000-1200")       # the year 10000 in UTC
 
 
 def test_a_new_expiry_must_be_ahead_and_within_the_queues_cap() -> None:
@@ -145,7 +149,9 @@ async def test_bad_lifetimes_and_updates_are_refused_and_change_nothing(tmp_path
                                  ({"timeout": {"type": "LIFETIME", "value": 0}}, "must be > 0 seconds"),
                                  ({"timeout": [{"type": "LIFETIME", "value": 5}, {"type": "LIFETIME", "value": 6}]},
                                   "given twice"),
-                                 ({"timeout": [{"type": "LIFETIME", "value": "soon"}]}, "value")]:
+                                 ({"timeout": [{"type": "LIFETIME", "value": "soon"}]}, "value"),
+                                 # an expiry in the year 33715 could be stored but never shown
+                                 ({"timeout": {"type": "LIFETIME", "value": 10**12}}, "at most 3153600000 seconds")]:
             new = await env.call("POST", BASE + "/apps/new-application")
             err = await env.call("POST", BASE + "/apps", submission(new["application-id"],
                                                                     **{"application-timeouts": timeouts}), status=400)
@@ -160,12 +166,16 @@ async def test_bad_lifetimes_and_updates_are_refused_and_change_nothing(tmp_path
                 ({"timeout": {"type": "LIFETIME", "expiryTime": format_expiry(now + 901)}}, 400,
                  "maximum lifetime of 900 s", "alice"),
                 ({"timeout": {"type": "LIFETIME", "expiryTime": "next week"}}, 400, "ISO 8601", "alice"),
+                # the year 10000 in UTC: past the latest expiryTime any reply or page can write
+                ({"timeout": {"type": "LIFETIME", "expiryTime": "9999-12-31T23:00:00.000-1200"}}, 400,
+                 "the latest time the API can show", "alice"),
                 ({"timeout": {"type": "QUEUE", "expiryTime": format_expiry(now + 60)}}, 400, "only LIFETIME", "alice"),
                 ({"timeout": {"type": "LIFETIME"}}, 400, "expiryTime", "alice"),
                 ({"timeout": {"type": "LIFETIME", "expiryTime": format_expiry(now + 60)}}, 403, "not allowed", "bob")]:
             err = await env.call("PUT", path, body, status=status, **{"user.name": user})
             assert needle in err["RemoteException"]["message"], err
             assert env.rm.core.apps[app_id].lifetime_expiry == before
+        assert (await _timeout(env, app_id))["expiryTime"] == format_expiry(before)     # still shown
         await env.call("GET", f"{BASE}/apps/{app_id}/timeouts/QUEUE", status=400)
         # an admin may; a finished app may not be updated any more
         await env.call("PUT", path, {"timeout": {"type": "LIFETIME", "expiryTime": format_expiry(now + 60)}},
@@ -210,11 +220,24 @@ def test_the_cli_sends_an_expiry_the_rm_reads_and_shows_whats_left() -> None:
     assert lifetime_text({}) == "-"                # an RM that does not say
 
 
+@pytest.mark.parametrize("argv", [["app", "update-lifetime", "application_1_0001", "1000000000000"],
+                                  ["app", "run", "--lifetime", "3153600001", "--", "true"],
+                                  ["ps", "submit", "--app", "mlr", "--lifetime", "99999999999"]])
+def test_the_cli_refuses_a_lifetime_past_100_years_before_sending_it(argv, capsys) -> None:
+    # Nothing listens at that address: a request would exit 1, so exit 2 shows nothing was sent.
+    code, _, err = run_cli(["--rm", "http://127.0.0.1:9", *argv], capsys)
+    assert code == 2
+    assert "the lifetime must be at most 3153600000 seconds" in err
+
+
 def test_a_queue_whose_default_lifetime_exceeds_its_maximum_stops_the_rm(tmp_path) -> None:
     (tmp_path / "rm.toml").write_text('[[queues]]\nname = "q"\ndefault_app_lifetime_s = 600\nmax_app_lifetime_s = 60\n')
     (tmp_path / "cluster.toml").write_text('[cluster]\nsecret = "s"\n')
     argv = ["--config", str(tmp_path / "rm.toml"), "--cluster-config", str(tmp_path / "cluster.toml")]
     with pytest.raises(config_mod.ConfigError, match="queue 'q': default_app_lifetime_s 600 exceeds max_app_lifetime_s 60"):
+        load_configs(parse_args(argv))
+    (tmp_path / "rm.toml").write_text('[[queues]]\nname = "q"\nmax_app_lifetime_s = 99999999999\n')
+    with pytest.raises(config_mod.ConfigError, match="queue 'q': max_app_lifetime_s must be at most 3153600000"):
         load_configs(parse_args(argv))
     (tmp_path / "rm.toml").write_text('[[queues]]\nname = "q"\ndefault_app_lifetime_s = 600\n')
     rm_cfg = load_configs(parse_args(argv))[0]

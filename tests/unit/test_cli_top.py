@@ -101,3 +101,11 @@ def test_top_redraws_in_place_until_interrupted(monkeypatch: pytest.MonkeyPatch,
     first = out.split(top_command.HOME)[1]
     assert first.startswith("elastane top - ") and "NodeManager(s): 3 total" in first
     assert all(line.endswith(top_command.CLEAR_LINE) for line in first.split("\n")[:-1])
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "nan", "inf", "soon"])
+def test_an_interval_that_is_not_a_positive_time_exits_2(interval: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # nan would poll the RM in a tight loop, a negative one was silently replaced
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--rm", "http://127.0.0.1:9", "top", "--interval", interval])
+    assert exit_.value.code == 2 and "--interval must be" in capsys.readouterr().err

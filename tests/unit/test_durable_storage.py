@@ -38,6 +38,9 @@ def test_validate_names_what_is_wrong() -> None:
         durable_storage.validate("file://shared/apps")
     with pytest.raises(DurableStorageError, match="empty location"):
         durable_storage.validate("")
+    for bad in ("/tmp/a\0b", "s3://bucket/a\0b"):      # a job's `output` or `init_from` among them
+        with pytest.raises(DurableStorageError, match="contains a NUL character"):
+            durable_storage.validate(bad)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("s3fs") is not None, reason="s3fs is installed here")

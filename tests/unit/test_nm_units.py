@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from protocol import internal_api as api, tokens
 from protocol.config import ClusterConfig, ConfigError, NMConfig
 from protocol.records import ExitStatus, Resource
+from protocol.remote_exception import BadRequest
 
 from nodemanager import launcher, node_settings, procfs
 from nodemanager.container import Container
@@ -255,6 +256,34 @@ async def test_container_api_token_checks_in_process(tmp_path):
         r = await cl.get("/ws/v1/node/info")
         assert (await r.json())["nodeInfo"]["id"] == "127.0.0.1:1"
     assert m.containers == {}
+
+
+async def test_an_environment_no_process_can_have_is_refused_and_reserves_nothing(tmp_path):
+    m = _manager(tmp_path, lambda: 1.0)
+    app, attempt, cid = new_ids()
+    claims = tokens.verify(SECRET, container_token("127.0.0.1:1", cid, app, attempt, memory=256), tokens.CONTAINER)
+    for env, needle in [({"A=B": "x"}, "key 'A=B' must not contain '=' or NUL"),
+                        ({"C": "x\0y"}, "the value of 'C' must not contain NUL")]:
+        with pytest.raises(BadRequest, match=f"launch_context.environment: {needle}"):
+            await m.start(claims, Resource(256, 1), api.LaunchContext(commands=["true"], environment=env))
+    assert m.containers == {} and m.used() == Resource(0, 0)
+
+
+async def test_log_reads_take_any_offset_and_the_arbiter_view_refuses_a_negative_limit(tmp_path):
+    m = _manager(tmp_path, lambda: 0.0)
+    app, _, cid = new_ids()
+    c = _finished(m, cid, app, at=0.0)
+    Path(c.log_dir, "stdout").write_text("hello")
+    web = NodeWebApi(m, SECRET, "127.0.0.1:1", lambda: "http://127.0.0.1:1", lambda: {"id": "127.0.0.1:1"},
+                     arbiter_view=lambda limit: {"grantLog": [], "limit": limit})
+    async with TestClient(TestServer(web.app())) as cl:
+        for start, body in [("2", "llo"), ("-3", "llo"), ("5", ""), (str(10 ** 20), ""), (str(-10 ** 20), "hello")]:
+            r = await cl.get(f"/ws/v1/node/containerlogs/{cid}/stdout", params={"start": start})
+            assert (r.status, await r.text()) == (200, body), start
+        r = await cl.get("/ws/v1/node/arbiter", params={"limit": "-5"})
+        assert r.status == 400 and "limit must be >= 0, got -5" in (await r.json())["RemoteException"]["message"]
+        r = await cl.get("/ws/v1/node/arbiter", params={"limit": "0"})
+        assert r.status == 200 and (await r.json())["arbiter"]["limit"] == 0
 
 
 async def test_failed_launch_is_reported_and_releases_capacity(tmp_path):

@@ -192,6 +192,13 @@ BAD_SUBMISSIONS = [
     ("empty command", {"am-container-spec": {"commands": {"command": "  "}}}, "commands.command"),
     ("zero attempts", {"max-app-attempts": 0}, "max-app-attempts"),
     ("missing spec", {"am-container-spec": None}, "am-container-spec"),
+    # environments no process can be launched with: every attempt would fail at the NM
+    ("env key with =", {"am-container-spec": {"commands": {"command": "true"},
+                                              "environment": {"entry": [{"key": "A=B", "value": "x"}]}}},
+     "environment.entry: key 'A=B' must not contain '=' or NUL"),
+    ("env value with NUL", {"am-container-spec": {"commands": {"command": "true"},
+                                                  "environment": {"entry": [{"key": "C", "value": "x\u0000y"}]}}},
+     "environment.entry: the value of 'C' must not contain NUL"),
 ]
 
 
@@ -550,15 +557,21 @@ async def test_am_launch_failure_fails_the_attempt(tmp_path):
 async def test_put_shape_directs_an_elastic_job_and_refuses_bad_input(env: Env):
     await env.register_node("n1:1")
     await env.register_node("n2:1")
-    ps = {"application-type": "ELASTANE_PS", "elastane": {"ps-job": {"app": "mlr", "workers": 2, "servers": 2}}}
+    ps = {"application-type": "ELASTANE_PS",
+          "elastane": {"ps-job": {"app": "mlr", "workers": 2, "servers": 2, "max_workers": 3}}}
     app_id = await env.submit(user="alice", **ps)
+    blocks = ps_job_spec.BLOCKS_PER_SERVER * 2
     path = f"{BASE}/apps/{app_id}/shape"
     shape = {"workers": 1, "servers": 1, "nodes": ["n2:1"]}
     out = await env.call("PUT", path, shape, status=403, **{"user.name": "mallory"})
     assert out["RemoteException"]["exception"] == "ForbiddenException"
     for bad, needle in [({"workers": 0, "servers": 1}, "workers"), ({"workers": 1}, "servers"),
                         ({"workers": 1, "servers": 1, "nodes": ["n9:1"]}, "n9:1"),
-                        ({"workers": 1, "servers": 1, "colour": "red"}, "colour")]:
+                        ({"workers": 1, "servers": 1, "colour": "red"}, "colour"),
+                        ({"workers": 2, "servers": 1, "nodes": ["n1:1", "n1:1"]}, "nodes: each node may be named once"),
+                        ({"workers": 4, "servers": 1}, "workers: 4 is more than this job's max_workers of 3"),
+                        ({"workers": 1, "servers": blocks + 1},
+                         f"servers: {blocks + 1} is more than this job's {blocks} model blocks")]:
         out = await env.call("PUT", path, bad, status=400, **{"user.name": "alice"})
         assert needle in out["RemoteException"]["message"], out
     assert (await env.call("GET", path))["shape"]["directive"] is None      # refusals changed nothing
