@@ -108,6 +108,9 @@ class ApplicationMaster:
         # Set before the loop task is cancelled: Python 3.11's wait_for swallows a cancellation that
         # lands as the awaited event fires (gh-86296), so the loop must also see a plain flag.
         self._loop_stopping = False
+        # True while the allocate loop waits between calls (for a wake-up or its interval): what
+        # tells an observer that a heartbeat_now() now lands on an idle loop.
+        self.loop_idle = False
         self.unregistered = False
 
     @classmethod
@@ -170,6 +173,12 @@ class ApplicationMaster:
             if self.clock() >= deadline:
                 return False
             await asyncio.sleep(0.2)
+
+    @property
+    def loop_running(self) -> bool:
+        """Whether the background allocate loop is still running (register starts it, finish and
+        close stop it)."""
+        return self._loop_task is not None and not self._loop_task.done()
 
     async def close(self) -> None:
         """Stop the loop and close HTTP sessions (does not unregister: see finish)."""
@@ -349,11 +358,14 @@ class ApplicationMaster:
                 return
             if self._shut_down or self._loop_stopping:
                 return
+            self.loop_idle = True
             try:
                 async with asyncio.timeout(self._interval()):
                     await self._wake.wait()
             except asyncio.TimeoutError:
                 pass
+            finally:
+                self.loop_idle = False
 
     async def heartbeat_once(self) -> Optional[api.AllocateResponse]:
         """One allocate round trip; errors are handled here (retried, or Shutdown when fatal)."""

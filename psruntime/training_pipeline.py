@@ -152,10 +152,11 @@ class ComputeThread:
     millisecond delays the replies it would have served meanwhile by no more than that.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._last_s: float | None = None     # the previous call's duration (None: none yet)
         self.inline_max_s = INLINE_MAX_S
+        self._clock = clock                   # what a call's duration is read from
 
     @property
     def inline_next(self) -> bool:
@@ -165,11 +166,11 @@ class ComputeThread:
     def run_inline(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the caller's thread, timed like any call (for a caller that checked
         `inline_next`: a COMP of a sync window, where the awaits around it cost a tenth of it)."""
-        t0 = time.perf_counter()
+        t0 = self._clock()
         try:
             return fn(*args)
         finally:
-            self._last_s = time.perf_counter() - t0
+            self._last_s = self._clock() - t0
 
     async def call(self, fn: Callable[[], T]) -> T:
         if self.inline_next:
@@ -179,11 +180,11 @@ class ComputeThread:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._timed, fn)
 
     def _timed(self, fn: Callable[[], T]) -> T:
-        t0 = time.perf_counter()
+        t0 = self._clock()
         try:
             return fn()
         finally:
-            self._last_s = time.perf_counter() - t0
+            self._last_s = self._clock() - t0
 
     def close(self) -> None:
         """Let the thread go once its current call (if any) ends; a later call starts a new one."""

@@ -25,13 +25,16 @@ def container_stdouts(cluster, app_id: str) -> dict[str, str]:
     return out
 
 
-def test_distributed_shell_runs_to_succeeded(cluster):
-    # "sleep 1" is no readiness wait: it keeps the app RUNNING for ten of wait_app's polls, so the
-    # test can see that state before FINISHED (RUNNING is bounded below by it on any host).
-    sub = build_submission("hello", ["sh", "-c", "sleep 1; echo hello-from-$CONTAINER_ID"], 2, 128, 1)
+def test_distributed_shell_runs_to_succeeded(cluster, tmp_path):
+    # The containers wait for a gate file (the NMs run on this host), so the app stays RUNNING
+    # until the test has seen that state, however slow the host.
+    release = tmp_path / "release"
+    cmd = f"while [ ! -e {release} ]; do sleep 0.05; done; echo hello-from-$CONTAINER_ID"
+    sub = build_submission("hello", ["sh", "-c", cmd], 2, 128, 1)
     app_id = submit_app(cluster.rm_url, sub, user="alice")
     running = wait_app(cluster.rm_url, app_id, ("RUNNING",), 60)
     assert running["user"] == "alice" and running["finalStatus"] == "UNDEFINED"
+    release.touch()
     app = wait_app(cluster.rm_url, app_id, ("FINISHED",), 60)
     assert app["finalStatus"] == "SUCCEEDED", app["diagnostics"]
     assert app["applicationType"].upper() == "DISTRIBUTED_SHELL" and app["name"] == "hello"

@@ -81,10 +81,18 @@ def test_netns_cluster_caps_traffic_between_nodes_only(tmp_path):
             assert n.node_id.startswith(f"{net.node_ip(i)}:") and n.http_address.startswith(net.node_ip(i))
         assert sorted(network_leftovers(tag)) == sorted([net.bridge, net.host_veth(0), net.host_veth(1),
                                                          net.namespace(0), net.namespace(1)])
+        # The caps are where they belong: a 100mbit tbf on each node's eth0 and its host-side veth,
+        # nothing on a node's loopback (what a load-proof check can say about "uncapped").
+        for cmd in (["tc", "-n", net.namespace(0), "qdisc", "show", "dev", "eth0"],
+                    ["tc", "qdisc", "show", "dev", net.host_veth(1)]):
+            shown = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            assert "tbf" in shown and "rate 100Mbit" in shown, (cmd, shown)
+        lo = subprocess.run(["tc", "-n", net.namespace(0), "qdisc", "show", "dev", "lo"],
+                            capture_output=True, text=True, check=True).stdout
+        assert "tbf" not in lo and "rate" not in lo, lo
+        # And the cap holds on real traffic: a busy host can slow a transfer, never speed it past it.
         between = transfer_mbit_s(net, 0, 1, 6, tmp_path)
-        within = transfer_mbit_s(net, 0, 0, 24, tmp_path)
-        assert 60 <= between <= 110, f"{between:.1f} Mbit/s between two 100mbit nodes"
-        assert within > 3 * 100, f"loopback inside a node ran at {within:.1f} Mbit/s: it should be uncapped"
+        assert 0 < between <= 110, f"{between:.1f} Mbit/s between two 100mbit nodes"
     finally:
         c.stop()
     assert network_leftovers(tag) == [] and c.network_errors == []

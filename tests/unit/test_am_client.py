@@ -255,10 +255,9 @@ async def test_background_loop_heartbeats_faster_while_asks_pend(fake_cluster):
         rm.grant = True
         ev = await am.next_event(timeout_s=10)
         assert isinstance(ev, ContainersAllocated)
-        await asyncio.sleep(0)
-        n = len(rm.requests)
+        assert am.loop_running
         await am.finish(FinalStatus.SUCCEEDED)
-        assert len(rm.requests) <= n + 1, "no heartbeats after finish"
+        assert not am.loop_running, "finish stops the allocate loop: no heartbeats after it"
     finally:
         await am.close()
 
@@ -333,9 +332,8 @@ async def test_finish_stops_the_loop_even_when_a_wake_up_lands_with_the_cancel(f
     (it hung the AM forever before, with its job's phase already FAILED)."""
     am = ApplicationMaster(AmIdentity.from_env(fake_cluster.env))
     await am.register("amhost", 1234, "http://amhost:1234/")             # the loop runs
-    await async_wait_until(lambda: len(fake_cluster.rm.requests) >= 1, 5, "the loop's first allocate")
-    for _ in range(20):                                                    # it waits for a wake-up now
-        await asyncio.sleep(0)
+    await async_wait_until(lambda: len(fake_cluster.rm.requests) >= 1 and am.loop_idle, 5,
+                           "the loop's first allocate answered, the loop waiting for a wake-up")
     am.heartbeat_now()
     finishing = asyncio.ensure_future(am.finish(FinalStatus.FAILED, "gave up"))
     done, _ = await asyncio.wait({finishing}, timeout=10)       # a bound on a hang, not a speed

@@ -104,8 +104,17 @@ def test_every_registered_policy_can_decide_on_a_copy() -> None:
     for name in policies.known():
         p = policies.create(name)
         snap = start_round(core).snapshot
+
+        def state(policy: object) -> tuple[object, object]:
+            return policies.export_state(policy), policies.describe(policy)
+
+        live_before = state(p)
         first = decide_on_copy(p, snap)
+        assert first.policy is not p and state(p) == live_before, name      # the live one untouched
+        assert decide_on_copy(p, snap).decision == first.decision, name    # so a retry decides alike
+        after_first = state(first.policy)
         again = decide_on_copy(first.policy, snap)     # the copy's state copies too
+        assert again.policy is not first.policy and state(first.policy) == after_first, name
         assert isinstance(again.decision, Decision), name
 
 

@@ -4,7 +4,6 @@ the hill climber settles between load stalls and memory pressure, and the AM's r
 alpha and the bytes spilled."""
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 from pathlib import Path
@@ -33,6 +32,7 @@ from psruntime.training_pipeline import TrainingPipeline, init_blocks, init_mode
 from protocol import container_env
 from psruntime.spill.memory_reading import ContainerMemory, MemoryCgroup, find_memory_cgroup
 from psruntime.spill.worker_spill import WorkerSpill, container_limit_bytes, parse_mode
+from polling import async_wait_until
 from store_cluster import executor_cluster
 
 APPS = ("mlr", "nmf", "lda", "lasso")
@@ -140,7 +140,8 @@ async def test_the_next_disk_block_loads_while_a_block_is_used_and_is_dropped_af
     store.gate.set()
     reloader.plan(blocks)
     await reloader.acquire(blocks[0])                 # a memory block: no wait; block 1 starts loading
-    await asyncio.sleep(0)
+    # the read runs on the reloader's thread: wait for it to reach the store, not for a loop pass
+    await async_wait_until(lambda: store.read_blocks, what="block 1's prefetch read started")
     store.gate.clear()
     assert store.read_blocks == [1]
     reloader.release(blocks[0])
