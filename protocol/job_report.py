@@ -95,6 +95,7 @@ MAX_EPOCH_TIMES = 20
 MAX_OBJECTIVES = 200
 MAX_CLOCK_OBJECTIVES = 200
 MAX_REFUSAL_CHARS = 500
+MAX_DIRECTIVE_VERSION = 2 ** 53
 
 NonNeg = Annotated[int, msgspec.Meta(ge=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
@@ -148,7 +149,9 @@ class JobReport(msgspec.Struct, kw_only=True):
     speed: NonNegFloat = 0.0
     speed_iterations: NonNeg = 0
     executor_resource: Optional[Resource] = None
-    directive_version: NonNeg = 0
+    # At most 2**53: versions count directives one by one, and a larger one would not survive the
+    # RM's next directive (+1) as a JSON number every client (the web UI's JavaScript) reads exactly.
+    directive_version: Annotated[int, msgspec.Meta(ge=0, le=MAX_DIRECTIVE_VERSION)] = 0
     # Why the job acted on `directive_version` as no change although it lacks that shape (a change it
     # cannot make, as its AM's planner said); "" when it made the change or had the shape.
     directive_refused: Annotated[str, msgspec.Meta(max_length=MAX_REFUSAL_CHARS)] = ""

@@ -52,6 +52,7 @@ import msgspec
 
 from . import durable_storage, model_output
 from .codec import DecodeError
+from .arbiter_wire import MAX_THREADS
 from .dataset_manifest import DatasetError, resolve_data_spec
 from .internal_api import NodePlacement
 from .local_resources import LocalResource, LocalResourceError, check_link_name
@@ -63,6 +64,10 @@ PS_SPEC_ENV = "ELASTANE_PS_SPEC"          # env of the PS AM container: the vali
 ELASTANE_FIELD = "ps-job"                 # key of the spec inside the submission's "elastane" object
 AM_COMMAND = "python -m appmaster.ps"     # what the RM runs when the submission names no command
 BLOCKS_PER_SERVER = 4                     # default number of model blocks per (max) server
+# The most model blocks a job may have: far beyond any job's need (4 per server by default), while
+# what is linear in them -- the ownership table every executor is sent in one frame, the
+# servers' per-block state, the AM's placement plans -- stays small.
+MAX_BLOCKS = 1 << 16
 MIN_EXECUTOR_MEMORY_MB = 64
 
 Pos = Annotated[int, msgspec.Meta(ge=1)]
@@ -185,7 +190,7 @@ class PSJobSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, dict=T
     # of its node arbiter's CPU pool (docs/harmony_arbiter.md). None: the executor's vcores, so a
     # COMP holds the cores its container was given (the paper's "a COMP holds the machine" when an
     # executor's vcores are the host's cores).
-    comp_threads: Optional[Pos] = None
+    comp_threads: Optional[Annotated[int, msgspec.Meta(ge=1, le=MAX_THREADS)]] = None   # the arbiter's u16
     # Model output (docs/model_output.md): a path, file:// or fsspec URL every node and the client
     # can read; the AM writes the final model to `<output>/final/` and, with checkpoint_every_epochs,
     # each checkpoint's to `<output>/epoch-N/`. `init_from` names such an output (or one of its
@@ -409,9 +414,16 @@ def _check_generic(spec: PSJobSpec) -> None:
     if spec.min_servers > spec.servers:
         raise JobSpecError("min_servers", f"{spec.min_servers} is above servers ({spec.servers})")
     most_servers = max(spec.servers, spec.max_servers or 0)
+    if spec.num_blocks > MAX_BLOCKS:
+        field = "blocks" if spec.blocks is not None else ("max_servers" if spec.max_servers else "servers")
+        raise JobSpecError(field, f"{spec.num_blocks} model blocks is more than the {MAX_BLOCKS} a job may have")
     if spec.blocks is not None and spec.blocks < most_servers:
         raise JobSpecError("blocks", f"{spec.blocks} model blocks cannot give every one of "
                            f"{most_servers} servers a block; use blocks >= {most_servers}")
+    if spec.clock_batches and spec.sync_batches > spec.clock_batches:
+        # A clock's batch limit is honoured at window ends: every clock would run a whole window.
+        raise JobSpecError("sync_batches", f"{spec.sync_batches} mini-batches per sync window is more than the "
+                           f"{spec.clock_batches} of a clock (clock_batches): a window must fit in a clock")
     if spec.sync == "bsp" and spec.staleness not in (None, 0):
         raise JobSpecError("staleness", f"{spec.staleness} needs sync \"ssp\" (bsp has staleness 0)")
     if spec.optimizer == "cruise" and spec.sync != "bsp":

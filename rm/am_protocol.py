@@ -104,6 +104,8 @@ class AmProtocol:
                                f"(attempt state {at.state.value}, app state {app.state.value})")
         if at.state not in (AttemptState.ALLOCATED, AttemptState.LAUNCHED, AttemptState.RUNNING):
             raise BadRequest(f"{at.attempt_id} cannot register in state {at.state.value}")
+        if not -1 <= req.rpc_port <= 65535:         # checked before anything changes
+            raise BadRequest(f"rpc_port must be a port (0..65535) or -1 for none, got {req.rpc_port}")
         if at.awaiting_resync and at.state == AttemptState.RUNNING:
             # Its AM registered with an earlier RM and registers again after a restart or failover:
             # the attempt goes on as it was (no transition), asks and releases follow in allocate.

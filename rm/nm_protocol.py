@@ -26,6 +26,11 @@ from .utilization_series import UtilizationSeries
 
 log = logging.getLogger(__name__)
 
+# A node's capability at most (1 PiB, 2^20 vcores): far above any host, low enough that the sums
+# the RM serves over every node (cluster metrics, the scheduler's queues) stay inside 64 bits.
+MAX_NODE_MEMORY_MB = 2 ** 30
+MAX_NODE_VCORES = 2 ** 20
+
 
 def decommissioned_message(node_id: str) -> str:
     return (f"node {node_id} was decommissioned: recommission it (elastane node recommission {node_id}) "
@@ -73,9 +78,10 @@ class NmProtocol:
     def register_node(self, claims: dict[str, Any], req: api.NodeRegisterRequest) -> api.NodeRegisterResponse:
         if claims.get("node_id") != req.node_id:
             raise Unauthorized(f"nm token is for node {claims.get('node_id')!r}, not {req.node_id!r}")
-        if req.capability.memory <= 0 or req.capability.vcores <= 0:
-            raise BadRequest(f"capability must be positive, got memory={req.capability.memory} "
-                             f"vCores={req.capability.vcores}")
+        cap = req.capability
+        if not (0 < cap.memory <= MAX_NODE_MEMORY_MB and 0 < cap.vcores <= MAX_NODE_VCORES):
+            raise BadRequest(f"capability must be within memory 1..{MAX_NODE_MEMORY_MB} MB and vCores "
+                             f"1..{MAX_NODE_VCORES}, got memory={cap.memory} vCores={cap.vcores}")
         for app_id in req.applications:
             try:
                 ApplicationId.parse(app_id)

@@ -35,6 +35,9 @@ from .model import Node
 from protocol.errors import ProtocolError
 
 AM_ASK_ID = -1   # the ask id an AM container is allocated under
+# YARN's numContainers is an int32. Bounded so that the pending sums the RM serves (counts, and
+# count x memory in the policies' figures) stay well inside 64 bits.
+MAX_ASK_COUNT = 2 ** 31 - 1
 GANG_DIAGNOSTICS = "Application is waiting for its gang: its AM and minimum executors do not fit yet."
 
 
@@ -192,8 +195,8 @@ class CapacityScheduler:
         """Normalise a batch of asks, all or nothing (AskError names the bad one)."""
         out = []
         for i, a in enumerate(asks):
-            if a.count < 0:
-                raise AskError(f"asks[{i}].count must be >= 0, got {a.count}")
+            if not 0 <= a.count <= MAX_ASK_COUNT:
+                raise AskError(f"asks[{i}].count must be within 0..{MAX_ASK_COUNT}, got {a.count}")
             res = self.normalize(a.resource, f"asks[{i}].resource")
             out.append(Ask(a.ask_id, a.count, res, a.priority, tuple(a.nodes), a.relax_locality, a.tag))
         return out

@@ -82,6 +82,23 @@ def test_impossible_scales_are_400_and_change_nothing() -> None:
     assert w.job.shape == (2, 1) and w.job.change is None and w.job.phase is Phase.TRAINING
 
 
+def test_a_kill_restart_is_bound_by_input_splits_and_model_blocks_as_an_eps_change_is() -> None:
+    w = kill_job()                  # no max_workers / max_servers: the data and the model bound it
+    splits = sum(len(s) for s in w.job.holdings.splits.values())
+    blocks = w.job.spec.num_blocks
+    for request, (dw, ds), needle in ((1, (splits - 1, 0), f"{splits + 1} workers is more than this job's maximum of {splits}"),
+                                      (2, (0, blocks), f"{blocks + 1} servers is more than this job's maximum of {blocks}")):
+        n = len(w.log)
+        w.send(ev.ScaleRequested(at=w.at(), request=request, workers=dw, servers=ds))
+        (reply,) = w.log[n:]
+        assert isinstance(reply, ins.Reply) and reply.status == 400 and needle in reply.message, reply
+    assert w.job.shape == (2, 1) and w.job.change is None and w.job.phase is Phase.TRAINING
+    # A directive beyond them is refused with the reason, not carried out by a restart.
+    w.send(ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(workers=splits + 1, servers=1, version=1)))
+    assert "RESTART" not in w.triggers() and w.job.shape == (2, 1)
+    assert f"more than this job's maximum of {splits}" in w.job.refused_directive
+
+
 def test_check_target_names_the_field() -> None:
     assert check_target(4, 3, 4, 3) == "" and check_target(9, 9, None, None) == ""
     assert check_target(True, 2, None, None) == "workers must be an integer >= 1, got True"   # type: ignore[arg-type]

@@ -52,6 +52,11 @@ def test_ssp_defaults_and_max_servers_drive_blocks() -> None:
     ({"app": "mlr", "workers": "two"}, "workers"),
     ({"app": "mlr", "servers": -1}, "servers"),
     ({"app": "mlr", "servers": 3, "blocks": 2}, "blocks"),
+    # more blocks than any job may have (the AM's ownership frame could not carry 2M of them)
+    ({"app": "mlr", "blocks": 2_000_000}, "blocks"),
+    ({"app": "mlr", "max_servers": 400_000}, "max_servers"),
+    ({"app": "mlr", "use_arbiter": True, "comp_threads": 70_000}, "comp_threads"),    # the arbiter's u16
+    ({"app": "mlr", "sync_batches": 1000, "clock_batches": 2}, "sync_batches"),      # a window must fit a clock
     ({"app": "mlr", "workers": 3, "max_workers": 2}, "max_workers"),
     ({"app": "mlr", "servers": 2, "max_servers": 1}, "max_servers"),
     ({"app": "mlr", "sync": "async"}, "sync"),

@@ -247,15 +247,29 @@ async def test_internal_calls_need_valid_tokens(env: Env):
 async def test_bad_internal_bodies_are_400(env: Env):
     await env.call("POST", api.NODE_REGISTER, {"node_id": "n1:1"}, token=nm_token("n1:1"), status=400)
     await env.call("POST", api.NODE_REGISTER, raw=b"[", token=nm_token("n1:1"), status=400)
+    # a capability whose sums over the nodes would not fit the metrics' 64-bit numbers
+    huge = _b(api.NodeRegisterRequest(node_id="n2:1", http_address="x", capability=Resource(2 ** 63, 1)))
+    out = await env.call("POST", api.NODE_REGISTER, huge, token=nm_token("n2:1"), status=400)
+    assert "capability must be within memory 1..1073741824 MB" in out["RemoteException"]["message"]
     await env.register_node("n1:1")
     app_id = await env.submit()
     am_token = await env.launch_am()
+    out = await env.call("POST", api.AM_REGISTER, {"rpc_port": 70000}, token=am_token, status=400)
+    assert "rpc_port must be a port" in out["RemoteException"]["message"]
     await env.call("POST", api.AM_REGISTER, {}, token=am_token)
     out = await env.call("POST", api.AM_ALLOCATE, {"response_id": 0, "asks": [
         {"ask_id": 1, "count": 1, "resource": {"memory": 10 ** 8, "vCores": 1}}]}, token=am_token, status=400)
     assert "maximum allocation" in out["RemoteException"]["message"]
+    out = await env.call("POST", api.AM_ALLOCATE, {"response_id": 0, "asks": [
+        {"ask_id": 1, "count": 2 ** 64 - 1, "resource": {"memory": 128, "vCores": 1}}]}, token=am_token, status=400)
+    assert "asks[0].count must be within 0..2147483647" in out["RemoteException"]["message"]
+    out = await env.call("POST", api.AM_ALLOCATE, {"response_id": 0, "shape": {
+        "workers": 1, "servers": 1, "directive_version": 2 ** 64 - 1}}, token=am_token, status=400)
+    assert "$.shape.directive_version" in out["RemoteException"]["message"]
     await env.call("POST", api.AM_FINISH, {"final_status": "MAYBE"}, token=am_token, status=400)
     assert (await env.app(app_id))["state"] == "RUNNING"
+    metrics = (await env.call("GET", BASE + "/metrics"))["clusterMetrics"]      # still served
+    assert metrics["containersPending"] == 0 and metrics["totalNodes"] == 1
 
 
 async def test_kill_permissions(env: Env):

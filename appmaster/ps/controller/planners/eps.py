@@ -135,7 +135,7 @@ class EpsPlanner(BasePlanner):
         if job.spec.sync != "bsp":
             return "elastic changes need BSP training; this job runs SSP"
         assert change.target is not None
-        return _shape_problem(job, change.target.workers, change.target.servers)
+        return shape_problem(job, change.target.workers, change.target.servers)
 
     def needed(self, job: JobState, change: Change) -> bool:
         return bool(self._parts(job, change))
@@ -338,7 +338,9 @@ _NEXT: dict[str, dict[str, str]] = {
 }
 
 
-def _shape_problem(job: JobState, workers: int, servers: int) -> str:
+def shape_problem(job: JobState, workers: int, servers: int) -> str:
+    """Why the job cannot take this shape ("" if it can): fewer than one of a role, or beyond
+    `limits` (its max_workers / max_servers, its input splits, its model blocks), naming them."""
     max_w, max_s = limits(job)
     splits = sum(len(s) for s in job.holdings.splits.values())
     if workers < 1:

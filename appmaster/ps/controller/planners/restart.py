@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..state import Change, ChangeKind, JobState, Origin
+from .eps import shape_problem
 from .relaunch import Relaunch, placed
 
 
@@ -45,9 +46,13 @@ class RestartPlanner(Relaunch):
                     return f"{name} must be a signed integer change, got {d!r}"
             if change.delta == (0, 0):
                 return "nothing to change: give workers and/or servers as +N or -N"
-        assert change.target is not None
-        return check_target(change.target.workers, change.target.servers, job.spec.max_workers,
-                            job.spec.max_servers)
+        t = change.target
+        assert t is not None
+        # The spec's bounds first, then what every elastic mode is bound by: no more workers than
+        # input splits, no more servers than model blocks (a restart to more would start executors
+        # that have nothing to hold).
+        return (check_target(t.workers, t.servers, job.spec.max_workers, job.spec.max_servers)
+                or shape_problem(job, t.workers, t.servers))
 
     def needed(self, job: JobState, change: Change) -> bool:
         t = change.target
