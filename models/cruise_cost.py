@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 from protocol.errors import PlanningError
@@ -62,6 +62,9 @@ class JobProfile:
     compute_parallelism: float = math.inf
     # Departure 5 (module doc): a worker's compute overlaps the servers serving the other workers.
     overlap: bool = False
+    # The job spec's bounds on each role (None: none): the solvers keep their targets within them.
+    max_workers: Optional[int] = None
+    max_servers: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("input_blocks", "model_blocks", "batch_size"):
@@ -73,6 +76,16 @@ class JobProfile:
                 raise CostModelError(f"{name} must be a positive number, got {v}")
         if not self.compute_parallelism > 0:
             raise CostModelError(f"compute_parallelism must be > 0, got {self.compute_parallelism}")
+
+    def worker_range(self, n: int) -> tuple[int, int]:
+        """The fewest and most workers a target on `n` nodes may have: one of each role at least,
+        and neither role beyond its bound (CostModelError when `n` nodes cannot keep both)."""
+        lo = max(1, n - self.max_servers) if self.max_servers is not None else 1
+        hi = min(n - 1, self.max_workers) if self.max_workers is not None else n - 1
+        if lo > hi:
+            raise CostModelError(f"{n} nodes cannot be split within max_workers {self.max_workers} and "
+                                 f"max_servers {self.max_servers}")
+        return lo, hi
 
     def contention(self, workers: int | float) -> float:
         """How much slower each of `workers` concurrent workers computes than one alone."""

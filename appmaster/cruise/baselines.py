@@ -19,11 +19,13 @@ from .solver_homogeneous import HomogeneousOptimum
 
 
 def brute_force_homogeneous(job: JobProfile, node: NodeProfile, n: int) -> HomogeneousOptimum:
-    """The best (W, S) by evaluating eq. 3.1-3.4 for every W in 1..N-1 (even, continuous splits)."""
+    """The best (W, S) by evaluating eq. 3.1-3.4 for every W in 1..N-1 within the job's role
+    bounds (even, continuous splits)."""
     if n < 2:
         raise CostModelError(f"need at least 2 nodes, got {n}")
+    lo, hi = job.worker_range(n)
     best: HomogeneousOptimum | None = None
-    for w in range(1, n):
+    for w in range(lo, hi + 1):
         s = n - w
         t = epoch_time_arrays(job, np.full(w, node.compute_s_per_sample), np.full(w, node.worker_bandwidth),
                               np.full(w, job.input_blocks / w), np.full(s, node.server_bandwidth),
@@ -36,14 +38,16 @@ def brute_force_homogeneous(job: JobProfile, node: NodeProfile, n: int) -> Homog
 
 
 def brute_force_heterogeneous(job: JobProfile, nodes: Sequence[NodeProfile]) -> tuple[float, tuple[str, ...]]:
-    """(best continuous-batch epoch time, worker node ids) over all 2^N - 2 role assignments."""
+    """(best continuous-batch epoch time, worker node ids) over all 2^N - 2 role assignments
+    within the job's role bounds."""
     if len(nodes) > 16:
         raise CostModelError(f"brute force over {len(nodes)} nodes would take too long")
+    lo, hi = job.worker_range(len(nodes))
     best: tuple[float, tuple[str, ...]] = (float("inf"), ())
     for roles in itertools.product((True, False), repeat=len(nodes)):
         ws = [p for p, r in zip(nodes, roles) if r]
         ss = [p for p, r in zip(nodes, roles) if not r]
-        if not ws or not ss:
+        if not lo <= len(ws) <= hi:
             continue
         c = np.array([p.compute_s_per_sample for p in ws])
         bw = np.array([p.worker_bandwidth for p in ws])

@@ -53,6 +53,8 @@ class JobSizes:
     model_blocks: int
     batch_size: int
     nominal_bytes_per_batch: float
+    max_workers: Optional[int] = None      # the spec's bounds, kept by every target (None: none)
+    max_servers: Optional[int] = None
 
 
 @dataclass
@@ -208,7 +210,8 @@ class CruiseOptimizer:
         every = list(slots) + [s for s in self.slots if s.slot_id not in own_slots]
         job = JobProfile(self.job.input_blocks, self.job.samples_per_block, self.job.model_blocks,
                          measured_bytes_per_batch(self.metrics, self.job.nominal_bytes_per_batch),
-                         self.job.batch_size, self.metrics.compute_parallelism(), overlap=True)
+                         self.job.batch_size, self.metrics.compute_parallelism(), overlap=True,
+                         max_workers=self.job.max_workers, max_servers=self.job.max_servers)
         current = Assignment({e.executor_id: len(e.blocks) for e in self.executors if e.role is Role.WORKER},
                              {e.executor_id: len(e.blocks) for e in self.executors if e.role is Role.SERVER})
         derived = isolate_from_shape(derive_profiles(self.metrics, every), job, current, self.metrics)

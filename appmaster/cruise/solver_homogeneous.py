@@ -79,6 +79,7 @@ def solve_homogeneous(job: JobProfile, node: NodeProfile, n: int, integral: bool
     `integral`, by whole blocks, and epoch_s is then `homogeneous_epoch_time_blocks`."""
     if n < 2:
         raise CostModelError(f"need at least 2 nodes (one worker, one server), got {n}")
+    lo, hi = job.worker_range(n)
     c, lat = node.compute_s_per_sample, node.latency_s_per_batch / job.batch_size
     k_w = job.bytes_per_batch / (job.batch_size * node.worker_bandwidth)
     k_s = job.bytes_per_batch / (job.batch_size * node.server_bandwidth)
@@ -95,7 +96,7 @@ def solve_homogeneous(job: JobProfile, node: NodeProfile, n: int, integral: bool
         points = [n * k_w / (k_w + k_s), n * math.sqrt(c + lat) / (math.sqrt(c + lat) + math.sqrt(k_s))]
         if p < n:
             points += [p, n * math.sqrt(lat) / (math.sqrt(lat) + math.sqrt(k_s))]
-    candidates = {min(max(v, 1), n - 1) for p in points for v in (math.floor(p), math.ceil(p))}
+    candidates = {min(max(v, lo), hi) for p in points for v in (math.floor(p), math.ceil(p))}
     cost = homogeneous_epoch_time
     if integral:
         cost = homogeneous_epoch_time_blocks
@@ -103,10 +104,10 @@ def solve_homogeneous(job: JobProfile, node: NodeProfile, n: int, integral: bool
             per_worker, per_server = -(-job.input_blocks // w), -(-job.model_blocks // (n - w))
             for q in (per_worker - 1, per_worker):          # fewest workers for q blocks each
                 if q >= 1:
-                    candidates.add(min(max(-(-job.input_blocks // q), 1), n - 1))
+                    candidates.add(min(max(-(-job.input_blocks // q), lo), hi))
             for r in (per_server - 1, per_server):          # most workers leaving r model blocks per server
                 if r >= 1:
-                    candidates.add(min(max(n - -(-job.model_blocks // r), 1), n - 1))
+                    candidates.add(min(max(n - -(-job.model_blocks // r), lo), hi))
     # Ties go to fewer workers: the same predicted time with less input to spread.
     best = min(sorted(candidates), key=lambda w: cost(job, node, n, w))
     return HomogeneousOptimum(best, n - best, cost(job, node, n, best))

@@ -154,11 +154,12 @@ def heuristic_workers(job: JobProfile, classes: Sequence[NodeClass]) -> tuple[fl
     from .solver_homogeneous import solve_homogeneous
     nodes = [(k, c.profile) for k, c in enumerate(classes) for _ in c.members]
     n = len(nodes)
+    lo, hi = job.worker_range(n)
     w0 = solve_homogeneous(job, mean_profile([c.profile for c in classes]), n).workers
     orders = [sorted(range(n), key=lambda i: nodes[i][1].compute_s_per_sample),
               sorted(range(n), key=lambda i: nodes[i][1].server_bandwidth)]
     best = (math.inf, [0] * len(classes))
-    for w in sorted({min(max(v, 1), n - 1) for v in (w0 // 2, w0 - 1, w0, w0 + 1, (w0 + n) // 2)}):
+    for w in sorted({min(max(v, lo), hi) for v in (w0 // 2, w0 - 1, w0, w0 + 1, (w0 + n) // 2)}):
         for order in orders:
             ws, ss = order[:w], order[w:]
             c = np.array([nodes[i][1].compute_s_per_sample for i in ws])
@@ -179,7 +180,8 @@ def _counts_time(job: JobProfile, classes: Sequence[NodeClass], counts: Sequence
     """Continuous-batch epoch time with counts[k] workers of class k, blocks split optimally."""
     n_w = np.array(counts)
     n_s = np.array([len(c.members) for c in classes]) - n_w
-    if n_w.sum() < 1 or n_s.sum() < 1 or (n_w < 0).any() or (n_s < 0).any():
+    lo, hi = job.worker_range(int(n_w.sum() + n_s.sum()))
+    if not lo <= n_w.sum() <= hi or (n_w < 0).any() or (n_s < 0).any():
         return math.inf
     prof = [c.profile for c in classes]
     c = np.repeat([p.compute_s_per_sample for p in prof], n_w)
@@ -282,7 +284,7 @@ def solve_classes(job: JobProfile, classes: Sequence[NodeClass],
     b.row(cover_d, D, np.inf)
     b.row(cover_m, M, np.inf)
     b.row({**w_sum, **{v: -(2 ** t) for t, v in enumerate(w_bits)}}, 0, 0)
-    b.row(w_sum, 1, n_total - 1)
+    b.row(w_sum, *job.worker_range(n_total))       # one of each role, neither beyond its bound
 
     n_vars = len(b.lb)
     cost = np.zeros(n_vars)

@@ -428,7 +428,8 @@ def job_sizes(spec: PSJobSpec, app: AnyPSApp, input_blocks: int) -> JobSizes:
     workers report what they really exchange."""
     return JobSizes(input_blocks=input_blocks, samples_per_block=float(app.rows_per_block),
                     model_blocks=spec.num_blocks, batch_size=int(app.hparams.batch_size),
-                    nominal_bytes_per_batch=float(app.model_nbytes()))
+                    nominal_bytes_per_batch=float(app.model_nbytes()),
+                    max_workers=spec.max_workers, max_servers=spec.max_servers)
 
 
 def build_cruise_driver(spec: PSJobSpec, app: AnyPSApp, training: Training, holdings: Callable[[], Holdings],

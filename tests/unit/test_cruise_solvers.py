@@ -191,3 +191,36 @@ def test_overlap_moves_a_compute_heavy_small_batch_job_to_more_workers():
     slots = [Slot(NodeProfile(f"a{i}", 7e-4, 5e6, 5e6)) for i in range(3)]
     slots += [Slot(NodeProfile(f"b{i}", 6e-4, 5e6, 5e6)) for i in range(3)]
     assert solve_milp_target(overlap, slots).shape[0] >= solve_milp_target(eq34, slots).shape[0]
+
+
+def test_targets_keep_the_specs_role_bounds_and_are_the_best_within_them():
+    """A job's max_workers / max_servers hold in every target (a directive grants containers and
+    Cruise splits them: unbounded, it gave a 3 x 3 grant 5 workers against max_workers 4)."""
+    free = JobProfile(100, 100, 10, 1e6, 100)
+    p = lambda i: NodeProfile(f"e{i}", 9e-3, 1e7, 1e7)  # noqa: E731  # optimum W = 6 of 8
+    slots = [Slot(p(i)) for i in range(8)]
+    assert solve_homogeneous_target(free, slots).shape == (6, 2)
+    for bounds, shape in (({"max_workers": 4}, (4, 4)), ({"max_servers": 1}, (7, 1)),
+                          ({"max_workers": 5, "max_servers": 3}, (5, 3))):
+        job = JobProfile(100, 100, 10, 1e6, 100, **bounds)
+        assert solve_homogeneous_target(job, slots).shape == shape, bounds
+        assert solve_homogeneous(job, p(0), 8).workers == brute_force_homogeneous(job, p(0), 8).workers
+    with pytest.raises(CostModelError, match="cannot be split within max_workers 3 and max_servers 3"):
+        solve_homogeneous(JobProfile(100, 100, 10, 1e6, 100, max_workers=3, max_servers=3), p(0), 8)
+    rng = np.random.default_rng(7)
+    checked = 0
+    for _ in range(40):
+        base = JobProfile(int(rng.integers(10, 60)), float(rng.uniform(100, 1000)), int(rng.integers(4, 30)),
+                          float(10 ** rng.uniform(5, 8)), int(rng.integers(50, 500)))
+        nodes = random_nodes(rng, int(rng.integers(3, 7)))
+        _, free_workers = brute_force_heterogeneous(base, nodes)
+        if len(free_workers) < 2:
+            continue
+        job = JobProfile(base.input_blocks, base.samples_per_block, base.model_blocks, base.bytes_per_batch,
+                         base.batch_size, max_workers=len(free_workers) - 1)     # the free optimum is out
+        best, _ = brute_force_heterogeneous(job, nodes)
+        target = solve_milp_target(job, [Slot(q) for q in nodes], class_tolerance=0)
+        assert target.shape[0] <= job.max_workers
+        assert target.epoch_s_continuous == pytest.approx(best, rel=1e-3)
+        checked += 1
+    assert checked >= 10
