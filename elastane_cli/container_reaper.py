@@ -1,9 +1,15 @@
 """Kill container processes that NMs recorded in their recovery dirs and left behind.
 
 An NM killed with SIGKILL (a simulated host crash) leaves its containers running, as a crashed
-host's NM would. When the local cluster stops, those processes must go too, but only those: a
-process is killed only if it belongs to a recorded pid / process group, started after the cluster
-did, and (when the record names its container) carries that CONTAINER_ID in its environment.
+host's NM would. When the local cluster stops, those processes must go too, but only those. A
+process is killed only if it started after the cluster did and either
+- is in the recorded process group while the group's leader is still the recorded process (its pid
+  and start time, as recorded): the container's own session, unless its environment names another
+  container; or
+- carries the recorded CONTAINER_ID in its environment (a member left behind by a leader that
+  exited, in the recorded group or the recorded pid).
+A recorded pid that now names another process, or a group led by one, is not signalled: the
+number was reused, and its processes are someone else's.
 """
 from __future__ import annotations
 
@@ -59,7 +65,12 @@ def recorded_containers(recovery_dir: Path) -> list[RecordedContainer]:
     return list(found.values())
 
 
-def _belongs(pid: int, rec: RecordedContainer, not_before_unix: float) -> bool:
+def _leader_is_recorded(rec: RecordedContainer) -> bool:
+    """The recorded pid still runs the recorded process (start time known and the same)."""
+    return rec.start_ticks is not None and processes.is_alive(rec.pid, rec.start_ticks)
+
+
+def _belongs(pid: int, rec: RecordedContainer, not_before_unix: float, leader_is_recorded: bool) -> bool:
     ticks = processes.proc_start_ticks(pid)
     if ticks is None:
         return False
@@ -68,22 +79,25 @@ def _belongs(pid: int, rec: RecordedContainer, not_before_unix: float) -> bool:
     # Started before the cluster: certainly not one of its containers. 1 s slack for rounding.
     if processes.ticks_to_unix(ticks) < not_before_unix - 1.0:
         return False
-    if rec.container_id:
-        cid = processes.proc_environ(pid).get(container_env.CONTAINER_ID)
-        if cid is not None and cid != rec.container_id:
-            return False
-    return True
+    cid = processes.proc_environ(pid).get(container_env.CONTAINER_ID)
+    if rec.container_id and cid is not None and cid != rec.container_id:
+        return False      # another container's process
+    if leader_is_recorded:
+        return True       # the container's own session (module doc)
+    # No leader to vouch for it: only its environment can say it is the container's.
+    return bool(rec.container_id) and cid == rec.container_id
 
 
 def reap(recovery_dirs: list[Path], not_before_unix: float) -> list[int]:
     """SIGKILL the live processes of every recorded container; return the pids killed."""
     killed: list[int] = []
     for rec in (r for d in recovery_dirs for r in recorded_containers(d)):
+        leader = _leader_is_recorded(rec)
         members = set(processes.group_members(rec.pgid))
         if processes.is_alive(rec.pid):
             members.add(rec.pid)
         for pid in sorted(members):
-            if _belongs(pid, rec, not_before_unix) and processes.signal_pid(pid, signal.SIGKILL):
+            if _belongs(pid, rec, not_before_unix, leader) and processes.signal_pid(pid, signal.SIGKILL):
                 killed.append(pid)
     processes.wait_gone([(p, None) for p in killed], 5.0)
     for d in recovery_dirs:

@@ -105,7 +105,7 @@ def signal_pid(pid: int, sig: int, start_ticks: int | None = None) -> bool:
     try:
         os.kill(pid, sig)
         return True
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):     # gone, or another user's: not ours to end
         return False
 
 

@@ -499,10 +499,27 @@ class ContainerManager:
                 self.localizer.pin_links(c.container_id, c.work_dir)
                 self.spawn_task(self._watch_adopted(c))
             else:
+                # Its recorded process is gone (or the pid now names another process), and so may
+                # be its group: a reused number would lead someone else's. Only stragglers that
+                # carry its CONTAINER_ID are its own; the cgroup, if it had one, catches the rest.
+                self._kill_stragglers(c)
+                c.pgid = None
                 code = self.store.read_exit_code(c.container_id)
                 await self._on_exit(c, code, died_of_sigkill=code == 128 + signal.SIGKILL)
             found.append(c)
         return found
+
+    @staticmethod
+    def _kill_stragglers(c: Container) -> None:
+        """SIGKILL the processes of `c`'s recorded group that carry its CONTAINER_ID."""
+        if not c.pgid:
+            return
+        for st in procfs.all_stats():
+            if st.pgid == c.pgid and procfs.environ_value(st.pid, container_env.CONTAINER_ID) == c.container_id:
+                try:
+                    os.kill(st.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     # ----- shutdown -----------------------------------------------------------------------------
 

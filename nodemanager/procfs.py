@@ -48,6 +48,20 @@ def is_same_process(pid: int, start_time: int, proc_root: str = "/proc") -> bool
     return st is not None and st.start_time == start_time and st.state != "Z"
 
 
+def environ_value(pid: int, name: str, proc_root: str = "/proc") -> Optional[str]:
+    """The value of `name` in `pid`'s environment as it started; None when unset or unreadable."""
+    try:
+        with open(f"{proc_root}/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for entry in data.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode(errors="replace")
+    return None
+
+
 def all_stats(proc_root: str = "/proc") -> list[ProcStat]:
     """A snapshot of every process."""
     out: list[ProcStat] = []

@@ -27,7 +27,9 @@ def setup_logging(name: str, level: str | None = None) -> None:
 
 
 def run_daemon(start: Callable[[], Awaitable[object]], stop: Callable[[], Awaitable[None]]) -> None:
-    """Run `start()`, then wait for SIGTERM/SIGINT and run `stop()` before returning."""
+    """Run `start()`, then wait for SIGTERM/SIGINT and run `stop()` before returning. A `start()`
+    that fails half-way is undone by `stop()` (what it made -- cgroups, pools, servers -- goes as
+    on a SIGTERM), then its error ends the daemon."""
     install_uvloop()
 
     async def main() -> None:
@@ -35,7 +37,14 @@ def run_daemon(start: Callable[[], Awaitable[object]], stop: Callable[[], Awaita
         stopped = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopped.set)
-        await start()
+        try:
+            await start()
+        except BaseException:
+            try:
+                await stop()
+            except Exception:   # noqa: BLE001 - the start's error is the one to report
+                logging.getLogger(__name__).exception("stopping after a failed start failed too")
+            raise
         await stopped.wait()
         await stop()
 

@@ -209,6 +209,37 @@ def test_reaper_ignores_records_of_other_processes(tmp_path: Path) -> None:
             proc.wait()
 
 
+def test_reaper_spares_the_group_of_a_recycled_leader_but_not_the_containers_own_stragglers(tmp_path: Path) -> None:
+    """A recorded pgid whose leader is now another process (the number was reused) names someone
+    else's group: its members are spared. A container whose leader exited leaves stragglers in its
+    group that carry its CONTAINER_ID: those are killed."""
+    child = "import time; time.sleep(60)"
+    foreign = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; "
+                                f"subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"],
+                               start_new_session=True)                        # no CONTAINER_ID
+    mine = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {child!r}])"],
+                            start_new_session=True, env=dict(os.environ, CONTAINER_ID="container_1_0001_01_000003"))
+    mine_ticks = processes.proc_start_ticks(mine.pid)
+    try:
+        mine.wait(timeout=10)                                                  # its leader is gone, its child stays
+        wait_until(lambda: len(processes.group_members(foreign.pid)) == 2 and len(processes.group_members(mine.pid)) == 1,
+                   10, "the foreign session with its child, the container's straggler")
+        d = tmp_path / "recovery" / "containers"
+        d.mkdir(parents=True)
+        ticks = processes.proc_start_ticks(foreign.pid)
+        for name, pid, start in (("f", foreign.pid, (ticks or 0) + 1), ("m", mine.pid, mine_ticks)):
+            (d / f"{name}.json").write_text(json.dumps({"container_id": "container_1_0001_01_000003", "pid": pid,
+                                                        "pgid": pid, "start_time": start}))
+        stragglers, foreign_members = set(processes.group_members(mine.pid)), set(processes.group_members(foreign.pid))
+        killed = container_reaper.reap([tmp_path / "recovery"], not_before_unix=0)
+        assert set(killed) == stragglers
+        assert foreign.poll() is None and set(processes.group_members(foreign.pid)) == foreign_members
+    finally:
+        for pid in processes.group_members(foreign.pid) + processes.group_members(mine.pid):
+            processes.signal_pid(pid, signal.SIGKILL)
+        foreign.wait()
+
+
 def test_reaper_reads_the_nm_journal_and_skips_containers_it_removed(tmp_path: Path) -> None:
     """The NM's recovery journal: a record put and later deleted (the RM saw it complete) is not
     the reaper's to kill; one still put is."""

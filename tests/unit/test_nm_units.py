@@ -3,6 +3,7 @@ token checks of the container API (in process), reporting and expiry with an inj
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -214,6 +215,43 @@ async def test_recovery_settles_dead_containers(tmp_path):
     # After the RM saw them, nothing is left to recover.
     m2.mark_reported([cid, cid2])
     assert RecoveryStore(m2.cfg.recovery_dir).load_all() == []
+
+
+async def test_recovery_kills_a_dead_containers_stragglers_but_not_a_group_its_pid_now_leads(tmp_path):
+    """Records can be hours old: a recorded pid that now names another process leads someone
+    else's group, which the NM leaves alone; processes of the recorded group that carry the
+    container's id are its stragglers, and go."""
+    child = "import time; time.sleep(60)"
+    spawn_child = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}])"
+    foreign = subprocess.Popen([sys.executable, "-c", spawn_child + "; time.sleep(60)"], start_new_session=True)
+    app, _, cid = new_ids()
+    app2, _, cid2 = new_ids()
+    gone = subprocess.Popen([sys.executable, "-c", spawn_child], start_new_session=True,
+                            env=dict(os.environ, CONTAINER_ID=cid2))      # its leader exits, its child stays
+    gone_ticks = procfs.read_stat(gone.pid).start_time
+    gone.wait(timeout=10)
+    try:
+        await async_wait_until(lambda: len([s for s in procfs.all_stats() if s.pgid == foreign.pid]) == 2
+                               and len([s for s in procfs.all_stats() if s.pgid == gone.pid]) == 1,
+                               what="the foreign session's child, the dead container's straggler")
+        foreign_group = sorted(s.pid for s in procfs.all_stats() if s.pgid == foreign.pid)
+        m = _manager(tmp_path, lambda: 50.0)
+        ticks = procfs.read_stat(foreign.pid).start_time
+        for i, (a, c_id, pid, start) in enumerate(((app, cid, foreign.pid, ticks + 1), (app2, cid2, gone.pid, gone_ticks))):
+            c = Container(c_id, a, "", "bob", Resource(64, 1), 0.0, str(tmp_path / f"w{i}"), str(tmp_path / f"l{i}"),
+                          m.store.exit_file(c_id), pid=pid, pgid=pid, start_time=start)
+            m.store.save(c.to_record())
+        found = {c.container_id: c for c in await _manager(tmp_path, lambda: 60.0).recover()}
+        assert found[cid].state is S.DONE and found[cid2].state is S.DONE
+        await async_wait_until(lambda: not [s for s in procfs.all_stats() if s.pgid == gone.pid and s.state != "Z"],
+                               what="the straggler killed")
+        assert foreign.poll() is None
+        assert sorted(s.pid for s in procfs.all_stats() if s.pgid == foreign.pid) == foreign_group
+    finally:
+        for st in procfs.all_stats():
+            if st.pgid in (foreign.pid, gone.pid):
+                os.kill(st.pid, signal.SIGKILL)
+        foreign.wait()
 
 
 def _open_fds_on(path: Path) -> int:
