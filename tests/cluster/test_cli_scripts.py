@@ -5,6 +5,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,24 @@ def test_stop_and_status_without_daemons(tmp_path: Path) -> None:
     assert r.returncode == 0 and "no nm to stop" in r.stdout and "no rm to stop" in r.stdout
 
 
+def test_a_stale_pid_file_naming_another_process_is_not_signalled(tmp_path: Path) -> None:
+    """A pid file left behind (a killed host) whose number now runs another `-m rm` process -- not
+    this daemon, started without its ready file -- is neither stopped nor taken as running."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "rm"])
+    try:
+        pids = tmp_path / "pids"
+        pids.mkdir()
+        env = {"ELASTANE_PID_DIR": str(pids), "ELASTANE_IDENT_STRING": "test"}
+        (pids / f"elastane-test-rm-{socket.gethostname()}.pid").write_text(f"{other.pid}\n")
+        assert script("elastane-daemon", "status", "rm", env=env).returncode == 1
+        r = script("elastane-daemon", "stop", "rm", env=env)
+        assert r.returncode == 0 and "no rm to stop" in r.stdout, r.stdout + r.stderr
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -71,22 +90,26 @@ def test_start_cluster_and_stop_cluster_on_localhost(tmp_path: Path) -> None:
            "ELASTANE_RM_OPTS": " ".join(rm_flags)}
     hosts = tmp_path / "hosts"
     hosts.write_text("# workers\nlocalhost   # this machine\n\n127.0.0.1\n")
-    pids: list[int] = []
+    pids: list[tuple[int, int | None]] = []
     try:
         r = script("start-cluster", str(hosts), "--", *nm_flags, env=env)
         assert r.returncode == 0, r.stdout + r.stderr
         text = (conf / "cluster.toml").read_text()
         assert 'secret = "' in text and 'secret = ""' not in text
-        pids = [int((tmp_path / "pids" / f"elastane-test-{d}-{socket.gethostname()}.pid").read_text()) for d in ("rm", "nm")]
-        assert all(processes.is_alive(p) for p in pids)
+        pids = [(p, processes.proc_start_ticks(p)) for p in (
+            int((tmp_path / "pids" / f"elastane-test-{d}-{socket.gethostname()}.pid").read_text()) for d in ("rm", "nm"))]
+        assert all(processes.is_alive(p, t) for p, t in pids)
         ready = json.loads((tmp_path / "pids" / f"elastane-test-nm-{socket.gethostname()}.ready").read_text())
         assert ready["node_id"]
         again = script("start-nm", *nm_flags, env=env)
         assert again.returncode == 1 and "already running" in again.stderr
         r = script("stop-cluster", str(hosts), env=env)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert processes.wait_gone([(p, None) for p in pids], 10.0) == []
+        assert processes.wait_gone(pids, 10.0) == []
         assert not (tmp_path / "pids" / f"elastane-test-rm-{socket.gethostname()}.pid").exists()
     finally:
-        for p in pids:
-            processes.signal_pid(p, 9)
+        # Whatever start-cluster got to start (also when it failed half-way): stopped through its
+        # pid files, which name only processes it started; then any left, by pid and start time.
+        script("stop-cluster", str(hosts), env=env)
+        for p, t in pids:
+            processes.signal_pid(p, 9, t)

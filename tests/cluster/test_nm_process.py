@@ -359,6 +359,7 @@ async def test_rss_monitor_kills_past_the_limit_without_cgroups(tmp_path, rm, cl
 
 async def test_sigterm_kills_containers_and_removes_cgroups(tmp_path, rm, client, nms):
     nm = await start_nm(tmp_path / "nm", rm, cgroups="auto")
+    nms.append(nm)              # stopped by the fixture too if the test fails before its own stop
     cid, tok, st = await _launch(client, nm, ["sleep 300 & sleep 301 & wait"])
     pgid = st.pid
     _, info = await _get_json(f"{nm.url}/ws/v1/node/containers/{cid}")
@@ -374,6 +375,7 @@ async def test_sigterm_kills_containers_and_removes_cgroups(tmp_path, rm, client
 async def test_restart_readopts_a_running_container(tmp_path, rm, client, nms):
     base = tmp_path / "nm"
     nm = await start_nm(base, rm, cgroups="auto")
+    nms.append(nm)
     go = tmp_path / "go"
     cid, tok, st = await _launch(client, nm, [f"while [ ! -e {go} ]; do sleep 0.05; done; exit 7"])
     pid = st.pid

@@ -121,13 +121,15 @@ def test_stop_from_the_cluster_dir_removes_a_crashed_runs_network(tmp_path):
                      node_bandwidth="1gbit", network="netns")
     c.start(timeout_s=60)
     tag = c.net.tag
-    for spawned in c._spawned.values():  # a "crash": the daemons die, nobody tears the namespaces down
-        spawned.popen.kill()
-        spawned.popen.wait()
-        spawned.log.close()
-    c._spawned.clear()
-    assert network_leftovers(tag)
-    LocalCluster.load(tmp_path / "c").stop()
+    try:
+        for spawned in c._spawned.values():  # a "crash": the daemons die, nobody tears the namespaces down
+            spawned.popen.kill()
+            spawned.popen.wait()
+            spawned.log.close()
+        c._spawned.clear()
+        assert network_leftovers(tag)
+    finally:
+        LocalCluster.load(tmp_path / "c").stop()      # what is tested, and the cleanup if anything above failed
     assert network_leftovers(tag) == []
 
 

@@ -132,8 +132,14 @@ def started_pair(etcd_endpoint: str, tmp_path: Path, rm_extra: str = "") -> Iter
             rm.start()
         yield rms
     finally:
-        for rm in rms:
-            rm.stop()
+        errors = []
+        for rm in rms:              # every one stopped, whatever the first one's stop raised
+            try:
+                rm.stop()
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
 
 @pytest.fixture
@@ -298,7 +304,11 @@ class NmProcess:
              "--cgroups", "off", "--heartbeat-interval-ms", "200", "--ready-file", str(ready)],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
-        wait_until(lambda: self.proc.poll() is None and ready.exists(), 60, f"{name} registered", 0.1)
+        try:
+            wait_until(lambda: self.proc.poll() is None and ready.exists(), 60, f"{name} registered", 0.1)
+        except BaseException:
+            self.stop()             # not left running by a constructor that raises
+            raise
         info = json.loads(ready.read_text())
         self.node_id, self.http_address = str(info["node_id"]), str(info["http_address"])
 
@@ -398,8 +408,10 @@ def test_a_ps_job_trains_through_the_active_rms_death_in_its_attempt_with_its_co
     from protocol.ps_status import FINAL_STATUS_FILE, read_status   # noqa: PLC0415
 
     active, standby = one_active(ps_pair)
-    nms = [NmProcess(active.conf, tmp_path, f"nm{i}", active.url, memory_mb=2048, vcores=4) for i in range(2)]
+    nms: list[NmProcess] = []
     try:
+        for i in range(2):
+            nms.append(NmProcess(active.conf, tmp_path, f"nm{i}", active.url, memory_mb=2048, vcores=4))
         wait_until(lambda: len(running_nodes(active)) == 2, 30, "both nodes RUNNING", 0.1)
         spec = {"app": "mlr", "workers": 2, "servers": 1, "max_epochs": 60, "convergence_threshold": 1e-12,
                 "executor_memory_mb": 320}

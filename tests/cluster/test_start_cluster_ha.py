@@ -74,7 +74,7 @@ def test_start_cluster_starts_every_listed_rm_and_stop_cluster_stops_them(etcd: 
                 "--recovery-dir", str(tmp_path / "nm/recovery")]
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost\n")
-    pids: list[int] = []
+    pids: list[tuple[int, int | None]] = []
     try:
         r = script("start-cluster", str(hosts), "--", *nm_flags, env=env)
         out = r.stdout + r.stderr
@@ -85,8 +85,8 @@ def test_start_cluster_starts_every_listed_rm_and_stop_cluster_stops_them(etcd: 
         # Each RM has its own pid and log file, named by its id, and runs with that id.
         rm_pids = {i: int(pid_file(tmp_path, f"rm-{i}").read_text()) for i in ("rm1", "rm2")}
         nm_pid = int(pid_file(tmp_path, "nm").read_text())
-        pids = [*rm_pids.values(), nm_pid]
-        assert all(processes.is_alive(p) for p in pids)
+        pids = [(p, processes.proc_start_ticks(p)) for p in (*rm_pids.values(), nm_pid)]
+        assert all(processes.is_alive(p, t) for p, t in pids)
         assert len(set(rm_pids.values())) == 2
         for i in ("rm1", "rm2"):
             assert (tmp_path / "logs" / f"elastane-test-rm-{i}-{HOST}.log").exists()
@@ -116,12 +116,15 @@ def test_start_cluster_starts_every_listed_rm_and_stop_cluster_stops_them(etcd: 
         m = re.search(r"^stop order: (rm\d) \((\w+)\), (rm\d) \((\w+)\)$", out, re.M)
         assert m and (m[2], m[4]) == ("STANDBY", "ACTIVE"), out
         assert out.index(f"stopping rm-{m[1]}") < out.index(f"stopping rm-{m[3]}"), out
-        assert processes.wait_gone([(p, None) for p in pids], 30.0) == []
+        assert processes.wait_gone(pids, 30.0) == []
         assert not any(pid_file(tmp_path, f"rm-{i}").exists() for i in ("rm1", "rm2"))
         assert not pid_file(tmp_path, "nm").exists()
     finally:
-        for p in pids:
-            processes.signal_pid(p, 9)
+        # Whatever start-cluster got to start (also when it failed half-way), through its pid
+        # files; then any left, by pid and start time.
+        script("stop-cluster", str(hosts), env=env)
+        for p, t in pids:
+            processes.signal_pid(p, 9, t)
 
 
 @pytest.mark.parametrize("rm_ids, etcd_endpoints, setting", [

@@ -351,11 +351,12 @@ async def test_a_cut_link_is_found_by_the_sockets_alone(tmp_path: Path) -> None:
     script = tmp_path / "silent_node.py"
     script.write_text(SILENT_NODE)
     server = DataPlaneServer(lambda f: ({"op": "ok"}, ()), host=net.bridge_ip, liveness=FAST)
-    server_port = int((await server.start()).rsplit(":", 1)[1])
-    node = subprocess.Popen([*net.exec_prefix(0), sys.executable, str(script), net.node_ip(0), net.bridge_ip,
-                             str(server_port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    node: subprocess.Popen[str] | None = None
     busy, idle, fresh = DataPlaneClient(liveness=FAST), DataPlaneClient(liveness=FAST), DataPlaneClient(liveness=FAST)
-    try:
+    try:        # from the namespace on: whatever fails, everything made here goes
+        server_port = int((await server.start()).rsplit(":", 1)[1])
+        node = subprocess.Popen([*net.exec_prefix(0), sys.executable, str(script), net.node_ip(0), net.bridge_ip,
+                                 str(server_port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert node.stdin is not None and node.stdout is not None
         port = await asyncio.to_thread(node.stdout.readline)
         address = f"{net.node_ip(0)}:{port.strip()}"
@@ -384,6 +385,7 @@ async def test_a_cut_link_is_found_by_the_sockets_alone(tmp_path: Path) -> None:
         for c in (busy, idle, fresh):
             await c.close()
         await server.stop()
-        node.kill()
-        node.wait()
+        if node is not None:
+            node.kill()
+            node.wait()
         nn.remove(net)

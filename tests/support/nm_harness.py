@@ -159,7 +159,11 @@ async def start_nm(base: Path, rm: FakeNodeRM, *, cgroups: str = "auto", memory_
     try:
         await async_wait_until(ready_or_dead, timeout, what="NM ready file")
     except BaseException:
-        kill_nm(proc)
+        # SIGTERM first: an NM that got as far as its cgroups removes them on the way out.
+        try:
+            kill_nm(proc, signal.SIGTERM)
+        except subprocess.TimeoutExpired:
+            kill_nm(proc)
         raise
     return NMProcess(proc, ready, json.loads(ready.read_text()), dirs)
 
