@@ -7,10 +7,12 @@ them (protocol.yarn_views; the rest JSON), unwrapped from YARN's envelopes once 
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Sequence, cast
 
 import aiohttp
 
+from protocol.client_auth import CLIENT_TOKEN_ENV
 from protocol.http_client import Body, JsonHttpClient, RemoteError
 from protocol.rm_failover import FailoverJsonClient
 from protocol.json_types import JsonInObject, JsonObject, JsonValue
@@ -60,16 +62,19 @@ def translate(err: BaseException, what: str, url: str) -> CliError:
 
 
 class RmRestClient:
-    """The YARN RM REST calls the CLI makes, as `user` (Hadoop simple auth: ?user.name=)."""
+    """The YARN RM REST calls the CLI makes, as `user` (Hadoop simple auth: ?user.name=), and with
+    a client token (default $ELASTANE_CLIENT_TOKEN) as its bearer, for a cluster whose
+    client_auth is "token" (protocol/client_auth.py); the NMs' log calls carry it too."""
 
-    def __init__(self, rm_url: str, user: str, timeout_s: float = 30.0):
+    def __init__(self, rm_url: str, user: str, timeout_s: float = 30.0, token: str | None = None):
         self.rm_url = rm_url.rstrip("/")
         self.user = user
+        self.token = token if token is not None else (os.environ.get(CLIENT_TOKEN_ENV) or None)
         # `--rm http://rm1:8088,http://rm2:8088`: the RMs of an HA cluster, tried in turn
         # (protocol/rm_failover.py); one URL: that RM only.
         urls = [u.strip() for u in self.rm_url.split(",") if u.strip()]
-        self._http = (FailoverJsonClient(urls, timeout_s=timeout_s, user=user) if len(urls) > 1
-                      else JsonHttpClient(self.rm_url, timeout_s=timeout_s, user=user))
+        self._http = (FailoverJsonClient(urls, token=self.token, timeout_s=timeout_s, user=user) if len(urls) > 1
+                      else JsonHttpClient(self.rm_url, token=self.token, timeout_s=timeout_s, user=user))
         self._nm: dict[str, JsonHttpClient] = {}
         self._timeout_s = timeout_s
 
@@ -163,7 +168,8 @@ class RmRestClient:
         c = self._nm.get(http_address)
         if c is None:
             base = http_address if http_address.startswith("http") else f"http://{http_address}"
-            c = self._nm[http_address] = JsonHttpClient(base, timeout_s=self._timeout_s, user=self.user)
+            c = self._nm[http_address] = JsonHttpClient(base, token=self.token, timeout_s=self._timeout_s,
+                                                        user=self.user)
         return c
 
     async def _nm_call(self, http_address: str, path: str) -> JsonValue:

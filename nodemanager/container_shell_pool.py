@@ -70,10 +70,7 @@ class ContainerShell:
         env = launcher.build_env(spec, ctx)
         if not launcher.shell_can_set(env):
             raise ShellLaunchError("the container's environment has names a shell cannot export")
-        script = os.path.join(spec.work_dir, "launch_container.sh")
-        with open(script, "w") as f:
-            f.write(launcher.shell_script(spec, launcher.build_command(spec, ctx)))
-        os.chmod(script, 0o700)
+        script = launcher.write_launch_script(spec.work_dir, launcher.shell_script(spec, launcher.build_command(spec, ctx)))
         stdin = self.popen.stdin
         assert stdin is not None
         try:       # the environment goes down the pipe only: it holds the job's secret

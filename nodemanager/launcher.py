@@ -21,6 +21,7 @@ from typing import Optional
 from protocol import container_env as cenv, storage_settings
 from protocol.zygote_wire import CGROUP_JOIN_FAILED_EXIT
 from protocol.internal_api import LaunchContext
+from protocol.local_resources import LAUNCH_SCRIPT
 
 LOG_DIR_MARK = "<LOG_DIR>"
 INHERITED_ENV = ("HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM", "PYTHONPATH",
@@ -201,13 +202,25 @@ class ContainerProcess:
         return self.returncode
 
 
+def write_launch_script(work_dir: str, text: str) -> str:
+    """Write the container's launch script into its working dir (0700) and return its path. Never
+    through a link: whatever is there under that name goes first, and the file is created anew
+    (O_EXCL | O_NOFOLLOW), so a link planted there cannot aim the NM's write at another file."""
+    path = os.path.join(work_dir, LAUNCH_SCRIPT)
+    try:
+        os.unlink(path)         # a link is removed, not followed
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
 def spawn(spec: LaunchSpec, ctx: LaunchContext) -> ContainerProcess:
     """Write the wrapper and start it in its own session (process group = its pid). Blocking:
     the NM calls it from a worker thread."""
-    script = os.path.join(spec.work_dir, "launch_container.sh")
-    with open(script, "w") as f:
-        f.write(wrapper_script(spec, build_command(spec, ctx)))
-    os.chmod(script, 0o700)
+    script = write_launch_script(spec.work_dir, wrapper_script(spec, build_command(spec, ctx)))
     out = open(os.path.join(spec.log_dir, "stdout"), "ab")
     err = open(os.path.join(spec.log_dir, "stderr"), "ab")
     try:

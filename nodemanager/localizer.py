@@ -188,18 +188,45 @@ def _check_member(name: str) -> None:
         raise LocalizationError(f"archive member {name!r} has '..' in its path")
 
 
+def _through_link(path: str, links: set[str]) -> Optional[str]:
+    """The first step of `path` (relative, as written: "l/.." goes through "l") that is a symlink
+    member, before its last component; None if it goes through none."""
+    parts = PurePosixPath(path).parts
+    for i in range(1, len(parts)):
+        prefix = posixpath.normpath(posixpath.join(*parts[:i]))
+        if prefix in links:
+            return prefix
+    return None
+
+
 def _untar(archive: str, dest: str, keep: Optional[re.Pattern[str]], cancel: threading.Event) -> None:
     with tarfile.open(archive, "r:*") as tf:
         members = tf.getmembers()
+        # Nothing is written, or pointed at, through a link the archive itself makes: checking each
+        # path as text cannot follow such links, and the 'data' filter's own check was bypassed
+        # by chains of them (CVE-2025-4517 and kin on Python before 3.11.13).
+        links = {posixpath.normpath(m.name) for m in members if m.issym()}
         for m in members:
             _check_member(m.name)
+            via = _through_link(m.name, links)
+            if via is not None:
+                raise LocalizationError(f"archive member {m.name!r} lies under {via!r}, a symlink in the archive")
             if m.issym():
-                target = posixpath.normpath(posixpath.join(posixpath.dirname(m.name), m.linkname))
+                written = posixpath.join(posixpath.dirname(m.name), m.linkname)
+                target = posixpath.normpath(written)
                 if m.linkname.startswith("/") or target == ".." or target.startswith("../"):
                     raise LocalizationError(f"archive member {m.name!r} is a symlink to {m.linkname!r}, "
                                             "out of the unpacked dir")
+                # (A link to a link is fine -- bin/python -> python3 -> python3.11 -- as each hop
+                # resolves from a real dir of the archive; a link used as a dir on the way is not.)
+                if _through_link(written, links) is not None:
+                    raise LocalizationError(f"archive member {m.name!r} is a symlink to {m.linkname!r}, "
+                                            "which goes through another symlink in the archive")
             elif m.islnk():
                 _check_member(m.linkname)
+                if _through_link(m.linkname, links) is not None:
+                    raise LocalizationError(f"archive member {m.name!r} is a hard link to {m.linkname!r}, "
+                                            "a path through a symlink in the archive")
             elif not (m.isfile() or m.isdir()):
                 raise LocalizationError(f"archive member {m.name!r} is a device or fifo")
 

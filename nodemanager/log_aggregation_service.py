@@ -28,7 +28,8 @@ TICK_S = 1.0        # how often the planner is asked (rolls, retries, retention)
 
 def regular_files(d: str) -> list[tuple[str, os.stat_result]]:
     """(name, stat) of each regular file in `d`, by name; [] when `d` is not there. A container's
-    log dir: the NM's log calls list it, aggregation uploads it."""
+    log dir: the NM's log calls list it, aggregation uploads it. A symlink is not one (lstat): a
+    container that links /etc/shadow into its log dir must not have the NM serve or upload it."""
     try:
         names = sorted(os.listdir(d))
     except OSError:
@@ -36,7 +37,7 @@ def regular_files(d: str) -> list[tuple[str, os.stat_result]]:
     out = []
     for n in names:
         try:
-            st = os.stat(os.path.join(d, n))
+            st = os.lstat(os.path.join(d, n))
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode):

@@ -142,7 +142,7 @@ class NodeManager:
         api = NodeWebApi(self.manager, self.cluster.secret, self.node_id, lambda: self.url, self.node_info,
                          self._arbiter_view if self.arbiter else None,
                          utilization=lambda: self.utilization.latest if self.utilization else None,
-                         remote_logs=self.remote_logs)
+                         remote_logs=self.remote_logs, cluster=self.cluster)
         self._runner = web.AppRunner(api.app(), access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, self._sock).start()

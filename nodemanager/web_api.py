@@ -11,6 +11,8 @@ from aiohttp import web
 
 from protocol import codec, tokens
 from protocol.aggregated_logs import AggregatedLogError, RemoteLogDir, find_container, read_log, slice_from
+from protocol.client_auth import check_log_reader, client_user
+from protocol.config import ClusterConfig
 from protocol.http_server import json_response, make_app, read_json
 from protocol.ids import ContainerId
 from protocol.internal_api import CONTAINER_START, NodeUtilization, StartContainerRequest
@@ -32,8 +34,10 @@ class NodeWebApi:
                  node_info: Callable[[], dict[str, Any]],
                  arbiter_view: Optional[Callable[[int], dict[str, Any]]] = None,
                  utilization: Callable[[], Optional[NodeUtilization]] = lambda: None,
-                 remote_logs: Optional[RemoteLogDir] = None):
+                 remote_logs: Optional[RemoteLogDir] = None, cluster: Optional[ClusterConfig] = None):
         self.manager = manager
+        # Who may read container logs (cluster.toml's client_auth; None: anyone, as under simple auth).
+        self.cluster = cluster
         # Aggregated logs (cluster.toml's remote_app_log_dir): the log calls answer from there for a
         # container whose logs are no longer on this node -- or were never on it: any NM serves any.
         self.remote_logs = remote_logs
@@ -170,8 +174,21 @@ class NodeWebApi:
         files = _log_files(c.log_dir) if c is not None else []
         return files if files else None
 
-    async def _aggregated(self, cid: str) -> tuple[str, dict[str, int]]:
-        """(node id, file name -> size) of the container's aggregated logs; 404 if there are none."""
+    def _check_reader(self, request: web.Request, cid: str, owner: Optional[str]) -> None:
+        """Under client_auth = "token", only the container's app's owner or an admin reads its logs
+        (protocol/client_auth.py); open under simple auth."""
+        if self.cluster is None:
+            return
+        user = client_user(self.cluster, request.headers.get("Authorization"), request.query.get("user.name", ""))
+        check_log_reader(self.cluster, user, owner, cid)
+
+    def _local_owner(self, cid: str) -> Optional[str]:
+        c = self.manager.containers.get(cid)
+        return c.user if c is not None else None
+
+    async def _aggregated(self, cid: str) -> tuple[str, dict[str, int], Optional[str]]:
+        """(node id, file name -> size, the app's user) of the container's aggregated logs; 404 if
+        there are none."""
         where = f" nor in the aggregated logs at {self.remote_logs.url}" if self.remote_logs else ""
         found = None
         if self.remote_logs is not None:
@@ -182,16 +199,18 @@ class NodeWebApi:
         if found is None:
             raise NotFound(f"container {cid} is not known on node {self.node_id}{where}")
         node, files = found
-        return node.node_id, files
+        return node.node_id, files, next((ix.user for _, ix in node.files if ix.user), None)
 
     async def get_log_files(self, request: web.Request) -> web.Response:
         cid = request.match_info["id"]
         local = self._local_logs(cid)
         if local is None and (self.remote_logs is not None or cid not in self.manager.containers):
-            node_id, files = await self._aggregated(cid)
+            node_id, files, owner = await self._aggregated(cid)
+            self._check_reader(request, cid, owner)
             infos = [{"fileName": n, "fileSize": size, "lastModifiedTime": 0} for n, size in sorted(files.items())]
             return json_response({"containerLogsInfo": {"containerLogInfo": infos, "logAggregationType": "AGGREGATED",
                                                         "containerId": cid, "nodeId": node_id}})
+        self._check_reader(request, cid, self._local_owner(cid))
         return json_response({"containerLogsInfo": {"containerLogInfo": local or [],
                                                     "logAggregationType": "LOCAL",
                                                     "containerId": cid,
@@ -209,17 +228,19 @@ class NodeWebApi:
             raise BadRequest(f"start must be an integer, got {start!r}") from None
         c = self.manager.containers.get(cid)
         path = os.path.join(c.log_dir, name) if c is not None else ""
-        if path and os.path.isfile(path):
+        if path and os.path.isfile(path) and not os.path.islink(path):
+            self._check_reader(request, cid, self._local_owner(cid))
             data = await asyncio.to_thread(_read_from, path, n)
         elif self.remote_logs is not None or c is None:
-            data = slice_from(await self._aggregated_file(cid, name), n)
+            data = slice_from(await self._aggregated_file(request, cid, name), n)
         else:
             raise NotFound(f"log file {name} not found for container {cid}")
         return web.Response(body=data, content_type="text/plain", charset="utf-8")
 
-    async def _aggregated_file(self, cid: str, name: str) -> bytes:
+    async def _aggregated_file(self, request: web.Request, cid: str, name: str) -> bytes:
         store = self.remote_logs
-        await self._aggregated(cid)         # 404 naming the store when the container is not there
+        _, _, owner = await self._aggregated(cid)     # 404 naming the store when the container is not there
+        self._check_reader(request, cid, owner)
         assert store is not None
 
         def read() -> Optional[bytes]:
@@ -241,10 +262,12 @@ class NodeWebApi:
         cid = request.match_info["id"]
         local = self._local_logs(cid)
         if local is not None:
+            self._check_reader(request, cid, self._local_owner(cid))
             files = [(f["fileName"], int(f["fileSize"])) for f in local]
             kind = f"on node {self.node_id}"
         else:
-            node_id, sizes = await self._aggregated(cid)
+            node_id, sizes, owner = await self._aggregated(cid)
+            self._check_reader(request, cid, owner)
             files = sorted(sizes.items())
             kind = f"aggregated from node {node_id}"
         esc = html.escape
@@ -257,7 +280,8 @@ class NodeWebApi:
 
 def _read_from(path: str, start: int) -> bytes:
     """The file from byte `start`; a negative `start` gives the last -start bytes (YARN's `start`)."""
-    with open(path, "rb") as f:
+    # O_NOFOLLOW: a container's log dir is the container's to write, links included.
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if start < 0:
             f.seek(max(0, size + start))

@@ -135,7 +135,8 @@ class LogFileWriter:
         chunks = []
         for src in self.sources:
             crc, n = 0, 0
-            with open(src.path, "rb") as f:
+            # O_NOFOLLOW: listed as a regular file, it may have been swapped for a link since.
+            with os.fdopen(os.open(src.path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
                 f.seek(src.start)
                 while n < src.length:
                     buf = f.read(min(_READ_PIECE, src.length - n))

@@ -38,11 +38,20 @@ class LocalResourceError(ConfigurationError, ValueError):
     """A local-resources entry that is malformed; the message names the entry and the field."""
 
 
+# What the NM itself writes into a container's working dir (nodemanager/launcher.py): a resource
+# linked there under this name would have the NM write through the link, into its cached copy.
+LAUNCH_SCRIPT = "launch_container.sh"
+
+
 def check_link_name(name: str) -> None:
-    """A resource's key is one path component in the working dir: no '/', not '.' or '..'."""
+    """A resource's key is one path component in the working dir: no '/', not '.' or '..', and not
+    a name the NM writes there itself."""
     if not name or "/" in name or name in (".", "..") or "\0" in name:
         raise LocalResourceError(f"local resource name {name!r}: must be one path component "
                                  "(no '/', not '.' or '..')")
+    if name == LAUNCH_SCRIPT:
+        raise LocalResourceError(f"local resource name {name!r}: the NodeManager writes its launch "
+                                 "script under that name")
 
 
 def decode_resources(raw: dict[str, object]) -> dict[str, LocalResource]:

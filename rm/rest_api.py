@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
-from protocol import codec, tokens
+from protocol import codec
+from protocol.client_auth import client_user
 from protocol.ps_job_spec import shape_problem
 from protocol.app_timeouts import LIFETIME, LifetimeError, parse_expiry
 from protocol.http_server import json_response, read_json
 from protocol.records import AppState, FinalStatus, NodeState
-from protocol.remote_exception import BadRequest, Forbidden, NotFound, Unauthorized
+from protocol.remote_exception import BadRequest, Forbidden, NotFound
 
 from . import rest_views as views
 from .policies import describe as describe_policy
@@ -31,22 +32,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ANONYMOUS = "dr.who"
 BASE = "/ws/v1/cluster"
 
 
 def request_user(cluster: ClusterConfig, request: web.Request) -> str:
-    """The caller of a client REST call: Hadoop simple auth (?user.name=, default dr.who) or, with
-    cluster.toml's client_auth = "token", a client bearer token (rm/ha/ha_http.py's HA calls too)."""
-    if cluster.client_auth == "token":
-        tok = tokens.token_from_header(request.headers.get("Authorization"))
-        if tok is None:
-            raise Unauthorized("this cluster requires 'Authorization: Bearer <client token>'")
-        user = cluster.client_tokens.get(tok)
-        if user is None:
-            raise Unauthorized("unknown client token")
-        return user
-    return request.query.get("user.name", "") or ANONYMOUS
+    """The caller of a client REST call (protocol/client_auth.py: simple auth's ?user.name=, or
+    with cluster.toml's client_auth = "token" a client bearer token; rm/ha/ha_http.py's HA calls
+    too)."""
+    return client_user(cluster, request.headers.get("Authorization"), request.query.get("user.name", ""))
 
 
 class ClientApi:

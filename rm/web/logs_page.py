@@ -18,7 +18,9 @@ from aiohttp import web
 
 from protocol.aggregated_logs import (AggregatedLogError, NodeLogs, RemoteLogDir, app_node_logs, read_log,
                                       slice_from)
+from protocol.client_auth import check_log_reader, client_user
 from protocol.ids import ApplicationId
+from protocol.remote_exception import Forbidden, Unauthorized
 
 from ..model import App
 from .layout import escape, html_table, page
@@ -112,9 +114,24 @@ class LogsPage:
         except OSError as e:
             raise web.HTTPBadGateway(text=f"cannot read the aggregated logs at {self.store.url}: {e}\n") from None
 
+    def _check_reader(self, request: web.Request, app_id: str, nodes: list[NodeLogs]) -> None:
+        """Under client_auth = "token", the app's owner or an admin only (protocol/client_auth.py);
+        the owner is the app's, or, once the RM forgot the app, the one its aggregated files name."""
+        cluster = self.rm.cluster
+        app = self.rm.core.apps.get(app_id)
+        owner = app.user if app is not None else next((ix.user for n in nodes for _, ix in n.files if ix.user), None)
+        try:
+            user = client_user(cluster, request.headers.get("Authorization"), request.query.get("user.name", ""))
+            check_log_reader(cluster, user, owner, app_id)
+        except Unauthorized as e:
+            raise web.HTTPUnauthorized(text=f"{e}\n") from None
+        except Forbidden as e:
+            raise web.HTTPForbidden(text=f"{e}\n") from None
+
     async def logs_page(self, request: web.Request) -> web.Response:
         app_id = self._app_id(request)
         nodes = await self._nodes(app_id)
+        self._check_reader(request, app_id, nodes)
         page = render_logs_page(app_id, self.store, nodes, request.match_info.get("container_id"))
         return web.Response(text=page, content_type="text/html")
 
@@ -126,7 +143,9 @@ class LogsPage:
         except ValueError:
             raise web.HTTPBadRequest(text=f"start must be an integer, got {request.query.get('start')!r}\n") from None
         store = self.store
-        node = next((n for n in await self._nodes(app_id) if name in n.containers().get(cid, {})), None)
+        nodes = await self._nodes(app_id)
+        self._check_reader(request, app_id, nodes)
+        node = next((n for n in nodes if name in n.containers().get(cid, {})), None)
         if store is None or node is None:
             raise web.HTTPNotFound(text=f"no aggregated log {name} of {cid} in {app_id}\n")
         try:

@@ -162,6 +162,41 @@ def test_tar_symlink_out_of_the_dir_is_refused(tmp_path):
         loc.fetch(LocalResource(str(tmp_path / "plain.txt"), type="ARCHIVE"), str(tmp_path / "o"))
 
 
+def _link_tar(path, entries):
+    """A tar of (name, symlink target or None for a file with bytes b"x") entries, in order."""
+    with tarfile.open(path, "w") as tf:
+        for name, target in entries:
+            info = tarfile.TarInfo(name)
+            if target is None:
+                info.size = 1
+                tf.addfile(info, io.BytesIO(b"x"))
+            else:
+                info.type, info.linkname = tarfile.SYMTYPE, target
+                tf.addfile(info)
+    return path
+
+
+@pytest.mark.parametrize("entries, needle", [
+    # a file written through a link the archive made (the last step of the published escapes)
+    ([("d", None), ("sub", "d"), ("sub/pwned", None)], "'sub/pwned' lies under 'sub', a symlink in the archive"),
+    # a link chained through another link: its text stays inside, where it resolves need not
+    ([("a/b", None), ("l", "a"), ("escape", "l/..")], "'escape' is a symlink to 'l/..', which goes through another symlink"),
+])
+def test_tar_members_through_the_archives_own_symlinks_are_refused(tmp_path, entries, needle):
+    arch = _link_tar(tmp_path / "chain.tar", entries)
+    with pytest.raises(loc.LocalizationError, match=needle):
+        loc.fetch(LocalResource(str(arch), type="ARCHIVE"), str(tmp_path / "out"))
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_tar_symlinks_within_the_dir_still_unpack(tmp_path):
+    arch = _link_tar(tmp_path / "ok.tar", [("lib/python3.11", None), ("bin/python3", "../lib/python3.11"),
+                                           ("bin/python", "python3")])       # a venv's link to a link
+    out = tmp_path / "out"
+    loc.fetch(LocalResource(str(arch), type="ARCHIVE"), str(out))
+    assert (out / "bin" / "python").read_bytes() == b"x" and (out / "bin" / "python").is_symlink()
+
+
 def test_memory_url_proves_a_non_local_scheme(tmp_path):
     fs = fsspec.filesystem("memory")
     fs.pipe("/loc-test/model.cfg", b"lr=0.1")
@@ -360,6 +395,8 @@ def test_rm_submission_validates_local_resources():
     for entries, why in (([{"key": "x", "value": {"resource": "/x", "type": "DIR"}}], "'x'"),
                          ([{"key": "x", "value": {"resource": "/x", "sizee": 1}}], "sizee"),
                          ([{"key": "../x", "value": {"resource": "/x"}}], "one path component"),
+                         # the NM writes its launch script there: linked, it would write into the cache
+                         ([{"key": "launch_container.sh", "value": {"resource": "/x"}}], "writes its launch script"),
                          ([{"key": "p", "value": {"resource": "/x", "type": "PATTERN"}}], "needs a `pattern`"),
                          ([{"key": "x", "value": {"resource": "/x"}}, {"key": "x", "value": {"resource": "/y"}}],
                           "given twice")):
@@ -409,3 +446,20 @@ async def test_real_nm_container_reads_a_localized_file_and_archive(tmp_path):
         await client.close()
         await stop_nm(nm)
         await rm.stop()
+
+
+def test_the_launch_script_is_never_written_through_a_link(tmp_path):
+    """A link planted under the script's name (a resource, a container's own) is replaced, not
+    written through: the file it points at keeps its bytes and mode."""
+    from nodemanager.launcher import write_launch_script     # noqa: PLC0415
+    cached = tmp_path / "cache" / "shared.bin"
+    cached.parent.mkdir()
+    cached.write_bytes(b"cached bytes")
+    cached.chmod(0o644)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "launch_container.sh").symlink_to(cached)
+    path = write_launch_script(str(work), "#!/bin/bash\ntrue\n")
+    assert cached.read_bytes() == b"cached bytes" and cached.stat().st_mode & 0o777 == 0o644
+    assert not os.path.islink(path) and open(path).read() == "#!/bin/bash\ntrue\n"
+    assert os.stat(path).st_mode & 0o700 == 0o700

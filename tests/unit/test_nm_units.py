@@ -22,6 +22,7 @@ from nodemanager.container import Container
 from nodemanager.container_manager import ContainerManager
 from nodemanager.container_state import ContainerEvent as E, NMContainerState as S
 from nodemanager.enforcement import Enforcement
+from nodemanager.log_aggregation_service import regular_files
 from nodemanager.recovery_store import RecoveryStore
 from nodemanager.rss_monitor import Watched, find_overruns
 from nodemanager.web_api import NodeWebApi
@@ -318,10 +319,33 @@ async def test_log_reads_take_any_offset_and_the_arbiter_view_refuses_a_negative
         for start, body in [("2", "llo"), ("-3", "llo"), ("5", ""), (str(10 ** 20), ""), (str(-10 ** 20), "hello")]:
             r = await cl.get(f"/ws/v1/node/containerlogs/{cid}/stdout", params={"start": start})
             assert (r.status, await r.text()) == (200, body), start
+        # A link the container put in its log dir is neither listed nor served (nor aggregated).
+        secret = tmp_path / "node-secret"
+        secret.write_text("not the container's")
+        Path(c.log_dir, "x").symlink_to(secret)
+        r = await cl.get(f"/ws/v1/node/containerlogs/{cid}/x")
+        assert r.status == 404 and "not the container's" not in await r.text()
+        assert [n for n, _ in regular_files(c.log_dir)] == ["stdout"]
         r = await cl.get("/ws/v1/node/arbiter", params={"limit": "-5"})
         assert r.status == 400 and "limit must be >= 0, got -5" in (await r.json())["RemoteException"]["message"]
         r = await cl.get("/ws/v1/node/arbiter", params={"limit": "0"})
         assert r.status == 200 and (await r.json())["arbiter"]["limit"] == 0
+
+
+async def test_under_token_auth_a_containers_logs_are_its_owners_and_the_admins(tmp_path):
+    m = _manager(tmp_path, lambda: 0.0)
+    app, _, cid = new_ids()
+    _finished(m, cid, app, at=0.0)                      # alice's container, its stdout "x"
+    cluster = ClusterConfig(secret=SECRET, client_auth="token", admins=["root"],
+                            client_tokens={"t-alice": "alice", "t-bob": "bob", "t-root": "root"})
+    web = NodeWebApi(m, SECRET, "127.0.0.1:1", lambda: "http://127.0.0.1:1", lambda: {"id": "127.0.0.1:1"},
+                     cluster=cluster)
+    async with TestClient(TestServer(web.app())) as cl:
+        for path in (f"/ws/v1/node/containerlogs/{cid}/stdout", f"/ws/v1/node/containerlogs/{cid}",
+                     f"/node/containerlogs/{cid}/alice"):
+            for token, status in ((None, 401), ("t-bob", 403), ("t-alice", 200), ("t-root", 200)):
+                r = await cl.get(path, headers={"Authorization": f"Bearer {token}"} if token else {})
+                assert r.status == status, (path, token, await r.text())
 
 
 async def test_failed_launch_is_reported_and_releases_capacity(tmp_path):

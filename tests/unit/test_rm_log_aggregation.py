@@ -253,3 +253,30 @@ async def test_the_rest_app_view_after_the_app_ends(tmp_path: Path, rm_client) -
     assert f'href="/cluster/logs/{app_id}/{am}/stderr"' in page and f"Logs of {am}" in page
     assert (await (await client.get(f"/cluster/logs/{app_id}/{am}/stderr")).text()) == "the AM's own log\n"
     assert rm.core.apps[app_id].state == AppState.FINISHED
+
+
+async def test_under_token_auth_an_apps_logs_are_its_owners_and_the_admins(tmp_path: Path) -> None:
+    """cluster.toml client_auth = "token": the RM's log pages ask for a client token and serve the
+    app's owner and the admins only (YARN's view ACL), also once the RM has forgotten the app (the
+    aggregated files name their user)."""
+    cluster = ClusterConfig(secret=SECRET, remote_app_log_dir=str(tmp_path / "remote"), client_auth="token",
+                            client_tokens={"t-alice": "alice", "t-bob": "bob", "t-root": "root"}, admins=["root"])
+    async with inprocess_rm(tmp_path, cluster) as (rm, client):
+        app_id = submit(rm.core, user="alice")
+        forgotten = "application_1700000000000_0099"         # an app this RM does not know (any more)
+        log = tmp_path / "stderr"
+        log.write_bytes(b"alice's secret\n")
+        cid = {}
+        for app in (app_id, forgotten):
+            cid[app] = f"container_{app.removeprefix('application_')}_01_000001"
+            RemoteLogDir(str(tmp_path / "remote")).write(app, node_file_name("n:1"), LogFileWriter(
+                app, "n:1", "final", 0, 1, [ChunkSource(cid[app], "stderr", str(log), 0, log.stat().st_size)],
+                user="alice").pieces())
+        for app in (app_id, forgotten):
+            for path in (f"/cluster/logs/{app}", f"/cluster/logs/{app}/{cid[app]}/stderr"):
+                for token, status in ((None, 401), ("t-nobody", 401), ("t-bob", 403), ("t-alice", 200), ("t-root", 200)):
+                    headers = {"Authorization": f"Bearer {token}"} if token else {}
+                    r = await client.get(path, headers=headers)
+                    body = await r.text()
+                    assert r.status == status, (path, token, body)
+                    assert ("alice's secret" in body) == (status == 200 and path.endswith("stderr")), (path, token)
