@@ -39,6 +39,7 @@ from .state_machines import (NOT_COUNTED, AppEvent, AttemptEvent, attempt_is_fin
 from .utilization_series import UtilizationSeries
 
 CONTAINER_LAUNCH_EXPIRY_S = 600.0   # YARN's rm.container-allocation.expiry-interval
+MAX_RESERVED_IDS = 10_000          # new-application ids held for a submission at most (the oldest go)
 # Attempts an RM restart or failover keeps (their AM container was allocated, so their AM may run).
 # Earlier ones had nothing running yet and are replaced by a new attempt.
 KEPT_ATTEMPT_STATES = frozenset({AttemptState.ALLOCATED, AttemptState.LAUNCHED, AttemptState.RUNNING})
@@ -71,7 +72,9 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self.apps: dict[str, App] = {}
         self.attempts: dict[str, Attempt] = {}
         self.containers: dict[str, Container] = {}
-        self.reserved_ids: set[str] = set()     # handed out by new-application, not yet submitted
+        # Handed out by new-application, not yet submitted, oldest first; at most MAX_RESERVED_IDS
+        # (a client asking for ids it never uses cannot grow the RM without bound).
+        self.reserved_ids: dict[str, None] = {}
         self._app_seq = 0
         self._submit_seq = 0
         self.launch_expiry_s = launch_expiry_s
@@ -231,7 +234,9 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
     def new_application(self) -> str:
         self._app_seq += 1
         app_id = str(ApplicationId(self.cluster_ts, self._app_seq))
-        self.reserved_ids.add(app_id)
+        self.reserved_ids[app_id] = None
+        while len(self.reserved_ids) > MAX_RESERVED_IDS:
+            del self.reserved_ids[next(iter(self.reserved_ids))]       # the oldest goes
         return app_id
 
     def check_submission(self, app_id: str, queue: str, am_resource: Resource) -> Resource:
@@ -274,7 +279,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self._check_ps_job(app_type, ps_job)
         if max_attempts < 1:
             raise BadRequest(f"max-app-attempts must be >= 1, got {max_attempts}")
-        self.reserved_ids.discard(app_id)
+        self.reserved_ids.pop(app_id, None)
         self._submit_seq += 1
         app = App(app_id=app_id, user=user, name=name, queue=queue, app_type=app_type, am=am,
                   max_attempts=min(max_attempts, self.cfg.max_app_attempts), submit_time=self.clock(),
@@ -296,7 +301,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         if app is not None and app.state == AppState.NEW_SAVING:
             del self.apps[app_id]
             self.lifetimes.forget(app_id)
-            self.reserved_ids.add(app_id)
+            self.reserved_ids[app_id] = None
             self.dirty.discard(app_id)
 
     def gang_of(self, app: App) -> Optional[Gang]:

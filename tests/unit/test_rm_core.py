@@ -280,3 +280,14 @@ def test_a_verified_token_is_checked_again_for_kind_and_expiry_and_its_claims_ar
     for _ in range(2):          # a failure is not cached as a success
         with pytest.raises(tokens.TokenError):
             tokens.verify(SECRET, forged, tokens.NM, now=1000.0)
+
+
+def test_new_application_ids_held_are_bounded_the_oldest_going_first(monkeypatch) -> None:
+    from rm import core as core_mod      # noqa: PLC0415
+    monkeypatch.setattr(core_mod, "MAX_RESERVED_IDS", 3)
+    core = make_core()
+    ids = [core.new_application() for _ in range(5)]
+    assert list(core.reserved_ids) == ids[2:]          # a client that never submits cannot grow the RM
+    with pytest.raises(BadRequest, match="new-application"):
+        core.check_submission(ids[0], "default", Resource(256, 1))
+    core.check_submission(ids[4], "default", Resource(256, 1))
