@@ -5,6 +5,7 @@ import asyncio
 import html
 import os
 import time
+import urllib.parse
 from typing import Any, Callable, Optional
 
 from aiohttp import web
@@ -271,7 +272,10 @@ class NodeWebApi:
             files = sorted(sizes.items())
             kind = f"aggregated from node {node_id}"
         esc = html.escape
-        rows = "".join(f'<li><a href="/ws/v1/node/containerlogs/{esc(cid)}/{esc(n)}">{esc(n)}</a> ({size} bytes)</li>'
+
+        def seg(s: str) -> str:        # a path segment: a file named "a?b" or "%2e%2e" links to itself
+            return esc(urllib.parse.quote(s, safe=""))
+        rows = "".join(f'<li><a href="/ws/v1/node/containerlogs/{seg(cid)}/{seg(n)}">{esc(n)}</a> ({size} bytes)</li>'
                        for n, size in files)
         body = (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>Logs of {esc(cid)}</title></head>"
                 f"<body><h1>Logs of {esc(cid)}</h1><p>{esc(kind)}</p><ul>{rows}</ul></body></html>")

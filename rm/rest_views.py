@@ -1,6 +1,7 @@
 """JSON renderings of RM state in YARN's RM REST API shapes (field names as Hadoop's)."""
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any, Optional
 
 from protocol.app_timeouts import LIFETIME, format_expiry
@@ -246,7 +247,9 @@ def am_logs_link(core: ResourceManagerCore, app: App, at: Optional[Attempt], rm_
     node = core.nodes.get(at.am_node_id)
     if core.log_aggregation.enabled and (app.state.is_final or node is None or node.state == NodeState.LOST):
         return rm_url + container_logs_url(app.app_id, at.am_container_id)
-    return f"http://{at.am_node_http_address}/node/containerlogs/{at.am_container_id}/{app.user}"
+    # Each a path segment: a simple-auth user name may hold '/', '?' or '#'.
+    cid, user = (urllib.parse.quote(x, safe="") for x in (at.am_container_id, app.user))
+    return f"http://{at.am_node_http_address}/node/containerlogs/{cid}/{user}"
 
 
 def attempt_json(core: ResourceManagerCore, at: Attempt, rm_url: str = "") -> dict[str, object]:

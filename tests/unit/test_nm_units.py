@@ -326,6 +326,12 @@ async def test_log_reads_take_any_offset_and_the_arbiter_view_refuses_a_negative
         r = await cl.get(f"/ws/v1/node/containerlogs/{cid}/x")
         assert r.status == 404 and "not the container's" not in await r.text()
         assert [n for n, _ in regular_files(c.log_dir)] == ["stdout"]
+        # The log page links each file as one path segment, whatever its name.
+        Path(c.log_dir, "a?b#c").write_text("odd")
+        page = await (await cl.get(f"/node/containerlogs/{cid}/alice")).text()
+        assert f'href="/ws/v1/node/containerlogs/{cid}/a%3Fb%23c"' in page
+        r = await cl.get(f"/ws/v1/node/containerlogs/{cid}/a%3Fb%23c")
+        assert (r.status, await r.text()) == (200, "odd")
         r = await cl.get("/ws/v1/node/arbiter", params={"limit": "-5"})
         assert r.status == 400 and "limit must be >= 0, got -5" in (await r.json())["RemoteException"]["message"]
         r = await cl.get("/ws/v1/node/arbiter", params={"limit": "0"})

@@ -185,6 +185,12 @@ def test_without_a_remote_dir_the_status_is_disabled_and_am_logs_stay_on_the_nod
     am = core.attempts[claims["attempt_id"]].am_container_id
     assert view["logAggregationStatus"] == "DISABLED"
     assert view["amContainerLogs"] == f"http://n1:1/node/containerlogs/{am}/alice"
+    # A simple-auth user name is free-form: the link keeps it one path segment.
+    odd = submit(core, user="bob/x?y#z")
+    claims = launch_and_register(core, odd)
+    am2 = core.attempts[claims["attempt_id"]].am_container_id
+    assert app_json(core, core.apps[odd], "http://rm:8088")["amContainerLogs"] == \
+        f"http://n1:1/node/containerlogs/{am2}/bob%2Fx%3Fy%23z"
 
 
 def test_am_container_logs_link_the_rm_once_the_app_is_over_or_its_node_gone() -> None:
