@@ -58,10 +58,11 @@ class WarmSparePool(PrejoinedPool[WarmSpare]):
 
     async def discard(self, spare: WarmSpare) -> None:
         """A taken spare the launch could not use: end it and remove its cgroup."""
-        try:
-            os.killpg(spare.pid, signal.SIGKILL)     # it leads its own session
-        except OSError:
-            pass
+        if not spare.exited.done():     # reaped once reported: its number may be someone else's now
+            try:
+                os.killpg(spare.pid, signal.SIGKILL)     # it leads its own session
+            except OSError:
+                pass
         try:
             async with asyncio.timeout(EXIT_WAIT_S):
                 await asyncio.shield(spare.exited)
