@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+import shutil
 import secrets
 from pathlib import Path
 from typing import Any, Iterable, Sequence, Union
@@ -280,6 +281,17 @@ class DurableDir:
                 if name:
                     (dirs if e.get("type") == "directory" else files).append(name)
         return sorted(dirs), sorted(files)
+
+    def remove_child(self, name: str) -> None:
+        """Remove the subdirectory `name` and everything under it (nothing if it is not there)."""
+        _check_name(name)
+        if self.local is not None:
+            shutil.rmtree(self.local / name, ignore_errors=True)
+            return
+        try:
+            self._fs.rm(self._at(name), recursive=True)
+        except FileNotFoundError:
+            pass
 
     def put_files(self, sources: Sequence[Path]) -> None:
         """Copy local files into this directory under their own names (a batch: fsspec may send

@@ -36,6 +36,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -77,6 +78,17 @@ WORKER_STATE_PREFIX = "worker_state_"    # + <input block>.buf: a worker-local b
 # container, 512 MB by default) holds at most two batches per server in transfer -- one being
 # written or read, one on the wire -- so at most 2 * PARALLEL_SERVERS * BATCH_BYTES (or a larger
 # block) at a time, far below a frame's limit.
+# Durable checkpoints kept: the newest, and the one before in case the newest turns out unreadable.
+KEEP_CHECKPOINTS = 2
+_CHECKPOINT_NAME = re.compile(r"epoch-(\d+)(?:-clock-(\d+))?")
+
+
+def checkpoint_position(name: str) -> tuple[int, int] | None:
+    """(epoch, clock) of a checkpoint directory named as `Checkpointer.directory` names them."""
+    m = _CHECKPOINT_NAME.fullmatch(name)
+    return (int(m[1]), int(m[2] or 0)) if m else None
+
+
 BATCH_BYTES = 8 << 20
 PARALLEL_SERVERS = 4
 
@@ -162,7 +174,27 @@ class Checkpointer:
             self.written.append(info)
             log.info("checkpoint %s: %d blocks, %.1f MiB from %d servers in %.3fs", d, table.num_blocks,
                      info["bytes"] / 2**20, len(owners), info["seconds"])
+            await asyncio.to_thread(self._prune, (epoch, clock))
             return info
+
+    def _prune(self, newest: tuple[int, int]) -> None:
+        """Remove the durable checkpoints older than the KEEP_CHECKPOINTS newest, `newest` (just
+        committed) among them: a restore reads only the newest complete one (`latest`), the one
+        before is kept in case that turns out unreadable, and a job checkpointing every epoch for
+        days would otherwise fill the store with a model copy an epoch. A directory left by an
+        interrupted write is removed the same way once it is old."""
+        dirs, _ = self.durable.entries()
+        ordered = sorted(((pos, name) for name in dirs if (pos := checkpoint_position(name)) is not None
+                          and pos <= newest), reverse=True)
+        kept = 0
+        for _, name in ordered:
+            if kept < KEEP_CHECKPOINTS and JOB_MANIFEST in self.durable.child(name).entries()[1]:
+                kept += 1               # complete (job.json commits it): one of the newest kept
+                continue
+            try:
+                self.durable.remove_child(name)
+            except OSError as e:        # a store that refuses: left, and named
+                log.warning("could not remove the old checkpoint %s: %s", name, e)
 
     def _commit(self, d: Path, manifest: bytes) -> None:
         """Make the checkpoint in `d` durable, job.json last: in place (fsync the directory, then

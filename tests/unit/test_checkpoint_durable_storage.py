@@ -86,7 +86,7 @@ async def test_attempt_2_resumes_from_attempt_1s_latest_checkpoint(location, tmp
         await _put(ctl, 3.0)
         await first.write(3, ctl.table, recs, _job(3))
     dirs, _ = durable.entries()
-    assert dirs == ["epoch-1", "epoch-2-clock-3", "epoch-3"]
+    assert dirs == ["epoch-2-clock-3", "epoch-3"]      # the newest two are kept (KEEP_CHECKPOINTS)
     torn = durable.child("epoch-3")
     if torn.local is not None:
         (torn.local / JOB_MANIFEST).unlink()
@@ -115,6 +115,26 @@ async def test_attempt_2_resumes_from_attempt_1s_latest_checkpoint(location, tmp
         assert (resumed.epoch, resumed.clock, resumed.url) == (2, 3, latest.url)
         assert resumed.objective_restored == 0.25
         assert latest.record.shape_history == [ADDED] and latest.record.spec == SPEC
+
+
+async def test_only_the_newest_checkpoints_are_kept_and_a_torn_old_one_goes_too(location, tmp_path) -> None:
+    """A job checkpointing every epoch for days would fill the store with a model copy an epoch:
+    the durable dir keeps the newest KEEP_CHECKPOINTS, whatever the store."""
+    durable = DurableDir(location).child("checkpoints")
+    durable.child("epoch-0-clock-1").makedirs()            # an interrupted write of an earlier attempt
+    durable.child("epoch-0-clock-1").write_bytes("blocks-0.bin", b"partial")
+    async with executor_cluster(2, NB) as (executors, ctl, dp):
+        recs = [server_record(e, i) for i, e in enumerate(executors)]
+        ckpt = Checkpointer(durable, dp, staging=tmp_path / "stage")
+        for epoch in range(1, 5):
+            await _put(ctl, float(epoch))
+            await ckpt.write(epoch, ctl.table, recs, _job(epoch))
+            kept = durable.entries()[0]
+            assert kept == [f"epoch-{e}" for e in range(max(1, epoch - checkpoints.KEEP_CHECKPOINTS + 1), epoch + 1)]
+        latest = ckpt.latest()
+        assert latest is not None and latest.record.epoch == 4
+    assert checkpoints.checkpoint_position("epoch-12-clock-3") == (12, 3)
+    assert checkpoints.checkpoint_position("epoch-7") == (7, 0) and checkpoints.checkpoint_position("notes") is None
 
 
 async def test_no_checkpoint_means_starting_over(location, tmp_path) -> None:
@@ -151,7 +171,7 @@ async def test_a_remote_checkpoint_is_staged_locally_then_put_with_job_json_last
     first = puts[:puts.index(JOB_MANIFEST)]
     assert sorted(first) == sorted([f"block_{b}.buf" for b in range(NB)] + ["manifest-e0.json", "manifest-e1.json"])
     assert sorted(p.name for p in (tmp_path / "stage").iterdir()) == ["epoch-2", "epoch-3"]   # older copies go
-    assert durable.entries()[0] == ["epoch-1", "epoch-2", "epoch-3"]
+    assert durable.entries()[0] == ["epoch-2", "epoch-3"]      # the durable copies too: the newest two
 
 
 async def test_a_local_checkpoint_is_durable_before_job_json_commits_it(tmp_path, monkeypatch) -> None:
