@@ -92,6 +92,25 @@ class AmLauncher:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
+    def remove_app_dir(self, app_id: str) -> None:
+        """Delete the AM dir of an app the RM forgot (past max_completed_apps): its checkpoints,
+        status and controller log, which nothing reads once the app is gone from the RM. Off the
+        event loop; a failure is logged and the dir left (YARN removes an app's staging dir too)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._remove_app_dir(app_id)
+            return
+        t = loop.create_task(asyncio.to_thread(self._remove_app_dir, app_id))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def _remove_app_dir(self, app_id: str) -> None:
+        try:
+            durable_storage.DurableDir(self.apps_dir).remove_child(app_id)
+        except (OSError, durable_storage.DurableStorageError) as e:
+            log.warning("could not remove the AM dir of the forgotten app %s under %s: %s", app_id, self.apps_dir, e)
+
     async def close(self) -> None:
         for t in list(self._tasks):
             t.cancel()

@@ -205,6 +205,8 @@ class ResourceManagerServer:
         try:
             while left:
                 self.store.remove_app(left[0])
+                if self.launcher is not None:     # and its AM dir: nothing reads it any more
+                    self.launcher.remove_app_dir(left[0])
                 left.pop(0)
         except Exception:
             self.core.removed.update(left)

@@ -59,18 +59,22 @@ def test_forgotten_apps_leave_the_store_and_a_smaller_limit_applies_at_recovery(
     store = SqliteStateStore(tmp_path)
     rm = ResourceManagerServer(RMConfig(state_dir=str(tmp_path), max_completed_apps=3),
                                ClusterConfig(secret=SECRET), clock=clock, store=store, run_timers=False)
+    rm.attach_launcher("http://127.0.0.1:1")       # AM dirs under <state_dir>/apps
     ids = []
     for _ in range(4):
         app_id = submit(rm.core)
         rm.core.kill(app_id)
         clock.advance(1.0)
         ids.append(app_id)
+        (tmp_path / "apps" / app_id / "checkpoints" / "epoch-1").mkdir(parents=True)   # what its AM left
         rm.flush()
     assert sorted(r.app_id for r, _ in store.load()) == sorted(ids)     # within the expiries: all kept
     clock.advance(20.0)
     rm.core.tick()
     rm.flush()
     assert sorted(r.app_id for r, _ in store.load()) == sorted(ids[1:])
+    # The forgotten app's AM dir (checkpoints and all) goes with it; the kept apps' stay.
+    assert sorted(p.name for p in (tmp_path / "apps").iterdir()) == sorted(ids[1:])
     store.close()
 
     store2 = SqliteStateStore(tmp_path)         # the next RM keeps fewer: the oldest go at recovery
