@@ -286,6 +286,8 @@ class NmProtocol:
         if node.containers or node.releasing:
             return False
         self.nodes.decommissioned(node)
+        # It reports no more: its last figures leave the cluster's utilization, as a lost node's do.
+        self.utilization.forget_node(node.node_id, self.clock(), self.nodes.total)
         self.policy_version += 1
         self.decommissions_dirty = True
         log.info("node %s DECOMMISSIONED: its NodeManager is told to stop", node.node_id)

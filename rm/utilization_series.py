@@ -245,7 +245,7 @@ class UtilizationSeries:
         self._pending_t, self._pending_capacity = t_ms, capacity
 
     def forget_node(self, node_id: str, now: float, capacity: Resource) -> None:
-        """A lost node's figures leave the cluster's sums (its ring stays readable)."""
+        """A lost or decommissioned node's figures leave the cluster's sums (its ring stays readable)."""
         rep = self.latest.get(node_id)
         if rep is None:
             return

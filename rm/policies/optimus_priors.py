@@ -78,6 +78,10 @@ class AppPriors:
             jobs.append((speed.sync, [(int(p), int(w), float(f)) for p, w, f in samples]))
             del jobs[:-MAX_LEARNED]
         self.versions[app] = self.versions.get(app, 0) + 1
+        # The app's priors of the old version are never asked for again: one stale entry per
+        # finished job otherwise, deep-copied with the policy every round.
+        for key in [k for k in self._cache if k[0] == app]:
+            del self._cache[key]
 
     def version(self, app: str) -> int:
         """Changes when what the prior of `app` is changes (a cache key for the jobs' fits)."""

@@ -93,6 +93,26 @@ def test_core_feeds_the_series_from_heartbeats_and_forgets_lost_nodes() -> None:
     assert last["cpuCores"] == 0.5 and last["vcoresTotal"] == 2
 
 
+def test_a_decommissioned_nodes_last_figures_leave_the_cluster_sums() -> None:
+    """It stops reporting once told to (not LOST: it was told): its last utilization must not
+    stay in the cluster's sums for good."""
+    clock = FakeClock(1000.0)
+    core = make_core(clock)
+    register(core, "n:1", mem=2048, vcores=2)
+    register(core, "n:2", mem=2048, vcores=2)
+    for nid, cpu in (("n:1", 1.5), ("n:2", 0.5)):
+        core.node_heartbeat(nm_claims(nid), api.NodeHeartbeatRequest(
+            node_id=nid, response_id=core.nodes.nodes[nid].response_id, used=Resource(0, 0),
+            utilization=report(("c" + nid, "a1", cpu, 64.0))))
+    core.decommission_node("n:1", None)
+    clock.advance(1)
+    heartbeat(core, "n:1")                        # nothing runs there: DECOMMISSIONED at once
+    assert core.nodes.get("n:1").state.value == "DECOMMISSIONED"
+    heartbeat(core, "n:2")
+    last = core.utilization.to_json()["utilization"]["cluster"][-1]
+    assert last["cpuCores"] == 0.5 and last["vcoresTotal"] == 2
+
+
 # ----- REST and Prometheus ---------------------------------------------------------------------
 
 async def send(env: Any, node_id: str, u: api.NodeUtilization, response_id: int = 0) -> None:
