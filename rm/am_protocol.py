@@ -16,7 +16,7 @@ from protocol.records import AttemptState, ContainerState, ExitStatus, FinalStat
 from protocol.ids import ContainerId
 from protocol.remote_exception import ApplicationMasterNotRegistered, BadRequest, Unauthorized
 
-from .model import App, Attempt, Container
+from .model import App, Attempt, Container, bounded_diagnostics
 from .scheduler import AskError, CapacityScheduler
 from .state_machines import AppEvent, AttemptEvent, attempt_is_final
 
@@ -213,11 +213,11 @@ class AmProtocol:
             raise ApplicationMasterNotRegistered(f"{at.attempt_id} must register before it finishes"
                                                  + (RESYNC_HINT if at.awaiting_resync else ""))
         self._attempt_event(at, AttemptEvent.UNREGISTERED)
-        at.diagnostics = req.diagnostics
+        at.diagnostics = bounded_diagnostics(req.diagnostics)
         if req.tracking_url:
             at.tracking_url = app.tracking_url = req.tracking_url
         app.final_status = final
-        app.diagnostics = req.diagnostics
+        app.diagnostics = bounded_diagnostics(req.diagnostics)
         self._app_event(app, AppEvent.ATTEMPT_FINISHED)
         # Give back everything but the AM container, which exits on its own (then FINISHED).
         self.scheduler.clear_demand(app.app_id)

@@ -25,7 +25,8 @@ from .app_lifetime import TIMED_OUT_DIAGNOSTICS, LifetimeMonitor, check_new_expi
 from .decision_log import DecisionLog
 from .directive_retry import DirectiveRetries
 from .log_aggregation_status import LogAggregationBook
-from .model import AmSpec, App, Attempt, Container, Node
+from .dirty_apps import DirtyApps
+from .model import AmSpec, App, Attempt, Container, Node, bounded_diagnostics
 from .nm_protocol import NmProtocol
 from .nodes import NodeTracker
 from .policies.queue_reclaim import ReclaimBook
@@ -84,7 +85,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         # whether the attempt was lost with its host (not counted) or its AM hung (counted).
         self._am_node_wait: dict[str, float] = {}                   # attempt -> when its AM expired
         self.effects: list[LaunchAm] = []
-        self.dirty: set[str] = set()
+        self.dirty: set[str] = DirtyApps()     # rm/dirty_apps.py: a request's own marks are tracked
         # Completed apps, oldest first (YARN's max-completed-applications): beyond
         # cfg.max_completed_apps the oldest is forgotten (`_forget_completed`), and `removed` holds
         # the forgotten ones the server has yet to delete from the store.
@@ -180,7 +181,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         return out
 
     def take_dirty(self) -> set[str]:
-        out, self.dirty = self.dirty, set()
+        out, self.dirty = self.dirty, DirtyApps()
         return out
 
     def take_removed(self) -> set[str]:
@@ -378,6 +379,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         if app.state.is_final:
             return app
         at = self.attempts.get(app.current_attempt or "")
+        diagnostics = bounded_diagnostics(diagnostics)
         if at is not None and not attempt_is_final(at.state):
             self._end_attempt(at, AttemptEvent.KILL, diagnostics)
         app.diagnostics = diagnostics
@@ -546,7 +548,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self._attempt_event(at, ev)
         at.finish_time = self.clock()
         if diagnostics:
-            at.diagnostics = diagnostics
+            at.diagnostics = bounded_diagnostics(diagnostics)
         self._am_live.pop(at.attempt_id, None)
         self._am_node_wait.pop(at.attempt_id, None)
         self.scheduler.clear_demand(at.app_id)
@@ -606,8 +608,8 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
                 self.counters["containers_kept_across_attempts"] += len(kept)
         else:
             app.final_status = FinalStatus.FAILED
-            app.diagnostics = (f"Application {app.app_id} failed {failures} times due to: {diagnostics}. "
-                               f"Failing the application.")
+            app.diagnostics = bounded_diagnostics(f"Application {app.app_id} failed {failures} times due to: "
+                                                  f"{diagnostics}. Failing the application.")
             self._app_event(app, AppEvent.ATTEMPT_FAILED)
             self._app_done(app)
 

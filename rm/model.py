@@ -13,6 +13,19 @@ from .policies.snapshot import PSJobView
 from .preemption_record import PreemptionRecord
 from .shape_history import ShapeHistory
 
+# YARN's yarn.app.attempt.diagnostics.limit.kc (64 KiB): an app's or attempt's diagnostics keep
+# their newest text up to this many characters. Unbounded, a kill's or an AM's finish text (the
+# REST body may be 16 MiB) went into the state store, where etcd refuses a request over 1.5 MiB.
+MAX_DIAGNOSTICS_CHARS = 64 * 1024
+_TRUNCATED = "[diagnostics truncated: the newest {n} characters follow]\n"
+
+
+def bounded_diagnostics(text: str) -> str:
+    """`text`, or its newest MAX_DIAGNOSTICS_CHARS characters after a marker saying so."""
+    if len(text) <= MAX_DIAGNOSTICS_CHARS:
+        return text
+    return _TRUNCATED.format(n=MAX_DIAGNOSTICS_CHARS) + text[-MAX_DIAGNOSTICS_CHARS:]
+
 
 @dataclass
 class Container:

@@ -25,6 +25,7 @@ from aiohttp.typedefs import Handler
 
 from protocol.aggregated_logs import RemoteLogDir
 from protocol.config import ClusterConfig, RMConfig
+from protocol.errors import StateError
 from protocol.http_server import error_response
 from protocol.nm_client import NMClient
 from protocol.remote_exception import ServiceUnavailable
@@ -36,6 +37,7 @@ from protocol.records import NodeState
 from . import policies, prometheus
 from .am_launcher import AmLauncher
 from .core import ResourceManagerCore
+from .dirty_apps import tracking
 from .internal_handlers import InternalApi
 from .log_retention import retention_pass
 from .policy_resync import PolicyResync
@@ -48,6 +50,10 @@ from .web.app_page import AppPage
 from .web.ui import WebUi
 
 log = logging.getLogger(__name__)
+
+
+class StoreWriteError(StateError, RuntimeError):
+    """Some apps' records could not be written; each stays dirty for the next flush."""
 
 # A stale Decision is decided again at once this many times before the round gives up (the next
 # round comes `policy_interval_s` later): under steady churn a long decide must not retry forever.
@@ -214,11 +220,21 @@ class ResourceManagerServer:
                           len(left))
 
     def _persist(self, app_ids: set[str]) -> None:
+        """Save each app on its own: one the store refuses (too large, a write that failed) stays
+        dirty and is named, and does not keep the others from being saved."""
+        failed: dict[str, Exception] = {}
         for app_id in app_ids:
             app = self.core.apps.get(app_id)
             if app is None:
                 continue
-            self.store.save_app(app_to_record(app), [attempt_to_record(self.core.attempts[a]) for a in app.attempts])
+            try:
+                self.store.save_app(app_to_record(app), [attempt_to_record(self.core.attempts[a]) for a in app.attempts])
+            except Exception as e:      # noqa: BLE001 - kept dirty, retried at the next flush
+                failed[app_id] = e
+        if failed:
+            self.core.dirty |= set(failed)
+            first = next(iter(failed.items()))
+            raise StoreWriteError(f"{len(failed)} app(s) not saved, e.g. {first[0]}: {first[1]}") from first[1]
 
     @property
     def ha_info(self) -> Optional[dict[str, object]]:
@@ -235,9 +251,9 @@ class ResourceManagerServer:
                 self._persist(app_ids)
                 self._store_failing = False
             except Exception:
-                # Kept for the next flush: a store down for a moment (etcd electing its leader)
-                # must not lose these apps' changes; logged once per outage.
-                core.dirty |= app_ids
+                # Kept for the next flush (_persist put back those it could not save): a store
+                # down for a moment (etcd electing its leader) must not lose these apps' changes;
+                # logged once per outage.
                 if not self._store_failing:
                     log.exception("state store write failed (retried at every flush until it succeeds)")
                 self._store_failing = True
@@ -272,7 +288,9 @@ class ResourceManagerServer:
             self.core.forget_unsaved(app.app_id)
             log.exception("could not store %s", app.app_id)
             raise ServiceUnavailable(f"could not save application {app.app_id}: {e}") from None
-        self.core.take_dirty()
+        # Only this app's change is stored: other apps a failed flush left dirty stay so, for the
+        # next flush (taking them all here dropped their pending writes for good).
+        self.core.dirty.discard(app.app_id)
         self.core.app_saved(app.app_id)
 
     # ----- HTTP -------------------------------------------------------------------------------
@@ -281,17 +299,26 @@ class ResourceManagerServer:
         """protocol.http_server's error_middleware around a flush after every request, in one
         middleware: each is a coroutine layer on every NM heartbeat."""
         try:
-            try:
-                return await handler(request)
-            finally:
-                core = self.core
-                if core.dirty or core.effects:
-                    self.flush()
-        except Exception as e:
-            resp = error_response(request, e)
-            if resp is None:
-                raise
+            with tracking() as changed:
+                try:
+                    resp = await handler(request)
+                finally:
+                    core = self.core
+                    if core.dirty or core.effects:
+                        self.flush()
+            unsaved = changed & core.dirty
+            if unsaved:
+                # What this request changed is not in the store (a write failed, or this RM may no
+                # longer act as the active): answering OK would confirm what a restart or the next
+                # active would not know -- an AM's finish, a kill. 503: the caller retries, the
+                # change is kept and written at the next flush that can.
+                raise ServiceUnavailable(f"the change to {', '.join(sorted(unsaved))} could not be stored yet; retry")
             return resp
+        except Exception as e:
+            err = error_response(request, e)
+            if err is None:
+                raise
+            return err
 
     def build_app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware], client_max_size=16 * 1024 * 1024)

@@ -42,6 +42,9 @@ CHANNEL_OPTIONS: dict[str, Any] = {
     "grpc.keepalive_time_ms": 2000,
     "grpc.keepalive_timeout_ms": 2000,
     "grpc.keepalive_permit_without_calls": 1,
+    # A recovery reads every app record in one range: past gRPC's 4 MiB default answer (1,000 kept
+    # apps of 4 KiB) it was refused, and no RM could finish recovering, so none became active.
+    "grpc.max_receive_message_length": 1 << 30,
 }
 
 

@@ -16,7 +16,7 @@ from rm.ha.elector import Elector
 from rm.ha.etcd_kv import AsyncEtcd, BlockingEtcd, EtcdKeys
 from rm.ha.etcd_store import POLICY_PART_BYTES, EtcdStateStore, StoreFenced
 from rm.ha.role import HAState
-from rm.store import DecommissionEntry, DecommissionRecord, PolicyStateRecord
+from rm.store import AppRecord, DecommissionEntry, DecommissionRecord, PolicyStateRecord
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(etcdmod.unavailable_reason() is not None,
@@ -143,4 +143,23 @@ async def test_the_decommissioned_nodes_are_stored_fenced_and_load_in_the_next_t
     with pytest.raises(StoreFenced):
         a_store.save_decommissions(DecommissionRecord())
     assert b_store.load_decommissions() == record
+    await terms.close()
+
+
+async def test_app_records_beyond_grpcs_4_mib_answer_load_in_the_next_term(etcd):
+    """A recovery reads all app records in one etcd range; gRPC refused an answer over 4 MiB by
+    default, and then no RM could recover. Six records of 0.9 MiB each (each under etcd's 1.5 MiB
+    request limit) load whole in the next term."""
+    terms = TwoTerms(etcd)
+    a_store = await terms.first()
+    ids = [f"application_1_{i:04d}" for i in range(1, 7)]
+    for app_id in ids:
+        a_store.save_app(AppRecord(app_id=app_id, user="alice", name="n" * (900 << 10), queue="default",
+                                   app_type="ELASTANE", am_commands=["true"], am_environment={},
+                                   am_local_resources={}, am_resource=Resource(256, 1), max_attempts=1,
+                                   submit_time=1.0, seq=int(app_id[-4:]), state="FINISHED",
+                                   final_status="SUCCEEDED"), [])
+    b_store = await terms.fail_over()
+    loaded = b_store.load()
+    assert sorted(r.app_id for r, _ in loaded) == ids and all(len(r.name) == 900 << 10 for r, _ in loaded)
     await terms.close()
