@@ -41,6 +41,12 @@ POLL_S = 0.5
 _SIGNED = re.compile(r"^[+-]?\d+$")
 
 
+
+def changes_made(status: PsStatus) -> int:
+    """How many shape changes the job has made: its count (the history keeps the newest only), or,
+    from an AM that does not count them, its history's length."""
+    return status.shape_changes or len(status.shape_history)
+
 def signed_count(text: str) -> int:
     """A relative change: +N, -N or N (argparse type)."""
     if not _SIGNED.match(text.strip()):
@@ -149,7 +155,7 @@ async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
                 raise UsageError(f"{app_id} has no serving executors yet: scale it once it trains")
             target_w, target_s = current_w + workers, current_s + servers
             check_target(status, target_w, target_s)
-            seen = len(status.shape_history)
+            seen = changes_made(status)
             shape = await rm.put_shape(app_id, target_w, target_s, reason=(
                 f"elastane ps scale by {ctx.user}: workers {workers:+d}, servers {servers:+d}"))
             version = int((shape.get("directive") or {}).get("version", 0))
@@ -168,7 +174,8 @@ async def scale_job(ctx: CliContext, app_id: str, workers: int, servers: int,
                 await asyncio.sleep(POLL_S)
         finally:
             await am.close()
-    return status.shape_history[seen:]
+    new = changes_made(status) - seen
+    return status.shape_history[-new:] if new > 0 else []
 
 
 def cmd_scale(args: argparse.Namespace, ctx: CliContext) -> int:

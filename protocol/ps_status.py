@@ -15,7 +15,9 @@ tests. Its sections:
   `MetricsStatus`, the workers' and servers' timing averages.
 - `heldout`: `HeldoutStatus` with its `HeldoutPointRecord`s (appmaster.ps.heldout_monitor);
   `final_metrics`: the final model's held-out metrics.
-- `shape_history`: protocol.shape_history's records (the tagged union `ShapeChange`).
+- `shape_history`: protocol.shape_history's records (the tagged union `ShapeChange`), the newest
+  100 (appmaster.ps.runtime.bounded_history); `shape_changes` counts every one the job made, so
+  a reader finds what came since by the count, not the list's length.
 - `shape`: `ShapeStatus`, the executors the job was given, each an `ExecutorStatus`
   (appmaster.ps.runtime.executor_pool: ExecutorRecord.status, ExecutorPool.shape_status).
 - `spec`: the job's protocol.ps_job_spec.PSJobSpec as the AM runs it (it round-trips strictly; the
@@ -436,6 +438,7 @@ class PsStatus(msgspec.Struct, kw_only=True):
     data_mb: Optional[float] = None
     elastic_mode: Optional[str] = None
     shape_history: list[ShapeChange] = []
+    shape_changes: int = 0      # every shape change the job made (shape_history keeps the newest)
     directives: list[DirectiveRecord] = []
     eps: Optional[EpsStatus] = None
     optimizer: Optional[str] = None

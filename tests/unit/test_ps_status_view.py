@@ -26,7 +26,8 @@ STATUS_KEYS = {
     "table_version", "epoch", "max_epochs", "converged", "clocks", "clock_batches", "initial_objective",
     "objective_history", "metrics", "checkpoints", "heldout", "stop_criterion", "final_metrics", "model_mb",
     "data_mb", "elastic_mode", "shape_history", "directives", "eps", "optimizer", "cruise", "resumed_from",
-    "recovery", "suspension", "spill", "stragglers"}
+    "recovery", "suspension", "spill", "stragglers",
+    "shape_changes"}      # added since: the count of every change (shape_history keeps the newest)
 ATTEMPT = "appattempt_1700000000000_0001_000001"
 
 

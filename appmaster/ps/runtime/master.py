@@ -60,6 +60,7 @@ from ..controller.state import Change, ChangeKind, JobState, Origin
 from ..cruise_driver import CruiseDriver, build_cruise_driver
 from ..job_progress import ProgressTracker, Shape, diff
 from ..eps_records import ElasticOpRecord
+from .bounded_history import BoundedHistory
 from .executor_pool import ExecutorRecord, ExecutorState, Role
 from .executor_rpc import ExecutorCallError
 from ..executor_status import spill_report
@@ -138,10 +139,11 @@ class PSApplicationMaster:
         self.interp.on_train_end = self._train_ended
         self.progress = ProgressTracker(spec.early_feedback_iterations)
         self.stragglers = StragglerWatch()
-        self.shape_history: list[ShapeChange] = []
-        self.eps_history: list[ElasticOpRecord] = []
-        self.directive_history: list[DirectiveRecord] = []
-        self.suspend_history: list[SuspendChange] = []
+        # Each keeps its newest HISTORY_LIMIT entries and counts them all (bounded_history.py).
+        self.shape_history: BoundedHistory[ShapeChange] = BoundedHistory(HISTORY_LIMIT)
+        self.eps_history: BoundedHistory[ElasticOpRecord] = BoundedHistory(HISTORY_LIMIT)
+        self.directive_history: BoundedHistory[DirectiveRecord] = BoundedHistory(HISTORY_LIMIT)
+        self.suspend_history: BoundedHistory[SuspendChange] = BoundedHistory(HISTORY_LIMIT)
         self.pauses = 0
         self.paused_since: Optional[float] = None
         self.paused_s = 0.0
@@ -210,8 +212,8 @@ class PSApplicationMaster:
         """POST /scale: a relative change of workers and servers (EPS's functions, or one
         kill-based restart with the new shape under elastic_mode "kill")."""
         rid, fut = self._request()
-        n_before = len(self.eps_history)
-        shape_before = len(self.shape_history)
+        n_before = self.eps_history.total
+        shape_before = self.shape_history.total
         self.interp.feed(cev.ScaleRequested(at=time.time(), request=rid, workers=workers, servers=servers))
         reply = await fut
         if reply.status == 400:
@@ -221,8 +223,8 @@ class PSApplicationMaster:
         if reply.status != 200:
             raise ApiError(reply.message)
         if self.spec.elastic_mode == "kill":
-            return [msgspec_builtins(c) for c in self.shape_history[shape_before:]]
-        return [r.to_json() for r in self.eps_history[n_before:]]
+            return [msgspec_builtins(c) for c in self.shape_history.since(shape_before)]
+        return [r.to_json() for r in self.eps_history.since(n_before)]
 
     def _change_started(self, rid: int) -> bool:
         return rid in self._started_requests
@@ -385,7 +387,7 @@ class PSApplicationMaster:
     async def _restore_attempt(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord]) -> float:
         """A new attempt continues from the checkpoint an earlier one left."""
         assert self._resume is not None
-        self.shape_history = decode_history(self._resume.record.shape_history)
+        self.shape_history = BoundedHistory(HISTORY_LIMIT, decode_history(self._resume.record.shape_history))
         self.resumed_from = await resume_job(self._resume, servers, workers, self.metrics, self.steps)
         self.progress.start(time.time())
         self._build_cruise()
@@ -434,7 +436,7 @@ class PSApplicationMaster:
         for c in got.unused:
             log.info("releasing %s: the previous attempt's record has no executor in it", c.container_id)
         self._stop_handed(got.unused)
-        self.shape_history = decode_history(record.job.shape_history)
+        self.shape_history = BoundedHistory(HISTORY_LIMIT, decode_history(record.job.shape_history))
         ckpt = self._resume
         # A recovery goes back to a checkpoint on this host's view of the durable dir (a remote one
         # is fetched when resumed from, not here): else a first checkpoint of this attempt's.
@@ -511,7 +513,6 @@ class PSApplicationMaster:
         for r in parts:
             self.eps_history.append(r)
             self.shape_history.append(r.to_history())
-        del self.eps_history[:-HISTORY_LIMIT]
         for rid in change.requests:
             self._started_requests.add(rid)
         if change.kind is not ChangeKind.EPS:

@@ -48,6 +48,7 @@ def job_status(am: "PSApplicationMaster") -> PsStatus:
         final_metrics=dict(am.final_metrics) if am.final_metrics is not None else None,
         model_mb=round(am.app.model_nbytes() / 2**20, 3), data_mb=round(am.app.data_nbytes() / 2**20, 3),
         elastic_mode=am.spec.elastic_mode, shape_history=list(am.shape_history),
+        shape_changes=am.shape_history.total,
         directives=list(am.directive_history), eps=am.eps_status(),
         optimizer=am.spec.optimizer, cruise=am.cruise_status(),
         resumed_from=am.resumed_from, recovery=am.recovery_status(),
