@@ -107,6 +107,20 @@ class Elector:
             return False
         return True
 
+    def fenced_for(self, token: int) -> Callable[[str], None]:
+        """`fenced`, for the term of `token` only: a server left from an earlier term (its
+        teardown waits for requests in flight) whose write the store refused must not step the
+        RM's newer term down -- its refusal says that term is over, which it is."""
+        def fenced(reason: str) -> None:
+            if self.role.token == token:
+                self.fenced(reason)
+        return fenced
+
+    def may_act_for(self, token: int) -> Callable[[], bool]:
+        """`may_act`, for the term of `token` only: an earlier term's leftover server neither
+        serves nor flushes (its queued AM launches stay unsent) while a newer term is active."""
+        return lambda: self.role.token == token and self.may_act()
+
     async def transition_to_standby(self, reason: str) -> RoleChange:
         """An operator's switch (YARN's rmadmin -transitionToStandby): give the leader key up now
         and keep out of elections for the role's hold-off, so another RM takes over."""

@@ -154,12 +154,14 @@ class HaResourceManager:
 
     # ----- role changes (the elector's callbacks, run one at a time) --------------------------
     async def _become_active(self, epoch: int, token: int) -> None:
+        # The term's own callbacks: this server may outlive the term (its teardown waits for the
+        # requests in flight) and must then neither act nor fence a newer term of this RM.
         store = EtcdStateStore(BlockingEtcd(self.ha.etcd_targets(), self.store_timeout_s), self.elector.keys,
-                               token, self.elector.fenced)
+                               token, self.elector.fenced_for(token))
         await self._stop_standby()
         try:
-            server = HaActiveServer(self.cfg, self.cluster, store, self.endpoints, epoch, self.elector.may_act,
-                                    self.ha.addresses())
+            server = HaActiveServer(self.cfg, self.cluster, store, self.endpoints, epoch,
+                                    self.elector.may_act_for(token), self.ha.addresses())
             await server.start()
         except BaseException:
             store.close()

@@ -213,3 +213,28 @@ async def test_the_active_compacts_etcds_history_and_keeps_the_current_keys(etcd
     store.close()
     await b.elector.stop()
     await a.elector.stop()
+
+
+async def test_a_servers_callbacks_act_for_its_own_term_only(etcd):
+    """A server left from an earlier term (its teardown waits for requests in flight) writes with
+    that term's token: the store refuses it, and its fencing must not step the RM's newer term
+    down; it may not act either, so its queued AM launches stay unsent."""
+    ha = ha_config(etcd, lease_s=2)
+    a = Rm(ha, "rm1")
+    a.elector.start()
+    await async_wait_until(lambda: a.state == HAState.ACTIVE, 20, "rm1 active")
+    first = a.elector.role.token
+    old_fenced, old_may_act = a.elector.fenced_for(first), a.elector.may_act_for(first)
+    assert old_may_act()
+    admin = AsyncEtcd(ha.etcd_targets(), 2.0)
+    await admin.call(lambda c: c.revoke_lease(a.elector.lease_id))    # its lease ends: a new term follows
+    await async_wait_until(lambda: a.state == HAState.ACTIVE and a.elector.role.token != first, 30,
+                           "rm1 active in a new term")
+    second = a.elector.role.token
+    assert not old_may_act() and a.elector.may_act_for(second)()
+    old_fenced("a write of the old term's leftover server was refused")
+    assert a.state == HAState.ACTIVE and a.elector.role.token == second      # the new term stands
+    a.elector.fenced_for(second)("refused")                                  # its own fencing still works
+    assert a.state == HAState.STANDBY
+    await admin.close()
+    await a.elector.stop()
