@@ -550,7 +550,10 @@ class Testbed:
         for h in self.hosts:
             keep = {h.anchor_pid, h.sshd_pid}
             pids = node_network.namespace_pids(h.namespace)
-            self.leftover_pids += [p for p in pids if p not in keep and not _is_sshd(p) and _state(p) not in ("Z", "")]
+            # As service_pids counts them: a process already in its exit (a zombie, or past exit_mm
+            # on a loaded machine, its cmdline empty) has ended and is no leftover.
+            self.leftover_pids += [p for p in pids if p not in keep and not _is_sshd(p)
+                                   and _state(p) not in ("Z", "X", "") and not _exiting(p)]
             self.kill_host(h.index, cut_link=False)
         for h in self.hosts:
             if h.budget:
