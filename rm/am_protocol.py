@@ -64,6 +64,7 @@ class AmProtocol:
         def _mark_launched(self, c: Container) -> None: ...
         def _release(self, c: Container, cleanup_on_node: bool) -> None: ...
         def _previous_containers(self, at: Attempt) -> list[api.AllocatedContainer]: ...
+        def rests_on_stored(self, app_id: str) -> None: ...
 
     def _attempt_for_token(self, claims: dict[str, Any]) -> tuple[App, Attempt]:
         app = self.apps.get(str(claims.get("app_id", "")))
@@ -200,6 +201,7 @@ class AmProtocol:
     def am_finish(self, claims: dict[str, Any], req: api.AmFinishRequest) -> api.AmFinishResponse:
         app, at = self._attempt_for_token(claims)
         if at.state in (AttemptState.FINISHING, AttemptState.FINISHED):   # a retried finish
+            self.rests_on_stored(app.app_id)
             return api.AmFinishResponse(unregistered=True)
         if not self._is_current(app, at):
             raise Unauthorized(f"{at.attempt_id} is not the current attempt of {app.app_id}")

@@ -180,6 +180,13 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         out, self.effects = self.effects, []
         return out
 
+    def rests_on_stored(self, app_id: str) -> None:
+        """A request answered from the app's state as it is (a retried finish or kill, which
+        change nothing) confirms that state: while it is not stored yet, mark the app again so
+        the request waits for the store as the first one did (rm/dirty_apps.py)."""
+        if app_id in self.dirty:
+            self.dirty.add(app_id)
+
     def take_dirty(self) -> set[str]:
         out, self.dirty = self.dirty, DirtyApps()
         return out
@@ -377,6 +384,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
     def kill(self, app_id: str, diagnostics: str = "Application killed by user.") -> App:
         app = self.get_app(app_id)
         if app.state.is_final:
+            self.rests_on_stored(app_id)
             return app
         at = self.attempts.get(app.current_attempt or "")
         diagnostics = bounded_diagnostics(diagnostics)

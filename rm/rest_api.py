@@ -261,6 +261,7 @@ class ClientApi:
             raise BadRequest(f"state: only KILLED may be set, got {body.state!r}")
         self._owner_or_admin(user, app, "kill")
         if app.state.is_final:
+            self.rm.core.rests_on_stored(app.app_id)     # its final state confirmed: stored first
             return json_response({"state": app.state.value})
         diag = body.diagnostics or f"Application killed by user {user}."
         self.rm.core.kill(app.app_id, diag)

@@ -84,6 +84,10 @@ async def test_a_change_the_store_could_not_take_is_answered_503_and_kept_until_
         monkeypatch.setattr(env.rm.store, "save_app", save_app)
         out = await env.call("POST", api.AM_FINISH, {"final_status": "SUCCEEDED"}, token=am_token, status=503)
         assert "could not be stored yet" in out["RemoteException"]["message"] and app_id in env.rm.core.dirty
+        # A retry while the store is still down changes nothing, but would confirm the same
+        # unstored state: it waits for the store too (so does a repeated kill).
+        await env.call("POST", api.AM_FINISH, {"final_status": "SUCCEEDED"}, token=am_token, status=503)
+        await env.call("PUT", f"{BASE}/apps/{app_id}/state", {"state": "KILLED"}, status=503, **{"user.name": "alice"})
         await env.call("GET", BASE + "/apps")           # what changed nothing is answered meanwhile
         down[0] = False
         out = await env.call("POST", api.AM_FINISH, {"final_status": "SUCCEEDED"}, token=am_token)
