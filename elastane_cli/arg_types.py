@@ -39,26 +39,24 @@ def lifetime_s(label: str) -> Callable[[str], int]:
 
 def non_negative_float(label: str) -> Callable[[str], float]:
     """A finite number >= 0 for the flag `label` (seconds, mostly)."""
-    def parse(v: str) -> float:
-        try:
-            x = float(v)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{label} must be a number, got {v!r}") from None
-        if not 0 <= x < math.inf:      # also refuses nan
-            raise argparse.ArgumentTypeError(f"{label} must be a finite number >= 0, got {v}")
-        return x
-    return parse
+    return _finite_float(label, positive=False)
 
 
 def positive_float(label: str) -> Callable[[str], float]:
     """A finite number > 0 for the flag `label` (an interval, mostly)."""
+    return _finite_float(label, positive=True)
+
+
+def _finite_float(label: str, positive: bool) -> Callable[[str], float]:
+    bound = "> 0" if positive else ">= 0"
+
     def parse(v: str) -> float:
         try:
             x = float(v)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{label} must be a number, got {v!r}") from None
-        if not 0 < x < math.inf:       # also refuses nan
-            raise argparse.ArgumentTypeError(f"{label} must be a finite number > 0, got {v}")
+        if not ((0 < x) if positive else (0 <= x)) or not x < math.inf:      # also refuses nan
+            raise argparse.ArgumentTypeError(f"{label} must be a finite number {bound}, got {v}")
         return x
     return parse
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nodemanager import procfs
 from nodemanager.cgroup_base import sanitise
 from nodemanager.recovery_store import read_records
 from protocol import container_env
@@ -79,7 +80,7 @@ def _belongs(pid: int, rec: RecordedContainer, not_before_unix: float, leader_is
     # Started before the cluster: certainly not one of its containers. 1 s slack for rounding.
     if processes.ticks_to_unix(ticks) < not_before_unix - 1.0:
         return False
-    cid = processes.proc_environ(pid).get(container_env.CONTAINER_ID)
+    cid = procfs.environ(pid).get(container_env.CONTAINER_ID)
     if rec.container_id and cid is not None and cid != rec.container_id:
         return False      # another container's process
     if leader_is_recorded:

@@ -52,32 +52,6 @@ def proc_pgid(pid: int) -> int | None:
         return None
 
 
-ENVIRON_SETTLE_TRIES = 50          # x 2 ms: how long a just-exec'd process's environ may read empty
-
-
-def proc_environ(pid: int) -> dict[str, str]:
-    """The process's initial environment ({} if unreadable or really empty).
-
-    Right after fork+exec /proc/PID/environ can read empty for a few milliseconds (the new image's
-    stack is not set up yet); an empty read is retried briefly so that a process that has an
-    environment is not mistaken for one without (the reaper decides by its CONTAINER_ID)."""
-    raw = b""
-    for _ in range(ENVIRON_SETTLE_TRIES):
-        try:
-            raw = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            return {}
-        if raw or not Path(f"/proc/{pid}").exists():
-            break
-        time.sleep(0.002)
-    env: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        k, sep, v = item.partition(b"=")
-        if sep:
-            env[k.decode(errors="replace")] = v.decode(errors="replace")
-    return env
-
-
 def boot_time() -> float:
     """Unix time of the last boot, to turn start ticks into wall-clock time."""
     for line in Path("/proc/stat").read_text().splitlines():

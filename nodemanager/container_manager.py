@@ -515,7 +515,7 @@ class ContainerManager:
         if not c.pgid:
             return
         for st in procfs.all_stats():
-            if st.pgid == c.pgid and procfs.environ_value(st.pid, container_env.CONTAINER_ID) == c.container_id:
+            if st.pgid == c.pgid and procfs.environ(st.pid).get(container_env.CONTAINER_ID) == c.container_id:
                 try:
                     os.kill(st.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -48,18 +49,32 @@ def is_same_process(pid: int, start_time: int, proc_root: str = "/proc") -> bool
     return st is not None and st.start_time == start_time and st.state != "Z"
 
 
-def environ_value(pid: int, name: str, proc_root: str = "/proc") -> Optional[str]:
-    """The value of `name` in `pid`'s environment as it started; None when unset or unreadable."""
-    try:
-        with open(f"{proc_root}/{pid}/environ", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    prefix = name.encode() + b"="
-    for entry in data.split(b"\0"):
-        if entry.startswith(prefix):
-            return entry[len(prefix):].decode(errors="replace")
-    return None
+ENVIRON_SETTLE_TRIES = 50          # x 2 ms: how long a just-exec'd process's environ may read empty
+
+
+def environ(pid: int, proc_root: str = "/proc") -> dict[str, str]:
+    """The process's initial environment ({} if unreadable or really empty).
+
+    Right after fork+exec /proc/PID/environ can read empty for a few milliseconds (the new image's
+    stack is not set up yet); an empty read is retried briefly so that a process that has an
+    environment is not mistaken for one without (who kills a container's stragglers decides by
+    their CONTAINER_ID: the NM at recovery, the local cluster's reaper)."""
+    raw = b""
+    for _ in range(ENVIRON_SETTLE_TRIES):
+        try:
+            with open(f"{proc_root}/{pid}/environ", "rb") as f:
+                raw = f.read()
+        except OSError:
+            return {}
+        if raw or not os.path.exists(f"{proc_root}/{pid}"):
+            break
+        time.sleep(0.002)
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            env[k.decode(errors="replace")] = v.decode(errors="replace")
+    return env
 
 
 def all_stats(proc_root: str = "/proc") -> list[ProcStat]:

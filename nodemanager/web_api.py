@@ -12,7 +12,7 @@ from aiohttp import web
 
 from protocol import codec, tokens
 from protocol.aggregated_logs import AggregatedLogError, RemoteLogDir, find_container, read_log, slice_from
-from protocol.client_auth import check_log_reader, client_user
+from protocol.client_auth import check_log_reader, request_user
 from protocol.config import ClusterConfig
 from protocol.http_server import json_response, make_app, read_json
 from protocol.ids import ContainerId
@@ -180,8 +180,7 @@ class NodeWebApi:
         (protocol/client_auth.py); open under simple auth."""
         if self.cluster is None:
             return
-        user = client_user(self.cluster, request.headers.get("Authorization"), request.query.get("user.name", ""))
-        check_log_reader(self.cluster, user, owner, cid)
+        check_log_reader(self.cluster, request_user(self.cluster, request), owner, cid)
 
     def _local_owner(self, cid: str) -> Optional[str]:
         c = self.manager.containers.get(cid)
@@ -200,7 +199,7 @@ class NodeWebApi:
         if found is None:
             raise NotFound(f"container {cid} is not known on node {self.node_id}{where}")
         node, files = found
-        return node.node_id, files, next((ix.user for _, ix in node.files if ix.user), None)
+        return node.node_id, files, node.user
 
     async def get_log_files(self, request: web.Request) -> web.Response:
         cid = request.match_info["id"]

@@ -363,6 +363,11 @@ class NodeLogs:
         return self.files[0][1].node_id if self.files else self.node_file
 
     @property
+    def user(self) -> Optional[str]:
+        """The app's user its files name (None: none does, e.g. files of an older format)."""
+        return next((ix.user for _, ix in self.files if ix.user), None)
+
+    @property
     def final(self) -> bool:
         return any(ix.kind == "final" for _, ix in self.files)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from aiohttp import web
+
 from . import tokens
 from .config import ClusterConfig
 from .remote_exception import Forbidden, Unauthorized
@@ -31,6 +33,12 @@ def client_user(cluster: ClusterConfig, authorization: Optional[str], simple_use
             raise Unauthorized("unknown client token")
         return user
     return simple_user or ANONYMOUS
+
+
+def request_user(cluster: ClusterConfig, request: web.Request) -> str:
+    """`client_user` of an HTTP request (its Authorization header, its ?user.name=): the RM's REST
+    API and HA calls, its log pages and the NMs' log calls all ask this."""
+    return client_user(cluster, request.headers.get("Authorization"), request.query.get("user.name", ""))
 
 
 def check_log_reader(cluster: ClusterConfig, user: str, owner: Optional[str], what: str) -> None:

@@ -215,11 +215,12 @@ class AmProtocol:
             raise ApplicationMasterNotRegistered(f"{at.attempt_id} must register before it finishes"
                                                  + (RESYNC_HINT if at.awaiting_resync else ""))
         self._attempt_event(at, AttemptEvent.UNREGISTERED)
-        at.diagnostics = bounded_diagnostics(req.diagnostics)
+        diagnostics = bounded_diagnostics(req.diagnostics)
+        at.diagnostics = diagnostics
         if req.tracking_url:
             at.tracking_url = app.tracking_url = req.tracking_url
         app.final_status = final
-        app.diagnostics = bounded_diagnostics(req.diagnostics)
+        app.diagnostics = diagnostics
         self._app_event(app, AppEvent.ATTEMPT_FINISHED)
         # Give back everything but the AM container, which exits on its own (then FINISHED).
         self.scheduler.clear_demand(app.app_id)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from protocol import codec
-from protocol.client_auth import client_user
+from protocol.client_auth import request_user
 from protocol.ps_job_spec import shape_problem
 from protocol.app_timeouts import LIFETIME, LifetimeError, parse_expiry
 from protocol.http_server import json_response, read_json
@@ -25,21 +25,12 @@ from .submission import (AppQueueUpdate, AppShapeUpdate, AppStateUpdate, AppTime
                          SubmissionContext, validate)
 
 if TYPE_CHECKING:
-    from protocol.config import ClusterConfig
-
     from .model import App
     from .context import RmContext
 
 log = logging.getLogger(__name__)
 
 BASE = "/ws/v1/cluster"
-
-
-def request_user(cluster: ClusterConfig, request: web.Request) -> str:
-    """The caller of a client REST call (protocol/client_auth.py: simple auth's ?user.name=, or
-    with cluster.toml's client_auth = "token" a client bearer token; rm/ha/ha_http.py's HA calls
-    too)."""
-    return client_user(cluster, request.headers.get("Authorization"), request.query.get("user.name", ""))
 
 
 class ClientApi:
@@ -260,11 +251,12 @@ class ClientApi:
         if body.state.upper() != AppState.KILLED.value:
             raise BadRequest(f"state: only KILLED may be set, got {body.state!r}")
         self._owner_or_admin(user, app, "kill")
-        if app.state.is_final:
-            self.rm.core.rests_on_stored(app.app_id)     # its final state confirmed: stored first
+        ended = app.state.is_final
+        # An app that ended already is left as it is (its state, which the answer confirms, is
+        # stored before the answer goes: core.kill).
+        self.rm.core.kill(app.app_id, body.diagnostics or f"Application killed by user {user}.")
+        if ended:
             return json_response({"state": app.state.value})
-        diag = body.diagnostics or f"Application killed by user {user}."
-        self.rm.core.kill(app.app_id, diag)
         return json_response({"state": app.state.value}, status=202,
                              headers={"Location": str(request.url.with_query(None))})
 

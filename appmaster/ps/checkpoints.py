@@ -78,7 +78,10 @@ WORKER_STATE_PREFIX = "worker_state_"    # + <input block>.buf: a worker-local b
 # container, 512 MB by default) holds at most two batches per server in transfer -- one being
 # written or read, one on the wire -- so at most 2 * PARALLEL_SERVERS * BATCH_BYTES (or a larger
 # block) at a time, far below a frame's limit.
-# Durable checkpoints kept: the newest, and the one before in case the newest turns out unreadable.
+BATCH_BYTES = 8 << 20
+PARALLEL_SERVERS = 4
+# Checkpoints kept (durable, and staged copies): the newest, and the one before in case the newest
+# turns out unreadable.
 KEEP_CHECKPOINTS = 2
 _CHECKPOINT_NAME = re.compile(r"epoch-(\d+)(?:-clock-(\d+))?")
 
@@ -87,10 +90,6 @@ def checkpoint_position(name: str) -> tuple[int, int] | None:
     """(epoch, clock) of a checkpoint directory named as `Checkpointer.directory` names them."""
     m = _CHECKPOINT_NAME.fullmatch(name)
     return (int(m[1]), int(m[2] or 0)) if m else None
-
-
-BATCH_BYTES = 8 << 20
-PARALLEL_SERVERS = 4
 
 
 @dataclass(frozen=True)
@@ -211,8 +210,8 @@ class Checkpointer:
         target.makedirs()
         target.put_files([p for p in sorted(d.iterdir()) if p.is_file() and p.name != JOB_MANIFEST])
         target.write_bytes(JOB_MANIFEST, manifest)
-        # Keep the staged copies of this and the previous checkpoint (restores read only the last).
-        keep = {d.name} | {Path(w["dir"]).name for w in self.written[-1:]}
+        # Keep the staged copies of the newest checkpoints, this one among them (restores read the last).
+        keep = {d.name} | {Path(w["dir"]).name for w in self.written[-(KEEP_CHECKPOINTS - 1):]}
         for old in self.root.iterdir():
             if old.is_dir() and old.name not in keep:
                 shutil.rmtree(old, ignore_errors=True)

@@ -21,7 +21,7 @@ from protocol.config import ClusterConfig
 from protocol.http_server import error_middleware, json_response
 from protocol.remote_exception import Forbidden, ServiceUnavailable
 
-from ..rest_api import request_user
+from protocol.client_auth import request_user
 from .role import HaRole
 
 HA_PATH = "/ws/v1/cluster/ha"

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from protocol.aggregated_logs import (AggregatedLogError, NodeLogs, RemoteLogDir, app_node_logs, read_log,
                                       slice_from)
-from protocol.client_auth import check_log_reader, client_user
+from protocol.client_auth import check_log_reader, request_user
 from protocol.ids import ApplicationId
 from protocol.remote_exception import Forbidden, Unauthorized
 
@@ -119,10 +119,9 @@ class LogsPage:
         the owner is the app's, or, once the RM forgot the app, the one its aggregated files name."""
         cluster = self.rm.cluster
         app = self.rm.core.apps.get(app_id)
-        owner = app.user if app is not None else next((ix.user for n in nodes for _, ix in n.files if ix.user), None)
+        owner = app.user if app is not None else next((n.user for n in nodes if n.user), None)
         try:
-            user = client_user(cluster, request.headers.get("Authorization"), request.query.get("user.name", ""))
-            check_log_reader(cluster, user, owner, app_id)
+            check_log_reader(cluster, request_user(cluster, request), owner, app_id)
         except Unauthorized as e:
             raise web.HTTPUnauthorized(text=f"{e}\n") from None
         except Forbidden as e:
