@@ -3,6 +3,7 @@
 as written; a deposed term's write of it is refused like any other."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -98,30 +99,34 @@ async def test_a_policy_state_larger_than_an_etcd_request_is_stored_in_parts_and
     """etcd refuses a request above 1.5 MiB; a state of thousands of jobs' fits is larger. It is
     written in parts and loads back byte for byte in the next term; a smaller one written after
     it replaces it and leaves no parts behind; a larger one again leaves only its own parts."""
+    # The payloads are built before the term starts, and the multi-MiB writes run off the event
+    # loop: the electors keep their 2 s leases alive on this loop, and a loop held for seconds on
+    # a loaded machine let rm1's lease run out before its first part (CI, stop 56).
+    jobs = {f"application_1_{i:05d}": {"samples": [[i, j, 0.5 + j / 7] for j in range(40)]} for i in range(6000)}
+    big = msgspec.json.encode({"jobs": jobs})
+    bigger = msgspec.json.encode({"jobs": jobs, "more": list(range(300_000))})
+    assert len(big) > 3 * POLICY_PART_BYTES
+    record = PolicyStateRecord("optimus", 20.0, ["n1:1"], msgspec.Raw(big))
     terms = TwoTerms(etcd)
     a_store = await terms.first()
     keys = EtcdKeys(terms.ha.etcd_prefix)
-    jobs = {f"application_1_{i:05d}": {"samples": [[i, j, 0.5 + j / 7] for j in range(40)]} for i in range(6000)}
-    big = msgspec.json.encode({"jobs": jobs})
-    assert len(big) > 3 * POLICY_PART_BYTES
-    record = PolicyStateRecord("optimus", 20.0, ["n1:1"], msgspec.Raw(big))
-    a_store.save_policy_state(record)
+    await asyncio.to_thread(a_store.save_policy_state, record)
     first_parts = a_store.etcd.range_prefix(keys.policy_parts, keys_only=True)
     assert len(first_parts) == -(-len(msgspec.json.encode(record)) // POLICY_PART_BYTES)
 
     b_store = await terms.fail_over()
-    got = b_store.load_policy_state()
+    got = await asyncio.to_thread(b_store.load_policy_state)
     assert got is not None and (got.policy, got.saved_at, got.nodes) == ("optimus", 20.0, ["n1:1"])
     assert got.policy_state == big
     with pytest.raises(StoreFenced):      # a deposed term writes no part
         a_store.save_policy_state(PolicyStateRecord("optimus", 21.0, [], msgspec.Raw(big)))
     assert b_store.etcd.range_prefix(keys.policy_parts, keys_only=True) == first_parts
 
-    bigger = msgspec.json.encode({"jobs": jobs, "more": list(range(300_000))})
-    b_store.save_policy_state(PolicyStateRecord("optimus", 22.0, ["n2:1"], msgspec.Raw(bigger)))
+    await asyncio.to_thread(b_store.save_policy_state,
+                            PolicyStateRecord("optimus", 22.0, ["n2:1"], msgspec.Raw(bigger)))
     now = b_store.etcd.range_prefix(keys.policy_parts, keys_only=True)
     assert len(now) > len(first_parts) and not {bytes(kv.key) for kv in now} & {bytes(kv.key) for kv in first_parts}
-    again = b_store.load_policy_state()
+    again = await asyncio.to_thread(b_store.load_policy_state)
     assert again is not None and again.policy_state == bigger and again.nodes == ["n2:1"]
 
     b_store.save_policy_state(PolicyStateRecord("optimus", 23.0, ["n2:1"], msgspec.Raw(b'{"jobs":{}}')))
