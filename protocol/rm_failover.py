@@ -12,8 +12,9 @@ returned as it is. A standby redirects client REST calls to the active itself (3
 follows; the NM and AM protocols are refused with 503 and fail over here.
 
 Re-sending a call is safe for every RM call this is used for: reads, heartbeats and allocates carry
-their own response ids, and a submission names its application id (a second copy is refused as
-"already submitted", so it is never accepted twice).
+their own response ids, and a submission names its application id (a second copy of the same
+submission is answered as the first was and changes nothing, as YARN's ClientRMService answers
+it: rm/core.py `earlier_submission`).
 """
 from __future__ import annotations
 

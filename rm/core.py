@@ -247,6 +247,23 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             del self.reserved_ids[next(iter(self.reserved_ids))]       # the oldest goes
         return app_id
 
+    def earlier_submission(self, app_id: str, user: str, name: str, app_type: str, am: AmSpec) -> bool:
+        """Whether a submission names an app this RM holds as the same submission sent again: True
+        when `user` submitted it with this name, type and AM command and environment -- a client
+        that resent it after losing the answer (its RM failed over, or the answer timed out after
+        the app was stored). YARN's ClientRMService answers such a copy as a success and changes
+        nothing ("an earlier submitted application"). A different submission under a taken id is
+        refused as before. False when the id names no app here."""
+        app = self.apps.get(app_id)
+        if app is None:
+            return False
+        same = (app.user == user and app.name == name and app.app_type == app_type
+                and app.am.commands == am.commands and app.am.environment == am.environment)
+        if not same:
+            raise BadRequest(f"application-id: {app_id} was already submitted, by {app.user} as {app.name!r}; "
+                             f"ask new-application for an id of its own")
+        return True
+
     def check_submission(self, app_id: str, queue: str, am_resource: Resource) -> Resource:
         """Validate what only the core can judge; returns the normalised AM resource."""
         if app_id in self.apps:

@@ -277,7 +277,11 @@ class ResourceManagerServer:
                 self.launcher.launch(eff)
 
     def submit(self, user: str, sub: ValidSubmission) -> None:
-        """NEW -> NEW_SAVING -> (stored) -> SUBMITTED -> ACCEPTED; nothing is left if the store fails."""
+        """NEW -> NEW_SAVING -> (stored) -> SUBMITTED -> ACCEPTED; nothing is left if the store fails.
+        The same submission sent again (its first answer was lost) is accepted and changes nothing."""
+        if self.core.earlier_submission(sub.app_id, user, sub.name, sub.app_type, sub.am):
+            log.info("%s: the same submission again from %s; the earlier one stands", sub.app_id, user)
+            return
         app = self.core.submit(sub.app_id, user, sub.name, sub.queue, sub.app_type, sub.am,
                                sub.max_attempts or self.cfg.max_app_attempts,
                                ps_job=sub.ps_job, extension=sub.extension, keep_containers=sub.keep_containers,

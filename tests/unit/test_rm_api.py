@@ -225,8 +225,27 @@ async def test_unknown_or_reused_application_id_is_400(env: Env):
     out = await env.call("POST", BASE + "/apps", submission("application_1_0001"), status=400)
     assert "new-application" in out["RemoteException"]["message"]
     app_id = await env.submit()
-    out = await env.call("POST", BASE + "/apps", submission(app_id), status=400)
-    assert "already submitted" in out["RemoteException"]["message"]
+    # Another submission under the taken id -- another name, another command, another user -- is refused.
+    for body, user in ((submission(app_id, **{"application-name": "other"}), "alice"),
+                       (submission(app_id, **{"am-container-spec": {"commands": {"command": "python x.py"}}}),
+                        "alice"),
+                       (submission(app_id), "bob")):
+        out = await env.call("POST", BASE + "/apps", body, status=400, **{"user.name": user})
+        assert "already submitted" in out["RemoteException"]["message"]
+    apps = (await env.call("GET", BASE + "/apps"))["apps"]["app"]
+    assert [(a["id"], a["user"], a["name"]) for a in apps] == [(app_id, "alice", "job")]
+
+
+async def test_the_same_submission_sent_again_is_accepted_and_changes_nothing(env: Env):
+    """A client whose answer was lost (its RM failed over, or the answer timed out after the app
+    was stored) sends the submission again: YARN answers the copy as a success, and so does the RM."""
+    app_id = await env.submit()
+    before = await env.app(app_id)
+    resp = await env.call("POST", BASE + "/apps", submission(app_id), status=202, **{"user.name": "alice"})
+    assert resp.headers["Location"].endswith(f"/ws/v1/cluster/apps/{app_id}")
+    assert await env.app(app_id) == before
+    metrics = (await env.call("GET", BASE + "/metrics"))["clusterMetrics"]
+    assert metrics["appsSubmitted"] == 1
 
 
 # ----- authentication ----------------------------------------------------------------------------
