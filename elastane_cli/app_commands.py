@@ -9,7 +9,7 @@ import time
 from protocol import ids
 from protocol.aggregated_logs import RemoteLogDir
 from protocol.app_timeouts import LIFETIME, UNLIMITED, format_expiry, lifetime_timeouts
-from protocol.json_types import JsonObject
+from protocol.json_types import JsonInObject, JsonObject
 from protocol.records import AppState
 from protocol.yarn_views import AppView
 
@@ -314,19 +314,17 @@ async def submit_shell(client: RmRestClient, command: list[str], num_containers:
     `lifetime_s` if given; return its id."""
     from appmaster.distributed_shell import build_submission  # noqa: PLC0415 (only `app run` needs it)
 
-    new = await client.new_application()
-    app_id = new.get("application-id")
-    if not app_id:
-        raise OperationFailed(f"the RM's new-application answer has no application-id: {new}")
-    try:
-        sub = build_submission(name or " ".join(command)[:64], command, num_containers, memory, vcores,
-                               queue=queue, am_memory=am_memory, app_id=app_id)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if lifetime_s is not None:
-        sub["application-timeouts"] = lifetime_timeouts(lifetime_s)
-    await client.submit(sub)
-    return app_id
+    def build(app_id: str) -> JsonInObject:
+        try:
+            sub = build_submission(name or " ".join(command)[:64], command, num_containers, memory, vcores,
+                                   queue=queue, am_memory=am_memory, app_id=app_id)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if lifetime_s is not None:
+            sub["application-timeouts"] = lifetime_timeouts(lifetime_s)
+        return sub
+
+    return await client.submit_new(build)
 
 
 

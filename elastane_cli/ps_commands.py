@@ -29,7 +29,7 @@ import msgspec
 from protocol import ps_job_spec
 from protocol.app_timeouts import lifetime_timeouts
 from protocol.http_client import JsonHttpClient, RemoteError
-from protocol.json_types import JsonObject, JsonValue
+from protocol.json_types import JsonInObject, JsonObject, JsonValue
 from protocol.ps_app_schemas import APP_SCHEMAS, PRESET_NAMES
 from protocol.ps_status import PsStatus, decode_status
 from protocol.yarn_views import AppView
@@ -406,22 +406,21 @@ async def submit_ps_job(client: RmRestClient, spec: ps_job_spec.PSJobSpec, name:
     kills the job if it has not finished that long after submission."""
     from appmaster.ps.submission import build_ps_submission  # noqa: PLC0415 (only `ps submit` needs it)
 
-    new = await client.new_application()
-    app_id = new.get("application-id")
-    if not app_id:
-        raise OperationFailed(f"the RM's new-application answer has no application-id: {new}")
-    if shipped:
-        staged = shipped.stage(staging_dir, client.user, app_id)
-        spec = msgspec.structs.replace(spec, resources={**spec.resources, **staged})
-    try:
-        sub = build_ps_submission(spec, name=name, queue=queue, am_memory=am_memory,
-                                  max_app_attempts=max_attempts, app_id=app_id)
-    except ValueError as e:   # JobSpecError is a ValueError too
-        raise UsageError(str(e)) from None
-    if lifetime_s is not None:
-        sub["application-timeouts"] = lifetime_timeouts(lifetime_s)
-    await client.submit(sub)
-    return app_id
+    def build(app_id: str) -> JsonInObject:
+        job = spec
+        if shipped:
+            staged = shipped.stage(staging_dir, client.user, app_id)
+            job = msgspec.structs.replace(spec, resources={**spec.resources, **staged})
+        try:
+            sub = build_ps_submission(job, name=name, queue=queue, am_memory=am_memory,
+                                      max_app_attempts=max_attempts, app_id=app_id)
+        except ValueError as e:   # JobSpecError is a ValueError too
+            raise UsageError(str(e)) from None
+        if lifetime_s is not None:
+            sub["application-timeouts"] = lifetime_timeouts(lifetime_s)
+        return sub
+
+    return await client.submit_new(build)
 
 
 def cmd_status(args: argparse.Namespace, ctx: CliContext) -> int:

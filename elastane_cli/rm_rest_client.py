@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Sequence, cast
+from typing import Callable, Sequence, cast
 
 import aiohttp
 
 from protocol.client_auth import CLIENT_TOKEN_ENV
+from protocol.remote_exception import ApplicationIdNotHandedOut
 from protocol.http_client import Body, JsonHttpClient, RemoteError
 from protocol.rm_failover import FailoverJsonClient
 from protocol.json_types import JsonInObject, JsonObject, JsonValue
@@ -161,6 +162,28 @@ class RmRestClient:
 
     async def submit(self, submission: JsonInObject) -> None:
         await self._call("POST", APPS, submission)
+
+    async def submit_new(self, build: Callable[[str], JsonInObject]) -> str:
+        """new-application, then POST /apps of `build(app_id)`; the application id. When the RM
+        that takes the submission did not hand that id out -- the one that did failed over or
+        restarted in between (new-application ids live in an RM's memory) -- once more, with an id
+        from the RM that answers now: one lost id, not a failed submission."""
+        for attempt in (1, 2):
+            new = await self.new_application()
+            app_id = new.get("application-id")
+            if not app_id:
+                raise OperationFailed(f"the RM's new-application answer has no application-id: {new}")
+            submission = build(str(app_id))
+            try:
+                await self._http.request("POST", APPS, submission)
+                return str(app_id)
+            except RemoteError as e:
+                if attempt == 1 and e.exception == ApplicationIdNotHandedOut.exception:
+                    continue
+                raise translate(e, "ResourceManager", self.rm_url) from None
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                raise translate(e, "ResourceManager", self.rm_url) from None
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     # ----- NMs --------------------------------------------------------------------------------
 

@@ -260,9 +260,8 @@ async def run_job(client: RmRestClient, spec: JsonObject, name: str, at_s: float
     if delay > 0:
         await asyncio.sleep(delay)
     run = JobRun(name)
-    new = await client.new_application()
-    run.app_id = str(new.get("application-id"))
-    await client.submit(build_ps_submission(spec, name=name, am_memory=AM_MEMORY_MB, app_id=run.app_id))
+    run.app_id = await client.submit_new(
+        lambda app_id: build_ps_submission(spec, name=name, am_memory=AM_MEMORY_MB, app_id=app_id))
     run.submitted = loop.time()
     deadline = run.submitted + timeout_s
     last_epoch = -1

@@ -51,6 +51,16 @@ class ApplicationMasterNotRegistered(BadRequest):
     java_class = "org.apache.hadoop.yarn.exceptions.ApplicationMasterNotRegisteredException"
 
 
+class ApplicationIdNotHandedOut(BadRequest):
+    """A submission names an application id this RM did not hand out (new-application). An id
+    handed out by an RM that failed over (or restarted) before the submission reached it is one:
+    the client asks the RM it reaches for a new id and submits again (elastane_cli/rm_rest_client.py
+    `submit_new`), so the exception has a name of its own (an Elastane extension; YARN accepts any
+    id not yet submitted, Elastane only the ids it reserved)."""
+
+    exception = "ApplicationIdNotHandedOutException"
+
+
 class Unauthorized(ApiError):
     status = 401
     exception = "AuthenticationException"

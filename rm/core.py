@@ -17,7 +17,7 @@ from protocol.config import ClusterConfig, RMConfig
 from protocol.nm_client import container_token_payload
 from protocol.records import ZERO, AppState, AttemptState, ContainerState, ExitStatus, FinalStatus, NodeState, Resource
 from protocol.app_timeouts import LifetimeError
-from protocol.remote_exception import BadRequest, NotFound
+from protocol.remote_exception import ApplicationIdNotHandedOut, BadRequest, NotFound
 
 from .am_limit import AM_LIMIT_DIAGNOSTICS
 from .am_protocol import AmProtocol
@@ -269,7 +269,8 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         if app_id in self.apps:
             raise BadRequest(f"application-id: {app_id} was already submitted")
         if app_id not in self.reserved_ids:
-            raise BadRequest(f"application-id: {app_id} was not handed out by new-application")
+            raise ApplicationIdNotHandedOut(f"application-id: {app_id} was not handed out by new-application "
+                                            f"of this ResourceManager; ask it for one")
         if queue not in self.scheduler.queues:
             raise BadRequest(f"queue: unknown queue {queue!r}; known queues: {', '.join(self.scheduler.queues)}")
         try:
