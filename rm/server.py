@@ -219,6 +219,18 @@ class ResourceManagerServer:
             log.exception("state store: deleting %d forgotten completed apps failed (retried at the next flush)",
                           len(left))
 
+    def _unstore(self, app_id: str) -> None:
+        """Delete what a failed submission's write may have left: a write whose answer timed out
+        may have been committed (etcd took it, the answer was lost), and the record would bring
+        the app back -- one its client was told was not saved -- at the next restart or failover.
+        Nothing else holds this id (it was reserved for this submission). Best effort: the store
+        may be down still, and then says nothing more about it than the write did."""
+        try:
+            self.store.remove_app(app_id)
+        except Exception as e:      # noqa: BLE001 - logged; the 503 already says it was not saved
+            log.warning("%s: could not remove what its failed write may have stored (%s); if that write "
+                        "landed, the app comes back at the next restart or failover", app_id, e)
+
     def _persist(self, app_ids: set[str]) -> None:
         """Save each app on its own: one the store refuses (too large, a write that failed) stays
         dirty and is named, and does not keep the others from being saved."""
@@ -291,6 +303,7 @@ class ResourceManagerServer:
         except Exception as e:
             self.core.forget_unsaved(app.app_id)
             log.exception("could not store %s", app.app_id)
+            self._unstore(app.app_id)
             raise ServiceUnavailable(f"could not save application {app.app_id}: {e}") from None
         # Only this app's change is stored: other apps a failed flush left dirty stay so, for the
         # next flush (taking them all here dropped their pending writes for good).

@@ -7,7 +7,7 @@ from rm.server import ResourceManagerServer
 from rm.store import AppRecord, AttemptRecord, SqliteStateStore
 from protocol import internal_api as api
 from rm_testing import SECRET, FakeClock, make_core, submit
-from test_rm_api import BASE, close_env, make_env
+from test_rm_api import BASE, close_env, make_env, submission
 
 
 class FlakyStore(SqliteStateStore):
@@ -93,5 +93,28 @@ async def test_a_change_the_store_could_not_take_is_answered_503_and_kept_until_
         out = await env.call("POST", api.AM_FINISH, {"final_status": "SUCCEEDED"}, token=am_token)
         assert out["unregistered"] is True and app_id not in env.rm.core.dirty
         assert {r.app_id: r.final_status for r, _ in env.rm.store.load()}[app_id] == "SUCCEEDED"
+    finally:
+        await close_env(env)
+
+
+async def test_a_submission_whose_write_timed_out_after_it_landed_leaves_no_record(tmp_path):
+    """etcd can commit a write whose answer never reaches the RM (a timeout): the client is told
+    503 (not saved), so the record must not bring the app back at the next restart or failover."""
+    env = await make_env(tmp_path)
+    try:
+        real = env.rm.store.save_app
+
+        def landed_then_timed_out(app: AppRecord, attempts: list[AttemptRecord]) -> None:
+            real(app, attempts)
+            raise TimeoutError("no answer from etcd within 1.7 s")
+        env.rm.store.save_app = landed_then_timed_out     # type: ignore[method-assign]
+        new = await env.call("POST", BASE + "/apps/new-application")
+        out = await env.call("POST", BASE + "/apps", submission(new["application-id"]), status=503)
+        assert "no answer from etcd" in out["RemoteException"]["message"]
+        assert env.rm.store.load() == [] and env.rm.core.apps == {}
+        del env.rm.store.save_app
+        # The client's retry of the same id is taken (the id is its own again) and stored once.
+        await env.call("POST", BASE + "/apps", submission(new["application-id"]), status=202)
+        assert [r.app_id for r, _ in env.rm.store.load()] == [new["application-id"]]
     finally:
         await close_env(env)
