@@ -232,17 +232,15 @@ class ResourceManagerServer:
                         "landed, the app comes back at the next restart or failover", app_id, e)
 
     def _persist(self, app_ids: set[str]) -> None:
-        """Save each app on its own: one the store refuses (too large, a write that failed) stays
-        dirty and is named, and does not keep the others from being saved."""
-        failed: dict[str, Exception] = {}
-        for app_id in app_ids:
+        """Save the apps (each atomically; the store may pack several into one write): one the
+        store refuses (too large, a write that failed) stays dirty and is named, and does not keep
+        the others from being saved."""
+        records = []
+        for app_id in sorted(app_ids):
             app = self.core.apps.get(app_id)
-            if app is None:
-                continue
-            try:
-                self.store.save_app(app_to_record(app), [attempt_to_record(self.core.attempts[a]) for a in app.attempts])
-            except Exception as e:      # noqa: BLE001 - kept dirty, retried at the next flush
-                failed[app_id] = e
+            if app is not None:
+                records.append((app_to_record(app), [attempt_to_record(self.core.attempts[a]) for a in app.attempts]))
+        failed = self.store.save_apps(records)     # those failed stay dirty: retried at the next flush
         if failed:
             self.core.dirty |= set(failed)
             first = next(iter(failed.items()))

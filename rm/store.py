@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import sqlite3
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import msgspec
 
@@ -189,6 +189,18 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     def save_app(self, app: AppRecord, attempts: list[AttemptRecord]) -> None:
         """Atomically write an app and its attempts."""
+
+    def save_apps(self, apps: Sequence[tuple[AppRecord, list[AttemptRecord]]]) -> dict[str, Exception]:
+        """Write each app with its attempts (each atomically); the apps that could not be written,
+        with why. One app's failure does not keep the others from being written. A store whose
+        writes are round trips (etcd) packs several apps into one write."""
+        failed: dict[str, Exception] = {}
+        for app, attempts in apps:
+            try:
+                self.save_app(app, attempts)
+            except Exception as e:      # noqa: BLE001 - reported per app to the caller
+                failed[app.app_id] = e
+        return failed
 
     @abc.abstractmethod
     def load(self) -> list[tuple[AppRecord, list[AttemptRecord]]]:
