@@ -85,7 +85,11 @@ class ArbiterServer:
             pass
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: _Connection(self, next(self._ids)), self.path)
-        os.chmod(self.path, 0o666)      # containers may run as other users
+        # The NM's user only: containers run as that user (README "Security"), and another local
+        # user's process must not hold this node's CPU or network slots. Were containers to run as
+        # their submitters (YARN's LinuxContainerExecutor), the socket would need the group of
+        # those users and a peer check (SO_PEERCRED) instead.
+        os.chmod(self.path, 0o600)
         log.info("arbiter listening on %s", self.path)
 
     async def stop(self) -> None:

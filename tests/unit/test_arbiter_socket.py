@@ -203,3 +203,36 @@ async def test_comps_ask_for_threads_of_the_cpu_pool_over_the_wire(tmp_path) -> 
         await b.close()
     finally:
         await s.stop()
+
+
+async def test_only_the_nm_user_may_connect() -> None:
+    """The socket is the NM user's (0600): containers run as that user; another local user's
+    process cannot hold the node's slots (as root, checked from a child that drops to nobody)."""
+    import os, shutil, socket, stat, tempfile  # noqa: E401, PLC0415
+    d = tempfile.mkdtemp(prefix="arbiter-perm-")
+    os.chmod(d, 0o755)     # a dir others may enter, so only the socket's own mode can refuse them
+    s = ArbiterServer(socket_path(d), clock=Clock())
+    await s.start()
+    try:
+        assert stat.S_IMODE(os.stat(s.path).st_mode) == 0o600
+        if os.geteuid() != 0:
+            pytest.skip("dropping to another user needs root")
+        pid = os.fork()
+        if pid == 0:        # the child: nobody's connect, its outcome as the exit code
+            code = 3
+            try:
+                os.setuid(65534)
+                socket.socket(socket.AF_UNIX).connect(s.path)
+                code = 0
+            except PermissionError:
+                code = 1
+            finally:
+                os._exit(code)
+        _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 1       # refused, where 0666 let it connect
+        mine = ArbiterClient(s.path, "application_1_0001", "e1")      # the NM's user connects
+        await mine.connect()
+        await mine.close()
+    finally:
+        await s.stop()
+        shutil.rmtree(d)
