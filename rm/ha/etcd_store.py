@@ -102,11 +102,14 @@ class EtcdStateStore(StateStore):
         def write() -> None:
             nonlocal ops, size
             try:
-                self._write(ops, f"{len(batch)} applications")
+                self._write(ops, batch[0][0].app_id if len(batch) == 1 else f"{len(batch)} applications")
             except StoreFenced as e:
                 failed.update((a.app_id, e) for a, _ in batch)
-            except Exception:     # noqa: BLE001 - one by one, to name the app at fault
-                failed.update(super(EtcdStateStore, self).save_apps(batch))
+            except Exception as e:     # noqa: BLE001 - one by one, to name the app at fault
+                if len(batch) == 1:    # already alone: trying again would only wait out etcd twice
+                    failed[batch[0][0].app_id] = e
+                else:
+                    failed.update(super(EtcdStateStore, self).save_apps(batch))
             batch.clear()
             ops, size = [], 0
 

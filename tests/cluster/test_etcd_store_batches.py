@@ -50,7 +50,7 @@ async def test_apps_go_several_to_a_transaction_and_one_that_etcd_refuses_stays_
     failed = await asyncio.to_thread(store.save_apps, batch)
     assert set(failed) == {too_big.app_id, too_many.app_id}
     assert not isinstance(failed[too_big.app_id], StoreFenced) and "transaction" in str(failed[too_many.app_id])
-    # 300 apps of 2 operations each: 5 full transactions' worth, plus the refused one's two tries.
+    # 300 apps of 2 operations each: 5 full transactions' worth, plus the refused app alone.
     assert len(calls) <= 8 and max(calls) <= MAX_TXN_OPS, calls
     stored = await asyncio.to_thread(store.load)
     assert [(r, ats) for r, ats in stored] == apps
