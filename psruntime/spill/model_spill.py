@@ -47,10 +47,10 @@ class ModelSpill:
 
     def spill(self, block: int) -> int:
         """Write `block` out (all of it: it is mutable) and drop it from memory; returns the bytes
-        on disk."""
+        on disk. Written first: a write that fails (disk full) leaves the block in memory, whole."""
         data = self.store.export_arrays(block)
-        self.store.drop_block(block)
         written = self.files.put_model(block, data)
+        self.store.drop_block(block)
         self._held.add(block)
         self.spills += 1
         return written

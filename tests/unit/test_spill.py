@@ -379,6 +379,24 @@ def test_a_spilled_model_block_is_still_held_and_comes_back_on_its_next_access(t
     assert block_to_spill({0: 10, 1: 30, 2: 30, 3: 0}) == 1 and block_to_spill({3: 0}) is None
 
 
+def test_a_model_spill_that_cannot_write_leaves_the_block_in_memory_whole(tmp_path: Path) -> None:
+    from psruntime.spill.model_spill import ModelSpill
+    from psruntime.store.block_store import BlockStore
+
+    store = BlockStore(1)
+    store.create_block(0)
+    keys = np.arange(10, dtype=np.int64)
+    store.put_many(0, keys, np.outer(keys, np.ones(3)).astype(np.float32))
+    blocker = tmp_path / "spill"
+    blocker.write_text("a file where the spill dir would be")       # mkdir fails: nowhere to write
+    spill = ModelSpill(store, SpillStore(blocker))
+    store.spilled = spill
+    with pytest.raises(OSError):
+        spill.spill(0)
+    assert store.has_block(0) and store.in_memory(0) and not spill.holds(0) and spill.spills == 0
+    np.testing.assert_array_equal(store.export_arrays(0).values, np.outer(keys, np.ones(3)))
+
+
 async def test_a_server_at_the_hard_limit_spills_model_blocks_and_still_serves_them(tmp_path: Path) -> None:
     from psruntime.spill.model_spill import ModelSpillMonitor
 
