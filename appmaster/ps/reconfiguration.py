@@ -324,9 +324,12 @@ class Reconfiguration:
             await asyncio.wait({released, deadline}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             deadline.cancel()
-            if not released.done():
+            # Read before cancelling: a cancelled task is not `cancelled()` until the loop runs it,
+            # and its `result()` meanwhile raises InvalidStateError, not the step's failure.
+            timed_out = not released.done()
+            if timed_out:
                 released.cancel()
-        if released.cancelled():
+        if timed_out:
             raise ElasticOpFailed(f"the kept workers did not let go of the old servers within {deadline_s:g}s")
         released.result()
 
