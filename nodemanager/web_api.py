@@ -228,13 +228,17 @@ class NodeWebApi:
             raise BadRequest(f"start must be an integer, got {start!r}") from None
         c = self.manager.containers.get(cid)
         path = os.path.join(c.log_dir, name) if c is not None else ""
+        data: Optional[bytes] = None
         if path and os.path.isfile(path) and not os.path.islink(path):
             self._check_reader(request, cid, self._local_owner(cid))
-            data = await asyncio.to_thread(_read_from, path, n)
-        elif self.remote_logs is not None or c is None:
+            try:
+                data = await asyncio.to_thread(_read_from, path, n)
+            except FileNotFoundError:   # expired meanwhile (its app's retention ran out): as if absent
+                data = None
+        if data is None:
+            if not (self.remote_logs is not None or c is None):
+                raise NotFound(f"log file {name} not found for container {cid}")
             data = slice_from(await self._aggregated_file(request, cid, name), n)
-        else:
-            raise NotFound(f"log file {name} not found for container {cid}")
         return web.Response(body=data, content_type="text/plain", charset="utf-8")
 
     async def _aggregated_file(self, request: web.Request, cid: str, name: str) -> bytes:

@@ -308,6 +308,27 @@ async def test_an_environment_no_process_can_have_is_refused_and_reserves_nothin
     assert m.containers == {} and m.used() == Resource(0, 0)
 
 
+async def test_a_log_file_that_expires_while_it_is_read_is_a_404_not_a_500(tmp_path, monkeypatch):
+    """The janitor may delete a finished container's log dir between the handler's check and its
+    read in a thread: the answer is the one for a file that is not there (here, with no
+    aggregated logs, 404), not an unhandled FileNotFoundError."""
+    import nodemanager.web_api as web_api   # noqa: PLC0415
+    m = _manager(tmp_path, lambda: 0.0)
+    app, _, cid = new_ids()
+    c = _finished(m, cid, app, at=0.0)
+    Path(c.log_dir, "stdout").write_text("hello")
+    real = web_api._read_from
+
+    def expired_meanwhile(path: str, start: int) -> bytes:
+        os.unlink(path)
+        return real(path, start)
+    monkeypatch.setattr(web_api, "_read_from", expired_meanwhile)
+    web = NodeWebApi(m, SECRET, "127.0.0.1:1", lambda: "http://127.0.0.1:1", lambda: {"id": "127.0.0.1:1"})
+    async with TestClient(TestServer(web.app())) as cl:
+        r = await cl.get(f"/ws/v1/node/containerlogs/{cid}/stdout")
+        assert r.status == 404 and "not found" in (await r.json())["RemoteException"]["message"]
+
+
 async def test_log_reads_take_any_offset_and_the_arbiter_view_refuses_a_negative_limit(tmp_path):
     m = _manager(tmp_path, lambda: 0.0)
     app, _, cid = new_ids()
