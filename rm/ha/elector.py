@@ -217,7 +217,9 @@ class Elector:
         finally:
             if not won:
                 await self._revoke(lease.id)
-        if self.role.state != HAState.STANDBY:      # stopped while campaigning: give it back
+        if not self.role.may_campaign(self.clock()):
+            # Stopped while campaigning, or an operator's transition-to-standby came meanwhile (its
+            # hold-off says stay out): give the key back at once.
             await self._revoke(lease.id)
             return
         self.lease_id, self.active_id = lease.id, self.rm_id

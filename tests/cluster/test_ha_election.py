@@ -147,6 +147,27 @@ async def test_members_that_do_not_answer_are_named(etcd):
     assert len(bad) == 1 and bad[0].startswith(f"127.0.0.1:{dead[1]}")
 
 
+async def test_a_transition_to_standby_that_comes_during_a_campaign_keeps_the_rm_out(etcd):
+    """The operator's switch lands while rm1's campaign transaction is on its way to etcd: rm1 wins
+    the key but gives it back at once (its hold-off says stay out), so rm2 takes over."""
+    ha = ha_config(etcd)
+    a, b = Rm(ha, "rm1"), Rm(ha, "rm2")
+    real = a.elector.etcd.call
+    switched: list[Any] = []
+
+    async def call(fn: Any) -> Any:
+        if not switched and getattr(fn, "__name__", "") == "txn":      # the campaign's transaction
+            switched.append(await a.elector.transition_to_standby("transition-to-standby by admin"))
+        return await real(fn)
+    a.elector.etcd.call = call      # type: ignore[method-assign]
+    a.elector.start()
+    await async_wait_until(lambda: switched, 20, "rm1's campaign transaction")
+    b.elector.start()
+    await async_wait_until(lambda: b.state == HAState.ACTIVE, 20, "rm2 active: rm1 gave the key back")
+    assert a.terms == [] and a.state == HAState.STANDBY
+    await asyncio.gather(a.elector.stop(), b.elector.stop())
+
+
 async def test_standby_campaign_is_refused_while_the_leader_key_is_held(etcd):
     ha = ha_config(etcd)
     a, b = Rm(ha, "rm1"), Rm(ha, "rm2")
