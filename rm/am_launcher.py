@@ -12,6 +12,7 @@ from protocol import internal_api as api
 from protocol.nm_client import NMClient
 
 from .core import LaunchAm, ResourceManagerCore
+from .state_machines import attempt_is_final
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,15 @@ class AmLauncher:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _ended(self, eff: LaunchAm) -> bool:
+        """The attempt ended (killed, timed out, expired) since its launch was asked for."""
+        at = self.core.attempts.get(eff.attempt_id)
+        return at is None or attempt_is_final(at.state)
+
     async def _launch(self, eff: LaunchAm) -> None:
         c = eff.container
+        if self._ended(eff):
+            return      # before the task ran: its AM container is released already
         try:
             ctx = self.launch_context(eff)
             status = await self.nm.start_container(c.node_http_address, c.token, ctx)
@@ -83,9 +91,23 @@ class AmLauncher:
             if status.state == "COMPLETE":
                 self.core.am_launch_failed(eff.attempt_id, f"AM container {c.container_id} exited at once with "
                                                            f"{status.exit_status}: {status.diagnostics}")
+            elif self._ended(eff):
+                # Ended while the start was on its way: the cleanup the kill sent the node may have
+                # found nothing to stop, and the RM has let the container's resources go (an AM
+                # running on them would make the node refuse the next container placed there).
+                await self._stop_orphan(eff)
             else:
                 self.core.am_launched(eff.attempt_id)
         self.on_change()
+
+    async def _stop_orphan(self, eff: LaunchAm) -> None:
+        c = eff.container
+        try:
+            await self.nm.stop_container(c.node_http_address, c.container_id, c.token)
+            log.info("stopped AM container %s: its attempt %s ended while it started", c.container_id, eff.attempt_id)
+        except Exception as e:  # noqa: BLE001 - the node's next heartbeat reports it and the RM cleans it up
+            log.warning("could not stop AM container %s of the ended attempt %s: %s", c.container_id,
+                        eff.attempt_id, e)
 
     async def drain(self) -> None:
         """Wait until every launch started so far has finished (used by tests and shutdown)."""

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -185,7 +186,12 @@ class FakeSignedNM:
     def __init__(self, secret: str = SECRET) -> None:
         self.secret = secret
         self.started: list[tuple[dict, api.StartContainerRequest]] = []
+        self.stopped: list[str] = []                 # container ids a stop was asked for
         self.refuse = False
+        # When set, a start waits for it before it answers (a start still on its way); `arrived`
+        # is set when one is waiting.
+        self.hold: asyncio.Event | None = None
+        self.arrived = asyncio.Event()
 
     def app(self) -> web.Application:
         from protocol.http_server import json_response, make_app, read_json, require_token
@@ -196,9 +202,21 @@ class FakeSignedNM:
             if self.refuse:
                 raise Unauthorized("launch refused by the test")
             req = await read_json(request, api.StartContainerRequest)
+            if self.hold is not None:
+                self.arrived.set()
+                await self.hold.wait()
             self.started.append((claims, req))
             return json_response(api.ContainerStatus(container_id=claims["container_id"], state="RUNNING"))
 
+        async def stop(request: web.Request) -> web.Response:
+            claims = require_token(request, self.secret, tokens.CONTAINER)
+            cid = request.match_info["cid"]
+            if claims["container_id"] != cid:
+                raise Unauthorized(f"the token is not for {cid}")
+            self.stopped.append(cid)
+            return json_response(api.ContainerStatus(container_id=cid, state="COMPLETE"))
+
         app = make_app()
         app.router.add_post(api.CONTAINER_START, start)
+        app.router.add_post(api.container_stop_path("{cid}"), stop)
         return app

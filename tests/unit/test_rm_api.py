@@ -561,6 +561,29 @@ async def test_store_failure_on_submit_leaves_nothing(tmp_path):
         await close_env(env)
 
 
+async def test_an_am_whose_app_was_killed_while_it_started_is_stopped(tmp_path):
+    """A kill between the launch's request to the NM and its answer: the cleanup the kill sends may
+    reach the node before the start and find nothing; the launcher stops the AM it then started,
+    so it neither runs for a killed app nor holds resources the RM has let go."""
+    import asyncio   # noqa: PLC0415
+    env = await make_env(tmp_path)
+    try:
+        env.nm.hold = asyncio.Event()
+        await env.register_node("n1:1")
+        app_id = await env.submit()
+        await asyncio.wait_for(env.nm.arrived.wait(), 30)         # the start is at the node
+        await env.call("PUT", f"{BASE}/apps/{app_id}/state", {"state": "KILLED"}, status=202, **{"user.name": "alice"})
+        (attempt,) = env.rm.core.apps[app_id].attempts
+        am = env.rm.core.attempts[attempt].am_container_id
+        env.nm.hold.set()
+        await env.rm.launcher.drain()
+        assert env.nm.stopped == [am]
+        app = await env.app(app_id)
+        assert app["state"] == "KILLED" and env.rm.core.attempts[attempt].state.value == "KILLED"
+    finally:
+        await close_env(env)
+
+
 async def test_am_launch_failure_fails_the_attempt(tmp_path):
     env = await make_env(tmp_path, max_app_attempts=1)
     try:
