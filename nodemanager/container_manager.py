@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 KILL_GRACE_S = 1.0          # SIGTERM -> SIGKILL
 ADOPTED_POLL_S = 0.2        # how often a re-adopted (not our child) container is checked
 CGROUP_REMOVE_TIMEOUT_S = 5.0
+FINISHED_APPS_KEPT = 10_000  # the apps over on this node whose late container starts are refused
 
 
 class InsufficientResources(ApiError):
@@ -68,6 +70,9 @@ class ContainerManager:
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
         self._closing = False
+        # The apps the RM said are over here (newest last, at most FINISHED_APPS_KEPT): no container
+        # of theirs starts any more (YARN's NM kills a container that arrives for a finishing app).
+        self.finished_apps: OrderedDict[str, None] = OrderedDict()
         self.warm: Optional[WarmLauncher] = None      # the executor zygote (set by the NM when it runs one)
         self.shells: Optional[ContainerShellPool] = None  # pre-started shells (set by the NM with cgroups)
         self.warm_spares: Optional[WarmSparePool] = None  # the zygote's spares (set by the NM with cgroups)
@@ -123,6 +128,11 @@ class ContainerManager:
             raise BadRequest(f"launch_context.local_resources: {e}") from None
         if cid in self.containers:
             raise Conflict(f"container {cid} was already started on this node")
+        if app_id in self.finished_apps:
+            # A start that was on its way when the app ended (a late AM launch, an executor its
+            # AM asked for in its last moments): started now, it would outlive its app's cleanup,
+            # which has already dropped the app's work dir and taken its logs.
+            raise Conflict(f"application {app_id} is over on this node; container {cid} does not start")
         if not resource.fits_in(self.free()):
             raise InsufficientResources(
                 f"container {cid} needs {resource.to_json()} but node {self.node_id} has "
@@ -403,7 +413,13 @@ class ContainerManager:
             self.enforcement.backend.kill_all(c.cgroup)
 
     async def stop_app(self, app_id: str) -> None:
-        """The RM says the app is over: kill what is left of it and drop its local dir."""
+        """The RM says the app is over: kill what is left of it and drop its local dir. From now
+        on no container of the app starts here (one that did while this waits would lose its work
+        dir under it and its logs to an aggregation already taken)."""
+        self.finished_apps[app_id] = None
+        self.finished_apps.move_to_end(app_id)
+        while len(self.finished_apps) > FINISHED_APPS_KEPT:
+            self.finished_apps.popitem(last=False)
         cids = [c.container_id for c in self.containers.values() if c.app_id == app_id]
         await asyncio.gather(*(self.stop(cid, ExitStatus.KILLED_AFTER_APP_COMPLETION,
                                          "Container killed after the application completed") for cid in cids))

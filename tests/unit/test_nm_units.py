@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from protocol import internal_api as api, tokens
 from protocol.config import ClusterConfig, ConfigError, NMConfig
 from protocol.records import ExitStatus, Resource
-from protocol.remote_exception import BadRequest
+from protocol.remote_exception import BadRequest, Conflict
 
 from nodemanager import launcher, node_settings, procfs
 from nodemanager.container import Container
@@ -295,6 +295,20 @@ async def test_container_api_token_checks_in_process(tmp_path):
         r = await cl.get("/ws/v1/node/info")
         assert (await r.json())["nodeInfo"]["id"] == "127.0.0.1:1"
     assert m.containers == {}
+
+
+async def test_no_container_of_an_app_that_is_over_starts(tmp_path):
+    """Once the RM says an app is over here, a start still on its way for it (a late AM launch, an
+    executor its AM asked for last) is refused: started, it would outlive the app's cleanup."""
+    m = _manager(tmp_path, lambda: 1.0)
+    app, attempt, cid = new_ids()
+    other_app, _, other_cid = new_ids()
+    await m.stop_app(app)
+    claims = tokens.verify(SECRET, container_token("127.0.0.1:1", cid, app, attempt, memory=256), tokens.CONTAINER)
+    with pytest.raises(Conflict, match=f"application {app} is over on this node"):
+        await m.start(claims, Resource(256, 1), api.LaunchContext(commands=["true"]))
+    assert m.containers == {} and m.used() == Resource(0, 0) and app in m.finished_apps
+    assert other_app not in m.finished_apps and other_cid not in m.containers
 
 
 async def test_an_environment_no_process_can_have_is_refused_and_reserves_nothing(tmp_path):
