@@ -455,11 +455,15 @@ class ResourceManagerServer:
             # A decide still running works on a copy of the policy: nothing waits for it.
             self._policy_thread.shutdown(wait=False, cancel_futures=True)
             self._policy_thread = None
-        if self.launcher is not None:
-            await self.launcher.close()
+        # Requests first: a handler still running may flush and ask for an AM launch; then the
+        # launcher (its launches in flight cancelled), detached so the last flush starts no AM that
+        # no one would record -- the next RM recovers the attempt and launches it.
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        launcher, self.launcher = self.launcher, None
+        if launcher is not None:
+            await launcher.close()
         self.flush()
         self.store.close()
         log.info("ResourceManager stopped")

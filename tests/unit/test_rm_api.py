@@ -1,6 +1,8 @@
 """In-process tests of the RM's REST and internal APIs (aiohttp TestServer, fake clock, fake NM)."""
 from __future__ import annotations
 
+import asyncio
+
 from typing import Any
 
 import pytest
@@ -582,6 +584,21 @@ async def test_an_am_whose_app_was_killed_while_it_started_is_stopped(tmp_path):
         assert app["state"] == "KILLED" and env.rm.core.attempts[attempt].state.value == "KILLED"
     finally:
         await close_env(env)
+
+
+async def test_a_stopping_rm_starts_no_am(tmp_path):
+    """An AM launch the RM's last flush would ask for is left to the next RM (which recovers the
+    attempt), not sent by a launcher that is closing: nothing would record its outcome, and its
+    task would outlive the RM."""
+    from rm_testing import register, submit as core_submit   # noqa: PLC0415
+    env = await make_env(tmp_path)
+    app_id = core_submit(env.rm.core)
+    register(env.rm.core, env.nm_addr)          # the AM is placed; its launch waits for a flush
+    assert env.rm.core.effects
+    await close_env(env)
+    launches = [t for t in asyncio.all_tasks() if "AmLauncher._launch" in t.get_coro().__qualname__]
+    assert launches == [] and env.nm.started == []
+    assert env.rm.core.apps[app_id].state.value == "ACCEPTED"
 
 
 async def test_am_launch_failure_fails_the_attempt(tmp_path):
