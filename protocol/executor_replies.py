@@ -176,7 +176,11 @@ class SetOwnershipReply(ControlReply):
 
 
 class MoveBlocksReply(ControlReply):
+    """The blocks the destination acknowledged (`moved`: they are its now) and, per block that did
+    not move, why (`failed`): a move is per block, and the AM records the ones that went."""
+
     moved: list[int] = []
+    failed: list[str] = []
 
 
 class CheckpointBlocksReply(ControlReply):

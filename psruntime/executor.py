@@ -221,8 +221,8 @@ class Executor:
         return ops.Ok(), ()
 
     async def _op_move_blocks(self, req: ops.MoveBlocks, arrays: Arrays) -> Answer:
-        done = await self.service.move_blocks(req.blocks, req.dst, req.dst_address)
-        return ops.MoveBlocksReply(moved=done), ()
+        done, failed = await self.service.move_blocks(req.blocks, req.dst, req.dst_address)
+        return ops.MoveBlocksReply(moved=done, failed=failed), ()
 
     def _op_set_ownership(self, req: ops.SetOwnership, arrays: Arrays) -> Answer:
         table = OwnershipTable.from_wire(req.table)

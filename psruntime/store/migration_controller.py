@@ -12,7 +12,7 @@ import asyncio
 import logging
 from typing import Iterable
 
-from protocol.executor_ops import MoveBlocks, SetOwnership, to_header
+from protocol.executor_ops import MoveBlocks, MoveBlocksReply, SetOwnership, decode_reply, to_header
 from psruntime.wire.dataplane import DataPlaneClient
 from psruntime.store.ownership_table import OwnershipError, OwnershipTable
 from protocol.errors import StateError
@@ -79,12 +79,20 @@ class MigrationController:
         self._moving.update(blocks)
         try:
             try:
-                await self._client.request(src_address, to_header(MoveBlocks(blocks=blocks, dst=dst,
-                                                                             dst_address=dst_address)))
+                frame = await self._client.request(src_address, to_header(MoveBlocks(blocks=blocks, dst=dst,
+                                                                                      dst_address=dst_address)))
+                reply = decode_reply(frame.header, MoveBlocksReply)
             except Exception as e:
                 raise MigrationControllerError(f"move of blocks {blocks} {src} -> {dst} failed: {e}") from e
-            version = self.table.assign(blocks, dst)
+            # The blocks the destination acknowledged are its, even when others did not go: a
+            # table that kept them at the source would send their requests and checkpoints there.
+            moved = sorted(set(reply.moved) & set(blocks))
+            version = self.table.assign(moved, dst) if moved else self.table.version
         finally:
             self._moving.difference_update(blocks)
-        await self.broadcast()
+        if moved:
+            await self.broadcast()
+        if reply.failed or len(moved) < len(blocks):
+            raise MigrationControllerError(f"move of blocks {blocks} {src} -> {dst} failed for "
+                                           f"{'; '.join(reply.failed) or 'blocks not acknowledged'} (moved: {moved})")
         return version

@@ -195,8 +195,9 @@ class StoreService:
                 self._drain(b)
 
     # -- migration: source side --------------------------------------------------------------
-    async def move_blocks(self, blocks: list[int], dst: str, dst_address: str) -> list[int]:
-        """Move `blocks` to `dst`, each concurrently; returns the blocks acked by the destination."""
+    async def move_blocks(self, blocks: list[int], dst: str, dst_address: str) -> tuple[list[int], list[str]]:
+        """Move `blocks` to `dst`, each concurrently; the blocks acked by the destination (they are
+        its now, whatever became of the others) and, per block that did not move, why."""
         if dst == self.executor_id:
             raise RequestError("cannot move blocks to the executor that owns them")
         bad = [b for b in blocks if not self.states.can(b, MigrationEvent.BEGIN_HANDOVER)]
@@ -214,9 +215,7 @@ class StoreService:
                 errors.append(f"block {b}: {r}")
             else:
                 done.append(b)
-        if errors:
-            raise RuntimeError("move failed for " + "; ".join(errors) + f" (moved: {done})")
-        return done
+        return done, errors
 
     async def _move_one(self, block: int, dst: str, dst_address: str) -> None:
         try:

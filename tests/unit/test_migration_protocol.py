@@ -94,3 +94,19 @@ async def test_move_to_unreachable_destination_aborts_and_keeps_serving(pair) ->
     with pytest.raises(RemoteError, match="not owned here"):
         await dp.request(src.address, {"op": "move_blocks", "blocks": [block], "dst": "dst",
                                        "dst_address": dst.address})
+
+
+async def test_a_move_that_goes_for_some_blocks_only_records_those(pair) -> None:
+    """The destination refuses one block (it is already taking it from elsewhere) and takes the
+    other: the AM's table names the destination as the owner of the one that went, and the
+    move still fails, naming the one that did not."""
+    src, dst, ctl, dp = pair
+    refused, taken = 0, 1
+    await dp.request(dst.address, {"op": "take_ownership", "blocks": [refused], "src": "elsewhere"})
+    with pytest.raises(MigrationControllerError, match=rf"block {refused}: .*\(moved: \[{taken}\]\)"):
+        await ctl.move([refused, taken], "src", "dst")
+    assert ctl.table.owner_of_block(taken) == "dst" and ctl.table.owner_of_block(refused) == "src"
+    assert dst.service.states.state(taken) is BlockState.OWNED
+    assert src.service.states.state(refused) is BlockState.OWNED
+    # Every executor has the table that says so (the move's broadcast).
+    assert src.service.table.owner_of_block(taken) == "dst" and dst.service.table.version == ctl.table.version
