@@ -213,7 +213,7 @@ class Executor:
         return ops.Ok(), ()
 
     def _op_block_data(self, req: ops.BlockData, arrays: Arrays) -> Answer:
-        self.service.receive_block(req.block, req.keys, arrays, req.applied)
+        self.service.receive_block(req.block, req.keys, arrays, req.applied, req.src)
         return ops.Ok(), ()
 
     def _op_cancel_incoming(self, req: ops.CancelIncoming, arrays: Arrays) -> Answer:

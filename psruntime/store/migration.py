@@ -91,6 +91,7 @@ class BlockEntry:
     state: BlockState = BlockState.ABSENT
     peer: str | None = None          # MOVED/HANDING_OVER: destination; INCOMING: source
     since: float = 0.0               # clock time of the last transition
+    transitions: int = 0             # how many it has had (names one stay in a state)
 
 
 class BlockStates:
@@ -128,7 +129,12 @@ class BlockStates:
             entry.peer = None
         entry.state = new
         entry.since = self._clock()
+        entry.transitions += 1
         return new
+
+    def transitions(self, block: int) -> int:
+        """How many transitions `block` has had here: unchanged while it stays in its state."""
+        return self._entry(block).transitions
 
     def blocks_in(self, state: BlockState) -> list[int]:
         return [b for b, e in enumerate(self._entries) if e.state is state]

@@ -54,6 +54,9 @@ class StoreService:
         self._client = client
         # Parts on INCOMING blocks, with their push ids (judged when served: the block's ids come with it).
         self._queues: dict[int, list[tuple[DataRequest, BlockPart, int | None]]] = defaultdict(list)
+        # Per block received here: from which source, at which of its transitions (a resend of that
+        # delivery, its answer lost with the connection, is recognised while the block stays so).
+        self._received: dict[int, tuple[str, int]] = {}
         self.address = ""  # set by the executor once its server listens
         self.handover_timeout_s = 30.0
         self.stats = {"served": 0, "queued": 0, "redirected": 0}  # request parts, for status and tests
@@ -167,7 +170,7 @@ class StoreService:
             self.states.apply(b, MigrationEvent.TAKE_OWNERSHIP, peer=src)
 
     def receive_block(self, block: int, keys: Sequence[Key], arrays: Sequence[np.ndarray],
-                      applied: Sequence[int] = ()) -> None:
+                      applied: Sequence[int] = (), src: str = "") -> None:
         """Install a block's data (a "block_data" frame's `keys` and buffers, `applied` the push
         ids it was applied with at its source) and drain its queue.
 
@@ -175,8 +178,13 @@ class StoreService:
         sends: the keys and buffers of the block's non-dense keys, then its dense int64 keys and
         their values as two more buffers (len(arrays) == len(keys) + 2).
         """
-        if self.states.state(block) is not BlockState.INCOMING:
-            raise RequestError(f"block {block} is {self.states.state(block).value}, not incoming")
+        state = self.states.state(block)
+        if src and state is BlockState.OWNED and self._received.get(block) == (src, self.states.transitions(block)):
+            # The source sends again what it sent last when the connection broke before the ack:
+            # installed already (and maybe updated since), so answered as done, not applied twice.
+            return
+        if state is not BlockState.INCOMING:
+            raise RequestError(f"block {block} is {state.value}, not incoming")
         # Before its queue drains: a queued part whose id the block was applied with at its source
         # is acknowledged, not applied again.
         self.applied_pushes.import_ids(block, applied)
@@ -186,6 +194,8 @@ class StoreService:
         else:
             self.store.import_block(block, keys, arrays)
         self.states.apply(block, MigrationEvent.DATA_RECEIVED)
+        if src:
+            self._received[block] = (src, self.states.transitions(block))
         self._drain(block)
 
     def cancel_incoming(self, blocks: list[int]) -> None:

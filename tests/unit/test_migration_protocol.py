@@ -110,3 +110,20 @@ async def test_a_move_that_goes_for_some_blocks_only_records_those(pair) -> None
     assert src.service.states.state(refused) is BlockState.OWNED
     # Every executor has the table that says so (the move's broadcast).
     assert src.service.table.owner_of_block(taken) == "dst" and dst.service.table.version == ctl.table.version
+
+
+async def test_a_resent_delivery_is_acknowledged_and_not_installed_again(pair) -> None:
+    """The source resends a block's data when the connection broke before the ack; if the first
+    copy had landed, the resend is answered as done and does not overwrite what was served since."""
+    src, dst, _, dp = pair
+    key = 7
+    block = src.service.table.block_of(key)
+    await dp.request(dst.address, {"op": "take_ownership", "blocks": [block], "src": "src"})
+    data = {"op": "block_data", "block": block, "keys": [key], "src": "src"}
+    await dp.request(dst.address, data, [np.array([1.0])])
+    await dp.request(dst.address, {"op": "update", "func": "add", "keys": [key]}, [np.array([10.0])])
+    await dp.request(dst.address, data, [np.array([1.0])])          # the resend: Ok
+    got = await dp.request(dst.address, {"op": "get", "keys": [key]})
+    assert got.arrays[0].tolist() == [11.0] and dst.service.states.state(block) is BlockState.OWNED
+    with pytest.raises(RemoteError, match="not incoming"):          # another source's is refused
+        await dp.request(dst.address, dict(data, src="other"), [np.array([5.0])])
