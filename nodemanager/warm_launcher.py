@@ -28,7 +28,7 @@ from protocol import zygote_wire as wire
 from protocol.internal_api import LaunchContext, WarmStart
 
 from . import procfs
-from .launcher import LOG_DIR_MARK, LaunchSpec, build_env
+from .launcher import LOG_DIR_MARK, LaunchSpec, build_env, signal_group
 from protocol.errors import HostError
 
 log = logging.getLogger(__name__)
@@ -189,6 +189,12 @@ class WarmLauncher:
                     fut = self._launches.get(msg.request_id)
                     if fut is not None and not fut.done():
                         fut.set_result((msg.pid, exited))
+                    else:
+                        # Nobody waits for it: its request timed out (the NM started that container
+                        # cold instead) or was given up. It would run a second copy: end it.
+                        log.warning("executor zygote started pid %d for request %d after it was given up; "
+                                    "killing it", msg.pid, msg.request_id)
+                        signal_group(msg.pid, signal.SIGKILL)
                 elif isinstance(msg, wire.WarmReady):
                     self.preload_s = msg.preload_s
                     log.info("executor zygote pid %s ready (preloaded in %.2f s)", self.pid, msg.preload_s)

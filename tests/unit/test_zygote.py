@@ -260,3 +260,19 @@ def test_a_spare_reaped_before_its_join_is_read_is_reported_started_or_failed_be
     first = "WarmStarted" if joins else "WarmFailed"
     assert got["said"] == [[first, joins], ["WarmExited", True]]
     assert got["spares"] == [] and got["held"] == []
+
+
+async def test_a_container_the_zygote_starts_after_its_request_was_given_up_is_killed(
+        zygote: WarmLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NM gives up on a warm start that does not come in time and starts the container cold; if
+    the zygote's child comes after all, it would be a second copy of that container: it is killed."""
+    import nodemanager.warm_launcher as warm   # noqa: PLC0415
+    monkeypatch.setattr(warm, "START_TIMEOUT_S", 0.0)
+    monkeypatch.setattr(warm, "LAUNCH_TIMEOUT_S", 0.0)
+    late = request(tmp_path, "import time; time.sleep(60)", "late")
+    with pytest.raises(WarmLaunchError, match="did not start"):
+        await zygote.launch(late)
+    exit_file = Path(late.exit_file)
+    await async_wait_until(lambda: exit_file.exists() and exit_file.read_text().strip(), 30,
+                           what="the late child's exit")
+    assert exit_file.read_text().strip() == str(128 + signal.SIGKILL)
