@@ -166,7 +166,12 @@ class LogAggregationService:
                             self.store.url, e)
                 return
             self.planner.recover(st.app_id, rolls)
+        finished = st.finished_at is not None
         files = await asyncio.to_thread(local_log_files, self.log_dir, st.app_id)
+        if st.finished_at is not None and not finished:
+            # It ended while its dir was listed (for a roll): the final upload copies each file's
+            # listed length, so list again -- its containers' last words come after that listing.
+            files = await asyncio.to_thread(local_log_files, self.log_dir, st.app_id)
         up = self.planner.next_upload(st, files, self.clock())
         if up is None:
             return

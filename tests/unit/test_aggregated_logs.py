@@ -251,6 +251,38 @@ def test_service_uploads_rolls_then_the_final_file_and_frees_the_local_copy(tmp_
     assert local_log_files(str(tmp_path / "local"), APP) == []
 
 
+def test_an_app_that_ends_while_its_dir_is_listed_for_a_roll_gets_its_last_bytes_aggregated(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app ends (its containers' last lines written, stop_app telling the service) while a roll's
+    listing runs in its thread: the final upload is built from a listing taken after the end."""
+    import nodemanager.log_aggregation_service as service_mod   # noqa: PLC0415
+    paths = _logs(tmp_path, {(C1, "stdout"): b"early\n"})
+    store = RemoteLogDir(str(tmp_path / "remote"))
+    now = [1000.0]
+    svc = LogAggregationService(store, str(tmp_path / "local"), NODE, LogAggregationPlanner(5.0, 0.0),
+                                lambda: {APP: "alice"}, clock=lambda: now[0])
+    ending = [False]
+
+    def listing(log_dir: str, app_id: str) -> list[LocalLogFile]:
+        files = local_log_files(log_dir, app_id)
+        if ending[0]:       # meanwhile: the last words, then the app's end
+            ending[0] = False
+            with open(paths[(C1, "stdout")], "ab") as f:
+                f.write(b"last words\n")
+            svc.app_finished(APP)
+        return files
+    monkeypatch.setattr(service_mod, "local_log_files", listing)
+
+    async def go() -> None:
+        await svc.run_once()
+        now[0] += 5
+        ending[0] = True
+        await svc.run_once()
+    asyncio.run(go())
+    [node] = app_node_logs(store, APP)
+    assert read_log(store, APP, node, C1, "stdout") == b"early\nlast words\n"
+
+
 # ===== settings ===================================================================================
 
 def test_bad_roll_interval_retention_or_remote_dir_are_refused_naming_the_setting() -> None:
