@@ -37,6 +37,8 @@ from .role import HAEvent, HaRole, HAState, RoleChange
 
 log = logging.getLogger(__name__)
 
+TRANSITION_STOP_TIMEOUT_S = 30.0     # how long a stop waits for a role change under way to end
+
 
 class Elector:
     """One RM's participation in the election; `role` is its state (read it, never write it)."""
@@ -62,7 +64,7 @@ class Elector:
         self.etcd_error = ""           # the last etcd failure, "" once etcd answers again
         self.compaction = CompactionSchedule(ha.compaction_interval_s)
         self._wake = asyncio.Event()
-        self._transitions: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
+        self._transitions: asyncio.Queue[Optional[Callable[[], Awaitable[None]]]] = asyncio.Queue()  # None: stop
         self._tasks: list[asyncio.Task[None]] = []
 
     # ----- lifecycle --------------------------------------------------------------------------
@@ -77,9 +79,17 @@ class Elector:
         held = self.role.state.holds_leadership
         if self.role.state != HAState.STOPPED:
             self._log(self.role.fire(HAEvent.STOP, self.clock(), reason))
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            # The campaign loop stops now; a role change under way runs to its end (cancelled
+            # half-way, a becoming-active left its server half-started and a stepping-down its
+            # server half-stopped, their ports bound), and those queued after it see the stop.
+            run, transitions = self._tasks
+            run.cancel()
+            self._transitions.put_nowait(None)
+            _, pending = await asyncio.wait({transitions}, timeout=TRANSITION_STOP_TIMEOUT_S)
+            for t in pending:       # one that hangs (a recovery stuck on etcd) does not hold the stop
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         if held:
             await self._revoke()
@@ -304,6 +314,8 @@ class Elector:
     async def _run_transitions(self) -> None:
         while True:
             job = await self._transitions.get()
+            if job is None:
+                return
             try:
                 await job()
             except Exception:

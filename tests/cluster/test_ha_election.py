@@ -168,6 +168,30 @@ async def test_a_transition_to_standby_that_comes_during_a_campaign_keeps_the_rm
     await asyncio.gather(a.elector.stop(), b.elector.stop())
 
 
+async def test_a_stop_during_a_role_change_lets_it_end_then_tears_the_active_side_down(etcd):
+    """Stopped while becoming active (its server starting), the RM lets the start end and then
+    stops what it started, rather than cancelling it half-way (a half-started server keeps its port)."""
+    ha = ha_config(etcd)
+    started, release = asyncio.Event(), asyncio.Event()
+    events: list[str] = []
+
+    async def on_active(epoch: int, token: int) -> None:
+        started.set()
+        await release.wait()
+        events.append("active")
+
+    async def on_standby(reason: str) -> None:
+        events.append("standby")
+    e = Elector(ha, "rm1", on_active, on_standby)
+    e.start()
+    await asyncio.wait_for(started.wait(), 20)
+    stopping = asyncio.ensure_future(e.stop())
+    await async_wait_until(lambda: e.role.state == HAState.STOPPED, 10, "the stop under way")
+    release.set()
+    await asyncio.wait_for(stopping, 30)
+    assert events == ["active", "standby"]
+
+
 async def test_standby_campaign_is_refused_while_the_leader_key_is_held(etcd):
     ha = ha_config(etcd)
     a, b = Rm(ha, "rm1"), Rm(ha, "rm2")
