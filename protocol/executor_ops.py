@@ -25,7 +25,8 @@ from typing import Annotated, Literal, Mapping, Optional, TypeVar, Union
 
 import msgspec
 
-from protocol.executor_replies import (AppSetupReply, BlocksReply, BlockStatesReply, CheckpointBlocksReply,
+from protocol.executor_replies import (AppSetupReply, BlocksReply, BlockStatesReply, CancelIncomingReply,
+                                       CheckpointBlocksReply,
                                        CheckpointReply, ControlReply, EpsActivateReply, EpsCommitReply,
                                        EpsDatasetsReply, EpsJoinReply, EpsSendDataReply, EpsStageReply, ErrorReply,
                                        InitBlocksReply, InitModelReply, Key, MoveBlocksReply, ObjectiveReply, Ok,
@@ -37,7 +38,7 @@ from protocol.errors import ProtocolError
 from protocol.json_types import JsonObject, JsonValue
 
 __all__ = ["AppSetup", "AppSetupReply", "BlockData", "BlockStates", "BlockStatesReply", "BlocksReply",
-           "CancelIncoming", "Checkpoint", "CheckpointBlocks", "CheckpointBlocksReply", "CheckpointReply",
+           "CancelIncoming", "CancelIncomingReply", "Checkpoint", "CheckpointBlocks", "CheckpointBlocksReply", "CheckpointReply",
            "ControlMessageError", "ControlReply", "ControlRequest", "EpsActivate", "EpsActivateReply", "EpsCommit",
            "EpsCommitReply", "EpsDatasets", "EpsDatasetsReply", "EpsDiscardStaged", "EpsJoin", "EpsJoinReply",
            "EndClock", "EpsSendData", "EpsSendDataReply", "EpsStage", "EpsStageReply", "ErrorReply", "ExecutorReady",
@@ -244,9 +245,11 @@ class BlockData(ExecutorRequest, tag="block_data"):
 
 
 class CancelIncoming(ExecutorRequest, tag="cancel_incoming"):
-    """Migration, source -> destination: an abandoned handover; stop queueing for `blocks`."""
+    """Migration, source -> destination: an abandoned handover; stop queueing for `blocks`. The
+    reply says which are not incoming any more and which had landed from `src` after all."""
 
     blocks: list[NonNeg]
+    src: str = ""
 
 
 # -- checkpoints -----------------------------------------------------------------------------------
@@ -371,7 +374,7 @@ REPLY_TYPES: dict[type[ExecutorRequest], type[ControlReply]] = {
     Shutdown: Ok, SwitchRole: SwitchRoleReply, SetOwnership: SetOwnershipReply, MoveBlocks: MoveBlocksReply,
     CheckpointBlocks: CheckpointBlocksReply, RestoreBlocksData: BlocksReply, EpsJoin: EpsJoinReply,
     EpsSendData: EpsSendDataReply, EpsCommit: EpsCommitReply, EpsDiscardStaged: Ok, Ping: PingReply,
-    TakeOwnership: Ok, BlockData: Ok, CancelIncoming: Ok, Checkpoint: CheckpointReply, Restore: BlocksReply,
+    TakeOwnership: Ok, BlockData: Ok, CancelIncoming: CancelIncomingReply, Checkpoint: CheckpointReply, Restore: BlocksReply,
     EpsStage: EpsStageReply, EpsActivate: EpsActivateReply, EpsDatasets: EpsDatasetsReply,
     ExecutorReady: Ok,     # executor -> AM
 }

@@ -183,6 +183,14 @@ class MoveBlocksReply(ControlReply):
     failed: list[str] = []
 
 
+class CancelIncomingReply(ControlReply):
+    """Of the blocks a source gave up moving here: those no longer queued for (`cancelled`, or
+    never incoming) and those whose data had landed after all (`owned`: the move happened)."""
+
+    cancelled: list[int] = []
+    owned: list[int] = []
+
+
 class CheckpointBlocksReply(ControlReply):
     """One batch of a server's checkpoint cut `cut`: `blocks` describes the blocks whose arrays are
     the frame's buffers (psruntime.store.checkpoint.pack_blocks); `remaining`: blocks still to come."""

@@ -217,8 +217,8 @@ class Executor:
         return ops.Ok(), ()
 
     def _op_cancel_incoming(self, req: ops.CancelIncoming, arrays: Arrays) -> Answer:
-        self.service.cancel_incoming(req.blocks)
-        return ops.Ok(), ()
+        cancelled, owned = self.service.cancel_incoming(req.blocks, req.src)
+        return ops.CancelIncomingReply(cancelled=cancelled, owned=owned), ()
 
     async def _op_move_blocks(self, req: ops.MoveBlocks, arrays: Arrays) -> Answer:
         done, failed = await self.service.move_blocks(req.blocks, req.dst, req.dst_address)

@@ -4,6 +4,7 @@ Per block, on the executor that owns it (the source) and the one receiving it (t
 
     source:       OWNED --BEGIN_HANDOVER--> HANDING_OVER --HANDOVER_ACKED--> MOVED
                                             HANDING_OVER --ABORT----------> OWNED
+                                                                MOVED --REVERT--> OWNED
     destination:  ABSENT|MOVED --TAKE_OWNERSHIP--> INCOMING --DATA_RECEIVED--> OWNED
                                                    INCOMING --CANCEL-------> ABSENT
 
@@ -14,6 +15,10 @@ Exactly-once. The source enters MOVED in the same event-loop step in which it sn
 so every operation that reached it earlier is in the snapshot and every later one is redirected:
 never both, never neither. The destination enters INCOMING *before* the source switches to MOVED
 (the source waits for that ack), so a redirected request always finds the destination queueing.
+REVERT: the data could not be delivered after the ack and the destination confirmed it cancelled
+its INCOMING block (so it applied nothing and its queue goes back by redirect); the source still
+holds the block (it drops it only once delivered) and serves it again. Without that confirmation
+the source stays MOVED: a copy it could not see land may have landed.
 Departure from the paper: the dissertation lets the source hand over ownership and then send data;
 we add the explicit TAKE_OWNERSHIP ack before the switch so that a redirected request can never
 bounce off a destination that does not yet know it is the new owner.
@@ -45,6 +50,7 @@ class MigrationEvent(enum.Enum):
     TAKE_OWNERSHIP = "take_ownership"  # destination: start queueing requests for the block
     DATA_RECEIVED = "data_received"    # destination: block data installed; drain the queue
     CANCEL = "cancel"                  # destination: the move was aborted before data came
+    REVERT = "revert"                  # source: data never landed, the destination cancelled: serve again
 
 
 class Disposition(enum.Enum):
@@ -66,6 +72,7 @@ TRANSITIONS: TransitionTable[BlockState, MigrationEvent, BlockState] = Transitio
     (S.OWNED, E.BEGIN_HANDOVER): S.HANDING_OVER,
     (S.HANDING_OVER, E.HANDOVER_ACKED): S.MOVED,
     (S.HANDING_OVER, E.ABORT): S.OWNED,
+    (S.MOVED, E.REVERT): S.OWNED,
     (S.ABSENT, E.TAKE_OWNERSHIP): S.INCOMING,
     (S.MOVED, E.TAKE_OWNERSHIP): S.INCOMING,
     (S.INCOMING, E.DATA_RECEIVED): S.OWNED,

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from protocol.executor_ops import BlockData, CancelIncoming, TakeOwnership, to_header
+from protocol.executor_ops import BlockData, CancelIncoming, CancelIncomingReply, TakeOwnership, decode_reply, to_header
 from protocol.json_types import JsonObject
 from psruntime.store.block_store import BlockArrays, BlockStore
 from psruntime.wire.buffer_pool import BufferPool
@@ -198,11 +198,21 @@ class StoreService:
             self._received[block] = (src, self.states.transitions(block))
         self._drain(block)
 
-    def cancel_incoming(self, blocks: list[int]) -> None:
+    def cancel_incoming(self, blocks: list[int], src: str = "") -> tuple[list[int], list[int]]:
+        """Stop queueing for `blocks` (their queues go back by redirect); (those no longer incoming
+        here, those whose data from `src` landed after all: the move happened)."""
+        cancelled, owned = [], []
         for b in blocks:
-            if self.states.state(b) is BlockState.INCOMING:
+            state = self.states.state(b)
+            if state is BlockState.INCOMING:
                 self.states.apply(b, MigrationEvent.CANCEL)
                 self._drain(b)
+                cancelled.append(b)
+            elif state is BlockState.OWNED and src and self._received.get(b, ("", -1))[0] == src:
+                owned.append(b)
+            elif state is not BlockState.OWNED:
+                cancelled.append(b)
+        return cancelled, owned
 
     # -- migration: source side --------------------------------------------------------------
     async def move_blocks(self, blocks: list[int], dst: str, dst_address: str) -> tuple[list[int], list[str]]:
@@ -252,8 +262,29 @@ class StoreService:
                 await self._client.request(dst_address, header, arrays)
                 self.store.drop_block(block)
                 return
-            except ConnectionError as e:  # resend: the destination ignores nothing, it is still INCOMING
+            except ConnectionError as e:  # resend: a copy that landed is acknowledged, not installed twice
                 last = e
+            except Exception as e:   # noqa: BLE001 - refused (its import failed, say): not worth a resend
+                last = e
+                break
+        # Not delivered: ask the destination to stop queueing and say whether a copy landed after all.
+        try:
+            async with asyncio.timeout(5.0):
+                frame = await self._client.request(
+                    dst_address, to_header(CancelIncoming(blocks=[block], src=self.executor_id)))
+            reply = decode_reply(frame.header, CancelIncomingReply)
+        except Exception as e:  # noqa: BLE001 - unknown at the destination: stay MOVED (below)
+            log.warning("block %d: data not delivered to %s and its state there is unknown: %s", block, dst, e)
+            reply = CancelIncomingReply()
+        if block in reply.owned:     # it landed: the move happened
+            self.store.drop_block(block)
+            return
+        if block in reply.cancelled:
+            # Nothing of it was applied there and the queued requests come back by redirect: the
+            # block, still held here, is served here again (the AM's table keeps it here too).
+            self.states.apply(block, MigrationEvent.REVERT)
+            raise RuntimeError(f"block {block} data not delivered to {dst} ({last}); the move was undone, "
+                               f"the block stays on {self.executor_id}")
         # The snapshot stays here (block MOVED, data kept) so an operator can recover it.
         raise RuntimeError(f"block {block} data not delivered to {dst}: {last}")
 

@@ -127,3 +127,44 @@ async def test_a_resent_delivery_is_acknowledged_and_not_installed_again(pair) -
     assert got.arrays[0].tolist() == [11.0] and dst.service.states.state(block) is BlockState.OWNED
     with pytest.raises(RemoteError, match="not incoming"):          # another source's is refused
         await dp.request(dst.address, dict(data, src="other"), [np.array([5.0])])
+
+
+async def test_data_the_destination_could_not_take_leaves_the_block_served_at_the_source(pair, monkeypatch) -> None:
+    """After the handover ack the data is refused (the destination's import failed): the source asks
+    the destination to cancel, which confirms nothing was applied there, and serves the block again,
+    instead of leaving it MOVED with the destination queueing its requests for ever."""
+    src, dst, ctl, dp = pair
+    key = 5
+    block = src.service.table.block_of(key)
+    await dp.request(src.address, {"op": "put", "keys": [key]}, [np.array([4.0])])
+
+    def refuse(*a, **kw):
+        raise RuntimeError("cannot allocate the block's arrays")
+    monkeypatch.setattr(dst.service, "receive_block", refuse)
+    with pytest.raises(MigrationControllerError, match="the move was undone"):
+        await ctl.move([block], "src", "dst")
+    assert src.service.states.state(block) is BlockState.OWNED and dst.service.states.state(block) is BlockState.ABSENT
+    assert ctl.table.owner_of_block(block) == "src"
+    await dp.request(src.address, {"op": "update", "func": "add", "keys": [key]}, [np.array([1.0])])
+    got = await dp.request(src.address, {"op": "get", "keys": [key]})
+    assert got.arrays[0].tolist() == [5.0]
+
+
+async def test_data_that_landed_though_its_answer_did_not_completes_the_move(pair, monkeypatch) -> None:
+    """The destination installed the data but its answer failed: asked to cancel, it says the block
+    landed from this source, so the move is done and the source lets its copy go."""
+    src, dst, ctl, dp = pair
+    key = 5
+    block = src.service.table.block_of(key)
+    await dp.request(src.address, {"op": "put", "keys": [key]}, [np.array([4.0])])
+    real = dst.service.receive_block
+
+    def landed_then_failed(*a, **kw):
+        real(*a, **kw)
+        raise RuntimeError("the answer was lost")
+    monkeypatch.setattr(dst.service, "receive_block", landed_then_failed)
+    assert await ctl.move([block], "src", "dst") > 0
+    assert ctl.table.owner_of_block(block) == "dst" and dst.service.states.state(block) is BlockState.OWNED
+    assert src.service.states.state(block) is BlockState.MOVED and not src.service.store.has_block(block)
+    got = await dp.request(dst.address, {"op": "get", "keys": [key]})
+    assert got.arrays[0].tolist() == [4.0]
