@@ -255,11 +255,13 @@ class CancelIncoming(ExecutorRequest, tag="cancel_incoming"):
 # -- checkpoints -----------------------------------------------------------------------------------
 class CheckpointBlocks(ExecutorRequest, tag="checkpoint_blocks"):
     """Snapshot the owned `blocks` (all when None) in one step and return them in batches of at
-    most `max_bytes`; with `cut`, the next batch of that snapshot."""
+    most `max_bytes`; with `cut`, the next batch of that snapshot; with `cut` and `release`, let
+    that snapshot go (the AM abandoned the checkpoint) and return nothing."""
 
     blocks: Optional[list[NonNeg]] = None
     max_bytes: Optional[Positive] = None
     cut: Optional[int] = None
+    release: bool = False
 
 
 class RestoreBlocksData(ExecutorRequest, tag="restore_blocks_data"):

@@ -42,6 +42,16 @@ class CheckpointOps:
 
     def checkpoint_blocks(self, req: ctl.CheckpointBlocks, arrays: Arrays) -> Answer:
         max_bytes = req.max_bytes if req.max_bytes is not None else CHECKPOINT_BATCH_BYTES
+        if req.release:
+            # The AM gave this cut up: its views pinned a copy of every block it had not sent
+            # (copy-on-write on the next update), up to a model's worth, until the next checkpoint.
+            if req.cut is None:
+                raise RequestError("release names no cut")
+            if self._cut is not None and self._cut.cut_id == req.cut:
+                self._cut = None
+            return ctl.CheckpointBlocksReply(cut=req.cut, blocks=[], remaining=[],
+                                             table_version=self.service.table.version,
+                                             num_blocks=self.service.store.num_blocks), ()
         if req.cut is not None:          # the next batch of a cut this executor is sending
             cut = self._cut
             if cut is None or req.cut != cut.cut_id:

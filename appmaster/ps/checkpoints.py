@@ -43,7 +43,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import msgspec
 import numpy as np
@@ -80,6 +80,7 @@ WORKER_STATE_PREFIX = "worker_state_"    # + <input block>.buf: a worker-local b
 # block) at a time, far below a frame's limit.
 BATCH_BYTES = 8 << 20
 PARALLEL_SERVERS = 4
+RELEASE_CUT_TIMEOUT_S = 5.0   # telling a server to let go of an abandoned cut
 # Checkpoints kept (durable, and staged copies): the newest, and the one before in case the newest
 # turns out unreadable.
 KEEP_CHECKPOINTS = 2
@@ -227,11 +228,13 @@ class Checkpointer:
         first = ops.CheckpointBlocks(max_bytes=self.batch_bytes)
         pending: asyncio.Future[Answered[ops.CheckpointBlocksReply]] | None = asyncio.ensure_future(
             self._rpc.exchange(server, first, ops.CheckpointBlocksReply))
+        open_cut: Optional[int] = None      # a cut the server still holds for us (batches to come)
         try:
             while pending is not None:
                 answered = await pending
                 pending = None
                 h = answered.reply
+                open_cut = h.cut if h.remaining else None
                 if h.num_blocks != num_blocks:
                     raise CheckpointError(f"{server.executor_id} has {h.num_blocks} blocks, the job {num_blocks}")
                 items = unpack_blocks(h.blocks, answered.arrays, num_blocks)
@@ -244,7 +247,18 @@ class Checkpointer:
                                     not self.staged)
         finally:
             _discard(pending)
+            if open_cut is not None:
+                await self._release_cut(server, open_cut)
         return nbytes
+
+    async def _release_cut(self, server: ExecutorRecord, cut: int) -> None:
+        """Tell `server` to let go of a cut this checkpoint abandoned (best effort, briefly: the
+        checkpoint has failed already, and a newer cut replaces it anyway)."""
+        try:
+            async with asyncio.timeout(RELEASE_CUT_TIMEOUT_S):
+                await self._rpc.exchange(server, ops.CheckpointBlocks(cut=cut, release=True), ops.CheckpointBlocksReply)
+        except Exception as e:  # noqa: BLE001 - the failure being reported is the checkpoint's
+            log.info("could not release checkpoint cut %d on %s: %s", cut, server.executor_id, e)
 
     async def _fetch_worker_state(self, worker: ExecutorRecord, d: Path) -> int:
         """Receive the state of every input block `worker` holds and write one file per block

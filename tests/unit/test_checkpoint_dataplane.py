@@ -307,3 +307,21 @@ async def test_a_refused_restore_names_the_server(tmp_path) -> None:
         recs[0].blocks = recs[0].blocks + recs[1].blocks[:1]       # not what e0's table gives it
         with pytest.raises(ExecutorCallError, match=r"restore_blocks_data on e0 .* not assigned to e0"):
             await Checkpointer(tmp_path, dp).restore(info["dir"], recs[:1], NB)
+
+
+async def test_a_checkpoint_that_fails_midway_lets_the_servers_cut_go(tmp_path, monkeypatch) -> None:
+    """The AM cannot write a batch (disk full): the checkpoint fails, and the server is told to let
+    go of its cut, whose views would otherwise keep a copy of every block not yet sent until the
+    next checkpoint."""
+    import appmaster.ps.checkpoints as checkpoints_mod   # noqa: PLC0415
+    async with servers(1) as (executors, ctl, dp):
+        await _fill(ctl)
+
+        def disk_full(*a, **kw):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(checkpoints_mod, "_write_blocks", disk_full)
+        with pytest.raises(OSError, match="No space left"):
+            await Checkpointer(tmp_path, dp, batch_bytes=1024).write(1, ctl.table, [_record(executors[0], 0)],
+                                                                     JobRecord())
+        with pytest.raises(RemoteError, match="no checkpoint cut 1 in progress"):
+            await dp.request(executors[0].address, {"op": "checkpoint_blocks", "cut": 1, "max_bytes": 1})
