@@ -157,8 +157,18 @@ class Checkpointer:
             d = self.directory(epoch, clock)
             d.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
-            sizes = await asyncio.gather(*(self._fetch(s, d, table.num_blocks) for s in owners),
-                                         *(self._fetch_worker_state(w, d) for w in workers))
+            fetches = [asyncio.ensure_future(self._fetch(s, d, table.num_blocks)) for s in owners]
+            fetches += [asyncio.ensure_future(self._fetch_worker_state(w, d)) for w in workers]
+            try:
+                sizes = await asyncio.gather(*fetches)
+            except BaseException:
+                # One failed (or the write was cancelled): the others stop too, and are waited for,
+                # so none goes on writing into the directory after the lock is let go (a retry of
+                # the same checkpoint would meet it there) and each lets its server's cut go.
+                for f in fetches:
+                    f.cancel()
+                await asyncio.gather(*fetches, return_exceptions=True)
+                raise
             covered = load_manifests(d, table.num_blocks)
             missing = sorted(set(range(table.num_blocks)) - set(covered))
             if missing:

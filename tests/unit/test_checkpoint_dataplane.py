@@ -3,6 +3,7 @@ writes psruntime.store.checkpoint's files and sends them back (restore_blocks_da
 frame's body limit; unowned blocks and malformed batches are refused and change nothing."""
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from contextlib import AbstractAsyncContextManager
@@ -325,3 +326,30 @@ async def test_a_checkpoint_that_fails_midway_lets_the_servers_cut_go(tmp_path, 
                                                                      JobRecord())
         with pytest.raises(RemoteError, match="no checkpoint cut 1 in progress"):
             await dp.request(executors[0].address, {"op": "checkpoint_blocks", "cut": 1, "max_bytes": 1})
+
+
+async def test_when_one_servers_fetch_fails_the_others_stop_before_the_checkpoint_fails(tmp_path, monkeypatch) -> None:
+    """Two servers; the AM cannot write the first batch it gets: the checkpoint fails only once the
+    other server's fetch has stopped too (it does not go on writing into the directory) and both
+    servers' cuts are let go."""
+    import appmaster.ps.checkpoints as checkpoints_mod   # noqa: PLC0415
+    async with servers(2) as (executors, ctl, dp):
+        await _fill(ctl)
+        calls: list[int] = []
+        real = checkpoints_mod._write_blocks
+
+        def first_fails(*a, **kw):
+            calls.append(1)
+            if len(calls) == 1:
+                raise OSError(28, "No space left on device")
+            return real(*a, **kw)
+        monkeypatch.setattr(checkpoints_mod, "_write_blocks", first_fails)
+        with pytest.raises(OSError, match="No space left"):
+            await Checkpointer(tmp_path, dp, batch_bytes=1024).write(
+                1, ctl.table, [_record(e, i) for i, e in enumerate(executors)], JobRecord())
+        assert not [t for t in asyncio.all_tasks() if "Checkpointer._fetch" in t.get_coro().__qualname__]
+        written = sorted(p.name for p in (tmp_path / "epoch-1").iterdir())
+        for e in executors:
+            with pytest.raises(RemoteError, match="no checkpoint cut 1 in progress"):
+                await dp.request(e.address, {"op": "checkpoint_blocks", "cut": 1, "max_bytes": 1})
+        assert sorted(p.name for p in (tmp_path / "epoch-1").iterdir()) == written    # nothing wrote since
