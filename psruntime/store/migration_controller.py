@@ -14,10 +14,13 @@ from typing import Iterable
 
 from protocol.executor_ops import MoveBlocks, MoveBlocksReply, SetOwnership, decode_reply, to_header
 from psruntime.wire.dataplane import DataPlaneClient
+from psruntime.wire.frame_codec import Frame
 from psruntime.store.ownership_table import OwnershipError, OwnershipTable
 from protocol.errors import StateError
 
 log = logging.getLogger(__name__)
+
+CANCELLED_MOVE_WAIT_S = 60.0    # how long a cancelled move still waits for the source's answer
 
 
 class MigrationControllerError(StateError, RuntimeError):
@@ -58,6 +61,26 @@ class MigrationController:
             # A missed broadcast only costs redirects: executors and clients still converge.
             log.warning("ownership broadcast v%d missed %s", self.table.version, "; ".join(failed))
 
+    async def _record_late(self, request: "asyncio.Future[Frame]", blocks: list[int], dst: str) -> None:
+        """The answer of a move whose caller was cancelled, recorded if it comes within
+        CANCELLED_MOVE_WAIT_S (asyncio.wait: no timeout scope inside a cancelled task)."""
+        done, _ = await asyncio.wait({request}, timeout=CANCELLED_MOVE_WAIT_S)
+        if not done or request.cancelled() or request.exception() is not None:
+            if not done:
+                request.cancel()
+                log.warning("move of blocks %s -> %s: no answer %gs after it was cancelled; the table may "
+                            "not say where they are", blocks, dst, CANCELLED_MOVE_WAIT_S)
+            return
+        try:
+            reply = decode_reply(request.result().header, MoveBlocksReply)
+        except Exception as e:  # noqa: BLE001 - logged: the caller's cancellation is what propagates
+            log.warning("move of blocks %s -> %s: its answer after the cancel is unreadable: %s", blocks, dst, e)
+            return
+        moved = sorted(set(reply.moved) & set(blocks))
+        if moved:
+            self.table.assign(moved, dst)
+            await asyncio.wait({asyncio.ensure_future(self.broadcast())}, timeout=CANCELLED_MOVE_WAIT_S)
+
     async def move(self, blocks: Iterable[int], src: str, dst: str) -> int:
         """Move `blocks` from `src` to `dst`; returns the table version that records the move."""
         blocks = sorted(set(blocks))
@@ -78,10 +101,18 @@ class MigrationController:
             raise MigrationControllerError(f"blocks {busy} are already being moved")
         self._moving.update(blocks)
         try:
+            request = asyncio.ensure_future(self._client.request(
+                src_address, to_header(MoveBlocks(blocks=blocks, dst=dst, dst_address=dst_address))))
             try:
-                frame = await self._client.request(src_address, to_header(MoveBlocks(blocks=blocks, dst=dst,
-                                                                                      dst_address=dst_address)))
+                frame = await asyncio.shield(request)
                 reply = decode_reply(frame.header, MoveBlocksReply)
+            except asyncio.CancelledError:
+                # The caller gave up, but the source carries the move on whatever happens here:
+                # wait (bounded) for its answer and record it, so the table says where the blocks
+                # are before whoever cancelled acts on it (a rollback reading the old table
+                # retired the destination with the blocks that had gone to it).
+                await self._record_late(request, blocks, dst)
+                raise
             except Exception as e:
                 raise MigrationControllerError(f"move of blocks {blocks} {src} -> {dst} failed: {e}") from e
             # The blocks the destination acknowledged are its, even when others did not go: a

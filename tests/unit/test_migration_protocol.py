@@ -168,3 +168,32 @@ async def test_data_that_landed_though_its_answer_did_not_completes_the_move(pai
     assert src.service.states.state(block) is BlockState.MOVED and not src.service.store.has_block(block)
     got = await dp.request(dst.address, {"op": "get", "keys": [key]})
     assert got.arrays[0].tolist() == [4.0]
+
+
+async def test_a_move_cancelled_while_the_source_carries_it_out_is_still_recorded(pair) -> None:
+    """The AM's step is cancelled while the source moves the block (an epoch aborted): the source
+    completes the move anyway, and the AM's table records it before the cancellation goes on, so
+    nothing acting on the table (a rollback) takes the destination for idle."""
+    src, dst, ctl, _ = pair
+    block = src.service.table.block_of(5)
+    sent, answer = asyncio.Event(), asyncio.Event()
+
+    class HeldAnswers(DataPlaneClient):
+        async def request(self, address, header, arrays=()):
+            reply = asyncio.ensure_future(super().request(address, header, arrays))
+            if header.get("op") == "move_blocks":
+                sent.set()
+                await answer.wait()         # the answer is held until the test lets it through
+            return await reply
+    client = HeldAnswers()
+    held = MigrationController(ctl.table, client)
+    move = asyncio.ensure_future(held.move([block], "src", "dst"))
+    await asyncio.wait_for(sent.wait(), 10)
+    await async_wait_until(lambda: dst.service.states.state(block) is BlockState.OWNED, what="the move done at dst")
+    move.cancel()
+    answer.set()
+    with pytest.raises(asyncio.CancelledError):
+        await move
+    assert held.table.owner_of_block(block) == "dst"
+    await held.close()
+    await client.close()
