@@ -128,8 +128,6 @@ class BoundaryScheduler:
         """Run a step; its future gets (result, seconds training waited for it): all of a boundary
         step, and of an overlapped step what it ran past its epoch's workers."""
         async def run() -> None:
-            if fut.cancelled():
-                return      # its caller gave up before its turn came: it never runs
             t0 = self.clock()
             try:
                 result = await fn()
@@ -146,12 +144,7 @@ class BoundaryScheduler:
                 lost = now - self._workers_done_at if self._workers_done_at is not None else 0.0
             if not fut.done():
                 fut.set_result((result, max(0.0, lost)))
-        task = asyncio.ensure_future(run())
-        # A caller that gives up (its change cancelled, its holdings already reported for a
-        # rollback) takes its step with it: the step must not go on changing splits or ownership
-        # behind the rollback.
-        fut.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)
-        return task
+        return asyncio.ensure_future(run())
 
 
 async def _nothing() -> None:
