@@ -22,7 +22,7 @@ import msgspec
 from protocol.errors import StateError
 
 from ..store import AppRecord, AttemptRecord, DecommissionRecord, PolicyStateRecord, StateStore
-from .etcd_kv import BlockingEtcd, EtcdKeys, delete_op, put_op, token_compare
+from .etcd_kv import BlockingEtcd, EtcdKeys, EtcdUnavailable, delete_op, put_op, token_compare
 
 log = logging.getLogger(__name__)
 
@@ -91,20 +91,25 @@ class EtcdStateStore(StateStore):
         etcd's members), and a new term writes back every unfinished app it recovered while its
         lease's renewals wait on the same event loop -- one app a write took 0.6 ms on this
         project's machine and takes several on a disk whose fsync is slower, so a cluster with
-        thousands of unfinished apps could outlast the lease. A transaction etcd refuses for
-        anything but fencing is written again app by app, so one app (too large, say) does not
-        keep the others out; fenced, nothing more is written."""
+        thousands of unfinished apps could outlast the lease. A transaction etcd refuses (one app
+        too large, say) is written again app by app, so that app does not keep the others out;
+        fenced, or with no etcd member answering, nothing more is tried (each try would wait out
+        a timeout on the loop)."""
         failed: dict[str, Exception] = {}
         batch: list[tuple[AppRecord, list[AttemptRecord]]] = []
         ops: list[Any] = []
         size = 0
+        down: Optional[Exception] = None      # etcd did not answer: the rest is not tried (a timeout each)
 
         def write() -> None:
-            nonlocal ops, size
+            nonlocal ops, size, down
             try:
                 self._write(ops, batch[0][0].app_id if len(batch) == 1 else f"{len(batch)} applications")
             except StoreFenced as e:
                 failed.update((a.app_id, e) for a, _ in batch)
+            except EtcdUnavailable as e:
+                failed.update((a.app_id, e) for a, _ in batch)
+                down = e
             except Exception as e:     # noqa: BLE001 - one by one, to name the app at fault
                 if len(batch) == 1:    # already alone: trying again would only wait out etcd twice
                     failed[batch[0][0].app_id] = e
@@ -117,6 +122,9 @@ class EtcdStateStore(StateStore):
             if self.fenced_reason:
                 failed[app.app_id] = StoreFenced(f"not writing {app.app_id}: {self.fenced_reason}")
                 continue
+            if down is not None:
+                failed[app.app_id] = down
+                continue
             try:
                 mine = self._app_ops(app, attempts)
             except StateError as e:
@@ -125,6 +133,9 @@ class EtcdStateStore(StateStore):
             mine_size = sum(len(op.request_put.value) for op in mine)
             if batch and (len(ops) + len(mine) > MAX_TXN_OPS or size + mine_size > APPS_TXN_BYTES):
                 write()
+                if down is not None or self.fenced_reason:
+                    failed[app.app_id] = down or StoreFenced(f"not writing {app.app_id}: {self.fenced_reason}")
+                    continue
             batch.append((app, attempts))
             ops += mine
             size += mine_size

@@ -61,3 +61,24 @@ async def test_apps_go_several_to_a_transaction_and_one_that_etcd_refuses_stays_
     assert set(failed) == {a.app_id for a, _ in apps[:5]} and all(isinstance(e, StoreFenced) for e in failed.values())
     assert await asyncio.to_thread(b_store.load) == stored
     await terms.close()
+
+
+async def test_with_etcd_down_a_flush_waits_out_one_timeout_not_one_per_app(etcd):
+    terms = TwoTerms(etcd)
+    store = await terms.first()
+    calls: list[int] = []
+    real = store.etcd.txn
+
+    def counted(compare, ops):
+        calls.append(len(ops))
+        return real(compare, ops)
+    store.etcd.txn = counted        # type: ignore[method-assign]
+    apps = [(a, attempts(a)) for a in (app(i) for i in range(1, 201))]
+    etcd.stop()
+    try:
+        failed = await asyncio.to_thread(store.save_apps, apps)
+    finally:
+        etcd.start()
+    assert set(failed) == {a.app_id for a, _ in apps} and len(calls) == 1, calls
+    assert all("no etcd member answered" in str(e) for e in failed.values())
+    await terms.close()
