@@ -43,7 +43,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import msgspec
 import numpy as np
@@ -66,6 +66,7 @@ from .runtime.executor_rpc import Answered, ExecutorRpc
 from protocol.errors import AppError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 JOB_MANIFEST = JOB_CHECKPOINT_FILE
 
@@ -251,9 +252,9 @@ class Checkpointer:
                 if h.remaining:      # the next batch travels while this one is written
                     pending = asyncio.ensure_future(self._rpc.exchange(
                         server, ops.CheckpointBlocks(cut=h.cut, max_bytes=self.batch_bytes), ops.CheckpointBlocksReply))
-                entries.update(await asyncio.to_thread(_write_blocks, d, items, not self.staged))
+                entries.update(await _to_thread_to_its_end(_write_blocks, d, items, not self.staged))
                 nbytes += sum(block_wire_bytes(data) for _, data in items)
-            await asyncio.to_thread(_write_manifest, d, server.executor_id, num_blocks, h.table_version, entries,
+            await _to_thread_to_its_end(_write_manifest, d, server.executor_id, num_blocks, h.table_version, entries,
                                     not self.staged)
         finally:
             _discard(pending)
@@ -280,7 +281,7 @@ class Checkpointer:
             arrays = answered.arrays[at:at + n]
             at += n
             b = int(h["block_index"])
-            await asyncio.to_thread(_write_worker_state, d, b, h, arrays, not self.staged)
+            await _to_thread_to_its_end(_write_worker_state, d, b, h, arrays, not self.staged)
             nbytes += sum(int(a.nbytes) for a in arrays)
         return nbytes
 
@@ -387,6 +388,18 @@ class Checkpointer:
         await asyncio.to_thread(get)
         log.info("fetched checkpoint %s into %s in %.3fs", source.url, local, time.perf_counter() - t0)
         return dataclasses.replace(checkpoint, dir=str(local))
+
+
+async def _to_thread_to_its_end(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in a thread. A thread cannot be stopped: cancelled, this still waits for it to
+    end before giving way, so no file of an abandoned checkpoint is written after its failure is
+    reported (a retry of the same checkpoint writes the same names)."""
+    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait({fut})
+        raise
 
 
 def _discard(fut: "asyncio.Future[Any] | None") -> None:
