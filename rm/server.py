@@ -137,6 +137,7 @@ class ResourceManagerServer:
         self._policy_thread: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._policy_lock = asyncio.Lock()      # rounds one after another: each builds on the last's policy
         self._store_failing = False             # the last flush's write failed (logged once per outage)
+        self._stopping = False                  # stop() has begun: flushes launch no AM
         # Every RM of an HA cluster (rm/ha/ sets them): AMs are told all of them, to fail over.
         self.rm_urls: list[str] = []
         # The policy state as last stored (policy document, nodes) and when; a round sets it due.
@@ -282,7 +283,7 @@ class ResourceManagerServer:
                 self._store_policy_state()
             except Exception:
                 log.exception("storing the policy state failed (retried after the next round)")
-        if core.effects and self.launcher is not None:
+        if core.effects and self.launcher is not None and not self._stopping:
             for eff in core.take_effects():
                 self.launcher.launch(eff)
 
@@ -455,15 +456,16 @@ class ResourceManagerServer:
             # A decide still running works on a copy of the policy: nothing waits for it.
             self._policy_thread.shutdown(wait=False, cancel_futures=True)
             self._policy_thread = None
-        # Requests first: a handler still running may flush and ask for an AM launch; then the
-        # launcher (its launches in flight cancelled), detached so the last flush starts no AM that
-        # no one would record -- the next RM recovers the attempt and launches it.
+        # Requests first: a handler still running may flush and ask for an AM launch. From then on
+        # no flush launches an AM that no one would record (the next RM recovers the attempt and
+        # launches it); the last flush still removes forgotten apps' AM dirs through the launcher,
+        # closed after it (its launches in flight cancelled).
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        launcher, self.launcher = self.launcher, None
-        if launcher is not None:
-            await launcher.close()
+        self._stopping = True
         self.flush()
+        if self.launcher is not None:
+            await self.launcher.close()
         self.store.close()
         log.info("ResourceManager stopped")
