@@ -55,23 +55,25 @@ class BoundaryScheduler:
         only once `fn` is done."""
         self._check()
         fut: asyncio.Future[tuple[T, float]] = asyncio.get_running_loop().create_future()
+        step = _StepRun()
         if self._in_epoch is not None:
-            self._in_epoch.append(self._spawn(fn, fut, boundary=False))
+            self._in_epoch.append(self._spawn(fn, fut, boundary=False, step=step))
         else:
-            self._next_epoch.append((lambda: self._spawn(fn, fut, boundary=False), fut))
-        return await fut
+            self._next_epoch.append((lambda: self._spawn(fn, fut, boundary=False, step=step), fut))
+        return await _outcome(fut, step)
 
     async def at_boundary(self, fn: Step[T]) -> tuple[T, float]:
         """Run `fn` at the next clock boundary, while no worker trains."""
         self._check()
         fut: asyncio.Future[tuple[T, float]] = asyncio.get_running_loop().create_future()
+        step = _StepRun()
 
         async def run() -> None:
-            await self._spawn(fn, fut, boundary=True)
+            await self._spawn(fn, fut, boundary=True, step=step)
         self._boundary.append((run, fut))
         if self.on_wanted is not None:
             self.on_wanted()
-        return await fut
+        return await _outcome(fut, step)
 
     async def clock_boundary(self) -> None:
         """Wait for the next clock boundary; at once when training is not running (nothing is in
@@ -124,27 +126,67 @@ class BoundaryScheduler:
                 fut.set_exception(TrainingNotRunning("training ended before the change could be made"))
 
     # -----------------------------------------------------------------------------------------------
-    def _spawn(self, fn: Step[T], fut: "asyncio.Future[tuple[T, float]]", boundary: bool) -> "asyncio.Task[None]":
+    def _spawn(self, fn: Step[T], fut: "asyncio.Future[tuple[T, float]]", boundary: bool,
+               step: "_StepRun") -> "asyncio.Task[None]":
         """Run a step; its future gets (result, seconds training waited for it): all of a boundary
-        step, and of an overlapped step what it ran past its epoch's workers."""
+        step, and of an overlapped step what it ran past its epoch's workers. A step whose caller
+        gave up before its turn does not run (`_outcome`)."""
         async def run() -> None:
-            t0 = self.clock()
-            try:
-                result = await fn()
-            except BaseException as e:  # noqa: BLE001 - the step's caller gets its error, training goes on
-                if not fut.done():
-                    fut.set_exception(e)
-                if isinstance(e, asyncio.CancelledError):
-                    raise
+            if step.given_up:
+                step.ended.set()
                 return
-            now = self.clock()
-            if boundary:
-                lost = now - t0
-            else:
-                lost = now - self._workers_done_at if self._workers_done_at is not None else 0.0
-            if not fut.done():
-                fut.set_result((result, max(0.0, lost)))
+            step.started = True
+            try:
+                await self._run_step(fn, fut, boundary)
+            finally:
+                step.ended.set()
         return asyncio.ensure_future(run())
+
+    async def _run_step(self, fn: Step[T], fut: "asyncio.Future[tuple[T, float]]", boundary: bool) -> None:
+        t0 = self.clock()
+        try:
+            result = await fn()
+        except BaseException as e:  # noqa: BLE001 - the step's caller gets its error, training goes on
+            if not fut.done():
+                fut.set_exception(e)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            return
+        now = self.clock()
+        if boundary:
+            lost = now - t0
+        else:
+            lost = now - self._workers_done_at if self._workers_done_at is not None else 0.0
+        if not fut.done():
+            fut.set_result((result, max(0.0, lost)))
+
+
+class _StepRun:
+    """Where one offered step is: not started, running, or ended; and whether its caller gave up."""
+
+    def __init__(self) -> None:
+        self.given_up = False
+        self.started = False
+        self.ended = asyncio.Event()
+
+
+async def _outcome(fut: "asyncio.Future[T]", step: _StepRun) -> T:
+    """The step's result for its caller. A caller that gives up (its change cancelled) drops a step
+    that has not started; one that has started it waits for, so that when the cancellation reaches
+    the controller the step has stopped changing the job (what the controller then reads of the
+    job -- splits, ownership -- is what the step left). The step is not cancelled: a boundary step
+    runs inside the clock loop, which its cancellation would end."""
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        step.given_up = True
+        if step.started:
+            await step.ended.wait()
+            if fut.done() and not fut.cancelled():
+                fut.exception()         # retrieved: its caller's own cancellation is what it reports
+        else:
+            fut.cancel()                # never to run: nothing (close()) completes it any more
+        raise
 
 
 async def _nothing() -> None:
