@@ -10,7 +10,7 @@ import pytest
 
 import etcd_server as etcdmod
 from protocol.records import Resource
-from rm.ha.etcd_store import MAX_TXN_OPS, StoreFenced
+from rm.ha.etcd_store import MAX_TXN_OPS, EtcdStateStore, StoreFenced
 from rm.store import AppRecord, AttemptRecord
 from test_policy_state_etcd import TwoTerms
 
@@ -32,9 +32,8 @@ def attempts(a: AppRecord, n: int = 1) -> list[AttemptRecord]:
                           state="RUNNING", start_time=1.0) for i in range(1, n + 1)]
 
 
-async def test_apps_go_several_to_a_transaction_and_one_that_etcd_refuses_stays_out_alone(etcd):
-    terms = TwoTerms(etcd)
-    store = await terms.first()
+def count_transactions(store: EtcdStateStore) -> list[int]:
+    """The operations of each transaction `store` sends to etcd from now on, in order."""
     calls: list[int] = []
     real = store.etcd.txn
 
@@ -42,6 +41,13 @@ async def test_apps_go_several_to_a_transaction_and_one_that_etcd_refuses_stays_
         calls.append(len(ops))
         return real(compare, ops)
     store.etcd.txn = counted        # type: ignore[method-assign]
+    return calls
+
+
+async def test_apps_go_several_to_a_transaction_and_one_that_etcd_refuses_stays_out_alone(etcd):
+    terms = TwoTerms(etcd)
+    store = await terms.first()
+    calls = count_transactions(store)
 
     apps = [(a, attempts(a)) for a in (app(i) for i in range(1, 301))]
     too_big = app(301, name="x" * (2 << 20))        # over etcd's 1.5 MiB request limit
@@ -66,13 +72,7 @@ async def test_apps_go_several_to_a_transaction_and_one_that_etcd_refuses_stays_
 async def test_with_etcd_down_a_flush_waits_out_one_timeout_not_one_per_app(etcd):
     terms = TwoTerms(etcd)
     store = await terms.first()
-    calls: list[int] = []
-    real = store.etcd.txn
-
-    def counted(compare, ops):
-        calls.append(len(ops))
-        return real(compare, ops)
-    store.etcd.txn = counted        # type: ignore[method-assign]
+    calls = count_transactions(store)
     apps = [(a, attempts(a)) for a in (app(i) for i in range(1, 201))]
     etcd.stop()
     try:

@@ -6,10 +6,11 @@ job is what the step left."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any, Awaitable, Callable
 
 import pytest
 
-from appmaster.ps.boundary_scheduler import BoundaryScheduler
+from appmaster.ps.boundary_scheduler import BoundaryScheduler, Step
 
 
 async def settle(steps: int = 10) -> None:
@@ -37,8 +38,9 @@ async def test_a_boundary_step_whose_caller_gave_up_before_its_turn_never_runs()
     assert result[0] == "done" and ran == ["step"]
 
 
-async def test_a_running_boundary_step_ends_before_its_callers_cancellation_and_training_goes_on() -> None:
-    s = BoundaryScheduler(lambda: None)
+async def give_up_while_it_runs(offer: Callable[[Step], Awaitable[Any]]) -> list[str]:
+    """Offer a step through `offer`, cancel its caller while it runs, then let it end: what ended
+    first. The caller must still wait for the step it started."""
     started, release = asyncio.Event(), asyncio.Event()
     order: list[str] = []
 
@@ -46,8 +48,7 @@ async def test_a_running_boundary_step_ends_before_its_callers_cancellation_and_
         started.set()
         await release.wait()
         order.append("step ended")
-    caller = asyncio.ensure_future(s.at_boundary(step))
-    boundary = asyncio.ensure_future(s.run_boundary())      # the clock loop at its boundary
+    caller = asyncio.ensure_future(offer(step))
     await asyncio.wait_for(started.wait(), 5)
     caller.cancel()
     await settle()
@@ -56,28 +57,24 @@ async def test_a_running_boundary_step_ends_before_its_callers_cancellation_and_
     with pytest.raises(asyncio.CancelledError):
         await caller
     order.append("caller cancelled")
-    await boundary                  # the clock loop is not cancelled
-    assert order == ["step ended", "caller cancelled"] and not boundary.cancelled()
+    return order
+
+
+async def test_a_running_boundary_step_ends_before_its_callers_cancellation_and_training_goes_on() -> None:
+    s = BoundaryScheduler(lambda: None)
+    boundary: list[asyncio.Future[None]] = []
+
+    def offer(step: Step) -> Awaitable[Any]:
+        offered = asyncio.ensure_future(s.at_boundary(step))     # offered before the boundary comes
+        boundary.append(asyncio.ensure_future(s.run_boundary()))    # the clock loop at its boundary
+        return offered
+    assert await give_up_while_it_runs(offer) == ["step ended", "caller cancelled"]
+    await boundary[0]               # the clock loop is not cancelled
+    assert not boundary[0].cancelled()
 
 
 async def test_a_running_overlapped_step_ends_before_its_callers_cancellation() -> None:
     s = BoundaryScheduler(lambda: None)
     s.begin_epoch()
-    started, release = asyncio.Event(), asyncio.Event()
-    order: list[str] = []
-
-    async def step() -> None:
-        started.set()
-        await release.wait()
-        order.append("step ended")
-    caller = asyncio.ensure_future(s.overlap_epoch(step))
-    await asyncio.wait_for(started.wait(), 5)
-    caller.cancel()
-    await settle()
-    assert not caller.done()        # it waits for the step it started
-    release.set()
-    with pytest.raises(asyncio.CancelledError):
-        await caller
-    order.append("caller cancelled")
+    assert await give_up_while_it_runs(s.overlap_epoch) == ["step ended", "caller cancelled"]
     await s.end_epoch()
-    assert order == ["step ended", "caller cancelled"]
