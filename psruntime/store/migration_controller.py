@@ -76,10 +76,16 @@ class MigrationController:
         except Exception as e:  # noqa: BLE001 - logged: the caller's cancellation is what propagates
             log.warning("move of blocks %s -> %s: its answer after the cancel is unreadable: %s", blocks, dst, e)
             return
+        if self._record(reply, blocks, dst):
+            await asyncio.wait({asyncio.ensure_future(self.broadcast())}, timeout=CANCELLED_MOVE_WAIT_S)
+
+    def _record(self, reply: MoveBlocksReply, blocks: list[int], dst: str) -> list[int]:
+        """Give `dst` the blocks it acknowledged, even when others did not go (a table that kept
+        them at the source would send their requests and checkpoints there); those blocks."""
         moved = sorted(set(reply.moved) & set(blocks))
         if moved:
             self.table.assign(moved, dst)
-            await asyncio.wait({asyncio.ensure_future(self.broadcast())}, timeout=CANCELLED_MOVE_WAIT_S)
+        return moved
 
     async def move(self, blocks: Iterable[int], src: str, dst: str) -> int:
         """Move `blocks` from `src` to `dst`; returns the table version that records the move."""
@@ -115,10 +121,8 @@ class MigrationController:
                 raise
             except Exception as e:
                 raise MigrationControllerError(f"move of blocks {blocks} {src} -> {dst} failed: {e}") from e
-            # The blocks the destination acknowledged are its, even when others did not go: a
-            # table that kept them at the source would send their requests and checkpoints there.
-            moved = sorted(set(reply.moved) & set(blocks))
-            version = self.table.assign(moved, dst) if moved else self.table.version
+            moved = self._record(reply, blocks, dst)
+            version = self.table.version
         finally:
             self._moving.difference_update(blocks)
         if moved:

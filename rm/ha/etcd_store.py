@@ -118,12 +118,15 @@ class EtcdStateStore(StateStore):
             batch.clear()
             ops, size = [], 0
 
-        for app, attempts in apps:
+        def refused(app_id: str) -> Optional[Exception]:
+            """Why nothing more is tried: fenced, or no etcd member answering."""
             if self.fenced_reason:
-                failed[app.app_id] = StoreFenced(f"not writing {app.app_id}: {self.fenced_reason}")
-                continue
-            if down is not None:
-                failed[app.app_id] = down
+                return StoreFenced(f"not writing {app_id}: {self.fenced_reason}")
+            return down
+
+        for app, attempts in apps:
+            if (why := refused(app.app_id)) is not None:
+                failed[app.app_id] = why
                 continue
             try:
                 mine = self._app_ops(app, attempts)
@@ -133,8 +136,8 @@ class EtcdStateStore(StateStore):
             mine_size = sum(len(op.request_put.value) for op in mine)
             if batch and (len(ops) + len(mine) > MAX_TXN_OPS or size + mine_size > APPS_TXN_BYTES):
                 write()
-                if down is not None or self.fenced_reason:
-                    failed[app.app_id] = down or StoreFenced(f"not writing {app.app_id}: {self.fenced_reason}")
+                if (why := refused(app.app_id)) is not None:
+                    failed[app.app_id] = why
                     continue
             batch.append((app, attempts))
             ops += mine
