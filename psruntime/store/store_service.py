@@ -39,6 +39,7 @@ from psruntime.store.store_requests import BlockPart, DataRequest, Groupings, pa
 
 log = logging.getLogger(__name__)
 DATA_OPS = frozenset({"get", "put", "update"})
+CANCEL_INCOMING_TIMEOUT_S = 5.0     # a source asking a destination to stop queueing for a block
 _STAT = {Disposition.SERVE: "served", Disposition.QUEUE: "queued", Disposition.REDIRECT: "redirected"}
 
 
@@ -247,8 +248,7 @@ class StoreService:
             # Best effort: if the destination did start queueing, it stops (its queue is empty, as
             # nobody was redirected to it) and can take the block in a later move.
             try:
-                async with asyncio.timeout(5.0):
-                    await self._client.request(dst_address, to_header(CancelIncoming(blocks=[block])))
+                await self._cancel_incoming_at(dst_address, block)
             except Exception:  # noqa: BLE001
                 log.warning("could not cancel the incoming block %d at %s", block, dst)
             raise
@@ -269,10 +269,7 @@ class StoreService:
                 break
         # Not delivered: ask the destination to stop queueing and say whether a copy landed after all.
         try:
-            async with asyncio.timeout(5.0):
-                frame = await self._client.request(
-                    dst_address, to_header(CancelIncoming(blocks=[block], src=self.executor_id)))
-            reply = decode_reply(frame.header, CancelIncomingReply)
+            reply = await self._cancel_incoming_at(dst_address, block)
         except Exception as e:  # noqa: BLE001 - unknown at the destination: stay MOVED (below)
             log.warning("block %d: data not delivered to %s and its state there is unknown: %s", block, dst, e)
             reply = CancelIncomingReply()
@@ -287,6 +284,15 @@ class StoreService:
                                f"the block stays on {self.executor_id}")
         # The snapshot stays here (block MOVED, data kept) so an operator can recover it.
         raise RuntimeError(f"block {block} data not delivered to {dst}: {last}")
+
+
+    async def _cancel_incoming_at(self, dst_address: str, block: int) -> CancelIncomingReply:
+        """Ask the destination to stop queueing for `block`: what it says of it (raises when it
+        does not answer within CANCEL_INCOMING_TIMEOUT_S)."""
+        async with asyncio.timeout(CANCEL_INCOMING_TIMEOUT_S):
+            frame = await self._client.request(
+                dst_address, to_header(CancelIncoming(blocks=[block], src=self.executor_id)))
+        return decode_reply(frame.header, CancelIncomingReply)
 
 
 def block_data_message(block: int, src: str, data: BlockArrays,
