@@ -27,6 +27,7 @@ Only elastane_cli (LocalCluster's netns mode, the testbed cluster), tests and be
 from __future__ import annotations
 
 import json
+import errno
 import math
 import os
 import shlex
@@ -54,6 +55,10 @@ CGROUP_PARENT = "elastane-testbed"
 V1_CONTROLLERS = ("cpu", "cpuacct", "memory")
 HOST_LEAF = "system"          # the host's own processes (NM, sshd); containers go beside it
 SSH_PORT = 22
+# How long a busy cgroup dir is tried again when a host is removed, and how often (a process
+# SIGKILLed a moment before may still be on its way out: `remove_cgroup_tree`).
+CGROUP_BUSY_TIMEOUT_S = 10.0
+CGROUP_BUSY_POLL_S = 0.02
 
 
 class TestbedError(HostError, RuntimeError):
@@ -161,19 +166,34 @@ def enable_host_controllers(budget: CgroupBudget) -> None:
             _enable_v2_controllers(Path(d))
 
 
-def remove_cgroup_tree(top: Path) -> list[str]:
-    """rmdir `top` and every cgroup under it, deepest first; the ones that would not go."""
+def remove_cgroup_tree(top: Path, busy_timeout_s: float = CGROUP_BUSY_TIMEOUT_S) -> list[str]:
+    """rmdir `top` and every cgroup under it, deepest first; the ones that would not go.
+
+    A dir that is busy (EBUSY: a process still in it) is tried again every CGROUP_BUSY_POLL_S
+    until `busy_timeout_s` has passed since the first refusal, as YARN's NM retries a container's
+    cgroup (its delete-timeout-ms): a process just SIGKILLed leaves its network namespace -- where
+    `Testbed.kill_host` looks for processes -- before it leaves its cgroup, and on a loaded machine
+    its exit takes long enough for a first rmdir to fail."""
     if not top.is_dir():
         return []
     left: list[str] = []
     dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+    deadline: float | None = None
     for d in [*dirs, top]:
-        try:
-            d.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            left.append(f"{d}: {e.strerror}")
+        while True:
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if e.errno == errno.EBUSY:
+                    now = time.monotonic()
+                    deadline = now + busy_timeout_s if deadline is None else deadline
+                    if now < deadline:
+                        time.sleep(CGROUP_BUSY_POLL_S)
+                        continue
+                left.append(f"{d}: {e.strerror}")
+            break
     return left
 
 
