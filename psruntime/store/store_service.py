@@ -64,6 +64,7 @@ class StoreService:
         self.applied_pushes = AppliedPushes()
         self._reply_buffers = BufferPool()   # array-form get replies, reused once sent
         self._groupings = Groupings()        # the last request's keys by block, for the next equal one
+        self._moves: set[asyncio.Future[list[None | BaseException]]] = set()   # move_blocks under way
         self.apply_table(table, force=True)
 
     # -- ownership ---------------------------------------------------------------------------
@@ -218,7 +219,15 @@ class StoreService:
     # -- migration: source side --------------------------------------------------------------
     async def move_blocks(self, blocks: list[int], dst: str, dst_address: str) -> tuple[list[int], list[str]]:
         """Move `blocks` to `dst`, each concurrently; the blocks acked by the destination (they are
-        its now, whatever became of the others) and, per block that did not move, why."""
+        its now, whatever became of the others) and, per block that did not move, why.
+
+        Once begun, the moves run to their end even if this call is cancelled -- as the data plane
+        cancels a request's handler when its connection (the AM's) drops: a move cut short would
+        leave the block HANDING_OVER here (no later move can take it) or MOVED with its data
+        undelivered while the destination queues the requests redirected to it, for ever. Each
+        move settles the block's state itself (delivered, reverted, or MOVED with the data kept),
+        so a caller that is gone loses only the answer; the clients' redirects and the AM's next
+        table follow the outcome."""
         if dst == self.executor_id:
             raise RequestError("cannot move blocks to the executor that owns them")
         bad = [b for b in blocks if not self.states.can(b, MigrationEvent.BEGIN_HANDOVER)]
@@ -228,8 +237,10 @@ class StoreService:
         self.table.addresses[dst] = dst_address
         for b in blocks:
             self.states.apply(b, MigrationEvent.BEGIN_HANDOVER, peer=dst)
-        results = await asyncio.gather(*(self._move_one(b, dst, dst_address) for b in blocks),
-                                       return_exceptions=True)
+        moves = asyncio.gather(*(self._move_one(b, dst, dst_address) for b in blocks), return_exceptions=True)
+        self._moves.add(moves)      # held while it runs, whether or not its caller waits for it
+        moves.add_done_callback(self._moves.discard)
+        results = await asyncio.shield(moves)
         done, errors = [], []
         for b, r in zip(blocks, results):
             if isinstance(r, BaseException):

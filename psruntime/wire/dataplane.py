@@ -148,6 +148,11 @@ class DataPlaneServer:
         self._conns: set[_ServerConnection] = set()
 
     @property
+    def connections(self) -> int:
+        """Client connections open now (one whose loss was seen is no longer counted)."""
+        return len(self._conns)
+
+    @property
     def address(self) -> str:
         assert self._server is not None, "server not started"
         host, port = self._server.sockets[0].getsockname()[:2]

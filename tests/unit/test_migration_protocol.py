@@ -197,3 +197,44 @@ async def test_a_move_cancelled_while_the_source_carries_it_out_is_still_recorde
     assert held.table.owner_of_block(block) == "dst"
     await held.close()
     await client.close()
+
+
+async def test_a_move_whose_callers_connection_drops_mid_delivery_still_completes(pair, monkeypatch) -> None:
+    """The AM's connection to the source drops while the block's data is on its way (the data plane
+    then cancels the move's handler): the move runs to its end anyway -- the destination owns the
+    block and serves what it queued meanwhile, the source lets its copy go -- instead of the block
+    staying MOVED at the source with the destination queueing its requests for ever."""
+    src, dst, _, dp = pair
+    key = 5
+    block = src.service.table.block_of(key)
+    await dp.request(src.address, {"op": "put", "keys": [key]}, [np.array([4.0])])
+    sending, release = asyncio.Event(), asyncio.Event()
+    real = src.client.request
+
+    async def held_delivery(address, header, arrays=()):
+        if header.get("op") == "block_data":
+            sending.set()
+            await release.wait()        # the data leaves once the test lets it
+        return await real(address, header, arrays)
+    monkeypatch.setattr(src.client, "request", held_delivery)
+    am = DataPlaneClient()
+    move = asyncio.ensure_future(am.request(src.address, {"op": "move_blocks", "blocks": [block], "dst": "dst",
+                                                          "dst_address": dst.address}))
+    await asyncio.wait_for(sending.wait(), 10)
+    assert src.service.states.state(block) is BlockState.MOVED
+    assert dst.service.states.state(block) is BlockState.INCOMING
+    conn = await dp.connection(dst.address)
+    queued = conn.submit({"op": "update", "func": "add", "keys": [key]}, [np.array([1.0])])
+    await async_wait_until(lambda: dst.service.stats["queued"] == 1, what="the update queued at dst")
+    open_before = src.server.connections
+    await am.close()                    # the AM is gone: its move's handler is cancelled
+    await async_wait_until(lambda: src.server.connections == open_before - 1,
+                           what="the source saw the AM's connection go")
+    with pytest.raises(ConnectionError):       # the AM learns nothing of the outcome
+        await move
+    release.set()
+    await asyncio.wait_for(queued, 10)
+    await async_wait_until(lambda: not src.service.store.has_block(block), what="the source let its copy go")
+    assert dst.service.states.state(block) is BlockState.OWNED
+    got = await dp.request(dst.address, {"op": "get", "keys": [key]})
+    assert got.arrays[0].tolist() == [5.0]
