@@ -40,6 +40,7 @@ from psruntime.store.store_requests import BlockPart, DataRequest, Groupings, pa
 log = logging.getLogger(__name__)
 DATA_OPS = frozenset({"get", "put", "update"})
 CANCEL_INCOMING_TIMEOUT_S = 5.0     # a source asking a destination to stop queueing for a block
+CANCEL_INCOMING_BACKOFF_S = (0.2, 1.0)   # the pauses before asking again when no answer came
 _STAT = {Disposition.SERVE: "served", Disposition.QUEUE: "queued", Disposition.REDIRECT: "redirected"}
 
 
@@ -296,10 +297,21 @@ class StoreService:
         # The snapshot stays here (block MOVED, data kept) so an operator can recover it.
         raise RuntimeError(f"block {block} data not delivered to {dst}: {last}")
 
-
     async def _cancel_incoming_at(self, dst_address: str, block: int) -> CancelIncomingReply:
-        """Ask the destination to stop queueing for `block`: what it says of it (raises when it
-        does not answer within CANCEL_INCOMING_TIMEOUT_S)."""
+        """Ask the destination to stop queueing for `block`: what it says of it. Asked again after
+        each pause of CANCEL_INCOMING_BACKOFF_S when no answer comes (the last try's failure is
+        raised): the request is idempotent -- a block cancelled by an earlier one whose answer was
+        lost is reported cancelled again -- and without an answer a source whose delivery failed
+        stays MOVED, redirecting the block's requests to a destination that, having cancelled,
+        redirects them back: a ping-pong until every client gives up."""
+        for pause in CANCEL_INCOMING_BACKOFF_S:
+            try:
+                return await self._ask_cancel_incoming(dst_address, block)
+            except Exception:  # noqa: BLE001 - no answer (or a failed one): asked again
+                await asyncio.sleep(pause)
+        return await self._ask_cancel_incoming(dst_address, block)
+
+    async def _ask_cancel_incoming(self, dst_address: str, block: int) -> CancelIncomingReply:
         async with asyncio.timeout(CANCEL_INCOMING_TIMEOUT_S):
             frame = await self._client.request(
                 dst_address, to_header(CancelIncoming(blocks=[block], src=self.executor_id)))

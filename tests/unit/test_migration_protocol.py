@@ -238,3 +238,33 @@ async def test_a_move_whose_callers_connection_drops_mid_delivery_still_complete
     assert dst.service.states.state(block) is BlockState.OWNED
     got = await dp.request(dst.address, {"op": "get", "keys": [key]})
     assert got.arrays[0].tolist() == [5.0]
+
+
+async def test_a_lost_answer_to_the_sources_cancel_is_asked_again_and_the_move_undone(pair, monkeypatch) -> None:
+    """The data is refused and the destination cancels, but that answer is lost: the source asks
+    again (the destination reports the block cancelled again) and serves the block, instead of
+    staying MOVED -- redirecting to the destination, which redirects back -- until clients give up."""
+    src, dst, ctl, dp = pair
+    key = 5
+    block = src.service.table.block_of(key)
+    await dp.request(src.address, {"op": "put", "keys": [key]}, [np.array([4.0])])
+
+    def refuse(*a, **kw):
+        raise RuntimeError("cannot allocate the block's arrays")
+    monkeypatch.setattr(dst.service, "receive_block", refuse)
+    real_cancel = dst.service.cancel_incoming
+    answers = []
+
+    def cancel_then_lose_the_first_answer(*a, **kw):
+        answer = real_cancel(*a, **kw)
+        answers.append(answer)
+        if len(answers) == 1:
+            raise ConnectionResetError("the answer was lost")
+        return answer
+    monkeypatch.setattr(dst.service, "cancel_incoming", cancel_then_lose_the_first_answer)
+    with pytest.raises(MigrationControllerError, match="the move was undone"):
+        await ctl.move([block], "src", "dst")
+    assert len(answers) == 2 and answers[1] == ([block], [])
+    assert src.service.states.state(block) is BlockState.OWNED and dst.service.states.state(block) is BlockState.ABSENT
+    got = await dp.request(src.address, {"op": "get", "keys": [key]})
+    assert got.arrays[0].tolist() == [4.0]
