@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 
 from protocol.aggregated_logs import (AggregatedLogIndex, LogFileWriter, RemoteLogDir, node_file_name,
                                       parse_file_name, roll_file_name)
-from protocol.ids import ApplicationId
+from protocol.ids import is_application_id
 from protocol.internal_api import LogAggregationReport
 
 from .log_aggregation import AppLogState, LocalLogFile, LogAggregationPlanner, Upload
@@ -62,16 +62,7 @@ def app_log_dirs(log_dir: str) -> list[str]:
         names = sorted(os.listdir(log_dir))
     except OSError:
         return []
-    out = []
-    for n in names:
-        try:
-            if str(ApplicationId.parse(n)) != n:
-                continue
-        except ValueError:
-            continue
-        if os.path.isdir(os.path.join(log_dir, n)):
-            out.append(n)
-    return out
+    return [n for n in names if is_application_id(n) and os.path.isdir(os.path.join(log_dir, n))]
 
 
 class LogAggregationService:

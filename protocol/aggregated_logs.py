@@ -46,7 +46,7 @@ import msgspec
 
 from .durable_storage import DurableStorageError, local_path, validate, write_atomic
 from .errors import ProtocolError
-from .ids import ContainerId
+from .ids import ContainerId, is_application_id
 
 MAGIC = b"ELAGLOG1"
 TRAILER_MAGIC = b"ELAGEND1"
@@ -271,11 +271,13 @@ class RemoteLogDir:
 
     def app_ages(self) -> list[tuple[str, float]]:
         """Every app dir here and when its newest file was written (seconds since the epoch; the
-        dir's own time when it holds no file), in app id order."""
+        dir's own time when it holds no file), in app id order. Only dirs named for an app count:
+        anything else under the root (an operator's checkpoint or staging dir on the same share)
+        is not the logs' to age, let alone delete."""
         out: list[tuple[str, float]] = []
         if self.local is not None:
             try:
-                dirs = [e for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith(".")]
+                dirs = [e for e in os.scandir(self.root) if e.is_dir() and is_application_id(e.name)]
             except FileNotFoundError:
                 return []
             for d in dirs:
@@ -291,8 +293,13 @@ class RemoteLogDir:
         except FileNotFoundError:
             return []
         for e in entries:
-            if e.get("type") != "directory":
+            app_id = posixpath.basename(str(e["name"]).rstrip("/"))
+            if e.get("type") != "directory" or not is_application_id(app_id):
                 continue
+            # Each app's listing afresh too: invalidating the root leaves its children's cached
+            # listings (s3fs walks up from a path, never down), and a pass that saw a running app's
+            # rolls would date it by them after its final file came, deleting that file with it.
+            self.fs.invalidate_cache(e["name"])
             try:
                 # Not a store's own dir marker ("<app>/", SeaweedFS's): only the files written.
                 files = [f for f in self.fs.ls(e["name"], detail=True)
@@ -301,7 +308,7 @@ class RemoteLogDir:
                 continue
             times = [t for t in (_written(f) for f in files) if t is not None]
             if times:        # an object store has no empty dirs: one with no dated file is left be
-                out.append((posixpath.basename(str(e["name"]).rstrip("/")), max(times)))
+                out.append((app_id, max(times)))
         return sorted(out)
 
     def remove_app(self, app_id: str) -> None:

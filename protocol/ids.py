@@ -25,6 +25,14 @@ class ApplicationId:
         return cls(int(m.group(1)), int(m.group(2)))
 
 
+def is_application_id(name: str) -> bool:
+    """`name` is an application id in its one canonical spelling (a dir named for an app)."""
+    try:
+        return str(ApplicationId.parse(name)) == name
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True, order=True)
 class AttemptId:
     app: ApplicationId

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from polling import async_wait_until
+from polling import async_wait_until, wait_until
 from protocol.aggregated_logs import RemoteLogDir
 from protocol.config import ClusterConfig, ConfigError, load
 from protocol.records import Resource
@@ -75,6 +75,43 @@ def test_a_pass_on_s3_reads_the_objects_times_and_deletes_the_app(s3: Any) -> No
     assert retention_pass(store, {FRESH}, time.time() + 2 * DAY, DAY) == [OLD]
     assert store.names(OLD) == [] and store.names(FRESH) == ["10.0.0.1_8042"]
     assert [a for a, _ in store.app_ages()] == [FRESH]      # nothing of OLD is left, not even a dir
+
+
+def test_a_pass_on_s3_dates_an_app_by_the_files_there_now_not_by_an_earlier_passs_listing(s3: Any) -> None:
+    """A pass lists a running app's rolls; its final file comes later, written by another process
+    (an NM): the next pass dates the app by that file. With the listing of the first pass kept (s3fs
+    caches a dir's listing, and invalidating the root leaves its children's), the app was dated by
+    its old rolls and deleted -- final file and all -- as soon as it was over."""
+    store = RemoteLogDir(s3.url("app-logs"))
+    store.write(OLD, "10.0.0.1_8042.roll000001", [b"log"])
+    rolled = dict(store.app_ages())[OLD]           # this pass lists OLD while it runs
+    nm = s3.filesystem()
+    final = s3.url("app-logs", OLD, "10.0.0.1_8042")
+
+    def final_written_later() -> bool:             # S3 dates objects to the second: write until later
+        nm.pipe_file(final, b"final log")
+        return nm.info(final)["LastModified"].timestamp() > rolled
+    wait_until(final_written_later, 30, "the final file dated after the roll", 0.2)
+    written = nm.info(final)["LastModified"].timestamp()
+    assert dict(store.app_ages())[OLD] == pytest.approx(written, abs=1e-3)
+    assert retention_pass(store, set(), written + 0.5 * (written - rolled) + 0.01,
+                          (written - rolled) * 0.75) == []       # past the roll's age, not the final's
+    assert sorted(store.names(OLD)) == ["10.0.0.1_8042", "10.0.0.1_8042.roll000001"]
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_a_dir_not_named_for_an_app_is_neither_aged_nor_deleted(tmp_path: Path, where: str) -> None:
+    """An operator's checkpoints (or anything else) under the same root are not the logs' to delete."""
+    root = str(tmp_path / "remote") if where == "local" else f"memory://retention-other-{os.getpid()}"
+    store = RemoteLogDir(root)
+    store.write(OLD, "10.0.0.1_8042", [b"log"])
+    store.write("checkpoints", "job.json", [b"{}"])             # as a checkpoint_dir on the same share
+    store.write("application_1_1", "job.json", [b"{}"])         # not an app id's spelling either
+    assert [a for a, _ in store.app_ages()] == [OLD]
+    assert retention_pass(store, set(), time.time() + 2 * DAY, DAY) == [OLD]
+    assert store.names("checkpoints") == ["job.json"] and store.names("application_1_1") == ["job.json"]
+    store.remove_app("checkpoints")
+    store.remove_app("application_1_1")
 
 
 @pytest.mark.parametrize("lines, setting", [
