@@ -126,14 +126,23 @@ class BlockReloader:
     async def acquire(self, block: DataBlock) -> None:
         idx = block.block_index
         if idx in self.disk and idx not in self._resident:
-            fut = self._loading.pop(idx, None)
+            # The load stays listed while it is awaited: a `materialize` meanwhile (EPS sending the
+            # block's data while training waits for it) takes its result instead of loading the
+            # block a second time, and the block is then a memory block -- not resident, which
+            # `release` would drop with its spill file gone, its data lost for good.
+            fut = self._loading.get(idx)
             if fut is None:
-                fut = self._submit(idx)
+                fut = self._loading[idx] = self._submit(idx)
             t0 = self.clock()
-            data = await asyncio.wrap_future(fut)
+            try:
+                data = await asyncio.wrap_future(fut)
+            finally:
+                if self._loading.get(idx) is fut:
+                    del self._loading[idx]
             self.stall_s += self.clock() - t0
-            block.data = data
-            self._resident[idx] = block
+            if idx in self.disk:
+                block.data = data
+                self._resident[idx] = block
         pos = next((i for i, b in enumerate(self._plan) if b is block), None)
         if pos is not None:
             self._prefetch_after(pos)

@@ -4,6 +4,7 @@ the hill climber settles between load stalls and memory pressure, and the AM's r
 alpha and the bytes spilled."""
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from pathlib import Path
@@ -28,7 +29,7 @@ from psruntime.wire.dataplane import DataPlaneClient
 from psruntime.store.migration_controller import MigrationController
 from psruntime.spill.spill_store import SpillError, SpillStore, decode, encode
 from psruntime.store.store_client import StoreClient
-from psruntime.training_pipeline import TrainingPipeline, init_blocks, init_model, pull_key_values
+from psruntime.training_pipeline import TrainingPipeline, init_blocks, init_model, pull_key_values, set_epoch_position
 from protocol import container_env
 from psruntime.spill.memory_reading import ContainerMemory, MemoryCgroup, find_memory_cgroup
 from psruntime.spill.worker_spill import WorkerSpill, container_limit_bytes, parse_mode
@@ -156,6 +157,34 @@ async def test_the_next_disk_block_loads_while_a_block_is_used_and_is_dropped_af
     await reloader.acquire(blocks[3])
     assert store.read_blocks == [1, 3] and reloader.loads == 2
     assert reloader.stall_s == 2.0                    # two awaits, one fake tick each
+    reloader.close()
+
+
+async def test_a_block_made_a_memory_block_while_training_waits_for_its_load_keeps_its_data(tmp_path: Path) -> None:
+    """EPS sends a disk block's data (materialize) while the pipeline is waiting for the same block's
+    load: the load is used once, the block is a memory block from then on, and the end of its pass
+    keeps its data -- it was dropped before, its spill file already forgotten, so it was lost."""
+    app = _app("mlr")
+    store = GatedStore(tmp_path)
+    reloader = BlockReloader(store, alpha=1.0)
+    block = app.input_block(0)
+    want = dict(block.data)
+    reloader.admit(1, 0, block)
+    assert reloader.disk == {0} and block.data == {}
+    reloader.plan([block])
+    waiting = asyncio.ensure_future(reloader.acquire(block))
+    await asyncio.sleep(0)        # one loop pass: the task runs up to its wait for the load
+    assert not waiting.done()
+    await async_wait_until(lambda: store.read_blocks, what="the block's load started")
+    store.gate.set()
+    reloader.materialize(block)                       # before the pipeline resumes
+    await waiting
+    set_epoch_position(block, 0, block.num_rows)      # its pass is over
+    reloader.release(block)
+    assert store.read_blocks == [0] and reloader.disk == set()
+    assert block.data.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(block.data[k], want[k])
     reloader.close()
 
 
