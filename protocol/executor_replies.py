@@ -221,6 +221,8 @@ class EpsCommitReply(ControlReply):
     failed: dict[str, str] = {}
     bytes: NonNeg = 0
     active: list[int] = []
+    # Splits of `done` whose inactive copy (keep_inactive) the sender could not keep, and why.
+    not_kept: dict[str, str] = {}
 
 
 class EpsStageReply(ControlReply):

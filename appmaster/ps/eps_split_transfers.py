@@ -75,7 +75,7 @@ class SplitTransmitter:
             rec.bytes_sent += reply.bytes
             for t in ts:
                 if t.item in done:
-                    ledger.apply(t, keep_inactive)
+                    ledger.apply(t, keep_inactive and str(t.item) not in reply.not_kept)
                     if t.reactivate:
                         rec.splits_reactivated += 1
                     else:

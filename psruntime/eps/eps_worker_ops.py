@@ -24,6 +24,7 @@ so the splits a worker trains on never change under an epoch.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,6 +42,7 @@ from protocol.json_types import JsonObject
 if TYPE_CHECKING:
     from psruntime.app_role import AppRole
 
+log = logging.getLogger(__name__)
 INACTIVE_DIR = "eps-inactive"
 
 
@@ -135,13 +137,22 @@ class EpsWorkerOps:
                     continue
                 done.append(split)
                 sent += r
-                b = blocks[split]
-                self.role.blocks.remove(b)
-                if keep:
-                    self.role.materialize(b)
-                    self.inactive.put(b)
+            # Every split active at its destination leaves this worker's dataset first: one trained
+            # here too would be trained twice an epoch. Keeping an inactive copy comes after, split
+            # by split, and one that fails (a full disk) is reported, not raised: raising here left
+            # the later splits active on both workers and the AM's ledger without any of them.
+            for split in done:
+                self.role.blocks.remove(blocks[split])
+            not_kept: dict[str, str] = {}
+            for split in done if keep else ():
+                try:
+                    self.role.materialize(blocks[split])
+                    self.inactive.put(blocks[split])
+                except Exception as e:  # noqa: BLE001 - the copy is optional; the move happened
+                    log.warning("split %d moved, but its inactive copy could not be kept: %s", split, e)
+                    not_kept[str(split)] = str(e)
             self.sent_bytes += sent
-        return ctl.EpsCommitReply(done=done, failed=failed, bytes=sent,
+        return ctl.EpsCommitReply(done=done, failed=failed, bytes=sent, not_kept=not_kept,
                                   active=[b.block_index for b in self.role.blocks]), ()
 
     # -- receiver ----------------------------------------------------------------------------

@@ -209,3 +209,31 @@ def test_limits_without_a_maximum_are_the_splits_and_blocks() -> None:
     assert limits(w.job) == (16, 8)
     capped = eps_job(max_workers=5, max_servers=3)
     assert limits(capped.job) == (5, 3)
+
+
+async def test_a_split_whose_inactive_copy_the_sender_could_not_keep_is_not_in_its_inactive_dataset() -> None:
+    """The sender moved both splits but kept one copy only (its disk filled): the ledger says so,
+    so no later step reactivates a copy that is not there."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from appmaster.ps.eps_datasets import SplitLedger  # noqa: PLC0415
+    from appmaster.ps.eps_decisions import Transfer  # noqa: PLC0415
+    from appmaster.ps.eps_records import ElasticOpRecord  # noqa: PLC0415
+    from appmaster.ps.eps_split_transfers import SplitTransmitter  # noqa: PLC0415
+    from protocol import executor_ops as ops  # noqa: PLC0415
+
+    class Rpc:
+        async def call(self, rec: Any, req: Any, reply_type: Any) -> Any:
+            assert isinstance(req, ops.EpsCommit) and req.keep_inactive
+            return ops.EpsCommitReply(done=[1, 2], not_kept={"1": "No space left on device"}, bytes=10)
+    pool = SimpleNamespace(executors={"w0": SimpleNamespace(address="127.0.0.1:1"),
+                                      "w1": SimpleNamespace(address="127.0.0.1:2")})
+    ledger = SplitLedger()
+    ledger.add_worker("w0", [1, 2])
+    ledger.add_worker("w1")
+    rec = ElasticOpRecord(op="add_workers", requested=1, started=0.0, epoch_started=0, workers_before=1,
+                          servers_before=1)
+    await SplitTransmitter(Rpc(), pool, None).commit(  # type: ignore[arg-type]
+        rec, [Transfer(1, "w0", "w1"), Transfer(2, "w0", "w1")], ledger, keep_inactive=True)
+    assert ledger.active_of("w1") == [1, 2] and ledger.active_of("w0") == []
+    assert ledger.inactive_of("w0") == [2] and rec.splits_moved == 2

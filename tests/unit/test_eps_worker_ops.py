@@ -154,3 +154,23 @@ def test_inactive_store_round_trip_and_corruption(tmp_path: Path) -> None:
     store.discard(7)
     with pytest.raises(InactiveStoreError, match="not in the inactive dataset"):
         store.get(7)
+
+
+async def test_a_commit_whose_inactive_copy_cannot_be_kept_still_moves_every_split_once(job, monkeypatch) -> None:
+    """Two splits go whole to the new worker with keep_inactive, and keeping the first one's copy
+    fails (a full disk): both leave the sender's dataset -- none is trained by two workers -- the
+    reply lists both as done and says which copy was not kept."""
+    _, (w0, _w1, w2), dp = job
+    splits = (await datasets(dp, w0))["active"][:2]
+
+    def disk_full(block: DataBlock) -> None:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(w0.eps.inactive, "put", disk_full)
+    r = await dp.request(w0.address, {"op": "eps_commit", "keep_inactive": True, "transfers": [
+        {"split": s, "dst_address": w2.address, "source": "message"} for s in splits]})
+    assert sorted(r.header["done"]) == sorted(splits) and r.header["failed"] == {}
+    assert set(r.header["not_kept"]) == {str(s) for s in splits}
+    assert "No space left" in r.header["not_kept"][str(splits[0])]
+    held = await datasets(dp, w0)
+    assert not set(splits) & set(held["active"]) and held["inactive"] == []
+    assert set(splits) <= set((await datasets(dp, w2))["active"])
