@@ -23,17 +23,25 @@ class NodeTracker:
         self._live: OrderedDict[str, float] = OrderedDict()   # node_id -> last heartbeat, oldest first
         self._running_total: Resource = ZERO                   # capability of RUNNING nodes
         self.draining: dict[str, None] = {}                     # ids of DECOMMISSIONING nodes
+        self.unhealthy: dict[str, None] = {}                    # ids of UNHEALTHY nodes
         self.running: dict[str, None] = {}                      # ids of RUNNING (schedulable) nodes
 
     @property
     def total(self) -> Resource:
-        """The cluster's resource: RUNNING nodes' capability, and what DECOMMISSIONING nodes still
-        use (YARN sets a draining node's total to its used resources), so the queues' shares of the
-        containers that run on there stay within the total."""
+        """The cluster's resource: RUNNING nodes' capability, and what the nodes that take nothing
+        new but still run their containers use -- DECOMMISSIONING ones (YARN sets a draining node's
+        total to its used resources) and UNHEALTHY ones (docs/operating.md: their containers go
+        on) -- so the queues' shares of the containers that run on there stay within the total: a
+        total without them made a queue's running containers look like more than the cluster,
+        and the queue reclaim killed some of them with no other queue waiting."""
         total = self._running_total
-        for node_id in self.draining:
+        for node_id in self.held():
             total = total + self.nodes[node_id].used
         return total
+
+    def held(self) -> list[str]:
+        """The ids of the nodes that run containers but take no new ones (draining, unhealthy)."""
+        return [*self.draining, *self.unhealthy]
 
     def get(self, node_id: str) -> Optional[Node]:
         return self.nodes.get(node_id)
@@ -59,6 +67,7 @@ class NodeTracker:
         n = self.nodes.get(node_id)
         if n is not None and n.state == NodeState.RUNNING:
             self._running_total = self._running_total - n.capability
+        self.unhealthy.pop(node_id, None)
         draining = n is not None and n.state == NodeState.DECOMMISSIONING
         if n is None:
             n = Node(node_id, http_address, rack, capability, NodeState.RUNNING, now)
@@ -96,10 +105,12 @@ class NodeTracker:
             n.state = NodeState.RUNNING
             self._running_total = self._running_total + n.capability
             self.running[n.node_id] = None
+            self.unhealthy.pop(n.node_id, None)
         elif not healthy and n.state == NodeState.RUNNING:
             n.state = NodeState.UNHEALTHY
             self._running_total = self._running_total - n.capability
             self.running.pop(n.node_id, None)
+            self.unhealthy[n.node_id] = None
 
     def expired(self, now: float) -> list[Node]:
         """Mark nodes silent for longer than expiry_s LOST and return them."""
@@ -118,6 +129,7 @@ class NodeTracker:
             self._running_total = self._running_total - n.capability
         self.running.pop(n.node_id, None)
         self.draining.pop(n.node_id, None)
+        self.unhealthy.pop(n.node_id, None)
         n.state = NodeState.LOST
         self._live.pop(n.node_id, None)
         n.to_cleanup.clear()
@@ -130,6 +142,7 @@ class NodeTracker:
         if n.state == NodeState.RUNNING:
             self._running_total = self._running_total - n.capability
         self.running.pop(n.node_id, None)
+        self.unhealthy.pop(n.node_id, None)
         self.draining[n.node_id] = None
         n.state = NodeState.DECOMMISSIONING
         n.decommission_deadline = deadline

@@ -87,11 +87,15 @@ def executor_partition(core: ResourceManagerCore, snapshot: ClusterSnapshot) -> 
         return snapshot
     nodes = tuple(v for v in snapshot.nodes if v.node_id not in labelled)
     running = [core.nodes.nodes[v.node_id] for v in nodes if v.node_id in core.nodes.running]
+    # As NodeTracker.total: what the partition's draining and unhealthy nodes still run counts in.
+    kept = set(core.nodes.held())
+    held = [core.nodes.nodes[v.node_id] for v in nodes if v.node_id in kept]
     apps = snapshot.apps
     if core.cfg.am_node_label:
         apps = tuple(dataclasses.replace(a, am_resource=ZERO, am_node=None) for a in apps)
-    return dataclasses.replace(snapshot, nodes=nodes, apps=apps, total=sum((n.capability for n in running), ZERO),
-                               used=sum((n.used for n in running), ZERO))
+    return dataclasses.replace(snapshot, nodes=nodes, apps=apps,
+                               total=sum((n.capability for n in running), sum((n.used for n in held), ZERO)),
+                               used=sum((n.used for n in running + held), ZERO))
 
 
 def apply_decision(core: ResourceManagerCore, decision: Decision) -> int:

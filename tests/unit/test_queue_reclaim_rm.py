@@ -172,6 +172,30 @@ def test_a_plain_app_is_warned_then_killed_after_the_grace_period() -> None:
     assert core.attempts[core.apps[b].current_attempt or ""].am_container_id != ""
 
 
+def test_containers_running_on_an_unhealthy_node_are_no_reason_to_reclaim() -> None:
+    """One queue holds most of the cluster and a node turns unhealthy: its containers go on
+    (docs/operating.md), so they count in the cluster's total -- without them the queue's usage
+    was more than the total, and the reclaim warned and then killed containers with no other
+    queue there to give them to."""
+    clock = FakeClock()
+    core = cluster(clock, queues=[QueueConfig("default", 100.0, 100.0)])
+    p = submit(core, queue="default")
+    claims = launch_and_register(core, p)
+    r = core.allocate(claims, api.AllocateRequest(response_id=0, asks=[ask(1, 6)]))
+    r = core.allocate(claims, api.AllocateRequest(response_id=r.response_id))
+    held = {c.container_id for c in core.containers.values() if c.app_id == p}
+    assert len(held) == 7
+    heartbeat(core, NODES[1], healthy=False)
+    assert core.nodes.total == Resource(4096, 4) + core.nodes.nodes[NODES[1]].used
+    for _ in range(8):                   # past the grace period (5 s) many times over
+        run_policy(core, StaticPolicy())
+        r = core.allocate(claims, api.AllocateRequest(response_id=r.response_id))
+        assert r.preemption is None and not r.completed
+        clock.advance(2.0)
+    assert {c.container_id for c in core.containers.values() if c.app_id == p} == held
+    assert core.apps[p].preemption.killed == 0 and core.reclaim_book.targets == {}
+
+
 def test_a_queue_that_opted_out_is_left_alone() -> None:
     clock = FakeClock()
     core = cluster(clock, queues=[QueueConfig("a", 50.0, 100.0, disable_preemption=True), QueueConfig("b", 50.0, 100.0)])
