@@ -76,6 +76,7 @@ TRANSITIONS: TransitionTable[ReclaimState, ReclaimEvent, ReclaimState] = Transit
     (ReclaimState.SHRINKING, ReclaimEvent.GRACE_EXPIRED): ReclaimState.WARNED,
     (ReclaimState.SHRINKING, ReclaimEvent.CANCEL): ReclaimState.CANCELLED,
     (ReclaimState.WARNED, ReclaimEvent.RELEASED): ReclaimState.DONE,
+    (ReclaimState.WARNED, ReclaimEvent.SHRUNK): ReclaimState.DONE,      # the shrink, carried out late
     (ReclaimState.WARNED, ReclaimEvent.GRACE_EXPIRED): ReclaimState.KILLED,
     (ReclaimState.WARNED, ReclaimEvent.CANCEL): ReclaimState.CANCELLED,
 }, lambda s, e: ReclaimTransitionError(f"reclaim: event {e.value} not allowed in state {s.value}"))
@@ -385,6 +386,16 @@ def _advance(t: ReclaimTarget, app: Optional[AppView], inputs: ReclaimInputs, sh
         warnings[t.app_id] = PreemptionWarning(tuple(named), warned.deadline, reason)
         return warned
     # WARNED
+    if t.to_shape is not None and t.from_shape is not None:
+        w, s = held_shape(app)
+        if w <= t.to_shape[0] and s <= t.to_shape[1]:
+            # The job carried its shrink out after all, late and with other executors than the
+            # ones named (EPS removes its own choice): the room is back, nothing is killed -- the
+            # named ones it kept would take it below the target, reclaimed twice.
+            TRANSITIONS.next(t.state, ReclaimEvent.SHRUNK)
+            n = sum(t.from_shape) - sum(t.to_shape)
+            done.append(ReclaimDone(t.app_id, t.queue, "shrink", now, t.amount, n, t.reason, t.from_shape, t.to_shape))
+            return None
     still = [held[c] for c in t.containers if c in held]
     if not still:
         TRANSITIONS.next(t.state, ReclaimEvent.RELEASED)

@@ -114,6 +114,27 @@ def test_a_job_that_ignores_its_shrink_is_warned_then_killed_after_the_grace_per
     assert "a1" not in killed.book.targets
 
 
+def test_a_shrink_carried_out_after_the_warning_with_other_executors_kills_nothing() -> None:
+    """Warned for the executor over its target, the job finishes its shrink late and removes
+    another than the named one (EPS picks its own) while its queue is still over its share (the
+    round's step was a fifth of the excess): the target is met, so nothing is killed -- the named
+    executor it kept was killed before, taking the job below its target, reclaimed twice."""
+    paced = ReclaimSettings()
+    a1, a2 = ps_app("a1", "a", 1.0, 3, 1), ps_app("a2", "a", 2.0, 3, 1)
+    out = run(ReclaimBook(), inputs(a1, a2, B_JOB), now=100.0, settings=paced)
+    assert {k: (d.workers, d.servers) for k, d in out.shrinks.items()} == {"a2": (2, 1)}
+    warned = run(out.book, inputs(a1, a2, B_JOB), now=100.0 + paced.max_wait_before_kill_s, settings=paced)
+    assert warned.book.targets["a2"].containers == ("a2_c2",)
+    shrunk = ps_app("a2", "a", 2.0, 2, 1)
+    kept = tuple(c for c in containers(a2) if c.container_id != "a2_c0")        # it removed c0
+    late = run(warned.book, inputs(a1, shrunk, B_JOB, held={"a1": containers(a1), "a2": kept}),
+               now=100.0 + 2 * paced.max_wait_before_kill_s, settings=paced)
+    assert "a2" not in late.kills
+    assert [(d.app_id, d.how, d.containers) for d in late.done if d.app_id == "a2"] == [("a2", "shrink", 1)]
+    # The queue is still over: the next step is a new shrink from what the job holds now.
+    assert late.book.targets["a2"].state == ReclaimState.SHRINKING and late.book.targets["a2"].from_shape == (2, 1)
+
+
 def test_a_plain_app_is_warned_and_what_its_am_gives_back_is_not_killed() -> None:
     p = plain_app("p1", "a", 5.0, 8)
     out = run(ReclaimBook(), inputs(p, B_JOB), now=10.0)
