@@ -14,7 +14,7 @@ import stat
 import time
 from typing import Callable, Mapping
 
-from protocol.aggregated_logs import (AggregatedLogIndex, LogFileWriter, RemoteLogDir, node_file_name,
+from protocol.aggregated_logs import (AggregatedLogError, AggregatedLogIndex, LogFileWriter, RemoteLogDir, node_file_name,
                                       parse_file_name, roll_file_name)
 from protocol.ids import is_application_id
 from protocol.internal_api import LogAggregationReport
@@ -178,11 +178,19 @@ class LogAggregationService:
                  up.kind if up.kind == "final" else f"roll {up.seq}", len(up.sources))
 
     def _my_rolls(self, app_id: str) -> list[AggregatedLogIndex]:
+        """This node's rolls of the app already in the store (an NM restarted mid-app). One whose
+        contents are refused (cut short by a crash mid-upload) is no record of anything: it is
+        removed and its logs go again in the next upload, instead of failing every recovery --
+        the app's final upload never happening, its local logs kept for ever."""
         out = []
         for name in self.store.names(app_id):
             node, seq = parse_file_name(name)
             if node == self.node_file and seq > 0:
-                out.append(self.store.index(app_id, name))
+                try:
+                    out.append(self.store.index(app_id, name))
+                except AggregatedLogError as e:
+                    log.warning("removing %s's unreadable roll %s of %s: %s", self.node_id, name, app_id, e)
+                    self.store.remove(app_id, name)
         return out
 
     def _upload(self, up: Upload, user: str) -> None:

@@ -255,9 +255,20 @@ class RemoteLogDir:
             os.makedirs(self.path(app_id), exist_ok=True)
             write_atomic(self.path(app_id, name), pieces)
             return
-        with self.fs.open(self.path(app_id, name), "wb") as f:
-            for p in pieces:
-                f.write(p)
+        path = self.path(app_id, name)
+        try:
+            with self.fs.open(path, "wb") as f:
+                for p in pieces:
+                    f.write(p)
+        except BaseException:
+            # An fsspec file commits what was written when its block is left, on an error too (s3fs
+            # completes the upload): the half-written object would stand as the file, refused by
+            # every reader (an NM recovering its rolls among them). It goes.
+            try:
+                self.fs.rm_file(path)
+            except Exception:  # noqa: BLE001 - nothing was committed, or the store is gone too
+                pass
+            raise
 
     def remove(self, app_id: str, name: str) -> None:
         p = self.path(app_id, name)

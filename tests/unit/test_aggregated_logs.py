@@ -168,6 +168,43 @@ def test_memory_url_goes_through_fsspec(tmp_path: Path) -> None:
     assert store.names(APP) == []
 
 
+def test_an_fsspec_upload_that_fails_midway_leaves_no_file(tmp_path: Path) -> None:
+    """A source that breaks mid-write: fsspec commits what its file got when the block is left, so
+    the half-written object stood as the file; it is removed and the error goes on."""
+    p = _logs(tmp_path, {(C1, "stdout"): b"0123456789"})[(C1, "stdout")]
+    store = RemoteLogDir(f"memory://h3-agg-cut-{os.getpid()}")
+    w = LogFileWriter(APP, NODE, "final", 0, 1234, [ChunkSource(C1, "stdout", str(p), 0, 10)], user="alice")
+
+    def cut_short() -> Any:
+        pieces = w.pieces()
+        yield next(pieces)
+        raise FileNotFoundError("the container's log went away")
+    with pytest.raises(FileNotFoundError):
+        store.write(APP, node_file_name(NODE), cut_short())
+    assert store.names(APP) == []
+
+
+def test_a_restarted_nm_removes_its_unreadable_roll_and_still_uploads_the_final_file(tmp_path: Path) -> None:
+    """A roll cut short by a crash mid-upload: the restarted NM's recovery refused it on every tick,
+    so the app's final upload never came and its local logs were held for ever. It goes now, and
+    the final file carries every byte."""
+    _logs(tmp_path, {(C1, "stdout"): b"all of it\n"})
+    store = RemoteLogDir(str(tmp_path / "remote"))
+    good = tmp_path / "good-roll"
+    RemoteLogDir(str(good)).write(APP, "x", LogFileWriter(APP, NODE, "roll", 1, 1234, [
+        ChunkSource(C1, "stdout", str(tmp_path / "local" / APP / C1 / "stdout"), 0, 4)], user="alice").pieces())
+    cut = (good / APP / "x").read_bytes()[:-TRAILER_SIZE]          # no trailer: cut short
+    (tmp_path / "remote" / APP).mkdir(parents=True)
+    (tmp_path / "remote" / APP / roll_file_name(NODE, 1)).write_bytes(cut)
+    svc = LogAggregationService(store, str(tmp_path / "local"), NODE, LogAggregationPlanner(5.0, 0.0),
+                                lambda: {APP: "alice"}, clock=lambda: 1000.0)
+    svc.app_finished(APP)
+    asyncio.run(svc.run_once())
+    assert store.names(APP) == [node_file_name(NODE)]
+    [node] = app_node_logs(store, APP)
+    assert read_log(store, APP, node, C1, "stdout") == b"all of it\n" and not svc.holds(APP)
+
+
 # ===== the planner ================================================================================
 
 def _files(**sizes: int) -> list[LocalLogFile]:
