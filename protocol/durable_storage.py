@@ -282,6 +282,17 @@ class DurableDir:
                     (dirs if e.get("type") == "directory" else files).append(name)
         return sorted(dirs), sorted(files)
 
+    def remove_file(self, name: str) -> None:
+        """Remove the file `name` (nothing if it is not there)."""
+        _check_name(name)
+        try:
+            if self.local is not None:
+                (self.local / name).unlink()
+            else:
+                self._fs.rm_file(self._at(name))
+        except FileNotFoundError:
+            pass
+
     def remove_child(self, name: str) -> None:
         """Remove the subdirectory `name` and everything under it (nothing if it is not there)."""
         _check_name(name)

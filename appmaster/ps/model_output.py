@@ -36,7 +36,7 @@ from protocol.ps_job_spec import PSJobSpec
 from protocol.shape_history import ShapeChange
 from psruntime.apps.base import AnyPSApp
 from psruntime.store.checkpoint import load_blocks
-from psruntime.store.model_files import model_from_blocks, read_values, write_model
+from psruntime.store.model_files import model_from_blocks, read_values, uncommit, write_model
 from psruntime.store.store_client import StoreClient
 
 from .training import Training
@@ -136,6 +136,7 @@ class ModelOutput:
         """Copy the job's files `meta` says are copied into the model directory `target`'s files/
         (blocking)."""
         copied = [self.work_dir / f.name for f in meta.files if f.copied]
+        uncommit(target)        # a model written there before is incomplete until write_model ends
         if copied:
             files = target.child(FILES_DIR)
             files.makedirs()

@@ -41,13 +41,23 @@ def model_from_blocks(blocks: Mapping[int, BlockArrays], num_keys: int, key_leng
     return values
 
 
+def uncommit(d: DurableDir) -> None:
+    """Mark the model directory `d` incomplete before anything of it is written again (a job rerun
+    with the same `output`, an epoch written twice): its old metadata.json goes first. Left in
+    place, it described the new files while they were written -- for good if the write then
+    failed -- and the shapes agreeing, nothing would tell."""
+    d.remove_file(METADATA_FILE)
+
+
 def write_model(d: DurableDir, values: np.ndarray, meta: ModelMetadata) -> None:
-    """Write the model directory `d`: model.npz, then metadata.json (which completes it)."""
+    """Write the model directory `d`: model.npz, then metadata.json (which completes it); a
+    directory written before is uncommitted first."""
     if values.shape != (meta.num_keys, meta.key_length):
         raise ModelOutputError(f"values of shape {values.shape} for a model of {meta.num_keys} x {meta.key_length}")
     buf = io.BytesIO()
     np.savez(buf, **{VALUES_ARRAY: np.ascontiguousarray(values, np.float32)})  # type: ignore[arg-type]  # see psruntime/store/checkpoint.py
     d.makedirs()
+    uncommit(d)
     d.write_bytes(MODEL_FILE, buf.getvalue())
     d.write_bytes(METADATA_FILE, encode_metadata(meta))
 

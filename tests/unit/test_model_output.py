@@ -15,7 +15,7 @@ from appmaster.ps.model_output import ModelOutput, read_init_from
 from elastane_cli.main import main as cli
 from protocol import ps_job_spec
 from protocol.durable_storage import DurableDir
-from protocol.model_output import ModelOutputError, builtin_model_shape
+from protocol.model_output import METADATA_FILE, ModelOutputError, builtin_model_shape, locate, read_metadata
 from psruntime.apps.base import KeyValues
 from psruntime.apps.registry import create_app
 from psruntime.store.block_store import BlockArrays
@@ -33,6 +33,28 @@ def save(root: Path, app_name: str, spec_json: dict | None = None, kind: str = "
     values = np.random.default_rng(1).random((app.num_keys, app.key_length)).astype(np.float32)
     write_model(DurableDir(str(root)).child("final" if kind == "final" else "epoch-3"), values, meta)
     return values, app
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_a_model_written_again_is_incomplete_until_its_new_metadata_is_written(tmp_path: Path, where: str,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rerun writes the same output again and fails before its metadata.json: the directory is
+    incomplete (no model there) -- not the new values under the old run's metadata, which agree in
+    shape, so nothing would tell."""
+    root = tmp_path / "model" if where == "local" else f"memory://rewrite-{where}-{id(tmp_path)}"
+    save(root, "mlr")                                 # type: ignore[arg-type]
+    assert read_metadata(locate(str(root))).attempt_id == "appattempt_1_0001_000001"
+    real = DurableDir.write_bytes
+
+    def metadata_fails(self: DurableDir, name: str, data: bytes) -> None:
+        if name == METADATA_FILE:
+            raise OSError("the store went away")
+        real(self, name, data)
+    monkeypatch.setattr(DurableDir, "write_bytes", metadata_fails)
+    with pytest.raises(OSError, match="went away"):
+        save(root, "mlr")                             # type: ignore[arg-type]
+    with pytest.raises(FileNotFoundError, match="no model"):
+        locate(str(root))
 
 
 @pytest.mark.parametrize("app_name", APPS)
