@@ -157,6 +157,8 @@ class AmProtocol:
                 self.policy_version += 1
             app.shape = req.shape
             app.shape_history.record(self.clock(), req.shape)
+            if req.shape.started:
+                self.scheduler.cap_gang_reservation(app.app_id, 0)     # it trains with what it holds
             if req.shape.directive_version > app.directive_version:
                 # The AM acted on a directive this RM did not recover (an RM that failed before it
                 # stored it): the next one is numbered above it, or the AM would ignore it.
@@ -195,6 +197,7 @@ class AmProtocol:
         if app.directive is not None and app.directive_version > app.delivered_directive_version:
             resp.shape_directive = app.directive
             app.delivered_directive_version = app.directive_version
+            self.scheduler.cap_gang_reservation(app.app_id, app.directive.workers + app.directive.servers)
         at.last_response = resp
         return resp
 

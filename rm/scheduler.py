@@ -290,6 +290,19 @@ class CapacityScheduler:
             sa.gang_held = max(0, count)
             sa.gang_checked = None
 
+    def cap_gang_reservation(self, app_id: str, executors: int) -> None:
+        """The app's admitted gang holds room for at most `executors` more executors: the job's
+        shape is now decided elsewhere -- 0 once it trains (its AM's report says started), a
+        directive's whole shape once a policy sets it (a paused job: 0). Held for the attempt's
+        life, the room of executors the job will never ask for blocked the admission of every
+        later AM while the cluster sat idle."""
+        sa = self.apps.get(app_id)
+        if sa is not None and sa.gang_reserved > max(0, executors):
+            sa.gang_reserved = max(0, executors)
+            for o in self.apps.values():
+                if o.gang_waiting:
+                    o.gang_checked = None       # room came free: a waiting gang is looked at again
+
     def clear_demand(self, app_id: str) -> None:
         sa = self.apps.get(app_id)
         if sa is not None:

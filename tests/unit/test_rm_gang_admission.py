@@ -7,6 +7,7 @@ import pytest
 from protocol import config as config_mod
 from protocol import internal_api as api
 from protocol.config import QueueConfig
+from protocol.job_report import JobReport
 from protocol.records import ZERO, Resource
 from protocol.remote_exception import BadRequest
 from rm.model import AmSpec
@@ -80,6 +81,35 @@ def test_an_admitted_gang_is_held_against_the_next_admission_until_its_executors
     core.am_register(claims, api.AmRegisterRequest(tracking_url="http://am:1"))
     core.allocate(claims, api.AllocateRequest(response_id=0, asks=[ask(1, 3, mem=EXEC.memory, vcores=EXEC.vcores)]))
     assert core.scheduler.apps[first].gang_reserved == 0
+
+
+@pytest.mark.parametrize("how", ["started", "paused"])
+def test_a_gang_reservation_ends_once_the_job_trains_or_a_policy_shapes_it(how: str) -> None:
+    """The first job's AM asks for one executor only -- it trains with it (its report says started),
+    or a policy's directive pauses it -- so the rest of its gang is never asked for: the room held
+    for it goes back, and the next AM whose gang fits the free room starts, where it waited for as
+    long as the first attempt lived."""
+    core = make_core()
+    register(core, "n1:1", mem=16384, vcores=8)
+    first = submit_ps(core)                   # AM + 3 executors: admitted, 3 reserved
+    claims = am_claims(core, first)
+    for eff in core.take_effects():
+        core.am_launched(eff.attempt_id)
+    core.am_register(claims, api.AmRegisterRequest(tracking_url="http://am:1"))
+    r = core.allocate(claims, api.AllocateRequest(response_id=0, asks=[ask(1, 1, mem=EXEC.memory, vcores=EXEC.vcores)]))
+    assert core.scheduler.apps[first].gang_reserved == 2
+    later = submit_ps(core, workers=4, min_workers=4)     # AM + 5: exactly the 6 vcores free
+    assert not has_am(core, later)
+    if how == "started":
+        core.allocate(claims, api.AllocateRequest(response_id=r.response_id, shape=JobReport(
+            workers=1, servers=0, started=True, executor_resource=EXEC)))
+    else:
+        core.apps[first].directive = api.ShapeDirective(version=1, workers=0, servers=0, reason="paused")
+        core.apps[first].directive_version = 1
+        core.allocate(claims, api.AllocateRequest(response_id=r.response_id))
+    assert core.scheduler.apps[first].gang_reserved == 0
+    heartbeat(core, "n1:1")
+    assert has_am(core, later)
 
 
 def test_a_finished_attempt_gives_its_reservation_back() -> None:
