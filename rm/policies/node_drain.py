@@ -9,6 +9,10 @@ job's minimums allow (a shrink, as the queue reclaim shrinks jobs); what is left
 the decommission's timeout as any container. The node is DECOMMISSIONED once the AM has removed
 them (rm/nm_protocol.py `_drain`).
 
+A job the queue reclaim shrinks this round is shrunk first -- executors on the draining nodes
+given up before any other -- and only what the shrink keeps moves, under the shrink's reason
+(which the reclaim knows its directives by).
+
 Pure: the policy's snapshot, its Decision and where each job's executors are by role in, the
 Decision with the moves laid over it out. A job the policy itself placed off the draining nodes
 this round keeps the policy's word; one in the middle of a change, or already directed off them,
@@ -54,6 +58,15 @@ def drain_moves(snapshot: ClusterSnapshot, decision: Decision, roles_on: RolesOn
                 and not any(p.node in draining for p in d.placement)):
             continue            # already told: its AM is moving them
         counts = {node: list(wc) for node, wc in on.items() if node not in draining}
+        shrink = None
+        if decided is not None and decided.workers <= j.workers and decided.servers <= j.servers \
+                and (decided.workers, decided.servers) != (j.workers, j.servers):
+            # A shrink this round (the queue reclaim's): it is carried out first, taking executors
+            # off the draining nodes before any other, and only what it keeps moves -- laid over
+            # it at the job's full shape, the move asked for room owed to another queue, and the
+            # shrink, never sent, ran out its grace and had the executors killed.
+            shrink = decided
+            stuck = _shrunk(stuck, counts, (j.workers - decided.workers, j.servers - decided.servers))
         left = [0, 0]           # executors that fit nowhere, per role
         for _node, (w, s) in sorted(stuck.items()):
             for role, n in ((0, w), (1, s)):
@@ -78,12 +91,28 @@ def drain_moves(snapshot: ClusterSnapshot, decision: Decision, roles_on: RolesOn
         workers = sum(c[0] for c in counts.values())
         servers = sum(c[1] for c in counts.values())
         placement = tuple(NodePlacement(node, w, s) for node, (w, s) in sorted(counts.items()) if w or s)
-        gone = sorted(stuck)
-        jobs[j.app_id] = JobDecision(
-            workers, servers, placement,
-            reason=f"node{'s' if len(gone) > 1 else ''} {', '.join(gone)} decommissioning: its executors move off it"
-                   + (f" ({sum(left) - sum(keep)} given up: no room elsewhere)" if sum(left) > sum(keep) else ""))
+        gone = sorted({node for node, _ in on.items() if node in draining})
+        why = (f"node{'s' if len(gone) > 1 else ''} {', '.join(gone)} decommissioning: its executors move off it"
+               + (f" ({sum(left) - sum(keep)} given up: no room elsewhere)" if sum(left) > sum(keep) else ""))
+        # A shrink's reason comes first: the reclaim knows its directives by it (their restore).
+        jobs[j.app_id] = JobDecision(workers, servers, placement,
+                                     reason=why if shrink is None else f"{shrink.reason}; {why}")
     return Decision(jobs)
+
+
+def _shrunk(stuck: dict[str, tuple[int, int]], counts: dict[str, list[int]],
+            drop: tuple[int, int]) -> dict[str, tuple[int, int]]:
+    """Take `drop` (workers, servers) off the job: from the draining nodes' `stuck` executors
+    first, then from the others' `counts` (in place); the draining nodes' executors left."""
+    left = {node: list(wc) for node, wc in stuck.items()}
+    for role in (0, 1):
+        n = drop[role]
+        for where in (left, counts):
+            for node in sorted(where):
+                take = min(n, where[node][role])
+                where[node][role] -= take
+                n -= take
+    return {node: (w, s) for node, (w, s) in left.items() if w or s}
 
 
 def _roomiest(room: dict[str, Resource], executor: Resource) -> str | None:

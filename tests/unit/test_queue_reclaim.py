@@ -307,3 +307,26 @@ def test_no_restore_while_a_queue_is_owed_or_after_a_policy_set_the_shape() -> N
     mine = shrunk_to(a1, (3, 2), reason="optimus: ...")
     o = run(o.book, inputs(mine), now=2.0, settings=replace(FULL, hold_rounds=0))
     assert o.restores == {} and o.book.restore == {}
+
+
+def test_a_reclaim_shrink_of_a_job_on_a_draining_node_is_carried_out_before_the_move() -> None:
+    """The reclaim shrinks a job from 3 + 1 to 2 + 1 while its node drains: the move off the node
+    keeps the shrink (a worker given up on the draining node first, the rest moved) and its reason,
+    where the move at the job's full shape overwrote it -- the shrink never sent, its grace ran
+    out, and the executors were killed."""
+    from rm.policies.decision import Decision, JobDecision  # noqa: PLC0415
+    from rm.policies.node_drain import drain_moves  # noqa: PLC0415
+    from rm.policies.snapshot import NodeView  # noqa: PLC0415
+
+    a1 = ps_app("a1", "a", 1.0, 3, 1)
+    nodes = (NodeView("n1", "/r", "DECOMMISSIONING", Resource(4096, 4), E.scale(4)),
+             NodeView("n2", "/r", "RUNNING", Resource(8192, 8), ZERO))
+    snap = ClusterSnapshot(now=0.0, total=TOTAL, used=E.scale(4), nodes=nodes, apps=(a1,))
+    shrink = Decision({"a1": JobDecision(2, 1, reason="queue reclaim: queue a over its share")})
+    out = drain_moves(snap, shrink, {"a1": {"n1": (3, 1)}}).jobs["a1"]
+    assert (out.workers, out.servers) == (2, 1)
+    assert {p.node: (p.workers, p.servers) for p in out.placement} == {"n2": (2, 1)}
+    assert out.reason.startswith("queue reclaim") and "n1 decommissioning" in out.reason
+    # Without a shrink the job moves whole.
+    whole = drain_moves(snap, Decision({}), {"a1": {"n1": (3, 1)}}).jobs["a1"]
+    assert (whole.workers, whole.servers) == (3, 1) and whole.reason.startswith("node n1 decommissioning")
