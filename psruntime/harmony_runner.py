@@ -16,6 +16,7 @@ keeps the pipeline's ImmediateRunner and never touches the arbiter.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -76,9 +77,23 @@ class HarmonyRunner:
         self.wait_s[resource] += t1 - t0
         if resource is Resource.COMM:
             self._comm = grant
-        ok = False
+        ok = handed_on = False
         try:
-            out = await work()
+            if resource is Resource.CPU:
+                # A COMP runs on in its thread when its caller is cancelled (a thread cannot be
+                # interrupted; the data plane cancels a clock whose AM connection drops): its cores
+                # stay held until it ends -- given back at once, the arbiter handed them to another
+                # job's COMP while this one still ran on them.
+                task = asyncio.ensure_future(work())
+                try:
+                    out = await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    if not task.done():
+                        handed_on = True
+                        task.add_done_callback(functools.partial(self._comp_ended, grant))
+                    raise
+            else:
+                out = await work()
             ok = True
             return out
         finally:
@@ -88,8 +103,14 @@ class HarmonyRunner:
             if ok and kind is Subtask.PUSH and self.client.connected:
                 self._linger = grant
                 self._linger_release = asyncio.get_running_loop().call_soon(self._release_linger)
-            else:
+            elif not handed_on:
                 self.client.release(grant)
+
+    def _comp_ended(self, grant: Grant, task: "asyncio.Future[object]") -> None:
+        """A COMP whose caller was cancelled has ended: its cores go back now."""
+        if not task.cancelled():
+            task.exception()        # retrieved: what it raised went with its cancelled caller
+        self.client.release(grant)
 
     def _take_linger(self) -> Optional[Grant]:
         g, self._linger = self._linger, None

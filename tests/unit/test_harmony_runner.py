@@ -21,6 +21,7 @@ from psruntime.harmony_runner import HarmonyRunner, from_environment
 from psruntime.store.store_client import StoreClient
 from psruntime.training_pipeline import (Subtask, TrainingPipeline, init_blocks, init_model, pull_key_values,
                                          pull_through)
+from polling import async_wait_until
 from store_cluster import executor_cluster
 
 NUM_BLOCKS = 8
@@ -231,3 +232,34 @@ async def test_runner_reconnects_once_its_arbiter_is_back(tmp_path) -> None:
     finally:
         await runner.close()
         await server.stop()
+
+
+async def test_a_comp_whose_caller_is_cancelled_keeps_its_cores_until_it_ends() -> None:
+    """The clock running a COMP is cancelled (its AM's connection dropped) while the COMP goes on
+    in its thread: the CPU grant is held until the COMP ends, then given back -- released at the
+    cancel, the arbiter handed the cores to another job's COMP while this one still used them."""
+    import threading  # noqa: PLC0415
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    arbiter = FakeArbiter()
+    runner = HarmonyRunner(arbiter)  # type: ignore[arg-type]
+    started, finish = threading.Event(), threading.Event()
+    pool = ThreadPoolExecutor(max_workers=1)
+
+    def comp() -> int:
+        started.set()
+        assert finish.wait(10)
+        return 7
+
+    async def work() -> int:
+        return await asyncio.get_running_loop().run_in_executor(pool, comp)
+    run = asyncio.ensure_future(runner.run(Subtask.COMP, work))
+    await async_wait_until(started.is_set, what="the COMP running in its thread")
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert arbiter.holds(SlotKind.CPU)      # the COMP still runs on its cores
+    finish.set()
+    await async_wait_until(lambda: not arbiter.holds(SlotKind.CPU), what="the cores given back")
+    assert arbiter.events[-1] == ("release", SlotKind.CPU)
+    pool.shutdown()
