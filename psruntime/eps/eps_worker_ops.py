@@ -143,6 +143,7 @@ class EpsWorkerOps:
             # the later splits active on both workers and the AM's ledger without any of them.
             for split in done:
                 self.role.blocks.remove(blocks[split])
+            self._blocks_changed()
             not_kept: dict[str, str] = {}
             for split in done if keep else ():
                 try:
@@ -198,8 +199,14 @@ class EpsWorkerOps:
             self.staged.pop(split, None)
             if source == "inactive":
                 self.inactive.discard(split)
+            self._blocks_changed()
         self.received_bytes += sum(a.nbytes for a in arrays)
         return ctl.EpsActivateReply(split=split, rows=block.num_rows), ()
+
+    def _blocks_changed(self) -> None:
+        """With spill on, a fraction alpha of the (new) active dataset goes to disk again."""
+        if self.role.spill is not None:
+            self.role.spill.blocks_changed(self.role.blocks)
 
     def discard_staged(self, req: ctl.EpsDiscardStaged, arrays: Arrays) -> Answer:
         for s in req.splits:

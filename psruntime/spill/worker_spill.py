@@ -132,6 +132,13 @@ class WorkerSpill:
                 self.reloader.set_alpha(blocks, alpha)
         return {**self.figures(), "step_stall_s": stall}
 
+    def blocks_changed(self, blocks: Sequence[DataBlock]) -> None:
+        """The worker's input blocks changed between steps (EPS gave it splits or took some): its
+        disk blocks are chosen again at the same alpha, so splits that arrived whole are spilled
+        as its own were -- left in memory, a worker given a leaving worker's splits held them all,
+        the very case spill is for."""
+        self.reloader.set_alpha(blocks, self.reloader.alpha)
+
     @property
     def wants_model_spill(self) -> bool:
         return self.tuner is not None and self.tuner.wants_model_spill

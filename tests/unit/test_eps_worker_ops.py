@@ -174,3 +174,39 @@ async def test_a_commit_whose_inactive_copy_cannot_be_kept_still_moves_every_spl
     held = await datasets(dp, w0)
     assert not set(splits) & set(held["active"]) and held["inactive"] == []
     assert set(splits) <= set((await datasets(dp, w2))["active"])
+
+
+async def test_splits_a_spilling_worker_receives_are_spilled_as_its_own(tmp_path: Path, monkeypatch) -> None:
+    """A worker with spill_alpha 0.5 takes two whole splits from another: one of them goes to its
+    disk, as half of its own would -- it kept both in memory, the case spill exists for."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PWD", str(tmp_path))          # the spill dir is the container's working dir
+    server = Executor("server-0", NB)
+    workers = [Executor(f"worker-{i}", NB, role="worker") for i in range(2)]
+    addrs = {e.executor_id: await e.start() for e in [server, *workers]}
+    ctl = MigrationController(OwnershipTable.round_robin(NB, ["server-0"], addrs))
+    await ctl.broadcast()
+    dp = DataPlaneClient()
+    try:
+        for e in [server, *workers]:
+            await dp.request(e.address, {"op": "app_setup", **APP, "spill_alpha": 0.5})
+        w0, w1 = workers
+        await dp.request(w0.address, {"op": "worker_setup", "partition": 0, "num_partitions": 1})
+        await dp.request(w1.address, {"op": "eps_join"})
+        await dp.request(w0.address, {"op": "init_model"})
+        await dp.request(w0.address, {"op": "init_blocks"})
+        splits = (await datasets(dp, w0))["active"][:2]
+        r = await dp.request(w0.address, {"op": "eps_commit", "transfers": [
+            {"split": s, "dst_address": w1.address, "source": "message"} for s in splits]})
+        assert sorted(r.header["done"]) == sorted(splits)
+        reloader = w1.app_role.spill.reloader
+        assert [b.block_index for b in w1.app_role.blocks] == sorted(splits)
+        assert len(reloader.disk) == 1 and all(not b.data for b in w1.app_role.blocks if b.block_index in reloader.disk)
+        # What stays with the sender is spilled at the same alpha too.
+        left = w0.app_role.blocks
+        assert len(w0.app_role.spill.reloader.disk & {b.block_index for b in left}) == len(left) // 2
+    finally:
+        await dp.close()
+        await ctl.close()
+        for e in [server, *workers]:
+            await e.stop()
