@@ -451,10 +451,10 @@ def reclaim_round(book: ReclaimBook, inputs: ReclaimInputs, settings: ReclaimSet
                 why = (f"queue {share.name} holds {_fmt(share.used)}, over its ideal share {_fmt(share.ideal)} "
                        f"(guaranteed {_fmt(share.guaranteed)}), while other queues wait for their guarantee")
                 opened = _open(app, need, share.name, why, settings, inputs, now, book.stalled.get(app.app_id))
-                if isinstance(opened, float):
-                    stalled[app.app_id] = opened
-                    continue
                 if opened is None:
+                    continue
+                if not isinstance(opened, ReclaimTarget):   # stalled since then (an int clock too)
+                    stalled[app.app_id] = float(opened)
                     continue
                 targets[app.app_id] = opened
                 need = _less(need, opened.amount)

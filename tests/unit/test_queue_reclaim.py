@@ -330,3 +330,11 @@ def test_a_reclaim_shrink_of_a_job_on_a_draining_node_is_carried_out_before_the_
     # Without a shrink the job moves whole.
     whole = drain_moves(snap, Decision({}), {"a1": {"n1": (3, 1)}}).jobs["a1"]
     assert (whole.workers, whole.servers) == (3, 1) and whole.reason.startswith("node n1 decommissioning")
+
+
+def test_a_stalled_victim_on_an_integer_clock_is_passed_over_not_a_crash() -> None:
+    """The round's time as an int (a caller's clock may give one): a victim mid-change is recorded
+    stalled as on a float clock -- the int was taken for a target and the round raised."""
+    busy = replace(ps_app("a1", "a", 1.0, 6, 2), shape=JobReport(workers=6, servers=2, started=True, changing=True))
+    first = run(ReclaimBook(), inputs(busy, B_JOB), now=100)      # type: ignore[arg-type]
+    assert first.book.targets == {} and first.book.stalled == {"a1": 100.0}
