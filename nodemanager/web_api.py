@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 from aiohttp import web
 
 from protocol import codec, tokens
-from protocol.aggregated_logs import AggregatedLogError, RemoteLogDir, find_container, read_log, slice_from
+from protocol.aggregated_logs import AggregatedLogError, RemoteLogDir, find_container, read_log
 from protocol.client_auth import check_log_reader, request_user
 from protocol.config import ClusterConfig
 from protocol.http_server import json_response, make_app, read_json
@@ -238,10 +238,10 @@ class NodeWebApi:
         if data is None:
             if not (self.remote_logs is not None or c is None):
                 raise NotFound(f"log file {name} not found for container {cid}")
-            data = slice_from(await self._aggregated_file(request, cid, name), n)
+            data = await self._aggregated_file(request, cid, name, n)
         return web.Response(body=data, content_type="text/plain", charset="utf-8")
 
-    async def _aggregated_file(self, request: web.Request, cid: str, name: str) -> bytes:
+    async def _aggregated_file(self, request: web.Request, cid: str, name: str, start: int) -> bytes:
         store = self.remote_logs
         _, _, owner = await self._aggregated(cid)     # 404 naming the store when the container is not there
         self._check_reader(request, cid, owner)
@@ -251,7 +251,7 @@ class NodeWebApi:
             found = find_container(store, cid)
             if found is None or name not in found[1]:
                 return None
-            return read_log(store, str(ContainerId.parse(cid).app), found[0], cid, name)
+            return read_log(store, str(ContainerId.parse(cid).app), found[0], cid, name, start)
         try:
             data = await asyncio.to_thread(read)
         except (AggregatedLogError, OSError) as e:

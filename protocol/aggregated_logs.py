@@ -190,14 +190,27 @@ def read_index(f: IO[bytes], size: int, name: str) -> AggregatedLogIndex:
     return index
 
 
-def read_chunk(f: IO[bytes], chunk: LogChunk, name: str) -> bytes:
-    """A chunk's bytes, checked against its CRC-32."""
+READ_PIECE_BYTES = 1 << 20       # a chunk is read (and its CRC checked) this much at a time
+
+
+def read_chunk(f: IO[bytes], chunk: LogChunk, name: str, keep_from: int = 0) -> bytes:
+    """A chunk's bytes from `keep_from` on (none when past its end), the whole chunk checked
+    against its CRC-32; read in pieces, so only what is kept is held."""
     f.seek(chunk.offset)
-    data = f.read(chunk.length)
-    if len(data) != chunk.length or zlib.crc32(data) != chunk.crc32:
+    kept = bytearray()
+    crc, got = 0, 0
+    while got < chunk.length:
+        piece = f.read(min(READ_PIECE_BYTES, chunk.length - got))
+        if not piece:
+            break
+        crc = zlib.crc32(piece, crc)
+        if got + len(piece) > keep_from:
+            kept += piece[max(0, keep_from - got):]
+        got += len(piece)
+    if got != chunk.length or crc != chunk.crc32:
         raise AggregatedLogError(f"{name}: the bytes of {chunk.container_id}/{chunk.file_name} do not match "
                                  "their checksum (corrupt file)")
-    return data
+    return bytes(kept)
 
 
 # ===== the remote dir =============================================================================
@@ -429,31 +442,32 @@ def app_node_logs(store: RemoteLogDir, app_id: str) -> list[NodeLogs]:
     return out
 
 
-def read_log(store: RemoteLogDir, app_id: str, node: NodeLogs, container_id: str, file_name: str) -> bytes:
-    """A container's log file as aggregated from `node`: its chunks in order. A gap between two
-    chunks (a roll that was refused or lost) is marked in the text, not papered over."""
+def read_log(store: RemoteLogDir, app_id: str, node: NodeLogs, container_id: str, file_name: str,
+             start: int = 0) -> bytes:
+    """A container's log file as aggregated from `node`: its chunks in order, from byte `start`
+    (YARN's: the last -start bytes when negative). A gap between two chunks (a roll that was
+    refused or lost) is marked in the text, not papered over. Only the bytes asked for are kept in
+    memory -- every chunk is still read through to check its CRC-32, but in pieces -- so the tail
+    of a log of many GB costs its reader the tail's size."""
+    files = [(name, [c for c in ix.chunks if c.container_id == container_id and c.file_name == file_name])
+             for name, ix in node.files]
+    files = [(name, chunks) for name, chunks in files if chunks]
+    total = max((c.start + c.length for _, chunks in files for c in chunks), default=0)
+    lo = start if start >= 0 else max(0, total + start)
     out = bytearray()
     end = 0
-    for name, ix in node.files:
-        chunks = [c for c in ix.chunks if c.container_id == container_id and c.file_name == file_name]
-        if not chunks:
-            continue
+    for name, chunks in files:
         f, _ = store.open(app_id, name)
         with f:
             for c in chunks:
-                if c.start > end:
-                    out += f"\n[elastane: bytes {end}..{c.start} of this log are missing from the " \
+                if c.start > end and c.start > lo:
+                    out += f"\n[elastane: bytes {max(end, lo)}..{c.start} of this log are missing from the " \
                            f"aggregated files]\n".encode()
-                data = read_chunk(f, c, store.where(app_id, name))
                 # Bytes read already (from an overlapping upload) are not repeated.
-                out += data[max(0, end - c.start):]
+                keep = max(end, lo) - c.start
+                out += read_chunk(f, c, store.where(app_id, name), keep_from=max(0, keep))
                 end = max(end, c.start + c.length)
     return bytes(out)
-
-
-def slice_from(data: bytes, start: int) -> bytes:
-    """YARN's `start` on a log's bytes: from byte `start`, or the last -start bytes when negative."""
-    return data[start:] if start >= 0 else data[max(0, len(data) + start):]
 
 
 def find_container(store: RemoteLogDir, container_id: str) -> Optional[tuple[NodeLogs, dict[str, int]]]:

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Optional
 
 from aiohttp import web
 
-from protocol.aggregated_logs import (AggregatedLogError, NodeLogs, RemoteLogDir, app_node_logs, read_log,
-                                      slice_from)
+from protocol.aggregated_logs import AggregatedLogError, NodeLogs, RemoteLogDir, app_node_logs, read_log
 from protocol.client_auth import check_log_reader, request_user
 from protocol.ids import ApplicationId
 from protocol.remote_exception import Forbidden, Unauthorized
@@ -148,7 +147,7 @@ class LogsPage:
         if store is None or node is None:
             raise web.HTTPNotFound(text=f"no aggregated log {name} of {cid} in {app_id}\n")
         try:
-            data = await asyncio.to_thread(read_log, store, app_id, node, cid, name)
+            data = await asyncio.to_thread(read_log, store, app_id, node, cid, name, start)
         except (AggregatedLogError, OSError) as e:
             raise web.HTTPBadGateway(text=f"{e}\n") from None
-        return web.Response(body=slice_from(data, start), content_type="text/plain", charset="utf-8")
+        return web.Response(body=data, content_type="text/plain", charset="utf-8")

@@ -390,3 +390,25 @@ def test_a_long_lived_reader_sees_files_another_process_wrote_and_removed_on_s3(
     nm.pipe(reader.path(APP, "10.0.0.1_8042"), b"final")
     nm.rm_file(reader.path(APP, "10.0.0.1_8042.roll000001"))
     assert reader.names(APP) == ["10.0.0.1_8042"]
+
+
+def test_the_tail_of_a_big_log_is_read_without_holding_the_log(tmp_path: Path) -> None:
+    """`start=-10` of a 16 MiB log: the last ten bytes, checked against the chunk's CRC, with the
+    reader's memory a piece's, not the log's (the RM's and NMs' log pages read this way)."""
+    import tracemalloc  # noqa: PLC0415
+
+    big = bytes(range(256)) * (1 << 16)                # 16 MiB
+    p = _logs(tmp_path, {(C1, "stdout"): big})[(C1, "stdout")]
+    store = RemoteLogDir(str(tmp_path / "remote"))
+    _write(store, node_file_name(NODE), [ChunkSource(C1, "stdout", str(p), 0, len(big))])
+    [node] = app_node_logs(store, APP)
+    tracemalloc.start()
+    try:
+        tail = read_log(store, APP, node, C1, "stdout", start=-10)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert tail == big[-10:] and peak < 4 << 20
+    assert read_log(store, APP, node, C1, "stdout", start=len(big) - 3) == big[-3:]
+    assert read_log(store, APP, node, C1, "stdout", start=-(len(big) + 5)) == big    # more than there is: all
+    assert read_log(store, APP, node, C1, "stdout", start=len(big) + 5) == b""
