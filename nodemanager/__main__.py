@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Optional
 
 from protocol.ha_config import load_ha
@@ -43,6 +44,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     setup_logging("nodemanager")
     try:
+        # As the RM: a file named on the command line must be there -- a misspelt path ran the NM
+        # on defaults (detected memory, /tmp dirs), or failed later naming the wrong cause.
+        for flag, path in (("--config", args.config), ("--cluster-config", args.cluster_config)):
+            if path and not Path(path).exists():
+                raise pconfig.ConfigError(f"{flag}: {path} does not exist")
         cfg = pconfig.merge(pconfig.load_nm(args.config), rm_address=args.rm_address, host=args.host,
                             advertise_host=args.advertise_host,
                             port=args.port, memory_mb=args.memory_mb, vcores=args.vcores,

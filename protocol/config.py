@@ -270,8 +270,16 @@ class StorageConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError("s3_access_key_id and s3_secret_access_key go together: set both or neither")
 
 
-def load(path: str | Path | None, typ: type[T], section: str) -> T:
-    """Load `[section]` of a TOML file into `typ`; a missing file gives the defaults."""
+# The tables each file may hold (a misspelt one -- [[queue]], [HA], [storag] -- was read by no
+# loader and silently gave the defaults: one RM without HA, every queue gone but "default").
+RM_TABLES = frozenset({"rm", "queues", "ha"})
+NM_TABLES = frozenset({"nm"})
+CLUSTER_TABLES = frozenset({"cluster", "storage", "ha"})
+
+
+def load(path: str | Path | None, typ: type[T], section: str, tables: frozenset[str] | None = None) -> T:
+    """Load `[section]` of a TOML file into `typ`; a missing file gives the defaults. With
+    `tables`, a table the file holds that is not one of them is a ConfigError naming it."""
     data: dict[str, Any] = {}
     if path is not None and Path(path).exists():
         try:
@@ -285,6 +293,11 @@ def load(path: str | Path | None, typ: type[T], section: str) -> T:
         if stray:
             raise ConfigError(f"{path}: {', '.join(stray)} outside any [section] (each setting goes "
                               f"under its table, e.g. [{section}])")
+        unknown = sorted(k for k, v in raw.items() if isinstance(v, (dict, list)) and tables is not None
+                         and k not in tables)
+        if unknown:
+            raise ConfigError(f"{path}: unknown table(s) {', '.join(f'[{k}]' for k in unknown)}; this file's "
+                              f"tables are {', '.join(f'[{k}]' for k in sorted(tables or ()))}")
         data = raw.get(section, {})
         # Queues are an array of tables at the top level of rm.toml.
         if typ is RMConfig and "queues" in raw:
@@ -302,7 +315,7 @@ def merge(cfg: T, **overrides: Any) -> T:
 
 
 def load_rm(path: Optional[str] = None) -> RMConfig:
-    return load(path or CONF_DIR / "rm.toml", RMConfig, "rm")
+    return load(path or CONF_DIR / "rm.toml", RMConfig, "rm", RM_TABLES)
 
 
 def nm_hostname() -> str:
@@ -315,7 +328,7 @@ def load_nm(path: Optional[str] = None, hostname: Optional[str] = None) -> NMCon
     `nm_hostname()`), so one conf dir shared by every host can still give each its own address or
     capacity. Unknown keys or wrong types in either file are errors naming that file."""
     base_path = Path(path) if path else CONF_DIR / "nm.toml"
-    cfg = load(base_path, NMConfig, "nm")
+    cfg = load(base_path, NMConfig, "nm", NM_TABLES)
     host_path = base_path.with_name(f"nm-{hostname or nm_hostname()}.toml")
     if not host_path.is_file():
         return cfg
@@ -330,12 +343,12 @@ def load_nm(path: Optional[str] = None, hostname: Optional[str] = None) -> NMCon
 
 
 def load_cluster(path: Optional[str] = None) -> ClusterConfig:
-    return load(path or CONF_DIR / "cluster.toml", ClusterConfig, "cluster")
+    return load(path or CONF_DIR / "cluster.toml", ClusterConfig, "cluster", CLUSTER_TABLES)
 
 
 def load_storage(path: Optional[str] = None) -> StorageConfig:
     """cluster.toml's [storage] table (the defaults, all empty, without one)."""
-    return load(path or CONF_DIR / "cluster.toml", StorageConfig, "storage")
+    return load(path or CONF_DIR / "cluster.toml", StorageConfig, "storage", CLUSTER_TABLES)
 
 
 def ensure_secret(path: str | Path) -> str:

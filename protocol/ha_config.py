@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from .config import CONF_DIR, ConfigError, load
+from .config import CLUSTER_TABLES, CONF_DIR, RM_TABLES, ConfigError, load
 
 # The documented default lease (docs/operating.md, "ResourceManager high availability"): the active
 # renews it every third of it, so it survives two lost renewals in a row; a standby takes over at
@@ -142,7 +142,7 @@ def normalized_url(url: str) -> str:
 
 def load_ha(cluster_path: Optional[str | Path] = None) -> HAConfig:
     """cluster.toml's [ha] (HA off without one); ConfigError naming the setting when it is bad."""
-    return load(cluster_path or CONF_DIR / "cluster.toml", HAConfig, "ha")
+    return load(cluster_path or CONF_DIR / "cluster.toml", HAConfig, "ha", CLUSTER_TABLES)
 
 
 class RmHaSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -159,7 +159,7 @@ def resolve_rm_id(ha: HAConfig, flag: Optional[str], rm_toml: Optional[str | Pat
         source, rm_id = RM_ID_ENV, os.environ[RM_ID_ENV]
     if not rm_id:
         path = Path(rm_toml) if rm_toml else CONF_DIR / "rm.toml"
-        source, rm_id = f"{path}: [ha] rm_id", load(path, RmHaSettings, "ha").rm_id
+        source, rm_id = f"{path}: [ha] rm_id", load(path, RmHaSettings, "ha", RM_TABLES).rm_id
     if not rm_id:
         raise ConfigError(f"rm_id: [ha] is enabled in cluster.toml but this RM has no id; give --rm-id, "
                           f"${RM_ID_ENV} or rm.toml's [ha] rm_id (one of {ha.rm_ids})")

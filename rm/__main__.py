@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gc
 import json
 import math
 import os
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -120,6 +122,29 @@ def ready_info(url: str) -> dict[str, Any]:
     return {"pid": os.getpid(), "http_address": urlsplit(url).netloc, "node_id": "", "url": url}
 
 
+STATE_LOCK = "rm.lock"      # in state_dir: held for the RM process's life
+
+
+def lock_state_dir(state_dir: str) -> int:
+    """Take `<state_dir>/rm.lock` for this process (its fd, held open until exit); ConfigError when
+    another RM holds it. A second RM on the same state_dir (a --foreground start beside a running
+    daemon, a second `python -m rm`) recovered the first's apps -- failing their attempts and
+    writing new ones into its store -- before it found its port taken."""
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    path = Path(state_dir, STATE_LOCK)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise config_mod.ConfigError(f"state_dir {state_dir} is in use by another ResourceManager (pid {holder}): "
+                                     "one RM per state_dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     setup_logging("rm")
@@ -131,6 +156,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from .server import ResourceManagerServer   # imported late: flag errors need no aiohttp start-up
 
     server: Any
+    lock: Optional[int] = None
     try:
         ha = load_ha(args.cluster_config or str(config_mod.CONF_DIR / "cluster.toml"))
         if ha.enabled:      # one RM of an active/standby pair, elected on etcd (rm/ha/)
@@ -138,14 +164,33 @@ def main(argv: Optional[list[str]] = None) -> int:
 
             server = HaResourceManager(cfg, cluster, ha, resolve_rm_id(ha, args.rm_id, args.config))
         else:
+            lock = lock_state_dir(cfg.state_dir)
             server = ResourceManagerServer(cfg, cluster)
     except config_mod.ConfigError as e:
+        _unlock(lock)
         print(f"rm: configuration error: {e}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as e:
+        _unlock(lock)
         print(f"rm: cannot start: {e}", file=sys.stderr)
         return 2
+    except sqlite3.Error as e:      # its state store (state.db) cannot be opened or written
+        _unlock(lock)
+        print(f"rm: cannot start: state_dir {cfg.state_dir}: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _serve(args, server)
+    finally:
+        _unlock(lock)
 
+
+def _unlock(lock: Optional[int]) -> None:
+    if lock is not None:
+        os.close(lock)
+
+
+def _serve(args: argparse.Namespace, server: Any) -> int:
+    """Run the RM until SIGTERM; 2 when it cannot start."""
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
     async def start() -> None:
@@ -157,6 +202,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         run_daemon(start, server.stop)
     except config_mod.ConfigError as e:     # found at start: e.g. an etcd endpoint that does not answer
         print(f"rm: configuration error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:                    # e.g. its port taken
+        print(f"rm: cannot start: {e}", file=sys.stderr)
         return 2
     return 0
 

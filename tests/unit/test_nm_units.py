@@ -421,3 +421,14 @@ def test_the_arbiter_cpu_pool_is_the_cgroup_roots_cores_unless_set(tmp_path) -> 
     assert node_settings.arbiter_cpu_pool(NMConfig(arbiter_cpu_pool=8), str(v2)) == 8       # set: taken as is
     with pytest.raises(ConfigError, match="arbiter_cpu_pool must be >= 0"):
         node_settings.validate(NMConfig(arbiter_cpu_pool=-1), ClusterConfig(secret="s"))
+
+
+@pytest.mark.parametrize("flag", ["--config", "--cluster-config"])
+def test_the_nm_refuses_a_config_file_that_is_not_there(tmp_path, capsys, flag: str) -> None:
+    """A misspelt path is said and exit 2 -- it ran the NM on defaults (detected memory, /tmp dirs),
+    or failed later with "cluster secret is empty"."""
+    from nodemanager.__main__ import main  # noqa: PLC0415
+
+    missing = tmp_path / "no-such.toml"
+    assert main([flag, str(missing)]) == 2
+    assert f"{flag}: {missing} does not exist" in capsys.readouterr().err

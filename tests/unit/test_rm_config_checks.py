@@ -30,6 +30,8 @@ def _load(tmp_path, rm_text: str, cluster_text: str = GOOD_CLUSTER):
      "queue 'q': default_app_lifetime_s must be at most 3153600000"),
     # a setting above every [section] is read by no one: said, not dropped
     ("nm_expiry_s = 4.0\n[rm]\n", "nm_expiry_s outside any [section]"),
+    # nor is a misspelt table: every queue but "default" was gone, silently
+    ('[[queue]]\nname = "prod"\ncapacity = 100.0\n', "[queue]; this file's tables are [ha], [queues], [rm]"),
 ])
 def test_a_value_the_rm_cannot_run_with_is_a_config_error_naming_it(tmp_path, text, needle) -> None:
     with pytest.raises(config_mod.ConfigError, match=needle.replace("[", r"\[")):
@@ -46,3 +48,58 @@ def test_the_shipped_settings_and_good_overrides_load(tmp_path) -> None:
     assert (rm_cfg.nm_expiry_s, rm_cfg.max_app_attempts, cluster.secret) == (4.5, 1, "s")
     rm_cfg, _ = _load(tmp_path, (config_mod.CONF_DIR / "rm.toml").read_text())
     assert rm_cfg.queues
+
+
+def test_a_second_rm_on_the_same_state_dir_is_refused_before_it_recovers_anything(tmp_path) -> None:
+    """The lock is per state_dir and held for the process's life: a second RM there (a
+    --foreground start beside the daemon) stops naming the holder, and the dir is free again once
+    the first is gone."""
+    import os  # noqa: PLC0415
+
+    from rm.__main__ import lock_state_dir  # noqa: PLC0415
+
+    first = lock_state_dir(str(tmp_path / "state"))
+    try:
+        with pytest.raises(config_mod.ConfigError, match=rf"in use by another ResourceManager \(pid {os.getpid()}\)"):
+            lock_state_dir(str(tmp_path / "state"))
+    finally:
+        os.close(first)
+    os.close(lock_state_dir(str(tmp_path / "state")))
+
+
+def test_an_rm_whose_port_is_taken_or_state_dir_is_held_exits_2_saying_why(tmp_path, capsys) -> None:
+    import os  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+
+    from rm.__main__ import lock_state_dir, main  # noqa: PLC0415
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    (tmp_path / "rm.toml").write_text(f'[rm]\nhost = "127.0.0.1"\nport = {port}\nstate_dir = "{tmp_path / "state"}"\n')
+    (tmp_path / "cluster.toml").write_text(GOOD_CLUSTER)
+    args = ["--config", str(tmp_path / "rm.toml"), "--cluster-config", str(tmp_path / "cluster.toml")]
+    try:
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert "rm: cannot start" in err and str(port) in err
+    finally:
+        taken.close()
+    held = lock_state_dir(str(tmp_path / "state"))
+    try:
+        assert main(args) == 2
+        assert "in use by another ResourceManager" in capsys.readouterr().err
+    finally:
+        os.close(held)
+
+
+@pytest.mark.parametrize("table", ["HA", "storag", "clusters"])
+def test_a_misspelt_table_in_cluster_toml_is_refused_naming_it(tmp_path, table: str) -> None:
+    """[HA] for [ha] started one RM without HA, [storag] ran on an empty storage config."""
+    from protocol.ha_config import load_ha  # noqa: PLC0415
+
+    (tmp_path / "cluster.toml").write_text(f'[cluster]\nsecret = "s"\n[{table}]\nenabled = true\n')
+    for loader in (config_mod.load_cluster, config_mod.load_storage, load_ha):
+        with pytest.raises(config_mod.ConfigError, match=rf"unknown table\(s\) \[{table}\]"):
+            loader(str(tmp_path / "cluster.toml"))
