@@ -153,6 +153,10 @@ class JobState:
     # after that (planners/recovery.py).
     push_logs_incomplete_at: int = -1
     training_criterion: str = ""
+    # A PauseTraining was issued and no ResumeTraining since: the AM's training has stopped. A
+    # change that a loss aborted after its pause leaves it so, and the recovery that follows
+    # resumes it once it has replaced or rebuilt what was lost (planners/recovery.py).
+    training_stopped: bool = False
     next_step: int = 1
     # A paused job's resume whose executors did not come: begun again when its timer fires
     # (planners/suspension.py), unless a newer directive had its say meanwhile.

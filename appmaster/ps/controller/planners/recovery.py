@@ -99,6 +99,7 @@ def fall_back(job: JobState, change: Change, out: list[Instruction]) -> None:
     if not change.outstanding:
         change.stage = "pause"
         change.new = []           # replacements started meanwhile are retired with the rest
+        job.training_stopped = True
         issue(change, out, PauseTraining(step=job.new_step()))
 
 
@@ -175,7 +176,7 @@ class RecoveryPlanner(BasePlanner):
         if change.stage == "replace":
             Replacement.done(job, change, ev, out)
             if Replacement.complete(change):
-                change.stage = "done"
+                _resume_if_stopped(job, change, out)
             elif not change.outstanding:       # fewer workers started than asked for
                 change.reason = f"no replacement for {', '.join(Replacement.waiting(change))}"
                 fall_back(job, change, out)
@@ -189,7 +190,7 @@ class RecoveryPlanner(BasePlanner):
                 issue(change, out, RebuildServers(step=job.new_step(), lost=list(change.lost), new=list(change.new),
                                                   directory=change.checkpoint))
             elif isinstance(instr, RebuildServers):
-                change.stage = "done"
+                _resume_if_stopped(job, change, out)
             return
         if change.stage == "fallback":
             fall_back(job, change, out)
@@ -203,6 +204,7 @@ class RecoveryPlanner(BasePlanner):
         if change.stage == "restore":
             job.epoch = job.checkpoints[-1][0]
             change.stage = "resume"
+            job.training_stopped = False
             issue(change, out, ResumeTraining(step=job.new_step()))
             return
         if change.stage == "resume":
@@ -232,6 +234,19 @@ class RecoveryPlanner(BasePlanner):
             fall_back(job, change, out)
             return
         end_job_failed(job, change, f"recovery from {'; '.join(change.descriptions)} failed: {ev.error}", out)
+
+
+def _resume_if_stopped(job: JobState, change: Change, out: list[Instruction]) -> None:
+    """A replacement or rebuild in place is done: training goes on by itself, unless a change the
+    loss aborted had stopped it (its pause done) -- then it is resumed here, or it never would be
+    (the job sat in TRAINING with nothing training). One that has met its end criterion is not:
+    FINISH follows."""
+    if job.training_stopped and not job.training_criterion:
+        change.stage = "resume"
+        job.training_stopped = False
+        issue(change, out, ResumeTraining(step=job.new_step()))
+    else:
+        change.stage = "done"
 
 
 def rebuildable(job: JobState, lost: list[str]) -> bool:

@@ -17,7 +17,9 @@ pause the first three, the resume the last three (from the pause's checkpoint).
 
 Rollback, by the stage that failed (the change then ends with the first error):
     pause, checkpoint   nothing is lost: training resumes -- unless it has ended meanwhile, or a
-                        loss aborted the change (the recovery that follows stops training itself)
+                        loss aborted the change: the recovery that follows resumes it (its
+                        checkpoint path as always; a replacement or a rebuild in place once done,
+                        as `job.training_stopped` says)
     retire              the executors' state is unknown: the job fails
     start, for a planner that keeps a short start (`keeps_short_start`: the restart)
                         the cluster gave fewer executors than asked within the launch timeout:
@@ -109,6 +111,7 @@ class Relaunch(BasePlanner):
     def _stage(self, job: JobState, change: Change, stage: str, at: float, out: list[Instruction]) -> None:
         change.stage = stage
         if stage == "pause":
+            job.training_stopped = True
             issue(change, out, PauseTraining(step=job.new_step()))
         elif stage == "checkpoint":
             change.epoch = job.epoch
@@ -138,6 +141,7 @@ class Relaunch(BasePlanner):
             issue(change, out, RestoreCheckpoint(step=job.new_step(), directory=change.checkpoint,
                                                  servers=job.ids(Role.SERVER), workers=job.ids(Role.WORKER)))
         elif stage in ("resume", "undo_resume"):
+            job.training_stopped = False
             issue(change, out, ResumeTraining(step=job.new_step()))
         else:
             raise AssertionError(f"no stage {stage!r}")

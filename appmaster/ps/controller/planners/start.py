@@ -94,6 +94,7 @@ class StartPlanner(BasePlanner):
 
     def _train(self, job: JobState, change: Change, out: list[Instruction]) -> None:
         change.stage = "train"
+        job.training_stopped = False
         issue(change, out, ResumeTraining(step=job.new_step()))
 
     def failed(self, job: JobState, change: Change, ev: StepFailed, out: list[Instruction]) -> None:
