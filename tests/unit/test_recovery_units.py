@@ -120,3 +120,25 @@ def test_a_recovery_waits_for_the_running_change_to_end() -> None:
     t = w.triggers()
     assert t[-4:] == ["RESHAPE", "CHANGE_DONE", "RECOVER", "CHANGE_DONE"], t
     assert w.job.phase is Phase.TRAINING and w.job.shape == (2, 1) and not w.job.pending_losses
+
+
+def test_an_executor_that_never_served_ending_is_no_loss() -> None:
+    """An added server's start times out: the AM stops the one container it got (that executor
+    never announced itself) and its step fails. That container's end is the start's failure, not
+    an executor lost -- counted as one, it failed the job at max_executor_failures 0, or sent it
+    back to its checkpoint with the phantom server in the shape it restored."""
+    from appmaster.ps.controller.records import ExecutorInfo, Role  # noqa: PLC0415
+
+    for budget in (0, 3):
+        w = started(max_executor_failures=budget, max_servers=4)
+        w.hold = {ins.StartExecutors}
+        w.send(ev.ScaleRequested(at=w.at(), request=1, workers=0, servers=2))
+        (start,) = w.held.values()
+        w.send(ev.ContainersAllocated(at=w.at(), containers=[
+            ExecutorInfo(executor_id="server-9", role=Role.SERVER, container_id="c-server-9", node="n1")]))
+        w.hold = set()
+        w.fail(start, "LaunchFailed: the new servers did not start")
+        n = len(w.log)
+        w.send(ev.ContainersCompleted(at=w.at(), containers=[("c-server-9", "stopped by the AM")]))
+        assert not finished(w) and w.steps_since(n) == [], budget
+        assert w.job.phase is Phase.TRAINING and w.job.failures == 0 and w.job.shape == (2, 1)

@@ -337,7 +337,7 @@ def _completed(job: JobState, e: ev.ContainersCompleted, out: Out) -> None:
         if eid is None:
             continue
         x = job.executors.pop(eid)
-        if x.state is ExecutorState.RETIRING or not job.phase.executors_expected_alive:
+        if x.state in _NO_LOSS or not job.phase.executors_expected_alive:
             continue
         x.state = ExecutorState.LOST
         _loss(job, x, description, e.at, out)
@@ -348,10 +348,17 @@ def _lost(job: JobState, e: ev.ExecutorLost, out: Out) -> None:
     if x is None:
         return
     job.containers.pop(x.info.container_id, None)
-    if x.state is ExecutorState.RETIRING or not job.phase.executors_expected_alive:
+    if x.state in _NO_LOSS or not job.phase.executors_expected_alive:
         return
     x.state = ExecutorState.LOST
     _loss(job, x, e.description, e.at, out)
+
+
+# An executor whose end is no loss: one retiring, and one still starting -- it never served, and
+# the StartExecutors step it belongs to fails by itself (or failed: the AM stops what it started
+# when a start times out); counted as a loss, it failed the job at max_executor_failures 0, or
+# sent it back to its checkpoint with a phantom executor in the shape it was restored to.
+_NO_LOSS = (ExecutorState.RETIRING, ExecutorState.STARTING)
 
 
 def _loss(job: JobState, x: Executor, description: str, at: float, out: Out) -> None:
