@@ -337,3 +337,19 @@ def test_every_transition_into_and_out_of_the_stopping_phases_is_exercised() -> 
     seen |= set(w.job.history)
     expected = {(a, t.value, b) for (a, t), b in LIFECYCLE.items() if {a, b} & set(STOPPING)}
     assert expected - seen == set()
+
+
+def test_a_job_that_converges_while_pausing_finishes_instead_of_pausing() -> None:
+    """Training meets its end criterion while the pause waits for the clock boundary: the AM's
+    pause then answers done, after the TrainingEnded. The job finishes -- it went on to checkpoint,
+    retire its executors and sit PAUSED, converged, waiting for a resume only to end."""
+    w = started()
+    w.hold = {ins.PauseTraining}
+    w.send(directive(w, 1, RunState.PAUSE))
+    (pause,) = w.held.values()
+    w.send(ev.TrainingEnded(at=w.at(), criterion="converged"))
+    w.hold = set()
+    n = len(w.log)
+    w.answer(pause)
+    assert "RetireExecutors" not in w.steps_since(n) and "WriteCheckpoint" not in w.steps_since(n)
+    assert w.job.phase is Phase.SUCCEEDED and w.triggers()[-2:] == ["TRAINED", "FINISHED"]

@@ -175,6 +175,14 @@ class Relaunch(BasePlanner):
             job.last_objective = ev.objective
         if change.outstanding:
             return
+        if stage == "pause" and job.training_criterion and not change.rolling_back:
+            # Training met its end while pausing (the AM's pause waits for the clock that ended it,
+            # so it answers done): nothing is left to relaunch -- the change ends as one the
+            # training outran, and FINISH follows, where the job went on to retire its executors
+            # (PAUSED, converged, waiting for a resume only to end).
+            fail_change(change, f"training ended ({job.training_criterion}) before the {self.kind.value}")
+            change.stage = "done"
+            return
         if change.short:
             self._settle_short_start(job, change, ev.at, out)
         elif change.error and not change.rolling_back:
