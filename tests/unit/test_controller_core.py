@@ -333,3 +333,24 @@ def test_a_placement_whose_worker_addition_fails_gives_back_its_new_server() -> 
     assert w.job.shape == (2, 1) and w.job.phase is Phase.TRAINING
     assert sorted(w.job.holdings.blocks["server-1"]) == list(range(w.job.spec.num_blocks))
     assert w.job.diagnostics.startswith("add_workers(2) failed: no containers on n3")
+
+
+def test_a_due_checkpoint_a_change_held_up_is_taken_at_the_next_epoch_end() -> None:
+    """checkpoint_every_epochs 2, and an EPS add moving blocks across epoch 2's end: the checkpoint
+    due there is taken at the next epoch end -- it was skipped until epoch 4, so a job reshaping
+    often could go without checkpoints and its recoveries redid more epochs."""
+    from tests.support.controller_world import started  # noqa: PLC0415
+
+    w = started(checkpoint_every_epochs=2, max_servers=4)
+    w.hold = {ins.MoveModelBlocks}
+    w.send(ev.ScaleRequested(at=w.at(), request=1, workers=0, servers=1))
+    (move,) = w.held.values()
+    for epoch in (0, 1):                 # epoch 2 is due while the blocks move
+        w.send(ev.EpochDone(at=w.at(), epoch=epoch, objective=1.0, epoch_time_s=1.0))
+    assert [e for e, _ in w.job.checkpoints] == [0] and w.job.checkpoint_owed
+    w.hold = set()
+    w.answer(move)
+    w.send(ev.EpochDone(at=w.at(), epoch=2, objective=1.0, epoch_time_s=1.0))
+    assert [e for e, _ in w.job.checkpoints] == [0, 3] and not w.job.checkpoint_owed
+    w.send(ev.EpochDone(at=w.at(), epoch=3, objective=1.0, epoch_time_s=1.0))
+    assert [e for e, _ in w.job.checkpoints] == [0, 3, 4]          # and the count goes on as before

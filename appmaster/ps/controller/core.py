@@ -297,11 +297,16 @@ def _epoch_done(job: JobState, e: ev.EpochDone, out: Out) -> None:
     job.epoch = e.epoch + 1
     job.objectives.append(e.objective)
     every = job.spec.checkpoint_every_epochs
-    due = every > 0 and job.epoch % every == 0
+    due = (every > 0 and job.epoch % every == 0) or job.checkpoint_owed
     if job.change is None and job.phase is Phase.TRAINING and (due or job.checkpoint_requests):
         requests, job.checkpoint_requests = job.checkpoint_requests, []
+        job.checkpoint_owed = False
         begin(job, Change(ChangeKind.CHECKPOINT, Origin.CHECKPOINT if requests else Origin.JOB, e.at,
                           requests=requests, epoch=job.epoch, reason="due" if due else "requested"), out)
+    elif due:
+        # The slot is busy (a change spans the epoch end) or training is not running: skipped, a
+        # job that reshapes often went without checkpoints, and recoveries redid more epochs.
+        job.checkpoint_owed = True
 
 
 def _objective(job: JobState, e: ev.ObjectiveMeasured, out: Out) -> None:

@@ -131,6 +131,9 @@ class JobState:
     # the same directive again (rm/directive_retry.py); "" when the job made the change or had the shape.
     refused_directive: str = ""
     checkpoint_requests: list[int] = field(default_factory=list)
+    # A due checkpoint (checkpoint_every_epochs) whose epoch end found the change slot busy: taken
+    # at the next epoch end that finds it free, not skipped to the next due one.
+    checkpoint_owed: bool = False
     pending_losses: list[tuple[str, str]] = field(default_factory=list)   # (executor, description)
     lost: dict[str, Executor] = field(default_factory=dict)      # every executor lost, by id
     failures: int = 0                      # executor losses so far (max_executor_failures)

@@ -168,6 +168,7 @@ class Relaunch(BasePlanner):
         stage = change.stage
         if stage == "checkpoint":
             job.checkpoints.append((change.epoch, ev.directory))
+            job.checkpoint_owed = False         # this cut is at least as new as the one owed
             change.checkpoint = ev.directory
         elif stage in ("start", "undo_start"):
             change.new += [x.executor_id for x in ev.executors]
