@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import tomllib
 from pathlib import Path
@@ -359,11 +360,23 @@ def ensure_secret(path: str | Path) -> str:
         return cfg.secret
     secret = tokens.generate_secret()
     text = path.read_text() if path.exists() else "[cluster]\n"
-    if 'secret = ""' in text:
-        text = text.replace('secret = ""', f'secret = "{secret}"', 1)
+    line = f'secret = "{secret}"'
+    # Line-anchored: an empty `secret` under any quoting or spacing is replaced; else the line goes
+    # right under the [cluster] header (any spacing, a comment after it); else a [cluster] table
+    # is added. The file is read back below: a secret generated and not saved (each RM start its
+    # own, NMs refused) is an error, not a success.
+    empty = re.compile(r"^[ \t]*secret[ \t]*=[ \t]*(\"\"|'')[ \t]*(#.*)?$", re.M)
+    header = re.compile(r"^[ \t]*\[[ \t]*cluster[ \t]*\][ \t]*(#.*)?$", re.M)
+    if empty.search(text):
+        text = empty.sub(line, text, count=1)
+    elif (m := header.search(text)) is not None:
+        text = f"{text[:m.end()]}\n{line}{text[m.end():]}"
     else:
-        text = text.replace("[cluster]\n", f'[cluster]\nsecret = "{secret}"\n', 1)
+        text = f"[cluster]\n{line}\n\n{text}"
     path.parent.mkdir(parents=True, exist_ok=True)
     # durable: the cluster's secret must survive a crash; 0600 from the first byte
     durable_storage.write_atomic(path, text.encode(), mode=0o600)
+    if load(path, ClusterConfig, "cluster").secret != secret:
+        raise ConfigError(f"{path}: the generated cluster secret could not be written into [cluster]; "
+                          "set `secret` there by hand")
     return secret

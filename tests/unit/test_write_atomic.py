@@ -56,3 +56,19 @@ def test_cluster_secret_file_is_written_0600(tmp_path: Path) -> None:
     conf = tmp_path / "cluster.toml"
     secret = config.ensure_secret(conf)
     assert secret in conf.read_text() and stat.S_IMODE(conf.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("text", [
+    '[cluster] # shared by every host\nrm_address = "http://rm1:8088"\n',   # a comment after the header
+    '[ cluster ]\nsecret=""\n',                                              # spaced header, no spaces
+    "[cluster]\nsecret = ''\n",                                              # the other quotes
+    '[storage]\ns3_endpoint_url = "http://s3:8333"\n',                       # no [cluster] table at all
+])
+def test_the_generated_secret_is_the_one_the_file_then_holds(tmp_path: Path, text: str) -> None:
+    """`elastane secret` said "generated" and saved nothing (or a duplicate key) for these: each RM
+    start then made its own, and NMs were refused. Whatever the file's layout, it now holds it."""
+    conf = tmp_path / "cluster.toml"
+    conf.write_text(text)
+    secret = config.ensure_secret(conf)
+    assert config.load_cluster(str(conf)).secret == secret and len(secret) >= 32
+    assert config.ensure_secret(conf) == secret          # kept, not generated again
