@@ -50,7 +50,7 @@ from .eps_datasets import SplitLedger
 from .eps_decisions import Transfer, group_by_route
 from .eps_records import ElasticOpFailed, ElasticOpRecord
 from .eps_split_transfers import SplitTransmitter
-from .runtime.executor_pool import ExecutorRecord, Role, by_index
+from .runtime.executor_pool import ExecutorRecord, ExecutorState, Role, by_index
 from .parameter_assignment import checkpoint_block_sizes
 from .training import Training
 
@@ -67,7 +67,12 @@ def keeps_worker_state(app: AnyPSApp) -> bool:
 
 
 class LaunchFailed(ElasticOpFailed):
-    """New executors did not start (no containers in time, or they exited before announcing)."""
+    """New executors did not start (no containers in time, or they exited before announcing);
+    `started`: those that did, kept (a start that keeps a short start), else none."""
+
+    def __init__(self, message: str, started: Sequence["ExecutorRecord"] = ()) -> None:
+        super().__init__(message)
+        self.started = list(started)
 
 
 class Reconfiguration:
@@ -127,18 +132,21 @@ class Reconfiguration:
             self.executor(w).blocks = ledger.active_of(w)
 
     # -- executors in and out ----------------------------------------------------------------------
-    async def start_executors(self, role: Role, n: int, nodes: Sequence[str] = ()) -> list[ExecutorRecord]:
+    async def start_executors(self, role: Role, n: int, nodes: Sequence[str] = (),
+                              keep_short: bool = False) -> list[ExecutorRecord]:
         """Ask for n containers (on `nodes`, strictly, when given) and wait until the executors in
         them announce themselves; nothing bound yet (a restart places them afresh). On failure the
-        ask is withdrawn and what started is retired."""
-        return await self._start(role, [(n, list(nodes))])
+        ask is withdrawn and what started is retired -- or, with `keep_short`, kept and named in
+        the LaunchFailed (a restart goes on with what came when that is the job's minimum)."""
+        return await self._start(role, [(n, list(nodes))], keep_short)
 
-    async def start_placed(self, role: Role, per_node: dict[str, int]) -> list[ExecutorRecord]:
+    async def start_placed(self, role: Role, per_node: dict[str, int], keep_short: bool = False) -> list[ExecutorRecord]:
         """`start_executors` with a count per node (a policy's placement): one strict ask per node,
-        all or nothing like the rest."""
-        return await self._start(role, [(n, [node]) for node, n in per_node.items()])
+        all or nothing like the rest (unless `keep_short`)."""
+        return await self._start(role, [(n, [node]) for node, n in per_node.items()], keep_short)
 
-    async def _start(self, role: Role, wanted: list[tuple[int, list[str]]]) -> list[ExecutorRecord]:
+    async def _start(self, role: Role, wanted: list[tuple[int, list[str]]],
+                     keep_short: bool = False) -> list[ExecutorRecord]:
         pool = self.training.pool
         before = set(pool.executors)
         wanted = [(n, nodes) for n, nodes in wanted if n > 0]
@@ -157,9 +165,16 @@ class Reconfiguration:
                     self.am.set_ask_count(ask_id, 0)
                 except Exception:  # noqa: BLE001 - the ask may already be fully granted
                     pass
-            await self.retire([x for i, x in pool.executors.items()
-                               if i not in before and x.container.ask_id in mine], released=False)
-            if isinstance(e, (asyncio.TimeoutError, RuntimeError)):
+            new = [x for i, x in pool.executors.items() if i not in before and x.container.ask_id in mine]
+            short = isinstance(e, (asyncio.TimeoutError, RuntimeError))
+            if keep_short and short:
+                # Those that announced themselves are kept (the rest, still launching, go): the
+                # controller decides whether the job goes on with them (planners/relaunch.py).
+                ready = [x for x in new if x.state is ExecutorState.READY]
+                await self.retire([x for x in new if x not in ready], released=False)
+                raise LaunchFailed(f"the new {role.value}s did not all start: {e}", ready) from None
+            await self.retire(new, released=False)
+            if short:
                 raise LaunchFailed(f"the new {role.value}s did not start: {e}") from None
             raise
 

@@ -73,6 +73,9 @@ class StartExecutors(_Step, tag="start_executors"):
     count: int
     nodes: list[str] = []
     per_node: dict[str, int] = {}
+    # What started of a start that came short is kept and named in its StepFailed (a restart's:
+    # planners/relaunch.py `keeps_short_start`); otherwise it is all or nothing.
+    keep_short: bool = False
 
 
 class JoinExecutors(_Step, tag="join_executors"):

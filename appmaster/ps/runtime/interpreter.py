@@ -42,7 +42,7 @@ from ..eps_decisions import Transfer
 from ..eps_records import ElasticOpFailed, ElasticOpRecord
 from .executor_pool import ExecutorRecord, Role
 from .executor_rpc import ExecutorCallError
-from ..reconfiguration import Reconfiguration, keeps_worker_state
+from ..reconfiguration import LaunchFailed, Reconfiguration, keeps_worker_state
 
 log = logging.getLogger(__name__)
 
@@ -344,8 +344,10 @@ class JobInterpreter:
                         exc_info=log.isEnabledFor(logging.DEBUG))
             if record is not None and not record.error:
                 record.error = f"{type(e).__name__}: {e}"
+            # A start that came short names what it kept (the restart goes on with it, if enough).
+            kept = [info_of(x) for x in e.started] if isinstance(e, LaunchFailed) else []
             self.feed(ev.StepFailed(at=self.now(), step=step.step, error=f"{type(e).__name__}: {e}",
-                                    cancelled=cancelled, holdings=self.holdings()))
+                                    cancelled=cancelled, executors=kept, holdings=self.holdings()))
             return
         self.tasks.pop(step.step, None)
         self.feed(done)
@@ -377,8 +379,8 @@ class JobInterpreter:
             if size is not None:
                 steps.resource = type(steps.resource)(size[0], size[1])
             asked = time.monotonic()
-            new = await (steps.start_placed(role, dict(s.per_node)) if s.per_node
-                         else steps.start_executors(role, s.count, s.nodes))
+            new = await (steps.start_placed(role, dict(s.per_node), s.keep_short) if s.per_node
+                         else steps.start_executors(role, s.count, s.nodes, s.keep_short))
             if rec is not None and new:
                 granted = max(e.allocated_at for e in new)
                 rec.add_phase("allocate", granted - asked)

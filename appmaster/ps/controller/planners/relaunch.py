@@ -136,7 +136,8 @@ class Relaunch(BasePlanner):
                 per_node = target.per_node(role)
                 count = sum(per_node.values()) or (target.servers if role is Role.SERVER else target.workers)
                 issue(change, out, StartExecutors(step=job.new_step(), role=role, count=count,
-                                                  nodes=[] if per_node else list(target.nodes), per_node=per_node))
+                                                  nodes=[] if per_node else list(target.nodes), per_node=per_node,
+                                                  keep_short=self.keeps_short_start))
         elif stage in ("restore", "undo_restore"):
             issue(change, out, RestoreCheckpoint(step=job.new_step(), directory=change.checkpoint,
                                                  servers=job.ids(Role.SERVER), workers=job.ids(Role.WORKER)))
