@@ -166,19 +166,20 @@ def enable_host_controllers(budget: CgroupBudget) -> None:
             _enable_v2_controllers(Path(d))
 
 
-def remove_cgroup_tree(top: Path, busy_timeout_s: float = CGROUP_BUSY_TIMEOUT_S) -> list[str]:
+def remove_cgroup_tree(top: Path, busy_timeout_s: float = CGROUP_BUSY_TIMEOUT_S,
+                       deadline: float | None = None) -> list[str]:
     """rmdir `top` and every cgroup under it, deepest first; the ones that would not go.
 
     A dir that is busy (EBUSY: a process still in it) is tried again every CGROUP_BUSY_POLL_S
     until `busy_timeout_s` has passed since the first refusal, as YARN's NM retries a container's
     cgroup (its delete-timeout-ms): a process just SIGKILLed leaves its network namespace -- where
     `Testbed.kill_host` looks for processes -- before it leaves its cgroup, and on a loaded machine
-    its exit takes long enough for a first rmdir to fail."""
+    its exit takes long enough for a first rmdir to fail. `deadline` (time.monotonic()) bounds the
+    retries instead, one for several trees (a testbed's whole removal)."""
     if not top.is_dir():
         return []
     left: list[str] = []
     dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
-    deadline: float | None = None
     for d in [*dirs, top]:
         while True:
             try:
@@ -567,6 +568,7 @@ class Testbed:
         """SIGKILL whatever still runs on the hosts, remove their cgroups and the network.
         Returns the errors (never raises); `leftover_pids` are the processes it had to kill."""
         errors: list[str] = []
+        busy_until = time.monotonic() + CGROUP_BUSY_TIMEOUT_S     # one bound for every host's dirs
         for h in self.hosts:
             keep = {h.anchor_pid, h.sshd_pid}
             pids = node_network.namespace_pids(h.namespace)
@@ -578,7 +580,7 @@ class Testbed:
         for h in self.hosts:
             if h.budget:
                 for d in h.budget.dirs.values():
-                    errors += remove_cgroup_tree(Path(d))
+                    errors += remove_cgroup_tree(Path(d), deadline=busy_until)
         tag = node_network.cluster_tag(self.base_dir)
         _, points = _cgroup_mounts()
         for point in points:

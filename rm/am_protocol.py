@@ -197,7 +197,9 @@ class AmProtocol:
         if app.directive is not None and app.directive_version > app.delivered_directive_version:
             resp.shape_directive = app.directive
             app.delivered_directive_version = app.directive_version
-            self.scheduler.cap_gang_reservation(app.app_id, app.directive.workers + app.directive.servers)
+            d = app.directive        # a paused job asks for nothing, whatever counts its directive carries
+            self.scheduler.cap_gang_reservation(app.app_id, 0 if d.run_state is api.RunState.PAUSE
+                                                else d.workers + d.servers)
         at.last_response = resp
         return resp
 

@@ -80,6 +80,18 @@ class BlockReloader:
             elif b.block_index not in want and b.block_index in self.disk:
                 self.materialize(b)
 
+    def rebalance(self, blocks: Sequence[DataBlock]) -> None:
+        """Make as many of `blocks` disk blocks as alpha says, moving as few as can be: the disk
+        blocks beyond that count are loaded back (the last ones), memory blocks missing from it
+        are spilled (the last ones: new arrivals are appended in split order)."""
+        want = len(disk_positions(len(blocks), self.alpha))
+        on_disk = [b for b in blocks if b.block_index in self.disk]
+        in_memory = [b for b in blocks if b.block_index not in self.disk]
+        for b in on_disk[want:] if len(on_disk) > want else ():
+            self.materialize(b)
+        for b in in_memory[len(in_memory) - (want - len(on_disk)):] if len(on_disk) < want else ():
+            self._spill(b)
+
     def _spill(self, block: DataBlock) -> None:
         if not self.store.contains(self.store.input_name(block.block_index)):
             self.spilled_bytes += self.store.put_input(block)

@@ -20,9 +20,10 @@ is left alone (no directive churn while the AM carries the move out).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
-from protocol.internal_api import NodePlacement
+from protocol.internal_api import NodePlacement, RunState
 from protocol.records import NodeState, Resource
 
 from .decision import Decision, JobDecision
@@ -53,14 +54,16 @@ def drain_moves(snapshot: ClusterSnapshot, decision: Decision, roles_on: RolesOn
         decided = jobs.get(j.app_id)
         if decided is not None and decided.placement and not any(p.node in draining for p in decided.placement):
             continue            # the policy moved it this round
+        if decided is not None and decided.run_state is not RunState.RUN:
+            continue            # paused this round: its executors leave every node, the draining ones too
         d = apps[j.app_id].directive
         if (decided is None and d is not None and d.placement and (d.workers, d.servers) == (j.workers, j.servers)
                 and not any(p.node in draining for p in d.placement)):
             continue            # already told: its AM is moving them
         counts = {node: list(wc) for node, wc in on.items() if node not in draining}
         shrink = None
-        if decided is not None and decided.workers <= j.workers and decided.servers <= j.servers \
-                and (decided.workers, decided.servers) != (j.workers, j.servers):
+        if decided is not None and decided.run_state is RunState.RUN and decided.workers <= j.workers \
+                and decided.servers <= j.servers and (decided.workers, decided.servers) != (j.workers, j.servers):
             # A shrink this round (the queue reclaim's): it is carried out first, taking executors
             # off the draining nodes before any other, and only what it keeps moves -- laid over
             # it at the job's full shape, the move asked for room owed to another queue, and the
@@ -94,9 +97,11 @@ def drain_moves(snapshot: ClusterSnapshot, decision: Decision, roles_on: RolesOn
         gone = sorted({node for node, _ in on.items() if node in draining})
         why = (f"node{'s' if len(gone) > 1 else ''} {', '.join(gone)} decommissioning: its executors move off it"
                + (f" ({sum(left) - sum(keep)} given up: no room elsewhere)" if sum(left) > sum(keep) else ""))
-        # A shrink's reason comes first: the reclaim knows its directives by it (their restore).
-        jobs[j.app_id] = JobDecision(workers, servers, placement,
-                                     reason=why if shrink is None else f"{shrink.reason}; {why}")
+        # A shrink's reason comes first: the reclaim knows its directives by it (their restore);
+        # the rest of its decision (group, executor size) stays.
+        jobs[j.app_id] = (JobDecision(workers, servers, placement, reason=why) if shrink is None else
+                          replace(shrink, workers=workers, servers=servers, placement=placement,
+                                  reason=f"{shrink.reason}; {why}"))
     return Decision(jobs)
 
 

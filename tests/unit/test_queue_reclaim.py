@@ -330,6 +330,11 @@ def test_a_reclaim_shrink_of_a_job_on_a_draining_node_is_carried_out_before_the_
     # Without a shrink the job moves whole.
     whole = drain_moves(snap, Decision({}), {"a1": {"n1": (3, 1)}}).jobs["a1"]
     assert (whole.workers, whole.servers) == (3, 1) and whole.reason.startswith("node n1 decommissioning")
+    # A pause this round is left as it is (its executors leave every node): not taken for a shrink
+    # to 0 + 0 that runs on, nor overwritten by a move.
+    from protocol.internal_api import RunState  # noqa: PLC0415
+    pause = JobDecision(0, 0, run_state=RunState.PAUSE, group="g1", reason="harmony: pending")
+    assert drain_moves(snap, Decision({"a1": pause}), {"a1": {"n1": (3, 1)}}).jobs["a1"] == pause
 
 
 def test_a_stalled_victim_on_an_integer_clock_is_passed_over_not_a_crash() -> None:

@@ -67,11 +67,16 @@ def test_a_second_rm_on_the_same_state_dir_is_refused_before_it_recovers_anythin
     os.close(lock_state_dir(str(tmp_path / "state")))
 
 
-def test_an_rm_whose_port_is_taken_or_state_dir_is_held_exits_2_saying_why(tmp_path, capsys) -> None:
+def test_an_rm_whose_port_is_taken_or_state_dir_is_held_exits_2_saying_why(tmp_path, capsys, monkeypatch) -> None:
+    import gc  # noqa: PLC0415
     import os  # noqa: PLC0415
     import socket  # noqa: PLC0415
 
     from rm.__main__ import lock_state_dir, main  # noqa: PLC0415
+
+    # main() run in-process: the test session keeps its loop policy and its GC thresholds.
+    monkeypatch.setattr("protocol.daemon.install_uvloop", lambda: None)
+    monkeypatch.setattr(gc, "set_threshold", lambda *a: None)
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

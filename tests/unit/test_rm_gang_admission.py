@@ -103,8 +103,9 @@ def test_a_gang_reservation_ends_once_the_job_trains_or_a_policy_shapes_it(how: 
     if how == "started":
         core.allocate(claims, api.AllocateRequest(response_id=r.response_id, shape=JobReport(
             workers=1, servers=0, started=True, executor_resource=EXEC)))
-    else:
-        core.apps[first].directive = api.ShapeDirective(version=1, workers=0, servers=0, reason="paused")
+    else:       # a pause may carry its group's counts: it asks for nothing all the same
+        core.apps[first].directive = api.ShapeDirective(version=1, workers=2, servers=1, reason="paused",
+                                                        run_state=api.RunState.PAUSE)
         core.apps[first].directive_version = 1
         core.allocate(claims, api.AllocateRequest(response_id=r.response_id))
     assert core.scheduler.apps[first].gang_reserved == 0

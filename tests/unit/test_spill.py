@@ -188,6 +188,28 @@ async def test_a_block_made_a_memory_block_while_training_waits_for_its_load_kee
     reloader.close()
 
 
+def test_blocks_arriving_one_by_one_are_spilled_without_reading_any_back(tmp_path: Path) -> None:
+    """A worker with 6 blocks at alpha 0.5 takes 6 more, one activation at a time: after each, half
+    of its blocks are on disk, and no block was read back to get there -- choosing the disk blocks
+    afresh by position flipped most of them each time, every flip to memory a full read."""
+    app = create_app("mlr", {**SIZES["mlr"], "num_samples": 12 * SIZES["mlr"]["rows_per_block"]}, preset="tiny")
+    reloader = BlockReloader(SpillStore(tmp_path), alpha=0.5)
+    blocks = [app.input_block(i) for i in range(6)]
+    for pos, b in enumerate(blocks):
+        reloader.admit(len(blocks), pos, b)
+    first = set(reloader.disk)
+    for i in range(6, 12):
+        blocks.append(app.input_block(i))
+        reloader.rebalance(blocks)
+        assert len(reloader.disk) == len(disk_positions(len(blocks), 0.5))
+        assert all(not b.data for b in blocks if b.block_index in reloader.disk)
+    assert reloader.loads == 0 and first <= reloader.disk
+    del blocks[:4]                                  # four leave (EPS takes them): half of 8 on disk
+    reloader.rebalance(blocks)
+    assert len(reloader.disk & {b.block_index for b in blocks}) == 4
+    reloader.close()
+
+
 async def test_set_alpha_moves_blocks_between_disk_and_memory(tmp_path: Path) -> None:
     app = _app("nmf")
     reloader = BlockReloader(SpillStore(tmp_path), alpha=1.0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +18,9 @@ import pytest
 
 from elastane_cli.testbed_hosts import CgroupBudget, create_budget, remove_cgroup_tree
 
-# The process in the cgroup: joins it, says so, and runs on this long after (it is what keeps the
-# dir busy, not a wait for anything).
-LINGER_S = 0.4
+# How long after the removal starts the process in the cgroup ends (its stdin closed by a timer):
+# what keeps the dir busy meanwhile, not a wait for anything.
+ENDS_AFTER_S = 1.0
 
 
 @pytest.fixture
@@ -41,24 +42,32 @@ def budget() -> Iterator[CgroupBudget]:
 
 
 def process_inside(b: CgroupBudget) -> subprocess.Popen[str]:
-    """A process that joins the host's cgroups, says "in" once it has, then lingers LINGER_S."""
+    """A process that joins the host's cgroups, says "in" once it has, then runs until its stdin
+    is closed."""
     joins = "; ".join(f"echo $$ > {f}" for f in b.procs_files())
-    p = subprocess.Popen(["sh", "-c", f"{joins} && echo in && exec sleep {LINGER_S}"],
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(["sh", "-c", f"{joins} && echo in && exec cat > /dev/null"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stdout.readline().strip() == "in"
     return p
 
 
+def end(p: subprocess.Popen[str]) -> None:
+    assert p.stdin is not None
+    p.stdin.close()
+    p.wait(10)
+
+
 def test_a_dir_busy_with_an_exiting_process_is_removed_once_the_process_is_out(budget: CgroupBudget) -> None:
     p = process_inside(budget)
+    timer = threading.Timer(ENDS_AFTER_S, end, [p])
+    timer.start()
     try:
         assert p.poll() is None                 # still in the cgroup as the removal starts
         left = [e for d in budget.dirs.values() for e in remove_cgroup_tree(Path(d))]
-        assert left == []
+        assert left == [] and p.poll() is not None
         assert not any(Path(d).exists() for d in budget.dirs.values())
     finally:
-        p.kill()
-        p.wait()
+        timer.join()
 
 
 def test_without_time_to_wait_the_busy_dir_is_reported_and_left(budget: CgroupBudget) -> None:
@@ -68,5 +77,4 @@ def test_without_time_to_wait_the_busy_dir_is_reported_and_left(budget: CgroupBu
         assert left and all("busy" in e for e in left), left
         assert all(Path(d).exists() for d in budget.dirs.values())
     finally:
-        p.kill()
-        p.wait()
+        end(p)
