@@ -365,12 +365,9 @@ def _advance(t: ReclaimTarget, app: Optional[AppView], inputs: ReclaimInputs, sh
     held = {c.container_id: c for c in inputs.containers.get(t.app_id, ())}
     if t.state == ReclaimState.SHRINKING:
         assert t.to_shape is not None and t.from_shape is not None
-        w, s = held_shape(app)
-        if w <= t.to_shape[0] and s <= t.to_shape[1]:
-            TRANSITIONS.next(t.state, ReclaimEvent.SHRUNK)
-            n = sum(t.from_shape) - sum(t.to_shape)
-            done.append(ReclaimDone(t.app_id, t.queue, "shrink", now, t.amount, n, t.reason, t.from_shape, t.to_shape))
+        if _shrunk(t, app, now, done):
             return None
+        w, s = held_shape(app)
         if now < t.deadline:
             return t
         # The job did not carry the shrink out in time: name the executors over the target.
@@ -385,17 +382,11 @@ def _advance(t: ReclaimTarget, app: Optional[AppView], inputs: ReclaimInputs, sh
                          amount=sum((c.resource for c in named), ZERO))
         warnings[t.app_id] = PreemptionWarning(tuple(named), warned.deadline, reason)
         return warned
-    # WARNED
-    if t.to_shape is not None and t.from_shape is not None:
-        w, s = held_shape(app)
-        if w <= t.to_shape[0] and s <= t.to_shape[1]:
-            # The job carried its shrink out after all, late and with other executors than the
-            # ones named (EPS removes its own choice): the room is back, nothing is killed -- the
-            # named ones it kept would take it below the target, reclaimed twice.
-            TRANSITIONS.next(t.state, ReclaimEvent.SHRUNK)
-            n = sum(t.from_shape) - sum(t.to_shape)
-            done.append(ReclaimDone(t.app_id, t.queue, "shrink", now, t.amount, n, t.reason, t.from_shape, t.to_shape))
-            return None
+    # WARNED. A job that carries its shrink out after all, late and with other executors than
+    # the ones named (EPS removes its own choice), has given the room back: nothing is killed --
+    # the named ones it kept would take it below the target, reclaimed twice.
+    if _shrunk(t, app, now, done):
+        return None
     still = [held[c] for c in t.containers if c in held]
     if not still:
         TRANSITIONS.next(t.state, ReclaimEvent.RELEASED)
@@ -414,6 +405,20 @@ def _advance(t: ReclaimTarget, app: Optional[AppView], inputs: ReclaimInputs, sh
     done.append(ReclaimDone(t.app_id, t.queue, "killed", now, sum((c.resource for c in still), ZERO), len(still),
                             t.reason + (f" ({given_back} given back before the deadline)" if given_back else "")))
     return None
+
+
+def _shrunk(t: ReclaimTarget, app: AppView, now: float, done: list[ReclaimDone]) -> bool:
+    """Whether the job of a shrink target holds no more than its target now; if so the target is
+    closed (SHRUNK) and recorded done. False for a target that is no shrink (a plain kill)."""
+    if t.to_shape is None or t.from_shape is None:
+        return False
+    w, s = held_shape(app)
+    if w > t.to_shape[0] or s > t.to_shape[1]:
+        return False
+    TRANSITIONS.next(t.state, ReclaimEvent.SHRUNK)
+    n = sum(t.from_shape) - sum(t.to_shape)
+    done.append(ReclaimDone(t.app_id, t.queue, "shrink", now, t.amount, n, t.reason, t.from_shape, t.to_shape))
+    return True
 
 
 def reclaim_round(book: ReclaimBook, inputs: ReclaimInputs, settings: ReclaimSettings, now: float) -> ReclaimOutcome:

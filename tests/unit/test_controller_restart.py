@@ -361,19 +361,26 @@ def test_an_eps_job_never_restarts() -> None:
     assert ChangeKind.RESTART.value == "restart"
 
 
+def lost_after_the_pause(w: World, held: type, container: str) -> int:
+    """A kill-mode scale of `w` is held at `held` (its pause, or the checkpoint after it) when
+    `container`'s executor is lost; the held step then answers cancelled. Where the log was then."""
+    w.hold = {held}
+    w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
+    (step,) = w.held.values()
+    w.send(ev.ContainersCompleted(at=w.at(), containers=[(container, "exited 137")]))
+    w.hold = set()
+    n = len(w.log)
+    w.fail(step, "cancelled", cancelled=True)
+    return n
+
+
 def test_a_worker_lost_after_the_pause_is_replaced_and_training_resumes() -> None:
     """A kill-mode scale paused training and is writing its checkpoint when a worker dies: the
     restart is aborted and the worker replaced in place -- then training must be resumed (the
     pause stopped it), or the AM sat in TRAINING with nothing training for ever."""
     for held in (ins.PauseTraining, ins.WriteCheckpoint):
         w = kill_job()
-        w.hold = {held}
-        w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
-        (step,) = w.held.values()
-        w.send(ev.ContainersCompleted(at=w.at(), containers=[("c-worker-1", "exited 137")]))
-        w.hold = set()
-        n = len(w.log)
-        w.fail(step, "cancelled", cancelled=True)
+        n = lost_after_the_pause(w, held, "c-worker-1")
         assert w.steps_since(n) == ["StartExecutors", "JoinExecutors", "TakeOverSplits", "ResumeTraining"], held
         assert w.job.phase is Phase.TRAINING and w.job.change is None and not w.job.training_stopped
 
@@ -381,12 +388,6 @@ def test_a_worker_lost_after_the_pause_is_replaced_and_training_resumes() -> Non
 def test_a_server_rebuilt_after_the_pause_resumes_training() -> None:
     """The same with a lost server rebuilt from the workers' push logs (push_log): resumed too."""
     w = kill_job(push_log=True)
-    w.hold = {ins.WriteCheckpoint}
-    w.send(ev.ScaleRequested(at=w.at(), request=1, workers=1, servers=0))
-    (step,) = w.held.values()
-    w.send(ev.ContainersCompleted(at=w.at(), containers=[("c-server-1", "exited 137")]))
-    w.hold = set()
-    n = len(w.log)
-    w.fail(step, "cancelled", cancelled=True)
+    n = lost_after_the_pause(w, ins.WriteCheckpoint, "c-server-1")
     assert w.steps_since(n)[-2:] == ["RebuildServers", "ResumeTraining"]
     assert w.job.phase is Phase.TRAINING and w.job.change is None

@@ -129,18 +129,25 @@ async def test_a_resent_delivery_is_acknowledged_and_not_installed_again(pair) -
         await dp.request(dst.address, dict(data, src="other"), [np.array([5.0])])
 
 
-async def test_data_the_destination_could_not_take_leaves_the_block_served_at_the_source(pair, monkeypatch) -> None:
-    """After the handover ack the data is refused (the destination's import failed): the source asks
-    the destination to cancel, which confirms nothing was applied there, and serves the block again,
-    instead of leaving it MOVED with the destination queueing its requests for ever."""
-    src, dst, ctl, dp = pair
+async def refused_at_destination(pair, monkeypatch) -> tuple[int, int]:
+    """Key 5 holds 4.0 at the source, and the destination refuses the data of any block sent to it
+    (its import fails); the key and its block."""
+    src, dst, _, dp = pair
     key = 5
-    block = src.service.table.block_of(key)
     await dp.request(src.address, {"op": "put", "keys": [key]}, [np.array([4.0])])
 
     def refuse(*a, **kw):
         raise RuntimeError("cannot allocate the block's arrays")
     monkeypatch.setattr(dst.service, "receive_block", refuse)
+    return key, src.service.table.block_of(key)
+
+
+async def test_data_the_destination_could_not_take_leaves_the_block_served_at_the_source(pair, monkeypatch) -> None:
+    """After the handover ack the data is refused (the destination's import failed): the source asks
+    the destination to cancel, which confirms nothing was applied there, and serves the block again,
+    instead of leaving it MOVED with the destination queueing its requests for ever."""
+    src, dst, ctl, dp = pair
+    key, block = await refused_at_destination(pair, monkeypatch)
     with pytest.raises(MigrationControllerError, match="the move was undone"):
         await ctl.move([block], "src", "dst")
     assert src.service.states.state(block) is BlockState.OWNED and dst.service.states.state(block) is BlockState.ABSENT
@@ -245,13 +252,7 @@ async def test_a_lost_answer_to_the_sources_cancel_is_asked_again_and_the_move_u
     again (the destination reports the block cancelled again) and serves the block, instead of
     staying MOVED -- redirecting to the destination, which redirects back -- until clients give up."""
     src, dst, ctl, dp = pair
-    key = 5
-    block = src.service.table.block_of(key)
-    await dp.request(src.address, {"op": "put", "keys": [key]}, [np.array([4.0])])
-
-    def refuse(*a, **kw):
-        raise RuntimeError("cannot allocate the block's arrays")
-    monkeypatch.setattr(dst.service, "receive_block", refuse)
+    key, block = await refused_at_destination(pair, monkeypatch)
     real_cancel = dst.service.cancel_incoming
     answers = []
 
