@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..events import StepDone, StepFailed, TimerFired
-from ..instructions import CancelSteps, Finish, Instruction, StepInstruction
+from ..instructions import CancelSteps, Finish, Instruction, PauseTraining, ResumeTraining, StepInstruction
 from ..phases import LIFECYCLE, Trigger
 from ..state import Change, ChangeKind, JobState
 
@@ -65,6 +65,19 @@ def issue(change: Change, out: list[Instruction], step: StepInstruction) -> int:
     change.steps[step.step] = step
     out.append(step)
     return step.step
+
+
+def pause_training(job: JobState, change: Change, out: list[Instruction]) -> None:
+    """Issue PauseTraining for `change`; the job's training is stopped until a resume
+    (`JobState.training_stopped`, which a recovery reads: planners/recovery.py)."""
+    job.training_stopped = True
+    issue(change, out, PauseTraining(step=job.new_step()))
+
+
+def resume_training(job: JobState, change: Change, out: list[Instruction]) -> None:
+    """Issue ResumeTraining for `change`: the job trains again."""
+    job.training_stopped = False
+    issue(change, out, ResumeTraining(step=job.new_step()))
 
 
 def fail_change(change: Change, error: str) -> None:

@@ -39,11 +39,11 @@ from __future__ import annotations
 from typing import Optional
 
 from ..events import StepDone, StepFailed
-from ..instructions import (ResumeTraining, CancelSteps, Instruction, JoinExecutors, PauseTraining, RebuildServers,
+from ..instructions import (CancelSteps, Instruction, JoinExecutors, RebuildServers,
                             RestoreCheckpoint, RetireExecutors, StartExecutors, TakeOverSplits)
 from ..records import Role, Target
 from ..state import Change, ChangeKind, Executor, ExecutorState, JobState
-from .base import BasePlanner, end_job_failed, issue
+from .base import BasePlanner, end_job_failed, issue, pause_training, resume_training
 
 
 def admit(job: JobState, lost: Executor, description: str, merging: bool = False) -> Optional[str]:
@@ -99,8 +99,7 @@ def fall_back(job: JobState, change: Change, out: list[Instruction]) -> None:
     if not change.outstanding:
         change.stage = "pause"
         change.new = []           # replacements started meanwhile are retired with the rest
-        job.training_stopped = True
-        issue(change, out, PauseTraining(step=job.new_step()))
+        pause_training(job, change, out)
 
 
 def replaceable(job: JobState, lost: list[str]) -> bool:
@@ -204,8 +203,7 @@ class RecoveryPlanner(BasePlanner):
         if change.stage == "restore":
             job.epoch = job.checkpoints[-1][0]
             change.stage = "resume"
-            job.training_stopped = False
-            issue(change, out, ResumeTraining(step=job.new_step()))
+            resume_training(job, change, out)
             return
         if change.stage == "resume":
             change.stage = "done"
@@ -243,8 +241,7 @@ def _resume_if_stopped(job: JobState, change: Change, out: list[Instruction]) ->
     FINISH follows."""
     if job.training_stopped and not job.training_criterion:
         change.stage = "resume"
-        job.training_stopped = False
-        issue(change, out, ResumeTraining(step=job.new_step()))
+        resume_training(job, change, out)
     else:
         change.stage = "done"
 

@@ -44,11 +44,10 @@ from __future__ import annotations
 
 from collections import Counter
 from ..events import StepDone, StepFailed
-from ..instructions import (CancelSteps, Instruction, PauseTraining, RestoreCheckpoint, ResumeTraining,
-                            RetireExecutors, StartExecutors, WriteCheckpoint)
+from ..instructions import (CancelSteps, Instruction, RestoreCheckpoint, RetireExecutors, StartExecutors, WriteCheckpoint)
 from ..records import Role, Target
 from ..state import Change, ExecutorState, JobState
-from .base import BasePlanner, end_job_failed, fail_change, issue
+from .base import BasePlanner, end_job_failed, fail_change, issue, pause_training, resume_training
 
 STAGES = ("pause", "checkpoint", "retire", "start", "restore", "resume")
 _ALIVE = (ExecutorState.STARTING, ExecutorState.READY)
@@ -111,8 +110,7 @@ class Relaunch(BasePlanner):
     def _stage(self, job: JobState, change: Change, stage: str, at: float, out: list[Instruction]) -> None:
         change.stage = stage
         if stage == "pause":
-            job.training_stopped = True
-            issue(change, out, PauseTraining(step=job.new_step()))
+            pause_training(job, change, out)
         elif stage == "checkpoint":
             change.epoch = job.epoch
             issue(change, out, WriteCheckpoint(step=job.new_step(), epoch=change.epoch, reason=self.reason))
@@ -142,8 +140,7 @@ class Relaunch(BasePlanner):
             issue(change, out, RestoreCheckpoint(step=job.new_step(), directory=change.checkpoint,
                                                  servers=job.ids(Role.SERVER), workers=job.ids(Role.WORKER)))
         elif stage in ("resume", "undo_resume"):
-            job.training_stopped = False
-            issue(change, out, ResumeTraining(step=job.new_step()))
+            resume_training(job, change, out)
         else:
             raise AssertionError(f"no stage {stage!r}")
 

@@ -15,12 +15,12 @@ from protocol.internal_api import counts_on_nodes
 from ..events import StepDone, StepFailed
 from protocol.internal_api import RunState
 
-from ..instructions import (AdoptExecutors, Instruction, RestoreCheckpoint, ResumeTraining, SetupTraining,
+from ..instructions import (AdoptExecutors, Instruction, RestoreCheckpoint, SetupTraining,
                             StartExecutors, WriteCheckpoint)
 from ..phases import Trigger
 from ..records import Role
 from ..state import Change, ChangeKind, JobState
-from .base import BasePlanner, end_job_failed, fire, issue
+from .base import BasePlanner, end_job_failed, fire, issue, resume_training
 
 
 class StartPlanner(BasePlanner):
@@ -94,8 +94,7 @@ class StartPlanner(BasePlanner):
 
     def _train(self, job: JobState, change: Change, out: list[Instruction]) -> None:
         change.stage = "train"
-        job.training_stopped = False
-        issue(change, out, ResumeTraining(step=job.new_step()))
+        resume_training(job, change, out)
 
     def failed(self, job: JobState, change: Change, ev: StepFailed, out: list[Instruction]) -> None:
         if change.stage == "adopt" and not ev.cancelled:
