@@ -206,7 +206,7 @@ class EpsWorkerOps:
     def _blocks_changed(self) -> None:
         """With spill on, a fraction alpha of the (new) active dataset goes to disk again."""
         if self.role.spill is not None:
-            self.role.spill.blocks_changed(self.role.blocks)
+            self.role.spill.reloader.rebalance(self.role.blocks)
 
     def discard_staged(self, req: ctl.EpsDiscardStaged, arrays: Arrays) -> Answer:
         for s in req.splits:

@@ -81,15 +81,19 @@ class BlockReloader:
                 self.materialize(b)
 
     def rebalance(self, blocks: Sequence[DataBlock]) -> None:
-        """Make as many of `blocks` disk blocks as alpha says, moving as few as can be: the disk
-        blocks beyond that count are loaded back (the last ones), memory blocks missing from it
-        are spilled (the last ones: new arrivals are appended in split order)."""
+        """The worker's blocks changed between steps (EPS gave it splits or took some): make as many
+        of them disk blocks as alpha says, moving as few as can be -- the disk blocks beyond that
+        count are loaded back (the last ones), memory blocks missing from it are spilled (the last
+        ones: arrivals come in split order). Left in memory, splits a worker was given stayed
+        there all (the memory-bound case spill is for); chosen afresh by position, as set_alpha
+        does, most blocks flipped at every arrival, each flip to memory a read on the loop."""
         want = len(disk_positions(len(blocks), self.alpha))
         on_disk = [b for b in blocks if b.block_index in self.disk]
         in_memory = [b for b in blocks if b.block_index not in self.disk]
-        for b in on_disk[want:] if len(on_disk) > want else ():
+        for b in on_disk[want:]:
             self.materialize(b)
-        for b in in_memory[len(in_memory) - (want - len(on_disk)):] if len(on_disk) < want else ():
+        need = want - len(on_disk)
+        for b in in_memory[len(in_memory) - need:] if need > 0 else ():
             self._spill(b)
 
     def _spill(self, block: DataBlock) -> None:

@@ -132,16 +132,6 @@ class WorkerSpill:
                 self.reloader.set_alpha(blocks, alpha)
         return {**self.figures(), "step_stall_s": stall}
 
-    def blocks_changed(self, blocks: Sequence[DataBlock]) -> None:
-        """The worker's input blocks changed between steps (EPS gave it splits or took some): as
-        many of them are disk blocks as alpha says again, so splits that arrived whole are spilled
-        as its own were -- left in memory, a worker given a leaving worker's splits held them all,
-        the very case spill is for. The blocks on disk stay there and only the difference moves
-        (memory blocks spilled, or disk blocks loaded back): choosing the disk blocks afresh by
-        position, as set_alpha does, flipped most of them at every split that came, each flip to
-        memory a full read on the event loop."""
-        self.reloader.rebalance(blocks)
-
     @property
     def wants_model_spill(self) -> bool:
         return self.tuner is not None and self.tuner.wants_model_spill
