@@ -156,37 +156,30 @@ def main(argv: Optional[list[str]] = None) -> int:
     from .server import ResourceManagerServer   # imported late: flag errors need no aiohttp start-up
 
     server: Any
-    lock: Optional[int] = None
+    lock: Optional[int] = None       # <state_dir>/rm.lock, held until main returns
     try:
-        ha = load_ha(args.cluster_config or str(config_mod.CONF_DIR / "cluster.toml"))
-        if ha.enabled:      # one RM of an active/standby pair, elected on etcd (rm/ha/)
-            from .ha.ha_server import HaResourceManager
+        try:
+            ha = load_ha(args.cluster_config or str(config_mod.CONF_DIR / "cluster.toml"))
+            if ha.enabled:      # one RM of an active/standby pair, elected on etcd (rm/ha/)
+                from .ha.ha_server import HaResourceManager
 
-            server = HaResourceManager(cfg, cluster, ha, resolve_rm_id(ha, args.rm_id, args.config))
-        else:
-            lock = lock_state_dir(cfg.state_dir)
-            server = ResourceManagerServer(cfg, cluster)
-    except config_mod.ConfigError as e:
-        _unlock(lock)
-        print(f"rm: configuration error: {e}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as e:
-        _unlock(lock)
-        print(f"rm: cannot start: {e}", file=sys.stderr)
-        return 2
-    except sqlite3.Error as e:      # its state store (state.db) cannot be opened or written
-        _unlock(lock)
-        print(f"rm: cannot start: state_dir {cfg.state_dir}: {e}", file=sys.stderr)
-        return 2
-    try:
+                server = HaResourceManager(cfg, cluster, ha, resolve_rm_id(ha, args.rm_id, args.config))
+            else:
+                lock = lock_state_dir(cfg.state_dir)
+                server = ResourceManagerServer(cfg, cluster)
+        except config_mod.ConfigError as e:
+            print(f"rm: configuration error: {e}", file=sys.stderr)
+            return 2
+        except (ValueError, OSError) as e:
+            print(f"rm: cannot start: {e}", file=sys.stderr)
+            return 2
+        except sqlite3.Error as e:      # its state store (state.db) cannot be opened or written
+            print(f"rm: cannot start: state_dir {cfg.state_dir}: {e}", file=sys.stderr)
+            return 2
         return _serve(args, server)
     finally:
-        _unlock(lock)
-
-
-def _unlock(lock: Optional[int]) -> None:
-    if lock is not None:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
 
 
 def _serve(args: argparse.Namespace, server: Any) -> int:
