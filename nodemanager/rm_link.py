@@ -43,6 +43,8 @@ class RMLink:
         self.rack = rack
         self.node_labels = list(node_labels)   # reported on registration (protocol/node_labels.py)
         self.manager = manager
+        # The heartbeat period: nm.toml's until the RM answers, then the one each answer carries
+        # (YARN's nextHeartBeatInterval): the RM times its node expiry and its grace periods by it.
         self.interval_s = heartbeat_interval_ms / 1000
         self.token_lifetime_s = token_lifetime_s
         self.on_registered = on_registered
@@ -97,11 +99,18 @@ class RMLink:
                 continue
             self.response_id = 0
             self.registered = True
+            self._follow_interval(resp.heartbeat_interval_ms)
             if agg is not None and resp.action != "SHUTDOWN":
                 agg.delivered(reports)
             log.info("registered with the RM at %s as %s (capability %s)", self.client.base_url, self.node_id,
                      self.capability.to_json())
             return resp
+
+    def _follow_interval(self, interval_ms: int) -> None:
+        """Heartbeat at the RM's period from now on (a value under 1 ms is no period: ignored)."""
+        if interval_ms >= 1 and interval_ms / 1000 != self.interval_s:
+            log.info("heartbeat interval %d ms, as the RM at %s says", interval_ms, self.client.base_url)
+            self.interval_s = interval_ms / 1000
 
     def held_apps(self) -> list[str]:
         """The apps this node holds containers or not yet aggregated logs of (YARN's
@@ -149,6 +158,7 @@ class RMLink:
                 continue
             failures = 0
             self.last_heartbeat_ok = time.time()
+            self._follow_interval(hb.heartbeat_interval_ms)
             if hb.action == "SHUTDOWN":
                 log.warning("the RM asked this node to shut down: %s", hb.diagnostics)
                 return

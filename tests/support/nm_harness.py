@@ -40,6 +40,7 @@ class FakeNodeRM:
     runner: Optional[web.AppRunner] = None
     url: str = ""
     bad_tokens: int = 0
+    heartbeat_interval_ms: int = 100     # the period its answers give the NM (which follows it)
 
     async def start(self, port: int = 0) -> "FakeNodeRM":
         app = make_app()
@@ -70,7 +71,7 @@ class FakeNodeRM:
         self._check(request, req.node_id)
         self.registrations.append(req)
         self.response_id = 0
-        return json_response(api.NodeRegisterResponse(node_id=req.node_id, heartbeat_interval_ms=100,
+        return json_response(api.NodeRegisterResponse(node_id=req.node_id, heartbeat_interval_ms=self.heartbeat_interval_ms,
                                                       rm_start_ms=RM_START_MS))
 
     async def _heartbeat(self, request: web.Request) -> web.Response:
@@ -82,7 +83,8 @@ class FakeNodeRM:
         apps, self.pending_app_cleanup = self.pending_app_cleanup, []
         self.response_id = req.response_id + 1
         return json_response(api.NodeHeartbeatResponse(response_id=self.response_id, action=action,
-                                                       containers_to_cleanup=cleanup, apps_to_cleanup=apps))
+                                                       containers_to_cleanup=cleanup, apps_to_cleanup=apps,
+                                                       heartbeat_interval_ms=self.heartbeat_interval_ms))
 
     def last_status(self, cid: str) -> Optional[api.ContainerStatus]:
         """The newest status of `cid` reported in any heartbeat or registration."""

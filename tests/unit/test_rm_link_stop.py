@@ -23,9 +23,10 @@ async def test_a_cancel_in_the_step_of_a_container_exit_ends_the_heartbeat_loop(
                    recovery_dir=str(tmp_path / "rec"))
     manager = ContainerManager(cfg, NODE, "127.0.0.1", 45454, Resource(1024, 2), Enforcement(None),
                                RecoveryStore(cfg.recovery_dir))
-    rm = await FakeNodeRM().start()
+    # A heartbeat interval far beyond the test (the RM's, which the link follows, and the NM's
+    # own): the loop sits in its wait for a wake-up.
+    rm = await FakeNodeRM(heartbeat_interval_ms=600_000).start()
     registered = asyncio.Event()
-    # A heartbeat interval far beyond the test: the loop sits in its wait for a wake-up.
     link = RMLink(rm.url, SECRET, NODE, NODE, Resource(1024, 2), "/default-rack", manager, 600_000, 3600.0,
                   on_registered=registered.set)
     task = asyncio.get_running_loop().create_task(link.run())
