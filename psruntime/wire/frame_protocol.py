@@ -267,7 +267,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._scratch[:n] = self._scratch[self._start:self._end]
             self._start, self._end = 0, n
             if len(self._scratch) - n < 4096:
-                self._scratch.extend(bytes(len(self._scratch)))  # a header larger than the scratch
+                # A header larger than the scratch: a new buffer (no view of the old one is alive
+                # here, but one way of growing it is simpler to trust; see _parse).
+                self._scratch = self._scratch + bytes(len(self._scratch))
         return memoryview(self._scratch)[self._end:self._end + SCRATCH_READ_BYTES]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -310,7 +312,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
             hlen, blen = parse_prefix(bytes(self._scratch[self._start:self._start + PREFIX.size]), self._max_body)
             if avail < PREFIX.size + hlen:
                 if PREFIX.size + hlen > len(self._scratch):
-                    self._scratch.extend(bytes(PREFIX.size + hlen))
+                    # A new, larger buffer, not an in-place extend: the transport still holds the
+                    # view get_buffer gave it while buffer_updated runs, and resizing a bytearray
+                    # with a view raises BufferError, which closed the connection on any header
+                    # over the scratch's size (a big ownership table, a checkpoint's descriptors).
+                    self._scratch = self._scratch + bytes(PREFIX.size + hlen)
                 return
             hstart = self._start + PREFIX.size
             self._header = bytes(self._scratch[hstart:hstart + hlen])

@@ -167,3 +167,20 @@ async def test_a_coalescing_connection_sends_what_one_callback_wrote_in_one_send
     assert len(transport.sends) == 2 and transport.sends[1].startswith(b"".join(encode_frame({"op": "get", "id": 3})))
     await asyncio.sleep(0)
     assert len(transport.sends) == 2
+
+
+async def test_a_header_larger_than_the_scratch_buffer_arrives_over_a_real_socket() -> None:
+    """A header beyond the 256 KiB scratch (a big ownership table, a checkpoint's descriptors)
+    grows the buffer while the transport holds a view of it: it must arrive, both ways, and the
+    connection serve on."""
+    from psruntime.wire.dataplane import DataPlaneConnection, DataPlaneServer
+    server = DataPlaneServer(lambda f: ({"op": "ok", "keys": f.header["keys"]}, ()))
+    address = await server.start()
+    conn = await DataPlaneConnection.open(address)
+    try:
+        for n in (1000, 60_000, 300_000):       # headers of ~6 KiB, ~0.4 MiB and ~2 MiB
+            reply = await asyncio.wait_for(conn.request({"op": "echo", "keys": list(range(n))}), 30)
+            assert reply.header["keys"] == list(range(n))
+    finally:
+        await conn.close()
+        await server.stop()
