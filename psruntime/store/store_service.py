@@ -153,8 +153,10 @@ class StoreService:
         for req, part, pid in self._queues.pop(block, []):
             try:
                 if self.states.disposition(block) is Disposition.SERVE:
+                    # Checked before its id is recorded: a part refused here applied nothing, so
+                    # the same push sent again must not be taken for a repeat.
+                    req.check(self.store, block, part)
                     if pid is None or self.applied_pushes.first_time(pid, block):
-                        req.check(self.store, block, part)
                         req.apply(self.store, block, part)
                 else:
                     req.redirect(block, part, self._redirect_target(block))

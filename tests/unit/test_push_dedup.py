@@ -120,3 +120,28 @@ async def test_a_repeat_queued_on_an_incoming_block_is_judged_with_the_ids_it_br
     dst.store.gather(0, keys, got)
     np.testing.assert_array_equal(got, np.full((4, WIDTH), 2, np.float32))    # the original + the new one
     assert dst.applied_pushes.repeats == 2
+
+
+async def test_a_queued_push_that_fails_its_check_does_not_spend_its_id() -> None:
+    """A push queued on an incoming block and refused when the block arrives (here: rows of the
+    wrong width) applied nothing, so the same id sent again, well formed, is applied."""
+    table = OwnershipTable(1, ["src"], {"src": "127.0.0.1:1"}, version=1)
+    dst = StoreService("dst", table, None)  # type: ignore[arg-type]  # it starts no migration here
+    dst.take_ownership([0], "src")
+    pid = push_id(1, 0, 50)
+    keys = np.arange(4, dtype=np.int64)
+
+    def push(values: np.ndarray) -> object:
+        header = {"op": "update", "func": "add", "key_array": True, "push_id": pid}
+        return dst.handle_data(Frame(header, [keys, values]))
+
+    bad = push(np.ones((4, WIDTH + 1), np.float32))
+    dst.receive_block(0, [], [keys, np.ones((4, WIDTH), np.float32)], applied=[])
+    with pytest.raises(Exception, match="shape"):
+        await bad  # type: ignore[misc]
+    reply = push(np.ones((4, WIDTH), np.float32))          # served now: the block is here
+    assert not isinstance(reply, Exception)
+    got = np.zeros((4, WIDTH), np.float32)
+    dst.store.gather(0, keys, got)
+    np.testing.assert_array_equal(got, np.full((4, WIDTH), 2, np.float32))
+    assert dst.applied_pushes.repeats == 0
