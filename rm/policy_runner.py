@@ -92,7 +92,12 @@ def executor_partition(core: ResourceManagerCore, snapshot: ClusterSnapshot) -> 
     held = [core.nodes.nodes[v.node_id] for v in nodes if v.node_id in kept]
     apps = snapshot.apps
     if core.cfg.am_node_label:
-        apps = tuple(dataclasses.replace(a, am_resource=ZERO, am_node=None) for a in apps)
+        # An AM granted on a labelled node is out of the partition: out of what its app holds too
+        # (the policies take `resources - am_resource` as the executors' room; with am_resource
+        # cleared, an AM left in `resources` was one AM's worth of phantom room per running job).
+        apps = tuple(dataclasses.replace(
+            a, am_resource=ZERO, am_node=None,
+            resources=a.resources - a.am_resource if a.am_node in labelled else a.resources) for a in apps)
     return dataclasses.replace(snapshot, nodes=nodes, apps=apps,
                                total=sum((n.capability for n in running), sum((n.used for n in held), ZERO)),
                                used=sum((n.used for n in running + held), ZERO))

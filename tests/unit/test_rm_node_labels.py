@@ -175,6 +175,9 @@ def test_policies_see_the_executor_partition_only():
     assert snap.total == Resource(4096, 4) and snap.used == Resource(0, 0)
     (view,) = [a for a in snap.apps if a.app_id == app_id]
     assert view.am_node is None and view.am_resource == Resource(0, 0)
+    # The AM on the labelled node is out of what the app holds in the partition: with it in, the
+    # policies (executors' room = resources - am_resource) saw one AM's worth of phantom room.
+    assert view.resources == Resource(0, 0)
 
 
 def test_policies_see_every_node_without_labels():
