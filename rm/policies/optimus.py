@@ -607,22 +607,32 @@ class OptimusPolicy:
             return Decision({})
         running = [n for n in snapshot.nodes if n.state == "RUNNING"]
         index = {n.node_id: i for i, n in enumerate(running)}
-        mem = [n.capacity.memory - n.used.memory for n in running]
-        vc = [n.capacity.vcores - n.used.vcores for n in running]
         views = {a.app_id: a for a in snapshot.apps}
-        for j in changed:      # a reshaped job's own executors are placed anew: their room is free
-            for node_id, held in _executors_on(views[j.app_id], j.executor):
-                i = index.get(node_id)
-                if i is not None:
-                    mem[i] += held.memory
-                    vc[i] += held.vcores
-        book = NodeBook([n.node_id for n in running], mem, vc)
-        placed = place_jobs(book, [PlacementJob(j.app_id, *targets[j.app_id], j.executor.memory, j.executor.vcores)
-                                   for j in changed])
+        # A reshaped job's own executors are placed anew: their room is free. A job with no even
+        # placement keeps its executors where they are (it only shrinks, in place), so its room is
+        # taken back and the others placed again, until every job placed was placed on room that
+        # is free (a job placed onto the room of one that then kept it over-committed the node).
+        pending = list(changed)
+        while True:
+            mem = [n.capacity.memory - n.used.memory for n in running]
+            vc = [n.capacity.vcores - n.used.vcores for n in running]
+            for j in pending:
+                for node_id, held in _executors_on(views[j.app_id], j.executor):
+                    i = index.get(node_id)
+                    if i is not None:
+                        mem[i] += held.memory
+                        vc[i] += held.vcores
+            book = NodeBook([n.node_id for n in running], mem, vc)
+            placed = place_jobs(book, [PlacementJob(j.app_id, *targets[j.app_id], j.executor.memory, j.executor.vcores)
+                                       for j in pending])
+            unplaced = {j.app_id for j in pending if placed[j.app_id] is None}
+            if not unplaced:
+                break
+            pending = [j for j in pending if j.app_id not in unplaced]
         out: dict[str, JobDecision] = {}
         for j in changed:
             w, s = targets[j.app_id]
-            where = placed[j.app_id]
+            where = placed.get(j.app_id)
             if where is not None:
                 out[j.app_id] = JobDecision(w, s, where, reason=reasons[j.app_id])
                 continue

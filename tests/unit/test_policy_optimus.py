@@ -14,6 +14,7 @@ from protocol.job_report import ClockObjective, EpochObjective, JobReport
 from models.optimus_fit import FEATURES, SpeedFunction, fit_speed
 from protocol.records import ZERO, Resource
 from rm.policies import ClusterSnapshot, NodeView, OptimusPolicy, create
+from rm.policies.eps_jobs import classify
 from rm.policies.optimus import PRIORITY_FACTOR, SCHEDULING_INTERVAL_S
 from rm.policies.optimus_alloc import AllocationProblem, allocate, greedy_reference, remaining_time
 from rm.policies.optimus_placement import NodeBook, PlacementJob, even_split, place_jobs
@@ -213,6 +214,28 @@ def snapshot(apps: list[AppView], nodes: int = 4, now: float = 0.0, slots: int =
     return ClusterSnapshot(now=now, total=Resource(nodes * slots * 1024, nodes * slots),
                            used=Resource(sum(used) * 1024, sum(used)), nodes=views, apps=tuple(laid))
 
+
+
+def test_a_job_with_no_even_placement_keeps_its_room_and_no_other_job_is_placed_on_it():
+    """A job that cannot be placed keeps its executors where they are (it only shrinks, in
+    place): the room they hold is not handed to another job. Here A (4 + 4, filling n0) has no
+    even placement for 6 + 8; B (2 + 2 on n1) shrinking to 1 + 1 was placed on n0 -- 10 executors
+    on a node of 8 once both were carried out."""
+    def on(rep: JobReport, i: int, where: str, w: int, s: int) -> AppView:
+        return dataclasses.replace(app(i, rep), executors_on=((where, E.scale(w + s)),),
+                                   executors=(NodePlacement(where, w, s),))
+    a = on(report(4, 4, epochs=5, epoch_time=2.0), 1, "n0", 4, 4)
+    b = on(report(2, 2, epochs=5, epoch_time=2.0), 2, "n1", 2, 2)
+
+    def view(name: str, slots: int, used: int) -> NodeView:
+        return NodeView(name, "/r", "RUNNING", Resource(slots * 1024, slots), Resource(used * 1024, used))
+    nodes = (view("n0", 8, 8), view("n1", 8, 4), view("n2", 8, 5), view("amnode", 3, 3))
+    snap = ClusterSnapshot(now=0, total=Resource(27 * 1024, 27), used=Resource(20 * 1024, 20), nodes=nodes, apps=(a, b))
+    jobs = list(classify(snap).running)
+    d = OptimusPolicy._place(snap, jobs, {"app_1": (6, 8), "app_2": (1, 1)}, {"app_1": "A", "app_2": "B"})
+    assert "app_1" not in d.jobs           # no even placement, nothing to shrink: it stays as it is
+    # B goes where its own room is (n1), not onto n0, which A keeps full.
+    assert d.jobs["app_2"].placement == (NodePlacement("n1", 1, 1),)
 
 def test_optimus_is_registered():
     assert isinstance(create("optimus"), OptimusPolicy)
