@@ -81,7 +81,7 @@ import numpy as np
 from models.optimus_fit import (FEATURES, MIN_FIT_SPAN, MIN_LOSS_POINTS, LossCurve, SpeedFunction,
                                 fit_loss_histories, fit_speed, inverse_speed, loss_arrays)
 from protocol.job_report import MAX_OBJECTIVES, JobReport
-from protocol.records import Resource
+from protocol.records import AppState, Resource
 
 from .decision import Decision, JobDecision
 from .eps_jobs import IncomingJob, RunningJob, clamp0, classify
@@ -420,14 +420,26 @@ class OptimusPolicy:
         apps = {a.app_id: a for a in snapshot.apps}
         jobs = list(view.running)
         running = {j.app_id for j in jobs}
+        # A job out of this round but alive (its next AM attempt not training yet, its AM held by
+        # the queue's AM limit) keeps its model: taken for finished, it taught its app a partial
+        # epoch count and lost its samples and loss history.
+        resting = {}
         for app_id, gone in self._models.items():
             if app_id in running:
                 continue
-            self._priors.finished(gone.traits.app, gone.trained)    # a finished job teaches its app
+            a = apps.get(app_id)
+            if a is not None and not a.state.is_final:
+                resting[app_id] = gone
+                continue
+            # Only a job that ran to its end says how many epochs its app runs (a killed or failed
+            # one says nothing of that); its speed samples hold however it ended.
+            if a is None or a.state is AppState.FINISHED:
+                self._priors.finished(gone.traits.app, gone.trained)
             if gone.speed is not None and gone.shapes >= 2:
                 self._priors.learn(gone.traits.app, gone.speed, gone.fitted_samples)
         self._models = {j.app_id: self._models.get(j.app_id) or JobModel(job_traits(apps[j.app_id]))
                         for j in jobs}
+        self._models.update(resting)
         fit_ok: dict[str, bool] = {}       # can_fit per job, counted once (the history is final here)
         at_rest: dict[str, bool] = {}      # settled() per job, for this round
         ready_list = []

@@ -12,7 +12,7 @@ import pytest
 from protocol.internal_api import NodePlacement, ShapeDirective
 from protocol.job_report import ClockObjective, EpochObjective, JobReport
 from models.optimus_fit import FEATURES, SpeedFunction, fit_speed
-from protocol.records import ZERO, Resource
+from protocol.records import ZERO, AppState, Resource
 from rm.policies import ClusterSnapshot, NodeView, OptimusPolicy, create
 from rm.policies.eps_jobs import classify
 from rm.policies.optimus import PRIORITY_FACTOR, SCHEDULING_INTERVAL_S
@@ -484,6 +484,31 @@ def test_an_unfitted_job_is_sized_on_what_finished_jobs_of_its_app_ran(pin_prior
     assert jd is None or "~2 epochs" in jd.reason
     assert (jd.workers + jd.servers if jd else 4) < first_round(OptimusPolicy())
 
+
+
+def test_a_job_between_attempts_keeps_its_model_and_teaches_no_prior_until_it_finishes():
+    """A new AM attempt reports started=False until it trains: the job is out of the round but
+    alive, so its model stays and its app's epochs prior learns nothing; a killed job teaches no
+    epoch count either; a job that finished does."""
+    from rm.policies.optimus import OptimusState
+
+    def state(p: OptimusPolicy) -> OptimusState:
+        return msgspec.json.decode(p.export_state(), type=OptimusState)
+    p = OptimusPolicy()
+    a = app(1, report(2, 2, epochs=3, epoch_time=5.0), max_epochs=500)
+    p.decide(snapshot([a], now=0.0))
+    restarting = dataclasses.replace(a, shape=report(2, 2, epochs=0, epoch_time=5.0, started=False,
+                                                     speed=0.0, speed_iterations=0))
+    p.decide(snapshot([restarting], now=1.0))
+    st = state(p)
+    assert "app_1" in st.jobs and st.prior_epochs.get("mlr", []) == []
+    p.decide(snapshot([dataclasses.replace(a, state=AppState.KILLED)], now=2.0))
+    st = state(p)
+    assert "app_1" not in st.jobs and st.prior_epochs.get("mlr", []) == []
+    q = OptimusPolicy()
+    q.decide(snapshot([a], now=0.0))
+    q.decide(snapshot([], now=1.0))                     # gone from the scheduler: finished
+    assert state(q).prior_epochs["mlr"] == [3.0]
 
 def test_no_job_is_sized_below_its_specs_minimum():
     # Two jobs on a full cluster: one would shrink to a server for the other (NMF: servers slow it),
