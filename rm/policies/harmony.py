@@ -341,7 +341,12 @@ class HarmonyPolicy:
                     finished.extend(self._drop(job))
                 continue
             if app.am_limited:
-                continue        # its AM cannot start yet: nothing to direct
+                # Its AM cannot start yet (a new attempt held by the queue's AM limit): nothing to
+                # direct, but a job already known is alive -- kept with its profile and group,
+                # not dropped as if it had finished and profiled afresh when its AM comes back.
+                if job is not None:
+                    seen.add(app.app_id)
+                continue
             if job is None:
                 # The spec is read once, when the job is first seen (it does not change).
                 spec = app.ps

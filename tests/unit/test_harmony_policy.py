@@ -480,3 +480,25 @@ def test_a_job_its_am_cannot_place_is_paused_to_migrate_once_not_again_and_again
         seen.append(states(p)[job][0])
     assert seen.count("paused") == 1, seen
     assert seen[-1] == "running"
+
+
+def test_a_grouped_job_whose_next_am_waits_on_the_am_limit_keeps_its_group_and_profile():
+    """A new AM attempt held by the queue's AM limit for a round is not a finished job: the job
+    keeps its group and profile (it was dropped, its group regrouped, and it was profiled from
+    scratch when its AM came back)."""
+    import dataclasses
+    w, p = World(3), HarmonyPolicy()
+    for name, c, n in [("a", 8.0, 2.0), ("b", 2.0, 4.0), ("x", 0.3, 0.2)]:
+        w.submit(name, c, n)
+    for _ in range(3):
+        w.step(p)
+    before = p.describe()["a"]
+    assert before["state"] == "running" and before["group"] is not None
+    snap = w.snapshot()
+    p.decide(dataclasses.replace(snap, apps=tuple(dataclasses.replace(a, am_limited=a.app_id == "a") for a in snap.apps)))
+    held = p.describe()["a"]
+    assert (held["state"], held["group"]) == ("running", before["group"])
+    assert held["profileSamples"] >= before["profileSamples"]
+    w.step(p)
+    back = p.describe()["a"]
+    assert (back["state"], back["group"]) == ("running", before["group"])
