@@ -86,6 +86,8 @@ def _import_options(p: argparse.ArgumentParser, index_base: int) -> None:
 
 def _prepare_out(out: str) -> str:
     path = os.path.abspath(out)
+    if os.path.exists(path) and not os.path.isdir(path):    # bad input, not a failed write
+        raise UsageError(f"--out {out}: is a file, not a directory; choose a new directory")
     if os.path.exists(os.path.join(path, MANIFEST_NAME)):
         raise UsageError(f"--out {out}: already holds a dataset ({MANIFEST_NAME}); choose a new directory")
     if os.path.isdir(path) and os.listdir(path):

@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import math
 import os
+import re
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -130,13 +132,28 @@ def parse_value(text: str) -> JsonValue:
     return value
 
 
+def _finite(value: JsonValue) -> bool:
+    """No NaN or infinity anywhere in `value` (json.loads reads NaN, Infinity and 1e400 as floats)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True
+
+
 def parse_assignment(text: str, flag: str) -> tuple[list[str], JsonValue]:
     """`data.num_samples=4000` -> (["data", "num_samples"], 4000); UsageError naming `flag`."""
     key, sep, value = text.partition("=")
     path = key.strip().split(".")
     if not sep or not all(path):
         raise UsageError(f"{flag} expects FIELD=VALUE with a dotted field path, got {text!r}")
-    return path, parse_value(value.strip())
+    parsed = parse_value(value.strip())
+    if not _finite(parsed):
+        # JSON has no such numbers: sent, they would arrive as null, and the error name a null.
+        raise UsageError(f"{flag} {key.strip()}: {value.strip()!r} is not a finite number")
+    return path, parsed
 
 
 def set_path(spec: JsonObject, path: list[str], value: JsonValue, flag: str) -> None:
@@ -149,12 +166,16 @@ def set_path(spec: JsonObject, path: list[str], value: JsonValue, flag: str) -> 
     node[path[-1]] = value
 
 
+_COUNT = re.compile(r"-?[0-9]+")    # a --place count (a negative one is refused by the spec check, naming it)
+
+
 def parse_place(text: str) -> JsonObject:
     """`10.0.0.5:45454=1,2` -> one placement entry {node, workers, servers}; UsageError when the
     text is not NODE=WORKERS,SERVERS (a node id has a colon, never an "=")."""
     node, sep, counts = text.rpartition("=")
     parts = counts.split(",")
-    if not sep or not node.strip() or len(parts) != 2 or not all(x.strip().lstrip("-").isdigit() for x in parts):
+    # ASCII digits only: str.isdigit also takes '²' or '٣', which int() then refuses.
+    if not sep or not node.strip() or len(parts) != 2 or not all(_COUNT.fullmatch(x.strip()) for x in parts):
         raise UsageError(f"--place expects NODE=WORKERS,SERVERS (e.g. 10.0.0.5:45454=1,1), got {text!r}")
     return {"node": node.strip(), "workers": int(parts[0]), "servers": int(parts[1])}
 

@@ -47,6 +47,17 @@ def _object(body: JsonValue) -> JsonObject:
     return body if isinstance(body, dict) else {}
 
 
+def _node_segment(node_id: str) -> str:
+    """`node_id` as one segment of a URL path; UsageError when it is not one. A node id is
+    host:port: one with '/', '?', '#', '%', whitespace or a dot segment would reach another
+    resource than this node's (`../apps/x`) or be cut short by the URL (`n1:1?x`)."""
+    bad = sorted({c for c in node_id if c in "/?#%" or c.isspace()})
+    if not node_id or node_id in (".", "..") or bad:
+        why = f"contains {', '.join(repr(c) for c in bad)}" if bad else "is not a node id"
+        raise UsageError(f"node id {node_id!r} {why}: give a node id host:port as `elastane node list` shows it")
+    return node_id
+
+
 def translate(err: BaseException, what: str, url: str) -> CliError:
     """Map an HTTP client exception to the CLI error (and exit code) it stands for."""
     if isinstance(err, RemoteError):
@@ -103,7 +114,8 @@ class RmRestClient:
         body: dict[str, str | float] = {"state": state}
         if timeout_s is not None:
             body["decommissionTimeout"] = timeout_s
-        return cast(NodeView, _unwrap(await self._call("PUT", f"{NODES}/{node_id}/state", body), "node"))
+        return cast(NodeView, _unwrap(await self._call("PUT", f"{NODES}/{_node_segment(node_id)}/state", body),
+                                      "node"))
 
     async def utilization(self, node: str | None = None) -> JsonObject:
         """The RM's utilization series (GET /ws/v1/cluster/utilization; `node` limits it to one)."""

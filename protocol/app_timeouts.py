@@ -15,6 +15,9 @@ UNLIMITED = "UNLIMITED"     # expiryTime of an app without a lifetime (remaining
 # The latest expiryTime the API can write (the calendar's year 9999): a later expiry could be
 # stored but not shown, so every page and reply naming the app would fail.
 LATEST_EXPIRY = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc).timestamp()
+# The earliest one (year 1 in UTC): an earlier time, such as 0001-01-01T00:00:00+14:00, has no
+# UTC expiryTime, so even the error naming it could not be written.
+EARLIEST_EXPIRY = datetime(1, 1, 1, tzinfo=timezone.utc).timestamp()
 # The longest lifetime taken (a submission's, a queue's default or cap, the CLI's): 100 years,
 # counted from any time before 9899 an expiry that can be written.
 MAX_LIFETIME_S = 100 * 365 * 86400
@@ -31,7 +34,8 @@ def format_expiry(expiry: Optional[float]) -> str:
     if expiry is None:
         return UNLIMITED
     t = datetime.fromtimestamp(expiry, tz=timezone.utc)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}+0000"
+    # The year by hand: strftime's %Y does not pad years before 1000 to four digits on glibc.
+    return f"{t.year:04d}" + t.strftime("-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}+0000"
 
 
 def parse_expiry(text: str) -> float:
@@ -50,9 +54,11 @@ def parse_expiry(text: str) -> float:
 
 
 def check_writable(expiry: float) -> None:
-    """LifetimeError unless `expiry` is a time an expiryTime can show (finite, not after 9999)."""
+    """LifetimeError unless `expiry` is a time an expiryTime can show (finite, in the years 1 to 9999 UTC)."""
     if not math.isfinite(expiry):
         raise LifetimeError(f"expiryTime must be a time, got {expiry}")
+    if expiry < EARLIEST_EXPIRY:
+        raise LifetimeError(f"expiryTime is before {format_expiry(EARLIEST_EXPIRY)}, the earliest time the API can show")
     if expiry > LATEST_EXPIRY:
         raise LifetimeError(f"expiryTime is after {format_expiry(LATEST_EXPIRY)}, the latest time the API can show")
 

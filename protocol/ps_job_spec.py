@@ -489,10 +489,18 @@ def _check_model_locations(spec: PSJobSpec) -> None:
                 raise
 
 
-def shape_problem(spec: PSJobSpec, workers: int, servers: int) -> Optional[str]:
-    """Why a shape directed to this job is beyond the bounds its spec sets (max_workers,
-    max_servers, its model blocks), naming the field; None if within them. The AM also bounds
-    workers by the input splits, which only it knows (a directive beyond them is refused there)."""
+def shape_problem(spec: PSJobSpec, workers: int, servers: int, pause: bool = False) -> Optional[str]:
+    """Why a shape directed to this job is beyond the bounds its spec sets (min_workers,
+    min_servers, max_workers, max_servers, its model blocks), naming the field; None if within
+    them. The AM also bounds workers by the input splits, which only it knows (a directive beyond
+    them is refused there). With `pause` the minimums do not apply: a paused job gives all its
+    executors back, and the shape it resumes with comes in the resume directive."""
+    # Below the minimums the AM would clamp the shape up silently: the directive the RM stored
+    # and showed would not be the one carried out.
+    if not pause and workers < spec.min_workers:
+        return f"workers: {workers} is less than this job's min_workers of {spec.min_workers}"
+    if not pause and servers < spec.min_servers:
+        return f"servers: {servers} is less than this job's min_servers of {spec.min_servers}"
     if spec.max_workers is not None and workers > spec.max_workers:
         return f"workers: {workers} is more than this job's max_workers of {spec.max_workers}"
     if spec.max_servers is not None and servers > spec.max_servers:
@@ -502,8 +510,37 @@ def shape_problem(spec: PSJobSpec, workers: int, servers: int) -> Optional[str]:
     return None
 
 
-def validate(obj: object) -> PSJobSpec:
-    """Decode and check a PS job spec (JSON bytes/str or decoded builtins); JobSpecError names the field."""
+# The schemes of the locations a process reading for someone else (the RM at submission) reads a
+# job's `init_from` model and `data.path` manifest from: a plain path, file://, or an object store.
+# Any other scheme fsspec implements (http://, ftp://, ...) would have the RM fetch a URL a client
+# chose from inside the cluster's network and answer with what it read (server-side request forgery).
+def _refused_read(url: str) -> Optional[str]:
+    """Why `check_read_locations` refuses `url` (its scheme), or None when it may be read."""
+    if durable_storage.local_path(url) is not None:
+        return None        # read with open(), whatever the path holds
+    if "::" in url:        # fsspec's URL chaining ("s3://b/x::http://...") reaches any scheme
+        return "a chained URL (::)"
+    if durable_storage.bucket_of(url) is not None:
+        return None
+    return f"the scheme {url.split('://', 1)[0]}://"
+
+
+def check_read_locations(spec: PSJobSpec) -> None:
+    """JobSpecError naming the field and the scheme unless the locations `validate` reads
+    (`init_from`, `data.path`) are plain paths, file:// URLs or object-store URLs
+    (durable_storage.BUCKET_SCHEMES). Reads nothing: run before anything is read."""
+    path = spec.data.get("path")
+    for field, url in (("init_from", spec.init_from), ("data.path", path if isinstance(path, str) else "")):
+        why = _refused_read(url) if url else None
+        if why is not None:
+            raise JobSpecError(field, f"{url!r}: the RM does not read {why}; use a path, file:// or an "
+                               f"object store ({', '.join(sorted(durable_storage.BUCKET_SCHEMES))})")
+
+
+def validate(obj: object, untrusted: bool = False) -> PSJobSpec:
+    """Decode and check a PS job spec (JSON bytes/str or decoded builtins); JobSpecError names the field.
+    `untrusted`: the spec comes from a client this process does not act for (the RM at submission),
+    so `check_read_locations` runs before anything it names is read."""
     if isinstance(obj, PSJobSpec):
         obj = obj.to_json()
     if isinstance(obj, (bytes, str)):
@@ -522,6 +559,8 @@ def validate(obj: object) -> PSJobSpec:
     _check_resources(spec)
     _check_generic(spec)
     _check_placement(spec)
+    if untrusted:
+        check_read_locations(spec)
     _check_app(spec)
     _check_model_locations(spec)
     return spec
@@ -556,4 +595,5 @@ def check_storage(spec: PSJobSpec) -> None:
 
 
 __all__ = ["APPLICATION_TYPE", "AM_COMMAND", "ELASTANE_FIELD", "JobSpecError", "PRESET_NAMES", "PSJobSpec",
-           "PS_SPEC_ENV", "USER_APP", "CruiseOptions", "check_storage", "storage_locations", "validate"]
+           "PS_SPEC_ENV", "USER_APP", "CruiseOptions", "check_read_locations", "check_storage", "storage_locations",
+           "validate"]

@@ -14,6 +14,7 @@ from protocol.client_auth import request_user
 from protocol.ps_job_spec import shape_problem
 from protocol.app_timeouts import LIFETIME, LifetimeError, parse_expiry
 from protocol.http_server import json_response, read_json
+from protocol.internal_api import RunState
 from protocol.records import AppState, FinalStatus, NodeState
 from protocol.remote_exception import BadRequest, Forbidden, NotFound
 
@@ -149,7 +150,9 @@ class ClientApi:
         final = _parse_states(q.get("finalStatus"), FinalStatus, "finalStatus")
         user = q.get("user")
         queue = q.get("queue")
-        types = {t.strip() for t in q["applicationTypes"].split(",") if t.strip()} if "applicationTypes" in q else None
+        # YARN compares application types lower-cased: ?applicationTypes=mapreduce lists MAPREDUCE apps.
+        types = ({t.strip().lower() for t in q["applicationTypes"].split(",") if t.strip()}
+                 if "applicationTypes" in q else None)
         limit = None
         if "limit" in q:
             try:
@@ -168,7 +171,7 @@ class ClientApi:
                 continue
             if queue and app.queue != queue:
                 continue
-            if types is not None and app.app_type not in types:
+            if types is not None and app.app_type.lower() not in types:
                 continue
             out.append(self._listed(app, str(request.url.origin())))
             if limit is not None and len(out) >= limit:
@@ -340,7 +343,7 @@ class ClientApi:
                              f"(known: {', '.join(sorted(known)) or 'none'})")
         if len(set(body.nodes)) != len(body.nodes):
             raise BadRequest(f"nodes: each node may be named once, got {', '.join(body.nodes)}")
-        problem = shape_problem(app.ps.spec, body.workers, body.servers)
+        problem = shape_problem(app.ps.spec, body.workers, body.servers, pause=body.run_state is RunState.PAUSE)
         if problem is not None:
             raise BadRequest(problem)
         reason = body.reason or f"set by {user}"

@@ -33,6 +33,10 @@ IGNORED_SUBMISSION_FIELDS: tuple[str, ...] = (
 IGNORED_AM_CONTAINER_SPEC_FIELDS: tuple[str, ...] = ("service-data", "credentials", "application-acls")
 
 
+# The longest `reason` a shape directive takes (PUT .../shape), in characters.
+MAX_SHAPE_REASON = 1024
+
+
 class _In(msgspec.Struct, forbid_unknown_fields=True):
     pass
 
@@ -174,7 +178,8 @@ class AppShapeUpdate(_In):
     workers: Annotated[int, msgspec.Meta(ge=1)]
     servers: Annotated[int, msgspec.Meta(ge=1)]
     nodes: list[str] = []
-    reason: str = ""
+    # Stored with the directive, sent to the AM and shown in the decision log: a note, not a document.
+    reason: Annotated[str, msgspec.Meta(max_length=MAX_SHAPE_REASON)] = ""
     run_state: RunState = msgspec.field(default=RunState.RUN, name="runState")
 
 
@@ -209,6 +214,13 @@ def _entries(x: Union[list[E], E, None]) -> list[E]:
 def _ps_job(ctx: SubmissionContext) -> Optional[ps_job_spec.PSJobSpec]:
     """The validated PS job spec of an ELASTANE_PS submission (`elastane.ps-job`), else None."""
     ext = ctx.elastane or {}
+    # The extension has one key; another (a misspelt "ps_job") would be stored and ignored, and
+    # the job run as a plain app.
+    unknown = [k for k in ext if k != ps_job_spec.ELASTANE_FIELD]
+    if unknown:
+        raise BadRequest(f"elastane: unknown field{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(repr(k) for k in unknown)}; "
+                         f"the only one is {ps_job_spec.ELASTANE_FIELD!r}")
     field = f"elastane.{ps_job_spec.ELASTANE_FIELD}"
     is_ps = ctx.application_type.upper() == ps_job_spec.APPLICATION_TYPE
     if not is_ps:
@@ -218,7 +230,9 @@ def _ps_job(ctx: SubmissionContext) -> Optional[ps_job_spec.PSJobSpec]:
     if ps_job_spec.ELASTANE_FIELD not in ext:
         raise BadRequest(f"{field} is required for application-type {ps_job_spec.APPLICATION_TYPE}")
     try:
-        spec = ps_job_spec.validate(ext[ps_job_spec.ELASTANE_FIELD])
+        # untrusted: the RM reads init_from / data.path only from paths and object stores, never
+        # from a URL of any scheme a client names (no requests into the cluster's network for it).
+        spec = ps_job_spec.validate(ext[ps_job_spec.ELASTANE_FIELD], untrusted=True)
         ps_job_spec.check_storage(spec)     # object stores: bucket there, credentials good
     except ps_job_spec.JobSpecError as e:
         raise BadRequest(str(e.under(field))) from None
@@ -309,7 +323,11 @@ def validate(ctx: SubmissionContext) -> ValidSubmission:
         raise BadRequest("queue must not be empty")
     lifetime = _lifetime(ctx.application_timeouts)
     env_spec = ctx.am_container_spec.environment
-    env = {kv.key: kv.value for kv in _entries(env_spec.entry if env_spec else None)}
+    env: dict[str, str] = {}
+    for kv in _entries(env_spec.entry if env_spec else None):
+        if kv.key in env:    # one would be dropped unseen: the last would win
+            raise BadRequest(f"am-container-spec.environment.entry: key {kv.key!r} is given twice")
+        env[kv.key] = kv.value
     problem = container_env.environment_problem(env)
     if problem is not None:
         raise BadRequest(f"am-container-spec.environment.entry: {problem}")

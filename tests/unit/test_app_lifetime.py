@@ -45,6 +45,10 @@ def test_expiry_times_are_yarns_iso_8601_with_a_zone() -> None:
     assert format_expiry(parse_expiry("9999-12-31T23:59:59+0000")) == "9999-12-31T23:59:59.000+0000"
     with pytest.raises(LifetimeError, match="after 9999-12-31T23:59:59.000"):
         parse_expiry("9999-12-31T23:00:00.000-1200")       # the year 10000 in UTC
+    # The year 0 in UTC: no expiryTime can show it, not even the error's (it was a 500).
+    with pytest.raises(LifetimeError, match="before 0001-01-01T00:00:00.000[+]0000, the earliest"):
+        parse_expiry("0001-01-01T00:00:00+14:00")
+    assert format_expiry(parse_expiry("0999-03-04T05:06:07Z")) == "0999-03-04T05:06:07.000+0000"  # 4-digit year
 
 
 def test_a_new_expiry_must_be_ahead_and_within_the_queues_cap() -> None:
@@ -169,6 +173,9 @@ async def test_bad_lifetimes_and_updates_are_refused_and_change_nothing(tmp_path
                 # the year 10000 in UTC: past the latest expiryTime any reply or page can write
                 ({"timeout": {"type": "LIFETIME", "expiryTime": "9999-12-31T23:00:00.000-1200"}}, 400,
                  "the latest time the API can show", "alice"),
+                # the year 0 in UTC: before the earliest (a 500 once, from formatting the error)
+                ({"timeout": {"type": "LIFETIME", "expiryTime": "0001-01-01T00:00:00+14:00"}}, 400,
+                 "timeout.expiryTime is before 0001-01-01T00:00:00.000+0000", "alice"),
                 ({"timeout": {"type": "QUEUE", "expiryTime": format_expiry(now + 60)}}, 400, "only LIFETIME", "alice"),
                 ({"timeout": {"type": "LIFETIME"}}, 400, "expiryTime", "alice"),
                 ({"timeout": {"type": "LIFETIME", "expiryTime": format_expiry(now + 60)}}, 403, "not allowed", "bob")]:

@@ -39,6 +39,21 @@ from elastane_cli.context import resolve_rm_url
     (["sim", "generate", "--window-s", "nan"], "--window-s must be a finite number >= 0, got nan"),
     (["cluster", "start", "--rm-port", "99999"], "port must be in 0..65535"),
     (["cluster", "start", "--cgroups", "v3"], "invalid choice: 'v3'"),
+    # node ids that are not one URL path segment: cut short by '?', or another resource's path
+    (["node", "decommission", "n1:1?x"], "node id 'n1:1?x' contains '?'"),
+    (["node", "decommission", "../apps/application_1_0001"], "node id '../apps/application_1_0001' contains '/'"),
+    (["node", "decommission", "n1:1#f"], "node id 'n1:1#f' contains '#'"),
+    (["node", "recommission", "n1 1"], "node id 'n1 1' contains ' '"),
+    (["node", "decommission", ".."], "node id '..' is not a node id"),
+    # a count in digits str.isdigit takes and int() does not (a traceback once)
+    (["ps", "submit", "--app", "mlr", "--place", "n1:1=\u00b2,1"], "--place expects NODE=WORKERS,SERVERS"),
+    # numbers JSON has no form for: sent, they arrived as null
+    (["ps", "submit", "--app", "mlr", "--set", "data.logit_scale=Infinity"],
+     "--set data.logit_scale: 'Infinity' is not a finite number"),
+    (["ps", "submit", "--app", "mlr", "--hparam", "learning_rate=[1, NaN]"],
+     "--hparam learning_rate: '[1, NaN]' is not a finite number"),
+    (["data", "generate", "--app", "mlr", "--set", "num_samples=1e400", "--out", "/nonexistent/d"],
+     "--set num_samples: '1e400' is not a finite number"),
 ])
 def test_bad_usage_exits_2_with_a_message(argv: list[str], message: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -46,6 +61,15 @@ def test_bad_usage_exits_2_with_a_message(argv: list[str], message: str,
     assert code == 2
     assert message in err
     assert "error" in err
+
+
+def test_data_out_naming_a_file_exits_2_and_leaves_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--out naming a file: bad input (2), not a failed write (1)."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("kept\n")
+    code, out, err = run(["data", "generate", "--app", "mlr", "--out", str(a_file)], capsys)
+    assert code == 2 and f"--out {a_file}: is a file, not a directory" in err
+    assert a_file.read_text() == "kept\n"
 
 
 def _free_port() -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from appmaster.ps.submission import build_ps_submission
@@ -129,3 +130,27 @@ def test_build_ps_submission_carries_the_spec_twice() -> None:
         build_ps_submission({"app": "nmf", "workers": 0})
     with pytest.raises(ValueError, match="am_memory"):
         build_ps_submission({"app": "nmf"}, am_memory=0)
+
+
+def test_untrusted_specs_name_only_paths_file_urls_and_object_stores_to_read() -> None:
+    """What the RM reads at submission (init_from's model, data.path's dataset.json) must be a
+    path, file:// or an object store: any other scheme is refused naming the field and the scheme,
+    before anything is read."""
+    for url in ("/shared/models/m1", "file:///shared/models/m1", "s3://models/m1", "gs://b/m", "abfs://c/m"):
+        spec = msgspec.convert({"app": "mlr", "init_from": url, "data": {"path": url}}, PSJobSpec)
+        ps_job_spec.check_read_locations(spec)
+    for field, bad, why in [("init_from", {"init_from": "http://169.254.169.254/latest/meta-data"}, "the scheme http://"),
+                            ("data.path", {"data": {"path": "https://internal/admin"}}, "the scheme https://"),
+                            ("init_from", {"init_from": "memory://m"}, "the scheme memory://"),
+                            ("init_from", {"init_from": "s3://b/m::http://x/m"}, "a chained URL (::)")]:
+        with pytest.raises(JobSpecError) as e:
+            validate({"app": "mlr", **bad}, untrusted=True)
+        assert e.value.field == field and f"the RM does not read {why}" in str(e.value), str(e.value)
+
+
+def test_a_shape_below_the_minimums_is_refused_unless_it_pauses() -> None:
+    spec = validate({"app": "mlr", "workers": 3, "servers": 2, "min_workers": 2, "min_servers": 2})
+    assert ps_job_spec.shape_problem(spec, 1, 2) == "workers: 1 is less than this job's min_workers of 2"
+    assert ps_job_spec.shape_problem(spec, 2, 1) == "servers: 1 is less than this job's min_servers of 2"
+    assert ps_job_spec.shape_problem(spec, 2, 2) is None
+    assert ps_job_spec.shape_problem(spec, 1, 1, pause=True) is None   # a paused job holds no executors

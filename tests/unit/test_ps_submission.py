@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from appmaster.ps.submission import build_ps_submission
 from protocol import ps_job_spec
@@ -37,6 +38,10 @@ async def _app_ids(client: TestClient) -> set[str]:
     ({"app": "mlr", "weight": -1}, "elastane.ps-job.weight"),
     ({"app": "mlr", "workers": 2, "min_workers": 3}, "elastane.ps-job.min_workers"),
     ("mlr", "elastane.ps-job"),
+    # locations the RM would read at submission, of schemes it does not read (no request is made)
+    ({"app": "mlr", "init_from": "ftp://10.0.0.1/m"}, "elastane.ps-job.init_from"),
+    ({"app": "mlr", "data": {"path": "memory://d"}}, "elastane.ps-job.data.path"),
+    ({"app": "mlr", "init_from": "s3://b/m::http://10.0.0.1/m"}, "elastane.ps-job.init_from"),
 ])
 async def test_bad_ps_job_is_400_naming_the_field_and_creates_nothing(rm, ps_job: Any, field: str) -> None:
     _, client = rm
@@ -118,3 +123,40 @@ async def test_a_ps_jobs_files_in_either_place_reach_the_am_and_its_executors(rm
     assert message.startswith("am-container-spec.local-resources: local resource 'mymodel.py' differs from "
                               "elastane.ps-job.resources.mymodel.py"), message
     assert app_id not in await _app_ids(client)
+
+
+async def test_the_rm_reads_no_url_a_client_names_outside_paths_and_object_stores(rm) -> None:
+    """init_from / data.path of http:// (any scheme but a path, file:// or an object store): a
+    400 naming the field and the scheme, and no request from the RM (it would fetch, from inside
+    the cluster's network, what a client chose -- a metadata service -- and echo its structure)."""
+    _, client = rm
+    hits: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        hits.append(request.path)
+        return web.json_response({"app": "mlr", "format": 1, "spec": {"num_samples": "SECRET"}})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    internal = TestServer(app)
+    await internal.start_server()
+    try:
+        url = str(internal.make_url("/latest/meta-data"))
+        for ps_job, field in (({"app": "mlr", "init_from": url}, "init_from"),
+                              ({"app": "mlr", "data": {"path": url}}, "data.path")):
+            app_id = await new_application_id(client)
+            body = build_ps_submission({"app": "mlr"}, app_id=app_id)
+            body["elastane"] = {"ps-job": ps_job}
+            status, err = await _submit(client, body)
+            assert status == 400, err
+            message = err["RemoteException"]["message"]
+            assert message.startswith(f"elastane.ps-job.{field}: ") and "http://" in message, message
+            assert "SECRET" not in message and hits == []
+            assert app_id not in await _app_ids(client)
+    finally:
+        await internal.close()
+    # A path is still read (here: none there, left to the AM, which reads it where it runs).
+    body = build_ps_submission({"app": "mlr", "init_from": "/nowhere/on/this/host"},
+                               app_id=await new_application_id(client))
+    status, err = await _submit(client, body)
+    assert status == 202, err

@@ -118,7 +118,7 @@ async def env(tmp_path):
 
 async def test_submit_flow_end_to_end_with_fake_nm(env: Env):
     await env.register_node("n1:1")
-    app_id = await env.submit(elastane={"workers": 2})
+    app_id = await env.submit(elastane={})
     assert (await env.app(app_id))["state"] == "ACCEPTED"
     am_token = await env.launch_am()
     claims, req = env.nm.started[-1]
@@ -131,7 +131,7 @@ async def test_submit_flow_end_to_end_with_fake_nm(env: Env):
     reg = await env.call("POST", api.AM_REGISTER, {"tracking_url": "http://am:7"}, token=am_token)
     assert reg["app_id"] == app_id and reg["queue"] == "default"
     app = await env.app(app_id)
-    assert app["state"] == "RUNNING" and app["trackingUrl"] == "http://am:7" and app["elastane"] == {"workers": 2}
+    assert app["state"] == "RUNNING" and app["trackingUrl"] == "http://am:7" and app["elastane"] == {}
     out = await env.call("POST", api.AM_ALLOCATE, {"response_id": 0, "progress": 0.5, "asks": [
         {"ask_id": 1, "count": 2, "resource": {"memory": 512, "vCores": 1}, "tag": "worker"}]}, token=am_token)
     assert len(out["allocated"]) == 2
@@ -201,6 +201,16 @@ BAD_SUBMISSIONS = [
     ("env value with NUL", {"am-container-spec": {"commands": {"command": "true"},
                                                   "environment": {"entry": [{"key": "C", "value": "x\u0000y"}]}}},
      "environment.entry: the value of 'C' must not contain NUL"),
+    # a key given twice: the last would win unseen
+    ("env key twice", {"am-container-spec": {"commands": {"command": "true"}, "environment": {"entry": [
+        {"key": "A", "value": "1"}, {"key": "A", "value": "2"}]}}},
+     "am-container-spec.environment.entry: key 'A' is given twice"),
+    # the extension's one key misspelt: the job would run as a plain app, the spec stored unread
+    ("unknown elastane field", {"elastane": {"ps_job": {"app": "mlr"}}},
+     "elastane: unknown field 'ps_job'; the only one is 'ps-job'"),
+    ("unknown elastane fields", {"application-type": "ELASTANE_PS",
+                                 "elastane": {"ps-job": {"app": "mlr"}, "note": 1, "x": {}}},
+     "elastane: unknown fields 'note', 'x'"),
 ]
 
 
@@ -327,7 +337,7 @@ async def test_killed_app_am_gets_shutdown_and_nm_cleanup(env: Env):
 
 async def test_app_list_filters(env: Env):
     a = await env.submit(user="alice")
-    b = await env.submit(user="bob", queue="research")
+    b = await env.submit(user="bob", queue="research", **{"application-type": "MapReduce"})
     c = await env.submit(user="bob")
     await env.call("PUT", f"{BASE}/apps/{c}/state", {"state": "KILLED"}, status=202, **{"user.name": "bob"})
 
@@ -342,6 +352,9 @@ async def test_app_list_filters(env: Env):
     assert await ids(queue="research") == [b]
     assert await ids(limit="2") == [a, b]
     assert await ids(states="RUNNING") == []
+    # application types compare lower-cased, as YARN's do
+    assert await ids(applicationTypes="mapreduce") == await ids(applicationTypes="MAPREDUCE, yarn") == [b]
+    assert await ids(applicationTypes="Elastane,MapReduce") == [a, b, c]
     out = await env.call("GET", BASE + "/apps", status=400, states="SLEEPING")
     assert "SLEEPING" in out["RemoteException"]["message"]
     await env.call("GET", BASE + "/apps", status=400, limit="x")
@@ -472,7 +485,7 @@ async def test_state_store_recovery_across_restart(tmp_path):
     tok = await env.launch_am()
     await env.call("POST", api.AM_REGISTER, {}, token=tok)
     await env.call("POST", api.AM_FINISH, {"final_status": "FAILED", "diagnostics": "bad data"}, token=tok)
-    running = await env.submit(user="bob", elastane={"servers": 1})
+    running = await env.submit(user="bob", elastane={})
     old_token = await env.launch_am()
     await env.call("POST", api.AM_REGISTER, {}, token=old_token)
     await close_env(env)
@@ -485,7 +498,7 @@ async def test_state_store_recovery_across_restart(tmp_path):
         assert (d["state"], d["finalStatus"], d["diagnostics"]) == ("FINISHED", "FAILED", "bad data")
         r = await env2.app(running)
         # Work-preserving: the running attempt is kept, its AM told to register again.
-        assert r["state"] == "RUNNING" and r["user"] == "bob" and r["elastane"] == {"servers": 1}
+        assert r["state"] == "RUNNING" and r["user"] == "bob" and r["elastane"] == {}
         attempts = (await env2.call("GET", f"{BASE}/apps/{running}/appattempts"))["appAttempts"]["appAttempt"]
         assert [a["appAttemptState"] for a in attempts] == ["RUNNING"]
         refused = await env2.call("POST", api.AM_ALLOCATE, {"response_id": 9}, token=old_token, status=400)
@@ -513,11 +526,11 @@ async def test_a_ps_job_keeps_its_typed_spec_across_a_restart(tmp_path):
     env = await make_env(tmp_path, minimum_allocation_mb=256)
     await env.register_node("n1:1")
     given = {"app": "mlr", "workers": 2, "servers": 1, "max_workers": 4, "executor_memory_mb": 300}
-    app_id = await env.submit(**{"application-type": "ELASTANE_PS", "elastane": {"ps-job": given, "note": 1}})
+    app_id = await env.submit(**{"application-type": "ELASTANE_PS", "elastane": {"ps-job": given}})
     spec = env.rm.core.apps[app_id].ps.spec
     assert spec == ps_job_spec.validate(given)
     shown = (await env.app(app_id))["elastane"]
-    assert shown["note"] == 1 and ps_job_spec.validate(shown["ps-job"]) == spec
+    assert list(shown) == ["ps-job"] and ps_job_spec.validate(shown["ps-job"]) == spec
     assert {k: shown["ps-job"][k] for k in given} == given
     await env.launch_am()
     assert ps_job_spec.validate(env.nm.started[-1][1].launch_context.environment[ps_job_spec.PS_SPEC_ENV]) == spec
@@ -657,3 +670,27 @@ async def test_put_shape_directs_an_elastic_job_and_refuses_bad_input(env: Env):
     plain = await env.submit(user="alice")
     out = await env.call("PUT", f"{BASE}/apps/{plain}/shape", shape, status=400, **{"user.name": "alice"})
     assert "not an elastic PS job" in out["RemoteException"]["message"]
+
+
+async def test_put_shape_refuses_a_shape_below_the_jobs_minimums_and_a_long_reason(env: Env):
+    """Below min_workers / min_servers the AM would clamp the directive up unseen: a 400 naming the
+    minimum, nothing stored. A pause gives every executor back, so its shape may be below them.
+    A reason is a note (stored, sent to the AM): at most 1024 characters."""
+    await env.register_node("n1:1")
+    ps = {"application-type": "ELASTANE_PS", "elastane": {"ps-job": {
+        "app": "mlr", "workers": 3, "servers": 2, "min_workers": 2, "min_servers": 2, "max_workers": 4}}}
+    app_id = await env.submit(user="alice", **ps)
+    path = f"{BASE}/apps/{app_id}/shape"
+    for bad, needle in [({"workers": 1, "servers": 2}, "workers: 1 is less than this job's min_workers of 2"),
+                        ({"workers": 2, "servers": 1}, "servers: 1 is less than this job's min_servers of 2"),
+                        ({"workers": 1, "servers": 1, "runState": "resume"}, "min_workers of 2"),
+                        ({"workers": 2, "servers": 2, "reason": "r" * 1025}, "length <= 1024 - at `$.reason`")]:
+        out = await env.call("PUT", path, bad, status=400, **{"user.name": "alice"})
+        assert needle in out["RemoteException"]["message"], out
+        assert env.rm.core.apps[app_id].directive is None            # nothing stored
+    d = (await env.call("PUT", path, {"workers": 2, "servers": 2, "reason": "r" * 1024},
+                        **{"user.name": "alice"}))["shape"]["directive"]
+    assert (d["workers"], d["servers"], d["reason"]) == (2, 2, "r" * 1024)
+    d = (await env.call("PUT", path, {"workers": 1, "servers": 1, "runState": "pause"},
+                        **{"user.name": "alice"}))["shape"]["directive"]
+    assert (d["workers"], d["servers"], d["runState"]) == (1, 1, "pause")
