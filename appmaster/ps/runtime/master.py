@@ -35,6 +35,7 @@ from protocol.checkpoint_manifest import JobRecord
 from protocol.durable_storage import DurableDir
 from protocol.internal_api import ShapeDirective
 from protocol.job_report import finite, recent_epoch_times, recent_objectives
+from protocol.model_output import ModelOutputError
 from protocol.ps_job_spec import PSJobSpec
 from protocol.ps_status import (CruiseStatus, encode_status, DirectiveRecord, EpsStatus, PsStatus, RecoveryStatus, ResumedFrom,
                                 StragglerStatus, SuspensionCut, SuspensionStatus)
@@ -680,7 +681,8 @@ class PSApplicationMaster:
 
     async def _after_epoch(self, rec: EpochRecord) -> None:
         self._write_handover()
-        self.am.set_progress(min(1.0, rec.epoch / max(1, int(self.app.hparams.max_epochs))))
+        # rec.epoch counts from 0: after it, rec.epoch + 1 epochs are done (1.0 after the last).
+        self.am.set_progress(min(1.0, (rec.epoch + 1) / max(1, int(self.app.hparams.max_epochs))))
         self.progress.on_epoch(self._batches_by_worker(), rec.time)
         self._publish_shape(rec)
         await self._watch_heldout(rec)
@@ -732,8 +734,19 @@ class PSApplicationMaster:
         return values
 
     async def _write_output(self, kind: str, epoch: int) -> None:
-        last = self.checkpointer.last
-        if not self.spec.output or last is None:
+        """The model of the checkpoint the controller recorded for `epoch` (epochs done), written to
+        `<output>/final/` or `<output>/epoch-N/`. Not the checkpointer's last write: an attempt that
+        took the job over wrote none (its final output was skipped), and a failed checkpoint left
+        an older one there (published under this epoch's name and metadata)."""
+        if not self.spec.output:
+            return
+        ckpt = self.job.checkpoints[-1] if self.job.checkpoints else None
+        if ckpt is None or ckpt[0] != epoch or not ckpt[1]:
+            if kind == "final":
+                raise ModelOutputError(f"output: no checkpoint of epoch {epoch} to write the final model from "
+                                       f"(latest: {ckpt})")
+            log.warning("output: the checkpoint of epoch %d was not taken; %s/epoch-%d is not written",
+                        epoch, self.spec.output, epoch)
             return
         if self.model_output is None:
             self.model_output = ModelOutput(self.spec, self.app, self.am.identity.attempt_id)
@@ -743,7 +756,7 @@ class PSApplicationMaster:
                                   (None, None))
         meta = self.model_output.metadata(kind, epoch, self.metrics.objectives, self.metrics.initial_objective,
                                           heldout, heldout_epoch, self.shape_history)
-        await self.model_output.write(last["dir"], meta)
+        await self.model_output.write(ckpt[1], meta)
 
     # -- the job report ----------------------------------------------------------------------
     def _publish_shape(self, rec: EpochRecord | None = None) -> None:
