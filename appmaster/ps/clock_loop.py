@@ -316,9 +316,14 @@ class ClockLoop:
         log.info("clock %d runs again on %s (replacing %s)", self.clocks_done,
                  ", ".join(w.executor_id for w in replacements), ", ".join(w.executor_id for w, _ in failed))
         results = await self._clock_calls(replacements, request)
-        for r in results:
-            if not isinstance(r, Answered):
-                raise r
+        lost = [r for r in results if not isinstance(r, Answered)]
+        if lost:
+            # As without replacements: what ran (the survivors, the replacements that answered)
+            # was pushed and applied, so it is counted before the failure goes up. Uncounted, the
+            # clock was issued again and the survivors' push logs dropped its applied pushes.
+            done = ran + [(w, r) for w, r in zip(replacements, results) if isinstance(r, Answered)]
+            self._end_clock([w for w, _ in done], [a.arrays for _, a in done], [a.reply for _, a in done])
+            raise lost[0]
         return list(zip(replacements, [r for r in results if isinstance(r, Answered)]))
 
     async def _clock_calls(self, workers: Sequence[ExecutorRecord],
