@@ -20,11 +20,15 @@ busy, from /proc/stat) is measured over `QUIET_WINDOW_S` while nothing of the co
 other work shows there at once, where the 1-minute load average still carries the previous
 benchmark's own processes. The run waits up to `--quiet-wait` seconds for the share to fall to
 `--max-busy` (default 0.15); a run that starts above it is marked saturated, kept in the output
-and left out of the medians. The 1-minute load average is recorded too. A figure with no quiet run
-on a side has no verdict.
+and left out of the medians. The 1-minute load average is recorded too. A run that failed (exited
+non-zero, timed out, gave no figure, or its last line has an `error`) is counted apart and its
+value, if any, left out too. `within_1_1x` is null unless each side has at least 2 (`MIN_RUNS`)
+quiet successful runs; the medians are given from one.
 
-Last line, JSON: {"old", "new", "repeats", "saturated_runs", "<figure>": {"old_median",
-"new_median", "old_range", "new_range", "new_over_old", "within_1_1x"}, ...}.
+Last line, JSON: {"old", "new", "repeats", "saturated_runs", "failed_runs", "<figure>": {"old_median",
+"new_median", "old_range", "new_range", "new_over_old", "within_1_1x", "old_quiet_runs",
+"new_quiet_runs", "old_failed_runs", "new_failed_runs", "old_saturated_runs", "new_saturated_runs"},
+...}.
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 from elastane_cli.machine_load import MachineMeter  # noqa: E402  (this checkout's, whichever side runs)
 
 QUIET_WINDOW_S = 3.0
+MIN_RUNS = 2            # quiet successful runs a side needs for a verdict
 
 
 @dataclass(frozen=True)
@@ -175,20 +180,33 @@ def run_once(side: Side, fig: Figure, quick: bool, max_busy: float, quiet_wait_s
                busy > max_busy, err, report)
 
 
+def failed(r: Run) -> bool:
+    """A run that exited non-zero, timed out, gave no figure or reported an `error`: its value, if
+    any, is not the code's figure."""
+    return bool(r.error) or r.value is None or bool(r.report.get("error"))
+
+
 def summary(fig: Figure, old: list[Run], new: list[Run]) -> dict[str, object]:
+    """A figure's sides over their quiet successful runs (saturated and failed runs counted apart),
+    and the verdict: None unless each side has MIN_RUNS of them."""
     def quiet(runs: list[Run]) -> list[float]:
-        return [r.value for r in runs if r.value is not None and not r.saturated]
+        return [r.value for r in runs if r.value is not None and not failed(r) and not r.saturated]
 
     o, n = quiet(old), quiet(new)
     out: dict[str, object] = {"key": fig.key, "old_runs": [r.value for r in old], "new_runs": [r.value for r in new]}
+    for side, runs, good in (("old", old, o), ("new", new, n)):
+        out.update({f"{side}_quiet_runs": len(good), f"{side}_failed_runs": sum(failed(r) for r in runs),
+                    f"{side}_saturated_runs": sum(r.saturated and not failed(r) for r in runs)})
     if not o or not n:
         out["within_1_1x"] = None
         return out
     om, nm = statistics.median(o), statistics.median(n)
     ratio = (om / nm if fig.higher_is_better else nm / om) if om and nm else None
+    # One run a side is one sample of the machine's noise, not a comparison.
+    enough = len(o) >= MIN_RUNS and len(n) >= MIN_RUNS
     out.update(old_median=round(om, 4), new_median=round(nm, 4), old_range=[min(o), max(o)],
                new_range=[min(n), max(n)], new_over_old=None if ratio is None else round(ratio, 3),
-               within_1_1x=None if ratio is None else ratio <= 1.1)
+               within_1_1x=None if ratio is None or not enough else ratio <= 1.1)
     return out
 
 
@@ -241,7 +259,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     old, new = sides
     result: dict[str, object] = {"old": a.old, "new": a.new, "repeats": a.repeats,
                                  "saturated_runs": sum(r.saturated for s in sides for r in s.runs),
-                                 "failed_runs": sum(bool(r.error) for s in sides for r in s.runs)}
+                                 "failed_runs": sum(failed(r) for s in sides for r in s.runs)}
     for fig in figures:
         result[fig.name] = summary(fig, [r for r in old.runs if r.figure == fig.name],
                                    [r for r in new.runs if r.figure == fig.name])

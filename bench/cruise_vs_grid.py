@@ -22,7 +22,12 @@ data grows so every worker of every split has input blocks).
 relative = chosen epoch time / best epoch time (anchor: Cruise within 6.5%; target 5%).
 Solve times of the optimizer for N = 32 and 1,000 simulated nodes come from bench/cruise_solve.py's
 setups (anchor 30 ms homogeneous, 37.4 s heterogeneous; target < 10 ms and < 1 s).
+A grid probe that failed (no epoch time) has a null time, is counted (`failed_probes`, per case and
+over the workloads; `failed_splits`) and takes no part in the best, the worst splits or the rank
+correlation; a case whose chosen split has no grid time has a null `relative`
+(`cases_without_relative`) and no part in `worst_relative_to_optimum`.
 Prints a table, then one JSON object as the last line: {"cases": [...], "worst_relative_to_optimum",
+"failed_probes", "cases_without_relative",
 "rank_correlation" (the lowest over the cases), "rank_correlation_mean", "host_cores", "executors",
 "solve_ms_homogeneous_32", "solve_ms_homogeneous_1000", "solve_ms_heterogeneous_32",
 "solve_ms_heterogeneous_1000"}.
@@ -181,46 +186,92 @@ def sized(job: dict[str, Any], n: int) -> dict[str, Any]:
     return {**sized_job, "data": data, "blocks": max(job.get("blocks", 12), n - 1)}
 
 
+Split = tuple[int, int]
+
+
+def grid_ranking(grid: dict[Split, Optional[float]], starts: int) -> tuple[Optional[Split], list[Split], list[Split]]:
+    """(the fastest measured split, the `starts` slowest measured ones, the failed ones: no epoch
+    time). A failed probe takes no part in best or worst: no stand-in time is given it."""
+    measured = {k: v for k, v in grid.items() if v is not None}
+    failed = sorted(k for k, v in grid.items() if v is None)
+    if not measured:
+        return None, [], failed
+    best = min(measured, key=measured.__getitem__)
+    return best, sorted(measured, key=measured.__getitem__, reverse=True)[:starts], failed
+
+
+def relative_to_best(grid: dict[Split, Optional[float]], chosen: Split, best: Split) -> Optional[float]:
+    """The chosen split's grid epoch time over the best's; None when the chosen split has none
+    (its probe failed, or it is not in the grid)."""
+    t, b = grid.get(chosen), grid.get(best)
+    return None if t is None or b is None or b <= 0 else round(t / b, 4)
+
+
+def grid_rank_correlation(predicted: dict[Split, float], grid: dict[Split, Optional[float]]) -> Optional[float]:
+    """Spearman of the predictions against the grid over the splits measured in both."""
+    keys = sorted(k for k in predicted if grid.get(k) is not None)
+    return spearman([predicted[k] for k in keys], [float(grid[k] or 0.0) for k in keys])
+
+
+def worst_relative(cases: list[dict[str, Any]]) -> Optional[float]:
+    """The largest `relative` over the cases that have one (a case without is counted apart)."""
+    return max((c["relative"] for c in cases if c.get("relative") is not None), default=None)
+
+
+def _r4(x: Optional[float]) -> Optional[float]:
+    return None if x is None else round(x, 4)
+
+
+def _fmt(x: Optional[float]) -> str:
+    return "failed" if x is None else f"{x:.3f}"
+
+
 async def bench(cluster: LocalCluster, n: int, names: list[str], grid_only: bool = False,
                 starts: int = 1) -> list[dict[str, Any]]:
     cases = []
     for name in names:
         job = sized(WORKLOADS[name], n)
-        grid: dict[tuple[int, int], float] = {}
-        probes: dict[tuple[int, int], dict[str, Any]] = {}
+        grid: dict[Split, Optional[float]] = {}
+        probes: dict[Split, dict[str, Any]] = {}
         for w in range(1, n):
             st = await run_job(cluster, job, w, n - w, GRID_EPOCHS, False, f"grid-{name}-{w}x{n - w}")
-            grid[(w, n - w)] = steady_epoch_s(st) or float("inf")
+            grid[(w, n - w)] = steady_epoch_s(st)      # None: the probe failed (counted, never a stand-in)
             inputs = model_inputs(st)
             own = predict_splits(inputs, n)[(w, n - w)] if inputs else None
-            probes[(w, n - w)] = {"measured_epoch_s": round(grid[(w, n - w)], 4),
+            probes[(w, n - w)] = {"measured_epoch_s": _r4(grid[(w, n - w)]),
                                   "predicted_epoch_s": round(own, 4) if own else None,
                                   "inputs": inputs, "metrics": st.cruise.metrics if st.cruise else None}
-            print(f"  {name} grid {w}x{n - w}: epoch {grid[(w, n - w)]:.3f}s predicted "
+            print(f"  {name} grid {w}x{n - w}: epoch {_fmt(grid[(w, n - w)])}s predicted "
                   f"{own if own is None else round(own, 3)}s", flush=True)
-        best_shape = min(grid, key=grid.__getitem__)
-        worst = sorted(grid, key=grid.__getitem__, reverse=True)[:starts]
+        best_shape, worst, failed = grid_ranking(grid, starts)
         splits = sorted(grid)
         common = {"workload": name, "app": job["app"], "bandwidth": WORKLOADS[name].get("bandwidth"),
-                  "best": list(best_shape), "best_epoch_s": round(grid[best_shape], 4),
-                  "grid": {f"{w}x{s}": round(v, 4) for (w, s), v in sorted(grid.items())},
+                  "best": list(best_shape) if best_shape else None,
+                  "best_epoch_s": _r4(grid[best_shape]) if best_shape else None,
+                  "grid": {f"{w}x{s}": _r4(v) for (w, s), v in sorted(grid.items())},
+                  "failed_probes": len(failed), "failed_splits": [f"{w}x{s}" for w, s in failed],
                   "probes": {f"{w}x{s}": p for (w, s), p in sorted(probes.items())}}
+        if best_shape is None:
+            # Every probe failed: nothing to rank or start from.
+            cases.append({**common, "relative": None})
+            print(f"  {name}: every grid probe failed", flush=True)
+            continue
         if grid_only:
             # The model's ranking as a Cruise run from the worst split would see it.
             inputs = probes[worst[0]]["inputs"]
             predicted = predict_splits(inputs, n) if inputs else {}
             case = {**common, "start": list(worst[0]),
                     "predicted": {f"{w}x{s}": round(v, 4) for (w, s), v in sorted(predicted.items())},
-                    "rank_correlation": spearman([predicted[k] for k in splits], [grid[k] for k in splits])
-                    if predicted else None}
+                    "rank_correlation": grid_rank_correlation(predicted, grid) if predicted else None}
             if predicted:
                 chosen = min(predicted, key=predicted.__getitem__)
-                case.update({"predicted_best": list(chosen), "relative": round(grid[chosen] / grid[best_shape], 4)})
+                case.update({"predicted_best": list(chosen), "relative": relative_to_best(grid, chosen, best_shape)})
             cases.append(case)
             print(f"  {name}: best {best_shape[0]}x{best_shape[1]}, model from {worst[0][0]}x{worst[0][1]} picks "
                   f"{case.get('predicted_best')} relative {case.get('relative')}, rank correlation "
                   f"{case['rank_correlation']}", flush=True)
             continue
+        predicted = {}
         for start in worst:
             st = await run_job(cluster, job, start[0], start[1], CRUISE_EPOCHS, True,
                                f"cruise-{name}-{start[0]}x{start[1]}")
@@ -232,24 +283,23 @@ async def bench(cluster: LocalCluster, n: int, names: list[str], grid_only: bool
             decided = [d for d in (st.cruise.decisions if st.cruise else []) if d.get("inputs")]
             predicted = predict_splits(decided[0]["inputs"], n) if decided else {}
             case = {**common, "start": list(start), "chosen": list(chosen),
-                    "chosen_epoch_s": round(grid.get(chosen, float("nan")), 4),
+                    "chosen_epoch_s": _r4(grid.get(chosen)),
                     "measured_epoch_s_in_cruise_run": round(measured, 4) if measured else None,
-                    "start_epoch_s": round(grid[start], 4), "plans": len(plans),
+                    "start_epoch_s": _r4(grid[start]), "plans": len(plans),
                     "plan_errors": [p.error for p in plans if p.error],
-                    "relative": round(grid.get(chosen, float("inf")) / grid[best_shape], 4),
+                    "relative": relative_to_best(grid, chosen, best_shape),
                     "predicted": {f"{w}x{s}": round(v, 4) for (w, s), v in sorted(predicted.items())},
-                    "rank_correlation": spearman([predicted[k] for k in splits], [grid[k] for k in splits])
-                    if predicted else None,
+                    "rank_correlation": grid_rank_correlation(predicted, grid) if predicted else None,
                     "inputs": decided[0]["inputs"] if decided else None}
             if start != worst[0]:
                 del case["probes"]          # once per workload
             cases.append(case)
             print(f"  {name} cruise from {start[0]}x{start[1]}: chose {chosen[0]}x{chosen[1]} "
                   f"({case['chosen_epoch_s']}s) best {best_shape[0]}x{best_shape[1]} ({case['best_epoch_s']}s) "
-                  f"relative {case['relative']:.3f}, {len(plans)} plan(s), rank correlation "
+                  f"relative {case['relative']}, {len(plans)} plan(s), rank correlation "
                   f"{case['rank_correlation']}", flush=True)
-        print("    predicted " + " / ".join(f"{predicted.get(k, float('nan')):.3f}" for k in splits)
-              + "\n    measured  " + " / ".join(f"{grid[k]:.3f}" for k in splits), flush=True)
+        print("    predicted " + " / ".join(_fmt(predicted.get(k)) for k in splits)
+              + "\n    measured  " + " / ".join(_fmt(grid[k]) for k in splits), flush=True)
     return cases
 
 
@@ -284,15 +334,17 @@ def main(argv: list[str] | None = None) -> int:
             cluster.stop()
     rhos = [c["rank_correlation"] for c in cases if c.get("rank_correlation") is not None]
     out: dict[str, Any] = {"cases": cases,
-                           "worst_relative_to_optimum": max((c["relative"] for c in cases if "relative" in c),
-                                                            default=None),
+                           "worst_relative_to_optimum": worst_relative(cases),
+                           # counted apart: a failed probe or a choice without a grid time gives no relative
+                           "failed_probes": sum({c["workload"]: c["failed_probes"] for c in cases}.values()),
+                           "cases_without_relative": sum(1 for c in cases if c.get("relative") is None),
                            "rank_correlation": round(min(rhos), 4) if rhos else None,
                            "rank_correlation_mean": round(statistics.mean(rhos), 4) if rhos else None,
                            "host_cores": os.cpu_count(), "executors": n}
     out.update({k: round(v, 4) for k, v in solve_times().items()})
     print(f"worst relative to the optimum: {out['worst_relative_to_optimum']} (anchor 1.065, target 1.05); "
           + ", ".join(f"{k} {v}" for k, v in out.items() if k.startswith("solve_ms")))
-    print(json.dumps(out))
+    print(json.dumps(out, allow_nan=False))
     return 0
 
 

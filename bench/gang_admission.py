@@ -26,7 +26,7 @@ is the median over (policy, seed) runs with its min and max.
 
 Last line: {"failed_without": <jobs failed or stalled with gang admission off, over all runs>,
 "failed_with": <the same with the default gang shape>, "failed_minimum", "jct_gain_completed_in_both"
-(+ _min / _max), "jct_gain_minimum_completed_in_both" (+ _min / _max), "completed_in_both" (jobs
+(+ _min / _max / _n), "jct_gain_minimum_completed_in_both" (+ _min / _max / _n), "completed_in_both" (jobs
 the ratio covers, over all runs), "per_policy": {...}, "runs": [...]}.
 
 `--testbed`: the same question on the multi-host testbed (docs/testbed.md; bench/support/

@@ -25,9 +25,16 @@ and DRF on the same traces as the common baseline. Only the prior changes betwee
 runs of a seed (the module's `APP_PRIORS` table is swapped in this process and `app_prior`'s cache
 cleared; nothing else of the policy is touched).
 
-Last line, JSON: {"seeds", "jobs", "optimus_mean_jct_s": {variant: [per seed]},
-"jct_ratio_vs_built_in": {variant: {"median", "min", "max"}} (variant's mean JCT over built_in's:
-> 1 means the built-in priors helped), "optimus_jct_gain_vs_drf": {variant: {"median", "min", "max"}}}.
+A seed's ratio of mean JCTs covers only the jobs both runs finished (sim/metrics.py
+`jct_gain_in_both`): each run's own finished-jobs mean would compare different job sets. How many
+jobs each run finished is given beside the ratios (`drf_finished`, `optimus_finished`, out of
+`trace_jobs`, per seed).
+
+Last line, JSON: {"seeds", "jobs", "trace_jobs", "drf_mean_jct_s", "drf_finished",
+"optimus_mean_jct_s": {variant: [per seed]}, "optimus_finished": {variant: [per seed]},
+"jct_ratio_vs_built_in": {variant: {"median", "min", "max", "n"}} (variant's mean JCT over built_in's:
+> 1 means the built-in priors helped), "optimus_jct_gain_vs_drf": {variant: {"median", "min", "max", "n"}}}
+(`n`: the seeds that gave a ratio).
 """
 from __future__ import annotations
 
@@ -46,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 from models import optimus_fit  # noqa: E402
 from protocol.records import Resource  # noqa: E402
 from sim import calibration as calibration_file  # noqa: E402
+from sim.metrics import jct_gain_in_both  # noqa: E402
 from sim.sim_job import JobTimings  # noqa: E402
 from sim.simulator import SimConfig, simulate  # noqa: E402
 from sim.workload import CLUSTER_SPEC, cluster_trace  # noqa: E402
@@ -87,11 +95,21 @@ def priors(variant: str, cal: calibration_file.Calibration) -> Iterator[None]:
         optimus_fit.app_prior.cache_clear()
 
 
+Jcts = list[tuple[str, Optional[float]]]      # one run's (job name, JCT or None)
+
+
 def spread(values: list[Optional[float]]) -> dict[str, Optional[float]]:
+    """Median, min, max of the values present and how many there were (`n`)."""
     vs = [v for v in values if v is not None]
     if not vs:
-        return {"median": None, "min": None, "max": None}
-    return {"median": round(statistics.median(vs), 3), "min": round(min(vs), 3), "max": round(max(vs), 3)}
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": round(statistics.median(vs), 3), "min": round(min(vs), 3), "max": round(max(vs), 3),
+            "n": len(vs)}
+
+
+def ratios(num: list[Jcts], den: list[Jcts]) -> list[Optional[float]]:
+    """Per seed, `num`'s mean JCT over `den`'s over the jobs both runs finished."""
+    return [jct_gain_in_both(a, b, digits=6) for a, b in zip(num, den)]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -117,23 +135,32 @@ def main(argv: Optional[list[str]] = None) -> int:
     am = Resource(cfg.timings.am_memory_mb, 1)
     spec = replace(CLUSTER_SPEC, jobs=ns.jobs)
     jct: dict[str, list[Optional[float]]] = {v: [] for v in VARIANTS}
+    runs: dict[str, list[Jcts]] = {v: [] for v in VARIANTS}
+    finished: dict[str, list[int]] = {v: [] for v in VARIANTS}
     drf: list[Optional[float]] = []
+    drf_runs: list[Jcts] = []
+    drf_finished: list[int] = []
+    trace_jobs: list[int] = []
     for seed in seeds:
         trace = cluster_trace(cal, cluster, am, seed, 0.75, spec).jobs
-        drf.append(simulate(trace, "drf", cal, cfg).summary.mean_jct_s)
+        trace_jobs.append(len(trace))
+        res = simulate(trace, "drf", cal, cfg)
+        drf.append(res.summary.mean_jct_s)
+        drf_runs.append([(r.name, r.jct) for r in res.records])
+        drf_finished.append(res.summary.finished)
         for v in VARIANTS:
             with priors(v, cal):
-                jct[v].append(simulate(trace, "optimus", cal, cfg).summary.mean_jct_s)
+                res = simulate(trace, "optimus", cal, cfg)
+            jct[v].append(res.summary.mean_jct_s)
+            runs[v].append([(r.name, r.jct) for r in res.records])
+            finished[v].append(res.summary.finished)
         print(f"seed {seed}: drf {drf[-1]}, " + ", ".join(f"{v} {jct[v][-1]}" for v in VARIANTS), file=sys.stderr)
 
-    def ratios(num: list[Optional[float]], den: list[Optional[float]]) -> list[Optional[float]]:
-        return [None if a is None or b is None or b == 0 else a / b for a, b in zip(num, den)]
-
     out: dict[str, Any] = {
-        "seeds": seeds, "jobs": ns.jobs, "nodes": ns.nodes, "drf_mean_jct_s": drf,
-        "optimus_mean_jct_s": jct,
-        "jct_ratio_vs_built_in": {v: spread(ratios(jct[v], jct["built_in"])) for v in VARIANTS if v != "built_in"},
-        "optimus_jct_gain_vs_drf": {v: spread(ratios(drf, jct[v])) for v in VARIANTS}}
+        "seeds": seeds, "jobs": ns.jobs, "nodes": ns.nodes, "trace_jobs": trace_jobs, "drf_mean_jct_s": drf,
+        "drf_finished": drf_finished, "optimus_mean_jct_s": jct, "optimus_finished": finished,
+        "jct_ratio_vs_built_in": {v: spread(ratios(runs[v], runs["built_in"])) for v in VARIANTS if v != "built_in"},
+        "optimus_jct_gain_vs_drf": {v: spread(ratios(drf_runs, runs[v])) for v in VARIANTS}}
     print(json.dumps(out))
     return 0
 

@@ -13,14 +13,17 @@ sim.workload.generate with the setting the issue measured (60 jobs over 1500 s o
 Poisson arrivals at an offered load on 16 nodes, jobs of tens of epochs, heartbeats and allocates
 every 2 s), where the simulator's `optimus-truth` runs too (Optimus's rule fed the true curves,
 sim/optimus_truth.py: not a bound). Per policy and seed: mean JCT, makespan, reshapes, how many
-jobs finished; the gains are DRF's over Optimus's, each the median over the seeds (five by default;
-`--seeds 6-10` for others) with `_min` / `_max`.
+jobs finished of how many (`finished`, `jobs`); the gains are DRF's over Optimus's, each the median
+over the seeds (five by default; `--seeds 6-10` for others) with `_min` / `_max` / `_n`. A seed's
+mean-JCT gain covers only the jobs both runs finished (sim/metrics.py `jct_gain_in_both`; how many:
+`<gain>_jobs_in_both`, per seed), so a run that lost its long jobs does not look faster.
 
-Last line, one JSON object: {"seeds", "policies": {name: {"mean_jct_s": [...], ...}},
-"optimus_jct_gain_vs_drf", "optimus_makespan_gain_vs_drf" (after the fixes),
+Last line, one JSON object: {"seeds", "policies": {name: {"mean_jct_s": [...], "finished": [...],
+"jobs": [...], ...}}, "optimus_jct_gain_vs_drf", "optimus_makespan_gain_vs_drf" (after the fixes),
 "optimus_before_jct_gain_vs_drf", "optimus_before_makespan_gain_vs_drf", "optimus_jct_gain_vs_before",
 "optimus_reshapes", "optimus_before_reshapes", "optimus_jct_over_truth" (optimus-truth's mean JCT over
-Optimus's, --trace cluster only)} (medians over the seeds, each gain with `_min` / `_max`).
+Optimus's, --trace cluster only; with `optimus_jct_over_truth_jobs_in_both`)} (medians over the seeds,
+each gain with `_min` / `_max` / `_n`, each JCT gain with `_jobs_in_both`).
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ from dataclasses import replace  # noqa: E402
 
 from protocol.records import Resource  # noqa: E402
 from sim.sim_job import JobTimings  # noqa: E402
-from sim.metrics import spread_keys  # noqa: E402
+from sim.metrics import completed_in_both, jct_gain_in_both, spread_keys  # noqa: E402
 from sim.simulator import OPTIMUS_TRUTH, SimConfig, simulate  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from support.seeds import DEFAULT_TEXT, parse_seeds  # noqa: E402
@@ -80,6 +83,19 @@ def ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
 def median(values: list[Optional[float]]) -> Optional[float]:
     vals = [v for v in values if v is not None]
     return round(statistics.median(vals), 3) if vals else None
+
+
+Jcts = dict[str, list[tuple[str, Optional[float]]]]     # per policy: (job name, JCT or None) of one seed
+
+
+def jct_gains(per_seed: list[Jcts], base: str, new: str) -> list[Optional[float]]:
+    """Per seed, `base`'s mean JCT over `new`'s over the jobs both runs finished (None where none did)."""
+    return [jct_gain_in_both(s[base], s[new]) for s in per_seed]
+
+
+def jobs_in_both(per_seed: list[Jcts], base: str, new: str) -> list[int]:
+    """Per seed, how many jobs the `jct_gains` ratio covers."""
+    return [len(completed_in_both(s[base], s[new])[0]) for s in per_seed]
 
 
 def make_trace(ns: argparse.Namespace, cal: calibration.Calibration, cfg: SimConfig, seed: int) -> list[TraceJob]:
@@ -121,25 +137,30 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cfg = SimConfig(nodes=ns.nodes)
     names = ("drf", "optimus-before", "optimus") + ((OPTIMUS_TRUTH,) if cluster_mode else ())
-    out: dict[str, dict[str, list[Any]]] = {n: {"mean_jct_s": [], "makespan_s": [], "reshapes": [], "finished": []}
-                                            for n in names}
+    out: dict[str, dict[str, list[Any]]] = {n: {"mean_jct_s": [], "makespan_s": [], "reshapes": [], "finished": [],
+                                                "jobs": []} for n in names}
+    jcts: list[Jcts] = []
     for seed in seeds:
         trace = make_trace(ns, cal, cfg, seed)
+        jcts.append({})
         for name in names:
-            s = simulate(trace, name, cal, cfg).summary
+            res = simulate(trace, name, cal, cfg)
+            s = res.summary
             row = s.to_json()
+            jcts[-1][name] = [(r.name, r.jct) for r in res.records]
             for key in ("mean_jct_s", "makespan_s"):
                 out[name][key].append(row[key])
             out[name]["reshapes"].append(s.reshapes)
             out[name]["finished"].append(s.finished)
+            out[name]["jobs"].append(s.jobs)
             print(f"seed {seed} {name:>14}: mean JCT {row['mean_jct_s']} s, makespan {row['makespan_s']} s, "
                   f"{s.reshapes} reshapes, {s.finished}/{s.jobs} finished, {s.wall_s:.1f} s wall", file=sys.stderr)
 
-    def gains(num: str, den: str, key: str) -> Optional[float]:
-        return median([ratio(a, b) for a, b in zip(out[num][key], out[den][key])])
-
-    def spread(name: str, num: str, den: str, key: str) -> dict[str, Optional[float]]:
-        return spread_keys(name, [ratio(a, b) for a, b in zip(out[num][key], out[den][key])])
+    def spread(name: str, num: str, den: str, key: str) -> dict[str, Any]:
+        if key != "mean_jct_s":
+            return spread_keys(name, [ratio(a, b) for a, b in zip(out[num][key], out[den][key])])
+        # Each run's own finished-jobs mean would compare different job sets.
+        return {**spread_keys(name, jct_gains(jcts, num, den)), f"{name}_jobs_in_both": jobs_in_both(jcts, num, den)}
     print(json.dumps({
         "trace": ns.trace, "seeds": seeds, "jobs": ns.jobs, "nodes": ns.nodes,
         "window_s": ns.window_s if not cluster_mode else None, "load": ns.load if cluster_mode else None,
@@ -152,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         **spread("optimus_jct_gain_vs_before", "optimus-before", "optimus", "mean_jct_s"),
         "optimus_reshapes": median(out["optimus"]["reshapes"]),
         "optimus_before_reshapes": median(out["optimus-before"]["reshapes"]),
-        "optimus_jct_over_truth": gains(OPTIMUS_TRUTH, "optimus", "mean_jct_s") if cluster_mode else None,
+        "optimus_jct_over_truth": median(jct_gains(jcts, OPTIMUS_TRUTH, "optimus")) if cluster_mode else None,
+        "optimus_jct_over_truth_jobs_in_both": jobs_in_both(jcts, OPTIMUS_TRUTH, "optimus") if cluster_mode else None,
     }))
     return 0
 

@@ -8,8 +8,8 @@
 Every run replays one trace per seed under each policy on the same simulated cluster
 (sim/simulator.py: the real RM core and policy code on a virtual clock). Five seeds by default
 (`--seeds` names others: "6-10", "6,7"); every gain is reported as its median over the seeds (the
-key itself) with `<key>_min` and `<key>_max`, and `per_seed` holds each seed's. A mean-JCT ratio
-between two runs covers the jobs that finished in both (`unfinished` counts the others per policy;
+key itself) with `<key>_min`, `<key>_max` and `<key>_n` (how many seeds gave one), and `per_seed`
+holds each seed's. A mean-JCT ratio between two runs covers the jobs that finished in both (`unfinished` counts the others per policy;
 no timeout stands in for a JCT). Per policy: mean JCT, makespan, mean allocation, mean useful
 utilization (executors of training jobs only, sim/metrics.py), mean DRF fairness loss (Dorm eq. 2),
 finished / unfinished jobs, reshapes, `extrapolated_job_share` (jobs that trained at a shape beyond

@@ -37,13 +37,14 @@ Runs alternate (single, ps1, next app, then again) `--repeats` times; each figur
 over repeats with every run's value beside it. The machine's load over each run is measured
 (elastane_cli.machine_load) and a saturated run is listed in `saturated_runs`: its CPU figures
 are inflated by contention (cache, hyper-threads) for single and PS alike, so compare within a
-run. `--profile-dir` runs the executors under cProfile (ELASTANE_EXECUTOR_PROFILE_DIR; the
+run. The medians leave saturated runs out while an app has a quiet one (`quiet_runs`); with none
+they are the saturated runs' and the app's `from_saturated_runs` is true. `--profile-dir` runs the executors under cProfile (ELASTANE_EXECUTOR_PROFILE_DIR; the
 profiler's own cost inflates the small calls, so the CPU figures of such a run are not the
 system's).
 
 Last line, JSON: {"mlr": {"ps1_cpu_over_single", "single_cpu_s", "worker_cpu_s", "server_cpu_s",
 "worker_overhead_us_per_batch", "server_us_per_batch", "sys_share", "comp_s", "clocks", "batches",
-"runs": [...]}, "nmf": ..., "saturated_runs": [...], ...}.
+"failed_runs", "quiet_runs", "from_saturated_runs", "runs": [...]}, "nmf": ..., "saturated_runs": [...], ...}.
 """
 from __future__ import annotations
 
@@ -226,19 +227,25 @@ async def ps_run(app_name: str, preset: str, epochs: int, tmp: Path, profile_dir
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [r for r in runs if "error" not in r]
+    """An app's medians over its runs that did not fail, the saturated ones left out while a quiet
+    one remains; when none does they come from the saturated runs and `from_saturated_runs` says so."""
+    done = [r for r in runs if "error" not in r]
+    quiet = [r for r in done if not r.get("saturated")]
+    ok = quiet or done
     if not ok:
-        return {"ps1_cpu_over_single": None, "failed_runs": len(runs), "runs": runs}
+        return {"ps1_cpu_over_single": None, "failed_runs": len(runs), "quiet_runs": 0,
+                "from_saturated_runs": False, "runs": runs}
 
     def med(key: str) -> float:
         return float(statistics.median(r[key] for r in ok))
-    return {"ps1_cpu_over_single": round(med("ratio"), 3), "ratio_runs": [r["ratio"] for r in ok],
+    return {"ps1_cpu_over_single": round(med("ratio"), 3), "ratio_runs": [r["ratio"] for r in done],
             "single_cpu_s": round(med("single_cpu_s"), 3), "worker_cpu_s": round(med("worker_cpu_s"), 4),
             "server_cpu_s": round(med("server_cpu_s"), 4),
             "worker_overhead_us_per_batch": round(med("worker_overhead_us"), 1),
             "server_us_per_batch": round(med("server_us"), 1), "sys_share": round(med("sys_share"), 3),
             "comp_s": round(med("comp_s"), 3), "clocks": med("clocks"), "batches": int(med("batches")),
-            "failed_runs": len(runs) - len(ok), "runs": runs}
+            "failed_runs": len(runs) - len(done), "quiet_runs": len(quiet), "from_saturated_runs": not quiet,
+            "runs": runs}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -39,6 +39,9 @@ RM core's reclaim, `--hosts` nodes of 2 vcores, AMs on their own node, one job i
 the testbed), every mode per seed; the
 same keys from its runs -- `reclaim_s_*` is B's wait from arrival to training, and
 `lost_training_s_*` is null: the simulated AM charges a kill no restart, so it has none to report.
+There `queue_b_jct_gain_vs_none` and `queue_a_jct_shrink_over_kill` are the medians of per-seed
+ratios over the seeds that succeeded in both modes (each with `_min` / `_max` and `_seeds`, the
+number of such seeds), not ratios of medians over different seeds.
 
 Measured 2026-11-28, defaults, on a busy 2-core machine (other sessions' tests running): medians
 over 3 repeats -- reclaim_s_shrink 3.45, reclaim_s_kill 27.9, lost_training_s_shrink 0.043,
@@ -201,6 +204,31 @@ def summarize(runs: list[dict[str, Any]], ns: argparse.Namespace) -> dict[str, A
     return out
 
 
+def per_seed_ratios(ok: dict[str, list[Any]], num: str, den: str, f: Any, key: str) -> dict[str, Any]:
+    """`key`: the median over the seeds that succeeded in both modes of the per-seed ratio
+    f(run under `num`) / f(run under `den`), with `_min`, `_max` and `_seeds` (how many seeds)."""
+    # A ratio of medians over different seed sets would compare different traces.
+    by_seed = {r.seed: r for r in ok.get(den, [])}
+    vals = [f(r) / f(by_seed[r.seed]) for r in ok.get(num, []) if r.seed in by_seed and f(by_seed[r.seed]) > 0]
+    return {**median_spread(vals, key), f"{key}_seeds": len(vals)}
+
+
+def sim_summary(runs: list[Any], modes: list[str]) -> dict[str, Any]:
+    """`--sim`'s keys from the scenario's runs (sim/queue_reclaim_scenario.py ReclaimRun): a run
+    succeeded when B and every A job finished; the others are counted in `failed`."""
+    by = {m: [r for r in runs if r.mode == MODES[m]] for m in modes}
+    ok = {m: [r for r in rs if r.b_jct_s is not None and all(j is not None for j in r.a_jct_s)] for m, rs in by.items()}
+    out: dict[str, Any] = {}
+    for m in ("shrink", "kill"):
+        out.update(median_spread([r.b_wait_s for r in ok.get(m, []) if r.b_wait_s is not None], f"reclaim_s_{m}"))
+        out[f"lost_training_s_{m}"] = None
+    out.update(per_seed_ratios(ok, "none", "shrink", lambda r: r.b_jct_s, "queue_b_jct_gain_vs_none"))
+    out.update(per_seed_ratios(ok, "shrink", "kill", lambda r: statistics.fmean(r.a_jct_s),
+                               "queue_a_jct_shrink_over_kill"))
+    out["failed"] = {m: len(by[m]) - len(ok[m]) for m in modes}
+    return out
+
+
 def run_sim(ns: argparse.Namespace, modes: list[str]) -> dict[str, Any]:
     """`--sim`: every mode on every seed in the simulator, the bench's keys from the runs."""
     from sim import calibration
@@ -209,22 +237,7 @@ def run_sim(ns: argparse.Namespace, modes: list[str]) -> dict[str, Any]:
     cal = calibration.load()
     runs = [run(seed, MODES[m], cal, nodes=ns.hosts, node_vcores=2, grace_s=ns.grace_s, a_jobs=1)
             for seed in ns.seeds for m in modes]
-    by = {m: [r for r in runs if r.mode == MODES[m]] for m in modes}
-    ok = {m: [r for r in rs if r.b_jct_s is not None and all(j is not None for j in r.a_jct_s)] for m, rs in by.items()}
-    out: dict[str, Any] = {}
-    for m in ("shrink", "kill"):
-        out.update(median_spread([r.b_wait_s for r in ok.get(m, []) if r.b_wait_s is not None], f"reclaim_s_{m}"))
-        out[f"lost_training_s_{m}"] = None
-
-    def med(m: str, f: Any) -> Optional[float]:
-        vals = [f(r) for r in ok.get(m, [])]
-        return statistics.median(vals) if vals else None
-    b_none, b_shrink = med("none", lambda r: r.b_jct_s), med("shrink", lambda r: r.b_jct_s)
-    a_shrink = med("shrink", lambda r: statistics.fmean(r.a_jct_s))
-    a_kill = med("kill", lambda r: statistics.fmean(r.a_jct_s))
-    out["queue_b_jct_gain_vs_none"] = round(b_none / b_shrink, 4) if b_none and b_shrink else None
-    out["queue_a_jct_shrink_over_kill"] = round(a_shrink / a_kill, 4) if a_shrink and a_kill else None
-    out["failed"] = {m: len(by[m]) - len(ok[m]) for m in modes}
+    out = sim_summary(runs, modes)
     out.update({"sim": True, "seeds": list(ns.seeds), "hosts": ns.hosts,
                 "runs": [dict(r.__dict__, a_jct_s=list(r.a_jct_s)) for r in runs]})
     return out

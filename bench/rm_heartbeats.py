@@ -42,7 +42,11 @@ CPU with reports against without (what a heartbeat costs, which holds where othe
 the server's core part of the time); `rm_*` figures are the plain side's.
 
 Last line: {"rm_heartbeats_per_s", "rm_p99_ms", "echo_ceiling_per_s", "ratio_to_ceiling", ...,
-"with_utilization_rate", "utilization_payload_ratio", "utilization_flat_out_ratio", ...}
+"meets_target", "meets_target_reason", "with_utilization_rate", "utilization_payload_ratio",
+"utilization_flat_out_ratio", ...}. `meets_target` (>= 5000/s at p99 < 50 ms and >= 0.6 of the
+ceiling) is null, inconclusive, when the echo ladder was not server-bound or the generator ran out
+during the RM's (`heartbeat_verdict`). A step in which no heartbeat completed has `completed` 0 and
+null latencies (it fails); a ladder with no passing step gives 0/s and null latencies.
 
 `--policy dorm` measures something else: heartbeat latency while a policy decides (issue 25: the
 policy's `decide` runs in a worker thread, rm/server.py). An RM process (bench/support/policy_rm.py:
@@ -53,8 +57,9 @@ the cluster, so the MILP covers them too) for --duration s; the same with `stati
 and churn; --repeats times each, alternating, medians counting. With --on-loop-reference one more
 dorm run decides on the loop (the old way), for reference. The RM process may use a second core
 for the policy thread (the loop stays pinned with it; the generator shares that core on a 2-core
-host). Last line: {"p99_ratio_dorm_vs_static", "p99_ms_dorm", "p99_ms_static", "dorm_solve_s", ...}:
-target ratio <= 1.2; the solve (the median Dorm decide that solved P2) must take > 1 s to mean anything.
+host). Last line: {"p99_ratio_dorm_vs_static", "p99_ms_dorm", "p99_ms_static", "dorm_solve_s",
+"runs_without_replies" (per policy: runs in which no heartbeat completed, left out of the
+medians), ...}: target ratio <= 1.2; the solve (the median Dorm decide that solved P2) must take > 1 s to mean anything.
 """
 from __future__ import annotations
 
@@ -381,13 +386,14 @@ def _layout(n_clients: int) -> tuple[int, list[int]]:
     return cores[0], [gen_cores[i % len(gen_cores)] for i in range(n_clients)]
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads (Linux /proc; NaN elsewhere)."""
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process, all its threads (Linux /proc; None elsewhere: a NaN
+    would make the last line invalid JSON)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
-        return float("nan")
+        return None
 
 
 def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> str:
@@ -462,20 +468,9 @@ class _Generator:
         time.sleep(max(0.0, start_at - time.time()))
         cpu0, t0 = _cpu_s(server_pid), time.perf_counter()
         parts = self._read_lines(duration + DRAIN_S + 30.0)
-        server_cpu = (_cpu_s(server_pid) - cpu0) / (time.perf_counter() - t0)
-        latencies = sorted(x for r in parts for x in r["latencies_ms"])
-        done = len(latencies)
-        elapsed = max(r["elapsed_s"] for r in parts)
-        busy_by_core: dict[int, float] = {}
-        for core, r in zip(self.client_cores, parts):
-            busy_by_core[core] = busy_by_core.get(core, 0.0) + r["cpu_s"] / r["elapsed_s"]
-        return {"target": rate, "achieved": round(done / elapsed, 1),
-                "p50_ms": round(latencies[done // 2], 2) if done else float("inf"),
-                "p99_ms": round(latencies[min(done - 1, int(done * 0.99))], 2) if done else float("inf"),
-                "errors": sum(r["errors"] for r in parts), "skipped": sum(r["skipped"] for r in parts),
-                "server_cpu": round(server_cpu, 3),
-                "generator_cpu": round(sum(busy_by_core.values()), 3),
-                "generator_core_busy_max": round(max(busy_by_core.values()), 3)}
+        cpu1, wall = _cpu_s(server_pid), time.perf_counter() - t0
+        server_cpu = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / wall
+        return merge_step(rate, parts, self.client_cores, server_cpu)
 
     def stop(self) -> None:
         for p in self.procs:
@@ -493,8 +488,27 @@ class _Generator:
                 p.wait()
 
 
+def merge_step(rate: int, parts: list[dict], client_cores: list[int], server_cpu: float | None) -> dict[str, Any]:
+    """One step's figures from what every client measured. A step in which no heartbeat completed
+    has no latency: p50/p99 None (never inf, which is no JSON) and `completed` 0, so it fails."""
+    latencies = sorted(x for r in parts for x in r["latencies_ms"])
+    done = len(latencies)
+    elapsed = max(r["elapsed_s"] for r in parts)
+    busy_by_core: dict[int, float] = {}
+    for core, r in zip(client_cores, parts):
+        busy_by_core[core] = busy_by_core.get(core, 0.0) + r["cpu_s"] / r["elapsed_s"]
+    return {"target": rate, "achieved": round(done / elapsed, 1), "completed": done,
+            "p50_ms": round(latencies[done // 2], 2) if done else None,
+            "p99_ms": round(latencies[min(done - 1, int(done * 0.99))], 2) if done else None,
+            "errors": sum(r["errors"] for r in parts), "skipped": sum(r["skipped"] for r in parts),
+            "server_cpu": None if server_cpu is None else round(server_cpu, 3),
+            "generator_cpu": round(sum(busy_by_core.values()), 3),
+            "generator_core_busy_max": round(max(busy_by_core.values()), 3)}
+
+
 def _passed(r: dict) -> bool:
-    return r["p99_ms"] <= P99_BOUND_MS and r["achieved"] >= 0.95 * r["target"] and not r["errors"]
+    return (r["p99_ms"] is not None and r["p99_ms"] <= P99_BOUND_MS and r["achieved"] >= 0.95 * r["target"]
+            and not r["errors"])
 
 
 def _ladder(mode: str, port: int, server_pid: int, secret: str, args,
@@ -568,14 +582,14 @@ def _median_step(steps: list[dict]) -> dict | None:
 def _per_cpu_s(steps: list[dict]) -> float | None:
     """Median heartbeats per second of server CPU over flat-out steps: what one heartbeat costs the
     server, which holds on a host where other processes take the server's core part of the time."""
-    rates = sorted(r["achieved"] / r["server_cpu"] for r in steps if r["server_cpu"] > 0)
+    rates = sorted(r["achieved"] / r["server_cpu"] for r in steps if r["server_cpu"] is not None and r["server_cpu"] > 0)
     return round(rates[len(rates) // 2], 1) if rates else None
 
 
 def _best(results: list[dict]) -> dict:
+    """The passing step with the highest rate; with none, 0/s and no latency (None, not NaN)."""
     ok = [r for r in results if _passed(r)]
-    return max(ok, key=lambda r: r["achieved"]) if ok else {"achieved": 0.0, "p50_ms": float("nan"),
-                                                            "p99_ms": float("nan")}
+    return max(ok, key=lambda r: r["achieved"]) if ok else {"achieved": 0.0, "p50_ms": None, "p99_ms": None}
 
 
 def _ran_out(step: dict | None) -> str:
@@ -584,7 +598,7 @@ def _ran_out(step: dict | None) -> str:
         return "unclear"
     if step["generator_core_busy_max"] >= BUSY:
         return "generator"
-    if step["server_cpu"] >= BUSY:
+    if step["server_cpu"] is not None and step["server_cpu"] >= BUSY:
         return "server"
     return "unclear"
 
@@ -594,6 +608,32 @@ def _limited_by(results: list[dict]) -> str:
     if not results or _passed(results[-1]):
         return "not reached"
     return _ran_out(results[-1])
+
+
+TARGET_PER_S = 5000
+TARGET_RATIO = 0.6
+
+
+def heartbeat_verdict(rm_best: dict, ratio: float | None, echo_limit: str, rm_limit: str) -> tuple[bool | None, str]:
+    """`meets_target` and why: the RM sustains TARGET_PER_S at p99 under the bound and TARGET_RATIO
+    of the bare endpoint's ceiling. None (inconclusive) when the figures cannot say: the echo ladder
+    did not stop on the server (then the ratio is not against aiohttp's ceiling) or the generator
+    ran out (then the RM's rate may be the generator's)."""
+    if echo_limit != "server":
+        return None, f"the echo ceiling is not server-bound (limited by: {echo_limit})"
+    if rm_limit == "generator":
+        return None, "the load generator saturated during the RM's ladder"
+    ok = (rm_best["achieved"] >= TARGET_PER_S and rm_best["p99_ms"] is not None and rm_best["p99_ms"] < P99_BOUND_MS
+          and ratio is not None and ratio >= TARGET_RATIO)
+    return ok, (f"{rm_best['achieved']:.0f}/s at p99 {rm_best['p99_ms']} ms, {ratio} of the ceiling "
+                f"(target {TARGET_PER_S}/s, p99 < {P99_BOUND_MS:g} ms, >= {TARGET_RATIO})")
+
+
+def median_of_runs(runs: list[dict], key: str) -> float | None:
+    """The median of the runs' `key` over the runs that have one (a run in which no heartbeat
+    completed has no latency); None when none has."""
+    xs = [r[key] for r in runs if r.get(key) is not None]
+    return _median(xs) if xs else None
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -675,10 +715,14 @@ def _policy_main(args) -> None:
                 runs[policy].append(_policy_run(policy, False, args, tmp, secret, server_cores, client_cores))
         if args.on_loop_reference:
             reference = _policy_run("dorm", True, args, tmp, secret, server_cores, client_cores)
-    p99 = {p: _median([r["p99_ms"] for r in rs]) for p, rs in runs.items()}
-    p50 = {p: _median([r["p50_ms"] for r in rs]) for p, rs in runs.items()}
+    p99 = {p: median_of_runs(rs, "p99_ms") for p, rs in runs.items()}
+    p50 = {p: median_of_runs(rs, "p50_ms") for p, rs in runs.items()}
+    # Counted apart: a run in which nothing completed gives no latency to take a median of.
+    no_replies = {p: sum(1 for r in rs if r.get("p99_ms") is None) for p, rs in runs.items()}
     solve = _median([r["solve_median_s"] for r in runs["dorm"] if r["solve_median_s"] is not None] or [0.0])
-    ratio = round(p99["dorm"] / p99["static"], 3) if p99["static"] > 0 else None
+    p99_dorm, p99_static = p99["dorm"], p99["static"]
+    ratio = (round(p99_dorm / p99_static, 3) if p99_dorm is not None and p99_static is not None and p99_static > 0
+             else None)
     print(f"heartbeat p99 at {args.hb_rate}/s: dorm {p99['dorm']} ms (solving {solve:.2f} s a round), "
           f"static {p99['static']} ms: ratio {ratio} (target <= 1.2)")
     print(json.dumps({
@@ -686,6 +730,7 @@ def _policy_main(args) -> None:
         "p50_ms_dorm": p50["dorm"], "p50_ms_static": p50["static"],
         "dorm_solve_s": round(solve, 3), "solve_long_enough": solve > 1.0, "target_ratio": 1.2,
         "meets_target": ratio is not None and ratio <= 1.2 and solve > 1.0,
+        "runs_without_replies": no_replies,
         "dorm_rounds_applied": sum(r["applied"] or 0 for r in runs["dorm"]),
         "dorm_rounds_dropped": sum(r["dropped"] or 0 for r in runs["dorm"]),
         "p99_ms_dorm_on_loop": reference["p99_ms"] if reference else None,
@@ -693,7 +738,7 @@ def _policy_main(args) -> None:
         "dorm_jobs": args.dorm_jobs, "dorm_churn_s": args.dorm_churn_s, "seed_nodes": args.dorm_seed_nodes, "generator_nodes": args.nodes,
         "dorm_time_limit_s": args.dorm_time_limit_s, "dorm_mip_gap": args.dorm_mip_gap, "cores": len(cores), "server_cores": sorted(server_cores),
         "runs": runs, "on_loop_run": reference,
-    }))
+    }, allow_nan=False))
 
 
 def main() -> None:
@@ -821,6 +866,7 @@ def main() -> None:
     if shared_note:
         print("note:", shared_note)
     ratio = round(rm_best["achieved"] / echo_best["achieved"], 3) if echo_best["achieved"] else None
+    meets, meets_why = heartbeat_verdict(rm_best, ratio, echo_limit, rm_limit)
     print(json.dumps({
         "rm_heartbeats_per_s": rm_best["achieved"], "rm_p50_ms": rm_best["p50_ms"], "rm_p99_ms": rm_best["p99_ms"],
         "echo_ceiling_per_s": echo_best["achieved"], "echo_p50_ms": echo_best["p50_ms"],
@@ -839,9 +885,9 @@ def main() -> None:
         "echo_flat_out_step": echo_flat, "rm_flat_out_step": rm_flat,
         "clients": args.clients, "connections": args.connections, "cores": len(cores),
         "server_core": server_core, "generator_cores": gen_cores, "shared_host_note": shared_note,
-        "simulated_nodes": args.nodes, "target_per_s": 5000, "target_ratio": 0.6,
-        "meets_target": bool(rm_best["achieved"] >= 5000 and rm_best["p99_ms"] < P99_BOUND_MS
-                             and ratio is not None and ratio >= 0.6),
+        "simulated_nodes": args.nodes, "target_per_s": TARGET_PER_S, "target_ratio": TARGET_RATIO,
+        # None when the ceiling was not server-bound or the generator ran out (heartbeat_verdict).
+        "meets_target": meets, "meets_target_reason": meets_why,
         # The same RM, the same ladder, every heartbeat carrying a utilization report: its cost.
         "with_utilization_rate": util_best["achieved"], "with_utilization_p99_ms": util_best["p99_ms"],
         "utilization_payload_ratio": util_ratio, "utilization_target_ratio": UTIL_TARGET_RATIO,
@@ -855,7 +901,7 @@ def main() -> None:
         "heartbeat_bytes": bare_bytes, "heartbeat_with_utilization_bytes": util_bytes,
         "heartbeat_with_utilization_sums_bytes": sums_bytes, "utilization_list_every": LIST_EVERY,
         "meets_utilization_target": bool(util_ratio is not None and util_ratio >= UTIL_TARGET_RATIO),
-    }))
+    }, allow_nan=False))
 
 
 if __name__ == "__main__":

@@ -53,7 +53,10 @@ the single process's (`objective_rel_diff`, the PS runs must be within 1 %), and
 the run (elastane_cli/machine_load: the busy share of all cores and the load per core); a run above
 90 % busy (`SaturationLimits.budgeted_hosts`: on hosts with CPU budgets the load counts the tasks
 waiting on their budget, so it is recorded, not judged) is saturated, listed in `saturated_runs`,
-and its figures are not to be read as the system's.
+and its figures are not to be read as the system's: a variant's medians (epoch time, COMM share)
+leave its saturated runs out when it has a quiet one; when it has none they are taken from the
+saturated runs and named in the app's `from_saturated_runs` (e.g. "epoch_s.ps4", so every ratio
+built on that epoch time is from a saturated machine too).
 
 A diagnostic beside them, `single_at_once` (when `--hosts` goes beyond 1): the same single process
 on each of nodes 1..n (n the largest host count) at the same time, each in its own host's budget,
@@ -73,7 +76,8 @@ Last line, JSON: {"mlr": {"speedup_2", "speedup_4", "ps1_over_single", "speedup_
 "single_at_once_<n>" (of the
 last --sync-batches value, "sync_batches"; every value's figures under "by_sync_batches"),
 "epoch_s", "efficiency", "rows_per_s", "objective_rel_diff_max", "objectives_within_1pct",
-"comm_share", "failed_runs", "runs": [...]}, "nmf": ..., "lasso": ..., "saturated_runs": [...],
+"comm_share", "from_saturated_runs", "failed_runs", "runs": [...]}, "nmf": ..., "lasso": ...,
+"saturated_runs": [...],
 ...}; exit 1 if any run failed (its figures are then null, the others still reported). Without
 the testbed it says why on stderr, prints {"error": ...} and exits 2. `--quick` (the tiny presets,
 3 epochs, one repeat) checks that the bench runs; its figures are dominated by per-epoch overheads.
@@ -293,13 +297,26 @@ def ps_run(cluster: TestbedCluster, app: str, hosts: int, ns: argparse.Namespace
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+def quiet_values(runs: list[dict[str, Any]], key: str, figure: str, from_saturated: list[str]) -> list[float]:
+    """The runs' `key` values from the runs that were not saturated, when any of them has one;
+    otherwise every run's, with `figure` added to `from_saturated` (never silently)."""
+    have = [r for r in runs if r.get(key) is not None]
+    quiet = [r[key] for r in have if not r.get("saturated")]
+    if quiet or not have:
+        return quiet
+    from_saturated.append(figure)
+    return [r[key] for r in have]
+
+
 def summarise(app: str, runs: list[dict[str, Any]], hosts: list[int], rows: Optional[int] = None) -> dict[str, Any]:
-    """An app's figures: medians over its repeats per variant, the ratios, the objective check;
-    `rows` (the input rows) gives each variant's rows per second."""
+    """An app's figures: medians over its repeats per variant (saturated runs left out where a quiet
+    one remains: `quiet_values`), the ratios, the objective check; `rows` (the input rows) gives each
+    variant's rows per second."""
     variants = ["single", *(f"ps{n}" for n in hosts)]
+    from_saturated: list[str] = []
     epoch: dict[str, Optional[float]] = {}
     for v in variants:
-        xs = [r["epoch_s"] for r in runs if r["variant"] == v and r.get("epoch_s") is not None]
+        xs = quiet_values([r for r in runs if r["variant"] == v], "epoch_s", f"epoch_s.{v}", from_saturated)
         epoch[v] = round(statistics.median(xs), 3) if xs else None
     spread = {v: [round(r["epoch_s"], 3) for r in runs if r["variant"] == v and r.get("epoch_s") is not None]
               for v in variants}
@@ -311,7 +328,7 @@ def summarise(app: str, runs: list[dict[str, Any]], hosts: list[int], rows: Opti
             r["objective_rel_diff"] = d = rel_diff(r.get("objective"), single_obj.get(r["repeat"]))
             if d is not None:
                 diffs.append(d)
-    comm = {v: [r["comm_share"] for r in runs if r["variant"] == v and r.get("comm_share") is not None]
+    comm = {v: quiet_values([r for r in runs if r["variant"] == v], "comm_share", f"comm_share.{v}", from_saturated)
             for v in variants[1:]}
     ps1 = epoch.get("ps1")
     out: dict[str, Any] = {"speedup_2": ratio(ps1, epoch.get("ps2")), "speedup_4": ratio(ps1, epoch.get("ps4")),
@@ -322,12 +339,13 @@ def summarise(app: str, runs: list[dict[str, Any]], hosts: list[int], rows: Opti
             out[f"speedup_{n}"] = ratio(ps1, epoch.get(f"ps{n}"))
             out[f"speedup_{n}_over_single"] = ratio(epoch["single"], epoch.get(f"ps{n}"))
 
-    at_once = [r["epoch_s"] for r in runs if r["variant"] == AT_ONCE and r.get("epoch_s") is not None]
+    at_once = quiet_values([r for r in runs if r["variant"] == AT_ONCE], "epoch_s", f"epoch_s.{AT_ONCE}",
+                           from_saturated)
     if at_once and hosts[-1] > 1:
         # The testbed's own slowdown of n busy hosts (single_at_once_run): a diagnostic beside the
         # ratios, which stay against the lone single process.
         out[f"single_at_once_{hosts[-1]}"] = ratio(statistics.median(at_once), epoch["single"])
-        spread[AT_ONCE] = [round(x, 3) for x in at_once]
+        spread[AT_ONCE] = [round(r["epoch_s"], 3) for r in runs if r["variant"] == AT_ONCE and r.get("epoch_s") is not None]
 
     def per_host(n: int) -> Optional[float]:
         e = epoch.get(f"ps{n}")
@@ -338,6 +356,7 @@ def summarise(app: str, runs: list[dict[str, Any]], hosts: list[int], rows: Opti
             "objective_rel_diff_max": round(max(diffs), 5) if diffs else None,
             "objectives_within_1pct": bool(diffs) and max(diffs) <= OBJECTIVE_TOLERANCE,
             "comm_share": {v: round(statistics.median(xs), 3) if xs else None for v, xs in comm.items()},
+            "from_saturated_runs": from_saturated,
             "failed_runs": sum(1 for r in runs if "error" in r), "runs": runs}
 
 

@@ -20,9 +20,11 @@ so drf, optimus and eps have something to resize) runs for each policy
    every 250 ms) with the calibration file and the same policy (deterministic: once).
 
 Per job: |JCT_sim - JCT_real| / JCT_real, a plain error (no rescaling by a probe); per run their
-mean and the makespan's error. The machine's busy share and load are measured over every real run
-(elastane_cli/machine_load.py); a run on a saturated machine is reported (`saturated_runs`, and
-in its policy's `runs`) and used for nothing. Per policy over its accepted runs: the median of the
+mean (the per-job JCT mean absolute error, the judged figure), the largest single job's error
+(`jct_abs_error_max_job`: reported, not judged) and the makespan's error. The machine's busy
+share and load are measured over every real run (elastane_cli/machine_load.py); a run on a
+saturated machine is reported (`saturated_runs`, and in its policy's `runs`) and used for
+nothing. Per policy over its accepted runs: the median of the
 errors, and the spread between repeats (max - min over the median of the runs' real mean JCT and
 of their real makespans, the larger).
 
@@ -30,8 +32,10 @@ of their real makespans, the larger).
 fewer than 3 repeats were asked for (`--quick`: one, a smoke run), when a policy has fewer than
 `--repeats` accepted runs or an error the simulator could not give (jobs it
 did not finish), or the largest spread between repeats is above 5 % (the errors would measure the
-machine's noise); otherwise "pass" when `jct_mean_abs_error_max` and `makespan_error_max` are both
-<= 0.10 (issue 33's target), else "fail".
+machine's noise); otherwise "pass" when `jct_mean_abs_error_max` (the largest over the policies
+of the per-job JCT mean absolute error) and `makespan_error_max` are both <= 0.10 (issue 33's
+target), else "fail". A single job's error may be above 0.10 in a pass: `jct_abs_error_max_job`
+says how far.
 
 Run time: 15 runs of 8 jobs, each under 3 minutes (testbed start, the jobs, stop: 2.6-3 minutes
 measured on the saturated 2-core machine), within 45 minutes (`wall_s` and `within_budget` say
@@ -40,10 +44,11 @@ whether it was); 12 jobs take about a third longer.
 Without the testbed (root, iproute2, util-linux, OpenSSH: `testbed_hosts.unavailable_reason`) it
 says why on stderr, prints {"error": ...} and exits 2. Exit 1 on verdict "failed".
 
-Last line, JSON: {"jct_mean_abs_error_max", "makespan_error_max", "repeats", "saturated_runs",
-"repeat_spread_max", "verdict", "policies": {policy: {"jct_mean_abs_error", "makespan_error",
-"repeat_spread", "accepted_runs", "sim": {...}, "runs": [...]}}, "plan", "trace_jobs", "wall_s",
-"within_budget", "cores", "calibration"}.
+Last line, JSON: {"jct_mean_abs_error_max", "jct_abs_error_max_job", "makespan_error_max", "repeats",
+"saturated_runs", "repeat_spread_max", "verdict", "verdict_reason", "policies": {policy:
+{"jct_mean_abs_error", "jct_abs_error_max_job", "makespan_error", "repeat_spread", "accepted_runs",
+"sim": {...}, "runs": [...]}}, "plan", "trace_jobs", "wall_s", "within_budget", "cores",
+"calibration"}.
 """
 from __future__ import annotations
 
@@ -90,7 +95,7 @@ MAX_EPOCHS = 8
 DEFAULT_JOBS = 8
 MIN_REPEATS = 3               # fewer repeats give no spread to judge: never a verdict
 DEFAULT_POLICIES = ("static", "drf", "optimus", "eps", "harmony")
-TARGET = 0.10                 # issue 33: per-job JCT and makespan errors <= 10 %
+TARGET = 0.10                 # issue 33: per-job JCT mean absolute error and makespan error <= 10 %
 SPREAD_LIMIT = 0.05           # a spread between repeats above it: "inconclusive"
 MAX_HOST_CPUS = 0.3           # issue 33: hosts of <= 0.3 core
 HOST_VCORES = 4
@@ -192,14 +197,15 @@ def rel_error(sim: Optional[float], real: Optional[float]) -> Optional[float]:
 
 def run_errors(sim_jct: dict[str, Optional[float]], sim_makespan: Optional[float],
                real: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """One real run against the simulator: per-job errors, their mean, the makespan's error. A job
-    that failed on the testbed or did not finish in the simulator has no error and makes the run's
-    mean None (the comparison is incomplete, not better)."""
+    """One real run against the simulator: per-job errors, their mean, the largest, the makespan's
+    error. A job that failed on the testbed or did not finish in the simulator has no error and
+    makes the run's mean and largest None (the comparison is incomplete, not better)."""
     per_job = {name: rel_error(sim_jct.get(name), r["jct"] if r["ok"] else None) for name, r in real.items()}
     real_makespan = max(r["end"] for r in real.values()) - min(r["arrival"] for r in real.values())
     errs = list(per_job.values())
-    return {"jct_mean_abs_error": None if any(e is None for e in errs) or not errs
-            else statistics.fmean([e for e in errs if e is not None]),
+    complete = [e for e in errs if e is not None] if errs and None not in errs else None
+    return {"jct_mean_abs_error": statistics.fmean(complete) if complete else None,
+            "jct_abs_error_max_job": max(complete) if complete else None,
             "makespan_error": rel_error(sim_makespan, real_makespan),
             "real_mean_jct_s": statistics.fmean(r["jct"] for r in real.values()),
             "real_makespan_s": real_makespan, "per_job": per_job}
@@ -217,9 +223,14 @@ def policy_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """A policy's figures over its runs that were not saturated: median errors and the spread."""
     ok = [r for r in runs if not r.get("saturated")]
     jct = [r["jct_mean_abs_error"] for r in ok]
+    worst_job = [r.get("jct_abs_error_max_job") for r in ok]
+    worst_known = [e for e in worst_job if e is not None]
     mk = [r["makespan_error"] for r in ok]
     return {"accepted_runs": len(ok),
             "jct_mean_abs_error": None if not jct or None in jct else round(statistics.median(jct), 4),
+            # the largest one job's error in any accepted run: beside the judged mean, not judged
+            "jct_abs_error_max_job": round(max(worst_known), 4) if worst_known and len(worst_known) == len(worst_job)
+            else None,
             "makespan_error": None if not mk or None in mk else round(statistics.median(mk), 4),
             "repeat_spread": round(max(spread([r["real_mean_jct_s"] for r in ok]),
                                        spread([r["real_makespan_s"] for r in ok])), 4)}
@@ -229,10 +240,13 @@ def decide(summaries: dict[str, dict[str, Any]], total_runs: int, saturated_runs
            target: float = TARGET, spread_limit: float = SPREAD_LIMIT) -> dict[str, Any]:
     """The headline keys and the verdict over every policy's summary (module doc)."""
     jct = [s["jct_mean_abs_error"] for s in summaries.values()]
+    worst_job = [s.get("jct_abs_error_max_job") for s in summaries.values()]
+    worst_known = [e for e in worst_job if e is not None]
     mk = [s["makespan_error"] for s in summaries.values()]
     spreads = [s["repeat_spread"] for s in summaries.values()]
     out: dict[str, Any] = {
         "jct_mean_abs_error_max": max(jct) if jct and None not in jct else None,
+        "jct_abs_error_max_job": max(worst_known) if worst_known and len(worst_known) == len(worst_job) else None,
         "makespan_error_max": max(mk) if mk and None not in mk else None,
         "repeats": repeats, "saturated_runs": saturated_runs,
         "repeat_spread_max": max(spreads) if spreads else None}
@@ -252,9 +266,9 @@ def decide(summaries: dict[str, dict[str, Any]], total_runs: int, saturated_runs
     elif out["repeat_spread_max"] > spread_limit:
         verdict, why = "inconclusive", f"spread between repeats {out['repeat_spread_max']:.1%} > {spread_limit:.0%}"
     elif out["jct_mean_abs_error_max"] <= target and out["makespan_error_max"] <= target:
-        verdict, why = "pass", f"every error <= {target:.0%}"
+        verdict, why = "pass", f"every policy's JCT mean absolute error and makespan error <= {target:.0%}"
     else:
-        verdict, why = "fail", f"an error above {target:.0%}"
+        verdict, why = "fail", f"a policy's JCT mean absolute error or makespan error above {target:.0%}"
     out.update(verdict=verdict, verdict_reason=why)
     return out
 

@@ -29,13 +29,15 @@ job on hosts of its own, in the same queue order (`static`, ISOLATED mode):
 `isolated_baselines` runs each candidate; `IsolatedBaselines.best` is the one with the least mean
 JCT among the runs that finished every job (`harmony_baseline_dop` names it: an int, or "per-job").
 Beside it: fixed DoP 16, and `isolated_at_dops(harmony's DoPs)` -- each job alone at the DoP Harmony
-ran it at most (`harmony_dops`) -- so the gain from DoP choice (isolated at Harmony's DoP over DoP
+ran it at most (`harmony_dops`; a job Harmony never trained has none and is left out,
+`missing_dops`) -- so the gain from DoP choice (isolated at Harmony's DoP over DoP
 16) and the gain from grouping (Harmony, and naive co-location, over isolated at Harmony's DoP)
 are shown apart.
 
 Per run: mean JCT, makespan, finished jobs, eq. 4.4's CPU and network utilization averaged over the
 makespan (useful subtask work per host, `ColocationTimes.mean_utilization`); and the gains of
-harmony and naive over isolated. `best_case` gives the model's own ceiling for the trace: every job
+harmony and naive over isolated (`gains`: the mean-JCT gain over the jobs both runs finished, each
+run's finished count beside it). `best_case` gives the model's own ceiling for the trace: every job
 paired with its most complementary partner (eq. 4.1, no profiling, regrouping or handoff costs).
 """
 from __future__ import annotations
@@ -47,6 +49,7 @@ import msgspec
 
 from .calibration import AppCalibration, Calibration
 from .colocation import ColocationTimes, Interference, MEASURED, Mode, SubtaskTimes, iteration_times
+from .metrics import completed_in_both, jct_gain_in_both
 from .simulator import SimConfig, SimResult, Simulator, T0
 from .trace import TraceJob
 from .workload import job_epochs
@@ -126,11 +129,20 @@ def gain(base: Optional[float], new: Optional[float]) -> Optional[float]:
 
 
 def gains(out: dict[str, RunOutcome], name: str, base: str = "isolated") -> dict[str, Optional[float]]:
-    """`name`'s mean-JCT and makespan speed-ups and CPU-utilization gain over `base`."""
+    """`name`'s mean-JCT and makespan speed-ups and CPU-utilization gain over `base`. The JCT gain
+    covers only the jobs both runs finished (`jct_gain_jobs` of them); each run's finished and
+    submitted jobs are given beside it (`<run>_finished`, `<run>_jobs`)."""
     b, n = out[base], out[name]
     util = round(n.cpu_utilization / b.cpu_utilization, 3) if b.cpu_utilization > 0 else None
-    return {"jct_gain": gain(b.mean_jct_s, n.mean_jct_s), "makespan_gain": gain(b.makespan_s, n.makespan_s),
-            "util_gain": util}
+    # Each run's own finished-jobs mean would compare different job sets: a run that lost its
+    # long jobs would look faster.
+    pairs_b = [(r.name, r.jct) for r in b.result.records]
+    pairs_n = [(r.name, r.jct) for r in n.result.records]
+    both, _ = completed_in_both(pairs_b, pairs_n)
+    return {"jct_gain": jct_gain_in_both(pairs_b, pairs_n), "makespan_gain": gain(b.makespan_s, n.makespan_s),
+            "util_gain": util, "jct_gain_jobs": len(both),
+            f"{base}_finished": b.result.summary.finished, f"{base}_jobs": b.result.summary.jobs,
+            f"{name}_finished": n.result.summary.finished, f"{name}_jobs": n.result.summary.jobs}
 
 
 def pairs(loads: Sequence[SubtaskTimes]) -> list[tuple[int, ...]]:
@@ -221,8 +233,15 @@ def best_dop(job: TraceJob, app: AppCalibration, candidates: Sequence[int] = DOP
 
 
 def isolated_at_dops(trace: Sequence[TraceJob], dops: Mapping[str, int]) -> list[TraceJob]:
-    """The trace, same order, each job asking for its DoP in `dops` (by job name)."""
-    return [at_dop(j, dops[j.name]) for j in trace]
+    """The trace, same order, each job asking for its DoP in `dops` (by job name). A job with no
+    DoP there (one Harmony never trained: `harmony_dops` has none for it) is left out, not given
+    one; `missing_dops` names them."""
+    return [at_dop(j, dops[j.name]) for j in trace if j.name in dops]
+
+
+def missing_dops(trace: Sequence[TraceJob], dops: Mapping[str, int]) -> list[str]:
+    """The jobs of `trace` without a DoP in `dops`: those `isolated_at_dops` leaves out."""
+    return [j.name for j in trace if j.name not in dops]
 
 
 def harmony_dops(result: SimResult) -> dict[str, int]:
@@ -293,4 +312,4 @@ def isolated_baselines(trace: Sequence[TraceJob], calibration: Calibration, cfg:
 
 __all__ = ["BaselineName", "DOP_CANDIDATES", "IsolatedBaselines", "PER_JOB", "RUNS", "RunOutcome", "as_harmony_job",
            "at_dop", "best_case", "best_dop", "compare", "gain", "gains", "harmony_dops", "ideal_schedule",
-           "isolated_at_dops", "isolated_baselines", "pairs", "run_mode", "solo_jct_s", "strongest"]
+           "isolated_at_dops", "isolated_baselines", "missing_dops", "pairs", "run_mode", "solo_jct_s", "strongest"]

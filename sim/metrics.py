@@ -18,10 +18,10 @@
   A job waiting in a queue holds nothing, so it counts its whole fair share as loss.
 
 Comparing runs (issue 33's rules of evidence): `ratio` is a time's speed-up (baseline over new),
-`Spread` a ratio's median and range over seeds (a gain is reported with its min-max, never one
-seed's figure alone), and `completed_in_both` the jobs two runs both finished: a job that failed or
-stalled in either run has no JCT, so it is counted apart and left out of a JCT ratio rather than
-given a timeout as its JCT.
+`Spread` a ratio's median and range over seeds and how many seeds gave one (a gain is reported
+with its min-max and `_n`, never one seed's figure alone), and `completed_in_both` the jobs two runs
+both finished: a job that failed or stalled in either run has no JCT, so it is counted apart and
+left out of a JCT ratio rather than given a timeout as its JCT (`jct_gain_in_both`).
 """
 from __future__ import annotations
 
@@ -166,15 +166,16 @@ class Spread:
         return Spread(round(statistics.median(vs), 3), round(min(vs), 3), round(max(vs), 3), len(vs))
 
     def keys(self, name: str) -> dict[str, float]:
-        """`name` (the median), `name_min` and `name_max`: a bench's last-line keys."""
-        return {name: self.median, f"{name}_min": self.min, f"{name}_max": self.max}
+        """`name` (the median), `name_min`, `name_max` and `name_n`: a bench's last-line keys."""
+        # `_n` so a median over 1 of 5 seeds reads as such, not as a five-seed figure.
+        return {name: self.median, f"{name}_min": self.min, f"{name}_max": self.max, f"{name}_n": self.n}
 
 
 def spread_keys(name: str, values: Iterable[Optional[float]]) -> dict[str, Optional[float]]:
-    """`Spread.keys` of the values, or the three keys as None when no seed gave a value."""
+    """`Spread.keys` of the values, or the figures as None (and `name_n` 0) when no seed gave a value."""
     sp = Spread.of(values)
     if sp is None:
-        return {name: None, f"{name}_min": None, f"{name}_max": None}
+        return {name: None, f"{name}_min": None, f"{name}_max": None, f"{name}_n": 0}
     return {k: v for k, v in sp.keys(name).items()}
 
 
@@ -191,5 +192,13 @@ def completed_in_both(a: Iterable[tuple[str, Optional[float]]], b: Iterable[tupl
     return pa, pb
 
 
-__all__ = ["Demand", "Sample", "Spread", "Summary", "completed_in_both", "drf_shares", "fairness_loss", "ratio",
-           "spread_keys", "summarize", "utilization"]
+def jct_gain_in_both(base: Iterable[tuple[str, Optional[float]]], new: Iterable[tuple[str, Optional[float]]],
+                     digits: int = 3) -> Optional[float]:
+    """`base`'s mean JCT over `new`'s, both over the jobs that finished in both runs
+    (`completed_in_both`); None when no job did."""
+    jb, jn = completed_in_both(base, new)
+    return ratio(statistics.fmean(jb), statistics.fmean(jn), digits) if jb else None
+
+
+__all__ = ["Demand", "Sample", "Spread", "Summary", "completed_in_both", "drf_shares", "fairness_loss",
+           "jct_gain_in_both", "ratio", "spread_keys", "summarize", "utilization"]

@@ -139,3 +139,27 @@ def test_bad_options_are_refused_before_any_cluster_starts() -> None:
                            text=True, timeout=120)
         assert r.returncode == 2 and what in r.stderr, (argv, r.stderr[-500:])
         assert "[scaling]" not in r.stderr                     # nothing ran
+
+
+def test_saturated_runs_leave_the_medians_while_a_quiet_run_remains() -> None:
+    busy = "machine 97% busy (limit 90%)"
+    runs = [run("single", 0, 1.0), run("single", 1, 3.0, saturated=busy), run("single", 2, 3.2, saturated=busy),
+            run("ps1", 0, 1.2, comm=0.4), run("ps1", 1, 4.0, comm=0.9, saturated=busy),
+            run("ps1", 2, 4.2, comm=0.9, saturated=busy)]
+    out = sc.summarise("mlr", runs, [1])
+    # Over every run the medians would be 3.0 and 4.0, the saturated machine's figures.
+    assert out["epoch_s"] == {"single": 1.0, "ps1": 1.2} and out["comm_share"] == {"ps1": 0.4}
+    assert out["ps1_over_single"] == pytest.approx(1.2) and out["from_saturated_runs"] == []
+    assert out["epoch_s_runs"]["single"] == [1.0, 3.0, 3.2]          # every run still listed
+
+
+def test_a_figure_with_only_saturated_runs_says_so() -> None:
+    busy = "machine 97% busy (limit 90%)"
+    runs = [run("single", 0, 1.0), run("ps1", 0, None, objective=None, error="app FAILED"),
+            run("ps1", 1, 4.0, comm=0.9, saturated=busy), run("ps2", 0, 1.0, saturated=busy)]
+    out = sc.summarise("mlr", runs, [1, 2])
+    assert out["epoch_s"] == {"single": 1.0, "ps1": 4.0, "ps2": 1.0}
+    assert out["from_saturated_runs"] == ["epoch_s.ps1", "epoch_s.ps2", "comm_share.ps1"]
+    top = sc.summarise_by_sync("mlr", [{**r, "sync_batches": 32} if r["variant"] != "single" else r for r in runs],
+                               [1, 2], [32])
+    assert top["from_saturated_runs"] == out["from_saturated_runs"]

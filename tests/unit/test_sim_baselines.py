@@ -138,8 +138,9 @@ def test_gang_admissions_gain_leaves_failed_jobs_out() -> None:
 def test_spread_is_median_min_and_max_of_the_values_present() -> None:
     sp = Spread.of([1.2, None, 1.8, 1.5, 0.9])
     assert sp == Spread(1.35, 0.9, 1.8, 4)
-    assert sp is not None and sp.keys("g") == {"g": 1.35, "g_min": 0.9, "g_max": 1.8}
-    assert spread_keys("g", [None]) == {"g": None, "g_min": None, "g_max": None}
+    # `_n`: how many seeds gave a value (a median over 1 of 5 seeds is not one over 5).
+    assert sp is not None and sp.keys("g") == {"g": 1.35, "g_min": 0.9, "g_max": 1.8, "g_n": 4}
+    assert spread_keys("g", [None]) == {"g": None, "g_min": None, "g_max": None, "g_n": 0}
     assert ratio(3.0, 0.0) is None and ratio(None, 1.0) is None and ratio(3.0, 2.0) == 1.5
 
 
