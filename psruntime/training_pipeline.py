@@ -50,7 +50,7 @@ from typing import Protocol, TypeVar, Union, runtime_checkable
 import msgspec
 import numpy as np
 
-from psruntime.apps.base import Batch, KeyValues, ObjectivePart, PSApp, StepContext
+from psruntime.apps.base import Batch, KeyValues, ObjectivePart, OutputCheck, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.store.push_ids import COUNT, DELTAS, push_id
 from psruntime.store.store_client import PreparedArray, StoreClient, TransferGate
@@ -251,9 +251,11 @@ async def init_model(store: StoreClient, app: PSApp[msgspec.Struct, msgspec.Stru
 
 
 async def init_blocks(store: StoreClient, app: PSApp[msgspec.Struct, msgspec.Struct], blocks: Sequence[DataBlock]) -> None:
-    """Initialise each block's worker-local state and push the deltas that come with it."""
+    """Initialise each block's worker-local state and push the deltas that come with it (checked:
+    AppOutputError if they do not fit the model)."""
+    check = OutputCheck(app)
     for block in blocks:
-        await push_key_values(store, app.init_block(block))
+        await push_key_values(store, check.deltas(app.init_block(block), None, "init_block"))
     await store.flush()
 
 
@@ -352,7 +354,11 @@ class TrainingPipeline:
         TrainingStopped when `stop` is set before a mini-batch; ends early, as if `limit` had
         been reached, when `cut` is (the AM's EndClock) -- and a cut that came while a
         mini-batch pulled ends the step before that mini-batch's COMP (nothing of it ran, so the
-        next step runs it), so a boundary waits for a pull rather than a whole mini-batch."""
+        next step runs it), so a boundary waits for a pull rather than a whole mini-batch.
+
+        What the app returns is checked before the runtime uses it (`OutputCheck`): keys_for_batch's
+        keys, and compute's deltas -- AppOutputError naming the app and the fault, raised before
+        that mini-batch pushes anything."""
         if self.sync_batches > 1:
             self.compute_thread.inline_max_s = WINDOW_INLINE_MAX_S
             try:
@@ -364,6 +370,7 @@ class TrainingPipeline:
         times = StepTimes()
         compute, comm = times.compute, times.comm
         waited = self._waited
+        check = OutputCheck(app)
         self.residency.plan([b for b in blocks if epoch_position(b, epoch) < b.num_rows])
         for block in blocks:
             if (limit is not None and len(compute) >= limit) or (cut is not None and cut.is_set()):
@@ -381,12 +388,12 @@ class TrainingPipeline:
                     raise TrainingStopped(f"epoch {epoch} stopped by the AM")
                 t0 = time.perf_counter()
                 w0 = waited()
-                keys = app.keys_for_batch(batch)
+                keys = check.batch_keys(app.keys_for_batch(batch))
                 params = await pull_through(self.runner, self.gate, store, keys, app.key_length)
                 if cut is not None and cut.is_set():
                     break        # the AM ended the clock during the pull: nothing of this batch ran
                 t1 = time.perf_counter()
-                deltas = await self._compute(functools.partial(app.compute, batch, params, ctx))
+                deltas = check.deltas(await self._compute(functools.partial(app.compute, batch, params, ctx)), keys)
                 t2 = time.perf_counter()
                 await self._push(store, deltas, count_key, one, block.block_index, epoch, batch.start)
                 t3 = time.perf_counter()
@@ -432,6 +439,7 @@ class TrainingPipeline:
         waited = self._waited
         compute = self.compute_thread
         direct = type(self.runner) is ImmediateRunner      # no runner to hand COMP to
+        check = OutputCheck(app)
         seen = np.zeros(app.num_keys, bool)
         self.residency.plan([b for b in blocks if epoch_position(b, epoch) < b.num_rows])
         held: list[DataBlock] = []          # blocks acquired for the windows, in order
@@ -449,7 +457,8 @@ class TrainingPipeline:
                         held.append(batch.block)
                 t0 = time.perf_counter()
                 w0 = waited()
-                batch_keys = [app.keys_for_batch(b) for b in batches]
+                # checked before they index the mask (a key -1 would mark the last key's)
+                batch_keys = [check.batch_keys(app.keys_for_batch(b)) for b in batches]
                 for keys in batch_keys:     # the union, by a mask: a sort of them all cost Lasso 0.5 ms
                     seen[keys] = True
                 union = np.flatnonzero(seen)
@@ -470,10 +479,12 @@ class TrainingPipeline:
                     rows = cache.rows(keys)
                     params = KeyValues(keys, cache.read_rows(rows))
                     t1 = time.perf_counter()
+                    deltas: KeyValues | None
                     if direct and compute.inline_next:
                         deltas = compute.run_inline(app.compute, batch, params, ctx)
                     else:
                         deltas = await self._compute(functools.partial(app.compute, batch, params, ctx))
+                    deltas = check.deltas(deltas, keys)     # before the cache indexes and adds with them
                     t2 = time.perf_counter()
                     if deltas is not None and len(deltas):
                         if deltas.keys is keys:       # the pulled keys (sorted, unique): rows known

@@ -125,14 +125,26 @@ class WriteBackCache:
         """The rows of `keys` (every one filled this window), as a new (len(keys), key_length) array."""
         return self._values[self.rows(keys)]
 
+    def _check_shape(self, n: int, deltas: np.ndarray) -> None:
+        # Not numpy's broadcasting: a (n, 1) delta would be added to every column of its row.
+        if deltas.shape != (n, self.key_length):
+            raise ValueError(f"deltas of shape {deltas.shape} for {n} keys: the cache's rows are "
+                             f"({n}, {self.key_length})")
+
     def add_rows(self, rows: np.ndarray, deltas: np.ndarray) -> None:
-        """Add `deltas` to `rows` (from `rows`, of unique keys)."""
+        """Add `deltas`, (len(rows), key_length), to `rows` (from `rows`, of unique keys)."""
+        self._check_shape(len(rows), deltas)
         self._values[rows] += deltas
 
     def apply(self, keys: np.ndarray, deltas: np.ndarray) -> None:
-        """Add `deltas` to the rows of `keys` (keys may repeat; a key not read becomes write-only)."""
+        """Add `deltas`, (len(keys), key_length), to the rows of `keys` (keys may repeat; a key not
+        read becomes write-only). A key outside 0 .. num_keys-1 is refused (ValueError), not wrapped."""
+        self._check_shape(len(keys), deltas)
         if not len(keys):
             return
+        if keys.dtype.kind not in "iu" or int(keys.min()) < 0 or int(keys.max()) >= len(self._slot):
+            raise ValueError(f"keys must be integers in 0 .. {len(self._slot) - 1}, got {keys.dtype} keys "
+                             f"(min {keys.min()}, max {keys.max()})")
         self._write_only = True
         rows = self._rows_of(keys)
         if strictly_increasing(keys):       # unique: a plain fancy add

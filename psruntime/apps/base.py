@@ -70,6 +70,83 @@ class KeyValues:
         return pos
 
 
+class AppOutputError(AppError, ValueError):
+    """An app method returned what the runtime cannot use (`OutputCheck`); the message names the
+    app and what is wrong. For a user's app the executor answers it as UserCodeError
+    (psruntime.app_role), so the job fails with it: the same code would return the same."""
+
+
+_INT64, _UINT64 = np.dtype(np.int64), np.dtype(np.uint64)
+
+
+def _outside(keys: np.ndarray, n: int) -> bool:
+    """Any of the integer `keys` (non-empty) outside [0, n). One reduction for int64 keys (every
+    app's): viewed as uint64 without a copy, a negative key is >= 2**63, so max() finds a key out
+    of range at either end. Other integer dtypes: min and max."""
+    dtype = keys.dtype
+    if dtype is _INT64:
+        return int(keys.view(_UINT64).max()) >= n
+    return int(keys.max()) >= n or (dtype.kind == "i" and int(keys.min()) < 0)
+
+
+class OutputCheck:
+    """Checks of what an app hands the worker loop, before the runtime indexes anything with it
+    (psruntime.training_pipeline, psruntime.apps.single_process): `keys_for_batch`'s keys and
+    `compute`'s (or `init_block`'s) deltas. Keys out of range would otherwise wrap (a key -1 is
+    the last key's row in a sync window's cache and in the dense baseline) or reach the store as a
+    phantom key, and values narrower than key_length would be broadcast over the row.
+
+    A few numpy passes over the keys, none per key in Python: a step makes one and checks every
+    mini-batch with it (~2 us a check for 125 keys). Deltas for the pulled keys themselves
+    (`deltas.keys is params.keys`, what every built-in app returns) need only the values' shape:
+    the pulled keys were checked as `keys_for_batch` returned them. Any other in-range keys are
+    accepted, repeats included (the runtime adds every delta); whether they were pulled is not
+    checked (a push to rows not pulled is allowed: psruntime.write_back_cache)."""
+
+    __slots__ = ("app_name", "num_keys", "key_length")
+
+    def __init__(self, app: "PSApp[Any, Any]") -> None:
+        self.app_name = str(getattr(app, "name", type(app).__name__))
+        self.num_keys = int(app.num_keys)
+        self.key_length = int(app.key_length)
+
+    def _fail(self, problem: str) -> AppOutputError:
+        return AppOutputError(f"app {self.app_name!r}: {problem} (num_keys {self.num_keys}, "
+                              f"key_length {self.key_length}; docs/app_api.md)")
+
+    def _check_keys(self, keys: object, returned: str) -> None:
+        if not isinstance(keys, np.ndarray) or keys.ndim != 1 or keys.dtype.kind not in "iu":
+            desc = (f"a {keys.ndim}-D {keys.dtype} array" if isinstance(keys, np.ndarray)
+                    else type(keys).__name__)
+            raise self._fail(f"{returned} keys that are not a 1-D integer array ({desc})")
+        if len(keys) and _outside(keys, self.num_keys):
+            bad = keys[(keys < 0) | (keys >= self.num_keys)]
+            raise self._fail(f"{returned} {len(bad)} of {len(keys)} keys outside 0 .. num_keys-1 "
+                             f"(min {int(keys.min())}, max {int(keys.max())}; e.g. {bad[:5].tolist()})")
+
+    def batch_keys(self, keys: np.ndarray) -> np.ndarray:
+        """`keys` (keys_for_batch's), checked: a 1-D integer array of keys in [0, num_keys)."""
+        self._check_keys(keys, "keys_for_batch returned")
+        return keys
+
+    def deltas(self, deltas: "KeyValues | None", pulled: np.ndarray | None = None,
+               what: str = "compute") -> "KeyValues | None":
+        """`deltas` (what `what` returned for the pulled keys `pulled`), checked: None, or a
+        KeyValues whose values are (len(keys), key_length) and whose keys are integers in
+        [0, num_keys) -- the latter taken as known when they are `pulled` itself."""
+        if deltas is None:
+            return None
+        if not isinstance(deltas, KeyValues):
+            raise self._fail(f"{what} must return a KeyValues or None, got {type(deltas).__name__}")
+        keys, values = deltas.keys, deltas.values
+        if keys is not pulled:
+            self._check_keys(keys, f"{what} returned deltas with")
+        if values.shape != (len(keys), self.key_length):
+            raise self._fail(f"{what} returned values of shape {values.shape} for {len(keys)} keys, not "
+                             f"({len(keys)}, {self.key_length}): one row of key_length per key")
+        return deltas
+
+
 @dataclass(frozen=True)
 class Batch:
     """One mini-batch: rows [start, stop) of a block (positions within the block)."""

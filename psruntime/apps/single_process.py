@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from psruntime.blas_threads import limit_blas_threads_to_cgroup
-from psruntime.apps.base import AppConfigError, KeyValues, ObjectivePart, PSApp, StepContext
+from psruntime.apps.base import AppConfigError, KeyValues, ObjectivePart, OutputCheck, PSApp, StepContext
 from psruntime.apps.blocks import DataBlock
 from psruntime.apps.sorted_unique import strictly_increasing
 from protocol.json_types import JsonObject
@@ -79,11 +79,13 @@ def epoch_objective(app: PSApp, blocks: Sequence[DataBlock], model: DenseModel) 
 def train_single_process(app: PSApp, max_epochs: int | None = None, evaluate: bool = True,
                          log: TextIO | None = None, threads: int = 1) -> tuple[TrainResult, DenseModel]:
     """Train on all blocks (partition 0 of 1) until converged or `max_epochs` (default: the
-    app's own limit), each COMP over `threads` threads. Returns the result and the final model."""
+    app's own limit), each COMP over `threads` threads. Returns the result and the final model.
+    What the app returns is checked as the PS workers check it (`OutputCheck`: AppOutputError)."""
     blocks = app.generate_partition(0, 1).blocks
     model = DenseModel(app)
+    check = OutputCheck(app)
     for block in blocks:
-        model.push(app.init_block(block))
+        model.push(check.deltas(app.init_block(block), None, "init_block"))
     history = [epoch_objective(app, blocks, model)]
     result = TrainResult(app.name, history[0])
     limit = max_epochs if max_epochs is not None else int(app.hparams.max_epochs)
@@ -92,7 +94,8 @@ def train_single_process(app: PSApp, max_epochs: int | None = None, evaluate: bo
         ctx = StepContext(epoch=epoch, num_workers=1, threads=threads)
         for block in blocks:
             for batch in app.batches(block):
-                model.push(app.compute(batch, model.pull(app.keys_for_batch(batch)), ctx))
+                keys = check.batch_keys(app.keys_for_batch(batch))
+                model.push(check.deltas(app.compute(batch, model.pull(keys), ctx), keys))
         seconds = time.perf_counter() - t0
         history.append(epoch_objective(app, blocks, model))
         result.epochs.append(EpochReport(epoch, history[-1], seconds))

@@ -220,7 +220,15 @@ def _finite(path: str, number: int, token: str, what: str) -> float:
 
 # ----------------------------------------------------------------- triplets (nmf)
 
-_SEPARATORS = re.compile(r"::|[,;\s]+")
+_SEPARATORS = re.compile(r"\s*::\s*|[,;\s]+")     # `1 :: 2 :: 5` is three fields, as `1::2::5` is
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
 
 
 def _read_triplets(path: str, base: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -234,7 +242,9 @@ def _read_triplets(path: str, base: int) -> tuple[np.ndarray, np.ndarray, np.nda
         try:
             user, item = int(fields[0]), int(fields[1])
         except ValueError:
-            if first:          # a header line such as "userId,movieId,rating,timestamp"
+            # A header such as "userId,movieId,rating,timestamp": the first line, and only when
+            # neither its user nor its item is a number ("1.0,7,5" is a row with a bad user id).
+            if first and not _is_number(fields[0]) and not _is_number(fields[1]):
                 first = False
                 continue
             raise TextFormatError(path, number, f"user {fields[0]!r} and item {fields[1]!r} must be integers") from None

@@ -114,6 +114,32 @@ def test_triplet_errors_name_the_line(tmp_path: Path) -> None:
         import_triplets(path, str(tmp_path / "c"), ImportOptions(heldout_fraction=0.5))
 
 
+def test_a_numeric_first_triplet_line_is_a_row_not_a_header(tmp_path: Path) -> None:
+    # A first line whose user or item is a number is data: "1.0" as a user id is an error naming
+    # line 1, not a header silently dropped (with item 7, the largest, and num_items with it).
+    path = text(tmp_path, "r.csv", "1.0,7,5\n1,3,4\n2,2,3\n3,1,1\n")
+    with pytest.raises(TextFormatError, match=r"r.csv:1: user '1.0' and item '7' must be integers"):
+        import_triplets(path, str(tmp_path / "a"), ImportOptions(heldout_fraction=0.25, index_base=0))
+    path = text(tmp_path, "s.csv", "user,7.5,5\n1,3,4\n")
+    with pytest.raises(TextFormatError, match=r"s.csv:1: user 'user' and item '7.5' must be integers"):
+        import_triplets(path, str(tmp_path / "b"), ImportOptions(heldout_fraction=0.25, index_base=0))
+    # a header is a first line whose user and item are both not numbers
+    path = text(tmp_path, "t.csv", "# ratings\nuser item rating\n0 7 5\n1 3 4\n2 2 3\n3 1 1\n")
+    m = import_triplets(path, str(tmp_path / "c"), ImportOptions(heldout_fraction=0.25, index_base=0))
+    assert m.spec["num_users"] + m.spec["num_heldout"] == 4 and m.spec["num_items"] == 8
+
+
+def test_triplets_accept_spaces_around_double_colons(tmp_path: Path) -> None:
+    out = str(tmp_path / "ds")
+    path = text(tmp_path, "ratings.dat", "1 :: 2 :: 5 :: 978300760\n1 ::3:: 4\n2\t::\t2 :: 3\n3::1::1\n")
+    m = import_triplets(path, out, ImportOptions(rows_per_block=5, heldout_fraction=0.34, index_base=0))
+    assert m.spec["num_users"] == 2 and m.spec["num_heldout"] == 1 and m.spec["num_items"] == 4
+    b = all_rows("nmf", out)[0]
+    assert b.data["indptr"].tolist() == [0, 2, 3]
+    assert b.data["items"].tolist() == [2, 3, 2] and b.data["ratings"].tolist() == [5.0, 4.0, 3.0]
+    assert all_rows("nmf", out, heldout=True)[0].data["items"].tolist() == [1]
+
+
 DOCWORD = "3\n5\n5\n1 2 2\n1 5 1\n2 1 3\n3 3 1\n3 4 1\n"
 
 

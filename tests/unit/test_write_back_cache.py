@@ -73,3 +73,22 @@ def test_random_windows_match_a_dict_model() -> None:
         assert keys_out.tolist() == sorted(sums)
         np.testing.assert_allclose(sums_out, np.array([sums[k] for k in sorted(sums)]), rtol=1e-5, atol=1e-6)
         assert len(cache) == 0
+
+
+def test_deltas_not_a_row_per_key_or_keys_out_of_range_are_refused() -> None:
+    # numpy would broadcast a (n, 1) delta over every column, and a key -1 would take the last
+    # key's row: the cache refuses both, and the pulled rows stay as they were.
+    cache = WriteBackCache(NUM_KEYS, ROW)
+    keys = np.array([0, NUM_KEYS - 1], np.int64)
+    cache.fill(keys, np.ones((2, ROW), np.float32))
+    with pytest.raises(ValueError, match=r"deltas of shape \(2, 1\) for 2 keys"):
+        cache.add_rows(cache.rows(keys), np.ones((2, 1), np.float32))
+    with pytest.raises(ValueError, match=r"deltas of shape \(2, 1\) for 2 keys"):
+        cache.apply(keys, np.ones((2, 1), np.float32))
+    with pytest.raises(ValueError, match=r"deltas of shape \(3,\) for 1 keys"):
+        cache.apply(np.array([0], np.int64), np.ones(3, np.float32))
+    for bad in (-1, NUM_KEYS):
+        with pytest.raises(ValueError, match=rf"keys must be integers in 0 .. {NUM_KEYS - 1}"):
+            cache.apply(np.array([bad], np.int64), np.ones((1, ROW), np.float32))
+    np.testing.assert_array_equal(cache.read(keys), np.ones((2, ROW), np.float32))
+    assert not cache.dirty and len(cache) == 2
