@@ -73,6 +73,8 @@ class ContainerManager:
         # The apps the RM said are over here (newest last, at most FINISHED_APPS_KEPT): no container
         # of theirs starts any more (YARN's NM kills a container that arrives for a finishing app).
         self.finished_apps: OrderedDict[str, None] = OrderedDict()
+        # The localize waits in flight, by container: a stop cancels its container's.
+        self._localizing: dict[str, asyncio.Task[dict[str, str]]] = {}
         self.warm: Optional[WarmLauncher] = None      # the executor zygote (set by the NM when it runs one)
         self.shells: Optional[ContainerShellPool] = None  # pre-started shells (set by the NM with cgroups)
         self.warm_spares: Optional[WarmSparePool] = None  # the zygote's spares (set by the NM with cgroups)
@@ -156,12 +158,19 @@ class ContainerManager:
         try:
             await self._launch(c, ctx)
         except Exception as e:  # a failed launch is the container's outcome, not the NM's crash
-            log.warning("launch of %s failed: %s", c.container_id, e)
             if c.pgid:  # the process started; let it go with the cleanup below
                 launcher.signal_group(c.pgid, signal.SIGKILL)
-            c.apply(Ev.LAUNCH_FAILED)
-            c.exit_status = ExitStatus.INVALID
-            c.diagnostics = f"container launch failed: {type(e).__name__}: {e}"
+            if c.kill_status is not None:
+                # Stopped while it was launched: the stop's status is the outcome, as for a stop
+                # that finds the launch through.
+                log.info("launch of %s failed after it was stopped: %s", c.container_id, e)
+                c.apply(Ev.KILL)
+                c.exit_status, c.diagnostics = c.kill_status, c.kill_diagnostics
+            else:
+                log.warning("launch of %s failed: %s", c.container_id, e)
+                c.apply(Ev.LAUNCH_FAILED)
+                c.exit_status = ExitStatus.INVALID
+                c.diagnostics = f"container launch failed: {type(e).__name__}: {e}"
             self.spawn_task(self._cleanup(c))
 
     async def _launch(self, c: Container, ctx: LaunchContext) -> None:
@@ -173,9 +182,10 @@ class ContainerManager:
         if ctx.local_resources:
             # Fetched in the localizer's threads (a cache hit fetches nothing), then linked into the
             # working dir before any launch path -- cold, shell or zygote -- runs the command there.
-            links = await self.localizer.localize(c.container_id, c.app_id, c.user, ctx.local_resources)
-            await asyncio.to_thread(link_into, c.work_dir, links)
-            c.launch_phase("localize")
+            links = await self._localize(c, ctx)
+            if links is not None:
+                await asyncio.to_thread(link_into, c.work_dir, links)
+                c.launch_phase("localize")
             if c.kill_status is not None:   # stopped while its resources were fetched: never start it
                 c.exit_status, c.diagnostics = c.kill_status, c.kill_diagnostics
                 c.apply(Ev.KILL)
@@ -216,6 +226,21 @@ class ContainerManager:
             self.spawn_task(self._kill(c))
         log.info("launched %s pid %d (%s) %s in %s ms", c.container_id, proc.pid, c.resource.to_json(), c.launch_path,
                  c.launch_ms)
+
+    async def _localize(self, c: Container, ctx: LaunchContext) -> Optional[dict[str, str]]:
+        """The container's resources ({link name: path}); None when a stop came first or ended
+        the wait (the fetch goes on for the other containers waiting for it)."""
+        if c.kill_status is not None:
+            return None
+        fetching = asyncio.get_running_loop().create_task(
+            self.localizer.localize(c.container_id, c.app_id, c.user, ctx.local_resources))
+        self._localizing[c.container_id] = fetching
+        try:
+            await asyncio.wait([fetching])
+        finally:
+            self._localizing.pop(c.container_id, None)
+            fetching.cancel()       # (done already, unless this launch itself was cancelled)
+        return None if fetching.cancelled() else fetching.result()
 
     async def _launch_in_shell_or_cold(self, c: Container, ctx: LaunchContext
                                        ) -> tuple[launcher.ContainerProcess, Optional[procfs.ProcStat]]:
@@ -316,6 +341,10 @@ class ContainerManager:
     async def _watch_child(self, c: Container) -> None:
         assert c.process is not None
         rc = await c.process.wait()
+        if rc is None:      # a warm container whose zygote died first, with no exit file
+            await self._on_exit(c, None, died_of_sigkill=False,
+                                unknown="the executor zygote died before the container process, which exited")
+            return
         await self._on_exit(c, launcher.exit_code_from_returncode(rc), died_of_sigkill=rc == -signal.SIGKILL)
 
     async def _watch_adopted(self, c: Container) -> None:
@@ -325,8 +354,10 @@ class ContainerManager:
         code = self.store.read_exit_code(c.container_id)
         await self._on_exit(c, code, died_of_sigkill=code == 128 + signal.SIGKILL)
 
-    async def _on_exit(self, c: Container, code: Optional[int], died_of_sigkill: bool) -> None:
-        """Decide the exit status (kill reason, OOM, or the process's code), then clean up."""
+    async def _on_exit(self, c: Container, code: Optional[int], died_of_sigkill: bool,
+                       unknown: str = "container process exited while the NodeManager was down") -> None:
+        """Decide the exit status (kill reason, OOM, or the process's code; ABORTED when the code
+        is None, `unknown` saying why), then clean up."""
         backend = self.enforcement.backend
         if c.kill_status is not None:
             status, diag = c.kill_status, c.kill_diagnostics
@@ -336,7 +367,7 @@ class ContainerManager:
                                           backend.peak_memory_bytes(c.cgroup))
         elif code is None:
             status = ExitStatus.ABORTED
-            diag = "container process exited while the NodeManager was down and left no exit code"
+            diag = f"{unknown} and left no exit code"
         else:
             status = code
             diag = "" if code == 0 else f"Exception from container-launch: exit code {code}"
@@ -396,6 +427,10 @@ class ContainerManager:
         if c.state is St.RUNNING:
             c.apply(Ev.KILL)
             self.spawn_task(self._kill(c))
+        elif (fetching := self._localizing.get(cid)) is not None:
+            # Still waiting for its resources: that wait ends now (_launch then ends the container
+            # with this status and releases its resources; the fetch goes on for other waiters).
+            fetching.cancel()
         # NEW / LOCALIZED: _launch is in flight and acts on kill_status once the process exists.
         if wait:
             await _wait_event(c.exited, KILL_GRACE_S + 3)

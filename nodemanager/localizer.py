@@ -22,7 +22,12 @@ itself, which Elastane does not).
 
 Fetches run in the localizer's own threads (`localizer_threads`), never on the event loop nor in
 the launches' threads; concurrent requests for one resource share one fetch (the bookkeeping is
-the pure `localizer_cache.CacheBook`); each fetch is bounded by `localizer_fetch_timeout_s`.
+the pure `localizer_cache.CacheBook`); each fetch is bounded by `localizer_fetch_timeout_s`. A
+container that stops waiting (it was stopped) drops only its own reference: the fetch goes on for
+the others, and is given up once nobody waits. A fetch given up (timed out, or nobody waits) leaves
+the book at once (the next request fetches afresh), but its thread may run on to its next cancel
+check: it never touches the entry's dir, which a newer fetch may have made for a running container
+(its commit checks the cancel under the key's lock, and on cancel removes only its own temp dir).
 """
 from __future__ import annotations
 
@@ -51,7 +56,7 @@ from protocol.config import NMConfig
 from protocol.durable_storage import write_atomic
 from protocol.local_resources import LocalResource, LocalResourceError, decode_resources
 
-from .localizer_cache import Acquired, CacheBook, CacheKey
+from .localizer_cache import Acquired, CacheBook, CacheKey, EntryState
 from protocol.errors import HostError, StateError
 
 log = logging.getLogger(__name__)
@@ -324,6 +329,16 @@ def link_into(work_dir: str, links: dict[str, str]) -> None:
 # ----- the localizer --------------------------------------------------------------------------------
 
 _SAFE_OWNER = re.compile(r"[A-Za-z0-9_.@-]+\Z")
+_COMMIT_LOCKS = 64      # a fetch's commit takes the lock of its key's stripe
+
+
+class _Fetch:
+    """One fetch of a key, shared by every container waiting for it."""
+
+    def __init__(self, done: "asyncio.Future[None]") -> None:
+        self.done = done                    # settled when the fetch ends (its waiters wake)
+        self.cancel = threading.Event()     # set when it is given up: its thread stops, commits nothing
+        self.task: Optional[asyncio.Task[None]] = None
 
 
 class Localizer:
@@ -335,7 +350,8 @@ class Localizer:
         self.book = CacheBook(max(0, cfg.localizer_cache_mb) * MB)
         self.timeout_s = cfg.localizer_fetch_timeout_s
         self._pool = ThreadPoolExecutor(max(1, cfg.localizer_threads), thread_name_prefix="localizer")
-        self._fetches: dict[CacheKey, asyncio.Future[None]] = {}
+        self._fetches: dict[CacheKey, _Fetch] = {}     # the key's fetch while its entry is FETCHING
+        self._commit_locks = [threading.Lock() for _ in range(_COMMIT_LOCKS)]
         self._held: dict[str, list[CacheKey]] = {}
         self.fetches_started = 0        # fetches begun since start (a cache hit begins none)
 
@@ -360,11 +376,13 @@ class Localizer:
     async def localize(self, container_id: str, app_id: str, user: str,
                        resources: dict[str, LocalResource]) -> dict[str, str]:
         """Fetch (or find cached) every resource of a container: {link name: local path}. The
-        container holds what it got until `release`, even when this raises LocalizationError."""
+        container holds what it got until `release`, even when this raises LocalizationError or is
+        cancelled (a cancelled wait drops only this container's reference: the fetch goes on for
+        the others)."""
         names = list(resources)
         keys = [CacheKey.of(resources[n], user, app_id) for n in names]
-        outcomes = await asyncio.gather(*(self._get(k) for k in keys), return_exceptions=True)
         held = self._held.setdefault(container_id, [])
+        outcomes = await asyncio.gather(*(self._get(k, held) for k in keys), return_exceptions=True)
         first: Optional[BaseException] = None
         links: dict[str, str] = {}
         for name, key, out in zip(names, keys, outcomes):
@@ -372,45 +390,81 @@ class Localizer:
                 if first is None:
                     first = _named(name, key.resource, out)
             else:
-                held.append(key)
                 links[name] = self.path(key)
         if first is not None:
             raise first
         return links
 
-    async def _get(self, key: CacheKey) -> None:
+    async def _get(self, key: CacheKey, held: list[CacheKey]) -> None:
+        """One resource of a container: appended to `held` once it is on the node."""
         act = self.book.acquire(key)
         if act is Acquired.HIT:
+            held.append(key)
             return
-        if act is Acquired.WAIT:
-            await asyncio.shield(self._fetches[key])
-            return
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._fetches[key] = done
+        if act is Acquired.FETCH:
+            # The fetch is a task of its own: it goes on if the container that began it stops waiting.
+            f = self._fetches[key] = _Fetch(asyncio.get_running_loop().create_future())
+            f.task = asyncio.get_running_loop().create_task(self._run_fetch(key, f))
+        f = self._fetches[key]
         try:
-            size = await self._fetch(key)
-        except BaseException as e:
-            self.book.fetch_failed(key)
-            done.set_exception(e if isinstance(e, Exception) else LocalizationError("cancelled"))
-            done.exception()     # waiters may be none: mark it retrieved
+            await asyncio.shield(f.done)
+        except asyncio.CancelledError:
+            if not f.done.done():
+                self._leave(key, f)
+            elif not f.done.cancelled() and f.done.exception() is None:
+                held.append(key)     # fetched just as it was cancelled: released with the rest
             raise
-        finally:
-            self._fetches.pop(key, None)
-        if self.book.get(key) is None:      # its app finished while it was fetched
-            self._delete([key])
-            err = LocalizationError("its application finished while it was fetched")
-            done.set_exception(err)
-            done.exception()
-            raise err
-        self._delete(self.book.fetched(key, size))
-        done.set_result(None)
+        held.append(key)
 
-    async def _fetch(self, key: CacheKey) -> int:
+    def _leave(self, key: CacheKey, f: _Fetch) -> None:
+        """A container stops waiting for the fetch `f` (it was stopped): its reference goes; the
+        fetch is given up once no container waits for it."""
+        self._delete(self.book.release(key))
+        e = self.book.get(key)
+        if e is not None and e.state is EntryState.FETCHING and e.refs == 0:
+            self._give_up(key, f, LocalizationError("fetch cancelled: no container waits for it"))
+
+    def _give_up(self, key: CacheKey, f: _Fetch, err: BaseException) -> None:
+        """The fetch `f` failed or is abandoned: its waiters hear `err`, the entry goes from the
+        book at once (a later request fetches afresh), and its thread -- which may run on -- is
+        told to stop and to commit nothing."""
+        f.cancel.set()
+        if self._fetches.get(key) is f:
+            del self._fetches[key]
+            self.book.fetch_failed(key)
+        if not f.done.done():
+            f.done.set_exception(err)
+            f.done.exception()     # waiters may be none: mark it retrieved
+
+    async def _run_fetch(self, key: CacheKey, f: _Fetch) -> None:
+        try:
+            size = await self._fetch(key, f.cancel)
+        except BaseException as e:
+            self._give_up(key, f, e if isinstance(e, Exception) else LocalizationError("cancelled"))
+            if not isinstance(e, Exception):
+                raise
+            return
+        current = self._fetches.get(key) is f
+        if current:
+            del self._fetches[key]
+        if not current or self.book.get(key) is None:
+            # Given up after its thread had committed, or its app finished while it was fetched:
+            # nobody uses this copy (if the book has the key again, a newer fetch replaces it).
+            if self.book.get(key) is None:
+                self._delete([key])
+            if not f.done.done():
+                f.done.set_exception(LocalizationError("its application finished while it was fetched"))
+                f.done.exception()
+            return
+        self._delete(self.book.fetched(key, size))
+        f.done.set_result(None)
+
+    async def _fetch(self, key: CacheKey, cancel: threading.Event) -> int:
         self.fetches_started += 1
-        cancel = threading.Event()
         res = LocalResource(resource=key.resource, type=key.type, pattern=key.pattern,
                             size=key.size, timestamp=key.timestamp)
         fut = asyncio.get_running_loop().run_in_executor(self._pool, self._fetch_entry, key, res, cancel)
+        fut.add_done_callback(lambda ended: self._thread_ended(key, ended, cancel))
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await asyncio.shield(fut)
@@ -421,9 +475,22 @@ class Localizer:
             cancel.set()
             raise
 
+    def _thread_ended(self, key: CacheKey, fut: "asyncio.Future[int]", cancel: threading.Event) -> None:
+        """A fetch's thread returned (on the loop; a fetch given up no longer awaits it)."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        if cancel.is_set() and self.book.get(key) is None:
+            # It committed just before it was given up: nobody uses that copy. (With the key in
+            # the book again, a newer fetch's commit replaces it.)
+            self._delete([key])
+
+    def _commit_lock(self, key: CacheKey) -> threading.Lock:
+        return self._commit_locks[hash(key) % len(self._commit_locks)]
+
     def _fetch_entry(self, key: CacheKey, res: LocalResource, cancel: threading.Event) -> int:
         """In a localizer thread: fetch into a temp dir, then rename it into place and write the
-        entry's completion record; returns its size in bytes."""
+        entry's completion record; returns its size in bytes. Once given up (`cancel`), it never
+        touches the entry's dir: a newer fetch of the key may have made it, for a running container."""
         scope = self.scope_dir(key)
         os.makedirs(scope, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=f".tmp-{key.digest()}-", dir=scope)
@@ -431,16 +498,18 @@ class Localizer:
             fetch(res, os.path.join(tmp, basename_of(key.resource)), cancel)
             size = disk_usage(tmp)
             final = self.entry_dir(key)
-            if os.path.lexists(final):          # left by an NM that stopped before the record
-                shutil.rmtree(final, ignore_errors=True)
-            os.rename(tmp, final)
-            _write_json(final + ".json", {"key": asdict(key), "size_bytes": size})
+            with self._commit_lock(key):
+                # Under the key's lock: a cancel set before this check is seen; one set after it
+                # comes before any newer fetch of the key, whose commit waits for this lock.
+                if cancel.is_set():
+                    raise _Cancelled()
+                if os.path.lexists(final):  # left by an NM that stopped before the record, or a fetch given up late
+                    shutil.rmtree(final, ignore_errors=True)
+                os.rename(tmp, final)
+                _write_json(final + ".json", {"key": asdict(key), "size_bytes": size})
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if cancel.is_set():     # its waiter gave up meanwhile: nobody will use it
-            self._remove_entry_files(key)
-            raise _Cancelled()
         return size
 
     # ----- release -----
@@ -534,6 +603,11 @@ class Localizer:
         return len(held)
 
     def close(self) -> None:
+        """Give up every fetch (their threads stop at their next cancel check) and the pool."""
+        for f in list(self._fetches.values()):
+            f.cancel.set()
+            if f.task is not None:
+                f.task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -113,26 +113,7 @@ class NodeManager:
                          "(mount -o remount,favordynmods <cgroup2 mount>) removes the wait")
         if self.arbiter is not None:
             await self.arbiter.start()
-        self.manager = ContainerManager(self.cfg, self.node_id, self.host, self.port, self.capability,
-                                        self.enforcement, RecoveryStore(self.cfg.recovery_dir),
-                                        arbiter_socket=self.arbiter.path if self.arbiter else "")
-        if self.cfg.container_shells > 0 and self.enforcement.backend is not None:
-            self.manager.shells = ContainerShellPool(self.enforcement.backend, self.cfg.container_shells)
-            await self.manager.shells.start()
-        if self.cfg.warm_modules:
-            self.warm = WarmLauncher(self.cfg.warm_modules)
-            try:
-                await self.warm.start()
-                self.manager.warm = self.warm
-                if self.cfg.warm_spares > 0 and self.enforcement.backend is not None:
-                    self.manager.warm_spares = WarmSparePool(self.enforcement.backend, self.warm,
-                                                             self.cfg.warm_spares)
-                    await self.manager.warm_spares.start()
-            except OSError as e:
-                log.warning("no executor zygote (containers start cold): %s", e)
-        recovered = await self.manager.recover()
-        if recovered:
-            log.info("recovered %d container(s) from %s", len(recovered), self.cfg.recovery_dir)
+        self.manager = await self._start_containers(self.enforcement)
         self.manager.start_loops()
         if self.remote_logs is not None:
             self._start_log_aggregation(self.manager, self.remote_logs)
@@ -161,6 +142,32 @@ class NodeManager:
                            node_labels=self.cfg.node_labels, log_aggregation=self.log_aggregation, ha=self.ha,
                            health=lambda: health.current)
         self._link_task = asyncio.get_running_loop().create_task(self._run_link())
+
+    async def _start_containers(self, enforcement: Enforcement) -> ContainerManager:
+        """The container manager: the previous run's containers recovered first, then the zygote
+        and the pre-joined pools. (A pool's start removes its kind's empty cgroups, and on v2 a
+        container launched in a shell or spare keeps that cgroup's name: one that ended while the
+        NM was down must be read -- OOM kill, peak memory -- by recovery before it goes.)"""
+        manager = ContainerManager(self.cfg, self.node_id, self.host, self.port, self.capability,
+                                   enforcement, RecoveryStore(self.cfg.recovery_dir),
+                                   arbiter_socket=self.arbiter.path if self.arbiter else "")
+        recovered = await manager.recover()
+        if recovered:
+            log.info("recovered %d container(s) from %s", len(recovered), self.cfg.recovery_dir)
+        if self.cfg.container_shells > 0 and enforcement.backend is not None:
+            manager.shells = ContainerShellPool(enforcement.backend, self.cfg.container_shells)
+            await manager.shells.start()
+        if self.cfg.warm_modules:
+            self.warm = WarmLauncher(self.cfg.warm_modules)
+            try:
+                await self.warm.start()
+                manager.warm = self.warm
+                if self.cfg.warm_spares > 0 and enforcement.backend is not None:
+                    manager.warm_spares = WarmSparePool(enforcement.backend, self.warm, self.cfg.warm_spares)
+                    await manager.warm_spares.start()
+            except OSError as e:
+                log.warning("no executor zygote (containers start cold): %s", e)
+        return manager
 
     def _start_log_aggregation(self, manager: ContainerManager, store: RemoteLogDir) -> None:
         def apps() -> dict[str, str]:

@@ -4,9 +4,10 @@ Moving a process into a cgroup makes the kernel wait for an RCU grace period (it
 threadgroup lock, taken for writing) unless another move happened just before: 15-20 ms of a
 launch on this 2-core host (docs/internals.md, Containers). A pool pays that wait ahead: it keeps up
 to `size` processes, each in a session of its own and already inside a limitless cgroup named
-`<prefix><nm pid>-<n>`, waiting; a launch `take`s one, gives its cgroup the container's limits and
-name and hands it the container. Two kinds share this bookkeeping: pre-started shells for cold
-launches (nodemanager.container_shell_pool) and the executor zygote's spare children for warm ones
+`<prefix><nm pid>-<token>-<n>` (the token random per pool: a name no earlier NM used), waiting; a
+launch `take`s one, gives its cgroup the container's limits and name and hands it the container.
+Two kinds share this bookkeeping: pre-started shells for cold launches
+(nodemanager.container_shell_pool) and the executor zygote's spare children for warm ones
 (nodemanager.warm_spares); each says how one of its processes starts and ends.
 
 The pool refills once launches pause (REFILL_LULL_S after the last take): a process joining its
@@ -22,6 +23,7 @@ import asyncio
 import collections
 import logging
 import os
+import secrets
 import time
 from typing import Generic, Optional, Protocol, TypeVar
 
@@ -59,6 +61,10 @@ class PrejoinedPool(abc.ABC, Generic[P]):
         self.size = size
         self._ready: collections.deque[P] = collections.deque()
         self._seq = 0
+        # In every cgroup name: v2 keeps these names for the containers launched in them, and a
+        # restarted NM (the same pid in a new pid namespace, or a pid reused) must never make the
+        # name of a cgroup that still holds a container it recovers (makedirs would join it).
+        self._tag = f"{os.getpid()}-{secrets.token_hex(4)}"
         self._refill: Optional[asyncio.Task[None]] = None
         self._closed = False
         self._last_take = float("-inf")
@@ -135,10 +141,8 @@ class PrejoinedPool(abc.ABC, Generic[P]):
             await asyncio.sleep(wait)
         while not self._closed and len(self._ready) < self.size:
             self._seq += 1
-            # The NM's pid in the name: a restarted NM must not reuse a cgroup (v2 keeps these
-            # names for the containers) that still holds a container it recovers.
             try:
-                proc = await self._start_one(f"{self.prefix}{os.getpid()}-{self._seq}")
+                proc = await self._start_one(f"{self.prefix}{self._tag}-{self._seq}")
             except (OSError, HostError) as e:     # CgroupError is an OSError
                 self.broken = str(e)
                 log.warning("%s: %s", self.broken_message, e)

@@ -10,7 +10,8 @@ the zygote did not preload, a zygote that is not running -- takes the cold path,
 
 `WarmLauncher` owns the zygote process and the channel (protocol.zygote_wire); `WarmProcess` is a
 forked container as the container manager sees a process: a pid and `wait()` -> its return code
-(negative: killed by that signal), reported by the zygote, which is the child's parent.
+(negative: killed by that signal), reported by the zygote, which is the child's parent; None when
+the zygote died before the child and nobody recorded how it ended (no exit file).
 """
 from __future__ import annotations
 
@@ -52,11 +53,14 @@ class WarmProcess:
         self.returncode: Optional[int] = None
         self._exited = exited
         self._exit_file = exit_file
+        self._orphaned = False      # its zygote died first: `returncode` is what its exit file said
         st = procfs.read_stat(pid)
         self._start_time = st.start_time if st else None
 
-    async def wait(self) -> int:
-        if self.returncode is not None:
+    async def wait(self) -> Optional[int]:
+        """The return code; None when it is unknown (the zygote died before the child, and so
+        nobody wrote the child's exit file)."""
+        if self.returncode is not None or self._orphaned:
             return self.returncode
         try:
             self.returncode = await asyncio.shield(self._exited)
@@ -65,16 +69,19 @@ class WarmProcess:
             # child itself, then take the exit code its own exit file has, if the zygote wrote one.
             while self._start_time is not None and procfs.is_same_process(self.pid, self._start_time):  # noqa: ASYNC110
                 await asyncio.sleep(ORPHAN_POLL_S)
+            self._orphaned = True
             self.returncode = _returncode_from_exit_file(self._exit_file)
         return self.returncode
 
 
-def _returncode_from_exit_file(path: str) -> int:
+def _returncode_from_exit_file(path: str) -> Optional[int]:
+    """The return code an exit file records (a signal N as -N); None without one: a guess --
+    failure or success -- would misreport the container."""
     try:
         with open(path) as f:
             code = int(f.read().strip())
     except (OSError, ValueError):
-        return 1
+        return None
     return -(code - 128) if code > 128 else code
 
 

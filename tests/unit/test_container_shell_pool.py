@@ -24,10 +24,11 @@ from nodemanager.container_manager import ContainerManager
 from nodemanager.container_shell_pool import NAME_PREFIX, ContainerShellPool, ShellLaunchError
 from nodemanager.container_state import NMContainerState as St
 from nodemanager.enforcement import Enforcement
+from nodemanager.node_manager import NodeManager
 from nodemanager.recovery_store import RecoveryStore
-from protocol.config import NMConfig
+from protocol.config import ClusterConfig, NMConfig
 from protocol.internal_api import LaunchContext
-from protocol.records import Resource
+from protocol.records import ExitStatus, Resource
 from polling import async_wait_until
 
 from test_nm_cgroups import REAL_V1, fake_v2
@@ -260,3 +261,54 @@ async def test_v1_the_shell_is_in_the_renamed_cgroup_with_the_containers_limits(
         await pool.close()
         backend.teardown()
     assert not Path(REAL_V1[1], name).exists()
+
+
+async def test_a_pool_never_makes_the_name_of_a_cgroup_an_earlier_nm_left(tmp_path):
+    """On v2 a container keeps its shell's cgroup name. An NM restarted with the old one's pid (a
+    new pid namespace, a reused pid) must not make that name again: the cgroup would be joined, not
+    made, and a new shell -- and the next container -- would share the live container's cgroup."""
+    backend = fake_backend(tmp_path)
+    me = f"{os.getpid()}\n"      # a process that runs (this test's): the containers' cgroups stay
+    kept = [Path(backend.parent) / f"{NAME_PREFIX}{os.getpid()}-{n}" for n in (1, 2)]
+    for d in kept:
+        d.mkdir()
+        (d / "cgroup.procs").write_text(me)
+    pool = await full_pool(backend)
+    try:
+        shells = {Path(sh.cgroup.dirs[0]) for sh in pool.idle}
+        assert len(shells) == 2 and not shells & set(kept)
+        assert all((d / "cgroup.procs").read_text() == me for d in kept)
+    finally:
+        await pool.close()
+
+
+async def test_the_nm_recovers_its_containers_before_its_pools_clear_empty_cgroups(tmp_path):
+    """On v2 a container launched in a shell keeps the shell's cgroup. One the kernel OOM-killed
+    while the NM was down has an empty `shell-*` cgroup, which a pool's start removes: recovery
+    reads it first (the OOM kill, the peak), else the container is reported ABORTED."""
+    backend = fake_backend(tmp_path)
+    cg = Path(backend.parent) / f"{NAME_PREFIX}4242-1"       # the previous NM's shell, now the container's
+    cg.mkdir()
+    (cg / "cgroup.procs").write_text("")                    # its processes are gone
+    (cg / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 1\noom_kill 1\noom_group_kill 1\n")
+    (cg / "memory.peak").write_text(str(200 * 1024 * 1024))
+    cfg = NMConfig(local_dir=str(tmp_path / "local"), log_dir=str(tmp_path / "logs"),
+                   recovery_dir=str(tmp_path / "rec"), delete_workdir=False, container_shells=1,
+                   memory_mb=2048, vcores=4)
+    cid = "container_1700000000000_0001_01_000002"
+    store = RecoveryStore(cfg.recovery_dir)
+    store.save({"container_id": cid, "app_id": "application_1700000000000_0001",
+                "resource": {"memory": 128, "vCores": 1}, "work_dir": str(tmp_path / "w"),
+                "log_dir": str(tmp_path / "logs"), "exit_file": store.exit_file(cid), "pid": 2 ** 22 + 999,
+                "pgid": None, "start_time": 1, "cgroup": {"container_id": cid, "dirs": [str(cg)]}})
+    store.close()
+    m = await NodeManager(cfg, ClusterConfig())._start_containers(Enforcement(backend))
+    try:
+        c = m.containers[cid]
+        assert c.exit_status == ExitStatus.KILLED_EXCEEDED_PMEM, c.diagnostics
+        assert "Current usage: 200.0 MB of 128.0 MB" in c.diagnostics
+        assert m.shells is not None
+        await async_wait_until(lambda: m.shells is not None and m.shells.ready == 1, what="the pool filled")
+        assert not cg.exists()      # recovery's cleanup removed it
+    finally:
+        await m.shutdown()

@@ -2,11 +2,13 @@
 token checks of the container API (in process), reporting and expiry with an injected clock."""
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from protocol import internal_api as api, tokens
 from protocol.config import ClusterConfig, ConfigError, NMConfig
+from protocol.local_resources import LocalResource
 from protocol.records import ExitStatus, Resource
 from protocol.remote_exception import BadRequest, Conflict
 
@@ -400,6 +403,70 @@ async def test_failed_launch_is_reported_and_releases_capacity(tmp_path):
     await async_wait_until(lambda: c.state is S.DONE, what="cleanup")
     assert m.used() == Resource(0, 0) and [s.container_id for s in m.statuses()] == [cid]
 
+
+
+async def test_a_stop_while_a_container_waits_for_its_resources_ends_it_at_once_with_the_stops_status(
+        tmp_path, monkeypatch):
+    """The stop does not wait for the fetch (up to localizer_fetch_timeout_s): the container ends
+    with the stop's status and frees its capacity at once, and a fetch nobody else waits for is
+    given up -- not reported later as a launch failure when it fails."""
+    from nodemanager import localizer as L   # noqa: PLC0415
+    gate, gave_up = threading.Event(), threading.Event()
+
+    def slow_source(res, target, cancel=None):
+        while not gate.wait(0.01):
+            if cancel is not None and cancel.is_set():
+                gave_up.set()
+                raise L._Cancelled()
+        raise OSError("source went away")
+    monkeypatch.setattr(L, "fetch", slow_source)
+    m = _manager(tmp_path, lambda: 1.0)
+    (tmp_path / "f").write_text("x")
+    app, attempt, cid = new_ids()
+    claims = tokens.verify(SECRET, container_token("127.0.0.1:1", cid, app, attempt, memory=1024, vcores=2),
+                           tokens.CONTAINER)
+    try:
+        c = await m.start(claims, Resource(1024, 2), api.LaunchContext(
+            commands=["true"], local_resources={"f": LocalResource(resource=str(tmp_path / "f"))}))
+        await async_wait_until(lambda: m.localizer.fetches_started == 1, what="the fetch under way")
+        assert c.state is S.NEW and m.free() == Resource(0, 0)
+        assert await m.stop(cid, ExitStatus.KILLED_BY_APPMASTER, "Container stopped by the AM") is c
+        assert c.exited.is_set() and c.state is S.DONE and m.used() == Resource(0, 0)
+        assert (c.exit_status, c.diagnostics) == (ExitStatus.KILLED_BY_APPMASTER, "Container stopped by the AM")
+        await async_wait_until(gave_up.is_set, what="the fetch given up (nobody else waits for it)")
+        assert m.localizer.book.entries == {}
+        assert [s.state for s in m.statuses()] == ["COMPLETE"]
+    finally:
+        gate.set()
+        await m.shutdown()
+    assert (c.exit_status, c.pid) == (ExitStatus.KILLED_BY_APPMASTER, None)     # and it never ran
+
+
+async def test_a_launch_that_fails_after_a_stop_ends_with_the_stops_status(tmp_path, monkeypatch):
+    m = _manager(tmp_path, lambda: 1.0)
+    entered, go = threading.Event(), threading.Event()
+
+    def failing_spawn(c, ctx):
+        entered.set()
+        go.wait(30)
+        raise OSError("cannot create the cgroup")
+    monkeypatch.setattr(m, "_prepare_and_spawn", failing_spawn)
+    app, attempt, cid = new_ids()
+    claims = tokens.verify(SECRET, container_token("127.0.0.1:1", cid, app, attempt, memory=256), tokens.CONTAINER)
+    starting = asyncio.get_running_loop().create_task(
+        m.start(claims, Resource(256, 1), api.LaunchContext(commands=["true"])))
+    try:
+        await async_wait_until(entered.is_set, what="the launch in its worker thread")
+        c = m.containers[cid]
+        await m.stop(cid, ExitStatus.KILLED_BY_RESOURCEMANAGER, "Container killed by the RM", wait=False)
+        go.set()
+        assert await starting is c
+        assert (c.exit_status, c.diagnostics) == (ExitStatus.KILLED_BY_RESOURCEMANAGER, "Container killed by the RM")
+        await async_wait_until(lambda: c.state is S.DONE, what="cleanup")
+        assert m.used() == Resource(0, 0)
+    finally:
+        go.set()
+        await m.shutdown()
 
 def test_the_arbiter_cpu_pool_is_the_cgroup_roots_cores_unless_set(tmp_path) -> None:
     cpus = os.cpu_count() or 1

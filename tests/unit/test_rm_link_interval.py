@@ -32,8 +32,10 @@ async def test_the_link_heartbeats_at_the_period_the_rms_answers_give(tmp_path: 
         assert link.interval_s == 0.05
         rm.heartbeat_interval_ms = 400          # the RM's period changes: its next answer says so
 
-        async def heartbeats(n: int) -> None:
-            while len(rm.heartbeats) < n:
+        async def heartbeats(n: int) -> None:      # polls the fake RM's record (wait_for bounds it)
+            for _ in range(100_000):
+                if len(rm.heartbeats) >= n:
+                    return
                 await asyncio.sleep(0.01)
         await asyncio.wait_for(heartbeats(2), 15)
         assert link.interval_s == 0.4

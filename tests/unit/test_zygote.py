@@ -276,3 +276,36 @@ async def test_a_container_the_zygote_starts_after_its_request_was_given_up_is_k
     await async_wait_until(lambda: exit_file.exists() and exit_file.read_text().strip(), 30,
                            what="the late child's exit")
     assert exit_file.read_text().strip() == str(128 + signal.SIGKILL)
+
+
+async def test_a_container_whose_zygote_died_first_ends_aborted_not_with_a_made_up_exit_code(
+        zygote: WarmLauncher, tmp_path: Path) -> None:
+    """The zygote reaps its children and writes their exit files: once it is gone, a child that
+    then exits (here with 0) leaves no code anywhere. The container ends ABORTED, "no exit code",
+    as recovery reports the same case -- not 1, a failure the container never had."""
+    from nodemanager.container_state import NMContainerState as St  # noqa: PLC0415
+    from nodemanager.warm_launcher import _returncode_from_exit_file  # noqa: PLC0415
+    from protocol.internal_api import LaunchContext, WarmStart  # noqa: PLC0415
+    from protocol.records import ExitStatus, Resource  # noqa: PLC0415
+    from test_container_shell_pool import claims, manager  # noqa: PLC0415
+
+    assert _returncode_from_exit_file(str(tmp_path / "no-such-exit-file")) is None
+    m = manager(tmp_path, None, None)
+    m.warm = zygote
+    go = tmp_path / "go"
+    ctx = LaunchContext(commands=["false"], warm_start=WarmStart(module="timeit", argv=[
+        "-n", "1", "-r", "1", "import os, time", f"while not os.path.exists({str(go)!r}): time.sleep(0.01)"]))
+    c = await m.start(claims(), Resource(128, 1), ctx)
+    try:
+        assert c.launch_path == "zygote" and c.state is St.RUNNING
+        assert zygote.pid is not None
+        os.kill(zygote.pid, signal.SIGKILL)
+        await zygote.wait_channel_closed()
+        go.write_text("")       # the orphaned container exits 0
+        await async_wait_until(lambda: c.exited.is_set(), what="the container's exit")
+        assert c.exit_status == ExitStatus.ABORTED, c.diagnostics
+        assert "zygote died" in c.diagnostics and "no exit code" in c.diagnostics
+        assert not Path(c.exit_file).exists()
+    finally:
+        go.write_text("")
+        await m.shutdown()
