@@ -27,7 +27,17 @@ class JobRecord:
 
     @property
     def jct(self) -> Optional[float]:
-        return None if self.end is None else self.end - self.arrival
+        """Arrival to end, for a job that SUCCEEDED; None otherwise. A failed or killed job's end
+        is no completion (its short 'JCT' would flatter the policy that lost it): it is counted
+        apart (`failed`), never averaged in."""
+        if self.end is None or self.final_status != "SUCCEEDED":
+            return None
+        return self.end - self.arrival
+
+    @property
+    def failed(self) -> bool:
+        """It ended without succeeding (FAILED or KILLED)."""
+        return self.end is not None and self.final_status != "SUCCEEDED"
 
     def to_json(self, t0: float) -> dict[str, object]:
         def rel(t: Optional[float]) -> Optional[float]:

@@ -110,11 +110,12 @@ class Summary:
     wall_s: float
     events: int
     mean_useful_utilization: float = 0.0
+    failed: int = 0        # jobs that ended without succeeding: not in `finished` nor in any JCT
 
     def to_json(self) -> dict[str, object]:
         def r(x: Optional[float]) -> Optional[float]:
             return None if x is None else round(x, 4)
-        return {"jobs": self.jobs, "finished": self.finished, "mean_jct_s": r(self.mean_jct_s),
+        return {"jobs": self.jobs, "finished": self.finished, "failed": self.failed, "mean_jct_s": r(self.mean_jct_s),
                 "median_jct_s": r(self.median_jct_s), "makespan_s": r(self.makespan_s),
                 "mean_utilization": r(self.mean_utilization),
                 "mean_useful_utilization": r(self.mean_useful_utilization), "mean_fairness_loss": r(self.mean_fairness_loss),

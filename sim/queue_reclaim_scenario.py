@@ -87,7 +87,7 @@ def run(seed: int, mode: str, calibration: Calibration, policy: str = "static", 
 
 def _jct(r: JobRecord) -> Optional[float]:
     """A job's JCT if it succeeded (a failed job's end is no completion)."""
-    return r.jct if r.final_status == "SUCCEEDED" else None
+    return r.jct            # None unless it SUCCEEDED (JobRecord.jct)
 
 
 def summary(runs: Sequence[ReclaimRun]) -> dict[str, float]:

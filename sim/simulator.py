@@ -295,6 +295,7 @@ class Simulator:
                             [None if r.end is None else r.end - T0 for r in records], self.samples,
                             sum(r.reshapes for r in records), loop.now - T0, time.perf_counter() - wall,
                             loop.processed)
+        summary = replace(summary, failed=sum(r.failed for r in records))
         beyond = [j.job.name for j in self.jobs
                   if any(self.calibration.app(j.job.app).beyond_range(w, s) for _, w, s in j.record.shapes)]
         return SimResult(self.policy_name, records, self.samples, summary, extrapolated_jobs=beyond)
