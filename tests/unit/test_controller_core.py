@@ -48,6 +48,21 @@ def test_new_attempt_restores_the_earlier_checkpoint() -> None:
     assert "WORKERS_READY_RESUME" in triggers(w) and w.job.phase is Phase.TRAINING
 
 
+
+def test_a_resumed_checkpoint_is_the_new_attempts_recovery_point_not_an_initial_one() -> None:
+    """Resumed from an earlier attempt's mid-epoch cut: that checkpoint is what a later loss goes
+    back to. An "initial" checkpoint written at the start took the mid-epoch model for the start
+    of its epoch (clock 0, no positions): restoring it trained the epoch's clocks again."""
+    w = World(job_state())
+    w.hold = {ins.RestoreCheckpoint}
+    w.start(resume_from="/durable/epoch-4-clock-37")
+    (restore,) = w.held_of(ins.RestoreCheckpoint)
+    w.send(ev.StepDone(at=w.at(), step=restore.step, holdings=w.round_robin(),
+                       directory="/local/epoch-4-clock-37", epochs_done=4, checkpoint_epoch=4))
+    assert w.job.phase is Phase.TRAINING
+    assert not w.of(ins.WriteCheckpoint)
+    assert w.job.checkpoints == [(4, "/local/epoch-4-clock-37")] and w.job.epoch == 4
+
 def test_policy_that_places_new_jobs_is_waited_for() -> None:
     w = World(job_state())
     w.start(policy_places_new_jobs=True)

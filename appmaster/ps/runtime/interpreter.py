@@ -27,6 +27,7 @@ from msgspec import UNSET
 from protocol import executor_ops as ops
 from protocol.checkpoint_manifest import JobRecord
 from protocol.ps_job_spec import PSJobSpec
+from protocol.ps_status import ResumedFrom
 from protocol.shape_history import (ExecutorCounts, KillRestartChange, RebuildServerChange, RecoveryChange,
                                     ReplaceWorkerChange, ShapeChange, StragglerChange, SuspendChange)
 
@@ -144,7 +145,7 @@ class Hooks:
     job_record: Callable[[], JobRecord]
     on_change_end: Callable[[Change, "ChangeRecords", list[ElasticOpRecord]], None]
     plan: Callable[[ins.ComputePlan], Awaitable[list[PlanOp]]]
-    restore_attempt: Callable[[list[ExecutorRecord], list[ExecutorRecord]], Awaitable[float]]
+    restore_attempt: Callable[[list[ExecutorRecord], list[ExecutorRecord]], Awaitable[ResumedFrom]]
     replaced: Callable[[str, str], None]
     adopt: Callable[[], Awaitable[Adoption]]
 
@@ -549,9 +550,16 @@ class JobInterpreter:
         servers = [pool.executors[x] for x in s.servers]
         workers = [pool.executors[x] for x in s.workers]
         if self.job.change is not None and self.job.change.kind is ChangeKind.START:
-            restored0 = await self.hooks.restore_attempt(servers, workers)
+            resumed = await self.hooks.restore_attempt(servers, workers)
             steps.pause()
-            return self._done(s, holdings=self.holdings(), objective=restored0)
+            restored0 = resumed.objective_restored
+            # The checkpoint resumed from (its local copy) is this attempt's recovery point, as a
+            # taken-over attempt's is: with none, the start wrote an "initial" one labelled at
+            # clock 0 of a mid-epoch model, which a later loss restored and trained again.
+            return self._done(s, holdings=self.holdings(),
+                              objective=math.nan if restored0 is None else float(restored0),
+                              directory=resumed.dir, epochs_done=training.loop.epochs_done,
+                              checkpoint_epoch=resumed.epoch)
         manifest = read_job_checkpoint(s.directory)
         training.metrics.truncate_epochs(manifest.epoch)
         restored = await steps.continue_from_checkpoint(servers, workers, s.directory, manifest, s.workers_kept)

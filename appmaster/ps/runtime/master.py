@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -385,15 +384,14 @@ class PSApplicationMaster:
         self._build_cruise()
         return initial
 
-    async def _restore_attempt(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord]) -> float:
+    async def _restore_attempt(self, servers: list[ExecutorRecord], workers: list[ExecutorRecord]) -> ResumedFrom:
         """A new attempt continues from the checkpoint an earlier one left."""
         assert self._resume is not None
         self.shape_history = BoundedHistory(HISTORY_LIMIT, decode_history(self._resume.record.shape_history))
-        self.resumed_from = await resume_job(self._resume, servers, workers, self.metrics, self.steps)
+        self.resumed_from = resumed = await resume_job(self._resume, servers, workers, self.metrics, self.steps)
         self.progress.start(time.time())
         self._build_cruise()
-        restored = self.resumed_from.objective_restored
-        return float(restored) if restored is not None else math.nan
+        return resumed
 
     async def _handed_over(self) -> bool:
         """Whether this attempt may take over the executors the failed one left: the RM handed

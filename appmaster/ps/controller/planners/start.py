@@ -76,6 +76,12 @@ class StartPlanner(BasePlanner):
             change.stage = "setup"
         elif change.stage == "setup":
             fire(job, Trigger.INITIALISED)
+            if job.resume_from and ev.directory:
+                # Resumed from an earlier attempt's checkpoint: what a recovery goes back to (an
+                # "initial" one written now would take a mid-epoch model for its epoch's start).
+                if ev.epochs_done is not None:
+                    job.epoch = ev.epochs_done
+                job.checkpoints.append((ev.checkpoint_epoch, ev.directory))
             self._set_up(job, change, out)
         elif change.stage == "checkpoint":
             job.checkpoints.append((job.epoch, ev.directory))
