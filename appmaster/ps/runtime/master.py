@@ -606,7 +606,9 @@ class PSApplicationMaster:
             return
         if err is self._recovering_from:
             return                          # the recovery that stopped training goes on
-        msg = user_failure(self.spec, err) if user_error(err) is not None else None
+        # An executor's answered UserCodeError, or the user's code raising here in the AM (its
+        # objective combination, convergence test): user_failure tells them from the runtime's.
+        msg = user_failure(self.spec, err)
         if msg is None and isinstance(err, (ExecutorCallError, StoreClientError)):
             msg = str(err)                  # no loss reported for it: the job cannot go on
         if msg is None:
