@@ -263,6 +263,8 @@ class LocalCluster:
         args = ["-m", self.rm_module, *conf, "--cluster-config", str(self.conf_path), "--host", host,
                 "--port", str(self.rm_port), "--state-dir", str(self.base_dir / "rm"),
                 "--nm-expiry-s", str(self.nm_expiry_s), "--am-expiry-s", str(self.am_expiry_s),
+                # The NMs heartbeat at the RM's period (its answers carry it): the cluster's one setting.
+                "--nm-heartbeat-interval-ms", str(self.heartbeat_interval_ms),
                 "--policy", self.policy, "--ready-file", str(self._ready_path("rm")), *self.extra_rm_args]
         p = self._spawn("rm", args)
         self.rm_pid = p.pid

@@ -39,6 +39,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--state-dir")
     p.add_argument("--nm-expiry-s", type=float)
     p.add_argument("--am-expiry-s", type=float)
+    p.add_argument("--nm-heartbeat-interval-ms", type=int,
+                   help="the NMs' heartbeat period, which every answer to an NM carries (rm.toml's nm_heartbeat_interval_ms)")
     p.add_argument("--policy")
     p.add_argument("--ready-file")
     p.add_argument("--rm-id", help="this RM's id among cluster.toml's [ha] rm_ids (HA clusters; "
@@ -52,7 +54,8 @@ def load_configs(args: argparse.Namespace) -> tuple[config_mod.RMConfig, config_
         raise config_mod.ConfigError(f"--config: {args.config} does not exist")
     cfg = config_mod.merge(config_mod.load_rm(args.config), host=args.host, port=args.port,
                            state_dir=args.state_dir, nm_expiry_s=args.nm_expiry_s,
-                           am_expiry_s=args.am_expiry_s, policy=args.policy)
+                           am_expiry_s=args.am_expiry_s, policy=args.policy,
+                           nm_heartbeat_interval_ms=args.nm_heartbeat_interval_ms)
     if not (0 <= cfg.port <= 65535):
         raise config_mod.ConfigError(f"port must be within 0..65535, got {cfg.port}")
     for name in ("nm_expiry_s", "am_expiry_s", "container_token_lifetime_s"):

@@ -111,9 +111,16 @@ class RmProcess:
             raise
 
 
+NM_HEARTBEAT_MS = 200      # the NMs' heartbeat period, in rm.toml and in NmProcess's flags
+
+
 def write_conf(conf: Path, etcd_endpoint: str, ports: list[int], extra: str = "", rm_extra: str = "") -> None:
     conf.mkdir(parents=True, exist_ok=True)
-    (conf / "rm.toml").write_text(rm_extra or "[rm]\nnm_expiry_s = 600.0\nam_expiry_s = 600.0\n")
+    rm_toml = rm_extra or "[rm]\nnm_expiry_s = 600.0\nam_expiry_s = 600.0\n"
+    if "nm_heartbeat_interval_ms" not in rm_toml:       # (rm_extra has the [rm] table alone)
+        # The NMs heartbeat at the RM's period (NmProcess starts them at the same one).
+        rm_toml += f"nm_heartbeat_interval_ms = {NM_HEARTBEAT_MS}\n"
+    (conf / "rm.toml").write_text(rm_toml)
     addresses = ", ".join(f'rm{i + 1} = "http://127.0.0.1:{p}"' for i, p in enumerate(ports))
     (conf / "cluster.toml").write_text(
         f'[cluster]\nsecret = "{os.urandom(16).hex()}"\nrm_address = "http://127.0.0.1:{ports[0]}"\n\n'
@@ -301,7 +308,7 @@ class NmProcess:
              str(conf / "cluster.toml"), "--rm-address", rm_url, "--host", "127.0.0.1", "--port", "0",
              "--memory-mb", str(memory_mb), "--vcores", str(vcores), "--local-dir", str(work / f"{name}-local"),
              "--log-dir", str(work / f"{name}-logs"), "--recovery-dir", str(work / f"{name}-recovery"),
-             "--cgroups", "off", "--heartbeat-interval-ms", "200", "--ready-file", str(ready)],
+             "--cgroups", "off", "--heartbeat-interval-ms", str(NM_HEARTBEAT_MS), "--ready-file", str(ready)],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         try:
