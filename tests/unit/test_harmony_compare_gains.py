@@ -15,7 +15,8 @@ from sim.trace import TraceJob
 def outcome(name: str, jcts: list[Optional[float]]) -> RunOutcome:
     """A run whose job j<i> arrived at 0 and took jcts[i] (None: never finished)."""
     records = [JobRecord(name=f"j{i}", app="mlr", user="u", queue="default", arrival=0.0,
-                         end=None if jct is None else jct) for i, jct in enumerate(jcts)]
+                         end=None if jct is None else jct, final_status="" if jct is None else "SUCCEEDED")
+               for i, jct in enumerate(jcts)]
     summary = summarize([r.jct for r in records], [r.arrival for r in records], [r.end for r in records],
                         [], 0, 0.0, 0.0, 0)
     return RunOutcome(name, "static", Mode.ISOLATED, SimResult("static", records, [], summary), 0.5, 0.5, 1)
