@@ -5,6 +5,7 @@ pure like the rest of the core.
 """
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -17,13 +18,15 @@ from protocol.ids import ContainerId
 from protocol.remote_exception import ApplicationMasterNotRegistered, BadRequest, Unauthorized
 
 from .model import App, Attempt, Container, bounded_diagnostics
-from .scheduler import AskError, CapacityScheduler
+from .scheduler import Ask, AskError, CapacityScheduler
 from .state_machines import AppEvent, AttemptEvent, attempt_is_final
 
 if TYPE_CHECKING:
     from .model import Node
     from .nodes import NodeTracker
 
+
+log = logging.getLogger(__name__)
 
 RESYNC_HINT = (" (the ResourceManager restarted or failed over and kept the attempt: register again, "
                "then resend every ask and release)")
@@ -54,6 +57,7 @@ class AmProtocol:
     preemption_notices: dict[str, api.PreemptionMessage]
     container_epoch: int
     dirty: set[str]
+    ask_shapes: dict[str, dict[int, Ask]]
 
     if TYPE_CHECKING:  # implemented by ResourceManagerCore (rm/core.py)
         def _app_event(self, app: App, ev: AppEvent) -> None: ...
@@ -62,7 +66,7 @@ class AmProtocol:
         def _app_done(self, app: App) -> None: ...
         def _schedule(self, candidates: list[Node]) -> None: ...
         def _mark_launched(self, c: Container) -> None: ...
-        def _release(self, c: Container, cleanup_on_node: bool) -> None: ...
+        def _release(self, c: Container, cleanup_on_node: bool) -> bool: ...
         def _previous_containers(self, at: Attempt) -> list[api.AllocatedContainer]: ...
         def rests_on_stored(self, app_id: str) -> None: ...
 
@@ -95,6 +99,12 @@ class AmProtocol:
     def am_launch_failed(self, attempt_id: str, diagnostics: str) -> None:
         at = self.attempts.get(attempt_id)
         if at is None or attempt_is_final(at.state):
+            return
+        if at.registered or at.state in (AttemptState.RUNNING, AttemptState.FINISHING):
+            # The launcher's start_container call failed on the wire (a timeout, a reset) although
+            # the NM started the AM, which has registered since: the attempt is healthy.
+            log.warning("ignoring a launch error for %s, whose AM has registered (%s): %s",
+                        attempt_id, at.state.value, diagnostics)
             return
         self._attempt_failed(at, f"Error launching {attempt_id}. Got exception: {diagnostics}")
 
@@ -175,6 +185,9 @@ class AmProtocol:
                                                         diagnostics="Container released by application"))
         if asks:
             self.policy_version += 1        # the app's pending demand
+            shapes = self.ask_shapes.setdefault(at.attempt_id, {})
+            for a in asks:
+                shapes[a.ask_id] = a
             undelivered: dict[int, int] = {}
             for c in at.to_deliver:
                 undelivered[c.ask_id] = undelivered.get(c.ask_id, 0) + 1
@@ -193,6 +206,13 @@ class AmProtocol:
             num_cluster_nodes=len(self.nodes.running),
         )
         at.to_deliver, at.completed, at.updated_nodes = [], [], []
+        kept_shapes = self.ask_shapes.get(at.attempt_id)
+        if kept_shapes:
+            # All delivered: only the live rows' shapes can be needed again (`_undeliver`).
+            sa = self.scheduler.apps.get(app.app_id)
+            rows = sa.asks if sa is not None else {}
+            for ask_id in [k for k in kept_shapes if k not in rows]:
+                del kept_shapes[ask_id]
         resp.preemption = self.preemption_notices.get(app.app_id)
         if app.directive is not None and app.directive_version > app.delivered_directive_version:
             resp.shape_directive = app.directive
@@ -234,6 +254,7 @@ class AmProtocol:
             if c is not None and not c.is_am:
                 self._release(c, cleanup_on_node=True)
         at.to_deliver.clear()
+        self.ask_shapes.pop(at.attempt_id, None)
         self._touch(at)   # the AM container gets am_expiry_s to exit before it is cleaned up
         self._app_done(app)
         return api.AmFinishResponse(unregistered=True)

@@ -7,7 +7,7 @@ answer them directly; every method validates before it changes anything.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
 from protocol import internal_api as api
@@ -34,7 +34,7 @@ from .policies.queue_shares import QueueShare
 from .policies.snapshot import ps_job_view
 from .policy_resync import PolicyResync
 from .preemption_record import PreemptionRecord
-from .scheduler import GANG_DIAGNOSTICS, AskError, CapacityScheduler, Gang
+from .scheduler import GANG_DIAGNOSTICS, Ask, AskError, CapacityScheduler, Gang
 from .state_machines import (NOT_COUNTED, AppEvent, AttemptEvent, attempt_is_final, counts_toward_max_attempts,
                              next_app_state, next_attempt_state)
 from .utilization_series import UtilizationSeries
@@ -84,6 +84,10 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         # Expired AMs whose node was silent too: the node's verdict (lost, or heard from) decides
         # whether the attempt was lost with its host (not counted) or its AM hung (counted).
         self._am_node_wait: dict[str, float] = {}                   # attempt -> when its AM expired
+        # attempt -> ask id -> the ask row as its AM last sent it (priority, locality, tag), kept
+        # while the row is live so a container released before its AM heard of it can be asked
+        # for again (`_undeliver`) after the scheduler dropped the row.
+        self.ask_shapes: dict[str, dict[int, Ask]] = {}
         self.effects: list[LaunchAm] = []
         self.dirty: set[str] = DirtyApps()     # rm/dirty_apps.py: a request's own marks are tracked
         # Completed apps, oldest first (YARN's max-completed-applications): beyond
@@ -426,9 +430,9 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             c = self.containers.get(cid)
             if c is None or c.is_am or c.attempt_id != at.attempt_id:
                 continue
-            self._release(c, cleanup_on_node=True)
-            at.completed.append(api.ContainerStatus(container_id=cid, state=ContainerState.COMPLETE.value,
-                                                    exit_status=ExitStatus.PREEMPTED, diagnostics=diagnostics))
+            if not self._release(c, cleanup_on_node=True):     # one its AM has not heard of is asked again
+                at.completed.append(api.ContainerStatus(container_id=cid, state=ContainerState.COMPLETE.value,
+                                                        exit_status=ExitStatus.PREEMPTED, diagnostics=diagnostics))
             killed.append(cid)
         return killed
 
@@ -445,6 +449,12 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             self.attempts[at.attempt_id] = at
         self._submit_seq = max(self._submit_seq, app.seq)
         if app.state.is_final:
+            for at in attempts:
+                if at.state == AttemptState.FINISHING:
+                    # Its AM unregistered and the RM restarted before the AM container exited:
+                    # nothing waits for that exit any more (its NM is told to clean the app up).
+                    at.state, at.finish_time = AttemptState.FINISHED, self.clock()
+                    self.dirty.add(app.app_id)
             self.completed[app.app_id] = None       # put in finish order by `recovered`
             return
         # Its lifetime runs on (one that ended while no RM was up ends it at the next tick, as YARN's).
@@ -578,6 +588,7 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         self._am_live.pop(at.attempt_id, None)
         self._am_node_wait.pop(at.attempt_id, None)
         self.scheduler.clear_demand(at.app_id)
+        self.ask_shapes.pop(at.attempt_id, None)
         kept: list[Container] = []
         undelivered = {c.container_id for c in at.to_deliver}
         for cid in sorted(at.containers):
@@ -686,10 +697,11 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
             c.launched = True
             self._unlaunched.pop(c.container_id, None)
 
-    def _release(self, c: Container, cleanup_on_node: bool) -> None:
+    def _release(self, c: Container, cleanup_on_node: bool) -> bool:
         """Forget a container and give its resources back to its app and queue; optionally tell
         its NM to kill it, in which case the node keeps the resources charged until the NM
-        confirms (rm/nm_protocol.py), so nothing new is placed where the old process still runs."""
+        confirms (rm/nm_protocol.py), so nothing new is placed where the old process still runs.
+        True when its AM had not been handed it yet (`_undeliver`): no completion is due for it."""
         self.containers.pop(c.container_id, None)
         self.policy_version += 1
         self._unlaunched.pop(c.container_id, None)
@@ -701,15 +713,39 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
         hold = cleanup_on_node and node is not None and node.state != NodeState.LOST
         self.scheduler.release(c.app_id, app.queue, app.user, None if hold else node, c.resource, c.is_am)
         at = self.attempts.get(c.attempt_id)
+        undelivered = False
         if at is not None:
             at.containers.discard(c.container_id)
+            if at.to_deliver and not c.is_am:
+                undelivered = self._undeliver(at, c)
         if node is not None:
             node.containers.discard(c.container_id)
             if hold:
                 node.hold_release(c.container_id, c.resource)
+        return undelivered
+
+    def _undeliver(self, at: Attempt, c: Container) -> bool:
+        """A container released before its AM heard of it (YARN's recoverResourceRequestsForContainer):
+        it leaves the next allocate response -- neither allocated nor completed there -- and, while
+        the attempt goes on, its ask counts it again. False if it was delivered already."""
+        for i, d in enumerate(at.to_deliver):
+            if d.container_id == c.container_id:
+                del at.to_deliver[i]
+                break
+        else:
+            return False
+        if attempt_is_final(at.state) or at.state == AttemptState.FINISHING:
+            return True
+        sa = self.scheduler.apps.get(c.app_id)
+        shape = self.ask_shapes.get(at.attempt_id, {}).get(c.ask_id)
+        if sa is not None and shape is not None:
+            row = sa.asks.get(c.ask_id)
+            self.scheduler.update_asks(c.app_id, [replace(row or shape, count=(row.count if row else 0) + 1)], {})
+            self.policy_version += 1        # the app's pending demand
+        return True
 
     def _container_completed(self, c: Container, status: api.ContainerStatus, cleanup_on_node: bool = False) -> None:
-        self._release(c, cleanup_on_node)
+        undelivered = self._release(c, cleanup_on_node)
         at = self.attempts.get(c.attempt_id)
         if at is None:
             return
@@ -728,6 +764,6 @@ class ResourceManagerCore(AmProtocol, NmProtocol):
                 if not counts:
                     diagnostics += NOT_COUNTED
                 self._attempt_failed(at, diagnostics, counts=counts)
-        elif not attempt_is_final(at.state) and at.state != AttemptState.FINISHING:
+        elif not undelivered and not attempt_is_final(at.state) and at.state != AttemptState.FINISHING:
             at.completed.append(status)
 

@@ -163,6 +163,9 @@ class NmProtocol:
         self.nodes.heartbeat(node, req.health.healthy, req.health.report, now)
         if req.utilization is not None:
             self.utilization.report(node.node_id, node.host, now, req.utilization, self.nodes.total)
+        cleanup_sent = self.nodes.apps_cleanup_sent.get(node.node_id)
+        if cleanup_sent:
+            self._apps_cleanup_unheard(node, cleanup_sent, req.response_id)
         containers = self.containers
         releasing = node.releasing
         for s in req.container_statuses:
@@ -202,8 +205,25 @@ class NmProtocol:
                                           apps_to_cleanup=node.apps_to_cleanup)
         if drained:
             resp.action, resp.diagnostics = "SHUTDOWN", decommissioned_message(node.node_id)
+        elif node.apps_to_cleanup:
+            # Sent again until the NM's response_id shows it got this response: a lost one would
+            # leave the apps' work dirs, localized files and final log uploads on the node for good.
+            sent = self.nodes.apps_cleanup_sent.setdefault(node.node_id, {})
+            for app_id in node.apps_to_cleanup:
+                sent[app_id] = node.response_id
         node.to_cleanup, node.apps_to_cleanup = [], []
         return resp
+
+    def _apps_cleanup_unheard(self, node: Node, sent: dict[str, int], response_id: int) -> None:
+        """Forget the apps to clean up that a response the NM got (its `response_id` is that
+        response's id or later) carried; put back in `apps_to_cleanup` those it did not get."""
+        for app_id, sent_in in list(sent.items()):
+            if response_id >= sent_in:
+                del sent[app_id]
+            elif app_id not in node.apps_to_cleanup:
+                node.apps_to_cleanup.append(app_id)
+        if not sent:
+            del self.nodes.apps_cleanup_sent[node.node_id]
 
     # ----- graceful decommission (YARN's) -----------------------------------------------------
     def decommission_node(self, node_id: str, timeout_s: Optional[float]) -> Node:
@@ -227,9 +247,13 @@ class NmProtocol:
     def recommission_node(self, node_id: str) -> Node:
         """Undo a decommission: a DECOMMISSIONING node is RUNNING again; a DECOMMISSIONED one is
         forgotten, so its NM may register again."""
-        if node_id in self.restored_draining and self.nodes.get(node_id) is None:
-            n = self.restored_draining.pop(node_id)     # restored by a recovery, not registered again yet
+        known = self.nodes.get(node_id)
+        if node_id in self.restored_draining and (known is None or known.state == NodeState.LOST):
+            # Restored by a recovery, or LOST while it drained: not registered again yet.
+            n = self.restored_draining.pop(node_id)
             self.decommissions_dirty = True
+            if known is not None:
+                return known
             n.state, n.decommission_deadline = NodeState.NEW, None
             return n
         n = self._node_for_admin(node_id)
@@ -331,6 +355,14 @@ class NmProtocol:
         """Complete every container the node held with ABORTED (-100), tell their AMs, and fail
         the attempts whose AM ran there (not counted: the host went, not the AM)."""
         node.drop_releases()
+        if node.node_id in self.nodes.lost_draining:
+            # Lost while it drained: its decommission stays stored, and it is DECOMMISSIONING again
+            # (with its deadline) when its NM registers again (`register_node`).
+            deadline = self.nodes.lost_draining.pop(node.node_id)
+            self.restored_draining[node.node_id] = Node(node.node_id, node.http_address, node.rack, node.capability,
+                                                        NodeState.DECOMMISSIONING, node.last_heartbeat,
+                                                        decommission_deadline=deadline)
+            self.decommissions_dirty = True
         self.utilization.forget_node(node.node_id, self.clock(), self.nodes.total)
         report = api.NodeReport(node_id=node.node_id, state=NodeState.LOST.value, http_address=node.http_address)
         told: set[str] = set()

@@ -25,6 +25,13 @@ class NodeTracker:
         self.draining: dict[str, None] = {}                     # ids of DECOMMISSIONING nodes
         self.unhealthy: dict[str, None] = {}                    # ids of UNHEALTHY nodes
         self.running: dict[str, None] = {}                      # ids of RUNNING (schedulable) nodes
+        # Apps a heartbeat response told a node to clean up, kept until the NM's response_id shows
+        # it got that response (rm/nm_protocol.py asks again if not): node id -> app id -> the
+        # response's id. Response ids restart with a registration, and so does this.
+        self.apps_cleanup_sent: dict[str, dict[str, int]] = {}
+        # DECOMMISSIONING nodes that went LOST, with their deadlines, until the core takes them
+        # (`ResourceManagerCore._node_lost` keeps them to decommission again when they register).
+        self.lost_draining: dict[str, Optional[float]] = {}
 
     @property
     def total(self) -> Resource:
@@ -82,6 +89,7 @@ class NodeTracker:
         n.last_health_update = now
         n.health_report = ""
         n.response_id = 0
+        self.apps_cleanup_sent.pop(node_id, None)
         if draining:
             n.state = NodeState.DECOMMISSIONING
         else:
@@ -128,12 +136,16 @@ class NodeTracker:
         if n.state == NodeState.RUNNING:
             self._running_total = self._running_total - n.capability
         self.running.pop(n.node_id, None)
-        self.draining.pop(n.node_id, None)
+        if n.node_id in self.draining:
+            # Its decommission outlives the loss: it drains on once its NM registers again.
+            del self.draining[n.node_id]
+            self.lost_draining[n.node_id] = n.decommission_deadline
         self.unhealthy.pop(n.node_id, None)
         n.state = NodeState.LOST
         self._live.pop(n.node_id, None)
         n.to_cleanup.clear()
         n.apps_to_cleanup.clear()
+        self.apps_cleanup_sent.pop(n.node_id, None)
         return n
 
     def decommission(self, n: Node, deadline: Optional[float]) -> None:
@@ -162,6 +174,7 @@ class NodeTracker:
         n.decommission_deadline = None
         self.draining.pop(n.node_id, None)
         self._live.pop(n.node_id, None)
+        self.apps_cleanup_sent.pop(n.node_id, None)
 
     def restore_decommissioned(self, node_id: str, http_address: str, rack: str, capability: Resource,
                                now: float) -> Node:
@@ -174,6 +187,7 @@ class NodeTracker:
     def forget(self, n: Node) -> None:
         """Drop a DECOMMISSIONED node's record: its NM may register again, as a new node."""
         self.nodes.pop(n.node_id, None)
+        self.apps_cleanup_sent.pop(n.node_id, None)
         ids = self._by_host.get(n.host)
         if ids is not None:
             ids.discard(n.node_id)

@@ -291,3 +291,42 @@ def test_new_application_ids_held_are_bounded_the_oldest_going_first(monkeypatch
     with pytest.raises(BadRequest, match="new-application"):
         core.check_submission(ids[0], "default", Resource(256, 1))
     core.check_submission(ids[4], "default", Resource(256, 1))
+
+
+def test_a_launch_error_after_the_am_registered_is_ignored():
+    core = make_core(FakeClock())
+    register(core, "n1:1")
+    app_id = submit(core, max_attempts=1)
+    (eff,) = core.take_effects()
+    # The NM started the AM, which registered before the launcher's start_container call failed
+    # on the wire (a timeout): the attempt is healthy.
+    core.am_register(am_claims(core, app_id), api.AmRegisterRequest(tracking_url="http://am:1"))
+    core.am_launch_failed(eff.attempt_id, "TimeoutError: ")
+    assert core.apps[app_id].state == AppState.RUNNING
+    assert core.attempts[eff.attempt_id].state == AttemptState.RUNNING
+    # Before the AM registered, the same error fails the attempt.
+    other = submit(core, max_attempts=1)
+    (eff2,) = core.take_effects()
+    core.am_launch_failed(eff2.attempt_id, "ConnectionRefusedError: ")
+    assert core.attempts[eff2.attempt_id].state == AttemptState.FAILED
+    assert core.apps[other].state == AppState.FAILED
+
+
+def test_an_attempt_finishing_when_the_rm_restarted_is_recovered_finished():
+    clock = FakeClock()
+    core = make_core(clock)
+    register(core, "n1:1")
+    app_id = submit(core)
+    claims = launch_and_register(core, app_id)
+    core.am_finish(claims, api.AmFinishRequest(final_status="SUCCEEDED"))
+    assert core.attempts[claims["attempt_id"]].state == AttemptState.FINISHING    # its AM container runs on
+    app = core.apps[app_id]
+    saved = (app_to_record(app), [attempt_to_record(core.attempts[x]) for x in app.attempts])
+    clock.advance(100)
+    core2 = make_core(clock)
+    core2.recover(app_from_record(saved[0], core2.scheduler.min_mb), [attempt_from_record(x) for x in saved[1]])
+    core2.recovered()
+    at = core2.attempts[claims["attempt_id"]]
+    assert core2.apps[app_id].state == AppState.FINISHED
+    assert at.state == AttemptState.FINISHED and at.finish_time == clock()
+    assert app_id in core2.dirty

@@ -227,3 +227,46 @@ def test_decommissions_survive_an_rm_restart_on_its_store(tmp_path) -> None:
     rm2.flush()
     assert set(rm2.store.load_decommissions().nodes) == {am_node}
     rm2.store.close()
+
+
+def _draining_node_that_goes_lost(clock: FakeClock):
+    """n2:1 runs an executor, is DECOMMISSIONING (an hour to go), then goes silent and LOST; n1:1
+    runs the AM and lives. Returns (core, claims)."""
+    core = make_core(clock, nm_expiry_s=10.0, am_expiry_s=10**6)
+    register(core, "n1:1", mem=1024, vcores=1)
+    claims = launch_and_register(core, submit(core))
+    register(core, "n2:1")
+    (w,) = core.allocate(claims, api.AllocateRequest(response_id=0, asks=[ask(1, 1)])).allocated
+    assert w.node_id == "n2:1"
+    core.decommission_node("n2:1", 3600.0)
+    core.decommissions_dirty = False                     # the server stored it
+    clock.advance(11.0)
+    heartbeat(core, "n1:1")
+    core.tick()
+    assert core.nodes.get("n2:1").state == NodeState.LOST
+    return core, claims
+
+
+def test_a_draining_node_that_goes_lost_is_decommissioning_again_when_it_registers() -> None:
+    clock = FakeClock()
+    deadline = clock() + 3600.0
+    core, claims = _draining_node_that_goes_lost(clock)
+    assert core.decommissions_dirty
+    assert [(n.node_id, n.state, d) for n, d in core.decommissions()] == [("n2:1", NodeState.DECOMMISSIONING, deadline)]
+    register(core, "n2:1")
+    n2 = core.nodes.get("n2:1")
+    assert n2.state == NodeState.DECOMMISSIONING and n2.decommission_deadline == deadline and not n2.schedulable
+    r = core.allocate(claims, api.AllocateRequest(response_id=1, asks=[ask(2, 1)]))
+    assert r.allocated == [] and not n2.containers       # nothing new placed on it
+    hb = heartbeat(core, "n2:1")                         # it runs nothing: decommissioned
+    assert hb.action == "SHUTDOWN" and n2.state == NodeState.DECOMMISSIONED
+
+
+def test_a_draining_node_that_went_lost_can_be_recommissioned() -> None:
+    clock = FakeClock()
+    core, _ = _draining_node_that_goes_lost(clock)
+    core.decommissions_dirty = False
+    assert core.recommission_node("n2:1").state == NodeState.LOST
+    assert core.decommissions() == [] and core.decommissions_dirty
+    register(core, "n2:1")
+    assert core.nodes.get("n2:1").state == NodeState.RUNNING

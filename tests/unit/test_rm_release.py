@@ -135,3 +135,55 @@ def test_expired_unlaunched_container_waits_for_the_nm_too():
     heartbeat(core, NODE, _running(am_cid))
     heartbeat(core, NODE, _running(am_cid))
     assert node.used == Resource(1024, 1)
+
+
+def test_apps_to_cleanup_are_sent_again_until_the_nm_got_the_response():
+    core = make_core(FakeClock())
+    a, _, am_cid, wid = _full_node_app(core)
+    core.kill(a)
+    hb = heartbeat(core, NODE, _running(am_cid, wid))
+    assert hb.apps_to_cleanup == [a]
+    # That response was lost: the NM heartbeats again with the previous response id.
+    hb2 = heartbeat(core, NODE, _running(am_cid, wid), response_id=hb.response_id - 1)
+    assert hb2.apps_to_cleanup == [a]
+    # It got this one (its response id says so): the app is not sent again.
+    hb3 = heartbeat(core, NODE, _complete(am_cid, wid), response_id=hb2.response_id)
+    assert hb3.apps_to_cleanup == [] and heartbeat(core, NODE).apps_to_cleanup == []
+
+
+def test_a_container_lost_before_its_am_heard_of_it_is_not_reported_and_is_asked_for_again():
+    core = make_core(FakeClock())
+    register(core, NODE, mem=1024, vcores=1)            # room for the AM only
+    app_id = submit(core)
+    claims = launch_and_register(core, app_id)
+    row = ask(1, 1, priority=3, nodes=["n2:1"], relax_locality=False)
+    r = core.allocate(claims, api.AllocateRequest(response_id=0, asks=[row]))
+    assert r.allocated == []
+    register(core, "n2:1")                               # room: allocated there, not delivered yet
+    (lost,) = [c.container_id for c in core.attempts[claims["attempt_id"]].to_deliver]
+    # n2's NM restarts (never having launched it) and comes back too small for the ask.
+    register(core, "n2:1", mem=512, vcores=1)
+    assert lost not in core.containers
+    sched = core.scheduler.apps[app_id].asks[1]
+    assert (sched.count, sched.priority, sched.nodes, sched.relax_locality) == (1, 3, ("n2:1",), False)
+    # The AM, which never heard of it, asks for its one container again: not cut to nothing.
+    r = core.allocate(claims, api.AllocateRequest(response_id=r.response_id, asks=[row]))
+    assert r.allocated == [] and r.completed == []
+    assert core.scheduler.apps[app_id].asks[1].count == 1
+    register(core, "n2:1")
+    r = core.allocate(claims, api.AllocateRequest(response_id=r.response_id, asks=[row]))
+    assert [c.node_id for c in r.allocated] == ["n2:1"] and r.allocated[0].container_id != lost
+    assert r.completed == [] and 1 not in core.scheduler.apps[app_id].asks
+
+
+def test_a_preempted_container_its_am_never_got_is_asked_for_again_not_reported():
+    core = make_core(FakeClock())
+    register(core, NODE, mem=1024, vcores=1)
+    app_id = submit(core)
+    claims = launch_and_register(core, app_id)
+    r = core.allocate(claims, api.AllocateRequest(response_id=0, asks=[ask(1, 1)]))
+    register(core, "n2:1")
+    (cid,) = [c.container_id for c in core.attempts[claims["attempt_id"]].to_deliver]
+    assert core.preempt_containers(app_id, [cid], "for another queue") == [cid]
+    r = core.allocate(claims, api.AllocateRequest(response_id=r.response_id))
+    assert r.completed == [] and [c.container_id for c in r.allocated] != [cid] and len(r.allocated) == 1
