@@ -31,6 +31,15 @@ record of protocol.executor_ops and returns its reply record):
     end_clock {}                             end the running clock after its mini-batch in progress
                                              (flushed; the reply counts what ran)
 
+A training step (run_clock, run_epoch) runs as a task of its own, not as the request's: the
+request awaits it through asyncio.shield, so a dropped connection (the data plane cancels a lost
+connection's ops; an AM that died mid-clock) loses only the reply. The step goes on to its end, or
+to the cut that the next AM attempt's EndClock sets (appmaster.ps.attempt_takeover): its
+mini-batches' pushes are sent and its blocks' positions moved past them. Cancelled mid-COMP
+instead, a step would leave a worker's state changed in place (LDA's topic assignments) by a
+mini-batch whose push never went out, and the servers' model and the workers' state inconsistent
+for good. Only the executor's own shutdown (`AppRole.end_steps`) cancels a step.
+
 With `spill_alpha` in app_setup a worker keeps a fraction alpha of its input blocks on local disk
 as lz4 frames, reloaded ahead of use (psruntime.spill.worker_spill); its step replies then carry a
 `spill` object (alpha, bytes spilled, load stall seconds).
@@ -46,17 +55,18 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import os
 import time
-from typing import TYPE_CHECKING, Awaitable, Mapping, TypedDict
+from typing import TYPE_CHECKING, Any, Awaitable, Coroutine, Mapping, TypedDict
 
 import msgspec
 import numpy as np
 
-from psruntime.apps.base import AppConfigError, KeyValues, Partition, PSApp, StepContext
+from psruntime.apps.base import AppConfigError, AppOutputError, KeyValues, Partition, PSApp, StepContext
 from psruntime.apps.blocks import BlockFormatError, DataBlock
 from psruntime.apps.random_streams import partition_block_range
-from psruntime.apps.registry import UserCodeError, create_app, is_user_app
+from psruntime.apps.registry import UserCodeError, create_app, is_user_app, raised_in_user_code
 from protocol import container_env, executor_ops as ctl
 from psruntime.control_ops import Answer, Arrays, Handler, OpTable, Outcome, bind, table
 from psruntime.push_log import PushLog
@@ -69,8 +79,15 @@ from psruntime.training_pipeline import (PushRecorder, StepTimes, SubtaskRunner,
 from psruntime.spill.worker_spill import WorkerSpill, parse_mode
 from protocol.json_types import JsonObject
 
-# What the runtime raises on its own in an app op: never blamed on a user app's code.
+log = logging.getLogger(__name__)
+
+# What the runtime raises on purpose in an app op: never blamed on a user app's code, even when a
+# user's exception led to it (a RequestError for a user Spec's AppConfigError). Any other exception
+# is the user's only if it was raised in the user's code (`_user_error`).
 _RUNTIME_ERRORS = (RequestError, UserCodeError, StoreClientError, ConnectionError, TrainingStopped, BlockFormatError)
+# How long a stopping executor lets a running training step end on its own before cancelling it
+# (AppRole.end_steps): well within the NM's SIGTERM -> SIGKILL grace (container_manager.KILL_GRACE_S).
+STEP_STOP_GRACE_S = 0.2
 
 if TYPE_CHECKING:  # the executor imports this module, not the other way round at run time
     from psruntime.executor import Executor
@@ -88,6 +105,7 @@ class AppRole:
         self.stop = asyncio.Event()
         self.cut = asyncio.Event()    # the AM's EndClock: the running clock ends after its mini-batch
         self._busy = asyncio.Lock()   # one training step at a time on this executor
+        self._steps: set[asyncio.Task[Answer]] = set()   # running training steps (`_detached`)
         self.pipeline = TrainingPipeline(runner)
         self.spill: WorkerSpill | None = None      # with the job's spill_alpha (psruntime.spill.worker_spill)
         self.model_spill: ModelSpillMonitor | None = None   # ... and a server's model blocks (psruntime.spill.model_spill)
@@ -117,9 +135,16 @@ class AppRole:
             raise self._user_error(e) from e
 
     def _user_error(self, e: Exception) -> Exception:
+        """`e` as UserCodeError if a user app's code raised it -- its traceback passes through the
+        app's package (registry.raised_in_user_code: compute, keys_for_batch, init_block,
+        objective ... called by the runtime) -- or it is the runtime's check of what that code
+        returned (AppOutputError); else `e` itself: the runtime's own failures in a user app's op
+        (a full spill disk, an arbiter's refusal, a stale ownership table) are not the user's."""
         if self.app is None or not is_user_app(self.app_name) or isinstance(e, _RUNTIME_ERRORS):
             return e
-        return UserCodeError(f"app {self.app_name} on {self.executor.executor_id}", e)
+        if isinstance(e, AppOutputError) or raised_in_user_code(self.app_name, e):
+            return UserCodeError(f"app {self.app_name} on {self.executor.executor_id}", e)
+        return e
 
     def _ops(self) -> OpTable:
         return table(bind(ctl.AppSetup, self.app_setup), bind(ctl.WorkerSetup, self.worker_setup),
@@ -141,6 +166,8 @@ class AppRole:
         return sum(b.nbytes for b in self.blocks)
 
     def close(self) -> None:
+        for t in self._steps:      # `end_steps` first; a step still here has nothing left to wait for
+            t.cancel()
         self.pipeline.close()
         if self.spill is not None:
             self.spill.close()
@@ -235,13 +262,47 @@ class AppRole:
         return ctl.InitBlocksReply(blocks=len(self.blocks)), ()
 
     # -- training ----------------------------------------------------------------------------
+    def _detached(self, step: Coroutine[Any, Any, Answer]) -> Awaitable[Answer]:
+        """Run the training step `step` as a task of its own and await it through asyncio.shield:
+        cancelling the request (its connection dropped) loses only the reply, never a step cut
+        mid-mini-batch (see the module doc). `end_steps` cancels the task itself."""
+        task = asyncio.ensure_future(step)
+        self._steps.add(task)
+        task.add_done_callback(self._step_ended)
+        return asyncio.shield(task)
+
+    def _step_ended(self, task: "asyncio.Task[Answer]") -> None:
+        self._steps.discard(task)
+        if task.cancelled():
+            return
+        e = task.exception()       # retrieved here too: a step whose requester went away has no one to tell
+        if e is not None:
+            log.debug("training step on %s ended with %s: %s", self.executor.executor_id, type(e).__name__, e)
+
+    async def end_steps(self, grace_s: float = STEP_STOP_GRACE_S) -> None:
+        """The executor is stopping: the running training step (if any) is told to stop (its next
+        mini-batch does not start) and, unless it has ended within `grace_s`, cancelled -- never
+        waited out to the end of a long COMP or a pull from a silent server (a SIGTERM stops the
+        executor well within the NM's grace before SIGKILL; a COMP in the compute thread is left
+        to finish there, unawaited)."""
+        self.stop.set()
+        self.cut.set()
+        steps = list(self._steps)
+        if not steps:
+            return
+        _, running = await asyncio.wait(steps, timeout=grace_s)
+        for t in running:
+            t.cancel()
+        await asyncio.gather(*steps, return_exceptions=True)
+
     def run_clock(self, req: ctl.RunClock, arrays: Arrays) -> Awaitable[Answer]:
-        """One clock: the next `batches` mini-batches of the epoch, flushed (see the module doc)."""
+        """One clock: the next `batches` mini-batches of the epoch, flushed (see the module doc);
+        run detached from the request (`_detached`)."""
         # An EndClock read before this clock's request meant an earlier clock: forgotten here, as
         # the request is dispatched (not when its task first runs: an EndClock read right after
         # this request, in the same read, is for this clock).
         self.cut.clear()
-        return self._run_clock(req)
+        return self._detached(self._run_clock(req))
 
     async def _run_clock(self, req: ctl.RunClock) -> Answer:
         app, store = self._need_app(), self._need_store()
@@ -269,8 +330,12 @@ class AppRole:
         log.begin_clock(clock)
         return lambda keys, values: log.record(clock, keys, values)
 
-    async def run_epoch(self, req: ctl.RunEpoch, arrays: Arrays) -> Answer:
-        """The rest of the epoch (all of it, unless clocks of it ran already) in one op."""
+    def run_epoch(self, req: ctl.RunEpoch, arrays: Arrays) -> Awaitable[Answer]:
+        """The rest of the epoch (all of it, unless clocks of it ran already) in one op, run
+        detached from the request like a clock (`_detached`; StopTraining ends it)."""
+        return self._detached(self._run_epoch(req))
+
+    async def _run_epoch(self, req: ctl.RunEpoch) -> Answer:
         app, store = self._need_app(), self._need_store()
         ctx = StepContext(epoch=req.epoch, num_workers=req.num_workers,
                           threads=self.pipeline.comp_threads)

@@ -5,9 +5,13 @@ process may use, and whose idle threads spin before they sleep. Under a CPU quot
 a core those spinning threads burn the budget the COMP needs: on NMF (small 5x5 solves per user)
 they took a quarter of a capped worker's CPU. So an executor (and the single-process baseline)
 holds its pools to the quota's cores rounded up (`limit_blas_threads_to_cgroup`), as PySpark sets
-OMP_NUM_THREADS to a task's CPUs. Without a quota they are left alone: there a second BLAS thread
-uses an idle core (holding them to one always made an EPS add's new worker, whose data generation
-used both cores of an unquota'd 2-core machine, 70 ms slower: bench/eps_overhead.py 0.10 -> 0.17 s).
+OMP_NUM_THREADS to a task's CPUs. The quota is the smallest along the process's own cgroup path
+(/proc/self/cgroup) up to the root: an NM container's cgroup sits below the root
+(<mount>/elastane/<node>/<container>, no cgroup namespace), so the root's cpu.max alone would say
+"unlimited" to a 1-vcore executor on a 16-core host. Without a quota they are left alone: there a
+second BLAS thread uses an idle core (holding them to one always made an EPS add's new worker, whose
+data generation used both cores of an unquota'd 2-core machine, 70 ms slower: bench/eps_overhead.py
+0.10 -> 0.17 s).
 
 Libraries loaded later read the environment variables set here; those already loaded (the zygote
 preloads numpy) are told through their `*_set_num_threads` entry points, found in the process's
@@ -19,7 +23,7 @@ import ctypes
 import math
 import os
 
-from protocol.cgroup_cpu import cgroup_root_cores
+from protocol.cgroup_cpu import process_cgroup_cores
 
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # The setters of the OpenBLAS builds numpy and scipy wheels ship (plain, scipy_openblas and their
@@ -62,10 +66,13 @@ def limit_blas_threads(threads: int) -> int:
     return told
 
 
-def blas_threads_for_cgroup(root: str = "/sys/fs/cgroup", cpus: int | None = None) -> int | None:
-    """The BLAS threads for a process under the cgroup root `root`: its CPU quota's cores rounded
-    up, when that is below the machine's `cpus`; None (leave BLAS alone) without a quota."""
-    cores = cgroup_root_cores(root)
+def blas_threads_for_cgroup(root: str = "/sys/fs/cgroup", cpus: int | None = None,
+                            proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """The BLAS threads for a process under the cgroup mount `root`: the CPU quota's cores rounded
+    up, when that is below the machine's `cpus`; None (leave BLAS alone) without a quota. The quota
+    is the smallest along the process's own cgroup path (read from `proc_cgroup`) up to the root
+    (protocol.cgroup_cpu.process_cgroup_cores): a container's own cgroup, not the root alone."""
+    cores = process_cgroup_cores(root, proc_cgroup)
     cpus = cpus or os.cpu_count() or 1
     if cores is None:
         return None
@@ -73,9 +80,9 @@ def blas_threads_for_cgroup(root: str = "/sys/fs/cgroup", cpus: int | None = Non
     return threads if threads < cpus else None
 
 
-def limit_blas_threads_to_cgroup(root: str = "/sys/fs/cgroup") -> int | None:
+def limit_blas_threads_to_cgroup(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
     """`limit_blas_threads` to `blas_threads_for_cgroup`'s count, if any; returns it."""
-    threads = blas_threads_for_cgroup(root)
+    threads = blas_threads_for_cgroup(root, proc_cgroup=proc_cgroup)
     if threads is not None:
         limit_blas_threads(threads)
     return threads

@@ -148,6 +148,9 @@ class Executor:
 
     async def stop(self) -> None:
         await self.server.stop()
+        # A training step runs detached from its request (psruntime.app_role): closing the
+        # connections does not end it, so it is stopped (and cancelled after a short grace) here.
+        await self.app_role.end_steps()
         self.app_role.close()
         await self.client.close()
 

@@ -18,6 +18,7 @@ from protocol.ps_job_spec import PSJobSpec
 from protocol.records import FinalStatus
 from psruntime.apps.base import AppConfigError
 from psruntime.apps.registry import UserCodeError, is_user_app
+from psruntime.apps.registry import raised_in_user_code as raised_in_user_code   # moved there (executors use it too)
 
 from ..am_client import ApplicationMaster
 from .runtime.executor_rpc import ExecutorCallError
@@ -45,24 +46,6 @@ def user_failure(spec: PSJobSpec, err: BaseException) -> Optional[str]:
         tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
         return f"user code failed in the AM (app {spec.app}): {type(err).__name__}: {err}\n{tb}"
     return None
-
-
-def raised_in_user_code(app: str, err: BaseException) -> bool:
-    """Whether `err` (or an exception it was raised from) passed through the user app's package
-    (`app` is "module:Class"): its traceback has a frame of that package's code. A user app's job
-    also fails for the runtime's own reasons (an unreadable init_from or durable dir): those are
-    not the user's code failing, and the user's `combine` raising in the AM is."""
-    package = app.split(":", 1)[0].split(".", 1)[0]
-    seen: set[int] = set()
-    e: BaseException | None = err
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        for frame, _ in traceback.walk_tb(e.__traceback__):
-            name = frame.f_globals.get("__name__", "")
-            if isinstance(name, str) and (name == package or name.startswith(package + ".")):
-                return True
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def describe_start_failure(spec: PSJobSpec, err: Exception) -> str:

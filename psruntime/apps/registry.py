@@ -50,6 +50,26 @@ def is_user_app(name: str) -> bool:
     return name not in _APPS and ":" in name
 
 
+def raised_in_user_code(app: str, err: BaseException) -> bool:
+    """Whether `err` (or an exception it was raised from) passed through the user app's package
+    (`app` is "module:Class"): its traceback has a frame of that package's code. A user app's job
+    also fails for the runtime's own reasons (an unreadable init_from or durable dir, a full spill
+    disk, a refused arbiter request): those are not the user's code failing, and the user's
+    `combine` raising in the AM, or its `compute` in an executor, is. (Here, not in the AM, so
+    that the executors' app ops (psruntime.app_role) classify by the same rule.)"""
+    package = app.split(":", 1)[0].split(".", 1)[0]
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        for frame, _ in traceback.walk_tb(e.__traceback__):
+            name = frame.f_globals.get("__name__", "")
+            if isinstance(name, str) and (name == package or name.startswith(package + ".")):
+                return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def _working_dir_on_path() -> None:
     """Put the working dir first on sys.path: the job's shipped modules are linked there."""
     cwd = os.getcwd()

@@ -88,3 +88,57 @@ def test_a_process_under_a_fraction_of_a_core_runs_blas_on_one_thread(tmp_path: 
         assert got["told"] == 1 and set(got["after"].values()) == {1}, got
     else:
         assert got["told"] is None, got          # one core: nothing to hold back
+
+
+def _proc_cgroup(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "proc-self-cgroup"
+    p.write_text(text)
+    return str(p)
+
+
+def test_an_nm_containers_own_v2_quota_holds_its_blas_threads_though_the_root_has_none(tmp_path: Path) -> None:
+    """The NM puts a container in <mount>/elastane/<node>/<container> (no cgroup namespace): its
+    1-vcore cpu.max is there, the root has none (or says max), and the executor still takes 1."""
+    from nodemanager.cgroup_v2 import CgroupV2
+    from psruntime.blas_threads import blas_threads_for_cgroup
+    mount = tmp_path / "cgfs"
+    mount.mkdir()
+    nm = CgroupV2(str(mount), "elastane", "node-1", hard_cpu=True)
+    nm.setup()
+    cg = nm.make("container_1_0001_01_000002")
+    nm.configure(cg, memory_mb=2048, vcores=1)
+    rel = "/" + os.path.relpath(cg.dirs[0], mount)
+    proc = _proc_cgroup(tmp_path, f"0::{rel}\n")
+    assert blas_threads_for_cgroup(str(mount), cpus=16, proc_cgroup=proc) == 1
+    (mount / "cpu.max").write_text("max 100000\n")
+    assert blas_threads_for_cgroup(str(mount), cpus=16, proc_cgroup=proc) == 1
+    # a process elsewhere in the tree (the NM's own) sees no quota
+    assert blas_threads_for_cgroup(str(mount), cpus=16, proc_cgroup=_proc_cgroup(tmp_path, "0::/system.slice\n")) is None
+
+
+def test_the_smallest_quota_on_the_way_up_counts_v2_and_v1(tmp_path: Path) -> None:
+    from psruntime.blas_threads import blas_threads_for_cgroup
+    v2 = tmp_path / "v2"
+    (v2 / "a" / "b" / "c").mkdir(parents=True)
+    (v2 / "a" / "cpu.max").write_text("200000 100000\n")        # 2 cores for the parent
+    (v2 / "a" / "b" / "c" / "cpu.max").write_text("max 100000\n")
+    proc = _proc_cgroup(tmp_path, "0::/a/b/c\n")
+    assert blas_threads_for_cgroup(str(v2), cpus=16, proc_cgroup=proc) == 2
+    (v2 / "a" / "b" / "cpu.max").write_text("350000 100000\n")  # looser than the parent: the parent wins
+    assert blas_threads_for_cgroup(str(v2), cpus=16, proc_cgroup=proc) == 2
+    (v2 / "cpu.max").write_text("100000 100000\n")              # a testbed root of 1 core
+    assert blas_threads_for_cgroup(str(v2), cpus=16, proc_cgroup=proc) == 1
+
+    v1 = tmp_path / "v1"
+    cid = v1 / "cpu,cpuacct" / "elastane" / "node-1" / "c2"
+    cid.mkdir(parents=True)
+    (v1 / "memory" / "elastane").mkdir(parents=True)
+    (v1 / "cpu,cpuacct" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu,cpuacct" / "cpu.cfs_period_us").write_text("100000\n")
+    (cid / "cpu.cfs_quota_us").write_text("300000\n")
+    (cid / "cpu.cfs_period_us").write_text("100000\n")
+    proc = _proc_cgroup(tmp_path, "12:memory:/elastane/node-1/c2\n4:cpu,cpuacct:/elastane/node-1/c2\n"
+                                  "0::/elastane/node-1/c2\n")
+    assert blas_threads_for_cgroup(str(v1), cpus=16, proc_cgroup=proc) == 3
+    (cid / "cpu.cfs_quota_us").write_text("-1\n")
+    assert blas_threads_for_cgroup(str(v1), cpus=16, proc_cgroup=proc) is None
