@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable, Optional
 
 import aiohttp
@@ -406,6 +406,11 @@ class ApplicationMaster:
         self._response_id = resp.response_id
         self.num_cluster_nodes = resp.num_cluster_nodes
         self.available = resp.available
+        if resp.am_token and resp.am_token != self.identity.am_token:
+            # The RM rolled the AM token (the launch-time one expires after cluster.toml's
+            # token_lifetime_s): RmClient.allocate already sends it from now on.
+            self.identity = replace(self.identity, am_token=resp.am_token)
+            log.info("the RM rolled the AM token of %s", self.identity.attempt_id)
         if resp.action == "RESYNC":
             await self._resync("the RM answered RESYNC")
             return

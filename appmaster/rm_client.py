@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from protocol import codec, container_env
@@ -67,18 +67,36 @@ class RmClient:
             self._http = JsonHttpClient(identity.rm_address, token=identity.am_token, timeout_s=timeout_s)
 
     @property
+    def am_token(self) -> str:
+        """The AM token the next call sends: the launch-time one until the RM rolls it."""
+        return self.identity.am_token
+
+    def use_am_token(self, token: str) -> None:
+        """Send `token` from the next call on, to every RM (the RM rolls the AM token before it
+        expires and hands the new one out in AllocateResponse.am_token)."""
+        if token and token != self.identity.am_token:
+            self.identity = replace(self.identity, am_token=token)
+
+    @property
     def rm_url(self) -> str:
         """The RM the next call goes to."""
         return self._http.base_url
 
+    # Every call names the current token itself: the clients' own (one per RM under HA) is the
+    # launch-time one, which expires (rm.toml token_lifetime_s) while a long job still runs.
     async def register(self, req: api.AmRegisterRequest) -> api.AmRegisterResponse:
-        return codec.decode_as(await self._http.post(api.AM_REGISTER, req), api.AmRegisterResponse)
+        return codec.decode_as(await self._http.post(api.AM_REGISTER, req, token=self.am_token),
+                               api.AmRegisterResponse)
 
     async def allocate(self, req: api.AllocateRequest) -> api.AllocateResponse:
-        return codec.decode_as(await self._http.post(api.AM_ALLOCATE, req), api.AllocateResponse)
+        resp = codec.decode_as(await self._http.post(api.AM_ALLOCATE, req, token=self.am_token),
+                               api.AllocateResponse)
+        self.use_am_token(resp.am_token)
+        return resp
 
     async def finish(self, req: api.AmFinishRequest) -> api.AmFinishResponse:
-        return codec.decode_as(await self._http.post(api.AM_FINISH, req), api.AmFinishResponse)
+        return codec.decode_as(await self._http.post(api.AM_FINISH, req, token=self.am_token),
+                               api.AmFinishResponse)
 
     async def close(self) -> None:
         await self._http.close()

@@ -165,18 +165,20 @@ def validate(cfg: NMConfig, cluster: ClusterConfig, resolve: Resolve = resolve_a
         raise ConfigError(f"cpu_enforcement must be one of {', '.join(CPU_MODES)}, got {cfg.cpu_enforcement!r}")
     if not 0 <= cfg.port <= 65535:
         raise ConfigError(f"port must be 0..65535, got {cfg.port}")
+    # Checks are written `not (in range)`: a NaN compares False to everything, so `x < 0` lets it through.
     for name in ("memory_mb", "vcores", "reserved_memory_mb", "container_shells", "warm_spares",
                  "localizer_cache_mb"):
-        if getattr(cfg, name) < 0:
+        if not getattr(cfg, name) >= 0:
             raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
-    for name in ("heartbeat_interval_ms", "monitor_interval_ms", "cpu_period_us", "localizer_threads",
-                 "localizer_fetch_timeout_s"):
-        if getattr(cfg, name) <= 0:
+    for name in ("heartbeat_interval_ms", "monitor_interval_ms", "cpu_period_us", "localizer_threads"):
+        if not getattr(cfg, name) > 0:
             raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
+    if not 0 < cfg.localizer_fetch_timeout_s < math.inf:      # NaN fails too (every fetch timed out at once)
+        raise ConfigError(f"localizer_fetch_timeout_s must be a number of seconds > 0, got {cfg.localizer_fetch_timeout_s}")
     if cfg.arbiter_cpu_pool < 0:
         raise ConfigError(f"arbiter_cpu_pool must be >= 0 (0 = the cgroup root's cores), got {cfg.arbiter_cpu_pool}")
-    if cfg.cpu_limit_cores < 0:
-        raise ConfigError(f"cpu_limit_cores must be >= 0 (0 = a vcore is one core), got {cfg.cpu_limit_cores}")
+    if not 0 <= cfg.cpu_limit_cores < math.inf:     # NaN fails too (every hard-mode launch raised)
+        raise ConfigError(f"cpu_limit_cores must be a number >= 0 (0 = a vcore is one core), got {cfg.cpu_limit_cores}")
     if cfg.cpu_limit_cores > (os.cpu_count() or 1):
         raise ConfigError(f"cpu_limit_cores {cfg.cpu_limit_cores} is more than this host's {os.cpu_count()} cores")
     if not MIN_CPU_PERIOD_US <= cfg.cpu_period_us <= MAX_CPU_PERIOD_US:

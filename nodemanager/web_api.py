@@ -6,12 +6,12 @@ import html
 import os
 import time
 import urllib.parse
-from typing import Any, Callable, Optional
+from typing import Any, BinaryIO, Callable, Optional
 
 from aiohttp import web
 
 from protocol import codec, tokens
-from protocol.aggregated_logs import AggregatedLogError, RemoteLogDir, find_container, read_log
+from protocol.aggregated_logs import AggregatedLogError, LogStream, RemoteLogDir, find_container, iter_log
 from protocol.client_auth import check_log_reader, request_user
 from protocol.config import ClusterConfig
 from protocol.http_server import json_response, make_app, read_json
@@ -76,12 +76,13 @@ class NodeWebApi:
 
     # ----- token checks -------------------------------------------------------------------------
 
-    def _verify(self, token: str | None) -> dict[str, Any]:
-        """Claims of a valid container token for this node; 401 otherwise."""
+    def _verify(self, token: str | None, allow_expired: bool = False) -> dict[str, Any]:
+        """Claims of a valid container token for this node (past its expiry too with
+        `allow_expired`); 401 otherwise."""
         if not token:
             raise Unauthorized("missing container token")
         try:
-            claims = tokens.verify(self.secret, token, tokens.CONTAINER)
+            claims = tokens.verify(self.secret, token, tokens.CONTAINER, allow_expired=allow_expired)
         except tokens.TokenError as e:
             raise Unauthorized(f"invalid container token: {e}") from None
         if claims.get("node_id") != self.node_id:
@@ -89,9 +90,17 @@ class NodeWebApi:
         return claims
 
     def _verify_for(self, request: web.Request, cid: str) -> dict[str, Any]:
-        claims = self._verify(tokens.token_from_header(request.headers.get("Authorization")))
+        """For a stop or status call: a token past its expiry still serves for a container this NM
+        has (it was started with a then valid token; the signature binds node, container and app),
+        so an AM can stop and watch containers that outlive container_token_lifetime_s. A start
+        (`start_container`) needs an unexpired one."""
+        known = self.manager.containers.get(cid)
+        claims = self._verify(tokens.token_from_header(request.headers.get("Authorization")),
+                              allow_expired=known is not None)
         if claims.get("container_id") != cid:
             raise Unauthorized(f"container token is for {claims.get('container_id')!r}, not {cid}")
+        if known is not None and claims.get("app_id") != known.app_id:
+            raise Unauthorized(f"container token is for app {claims.get('app_id')!r}, {cid} is of {known.app_id}")
         return claims
 
     # ----- container API ------------------------------------------------------------------------
@@ -228,37 +237,38 @@ class NodeWebApi:
             raise BadRequest(f"start must be an integer, got {start!r}") from None
         c = self.manager.containers.get(cid)
         path = os.path.join(c.log_dir, name) if c is not None else ""
-        data: Optional[bytes] = None
+        local: Optional[_LocalLog] = None
         if path and os.path.isfile(path) and not os.path.islink(path):
             self._check_reader(request, cid, self._local_owner(cid))
             try:
-                data = await asyncio.to_thread(_read_from, path, n)
+                local = await asyncio.to_thread(_read_from, path, n)
             except FileNotFoundError:   # expired meanwhile (its app's retention ran out): as if absent
-                data = None
-        if data is None:
-            if not (self.remote_logs is not None or c is None):
-                raise NotFound(f"log file {name} not found for container {cid}")
-            data = await self._aggregated_file(request, cid, name, n)
-        return web.Response(body=data, content_type="text/plain", charset="utf-8")
+                local = None
+        if local is not None:
+            # Streamed a piece at a time: a log may be many GB, and a reader must not cost the NM its size.
+            stream = LogStream(local, length=local.length)
+            await stream.start()
+            return await stream.respond(request)
+        if not (self.remote_logs is not None or c is None):
+            raise NotFound(f"log file {name} not found for container {cid}")
+        return await (await self._aggregated_file(request, cid, name, n)).respond(request)
 
-    async def _aggregated_file(self, request: web.Request, cid: str, name: str, start: int) -> bytes:
+    async def _aggregated_file(self, request: web.Request, cid: str, name: str, start: int) -> LogStream:
+        """The aggregated log `name` of `cid` from byte `start`, its first piece read (404 when it
+        is not there, 500 when it cannot be read), for the caller to stream."""
         store = self.remote_logs
         _, _, owner = await self._aggregated(cid)     # 404 naming the store when the container is not there
         self._check_reader(request, cid, owner)
         assert store is not None
-
-        def read() -> Optional[bytes]:
-            found = find_container(store, cid)
-            if found is None or name not in found[1]:
-                return None
-            return read_log(store, str(ContainerId.parse(cid).app), found[0], cid, name, start)
         try:
-            data = await asyncio.to_thread(read)
+            found = await asyncio.to_thread(find_container, store, cid)
+            if found is None or name not in found[1]:
+                raise NotFound(f"log file {name} not found for container {cid} in the aggregated logs at {store.url}")
+            stream = LogStream(iter_log(store, str(ContainerId.parse(cid).app), found[0], cid, name, start))
+            await stream.start()
         except (AggregatedLogError, OSError) as e:
             raise ApiError(f"cannot read the aggregated log {name} of {cid}: {e}") from None
-        if data is None:
-            raise NotFound(f"log file {name} not found for container {cid} in the aggregated logs at {store.url}")
-        return data
+        return stream
 
     async def log_page(self, request: web.Request) -> web.Response:
         """A plain HTML page listing the container's log files with links (YARN's NM log page):
@@ -285,16 +295,53 @@ class NodeWebApi:
         return web.Response(text=body, content_type="text/html")
 
 
-def _read_from(path: str, start: int) -> bytes:
-    """The file from byte `start`; a negative `start` gives the last -start bytes (YARN's `start`)."""
+LOG_PIECE_BYTES = 256 << 10     # a local log file is read and sent this much at a time
+
+
+class _LocalLog:
+    """A local log file open from a byte offset to the size it had when opened (a log still being
+    written ends there, as one GET), read a piece at a time: an iterator of its pieces."""
+
+    def __init__(self, f: BinaryIO, pos: int, size: int):
+        self._f = f
+        self.length = size - pos          # the bytes this read serves (its Content-Length)
+        self._left = self.length
+
+    def __iter__(self) -> "_LocalLog":
+        return self
+
+    def __next__(self) -> bytes:
+        if self._left <= 0:
+            self.close()
+            raise StopIteration
+        piece = self._f.read(min(LOG_PIECE_BYTES, self._left))
+        if not piece:
+            self.close()
+            raise OSError(f"the log file shrank while it was read ({self._left} of {self.length} bytes unread)")
+        self._left -= len(piece)
+        return piece
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _read_from(path: str, start: int) -> _LocalLog:
+    """The file open from byte `start`; a negative `start` gives the last -start bytes (YARN's
+    `start`). Opened here (FileNotFoundError when it is gone), read as it is iterated."""
     # O_NOFOLLOW: a container's log dir is the container's to write, links included.
-    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+    f = os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+    try:
         size = os.fstat(f.fileno()).st_size
+        pos = 0
         if start < 0:
-            f.seek(max(0, size + start))
+            pos = max(0, size + start)
         elif start > 0:
-            f.seek(min(start, size))      # past the end: nothing (a huge offset would not fit a seek)
-        return f.read()
+            pos = min(start, size)        # past the end: nothing (a huge offset would not fit a seek)
+        f.seek(pos)
+    except BaseException:
+        f.close()
+        raise
+    return _LocalLog(f, pos, size)
 
 
 def _log_files(log_dir: str) -> list[dict[str, Any]]:

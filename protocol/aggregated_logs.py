@@ -32,7 +32,9 @@ an `AggregatedLogError` naming the file and what is wrong; nothing partial is sh
 """
 from __future__ import annotations
 
+import asyncio
 import datetime
+import logging
 import os
 import posixpath
 import re
@@ -43,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator, Literal, Optional, Sequence
 
 import msgspec
+from aiohttp import web
 
 from .durable_storage import DurableStorageError, local_path, validate, write_atomic
 from .errors import ProtocolError
@@ -55,6 +58,8 @@ TRAILER_SIZE = _TRAILER.size          # 28
 FORMAT_VERSION = 1
 _READ_PIECE = 1 << 20                 # bytes read from a local log file at a time
 _ROLL = re.compile(r"^(?P<node>.+)\.roll(?P<seq>\d{6,})$")
+
+log = logging.getLogger(__name__)
 
 
 class AggregatedLogError(ProtocolError, ValueError):
@@ -193,11 +198,14 @@ def read_index(f: IO[bytes], size: int, name: str) -> AggregatedLogIndex:
 READ_PIECE_BYTES = 1 << 20       # a chunk is read (and its CRC checked) this much at a time
 
 
-def read_chunk(f: IO[bytes], chunk: LogChunk, name: str, keep_from: int = 0) -> bytes:
-    """A chunk's bytes from `keep_from` on (none when past its end), the whole chunk checked
-    against its CRC-32; read in pieces, so only what is kept is held."""
+def iter_chunk(f: IO[bytes], chunk: LogChunk, name: str, keep_from: int = 0) -> Iterator[bytes]:
+    """A chunk's bytes from `keep_from` on (none when past its end), in pieces of at most
+    READ_PIECE_BYTES, the whole chunk checked against its CRC-32. A piece goes out once the next
+    one is read, the last only once the CRC matched: a chunk that fits one piece is never yielded
+    unchecked; a longer one that does not match ends in AggregatedLogError after all but its last
+    piece went out (a streaming reader then cuts its answer short: nothing is papered over)."""
     f.seek(chunk.offset)
-    kept = bytearray()
+    held = b""
     crc, got = 0, 0
     while got < chunk.length:
         piece = f.read(min(READ_PIECE_BYTES, chunk.length - got))
@@ -205,12 +213,21 @@ def read_chunk(f: IO[bytes], chunk: LogChunk, name: str, keep_from: int = 0) -> 
             break
         crc = zlib.crc32(piece, crc)
         if got + len(piece) > keep_from:
-            kept += piece[max(0, keep_from - got):]
+            if held:
+                yield held
+            held = piece[max(0, keep_from - got):]
         got += len(piece)
     if got != chunk.length or crc != chunk.crc32:
         raise AggregatedLogError(f"{name}: the bytes of {chunk.container_id}/{chunk.file_name} do not match "
                                  "their checksum (corrupt file)")
-    return bytes(kept)
+    if held:
+        yield held
+
+
+def read_chunk(f: IO[bytes], chunk: LogChunk, name: str, keep_from: int = 0) -> bytes:
+    """A chunk's bytes from `keep_from` on (none when past its end), the whole chunk checked
+    against its CRC-32 before any is returned (`iter_chunk`, joined)."""
+    return b"".join(iter_chunk(f, chunk, name, keep_from))
 
 
 # ===== the remote dir =============================================================================
@@ -442,32 +459,38 @@ def app_node_logs(store: RemoteLogDir, app_id: str) -> list[NodeLogs]:
     return out
 
 
-def read_log(store: RemoteLogDir, app_id: str, node: NodeLogs, container_id: str, file_name: str,
-             start: int = 0) -> bytes:
-    """A container's log file as aggregated from `node`: its chunks in order, from byte `start`
-    (YARN's: the last -start bytes when negative). A gap between two chunks (a roll that was
-    refused or lost) is marked in the text, not papered over. Only the bytes asked for are kept in
-    memory -- every chunk is still read through to check its CRC-32, but in pieces -- so the tail
-    of a log of many GB costs its reader the tail's size."""
+def iter_log(store: RemoteLogDir, app_id: str, node: NodeLogs, container_id: str, file_name: str,
+             start: int = 0) -> Iterator[bytes]:
+    """A container's log file as aggregated from `node`, in pieces of at most READ_PIECE_BYTES: its
+    chunks in order, from byte `start` (YARN's: the last -start bytes when negative). A gap between
+    two chunks (a roll that was refused or lost) is marked in the text, not papered over. Every
+    chunk is read through to check its CRC-32 (`iter_chunk`), but only a piece or two is held at a
+    time, so a reader of a log of many GB holds a few MiB; the RM's and NMs' log calls stream it
+    (`LogStream`). An aggregated file stays open until the iterator is exhausted or closed."""
     files = [(name, [c for c in ix.chunks if c.container_id == container_id and c.file_name == file_name])
              for name, ix in node.files]
     files = [(name, chunks) for name, chunks in files if chunks]
     total = max((c.start + c.length for _, chunks in files for c in chunks), default=0)
     lo = start if start >= 0 else max(0, total + start)
-    out = bytearray()
     end = 0
     for name, chunks in files:
         f, _ = store.open(app_id, name)
         with f:
             for c in chunks:
                 if c.start > end and c.start > lo:
-                    out += f"\n[elastane: bytes {max(end, lo)}..{c.start} of this log are missing from the " \
-                           f"aggregated files]\n".encode()
+                    yield (f"\n[elastane: bytes {max(end, lo)}..{c.start} of this log are missing from the "
+                           f"aggregated files]\n").encode()
                 # Bytes read already (from an overlapping upload) are not repeated.
                 keep = max(end, lo) - c.start
-                out += read_chunk(f, c, store.where(app_id, name), keep_from=max(0, keep))
+                yield from iter_chunk(f, c, store.where(app_id, name), keep_from=max(0, keep))
                 end = max(end, c.start + c.length)
-    return bytes(out)
+
+
+def read_log(store: RemoteLogDir, app_id: str, node: NodeLogs, container_id: str, file_name: str,
+             start: int = 0) -> bytes:
+    """`iter_log`'s bytes in one: for a caller that needs them whole (the CLI prints a log; a tail
+    with a negative `start` costs its size). An HTTP handler streams `iter_log` instead."""
+    return b"".join(iter_log(store, app_id, node, container_id, file_name, start))
 
 
 def find_container(store: RemoteLogDir, container_id: str) -> Optional[tuple[NodeLogs, dict[str, int]]]:
@@ -482,3 +505,79 @@ def find_container(store: RemoteLogDir, container_id: str) -> Optional[tuple[Nod
         if files is not None:
             return node, files
     return None
+
+
+# ===== serving ====================================================================================
+
+WRITE_BYTES = 256 << 10     # a log is written to the client this much at a time
+
+
+class LogStream:
+    """A log's pieces (`iter_log`'s, or a local log file's) answered over HTTP in bounded memory:
+    each piece is read in a worker thread (a file or an object store must not hold the event loop)
+    and written out before the next is read, so a reader costs a piece or two, not the log.
+
+    `start()` reads the first piece: an error there (a file gone, a corrupt chunk) is the caller's
+    to answer with its own status, nothing being sent yet. `respond()` then sends 200, text/plain,
+    and the pieces, and closes the source whatever happens. An error once the answer has begun
+    cannot change its status, so the answer is cut short instead -- a line saying why (where no
+    length was announced), then the connection closed before the body's end -- and no client takes
+    it for the whole log."""
+
+    def __init__(self, pieces: Iterator[bytes], length: Optional[int] = None):
+        self._pieces = pieces
+        self._length = length            # the body's length when known up front (Content-Length)
+        self._first: Optional[bytes] = None
+
+    async def _next(self) -> Optional[bytes]:
+        return await asyncio.to_thread(next, self._pieces, None)
+
+    async def start(self) -> None:
+        """Read the first piece (closing the source on any error, which is raised)."""
+        try:
+            self._first = await self._next()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        close = getattr(self._pieces, "close", None)
+        if close is None:
+            return
+        try:
+            await asyncio.to_thread(close)
+        except ValueError:
+            pass     # a cancelled read still runs in its thread: the source closes when it is collected
+
+    async def respond(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_type = "text/plain"
+        resp.charset = "utf-8"
+        if self._length is not None:
+            resp.content_length = self._length
+        try:
+            await resp.prepare(request)
+            if request.method == "HEAD":
+                return resp
+            piece, self._first = self._first, None
+            while piece is not None:
+                with memoryview(piece) as view:
+                    for at in range(0, len(view), WRITE_BYTES):
+                        await resp.write(view[at:at + WRITE_BYTES])
+                piece = None                 # not held while the next one is read
+                try:
+                    piece = await self._next()
+                except Exception as e:   # noqa: BLE001  # any: the status is sent, the answer is cut short
+                    log.warning("%s %s: the log could not be read to its end, answer cut short: %s",
+                                request.method, request.path, e, exc_info=not isinstance(e, (AggregatedLogError, OSError)))
+                    if self._length is None:
+                        await resp.write(f"\n[elastane: the log could not be read to its end: {e}]\n".encode())
+                    if request.transport is not None:
+                        request.transport.close()
+                    return resp
+            await resp.write_eof()
+        except ConnectionError:
+            pass                         # the client went away
+        finally:
+            await self.close()
+        return resp

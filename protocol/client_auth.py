@@ -24,7 +24,7 @@ CLIENT_TOKEN_ENV = "ELASTANE_CLIENT_TOKEN"  # the client token the CLI sends, un
 def client_user(cluster: ClusterConfig, authorization: Optional[str], simple_user: str) -> str:
     """The caller: the user of the bearer token in `authorization` under token auth
     (Unauthorized without a known one), else `simple_user` (its ?user.name=) or dr.who."""
-    if cluster.client_auth == "token":
+    if cluster.client_auth != "simple":     # fail closed: only "simple" trusts ?user.name=
         tok = tokens.token_from_header(authorization)
         if tok is None:
             raise Unauthorized("this cluster requires 'Authorization: Bearer <client token>'")
@@ -45,7 +45,7 @@ def check_log_reader(cluster: ClusterConfig, user: str, owner: Optional[str], wh
     """Forbidden unless `user` may read `what` (an app's or a container's logs) owned by `owner`
     (None: not known here, so only an admin may): anyone under simple auth, else the owner or an
     admin."""
-    if cluster.client_auth != "token" or user in cluster.admins or (owner and user == owner):
+    if cluster.client_auth == "simple" or user in cluster.admins or (owner and user == owner):
         return
     raise Forbidden(f"user {user} may not read the logs of {what} (owner {owner or 'unknown here'}; "
                     f"admins: {', '.join(cluster.admins)})")

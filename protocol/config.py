@@ -11,7 +11,7 @@ import re
 import socket
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Optional, TypeVar
+from typing import Any, Literal, Optional, TypeVar, get_args, get_origin
 
 import msgspec
 
@@ -212,7 +212,9 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True):
     rm_address: str = "http://127.0.0.1:8088"
     admins: list[str] = msgspec.field(default_factory=lambda: ["root"])
     token_lifetime_s: float = 86400.0
-    client_auth: str = "simple"     # simple (user.name) | token (bearer tokens in client_tokens)
+    # simple (user.name) | token (bearer tokens in client_tokens); anything else is an error, never
+    # a fallback to simple auth (which would serve every app's logs to anyone).
+    client_auth: Literal["simple", "token"] = "simple"
     client_tokens: dict[str, str] = {}   # token -> user, when client_auth = "token"
     # Where `elastane ps submit --py-files/--files/--archives` uploads a job's files, under
     # <staging_dir>/<user>/<application-id>/: a path or URL every host reads (a shared mount, or an
@@ -232,6 +234,9 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True):
     remote_app_log_retain_check_s: float = 0.0
 
     def __post_init__(self) -> None:
+        # (A file's value is checked by its Literal type already; this catches code and merges.)
+        if self.client_auth not in ("simple", "token"):
+            raise ValueError(f"client_auth must be one of 'simple', 'token', got {self.client_auth!r}")
         if not (self.token_lifetime_s > 0 and math.isfinite(self.token_lifetime_s)):     # (NaN too)
             raise ValueError(f"token_lifetime_s must be a positive number of seconds, got {self.token_lifetime_s}")
         retain, check = self.remote_app_log_retain_s, self.remote_app_log_retain_check_s
@@ -306,7 +311,22 @@ def load(path: str | Path | None, typ: type[T], section: str, tables: frozenset[
     try:
         return msgspec.convert(data, typ, strict=True)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"{path or typ.__name__}: [{section}] {e}") from None
+        raise ConfigError(f"{path or typ.__name__}: [{section}] {e}{_allowed_hint(typ, str(e))}") from None
+
+
+def _literal_values(typ: type[msgspec.Struct], key: str) -> tuple[Any, ...]:
+    """The values a Literal-typed field `key` of `typ` allows (() if it is not one)."""
+    for f in msgspec.structs.fields(typ):
+        if f.name == key:
+            return get_args(f.type) if get_origin(f.type) is Literal else ()
+    return ()
+
+
+def _allowed_hint(typ: type[msgspec.Struct], message: str) -> str:
+    """For msgspec's "Invalid enum value 'x' - at `$.key`" on a Literal field: the values allowed."""
+    m = re.fullmatch(r"Invalid enum value .* - at `\$\.(\w+)`", message)
+    allowed = _literal_values(typ, m.group(1)) if m else ()
+    return f" ({m.group(1)} must be one of {', '.join(repr(v) for v in allowed)})" if m and allowed else ""
 
 
 def merge(cfg: T, **overrides: Any) -> T:

@@ -341,6 +341,9 @@ class AllocateResponse(_Msg):
     # Containers the RM will preempt unless the AM gives them back first (capacity preemption,
     # rm/policies/queue_reclaim.py); None: none.
     preemption: Optional[PreemptionMessage] = None
+    # A fresh AM token when the one the call came with is past half its lifetime (rolled as YARN
+    # rolls AMRMTokens): the AM sends it from its next call on. "": keep the current one.
+    am_token: str = ""
 
 
 class AmFinishRequest(_Msg):

@@ -107,8 +107,6 @@ def load_configs(args: argparse.Namespace) -> tuple[config_mod.RMConfig, config_
     if not cluster.secret:
         secret = config_mod.ensure_secret(cluster_path)
         cluster = config_mod.merge(cluster, secret=secret)
-    if cluster.client_auth not in ("simple", "token"):
-        raise config_mod.ConfigError(f"client_auth must be 'simple' or 'token', got {cluster.client_auth!r}")
     return cfg, cluster
 
 

@@ -86,6 +86,23 @@ class AmProtocol:
                            {"app_id": app.app_id, "attempt_id": at.attempt_id, "user": app.user},
                            self.cluster.token_lifetime_s, now=self.clock())
 
+    def rolled_am_token(self, at: Attempt, claims: dict[str, Any]) -> str:
+        """A fresh AM token for an allocate presented with one past half its lifetime (by this
+        core's clock), "" otherwise: YARN rolls its AMRMTokens the same way, and the AM switches
+        to the one it gets in AllocateResponse.am_token. The one it presented stays valid until it
+        expires (it is signed), so an AM that missed the answer goes on and gets another.
+        Claims without an `exp` (no verified token; tests) get none."""
+        exp = claims.get("exp")
+        if not isinstance(exp, (int, float, str)):
+            return ""
+        try:
+            left = float(exp) - self.clock()
+        except ValueError:
+            return ""
+        if left > self.cluster.token_lifetime_s / 2:
+            return ""
+        return self.am_token(at)
+
     def am_launched(self, attempt_id: str) -> None:
         at = self.attempts.get(attempt_id)
         if at is None or attempt_is_final(at.state) or at.state == AttemptState.FINISHING:
@@ -204,6 +221,7 @@ class AmProtocol:
             completed=at.completed, updated_nodes=at.updated_nodes,
             available=self.scheduler.headroom(app.app_id),
             num_cluster_nodes=len(self.nodes.running),
+            am_token=self.rolled_am_token(at, claims),
         )
         at.to_deliver, at.completed, at.updated_nodes = [], [], []
         kept_shapes = self.ask_shapes.get(at.attempt_id)

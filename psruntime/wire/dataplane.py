@@ -7,7 +7,8 @@ read), which gives each client read-my-writes ordering on a connection.
 
 With a job secret (`secret=`, the key from psruntime.wire.dataplane_auth.secret_key) every connection
 first runs psruntime.wire.dataplane_auth's handshake: the server serves no frame, and takes no frame
-with a body, before the client proved the secret, and drops the connection (logging the peer and
+with a body or a header over PREAUTH_MAX_HEADER_BYTES (4 KiB), before the client proved the secret
+(the client likewise until the server proved it), and drops the connection (logging the peer and
 the reason) on a bad or missing proof or after HANDSHAKE_TIMEOUT_S; the client's `open` returns
 once the server proved it too. `secret=None` is today's unauthenticated data plane (in-process
 tests, tools); the PS AM and the executors it launches always pass the job's secret.
@@ -34,8 +35,8 @@ import msgspec
 import numpy as np
 
 from psruntime.wire.dataplane_auth import HANDSHAKE_TIMEOUT_S, AuthError, ClientHandshake, ServerHandshake
-from psruntime.wire.frame_codec import DEFAULT_MAX_BODY_BYTES, Frame, FrameError
-from psruntime.wire.frame_protocol import FrameProtocol
+from psruntime.wire.frame_codec import DEFAULT_MAX_BODY_BYTES, MAX_HEADER_BYTES, Frame, FrameError
+from psruntime.wire.frame_protocol import PREAUTH_MAX_HEADER_BYTES, FrameProtocol
 from protocol.errors import ProtocolError
 from protocol.json_types import JsonInObject, JsonValue
 
@@ -182,10 +183,12 @@ class _ServerConnection:
         self._auth = ServerHandshake(server._secret) if server._secret is not None else None
         self._refused = False
         self._auth_timer: asyncio.TimerHandle | None = None
-        # Until the peer proved the secret it may send header-only frames, nothing to allocate for.
+        # Until the peer proved the secret it may send small header-only frames (the handshake),
+        # nothing to allocate for: a prefix declaring more is refused before any buffer grows.
         self.protocol = FrameProtocol(self._on_frame, self._on_lost, 0 if self._auth else server._max_body,
                                       self._on_error, stop_reading_while_blocked=True,
-                                      on_connected=self._on_connected)
+                                      on_connected=self._on_connected,
+                                      max_header_bytes=PREAUTH_MAX_HEADER_BYTES if self._auth else MAX_HEADER_BYTES)
         server._conns.add(self)
 
     def _peer(self) -> str:
@@ -212,6 +215,7 @@ class _ServerConnection:
         if self._auth_timer is not None:
             self._auth_timer.cancel()
         self.protocol.set_max_body_bytes(self._server._max_body)
+        self.protocol.set_max_header_bytes(MAX_HEADER_BYTES)
         self.protocol.write_frame(ok)
 
     def _refuse(self, reason: str) -> None:
@@ -294,8 +298,11 @@ class DataPlaneConnection:
         self._lost = loop.create_future()
         self._auth = ClientHandshake(secret) if secret is not None else None
         self._authenticated: asyncio.Future[None] = loop.create_future()
-        self.protocol = FrameProtocol(self._on_frame, self._on_lost, max_body_bytes, self._on_error,
-                                      coalesce_writes=True)
+        self._max_body = max_body_bytes
+        # Likewise towards a server that has not proved the secret yet: small header-only frames.
+        self.protocol = FrameProtocol(self._on_frame, self._on_lost, 0 if self._auth else max_body_bytes,
+                                      self._on_error, coalesce_writes=True,
+                                      max_header_bytes=PREAUTH_MAX_HEADER_BYTES if self._auth else MAX_HEADER_BYTES)
 
     @classmethod
     async def open(cls, address: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -364,6 +371,8 @@ class DataPlaneConnection:
             self.protocol.close()
             return
         self._auth = None
+        self.protocol.set_max_body_bytes(self._max_body)
+        self.protocol.set_max_header_bytes(MAX_HEADER_BYTES)
         self._authenticated.set_result(None)
 
     def _on_frame(self, frame: Frame) -> None:

@@ -35,7 +35,9 @@ import numpy as np
 
 from psruntime.wire import bandwidth
 from psruntime.wire.buffer_pool import BufferPool
-from psruntime.wire.frame_codec import PREFIX, Frame, FrameError, decode_frame, encode_frame, parse_prefix
+from psruntime.wire.frame_codec import (
+    MAX_HEADER_BYTES, PREFIX, Frame, FrameError, decode_frame, encode_frame, parse_prefix,
+)
 from protocol.json_types import JsonInObject
 
 SCRATCH_BYTES = 256 << 10
@@ -46,6 +48,10 @@ SCRATCH_READ_BYTES = 64 << 10
 WRITE_HIGH_WATER = 16 << 20
 JOIN_BELOW_BYTES = 64 << 10
 PACE_MIN_BYTES = 16 << 10    # smaller frames are charged to the bucket but not delayed
+# The largest header a peer that has not proved the job secret may send (the handshake frames and
+# an error reply are a few hundred bytes): a declared length is refused before any buffer grows
+# for it, so an unauthenticated connection costs no more than its scratch (set_max_header_bytes).
+PREAUTH_MAX_HEADER_BYTES = 4 << 10
 _PROCESS_PACER: Any = object()  # sentinel: use bandwidth.process_pacer()
 
 
@@ -57,13 +63,15 @@ class FrameProtocol(asyncio.BufferedProtocol):
                  max_body_bytes: int, on_error: Callable[[FrameError], None] | None = None,
                  stop_reading_while_blocked: bool = False,
                  pacer: "bandwidth.Pacer | None" = _PROCESS_PACER,
-                 on_connected: Callable[[], None] | None = None, coalesce_writes: bool = False) -> None:
+                 on_connected: Callable[[], None] | None = None, coalesce_writes: bool = False,
+                 max_header_bytes: int = MAX_HEADER_BYTES) -> None:
         self._on_frame = on_frame
         self._on_connected = on_connected
         self._on_lost = on_lost
         self._on_error = on_error
         self._stop_reading_while_blocked = stop_reading_while_blocked
         self._max_body = max_body_bytes
+        self._max_header = min(max_header_bytes, MAX_HEADER_BYTES)
         self._scratch = bytearray(SCRATCH_BYTES)
         self._start = 0
         self._end = 0
@@ -100,6 +108,12 @@ class FrameProtocol(asyncio.BufferedProtocol):
         """Change the largest frame body accepted from the next frame on (an authenticating
         server takes header-only frames until the peer proved the secret)."""
         self._max_body = max_body_bytes
+
+    def set_max_header_bytes(self, max_header_bytes: int) -> None:
+        """Change the largest frame header accepted from the next frame on (at most the codec's
+        MAX_HEADER_BYTES): an authenticating side takes only small headers until the peer proved
+        the secret, so a prefix declaring a huge header costs nothing before that."""
+        self._max_header = min(max_header_bytes, MAX_HEADER_BYTES)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -310,6 +324,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
             if avail < PREFIX.size:
                 return
             hlen, blen = parse_prefix(bytes(self._scratch[self._start:self._start + PREFIX.size]), self._max_body)
+            if hlen > self._max_header:
+                # Refused before the scratch grows for it (a peer that has not authenticated could
+                # otherwise make each connection allocate up to MAX_HEADER_BYTES with 16 bytes).
+                raise FrameError(f"frame header of {hlen} bytes exceeds the limit of {self._max_header}")
             if avail < PREFIX.size + hlen:
                 if PREFIX.size + hlen > len(self._scratch):
                     # A new, larger buffer, not an in-place extend: the transport still holds the

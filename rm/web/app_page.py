@@ -20,6 +20,7 @@ from ..decision_log import DecisionRecord
 from ..model import App
 from ..policies.snapshot import PSJobView
 from ..shape_history import ShapeChange, ShapeHistory, ShapeSample
+from .access import ui_page
 from .format import fmt_time
 from .layout import escape, html_table, live_chart, live_fields, note_until, page, static_fields
 from .logs_page import app_log_links
@@ -225,7 +226,7 @@ class AppPage:
         self.rm = rm
 
     def add_routes(self, app: web.Application) -> None:
-        app.router.add_get(APP_PAGE, self.app_page)
+        app.router.add_get(APP_PAGE, ui_page(self.rm, self.app_page))   # 401 where the REST API would refuse
 
     async def app_page(self, request: web.Request) -> web.Response:
         app_id = request.match_info["app_id"]

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Optional
 
 from aiohttp import web
 
-from protocol.aggregated_logs import AggregatedLogError, NodeLogs, RemoteLogDir, app_node_logs, read_log
+from protocol.aggregated_logs import (AggregatedLogError, LogStream, NodeLogs, RemoteLogDir, app_node_logs,
+                                      iter_log)
 from protocol.client_auth import check_log_reader, request_user
 from protocol.ids import ApplicationId
 from protocol.remote_exception import Forbidden, Unauthorized
@@ -133,7 +134,7 @@ class LogsPage:
         page = render_logs_page(app_id, self.store, nodes, request.match_info.get("container_id"))
         return web.Response(text=page, content_type="text/html")
 
-    async def log_file(self, request: web.Request) -> web.Response:
+    async def log_file(self, request: web.Request) -> web.StreamResponse:
         app_id = self._app_id(request)
         cid, name = request.match_info["container_id"], request.match_info["file_name"]
         try:
@@ -146,8 +147,10 @@ class LogsPage:
         node = next((n for n in nodes if name in n.containers().get(cid, {})), None)
         if store is None or node is None:
             raise web.HTTPNotFound(text=f"no aggregated log {name} of {cid} in {app_id}\n")
+        # Streamed a piece at a time (a log may be many GB); what fails before the first byte is a 502.
+        stream = LogStream(iter_log(store, app_id, node, cid, name, start))
         try:
-            data = await asyncio.to_thread(read_log, store, app_id, node, cid, name, start)
+            await stream.start()
         except (AggregatedLogError, OSError) as e:
             raise web.HTTPBadGateway(text=f"{e}\n") from None
-        return web.Response(body=data, content_type="text/plain", charset="utf-8")
+        return await stream.respond(request)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from .access import ui_page
 from .apps_page import parse_state, render_apps_page
 from .layout import SCRIPT, escape, page
 from .logs_page import LogsPage
@@ -35,16 +36,13 @@ class WebUi:
 
     def add_routes(self, app: web.Application) -> None:
         r = app.router
-        r.add_get("/", self.root)
-        r.add_get("/cluster", self.cluster)
-        r.add_get("/cluster/", self.cluster)
-        r.add_get("/cluster/apps", self.apps)
-        r.add_get("/cluster/apps/{state}", self.apps)
-        r.add_get("/cluster/nodes", self.nodes)
-        r.add_get("/cluster/node/{node_id}", self.node)
-        r.add_get("/cluster/scheduler", self.scheduler)
+        r.add_get("/", self.root)                # a redirect and the script show nothing: open
+        for path, handler in (("/cluster", self.cluster), ("/cluster/", self.cluster), ("/cluster/apps", self.apps),
+                              ("/cluster/apps/{state}", self.apps), ("/cluster/nodes", self.nodes),
+                              ("/cluster/node/{node_id}", self.node), ("/cluster/scheduler", self.scheduler)):
+            r.add_get(path, ui_page(self.rm, handler))   # 401 where the REST API would refuse the caller
         r.add_get(SCRIPT, self.script)
-        LogsPage(self.rm).add_routes(app)        # /cluster/logs/...: aggregated container logs
+        LogsPage(self.rm).add_routes(app)        # /cluster/logs/...: aggregated container logs (checks its own callers)
 
     def _now_ms(self) -> float:
         return self.rm.core.clock() * 1000

@@ -22,9 +22,10 @@ from nodemanager.enforcement import Enforcement
 from nodemanager.log_aggregation import LocalLogFile, LogAggregationPlanner
 from nodemanager.log_aggregation_service import LogAggregationService, local_log_files
 from nodemanager.recovery_store import RecoveryStore
-from protocol.aggregated_logs import (MAGIC, TRAILER_SIZE, AggregatedLogError, ChunkSource, LogFileWriter,
-                                      RemoteLogDir, app_node_logs, find_container, node_file_name,
-                                      parse_file_name, read_chunk, read_index, read_log, roll_file_name)
+from protocol.aggregated_logs import (MAGIC, READ_PIECE_BYTES, TRAILER_SIZE, AggregatedLogError, ChunkSource,
+                                      LogFileWriter, RemoteLogDir, app_node_logs, find_container, iter_log,
+                                      node_file_name, parse_file_name, read_chunk, read_index, read_log,
+                                      roll_file_name)
 from protocol.config import ClusterConfig, ConfigError, NMConfig
 from protocol.records import Resource
 
@@ -412,3 +413,33 @@ def test_the_tail_of_a_big_log_is_read_without_holding_the_log(tmp_path: Path) -
     assert read_log(store, APP, node, C1, "stdout", start=len(big) - 3) == big[-3:]
     assert read_log(store, APP, node, C1, "stdout", start=-(len(big) + 5)) == big    # more than there is: all
     assert read_log(store, APP, node, C1, "stdout", start=len(big) + 5) == b""
+
+
+def test_iter_log_gives_read_logs_bytes_in_bounded_pieces_and_closes_its_file(tmp_path: Path) -> None:
+    """The RM's and NMs' log calls stream iter_log: pieces of at most READ_PIECE_BYTES (a gap
+    marked between the rolls), read_log's bytes once joined; closed early, the file it reads is closed."""
+    big = bytes(range(256)) * (3 * READ_PIECE_BYTES // 256 + 7)
+    p = _logs(tmp_path, {(C1, "stdout"): big})[(C1, "stdout")]
+    store = RemoteLogDir(str(tmp_path / "remote"))
+    _write(store, roll_file_name(NODE, 1), [ChunkSource(C1, "stdout", str(p), 0, 100)], kind="roll", seq=1)
+    _write(store, roll_file_name(NODE, 2), [ChunkSource(C1, "stdout", str(p), 200, len(big) - 200)], kind="roll", seq=2)
+    [node] = app_node_logs(store, APP)
+    for start in (0, 50, 150, -10, -(len(big) - 300), len(big)):
+        pieces = list(iter_log(store, APP, node, C1, "stdout", start))
+        assert all(0 < len(piece) <= READ_PIECE_BYTES for piece in pieces), start
+        assert b"".join(pieces) == read_log(store, APP, node, C1, "stdout", start), start
+    text = b"".join(iter_log(store, APP, node, C1, "stdout"))
+    assert text == big[:100] + b"\n[elastane: bytes 100..200 of this log are missing from the aggregated files]\n" + big[200:]
+    opened = []
+    real_open = store.open
+
+    def tracking_open(app_id: str, name: str) -> Any:
+        f, size = real_open(app_id, name)
+        opened.append(f)
+        return f, size
+    store.open = tracking_open  # type: ignore[method-assign]
+    it = iter_log(store, APP, node, C1, "stdout", 300)
+    assert next(it) == big[300:200 + READ_PIECE_BYTES]      # pieces are read from the chunk's start
+    assert [f.closed for f in opened] == [True, False]          # the first roll read through, the second open
+    it.close()
+    assert [f.closed for f in opened] == [True, True]

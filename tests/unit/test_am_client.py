@@ -235,7 +235,7 @@ async def test_rm_errors_retried_then_shutdown_after_timeout(fake_cluster):
 async def test_bad_am_token_is_fatal(fake_cluster):
     am = await make_am(fake_cluster)
     try:
-        am.rm._http.token = "forged"
+        am.rm.use_am_token("forged")      # what every call sends from now on
         await am.heartbeat_once()
         (ev,) = await drain(am)
         assert isinstance(ev, Shutdown) and "401" in ev.reason

@@ -23,7 +23,7 @@ from protocol.ps_status import PsStatus
 from psruntime.wire.dataplane import DataPlaneClient, DataPlaneConnection, DataPlaneServer, parse_address
 from psruntime.wire.dataplane_auth import AuthError, ClientHandshake, secret_key
 from psruntime.executor import Executor
-from psruntime.wire.frame_codec import encode_frame, read_frame
+from psruntime.wire.frame_codec import MAGIC, MAX_HEADER_BYTES, PREFIX, encode_frame, read_frame
 from psruntime.store.migration_controller import MigrationController
 from psruntime.store.ownership_table import OwnershipTable
 from psruntime.store.store_client import StoreClient
@@ -183,6 +183,52 @@ async def test_a_body_before_the_handshake_is_refused_unread() -> None:
         # Closed at the prefix: the 1 MiB body is never read (the error frame may be lost to the reset).
         assert all(h["op"] == "error" for h in replies) and e0.server.refused == 1
         await assert_nothing_changed(executors, ctl, dp, key, version)
+
+
+async def test_a_large_header_before_the_handshake_is_refused_at_its_prefix() -> None:
+    server = DataPlaneServer(lambda f: ({"op": "ok"}, ()), secret=KEY)
+    address = await server.start()
+    try:
+        reader, writer = await raw_connect(address)
+        assert (await read_frame(reader)).header["op"] == "auth_challenge"
+        # Only a prefix declaring a 16 MiB header: dropped at once, nothing allocated for it
+        # (the server used to grow its buffer to 16 MiB and wait for the header).
+        writer.write(PREFIX.pack(MAGIC, MAX_HEADER_BYTES, 0))
+        replies = await read_until_closed(reader)
+        writer.close()
+        assert all(h["op"] == "error" for h in replies), replies
+        assert server.refused == 1 and server.connections == 0
+    finally:
+        await server.stop()
+
+
+async def test_large_headers_flow_both_ways_once_authenticated() -> None:
+    server = DataPlaneServer(lambda f: ({"op": "ok", "keys": f.header["keys"]}, ()), secret=KEY)
+    address = await server.start()
+    conn = await DataPlaneConnection.open(address, secret=KEY)
+    try:
+        keys = list(range(100_000))      # headers of about 600 KiB each way
+        reply = await conn.request({"op": "echo", "keys": keys})
+        assert reply.header["keys"] == keys and server.refused == 0
+    finally:
+        await conn.close()
+        await server.stop()
+
+
+async def test_a_client_drops_a_large_header_from_a_server_that_has_not_proved_the_secret() -> None:
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(PREFIX.pack(MAGIC, MAX_HEADER_BYTES, 0))   # instead of a challenge
+        await reader.read()                                     # until the client hangs up
+        writer.close()
+
+    server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+    host, port = server.sockets[0].getsockname()[:2]
+    try:
+        with pytest.raises(AuthError, match="closed the connection during the handshake"):
+            await DataPlaneConnection.open(f"{host}:{port}", secret=KEY)
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 async def test_am_control_endpoints_need_the_apps_token() -> None:

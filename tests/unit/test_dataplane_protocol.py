@@ -7,8 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from psruntime.wire.frame_codec import PREFIX, Frame, FrameError, encode_frame
-from psruntime.wire.frame_protocol import DIRECT_MIN_BYTES, FrameProtocol
+from psruntime.wire.frame_codec import MAGIC, MAX_HEADER_BYTES, PREFIX, Frame, FrameError, encode_frame
+from psruntime.wire.frame_protocol import DIRECT_MIN_BYTES, PREAUTH_MAX_HEADER_BYTES, FrameProtocol
 
 
 class FakeTransport:
@@ -76,6 +76,34 @@ def test_corrupt_frame_reports_and_closes() -> None:
     feed(proto, good + PREFIX.pack(0xDEADBEEF, 0, 0), [1 << 20])
     assert [f.header for f in frames] == [{"op": "ok"}]
     assert len(errors) == 1 and "magic" in str(errors[0]) and transport.closed
+
+
+def test_a_header_over_the_limit_is_refused_before_the_scratch_grows() -> None:
+    frames: list[Frame] = []
+    errors: list[FrameError] = []
+    proto = FrameProtocol(frames.append, lambda exc: None, 0, errors.append, max_header_bytes=PREAUTH_MAX_HEADER_BYTES)
+    transport = FakeTransport()
+    proto.connection_made(transport)  # type: ignore[arg-type]
+    scratch = len(proto._scratch)
+    # A small header still passes (the handshake frames are a few hundred bytes).
+    feed(proto, b"".join(bytes(p) for p in encode_frame({"op": "auth_answer", "proof": "0" * 64, "nonce": "0" * 64})),
+         [1 << 20])
+    assert [f.header["op"] for f in frames] == ["auth_answer"] and not errors
+    # Only the 16-byte prefix of a 16 MiB header: refused at once, with no buffer grown for it.
+    feed(proto, PREFIX.pack(MAGIC, MAX_HEADER_BYTES, 0), [1 << 20])
+    assert len(errors) == 1 and f"limit of {PREAUTH_MAX_HEADER_BYTES}" in str(errors[0]) and transport.closed
+    assert len(proto._scratch) == scratch
+
+
+def test_raising_the_header_limit_takes_large_headers_again() -> None:
+    frames: list[Frame] = []
+    errors: list[FrameError] = []
+    proto = FrameProtocol(frames.append, lambda exc: None, 1 << 20, errors.append, max_header_bytes=1024)
+    proto.connection_made(FakeTransport())  # type: ignore[arg-type]
+    proto.set_max_header_bytes(MAX_HEADER_BYTES)
+    big = {"op": "big", "keys": list(range(100_000))}      # a header of about 600 KiB (over the scratch too)
+    feed(proto, b"".join(bytes(p) for p in encode_frame(big)), [65536])
+    assert not errors and [f.header for f in frames] == [big]
 
 
 def big_frame(fill: float) -> bytes:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from protocol import internal_api as api, tokens
+from protocol import config, internal_api as api, tokens
 from protocol.config import ClusterConfig, ConfigError, NMConfig
 from protocol.local_resources import LocalResource
 from protocol.records import ExitStatus, Resource
@@ -139,6 +139,19 @@ def test_settings_capacity_host_and_validation(tmp_path):
         node_settings.validate(NMConfig(), ClusterConfig())
     assert node_settings.cores_per_vcore(NMConfig(), Resource(1024, 4)) == 1.0
     assert node_settings.cores_per_vcore(NMConfig(cpu_limit_cores=1.0), Resource(1024, 4)) == 0.25
+
+
+@pytest.mark.parametrize("key,value", [("cpu_limit_cores", "nan"), ("cpu_limit_cores", "inf"),
+                                       ("localizer_fetch_timeout_s", "nan"), ("localizer_fetch_timeout_s", "inf"),
+                                       ("localizer_fetch_timeout_s", "-inf")])
+def test_a_nan_or_infinite_float_setting_is_a_config_error_naming_it(tmp_path, key: str, value: str) -> None:
+    # NaN compares False to everything: `x <= 0` let it through, and it broke every hard-mode
+    # launch (cpu_limit_cores) or timed out every fetch at once (localizer_fetch_timeout_s).
+    path = tmp_path / "nm.toml"
+    path.write_text(f"[nm]\n{key} = {value}\n")
+    cfg = config.load_nm(str(path), hostname="none")
+    with pytest.raises(ConfigError, match=f"{key} must be a number"):
+        node_settings.validate(cfg, ClusterConfig(secret="s"))
 
 
 def test_cli_rejects_bad_flags_and_config_with_exit_2(tmp_path):

@@ -1,10 +1,14 @@
 """The RM's aggregated-log pages (rm/web/logs_page.py), in process: what a node uploaded is listed
-and served; bad ids, missing files and aggregation off are clear answers."""
+and served (a piece at a time); bad ids, missing files, corrupt files and aggregation off are clear
+answers."""
 from __future__ import annotations
 
+import hashlib
+import tracemalloc
 from pathlib import Path
 from typing import AsyncIterator
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -83,3 +87,66 @@ async def test_with_aggregation_off_the_pages_say_so(tmp_path: Path) -> None:
         page = await (await client.get(f"/cluster/app/{app_id}")).text()
         assert "log aggregation is off" in page
         assert "Log aggregation is off" in await (await client.get(f"/cluster/logs/{app_id}")).text()
+
+
+def _aggregate(tmp_path: Path, app_id: str, cid: str, data: bytes) -> RemoteLogDir:
+    local = tmp_path / "big-stdout"
+    local.write_bytes(data)
+    store = RemoteLogDir(str(tmp_path / "remote"))
+    store.write(app_id, node_file_name(NODE), LogFileWriter(
+        app_id, NODE, "final", 0, 0, [ChunkSource(cid, "stdout", str(local), 0, len(data))], user="alice").pieces())
+    return store
+
+
+async def test_a_big_aggregated_log_is_streamed_in_bounded_memory_with_the_same_bytes(tmp_path: Path, env) -> None:
+    """A log of many GB must not cost the RM its size per reader: the file page streams it a piece
+    at a time (protocol/aggregated_logs.py iter_log), with the bytes a whole read gave."""
+    rm, client = env
+    app_id = _submit(rm)
+    cid = app_id.replace("application_", "container_") + "_01_000001"
+    big = bytes(range(256)) * (1 << 17)                 # 32 MiB
+    _aggregate(tmp_path, app_id, cid, big)
+    path = f"/cluster/logs/{app_id}/{cid}/stdout"
+    tracemalloc.start()
+    try:
+        r = await client.get(path)
+        h, n = hashlib.sha256(), 0
+        async for piece in r.content.iter_chunked(64 << 10):
+            h.update(piece)
+            n += len(piece)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert r.status == 200 and (r.content_type, r.charset) == ("text/plain", "utf-8")
+    assert n == len(big) and h.digest() == hashlib.sha256(big).digest()
+    assert peak < len(big) // 4, f"reading a {len(big)}-byte log took {peak} bytes"
+    for start, want in [(-10, big[-10:]), (12345, big[12345:]), (len(big) - 3, big[-3:]), (len(big) + 5, b""),
+                        (-(len(big) + 5), big)]:
+        r = await client.get(path, params={"start": str(start)})
+        assert (r.status, await r.read() == want) == (200, True), start
+
+
+async def test_a_corrupt_aggregated_log_is_a_502_or_an_answer_cut_short_never_a_whole_log(tmp_path: Path, env) -> None:
+    """A chunk whose bytes do not match their CRC: one that fits a read piece is refused before
+    anything is sent (502, as before); a longer one is found bad once its first pieces went out,
+    so the answer says so and ends short (the client sees an incomplete body, not a log)."""
+    rm, client = env
+    app_id = _submit(rm)
+    cid = app_id.replace("application_", "container_") + "_01_000001"
+    for size in (1000, 3 << 20):
+        data = b"x" * size
+        store = _aggregate(tmp_path, app_id, cid, data)
+        f = Path(store.path(app_id, node_file_name(NODE)))
+        raw = bytearray(f.read_bytes())
+        raw[8 + size - 10] ^= 0xFF                     # the chunk's data begins after the 8-byte magic
+        f.write_bytes(bytes(raw))
+        r = await client.get(f"/cluster/logs/{app_id}/{cid}/stdout")
+        if size == 1000:
+            assert r.status == 502 and "do not match their checksum" in await r.text()
+            continue
+        assert r.status == 200
+        got = bytearray()
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for piece in r.content.iter_chunked(64 << 10):
+                got += piece
+        assert len(got) < size + 200 and b"could not be read to its end" in got and b"checksum" in got

@@ -1,6 +1,6 @@
 """The web UI's server-rendered pages (JavaScript off): overview, app lists, nodes, one node,
 scheduler; their live parts point at REST answers that hold what they render; the decision log;
-the charts' markers."""
+the charts' markers; under token auth, the 401 the REST API answers."""
 from __future__ import annotations
 
 import html
@@ -9,14 +9,17 @@ import re
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from protocol import internal_api as api
+from protocol.config import ClusterConfig, RMConfig
 from protocol.internal_api import RunState
 from protocol.job_report import JobReport
 from rm.decision_log import DecisionLog
 from rm.policies.decision import Decision, JobDecision
 from rm.policy_runner import apply_decision
-from rm_testing import launch_and_register, register
+from rm.server import ResourceManagerServer
+from rm_testing import SECRET, FakeClock, launch_and_register, register
 from rm.web.layout import get_path
 from rm.web.svg_chart import Marker, Series, chart
 from web_page_env import PageEnv, page_env_of
@@ -243,3 +246,54 @@ def test_chart_draws_every_series_and_marks_events_on_the_time_axis() -> None:
     xs = [float(x) for x in re.findall(r'<line class="marker [a-z]+" x1="([0-9.]+)"', svg)]
     assert xs[1] == pytest.approx(625.0) and xs[0] == pytest.approx(60 + 565 / 4, abs=0.1)
     assert chart("Empty", [Series("a", [])], [Marker(1, "m")]) == '<p class="nochart">Empty: no data reported yet.</p>'
+
+
+# ----- auth -----------------------------------------------------------------------------------------
+
+async def test_under_token_auth_every_page_asks_for_a_client_token_as_the_rest_api_does(tmp_path: Any) -> None:
+    """cluster.toml client_auth = "token": the REST API answers an anonymous caller 401, and so does
+    every page (they show the same apps, users, diagnostics); a caller with a known token sees what
+    the REST API shows them -- every app, as it has no view ACL on apps. The log pages keep their
+    own answers; a redirect and the script show nothing and stay open."""
+    cluster = ClusterConfig(secret=SECRET, client_auth="token", admins=["root"],
+                            client_tokens={"t-alice": "alice", "t-bob": "bob"})
+    rm = ResourceManagerServer(RMConfig(state_dir=str(tmp_path / "state")), cluster, clock=FakeClock(),
+                               run_timers=False)
+    register(rm.core, "n1:1")
+    env = PageEnv(rm, TestClient(TestServer(rm.build_app())), FakeClock())
+    await env.client.start_server()
+    try:
+        app_id = env.submit(name="alice-secret-project", user="alice")
+        pages = ["/cluster", "/cluster/", "/cluster/apps", "/cluster/apps/ACCEPTED", "/cluster/apps/NOSUCH",
+                 "/cluster/nodes", "/cluster/node/n1:1", "/cluster/node/nope:1", "/cluster/scheduler",
+                 f"/cluster/app/{app_id}", "/cluster/app/application_1_0001"]
+        refused = [{}, {"Authorization": "Bearer t-nobody"}, {"Authorization": "Basic YWxpY2U6eA=="}]
+        for headers in refused:
+            r = await env.client.get(f"/ws/v1/cluster/apps/{app_id}", headers=headers)
+            assert r.status == 401, headers
+            for path in pages:
+                r = await env.client.get(path, headers=headers, params={"user.name": "alice"})
+                text = await r.text()
+                assert (r.status, r.content_type) == (401, "text/html"), (path, headers, text[:200])
+                assert r.headers["WWW-Authenticate"] == "Bearer"
+                assert "alice" not in text and app_id not in text and "n1:1" not in text, (path, headers)
+                assert "Authorization: Bearer &lt;client token&gt;" in text
+            r = await env.client.get(f"/cluster/logs/{app_id}", headers=headers)   # its own check, unchanged
+            assert (r.status, r.content_type) == (401, "text/plain")
+        for path in ("/", "/static/elastane-ui.js"):
+            r = await env.client.get(path, allow_redirects=False)
+            assert r.status in (200, 302), path
+        # bob is not alice: the REST API shows him her app, and so do the pages.
+        bob = {"Authorization": "Bearer t-bob"}
+        rest = await (await env.client.get(f"/ws/v1/cluster/apps/{app_id}", headers=bob)).json()
+        assert rest["app"]["name"] == "alice-secret-project"
+        for path in pages:
+            r = await env.client.get(path, headers=bob)
+            status = 404 if path.endswith(("NOSUCH", "nope:1", "application_1_0001")) else 200
+            assert (r.status, r.content_type) == (status, "text/html"), path
+        for path in ("/cluster/apps", f"/cluster/app/{app_id}"):
+            text = await (await env.client.get(path, headers=bob)).text()
+            assert "alice-secret-project" in text and app_id in text
+    finally:
+        await rm.stop()
+        await env.client.close()
