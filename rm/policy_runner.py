@@ -26,6 +26,7 @@ from .directive_retry import again, has_room, lacking
 from .model import App
 from .policies import AppView, ClusterSnapshot, Decision, NodeView, Policy
 from .policies.node_drain import drain_moves, draining_nodes
+from .policies.snapshot import ENDED_WINDOW_S
 from .policy_resync import PolicyResync, reshapes
 from .reclaim_runner import reclaim_and_guard
 from .state_machines import attempt_is_final
@@ -73,7 +74,23 @@ def build_snapshot(core: ResourceManagerCore) -> ClusterSnapshot:
                             am_node=am_node.get(app.app_id)))
     used = sum((q.used for q in core.scheduler.queues.values()), ZERO)
     return executor_partition(core, ClusterSnapshot(now=core.clock(), total=core.nodes.total, used=used, nodes=nodes,
-                                                    apps=tuple(apps), minimum_allocation_mb=core.scheduler.min_mb))
+                                                    apps=tuple(apps), minimum_allocation_mb=core.scheduler.min_mb,
+                                                    ended=recently_ended(core)))
+
+
+def recently_ended(core: ResourceManagerCore) -> dict[str, str]:
+    """Final status by app id of the apps that ended in the last ENDED_WINDOW_S, newest first
+    (`core.completed` is in finish order: only its tail is read)."""
+    since = core.clock() - ENDED_WINDOW_S
+    out: dict[str, str] = {}
+    for app_id in reversed(core.completed):
+        app = core.apps.get(app_id)
+        if app is None:
+            continue
+        if (app.finish_time or 0.0) < since:
+            break
+        out[app_id] = app.final_status.value
+    return out
 
 
 def executor_partition(core: ResourceManagerCore, snapshot: ClusterSnapshot) -> ClusterSnapshot:

@@ -81,7 +81,7 @@ import numpy as np
 from models.optimus_fit import (FEATURES, MIN_FIT_SPAN, MIN_LOSS_POINTS, LossCurve, SpeedFunction,
                                 fit_loss_histories, fit_speed, inverse_speed, loss_arrays)
 from protocol.job_report import MAX_OBJECTIVES, JobReport
-from protocol.records import AppState, Resource
+from protocol.records import AppState, FinalStatus, Resource
 
 from .decision import Decision, JobDecision
 from .eps_jobs import IncomingJob, RunningJob, clamp0, classify
@@ -432,8 +432,12 @@ class OptimusPolicy:
                 resting[app_id] = gone
                 continue
             # Only a job that ran to its end says how many epochs its app runs (a killed or failed
-            # one says nothing of that); its speed samples hold however it ended.
-            if a is None or a.state is AppState.FINISHED:
+            # one says nothing of that); its speed samples hold however it ended. An app that ended
+            # has left the scheduler's apps: its final status is in `ended` (nothing known there,
+            # nothing taught).
+            succeeded = (snapshot.ended.get(app_id) == FinalStatus.SUCCEEDED.value if a is None
+                         else a.state is AppState.FINISHED)
+            if succeeded:
                 self._priors.finished(gone.traits.app, gone.trained)
             if gone.speed is not None and gone.shapes >= 2:
                 self._priors.learn(gone.traits.app, gone.speed, gone.fitted_samples)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Optional, Union, overload
+from typing import Mapping, Optional, Union, overload
 
 import msgspec
 
@@ -151,6 +151,10 @@ class AppView:
         return d
 
 
+# How long an ended app's final status stays in the snapshots (`ClusterSnapshot.ended`): rounds
+# run every second or so, so a policy sees each end; the window only bounds the list.
+ENDED_WINDOW_S = 600.0
+
 @dataclass(frozen=True)
 class ClusterSnapshot:
     """Everything a policy may look at; `now` is seconds since the epoch (the RM's clock)."""
@@ -161,3 +165,7 @@ class ClusterSnapshot:
     nodes: tuple[NodeView, ...] = field(default_factory=tuple)
     apps: tuple[AppView, ...] = field(default_factory=tuple)
     minimum_allocation_mb: int = 1      # the scheduler rounds container memory up to a multiple of this
+    # The final status ("SUCCEEDED", "FAILED", "KILLED", ...) of the apps that ended in the last
+    # ENDED_WINDOW_S: an app that ended is no longer in `apps`, and a policy that learns from a
+    # job's end (Optimus's epochs prior) must tell one that ran to its end from one killed.
+    ended: Mapping[str, str] = field(default_factory=dict)

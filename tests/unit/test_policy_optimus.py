@@ -478,7 +478,7 @@ def test_an_unfitted_job_is_sized_on_what_finished_jobs_of_its_app_ran(pin_prior
         return jd.workers + jd.servers if jd else 4
     taught = OptimusPolicy()
     taught.decide(snapshot([app(1, report(2, 2, epochs=3, epoch_time=30.0), max_epochs=40)], nodes=2))
-    taught.decide(snapshot([], nodes=2, now=1.0))         # app_1 has finished: 3 epochs
+    taught.decide(dataclasses.replace(snapshot([], nodes=2, now=1.0), ended={"app_1": "SUCCEEDED"}))  # 3 epochs
     d = taught.decide(snapshot([app(2, report(2, 2, epochs=1, epoch_time=30.0), max_epochs=40)], nodes=2, now=2.0))
     jd = d.jobs.get("app_2")
     assert jd is None or "~2 epochs" in jd.reason
@@ -505,9 +505,14 @@ def test_a_job_between_attempts_keeps_its_model_and_teaches_no_prior_until_it_fi
     p.decide(snapshot([dataclasses.replace(a, state=AppState.KILLED)], now=2.0))
     st = state(p)
     assert "app_1" not in st.jobs and st.prior_epochs.get("mlr", []) == []
+    # Gone from the scheduler: its final status (the snapshot's `ended`) says whether it finished.
     q = OptimusPolicy()
     q.decide(snapshot([a], now=0.0))
-    q.decide(snapshot([], now=1.0))                     # gone from the scheduler: finished
+    q.decide(dataclasses.replace(snapshot([], now=1.0), ended={"app_1": "KILLED"}))
+    assert state(q).prior_epochs.get("mlr", []) == []
+    q = OptimusPolicy()
+    q.decide(snapshot([a], now=0.0))
+    q.decide(dataclasses.replace(snapshot([], now=1.0), ended={"app_1": "SUCCEEDED"}))
     assert state(q).prior_epochs["mlr"] == [3.0]
 
 def test_no_job_is_sized_below_its_specs_minimum():

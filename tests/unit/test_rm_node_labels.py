@@ -187,3 +187,17 @@ def test_policies_see_every_node_without_labels():
     register(core, "n2:8042", [])
     snap = build_snapshot(core)
     assert sorted(v.node_id for v in snap.nodes) == ["n1:8042", "n2:8042"] and snap.total == Resource(8192, 8)
+
+
+def test_the_policies_snapshot_names_the_final_status_of_apps_that_just_ended():
+    """An app that ended leaves the scheduler's apps; the snapshot's `ended` says how it ended, so
+    a policy that learns from a job's end (Optimus's epochs prior) can tell a kill from a finish."""
+    from rm.policy_runner import build_snapshot
+    from rm_testing import submit
+    core = make_core()
+    register(core, "n1:8042", [])
+    app_id = submit(core, mem=1024)
+    core.kill(app_id)
+    snap = build_snapshot(core)
+    assert app_id not in {a.app_id for a in snap.apps}
+    assert snap.ended == {app_id: "KILLED"}
