@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Union, overload
+from typing import Optional, Union, overload
 
 import msgspec
 
