@@ -64,7 +64,10 @@ async def fake_cluster() -> Any:
 
 # ===== real localhost clusters ===================================================================
 
-CLUSTER_KW = dict(nodes=3, node_memory_mb=1024, node_vcores=2, nm_expiry_s=3, am_expiry_s=5,
+# am_expiry_s: an AM registers within it of its launch. 5 s failed AMs that started slowly (the
+# interpreter's imports) on a loaded 2-core machine running three clusters at once; the tests that
+# time an AM's expiry set their own.
+CLUSTER_KW = dict(nodes=3, node_memory_mb=1024, node_vcores=2, nm_expiry_s=3, am_expiry_s=15,
                   heartbeat_interval_ms=250)
 FINAL_STATES = ("FINISHED", "FAILED", "KILLED")
 

@@ -43,6 +43,7 @@ def _record(g: dict[str, Any]) -> GrantRecord:
                        threads=g["threads"])
 
 
+@pytest.mark.timeout(900)     # 81 s in a quiet CI, 145-175 s alone on a slower machine: 300 s was too near
 def test_three_jobs_are_profiled_grouped_interleaved_and_finish(tmp_path: Path) -> None:
     with running_cluster(tmp_path / "cluster", nodes=3, node_memory_mb=2048, node_vcores=8, policy="harmony",
                          am_expiry_s=30, nm_expiry_s=30) as cluster:
