@@ -59,7 +59,7 @@ def make_hook(master, am):
 @pytest.fixture(scope="module")
 def kill_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     with running_cluster(tmp_path_factory.mktemp("kill-cluster"), node_memory_mb=2048, node_vcores=4,
-                         nm_expiry_s=5, am_expiry_s=10) as c:
+                         nm_expiry_s=5, am_expiry_s=30) as c:   # AMs start slowly on a loaded 2-core machine
         yield c
 
 
