@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from psruntime.apps.sorted_unique import sorted_unique, strictly_increasing
+from psruntime.apps.sorted_unique import keys_outside, sorted_unique, strictly_increasing
 
 
 class WriteBackCache:
@@ -142,7 +142,7 @@ class WriteBackCache:
         self._check_shape(len(keys), deltas)
         if not len(keys):
             return
-        if keys.dtype.kind not in "iu" or int(keys.min()) < 0 or int(keys.max()) >= len(self._slot):
+        if keys.dtype.kind not in "iu" or keys_outside(keys, len(self._slot)):
             raise ValueError(f"keys must be integers in 0 .. {len(self._slot) - 1}, got {keys.dtype} keys "
                              f"(min {keys.min()}, max {keys.max()})")
         self._write_only = True

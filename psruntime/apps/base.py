@@ -30,6 +30,7 @@ import numpy as np
 
 from protocol.dataset_manifest import INDEX_BOUNDS, DatasetError, DatasetManifest, load_manifest, resolve_data_spec
 from psruntime.apps.blocks import DataBlock
+from psruntime.apps.sorted_unique import keys_outside
 from psruntime.apps.random_streams import (HELDOUT, TRAIN, block_row_range, num_blocks, partition_block_range,
                                            rng_for)
 from protocol.errors import AppError
@@ -76,19 +77,6 @@ class AppOutputError(AppError, ValueError):
     (psruntime.app_role), so the job fails with it: the same code would return the same."""
 
 
-_INT64, _UINT64 = np.dtype(np.int64), np.dtype(np.uint64)
-
-
-def _outside(keys: np.ndarray, n: int) -> bool:
-    """Any of the integer `keys` (non-empty) outside [0, n). One reduction for int64 keys (every
-    app's): viewed as uint64 without a copy, a negative key is >= 2**63, so max() finds a key out
-    of range at either end. Other integer dtypes: min and max."""
-    dtype = keys.dtype
-    if dtype is _INT64:
-        return int(keys.view(_UINT64).max()) >= n
-    return int(keys.max()) >= n or (dtype.kind == "i" and int(keys.min()) < 0)
-
-
 class OutputCheck:
     """Checks of what an app hands the worker loop, before the runtime indexes anything with it
     (psruntime.training_pipeline, psruntime.apps.single_process): `keys_for_batch`'s keys and
@@ -119,7 +107,7 @@ class OutputCheck:
             desc = (f"a {keys.ndim}-D {keys.dtype} array" if isinstance(keys, np.ndarray)
                     else type(keys).__name__)
             raise self._fail(f"{returned} keys that are not a 1-D integer array ({desc})")
-        if len(keys) and _outside(keys, self.num_keys):
+        if len(keys) and keys_outside(keys, self.num_keys):
             bad = keys[(keys < 0) | (keys >= self.num_keys)]
             raise self._fail(f"{returned} {len(bad)} of {len(keys)} keys outside 0 .. num_keys-1 "
                              f"(min {int(keys.min())}, max {int(keys.max())}; e.g. {bad[:5].tolist()})")

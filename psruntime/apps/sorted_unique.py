@@ -5,6 +5,7 @@ per distinct value. Freed, those nodes leave holes in glibc's brk heap that late
 (a worker's data blocks, per-batch pulls) are carved from instead of getting their own mappings, so
 the heap grows and is never returned: a worker's RSS stayed ~1.5x its data after generation. Sort
 then mask allocates only whole arrays (mmapped and returned on free) and returns the same values.
+`keys_outside` is the range check of such key arrays that the worker loop and its cache share.
 """
 from __future__ import annotations
 
@@ -33,3 +34,16 @@ def unique_of_sorted(s: np.ndarray) -> np.ndarray:
 def strictly_increasing(a: np.ndarray) -> bool:
     """Whether a 1-D array is sorted without repeats."""
     return len(a) < 2 or bool(np.all(a[1:] > a[:-1]))
+
+
+_INT64, _UINT64 = np.dtype(np.int64), np.dtype(np.uint64)
+
+
+def keys_outside(keys: np.ndarray, n: int) -> bool:
+    """Any of the integer `keys` (non-empty) outside [0, n). One reduction for int64 keys (every
+    app's): viewed as uint64 without a copy, a negative key is >= 2**63, so max() finds a key out
+    of range at either end. Other integer dtypes: min and max."""
+    dtype = keys.dtype
+    if dtype is _INT64:
+        return int(keys.view(_UINT64).max()) >= n
+    return int(keys.max()) >= n or (dtype.kind == "i" and int(keys.min()) < 0)
