@@ -38,8 +38,9 @@ Fields, and what the AM must put in them:
   reconfiguration finishes). Policies only trust a speed measured over enough iterations.
 - `executor_resource`: the resource of one executor container as granted (after the RM's rounding).
 - `directive_version`: the version of the last shape directive the AM has acted on (0: none).
-- `directive_refused`: why the AM acted on that version as no change although the job lacks its
-  shape -- a change the job cannot make (more workers than input splits, ...); "" otherwise. The RM
+- `directive_refused`: why the job lacks that version's shape on purpose -- a change the job cannot
+  make (more workers than input splits, ...), acted on as no change; or a later `/scale` of the
+  job's own that superseded it (the user reshaped the job through its AM); "" otherwise. The RM
   does not send such a directive again (rm/directive_retry.py).
 - `phase`: the PS job's phase (appmaster.ps.job.JobPhase value: STARTING ... TRAINING, FINISHING,
   SUCCEEDED ...); "" when the AM does not say.

@@ -10,6 +10,9 @@ from appmaster.ps.controller.records import Role
 from appmaster.ps.controller.rules import RULES, Arrival, rule
 from appmaster.ps.controller.state import ChangeKind
 from protocol.internal_api import NodePlacement, RunState, ShapeDirective
+from protocol.job_report import JobReport
+from protocol.records import Resource
+from rm.directive_retry import short_of
 from tests.support.controller_world import World, job_state
 
 
@@ -369,3 +372,22 @@ def test_a_due_checkpoint_a_change_held_up_is_taken_at_the_next_epoch_end() -> N
     assert [e for e, _ in w.job.checkpoints] == [0, 3] and not w.job.checkpoint_owed
     w.send(ev.EpochDone(at=w.at(), epoch=3, objective=1.0, epoch_time_s=1.0))
     assert [e for e, _ in w.job.checkpoints] == [0, 3, 4]          # and the count goes on as before
+
+
+def test_a_scale_of_the_jobs_own_supersedes_its_directive_so_the_rm_does_not_resend_it() -> None:
+    """A directive (3 workers) reached, then the user scales the job down through its AM: the
+    report names the directive superseded. Without it the RM took 2 workers for a job short of
+    its directive and sent it again a minute later, undoing the user's change
+    (rm/directive_retry.py; seen in tests/cluster/test_eps_cluster.py on a slow machine)."""
+    w = started()
+    d = ShapeDirective(workers=3, servers=1, version=1)
+    w.send(ev.DirectiveArrived(at=w.at(), directive=d))
+    assert w.job.shape == (3, 1) and w.job.refused_directive == ""
+    w.send(ev.ScaleRequested(at=w.at(), request=1, workers=-1, servers=0))
+    assert w.job.shape == (2, 1) and w.job.change is None
+    assert "superseded by the job's own /scale to 2 workers, 1 servers" in w.job.refused_directive
+    rep = JobReport(workers=2, servers=1, started=True, executor_resource=Resource(512, 1),
+                    directive_version=w.job.applied_directive, directive_refused=w.job.refused_directive)
+    assert not short_of(d, rep)
+    w.send(ev.DirectiveArrived(at=w.at(), directive=ShapeDirective(workers=4, servers=1, version=2)))
+    assert w.job.shape == (4, 1) and w.job.refused_directive == ""     # a new directive takes over

@@ -259,6 +259,13 @@ def _scale(job: JobState, e: ev.ScaleRequested, out: Out) -> None:
     if problem:
         out.append(Reply(request=e.request, status=400, message=problem))
         return
+    if job.applied_directive and not job.refused_directive:
+        # The user reshaped the job past its directive: the RM must not take the new shape for
+        # one the job came short of and send the directive again, undoing the user's change a
+        # minute later (rm/directive_retry.py). A new directive clears this; a refusal already
+        # given keeps its own reason (the directive is not sent again either way).
+        job.refused_directive = (f"superseded by the job's own /scale to {w + e.workers} workers, "
+                                 f"{s + e.servers} servers")
     begin(job, change, out)
 
 

@@ -127,8 +127,9 @@ class JobState:
     seen_directive: int = 0
     applied_directive: int = 0
     # Why `applied_directive` was acted on as no change although the job lacks its shape: a change
-    # the job cannot make (its planner's `invalid`). The report carries it, so the RM does not send
-    # the same directive again (rm/directive_retry.py); "" when the job made the change or had the shape.
+    # the job cannot make (its planner's `invalid`), or a /scale of the job's own that superseded it
+    # since. The report carries it, so the RM does not send the same directive again
+    # (rm/directive_retry.py); "" when the job made the change or had the shape.
     refused_directive: str = ""
     checkpoint_requests: list[int] = field(default_factory=list)
     # A due checkpoint (checkpoint_every_epochs) whose epoch end found the change slot busy: taken
