@@ -8,8 +8,13 @@ Per app on this node:
   file whole; after it, the rolls are redundant and deleted;
 - `retention_s` (nm.toml's keep_finished_logs_s) after the final upload the local copies are
   freed; until then, and for ever while the final upload fails, they stay (nothing is lost when
-  the remote store is down).
-A failed upload is tried again after a backoff that doubles up to `MAX_BACKOFF_S`.
+  the remote store is down);
+- when the NM stops, an app none of whose containers here still runs gets its final upload then
+  (`stopping`), even if it runs on elsewhere: what this node holds of it is all it will hold;
+- after an NM restart the node's final file of an app already on the store (`recover`) is kept
+  as it is when it holds every local log whole: nothing is sent again.
+A failed upload, or a failed listing of the store before one, is tried again after a backoff that
+doubles up to `MAX_BACKOFF_S`.
 
 Each app's state is also reported to the RM (YARN's LogAggregationReport, for the app view's
 logAggregationStatus): RUNNING once a roll is up, RUNNING_WITH_FAILURE while a roll fails, FAILED
@@ -66,6 +71,9 @@ class AppLogState:
     failures: int = 0
     retry_at: float = 0.0
     recovered: bool = False                   # the remote's rolls of this node were read back
+    # (container, file) -> bytes of the node's final file already on the store (read back by
+    # `recover`); None: there is none.
+    stored_final: Optional[dict[tuple[str, str], int]] = None
     error: str = ""                           # why the last upload failed
     told: tuple[S, str] = (S.NOT_START, "")   # the report the RM last took
 
@@ -94,15 +102,34 @@ class LogAggregationPlanner:
             st.finished_at = now
             st.retry_at = now
 
-    def recover(self, app_id: str, rolls: Sequence[AggregatedLogIndex]) -> None:
-        """Continue after the rolls this node uploaded before a restart: their bytes are not sent
-        again and the next roll takes the next number."""
+    def stopping(self, app_id: str, user: str, now: float) -> None:
+        """The NM stops and none of the app's containers here runs any more: what this node holds
+        of the app is all it will hold, so its final upload is due now, backoff or not (the app
+        may run on elsewhere: this node's part of it is over)."""
+        self.finished(app_id, user, now)
+        self.apps[app_id].retry_at = now
+
+    def recover(self, app_id: str, rolls: Sequence[AggregatedLogIndex],
+                final: Optional[AggregatedLogIndex] = None) -> None:
+        """Continue after the uploads this node made before a restart: the rolls' bytes are not
+        sent again and the next roll takes the next number; a final file (the app ended, or the
+        NM stopped, before) is not written again if it still holds every local log whole
+        (`next_upload`). The owner their indexes name is kept when this run does not know it (a
+        rewritten file must name it: under token auth only the owner may read it)."""
         st = self.apps[app_id]
         for ix in rolls:
             st.next_seq = max(st.next_seq, ix.seq + 1)
             for c in ix.chunks:
                 key = (c.container_id, c.file_name)
                 st.uploaded[key] = max(st.uploaded.get(key, 0), c.start + c.length)
+        if final is not None:
+            st.stored_final = {}
+            for c in final.chunks:
+                key = (c.container_id, c.file_name)
+                st.stored_final[key] = c.start + c.length
+                st.uploaded[key] = max(st.uploaded.get(key, 0), c.start + c.length)
+        if not st.user:
+            st.user = next((ix.user for ix in [*rolls, *([final] if final else [])] if ix.user), "")
         st.recovered = True
         self._changed(st)
 
@@ -119,6 +146,11 @@ class LogAggregationPlanner:
         if not self.due(st, now):
             return None
         if st.finished_at is not None:
+            kept = st.stored_final
+            if kept is not None and all(kept.get((f.container_id, f.file_name), -1) >= f.size for f in files):
+                # The store's final file of this node holds it all already: rewriting it would
+                # only risk it (a failed object upload is removed, the good file with it).
+                return Upload(st.app_id, "final", 0, ())
             sources = tuple(ChunkSource(f.container_id, f.file_name, f.path, 0, f.size) for f in files)
             return Upload(st.app_id, "final", 0, sources)
         new = tuple(ChunkSource(f.container_id, f.file_name, f.path, done, f.size - done)
@@ -143,11 +175,21 @@ class LogAggregationPlanner:
 
     def failed(self, up: Upload, now: float, error: str = "") -> float:
         """Back off before the app's next try; returns the delay."""
-        st = self.apps[up.app_id]
+        return self._backoff(self.apps[up.app_id], up.kind, now, error)
+
+    def listing_failed(self, app_id: str, now: float, error: str = "") -> float:
+        """The store could not list the node's earlier uploads of the app (read before its first
+        upload of this run): a failed try of the upload that was due, with the same backoff and
+        report (FAILED for a final one); returns the delay."""
+        st = self.apps[app_id]
+        kind = "final" if st.finished_at is not None else "roll"
+        return self._backoff(st, kind, now, f"cannot list the earlier uploads: {error}")
+
+    def _backoff(self, st: AppLogState, kind: str, now: float, error: str) -> float:
         st.failures += 1
         delay = min(MAX_BACKOFF_S, MIN_BACKOFF_S * 2 ** (st.failures - 1))
         st.retry_at = now + delay
-        st.error = f"{up.kind} upload failed {st.failures} time(s), next try in {delay:g} s: {error}"
+        st.error = f"{kind} upload failed {st.failures} time(s), next try in {delay:g} s: {error}"
         self._changed(st)
         return delay
 
@@ -185,13 +227,16 @@ class LogAggregationPlanner:
         return list(out.values())
 
     def delivered(self, reports: Sequence[LogAggregationReport]) -> None:
-        """The RM took these reports: they leave the outbox unless a newer one replaced them."""
+        """The RM took these reports: they leave the outbox unless a newer one replaced them. The
+        state may have moved on while they were on their way -- back to what the RM was told
+        before, when no report was queued -- so the current one is queued again if it differs."""
         for r in reports:
             if self.outbox.get(r.app_id) == r:
                 del self.outbox[r.app_id]
             st = self.apps.get(r.app_id)
             if st is not None:
                 st.told = (r.status, r.diagnostics)
+                self._changed(st)
 
     def to_free(self, now: float) -> list[str]:
         """Apps whose final upload is `retention_s` old and whose local copies are still here."""

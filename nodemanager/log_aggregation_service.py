@@ -2,7 +2,9 @@
 (`log_aggregation.LogAggregationPlanner`) says to `remote_app_log_dir`, frees the local copies.
 
 Local layout (the container manager's): <log_dir>/<app_id>/<container_id>/<file>. Uploads and
-listings run in a worker thread, one app at a time, so a slow store never holds the event loop.
+listings run in a worker thread, one app at a time, so a slow store never holds the event loop; the
+store's run in a daemon thread of their own, so one stuck in a store cannot keep the NM's process
+from exiting after `stop` gave up on it (asyncio.run waits for its executor's threads).
 """
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import logging
 import os
 import shutil
 import stat
+import threading
 import time
-from typing import Callable, Mapping
+from typing import Any, Callable, Collection, Mapping, TypeVar
 
 from protocol.aggregated_logs import (AggregatedLogError, AggregatedLogIndex, LogFileWriter, RemoteLogDir, node_file_name,
                                       parse_file_name, roll_file_name)
@@ -24,6 +27,38 @@ from .log_aggregation import AppLogState, LocalLogFile, LogAggregationPlanner, U
 log = logging.getLogger(__name__)
 
 TICK_S = 1.0        # how often the planner is asked (rolls, retries, retention) between wake-ups
+# How long `stop` may take for the last uploads: within bin/elastane-daemon's 30 s before SIGKILL
+# (ELASTANE_STOP_TIMEOUT), with the RM link's and the containers' steps before it.
+STOP_UPLOAD_TIMEOUT_S = 20.0
+
+T = TypeVar("T")
+
+
+async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in a daemon thread of its own: unlike asyncio.to_thread's, a thread stuck in a
+    store then keeps neither asyncio.run's end nor the interpreter's exit waiting."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not fut.done():      # not given up on (a cancelled wait)
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
+
+    def run() -> None:
+        value: Any
+        try:
+            ok, value = True, fn(*args)
+        except Exception as e:  # noqa: BLE001 - handed to the awaiting task
+            ok, value = False, e
+        try:
+            loop.call_soon_threadsafe(settle, ok, value)
+        except RuntimeError:
+            pass                # the loop is closed: nobody waits any more
+    threading.Thread(target=run, name="log-aggregation-io", daemon=True).start()
+    return await fut
 
 
 def regular_files(d: str) -> list[tuple[str, os.stat_result]]:
@@ -80,6 +115,7 @@ class LogAggregationService:
         self.clock = clock
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         """Take up the apps whose logs a previous run of this NM left (their containers' records
@@ -90,13 +126,45 @@ class LogAggregationService:
             self.planner.seen(app_id, "", now)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+    async def stop(self, live_apps: Collection[str] = (), timeout_s: float = STOP_UPLOAD_TIMEOUT_S) -> None:
+        """End the service with a last upload (YARN's NM aggregates its apps' logs when it stops):
+        each app none of whose containers here still runs -- not in `live_apps` -- gets its final
+        upload now, even if the app runs on elsewhere (a decommissioned node, a SIGTERM): this
+        node's part of it is over, and nothing else would ever upload it (docs/operating.md, "Log
+        aggregation"). An app in `live_apps` (a container that outlives the NM) is left to the
+        next run. Bounded by `timeout_s`, the pass under way included: what is not up by then
+        stays in log_dir, uploaded by a restarted NM once the RM says the app is over."""
+        task, self._task = self._task, None
+        self._stopping = True
+        self._wake.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if task is not None:
+            # The pass under way ends first: its upload and the last one must not race.
+            await asyncio.wait([task], timeout=timeout_s)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._last_uploads(set(live_apps))
+        except TimeoutError:
+            pass
+        left = sorted(st.app_id for st in self.planner.apps.values()
+                      if st.final_at is None and st.app_id not in live_apps)
+        if left:
+            log.warning("stopping with the logs of %s not aggregated to %s (the last uploads failed or took over "
+                        "%g s): they stay in %s, uploaded when this NM runs again and the RM says the app is over",
+                        ", ".join(left), self.store.url, timeout_s, self.log_dir)
+
+    async def _last_uploads(self, live: set[str]) -> None:
+        now = self.clock()
+        known = dict(self.apps())
+        for app_id, user in known.items():
+            self.planner.seen(app_id, user, now)
+        for st in list(self.planner.apps.values()):
+            if st.final_at is None and st.app_id not in live:
+                self.planner.stopping(st.app_id, known.get(st.app_id, ""), now)
+                await self._step(st)
 
     def app_finished(self, app_id: str) -> None:
         """The app is over here (its containers stopped): its final upload is due."""
@@ -128,6 +196,8 @@ class LogAggregationService:
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
+            if self._stopping:
+                return
             try:
                 await self.run_once()
             except Exception:  # one bad pass must not end aggregation on this node
@@ -151,12 +221,14 @@ class LogAggregationService:
             return
         if not st.recovered:
             try:
-                rolls = await asyncio.to_thread(self._my_rolls, st.app_id)
+                rolls, final = await in_daemon_thread(self._my_uploads, st.app_id)
             except Exception as e:
-                log.warning("cannot read %s's earlier uploads of %s from %s: %s", self.node_id, st.app_id,
-                            self.store.url, e)
+                # A failed try like a failed upload: backed off, and reported (docs/operating.md).
+                delay = self.planner.listing_failed(st.app_id, self.clock(), str(e))
+                log.warning("cannot read %s's earlier uploads of %s from %s (retrying in %.0f s): %s", self.node_id,
+                            st.app_id, self.store.url, delay, e)
                 return
-            self.planner.recover(st.app_id, rolls)
+            self.planner.recover(st.app_id, rolls, final)
         finished = st.finished_at is not None
         files = await asyncio.to_thread(local_log_files, self.log_dir, st.app_id)
         if st.finished_at is not None and not finished:
@@ -167,31 +239,47 @@ class LogAggregationService:
         if up is None:
             return
         try:
-            await asyncio.to_thread(self._upload, up, st.user)
+            await in_daemon_thread(self._upload, up, st.user)
         except Exception as e:
             delay = self.planner.failed(up, self.clock(), str(e))
             log.warning("log aggregation of %s to %s failed (%s upload; retrying in %.0f s): %s", up.app_id,
                         self.store.url, up.kind, delay, e)
             return
         self.planner.uploaded(up, self.clock())
+        if up.kind == "final" and not up.sources and st.stored_final is not None:
+            log.info("%s's final file of %s on %s holds its logs already: kept as it is", self.node_id, up.app_id,
+                     self.store.url)
+            return
         log.info("aggregated %s's logs to %s (%s, %d chunk(s))", up.app_id, self.store.url,
                  up.kind if up.kind == "final" else f"roll {up.seq}", len(up.sources))
 
-    def _my_rolls(self, app_id: str) -> list[AggregatedLogIndex]:
-        """This node's rolls of the app already in the store (an NM restarted mid-app). One whose
-        contents are refused (cut short by a crash mid-upload) is no record of anything: it is
-        removed and its logs go again in the next upload, instead of failing every recovery --
-        the app's final upload never happening, its local logs kept for ever."""
-        out = []
+    def _my_uploads(self, app_id: str) -> tuple[list[AggregatedLogIndex], AggregatedLogIndex | None]:
+        """This node's rolls of the app already in the store (an NM restarted mid-app), and its
+        final file (the app ended, or the NM stopped, before the restart). A roll whose contents
+        are refused (cut short by a crash mid-upload) is no record of anything: it is removed and
+        its logs go again in the next upload, instead of failing every recovery -- the app's final
+        upload never happening, its local logs kept for ever. A refused final file is taken as
+        none: the next final upload replaces it."""
+        rolls, final = [], None
         for name in self.store.names(app_id):
             node, seq = parse_file_name(name)
-            if node == self.node_file and seq > 0:
-                try:
-                    out.append(self.store.index(app_id, name))
-                except AggregatedLogError as e:
-                    log.warning("removing %s's unreadable roll %s of %s: %s", self.node_id, name, app_id, e)
-                    self.store.remove(app_id, name)
-        return out
+            if node != self.node_file:
+                continue
+            try:
+                ix = self.store.index(app_id, name)
+            except AggregatedLogError as e:
+                if seq == 0:
+                    log.warning("%s's final file of %s is unreadable (the next final upload replaces it): %s",
+                                self.node_id, app_id, e)
+                    continue
+                log.warning("removing %s's unreadable roll %s of %s: %s", self.node_id, name, app_id, e)
+                self.store.remove(app_id, name)
+                continue
+            if seq == 0:
+                final = ix
+            else:
+                rolls.append(ix)
+        return rolls, final
 
     def _upload(self, up: Upload, user: str) -> None:
         if up.kind == "final" and not up.sources:

@@ -270,8 +270,6 @@ class NodeManager:
             await self.utilization.stop()
         if self.health is not None:
             await self.health.stop()
-        if self.log_aggregation is not None:
-            await self.log_aggregation.stop()
         step("monitors")
         if self.manager is not None:
             await self.manager.shutdown()
@@ -286,6 +284,14 @@ class NodeManager:
         if self.arbiter is not None:
             await self.arbiter.stop()
         step("servers")
+        if self.log_aggregation is not None:
+            # The last uploads of the apps this node ran (docs/operating.md, "Log aggregation"): after
+            # the containers, so their last words are in; last, so a store slow past its bound (or
+            # bin/elastane-daemon's SIGKILL) costs nothing else. A container still alive (one that
+            # outlived its stop) keeps its app's logs for the next run.
+            live = {c.app_id for c in self.manager.containers.values() if c.finished_at is None} if self.manager else set()
+            await self.log_aggregation.stop(live_apps=live)
+        step("log-aggregation")
         if self.ready_file:
             try:
                 os.unlink(self.ready_file)

@@ -70,6 +70,29 @@ def test_reports_follow_the_uploads_and_wait_until_the_rm_took_them() -> None:
     assert p.pending_reports() == [] and p.all_reports() == []
 
 
+def test_a_report_overtaken_on_its_way_is_followed_by_the_current_one() -> None:
+    """A failed roll's report is on its way when the retry succeeds, back to what the RM was told
+    before (RUNNING): once the RM took the failure, RUNNING goes again (the RM ends with it)."""
+    p = LogAggregationPlanner(roll_interval_s=10.0, retention_s=0.0)
+    st = p.seen(APP, "alice", now=0.0)
+    up = p.next_upload(st, _files(5), now=10.0)
+    assert up is not None
+    p.uploaded(up, now=10.0)
+    p.delivered(p.pending_reports())                 # the RM shows RUNNING
+    up = p.next_upload(st, _files(8), now=20.0)
+    assert up is not None
+    p.failed(up, now=20.0, error="store down")
+    on_its_way = p.pending_reports()
+    assert [r.status for r in on_its_way] == [S.RUNNING_WITH_FAILURE]
+    up = p.next_upload(st, _files(8), now=21.0)
+    assert up is not None
+    p.uploaded(up, now=21.0)
+    p.delivered(on_its_way)
+    assert p.pending_reports() == [LogAggregationReport(APP, S.RUNNING)]
+    p.delivered(p.pending_reports())
+    assert p.pending_reports() == []
+
+
 def test_only_app_directories_are_taken_up(tmp_path: Path) -> None:
     for d in (APP, OTHER, "application_1_1", "junk", "lost+found"):
         (tmp_path / d).mkdir()
