@@ -83,14 +83,27 @@ async def fetch_log(client: RmRestClient, ref: ContainerRef, file: str) -> str:
 
 def remote_log_dir(ctx: CliContext) -> RemoteLogDir | None:
     """cluster.toml's remote_app_log_dir (the local cluster's conf, else the installation's); None
-    when log aggregation is off."""
+    when log aggregation is off, or -- with a warning on ctx.err saying why -- when this client
+    cannot use it: a conf it may not read (cluster.toml holds the cluster secret, mode 0600:
+    docs/operating.md) or a store whose filesystem is not installed here. The live NMs' logs are
+    still shown then. A malformed cluster.toml is an error, as main's [storage] check makes it."""
     from .main import cluster_conf_file  # noqa: PLC0415  (main imports this module's command)
 
     try:
         url = config.load_cluster(str(cluster_conf_file(ctx))).remote_app_log_dir
         return RemoteLogDir(url) if url else None
-    except (config.ConfigError, AggregatedLogError) as e:
+    except config.ConfigError as e:
         raise UsageError(f"remote_app_log_dir: {e}") from None
+    except (OSError, AggregatedLogError) as e:
+        ctx.err.write(f"elastane: warning: not reading the aggregated logs ({_one_line(e)}); "
+                      "showing the logs on the running nodes only\n")
+        return None
+
+
+def _one_line(e: BaseException) -> str:
+    """An error as one line of a warning: its first line, else its type."""
+    lines = str(e).splitlines()
+    return lines[0] if lines and lines[0] else type(e).__name__
 
 
 @dataclass(frozen=True)
@@ -102,11 +115,15 @@ class Aggregated:
 
 
 async def aggregated_containers(store: RemoteLogDir, app_id: str) -> tuple[dict[str, Aggregated], list[str]]:
-    """(container id -> its aggregated logs, the files refused as cut short or corrupt)."""
+    """(container id -> its aggregated logs, warnings: the files refused as cut short or corrupt).
+    A store that cannot be read at all (down, no credentials) gives no logs and a warning saying
+    why, so the caller still shows the running nodes' logs."""
     try:
         nodes = await asyncio.to_thread(aggregated_logs.app_node_logs, store, app_id)
-    except OSError as e:
-        raise CliError(f"cannot read the aggregated logs at {store.url}: {e}") from None
+    except Exception as e:  # noqa: BLE001  # any: an fsspec store raises its own types, s3fs botocore's
+        # (EndpointConnectionError, NoCredentialsError), which are not OSError.
+        return {}, [f"cannot read the aggregated logs at {store.url} ({type(e).__name__}: {_one_line(e)}); "
+                    "showing the logs on the running nodes only"]
     found: dict[str, Aggregated] = {}
     errors: list[str] = []
     for node in nodes:

@@ -11,7 +11,7 @@ from typing import Any, BinaryIO, Callable, Optional
 from aiohttp import web
 
 from protocol import codec, tokens
-from protocol.aggregated_logs import AggregatedLogError, LogStream, RemoteLogDir, find_container, iter_log
+from protocol.aggregated_logs import AggregatedLogError, LogStream, NodeLogs, RemoteLogDir, find_container, iter_log
 from protocol.client_auth import check_log_reader, request_user
 from protocol.config import ClusterConfig
 from protocol.http_server import json_response, make_app, read_json
@@ -184,20 +184,26 @@ class NodeWebApi:
         files = _log_files(c.log_dir) if c is not None else []
         return files if files else None
 
-    def _check_reader(self, request: web.Request, cid: str, owner: Optional[str]) -> None:
+    def _caller(self, request: web.Request) -> str:
+        """Who asks for logs ("" when they are open to all: no cluster config); under client_auth =
+        "token", 401 without a known client token. Each log call asks first, before it reads
+        anything: an unauthenticated client must not make this NM read the aggregated logs' store."""
+        return request_user(self.cluster, request) if self.cluster is not None else ""
+
+    def _check_reader(self, user: str, cid: str, owner: Optional[str]) -> None:
         """Under client_auth = "token", only the container's app's owner or an admin reads its logs
         (protocol/client_auth.py); open under simple auth."""
         if self.cluster is None:
             return
-        check_log_reader(self.cluster, request_user(self.cluster, request), owner, cid)
+        check_log_reader(self.cluster, user, owner, cid)
 
     def _local_owner(self, cid: str) -> Optional[str]:
         c = self.manager.containers.get(cid)
         return c.user if c is not None else None
 
-    async def _aggregated(self, cid: str) -> tuple[str, dict[str, int], Optional[str]]:
-        """(node id, file name -> size, the app's user) of the container's aggregated logs; 404 if
-        there are none."""
+    async def _aggregated(self, cid: str) -> tuple[NodeLogs, dict[str, int]]:
+        """(the node's aggregated logs, file name -> size) of the container; 404 if there are none.
+        The caller is to be authenticated already (`_caller`): this reads the store."""
         where = f" nor in the aggregated logs at {self.remote_logs.url}" if self.remote_logs else ""
         found = None
         if self.remote_logs is not None:
@@ -207,19 +213,19 @@ class NodeWebApi:
                 raise ApiError(f"cannot read the aggregated logs of {cid}: {e}") from None
         if found is None:
             raise NotFound(f"container {cid} is not known on node {self.node_id}{where}")
-        node, files = found
-        return node.node_id, files, node.user
+        return found
 
     async def get_log_files(self, request: web.Request) -> web.Response:
         cid = request.match_info["id"]
+        user = self._caller(request)
         local = self._local_logs(cid)
         if local is None and (self.remote_logs is not None or cid not in self.manager.containers):
-            node_id, files, owner = await self._aggregated(cid)
-            self._check_reader(request, cid, owner)
+            node, files = await self._aggregated(cid)
+            self._check_reader(user, cid, node.user)
             infos = [{"fileName": n, "fileSize": size, "lastModifiedTime": 0} for n, size in sorted(files.items())]
             return json_response({"containerLogsInfo": {"containerLogInfo": infos, "logAggregationType": "AGGREGATED",
-                                                        "containerId": cid, "nodeId": node_id}})
-        self._check_reader(request, cid, self._local_owner(cid))
+                                                        "containerId": cid, "nodeId": node.node_id}})
+        self._check_reader(user, cid, self._local_owner(cid))
         return json_response({"containerLogsInfo": {"containerLogInfo": local or [],
                                                     "logAggregationType": "LOCAL",
                                                     "containerId": cid,
@@ -227,6 +233,7 @@ class NodeWebApi:
 
     async def get_log_file(self, request: web.Request) -> web.StreamResponse:
         cid = request.match_info["id"]
+        user = self._caller(request)
         name = request.match_info["filename"]
         if name in ("", ".", "..") or "/" in name or "\x00" in name:
             raise BadRequest(f"invalid log file name {name!r}")
@@ -239,7 +246,7 @@ class NodeWebApi:
         path = os.path.join(c.log_dir, name) if c is not None else ""
         local: Optional[_LocalLog] = None
         if path and os.path.isfile(path) and not os.path.islink(path):
-            self._check_reader(request, cid, self._local_owner(cid))
+            self._check_reader(user, cid, self._local_owner(cid))
             try:
                 local = await asyncio.to_thread(_read_from, path, n)
             except FileNotFoundError:   # expired meanwhile (its app's retention ran out): as if absent
@@ -251,20 +258,20 @@ class NodeWebApi:
             return await stream.respond(request)
         if not (self.remote_logs is not None or c is None):
             raise NotFound(f"log file {name} not found for container {cid}")
-        return await (await self._aggregated_file(request, cid, name, n)).respond(request)
+        return await (await self._aggregated_file(user, cid, name, n)).respond(request)
 
-    async def _aggregated_file(self, request: web.Request, cid: str, name: str, start: int) -> LogStream:
-        """The aggregated log `name` of `cid` from byte `start`, its first piece read (404 when it
-        is not there, 500 when it cannot be read), for the caller to stream."""
+    async def _aggregated_file(self, user: str, cid: str, name: str, start: int) -> LogStream:
+        """The aggregated log `name` of `cid` from byte `start` for the authenticated `user`, its
+        first piece read (404 when it is not there, 500 when it cannot be read), for the caller to
+        stream."""
         store = self.remote_logs
-        _, _, owner = await self._aggregated(cid)     # 404 naming the store when the container is not there
-        self._check_reader(request, cid, owner)
+        node, files = await self._aggregated(cid)     # 404 naming the store when the container is not there
+        self._check_reader(user, cid, node.user)
         assert store is not None
+        if name not in files:
+            raise NotFound(f"log file {name} not found for container {cid} in the aggregated logs at {store.url}")
         try:
-            found = await asyncio.to_thread(find_container, store, cid)
-            if found is None or name not in found[1]:
-                raise NotFound(f"log file {name} not found for container {cid} in the aggregated logs at {store.url}")
-            stream = LogStream(iter_log(store, str(ContainerId.parse(cid).app), found[0], cid, name, start))
+            stream = LogStream(iter_log(store, str(ContainerId.parse(cid).app), node, cid, name, start))
             await stream.start()
         except (AggregatedLogError, OSError) as e:
             raise ApiError(f"cannot read the aggregated log {name} of {cid}: {e}") from None
@@ -274,16 +281,17 @@ class NodeWebApi:
         """A plain HTML page listing the container's log files with links (YARN's NM log page):
         the target of the RM's amContainerLogs links, local or aggregated alike."""
         cid = request.match_info["id"]
+        user = self._caller(request)
         local = self._local_logs(cid)
         if local is not None:
-            self._check_reader(request, cid, self._local_owner(cid))
+            self._check_reader(user, cid, self._local_owner(cid))
             files = [(f["fileName"], int(f["fileSize"])) for f in local]
             kind = f"on node {self.node_id}"
         else:
-            node_id, sizes, owner = await self._aggregated(cid)
-            self._check_reader(request, cid, owner)
+            node, sizes = await self._aggregated(cid)
+            self._check_reader(user, cid, node.user)
             files = sorted(sizes.items())
-            kind = f"aggregated from node {node_id}"
+            kind = f"aggregated from node {node.node_id}"
         esc = html.escape
 
         def seg(s: str) -> str:        # a path segment: a file named "a?b" or "%2e%2e" links to itself

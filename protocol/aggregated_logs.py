@@ -27,8 +27,9 @@ The file (a TFile / IndexedFormat in spirit: data first, so the writer streams; 
 Each `LogChunk` of the index names a container, a log file, where its bytes are in this file
 (`offset`, `length`), where they began in the container's local file (`start`: 0 in a final
 file; the previous roll's end in a rolled one) and their CRC-32. A file that is cut short (an
-upload that died), has a bad index or a chunk whose bytes do not match their CRC is refused with
-an `AggregatedLogError` naming the file and what is wrong; nothing partial is shown as a log.
+upload that died), has a bad index or a chunk whose bytes do not match their CRC (checked when a
+chunk is read from its start; a tail of one is read alone, unchecked: `iter_chunk`) is refused
+with an `AggregatedLogError` naming the file and what is wrong; nothing partial is shown as a log.
 """
 from __future__ import annotations
 
@@ -200,10 +201,19 @@ READ_PIECE_BYTES = 1 << 20       # a chunk is read (and its CRC checked) this mu
 
 def iter_chunk(f: IO[bytes], chunk: LogChunk, name: str, keep_from: int = 0) -> Iterator[bytes]:
     """A chunk's bytes from `keep_from` on (none when past its end), in pieces of at most
-    READ_PIECE_BYTES, the whole chunk checked against its CRC-32. A piece goes out once the next
-    one is read, the last only once the CRC matched: a chunk that fits one piece is never yielded
-    unchecked; a longer one that does not match ends in AggregatedLogError after all but its last
-    piece went out (a streaming reader then cuts its answer short: nothing is papered over)."""
+    READ_PIECE_BYTES. Read from the chunk's start, the whole chunk is checked against its CRC-32: a
+    piece goes out once the next one is read, the last only once the CRC matched, so a chunk that
+    fits one piece is never yielded unchecked; a longer one that does not match ends in
+    AggregatedLogError after all but its last piece went out (a streaming reader then cuts its
+    answer short: nothing is papered over).
+
+    A suffix that begins more than READ_PIECE_BYTES into the chunk (a tail of a big log) is read
+    alone and is not CRC-checked: the CRC covers the whole chunk, and checking it would cost the
+    whole chunk -- 10 GB read for a 4 KiB tail of a final file (docs/internals.md, "Aggregated
+    logs"). Skipping at most a piece, the chunk is read from its start and checked."""
+    if keep_from > READ_PIECE_BYTES:
+        yield from _iter_suffix(f, chunk, name, keep_from)
+        return
     f.seek(chunk.offset)
     held = b""
     crc, got = 0, 0
@@ -224,9 +234,23 @@ def iter_chunk(f: IO[bytes], chunk: LogChunk, name: str, keep_from: int = 0) -> 
         yield held
 
 
+def _iter_suffix(f: IO[bytes], chunk: LogChunk, name: str, keep_from: int) -> Iterator[bytes]:
+    """The chunk's bytes from `keep_from` on, read alone in pieces (unchecked: see `iter_chunk`)."""
+    got = keep_from
+    f.seek(chunk.offset + got)
+    while got < chunk.length:
+        piece = f.read(min(READ_PIECE_BYTES, chunk.length - got))
+        if not piece:
+            raise AggregatedLogError(f"{name}: the bytes of {chunk.container_id}/{chunk.file_name} end at "
+                                     f"{got} of their {chunk.length} (a file cut short)")
+        got += len(piece)
+        yield piece
+
+
 def read_chunk(f: IO[bytes], chunk: LogChunk, name: str, keep_from: int = 0) -> bytes:
-    """A chunk's bytes from `keep_from` on (none when past its end), the whole chunk checked
-    against its CRC-32 before any is returned (`iter_chunk`, joined)."""
+    """A chunk's bytes from `keep_from` on (none when past its end): `iter_chunk`'s, joined (the
+    whole chunk checked against its CRC-32 before any is returned, unless more than a piece of it
+    is skipped)."""
     return b"".join(iter_chunk(f, chunk, name, keep_from))
 
 
@@ -378,7 +402,10 @@ class RemoteLogDir:
             f = open(p, "rb")
             return f, os.fstat(f.fileno()).st_size
         size = int(self.fs.size(p))
-        return self.fs.open(p, "rb"), size
+        # Each read fetches what it asks for, no more: fsspec's default cache (s3fs's: a 50 MiB
+        # read-ahead block) fetches 50 MiB for an index's 8-byte header and holds them for as long
+        # as a log stream is open. Reads come a piece (READ_PIECE_BYTES) at a time, a request each.
+        return self.fs.open(p, "rb", block_size=READ_PIECE_BYTES, cache_type="none"), size
 
     def index(self, app_id: str, name: str) -> AggregatedLogIndex:
         f, size = self.open(app_id, name)
@@ -463,10 +490,11 @@ def iter_log(store: RemoteLogDir, app_id: str, node: NodeLogs, container_id: str
              start: int = 0) -> Iterator[bytes]:
     """A container's log file as aggregated from `node`, in pieces of at most READ_PIECE_BYTES: its
     chunks in order, from byte `start` (YARN's: the last -start bytes when negative). A gap between
-    two chunks (a roll that was refused or lost) is marked in the text, not papered over. Every
-    chunk is read through to check its CRC-32 (`iter_chunk`), but only a piece or two is held at a
-    time, so a reader of a log of many GB holds a few MiB; the RM's and NMs' log calls stream it
-    (`LogStream`). An aggregated file stays open until the iterator is exhausted or closed."""
+    two chunks (a roll that was refused or lost) is marked in the text, not papered over. A chunk
+    read from its start is checked against its CRC-32; a tail that skips more than a piece of it is
+    read alone, unchecked (`iter_chunk`). Only a piece or two is held at a time, so a reader of a
+    log of many GB holds a few MiB; the RM's and NMs' log calls stream it (`LogStream`). An
+    aggregated file stays open until the iterator is exhausted or closed."""
     files = [(name, [c for c in ix.chunks if c.container_id == container_id and c.file_name == file_name])
              for name, ix in node.files]
     files = [(name, chunks) for name, chunks in files if chunks]

@@ -114,23 +114,34 @@ class LogsPage:
         except OSError as e:
             raise web.HTTPBadGateway(text=f"cannot read the aggregated logs at {self.store.url}: {e}\n") from None
 
-    def _check_reader(self, request: web.Request, app_id: str, nodes: list[NodeLogs]) -> None:
-        """Under client_auth = "token", the app's owner or an admin only (protocol/client_auth.py);
-        the owner is the app's, or, once the RM forgot the app, the one its aggregated files name."""
+    async def _readable_nodes(self, request: web.Request, app_id: str) -> list[NodeLogs]:
+        """The app's aggregated logs, for a caller who may read them: under client_auth = "token",
+        the app's owner or an admin only (protocol/client_auth.py). The caller is authenticated
+        before the store is read (an unknown client must not make the RM read it), and authorised
+        before it too while the RM knows the app's owner; once it forgot the app, the owner is the
+        one its aggregated files name, so they are read first."""
         cluster = self.rm.cluster
-        app = self.rm.core.apps.get(app_id)
-        owner = app.user if app is not None else next((n.user for n in nodes if n.user), None)
         try:
-            check_log_reader(cluster, request_user(cluster, request), owner, app_id)
+            user = request_user(cluster, request)
         except Unauthorized as e:
             raise web.HTTPUnauthorized(text=f"{e}\n") from None
+        app = self.rm.core.apps.get(app_id)
+        if app is not None:
+            self._check_reader(user, app.user, app_id)
+            return await self._nodes(app_id)
+        nodes = await self._nodes(app_id)
+        self._check_reader(user, next((n.user for n in nodes if n.user), None), app_id)
+        return nodes
+
+    def _check_reader(self, user: str, owner: Optional[str], app_id: str) -> None:
+        try:
+            check_log_reader(self.rm.cluster, user, owner, app_id)
         except Forbidden as e:
             raise web.HTTPForbidden(text=f"{e}\n") from None
 
     async def logs_page(self, request: web.Request) -> web.Response:
         app_id = self._app_id(request)
-        nodes = await self._nodes(app_id)
-        self._check_reader(request, app_id, nodes)
+        nodes = await self._readable_nodes(request, app_id)
         page = render_logs_page(app_id, self.store, nodes, request.match_info.get("container_id"))
         return web.Response(text=page, content_type="text/html")
 
@@ -142,8 +153,7 @@ class LogsPage:
         except ValueError:
             raise web.HTTPBadRequest(text=f"start must be an integer, got {request.query.get('start')!r}\n") from None
         store = self.store
-        nodes = await self._nodes(app_id)
-        self._check_reader(request, app_id, nodes)
+        nodes = await self._readable_nodes(request, app_id)
         node = next((n for n in nodes if name in n.containers().get(cid, {})), None)
         if store is None or node is None:
             raise web.HTTPNotFound(text=f"no aggregated log {name} of {cid} in {app_id}\n")

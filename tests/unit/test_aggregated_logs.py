@@ -394,8 +394,9 @@ def test_a_long_lived_reader_sees_files_another_process_wrote_and_removed_on_s3(
 
 
 def test_the_tail_of_a_big_log_is_read_without_holding_the_log(tmp_path: Path) -> None:
-    """`start=-10` of a 16 MiB log: the last ten bytes, checked against the chunk's CRC, with the
-    reader's memory a piece's, not the log's (the RM's and NMs' log pages read this way)."""
+    """`start=-10` of a 16 MiB log: the last ten bytes, with the reader's memory a piece's, not the
+    log's (the RM's and NMs' log pages read this way; what a tail fetches from a store:
+    test_aggregated_log_reads_bounded.py)."""
     import tracemalloc  # noqa: PLC0415
 
     big = bytes(range(256)) * (1 << 16)                # 16 MiB

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import tracemalloc
 from pathlib import Path
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 import pytest
@@ -22,9 +22,9 @@ from rm_testing import SECRET, FakeClock
 NODE = "10.0.0.3:8042"
 
 
-async def _client(tmp_path: Path, remote: str) -> AsyncIterator[tuple[ResourceManagerServer, TestClient]]:
+async def _client(tmp_path: Path, remote: str, **cluster: Any) -> AsyncIterator[tuple[ResourceManagerServer, TestClient]]:
     rm = ResourceManagerServer(RMConfig(state_dir=str(tmp_path / "state")),
-                               ClusterConfig(secret=SECRET, remote_app_log_dir=remote), clock=FakeClock(),
+                               ClusterConfig(secret=SECRET, remote_app_log_dir=remote, **cluster), clock=FakeClock(),
                                run_timers=False)
     client = TestClient(TestServer(rm.build_app()))
     await client.start_server()
@@ -150,3 +150,43 @@ async def test_a_corrupt_aggregated_log_is_a_502_or_an_answer_cut_short_never_a_
             async for piece in r.content.iter_chunked(64 << 10):
                 got += piece
         assert len(got) < size + 200 and b"could not be read to its end" in got and b"checksum" in got
+
+
+async def test_under_token_auth_the_store_is_read_for_authenticated_callers_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """client_auth = "token": a caller without a known client token gets 401 and the RM reads
+    nothing from the store (an unknown client must not make it read S3); a known caller who is not
+    the owner of an app the RM knows gets 403, nothing read either. For an app the RM forgot, the
+    owner is the one its files name, so an authenticated caller's request reads them."""
+    reads: list[str] = []
+    for method in ("names", "open"):
+        real: Callable[..., Any] = getattr(RemoteLogDir, method)
+
+        def read(self: RemoteLogDir, *args: Any, _real: Callable[..., Any] = real, _name: str = method) -> Any:
+            reads.append(_name)
+            return _real(self, *args)
+        monkeypatch.setattr(RemoteLogDir, method, read)
+    async for rm, client in _client(tmp_path, str(tmp_path / "remote"), client_auth="token",
+                                    client_tokens={"t-alice": "alice", "t-bob": "bob"}):
+        known = _submit(rm)
+        forgotten = "application_1700000000000_0099"
+        paths = []
+        for app_id in (known, forgotten):
+            cid = app_id.replace("application_", "container_") + "_01_000001"
+            _aggregate(tmp_path, app_id, cid, b"alice's secret\n")
+            paths += [f"/cluster/logs/{app_id}", f"/cluster/logs/{app_id}/{cid}", f"/cluster/logs/{app_id}/{cid}/stdout"]
+        reads.clear()
+        for path in paths:
+            for headers in ({}, {"Authorization": "Bearer t-nobody"}):
+                r = await client.get(path, headers=headers)
+                assert r.status == 401, (path, headers, await r.text())
+            if known in path:
+                r = await client.get(path, headers={"Authorization": "Bearer t-bob"})
+                assert r.status == 403, (path, await r.text())
+        assert reads == []
+        for path in paths:
+            for token, status in (("t-bob", 403), ("t-alice", 200)):
+                r = await client.get(path, headers={"Authorization": f"Bearer {token}"})
+                assert r.status == status, (path, token, await r.text())
+        r = await client.get(paths[-1], headers={"Authorization": "Bearer t-alice"})
+        assert await r.text() == "alice's secret\n"
