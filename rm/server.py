@@ -233,9 +233,9 @@ class ResourceManagerServer:
                         "landed, the app comes back at the next restart or failover", app_id, e)
 
     def _persist(self, app_ids: set[str]) -> None:
-        """Save the apps (each atomically; the store may pack several into one write): one the
-        store refuses (too large, a write that failed) stays dirty and is named, and does not keep
-        the others from being saved."""
+        """Save the apps (each atomically, but for one with more attempts than an etcd transaction
+        holds; the store may pack several into one write): one the store refuses (too large, a
+        write that failed) stays dirty and is named, and does not keep the others from being saved."""
         records = []
         for app_id in sorted(app_ids):
             app = self.core.apps.get(app_id)
@@ -283,9 +283,16 @@ class ResourceManagerServer:
                 self._store_policy_state()
             except Exception:
                 log.exception("storing the policy state failed (retried after the next round)")
-        if core.effects and self.launcher is not None and not self._stopping:
+        if core.effects and self.launcher is not None and self.may_launch():
             for eff in core.take_effects():
                 self.launcher.launch(eff)
+
+    def may_launch(self) -> bool:
+        """Whether a flush may start the AM launches the core asked for: not once stop() has begun,
+        nor once the store refused a write as fenced -- this flush's own, say: another RM is or may
+        be active, and an AM launched now would run an attempt it does not know of
+        (docs/operating.md, "How fencing protects the store"). Checked after the flush's writes."""
+        return not self._stopping and not self.store.fenced
 
     def submit(self, user: str, sub: ValidSubmission) -> None:
         """NEW -> NEW_SAVING -> (stored) -> SUBMITTED -> ACCEPTED; nothing is left if the store fails.

@@ -188,7 +188,8 @@ class StateStore(abc.ABC):
 
     @abc.abstractmethod
     def save_app(self, app: AppRecord, attempts: list[AttemptRecord]) -> None:
-        """Atomically write an app and its attempts."""
+        """Write an app and its attempts, atomically (the etcd store: when they fit one etcd
+        transaction, else the app's record after its attempts, rm/ha/etcd_store.py `_app_txns`)."""
 
     def save_apps(self, apps: Sequence[tuple[AppRecord, list[AttemptRecord]]]) -> dict[str, Exception]:
         """Write each app with its attempts (each atomically); the apps that could not be written,
@@ -229,6 +230,12 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     def load_decommissions(self) -> DecommissionRecord:
         """The stored decommissions (none when none was stored)."""
+
+    @property
+    def fenced(self) -> bool:
+        """The store refused a write because another RM is or may be active (the HA store's
+        fencing, rm/ha/etcd_store.py): it refuses every later one too. Never for SQLite."""
+        return False
 
     def next_epoch(self) -> Optional[int]:
         """Take this RM start's epoch, the part of new container ids that keeps them from colliding

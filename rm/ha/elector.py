@@ -6,9 +6,13 @@ A term, from etcd's side:
   the epoch key is as read, create the leader key (value: this RM's id) on the lease and store
   epoch + 1. The leader key's create revision is the term's fencing token; the epoch goes into
   the container ids the term hands out (container_e<epoch>_...).
-- while holding it: every `lease_s / 3` renew the lease and check, in one transaction, that the
-  leader key still carries the token; the state store's writes carry the same check
-  (rm/ha/etcd_store.py).
+- while holding it: `lease_s / 3` after the last acknowledged renewal was sent, renew the lease
+  and check, in one transaction, that the leader key still carries the token; the state store's
+  writes carry the same check (rm/ha/etcd_store.py). A renewal gets `lease_s / 6` in all (both
+  calls, whichever members answer; at least 0.5 s), never past the lease's deadline; one that fails
+  is tried again `lease_s / 12` later, so two lost renewals in a row still leave a third its whole
+  wait before the deadline: 1/3 + 2 x (1/6 + 1/12) = 5/6 of the lease (for a lease of 3 s or more
+  when the two timed out; docs/operating.md, "The lease").
 - stepping down: FENCED the moment a renewal or a write finds the token gone; LEASE_EXPIRED when
   etcd says the lease is gone, or when no renewal was acknowledged for a whole lease -- measured
   from the send time of the last acknowledged one, so this RM gives up no later than etcd can
@@ -53,10 +57,16 @@ class Elector:
         self.role = HaRole(rm_id, ha.lease_s, clock())
         self.keys = EtcdKeys(ha.etcd_prefix)
         self.lease_ttl = int(ha.lease_s)
-        self.renew_s = ha.lease_s / 3
+        self.renew_s = ha.lease_s / 3       # after an acknowledged renewal's send time
+        # One renewal's whole wait (module doc). Not under 0.5 s: on a loaded host etcd's answers
+        # can take a few hundred ms, and a 2 s lease's third of a second failed renewals etcd
+        # would have answered (such a lease then survives two fast failures, not two timeouts).
+        self.attempt_s = max(0.5, ha.lease_s / 6)
+        self.retry_s = ha.lease_s / 12      # after a renewal that failed
         self.poll_s = min(0.5, ha.lease_s / 5)
-        # One etcd call may take a third of the lease: two such calls fail before the lease does.
-        self.etcd = AsyncEtcd(ha.etcd_targets(), timeout_s=max(0.5, ha.lease_s / 3))
+        # A member's wait is a renewal's: a third of the lease (as before) let one timed-out renewal
+        # and its retry use the whole lease up, and the RM stepped down (module doc).
+        self.etcd = AsyncEtcd(ha.etcd_targets(), timeout_s=self.attempt_s)
         self._on_active = on_active
         self._on_standby = on_standby
         self.active_id = ""            # who holds the leader key, as last seen ("" = nobody)
@@ -66,6 +76,7 @@ class Elector:
         self._wake = asyncio.Event()
         self._transitions: asyncio.Queue[Optional[Callable[[], Awaitable[None]]]] = asyncio.Queue()  # None: stop
         self._tasks: list[asyncio.Task[None]] = []
+        self._retry_at: Optional[float] = None    # when the renewal that failed is tried again
 
     # ----- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -166,11 +177,14 @@ class Elector:
                 await self._renew()
 
     def _interval(self) -> float:
-        if not self.role.state.holds_leadership:
+        """How long until the next step: a standby's poll; the next renewal (module doc), or the
+        lease's deadline if that comes first (the step then steps down)."""
+        role = self.role
+        deadline = role.lease_deadline()
+        if deadline is None or role.renewed_at is None:
             return self.poll_s
-        deadline = self.role.lease_deadline()
-        left = self.renew_s if deadline is None else deadline - self.clock()
-        return max(0.0, min(self.renew_s, left))
+        due = self._retry_at if self._retry_at is not None else role.renewed_at + self.renew_s
+        return max(0.0, min(due, deadline) - self.clock())
 
     async def _wait(self, seconds: float) -> None:
         """A periodic timer that an event (a transition request) can cut short."""
@@ -233,6 +247,7 @@ class Elector:
             await self._revoke(lease.id)
             return
         self.lease_id, self.active_id = lease.id, self.rm_id
+        self._retry_at = None
         self.compaction.reset()
         self._log(self.role.elected(self.clock(), epoch, token, sent))
         self._transitions.put_nowait(lambda: self._become_active(epoch, token))
@@ -257,13 +272,25 @@ class Elector:
     async def _renew(self) -> None:
         sent = self.clock()
         token = self.role.token
-        reply = await self.etcd.call(lambda c: c.refresh_lease(self.lease_id))
+        deadline = self.role.lease_deadline()
+        # Never waited for past the deadline: an answer after it would come too late anyway.
+        budget = self.attempt_s if deadline is None else min(self.attempt_s, deadline - sent)
 
         async def check(c: Any) -> Any:     # the state store's guard (etcd_kv.token_compare), alone
             t = c.transactions
             return await c.transaction(compare=[t.create(self.keys.leader) == token], success=[], failure=[])
 
-        ok, _ = await self.etcd.call(check)
+        try:
+            async with asyncio.timeout(budget):
+                reply = await self.etcd.call(lambda c: c.refresh_lease(self.lease_id))
+                ok, _ = await self.etcd.call(check)
+        except TimeoutError:
+            self._retry_at = self.clock() + self.retry_s
+            raise EtcdUnavailable(f"no answer to a lease renewal within {budget:.2f}s") from None
+        except Exception:
+            self._retry_at = self.clock() + self.retry_s
+            raise
+        self._retry_at = None
         self.etcd_error = ""
         if self.role.token != token:
             return      # the term ended while the calls were out

@@ -163,6 +163,11 @@ class AsyncEtcd:
                     aetcd.exceptions.InternalError, asyncio.TimeoutError) as e:
                 errors.append(f"{self.targets[i][0]}:{self.targets[i][1]}: {type(e).__name__} {e}".strip())
                 continue
+            except asyncio.CancelledError:
+                # Cut short from outside (a renewal's own bound, rm/ha/elector.py): the next call
+                # starts at the next member, so one that hangs does not take every renewal's time.
+                self._current = (i + 1) % len(self.targets)
+                raise
             self._current = i
             return out
         raise EtcdUnavailable("no etcd member answered: " + "; ".join(errors))

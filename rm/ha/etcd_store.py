@@ -26,8 +26,9 @@ from .etcd_kv import BlockingEtcd, EtcdKeys, EtcdUnavailable, delete_op, put_op,
 
 log = logging.getLogger(__name__)
 
-# etcd's default --max-txn-ops: an app's write (its record and its attempts) must fit in one
-# transaction to stay atomic.
+# etcd's default --max-txn-ops: the most puts one transaction holds. An app's write (its record
+# and its attempts) that fits one is atomic; one with more attempts is written in several
+# (`_app_txns`).
 MAX_TXN_OPS = 128
 # etcd refuses a request above its --max-request-bytes (1.5 MiB by default). A policy's state grows
 # with its jobs (Optimus keeps a few KB of fits and samples per job), so a state above this is
@@ -62,6 +63,10 @@ class EtcdStateStore(StateStore):
         self.path = f"etcd {', '.join(f'{h}:{p}' for h, p in etcd.targets)} under {keys.prefix}"
         self._enc = msgspec.json.Encoder()
 
+    @property
+    def fenced(self) -> bool:
+        return bool(self.fenced_reason)
+
     def _write(self, ops: list[Any], what: str) -> None:
         if self.fenced_reason:
             raise StoreFenced(f"not writing {what}: {self.fenced_reason}")
@@ -73,17 +78,38 @@ class EtcdStateStore(StateStore):
             self.on_fenced(self.fenced_reason)
             raise StoreFenced(f"not writing {what}: {self.fenced_reason}")
 
-    def _app_ops(self, app: AppRecord, attempts: list[AttemptRecord]) -> list[Any]:
-        """The puts of an app's record and its attempts' (one transaction's worth at most)."""
-        ops = [put_op(self.keys.app(app.app_id), self._enc.encode(app))]
-        ops += [put_op(self.keys.attempt(a.app_id, a.attempt_id), self._enc.encode(a)) for a in attempts]
-        if len(ops) > MAX_TXN_OPS:
-            raise StateError(f"{app.app_id}: {len(attempts)} attempts do not fit one etcd transaction "
-                             f"({MAX_TXN_OPS} operations)")
-        return ops
+    def _app_txns(self, app: AppRecord, attempts: list[AttemptRecord]) -> list[list[Any]]:
+        """The puts of an app's record and its attempts', as the transactions that write them: one
+        (atomic) when they fit one, as nearly always. Attempts are not capped (an AM that exits
+        without being counted is retried without limit) and the RM needs every one back: the next
+        attempt's number follows the recovered ones' (rm/core.py `_new_attempt`) and the failures
+        that count are counted from them. So a longer list goes in several transactions, each
+        fenced, of at most MAX_TXN_OPS puts and APPS_TXN_BYTES, oldest attempts first and the
+        app's record last. Cut short (fenced, etcd gone), they leave the app's record as it was
+        and each attempt before the cut new, each after it as it was or absent: the stored
+        attempts stay a gapless run from the first, and the app's own change is lost as with a
+        write that failed whole (it stays dirty and is written again at the next flush)."""
+        app_op = put_op(self.keys.app(app.app_id), self._enc.encode(app))
+        ops = [put_op(self.keys.attempt(a.app_id, a.attempt_id), self._enc.encode(a)) for a in attempts]
+        if 1 + len(ops) <= MAX_TXN_OPS:
+            return [[app_op, *ops]]
+        txns: list[list[Any]] = [[]]
+        size = 0
+        for op in [*ops, app_op]:
+            n = len(op.request_put.value)
+            if txns[-1] and (len(txns[-1]) == MAX_TXN_OPS or size + n > APPS_TXN_BYTES):
+                txns.append([])
+                size = 0
+            txns[-1].append(op)
+            size += n
+        return txns
+
+    def _write_app(self, app_id: str, txns: list[list[Any]]) -> None:
+        for i, ops in enumerate(txns):
+            self._write(ops, app_id if len(txns) == 1 else f"{app_id} (part {i + 1} of {len(txns)})")
 
     def save_app(self, app: AppRecord, attempts: list[AttemptRecord]) -> None:
-        self._write(self._app_ops(app, attempts), app.app_id)
+        self._write_app(app.app_id, self._app_txns(app, attempts))
 
     def save_apps(self, apps: Sequence[tuple[AppRecord, list[AttemptRecord]]]) -> dict[str, Exception]:
         """Several apps to a transaction (at most MAX_TXN_OPS operations and APPS_TXN_BYTES of
@@ -128,11 +154,21 @@ class EtcdStateStore(StateStore):
             if (why := refused(app.app_id)) is not None:
                 failed[app.app_id] = why
                 continue
-            try:
-                mine = self._app_ops(app, attempts)
-            except StateError as e:
-                failed[app.app_id] = e
+            txns = self._app_txns(app, attempts)
+            if len(txns) > 1:       # more than one transaction holds: written alone, in its parts
+                if batch:
+                    write()
+                    if (why := refused(app.app_id)) is not None:
+                        failed[app.app_id] = why
+                        continue
+                try:
+                    self._write_app(app.app_id, txns)
+                except EtcdUnavailable as e:
+                    failed[app.app_id] = down = e
+                except Exception as e:     # noqa: BLE001 - fenced (refused() then stops the rest), or a part refused
+                    failed[app.app_id] = e
                 continue
+            mine = txns[0]
             mine_size = sum(len(op.request_put.value) for op in mine)
             if batch and (len(ops) + len(mine) > MAX_TXN_OPS or size + mine_size > APPS_TXN_BYTES):
                 write()

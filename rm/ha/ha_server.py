@@ -35,6 +35,14 @@ from .ha_http import HA_PATH, HaEndpoints, StandbyApp
 log = logging.getLogger(__name__)
 
 
+def etcd_can_serve(listed: int, unanswered: int) -> bool:
+    """Whether an RM starts with `unanswered` of the `listed` etcd members silent at its start:
+    while most of them answer -- etcd itself serves only with a majority of its members up -- one
+    down for maintenance is no reason to stop (docs/operating.md, "Settings"); fewer, and the
+    list is more likely wrong than etcd briefly down."""
+    return 2 * (listed - unanswered) > listed
+
+
 class HaActiveServer(ResourceManagerServer):
     """The RM of one active term: the plain server on the term's fenced store, with the HA routes
     and the HA fields of /ws/v1/cluster/info."""
@@ -70,6 +78,11 @@ class HaActiveServer(ResourceManagerServer):
         if self.may_act():
             super().flush()
 
+    def may_launch(self) -> bool:
+        """Asked again after the flush's writes: one that found this RM fenced, or that outlasted
+        its lease, launches none of the AMs it was to (the next active recovers those attempts)."""
+        return super().may_launch() and self.may_act()
+
     @property
     def ha_info(self) -> Optional[dict[str, Any]]:
         return self.ha_endpoints.info_fields()
@@ -101,7 +114,8 @@ class HaResourceManager:
         self._stopping = False
         self._started_ms = int(clock() * 1000)
         # Store writes block the loop (they are acknowledged writes): one member's wait is bounded
-        # by a third of the lease, like the elector's calls.
+        # by a third of the lease. The lease's renewals wait meanwhile (rm/ha/elector.py bounds its
+        # own calls tighter, at a sixth).
         self.store_timeout_s = max(0.5, ha.lease_s / 3)
 
     def active_rm(self) -> tuple[str, str]:
@@ -135,9 +149,15 @@ class HaResourceManager:
 
     async def start(self) -> str:
         self.check_address()
-        bad = await check_members(self.ha.etcd_targets(), timeout_s=max(1.0, self.ha.lease_s / 2))
+        targets = self.ha.etcd_targets()
+        bad = await check_members(targets, timeout_s=max(1.0, self.ha.lease_s / 2))
+        if not etcd_can_serve(len(targets), len(bad)):
+            raise ConfigError(f"etcd_endpoints: no answer from {'; '.join(bad)} "
+                              f"({len(targets) - len(bad)} of {len(targets)} answered: etcd needs a majority)")
         if bad:
-            raise ConfigError(f"etcd_endpoints: no answer from {'; '.join(bad)}")
+            log.warning("etcd_endpoints: no answer from %s; starting, %d of %d members answered "
+                        "(the elector moves to the next member when one does not answer)",
+                        "; ".join(bad), len(targets) - len(bad), len(targets))
         await self._serve_standby()
         self.elector.start()
         log.info("ResourceManager %s serving on %s:%d as standby (%s); etcd %s", self.rm_id, self.cfg.host,
