@@ -19,8 +19,7 @@ from typing import Optional
 
 from protocol.internal_api import AllocatedContainer, ContainerStatus
 from protocol.records import ExitStatus, Resource
-from protocol.state_machine import TransitionTable
-from protocol.errors import StateError
+from protocol.state_machine import InvalidTransition, TransitionTable
 
 
 class AmContainerState(str, enum.Enum):
@@ -56,10 +55,11 @@ TRANSITIONS: TransitionTable[AmContainerState, ContainerEvent, AmContainerState]
     (S.STOPPING, E.LAUNCHED): S.STOPPING,        # the start call returned after we asked to stop
     (S.STOPPING, E.LAUNCH_FAILED): S.COMPLETED,
     (S.STOPPING, E.STOP): S.STOPPING,
-}, lambda state, event: TransitionError(f"container event {event.value} not allowed in state {state.value}"))
+}, lambda state, event: TransitionError(f"container event {event.value} not allowed in state {state.value}", state,
+                                        event))
 
 
-class TransitionError(StateError, RuntimeError):
+class TransitionError(InvalidTransition):
     """An event that is not allowed in the container's current state."""
 
 

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from dataplane import StoreSide, _wait_file  # noqa: E402  (bench/dataplane.py's store round trips)
+from dataplane import StoreSide, wait_file  # noqa: E402  (bench/dataplane.py's store round trips)
 from support.ps_job_runner import run_ps_job  # noqa: E402  (bench/support: not a benchmark itself)
 from support.sigterm import unwind_on_sigterm  # noqa: E402  (bench/support: not a benchmark itself)
 
@@ -73,7 +73,7 @@ def dataplane_throughput(bps: int, seconds: float, workdir: Path) -> float:
                              "--num-blocks", "16", "--ready-file", str(ready)], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        address = json.loads(_wait_file(ready, proc, "the probe executor"))["address"]
+        address = json.loads(wait_file(ready, proc, "the probe executor"))["address"]
 
         async def go() -> float:
             table = OwnershipTable(16, ["srv"] * 16, {"srv": address}, 1)

@@ -151,7 +151,9 @@ def _recv_exactly(conn: socket.socket, view: memoryview) -> bool:
     return True
 
 
-def _wait_file(path: Path, proc: subprocess.Popen[bytes], what: str) -> str:
+def wait_file(path: Path, proc: subprocess.Popen[bytes], what: str) -> str:
+    """The text of `path` once `proc` (`what`, for the error) has written it; SystemExit if it
+    exits first or 30 s pass."""
     deadline = time.monotonic() + 30
     while not path.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -413,9 +415,9 @@ def main() -> None:
         raw = subprocess.Popen([sys.executable, __file__, "--raw-server", str(tmp / "raw.port"),
                                 "--raw-idle", str(RAW_IDLE_S + 4 * args.seconds / args.rounds)])
         procs.append(raw)
-        address = json.loads(_wait_file(tmp / "ex.ready", ex, "executor"))["address"]
-        raw_port = int(_wait_file(tmp / "raw.port", raw, "raw server"))
-        auth_address = json.loads(_wait_file(tmp / "auth.ready", ex_auth, "authenticated executor"))["address"]
+        address = json.loads(wait_file(tmp / "ex.ready", ex, "executor"))["address"]
+        raw_port = int(wait_file(tmp / "raw.port", raw, "raw server"))
+        auth_address = json.loads(wait_file(tmp / "auth.ready", ex_auth, "authenticated executor"))["address"]
         # The executor must own every block: hand it the table as the AM would.
         from psruntime.wire.dataplane import DataPlaneClient  # noqa: PLC0415
         from psruntime.store.ownership_table import OwnershipTable  # noqa: PLC0415

@@ -349,7 +349,7 @@ def _echo_main(port_file: str) -> None:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        port = runner.addresses[0][1]      # the bound port (port 0: ephemeral)
         Path(port_file + ".tmp").write_text(str(port))
         os.replace(port_file + ".tmp", port_file)
         stop = asyncio.Event()

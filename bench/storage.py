@@ -155,7 +155,7 @@ class Bench:
         finally:
             await self.put_sample(ctl, model, zero=False)
         write_s, read_s = t1 - t0, t3 - t2
-        self.checkpoint_bytes = int(info["bytes"])
+        self.checkpoint_bytes = info.bytes
         if i < 0:
             print(f"  checkpoint {where:5s} warm-up: write {write_s:7.3f} s  read {read_s:7.3f} s  (not counted)")
             return
@@ -167,7 +167,7 @@ class Bench:
         if where == "s3":
             self.cpu_s.setdefault("ckpt_s3_write_server", []).append(server_cpu)
         print(f"  checkpoint {where:5s} #{i}: write {write_s:7.3f} s  read {read_s:7.3f} s  "
-              f"({info['bytes'] / 2**20:.1f} MiB; write CPU: this process {client_cpu:.2f} s, "
+              f"({info.bytes / 2**20:.1f} MiB; write CPU: this process {client_cpu:.2f} s, "
               f"S3 server {server_cpu:.2f} s)")
 
     def cpu(self) -> tuple[float, float]:

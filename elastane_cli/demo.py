@@ -26,7 +26,7 @@ from protocol.http_client import JsonHttpClient, RemoteError
 from protocol.job_report import JobReport
 from protocol.json_types import JsonObject, JsonValue, json_float, json_int, json_list, json_object
 from protocol.ps_app_schemas import MLRSpec
-from protocol.ps_status import PsStatus, decode_status
+from protocol.ps_status import PsStatus, ScaleRequest, decode_status
 from protocol.yarn_views import AppView
 
 from . import app_commands, container_logs, ps_commands, ps_reports
@@ -356,7 +356,7 @@ async def scale_while_training(client: RmRestClient, app_id: str, out: TextIO,
             attempt = st.attempt_id or ""
             token = tokens.am_control_token(tokens.job_secret(cluster_secret, attempt), attempt)
             try:
-                body = await am.post("/scale", {"workers": workers, "servers": servers}, token=token)
+                body = await am.post("/scale", ScaleRequest(workers=workers, servers=servers), token=token)
             except (RemoteError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
                 _say(out, f"scale {word} refused or failed: {getattr(e, 'message', None) or e}")
                 return

@@ -29,10 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     global_options(parser)
     sub = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
     common = common_parent()
-    for module in (cluster_commands, node_commands, app_commands, ps_commands, daemon_commands, secret_command,
-                   data_commands):
+    for module in (cluster_commands, node_commands, app_commands):
         module.add_parser(sub, common)
-    ps_scale_command.add_parser(sub, common)     # `elastane ps scale` (EPS), beside ps submit / status
+    ps_actions = ps_commands.add_parser(sub, common)
+    for module in (daemon_commands, secret_command, data_commands):
+        module.add_parser(sub, common)
+    ps_scale_command.add_parser(ps_actions, common)     # `elastane ps scale` (EPS), beside ps submit / status
     top_command.add_parser(sub, common)          # `elastane top`, like `yarn top`
     sim_commands.add_parser(sub, common)         # `elastane sim` (the discrete-event simulator)
     model_commands.add_parser(sub, common)       # `elastane model` (a PS job's saved model)

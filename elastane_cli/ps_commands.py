@@ -65,7 +65,9 @@ FIELD_FLAGS = (("--app", "app"), ("--preset", "preset"), ("--workers", "workers"
                ("--executor-vcores", "executor_vcores"), ("--early-stopping", "early_stopping"))
 
 
-def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    """Add `elastane ps` and its sub-commands; returns them, for the sub-commands that other modules
+    add (elastane_cli.ps_scale_command: `ps scale`)."""
     ps = sub.add_parser("ps", help="submit and watch parameter-server training jobs")
     acts = ps.add_subparsers(dest="action", required=True, metavar="ACTION")
 
@@ -119,6 +121,7 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--history", type=positive_int("--history"), default=10, metavar="N",
                    help="how many recent epochs to list (default 10)")
     p.set_defaults(func=cmd_status)
+    return acts
 
 
 # ----- the spec from flags ---------------------------------------------------------------------

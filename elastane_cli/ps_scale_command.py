@@ -54,19 +54,8 @@ def signed_count(text: str) -> int:
     return int(text)
 
 
-def find_ps_group(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
-    """The sub-commands of `elastane ps` (added by elastane_cli.ps_commands)."""
-    ps = sub.choices.get("ps")
-    if ps is None:
-        raise RuntimeError("the `ps` command group must be added before `ps scale`")
-    for action in ps._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    raise RuntimeError("`elastane ps` has no sub-commands")
-
-
-def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser | None = None) -> None:
-    acts = find_ps_group(sub)
+def add_parser(acts: argparse._SubParsersAction, common: argparse.ArgumentParser | None = None) -> None:
+    """Add `scale` to `acts`, the sub-commands of `elastane ps` (elastane_cli.ps_commands.add_parser's answer)."""
     p = acts.add_parser("scale", parents=[common or common_parent()],
                         help="add or remove workers / servers of a running PS job (EPS)",
                         description="Change a running PS job's shape without restarting it: "

@@ -7,7 +7,7 @@ arrays in the frame's buffers. Replies are read tolerantly (unknown fields ignor
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
 import msgspec
 
@@ -121,7 +121,7 @@ class SetPositionsReply(ControlReply):
 class BlockStatesReply(ControlReply):
     """Block headers (psruntime.apps.blocks.DataBlock.to_buffers) of the held blocks' state."""
 
-    blocks: list[dict[str, Any]] = []
+    blocks: list[JsonObject] = []
 
 
 class ReplayPushesReply(ControlReply):

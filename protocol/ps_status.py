@@ -24,6 +24,7 @@ tests. Its sections:
   spec refuses unknown fields, so a reader reads the spec of an AM of its own version).
 - `eps`: `EpsStatus`, EPS's section (appmaster.ps.runtime.master.eps_status): the running change, its ops
   (`EpsOpStatus` with their `EpsTransfer`s), the limits, the input splits by worker, the audit.
+  POST /scale's body is a `ScaleRequest`; it answers the `EpsOpStatus` of each EPS function called.
 - `checkpoints`: `CheckpointInfo`, each checkpoint written; `resumed_from`: `ResumedFrom`, the
   earlier attempt's checkpoint this attempt continued from (appmaster.ps.job_resume).
 - `recovery`: `RecoveryStatus` (appmaster.ps.runtime.master.recovery_status); `stragglers`: `StragglerStatus`
@@ -388,6 +389,15 @@ class SplitHoldings(msgspec.Struct, kw_only=True):
     inactive: list[int] = []
 
 
+class ScaleRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of the AM's POST /scale (appmaster.ps.runtime.status_server): signed changes of each role
+    (+N adds, -N removes). Its answer, {"changes": [...]}, holds one `EpsOpStatus` per EPS function
+    called, or under elastic_mode "kill" the shape history's records of the restart (protocol.shape_history)."""
+
+    workers: int = 0
+    servers: int = 0
+
+
 class EpsStatus(msgspec.Struct, kw_only=True):
     """EPS's section (appmaster.ps.runtime.master.eps_status): whether a change runs and
     which, the members, the exactly-once audit, the op history, the limits and the input splits
@@ -475,7 +485,8 @@ FINAL_STATUS_FILE = "status.json"   # in the AM's durable dir: the job's last st
 
 
 __all__ = ["FINAL_STATUS_FILE", "AuditMismatch", "CheckpointInfo", "EpsLimits", "EpsOpStatus", "EpsStatus", "EpsTransfer",
-           "MetricsStatus", "OpShape", "RecoveryStatus", "ResumedFrom", "ServerTimesStatus", "SplitHoldings", "StragglerReplaced",
+           "MetricsStatus", "OpShape", "RecoveryStatus", "ResumedFrom", "ScaleRequest", "ServerTimesStatus", "SplitHoldings",
+           "StragglerReplaced",
            "StragglerStatus", "WorkerTimesStatus", "encode_status", "read_status", "CruisePlanRecord", "CruiseStatus", "DirectiveRecord", "EpochResult", "ExecutorStatus", "HeldoutPointRecord",
            "HeldoutStatus", "OpTimingRecord", "PlanRunRecord", "PsStatus", "ShapeStatus", "SpillStatus",
            "SuspensionCut", "SuspensionStatus", "decode_status"]

@@ -22,9 +22,11 @@ T = TypeVar("T")
 class InvalidTransition(StateError, ValueError, RuntimeError):
     """An event that is not allowed in a machine's current state (`state` and `event` when known).
 
-    The one class for the RM's applications and attempts, the NM's containers and a model block's
-    migration; it is both a ValueError and a RuntimeError, as the per-machine classes it replaces
-    were one or the other. Machines whose callers catch their own error keep their own class.
+    The class of the RM's applications and attempts, its HA role, the NM's containers and a model
+    block's migration; it is both a ValueError and a RuntimeError, as the per-machine classes it
+    replaces were one or the other. Machines whose callers or tests name their own error raise a
+    subclass of it (a capacity reclaim's targets, EPS trials, the PS job's phases, AM containers, the
+    PS AM's executors), so `except InvalidTransition` catches every one of them.
     """
 
     def __init__(self, message: str, state: enum.Enum | None = None, event: enum.Enum | None = None) -> None:

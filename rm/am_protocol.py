@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from protocol import internal_api as api
 from protocol import tokens
 from protocol.config import ClusterConfig
 from protocol.job_report import JobReport
+from protocol.json_types import JsonObject
 from protocol.records import AttemptState, ContainerState, ExitStatus, FinalStatus
 from protocol.ids import ContainerId
 from protocol.remote_exception import ApplicationMasterNotRegistered, BadRequest, Unauthorized
@@ -70,7 +71,7 @@ class AmProtocol:
         def _previous_containers(self, at: Attempt) -> list[api.AllocatedContainer]: ...
         def rests_on_stored(self, app_id: str) -> None: ...
 
-    def _attempt_for_token(self, claims: dict[str, Any]) -> tuple[App, Attempt]:
+    def _attempt_for_token(self, claims: JsonObject) -> tuple[App, Attempt]:
         app = self.apps.get(str(claims.get("app_id", "")))
         at = self.attempts.get(str(claims.get("attempt_id", "")))
         if app is None or at is None or at.app_id != app.app_id:
@@ -86,7 +87,7 @@ class AmProtocol:
                            {"app_id": app.app_id, "attempt_id": at.attempt_id, "user": app.user},
                            self.cluster.token_lifetime_s, now=self.clock())
 
-    def rolled_am_token(self, at: Attempt, claims: dict[str, Any]) -> str:
+    def rolled_am_token(self, at: Attempt, claims: JsonObject) -> str:
         """A fresh AM token for an allocate presented with one past half its lifetime (by this
         core's clock), "" otherwise: YARN rolls its AMRMTokens the same way, and the AM switches
         to the one it gets in AllocateResponse.am_token. The one it presented stays valid until it
@@ -125,7 +126,7 @@ class AmProtocol:
             return
         self._attempt_failed(at, f"Error launching {attempt_id}. Got exception: {diagnostics}")
 
-    def am_register(self, claims: dict[str, Any], req: api.AmRegisterRequest) -> api.AmRegisterResponse:
+    def am_register(self, claims: JsonObject, req: api.AmRegisterRequest) -> api.AmRegisterResponse:
         app, at = self._attempt_for_token(claims)
         if not self._is_current(app, at):
             raise Unauthorized(f"{at.attempt_id} is not the current attempt of {app.app_id} "
@@ -158,7 +159,7 @@ class AmProtocol:
                                       containers_from_previous_attempts=self._previous_containers(at),
                                       policy_places_new_jobs=self.policy_places_new_jobs)
 
-    def allocate(self, claims: dict[str, Any], req: api.AllocateRequest) -> api.AllocateResponse:
+    def allocate(self, claims: JsonObject, req: api.AllocateRequest) -> api.AllocateResponse:
         app, at = self._attempt_for_token(claims)
         if not self._is_current(app, at):
             return api.AllocateResponse(response_id=req.response_id + 1, action="SHUTDOWN")
@@ -241,7 +242,7 @@ class AmProtocol:
         at.last_response = resp
         return resp
 
-    def am_finish(self, claims: dict[str, Any], req: api.AmFinishRequest) -> api.AmFinishResponse:
+    def am_finish(self, claims: JsonObject, req: api.AmFinishRequest) -> api.AmFinishResponse:
         app, at = self._attempt_for_token(claims)
         if at.state in (AttemptState.FINISHING, AttemptState.FINISHED):   # a retried finish
             self.rests_on_stored(app.app_id)

@@ -5,13 +5,14 @@ node or attempt a call acts for comes from the token, never from the body alone.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from protocol import internal_api as api
 from protocol import tokens
 from protocol.http_server import json_response, read_json, require_token
+from protocol.json_types import JsonObject
 
 if TYPE_CHECKING:
     from .context import RmContext
@@ -31,7 +32,7 @@ class InternalApi:
         r.add_post(api.AM_ALLOCATE, self.am_allocate)
         r.add_post(api.AM_FINISH, self.am_finish)
 
-    def _claims(self, request: web.Request, kind: str) -> dict[str, Any]:
+    def _claims(self, request: web.Request, kind: str) -> JsonObject:
         return require_token(request, self.rm.cluster.secret, kind)
 
     async def node_register(self, request: web.Request) -> web.Response:

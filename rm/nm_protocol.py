@@ -8,12 +8,13 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from protocol import internal_api as api
 from protocol import node_labels
 from protocol.config import RMConfig
 from protocol.ids import ApplicationId
+from protocol.json_types import JsonObject
 from protocol.records import AttemptState, ContainerState, ExitStatus, NodeState, Resource
 from protocol.remote_exception import BadRequest, NotFound, Unauthorized
 
@@ -75,7 +76,7 @@ class NmProtocol:
         def _forget_completed(self) -> None: ...
         def expire_lifetimes(self) -> list[str]: ...
 
-    def register_node(self, claims: dict[str, Any], req: api.NodeRegisterRequest) -> api.NodeRegisterResponse:
+    def register_node(self, claims: JsonObject, req: api.NodeRegisterRequest) -> api.NodeRegisterResponse:
         if claims.get("node_id") != req.node_id:
             raise Unauthorized(f"nm token is for node {claims.get('node_id')!r}, not {req.node_id!r}")
         cap = req.capability
@@ -145,7 +146,7 @@ class NmProtocol:
         return api.NodeRegisterResponse(node_id=req.node_id, heartbeat_interval_ms=self.cfg.nm_heartbeat_interval_ms,
                                         rm_start_ms=self.cluster_ts)
 
-    def node_heartbeat(self, claims: dict[str, Any], req: api.NodeHeartbeatRequest) -> api.NodeHeartbeatResponse:
+    def node_heartbeat(self, claims: JsonObject, req: api.NodeHeartbeatRequest) -> api.NodeHeartbeatResponse:
         if claims.get("node_id") != req.node_id:
             raise Unauthorized(f"nm token is for node {claims.get('node_id')!r}, not {req.node_id!r}")
         node = self.nodes.get(req.node_id)

@@ -285,7 +285,7 @@ class SimJob:
         self.loop.after(self.cal.am_start_s, self._register)
 
     @property
-    def claims(self) -> dict[str, str]:
+    def claims(self) -> JsonObject:
         return {"app_id": self.app_id, "attempt_id": self.attempt_id, "user": self.job.user}
 
     def _register(self) -> None:

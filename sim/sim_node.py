@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from protocol import internal_api as api
+from protocol.json_types import JsonObject
 from protocol.records import ContainerState, ExitStatus, Resource
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ class SimNode:
         self._completed: list[api.ContainerStatus] = []
 
     @property
-    def claims(self) -> dict[str, str]:
+    def claims(self) -> JsonObject:
         """What the NM's token would say (the core checks the node id against it)."""
         return {"node_id": self.node_id}
 

@@ -64,6 +64,8 @@ from psruntime.store.ownership_table import OwnershipTable
 from .runtime.executor_pool import ExecutorRecord
 from .runtime.executor_rpc import Answered, ExecutorRpc
 from protocol.errors import AppError
+from protocol.json_types import JsonObject, json_int, json_list
+from protocol.ps_status import CheckpointInfo
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -131,7 +133,7 @@ class Checkpointer:
         self.client = client
         self._rpc = ExecutorRpc(client)
         self.batch_bytes = batch_bytes
-        self.written: list[dict[str, Any]] = []
+        self.written: list[CheckpointInfo] = []
         self._lock = asyncio.Lock()
         self._transfers = asyncio.Semaphore(PARALLEL_SERVERS)
 
@@ -139,12 +141,13 @@ class Checkpointer:
         return self.root / (f"epoch-{epoch}-clock-{clock}" if clock else f"epoch-{epoch}")
 
     async def write(self, epoch: int, table: OwnershipTable, servers: Sequence[ExecutorRecord],
-                    job: JobRecord, clock: int = 0, workers: Sequence[ExecutorRecord] = ()) -> dict[str, Any]:
+                    job: JobRecord, clock: int = 0, workers: Sequence[ExecutorRecord] = ()) -> CheckpointInfo:
         """Checkpoint every block at the start of `epoch` (clock 0) or inside it, after the job's
         `clock`-th clock, from those of `servers` that own blocks in `table`, with `job`'s record
         (its spec, histories, counters) -- and with `workers`,
         the worker-local state of their input blocks (apps that keep training state on the
-        workers); returns {"epoch", "clock", "dir", "blocks", "seconds", "bytes", "time"}."""
+        workers); returns its protocol.ps_status.CheckpointInfo (epoch, clock, dir, url, blocks,
+        seconds, bytes, time)."""
         async with self._lock:
             # Only the servers that own blocks in `table` are asked. One that owns none has nothing
             # to give, and it is exactly the kind the AM may be stopping meanwhile: one an EPS
@@ -179,12 +182,12 @@ class Checkpointer:
                                                                addresses=dict(table.addresses), version=table.version),
                                     servers=[s.executor_id for s in owners], worker_state=bool(workers))
             await asyncio.to_thread(self._commit, d, encode_job_checkpoint(record))
-            info: dict[str, Any] = {"epoch": epoch, "clock": clock, "dir": str(d), "url": self.durable.child(d.name).url,
-                    "blocks": table.num_blocks, "seconds": round(time.perf_counter() - t0, 4),
-                    "bytes": sum(sizes), "time": record.time}
+            info = CheckpointInfo(epoch=epoch, clock=clock, dir=str(d), url=self.durable.child(d.name).url,
+                                  blocks=table.num_blocks, seconds=round(time.perf_counter() - t0, 4),
+                                  bytes=sum(sizes), time=record.time)
             self.written.append(info)
             log.info("checkpoint %s: %d blocks, %.1f MiB from %d servers in %.3fs", d, table.num_blocks,
-                     info["bytes"] / 2**20, len(owners), info["seconds"])
+                     info.bytes / 2**20, len(owners), info.seconds)
             await asyncio.to_thread(self._prune, (epoch, clock))
             return info
 
@@ -223,7 +226,7 @@ class Checkpointer:
         target.put_files([p for p in sorted(d.iterdir()) if p.is_file() and p.name != JOB_MANIFEST])
         target.write_bytes(JOB_MANIFEST, manifest)
         # Keep the staged copies of the newest checkpoints, this one among them (restores read the last).
-        keep = {d.name} | {Path(w["dir"]).name for w in self.written[-(KEEP_CHECKPOINTS - 1):]}
+        keep = {d.name} | {Path(w.dir).name for w in self.written[-(KEEP_CHECKPOINTS - 1):]}
         for old in self.root.iterdir():
             if old.is_dir() and old.name not in keep:
                 shutil.rmtree(old, ignore_errors=True)
@@ -277,10 +280,10 @@ class Checkpointer:
         answered = await self._rpc.exchange(worker, ops.BlockStates(), ops.BlockStatesReply)
         at, nbytes = 0, 0
         for h in answered.reply.blocks:
-            n = len(h.get("arrays", []))
+            n = len(json_list(h.get("arrays")))
             arrays = answered.arrays[at:at + n]
             at += n
-            b = int(h["block_index"])
+            b = json_int(h["block_index"])
             await _to_thread_to_its_end(_write_worker_state, d, b, h, arrays, not self.staged)
             nbytes += sum(int(a.nbytes) for a in arrays)
         return nbytes
@@ -291,7 +294,7 @@ class Checkpointer:
         d = Path(directory)
 
         async def one(worker: ExecutorRecord) -> int:
-            headers: list[dict[str, Any]] = []
+            headers: list[JsonObject] = []
             arrays: list[np.ndarray] = []
             for b in worker.blocks:
                 h, state = _read_worker_state(d, b)
@@ -352,7 +355,7 @@ class Checkpointer:
         return nbytes
 
     @property
-    def last(self) -> dict[str, Any] | None:
+    def last(self) -> CheckpointInfo | None:
         return self.written[-1] if self.written else None
 
     def latest(self) -> StoredCheckpoint | None:
@@ -431,13 +434,13 @@ def _write_manifest(d: Path, executor_id: str, num_blocks: int, table_version: i
         fsync_file(path)
 
 
-def _write_worker_state(d: Path, block: int, header: dict[str, Any], arrays: list[np.ndarray], sync: bool) -> None:
+def _write_worker_state(d: Path, block: int, header: JsonObject, arrays: list[np.ndarray], sync: bool) -> None:
     """One input block's worker-local state as `worker_state_<b>.buf` (atomically; fsynced with
     `sync`): a buffer file with its header as the content."""
     buffer_file.write(d / f"{WORKER_STATE_PREFIX}{block}.buf", header, arrays, durable=sync)
 
 
-def _read_worker_state(d: Path, block: int) -> tuple[dict[str, Any], list[np.ndarray]]:
+def _read_worker_state(d: Path, block: int) -> tuple[JsonObject, list[np.ndarray]]:
     """(header, arrays) of an input block's checkpointed state; a checkpoint written before the
     buffer files holds `worker_state_<b>.npz` (the header as uint8 JSON beside arrays a0, a1...)."""
     path = d / f"{WORKER_STATE_PREFIX}{block}.buf"

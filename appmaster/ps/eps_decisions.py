@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 from protocol.errors import PlanningError
+from protocol.ps_status import EpsTransfer
 
 
 class DecisionError(PlanningError, ValueError):
@@ -40,8 +41,9 @@ class Transfer:
     dst: str
     reactivate: bool = False
 
-    def to_json(self) -> dict[str, object]:
-        return {"item": self.item, "src": self.src, "dst": self.dst, "reactivate": self.reactivate}
+    def record(self, kind: str) -> EpsTransfer:
+        """The move as an EPS operation's record shows it (`kind`: "block" or "split")."""
+        return EpsTransfer(kind=kind, item=self.item, src=self.src, dst=self.dst, reactivate=self.reactivate)
 
 
 def _loads(holdings: Mapping[str, Sequence[int]], names: Sequence[str]) -> dict[str, list[int]]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
+from protocol.ps_status import EpsOpStatus, EpsTransfer, OpShape
 from protocol.shape_history import EpsChange, ExecutorCounts
 from protocol.errors import StateError
 
@@ -52,7 +53,7 @@ class ElasticOpRecord:
     splits_moved: int = 0                           # input splits sent worker-to-worker
     splits_reactivated: int = 0                     # input splits taken back from inactive copies
     bytes_sent: int = 0                             # worker-to-worker input data and state
-    transfers: list[dict[str, Any]] = field(default_factory=list)
+    transfers: list[EpsTransfer] = field(default_factory=list)
     training_time_lost_s: float = 0.0               # time training waited for the change
     # Where the time went, seconds by step: allocate (ask -> last container granted), start
     # (granted -> last executor announced), register (bind + address broadcast), move_blocks,
@@ -85,15 +86,16 @@ class ElasticOpRecord:
                          containers_added=list(self.containers_added),
                          containers_released=list(self.containers_released), error=self.error)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "requested": self.requested, "started": self.started,
-                "epoch_started": self.epoch_started, "epoch_switched": self.epoch_switched,
-                "before": {"workers": self.workers_before, "servers": self.servers_before},
-                "after": {"workers": self.workers_after, "servers": self.servers_after},
-                "duration_s": round(self.duration_s, 4), "containers_added": self.containers_added,
-                "containers_released": self.containers_released, "executors_added": self.executors_added,
-                "executors_removed": self.executors_removed, "blocks_moved": self.blocks_moved,
-                "splits_moved": self.splits_moved, "splits_reactivated": self.splits_reactivated,
-                "bytes_sent": self.bytes_sent, "transfers": self.transfers,
-                "training_time_lost_s": round(self.training_time_lost_s, 4), "phases": dict(self.phases),
-                "ok": self.ok, "error": self.error}
+    def status(self) -> EpsOpStatus:
+        """The operation as the AM's status (`eps`) and POST /scale's answer show it."""
+        return EpsOpStatus(op=self.op, requested=self.requested, started=self.started,
+                           epoch_started=self.epoch_started, epoch_switched=self.epoch_switched,
+                           before=OpShape(workers=self.workers_before, servers=self.servers_before),
+                           after=OpShape(workers=self.workers_after, servers=self.servers_after),
+                           duration_s=round(self.duration_s, 4), containers_added=list(self.containers_added),
+                           containers_released=list(self.containers_released),
+                           executors_added=list(self.executors_added), executors_removed=list(self.executors_removed),
+                           blocks_moved=self.blocks_moved, splits_moved=self.splits_moved,
+                           splits_reactivated=self.splits_reactivated, bytes_sent=self.bytes_sent,
+                           transfers=list(self.transfers), training_time_lost_s=round(self.training_time_lost_s, 4),
+                           phases=dict(self.phases), ok=self.ok, error=self.error)

@@ -63,7 +63,7 @@ class SplitTransmitter:
         by_src: dict[str, list[Transfer]] = {}
         for t in transfers:
             by_src.setdefault(t.src, []).append(t)
-        rec.transfers += [{"kind": "split", **t.to_json()} for t in transfers]
+        rec.transfers += [t.record("split") for t in transfers]
 
         async def one(src: str, ts: list[Transfer]) -> list[str]:
             reply = await self.rpc.call(self._worker(src), ops.EpsCommit(

@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence, TypeVar
+from typing import Awaitable, Callable, Mapping, Optional, Sequence, TypeVar
 
 from protocol import executor_ops as ops
 from protocol.checkpoint_manifest import JobCheckpoint, JobRecord
+from protocol.ps_status import CheckpointInfo
 from protocol.records import Resource
 from psruntime.apps.base import AnyPSApp, PSApp
 
@@ -249,7 +250,7 @@ class Reconfiguration:
         if not moves and not drop:
             return
         placement, membership = self.training.placement, self.training.membership
-        rec.transfers += [{"kind": "block", **t.to_json()} for t in moves]
+        rec.transfers += [t.record("block") for t in moves]
 
         async def step() -> int:
             await placement.move_routes(group_by_route(list(moves)))
@@ -291,7 +292,7 @@ class Reconfiguration:
         self.training.loop.resume()
 
     # -- durable state -------------------------------------------------------------------------------
-    async def checkpoint(self, epoch: int, job: JobRecord, clock: int = 0) -> dict[str, Any]:
+    async def checkpoint(self, epoch: int, job: JobRecord, clock: int = 0) -> CheckpointInfo:
         """Every server block of the job to the AM's durable dir -- and the workers' block state
         for an app that keeps training state on its workers (one consistent cut: call at a clock
         boundary)."""
@@ -307,7 +308,7 @@ class Reconfiguration:
                                                     for w in self.training.membership.workers),
                                                   return_exceptions=True) if isinstance(r, BaseException)]
         if missed:
-            log.warning("%d worker(s) missed the push-log reset of checkpoint %s: %s", len(missed), info["dir"],
+            log.warning("%d worker(s) missed the push-log reset of checkpoint %s: %s", len(missed), info.dir,
                         missed[0])
         return info
 

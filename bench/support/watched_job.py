@@ -13,7 +13,7 @@ from elastane_cli.local_cluster import LocalCluster
 import msgspec
 
 from protocol import tokens
-from protocol.ps_status import PsStatus, decode_status
+from protocol.ps_status import PsStatus, ScaleRequest, decode_status
 from support.http_json import http_json
 
 FINAL = ("FINISHED", "FAILED", "KILLED")
@@ -80,7 +80,7 @@ class Job:
             raise RuntimeError(f"{self.app_id}: no AM status to scale through")
         token = tokens.am_control_token(tokens.job_secret(self.cluster_secret, attempt), attempt)
         t0 = time.perf_counter()
-        out = http_json(self.url + "/scale", "POST", {"workers": workers, "servers": servers}, 600.0,
+        out = http_json(self.url + "/scale", "POST", ScaleRequest(workers=workers, servers=servers), 600.0,
                         headers=tokens.bearer(token))
         return out["changes"], time.perf_counter() - t0
 

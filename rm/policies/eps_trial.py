@@ -21,8 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from protocol.job_report import JobReport
-from protocol.state_machine import TransitionTable
-from protocol.errors import StateError
+from protocol.state_machine import InvalidTransition, TransitionTable
 
 
 class TrialState(str, enum.Enum):
@@ -53,10 +52,10 @@ TRANSITIONS: TransitionTable[TrialState, TrialEvent, TrialState] = TransitionTab
     (TrialState.MEASURING, TrialEvent.SPEED_DROPPED): TrialState.REVERTED,
     (TrialState.MEASURING, TrialEvent.TIMEOUT): TrialState.KEPT,
     (TrialState.MEASURING, TrialEvent.PREEMPTED): TrialState.ABANDONED,
-}, lambda state, event: IllegalTrialTransition(f"{event.value} in state {state.value}"))
+}, lambda state, event: IllegalTrialTransition(f"{event.value} in state {state.value}", state, event))
 
 
-class IllegalTrialTransition(StateError, ValueError):
+class IllegalTrialTransition(InvalidTransition):
     """An event that the trial's state does not accept (a bug in the caller)."""
 
 
@@ -98,7 +97,7 @@ def advance(trial: Trial, event: TrialEvent, now: float, speed_after: float = 0.
     try:
         nxt = TRANSITIONS.next(trial.state, event)
     except IllegalTrialTransition as e:
-        raise IllegalTrialTransition(f"trial of {trial.app_id}: {e}") from None
+        raise IllegalTrialTransition(f"trial of {trial.app_id}: {e}", e.state, e.event) from None
     if nxt == TrialState.MEASURING:
         return replace(trial, state=nxt, reached_at=now)
     return replace(trial, state=nxt, speed_after=speed_after or trial.speed_after)

@@ -36,10 +36,9 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Optional, Sequence
 
 from protocol.config import RMConfig
-from protocol.errors import StateError
 from protocol.internal_api import NodePlacement, RunState
 from protocol.records import ZERO, AppState, Resource
-from protocol.state_machine import TransitionTable
+from protocol.state_machine import InvalidTransition, TransitionTable
 
 from .decision import JobDecision
 from .queue_shares import QueueDemand, QueueShare, ideal_shares
@@ -67,8 +66,9 @@ class ReclaimEvent(str, enum.Enum):
     CANCEL = "CANCEL"                   # the queue is no longer over its share / the app ended
 
 
-class ReclaimTransitionError(StateError, ValueError):
-    """An event a reclaim target's state does not allow."""
+class ReclaimTransitionError(InvalidTransition):
+    """An event a reclaim target's state does not allow (protocol.state_machine.InvalidTransition, its
+    own class so a reader of a traceback sees whose machine refused)."""
 
 
 TRANSITIONS: TransitionTable[ReclaimState, ReclaimEvent, ReclaimState] = TransitionTable({
@@ -79,7 +79,7 @@ TRANSITIONS: TransitionTable[ReclaimState, ReclaimEvent, ReclaimState] = Transit
     (ReclaimState.WARNED, ReclaimEvent.SHRUNK): ReclaimState.DONE,      # the shrink, carried out late
     (ReclaimState.WARNED, ReclaimEvent.GRACE_EXPIRED): ReclaimState.KILLED,
     (ReclaimState.WARNED, ReclaimEvent.CANCEL): ReclaimState.CANCELLED,
-}, lambda s, e: ReclaimTransitionError(f"reclaim: event {e.value} not allowed in state {s.value}"))
+}, lambda s, e: ReclaimTransitionError(f"reclaim: event {e.value} not allowed in state {s.value}", s, e))
 
 
 @dataclass(frozen=True)

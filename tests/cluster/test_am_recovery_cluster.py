@@ -46,7 +46,7 @@ def make_hook(master, am):
     first_attempt = os.environ[container_env.APP_ATTEMPT_ID].endswith("_000001")
 
     def hook():
-        if first_attempt and any(c["epoch"] >= after for c in master.checkpointer.written):
+        if first_attempt and any(c.epoch >= after for c in master.checkpointer.written):
             os.kill(os.getpid(), signal.SIGKILL)
     return hook
 """

@@ -12,6 +12,7 @@ import pytest
 from appmaster.ps.runtime.master import PSApplicationMaster
 from protocol.model_output import ModelOutputError
 from protocol.ps_job_spec import validate
+from protocol.ps_status import CheckpointInfo
 
 
 class Recorder:
@@ -26,7 +27,7 @@ class Recorder:
         return "url"
 
 
-def master(checkpoints: list[tuple[int, str]], last: dict[str, Any] | None) -> tuple[PSApplicationMaster, Recorder]:
+def master(checkpoints: list[tuple[int, str]], last: CheckpointInfo | None) -> tuple[PSApplicationMaster, Recorder]:
     am = PSApplicationMaster.__new__(PSApplicationMaster)
     am.spec = validate({"app": "mlr", "workers": 1, "servers": 1, "max_epochs": 20,
                         "checkpoint_every_epochs": 5, "output": "/tmp/elastane-test-output"})
@@ -42,13 +43,13 @@ def master(checkpoints: list[tuple[int, str]], last: dict[str, Any] | None) -> t
 
 
 async def test_a_failed_checkpoint_publishes_no_epoch_dir_from_an_older_one() -> None:
-    am, rec = master([(5, "/ck/epoch-5")], {"epoch": 5, "clock": 0, "dir": "/ck/epoch-5"})
+    am, rec = master([(5, "/ck/epoch-5")], CheckpointInfo(epoch=5, clock=0, dir="/ck/epoch-5"))
     await am._write_output("checkpoint", 10)
     assert rec.written == []
 
 
 async def test_an_epochs_checkpoint_is_published_from_its_own_dir() -> None:
-    am, rec = master([(5, "/ck/epoch-5"), (10, "/ck/epoch-10")], {"epoch": 10, "clock": 0, "dir": "/ck/epoch-10"})
+    am, rec = master([(5, "/ck/epoch-5"), (10, "/ck/epoch-10")], CheckpointInfo(epoch=10, clock=0, dir="/ck/epoch-10"))
     await am._write_output("checkpoint", 10)
     assert rec.written == [("/ck/epoch-10", {"kind": "checkpoint", "epoch": 10})]
 
@@ -60,7 +61,7 @@ async def test_a_taken_over_attempt_writes_the_final_model_from_the_checkpoint_i
 
 
 async def test_no_checkpoint_of_the_last_epoch_fails_the_final_output_by_name() -> None:
-    am, rec = master([(5, "/ck/epoch-5")], {"epoch": 5, "clock": 0, "dir": "/ck/epoch-5"})
+    am, rec = master([(5, "/ck/epoch-5")], CheckpointInfo(epoch=5, clock=0, dir="/ck/epoch-5"))
     with pytest.raises(ModelOutputError, match="no checkpoint of epoch 10"):
         await am._write_output("final", 10)
     assert rec.written == []

@@ -88,7 +88,7 @@ async def test_blocks_round_trip_through_the_am(tmp_path) -> None:
         recs = [_record(e, i) for i, e in enumerate(executors)]
         ckpt = Checkpointer(tmp_path, dp, batch_bytes=4096)        # several batches per server
         info = await ckpt.write(3, ctl.table, recs, JobRecord(objective=1.5))
-        assert info["bytes"] > 2 * 4096 and ckpt.last == info
+        assert info.bytes > 2 * 4096 and ckpt.last == info
         d = tmp_path / "epoch-3"
         assert sorted(p.name for p in d.glob("manifest-*.json")) == ["manifest-e0.json", "manifest-e1.json"]
         assert json.loads((d / "job.json").read_text())["objective"] == 1.5
@@ -100,7 +100,7 @@ async def test_blocks_round_trip_through_the_am(tmp_path) -> None:
         await c.put(list(model), [np.zeros_like(v) for v in model.values()])
         await c.close()
         sent = await ckpt.restore(d, recs, NB)
-        assert sent == info["bytes"]
+        assert sent == info.bytes
         _assert_model(await _pull(ctl, list(model)), model)
 
 
@@ -142,7 +142,7 @@ async def test_the_am_reads_checkpoint_replies_by_their_record(tmp_path) -> None
             return ReportingMore(**msgspec.structs.asdict(reply), compressed=False), out
         e0.replace_op(ops.CheckpointBlocks, bind(ops.CheckpointBlocks, reporting_more)[1])
         info = await Checkpointer(tmp_path, dp, batch_bytes=4096).write(1, ctl.table, recs, JobRecord())
-        assert sorted(load_blocks(info["dir"], NB)) == list(range(NB))
+        assert sorted(load_blocks(info.dir, NB)) == list(range(NB))
 
         def without_blocks(req, arrays):
             reply, out = serve(req, arrays)
@@ -166,9 +166,9 @@ async def test_a_model_larger_than_a_frame_travels_in_several(tmp_path) -> None:
         rec = _record(executors[0], 0)
         ckpt = Checkpointer(tmp_path, dp, batch_bytes=FRAME_LIMIT // 2)
         info = await ckpt.write(2, ctl.table, [rec], JobRecord())
-        assert info["bytes"] >= nbytes
+        assert info.bytes >= nbytes
         executors[0].service.store.update(0, "add", np.ones(DIM, np.float32))
-        await ckpt.restore(info["dir"], [rec], NB)       # and back, in frames the server accepts
+        await ckpt.restore(info.dir, [rec], NB)       # and back, in frames the server accepts
         _assert_model(await _pull(ctl, list(model)), model)
 
 
@@ -307,7 +307,7 @@ async def test_a_refused_restore_names_the_server(tmp_path) -> None:
         info = await Checkpointer(tmp_path, dp).write(0, ctl.table, recs, JobRecord())
         recs[0].blocks = recs[0].blocks + recs[1].blocks[:1]       # not what e0's table gives it
         with pytest.raises(ExecutorCallError, match=r"restore_blocks_data on e0 .* not assigned to e0"):
-            await Checkpointer(tmp_path, dp).restore(info["dir"], recs[:1], NB)
+            await Checkpointer(tmp_path, dp).restore(info.dir, recs[:1], NB)
 
 
 async def test_a_checkpoint_that_fails_midway_lets_the_servers_cut_go(tmp_path, monkeypatch) -> None:

@@ -82,7 +82,7 @@ async def test_attempt_2_resumes_from_attempt_1s_latest_checkpoint(location, tmp
         await first.write(1, ctl.table, recs, _job(1))
         model = await _put(ctl, 2.0)
         info = await first.write(2, ctl.table, recs, _job(2), clock=3)
-        assert info["url"] == durable.child("epoch-2-clock-3").url
+        assert info.url == durable.child("epoch-2-clock-3").url
         await _put(ctl, 3.0)
         await first.write(3, ctl.table, recs, _job(3))
     dirs, _ = durable.entries()
@@ -165,8 +165,8 @@ async def test_a_remote_checkpoint_is_staged_locally_then_put_with_job_json_last
         await _put(ctl, 1.0)
         for epoch in (1, 2, 3):
             info = await ckpt.write(epoch, ctl.table, recs, _job(epoch))
-            assert Path(info["dir"]).parent == tmp_path / "stage"           # restores read the local copy
-            assert json.loads((Path(info["dir"]) / JOB_MANIFEST).read_text())["epoch"] == epoch
+            assert Path(info.dir).parent == tmp_path / "stage"           # restores read the local copy
+            assert json.loads((Path(info.dir) / JOB_MANIFEST).read_text())["epoch"] == epoch
     assert puts[-1] == JOB_MANIFEST and puts.count(JOB_MANIFEST) == 3
     first = puts[:puts.index(JOB_MANIFEST)]
     assert sorted(first) == sorted([f"block_{b}.buf" for b in range(NB)] + ["manifest-e0.json", "manifest-e1.json"])
@@ -199,7 +199,7 @@ async def test_a_local_checkpoint_is_durable_before_job_json_commits_it(tmp_path
         assert not ckpt.staged and ckpt.root == tmp_path / "checkpoints"      # written in place
         await _put(ctl, 1.0)
         info = await ckpt.write(1, ctl.table, recs, _job(1))
-    assert info["dir"] == str(tmp_path / "checkpoints" / "epoch-1") == info["url"]
+    assert info.dir == str(tmp_path / "checkpoints" / "epoch-1") == info.url
     assert sorted(synced) == sorted([f"block_{b}.buf" for b in range(NB)] + ["manifest-e0.json", "manifest-e1.json"])
     assert tmp_path / "checkpoints" / "epoch-1" in dirs_synced      # the files' renames, before job.json
     assert json.loads((tmp_path / "checkpoints" / "epoch-1" / JOB_MANIFEST).read_text())["epoch"] == 1

@@ -103,7 +103,7 @@ async def test_the_final_checkpoint_survives_a_failed_addition_retiring_its_new_
     assert sorted(held.asked) == sorted(owners) and new.address not in held.asked
     info = master.steps.checkpointer.last         # the final checkpoint
     assert info is not None
-    d = Path(info["dir"])
+    d = Path(info.dir)
     assert json.loads((d / "job.json").read_text())["servers"] == servers
     assert sorted(load_blocks(d, job.spec.num_blocks)) == list(range(job.spec.num_blocks))
 
@@ -127,7 +127,7 @@ async def test_a_drained_server_that_is_gone_is_not_asked_but_a_lost_owner_fails
         await executors[2].stop()
 
         info = await Checkpointer(tmp_path, dp).write(1, ctl.table, recs, JobRecord())   # the list still names e2
-        d = Path(info["dir"])
+        d = Path(info.dir)
         assert sorted(p.name for p in d.glob("manifest-*.json")) == ["manifest-e0.json", "manifest-e1.json"]
         assert sorted(load_blocks(d, NB)) == list(range(NB))
 

@@ -77,8 +77,8 @@ async def test_an_eps_commit_ends_the_running_clock_early_and_every_batch_runs_o
 
         assert await job.run() is FinalStatus.SUCCEEDED
         [records] = [await s for s in scaled]
-        assert [(r["op"], r["ok"]) for r in records] == [("add_workers", True)], records
-        assert records[0]["splits_moved"] > 0
+        assert [(r.op, r.ok) for r in records] == [("add_workers", True)], records
+        assert records[0].splits_moved > 0
         # Epoch 0 in one clock; epoch 1's clock was cut at the commit and a second one finished it.
         assert clocks[0] == 1 and clocks[1] >= 2, clocks
         loop = job.loop
@@ -108,8 +108,8 @@ async def test_in_sync_windows_an_eps_commit_cuts_the_clock_at_a_windows_end_and
             row for _, row in job.loop.clock_start_positions(range(job.app.num_blocks)).values()))
         assert await job.run() is FinalStatus.SUCCEEDED
         [records] = [await s for s in scaled]
-        assert [(r["op"], r["ok"]) for r in records] == [("add_workers", True)], records
-        assert records[0]["splits_moved"] > 0
+        assert [(r.op, r.ok) for r in records] == [("add_workers", True)], records
+        assert records[0].splits_moved > 0
         loop = job.loop
         assert [e.epoch for e in job.epochs] == [0, 1, 2]
         assert loop.audit_mismatches == [], loop.audit_mismatches

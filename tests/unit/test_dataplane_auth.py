@@ -14,12 +14,13 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 import aiohttp
+import msgspec
 import numpy as np
 import pytest
 
 from appmaster.ps.runtime.status_server import ControlAuth, StatusServer
 from protocol import tokens
-from protocol.ps_status import PsStatus
+from protocol.ps_status import CheckpointInfo, EpsOpStatus, PsStatus
 from psruntime.wire.dataplane import DataPlaneClient, DataPlaneConnection, DataPlaneServer, parse_address
 from psruntime.wire.dataplane_auth import AuthError, ClientHandshake, secret_key
 from psruntime.executor import Executor
@@ -234,12 +235,14 @@ async def test_a_client_drops_a_large_header_from_a_server_that_has_not_proved_t
 async def test_am_control_endpoints_need_the_apps_token() -> None:
     scaled: list[tuple[int, int]] = []
 
-    async def scale(workers: int, servers: int) -> list[dict[str, Any]]:
-        scaled.append((workers, servers))
-        return [{"op": "add_workers"}]
+    change = EpsOpStatus(op="add_workers", requested=1, started=1.0)
 
-    async def checkpoint() -> dict[str, Any]:
-        return {"epoch": 1}
+    async def scale(workers: int, servers: int) -> list[EpsOpStatus]:
+        scaled.append((workers, servers))
+        return [change]
+
+    async def checkpoint() -> CheckpointInfo:
+        return CheckpointInfo(epoch=1, dir="/x/epoch-1")
 
     attempt = "appattempt_1_0001_000001"
     server = StatusServer(lambda: PsStatus(state="TRAINING"), checkpoint, scale=scale,
@@ -260,7 +263,8 @@ async def test_am_control_endpoints_need_the_apps_token() -> None:
             async with s.get(url + "status") as r:                 # the status stays readable
                 assert r.status == 200
             async with s.post(url + "scale", json={"workers": 1}, headers=tokens.bearer(good)) as r:
-                assert r.status == 200 and (await r.json())["changes"] == [{"op": "add_workers"}]
+                assert r.status == 200
+                assert msgspec.convert((await r.json())["changes"], list[EpsOpStatus]) == [change]
             async with s.post(url + "checkpoint", headers=tokens.bearer(good)) as r:
                 assert r.status == 200
         assert scaled == [(1, 0)]

@@ -43,18 +43,18 @@ async def test_each_part_of_an_eps_add_records_its_own_duration(job: PsJob, tmp_
     await job.until(lambda: bool(job.job.holdings.blocks.get("server-2")), "the new server's blocks")
     server_part_done = time.perf_counter() - asked
     worker_gate.set()
-    records = {r["op"]: r for r in await scaled}
+    records = {r.op: r for r in await scaled}
     elapsed = time.perf_counter() - asked
 
-    assert set(records) == {"add_servers", "add_workers"} and all(r["ok"] for r in records.values())
+    assert set(records) == {"add_servers", "add_workers"} and all(r.ok for r in records.values())
     servers, workers = records["add_servers"], records["add_workers"]
     for r in (servers, workers):
-        assert asked_wall - 1.0 <= r["started"] <= asked_wall + elapsed
-        assert 0.0 < r["duration_s"] <= elapsed
+        assert asked_wall - 1.0 <= r.started <= asked_wall + elapsed
+        assert 0.0 < r.duration_s <= elapsed
     # The server part ended before the worker's launch was let go; the worker part after it.
-    assert servers["duration_s"] <= server_part_done
-    assert workers["started"] + workers["duration_s"] > servers["started"] + servers["duration_s"]
-    assert workers["duration_s"] > servers["duration_s"]
+    assert servers.duration_s <= server_part_done
+    assert workers.started + workers.duration_s > servers.started + servers.duration_s
+    assert workers.duration_s > servers.duration_s
     # EPS's inactive splits go under each executor's own dir in the test's tmp, not into the
     # checkout (the process's working dir, which a container's is and a test's is not).
     roots = [ex.eps.inactive.root for ex in job.am.executors.values()]

@@ -20,7 +20,7 @@ from protocol.job_report import (MAX_EPOCH_TIMES, MAX_OBJECTIVES, JobReport, fin
                                  recent_objectives)
 from protocol.internal_api import NodePlacement
 from protocol.records import Resource
-from protocol.ps_status import PsStatus, decode_status
+from protocol.ps_status import CheckpointInfo, PsStatus, decode_status
 from protocol.remote_exception import Conflict
 from psruntime.wire.dataplane import RequestError
 from psruntime.wire.frame_codec import Frame
@@ -222,10 +222,10 @@ def test_exit_description_names_executor_role_container_and_reason() -> None:
 async def test_status_server_serves_status_and_checkpoint_errors() -> None:
     calls = []
 
-    async def checkpoint() -> dict:
+    async def checkpoint() -> CheckpointInfo:
         calls.append(1)
         if len(calls) == 1:
-            return {"epoch": 3, "dir": "/x/epoch-3"}
+            return CheckpointInfo(epoch=3, dir="/x/epoch-3")
         raise Conflict("no checkpoint in phase FAILED")
 
     server = StatusServer(lambda: PsStatus(state="TRAINING", epoch=3), checkpoint)

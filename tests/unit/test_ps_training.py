@@ -113,9 +113,9 @@ async def test_bsp_training_converges_and_checkpoints(job_factory, tmp_path) -> 
     info = await ckpt.write(4, job.ctl.placement.table, job.pool.servers, JobRecord(objective=objectives[-1]))
     manifest = json.loads((tmp_path / "checkpoints" / "epoch-4" / JOB_MANIFEST).read_text())
     assert manifest["epoch"] == 4 and manifest["table"]["owners"] == job.ctl.placement.table.owners
-    assert sorted(load_manifests(info["dir"], job.spec.num_blocks)) == list(range(job.spec.num_blocks))
-    assert len(list(Path(info["dir"]).glob("block_*.buf"))) == job.spec.num_blocks   # one file per block
-    saved = {int(k): v for data in load_blocks(info["dir"], job.spec.num_blocks).values()
+    assert sorted(load_manifests(info.dir, job.spec.num_blocks)) == list(range(job.spec.num_blocks))
+    assert len(list(Path(info.dir).glob("block_*.buf"))) == job.spec.num_blocks   # one file per block
+    saved = {int(k): v for data in load_blocks(info.dir, job.spec.num_blocks).values()
              for k, v in zip(data.keys, data.values)}
     model = await job.ctl.evaluation.model()
     assert len(saved) == job.app.num_keys

@@ -88,7 +88,7 @@ async def test_checkpoints_on_s3_resume_on_another_host_from_the_latest(s3, tmp_
         model = {k: np.arange(4, dtype=np.float32) * 2 + k for k in range(64)}
         await put_values(ctl, model)
         info = await first.write(2, ctl.table, recs, _job(2), clock=3)
-        assert info["url"] == s3.url("apps", "application_1_0001", "checkpoints", "epoch-2-clock-3")
+        assert info.url == s3.url("apps", "application_1_0001", "checkpoints", "epoch-2-clock-3")
     # what is in the bucket: every block file of both checkpoints, each committed by its job.json
     keys = {k.split("/checkpoints/", 1)[1] for k in s3.filesystem().find(f"{s3.bucket}/apps")}
     for name in ("epoch-1", "epoch-2-clock-3"):

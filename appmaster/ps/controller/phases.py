@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import enum
 
-from protocol.errors import StateError
-from protocol.state_machine import TransitionTable
+from protocol.state_machine import InvalidTransition, TransitionTable
 
 
 class Phase(str, enum.Enum):
@@ -113,11 +112,11 @@ TRAINS = frozenset({Phase.TRAINING, Phase.RESHAPING, Phase.EXECUTING_PLAN, Phase
                     Phase.RECOVERING, Phase.PAUSING})
 
 
-class JobTransitionError(StateError, RuntimeError):
+class JobTransitionError(InvalidTransition):
     """A trigger the job's current phase does not take."""
 
     def __init__(self, phase: Phase, trigger: Trigger) -> None:
-        super().__init__(f"{trigger.value} is not allowed in phase {phase.value}")
+        super().__init__(f"{trigger.value} is not allowed in phase {phase.value}", phase, trigger)
         self.phase = phase
         self.trigger = trigger
 

@@ -31,10 +31,9 @@ from protocol.internal_api import LaunchContext, NodePlacement, WarmStart, count
 from protocol.local_resources import LocalResource
 from protocol.ps_status import ExecutorStatus, ShapeStatus
 from protocol.records import ExitStatus
-from protocol.state_machine import TransitionTable
+from protocol.state_machine import InvalidTransition, TransitionTable
 from psruntime.wire.dataplane import DataPlaneClient, Reply, RequestError
 from psruntime.wire.frame_codec import Frame
-from protocol.errors import StateError
 
 EXECUTOR_MODULE = "psruntime.executor"
 
@@ -61,11 +60,11 @@ class ExecutorEvent(str, enum.Enum):
     EXIT = "EXIT"
 
 
-class ExecutorStateError(StateError, RuntimeError):
+class ExecutorStateError(InvalidTransition):
     """An event the executor's state does not take (an AM bug)."""
 
     def __init__(self, state: ExecutorState, event: ExecutorEvent):
-        super().__init__(f"executor: {event.value} not allowed in state {state.value}")
+        super().__init__(f"executor: {event.value} not allowed in state {state.value}", state, event)
 
 
 _X, _XE = ExecutorState, ExecutorEvent

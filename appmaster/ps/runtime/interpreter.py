@@ -530,7 +530,7 @@ class JobInterpreter:
                 clock = loop.clocks_done
                 objective = await training.evaluation.objective()
         last = steps.checkpointer.last
-        if last is not None and (last["epoch"], last.get("clock", 0)) == (s.epoch, clock) and s.reason != "final":
+        if last is not None and (last.epoch, last.clock) == (s.epoch, clock) and s.reason != "final":
             info = last
         else:
             record = msgspec.structs.replace(job, objective=objective, reason=s.reason,
@@ -539,8 +539,8 @@ class JobInterpreter:
         if self.records is not None:
             self.records.cut_objective = objective
             self.records.cut_clock = clock
-            self.records.checkpoint = str(info["dir"])
-        return self._done(s, directory=str(info["dir"]))
+            self.records.checkpoint = info.dir
+        return self._done(s, directory=info.dir)
 
     async def _restore(self, s: ins.RestoreCheckpoint) -> ev.StepDone:
         """The checkpoint onto the (new) executors, its epoch, counters and every input block's

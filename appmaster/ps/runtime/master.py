@@ -36,8 +36,8 @@ from protocol.internal_api import ShapeDirective
 from protocol.job_report import finite, recent_epoch_times, recent_objectives
 from protocol.model_output import ModelOutputError
 from protocol.ps_job_spec import PSJobSpec
-from protocol.ps_status import (CruiseStatus, encode_status, DirectiveRecord, EpsStatus, PsStatus, RecoveryStatus, ResumedFrom,
-                                StragglerStatus, SuspensionCut, SuspensionStatus)
+from protocol.ps_status import (CheckpointInfo, CruiseStatus, encode_status, DirectiveRecord, EpsOpStatus, EpsStatus,
+                                PsStatus, RecoveryStatus, ResumedFrom, StragglerStatus, SuspensionCut, SuspensionStatus)
 from protocol.records import FinalStatus, Resource
 from protocol.remote_exception import ApiError, BadRequest, Conflict
 from protocol.shape_history import ExecutorCounts, ReplaceWorkerChange, ShapeChange, SuspendChange, decode_history
@@ -208,9 +208,10 @@ class PSApplicationMaster:
         self._requests[rid] = fut
         return rid, fut
 
-    async def request_scale(self, workers: int, servers: int) -> list[Any]:
+    async def request_scale(self, workers: int, servers: int) -> list[ShapeChange] | list[EpsOpStatus]:
         """POST /scale: a relative change of workers and servers (EPS's functions, or one
-        kill-based restart with the new shape under elastic_mode "kill")."""
+        kill-based restart with the new shape under elastic_mode "kill"); answers the changes made:
+        the shape history's records under "kill", else one EPS operation record per function called."""
         rid, fut = self._request()
         n_before = self.eps_history.total
         shape_before = self.shape_history.total
@@ -223,13 +224,13 @@ class PSApplicationMaster:
         if reply.status != 200:
             raise ApiError(reply.message)
         if self.spec.elastic_mode == "kill":
-            return [msgspec_builtins(c) for c in self.shape_history.since(shape_before)]
-        return [r.to_json() for r in self.eps_history.since(n_before)]
+            return list(self.shape_history.since(shape_before))
+        return [r.status() for r in self.eps_history.since(n_before)]
 
     def _change_started(self, rid: int) -> bool:
         return rid in self._started_requests
 
-    async def request_checkpoint(self) -> dict[str, Any]:
+    async def request_checkpoint(self) -> CheckpointInfo:
         """Checkpoint at the next epoch boundary (now, if training is between epochs)."""
         rid, fut = self._request()
         self.interp.feed(cev.CheckpointRequested(at=time.time(), request=rid))
@@ -238,7 +239,7 @@ class PSApplicationMaster:
             raise Conflict(reply.message)
         last = self.checkpointer.last
         assert last is not None
-        return dict(last)
+        return last
 
     # -- the run -----------------------------------------------------------------------------
     async def run(self) -> Optional[FinalStatus]:
@@ -860,11 +861,11 @@ class PSApplicationMaster:
         cur = [r for r in current.values()]
         return msgspec.convert({
             "running": self.job.change is not None and self.job.change.kind is ChangeKind.EPS,
-            "current": cur[-1].to_json() if cur else None,
+            "current": cur[-1].status() if cur else None,
             "workers": self.training.membership.worker_ids(), "servers": self.training.membership.server_ids(),
             "minibatches_applied": loop.minibatches_applied, "minibatches_run": loop.minibatches_run,
             "audit_mismatches": list(loop.audit_mismatches),
-            "history": [r.to_json() for r in self.eps_history],
+            "history": [r.status() for r in self.eps_history],
             "limits": {"workers": w, "servers": s, "min_workers": 1, "min_servers": 1} if started else None,
             "datasets": self.steps.splits().to_json() if started else None}, EpsStatus)
 
@@ -890,11 +891,6 @@ class PSApplicationMaster:
 def _report_phase(phase: Phase) -> str:
     """The job report's phase: the RM's policies know TRAINING for a job whose shape changes live."""
     return "TRAINING" if phase.trains else phase.value
-
-
-def msgspec_builtins(obj: object) -> Any:
-    import msgspec
-    return msgspec.to_builtins(obj)
 
 
 def _describe_metrics(metrics: dict[str, float] | None) -> str:

@@ -2,12 +2,15 @@
 
 GET / and GET /status answer the job status, a protocol.ps_status.PsStatus (appmaster.ps.runtime.status_view), as JSON;
 POST /checkpoint writes a checkpoint of every server block at the next epoch boundary and answers
-{"epoch", "dir", ...} once it is on disk (409 when the job has no model to checkpoint).
-POST /scale {"workers": +2, "servers": -1} changes the running job's shape relatively with EPS's
-functions (the controller's EPS planner, appmaster.ps.controller.planners.eps) and answers
-{"changes": [...]} once done: one record per function called (duration, containers added / released, blocks and splits moved, training time
-lost). 400 for an impossible change (above the job's maximum, below 1), 409 while another change
-runs or the job is not training.
+its protocol.ps_status.CheckpointInfo {"epoch", "dir", ...} once it is on disk (409 when the job
+has no model to checkpoint).
+POST /scale {"workers": +2, "servers": -1} (a protocol.ps_status.ScaleRequest) changes the running
+job's shape relatively with EPS's functions (the controller's EPS planner,
+appmaster.ps.controller.planners.eps) and answers {"changes": [...]} once done: one record per
+function called (protocol.ps_status.EpsOpStatus: duration, containers added / released, blocks and
+splits moved, training time lost; under elastic_mode "kill", the shape history's records of the
+restart). 400 for an impossible change (above the job's maximum, below 1), 409 while another
+change runs or the job is not training.
 With a `ControlAuth` (the PS AM always gives one) POST /checkpoint and POST /scale act only for
 `Authorization: Bearer <t>` with t an AM-control token signed with the job's secret
 (protocol.tokens.am_control_token): 401 without one, 403 for a forged, expired or another
@@ -19,29 +22,23 @@ Errors use YARN's RemoteException body (protocol.http_server).
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
-import msgspec
 from aiohttp import web
 
 from protocol import tokens
 from protocol.http_server import JSON, json_response, make_app, read_json
-from protocol.ps_status import PsStatus, encode_status
+from protocol.ps_status import CheckpointInfo, EpsOpStatus, PsStatus, ScaleRequest, encode_status
+from protocol.shape_history import ShapeChange
 from protocol.remote_exception import BadRequest, Forbidden, Unauthorized
 
 log = logging.getLogger(__name__)
 
 StatusFn = Callable[[], PsStatus]
-CheckpointFn = Callable[[], Awaitable[dict[str, Any]]]
-# the changes made, as JSON dicts or Structs (e.g. protocol.shape_history records)
-ScaleFn = Callable[[int, int], Awaitable[Sequence[msgspec.Struct | dict[str, Any]]]]
-
-
-class ScaleRequest(msgspec.Struct, forbid_unknown_fields=True):
-    """Body of POST /scale: signed changes of each role (+N adds, -N removes)."""
-
-    workers: int = 0
-    servers: int = 0
+CheckpointFn = Callable[[], Awaitable[CheckpointInfo]]
+# the changes made: one EPS operation record per function called, or (elastic_mode "kill") the
+# shape history's records of the restart
+ScaleFn = Callable[[int, int], Awaitable[Sequence[EpsOpStatus] | Sequence[ShapeChange]]]
 
 
 class ControlAuth:
@@ -130,4 +127,4 @@ class StatusServer:
         body = await read_json(request, ScaleRequest)
         if body.workers == 0 and body.servers == 0:
             raise BadRequest("nothing to change: give \"workers\" and/or \"servers\" as +N or -N")
-        return json_response({"changes": await self._scale(body.workers, body.servers)})
+        return json_response({"changes": list(await self._scale(body.workers, body.servers))})

@@ -4,9 +4,9 @@ protocol.ps_status.PsStatus, which `GET /status` serves (appmaster.ps.runtime.st
 that same Struct (`decode_status` / `read_status`).
 
 The parts that keep their own records (the pool's shape, held-out scores, directives, Cruise,
-suspension, spill) give them as Structs; those that answer JSON of their own (metrics, EPS,
-recovery, stragglers, the checkpoints written) are converted here into their typed sections, so a
-section of the wrong shape fails when the status is built, not in a reader.
+suspension, spill, the checkpoints written) give them as Structs; the one that answers JSON of its
+own (the metrics) is converted here into their typed sections, so a section of the wrong shape
+fails when the status is built, not in a reader.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
-from protocol.ps_status import CheckpointInfo, MetricsStatus, PsStatus
+from protocol.ps_status import MetricsStatus, PsStatus
 
 from ..executor_status import spill_status
 
@@ -42,7 +42,7 @@ def job_status(am: "PSApplicationMaster") -> PsStatus:
         initial_objective=am.metrics.initial_objective,
         objective_history=[e.result() for e in am.metrics.epochs],
         metrics=_typed(am.metrics.to_json(), MetricsStatus),
-        checkpoints=[_typed(c, CheckpointInfo) for c in am.checkpointer.written],
+        checkpoints=list(am.checkpointer.written),
         heldout=am.heldout.tracker.status(am.heldout.disabled_reason),
         stop_criterion=am.stop_criterion,
         final_metrics=dict(am.final_metrics) if am.final_metrics is not None else None,
