@@ -6,8 +6,9 @@ NM's log REST calls answer from the aggregated files);
 (b) a node SIGKILLed mid-app after a rolled upload: its containers' logs up to that roll are
 readable with `elastane app logs`;
 (c) a node down (SIGTERM or SIGKILL) when the app ended, back later on the same dirs: the RM tells
-it at registration that the app is over, so it uploads its final file and frees its local copies;
-the app view's logAggregationStatus goes RUNNING (one node to come) then SUCCEEDED.
+it at registration that the app is over, so it uploads its final file (SIGTERM: it uploaded it as
+it stopped, and keeps that file) and frees its local copies; the app view's logAggregationStatus
+goes RUNNING (one node to come) then SUCCEEDED.
 """
 from __future__ import annotations
 
@@ -186,10 +187,16 @@ def test_a_node_down_when_the_app_ended_aggregates_its_logs_once_it_is_back(tmp_
 
             def view() -> dict[str, Any]:
                 return dict(rest(c.rm_url, "GET", f"/ws/v1/cluster/apps/{app_id}")["app"])
-            # The AM's node uploaded its file; the victim's is still to come.
+            # The AM's node uploaded its file and told the RM.
             wait_until(lambda: view()["logAggregationStatus"] == "RUNNING", 60, "one node's logs aggregated")
             store = RemoteLogDir(str(remote))
-            assert node_file_name(victim.node_id) not in store.names(app_id)
+            if sig == signal.SIGTERM:
+                # A stopping NM uploads what it holds of the app (docs/operating.md, "When an NM
+                # stops"), but cannot tell the RM any more: that waits for its next run.
+                [early] = [n for n in app_node_logs(store, app_id) if n.node_file == node_file_name(victim.node_id)]
+                assert early.final and read_log(store, app_id, early, cid, "stdout") == f"out-{cid}\n".encode()
+            else:
+                assert node_file_name(victim.node_id) not in store.names(app_id)     # killed: still to come
             assert local.read_text() == f"out-{cid}\n"         # kept on the node while it is down
 
             c.restart_node(victim.index)
