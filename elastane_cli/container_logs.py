@@ -140,4 +140,7 @@ async def read_aggregated(store: RemoteLogDir, app_id: str, agg: Aggregated, con
         data = await asyncio.to_thread(aggregated_logs.read_log, store, app_id, agg.node, container_id, file)
     except (AggregatedLogError, OSError) as e:
         raise CliError(str(e)) from None
+    except Exception as e:  # noqa: BLE001  # a store's own types (s3fs lets botocore's through), as above
+        raise CliError(f"cannot read {container_id}'s {file} from {store.url} "
+                       f"({type(e).__name__}: {_one_line(e)})") from None
     return data.decode("utf-8", errors="replace")

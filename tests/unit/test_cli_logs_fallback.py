@@ -4,6 +4,7 @@ refuses the credentials -- errors that are not OSError, as s3fs lets botocore's 
 one-line warning, and the running app's logs on its live NMs are still shown."""
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -12,7 +13,10 @@ import pytest
 from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
 
 from elastane_cli import main as cli
-from protocol import config
+from elastane_cli.container_logs import Aggregated, read_aggregated
+from elastane_cli.errors import CliError
+from protocol import aggregated_logs, config
+from protocol.aggregated_logs import RemoteLogDir
 from threaded_http import serve_routes
 
 APP = "application_1700000000000_0001"
@@ -95,3 +99,22 @@ def test_a_store_that_cannot_be_listed_still_shows_the_live_logs(
     [warning] = err.splitlines()
     assert warning.startswith("elastane: warning: cannot read the aggregated logs at ")
     assert "EndpointConnectionError: Could not connect to the endpoint URL" in warning
+
+
+def test_a_store_error_while_reading_a_log_is_a_clear_cli_error_not_a_traceback(tmp_path: Path) -> None:
+    """The listing worked, then the read of one log fails with the store's own type (botocore's
+    are not OSError): `read_aggregated` answers a CliError naming the container, the file and why,
+    which the CLI prints with its exit code, where the error escaped as a traceback before."""
+    store = RemoteLogDir(str(tmp_path / "remote"))
+    node: Any = object()
+
+    def read_log(*args: Any) -> bytes:
+        raise EndpointConnectionError('Could not connect to the endpoint URL: "http://s3.invalid/bucket"')
+    mp = pytest.MonkeyPatch()
+    mp.setattr(aggregated_logs, "read_log", read_log)
+    try:
+        with pytest.raises(CliError) as e:
+            asyncio.run(read_aggregated(store, APP, Aggregated(node, {"stdout": 5}), AM, "stdout"))
+    finally:
+        mp.undo()
+    assert AM in str(e.value) and "stdout" in str(e.value) and "EndpointConnectionError" in str(e.value)
