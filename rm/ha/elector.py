@@ -6,6 +6,13 @@ A term, from etcd's side:
   the epoch key is as read, create the leader key (value: this RM's id) on the lease and store
   epoch + 1. The leader key's create revision is the term's fencing token; the epoch goes into
   the container ids the term hands out (container_e<epoch>_...).
+- the cluster secret: every RM of a cluster must sign and check tokens with the same one, or a
+  failover rejects every NM's and AM's token. The first campaign that finds no fingerprint of it
+  in etcd stores its own (`secret_fingerprint`, in the campaign's transaction); an RM whose
+  fingerprint differs from the stored one never campaigns and never rewrites it, and says why in
+  its reason (SECRET_MISMATCH; docs/operating.md, "Settings"). The transaction compares the
+  fingerprint key's mod revision with the one read and checked, so a fingerprint written between
+  the read and the transaction makes the campaign fail, not win.
 - while holding it: `lease_s / 3` after the last acknowledged renewal was sent, renew the lease
   and check, in one transaction, that the leader key still carries the token; the state store's
   writes carry the same check (rm/ha/etcd_store.py). A renewal gets `lease_s / 6` in all (both
@@ -17,7 +24,8 @@ A term, from etcd's side:
   etcd says the lease is gone, or when no renewal was acknowledged for a whole lease -- measured
   from the send time of the last acknowledged one, so this RM gives up no later than etcd can
   expire the lease and let another RM in.
-- a standby polls the leader key every `poll_s` and campaigns when it is free.
+- a standby polls the leader key (and the secret's fingerprint) every `poll_s` and campaigns when
+  it is free; not for the role's hold-off after an operator's switch or a failed recovery.
 - the active compacts etcd's history every `compaction_interval_s`, keeping the last interval's
   (rm/ha/compaction.py); a compaction that fails is logged and tried again at the next one.
 
@@ -29,6 +37,8 @@ lease's renewals.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
 import time
 from typing import Any, Awaitable, Callable, Optional
@@ -42,6 +52,18 @@ from .role import HAEvent, HaRole, HAState, RoleChange
 log = logging.getLogger(__name__)
 
 TRANSITION_STOP_TIMEOUT_S = 30.0     # how long a stop waits for a role change under way to end
+_FINGERPRINT_LABEL = b"elastane rm ha: cluster secret fingerprint"
+
+
+def secret_fingerprint(secret: str) -> bytes:
+    """What etcd holds of the cluster secret (hex): an HMAC of a fixed label keyed by it. Neither
+    the secret nor a plain hash of it, as etcd's client port has no auth (docs/operating.md, "etcd")."""
+    return hmac.new(secret.encode(), _FINGERPRINT_LABEL, hashlib.sha256).hexdigest().encode()
+
+
+def secret_mismatch_reason(key: bytes) -> str:
+    return (f"not campaigning: the cluster secret differs from the active term's (its fingerprint in etcd, "
+            f"{key.decode()}): check `secret` under [cluster] in cluster.toml on every RM host")
 
 
 class Elector:
@@ -50,10 +72,12 @@ class Elector:
     def __init__(self, ha: HAConfig, rm_id: str,
                  on_active: Callable[[int, int], Awaitable[None]],
                  on_standby: Callable[[str], Awaitable[None]],
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, cluster_secret: str = ""):
         self.ha = ha
         self.rm_id = rm_id
         self.clock = clock
+        self.secret_fingerprint = secret_fingerprint(cluster_secret)
+        self.secret_mismatch = False    # the stored fingerprint differs from this RM's, as last read
         self.role = HaRole(rm_id, ha.lease_s, clock())
         self.keys = EtcdKeys(ha.etcd_prefix)
         self.lease_ttl = int(ha.lease_s)
@@ -205,16 +229,39 @@ class Elector:
                             f"no lease renewal acknowledged for {self.ha.lease_s:g}s (the lease); {msg}")
 
     async def _observe(self) -> None:
+        await self._poll()
+
+    async def _poll(self) -> tuple[Any, Any]:
+        """A standby's look at etcd: the leader key and the secret's fingerprint (each None when
+        absent). A mismatch shows in the reason while another RM is active, before any failover."""
         kv = await self.etcd.call(lambda c: c.get(self.keys.leader))
         self.active_id = kv.value.decode() if kv is not None else ""
         self.etcd_error = ""
+        fp = await self.etcd.call(lambda c: c.get(self.keys.secret_fingerprint))
+        self._check_secret(fp)
+        return kv, fp
+
+    def _check_secret(self, fp: Any) -> None:
+        """Note whether the stored fingerprint (None: none yet) differs from this RM's; a change of
+        that verdict is a role change, logged and shown as the reason."""
+        mismatch = fp is not None and bytes(fp.value) != self.secret_fingerprint
+        if mismatch == self.secret_mismatch:
+            return
+        self.secret_mismatch = mismatch
+        if self.role.state != HAState.STANDBY:
+            return      # stopped meanwhile
+        if mismatch:
+            self._log(self.role.fire(HAEvent.SECRET_MISMATCH, self.clock(),
+                                     secret_mismatch_reason(self.keys.secret_fingerprint)))
+        else:
+            self._log(self.role.fire(HAEvent.SECRET_MATCHES, self.clock(),
+                                     "the cluster secret's fingerprint in etcd matches this RM's again"))
 
     async def _campaign(self) -> None:
-        kv = await self.etcd.call(lambda c: c.get(self.keys.leader))
-        self.etcd_error = ""
-        if kv is not None:
-            self.active_id = kv.value.decode()
+        kv, fp = await self._poll()
+        if kv is not None or self.secret_mismatch:
             return
+        fp_mod = fp.mod_revision if fp is not None else 0
         sent = self.clock()
         lease = await self.etcd.call(lambda c: c.lease(self.lease_ttl))
         won = False
@@ -225,10 +272,14 @@ class Elector:
 
             async def txn(c: Any) -> Any:
                 t = c.transactions
+                # The fingerprint as read and checked above (mod revision 0: still absent, and then
+                # this term's is stored); never rewritten once there.
+                record = [] if fp is not None else [t.put(self.keys.secret_fingerprint, self.secret_fingerprint)]
                 return await c.transaction(
-                    compare=[t.create(self.keys.leader) == 0, t.mod(self.keys.epoch) == epoch_mod],
+                    compare=[t.create(self.keys.leader) == 0, t.mod(self.keys.epoch) == epoch_mod,
+                             t.mod(self.keys.secret_fingerprint) == fp_mod],
                     success=[t.put(self.keys.leader, self.rm_id.encode(), lease=lease.id),
-                             t.put(self.keys.epoch, str(epoch).encode()), t.get(self.keys.leader)],
+                             t.put(self.keys.epoch, str(epoch).encode()), t.get(self.keys.leader), *record],
                     failure=[t.get(self.keys.leader)])
 
             ok, responses = await self.etcd.call(txn)

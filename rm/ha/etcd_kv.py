@@ -70,6 +70,13 @@ class EtcdKeys:
         return f"{self.prefix}/ha/epoch".encode()
 
     @property
+    def secret_fingerprint(self) -> bytes:
+        """The cluster secret's fingerprint (rm/ha/elector.py `secret_fingerprint`), written by the
+        first campaign that finds it absent and never rewritten: not on a lease, so it outlives
+        every term."""
+        return f"{self.prefix}/ha/secret-fingerprint".encode()
+
+    @property
     def apps(self) -> bytes:
         return f"{self.prefix}/rm/apps/".encode()
 

@@ -5,7 +5,8 @@ of what a standby serves.
   address, the term's epoch, the recent role changes (both states).
 - `POST /ws/v1/cluster/ha/transition-to-standby` (cluster admins only): YARN's
   `rmadmin -transitionToStandby`; the RM gives the leader key up and stays out of the elections
-  for its hold-off, so another RM takes over (`elastane rm transition-to-standby`).
+  for its hold-off, so another RM takes over (`elastane rm transition-to-standby`). An RM that
+  is not in the election (still starting, or stopping) answers 409 and switches nothing.
 - A standby answers `/ws/v1/cluster/info` itself with `haState: STANDBY`, as YARN's does; every
   other client REST call and web page is redirected to the active (307, method and body kept, as
   YARN's RMWebAppFilter does); the NM and AM protocol (`/internal/...`) is refused with 503 and
@@ -19,10 +20,10 @@ from aiohttp import web
 
 from protocol.config import ClusterConfig
 from protocol.http_server import error_middleware, json_response
-from protocol.remote_exception import Forbidden, ServiceUnavailable
+from protocol.remote_exception import Conflict, Forbidden, ServiceUnavailable
 
 from protocol.client_auth import request_user
-from .role import HaRole
+from .role import HaRole, HAState
 
 HA_PATH = "/ws/v1/cluster/ha"
 TRANSITION_TO_STANDBY_PATH = HA_PATH + "/transition-to-standby"
@@ -76,6 +77,11 @@ class HaEndpoints:
         user = request_user(self.cluster, request)
         if user not in self.cluster.admins:
             raise Forbidden(f"user {user} may not switch ResourceManagers (admins: {', '.join(self.cluster.admins)})")
+        role = self.role()
+        if role.state in (HAState.INITIALIZING, HAState.STOPPED):
+            # Not in the election: nothing to give up, and the role machine has no such switch.
+            raise Conflict(f"ResourceManager {self.rm_id} is {role.state.value} ({role.reason}): it takes no part "
+                           f"in the election, so there is nothing to switch to standby")
         await self.transition_to_standby(f"transition-to-standby by {user}")
         return json_response(self.status())
 

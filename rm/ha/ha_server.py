@@ -106,7 +106,10 @@ class HaResourceManager:
         self.cfg = cfg
         # AMs this RM launches, and its ready file, name its own listed address.
         self.cluster = msgspec.structs.replace(cluster, rm_address=self.url)
-        self.elector = Elector(ha, rm_id, self._become_active, self._become_standby)
+        # The secret itself stays here: the elector keeps only its fingerprint, to check that
+        # every RM of the cluster runs with the same one (rm/ha/elector.py).
+        self.elector = Elector(ha, rm_id, self._become_active, self._become_standby,
+                               cluster_secret=self.cluster.secret)
         self.endpoints = HaEndpoints(self.cluster, rm_id, lambda: self.elector.role, self.active_rm,
                                      lambda: self.elector.etcd_error, self.elector.transition_to_standby)
         self.active: Optional[HaActiveServer] = None

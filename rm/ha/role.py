@@ -4,6 +4,7 @@ elector's view), with time as an argument.
     INITIALIZING --START--> STANDBY --ELECTED--> BECOMING_ACTIVE --RECOVERED--> ACTIVE
     BECOMING_ACTIVE / ACTIVE --FENCED | LEASE_EXPIRED | TRANSITION_TO_STANDBY--> STANDBY
     BECOMING_ACTIVE --RECOVERY_FAILED--> STANDBY
+    STANDBY --TRANSITION_TO_STANDBY | SECRET_MISMATCH | SECRET_MATCHES--> STANDBY
     any but STOPPED --STOP--> STOPPED
 
 ELECTED: this RM's campaign created the lease-bound leader key. FENCED: etcd says another RM holds
@@ -11,7 +12,11 @@ ELECTED: this RM's campaign created the lease-bound leader key. FENCED: etcd say
 must stop acting at once. LEASE_EXPIRED: no renewal succeeded for a whole lease (etcd unreachable
 or the lease gone): from then on another RM may be active, so this one steps down at that moment
 without waiting to hear so. TRANSITION_TO_STANDBY: an operator's `elastane rm transition-to-standby`;
-the RM then keeps out of elections for `hold_off_s`, so another takes over.
+the RM then keeps out of elections for `hold_off_s`, so another takes over. RECOVERY_FAILED: the
+elected RM could not rebuild its state; it keeps out of elections for `recovery_hold_off_s`, so a
+healthy standby wins the next one instead of racing it every poll. SECRET_MISMATCH / SECRET_MATCHES:
+the cluster secret's fingerprint stored in etcd stopped / started matching this RM's (rm/ha/elector.py
+`secret_fingerprint`); the elector does not campaign meanwhile, and the reason says why.
 
 The machine keeps the reason of its last change (for logs and /ws/v1/cluster/info), the epoch and
 fencing token of its current term, and when its lease was last renewed. It decides nothing by
@@ -27,6 +32,11 @@ from typing import Optional
 from protocol.state_machine import InvalidTransition, TransitionTable
 
 HISTORY = 20    # role changes kept for /ws/v1/cluster/info and the web UI
+# After a failed recovery, how many leases the RM stays out of elections: a standby's poll (at most
+# half a second) and campaign need far less, so a healthy standby takes over meanwhile; a recovery
+# that keeps failing (it reads the whole store each time) is tried again no more often than this
+# (docs/operating.md, "What a failover looks like").
+RECOVERY_HOLD_OFF_LEASES = 3
 
 
 class HAState(str, enum.Enum):
@@ -56,6 +66,8 @@ class HAEvent(str, enum.Enum):
     FENCED = "FENCED"
     LEASE_EXPIRED = "LEASE_EXPIRED"
     TRANSITION_TO_STANDBY = "TRANSITION_TO_STANDBY"
+    SECRET_MISMATCH = "SECRET_MISMATCH"
+    SECRET_MATCHES = "SECRET_MATCHES"
     STOP = "STOP"
 
 
@@ -69,6 +81,10 @@ HA_TRANSITIONS: TransitionTable[HAState, HAEvent, HAState] = TransitionTable({
     (_S.STANDBY, _E.ELECTED): _S.BECOMING_ACTIVE,
     # An operator's switch on a standby holds it out of the next elections too (no state change).
     (_S.STANDBY, _E.TRANSITION_TO_STANDBY): _S.STANDBY,
+    # The stored cluster secret's fingerprint differs from this RM's (or matches again): the reason
+    # and the history say so; the elector, which read it from etcd, decides whether to campaign.
+    (_S.STANDBY, _E.SECRET_MISMATCH): _S.STANDBY,
+    (_S.STANDBY, _E.SECRET_MATCHES): _S.STANDBY,
     (_S.BECOMING_ACTIVE, _E.RECOVERED): _S.ACTIVE,
     (_S.BECOMING_ACTIVE, _E.RECOVERY_FAILED): _S.STANDBY,
 }, _invalid)
@@ -94,12 +110,15 @@ class HaRole:
     """One RM's HA role: state, the reason of its last change, the current term's epoch and fencing
     token, and the lease's renewal bookkeeping. Pure: every time is an argument."""
 
-    def __init__(self, rm_id: str, lease_s: float, now: float, hold_off_s: Optional[float] = None):
+    def __init__(self, rm_id: str, lease_s: float, now: float, hold_off_s: Optional[float] = None,
+                 recovery_hold_off_s: Optional[float] = None):
         self.rm_id = rm_id
         self.lease_s = lease_s
         # After an operator's transition-to-standby, how long this RM stays out of elections: two
         # leases, time enough for a standby's poll to see the key gone and campaign.
         self.hold_off_s = 2 * lease_s if hold_off_s is None else hold_off_s
+        self.recovery_hold_off_s = (RECOVERY_HOLD_OFF_LEASES * lease_s if recovery_hold_off_s is None
+                                    else recovery_hold_off_s)
         self.state = HAState.INITIALIZING
         self.since = now
         self.reason = "starting"
@@ -118,8 +137,11 @@ class HaRole:
         self.history.append(change)
         if new != HAState.BECOMING_ACTIVE and new != HAState.ACTIVE:
             self.epoch, self.token, self.renewed_at = 0, 0, None
+        # Either hold-off extends one under way, never cuts it short.
         if event == HAEvent.TRANSITION_TO_STANDBY:
-            self.campaign_not_before = now + self.hold_off_s
+            self.campaign_not_before = max(self.campaign_not_before, now + self.hold_off_s)
+        elif event == HAEvent.RECOVERY_FAILED:
+            self.campaign_not_before = max(self.campaign_not_before, now + self.recovery_hold_off_s)
         return change
 
     def start(self, now: float) -> RoleChange:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.state_machine import InvalidTransition
-from rm.ha.role import HA_TRANSITIONS, HAEvent, HaRole, HAState
+from rm.ha.role import HA_TRANSITIONS, RECOVERY_HOLD_OFF_LEASES, HAEvent, HaRole, HAState
 
 S, E = HAState, HAEvent
 
@@ -14,6 +14,8 @@ EXPECTED = {
     (S.INITIALIZING, E.STOP): S.STOPPED,
     (S.STANDBY, E.ELECTED): S.BECOMING_ACTIVE,
     (S.STANDBY, E.TRANSITION_TO_STANDBY): S.STANDBY,
+    (S.STANDBY, E.SECRET_MISMATCH): S.STANDBY,
+    (S.STANDBY, E.SECRET_MATCHES): S.STANDBY,
     (S.STANDBY, E.STOP): S.STOPPED,
     (S.BECOMING_ACTIVE, E.RECOVERED): S.ACTIVE,
     (S.BECOMING_ACTIVE, E.RECOVERY_FAILED): S.STANDBY,
@@ -83,6 +85,20 @@ def test_an_operators_switch_keeps_the_rm_out_of_elections_for_the_hold_off():
     assert not role.may_campaign(109.9) and role.may_campaign(110.0)
     role.fire(E.TRANSITION_TO_STANDBY, 110.0, "again, on the standby")
     assert role.state == S.STANDBY and not role.may_campaign(119.0) and role.may_campaign(120.0)
+
+
+def test_a_failed_recovery_keeps_the_rm_out_of_elections_for_a_few_leases():
+    role = HaRole("rm1", 5.0, now=99.0)
+    role.start(99.0)
+    assert role.may_campaign(100.0)
+    role.elected(100.0, epoch=3, token=42, lease_granted_at=100.0)
+    role.fire(E.RECOVERY_FAILED, 101.0, "recovery failed: etcd unreachable")
+    assert role.state == S.STANDBY and RECOVERY_HOLD_OFF_LEASES >= 2
+    back = 101.0 + RECOVERY_HOLD_OFF_LEASES * 5.0
+    assert not role.may_campaign(101.0) and not role.may_campaign(back - 0.01) and role.may_campaign(back)
+    # An operator's switch meanwhile (two leases) does not cut the longer hold-off short.
+    role.fire(E.TRANSITION_TO_STANDBY, 102.0, "transition-to-standby by root")
+    assert not role.may_campaign(back - 0.01) and role.may_campaign(back)
 
 
 def test_only_a_standby_campaigns():

@@ -74,3 +74,21 @@ async def test_the_switch_is_for_admins_and_token_auth_is_required_when_configur
         assert [h["event"] for h in ha["history"]] == ["START", "TRANSITION_TO_STANDBY"]
     finally:
         await client.close()
+
+
+async def test_the_switch_on_an_rm_outside_the_election_is_refused_with_409():
+    world = World(ClusterConfig(secret="s"))
+    world.role = HaRole("rm2", 5.0, now=10.0)      # INITIALIZING: not in the election yet
+    client = await client_for(world)
+    try:
+        for stop in (False, True):
+            if stop:
+                world.role.fire(HAEvent.STOP, 12.0, "the ResourceManager is stopping")
+            resp = await client.post("/ws/v1/cluster/ha/transition-to-standby?user.name=root")
+            body = (await resp.json())["RemoteException"]
+            assert resp.status == 409 and body["javaClassName"] == "org.apache.hadoop.yarn.exceptions.YarnException"
+            state = "STOPPED" if stop else "INITIALIZING"
+            assert f"ResourceManager rm2 is {state}" in body["message"] and "nothing to switch" in body["message"]
+        assert world.switches == []
+    finally:
+        await client.close()
