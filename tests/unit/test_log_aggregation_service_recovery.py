@@ -6,22 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from local_app_logs import APP, C1, C2, C3, NODE, OTHER, write_stdout
 from nodemanager.log_aggregation import LogAggregationPlanner
 from nodemanager.log_aggregation_service import LogAggregationService
 from protocol.aggregated_logs import RemoteLogDir, app_node_logs, node_file_name, read_log
 from protocol.internal_api import LogAggregationStatus as S
-
-APP = "application_1700000000000_0007"
-OTHER = "application_1700000000000_0008"
-C1 = "container_1700000000000_0007_01_000002"
-C2 = "container_1700000000000_0008_01_000002"
-C3 = "container_1700000000000_0008_01_000003"
-NODE = "127.0.0.1:45454"
-
-
-def _log(logs: Path, app: str, cid: str, text: str) -> None:
-    (logs / app / cid).mkdir(parents=True, exist_ok=True)
-    (logs / app / cid / "stdout").write_text(text)
 
 
 class _UnlistableStore(RemoteLogDir):
@@ -36,7 +25,7 @@ class _UnlistableStore(RemoteLogDir):
 
 async def test_a_store_that_cannot_list_is_a_failed_try_backed_off_and_reported(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
-    _log(logs, APP, C1, "out\n")
+    write_stdout(logs, APP, C1, "out\n")
     store = _UnlistableStore(str(tmp_path / "remote"))
     now = [100.0]
     svc = LogAggregationService(store, str(logs), NODE, LogAggregationPlanner(0.0, 0.0), lambda: {APP: "alice"},
@@ -64,8 +53,8 @@ async def test_a_restarted_nm_keeps_its_final_files_and_their_owner(tmp_path: Pa
     again, whole, still naming OTHER's owner."""
     logs = tmp_path / "logs"
     remote = tmp_path / "remote"
-    _log(logs, APP, C1, "done before the restart\n")
-    _log(logs, OTHER, C2, "part one\n")
+    write_stdout(logs, APP, C1, "done before the restart\n")
+    write_stdout(logs, OTHER, C2, "part one\n")
     store = RemoteLogDir(str(remote))
     first = LogAggregationService(store, str(logs), NODE, LogAggregationPlanner(0.0, 3600.0),
                                   lambda: {APP: "alice", OTHER: "bob"})
@@ -73,7 +62,7 @@ async def test_a_restarted_nm_keeps_its_final_files_and_their_owner(tmp_path: Pa
     first.app_finished(OTHER)
     await first.run_once()
     app_file = (remote / APP / node_file_name(NODE)).read_bytes()
-    _log(logs, OTHER, C3, "part two\n")
+    write_stdout(logs, OTHER, C3, "part two\n")
 
     again = LogAggregationService(store, str(logs), NODE, LogAggregationPlanner(0.0, 3600.0), lambda: {})
     again.app_finished(APP)

@@ -11,22 +11,12 @@ from typing import Iterable
 
 import pytest
 
+from local_app_logs import APP, C1, C2, NODE, OTHER, write_stdout
 from nodemanager.log_aggregation import LogAggregationPlanner
 from nodemanager.log_aggregation_service import LogAggregationService
 from polling import async_wait_until
 from protocol.aggregated_logs import RemoteLogDir, app_node_logs, node_file_name, read_log
 from protocol.internal_api import LogAggregationStatus as S
-
-APP = "application_1700000000000_0007"
-OTHER = "application_1700000000000_0008"
-C1 = "container_1700000000000_0007_01_000002"
-C2 = "container_1700000000000_0008_01_000002"
-NODE = "127.0.0.1:45454"
-
-
-def _log(logs: Path, app: str, cid: str, text: str) -> None:
-    (logs / app / cid).mkdir(parents=True, exist_ok=True)
-    (logs / app / cid / "stdout").write_text(text)
 
 
 async def test_stop_uploads_the_apps_this_node_is_done_with_and_a_later_run_keeps_that_file(tmp_path: Path) -> None:
@@ -35,8 +25,8 @@ async def test_stop_uploads_the_apps_this_node_is_done_with_and_a_later_run_keep
     left to the next run. The next run names APP at registration and, once the RM says APP is
     over, keeps the file as it is (no second upload) and frees the local copies."""
     logs = tmp_path / "logs"
-    _log(logs, APP, C1, "last words\n")
-    _log(logs, OTHER, C2, "still running\n")
+    write_stdout(logs, APP, C1, "last words\n")
+    write_stdout(logs, OTHER, C2, "still running\n")
     store = RemoteLogDir(str(tmp_path / "remote"))
     svc = LogAggregationService(store, str(logs), NODE, LogAggregationPlanner(0.0, 0.0),
                                 lambda: {APP: "alice", OTHER: "bob"})
@@ -81,7 +71,7 @@ def test_a_stuck_store_holds_the_stop_no_longer_than_its_bound(tmp_path: Path,
     """The last upload hangs in the store: `stop` gives up after its bound, says whose logs stay
     behind, and the daemon's asyncio.run returns (its thread does not wait for the stuck write)."""
     logs = tmp_path / "logs"
-    _log(logs, APP, C1, "last words\n")
+    write_stdout(logs, APP, C1, "last words\n")
     store = _StuckStore(str(tmp_path / "remote"))
 
     async def daemon() -> None:
